@@ -1,0 +1,21 @@
+use tessera_pool::PoolError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LayoutError {
+    #[error(transparent)]
+    Pool(#[from] PoolError),
+    #[error("invalid layout: {0}")]
+    Invalid(String),
+    #[error("slab set {set}: {unavailable} of its {width} disks are unavailable and the layout tolerates {tolerance}; the data cannot be read or written until a disk comes back")]
+    TooManyFailures { set: u32, unavailable: usize, width: usize, tolerance: usize },
+    #[error("slab set {set}: I/O failed on every copy: {detail}")]
+    Io { set: u32, detail: String },
+    #[error("stripe journal: {0}")]
+    Journal(String),
+    #[error("no slab set {0}")]
+    NoSuchSet(u32),
+    #[error("cancelled")]
+    Cancelled,
+}
+
+pub type Result<T, E = LayoutError> = std::result::Result<T, E>;

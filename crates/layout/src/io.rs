@@ -1,0 +1,325 @@
+//! Reads and writes of a slab set's logical space, healthy or degraded.
+
+use std::sync::atomic::Ordering;
+
+use tessera_disk::SECTOR;
+use tessera_pool::SlabRef;
+use tracing::warn;
+
+use crate::codec;
+use crate::error::{LayoutError, Result};
+use crate::geometry::{data_members, parity_members, role_of, split, Piece, Role};
+use crate::journal::{Record, RecordBody};
+use crate::layouts::{Layouts, MemberFault};
+use crate::slabset::SlabSet;
+use crate::spec::LayoutKind;
+
+impl Layouts {
+    fn check(&self, set: &SlabSet, offset: u64, len: usize) -> Result<()> {
+        let cap = set.spec.set_capacity(self.pool.slab_size());
+        if len == 0 || offset % SECTOR as u64 != 0 || len % SECTOR != 0 || offset + len as u64 > cap {
+            return Err(LayoutError::Invalid(format!(
+                "slab set {}: request of {len} bytes at {offset} must be non-empty, {SECTOR}-byte aligned and within {cap} bytes",
+                set.id
+            )));
+        }
+        Ok(())
+    }
+
+    /// Reads `buf.len()` bytes at `offset` of the set's logical space. Lost or failing members
+    /// are read around (other copies, or reconstruction from parity); a member that returned
+    /// a read error is rewritten with the good data.
+    pub fn read(&self, set: &SlabSet, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.check(set, offset, buf.len())?;
+        let members = set.members.read();
+        for p in split(&set.spec, offset, buf.len()) {
+            self.read_piece(set, &members, &p, &mut buf[p.buf_off..p.buf_off + p.len], false)?;
+        }
+        Ok(())
+    }
+
+    /// `row_locked`: the caller holds the row lock exclusively (a parity write reading the
+    /// old data of its row), so a spot repair must not take it again.
+    pub(crate) fn read_piece(&self, set: &SlabSet, members: &[SlabRef], p: &Piece, out: &mut [u8], row_locked: bool) -> Result<()> {
+        let spec = &set.spec;
+        let mo = p.member_offset(spec);
+        let cands = data_members(spec, p.row, p.data_col);
+        let n = cands.len();
+        let start = p.row as usize % n;
+        let mut failed = Vec::new();
+        let mut last_err = String::from("no member available");
+        for i in 0..n {
+            let m = cands[(start + i) % n];
+            match self.member_read(members[m], mo, out) {
+                Ok(()) => {
+                    for bad in failed {
+                        self.spot_repair(set, members, p.row, bad, mo, out, row_locked);
+                    }
+                    return Ok(());
+                }
+                Err(MemberFault::Unavailable) => {}
+                Err(MemberFault::Io(e)) => {
+                    last_err = e;
+                    failed.push(m);
+                }
+            }
+        }
+        if spec.parity_columns() > 0 {
+            let data = self.reconstruct_column(set, members, p.row, p.data_col, mo, out.len())?;
+            out.copy_from_slice(&data);
+            self.stats.reconstructed_reads.fetch_add(1, Ordering::Relaxed);
+            for bad in failed {
+                self.spot_repair(set, members, p.row, bad, mo, out, row_locked);
+            }
+            return Ok(());
+        }
+        let unavailable = self.unavailable(members);
+        if unavailable > spec.tolerance() {
+            return Err(self.too_many(set, unavailable));
+        }
+        Err(LayoutError::Io { set: set.id, detail: last_err })
+    }
+
+    /// Rewrites a range that a member failed to read with data read from elsewhere. Under the
+    /// row lock, so it cannot overwrite a newer concurrent write with older data.
+    fn spot_repair(&self, set: &SlabSet, members: &[SlabRef], row: u64, bad: usize, mo: u64, good: &[u8], row_locked: bool) {
+        let fresh;
+        let data: &[u8] = if row_locked {
+            good
+        } else {
+            let _g = self.row_lock(set.id, row).write();
+            let Role::Data(d) = role_of(&set.spec, row, bad) else { return };
+            let p = Piece { row, data_col: d, in_unit: mo - row * set.spec.interleave, len: good.len(), buf_off: 0 };
+            let mut buf = vec![0u8; good.len()];
+            // Read again inside the lock; the bad member fails again and is skipped.
+            if self.read_piece_no_repair(set, members, &p, &mut buf).is_err() {
+                return;
+            }
+            fresh = buf;
+            &fresh
+        };
+        if self.member_write(members[bad], mo, data).is_ok() {
+            self.stats.repaired_blocks.fetch_add((data.len() / SECTOR) as u64, Ordering::Relaxed);
+            warn!(set = set.id, member = bad, offset = mo, len = data.len(), "rewrote a range that failed to read");
+        }
+    }
+
+    fn read_piece_no_repair(&self, set: &SlabSet, members: &[SlabRef], p: &Piece, out: &mut [u8]) -> Result<()> {
+        let mo = p.member_offset(&set.spec);
+        for m in data_members(&set.spec, p.row, p.data_col) {
+            if self.member_read(members[m], mo, out).is_ok() {
+                return Ok(());
+            }
+        }
+        if set.spec.parity_columns() > 0 {
+            out.copy_from_slice(&self.reconstruct_column(set, members, p.row, p.data_col, mo, out.len())?);
+            return Ok(());
+        }
+        Err(LayoutError::Io { set: set.id, detail: "no readable copy".into() })
+    }
+
+    /// Rebuilds data column `col` of a row over [mo, mo + len) of the members from the others.
+    pub(crate) fn reconstruct_column(&self, set: &SlabSet, members: &[SlabRef], row: u64, col: usize, mo: u64, len: usize) -> Result<Vec<u8>> {
+        let (mut data, parity) = self.read_row_shards(members, &set.spec, row, mo, len, Some(col));
+        codec::reconstruct(&mut data, &parity).map_err(|_| {
+            let unavailable = self.unavailable(members);
+            if unavailable > set.spec.tolerance() {
+                self.too_many(set, unavailable)
+            } else {
+                LayoutError::Io { set: set.id, detail: format!("cannot reconstruct row {row}: too many read errors") }
+            }
+        })?;
+        Ok(data.swap_remove(col).expect("reconstructed"))
+    }
+
+    /// Reads every data and parity shard of a row over [mo, mo + len); None where unreadable
+    /// or skipped.
+    fn read_row_shards(
+        &self,
+        members: &[SlabRef],
+        spec: &crate::spec::LayoutSpec,
+        row: u64,
+        mo: u64,
+        len: usize,
+        skip: Option<usize>,
+    ) -> (Vec<Option<Vec<u8>>>, Vec<Option<Vec<u8>>>) {
+        let read = |m: usize| {
+            let mut b = tessera_disk::AlignedBuf::zeroed(len);
+            self.member_read(members[m], mo, &mut b).ok().map(|_| b.to_vec())
+        };
+        let data = (0..spec.data_columns())
+            .map(|d| if Some(d) == skip { None } else { read(data_members(spec, row, d)[0]) })
+            .collect();
+        let parity = parity_members(spec, row).into_iter().map(read).collect();
+        (data, parity)
+    }
+
+    /// Recomputes a row's parity from its data (journal replay of a full-row write).
+    pub(crate) fn resync_row(&self, set: &SlabSet, members: &[SlabRef], row: u64) -> Result<()> {
+        let spec = &set.spec;
+        let il = spec.interleave as usize;
+        let (data, _) = self.read_row_shards(members, spec, row, row * spec.interleave, il, None);
+        let data: Vec<Vec<u8>> = data
+            .into_iter()
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| LayoutError::Io { set: set.id, detail: format!("row {row}: a data member is unreadable") })?;
+        let refs: Vec<&[u8]> = data.iter().map(|d| d.as_slice()).collect();
+        let parity = codec::encode(spec.parity_columns(), &refs)?;
+        for (i, pm) in parity_members(spec, row).into_iter().enumerate() {
+            let _ = self.member_write(members[pm], row * spec.interleave, &parity[i]);
+        }
+        Ok(())
+    }
+
+    /// Writes `data` at `offset` of the set's logical space. Returns once every available
+    /// member holds it (not necessarily durably: see `flush`).
+    pub fn write(&self, set: &SlabSet, offset: u64, data: &[u8]) -> Result<()> {
+        self.check(set, offset, data.len())?;
+        let members = set.members.read();
+        let unavailable = self.unavailable(&members);
+        if unavailable > set.spec.tolerance() {
+            return Err(self.too_many(set, unavailable));
+        }
+        let pieces = split(&set.spec, offset, data.len());
+        let mut i = 0;
+        while i < pieces.len() {
+            let row = pieces[i].row;
+            let mut j = i;
+            while j < pieces.len() && pieces[j].row == row {
+                j += 1;
+            }
+            match set.spec.kind {
+                LayoutKind::Simple | LayoutKind::Mirror => self.write_copies(set, &members, &pieces[i..j], data)?,
+                LayoutKind::Parity | LayoutKind::DualParity => self.write_parity_row(set, &members, row, &pieces[i..j], data)?,
+            }
+            i = j;
+        }
+        drop(members);
+        if self.journal.wants_checkpoint() {
+            self.journal.checkpoint(|| self.flush_members(), false)?;
+        }
+        Ok(())
+    }
+
+    fn write_copies(&self, set: &SlabSet, members: &[SlabRef], pieces: &[Piece], data: &[u8]) -> Result<()> {
+        let _g = self.row_lock(set.id, pieces[0].row).read();
+        for p in pieces {
+            let bytes = &data[p.buf_off..p.buf_off + p.len];
+            let mo = p.member_offset(&set.spec);
+            let mut written = 0;
+            for m in data_members(&set.spec, p.row, p.data_col) {
+                if self.write_member(set, members, m, mo, bytes) {
+                    written += 1;
+                }
+            }
+            if written == 0 {
+                let unavailable = self.unavailable(members);
+                return Err(if unavailable > set.spec.tolerance() {
+                    self.too_many(set, unavailable)
+                } else {
+                    LayoutError::Io { set: set.id, detail: "write failed on every copy".into() }
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// One parity row: compute the new parity over the touched range, journal the change,
+    /// then write in place.
+    fn write_parity_row(&self, set: &SlabSet, members: &[SlabRef], row: u64, pieces: &[Piece], data: &[u8]) -> Result<()> {
+        let spec = &set.spec;
+        let il = spec.interleave;
+        let dc = spec.data_columns();
+        let _g = self.row_lock(set.id, row).write();
+        let lo = pieces.iter().map(|p| p.in_unit).min().unwrap();
+        let hi = pieces.iter().map(|p| p.in_unit + p.len as u64).max().unwrap();
+        let rl = (hi - lo) as usize;
+        let full = pieces.len() == dc && pieces.iter().all(|p| p.in_unit == 0 && p.len as u64 == il);
+        let mut cols: Vec<Vec<u8>> = Vec::with_capacity(dc);
+        for d in 0..dc {
+            let piece = pieces.iter().find(|p| p.data_col == d);
+            let mut col = match piece {
+                Some(p) if p.in_unit == lo && p.len == rl => Vec::new(),
+                _ => {
+                    let mut old = vec![0u8; rl];
+                    let op = Piece { row, data_col: d, in_unit: lo, len: rl, buf_off: 0 };
+                    self.read_piece(set, members, &op, &mut old, true)?;
+                    old
+                }
+            };
+            if let Some(p) = piece {
+                let src = &data[p.buf_off..p.buf_off + p.len];
+                if col.is_empty() {
+                    col = src.to_vec();
+                } else {
+                    let at = (p.in_unit - lo) as usize;
+                    col[at..at + p.len].copy_from_slice(src);
+                }
+            }
+            cols.push(col);
+        }
+        let refs: Vec<&[u8]> = cols.iter().map(|c| c.as_slice()).collect();
+        let parity = codec::encode(spec.parity_columns(), &refs)?;
+        let pms = parity_members(spec, row);
+        let mo = row * il + lo;
+        let degraded = self.unavailable(members) > 0;
+        let body = if full && !degraded {
+            RecordBody::Resync
+        } else {
+            let mut writes: Vec<(u16, Vec<u8>)> =
+                (0..dc).map(|d| (data_members(spec, row, d)[0] as u16, cols[d].clone())).collect();
+            writes.extend(pms.iter().zip(&parity).map(|(&m, p)| (m as u16, p.clone())));
+            RecordBody::Update { offset: mo, writes }
+        };
+        let seq = self.journal.append(&Record { set: set.id, row, body })?;
+        self.stats.journal_records.fetch_add(1, Ordering::Relaxed);
+        for p in pieces {
+            let m = data_members(spec, row, p.data_col)[0];
+            self.write_member(set, members, m, p.member_offset(spec), &data[p.buf_off..p.buf_off + p.len]);
+        }
+        for (i, &pm) in pms.iter().enumerate() {
+            self.write_member(set, members, pm, mo, &parity[i]);
+        }
+        self.journal.done(seq);
+        let unavailable = self.unavailable(members);
+        if unavailable > spec.tolerance() {
+            return Err(self.too_many(set, unavailable));
+        }
+        Ok(())
+    }
+
+    /// The content member `m` should hold over [mo, mo + len), computed from the others
+    /// (for a rebuild). The caller holds the row lock.
+    pub(crate) fn member_content(&self, set: &SlabSet, members: &[SlabRef], m: usize, mo: u64, len: usize) -> Result<Vec<u8>> {
+        let spec = &set.spec;
+        let row = mo / spec.interleave;
+        let mut buf = vec![0u8; len];
+        if self.member_read(members[m], mo, &mut buf).is_ok() {
+            return Ok(buf);
+        }
+        match role_of(spec, row, m) {
+            Role::Data(d) => {
+                if spec.kind == LayoutKind::Mirror {
+                    for other in data_members(spec, row, d) {
+                        if other != m && self.member_read(members[other], mo, &mut buf).is_ok() {
+                            return Ok(buf);
+                        }
+                    }
+                    return Err(LayoutError::Io { set: set.id, detail: "no readable copy to rebuild from".into() });
+                }
+                if spec.parity_columns() == 0 {
+                    return Err(LayoutError::Io { set: set.id, detail: "a simple layout has no redundancy to rebuild from".into() });
+                }
+                self.reconstruct_column(set, members, row, d, mo, len)
+            }
+            Role::Parity(i) => {
+                let (mut data, parity) = self.read_row_shards(members, spec, row, mo, len, None);
+                codec::reconstruct(&mut data, &parity)
+                    .map_err(|e| LayoutError::Io { set: set.id, detail: format!("row {row}: {e}") })?;
+                let data: Vec<Vec<u8>> = data.into_iter().map(|d| d.expect("reconstructed")).collect();
+                let refs: Vec<&[u8]> = data.iter().map(|d| d.as_slice()).collect();
+                Ok(codec::encode(spec.parity_columns(), &refs)?.swap_remove(i))
+            }
+        }
+    }
+}

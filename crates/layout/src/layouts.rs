@@ -1,0 +1,208 @@
+//! `Layouts`: the layout layer of one pool. It owns the slab sets, the row locks and the
+//! stripe journal, and turns a (slab set, offset) request into member I/O.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+use tessera_pool::{DiskState, Pool, SlabRef};
+use tracing::{info, warn};
+
+use crate::error::{LayoutError, Result};
+use crate::journal::{RecordBody, StripeJournal};
+use crate::slabset::{Registry, SlabSet};
+use crate::spec::LayoutSpec;
+
+const ROW_LOCKS: usize = 4096;
+
+/// Counters an administrator reads to see how hard the layer had to work.
+#[derive(Debug, Default)]
+pub struct IoStats {
+    pub read_errors: AtomicU64,
+    pub write_errors: AtomicU64,
+    pub reconstructed_reads: AtomicU64,
+    pub repaired_blocks: AtomicU64,
+    pub journal_records: AtomicU64,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SetHealth {
+    pub id: u32,
+    pub layout: String,
+    pub width: usize,
+    pub unavailable: usize,
+    pub tolerance: usize,
+    pub members: Vec<SlabRef>,
+}
+
+impl SetHealth {
+    pub fn state(&self) -> &'static str {
+        if self.unavailable == 0 {
+            "healthy"
+        } else if self.unavailable <= self.tolerance {
+            "degraded"
+        } else {
+            "failed"
+        }
+    }
+}
+
+pub(crate) enum MemberFault {
+    Unavailable,
+    Io(String),
+}
+
+pub struct Layouts {
+    pub(crate) pool: Arc<Pool>,
+    pub(crate) registry: Registry,
+    row_locks: Vec<RwLock<()>>,
+    pub(crate) journal: StripeJournal,
+    pub stats: IoStats,
+}
+
+impl Layouts {
+    /// Loads the slab sets of a pool and replays the stripe journal left by a crash.
+    pub fn open(pool: Arc<Pool>) -> Result<Layouts> {
+        let registry = Registry::load(&pool)?;
+        let (journal, replay) = StripeJournal::open(&pool.dir().join("journal"))?;
+        let layouts = Layouts {
+            pool,
+            registry,
+            row_locks: (0..ROW_LOCKS).map(|_| RwLock::new(())).collect(),
+            journal,
+            stats: IoStats::default(),
+        };
+        if !replay.is_empty() {
+            info!(records = replay.len(), "replaying the stripe journal");
+            for (_, rec) in &replay {
+                layouts.replay(rec);
+            }
+        }
+        layouts.journal.checkpoint(|| layouts.flush_members(), true)?;
+        Ok(layouts)
+    }
+
+    fn replay(&self, rec: &crate::journal::Record) {
+        let Ok(set) = self.registry.get(rec.set) else {
+            warn!(set = rec.set, "journal record for a slab set that no longer exists; skipped");
+            return;
+        };
+        let members = set.members.read();
+        match &rec.body {
+            RecordBody::Update { offset, writes } => {
+                for (m, bytes) in writes {
+                    if let Some(slab) = members.get(*m as usize) {
+                        let _ = self.member_write(*slab, *offset, bytes);
+                    }
+                }
+            }
+            RecordBody::Resync => {
+                if let Err(e) = self.resync_row(&set, &members, rec.row) {
+                    warn!(set = rec.set, row = rec.row, error = %e, "cannot resync the parity of a row interrupted by a crash");
+                }
+            }
+        }
+    }
+
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.pool
+    }
+
+    pub fn create_set(&self, spec: LayoutSpec) -> Result<Arc<SlabSet>> {
+        self.registry.create(&self.pool, spec)
+    }
+
+    pub fn set(&self, id: u32) -> Result<Arc<SlabSet>> {
+        self.registry.get(id)
+    }
+
+    pub fn sets(&self) -> Vec<Arc<SlabSet>> {
+        self.registry.all()
+    }
+
+    /// Frees a slab set whose data nobody references any more. The journal is checkpointed
+    /// first, so no record can later replay into slabs that another set may reuse.
+    pub fn free_set(&self, id: u32) -> Result<()> {
+        self.journal.checkpoint(|| self.flush_members(), true)?;
+        self.registry.remove(&self.pool, id)
+    }
+
+    /// Makes every completed write durable.
+    pub fn flush(&self) -> Result<()> {
+        self.journal.checkpoint(|| self.flush_members(), false)
+    }
+
+    pub(crate) fn flush_members(&self) -> Result<()> {
+        self.pool.flush_all().map_err(LayoutError::from)
+    }
+
+    pub fn health(&self, set: &SlabSet) -> SetHealth {
+        let members = set.members.read().clone();
+        SetHealth {
+            id: set.id,
+            layout: set.spec.describe(),
+            width: set.spec.width(),
+            unavailable: self.unavailable(&members),
+            tolerance: set.spec.tolerance(),
+            members,
+        }
+    }
+
+    pub(crate) fn unavailable(&self, members: &[SlabRef]) -> usize {
+        members.iter().filter(|s| self.pool.readable_disk(s.disk).is_none()).count()
+    }
+
+    /// Members that a repair must move: on failed, missing or retired disks.
+    pub(crate) fn needs_move(&self, members: &[SlabRef]) -> Vec<usize> {
+        (0..members.len()).filter(|&m| self.pool.disk_state(members[m].disk) != DiskState::Healthy).collect()
+    }
+
+    pub(crate) fn row_lock(&self, set: u32, row: u64) -> &RwLock<()> {
+        let h = (set as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ row.wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
+        &self.row_locks[(h >> 32) as usize % ROW_LOCKS]
+    }
+
+    pub(crate) fn member_read(&self, slab: SlabRef, mo: u64, buf: &mut [u8]) -> Result<(), MemberFault> {
+        let dev = self.pool.readable_disk(slab.disk).ok_or(MemberFault::Unavailable)?;
+        dev.read_at(buf, self.pool.slab_offset(slab) + mo).map_err(|e| {
+            self.stats.read_errors.fetch_add(1, Ordering::Relaxed);
+            warn!(disk = slab.disk, error = %e, "read error");
+            MemberFault::Io(e.to_string())
+        })
+    }
+
+    /// A write error fails the disk: a member that missed a write holds stale data and must
+    /// never be read again.
+    pub(crate) fn member_write(&self, slab: SlabRef, mo: u64, buf: &[u8]) -> Result<(), MemberFault> {
+        let dev = self.pool.readable_disk(slab.disk).ok_or(MemberFault::Unavailable)?;
+        dev.write_at(buf, self.pool.slab_offset(slab) + mo).map_err(|e| {
+            self.stats.write_errors.fetch_add(1, Ordering::Relaxed);
+            if let Err(pe) = self.pool.set_disk_state(slab.disk, DiskState::Failed, Some(format!("write error: {e}"))) {
+                warn!(error = %pe, "cannot record a disk failure");
+            }
+            MemberFault::Io(e.to_string())
+        })
+    }
+
+    /// Writes member `m` of a set, and the slab it is being rebuilt onto, if any. True if the
+    /// member itself took the write.
+    pub(crate) fn write_member(&self, set: &SlabSet, members: &[SlabRef], m: usize, mo: u64, buf: &[u8]) -> bool {
+        let ok = self.member_write(members[m], mo, buf).is_ok();
+        let repl = *set.replacement.read();
+        if let Some((idx, slab)) = repl {
+            if idx == m {
+                let _ = self.member_write(slab, mo, buf);
+            }
+        }
+        ok
+    }
+
+    pub(crate) fn too_many(&self, set: &SlabSet, unavailable: usize) -> LayoutError {
+        LayoutError::TooManyFailures {
+            set: set.id,
+            unavailable,
+            width: set.spec.width(),
+            tolerance: set.spec.tolerance(),
+        }
+    }
+}

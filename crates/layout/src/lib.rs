@@ -1,0 +1,21 @@
+//! Tessera layouts: simple, mirror, parity and dual parity over slab sets. Degraded reads and
+//! writes within the layout's tolerance, a stripe journal that closes the parity write hole,
+//! and repair onto spare slabs.
+
+mod codec;
+mod error;
+mod geometry;
+mod io;
+mod journal;
+mod layouts;
+mod rebuild;
+mod scrub;
+mod slabset;
+mod spec;
+
+pub use error::{LayoutError, Result};
+pub use layouts::{IoStats, Layouts, SetHealth};
+pub use scrub::Mismatch;
+pub use rebuild::{Progress, RebuildOptions, RebuildReport};
+pub use slabset::{SlabSet, SlabSetDesc};
+pub use spec::{LayoutKind, LayoutSpec, DEFAULT_INTERLEAVE, MAX_COLUMNS, MIN_INTERLEAVE};

@@ -1,0 +1,168 @@
+//! Repair: every slab on a failed, missing or retired disk is rebuilt onto spare slabs of the
+//! remaining disks (no dedicated hot spare), several slab sets in parallel, rate limited.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use tracing::{info, warn};
+
+use crate::error::{LayoutError, Result};
+use crate::layouts::Layouts;
+use crate::slabset::{Registry, SlabSet};
+
+#[derive(Debug, Clone)]
+pub struct RebuildOptions {
+    /// Slab sets rebuilt at the same time.
+    pub parallel: usize,
+    /// Bytes per second written to replacement slabs, over all workers; None for no limit.
+    pub rate_limit: Option<u64>,
+}
+
+impl Default for RebuildOptions {
+    fn default() -> Self {
+        RebuildOptions { parallel: 4, rate_limit: None }
+    }
+}
+
+/// Shared with whoever watches the repair (a job, a progress bar).
+#[derive(Debug, Default)]
+pub struct Progress {
+    pub total_bytes: AtomicU64,
+    pub done_bytes: AtomicU64,
+    pub cancel: AtomicBool,
+}
+
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct RebuildReport {
+    pub slabs_rebuilt: usize,
+    pub bytes: u64,
+    /// Slab sets that could not be rebuilt, and why.
+    pub failures: Vec<(u32, String)>,
+}
+
+impl Layouts {
+    /// Slab sets with a member that a repair would move, and how many bytes that is.
+    pub fn repair_needed(&self) -> (Vec<u32>, u64) {
+        let slab = self.pool.slab_size();
+        let mut ids = Vec::new();
+        let mut bytes = 0;
+        for set in self.registry.all() {
+            let n = self.needs_move(&set.members.read()).len();
+            if n > 0 {
+                ids.push(set.id);
+                bytes += n as u64 * slab;
+            }
+        }
+        (ids, bytes)
+    }
+
+    pub fn rebuild(&self, opts: &RebuildOptions, progress: &Progress) -> Result<RebuildReport> {
+        let (ids, bytes) = self.repair_needed();
+        progress.total_bytes.store(bytes, Ordering::Relaxed);
+        progress.done_bytes.store(0, Ordering::Relaxed);
+        let queue = Mutex::new(ids.into_iter().collect::<VecDeque<u32>>());
+        let report = Mutex::new(RebuildReport::default());
+        let start = Instant::now();
+        info!(bytes, "repair started");
+        std::thread::scope(|s| {
+            for _ in 0..opts.parallel.max(1) {
+                s.spawn(|| loop {
+                    let Some(id) = queue.lock().pop_front() else { break };
+                    if progress.cancel.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let Ok(set) = self.registry.get(id) else { continue };
+                    match self.rebuild_set(&set, opts, progress, start) {
+                        Ok(n) => {
+                            let mut r = report.lock();
+                            r.slabs_rebuilt += n;
+                            r.bytes += n as u64 * self.pool.slab_size();
+                        }
+                        Err(e) => {
+                            warn!(set = id, error = %e, "slab set not rebuilt");
+                            report.lock().failures.push((id, e.to_string()));
+                        }
+                    }
+                });
+            }
+        });
+        if progress.cancel.load(Ordering::Relaxed) {
+            return Err(LayoutError::Cancelled);
+        }
+        let report = report.into_inner();
+        info!(slabs = report.slabs_rebuilt, failures = report.failures.len(), secs = start.elapsed().as_secs_f64(), "repair finished");
+        Ok(report)
+    }
+
+    /// Moves every member of `set` that sits on a disk that is not healthy. Returns how many.
+    fn rebuild_set(&self, set: &SlabSet, opts: &RebuildOptions, progress: &Progress, start: Instant) -> Result<usize> {
+        let slab_size = self.pool.slab_size();
+        let chunk = set.spec.interleave.min(1 << 20);
+        let mut moved = 0;
+        loop {
+            let (m, exclude) = {
+                let members = set.members.read();
+                let Some(&m) = self.needs_move(&members).first() else { return Ok(moved) };
+                (m, members.iter().map(|s| s.disk).collect::<Vec<u32>>())
+            };
+            let new = self.pool.allocate_slabs(1, &exclude)?[0];
+            *set.replacement.write() = Some((m, new));
+            let copied = (|| -> Result<()> {
+                let mut mo = 0;
+                while mo < slab_size {
+                    if progress.cancel.load(Ordering::Relaxed) {
+                        return Err(LayoutError::Cancelled);
+                    }
+                    let members = set.members.read();
+                    let row = mo / set.spec.interleave;
+                    let _g = self.row_lock(set.id, row).write();
+                    let content = self.member_content(set, &members, m, mo, chunk as usize)?;
+                    self.member_write(new, mo, &content).map_err(|_| LayoutError::Io {
+                        set: set.id,
+                        detail: format!("the replacement slab on disk {} failed", new.disk),
+                    })?;
+                    drop(_g);
+                    drop(members);
+                    mo += chunk;
+                    let done = progress.done_bytes.fetch_add(chunk, Ordering::Relaxed) + chunk;
+                    if let Some(rate) = opts.rate_limit.filter(|&r| r > 0) {
+                        let due = Duration::from_secs_f64(done as f64 / rate as f64);
+                        let elapsed = start.elapsed();
+                        if due > elapsed {
+                            std::thread::sleep(due - elapsed);
+                        }
+                    }
+                }
+                // The copy must be durable before the descriptor points at it.
+                self.pool.readable_disk(new.disk).map(|d| d.flush()).transpose().map_err(|e| LayoutError::Io {
+                    set: set.id,
+                    detail: format!("flush of the replacement slab: {e}"),
+                })?;
+                Ok(())
+            })();
+            if let Err(e) = copied {
+                *set.replacement.write() = None;
+                self.pool.release_slab(new);
+                return Err(e);
+            }
+            let old = {
+                let mut members = set.members.write();
+                let old = members[m];
+                members[m] = new;
+                let desc = crate::slabset::SlabSetDesc { id: set.id, spec: set.spec, members: members.clone() };
+                if let Err(e) = Registry::persist(&self.pool, &desc) {
+                    members[m] = old;
+                    *set.replacement.write() = None;
+                    self.pool.release_slab(new);
+                    return Err(e);
+                }
+                *set.replacement.write() = None;
+                old
+            };
+            self.pool.release_slab(old);
+            moved += 1;
+        }
+    }
+}

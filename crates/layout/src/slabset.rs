@@ -1,0 +1,119 @@
+//! Slab sets: one column group of a layout, `width` slabs on distinct disks, and the registry
+//! that persists their descriptors.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+use serde::{Deserialize, Serialize};
+use tessera_pool::{Pool, PoolError, SlabRef, WriteBatch, CF_SLABSETS};
+
+use crate::error::{LayoutError, Result};
+use crate::spec::LayoutSpec;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SlabSetDesc {
+    pub id: u32,
+    pub spec: LayoutSpec,
+    pub members: Vec<SlabRef>,
+}
+
+pub struct SlabSet {
+    pub id: u32,
+    pub spec: LayoutSpec,
+    /// Held shared by every I/O for its whole duration, so a rebuild can swap a member only
+    /// when no I/O still uses the old slab.
+    pub(crate) members: RwLock<Vec<SlabRef>>,
+    /// The member being rebuilt and the slab it is rebuilt onto: writes go to both.
+    pub(crate) replacement: RwLock<Option<(usize, SlabRef)>>,
+}
+
+impl SlabSet {
+    pub fn desc(&self) -> SlabSetDesc {
+        SlabSetDesc { id: self.id, spec: self.spec, members: self.members.read().clone() }
+    }
+}
+
+pub(crate) fn set_key(id: u32) -> [u8; 4] {
+    id.to_be_bytes()
+}
+
+/// Every slab set of a pool.
+pub(crate) struct Registry {
+    pub sets: RwLock<BTreeMap<u32, Arc<SlabSet>>>,
+    next_id: AtomicU32,
+}
+
+impl Registry {
+    pub fn load(pool: &Pool) -> Result<Registry> {
+        let mut sets = BTreeMap::new();
+        let mut max_id = 0;
+        pool.meta().for_each_prefix(CF_SLABSETS, &[], |_, v| {
+            let d: SlabSetDesc = serde_json::from_slice(v).map_err(|e| PoolError::Meta {
+                path: pool.meta().path().display().to_string(),
+                message: format!("unreadable slab set descriptor: {e}"),
+            })?;
+            for s in &d.members {
+                if !pool.mark_slab_used(*s) {
+                    return Err(PoolError::Meta {
+                        path: pool.meta().path().display().to_string(),
+                        message: format!("slab {} of disk {} is claimed twice (slab set {})", s.slab, s.disk, d.id),
+                    });
+                }
+            }
+            max_id = max_id.max(d.id);
+            sets.insert(
+                d.id,
+                Arc::new(SlabSet { id: d.id, spec: d.spec, members: RwLock::new(d.members), replacement: RwLock::new(None) }),
+            );
+            Ok(())
+        })?;
+        Ok(Registry { sets: RwLock::new(sets), next_id: AtomicU32::new(max_id + 1) })
+    }
+
+    pub fn get(&self, id: u32) -> Result<Arc<SlabSet>> {
+        self.sets.read().get(&id).cloned().ok_or(LayoutError::NoSuchSet(id))
+    }
+
+    pub fn all(&self) -> Vec<Arc<SlabSet>> {
+        self.sets.read().values().cloned().collect()
+    }
+
+    pub fn persist(pool: &Pool, desc: &SlabSetDesc) -> Result<()> {
+        let mut b = WriteBatch::default();
+        b.put_cf(pool.meta().cf(CF_SLABSETS), set_key(desc.id), serde_json::to_vec(desc).expect("serializable"));
+        pool.meta().commit(b, true)?;
+        Ok(())
+    }
+
+    /// Allocates slabs on `spec.width()` distinct disks and records the new set durably.
+    pub fn create(&self, pool: &Pool, spec: LayoutSpec) -> Result<Arc<SlabSet>> {
+        let healthy = pool.free_slabs().len();
+        spec.validate(pool.slab_size(), healthy).map_err(LayoutError::Invalid)?;
+        let members = pool.allocate_slabs(spec.width(), &[])?;
+        let id = self.next_id.fetch_add(1, Ordering::SeqCst);
+        let desc = SlabSetDesc { id, spec, members: members.clone() };
+        if let Err(e) = Self::persist(pool, &desc) {
+            for s in members {
+                pool.release_slab(s);
+            }
+            return Err(e);
+        }
+        let set = Arc::new(SlabSet { id, spec, members: RwLock::new(members), replacement: RwLock::new(None) });
+        self.sets.write().insert(id, set.clone());
+        Ok(set)
+    }
+
+    pub fn remove(&self, pool: &Pool, id: u32) -> Result<()> {
+        let set = self.get(id)?;
+        let mut b = WriteBatch::default();
+        b.delete_cf(pool.meta().cf(CF_SLABSETS), set_key(id));
+        pool.meta().commit(b, true)?;
+        self.sets.write().remove(&id);
+        for s in set.members.read().iter() {
+            pool.release_slab(*s);
+        }
+        Ok(())
+    }
+}

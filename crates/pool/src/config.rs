@@ -1,0 +1,82 @@
+//! The persisted description of a pool and its member disks.
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+pub const MIN_SLAB_SIZE: u64 = 1 << 20;
+pub const DEFAULT_SLAB_SIZE: u64 = 256 << 20;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DiskState {
+    /// In service.
+    Healthy,
+    /// Failed (an I/O error on write, or an administrative failure): never read or written again.
+    Failed,
+    /// Being emptied: still readable, no new slabs; repair moves its slabs away.
+    Retired,
+    /// Not found, or refused, when the pool was imported.
+    Missing,
+}
+
+impl DiskState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DiskState::Healthy => "healthy",
+            DiskState::Failed => "failed",
+            DiskState::Retired => "retired",
+            DiskState::Missing => "missing",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DiskInfo {
+    pub id: Uuid,
+    /// Position in the pool; slab references use it. Never reused.
+    pub position: u32,
+    pub path: String,
+    pub size: u64,
+    /// Number of slabs the disk holds.
+    pub slabs: u32,
+    pub state: DiskState,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PoolConfig {
+    pub id: Uuid,
+    pub name: String,
+    pub slab_size: u64,
+    pub disks: Vec<DiskInfo>,
+    /// Label generation written on every disk at the last import/export.
+    pub generation: u64,
+}
+
+/// Pool and vdisk names: what a user can type and a URL or IQN can carry.
+pub fn validate_name(kind: &str, name: &str) -> Result<(), String> {
+    let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+    if name.is_empty() || name.len() > 64 {
+        return Err(format!("{kind} name '{name}' must be 1 to 64 characters long"));
+    }
+    if !name.chars().all(ok_char) || name.starts_with(['.', '-']) {
+        return Err(format!(
+            "{kind} name '{name}' may hold only letters, digits, '-', '_' and '.', and must not start with '.' or '-'"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        assert!(validate_name("pool", "demo").is_ok());
+        assert!(validate_name("pool", "vol_1.a-b").is_ok());
+        assert!(validate_name("pool", "").is_err());
+        assert!(validate_name("pool", "a/b").is_err());
+        assert!(validate_name("pool", "-x").is_err());
+        assert!(validate_name("pool", &"x".repeat(65)).is_err());
+    }
+}

@@ -1,0 +1,28 @@
+use tessera_disk::{DiskError, LabelError};
+
+/// Errors of pool operations. Every message says what was wrong and, where it helps, what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    #[error(transparent)]
+    Disk(#[from] DiskError),
+    #[error(transparent)]
+    Label(#[from] LabelError),
+    #[error("metadata store at {path}: {message}")]
+    Meta { path: String, message: String },
+    #[error("{0}")]
+    Invalid(String),
+    #[error("pool '{pool}' has no disk '{disk}'")]
+    NoSuchDisk { pool: String, disk: String },
+    #[error("pool '{pool}' is out of space: {detail}; add a disk or free space")]
+    NoSpace { pool: String, detail: String },
+    #[error("{0} already exists")]
+    Exists(String),
+}
+
+impl From<rocksdb::Error> for PoolError {
+    fn from(e: rocksdb::Error) -> Self {
+        PoolError::Meta { path: String::new(), message: e.to_string() }
+    }
+}
+
+pub type Result<T, E = PoolError> = std::result::Result<T, E>;

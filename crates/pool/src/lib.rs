@@ -1,0 +1,15 @@
+//! Tessera pools: member disks, their labels and states, slabs, and the metadata store that
+//! every layer above keeps its records in.
+
+mod alloc;
+mod config;
+mod error;
+mod meta;
+mod pool;
+
+pub use alloc::{SlabMap, SlabRef};
+pub use config::{validate_name, DiskInfo, DiskState, PoolConfig, DEFAULT_SLAB_SIZE, MIN_SLAB_SIZE};
+pub use error::{PoolError, Result};
+pub use meta::{decode_refcount, refcount_delta, MetaStore, CF_GRAINS, CF_GRAINSETS, CF_POOL, CF_REFCOUNTS, CF_SLABSETS, CF_VDISKS};
+pub use pool::{Capacity, DiskOpener, DiskStatus, Pool};
+pub use rocksdb::WriteBatch;

@@ -1,0 +1,160 @@
+//! The pool's metadata store: one RocksDB database per pool, one column family per kind of
+//! record. Every metadata change is one atomic write batch (see ARCHITECTURE.md).
+
+use std::path::{Path, PathBuf};
+
+use rocksdb::{ColumnFamily, ColumnFamilyDescriptor, Options, WriteBatch, WriteOptions, DB};
+
+use crate::error::{PoolError, Result};
+
+/// Pool configuration and disk table.
+pub const CF_POOL: &str = "pool";
+/// Slab set descriptors (layout layer).
+pub const CF_SLABSETS: &str = "slabsets";
+/// Virtual disk descriptors (volume layer).
+pub const CF_VDISKS: &str = "vdisks";
+/// Grain map entries: (vdisk id, grain index) -> grain location (volume layer).
+pub const CF_GRAINS: &str = "grains";
+/// Reference counts of allocated grain slots (volume layer). Values are little-endian i64
+/// and change by merge deltas, so concurrent updates of one slot commute.
+pub const CF_REFCOUNTS: &str = "refcounts";
+/// Grain size of each slab set used for grains (volume layer).
+pub const CF_GRAINSETS: &str = "grainsets";
+
+const ALL_CFS: [&str; 6] = [CF_POOL, CF_SLABSETS, CF_VDISKS, CF_GRAINS, CF_REFCOUNTS, CF_GRAINSETS];
+
+/// Sums little-endian i64 deltas: the refcount merge operator.
+fn sum_i64(_key: &[u8], existing: Option<&[u8]>, operands: &rocksdb::MergeOperands) -> Option<Vec<u8>> {
+    let read = |b: &[u8]| b.try_into().map(i64::from_le_bytes).unwrap_or(0);
+    let mut v = existing.map(read).unwrap_or(0);
+    for op in operands {
+        v += read(op);
+    }
+    Some(v.to_le_bytes().to_vec())
+}
+
+/// The delta operand of the refcount merge operator.
+pub fn refcount_delta(d: i64) -> [u8; 8] {
+    d.to_le_bytes()
+}
+
+pub fn decode_refcount(b: &[u8]) -> i64 {
+    b.try_into().map(i64::from_le_bytes).unwrap_or(0)
+}
+
+pub struct MetaStore {
+    db: DB,
+    path: PathBuf,
+}
+
+impl MetaStore {
+    /// Creates a new store; fails if one already exists at `path`.
+    pub fn create(path: &Path) -> Result<MetaStore> {
+        if path.join("CURRENT").exists() {
+            return Err(PoolError::Exists(format!("a metadata store at {}", path.display())));
+        }
+        Self::open_inner(path, true)
+    }
+
+    /// Opens an existing store; fails with a clear error if there is none.
+    pub fn open(path: &Path) -> Result<MetaStore> {
+        if !path.join("CURRENT").exists() {
+            return Err(PoolError::Meta {
+                path: path.display().to_string(),
+                message: "no pool metadata here (wrong directory, or the pool was destroyed)".into(),
+            });
+        }
+        Self::open_inner(path, false)
+    }
+
+    fn open_inner(path: &Path, create: bool) -> Result<MetaStore> {
+        let mut opts = Options::default();
+        opts.create_if_missing(create);
+        opts.create_missing_column_families(true);
+        opts.set_max_background_jobs(2);
+        opts.set_keep_log_file_num(4);
+        let cfs = ALL_CFS.iter().map(|name| {
+            let mut o = Options::default();
+            o.set_write_buffer_size(16 << 20);
+            if *name == CF_REFCOUNTS {
+                o.set_merge_operator_associative("tessera_sum_i64", sum_i64);
+            }
+            ColumnFamilyDescriptor::new(*name, o)
+        });
+        let db = DB::open_cf_descriptors(&opts, path, cfs).map_err(|e| PoolError::Meta {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })?;
+        Ok(MetaStore { db, path: path.to_path_buf() })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn db(&self) -> &DB {
+        &self.db
+    }
+
+    pub fn cf(&self, name: &str) -> &ColumnFamily {
+        self.db.cf_handle(name).expect("column families are created at open")
+    }
+
+    /// Commits one atomic batch. `sync` makes it durable before returning.
+    pub fn commit(&self, batch: WriteBatch, sync: bool) -> Result<()> {
+        let mut wo = WriteOptions::default();
+        wo.set_sync(sync);
+        self.db.write_opt(batch, &wo).map_err(|e| self.err(e))
+    }
+
+    /// Makes every batch committed so far durable.
+    pub fn sync(&self) -> Result<()> {
+        self.db.flush_wal(true).map_err(|e| self.err(e))
+    }
+
+    pub fn get(&self, cf: &str, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.db.get_cf(self.cf(cf), key).map_err(|e| self.err(e))
+    }
+
+    /// Every (key, value) of a column family whose key starts with `prefix`, in key order.
+    pub fn scan_prefix(&self, cf: &str, prefix: &[u8]) -> Result<Vec<(Box<[u8]>, Box<[u8]>)>> {
+        let mut out = Vec::new();
+        let iter = self.db.iterator_cf(
+            self.cf(cf),
+            rocksdb::IteratorMode::From(prefix, rocksdb::Direction::Forward),
+        );
+        for item in iter {
+            let (k, v) = item.map_err(|e| self.err(e))?;
+            if !k.starts_with(prefix) {
+                break;
+            }
+            out.push((k, v));
+        }
+        Ok(out)
+    }
+
+    /// Visits every (key, value) of a column family whose key starts with `prefix`.
+    pub fn for_each_prefix(
+        &self,
+        cf: &str,
+        prefix: &[u8],
+        mut f: impl FnMut(&[u8], &[u8]) -> Result<()>,
+    ) -> Result<()> {
+        let iter = self.db.iterator_cf(
+            self.cf(cf),
+            rocksdb::IteratorMode::From(prefix, rocksdb::Direction::Forward),
+        );
+        for item in iter {
+            let (k, v) = item.map_err(|e| self.err(e))?;
+            if !k.starts_with(prefix) {
+                break;
+            }
+            f(&k, &v)?;
+        }
+        Ok(())
+    }
+
+    pub fn err(&self, e: rocksdb::Error) -> PoolError {
+        PoolError::Meta { path: self.path.display().to_string(), message: e.to_string() }
+    }
+}

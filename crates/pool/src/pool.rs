@@ -1,0 +1,511 @@
+//! A pool: member disks with labels, their states, the slab allocator and the metadata store.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+use rocksdb::WriteBatch;
+use tessera_disk::{
+    read_label, rewrite_label, verify_label, wipe_label, write_new_label, DiskError, DiskRef,
+    Label, DATA_OFFSET,
+};
+use tracing::{info, warn};
+use uuid::Uuid;
+
+use crate::alloc::{choose_disks, SlabMap, SlabRef};
+use crate::config::{validate_name, DiskInfo, DiskState, PoolConfig, MIN_SLAB_SIZE};
+use crate::error::{PoolError, Result};
+use crate::meta::{MetaStore, CF_POOL};
+
+const CONFIG_KEY: &[u8] = b"config";
+
+/// Opens a member disk by the path recorded in the pool configuration.
+pub type DiskOpener<'a> = &'a dyn Fn(&str) -> std::result::Result<DiskRef, DiskError>;
+
+/// What `Pool::disks` reports for one member.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DiskStatus {
+    #[serde(flatten)]
+    pub info: DiskInfo,
+    pub slabs_used: u32,
+    pub used_bytes: u64,
+    /// Why the disk is missing or failed, when known.
+    pub problem: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct Capacity {
+    pub total_bytes: u64,
+    pub used_bytes: u64,
+    pub free_bytes: u64,
+}
+
+struct Member {
+    dev: Option<DiskRef>,
+    slabs: SlabMap,
+    problem: Option<String>,
+}
+
+struct Inner {
+    config: PoolConfig,
+    members: Vec<Member>,
+}
+
+pub struct Pool {
+    meta: Arc<MetaStore>,
+    /// The pool's directory: its metadata store and the layout's stripe journal live here.
+    dir: PathBuf,
+    inner: RwLock<Inner>,
+}
+
+fn slabs_on(size: u64, slab_size: u64) -> u32 {
+    (size.saturating_sub(DATA_OFFSET) / slab_size).min(u32::MAX as u64) as u32
+}
+
+impl Pool {
+    /// Creates a pool on blank disks. A disk that carries any label, valid or corrupt, is
+    /// refused and left untouched.
+    pub fn create(dir: &Path, name: &str, disks: Vec<DiskRef>, slab_size: u64) -> Result<Arc<Pool>> {
+        validate_name("pool", name).map_err(PoolError::Invalid)?;
+        if !slab_size.is_power_of_two() || slab_size < MIN_SLAB_SIZE {
+            return Err(PoolError::Invalid(format!(
+                "slab size {slab_size} must be a power of two of at least 1 MiB"
+            )));
+        }
+        if disks.is_empty() {
+            return Err(PoolError::Invalid("a pool needs at least one disk".into()));
+        }
+        for (i, d) in disks.iter().enumerate() {
+            if slabs_on(d.size(), slab_size) == 0 {
+                return Err(PoolError::Invalid(format!(
+                    "{}: {} bytes is too small for one {} byte slab after the {} byte header",
+                    d.path(), d.size(), slab_size, DATA_OFFSET
+                )));
+            }
+            if disks[..i].iter().any(|o| o.path() == d.path()) {
+                return Err(PoolError::Invalid(format!("{} is listed twice", d.path())));
+            }
+            // Check every disk before writing any label, so a refusal changes nothing.
+            match read_label(d.as_ref()) {
+                Err(tessera_disk::LabelError::Missing { .. }) => {}
+                Ok(l) => {
+                    return Err(tessera_disk::LabelError::InUse {
+                        path: d.path().to_string(),
+                        pool_id: l.pool_id,
+                        pool_name: l.pool_name,
+                    }
+                    .into())
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        std::fs::create_dir_all(dir).map_err(|e| PoolError::Meta {
+            path: dir.display().to_string(),
+            message: format!("cannot create the pool directory: {e}"),
+        })?;
+        let meta = Arc::new(MetaStore::create(&dir.join("meta"))?);
+        let mut config = PoolConfig {
+            id: Uuid::new_v4(),
+            name: name.to_string(),
+            slab_size,
+            disks: Vec::new(),
+            generation: 1,
+        };
+        let mut members: Vec<Member> = Vec::new();
+        for (pos, d) in disks.into_iter().enumerate() {
+            let info = DiskInfo {
+                id: Uuid::new_v4(),
+                position: pos as u32,
+                path: d.path().to_string(),
+                size: d.size(),
+                slabs: slabs_on(d.size(), slab_size),
+                state: DiskState::Healthy,
+            };
+            let label = label_for(&config, &info, false);
+            if let Err(e) = write_new_label(d.as_ref(), &label) {
+                // Undo the labels written so far: they name a pool that will not exist.
+                for m in &members {
+                    if let Some(dev) = &m.dev {
+                        let _ = wipe_label(dev.as_ref(), config.id);
+                    }
+                }
+                drop(meta);
+                let _ = std::fs::remove_dir_all(dir.join("meta"));
+                return Err(e.into());
+            }
+            members.push(Member { dev: Some(d), slabs: SlabMap::new(info.slabs), problem: None });
+            config.disks.push(info);
+        }
+        let pool = Pool { meta, dir: dir.to_path_buf(), inner: RwLock::new(Inner { config, members }) };
+        pool.save_config(&pool.inner.read().config)?;
+        info!(pool = name, disks = pool.inner.read().members.len(), "pool created");
+        Ok(Arc::new(pool))
+    }
+
+    /// Imports a pool from its metadata store, opening every member with `opener`. A member
+    /// that cannot be opened, or whose label is corrupt or names another pool or disk, is
+    /// marked missing and never written; the pool opens degraded.
+    pub fn open(dir: &Path, opener: DiskOpener) -> Result<Arc<Pool>> {
+        let meta_dir = dir.join("meta");
+        let meta = Arc::new(MetaStore::open(&meta_dir)?);
+        let raw = meta.get(CF_POOL, CONFIG_KEY)?.ok_or_else(|| PoolError::Meta {
+            path: meta_dir.display().to_string(),
+            message: "pool configuration record is missing".into(),
+        })?;
+        let mut config: PoolConfig = serde_json::from_slice(&raw).map_err(|e| PoolError::Meta {
+            path: meta_dir.display().to_string(),
+            message: format!("pool configuration record is unreadable: {e}"),
+        })?;
+        config.generation += 1;
+        let mut members = Vec::new();
+        for info in config.disks.iter_mut() {
+            let mut member = Member { dev: None, slabs: SlabMap::new(info.slabs), problem: None };
+            if info.state == DiskState::Failed {
+                members.push(member);
+                continue;
+            }
+            let opened = opener(&info.path)
+                .map_err(PoolError::from)
+                .and_then(|dev| {
+                    verify_label(dev.as_ref(), config.id, info.id)?;
+                    if dev.size() < info.size {
+                        return Err(PoolError::Invalid(format!(
+                            "{}: disk shrank from {} to {} bytes",
+                            info.path, info.size, dev.size()
+                        )));
+                    }
+                    Ok(dev)
+                });
+            match opened {
+                Ok(dev) if info.state == DiskState::Missing => {
+                    // It missed every write made while it was away: its data is stale, and
+                    // only a repair (rebuilding its slabs elsewhere) makes the pool whole.
+                    warn!(disk = %info.path, "disk is back, but it was missing while the pool ran; treating it as failed");
+                    info.state = DiskState::Failed;
+                    member.problem = Some("was missing while the pool ran: its data is stale; run a repair".into());
+                    drop(dev);
+                }
+                Ok(dev) => member.dev = Some(dev),
+                Err(e) => {
+                    warn!(disk = %info.path, error = %e, "pool member refused or missing");
+                    member.problem = Some(e.to_string());
+                    if info.state == DiskState::Healthy {
+                        info.state = DiskState::Missing;
+                    }
+                }
+            }
+            members.push(member);
+        }
+        if members.iter().all(|m| m.dev.is_none()) {
+            let why: Vec<String> = members.iter().filter_map(|m| m.problem.clone()).collect();
+            return Err(PoolError::Invalid(format!(
+                "none of the disks of pool '{}' could be opened: {}",
+                config.name,
+                why.join("; ")
+            )));
+        }
+        let pool = Pool { meta, dir: dir.to_path_buf(), inner: RwLock::new(Inner { config, members }) };
+        pool.write_labels(false)?;
+        pool.save_config(&pool.inner.read().config)?;
+        info!(pool = %pool.name(), "pool imported");
+        Ok(Arc::new(pool))
+    }
+
+    /// Flushes everything and marks every label as cleanly exported. The pool must not be
+    /// used afterwards.
+    pub fn export(&self) -> Result<()> {
+        self.flush_all()?;
+        self.inner.write().config.generation += 1;
+        self.write_labels(true)?;
+        self.save_config(&self.inner.read().config)?;
+        self.meta.sync()
+    }
+
+    /// Wipes the labels of every reachable member and deletes the metadata store. The caller
+    /// makes sure no virtual disk remains.
+    pub fn destroy(self: Arc<Self>) -> Result<()> {
+        if Arc::strong_count(&self) != 1 {
+            return Err(PoolError::Invalid(format!("pool '{}' is still in use", self.name())));
+        }
+        let path = self.dir.clone();
+        let id = self.id();
+        {
+            let inner = self.inner.read();
+            for m in &inner.members {
+                if let Some(dev) = &m.dev {
+                    wipe_label(dev.as_ref(), id)?;
+                }
+            }
+        }
+        drop(self);
+        // Remove only what the pool put there; the directory itself goes if it is then empty.
+        for sub in ["meta", "journal"] {
+            let p = path.join(sub);
+            if p.exists() {
+                std::fs::remove_dir_all(&p).map_err(|e| PoolError::Meta {
+                    path: p.display().to_string(),
+                    message: format!("cannot remove: {e}"),
+                })?;
+            }
+        }
+        let _ = std::fs::remove_dir(&path);
+        Ok(())
+    }
+
+    fn write_labels(&self, exported: bool) -> Result<()> {
+        let inner = self.inner.read();
+        for (info, m) in inner.config.disks.iter().zip(&inner.members) {
+            if let Some(dev) = &m.dev {
+                rewrite_label(dev.as_ref(), &label_for(&inner.config, info, exported))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn save_config(&self, config: &PoolConfig) -> Result<()> {
+        let mut b = WriteBatch::default();
+        b.put_cf(self.meta.cf(CF_POOL), CONFIG_KEY, serde_json::to_vec(config).expect("serializable"));
+        self.meta.commit(b, true)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn meta(&self) -> &Arc<MetaStore> {
+        &self.meta
+    }
+
+    pub fn id(&self) -> Uuid {
+        self.inner.read().config.id
+    }
+
+    pub fn name(&self) -> String {
+        self.inner.read().config.name.clone()
+    }
+
+    pub fn slab_size(&self) -> u64 {
+        self.inner.read().config.slab_size
+    }
+
+    pub fn config(&self) -> PoolConfig {
+        self.inner.read().config.clone()
+    }
+
+    /// Adds a blank disk to the pool.
+    pub fn add_disk(&self, dev: DiskRef) -> Result<DiskInfo> {
+        let mut inner = self.inner.write();
+        let slab_size = inner.config.slab_size;
+        if inner.config.disks.iter().any(|d| d.path == dev.path() && d.state != DiskState::Failed) {
+            return Err(PoolError::Exists(format!("disk {} in pool '{}'", dev.path(), inner.config.name)));
+        }
+        let slabs = slabs_on(dev.size(), slab_size);
+        if slabs == 0 {
+            return Err(PoolError::Invalid(format!(
+                "{}: {} bytes is too small for one {} byte slab",
+                dev.path(), dev.size(), slab_size
+            )));
+        }
+        let info = DiskInfo {
+            id: Uuid::new_v4(),
+            position: inner.config.disks.len() as u32,
+            path: dev.path().to_string(),
+            size: dev.size(),
+            slabs,
+            state: DiskState::Healthy,
+        };
+        write_new_label(dev.as_ref(), &label_for(&inner.config, &info, false))?;
+        inner.config.disks.push(info.clone());
+        inner.members.push(Member { dev: Some(dev), slabs: SlabMap::new(slabs), problem: None });
+        let config = inner.config.clone();
+        drop(inner);
+        self.save_config(&config)?;
+        info!(pool = %config.name, disk = %info.path, "disk added");
+        Ok(info)
+    }
+
+    /// Finds a member by its id, its path or its position.
+    pub fn find_disk(&self, spec: &str) -> Result<u32> {
+        let inner = self.inner.read();
+        inner
+            .config
+            .disks
+            .iter()
+            .find(|d| d.id.to_string() == spec || d.path == spec || d.position.to_string() == spec)
+            .map(|d| d.position)
+            .ok_or_else(|| PoolError::NoSuchDisk { pool: inner.config.name.clone(), disk: spec.to_string() })
+    }
+
+    /// Changes a member's state durably. A failed disk is closed and never used again; a
+    /// retired one stays readable but takes no new slabs.
+    pub fn set_disk_state(&self, position: u32, state: DiskState, why: Option<String>) -> Result<()> {
+        let mut inner = self.inner.write();
+        let name = inner.config.name.clone();
+        let idx = position as usize;
+        if idx >= inner.members.len() {
+            return Err(PoolError::NoSuchDisk { pool: name, disk: position.to_string() });
+        }
+        if inner.config.disks[idx].state == state {
+            return Ok(());
+        }
+        if inner.config.disks[idx].state == DiskState::Failed {
+            return Err(PoolError::Invalid(format!(
+                "disk {} of pool '{}' has failed; a failed disk cannot change state",
+                inner.config.disks[idx].path, name
+            )));
+        }
+        warn!(pool = %name, disk = %inner.config.disks[idx].path, state = state.as_str(), reason = why.as_deref().unwrap_or(""), "disk state change");
+        inner.config.disks[idx].state = state;
+        if state == DiskState::Failed || state == DiskState::Missing {
+            inner.members[idx].dev = None;
+            inner.members[idx].problem = why;
+        }
+        let config = inner.config.clone();
+        drop(inner);
+        self.save_config(&config)
+    }
+
+    pub fn disk_state(&self, position: u32) -> DiskState {
+        self.inner.read().config.disks.get(position as usize).map(|d| d.state).unwrap_or(DiskState::Missing)
+    }
+
+    /// The device of a member that may be read: healthy or retired.
+    pub fn readable_disk(&self, position: u32) -> Option<DiskRef> {
+        let inner = self.inner.read();
+        match inner.config.disks.get(position as usize)?.state {
+            DiskState::Healthy | DiskState::Retired => inner.members[position as usize].dev.clone(),
+            _ => None,
+        }
+    }
+
+    pub fn disks(&self) -> Vec<DiskStatus> {
+        let inner = self.inner.read();
+        inner
+            .config
+            .disks
+            .iter()
+            .zip(&inner.members)
+            .map(|(info, m)| DiskStatus {
+                info: info.clone(),
+                slabs_used: m.slabs.used(),
+                used_bytes: m.slabs.used() as u64 * inner.config.slab_size,
+                problem: m.problem.clone(),
+            })
+            .collect()
+    }
+
+    /// Raw slab capacity of the disks that can take slabs (healthy ones).
+    pub fn capacity(&self) -> Capacity {
+        let inner = self.inner.read();
+        let ss = inner.config.slab_size;
+        let (mut total, mut used) = (0u64, 0u64);
+        for (info, m) in inner.config.disks.iter().zip(&inner.members) {
+            if info.state == DiskState::Healthy {
+                total += m.slabs.total() as u64 * ss;
+                used += m.slabs.used() as u64 * ss;
+            }
+        }
+        Capacity { total_bytes: total, used_bytes: used, free_bytes: total - used }
+    }
+
+    /// Free slabs per healthy disk, by position.
+    pub fn free_slabs(&self) -> Vec<(u32, u32)> {
+        let inner = self.inner.read();
+        inner
+            .config
+            .disks
+            .iter()
+            .zip(&inner.members)
+            .filter(|(i, m)| i.state == DiskState::Healthy && m.dev.is_some())
+            .map(|(i, m)| (i.position, m.slabs.free()))
+            .collect()
+    }
+
+    /// Allocates one slab on each of `count` distinct healthy disks outside `exclude`, the
+    /// emptiest disks first. Nothing is persisted here: the caller records the slabs in its own
+    /// descriptor batch, and releases them if that fails.
+    pub fn allocate_slabs(&self, count: usize, exclude: &[u32]) -> Result<Vec<SlabRef>> {
+        let mut inner = self.inner.write();
+        let candidates: Vec<(u32, u32)> = inner
+            .config
+            .disks
+            .iter()
+            .zip(&inner.members)
+            .filter(|(i, m)| i.state == DiskState::Healthy && m.dev.is_some() && !exclude.contains(&i.position))
+            .map(|(i, m)| (i.position, m.slabs.free()))
+            .collect();
+        let Some(chosen) = choose_disks(candidates.clone(), count) else {
+            let with_space = candidates.iter().filter(|c| c.1 > 0).count();
+            return Err(PoolError::NoSpace {
+                pool: inner.config.name.clone(),
+                detail: format!(
+                    "a slab set needs {count} distinct disks with a free slab, and only {with_space} have one"
+                ),
+            });
+        };
+        Ok(chosen
+            .into_iter()
+            .map(|pos| {
+                let slab = inner.members[pos as usize].slabs.take().expect("chosen disks have a free slab");
+                SlabRef { disk: pos, slab }
+            })
+            .collect())
+    }
+
+    /// Records a slab found in a descriptor at open. False if it was already taken (two
+    /// descriptors claim one slab: corrupt metadata).
+    pub fn mark_slab_used(&self, s: SlabRef) -> bool {
+        let mut inner = self.inner.write();
+        match inner.members.get_mut(s.disk as usize) {
+            Some(m) => m.slabs.mark_used(s.slab),
+            None => false,
+        }
+    }
+
+    pub fn release_slab(&self, s: SlabRef) {
+        let mut inner = self.inner.write();
+        if let Some(m) = inner.members.get_mut(s.disk as usize) {
+            if !m.slabs.release(s.slab) {
+                warn!(disk = s.disk, slab = s.slab, "release of a slab that was not in use");
+            }
+        }
+    }
+
+    /// Byte offset of a slab on its disk.
+    pub fn slab_offset(&self, s: SlabRef) -> u64 {
+        DATA_OFFSET + s.slab as u64 * self.slab_size()
+    }
+
+    /// Makes every completed write on every reachable member durable. A member whose flush
+    /// fails is failed: what it acknowledged may be lost, so it can no longer be trusted.
+    pub fn flush_all(&self) -> Result<()> {
+        let devs: Vec<(u32, DiskRef)> = {
+            let inner = self.inner.read();
+            inner
+                .members
+                .iter()
+                .enumerate()
+                .filter_map(|(i, m)| m.dev.clone().map(|d| (i as u32, d)))
+                .collect()
+        };
+        for (pos, dev) in devs {
+            if let Err(e) = dev.flush() {
+                self.set_disk_state(pos, DiskState::Failed, Some(format!("flush failed: {e}")))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn label_for(config: &PoolConfig, info: &DiskInfo, exported: bool) -> Label {
+    Label {
+        pool_id: config.id,
+        pool_name: config.name.clone(),
+        disk_id: info.id,
+        position: info.position,
+        generation: config.generation,
+        disk_size: info.size,
+        slab_size: config.slab_size,
+        exported,
+    }
+}

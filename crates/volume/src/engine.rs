@@ -1,0 +1,382 @@
+//! The engine: one pool with its layouts, grain space and virtual disks. This is the library
+//! face of the storage stack that the daemon and the protocol front ends use.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock};
+use tessera_disk::DiskRef;
+use tessera_layout::{LayoutSpec, Layouts, Progress, RebuildOptions, RebuildReport};
+use tessera_pool::{
+    decode_refcount, validate_name, DiskOpener, DiskState, Pool, WriteBatch, CF_GRAINS, CF_GRAINSETS,
+    CF_REFCOUNTS, CF_VDISKS,
+};
+use tracing::{info, warn};
+
+use crate::commit::{Committer, Op};
+use crate::config::{validate, VdiskConfig, VdiskSpec, VdiskState, DEFAULT_GRAIN};
+use crate::error::{Result, VolumeError};
+use crate::keys::{grain_key, parse_grain_key, parse_loc, refcount_key, vdisk_key};
+use crate::locks::GrainLocks;
+use crate::space::{loc_parts, Class, GrainSpace};
+use crate::vdisk::{Vdisk, BATCH_GRAINS};
+
+pub(crate) struct Shared {
+    pub pool: Arc<Pool>,
+    pub layouts: Arc<Layouts>,
+    pub space: GrainSpace,
+    pub committer: Committer,
+    pub locks: GrainLocks,
+    vdisks: RwLock<BTreeMap<String, Arc<Vdisk>>>,
+    next_id: AtomicU64,
+    /// Serializes changes to the set of vdisks (create, delete, resize).
+    admin: Mutex<()>,
+}
+
+pub struct Engine {
+    s: Arc<Shared>,
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        // Vdisks hold the shared state; dropping them here ends the cycle.
+        self.s.vdisks.write().clear();
+    }
+}
+
+impl Engine {
+    /// Creates a pool in `dir` on blank disks and opens an engine on it.
+    pub fn create_pool(dir: &Path, name: &str, disks: Vec<DiskRef>, slab_size: u64) -> Result<Engine> {
+        Self::open_pool(Pool::create(dir, name, disks, slab_size)?)
+    }
+
+    /// Imports the pool in `dir`, opening its disks with `opener`, replays the stripe journal
+    /// and loads every vdisk.
+    pub fn open(dir: &Path, opener: DiskOpener) -> Result<Engine> {
+        Self::open_pool(Pool::open(dir, opener)?)
+    }
+
+    fn open_pool(pool: Arc<Pool>) -> Result<Engine> {
+        let layouts = Arc::new(Layouts::open(pool.clone())?);
+        let space = GrainSpace::new(layouts.clone());
+        let meta = pool.meta().clone();
+
+        // Reference counts, per slab set.
+        let mut counts: HashMap<u32, HashMap<u32, i64>> = HashMap::new();
+        meta.for_each_prefix(CF_REFCOUNTS, &[], |k, v| {
+            if let Ok(k) = <[u8; 8]>::try_from(k) {
+                let (set, slot) = loc_parts(u64::from_be_bytes(k));
+                counts.entry(set).or_default().insert(slot, decode_refcount(v));
+            }
+            Ok(())
+        })?;
+        // Slab sets that hold grains; a set without a grain record was made by a crashed
+        // allocation and holds nothing: give it back.
+        let mut grainsets = HashMap::new();
+        meta.for_each_prefix(CF_GRAINSETS, &[], |k, v| {
+            if let (Ok(id), Ok(g)) = (k.try_into().map(u32::from_be_bytes), v.try_into().map(u64::from_le_bytes)) {
+                grainsets.insert(id, g);
+            }
+            Ok(())
+        })?;
+        for set in layouts.sets() {
+            match grainsets.remove(&set.id) {
+                Some(g) => space.load_set(set.clone(), g, counts.get(&set.id).unwrap_or(&HashMap::new())),
+                None => {
+                    warn!(set = set.id, "slab set without grain record (interrupted allocation); freeing it");
+                    layouts.free_set(set.id)?;
+                }
+            }
+        }
+        for (id, _) in grainsets {
+            let mut b = WriteBatch::default();
+            b.delete_cf(meta.cf(CF_GRAINSETS), id.to_be_bytes());
+            meta.commit(b, true)?;
+        }
+
+        let committer = Committer::new(layouts.clone());
+        let s = Arc::new(Shared {
+            pool: pool.clone(),
+            layouts,
+            space,
+            committer,
+            locks: GrainLocks::new(),
+            vdisks: RwLock::new(BTreeMap::new()),
+            next_id: AtomicU64::new(1),
+            admin: Mutex::new(()),
+        });
+
+        let mut configs = Vec::new();
+        meta.for_each_prefix(CF_VDISKS, &[], |_, v| {
+            let c: VdiskConfig = serde_json::from_slice(v).map_err(|e| tessera_pool::PoolError::Meta {
+                path: meta.path().display().to_string(),
+                message: format!("unreadable vdisk record: {e}"),
+            })?;
+            configs.push(c);
+            Ok(())
+        })?;
+        let mut max_id = 0;
+        let mut deleting = Vec::new();
+        for c in configs {
+            max_id = max_id.max(c.id);
+            let grains = c.grains();
+            let map: Vec<AtomicU64> = (0..grains).map(|_| AtomicU64::new(0)).collect();
+            let mut mapped = 0;
+            meta.for_each_prefix(CF_GRAINS, &c.id.to_be_bytes(), |k, v| {
+                if let (Some((_, g)), Some(l)) = (parse_grain_key(k), parse_loc(v)) {
+                    if g < grains {
+                        map[g as usize].store(l, Ordering::Relaxed);
+                        mapped += 1;
+                    }
+                }
+                Ok(())
+            })?;
+            let v = Arc::new(Vdisk {
+                s: s.clone(),
+                id: c.id,
+                class: Class { layout: c.layout, grain: c.grain_size },
+                map: RwLock::new(map),
+                mapped: AtomicU64::new(mapped),
+                deleted: AtomicBool::new(false),
+                cfg: RwLock::new(c.clone()),
+            });
+            if c.state == VdiskState::Deleting {
+                deleting.push(v);
+                continue;
+            }
+            if c.provisioning == crate::config::Provisioning::Fixed {
+                s.space.set_reserved(v.class, grains - mapped);
+            }
+            s.vdisks.write().insert(c.name.clone(), v);
+        }
+        s.next_id.store(max_id + 1, Ordering::SeqCst);
+        let engine = Engine { s };
+        for v in deleting {
+            info!(vdisk = %v.name(), "finishing an interrupted delete");
+            engine.finish_delete(&v)?;
+        }
+        Ok(engine)
+    }
+
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.s.pool
+    }
+
+    pub fn layouts(&self) -> &Arc<Layouts> {
+        &self.s.layouts
+    }
+
+    /// The layout a spec resolves to with this pool's defaults.
+    pub fn resolve_layout(&self, spec: &VdiskSpec) -> Result<LayoutSpec> {
+        let healthy = self.s.pool.free_slabs().len();
+        let l = LayoutSpec::with_defaults(spec.layout, spec.copies, spec.columns, spec.interleave, healthy);
+        l.validate(self.s.pool.slab_size(), healthy).map_err(VolumeError::Invalid)?;
+        Ok(l)
+    }
+
+    pub fn create_vdisk(&self, spec: &VdiskSpec) -> Result<Arc<Vdisk>> {
+        validate_name("vdisk", &spec.name).map_err(VolumeError::Invalid)?;
+        let layout = self.resolve_layout(spec)?;
+        let grain = spec.grain_size.unwrap_or(DEFAULT_GRAIN);
+        let block_size = spec.block_size.unwrap_or(512);
+        validate(spec.size, block_size, grain, &layout).map_err(VolumeError::Invalid)?;
+        let _admin = self.s.admin.lock();
+        if self.s.vdisks.read().contains_key(&spec.name) {
+            return Err(VolumeError::Exists(spec.name.clone()));
+        }
+        let c = VdiskConfig {
+            id: self.s.next_id.fetch_add(1, Ordering::SeqCst),
+            name: spec.name.clone(),
+            size: spec.size,
+            block_size,
+            grain_size: grain,
+            layout,
+            provisioning: spec.provisioning,
+            state: VdiskState::Online,
+        };
+        let class = Class { layout, grain };
+        let fixed = c.provisioning == crate::config::Provisioning::Fixed;
+        if fixed {
+            self.s.space.reserve(class, c.grains()).map_err(|e| match e {
+                VolumeError::NoSpace(d) => VolumeError::NoSpace(format!(
+                    "a fixed vdisk of {} bytes with a {} layout does not fit in pool '{}' ({d})",
+                    c.size,
+                    layout.describe(),
+                    self.s.pool.name()
+                )),
+                e => e,
+            })?;
+        }
+        if let Err(e) = self.save_config(&c) {
+            if fixed {
+                self.s.space.unreserve(class, c.grains());
+            }
+            return Err(e);
+        }
+        let v = Arc::new(Vdisk {
+            s: self.s.clone(),
+            id: c.id,
+            class,
+            map: RwLock::new((0..c.grains()).map(|_| AtomicU64::new(0)).collect()),
+            mapped: AtomicU64::new(0),
+            deleted: AtomicBool::new(false),
+            cfg: RwLock::new(c.clone()),
+        });
+        self.s.vdisks.write().insert(c.name.clone(), v.clone());
+        info!(vdisk = %c.name, size = c.size, layout = %layout.describe(), "vdisk created");
+        Ok(v)
+    }
+
+    fn save_config(&self, c: &VdiskConfig) -> Result<()> {
+        let meta = self.s.pool.meta();
+        let mut b = WriteBatch::default();
+        b.put_cf(meta.cf(CF_VDISKS), vdisk_key(c.id), serde_json::to_vec(c).expect("serializable"));
+        meta.commit(b, true)?;
+        Ok(())
+    }
+
+    pub fn vdisk(&self, name: &str) -> Result<Arc<Vdisk>> {
+        self.s.vdisks.read().get(name).cloned().ok_or_else(|| VolumeError::NoSuchVdisk(name.to_string()))
+    }
+
+    pub fn vdisks(&self) -> Vec<Arc<Vdisk>> {
+        self.s.vdisks.read().values().cloned().collect()
+    }
+
+    /// Grows a vdisk. Shrinking is refused: it would silently drop data.
+    pub fn resize_vdisk(&self, name: &str, size: u64) -> Result<()> {
+        let _admin = self.s.admin.lock();
+        let v = self.vdisk(name)?;
+        let mut c = v.config();
+        if size < c.size {
+            return Err(VolumeError::Invalid(format!(
+                "{name}: shrinking from {} to {size} bytes would drop data; only growing is supported",
+                c.size
+            )));
+        }
+        validate(size, c.block_size, c.grain_size, &c.layout).map_err(VolumeError::Invalid)?;
+        let old_grains = c.grains();
+        c.size = size;
+        let added = c.grains() - old_grains;
+        if v.fixed() && added > 0 {
+            self.s.space.reserve(v.class, added)?;
+        }
+        self.save_config(&c)?;
+        {
+            let mut map = v.map.write();
+            map.extend((0..added).map(|_| AtomicU64::new(0)));
+            *v.cfg.write() = c;
+        }
+        info!(vdisk = name, size, "vdisk grown");
+        Ok(())
+    }
+
+    /// Deletes a vdisk and drops its references; grains nobody else shares go back to the pool.
+    pub fn delete_vdisk(&self, name: &str) -> Result<()> {
+        let v = {
+            let _admin = self.s.admin.lock();
+            let v = self.vdisk(name)?;
+            let mut c = v.config();
+            c.state = VdiskState::Deleting;
+            self.save_config(&c)?;
+            *v.cfg.write() = c;
+            v.deleted.store(true, Ordering::Release);
+            self.s.vdisks.write().remove(name);
+            v
+        };
+        self.finish_delete(&v)
+    }
+
+    fn finish_delete(&self, v: &Vdisk) -> Result<()> {
+        let grains = v.map.read().len() as u64;
+        let mut g = 0;
+        while g < grains {
+            let chunk: Vec<u64> = (g..(g + BATCH_GRAINS * 8).min(grains)).filter(|&i| v.entry(i) != 0).collect();
+            for part in chunk.chunks(BATCH_GRAINS as usize) {
+                let _locks = self.s.locks.lock_many(part.iter().map(|&i| (v.id, i)));
+                let mut ops = Vec::new();
+                let mut dropped = Vec::new();
+                for &i in part {
+                    let l = v.entry(i);
+                    if l != 0 {
+                        ops.push(Op::Delete(CF_GRAINS, grain_key(v.id, i)));
+                        ops.push(Op::Merge(CF_REFCOUNTS, refcount_key(l), tessera_pool::refcount_delta(-1).to_vec()));
+                        dropped.push((i, l));
+                    }
+                }
+                self.s.committer.commit(ops)?;
+                for (i, l) in dropped {
+                    v.set_entry(i, 0);
+                    self.s.space.decref(l);
+                }
+            }
+            g += BATCH_GRAINS * 8;
+        }
+        if v.fixed() {
+            self.s.space.unreserve(v.class, grains);
+        }
+        let meta = self.s.pool.meta();
+        let mut b = WriteBatch::default();
+        b.delete_cf(meta.cf(CF_VDISKS), vdisk_key(v.id));
+        meta.commit(b, true)?;
+        self.s.space.reclaim_empty()?;
+        info!(vdisk = %v.name(), "vdisk deleted");
+        Ok(())
+    }
+
+    /// Makes every completed write of every vdisk durable.
+    pub fn flush(&self) -> Result<()> {
+        self.s.layouts.flush()?;
+        self.s.pool.meta().sync()?;
+        Ok(())
+    }
+
+    /// An administrative failure, for drills: the disk is never used again.
+    pub fn fail_disk(&self, disk: &str) -> Result<()> {
+        let pos = self.s.pool.find_disk(disk)?;
+        self.s.pool.set_disk_state(pos, DiskState::Failed, Some("failed by the administrator".into()))?;
+        Ok(())
+    }
+
+    /// Retiring a disk: still read, no new slabs; a repair moves its slabs away.
+    pub fn retire_disk(&self, disk: &str) -> Result<()> {
+        let pos = self.s.pool.find_disk(disk)?;
+        self.s.pool.set_disk_state(pos, DiskState::Retired, Some("retired by the administrator".into()))?;
+        Ok(())
+    }
+
+    /// Rebuilds every slab on a failed, missing or retired disk onto the others.
+    pub fn repair(&self, opts: &RebuildOptions, progress: &Progress) -> Result<RebuildReport> {
+        Ok(self.s.layouts.rebuild(opts, progress)?)
+    }
+
+    /// Flushes everything and marks the pool cleanly exported.
+    pub fn export(self) -> Result<()> {
+        self.flush()?;
+        self.s.pool.export()?;
+        Ok(())
+    }
+
+    /// Destroys the pool: refused while a vdisk remains.
+    pub fn destroy(self) -> Result<()> {
+        let names: Vec<String> = self.s.vdisks.read().keys().cloned().collect();
+        if !names.is_empty() {
+            return Err(VolumeError::Invalid(format!(
+                "pool '{}' still holds vdisk(s) {}; delete them first",
+                self.s.pool.name(),
+                names.join(", ")
+            )));
+        }
+        let pool = self.s.pool.clone();
+        drop(self);
+        // The engine's other holders of the pool are gone with it.
+        pool.destroy()?;
+        Ok(())
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.s
+    }
+}

@@ -1,0 +1,35 @@
+//! Keys and values of the volume layer's records in the metadata store.
+
+use crate::space::Loc;
+
+pub fn vdisk_key(id: u64) -> Vec<u8> {
+    id.to_be_bytes().to_vec()
+}
+
+/// Grain map entry: vdisk id then grain index, big endian, so a vdisk's map is one key range
+/// in grain order.
+pub fn grain_key(vdisk: u64, grain: u64) -> Vec<u8> {
+    let mut k = Vec::with_capacity(16);
+    k.extend_from_slice(&vdisk.to_be_bytes());
+    k.extend_from_slice(&grain.to_be_bytes());
+    k
+}
+
+pub fn parse_grain_key(k: &[u8]) -> Option<(u64, u64)> {
+    if k.len() != 16 {
+        return None;
+    }
+    Some((u64::from_be_bytes(k[..8].try_into().ok()?), u64::from_be_bytes(k[8..].try_into().ok()?)))
+}
+
+pub fn loc_value(l: Loc) -> Vec<u8> {
+    l.to_le_bytes().to_vec()
+}
+
+pub fn parse_loc(v: &[u8]) -> Option<Loc> {
+    Some(u64::from_le_bytes(v.try_into().ok()?))
+}
+
+pub fn refcount_key(l: Loc) -> Vec<u8> {
+    l.to_be_bytes().to_vec()
+}

@@ -1,0 +1,23 @@
+//! Tessera virtual disks: the grain map, thin and fixed provisioning, reference-counted grains
+//! with copy-on-write, and clone_range, over the layout and pool layers.
+
+mod check;
+mod clone;
+mod commit;
+mod config;
+mod engine;
+mod error;
+mod keys;
+mod locks;
+mod space;
+mod vdisk;
+
+pub use check::CheckReport;
+pub use clone::CloneStats;
+pub use config::{Provisioning, VdiskConfig, VdiskSpec, VdiskState, DEFAULT_GRAIN, MAX_GRAIN, MIN_GRAIN};
+pub use engine::Engine;
+pub use error::{Result, VolumeError};
+pub use vdisk::{Extent, Vdisk};
+
+pub use tessera_layout::{LayoutKind, LayoutSpec, Progress, RebuildOptions, RebuildReport};
+pub use tessera_pool::{DiskState, Pool};

@@ -1,0 +1,288 @@
+//! Grain space: the grain-sized slots of the slab sets that hold vdisk data, with their
+//! reference counts, free-slot search and fixed-provisioning reservations.
+//!
+//! A grain location packs (slab set id, slot) into a u64; 0 means "not allocated". Slab sets
+//! are grouped by class (layout spec and grain size): a grain can only be shared between vdisks
+//! of one class, so that a clone never silently changes a vdisk's resilience.
+//!
+//! Reference counts live here in memory (atomics, read on the hot path without a lock) and in
+//! the metadata store as merge deltas. A reference is counted in memory before the batch that
+//! adds it commits, and uncounted only after the batch that drops it is durable: a slot is
+//! never handed out again while a durable grain entry may still point at it.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock};
+use tessera_layout::{LayoutSpec, Layouts, SlabSet};
+use tessera_pool::{WriteBatch, CF_GRAINSETS};
+use tracing::info;
+
+use crate::error::{Result, VolumeError};
+
+pub type Loc = u64;
+
+pub fn loc(set: u32, slot: u32) -> Loc {
+    ((set as u64) << 32) | slot as u64
+}
+
+pub fn loc_parts(l: Loc) -> (u32, u32) {
+    ((l >> 32) as u32, l as u32)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Class {
+    pub layout: LayoutSpec,
+    pub grain: u64,
+}
+
+pub struct SetSlots {
+    pub set: Arc<SlabSet>,
+    pub class: Class,
+    pub refs: Vec<AtomicU32>,
+}
+
+#[derive(Default)]
+struct SetAlloc {
+    free: u32,
+    cursor: u32,
+}
+
+#[derive(Default)]
+struct AllocState {
+    per_set: HashMap<u32, SetAlloc>,
+    /// Slots reserved for fixed vdisks, per class.
+    reserved: HashMap<Class, u64>,
+}
+
+pub struct GrainSpace {
+    layouts: Arc<Layouts>,
+    sets: RwLock<HashMap<u32, Arc<SetSlots>>>,
+    alloc: Mutex<AllocState>,
+}
+
+impl GrainSpace {
+    pub fn new(layouts: Arc<Layouts>) -> GrainSpace {
+        GrainSpace { layouts, sets: RwLock::new(HashMap::new()), alloc: Mutex::new(AllocState::default()) }
+    }
+
+    /// Registers a slab set found at open, with its reference counts.
+    pub fn load_set(&self, set: Arc<SlabSet>, grain: u64, counts: &HashMap<u32, i64>) {
+        let slots = (set.spec.set_capacity(self.layouts.pool().slab_size()) / grain) as u32;
+        let refs: Vec<AtomicU32> = (0..slots).map(|s| AtomicU32::new(counts.get(&s).copied().unwrap_or(0).max(0) as u32)).collect();
+        let free = refs.iter().filter(|r| r.load(Ordering::Relaxed) == 0).count() as u32;
+        let id = set.id;
+        let class = Class { layout: set.spec, grain };
+        self.sets.write().insert(id, Arc::new(SetSlots { set, class, refs }));
+        self.alloc.lock().per_set.insert(id, SetAlloc { free, cursor: 0 });
+    }
+
+    pub fn slots(&self, set: u32) -> Option<Arc<SetSlots>> {
+        self.sets.read().get(&set).cloned()
+    }
+
+    /// The slab set and byte offset in it of a grain location.
+    pub fn locate(&self, l: Loc) -> Result<(Arc<SlabSet>, u64)> {
+        let (set, slot) = loc_parts(l);
+        let s = self.slots(set).ok_or_else(|| VolumeError::Invalid(format!("grain location {l:#x} names no slab set")))?;
+        Ok((s.set.clone(), slot as u64 * s.class.grain))
+    }
+
+    pub fn refcount(&self, l: Loc) -> u32 {
+        let (set, slot) = loc_parts(l);
+        self.sets.read().get(&set).and_then(|s| s.refs.get(slot as usize).map(|r| r.load(Ordering::Acquire))).unwrap_or(0)
+    }
+
+    /// Adds a reference to an allocated slot (a grain becoming shared).
+    pub fn incref(&self, l: Loc) {
+        let (set, slot) = loc_parts(l);
+        if let Some(s) = self.sets.read().get(&set) {
+            s.refs[slot as usize].fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Drops a reference, after the batch recording the drop is durable: a slot that reaches
+    /// zero is free at once. (References are added before their batch commits and dropped
+    /// after theirs, so the in-memory count never falls below the durable one.)
+    pub fn decref(&self, l: Loc) {
+        let (set, slot) = loc_parts(l);
+        let Some(s) = self.slots(set) else { return };
+        let mut a = self.alloc.lock();
+        if s.refs[slot as usize].fetch_sub(1, Ordering::AcqRel) == 1 {
+            if let Some(sa) = a.per_set.get_mut(&set) {
+                sa.free += 1;
+            }
+        }
+    }
+
+    fn class_free(&self, a: &AllocState, class: Class) -> u64 {
+        let sets = self.sets.read();
+        a.per_set.iter().filter(|(id, _)| sets.get(id).map(|s| s.class == class).unwrap_or(false)).map(|(_, sa)| sa.free as u64).sum()
+    }
+
+    /// Takes a free slot of the class (count set to 1). `from_reservation`: a fixed vdisk
+    /// spending one of its reserved slots; otherwise reserved slots are off limits and a new
+    /// slab set is made when the class is full.
+    pub fn allocate(&self, class: Class, from_reservation: bool) -> Result<Loc> {
+        // A new slab set made for this call may be raced away by other allocations; try again.
+        for _ in 0..4 {
+            let mut a = self.alloc.lock();
+            let reserved = a.reserved.get(&class).copied().unwrap_or(0);
+            if !from_reservation && self.class_free(&a, class) <= reserved {
+                drop(a);
+                self.add_set(class)?;
+                continue;
+            }
+            if let Some(l) = self.take_slot(&mut a, class) {
+                if from_reservation {
+                    if let Some(r) = a.reserved.get_mut(&class) {
+                        *r = r.saturating_sub(1);
+                    }
+                }
+                return Ok(l);
+            }
+            drop(a);
+            self.add_set(class)?;
+        }
+        Err(VolumeError::NoSpace(format!("no free grain in the {} class", class.layout.describe())))
+    }
+
+    fn take_slot(&self, a: &mut AllocState, class: Class) -> Option<Loc> {
+        let sets = self.sets.read();
+        let mut ids: Vec<u32> =
+            a.per_set.iter().filter(|(id, sa)| sa.free > 0 && sets[*id].class == class).map(|(id, _)| *id).collect();
+        ids.sort_unstable();
+        for id in ids {
+            let s = &sets[&id];
+            let n = s.refs.len() as u32;
+            let cursor = a.per_set[&id].cursor;
+            for i in 0..n {
+                let slot = (cursor + i) % n;
+                let l = loc(id, slot);
+                if s.refs[slot as usize].load(Ordering::Acquire) == 0 {
+                    s.refs[slot as usize].store(1, Ordering::Release);
+                    let sa = a.per_set.get_mut(&id).unwrap();
+                    sa.free -= 1;
+                    sa.cursor = slot + 1;
+                    return Some(l);
+                }
+            }
+        }
+        None
+    }
+
+    /// Gives back a slot taken by `allocate` whose write or commit failed.
+    pub fn unallocate(&self, l: Loc, to_reservation: Option<Class>) {
+        let (set, slot) = loc_parts(l);
+        let Some(s) = self.slots(set) else { return };
+        let mut a = self.alloc.lock();
+        s.refs[slot as usize].store(0, Ordering::Release);
+        if let Some(sa) = a.per_set.get_mut(&set) {
+            sa.free += 1;
+        }
+        if let Some(c) = to_reservation {
+            *a.reserved.entry(c).or_default() += 1;
+        }
+    }
+
+    /// Makes a new slab set for the class and records its grain size.
+    fn add_set(&self, class: Class) -> Result<()> {
+        let set = self.layouts.create_set(class.layout).map_err(|e| match e {
+            tessera_layout::LayoutError::Pool(p @ tessera_pool::PoolError::NoSpace { .. }) => VolumeError::NoSpace(p.to_string()),
+            e => e.into(),
+        })?;
+        let meta = self.layouts.pool().meta();
+        let mut b = WriteBatch::default();
+        b.put_cf(meta.cf(CF_GRAINSETS), set.id.to_be_bytes(), class.grain.to_le_bytes());
+        if let Err(e) = meta.commit(b, true) {
+            let _ = self.layouts.free_set(set.id);
+            return Err(e.into());
+        }
+        info!(set = set.id, layout = %class.layout.describe(), grain = class.grain, "new slab set");
+        self.load_set(set, class.grain, &HashMap::new());
+        Ok(())
+    }
+
+    /// Reserves `n` slots of the class for a fixed vdisk, making slab sets as needed.
+    /// All or nothing: on failure the sets made here are freed again.
+    pub fn reserve(&self, class: Class, n: u64) -> Result<()> {
+        let mut made = Vec::new();
+        loop {
+            {
+                let mut a = self.alloc.lock();
+                let reserved = a.reserved.get(&class).copied().unwrap_or(0);
+                if self.class_free(&a, class) >= reserved + n {
+                    *a.reserved.entry(class).or_default() += n;
+                    return Ok(());
+                }
+            }
+            let before: Vec<u32> = self.sets.read().keys().copied().collect();
+            if let Err(e) = self.add_set(class) {
+                for id in made {
+                    self.drop_set(id);
+                }
+                return Err(e);
+            }
+            made.extend(self.sets.read().keys().copied().filter(|k| !before.contains(k)));
+        }
+    }
+
+    /// Returns reserved slots (a fixed vdisk deleted, or spending them).
+    pub fn unreserve(&self, class: Class, n: u64) {
+        let mut a = self.alloc.lock();
+        if let Some(r) = a.reserved.get_mut(&class) {
+            *r = r.saturating_sub(n);
+        }
+    }
+
+    /// Reservation set at open from the fixed vdisks' unmapped grains.
+    pub fn set_reserved(&self, class: Class, n: u64) {
+        *self.alloc.lock().reserved.entry(class).or_default() += n;
+    }
+
+    /// Frees slab sets that hold no grain, as long as the class keeps enough free slots for
+    /// its reservations. Their slabs go back to the pool.
+    pub fn reclaim_empty(&self) -> Result<usize> {
+        let victims: Vec<u32> = {
+            let mut a = self.alloc.lock();
+            let sets = self.sets.read();
+            let mut victims = Vec::new();
+            let mut ids: Vec<u32> = a.per_set.keys().copied().collect();
+            ids.sort_unstable();
+            for id in ids {
+                let s = &sets[&id];
+                let sa = &a.per_set[&id];
+                if sa.free as usize == s.refs.len() {
+                    let reserved = a.reserved.get(&s.class).copied().unwrap_or(0);
+                    let free_after = self.class_free(&a, s.class) - sa.free as u64;
+                    if free_after >= reserved {
+                        a.per_set.remove(&id);
+                        victims.push(id);
+                    }
+                }
+            }
+            victims
+        };
+        for &id in &victims {
+            self.drop_set(id);
+        }
+        Ok(victims.len())
+    }
+
+    fn drop_set(&self, id: u32) {
+        self.alloc.lock().per_set.remove(&id);
+        self.sets.write().remove(&id);
+        let meta = self.layouts.pool().meta();
+        let mut b = WriteBatch::default();
+        b.delete_cf(meta.cf(CF_GRAINSETS), id.to_be_bytes());
+        let _ = meta.commit(b, true);
+        if let Err(e) = self.layouts.free_set(id) {
+            tracing::warn!(set = id, error = %e, "cannot free an empty slab set");
+        }
+    }
+
+    pub fn all_sets(&self) -> Vec<Arc<SetSlots>> {
+        self.sets.read().values().cloned().collect()
+    }
+}

@@ -1,0 +1,339 @@
+//! A virtual disk: an array of grains, each either unmapped (reads as zeros) or pointing at a
+//! grain slot. I/O on an exclusively owned slot goes straight to the layout with no metadata
+//! write; a first write allocates, a write to a shared slot copies on write.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+use tessera_disk::{AlignedBuf, SECTOR};
+use tessera_pool::{refcount_delta, CF_GRAINS, CF_REFCOUNTS};
+
+use crate::commit::Op;
+use crate::config::{Provisioning, VdiskConfig};
+use crate::engine::Shared;
+use crate::error::{Result, VolumeError};
+use crate::keys::{grain_key, loc_value, refcount_key};
+use crate::space::{Class, Loc};
+
+/// Grains whose map entries one batch changes, at most (trim, delete, clone).
+pub(crate) const BATCH_GRAINS: u64 = 512;
+
+pub struct Vdisk {
+    pub(crate) s: Arc<Shared>,
+    pub(crate) id: u64,
+    pub(crate) class: Class,
+    pub(crate) cfg: RwLock<VdiskConfig>,
+    pub(crate) map: RwLock<Vec<AtomicU64>>,
+    /// Grains that point at a slot.
+    pub(crate) mapped: AtomicU64,
+    pub(crate) deleted: AtomicBool,
+}
+
+/// A part of a request inside one grain.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct GrainPiece {
+    pub grain: u64,
+    pub off: u64,
+    pub len: usize,
+    pub buf_off: usize,
+}
+
+pub(crate) fn grain_pieces(grain_size: u64, offset: u64, len: u64) -> impl Iterator<Item = GrainPiece> {
+    let end = offset + len;
+    let mut pos = offset;
+    std::iter::from_fn(move || {
+        if pos >= end {
+            return None;
+        }
+        let g = pos / grain_size;
+        let off = pos % grain_size;
+        let n = (grain_size - off).min(end - pos);
+        let p = GrainPiece { grain: g, off, len: n as usize, buf_off: (pos - offset) as usize };
+        pos += n;
+        Some(p)
+    })
+}
+
+/// Which parts of a range are allocated, for GET LBA STATUS and sparse export.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Extent {
+    pub offset: u64,
+    pub len: u64,
+    pub mapped: bool,
+}
+
+impl Vdisk {
+    pub fn name(&self) -> String {
+        self.cfg.read().name.clone()
+    }
+
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    pub fn config(&self) -> VdiskConfig {
+        self.cfg.read().clone()
+    }
+
+    pub fn size(&self) -> u64 {
+        self.cfg.read().size
+    }
+
+    pub fn block_size(&self) -> u32 {
+        self.cfg.read().block_size
+    }
+
+    pub fn grain_size(&self) -> u64 {
+        self.class.grain
+    }
+
+    /// Bytes of pool grain space this vdisk points at (shared grains included).
+    pub fn allocated_bytes(&self) -> u64 {
+        self.mapped.load(Ordering::Relaxed) * self.class.grain
+    }
+
+    pub(crate) fn fixed(&self) -> bool {
+        self.cfg.read().provisioning == Provisioning::Fixed
+    }
+
+    pub(crate) fn entry(&self, g: u64) -> Loc {
+        self.map.read().get(g as usize).map(|e| e.load(Ordering::Acquire)).unwrap_or(0)
+    }
+
+    pub(crate) fn set_entry(&self, g: u64, l: Loc) {
+        let old = self.map.read()[g as usize].swap(l, Ordering::AcqRel);
+        match (old != 0, l != 0) {
+            (false, true) => {
+                self.mapped.fetch_add(1, Ordering::Relaxed);
+            }
+            (true, false) => {
+                self.mapped.fetch_sub(1, Ordering::Relaxed);
+            }
+            _ => {}
+        }
+    }
+
+    pub(crate) fn check_range(&self, offset: u64, len: u64) -> Result<()> {
+        if self.deleted.load(Ordering::Acquire) {
+            return Err(VolumeError::Deleted(self.name()));
+        }
+        let (bs, size) = {
+            let c = self.cfg.read();
+            (c.block_size as u64, c.size)
+        };
+        if len == 0 {
+            return Err(VolumeError::Invalid(format!("{}: zero-length request at byte {offset}", self.name())));
+        }
+        if offset % bs != 0 || len % bs != 0 {
+            return Err(VolumeError::Invalid(format!(
+                "{}: request of {len} bytes at byte {offset} is not aligned to the {bs} byte block size",
+                self.name()
+            )));
+        }
+        if offset.checked_add(len).map(|e| e > size).unwrap_or(true) {
+            return Err(VolumeError::Invalid(format!(
+                "{}: request of {len} bytes at byte {offset} goes beyond the end of the disk ({size} bytes)",
+                self.name()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Reads `buf.len()` bytes at byte `offset`.
+    pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.check_range(offset, buf.len() as u64)?;
+        for p in grain_pieces(self.class.grain, offset, buf.len() as u64) {
+            self.read_grain(p.grain, p.off, &mut buf[p.buf_off..p.buf_off + p.len])?;
+        }
+        Ok(())
+    }
+
+    fn read_grain(&self, g: u64, off: u64, out: &mut [u8]) -> Result<()> {
+        let _l = self.s.locks.read(self.id, g);
+        let l = self.entry(g);
+        if l == 0 {
+            out.fill(0);
+            return Ok(());
+        }
+        self.read_slot(l, off, out)
+    }
+
+    /// Reads part of a slot, widening to whole sectors when the request is not aligned.
+    pub(crate) fn read_slot(&self, l: Loc, off: u64, out: &mut [u8]) -> Result<()> {
+        let (set, base) = self.s.space.locate(l)?;
+        let s = SECTOR as u64;
+        let a = off / s * s;
+        let b = (off + out.len() as u64).div_ceil(s) * s;
+        if a == off && b == off + out.len() as u64 {
+            self.s.layouts.read(&set, base + off, out)?;
+        } else {
+            let mut tmp = AlignedBuf::zeroed((b - a) as usize);
+            self.s.layouts.read(&set, base + a, &mut tmp)?;
+            out.copy_from_slice(&tmp[(off - a) as usize..(off - a) as usize + out.len()]);
+        }
+        Ok(())
+    }
+
+    /// Writes `data` at byte `offset`. With `fua` the data is durable when this returns.
+    pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
+        self.check_range(offset, data.len() as u64)?;
+        for p in grain_pieces(self.class.grain, offset, data.len() as u64) {
+            self.write_grain(p.grain, p.off, &data[p.buf_off..p.buf_off + p.len])?;
+        }
+        if fua {
+            self.s.layouts.flush()?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn write_grain(&self, g: u64, off: u64, data: &[u8]) -> Result<()> {
+        let _l = self.s.locks.write(self.id, g);
+        let old = self.entry(g);
+        if old != 0 && self.s.space.refcount(old) == 1 {
+            return self.write_in_place(old, off, data);
+        }
+        // A new slot, filled with the old grain (shared) or zeros (unmapped), then the new data.
+        let grain = self.class.grain as usize;
+        let mut buf = AlignedBuf::zeroed(grain);
+        if old != 0 {
+            self.read_slot(old, 0, &mut buf)?;
+        }
+        buf[off as usize..off as usize + data.len()].copy_from_slice(data);
+        self.replace_slot(g, old, &buf)
+    }
+
+    fn write_in_place(&self, l: Loc, off: u64, data: &[u8]) -> Result<()> {
+        let (set, base) = self.s.space.locate(l)?;
+        let s = SECTOR as u64;
+        let a = off / s * s;
+        let b = (off + data.len() as u64).div_ceil(s) * s;
+        if a == off && b == off + data.len() as u64 {
+            self.s.layouts.write(&set, base + off, data)?;
+        } else {
+            // Sub-sector write (512-byte blocks): read-modify-write under the grain lock.
+            let mut tmp = AlignedBuf::zeroed((b - a) as usize);
+            self.s.layouts.read(&set, base + a, &mut tmp)?;
+            tmp[(off - a) as usize..(off - a) as usize + data.len()].copy_from_slice(data);
+            self.s.layouts.write(&set, base + a, &tmp)?;
+        }
+        Ok(())
+    }
+
+    /// Points grain `g` (currently at `old`, 0 if unmapped) at a new slot holding `content`.
+    /// The caller holds the grain lock.
+    fn replace_slot(&self, g: u64, old: Loc, content: &[u8]) -> Result<()> {
+        let from_reservation = old == 0 && self.fixed();
+        let new = self.s.space.allocate(self.class, from_reservation)?;
+        let undo = |e: VolumeError| {
+            self.s.space.unallocate(new, from_reservation.then_some(self.class));
+            e
+        };
+        let (set, base) = self.s.space.locate(new).map_err(undo)?;
+        self.s.layouts.write(&set, base, content).map_err(|e| undo(e.into()))?;
+        let mut ops = vec![
+            Op::Put(CF_GRAINS, grain_key(self.id, g), loc_value(new)),
+            Op::Merge(CF_REFCOUNTS, refcount_key(new), refcount_delta(1).to_vec()),
+        ];
+        if old != 0 {
+            ops.push(Op::Merge(CF_REFCOUNTS, refcount_key(old), refcount_delta(-1).to_vec()));
+        }
+        self.s.committer.commit(ops).map_err(undo)?;
+        self.set_entry(g, new);
+        if old != 0 {
+            self.s.space.decref(old);
+        }
+        Ok(())
+    }
+
+    /// Unmaps whole grains and zeroes the partial ones at the edges. Never-written and
+    /// trimmed blocks read as zeros.
+    pub fn trim(&self, offset: u64, len: u64) -> Result<()> {
+        self.check_range(offset, len)?;
+        let grain = self.class.grain;
+        let mut whole = Vec::new();
+        for p in grain_pieces(grain, offset, len) {
+            let last_grain_end = self.size().min((p.grain + 1) * grain) - p.grain * grain;
+            if p.off == 0 && (p.len as u64 == grain || p.len as u64 == last_grain_end) {
+                whole.push(p.grain);
+            } else if self.entry(p.grain) != 0 {
+                let zeros = vec![0u8; p.len];
+                self.write_grain(p.grain, p.off, &zeros)?;
+            }
+        }
+        for chunk in whole.chunks(BATCH_GRAINS as usize) {
+            self.unmap_grains(chunk)?;
+        }
+        self.s.space.reclaim_empty()?;
+        Ok(())
+    }
+
+    /// Unmaps a set of grains in one durable batch.
+    pub(crate) fn unmap_grains(&self, grains: &[u64]) -> Result<()> {
+        let _locks = self.s.locks.lock_many(grains.iter().map(|&g| (self.id, g)));
+        let mut ops = Vec::new();
+        let mut dropped = Vec::new();
+        for &g in grains {
+            let l = self.entry(g);
+            if l != 0 {
+                ops.push(Op::Delete(CF_GRAINS, grain_key(self.id, g)));
+                ops.push(Op::Merge(CF_REFCOUNTS, refcount_key(l), refcount_delta(-1).to_vec()));
+                dropped.push((g, l));
+            }
+        }
+        if dropped.is_empty() {
+            return Ok(());
+        }
+        self.s.committer.commit(ops)?;
+        for &(g, l) in &dropped {
+            self.set_entry(g, 0);
+            self.s.space.decref(l);
+        }
+        if self.fixed() {
+            // The space stays the vdisk's: a later write to these grains must not fail.
+            if let Err(e) = self.s.space.reserve(self.class, dropped.len() as u64) {
+                tracing::warn!(vdisk = %self.name(), error = %e, "cannot keep the reservation of trimmed grains");
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes zeros. With `unmap`, whole grains are unmapped instead (thin semantics of
+    /// WRITE SAME with UNMAP / NBD WRITE_ZEROES without NO_HOLE); without, the range is
+    /// allocated and written.
+    pub fn write_zeroes(&self, offset: u64, len: u64, unmap: bool, fua: bool) -> Result<()> {
+        if unmap {
+            self.trim(offset, len)?;
+        } else {
+            self.check_range(offset, len)?;
+            let zeros = AlignedBuf::zeroed(self.class.grain as usize);
+            for p in grain_pieces(self.class.grain, offset, len) {
+                self.write_grain(p.grain, p.off, &zeros[..p.len])?;
+            }
+        }
+        if fua {
+            self.s.layouts.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Makes every write completed so far durable.
+    pub fn flush(&self) -> Result<()> {
+        self.s.layouts.flush()?;
+        Ok(())
+    }
+
+    /// Mapped and unmapped extents over a range, merged where adjacent.
+    pub fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        self.check_range(offset, len)?;
+        let mut out: Vec<Extent> = Vec::new();
+        for p in grain_pieces(self.class.grain, offset, len) {
+            let mapped = self.entry(p.grain) != 0;
+            match out.last_mut() {
+                Some(e) if e.mapped == mapped => e.len += p.len as u64,
+                _ => out.push(Extent { offset: offset + p.buf_off as u64, len: p.len as u64, mapped }),
+            }
+        }
+        Ok(out)
+    }
+}

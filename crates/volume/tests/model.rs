@@ -1,0 +1,172 @@
+//! Model-based property tests: random sequences of writes, zero writes, trims, flushes,
+//! clone_range, disk failures within tolerance, repairs and restarts, for every layout and
+//! both provisioning types, checked block for block against an in-memory model, and ending
+//! with a metadata consistency check and a scrub of the redundancy.
+//!
+//! TESSERA_PROPTEST_CASES sets the number of cases per configuration (CI runs a few dozen).
+
+mod common;
+
+use common::{pattern, spec, Rig, MIB};
+use proptest::prelude::*;
+use tessera_volume::{LayoutKind, Progress, Provisioning, RebuildOptions};
+
+const BLOCK: u64 = 512;
+const GRAIN_BLOCKS: u64 = 32; // 16 KiB grains
+const VDISK_SIZE: u64 = 768 * 1024 + 512; // a partial last grain on purpose
+const BLOCKS: u64 = VDISK_SIZE / BLOCK;
+const DISKS: usize = 8;
+
+#[derive(Debug, Clone)]
+enum Op {
+    Write { vd: usize, blk: u64, n: u64, seed: u64, fua: bool },
+    Zero { vd: usize, blk: u64, n: u64, unmap: bool },
+    Trim { vd: usize, blk: u64, n: u64 },
+    Flush,
+    Clone { src: usize, dst: usize, sblk: u64, dblk: u64, n: u64 },
+    FailDisk { disk: usize, admin: bool },
+    Repair,
+    Reopen,
+}
+
+fn clamp(blk: u64, n: u64) -> (u64, u64) {
+    let blk = blk % BLOCKS;
+    (blk, n.clamp(1, BLOCKS - blk))
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let range = (0..BLOCKS, 1u64..200);
+    prop_oneof![
+        8 => (0..2usize, range.clone(), any::<u64>(), any::<bool>()).prop_map(|(vd, (blk, n), seed, fua)| Op::Write { vd, blk, n, seed, fua }),
+        2 => (0..2usize, range.clone(), any::<bool>()).prop_map(|(vd, (blk, n), unmap)| Op::Zero { vd, blk, n, unmap }),
+        2 => (0..2usize, range.clone()).prop_map(|(vd, (blk, n))| Op::Trim { vd, blk, n }),
+        1 => Just(Op::Flush),
+        // Half of the clones grain-aligned, so that sharing (not copying) is exercised.
+        3 => (0..2usize, 0..2usize, 0..BLOCKS, 0..BLOCKS, 1u64..300, any::<bool>()).prop_map(|(src, dst, s, d, n, aligned)| {
+            let (s, d) = if aligned { (s / GRAIN_BLOCKS * GRAIN_BLOCKS, d / GRAIN_BLOCKS * GRAIN_BLOCKS) } else { (s, d) };
+            Op::Clone { src, dst, sblk: s, dblk: d, n }
+        }),
+        1 => (0..DISKS, any::<bool>()).prop_map(|(disk, admin)| Op::FailDisk { disk, admin }),
+        1 => Just(Op::Repair),
+        1 => Just(Op::Reopen),
+    ]
+}
+
+struct Model {
+    data: Vec<Vec<u8>>,
+    failed: Vec<bool>,
+    failed_since_repair: usize,
+}
+
+fn run(kind: LayoutKind, copies: Option<u8>, prov: Provisioning, ops: Vec<Op>) {
+    let mut rig = Rig::new(DISKS, 40 * MIB, MIB);
+    let mut s = spec("a", VDISK_SIZE, kind, prov);
+    s.copies = copies;
+    let layout = rig.engine().create_vdisk(&s).unwrap().config().layout;
+    s.name = "b".into();
+    rig.engine().create_vdisk(&s).unwrap();
+    let names = ["a", "b"];
+    let mut m = Model { data: vec![vec![0u8; VDISK_SIZE as usize]; 2], failed: vec![false; DISKS], failed_since_repair: 0 };
+
+    for (step, op) in ops.into_iter().enumerate() {
+        let e = rig.engine();
+        match op {
+            Op::Write { vd, blk, n, seed, fua } => {
+                let (blk, n) = clamp(blk, n);
+                let (off, len) = (blk * BLOCK, (n * BLOCK) as usize);
+                let bytes = pattern(seed, off, len);
+                e.vdisk(names[vd]).unwrap().write(off, &bytes, fua).unwrap();
+                m.data[vd][off as usize..off as usize + len].copy_from_slice(&bytes);
+            }
+            Op::Zero { vd, blk, n, unmap } => {
+                let (blk, n) = clamp(blk, n);
+                let (off, len) = (blk * BLOCK, n * BLOCK);
+                e.vdisk(names[vd]).unwrap().write_zeroes(off, len, unmap, false).unwrap();
+                m.data[vd][off as usize..(off + len) as usize].fill(0);
+            }
+            Op::Trim { vd, blk, n } => {
+                let (blk, n) = clamp(blk, n);
+                let (off, len) = (blk * BLOCK, n * BLOCK);
+                e.vdisk(names[vd]).unwrap().trim(off, len).unwrap();
+                m.data[vd][off as usize..(off + len) as usize].fill(0);
+            }
+            Op::Flush => e.flush().unwrap(),
+            Op::Clone { src, dst, sblk, dblk, n } => {
+                let (sblk, n) = clamp(sblk, n);
+                let (dblk, n) = clamp(dblk, n);
+                let n = n.min(BLOCKS - sblk);
+                let (so, d_o, len) = (sblk * BLOCK, dblk * BLOCK, n * BLOCK);
+                let (sv, dv) = (e.vdisk(names[src]).unwrap(), e.vdisk(names[dst]).unwrap());
+                e.clone_range(&sv, so, &dv, d_o, len).unwrap();
+                let chunk = m.data[src][so as usize..(so + len) as usize].to_vec();
+                m.data[dst][d_o as usize..(d_o + len) as usize].copy_from_slice(&chunk);
+            }
+            Op::FailDisk { disk, admin } => {
+                let healthy = m.failed.iter().filter(|f| !**f).count();
+                if m.failed[disk] || m.failed_since_repair >= layout.tolerance() || healthy - 1 < layout.width() + 1 {
+                    continue;
+                }
+                if admin {
+                    e.fail_disk(&format!("mem{disk}")).unwrap();
+                } else {
+                    rig.disks[disk].faults().pull();
+                }
+                m.failed[disk] = true;
+                m.failed_since_repair += 1;
+            }
+            Op::Repair => {
+                // A flush fails a pulled disk that no write has touched yet.
+                e.flush().unwrap();
+                let report = e.repair(&RebuildOptions { parallel: 2, rate_limit: None }, &Progress::default()).unwrap();
+                assert!(report.failures.is_empty(), "step {step}: repair failures {:?}", report.failures);
+                m.failed_since_repair = 0;
+            }
+            Op::Reopen => rig.reopen(),
+        }
+        for (vd, name) in names.iter().enumerate() {
+            let mut got = vec![0u8; VDISK_SIZE as usize];
+            rig.engine().vdisk(name).unwrap().read(0, &mut got).unwrap();
+            if got != m.data[vd] {
+                let first = got.iter().zip(&m.data[vd]).position(|(a, b)| a != b).unwrap();
+                panic!("step {step} ({op:?}): vdisk {name} differs from the model first at byte {first}");
+            }
+        }
+    }
+    rig.assert_consistent();
+    let e = rig.engine();
+    for set in e.layouts().sets() {
+        let bad = e.layouts().scrub_set(&set).unwrap();
+        assert!(bad.is_empty(), "redundancy does not match the data: {bad:?}");
+    }
+    // Deleting both vdisks gives every grain back.
+    e.delete_vdisk("a").unwrap();
+    e.delete_vdisk("b").unwrap();
+    rig.assert_consistent();
+    assert!(rig.engine().layouts().sets().is_empty(), "slab sets left behind after every vdisk was deleted");
+}
+
+fn cases() -> u32 {
+    std::env::var("TESSERA_PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(24)
+}
+
+macro_rules! model_test {
+    ($name:ident, $kind:expr, $copies:expr, $prov:expr) => {
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: cases(), failure_persistence: None, ..ProptestConfig::default() })]
+            #[test]
+            fn $name(ops in prop::collection::vec(op(), 1..40)) {
+                run($kind, $copies, $prov, ops);
+            }
+        }
+    };
+}
+
+model_test!(simple_thin, LayoutKind::Simple, None, Provisioning::Thin);
+model_test!(simple_fixed, LayoutKind::Simple, None, Provisioning::Fixed);
+model_test!(mirror2_thin, LayoutKind::Mirror, Some(2), Provisioning::Thin);
+model_test!(mirror2_fixed, LayoutKind::Mirror, Some(2), Provisioning::Fixed);
+model_test!(mirror3_thin, LayoutKind::Mirror, Some(3), Provisioning::Thin);
+model_test!(parity_thin, LayoutKind::Parity, None, Provisioning::Thin);
+model_test!(parity_fixed, LayoutKind::Parity, None, Provisioning::Fixed);
+model_test!(dual_parity_thin, LayoutKind::DualParity, None, Provisioning::Thin);
+model_test!(dual_parity_fixed, LayoutKind::DualParity, None, Provisioning::Fixed);

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs what a fresh Debian machine lacks to build and test Tessera. Idempotent: quiet and
+# quick when everything is already there. Usage: scripts/install-deps.sh [build|test|bench]
+set -euo pipefail
+
+want=(clang libclang-dev)                       # RocksDB's bindings are generated with libclang
+case "${1:-build}" in
+  test)  want+=(fio) ;;
+  bench) want+=(fio) ;;
+esac
+
+missing=()
+for p in "${want[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing Debian packages: ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "cargo not found: install the Rust toolchain (rustup) first" >&2
+  exit 1
+fi
