@@ -108,7 +108,9 @@ impl Eq for AlignedBuf {}
 impl fmt::Debug for AlignedBuf {
     // Contents can be megabytes; the length is what matters in messages.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("AlignedBuf").field("len", &self.len).finish()
+        f.debug_struct("AlignedBuf")
+            .field("len", &self.len)
+            .finish()
     }
 }
 
@@ -117,7 +119,7 @@ mod tests {
     use super::*;
 
     fn is_aligned(b: &AlignedBuf) -> bool {
-        b.as_ptr() as usize % SECTOR == 0
+        (b.as_ptr() as usize).is_multiple_of(SECTOR)
     }
 
     #[test]

@@ -16,9 +16,21 @@ pub enum DiskError {
     },
     /// Also returned for zero-length requests, which no caller should issue.
     #[error("{path}: {op} of {len} bytes at offset {offset} is not aligned to {align} bytes")]
-    Unaligned { path: String, op: &'static str, offset: u64, len: usize, align: usize },
+    Unaligned {
+        path: String,
+        op: &'static str,
+        offset: u64,
+        len: usize,
+        align: usize,
+    },
     #[error("{path}: {op} of {len} bytes at offset {offset} is beyond the end of the disk ({size} bytes)")]
-    OutOfRange { path: String, op: &'static str, offset: u64, len: usize, size: u64 },
+    OutOfRange {
+        path: String,
+        op: &'static str,
+        offset: u64,
+        len: usize,
+        size: u64,
+    },
     #[error("{path}: cannot open: {source}")]
     Open {
         path: String,
@@ -64,10 +76,19 @@ mod tests {
             source: std::io::Error::from_raw_os_error(libc::EIO),
         };
         let s = e.to_string();
-        assert!(s.starts_with("/dev/sdb: read at offset 8192 length 4096: "), "{s}");
+        assert!(
+            s.starts_with("/dev/sdb: read at offset 8192 length 4096: "),
+            "{s}"
+        );
         assert!(std::error::Error::source(&e).is_some());
 
-        let e = DiskError::OutOfRange { path: "d".into(), op: "write", offset: 4096, len: 8192, size: 8192 };
+        let e = DiskError::OutOfRange {
+            path: "d".into(),
+            op: "write",
+            offset: 4096,
+            len: 8192,
+            size: 8192,
+        };
         assert_eq!(
             e.to_string(),
             "d: write of 8192 bytes at offset 4096 is beyond the end of the disk (8192 bytes)"

@@ -70,7 +70,11 @@ impl FaultyDisk {
             writes: AtomicU64::new(0),
             flushes: AtomicU64::new(0),
         };
-        Arc::new(FaultyDisk { faults: Faults { state: Arc::new(state) } })
+        Arc::new(FaultyDisk {
+            faults: Faults {
+                state: Arc::new(state),
+            },
+        })
     }
 
     /// The fault controls; clone the handle to keep it after giving the disk away.
@@ -83,7 +87,10 @@ impl FaultyDisk {
     }
 
     fn injected(&self, what: impl Into<String>) -> DiskError {
-        DiskError::Injected { path: self.path().to_string(), what: what.into() }
+        DiskError::Injected {
+            path: self.path().to_string(),
+            what: what.into(),
+        }
     }
 
     /// Decides the fate of one read or write. Ok(Some(n)) means a torn write of n bytes.
@@ -95,15 +102,22 @@ impl FaultyDisk {
                 Err("disk pulled".to_string())
             } else if let Some(0) = plan.budget {
                 Err("I/O budget exhausted, every I/O fails".to_string())
-            } else if let Some(&(start, flen, _)) = plan
-                .ranges
-                .iter()
-                .find(|&&(start, flen, op)| op.covers(is_write) && overlaps(start, flen, offset, len as u64))
+            } else if let Some(&(start, flen, _)) =
+                plan.ranges.iter().find(|&&(start, flen, op)| {
+                    op.covers(is_write) && overlaps(start, flen, offset, len as u64)
+                })
             {
                 let op = if is_write { "write" } else { "read" };
-                Err(format!("{op} overlaps failing range [{start}, {})", start.saturating_add(flen)))
+                Err(format!(
+                    "{op} overlaps failing range [{start}, {})",
+                    start.saturating_add(flen)
+                ))
             } else {
-                Ok(if is_write { plan.tear_next.take() } else { None })
+                Ok(if is_write {
+                    plan.tear_next.take()
+                } else {
+                    None
+                })
             };
             if let Some(n) = plan.budget.as_mut() {
                 *n = n.saturating_sub(1);
@@ -151,7 +165,10 @@ impl BlockDevice for FaultyDisk {
                 if keep > 0 {
                     s.inner.write_at(&buf[..keep], offset)?;
                 }
-                Err(self.injected(format!("torn write: {keep} of {} bytes reached the disk", buf.len())))
+                Err(self.injected(format!(
+                    "torn write: {keep} of {} bytes reached the disk",
+                    buf.len()
+                )))
             }
         }
     }
@@ -260,13 +277,17 @@ impl Faults {
 
 impl std::fmt::Debug for FaultyDisk {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FaultyDisk").field("path", &self.path()).finish()
+        f.debug_struct("FaultyDisk")
+            .field("path", &self.path())
+            .finish()
     }
 }
 
 impl std::fmt::Debug for Faults {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Faults").field("path", &self.state.inner.path()).finish()
+        f.debug_struct("Faults")
+            .field("path", &self.state.inner.path())
+            .finish()
     }
 }
 
@@ -323,9 +344,18 @@ mod tests {
     fn validates_before_injecting() {
         let (_mem, d, f) = setup();
         f.pull();
-        assert!(matches!(d.read_at(&mut [0u8; 100], 0), Err(DiskError::Unaligned { .. })));
-        assert!(matches!(fill(&*d, 4 * MIB, SECTOR, 1), Err(DiskError::OutOfRange { .. })));
-        assert!(matches!(d.write_at(&[], 0), Err(DiskError::Unaligned { len: 0, .. })));
+        assert!(matches!(
+            d.read_at(&mut [0u8; 100], 0),
+            Err(DiskError::Unaligned { .. })
+        ));
+        assert!(matches!(
+            fill(&*d, 4 * MIB, SECTOR, 1),
+            Err(DiskError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            d.write_at(&[], 0),
+            Err(DiskError::Unaligned { len: 0, .. })
+        ));
     }
 
     #[test]
@@ -343,7 +373,11 @@ mod tests {
 
         f.fail_range(0, S, FaultOp::Write);
         assert!(is_injected(fill(&*d, 0, 2 * SECTOR, 4), "write"));
-        assert_eq!(read(&*mem, 0, SECTOR).unwrap(), vec![0; SECTOR], "failed write reached the disk");
+        assert_eq!(
+            read(&*mem, 0, SECTOR).unwrap(),
+            vec![0; SECTOR],
+            "failed write reached the disk"
+        );
         read(&*d, 0, SECTOR).unwrap();
 
         f.fail_range(MIB, S, FaultOp::Both);
@@ -382,7 +416,11 @@ mod tests {
         let t = Instant::now();
         read(&*d, 0, SECTOR).unwrap();
         fill(&*d, 0, SECTOR, 1).unwrap();
-        assert!(t.elapsed() >= Duration::from_millis(60), "{:?}", t.elapsed());
+        assert!(
+            t.elapsed() >= Duration::from_millis(60),
+            "{:?}",
+            t.elapsed()
+        );
         f.clear();
         let t = Instant::now();
         read(&*d, 0, SECTOR).unwrap();
@@ -395,7 +433,10 @@ mod tests {
         fill(&*d, 0, 4 * SECTOR, 0xAA).unwrap();
         // 2.5 sectors requested: rounded down to two.
         f.tear_next_write(2 * SECTOR + SECTOR / 2);
-        assert!(is_injected(fill(&*d, 0, 4 * SECTOR, 0xBB), "torn write: 8192 of 16384"));
+        assert!(is_injected(
+            fill(&*d, 0, 4 * SECTOR, 0xBB),
+            "torn write: 8192 of 16384"
+        ));
         let got = read(&*mem, 0, 4 * SECTOR).unwrap();
         assert!(got[..2 * SECTOR].iter().all(|&b| b == 0xBB));
         assert!(got[2 * SECTOR..].iter().all(|&b| b == 0xAA));
@@ -419,10 +460,19 @@ mod tests {
         d.write_at(&data, 3 * S).unwrap();
         let before = (f.reads(), f.writes());
         f.flip_bit(3 * S + SECTOR as u64 + 77, 5).unwrap();
-        assert_eq!((f.reads(), f.writes()), before, "flip_bit must bypass the counters");
+        assert_eq!(
+            (f.reads(), f.writes()),
+            before,
+            "flip_bit must bypass the counters"
+        );
         let got = read(&*d, 3 * S, 2 * SECTOR).unwrap();
-        let diff: Vec<(usize, u8)> =
-            got.iter().zip(&data).enumerate().filter(|(_, (a, b))| a != b).map(|(i, (a, b))| (i, a ^ b)).collect();
+        let diff: Vec<(usize, u8)> = got
+            .iter()
+            .zip(&data)
+            .enumerate()
+            .filter(|(_, (a, b))| a != b)
+            .map(|(i, (a, b))| (i, a ^ b))
+            .collect();
         assert_eq!(diff, vec![(SECTOR + 77, 1 << 5)]);
     }
 

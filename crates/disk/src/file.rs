@@ -9,7 +9,9 @@ use std::path::Path;
 
 use tracing::warn;
 
-use crate::{check_request, round_down_to_sector, AlignedBuf, BlockDevice, DiskError, DATA_OFFSET, SECTOR};
+use crate::{
+    check_request, round_down_to_sector, AlignedBuf, BlockDevice, DiskError, DATA_OFFSET, SECTOR,
+};
 
 /// A disk must be larger than this: the reserved header area plus at least 1 MiB of data.
 const MIN_SIZE_EXCLUSIVE: u64 = DATA_OFFSET + (1 << 20);
@@ -38,7 +40,11 @@ impl FileDisk {
     /// Creates a new file of `size` bytes and opens it like [`open`](Self::open). Fails if
     /// the path exists: an existing file is never truncated. With `preallocate` the space is
     /// reserved up front (fallocate); otherwise the file is sparse.
-    pub fn create_file(path: impl AsRef<Path>, size: u64, preallocate: bool) -> Result<FileDisk, DiskError> {
+    pub fn create_file(
+        path: impl AsRef<Path>,
+        size: u64,
+        preallocate: bool,
+    ) -> Result<FileDisk, DiskError> {
         let path = path.as_ref();
         let name = path.display().to_string();
         check_min_size(&name, round_down_to_sector(size))?;
@@ -47,7 +53,10 @@ impl FileDisk {
             .create_new(true)
             .mode(0o600)
             .open(path)
-            .map_err(|source| DiskError::Open { path: name.clone(), source })?;
+            .map_err(|source| DiskError::Open {
+                path: name.clone(),
+                source,
+            })?;
         // From here on the file is ours: remove it again if it cannot be made usable.
         let made = size_new_file(&name, &file, size, preallocate).and_then(|()| {
             drop(file);
@@ -71,41 +80,75 @@ impl FileDisk {
 
     /// The open path, with `opener(path, direct)` producing the file so that tests can
     /// simulate a filesystem that refuses O_DIRECT.
-    fn open_with(path: &Path, opener: impl Fn(&Path, bool) -> io::Result<File>) -> Result<FileDisk, DiskError> {
+    fn open_with(
+        path: &Path,
+        opener: impl Fn(&Path, bool) -> io::Result<File>,
+    ) -> Result<FileDisk, DiskError> {
         let name = path.display().to_string();
         // Classify before opening: opening a directory or a character device read-write
         // fails oddly or has side effects.
-        let meta = std::fs::metadata(path).map_err(|source| DiskError::Open { path: name.clone(), source })?;
+        let meta = std::fs::metadata(path).map_err(|source| DiskError::Open {
+            path: name.clone(),
+            source,
+        })?;
         kind_of(&name, meta.file_type())?;
 
         let (file, direct) = open_with_fallback(&name, |direct| opener(path, direct))?;
 
         // Classify again on the descriptor, in case the path changed in between.
-        let meta = file.metadata().map_err(|source| DiskError::Open { path: name.clone(), source })?;
+        let meta = file.metadata().map_err(|source| DiskError::Open {
+            path: name.clone(),
+            source,
+        })?;
         let block_device = kind_of(&name, meta.file_type())?;
         let raw_size = if block_device {
-            let logical = logical_sector_size(&file).map_err(|source| DiskError::Open { path: name.clone(), source })?;
+            let logical = logical_sector_size(&file).map_err(|source| DiskError::Open {
+                path: name.clone(),
+                source,
+            })?;
             if logical as usize > SECTOR {
                 return Err(DiskError::Unusable {
                     path: name,
-                    reason: format!("logical sector size {logical} is larger than the {SECTOR}-byte I/O unit"),
+                    reason: format!(
+                        "logical sector size {logical} is larger than the {SECTOR}-byte I/O unit"
+                    ),
                 });
             }
-            block_device_size(&file).map_err(|source| DiskError::Open { path: name.clone(), source })?
+            block_device_size(&file).map_err(|source| DiskError::Open {
+                path: name.clone(),
+                source,
+            })?
         } else {
             meta.len()
         };
         let size = round_down_to_sector(raw_size);
         check_min_size(&name, size)?;
-        Ok(FileDisk { path: name, file, size, direct, block_device })
+        Ok(FileDisk {
+            path: name,
+            file,
+            size,
+            direct,
+            block_device,
+        })
     }
 
-    fn io_error(&self, op: &'static str, offset: u64, len: usize) -> impl FnOnce(io::Error) -> DiskError + '_ {
-        move |source| DiskError::Io { path: self.path.clone(), op, offset, len, source }
+    fn io_error(
+        &self,
+        op: &'static str,
+        offset: u64,
+        len: usize,
+    ) -> impl FnOnce(io::Error) -> DiskError + '_ {
+        move |source| DiskError::Io {
+            path: self.path.clone(),
+            op,
+            offset,
+            len,
+            source,
+        }
     }
 
     fn needs_bounce(&self, ptr: *const u8) -> bool {
-        self.direct && (ptr as usize) % SECTOR != 0
+        self.direct && !(ptr as usize).is_multiple_of(SECTOR)
     }
 }
 
@@ -122,13 +165,18 @@ impl BlockDevice for FileDisk {
         let len = buf.len();
         check_request(&self.path, "read", offset, len, self.size)?;
         if !self.needs_bounce(buf.as_ptr()) {
-            return self.file.read_exact_at(buf, offset).map_err(self.io_error("read", offset, len));
+            return self
+                .file
+                .read_exact_at(buf, offset)
+                .map_err(self.io_error("read", offset, len));
         }
         let mut bounce = AlignedBuf::zeroed(len.min(BOUNCE_CHUNK));
         let mut pos = offset;
         for piece in buf.chunks_mut(BOUNCE_CHUNK) {
             let b = &mut bounce[..piece.len()];
-            self.file.read_exact_at(b, pos).map_err(self.io_error("read", offset, len))?;
+            self.file
+                .read_exact_at(b, pos)
+                .map_err(self.io_error("read", offset, len))?;
             piece.copy_from_slice(b);
             pos += piece.len() as u64;
         }
@@ -139,14 +187,19 @@ impl BlockDevice for FileDisk {
         let len = buf.len();
         check_request(&self.path, "write", offset, len, self.size)?;
         if !self.needs_bounce(buf.as_ptr()) {
-            return self.file.write_all_at(buf, offset).map_err(self.io_error("write", offset, len));
+            return self
+                .file
+                .write_all_at(buf, offset)
+                .map_err(self.io_error("write", offset, len));
         }
         let mut bounce = AlignedBuf::zeroed(len.min(BOUNCE_CHUNK));
         let mut pos = offset;
         for piece in buf.chunks(BOUNCE_CHUNK) {
             let b = &mut bounce[..piece.len()];
             b.copy_from_slice(piece);
-            self.file.write_all_at(b, pos).map_err(self.io_error("write", offset, len))?;
+            self.file
+                .write_all_at(b, pos)
+                .map_err(self.io_error("write", offset, len))?;
             pos += piece.len() as u64;
         }
         Ok(())
@@ -178,8 +231,14 @@ fn open_rw(path: &Path, direct: bool) -> io::Result<File> {
 }
 
 /// Opens with O_DIRECT; if the filesystem refuses it (EINVAL), opens buffered instead.
-fn open_with_fallback(name: &str, opener: impl Fn(bool) -> io::Result<File>) -> Result<(File, bool), DiskError> {
-    let open_err = |source| DiskError::Open { path: name.to_string(), source };
+fn open_with_fallback(
+    name: &str,
+    opener: impl Fn(bool) -> io::Result<File>,
+) -> Result<(File, bool), DiskError> {
+    let open_err = |source| DiskError::Open {
+        path: name.to_string(),
+        source,
+    };
     match opener(true) {
         Ok(f) => Ok((f, true)),
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
@@ -231,7 +290,13 @@ fn check_min_size(name: &str, size: u64) -> Result<(), DiskError> {
 }
 
 fn size_new_file(name: &str, file: &File, size: u64, preallocate: bool) -> Result<(), DiskError> {
-    let io_err = |op, source| DiskError::Io { path: name.to_string(), op, offset: 0, len: size as usize, source };
+    let io_err = |op, source| DiskError::Io {
+        path: name.to_string(),
+        op,
+        offset: 0,
+        len: size as usize,
+        source,
+    };
     if preallocate {
         let len = libc::off_t::try_from(size).map_err(|_| DiskError::Unusable {
             path: name.to_string(),
@@ -252,7 +317,9 @@ fn size_new_file(name: &str, file: &File, size: u64, preallocate: bool) -> Resul
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
-    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| io_err("sync directory", e))
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io_err("sync directory", e))
 }
 
 fn block_device_size(file: &File) -> io::Result<u64> {
@@ -268,7 +335,13 @@ fn block_device_size(file: &File) -> io::Result<u64> {
 fn logical_sector_size(file: &File) -> io::Result<u32> {
     let mut size: libc::c_int = 0;
     // SAFETY: BLKSSZGET writes one int through the pointer.
-    let rc = unsafe { libc::ioctl(file.as_raw_fd(), BLKSSZGET as _, &mut size as *mut libc::c_int) };
+    let rc = unsafe {
+        libc::ioctl(
+            file.as_raw_fd(),
+            BLKSSZGET as _,
+            &mut size as *mut libc::c_int,
+        )
+    };
     if rc < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -284,7 +357,9 @@ mod tests {
     const MIB: u64 = 1 << 20;
 
     fn pattern(len: usize, seed: u8) -> Vec<u8> {
-        (0..len).map(|i| ((i / 7) as u8).wrapping_add(seed)).collect()
+        (0..len)
+            .map(|i| ((i / 7) as u8).wrapping_add(seed))
+            .collect()
     }
 
     /// Whether the filesystem under `path` accepts O_DIRECT, probed independently.
@@ -305,7 +380,11 @@ mod tests {
         let mut data = AlignedBuf::zeroed(3 * SECTOR);
         data.copy_from_slice(&pattern(3 * SECTOR, 1));
         d.write_at(&data, DATA_OFFSET).unwrap();
-        d.write_at(&AlignedBuf::from_slice(&[0x5A; SECTOR]), 8 * MIB - SECTOR as u64).unwrap();
+        d.write_at(
+            &AlignedBuf::from_slice(&[0x5A; SECTOR]),
+            8 * MIB - SECTOR as u64,
+        )
+        .unwrap();
         d.flush().unwrap();
         drop(d);
 
@@ -342,21 +421,30 @@ mod tests {
         // Larger than one bounce chunk, so the chunking is exercised too.
         let len = 2 * BOUNCE_CHUNK + SECTOR;
         let mut backing = vec![0u8; len + 1];
-        let ptr_off = if backing.as_ptr() as usize % SECTOR == 0 { 1 } else { 0 };
+        let ptr_off = if (backing.as_ptr() as usize).is_multiple_of(SECTOR) {
+            1
+        } else {
+            0
+        };
         let src = &mut backing[ptr_off..ptr_off + len];
         src.copy_from_slice(&pattern(len, 9));
         assert_ne!(src.as_ptr() as usize % SECTOR, 0);
         d.write_at(src, DATA_OFFSET).unwrap();
 
         let mut out_backing = vec![0u8; len + 1];
-        let optr = if out_backing.as_ptr() as usize % SECTOR == 0 { 1 } else { 0 };
+        let optr = if (out_backing.as_ptr() as usize).is_multiple_of(SECTOR) {
+            1
+        } else {
+            0
+        };
         let out = &mut out_backing[optr..optr + len];
         d.read_at(out, DATA_OFFSET).unwrap();
         assert_eq!(out, &pattern(len, 9)[..]);
 
         // And an aligned read sees the same bytes, so the bounce wrote to the right place.
         let mut aligned = AlignedBuf::zeroed(SECTOR);
-        d.read_at(&mut aligned, DATA_OFFSET + 2 * BOUNCE_CHUNK as u64).unwrap();
+        d.read_at(&mut aligned, DATA_OFFSET + 2 * BOUNCE_CHUNK as u64)
+            .unwrap();
         assert_eq!(&aligned[..], &pattern(len, 9)[2 * BOUNCE_CHUNK..]);
     }
 
@@ -366,11 +454,25 @@ mod tests {
         let path = dir.path().join("d0.img");
         let d = FileDisk::create_file(&path, 4 * MIB, false).unwrap();
         let mut buf = AlignedBuf::zeroed(SECTOR);
-        assert!(matches!(d.read_at(&mut buf, 100), Err(DiskError::Unaligned { op: "read", .. })));
-        assert!(matches!(d.write_at(&buf[..512], 0), Err(DiskError::Unaligned { op: "write", .. })));
-        assert!(matches!(d.write_at(&[], 0), Err(DiskError::Unaligned { len: 0, .. })));
-        assert!(matches!(d.read_at(&mut buf, 4 * MIB), Err(DiskError::OutOfRange { size, .. }) if size == 4 * MIB));
-        assert!(matches!(d.write_at(&buf, 4 * MIB), Err(DiskError::OutOfRange { .. })));
+        assert!(matches!(
+            d.read_at(&mut buf, 100),
+            Err(DiskError::Unaligned { op: "read", .. })
+        ));
+        assert!(matches!(
+            d.write_at(&buf[..512], 0),
+            Err(DiskError::Unaligned { op: "write", .. })
+        ));
+        assert!(matches!(
+            d.write_at(&[], 0),
+            Err(DiskError::Unaligned { len: 0, .. })
+        ));
+        assert!(
+            matches!(d.read_at(&mut buf, 4 * MIB), Err(DiskError::OutOfRange { size, .. }) if size == 4 * MIB)
+        );
+        assert!(matches!(
+            d.write_at(&buf, 4 * MIB),
+            Err(DiskError::OutOfRange { .. })
+        ));
         // Nothing was written past the end.
         assert_eq!(std::fs::metadata(&path).unwrap().len(), 4 * MIB);
     }
@@ -381,7 +483,9 @@ mod tests {
         let path = dir.path().join("taken.img");
         std::fs::write(&path, b"precious").unwrap();
         match FileDisk::create_file(&path, 8 * MIB, true) {
-            Err(DiskError::Open { source, .. }) => assert_eq!(source.kind(), io::ErrorKind::AlreadyExists),
+            Err(DiskError::Open { source, .. }) => {
+                assert_eq!(source.kind(), io::ErrorKind::AlreadyExists)
+            }
             other => panic!("expected Open error, got {other:?}"),
         }
         assert_eq!(std::fs::read(&path).unwrap(), b"precious");
@@ -397,7 +501,10 @@ mod tests {
         let sparse_bytes = std::fs::metadata(&sparse).unwrap().blocks() * 512;
         let full_bytes = std::fs::metadata(&full).unwrap().blocks() * 512;
         assert_eq!(std::fs::metadata(&full).unwrap().len(), 16 * MIB);
-        assert!(full_bytes >= 16 * MIB, "preallocated only {full_bytes} bytes");
+        assert!(
+            full_bytes >= 16 * MIB,
+            "preallocated only {full_bytes} bytes"
+        );
         assert!(sparse_bytes < MIB, "sparse file holds {sparse_bytes} bytes");
     }
 
@@ -406,20 +513,30 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("small.img");
         match FileDisk::create_file(&path, DATA_OFFSET + MIB, false) {
-            Err(DiskError::Unusable { reason, .. }) => assert!(reason.contains("too small"), "{reason}"),
+            Err(DiskError::Unusable { reason, .. }) => {
+                assert!(reason.contains("too small"), "{reason}")
+            }
             other => panic!("expected Unusable, got {other:?}"),
         }
-        assert!(!path.exists(), "a refused create must not leave a file behind");
+        assert!(
+            !path.exists(),
+            "a refused create must not leave a file behind"
+        );
 
         std::fs::write(&path, vec![0u8; (DATA_OFFSET + MIB) as usize]).unwrap();
         match FileDisk::open(&path) {
-            Err(DiskError::Unusable { reason, .. }) => assert!(reason.contains("2097152 bytes"), "{reason}"),
+            Err(DiskError::Unusable { reason, .. }) => {
+                assert!(reason.contains("2097152 bytes"), "{reason}")
+            }
             other => panic!("expected Unusable, got {other:?}"),
         }
         // One sector more is enough.
         let f = OpenOptions::new().write(true).open(&path).unwrap();
         f.set_len(DATA_OFFSET + MIB + SECTOR as u64).unwrap();
-        assert_eq!(FileDisk::open(&path).unwrap().size(), DATA_OFFSET + MIB + SECTOR as u64);
+        assert_eq!(
+            FileDisk::open(&path).unwrap().size(),
+            DATA_OFFSET + MIB + SECTOR as u64
+        );
     }
 
     #[test]
@@ -435,16 +552,22 @@ mod tests {
     fn missing_path_directory_and_char_device() {
         let dir = tempfile::tempdir().unwrap();
         match FileDisk::open(dir.path().join("nope")) {
-            Err(DiskError::Open { source, .. }) => assert_eq!(source.kind(), io::ErrorKind::NotFound),
+            Err(DiskError::Open { source, .. }) => {
+                assert_eq!(source.kind(), io::ErrorKind::NotFound)
+            }
             other => panic!("expected Open, got {other:?}"),
         }
         match FileDisk::open(dir.path()) {
-            Err(DiskError::Unusable { reason, .. }) => assert!(reason.contains("directory"), "{reason}"),
+            Err(DiskError::Unusable { reason, .. }) => {
+                assert!(reason.contains("directory"), "{reason}")
+            }
             other => panic!("expected Unusable, got {other:?}"),
         }
         if Path::new("/dev/null").exists() {
             match FileDisk::open("/dev/null") {
-                Err(DiskError::Unusable { reason, .. }) => assert!(reason.contains("character device"), "{reason}"),
+                Err(DiskError::Unusable { reason, .. }) => {
+                    assert!(reason.contains("character device"), "{reason}")
+                }
                 other => panic!("expected Unusable, got {other:?}"),
             }
         }
@@ -489,7 +612,9 @@ mod tests {
             calls.set(calls.get() + 1);
             Err(io::Error::from_raw_os_error(libc::EACCES))
         });
-        assert!(matches!(r, Err(DiskError::Open { ref source, .. }) if source.raw_os_error() == Some(libc::EACCES)));
+        assert!(
+            matches!(r, Err(DiskError::Open { ref source, .. }) if source.raw_os_error() == Some(libc::EACCES))
+        );
         assert_eq!(calls.get(), 1);
     }
 
@@ -519,10 +644,20 @@ mod tests {
         let path = dir.path().join("d0.img");
         let d = FileDisk::create_file(&path, 8 * MIB, false).unwrap();
         // Someone shrinks the file behind our back.
-        OpenOptions::new().write(true).open(&path).unwrap().set_len(4 * MIB).unwrap();
+        OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(4 * MIB)
+            .unwrap();
         let mut buf = AlignedBuf::zeroed(SECTOR);
         match d.read_at(&mut buf, 6 * MIB) {
-            Err(DiskError::Io { op: "read", source, offset, .. }) => {
+            Err(DiskError::Io {
+                op: "read",
+                source,
+                offset,
+                ..
+            }) => {
                 assert_eq!(source.kind(), io::ErrorKind::UnexpectedEof);
                 assert_eq!(offset, 6 * MIB);
             }
@@ -540,13 +675,26 @@ mod tests {
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             let dev = Path::new("/dev").join(&name);
-            let Ok(sectors) = std::fs::read_to_string(e.path().join("size")) else { continue };
-            let Ok(sectors) = sectors.trim().parse::<u64>() else { continue };
+            let Ok(sectors) = std::fs::read_to_string(e.path().join("size")) else {
+                continue;
+            };
+            let Ok(sectors) = sectors.trim().parse::<u64>() else {
+                continue;
+            };
             let Ok(f) = File::open(&dev) else { continue };
-            if !f.metadata().map(|m| m.file_type().is_block_device()).unwrap_or(false) {
+            if !f
+                .metadata()
+                .map(|m| m.file_type().is_block_device())
+                .unwrap_or(false)
+            {
                 continue;
             }
-            assert_eq!(block_device_size(&f).unwrap(), sectors * 512, "{}", dev.display());
+            assert_eq!(
+                block_device_size(&f).unwrap(),
+                sectors * 512,
+                "{}",
+                dev.display()
+            );
             let logical = logical_sector_size(&f).unwrap();
             assert!(logical >= 512 && logical.is_power_of_two(), "{logical}");
             return;

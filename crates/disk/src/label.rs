@@ -63,13 +63,30 @@ pub enum LabelError {
     #[error("{path}: Tessera label is corrupt ({reason}); refusing to use or overwrite it")]
     Corrupt { path: String, reason: String },
     #[error("{path}: Tessera label format version {found} is not supported (this build reads version {supported})")]
-    Version { path: String, found: u32, supported: u32 },
+    Version {
+        path: String,
+        found: u32,
+        supported: u32,
+    },
     #[error("{path}: disk belongs to pool '{found_name}' ({found}), not to pool {expected}")]
-    ForeignPool { path: String, found: Uuid, found_name: String, expected: Uuid },
+    ForeignPool {
+        path: String,
+        found: Uuid,
+        found_name: String,
+        expected: Uuid,
+    },
     #[error("{path}: disk id is {found}, expected {expected} (the path now points at a different disk of this pool)")]
-    WrongDisk { path: String, found: Uuid, expected: Uuid },
+    WrongDisk {
+        path: String,
+        found: Uuid,
+        expected: Uuid,
+    },
     #[error("{path}: already carries a label of pool '{pool_name}' ({pool_id}); wipe it first if the disk is really free")]
-    InUse { path: String, pool_id: Uuid, pool_name: String },
+    InUse {
+        path: String,
+        pool_id: Uuid,
+        pool_name: String,
+    },
     #[error(transparent)]
     Disk(Box<DiskError>),
 }
@@ -133,10 +150,15 @@ impl Label {
 
     /// Parses a label block read from the disk at `path` (used in error messages).
     pub fn decode(path: &str, buf: &[u8]) -> Result<Label, LabelError> {
-        let corrupt = |reason: String| LabelError::Corrupt { path: path.to_string(), reason };
+        let corrupt = |reason: String| LabelError::Corrupt {
+            path: path.to_string(),
+            reason,
+        };
         if buf.len() < LABEL_SIZE || buf[..MAGIC.len()] != MAGIC[..] {
             // Blank, or written by something else: not ours to judge.
-            return Err(LabelError::Missing { path: path.to_string() });
+            return Err(LabelError::Missing {
+                path: path.to_string(),
+            });
         }
         let u16_at = |at: usize| u16::from_le_bytes(buf[at..at + 2].try_into().unwrap());
         let u32_at = |at: usize| u32::from_le_bytes(buf[at..at + 4].try_into().unwrap());
@@ -147,16 +169,24 @@ impl Label {
         // checksum included, so the version is judged first.
         let version = u32_at(16);
         if version != LABEL_VERSION {
-            return Err(LabelError::Version { path: path.to_string(), found: version, supported: LABEL_VERSION });
+            return Err(LabelError::Version {
+                path: path.to_string(),
+                found: version,
+                supported: LABEL_VERSION,
+            });
         }
         let stored = u32_at(CRC_AT);
         let computed = crc32c::crc32c(&buf[..CRC_AT]);
         if stored != computed {
-            return Err(corrupt(format!("checksum {stored:#010x} does not match contents {computed:#010x}")));
+            return Err(corrupt(format!(
+                "checksum {stored:#010x} does not match contents {computed:#010x}"
+            )));
         }
         let header_len = u32_at(20) as usize;
         if !(HEADER_LEN..=CRC_AT).contains(&header_len) {
-            return Err(corrupt(format!("header length {header_len} is outside {HEADER_LEN}..={CRC_AT}")));
+            return Err(corrupt(format!(
+                "header length {header_len} is outside {HEADER_LEN}..={CRC_AT}"
+            )));
         }
         let flags = u32_at(84);
         if flags & !FLAG_EXPORTED != 0 {
@@ -164,14 +194,18 @@ impl Label {
         }
         let name_len = u16_at(88) as usize;
         if name_len > MAX_POOL_NAME {
-            return Err(corrupt(format!("pool name length {name_len} exceeds {MAX_POOL_NAME}")));
+            return Err(corrupt(format!(
+                "pool name length {name_len} exceeds {MAX_POOL_NAME}"
+            )));
         }
         let pool_name = std::str::from_utf8(&buf[90..90 + name_len])
             .map_err(|_| corrupt("pool name is not valid UTF-8".to_string()))?
             .to_string();
         let slab_size = u64_at(76);
         if slab_size < MIN_SLAB_SIZE || !slab_size.is_power_of_two() {
-            return Err(corrupt(format!("slab size {slab_size} is not a power of two of at least {MIN_SLAB_SIZE}")));
+            return Err(corrupt(format!(
+                "slab size {slab_size} is not a power of two of at least {MIN_SLAB_SIZE}"
+            )));
         }
         Ok(Label {
             pool_id: uuid_at(24),
@@ -216,10 +250,18 @@ pub fn rewrite_label(dev: &dyn BlockDevice, label: &Label) -> Result<(), LabelEr
 }
 
 /// Reads the label and checks that it belongs to (`pool_id`, `disk_id`).
-pub fn verify_label(dev: &dyn BlockDevice, pool_id: Uuid, disk_id: Uuid) -> Result<Label, LabelError> {
+pub fn verify_label(
+    dev: &dyn BlockDevice,
+    pool_id: Uuid,
+    disk_id: Uuid,
+) -> Result<Label, LabelError> {
     let found = check_pool(dev, pool_id)?;
     if found.disk_id != disk_id {
-        return Err(LabelError::WrongDisk { path: dev.path().to_string(), found: found.disk_id, expected: disk_id });
+        return Err(LabelError::WrongDisk {
+            path: dev.path().to_string(),
+            found: found.disk_id,
+            expected: disk_id,
+        });
     }
     Ok(found)
 }
@@ -327,15 +369,24 @@ mod tests {
         assert_eq!(u16::from_le_bytes(b[88..90].try_into().unwrap()), 7);
         assert_eq!(&b[90..97], b"tank-01");
         assert!(b[97..CRC_AT].iter().all(|&x| x == 0));
-        assert_eq!(u32::from_le_bytes(b[CRC_AT..].try_into().unwrap()), crc32c::crc32c(&b[..CRC_AT]));
+        assert_eq!(
+            u32::from_le_bytes(b[CRC_AT..].try_into().unwrap()),
+            crc32c::crc32c(&b[..CRC_AT])
+        );
     }
 
     #[test]
     fn blank_and_foreign_blocks_are_missing() {
-        assert!(matches!(Label::decode("d", &[0u8; LABEL_SIZE]), Err(LabelError::Missing { .. })));
+        assert!(matches!(
+            Label::decode("d", &[0u8; LABEL_SIZE]),
+            Err(LabelError::Missing { .. })
+        ));
         let mut foreign = vec![0u8; LABEL_SIZE];
         foreign[..8].copy_from_slice(b"LABELONE");
-        assert!(matches!(Label::decode("d", &foreign), Err(LabelError::Missing { .. })));
+        assert!(matches!(
+            Label::decode("d", &foreign),
+            Err(LabelError::Missing { .. })
+        ));
         assert!(matches!(read_label(&disk()), Err(LabelError::Missing { path }) if path == "mem0"));
     }
 
@@ -343,11 +394,24 @@ mod tests {
     fn any_flipped_bit_is_corrupt() {
         let good = sample().encode();
         // Every byte after the magic and version, including the checksum itself.
-        for at in [20, 24, 57, 70, 89, 95, 2000, CRC_AT - 1, CRC_AT, LABEL_SIZE - 1] {
+        for at in [
+            20,
+            24,
+            57,
+            70,
+            89,
+            95,
+            2000,
+            CRC_AT - 1,
+            CRC_AT,
+            LABEL_SIZE - 1,
+        ] {
             let mut b = good.to_vec();
             b[at] ^= 0x10;
             match Label::decode("d", &b) {
-                Err(LabelError::Corrupt { reason, .. }) => assert!(reason.contains("checksum"), "{reason}"),
+                Err(LabelError::Corrupt { reason, .. }) => {
+                    assert!(reason.contains("checksum"), "{reason}")
+                }
                 other => panic!("byte {at}: expected Corrupt, got {other:?}"),
             }
         }
@@ -359,27 +423,49 @@ mod tests {
         b[16..20].copy_from_slice(&2u32.to_le_bytes());
         reseal(&mut b);
         match Label::decode("d", &b) {
-            Err(LabelError::Version { found: 2, supported: 1, .. }) => {}
+            Err(LabelError::Version {
+                found: 2,
+                supported: 1,
+                ..
+            }) => {}
             other => panic!("expected Version, got {other:?}"),
         }
     }
 
     #[test]
     fn impossible_fields_are_corrupt_even_with_a_good_checksum() {
-        let edits: Vec<(&str, Box<dyn Fn(&mut [u8])>)> = vec![
-            ("name length", Box::new(|b| b[88..90].copy_from_slice(&65u16.to_le_bytes()))),
+        type Edit = Box<dyn Fn(&mut [u8])>;
+        let edits: Vec<(&str, Edit)> = vec![
+            (
+                "name length",
+                Box::new(|b| b[88..90].copy_from_slice(&65u16.to_le_bytes())),
+            ),
             ("UTF-8", Box::new(|b| b[90] = 0xFF)),
-            ("slab size", Box::new(|b| b[76..84].copy_from_slice(&(3 * MIB).to_le_bytes()))),
-            ("slab size", Box::new(|b| b[76..84].copy_from_slice(&(MIB / 2).to_le_bytes()))),
-            ("flag", Box::new(|b| b[84..88].copy_from_slice(&0x3u32.to_le_bytes()))),
-            ("header length", Box::new(|b| b[20..24].copy_from_slice(&10u32.to_le_bytes()))),
+            (
+                "slab size",
+                Box::new(|b| b[76..84].copy_from_slice(&(3 * MIB).to_le_bytes())),
+            ),
+            (
+                "slab size",
+                Box::new(|b| b[76..84].copy_from_slice(&(MIB / 2).to_le_bytes())),
+            ),
+            (
+                "flag",
+                Box::new(|b| b[84..88].copy_from_slice(&0x3u32.to_le_bytes())),
+            ),
+            (
+                "header length",
+                Box::new(|b| b[20..24].copy_from_slice(&10u32.to_le_bytes())),
+            ),
         ];
         for (what, edit) in edits {
             let mut b = sample().encode().to_vec();
             edit(&mut b);
             reseal(&mut b);
             match Label::decode("d", &b) {
-                Err(LabelError::Corrupt { reason, .. }) => assert!(reason.contains(what), "{what}: {reason}"),
+                Err(LabelError::Corrupt { reason, .. }) => {
+                    assert!(reason.contains(what), "{what}: {reason}")
+                }
                 other => panic!("{what}: expected Corrupt, got {other:?}"),
             }
         }
@@ -413,14 +499,19 @@ mod tests {
         write_new_label(&d, &first).unwrap();
         let before = raw_block(&d);
         match write_new_label(&d, &sample()) {
-            Err(LabelError::InUse { pool_id, pool_name, .. }) => {
+            Err(LabelError::InUse {
+                pool_id, pool_name, ..
+            }) => {
                 assert_eq!((pool_id, pool_name.as_str()), (first.pool_id, "tank-01"));
             }
             other => panic!("expected InUse, got {other:?}"),
         }
         assert_eq!(raw_block(&d), before);
         // Not even a label of the same pool and disk may be written as new.
-        assert!(matches!(write_new_label(&d, &first), Err(LabelError::InUse { .. })));
+        assert!(matches!(
+            write_new_label(&d, &first),
+            Err(LabelError::InUse { .. })
+        ));
     }
 
     #[test]
@@ -430,7 +521,10 @@ mod tests {
         b[100] ^= 1;
         d.write_at(&b, 0).unwrap();
         let before = raw_block(&d);
-        assert!(matches!(write_new_label(&d, &sample()), Err(LabelError::Corrupt { .. })));
+        assert!(matches!(
+            write_new_label(&d, &sample()),
+            Err(LabelError::Corrupt { .. })
+        ));
         assert_eq!(raw_block(&d), before);
         assert_eq!(d.flush_count(), 0);
     }
@@ -449,13 +543,22 @@ mod tests {
         let before = raw_block(&d);
         let mut foreign = l.clone();
         foreign.pool_id = Uuid::new_v4();
-        assert!(matches!(rewrite_label(&d, &foreign), Err(LabelError::ForeignPool { .. })));
+        assert!(matches!(
+            rewrite_label(&d, &foreign),
+            Err(LabelError::ForeignPool { .. })
+        ));
         let mut other_disk = l.clone();
         other_disk.disk_id = Uuid::new_v4();
-        assert!(matches!(rewrite_label(&d, &other_disk), Err(LabelError::WrongDisk { .. })));
+        assert!(matches!(
+            rewrite_label(&d, &other_disk),
+            Err(LabelError::WrongDisk { .. })
+        ));
         assert_eq!(raw_block(&d), before);
 
-        assert!(matches!(rewrite_label(&disk(), &l), Err(LabelError::Missing { .. })));
+        assert!(matches!(
+            rewrite_label(&disk(), &l),
+            Err(LabelError::Missing { .. })
+        ));
     }
 
     #[test]
@@ -469,16 +572,24 @@ mod tests {
         match verify_label(&d, other_pool, l.disk_id) {
             Err(e @ LabelError::ForeignPool { .. }) => {
                 let msg = e.to_string();
-                assert!(msg.contains("'tank-01'") && msg.contains(&other_pool.to_string()), "{msg}");
+                assert!(
+                    msg.contains("'tank-01'") && msg.contains(&other_pool.to_string()),
+                    "{msg}"
+                );
             }
             other => panic!("expected ForeignPool, got {other:?}"),
         }
         let other_disk = Uuid::new_v4();
         match verify_label(&d, l.pool_id, other_disk) {
-            Err(LabelError::WrongDisk { found, expected, .. }) => assert_eq!((found, expected), (l.disk_id, other_disk)),
+            Err(LabelError::WrongDisk {
+                found, expected, ..
+            }) => assert_eq!((found, expected), (l.disk_id, other_disk)),
             other => panic!("expected WrongDisk, got {other:?}"),
         }
-        assert!(matches!(verify_label(&disk(), l.pool_id, l.disk_id), Err(LabelError::Missing { .. })));
+        assert!(matches!(
+            verify_label(&disk(), l.pool_id, l.disk_id),
+            Err(LabelError::Missing { .. })
+        ));
     }
 
     #[test]
@@ -487,13 +598,19 @@ mod tests {
         let l = sample();
         write_new_label(&d, &l).unwrap();
         let before = raw_block(&d);
-        assert!(matches!(wipe_label(&d, Uuid::new_v4()), Err(LabelError::ForeignPool { .. })));
+        assert!(matches!(
+            wipe_label(&d, Uuid::new_v4()),
+            Err(LabelError::ForeignPool { .. })
+        ));
         assert_eq!(raw_block(&d), before);
 
         wipe_label(&d, l.pool_id).unwrap();
         assert!(raw_block(&d).iter().all(|&b| b == 0));
         assert!(matches!(read_label(&d), Err(LabelError::Missing { .. })));
-        assert!(matches!(wipe_label(&d, l.pool_id), Err(LabelError::Missing { .. })));
+        assert!(matches!(
+            wipe_label(&d, l.pool_id),
+            Err(LabelError::Missing { .. })
+        ));
         // A wiped disk is blank again and can join a pool.
         write_new_label(&d, &sample()).unwrap();
     }

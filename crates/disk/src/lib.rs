@@ -14,7 +14,7 @@ mod mem;
 
 pub use aligned::AlignedBuf;
 pub use error::DiskError;
-pub use faulty::{FaultOp, FaultyDisk, Faults};
+pub use faulty::{FaultOp, Faults, FaultyDisk};
 pub use file::FileDisk;
 pub use label::{
     read_label, rewrite_label, verify_label, wipe_label, write_new_label, Label, LabelError,
@@ -57,12 +57,24 @@ pub fn check_request(
     len: usize,
     size: u64,
 ) -> Result<(), DiskError> {
-    if len == 0 || len % SECTOR != 0 || offset % SECTOR as u64 != 0 {
-        return Err(DiskError::Unaligned { path: path.to_string(), op, offset, len, align: SECTOR });
+    if len == 0 || !len.is_multiple_of(SECTOR) || !offset.is_multiple_of(SECTOR as u64) {
+        return Err(DiskError::Unaligned {
+            path: path.to_string(),
+            op,
+            offset,
+            len,
+            align: SECTOR,
+        });
     }
     match offset.checked_add(len as u64) {
         Some(end) if end <= size => Ok(()),
-        _ => Err(DiskError::OutOfRange { path: path.to_string(), op, offset, len, size }),
+        _ => Err(DiskError::OutOfRange {
+            path: path.to_string(),
+            op,
+            offset,
+            len,
+            size,
+        }),
     }
 }
 
@@ -87,9 +99,21 @@ mod tests {
 
     #[test]
     fn rejects_unaligned_offset_and_length() {
-        for (offset, len) in [(1, SECTOR), (512, SECTOR), (0, 512), (0, SECTOR + 1), (S, 100)] {
+        for (offset, len) in [
+            (1, SECTOR),
+            (512, SECTOR),
+            (0, 512),
+            (0, SECTOR + 1),
+            (S, 100),
+        ] {
             match check_request("d", "read", offset, len, 16 * S) {
-                Err(DiskError::Unaligned { offset: o, len: l, align, op, .. }) => {
+                Err(DiskError::Unaligned {
+                    offset: o,
+                    len: l,
+                    align,
+                    op,
+                    ..
+                }) => {
                     assert_eq!((o, l, align, op), (offset, len, SECTOR, "read"));
                 }
                 other => panic!("{offset}/{len}: expected Unaligned, got {other:?}"),

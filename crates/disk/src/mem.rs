@@ -95,7 +95,9 @@ impl BlockDevice for MemDisk {
         check_request(&self.path, "write", offset, buf.len(), self.size)?;
         let mut chunks = self.chunks.write();
         for (idx, within, at, n) in Self::pieces(offset, buf.len()) {
-            let c = chunks.entry(idx).or_insert_with(|| vec![0u8; CHUNK].into_boxed_slice());
+            let c = chunks
+                .entry(idx)
+                .or_insert_with(|| vec![0u8; CHUNK].into_boxed_slice());
             c[within..within + n].copy_from_slice(&buf[at..at + n]);
         }
         Ok(())
@@ -109,7 +111,10 @@ impl BlockDevice for MemDisk {
 
 impl std::fmt::Debug for MemDisk {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MemDisk").field("path", &self.path).field("size", &self.size).finish()
+        f.debug_struct("MemDisk")
+            .field("path", &self.path)
+            .field("size", &self.size)
+            .finish()
     }
 }
 
@@ -121,7 +126,9 @@ mod tests {
     const MIB: u64 = 1 << 20;
 
     fn pattern(len: usize, seed: u8) -> Vec<u8> {
-        (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+            .collect()
     }
 
     #[test]
@@ -167,11 +174,26 @@ mod tests {
     fn validates_requests() {
         let d = MemDisk::new("mem0", 4 * MIB);
         let mut buf = vec![0u8; SECTOR];
-        assert!(matches!(d.read_at(&mut buf, 512), Err(DiskError::Unaligned { .. })));
-        assert!(matches!(d.write_at(&buf[..100], 0), Err(DiskError::Unaligned { .. })));
-        assert!(matches!(d.write_at(&[], 0), Err(DiskError::Unaligned { len: 0, .. })));
-        assert!(matches!(d.read_at(&mut buf, 4 * MIB), Err(DiskError::OutOfRange { .. })));
-        assert!(matches!(d.write_at(&buf, 4 * MIB), Err(DiskError::OutOfRange { .. })));
+        assert!(matches!(
+            d.read_at(&mut buf, 512),
+            Err(DiskError::Unaligned { .. })
+        ));
+        assert!(matches!(
+            d.write_at(&buf[..100], 0),
+            Err(DiskError::Unaligned { .. })
+        ));
+        assert!(matches!(
+            d.write_at(&[], 0),
+            Err(DiskError::Unaligned { len: 0, .. })
+        ));
+        assert!(matches!(
+            d.read_at(&mut buf, 4 * MIB),
+            Err(DiskError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            d.write_at(&buf, 4 * MIB),
+            Err(DiskError::OutOfRange { .. })
+        ));
         assert_eq!(d.allocated_bytes(), 0, "rejected writes must not allocate");
     }
 

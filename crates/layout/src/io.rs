@@ -9,7 +9,7 @@ use tracing::warn;
 use crate::codec;
 use crate::error::{LayoutError, Result};
 use crate::geometry::{data_members, parity_members, role_of, split, Piece, Role};
-use crate::journal::{Record, RecordBody};
+use crate::journal::{Record, RecordBody, REGION_BYTES};
 use crate::layouts::{Layouts, MemberFault};
 use crate::slabset::SlabSet;
 use crate::spec::LayoutKind;
@@ -154,7 +154,35 @@ impl Layouts {
         (data, parity)
     }
 
-    /// Recomputes a row's parity from its data (journal replay of a full-row write).
+    /// Makes every row of a journal region consistent again after a crash: parity recomputed
+    /// from the data, mirror copies set to the first readable copy.
+    pub(crate) fn resync_region(&self, set: &SlabSet, members: &[SlabRef], region: u64) -> Result<()> {
+        let spec = &set.spec;
+        let il = spec.interleave;
+        let end = ((region + 1) * REGION_BYTES).min(self.pool.slab_size());
+        for row in (region * REGION_BYTES) / il..end.div_ceil(il) {
+            let _g = self.row_lock(set.id, row).write();
+            if spec.parity_columns() > 0 {
+                self.resync_row(set, members, row)?;
+                continue;
+            }
+            for d in 0..spec.data_columns() {
+                let copies = data_members(spec, row, d);
+                let mut buf = tessera_disk::AlignedBuf::zeroed(il as usize);
+                let Some(src) = copies.iter().position(|&m| self.member_read(members[m], row * il, &mut buf).is_ok()) else {
+                    return Err(LayoutError::Io { set: set.id, detail: format!("row {row}: no readable copy") });
+                };
+                for (i, &m) in copies.iter().enumerate() {
+                    if i != src {
+                        let _ = self.member_write(members[m], row * il, &buf);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Recomputes a row's parity from its data.
     pub(crate) fn resync_row(&self, set: &SlabSet, members: &[SlabRef], row: u64) -> Result<()> {
         let spec = &set.spec;
         let il = spec.interleave as usize;
@@ -181,6 +209,14 @@ impl Layouts {
             return Err(self.too_many(set, unavailable));
         }
         let pieces = split(&set.spec, offset, data.len());
+        let epoch = self.journal.enter();
+        if unavailable == 0 && set.spec.tolerance() > 0 {
+            let mut regions: Vec<u64> = pieces.iter().map(|p| p.member_offset(&set.spec) / REGION_BYTES).collect();
+            regions.dedup();
+            for r in regions {
+                self.journal.ensure_dirty(set.id, r)?;
+            }
+        }
         let mut i = 0;
         while i < pieces.len() {
             let row = pieces[i].row;
@@ -194,6 +230,7 @@ impl Layouts {
             }
             i = j;
         }
+        drop(epoch);
         drop(members);
         if self.journal.wants_checkpoint() {
             self.journal.checkpoint(|| self.flush_members(), false)?;
@@ -234,7 +271,6 @@ impl Layouts {
         let lo = pieces.iter().map(|p| p.in_unit).min().unwrap();
         let hi = pieces.iter().map(|p| p.in_unit + p.len as u64).max().unwrap();
         let rl = (hi - lo) as usize;
-        let full = pieces.len() == dc && pieces.iter().all(|p| p.in_unit == 0 && p.len as u64 == il);
         let mut cols: Vec<Vec<u8>> = Vec::with_capacity(dc);
         for d in 0..dc {
             let piece = pieces.iter().find(|p| p.data_col == d);
@@ -262,17 +298,18 @@ impl Layouts {
         let parity = codec::encode(spec.parity_columns(), &refs)?;
         let pms = parity_members(spec, row);
         let mo = row * il + lo;
-        let degraded = self.unavailable(members) > 0;
-        let body = if full && !degraded {
-            RecordBody::Resync
-        } else {
+        // A healthy set is covered by the region's Dirty record (a resync fixes the row after
+        // a crash). A degraded one cannot be resynced: journal the new contents of the range.
+        let seq = if self.unavailable(members) > 0 {
             let mut writes: Vec<(u16, Vec<u8>)> =
                 (0..dc).map(|d| (data_members(spec, row, d)[0] as u16, cols[d].clone())).collect();
             writes.extend(pms.iter().zip(&parity).map(|(&m, p)| (m as u16, p.clone())));
-            RecordBody::Update { offset: mo, writes }
+            let seq = self.journal.append(&Record { set: set.id, row, body: RecordBody::Update { offset: mo, writes } })?;
+            self.stats.journal_records.fetch_add(1, Ordering::Relaxed);
+            Some(seq)
+        } else {
+            None
         };
-        let seq = self.journal.append(&Record { set: set.id, row, body })?;
-        self.stats.journal_records.fetch_add(1, Ordering::Relaxed);
         for p in pieces {
             let m = data_members(spec, row, p.data_col)[0];
             self.write_member(set, members, m, p.member_offset(spec), &data[p.buf_off..p.buf_off + p.len]);
@@ -280,7 +317,9 @@ impl Layouts {
         for (i, &pm) in pms.iter().enumerate() {
             self.write_member(set, members, pm, mo, &parity[i]);
         }
-        self.journal.done(seq);
+        if let Some(seq) = seq {
+            self.journal.done(seq);
+        }
         let unavailable = self.unavailable(members);
         if unavailable > spec.tolerance() {
             return Err(self.too_many(set, unavailable));

@@ -1,22 +1,28 @@
 //! The stripe journal closes the parity write hole.
 //!
-//! Before a parity row is changed in place, a record of the change is made durable here:
-//! - `Update`: every member's new bytes for the touched range of the row (data columns and
-//!   parity), for partial-row writes and for any write to a degraded slab set. Replaying it
-//!   makes the range consistent whatever the crash left half-written, even with a disk gone.
-//! - `Resync`: only the row's address, for full-row writes to a healthy set. Every block of
-//!   such a row belongs to the write in flight; replay recomputes the parity from the data.
+//! A crash in the middle of a write can leave a row's members disagreeing: one mirror copy new
+//! and the other old, or parity that matches neither the old nor the new data. A later disk
+//! failure would then rebuild garbage. Before such a write starts, one of two records is made
+//! durable here:
+//! - `Dirty`: a region (REGION_BYTES of member space) of a healthy slab set is being written.
+//!   Only the first write to a region between two checkpoints pays for it. Replay makes every
+//!   row of the region consistent again: parity recomputed from the data, mirror copies made
+//!   equal to the first copy. Each block then reads as either before or after the write.
+//! - `Update`: every member's new bytes for the touched range of a parity row, for writes to a
+//!   degraded set, where the data of the missing member exists only through parity and a
+//!   resync is impossible. Replay rewrites the range.
 //!
-//! Records are deleted in sequence order once the member disks were flushed after their
-//! in-place writes completed (a checkpoint). Replay applies the survivors in sequence order,
-//! so a newer record of a row always wins. The journal is its own RocksDB instance, so its
-//! synchronous appends never make the grain map's unsynced batches durable early.
+//! Records are deleted in sequence order once the member disks were flushed after the writes
+//! they cover completed (a checkpoint). Replay applies the survivors in sequence order. The
+//! journal is its own RocksDB instance, so its synchronous appends never make the metadata
+//! store's batches durable early.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 use rocksdb::{Options, WriteBatch, WriteOptions, DB};
 
 use crate::error::{LayoutError, Result};
@@ -25,8 +31,8 @@ use crate::error::{LayoutError, Result};
 pub enum RecordBody {
     /// New bytes for [offset, offset + len) of each listed member.
     Update { offset: u64, writes: Vec<(u16, Vec<u8>)> },
-    /// Recompute the whole row's parity from its data.
-    Resync,
+    /// Make every row of the region (`Record::row` holds the region index) consistent.
+    Dirty,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,7 +48,7 @@ impl Record {
         v.extend_from_slice(&self.set.to_le_bytes());
         v.extend_from_slice(&self.row.to_le_bytes());
         match &self.body {
-            RecordBody::Resync => v.push(0),
+            RecordBody::Dirty => v.push(0),
             RecordBody::Update { offset, writes } => {
                 v.push(1);
                 v.extend_from_slice(&offset.to_le_bytes());
@@ -63,7 +69,7 @@ impl Record {
         let set = u32::from_le_bytes(r.take(4).ok_or_else(bad)?.try_into().unwrap());
         let row = u64::from_le_bytes(r.take(8).ok_or_else(bad)?.try_into().unwrap());
         let body = match r.take(1).ok_or_else(bad)?[0] {
-            0 => RecordBody::Resync,
+            0 => RecordBody::Dirty,
             1 => {
                 let offset = u64::from_le_bytes(r.take(8).ok_or_else(bad)?.try_into().unwrap());
                 let n = u16::from_le_bytes(r.take(2).ok_or_else(bad)?.try_into().unwrap());
@@ -85,7 +91,7 @@ impl Record {
 
     pub fn bytes(&self) -> u64 {
         match &self.body {
-            RecordBody::Resync => 0,
+            RecordBody::Dirty => 0,
             RecordBody::Update { writes, .. } => writes.iter().map(|w| w.1.len() as u64).sum(),
         }
     }
@@ -112,7 +118,20 @@ pub struct StripeJournal {
     /// Payload bytes appended since the last checkpoint.
     pending: AtomicU64,
     checkpointing: Mutex<()>,
+    /// Regions with a durable `Dirty` record since the last checkpoint.
+    dirty: Mutex<HashSet<(u32, u64)>>,
+    /// Held shared by every write for its whole duration; a checkpoint takes it exclusively
+    /// to start a new epoch, so that it never deletes the record of a region that a write
+    /// still relies on.
+    epoch: RwLock<()>,
+    last_checkpoint: Mutex<Instant>,
 }
+
+/// Member bytes covered by one `Dirty` record.
+pub const REGION_BYTES: u64 = 4 << 20;
+/// Checkpoint at least this often while writes go on, so that recovery has little to resync.
+const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(5);
+const CHECKPOINT_REGIONS: usize = 1024;
 
 /// Start a checkpoint once this much payload has accumulated.
 pub const CHECKPOINT_BYTES: u64 = 32 << 20;
@@ -139,6 +158,9 @@ impl StripeJournal {
             inflight: Mutex::new(BTreeSet::new()),
             pending: AtomicU64::new(0),
             checkpointing: Mutex::new(()),
+            dirty: Mutex::new(HashSet::new()),
+            epoch: RwLock::new(()),
+            last_checkpoint: Mutex::new(Instant::now()),
         };
         Ok((j, records))
     }
@@ -167,8 +189,27 @@ impl StripeJournal {
         self.inflight.lock().remove(&seq);
     }
 
+    /// Held by a write from before it records its regions until its last member write.
+    pub fn enter(&self) -> RwLockReadGuard<'_, ()> {
+        self.epoch.read()
+    }
+
+    /// Makes sure a durable `Dirty` record covers the region. Call it holding `enter`.
+    pub fn ensure_dirty(&self, set: u32, region: u64) -> Result<()> {
+        if self.dirty.lock().contains(&(set, region)) {
+            return Ok(());
+        }
+        let seq = self.append(&Record { set, row: region, body: RecordBody::Dirty })?;
+        // The record protects writes through the epoch, not through the in-flight set.
+        self.done(seq);
+        self.dirty.lock().insert((set, region));
+        Ok(())
+    }
+
     pub fn wants_checkpoint(&self) -> bool {
         self.pending.load(Ordering::Relaxed) >= CHECKPOINT_BYTES
+            || self.dirty.lock().len() >= CHECKPOINT_REGIONS
+            || self.last_checkpoint.lock().elapsed() >= CHECKPOINT_INTERVAL
     }
 
     /// Deletes every record older than the oldest one still in flight, after `flush` made the
@@ -177,6 +218,11 @@ impl StripeJournal {
     pub fn checkpoint(&self, flush: impl FnOnce() -> Result<()>, sync: bool) -> Result<()> {
         let _one = self.checkpointing.lock();
         let bound = {
+            // Every write of the old epoch has finished once this is held; writes of the new
+            // one record their regions again, with sequence numbers past the bound.
+            let _epoch = self.epoch.write();
+            self.dirty.lock().clear();
+            *self.last_checkpoint.lock() = Instant::now();
             let inflight = self.inflight.lock();
             inflight.first().copied().unwrap_or_else(|| self.next.load(Ordering::SeqCst))
         };
@@ -203,7 +249,7 @@ mod tests {
         let mut longer = enc.clone();
         longer.push(0);
         assert!(Record::decode(&longer).is_err());
-        let s = Record { set: 1, row: 2, body: RecordBody::Resync };
+        let s = Record { set: 1, row: 2, body: RecordBody::Dirty };
         assert_eq!(Record::decode(&s.encode()).unwrap(), s);
         assert!(Record::decode(&[]).is_err());
     }
@@ -211,7 +257,7 @@ mod tests {
     #[test]
     fn checkpoint_keeps_inflight_records() {
         let dir = tempfile::tempdir().unwrap();
-        let rec = |row| Record { set: 1, row, body: RecordBody::Resync };
+        let rec = |row| Record { set: 1, row, body: RecordBody::Update { offset: 0, writes: vec![] } };
         {
             let (j, replay) = StripeJournal::open(dir.path()).unwrap();
             assert!(replay.is_empty());

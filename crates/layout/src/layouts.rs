@@ -96,9 +96,9 @@ impl Layouts {
                     }
                 }
             }
-            RecordBody::Resync => {
-                if let Err(e) = self.resync_row(&set, &members, rec.row) {
-                    warn!(set = rec.set, row = rec.row, error = %e, "cannot resync the parity of a row interrupted by a crash");
+            RecordBody::Dirty => {
+                if let Err(e) = self.resync_region(&set, &members, rec.row) {
+                    warn!(set = rec.set, region = rec.row, error = %e, "cannot resync a region written when the pool stopped");
                 }
             }
         }
@@ -127,9 +127,13 @@ impl Layouts {
         self.registry.remove(&self.pool, id)
     }
 
-    /// Makes every completed write durable.
+    /// Makes every completed write durable. Now and then this is also a journal checkpoint.
     pub fn flush(&self) -> Result<()> {
-        self.journal.checkpoint(|| self.flush_members(), false)
+        if self.journal.wants_checkpoint() {
+            self.journal.checkpoint(|| self.flush_members(), false)
+        } else {
+            self.flush_members()
+        }
     }
 
     pub(crate) fn flush_members(&self) -> Result<()> {

@@ -155,7 +155,8 @@ impl Engine {
         let engine = Engine { s };
         for v in deleting {
             info!(vdisk = %v.name(), "finishing an interrupted delete");
-            engine.finish_delete(&v)?;
+            // Its reservation was not restored at open: nothing to give back.
+            engine.finish_delete(&v, false)?;
         }
         Ok(engine)
     }
@@ -286,11 +287,13 @@ impl Engine {
             self.s.vdisks.write().remove(name);
             v
         };
-        self.finish_delete(&v)
+        self.finish_delete(&v, true)
     }
 
-    fn finish_delete(&self, v: &Vdisk) -> Result<()> {
+    fn finish_delete(&self, v: &Vdisk, release_reservation: bool) -> Result<()> {
         let grains = v.map.read().len() as u64;
+        // A fixed vdisk holds a reservation for exactly its unmapped grains.
+        let reserved = grains - v.mapped.load(Ordering::Acquire);
         let mut g = 0;
         while g < grains {
             let chunk: Vec<u64> = (g..(g + BATCH_GRAINS * 8).min(grains)).filter(|&i| v.entry(i) != 0).collect();
@@ -314,8 +317,8 @@ impl Engine {
             }
             g += BATCH_GRAINS * 8;
         }
-        if v.fixed() {
-            self.s.space.unreserve(v.class, grains);
+        if v.fixed() && release_reservation {
+            self.s.space.unreserve(v.class, reserved);
         }
         let meta = self.s.pool.meta();
         let mut b = WriteBatch::default();

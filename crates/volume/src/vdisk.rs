@@ -63,6 +63,13 @@ pub struct Extent {
     pub mapped: bool,
 }
 
+impl std::fmt::Debug for Vdisk {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let c = self.cfg.read();
+        f.debug_struct("Vdisk").field("id", &self.id).field("name", &c.name).field("size", &c.size).finish()
+    }
+}
+
 impl Vdisk {
     pub fn name(&self) -> String {
         self.cfg.read().name.clone()

@@ -1,0 +1,136 @@
+//! Engine benchmark driver for bench/engine.sh: builds a pool on file disks, creates one vdisk,
+//! fills it, and measures one workload through the engine (no network, no protocol). Prints a
+//! JSON line per workload. Concurrency comes from threads doing synchronous I/O, one request
+//! in flight each, so `--threads 32` is queue depth 32.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+use tessera_disk::{AlignedBuf, DiskRef, FileDisk};
+use tessera_volume::{Engine, LayoutKind, Provisioning, VdiskSpec};
+
+struct Args {
+    dir: PathBuf,
+    disks: usize,
+    disk_size: u64,
+    layout: LayoutKind,
+    columns: Option<u32>,
+    size: u64,
+    threads: usize,
+    seconds: u64,
+    workloads: Vec<String>,
+}
+
+fn parse() -> Args {
+    let mut a = Args {
+        dir: PathBuf::from("/tmp/tessera-bench"),
+        disks: 4,
+        disk_size: 3 << 30,
+        layout: LayoutKind::Simple,
+        columns: None,
+        size: 2 << 30,
+        threads: 32,
+        seconds: 10,
+        workloads: vec!["randread".into(), "randwrite".into(), "seqread".into(), "seqwrite".into()],
+    };
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let mut i = 0;
+    while i < argv.len() {
+        let v = argv.get(i + 1).cloned().unwrap_or_default();
+        match argv[i].as_str() {
+            "--dir" => a.dir = PathBuf::from(v),
+            "--disks" => a.disks = v.parse().unwrap(),
+            "--disk-size" => a.disk_size = v.parse().unwrap(),
+            "--layout" => a.layout = LayoutKind::parse(&v).expect("layout: simple|mirror|parity|dual-parity"),
+            "--columns" => a.columns = Some(v.parse().unwrap()),
+            "--size" => a.size = v.parse().unwrap(),
+            "--threads" => a.threads = v.parse().unwrap(),
+            "--seconds" => a.seconds = v.parse().unwrap(),
+            "--workloads" => a.workloads = v.split(',').map(String::from).collect(),
+            other => panic!("unknown option {other}"),
+        }
+        i += 2;
+    }
+    a
+}
+
+fn main() {
+    let a = parse();
+    std::fs::create_dir_all(&a.dir).unwrap();
+    let disks: Vec<DiskRef> = (0..a.disks)
+        .map(|i| Arc::new(FileDisk::create_file(a.dir.join(format!("disk{i}")), a.disk_size, false).unwrap()) as DiskRef)
+        .collect();
+    let engine = Engine::create_pool(&a.dir.join("pool"), "bench", disks, 256 << 20).unwrap();
+    let mut spec = VdiskSpec::new("bench", a.size, a.layout);
+    spec.columns = a.columns;
+    spec.provisioning = Provisioning::Thin;
+    spec.block_size = Some(4096);
+    let v = engine.create_vdisk(&spec).unwrap();
+    eprintln!("{}: filling {} bytes", v.config().layout.describe(), a.size);
+    run(&v, "fill", 256 << 10, a.threads.min(8), 0, a.size);
+    v.flush().unwrap();
+    for w in &a.workloads {
+        let bs = if w.starts_with("rand") { 4096 } else { 256 << 10 };
+        let (iops, mbs) = run(&v, w, bs, a.threads, a.seconds, a.size);
+        println!(
+            "{{\"layout\":\"{}\",\"workload\":\"{w}\",\"bs\":{bs},\"threads\":{},\"iops\":{iops:.0},\"mbs\":{mbs:.1}}}",
+            a.layout.as_str(),
+            a.threads
+        );
+    }
+    // Where the data landed, for the reference run of fio on the same files.
+    let used: Vec<u64> = engine.pool().disks().iter().map(|d| d.used_bytes).collect();
+    println!("{{\"used_per_disk\":{}}}", used.iter().max().copied().unwrap_or(0));
+    drop(v);
+    drop(engine);
+}
+
+/// Runs a workload for `seconds` (or, for "fill", once over the whole vdisk).
+fn run(v: &Arc<tessera_volume::Vdisk>, w: &str, bs: u64, threads: usize, seconds: u64, size: u64) -> (f64, f64) {
+    let ops = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let cursor = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let (ops, stop, cursor) = (ops.clone(), stop.clone(), cursor.clone());
+            let v = v.clone();
+            let w = w.to_string();
+            s.spawn(move || {
+                let mut rng = rand::rng();
+                let mut buf = AlignedBuf::zeroed(bs as usize);
+                rng.fill(&mut buf[..]);
+                buf[0] = t as u8;
+                let blocks = size / bs;
+                while !stop.load(Ordering::Relaxed) {
+                    let off = match w.as_str() {
+                        "randread" | "randwrite" => rng.random_range(0..blocks) * bs,
+                        _ => {
+                            let c = cursor.fetch_add(1, Ordering::Relaxed);
+                            if w == "fill" && c >= blocks {
+                                break;
+                            }
+                            (c % blocks) * bs
+                        }
+                    };
+                    if w.ends_with("read") {
+                        v.read(off, &mut buf).unwrap();
+                    } else {
+                        v.write(off, &buf, false).unwrap();
+                    }
+                    ops.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        }
+        if seconds > 0 {
+            std::thread::sleep(Duration::from_secs(seconds));
+            stop.store(true, Ordering::Relaxed);
+        }
+    });
+    let secs = start.elapsed().as_secs_f64();
+    let n = ops.load(Ordering::Relaxed) as f64;
+    (n / secs, n * bs as f64 / secs / 1e6)
+}
