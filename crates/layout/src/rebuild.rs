@@ -159,6 +159,11 @@ impl Layouts {
                     return Err(e);
                 }
                 *set.replacement.write() = None;
+                // Update records written while the set was degraded must not outlive it:
+                // writes to the repaired set are covered by Dirty records only, and replaying
+                // an older Update over them would bring old data back. No I/O of this set is
+                // in flight (the member lock is held), so a checkpoint retires them all.
+                self.journal.checkpoint(|| self.flush_members(), true)?;
                 old
             };
             self.pool.release_slab(old);

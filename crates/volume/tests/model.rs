@@ -121,7 +121,10 @@ fn run(kind: LayoutKind, copies: Option<u8>, prov: Provisioning, ops: Vec<Op>) {
                 assert!(report.failures.is_empty(), "step {step}: repair failures {:?}", report.failures);
                 m.failed_since_repair = 0;
             }
-            Op::Reopen => rig.reopen(),
+            Op::Reopen => {
+                rig.assert_consistent();
+                rig.reopen();
+            }
         }
         for (vd, name) in names.iter().enumerate() {
             let mut got = vec![0u8; VDISK_SIZE as usize];
