@@ -166,8 +166,9 @@ fn crash_recovery() {
 
         let mut in_flight = None;
         for l in &lines {
-            if let Some(a) = l.strip_prefix("BEGIN ") {
-                in_flight = Some(Action::decode(&format!("{}", a)));
+            // The harness may print "test crash_child ... " on the same line first.
+            if let Some(at) = l.find("BEGIN ") {
+                in_flight = Some(Action::decode(&l[at + 6..]));
             } else if l == "ACK" {
                 in_flight.take().expect("ACK follows BEGIN").apply(&mut model);
                 acked_total += 1;
