@@ -65,7 +65,11 @@ impl Layouts {
             }
         }
         if spec.parity_columns() > 0 {
+            // Reconstruction reads the whole row: a parity write to another column of it must
+            // not be half done meanwhile, or the result is neither old nor new data.
+            let guard = (!row_locked).then(|| self.row_lock(set.id, p.row).read());
             let data = self.reconstruct_column(set, members, p.row, p.data_col, mo, out.len())?;
+            drop(guard);
             out.copy_from_slice(&data);
             self.stats.reconstructed_reads.fetch_add(1, Ordering::Relaxed);
             for bad in failed {

@@ -116,23 +116,6 @@ impl MetaStore {
         self.db.get_cf(self.cf(cf), key).map_err(|e| self.err(e))
     }
 
-    /// Every (key, value) of a column family whose key starts with `prefix`, in key order.
-    pub fn scan_prefix(&self, cf: &str, prefix: &[u8]) -> Result<Vec<(Box<[u8]>, Box<[u8]>)>> {
-        let mut out = Vec::new();
-        let iter = self.db.iterator_cf(
-            self.cf(cf),
-            rocksdb::IteratorMode::From(prefix, rocksdb::Direction::Forward),
-        );
-        for item in iter {
-            let (k, v) = item.map_err(|e| self.err(e))?;
-            if !k.starts_with(prefix) {
-                break;
-            }
-            out.push((k, v));
-        }
-        Ok(out)
-    }
-
     /// Visits every (key, value) of a column family whose key starts with `prefix`.
     pub fn for_each_prefix(
         &self,

@@ -58,6 +58,19 @@ pub struct Pool {
     inner: RwLock<Inner>,
 }
 
+impl Inner {
+    /// (position, free slabs) of every disk that may take a new slab: healthy and open.
+    fn slab_candidates(&self, exclude: &[u32]) -> Vec<(u32, u32)> {
+        self.config
+            .disks
+            .iter()
+            .zip(&self.members)
+            .filter(|(i, m)| i.state == DiskState::Healthy && m.dev.is_some() && !exclude.contains(&i.position))
+            .map(|(i, m)| (i.position, m.slabs.free()))
+            .collect()
+    }
+}
+
 fn slabs_on(size: u64, slab_size: u64) -> u32 {
     (size.saturating_sub(DATA_OFFSET) / slab_size).min(u32::MAX as u64) as u32
 }
@@ -410,15 +423,7 @@ impl Pool {
 
     /// Free slabs per healthy disk, by position.
     pub fn free_slabs(&self) -> Vec<(u32, u32)> {
-        let inner = self.inner.read();
-        inner
-            .config
-            .disks
-            .iter()
-            .zip(&inner.members)
-            .filter(|(i, m)| i.state == DiskState::Healthy && m.dev.is_some())
-            .map(|(i, m)| (i.position, m.slabs.free()))
-            .collect()
+        self.inner.read().slab_candidates(&[])
     }
 
     /// Allocates one slab on each of `count` distinct healthy disks outside `exclude`, the
@@ -426,14 +431,7 @@ impl Pool {
     /// descriptor batch, and releases them if that fails.
     pub fn allocate_slabs(&self, count: usize, exclude: &[u32]) -> Result<Vec<SlabRef>> {
         let mut inner = self.inner.write();
-        let candidates: Vec<(u32, u32)> = inner
-            .config
-            .disks
-            .iter()
-            .zip(&inner.members)
-            .filter(|(i, m)| i.state == DiskState::Healthy && m.dev.is_some() && !exclude.contains(&i.position))
-            .map(|(i, m)| (i.position, m.slabs.free()))
-            .collect();
+        let candidates = inner.slab_candidates(exclude);
         let Some(chosen) = choose_disks(candidates.clone(), count) else {
             let with_space = candidates.iter().filter(|c| c.1 > 0).count();
             return Err(PoolError::NoSpace {

@@ -15,10 +15,10 @@ use tessera_pool::{
 };
 use tracing::{info, warn};
 
-use crate::commit::{Committer, Op};
+use crate::commit::Committer;
 use crate::config::{validate, VdiskConfig, VdiskSpec, VdiskState, DEFAULT_GRAIN};
 use crate::error::{Result, VolumeError};
-use crate::keys::{grain_key, parse_grain_key, parse_loc, refcount_key, vdisk_key};
+use crate::keys::{parse_grain_key, parse_loc, vdisk_key};
 use crate::locks::GrainLocks;
 use crate::space::{loc_parts, Class, GrainSpace};
 use crate::vdisk::{Vdisk, BATCH_GRAINS};
@@ -298,22 +298,7 @@ impl Engine {
         while g < grains {
             let chunk: Vec<u64> = (g..(g + BATCH_GRAINS * 8).min(grains)).filter(|&i| v.entry(i) != 0).collect();
             for part in chunk.chunks(BATCH_GRAINS as usize) {
-                let _locks = self.s.locks.lock_many(part.iter().map(|&i| (v.id, i)));
-                let mut ops = Vec::new();
-                let mut dropped = Vec::new();
-                for &i in part {
-                    let l = v.entry(i);
-                    if l != 0 {
-                        ops.push(Op::Delete(CF_GRAINS, grain_key(v.id, i)));
-                        ops.push(Op::Merge(CF_REFCOUNTS, refcount_key(l), tessera_pool::refcount_delta(-1).to_vec()));
-                        dropped.push((i, l));
-                    }
-                }
-                self.s.committer.commit(ops)?;
-                for (i, l) in dropped {
-                    v.set_entry(i, 0);
-                    self.s.space.decref(l);
-                }
+                v.unmap_grains(part, false)?;
             }
             g += BATCH_GRAINS * 8;
         }

@@ -55,6 +55,12 @@ pub(crate) fn grain_pieces(grain_size: u64, offset: u64, len: u64) -> impl Itera
     })
 }
 
+/// The whole sectors [a, b) that contain [off, off + len).
+fn sector_envelope(off: u64, len: usize) -> (u64, u64) {
+    let s = SECTOR as u64;
+    (off / s * s, (off + len as u64).div_ceil(s) * s)
+}
+
 /// Which parts of a range are allocated, for GET LBA STATUS and sparse export.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct Extent {
@@ -169,9 +175,7 @@ impl Vdisk {
     /// Reads part of a slot, widening to whole sectors when the request is not aligned.
     pub(crate) fn read_slot(&self, l: Loc, off: u64, out: &mut [u8]) -> Result<()> {
         let (set, base) = self.s.space.locate(l)?;
-        let s = SECTOR as u64;
-        let a = off / s * s;
-        let b = (off + out.len() as u64).div_ceil(s) * s;
+        let (a, b) = sector_envelope(off, out.len());
         if a == off && b == off + out.len() as u64 {
             self.s.layouts.read(&set, base + off, out)?;
         } else {
@@ -212,9 +216,7 @@ impl Vdisk {
 
     fn write_in_place(&self, l: Loc, off: u64, data: &[u8]) -> Result<()> {
         let (set, base) = self.s.space.locate(l)?;
-        let s = SECTOR as u64;
-        let a = off / s * s;
-        let b = (off + data.len() as u64).div_ceil(s) * s;
+        let (a, b) = sector_envelope(off, data.len());
         if a == off && b == off + data.len() as u64 {
             self.s.layouts.write(&set, base + off, data)?;
         } else {
@@ -269,14 +271,15 @@ impl Vdisk {
             }
         }
         for chunk in whole.chunks(BATCH_GRAINS as usize) {
-            self.unmap_grains(chunk)?;
+            self.unmap_grains(chunk, true)?;
         }
         self.s.space.reclaim_empty()?;
         Ok(())
     }
 
-    /// Unmaps a set of grains in one durable batch.
-    pub(crate) fn unmap_grains(&self, grains: &[u64]) -> Result<()> {
+    /// Unmaps a set of grains in one durable batch. `keep_reservation`: a fixed vdisk keeps
+    /// the space of the unmapped grains reserved (a trim), rather than letting it go (a delete).
+    pub(crate) fn unmap_grains(&self, grains: &[u64], keep_reservation: bool) -> Result<()> {
         let _locks = self.s.locks.lock_many(grains.iter().map(|&g| (self.id, g)));
         let mut ops = Vec::new();
         let mut dropped = Vec::new();
@@ -296,7 +299,7 @@ impl Vdisk {
             self.set_entry(g, 0);
             self.s.space.decref(l);
         }
-        if self.fixed() {
+        if keep_reservation && self.fixed() {
             // The space stays the vdisk's: a later write to these grains must not fail.
             if let Err(e) = self.s.space.reserve(self.class, dropped.len() as u64) {
                 tracing::warn!(vdisk = %self.name(), error = %e, "cannot keep the reservation of trimmed grains");

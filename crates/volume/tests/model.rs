@@ -169,6 +169,7 @@ model_test!(simple_fixed, LayoutKind::Simple, None, Provisioning::Fixed);
 model_test!(mirror2_thin, LayoutKind::Mirror, Some(2), Provisioning::Thin);
 model_test!(mirror2_fixed, LayoutKind::Mirror, Some(2), Provisioning::Fixed);
 model_test!(mirror3_thin, LayoutKind::Mirror, Some(3), Provisioning::Thin);
+model_test!(mirror3_fixed, LayoutKind::Mirror, Some(3), Provisioning::Fixed);
 model_test!(parity_thin, LayoutKind::Parity, None, Provisioning::Thin);
 model_test!(parity_fixed, LayoutKind::Parity, None, Provisioning::Fixed);
 model_test!(dual_parity_thin, LayoutKind::DualParity, None, Provisioning::Thin);
