@@ -237,7 +237,7 @@ impl Layouts {
         drop(epoch);
         drop(members);
         if self.journal.wants_checkpoint() {
-            self.journal.checkpoint(|| self.flush_members(), false)?;
+            self.journal.checkpoint_if_due(|| self.flush_members())?;
         }
         Ok(())
     }

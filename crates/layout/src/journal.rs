@@ -19,7 +19,7 @@
 
 use std::collections::{BTreeSet, HashSet};
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
@@ -118,13 +118,17 @@ pub struct StripeJournal {
     /// Payload bytes appended since the last checkpoint.
     pending: AtomicU64,
     checkpointing: Mutex<()>,
-    /// Regions with a durable `Dirty` record since the last checkpoint.
-    dirty: Mutex<HashSet<(u32, u64)>>,
+    /// Regions with a durable `Dirty` record since the last checkpoint. Read on every
+    /// write, written only on the first write to a region in an epoch.
+    dirty: RwLock<HashSet<(u32, u64)>>,
+    dirty_count: AtomicUsize,
     /// Held shared by every write for its whole duration; a checkpoint takes it exclusively
     /// to start a new epoch, so that it never deletes the record of a region that a write
     /// still relies on.
     epoch: RwLock<()>,
-    last_checkpoint: Mutex<Instant>,
+    /// Milliseconds after `opened` of the last checkpoint (an atomic: read on every write).
+    last_checkpoint_ms: AtomicU64,
+    opened: Instant,
 }
 
 /// Member bytes covered by one `Dirty` record.
@@ -158,9 +162,11 @@ impl StripeJournal {
             inflight: Mutex::new(BTreeSet::new()),
             pending: AtomicU64::new(0),
             checkpointing: Mutex::new(()),
-            dirty: Mutex::new(HashSet::new()),
+            dirty: RwLock::new(HashSet::new()),
+            dirty_count: AtomicUsize::new(0),
             epoch: RwLock::new(()),
-            last_checkpoint: Mutex::new(Instant::now()),
+            last_checkpoint_ms: AtomicU64::new(0),
+            opened: Instant::now(),
         };
         Ok((j, records))
     }
@@ -196,20 +202,27 @@ impl StripeJournal {
 
     /// Makes sure a durable `Dirty` record covers the region. Call it holding `enter`.
     pub fn ensure_dirty(&self, set: u32, region: u64) -> Result<()> {
-        if self.dirty.lock().contains(&(set, region)) {
+        if self.dirty.read().contains(&(set, region)) {
             return Ok(());
         }
         let seq = self.append(&Record { set, row: region, body: RecordBody::Dirty })?;
         // The record protects writes through the epoch, not through the in-flight set.
         self.done(seq);
-        self.dirty.lock().insert((set, region));
+        if self.dirty.write().insert((set, region)) {
+            self.dirty_count.fetch_add(1, Ordering::Relaxed);
+        }
         Ok(())
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.opened.elapsed().as_millis() as u64
     }
 
     pub fn wants_checkpoint(&self) -> bool {
         self.pending.load(Ordering::Relaxed) >= CHECKPOINT_BYTES
-            || self.dirty.lock().len() >= CHECKPOINT_REGIONS
-            || self.last_checkpoint.lock().elapsed() >= CHECKPOINT_INTERVAL
+            || self.dirty_count.load(Ordering::Relaxed) >= CHECKPOINT_REGIONS
+            || self.now_ms().saturating_sub(self.last_checkpoint_ms.load(Ordering::Relaxed))
+                >= CHECKPOINT_INTERVAL.as_millis() as u64
     }
 
     /// Deletes every record older than the oldest one still in flight, after `flush` made the
@@ -217,12 +230,27 @@ impl StripeJournal {
     /// deleted record's in-place writes completed before the flush began.
     pub fn checkpoint(&self, flush: impl FnOnce() -> Result<()>, sync: bool) -> Result<()> {
         let _one = self.checkpointing.lock();
+        self.checkpoint_locked(flush, sync)
+    }
+
+    /// A checkpoint if one is due and none is under way: writers call it in passing, and
+    /// only one of them should pay for it.
+    pub fn checkpoint_if_due(&self, flush: impl FnOnce() -> Result<()>) -> Result<()> {
+        let Some(_one) = self.checkpointing.try_lock() else { return Ok(()) };
+        if !self.wants_checkpoint() {
+            return Ok(());
+        }
+        self.checkpoint_locked(flush, false)
+    }
+
+    fn checkpoint_locked(&self, flush: impl FnOnce() -> Result<()>, sync: bool) -> Result<()> {
         let bound = {
             // Every write of the old epoch has finished once this is held; writes of the new
             // one record their regions again, with sequence numbers past the bound.
             let _epoch = self.epoch.write();
-            self.dirty.lock().clear();
-            *self.last_checkpoint.lock() = Instant::now();
+            self.dirty.write().clear();
+            self.dirty_count.store(0, Ordering::Relaxed);
+            self.last_checkpoint_ms.store(self.now_ms(), Ordering::Relaxed);
             let inflight = self.inflight.lock();
             inflight.first().copied().unwrap_or_else(|| self.next.load(Ordering::SeqCst))
         };
