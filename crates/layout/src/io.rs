@@ -39,7 +39,7 @@ impl Layouts {
     }
 
     /// `row_locked`: the caller holds the row lock exclusively (a parity write reading the
-    /// old data of its row), so a spot repair must not take it again.
+    /// old data of its row), so neither reconstruction nor spot repair takes it again.
     pub(crate) fn read_piece(&self, set: &SlabSet, members: &[SlabRef], p: &Piece, out: &mut [u8], row_locked: bool) -> Result<()> {
         let spec = &set.spec;
         let mo = p.member_offset(spec);
@@ -214,7 +214,9 @@ impl Layouts {
         }
         let pieces = split(&set.spec, offset, data.len());
         let epoch = self.journal.enter();
-        if unavailable == 0 && set.spec.tolerance() > 0 {
+        // Mirrors resync from any readable copy, so a degraded 3-way mirror still records its
+        // regions; a degraded parity set cannot resync and journals its rows instead.
+        if set.spec.tolerance() > 0 && (unavailable == 0 || set.spec.kind == LayoutKind::Mirror) {
             let mut regions: Vec<u64> = pieces.iter().map(|p| p.member_offset(&set.spec) / REGION_BYTES).collect();
             regions.dedup();
             for r in regions {

@@ -4,7 +4,8 @@
 //! and the other old, or parity that matches neither the old nor the new data. A later disk
 //! failure would then rebuild garbage. Before such a write starts, one of two records is made
 //! durable here:
-//! - `Dirty`: a region (REGION_BYTES of member space) of a healthy slab set is being written.
+//! - `Dirty`: a region (REGION_BYTES of member space) of a healthy set, or of a mirror with a
+//!   copy left to resync, is being written.
 //!   Only the first write to a region between two checkpoints pays for it. Replay makes every
 //!   row of the region consistent again: parity recomputed from the data, mirror copies made
 //!   equal to the first copy. Each block then reads as either before or after the write.
