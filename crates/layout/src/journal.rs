@@ -20,7 +20,7 @@
 
 use std::collections::{BTreeSet, HashSet};
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
@@ -122,7 +122,6 @@ pub struct StripeJournal {
     /// Regions with a durable `Dirty` record since the last checkpoint. Read on every
     /// write, written only on the first write to a region in an epoch.
     dirty: RwLock<HashSet<(u32, u64)>>,
-    dirty_count: AtomicUsize,
     /// Held shared by every write for its whole duration; a checkpoint takes it exclusively
     /// to start a new epoch, so that it never deletes the record of a region that a write
     /// still relies on.
@@ -164,7 +163,6 @@ impl StripeJournal {
             pending: AtomicU64::new(0),
             checkpointing: Mutex::new(()),
             dirty: RwLock::new(HashSet::new()),
-            dirty_count: AtomicUsize::new(0),
             epoch: RwLock::new(()),
             last_checkpoint_ms: AtomicU64::new(0),
             opened: Instant::now(),
@@ -209,9 +207,7 @@ impl StripeJournal {
         let seq = self.append(&Record { set, row: region, body: RecordBody::Dirty })?;
         // The record protects writes through the epoch, not through the in-flight set.
         self.done(seq);
-        if self.dirty.write().insert((set, region)) {
-            self.dirty_count.fetch_add(1, Ordering::Relaxed);
-        }
+        self.dirty.write().insert((set, region));
         Ok(())
     }
 
@@ -221,7 +217,7 @@ impl StripeJournal {
 
     pub fn wants_checkpoint(&self) -> bool {
         self.pending.load(Ordering::Relaxed) >= CHECKPOINT_BYTES
-            || self.dirty_count.load(Ordering::Relaxed) >= CHECKPOINT_REGIONS
+            || self.dirty.read().len() >= CHECKPOINT_REGIONS
             || self.now_ms().saturating_sub(self.last_checkpoint_ms.load(Ordering::Relaxed))
                 >= CHECKPOINT_INTERVAL.as_millis() as u64
     }
@@ -250,7 +246,6 @@ impl StripeJournal {
             // one record their regions again, with sequence numbers past the bound.
             let _epoch = self.epoch.write();
             self.dirty.write().clear();
-            self.dirty_count.store(0, Ordering::Relaxed);
             self.last_checkpoint_ms.store(self.now_ms(), Ordering::Relaxed);
             let inflight = self.inflight.lock();
             inflight.first().copied().unwrap_or_else(|| self.next.load(Ordering::SeqCst))
