@@ -26,10 +26,11 @@ test: test-deps
 	$(CARGO) build --workspace --tests --profile test
 	$(CARGO) test --workspace --profile test --no-fail-fast 2>&1 | scripts/summarize-tests.sh
 
+# The embedded demo: 4 sparse file disks, pool "demo", vdisk "demo/vol1", in ./tessera-demo.
+# DEMO_ARGS passes more flags, e.g. DEMO_ARGS="--api-listen 127.0.0.1:9484".
 demo: deps
-	@echo "The Tessera daemon ('tessera serve --demo') is not built yet: today the storage engine"
-	@echo "(disks, pools, layouts, virtual disks) is a library, exercised by 'make test' and 'make bench'."
-	@exit 1
+	$(CARGO) build --release -p tessera-cli
+	$(CARGO_TARGET_DIR)/release/tessera serve --demo $(DEMO_ARGS)
 
 bench:
 	@scripts/install-deps.sh bench

@@ -33,7 +33,7 @@ pub struct DiskStatus {
     pub problem: Option<String>,
 }
 
-#[derive(Debug, Clone, Copy, serde::Serialize)]
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
 pub struct Capacity {
     pub total_bytes: u64,
     pub used_bytes: u64,

@@ -1,0 +1,564 @@
+//! What each command does: build the request, call the API, print the answer.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::{json, Value};
+use tessera_server::config::LogFormat;
+use tessera_server::units::format_size;
+use tessera_server::{Overrides, ServerConfig};
+
+use crate::client::{encode_segment, Client, ClientError, Endpoint};
+use crate::output::{kv, percent, s, size, table};
+use crate::*;
+
+pub fn run(cli: Cli) -> Result<(), String> {
+    let Cli { api, client_state_dir, token, json, command } = cli;
+    if let Command::Serve(a) = command {
+        return serve(a, client_state_dir);
+    }
+    let endpoint = endpoint(api.as_deref(), client_state_dir.as_deref())?;
+    let c = Ctx { client: Client::new(endpoint, token)?, json };
+    let r = match command {
+        Command::Serve(_) => unreachable!(),
+        Command::Pool(p) => pool(&c, p),
+        Command::Disk(d) => disk(&c, d),
+        Command::Vdisk(v) => vdisk(&c, v),
+        Command::Job(j) => job(&c, j),
+    };
+    r.map_err(|e| match e {
+        ClientError::Api { message, code, .. } if code == "unauthorized" => message,
+        e => e.to_string(),
+    })
+}
+
+fn serve(a: ServeArgs, state_dir: Option<PathBuf>) -> Result<(), String> {
+    let o = Overrides {
+        state_dir,
+        api_listen: a.api_listen,
+        api_token: a.api_token,
+        log_format: a.log_format.map(|f| match f {
+            LogFormatArg::Text => LogFormat::Text,
+            LogFormatArg::Json => LogFormat::Json,
+        }),
+        demo: a.demo,
+    };
+    let cfg = ServerConfig::load(a.config.as_deref(), o)?;
+    tessera_server::serve::run(cfg)
+}
+
+fn endpoint(api: Option<&str>, state_dir: Option<&Path>) -> Result<Endpoint, String> {
+    if let Some(a) = api {
+        return Endpoint::parse(a);
+    }
+    if let Some(d) = state_dir {
+        return Ok(Endpoint::Unix(d.join("api.sock")));
+    }
+    let candidates = [PathBuf::from("/var/lib/tessera/api.sock"), PathBuf::from("tessera-demo/api.sock")];
+    for p in &candidates {
+        if p.exists() {
+            return Ok(Endpoint::Unix(std::path::absolute(p).unwrap_or(p.clone())));
+        }
+    }
+    Err("no tessera daemon found: neither /var/lib/tessera/api.sock nor ./tessera-demo/api.sock exists. \
+         Start one with 'tessera serve' (or 'make demo'), or point at it with --api or TESSERA_API"
+        .into())
+}
+
+struct Ctx {
+    client: Client,
+    json: bool,
+}
+
+type R = Result<(), ClientError>;
+
+impl Ctx {
+    fn print_json(&self, v: &Value) {
+        println!("{}", serde_json::to_string_pretty(v).expect("serializable"));
+    }
+}
+
+/// Splits POOL/NAME.
+fn pool_vdisk(s: &str) -> Result<(String, String), ClientError> {
+    match s.split_once('/') {
+        Some((p, v)) if !p.is_empty() && !v.is_empty() && !v.contains('/') => Ok((p.to_string(), v.to_string())),
+        _ => Err(ClientError::Transport(format!("'{s}' does not name a vdisk: write POOL/NAME, e.g. demo/vol1"))),
+    }
+}
+
+/// The daemon resolves paths itself: send them absolute.
+fn abs(p: &Path) -> Result<String, ClientError> {
+    std::path::absolute(p)
+        .map(|p| p.display().to_string())
+        .map_err(|e| ClientError::Transport(format!("{}: {e}", p.display())))
+}
+
+fn pool(c: &Ctx, cmd: PoolCmd) -> R {
+    match cmd {
+        PoolCmd::Create { name, disks, slab_size } => {
+            let disks: Vec<String> = disks.iter().map(|d| abs(d)).collect::<Result<_, _>>()?;
+            let v = c.client.post("/api/pools", Some(json!({"name": name, "disks": disks, "slab_size": slab_size})))?;
+            if c.json {
+                c.print_json(&v);
+            } else {
+                println!(
+                    "pool {} created: {} disk(s), {}",
+                    name,
+                    s(&v["disks"]),
+                    size(&v["capacity"]["total_bytes"])
+                );
+            }
+        }
+        PoolCmd::List => {
+            let v = c.client.get("/api/pools")?;
+            if c.json {
+                c.print_json(&v);
+            } else {
+                pool_table(&v);
+            }
+        }
+        PoolCmd::Show { name } => {
+            let v = c.client.get(&format!("/api/pools/{}", encode_segment(&name)))?;
+            if c.json {
+                c.print_json(&v);
+            } else {
+                show_pool(&v);
+            }
+        }
+        PoolCmd::Destroy { name } => {
+            c.client.delete(&format!("/api/pools/{}", encode_segment(&name)))?;
+            if !c.json {
+                println!("pool {name} destroyed");
+            }
+        }
+        PoolCmd::Import { name: None } => {
+            let v = c.client.get("/api/pools/importable")?;
+            if c.json {
+                c.print_json(&v);
+            } else {
+                let rows = arr(&v).iter().map(|p| vec![s(&p["name"]), s(&p["dir"])]).collect();
+                table(&["NAME", "DIRECTORY"], rows);
+            }
+        }
+        PoolCmd::Import { name: Some(name) } => {
+            let v = c.client.post("/api/pools/import", Some(json!({"name": name})))?;
+            if c.json {
+                c.print_json(&v);
+            } else {
+                println!("pool {name} imported: {}", s(&v["health"]));
+                if let Some(p) = v["problem"].as_str() {
+                    println!("  {p}");
+                }
+            }
+        }
+        PoolCmd::Export { name } => {
+            c.client.post(&format!("/api/pools/{}/export", encode_segment(&name)), None)?;
+            if !c.json {
+                println!("pool {name} exported; 'tessera pool import {name}' brings it back");
+            }
+        }
+        PoolCmd::Repair { name, parallel, rate, no_wait } => {
+            let v = c.client.post(
+                &format!("/api/pools/{}/repair", encode_segment(&name)),
+                Some(json!({"parallel": parallel, "rate_limit": rate})),
+            )?;
+            follow(c, v, no_wait)?;
+        }
+        PoolCmd::Check { name } => {
+            let v = c.client.post(&format!("/api/pools/{}/check", encode_segment(&name)), None)?;
+            if c.json {
+                c.print_json(&v);
+            } else {
+                let problems = arr(&v["problems"]);
+                println!(
+                    "pool {name}: {} grain(s) mapped, {} slot(s) referenced, {} problem(s)",
+                    s(&v["grains_mapped"]),
+                    s(&v["slots_referenced"]),
+                    problems.len()
+                );
+                for p in problems {
+                    println!("  {}", s(p));
+                }
+                if !problems.is_empty() {
+                    return Err(ClientError::Transport(format!("pool {name} failed its check")));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn arr(v: &Value) -> &[Value] {
+    v.as_array().map(|a| a.as_slice()).unwrap_or(&[])
+}
+
+fn pool_table(v: &Value) {
+    let rows = arr(v)
+        .iter()
+        .map(|p| {
+            vec![
+                s(&p["name"]),
+                s(&p["health"]),
+                format!("{}/{}", s(&p["healthy_disks"]), s(&p["disks"])),
+                size(&p["capacity"]["total_bytes"]),
+                size(&p["capacity"]["used_bytes"]),
+                size(&p["capacity"]["free_bytes"]),
+                s(&p["vdisks"]),
+            ]
+        })
+        .collect();
+    table(&["NAME", "HEALTH", "DISKS", "SIZE", "USED", "FREE", "VDISKS"], rows);
+}
+
+fn show_pool(v: &Value) {
+    let mut pairs = vec![
+        ("name", s(&v["name"])),
+        ("id", s(&v["id"])),
+        ("health", s(&v["health"])),
+        ("size", size(&v["capacity"]["total_bytes"])),
+        ("used", size(&v["capacity"]["used_bytes"])),
+        ("free", size(&v["capacity"]["free_bytes"])),
+        ("slab size", size(&v["slab_size"])),
+        ("repair needed", size(&v["repair_needed_bytes"])),
+    ];
+    if let Some(p) = v["problem"].as_str() {
+        pairs.push(("problem", p.to_string()));
+    }
+    if !arr(&v["jobs_running"]).is_empty() {
+        pairs.push(("jobs running", s(&v["jobs_running"])));
+    }
+    let st = &v["stats"];
+    pairs.push((
+        "I/O errors",
+        format!(
+            "{} read, {} write; {} reads reconstructed, {} blocks repaired",
+            s(&st["read_errors"]),
+            s(&st["write_errors"]),
+            s(&st["reconstructed_reads"]),
+            s(&st["repaired_blocks"])
+        ),
+    ));
+    kv(&pairs);
+    println!();
+    disk_table(&v["disk_list"]);
+    println!();
+    vdisk_table(&v["vdisk_list"]);
+    let sets = arr(&v["unhealthy_sets"]);
+    if !sets.is_empty() {
+        println!();
+        let rows = sets
+            .iter()
+            .map(|x| {
+                vec![
+                    s(&x["id"]),
+                    s(&x["state"]),
+                    format!("{}/{}", s(&x["unavailable"]), s(&x["tolerance"])),
+                    s(&x["layout"]),
+                ]
+            })
+            .collect();
+        table(&["SLAB SET", "STATE", "LOST/TOLERATED", "LAYOUT"], rows);
+    }
+}
+
+fn disk_table(v: &Value) {
+    let rows = arr(v)
+        .iter()
+        .map(|d| {
+            vec![
+                s(&d["position"]),
+                s(&d["id"]),
+                s(&d["state"]),
+                size(&d["size"]),
+                size(&d["used_bytes"]),
+                s(&d["path"]),
+                d["problem"].as_str().unwrap_or("").to_string(),
+            ]
+        })
+        .collect();
+    table(&["#", "ID", "STATE", "SIZE", "USED", "PATH", "PROBLEM"], rows);
+}
+
+fn vdisk_table(v: &Value) {
+    let rows = arr(v)
+        .iter()
+        .map(|x| {
+            vec![
+                format!("{}/{}", s(&x["pool"]), s(&x["name"])),
+                size(&x["size"]),
+                size(&x["allocated_bytes"]),
+                s(&x["provisioning"]),
+                s(&x["layout_description"]),
+            ]
+        })
+        .collect();
+    table(&["VDISK", "SIZE", "ALLOCATED", "PROVISIONING", "LAYOUT"], rows);
+}
+
+fn disk(c: &Ctx, cmd: DiskCmd) -> R {
+    let (v, what) = match cmd {
+        DiskCmd::List { pool } => {
+            let v = c.client.get(&format!("/api/pools/{}/disks", encode_segment(&pool)))?;
+            if c.json {
+                c.print_json(&v);
+            } else {
+                disk_table(&v);
+            }
+            return Ok(());
+        }
+        DiskCmd::Add { pool, path } => {
+            let v = c.client.post(&format!("/api/pools/{}/disks", encode_segment(&pool)), Some(json!({"path": abs(&path)?})))?;
+            (v, "added")
+        }
+        DiskCmd::Retire { pool, disk } => (disk_action(c, &pool, &disk, "retire")?, "retired"),
+        DiskCmd::Fail { pool, disk } => (disk_action(c, &pool, &disk, "fail")?, "failed"),
+    };
+    if c.json {
+        c.print_json(&v);
+    } else {
+        println!("disk {} ({}) {what}: now {}", s(&v["path"]), s(&v["id"]), s(&v["state"]));
+        if what != "added" {
+            println!("'tessera pool repair POOL' rebuilds what it held onto the other disks");
+        }
+    }
+    Ok(())
+}
+
+fn disk_action(c: &Ctx, pool: &str, disk: &str, action: &str) -> Result<Value, ClientError> {
+    // A relative path names the disk as the daemon knows it: absolute.
+    let disk = if disk.contains('/') { abs(Path::new(disk))? } else { disk.to_string() };
+    c.client.post(&format!("/api/pools/{}/disks/{}/{action}", encode_segment(pool), encode_segment(&disk)), None)
+}
+
+fn layout_body(name: &str, size: u64, l: &LayoutArgs) -> Value {
+    json!({
+        "name": name, "size": size, "layout": l.layout, "copies": l.copies, "columns": l.columns,
+        "interleave": l.interleave, "provisioning": l.provisioning, "grain_size": l.grain, "block_size": l.block_size,
+    })
+}
+
+fn vdisk(c: &Ctx, cmd: VdiskCmd) -> R {
+    match cmd {
+        VdiskCmd::Create { vdisk, size: sz, layout } => {
+            let (p, n) = pool_vdisk(&vdisk)?;
+            let v = c.client.post(&format!("/api/pools/{}/vdisks", encode_segment(&p)), Some(layout_body(&n, sz, &layout)))?;
+            if c.json {
+                c.print_json(&v);
+            } else {
+                println!("vdisk {vdisk} created: {}, {}, {}", size(&v["size"]), s(&v["layout_description"]), s(&v["provisioning"]));
+            }
+        }
+        VdiskCmd::List { pool } => {
+            let v = match pool {
+                Some(p) => c.client.get(&format!("/api/pools/{}/vdisks", encode_segment(&p)))?,
+                None => c.client.get("/api/vdisks")?,
+            };
+            if c.json {
+                c.print_json(&v);
+            } else {
+                vdisk_table(&v);
+            }
+        }
+        VdiskCmd::Show { vdisk } => {
+            let (p, n) = pool_vdisk(&vdisk)?;
+            let v = c.client.get(&format!("/api/pools/{}/vdisks/{}", encode_segment(&p), encode_segment(&n)))?;
+            if c.json {
+                c.print_json(&v);
+            } else {
+                kv(&[
+                    ("vdisk", vdisk.clone()),
+                    ("size", format!("{} ({} bytes)", size(&v["size"]), s(&v["size"]))),
+                    ("allocated", size(&v["allocated_bytes"])),
+                    ("provisioning", s(&v["provisioning"])),
+                    ("layout", s(&v["layout_description"])),
+                    ("block size", s(&v["block_size"])),
+                    ("grain size", size(&v["grain_size"])),
+                ]);
+            }
+        }
+        VdiskCmd::Resize { vdisk, size: sz } => {
+            let (p, n) = pool_vdisk(&vdisk)?;
+            let v = c.client.post(
+                &format!("/api/pools/{}/vdisks/{}/resize", encode_segment(&p), encode_segment(&n)),
+                Some(json!({"size": sz})),
+            )?;
+            if c.json {
+                c.print_json(&v);
+            } else {
+                println!("vdisk {vdisk} is now {}", size(&v["size"]));
+            }
+        }
+        VdiskCmd::Delete { vdisk } => {
+            let (p, n) = pool_vdisk(&vdisk)?;
+            c.client.delete(&format!("/api/pools/{}/vdisks/{}", encode_segment(&p), encode_segment(&n)))?;
+            if !c.json {
+                println!("vdisk {vdisk} deleted");
+            }
+        }
+        VdiskCmd::Import { vdisk, image, size: sz, layout, no_wait } => {
+            let (p, n) = pool_vdisk(&vdisk)?;
+            let v = c.client.post(
+                &format!("/api/pools/{}/vdisks/{}/import", encode_segment(&p), encode_segment(&n)),
+                Some(json!({"path": abs(&image)?, "create": layout_body(&n, sz.unwrap_or(0), &layout)})),
+            )?;
+            follow(c, v, no_wait)?;
+        }
+        VdiskCmd::Export { vdisk, image, overwrite, no_wait } => {
+            let (p, n) = pool_vdisk(&vdisk)?;
+            let v = c.client.post(
+                &format!("/api/pools/{}/vdisks/{}/export", encode_segment(&p), encode_segment(&n)),
+                Some(json!({"path": abs(&image)?, "overwrite": overwrite})),
+            )?;
+            follow(c, v, no_wait)?;
+        }
+    }
+    Ok(())
+}
+
+fn job(c: &Ctx, cmd: JobCmd) -> R {
+    match cmd {
+        JobCmd::List => {
+            let v = c.client.get("/api/jobs")?;
+            if c.json {
+                c.print_json(&v);
+            } else {
+                let rows = arr(&v)
+                    .iter()
+                    .map(|j| {
+                        vec![
+                            s(&j["id"]),
+                            s(&j["kind"]),
+                            s(&j["target"]),
+                            s(&j["state"]),
+                            percent(j["done_bytes"].as_u64().unwrap_or(0), j["total_bytes"].as_u64().unwrap_or(0)),
+                            size(&j["total_bytes"]),
+                            format!("{:.1}s", j["elapsed_seconds"].as_f64().unwrap_or(0.0)),
+                            j["error"].as_str().unwrap_or("").to_string(),
+                        ]
+                    })
+                    .collect();
+                table(&["ID", "KIND", "TARGET", "STATE", "DONE", "BYTES", "ELAPSED", "ERROR"], rows);
+            }
+        }
+        JobCmd::Show { id } => {
+            let v = c.client.get(&format!("/api/jobs/{id}"))?;
+            if c.json {
+                c.print_json(&v);
+            } else {
+                show_job(&v);
+            }
+        }
+        JobCmd::Wait { id } => {
+            let v = c.client.get(&format!("/api/jobs/{id}"))?;
+            follow(c, v, false)?;
+        }
+        JobCmd::Cancel { id } => {
+            let v = c.client.post(&format!("/api/jobs/{id}/cancel"), None)?;
+            if c.json {
+                c.print_json(&v);
+            } else {
+                println!("job {id}: cancel requested");
+            }
+        }
+    }
+    Ok(())
+}
+
+fn show_job(v: &Value) {
+    let mut pairs = vec![
+        ("job", s(&v["id"])),
+        ("kind", s(&v["kind"])),
+        ("target", s(&v["target"])),
+        ("state", s(&v["state"])),
+        (
+            "progress",
+            format!(
+                "{} of {} ({})",
+                size(&v["done_bytes"]),
+                size(&v["total_bytes"]),
+                percent(v["done_bytes"].as_u64().unwrap_or(0), v["total_bytes"].as_u64().unwrap_or(0))
+            ),
+        ),
+        ("rate", format!("{}/s", format_size(v["rate"].as_f64().unwrap_or(0.0) as u64))),
+        ("elapsed", format!("{:.1}s", v["elapsed_seconds"].as_f64().unwrap_or(0.0))),
+    ];
+    if let Some(e) = v["eta_seconds"].as_f64() {
+        pairs.push(("eta", format!("{e:.0}s")));
+    }
+    if let Some(e) = v["error"].as_str() {
+        pairs.push(("error", e.to_string()));
+    }
+    if !v["result"].is_null() {
+        pairs.push(("result", v["result"].to_string()));
+    }
+    kv(&pairs);
+}
+
+/// Follows a job to its end with a progress bar (on a terminal), unless `no_wait`. A job that
+/// fails or is cancelled makes the command fail.
+fn follow(c: &Ctx, job: Value, no_wait: bool) -> R {
+    let id = job["id"].as_u64().ok_or_else(|| ClientError::Transport("the daemon did not return a job".into()))?;
+    if no_wait {
+        if c.json {
+            c.print_json(&job);
+        } else {
+            println!("job {id} started ({} of {}); 'tessera job wait {id}' follows it", s(&job["kind"]), s(&job["target"]));
+        }
+        return Ok(());
+    }
+    let bar = if std::io::stderr().is_terminal() && !c.json {
+        let b = ProgressBar::new(job["total_bytes"].as_u64().unwrap_or(0));
+        b.set_style(
+            ProgressStyle::with_template(
+                "{msg} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta} ",
+            )
+            .expect("valid template")
+            .progress_chars("=> "),
+        );
+        b.set_message(format!("job {id} {} {}", s(&job["kind"]), s(&job["target"])));
+        Some(b)
+    } else {
+        None
+    };
+    let mut v = job;
+    loop {
+        if let Some(b) = &bar {
+            b.set_length(v["total_bytes"].as_u64().unwrap_or(0));
+            b.set_position(v["done_bytes"].as_u64().unwrap_or(0));
+        }
+        if v["state"] != "running" {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        v = c.client.get(&format!("/api/jobs/{id}"))?;
+    }
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    if c.json {
+        c.print_json(&v);
+    }
+    match v["state"].as_str() {
+        Some("succeeded") => {
+            if !c.json {
+                println!(
+                    "job {id} ({} of {}) succeeded: {} in {:.1}s",
+                    s(&v["kind"]),
+                    s(&v["target"]),
+                    size(&v["total_bytes"]),
+                    v["elapsed_seconds"].as_f64().unwrap_or(0.0)
+                );
+            }
+            Ok(())
+        }
+        _ => Err(ClientError::Transport(format!(
+            "job {id} ({} of {}) {}: {}",
+            s(&v["kind"]),
+            s(&v["target"]),
+            s(&v["state"]),
+            v["error"].as_str().unwrap_or("no reason given")
+        ))),
+    }
+}

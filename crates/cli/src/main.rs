@@ -1,0 +1,220 @@
+//! `tessera`: the daemon (`tessera serve`) and the command-line client of its management API.
+
+mod client;
+mod commands;
+mod output;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use tessera_server::units::parse_size;
+
+#[derive(Parser)]
+#[command(name = "tessera", version, about = "Tessera software SAN: pools, resilient virtual disks, and their daemon")]
+pub struct Cli {
+    /// The daemon's API: unix:/path/api.sock or http://HOST:PORT. Default: the socket in
+    /// --state-dir, else /var/lib/tessera/api.sock, else ./tessera-demo/api.sock.
+    #[arg(long, env = "TESSERA_API", global = true)]
+    pub api: Option<String>,
+    /// State directory whose socket to use when --api is not given.
+    #[arg(long = "state-dir", env = "TESSERA_STATE_DIR", global = true, value_name = "DIR")]
+    pub client_state_dir: Option<PathBuf>,
+    /// Bearer token for a TCP API listener.
+    #[arg(long, env = "TESSERA_TOKEN", global = true, hide_env_values = true)]
+    pub token: Option<String>,
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Run the daemon.
+    Serve(ServeArgs),
+    /// Storage pools.
+    #[command(subcommand)]
+    Pool(PoolCmd),
+    /// Disks of a pool.
+    #[command(subcommand)]
+    Disk(DiskCmd),
+    /// Virtual disks.
+    #[command(subcommand)]
+    Vdisk(VdiskCmd),
+    /// Long-running operations.
+    #[command(subcommand)]
+    Job(JobCmd),
+}
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// Configuration file (TOML).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Management API TCP address; "none" for the unix socket only. Default 127.0.0.1:8484.
+    #[arg(long, value_name = "ADDR")]
+    pub api_listen: Option<String>,
+    /// Bearer token required on the TCP listener (at least 16 characters).
+    #[arg(long, env = "TESSERA_API_TOKEN", hide_env_values = true)]
+    pub api_token: Option<String>,
+    /// Serve the embedded demo: 4 file disks, pool "demo", vdisk "demo/vol1". State dir
+    /// defaults to ./tessera-demo.
+    #[arg(long)]
+    pub demo: bool,
+    #[arg(long, value_enum)]
+    pub log_format: Option<LogFormatArg>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum LogFormatArg {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+pub enum PoolCmd {
+    /// Create a pool on blank disks (files or block devices).
+    Create {
+        name: String,
+        /// A member disk; repeat for each.
+        #[arg(long = "disk", value_name = "PATH", required = true)]
+        disks: Vec<PathBuf>,
+        /// Allocation unit on each disk (default 256M).
+        #[arg(long, value_parser = parse_size)]
+        slab_size: Option<u64>,
+    },
+    /// List the pools.
+    List,
+    /// A pool's health, capacity, disks and vdisks.
+    Show { name: String },
+    /// Destroy an empty pool: wipes its disks' labels and its metadata.
+    Destroy { name: String },
+    /// Import a pool of the state directory; without NAME, list those that can be imported.
+    Import { name: Option<String> },
+    /// Flush a pool and stop serving it; 'pool import' brings it back.
+    Export { name: String },
+    /// Rebuild every slab on a failed, missing or retired disk onto the other disks.
+    Repair {
+        name: String,
+        /// Slab sets rebuilt at the same time.
+        #[arg(long)]
+        parallel: Option<usize>,
+        /// Maximum rebuild rate per second, e.g. 200M.
+        #[arg(long, value_parser = parse_size)]
+        rate: Option<u64>,
+        /// Return once the job is started.
+        #[arg(long)]
+        no_wait: bool,
+    },
+    /// Check the pool's metadata: every grain mapping and reference count.
+    Check { name: String },
+}
+
+#[derive(Subcommand)]
+pub enum DiskCmd {
+    /// List a pool's disks.
+    List { pool: String },
+    /// Add a blank disk to a pool.
+    Add { pool: String, path: PathBuf },
+    /// Retire a disk: no new data on it; a repair moves its data away.
+    Retire { pool: String, disk: String },
+    /// Fail a disk, as a drill: it is never used again.
+    Fail { pool: String, disk: String },
+}
+
+#[derive(Args, Default, Clone)]
+pub struct LayoutArgs {
+    /// simple, mirror, parity or dual-parity (default: mirror on 2+ disks).
+    #[arg(long)]
+    pub layout: Option<String>,
+    /// Mirror copies: 2 or 3.
+    #[arg(long)]
+    pub copies: Option<u8>,
+    /// Disks one stripe spans (default: from the pool, at most 8).
+    #[arg(long)]
+    pub columns: Option<u32>,
+    /// Bytes per column per stripe (default 256K).
+    #[arg(long, value_parser = parse_size)]
+    pub interleave: Option<u64>,
+    /// thin (default) or fixed.
+    #[arg(long)]
+    pub provisioning: Option<String>,
+    /// Allocation unit of the vdisk (default 64K).
+    #[arg(long, value_parser = parse_size)]
+    pub grain: Option<u64>,
+    /// Logical block size: 512 (default) or 4096.
+    #[arg(long)]
+    pub block_size: Option<u32>,
+}
+
+#[derive(Subcommand)]
+pub enum VdiskCmd {
+    /// Create a virtual disk.
+    Create {
+        /// POOL/NAME
+        vdisk: String,
+        #[arg(long, value_parser = parse_size)]
+        size: u64,
+        #[command(flatten)]
+        layout: LayoutArgs,
+    },
+    /// List vdisks, of one pool or of all.
+    List { pool: Option<String> },
+    Show {
+        vdisk: String,
+    },
+    /// Grow a vdisk.
+    Resize {
+        vdisk: String,
+        #[arg(long, value_parser = parse_size)]
+        size: u64,
+    },
+    /// Delete a vdisk and free its space.
+    Delete { vdisk: String },
+    /// Copy a raw image into a vdisk (created with the layout options if it does not exist).
+    Import {
+        vdisk: String,
+        image: PathBuf,
+        /// Size of a vdisk created by the import (default: the image's size).
+        #[arg(long, value_parser = parse_size)]
+        size: Option<u64>,
+        #[command(flatten)]
+        layout: LayoutArgs,
+        #[arg(long)]
+        no_wait: bool,
+    },
+    /// Write a vdisk to a sparse raw image.
+    Export {
+        vdisk: String,
+        image: PathBuf,
+        /// Replace IMAGE if it exists.
+        #[arg(long)]
+        overwrite: bool,
+        #[arg(long)]
+        no_wait: bool,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum JobCmd {
+    /// Running and recently finished jobs.
+    List,
+    Show { id: u64 },
+    /// Follow a job to its end with a progress bar.
+    Wait { id: u64 },
+    /// Ask a job to stop.
+    Cancel { id: u64 },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match commands::run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,296 @@
+//! Starts the real daemon (`tessera serve`) in a temporary state directory and drives it with
+//! the real CLI and with raw HTTP.
+
+#![allow(dead_code)]
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_tessera");
+
+pub struct Daemon {
+    pub child: Option<Child>,
+    pub state: PathBuf,
+    pub sock: PathBuf,
+    pub log: PathBuf,
+    pub out: PathBuf,
+}
+
+impl Daemon {
+    /// Starts a daemon on `state` with the TCP listener off, and waits until it answers.
+    pub fn start(state: &Path) -> Daemon {
+        Self::start_with(state, &["--api-listen", "none"]).expect("daemon starts")
+    }
+
+    /// Starts a daemon with extra `serve` arguments; Err(stderr) if it exits instead.
+    pub fn start_with(state: &Path, args: &[&str]) -> Result<Daemon, String> {
+        std::fs::create_dir_all(state).unwrap();
+        let n = std::fs::read_dir(state).map(|d| d.count()).unwrap_or(0);
+        let log = state.with_extension(format!("log{n}"));
+        let out = state.with_extension(format!("out{n}"));
+        let child = Command::new(BIN)
+            .arg("serve")
+            .arg("--state-dir")
+            .arg(state)
+            .args(args)
+            .env("TESSERA_LOG", "info")
+            .stdout(File::create(&out).unwrap())
+            .stderr(File::create(&log).unwrap())
+            .spawn()
+            .expect("spawn tessera serve");
+        let mut d = Daemon { child: Some(child), state: state.to_path_buf(), sock: state.join("api.sock"), log, out };
+        let t = Instant::now();
+        loop {
+            if let Some(st) = d.child.as_mut().unwrap().try_wait().unwrap() {
+                d.child = None;
+                return Err(format!("daemon exited with {st}: {}", std::fs::read_to_string(&d.log).unwrap_or_default()));
+            }
+            if let Ok(r) = http(&d.sock, "GET", "/api/health", None) {
+                if r.status == 200 {
+                    return Ok(d);
+                }
+            }
+            assert!(t.elapsed() < Duration::from_secs(60), "daemon did not come up: {}", d.logs());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn stdout(&self) -> String {
+        std::fs::read_to_string(&self.out).unwrap_or_default()
+    }
+
+    pub fn cli(&self, args: &[&str]) -> Out {
+        let o = Command::new(BIN)
+            .arg("--api")
+            .arg(format!("unix:{}", self.sock.display()))
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run tessera");
+        Out::from(o)
+    }
+
+    /// Runs the CLI against an API address, with an optional token.
+    pub fn cli_at(api: &str, token: Option<&str>, args: &[&str]) -> Out {
+        let mut c = Command::new(BIN);
+        c.arg("--api").arg(api).args(args).stdin(Stdio::null()).env_remove("TESSERA_TOKEN");
+        if let Some(t) = token {
+            c.env("TESSERA_TOKEN", t);
+        }
+        Out::from(c.output().expect("run tessera"))
+    }
+
+    /// Runs a command that must succeed; returns its stdout.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let o = self.cli(args);
+        assert!(o.success, "tessera {args:?} failed:\n{}\n--- daemon log ---\n{}", o.stderr, self.logs());
+        o.stdout
+    }
+
+    /// Runs a command that must succeed and print JSON.
+    pub fn json(&self, args: &[&str]) -> serde_json::Value {
+        let mut a = vec!["--json"];
+        a.extend_from_slice(args);
+        let out = self.ok(&a);
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("tessera {args:?} printed no JSON ({e}): {out}"))
+    }
+
+    /// Runs a command that must fail; returns its stderr.
+    pub fn fails(&self, args: &[&str]) -> String {
+        let o = self.cli(args);
+        assert!(!o.success, "tessera {args:?} succeeded but should have failed:\n{}", o.stdout);
+        assert!(o.stderr.starts_with("error: "), "no error line for {args:?}: {}", o.stderr);
+        o.stderr
+    }
+
+    pub fn http(&self, method: &str, path: &str, body: Option<&str>) -> Resp {
+        http(&self.sock, method, path, body).expect("API reachable")
+    }
+
+    /// SIGTERM and wait: a clean stop.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let t = Instant::now();
+            loop {
+                if let Some(st) = c.try_wait().unwrap() {
+                    assert!(st.success(), "daemon exited with {st} on SIGTERM: {}", self.logs());
+                    return;
+                }
+                assert!(t.elapsed() < Duration::from_secs(60), "daemon ignored SIGTERM");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+
+    /// SIGKILL: no chance to flush anything.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            c.kill().unwrap();
+            c.wait().unwrap();
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+pub struct Out {
+    pub success: bool,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl From<Output> for Out {
+    fn from(o: Output) -> Out {
+        Out {
+            success: o.status.success(),
+            stdout: String::from_utf8_lossy(&o.stdout).to_string(),
+            stderr: String::from_utf8_lossy(&o.stderr).to_string(),
+        }
+    }
+}
+
+pub struct Resp {
+    pub status: u16,
+    pub body: String,
+}
+
+impl Resp {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+    /// The stable error code of an error response.
+    pub fn code(&self) -> String {
+        self.json()["error"]["code"].as_str().unwrap_or_else(|| panic!("no error code in {}", self.body)).to_string()
+    }
+}
+
+/// One HTTP/1.1 request on a fresh connection (unix socket), `Connection: close`.
+pub fn http(sock: &Path, method: &str, path: &str, body: Option<&str>) -> std::io::Result<Resp> {
+    let s = UnixStream::connect(sock)?;
+    exchange(s, method, path, body, &[])
+}
+
+pub fn http_tcp(addr: &str, method: &str, path: &str, body: Option<&str>, headers: &[(&str, &str)]) -> std::io::Result<Resp> {
+    let s = std::net::TcpStream::connect(addr)?;
+    exchange(s, method, path, body, headers)
+}
+
+fn exchange<S: Read + Write>(mut s: S, method: &str, path: &str, body: Option<&str>, headers: &[(&str, &str)]) -> std::io::Result<Resp> {
+    let body = body.unwrap_or("");
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
+    if !body.is_empty() {
+        req += "Content-Type: application/json\r\n";
+    }
+    for (k, v) in headers {
+        req += &format!("{k}: {v}\r\n");
+    }
+    req += "\r\n";
+    req += body;
+    s.write_all(req.as_bytes())?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    let text = String::from_utf8_lossy(&raw).to_string();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    Ok(Resp { status, body: body.to_string() })
+}
+
+/// Sparse files to serve as disks.
+pub fn disks(dir: &Path, n: usize, size: u64) -> Vec<String> {
+    std::fs::create_dir_all(dir).unwrap();
+    (0..n)
+        .map(|i| {
+            let p = dir.join(format!("d{i}.img"));
+            File::create(&p).unwrap().set_len(size).unwrap();
+            p.display().to_string()
+        })
+        .collect()
+}
+
+/// `pool create NAME --disk A --disk B ... --slab-size 64M`.
+pub fn create_pool(d: &Daemon, name: &str, disks: &[String]) {
+    let mut args = vec!["pool", "create", name, "--slab-size", "64M"];
+    for p in disks {
+        args.push("--disk");
+        args.push(p);
+    }
+    d.ok(&args);
+}
+
+/// A raw image of `size` bytes: random data with zero runs and a hole in it.
+pub fn random_image(path: &Path, size: u64, seed: u64) {
+    use rand::{RngCore, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut f = File::create(path).unwrap();
+    let chunk = 1 << 20;
+    let mut buf = vec![0u8; chunk];
+    let mut pos = 0u64;
+    while pos < size {
+        let n = (chunk as u64).min(size - pos) as usize;
+        let mb = pos >> 20;
+        if mb % 16 == 3 {
+            buf[..n].fill(0); // zero run, written
+        } else if mb % 16 == 9 {
+            // a hole: skip ahead
+            pos += n as u64;
+            continue;
+        } else {
+            rng.fill_bytes(&mut buf[..n]);
+            // and some zero blocks inside data
+            buf[4096..8192.min(n)].fill(0);
+        }
+        use std::os::unix::fs::FileExt;
+        f.write_all_at(&buf[..n], pos).unwrap();
+        pos += n as u64;
+    }
+    f.set_len(size).unwrap();
+    f.flush().unwrap();
+}
+
+pub fn same_file(a: &Path, b: &Path) -> bool {
+    let (mut fa, mut fb) = (File::open(a).unwrap(), File::open(b).unwrap());
+    if fa.metadata().unwrap().len() != fb.metadata().unwrap().len() {
+        return false;
+    }
+    let (mut ba, mut bb) = (vec![0u8; 1 << 20], vec![0u8; 1 << 20]);
+    loop {
+        let na = read_full(&mut fa, &mut ba);
+        let nb = read_full(&mut fb, &mut bb);
+        if na != nb || ba[..na] != bb[..nb] {
+            return false;
+        }
+        if na == 0 {
+            return true;
+        }
+    }
+}
+
+fn read_full(f: &mut File, buf: &mut [u8]) -> usize {
+    let mut n = 0;
+    while n < buf.len() {
+        match f.read(&mut buf[n..]).unwrap() {
+            0 => break,
+            k => n += k,
+        }
+    }
+    n
+}
+
+/// Bytes a file occupies on disk.
+pub fn allocated(p: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(p).unwrap().blocks() * 512
+}

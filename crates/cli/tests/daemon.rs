@@ -1,0 +1,422 @@
+//! End-to-end: the real daemon, driven by the real CLI.
+
+mod common;
+
+
+use common::*;
+
+#[test]
+fn pool_and_vdisk_lifecycle() {
+    let t = tempfile::tempdir().unwrap();
+    let d = Daemon::start(&t.path().join("state"));
+    let disks = disks(&t.path().join("disks"), 3, 1 << 30);
+    create_pool(&d, "tank", &disks);
+
+    let pools = d.json(&["pool", "list"]);
+    assert_eq!(pools[0]["name"], "tank");
+    assert_eq!(pools[0]["health"], "healthy");
+    assert_eq!(pools[0]["disks"], 3);
+    assert!(d.ok(&["pool", "list"]).contains("tank"));
+    assert_eq!(d.json(&["disk", "list", "tank"]).as_array().unwrap().len(), 3);
+
+    let v = d.json(&["vdisk", "create", "tank/vol1", "--size", "256M", "--layout", "mirror"]);
+    assert_eq!(v["size"], 256u64 << 20);
+    assert_eq!(v["layout"]["kind"], "mirror");
+    assert_eq!(v["provisioning"], "thin");
+    d.ok(&["vdisk", "create", "tank/p", "--size", "100M", "--layout", "parity", "--block-size", "4096", "--grain", "128K"]);
+    d.ok(&["vdisk", "create", "tank/f", "--size", "64M", "--layout", "simple", "--provisioning", "fixed"]);
+    let list = d.json(&["vdisk", "list", "tank"]);
+    assert_eq!(list.as_array().unwrap().len(), 3);
+    let p = d.json(&["vdisk", "show", "tank/p"]);
+    assert_eq!((p["block_size"].as_u64(), p["grain_size"].as_u64()), (Some(4096), Some(128 << 10)));
+    assert!(d.ok(&["vdisk", "show", "tank/p"]).contains("parity"));
+
+    let v = d.json(&["vdisk", "resize", "tank/vol1", "--size", "1G"]);
+    assert_eq!(v["size"], 1u64 << 30);
+    let show = d.json(&["pool", "show", "tank"]);
+    assert_eq!(show["vdisk_list"].as_array().unwrap().len(), 3);
+    assert!(d.ok(&["pool", "show", "tank"]).contains("tank/vol1"));
+
+    // Errors say what was wrong.
+    assert!(d.fails(&["vdisk", "create", "tank/vol1", "--size", "1G"]).contains("already exists"));
+    assert!(d.fails(&["pool", "create", "tank", "--disk", &disks[0]]).contains("already exists"));
+    assert!(d.fails(&["vdisk", "show", "tank/nope"]).contains("no vdisk 'nope'"));
+    assert!(d.fails(&["vdisk", "show", "nope/vol1"]).contains("no imported pool 'nope'"));
+    assert!(d.fails(&["pool", "show", "nope"]).contains("no imported pool"));
+    assert!(d.fails(&["vdisk", "create", "tank/big", "--size", "100G", "--provisioning", "fixed"]).contains("out of space"));
+    assert!(d.fails(&["vdisk", "create", "tank/dp", "--size", "1G", "--layout", "dual-parity"]).contains("dual"));
+    assert!(d.fails(&["vdisk", "create", "tank/m4", "--size", "1G", "--layout", "mirror", "--copies", "4"]).contains("2 or 3 copies"));
+    assert!(d.fails(&["vdisk", "create", "tank/x", "--size", "1G", "--layout", "raid5"]).contains("unknown variant"));
+    assert!(d.fails(&["vdisk", "create", "tank/bad name", "--size", "1G"]).contains("vdisk name"));
+    assert!(d.fails(&["vdisk", "create", "novdisk", "--size", "1G"]).contains("POOL/NAME"));
+    assert!(d.fails(&["vdisk", "create", "tank/odd", "--size", "1000"]).contains("multiple"));
+    assert!(d.fails(&["vdisk", "resize", "tank/vol1", "--size", "512M"]).contains("shrinking"));
+    assert!(d.fails(&["pool", "create", "p2", "--disk", "/nonexistent/disk.img"]).contains("/nonexistent/disk.img"));
+    assert!(d.fails(&["pool", "create", "p2", "--disk", &disks[1]]).contains(&disks[1]));
+    let o = d.cli(&["vdisk", "create", "tank/y", "--size", "12Q"]);
+    assert!(!o.success && o.stderr.contains("not a size"), "{}", o.stderr);
+    assert!(d.fails(&["pool", "destroy", "tank"]).contains("delete them first"));
+
+    for v in ["vol1", "p", "f"] {
+        d.ok(&["vdisk", "delete", &format!("tank/{v}")]);
+    }
+    assert!(d.fails(&["vdisk", "delete", "tank/vol1"]).contains("no vdisk"));
+    assert_eq!(d.json(&["vdisk", "list"]).as_array().unwrap().len(), 0);
+
+    // Export, then import again.
+    d.ok(&["pool", "export", "tank"]);
+    assert_eq!(d.json(&["pool", "list"]).as_array().unwrap().len(), 0);
+    let importable = d.json(&["pool", "import"]);
+    assert_eq!(importable[0]["name"], "tank");
+    assert!(d.fails(&["pool", "import", "ghost"]).contains("no pool 'ghost'"));
+    d.ok(&["pool", "import", "tank"]);
+    assert!(d.fails(&["pool", "import", "tank"]).contains("already imported"));
+    assert_eq!(d.json(&["pool", "show", "tank"])["health"], "healthy");
+
+    // Destroy wipes the labels: the disks make a new pool.
+    d.ok(&["pool", "destroy", "tank"]);
+    create_pool(&d, "tank2", &disks);
+    assert_eq!(d.json(&["pool", "list"])[0]["name"], "tank2");
+}
+
+#[test]
+fn import_export_round_trip_is_bit_exact_and_sparse() {
+    let t = tempfile::tempdir().unwrap();
+    let d = Daemon::start(&t.path().join("state"));
+    create_pool(&d, "p", &disks(&t.path().join("disks"), 4, 1 << 30));
+    let img = t.path().join("in.img");
+    // Not a multiple of 512: the last block is padded.
+    let size = (300u64 << 20) + 1000;
+    random_image(&img, size, 1);
+
+    // The vdisk does not exist: the import creates it with the given layout.
+    let job = d.json(&["vdisk", "import", "p/img", img.to_str().unwrap(), "--layout", "parity"]);
+    assert_eq!(job["state"], "succeeded", "{job}");
+    let r = &job["result"];
+    assert_eq!(r["bytes"], size);
+    assert!(r["zero_bytes"].as_u64().unwrap() >= 36 << 20, "{r}");
+    let v = d.json(&["vdisk", "show", "p/img"]);
+    assert_eq!(v["size"], size.div_ceil(512) * 512);
+    assert_eq!(v["layout"]["kind"], "parity");
+    // Zero runs were trimmed, not stored.
+    assert!(v["allocated_bytes"].as_u64().unwrap() < size - (30 << 20), "{v}");
+
+    let out = t.path().join("out.img");
+    d.ok(&["vdisk", "export", "p/img", out.to_str().unwrap()]);
+    // The export is the vdisk: the image plus the padding of its last block.
+    let f = std::fs::OpenOptions::new().write(true).open(&out).unwrap();
+    assert_eq!(f.metadata().unwrap().len(), size.div_ceil(512) * 512);
+    f.set_len(size).unwrap();
+    drop(f);
+    assert!(same_file(&img, &out), "exported image differs from the imported one");
+    assert!(allocated(&out) < size - (30 << 20), "export is not sparse: {} bytes allocated", allocated(&out));
+
+    // An existing file is not overwritten by accident.
+    assert!(d.fails(&["vdisk", "export", "p/img", out.to_str().unwrap()]).contains("--overwrite"));
+    let job = d.json(&["vdisk", "export", "p/img", out.to_str().unwrap(), "--overwrite"]);
+    assert_eq!(job["state"], "succeeded");
+
+    // Importing into an existing, smaller vdisk is refused; a missing image too.
+    d.ok(&["vdisk", "create", "p/small", "--size", "1M"]);
+    assert!(d.fails(&["vdisk", "import", "p/small", img.to_str().unwrap()]).contains("larger than vdisk"));
+    assert!(d.fails(&["vdisk", "import", "p/small", "/no/such.img"]).contains("/no/such.img"));
+
+    // Import over existing data: zero runs in the image must read back as zeros.
+    let job = d.json(&["vdisk", "import", "p/img", img.to_str().unwrap()]);
+    assert_eq!(job["state"], "succeeded");
+    d.ok(&["vdisk", "export", "p/img", out.to_str().unwrap(), "--overwrite"]);
+    std::fs::OpenOptions::new().write(true).open(&out).unwrap().set_len(size).unwrap();
+    assert!(same_file(&img, &out));
+
+    // --no-wait returns a running (or finished) job at once; job wait follows it.
+    let job = d.json(&["vdisk", "export", "p/img", out.to_str().unwrap(), "--overwrite", "--no-wait"]);
+    let id = job["id"].as_u64().unwrap().to_string();
+    let done = d.json(&["job", "wait", &id]);
+    assert_eq!(done["state"], "succeeded");
+    assert!(d.ok(&["job", "list"]).contains("export"));
+    assert_eq!(d.json(&["job", "show", &id])["kind"], "export");
+    assert!(d.fails(&["job", "cancel", &id]).contains("already finished"));
+    assert!(d.fails(&["job", "show", "999"]).contains("no job 999"));
+    assert!(d.json(&["pool", "check", "p"])["problems"].as_array().unwrap().is_empty());
+}
+
+#[test]
+fn failed_disk_is_repaired_by_a_job_with_data_intact() {
+    let t = tempfile::tempdir().unwrap();
+    let d = Daemon::start(&t.path().join("state"));
+    let disks = disks(&t.path().join("disks"), 4, 1 << 30);
+    create_pool(&d, "r", &disks);
+    let img = t.path().join("in.img");
+    random_image(&img, 96 << 20, 2);
+    d.ok(&["vdisk", "import", "r/m", img.to_str().unwrap(), "--layout", "mirror", "--columns", "1"]);
+    d.ok(&["vdisk", "import", "r/q", img.to_str().unwrap(), "--layout", "parity", "--columns", "3"]);
+
+    // Fail the disk holding the most data, by path.
+    let list = d.json(&["disk", "list", "r"]);
+    let victim = list.as_array().unwrap().iter().max_by_key(|x| x["used_bytes"].as_u64()).unwrap()["path"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let failed = d.json(&["disk", "fail", "r", &victim]);
+    assert_eq!(failed["state"], "failed");
+    let show = d.json(&["pool", "show", "r"]);
+    assert_eq!(show["health"], "degraded");
+    assert!(show["repair_needed_bytes"].as_u64().unwrap() > 0);
+    assert!(d.ok(&["pool", "show", "r"]).contains("pool repair r"));
+
+    // Degraded reads still give the data.
+    let out = t.path().join("out.img");
+    d.ok(&["vdisk", "export", "r/q", out.to_str().unwrap()]);
+    assert!(same_file(&img, &out));
+
+    let job = d.json(&["pool", "repair", "r", "--rate", "1G"]);
+    assert_eq!(job["kind"], "repair");
+    assert_eq!(job["state"], "succeeded", "{job}");
+    assert!(job["result"]["slabs_rebuilt"].as_u64().unwrap() > 0);
+    let show = d.json(&["pool", "show", "r"]);
+    assert_eq!(show["health"], "healthy", "{show}");
+    assert_eq!(show["repair_needed_bytes"], 0);
+    assert!(show["unhealthy_sets"].as_array().unwrap().is_empty());
+
+    for v in ["r/m", "r/q"] {
+        d.ok(&["vdisk", "export", v, out.to_str().unwrap(), "--overwrite"]);
+        assert!(same_file(&img, &out), "{v} differs after repair");
+    }
+    assert!(d.json(&["pool", "check", "r"])["problems"].as_array().unwrap().is_empty());
+    assert!(d.fails(&["disk", "fail", "r", "no-such-disk"]).contains("no disk"));
+
+    // A retired disk is emptied by the next repair.
+    let keep = list.as_array().unwrap().iter().find(|x| x["path"] != victim).unwrap()["id"].as_str().unwrap().to_string();
+    assert_eq!(d.json(&["disk", "retire", "r", &keep])["state"], "retired");
+    d.ok(&["pool", "repair", "r"]);
+    let disks_now = d.json(&["disk", "list", "r"]);
+    let retired = disks_now.as_array().unwrap().iter().find(|x| x["id"] == keep.as_str()).unwrap();
+    assert_eq!(retired["slabs_used"], 0, "{retired}");
+    d.ok(&["vdisk", "export", "r/m", out.to_str().unwrap(), "--overwrite"]);
+    assert!(same_file(&img, &out));
+}
+
+#[test]
+fn sigkill_and_restart_keep_state_and_data() {
+    let t = tempfile::tempdir().unwrap();
+    let state = t.path().join("state");
+    let mut d = Daemon::start(&state);
+    create_pool(&d, "k", &disks(&t.path().join("disks"), 3, 1 << 30));
+    let img = t.path().join("in.img");
+    random_image(&img, 64 << 20, 3);
+    d.ok(&["vdisk", "import", "k/a", img.to_str().unwrap(), "--layout", "mirror"]);
+    d.ok(&["vdisk", "create", "k/b", "--size", "1G", "--layout", "simple"]);
+
+    // A second daemon on the same state directory is refused, and the first one is unharmed.
+    let e = Daemon::start_with(&state, &["--api-listen", "none"]).err().expect("second daemon refused");
+    assert!(e.contains("another tessera daemon"), "{e}");
+    assert_eq!(d.json(&["vdisk", "list"]).as_array().unwrap().len(), 2);
+
+    d.kill9();
+    let mut d = Daemon::start(&state);
+    let list = d.json(&["vdisk", "list"]);
+    assert_eq!(list.as_array().unwrap().len(), 2, "{list}");
+    let out = t.path().join("out.img");
+    d.ok(&["vdisk", "export", "k/a", out.to_str().unwrap()]);
+    assert!(same_file(&img, &out));
+    assert!(d.json(&["pool", "check", "k"])["problems"].as_array().unwrap().is_empty());
+
+    // A clean stop and start, too; an exported pool stays exported across restarts.
+    d.ok(&["vdisk", "delete", "k/b"]);
+    d.stop();
+    let mut d = Daemon::start(&state);
+    assert_eq!(d.json(&["vdisk", "list"]).as_array().unwrap().len(), 1);
+    d.ok(&["pool", "export", "k"]);
+    d.stop();
+    let d = Daemon::start(&state);
+    assert_eq!(d.json(&["pool", "list"]).as_array().unwrap().len(), 0);
+    d.ok(&["pool", "import", "k"]);
+    assert_eq!(d.json(&["vdisk", "list"]).as_array().unwrap().len(), 1);
+}
+
+#[test]
+fn concurrent_clients() {
+    let t = tempfile::tempdir().unwrap();
+    let d = Daemon::start(&t.path().join("state"));
+    create_pool(&d, "c", &disks(&t.path().join("disks"), 4, 1 << 30));
+    std::thread::scope(|s| {
+        for i in 0..6 {
+            let d = &d;
+            s.spawn(move || {
+                for j in 0..5 {
+                    let name = format!("c/v{i}-{j}");
+                    d.ok(&["vdisk", "create", &name, "--size", "64M", "--layout", if j % 2 == 0 { "mirror" } else { "parity" }]);
+                    d.ok(&["vdisk", "resize", &name, "--size", "128M"]);
+                    d.json(&["pool", "show", "c"]);
+                    if j % 2 == 1 {
+                        d.ok(&["vdisk", "delete", &name]);
+                    }
+                }
+            });
+        }
+        // And a client that keeps trying a name everyone else might take.
+        s.spawn(|| {
+            let mut created = 0;
+            for _ in 0..10 {
+                if d.cli(&["vdisk", "create", "c/shared", "--size", "64M"]).success {
+                    created += 1;
+                }
+            }
+            assert_eq!(created, 1);
+        });
+    });
+    let list = d.json(&["vdisk", "list", "c"]);
+    assert_eq!(list.as_array().unwrap().len(), 6 * 3 + 1);
+    assert!(list.as_array().unwrap().iter().filter(|v| v["name"] != "shared").all(|v| v["size"] == 128u64 << 20));
+    assert!(d.json(&["pool", "check", "c"])["problems"].as_array().unwrap().is_empty());
+}
+
+#[test]
+fn api_errors_are_json_with_stable_codes() {
+    let t = tempfile::tempdir().unwrap();
+    let d = Daemon::start(&t.path().join("state"));
+    create_pool(&d, "e", &disks(&t.path().join("disks"), 2, 1 << 30));
+
+    let r = d.http("POST", "/api/pools/e/vdisks", Some("{\"name\": \"x\", \"size\": "));
+    assert_eq!((r.status, r.code().as_str()), (400, "malformed_request"), "{}", r.body);
+    let r = d.http("POST", "/api/pools/e/vdisks", Some("{\"name\": \"x\", \"size\": 1048576, \"colour\": 1}"));
+    assert_eq!(r.code(), "malformed_request");
+    assert!(r.json()["error"]["message"].as_str().unwrap().contains("colour"));
+    let r = d.http("POST", "/api/pools/e/vdisks", Some("{\"name\": \"x\", \"size\": -5}"));
+    assert_eq!(r.code(), "malformed_request");
+    let r = d.http("POST", "/api/pools/e/vdisks", Some("[1,2,3]"));
+    assert_eq!(r.code(), "malformed_request");
+    let r = d.http("POST", "/api/pools/e/vdisks", None);
+    assert_eq!(r.code(), "malformed_request");
+    let r = d.http("POST", "/api/pools/e/repair", Some("{\"parallel\": 0}"));
+    assert_eq!(r.code(), "invalid_argument");
+    let r = d.http("POST", "/api/pools/e/repair", Some("not json"));
+    assert_eq!(r.code(), "malformed_request");
+    let r = d.http("GET", "/api/nope", None);
+    assert_eq!((r.status, r.code().as_str()), (404, "no_such_route"));
+    let r = d.http("PUT", "/api/pools", None);
+    assert_eq!((r.status, r.code().as_str()), (405, "method_not_allowed"));
+    let r = d.http("GET", "/api/jobs/abc", None);
+    assert_eq!(r.code(), "invalid_argument");
+    let r = d.http("GET", "/api/pools/zzz", None);
+    assert_eq!((r.status, r.code().as_str()), (404, "not_found"));
+    let r = d.http("POST", "/api/pools/e/vdisks", Some("{\"name\": \"x\", \"size\": 1099511627776000, \"provisioning\": \"fixed\"}"));
+    assert_eq!((r.status, r.code().as_str()), (507, "no_space"), "{}", r.body);
+    let r = d.http("POST", "/api/pools/e/vdisks", Some("{\"name\": \"x\", \"size\": 1048576}"));
+    assert_eq!(r.status, 201);
+    let r = d.http("POST", "/api/pools/e/vdisks", Some("{\"name\": \"x\", \"size\": 1048576}"));
+    assert_eq!((r.status, r.code().as_str()), (409, "already_exists"));
+    let r = d.http("POST", "/api/pools/e/disks/nope/explode", None);
+    assert_eq!(r.code(), "not_found");
+    // The daemon is unharmed by all of it.
+    assert_eq!(d.http("GET", "/api/health", None).status, 200);
+    assert!(d.json(&["pool", "check", "e"])["problems"].as_array().unwrap().is_empty());
+}
+
+#[test]
+fn openapi_lists_every_route_and_the_router_serves_them() {
+    let t = tempfile::tempdir().unwrap();
+    let d = Daemon::start(&t.path().join("state"));
+    let doc = d.http("GET", "/api/openapi.json", None).json();
+    assert_eq!(doc["openapi"], "3.1.0");
+    let paths = doc["paths"].as_object().unwrap();
+    assert!(paths.len() >= 15);
+    let mut n = 0;
+    for (path, ops) in paths {
+        for method in ops.as_object().unwrap().keys() {
+            let concrete = path
+                .replace("{pool}", "nopool")
+                .replace("{vdisk}", "novdisk")
+                .replace("{disk}", "nodisk")
+                .replace("{action}", "fail")
+                .replace("{id}", "424242");
+            let body = (method == "post").then_some("{}");
+            let r = d.http(&method.to_uppercase(), &concrete, body);
+            let code = if r.status >= 400 { r.code() } else { String::new() };
+            assert!(code != "no_such_route" && code != "method_not_allowed", "{method} {path}: {}", r.body);
+            n += 1;
+        }
+    }
+    assert!(n >= 20, "only {n} operations documented");
+}
+
+#[test]
+fn tcp_listener_and_tokens() {
+    let t = tempfile::tempdir().unwrap();
+    // A non-loopback listener without a token is refused.
+    let e = Daemon::start_with(&t.path().join("s1"), &["--api-listen", "0.0.0.0:0"]).err().unwrap();
+    assert!(e.contains("without a token"), "{e}");
+
+    let token = "s3cret-token-0123456789";
+    let d = Daemon::start_with(&t.path().join("s2"), &["--api-listen", "0.0.0.0:0", "--api-token", token]).unwrap();
+    let banner = d.stdout();
+    let addr = banner
+        .split("http://")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no TCP address in the banner: {banner}"))
+        .replace("0.0.0.0", "127.0.0.1");
+    let r = http_tcp(&addr, "GET", "/api/pools", None, &[]).unwrap();
+    assert_eq!((r.status, r.code().as_str()), (401, "unauthorized"));
+    let r = http_tcp(&addr, "GET", "/api/pools", None, &[("Authorization", "Bearer wrong-token-0123456789")]).unwrap();
+    assert_eq!(r.status, 401);
+    let r = http_tcp(&addr, "GET", "/api/pools", None, &[("Authorization", &format!("Bearer {token}"))]).unwrap();
+    assert_eq!(r.status, 200);
+    // The CLI over TCP, with and without the token.
+    let api = format!("http://{addr}");
+    let o = Daemon::cli_at(&api, None, &["pool", "list"]);
+    assert!(!o.success && o.stderr.contains("bearer token"), "{}", o.stderr);
+    let o = Daemon::cli_at(&api, Some(token), &["pool", "list"]);
+    assert!(o.success, "{}", o.stderr);
+    // The unix socket needs no token: its permissions guard it.
+    assert_eq!(d.http("GET", "/api/pools", None).status, 200);
+    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&d.sock).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o600);
+}
+
+#[test]
+fn bad_configuration_is_refused_with_the_reason() {
+    let t = tempfile::tempdir().unwrap();
+    let cfg = t.path().join("tessera.toml");
+    std::fs::write(&cfg, "state_dri = \"/tmp/x\"\n").unwrap();
+    let e = Daemon::start_with(&t.path().join("s"), &["--config", cfg.to_str().unwrap()]).err().unwrap();
+    assert!(e.contains("unknown field") && e.contains("state_dri"), "{e}");
+    let e = Daemon::start_with(&t.path().join("s"), &["--config", "/no/such.toml"]).err().unwrap();
+    assert!(e.contains("/no/such.toml"), "{e}");
+
+    // A good file; the flag overrides its listen address.
+    std::fs::write(&cfg, "api_listen = \"127.0.0.1:1\"\nlog_format = \"json\"\n").unwrap();
+    let d = Daemon::start_with(&t.path().join("s"), &["--config", cfg.to_str().unwrap(), "--api-listen", "none"]).unwrap();
+    assert!(d.logs().lines().any(|l| l.starts_with('{')), "no JSON log lines: {}", d.logs());
+
+    // A pool the configuration names but which does not exist is reported, not fatal.
+    std::fs::write(&cfg, "pools = [\"ghost\"]\n").unwrap();
+    drop(d);
+    let d = Daemon::start_with(&t.path().join("s3"), &["--config", cfg.to_str().unwrap(), "--api-listen", "none"]).unwrap();
+    let pools = d.json(&["pool", "list"]);
+    assert_eq!(pools[0]["health"], "unavailable");
+    assert!(d.fails(&["vdisk", "list", "ghost"]).contains("could not be imported"));
+}
+
+#[test]
+fn demo_creates_and_reopens_its_pool() {
+    let t = tempfile::tempdir().unwrap();
+    let state = t.path().join("demo");
+    let mut d = Daemon::start_with(&state, &["--demo", "--api-listen", "none"]).unwrap();
+    assert!(d.stdout().contains("demo/vol1"), "{}", d.stdout());
+    let v = d.json(&["vdisk", "show", "demo/vol1"]);
+    assert_eq!(v["size"], 16u64 << 30);
+    assert_eq!(v["layout"]["kind"], "mirror");
+    assert_eq!(v["layout"]["copies"], 2);
+    assert_eq!(v["provisioning"], "thin");
+    let p = d.json(&["pool", "show", "demo"]);
+    assert_eq!(p["disks"], 4);
+    assert_eq!(p["capacity"]["total_bytes"].as_u64().unwrap() >> 30, 31);
+    // Sparse: the disks take almost no space.
+    for i in 0..4 {
+        assert!(allocated(&state.join(format!("disks/disk{i}.img"))) < 64 << 20);
+    }
+    d.stop();
+    let d = Daemon::start_with(&state, &["--demo", "--api-listen", "none"]).unwrap();
+    assert_eq!(d.json(&["vdisk", "list"]).as_array().unwrap().len(), 1);
+}

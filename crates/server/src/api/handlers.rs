@@ -1,0 +1,176 @@
+//! One handler per route. Each runs the daemon's blocking work on a blocking thread.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::Json;
+use serde::Serialize;
+
+use super::Body;
+use crate::daemon::Daemon;
+use crate::error::{ApiError, ApiResult};
+use crate::jobs::JobView;
+use crate::model::*;
+
+type D = State<Arc<Daemon>>;
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> ApiResult<T> + Send + 'static) -> ApiResult<T> {
+    tokio::task::spawn_blocking(f).await?
+}
+
+async fn json<T: Serialize + Send + 'static>(f: impl FnOnce() -> ApiResult<T> + Send + 'static) -> ApiResult<Json<T>> {
+    blocking(f).await.map(Json)
+}
+
+async fn created<T: Serialize + Send + 'static>(
+    f: impl FnOnce() -> ApiResult<T> + Send + 'static,
+) -> ApiResult<(StatusCode, Json<T>)> {
+    blocking(f).await.map(|v| (StatusCode::CREATED, Json(v)))
+}
+
+async fn accepted(f: impl FnOnce() -> ApiResult<JobView> + Send + 'static) -> ApiResult<(StatusCode, Json<JobView>)> {
+    blocking(f).await.map(|v| (StatusCode::ACCEPTED, Json(v)))
+}
+
+async fn done(f: impl FnOnce() -> ApiResult<()> + Send + 'static) -> ApiResult<StatusCode> {
+    blocking(f).await.map(|()| StatusCode::NO_CONTENT)
+}
+
+pub async fn health(State(d): D) -> Json<HealthView> {
+    Json(d.health())
+}
+
+pub async fn openapi_doc() -> Json<serde_json::Value> {
+    Json(super::openapi::document())
+}
+
+pub async fn list_pools(State(d): D) -> ApiResult<Json<Vec<PoolSummary>>> {
+    json(move || Ok(d.list_pools())).await
+}
+
+pub async fn create_pool(State(d): D, Body(req): Body<CreatePool>) -> ApiResult<(StatusCode, Json<PoolSummary>)> {
+    created(move || d.create_pool(req)).await
+}
+
+pub async fn importable_pools(State(d): D) -> ApiResult<Json<Vec<ImportablePool>>> {
+    json(move || d.importable()).await
+}
+
+pub async fn import_pool(State(d): D, Body(req): Body<ImportPool>) -> ApiResult<Json<PoolSummary>> {
+    json(move || d.import_pool(&req.name)).await
+}
+
+pub async fn show_pool(State(d): D, Path(pool): Path<String>) -> ApiResult<Json<PoolDetail>> {
+    json(move || d.pool_detail(&pool)).await
+}
+
+pub async fn destroy_pool(State(d): D, Path(pool): Path<String>) -> ApiResult<StatusCode> {
+    done(move || d.destroy_pool(&pool)).await
+}
+
+pub async fn export_pool(State(d): D, Path(pool): Path<String>) -> ApiResult<StatusCode> {
+    done(move || d.export_pool(&pool)).await
+}
+
+pub async fn repair_pool(
+    State(d): D,
+    Path(pool): Path<String>,
+    body: axum::body::Bytes,
+) -> ApiResult<(StatusCode, Json<JobView>)> {
+    // The body is optional: no body means the defaults.
+    let req: RepairPool = if body.iter().all(u8::is_ascii_whitespace) {
+        RepairPool::default()
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| ApiError::malformed(format!("the request body is not what this route takes: {e}")))?
+    };
+    accepted(move || d.repair_pool(&pool, req)).await
+}
+
+pub async fn check_pool(State(d): D, Path(pool): Path<String>) -> ApiResult<Json<tessera_volume::CheckReport>> {
+    json(move || d.check_pool(&pool)).await
+}
+
+pub async fn list_disks(State(d): D, Path(pool): Path<String>) -> ApiResult<Json<Vec<DiskView>>> {
+    json(move || Ok(d.pool_detail(&pool)?.disk_list)).await
+}
+
+pub async fn add_disk(
+    State(d): D,
+    Path(pool): Path<String>,
+    Body(req): Body<AddDisk>,
+) -> ApiResult<(StatusCode, Json<DiskView>)> {
+    created(move || d.add_disk(&pool, &req.path)).await
+}
+
+pub async fn disk_action(
+    State(d): D,
+    Path((pool, disk, action)): Path<(String, String, String)>,
+) -> ApiResult<Json<DiskView>> {
+    json(move || d.set_disk(&pool, &disk, &action)).await
+}
+
+pub async fn list_all_vdisks(State(d): D) -> ApiResult<Json<Vec<VdiskView>>> {
+    json(move || d.list_vdisks(None)).await
+}
+
+pub async fn list_vdisks(State(d): D, Path(pool): Path<String>) -> ApiResult<Json<Vec<VdiskView>>> {
+    json(move || d.list_vdisks(Some(&pool))).await
+}
+
+pub async fn create_vdisk(
+    State(d): D,
+    Path(pool): Path<String>,
+    Body(req): Body<CreateVdisk>,
+) -> ApiResult<(StatusCode, Json<VdiskView>)> {
+    created(move || d.create_vdisk(&pool, req)).await
+}
+
+pub async fn show_vdisk(State(d): D, Path((pool, vdisk)): Path<(String, String)>) -> ApiResult<Json<VdiskView>> {
+    json(move || d.show_vdisk(&pool, &vdisk)).await
+}
+
+pub async fn delete_vdisk(State(d): D, Path((pool, vdisk)): Path<(String, String)>) -> ApiResult<StatusCode> {
+    done(move || d.delete_vdisk(&pool, &vdisk)).await
+}
+
+pub async fn resize_vdisk(
+    State(d): D,
+    Path((pool, vdisk)): Path<(String, String)>,
+    Body(req): Body<ResizeVdisk>,
+) -> ApiResult<Json<VdiskView>> {
+    json(move || d.resize_vdisk(&pool, &vdisk, req.size)).await
+}
+
+pub async fn import_image(
+    State(d): D,
+    Path((pool, vdisk)): Path<(String, String)>,
+    Body(req): Body<ImportImage>,
+) -> ApiResult<(StatusCode, Json<JobView>)> {
+    accepted(move || d.import_image(&pool, &vdisk, req)).await
+}
+
+pub async fn export_image(
+    State(d): D,
+    Path((pool, vdisk)): Path<(String, String)>,
+    Body(req): Body<ExportImage>,
+) -> ApiResult<(StatusCode, Json<JobView>)> {
+    accepted(move || d.export_image(&pool, &vdisk, req)).await
+}
+
+pub async fn list_jobs(State(d): D) -> Json<Vec<JobView>> {
+    Json(d.jobs.list())
+}
+
+fn job_id(s: &str) -> ApiResult<u64> {
+    s.parse().map_err(|_| ApiError::invalid(format!("'{s}' is not a job id: job ids are numbers")))
+}
+
+pub async fn show_job(State(d): D, Path(id): Path<String>) -> ApiResult<Json<JobView>> {
+    Ok(Json(d.jobs.get(job_id(&id)?)?.view()))
+}
+
+pub async fn cancel_job(State(d): D, Path(id): Path<String>) -> ApiResult<Json<JobView>> {
+    Ok(Json(d.jobs.cancel(job_id(&id)?)?))
+}

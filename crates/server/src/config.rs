@@ -1,0 +1,191 @@
+//! The daemon's configuration: a TOML file, overridden by command-line flags.
+//!
+//! ```toml
+//! state_dir = "/var/lib/tessera"
+//! api_listen = "127.0.0.1:8484"   # "" disables the TCP listener; the unix socket stays
+//! api_token_file = "/etc/tessera/api-token"
+//! pools = ["tank"]                # imported at start, in addition to those left imported
+//! log_format = "text"             # or "json"
+//! ```
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+pub const DEFAULT_API_LISTEN: &str = "127.0.0.1:8484";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+/// The file as written; every field optional, unknown fields refused.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigFile {
+    pub state_dir: Option<PathBuf>,
+    pub api_listen: Option<String>,
+    pub api_token: Option<String>,
+    pub api_token_file: Option<PathBuf>,
+    #[serde(default)]
+    pub pools: Vec<String>,
+    pub log_format: Option<LogFormat>,
+}
+
+/// What the command line may override.
+#[derive(Debug, Default, Clone)]
+pub struct Overrides {
+    pub state_dir: Option<PathBuf>,
+    pub api_listen: Option<String>,
+    pub api_token: Option<String>,
+    pub log_format: Option<LogFormat>,
+    pub demo: bool,
+}
+
+/// The configuration the daemon runs with, checked.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub state_dir: PathBuf,
+    pub api_listen: Option<SocketAddr>,
+    pub api_token: Option<String>,
+    pub pools: Vec<String>,
+    pub log_format: LogFormat,
+    pub demo: bool,
+}
+
+impl ServerConfig {
+    /// Reads `file` (if any), applies the overrides and checks the result.
+    pub fn load(file: Option<&Path>, o: Overrides) -> Result<ServerConfig, String> {
+        let f = match file {
+            Some(p) => {
+                let text = std::fs::read_to_string(p)
+                    .map_err(|e| format!("cannot read the configuration file {}: {e}", p.display()))?;
+                parse_file(&text).map_err(|e| format!("configuration file {}: {e}", p.display()))?
+            }
+            None => ConfigFile::default(),
+        };
+        Self::resolve(f, o)
+    }
+
+    pub fn resolve(f: ConfigFile, o: Overrides) -> Result<ServerConfig, String> {
+        let default_state = if o.demo { "tessera-demo" } else { "/var/lib/tessera" };
+        let state_dir = o.state_dir.or(f.state_dir).unwrap_or_else(|| PathBuf::from(default_state));
+        let state_dir = absolute(&state_dir)?;
+        let api_listen = match o.api_listen.or(f.api_listen).unwrap_or_else(|| DEFAULT_API_LISTEN.into()) {
+            s if s.is_empty() || s == "none" => None,
+            s => Some(parse_addr("api_listen", &s)?),
+        };
+        let token_from_file = match &f.api_token_file {
+            Some(p) => Some(
+                std::fs::read_to_string(p)
+                    .map_err(|e| format!("cannot read api_token_file {}: {e}", p.display()))?
+                    .trim()
+                    .to_string(),
+            ),
+            None => None,
+        };
+        let api_token = o.api_token.or(f.api_token).or(token_from_file).filter(|t| !t.is_empty());
+        if let Some(t) = &api_token {
+            if t.len() < 16 {
+                return Err("the API token must be at least 16 characters long".into());
+            }
+            if !t.chars().all(|c| c.is_ascii_graphic()) {
+                return Err("the API token may hold only printable ASCII characters, no spaces".into());
+            }
+        }
+        if let Some(a) = api_listen {
+            if !a.ip().is_loopback() && api_token.is_none() {
+                return Err(format!(
+                    "refusing to serve the management API on {a} without a token: anyone who can reach \
+                     that address could destroy pools. Set api_token_file in the configuration (or \
+                     --api-token / TESSERA_API_TOKEN), or listen on a loopback address"
+                ));
+            }
+        }
+        for p in &f.pools {
+            tessera_pool::validate_name("pool", p)?;
+        }
+        Ok(ServerConfig {
+            state_dir,
+            api_listen,
+            api_token,
+            pools: f.pools,
+            log_format: o.log_format.or(f.log_format).unwrap_or_default(),
+            demo: o.demo,
+        })
+    }
+
+    pub fn socket_path(&self) -> PathBuf {
+        self.state_dir.join("api.sock")
+    }
+
+    pub fn pools_dir(&self) -> PathBuf {
+        self.state_dir.join("pools")
+    }
+}
+
+pub fn parse_file(text: &str) -> Result<ConfigFile, String> {
+    toml::from_str(text).map_err(|e| e.to_string())
+}
+
+fn parse_addr(what: &str, s: &str) -> Result<SocketAddr, String> {
+    s.parse().map_err(|_| format!("{what} '{s}' is not an address: write IP:PORT, e.g. 127.0.0.1:8484 or [::1]:8484"))
+}
+
+fn absolute(p: &Path) -> Result<PathBuf, String> {
+    if p.is_absolute() {
+        return Ok(p.to_path_buf());
+    }
+    let cwd = std::env::current_dir().map_err(|e| format!("cannot read the current directory: {e}"))?;
+    Ok(cwd.join(p))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resolve(toml: &str, o: Overrides) -> Result<ServerConfig, String> {
+        ServerConfig::resolve(parse_file(toml)?, o)
+    }
+
+    #[test]
+    fn defaults_and_overrides() {
+        let c = resolve("state_dir = \"/srv/t\"\napi_listen = \"127.0.0.1:9000\"\n", Overrides::default()).unwrap();
+        assert_eq!(c.state_dir, PathBuf::from("/srv/t"));
+        assert_eq!(c.api_listen.unwrap().port(), 9000);
+        let o = Overrides { state_dir: Some("/other".into()), api_listen: Some("none".into()), ..Default::default() };
+        let c = resolve("state_dir = \"/srv/t\"\n", o).unwrap();
+        assert_eq!(c.state_dir, PathBuf::from("/other"));
+        assert!(c.api_listen.is_none());
+    }
+
+    #[test]
+    fn non_loopback_needs_a_token() {
+        let e = resolve("api_listen = \"0.0.0.0:8484\"\n", Overrides::default()).unwrap_err();
+        assert!(e.contains("without a token"), "{e}");
+        let c = resolve("api_listen = \"0.0.0.0:8484\"\napi_token = \"0123456789abcdef0123\"\n", Overrides::default())
+            .unwrap();
+        assert!(c.api_token.is_some());
+        assert!(resolve("api_token = \"short\"\n", Overrides::default()).unwrap_err().contains("16 characters"));
+    }
+
+    #[test]
+    fn the_shipped_example_parses() {
+        let c = resolve(include_str!("../../../dist/tessera.toml"), Overrides::default()).unwrap();
+        assert_eq!(c.state_dir, PathBuf::from("/var/lib/tessera"));
+    }
+
+    #[test]
+    fn bad_files_are_refused_with_the_reason() {
+        assert!(resolve("state_dri = \"/x\"\n", Overrides::default()).unwrap_err().contains("unknown field"));
+        assert!(resolve("api_listen = 8484\n", Overrides::default()).is_err());
+        assert!(resolve("api_listen = \"localhost\"\n", Overrides::default()).unwrap_err().contains("IP:PORT"));
+        assert!(resolve("pools = [\"a/b\"]\n", Overrides::default()).unwrap_err().contains("pool name"));
+        assert!(resolve("log_format = \"xml\"\n", Overrides::default()).is_err());
+        assert!(resolve("[[[", Overrides::default()).is_err());
+    }
+}

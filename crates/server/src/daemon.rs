@@ -1,0 +1,620 @@
+//! The daemon's state: the pools it has imported (one engine each), the pools it knows but has
+//! not imported, and the jobs. Every method here may block on disk I/O; the API calls them from
+//! blocking tasks.
+//!
+//! State directory:
+//! - `pools/<name>/`: a pool's metadata store and stripe journal;
+//! - `imported.json`: the pools imported when the daemon last ran, imported again at start;
+//! - `tessera.lock`, `api.sock`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
+use serde::{Deserialize, Serialize};
+use tessera_disk::{DiskRef, FileDisk};
+use tessera_pool::{validate_name, DiskState, DEFAULT_SLAB_SIZE};
+use tessera_volume::{Engine, LayoutKind, Provisioning, RebuildOptions, Vdisk, VdiskSpec};
+use tracing::{error, info, warn};
+
+use crate::config::ServerConfig;
+use crate::error::{ApiError, ApiResult};
+use crate::image;
+use crate::jobs::{JobView, Jobs};
+use crate::model::*;
+
+pub struct Daemon {
+    pub cfg: ServerConfig,
+    pools: RwLock<BTreeMap<String, Arc<Engine>>>,
+    /// Pools that should be imported but could not be, and why.
+    unavailable: RwLock<BTreeMap<String, String>>,
+    pub jobs: Jobs,
+    /// Serializes changes to the set of pools.
+    admin: Mutex<()>,
+    started: Instant,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct ImportedList {
+    pools: BTreeSet<String>,
+}
+
+/// Opens a member disk by the path recorded in its pool.
+pub fn open_disk(path: &str) -> Result<DiskRef, tessera_disk::DiskError> {
+    Ok(Arc::new(FileDisk::open(path)?))
+}
+
+impl Daemon {
+    /// Prepares the state directory and imports every pool that was imported when the daemon
+    /// last stopped, and those the configuration names. A pool that cannot be imported is
+    /// reported, not fatal: the others are served.
+    pub fn start(cfg: ServerConfig) -> Result<Daemon, String> {
+        std::fs::create_dir_all(cfg.pools_dir())
+            .map_err(|e| format!("cannot create the state directory {}: {e}", cfg.state_dir.display()))?;
+        let d = Daemon {
+            cfg,
+            pools: RwLock::new(BTreeMap::new()),
+            unavailable: RwLock::new(BTreeMap::new()),
+            jobs: Jobs::default(),
+            admin: Mutex::new(()),
+            started: Instant::now(),
+        };
+        let mut wanted = d.read_imported()?.pools;
+        wanted.extend(d.cfg.pools.iter().cloned());
+        for name in wanted {
+            let dir = d.pool_dir(&name);
+            if !dir.join("meta").exists() {
+                warn!(pool = %name, dir = %dir.display(), "pool to import has no metadata store");
+                d.unavailable.write().insert(name, format!("no pool metadata in {}", dir.display()));
+                continue;
+            }
+            match Engine::open(&dir, &|p| open_disk(p)) {
+                Ok(e) => {
+                    d.pools.write().insert(name, Arc::new(e));
+                }
+                Err(e) => {
+                    error!(pool = %name, error = %e, "cannot import pool");
+                    d.unavailable.write().insert(name, e.to_string());
+                }
+            }
+        }
+        d.write_imported()?;
+        Ok(d)
+    }
+
+    pub fn health(&self) -> HealthView {
+        HealthView {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            state_dir: self.cfg.state_dir.display().to_string(),
+            uptime_seconds: self.started.elapsed().as_secs_f64(),
+            pools: self.pools.read().len(),
+            demo: self.cfg.demo,
+        }
+    }
+
+    fn pool_dir(&self, name: &str) -> PathBuf {
+        self.cfg.pools_dir().join(name)
+    }
+
+    fn imported_path(&self) -> PathBuf {
+        self.cfg.state_dir.join("imported.json")
+    }
+
+    fn read_imported(&self) -> Result<ImportedList, String> {
+        let p = self.imported_path();
+        match std::fs::read(&p) {
+            Ok(b) => serde_json::from_slice(&b).map_err(|e| {
+                format!("{} is corrupt ({e}); fix or remove it, then import pools with 'tessera pool import'", p.display())
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(ImportedList::default()),
+            Err(e) => Err(format!("cannot read {}: {e}", p.display())),
+        }
+    }
+
+    /// Records the imported pools, crash-safely (write, sync, rename, sync the directory).
+    fn write_imported(&self) -> Result<(), String> {
+        let mut list = ImportedList { pools: self.pools.read().keys().cloned().collect() };
+        list.pools.extend(self.unavailable.read().keys().cloned());
+        let p = self.imported_path();
+        let tmp = p.with_extension("json.tmp");
+        let write = || -> std::io::Result<()> {
+            use std::io::Write;
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(&serde_json::to_vec_pretty(&list).expect("serializable"))?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, &p)?;
+            std::fs::File::open(&self.cfg.state_dir)?.sync_all()
+        };
+        write().map_err(|e| format!("cannot record the imported pools in {}: {e}", p.display()))
+    }
+
+    fn persist(&self) -> ApiResult<()> {
+        self.write_imported().map_err(ApiError::io)
+    }
+
+    pub fn engine(&self, pool: &str) -> ApiResult<Arc<Engine>> {
+        if let Some(e) = self.pools.read().get(pool) {
+            return Ok(e.clone());
+        }
+        if let Some(why) = self.unavailable.read().get(pool) {
+            return Err(ApiError::new(
+                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                crate::error::code::DATA_UNAVAILABLE,
+                format!("pool '{pool}' could not be imported: {why}"),
+            ));
+        }
+        Err(ApiError::not_found(format!(
+            "no imported pool '{pool}'; 'tessera pool list' shows the imported pools and 'tessera pool import' the others"
+        )))
+    }
+
+    pub fn vdisk(&self, pool: &str, name: &str) -> ApiResult<(Arc<Engine>, Arc<Vdisk>)> {
+        let e = self.engine(pool)?;
+        let v = e.vdisk(name).map_err(|_| {
+            ApiError::not_found(format!("pool '{pool}' has no vdisk '{name}'; 'tessera vdisk list' shows them"))
+        })?;
+        Ok((e, v))
+    }
+
+    // ---- pools ----
+
+    pub fn create_pool(&self, req: CreatePool) -> ApiResult<PoolSummary> {
+        validate_name("pool", &req.name).map_err(ApiError::invalid)?;
+        if req.disks.is_empty() {
+            return Err(ApiError::invalid("a pool needs at least one disk: give --disk PATH once per disk"));
+        }
+        let mut seen = BTreeSet::new();
+        for p in &req.disks {
+            if !Path::new(p).is_absolute() {
+                return Err(ApiError::invalid(format!("disk path '{p}' must be absolute")));
+            }
+            if !seen.insert(p) {
+                return Err(ApiError::invalid(format!("disk '{p}' is listed twice")));
+            }
+        }
+        let slab = req.slab_size.unwrap_or(DEFAULT_SLAB_SIZE);
+        let _admin = self.admin.lock();
+        let dir = self.pool_dir(&req.name);
+        if self.pools.read().contains_key(&req.name) || self.unavailable.read().contains_key(&req.name) {
+            return Err(ApiError::exists(format!("pool '{}' already exists", req.name)));
+        }
+        if dir.exists() {
+            return Err(ApiError::exists(format!(
+                "pool '{}' already exists in {} but is not imported; 'tessera pool import {}' brings it back",
+                req.name,
+                dir.display(),
+                req.name
+            )));
+        }
+        let mut disks = Vec::new();
+        for p in &req.disks {
+            disks.push(open_disk(p)?);
+        }
+        let engine = Engine::create_pool(&dir, &req.name, disks, slab).inspect_err(|_| {
+            // Pool::create leaves nothing behind on the disks it refused; the directory it made
+            // is ours to remove.
+            let _ = std::fs::remove_dir_all(&dir);
+        })?;
+        self.pools.write().insert(req.name.clone(), Arc::new(engine));
+        self.persist()?;
+        info!(pool = %req.name, "pool created");
+        self.pool_summary(&req.name)
+    }
+
+    pub fn list_pools(&self) -> Vec<PoolSummary> {
+        let mut names: BTreeSet<String> = self.pools.read().keys().cloned().collect();
+        names.extend(self.unavailable.read().keys().cloned());
+        names.iter().filter_map(|n| self.pool_summary(n).ok()).collect()
+    }
+
+    pub fn pool_summary(&self, name: &str) -> ApiResult<PoolSummary> {
+        let e = match self.engine(name) {
+            Ok(e) => e,
+            Err(err) => {
+                let why = self.unavailable.read().get(name).cloned().ok_or(err)?;
+                return Ok(PoolSummary {
+                    name: name.to_string(),
+                    id: String::new(),
+                    health: "unavailable".into(),
+                    problem: Some(why),
+                    disks: 0,
+                    healthy_disks: 0,
+                    capacity: None,
+                    slab_size: 0,
+                    vdisks: 0,
+                    repair_needed_bytes: 0,
+                    jobs_running: vec![],
+                });
+            }
+        };
+        let pool = e.pool();
+        let disks = pool.disks();
+        let (_, repair) = e.layouts().repair_needed();
+        let sets = unhealthy_sets(&e);
+        let healthy_disks = disks.iter().filter(|d| d.info.state == DiskState::Healthy).count();
+        // A failed or retired disk that holds nothing any more does not make the pool degraded:
+        // every slab set has its full redundancy.
+        let health = if sets.iter().any(|s| s.state == "failed") {
+            "failed"
+        } else if !sets.is_empty() || repair > 0 {
+            "degraded"
+        } else {
+            "healthy"
+        };
+        let idle: Vec<&str> = disks
+            .iter()
+            .filter(|d| d.info.state != DiskState::Healthy && d.slabs_used == 0)
+            .map(|d| d.info.path.as_str())
+            .collect();
+        let problem = match health {
+            "failed" => Some("some slab sets lost more disks than their layout tolerates: their data is unreadable until a disk comes back".to_string()),
+            _ if repair > 0 => Some(format!(
+                "{} to rebuild or move off failed, missing or retired disks: run 'tessera pool repair {name}'",
+                crate::units::format_size(repair)
+            )),
+            _ if !idle.is_empty() => Some(format!("disk(s) {} are out of service and hold no data", idle.join(", "))),
+            _ => None,
+        };
+        Ok(PoolSummary {
+            name: name.to_string(),
+            id: pool.id().to_string(),
+            health: health.to_string(),
+            problem,
+            disks: disks.len(),
+            healthy_disks,
+            capacity: Some(pool.capacity()),
+            slab_size: pool.slab_size(),
+            vdisks: e.vdisks().len(),
+            repair_needed_bytes: repair,
+            jobs_running: self.jobs.running_on(name),
+        })
+    }
+
+    pub fn pool_detail(&self, name: &str) -> ApiResult<PoolDetail> {
+        let summary = self.pool_summary(name)?;
+        let (disk_list, vdisk_list, unhealthy, stats) = match self.engine(name) {
+            Ok(e) => {
+                let s = &e.layouts().stats;
+                let ld = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+                (
+                    e.pool().disks().into_iter().map(DiskView::from).collect(),
+                    e.vdisks().iter().map(|v| vdisk_view(name, v)).collect(),
+                    unhealthy_sets(&e),
+                    IoStatsView {
+                        read_errors: ld(&s.read_errors),
+                        write_errors: ld(&s.write_errors),
+                        reconstructed_reads: ld(&s.reconstructed_reads),
+                        repaired_blocks: ld(&s.repaired_blocks),
+                    },
+                )
+            }
+            Err(_) => (vec![], vec![], vec![], IoStatsView::default()),
+        };
+        Ok(PoolDetail { summary, disk_list, vdisk_list, unhealthy_sets: unhealthy, stats })
+    }
+
+    /// Pools in the state directory that are not imported.
+    pub fn importable(&self) -> ApiResult<Vec<ImportablePool>> {
+        let dir = self.cfg.pools_dir();
+        let rd = std::fs::read_dir(&dir).map_err(|e| ApiError::io(format!("cannot list {}: {e}", dir.display())))?;
+        let pools = self.pools.read();
+        let mut out = Vec::new();
+        for entry in rd.flatten() {
+            let name = entry.file_name().to_string_lossy().to_string();
+            if !pools.contains_key(&name) && entry.path().join("meta").is_dir() {
+                out.push(ImportablePool { name, dir: entry.path().display().to_string() });
+            }
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    pub fn import_pool(&self, name: &str) -> ApiResult<PoolSummary> {
+        validate_name("pool", name).map_err(ApiError::invalid)?;
+        let _admin = self.admin.lock();
+        if self.pools.read().contains_key(name) {
+            return Err(ApiError::exists(format!("pool '{name}' is already imported")));
+        }
+        let dir = self.pool_dir(name);
+        if !dir.join("meta").is_dir() {
+            return Err(ApiError::not_found(format!(
+                "there is no pool '{name}' in {}; 'tessera pool import' lists the pools that can be imported",
+                self.cfg.pools_dir().display()
+            )));
+        }
+        let engine = Engine::open(&dir, &|p| open_disk(p))?;
+        self.pools.write().insert(name.to_string(), Arc::new(engine));
+        self.unavailable.write().remove(name);
+        self.persist()?;
+        self.pool_summary(name)
+    }
+
+    /// Takes a pool out of the map for export or destroy; refused while a job or a request
+    /// still uses it.
+    fn take_pool(&self, name: &str, what: &str) -> ApiResult<Engine> {
+        let jobs = self.jobs.running_on(name);
+        if !jobs.is_empty() {
+            return Err(ApiError::busy(format!(
+                "cannot {what} pool '{name}': job(s) {jobs:?} are running on it; wait for them or cancel them"
+            )));
+        }
+        let arc = self.pools.write().remove(name).ok_or_else(|| {
+            if self.unavailable.read().contains_key(name) {
+                ApiError::invalid(format!("pool '{name}' is not imported (it could not be)"))
+            } else {
+                ApiError::not_found(format!("no imported pool '{name}'"))
+            }
+        })?;
+        // Requests in flight hold the engine for a moment; give them that moment.
+        let mut arc = arc;
+        for _ in 0..100 {
+            match Arc::try_unwrap(arc) {
+                Ok(e) => return Ok(e),
+                Err(back) => arc = back,
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.pools.write().insert(name.to_string(), arc);
+        Err(ApiError::busy(format!("pool '{name}' is in use; try again")))
+    }
+
+    pub fn export_pool(&self, name: &str) -> ApiResult<()> {
+        let _admin = self.admin.lock();
+        if self.unavailable.write().remove(name).is_some() {
+            // Never imported: forgetting it is all an export means.
+            return self.persist();
+        }
+        let e = self.take_pool(name, "export")?;
+        e.export()?;
+        self.persist()?;
+        info!(pool = name, "pool exported");
+        Ok(())
+    }
+
+    pub fn destroy_pool(&self, name: &str) -> ApiResult<()> {
+        let _admin = self.admin.lock();
+        let e = self.take_pool(name, "destroy")?;
+        let vdisks: Vec<String> = e.vdisks().iter().map(|v| v.name()).collect();
+        if !vdisks.is_empty() {
+            self.pools.write().insert(name.to_string(), Arc::new(e));
+            return Err(ApiError::busy(format!(
+                "pool '{name}' still holds vdisk(s) {}; delete them first ('tessera vdisk delete {name}/NAME')",
+                vdisks.join(", ")
+            )));
+        }
+        e.destroy()?;
+        self.persist()?;
+        info!(pool = name, "pool destroyed");
+        Ok(())
+    }
+
+    pub fn repair_pool(&self, name: &str, req: RepairPool) -> ApiResult<JobView> {
+        let e = self.engine(name)?;
+        if let Some(p) = req.parallel {
+            if !(1..=64).contains(&p) {
+                return Err(ApiError::invalid(format!("parallel must be between 1 and 64, not {p}")));
+            }
+        }
+        if req.rate_limit == Some(0) {
+            return Err(ApiError::invalid("a rate limit of 0 would never finish; leave it out for no limit"));
+        }
+        if let Some(j) = self.jobs.running_on(name).into_iter().find(|&id| {
+            self.jobs.get(id).map(|j| j.kind == "repair").unwrap_or(false)
+        }) {
+            return Err(ApiError::busy(format!("a repair of pool '{name}' is already running as job {j}")));
+        }
+        let opts = RebuildOptions { parallel: req.parallel.unwrap_or(4), rate_limit: req.rate_limit };
+        let job = self.jobs.spawn("repair", name, move |p| {
+            let r = e.repair(&opts, p).map_err(|e| e.to_string())?;
+            if !r.failures.is_empty() {
+                let why: Vec<String> = r.failures.iter().map(|(s, m)| format!("slab set {s}: {m}")).collect();
+                return Err(format!("{} slab set(s) could not be rebuilt: {}", r.failures.len(), why.join("; ")));
+            }
+            Ok(serde_json::to_value(r).expect("serializable"))
+        });
+        Ok(job.view())
+    }
+
+    pub fn check_pool(&self, name: &str) -> ApiResult<tessera_volume::CheckReport> {
+        Ok(self.engine(name)?.check()?)
+    }
+
+    // ---- disks ----
+
+    pub fn add_disk(&self, pool: &str, path: &str) -> ApiResult<DiskView> {
+        if !Path::new(path).is_absolute() {
+            return Err(ApiError::invalid(format!("disk path '{path}' must be absolute")));
+        }
+        let e = self.engine(pool)?;
+        let info = e.pool().add_disk(open_disk(path)?)?;
+        e.pool()
+            .disks()
+            .into_iter()
+            .find(|d| d.info.id == info.id)
+            .map(DiskView::from)
+            .ok_or_else(|| ApiError::internal("the added disk is not listed"))
+    }
+
+    pub fn set_disk(&self, pool: &str, disk: &str, action: &str) -> ApiResult<DiskView> {
+        let e = self.engine(pool)?;
+        let pos = e.pool().find_disk(disk)?;
+        match action {
+            "fail" => e.fail_disk(disk)?,
+            "retire" => e.retire_disk(disk)?,
+            _ => return Err(ApiError::not_found(format!("no disk action '{action}'; use fail or retire"))),
+        }
+        warn!(pool, disk, action, "disk state changed by the administrator");
+        e.pool()
+            .disks()
+            .into_iter()
+            .find(|d| d.info.position == pos)
+            .map(DiskView::from)
+            .ok_or_else(|| ApiError::internal("the disk is not listed"))
+    }
+
+    // ---- vdisks ----
+
+    pub fn create_vdisk(&self, pool: &str, req: CreateVdisk) -> ApiResult<VdiskView> {
+        let e = self.engine(pool)?;
+        let spec = vdisk_spec(&e, req);
+        let v = e.create_vdisk(&spec)?;
+        Ok(vdisk_view(pool, &v))
+    }
+
+    pub fn list_vdisks(&self, pool: Option<&str>) -> ApiResult<Vec<VdiskView>> {
+        let engines: Vec<(String, Arc<Engine>)> = match pool {
+            Some(p) => vec![(p.to_string(), self.engine(p)?)],
+            None => self.pools.read().iter().map(|(n, e)| (n.clone(), e.clone())).collect(),
+        };
+        Ok(engines.iter().flat_map(|(n, e)| e.vdisks().iter().map(|v| vdisk_view(n, v)).collect::<Vec<_>>()).collect())
+    }
+
+    pub fn show_vdisk(&self, pool: &str, name: &str) -> ApiResult<VdiskView> {
+        let (_, v) = self.vdisk(pool, name)?;
+        Ok(vdisk_view(pool, &v))
+    }
+
+    pub fn resize_vdisk(&self, pool: &str, name: &str, size: u64) -> ApiResult<VdiskView> {
+        let (e, _) = self.vdisk(pool, name)?;
+        e.resize_vdisk(name, size)?;
+        self.show_vdisk(pool, name)
+    }
+
+    pub fn delete_vdisk(&self, pool: &str, name: &str) -> ApiResult<()> {
+        let (e, _) = self.vdisk(pool, name)?;
+        let target = format!("{pool}/{name}");
+        let jobs = self.jobs.running_on(&target);
+        if !jobs.is_empty() {
+            return Err(ApiError::busy(format!(
+                "vdisk '{target}' is in use by job(s) {jobs:?}; wait for them or cancel them"
+            )));
+        }
+        e.delete_vdisk(name)?;
+        Ok(())
+    }
+
+    pub fn import_image(&self, pool: &str, name: &str, req: ImportImage) -> ApiResult<JobView> {
+        let e = self.engine(pool)?;
+        let path = PathBuf::from(&req.path);
+        if !path.is_absolute() {
+            return Err(ApiError::invalid(format!("image path '{}' must be absolute", req.path)));
+        }
+        let image_size = image::image_size(&path).map_err(ApiError::invalid)?;
+        let v = match e.vdisk(name) {
+            Ok(v) => v,
+            Err(_) => {
+                let Some(mut c) = req.create else {
+                    return Err(ApiError::not_found(format!(
+                        "pool '{pool}' has no vdisk '{name}'; create it first, or import with a layout to create it"
+                    )));
+                };
+                c.name = name.to_string();
+                if c.size == 0 {
+                    let bs = c.block_size.unwrap_or(512) as u64;
+                    c.size = image_size.div_ceil(bs).max(1) * bs;
+                }
+                e.create_vdisk(&vdisk_spec(&e, c))?
+            }
+        };
+        if image_size > v.size() {
+            return Err(ApiError::invalid(format!(
+                "the image {} ({image_size} bytes) is larger than vdisk '{pool}/{name}' ({} bytes); grow the vdisk first",
+                req.path,
+                v.size()
+            )));
+        }
+        self.busy_vdisk_check(pool, name)?;
+        let job = self.jobs.spawn("import", &format!("{pool}/{name}"), move |p| {
+            let r = image::import(&v, &path, p)?;
+            Ok(serde_json::to_value(r).expect("serializable"))
+        });
+        Ok(job.view())
+    }
+
+    pub fn export_image(&self, pool: &str, name: &str, req: ExportImage) -> ApiResult<JobView> {
+        let (_, v) = self.vdisk(pool, name)?;
+        let path = PathBuf::from(&req.path);
+        if !path.is_absolute() {
+            return Err(ApiError::invalid(format!("image path '{}' must be absolute", req.path)));
+        }
+        let file = image::create_target(&path, req.overwrite, v.size()).map_err(ApiError::invalid)?;
+        let job = self.jobs.spawn("export", &format!("{pool}/{name}"), move |p| {
+            let r = image::export(&v, file, &path, p)?;
+            Ok(serde_json::to_value(r).expect("serializable"))
+        });
+        Ok(job.view())
+    }
+
+    fn busy_vdisk_check(&self, pool: &str, name: &str) -> ApiResult<()> {
+        let target = format!("{pool}/{name}");
+        for id in self.jobs.running_on(&target) {
+            if self.jobs.get(id).map(|j| j.kind == "import").unwrap_or(false) {
+                return Err(ApiError::busy(format!("an import into '{target}' is already running as job {id}")));
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops jobs and flushes every pool; the pools stay imported for the next start.
+    pub fn shutdown(&self) {
+        self.jobs.cancel_all();
+        self.jobs.wait_idle(Duration::from_secs(30));
+        for (name, e) in self.pools.read().iter() {
+            match e.flush() {
+                Ok(()) => info!(pool = %name, "pool flushed"),
+                Err(err) => error!(pool = %name, error = %err, "flush at shutdown failed"),
+            }
+        }
+    }
+
+    /// Every imported pool's engine, for the protocol front ends and the demo.
+    pub fn engines(&self) -> Vec<(String, Arc<Engine>)> {
+        self.pools.read().iter().map(|(n, e)| (n.clone(), e.clone())).collect()
+    }
+}
+
+fn unhealthy_sets(e: &Engine) -> Vec<SetHealthView> {
+    let l = e.layouts();
+    l.sets()
+        .iter()
+        .map(|s| l.health(s))
+        .filter(|h| h.unavailable > 0)
+        .map(|h| SetHealthView {
+            id: h.id,
+            layout: h.layout.clone(),
+            state: h.state().to_string(),
+            unavailable: h.unavailable,
+            tolerance: h.tolerance,
+        })
+        .collect()
+}
+
+pub fn vdisk_view(pool: &str, v: &Vdisk) -> VdiskView {
+    let c = v.config();
+    VdiskView {
+        pool: pool.to_string(),
+        name: c.name.clone(),
+        size: c.size,
+        block_size: c.block_size,
+        grain_size: c.grain_size,
+        layout_description: c.layout.describe(),
+        layout: c.layout,
+        provisioning: c.provisioning,
+        allocated_bytes: v.allocated_bytes(),
+    }
+}
+
+fn vdisk_spec(e: &Engine, req: CreateVdisk) -> VdiskSpec {
+    let healthy = e.pool().disks().iter().filter(|d| d.info.state == DiskState::Healthy).count();
+    let layout = req.layout.unwrap_or(if healthy >= 2 { LayoutKind::Mirror } else { LayoutKind::Simple });
+    let mut spec = VdiskSpec::new(&req.name, req.size, layout);
+    spec.copies = req.copies;
+    spec.columns = req.columns;
+    spec.interleave = req.interleave;
+    spec.provisioning = req.provisioning.unwrap_or(Provisioning::Thin);
+    spec.grain_size = req.grain_size;
+    spec.block_size = req.block_size;
+    spec
+}

@@ -1,0 +1,60 @@
+//! The embedded demo: four sparse 8 GiB file disks in `<state dir>/disks`, the pool `demo` and
+//! a thin two-way mirror `demo/vol1` of 16 GiB, created on first start and reopened after.
+
+use std::path::PathBuf;
+
+use tessera_disk::FileDisk;
+use tessera_volume::{LayoutKind, Provisioning};
+use tracing::info;
+
+use crate::daemon::Daemon;
+use crate::model::{CreatePool, CreateVdisk};
+
+pub const POOL: &str = "demo";
+pub const VDISK: &str = "vol1";
+const DISKS: usize = 4;
+const DISK_SIZE: u64 = 8 << 30;
+const VDISK_SIZE: u64 = 16 << 30;
+
+pub fn prepare(d: &Daemon) -> Result<(), String> {
+    if d.engine(POOL).is_err() {
+        if d.cfg.pools_dir().join(POOL).join("meta").is_dir() {
+            d.import_pool(POOL).map_err(|e| format!("cannot reopen the demo pool: {}", e.message))?;
+        } else {
+            let dir = d.cfg.state_dir.join("disks");
+            std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+            let mut disks = Vec::new();
+            for i in 0..DISKS {
+                let p: PathBuf = dir.join(format!("disk{i}.img"));
+                if !p.exists() {
+                    FileDisk::create_file(&p, DISK_SIZE, false).map_err(|e| e.to_string())?;
+                }
+                disks.push(p.display().to_string());
+            }
+            d.create_pool(CreatePool { name: POOL.into(), disks, slab_size: None }).map_err(|e| {
+                format!(
+                    "cannot create the demo pool: {}. If {} holds an older demo, remove that directory and start again",
+                    e.message,
+                    d.cfg.state_dir.display()
+                )
+            })?;
+            info!("demo pool created");
+        }
+    }
+    let engine = d.engine(POOL).map_err(|e| e.message)?;
+    if engine.vdisk(VDISK).is_err() {
+        d.create_vdisk(
+            POOL,
+            CreateVdisk {
+                name: VDISK.into(),
+                size: VDISK_SIZE,
+                layout: Some(LayoutKind::Mirror),
+                copies: Some(2),
+                provisioning: Some(Provisioning::Thin),
+                ..Default::default()
+            },
+        )
+        .map_err(|e| format!("cannot create the demo vdisk: {}", e.message))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,304 @@
+//! Raw image import and export, sparse-aware: runs of zeros in an image are trimmed on import
+//! (so a thin vdisk stays thin), and unmapped or zero ranges of a vdisk become holes on export.
+
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
+use std::path::Path;
+use std::sync::atomic::Ordering;
+
+use serde::{Deserialize, Serialize};
+use tessera_disk::AlignedBuf;
+use tessera_volume::{Progress, Vdisk};
+
+/// Bytes moved per step; also how often cancel is checked.
+const CHUNK: usize = 4 << 20;
+/// Unit of zero detection: a run of zeros this long or longer is a hole.
+const ZERO_UNIT: usize = 4096;
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ImageReport {
+    pub bytes: u64,
+    /// Bytes written as data.
+    pub data_bytes: u64,
+    /// Bytes that were zero or holes, trimmed on import or left as holes on export.
+    pub zero_bytes: u64,
+}
+
+/// The size of an image file or block device.
+pub fn image_size(path: &Path) -> Result<u64, String> {
+    let f = File::open(path).map_err(|e| format!("cannot open the image {}: {e}", path.display()))?;
+    let md = f.metadata().map_err(|e| format!("{}: {e}", path.display()))?;
+    if md.is_dir() {
+        return Err(format!("{} is a directory, not an image", path.display()));
+    }
+    if md.file_type().is_block_device() {
+        let mut size: u64 = 0;
+        // SAFETY: BLKGETSIZE64 writes one u64.
+        let r = unsafe { libc::ioctl(f.as_raw_fd(), 0x8008_1272, &mut size) };
+        if r != 0 {
+            return Err(format!("{}: cannot read the device size", path.display()));
+        }
+        return Ok(size);
+    }
+    Ok(md.len())
+}
+
+/// The data segments of a file, from SEEK_DATA/SEEK_HOLE; one segment for the whole file when
+/// the file system cannot say.
+fn data_segments(f: &File, size: u64) -> Vec<(u64, u64)> {
+    let fd = f.as_raw_fd();
+    let mut out = Vec::new();
+    let mut pos: i64 = 0;
+    while (pos as u64) < size {
+        // SAFETY: lseek on a descriptor we own.
+        let data = unsafe { libc::lseek(fd, pos, libc::SEEK_DATA) };
+        if data < 0 {
+            let err = std::io::Error::last_os_error();
+            if err.raw_os_error() == Some(libc::ENXIO) {
+                break; // only a hole remains
+            }
+            return vec![(0, size)];
+        }
+        // SAFETY: as above.
+        let hole = unsafe { libc::lseek(fd, data, libc::SEEK_HOLE) };
+        if hole < 0 {
+            return vec![(0, size)];
+        }
+        let end = (hole as u64).min(size);
+        if end > data as u64 {
+            out.push((data as u64, end));
+        }
+        pos = hole;
+    }
+    out
+}
+
+/// Zeroes (unmapping) what of `[off, off+len)` is mapped; an unmapped range already reads as
+/// zeros and costs nothing.
+fn zero_range(v: &Vdisk, off: u64, len: u64) -> Result<(), String> {
+    if len == 0 {
+        return Ok(());
+    }
+    for x in v.extents(off, len).map_err(|e| e.to_string())? {
+        if x.mapped {
+            v.write_zeroes(x.offset, x.len, true, false).map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(())
+}
+
+fn cancelled(p: &Progress) -> Result<(), String> {
+    if p.cancel.load(Ordering::Relaxed) {
+        Err("cancelled".into())
+    } else {
+        Ok(())
+    }
+}
+
+/// Copies the image at `path` into `v` from byte 0. A last partial block is padded with zeros.
+pub fn import(v: &Vdisk, path: &Path, p: &Progress) -> Result<ImageReport, String> {
+    let f = File::open(path).map_err(|e| format!("cannot open the image {}: {e}", path.display()))?;
+    let size = image_size(path)?;
+    let bs = v.block_size() as u64;
+    let padded = size.div_ceil(bs) * bs;
+    if padded > v.size() {
+        return Err(format!("the image ({size} bytes) is larger than the vdisk ({} bytes)", v.size()));
+    }
+    p.total_bytes.store(padded, Ordering::Relaxed);
+    let mut report = ImageReport { bytes: size, ..Default::default() };
+    let mut buf = AlignedBuf::zeroed(CHUNK);
+    let mut pos = 0u64;
+    for (start, end) in data_segments(&f, size) {
+        // The hole before this segment, in whole blocks.
+        let hole_end = start / bs * bs;
+        if hole_end > pos {
+            zero_range(v, pos, hole_end - pos)?;
+            report.zero_bytes += hole_end - pos;
+            pos = hole_end;
+            p.done_bytes.store(pos, Ordering::Relaxed);
+        }
+        while pos < end {
+            cancelled(p)?;
+            let n = (CHUNK as u64).min(end.div_ceil(bs) * bs - pos) as usize;
+            let avail = (size - pos).min(n as u64) as usize;
+            buf[avail..n].fill(0);
+            f.read_exact_at(&mut buf[..avail], pos).map_err(|e| format!("reading the image at byte {pos}: {e}"))?;
+            write_nonzero(v, pos, &buf[..n], &mut report)?;
+            pos += n as u64;
+            p.done_bytes.store(pos, Ordering::Relaxed);
+        }
+    }
+    if padded > pos {
+        zero_range(v, pos, padded - pos)?;
+        report.zero_bytes += padded - pos;
+    }
+    v.flush().map_err(|e| e.to_string())?;
+    p.done_bytes.store(padded, Ordering::Relaxed);
+    Ok(report)
+}
+
+/// Writes the non-zero runs of `data` at `off`, and zeroes (unmapping) the zero runs.
+fn write_nonzero(v: &Vdisk, off: u64, data: &[u8], r: &mut ImageReport) -> Result<(), String> {
+    let unit = ZERO_UNIT.max(v.block_size() as usize);
+    for (a, b, zero) in zero_runs(data, unit) {
+        let (o, len) = (off + a as u64, (b - a) as u64);
+        if zero {
+            zero_range(v, o, len)?;
+            r.zero_bytes += len;
+        } else {
+            v.write(o, &data[a..b], false).map_err(|e| e.to_string())?;
+            r.data_bytes += len;
+        }
+    }
+    Ok(())
+}
+
+/// Splits `data` into maximal runs `[a, b)` of `unit`-sized pieces that are all zero or not.
+fn zero_runs(data: &[u8], unit: usize) -> Vec<(usize, usize, bool)> {
+    let mut out: Vec<(usize, usize, bool)> = Vec::new();
+    let mut i = 0;
+    while i < data.len() {
+        let j = (i + unit).min(data.len());
+        let zero = is_zero(&data[i..j]);
+        match out.last_mut() {
+            Some(last) if last.2 == zero => last.1 = j,
+            _ => out.push((i, j, zero)),
+        }
+        i = j;
+    }
+    out
+}
+
+fn is_zero(b: &[u8]) -> bool {
+    // SAFETY: any bit pattern is a valid u128.
+    let (pre, words, post) = unsafe { b.align_to::<u128>() };
+    pre.iter().all(|&x| x == 0) && words.iter().all(|&x| x == 0) && post.iter().all(|&x| x == 0)
+}
+
+/// Opens the export destination: a new file (or, with `overwrite`, an existing one truncated),
+/// sized to the vdisk and sparse; or an existing block device at least that large.
+pub fn create_target(path: &Path, overwrite: bool, size: u64) -> Result<File, String> {
+    if let Ok(md) = std::fs::metadata(path) {
+        if md.is_dir() {
+            return Err(format!("{} is a directory", path.display()));
+        }
+        if md.file_type().is_block_device() {
+            if !overwrite {
+                return Err(format!("{} is a block device; pass --overwrite to write over it", path.display()));
+            }
+            let have = image_size(path)?;
+            if have < size {
+                return Err(format!("{} holds {have} bytes, less than the vdisk's {size}", path.display()));
+            }
+            return OpenOptions::new().write(true).open(path).map_err(|e| format!("cannot open {}: {e}", path.display()));
+        }
+        if !overwrite {
+            return Err(format!("{} already exists; pass --overwrite to replace it", path.display()));
+        }
+    }
+    let mut o = OpenOptions::new();
+    o.write(true).mode(0o600);
+    if overwrite {
+        o.create(true).truncate(true);
+    } else {
+        o.create_new(true);
+    }
+    let f = o.open(path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+    f.set_len(size).map_err(|e| format!("cannot size {}: {e}", path.display()))?;
+    Ok(f)
+}
+
+/// Writes the whole vdisk to `f`. Unmapped grains and zero blocks are skipped: in a fresh
+/// regular file they are holes. A block device gets them written as zeros.
+pub fn export(v: &Vdisk, f: File, path: &Path, p: &Progress) -> Result<ImageReport, String> {
+    let size = v.size();
+    let sparse_ok = f.metadata().map(|m| m.is_file()).unwrap_or(false);
+    p.total_bytes.store(size, Ordering::Relaxed);
+    let mut report = ImageReport { bytes: size, ..Default::default() };
+    let mut buf = AlignedBuf::zeroed(CHUNK);
+    let zeros = AlignedBuf::zeroed(CHUNK);
+    let werr = |e: std::io::Error, at: u64| format!("writing {} at byte {at}: {e}", path.display());
+    let mut pos = 0u64;
+    while pos < size {
+        cancelled(p)?;
+        let window = (CHUNK as u64 * 16).min(size - pos);
+        for x in v.extents(pos, window).map_err(|e| e.to_string())? {
+            let mut o = x.offset;
+            while o < x.offset + x.len {
+                cancelled(p)?;
+                let n = (CHUNK as u64).min(x.offset + x.len - o) as usize;
+                if x.mapped {
+                    v.read(o, &mut buf[..n]).map_err(|e| e.to_string())?;
+                    for (a, b, zero) in zero_runs(&buf[..n], ZERO_UNIT) {
+                        let at = o + a as u64;
+                        if zero {
+                            report.zero_bytes += (b - a) as u64;
+                            if sparse_ok {
+                                continue;
+                            }
+                        } else {
+                            report.data_bytes += (b - a) as u64;
+                        }
+                        f.write_all_at(&buf[a..b], at).map_err(|e| werr(e, at))?;
+                    }
+                } else {
+                    report.zero_bytes += n as u64;
+                    if !sparse_ok {
+                        f.write_all_at(&zeros[..n], o).map_err(|e| werr(e, o))?;
+                    }
+                }
+                o += n as u64;
+                p.done_bytes.store(o, Ordering::Relaxed);
+            }
+        }
+        pos += window;
+    }
+    f.sync_all().map_err(|e| format!("syncing {}: {e}", path.display()))?;
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zero_runs_split_and_merge() {
+        let mut d = vec![0u8; 5 * 4096 + 100];
+        d[4096 + 7] = 1;
+        d[2 * 4096] = 1;
+        d[5 * 4096 + 99] = 1;
+        assert_eq!(
+            zero_runs(&d, 4096),
+            vec![(0, 4096, true), (4096, 3 * 4096, false), (3 * 4096, 5 * 4096, true), (5 * 4096, 5 * 4096 + 100, false)]
+        );
+        assert!(zero_runs(&[], 4096).is_empty());
+    }
+
+    #[test]
+    fn segments_of_a_sparse_file() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("img");
+        let f = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&p).unwrap();
+        f.set_len(64 << 20).unwrap();
+        f.write_all_at(&[1u8; 4096], 16 << 20).unwrap();
+        let segs = data_segments(&f, 64 << 20);
+        assert!(!segs.is_empty());
+        // Whatever the file system's granularity, the data is inside a segment and most of the
+        // file is not.
+        assert!(segs.iter().any(|&(a, b)| a <= 16 << 20 && b >= (16 << 20) + 4096));
+        assert!(segs.iter().map(|(a, b)| b - a).sum::<u64>() < 32 << 20);
+        assert_eq!(image_size(&p).unwrap(), 64 << 20);
+        assert!(image_size(d.path()).unwrap_err().contains("directory"));
+    }
+
+    #[test]
+    fn export_target_is_never_overwritten_by_accident() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("out.img");
+        create_target(&p, false, 1 << 20).unwrap();
+        assert!(create_target(&p, false, 1 << 20).unwrap_err().contains("--overwrite"));
+        create_target(&p, true, 2 << 20).unwrap();
+        assert_eq!(std::fs::metadata(&p).unwrap().len(), 2 << 20);
+    }
+}

@@ -1,0 +1,266 @@
+//! Long operations (repair, image import and export) run as jobs: a worker thread, progress
+//! counters anyone can watch, and a cancel flag. Jobs live in memory; a restart forgets them,
+//! and what they were doing is either done or safe to run again.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use tessera_volume::Progress;
+use tracing::{info, warn};
+
+use crate::error::{ApiError, ApiResult};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobState {
+    Running,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+impl JobState {
+    pub fn finished(self) -> bool {
+        self != JobState::Running
+    }
+}
+
+pub struct Job {
+    pub id: u64,
+    pub kind: String,
+    /// What the job works on: `pool`, `pool/vdisk`.
+    pub target: String,
+    pub progress: Arc<Progress>,
+    started_at: u64,
+    started: Instant,
+    end: Mutex<Option<JobEnd>>,
+}
+
+struct JobEnd {
+    state: JobState,
+    at: u64,
+    elapsed: f64,
+    error: Option<String>,
+    result: Option<serde_json::Value>,
+}
+
+/// A job as the API shows it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JobView {
+    pub id: u64,
+    pub kind: String,
+    pub target: String,
+    pub state: JobState,
+    pub total_bytes: u64,
+    pub done_bytes: u64,
+    /// Bytes per second since the start.
+    pub rate: f64,
+    pub eta_seconds: Option<f64>,
+    pub started_at: u64,
+    pub finished_at: Option<u64>,
+    pub elapsed_seconds: f64,
+    pub error: Option<String>,
+    pub result: Option<serde_json::Value>,
+}
+
+impl Job {
+    pub fn view(&self) -> JobView {
+        let total = self.progress.total_bytes.load(Ordering::Relaxed);
+        let done = self.progress.done_bytes.load(Ordering::Relaxed).min(total.max(1));
+        let end = self.end.lock();
+        let elapsed = end.as_ref().map(|e| e.elapsed).unwrap_or_else(|| self.started.elapsed().as_secs_f64());
+        let rate = if elapsed > 0.0 { done as f64 / elapsed } else { 0.0 };
+        let state = end.as_ref().map(|e| e.state).unwrap_or(JobState::Running);
+        let eta = (state == JobState::Running && rate > 0.0 && total >= done).then(|| (total - done) as f64 / rate);
+        JobView {
+            id: self.id,
+            kind: self.kind.clone(),
+            target: self.target.clone(),
+            state,
+            total_bytes: total,
+            done_bytes: done,
+            rate,
+            eta_seconds: eta,
+            started_at: self.started_at,
+            finished_at: end.as_ref().map(|e| e.at),
+            elapsed_seconds: elapsed,
+            error: end.as_ref().and_then(|e| e.error.clone()),
+            result: end.as_ref().and_then(|e| e.result.clone()),
+        }
+    }
+
+    pub fn state(&self) -> JobState {
+        self.end.lock().as_ref().map(|e| e.state).unwrap_or(JobState::Running)
+    }
+}
+
+/// How many finished jobs are remembered.
+const KEEP_FINISHED: usize = 256;
+
+#[derive(Default)]
+pub struct Jobs {
+    jobs: Mutex<BTreeMap<u64, Arc<Job>>>,
+    next: AtomicU64,
+}
+
+impl Jobs {
+    /// Starts `work` on a thread of its own. `work` reports progress through the counters and
+    /// returns a JSON result, or an error message.
+    pub fn spawn<F>(&self, kind: &str, target: &str, work: F) -> Arc<Job>
+    where
+        F: FnOnce(&Progress) -> Result<serde_json::Value, String> + Send + 'static,
+    {
+        let id = self.next.fetch_add(1, Ordering::SeqCst) + 1;
+        let job = Arc::new(Job {
+            id,
+            kind: kind.to_string(),
+            target: target.to_string(),
+            progress: Arc::new(Progress::default()),
+            started_at: unix_now(),
+            started: Instant::now(),
+            end: Mutex::new(None),
+        });
+        {
+            let mut jobs = self.jobs.lock();
+            jobs.insert(id, job.clone());
+            let finished: Vec<u64> =
+                jobs.iter().filter(|(_, j)| j.state().finished()).map(|(id, _)| *id).collect();
+            for old in finished.iter().take(finished.len().saturating_sub(KEEP_FINISHED)) {
+                jobs.remove(old);
+            }
+        }
+        info!(job = id, kind, target, "job started");
+        let j = job.clone();
+        std::thread::Builder::new()
+            .name(format!("job-{id}-{kind}"))
+            .spawn(move || {
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(&j.progress)))
+                    .unwrap_or_else(|_| Err("the job failed unexpectedly (see the daemon log)".into()));
+                let cancelled = j.progress.cancel.load(Ordering::Relaxed);
+                let (state, error, result) = match r {
+                    Ok(v) => (JobState::Succeeded, None, Some(v)),
+                    Err(_) if cancelled => (JobState::Cancelled, Some("cancelled".to_string()), None),
+                    Err(e) => (JobState::Failed, Some(e), None),
+                };
+                match &error {
+                    Some(e) if state == JobState::Failed => warn!(job = j.id, error = %e, "job failed"),
+                    _ => info!(job = j.id, state = ?state, "job finished"),
+                }
+                *j.end.lock() = Some(JobEnd {
+                    state,
+                    at: unix_now(),
+                    elapsed: j.started.elapsed().as_secs_f64(),
+                    error,
+                    result,
+                });
+            })
+            .expect("spawn a job thread");
+        job
+    }
+
+    pub fn list(&self) -> Vec<JobView> {
+        self.jobs.lock().values().map(|j| j.view()).collect()
+    }
+
+    pub fn get(&self, id: u64) -> ApiResult<Arc<Job>> {
+        self.jobs.lock().get(&id).cloned().ok_or_else(|| {
+            ApiError::not_found(format!("no job {id}; 'tessera job list' shows the jobs this daemon remembers"))
+        })
+    }
+
+    pub fn cancel(&self, id: u64) -> ApiResult<JobView> {
+        let j = self.get(id)?;
+        if j.state().finished() {
+            return Err(ApiError::busy(format!("job {id} has already finished ({:?})", j.state())));
+        }
+        j.progress.cancel.store(true, Ordering::Relaxed);
+        info!(job = id, "cancel requested");
+        Ok(j.view())
+    }
+
+    /// Running jobs that work on `target` or on something inside it.
+    pub fn running_on(&self, target: &str) -> Vec<u64> {
+        let prefix = format!("{target}/");
+        self.jobs
+            .lock()
+            .values()
+            .filter(|j| !j.state().finished() && (j.target == target || j.target.starts_with(&prefix)))
+            .map(|j| j.id)
+            .collect()
+    }
+
+    /// Asks every running job to stop.
+    pub fn cancel_all(&self) {
+        for j in self.jobs.lock().values() {
+            j.progress.cancel.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Waits up to `limit` for running jobs to notice a cancel.
+    pub fn wait_idle(&self, limit: std::time::Duration) {
+        let t = Instant::now();
+        while t.elapsed() < limit && self.jobs.lock().values().any(|j| !j.state().finished()) {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn wait(j: &Job) -> JobView {
+        for _ in 0..500 {
+            if j.state().finished() {
+                return j.view();
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("job did not finish");
+    }
+
+    #[test]
+    fn success_failure_and_cancel() {
+        let jobs = Jobs::default();
+        let ok = jobs.spawn("t", "p/v", |p| {
+            p.total_bytes.store(10, Ordering::Relaxed);
+            p.done_bytes.store(10, Ordering::Relaxed);
+            Ok(serde_json::json!({"n": 1}))
+        });
+        let v = wait(&ok);
+        assert_eq!(v.state, JobState::Succeeded);
+        assert_eq!(v.result.unwrap()["n"], 1);
+        assert_eq!(v.done_bytes, 10);
+
+        let bad = jobs.spawn("t", "p", |_| Err("disk on fire".into()));
+        let v = wait(&bad);
+        assert_eq!(v.state, JobState::Failed);
+        assert_eq!(v.error.as_deref(), Some("disk on fire"));
+
+        let slow = jobs.spawn("t", "p/x", |p| {
+            while !p.cancel.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err("stopped".into())
+        });
+        assert_eq!(jobs.running_on("p"), vec![slow.id]);
+        assert!(jobs.running_on("q").is_empty());
+        jobs.cancel(slow.id).unwrap();
+        assert_eq!(wait(&slow).state, JobState::Cancelled);
+        assert_eq!(jobs.cancel(slow.id).unwrap_err().code, crate::error::code::BUSY);
+        assert_eq!(jobs.get(99).err().unwrap().code, crate::error::code::NOT_FOUND);
+        assert_eq!(jobs.list().len(), 3);
+
+        let boom = jobs.spawn("t", "p", |_| panic!("bug"));
+        assert_eq!(wait(&boom).state, JobState::Failed);
+    }
+}

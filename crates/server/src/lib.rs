@@ -1,0 +1,20 @@
+//! The Tessera daemon: its configuration and state directory, the pools it owns, long-running
+//! jobs, and the management API. The `tessera` binary (crates/cli) runs it with `tessera serve`
+//! and is also its client.
+
+pub mod api;
+pub mod config;
+pub mod daemon;
+pub mod demo;
+pub mod error;
+pub mod image;
+pub mod jobs;
+pub mod lock;
+pub mod logging;
+pub mod model;
+pub mod serve;
+pub mod units;
+
+pub use config::{Overrides, ServerConfig};
+pub use daemon::Daemon;
+pub use error::{ApiError, ApiResult, ErrorBody};

@@ -1,0 +1,180 @@
+//! The request and response bodies of the management API, shared by the daemon and the CLI.
+
+use serde::{Deserialize, Serialize};
+use tessera_pool::{Capacity, DiskStatus};
+use tessera_volume::{LayoutKind, LayoutSpec, Provisioning};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreatePool {
+    pub name: String,
+    /// Paths of the member disks (files or block devices), as the daemon sees them.
+    pub disks: Vec<String>,
+    pub slab_size: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ImportPool {
+    pub name: String,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RepairPool {
+    /// Slab sets rebuilt at the same time (default 4).
+    pub parallel: Option<usize>,
+    /// Bytes per second written to replacement slabs; absent for no limit.
+    pub rate_limit: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AddDisk {
+    pub path: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PoolSummary {
+    pub name: String,
+    pub id: String,
+    /// healthy, degraded (redundancy reduced), failed (some data unreadable) or unavailable
+    /// (the pool could not be imported; see `problem`).
+    pub health: String,
+    pub problem: Option<String>,
+    pub disks: usize,
+    pub healthy_disks: usize,
+    pub capacity: Option<Capacity>,
+    pub slab_size: u64,
+    pub vdisks: usize,
+    /// Bytes a repair would rebuild or move.
+    pub repair_needed_bytes: u64,
+    pub jobs_running: Vec<u64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SetHealthView {
+    pub id: u32,
+    pub layout: String,
+    pub state: String,
+    pub unavailable: usize,
+    pub tolerance: usize,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PoolDetail {
+    #[serde(flatten)]
+    pub summary: PoolSummary,
+    pub disk_list: Vec<DiskView>,
+    pub vdisk_list: Vec<VdiskView>,
+    /// Slab sets that are not healthy.
+    pub unhealthy_sets: Vec<SetHealthView>,
+    pub stats: IoStatsView,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct IoStatsView {
+    pub read_errors: u64,
+    pub write_errors: u64,
+    pub reconstructed_reads: u64,
+    pub repaired_blocks: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DiskView {
+    pub id: String,
+    pub position: u32,
+    pub path: String,
+    pub size: u64,
+    pub state: String,
+    pub slabs: u32,
+    pub slabs_used: u32,
+    pub used_bytes: u64,
+    pub problem: Option<String>,
+}
+
+impl From<DiskStatus> for DiskView {
+    fn from(d: DiskStatus) -> DiskView {
+        DiskView {
+            id: d.info.id.to_string(),
+            position: d.info.position,
+            path: d.info.path,
+            size: d.info.size,
+            state: d.info.state.as_str().to_string(),
+            slabs: d.info.slabs,
+            slabs_used: d.slabs_used,
+            used_bytes: d.used_bytes,
+            problem: d.problem,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateVdisk {
+    pub name: String,
+    pub size: u64,
+    /// simple, mirror, parity or dual-parity; absent: mirror on two disks or more, else simple.
+    pub layout: Option<LayoutKind>,
+    pub copies: Option<u8>,
+    pub columns: Option<u32>,
+    pub interleave: Option<u64>,
+    pub provisioning: Option<Provisioning>,
+    pub grain_size: Option<u64>,
+    pub block_size: Option<u32>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct VdiskView {
+    pub pool: String,
+    pub name: String,
+    pub size: u64,
+    pub block_size: u32,
+    pub grain_size: u64,
+    pub layout: LayoutSpec,
+    /// e.g. "mirror 2-way, 2 columns, 256 KiB interleave".
+    pub layout_description: String,
+    pub provisioning: Provisioning,
+    /// Bytes of grains the vdisk maps (shared grains counted in full).
+    pub allocated_bytes: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResizeVdisk {
+    pub size: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ImportImage {
+    /// Path of a raw image, as the daemon sees it.
+    pub path: String,
+    /// Create the vdisk from this spec when it does not exist; its size defaults to the
+    /// image's, rounded up to the block size.
+    pub create: Option<CreateVdisk>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExportImage {
+    pub path: String,
+    /// Replace an existing file.
+    #[serde(default)]
+    pub overwrite: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ImportablePool {
+    pub name: String,
+    pub dir: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HealthView {
+    pub version: String,
+    pub state_dir: String,
+    pub uptime_seconds: f64,
+    pub pools: usize,
+    pub demo: bool,
+}

@@ -1,0 +1,128 @@
+//! `tessera serve`: takes the state directory's lock, imports the pools, serves the API on the
+//! unix socket and on TCP, and on SIGTERM or SIGINT stops jobs and flushes every pool.
+
+use std::future::IntoFuture;
+use std::os::unix::fs::PermissionsExt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::{TcpListener, UnixListener};
+use tokio::signal::unix::{signal, SignalKind};
+use tracing::{error, info};
+
+use crate::config::ServerConfig;
+use crate::daemon::Daemon;
+use crate::lock::StateLock;
+use crate::units::format_size;
+
+pub fn run(cfg: ServerConfig) -> Result<(), String> {
+    crate::logging::init(cfg.log_format);
+    std::fs::create_dir_all(&cfg.state_dir)
+        .map_err(|e| format!("cannot create the state directory {}: {e}", cfg.state_dir.display()))?;
+    let _lock = StateLock::acquire(&cfg.state_dir)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("tessera")
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    rt.block_on(serve(cfg))
+}
+
+async fn serve(cfg: ServerConfig) -> Result<(), String> {
+    let demo = cfg.demo;
+    let daemon = tokio::task::spawn_blocking(move || Daemon::start(cfg)).await.map_err(|e| e.to_string())??;
+    let daemon = Arc::new(daemon);
+    if demo {
+        let d = daemon.clone();
+        tokio::task::spawn_blocking(move || crate::demo::prepare(&d)).await.map_err(|e| e.to_string())??;
+    }
+
+    // We hold the state lock, so a socket file left here is stale.
+    let sock = daemon.cfg.socket_path();
+    let _ = std::fs::remove_file(&sock);
+    let unix = UnixListener::bind(&sock).map_err(|e| format!("cannot listen on {}: {e}", sock.display()))?;
+    // Whoever can open the socket is an administrator: owner only.
+    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| format!("cannot restrict {}: {e}", sock.display()))?;
+    let tcp = match daemon.cfg.api_listen {
+        Some(a) => Some(TcpListener::bind(a).await.map_err(|e| {
+            format!("cannot listen on {a}: {e}; is another daemon using it? Choose another with --api-listen")
+        })?),
+        None => None,
+    };
+    println!("{}", banner(&daemon, tcp.as_ref().and_then(|t| t.local_addr().ok())));
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let mut servers = Vec::new();
+    let r = crate::api::router(daemon.clone(), None);
+    servers.push(tokio::spawn(
+        axum::serve(unix, r.into_make_service()).with_graceful_shutdown(stopped(stop_rx.clone())).into_future(),
+    ));
+    if let Some(t) = tcp {
+        let r = crate::api::router(daemon.clone(), daemon.cfg.api_token.clone());
+        servers.push(tokio::spawn(
+            axum::serve(t, r.into_make_service()).with_graceful_shutdown(stopped(stop_rx.clone())).into_future(),
+        ));
+    }
+    info!(state_dir = %daemon.cfg.state_dir.display(), "ready");
+
+    let mut term = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
+    let mut int = signal(SignalKind::interrupt()).map_err(|e| e.to_string())?;
+    tokio::select! {
+        _ = term.recv() => info!("SIGTERM: shutting down"),
+        _ = int.recv() => info!("SIGINT: shutting down"),
+    }
+    let _ = stop_tx.send(true);
+    for s in servers {
+        match tokio::time::timeout(Duration::from_secs(10), s).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => error!(error = %e, "API listener failed"),
+            Ok(Err(e)) => error!(error = %e, "API listener task failed"),
+            Err(_) => error!("API requests still running after 10 s; stopping anyway"),
+        }
+    }
+    let d = daemon.clone();
+    tokio::task::spawn_blocking(move || d.shutdown()).await.map_err(|e| e.to_string())?;
+    let _ = std::fs::remove_file(&sock);
+    info!("stopped");
+    Ok(())
+}
+
+fn banner(d: &Daemon, tcp: Option<std::net::SocketAddr>) -> String {
+    let sock = d.cfg.socket_path();
+    let mut s = format!("Tessera {} serving {}\n", env!("CARGO_PKG_VERSION"), d.cfg.state_dir.display());
+    s += &format!("  management API: unix:{}", sock.display());
+    if let Some(a) = tcp {
+        s += &format!(" and http://{a}{}", if d.cfg.api_token.is_some() { " (bearer token required)" } else { "" });
+    }
+    s += "\n";
+    let pools = d.list_pools();
+    if pools.is_empty() {
+        s += "  no pools yet: 'tessera pool create NAME --disk PATH...' makes one\n";
+    }
+    for p in &pools {
+        let cap = p.capacity.map(|c| format_size(c.total_bytes)).unwrap_or_else(|| "-".into());
+        s += &format!("  pool {}: {}, {} disk(s), {cap}\n", p.name, p.health, p.disks);
+    }
+    if let Ok(vs) = d.list_vdisks(None) {
+        for v in vs {
+            s += &format!(
+                "  vdisk {}/{}: {}, {}, {}\n",
+                v.pool,
+                v.name,
+                format_size(v.size),
+                v.layout_description,
+                match v.provisioning {
+                    tessera_volume::Provisioning::Thin => "thin",
+                    tessera_volume::Provisioning::Fixed => "fixed",
+                }
+            );
+        }
+    }
+    s += "  iSCSI and NBD exports are not part of this build yet; vdisks are reached through the API\n";
+    s += &format!("Connect with:\n  export TESSERA_API=unix:{}\n  tessera pool list\n", sock.display());
+    s
+}
