@@ -185,7 +185,11 @@ fn failed_disk_is_repaired_by_a_job_with_data_intact() {
     assert!(d.json(&["pool", "check", "r"])["problems"].as_array().unwrap().is_empty());
     assert!(d.fails(&["disk", "fail", "r", "no-such-disk"]).contains("no disk"));
 
-    // A retired disk is emptied by the next repair.
+    // A new disk, then a retired disk is emptied onto it by the next repair.
+    let extra = common::disks(&t.path().join("more"), 1, 1 << 30);
+    let added = d.json(&["disk", "add", "r", &extra[0]]);
+    assert_eq!(added["state"], "healthy");
+    assert!(d.fails(&["disk", "add", "r", &extra[0]]).contains(&extra[0]));
     let keep = list.as_array().unwrap().iter().find(|x| x["path"] != victim).unwrap()["id"].as_str().unwrap().to_string();
     assert_eq!(d.json(&["disk", "retire", "r", &keep])["state"], "retired");
     d.ok(&["pool", "repair", "r"]);
@@ -208,7 +212,7 @@ fn sigkill_and_restart_keep_state_and_data() {
     d.ok(&["vdisk", "create", "k/b", "--size", "1G", "--layout", "simple"]);
 
     // A second daemon on the same state directory is refused, and the first one is unharmed.
-    let e = Daemon::start_with(&state, &["--api-listen", "none"]).err().expect("second daemon refused");
+    let e = Daemon::refused(&state, &["--api-listen", "none"]);
     assert!(e.contains("another tessera daemon"), "{e}");
     assert_eq!(d.json(&["vdisk", "list"]).as_array().unwrap().len(), 2);
 
@@ -344,7 +348,7 @@ fn openapi_lists_every_route_and_the_router_serves_them() {
 fn tcp_listener_and_tokens() {
     let t = tempfile::tempdir().unwrap();
     // A non-loopback listener without a token is refused.
-    let e = Daemon::start_with(&t.path().join("s1"), &["--api-listen", "0.0.0.0:0"]).err().unwrap();
+    let e = Daemon::refused(&t.path().join("s1"), &["--api-listen", "0.0.0.0:0"]);
     assert!(e.contains("without a token"), "{e}");
 
     let token = "s3cret-token-0123456789";
@@ -379,9 +383,9 @@ fn bad_configuration_is_refused_with_the_reason() {
     let t = tempfile::tempdir().unwrap();
     let cfg = t.path().join("tessera.toml");
     std::fs::write(&cfg, "state_dri = \"/tmp/x\"\n").unwrap();
-    let e = Daemon::start_with(&t.path().join("s"), &["--config", cfg.to_str().unwrap()]).err().unwrap();
+    let e = Daemon::refused(&t.path().join("s"), &["--config", cfg.to_str().unwrap()]);
     assert!(e.contains("unknown field") && e.contains("state_dri"), "{e}");
-    let e = Daemon::start_with(&t.path().join("s"), &["--config", "/no/such.toml"]).err().unwrap();
+    let e = Daemon::refused(&t.path().join("s"), &["--config", "/no/such.toml"]);
     assert!(e.contains("/no/such.toml"), "{e}");
 
     // A good file; the flag overrides its listen address.

@@ -59,6 +59,33 @@ impl Daemon {
         }
     }
 
+    /// Runs `tessera serve` expecting it to refuse to start; returns its stderr.
+    pub fn refused(state: &Path, args: &[&str]) -> String {
+        let mut c = Command::new(BIN)
+            .arg("serve")
+            .arg("--state-dir")
+            .arg(state)
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn tessera serve");
+        let t = Instant::now();
+        loop {
+            if let Some(st) = c.try_wait().unwrap() {
+                let mut e = String::new();
+                c.stderr.take().unwrap().read_to_string(&mut e).unwrap();
+                assert!(!st.success(), "serve exited 0: {e}");
+                return e;
+            }
+            if t.elapsed() > Duration::from_secs(30) {
+                let _ = c.kill();
+                panic!("serve {args:?} did not refuse to start");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     pub fn logs(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
@@ -250,7 +277,9 @@ pub fn random_image(path: &Path, size: u64, seed: u64) {
         } else {
             rng.fill_bytes(&mut buf[..n]);
             // and some zero blocks inside data
-            buf[4096..8192.min(n)].fill(0);
+            if n >= 8192 {
+                buf[4096..8192].fill(0);
+            }
         }
         use std::os::unix::fs::FileExt;
         f.write_all_at(&buf[..n], pos).unwrap();
