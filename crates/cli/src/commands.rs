@@ -318,7 +318,7 @@ fn disk(c: &Ctx, cmd: DiskCmd) -> R {
     if c.json {
         c.print_json(&v);
     } else {
-        println!("disk {} ({}) {what}: now {}", s(&v["path"]), s(&v["id"]), s(&v["state"]));
+        println!("disk {} ({}) {what}; its state is now {}", s(&v["path"]), s(&v["id"]), s(&v["state"]));
         if what != "added" {
             println!("'tessera pool repair POOL' rebuilds what it held onto the other disks");
         }

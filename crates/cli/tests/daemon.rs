@@ -424,3 +424,65 @@ fn demo_creates_and_reopens_its_pool() {
     let d = Daemon::start_with(&state, &["--demo", "--api-listen", "none"]).unwrap();
     assert_eq!(d.json(&["vdisk", "list"]).as_array().unwrap().len(), 1);
 }
+
+#[test]
+fn missing_and_corrupt_disks_at_start_leave_the_pool_degraded_not_lost() {
+    let t = tempfile::tempdir().unwrap();
+    let state = t.path().join("state");
+    let mut d = Daemon::start(&state);
+    let disks = disks(&t.path().join("disks"), 4, 1 << 30);
+    create_pool(&d, "m", &disks);
+    let img = t.path().join("in.img");
+    random_image(&img, 48 << 20, 4);
+    d.ok(&["vdisk", "import", "m/v", img.to_str().unwrap(), "--layout", "mirror", "--columns", "1"]);
+    let used: Vec<String> = d.json(&["disk", "list", "m"]).as_array().unwrap().iter()
+        .filter(|x| x["used_bytes"].as_u64().unwrap() > 0)
+        .map(|x| x["path"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(used.len(), 2, "a one-column mirror sits on two disks");
+    d.stop();
+
+    // One member vanishes while the daemon is down.
+    let moved = t.path().join("away.img");
+    std::fs::rename(&used[0], &moved).unwrap();
+    let mut d = Daemon::start(&state);
+    let p = d.json(&["pool", "show", "m"]);
+    assert_eq!(p["health"], "degraded", "{p}");
+    let missing = p["disk_list"].as_array().unwrap().iter().find(|x| x["path"] == used[0].as_str()).unwrap().clone();
+    assert_eq!(missing["state"], "missing");
+    assert!(missing["problem"].as_str().unwrap().contains(&used[0]), "{missing}");
+    let out = t.path().join("out.img");
+    d.ok(&["vdisk", "export", "m/v", out.to_str().unwrap()]);
+    assert!(same_file(&img, &out));
+    d.stop();
+
+    // It comes back, but it missed nothing only by luck: it is stale and treated as failed.
+    std::fs::rename(&moved, &used[0]).unwrap();
+    let mut d = Daemon::start(&state);
+    let p = d.json(&["pool", "show", "m"]);
+    let back = p["disk_list"].as_array().unwrap().iter().find(|x| x["path"] == used[0].as_str()).unwrap().clone();
+    assert_eq!(back["state"], "failed", "{back}");
+    d.ok(&["pool", "repair", "m"]);
+    assert_eq!(d.json(&["pool", "show", "m"])["health"], "healthy");
+    d.stop();
+
+    // The other member's label is overwritten: refused, never written, and the pool still opens.
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().write(true).open(&used[1]).unwrap();
+        f.write_all_at(&[0xAB; 512], 0).unwrap();
+    }
+    let d = Daemon::start(&state);
+    let p = d.json(&["pool", "show", "m"]);
+    let bad = p["disk_list"].as_array().unwrap().iter().find(|x| x["path"] == used[1].as_str()).unwrap().clone();
+    assert_eq!(bad["state"], "missing", "{bad}");
+    assert!(bad["problem"].as_str().is_some());
+    d.ok(&["vdisk", "export", "m/v", out.to_str().unwrap(), "--overwrite"]);
+    assert!(same_file(&img, &out));
+    let mut label = [0u8; 512];
+    {
+        use std::os::unix::fs::FileExt;
+        std::fs::File::open(&used[1]).unwrap().read_exact_at(&mut label, 0).unwrap();
+    }
+    assert!(label.iter().all(|&b| b == 0xAB), "a refused disk was written");
+}

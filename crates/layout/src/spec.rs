@@ -159,9 +159,15 @@ impl LayoutSpec {
     }
 
     pub fn describe(&self) -> String {
+        // Interleaves are powers of two from 4 KiB: KiB or MiB say them exactly.
+        let il = match self.interleave {
+            i if i >= 1 << 20 && i % (1 << 20) == 0 => format!("{} MiB", i >> 20),
+            i if i % 1024 == 0 => format!("{} KiB", i >> 10),
+            i => format!("{i} B"),
+        };
         match self.kind {
-            LayoutKind::Mirror => format!("{}-way mirror, {} column(s), interleave {}", self.copies, self.columns, self.interleave),
-            _ => format!("{}, {} column(s), interleave {}", self.kind.as_str(), self.columns, self.interleave),
+            LayoutKind::Mirror => format!("{}-way mirror, {} column(s), interleave {il}", self.copies, self.columns),
+            _ => format!("{}, {} column(s), interleave {il}", self.kind.as_str(), self.columns),
         }
     }
 }
