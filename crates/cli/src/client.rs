@@ -35,7 +35,9 @@ impl Endpoint {
         if s.starts_with('/') {
             return Ok(Endpoint::Unix(PathBuf::from(s)));
         }
-        Err(format!("'{s}' is not an API address: write unix:/path/to/api.sock or http://HOST:PORT"))
+        Err(format!(
+            "'{s}' is not an API address: write unix:/path/to/api.sock or http://HOST:PORT"
+        ))
     }
 
     pub fn describe(&self) -> String {
@@ -106,16 +108,20 @@ impl Client {
         let (host, mut sender) = match &self.endpoint {
             Endpoint::Unix(p) => {
                 let s = tokio::net::UnixStream::connect(p).await.map_err(|e| unreachable(&e))?;
-                let (sender, conn) =
-                    hyper::client::conn::http1::handshake(TokioIo::new(s)).await.map_err(|e| unreachable(&e))?;
+                let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s))
+                    .await
+                    .map_err(|e| unreachable(&e))?;
                 tokio::spawn(conn);
                 ("localhost".to_string(), sender)
             }
             Endpoint::Tcp(a) => {
-                let s = tokio::net::TcpStream::connect(a.as_str()).await.map_err(|e| unreachable(&e))?;
+                let s = tokio::net::TcpStream::connect(a.as_str())
+                    .await
+                    .map_err(|e| unreachable(&e))?;
                 let _ = s.set_nodelay(true);
-                let (sender, conn) =
-                    hyper::client::conn::http1::handshake(TokioIo::new(s)).await.map_err(|e| unreachable(&e))?;
+                let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s))
+                    .await
+                    .map_err(|e| unreachable(&e))?;
                 tokio::spawn(conn);
                 (a.clone(), sender)
             }
@@ -131,7 +137,9 @@ impl Client {
             }
             None => Bytes::new(),
         };
-        let req = req.body(Full::new(bytes)).map_err(|e| ClientError::Transport(e.to_string()))?;
+        let req = req
+            .body(Full::new(bytes))
+            .map_err(|e| ClientError::Transport(e.to_string()))?;
         let resp = sender.send_request(req).await.map_err(|e| unreachable(&e))?;
         let status = resp.status().as_u16();
         let data = resp
@@ -148,7 +156,10 @@ impl Client {
                 .map_err(|e| ClientError::Transport(format!("the daemon's answer is not JSON: {e}")));
         }
         match serde_json::from_slice::<ErrorBody>(&data) {
-            Ok(b) => Err(ClientError::Api { code: b.error.code, message: b.error.message }),
+            Ok(b) => Err(ClientError::Api {
+                code: b.error.code,
+                message: b.error.message,
+            }),
             Err(_) => Err(ClientError::Transport(format!(
                 "the daemon answered HTTP {status}: {}",
                 String::from_utf8_lossy(&data).trim()
@@ -176,7 +187,10 @@ mod tests {
 
     #[test]
     fn endpoints() {
-        assert!(matches!(Endpoint::parse("unix:/run/t.sock").unwrap(), Endpoint::Unix(_)));
+        assert!(matches!(
+            Endpoint::parse("unix:/run/t.sock").unwrap(),
+            Endpoint::Unix(_)
+        ));
         assert!(matches!(Endpoint::parse("/run/t.sock").unwrap(), Endpoint::Unix(_)));
         match Endpoint::parse("http://127.0.0.1:8484/").unwrap() {
             Endpoint::Tcp(a) => assert_eq!(a, "127.0.0.1:8484"),

@@ -15,12 +15,21 @@ use crate::output::{kv, percent, s, size, table};
 use crate::*;
 
 pub fn run(cli: Cli) -> Result<(), String> {
-    let Cli { api, client_state_dir, token, json, command } = cli;
+    let Cli {
+        api,
+        client_state_dir,
+        token,
+        json,
+        command,
+    } = cli;
     if let Command::Serve(a) = command {
         return serve(a, client_state_dir);
     }
     let endpoint = endpoint(api.as_deref(), client_state_dir.as_deref())?;
-    let c = Ctx { client: Client::new(endpoint, token)?, json };
+    let c = Ctx {
+        client: Client::new(endpoint, token)?,
+        json,
+    };
     let r = match command {
         Command::Serve(_) => unreachable!(),
         Command::Pool(p) => pool(&c, p),
@@ -56,15 +65,20 @@ fn endpoint(api: Option<&str>, state_dir: Option<&Path>) -> Result<Endpoint, Str
     if let Some(d) = state_dir {
         return Ok(Endpoint::Unix(d.join("api.sock")));
     }
-    let candidates = [PathBuf::from("/var/lib/tessera/api.sock"), PathBuf::from("tessera-demo/api.sock")];
+    let candidates = [
+        PathBuf::from("/var/lib/tessera/api.sock"),
+        PathBuf::from("tessera-demo/api.sock"),
+    ];
     for p in &candidates {
         if p.exists() {
             return Ok(Endpoint::Unix(std::path::absolute(p).unwrap_or(p.clone())));
         }
     }
-    Err("no tessera daemon found: neither /var/lib/tessera/api.sock nor ./tessera-demo/api.sock exists. \
+    Err(
+        "no tessera daemon found: neither /var/lib/tessera/api.sock nor ./tessera-demo/api.sock exists. \
          Start one with 'tessera serve' (or 'make demo'), or point at it with --api or TESSERA_API"
-        .into())
+            .into(),
+    )
 }
 
 struct Ctx {
@@ -84,7 +98,9 @@ impl Ctx {
 fn pool_vdisk(s: &str) -> Result<(String, String), ClientError> {
     match s.split_once('/') {
         Some((p, v)) if !p.is_empty() && !v.is_empty() && !v.contains('/') => Ok((p.to_string(), v.to_string())),
-        _ => Err(ClientError::Transport(format!("'{s}' does not name a vdisk: write POOL/NAME, e.g. demo/vol1"))),
+        _ => Err(ClientError::Transport(format!(
+            "'{s}' does not name a vdisk: write POOL/NAME, e.g. demo/vol1"
+        ))),
     }
 }
 
@@ -99,7 +115,10 @@ fn pool(c: &Ctx, cmd: PoolCmd) -> R {
     match cmd {
         PoolCmd::Create { name, disks, slab_size } => {
             let disks: Vec<String> = disks.iter().map(|d| abs(d)).collect::<Result<_, _>>()?;
-            let v = c.client.post("/api/pools", Some(json!({"name": name, "disks": disks, "slab_size": slab_size})))?;
+            let v = c.client.post(
+                "/api/pools",
+                Some(json!({"name": name, "disks": disks, "slab_size": slab_size})),
+            )?;
             if c.json {
                 c.print_json(&v);
             } else {
@@ -154,12 +173,18 @@ fn pool(c: &Ctx, cmd: PoolCmd) -> R {
             }
         }
         PoolCmd::Export { name } => {
-            c.client.post(&format!("/api/pools/{}/export", encode_segment(&name)), None)?;
+            c.client
+                .post(&format!("/api/pools/{}/export", encode_segment(&name)), None)?;
             if !c.json {
                 println!("pool {name} exported; 'tessera pool import {name}' brings it back");
             }
         }
-        PoolCmd::Repair { name, parallel, rate, no_wait } => {
+        PoolCmd::Repair {
+            name,
+            parallel,
+            rate,
+            no_wait,
+        } => {
             let v = c.client.post(
                 &format!("/api/pools/{}/repair", encode_segment(&name)),
                 Some(json!({"parallel": parallel, "rate_limit": rate})),
@@ -167,7 +192,9 @@ fn pool(c: &Ctx, cmd: PoolCmd) -> R {
             follow(c, v, no_wait)?;
         }
         PoolCmd::Check { name } => {
-            let v = c.client.post(&format!("/api/pools/{}/check", encode_segment(&name)), None)?;
+            let v = c
+                .client
+                .post(&format!("/api/pools/{}/check", encode_segment(&name)), None)?;
             if c.json {
                 c.print_json(&v);
             } else {
@@ -309,7 +336,10 @@ fn disk(c: &Ctx, cmd: DiskCmd) -> R {
             return Ok(());
         }
         DiskCmd::Add { pool, path } => {
-            let v = c.client.post(&format!("/api/pools/{}/disks", encode_segment(&pool)), Some(json!({"path": abs(&path)?})))?;
+            let v = c.client.post(
+                &format!("/api/pools/{}/disks", encode_segment(&pool)),
+                Some(json!({"path": abs(&path)?})),
+            )?;
             (v, "added")
         }
         DiskCmd::Retire { pool, disk } => (disk_action(c, &pool, &disk, "retire")?, "retired"),
@@ -318,7 +348,12 @@ fn disk(c: &Ctx, cmd: DiskCmd) -> R {
     if c.json {
         c.print_json(&v);
     } else {
-        println!("disk {} ({}) {what}; its state is now {}", s(&v["path"]), s(&v["id"]), s(&v["state"]));
+        println!(
+            "disk {} ({}) {what}; its state is now {}",
+            s(&v["path"]),
+            s(&v["id"]),
+            s(&v["state"])
+        );
         if what != "added" {
             println!("'tessera pool repair POOL' rebuilds what it held onto the other disks");
         }
@@ -328,8 +363,19 @@ fn disk(c: &Ctx, cmd: DiskCmd) -> R {
 
 fn disk_action(c: &Ctx, pool: &str, disk: &str, action: &str) -> Result<Value, ClientError> {
     // A relative path names the disk as the daemon knows it: absolute.
-    let disk = if disk.contains('/') { abs(Path::new(disk))? } else { disk.to_string() };
-    c.client.post(&format!("/api/pools/{}/disks/{}/{action}", encode_segment(pool), encode_segment(&disk)), None)
+    let disk = if disk.contains('/') {
+        abs(Path::new(disk))?
+    } else {
+        disk.to_string()
+    };
+    c.client.post(
+        &format!(
+            "/api/pools/{}/disks/{}/{action}",
+            encode_segment(pool),
+            encode_segment(&disk)
+        ),
+        None,
+    )
 }
 
 fn layout_body(name: &str, size: u64, l: &LayoutArgs) -> Value {
@@ -341,13 +387,25 @@ fn layout_body(name: &str, size: u64, l: &LayoutArgs) -> Value {
 
 fn vdisk(c: &Ctx, cmd: VdiskCmd) -> R {
     match cmd {
-        VdiskCmd::Create { vdisk, size: sz, layout } => {
+        VdiskCmd::Create {
+            vdisk,
+            size: sz,
+            layout,
+        } => {
             let (p, n) = pool_vdisk(&vdisk)?;
-            let v = c.client.post(&format!("/api/pools/{}/vdisks", encode_segment(&p)), Some(layout_body(&n, sz, &layout)))?;
+            let v = c.client.post(
+                &format!("/api/pools/{}/vdisks", encode_segment(&p)),
+                Some(layout_body(&n, sz, &layout)),
+            )?;
             if c.json {
                 c.print_json(&v);
             } else {
-                println!("vdisk {vdisk} created: {}, {}, {}", size(&v["size"]), s(&v["layout_description"]), s(&v["provisioning"]));
+                println!(
+                    "vdisk {vdisk} created: {}, {}, {}",
+                    size(&v["size"]),
+                    s(&v["layout_description"]),
+                    s(&v["provisioning"])
+                );
             }
         }
         VdiskCmd::List { pool } => {
@@ -363,7 +421,11 @@ fn vdisk(c: &Ctx, cmd: VdiskCmd) -> R {
         }
         VdiskCmd::Show { vdisk } => {
             let (p, n) = pool_vdisk(&vdisk)?;
-            let v = c.client.get(&format!("/api/pools/{}/vdisks/{}", encode_segment(&p), encode_segment(&n)))?;
+            let v = c.client.get(&format!(
+                "/api/pools/{}/vdisks/{}",
+                encode_segment(&p),
+                encode_segment(&n)
+            ))?;
             if c.json {
                 c.print_json(&v);
             } else {
@@ -392,12 +454,22 @@ fn vdisk(c: &Ctx, cmd: VdiskCmd) -> R {
         }
         VdiskCmd::Delete { vdisk } => {
             let (p, n) = pool_vdisk(&vdisk)?;
-            c.client.delete(&format!("/api/pools/{}/vdisks/{}", encode_segment(&p), encode_segment(&n)))?;
+            c.client.delete(&format!(
+                "/api/pools/{}/vdisks/{}",
+                encode_segment(&p),
+                encode_segment(&n)
+            ))?;
             if !c.json {
                 println!("vdisk {vdisk} deleted");
             }
         }
-        VdiskCmd::Import { vdisk, image, size: sz, layout, no_wait } => {
+        VdiskCmd::Import {
+            vdisk,
+            image,
+            size: sz,
+            layout,
+            no_wait,
+        } => {
             let (p, n) = pool_vdisk(&vdisk)?;
             let v = c.client.post(
                 &format!("/api/pools/{}/vdisks/{}/import", encode_segment(&p), encode_segment(&n)),
@@ -405,7 +477,12 @@ fn vdisk(c: &Ctx, cmd: VdiskCmd) -> R {
             )?;
             follow(c, v, no_wait)?;
         }
-        VdiskCmd::Export { vdisk, image, overwrite, no_wait } => {
+        VdiskCmd::Export {
+            vdisk,
+            image,
+            overwrite,
+            no_wait,
+        } => {
             let (p, n) = pool_vdisk(&vdisk)?;
             let v = c.client.post(
                 &format!("/api/pools/{}/vdisks/{}/export", encode_segment(&p), encode_segment(&n)),
@@ -432,14 +509,20 @@ fn job(c: &Ctx, cmd: JobCmd) -> R {
                             s(&j["kind"]),
                             s(&j["target"]),
                             s(&j["state"]),
-                            percent(j["done_bytes"].as_u64().unwrap_or(0), j["total_bytes"].as_u64().unwrap_or(0)),
+                            percent(
+                                j["done_bytes"].as_u64().unwrap_or(0),
+                                j["total_bytes"].as_u64().unwrap_or(0),
+                            ),
                             size(&j["total_bytes"]),
                             format!("{:.1}s", j["elapsed_seconds"].as_f64().unwrap_or(0.0)),
                             j["error"].as_str().unwrap_or("").to_string(),
                         ]
                     })
                     .collect();
-                table(&["ID", "KIND", "TARGET", "STATE", "DONE", "BYTES", "ELAPSED", "ERROR"], rows);
+                table(
+                    &["ID", "KIND", "TARGET", "STATE", "DONE", "BYTES", "ELAPSED", "ERROR"],
+                    rows,
+                );
             }
         }
         JobCmd::Show { id } => {
@@ -478,11 +561,20 @@ fn show_job(v: &Value) {
                 "{} of {} ({})",
                 size(&v["done_bytes"]),
                 size(&v["total_bytes"]),
-                percent(v["done_bytes"].as_u64().unwrap_or(0), v["total_bytes"].as_u64().unwrap_or(0))
+                percent(
+                    v["done_bytes"].as_u64().unwrap_or(0),
+                    v["total_bytes"].as_u64().unwrap_or(0)
+                )
             ),
         ),
-        ("rate", format!("{}/s", format_size(v["rate"].as_f64().unwrap_or(0.0) as u64))),
-        ("elapsed", format!("{:.1}s", v["elapsed_seconds"].as_f64().unwrap_or(0.0))),
+        (
+            "rate",
+            format!("{}/s", format_size(v["rate"].as_f64().unwrap_or(0.0) as u64)),
+        ),
+        (
+            "elapsed",
+            format!("{:.1}s", v["elapsed_seconds"].as_f64().unwrap_or(0.0)),
+        ),
     ];
     if let Some(e) = v["eta_seconds"].as_f64() {
         pairs.push(("eta", format!("{e:.0}s")));
@@ -499,23 +591,27 @@ fn show_job(v: &Value) {
 /// Follows a job to its end with a progress bar (on a terminal), unless `no_wait`. A job that
 /// fails or is cancelled makes the command fail.
 fn follow(c: &Ctx, job: Value, no_wait: bool) -> R {
-    let id = job["id"].as_u64().ok_or_else(|| ClientError::Transport("the daemon did not return a job".into()))?;
+    let id = job["id"]
+        .as_u64()
+        .ok_or_else(|| ClientError::Transport("the daemon did not return a job".into()))?;
     if no_wait {
         if c.json {
             c.print_json(&job);
         } else {
-            println!("job {id} started ({} of {}); 'tessera job wait {id}' follows it", s(&job["kind"]), s(&job["target"]));
+            println!(
+                "job {id} started ({} of {}); 'tessera job wait {id}' follows it",
+                s(&job["kind"]),
+                s(&job["target"])
+            );
         }
         return Ok(());
     }
     let bar = if std::io::stderr().is_terminal() && !c.json {
         let b = ProgressBar::new(job["total_bytes"].as_u64().unwrap_or(0));
         b.set_style(
-            ProgressStyle::with_template(
-                "{msg} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta} ",
-            )
-            .expect("valid template")
-            .progress_chars("=> "),
+            ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta} ")
+                .expect("valid template")
+                .progress_chars("=> "),
         );
         b.set_message(format!("job {id} {} {}", s(&job["kind"]), s(&job["target"])));
         Some(b)

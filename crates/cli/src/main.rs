@@ -11,7 +11,11 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use tessera_server::units::parse_size;
 
 #[derive(Parser)]
-#[command(name = "tessera", version, about = "Tessera software SAN: pools, resilient virtual disks, and their daemon")]
+#[command(
+    name = "tessera",
+    version,
+    about = "Tessera software SAN: pools, resilient virtual disks, and their daemon"
+)]
 pub struct Cli {
     /// The daemon's API: unix:/path/api.sock or http://HOST:PORT. Default: the socket in
     /// --state-dir, else /var/lib/tessera/api.sock, else ./tessera-demo/api.sock.
@@ -161,7 +165,9 @@ pub enum VdiskCmd {
         layout: LayoutArgs,
     },
     /// List vdisks, of one pool or of all.
-    List { pool: Option<String> },
+    List {
+        pool: Option<String>,
+    },
     Show {
         vdisk: String,
     },
@@ -172,7 +178,9 @@ pub enum VdiskCmd {
         size: u64,
     },
     /// Delete a vdisk and free its space.
-    Delete { vdisk: String },
+    Delete {
+        vdisk: String,
+    },
     /// Copy a raw image into a vdisk (created with the layout options if it does not exist).
     Import {
         vdisk: String,
@@ -201,11 +209,17 @@ pub enum VdiskCmd {
 pub enum JobCmd {
     /// Running and recently finished jobs.
     List,
-    Show { id: u64 },
+    Show {
+        id: u64,
+    },
     /// Follow a job to its end with a progress bar.
-    Wait { id: u64 },
+    Wait {
+        id: u64,
+    },
     /// Ask a job to stop.
-    Cancel { id: u64 },
+    Cancel {
+        id: u64,
+    },
 }
 
 fn main() -> ExitCode {

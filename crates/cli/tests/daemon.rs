@@ -2,7 +2,6 @@
 
 mod common;
 
-
 use common::*;
 
 #[test]
@@ -23,12 +22,37 @@ fn pool_and_vdisk_lifecycle() {
     assert_eq!(v["size"], 256u64 << 20);
     assert_eq!(v["layout"]["kind"], "mirror");
     assert_eq!(v["provisioning"], "thin");
-    d.ok(&["vdisk", "create", "tank/p", "--size", "100M", "--layout", "parity", "--block-size", "4096", "--grain", "128K"]);
-    d.ok(&["vdisk", "create", "tank/f", "--size", "64M", "--layout", "simple", "--provisioning", "fixed"]);
+    d.ok(&[
+        "vdisk",
+        "create",
+        "tank/p",
+        "--size",
+        "100M",
+        "--layout",
+        "parity",
+        "--block-size",
+        "4096",
+        "--grain",
+        "128K",
+    ]);
+    d.ok(&[
+        "vdisk",
+        "create",
+        "tank/f",
+        "--size",
+        "64M",
+        "--layout",
+        "simple",
+        "--provisioning",
+        "fixed",
+    ]);
     let list = d.json(&["vdisk", "list", "tank"]);
     assert_eq!(list.as_array().unwrap().len(), 3);
     let p = d.json(&["vdisk", "show", "tank/p"]);
-    assert_eq!((p["block_size"].as_u64(), p["grain_size"].as_u64()), (Some(4096), Some(128 << 10)));
+    assert_eq!(
+        (p["block_size"].as_u64(), p["grain_size"].as_u64()),
+        (Some(4096), Some(128 << 10))
+    );
     assert!(d.ok(&["vdisk", "show", "tank/p"]).contains("parity"));
 
     let v = d.json(&["vdisk", "resize", "tank/vol1", "--size", "1G"]);
@@ -38,21 +62,55 @@ fn pool_and_vdisk_lifecycle() {
     assert!(d.ok(&["pool", "show", "tank"]).contains("tank/vol1"));
 
     // Errors say what was wrong.
-    assert!(d.fails(&["vdisk", "create", "tank/vol1", "--size", "1G"]).contains("already exists"));
-    assert!(d.fails(&["pool", "create", "tank", "--disk", &disks[0]]).contains("already exists"));
+    assert!(d
+        .fails(&["vdisk", "create", "tank/vol1", "--size", "1G"])
+        .contains("already exists"));
+    assert!(d
+        .fails(&["pool", "create", "tank", "--disk", &disks[0]])
+        .contains("already exists"));
     assert!(d.fails(&["vdisk", "show", "tank/nope"]).contains("no vdisk 'nope'"));
-    assert!(d.fails(&["vdisk", "show", "nope/vol1"]).contains("no imported pool 'nope'"));
+    assert!(d
+        .fails(&["vdisk", "show", "nope/vol1"])
+        .contains("no imported pool 'nope'"));
     assert!(d.fails(&["pool", "show", "nope"]).contains("no imported pool"));
-    assert!(d.fails(&["vdisk", "create", "tank/big", "--size", "100G", "--provisioning", "fixed"]).contains("out of space"));
-    assert!(d.fails(&["vdisk", "create", "tank/dp", "--size", "1G", "--layout", "dual-parity"]).contains("dual"));
-    assert!(d.fails(&["vdisk", "create", "tank/m4", "--size", "1G", "--layout", "mirror", "--copies", "4"]).contains("2 or 3 copies"));
-    assert!(d.fails(&["vdisk", "create", "tank/x", "--size", "1G", "--layout", "raid5"]).contains("unknown variant"));
-    assert!(d.fails(&["vdisk", "create", "tank/bad name", "--size", "1G"]).contains("vdisk name"));
-    assert!(d.fails(&["vdisk", "create", "novdisk", "--size", "1G"]).contains("POOL/NAME"));
-    assert!(d.fails(&["vdisk", "create", "tank/odd", "--size", "1000"]).contains("multiple"));
-    assert!(d.fails(&["vdisk", "resize", "tank/vol1", "--size", "512M"]).contains("shrinking"));
-    assert!(d.fails(&["pool", "create", "p2", "--disk", "/nonexistent/disk.img"]).contains("/nonexistent/disk.img"));
-    assert!(d.fails(&["pool", "create", "p2", "--disk", &disks[1]]).contains(&disks[1]));
+    assert!(d
+        .fails(&[
+            "vdisk",
+            "create",
+            "tank/big",
+            "--size",
+            "100G",
+            "--provisioning",
+            "fixed"
+        ])
+        .contains("out of space"));
+    assert!(d
+        .fails(&["vdisk", "create", "tank/dp", "--size", "1G", "--layout", "dual-parity"])
+        .contains("dual"));
+    assert!(d
+        .fails(&["vdisk", "create", "tank/m4", "--size", "1G", "--layout", "mirror", "--copies", "4"])
+        .contains("2 or 3 copies"));
+    assert!(d
+        .fails(&["vdisk", "create", "tank/x", "--size", "1G", "--layout", "raid5"])
+        .contains("unknown variant"));
+    assert!(d
+        .fails(&["vdisk", "create", "tank/bad name", "--size", "1G"])
+        .contains("vdisk name"));
+    assert!(d
+        .fails(&["vdisk", "create", "novdisk", "--size", "1G"])
+        .contains("POOL/NAME"));
+    assert!(d
+        .fails(&["vdisk", "create", "tank/odd", "--size", "1000"])
+        .contains("multiple"));
+    assert!(d
+        .fails(&["vdisk", "resize", "tank/vol1", "--size", "512M"])
+        .contains("shrinking"));
+    assert!(d
+        .fails(&["pool", "create", "p2", "--disk", "/nonexistent/disk.img"])
+        .contains("/nonexistent/disk.img"));
+    assert!(d
+        .fails(&["pool", "create", "p2", "--disk", &disks[1]])
+        .contains(&disks[1]));
     let o = d.cli(&["vdisk", "create", "tank/y", "--size", "12Q"]);
     assert!(!o.success && o.stderr.contains("not a size"), "{}", o.stderr);
     assert!(d.fails(&["pool", "destroy", "tank"]).contains("delete them first"));
@@ -109,27 +167,49 @@ fn import_export_round_trip_is_bit_exact_and_sparse() {
     f.set_len(size).unwrap();
     drop(f);
     assert!(same_file(&img, &out), "exported image differs from the imported one");
-    assert!(allocated(&out) < size - (30 << 20), "export is not sparse: {} bytes allocated", allocated(&out));
+    assert!(
+        allocated(&out) < size - (30 << 20),
+        "export is not sparse: {} bytes allocated",
+        allocated(&out)
+    );
 
     // An existing file is not overwritten by accident.
-    assert!(d.fails(&["vdisk", "export", "p/img", out.to_str().unwrap()]).contains("--overwrite"));
+    assert!(d
+        .fails(&["vdisk", "export", "p/img", out.to_str().unwrap()])
+        .contains("--overwrite"));
     let job = d.json(&["vdisk", "export", "p/img", out.to_str().unwrap(), "--overwrite"]);
     assert_eq!(job["state"], "succeeded");
 
     // Importing into an existing, smaller vdisk is refused; a missing image too.
     d.ok(&["vdisk", "create", "p/small", "--size", "1M"]);
-    assert!(d.fails(&["vdisk", "import", "p/small", img.to_str().unwrap()]).contains("larger than vdisk"));
-    assert!(d.fails(&["vdisk", "import", "p/small", "/no/such.img"]).contains("/no/such.img"));
+    assert!(d
+        .fails(&["vdisk", "import", "p/small", img.to_str().unwrap()])
+        .contains("larger than vdisk"));
+    assert!(d
+        .fails(&["vdisk", "import", "p/small", "/no/such.img"])
+        .contains("/no/such.img"));
 
     // Import over existing data: zero runs in the image must read back as zeros.
     let job = d.json(&["vdisk", "import", "p/img", img.to_str().unwrap()]);
     assert_eq!(job["state"], "succeeded");
     d.ok(&["vdisk", "export", "p/img", out.to_str().unwrap(), "--overwrite"]);
-    std::fs::OpenOptions::new().write(true).open(&out).unwrap().set_len(size).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&out)
+        .unwrap()
+        .set_len(size)
+        .unwrap();
     assert!(same_file(&img, &out));
 
     // --no-wait returns a running (or finished) job at once; job wait follows it.
-    let job = d.json(&["vdisk", "export", "p/img", out.to_str().unwrap(), "--overwrite", "--no-wait"]);
+    let job = d.json(&[
+        "vdisk",
+        "export",
+        "p/img",
+        out.to_str().unwrap(),
+        "--overwrite",
+        "--no-wait",
+    ]);
     let id = job["id"].as_u64().unwrap().to_string();
     let done = d.json(&["job", "wait", &id]);
     assert_eq!(done["state"], "succeeded");
@@ -137,7 +217,10 @@ fn import_export_round_trip_is_bit_exact_and_sparse() {
     assert_eq!(d.json(&["job", "show", &id])["kind"], "export");
     assert!(d.fails(&["job", "cancel", &id]).contains("already finished"));
     assert!(d.fails(&["job", "show", "999"]).contains("no job 999"));
-    assert!(d.json(&["pool", "check", "p"])["problems"].as_array().unwrap().is_empty());
+    assert!(d.json(&["pool", "check", "p"])["problems"]
+        .as_array()
+        .unwrap()
+        .is_empty());
 }
 
 #[test]
@@ -148,12 +231,35 @@ fn failed_disk_is_repaired_by_a_job_with_data_intact() {
     create_pool(&d, "r", &disks);
     let img = t.path().join("in.img");
     random_image(&img, 96 << 20, 2);
-    d.ok(&["vdisk", "import", "r/m", img.to_str().unwrap(), "--layout", "mirror", "--columns", "1"]);
-    d.ok(&["vdisk", "import", "r/q", img.to_str().unwrap(), "--layout", "parity", "--columns", "3"]);
+    d.ok(&[
+        "vdisk",
+        "import",
+        "r/m",
+        img.to_str().unwrap(),
+        "--layout",
+        "mirror",
+        "--columns",
+        "1",
+    ]);
+    d.ok(&[
+        "vdisk",
+        "import",
+        "r/q",
+        img.to_str().unwrap(),
+        "--layout",
+        "parity",
+        "--columns",
+        "3",
+    ]);
 
     // Fail the disk holding the most data, by path.
     let list = d.json(&["disk", "list", "r"]);
-    let victim = list.as_array().unwrap().iter().max_by_key(|x| x["used_bytes"].as_u64()).unwrap()["path"]
+    let victim = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .max_by_key(|x| x["used_bytes"].as_u64())
+        .unwrap()["path"]
         .as_str()
         .unwrap()
         .to_string();
@@ -182,7 +288,10 @@ fn failed_disk_is_repaired_by_a_job_with_data_intact() {
         d.ok(&["vdisk", "export", v, out.to_str().unwrap(), "--overwrite"]);
         assert!(same_file(&img, &out), "{v} differs after repair");
     }
-    assert!(d.json(&["pool", "check", "r"])["problems"].as_array().unwrap().is_empty());
+    assert!(d.json(&["pool", "check", "r"])["problems"]
+        .as_array()
+        .unwrap()
+        .is_empty());
     assert!(d.fails(&["disk", "fail", "r", "no-such-disk"]).contains("no disk"));
 
     // A new disk, then a retired disk is emptied onto it by the next repair.
@@ -190,11 +299,19 @@ fn failed_disk_is_repaired_by_a_job_with_data_intact() {
     let added = d.json(&["disk", "add", "r", &extra[0]]);
     assert_eq!(added["state"], "healthy");
     assert!(d.fails(&["disk", "add", "r", &extra[0]]).contains(&extra[0]));
-    let keep = list.as_array().unwrap().iter().find(|x| x["path"] != victim).unwrap()["id"].as_str().unwrap().to_string();
+    let keep = list.as_array().unwrap().iter().find(|x| x["path"] != victim).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     assert_eq!(d.json(&["disk", "retire", "r", &keep])["state"], "retired");
     d.ok(&["pool", "repair", "r"]);
     let disks_now = d.json(&["disk", "list", "r"]);
-    let retired = disks_now.as_array().unwrap().iter().find(|x| x["id"] == keep.as_str()).unwrap();
+    let retired = disks_now
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["id"] == keep.as_str())
+        .unwrap();
     assert_eq!(retired["slabs_used"], 0, "{retired}");
     d.ok(&["vdisk", "export", "r/m", out.to_str().unwrap(), "--overwrite"]);
     assert!(same_file(&img, &out));
@@ -223,7 +340,10 @@ fn sigkill_and_restart_keep_state_and_data() {
     let out = t.path().join("out.img");
     d.ok(&["vdisk", "export", "k/a", out.to_str().unwrap()]);
     assert!(same_file(&img, &out));
-    assert!(d.json(&["pool", "check", "k"])["problems"].as_array().unwrap().is_empty());
+    assert!(d.json(&["pool", "check", "k"])["problems"]
+        .as_array()
+        .unwrap()
+        .is_empty());
 
     // A clean stop and start, too; an exported pool stays exported across restarts.
     d.ok(&["vdisk", "delete", "k/b"]);
@@ -249,7 +369,15 @@ fn concurrent_clients() {
             s.spawn(move || {
                 for j in 0..5 {
                     let name = format!("c/v{i}-{j}");
-                    d.ok(&["vdisk", "create", &name, "--size", "64M", "--layout", if j % 2 == 0 { "mirror" } else { "parity" }]);
+                    d.ok(&[
+                        "vdisk",
+                        "create",
+                        &name,
+                        "--size",
+                        "64M",
+                        "--layout",
+                        if j % 2 == 0 { "mirror" } else { "parity" },
+                    ]);
                     d.ok(&["vdisk", "resize", &name, "--size", "128M"]);
                     d.json(&["pool", "show", "c"]);
                     if j % 2 == 1 {
@@ -271,8 +399,16 @@ fn concurrent_clients() {
     });
     let list = d.json(&["vdisk", "list", "c"]);
     assert_eq!(list.as_array().unwrap().len(), 6 * 3 + 1);
-    assert!(list.as_array().unwrap().iter().filter(|v| v["name"] != "shared").all(|v| v["size"] == 128u64 << 20));
-    assert!(d.json(&["pool", "check", "c"])["problems"].as_array().unwrap().is_empty());
+    assert!(list
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|v| v["name"] != "shared")
+        .all(|v| v["size"] == 128u64 << 20));
+    assert!(d.json(&["pool", "check", "c"])["problems"]
+        .as_array()
+        .unwrap()
+        .is_empty());
 }
 
 #[test]
@@ -283,7 +419,11 @@ fn api_errors_are_json_with_stable_codes() {
 
     let r = d.http("POST", "/api/pools/e/vdisks", Some("{\"name\": \"x\", \"size\": "));
     assert_eq!((r.status, r.code().as_str()), (400, "malformed_request"), "{}", r.body);
-    let r = d.http("POST", "/api/pools/e/vdisks", Some("{\"name\": \"x\", \"size\": 1048576, \"colour\": 1}"));
+    let r = d.http(
+        "POST",
+        "/api/pools/e/vdisks",
+        Some("{\"name\": \"x\", \"size\": 1048576, \"colour\": 1}"),
+    );
     assert_eq!(r.code(), "malformed_request");
     assert!(r.json()["error"]["message"].as_str().unwrap().contains("colour"));
     let r = d.http("POST", "/api/pools/e/vdisks", Some("{\"name\": \"x\", \"size\": -5}"));
@@ -304,17 +444,32 @@ fn api_errors_are_json_with_stable_codes() {
     assert_eq!(r.code(), "invalid_argument");
     let r = d.http("GET", "/api/pools/zzz", None);
     assert_eq!((r.status, r.code().as_str()), (404, "not_found"));
-    let r = d.http("POST", "/api/pools/e/vdisks", Some("{\"name\": \"x\", \"size\": 1099511627776000, \"provisioning\": \"fixed\"}"));
+    let r = d.http(
+        "POST",
+        "/api/pools/e/vdisks",
+        Some("{\"name\": \"x\", \"size\": 1099511627776000, \"provisioning\": \"fixed\"}"),
+    );
     assert_eq!((r.status, r.code().as_str()), (507, "no_space"), "{}", r.body);
-    let r = d.http("POST", "/api/pools/e/vdisks", Some("{\"name\": \"x\", \"size\": 1048576}"));
+    let r = d.http(
+        "POST",
+        "/api/pools/e/vdisks",
+        Some("{\"name\": \"x\", \"size\": 1048576}"),
+    );
     assert_eq!(r.status, 201);
-    let r = d.http("POST", "/api/pools/e/vdisks", Some("{\"name\": \"x\", \"size\": 1048576}"));
+    let r = d.http(
+        "POST",
+        "/api/pools/e/vdisks",
+        Some("{\"name\": \"x\", \"size\": 1048576}"),
+    );
     assert_eq!((r.status, r.code().as_str()), (409, "already_exists"));
     let r = d.http("POST", "/api/pools/e/disks/nope/explode", None);
     assert_eq!(r.code(), "not_found");
     // The daemon is unharmed by all of it.
     assert_eq!(d.http("GET", "/api/health", None).status, 200);
-    assert!(d.json(&["pool", "check", "e"])["problems"].as_array().unwrap().is_empty());
+    assert!(d.json(&["pool", "check", "e"])["problems"]
+        .as_array()
+        .unwrap()
+        .is_empty());
 }
 
 #[test]
@@ -337,7 +492,11 @@ fn openapi_lists_every_route_and_the_router_serves_them() {
             let body = (method == "post").then_some("{}");
             let r = d.http(&method.to_uppercase(), &concrete, body);
             let code = if r.status >= 400 { r.code() } else { String::new() };
-            assert!(code != "no_such_route" && code != "method_not_allowed", "{method} {path}: {}", r.body);
+            assert!(
+                code != "no_such_route" && code != "method_not_allowed",
+                "{method} {path}: {}",
+                r.body
+            );
             n += 1;
         }
     }
@@ -352,7 +511,11 @@ fn tcp_listener_and_tokens() {
     assert!(e.contains("without a token"), "{e}");
 
     let token = "s3cret-token-0123456789";
-    let d = Daemon::start_with(&t.path().join("s2"), &["--api-listen", "0.0.0.0:0", "--api-token", token]).unwrap();
+    let d = Daemon::start_with(
+        &t.path().join("s2"),
+        &["--api-listen", "0.0.0.0:0", "--api-token", token],
+    )
+    .unwrap();
     let banner = d.stdout();
     let addr = banner
         .split("http://")
@@ -362,9 +525,23 @@ fn tcp_listener_and_tokens() {
         .replace("0.0.0.0", "127.0.0.1");
     let r = http_tcp(&addr, "GET", "/api/pools", None, &[]).unwrap();
     assert_eq!((r.status, r.code().as_str()), (401, "unauthorized"));
-    let r = http_tcp(&addr, "GET", "/api/pools", None, &[("Authorization", "Bearer wrong-token-0123456789")]).unwrap();
+    let r = http_tcp(
+        &addr,
+        "GET",
+        "/api/pools",
+        None,
+        &[("Authorization", "Bearer wrong-token-0123456789")],
+    )
+    .unwrap();
     assert_eq!(r.status, 401);
-    let r = http_tcp(&addr, "GET", "/api/pools", None, &[("Authorization", &format!("Bearer {token}"))]).unwrap();
+    let r = http_tcp(
+        &addr,
+        "GET",
+        "/api/pools",
+        None,
+        &[("Authorization", &format!("Bearer {token}"))],
+    )
+    .unwrap();
     assert_eq!(r.status, 200);
     // The CLI over TCP, with and without the token.
     let api = format!("http://{addr}");
@@ -390,13 +567,25 @@ fn bad_configuration_is_refused_with_the_reason() {
 
     // A good file; the flag overrides its listen address.
     std::fs::write(&cfg, "api_listen = \"127.0.0.1:1\"\nlog_format = \"json\"\n").unwrap();
-    let d = Daemon::start_with(&t.path().join("s"), &["--config", cfg.to_str().unwrap(), "--api-listen", "none"]).unwrap();
-    assert!(d.logs().lines().any(|l| l.starts_with('{')), "no JSON log lines: {}", d.logs());
+    let d = Daemon::start_with(
+        &t.path().join("s"),
+        &["--config", cfg.to_str().unwrap(), "--api-listen", "none"],
+    )
+    .unwrap();
+    assert!(
+        d.logs().lines().any(|l| l.starts_with('{')),
+        "no JSON log lines: {}",
+        d.logs()
+    );
 
     // A pool the configuration names but which does not exist is reported, not fatal.
     std::fs::write(&cfg, "pools = [\"ghost\"]\n").unwrap();
     drop(d);
-    let d = Daemon::start_with(&t.path().join("s3"), &["--config", cfg.to_str().unwrap(), "--api-listen", "none"]).unwrap();
+    let d = Daemon::start_with(
+        &t.path().join("s3"),
+        &["--config", cfg.to_str().unwrap(), "--api-listen", "none"],
+    )
+    .unwrap();
     let pools = d.json(&["pool", "list"]);
     assert_eq!(pools[0]["health"], "unavailable");
     assert!(d.fails(&["vdisk", "list", "ghost"]).contains("could not be imported"));
@@ -434,8 +623,21 @@ fn missing_and_corrupt_disks_at_start_leave_the_pool_degraded_not_lost() {
     create_pool(&d, "m", &disks);
     let img = t.path().join("in.img");
     random_image(&img, 48 << 20, 4);
-    d.ok(&["vdisk", "import", "m/v", img.to_str().unwrap(), "--layout", "mirror", "--columns", "1"]);
-    let used: Vec<String> = d.json(&["disk", "list", "m"]).as_array().unwrap().iter()
+    d.ok(&[
+        "vdisk",
+        "import",
+        "m/v",
+        img.to_str().unwrap(),
+        "--layout",
+        "mirror",
+        "--columns",
+        "1",
+    ]);
+    let used: Vec<String> = d
+        .json(&["disk", "list", "m"])
+        .as_array()
+        .unwrap()
+        .iter()
         .filter(|x| x["used_bytes"].as_u64().unwrap() > 0)
         .map(|x| x["path"].as_str().unwrap().to_string())
         .collect();
@@ -448,7 +650,13 @@ fn missing_and_corrupt_disks_at_start_leave_the_pool_degraded_not_lost() {
     let mut d = Daemon::start(&state);
     let p = d.json(&["pool", "show", "m"]);
     assert_eq!(p["health"], "degraded", "{p}");
-    let missing = p["disk_list"].as_array().unwrap().iter().find(|x| x["path"] == used[0].as_str()).unwrap().clone();
+    let missing = p["disk_list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["path"] == used[0].as_str())
+        .unwrap()
+        .clone();
     assert_eq!(missing["state"], "missing");
     assert!(missing["problem"].as_str().unwrap().contains(&used[0]), "{missing}");
     let out = t.path().join("out.img");
@@ -460,7 +668,13 @@ fn missing_and_corrupt_disks_at_start_leave_the_pool_degraded_not_lost() {
     std::fs::rename(&moved, &used[0]).unwrap();
     let mut d = Daemon::start(&state);
     let p = d.json(&["pool", "show", "m"]);
-    let back = p["disk_list"].as_array().unwrap().iter().find(|x| x["path"] == used[0].as_str()).unwrap().clone();
+    let back = p["disk_list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["path"] == used[0].as_str())
+        .unwrap()
+        .clone();
     assert_eq!(back["state"], "failed", "{back}");
     d.ok(&["pool", "repair", "m"]);
     assert_eq!(d.json(&["pool", "show", "m"])["health"], "healthy");
@@ -474,7 +688,13 @@ fn missing_and_corrupt_disks_at_start_leave_the_pool_degraded_not_lost() {
     }
     let d = Daemon::start(&state);
     let p = d.json(&["pool", "show", "m"]);
-    let bad = p["disk_list"].as_array().unwrap().iter().find(|x| x["path"] == used[1].as_str()).unwrap().clone();
+    let bad = p["disk_list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["path"] == used[1].as_str())
+        .unwrap()
+        .clone();
     assert_eq!(bad["state"], "missing", "{bad}");
     assert!(bad["problem"].as_str().is_some());
     d.ok(&["vdisk", "export", "m/v", out.to_str().unwrap(), "--overwrite"]);
@@ -482,7 +702,10 @@ fn missing_and_corrupt_disks_at_start_leave_the_pool_degraded_not_lost() {
     let mut label = [0u8; 512];
     {
         use std::os::unix::fs::FileExt;
-        std::fs::File::open(&used[1]).unwrap().read_exact_at(&mut label, 0).unwrap();
+        std::fs::File::open(&used[1])
+            .unwrap()
+            .read_exact_at(&mut label, 0)
+            .unwrap();
     }
     assert!(label.iter().all(|&b| b == 0xAB), "a refused disk was written");
 }

@@ -108,9 +108,7 @@ impl Eq for AlignedBuf {}
 impl fmt::Debug for AlignedBuf {
     // Contents can be megabytes; the length is what matters in messages.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("AlignedBuf")
-            .field("len", &self.len)
-            .finish()
+        f.debug_struct("AlignedBuf").field("len", &self.len).finish()
     }
 }
 

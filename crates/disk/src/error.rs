@@ -76,10 +76,7 @@ mod tests {
             source: std::io::Error::from_raw_os_error(libc::EIO),
         };
         let s = e.to_string();
-        assert!(
-            s.starts_with("/dev/sdb: read at offset 8192 length 4096: "),
-            "{s}"
-        );
+        assert!(s.starts_with("/dev/sdb: read at offset 8192 length 4096: "), "{s}");
         assert!(std::error::Error::source(&e).is_some());
 
         let e = DiskError::OutOfRange {

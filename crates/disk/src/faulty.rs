@@ -71,9 +71,7 @@ impl FaultyDisk {
             flushes: AtomicU64::new(0),
         };
         Arc::new(FaultyDisk {
-            faults: Faults {
-                state: Arc::new(state),
-            },
+            faults: Faults { state: Arc::new(state) },
         })
     }
 
@@ -102,10 +100,10 @@ impl FaultyDisk {
                 Err("disk pulled".to_string())
             } else if let Some(0) = plan.budget {
                 Err("I/O budget exhausted, every I/O fails".to_string())
-            } else if let Some(&(start, flen, _)) =
-                plan.ranges.iter().find(|&&(start, flen, op)| {
-                    op.covers(is_write) && overlaps(start, flen, offset, len as u64)
-                })
+            } else if let Some(&(start, flen, _)) = plan
+                .ranges
+                .iter()
+                .find(|&&(start, flen, op)| op.covers(is_write) && overlaps(start, flen, offset, len as u64))
             {
                 let op = if is_write { "write" } else { "read" };
                 Err(format!(
@@ -113,11 +111,7 @@ impl FaultyDisk {
                     start.saturating_add(flen)
                 ))
             } else {
-                Ok(if is_write {
-                    plan.tear_next.take()
-                } else {
-                    None
-                })
+                Ok(if is_write { plan.tear_next.take() } else { None })
             };
             if let Some(n) = plan.budget.as_mut() {
                 *n = n.saturating_sub(1);
@@ -165,10 +159,7 @@ impl BlockDevice for FaultyDisk {
                 if keep > 0 {
                     s.inner.write_at(&buf[..keep], offset)?;
                 }
-                Err(self.injected(format!(
-                    "torn write: {keep} of {} bytes reached the disk",
-                    buf.len()
-                )))
+                Err(self.injected(format!("torn write: {keep} of {} bytes reached the disk", buf.len())))
             }
         }
     }
@@ -277,9 +268,7 @@ impl Faults {
 
 impl std::fmt::Debug for FaultyDisk {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FaultyDisk")
-            .field("path", &self.path())
-            .finish()
+        f.debug_struct("FaultyDisk").field("path", &self.path()).finish()
     }
 }
 
@@ -352,10 +341,7 @@ mod tests {
             fill(&*d, 4 * MIB, SECTOR, 1),
             Err(DiskError::OutOfRange { .. })
         ));
-        assert!(matches!(
-            d.write_at(&[], 0),
-            Err(DiskError::Unaligned { len: 0, .. })
-        ));
+        assert!(matches!(d.write_at(&[], 0), Err(DiskError::Unaligned { len: 0, .. })));
     }
 
     #[test]
@@ -416,11 +402,7 @@ mod tests {
         let t = Instant::now();
         read(&*d, 0, SECTOR).unwrap();
         fill(&*d, 0, SECTOR, 1).unwrap();
-        assert!(
-            t.elapsed() >= Duration::from_millis(60),
-            "{:?}",
-            t.elapsed()
-        );
+        assert!(t.elapsed() >= Duration::from_millis(60), "{:?}", t.elapsed());
         f.clear();
         let t = Instant::now();
         read(&*d, 0, SECTOR).unwrap();
@@ -433,10 +415,7 @@ mod tests {
         fill(&*d, 0, 4 * SECTOR, 0xAA).unwrap();
         // 2.5 sectors requested: rounded down to two.
         f.tear_next_write(2 * SECTOR + SECTOR / 2);
-        assert!(is_injected(
-            fill(&*d, 0, 4 * SECTOR, 0xBB),
-            "torn write: 8192 of 16384"
-        ));
+        assert!(is_injected(fill(&*d, 0, 4 * SECTOR, 0xBB), "torn write: 8192 of 16384"));
         let got = read(&*mem, 0, 4 * SECTOR).unwrap();
         assert!(got[..2 * SECTOR].iter().all(|&b| b == 0xBB));
         assert!(got[2 * SECTOR..].iter().all(|&b| b == 0xAA));
@@ -460,11 +439,7 @@ mod tests {
         d.write_at(&data, 3 * S).unwrap();
         let before = (f.reads(), f.writes());
         f.flip_bit(3 * S + SECTOR as u64 + 77, 5).unwrap();
-        assert_eq!(
-            (f.reads(), f.writes()),
-            before,
-            "flip_bit must bypass the counters"
-        );
+        assert_eq!((f.reads(), f.writes()), before, "flip_bit must bypass the counters");
         let got = read(&*d, 3 * S, 2 * SECTOR).unwrap();
         let diff: Vec<(usize, u8)> = got
             .iter()

@@ -9,9 +9,7 @@ use std::path::Path;
 
 use tracing::warn;
 
-use crate::{
-    check_request, round_down_to_sector, AlignedBuf, BlockDevice, DiskError, DATA_OFFSET, SECTOR,
-};
+use crate::{check_request, round_down_to_sector, AlignedBuf, BlockDevice, DiskError, DATA_OFFSET, SECTOR};
 
 /// A disk must be larger than this: the reserved header area plus at least 1 MiB of data.
 const MIN_SIZE_EXCLUSIVE: u64 = DATA_OFFSET + (1 << 20);
@@ -40,11 +38,7 @@ impl FileDisk {
     /// Creates a new file of `size` bytes and opens it like [`open`](Self::open). Fails if
     /// the path exists: an existing file is never truncated. With `preallocate` the space is
     /// reserved up front (fallocate); otherwise the file is sparse.
-    pub fn create_file(
-        path: impl AsRef<Path>,
-        size: u64,
-        preallocate: bool,
-    ) -> Result<FileDisk, DiskError> {
+    pub fn create_file(path: impl AsRef<Path>, size: u64, preallocate: bool) -> Result<FileDisk, DiskError> {
         let path = path.as_ref();
         let name = path.display().to_string();
         check_min_size(&name, round_down_to_sector(size))?;
@@ -80,10 +74,7 @@ impl FileDisk {
 
     /// The open path, with `opener(path, direct)` producing the file so that tests can
     /// simulate a filesystem that refuses O_DIRECT.
-    fn open_with(
-        path: &Path,
-        opener: impl Fn(&Path, bool) -> io::Result<File>,
-    ) -> Result<FileDisk, DiskError> {
+    fn open_with(path: &Path, opener: impl Fn(&Path, bool) -> io::Result<File>) -> Result<FileDisk, DiskError> {
         let name = path.display().to_string();
         // Classify before opening: opening a directory or a character device read-write
         // fails oddly or has side effects.
@@ -109,9 +100,7 @@ impl FileDisk {
             if logical as usize > SECTOR {
                 return Err(DiskError::Unusable {
                     path: name,
-                    reason: format!(
-                        "logical sector size {logical} is larger than the {SECTOR}-byte I/O unit"
-                    ),
+                    reason: format!("logical sector size {logical} is larger than the {SECTOR}-byte I/O unit"),
                 });
             }
             block_device_size(&file).map_err(|source| DiskError::Open {
@@ -132,12 +121,7 @@ impl FileDisk {
         })
     }
 
-    fn io_error(
-        &self,
-        op: &'static str,
-        offset: u64,
-        len: usize,
-    ) -> impl FnOnce(io::Error) -> DiskError + '_ {
+    fn io_error(&self, op: &'static str, offset: u64, len: usize) -> impl FnOnce(io::Error) -> DiskError + '_ {
         move |source| DiskError::Io {
             path: self.path.clone(),
             op,
@@ -231,10 +215,7 @@ fn open_rw(path: &Path, direct: bool) -> io::Result<File> {
 }
 
 /// Opens with O_DIRECT; if the filesystem refuses it (EINVAL), opens buffered instead.
-fn open_with_fallback(
-    name: &str,
-    opener: impl Fn(bool) -> io::Result<File>,
-) -> Result<(File, bool), DiskError> {
+fn open_with_fallback(name: &str, opener: impl Fn(bool) -> io::Result<File>) -> Result<(File, bool), DiskError> {
     let open_err = |source| DiskError::Open {
         path: name.to_string(),
         source,
@@ -335,13 +316,7 @@ fn block_device_size(file: &File) -> io::Result<u64> {
 fn logical_sector_size(file: &File) -> io::Result<u32> {
     let mut size: libc::c_int = 0;
     // SAFETY: BLKSSZGET writes one int through the pointer.
-    let rc = unsafe {
-        libc::ioctl(
-            file.as_raw_fd(),
-            BLKSSZGET as _,
-            &mut size as *mut libc::c_int,
-        )
-    };
+    let rc = unsafe { libc::ioctl(file.as_raw_fd(), BLKSSZGET as _, &mut size as *mut libc::c_int) };
     if rc < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -357,9 +332,7 @@ mod tests {
     const MIB: u64 = 1 << 20;
 
     fn pattern(len: usize, seed: u8) -> Vec<u8> {
-        (0..len)
-            .map(|i| ((i / 7) as u8).wrapping_add(seed))
-            .collect()
+        (0..len).map(|i| ((i / 7) as u8).wrapping_add(seed)).collect()
     }
 
     /// Whether the filesystem under `path` accepts O_DIRECT, probed independently.
@@ -380,11 +353,8 @@ mod tests {
         let mut data = AlignedBuf::zeroed(3 * SECTOR);
         data.copy_from_slice(&pattern(3 * SECTOR, 1));
         d.write_at(&data, DATA_OFFSET).unwrap();
-        d.write_at(
-            &AlignedBuf::from_slice(&[0x5A; SECTOR]),
-            8 * MIB - SECTOR as u64,
-        )
-        .unwrap();
+        d.write_at(&AlignedBuf::from_slice(&[0x5A; SECTOR]), 8 * MIB - SECTOR as u64)
+            .unwrap();
         d.flush().unwrap();
         drop(d);
 
@@ -443,8 +413,7 @@ mod tests {
 
         // And an aligned read sees the same bytes, so the bounce wrote to the right place.
         let mut aligned = AlignedBuf::zeroed(SECTOR);
-        d.read_at(&mut aligned, DATA_OFFSET + 2 * BOUNCE_CHUNK as u64)
-            .unwrap();
+        d.read_at(&mut aligned, DATA_OFFSET + 2 * BOUNCE_CHUNK as u64).unwrap();
         assert_eq!(&aligned[..], &pattern(len, 9)[2 * BOUNCE_CHUNK..]);
     }
 
@@ -462,17 +431,9 @@ mod tests {
             d.write_at(&buf[..512], 0),
             Err(DiskError::Unaligned { op: "write", .. })
         ));
-        assert!(matches!(
-            d.write_at(&[], 0),
-            Err(DiskError::Unaligned { len: 0, .. })
-        ));
-        assert!(
-            matches!(d.read_at(&mut buf, 4 * MIB), Err(DiskError::OutOfRange { size, .. }) if size == 4 * MIB)
-        );
-        assert!(matches!(
-            d.write_at(&buf, 4 * MIB),
-            Err(DiskError::OutOfRange { .. })
-        ));
+        assert!(matches!(d.write_at(&[], 0), Err(DiskError::Unaligned { len: 0, .. })));
+        assert!(matches!(d.read_at(&mut buf, 4 * MIB), Err(DiskError::OutOfRange { size, .. }) if size == 4 * MIB));
+        assert!(matches!(d.write_at(&buf, 4 * MIB), Err(DiskError::OutOfRange { .. })));
         // Nothing was written past the end.
         assert_eq!(std::fs::metadata(&path).unwrap().len(), 4 * MIB);
     }
@@ -501,10 +462,7 @@ mod tests {
         let sparse_bytes = std::fs::metadata(&sparse).unwrap().blocks() * 512;
         let full_bytes = std::fs::metadata(&full).unwrap().blocks() * 512;
         assert_eq!(std::fs::metadata(&full).unwrap().len(), 16 * MIB);
-        assert!(
-            full_bytes >= 16 * MIB,
-            "preallocated only {full_bytes} bytes"
-        );
+        assert!(full_bytes >= 16 * MIB, "preallocated only {full_bytes} bytes");
         assert!(sparse_bytes < MIB, "sparse file holds {sparse_bytes} bytes");
     }
 
@@ -518,10 +476,7 @@ mod tests {
             }
             other => panic!("expected Unusable, got {other:?}"),
         }
-        assert!(
-            !path.exists(),
-            "a refused create must not leave a file behind"
-        );
+        assert!(!path.exists(), "a refused create must not leave a file behind");
 
         std::fs::write(&path, vec![0u8; (DATA_OFFSET + MIB) as usize]).unwrap();
         match FileDisk::open(&path) {
@@ -533,10 +488,7 @@ mod tests {
         // One sector more is enough.
         let f = OpenOptions::new().write(true).open(&path).unwrap();
         f.set_len(DATA_OFFSET + MIB + SECTOR as u64).unwrap();
-        assert_eq!(
-            FileDisk::open(&path).unwrap().size(),
-            DATA_OFFSET + MIB + SECTOR as u64
-        );
+        assert_eq!(FileDisk::open(&path).unwrap().size(), DATA_OFFSET + MIB + SECTOR as u64);
     }
 
     #[test]
@@ -612,9 +564,7 @@ mod tests {
             calls.set(calls.get() + 1);
             Err(io::Error::from_raw_os_error(libc::EACCES))
         });
-        assert!(
-            matches!(r, Err(DiskError::Open { ref source, .. }) if source.raw_os_error() == Some(libc::EACCES))
-        );
+        assert!(matches!(r, Err(DiskError::Open { ref source, .. }) if source.raw_os_error() == Some(libc::EACCES)));
         assert_eq!(calls.get(), 1);
     }
 
@@ -682,19 +632,10 @@ mod tests {
                 continue;
             };
             let Ok(f) = File::open(&dev) else { continue };
-            if !f
-                .metadata()
-                .map(|m| m.file_type().is_block_device())
-                .unwrap_or(false)
-            {
+            if !f.metadata().map(|m| m.file_type().is_block_device()).unwrap_or(false) {
                 continue;
             }
-            assert_eq!(
-                block_device_size(&f).unwrap(),
-                sectors * 512,
-                "{}",
-                dev.display()
-            );
+            assert_eq!(block_device_size(&f).unwrap(), sectors * 512, "{}", dev.display());
             let logical = logical_sector_size(&f).unwrap();
             assert!(logical >= 512 && logical.is_power_of_two(), "{logical}");
             return;

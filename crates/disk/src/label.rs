@@ -63,11 +63,7 @@ pub enum LabelError {
     #[error("{path}: Tessera label is corrupt ({reason}); refusing to use or overwrite it")]
     Corrupt { path: String, reason: String },
     #[error("{path}: Tessera label format version {found} is not supported (this build reads version {supported})")]
-    Version {
-        path: String,
-        found: u32,
-        supported: u32,
-    },
+    Version { path: String, found: u32, supported: u32 },
     #[error("{path}: disk belongs to pool '{found_name}' ({found}), not to pool {expected}")]
     ForeignPool {
         path: String,
@@ -76,12 +72,10 @@ pub enum LabelError {
         expected: Uuid,
     },
     #[error("{path}: disk id is {found}, expected {expected} (the path now points at a different disk of this pool)")]
-    WrongDisk {
-        path: String,
-        found: Uuid,
-        expected: Uuid,
-    },
-    #[error("{path}: already carries a label of pool '{pool_name}' ({pool_id}); wipe it first if the disk is really free")]
+    WrongDisk { path: String, found: Uuid, expected: Uuid },
+    #[error(
+        "{path}: already carries a label of pool '{pool_name}' ({pool_id}); wipe it first if the disk is really free"
+    )]
     InUse {
         path: String,
         pool_id: Uuid,
@@ -156,9 +150,7 @@ impl Label {
         };
         if buf.len() < LABEL_SIZE || buf[..MAGIC.len()] != MAGIC[..] {
             // Blank, or written by something else: not ours to judge.
-            return Err(LabelError::Missing {
-                path: path.to_string(),
-            });
+            return Err(LabelError::Missing { path: path.to_string() });
         }
         let u16_at = |at: usize| u16::from_le_bytes(buf[at..at + 2].try_into().unwrap());
         let u32_at = |at: usize| u32::from_le_bytes(buf[at..at + 4].try_into().unwrap());
@@ -194,9 +186,7 @@ impl Label {
         }
         let name_len = u16_at(88) as usize;
         if name_len > MAX_POOL_NAME {
-            return Err(corrupt(format!(
-                "pool name length {name_len} exceeds {MAX_POOL_NAME}"
-            )));
+            return Err(corrupt(format!("pool name length {name_len} exceeds {MAX_POOL_NAME}")));
         }
         let pool_name = std::str::from_utf8(&buf[90..90 + name_len])
             .map_err(|_| corrupt("pool name is not valid UTF-8".to_string()))?
@@ -250,11 +240,7 @@ pub fn rewrite_label(dev: &dyn BlockDevice, label: &Label) -> Result<(), LabelEr
 }
 
 /// Reads the label and checks that it belongs to (`pool_id`, `disk_id`).
-pub fn verify_label(
-    dev: &dyn BlockDevice,
-    pool_id: Uuid,
-    disk_id: Uuid,
-) -> Result<Label, LabelError> {
+pub fn verify_label(dev: &dyn BlockDevice, pool_id: Uuid, disk_id: Uuid) -> Result<Label, LabelError> {
     let found = check_pool(dev, pool_id)?;
     if found.disk_id != disk_id {
         return Err(LabelError::WrongDisk {
@@ -383,10 +369,7 @@ mod tests {
         ));
         let mut foreign = vec![0u8; LABEL_SIZE];
         foreign[..8].copy_from_slice(b"LABELONE");
-        assert!(matches!(
-            Label::decode("d", &foreign),
-            Err(LabelError::Missing { .. })
-        ));
+        assert!(matches!(Label::decode("d", &foreign), Err(LabelError::Missing { .. })));
         assert!(matches!(read_label(&disk()), Err(LabelError::Missing { path }) if path == "mem0"));
     }
 
@@ -394,18 +377,7 @@ mod tests {
     fn any_flipped_bit_is_corrupt() {
         let good = sample().encode();
         // Every byte after the magic and version, including the checksum itself.
-        for at in [
-            20,
-            24,
-            57,
-            70,
-            89,
-            95,
-            2000,
-            CRC_AT - 1,
-            CRC_AT,
-            LABEL_SIZE - 1,
-        ] {
+        for at in [20, 24, 57, 70, 89, 95, 2000, CRC_AT - 1, CRC_AT, LABEL_SIZE - 1] {
             let mut b = good.to_vec();
             b[at] ^= 0x10;
             match Label::decode("d", &b) {
@@ -424,9 +396,7 @@ mod tests {
         reseal(&mut b);
         match Label::decode("d", &b) {
             Err(LabelError::Version {
-                found: 2,
-                supported: 1,
-                ..
+                found: 2, supported: 1, ..
             }) => {}
             other => panic!("expected Version, got {other:?}"),
         }
@@ -449,10 +419,7 @@ mod tests {
                 "slab size",
                 Box::new(|b| b[76..84].copy_from_slice(&(MIB / 2).to_le_bytes())),
             ),
-            (
-                "flag",
-                Box::new(|b| b[84..88].copy_from_slice(&0x3u32.to_le_bytes())),
-            ),
+            ("flag", Box::new(|b| b[84..88].copy_from_slice(&0x3u32.to_le_bytes()))),
             (
                 "header length",
                 Box::new(|b| b[20..24].copy_from_slice(&10u32.to_le_bytes())),
@@ -499,19 +466,14 @@ mod tests {
         write_new_label(&d, &first).unwrap();
         let before = raw_block(&d);
         match write_new_label(&d, &sample()) {
-            Err(LabelError::InUse {
-                pool_id, pool_name, ..
-            }) => {
+            Err(LabelError::InUse { pool_id, pool_name, .. }) => {
                 assert_eq!((pool_id, pool_name.as_str()), (first.pool_id, "tank-01"));
             }
             other => panic!("expected InUse, got {other:?}"),
         }
         assert_eq!(raw_block(&d), before);
         // Not even a label of the same pool and disk may be written as new.
-        assert!(matches!(
-            write_new_label(&d, &first),
-            Err(LabelError::InUse { .. })
-        ));
+        assert!(matches!(write_new_label(&d, &first), Err(LabelError::InUse { .. })));
     }
 
     #[test]
@@ -555,10 +517,7 @@ mod tests {
         ));
         assert_eq!(raw_block(&d), before);
 
-        assert!(matches!(
-            rewrite_label(&disk(), &l),
-            Err(LabelError::Missing { .. })
-        ));
+        assert!(matches!(rewrite_label(&disk(), &l), Err(LabelError::Missing { .. })));
     }
 
     #[test]
@@ -581,9 +540,9 @@ mod tests {
         }
         let other_disk = Uuid::new_v4();
         match verify_label(&d, l.pool_id, other_disk) {
-            Err(LabelError::WrongDisk {
-                found, expected, ..
-            }) => assert_eq!((found, expected), (l.disk_id, other_disk)),
+            Err(LabelError::WrongDisk { found, expected, .. }) => {
+                assert_eq!((found, expected), (l.disk_id, other_disk))
+            }
             other => panic!("expected WrongDisk, got {other:?}"),
         }
         assert!(matches!(
@@ -607,10 +566,7 @@ mod tests {
         wipe_label(&d, l.pool_id).unwrap();
         assert!(raw_block(&d).iter().all(|&b| b == 0));
         assert!(matches!(read_label(&d), Err(LabelError::Missing { .. })));
-        assert!(matches!(
-            wipe_label(&d, l.pool_id),
-            Err(LabelError::Missing { .. })
-        ));
+        assert!(matches!(wipe_label(&d, l.pool_id), Err(LabelError::Missing { .. })));
         // A wiped disk is blank again and can join a pool.
         write_new_label(&d, &sample()).unwrap();
     }

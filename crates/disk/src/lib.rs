@@ -17,8 +17,8 @@ pub use error::DiskError;
 pub use faulty::{FaultOp, Faults, FaultyDisk};
 pub use file::FileDisk;
 pub use label::{
-    read_label, rewrite_label, verify_label, wipe_label, write_new_label, Label, LabelError,
-    LABEL_VERSION, MAX_POOL_NAME,
+    read_label, rewrite_label, verify_label, wipe_label, write_new_label, Label, LabelError, LABEL_VERSION,
+    MAX_POOL_NAME,
 };
 pub use mem::MemDisk;
 
@@ -50,13 +50,7 @@ pub type DiskRef = std::sync::Arc<dyn BlockDevice>;
 /// Checks a request against the rules of [`BlockDevice::read_at`]: aligned offset and
 /// length, non-zero length (reported as [`DiskError::Unaligned`]), and within `size`.
 /// Backends call it before touching their storage.
-pub fn check_request(
-    path: &str,
-    op: &'static str,
-    offset: u64,
-    len: usize,
-    size: u64,
-) -> Result<(), DiskError> {
+pub fn check_request(path: &str, op: &'static str, offset: u64, len: usize, size: u64) -> Result<(), DiskError> {
     if len == 0 || !len.is_multiple_of(SECTOR) || !offset.is_multiple_of(SECTOR as u64) {
         return Err(DiskError::Unaligned {
             path: path.to_string(),
@@ -99,13 +93,7 @@ mod tests {
 
     #[test]
     fn rejects_unaligned_offset_and_length() {
-        for (offset, len) in [
-            (1, SECTOR),
-            (512, SECTOR),
-            (0, 512),
-            (0, SECTOR + 1),
-            (S, 100),
-        ] {
+        for (offset, len) in [(1, SECTOR), (512, SECTOR), (0, 512), (0, SECTOR + 1), (S, 100)] {
             match check_request("d", "read", offset, len, 16 * S) {
                 Err(DiskError::Unaligned {
                     offset: o,

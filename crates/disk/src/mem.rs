@@ -95,9 +95,7 @@ impl BlockDevice for MemDisk {
         check_request(&self.path, "write", offset, buf.len(), self.size)?;
         let mut chunks = self.chunks.write();
         for (idx, within, at, n) in Self::pieces(offset, buf.len()) {
-            let c = chunks
-                .entry(idx)
-                .or_insert_with(|| vec![0u8; CHUNK].into_boxed_slice());
+            let c = chunks.entry(idx).or_insert_with(|| vec![0u8; CHUNK].into_boxed_slice());
             c[within..within + n].copy_from_slice(&buf[at..at + n]);
         }
         Ok(())
@@ -174,26 +172,14 @@ mod tests {
     fn validates_requests() {
         let d = MemDisk::new("mem0", 4 * MIB);
         let mut buf = vec![0u8; SECTOR];
-        assert!(matches!(
-            d.read_at(&mut buf, 512),
-            Err(DiskError::Unaligned { .. })
-        ));
-        assert!(matches!(
-            d.write_at(&buf[..100], 0),
-            Err(DiskError::Unaligned { .. })
-        ));
-        assert!(matches!(
-            d.write_at(&[], 0),
-            Err(DiskError::Unaligned { len: 0, .. })
-        ));
+        assert!(matches!(d.read_at(&mut buf, 512), Err(DiskError::Unaligned { .. })));
+        assert!(matches!(d.write_at(&buf[..100], 0), Err(DiskError::Unaligned { .. })));
+        assert!(matches!(d.write_at(&[], 0), Err(DiskError::Unaligned { len: 0, .. })));
         assert!(matches!(
             d.read_at(&mut buf, 4 * MIB),
             Err(DiskError::OutOfRange { .. })
         ));
-        assert!(matches!(
-            d.write_at(&buf, 4 * MIB),
-            Err(DiskError::OutOfRange { .. })
-        ));
+        assert!(matches!(d.write_at(&buf, 4 * MIB), Err(DiskError::OutOfRange { .. })));
         assert_eq!(d.allocated_bytes(), 0, "rejected writes must not allocate");
     }
 

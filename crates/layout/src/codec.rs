@@ -29,8 +29,10 @@ pub fn encode(parity: usize, data: &[&[u8]]) -> Result<Vec<Vec<u8>>> {
             }
             Ok(vec![p])
         }
-        2 => reed_solomon_simd::encode(data.len(), 2, data.iter().copied())
-            .map_err(|e| LayoutError::Io { set: 0, detail: format!("reed-solomon encode of {len} byte shards: {e}") }),
+        2 => reed_solomon_simd::encode(data.len(), 2, data.iter().copied()).map_err(|e| LayoutError::Io {
+            set: 0,
+            detail: format!("reed-solomon encode of {len} byte shards: {e}"),
+        }),
         _ => unreachable!("layouts have at most two parity columns"),
     }
 }
@@ -46,7 +48,11 @@ pub fn reconstruct(data: &mut [Option<Vec<u8>>], parity: &[Option<Vec<u8>>]) -> 
     if missing.len() > have_parity {
         return Err(LayoutError::Io {
             set: 0,
-            detail: format!("{} data shards lost and only {} parity shards readable", missing.len(), have_parity),
+            detail: format!(
+                "{} data shards lost and only {} parity shards readable",
+                missing.len(),
+                have_parity
+            ),
         });
     }
     if parity.len() == 1 {
@@ -57,10 +63,19 @@ pub fn reconstruct(data: &mut [Option<Vec<u8>>], parity: &[Option<Vec<u8>>]) -> 
         data[missing[0]] = Some(acc);
         return Ok(());
     }
-    let originals = data.iter().enumerate().filter_map(|(i, d)| d.as_ref().map(|d| (i, d.as_slice())));
-    let recovery = parity.iter().enumerate().filter_map(|(i, p)| p.as_ref().map(|p| (i, p.as_slice())));
-    let restored = reed_solomon_simd::decode(data.len(), parity.len(), originals, recovery)
-        .map_err(|e| LayoutError::Io { set: 0, detail: format!("reed-solomon decode: {e}") })?;
+    let originals = data
+        .iter()
+        .enumerate()
+        .filter_map(|(i, d)| d.as_ref().map(|d| (i, d.as_slice())));
+    let recovery = parity
+        .iter()
+        .enumerate()
+        .filter_map(|(i, p)| p.as_ref().map(|p| (i, p.as_slice())));
+    let restored =
+        reed_solomon_simd::decode(data.len(), parity.len(), originals, recovery).map_err(|e| LayoutError::Io {
+            set: 0,
+            detail: format!("reed-solomon decode: {e}"),
+        })?;
     for i in missing {
         data[i] = Some(restored.get(&i).cloned().ok_or_else(|| LayoutError::Io {
             set: 0,
@@ -75,7 +90,13 @@ mod tests {
     use super::*;
 
     fn shards(n: usize, len: usize, seed: u8) -> Vec<Vec<u8>> {
-        (0..n).map(|i| (0..len).map(|j| (j as u8).wrapping_mul(31).wrapping_add(i as u8 * 7 + seed)).collect()).collect()
+        (0..n)
+            .map(|i| {
+                (0..len)
+                    .map(|j| (j as u8).wrapping_mul(31).wrapping_add(i as u8 * 7 + seed))
+                    .collect()
+            })
+            .collect()
     }
 
     #[test]

@@ -7,7 +7,12 @@ pub enum LayoutError {
     #[error("invalid layout: {0}")]
     Invalid(String),
     #[error("slab set {set}: {unavailable} of its {width} disks are unavailable and the layout tolerates {tolerance}; the data cannot be read or written until a disk comes back")]
-    TooManyFailures { set: u32, unavailable: usize, width: usize, tolerance: usize },
+    TooManyFailures {
+        set: u32,
+        unavailable: usize,
+        width: usize,
+        tolerance: usize,
+    },
     #[error("slab set {set}: I/O failed on every copy: {detail}")]
     Io { set: u32, detail: String },
     #[error("stripe journal: {0}")]

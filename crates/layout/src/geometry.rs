@@ -51,7 +51,9 @@ pub fn data_members(spec: &LayoutSpec, row: u64, data_col: usize) -> Vec<usize> 
     let w = spec.width();
     match spec.kind {
         LayoutKind::Simple => vec![data_col],
-        LayoutKind::Mirror => (0..spec.copies as usize).map(|c| c * spec.columns as usize + data_col).collect(),
+        LayoutKind::Mirror => (0..spec.copies as usize)
+            .map(|c| c * spec.columns as usize + data_col)
+            .collect(),
         LayoutKind::Parity => vec![(parity_start(spec, row) + 1 + data_col) % w],
         LayoutKind::DualParity => vec![(parity_start(spec, row) + 2 + data_col) % w],
     }
@@ -98,7 +100,12 @@ mod tests {
     use super::*;
 
     fn spec(kind: LayoutKind, copies: u8, columns: u32) -> LayoutSpec {
-        LayoutSpec { kind, copies, columns, interleave: 8192 }
+        LayoutSpec {
+            kind,
+            copies,
+            columns,
+            interleave: 8192,
+        }
     }
 
     #[test]
@@ -106,7 +113,16 @@ mod tests {
         let s = spec(LayoutKind::Parity, 1, 4);
         let pieces = split(&s, 4096, 8192 * 4);
         assert_eq!(pieces.iter().map(|p| p.len).sum::<usize>(), 8192 * 4);
-        assert_eq!(pieces[0], Piece { row: 0, data_col: 0, in_unit: 4096, len: 4096, buf_off: 0 });
+        assert_eq!(
+            pieces[0],
+            Piece {
+                row: 0,
+                data_col: 0,
+                in_unit: 4096,
+                len: 4096,
+                buf_off: 0
+            }
+        );
         assert_eq!(pieces[3].row, 1, "three data columns per row");
         assert_eq!(pieces[3].data_col, 0);
         let mut at = 0;

@@ -40,7 +40,14 @@ impl Layouts {
 
     /// `row_locked`: the caller holds the row lock exclusively (a parity write reading the
     /// old data of its row), so neither reconstruction nor spot repair takes it again.
-    pub(crate) fn read_piece(&self, set: &SlabSet, members: &[SlabRef], p: &Piece, out: &mut [u8], row_locked: bool) -> Result<()> {
+    pub(crate) fn read_piece(
+        &self,
+        set: &SlabSet,
+        members: &[SlabRef],
+        p: &Piece,
+        out: &mut [u8],
+        row_locked: bool,
+    ) -> Result<()> {
         let spec = &set.spec;
         let mo = p.member_offset(spec);
         let cands = data_members(spec, p.row, p.data_col);
@@ -81,19 +88,39 @@ impl Layouts {
         if unavailable > spec.tolerance() {
             return Err(self.too_many(set, unavailable));
         }
-        Err(LayoutError::Io { set: set.id, detail: last_err })
+        Err(LayoutError::Io {
+            set: set.id,
+            detail: last_err,
+        })
     }
 
     /// Rewrites a range that a member failed to read with data read from elsewhere. Under the
     /// row lock, so it cannot overwrite a newer concurrent write with older data.
-    fn spot_repair(&self, set: &SlabSet, members: &[SlabRef], row: u64, bad: usize, mo: u64, good: &[u8], row_locked: bool) {
+    fn spot_repair(
+        &self,
+        set: &SlabSet,
+        members: &[SlabRef],
+        row: u64,
+        bad: usize,
+        mo: u64,
+        good: &[u8],
+        row_locked: bool,
+    ) {
         let fresh;
         let data: &[u8] = if row_locked {
             good
         } else {
             let _g = self.row_lock(set.id, row).write();
-            let Role::Data(d) = role_of(&set.spec, row, bad) else { return };
-            let p = Piece { row, data_col: d, in_unit: mo - row * set.spec.interleave, len: good.len(), buf_off: 0 };
+            let Role::Data(d) = role_of(&set.spec, row, bad) else {
+                return;
+            };
+            let p = Piece {
+                row,
+                data_col: d,
+                in_unit: mo - row * set.spec.interleave,
+                len: good.len(),
+                buf_off: 0,
+            };
             let mut buf = vec![0u8; good.len()];
             // Read again inside the lock; the bad member fails again and is skipped.
             if self.read_piece_no_repair(set, members, &p, &mut buf).is_err() {
@@ -103,8 +130,16 @@ impl Layouts {
             &fresh
         };
         if self.member_write(members[bad], mo, data).is_ok() {
-            self.stats.repaired_blocks.fetch_add((data.len() / SECTOR) as u64, Ordering::Relaxed);
-            warn!(set = set.id, member = bad, offset = mo, len = data.len(), "rewrote a range that failed to read");
+            self.stats
+                .repaired_blocks
+                .fetch_add((data.len() / SECTOR) as u64, Ordering::Relaxed);
+            warn!(
+                set = set.id,
+                member = bad,
+                offset = mo,
+                len = data.len(),
+                "rewrote a range that failed to read"
+            );
         }
     }
 
@@ -119,18 +154,32 @@ impl Layouts {
             out.copy_from_slice(&self.reconstruct_column(set, members, p.row, p.data_col, mo, out.len())?);
             return Ok(());
         }
-        Err(LayoutError::Io { set: set.id, detail: "no readable copy".into() })
+        Err(LayoutError::Io {
+            set: set.id,
+            detail: "no readable copy".into(),
+        })
     }
 
     /// Rebuilds data column `col` of a row over [mo, mo + len) of the members from the others.
-    pub(crate) fn reconstruct_column(&self, set: &SlabSet, members: &[SlabRef], row: u64, col: usize, mo: u64, len: usize) -> Result<Vec<u8>> {
+    pub(crate) fn reconstruct_column(
+        &self,
+        set: &SlabSet,
+        members: &[SlabRef],
+        row: u64,
+        col: usize,
+        mo: u64,
+        len: usize,
+    ) -> Result<Vec<u8>> {
         let (mut data, parity) = self.read_row_shards(members, &set.spec, row, mo, len, Some(col));
         codec::reconstruct(&mut data, &parity).map_err(|_| {
             let unavailable = self.unavailable(members);
             if unavailable > set.spec.tolerance() {
                 self.too_many(set, unavailable)
             } else {
-                LayoutError::Io { set: set.id, detail: format!("cannot reconstruct row {row}: too many read errors") }
+                LayoutError::Io {
+                    set: set.id,
+                    detail: format!("cannot reconstruct row {row}: too many read errors"),
+                }
             }
         })?;
         Ok(data.swap_remove(col).expect("reconstructed"))
@@ -152,7 +201,13 @@ impl Layouts {
             self.member_read(members[m], mo, &mut b).ok().map(|_| b.to_vec())
         };
         let data = (0..spec.data_columns())
-            .map(|d| if Some(d) == skip { None } else { read(data_members(spec, row, d)[0]) })
+            .map(|d| {
+                if Some(d) == skip {
+                    None
+                } else {
+                    read(data_members(spec, row, d)[0])
+                }
+            })
             .collect();
         let parity = parity_members(spec, row).into_iter().map(read).collect();
         (data, parity)
@@ -173,8 +228,14 @@ impl Layouts {
             for d in 0..spec.data_columns() {
                 let copies = data_members(spec, row, d);
                 let mut buf = tessera_disk::AlignedBuf::zeroed(il as usize);
-                let Some(src) = copies.iter().position(|&m| self.member_read(members[m], row * il, &mut buf).is_ok()) else {
-                    return Err(LayoutError::Io { set: set.id, detail: format!("row {row}: no readable copy") });
+                let Some(src) = copies
+                    .iter()
+                    .position(|&m| self.member_read(members[m], row * il, &mut buf).is_ok())
+                else {
+                    return Err(LayoutError::Io {
+                        set: set.id,
+                        detail: format!("row {row}: no readable copy"),
+                    });
                 };
                 for (i, &m) in copies.iter().enumerate() {
                     if i != src {
@@ -194,7 +255,10 @@ impl Layouts {
         let data: Vec<Vec<u8>> = data
             .into_iter()
             .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| LayoutError::Io { set: set.id, detail: format!("row {row}: a data member is unreadable") })?;
+            .ok_or_else(|| LayoutError::Io {
+                set: set.id,
+                detail: format!("row {row}: a data member is unreadable"),
+            })?;
         let refs: Vec<&[u8]> = data.iter().map(|d| d.as_slice()).collect();
         let parity = codec::encode(spec.parity_columns(), &refs)?;
         for (i, pm) in parity_members(spec, row).into_iter().enumerate() {
@@ -217,7 +281,10 @@ impl Layouts {
         // Mirrors resync from any readable copy, so a degraded 3-way mirror still records its
         // regions; a degraded parity set cannot resync and journals its rows instead.
         if set.spec.tolerance() > 0 && (unavailable == 0 || set.spec.kind == LayoutKind::Mirror) {
-            let mut regions: Vec<u64> = pieces.iter().map(|p| p.member_offset(&set.spec) / REGION_BYTES).collect();
+            let mut regions: Vec<u64> = pieces
+                .iter()
+                .map(|p| p.member_offset(&set.spec) / REGION_BYTES)
+                .collect();
             regions.dedup();
             for r in regions {
                 self.journal.ensure_dirty(set.id, r)?;
@@ -232,7 +299,9 @@ impl Layouts {
             }
             match set.spec.kind {
                 LayoutKind::Simple | LayoutKind::Mirror => self.write_copies(set, &members, &pieces[i..j], data)?,
-                LayoutKind::Parity | LayoutKind::DualParity => self.write_parity_row(set, &members, row, &pieces[i..j], data)?,
+                LayoutKind::Parity | LayoutKind::DualParity => {
+                    self.write_parity_row(set, &members, row, &pieces[i..j], data)?
+                }
             }
             i = j;
         }
@@ -260,7 +329,10 @@ impl Layouts {
                 return Err(if unavailable > set.spec.tolerance() {
                     self.too_many(set, unavailable)
                 } else {
-                    LayoutError::Io { set: set.id, detail: "write failed on every copy".into() }
+                    LayoutError::Io {
+                        set: set.id,
+                        detail: "write failed on every copy".into(),
+                    }
                 });
             }
         }
@@ -269,7 +341,14 @@ impl Layouts {
 
     /// One parity row: compute the new parity over the touched range, journal the change,
     /// then write in place.
-    fn write_parity_row(&self, set: &SlabSet, members: &[SlabRef], row: u64, pieces: &[Piece], data: &[u8]) -> Result<()> {
+    fn write_parity_row(
+        &self,
+        set: &SlabSet,
+        members: &[SlabRef],
+        row: u64,
+        pieces: &[Piece],
+        data: &[u8],
+    ) -> Result<()> {
         let spec = &set.spec;
         let il = spec.interleave;
         let dc = spec.data_columns();
@@ -284,7 +363,13 @@ impl Layouts {
                 Some(p) if p.in_unit == lo && p.len == rl => Vec::new(),
                 _ => {
                     let mut old = vec![0u8; rl];
-                    let op = Piece { row, data_col: d, in_unit: lo, len: rl, buf_off: 0 };
+                    let op = Piece {
+                        row,
+                        data_col: d,
+                        in_unit: lo,
+                        len: rl,
+                        buf_off: 0,
+                    };
                     self.read_piece(set, members, &op, &mut old, true)?;
                     old
                 }
@@ -307,10 +392,15 @@ impl Layouts {
         // A healthy set is covered by the region's Dirty record (a resync fixes the row after
         // a crash). A degraded one cannot be resynced: journal the new contents of the range.
         let seq = if self.unavailable(members) > 0 {
-            let mut writes: Vec<(u16, Vec<u8>)> =
-                (0..dc).map(|d| (data_members(spec, row, d)[0] as u16, cols[d].clone())).collect();
+            let mut writes: Vec<(u16, Vec<u8>)> = (0..dc)
+                .map(|d| (data_members(spec, row, d)[0] as u16, cols[d].clone()))
+                .collect();
             writes.extend(pms.iter().zip(&parity).map(|(&m, p)| (m as u16, p.clone())));
-            let seq = self.journal.append(&Record { set: set.id, row, body: RecordBody::Update { offset: mo, writes } })?;
+            let seq = self.journal.append(&Record {
+                set: set.id,
+                row,
+                body: RecordBody::Update { offset: mo, writes },
+            })?;
             self.stats.journal_records.fetch_add(1, Ordering::Relaxed);
             Some(seq)
         } else {
@@ -318,7 +408,13 @@ impl Layouts {
         };
         for p in pieces {
             let m = data_members(spec, row, p.data_col)[0];
-            self.write_member(set, members, m, p.member_offset(spec), &data[p.buf_off..p.buf_off + p.len]);
+            self.write_member(
+                set,
+                members,
+                m,
+                p.member_offset(spec),
+                &data[p.buf_off..p.buf_off + p.len],
+            );
         }
         for (i, &pm) in pms.iter().enumerate() {
             self.write_member(set, members, pm, mo, &parity[i]);
@@ -335,7 +431,14 @@ impl Layouts {
 
     /// The content member `m` should hold over [mo, mo + len), computed from the others
     /// (for a rebuild). The caller holds the row lock.
-    pub(crate) fn member_content(&self, set: &SlabSet, members: &[SlabRef], m: usize, mo: u64, len: usize) -> Result<Vec<u8>> {
+    pub(crate) fn member_content(
+        &self,
+        set: &SlabSet,
+        members: &[SlabRef],
+        m: usize,
+        mo: u64,
+        len: usize,
+    ) -> Result<Vec<u8>> {
         let spec = &set.spec;
         let row = mo / spec.interleave;
         let mut buf = vec![0u8; len];
@@ -350,17 +453,25 @@ impl Layouts {
                             return Ok(buf);
                         }
                     }
-                    return Err(LayoutError::Io { set: set.id, detail: "no readable copy to rebuild from".into() });
+                    return Err(LayoutError::Io {
+                        set: set.id,
+                        detail: "no readable copy to rebuild from".into(),
+                    });
                 }
                 if spec.parity_columns() == 0 {
-                    return Err(LayoutError::Io { set: set.id, detail: "a simple layout has no redundancy to rebuild from".into() });
+                    return Err(LayoutError::Io {
+                        set: set.id,
+                        detail: "a simple layout has no redundancy to rebuild from".into(),
+                    });
                 }
                 self.reconstruct_column(set, members, row, d, mo, len)
             }
             Role::Parity(i) => {
                 let (mut data, parity) = self.read_row_shards(members, spec, row, mo, len, None);
-                codec::reconstruct(&mut data, &parity)
-                    .map_err(|e| LayoutError::Io { set: set.id, detail: format!("row {row}: {e}") })?;
+                codec::reconstruct(&mut data, &parity).map_err(|e| LayoutError::Io {
+                    set: set.id,
+                    detail: format!("row {row}: {e}"),
+                })?;
                 let data: Vec<Vec<u8>> = data.into_iter().map(|d| d.expect("reconstructed")).collect();
                 let refs: Vec<&[u8]> = data.iter().map(|d| d.as_slice()).collect();
                 Ok(codec::encode(spec.parity_columns(), &refs)?.swap_remove(i))

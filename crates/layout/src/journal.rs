@@ -152,7 +152,11 @@ impl StripeJournal {
         let mut records = Vec::new();
         for item in db.iterator(rocksdb::IteratorMode::Start) {
             let (k, v) = item.map_err(|e| LayoutError::Journal(e.to_string()))?;
-            let seq = u64::from_be_bytes(k.as_ref().try_into().map_err(|_| LayoutError::Journal("malformed key".into()))?);
+            let seq = u64::from_be_bytes(
+                k.as_ref()
+                    .try_into()
+                    .map_err(|_| LayoutError::Journal("malformed key".into()))?,
+            );
             records.push((seq, Record::decode(&v)?));
         }
         let next = records.last().map(|r| r.0 + 1).unwrap_or(1);
@@ -204,7 +208,11 @@ impl StripeJournal {
         if self.dirty.read().contains(&(set, region)) {
             return Ok(());
         }
-        let seq = self.append(&Record { set, row: region, body: RecordBody::Dirty })?;
+        let seq = self.append(&Record {
+            set,
+            row: region,
+            body: RecordBody::Dirty,
+        })?;
         // The record protects writes through the epoch, not through the in-flight set.
         self.done(seq);
         self.dirty.write().insert((set, region));
@@ -218,7 +226,9 @@ impl StripeJournal {
     pub fn wants_checkpoint(&self) -> bool {
         self.pending.load(Ordering::Relaxed) >= CHECKPOINT_BYTES
             || self.dirty.read().len() >= CHECKPOINT_REGIONS
-            || self.now_ms().saturating_sub(self.last_checkpoint_ms.load(Ordering::Relaxed))
+            || self
+                .now_ms()
+                .saturating_sub(self.last_checkpoint_ms.load(Ordering::Relaxed))
                 >= CHECKPOINT_INTERVAL.as_millis() as u64
     }
 
@@ -233,7 +243,9 @@ impl StripeJournal {
     /// A checkpoint if one is due and none is under way: writers call it in passing, and
     /// only one of them should pay for it.
     pub fn checkpoint_if_due(&self, flush: impl FnOnce() -> Result<()>) -> Result<()> {
-        let Some(_one) = self.checkpointing.try_lock() else { return Ok(()) };
+        let Some(_one) = self.checkpointing.try_lock() else {
+            return Ok(());
+        };
         if !self.wants_checkpoint() {
             return Ok(());
         }
@@ -248,7 +260,10 @@ impl StripeJournal {
             self.dirty.write().clear();
             self.last_checkpoint_ms.store(self.now_ms(), Ordering::Relaxed);
             let inflight = self.inflight.lock();
-            inflight.first().copied().unwrap_or_else(|| self.next.load(Ordering::SeqCst))
+            inflight
+                .first()
+                .copied()
+                .unwrap_or_else(|| self.next.load(Ordering::SeqCst))
         };
         self.pending.store(0, Ordering::Relaxed);
         flush()?;
@@ -256,7 +271,9 @@ impl StripeJournal {
         b.delete_range(0u64.to_be_bytes(), bound.to_be_bytes());
         let mut wo = WriteOptions::default();
         wo.set_sync(sync);
-        self.db.write_opt(b, &wo).map_err(|e| LayoutError::Journal(e.to_string()))
+        self.db
+            .write_opt(b, &wo)
+            .map_err(|e| LayoutError::Journal(e.to_string()))
     }
 }
 
@@ -266,14 +283,25 @@ mod tests {
 
     #[test]
     fn records_round_trip_and_malformed_ones_are_refused() {
-        let r = Record { set: 7, row: 99, body: RecordBody::Update { offset: 4096, writes: vec![(0, vec![1; 10]), (3, vec![2; 10])] } };
+        let r = Record {
+            set: 7,
+            row: 99,
+            body: RecordBody::Update {
+                offset: 4096,
+                writes: vec![(0, vec![1; 10]), (3, vec![2; 10])],
+            },
+        };
         let enc = r.encode();
         assert_eq!(Record::decode(&enc).unwrap(), r);
         assert!(Record::decode(&enc[..enc.len() - 1]).is_err());
         let mut longer = enc.clone();
         longer.push(0);
         assert!(Record::decode(&longer).is_err());
-        let s = Record { set: 1, row: 2, body: RecordBody::Dirty };
+        let s = Record {
+            set: 1,
+            row: 2,
+            body: RecordBody::Dirty,
+        };
         assert_eq!(Record::decode(&s.encode()).unwrap(), s);
         assert!(Record::decode(&[]).is_err());
     }
@@ -281,7 +309,14 @@ mod tests {
     #[test]
     fn checkpoint_keeps_inflight_records() {
         let dir = tempfile::tempdir().unwrap();
-        let rec = |row| Record { set: 1, row, body: RecordBody::Update { offset: 0, writes: vec![] } };
+        let rec = |row| Record {
+            set: 1,
+            row,
+            body: RecordBody::Update {
+                offset: 0,
+                writes: vec![],
+            },
+        };
         {
             let (j, replay) = StripeJournal::open(dir.path()).unwrap();
             assert!(replay.is_empty());
@@ -298,6 +333,9 @@ mod tests {
         let rows: Vec<u64> = replay.iter().map(|r| r.1.row).collect();
         assert_eq!(rows, vec![2, 3]);
         let d = j.append(&rec(4)).unwrap();
-        assert!(d > replay.last().unwrap().0, "sequence numbers keep growing across opens");
+        assert!(
+            d > replay.last().unwrap().0,
+            "sequence numbers keep growing across opens"
+        );
     }
 }

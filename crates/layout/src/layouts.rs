@@ -84,7 +84,10 @@ impl Layouts {
 
     fn replay(&self, rec: &crate::journal::Record) {
         let Ok(set) = self.registry.get(rec.set) else {
-            warn!(set = rec.set, "journal record for a slab set that no longer exists; skipped");
+            warn!(
+                set = rec.set,
+                "journal record for a slab set that no longer exists; skipped"
+            );
             return;
         };
         let members = set.members.read();
@@ -153,12 +156,17 @@ impl Layouts {
     }
 
     pub(crate) fn unavailable(&self, members: &[SlabRef]) -> usize {
-        members.iter().filter(|s| self.pool.readable_disk(s.disk).is_none()).count()
+        members
+            .iter()
+            .filter(|s| self.pool.readable_disk(s.disk).is_none())
+            .count()
     }
 
     /// Members that a repair must move: on failed, missing or retired disks.
     pub(crate) fn needs_move(&self, members: &[SlabRef]) -> Vec<usize> {
-        (0..members.len()).filter(|&m| self.pool.disk_state(members[m].disk) != DiskState::Healthy).collect()
+        (0..members.len())
+            .filter(|&m| self.pool.disk_state(members[m].disk) != DiskState::Healthy)
+            .collect()
     }
 
     pub(crate) fn row_lock(&self, set: u32, row: u64) -> &RwLock<()> {
@@ -181,7 +189,10 @@ impl Layouts {
         let dev = self.pool.readable_disk(slab.disk).ok_or(MemberFault::Unavailable)?;
         dev.write_at(buf, self.pool.slab_offset(slab) + mo).map_err(|e| {
             self.stats.write_errors.fetch_add(1, Ordering::Relaxed);
-            if let Err(pe) = self.pool.set_disk_state(slab.disk, DiskState::Failed, Some(format!("write error: {e}"))) {
+            if let Err(pe) = self
+                .pool
+                .set_disk_state(slab.disk, DiskState::Failed, Some(format!("write error: {e}")))
+            {
                 warn!(error = %pe, "cannot record a disk failure");
             }
             MemberFault::Io(e.to_string())

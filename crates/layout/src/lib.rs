@@ -15,7 +15,7 @@ mod spec;
 
 pub use error::{LayoutError, Result};
 pub use layouts::{IoStats, Layouts, SetHealth};
-pub use scrub::Mismatch;
 pub use rebuild::{Progress, RebuildOptions, RebuildReport};
+pub use scrub::Mismatch;
 pub use slabset::{SlabSet, SlabSetDesc};
 pub use spec::{LayoutKind, LayoutSpec, DEFAULT_INTERLEAVE, MAX_COLUMNS, MIN_INTERLEAVE};

@@ -22,7 +22,10 @@ pub struct RebuildOptions {
 
 impl Default for RebuildOptions {
     fn default() -> Self {
-        RebuildOptions { parallel: 4, rate_limit: None }
+        RebuildOptions {
+            parallel: 4,
+            rate_limit: None,
+        }
     }
 }
 
@@ -92,7 +95,12 @@ impl Layouts {
             return Err(LayoutError::Cancelled);
         }
         let report = report.into_inner();
-        info!(slabs = report.slabs_rebuilt, failures = report.failures.len(), secs = start.elapsed().as_secs_f64(), "repair finished");
+        info!(
+            slabs = report.slabs_rebuilt,
+            failures = report.failures.len(),
+            secs = start.elapsed().as_secs_f64(),
+            "repair finished"
+        );
         Ok(report)
     }
 
@@ -104,7 +112,9 @@ impl Layouts {
         loop {
             let (m, exclude) = {
                 let members = set.members.read();
-                let Some(&m) = self.needs_move(&members).first() else { return Ok(moved) };
+                let Some(&m) = self.needs_move(&members).first() else {
+                    return Ok(moved);
+                };
                 (m, members.iter().map(|s| s.disk).collect::<Vec<u32>>())
             };
             let new = self.pool.allocate_slabs(1, &exclude)?[0];
@@ -136,10 +146,14 @@ impl Layouts {
                     }
                 }
                 // The copy must be durable before the descriptor points at it.
-                self.pool.readable_disk(new.disk).map(|d| d.flush()).transpose().map_err(|e| LayoutError::Io {
-                    set: set.id,
-                    detail: format!("flush of the replacement slab: {e}"),
-                })?;
+                self.pool
+                    .readable_disk(new.disk)
+                    .map(|d| d.flush())
+                    .transpose()
+                    .map_err(|e| LayoutError::Io {
+                        set: set.id,
+                        detail: format!("flush of the replacement slab: {e}"),
+                    })?;
                 Ok(())
             })();
             if let Err(e) = copied {
@@ -151,7 +165,11 @@ impl Layouts {
                 let mut members = set.members.write();
                 let old = members[m];
                 members[m] = new;
-                let desc = crate::slabset::SlabSetDesc { id: set.id, spec: set.spec, members: members.clone() };
+                let desc = crate::slabset::SlabSetDesc {
+                    id: set.id,
+                    spec: set.spec,
+                    members: members.clone(),
+                };
                 if let Err(e) = Registry::persist(&self.pool, &desc) {
                     members[m] = old;
                     *set.replacement.write() = None;

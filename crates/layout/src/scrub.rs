@@ -42,7 +42,11 @@ impl Layouts {
                 self.member_read(members[m], mo, &mut b).ok().map(|_| b.to_vec())
             };
             if let Some(w) = self.scrub_row(&spec, &members, row, &read) {
-                out.push(Mismatch { set: set.id, row, what: w });
+                out.push(Mismatch {
+                    set: set.id,
+                    row,
+                    what: w,
+                });
             }
         }
         Ok(out)

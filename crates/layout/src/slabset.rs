@@ -31,7 +31,11 @@ pub struct SlabSet {
 
 impl SlabSet {
     pub fn desc(&self) -> SlabSetDesc {
-        SlabSetDesc { id: self.id, spec: self.spec, members: self.members.read().clone() }
+        SlabSetDesc {
+            id: self.id,
+            spec: self.spec,
+            members: self.members.read().clone(),
+        }
     }
 }
 
@@ -58,18 +62,29 @@ impl Registry {
                 if !pool.mark_slab_used(*s) {
                     return Err(PoolError::Meta {
                         path: pool.meta().path().display().to_string(),
-                        message: format!("slab {} of disk {} is claimed twice (slab set {})", s.slab, s.disk, d.id),
+                        message: format!(
+                            "slab {} of disk {} is claimed twice (slab set {})",
+                            s.slab, s.disk, d.id
+                        ),
                     });
                 }
             }
             max_id = max_id.max(d.id);
             sets.insert(
                 d.id,
-                Arc::new(SlabSet { id: d.id, spec: d.spec, members: RwLock::new(d.members), replacement: RwLock::new(None) }),
+                Arc::new(SlabSet {
+                    id: d.id,
+                    spec: d.spec,
+                    members: RwLock::new(d.members),
+                    replacement: RwLock::new(None),
+                }),
             );
             Ok(())
         })?;
-        Ok(Registry { sets: RwLock::new(sets), next_id: AtomicU32::new(max_id + 1) })
+        Ok(Registry {
+            sets: RwLock::new(sets),
+            next_id: AtomicU32::new(max_id + 1),
+        })
     }
 
     pub fn get(&self, id: u32) -> Result<Arc<SlabSet>> {
@@ -82,7 +97,11 @@ impl Registry {
 
     pub fn persist(pool: &Pool, desc: &SlabSetDesc) -> Result<()> {
         let mut b = WriteBatch::default();
-        b.put_cf(pool.meta().cf(CF_SLABSETS), set_key(desc.id), serde_json::to_vec(desc).expect("serializable"));
+        b.put_cf(
+            pool.meta().cf(CF_SLABSETS),
+            set_key(desc.id),
+            serde_json::to_vec(desc).expect("serializable"),
+        );
         pool.meta().commit(b, true)?;
         Ok(())
     }
@@ -93,14 +112,23 @@ impl Registry {
         spec.validate(pool.slab_size(), healthy).map_err(LayoutError::Invalid)?;
         let members = pool.allocate_slabs(spec.width(), &[])?;
         let id = self.next_id.fetch_add(1, Ordering::SeqCst);
-        let desc = SlabSetDesc { id, spec, members: members.clone() };
+        let desc = SlabSetDesc {
+            id,
+            spec,
+            members: members.clone(),
+        };
         if let Err(e) = Self::persist(pool, &desc) {
             for s in members {
                 pool.release_slab(s);
             }
             return Err(e);
         }
-        let set = Arc::new(SlabSet { id, spec, members: RwLock::new(members), replacement: RwLock::new(None) });
+        let set = Arc::new(SlabSet {
+            id,
+            spec,
+            members: RwLock::new(members),
+            replacement: RwLock::new(None),
+        });
         self.sets.write().insert(id, set.clone());
         Ok(set)
     }

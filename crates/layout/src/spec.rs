@@ -69,7 +69,12 @@ impl LayoutSpec {
             LayoutKind::Parity => n.clamp(3, MAX_COLUMNS),
             LayoutKind::DualParity => n.clamp(4, MAX_COLUMNS),
         });
-        LayoutSpec { kind, copies, columns, interleave: interleave.unwrap_or(DEFAULT_INTERLEAVE) }
+        LayoutSpec {
+            kind,
+            copies,
+            columns,
+            interleave: interleave.unwrap_or(DEFAULT_INTERLEAVE),
+        }
     }
 
     /// Checks the spec against itself, the slab size and the number of usable disks.
@@ -80,9 +85,7 @@ impl LayoutSpec {
                 return Err(format!("a mirror keeps 2 or 3 copies, not {}", self.copies))
             }
             LayoutKind::Mirror => {}
-            _ if self.copies != 1 => {
-                return Err(format!("copies apply to mirrors only; a {k} layout keeps one copy"))
-            }
+            _ if self.copies != 1 => return Err(format!("copies apply to mirrors only; a {k} layout keeps one copy")),
             _ => {}
         }
         let min_cols = match self.kind {
@@ -93,7 +96,11 @@ impl LayoutSpec {
         if self.columns < min_cols || self.columns > MAX_COLUMNS * if self.kind == LayoutKind::Simple { 4 } else { 1 } {
             return Err(format!(
                 "a {k} layout needs between {min_cols} and {} columns, not {}",
-                if self.kind == LayoutKind::Simple { MAX_COLUMNS * 4 } else { MAX_COLUMNS },
+                if self.kind == LayoutKind::Simple {
+                    MAX_COLUMNS * 4
+                } else {
+                    MAX_COLUMNS
+                },
                 self.columns
             ));
         }
@@ -107,7 +114,11 @@ impl LayoutSpec {
             return Err(format!(
                 "a {k} layout with {} column(s){} needs {} distinct healthy disks, and the pool has {}",
                 self.columns,
-                if self.kind == LayoutKind::Mirror { format!(" and {} copies", self.copies) } else { String::new() },
+                if self.kind == LayoutKind::Mirror {
+                    format!(" and {} copies", self.copies)
+                } else {
+                    String::new()
+                },
                 self.width(),
                 healthy_disks
             ));
@@ -166,7 +177,10 @@ impl LayoutSpec {
             i => format!("{i} B"),
         };
         match self.kind {
-            LayoutKind::Mirror => format!("{}-way mirror, {} column(s), interleave {il}", self.copies, self.columns),
+            LayoutKind::Mirror => format!(
+                "{}-way mirror, {} column(s), interleave {il}",
+                self.copies, self.columns
+            ),
             _ => format!("{}, {} column(s), interleave {il}", self.kind.as_str(), self.columns),
         }
     }
@@ -191,19 +205,49 @@ mod tests {
     #[test]
     fn impossible_layouts_are_refused() {
         let ss = 1 << 20;
-        let m3 = LayoutSpec { kind: LayoutKind::Mirror, copies: 3, columns: 1, interleave: 65536 };
+        let m3 = LayoutSpec {
+            kind: LayoutKind::Mirror,
+            copies: 3,
+            columns: 1,
+            interleave: 65536,
+        };
         let e = m3.validate(ss, 2).unwrap_err();
         assert!(e.contains("needs 3 distinct healthy disks"), "{e}");
         assert!(m3.validate(ss, 3).is_ok());
-        let p2 = LayoutSpec { kind: LayoutKind::Parity, copies: 1, columns: 2, interleave: 65536 };
+        let p2 = LayoutSpec {
+            kind: LayoutKind::Parity,
+            copies: 1,
+            columns: 2,
+            interleave: 65536,
+        };
         assert!(p2.validate(ss, 8).unwrap_err().contains("between 3 and"));
-        let d3 = LayoutSpec { kind: LayoutKind::DualParity, copies: 1, columns: 3, interleave: 65536 };
+        let d3 = LayoutSpec {
+            kind: LayoutKind::DualParity,
+            copies: 1,
+            columns: 3,
+            interleave: 65536,
+        };
         assert!(d3.validate(ss, 8).is_err());
-        let m4 = LayoutSpec { kind: LayoutKind::Mirror, copies: 4, columns: 1, interleave: 65536 };
+        let m4 = LayoutSpec {
+            kind: LayoutKind::Mirror,
+            copies: 4,
+            columns: 1,
+            interleave: 65536,
+        };
         assert!(m4.validate(ss, 8).is_err());
-        let odd = LayoutSpec { kind: LayoutKind::Simple, copies: 1, columns: 1, interleave: 12288 };
+        let odd = LayoutSpec {
+            kind: LayoutKind::Simple,
+            copies: 1,
+            columns: 1,
+            interleave: 12288,
+        };
         assert!(odd.validate(ss, 8).is_err());
-        let big = LayoutSpec { kind: LayoutKind::Simple, copies: 1, columns: 1, interleave: 2 << 20 };
+        let big = LayoutSpec {
+            kind: LayoutKind::Simple,
+            copies: 1,
+            columns: 1,
+            interleave: 2 << 20,
+        };
         assert!(big.validate(ss, 8).is_err());
     }
 }

@@ -19,7 +19,10 @@ pub struct SlabMap {
 
 impl SlabMap {
     pub fn new(slabs: u32) -> SlabMap {
-        SlabMap { used: vec![false; slabs as usize], used_count: 0 }
+        SlabMap {
+            used: vec![false; slabs as usize],
+            used_count: 0,
+        }
     }
 
     pub fn total(&self) -> u32 {

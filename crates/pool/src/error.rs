@@ -21,7 +21,10 @@ pub enum PoolError {
 
 impl From<rocksdb::Error> for PoolError {
     fn from(e: rocksdb::Error) -> Self {
-        PoolError::Meta { path: String::new(), message: e.to_string() }
+        PoolError::Meta {
+            path: String::new(),
+            message: e.to_string(),
+        }
     }
 }
 

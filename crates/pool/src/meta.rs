@@ -85,7 +85,10 @@ impl MetaStore {
             path: path.display().to_string(),
             message: e.to_string(),
         })?;
-        Ok(MetaStore { db, path: path.to_path_buf() })
+        Ok(MetaStore {
+            db,
+            path: path.to_path_buf(),
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -138,6 +141,9 @@ impl MetaStore {
     }
 
     pub fn err(&self, e: rocksdb::Error) -> PoolError {
-        PoolError::Meta { path: self.path.display().to_string(), message: e.to_string() }
+        PoolError::Meta {
+            path: self.path.display().to_string(),
+            message: e.to_string(),
+        }
     }
 }

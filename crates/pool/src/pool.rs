@@ -6,8 +6,7 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 use rocksdb::WriteBatch;
 use tessera_disk::{
-    read_label, rewrite_label, verify_label, wipe_label, write_new_label, DiskError, DiskRef,
-    Label, DATA_OFFSET,
+    read_label, rewrite_label, verify_label, wipe_label, write_new_label, DiskError, DiskRef, Label, DATA_OFFSET,
 };
 use tracing::{info, warn};
 use uuid::Uuid;
@@ -92,7 +91,10 @@ impl Pool {
             if slabs_on(d.size(), slab_size) == 0 {
                 return Err(PoolError::Invalid(format!(
                     "{}: {} bytes is too small for one {} byte slab after the {} byte header",
-                    d.path(), d.size(), slab_size, DATA_OFFSET
+                    d.path(),
+                    d.size(),
+                    slab_size,
+                    DATA_OFFSET
                 )));
             }
             if disks[..i].iter().any(|o| o.path() == d.path()) {
@@ -146,10 +148,18 @@ impl Pool {
                 let _ = std::fs::remove_dir_all(dir.join("meta"));
                 return Err(e.into());
             }
-            members.push(Member { dev: Some(d), slabs: SlabMap::new(info.slabs), problem: None });
+            members.push(Member {
+                dev: Some(d),
+                slabs: SlabMap::new(info.slabs),
+                problem: None,
+            });
             config.disks.push(info);
         }
-        let pool = Pool { meta, dir: dir.to_path_buf(), inner: RwLock::new(Inner { config, members }) };
+        let pool = Pool {
+            meta,
+            dir: dir.to_path_buf(),
+            inner: RwLock::new(Inner { config, members }),
+        };
         pool.save_config(&pool.inner.read().config)?;
         info!(pool = name, disks = pool.inner.read().members.len(), "pool created");
         Ok(Arc::new(pool))
@@ -172,23 +182,27 @@ impl Pool {
         config.generation += 1;
         let mut members = Vec::new();
         for info in config.disks.iter_mut() {
-            let mut member = Member { dev: None, slabs: SlabMap::new(info.slabs), problem: None };
+            let mut member = Member {
+                dev: None,
+                slabs: SlabMap::new(info.slabs),
+                problem: None,
+            };
             if info.state == DiskState::Failed {
                 members.push(member);
                 continue;
             }
-            let opened = opener(&info.path)
-                .map_err(PoolError::from)
-                .and_then(|dev| {
-                    verify_label(dev.as_ref(), config.id, info.id)?;
-                    if dev.size() < info.size {
-                        return Err(PoolError::Invalid(format!(
-                            "{}: disk shrank from {} to {} bytes",
-                            info.path, info.size, dev.size()
-                        )));
-                    }
-                    Ok(dev)
-                });
+            let opened = opener(&info.path).map_err(PoolError::from).and_then(|dev| {
+                verify_label(dev.as_ref(), config.id, info.id)?;
+                if dev.size() < info.size {
+                    return Err(PoolError::Invalid(format!(
+                        "{}: disk shrank from {} to {} bytes",
+                        info.path,
+                        info.size,
+                        dev.size()
+                    )));
+                }
+                Ok(dev)
+            });
             match opened {
                 Ok(dev) if info.state == DiskState::Missing => {
                     // It missed every write made while it was away: its data is stale, and
@@ -217,7 +231,11 @@ impl Pool {
                 why.join("; ")
             )));
         }
-        let pool = Pool { meta, dir: dir.to_path_buf(), inner: RwLock::new(Inner { config, members }) };
+        let pool = Pool {
+            meta,
+            dir: dir.to_path_buf(),
+            inner: RwLock::new(Inner { config, members }),
+        };
         pool.write_labels(false)?;
         pool.save_config(&pool.inner.read().config)?;
         info!(pool = %pool.name(), "pool imported");
@@ -277,7 +295,11 @@ impl Pool {
 
     fn save_config(&self, config: &PoolConfig) -> Result<()> {
         let mut b = WriteBatch::default();
-        b.put_cf(self.meta.cf(CF_POOL), CONFIG_KEY, serde_json::to_vec(config).expect("serializable"));
+        b.put_cf(
+            self.meta.cf(CF_POOL),
+            CONFIG_KEY,
+            serde_json::to_vec(config).expect("serializable"),
+        );
         self.meta.commit(b, true)
     }
 
@@ -309,14 +331,25 @@ impl Pool {
     pub fn add_disk(&self, dev: DiskRef) -> Result<DiskInfo> {
         let mut inner = self.inner.write();
         let slab_size = inner.config.slab_size;
-        if inner.config.disks.iter().any(|d| d.path == dev.path() && d.state != DiskState::Failed) {
-            return Err(PoolError::Exists(format!("disk {} in pool '{}'", dev.path(), inner.config.name)));
+        if inner
+            .config
+            .disks
+            .iter()
+            .any(|d| d.path == dev.path() && d.state != DiskState::Failed)
+        {
+            return Err(PoolError::Exists(format!(
+                "disk {} in pool '{}'",
+                dev.path(),
+                inner.config.name
+            )));
         }
         let slabs = slabs_on(dev.size(), slab_size);
         if slabs == 0 {
             return Err(PoolError::Invalid(format!(
                 "{}: {} bytes is too small for one {} byte slab",
-                dev.path(), dev.size(), slab_size
+                dev.path(),
+                dev.size(),
+                slab_size
             )));
         }
         let info = DiskInfo {
@@ -329,7 +362,11 @@ impl Pool {
         };
         write_new_label(dev.as_ref(), &label_for(&inner.config, &info, false))?;
         inner.config.disks.push(info.clone());
-        inner.members.push(Member { dev: Some(dev), slabs: SlabMap::new(slabs), problem: None });
+        inner.members.push(Member {
+            dev: Some(dev),
+            slabs: SlabMap::new(slabs),
+            problem: None,
+        });
         let config = inner.config.clone();
         drop(inner);
         self.save_config(&config)?;
@@ -346,7 +383,10 @@ impl Pool {
             .iter()
             .find(|d| d.id.to_string() == spec || d.path == spec || d.position.to_string() == spec)
             .map(|d| d.position)
-            .ok_or_else(|| PoolError::NoSuchDisk { pool: inner.config.name.clone(), disk: spec.to_string() })
+            .ok_or_else(|| PoolError::NoSuchDisk {
+                pool: inner.config.name.clone(),
+                disk: spec.to_string(),
+            })
     }
 
     /// Changes a member's state durably. A failed disk is closed and never used again; a
@@ -356,7 +396,10 @@ impl Pool {
         let name = inner.config.name.clone();
         let idx = position as usize;
         if idx >= inner.members.len() {
-            return Err(PoolError::NoSuchDisk { pool: name, disk: position.to_string() });
+            return Err(PoolError::NoSuchDisk {
+                pool: name,
+                disk: position.to_string(),
+            });
         }
         if inner.config.disks[idx].state == state {
             return Ok(());
@@ -379,7 +422,13 @@ impl Pool {
     }
 
     pub fn disk_state(&self, position: u32) -> DiskState {
-        self.inner.read().config.disks.get(position as usize).map(|d| d.state).unwrap_or(DiskState::Missing)
+        self.inner
+            .read()
+            .config
+            .disks
+            .get(position as usize)
+            .map(|d| d.state)
+            .unwrap_or(DiskState::Missing)
     }
 
     /// The device of a member that may be read: healthy or retired.
@@ -418,7 +467,11 @@ impl Pool {
                 used += m.slabs.used() as u64 * ss;
             }
         }
-        Capacity { total_bytes: total, used_bytes: used, free_bytes: total - used }
+        Capacity {
+            total_bytes: total,
+            used_bytes: used,
+            free_bytes: total - used,
+        }
     }
 
     /// Free slabs per healthy disk, by position.
@@ -444,7 +497,10 @@ impl Pool {
         Ok(chosen
             .into_iter()
             .map(|pos| {
-                let slab = inner.members[pos as usize].slabs.take().expect("chosen disks have a free slab");
+                let slab = inner.members[pos as usize]
+                    .slabs
+                    .take()
+                    .expect("chosen disks have a free slab");
                 SlabRef { disk: pos, slab }
             })
             .collect())

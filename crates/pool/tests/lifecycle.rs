@@ -8,15 +8,21 @@ use tessera_pool::{DiskState, Pool, PoolError};
 const MIB: u64 = 1 << 20;
 
 fn disks(n: usize, size: u64) -> Vec<DiskRef> {
-    (0..n).map(|i| Arc::new(MemDisk::new(&format!("d{i}"), size)) as DiskRef).collect()
+    (0..n)
+        .map(|i| Arc::new(MemDisk::new(&format!("d{i}"), size)) as DiskRef)
+        .collect()
 }
 
 fn opener(disks: &[DiskRef]) -> impl Fn(&str) -> Result<DiskRef, DiskError> + '_ {
     move |p: &str| {
-        disks.iter().find(|d| d.path() == p).cloned().ok_or_else(|| DiskError::Open {
-            path: p.into(),
-            source: std::io::Error::from(std::io::ErrorKind::NotFound),
-        })
+        disks
+            .iter()
+            .find(|d| d.path() == p)
+            .cloned()
+            .ok_or_else(|| DiskError::Open {
+                path: p.into(),
+                source: std::io::Error::from(std::io::ErrorKind::NotFound),
+            })
     }
 }
 
@@ -28,7 +34,11 @@ fn create_import_export_destroy() {
     let pool = Pool::create(&pdir, "alpha", ds.clone(), MIB).unwrap();
     let id = pool.id();
     assert_eq!(pool.disks().len(), 3);
-    assert_eq!(pool.capacity().total_bytes, 3 * 19 * MIB, "19 slabs of 1 MiB per 20 MiB disk");
+    assert_eq!(
+        pool.capacity().total_bytes,
+        3 * 19 * MIB,
+        "19 slabs of 1 MiB per 20 MiB disk"
+    );
     for d in &ds {
         let l = read_label(d.as_ref()).unwrap();
         assert_eq!((l.pool_id, l.pool_name.as_str(), l.exported), (id, "alpha", false));
@@ -58,7 +68,9 @@ fn second_open_of_a_pool_is_refused() {
     let _pool = Pool::create(&dir.path().join("p"), "one", ds.clone(), MIB).unwrap();
     let e = Pool::open(&dir.path().join("p"), &opener(&ds)).err().unwrap();
     assert!(matches!(e, PoolError::Meta { .. }), "{e}");
-    let e = Pool::create(&dir.path().join("p"), "two", disks(1, 8 * MIB), MIB).err().unwrap();
+    let e = Pool::create(&dir.path().join("p"), "two", disks(1, 8 * MIB), MIB)
+        .err()
+        .unwrap();
     assert!(e.to_string().contains("already exists"), "{e}");
 }
 
@@ -67,13 +79,21 @@ fn bad_creation_requests() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("p");
     assert!(Pool::create(&p, "bad name", disks(1, 8 * MIB), MIB).is_err());
-    assert!(Pool::create(&p, "x", disks(1, 8 * MIB), 3 * MIB).is_err(), "slab size not a power of two");
-    assert!(Pool::create(&p, "x", disks(1, 8 * MIB), MIB / 2).is_err(), "slab size below 1 MiB");
+    assert!(
+        Pool::create(&p, "x", disks(1, 8 * MIB), 3 * MIB).is_err(),
+        "slab size not a power of two"
+    );
+    assert!(
+        Pool::create(&p, "x", disks(1, 8 * MIB), MIB / 2).is_err(),
+        "slab size below 1 MiB"
+    );
     assert!(Pool::create(&p, "x", vec![], MIB).is_err(), "no disk");
     let e = Pool::create(&p, "x", disks(1, MIB + MIB / 2), MIB).err().unwrap();
     assert!(e.to_string().contains("too small"), "{e}");
     let d = disks(1, 8 * MIB);
-    let e = Pool::create(&p, "x", vec![d[0].clone(), d[0].clone()], MIB).err().unwrap();
+    let e = Pool::create(&p, "x", vec![d[0].clone(), d[0].clone()], MIB)
+        .err()
+        .unwrap();
     assert!(e.to_string().contains("listed twice"), "{e}");
     assert!(!p.join("meta").exists(), "a refused creation leaves nothing behind");
 }
@@ -109,7 +129,8 @@ fn disk_states_persist_and_failed_is_final() {
     assert!(pool.readable_disk(d1).is_some(), "a retired disk is still read");
     assert!(pool.allocate_slabs(3, &[]).is_err(), "a retired disk takes no new slab");
     let d2 = pool.find_disk(&pool.disks()[2].info.id.to_string()).unwrap();
-    pool.set_disk_state(d2, DiskState::Failed, Some("drill".into())).unwrap();
+    pool.set_disk_state(d2, DiskState::Failed, Some("drill".into()))
+        .unwrap();
     assert!(pool.readable_disk(d2).is_none());
     assert!(pool.set_disk_state(d2, DiskState::Healthy, None).is_err());
     assert!(matches!(pool.find_disk("nope"), Err(PoolError::NoSuchDisk { .. })));

@@ -73,9 +73,16 @@ impl ServerConfig {
 
     pub fn resolve(f: ConfigFile, o: Overrides) -> Result<ServerConfig, String> {
         let default_state = if o.demo { "tessera-demo" } else { "/var/lib/tessera" };
-        let state_dir = o.state_dir.or(f.state_dir).unwrap_or_else(|| PathBuf::from(default_state));
+        let state_dir = o
+            .state_dir
+            .or(f.state_dir)
+            .unwrap_or_else(|| PathBuf::from(default_state));
         let state_dir = absolute(&state_dir)?;
-        let api_listen = match o.api_listen.or(f.api_listen).unwrap_or_else(|| DEFAULT_API_LISTEN.into()) {
+        let api_listen = match o
+            .api_listen
+            .or(f.api_listen)
+            .unwrap_or_else(|| DEFAULT_API_LISTEN.into())
+        {
             s if s.is_empty() || s == "none" => None,
             s => Some(parse_addr("api_listen", &s)?),
         };
@@ -88,7 +95,11 @@ impl ServerConfig {
             ),
             None => None,
         };
-        let api_token = o.api_token.or(f.api_token).or(token_from_file).filter(|t| !t.is_empty());
+        let api_token = o
+            .api_token
+            .or(f.api_token)
+            .or(token_from_file)
+            .filter(|t| !t.is_empty());
         if let Some(t) = &api_token {
             if t.len() < 16 {
                 return Err("the API token must be at least 16 characters long".into());
@@ -133,7 +144,8 @@ pub fn parse_file(text: &str) -> Result<ConfigFile, String> {
 }
 
 fn parse_addr(what: &str, s: &str) -> Result<SocketAddr, String> {
-    s.parse().map_err(|_| format!("{what} '{s}' is not an address: write IP:PORT, e.g. 127.0.0.1:8484 or [::1]:8484"))
+    s.parse()
+        .map_err(|_| format!("{what} '{s}' is not an address: write IP:PORT, e.g. 127.0.0.1:8484 or [::1]:8484"))
 }
 
 fn absolute(p: &Path) -> Result<PathBuf, String> {
@@ -154,10 +166,18 @@ mod tests {
 
     #[test]
     fn defaults_and_overrides() {
-        let c = resolve("state_dir = \"/srv/t\"\napi_listen = \"127.0.0.1:9000\"\n", Overrides::default()).unwrap();
+        let c = resolve(
+            "state_dir = \"/srv/t\"\napi_listen = \"127.0.0.1:9000\"\n",
+            Overrides::default(),
+        )
+        .unwrap();
         assert_eq!(c.state_dir, PathBuf::from("/srv/t"));
         assert_eq!(c.api_listen.unwrap().port(), 9000);
-        let o = Overrides { state_dir: Some("/other".into()), api_listen: Some("none".into()), ..Default::default() };
+        let o = Overrides {
+            state_dir: Some("/other".into()),
+            api_listen: Some("none".into()),
+            ..Default::default()
+        };
         let c = resolve("state_dir = \"/srv/t\"\n", o).unwrap();
         assert_eq!(c.state_dir, PathBuf::from("/other"));
         assert!(c.api_listen.is_none());
@@ -167,10 +187,15 @@ mod tests {
     fn non_loopback_needs_a_token() {
         let e = resolve("api_listen = \"0.0.0.0:8484\"\n", Overrides::default()).unwrap_err();
         assert!(e.contains("without a token"), "{e}");
-        let c = resolve("api_listen = \"0.0.0.0:8484\"\napi_token = \"0123456789abcdef0123\"\n", Overrides::default())
-            .unwrap();
+        let c = resolve(
+            "api_listen = \"0.0.0.0:8484\"\napi_token = \"0123456789abcdef0123\"\n",
+            Overrides::default(),
+        )
+        .unwrap();
         assert!(c.api_token.is_some());
-        assert!(resolve("api_token = \"short\"\n", Overrides::default()).unwrap_err().contains("16 characters"));
+        assert!(resolve("api_token = \"short\"\n", Overrides::default())
+            .unwrap_err()
+            .contains("16 characters"));
     }
 
     #[test]
@@ -181,10 +206,16 @@ mod tests {
 
     #[test]
     fn bad_files_are_refused_with_the_reason() {
-        assert!(resolve("state_dri = \"/x\"\n", Overrides::default()).unwrap_err().contains("unknown field"));
+        assert!(resolve("state_dri = \"/x\"\n", Overrides::default())
+            .unwrap_err()
+            .contains("unknown field"));
         assert!(resolve("api_listen = 8484\n", Overrides::default()).is_err());
-        assert!(resolve("api_listen = \"localhost\"\n", Overrides::default()).unwrap_err().contains("IP:PORT"));
-        assert!(resolve("pools = [\"a/b\"]\n", Overrides::default()).unwrap_err().contains("pool name"));
+        assert!(resolve("api_listen = \"localhost\"\n", Overrides::default())
+            .unwrap_err()
+            .contains("IP:PORT"));
+        assert!(resolve("pools = [\"a/b\"]\n", Overrides::default())
+            .unwrap_err()
+            .contains("pool name"));
         assert!(resolve("log_format = \"xml\"\n", Overrides::default()).is_err());
         assert!(resolve("[[[", Overrides::default()).is_err());
     }

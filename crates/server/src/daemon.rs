@@ -67,7 +67,9 @@ impl Daemon {
             let dir = d.pool_dir(&name);
             if !dir.join("meta").exists() {
                 warn!(pool = %name, dir = %dir.display(), "pool to import has no metadata store");
-                d.unavailable.write().insert(name, format!("no pool metadata in {}", dir.display()));
+                d.unavailable
+                    .write()
+                    .insert(name, format!("no pool metadata in {}", dir.display()));
                 continue;
             }
             match Engine::open(&dir, &|p| open_disk(p)) {
@@ -106,7 +108,10 @@ impl Daemon {
         let p = self.imported_path();
         match std::fs::read(&p) {
             Ok(b) => serde_json::from_slice(&b).map_err(|e| {
-                format!("{} is corrupt ({e}); fix or remove it, then import pools with 'tessera pool import'", p.display())
+                format!(
+                    "{} is corrupt ({e}); fix or remove it, then import pools with 'tessera pool import'",
+                    p.display()
+                )
             }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(ImportedList::default()),
             Err(e) => Err(format!("cannot read {}: {e}", p.display())),
@@ -115,7 +120,9 @@ impl Daemon {
 
     /// Records the imported pools, crash-safely (write, sync, rename, sync the directory).
     fn write_imported(&self) -> Result<(), String> {
-        let mut list = ImportedList { pools: self.pools.read().keys().cloned().collect() };
+        let mut list = ImportedList {
+            pools: self.pools.read().keys().cloned().collect(),
+        };
         list.pools.extend(self.unavailable.read().keys().cloned());
         let p = self.imported_path();
         let tmp = p.with_extension("json.tmp");
@@ -153,7 +160,9 @@ impl Daemon {
     pub fn vdisk(&self, pool: &str, name: &str) -> ApiResult<(Arc<Engine>, Arc<Vdisk>)> {
         let e = self.engine(pool)?;
         let v = e.vdisk(name).map_err(|_| {
-            ApiError::not_found(format!("pool '{pool}' has no vdisk '{name}'; 'tessera vdisk list' shows them"))
+            ApiError::not_found(format!(
+                "pool '{pool}' has no vdisk '{name}'; 'tessera vdisk list' shows them"
+            ))
         })?;
         Ok((e, v))
     }
@@ -163,7 +172,9 @@ impl Daemon {
     pub fn create_pool(&self, req: CreatePool) -> ApiResult<PoolSummary> {
         validate_name("pool", &req.name).map_err(ApiError::invalid)?;
         if req.disks.is_empty() {
-            return Err(ApiError::invalid("a pool needs at least one disk: give --disk PATH once per disk"));
+            return Err(ApiError::invalid(
+                "a pool needs at least one disk: give --disk PATH once per disk",
+            ));
         }
         let mut seen = BTreeSet::new();
         for p in &req.disks {
@@ -292,7 +303,13 @@ impl Daemon {
             }
             Err(_) => (vec![], vec![], vec![], IoStatsView::default()),
         };
-        Ok(PoolDetail { summary, disk_list, vdisk_list, unhealthy_sets: unhealthy, stats })
+        Ok(PoolDetail {
+            summary,
+            disk_list,
+            vdisk_list,
+            unhealthy_sets: unhealthy,
+            stats,
+        })
     }
 
     /// Pools in the state directory that are not imported.
@@ -304,7 +321,10 @@ impl Daemon {
         for entry in rd.flatten() {
             let name = entry.file_name().to_string_lossy().to_string();
             if !pools.contains_key(&name) && entry.path().join("meta").is_dir() {
-                out.push(ImportablePool { name, dir: entry.path().display().to_string() });
+                out.push(ImportablePool {
+                    name,
+                    dir: entry.path().display().to_string(),
+                });
             }
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));
@@ -398,19 +418,33 @@ impl Daemon {
             }
         }
         if req.rate_limit == Some(0) {
-            return Err(ApiError::invalid("a rate limit of 0 would never finish; leave it out for no limit"));
+            return Err(ApiError::invalid(
+                "a rate limit of 0 would never finish; leave it out for no limit",
+            ));
         }
-        if let Some(j) = self.jobs.running_on(name).into_iter().find(|&id| {
-            self.jobs.get(id).map(|j| j.kind == "repair").unwrap_or(false)
-        }) {
-            return Err(ApiError::busy(format!("a repair of pool '{name}' is already running as job {j}")));
+        if let Some(j) = self
+            .jobs
+            .running_on(name)
+            .into_iter()
+            .find(|&id| self.jobs.get(id).map(|j| j.kind == "repair").unwrap_or(false))
+        {
+            return Err(ApiError::busy(format!(
+                "a repair of pool '{name}' is already running as job {j}"
+            )));
         }
-        let opts = RebuildOptions { parallel: req.parallel.unwrap_or(4), rate_limit: req.rate_limit };
+        let opts = RebuildOptions {
+            parallel: req.parallel.unwrap_or(4),
+            rate_limit: req.rate_limit,
+        };
         let job = self.jobs.spawn("repair", name, move |p| {
             let r = e.repair(&opts, p).map_err(|e| e.to_string())?;
             if !r.failures.is_empty() {
                 let why: Vec<String> = r.failures.iter().map(|(s, m)| format!("slab set {s}: {m}")).collect();
-                return Err(format!("{} slab set(s) could not be rebuilt: {}", r.failures.len(), why.join("; ")));
+                return Err(format!(
+                    "{} slab set(s) could not be rebuilt: {}",
+                    r.failures.len(),
+                    why.join("; ")
+                ));
             }
             Ok(serde_json::to_value(r).expect("serializable"))
         });
@@ -443,7 +477,11 @@ impl Daemon {
         match action {
             "fail" => e.fail_disk(disk)?,
             "retire" => e.retire_disk(disk)?,
-            _ => return Err(ApiError::not_found(format!("no disk action '{action}'; use fail or retire"))),
+            _ => {
+                return Err(ApiError::not_found(format!(
+                    "no disk action '{action}'; use fail or retire"
+                )))
+            }
         }
         warn!(pool, disk, action, "disk state changed by the administrator");
         e.pool()
@@ -468,7 +506,10 @@ impl Daemon {
             Some(p) => vec![(p.to_string(), self.engine(p)?)],
             None => self.pools.read().iter().map(|(n, e)| (n.clone(), e.clone())).collect(),
         };
-        Ok(engines.iter().flat_map(|(n, e)| e.vdisks().iter().map(|v| vdisk_view(n, v)).collect::<Vec<_>>()).collect())
+        Ok(engines
+            .iter()
+            .flat_map(|(n, e)| e.vdisks().iter().map(|v| vdisk_view(n, v)).collect::<Vec<_>>())
+            .collect())
     }
 
     pub fn show_vdisk(&self, pool: &str, name: &str) -> ApiResult<VdiskView> {
@@ -551,7 +592,9 @@ impl Daemon {
         let target = format!("{pool}/{name}");
         for id in self.jobs.running_on(&target) {
             if self.jobs.get(id).map(|j| j.kind == "import").unwrap_or(false) {
-                return Err(ApiError::busy(format!("an import into '{target}' is already running as job {id}")));
+                return Err(ApiError::busy(format!(
+                    "an import into '{target}' is already running as job {id}"
+                )));
             }
         }
         Ok(())
@@ -607,8 +650,17 @@ pub fn vdisk_view(pool: &str, v: &Vdisk) -> VdiskView {
 }
 
 fn vdisk_spec(e: &Engine, req: CreateVdisk) -> VdiskSpec {
-    let healthy = e.pool().disks().iter().filter(|d| d.info.state == DiskState::Healthy).count();
-    let layout = req.layout.unwrap_or(if healthy >= 2 { LayoutKind::Mirror } else { LayoutKind::Simple });
+    let healthy = e
+        .pool()
+        .disks()
+        .iter()
+        .filter(|d| d.info.state == DiskState::Healthy)
+        .count();
+    let layout = req.layout.unwrap_or(if healthy >= 2 {
+        LayoutKind::Mirror
+    } else {
+        LayoutKind::Simple
+    });
     let mut spec = VdiskSpec::new(&req.name, req.size, layout);
     spec.copies = req.copies;
     spec.columns = req.columns;

@@ -19,7 +19,8 @@ const VDISK_SIZE: u64 = 16 << 30;
 pub fn prepare(d: &Daemon) -> Result<(), String> {
     if d.engine(POOL).is_err() {
         if d.cfg.pools_dir().join(POOL).join("meta").is_dir() {
-            d.import_pool(POOL).map_err(|e| format!("cannot reopen the demo pool: {}", e.message))?;
+            d.import_pool(POOL)
+                .map_err(|e| format!("cannot reopen the demo pool: {}", e.message))?;
         } else {
             let dir = d.cfg.state_dir.join("disks");
             std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
@@ -31,7 +32,12 @@ pub fn prepare(d: &Daemon) -> Result<(), String> {
                 }
                 disks.push(p.display().to_string());
             }
-            d.create_pool(CreatePool { name: POOL.into(), disks, slab_size: None }).map_err(|e| {
+            d.create_pool(CreatePool {
+                name: POOL.into(),
+                disks,
+                slab_size: None,
+            })
+            .map_err(|e| {
                 format!(
                     "cannot create the demo pool: {}. If {} holds an older demo, remove that directory and start again",
                     e.message,

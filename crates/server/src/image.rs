@@ -82,7 +82,8 @@ fn zero_range(v: &Vdisk, off: u64, len: u64) -> Result<(), String> {
     }
     for x in v.extents(off, len).map_err(|e| e.to_string())? {
         if x.mapped {
-            v.write_zeroes(x.offset, x.len, true, false).map_err(|e| e.to_string())?;
+            v.write_zeroes(x.offset, x.len, true, false)
+                .map_err(|e| e.to_string())?;
         }
     }
     Ok(())
@@ -103,10 +104,16 @@ pub fn import(v: &Vdisk, path: &Path, p: &Progress) -> Result<ImageReport, Strin
     let bs = v.block_size() as u64;
     let padded = size.div_ceil(bs) * bs;
     if padded > v.size() {
-        return Err(format!("the image ({size} bytes) is larger than the vdisk ({} bytes)", v.size()));
+        return Err(format!(
+            "the image ({size} bytes) is larger than the vdisk ({} bytes)",
+            v.size()
+        ));
     }
     p.total_bytes.store(padded, Ordering::Relaxed);
-    let mut report = ImageReport { bytes: size, ..Default::default() };
+    let mut report = ImageReport {
+        bytes: size,
+        ..Default::default()
+    };
     let mut buf = AlignedBuf::zeroed(CHUNK);
     let mut pos = 0u64;
     for (start, end) in data_segments(&f, size) {
@@ -123,7 +130,8 @@ pub fn import(v: &Vdisk, path: &Path, p: &Progress) -> Result<ImageReport, Strin
             let n = (CHUNK as u64).min(end.div_ceil(bs) * bs - pos) as usize;
             let avail = (size - pos).min(n as u64) as usize;
             buf[avail..n].fill(0);
-            f.read_exact_at(&mut buf[..avail], pos).map_err(|e| format!("reading the image at byte {pos}: {e}"))?;
+            f.read_exact_at(&mut buf[..avail], pos)
+                .map_err(|e| format!("reading the image at byte {pos}: {e}"))?;
             write_nonzero(v, pos, &buf[..n], &mut report)?;
             pos += n as u64;
             p.done_bytes.store(pos, Ordering::Relaxed);
@@ -185,16 +193,28 @@ pub fn create_target(path: &Path, overwrite: bool, size: u64) -> Result<File, St
         }
         if md.file_type().is_block_device() {
             if !overwrite {
-                return Err(format!("{} is a block device; pass --overwrite to write over it", path.display()));
+                return Err(format!(
+                    "{} is a block device; pass --overwrite to write over it",
+                    path.display()
+                ));
             }
             let have = image_size(path)?;
             if have < size {
-                return Err(format!("{} holds {have} bytes, less than the vdisk's {size}", path.display()));
+                return Err(format!(
+                    "{} holds {have} bytes, less than the vdisk's {size}",
+                    path.display()
+                ));
             }
-            return OpenOptions::new().write(true).open(path).map_err(|e| format!("cannot open {}: {e}", path.display()));
+            return OpenOptions::new()
+                .write(true)
+                .open(path)
+                .map_err(|e| format!("cannot open {}: {e}", path.display()));
         }
         if !overwrite {
-            return Err(format!("{} already exists; pass --overwrite to replace it", path.display()));
+            return Err(format!(
+                "{} already exists; pass --overwrite to replace it",
+                path.display()
+            ));
         }
     }
     let mut o = OpenOptions::new();
@@ -204,8 +224,11 @@ pub fn create_target(path: &Path, overwrite: bool, size: u64) -> Result<File, St
     } else {
         o.create_new(true);
     }
-    let f = o.open(path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
-    f.set_len(size).map_err(|e| format!("cannot size {}: {e}", path.display()))?;
+    let f = o
+        .open(path)
+        .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+    f.set_len(size)
+        .map_err(|e| format!("cannot size {}: {e}", path.display()))?;
     Ok(f)
 }
 
@@ -215,7 +238,10 @@ pub fn export(v: &Vdisk, f: File, path: &Path, p: &Progress) -> Result<ImageRepo
     let size = v.size();
     let sparse_ok = f.metadata().map(|m| m.is_file()).unwrap_or(false);
     p.total_bytes.store(size, Ordering::Relaxed);
-    let mut report = ImageReport { bytes: size, ..Default::default() };
+    let mut report = ImageReport {
+        bytes: size,
+        ..Default::default()
+    };
     let mut buf = AlignedBuf::zeroed(CHUNK);
     let zeros = AlignedBuf::zeroed(CHUNK);
     let werr = |e: std::io::Error, at: u64| format!("writing {} at byte {at}: {e}", path.display());
@@ -270,7 +296,12 @@ mod tests {
         d[5 * 4096 + 99] = 1;
         assert_eq!(
             zero_runs(&d, 4096),
-            vec![(0, 4096, true), (4096, 3 * 4096, false), (3 * 4096, 5 * 4096, true), (5 * 4096, 5 * 4096 + 100, false)]
+            vec![
+                (0, 4096, true),
+                (4096, 3 * 4096, false),
+                (3 * 4096, 5 * 4096, true),
+                (5 * 4096, 5 * 4096 + 100, false)
+            ]
         );
         assert!(zero_runs(&[], 4096).is_empty());
     }
@@ -279,7 +310,13 @@ mod tests {
     fn segments_of_a_sparse_file() {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("img");
-        let f = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&p).unwrap();
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&p)
+            .unwrap();
         f.set_len(64 << 20).unwrap();
         f.write_all_at(&[1u8; 4096], 16 << 20).unwrap();
         let segs = data_segments(&f, 64 << 20);

@@ -72,7 +72,10 @@ impl Job {
         let total = self.progress.total_bytes.load(Ordering::Relaxed);
         let done = self.progress.done_bytes.load(Ordering::Relaxed).min(total.max(1));
         let end = self.end.lock();
-        let elapsed = end.as_ref().map(|e| e.elapsed).unwrap_or_else(|| self.started.elapsed().as_secs_f64());
+        let elapsed = end
+            .as_ref()
+            .map(|e| e.elapsed)
+            .unwrap_or_else(|| self.started.elapsed().as_secs_f64());
         let rate = if elapsed > 0.0 { done as f64 / elapsed } else { 0.0 };
         let state = end.as_ref().map(|e| e.state).unwrap_or(JobState::Running);
         let eta = (state == JobState::Running && rate > 0.0 && total >= done).then(|| (total - done) as f64 / rate);
@@ -127,8 +130,11 @@ impl Jobs {
         {
             let mut jobs = self.jobs.lock();
             jobs.insert(id, job.clone());
-            let finished: Vec<u64> =
-                jobs.iter().filter(|(_, j)| j.state().finished()).map(|(id, _)| *id).collect();
+            let finished: Vec<u64> = jobs
+                .iter()
+                .filter(|(_, j)| j.state().finished())
+                .map(|(id, _)| *id)
+                .collect();
             for old in finished.iter().take(finished.len().saturating_sub(KEEP_FINISHED)) {
                 jobs.remove(old);
             }
@@ -168,14 +174,19 @@ impl Jobs {
 
     pub fn get(&self, id: u64) -> ApiResult<Arc<Job>> {
         self.jobs.lock().get(&id).cloned().ok_or_else(|| {
-            ApiError::not_found(format!("no job {id}; 'tessera job list' shows the jobs this daemon remembers"))
+            ApiError::not_found(format!(
+                "no job {id}; 'tessera job list' shows the jobs this daemon remembers"
+            ))
         })
     }
 
     pub fn cancel(&self, id: u64) -> ApiResult<JobView> {
         let j = self.get(id)?;
         if j.state().finished() {
-            return Err(ApiError::busy(format!("job {id} has already finished ({:?})", j.state())));
+            return Err(ApiError::busy(format!(
+                "job {id} has already finished ({:?})",
+                j.state()
+            )));
         }
         j.progress.cancel.store(true, Ordering::Relaxed);
         info!(job = id, "cancel requested");
@@ -210,7 +221,10 @@ impl Jobs {
 }
 
 fn unix_now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -25,7 +25,11 @@ impl StateLock {
             let mut holder = String::new();
             let _ = f.read_to_string(&mut holder);
             let holder = holder.trim();
-            let who = if holder.is_empty() { String::new() } else { format!(" (pid {holder})") };
+            let who = if holder.is_empty() {
+                String::new()
+            } else {
+                format!(" (pid {holder})")
+            };
             return Err(format!(
                 "another tessera daemon{who} already serves the state directory {}; stop it first, or \
                  give this one another --state-dir",

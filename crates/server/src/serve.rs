@@ -30,11 +30,15 @@ pub fn run(cfg: ServerConfig) -> Result<(), String> {
 
 async fn serve(cfg: ServerConfig) -> Result<(), String> {
     let demo = cfg.demo;
-    let daemon = tokio::task::spawn_blocking(move || Daemon::start(cfg)).await.map_err(|e| e.to_string())??;
+    let daemon = tokio::task::spawn_blocking(move || Daemon::start(cfg))
+        .await
+        .map_err(|e| e.to_string())??;
     let daemon = Arc::new(daemon);
     if demo {
         let d = daemon.clone();
-        tokio::task::spawn_blocking(move || crate::demo::prepare(&d)).await.map_err(|e| e.to_string())??;
+        tokio::task::spawn_blocking(move || crate::demo::prepare(&d))
+            .await
+            .map_err(|e| e.to_string())??;
     }
 
     // We hold the state lock, so a socket file left here is stale.
@@ -59,12 +63,16 @@ async fn serve(cfg: ServerConfig) -> Result<(), String> {
     let mut servers = Vec::new();
     let r = crate::api::router(daemon.clone(), None);
     servers.push(tokio::spawn(
-        axum::serve(unix, r.into_make_service()).with_graceful_shutdown(stopped(stop_rx.clone())).into_future(),
+        axum::serve(unix, r.into_make_service())
+            .with_graceful_shutdown(stopped(stop_rx.clone()))
+            .into_future(),
     ));
     if let Some(t) = tcp {
         let r = crate::api::router(daemon.clone(), daemon.cfg.api_token.clone());
         servers.push(tokio::spawn(
-            axum::serve(t, r.into_make_service()).with_graceful_shutdown(stopped(stop_rx.clone())).into_future(),
+            axum::serve(t, r.into_make_service())
+                .with_graceful_shutdown(stopped(stop_rx.clone()))
+                .into_future(),
         ));
     }
     info!(state_dir = %daemon.cfg.state_dir.display(), "ready");
@@ -85,7 +93,9 @@ async fn serve(cfg: ServerConfig) -> Result<(), String> {
         }
     }
     let d = daemon.clone();
-    tokio::task::spawn_blocking(move || d.shutdown()).await.map_err(|e| e.to_string())?;
+    tokio::task::spawn_blocking(move || d.shutdown())
+        .await
+        .map_err(|e| e.to_string())?;
     let _ = std::fs::remove_file(&sock);
     info!("stopped");
     Ok(())
@@ -93,10 +103,21 @@ async fn serve(cfg: ServerConfig) -> Result<(), String> {
 
 fn banner(d: &Daemon, tcp: Option<std::net::SocketAddr>) -> String {
     let sock = d.cfg.socket_path();
-    let mut s = format!("Tessera {} serving {}\n", env!("CARGO_PKG_VERSION"), d.cfg.state_dir.display());
+    let mut s = format!(
+        "Tessera {} serving {}\n",
+        env!("CARGO_PKG_VERSION"),
+        d.cfg.state_dir.display()
+    );
     s += &format!("  management API: unix:{}", sock.display());
     if let Some(a) = tcp {
-        s += &format!(" and http://{a}{}", if d.cfg.api_token.is_some() { " (bearer token required)" } else { "" });
+        s += &format!(
+            " and http://{a}{}",
+            if d.cfg.api_token.is_some() {
+                " (bearer token required)"
+            } else {
+                ""
+            }
+        );
     }
     s += "\n";
     let pools = d.list_pools();
@@ -104,7 +125,10 @@ fn banner(d: &Daemon, tcp: Option<std::net::SocketAddr>) -> String {
         s += "  no pools yet: 'tessera pool create NAME --disk PATH...' makes one\n";
     }
     for p in &pools {
-        let cap = p.capacity.map(|c| format_size(c.total_bytes)).unwrap_or_else(|| "-".into());
+        let cap = p
+            .capacity
+            .map(|c| format_size(c.total_bytes))
+            .unwrap_or_else(|| "-".into());
         s += &format!("  pool {}: {}, {} disk(s), {cap}\n", p.name, p.health, p.disks);
     }
     if let Ok(vs) = d.list_vdisks(None) {
@@ -123,6 +147,9 @@ fn banner(d: &Daemon, tcp: Option<std::net::SocketAddr>) -> String {
         }
     }
     s += "  iSCSI and NBD exports are not part of this build yet; vdisks are reached through the API\n";
-    s += &format!("Connect with:\n  export TESSERA_API=unix:{}\n  tessera pool list\n", sock.display());
+    s += &format!(
+        "Connect with:\n  export TESSERA_API=unix:{}\n  tessera pool list\n",
+        sock.display()
+    );
     s
 }

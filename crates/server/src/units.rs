@@ -9,7 +9,10 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         return Err(bad());
     }
     let upper = t.to_ascii_uppercase();
-    let body = upper.strip_suffix("IB").or_else(|| upper.strip_suffix('B')).unwrap_or(&upper);
+    let body = upper
+        .strip_suffix("IB")
+        .or_else(|| upper.strip_suffix('B'))
+        .unwrap_or(&upper);
     let (num, shift) = match body.chars().last() {
         Some('K') => (&body[..body.len() - 1], 10),
         Some('M') => (&body[..body.len() - 1], 20),
@@ -23,7 +26,9 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         return Err(bad());
     }
     if let Ok(n) = num.parse::<u64>() {
-        return n.checked_mul(1u64 << shift).ok_or_else(|| format!("'{s}' is too large"));
+        return n
+            .checked_mul(1u64 << shift)
+            .ok_or_else(|| format!("'{s}' is too large"));
     }
     if shift == 0 {
         return Err(bad());

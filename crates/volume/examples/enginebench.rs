@@ -34,7 +34,12 @@ fn parse() -> Args {
         size: 2 << 30,
         threads: 32,
         seconds: 10,
-        workloads: vec!["randread".into(), "randwrite".into(), "seqread".into(), "seqwrite".into()],
+        workloads: vec![
+            "randread".into(),
+            "randwrite".into(),
+            "seqread".into(),
+            "seqwrite".into(),
+        ],
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -61,7 +66,9 @@ fn main() {
     let a = parse();
     std::fs::create_dir_all(&a.dir).unwrap();
     let disks: Vec<DiskRef> = (0..a.disks)
-        .map(|i| Arc::new(FileDisk::create_file(a.dir.join(format!("disk{i}")), a.disk_size, false).unwrap()) as DiskRef)
+        .map(|i| {
+            Arc::new(FileDisk::create_file(a.dir.join(format!("disk{i}")), a.disk_size, false).unwrap()) as DiskRef
+        })
         .collect();
     let engine = Engine::create_pool(&a.dir.join("pool"), "bench", disks, 256 << 20).unwrap();
     let mut spec = VdiskSpec::new("bench", a.size, a.layout);

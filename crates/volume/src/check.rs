@@ -29,12 +29,14 @@ impl Engine {
             live_ids.push(v.id);
             let map = v.map.read();
             let mut stored: HashMap<u64, u64> = HashMap::new();
-            s.pool.meta().for_each_prefix(CF_GRAINS, &v.id.to_be_bytes(), |k, val| {
-                if let (Some((_, g)), Some(l)) = (parse_grain_key(k), parse_loc(val)) {
-                    stored.insert(g, l);
-                }
-                Ok(())
-            })?;
+            s.pool
+                .meta()
+                .for_each_prefix(CF_GRAINS, &v.id.to_be_bytes(), |k, val| {
+                    if let (Some((_, g)), Some(l)) = (parse_grain_key(k), parse_loc(val)) {
+                        stored.insert(g, l);
+                    }
+                    Ok(())
+                })?;
             let mut mapped = 0;
             for (g, e) in map.iter().enumerate() {
                 let l = e.load(Ordering::Acquire);
@@ -50,19 +52,32 @@ impl Engine {
                     *expected.entry(l).or_default() += 1;
                     let (set, slot) = loc_parts(l);
                     match s.space.slots(set) {
-                        None => report.problems.push(format!("{} grain {g} points into slab set {set}, which does not exist", v.name())),
-                        Some(ss) if slot as usize >= ss.refs.len() => {
-                            report.problems.push(format!("{} grain {g} points past the end of slab set {set}", v.name()))
-                        }
+                        None => report.problems.push(format!(
+                            "{} grain {g} points into slab set {set}, which does not exist",
+                            v.name()
+                        )),
+                        Some(ss) if slot as usize >= ss.refs.len() => report
+                            .problems
+                            .push(format!("{} grain {g} points past the end of slab set {set}", v.name())),
                         _ => {}
                     }
                 }
             }
             if stored.len() as u64 != mapped {
-                report.problems.push(format!("{}: {} stored grain entries, {} mapped in memory", v.name(), stored.len(), mapped));
+                report.problems.push(format!(
+                    "{}: {} stored grain entries, {} mapped in memory",
+                    v.name(),
+                    stored.len(),
+                    mapped
+                ));
             }
             if mapped != v.mapped.load(Ordering::Relaxed) {
-                report.problems.push(format!("{}: mapped counter {} but {} grains mapped", v.name(), v.mapped.load(Ordering::Relaxed), mapped));
+                report.problems.push(format!(
+                    "{}: mapped counter {} but {} grains mapped",
+                    v.name(),
+                    v.mapped.load(Ordering::Relaxed),
+                    mapped
+                ));
             }
             report.grains_mapped += mapped;
         }
@@ -70,7 +85,9 @@ impl Engine {
         s.pool.meta().for_each_prefix(CF_GRAINS, &[], |k, _| {
             if let Some((id, g)) = parse_grain_key(k) {
                 if !live_ids.contains(&id) {
-                    report.problems.push(format!("grain entry {g} of vdisk id {id}, which does not exist"));
+                    report
+                        .problems
+                        .push(format!("grain entry {g} of vdisk id {id}, which does not exist"));
                 }
             }
             Ok(())
@@ -99,7 +116,9 @@ impl Engine {
             }
         }
         for (l, c) in stored_counts {
-            report.problems.push(format!("slot {l:#x} of a slab set that does not exist has a stored count of {c}"));
+            report.problems.push(format!(
+                "slot {l:#x} of a slab set that does not exist has a stored count of {c}"
+            ));
         }
         report.slots_referenced = expected.len() as u64;
         Ok(report)

@@ -29,8 +29,12 @@ impl Engine {
     pub fn clone_range(&self, src: &Vdisk, src_off: u64, dst: &Vdisk, dst_off: u64, len: u64) -> Result<CloneStats> {
         src.check_range(src_off, len)?;
         dst.check_range(dst_off, len)?;
-        if !std::ptr::eq(src.s.as_ref(), self.shared().as_ref()) || !std::ptr::eq(dst.s.as_ref(), self.shared().as_ref()) {
-            return Err(VolumeError::Invalid("clone_range between vdisks of different pools".into()));
+        if !std::ptr::eq(src.s.as_ref(), self.shared().as_ref())
+            || !std::ptr::eq(dst.s.as_ref(), self.shared().as_ref())
+        {
+            return Err(VolumeError::Invalid(
+                "clone_range between vdisks of different pools".into(),
+            ));
         }
         let same = src.id == dst.id;
         if same && src_off == dst_off {
@@ -102,10 +106,16 @@ impl Engine {
         }
         for k0 in starts {
             let n = BATCH_GRAINS.min(count - k0);
-            let _locks = s.locks.lock_many((0..n).flat_map(|k| [(src.id, sg + k0 + k), (dst.id, dg + k0 + k)]));
+            let _locks = s
+                .locks
+                .lock_many((0..n).flat_map(|k| [(src.id, sg + k0 + k), (dst.id, dg + k0 + k)]));
             let mut ops = Vec::new();
             let mut changes = Vec::new(); // (dst grain, new loc, old loc)
-            let order: Vec<u64> = if backwards { (0..n).rev().collect() } else { (0..n).collect() };
+            let order: Vec<u64> = if backwards {
+                (0..n).rev().collect()
+            } else {
+                (0..n).collect()
+            };
             for k in order {
                 let (sgi, dgi) = (sg + k0 + k, dg + k0 + k);
                 // Iterating away from the overlap (see `backwards`), no source grain read here

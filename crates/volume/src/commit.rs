@@ -41,7 +41,13 @@ impl Committer {
     pub fn new(layouts: Arc<Layouts>) -> Committer {
         Committer {
             layouts,
-            q: Mutex::new(Queue { ops: Vec::new(), queued: 0, committed: 0, leader: false, failed: None }),
+            q: Mutex::new(Queue {
+                ops: Vec::new(),
+                queued: 0,
+                committed: 0,
+                leader: false,
+                failed: None,
+            }),
             cv: Condvar::new(),
         }
     }

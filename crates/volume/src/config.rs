@@ -88,10 +88,14 @@ pub fn validate(size: u64, block_size: u32, grain: u64, layout: &LayoutSpec) -> 
         return Err(format!("logical block size must be 512 or 4096, not {block_size}"));
     }
     if !grain.is_power_of_two() || !(MIN_GRAIN..=MAX_GRAIN).contains(&grain) {
-        return Err(format!("grain size {grain} must be a power of two between {MIN_GRAIN} and {MAX_GRAIN}"));
+        return Err(format!(
+            "grain size {grain} must be a power of two between {MIN_GRAIN} and {MAX_GRAIN}"
+        ));
     }
     if size == 0 || size % block_size as u64 != 0 {
-        return Err(format!("size {size} must be a positive multiple of the {block_size} byte block size"));
+        return Err(format!(
+            "size {size} must be a positive multiple of the {block_size} byte block size"
+        ));
     }
     if size > (1u64 << 50) {
         return Err(format!("size {size} is larger than the 1 PiB a vdisk can have"));

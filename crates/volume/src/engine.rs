@@ -10,8 +10,8 @@ use parking_lot::{Mutex, RwLock};
 use tessera_disk::DiskRef;
 use tessera_layout::{LayoutSpec, Layouts, Progress, RebuildOptions, RebuildReport};
 use tessera_pool::{
-    decode_refcount, validate_name, DiskOpener, DiskState, Pool, WriteBatch, CF_GRAINS, CF_GRAINSETS,
-    CF_REFCOUNTS, CF_VDISKS,
+    decode_refcount, validate_name, DiskOpener, DiskState, Pool, WriteBatch, CF_GRAINS, CF_GRAINSETS, CF_REFCOUNTS,
+    CF_VDISKS,
 };
 use tracing::{info, warn};
 
@@ -76,7 +76,10 @@ impl Engine {
         // allocation and holds nothing: give it back.
         let mut grainsets = HashMap::new();
         meta.for_each_prefix(CF_GRAINSETS, &[], |k, v| {
-            if let (Ok(id), Ok(g)) = (k.try_into().map(u32::from_be_bytes), v.try_into().map(u64::from_le_bytes)) {
+            if let (Ok(id), Ok(g)) = (
+                k.try_into().map(u32::from_be_bytes),
+                v.try_into().map(u64::from_le_bytes),
+            ) {
                 grainsets.insert(id, g);
             }
             Ok(())
@@ -85,7 +88,10 @@ impl Engine {
             match grainsets.remove(&set.id) {
                 Some(g) => space.load_set(set.clone(), g, counts.get(&set.id).unwrap_or(&HashMap::new())),
                 None => {
-                    warn!(set = set.id, "slab set without grain record (interrupted allocation); freeing it");
+                    warn!(
+                        set = set.id,
+                        "slab set without grain record (interrupted allocation); freeing it"
+                    );
                     layouts.free_set(set.id)?;
                 }
             }
@@ -136,7 +142,10 @@ impl Engine {
             let v = Arc::new(Vdisk {
                 s: s.clone(),
                 id: c.id,
-                class: Class { layout: c.layout, grain: c.grain_size },
+                class: Class {
+                    layout: c.layout,
+                    grain: c.grain_size,
+                },
                 map: RwLock::new(map),
                 mapped: AtomicU64::new(mapped),
                 deleted: AtomicBool::new(false),
@@ -173,7 +182,8 @@ impl Engine {
     pub fn resolve_layout(&self, spec: &VdiskSpec) -> Result<LayoutSpec> {
         let healthy = self.s.pool.free_slabs().len();
         let l = LayoutSpec::with_defaults(spec.layout, spec.copies, spec.columns, spec.interleave, healthy);
-        l.validate(self.s.pool.slab_size(), healthy).map_err(VolumeError::Invalid)?;
+        l.validate(self.s.pool.slab_size(), healthy)
+            .map_err(VolumeError::Invalid)?;
         Ok(l)
     }
 
@@ -233,13 +243,22 @@ impl Engine {
     fn save_config(&self, c: &VdiskConfig) -> Result<()> {
         let meta = self.s.pool.meta();
         let mut b = WriteBatch::default();
-        b.put_cf(meta.cf(CF_VDISKS), vdisk_key(c.id), serde_json::to_vec(c).expect("serializable"));
+        b.put_cf(
+            meta.cf(CF_VDISKS),
+            vdisk_key(c.id),
+            serde_json::to_vec(c).expect("serializable"),
+        );
         meta.commit(b, true)?;
         Ok(())
     }
 
     pub fn vdisk(&self, name: &str) -> Result<Arc<Vdisk>> {
-        self.s.vdisks.read().get(name).cloned().ok_or_else(|| VolumeError::NoSuchVdisk(name.to_string()))
+        self.s
+            .vdisks
+            .read()
+            .get(name)
+            .cloned()
+            .ok_or_else(|| VolumeError::NoSuchVdisk(name.to_string()))
     }
 
     pub fn vdisks(&self) -> Vec<Arc<Vdisk>> {
@@ -296,7 +315,9 @@ impl Engine {
         let reserved = grains - v.mapped.load(Ordering::Acquire);
         let mut g = 0;
         while g < grains {
-            let chunk: Vec<u64> = (g..(g + BATCH_GRAINS * 8).min(grains)).filter(|&i| v.entry(i) != 0).collect();
+            let chunk: Vec<u64> = (g..(g + BATCH_GRAINS * 8).min(grains))
+                .filter(|&i| v.entry(i) != 0)
+                .collect();
             for part in chunk.chunks(BATCH_GRAINS as usize) {
                 v.unmap_grains(part, false)?;
             }
@@ -324,14 +345,18 @@ impl Engine {
     /// An administrative failure, for drills: the disk is never used again.
     pub fn fail_disk(&self, disk: &str) -> Result<()> {
         let pos = self.s.pool.find_disk(disk)?;
-        self.s.pool.set_disk_state(pos, DiskState::Failed, Some("failed by the administrator".into()))?;
+        self.s
+            .pool
+            .set_disk_state(pos, DiskState::Failed, Some("failed by the administrator".into()))?;
         Ok(())
     }
 
     /// Retiring a disk: still read, no new slabs; a repair moves its slabs away.
     pub fn retire_disk(&self, disk: &str) -> Result<()> {
         let pos = self.s.pool.find_disk(disk)?;
-        self.s.pool.set_disk_state(pos, DiskState::Retired, Some("retired by the administrator".into()))?;
+        self.s
+            .pool
+            .set_disk_state(pos, DiskState::Retired, Some("retired by the administrator".into()))?;
         Ok(())
     }
 

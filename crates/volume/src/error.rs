@@ -23,8 +23,10 @@ impl VolumeError {
     /// True when the failure is a lack of pool space (SCSI reports it as SPACE ALLOCATION
     /// FAILED WRITE PROTECT).
     pub fn is_no_space(&self) -> bool {
-        matches!(self, VolumeError::NoSpace(_) | VolumeError::Pool(PoolError::NoSpace { .. }))
-            || matches!(self, VolumeError::Layout(LayoutError::Pool(PoolError::NoSpace { .. })))
+        matches!(
+            self,
+            VolumeError::NoSpace(_) | VolumeError::Pool(PoolError::NoSpace { .. })
+        ) || matches!(self, VolumeError::Layout(LayoutError::Pool(PoolError::NoSpace { .. })))
     }
 }
 

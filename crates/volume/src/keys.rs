@@ -19,7 +19,10 @@ pub fn parse_grain_key(k: &[u8]) -> Option<(u64, u64)> {
     if k.len() != 16 {
         return None;
     }
-    Some((u64::from_be_bytes(k[..8].try_into().ok()?), u64::from_be_bytes(k[8..].try_into().ok()?)))
+    Some((
+        u64::from_be_bytes(k[..8].try_into().ok()?),
+        u64::from_be_bytes(k[8..].try_into().ok()?),
+    ))
 }
 
 pub fn loc_value(l: Loc) -> Vec<u8> {

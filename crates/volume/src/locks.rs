@@ -13,7 +13,9 @@ pub struct GrainLocks {
 
 impl GrainLocks {
     pub fn new() -> GrainLocks {
-        GrainLocks { table: (0..GRAIN_LOCKS).map(|_| RwLock::new(())).collect() }
+        GrainLocks {
+            table: (0..GRAIN_LOCKS).map(|_| RwLock::new(())).collect(),
+        }
     }
 
     fn index(vdisk: u64, grain: u64) -> usize {

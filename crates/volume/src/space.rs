@@ -64,16 +64,25 @@ pub struct GrainSpace {
 
 impl GrainSpace {
     pub fn new(layouts: Arc<Layouts>) -> GrainSpace {
-        GrainSpace { layouts, sets: RwLock::new(HashMap::new()), alloc: Mutex::new(AllocState::default()) }
+        GrainSpace {
+            layouts,
+            sets: RwLock::new(HashMap::new()),
+            alloc: Mutex::new(AllocState::default()),
+        }
     }
 
     /// Registers a slab set found at open, with its reference counts.
     pub fn load_set(&self, set: Arc<SlabSet>, grain: u64, counts: &HashMap<u32, i64>) {
         let slots = (set.spec.set_capacity(self.layouts.pool().slab_size()) / grain) as u32;
-        let refs: Vec<AtomicU32> = (0..slots).map(|s| AtomicU32::new(counts.get(&s).copied().unwrap_or(0).max(0) as u32)).collect();
+        let refs: Vec<AtomicU32> = (0..slots)
+            .map(|s| AtomicU32::new(counts.get(&s).copied().unwrap_or(0).max(0) as u32))
+            .collect();
         let free = refs.iter().filter(|r| r.load(Ordering::Relaxed) == 0).count() as u32;
         let id = set.id;
-        let class = Class { layout: set.spec, grain };
+        let class = Class {
+            layout: set.spec,
+            grain,
+        };
         self.sets.write().insert(id, Arc::new(SetSlots { set, class, refs }));
         self.alloc.lock().per_set.insert(id, SetAlloc { free, cursor: 0 });
     }
@@ -85,13 +94,19 @@ impl GrainSpace {
     /// The slab set and byte offset in it of a grain location.
     pub fn locate(&self, l: Loc) -> Result<(Arc<SlabSet>, u64)> {
         let (set, slot) = loc_parts(l);
-        let s = self.slots(set).ok_or_else(|| VolumeError::Invalid(format!("grain location {l:#x} names no slab set")))?;
+        let s = self
+            .slots(set)
+            .ok_or_else(|| VolumeError::Invalid(format!("grain location {l:#x} names no slab set")))?;
         Ok((s.set.clone(), slot as u64 * s.class.grain))
     }
 
     pub fn refcount(&self, l: Loc) -> u32 {
         let (set, slot) = loc_parts(l);
-        self.sets.read().get(&set).and_then(|s| s.refs.get(slot as usize).map(|r| r.load(Ordering::Acquire))).unwrap_or(0)
+        self.sets
+            .read()
+            .get(&set)
+            .and_then(|s| s.refs.get(slot as usize).map(|r| r.load(Ordering::Acquire)))
+            .unwrap_or(0)
     }
 
     /// Adds a reference to an allocated slot (a grain becoming shared).
@@ -118,7 +133,11 @@ impl GrainSpace {
 
     fn class_free(&self, a: &AllocState, class: Class) -> u64 {
         let sets = self.sets.read();
-        a.per_set.iter().filter(|(id, _)| sets.get(id).map(|s| s.class == class).unwrap_or(false)).map(|(_, sa)| sa.free as u64).sum()
+        a.per_set
+            .iter()
+            .filter(|(id, _)| sets.get(id).map(|s| s.class == class).unwrap_or(false))
+            .map(|(_, sa)| sa.free as u64)
+            .sum()
     }
 
     /// Takes a free slot of the class (count set to 1). `from_reservation`: a fixed vdisk
@@ -145,13 +164,20 @@ impl GrainSpace {
             drop(a);
             self.add_set(class)?;
         }
-        Err(VolumeError::NoSpace(format!("no free grain in the {} class", class.layout.describe())))
+        Err(VolumeError::NoSpace(format!(
+            "no free grain in the {} class",
+            class.layout.describe()
+        )))
     }
 
     fn take_slot(&self, a: &mut AllocState, class: Class) -> Option<Loc> {
         let sets = self.sets.read();
-        let mut ids: Vec<u32> =
-            a.per_set.iter().filter(|(id, sa)| sa.free > 0 && sets[*id].class == class).map(|(id, _)| *id).collect();
+        let mut ids: Vec<u32> = a
+            .per_set
+            .iter()
+            .filter(|(id, sa)| sa.free > 0 && sets[*id].class == class)
+            .map(|(id, _)| *id)
+            .collect();
         ids.sort_unstable();
         for id in ids {
             let s = &sets[&id];
@@ -189,7 +215,9 @@ impl GrainSpace {
     /// Makes a new slab set for the class and records its grain size.
     fn add_set(&self, class: Class) -> Result<()> {
         let set = self.layouts.create_set(class.layout).map_err(|e| match e {
-            tessera_layout::LayoutError::Pool(p @ tessera_pool::PoolError::NoSpace { .. }) => VolumeError::NoSpace(p.to_string()),
+            tessera_layout::LayoutError::Pool(p @ tessera_pool::PoolError::NoSpace { .. }) => {
+                VolumeError::NoSpace(p.to_string())
+            }
             e => e.into(),
         })?;
         let meta = self.layouts.pool().meta();

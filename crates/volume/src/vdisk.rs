@@ -49,7 +49,12 @@ pub(crate) fn grain_pieces(grain_size: u64, offset: u64, len: u64) -> impl Itera
         let g = pos / grain_size;
         let off = pos % grain_size;
         let n = (grain_size - off).min(end - pos);
-        let p = GrainPiece { grain: g, off, len: n as usize, buf_off: (pos - offset) as usize };
+        let p = GrainPiece {
+            grain: g,
+            off,
+            len: n as usize,
+            buf_off: (pos - offset) as usize,
+        };
         pos += n;
         Some(p)
     })
@@ -72,7 +77,11 @@ pub struct Extent {
 impl std::fmt::Debug for Vdisk {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let c = self.cfg.read();
-        f.debug_struct("Vdisk").field("id", &self.id).field("name", &c.name).field("size", &c.size).finish()
+        f.debug_struct("Vdisk")
+            .field("id", &self.id)
+            .field("name", &c.name)
+            .field("size", &c.size)
+            .finish()
     }
 }
 
@@ -111,7 +120,11 @@ impl Vdisk {
     }
 
     pub(crate) fn entry(&self, g: u64) -> Loc {
-        self.map.read().get(g as usize).map(|e| e.load(Ordering::Acquire)).unwrap_or(0)
+        self.map
+            .read()
+            .get(g as usize)
+            .map(|e| e.load(Ordering::Acquire))
+            .unwrap_or(0)
     }
 
     pub(crate) fn set_entry(&self, g: u64, l: Loc) {
@@ -136,7 +149,10 @@ impl Vdisk {
             (c.block_size as u64, c.size)
         };
         if len == 0 {
-            return Err(VolumeError::Invalid(format!("{}: zero-length request at byte {offset}", self.name())));
+            return Err(VolumeError::Invalid(format!(
+                "{}: zero-length request at byte {offset}",
+                self.name()
+            )));
         }
         if offset % bs != 0 || len % bs != 0 {
             return Err(VolumeError::Invalid(format!(
@@ -341,7 +357,11 @@ impl Vdisk {
             let mapped = self.entry(p.grain) != 0;
             match out.last_mut() {
                 Some(e) if e.mapped == mapped => e.len += p.len as u64,
-                _ => out.push(Extent { offset: offset + p.buf_off as u64, len: p.len as u64, mapped }),
+                _ => out.push(Extent {
+                    offset: offset + p.buf_off as u64,
+                    len: p.len as u64,
+                    mapped,
+                }),
             }
         }
         Ok(out)

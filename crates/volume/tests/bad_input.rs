@@ -12,7 +12,9 @@ use tessera_volume::{DiskState, Engine, LayoutKind, Provisioning, VdiskSpec, Vol
 #[test]
 fn corrupt_label_is_refused_and_left_alone() {
     let mut rig = Rig::new(3, 32 * MIB, MIB);
-    rig.engine().create_vdisk(&spec("v", 2 * MIB, LayoutKind::Mirror, Provisioning::Thin)).unwrap();
+    rig.engine()
+        .create_vdisk(&spec("v", 2 * MIB, LayoutKind::Mirror, Provisioning::Thin))
+        .unwrap();
     let data = pattern(1, 0, 2 * MIB as usize);
     rig.engine().vdisk("v").unwrap().write(0, &data, true).unwrap();
     rig.engine = None;
@@ -23,7 +25,11 @@ fn corrupt_label_is_refused_and_left_alone() {
     rig.reopen();
     let d = &rig.engine().pool().disks()[1];
     assert_eq!(d.info.state, DiskState::Missing);
-    assert!(d.problem.as_deref().unwrap_or("").contains("corrupt"), "{:?}", d.problem);
+    assert!(
+        d.problem.as_deref().unwrap_or("").contains("corrupt"),
+        "{:?}",
+        d.problem
+    );
     let mut after = vec![0u8; 4096];
     rig.disks[1].read_at(&mut after, 0).unwrap();
     assert_eq!(before, after, "a corrupt label must never be overwritten");
@@ -39,17 +45,27 @@ fn another_pools_disk_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let spare: DiskRef = Arc::new(MemDisk::new("spare", 32 * MIB));
     let foreign: DiskRef = rig.disks[0].clone();
-    let err = Engine::create_pool(&dir.path().join("p2"), "other", vec![spare.clone(), foreign], MIB).err().unwrap();
-    assert!(err.to_string().contains("already carries a label of pool 'test'"), "{err}");
+    let err = Engine::create_pool(&dir.path().join("p2"), "other", vec![spare.clone(), foreign], MIB)
+        .err()
+        .unwrap();
+    assert!(
+        err.to_string().contains("already carries a label of pool 'test'"),
+        "{err}"
+    );
     // Nothing was written, not even to the blank disk.
     assert!(read_label(spare.as_ref()).is_err());
-    assert!(rig.engine().pool().add_disk(rig.disks[1].clone()).is_err(), "a member cannot be added twice");
+    assert!(
+        rig.engine().pool().add_disk(rig.disks[1].clone()).is_err(),
+        "a member cannot be added twice"
+    );
 }
 
 #[test]
 fn missing_disk_at_import_opens_degraded() {
     let mut rig = Rig::new(3, 32 * MIB, MIB);
-    rig.engine().create_vdisk(&spec("v", 2 * MIB, LayoutKind::Mirror, Provisioning::Thin)).unwrap();
+    rig.engine()
+        .create_vdisk(&spec("v", 2 * MIB, LayoutKind::Mirror, Provisioning::Thin))
+        .unwrap();
     let data = pattern(2, 0, 2 * MIB as usize);
     rig.engine().vdisk("v").unwrap().write(0, &data, true).unwrap();
     rig.engine = None;
@@ -62,7 +78,11 @@ fn missing_disk_at_import_opens_degraded() {
     assert_eq!(b, data);
     // Written to while it was away, the disk's data is stale when it comes back: it must be
     // treated as failed, never read.
-    rig.engine().vdisk("v").unwrap().write(0, &pattern(3, 0, 4096), true).unwrap();
+    rig.engine()
+        .vdisk("v")
+        .unwrap()
+        .write(0, &pattern(3, 0, 4096), true)
+        .unwrap();
     rig.engine = None;
     rig.disks.insert(0, gone);
     rig.reopen();
@@ -88,7 +108,12 @@ fn bad_requests_get_clear_errors() {
     assert!(e.contains("beyond the end"), "{e}");
     let e = rig.engine().create_vdisk(&s).unwrap_err();
     assert!(matches!(e, VolumeError::Exists(_)), "{e}");
-    for (name, size, bs) in [("bad/name", MIB, 512), ("ok", 1000, 512), ("ok", MIB, 1024), ("ok", 0, 512)] {
+    for (name, size, bs) in [
+        ("bad/name", MIB, 512),
+        ("ok", 1000, 512),
+        ("ok", MIB, 1024),
+        ("ok", 0, 512),
+    ] {
         let mut s = VdiskSpec::new(name, size, LayoutKind::Simple);
         s.block_size = Some(bs);
         assert!(rig.engine().create_vdisk(&s).is_err(), "{name} {size} {bs}");
@@ -106,7 +131,11 @@ fn impossible_layouts_are_refused() {
     s.copies = Some(3);
     let e = rig.engine().create_vdisk(&s).unwrap_err().to_string();
     assert!(e.contains("needs 3 distinct healthy disks, and the pool has 2"), "{e}");
-    let e = rig.engine().create_vdisk(&VdiskSpec::new("p", MIB, LayoutKind::Parity)).unwrap_err().to_string();
+    let e = rig
+        .engine()
+        .create_vdisk(&VdiskSpec::new("p", MIB, LayoutKind::Parity))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("distinct healthy disks"), "{e}");
     assert!(rig.engine().vdisks().is_empty());
     assert!(rig.engine().layouts().sets().is_empty());
@@ -123,9 +152,15 @@ fn full_pool_is_a_clear_error_that_corrupts_nothing() {
     });
     let e = fixed.err().expect("a fixed vdisk larger than the pool must be refused");
     assert!(e.is_no_space(), "{e}");
-    assert!(rig.engine().layouts().sets().is_empty(), "the failed reservation left slab sets behind");
+    assert!(
+        rig.engine().layouts().sets().is_empty(),
+        "the failed reservation left slab sets behind"
+    );
 
-    let v = rig.engine().create_vdisk(&spec("thin", 64 * MIB, LayoutKind::Mirror, Provisioning::Thin)).unwrap();
+    let v = rig
+        .engine()
+        .create_vdisk(&spec("thin", 64 * MIB, LayoutKind::Mirror, Provisioning::Thin))
+        .unwrap();
     let mut written = 0u64;
     let err = loop {
         match v.write(written, &pattern(written, written, MIB as usize), false) {
@@ -139,7 +174,11 @@ fn full_pool_is_a_clear_error_that_corrupts_nothing() {
     for at in (0..written).step_by(MIB as usize) {
         let mut b = vec![0u8; MIB as usize];
         v.read(at, &mut b).unwrap();
-        assert_eq!(b, pattern(at, at, MIB as usize), "data written before the pool filled is intact");
+        assert_eq!(
+            b,
+            pattern(at, at, MIB as usize),
+            "data written before the pool filled is intact"
+        );
     }
     rig.assert_consistent();
     // Trimming gives space back, and writes succeed again.

@@ -72,7 +72,10 @@ fn run(kind: LayoutKind) {
                     }
                     let mut got = vec![0u8; REGION as usize];
                     vds[vd].read(base, &mut got).unwrap();
-                    assert!(got == model[vd], "thread {t} step {step}: region of vdisk {vd} differs from its model");
+                    assert!(
+                        got == model[vd],
+                        "thread {t} step {step}: region of vdisk {vd} differs from its model"
+                    );
                 }
             });
         }
@@ -82,7 +85,15 @@ fn run(kind: LayoutKind) {
                 rig.disks[2].faults().pull();
                 std::thread::sleep(std::time::Duration::from_millis(100));
                 e.flush().unwrap();
-                let r = e.repair(&RebuildOptions { parallel: 2, rate_limit: None }, &Progress::default()).unwrap();
+                let r = e
+                    .repair(
+                        &RebuildOptions {
+                            parallel: 2,
+                            rate_limit: None,
+                        },
+                        &Progress::default(),
+                    )
+                    .unwrap();
                 assert!(r.failures.is_empty(), "{:?}", r.failures);
             }
             done.store(true, Ordering::SeqCst);

@@ -28,15 +28,33 @@ fn opener(path: &str) -> Result<DiskRef, DiskError> {
 
 fn pattern(seed: u64, offset: u64, len: usize) -> Vec<u8> {
     (0..len as u64)
-        .map(|i| ((offset + i).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ seed.wrapping_mul(0xD6E8_FEB8_6659_FD93)).rotate_right(29) as u8)
+        .map(|i| {
+            ((offset + i).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ seed.wrapping_mul(0xD6E8_FEB8_6659_FD93))
+                .rotate_right(29) as u8
+        })
         .collect()
 }
 
 #[derive(Debug, Clone)]
 enum Action {
-    Write { vd: usize, off: u64, len: u64, seed: u64 },
-    Trim { vd: usize, off: u64, len: u64 },
-    Clone { src: usize, so: u64, dst: usize, d_o: u64, len: u64 },
+    Write {
+        vd: usize,
+        off: u64,
+        len: u64,
+        seed: u64,
+    },
+    Trim {
+        vd: usize,
+        off: u64,
+        len: u64,
+    },
+    Clone {
+        src: usize,
+        so: u64,
+        dst: usize,
+        d_o: u64,
+        len: u64,
+    },
 }
 
 impl Action {
@@ -51,16 +69,33 @@ impl Action {
     fn decode(s: &str) -> Action {
         let f: Vec<u64> = s.split(' ').skip(1).map(|x| x.parse().unwrap()).collect();
         match &s[..1] {
-            "W" => Action::Write { vd: f[0] as usize, off: f[1], len: f[2], seed: f[3] },
-            "T" => Action::Trim { vd: f[0] as usize, off: f[1], len: f[2] },
-            _ => Action::Clone { src: f[0] as usize, so: f[1], dst: f[2] as usize, d_o: f[3], len: f[4] },
+            "W" => Action::Write {
+                vd: f[0] as usize,
+                off: f[1],
+                len: f[2],
+                seed: f[3],
+            },
+            "T" => Action::Trim {
+                vd: f[0] as usize,
+                off: f[1],
+                len: f[2],
+            },
+            _ => Action::Clone {
+                src: f[0] as usize,
+                so: f[1],
+                dst: f[2] as usize,
+                d_o: f[3],
+                len: f[4],
+            },
         }
     }
 
     /// The model after this action; the dst/vd range is what it touches.
     fn apply(&self, m: &mut [Vec<u8>]) {
         match *self {
-            Action::Write { vd, off, len, seed } => m[vd][off as usize..(off + len) as usize].copy_from_slice(&pattern(seed, off, len as usize)),
+            Action::Write { vd, off, len, seed } => {
+                m[vd][off as usize..(off + len) as usize].copy_from_slice(&pattern(seed, off, len as usize))
+            }
             Action::Trim { vd, off, len } => m[vd][off as usize..(off + len) as usize].fill(0),
             Action::Clone { src, so, dst, d_o, len } => {
                 let c = m[src][so as usize..(so + len) as usize].to_vec();
@@ -74,7 +109,9 @@ impl Action {
 #[test]
 #[ignore = "run by crash_recovery as a child process"]
 fn crash_child() {
-    let Ok(dir) = std::env::var("TESSERA_CRASH_DIR") else { return };
+    let Ok(dir) = std::env::var("TESSERA_CRASH_DIR") else {
+        return;
+    };
     let seed: u64 = std::env::var("TESSERA_CRASH_SEED").unwrap().parse().unwrap();
     let e = Engine::open(&Path::new(&dir).join("pool"), &opener).unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
@@ -89,13 +126,28 @@ fn crash_child() {
             1 => {
                 let so = rng.random_range(0..blocks - len / BLOCK + 1) * BLOCK;
                 // Only vdisks of one layout can share grains; copies cross layouts.
-                Action::Clone { src: rng.random_range(0..3), so, dst: vd, d_o: off, len }
+                Action::Clone {
+                    src: rng.random_range(0..3),
+                    so,
+                    dst: vd,
+                    d_o: off,
+                    len,
+                }
             }
-            _ => Action::Write { vd, off, len, seed: seed * 1_000_000 + i },
+            _ => Action::Write {
+                vd,
+                off,
+                len,
+                seed: seed * 1_000_000 + i,
+            },
         };
         writeln!(out.lock(), "BEGIN {}", a.encode()).unwrap();
         match &a {
-            Action::Write { vd, off, len, seed } => e.vdisk(NAMES[*vd]).unwrap().write(*off, &pattern(*seed, *off, *len as usize), true).unwrap(),
+            Action::Write { vd, off, len, seed } => e
+                .vdisk(NAMES[*vd])
+                .unwrap()
+                .write(*off, &pattern(*seed, *off, *len as usize), true)
+                .unwrap(),
             Action::Trim { vd, off, len } => {
                 let v = e.vdisk(NAMES[*vd]).unwrap();
                 v.trim(*off, *len).unwrap();
@@ -116,7 +168,11 @@ fn setup(dir: &Path) {
         .map(|i| Arc::new(FileDisk::create_file(dir.join(format!("disk{i}")), 48 * MIB, false).unwrap()) as DiskRef)
         .collect();
     let e = Engine::create_pool(&dir.join("pool"), "crash", disks, MIB).unwrap();
-    for (name, kind, cols) in [(NAMES[0], LayoutKind::Mirror, 2), (NAMES[1], LayoutKind::Parity, 3), (NAMES[2], LayoutKind::DualParity, 4)] {
+    for (name, kind, cols) in [
+        (NAMES[0], LayoutKind::Mirror, 2),
+        (NAMES[1], LayoutKind::Parity, 3),
+        (NAMES[2], LayoutKind::DualParity, 4),
+    ] {
         let mut s = VdiskSpec::new(name, SIZE, kind);
         s.columns = Some(cols);
         s.interleave = Some(16 << 10);
@@ -141,8 +197,14 @@ fn read_all(e: &Engine) -> Vec<Vec<u8>> {
 
 #[test]
 fn crash_recovery() {
-    let rounds: u64 = std::env::var("TESSERA_CRASH_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(50);
-    let tmp = tempfile::tempdir_in(std::env::var("TESSERA_TEST_DIR").unwrap_or_else(|_| std::env::temp_dir().display().to_string())).unwrap();
+    let rounds: u64 = std::env::var("TESSERA_CRASH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(50);
+    let tmp = tempfile::tempdir_in(
+        std::env::var("TESSERA_TEST_DIR").unwrap_or_else(|_| std::env::temp_dir().display().to_string()),
+    )
+    .unwrap();
     let dir = tmp.path();
     setup(dir);
     let mut model = vec![vec![0u8; SIZE as usize]; 3];
@@ -158,7 +220,12 @@ fn crash_recovery() {
             .spawn()
             .unwrap();
         let stdout = child.stdout.take().unwrap();
-        let lines = std::thread::spawn(move || BufReader::new(stdout).lines().map_while(Result::ok).collect::<Vec<String>>());
+        let lines = std::thread::spawn(move || {
+            BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+                .collect::<Vec<String>>()
+        });
         std::thread::sleep(Duration::from_millis(rng.random_range(150..700)));
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();
@@ -198,14 +265,24 @@ fn crash_recovery() {
         assert!(report.problems.is_empty(), "round {round}: {:#?}", report.problems);
         for set in e.layouts().sets() {
             let bad = e.layouts().scrub_set(&set).unwrap();
-            assert!(bad.is_empty(), "round {round}: redundancy does not match the data after recovery: {bad:?}");
+            assert!(
+                bad.is_empty(),
+                "round {round}: redundancy does not match the data after recovery: {bad:?}"
+            );
         }
         drop(e);
     }
-    assert!(acked_total > rounds, "the child acknowledged only {acked_total} actions in {rounds} rounds");
+    assert!(
+        acked_total > rounds,
+        "the child acknowledged only {acked_total} actions in {rounds} rounds"
+    );
 
     // Finally lose a disk: every block must still read back, reconstructed where needed.
     let e = Engine::open(&dir.join("pool"), &opener).unwrap();
     e.fail_disk(&dir.join("disk0").display().to_string()).unwrap();
-    assert_eq!(read_all(&e), model, "data read degraded differs from the data read healthy");
+    assert_eq!(
+        read_all(&e),
+        model,
+        "data read degraded differs from the data read healthy"
+    );
 }

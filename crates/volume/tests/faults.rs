@@ -23,14 +23,31 @@ fn read(rig: &Rig, name: &str) -> Vec<u8> {
 
 fn repair(rig: &Rig) {
     rig.engine().flush().unwrap();
-    let r = rig.engine().repair(&RebuildOptions { parallel: 3, rate_limit: None }, &Progress::default()).unwrap();
+    let r = rig
+        .engine()
+        .repair(
+            &RebuildOptions {
+                parallel: 3,
+                rate_limit: None,
+            },
+            &Progress::default(),
+        )
+        .unwrap();
     assert!(r.failures.is_empty(), "{:?}", r.failures);
-    assert!(rig.engine().layouts().repair_needed().0.is_empty(), "repair left slab sets to move");
+    assert!(
+        rig.engine().layouts().repair_needed().0.is_empty(),
+        "repair left slab sets to move"
+    );
 }
 
 #[test]
 fn pulled_disk_in_every_redundant_layout() {
-    for (kind, copies) in [(LayoutKind::Mirror, Some(2)), (LayoutKind::Mirror, Some(3)), (LayoutKind::Parity, None), (LayoutKind::DualParity, None)] {
+    for (kind, copies) in [
+        (LayoutKind::Mirror, Some(2)),
+        (LayoutKind::Mirror, Some(3)),
+        (LayoutKind::Parity, None),
+        (LayoutKind::DualParity, None),
+    ] {
         let mut rig = Rig::new(7, 64 * MIB, MIB);
         let mut s = spec("v", SIZE, kind, Provisioning::Thin);
         s.copies = copies;
@@ -67,8 +84,17 @@ fn dual_parity_survives_two_and_refuses_three() {
     assert_eq!(read(&rig, "v"), data);
     rig.disks[2].faults().pull();
     let mut b = vec![0u8; 65536];
-    let err = rig.engine().vdisk("v").unwrap().read(0, &mut b).unwrap_err().to_string();
-    assert!(err.contains("unavailable") || err.contains("cannot reconstruct"), "{err}");
+    let err = rig
+        .engine()
+        .vdisk("v")
+        .unwrap()
+        .read(0, &mut b)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("unavailable") || err.contains("cannot reconstruct"),
+        "{err}"
+    );
     // Writes beyond tolerance fail too, rather than being half applied and acknowledged.
     let err = rig.engine().vdisk("v").unwrap().write(0, &b, true);
     assert!(err.is_err());
@@ -78,25 +104,41 @@ fn dual_parity_survives_two_and_refuses_three() {
 fn read_errors_are_repaired_in_place() {
     for kind in [LayoutKind::Mirror, LayoutKind::Parity] {
         let rig = Rig::new(4, 64 * MIB, MIB);
-        rig.engine().create_vdisk(&spec("v", SIZE, kind, Provisioning::Thin)).unwrap();
+        rig.engine()
+            .create_vdisk(&spec("v", SIZE, kind, Provisioning::Thin))
+            .unwrap();
         let data = fill(&rig, "v", 4);
         // Every disk returns read errors somewhere in the data area; never two at one place.
         for (i, d) in rig.disks.iter().enumerate() {
-            d.faults().fail_range(MIB + (i as u64 * 5 + 1) * 65536, 8192, FaultOp::Read);
+            d.faults()
+                .fail_range(MIB + (i as u64 * 5 + 1) * 65536, 8192, FaultOp::Read);
         }
         assert_eq!(read(&rig, "v"), data, "{kind:?}");
         let stats = &rig.engine().layouts().stats;
-        assert!(stats.read_errors.load(std::sync::atomic::Ordering::Relaxed) > 0, "{kind:?}: the faults were not hit");
-        assert!(stats.repaired_blocks.load(std::sync::atomic::Ordering::Relaxed) > 0, "{kind:?}: nothing rewritten");
+        assert!(
+            stats.read_errors.load(std::sync::atomic::Ordering::Relaxed) > 0,
+            "{kind:?}: the faults were not hit"
+        );
+        assert!(
+            stats.repaired_blocks.load(std::sync::atomic::Ordering::Relaxed) > 0,
+            "{kind:?}: nothing rewritten"
+        );
         // A read error does not fail the disk: the rewrite succeeded.
-        assert!(rig.engine().pool().disks().iter().all(|d| d.info.state == DiskState::Healthy));
+        assert!(rig
+            .engine()
+            .pool()
+            .disks()
+            .iter()
+            .all(|d| d.info.state == DiskState::Healthy));
     }
 }
 
 #[test]
 fn write_error_fails_the_disk_and_loses_nothing() {
     let mut rig = Rig::new(4, 64 * MIB, MIB);
-    rig.engine().create_vdisk(&spec("v", SIZE, LayoutKind::Parity, Provisioning::Thin)).unwrap();
+    rig.engine()
+        .create_vdisk(&spec("v", SIZE, LayoutKind::Parity, Provisioning::Thin))
+        .unwrap();
     let data = fill(&rig, "v", 5);
     rig.disks[2].faults().fail_after(3);
     let more = pattern(6, 0, SIZE as usize);
@@ -114,7 +156,9 @@ fn write_error_fails_the_disk_and_loses_nothing() {
 #[test]
 fn torn_write_on_a_mirror_copy_fails_that_copy() {
     let rig = Rig::new(2, 64 * MIB, MIB);
-    rig.engine().create_vdisk(&spec("v", SIZE, LayoutKind::Mirror, Provisioning::Thin)).unwrap();
+    rig.engine()
+        .create_vdisk(&spec("v", SIZE, LayoutKind::Mirror, Provisioning::Thin))
+        .unwrap();
     fill(&rig, "v", 7);
     rig.disks[0].faults().tear_next_write(4096);
     let more = pattern(8, 0, 65536);
@@ -131,7 +175,9 @@ fn bit_flips_are_found_by_scrub() {
     // scrub finds the disagreement between copies or with parity.
     for kind in [LayoutKind::Mirror, LayoutKind::Parity] {
         let rig = Rig::new(4, 64 * MIB, MIB);
-        rig.engine().create_vdisk(&spec("v", SIZE, kind, Provisioning::Thin)).unwrap();
+        rig.engine()
+            .create_vdisk(&spec("v", SIZE, kind, Provisioning::Thin))
+            .unwrap();
         fill(&rig, "v", 9);
         let set = rig.engine().layouts().sets()[0].clone();
         assert!(rig.engine().layouts().scrub_set(&set).unwrap().is_empty());
@@ -146,18 +192,39 @@ fn bit_flips_are_found_by_scrub() {
 #[test]
 fn retire_moves_every_slab_off_the_disk() {
     let rig = Rig::new(5, 64 * MIB, MIB);
-    rig.engine().create_vdisk(&spec("m", SIZE, LayoutKind::Mirror, Provisioning::Thin)).unwrap();
-    rig.engine().create_vdisk(&spec("s", SIZE, LayoutKind::Simple, Provisioning::Thin)).unwrap();
+    rig.engine()
+        .create_vdisk(&spec("m", SIZE, LayoutKind::Mirror, Provisioning::Thin))
+        .unwrap();
+    rig.engine()
+        .create_vdisk(&spec("s", SIZE, LayoutKind::Simple, Provisioning::Thin))
+        .unwrap();
     let a = fill(&rig, "m", 10);
     let b = fill(&rig, "s", 11);
-    let busiest = rig.engine().pool().disks().into_iter().max_by_key(|d| d.slabs_used).unwrap();
+    let busiest = rig
+        .engine()
+        .pool()
+        .disks()
+        .into_iter()
+        .max_by_key(|d| d.slabs_used)
+        .unwrap();
     assert!(busiest.slabs_used > 0);
     rig.engine().retire_disk(&busiest.info.path).unwrap();
     let progress = Progress::default();
-    rig.engine().repair(&RebuildOptions { parallel: 2, rate_limit: Some(64 * MIB) }, &progress).unwrap();
+    rig.engine()
+        .repair(
+            &RebuildOptions {
+                parallel: 2,
+                rate_limit: Some(64 * MIB),
+            },
+            &progress,
+        )
+        .unwrap();
     let d = &rig.engine().pool().disks()[busiest.info.position as usize];
     assert_eq!(d.slabs_used, 0, "retired disk still holds slabs");
-    assert_eq!(progress.done_bytes.load(std::sync::atomic::Ordering::Relaxed), progress.total_bytes.load(std::sync::atomic::Ordering::Relaxed));
+    assert_eq!(
+        progress.done_bytes.load(std::sync::atomic::Ordering::Relaxed),
+        progress.total_bytes.load(std::sync::atomic::Ordering::Relaxed)
+    );
     // Even a simple (non-redundant) layout survives a retire: the slab is copied, not rebuilt.
     assert_eq!(read(&rig, "m"), a);
     assert_eq!(read(&rig, "s"), b);

@@ -19,12 +19,36 @@ const DISKS: usize = 8;
 
 #[derive(Debug, Clone)]
 enum Op {
-    Write { vd: usize, blk: u64, n: u64, seed: u64, fua: bool },
-    Zero { vd: usize, blk: u64, n: u64, unmap: bool },
-    Trim { vd: usize, blk: u64, n: u64 },
+    Write {
+        vd: usize,
+        blk: u64,
+        n: u64,
+        seed: u64,
+        fua: bool,
+    },
+    Zero {
+        vd: usize,
+        blk: u64,
+        n: u64,
+        unmap: bool,
+    },
+    Trim {
+        vd: usize,
+        blk: u64,
+        n: u64,
+    },
     Flush,
-    Clone { src: usize, dst: usize, sblk: u64, dblk: u64, n: u64 },
-    FailDisk { disk: usize, admin: bool },
+    Clone {
+        src: usize,
+        dst: usize,
+        sblk: u64,
+        dblk: u64,
+        n: u64,
+    },
+    FailDisk {
+        disk: usize,
+        admin: bool,
+    },
     Repair,
     Reopen,
 }
@@ -66,7 +90,11 @@ fn run(kind: LayoutKind, copies: Option<u8>, prov: Provisioning, ops: Vec<Op>) {
     s.name = "b".into();
     rig.engine().create_vdisk(&s).unwrap();
     let names = ["a", "b"];
-    let mut m = Model { data: vec![vec![0u8; VDISK_SIZE as usize]; 2], failed: vec![false; DISKS], failed_since_repair: 0 };
+    let mut m = Model {
+        data: vec![vec![0u8; VDISK_SIZE as usize]; 2],
+        failed: vec![false; DISKS],
+        failed_since_repair: 0,
+    };
 
     for (step, op) in ops.into_iter().enumerate() {
         let e = rig.engine();
@@ -81,7 +109,10 @@ fn run(kind: LayoutKind, copies: Option<u8>, prov: Provisioning, ops: Vec<Op>) {
             Op::Zero { vd, blk, n, unmap } => {
                 let (blk, n) = clamp(blk, n);
                 let (off, len) = (blk * BLOCK, n * BLOCK);
-                e.vdisk(names[vd]).unwrap().write_zeroes(off, len, unmap, false).unwrap();
+                e.vdisk(names[vd])
+                    .unwrap()
+                    .write_zeroes(off, len, unmap, false)
+                    .unwrap();
                 m.data[vd][off as usize..(off + len) as usize].fill(0);
             }
             Op::Trim { vd, blk, n } => {
@@ -91,7 +122,13 @@ fn run(kind: LayoutKind, copies: Option<u8>, prov: Provisioning, ops: Vec<Op>) {
                 m.data[vd][off as usize..(off + len) as usize].fill(0);
             }
             Op::Flush => e.flush().unwrap(),
-            Op::Clone { src, dst, sblk, dblk, n } => {
+            Op::Clone {
+                src,
+                dst,
+                sblk,
+                dblk,
+                n,
+            } => {
                 let (sblk, n) = clamp(sblk, n);
                 let (dblk, n) = clamp(dblk, n);
                 let n = n.min(BLOCKS - sblk);
@@ -117,8 +154,20 @@ fn run(kind: LayoutKind, copies: Option<u8>, prov: Provisioning, ops: Vec<Op>) {
             Op::Repair => {
                 // A flush fails a pulled disk that no write has touched yet.
                 e.flush().unwrap();
-                let report = e.repair(&RebuildOptions { parallel: 2, rate_limit: None }, &Progress::default()).unwrap();
-                assert!(report.failures.is_empty(), "step {step}: repair failures {:?}", report.failures);
+                let report = e
+                    .repair(
+                        &RebuildOptions {
+                            parallel: 2,
+                            rate_limit: None,
+                        },
+                        &Progress::default(),
+                    )
+                    .unwrap();
+                assert!(
+                    report.failures.is_empty(),
+                    "step {step}: repair failures {:?}",
+                    report.failures
+                );
                 m.failed_since_repair = 0;
             }
             Op::Reopen => {
@@ -145,11 +194,17 @@ fn run(kind: LayoutKind, copies: Option<u8>, prov: Provisioning, ops: Vec<Op>) {
     e.delete_vdisk("a").unwrap();
     e.delete_vdisk("b").unwrap();
     rig.assert_consistent();
-    assert!(rig.engine().layouts().sets().is_empty(), "slab sets left behind after every vdisk was deleted");
+    assert!(
+        rig.engine().layouts().sets().is_empty(),
+        "slab sets left behind after every vdisk was deleted"
+    );
 }
 
 fn cases() -> u32 {
-    std::env::var("TESSERA_PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(24)
+    std::env::var("TESSERA_PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(24)
 }
 
 macro_rules! model_test {

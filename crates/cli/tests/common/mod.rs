@@ -42,19 +42,32 @@ impl Daemon {
             .stderr(File::create(&log).unwrap())
             .spawn()
             .expect("spawn tessera serve");
-        let mut d = Daemon { child: Some(child), state: state.to_path_buf(), sock: state.join("api.sock"), log, out };
+        let mut d = Daemon {
+            child: Some(child),
+            state: state.to_path_buf(),
+            sock: state.join("api.sock"),
+            log,
+            out,
+        };
         let t = Instant::now();
         loop {
             if let Some(st) = d.child.as_mut().unwrap().try_wait().unwrap() {
                 d.child = None;
-                return Err(format!("daemon exited with {st}: {}", std::fs::read_to_string(&d.log).unwrap_or_default()));
+                return Err(format!(
+                    "daemon exited with {st}: {}",
+                    std::fs::read_to_string(&d.log).unwrap_or_default()
+                ));
             }
             if let Ok(r) = http(&d.sock, "GET", "/api/health", None) {
                 if r.status == 200 {
                     return Ok(d);
                 }
             }
-            assert!(t.elapsed() < Duration::from_secs(60), "daemon did not come up: {}", d.logs());
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "daemon did not come up: {}",
+                d.logs()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -108,7 +121,11 @@ impl Daemon {
     /// Runs the CLI against an API address, with an optional token.
     pub fn cli_at(api: &str, token: Option<&str>, args: &[&str]) -> Out {
         let mut c = Command::new(BIN);
-        c.arg("--api").arg(api).args(args).stdin(Stdio::null()).env_remove("TESSERA_TOKEN");
+        c.arg("--api")
+            .arg(api)
+            .args(args)
+            .stdin(Stdio::null())
+            .env_remove("TESSERA_TOKEN");
         if let Some(t) = token {
             c.env("TESSERA_TOKEN", t);
         }
@@ -118,7 +135,12 @@ impl Daemon {
     /// Runs a command that must succeed; returns its stdout.
     pub fn ok(&self, args: &[&str]) -> String {
         let o = self.cli(args);
-        assert!(o.success, "tessera {args:?} failed:\n{}\n--- daemon log ---\n{}", o.stderr, self.logs());
+        assert!(
+            o.success,
+            "tessera {args:?} failed:\n{}\n--- daemon log ---\n{}",
+            o.stderr,
+            self.logs()
+        );
         o.stdout
     }
 
@@ -133,8 +155,16 @@ impl Daemon {
     /// Runs a command that must fail; returns its stderr.
     pub fn fails(&self, args: &[&str]) -> String {
         let o = self.cli(args);
-        assert!(!o.success, "tessera {args:?} succeeded but should have failed:\n{}", o.stdout);
-        assert!(o.stderr.starts_with("error: "), "no error line for {args:?}: {}", o.stderr);
+        assert!(
+            !o.success,
+            "tessera {args:?} succeeded but should have failed:\n{}",
+            o.stdout
+        );
+        assert!(
+            o.stderr.starts_with("error: "),
+            "no error line for {args:?}: {}",
+            o.stderr
+        );
         o.stderr
     }
 
@@ -200,7 +230,10 @@ impl Resp {
     }
     /// The stable error code of an error response.
     pub fn code(&self) -> String {
-        self.json()["error"]["code"].as_str().unwrap_or_else(|| panic!("no error code in {}", self.body)).to_string()
+        self.json()["error"]["code"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no error code in {}", self.body))
+            .to_string()
     }
 }
 
@@ -210,14 +243,29 @@ pub fn http(sock: &Path, method: &str, path: &str, body: Option<&str>) -> std::i
     exchange(s, method, path, body, &[])
 }
 
-pub fn http_tcp(addr: &str, method: &str, path: &str, body: Option<&str>, headers: &[(&str, &str)]) -> std::io::Result<Resp> {
+pub fn http_tcp(
+    addr: &str,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    headers: &[(&str, &str)],
+) -> std::io::Result<Resp> {
     let s = std::net::TcpStream::connect(addr)?;
     exchange(s, method, path, body, headers)
 }
 
-fn exchange<S: Read + Write>(mut s: S, method: &str, path: &str, body: Option<&str>, headers: &[(&str, &str)]) -> std::io::Result<Resp> {
+fn exchange<S: Read + Write>(
+    mut s: S,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    headers: &[(&str, &str)],
+) -> std::io::Result<Resp> {
     let body = body.unwrap_or("");
-    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
     if !body.is_empty() {
         req += "Content-Type: application/json\r\n";
     }
@@ -232,7 +280,10 @@ fn exchange<S: Read + Write>(mut s: S, method: &str, path: &str, body: Option<&s
     let text = String::from_utf8_lossy(&raw).to_string();
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
     let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-    Ok(Resp { status, body: body.to_string() })
+    Ok(Resp {
+        status,
+        body: body.to_string(),
+    })
 }
 
 /// Sparse files to serve as disks.

@@ -164,7 +164,8 @@ pub async fn list_jobs(State(d): D) -> Json<Vec<JobView>> {
 }
 
 fn job_id(s: &str) -> ApiResult<u64> {
-    s.parse().map_err(|_| ApiError::invalid(format!("'{s}' is not a job id: job ids are numbers")))
+    s.parse()
+        .map_err(|_| ApiError::invalid(format!("'{s}' is not a job id: job ids are numbers")))
 }
 
 pub async fn show_job(State(d): D, Path(id): Path<String>) -> ApiResult<Json<JobView>> {

@@ -56,7 +56,11 @@ async fn no_such_route(req: Request) -> ApiError {
     ApiError::new(
         axum::http::StatusCode::NOT_FOUND,
         code::NO_SUCH_ROUTE,
-        format!("no API route {} {}; GET /api/openapi.json lists them", req.method(), req.uri().path()),
+        format!(
+            "no API route {} {}; GET /api/openapi.json lists them",
+            req.method(),
+            req.uri().path()
+        ),
     )
 }
 
@@ -64,7 +68,11 @@ async fn method_not_allowed(req: Request) -> ApiError {
     ApiError::new(
         axum::http::StatusCode::METHOD_NOT_ALLOWED,
         code::METHOD_NOT_ALLOWED,
-        format!("{} is not allowed on {}; GET /api/openapi.json lists the routes", req.method(), req.uri().path()),
+        format!(
+            "{} is not allowed on {}; GET /api/openapi.json lists the routes",
+            req.method(),
+            req.uri().path()
+        ),
     )
 }
 

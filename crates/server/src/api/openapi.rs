@@ -19,35 +19,185 @@ const fn r(
     request: Option<&'static str>,
     response: Option<(u16, &'static str)>,
 ) -> RouteDoc {
-    RouteDoc { method, path, summary, request, response }
+    RouteDoc {
+        method,
+        path,
+        summary,
+        request,
+        response,
+    }
 }
 
 pub const ROUTES: &[RouteDoc] = &[
-    r("get", "/api/health", "Daemon version, uptime and state directory", None, Some((200, "Health"))),
+    r(
+        "get",
+        "/api/health",
+        "Daemon version, uptime and state directory",
+        None,
+        Some((200, "Health")),
+    ),
     r("get", "/api/openapi.json", "This document", None, Some((200, "Any"))),
-    r("get", "/api/pools", "List pools, imported and unavailable", None, Some((200, "PoolSummaryList"))),
-    r("post", "/api/pools", "Create a pool on blank disks", Some("CreatePool"), Some((201, "PoolSummary"))),
-    r("get", "/api/pools/importable", "Pools in the state directory that are not imported", None, Some((200, "ImportablePoolList"))),
-    r("post", "/api/pools/import", "Import a pool", Some("ImportPool"), Some((200, "PoolSummary"))),
-    r("get", "/api/pools/{pool}", "A pool with its disks, vdisks and unhealthy slab sets", None, Some((200, "PoolDetail"))),
-    r("delete", "/api/pools/{pool}", "Destroy an empty pool: wipe its disk labels and metadata", None, None),
-    r("post", "/api/pools/{pool}/export", "Flush and export a pool; it stays in the state directory", None, None),
-    r("post", "/api/pools/{pool}/repair", "Start a repair job: rebuild or move every slab on a failed, missing or retired disk", Some("RepairPool"), Some((202, "Job"))),
-    r("post", "/api/pools/{pool}/check", "Check the pool's metadata: every map entry and reference count", None, Some((200, "CheckReport"))),
-    r("get", "/api/pools/{pool}/disks", "The pool's disks", None, Some((200, "DiskList"))),
-    r("post", "/api/pools/{pool}/disks", "Add a blank disk to the pool", Some("AddDisk"), Some((201, "Disk"))),
-    r("post", "/api/pools/{pool}/disks/{disk}/{action}", "fail or retire a disk; {disk} is its id or its percent-encoded path", None, Some((200, "Disk"))),
-    r("get", "/api/vdisks", "Every vdisk of every imported pool", None, Some((200, "VdiskList"))),
-    r("get", "/api/pools/{pool}/vdisks", "The pool's vdisks", None, Some((200, "VdiskList"))),
-    r("post", "/api/pools/{pool}/vdisks", "Create a vdisk", Some("CreateVdisk"), Some((201, "Vdisk"))),
-    r("get", "/api/pools/{pool}/vdisks/{vdisk}", "A vdisk", None, Some((200, "Vdisk"))),
-    r("delete", "/api/pools/{pool}/vdisks/{vdisk}", "Delete a vdisk and free its space", None, None),
-    r("post", "/api/pools/{pool}/vdisks/{vdisk}/resize", "Grow a vdisk", Some("ResizeVdisk"), Some((200, "Vdisk"))),
-    r("post", "/api/pools/{pool}/vdisks/{vdisk}/import", "Start a job that copies a raw image into the vdisk, trimming zero runs", Some("ImportImage"), Some((202, "Job"))),
-    r("post", "/api/pools/{pool}/vdisks/{vdisk}/export", "Start a job that writes the vdisk to a sparse raw image", Some("ExportImage"), Some((202, "Job"))),
-    r("get", "/api/jobs", "Running and recently finished jobs", None, Some((200, "JobList"))),
-    r("get", "/api/jobs/{id}", "A job and its progress", None, Some((200, "Job"))),
-    r("post", "/api/jobs/{id}/cancel", "Ask a job to stop", None, Some((200, "Job"))),
+    r(
+        "get",
+        "/api/pools",
+        "List pools, imported and unavailable",
+        None,
+        Some((200, "PoolSummaryList")),
+    ),
+    r(
+        "post",
+        "/api/pools",
+        "Create a pool on blank disks",
+        Some("CreatePool"),
+        Some((201, "PoolSummary")),
+    ),
+    r(
+        "get",
+        "/api/pools/importable",
+        "Pools in the state directory that are not imported",
+        None,
+        Some((200, "ImportablePoolList")),
+    ),
+    r(
+        "post",
+        "/api/pools/import",
+        "Import a pool",
+        Some("ImportPool"),
+        Some((200, "PoolSummary")),
+    ),
+    r(
+        "get",
+        "/api/pools/{pool}",
+        "A pool with its disks, vdisks and unhealthy slab sets",
+        None,
+        Some((200, "PoolDetail")),
+    ),
+    r(
+        "delete",
+        "/api/pools/{pool}",
+        "Destroy an empty pool: wipe its disk labels and metadata",
+        None,
+        None,
+    ),
+    r(
+        "post",
+        "/api/pools/{pool}/export",
+        "Flush and export a pool; it stays in the state directory",
+        None,
+        None,
+    ),
+    r(
+        "post",
+        "/api/pools/{pool}/repair",
+        "Start a repair job: rebuild or move every slab on a failed, missing or retired disk",
+        Some("RepairPool"),
+        Some((202, "Job")),
+    ),
+    r(
+        "post",
+        "/api/pools/{pool}/check",
+        "Check the pool's metadata: every map entry and reference count",
+        None,
+        Some((200, "CheckReport")),
+    ),
+    r(
+        "get",
+        "/api/pools/{pool}/disks",
+        "The pool's disks",
+        None,
+        Some((200, "DiskList")),
+    ),
+    r(
+        "post",
+        "/api/pools/{pool}/disks",
+        "Add a blank disk to the pool",
+        Some("AddDisk"),
+        Some((201, "Disk")),
+    ),
+    r(
+        "post",
+        "/api/pools/{pool}/disks/{disk}/{action}",
+        "fail or retire a disk; {disk} is its id or its percent-encoded path",
+        None,
+        Some((200, "Disk")),
+    ),
+    r(
+        "get",
+        "/api/vdisks",
+        "Every vdisk of every imported pool",
+        None,
+        Some((200, "VdiskList")),
+    ),
+    r(
+        "get",
+        "/api/pools/{pool}/vdisks",
+        "The pool's vdisks",
+        None,
+        Some((200, "VdiskList")),
+    ),
+    r(
+        "post",
+        "/api/pools/{pool}/vdisks",
+        "Create a vdisk",
+        Some("CreateVdisk"),
+        Some((201, "Vdisk")),
+    ),
+    r(
+        "get",
+        "/api/pools/{pool}/vdisks/{vdisk}",
+        "A vdisk",
+        None,
+        Some((200, "Vdisk")),
+    ),
+    r(
+        "delete",
+        "/api/pools/{pool}/vdisks/{vdisk}",
+        "Delete a vdisk and free its space",
+        None,
+        None,
+    ),
+    r(
+        "post",
+        "/api/pools/{pool}/vdisks/{vdisk}/resize",
+        "Grow a vdisk",
+        Some("ResizeVdisk"),
+        Some((200, "Vdisk")),
+    ),
+    r(
+        "post",
+        "/api/pools/{pool}/vdisks/{vdisk}/import",
+        "Start a job that copies a raw image into the vdisk, trimming zero runs",
+        Some("ImportImage"),
+        Some((202, "Job")),
+    ),
+    r(
+        "post",
+        "/api/pools/{pool}/vdisks/{vdisk}/export",
+        "Start a job that writes the vdisk to a sparse raw image",
+        Some("ExportImage"),
+        Some((202, "Job")),
+    ),
+    r(
+        "get",
+        "/api/jobs",
+        "Running and recently finished jobs",
+        None,
+        Some((200, "JobList")),
+    ),
+    r(
+        "get",
+        "/api/jobs/{id}",
+        "A job and its progress",
+        None,
+        Some((200, "Job")),
+    ),
+    r(
+        "post",
+        "/api/jobs/{id}/cancel",
+        "Ask a job to stop",
+        None,
+        Some((200, "Job")),
+    ),
 ];
 
 fn int() -> Value {
@@ -198,7 +348,10 @@ pub fn document() -> Value {
         );
         op.insert("responses".into(), Value::Object(responses));
         let entry = paths.entry(route.path.to_string()).or_insert_with(|| json!({}));
-        entry.as_object_mut().expect("object").insert(route.method.to_string(), Value::Object(op));
+        entry
+            .as_object_mut()
+            .expect("object")
+            .insert(route.method.to_string(), Value::Object(op));
     }
     json!({
         "openapi": "3.1.0",
@@ -228,6 +381,12 @@ mod tests {
             let name: String = part.chars().take_while(|c| c.is_ascii_alphanumeric()).collect();
             assert!(schemas.contains_key(&name), "missing schema {name}");
         }
-        assert_eq!(doc["paths"]["/api/pools/{pool}/vdisks/{vdisk}"]["get"]["parameters"].as_array().unwrap().len(), 2);
+        assert_eq!(
+            doc["paths"]["/api/pools/{pool}/vdisks/{vdisk}"]["get"]["parameters"]
+                .as_array()
+                .unwrap()
+                .len(),
+            2
+        );
     }
 }

@@ -24,7 +24,11 @@ impl Rig {
             .collect();
         let refs: Vec<DiskRef> = disks.iter().map(|d| d.clone() as DiskRef).collect();
         let engine = Engine::create_pool(&dir.path().join("pool"), "test", refs, slab).unwrap();
-        Rig { dir, disks, engine: Some(engine) }
+        Rig {
+            dir,
+            disks,
+            engine: Some(engine),
+        }
     }
 
     pub fn engine(&self) -> &Engine {
@@ -37,7 +41,10 @@ impl Rig {
                 .iter()
                 .find(|d| d.path() == path)
                 .map(|d| d.clone() as DiskRef)
-                .ok_or_else(|| DiskError::Open { path: path.into(), source: std::io::Error::from(std::io::ErrorKind::NotFound) })
+                .ok_or_else(|| DiskError::Open {
+                    path: path.into(),
+                    source: std::io::Error::from(std::io::ErrorKind::NotFound),
+                })
         }
     }
 
