@@ -44,8 +44,12 @@ async fn serve(cfg: ServerConfig) -> Result<(), String> {
     // We hold the state lock, so a socket file left here is stale.
     let sock = daemon.cfg.socket_path();
     let _ = std::fs::remove_file(&sock);
-    let unix = UnixListener::bind(&sock).map_err(|e| format!("cannot listen on {}: {e}", sock.display()))?;
-    // Whoever can open the socket is an administrator: owner only.
+    // Whoever can open the socket is an administrator: owner only, from the moment it exists.
+    // SAFETY: umask only changes this process's file creation mask.
+    let old_mask = unsafe { libc::umask(0o177) };
+    let unix = UnixListener::bind(&sock);
+    unsafe { libc::umask(old_mask) };
+    let unix = unix.map_err(|e| format!("cannot listen on {}: {e}", sock.display()))?;
     std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600))
         .map_err(|e| format!("cannot restrict {}: {e}", sock.display()))?;
     let tcp = match daemon.cfg.api_listen {
