@@ -35,6 +35,7 @@ demo: deps
 bench:
 	@scripts/install-deps.sh bench
 	bench/engine.sh
+	bench/image.sh
 
 clean:
 	$(CARGO) clean

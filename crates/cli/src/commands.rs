@@ -35,6 +35,7 @@ pub fn run(cli: Cli) -> Result<(), String> {
         Command::Pool(p) => pool(&c, p),
         Command::Disk(d) => disk(&c, d),
         Command::Vdisk(v) => vdisk(&c, v),
+        Command::Target(t) => target(&c, t),
         Command::Job(j) => job(&c, j),
     };
     r.map_err(|e| match e {
@@ -48,6 +49,7 @@ fn serve(a: ServeArgs, state_dir: Option<PathBuf>) -> Result<(), String> {
         state_dir,
         api_listen: a.api_listen,
         api_token: a.api_token,
+        iscsi_listen: a.iscsi_listen,
         log_format: a.log_format.map(|f| match f {
             LogFormatArg::Text => LogFormat::Text,
             LogFormatArg::Json => LogFormat::Json,
@@ -657,4 +659,63 @@ fn follow(c: &Ctx, job: Value, no_wait: bool) -> R {
             v["error"].as_str().unwrap_or("no reason given")
         ))),
     }
+}
+
+fn target_table(v: &Value) {
+    let mut rows = Vec::new();
+    for t in arr(v) {
+        if arr(&t["luns"]).is_empty() {
+            rows.push(vec![
+                s(&t["iqn"]),
+                "-".into(),
+                String::new(),
+                String::new(),
+                String::new(),
+            ]);
+        }
+        for l in arr(&t["luns"]) {
+            rows.push(vec![
+                s(&t["iqn"]),
+                s(&l["lun"]),
+                s(&l["vdisk"]),
+                size(&l["size"]),
+                if l["online"] == true {
+                    "online"
+                } else {
+                    "offline: vdisk unavailable"
+                }
+                .to_string(),
+            ]);
+        }
+    }
+    table(&["TARGET", "LUN", "VDISK", "SIZE", "STATE"], rows);
+}
+
+fn target(c: &Ctx, cmd: TargetCmd) -> R {
+    let path = |iqn: &str| format!("/api/targets/{}", encode_segment(iqn));
+    let v = match cmd {
+        TargetCmd::Create { iqn } => c.client.post("/api/targets", Some(json!({"iqn": iqn})))?,
+        TargetCmd::List => c.client.get("/api/targets")?,
+        TargetCmd::Show { iqn } => c.client.get(&path(&iqn))?,
+        TargetCmd::Delete { iqn } => {
+            c.client.delete(&path(&iqn))?;
+            if !c.json {
+                println!("target {iqn} deleted");
+            }
+            return Ok(());
+        }
+        TargetCmd::Lun(LunCmd::Add { iqn, vdisk, lun }) => c.client.post(
+            &format!("{}/luns", path(&iqn)),
+            Some(json!({"lun": lun, "vdisk": vdisk})),
+        )?,
+        TargetCmd::Lun(LunCmd::Remove { iqn, lun }) => c.client.delete(&format!("{}/luns/{lun}", path(&iqn)))?,
+    };
+    if c.json {
+        c.print_json(&v);
+    } else if v.is_array() {
+        target_table(&v);
+    } else {
+        target_table(&Value::Array(vec![v]));
+    }
+    Ok(())
 }

@@ -47,9 +47,46 @@ pub enum Command {
     /// Virtual disks.
     #[command(subcommand)]
     Vdisk(VdiskCmd),
+    /// iSCSI targets and their LUNs.
+    #[command(subcommand)]
+    Target(TargetCmd),
     /// Long-running operations.
     #[command(subcommand)]
     Job(JobCmd),
+}
+
+#[derive(Subcommand)]
+pub enum TargetCmd {
+    /// Create an iSCSI target, e.g. iqn.2026-11.com.example:storage.
+    Create {
+        iqn: String,
+    },
+    List,
+    Show {
+        iqn: String,
+    },
+    /// Delete a target; its sessions end when they log out.
+    Delete {
+        iqn: String,
+    },
+    /// LUNs of a target.
+    #[command(subcommand)]
+    Lun(LunCmd),
+}
+
+#[derive(Subcommand)]
+pub enum LunCmd {
+    /// Present a vdisk as a LUN.
+    Add {
+        iqn: String,
+        /// POOL/NAME
+        vdisk: String,
+        /// LUN number (default: the lowest free).
+        #[arg(long)]
+        lun: Option<u64>,
+    },
+    /// Stop presenting a LUN.
+    Remove { iqn: String, lun: u64 },
 }
 
 #[derive(Args)]
@@ -60,6 +97,9 @@ pub struct ServeArgs {
     /// Management API TCP address; "none" for the unix socket only. Default 127.0.0.1:8484.
     #[arg(long, value_name = "ADDR")]
     pub api_listen: Option<String>,
+    /// iSCSI portal address; "none" to disable. Default 127.0.0.1:3260.
+    #[arg(long, value_name = "ADDR")]
+    pub iscsi_listen: Option<String>,
     /// Bearer token required on the TCP listener (at least 16 characters).
     #[arg(long, env = "TESSERA_API_TOKEN", hide_env_values = true)]
     pub api_token: Option<String>,

@@ -4,6 +4,7 @@
 //! state_dir = "/var/lib/tessera"
 //! api_listen = "127.0.0.1:8484"   # "" disables the TCP listener; the unix socket stays
 //! api_token_file = "/etc/tessera/api-token"
+//! iscsi_listen = "0.0.0.0:3260"    # "none" disables the iSCSI portal
 //! pools = ["tank"]                # imported at start, in addition to those left imported
 //! log_format = "text"             # or "json"
 //! ```
@@ -14,6 +15,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 pub const DEFAULT_API_LISTEN: &str = "127.0.0.1:8484";
+pub const DEFAULT_ISCSI_LISTEN: &str = "127.0.0.1:3260";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
@@ -31,6 +33,7 @@ pub struct ConfigFile {
     pub api_listen: Option<String>,
     pub api_token: Option<String>,
     pub api_token_file: Option<PathBuf>,
+    pub iscsi_listen: Option<String>,
     #[serde(default)]
     pub pools: Vec<String>,
     pub log_format: Option<LogFormat>,
@@ -42,6 +45,7 @@ pub struct Overrides {
     pub state_dir: Option<PathBuf>,
     pub api_listen: Option<String>,
     pub api_token: Option<String>,
+    pub iscsi_listen: Option<String>,
     pub log_format: Option<LogFormat>,
     pub demo: bool,
 }
@@ -52,6 +56,8 @@ pub struct ServerConfig {
     pub state_dir: PathBuf,
     pub api_listen: Option<SocketAddr>,
     pub api_token: Option<String>,
+    /// The iSCSI portal; None when disabled.
+    pub iscsi_listen: Option<SocketAddr>,
     pub pools: Vec<String>,
     pub log_format: LogFormat,
     pub demo: bool,
@@ -117,6 +123,14 @@ impl ServerConfig {
                 ));
             }
         }
+        let iscsi_listen = match o
+            .iscsi_listen
+            .or(f.iscsi_listen)
+            .unwrap_or_else(|| DEFAULT_ISCSI_LISTEN.into())
+        {
+            s if s.is_empty() || s == "none" => None,
+            s => Some(parse_addr("iscsi_listen", &s)?),
+        };
         for p in &f.pools {
             tessera_pool::validate_name("pool", p)?;
         }
@@ -124,6 +138,7 @@ impl ServerConfig {
             state_dir,
             api_listen,
             api_token,
+            iscsi_listen,
             pools: f.pools,
             log_format: o.log_format.or(f.log_format).unwrap_or_default(),
             demo: o.demo,

@@ -24,6 +24,7 @@ use crate::error::{ApiError, ApiResult};
 use crate::image;
 use crate::jobs::{JobView, Jobs};
 use crate::model::*;
+use crate::targets::Targets;
 
 pub struct Daemon {
     pub cfg: ServerConfig,
@@ -31,6 +32,7 @@ pub struct Daemon {
     /// Pools that should be imported but could not be, and why.
     unavailable: RwLock<BTreeMap<String, String>>,
     pub jobs: Jobs,
+    pub targets: Targets,
     /// Serializes changes to the set of pools.
     admin: Mutex<()>,
     started: Instant,
@@ -53,11 +55,13 @@ impl Daemon {
     pub fn start(cfg: ServerConfig) -> Result<Daemon, String> {
         std::fs::create_dir_all(cfg.pools_dir())
             .map_err(|e| format!("cannot create the state directory {}: {e}", cfg.state_dir.display()))?;
+        let targets = Targets::load(cfg.state_dir.join("targets.json"))?;
         let d = Daemon {
             cfg,
             pools: RwLock::new(BTreeMap::new()),
             unavailable: RwLock::new(BTreeMap::new()),
             jobs: Jobs::default(),
+            targets,
             admin: Mutex::new(()),
             started: Instant::now(),
         };
@@ -83,6 +87,10 @@ impl Daemon {
             }
         }
         d.write_imported()?;
+        d.targets.apply_all(&|name| {
+            let (p, v) = name.split_once('/')?;
+            d.vdisk(p, v).ok()
+        });
         Ok(d)
     }
 
@@ -354,6 +362,13 @@ impl Daemon {
     /// Takes a pool out of the map for export or destroy; refused while a job or a request
     /// still uses it.
     fn take_pool(&self, name: &str, what: &str) -> ApiResult<Engine> {
+        let users = self.targets.users_of(&format!("{name}/"));
+        if !users.is_empty() {
+            return Err(ApiError::busy(format!(
+                "cannot {what} pool '{name}': its vdisks are presented as {}; remove those LUNs first",
+                users.join(", ")
+            )));
+        }
         let jobs = self.jobs.running_on(name);
         if !jobs.is_empty() {
             return Err(ApiError::busy(format!(
@@ -532,6 +547,13 @@ impl Daemon {
                 "vdisk '{target}' is in use by job(s) {jobs:?}; wait for them or cancel them"
             )));
         }
+        let users = self.targets.users_of(&target);
+        if !users.is_empty() {
+            return Err(ApiError::busy(format!(
+                "vdisk '{target}' is presented as {}; remove it there first ('tessera target lun remove')",
+                users.join(", ")
+            )));
+        }
         e.delete_vdisk(name)?;
         Ok(())
     }
@@ -598,6 +620,58 @@ impl Daemon {
             }
         }
         Ok(())
+    }
+
+    // ---- iSCSI targets ----
+
+    pub fn target_view(&self, iqn: &str) -> ApiResult<TargetView> {
+        let cfg = self.targets.get(iqn)?;
+        let luns = cfg
+            .luns
+            .iter()
+            .map(|(&lun, vd)| {
+                let v = vd.split_once('/').and_then(|(p, n)| self.vdisk(p, n).ok());
+                LunView {
+                    lun,
+                    vdisk: vd.clone(),
+                    online: v.is_some(),
+                    size: v.map(|(_, v)| v.size()),
+                }
+            })
+            .collect();
+        Ok(TargetView { iqn: cfg.iqn, luns })
+    }
+
+    pub fn list_targets(&self) -> Vec<TargetView> {
+        self.targets
+            .list()
+            .iter()
+            .filter_map(|t| self.target_view(&t.iqn).ok())
+            .collect()
+    }
+
+    pub fn create_target(&self, iqn: &str) -> ApiResult<TargetView> {
+        self.targets.create(iqn)?;
+        self.target_view(iqn)
+    }
+
+    pub fn delete_target(&self, iqn: &str) -> ApiResult<()> {
+        self.targets.delete(iqn)
+    }
+
+    pub fn add_lun(&self, iqn: &str, req: AddLun) -> ApiResult<TargetView> {
+        let (p, n) = req
+            .vdisk
+            .split_once('/')
+            .ok_or_else(|| ApiError::invalid(format!("'{}' does not name a vdisk: write POOL/NAME", req.vdisk)))?;
+        let (e, v) = self.vdisk(p, n)?;
+        self.targets.add_lun(iqn, req.lun, &req.vdisk, e, v)?;
+        self.target_view(iqn)
+    }
+
+    pub fn remove_lun(&self, iqn: &str, lun: u64) -> ApiResult<TargetView> {
+        self.targets.remove_lun(iqn, lun)?;
+        self.target_view(iqn)
     }
 
     /// Stops jobs and flushes every pool; the pools stay imported for the next start.

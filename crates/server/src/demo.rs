@@ -12,6 +12,7 @@ use crate::model::{CreatePool, CreateVdisk};
 
 pub const POOL: &str = "demo";
 pub const VDISK: &str = "vol1";
+pub const TARGET: &str = "iqn.2026-11.io.tessera:demo";
 const DISKS: usize = 4;
 const DISK_SIZE: u64 = 8 << 30;
 const VDISK_SIZE: u64 = 16 << 30;
@@ -61,6 +62,20 @@ pub fn prepare(d: &Daemon) -> Result<(), String> {
             },
         )
         .map_err(|e| format!("cannot create the demo vdisk: {}", e.message))?;
+    }
+    if d.targets.get(TARGET).is_err() {
+        d.create_target(TARGET)
+            .map_err(|e| format!("cannot create the demo target: {}", e.message))?;
+    }
+    if d.targets.get(TARGET).map(|t| t.luns.is_empty()).unwrap_or(false) {
+        d.add_lun(
+            TARGET,
+            crate::model::AddLun {
+                lun: Some(0),
+                vdisk: format!("{POOL}/{VDISK}"),
+            },
+        )
+        .map_err(|e| format!("cannot export the demo vdisk: {}", e.message))?;
     }
     Ok(())
 }

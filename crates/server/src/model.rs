@@ -178,3 +178,33 @@ pub struct HealthView {
     pub pools: usize,
     pub demo: bool,
 }
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateTarget {
+    pub iqn: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AddLun {
+    /// LUN number; absent: the lowest free one.
+    pub lun: Option<u64>,
+    /// "pool/vdisk".
+    pub vdisk: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LunView {
+    pub lun: u64,
+    pub vdisk: String,
+    /// False when the vdisk is not available (its pool not imported): the LUN is not presented.
+    pub online: bool,
+    pub size: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TargetView {
+    pub iqn: String,
+    pub luns: Vec<LunView>,
+}

@@ -58,7 +58,22 @@ async fn serve(cfg: ServerConfig) -> Result<(), String> {
         })?),
         None => None,
     };
-    println!("{}", banner(&daemon, tcp.as_ref().and_then(|t| t.local_addr().ok())));
+    let iscsi = match daemon.cfg.iscsi_listen {
+        Some(a) => Some(TcpListener::bind(a).await.map_err(|e| {
+            format!(
+                "cannot listen for iSCSI on {a}: {e}; is another target using it? Choose another with --iscsi-listen"
+            )
+        })?),
+        None => None,
+    };
+    let iscsi_addr = iscsi.as_ref().and_then(|l| l.local_addr().ok());
+    if let Some(l) = iscsi {
+        tokio::spawn(tessera_iscsi::serve(l, daemon.targets.registry.clone()));
+    }
+    println!(
+        "{}",
+        banner(&daemon, tcp.as_ref().and_then(|t| t.local_addr().ok()), iscsi_addr)
+    );
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
@@ -105,7 +120,7 @@ async fn serve(cfg: ServerConfig) -> Result<(), String> {
     Ok(())
 }
 
-fn banner(d: &Daemon, tcp: Option<std::net::SocketAddr>) -> String {
+fn banner(d: &Daemon, tcp: Option<std::net::SocketAddr>, iscsi: Option<std::net::SocketAddr>) -> String {
     let sock = d.cfg.socket_path();
     let mut s = format!(
         "Tessera {} serving {}\n",
@@ -150,7 +165,17 @@ fn banner(d: &Daemon, tcp: Option<std::net::SocketAddr>) -> String {
             );
         }
     }
-    s += "  iSCSI and NBD exports are not part of this build yet; vdisks are reached through the API\n";
+    match iscsi {
+        Some(a) => {
+            s += &format!("  iSCSI portal: {a}\n");
+            for t in d.list_targets() {
+                for l in &t.luns {
+                    s += &format!("    iscsi://{a}/{}/{}  ->  {}\n", t.iqn, l.lun, l.vdisk);
+                }
+            }
+        }
+        None => s += "  iSCSI portal: off\n",
+    }
     s += &format!(
         "Connect with:\n  export TESSERA_API=unix:{}\n  tessera pool list\n",
         sock.display()

@@ -37,6 +37,7 @@ impl Daemon {
             .arg("--state-dir")
             .arg(state)
             .args(args)
+            .args(default_portal(args))
             .env("TESSERA_LOG", "info")
             .stdout(File::create(&out).unwrap())
             .stderr(File::create(&log).unwrap())
@@ -79,6 +80,7 @@ impl Daemon {
             .arg("--state-dir")
             .arg(state)
             .args(args)
+            .args(default_portal(args))
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -101,6 +103,15 @@ impl Daemon {
 
     pub fn logs(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The iSCSI portal address from the banner.
+    pub fn iscsi_portal(&self) -> String {
+        let out = self.stdout();
+        out.lines()
+            .find_map(|l| l.trim().strip_prefix("iSCSI portal: "))
+            .unwrap_or_else(|| panic!("no iSCSI portal in the banner: {out}"))
+            .to_string()
     }
 
     pub fn stdout(&self) -> String {
@@ -200,6 +211,15 @@ impl Daemon {
 impl Drop for Daemon {
     fn drop(&mut self) {
         self.kill9();
+    }
+}
+
+/// Tests run side by side: unless a test chooses, the iSCSI portal takes any free port.
+fn default_portal(args: &[&str]) -> Vec<&'static str> {
+    if args.contains(&"--iscsi-listen") {
+        vec![]
+    } else {
+        vec!["--iscsi-listen", "127.0.0.1:0"]
     }
 }
 

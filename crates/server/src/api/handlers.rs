@@ -175,3 +175,34 @@ pub async fn show_job(State(d): D, Path(id): Path<String>) -> ApiResult<Json<Job
 pub async fn cancel_job(State(d): D, Path(id): Path<String>) -> ApiResult<Json<JobView>> {
     Ok(Json(d.jobs.cancel(job_id(&id)?)?))
 }
+
+pub async fn list_targets(State(d): D) -> ApiResult<Json<Vec<TargetView>>> {
+    json(move || Ok(d.list_targets())).await
+}
+
+pub async fn create_target(State(d): D, Body(req): Body<CreateTarget>) -> ApiResult<(StatusCode, Json<TargetView>)> {
+    created(move || d.create_target(&req.iqn)).await
+}
+
+pub async fn show_target(State(d): D, Path(iqn): Path<String>) -> ApiResult<Json<TargetView>> {
+    json(move || d.target_view(&iqn)).await
+}
+
+pub async fn delete_target(State(d): D, Path(iqn): Path<String>) -> ApiResult<StatusCode> {
+    done(move || d.delete_target(&iqn)).await
+}
+
+pub async fn add_lun(
+    State(d): D,
+    Path(iqn): Path<String>,
+    Body(req): Body<AddLun>,
+) -> ApiResult<(StatusCode, Json<TargetView>)> {
+    created(move || d.add_lun(&iqn, req)).await
+}
+
+pub async fn remove_lun(State(d): D, Path((iqn, lun)): Path<(String, String)>) -> ApiResult<Json<TargetView>> {
+    let lun: u64 = lun
+        .parse()
+        .map_err(|_| ApiError::invalid(format!("'{lun}' is not a LUN number")))?;
+    json(move || d.remove_lun(&iqn, lun)).await
+}

@@ -11,7 +11,7 @@ use axum::extract::{Request, State};
 use axum::http::header::AUTHORIZATION;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use axum::Router;
 
 use crate::daemon::Daemon;
@@ -40,6 +40,10 @@ pub fn router(daemon: Arc<Daemon>, token: Option<String>) -> Router {
         .route("/api/pools/{pool}/vdisks/{vdisk}/resize", post(resize_vdisk))
         .route("/api/pools/{pool}/vdisks/{vdisk}/import", post(import_image))
         .route("/api/pools/{pool}/vdisks/{vdisk}/export", post(export_image))
+        .route("/api/targets", get(list_targets).post(create_target))
+        .route("/api/targets/{iqn}", get(show_target).delete(delete_target))
+        .route("/api/targets/{iqn}/luns", post(add_lun))
+        .route("/api/targets/{iqn}/luns/{lun}", delete(remove_lun))
         .route("/api/jobs", get(list_jobs))
         .route("/api/jobs/{id}", get(show_job))
         .route("/api/jobs/{id}/cancel", post(cancel_job))

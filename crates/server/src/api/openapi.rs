@@ -308,6 +308,13 @@ fn schemas() -> Value {
             "eta_seconds": {"type": ["number", "null"]}, "started_at": int(), "finished_at": opt_int(),
             "elapsed_seconds": {"type": "number"}, "error": opt_string(), "result": {}})),
         "JobList": list("Job"),
+        "CreateTarget": {"type": "object", "required": ["iqn"], "additionalProperties": false, "properties": {
+            "iqn": {"type": "string", "description": "iqn.YYYY-MM.reversed.domain[:name], eui.<16 hex> or naa.<16|32 hex>"}}},
+        "AddLun": {"type": "object", "required": ["vdisk"], "additionalProperties": false, "properties": {
+            "lun": {"type": ["integer", "null"], "minimum": 0, "maximum": 16383}, "vdisk": {"type": "string", "description": "POOL/NAME"}}},
+        "Target": obj(&["iqn", "luns"], json!({"iqn": string(), "luns": {"type": "array", "items": obj(&["lun", "vdisk", "online"], json!({
+            "lun": int(), "vdisk": string(), "online": {"type": "boolean"}, "size": opt_int()}))}})),
+        "TargetList": list("Target"),
     })
 }
 

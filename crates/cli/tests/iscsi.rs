@@ -1,0 +1,151 @@
+//! The iSCSI target, driven by initiators nobody here wrote: libiscsi's tools and QEMU.
+
+mod common;
+
+use std::process::Command;
+
+use common::*;
+
+fn run(cmd: &str, args: &[&str]) -> (bool, String) {
+    let o = Command::new(cmd)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd}: {e} (scripts/install-deps.sh test installs it)"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    (o.status.success(), text)
+}
+
+fn ok(cmd: &str, args: &[&str]) -> String {
+    let (success, out) = run(cmd, args);
+    assert!(success, "{cmd} {args:?} failed:\n{out}");
+    out
+}
+
+const IQN: &str = "iqn.2026-11.io.tessera:demo";
+
+#[test]
+fn demo_lun_answers_libiscsi_tools() {
+    let t = tempfile::tempdir().unwrap();
+    let d = Daemon::start_with(&t.path().join("demo"), &["--demo", "--api-listen", "none"]).unwrap();
+    let portal = d.iscsi_portal();
+    assert!(
+        d.stdout().contains(&format!("iscsi://{portal}/{IQN}/0")),
+        "{}",
+        d.stdout()
+    );
+
+    let ls = ok("iscsi-ls", &["-s", &format!("iscsi://{portal}")]);
+    assert!(ls.contains(IQN), "{ls}");
+    let inq = ok("iscsi-inq", &[&format!("iscsi://{portal}/{IQN}/0")]);
+    assert!(inq.contains("TESSERA"), "{inq}");
+    let cap = ok("iscsi-readcapacity16", &[&format!("iscsi://{portal}/{IQN}/0")]);
+    assert!(
+        cap.contains(&(16u64 << 30).to_string()) || cap.contains("33554431"),
+        "{cap}"
+    );
+    // A LUN that does not exist, and a target that does not.
+    let (success, out) = run("iscsi-inq", &[&format!("iscsi://{portal}/{IQN}/7")]);
+    assert!(!success || out.contains("0x7f") || out.contains("not"), "{out}");
+    let (success, _) = run(
+        "iscsi-inq",
+        &[&format!("iscsi://{portal}/iqn.2026-11.io.tessera:nope/0")],
+    );
+    assert!(!success);
+}
+
+#[test]
+fn qemu_img_round_trip_with_and_without_digests() {
+    let t = tempfile::tempdir().unwrap();
+    let d = Daemon::start(&t.path().join("state"));
+    create_pool(&d, "q", &disks(&t.path().join("disks"), 3, 1 << 30));
+    d.ok(&["vdisk", "create", "q/v", "--size", "256M", "--layout", "mirror"]);
+    d.ok(&[
+        "vdisk",
+        "create",
+        "q/w",
+        "--size",
+        "256M",
+        "--layout",
+        "parity",
+        "--block-size",
+        "4096",
+    ]);
+    let iqn = "iqn.2026-11.io.tessera:test";
+    d.ok(&["target", "create", iqn]);
+    d.ok(&["target", "lun", "add", iqn, "q/v"]);
+    d.ok(&["target", "lun", "add", iqn, "q/w", "--lun", "5"]);
+    let shown = d.json(&["target", "show", iqn]);
+    assert_eq!(shown["luns"].as_array().unwrap().len(), 2);
+    let portal = d.iscsi_portal();
+
+    let img = t.path().join("in.img");
+    random_image(&img, 40 << 20, 9);
+    for (lun, digest) in [(0, "none"), (5, "crc32c")] {
+        let opts = format!("driver=iscsi,transport=tcp,portal={portal},target={iqn},lun={lun},header-digest={digest}");
+        ok(
+            "qemu-img",
+            &[
+                "convert",
+                "-n",
+                "-f",
+                "raw",
+                img.to_str().unwrap(),
+                "--target-image-opts",
+                &opts,
+            ],
+        );
+        let out = t.path().join(format!("out{lun}.img"));
+        ok(
+            "qemu-img",
+            &["convert", "-O", "raw", "--image-opts", &opts, out.to_str().unwrap()],
+        );
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&out)
+            .unwrap()
+            .set_len(40 << 20)
+            .unwrap();
+        assert!(same_file(&img, &out), "LUN {lun} ({digest}) read back differs");
+    }
+    // The data went through the engine: export it through the API too.
+    let out = t.path().join("api.img");
+    d.ok(&["vdisk", "export", "q/v", out.to_str().unwrap()]);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&out)
+        .unwrap()
+        .set_len(40 << 20)
+        .unwrap();
+    assert!(same_file(&img, &out));
+
+    // A presented vdisk cannot be deleted, nor its pool exported.
+    assert!(d.fails(&["vdisk", "delete", "q/v"]).contains("LUN 0"));
+    assert!(d.fails(&["pool", "export", "q"]).contains("LUN"));
+    assert!(d.fails(&["target", "lun", "add", iqn, "q/v"]).contains("already LUN 0"));
+    assert!(d.fails(&["target", "create", "IQN.bad"]).contains("not an iSCSI name"));
+    d.ok(&["target", "lun", "remove", iqn, "0"]);
+    d.ok(&["vdisk", "delete", "q/v"]);
+}
+
+#[test]
+fn targets_survive_a_restart() {
+    let t = tempfile::tempdir().unwrap();
+    let state = t.path().join("state");
+    let mut d = Daemon::start(&state);
+    create_pool(&d, "r", &disks(&t.path().join("disks"), 2, 1 << 30));
+    d.ok(&["vdisk", "create", "r/v", "--size", "64M"]);
+    let iqn = "iqn.2026-11.io.tessera:keep";
+    d.ok(&["target", "create", iqn]);
+    d.ok(&["target", "lun", "add", iqn, "r/v", "--lun", "3"]);
+    d.kill9();
+    let d = Daemon::start(&state);
+    let v = d.json(&["target", "show", iqn]);
+    assert_eq!(v["luns"][0]["lun"], 3);
+    assert_eq!(v["luns"][0]["online"], true);
+    let inq = ok("iscsi-inq", &[&format!("iscsi://{}/{iqn}/3", d.iscsi_portal())]);
+    assert!(inq.contains("TESSERA"), "{inq}");
+}

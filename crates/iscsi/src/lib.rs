@@ -1,0 +1,11 @@
+//! Tessera's iSCSI target (RFC 7143): PDUs, login and parameter negotiation, sessions, and the
+//! full feature phase that carries SCSI commands to the LUNs of `tessera-scsi`.
+
+mod conn;
+pub mod login;
+pub mod params;
+pub mod pdu;
+pub mod target;
+pub mod text;
+
+pub use target::{serve, Registry, Target};

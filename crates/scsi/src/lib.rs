@@ -1,0 +1,14 @@
+//! SCSI block device emulation over a Tessera vdisk: the primary (SPC-4) and block (SBC-3)
+//! commands, sense data and VPD pages. Transports (iSCSI) hand a CDB and its data-out buffer to
+//! a [`Lun`] and send back the [`Response`].
+
+mod lun;
+mod opcodes;
+mod sbc;
+pub mod sense;
+mod spc;
+
+pub use lun::{Lun, ModeState, Response};
+pub use opcodes::{cdb_len, REPORT_LUNS};
+pub use sense::Sense;
+pub use spc::{decode_lun, encode_lun, report_luns, MAX_TRANSFER_BYTES};

@@ -1,0 +1,105 @@
+//! Status codes and sense data, in fixed (0x70) or descriptor (0x72) format as the control mode
+//! page's D_SENSE asks.
+
+pub const GOOD: u8 = 0x00;
+pub const CHECK_CONDITION: u8 = 0x02;
+pub const RESERVATION_CONFLICT: u8 = 0x18;
+
+pub mod key {
+    pub const NO_SENSE: u8 = 0x0;
+    pub const NOT_READY: u8 = 0x2;
+    pub const MEDIUM_ERROR: u8 = 0x3;
+    pub const HARDWARE_ERROR: u8 = 0x4;
+    pub const ILLEGAL_REQUEST: u8 = 0x5;
+    pub const UNIT_ATTENTION: u8 = 0x6;
+    pub const DATA_PROTECT: u8 = 0x7;
+    pub const ABORTED_COMMAND: u8 = 0xB;
+    pub const MISCOMPARE: u8 = 0xE;
+}
+
+/// A sense key with its additional sense code and qualifier, and an optional INFORMATION field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sense {
+    pub key: u8,
+    pub asc: u8,
+    pub ascq: u8,
+    pub info: Option<u64>,
+}
+
+impl Sense {
+    pub const fn new(key: u8, asc: u8, ascq: u8) -> Sense {
+        Sense {
+            key,
+            asc,
+            ascq,
+            info: None,
+        }
+    }
+
+    pub fn with_info(mut self, info: u64) -> Sense {
+        self.info = Some(info);
+        self
+    }
+
+    /// The sense bytes in the format the LUN is set to.
+    pub fn encode(&self, descriptor: bool) -> Vec<u8> {
+        if descriptor {
+            let mut b = vec![0x72, self.key, self.asc, self.ascq, 0, 0, 0, 0];
+            if let Some(i) = self.info {
+                // Information descriptor: type 0, length 0x0A, VALID.
+                b.extend_from_slice(&[0x00, 0x0A, 0x80, 0]);
+                b.extend_from_slice(&i.to_be_bytes());
+            }
+            b[7] = (b.len() - 8) as u8;
+            b
+        } else {
+            let mut b = vec![0u8; 18];
+            b[0] = 0x70;
+            b[2] = self.key;
+            b[7] = 10;
+            b[12] = self.asc;
+            b[13] = self.ascq;
+            if let Some(i) = self.info {
+                b[0] |= 0x80;
+                b[3..7].copy_from_slice(&(i.min(u32::MAX as u64) as u32).to_be_bytes());
+            }
+            b
+        }
+    }
+}
+
+pub const INVALID_OPCODE: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x20, 0x00);
+pub const LBA_OUT_OF_RANGE: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x21, 0x00);
+pub const INVALID_FIELD_IN_CDB: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x24, 0x00);
+pub const LUN_NOT_SUPPORTED: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x25, 0x00);
+pub const INVALID_FIELD_IN_PARAMETER_LIST: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x26, 0x00);
+pub const PARAMETER_LIST_LENGTH_ERROR: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x1A, 0x00);
+pub const SAVING_PARAMETERS_NOT_SUPPORTED: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x39, 0x00);
+pub const WRITE_PROTECTED: Sense = Sense::new(key::DATA_PROTECT, 0x27, 0x00);
+pub const SPACE_ALLOCATION_FAILED_WRITE_PROTECT: Sense = Sense::new(key::DATA_PROTECT, 0x27, 0x07);
+pub const UNRECOVERED_READ_ERROR: Sense = Sense::new(key::MEDIUM_ERROR, 0x11, 0x00);
+pub const WRITE_ERROR: Sense = Sense::new(key::MEDIUM_ERROR, 0x0C, 0x00);
+pub const INTERNAL_TARGET_FAILURE: Sense = Sense::new(key::HARDWARE_ERROR, 0x44, 0x00);
+pub const MISCOMPARE_DURING_VERIFY: Sense = Sense::new(key::MISCOMPARE, 0x1D, 0x00);
+pub const POWER_ON_OCCURRED: Sense = Sense::new(key::UNIT_ATTENTION, 0x29, 0x00);
+pub const MODE_PARAMETERS_CHANGED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2A, 0x01);
+pub const CAPACITY_DATA_CHANGED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2A, 0x09);
+pub const NO_ADDITIONAL_SENSE: Sense = Sense::new(key::NO_SENSE, 0x00, 0x00);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fixed_and_descriptor_formats() {
+        let f = INVALID_FIELD_IN_CDB.encode(false);
+        assert_eq!((f[0], f[2], f[7], f[12], f[13]), (0x70, 5, 10, 0x24, 0));
+        let d = MISCOMPARE_DURING_VERIFY.with_info(513).encode(true);
+        assert_eq!(&d[..4], &[0x72, 0xE, 0x1D, 0]);
+        assert_eq!(d[7] as usize, d.len() - 8);
+        assert_eq!(u64::from_be_bytes(d[12..20].try_into().unwrap()), 513);
+        let f = MISCOMPARE_DURING_VERIFY.with_info(513).encode(false);
+        assert_eq!(f[0], 0xF0);
+        assert_eq!(u32::from_be_bytes(f[3..7].try_into().unwrap()), 513);
+    }
+}

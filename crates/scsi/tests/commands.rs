@@ -1,0 +1,332 @@
+//! SCSI commands against a real engine on in-memory disks: what an initiator sends, what it
+//! must get back.
+
+use std::sync::Arc;
+
+use tessera_disk::{DiskRef, MemDisk};
+use tessera_scsi::sense::{self, key};
+use tessera_scsi::{report_luns, Lun, Response};
+use tessera_volume::{Engine, LayoutKind, Provisioning, VdiskSpec};
+
+const MIB: u64 = 1 << 20;
+
+struct Rig {
+    _dir: tempfile::TempDir,
+    _engine: Engine,
+}
+
+fn rig(block_size: u32, size: u64, fixed: bool) -> (Rig, Lun) {
+    let dir = tempfile::tempdir().unwrap();
+    let disks: Vec<DiskRef> = (0..3)
+        .map(|i| Arc::new(MemDisk::new(&format!("m{i}"), 64 * MIB)) as DiskRef)
+        .collect();
+    let engine = Engine::create_pool(&dir.path().join("p"), "p", disks, MIB).unwrap();
+    let mut spec = VdiskSpec::new("v", size, LayoutKind::Mirror);
+    spec.block_size = Some(block_size);
+    spec.grain_size = Some(64 << 10);
+    if fixed {
+        spec.provisioning = Provisioning::Fixed;
+    }
+    let v = engine.create_vdisk(&spec).unwrap();
+    let lun = Lun::new(v, 0x1234_5678_9abc_def0_1122_3344_5566_7788, false);
+    (
+        Rig {
+            _dir: dir,
+            _engine: engine,
+        },
+        lun,
+    )
+}
+
+fn ok(r: Response) -> Vec<u8> {
+    assert_eq!(r.status, sense::GOOD, "sense {:02x?}", r.sense);
+    r.data
+}
+
+/// Sense key, ASC, ASCQ of a CHECK CONDITION in fixed format.
+fn check(r: Response) -> (u8, u8, u8) {
+    assert_eq!(
+        r.status,
+        sense::CHECK_CONDITION,
+        "expected a check condition, got data {:?}",
+        r.data.len()
+    );
+    (r.sense[2] & 0x0F, r.sense[12], r.sense[13])
+}
+
+fn cdb16(op: u8, flags: u8, lba: u64, n: u32) -> Vec<u8> {
+    let mut c = vec![0u8; 16];
+    c[0] = op;
+    c[1] = flags;
+    c[2..10].copy_from_slice(&lba.to_be_bytes());
+    c[10..14].copy_from_slice(&n.to_be_bytes());
+    c
+}
+
+fn cdb10(op: u8, flags: u8, lba: u32, n: u16) -> Vec<u8> {
+    let mut c = vec![0u8; 10];
+    c[0] = op;
+    c[1] = flags;
+    c[2..6].copy_from_slice(&lba.to_be_bytes());
+    c[7..9].copy_from_slice(&n.to_be_bytes());
+    c
+}
+
+#[test]
+fn inquiry_and_vpd() {
+    let (_r, lun) = rig(512, 8 * MIB, false);
+    let d = ok(lun.execute(&[0x12, 0, 0, 0, 96, 0], &[]));
+    assert_eq!(&d[8..16], b"TESSERA ");
+    assert_eq!(d[4] as usize, d.len() - 5);
+    assert_eq!(d[5] & 0x30, 0x10, "implicit ALUA");
+    let pages = ok(lun.execute(&[0x12, 1, 0, 0, 255, 0], &[]));
+    assert_eq!(&pages[4..], &[0x00, 0x80, 0x83, 0xB0, 0xB1, 0xB2]);
+    for p in [0x80u8, 0x83, 0xB0, 0xB1, 0xB2] {
+        let d = ok(lun.execute(&[0x12, 1, p, 0, 255, 0], &[]));
+        assert_eq!(d[1], p);
+        assert_eq!(u16::from_be_bytes([d[2], d[3]]) as usize, d.len() - 4);
+    }
+    let id = ok(lun.execute(&[0x12, 1, 0x83, 0, 255, 0], &[]));
+    assert_eq!(
+        (id[4] & 0x0F, id[5] & 0x0F, id[7]),
+        (1, 3, 16),
+        "first designator: binary NAA of 16 bytes"
+    );
+    assert_eq!(id[8] >> 4, 6);
+    let b2 = ok(lun.execute(&[0x12, 1, 0xB2, 0, 255, 0], &[]));
+    assert_eq!(b2[6], 2, "thin");
+    assert_eq!(
+        check(lun.execute(&[0x12, 1, 0x55, 0, 255, 0], &[])),
+        (key::ILLEGAL_REQUEST, 0x24, 0)
+    );
+    assert_eq!(
+        check(lun.execute(&[0x12, 0, 0x80, 0, 255, 0], &[])),
+        (key::ILLEGAL_REQUEST, 0x24, 0)
+    );
+    // Allocation length truncates.
+    assert_eq!(ok(lun.execute(&[0x12, 0, 0, 0, 5, 0], &[])).len(), 5);
+}
+
+#[test]
+fn capacity() {
+    let (_r, lun) = rig(4096, 8 * MIB, false);
+    let d = ok(lun.execute(&[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[]));
+    assert_eq!(u32::from_be_bytes(d[0..4].try_into().unwrap()), 2047);
+    assert_eq!(u32::from_be_bytes(d[4..8].try_into().unwrap()), 4096);
+    let d = ok(lun.execute(&cdb16(0x9E, 0x10, 0, 32), &[]));
+    assert_eq!(u64::from_be_bytes(d[0..8].try_into().unwrap()), 2047);
+    assert_eq!(d[14] & 0xC0, 0xC0, "LBPME and LBPRZ");
+}
+
+#[test]
+fn reads_writes_and_ranges() {
+    let (_r, lun) = rig(512, 8 * MIB, false);
+    let blocks = (8 * MIB / 512) as u64;
+    let data: Vec<u8> = (0..8 * 512).map(|i| (i * 7 % 251) as u8).collect();
+    ok(lun.execute(&cdb10(0x2A, 0x08, 100, 8), &data));
+    assert_eq!(ok(lun.execute(&cdb10(0x28, 0, 100, 8), &[])), data);
+    assert_eq!(ok(lun.execute(&cdb16(0x88, 0, 100, 8), &[])), data);
+    let mut c12 = vec![0xA8, 0, 0, 0, 0, 100, 0, 0, 0, 8, 0, 0];
+    assert_eq!(ok(lun.execute(&c12, &[])), data);
+    c12[0] = 0xAA;
+    ok(lun.execute(&c12, &data));
+    // READ(6): 0 blocks means 256.
+    assert_eq!(ok(lun.execute(&[0x08, 0, 0, 0, 0, 0], &[])).len(), 256 * 512);
+    // Never written: zeros.
+    assert!(ok(lun.execute(&cdb16(0x88, 0, 5000, 4), &[])).iter().all(|&b| b == 0));
+    // Out of range, and wrapping around.
+    assert_eq!(
+        check(lun.execute(&cdb16(0x88, 0, blocks - 1, 2), &[])),
+        (key::ILLEGAL_REQUEST, 0x21, 0)
+    );
+    assert_eq!(
+        check(lun.execute(&cdb16(0x8A, 0, u64::MAX, 1), &[0; 512])),
+        (key::ILLEGAL_REQUEST, 0x21, 0)
+    );
+    // Protection information is refused.
+    assert_eq!(check(lun.execute(&cdb16(0x88, 0x20, 0, 1), &[])).1, 0x24);
+    // A short data-out buffer is refused, not padded.
+    assert_eq!(
+        check(lun.execute(&cdb10(0x2A, 0, 0, 2), &[0; 512])),
+        (key::ILLEGAL_REQUEST, 0x1A, 0)
+    );
+    // Unknown opcode, truncated CDB.
+    assert_eq!(
+        check(lun.execute(&[0xC0, 0, 0, 0, 0, 0], &[])),
+        (key::ILLEGAL_REQUEST, 0x20, 0)
+    );
+    assert_eq!(check(lun.execute(&[0x28, 0, 0], &[])).1, 0x24);
+    ok(lun.execute(&cdb10(0x35, 0, 0, 0), &[]));
+}
+
+#[test]
+fn verify_and_compare_and_write() {
+    let (_r, lun) = rig(512, 8 * MIB, false);
+    let a = vec![0xAAu8; 1024];
+    ok(lun.execute(&cdb16(0x8A, 0, 10, 2), &a));
+    ok(lun.execute(&cdb16(0x8F, 0x02, 10, 2), &a));
+    let mut b = a.clone();
+    b[700] = 0;
+    let r = lun.execute(&cdb16(0x8F, 0x02, 10, 2), &b);
+    assert_eq!(r.sense[2] & 0x0F, key::MISCOMPARE);
+    assert_eq!(u32::from_be_bytes(r.sense[3..7].try_into().unwrap()), 700);
+
+    let mut caw = vec![0u8; 16];
+    caw[0] = 0x89;
+    caw[2..10].copy_from_slice(&10u64.to_be_bytes());
+    caw[13] = 1;
+    let mut good = vec![0xAAu8; 512];
+    good.extend_from_slice(&[0x55; 512]);
+    ok(lun.execute(&caw, &good));
+    assert_eq!(ok(lun.execute(&cdb16(0x88, 0, 10, 1), &[])), vec![0x55; 512]);
+    // The compare now fails and nothing is written.
+    let r = lun.execute(&caw, &good);
+    assert_eq!(r.sense[2] & 0x0F, key::MISCOMPARE);
+    assert_eq!(ok(lun.execute(&cdb16(0x88, 0, 10, 1), &[])), vec![0x55; 512]);
+}
+
+#[test]
+fn thin_provisioning_commands() {
+    let (_r, lun) = rig(512, 8 * MIB, false);
+    let grain_blocks = (64 << 10) / 512;
+    let data = vec![0x11u8; 4 * grain_blocks * 512];
+    ok(lun.execute(&cdb16(0x8A, 0, 0, (4 * grain_blocks) as u32), &data));
+    assert_eq!(lun.vdisk().allocated_bytes(), 4 * (64 << 10));
+
+    // UNMAP the middle two grains.
+    let mut p = vec![0u8; 24];
+    p[0..2].copy_from_slice(&22u16.to_be_bytes());
+    p[2..4].copy_from_slice(&16u16.to_be_bytes());
+    p[8..16].copy_from_slice(&(grain_blocks as u64).to_be_bytes());
+    p[16..20].copy_from_slice(&(2 * grain_blocks as u32).to_be_bytes());
+    let mut c = vec![0x42, 0, 0, 0, 0, 0, 0, 0, 24, 0];
+    ok(lun.execute(&c, &p));
+    assert_eq!(lun.vdisk().allocated_bytes(), 2 * (64 << 10));
+    assert!(ok(lun.execute(&cdb16(0x88, 0, grain_blocks as u64, 8), &[]))
+        .iter()
+        .all(|&b| b == 0));
+
+    // GET LBA STATUS: mapped, deallocated, mapped, then deallocated to the end.
+    let d = ok(lun.execute(&cdb16(0x9E, 0x12, 0, 4096), &[]));
+    let descs: Vec<(u64, u32, u8)> = d[8..]
+        .chunks(16)
+        .map(|x| {
+            (
+                u64::from_be_bytes(x[0..8].try_into().unwrap()),
+                u32::from_be_bytes(x[8..12].try_into().unwrap()),
+                x[12],
+            )
+        })
+        .collect();
+    let g = grain_blocks as u64;
+    assert_eq!(
+        &descs[..3],
+        &[(0, g as u32, 0), (g, 2 * g as u32, 1), (3 * g, g as u32, 0)]
+    );
+
+    // UNMAP out of range changes nothing.
+    p[8..16].copy_from_slice(&(lun.blocks() - 1).to_be_bytes());
+    assert_eq!(check(lun.execute(&c, &p)).1, 0x21);
+    // A descriptor length that overruns the list.
+    p[2..4].copy_from_slice(&32u16.to_be_bytes());
+    assert_eq!(check(lun.execute(&c, &p)).1, 0x1A);
+    c[1] = 1; // ANCHOR
+    assert_eq!(check(lun.execute(&c, &p)).1, 0x24);
+
+    // WRITE SAME with UNMAP and zeros frees; with a pattern writes it.
+    let mut ws = cdb16(0x93, 0x08, 0, g as u32);
+    ok(lun.execute(&ws, &[0u8; 512]));
+    assert_eq!(lun.vdisk().allocated_bytes(), 64 << 10);
+    ws[1] = 0;
+    ok(lun.execute(&ws, &[0x42u8; 512]));
+    assert!(ok(lun.execute(&cdb16(0x88, 0, 0, g as u32), &[]))
+        .iter()
+        .all(|&b| b == 0x42));
+    ws[1] = 0x01; // NDOB: zeros without a data-out buffer
+    ok(lun.execute(&ws, &[]));
+    assert!(ok(lun.execute(&cdb16(0x88, 0, 0, 4), &[])).iter().all(|&b| b == 0));
+    // Zero blocks is refused (WSNZ).
+    assert_eq!(check(lun.execute(&cdb16(0x93, 0, 0, 0), &[0u8; 512])).1, 0x24);
+}
+
+#[test]
+fn mode_pages_and_write_protect() {
+    let (_r, lun) = rig(512, 8 * MIB, false);
+    let d = ok(lun.execute(&[0x1A, 0, 0x08, 0, 255, 0], &[]));
+    assert_eq!(d[0] as usize, d.len() - 1);
+    assert_eq!(d[3], 8, "one block descriptor");
+    assert_eq!(d[12], 0x08);
+    assert_eq!(d[14] & 0x04, 0x04, "WCE reported");
+    let all = ok(lun.execute(&[0x5A, 0x08, 0x3F, 0, 0, 0, 0, 0x10, 0, 0], &[]));
+    assert_eq!(u16::from_be_bytes([all[0], all[1]]) as usize, all.len() - 2);
+    assert_eq!(check(lun.execute(&[0x1A, 0, 0x35, 0, 255, 0], &[])).1, 0x24);
+
+    // Turn on SWP and D_SENSE through MODE SELECT(6) with the control page.
+    let ctl = ok(lun.execute(&[0x1A, 0x08, 0x0A, 0, 255, 0], &[]));
+    let mut page = ctl[4..].to_vec();
+    page[2] |= 0x04;
+    page[4] |= 0x08;
+    let mut list = vec![0, 0, 0, 0];
+    list.extend_from_slice(&page);
+    ok(lun.execute(&[0x15, 0x10, 0, 0, list.len() as u8, 0], &list));
+    let r = lun.execute(&cdb16(0x8A, 0, 0, 1), &[0u8; 512]);
+    assert_eq!(r.status, sense::CHECK_CONDITION);
+    assert_eq!(
+        &r.sense[..4],
+        &[0x72, key::DATA_PROTECT, 0x27, 0x00],
+        "descriptor sense, write protected"
+    );
+    // A change to a bit that cannot change is refused.
+    list[4 + 3] ^= 0x01;
+    assert_eq!(
+        lun.execute(&[0x15, 0x10, 0, 0, list.len() as u8, 0], &list).sense[2],
+        0x26
+    );
+}
+
+#[test]
+fn report_supported_opcodes_and_luns() {
+    let (_r, lun) = rig(512, 8 * MIB, false);
+    let all = ok(lun.execute(&[0xA3, 0x0C, 0, 0, 0, 0, 0, 0, 0x10, 0, 0, 0], &[]));
+    let n = u32::from_be_bytes(all[0..4].try_into().unwrap()) as usize;
+    assert_eq!(n, all.len() - 4);
+    assert_eq!(n % 8, 0);
+    let one = ok(lun.execute(&[0xA3, 0x0C, 0x01, 0x28, 0, 0, 0, 0, 1, 0, 0, 0], &[]));
+    assert_eq!(one[1] & 0x07, 0x03);
+    assert_eq!(one[4], 0x28);
+    let rctd = ok(lun.execute(&[0xA3, 0x0C, 0x82, 0x9E, 0, 0x10, 0, 0, 1, 0, 0, 0], &[]));
+    assert_eq!(rctd[1], 0x83);
+    assert_eq!(rctd.len(), 4 + 16 + 12);
+    let none = ok(lun.execute(&[0xA3, 0x0C, 0x01, 0xC5, 0, 0, 0, 0, 1, 0, 0, 0], &[]));
+    assert_eq!(none[1] & 0x07, 0x01);
+
+    let r = ok(report_luns(&[0xA0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0], &[3, 0, 300]));
+    assert_eq!(u32::from_be_bytes(r[0..4].try_into().unwrap()), 24);
+    assert_eq!(&r[8..16], &[0, 0, 0, 0, 0, 0, 0, 0]);
+    assert_eq!(&r[16..18], &[0, 3]);
+    assert_eq!(&r[24..26], &[0x41, 0x2C]);
+}
+
+#[test]
+fn full_pool_is_space_allocation_failed_never_silent() {
+    let dir = tempfile::tempdir().unwrap();
+    let disks: Vec<DiskRef> = (0..2)
+        .map(|i| Arc::new(MemDisk::new(&format!("m{i}"), 8 * MIB)) as DiskRef)
+        .collect();
+    let engine = Engine::create_pool(&dir.path().join("p"), "p", disks, MIB).unwrap();
+    let v = engine
+        .create_vdisk(&VdiskSpec::new("big", 64 * MIB, LayoutKind::Simple))
+        .unwrap();
+    let lun = Lun::new(v, 1, false);
+    let chunk = vec![0x5Au8; 1 << 20];
+    let mut failed = None;
+    for i in 0..64u64 {
+        let r = lun.execute(&cdb16(0x8A, 0, i * 2048, 2048), &chunk);
+        if r.status != sense::GOOD {
+            failed = Some((r.sense[2] & 0x0F, r.sense[12], r.sense[13]));
+            break;
+        }
+    }
+    assert_eq!(failed, Some((key::DATA_PROTECT, 0x27, 0x07)));
+    drop(engine);
+}
