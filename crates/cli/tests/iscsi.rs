@@ -149,3 +149,80 @@ fn targets_survive_a_restart() {
     let inq = ok("iscsi-inq", &[&format!("iscsi://{}/{iqn}/3", d.iscsi_portal())]);
     assert!(inq.contains("TESSERA"), "{inq}");
 }
+
+/// Failures of libiscsi's suite that are known, each with its reason. The test fails on any
+/// other failure, and on one of these that no longer happens (then it leaves this list).
+const KNOWN_FAILURES: &[(&str, &str)] = &[
+    // Its second half expects GET LBA STATUS to answer for a different LBA than asked when
+    // a physical block holds several logical blocks (we report 4 KiB physical blocks).
+    ("UnmapSingle", "libiscsi assumes one logical block per physical block"),
+    // After the first invalid DataSN the initiator reconnects and sends the data as immediate
+    // data, so no Data-Out carries the bad DataSN; under investigation.
+    ("iSCSIDataSnInvalid", "third case sends no Data-Out after reconnecting"),
+    // Unit attentions after a LUN reset are not implemented yet.
+    ("Reset", "no unit attention after LUN reset yet"),
+];
+
+#[test]
+fn libiscsi_conformance_suite() {
+    let t = tempfile::tempdir().unwrap();
+    let d = Daemon::start(&t.path().join("state"));
+    create_pool(&d, "c", &disks(&t.path().join("disks"), 4, 2 << 30));
+    d.ok(&["vdisk", "create", "c/conf", "--size", "1G", "--layout", "mirror"]);
+    let iqn = "iqn.2026-11.io.tessera:conformance";
+    d.ok(&["target", "create", iqn]);
+    d.ok(&["target", "lun", "add", iqn, "c/conf"]);
+    let url = format!("iscsi://{}/{iqn}/0", d.iscsi_portal());
+    let (_, out) = run(
+        "iscsi-test-cu",
+        &[
+            "--test=ALL",
+            "--dataloss",
+            "-i",
+            "iqn.2007-10.com.github:sahlberg:libiscsi:iscsi-test",
+            "-I",
+            "iqn.2007-10.com.github:sahlberg:libiscsi:iscsi-test-2",
+            &url,
+            &url,
+        ],
+    );
+    let failed: Vec<String> = out
+        .lines()
+        .filter(|l| l.trim_start().starts_with("Test: ") && l.contains("FAILED"))
+        .map(|l| {
+            l.trim_start()["Test: ".len()..]
+                .split(" ...")
+                .next()
+                .unwrap_or("")
+                .to_string()
+        })
+        .collect();
+    let summary = out
+        .lines()
+        .filter(|l| l.contains("tests") && l.contains("  "))
+        .last()
+        .unwrap_or("")
+        .to_string();
+    eprintln!("libiscsi: {summary}; failed: {failed:?}");
+    let ran: usize = summary
+        .split_whitespace()
+        .nth(2)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(ran >= 230, "the suite did not run: {out}");
+    let unexpected: Vec<&String> = failed
+        .iter()
+        .filter(|f| !KNOWN_FAILURES.iter().any(|(k, _)| k == f))
+        .collect();
+    assert!(unexpected.is_empty(), "new conformance failures {unexpected:?}:\n{out}");
+    for (k, why) in KNOWN_FAILURES {
+        assert!(
+            failed.iter().any(|f| f == k),
+            "{k} passes now ({why} no longer holds): remove it from KNOWN_FAILURES"
+        );
+    }
+    assert!(d.json(&["pool", "check", "c"])["problems"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+}

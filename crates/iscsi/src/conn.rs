@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tessera_scsi::{decode_lun, report_luns, sense, Lun, Response, REPORT_LUNS};
+use tessera_scsi::{decode_lun, report_luns, sense, transfer_length, Lun, Response, REPORT_LUNS};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
@@ -62,6 +62,9 @@ struct WriteTask {
     r2t: Option<(u32, usize, usize)>,
     r2t_sn: u32,
     next_offset: usize,
+    /// DataSN the next Data-Out of the current sequence must carry.
+    data_sn: u32,
+    edtl: usize,
 }
 
 struct Ctx {
@@ -329,7 +332,22 @@ impl Ctx {
         self.send(r, true).await;
     }
 
+    /// True if a non-immediate command's CmdSN is inside [ExpCmdSN, MaxCmdSN].
+    fn in_window(&self, p: &Pdu) -> bool {
+        if p.immediate() {
+            return true;
+        }
+        let exp = self.seq.exp_cmd_sn.load(Ordering::Acquire);
+        let ahead = p.field24().wrapping_sub(exp);
+        ahead <= self.seq.max_cmd_sn().wrapping_sub(exp)
+    }
+
     async fn scsi_command(&mut self, p: Pdu) -> Result<(), String> {
+        if !self.in_window(&p) {
+            // RFC 7143 3.2.2.1: a command outside the window is silently ignored.
+            debug!(cmd_sn = p.field24(), "command outside the CmdSN window dropped");
+            return Ok(());
+        }
         self.advance(&p);
         let Some(target) = self.target.clone() else {
             // A discovery session carries no SCSI commands.
@@ -366,6 +384,8 @@ impl Ctx {
                 r2t: None,
                 r2t_sn: 0,
                 next_offset: unsolicited_end,
+                data_sn: 0,
+                edtl,
             };
             if t.received >= t.unsolicited_end {
                 self.next_r2t(p.itt(), &mut t).await;
@@ -398,6 +418,7 @@ impl Ctx {
         put32(&mut r.bhs, 44, len as u32);
         t.r2t = Some((ttt, t.next_offset, len));
         t.r2t_sn += 1;
+        t.data_sn = 0;
         t.next_offset += len;
         self.send(r, false).await;
     }
@@ -420,6 +441,17 @@ impl Ctx {
             self.reject(&p, 0x09).await;
             return Err("protocol error: Data-Out outside the solicited range".into());
         }
+        if p.field36() != t.data_sn {
+            warn!(
+                itt,
+                data_sn = p.field36(),
+                expected = t.data_sn,
+                "Data-Out out of sequence"
+            );
+            self.reject(&p, 0x09).await;
+            return Err("protocol error: Data-Out with a wrong DataSN".into());
+        }
+        t.data_sn += 1;
         t.buf[offset..end].copy_from_slice(&p.data);
         t.received += p.data.len();
         if p.final_bit() {
@@ -436,9 +468,10 @@ impl Ctx {
                 cdb,
                 lun,
                 buf,
+                edtl,
                 ..
             } = t;
-            self.execute(itt, lun_field, lun, target, cdb, buf, 0, false);
+            self.execute(itt, lun_field, lun, target, cdb, buf, edtl, false);
         } else {
             if p.final_bit() {
                 self.next_r2t(itt, &mut t).await;
@@ -464,6 +497,12 @@ impl Ctx {
         let tx = self.tx.clone();
         let seq = self.seq.clone();
         let max_seg = self.params.max_xmit_data_segment as usize;
+        // What the CDB asks to move, for the residual of a write.
+        let wanted = if read {
+            None
+        } else {
+            lun.as_ref().and_then(|l| transfer_length(&cdb, l.block_size()))
+        };
         tokio::spawn(async move {
             let resp = if cdb[0] == REPORT_LUNS {
                 report_luns(&cdb, &target.lun_numbers())
@@ -480,7 +519,7 @@ impl Ctx {
                 }
             };
             seq.outstanding.fetch_sub(1, Ordering::AcqRel);
-            for p in response_pdus(itt, lun_field, resp, if read { edtl } else { 0 }, max_seg) {
+            for p in response_pdus(itt, lun_field, resp, edtl, read, wanted.map(|w| w as usize), max_seg) {
                 let status = p.bhs[0] == op::SCSI_RESP || p.bhs[1] & 0x01 != 0;
                 if tx.send(Out::Pdu(p, status)).await.is_err() {
                     return;
@@ -514,13 +553,29 @@ fn no_such_lun(cdb: &[u8]) -> Response {
 }
 
 /// Data-In PDUs (the last one carrying status when there is no sense) or a SCSI Response.
-fn response_pdus(itt: u32, lun: [u8; 8], mut resp: Response, edtl: usize, max_seg: usize) -> Vec<Pdu> {
+fn response_pdus(
+    itt: u32,
+    lun: [u8; 8],
+    mut resp: Response,
+    edtl: usize,
+    read: bool,
+    wanted: Option<usize>,
+    max_seg: usize,
+) -> Vec<Pdu> {
     let (mut over, mut under) = (0usize, 0usize);
-    if resp.data.len() > edtl {
-        over = resp.data.len() - edtl;
-        resp.data.truncate(edtl);
-    } else if edtl > resp.data.len() {
-        under = edtl - resp.data.len();
+    if read {
+        if resp.data.len() > edtl {
+            over = resp.data.len() - edtl;
+            resp.data.truncate(edtl);
+        } else if edtl > resp.data.len() {
+            under = edtl - resp.data.len();
+        }
+    } else if let Some(w) = wanted {
+        if w > edtl {
+            over = w - edtl;
+        } else {
+            under = edtl - w;
+        }
     }
     let residual_flags = if over > 0 {
         0x04

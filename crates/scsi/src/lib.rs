@@ -10,5 +10,6 @@ mod spc;
 
 pub use lun::{Lun, ModeState, Response};
 pub use opcodes::{cdb_len, REPORT_LUNS};
+pub use sbc::transfer_length;
 pub use sense::Sense;
 pub use spc::{decode_lun, encode_lun, report_luns, MAX_TRANSFER_BYTES};

@@ -4,7 +4,9 @@
 use crate::lun::{alloc, be16, be32, be64, CmdResult, Lun};
 use crate::opcodes::*;
 use crate::sense::{self, Sense};
-use crate::spc::{MAX_COMPARE_AND_WRITE_BLOCKS, MAX_TRANSFER_BYTES, MAX_UNMAP_BLOCKS, MAX_UNMAP_DESCRIPTORS};
+use crate::spc::{
+    MAX_COMPARE_AND_WRITE_BLOCKS, MAX_TRANSFER_BYTES, MAX_UNMAP_BLOCKS, MAX_UNMAP_DESCRIPTORS, MAX_WRITE_SAME_BLOCKS,
+};
 
 /// LBA, number of blocks and FUA of a read, write or verify CDB.
 fn rw_fields(cdb: &[u8]) -> Result<(u64, u64, bool), Sense> {
@@ -129,6 +131,13 @@ impl Lun {
         if n == 0 {
             return Ok(Vec::new());
         }
+        // When the transport carried less than the CDB asks (iSCSI EDTL below the transfer
+        // length), only the whole blocks that arrived are written; the transport reports the
+        // residual.
+        let n = n.min(d.len() as u64 / self.block_size());
+        if n == 0 {
+            return Ok(Vec::new());
+        }
         let data = self.data(d, n)?;
         let verify = matches!(cdb[0], WRITE_VERIFY_10 | WRITE_VERIFY_16);
         let durable = fua || verify || !self.mode().wce;
@@ -185,11 +194,17 @@ impl Lun {
         let unmap = cdb[1] & 0x08 != 0;
         let anchor = cdb[1] & 0x10 != 0;
         let ndob = cdb[0] == WRITE_SAME_16 && cdb[1] & 0x01 != 0;
-        if cdb[1] & 0xE0 != 0 || (anchor && unmap) || (cdb[0] == WRITE_SAME_10 && cdb[1] & 0x01 != 0) {
+        // ANCHOR: we do not anchor (ANC_SUP is clear), with or without UNMAP.
+        if cdb[1] & 0xE0 != 0 || anchor || (cdb[0] == WRITE_SAME_10 && cdb[1] & 0x01 != 0) {
             return Err(sense::INVALID_FIELD_IN_CDB);
         }
         // WSNZ is set: a zero length is not "to the end".
-        if n == 0 || n > MAX_UNMAP_BLOCKS {
+        if n == 0 || n > MAX_WRITE_SAME_BLOCKS {
+            return Err(sense::INVALID_FIELD_IN_CDB);
+        }
+        // Exactly one block of data-out, or none with NDOB.
+        let want = if ndob { 0 } else { self.block_size() as usize };
+        if d.len() != want {
             return Err(sense::INVALID_FIELD_IN_CDB);
         }
         self.check_range(lba, n)?;
@@ -281,11 +296,12 @@ impl Lun {
             return Err(sense::INVALID_FIELD_IN_CDB);
         }
         self.check_range(lba, n)?;
-        if n == 0 {
-            return Ok(Vec::new());
-        }
         self.check_writable()?;
         let bs = self.block_size();
+        // The data-out is exactly the compare and the write data.
+        if d.len() as u64 != 2 * n * bs {
+            return Err(sense::INVALID_FIELD_IN_CDB);
+        }
         let both = self.data(d, 2 * n)?;
         let (want, new) = both.split_at((n * bs) as usize);
         // Exclusive against every other write to this LUN, from any session.
@@ -308,5 +324,19 @@ fn compare(have: &[u8], want: &[u8]) -> CmdResult {
     match have.iter().zip(want).position(|(a, b)| a != b) {
         None => Ok(Vec::new()),
         Some(i) => Err(sense::MISCOMPARE_DURING_VERIFY.with_info(i as u64)),
+    }
+}
+
+/// The data-out a read/write CDB asks for, in bytes, for the transport's residual count.
+pub fn transfer_length(cdb: &[u8], block_size: u64) -> Option<u64> {
+    match cdb.first()? {
+        &(READ_6 | READ_10 | READ_12 | READ_16 | WRITE_6 | WRITE_10 | WRITE_12 | WRITE_16 | WRITE_VERIFY_10
+        | WRITE_VERIFY_16) => {
+            if cdb.len() < cdb_len(cdb[0])? {
+                return None;
+            }
+            rw_fields(cdb).ok().map(|(_, n, _)| n * block_size)
+        }
+        _ => None,
     }
 }

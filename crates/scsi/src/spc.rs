@@ -13,9 +13,11 @@ pub const REVISION: &[u8; 4] = b"0001";
 const VPD_PAGES: [u8; 6] = [0x00, 0x80, 0x83, 0xB0, 0xB1, 0xB2];
 
 /// Largest transfer one command may ask for, in bytes.
-pub const MAX_TRANSFER_BYTES: u64 = 8 << 20;
-/// Most blocks one UNMAP or WRITE SAME may cover.
-pub const MAX_UNMAP_BLOCKS: u64 = 1 << 30;
+pub const MAX_TRANSFER_BYTES: u64 = 32 << 20;
+/// Most blocks one UNMAP may cover.
+pub const MAX_UNMAP_BLOCKS: u64 = 1 << 20;
+/// Most blocks one WRITE SAME may cover.
+pub const MAX_WRITE_SAME_BLOCKS: u64 = 1 << 30;
 pub const MAX_UNMAP_DESCRIPTORS: u64 = 256;
 /// COMPARE AND WRITE covers at most this many blocks.
 pub const MAX_COMPARE_AND_WRITE_BLOCKS: u64 = 255;
@@ -100,7 +102,7 @@ impl Lun {
         // Only whole grains are freed: that is the unmap granularity.
         b[24..28].copy_from_slice(&grain_blocks.to_be_bytes());
         b[28..32].copy_from_slice(&0x8000_0000u32.to_be_bytes()); // UGAVALID, alignment 0
-        b[32..40].copy_from_slice(&MAX_UNMAP_BLOCKS.to_be_bytes());
+        b[32..40].copy_from_slice(&MAX_WRITE_SAME_BLOCKS.to_be_bytes());
         b
     }
 

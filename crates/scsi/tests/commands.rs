@@ -145,11 +145,16 @@ fn reads_writes_and_ranges() {
     );
     // Protection information is refused.
     assert_eq!(check(lun.execute(&cdb16(0x88, 0x20, 0, 1), &[])).1, 0x24);
-    // A short data-out buffer is refused, not padded.
-    assert_eq!(
-        check(lun.execute(&cdb10(0x2A, 0, 0, 2), &[0; 512])),
-        (key::ILLEGAL_REQUEST, 0x1A, 0)
-    );
+    // A short data-out buffer writes the whole blocks that arrived, nothing more.
+    ok(lun.execute(&cdb10(0x2A, 0, 100, 2), &[0x33; 512]));
+    let back = ok(lun.execute(&cdb10(0x28, 0, 100, 2), &[]));
+    assert!(back[..512].iter().all(|&b| b == 0x33));
+    assert_eq!(&back[512..], &data[512..1024]);
+    // WRITE SAME and COMPARE AND WRITE take exactly their data-out.
+    assert_eq!(check(lun.execute(&cdb16(0x93, 0, 0, 1), &[0; 1024])).1, 0x24);
+    let mut caw = cdb16(0x89, 0, 0, 0);
+    caw[13] = 1;
+    assert_eq!(check(lun.execute(&caw, &[0; 512])).1, 0x24);
     // Unknown opcode, truncated CDB.
     assert_eq!(
         check(lun.execute(&[0xC0, 0, 0, 0, 0, 0], &[])),
@@ -242,6 +247,8 @@ fn thin_provisioning_commands() {
     assert!(ok(lun.execute(&cdb16(0x88, 0, 0, g as u32), &[]))
         .iter()
         .all(|&b| b == 0x42));
+    ws[1] = 0x10; // ANCHOR: not supported
+    assert_eq!(check(lun.execute(&ws, &[0u8; 512])).1, 0x24);
     ws[1] = 0x01; // NDOB: zeros without a data-out buffer
     ok(lun.execute(&ws, &[]));
     assert!(ok(lun.execute(&cdb16(0x88, 0, 0, 4), &[])).iter().all(|&b| b == 0));
