@@ -40,7 +40,7 @@ for run in $(seq "$RUNS"); do
   for l in $LAYOUTS; do
     "$T" vdisk delete "bench/$l" >/dev/null 2>&1 || true
     rm -f "$DIR/out.img"
-    times[import-$l]+="$(secs "$T" vdisk import "bench/$l" "$DIR/in.img" --layout "$l" --columns 3) "
+    times[import-$l]+="$(secs "$T" vdisk import "bench/$l" "$DIR/in.img" --layout "$l") "
     times[export-$l]+="$(secs "$T" vdisk export "bench/$l" "$DIR/out.img") "
     cmp -s "$DIR/in.img" <(head -c $((SIZE_MIB << 20)) "$DIR/out.img") || { echo "export of $l differs" >&2; exit 1; }
   done

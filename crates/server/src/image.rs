@@ -15,6 +15,8 @@ use tessera_volume::{Progress, Vdisk};
 const CHUNK: usize = 4 << 20;
 /// Unit of zero detection: a run of zeros this long or longer is a hole.
 const ZERO_UNIT: usize = 4096;
+/// Chunks an import writes at the same time.
+const IMPORT_WORKERS: usize = 4;
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct ImageReport {
@@ -110,37 +112,75 @@ pub fn import(v: &Vdisk, path: &Path, p: &Progress) -> Result<ImageReport, Strin
         ));
     }
     p.total_bytes.store(padded, Ordering::Relaxed);
-    let mut report = ImageReport {
-        bytes: size,
-        ..Default::default()
-    };
-    let mut buf = AlignedBuf::zeroed(CHUNK);
+    // The work, in order: holes to unmap and data chunks to copy.
+    let mut work: Vec<(u64, u64, bool)> = Vec::new();
     let mut pos = 0u64;
     for (start, end) in data_segments(&f, size) {
-        // The hole before this segment, in whole blocks.
         let hole_end = start / bs * bs;
         if hole_end > pos {
-            zero_range(v, pos, hole_end - pos)?;
-            report.zero_bytes += hole_end - pos;
+            work.push((pos, hole_end - pos, true));
             pos = hole_end;
-            p.done_bytes.store(pos, Ordering::Relaxed);
         }
+        let end = end.div_ceil(bs) * bs;
         while pos < end {
-            cancelled(p)?;
-            let n = (CHUNK as u64).min(end.div_ceil(bs) * bs - pos) as usize;
-            let avail = (size - pos).min(n as u64) as usize;
-            buf[avail..n].fill(0);
-            f.read_exact_at(&mut buf[..avail], pos)
-                .map_err(|e| format!("reading the image at byte {pos}: {e}"))?;
-            write_nonzero(v, pos, &buf[..n], &mut report)?;
-            pos += n as u64;
-            p.done_bytes.store(pos, Ordering::Relaxed);
+            let n = (CHUNK as u64).min(end - pos);
+            work.push((pos, n, false));
+            pos += n;
         }
     }
     if padded > pos {
-        zero_range(v, pos, padded - pos)?;
-        report.zero_bytes += padded - pos;
+        work.push((pos, padded - pos, true));
     }
+    // A few chunks in flight: first writes allocate grains, and the metadata commits of
+    // concurrent writers are batched together.
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let data_bytes = std::sync::atomic::AtomicU64::new(0);
+    let zero_bytes = std::sync::atomic::AtomicU64::new(0);
+    let failure: parking_lot::Mutex<Option<String>> = parking_lot::Mutex::new(None);
+    std::thread::scope(|scope| {
+        for _ in 0..IMPORT_WORKERS {
+            scope.spawn(|| {
+                let mut buf = AlignedBuf::zeroed(CHUNK);
+                let mut r = ImageReport::default();
+                let step = |buf: &mut AlignedBuf, r: &mut ImageReport, (off, len, hole): (u64, u64, bool)| {
+                    cancelled(p)?;
+                    if hole {
+                        zero_range(v, off, len)?;
+                        r.zero_bytes += len;
+                    } else {
+                        let n = len as usize;
+                        let avail = (size - off).min(len) as usize;
+                        buf[avail..n].fill(0);
+                        f.read_exact_at(&mut buf[..avail], off)
+                            .map_err(|e| format!("reading the image at byte {off}: {e}"))?;
+                        write_nonzero(v, off, &buf[..n], r)?;
+                    }
+                    p.done_bytes.fetch_add(len, Ordering::Relaxed);
+                    Ok::<(), String>(())
+                };
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= work.len() || failure.lock().is_some() {
+                        break;
+                    }
+                    if let Err(e) = step(&mut buf, &mut r, work[i]) {
+                        failure.lock().get_or_insert(e);
+                        break;
+                    }
+                }
+                data_bytes.fetch_add(r.data_bytes, Ordering::Relaxed);
+                zero_bytes.fetch_add(r.zero_bytes, Ordering::Relaxed);
+            });
+        }
+    });
+    if let Some(e) = failure.into_inner() {
+        return Err(e);
+    }
+    let report = ImageReport {
+        bytes: size,
+        data_bytes: data_bytes.into_inner(),
+        zero_bytes: zero_bytes.into_inner(),
+    };
     v.flush().map_err(|e| e.to_string())?;
     p.done_bytes.store(padded, Ordering::Relaxed);
     Ok(report)
