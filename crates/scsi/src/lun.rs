@@ -136,12 +136,15 @@ impl Lun {
             MODE_SELECT_6 | MODE_SELECT_10 => self.mode_select(cdb, d),
             START_STOP_UNIT | PREVENT_ALLOW_MEDIUM_REMOVAL => Ok(Vec::new()),
             MAINTENANCE_IN if cdb[1] & 0x1F == SA_REPORT_SUPPORTED_OPCODES => self.report_supported_opcodes(cdb),
+            MAINTENANCE_IN if cdb[1] & 0x1F == SA_REPORT_TARGET_PORT_GROUPS => self.report_target_port_groups(cdb),
             READ_CAPACITY_10 => self.read_capacity_10(),
             SERVICE_ACTION_IN_16 if cdb[1] & 0x1F == SA_READ_CAPACITY_16 => self.read_capacity_16(cdb),
             SERVICE_ACTION_IN_16 if cdb[1] & 0x1F == SA_GET_LBA_STATUS => self.get_lba_status(cdb),
             READ_6 | READ_10 | READ_12 | READ_16 => self.read(cdb),
-            WRITE_6 | WRITE_10 | WRITE_12 | WRITE_16 | WRITE_VERIFY_10 | WRITE_VERIFY_16 => self.write(cdb, d),
-            VERIFY_10 | VERIFY_16 => self.verify(cdb, d),
+            WRITE_6 | WRITE_10 | WRITE_12 | WRITE_16 | WRITE_VERIFY_10 | WRITE_VERIFY_12 | WRITE_VERIFY_16 => {
+                self.write(cdb, d)
+            }
+            VERIFY_10 | VERIFY_12 | VERIFY_16 => self.verify(cdb, d),
             PRE_FETCH_10 | PRE_FETCH_16 => self.pre_fetch(cdb),
             SYNCHRONIZE_CACHE_10 | SYNCHRONIZE_CACHE_16 => self.synchronize_cache(cdb),
             WRITE_SAME_10 | WRITE_SAME_16 => self.write_same(cdb, d),

@@ -34,10 +34,13 @@ pub const REPORT_LUNS: u8 = 0xA0;
 pub const MAINTENANCE_IN: u8 = 0xA3;
 pub const READ_12: u8 = 0xA8;
 pub const WRITE_12: u8 = 0xAA;
+pub const WRITE_VERIFY_12: u8 = 0xAE;
+pub const VERIFY_12: u8 = 0xAF;
 
 pub const SA_READ_CAPACITY_16: u8 = 0x10;
 pub const SA_GET_LBA_STATUS: u8 = 0x12;
 pub const SA_REPORT_SUPPORTED_OPCODES: u8 = 0x0C;
+pub const SA_REPORT_TARGET_PORT_GROUPS: u8 = 0x0A;
 
 /// The CDB length of an operation code, by its group.
 pub fn cdb_len(op: u8) -> Option<usize> {
@@ -175,6 +178,19 @@ pub const SUPPORTED: &[OpInfo] = &[
         WRITE_12,
         &[0xAA, 0x18, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0x03],
     ),
+    sa(
+        MAINTENANCE_IN,
+        SA_REPORT_TARGET_PORT_GROUPS,
+        &[0xA3, 0xEA, 0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0x03],
+    ),
+    op(
+        WRITE_VERIFY_12,
+        &[0xAE, 0x12, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0x03],
+    ),
+    op(
+        VERIFY_12,
+        &[0xAF, 0x16, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0x03],
+    ),
 ];
 
 #[cfg(test)]
@@ -186,6 +202,62 @@ mod tests {
         for o in SUPPORTED {
             assert_eq!(Some(o.usage.len()), cdb_len(o.op), "opcode {:#x}", o.op);
             assert_eq!(o.usage[0], o.op);
+        }
+    }
+
+    #[test]
+    fn every_dispatched_command_is_reported() {
+        // Keep this list in step with Lun::dispatch.
+        for op in [
+            TEST_UNIT_READY,
+            INQUIRY,
+            REQUEST_SENSE,
+            MODE_SENSE_6,
+            MODE_SENSE_10,
+            MODE_SELECT_6,
+            MODE_SELECT_10,
+            START_STOP_UNIT,
+            PREVENT_ALLOW_MEDIUM_REMOVAL,
+            READ_CAPACITY_10,
+            READ_6,
+            READ_10,
+            READ_12,
+            READ_16,
+            WRITE_6,
+            WRITE_10,
+            WRITE_12,
+            WRITE_16,
+            WRITE_VERIFY_10,
+            WRITE_VERIFY_12,
+            WRITE_VERIFY_16,
+            VERIFY_10,
+            VERIFY_12,
+            VERIFY_16,
+            PRE_FETCH_10,
+            PRE_FETCH_16,
+            SYNCHRONIZE_CACHE_10,
+            SYNCHRONIZE_CACHE_16,
+            WRITE_SAME_10,
+            WRITE_SAME_16,
+            UNMAP,
+            COMPARE_AND_WRITE,
+            REPORT_LUNS,
+        ] {
+            assert!(
+                SUPPORTED.iter().any(|o| o.op == op),
+                "opcode {op:#x} missing from SUPPORTED"
+            );
+        }
+        for (op, sa) in [
+            (SERVICE_ACTION_IN_16, SA_READ_CAPACITY_16),
+            (SERVICE_ACTION_IN_16, SA_GET_LBA_STATUS),
+            (MAINTENANCE_IN, SA_REPORT_SUPPORTED_OPCODES),
+            (MAINTENANCE_IN, SA_REPORT_TARGET_PORT_GROUPS),
+        ] {
+            assert!(
+                SUPPORTED.iter().any(|o| o.op == op && o.sa == Some(sa)),
+                "{op:#x}/{sa:#x} missing"
+            );
         }
     }
 }

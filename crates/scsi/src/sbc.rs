@@ -20,7 +20,7 @@ fn rw_fields(cdb: &[u8]) -> Result<(u64, u64, bool), Sense> {
         READ_10 | WRITE_10 | WRITE_VERIFY_10 | VERIFY_10 | PRE_FETCH_10 | SYNCHRONIZE_CACHE_10 | WRITE_SAME_10 => {
             (be32(&cdb[2..6]), be16(&cdb[7..9]))
         }
-        READ_12 | WRITE_12 => (be32(&cdb[2..6]), be32(&cdb[6..10])),
+        READ_12 | WRITE_12 | WRITE_VERIFY_12 | VERIFY_12 => (be32(&cdb[2..6]), be32(&cdb[6..10])),
         _ => (be64(&cdb[2..10]), be32(&cdb[10..14])),
     };
     if cdb[1] & 0xE0 != 0
@@ -139,7 +139,7 @@ impl Lun {
             return Ok(Vec::new());
         }
         let data = self.data(d, n)?;
-        let verify = matches!(cdb[0], WRITE_VERIFY_10 | WRITE_VERIFY_16);
+        let verify = matches!(cdb[0], WRITE_VERIFY_10 | WRITE_VERIFY_12 | WRITE_VERIFY_16);
         let durable = fua || verify || !self.mode().wce;
         let _shared = self.atomic.read();
         self.vdisk
@@ -331,7 +331,7 @@ fn compare(have: &[u8], want: &[u8]) -> CmdResult {
 pub fn transfer_length(cdb: &[u8], block_size: u64) -> Option<u64> {
     match cdb.first()? {
         &(READ_6 | READ_10 | READ_12 | READ_16 | WRITE_6 | WRITE_10 | WRITE_12 | WRITE_16 | WRITE_VERIFY_10
-        | WRITE_VERIFY_16) => {
+        | WRITE_VERIFY_12 | WRITE_VERIFY_16) => {
             if cdb.len() < cdb_len(cdb[0])? {
                 return None;
             }

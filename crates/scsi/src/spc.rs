@@ -336,6 +336,25 @@ impl Lun {
     }
 }
 
+impl Lun {
+    /// Implicit ALUA with one target port group (0) holding one port (relative id 1), always
+    /// active/optimized: what VPD 0x83 names.
+    pub(crate) fn report_target_port_groups(&self, cdb: &[u8]) -> CmdResult {
+        let extended = cdb[1] >> 5 == 1;
+        let len = crate::lun::be32(&cdb[6..10]) as usize;
+        let mut d = vec![0u8; 4];
+        if extended {
+            d.extend_from_slice(&[0x10, 0, 0, 0]);
+        }
+        // PREF, active/optimized; only that state supported; TPG 0; status none; one port.
+        d.extend_from_slice(&[0x80, 0x01, 0, 0, 0, 0, 0, 1]);
+        d.extend_from_slice(&[0, 0, 0, 1]);
+        let n = (d.len() - 4) as u32;
+        d[0..4].copy_from_slice(&n.to_be_bytes());
+        Ok(alloc(d, len))
+    }
+}
+
 /// REPORT LUNS over the LUNs the initiator may see; the transport answers it.
 pub fn report_luns(cdb: &[u8], luns: &[u64]) -> Response {
     let bad = |s: Sense| Response {

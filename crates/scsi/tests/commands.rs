@@ -337,3 +337,26 @@ fn full_pool_is_space_allocation_failed_never_silent() {
     assert_eq!(failed, Some((key::DATA_PROTECT, 0x27, 0x07)));
     drop(engine);
 }
+
+#[test]
+fn target_port_groups_and_twelve_byte_verify() {
+    let (_r, lun) = rig(512, 8 * MIB, false);
+    let d = ok(lun.execute(&[0xA3, 0x0A, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0], &[]));
+    assert_eq!(u32::from_be_bytes(d[0..4].try_into().unwrap()) as usize, d.len() - 4);
+    assert_eq!(d[4] & 0x0F, 0, "active/optimized");
+    assert_eq!(d[11], 1, "one port");
+    assert_eq!(&d[14..16], &[0, 1], "relative target port 1, as VPD 0x83 says");
+    let ext = ok(lun.execute(&[0xA3, 0x2A, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0], &[]));
+    assert_eq!(ext[4], 0x10);
+
+    let data = vec![0x5Cu8; 1024];
+    let mut wv12 = vec![0xAE, 0, 0, 0, 0, 7, 0, 0, 0, 2, 0, 0];
+    ok(lun.execute(&wv12, &data));
+    let mut v12 = wv12.clone();
+    v12[0] = 0xAF;
+    v12[1] = 0x02;
+    ok(lun.execute(&v12, &data));
+    wv12[5] = 8;
+    ok(lun.execute(&wv12, &vec![0u8; 1024]));
+    assert_eq!(lun.execute(&v12, &data).sense[2] & 0x0F, key::MISCOMPARE);
+}
