@@ -142,10 +142,30 @@ fn targets_survive_a_restart() {
     d.ok(&["target", "create", iqn]);
     d.ok(&["target", "lun", "add", iqn, "r/v", "--lun", "3"]);
     d.kill9();
-    let d = Daemon::start(&state);
+    let mut d = Daemon::start(&state);
     let v = d.json(&["target", "show", iqn]);
     assert_eq!(v["luns"][0]["lun"], 3);
     assert_eq!(v["luns"][0]["online"], true);
+    let inq = ok("iscsi-inq", &[&format!("iscsi://{}/{iqn}/3", d.iscsi_portal())]);
+    assert!(inq.contains("TESSERA"), "{inq}");
+
+    // Every disk of the pool is away at start: the LUN is configured but offline.
+    d.stop();
+    let disks: Vec<_> = (0..2).map(|i| t.path().join(format!("disks/d{i}.img"))).collect();
+    for p in &disks {
+        std::fs::rename(p, p.with_extension("away")).unwrap();
+    }
+    let d = Daemon::start(&state);
+    assert_eq!(d.json(&["target", "show", iqn])["luns"][0]["online"], false);
+    assert!(!run("iscsi-inq", &[&format!("iscsi://{}/{iqn}/3", d.iscsi_portal())])
+        .1
+        .contains("TESSERA"));
+    // The disks come back and the pool is imported: so is the LUN.
+    for p in &disks {
+        std::fs::rename(p.with_extension("away"), p).unwrap();
+    }
+    d.ok(&["pool", "import", "r"]);
+    assert_eq!(d.json(&["target", "show", iqn])["luns"][0]["online"], true);
     let inq = ok("iscsi-inq", &[&format!("iscsi://{}/{iqn}/3", d.iscsi_portal())]);
     assert!(inq.contains("TESSERA"), "{inq}");
 }

@@ -356,6 +356,10 @@ impl Daemon {
         self.pools.write().insert(name.to_string(), Arc::new(engine));
         self.unavailable.write().remove(name);
         self.persist()?;
+        self.targets.present_missing(&|vd| {
+            let (p, v) = vd.split_once('/')?;
+            self.vdisk(p, v).ok()
+        });
         self.pool_summary(name)
     }
 

@@ -120,8 +120,22 @@ impl Targets {
     /// Builds the registry from the configuration; `resolve` finds a vdisk by "pool/name".
     pub fn apply_all(&self, resolve: &dyn Fn(&str) -> Option<(Arc<Engine>, Arc<Vdisk>)>) {
         for cfg in self.configs.lock().values() {
-            let t = Target::new(&cfg.iqn);
+            self.registry.add_target(Target::new(&cfg.iqn));
+        }
+        self.present_missing(resolve);
+    }
+
+    /// Presents every configured LUN that is not presented yet and whose vdisk `resolve` finds:
+    /// after a pool is imported, its LUNs come back.
+    pub fn present_missing(&self, resolve: &dyn Fn(&str) -> Option<(Arc<Engine>, Arc<Vdisk>)>) {
+        for cfg in self.configs.lock().values() {
+            let Some(t) = self.registry.target(&cfg.iqn) else {
+                continue;
+            };
             for (&n, vd) in &cfg.luns {
+                if t.lun(n).is_some() {
+                    continue;
+                }
                 match resolve(vd) {
                     Some((e, v)) => {
                         let uid = lun_uid(&e, &v);
@@ -132,7 +146,6 @@ impl Targets {
                     }
                 }
             }
-            self.registry.add_target(t);
         }
     }
 
