@@ -179,8 +179,6 @@ const KNOWN_FAILURES: &[(&str, &str)] = &[
     // After the first invalid DataSN the initiator reconnects and sends the data as immediate
     // data, so no Data-Out carries the bad DataSN; under investigation.
     ("iSCSIDataSnInvalid", "third case sends no Data-Out after reconnecting"),
-    // Unit attentions after a LUN reset are not implemented yet.
-    ("Reset", "no unit attention after LUN reset yet"),
 ];
 
 #[test]

@@ -69,6 +69,8 @@ struct WriteTask {
 
 struct Ctx {
     reg: Arc<Registry>,
+    /// This session's I_T nexus, for unit attentions.
+    nexus: u64,
     target: Option<Arc<Target>>,
     local: SocketAddr,
     params: Params,
@@ -138,6 +140,7 @@ pub async fn run(sock: TcpStream, local: SocketAddr, reg: Arc<Registry>) -> Resu
     let tname = target.as_ref().map(|t| t.iqn.clone()).unwrap_or_default();
     let mut ctx = Ctx {
         reg: reg.clone(),
+        nexus: reg.new_nexus(),
         target,
         local,
         params,
@@ -203,6 +206,13 @@ pub async fn run(sock: TcpStream, local: SocketAddr, reg: Arc<Registry>) -> Resu
         }
     };
     reader.abort();
+    if let Some(t) = &ctx.target {
+        for n in t.lun_numbers() {
+            if let Some(l) = t.lun(n) {
+                l.forget_nexus(ctx.nexus);
+            }
+        }
+    }
     let _ = tx.send(Out::Close).await;
     drop(ctx);
     drop(tx);
@@ -311,6 +321,11 @@ impl Ctx {
 
     async fn task_management(&mut self, p: Pdu) {
         let function = p.flags() & 0x7F;
+        let luns: Vec<Arc<Lun>> = match (&self.target, function) {
+            (Some(t), 5) => t.lun(decode_lun(&p.lun())).into_iter().collect(),
+            (Some(t), 6 | 7) => t.lun_numbers().into_iter().filter_map(|n| t.lun(n)).collect(),
+            _ => Vec::new(),
+        };
         let response = match function {
             // ABORT TASK: a write still waiting for data is dropped; a running command
             // finishes (it is short), and the initiator ignores its answer.
@@ -318,11 +333,18 @@ impl Ctx {
                 self.writes.remove(&p.ttt());
                 0
             }
-            2 | 4 | 5 | 6 => {
+            2 | 4 => {
                 self.writes.clear();
                 0
             }
-            7 => 0,
+            // LUN RESET, TARGET WARM and COLD RESET: the other nexuses get a unit attention.
+            5 | 6 | 7 => {
+                self.writes.clear();
+                for l in &luns {
+                    l.reset(self.nexus);
+                }
+                0
+            }
             _ => 5, // not supported
         };
         let mut r = Pdu::new(op::TASK_MGMT_RESP);
@@ -496,6 +518,7 @@ impl Ctx {
     ) {
         let tx = self.tx.clone();
         let seq = self.seq.clone();
+        let nexus = self.nexus;
         let max_seg = self.params.max_xmit_data_segment as usize;
         // What the CDB asks to move, for the residual of a write.
         let wanted = if read {
@@ -508,7 +531,7 @@ impl Ctx {
                 report_luns(&cdb, &target.lun_numbers())
             } else {
                 match lun {
-                    Some(l) => tokio::task::spawn_blocking(move || l.execute(&cdb, &data_out))
+                    Some(l) => tokio::task::spawn_blocking(move || l.execute_for(nexus, &cdb, &data_out))
                         .await
                         .unwrap_or_else(|_| Response {
                             status: sense::CHECK_CONDITION,

@@ -47,6 +47,7 @@ pub struct Registry {
     targets: RwLock<BTreeMap<String, Arc<Target>>>,
     sessions: Mutex<HashMap<(String, [u8; 6], String), SessionEntry>>,
     next_tsih: AtomicU16,
+    next_nexus: std::sync::atomic::AtomicU64,
 }
 
 impl Registry {
@@ -94,6 +95,11 @@ impl Registry {
         if s.get(&key).map(|e| e.tsih) == Some(tsih) {
             s.remove(&key);
         }
+    }
+
+    /// A new I_T nexus identifier, never reused while the daemon runs.
+    pub(crate) fn new_nexus(&self) -> u64 {
+        self.next_nexus.fetch_add(1, Ordering::Relaxed) + 1
     }
 
     pub fn session_count(&self) -> usize {

@@ -1,6 +1,7 @@
 //! A logical unit: a vdisk with the SCSI state that belongs to it (mode page settings, the lock
 //! that makes COMPARE AND WRITE atomic), and the command dispatch.
 
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
@@ -42,7 +43,12 @@ pub struct Lun {
     /// Writes hold it shared; COMPARE AND WRITE holds it exclusively, so that no write to the
     /// LUN lands between its compare and its write.
     pub(crate) atomic: RwLock<()>,
+    /// Unit attentions waiting for each I_T nexus that has used the LUN.
+    ua: Mutex<HashMap<u64, VecDeque<Sense>>>,
 }
+
+/// Unit attentions kept per nexus, at most; older ones give way.
+const MAX_PENDING_UA: usize = 8;
 
 /// The IEEE company id in the NAA identifier: a locally administered value.
 const NAA_OUI: u32 = 0x00_1405;
@@ -70,6 +76,7 @@ impl Lun {
                 swp: false,
             }),
             atomic: RwLock::new(()),
+            ua: Mutex::new(HashMap::new()),
         }
     }
 
@@ -102,9 +109,38 @@ impl Lun {
         s.encode(self.mode.lock().d_sense)
     }
 
-    /// Runs one command. Blocking: it does the vdisk I/O.
+    /// Runs one command for an anonymous nexus (0). Blocking: it does the vdisk I/O.
     pub fn execute(&self, cdb: &[u8], data_out: &[u8]) -> Response {
-        match self.dispatch(cdb, data_out) {
+        self.execute_for(0, cdb, data_out)
+    }
+
+    /// Runs one command for the I_T nexus `nexus` (an iSCSI session, say). A pending unit
+    /// attention for that nexus is reported first, except to INQUIRY and REPORT LUNS; REQUEST
+    /// SENSE returns it as its data.
+    pub fn execute_for(&self, nexus: u64, cdb: &[u8], data_out: &[u8]) -> Response {
+        let op = cdb.first().copied().unwrap_or(0xFF);
+        {
+            let mut ua = self.ua.lock();
+            let q = ua.entry(nexus).or_default();
+            if !q.is_empty() && op != INQUIRY && op != REPORT_LUNS {
+                let s = q.pop_front().expect("not empty");
+                if op == REQUEST_SENSE && cdb.len() >= 6 {
+                    let mut d = s.encode(cdb[1] & 0x01 != 0);
+                    d.truncate(cdb[4] as usize);
+                    return Response {
+                        status: sense::GOOD,
+                        data: d,
+                        sense: Vec::new(),
+                    };
+                }
+                return Response {
+                    status: sense::CHECK_CONDITION,
+                    data: Vec::new(),
+                    sense: self.sense_bytes(s),
+                };
+            }
+        }
+        match self.dispatch(nexus, cdb, data_out) {
             Ok(data) => Response {
                 status: sense::GOOD,
                 data,
@@ -118,7 +154,36 @@ impl Lun {
         }
     }
 
-    fn dispatch(&self, cdb: &[u8], d: &[u8]) -> CmdResult {
+    /// Queues a unit attention for every nexus that has used the LUN, but `except`.
+    pub fn unit_attention(&self, s: Sense, except: Option<u64>) {
+        for (n, q) in self.ua.lock().iter_mut() {
+            if Some(*n) != except {
+                if q.len() >= MAX_PENDING_UA {
+                    q.pop_front();
+                }
+                q.push_back(s);
+            }
+        }
+    }
+
+    /// LUN RESET (or a target reset) asked by `from`: every nexus learns of it, the one that
+    /// asked included (as libiscsi's multipath test expects of every path).
+    pub fn reset(&self, from: u64) {
+        let _ = from;
+        self.unit_attention(sense::BUS_DEVICE_RESET_OCCURRED, None);
+    }
+
+    /// The vdisk grew: every nexus learns of it.
+    pub fn capacity_changed(&self) {
+        self.unit_attention(sense::CAPACITY_DATA_CHANGED, None);
+    }
+
+    /// A nexus went away (its session ended): nothing more is kept for it.
+    pub fn forget_nexus(&self, nexus: u64) {
+        self.ua.lock().remove(&nexus);
+    }
+
+    fn dispatch(&self, nexus: u64, cdb: &[u8], d: &[u8]) -> CmdResult {
         let op = *cdb.first().ok_or(sense::INVALID_OPCODE)?;
         let expected = cdb_len(op).ok_or(sense::INVALID_OPCODE)?;
         if cdb.len() < expected {
@@ -133,7 +198,7 @@ impl Lun {
             INQUIRY => self.inquiry(cdb),
             REQUEST_SENSE => self.request_sense(cdb),
             MODE_SENSE_6 | MODE_SENSE_10 => self.mode_sense(cdb),
-            MODE_SELECT_6 | MODE_SELECT_10 => self.mode_select(cdb, d),
+            MODE_SELECT_6 | MODE_SELECT_10 => self.mode_select(nexus, cdb, d),
             START_STOP_UNIT | PREVENT_ALLOW_MEDIUM_REMOVAL => Ok(Vec::new()),
             MAINTENANCE_IN if cdb[1] & 0x1F == SA_REPORT_SUPPORTED_OPCODES => self.report_supported_opcodes(cdb),
             MAINTENANCE_IN if cdb[1] & 0x1F == SA_REPORT_TARGET_PORT_GROUPS => self.report_target_port_groups(cdb),

@@ -360,3 +360,30 @@ fn target_port_groups_and_twelve_byte_verify() {
     ok(lun.execute(&wv12, &vec![0u8; 1024]));
     assert_eq!(lun.execute(&v12, &data).sense[2] & 0x0F, key::MISCOMPARE);
 }
+
+#[test]
+fn unit_attentions_reach_the_other_nexuses_once() {
+    let (_r, lun) = rig(512, 8 * MIB, false);
+    let tur = [0u8; 6];
+    // Two nexuses use the LUN; nexus 1 resets it.
+    ok(lun.execute_for(1, &tur, &[]));
+    ok(lun.execute_for(2, &tur, &[]));
+    lun.reset(1);
+    assert_eq!(check(lun.execute_for(1, &tur, &[])), (key::UNIT_ATTENTION, 0x29, 0x03));
+    ok(lun.execute_for(1, &tur, &[]));
+    // INQUIRY is not held up by it; the next command reports it, once.
+    ok(lun.execute_for(2, &[0x12, 0, 0, 0, 36, 0], &[]));
+    assert_eq!(check(lun.execute_for(2, &tur, &[])), (key::UNIT_ATTENTION, 0x29, 0x03));
+    ok(lun.execute_for(2, &tur, &[]));
+    // A capacity change reaches everyone; REQUEST SENSE returns it as data and clears it.
+    lun.capacity_changed();
+    let d = ok(lun.execute_for(1, &[0x03, 0, 0, 0, 18, 0], &[]));
+    assert_eq!((d[2] & 0x0F, d[12], d[13]), (key::UNIT_ATTENTION, 0x2A, 0x09));
+    ok(lun.execute_for(1, &tur, &[]));
+    assert_eq!(check(lun.execute_for(2, &tur, &[])).1, 0x2A);
+    // A forgotten nexus gets nothing more queued.
+    lun.forget_nexus(1);
+    lun.reset(2);
+    assert_eq!(check(lun.execute_for(2, &tur, &[])).1, 0x29);
+    ok(lun.execute_for(1, &tur, &[]));
+}

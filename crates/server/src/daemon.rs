@@ -539,6 +539,10 @@ impl Daemon {
     pub fn resize_vdisk(&self, pool: &str, name: &str, size: u64) -> ApiResult<VdiskView> {
         let (e, _) = self.vdisk(pool, name)?;
         e.resize_vdisk(name, size)?;
+        // Initiators learn of the new capacity through a unit attention.
+        for l in self.targets.luns_of(&format!("{pool}/{name}")) {
+            l.capacity_changed();
+        }
         self.show_vdisk(pool, name)
     }
 

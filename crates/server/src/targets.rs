@@ -250,6 +250,19 @@ impl Targets {
         Ok(())
     }
 
+    /// The presented LUNs of a vdisk ("pool/name").
+    pub fn luns_of(&self, name: &str) -> Vec<Arc<Lun>> {
+        let mut out = Vec::new();
+        for cfg in self.configs.lock().values() {
+            for (&n, v) in &cfg.luns {
+                if v == name {
+                    out.extend(self.registry.target(&cfg.iqn).and_then(|t| t.lun(n)));
+                }
+            }
+        }
+        out
+    }
+
     /// Where a vdisk (or, with a trailing '/', any vdisk of a pool) is presented.
     pub fn users_of(&self, prefix_or_name: &str) -> Vec<String> {
         let mut out = Vec::new();
