@@ -103,6 +103,11 @@ impl Lun {
         if n == 0 {
             return Ok(Vec::new());
         }
+        self.read_blocks(lba, n)
+    }
+
+    /// Reads `n` blocks at `lba`, with the sense a failed read gets.
+    fn read_blocks(&self, lba: u64, n: u64) -> CmdResult {
         let bs = self.block_size();
         let mut buf = vec![0u8; (n * bs) as usize];
         self.vdisk
@@ -156,11 +161,7 @@ impl Lun {
         if n == 0 {
             return Ok(Vec::new());
         }
-        let bs = self.block_size();
-        let mut buf = vec![0u8; (n * bs) as usize];
-        self.vdisk
-            .read(lba * bs, &mut buf)
-            .map_err(|e| self.io_sense(e, false))?;
+        let buf = self.read_blocks(lba, n)?;
         match bytchk {
             0 => Ok(Vec::new()),
             1 => {
@@ -306,10 +307,7 @@ impl Lun {
         let (want, new) = both.split_at((n * bs) as usize);
         // Exclusive against every other write to this LUN, from any session.
         let _exclusive = self.atomic.write();
-        let mut cur = vec![0u8; (n * bs) as usize];
-        self.vdisk
-            .read(lba * bs, &mut cur)
-            .map_err(|e| self.io_sense(e, false))?;
+        let cur = self.read_blocks(lba, n)?;
         compare(&cur, want)?;
         let durable = cdb[1] & 0x08 != 0 || !self.mode().wce;
         self.vdisk

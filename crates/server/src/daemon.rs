@@ -24,6 +24,7 @@ use crate::error::{ApiError, ApiResult};
 use crate::image;
 use crate::jobs::{JobView, Jobs};
 use crate::model::*;
+use crate::statefile;
 use crate::targets::Targets;
 
 pub struct Daemon {
@@ -113,36 +114,21 @@ impl Daemon {
     }
 
     fn read_imported(&self) -> Result<ImportedList, String> {
-        let p = self.imported_path();
-        match std::fs::read(&p) {
-            Ok(b) => serde_json::from_slice(&b).map_err(|e| {
-                format!(
-                    "{} is corrupt ({e}); fix or remove it, then import pools with 'tessera pool import'",
-                    p.display()
-                )
-            }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(ImportedList::default()),
-            Err(e) => Err(format!("cannot read {}: {e}", p.display())),
-        }
+        statefile::read_json(
+            &self.imported_path(),
+            "fix or remove it, then import pools with 'tessera pool import'",
+        )
     }
 
-    /// Records the imported pools, crash-safely (write, sync, rename, sync the directory).
+    /// Records the imported pools, crash-safely.
     fn write_imported(&self) -> Result<(), String> {
         let mut list = ImportedList {
             pools: self.pools.read().keys().cloned().collect(),
         };
         list.pools.extend(self.unavailable.read().keys().cloned());
         let p = self.imported_path();
-        let tmp = p.with_extension("json.tmp");
-        let write = || -> std::io::Result<()> {
-            use std::io::Write;
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(&serde_json::to_vec_pretty(&list).expect("serializable"))?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, &p)?;
-            std::fs::File::open(&self.cfg.state_dir)?.sync_all()
-        };
-        write().map_err(|e| format!("cannot record the imported pools in {}: {e}", p.display()))
+        statefile::write_json(&p, &list)
+            .map_err(|e| format!("cannot record the imported pools in {}: {e}", p.display()))
     }
 
     fn persist(&self) -> ApiResult<()> {

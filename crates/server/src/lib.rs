@@ -13,6 +13,7 @@ pub mod lock;
 pub mod logging;
 pub mod model;
 pub mod serve;
+pub mod statefile;
 pub mod targets;
 pub mod units;
 

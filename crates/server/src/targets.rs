@@ -13,6 +13,7 @@ use tessera_volume::{Engine, Vdisk};
 use tracing::warn;
 
 use crate::error::{ApiError, ApiResult};
+use crate::statefile;
 
 /// LUN numbers we hand out: single-level, flat space.
 pub const MAX_LUN: u64 = 16383;
@@ -84,12 +85,7 @@ pub fn validate_iqn(s: &str) -> Result<(), String> {
 
 impl Targets {
     pub fn load(file: PathBuf) -> Result<Targets, String> {
-        let list: TargetsFile = match std::fs::read(&file) {
-            Ok(b) => serde_json::from_slice(&b)
-                .map_err(|e| format!("{} is corrupt ({e}); fix it or move it away", file.display()))?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => TargetsFile::default(),
-            Err(e) => return Err(format!("cannot read {}: {e}", file.display())),
-        };
+        let list: TargetsFile = statefile::read_json(&file, "fix it or move it away")?;
         let configs = list.targets.into_iter().map(|t| (t.iqn.clone(), t)).collect();
         Ok(Targets {
             file,
@@ -102,19 +98,8 @@ impl Targets {
         let list = TargetsFile {
             targets: configs.values().cloned().collect(),
         };
-        let tmp = self.file.with_extension("json.tmp");
-        let write = || -> std::io::Result<()> {
-            use std::io::Write;
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(&serde_json::to_vec_pretty(&list).expect("serializable"))?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, &self.file)?;
-            if let Some(dir) = self.file.parent() {
-                std::fs::File::open(dir)?.sync_all()?;
-            }
-            Ok(())
-        };
-        write().map_err(|e| ApiError::io(format!("cannot save {}: {e}", self.file.display())))
+        statefile::write_json(&self.file, &list)
+            .map_err(|e| ApiError::io(format!("cannot save {}: {e}", self.file.display())))
     }
 
     /// Builds the registry from the configuration; `resolve` finds a vdisk by "pool/name".
