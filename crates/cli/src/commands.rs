@@ -689,6 +689,20 @@ fn target_table(v: &Value) {
         }
     }
     table(&["TARGET", "LUN", "VDISK", "SIZE", "STATE"], rows);
+    for t in arr(v) {
+        let acl = arr(&t["acl"]);
+        let who = if acl.is_empty() {
+            "any initiator".to_string()
+        } else {
+            acl.iter().map(s).collect::<Vec<_>>().join(", ")
+        };
+        let chap = match (&t["chap"]["user"], &t["chap"]["mutual_user"]) {
+            (Value::Null, _) => "no CHAP".to_string(),
+            (u, Value::Null) => format!("CHAP user {}", s(u)),
+            (u, m) => format!("mutual CHAP, user {}, target user {}", s(u), s(m)),
+        };
+        println!("{}: {who}; {chap}", s(&t["iqn"]));
+    }
 }
 
 fn target(c: &Ctx, cmd: TargetCmd) -> R {
@@ -709,6 +723,25 @@ fn target(c: &Ctx, cmd: TargetCmd) -> R {
             Some(json!({"lun": lun, "vdisk": vdisk})),
         )?,
         TargetCmd::Lun(LunCmd::Remove { iqn, lun }) => c.client.delete(&format!("{}/luns/{lun}", path(&iqn)))?,
+        TargetCmd::Acl(AclCmd::Add { iqn, initiator }) => c
+            .client
+            .post(&format!("{}/acl", path(&iqn)), Some(json!({"initiator": initiator})))?,
+        TargetCmd::Acl(AclCmd::Remove { iqn, initiator }) => {
+            c.client
+                .delete(&format!("{}/acl/{}", path(&iqn), encode_segment(&initiator)))?
+        }
+        TargetCmd::Chap(ChapCmd::Set {
+            iqn,
+            user,
+            secret,
+            mutual_user,
+            mutual_secret,
+        }) => c.client.call(
+            "PUT",
+            &format!("{}/chap", path(&iqn)),
+            Some(json!({"user": user, "secret": secret, "mutual_user": mutual_user, "mutual_secret": mutual_secret})),
+        )?,
+        TargetCmd::Chap(ChapCmd::Clear { iqn }) => c.client.delete(&format!("{}/chap", path(&iqn)))?,
     };
     if c.json {
         c.print_json(&v);

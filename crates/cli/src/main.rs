@@ -72,6 +72,49 @@ pub enum TargetCmd {
     /// LUNs of a target.
     #[command(subcommand)]
     Lun(LunCmd),
+    /// Which initiators may log in (an empty ACL lets every initiator in).
+    #[command(subcommand)]
+    Acl(AclCmd),
+    /// CHAP authentication, one-way or mutual.
+    #[command(subcommand)]
+    Chap(ChapCmd),
+}
+
+#[derive(Subcommand)]
+pub enum AclCmd {
+    /// Allow an initiator; once the ACL is not empty, every other initiator is refused and
+    /// does not see the target in discovery.
+    Add { iqn: String, initiator: String },
+    /// Remove an initiator from the ACL.
+    Remove { iqn: String, initiator: String },
+}
+
+#[derive(Subcommand)]
+pub enum ChapCmd {
+    /// Require CHAP for logins to the target. Secrets are 12 to 255 characters; prefer the
+    /// environment variables to flags, which other users can see in the process list.
+    Set {
+        iqn: String,
+        /// The user name initiators log in with.
+        #[arg(long)]
+        user: String,
+        /// The initiator's secret.
+        #[arg(long, env = "TESSERA_CHAP_SECRET", hide_env_values = true)]
+        secret: String,
+        /// For mutual CHAP: the name the target answers with.
+        #[arg(long, requires = "mutual_secret")]
+        mutual_user: Option<String>,
+        /// For mutual CHAP: the target's secret (different from the initiator's).
+        #[arg(
+            long,
+            env = "TESSERA_CHAP_MUTUAL_SECRET",
+            hide_env_values = true,
+            requires = "mutual_user"
+        )]
+        mutual_secret: Option<String>,
+    },
+    /// Stop requiring CHAP.
+    Clear { iqn: String },
 }
 
 #[derive(Subcommand)]

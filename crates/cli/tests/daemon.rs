@@ -488,8 +488,11 @@ fn openapi_lists_every_route_and_the_router_serves_them() {
                 .replace("{vdisk}", "novdisk")
                 .replace("{disk}", "nodisk")
                 .replace("{action}", "fail")
-                .replace("{id}", "424242");
-            let body = (method == "post").then_some("{}");
+                .replace("{id}", "424242")
+                .replace("{iqn}", "iqn.2026-11.io.example:none")
+                .replace("{lun}", "0")
+                .replace("{initiator}", "iqn.2026-11.io.example:host");
+            let body = (method == "post" || method == "put").then_some("{}");
             let r = d.http(&method.to_uppercase(), &concrete, body);
             let code = if r.status >= 400 { r.code() } else { String::new() };
             assert!(

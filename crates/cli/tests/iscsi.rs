@@ -7,8 +7,13 @@ use std::process::Command;
 use common::*;
 
 fn run(cmd: &str, args: &[&str]) -> (bool, String) {
+    run_env(cmd, args, &[])
+}
+
+fn run_env(cmd: &str, args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
     let o = Command::new(cmd)
         .args(args)
+        .envs(env.iter().copied())
         .output()
         .unwrap_or_else(|e| panic!("{cmd}: {e} (scripts/install-deps.sh test installs it)"));
     let text = format!(
@@ -180,6 +185,109 @@ const KNOWN_FAILURES: &[(&str, &str)] = &[
     // data, so no Data-Out carries the bad DataSN; under investigation.
     ("iSCSIDataSnInvalid", "third case sends no Data-Out after reconnecting"),
 ];
+
+#[test]
+fn chap_and_acl_gate_logins_and_discovery() {
+    let t = tempfile::tempdir().unwrap();
+    let state = t.path().join("state");
+    let mut d = Daemon::start(&state);
+    create_pool(&d, "c", &disks(&t.path().join("disks"), 1, 1 << 30));
+    d.ok(&["vdisk", "create", "c/v", "--size", "64M", "--layout", "simple"]);
+    let open = "iqn.2026-11.io.tessera:open";
+    let secure = "iqn.2026-11.io.tessera:secure";
+    let mutual = "iqn.2026-11.io.tessera:mutual";
+    let (host_a, host_b) = ("iqn.2026-11.io.example:host-a", "iqn.2026-11.io.example:host-b");
+    for iqn in [open, secure, mutual] {
+        d.ok(&["target", "create", iqn]);
+        d.ok(&["target", "lun", "add", iqn, "c/v"]);
+    }
+    // Configuration errors are clear and change nothing.
+    let e = d.fails(&["target", "chap", "set", secure, "--user", "alice", "--secret", "short"]);
+    assert!(e.contains("12 to 255"), "{e}");
+    let e = d.fails(&["target", "acl", "add", secure, "not-an-iqn"]);
+    assert!(e.contains("is not an iSCSI name"), "{e}");
+    let e = d.fails(&["target", "acl", "add", "iqn.2026-11.io.tessera:nope", host_a]);
+    assert!(e.contains("no target"), "{e}");
+    let e = d.fails(&[
+        "target", "chap", "set", mutual, "--user", "carol", "--secret", "carol-secret-1",
+        "--mutual-user", "tgt", "--mutual-secret", "carol-secret-1",
+    ]);
+    assert!(e.contains("differ"), "{e}");
+
+    d.ok(&["target", "acl", "add", secure, host_a]);
+    let e = d.fails(&["target", "acl", "add", secure, host_a]);
+    assert!(e.contains("already"), "{e}");
+    d.ok(&["target", "chap", "set", secure, "--user", "alice", "--secret", "alice-secret-1"]);
+    d.ok(&[
+        "target", "chap", "set", mutual, "--user", "carol", "--secret", "carol-secret-1",
+        "--mutual-user", "tgt", "--mutual-secret", "target-secret-9",
+    ]);
+    let shown = d.json(&["target", "show", secure]);
+    assert_eq!(shown["acl"][0], host_a);
+    assert_eq!(shown["chap"]["user"], "alice");
+    assert!(!shown.to_string().contains("alice-secret-1"), "secrets are never shown: {shown}");
+    let human = d.ok(&["target", "show", mutual]);
+    assert!(human.contains("mutual CHAP") && !human.contains("target-secret-9"), "{human}");
+    // The secrets are on disk, so only root reads the file.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(state.join("targets.json")).unwrap().permissions().mode();
+    assert_eq!(mode & 0o077, 0, "targets.json mode {mode:o}");
+
+    let check = |d: &Daemon| {
+        let portal = d.iscsi_portal();
+        let url = |cred: &str, iqn: &str| format!("iscsi://{cred}{portal}/{iqn}/0");
+        let discover = |cred: &str, initiator: &str| run("iscsi-ls", &["-i", initiator, "--url", &url(cred, "").replace("//0", "")]);
+        let inq = |cred: &str, initiator: &str, iqn: &str| run("iscsi-inq", &["-i", initiator, &url(cred, iqn)]);
+
+        // No credentials: only the open target is visible and reachable.
+        let (success, seen) = discover("", host_a);
+        assert!(success && seen.contains(open), "{seen}");
+        assert!(!seen.contains(secure) && !seen.contains(mutual), "{seen}");
+        assert!(inq("", host_a, open).0);
+        let (success, out) = inq("", host_a, secure);
+        assert!(!success, "login without CHAP succeeded: {out}");
+        // Right secret, wrong initiator: outside the ACL.
+        let (success, out) = inq("alice%alice-secret-1@", host_b, secure);
+        assert!(!success, "initiator outside the ACL logged in: {out}");
+        let (success, seen) = discover("alice%alice-secret-1@", host_b);
+        assert!(!seen.contains(secure), "{success} {seen}");
+        // Wrong secret: refused, in discovery too.
+        let (success, out) = inq("alice%alice-secret-2@", host_a, secure);
+        assert!(!success, "wrong secret logged in: {out}");
+        let (success, seen) = discover("alice%alice-secret-2@", host_a);
+        assert!(!success && !seen.contains(secure), "{seen}");
+        // Right secret, right initiator.
+        let (success, out) = inq("alice%alice-secret-1@", host_a, secure);
+        assert!(success && out.contains("TESSERA"), "{out}");
+        let (success, seen) = discover("alice%alice-secret-1@", host_a);
+        assert!(success && seen.contains(secure) && seen.contains(open) && !seen.contains(mutual), "{seen}");
+        // Mutual CHAP: the initiator checks the target's answer too.
+        let carol = "carol%carol-secret-1@";
+        let good = [("LIBISCSI_CHAP_TARGET_USERNAME", "tgt"), ("LIBISCSI_CHAP_TARGET_PASSWORD", "target-secret-9")];
+        let (success, out) = run_env("iscsi-inq", &["-i", host_b, &url(carol, mutual)], &good);
+        assert!(success && out.contains("TESSERA"), "{out}");
+        let bad = [("LIBISCSI_CHAP_TARGET_USERNAME", "tgt"), ("LIBISCSI_CHAP_TARGET_PASSWORD", "not-the-secret")];
+        let (success, out) = run_env("iscsi-inq", &["-i", host_b, &url(carol, mutual)], &bad);
+        assert!(!success, "a target with the wrong mutual secret was accepted: {out}");
+        assert!(inq(carol, host_b, mutual).0, "one-way CHAP to a target with a mutual secret");
+    };
+    check(&d);
+    let logs = d.logs();
+    assert!(!logs.contains("alice-secret") && !logs.contains("target-secret-9"), "a secret reached the log");
+    // The rules survive a restart.
+    d.stop();
+    let d = Daemon::start(&state);
+    check(&d);
+
+    // Clearing CHAP and the ACL opens the target again.
+    d.ok(&["target", "chap", "clear", secure]);
+    d.ok(&["target", "acl", "remove", secure, host_a]);
+    let e = d.fails(&["target", "acl", "remove", secure, host_a]);
+    assert!(e.contains("not in the ACL"), "{e}");
+    let portal = d.iscsi_portal();
+    let (success, out) = run("iscsi-inq", &["-i", host_b, &format!("iscsi://{portal}/{secure}/0")]);
+    assert!(success, "{out}");
+}
 
 #[test]
 fn libiscsi_conformance_suite() {

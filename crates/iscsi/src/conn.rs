@@ -13,6 +13,7 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
+use crate::auth::Chap;
 use crate::login::{login, LoggedIn, CMD_WINDOW};
 use crate::params::Params;
 use crate::pdu::{op, put32, Pdu, PduError};
@@ -72,6 +73,9 @@ struct Ctx {
     /// This session's I_T nexus, for unit attentions.
     nexus: u64,
     target: Option<Arc<Target>>,
+    /// The initiator's name and CHAP identity: what SendTargets may reveal.
+    initiator: String,
+    authenticated: Option<Chap>,
     local: SocketAddr,
     params: Params,
     seq: Arc<Seq>,
@@ -91,6 +95,7 @@ pub async fn run(sock: TcpStream, local: SocketAddr, reg: Arc<Registry>) -> Resu
         isid,
         tsih,
         target,
+        authenticated,
         params,
         exp_cmd_sn,
         stat_sn,
@@ -142,6 +147,8 @@ pub async fn run(sock: TcpStream, local: SocketAddr, reg: Arc<Registry>) -> Resu
         reg: reg.clone(),
         nexus: reg.new_nexus(),
         target,
+        initiator: initiator.clone(),
+        authenticated,
         local,
         params,
         seq,
@@ -303,7 +310,9 @@ impl Ctx {
                     "" | "All" => self.target.iter().cloned().collect(),
                     name => self.reg.target(name).into_iter().collect(),
                 };
-                for t in targets {
+                // A target the initiator may not log in to is not revealed either.
+                let visible = |t: &Arc<Target>| t.access().visible_to(&self.initiator, self.authenticated.as_ref());
+                for t in targets.iter().filter(|t| visible(t)) {
                     out.push(("TargetName".into(), t.iqn.clone()));
                     out.push(("TargetAddress".into(), format!("{},1", addr_text(self.local))));
                 }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tracing::{debug, info};
 
+use crate::auth::{self, Chap};
 use crate::params::{Answer, Params, OUR_MAX_RECV_DATA_SEGMENT};
 use crate::pdu::{op, Pdu};
 use crate::target::{Registry, Target};
@@ -16,6 +17,7 @@ pub mod status {
     pub const SUCCESS: u16 = 0x0000;
     pub const INITIATOR_ERROR: u16 = 0x0200;
     pub const AUTH_FAILED: u16 = 0x0201;
+    pub const FORBIDDEN: u16 = 0x0202;
     pub const NOT_FOUND: u16 = 0x0203;
     pub const UNSUPPORTED_VERSION: u16 = 0x0205;
     pub const MISSING_PARAMETER: u16 = 0x0207;
@@ -32,10 +34,85 @@ pub struct LoggedIn {
     pub tsih: u16,
     /// None for a discovery session.
     pub target: Option<Arc<Target>>,
+    /// The CHAP credentials the initiator proved it holds, if it used CHAP: a discovery
+    /// session sees the targets these open.
+    pub authenticated: Option<Chap>,
     pub params: Params,
     pub exp_cmd_sn: u32,
     pub stat_sn: u32,
     pub close: tokio::sync::watch::Receiver<bool>,
+}
+
+/// Where the security stage stands.
+enum Auth {
+    /// AuthMethod not settled yet.
+    Pending,
+    /// CHAP chosen; waiting for CHAP_A.
+    ChapAlgorithm,
+    /// Challenge sent; waiting for CHAP_N and CHAP_R.
+    ChapResponse { id: u8, challenge: Vec<u8> },
+    /// Authenticated, or no authentication needed.
+    Done,
+}
+
+/// The value of `key` in `keys`, if present.
+fn key<'a>(keys: &'a [(String, String)], key: &str) -> Option<&'a str> {
+    keys.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+}
+
+/// The CHAP credentials that may authenticate this login: the target's, or for a discovery
+/// session those of every target the initiator's name is allowed to.
+fn chap_candidates(reg: &Registry, target: Option<&Arc<Target>>, initiator: &str) -> Vec<Chap> {
+    match target {
+        Some(t) => t.access().chap.into_iter().collect(),
+        None => reg
+            .targets()
+            .iter()
+            .map(|t| t.access())
+            .filter(|a| a.admits(initiator))
+            .filter_map(|a| a.chap)
+            .collect(),
+    }
+}
+
+/// Checks the initiator's CHAP answer and, for mutual CHAP, computes ours. On success returns
+/// the credentials that matched and the keys to send back.
+fn chap_verify(
+    keys: &[(String, String)],
+    id: u8,
+    challenge: &[u8],
+    candidates: &[Chap],
+) -> Result<(Chap, Vec<(String, String)>), String> {
+    let name = key(keys, "CHAP_N").ok_or("CHAP_N missing")?;
+    let resp = auth::decode_binary(key(keys, "CHAP_R").ok_or("CHAP_R missing")?)?;
+    let matched = candidates
+        .iter()
+        .find(|c| c.user == name && auth::same(&resp, &auth::response(id, c.secret.as_bytes(), challenge)))
+        .ok_or_else(|| format!("CHAP: wrong user name or secret for user '{name}'"))?;
+    let mut answers = Vec::new();
+    match (key(keys, "CHAP_I"), key(keys, "CHAP_C")) {
+        (None, None) => {}
+        (Some(i), Some(c)) => {
+            let their_id: u8 = i.parse().map_err(|_| format!("CHAP_I={i} is not 0..255"))?;
+            let their_challenge = auth::decode_binary(c)?;
+            if their_challenge.is_empty() || their_challenge.len() > 1024 {
+                return Err("mutual CHAP challenge of a bad length".into());
+            }
+            // An initiator sending back our own challenge would have us compute its answer.
+            if their_challenge == challenge {
+                return Err("mutual CHAP challenge equals ours".into());
+            }
+            let (user, secret) = matched
+                .mutual
+                .as_ref()
+                .ok_or("the initiator asks for mutual CHAP but the target has no mutual secret")?;
+            answers.push(("CHAP_N".into(), user.clone()));
+            let ours = auth::response(their_id, secret.as_bytes(), &their_challenge);
+            answers.push(("CHAP_R".into(), auth::encode_hex(&ours)));
+        }
+        _ => return Err("mutual CHAP needs both CHAP_I and CHAP_C".into()),
+    }
+    Ok((matched.clone(), answers))
 }
 
 /// Runs the login phase. Ok(None) when the login was refused (the reply has been sent).
@@ -52,6 +129,8 @@ where
     let mut first = true;
     let mut stat_sn: u32 = 0;
     let mut pending = Vec::new();
+    let mut auth_state = Auth::Pending;
+    let mut authenticated: Option<Chap> = None;
     loop {
         let req = Pdu::read(r, false, false, 65536).await.map_err(|e| e.to_string())?;
         if req.opcode() != op::LOGIN_REQ {
@@ -112,27 +191,75 @@ where
             Err(e) => refuse!(status::INITIATOR_ERROR, e),
         };
         let mut answers: Vec<(String, String)> = Vec::new();
+        if first {
+            // Who is logging in to what, before any other key is looked at.
+            initiator = key(&keys, "InitiatorName").map(str::to_string);
+            let Some(name) = initiator.clone() else {
+                refuse!(status::MISSING_PARAMETER, "no InitiatorName")
+            };
+            match key(&keys, "SessionType").unwrap_or("Normal") {
+                "Discovery" => discovery = true,
+                "Normal" => discovery = false,
+                v => refuse!(status::INITIATOR_ERROR, format!("SessionType={v}")),
+            }
+            if !discovery {
+                let Some(tname) = key(&keys, "TargetName") else {
+                    refuse!(status::MISSING_PARAMETER, "no TargetName")
+                };
+                match reg.target(tname) {
+                    // An initiator outside the ACL learns no more than for a missing target.
+                    Some(t) if t.access().admits(&name) => target = Some(t),
+                    Some(_) => refuse!(status::FORBIDDEN, format!("{name} is not in the ACL of {tname}")),
+                    None => refuse!(status::NOT_FOUND, format!("no target {tname}")),
+                }
+            }
+            debug!(initiator = %name, discovery, "login");
+            answers.push(("TargetPortalGroupTag".into(), "1".into()));
+            first = false;
+        }
+        let name = initiator.clone().expect("set at the first PDU");
+        let chap_required = target.as_ref().is_some_and(|t| t.access().chap.is_some());
+        if csg != 0 && matches!(auth_state, Auth::Pending) {
+            if chap_required {
+                refuse!(
+                    status::AUTH_FAILED,
+                    "the target requires CHAP; the security stage was skipped"
+                );
+            }
+            auth_state = Auth::Done;
+        }
+        if csg != 0 && !matches!(auth_state, Auth::Done) {
+            refuse!(status::AUTH_FAILED, "CHAP left unfinished");
+        }
         for (k, v) in &keys {
             match k.as_str() {
-                "InitiatorName" => initiator = Some(v.clone()),
-                "InitiatorAlias" => {}
-                "SessionType" => match v.as_str() {
-                    "Discovery" => discovery = true,
-                    "Normal" => discovery = false,
-                    _ => refuse!(status::INITIATOR_ERROR, format!("SessionType={v}")),
-                },
-                "TargetName" => match reg.target(v) {
-                    Some(t) => target = Some(t),
-                    None => refuse!(status::NOT_FOUND, format!("no target {v}")),
-                },
+                "InitiatorName" | "InitiatorAlias" | "SessionType" | "TargetName" => {}
+                k if k.starts_with("CHAP_") => {}
                 "AuthMethod" => {
-                    if csg != 0 {
+                    if csg != 0 || !matches!(auth_state, Auth::Pending) {
                         refuse!(status::INITIATOR_ERROR, "AuthMethod outside the security stage");
                     }
-                    if !v.split(',').any(|m| m == "None") {
-                        refuse!(status::AUTH_FAILED, format!("AuthMethod={v}: this target offers None"));
-                    }
-                    answers.push((k.clone(), "None".into()));
+                    let offered: Vec<&str> = v.split(',').collect();
+                    // A discovery session may use CHAP to see the targets that need it.
+                    let chap_useful = chap_required || (discovery && !chap_candidates(reg, None, &name).is_empty());
+                    let chosen = if offered.contains(&"CHAP") && chap_useful {
+                        "CHAP"
+                    } else if offered.contains(&"None") && !chap_required {
+                        "None"
+                    } else if chap_required {
+                        refuse!(status::AUTH_FAILED, format!("AuthMethod={v}: the target requires CHAP"))
+                    } else {
+                        refuse!(
+                            status::AUTH_FAILED,
+                            format!("AuthMethod={v}: no CHAP secret is configured here")
+                        )
+                    };
+                    auth_state = if chosen == "CHAP" {
+                        Auth::ChapAlgorithm
+                    } else {
+                        Auth::Done
+                    };
+                    answers.push((k.to_string(), chosen.into()));
                 }
                 _ => match params.negotiate(k, v) {
                     Answer::Value(a) => answers.push((k.clone(), a)),
@@ -142,17 +269,52 @@ where
                 },
             }
         }
-        if first {
-            let Some(name) = &initiator else {
-                refuse!(status::MISSING_PARAMETER, "no InitiatorName")
-            };
-            if !discovery && target.is_none() {
-                refuse!(status::MISSING_PARAMETER, "no TargetName");
+        // After AuthMethod, which may share the PDU with CHAP_A.
+        let chap_keys = keys.iter().filter(|(k, _)| k.starts_with("CHAP_")).count();
+        if chap_keys > 0 {
+            if csg != 0 {
+                refuse!(status::INITIATOR_ERROR, "CHAP keys outside the security stage");
             }
-            debug!(initiator = %name, discovery, "login");
-            answers.push(("TargetPortalGroupTag".into(), "1".into()));
-            first = false;
+            match std::mem::replace(&mut auth_state, Auth::Pending) {
+                Auth::ChapAlgorithm => {
+                    let Some(algs) = key(&keys, "CHAP_A") else {
+                        refuse!(status::AUTH_FAILED, "CHAP_A expected")
+                    };
+                    if !algs.split(',').any(|a| a == auth::CHAP_MD5) {
+                        refuse!(status::AUTH_FAILED, format!("CHAP_A={algs}: only MD5 (5) is offered"));
+                    }
+                    let (id, challenge) = auth::new_challenge();
+                    answers.push(("CHAP_A".into(), auth::CHAP_MD5.into()));
+                    answers.push(("CHAP_I".into(), id.to_string()));
+                    answers.push(("CHAP_C".into(), auth::encode_hex(&challenge)));
+                    auth_state = Auth::ChapResponse { id, challenge };
+                }
+                Auth::ChapResponse { id, challenge } => {
+                    let candidates = chap_candidates(reg, target.as_ref(), &name);
+                    match chap_verify(&keys, id, &challenge, &candidates) {
+                        Ok((who, mut back)) => {
+                            answers.append(&mut back);
+                            authenticated = Some(who);
+                            auth_state = Auth::Done;
+                        }
+                        Err(e) => refuse!(status::AUTH_FAILED, e),
+                    }
+                }
+                _ => refuse!(status::INITIATOR_ERROR, "CHAP keys out of turn"),
+            }
         }
+        if transit && matches!(auth_state, Auth::Pending) {
+            // Leaving the security stage without AuthMethod: allowed only when none is needed.
+            if chap_required {
+                refuse!(
+                    status::AUTH_FAILED,
+                    "the target requires CHAP; no AuthMethod was offered"
+                );
+            }
+            auth_state = Auth::Done;
+        }
+        // The target may not leave the security stage before authentication is complete.
+        let transit = transit && matches!(auth_state, Auth::Done);
         if (csg == 1 || (transit && nsg == 1)) && !declared_mrdsl {
             answers.push(("MaxRecvDataSegmentLength".into(), OUR_MAX_RECV_DATA_SEGMENT.to_string()));
             declared_mrdsl = true;
@@ -167,17 +329,17 @@ where
             if discovery {
                 params.immediate_data = false;
             }
-            let initiator = initiator.clone().expect("checked at the first PDU");
             let tname = target.as_ref().map(|t| t.iqn.clone()).unwrap_or_default();
-            let (tsih, close) = reg.open_session(&initiator, isid, &tname);
+            let (tsih, close) = reg.open_session(&name, isid, &tname);
             let mut p = reply(status::SUCCESS, text::encode(&answers), true, stat_sn, tsih);
             p.write(w, false, false).await.map_err(|e| e.to_string())?;
-            info!(%initiator, target = %tname, tsih, hd = params.header_digest, dd = params.data_digest, "logged in");
+            info!(initiator = %name, target = %tname, tsih, chap = authenticated.is_some(), hd = params.header_digest, dd = params.data_digest, "logged in");
             return Ok(Some(LoggedIn {
-                initiator,
+                initiator: name,
                 isid,
                 tsih,
                 target,
+                authenticated,
                 params,
                 exp_cmd_sn: cmd_sn,
                 stat_sn: stat_sn.wrapping_add(1),

@@ -8,6 +8,8 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 use tessera_scsi::Lun;
+
+use crate::auth::Access;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::{info, warn};
@@ -16,6 +18,8 @@ use tracing::{info, warn};
 pub struct Target {
     pub iqn: String,
     pub luns: RwLock<BTreeMap<u64, Arc<Lun>>>,
+    /// Who may log in; read at each login, so a change applies to the next one.
+    access: RwLock<Access>,
 }
 
 impl Target {
@@ -23,7 +27,16 @@ impl Target {
         Target {
             iqn: iqn.to_string(),
             luns: RwLock::new(BTreeMap::new()),
+            access: RwLock::new(Access::default()),
         }
+    }
+
+    pub fn access(&self) -> Access {
+        self.access.read().clone()
+    }
+
+    pub fn set_access(&self, a: Access) {
+        *self.access.write() = a;
     }
 
     pub fn lun(&self, n: u64) -> Option<Arc<Lun>> {

@@ -633,7 +633,15 @@ impl Daemon {
                 }
             })
             .collect();
-        Ok(TargetView { iqn: cfg.iqn, luns })
+        Ok(TargetView {
+            iqn: cfg.iqn,
+            luns,
+            acl: cfg.acl,
+            chap: cfg.chap.map(|c| ChapView {
+                user: c.user,
+                mutual_user: c.mutual_user,
+            }),
+        })
     }
 
     pub fn list_targets(&self) -> Vec<TargetView> {
@@ -665,6 +673,26 @@ impl Daemon {
 
     pub fn remove_lun(&self, iqn: &str, lun: u64) -> ApiResult<TargetView> {
         self.targets.remove_lun(iqn, lun)?;
+        self.target_view(iqn)
+    }
+
+    pub fn acl_add(&self, iqn: &str, initiator: &str) -> ApiResult<TargetView> {
+        self.targets.acl_add(iqn, initiator)?;
+        self.target_view(iqn)
+    }
+
+    pub fn acl_remove(&self, iqn: &str, initiator: &str) -> ApiResult<TargetView> {
+        self.targets.acl_remove(iqn, initiator)?;
+        self.target_view(iqn)
+    }
+
+    pub fn chap_set(&self, iqn: &str, chap: SetChap) -> ApiResult<TargetView> {
+        self.targets.chap_set(iqn, chap)?;
+        self.target_view(iqn)
+    }
+
+    pub fn chap_clear(&self, iqn: &str) -> ApiResult<TargetView> {
+        self.targets.chap_clear(iqn)?;
         self.target_view(iqn)
     }
 

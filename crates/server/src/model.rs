@@ -207,4 +207,33 @@ pub struct LunView {
 pub struct TargetView {
     pub iqn: String,
     pub luns: Vec<LunView>,
+    /// Initiators allowed to log in; empty: every initiator.
+    pub acl: Vec<String>,
+    /// CHAP user names; the secrets are never shown.
+    pub chap: Option<ChapView>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ChapView {
+    pub user: String,
+    pub mutual_user: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AclEntry {
+    pub initiator: String,
+}
+
+/// CHAP credentials of a target. The mutual pair is what the target answers with when the
+/// initiator asks it to prove itself.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct SetChap {
+    pub user: String,
+    pub secret: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mutual_user: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mutual_secret: Option<String>,
 }

@@ -2,6 +2,7 @@
 //! error when corrupt, written crash-safely.
 
 use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use serde::de::DeserializeOwned;
@@ -20,7 +21,13 @@ pub fn read_json<T: DeserializeOwned + Default>(path: &Path, advice: &str) -> Re
 /// directory. A crash leaves the old file or the new one, never a torn one.
 pub fn write_json<T: Serialize>(path: &Path, value: &T) -> std::io::Result<()> {
     let tmp = path.with_extension("json.tmp");
-    let mut f = std::fs::File::create(&tmp)?;
+    // Owner only: targets.json holds CHAP secrets.
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?;
     f.write_all(&serde_json::to_vec_pretty(value).expect("serializable"))?;
     f.sync_all()?;
     std::fs::rename(&tmp, path)?;

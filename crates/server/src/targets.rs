@@ -7,12 +7,13 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
-use tessera_iscsi::{Registry, Target};
+use tessera_iscsi::{auth, Access, Chap, Registry, Target};
 use tessera_scsi::Lun;
 use tessera_volume::{Engine, Vdisk};
 use tracing::warn;
 
 use crate::error::{ApiError, ApiResult};
+use crate::model::SetChap;
 use crate::statefile;
 
 /// LUN numbers we hand out: single-level, flat space.
@@ -24,6 +25,44 @@ pub struct TargetConfig {
     /// LUN number → "pool/vdisk".
     #[serde(default)]
     pub luns: BTreeMap<u64, String>,
+    /// Initiator names allowed to log in; empty: every initiator.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub acl: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chap: Option<SetChap>,
+}
+
+impl TargetConfig {
+    /// The protocol's view of who may log in.
+    pub fn access(&self) -> Access {
+        Access {
+            acl: self.acl.clone(),
+            chap: self.chap.as_ref().map(|c| Chap {
+                user: c.user.clone(),
+                secret: c.secret.clone(),
+                mutual: c.mutual_user.clone().zip(c.mutual_secret.clone()),
+            }),
+        }
+    }
+}
+
+/// Checks CHAP credentials before they are stored.
+pub fn validate_chap(c: &SetChap) -> Result<(), String> {
+    auth::validate_user("CHAP user", &c.user)?;
+    auth::validate_secret("CHAP secret", &c.secret)?;
+    match (&c.mutual_user, &c.mutual_secret) {
+        (None, None) => Ok(()),
+        (Some(u), Some(s)) => {
+            auth::validate_user("mutual CHAP user", u)?;
+            auth::validate_secret("mutual CHAP secret", s)?;
+            // RFC 7143 12.1.3: the same secret must not serve both directions.
+            if *s == c.secret {
+                return Err("the mutual CHAP secret must differ from the CHAP secret".into());
+            }
+            Ok(())
+        }
+        _ => Err("mutual CHAP needs both a user and a secret".into()),
+    }
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -105,7 +144,7 @@ impl Targets {
     /// Builds the registry from the configuration; `resolve` finds a vdisk by "pool/name".
     pub fn apply_all(&self, resolve: &dyn Fn(&str) -> Option<(Arc<Engine>, Arc<Vdisk>)>) {
         for cfg in self.configs.lock().values() {
-            self.registry.add_target(Target::new(&cfg.iqn));
+            self.registry.add_target(Target::new(&cfg.iqn)).set_access(cfg.access());
         }
         self.present_missing(resolve);
     }
@@ -154,7 +193,7 @@ impl Targets {
         }
         let cfg = TargetConfig {
             iqn: iqn.to_string(),
-            luns: BTreeMap::new(),
+            ..Default::default()
         };
         c.insert(iqn.to_string(), cfg.clone());
         if let Err(e) = self.save(&c) {
@@ -235,6 +274,69 @@ impl Targets {
         Ok(())
     }
 
+    /// Changes a target's configuration with `change`, saves it (or undoes the change when the
+    /// save fails) and applies the access rules to the next logins.
+    fn update_access(&self, iqn: &str, change: impl FnOnce(&mut TargetConfig) -> ApiResult<()>) -> ApiResult<()> {
+        let mut c = self.configs.lock();
+        let cfg = c
+            .get_mut(iqn)
+            .ok_or_else(|| ApiError::not_found(format!("no target '{iqn}'")))?;
+        let old = cfg.clone();
+        change(cfg)?;
+        let access = cfg.access();
+        if let Err(e) = self.save(&c) {
+            c.insert(iqn.to_string(), old);
+            return Err(e);
+        }
+        if let Some(t) = self.registry.target(iqn) {
+            t.set_access(access);
+        }
+        Ok(())
+    }
+
+    pub fn acl_add(&self, iqn: &str, initiator: &str) -> ApiResult<()> {
+        validate_iqn(initiator).map_err(ApiError::invalid)?;
+        self.update_access(iqn, |cfg| {
+            if cfg.acl.iter().any(|a| a == initiator) {
+                return Err(ApiError::exists(format!(
+                    "'{initiator}' is already in the ACL of '{iqn}'"
+                )));
+            }
+            cfg.acl.push(initiator.to_string());
+            Ok(())
+        })
+    }
+
+    pub fn acl_remove(&self, iqn: &str, initiator: &str) -> ApiResult<()> {
+        self.update_access(iqn, |cfg| {
+            let before = cfg.acl.len();
+            cfg.acl.retain(|a| a != initiator);
+            if cfg.acl.len() == before {
+                return Err(ApiError::not_found(format!(
+                    "'{initiator}' is not in the ACL of '{iqn}'"
+                )));
+            }
+            Ok(())
+        })
+    }
+
+    pub fn chap_set(&self, iqn: &str, chap: SetChap) -> ApiResult<()> {
+        validate_chap(&chap).map_err(ApiError::invalid)?;
+        self.update_access(iqn, |cfg| {
+            cfg.chap = Some(chap);
+            Ok(())
+        })
+    }
+
+    pub fn chap_clear(&self, iqn: &str) -> ApiResult<()> {
+        self.update_access(iqn, |cfg| {
+            if cfg.chap.take().is_none() {
+                return Err(ApiError::not_found(format!("target '{iqn}' has no CHAP secret")));
+            }
+            Ok(())
+        })
+    }
+
     /// The presented LUNs of a vdisk ("pool/name").
     pub fn luns_of(&self, name: &str) -> Vec<Arc<Lun>> {
         let mut out = Vec::new();
@@ -270,6 +372,44 @@ impl Targets {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn chap_rules() {
+        let good = SetChap {
+            user: "host1".into(),
+            secret: "0123456789abcdef".into(),
+            mutual_user: None,
+            mutual_secret: None,
+        };
+        validate_chap(&good).unwrap();
+        let short = SetChap {
+            secret: "short".into(),
+            ..good.clone()
+        };
+        assert!(validate_chap(&short).unwrap_err().contains("12 to 255"));
+        let half = SetChap {
+            mutual_user: Some("tgt".into()),
+            ..good.clone()
+        };
+        assert!(validate_chap(&half).unwrap_err().contains("both"));
+        let same = SetChap {
+            mutual_user: Some("tgt".into()),
+            mutual_secret: Some(good.secret.clone()),
+            ..good.clone()
+        };
+        assert!(validate_chap(&same).unwrap_err().contains("differ"));
+        let mutual = SetChap {
+            mutual_user: Some("tgt".into()),
+            mutual_secret: Some("fedcba9876543210".into()),
+            ..good
+        };
+        validate_chap(&mutual).unwrap();
+        let cfg = TargetConfig {
+            chap: Some(mutual),
+            ..Default::default()
+        };
+        assert_eq!(cfg.access().chap.unwrap().mutual.unwrap().0, "tgt");
+    }
 
     #[test]
     fn iscsi_names() {

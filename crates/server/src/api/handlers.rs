@@ -200,6 +200,26 @@ pub async fn add_lun(
     created(move || d.add_lun(&iqn, req)).await
 }
 
+pub async fn acl_add(
+    State(d): D,
+    Path(iqn): Path<String>,
+    Body(req): Body<AclEntry>,
+) -> ApiResult<(StatusCode, Json<TargetView>)> {
+    created(move || d.acl_add(&iqn, &req.initiator)).await
+}
+
+pub async fn acl_remove(State(d): D, Path((iqn, initiator)): Path<(String, String)>) -> ApiResult<Json<TargetView>> {
+    json(move || d.acl_remove(&iqn, &initiator)).await
+}
+
+pub async fn chap_set(State(d): D, Path(iqn): Path<String>, Body(req): Body<SetChap>) -> ApiResult<Json<TargetView>> {
+    json(move || d.chap_set(&iqn, req)).await
+}
+
+pub async fn chap_clear(State(d): D, Path(iqn): Path<String>) -> ApiResult<Json<TargetView>> {
+    json(move || d.chap_clear(&iqn)).await
+}
+
 pub async fn remove_lun(State(d): D, Path((iqn, lun)): Path<(String, String)>) -> ApiResult<Json<TargetView>> {
     let lun: u64 = lun
         .parse()

@@ -11,7 +11,7 @@ use axum::extract::{Request, State};
 use axum::http::header::AUTHORIZATION;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
+use axum::routing::{delete, get, post, put};
 use axum::Router;
 
 use crate::daemon::Daemon;
@@ -44,6 +44,9 @@ pub fn router(daemon: Arc<Daemon>, token: Option<String>) -> Router {
         .route("/api/targets/{iqn}", get(show_target).delete(delete_target))
         .route("/api/targets/{iqn}/luns", post(add_lun))
         .route("/api/targets/{iqn}/luns/{lun}", delete(remove_lun))
+        .route("/api/targets/{iqn}/acl", post(acl_add))
+        .route("/api/targets/{iqn}/acl/{initiator}", delete(acl_remove))
+        .route("/api/targets/{iqn}/chap", put(chap_set).delete(chap_clear))
         .route("/api/jobs", get(list_jobs))
         .route("/api/jobs/{id}", get(show_job))
         .route("/api/jobs/{id}/cancel", post(cancel_job))

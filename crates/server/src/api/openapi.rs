@@ -198,6 +198,70 @@ pub const ROUTES: &[RouteDoc] = &[
         None,
         Some((200, "Job")),
     ),
+    r(
+        "get",
+        "/api/targets",
+        "List iSCSI targets",
+        None,
+        Some((200, "TargetList")),
+    ),
+    r(
+        "post",
+        "/api/targets",
+        "Create an iSCSI target",
+        Some("CreateTarget"),
+        Some((201, "Target")),
+    ),
+    r(
+        "get",
+        "/api/targets/{iqn}",
+        "An iSCSI target",
+        None,
+        Some((200, "Target")),
+    ),
+    r("delete", "/api/targets/{iqn}", "Delete an iSCSI target", None, None),
+    r(
+        "post",
+        "/api/targets/{iqn}/luns",
+        "Present a vdisk as a LUN",
+        Some("AddLun"),
+        Some((201, "Target")),
+    ),
+    r(
+        "delete",
+        "/api/targets/{iqn}/luns/{lun}",
+        "Stop presenting a LUN",
+        None,
+        Some((200, "Target")),
+    ),
+    r(
+        "post",
+        "/api/targets/{iqn}/acl",
+        "Allow an initiator; a non-empty ACL keeps every other initiator out",
+        Some("AclEntry"),
+        Some((201, "Target")),
+    ),
+    r(
+        "delete",
+        "/api/targets/{iqn}/acl/{initiator}",
+        "Remove an initiator from the ACL",
+        None,
+        Some((200, "Target")),
+    ),
+    r(
+        "put",
+        "/api/targets/{iqn}/chap",
+        "Require CHAP (one-way, or mutual with the mutual pair)",
+        Some("SetChap"),
+        Some((200, "Target")),
+    ),
+    r(
+        "delete",
+        "/api/targets/{iqn}/chap",
+        "Stop requiring CHAP",
+        None,
+        Some((200, "Target")),
+    ),
 ];
 
 fn int() -> Value {
@@ -312,8 +376,15 @@ fn schemas() -> Value {
             "iqn": {"type": "string", "description": "iqn.YYYY-MM.reversed.domain[:name], eui.<16 hex> or naa.<16|32 hex>"}}},
         "AddLun": {"type": "object", "required": ["vdisk"], "additionalProperties": false, "properties": {
             "lun": {"type": ["integer", "null"], "minimum": 0, "maximum": 16383}, "vdisk": {"type": "string", "description": "POOL/NAME"}}},
-        "Target": obj(&["iqn", "luns"], json!({"iqn": string(), "luns": {"type": "array", "items": obj(&["lun", "vdisk", "online"], json!({
-            "lun": int(), "vdisk": string(), "online": {"type": "boolean"}, "size": opt_int()}))}})),
+        "Target": obj(&["iqn", "luns", "acl"], json!({"iqn": string(), "luns": {"type": "array", "items": obj(&["lun", "vdisk", "online"], json!({
+            "lun": int(), "vdisk": string(), "online": {"type": "boolean"}, "size": opt_int()}))},
+            "acl": {"type": "array", "items": string(), "description": "initiators allowed in; empty: all"},
+            "chap": {"oneOf": [{"type": "null"}, obj(&["user"], json!({"user": string(), "mutual_user": opt_string()}))]}})),
+        "AclEntry": {"type": "object", "required": ["initiator"], "additionalProperties": false, "properties": {
+            "initiator": {"type": "string", "description": "the initiator's iSCSI name"}}},
+        "SetChap": {"type": "object", "required": ["user", "secret"], "additionalProperties": false, "properties": {
+            "user": string(), "secret": {"type": "string", "minLength": 12, "maxLength": 255},
+            "mutual_user": string(), "mutual_secret": {"type": "string", "minLength": 12, "maxLength": 255}}},
         "TargetList": list("Target"),
     })
 }
