@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tessera_scsi::{decode_lun, report_luns, sense, transfer_length, Lun, Response, REPORT_LUNS};
+use tessera_scsi::{decode_lun, report_luns, sense, transfer_length, Lun, Nexus, Response, REPORT_LUNS};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
@@ -70,8 +70,8 @@ struct WriteTask {
 
 struct Ctx {
     reg: Arc<Registry>,
-    /// This session's I_T nexus, for unit attentions.
-    nexus: u64,
+    /// This session's I_T nexus: unit attentions and reservations are kept by it.
+    nexus: Arc<Nexus>,
     target: Option<Arc<Target>>,
     /// The initiator's name and CHAP identity: what SendTargets may reveal.
     initiator: String,
@@ -145,7 +145,11 @@ pub async fn run(sock: TcpStream, local: SocketAddr, reg: Arc<Registry>) -> Resu
     let tname = target.as_ref().map(|t| t.iqn.clone()).unwrap_or_default();
     let mut ctx = Ctx {
         reg: reg.clone(),
-        nexus: reg.new_nexus(),
+        nexus: Arc::new(Nexus {
+            id: reg.new_nexus(),
+            initiator: initiator.clone(),
+            isid,
+        }),
         target,
         initiator: initiator.clone(),
         authenticated,
@@ -216,7 +220,7 @@ pub async fn run(sock: TcpStream, local: SocketAddr, reg: Arc<Registry>) -> Resu
     if let Some(t) = &ctx.target {
         for n in t.lun_numbers() {
             if let Some(l) = t.lun(n) {
-                l.forget_nexus(ctx.nexus);
+                l.forget_nexus(ctx.nexus.id);
             }
         }
     }
@@ -350,7 +354,7 @@ impl Ctx {
             5 | 6 | 7 => {
                 self.writes.clear();
                 for l in &luns {
-                    l.reset(self.nexus);
+                    l.reset(self.nexus.id);
                 }
                 0
             }
@@ -527,7 +531,7 @@ impl Ctx {
     ) {
         let tx = self.tx.clone();
         let seq = self.seq.clone();
-        let nexus = self.nexus;
+        let nexus = self.nexus.clone();
         let max_seg = self.params.max_xmit_data_segment as usize;
         // What the CDB asks to move, for the residual of a write.
         let wanted = if read {
@@ -540,7 +544,7 @@ impl Ctx {
                 report_luns(&cdb, &target.lun_numbers())
             } else {
                 match lun {
-                    Some(l) => tokio::task::spawn_blocking(move || l.execute_for(nexus, &cdb, &data_out))
+                    Some(l) => tokio::task::spawn_blocking(move || l.execute_for(&nexus, &cdb, &data_out))
                         .await
                         .unwrap_or_else(|_| Response {
                             status: sense::CHECK_CONDITION,

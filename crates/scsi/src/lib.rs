@@ -4,12 +4,14 @@
 
 mod lun;
 mod opcodes;
+pub mod pr;
 mod sbc;
 pub mod sense;
 mod spc;
 
-pub use lun::{Lun, ModeState, Response};
+pub use lun::{Lun, ModeState, Nexus, PrStore, Response};
 pub use opcodes::{cdb_len, REPORT_LUNS};
+pub use pr::PrState;
 pub use sbc::transfer_length;
 pub use sense::Sense;
 pub use spc::{decode_lun, encode_lun, report_luns, MAX_TRANSFER_BYTES};

@@ -9,6 +9,7 @@ use tessera_volume::{Provisioning, Vdisk, VolumeError};
 use tracing::warn;
 
 use crate::opcodes::*;
+use crate::pr::{self, Outcome, PrState};
 use crate::sense::{self, Sense};
 
 /// What a command returns: data for the initiator, or a CHECK CONDITION with sense.
@@ -33,6 +34,47 @@ pub struct ModeState {
     pub swp: bool,
 }
 
+/// An I_T nexus: one initiator port's session with the target.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Nexus {
+    /// Unique while the daemon runs: keys unit attentions and SPC-2 reservations, which end
+    /// with the session.
+    pub id: u64,
+    /// The initiator's name ("iqn.…").
+    pub initiator: String,
+    /// With the name, identifies the initiator port across logins: persistent reservation
+    /// registrations are kept by it.
+    pub isid: [u8; 6],
+}
+
+impl Nexus {
+    /// The nexus of callers that are not a transport session (tests, tools).
+    pub fn local() -> Nexus {
+        Nexus {
+            id: 0,
+            initiator: "local".into(),
+            isid: [0; 6],
+        }
+    }
+}
+
+/// Saves the persistent reservation state when an initiator asked for APTPL (Some), or
+/// forgets it when the last APTPL bit received was zero (None).
+pub type PrStore = Box<dyn Fn(Option<&PrState>) -> Result<(), String> + Send + Sync>;
+
+/// What the reservation commands share.
+#[derive(Default)]
+struct Reservations {
+    pr: PrState,
+    /// The nexus holding an SPC-2 reservation.
+    legacy: Option<u64>,
+}
+
+struct NexusState {
+    nexus: Nexus,
+    ua: VecDeque<Sense>,
+}
+
 pub struct Lun {
     pub(crate) vdisk: Arc<Vdisk>,
     /// 16-byte NAA IEEE Registered Extended identifier, stable for the vdisk.
@@ -43,8 +85,14 @@ pub struct Lun {
     /// Writes hold it shared; COMPARE AND WRITE holds it exclusively, so that no write to the
     /// LUN lands between its compare and its write.
     pub(crate) atomic: RwLock<()>,
-    /// Unit attentions waiting for each I_T nexus that has used the LUN.
-    ua: Mutex<HashMap<u64, VecDeque<Sense>>>,
+    /// Every I_T nexus that has used the LUN, with the unit attentions waiting for it.
+    nexuses: Mutex<HashMap<u64, NexusState>>,
+    reservations: Mutex<Reservations>,
+    pr_store: Option<PrStore>,
+    /// Commands hold it shared while they run; reservation changes take it exclusively, so
+    /// that no command admitted under the old reservation is still running when PREEMPT (AND
+    /// ABORT) completes.
+    fence: RwLock<()>,
 }
 
 /// Unit attentions kept per nexus, at most; older ones give way.
@@ -76,8 +124,23 @@ impl Lun {
                 swp: false,
             }),
             atomic: RwLock::new(()),
-            ua: Mutex::new(HashMap::new()),
+            nexuses: Mutex::new(HashMap::new()),
+            reservations: Mutex::new(Reservations::default()),
+            pr_store: None,
+            fence: RwLock::new(()),
         }
+    }
+
+    /// Starts from `state` (as saved) and saves persistent reservations through `store`.
+    pub fn with_persistent_reservations(mut self, state: PrState, store: PrStore) -> Lun {
+        self.reservations.get_mut().pr = state;
+        self.pr_store = Some(store);
+        self
+    }
+
+    /// The persistent reservation state, for display.
+    pub fn reservations(&self) -> PrState {
+        self.reservations.lock().pr.clone()
     }
 
     pub fn vdisk(&self) -> &Arc<Vdisk> {
@@ -109,19 +172,23 @@ impl Lun {
         s.encode(self.mode.lock().d_sense)
     }
 
-    /// Runs one command for an anonymous nexus (0). Blocking: it does the vdisk I/O.
+    /// Runs one command for the local nexus. Blocking: it does the vdisk I/O.
     pub fn execute(&self, cdb: &[u8], data_out: &[u8]) -> Response {
-        self.execute_for(0, cdb, data_out)
+        self.execute_for(&Nexus::local(), cdb, data_out)
     }
 
     /// Runs one command for the I_T nexus `nexus` (an iSCSI session, say). A pending unit
     /// attention for that nexus is reported first, except to INQUIRY and REPORT LUNS; REQUEST
     /// SENSE returns it as its data.
-    pub fn execute_for(&self, nexus: u64, cdb: &[u8], data_out: &[u8]) -> Response {
+    pub fn execute_for(&self, nexus: &Nexus, cdb: &[u8], data_out: &[u8]) -> Response {
         let op = cdb.first().copied().unwrap_or(0xFF);
         {
-            let mut ua = self.ua.lock();
-            let q = ua.entry(nexus).or_default();
+            let mut all = self.nexuses.lock();
+            let entry = all.entry(nexus.id).or_insert_with(|| NexusState {
+                nexus: nexus.clone(),
+                ua: VecDeque::new(),
+            });
+            let q = &mut entry.ua;
             if !q.is_empty() && op != INQUIRY && op != REPORT_LUNS {
                 let s = q.pop_front().expect("not empty");
                 if op == REQUEST_SENSE && cdb.len() >= 6 {
@@ -140,7 +207,34 @@ impl Lun {
                 };
             }
         }
-        match self.dispatch(nexus, cdb, data_out) {
+        if matches!(
+            op,
+            PERSISTENT_RESERVE_IN | PERSISTENT_RESERVE_OUT | RESERVE_6 | RESERVE_10 | RELEASE_6 | RELEASE_10
+        ) {
+            let len = cdb_len(op).expect("known opcodes");
+            // A short CDB, or the CONTROL byte's NACA bit, which we do not support.
+            if cdb.len() < len || cdb[len - 1] & 0x04 != 0 {
+                return self.respond(Err(sense::INVALID_FIELD_IN_CDB));
+            }
+            return self.reservation_command(nexus, cdb, data_out);
+        }
+        let _fence = self.fence.read();
+        {
+            let r = self.reservations.lock();
+            let legacy_conflict = r.legacy.is_some_and(|h| h != nexus.id) && !pr::legacy_allows(cdb);
+            if legacy_conflict || !r.pr.allows(nexus, pr::access_of(cdb)) {
+                return Response {
+                    status: sense::RESERVATION_CONFLICT,
+                    data: Vec::new(),
+                    sense: Vec::new(),
+                };
+            }
+        }
+        self.respond(self.dispatch(nexus.id, cdb, data_out))
+    }
+
+    fn respond(&self, r: CmdResult) -> Response {
+        match r {
             Ok(data) => Response {
                 status: sense::GOOD,
                 data,
@@ -156,20 +250,94 @@ impl Lun {
 
     /// Queues a unit attention for every nexus that has used the LUN, but `except`.
     pub fn unit_attention(&self, s: Sense, except: Option<u64>) {
-        for (n, q) in self.ua.lock().iter_mut() {
-            if Some(*n) != except {
-                if q.len() >= MAX_PENDING_UA {
-                    q.pop_front();
+        self.unit_attention_where(s, |n| Some(n.id) != except);
+    }
+
+    fn unit_attention_where(&self, s: Sense, pick: impl Fn(&Nexus) -> bool) {
+        for e in self.nexuses.lock().values_mut() {
+            if pick(&e.nexus) {
+                if e.ua.len() >= MAX_PENDING_UA {
+                    e.ua.pop_front();
                 }
-                q.push_back(s);
+                e.ua.push_back(s);
             }
         }
     }
 
+    /// PERSISTENT RESERVE IN/OUT, RESERVE and RELEASE.
+    fn reservation_command(&self, n: &Nexus, cdb: &[u8], d: &[u8]) -> Response {
+        let conflict = Response {
+            status: sense::RESERVATION_CONFLICT,
+            data: Vec::new(),
+            sense: Vec::new(),
+        };
+        if cdb[0] == PERSISTENT_RESERVE_IN {
+            let _fence = self.fence.read();
+            let r = self.reservations.lock();
+            let mut data = match r.pr.pr_in(cdb) {
+                Ok(d) => d,
+                Err(s) => return self.respond(Err(s)),
+            };
+            if cdb[1] & 0x1F == 2 && self.pr_store.is_none() {
+                data[2] &= !0x01; // PTPL_C: nowhere to persist to
+            }
+            return self.respond(Ok(alloc(data, be16(&cdb[7..9]) as usize)));
+        }
+        let _fence = self.fence.write();
+        let mut guard = self.reservations.lock();
+        let r = &mut *guard;
+        if cdb[0] != PERSISTENT_RESERVE_OUT {
+            return match pr::legacy(&r.pr, &mut r.legacy, n, cdb) {
+                Outcome::Good => self.respond(Ok(Vec::new())),
+                Outcome::Check(s) => self.respond(Err(s)),
+                Outcome::Conflict => conflict,
+            };
+        }
+        if r.legacy.is_some_and(|h| h != n.id) {
+            return conflict;
+        }
+        let wants_aptpl = match cdb[1] & 0x1F {
+            0 | 6 => d.get(20).is_some_and(|b| b & 1 != 0),
+            7 => d.get(17).is_some_and(|b| b & 1 != 0),
+            _ => false,
+        };
+        if wants_aptpl && self.pr_store.is_none() {
+            return self.respond(Err(sense::INVALID_FIELD_IN_PARAMETER_LIST));
+        }
+        let before = r.pr.clone();
+        let mut notices = Vec::new();
+        match r.pr.pr_out(n, cdb, d, &mut notices) {
+            Outcome::Good => {}
+            other => {
+                r.pr = before;
+                return match other {
+                    Outcome::Check(s) => self.respond(Err(s)),
+                    _ => conflict,
+                };
+            }
+        }
+        if let Some(store) = &self.pr_store {
+            if r.pr != before && (r.pr.aptpl || before.aptpl) {
+                if let Err(e) = store(r.pr.aptpl.then_some(&r.pr)) {
+                    warn!(vdisk = %self.vdisk.name(), error = %e, "cannot save persistent reservations");
+                    r.pr = before;
+                    return self.respond(Err(sense::INTERNAL_TARGET_FAILURE));
+                }
+            }
+        }
+        drop(guard);
+        for (port, s) in notices {
+            self.unit_attention_where(s, |m| m.id != n.id && port.matches(m));
+        }
+        self.respond(Ok(Vec::new()))
+    }
+
     /// LUN RESET (or a target reset) asked by `from`: every nexus learns of it, the one that
-    /// asked included (as libiscsi's multipath test expects of every path).
+    /// asked included (as libiscsi's multipath test expects of every path). SPC-2
+    /// reservations end; persistent ones stay.
     pub fn reset(&self, from: u64) {
         let _ = from;
+        self.reservations.lock().legacy = None;
         self.unit_attention(sense::BUS_DEVICE_RESET_OCCURRED, None);
     }
 
@@ -180,7 +348,11 @@ impl Lun {
 
     /// A nexus went away (its session ended): nothing more is kept for it.
     pub fn forget_nexus(&self, nexus: u64) {
-        self.ua.lock().remove(&nexus);
+        self.nexuses.lock().remove(&nexus);
+        let mut r = self.reservations.lock();
+        if r.legacy == Some(nexus) {
+            r.legacy = None;
+        }
     }
 
     fn dispatch(&self, nexus: u64, cdb: &[u8], d: &[u8]) -> CmdResult {

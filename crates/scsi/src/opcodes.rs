@@ -7,6 +7,8 @@ pub const READ_6: u8 = 0x08;
 pub const WRITE_6: u8 = 0x0A;
 pub const INQUIRY: u8 = 0x12;
 pub const MODE_SELECT_6: u8 = 0x15;
+pub const RESERVE_6: u8 = 0x16;
+pub const RELEASE_6: u8 = 0x17;
 pub const MODE_SENSE_6: u8 = 0x1A;
 pub const START_STOP_UNIT: u8 = 0x1B;
 pub const PREVENT_ALLOW_MEDIUM_REMOVAL: u8 = 0x1E;
@@ -20,7 +22,11 @@ pub const SYNCHRONIZE_CACHE_10: u8 = 0x35;
 pub const WRITE_SAME_10: u8 = 0x41;
 pub const UNMAP: u8 = 0x42;
 pub const MODE_SELECT_10: u8 = 0x55;
+pub const RESERVE_10: u8 = 0x56;
+pub const RELEASE_10: u8 = 0x57;
 pub const MODE_SENSE_10: u8 = 0x5A;
+pub const PERSISTENT_RESERVE_IN: u8 = 0x5E;
+pub const PERSISTENT_RESERVE_OUT: u8 = 0x5F;
 pub const READ_16: u8 = 0x88;
 pub const COMPARE_AND_WRITE: u8 = 0x89;
 pub const WRITE_16: u8 = 0x8A;
@@ -71,6 +77,9 @@ const fn sa(op: u8, sa: u8, usage: &'static [u8]) -> OpInfo {
     }
 }
 
+const PR_IN_USAGE: &[u8] = &[0x5E, 0x1F, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0x03];
+const PR_OUT_USAGE: &[u8] = &[0x5F, 0x1F, 0xFF, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0x03];
+
 pub const SUPPORTED: &[OpInfo] = &[
     op(TEST_UNIT_READY, &[0x00, 0, 0, 0, 0, 0x03]),
     op(REQUEST_SENSE, &[0x03, 0x01, 0, 0, 0xFF, 0x03]),
@@ -78,6 +87,8 @@ pub const SUPPORTED: &[OpInfo] = &[
     op(WRITE_6, &[0x0A, 0x1F, 0xFF, 0xFF, 0xFF, 0x03]),
     op(INQUIRY, &[0x12, 0x01, 0xFF, 0xFF, 0xFF, 0x03]),
     op(MODE_SELECT_6, &[0x15, 0x11, 0, 0, 0xFF, 0x03]),
+    op(RESERVE_6, &[0x16, 0, 0, 0, 0, 0x03]),
+    op(RELEASE_6, &[0x17, 0, 0, 0, 0, 0x03]),
     op(MODE_SENSE_6, &[0x1A, 0x08, 0xFF, 0xFF, 0xFF, 0x03]),
     op(START_STOP_UNIT, &[0x1B, 0x01, 0, 0x0F, 0xF7, 0x03]),
     op(PREVENT_ALLOW_MEDIUM_REMOVAL, &[0x1E, 0, 0, 0, 0x03, 0x03]),
@@ -103,7 +114,21 @@ pub const SUPPORTED: &[OpInfo] = &[
     ),
     op(UNMAP, &[0x42, 0x01, 0, 0, 0, 0, 0x1F, 0xFF, 0xFF, 0x03]),
     op(MODE_SELECT_10, &[0x55, 0x11, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0x03]),
+    op(RESERVE_10, &[0x56, 0, 0, 0, 0, 0, 0, 0, 0, 0x03]),
+    op(RELEASE_10, &[0x57, 0, 0, 0, 0, 0, 0, 0, 0, 0x03]),
     op(MODE_SENSE_10, &[0x5A, 0x18, 0xFF, 0xFF, 0, 0, 0, 0xFF, 0xFF, 0x03]),
+    sa(PERSISTENT_RESERVE_IN, 0, PR_IN_USAGE),
+    sa(PERSISTENT_RESERVE_IN, 1, PR_IN_USAGE),
+    sa(PERSISTENT_RESERVE_IN, 2, PR_IN_USAGE),
+    sa(PERSISTENT_RESERVE_IN, 3, PR_IN_USAGE),
+    sa(PERSISTENT_RESERVE_OUT, 0, PR_OUT_USAGE),
+    sa(PERSISTENT_RESERVE_OUT, 1, PR_OUT_USAGE),
+    sa(PERSISTENT_RESERVE_OUT, 2, PR_OUT_USAGE),
+    sa(PERSISTENT_RESERVE_OUT, 3, PR_OUT_USAGE),
+    sa(PERSISTENT_RESERVE_OUT, 4, PR_OUT_USAGE),
+    sa(PERSISTENT_RESERVE_OUT, 5, PR_OUT_USAGE),
+    sa(PERSISTENT_RESERVE_OUT, 6, PR_OUT_USAGE),
+    sa(PERSISTENT_RESERVE_OUT, 7, PR_OUT_USAGE),
     op(
         READ_16,
         &[
@@ -242,6 +267,10 @@ mod tests {
             UNMAP,
             COMPARE_AND_WRITE,
             REPORT_LUNS,
+            RESERVE_6,
+            RELEASE_6,
+            RESERVE_10,
+            RELEASE_10,
         ] {
             assert!(
                 SUPPORTED.iter().any(|o| o.op == op),
@@ -253,6 +282,10 @@ mod tests {
             (SERVICE_ACTION_IN_16, SA_GET_LBA_STATUS),
             (MAINTENANCE_IN, SA_REPORT_SUPPORTED_OPCODES),
             (MAINTENANCE_IN, SA_REPORT_TARGET_PORT_GROUPS),
+            (PERSISTENT_RESERVE_IN, 0),
+            (PERSISTENT_RESERVE_IN, 3),
+            (PERSISTENT_RESERVE_OUT, 0),
+            (PERSISTENT_RESERVE_OUT, 7),
         ] {
             assert!(
                 SUPPORTED.iter().any(|o| o.op == op && o.sa == Some(sa)),

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use tessera_disk::{DiskRef, MemDisk};
 use tessera_scsi::sense::{self, key};
-use tessera_scsi::{report_luns, Lun, Response};
+use tessera_scsi::{report_luns, Lun, Nexus, Response};
 use tessera_volume::{Engine, LayoutKind, Provisioning, VdiskSpec};
 
 const MIB: u64 = 1 << 20;
@@ -361,29 +361,43 @@ fn target_port_groups_and_twelve_byte_verify() {
     assert_eq!(lun.execute(&v12, &data).sense[2] & 0x0F, key::MISCOMPARE);
 }
 
+fn nx(id: u64) -> Nexus {
+    Nexus {
+        id,
+        initiator: format!("iqn.2026-11.io.example:host{id}"),
+        isid: [0x40, 0, 0, 0, 0, id as u8],
+    }
+}
+
 #[test]
 fn unit_attentions_reach_the_other_nexuses_once() {
     let (_r, lun) = rig(512, 8 * MIB, false);
     let tur = [0u8; 6];
     // Two nexuses use the LUN; nexus 1 resets it.
-    ok(lun.execute_for(1, &tur, &[]));
-    ok(lun.execute_for(2, &tur, &[]));
+    ok(lun.execute_for(&nx(1), &tur, &[]));
+    ok(lun.execute_for(&nx(2), &tur, &[]));
     lun.reset(1);
-    assert_eq!(check(lun.execute_for(1, &tur, &[])), (key::UNIT_ATTENTION, 0x29, 0x03));
-    ok(lun.execute_for(1, &tur, &[]));
+    assert_eq!(
+        check(lun.execute_for(&nx(1), &tur, &[])),
+        (key::UNIT_ATTENTION, 0x29, 0x03)
+    );
+    ok(lun.execute_for(&nx(1), &tur, &[]));
     // INQUIRY is not held up by it; the next command reports it, once.
-    ok(lun.execute_for(2, &[0x12, 0, 0, 0, 36, 0], &[]));
-    assert_eq!(check(lun.execute_for(2, &tur, &[])), (key::UNIT_ATTENTION, 0x29, 0x03));
-    ok(lun.execute_for(2, &tur, &[]));
+    ok(lun.execute_for(&nx(2), &[0x12, 0, 0, 0, 36, 0], &[]));
+    assert_eq!(
+        check(lun.execute_for(&nx(2), &tur, &[])),
+        (key::UNIT_ATTENTION, 0x29, 0x03)
+    );
+    ok(lun.execute_for(&nx(2), &tur, &[]));
     // A capacity change reaches everyone; REQUEST SENSE returns it as data and clears it.
     lun.capacity_changed();
-    let d = ok(lun.execute_for(1, &[0x03, 0, 0, 0, 18, 0], &[]));
+    let d = ok(lun.execute_for(&nx(1), &[0x03, 0, 0, 0, 18, 0], &[]));
     assert_eq!((d[2] & 0x0F, d[12], d[13]), (key::UNIT_ATTENTION, 0x2A, 0x09));
-    ok(lun.execute_for(1, &tur, &[]));
-    assert_eq!(check(lun.execute_for(2, &tur, &[])).1, 0x2A);
+    ok(lun.execute_for(&nx(1), &tur, &[]));
+    assert_eq!(check(lun.execute_for(&nx(2), &tur, &[])).1, 0x2A);
     // A forgotten nexus gets nothing more queued.
     lun.forget_nexus(1);
     lun.reset(2);
-    assert_eq!(check(lun.execute_for(2, &tur, &[])).1, 0x29);
-    ok(lun.execute_for(1, &tur, &[]));
+    assert_eq!(check(lun.execute_for(&nx(2), &tur, &[])).1, 0x29);
+    ok(lun.execute_for(&nx(1), &tur, &[]));
 }

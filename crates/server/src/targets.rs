@@ -8,7 +8,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use tessera_iscsi::{auth, Access, Chap, Registry, Target};
-use tessera_scsi::Lun;
+use tessera_scsi::{Lun, PrState, PrStore};
 use tessera_volume::{Engine, Vdisk};
 use tracing::warn;
 
@@ -152,7 +152,8 @@ impl Targets {
     /// Presents every configured LUN that is not presented yet and whose vdisk `resolve` finds:
     /// after a pool is imported, its LUNs come back.
     pub fn present_missing(&self, resolve: &dyn Fn(&str) -> Option<(Arc<Engine>, Arc<Vdisk>)>) {
-        for cfg in self.configs.lock().values() {
+        let configs = self.configs.lock();
+        for cfg in configs.values() {
             let Some(t) = self.registry.target(&cfg.iqn) else {
                 continue;
             };
@@ -160,17 +161,61 @@ impl Targets {
                 if t.lun(n).is_some() {
                     continue;
                 }
-                match resolve(vd) {
-                    Some((e, v)) => {
-                        let uid = lun_uid(&e, &v);
-                        t.luns.write().insert(n, Arc::new(Lun::new(v, uid, false)));
+                let Some((e, v)) = resolve(vd) else {
+                    warn!(target = %cfg.iqn, lun = n, vdisk = %vd, "LUN's vdisk is not available; not presented");
+                    continue;
+                };
+                match self.logical_unit(&configs, vd, &e, v) {
+                    Ok(l) => {
+                        t.luns.write().insert(n, l);
                     }
-                    None => {
-                        warn!(target = %cfg.iqn, lun = n, vdisk = %vd, "LUN's vdisk is not available; not presented")
+                    Err(err) => warn!(target = %cfg.iqn, lun = n, vdisk = %vd, error = %err, "LUN not presented"),
+                }
+            }
+        }
+    }
+
+    /// The logical unit of vdisk `name`: the one already presented by another target if there
+    /// is one (a vdisk is one device, whatever the path: reservations, unit attentions and
+    /// COMPARE AND WRITE are shared), else a new one with its saved persistent reservations.
+    fn logical_unit(
+        &self,
+        configs: &BTreeMap<String, TargetConfig>,
+        name: &str,
+        e: &Engine,
+        v: Arc<Vdisk>,
+    ) -> Result<Arc<Lun>, String> {
+        for cfg in configs.values() {
+            for (&n, vd) in &cfg.luns {
+                if vd == name {
+                    if let Some(l) = self.registry.target(&cfg.iqn).and_then(|t| t.lun(n)) {
+                        return Ok(l);
                     }
                 }
             }
         }
+        let uid = lun_uid(e, &v);
+        let dir = self.file.with_file_name("reservations");
+        let path = dir.join(format!("{uid:032x}.json"));
+        let saved: PrState = statefile::read_json(
+            &path,
+            "it holds the LUN's persistent reservations (APTPL); fix it, or remove it to drop them",
+        )?;
+        let store: PrStore = Box::new(move |state| match state {
+            Some(s) => {
+                std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+                statefile::write_json(&path, s).map_err(|e| format!("cannot save {}: {e}", path.display()))
+            }
+            None => match std::fs::remove_file(&path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    Err(format!("cannot remove {}: {e}", path.display()))
+                }
+                _ => Ok(()),
+            },
+        });
+        Ok(Arc::new(
+            Lun::new(v, uid, false).with_persistent_reservations(saved, store),
+        ))
     }
 
     pub fn list(&self) -> Vec<TargetConfig> {
@@ -243,14 +288,14 @@ impl Targets {
                 "'{name}' is already LUN {m} of target '{iqn}'"
             )));
         }
-        cfg.luns.insert(n, name.to_string());
+        let lun = self.logical_unit(&c, name, &e, v).map_err(ApiError::io)?;
+        c.get_mut(iqn).expect("present").luns.insert(n, name.to_string());
         if let Err(err) = self.save(&c) {
             c.get_mut(iqn).expect("present").luns.remove(&n);
             return Err(err);
         }
         if let Some(t) = self.registry.target(iqn) {
-            let uid = lun_uid(&e, &v);
-            t.luns.write().insert(n, Arc::new(Lun::new(v, uid, false)));
+            t.luns.write().insert(n, lun);
         }
         Ok(n)
     }

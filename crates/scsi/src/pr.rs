@@ -1,0 +1,935 @@
+//! Reservations of a logical unit: SPC-2 RESERVE/RELEASE, and SPC-4 persistent reservations
+//! (PERSISTENT RESERVE IN and OUT) with every service action and type. The state is a plain
+//! value so that a LUN can persist it when an initiator asks for APTPL.
+
+use serde::{Deserialize, Serialize};
+
+use crate::lun::{be16, be32, be64, Nexus};
+use crate::opcodes::*;
+use crate::sense::{self, Sense};
+
+/// Persistent reservation types (SPC-4 6.16.3.4).
+pub mod pr_type {
+    pub const WRITE_EXCLUSIVE: u8 = 1;
+    pub const EXCLUSIVE_ACCESS: u8 = 3;
+    pub const WRITE_EXCLUSIVE_REGISTRANTS_ONLY: u8 = 5;
+    pub const EXCLUSIVE_ACCESS_REGISTRANTS_ONLY: u8 = 6;
+    pub const WRITE_EXCLUSIVE_ALL_REGISTRANTS: u8 = 7;
+    pub const EXCLUSIVE_ACCESS_ALL_REGISTRANTS: u8 = 8;
+}
+use pr_type::*;
+
+/// Unit attentions the reservation rules raise.
+pub const RESERVATIONS_PREEMPTED: Sense = Sense::new(sense::key::UNIT_ATTENTION, 0x2A, 0x03);
+pub const RESERVATIONS_RELEASED: Sense = Sense::new(sense::key::UNIT_ATTENTION, 0x2A, 0x04);
+pub const REGISTRATIONS_PREEMPTED: Sense = Sense::new(sense::key::UNIT_ATTENTION, 0x2A, 0x05);
+pub const INVALID_RELEASE: Sense = Sense::new(sense::key::ILLEGAL_REQUEST, 0x26, 0x04);
+
+/// iSCSI's protocol identifier in TransportIDs.
+const PROTOCOL_ISCSI: u8 = 5;
+/// The one relative target port every LUN is reached through (VPD page 0x83 says so too).
+pub const RELATIVE_TARGET_PORT: u16 = 1;
+/// Registrations a LUN keeps at most.
+const MAX_REGISTRATIONS: usize = 1024;
+
+/// An initiator port as reservations know it: the initiator's name and, unless the
+/// registration was made by device name (TransportID format 0), the ISID of one port.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortId {
+    pub initiator: String,
+    pub isid: Option<[u8; 6]>,
+}
+
+impl PortId {
+    pub fn of(n: &Nexus) -> PortId {
+        PortId {
+            initiator: n.initiator.clone(),
+            isid: Some(n.isid),
+        }
+    }
+
+    /// Whether a nexus is reached through this port. iSCSI names compare case-insensitively.
+    pub fn matches(&self, n: &Nexus) -> bool {
+        self.initiator.eq_ignore_ascii_case(&n.initiator) && self.isid.is_none_or(|i| i == n.isid)
+    }
+
+    fn same(&self, o: &PortId) -> bool {
+        self.initiator.eq_ignore_ascii_case(&o.initiator) && self.isid == o.isid
+    }
+
+    /// The iSCSI TransportID (SPC-4 7.6.4.6), padded to a multiple of 4 bytes.
+    fn transport_id(&self) -> Vec<u8> {
+        let (format, mut name) = match self.isid {
+            Some(isid) => (
+                0x40,
+                format!(
+                    "{},i,0x{}",
+                    self.initiator,
+                    isid.iter().map(|b| format!("{b:02x}")).collect::<String>()
+                )
+                .into_bytes(),
+            ),
+            None => (0x00, self.initiator.clone().into_bytes()),
+        };
+        name.push(0);
+        while name.len() % 4 != 0 || name.len() < 20 {
+            name.push(0);
+        }
+        let mut out = vec![format | PROTOCOL_ISCSI, 0];
+        out.extend_from_slice(&(name.len() as u16).to_be_bytes());
+        out.extend_from_slice(&name);
+        out
+    }
+
+    /// Parses one iSCSI TransportID; returns it and the bytes it took.
+    fn parse_transport_id(b: &[u8]) -> Result<(PortId, usize), Sense> {
+        let bad = sense::INVALID_FIELD_IN_PARAMETER_LIST;
+        if b.len() < 4 || b[0] & 0x0F != PROTOCOL_ISCSI {
+            return Err(bad);
+        }
+        let len = be16(&b[2..4]) as usize;
+        let total = 4 + len;
+        if len < 4 || b.len() < total {
+            return Err(bad);
+        }
+        let raw = &b[4..total];
+        let text =
+            std::str::from_utf8(&raw[..raw.iter().position(|&c| c == 0).unwrap_or(raw.len())]).map_err(|_| bad)?;
+        let port = match b[0] >> 6 {
+            0 => PortId {
+                initiator: text.to_string(),
+                isid: None,
+            },
+            1 => {
+                let (name, isid) = text
+                    .split_once(",i,0x")
+                    .or_else(|| text.split_once(",I,0X"))
+                    .ok_or(bad)?;
+                if isid.len() != 12 {
+                    return Err(bad);
+                }
+                let mut id = [0u8; 6];
+                for (i, v) in id.iter_mut().enumerate() {
+                    *v = u8::from_str_radix(&isid[2 * i..2 * i + 2], 16).map_err(|_| bad)?;
+                }
+                PortId {
+                    initiator: name.to_string(),
+                    isid: Some(id),
+                }
+            }
+            _ => return Err(bad),
+        };
+        if port.initiator.is_empty() {
+            return Err(bad);
+        }
+        Ok((port, total))
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Registration {
+    pub port: PortId,
+    pub key: u64,
+    pub all_tg_pt: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reservation {
+    /// The nexus that holds it; for the all-registrants types every registrant holds it.
+    pub holder: PortId,
+    pub kind: u8,
+}
+
+/// The persistent reservation state of a logical unit.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrState {
+    pub generation: u32,
+    pub registrations: Vec<Registration>,
+    pub reservation: Option<Reservation>,
+    /// Activate persist through power loss: the state survives restarts.
+    pub aptpl: bool,
+}
+
+/// How a command stands against a reservation held by another nexus (SPC-4 table 63, SBC-3
+/// table 13).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Access {
+    /// Never in conflict: discovery, status and sense.
+    Always,
+    /// Reads the medium or state: allowed under the write-exclusive types.
+    Read,
+    /// Changes the medium or state.
+    Write,
+}
+
+pub(crate) fn access_of(cdb: &[u8]) -> Access {
+    let sa = cdb.get(1).map_or(0, |b| b & 0x1F);
+    match cdb[0] {
+        INQUIRY
+        | REPORT_LUNS
+        | REQUEST_SENSE
+        | TEST_UNIT_READY
+        | READ_CAPACITY_10
+        | MAINTENANCE_IN
+        | PERSISTENT_RESERVE_IN
+        | PERSISTENT_RESERVE_OUT => Access::Always,
+        SERVICE_ACTION_IN_16 if sa == SA_READ_CAPACITY_16 => Access::Always,
+        READ_6 | READ_10 | READ_12 | READ_16 | VERIFY_10 | VERIFY_12 | VERIFY_16 | PRE_FETCH_10 | PRE_FETCH_16
+        | MODE_SENSE_6 | MODE_SENSE_10 | SERVICE_ACTION_IN_16 => Access::Read,
+        _ => Access::Write,
+    }
+}
+
+fn all_registrants(kind: u8) -> bool {
+    matches!(kind, WRITE_EXCLUSIVE_ALL_REGISTRANTS | EXCLUSIVE_ACCESS_ALL_REGISTRANTS)
+}
+
+fn registrants_only(kind: u8) -> bool {
+    matches!(
+        kind,
+        WRITE_EXCLUSIVE_REGISTRANTS_ONLY | EXCLUSIVE_ACCESS_REGISTRANTS_ONLY
+    )
+}
+
+fn valid_type(kind: u8) -> bool {
+    matches!(kind, 1 | 3 | 5..=8)
+}
+
+/// What a PERSISTENT RESERVE OUT (or RESERVE, RELEASE) comes to.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Good,
+    Check(Sense),
+    Conflict,
+}
+
+/// Unit attentions to queue for the nexuses of these ports.
+pub(crate) type Notices = Vec<(PortId, Sense)>;
+
+impl PrState {
+    fn registration(&self, n: &Nexus) -> Option<usize> {
+        self.registrations.iter().position(|r| r.port.matches(n))
+    }
+
+    /// Whether `n` holds the reservation (every registrant does for the all-registrants types).
+    fn holds(&self, n: &Nexus) -> bool {
+        match &self.reservation {
+            Some(r) if all_registrants(r.kind) => self.registration(n).is_some(),
+            Some(r) => r.holder.matches(n),
+            None => false,
+        }
+    }
+
+    /// Whether a command of `access` from `n` may run.
+    pub(crate) fn allows(&self, n: &Nexus, access: Access) -> bool {
+        let Some(r) = &self.reservation else {
+            return true;
+        };
+        if access == Access::Always || self.holds(n) {
+            return true;
+        }
+        let registered = self.registration(n).is_some();
+        match r.kind {
+            WRITE_EXCLUSIVE => access == Access::Read,
+            EXCLUSIVE_ACCESS => false,
+            WRITE_EXCLUSIVE_REGISTRANTS_ONLY | WRITE_EXCLUSIVE_ALL_REGISTRANTS => registered || access == Access::Read,
+            _ => registered,
+        }
+    }
+
+    /// Unit attentions for every registrant but the ports in `except`.
+    fn notify_registrants(&self, s: Sense, except: &[&PortId], out: &mut Notices) {
+        for r in &self.registrations {
+            if !except.iter().any(|e| e.same(&r.port)) {
+                out.push((r.port.clone(), s));
+            }
+        }
+    }
+
+    /// Removes registration `i`, releasing the reservation it held.
+    fn unregister(&mut self, i: usize, out: &mut Notices) {
+        let gone = self.registrations.remove(i);
+        let Some(r) = &self.reservation else {
+            return;
+        };
+        if all_registrants(r.kind) {
+            if self.registrations.is_empty() {
+                self.reservation = None;
+            }
+        } else if r.holder.same(&gone.port) {
+            let kind = r.kind;
+            self.reservation = None;
+            if registrants_only(kind) {
+                self.notify_registrants(RESERVATIONS_RELEASED, &[], out);
+            }
+        }
+    }
+
+    /// Removes every registration with `key` but that of `keep`; returns the ports removed.
+    fn remove_key(&mut self, key: u64, keep: &PortId) -> Vec<PortId> {
+        let mut removed = Vec::new();
+        self.registrations.retain(|r| {
+            let drop = r.key == key && !r.port.same(keep);
+            if drop {
+                removed.push(r.port.clone());
+            }
+            !drop
+        });
+        removed
+    }
+
+    /// PERSISTENT RESERVE IN.
+    pub(crate) fn pr_in(&self, cdb: &[u8]) -> Result<Vec<u8>, Sense> {
+        let sa = cdb[1] & 0x1F;
+        let mut out = Vec::new();
+        out.extend_from_slice(&self.generation.to_be_bytes());
+        match sa {
+            // READ KEYS
+            0 => {
+                out.extend_from_slice(&((8 * self.registrations.len()) as u32).to_be_bytes());
+                for r in &self.registrations {
+                    out.extend_from_slice(&r.key.to_be_bytes());
+                }
+            }
+            // READ RESERVATION
+            1 => match &self.reservation {
+                None => out.extend_from_slice(&0u32.to_be_bytes()),
+                Some(r) => {
+                    out.extend_from_slice(&16u32.to_be_bytes());
+                    let key = if all_registrants(r.kind) {
+                        0
+                    } else {
+                        self.registrations
+                            .iter()
+                            .find(|g| g.port.same(&r.holder))
+                            .map_or(0, |g| g.key)
+                    };
+                    out.extend_from_slice(&key.to_be_bytes());
+                    out.extend_from_slice(&[0, 0, 0, 0, 0, r.kind, 0, 0]);
+                }
+            },
+            // REPORT CAPABILITIES
+            2 => {
+                out.clear();
+                // Length 8; SIP_C, ATP_C, PTPL_C; TMV and PTPL_A; the type mask.
+                out.extend_from_slice(&[0, 8, 0x08 | 0x04 | 0x01, 0x80 | self.aptpl as u8]);
+                out.extend_from_slice(&[0x80 | 0x40 | 0x20 | 0x08 | 0x02, 0x01, 0, 0]);
+            }
+            // READ FULL STATUS
+            3 => {
+                let mut descs = Vec::new();
+                for r in &self.registrations {
+                    let holder = match &self.reservation {
+                        Some(res) if all_registrants(res.kind) || res.holder.same(&r.port) => Some(res.kind),
+                        _ => None,
+                    };
+                    descs.extend_from_slice(&r.key.to_be_bytes());
+                    descs.extend_from_slice(&[0; 4]);
+                    descs.push(((r.all_tg_pt as u8) << 1) | holder.is_some() as u8);
+                    descs.push(holder.unwrap_or(0));
+                    descs.extend_from_slice(&[0; 4]);
+                    let port = if r.all_tg_pt { 0 } else { RELATIVE_TARGET_PORT };
+                    descs.extend_from_slice(&port.to_be_bytes());
+                    let tid = r.port.transport_id();
+                    descs.extend_from_slice(&(tid.len() as u32).to_be_bytes());
+                    descs.extend_from_slice(&tid);
+                }
+                out.extend_from_slice(&(descs.len() as u32).to_be_bytes());
+                out.extend_from_slice(&descs);
+            }
+            _ => return Err(sense::INVALID_FIELD_IN_CDB),
+        }
+        Ok(out)
+    }
+
+    /// PERSISTENT RESERVE OUT from `n`. Changes the state only when it succeeds.
+    pub(crate) fn pr_out(&mut self, n: &Nexus, cdb: &[u8], d: &[u8], out: &mut Notices) -> Outcome {
+        let sa = cdb[1] & 0x1F;
+        let (scope, kind) = (cdb[2] >> 4, cdb[2] & 0x0F);
+        let len = be32(&cdb[5..9]) as usize;
+        if sa > 7 {
+            return Outcome::Check(sense::INVALID_FIELD_IN_CDB);
+        }
+        if len < 24 || d.len() < len {
+            return Outcome::Check(sense::PARAMETER_LIST_LENGTH_ERROR);
+        }
+        let d = &d[..len];
+        if sa == 7 {
+            return self.register_and_move(n, d);
+        }
+        let (key, sa_key) = (be64(&d[0..8]), be64(&d[8..16]));
+        let (spec_i_pt, all_tg_pt, aptpl) = (d[20] & 0x08 != 0, d[20] & 0x04 != 0, d[20] & 0x01 != 0);
+        if !spec_i_pt && len != 24 {
+            return Outcome::Check(sense::PARAMETER_LIST_LENGTH_ERROR);
+        }
+        let me = self.registration(n);
+        let needs_reservation = matches!(sa, 1 | 2 | 4 | 5);
+        if needs_reservation && (scope != 0 || !valid_type(kind)) && sa != 2 {
+            return Outcome::Check(sense::INVALID_FIELD_IN_CDB);
+        }
+        match sa {
+            // REGISTER, REGISTER AND IGNORE EXISTING KEY
+            0 | 6 => {
+                match me {
+                    None => {
+                        if sa == 0 && key != 0 {
+                            return Outcome::Conflict;
+                        }
+                        if spec_i_pt && sa == 6 {
+                            return Outcome::Check(sense::INVALID_FIELD_IN_PARAMETER_LIST);
+                        }
+                        if sa_key == 0 {
+                            return Outcome::Good;
+                        }
+                        let mut ports = vec![PortId::of(n)];
+                        if spec_i_pt {
+                            match parse_transport_id_list(&d[24..]) {
+                                Ok(listed) => ports.extend(listed),
+                                Err(s) => return Outcome::Check(s),
+                            }
+                            for (i, p) in ports.iter().enumerate() {
+                                let dup = ports[..i].iter().any(|q| q.same(p));
+                                if dup || self.registrations.iter().any(|r| r.port.same(p)) {
+                                    return Outcome::Check(sense::INVALID_FIELD_IN_PARAMETER_LIST);
+                                }
+                            }
+                        }
+                        if self.registrations.len() + ports.len() > MAX_REGISTRATIONS {
+                            return Outcome::Check(INSUFFICIENT_REGISTRATION_RESOURCES);
+                        }
+                        for port in ports {
+                            self.registrations.push(Registration {
+                                port,
+                                key: sa_key,
+                                all_tg_pt,
+                            });
+                        }
+                    }
+                    Some(i) => {
+                        if sa == 0 && key != self.registrations[i].key {
+                            return Outcome::Conflict;
+                        }
+                        if spec_i_pt {
+                            return Outcome::Check(sense::INVALID_FIELD_IN_PARAMETER_LIST);
+                        }
+                        if sa_key == 0 {
+                            self.unregister(i, out);
+                        } else {
+                            self.registrations[i].key = sa_key;
+                        }
+                    }
+                }
+                self.aptpl = aptpl;
+                self.generation = self.generation.wrapping_add(1);
+                Outcome::Good
+            }
+            _ => {
+                // Every other service action needs a registration with the right key.
+                let Some(i) = me else {
+                    return Outcome::Conflict;
+                };
+                if key != self.registrations[i].key {
+                    return Outcome::Conflict;
+                }
+                // ALL_TG_PT only means something to the register actions; SPEC_I_PT is an error.
+                if spec_i_pt {
+                    return Outcome::Check(sense::INVALID_FIELD_IN_PARAMETER_LIST);
+                }
+                let mine = self.registrations[i].port.clone();
+                match sa {
+                    1 => self.reserve(n, mine, kind),
+                    2 => self.release(n, &mine, scope, kind, out),
+                    3 => {
+                        self.notify_registrants(RESERVATIONS_PREEMPTED, &[&mine], out);
+                        self.registrations.clear();
+                        self.reservation = None;
+                        self.generation = self.generation.wrapping_add(1);
+                        Outcome::Good
+                    }
+                    _ => self.preempt(mine, sa_key, kind, out),
+                }
+            }
+        }
+    }
+
+    fn reserve(&mut self, n: &Nexus, mine: PortId, kind: u8) -> Outcome {
+        match &self.reservation {
+            Some(r) if self.holds(n) && r.kind == kind => Outcome::Good,
+            Some(_) => Outcome::Conflict,
+            None => {
+                self.reservation = Some(Reservation { holder: mine, kind });
+                Outcome::Good
+            }
+        }
+    }
+
+    fn release(&mut self, n: &Nexus, mine: &PortId, scope: u8, kind: u8, out: &mut Notices) -> Outcome {
+        let Some(r) = &self.reservation else {
+            return Outcome::Good;
+        };
+        if !self.holds(n) {
+            return Outcome::Good;
+        }
+        if scope != 0 || r.kind != kind {
+            return Outcome::Check(INVALID_RELEASE);
+        }
+        let kind = r.kind;
+        self.reservation = None;
+        if registrants_only(kind) || all_registrants(kind) {
+            self.notify_registrants(RESERVATIONS_RELEASED, &[mine], out);
+        }
+        Outcome::Good
+    }
+
+    /// PREEMPT and PREEMPT AND ABORT (SPC-4 5.13.11.4). Commands run to completion as they
+    /// arrive here, so there are no tasks of the preempted nexuses left to abort.
+    fn preempt(&mut self, mine: PortId, sa_key: u64, kind: u8, out: &mut Notices) -> Outcome {
+        let res = self.reservation.clone();
+        let removed = match &res {
+            Some(r) if all_registrants(r.kind) && sa_key == 0 => {
+                // Every other registration goes, and the preempter holds a new reservation.
+                let removed: Vec<PortId> = self
+                    .registrations
+                    .iter()
+                    .filter(|g| !g.port.same(&mine))
+                    .map(|g| g.port.clone())
+                    .collect();
+                self.registrations.retain(|g| g.port.same(&mine));
+                self.reservation = Some(Reservation {
+                    holder: mine.clone(),
+                    kind,
+                });
+                removed
+            }
+            Some(r) if !all_registrants(r.kind) && self.holder_key() == Some(sa_key) => {
+                let removed = self.remove_key(sa_key, &mine);
+                let changed = r.kind != kind;
+                self.reservation = Some(Reservation {
+                    holder: mine.clone(),
+                    kind,
+                });
+                if changed {
+                    let except: Vec<&PortId> = std::iter::once(&mine).chain(removed.iter()).collect();
+                    self.notify_registrants(RESERVATIONS_RELEASED, &except, out);
+                }
+                removed
+            }
+            _ => {
+                // No reservation to take: only registrations are removed.
+                if sa_key == 0 {
+                    return Outcome::Check(sense::INVALID_FIELD_IN_PARAMETER_LIST);
+                }
+                let removed = self.remove_key(sa_key, &mine);
+                if removed.is_empty() {
+                    return Outcome::Conflict;
+                }
+                if let Some(r) = &self.reservation {
+                    if all_registrants(r.kind) && self.registrations.is_empty() {
+                        self.reservation = None;
+                    }
+                }
+                removed
+            }
+        };
+        for p in removed {
+            out.push((p, REGISTRATIONS_PREEMPTED));
+        }
+        self.generation = self.generation.wrapping_add(1);
+        Outcome::Good
+    }
+
+    fn holder_key(&self) -> Option<u64> {
+        let r = self.reservation.as_ref()?;
+        self.registrations
+            .iter()
+            .find(|g| g.port.same(&r.holder))
+            .map(|g| g.key)
+    }
+
+    /// REGISTER AND MOVE: the holder hands its reservation to another port.
+    fn register_and_move(&mut self, n: &Nexus, d: &[u8]) -> Outcome {
+        let (key, sa_key) = (be64(&d[0..8]), be64(&d[8..16]));
+        let (unreg, aptpl) = (d[17] & 0x02 != 0, d[17] & 0x01 != 0);
+        let port = be16(&d[18..20]) as u16;
+        let tid_len = be32(&d[20..24]) as usize;
+        let Some(i) = self.registration(n) else {
+            return Outcome::Conflict;
+        };
+        if key != self.registrations[i].key {
+            return Outcome::Conflict;
+        }
+        let kind = match &self.reservation {
+            Some(r) if !all_registrants(r.kind) && self.holds(n) => r.kind,
+            _ => return Outcome::Conflict,
+        };
+        if sa_key == 0 || d.len() < 24 + tid_len {
+            return Outcome::Check(sense::INVALID_FIELD_IN_PARAMETER_LIST);
+        }
+        let dest = match PortId::parse_transport_id(&d[24..24 + tid_len]) {
+            Ok((p, _)) => p,
+            Err(s) => return Outcome::Check(s),
+        };
+        if dest.same(&self.registrations[i].port) || dest.matches(n) || port != RELATIVE_TARGET_PORT {
+            return Outcome::Check(sense::INVALID_FIELD_IN_PARAMETER_LIST);
+        }
+        match self.registrations.iter_mut().find(|g| g.port.same(&dest)) {
+            Some(g) => g.key = sa_key,
+            None => self.registrations.push(Registration {
+                port: dest.clone(),
+                key: sa_key,
+                all_tg_pt: false,
+            }),
+        }
+        self.reservation = Some(Reservation { holder: dest, kind });
+        if unreg {
+            let i = self.registration(n).expect("still registered");
+            self.registrations.remove(i);
+        }
+        self.aptpl = aptpl;
+        self.generation = self.generation.wrapping_add(1);
+        Outcome::Good
+    }
+}
+
+pub const INSUFFICIENT_REGISTRATION_RESOURCES: Sense = Sense::new(sense::key::ILLEGAL_REQUEST, 0x55, 0x04);
+
+/// The TransportID list that follows the basic parameter list when SPEC_I_PT is set.
+fn parse_transport_id_list(b: &[u8]) -> Result<Vec<PortId>, Sense> {
+    if b.len() < 4 {
+        return Err(sense::PARAMETER_LIST_LENGTH_ERROR);
+    }
+    let len = be32(&b[0..4]) as usize;
+    if b.len() < 4 + len {
+        return Err(sense::PARAMETER_LIST_LENGTH_ERROR);
+    }
+    let mut rest = &b[4..4 + len];
+    let mut out = Vec::new();
+    while !rest.is_empty() {
+        let (p, used) = PortId::parse_transport_id(rest)?;
+        out.push(p);
+        rest = &rest[used..];
+    }
+    Ok(out)
+}
+
+/// SPC-2 RESERVE and RELEASE (6 and 10), held per I_T nexus and lost with it. With persistent
+/// registrations present they conflict (we do not claim compatible reservation handling).
+pub(crate) fn legacy(state: &PrState, holder: &mut Option<u64>, n: &Nexus, cdb: &[u8]) -> Outcome {
+    let reserve = matches!(cdb[0], RESERVE_6 | RESERVE_10);
+    // Third-party reservations (RESERVE(10) 3RDPTY/LONGID) and extents are not supported.
+    let third_party = match cdb[0] {
+        RESERVE_10 | RELEASE_10 => cdb[1] & 0x12 != 0,
+        _ => cdb[1] & 0x01 != 0,
+    };
+    if third_party {
+        return Outcome::Check(sense::INVALID_FIELD_IN_CDB);
+    }
+    if !state.registrations.is_empty() || state.reservation.is_some() {
+        return Outcome::Conflict;
+    }
+    match (*holder, reserve) {
+        (Some(h), true) if h != n.id => Outcome::Conflict,
+        (_, true) => {
+            *holder = Some(n.id);
+            Outcome::Good
+        }
+        (Some(h), false) if h == n.id => {
+            *holder = None;
+            Outcome::Good
+        }
+        // Releasing what one does not hold is no error.
+        (_, false) => Outcome::Good,
+    }
+}
+
+/// Whether an SPC-2 reservation held by another nexus lets this command through.
+pub(crate) fn legacy_allows(cdb: &[u8]) -> bool {
+    matches!(
+        cdb[0],
+        INQUIRY | REPORT_LUNS | REQUEST_SENSE | RELEASE_6 | RELEASE_10 | MAINTENANCE_IN | PERSISTENT_RESERVE_IN
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nexus(id: u64, name: &str, isid: u8) -> Nexus {
+        Nexus {
+            id,
+            initiator: name.into(),
+            isid: [0x40, 0, 0, 0, 0, isid],
+        }
+    }
+
+    fn out_cdb(sa: u8, kind: u8) -> [u8; 10] {
+        [0x5F, sa, kind, 0, 0, 0, 0, 0, 24, 0]
+    }
+
+    fn params(key: u64, sa_key: u64, flags: u8) -> Vec<u8> {
+        let mut d = vec![0u8; 24];
+        d[0..8].copy_from_slice(&key.to_be_bytes());
+        d[8..16].copy_from_slice(&sa_key.to_be_bytes());
+        d[20] = flags;
+        d
+    }
+
+    fn run(s: &mut PrState, n: &Nexus, sa: u8, kind: u8, key: u64, sa_key: u64) -> (Outcome, Notices) {
+        let mut notes = Vec::new();
+        let o = s.pr_out(n, &out_cdb(sa, kind), &params(key, sa_key, 0), &mut notes);
+        (o, notes)
+    }
+
+    #[test]
+    fn register_reserve_release_and_access() {
+        let (a, b, c) = (nexus(1, "iqn.x:a", 1), nexus(2, "iqn.x:b", 1), nexus(3, "iqn.x:c", 1));
+        let mut s = PrState::default();
+        assert_eq!(
+            run(&mut s, &a, 0, 0, 5, 0xA).0,
+            Outcome::Conflict,
+            "REGISTER with a key while unregistered"
+        );
+        assert_eq!(run(&mut s, &a, 0, 0, 0, 0xA).0, Outcome::Good);
+        assert_eq!(run(&mut s, &b, 6, 0, 0, 0xB).0, Outcome::Good);
+        assert_eq!(s.generation, 2);
+        assert_eq!(
+            run(&mut s, &a, 1, WRITE_EXCLUSIVE, 0xB, 0).0,
+            Outcome::Conflict,
+            "wrong key"
+        );
+        assert_eq!(
+            run(&mut s, &c, 1, WRITE_EXCLUSIVE, 0, 0).0,
+            Outcome::Conflict,
+            "unregistered"
+        );
+        assert_eq!(run(&mut s, &a, 1, WRITE_EXCLUSIVE, 0xA, 0).0, Outcome::Good);
+        assert_eq!(
+            run(&mut s, &a, 1, WRITE_EXCLUSIVE, 0xA, 0).0,
+            Outcome::Good,
+            "same again"
+        );
+        assert_eq!(
+            run(&mut s, &a, 1, EXCLUSIVE_ACCESS, 0xA, 0).0,
+            Outcome::Conflict,
+            "another type"
+        );
+        assert_eq!(run(&mut s, &b, 1, WRITE_EXCLUSIVE, 0xB, 0).0, Outcome::Conflict);
+        assert_eq!(s.generation, 2, "RESERVE leaves the generation alone");
+        assert!(s.allows(&a, Access::Write));
+        assert!(s.allows(&b, Access::Read) && !s.allows(&b, Access::Write));
+        assert!(s.allows(&c, Access::Always));
+        // A release of the wrong type is an error; by a non-holder, a no-op.
+        assert_eq!(
+            run(&mut s, &a, 2, EXCLUSIVE_ACCESS, 0xA, 0).0,
+            Outcome::Check(INVALID_RELEASE)
+        );
+        assert_eq!(run(&mut s, &b, 2, WRITE_EXCLUSIVE, 0xB, 0).0, Outcome::Good);
+        assert!(s.reservation.is_some());
+        assert_eq!(run(&mut s, &a, 2, WRITE_EXCLUSIVE, 0xA, 0).0, Outcome::Good);
+        assert!(s.reservation.is_none() && s.allows(&c, Access::Write));
+    }
+
+    #[test]
+    fn access_by_type_matches_spc4() {
+        // (type, registered non-holder read, write, unregistered read, write)
+        let table = [
+            (EXCLUSIVE_ACCESS, false, false, false, false),
+            (WRITE_EXCLUSIVE, true, false, true, false),
+            (EXCLUSIVE_ACCESS_REGISTRANTS_ONLY, true, true, false, false),
+            (WRITE_EXCLUSIVE_REGISTRANTS_ONLY, true, true, true, false),
+            (EXCLUSIVE_ACCESS_ALL_REGISTRANTS, true, true, false, false),
+            (WRITE_EXCLUSIVE_ALL_REGISTRANTS, true, true, true, false),
+        ];
+        for (kind, rr, rw, ur, uw) in table {
+            let (a, b, c) = (nexus(1, "iqn.x:a", 1), nexus(2, "iqn.x:b", 1), nexus(3, "iqn.x:c", 1));
+            let mut s = PrState::default();
+            run(&mut s, &a, 6, 0, 0, 1);
+            run(&mut s, &b, 6, 0, 0, 2);
+            assert_eq!(run(&mut s, &a, 1, kind, 1, 0).0, Outcome::Good);
+            assert_eq!(s.allows(&b, Access::Read), rr, "type {kind}");
+            assert_eq!(s.allows(&b, Access::Write), rw, "type {kind}");
+            assert_eq!(s.allows(&c, Access::Read), ur, "type {kind}");
+            assert_eq!(s.allows(&c, Access::Write), uw, "type {kind}");
+            // The holder unregistering releases all but the all-registrants types.
+            run(&mut s, &a, 0, 0, 1, 0);
+            assert_eq!(s.reservation.is_some(), all_registrants(kind), "type {kind}");
+        }
+    }
+
+    #[test]
+    fn preempt_clear_and_notices() {
+        let (a, b) = (nexus(1, "iqn.x:a", 1), nexus(2, "iqn.x:b", 1));
+        let mut s = PrState::default();
+        run(&mut s, &a, 6, 0, 0, 1);
+        run(&mut s, &b, 6, 0, 0, 2);
+        // Without a reservation PREEMPT removes the registrations with the key.
+        let (o, notes) = run(&mut s, &b, 4, EXCLUSIVE_ACCESS, 2, 1);
+        assert_eq!(o, Outcome::Good);
+        assert_eq!(s.registrations.len(), 1);
+        assert_eq!(notes, vec![(PortId::of(&a), REGISTRATIONS_PREEMPTED)]);
+        assert_eq!(
+            run(&mut s, &b, 4, EXCLUSIVE_ACCESS, 2, 9).0,
+            Outcome::Conflict,
+            "no such key"
+        );
+        assert_eq!(
+            run(&mut s, &b, 4, EXCLUSIVE_ACCESS, 2, 0).0,
+            Outcome::Check(sense::INVALID_FIELD_IN_PARAMETER_LIST)
+        );
+        // Preempting the holder takes its reservation.
+        run(&mut s, &a, 6, 0, 0, 1);
+        run(&mut s, &a, 1, WRITE_EXCLUSIVE, 1, 0);
+        let (o, _) = run(&mut s, &b, 5, EXCLUSIVE_ACCESS, 2, 1);
+        assert_eq!(o, Outcome::Good);
+        assert_eq!(
+            s.reservation,
+            Some(Reservation {
+                holder: PortId::of(&b),
+                kind: EXCLUSIVE_ACCESS
+            })
+        );
+        assert!(!s.allows(&a, Access::Read));
+        // CLEAR drops everything and tells the others.
+        run(&mut s, &a, 6, 0, 0, 1);
+        let gen = s.generation;
+        let (o, notes) = run(&mut s, &b, 3, 0, 2, 0);
+        assert_eq!(o, Outcome::Good);
+        assert!(s.registrations.is_empty() && s.reservation.is_none());
+        assert_eq!(s.generation, gen + 1);
+        assert_eq!(notes, vec![(PortId::of(&a), RESERVATIONS_PREEMPTED)]);
+    }
+
+    #[test]
+    fn read_keys_reservation_caps_and_full_status() {
+        let a = nexus(1, "iqn.x:a", 7);
+        let mut s = PrState::default();
+        run(&mut s, &a, 6, 0, 0, 0x1122);
+        run(&mut s, &a, 1, EXCLUSIVE_ACCESS_REGISTRANTS_ONLY, 0x1122, 0);
+        let keys = s.pr_in(&[0x5E, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0]).unwrap();
+        assert_eq!(&keys[4..8], &8u32.to_be_bytes());
+        assert_eq!(be64(&keys[8..16]), 0x1122);
+        let res = s.pr_in(&[0x5E, 1, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0]).unwrap();
+        assert_eq!(be64(&res[8..16]), 0x1122);
+        assert_eq!(res[21], EXCLUSIVE_ACCESS_REGISTRANTS_ONLY);
+        let caps = s.pr_in(&[0x5E, 2, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0]).unwrap();
+        assert_eq!(caps.len(), 8);
+        let full = s.pr_in(&[0x5E, 3, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0]).unwrap();
+        assert_eq!(full[8 + 12] & 1, 1, "R_HOLDER");
+        let tid = &full[8 + 24..];
+        let (port, _) = PortId::parse_transport_id(tid).unwrap();
+        assert_eq!(port, PortId::of(&a));
+        assert!(s.pr_in(&[0x5E, 4, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0]).is_err());
+    }
+
+    #[test]
+    fn register_and_move_and_spec_i_pt() {
+        let (a, b) = (nexus(1, "iqn.x:a", 1), nexus(2, "iqn.x:b", 2));
+        let mut s = PrState::default();
+        // SPEC_I_PT registers another port in the same command.
+        let mut d = params(0, 0x10, 0x08);
+        let tid = PortId::of(&b).transport_id();
+        d.extend_from_slice(&(tid.len() as u32).to_be_bytes());
+        d.extend_from_slice(&tid);
+        let mut cdb = out_cdb(0, 0);
+        cdb[5..9].copy_from_slice(&(d.len() as u32).to_be_bytes());
+        let mut notes = Vec::new();
+        assert_eq!(s.pr_out(&a, &cdb, &d, &mut notes), Outcome::Good);
+        assert_eq!(s.registrations.len(), 2);
+        assert!(s.registration(&b).is_some());
+        // a reserves, then moves the reservation to b with a new key, unregistering itself.
+        run(&mut s, &a, 1, WRITE_EXCLUSIVE, 0x10, 0);
+        let mut m = vec![0u8; 24];
+        m[0..8].copy_from_slice(&0x10u64.to_be_bytes());
+        m[8..16].copy_from_slice(&0x20u64.to_be_bytes());
+        m[17] = 0x02;
+        m[18..20].copy_from_slice(&RELATIVE_TARGET_PORT.to_be_bytes());
+        m[20..24].copy_from_slice(&(tid.len() as u32).to_be_bytes());
+        m.extend_from_slice(&tid);
+        let mut cdb = out_cdb(7, WRITE_EXCLUSIVE);
+        cdb[5..9].copy_from_slice(&(m.len() as u32).to_be_bytes());
+        assert_eq!(s.pr_out(&a, &cdb, &m, &mut notes), Outcome::Good);
+        assert!(s.registration(&a).is_none());
+        assert_eq!(s.registrations[s.registration(&b).unwrap()].key, 0x20);
+        assert!(s.holds(&b) && !s.allows(&a, Access::Write));
+    }
+
+    #[test]
+    fn malformed_parameter_lists_change_nothing() {
+        let a = nexus(1, "iqn.x:a", 1);
+        let mut s = PrState::default();
+        let mut notes = Vec::new();
+        let mut cdb = out_cdb(0, 0);
+        cdb[8] = 16;
+        assert_eq!(
+            s.pr_out(&a, &cdb, &[0; 16], &mut notes),
+            Outcome::Check(sense::PARAMETER_LIST_LENGTH_ERROR)
+        );
+        assert_eq!(
+            s.pr_out(&a, &out_cdb(9, 0), &params(0, 1, 0), &mut notes),
+            Outcome::Check(sense::INVALID_FIELD_IN_CDB)
+        );
+        // SPEC_I_PT with a truncated TransportID.
+        let mut d = params(0, 1, 0x08);
+        d.extend_from_slice(&[0, 0, 0, 30, 0x45, 0, 0, 26]);
+        let mut cdb = out_cdb(0, 0);
+        cdb[8] = d.len() as u8;
+        assert_ne!(s.pr_out(&a, &cdb, &d, &mut notes), Outcome::Good);
+        // A reservation with a bad scope or type.
+        run(&mut s, &a, 6, 0, 0, 1);
+        let gen = s.generation;
+        assert_eq!(
+            run(&mut s, &a, 1, 0x12, 1, 0).0,
+            Outcome::Check(sense::INVALID_FIELD_IN_CDB)
+        );
+        assert_eq!(
+            run(&mut s, &a, 1, 2, 1, 0).0,
+            Outcome::Check(sense::INVALID_FIELD_IN_CDB)
+        );
+        assert_eq!(s.generation, gen);
+        assert!(s.reservation.is_none());
+    }
+
+    #[test]
+    fn spc2_reservations() {
+        let (a, b) = (nexus(1, "iqn.x:a", 1), nexus(2, "iqn.x:b", 1));
+        let s = PrState::default();
+        let mut holder = None;
+        assert_eq!(legacy(&s, &mut holder, &a, &[RESERVE_6, 0, 0, 0, 0, 0]), Outcome::Good);
+        assert_eq!(legacy(&s, &mut holder, &a, &[RESERVE_6, 0, 0, 0, 0, 0]), Outcome::Good);
+        assert_eq!(
+            legacy(&s, &mut holder, &b, &[RESERVE_6, 0, 0, 0, 0, 0]),
+            Outcome::Conflict
+        );
+        assert_eq!(legacy(&s, &mut holder, &b, &[RELEASE_6, 0, 0, 0, 0, 0]), Outcome::Good);
+        assert_eq!(holder, Some(1));
+        assert_eq!(legacy(&s, &mut holder, &a, &[RELEASE_6, 0, 0, 0, 0, 0]), Outcome::Good);
+        assert_eq!(holder, None);
+        let mut r10 = [RESERVE_10, 0x10, 0, 0, 0, 0, 0, 0, 0, 0];
+        assert_eq!(
+            legacy(&s, &mut holder, &a, &r10),
+            Outcome::Check(sense::INVALID_FIELD_IN_CDB)
+        );
+        r10[1] = 0;
+        assert_eq!(legacy(&s, &mut holder, &b, &r10), Outcome::Good);
+        // Persistent registrations and SPC-2 reservations do not mix.
+        let mut p = PrState::default();
+        run(&mut p, &a, 6, 0, 0, 1);
+        let mut none = None;
+        assert_eq!(
+            legacy(&p, &mut none, &a, &[RESERVE_6, 0, 0, 0, 0, 0]),
+            Outcome::Conflict
+        );
+    }
+
+    #[test]
+    fn state_round_trips_through_json() {
+        let a = nexus(1, "iqn.x:a", 1);
+        let mut s = PrState::default();
+        let mut notes = Vec::new();
+        s.pr_out(&a, &out_cdb(6, 0), &params(0, 7, 0x01), &mut notes);
+        run(&mut s, &a, 1, EXCLUSIVE_ACCESS, 7, 0);
+        let j = serde_json::to_string(&s).unwrap();
+        assert_eq!(serde_json::from_str::<PrState>(&j).unwrap(), s);
+        assert!(s.aptpl);
+    }
+}
