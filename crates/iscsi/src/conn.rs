@@ -23,6 +23,8 @@ use crate::text;
 /// Idle time before we ping the initiator with a NOP-In, and how long it has to answer.
 const NOP_INTERVAL: Duration = Duration::from_secs(30);
 const NOP_TIMEOUT: Duration = Duration::from_secs(30);
+/// Time a connection has to complete its login.
+const LOGIN_TIMEOUT: Duration = Duration::from_secs(10);
 
 const NO_TAG: u32 = 0xFFFF_FFFF;
 
@@ -86,7 +88,11 @@ struct Ctx {
 
 pub async fn run(sock: TcpStream, local: SocketAddr, reg: Arc<Registry>) -> Result<(), String> {
     let (mut r, mut w) = sock.into_split();
-    let Some(li) = login(&mut r, &mut w, &reg).await? else {
+    // A client that stalls in the login phase does not hold a connection for ever.
+    let li = tokio::time::timeout(LOGIN_TIMEOUT, login(&mut r, &mut w, &reg))
+        .await
+        .map_err(|_| format!("login not finished within {}s", LOGIN_TIMEOUT.as_secs()))??;
+    let Some(li) = li else {
         let _ = w.shutdown().await;
         return Ok(());
     };

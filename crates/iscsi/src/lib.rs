@@ -3,6 +3,7 @@
 
 pub mod auth;
 mod conn;
+pub mod initiator;
 pub mod login;
 pub mod params;
 pub mod pdu;

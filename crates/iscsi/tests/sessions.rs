@@ -1,0 +1,301 @@
+//! The target and the initiator of this crate, speaking to each other over TCP: login and
+//! CHAP, ACLs and discovery, data transfer, reservations across sessions, and a crowd of
+//! sessions doing verified I/O while misbehaving clients come and go.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::{Rng, RngCore, SeedableRng};
+use tessera_disk::{DiskRef, MemDisk};
+use tessera_iscsi::initiator::{discover, InitiatorError, LoginConfig, ScsiResult, Session};
+use tessera_iscsi::{Access, Chap, Registry, Target};
+use tessera_scsi::Lun;
+use tessera_volume::{Engine, LayoutKind, VdiskSpec};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+const MIB: u64 = 1 << 20;
+const OPEN: &str = "iqn.2026-11.io.tessera:open";
+const SECURE: &str = "iqn.2026-11.io.tessera:secure";
+const HOST_A: &str = "iqn.2026-11.io.example:host-a";
+const HOST_B: &str = "iqn.2026-11.io.example:host-b";
+
+struct Rig {
+    _dir: tempfile::TempDir,
+    _engine: Engine,
+    addr: String,
+    reg: Arc<Registry>,
+}
+
+/// A target with a 64 MiB mirrored LUN 0 behind two target names: OPEN (no rules) and SECURE
+/// (ACL with HOST_A, mutual CHAP).
+async fn rig() -> Rig {
+    let dir = tempfile::tempdir().unwrap();
+    let disks: Vec<DiskRef> = (0..3)
+        .map(|i| Arc::new(MemDisk::new(&format!("m{i}"), 128 * MIB)) as DiskRef)
+        .collect();
+    let engine = Engine::create_pool(&dir.path().join("p"), "p", disks, MIB).unwrap();
+    let v = engine.create_vdisk(&VdiskSpec::new("v", 64 * MIB, LayoutKind::Mirror)).unwrap();
+    let lun = Arc::new(Lun::new(v, 0x55, false));
+    let reg = Registry::new();
+    for iqn in [OPEN, SECURE] {
+        let t = reg.add_target(Target::new(iqn));
+        t.luns.write().insert(0, lun.clone());
+    }
+    reg.target(SECURE).unwrap().set_access(Access {
+        acl: vec![HOST_A.into()],
+        chap: Some(Chap {
+            user: "alice".into(),
+            secret: "alice-secret-1".into(),
+            mutual: Some(("tgt".into(), "target-secret-9".into())),
+        }),
+    });
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(tessera_iscsi::serve(listener, reg.clone()));
+    Rig {
+        _dir: dir,
+        _engine: engine,
+        addr,
+        reg,
+    }
+}
+
+fn cfg(initiator: &str, target: &str, isid: u8) -> LoginConfig {
+    let mut c = LoginConfig::new(initiator, Some(target));
+    c.isid[5] = isid;
+    c
+}
+
+fn rw16(op: u8, lba: u64, blocks: u32) -> Vec<u8> {
+    let mut c = vec![0u8; 16];
+    c[0] = op;
+    c[2..10].copy_from_slice(&lba.to_be_bytes());
+    c[10..14].copy_from_slice(&blocks.to_be_bytes());
+    c
+}
+
+async fn write(s: &Session, lba: u64, data: &[u8]) -> ScsiResult {
+    s.command(0, &rw16(0x8A, lba, (data.len() / 512) as u32), data.to_vec(), 0)
+        .await
+        .unwrap()
+}
+
+async fn read(s: &Session, lba: u64, blocks: u32) -> ScsiResult {
+    s.command(0, &rw16(0x88, lba, blocks), Vec::new(), blocks as usize * 512)
+        .await
+        .unwrap()
+}
+
+fn refused(r: Result<Session, InitiatorError>) -> (u8, u8) {
+    match r {
+        Err(InitiatorError::LoginRefused { class, detail }) => (class, detail),
+        Err(e) => panic!("login failed otherwise: {e}"),
+        Ok(_) => panic!("login succeeded"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn login_chap_acl_discovery_and_data() {
+    let r = rig().await;
+    let mut data = vec![0u8; 3 * MIB as usize + 4096];
+    rand::rngs::StdRng::seed_from_u64(1).fill_bytes(&mut data);
+
+    // Open target, with and without digests: a write larger than a burst goes by R2T.
+    for (i, digests) in [false, true].into_iter().enumerate() {
+        let mut c = cfg(HOST_B, OPEN, i as u8);
+        c.header_digest = digests;
+        c.data_digest = digests;
+        let s = Session::login(&r.addr, &c).await.unwrap();
+        let lba = 2048 * i as u64;
+        assert_eq!(write(&s, lba, &data).await.status, 0);
+        let back = read(&s, lba, (data.len() / 512) as u32).await;
+        assert_eq!(back.status, 0);
+        assert!(back.data == data, "read back differs (digests {digests})");
+        s.logout().await.unwrap();
+    }
+
+    // SECURE: ACL and mutual CHAP.
+    let chap = |user: &str, secret: &str| Some((user.to_string(), secret.to_string()));
+    let mut c = cfg(HOST_A, SECURE, 9);
+    assert_eq!(refused(Session::login(&r.addr, &c).await), (2, 1), "no CHAP");
+    c.chap = chap("alice", "alice-secret-2");
+    assert_eq!(refused(Session::login(&r.addr, &c).await), (2, 1), "wrong secret");
+    c.chap = chap("mallory", "alice-secret-1");
+    assert_eq!(refused(Session::login(&r.addr, &c).await), (2, 1), "wrong user");
+    let mut outsider = cfg(HOST_B, SECURE, 9);
+    outsider.chap = chap("alice", "alice-secret-1");
+    assert_eq!(refused(Session::login(&r.addr, &outsider).await), (2, 2), "outside the ACL");
+    c.chap = chap("alice", "alice-secret-1");
+    Session::login(&r.addr, &c).await.unwrap().logout().await.unwrap();
+    c.mutual = chap("tgt", "target-secret-9");
+    let s = Session::login(&r.addr, &c).await.unwrap();
+    assert_eq!(read(&s, 0, 8).await.data, data[..4096]);
+    s.logout().await.unwrap();
+    c.mutual = chap("tgt", "not-the-secret");
+    assert_eq!(refused(Session::login(&r.addr, &c).await), (2, 1), "the target failed mutual CHAP");
+
+    // Discovery shows what each initiator may log in to.
+    let names = |v: Vec<(String, String)>| v.into_iter().map(|(n, _)| n).collect::<Vec<_>>();
+    let mut d = LoginConfig::new(HOST_A, None);
+    assert_eq!(names(discover(&r.addr, &d).await.unwrap()), vec![OPEN]);
+    d.chap = chap("alice", "alice-secret-1");
+    assert_eq!(names(discover(&r.addr, &d).await.unwrap()), vec![OPEN, SECURE]);
+    d.chap = chap("alice", "wrong-secret-00");
+    assert!(discover(&r.addr, &d).await.is_err());
+    let mut d = LoginConfig::new(HOST_B, None);
+    d.chap = chap("alice", "alice-secret-1");
+    assert_eq!(names(discover(&r.addr, &d).await.unwrap()), vec![OPEN]);
+    assert!(r.reg.session_count() <= 1);
+}
+
+fn pr_out(sa: u8, kind: u8, key: u64, sa_key: u64) -> (Vec<u8>, Vec<u8>) {
+    let cdb = vec![0x5F, sa, kind, 0, 0, 0, 0, 0, 24, 0];
+    let mut d = vec![0u8; 24];
+    d[0..8].copy_from_slice(&key.to_be_bytes());
+    d[8..16].copy_from_slice(&sa_key.to_be_bytes());
+    (cdb, d)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reservations_are_shared_by_the_paths_to_a_lun() {
+    let r = rig().await;
+    // Two initiators, and the same LUN reached through two target names.
+    let a = Session::login(&r.addr, &cfg(HOST_A, OPEN, 1)).await.unwrap();
+    let b = Session::login(&r.addr, &cfg(HOST_B, OPEN, 2)).await.unwrap();
+    let mut ca = cfg(HOST_A, SECURE, 3);
+    ca.chap = Some(("alice".into(), "alice-secret-1".into()));
+    let a2 = Session::login(&r.addr, &ca).await.unwrap();
+    for (s, key) in [(&a, 0xA), (&b, 0xB), (&a2, 0xA2)] {
+        let (cdb, d) = pr_out(6, 0, 0, key);
+        assert_eq!(s.command(0, &cdb, d, 0).await.unwrap().status, 0);
+    }
+    let (cdb, d) = pr_out(1, 3, 0xA, 0); // EXCLUSIVE ACCESS
+    assert_eq!(a.command(0, &cdb, d, 0).await.unwrap().status, 0);
+    assert_eq!(read(&a, 0, 8).await.status, 0);
+    assert_eq!(read(&b, 0, 8).await.status, 0x18, "RESERVATION CONFLICT");
+    assert_eq!(read(&a2, 0, 8).await.status, 0x18, "another I_T nexus of the same initiator");
+    let keys = a2
+        .command(0, &[0x5E, 0, 0, 0, 0, 0, 0, 0x10, 0, 0], Vec::new(), 4096)
+        .await
+        .unwrap();
+    assert_eq!(&keys.data[4..8], &24u32.to_be_bytes(), "three keys, seen through either target");
+    // b preempts a: a's registration goes, and a learns of it by a unit attention.
+    let (cdb, d) = pr_out(5, 1, 0xB, 0xA);
+    assert_eq!(b.command(0, &cdb, d, 0).await.unwrap().status, 0);
+    let ua = read(&a, 0, 8).await;
+    assert_eq!(ua.sense_key(), Some((6, 0x2A, 0x05)), "REGISTRATIONS PREEMPTED");
+    assert_eq!(read(&a, 0, 8).await.status, 0, "WRITE EXCLUSIVE lets others read");
+    assert_eq!(write(&a, 0, &[0u8; 512]).await.status, 0x18);
+    assert_eq!(write(&b, 0, &[0u8; 512]).await.status, 0);
+    let (cdb, d) = pr_out(3, 0, 0xB, 0); // CLEAR
+    assert_eq!(b.command(0, &cdb, d, 0).await.unwrap().status, 0);
+    // a2 was still registered: it heard that the preempt changed the reservation's type, then
+    // of the CLEAR; a, preempted before, hears of neither.
+    assert_eq!(write(&a2, 0, &[0u8; 512]).await.sense_key(), Some((6, 0x2A, 0x04)));
+    assert_eq!(write(&a2, 0, &[0u8; 512]).await.sense_key(), Some((6, 0x2A, 0x03)));
+    assert_eq!(write(&a2, 0, &[0u8; 512]).await.status, 0);
+    assert_eq!(write(&a, 0, &[0u8; 512]).await.status, 0);
+}
+
+/// Sends `bytes` on a fresh connection, then reads until the target closes it; returns whether
+/// it did within the timeout.
+async fn poke(addr: &str, bytes: &[u8]) -> bool {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let _ = s.write_all(bytes).await;
+    let mut buf = vec![0u8; 4096];
+    let closed = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    closed.is_ok()
+}
+
+fn login_pdu(initiator: &str, target: &str) -> Vec<u8> {
+    let mut p = tessera_iscsi::pdu::Pdu::new(tessera_iscsi::pdu::op::LOGIN_REQ);
+    p.bhs[0] |= 0x40;
+    p.bhs[1] = 0x87;
+    p.bhs[8] = 0x80;
+    p.data = tessera_iscsi::text::encode(&[
+        ("InitiatorName".into(), initiator.into()),
+        ("TargetName".into(), target.into()),
+        ("AuthMethod".into(), "None".into()),
+    ]);
+    p.encode(false, false)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_sessions_keep_their_data_while_others_misbehave() {
+    let r = rig().await;
+    let sessions = 100usize;
+    // Each session owns 64 KiB of the LUN and checks every write by reading it back.
+    let region_blocks = 128u64;
+    let mut healthy = Vec::new();
+    for i in 0..sessions {
+        let addr = r.addr.clone();
+        healthy.push(tokio::spawn(async move {
+            let mut c = cfg(&format!("iqn.2026-11.io.example:crowd-{i}"), OPEN, i as u8);
+            c.header_digest = i % 3 == 0;
+            let s = Session::login(&addr, &c).await.unwrap();
+            let mut rng = rand::rngs::StdRng::seed_from_u64(i as u64);
+            let base = i as u64 * region_blocks;
+            let mut image = vec![0u8; (region_blocks * 512) as usize];
+            for _ in 0..12 {
+                let start = rng.random_range(0..region_blocks);
+                let n = rng.random_range(1..=region_blocks - start);
+                let mut buf = vec![0u8; (n * 512) as usize];
+                rng.fill_bytes(&mut buf);
+                assert_eq!(write(&s, base + start, &buf).await.status, 0, "session {i}");
+                image[(start * 512) as usize..((start + n) * 512) as usize].copy_from_slice(&buf);
+                let back = read(&s, base, region_blocks as u32).await;
+                assert_eq!(back.status, 0, "session {i}");
+                assert!(back.data == image, "session {i}: data differs");
+            }
+            s.logout().await.unwrap();
+            image
+        }));
+    }
+    // Meanwhile: failed CHAP, garbage, truncated PDUs and connections dropped mid-command.
+    let mut chaos = Vec::new();
+    for i in 0..20u8 {
+        let addr = r.addr.clone();
+        chaos.push(tokio::spawn(async move {
+            let mut c = cfg(HOST_A, SECURE, i);
+            c.chap = Some(("alice".into(), format!("guess-{i:08}")));
+            assert!(Session::login(&addr, &c).await.is_err());
+            let mut junk = vec![0u8; 48 + i as usize * 7];
+            rand::rngs::StdRng::seed_from_u64(1000 + i as u64).fill_bytes(&mut junk);
+            assert!(poke(&addr, &junk).await, "the target kept a garbage connection open");
+            // A login PDU cut short, then the connection closes.
+            let pdu = login_pdu(HOST_B, OPEN);
+            let mut s = TcpStream::connect(&addr).await.unwrap();
+            let _ = s.write_all(&pdu[..pdu.len() / 2]).await;
+            drop(s);
+            // A write announced for 1 MiB whose data never comes: the connection drops.
+            let s = Session::login(&addr, &cfg(HOST_B, OPEN, 100 + i)).await.unwrap();
+            let cdb = rw16(0x8A, 60_000, 2048);
+            let cmd = s.command(0, &cdb, vec![0xEE; 2048 * 512], 0);
+            let _ = tokio::time::timeout(Duration::from_millis(1), cmd).await;
+            drop(s);
+        }));
+    }
+    for c in chaos {
+        c.await.unwrap();
+    }
+    let mut images = Vec::new();
+    for h in healthy {
+        images.push(h.await.unwrap());
+    }
+    // A new session still logs in and sees every region as its owner left it.
+    let s = Session::login(&r.addr, &cfg(HOST_B, OPEN, 250)).await.unwrap();
+    for (i, image) in images.iter().enumerate() {
+        let back = read(&s, i as u64 * region_blocks, region_blocks as u32).await;
+        assert!(back.data == *image, "region {i} differs after the crowd left");
+    }
+    s.logout().await.unwrap();
+}
