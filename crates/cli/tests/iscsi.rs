@@ -347,6 +347,82 @@ fn chap_and_acl_gate_logins_and_discovery() {
     assert!(success, "{out}");
 }
 
+/// PERSISTENT RESERVE OUT with a basic parameter list.
+fn pr_out(sa: u8, kind: u8, key: u64, sa_key: u64, aptpl: bool) -> (Vec<u8>, Vec<u8>) {
+    let cdb = vec![0x5F, sa, kind, 0, 0, 0, 0, 0, 24, 0];
+    let mut d = vec![0u8; 24];
+    d[0..8].copy_from_slice(&key.to_be_bytes());
+    d[8..16].copy_from_slice(&sa_key.to_be_bytes());
+    d[20] = aptpl as u8;
+    (cdb, d)
+}
+
+#[test]
+fn persistent_reservations_with_aptpl_survive_a_restart() {
+    use tessera_iscsi::initiator::{LoginConfig, Session};
+    let t = tempfile::tempdir().unwrap();
+    let state = t.path().join("state");
+    let mut d = Daemon::start(&state);
+    create_pool(&d, "r", &disks(&t.path().join("disks"), 2, 1 << 30));
+    d.ok(&["vdisk", "create", "r/quorum", "--size", "64M", "--layout", "mirror"]);
+    let iqn = "iqn.2026-11.io.tessera:cluster";
+    d.ok(&["target", "create", iqn]);
+    d.ok(&["target", "lun", "add", iqn, "r/quorum"]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let node = |n: u8| {
+        let mut c = LoginConfig::new(&format!("iqn.2026-11.io.example:node{n}"), Some(iqn));
+        c.isid[5] = n;
+        c
+    };
+    let run = |portal: &str, c: &LoginConfig, cdb: Vec<u8>, data: Vec<u8>, read: usize| {
+        rt.block_on(async {
+            let s = Session::login(portal, c).await.unwrap();
+            let r = s.command(0, &cdb, data, read).await.unwrap();
+            s.logout().await.unwrap();
+            r
+        })
+    };
+    let read_keys = vec![0x5E, 0, 0, 0, 0, 0, 0, 0x10, 0, 0];
+    let read_reservation = vec![0x5E, 1, 0, 0, 0, 0, 0, 0x10, 0, 0];
+    let write1 = vec![0x2A, 0, 0, 0, 0, 0, 0, 0, 1, 0];
+    let reservations_dir = state.join("reservations");
+
+    // Node 1 registers with APTPL and takes WRITE EXCLUSIVE - REGISTRANTS ONLY, as a
+    // failover cluster's quorum disk would be held.
+    let portal = d.iscsi_portal();
+    let (cdb, p) = pr_out(6, 0, 0, 0x1111, true);
+    assert_eq!(run(&portal, &node(1), cdb, p, 0).status, 0);
+    let (cdb, p) = pr_out(1, 5, 0x1111, 0, false);
+    assert_eq!(run(&portal, &node(1), cdb, p, 0).status, 0);
+    assert_eq!(std::fs::read_dir(&reservations_dir).unwrap().count(), 1);
+
+    // A crash and a restart: the registration and the reservation are still there.
+    d.kill9();
+    let mut d = Daemon::start(&state);
+    let portal = d.iscsi_portal();
+    let keys = run(&portal, &node(2), read_keys.clone(), Vec::new(), 4096);
+    assert_eq!(&keys.data[4..8], &8u32.to_be_bytes(), "{:?}", keys.data);
+    assert_eq!(&keys.data[8..16], &0x1111u64.to_be_bytes());
+    let res = run(&portal, &node(2), read_reservation.clone(), Vec::new(), 4096);
+    assert_eq!(res.data[21], 5, "reservation type after restart");
+    assert_eq!(run(&portal, &node(2), write1.clone(), vec![0; 512], 0).status, 0x18);
+    assert_eq!(
+        run(&portal, &node(1), write1.clone(), vec![0; 512], 0).status,
+        0,
+        "the holder writes"
+    );
+
+    // A REGISTER with APTPL=0 stops persisting: after the next restart nothing is left.
+    let (cdb, p) = pr_out(0, 0, 0x1111, 0x2222, false);
+    assert_eq!(run(&portal, &node(1), cdb, p, 0).status, 0);
+    assert_eq!(std::fs::read_dir(&reservations_dir).unwrap().count(), 0);
+    d.stop();
+    let d = Daemon::start(&state);
+    let keys = run(&d.iscsi_portal(), &node(2), read_keys, Vec::new(), 4096);
+    assert_eq!(&keys.data[4..8], &0u32.to_be_bytes());
+    assert_eq!(run(&d.iscsi_portal(), &node(2), write1, vec![0; 512], 0).status, 0);
+}
+
 #[test]
 fn libiscsi_conformance_suite() {
     let t = tempfile::tempdir().unwrap();

@@ -191,7 +191,10 @@ impl Session {
         let mut p = Pdu::new(op::SCSI_CMD);
         let write = !data_out.is_empty();
         let immediate = if write && s.neg.immediate_data {
-            data_out.len().min(s.neg.first_burst as usize).min(s.neg.max_xmit as usize)
+            data_out
+                .len()
+                .min(s.neg.first_burst as usize)
+                .min(s.neg.max_xmit as usize)
         } else {
             0
         };
@@ -275,7 +278,10 @@ pub async fn discover(addr: &str, cfg: &LoginConfig) -> Result<Vec<(String, Stri
         .await
         .map_err(|e| InitiatorError::Protocol(e.to_string()))?;
     if resp.opcode() != op::TEXT_RESP {
-        return Err(InitiatorError::Protocol(format!("opcode {:#x} answering SendTargets", resp.opcode())));
+        return Err(InitiatorError::Protocol(format!(
+            "opcode {:#x} answering SendTargets",
+            resp.opcode()
+        )));
     }
     let keys = text::parse(&resp.data).map_err(InitiatorError::Protocol)?;
     let mut out = Vec::new();
@@ -340,7 +346,10 @@ async fn read_loop(mut r: OwnedReadHalf, s: Arc<Shared>) {
             Err(_) => break,
         };
         let opcode = p.opcode();
-        if matches!(opcode, op::SCSI_RESP | op::DATA_IN | op::R2T | op::NOP_IN | op::LOGOUT_RESP | op::REJECT) {
+        if matches!(
+            opcode,
+            op::SCSI_RESP | op::DATA_IN | op::R2T | op::NOP_IN | op::LOGOUT_RESP | op::REJECT
+        ) {
             let max = get32(&p.bhs, 32);
             if sn_le(s.max_cmd_sn.load(Ordering::Acquire), max) {
                 s.max_cmd_sn.store(max, Ordering::Release);
@@ -352,7 +361,8 @@ async fn read_loop(mut r: OwnedReadHalf, s: Arc<Shared>) {
             || opcode == op::LOGOUT_RESP
             || opcode == op::DATA_IN && p.bhs[1] & 0x01 != 0;
         if status_carrier {
-            s.exp_stat_sn.store(get32(&p.bhs, 24).wrapping_add(1), Ordering::Release);
+            s.exp_stat_sn
+                .store(get32(&p.bhs, 24).wrapping_add(1), Ordering::Release);
         }
         match opcode {
             op::DATA_IN => {
@@ -526,7 +536,9 @@ async fn login(
         }
         p.data = text::encode(&std::mem::take(&mut keys));
         p.write(w, false, false).await?;
-        let resp = Pdu::read(r, false, false, 65536).await.map_err(|e| proto(e.to_string()))?;
+        let resp = Pdu::read(r, false, false, 65536)
+            .await
+            .map_err(|e| proto(e.to_string()))?;
         if resp.opcode() != op::LOGIN_RESP {
             return Err(proto(format!("opcode {:#x} during login", resp.opcode())));
         }
@@ -560,7 +572,10 @@ async fn login(
                 }
             }
             if chap_step == 1 && get("CHAP_C").is_some() {
-                let (user, secret) = cfg.chap.clone().ok_or_else(|| proto("the target asks for CHAP".into()))?;
+                let (user, secret) = cfg
+                    .chap
+                    .clone()
+                    .ok_or_else(|| proto("the target asks for CHAP".into()))?;
                 let id: u8 = get("CHAP_I")
                     .and_then(|i| i.parse().ok())
                     .ok_or_else(|| proto("CHAP_I missing".into()))?;

@@ -35,7 +35,9 @@ async fn rig() -> Rig {
         .map(|i| Arc::new(MemDisk::new(&format!("m{i}"), 128 * MIB)) as DiskRef)
         .collect();
     let engine = Engine::create_pool(&dir.path().join("p"), "p", disks, MIB).unwrap();
-    let v = engine.create_vdisk(&VdiskSpec::new("v", 64 * MIB, LayoutKind::Mirror)).unwrap();
+    let v = engine
+        .create_vdisk(&VdiskSpec::new("v", 64 * MIB, LayoutKind::Mirror))
+        .unwrap();
     let lun = Arc::new(Lun::new(v, 0x55, false));
     let reg = Registry::new();
     for iqn in [OPEN, SECURE] {
@@ -125,7 +127,11 @@ async fn login_chap_acl_discovery_and_data() {
     assert_eq!(refused(Session::login(&r.addr, &c).await), (2, 1), "wrong user");
     let mut outsider = cfg(HOST_B, SECURE, 9);
     outsider.chap = chap("alice", "alice-secret-1");
-    assert_eq!(refused(Session::login(&r.addr, &outsider).await), (2, 2), "outside the ACL");
+    assert_eq!(
+        refused(Session::login(&r.addr, &outsider).await),
+        (2, 2),
+        "outside the ACL"
+    );
     c.chap = chap("alice", "alice-secret-1");
     Session::login(&r.addr, &c).await.unwrap().logout().await.unwrap();
     c.mutual = chap("tgt", "target-secret-9");
@@ -133,7 +139,11 @@ async fn login_chap_acl_discovery_and_data() {
     assert_eq!(read(&s, 0, 8).await.data, data[..4096]);
     s.logout().await.unwrap();
     c.mutual = chap("tgt", "not-the-secret");
-    assert_eq!(refused(Session::login(&r.addr, &c).await), (2, 1), "the target failed mutual CHAP");
+    assert_eq!(
+        refused(Session::login(&r.addr, &c).await),
+        (2, 1),
+        "the target failed mutual CHAP"
+    );
 
     // Discovery shows what each initiator may log in to.
     let names = |v: Vec<(String, String)>| v.into_iter().map(|(n, _)| n).collect::<Vec<_>>();
@@ -174,12 +184,20 @@ async fn reservations_are_shared_by_the_paths_to_a_lun() {
     assert_eq!(a.command(0, &cdb, d, 0).await.unwrap().status, 0);
     assert_eq!(read(&a, 0, 8).await.status, 0);
     assert_eq!(read(&b, 0, 8).await.status, 0x18, "RESERVATION CONFLICT");
-    assert_eq!(read(&a2, 0, 8).await.status, 0x18, "another I_T nexus of the same initiator");
+    assert_eq!(
+        read(&a2, 0, 8).await.status,
+        0x18,
+        "another I_T nexus of the same initiator"
+    );
     let keys = a2
         .command(0, &[0x5E, 0, 0, 0, 0, 0, 0, 0x10, 0, 0], Vec::new(), 4096)
         .await
         .unwrap();
-    assert_eq!(&keys.data[4..8], &24u32.to_be_bytes(), "three keys, seen through either target");
+    assert_eq!(
+        &keys.data[4..8],
+        &24u32.to_be_bytes(),
+        "three keys, seen through either target"
+    );
     // b preempts a: a's registration goes, and a learns of it by a unit attention.
     let (cdb, d) = pr_out(5, 1, 0xB, 0xA);
     assert_eq!(b.command(0, &cdb, d, 0).await.unwrap().status, 0);
