@@ -387,6 +387,8 @@ impl Lun {
             WRITE_SAME_10 | WRITE_SAME_16 => self.write_same(cdb, d),
             UNMAP => self.unmap(cdb, d),
             COMPARE_AND_WRITE => self.compare_and_write(cdb, d),
+            ORWRITE_16 => self.orwrite(cdb, d),
+            READ_DEFECT_DATA_10 | READ_DEFECT_DATA_12 => self.read_defect_data(cdb),
             _ => Err(sense::INVALID_OPCODE),
         }
     }

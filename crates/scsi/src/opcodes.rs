@@ -18,6 +18,7 @@ pub const WRITE_10: u8 = 0x2A;
 pub const WRITE_VERIFY_10: u8 = 0x2E;
 pub const VERIFY_10: u8 = 0x2F;
 pub const PRE_FETCH_10: u8 = 0x34;
+pub const READ_DEFECT_DATA_10: u8 = 0x37;
 pub const SYNCHRONIZE_CACHE_10: u8 = 0x35;
 pub const WRITE_SAME_10: u8 = 0x41;
 pub const UNMAP: u8 = 0x42;
@@ -29,6 +30,7 @@ pub const PERSISTENT_RESERVE_IN: u8 = 0x5E;
 pub const PERSISTENT_RESERVE_OUT: u8 = 0x5F;
 pub const READ_16: u8 = 0x88;
 pub const COMPARE_AND_WRITE: u8 = 0x89;
+pub const ORWRITE_16: u8 = 0x8B;
 pub const WRITE_16: u8 = 0x8A;
 pub const WRITE_VERIFY_16: u8 = 0x8E;
 pub const VERIFY_16: u8 = 0x8F;
@@ -42,6 +44,7 @@ pub const READ_12: u8 = 0xA8;
 pub const WRITE_12: u8 = 0xAA;
 pub const WRITE_VERIFY_12: u8 = 0xAE;
 pub const VERIFY_12: u8 = 0xAF;
+pub const READ_DEFECT_DATA_12: u8 = 0xB7;
 
 pub const SA_READ_CAPACITY_16: u8 = 0x10;
 pub const SA_GET_LBA_STATUS: u8 = 0x12;
@@ -104,6 +107,7 @@ pub const SUPPORTED: &[OpInfo] = &[
         PRE_FETCH_10,
         &[0x34, 0x02, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0xFF, 0xFF, 0x03],
     ),
+    op(READ_DEFECT_DATA_10, &[0x37, 0, 0x1F, 0, 0, 0, 0, 0xFF, 0xFF, 0x03]),
     op(
         SYNCHRONIZE_CACHE_10,
         &[0x35, 0x02, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0xFF, 0xFF, 0x03],
@@ -145,6 +149,12 @@ pub const SUPPORTED: &[OpInfo] = &[
         WRITE_16,
         &[
             0x8A, 0x18, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0x03,
+        ],
+    ),
+    op(
+        ORWRITE_16,
+        &[
+            0x8B, 0x18, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0x03,
         ],
     ),
     op(
@@ -216,6 +226,10 @@ pub const SUPPORTED: &[OpInfo] = &[
         VERIFY_12,
         &[0xAF, 0x16, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0x03],
     ),
+    op(
+        READ_DEFECT_DATA_12,
+        &[0xB7, 0x1F, 0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0x03],
+    ),
 ];
 
 #[cfg(test)]
@@ -269,6 +283,9 @@ mod tests {
             REPORT_LUNS,
             RESERVE_6,
             RELEASE_6,
+            ORWRITE_16,
+            READ_DEFECT_DATA_10,
+            READ_DEFECT_DATA_12,
             RESERVE_10,
             RELEASE_10,
         ] {

@@ -175,7 +175,9 @@ pub(crate) fn access_of(cdb: &[u8]) -> Access {
         | PERSISTENT_RESERVE_OUT => Access::Always,
         SERVICE_ACTION_IN_16 if sa == SA_READ_CAPACITY_16 => Access::Always,
         READ_6 | READ_10 | READ_12 | READ_16 | VERIFY_10 | VERIFY_12 | VERIFY_16 | PRE_FETCH_10 | PRE_FETCH_16
-        | MODE_SENSE_6 | MODE_SENSE_10 | SERVICE_ACTION_IN_16 => Access::Read,
+        | MODE_SENSE_6 | MODE_SENSE_10 | SERVICE_ACTION_IN_16 | READ_DEFECT_DATA_10 | READ_DEFECT_DATA_12 => {
+            Access::Read
+        }
         _ => Access::Write,
     }
 }

@@ -317,6 +317,51 @@ impl Lun {
     }
 }
 
+impl Lun {
+    /// ORWRITE(16): the data is ORed into the blocks, atomically like COMPARE AND WRITE.
+    pub(crate) fn orwrite(&self, cdb: &[u8], d: &[u8]) -> CmdResult {
+        // ORPROTECT needs protection information, which we do not keep.
+        if cdb[1] & 0xE0 != 0 {
+            return Err(sense::INVALID_FIELD_IN_CDB);
+        }
+        let lba = be64(&cdb[2..10]);
+        let n = be32(&cdb[10..14]);
+        self.check_transfer(n)?;
+        self.check_range(lba, n)?;
+        self.check_writable()?;
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let data = self.data(d, n)?;
+        let durable = cdb[1] & 0x08 != 0 || !self.mode().wce;
+        let _exclusive = self.atomic.write();
+        let mut cur = self.read_blocks(lba, n)?;
+        for (c, x) in cur.iter_mut().zip(data) {
+            *c |= x;
+        }
+        self.vdisk
+            .write(lba * self.block_size(), &cur, durable)
+            .map_err(|e| self.io_sense(e, true))?;
+        Ok(Vec::new())
+    }
+
+    /// READ DEFECT DATA (10 and 12): a virtual disk has no defect lists; the header says so.
+    pub(crate) fn read_defect_data(&self, cdb: &[u8]) -> CmdResult {
+        let (format, alloc_len) = if cdb[0] == READ_DEFECT_DATA_10 {
+            (cdb[2] & 0x07, be16(&cdb[7..9]) as usize)
+        } else {
+            (cdb[1] & 0x07, be32(&cdb[6..10]) as usize)
+        };
+        // No list is valid (PLISTV = GLISTV = 0); the format echoes the request.
+        let header = if cdb[0] == READ_DEFECT_DATA_10 {
+            vec![0, format, 0, 0]
+        } else {
+            vec![0, format, 0, 0, 0, 0, 0, 0]
+        };
+        Ok(alloc(header, alloc_len))
+    }
+}
+
 /// MISCOMPARE with the offset of the first differing byte in INFORMATION.
 fn compare(have: &[u8], want: &[u8]) -> CmdResult {
     match have.iter().zip(want).position(|(a, b)| a != b) {
@@ -335,6 +380,7 @@ pub fn transfer_length(cdb: &[u8], block_size: u64) -> Option<u64> {
             }
             rw_fields(cdb).ok().map(|(_, n, _)| n * block_size)
         }
+        &ORWRITE_16 if cdb.len() >= 16 => Some(be32(&cdb[10..14]) * block_size),
         _ => None,
     }
 }

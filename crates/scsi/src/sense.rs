@@ -24,6 +24,8 @@ pub struct Sense {
     pub asc: u8,
     pub ascq: u8,
     pub info: Option<u64>,
+    /// For ILLEGAL REQUEST: the CDB byte at fault (sense-key specific field pointer).
+    pub cdb_byte: Option<u16>,
 }
 
 impl Sense {
@@ -33,7 +35,20 @@ impl Sense {
             asc,
             ascq,
             info: None,
+            cdb_byte: None,
         }
+    }
+
+    /// Points at the CDB byte whose field is invalid.
+    pub fn at_cdb_byte(mut self, byte: u16) -> Sense {
+        self.cdb_byte = Some(byte);
+        self
+    }
+
+    /// Sense-key specific bytes: SKSV, C/D = CDB, and the field pointer.
+    fn field_pointer(&self) -> Option<[u8; 3]> {
+        let b = self.cdb_byte?.to_be_bytes();
+        Some([0x80 | 0x40, b[0], b[1]])
     }
 
     pub fn with_info(mut self, info: u64) -> Sense {
@@ -50,6 +65,10 @@ impl Sense {
                 b.extend_from_slice(&[0x00, 0x0A, 0x80, 0]);
                 b.extend_from_slice(&i.to_be_bytes());
             }
+            if let Some(f) = self.field_pointer() {
+                // Sense key specific descriptor: type 2, length 6.
+                b.extend_from_slice(&[0x02, 0x06, 0, 0, f[0], f[1], f[2], 0]);
+            }
             b[7] = (b.len() - 8) as u8;
             b
         } else {
@@ -62,6 +81,9 @@ impl Sense {
             if let Some(i) = self.info {
                 b[0] |= 0x80;
                 b[3..7].copy_from_slice(&(i.min(u32::MAX as u64) as u32).to_be_bytes());
+            }
+            if let Some(f) = self.field_pointer() {
+                b[15..18].copy_from_slice(&f);
             }
             b
         }

@@ -320,7 +320,9 @@ impl Lun {
                 if (options == 1 && has_sa)
                     || (options == 2 && found.is_none() && !has_sa && SUPPORTED.iter().any(|o| o.op == req_op))
                 {
-                    return Err(sense::INVALID_FIELD_IN_CDB);
+                    // The field pointer says the reporting options, not the command, are at
+                    // fault: initiators take a bare INVALID FIELD as "not implemented".
+                    return Err(sense::INVALID_FIELD_IN_CDB.at_cdb_byte(2));
                 }
                 match found {
                     Some(o) => {
