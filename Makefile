@@ -36,6 +36,7 @@ bench:
 	@scripts/install-deps.sh bench
 	bench/engine.sh
 	bench/image.sh
+	bench/iscsi-vs-tgt.sh
 
 clean:
 	$(CARGO) clean
