@@ -22,6 +22,28 @@ pub struct Response {
     pub sense: Vec<u8>,
 }
 
+impl Response {
+    /// RESERVATION CONFLICT: a status with neither data nor sense.
+    pub fn reservation_conflict() -> Response {
+        Response {
+            status: sense::RESERVATION_CONFLICT,
+            data: Vec::new(),
+            sense: Vec::new(),
+        }
+    }
+}
+
+/// A CDB long enough for its operation code, without the CONTROL byte's NACA bit (a feature we
+/// do not have).
+fn check_cdb(cdb: &[u8]) -> Result<(), Sense> {
+    let op = *cdb.first().ok_or(sense::INVALID_OPCODE)?;
+    let expected = cdb_len(op).ok_or(sense::INVALID_OPCODE)?;
+    if cdb.len() < expected || cdb[expected - 1] & 0x04 != 0 {
+        return Err(sense::INVALID_FIELD_IN_CDB);
+    }
+    Ok(())
+}
+
 /// Settings an initiator may change with MODE SELECT. They live as long as the LUN is exported.
 #[derive(Debug, Clone, Copy)]
 pub struct ModeState {
@@ -207,15 +229,14 @@ impl Lun {
                 };
             }
         }
+        // Every command past this point has its whole CDB: the reservation rules read it too.
+        if let Err(s) = check_cdb(cdb) {
+            return self.respond(Err(s));
+        }
         if matches!(
             op,
             PERSISTENT_RESERVE_IN | PERSISTENT_RESERVE_OUT | RESERVE_6 | RESERVE_10 | RELEASE_6 | RELEASE_10
         ) {
-            let len = cdb_len(op).expect("known opcodes");
-            // A short CDB, or the CONTROL byte's NACA bit, which we do not support.
-            if cdb.len() < len || cdb[len - 1] & 0x04 != 0 {
-                return self.respond(Err(sense::INVALID_FIELD_IN_CDB));
-            }
             return self.reservation_command(nexus, cdb, data_out);
         }
         let _fence = self.fence.read();
@@ -223,11 +244,7 @@ impl Lun {
             let r = self.reservations.lock();
             let legacy_conflict = r.legacy.is_some_and(|h| h != nexus.id) && !pr::legacy_allows(cdb);
             if legacy_conflict || !r.pr.allows(nexus, pr::access_of(cdb)) {
-                return Response {
-                    status: sense::RESERVATION_CONFLICT,
-                    data: Vec::new(),
-                    sense: Vec::new(),
-                };
+                return Response::reservation_conflict();
             }
         }
         self.respond(self.dispatch(nexus.id, cdb, data_out))
@@ -266,11 +283,7 @@ impl Lun {
 
     /// PERSISTENT RESERVE IN/OUT, RESERVE and RELEASE.
     fn reservation_command(&self, n: &Nexus, cdb: &[u8], d: &[u8]) -> Response {
-        let conflict = Response {
-            status: sense::RESERVATION_CONFLICT,
-            data: Vec::new(),
-            sense: Vec::new(),
-        };
+        let conflict = Response::reservation_conflict();
         if cdb[0] == PERSISTENT_RESERVE_IN {
             let _fence = self.fence.read();
             let r = self.reservations.lock();
@@ -355,17 +368,9 @@ impl Lun {
         }
     }
 
+    /// Runs a command whose CDB `check_cdb` accepted.
     fn dispatch(&self, nexus: u64, cdb: &[u8], d: &[u8]) -> CmdResult {
-        let op = *cdb.first().ok_or(sense::INVALID_OPCODE)?;
-        let expected = cdb_len(op).ok_or(sense::INVALID_OPCODE)?;
-        if cdb.len() < expected {
-            return Err(sense::INVALID_FIELD_IN_CDB);
-        }
-        // The CONTROL byte's NACA bit asks for a feature we do not have.
-        if cdb[expected - 1] & 0x04 != 0 {
-            return Err(sense::INVALID_FIELD_IN_CDB);
-        }
-        match op {
+        match cdb[0] {
             TEST_UNIT_READY => Ok(Vec::new()),
             INQUIRY => self.inquiry(cdb),
             REQUEST_SENSE => self.request_sense(cdb),

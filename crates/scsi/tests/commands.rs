@@ -401,3 +401,37 @@ fn unit_attentions_reach_the_other_nexuses_once() {
     assert_eq!(check(lun.execute_for(&nx(2), &tur, &[])).1, 0x29);
     ok(lun.execute_for(&nx(1), &tur, &[]));
 }
+
+#[test]
+fn malformed_cdbs_get_sense_even_under_a_reservation() {
+    let (_r, lun) = rig(512, 8 * MIB, false);
+    assert_eq!(check(lun.execute(&[], &[])), (key::ILLEGAL_REQUEST, 0x20, 0x00));
+    assert_eq!(
+        check(lun.execute(&[0x28, 0, 0], &[])),
+        (key::ILLEGAL_REQUEST, 0x24, 0x00)
+    );
+    // REGISTER AND IGNORE, then EXCLUSIVE ACCESS, by nexus 1.
+    let mut p = vec![0u8; 24];
+    p[8..16].copy_from_slice(&7u64.to_be_bytes());
+    ok(lun.execute_for(&nx(1), &[0x5F, 6, 0, 0, 0, 0, 0, 0, 24, 0], &p));
+    let mut p = vec![0u8; 24];
+    p[0..8].copy_from_slice(&7u64.to_be_bytes());
+    ok(lun.execute_for(&nx(1), &[0x5F, 1, 3, 0, 0, 0, 0, 0, 24, 0], &p));
+    // Another nexus: a short PR OUT, an empty CDB and a NACA bit are errors, not conflicts.
+    assert_eq!(
+        check(lun.execute_for(&nx(2), &[0x5F, 1, 3], &[])),
+        (key::ILLEGAL_REQUEST, 0x24, 0x00)
+    );
+    assert_eq!(
+        check(lun.execute_for(&nx(2), &[], &[])),
+        (key::ILLEGAL_REQUEST, 0x20, 0x00)
+    );
+    let naca = [0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0x04];
+    assert_eq!(
+        check(lun.execute_for(&nx(2), &naca, &[])),
+        (key::ILLEGAL_REQUEST, 0x24, 0x00)
+    );
+    let read = [0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0];
+    assert_eq!(lun.execute_for(&nx(2), &read, &[]).status, sense::RESERVATION_CONFLICT);
+    ok(lun.execute_for(&nx(1), &read, &[]));
+}
