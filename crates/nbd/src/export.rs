@@ -1,0 +1,102 @@
+//! What the NBD server offers: named exports, each a vdisk, read-write or read-only.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+use tessera_volume::Vdisk;
+
+/// Largest READ or WRITE payload we accept (the protocol's portable maximum).
+pub const MAX_PAYLOAD: u32 = 32 << 20;
+
+pub struct Export {
+    pub name: String,
+    pub description: String,
+    pub vdisk: Arc<Vdisk>,
+    pub read_only: bool,
+    /// Open connections to this export.
+    pub(crate) connections: AtomicUsize,
+}
+
+impl Export {
+    pub fn new(name: &str, description: &str, vdisk: Arc<Vdisk>, read_only: bool) -> Export {
+        Export {
+            name: name.into(),
+            description: description.into(),
+            vdisk,
+            read_only,
+            connections: AtomicUsize::new(0),
+        }
+    }
+
+    pub fn connections(&self) -> usize {
+        self.connections.load(Ordering::Relaxed)
+    }
+
+    /// Minimum block size: the vdisk's logical block; smaller or unaligned requests are refused
+    /// with EINVAL rather than read-modify-written.
+    pub fn min_block(&self) -> u32 {
+        self.vdisk.block_size()
+    }
+
+    /// Preferred block size: the smallest aligned write the engine does in place.
+    pub fn preferred_block(&self) -> u32 {
+        self.vdisk.block_size().max(4096)
+    }
+
+    pub fn transmission_flags(&self) -> u16 {
+        use crate::proto::tflag::*;
+        let mut f = HAS_FLAGS | SEND_FLUSH | SEND_FUA | SEND_DF | CAN_MULTI_CONN | SEND_CACHE;
+        if self.read_only {
+            f |= READ_ONLY;
+        } else {
+            f |= SEND_TRIM | SEND_WRITE_ZEROES | SEND_FAST_ZERO;
+        }
+        f
+    }
+}
+
+/// The exports, by name. Shared by the listener and whoever configures it.
+#[derive(Default)]
+pub struct Registry {
+    exports: RwLock<BTreeMap<String, Arc<Export>>>,
+}
+
+impl Registry {
+    pub fn new() -> Arc<Registry> {
+        Arc::new(Registry::default())
+    }
+
+    pub fn add(&self, e: Export) -> Arc<Export> {
+        let e = Arc::new(e);
+        self.exports.write().insert(e.name.clone(), e.clone());
+        e
+    }
+
+    /// Stops offering an export. Connections already open to it keep it until they close.
+    pub fn remove(&self, name: &str) -> Option<Arc<Export>> {
+        self.exports.write().remove(name)
+    }
+
+    pub fn get(&self, name: &str) -> Option<Arc<Export>> {
+        self.exports.read().get(name).cloned()
+    }
+
+    /// The export a client means by `name`: the empty name is the default export, which is the
+    /// only one when there is exactly one.
+    pub fn resolve(&self, name: &str) -> Option<Arc<Export>> {
+        let map = self.exports.read();
+        if let Some(e) = map.get(name) {
+            return Some(e.clone());
+        }
+        if name.is_empty() && map.len() == 1 {
+            return map.values().next().cloned();
+        }
+        None
+    }
+
+    pub fn list(&self) -> Vec<Arc<Export>> {
+        self.exports.read().values().cloned().collect()
+    }
+}

@@ -1,0 +1,366 @@
+//! The server and the client of this crate over TCP: negotiation, data, holes and block
+//! status, refusals, malformed traffic, and a crowd of verifying clients.
+
+use std::sync::Arc;
+
+use rand::{Rng, RngCore, SeedableRng};
+use tessera_disk::{DiskRef, MemDisk};
+use tessera_nbd::client::{list, Client, ClientError};
+use tessera_nbd::proto::{self, cflag, cmd, errno};
+use tessera_nbd::{Export, Registry};
+use tessera_volume::{Engine, LayoutKind, VdiskSpec};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+const MIB: u64 = 1 << 20;
+
+struct Rig {
+    _dir: tempfile::TempDir,
+    _engine: Engine,
+    addr: String,
+    reg: Arc<Registry>,
+}
+
+/// Exports "rw" (a 64 MiB thin mirrored vdisk) and "ro" (the same vdisk, read-only).
+async fn rig() -> Rig {
+    let dir = tempfile::tempdir().unwrap();
+    let disks: Vec<DiskRef> = (0..2)
+        .map(|i| Arc::new(MemDisk::new(&format!("m{i}"), 160 * MIB)) as DiskRef)
+        .collect();
+    let engine = Engine::create_pool(&dir.path().join("p"), "p", disks, MIB).unwrap();
+    let v = engine
+        .create_vdisk(&VdiskSpec::new("v", 64 * MIB, LayoutKind::Mirror))
+        .unwrap();
+    let reg = Registry::new();
+    reg.add(Export::new("rw", "p/v", v.clone(), false));
+    reg.add(Export::new("ro", "p/v read-only", v, true));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(tessera_nbd::serve(listener, reg.clone()));
+    Rig {
+        _dir: dir,
+        _engine: engine,
+        addr,
+        reg,
+    }
+}
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    rand::rngs::StdRng::seed_from_u64(seed).fill_bytes(&mut v);
+    v
+}
+
+fn code(e: ClientError) -> u32 {
+    match e {
+        ClientError::Nbd { code, .. } => code,
+        other => panic!("expected an NBD error, got {other}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn negotiation_reports_the_export() {
+    let rig = rig().await;
+    let c = Client::connect(&rig.addr, "rw").await.unwrap();
+    assert_eq!(c.info.size, 64 * MIB);
+    assert!(c.info.structured);
+    assert!(c.info.allocation_context.is_some());
+    assert_eq!(c.info.min_block, 512);
+    assert_eq!(c.info.max_payload, 32 << 20);
+    assert!(!c.info.read_only());
+    let f = c.info.flags;
+    for flag in [
+        proto::tflag::SEND_FLUSH,
+        proto::tflag::SEND_FUA,
+        proto::tflag::SEND_TRIM,
+        proto::tflag::SEND_WRITE_ZEROES,
+        proto::tflag::CAN_MULTI_CONN,
+    ] {
+        assert_ne!(f & flag, 0, "flag {flag:#x} missing from {f:#x}");
+    }
+    let ro = Client::connect(&rig.addr, "ro").await.unwrap();
+    assert!(ro.info.read_only());
+    assert_eq!(ro.info.flags & proto::tflag::SEND_TRIM, 0);
+
+    let mut names: Vec<_> = list(&rig.addr).await.unwrap();
+    names.sort();
+    assert_eq!(
+        names,
+        vec![
+            ("ro".to_string(), "p/v read-only".to_string()),
+            ("rw".to_string(), "p/v".to_string())
+        ]
+    );
+    match Client::connect(&rig.addr, "nope").await {
+        Err(ClientError::Refused { reply, message, .. }) => {
+            assert_eq!(reply, proto::rep::ERR_UNKNOWN);
+            assert!(message.contains("nope"), "{message}");
+        }
+        other => panic!("unknown export accepted: {:?}", other.map(|c| c.info.clone())),
+    }
+    // Two exports: the empty name is not a default.
+    assert!(Client::connect(&rig.addr, "").await.is_err());
+    rig.reg.remove("ro");
+    let d = Client::connect(&rig.addr, "").await.unwrap();
+    assert_eq!(d.info.name, "rw");
+    c.disconnect().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_holes_and_block_status() {
+    let rig = rig().await;
+    let c = Client::connect(&rig.addr, "rw").await.unwrap();
+    // Never written: all hole.
+    assert_eq!(c.read(0, 8192).await.unwrap(), vec![0u8; 8192]);
+    let ext = c.block_status(0, 64 * MIB as u32).await.unwrap();
+    assert_eq!(ext, vec![(64 * MIB as u32, proto::STATE_HOLE | proto::STATE_ZERO)]);
+
+    let a = pattern(1, 3 * MIB as usize);
+    c.write(MIB, &a, false).await.unwrap();
+    c.flush().await.unwrap();
+    assert_eq!(c.read(MIB, a.len() as u32).await.unwrap(), a);
+    // A read that straddles data and holes comes back whole, in chunks or not.
+    let mut want = vec![0u8; 6 * MIB as usize];
+    want[MIB as usize..4 * MIB as usize].copy_from_slice(&a);
+    assert_eq!(c.read(0, 6 * MIB as u32).await.unwrap(), want);
+    assert_eq!(c.read_unfragmented(0, 6 * MIB as u32).await.unwrap(), want);
+    let ext = c.block_status(0, 8 * MIB as u32).await.unwrap();
+    assert_eq!(ext[0], (MIB as u32, 3));
+    assert_eq!(ext[1], (3 * MIB as u32, 0));
+    assert_eq!(ext.iter().map(|e| e.0 as u64).sum::<u64>(), 8 * MIB);
+
+    // TRIM and WRITE_ZEROES read back as zeros; whole grains become holes again.
+    c.trim(MIB, MIB as u32).await.unwrap();
+    c.write_zeroes(2 * MIB, 4096, 0).await.unwrap();
+    c.write_zeroes(3 * MIB, MIB as u32, cflag::NO_HOLE | cflag::FUA)
+        .await
+        .unwrap();
+    let back = c.read(MIB, 3 * MIB as u32).await.unwrap();
+    assert!(back[..MIB as usize + 4096].iter().all(|&b| b == 0));
+    assert_eq!(
+        &back[MIB as usize + 4096..2 * MIB as usize],
+        &a[MIB as usize + 4096..2 * MIB as usize]
+    );
+    assert!(back[2 * MIB as usize..].iter().all(|&b| b == 0));
+    let ext = c.block_status(MIB, MIB as u32).await.unwrap();
+    assert_eq!(ext[0].1, 3, "a trimmed grain is a hole: {ext:?}");
+    let ext = c.block_status(3 * MIB, MIB as u32).await.unwrap();
+    assert_eq!(ext[0].1, 0, "NO_HOLE zeros stay allocated: {ext:?}");
+    // FAST_ZERO with NO_HOLE cannot be fast: refused at once.
+    let e = c
+        .write_zeroes(0, MIB as u32, cflag::NO_HOLE | cflag::FAST_ZERO)
+        .await
+        .unwrap_err();
+    assert_eq!(code(e), errno::ENOTSUP);
+    c.write_zeroes(0, MIB as u32, cflag::FAST_ZERO).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_get_errors_and_the_connection_goes_on() {
+    let rig = rig().await;
+    let c = Client::connect(&rig.addr, "rw").await.unwrap();
+    let ro = Client::connect(&rig.addr, "ro").await.unwrap();
+    let data = pattern(2, 4096);
+    c.write(0, &data, false).await.unwrap();
+
+    assert_eq!(code(ro.write(0, &data, false).await.unwrap_err()), errno::EPERM);
+    assert_eq!(code(ro.trim(0, 4096).await.unwrap_err()), errno::EPERM);
+    assert_eq!(code(ro.write_zeroes(0, 4096, 0).await.unwrap_err()), errno::EPERM);
+    assert_eq!(ro.read(0, 4096).await.unwrap(), data, "a read-only export still reads");
+
+    // Unaligned, beyond the end, overflowing the offset, too long, unknown command.
+    assert_eq!(code(c.write(100, &data, false).await.unwrap_err()), errno::EINVAL);
+    assert_eq!(code(c.read(0, 100).await.unwrap_err()), errno::EINVAL);
+    assert_eq!(code(c.read(64 * MIB - 512, 1024).await.unwrap_err()), errno::EINVAL);
+    assert_eq!(code(c.read(u64::MAX - 511, 512).await.unwrap_err()), errno::EINVAL);
+    assert_eq!(code(c.read(0, (32 << 20) + 512).await.unwrap_err()), errno::EINVAL);
+    assert_eq!(code(c.raw(42, 0, 0, 0, &[]).await.unwrap_err()), errno::EINVAL);
+    let big = vec![7u8; (32 << 20) + 512];
+    assert_eq!(code(c.write(0, &big, false).await.unwrap_err()), errno::EOVERFLOW);
+    // Still in step after all that, and nothing changed.
+    assert_eq!(c.read(0, 4096).await.unwrap(), data);
+    assert_eq!(c.raw(cmd::CACHE, 0, 0, 4096, &[]).await.unwrap(), Vec::<u8>::new());
+}
+
+/// Raw handshake up to the options phase.
+async fn greet(addr: &str) -> TcpStream {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let mut hello = [0u8; 18];
+    s.read_exact(&mut hello).await.unwrap();
+    assert_eq!(&hello[..8], b"NBDMAGIC");
+    assert_eq!(&hello[8..16], b"IHAVEOPT");
+    s.write_u32(3).await.unwrap();
+    s
+}
+
+async fn option(s: &mut TcpStream, option: u32, data: &[u8]) -> (u32, Vec<u8>) {
+    let mut v = proto::IHAVEOPT.to_be_bytes().to_vec();
+    v.extend_from_slice(&option.to_be_bytes());
+    v.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    v.extend_from_slice(data);
+    s.write_all(&v).await.unwrap();
+    assert_eq!(s.read_u64().await.unwrap(), proto::OPTION_REPLY_MAGIC);
+    assert_eq!(s.read_u32().await.unwrap(), option);
+    let kind = s.read_u32().await.unwrap();
+    let len = s.read_u32().await.unwrap();
+    let mut d = vec![0u8; len as usize];
+    s.read_exact(&mut d).await.unwrap();
+    (kind, d)
+}
+
+/// True when the server has closed the connection.
+async fn closed(s: &mut TcpStream) -> bool {
+    let mut b = [0u8; 1];
+    matches!(
+        tokio::time::timeout(std::time::Duration::from_secs(5), s.read(&mut b)).await,
+        Ok(Ok(0)) | Ok(Err(_))
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_negotiation_and_requests() {
+    let rig = rig().await;
+    // Options with lying lengths, unknown options, meta contexts before structured replies.
+    let mut s = greet(&rig.addr).await;
+    let (k, msg) = option(&mut s, proto::opt::GO, &[0, 0, 0, 50, b'r']).await;
+    assert_eq!(k, proto::rep::ERR_INVALID);
+    assert!(!msg.is_empty(), "errors carry a message");
+    assert_eq!(option(&mut s, 99, b"xyz").await.0, proto::rep::ERR_UNSUP);
+    assert_eq!(option(&mut s, proto::opt::STARTTLS, &[]).await.0, proto::rep::ERR_UNSUP);
+    assert_eq!(option(&mut s, proto::opt::LIST, b"x").await.0, proto::rep::ERR_INVALID);
+    let q = proto::MetaContextRequest {
+        name: "rw".into(),
+        queries: vec![proto::BASE_ALLOCATION.into()],
+    };
+    assert_eq!(
+        option(&mut s, proto::opt::SET_META_CONTEXT, &q.encode()).await.0,
+        proto::rep::ERR_INVALID
+    );
+    assert_eq!(
+        option(&mut s, proto::opt::STRUCTURED_REPLY, &[]).await.0,
+        proto::rep::ACK
+    );
+    let (k, d) = option(
+        &mut s,
+        proto::opt::LIST_META_CONTEXT,
+        &proto::MetaContextRequest {
+            name: "rw".into(),
+            queries: vec![],
+        }
+        .encode(),
+    )
+    .await;
+    assert_eq!(k, proto::rep::META_CONTEXT);
+    assert_eq!(&d[4..], proto::BASE_ALLOCATION.as_bytes());
+    assert_eq!(s.read_u64().await.unwrap(), proto::OPTION_REPLY_MAGIC);
+    let mut rest = [0u8; 12];
+    s.read_exact(&mut rest).await.unwrap();
+    assert_eq!(u32::from_be_bytes(rest[4..8].try_into().unwrap()), proto::rep::ACK);
+    assert_eq!(option(&mut s, proto::opt::ABORT, &[]).await.0, proto::rep::ACK);
+    assert!(closed(&mut s).await);
+
+    // Bad option magic, unknown client flags, an export name that does not exist, an
+    // oversized option: the server hangs up.
+    let mut s = greet(&rig.addr).await;
+    s.write_all(&[0u8; 16]).await.unwrap();
+    assert!(closed(&mut s).await);
+    let mut s = TcpStream::connect(&rig.addr).await.unwrap();
+    let mut hello = [0u8; 18];
+    s.read_exact(&mut hello).await.unwrap();
+    s.write_u32(0x80).await.unwrap();
+    assert!(closed(&mut s).await);
+    let mut s = greet(&rig.addr).await;
+    let mut v = proto::IHAVEOPT.to_be_bytes().to_vec();
+    v.extend_from_slice(&proto::opt::EXPORT_NAME.to_be_bytes());
+    v.extend_from_slice(&4u32.to_be_bytes());
+    v.extend_from_slice(b"nope");
+    s.write_all(&v).await.unwrap();
+    assert!(closed(&mut s).await);
+    let mut s = greet(&rig.addr).await;
+    let mut v = proto::IHAVEOPT.to_be_bytes().to_vec();
+    v.extend_from_slice(&proto::opt::GO.to_be_bytes());
+    v.extend_from_slice(&u32::MAX.to_be_bytes());
+    s.write_all(&v).await.unwrap();
+    assert!(closed(&mut s).await);
+
+    // The old way in (NBD_OPT_EXPORT_NAME) works, with simple replies; a request with a bad
+    // magic ends the connection.
+    let mut s = greet(&rig.addr).await;
+    let mut v = proto::IHAVEOPT.to_be_bytes().to_vec();
+    v.extend_from_slice(&proto::opt::EXPORT_NAME.to_be_bytes());
+    v.extend_from_slice(&2u32.to_be_bytes());
+    v.extend_from_slice(b"rw");
+    s.write_all(&v).await.unwrap();
+    assert_eq!(s.read_u64().await.unwrap(), 64 * MIB);
+    let _flags = s.read_u16().await.unwrap();
+    let req = proto::Request {
+        flags: 0,
+        kind: cmd::READ,
+        cookie: 77,
+        offset: 0,
+        length: 512,
+    };
+    s.write_all(&req.encode()).await.unwrap();
+    assert_eq!(s.read_u32().await.unwrap(), proto::SIMPLE_REPLY_MAGIC);
+    assert_eq!(s.read_u32().await.unwrap(), 0);
+    assert_eq!(s.read_u64().await.unwrap(), 77);
+    let mut d = [1u8; 512];
+    s.read_exact(&mut d).await.unwrap();
+    assert_eq!(d, [0u8; 512]);
+    let mut bad = req.encode();
+    bad[1] ^= 0xff;
+    s.write_all(&bad).await.unwrap();
+    assert!(closed(&mut s).await);
+
+    // Through it all, the healthy client is served.
+    let c = Client::connect(&rig.addr, "rw").await.unwrap();
+    c.write(0, &[9u8; 4096], true).await.unwrap();
+    assert_eq!(c.read(0, 4096).await.unwrap(), vec![9u8; 4096]);
+}
+
+/// Clients on separate connections write disjoint regions with many requests in flight and
+/// verify each other's data; a disconnect answers every request already sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_clients_verify_their_data() {
+    let rig = rig().await;
+    let mut tasks = Vec::new();
+    for id in 0..8u64 {
+        let addr = rig.addr.clone();
+        tasks.push(tokio::spawn(async move {
+            let c = Arc::new(Client::connect(&addr, "rw").await.unwrap());
+            let base = id * 8 * MIB;
+            let mut rng = rand::rngs::StdRng::seed_from_u64(id);
+            let mut writes = Vec::new();
+            for i in 0..64u64 {
+                let len = 4096 * rng.random_range(1..=16) as usize;
+                let off = base + i * 128 * 1024;
+                let data = pattern(id * 1000 + i, len);
+                let c = c.clone();
+                writes.push(tokio::spawn(async move {
+                    c.write(off, &data, false).await.unwrap();
+                    (off, data)
+                }));
+            }
+            let mut expect = Vec::new();
+            for w in writes {
+                expect.push(w.await.unwrap());
+            }
+            c.flush().await.unwrap();
+            for (off, data) in &expect {
+                assert_eq!(&c.read(*off, data.len() as u32).await.unwrap(), data);
+            }
+            expect
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    // Another connection sees everything (CAN_MULTI_CONN).
+    let c = Arc::new(Client::connect(&rig.addr, "rw").await.unwrap());
+    for (off, data) in &all {
+        assert_eq!(&c.read(*off, data.len() as u32).await.unwrap(), data);
+    }
+    let c = Arc::try_unwrap(c).ok().unwrap();
+    c.disconnect().await.unwrap();
+}
