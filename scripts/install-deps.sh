@@ -5,8 +5,8 @@ set -euo pipefail
 
 want=(clang libclang-dev)                       # RocksDB's bindings are generated with libclang
 case "${1:-build}" in
-  test)  want+=(fio libiscsi-bin qemu-utils qemu-block-extra) ;;
-  bench) want+=(fio bc tgt libiscsi-bin qemu-utils qemu-block-extra) ;;
+  test)  want+=(fio libiscsi-bin libnbd-bin qemu-utils qemu-block-extra) ;;
+  bench) want+=(fio bc tgt libiscsi-bin libnbd-bin qemu-utils qemu-block-extra) ;;
 esac
 
 missing=()

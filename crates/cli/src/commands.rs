@@ -36,6 +36,7 @@ pub fn run(cli: Cli) -> Result<(), String> {
         Command::Disk(d) => disk(&c, d),
         Command::Vdisk(v) => vdisk(&c, v),
         Command::Target(t) => target(&c, t),
+        Command::Nbd(n) => nbd(&c, n),
         Command::Job(j) => job(&c, j),
     };
     r.map_err(|e| match e {
@@ -50,6 +51,7 @@ fn serve(a: ServeArgs, state_dir: Option<PathBuf>) -> Result<(), String> {
         api_listen: a.api_listen,
         api_token: a.api_token,
         iscsi_listen: a.iscsi_listen,
+        nbd_listen: a.nbd_listen,
         log_format: a.log_format.map(|f| match f {
             LogFormatArg::Text => LogFormat::Text,
             LogFormatArg::Json => LogFormat::Json,
@@ -749,6 +751,60 @@ fn target(c: &Ctx, cmd: TargetCmd) -> R {
         target_table(&v);
     } else {
         target_table(&Value::Array(vec![v]));
+    }
+    Ok(())
+}
+
+fn nbd_table(v: &Value) {
+    let rows = arr(v)
+        .iter()
+        .map(|e| {
+            vec![
+                s(&e["name"]),
+                s(&e["vdisk"]),
+                size(&e["size"]),
+                if e["read_only"] == true {
+                    "read-only"
+                } else {
+                    "read-write"
+                }
+                .to_string(),
+                if e["online"] == true {
+                    "online"
+                } else {
+                    "offline: vdisk unavailable"
+                }
+                .to_string(),
+                s(&e["connections"]),
+            ]
+        })
+        .collect();
+    table(&["EXPORT", "VDISK", "SIZE", "ACCESS", "STATE", "CONNECTIONS"], rows);
+}
+
+fn nbd(c: &Ctx, cmd: NbdCmd) -> R {
+    let path = |name: &str| format!("/api/nbd/exports/{}", encode_segment(name));
+    let v = match cmd {
+        NbdCmd::Export { vdisk, name, read_only } => c.client.post(
+            "/api/nbd/exports",
+            Some(json!({"vdisk": vdisk, "name": name, "read_only": read_only})),
+        )?,
+        NbdCmd::List => c.client.get("/api/nbd/exports")?,
+        NbdCmd::Show { name } => c.client.get(&path(&name))?,
+        NbdCmd::Remove { name } => {
+            c.client.delete(&path(&name))?;
+            if !c.json {
+                println!("NBD export {name} removed");
+            }
+            return Ok(());
+        }
+    };
+    if c.json {
+        c.print_json(&v);
+    } else if v.is_array() {
+        nbd_table(&v);
+    } else {
+        nbd_table(&Value::Array(vec![v]));
     }
     Ok(())
 }

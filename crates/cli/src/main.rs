@@ -50,9 +50,35 @@ pub enum Command {
     /// iSCSI targets and their LUNs.
     #[command(subcommand)]
     Target(TargetCmd),
+    /// NBD exports (nbd://HOST:10809/NAME).
+    #[command(subcommand)]
+    Nbd(NbdCmd),
     /// Long-running operations.
     #[command(subcommand)]
     Job(JobCmd),
+}
+
+#[derive(Subcommand)]
+pub enum NbdCmd {
+    /// Export a vdisk over NBD.
+    Export {
+        /// POOL/NAME
+        vdisk: String,
+        /// The name clients connect to (default: the vdisk's name).
+        #[arg(long)]
+        name: Option<String>,
+        /// Refuse writes, trims and zeroing.
+        #[arg(long)]
+        read_only: bool,
+    },
+    List,
+    Show {
+        name: String,
+    },
+    /// Stop exporting; connections already open finish their work.
+    Remove {
+        name: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -143,6 +169,9 @@ pub struct ServeArgs {
     /// iSCSI portal address; "none" to disable. Default 127.0.0.1:3260.
     #[arg(long, value_name = "ADDR")]
     pub iscsi_listen: Option<String>,
+    /// NBD server address; "none" to disable. Default 127.0.0.1:10809.
+    #[arg(long, value_name = "ADDR")]
+    pub nbd_listen: Option<String>,
     /// Bearer token required on the TCP listener (at least 16 characters).
     #[arg(long, env = "TESSERA_API_TOKEN", hide_env_values = true)]
     pub api_token: Option<String>,

@@ -2,33 +2,7 @@
 
 mod common;
 
-use std::process::Command;
-
 use common::*;
-
-fn run(cmd: &str, args: &[&str]) -> (bool, String) {
-    run_env(cmd, args, &[])
-}
-
-fn run_env(cmd: &str, args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
-    let o = Command::new(cmd)
-        .args(args)
-        .envs(env.iter().copied())
-        .output()
-        .unwrap_or_else(|e| panic!("{cmd}: {e} (scripts/install-deps.sh test installs it)"));
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    (o.status.success(), text)
-}
-
-fn ok(cmd: &str, args: &[&str]) -> String {
-    let (success, out) = run(cmd, args);
-    assert!(success, "{cmd} {args:?} failed:\n{out}");
-    out
-}
 
 const IQN: &str = "iqn.2026-11.io.tessera:demo";
 

@@ -47,7 +47,7 @@ impl Export {
 
     pub fn transmission_flags(&self) -> u16 {
         use crate::proto::tflag::*;
-        let mut f = HAS_FLAGS | SEND_FLUSH | SEND_FUA | SEND_DF | CAN_MULTI_CONN | SEND_CACHE;
+        let mut f = HAS_FLAGS | SEND_FLUSH | SEND_FUA | SEND_DF | CAN_MULTI_CONN;
         if self.read_only {
             f |= READ_ONLY;
         } else {

@@ -5,6 +5,7 @@
 //! api_listen = "127.0.0.1:8484"   # "" disables the TCP listener; the unix socket stays
 //! api_token_file = "/etc/tessera/api-token"
 //! iscsi_listen = "0.0.0.0:3260"    # "none" disables the iSCSI portal
+//! nbd_listen = "127.0.0.1:10809"  # "none" disables the NBD server
 //! pools = ["tank"]                # imported at start, in addition to those left imported
 //! log_format = "text"             # or "json"
 //! ```
@@ -16,6 +17,7 @@ use serde::Deserialize;
 
 pub const DEFAULT_API_LISTEN: &str = "127.0.0.1:8484";
 pub const DEFAULT_ISCSI_LISTEN: &str = "127.0.0.1:3260";
+pub const DEFAULT_NBD_LISTEN: &str = "127.0.0.1:10809";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
@@ -34,6 +36,7 @@ pub struct ConfigFile {
     pub api_token: Option<String>,
     pub api_token_file: Option<PathBuf>,
     pub iscsi_listen: Option<String>,
+    pub nbd_listen: Option<String>,
     #[serde(default)]
     pub pools: Vec<String>,
     pub log_format: Option<LogFormat>,
@@ -46,6 +49,7 @@ pub struct Overrides {
     pub api_listen: Option<String>,
     pub api_token: Option<String>,
     pub iscsi_listen: Option<String>,
+    pub nbd_listen: Option<String>,
     pub log_format: Option<LogFormat>,
     pub demo: bool,
 }
@@ -58,6 +62,8 @@ pub struct ServerConfig {
     pub api_token: Option<String>,
     /// The iSCSI portal; None when disabled.
     pub iscsi_listen: Option<SocketAddr>,
+    /// The NBD server's address; None when disabled.
+    pub nbd_listen: Option<SocketAddr>,
     pub pools: Vec<String>,
     pub log_format: LogFormat,
     pub demo: bool,
@@ -131,6 +137,14 @@ impl ServerConfig {
             s if s.is_empty() || s == "none" => None,
             s => Some(parse_addr("iscsi_listen", &s)?),
         };
+        let nbd_listen = match o
+            .nbd_listen
+            .or(f.nbd_listen)
+            .unwrap_or_else(|| DEFAULT_NBD_LISTEN.into())
+        {
+            s if s.is_empty() || s == "none" => None,
+            s => Some(parse_addr("nbd_listen", &s)?),
+        };
         for p in &f.pools {
             tessera_pool::validate_name("pool", p)?;
         }
@@ -139,6 +153,7 @@ impl ServerConfig {
             api_listen,
             api_token,
             iscsi_listen,
+            nbd_listen,
             pools: f.pools,
             log_format: o.log_format.or(f.log_format).unwrap_or_default(),
             demo: o.demo,

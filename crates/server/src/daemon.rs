@@ -24,6 +24,7 @@ use crate::error::{ApiError, ApiResult};
 use crate::image;
 use crate::jobs::{JobView, Jobs};
 use crate::model::*;
+use crate::nbd_exports::{NbdExportConfig, NbdExports};
 use crate::statefile;
 use crate::targets::Targets;
 
@@ -34,6 +35,7 @@ pub struct Daemon {
     unavailable: RwLock<BTreeMap<String, String>>,
     pub jobs: Jobs,
     pub targets: Targets,
+    pub nbd: NbdExports,
     /// Serializes changes to the set of pools.
     admin: Mutex<()>,
     started: Instant,
@@ -57,12 +59,14 @@ impl Daemon {
         std::fs::create_dir_all(cfg.pools_dir())
             .map_err(|e| format!("cannot create the state directory {}: {e}", cfg.state_dir.display()))?;
         let targets = Targets::load(cfg.state_dir.join("targets.json"))?;
+        let nbd = NbdExports::load(cfg.state_dir.join("nbd.json"))?;
         let d = Daemon {
             cfg,
             pools: RwLock::new(BTreeMap::new()),
             unavailable: RwLock::new(BTreeMap::new()),
             jobs: Jobs::default(),
             targets,
+            nbd,
             admin: Mutex::new(()),
             started: Instant::now(),
         };
@@ -88,10 +92,12 @@ impl Daemon {
             }
         }
         d.write_imported()?;
-        d.targets.apply_all(&|name| {
+        let resolve = |name: &str| {
             let (p, v) = name.split_once('/')?;
             d.vdisk(p, v).ok()
-        });
+        };
+        d.targets.apply_all(&resolve);
+        d.nbd.present_missing(&resolve);
         Ok(d)
     }
 
@@ -342,20 +348,22 @@ impl Daemon {
         self.pools.write().insert(name.to_string(), Arc::new(engine));
         self.unavailable.write().remove(name);
         self.persist()?;
-        self.targets.present_missing(&|vd| {
+        let resolve = |vd: &str| {
             let (p, v) = vd.split_once('/')?;
             self.vdisk(p, v).ok()
-        });
+        };
+        self.targets.present_missing(&resolve);
+        self.nbd.present_missing(&resolve);
         self.pool_summary(name)
     }
 
     /// Takes a pool out of the map for export or destroy; refused while a job or a request
     /// still uses it.
     fn take_pool(&self, name: &str, what: &str) -> ApiResult<Engine> {
-        let users = self.targets.users_of(&format!("{name}/"));
+        let users = self.users_of(&format!("{name}/"));
         if !users.is_empty() {
             return Err(ApiError::busy(format!(
-                "cannot {what} pool '{name}': its vdisks are presented as {}; remove those LUNs first",
+                "cannot {what} pool '{name}': its vdisks are presented as {}; remove those first",
                 users.join(", ")
             )));
         }
@@ -541,10 +549,10 @@ impl Daemon {
                 "vdisk '{target}' is in use by job(s) {jobs:?}; wait for them or cancel them"
             )));
         }
-        let users = self.targets.users_of(&target);
+        let users = self.users_of(&target);
         if !users.is_empty() {
             return Err(ApiError::busy(format!(
-                "vdisk '{target}' is presented as {}; remove it there first ('tessera target lun remove')",
+                "vdisk '{target}' is presented as {}; remove it there first ('tessera target lun remove', 'tessera nbd remove')",
                 users.join(", ")
             )));
         }
@@ -614,6 +622,13 @@ impl Daemon {
             }
         }
         Ok(())
+    }
+
+    /// Where a vdisk (or, with a trailing '/', any vdisk of a pool) is served: LUNs and exports.
+    fn users_of(&self, prefix_or_name: &str) -> Vec<String> {
+        let mut u = self.targets.users_of(prefix_or_name);
+        u.extend(self.nbd.users_of(prefix_or_name));
+        u
     }
 
     // ---- iSCSI targets ----
@@ -694,6 +709,49 @@ impl Daemon {
     pub fn chap_clear(&self, iqn: &str) -> ApiResult<TargetView> {
         self.targets.chap_clear(iqn)?;
         self.target_view(iqn)
+    }
+
+    // ---- NBD exports ----
+
+    fn nbd_view(&self, c: NbdExportConfig) -> NbdExportView {
+        let v = c.vdisk.split_once('/').and_then(|(p, n)| self.vdisk(p, n).ok());
+        NbdExportView {
+            connections: self.nbd.connections(&c.name),
+            online: v.is_some(),
+            size: v.map(|(_, v)| v.size()),
+            name: c.name,
+            vdisk: c.vdisk,
+            read_only: c.read_only,
+        }
+    }
+
+    pub fn list_nbd_exports(&self) -> Vec<NbdExportView> {
+        self.nbd.list().into_iter().map(|c| self.nbd_view(c)).collect()
+    }
+
+    pub fn show_nbd_export(&self, name: &str) -> ApiResult<NbdExportView> {
+        Ok(self.nbd_view(self.nbd.get(name)?))
+    }
+
+    /// Exports a vdisk over NBD, by default under its own name.
+    pub fn add_nbd_export(&self, req: CreateNbdExport) -> ApiResult<NbdExportView> {
+        let (p, n) = req
+            .vdisk
+            .split_once('/')
+            .ok_or_else(|| ApiError::invalid(format!("'{}' does not name a vdisk: write POOL/NAME", req.vdisk)))?;
+        let (_, v) = self.vdisk(p, n)?;
+        let cfg = NbdExportConfig {
+            name: req.name.unwrap_or_else(|| n.to_string()),
+            vdisk: req.vdisk,
+            read_only: req.read_only,
+        };
+        let name = cfg.name.clone();
+        self.nbd.add(cfg, v)?;
+        self.show_nbd_export(&name)
+    }
+
+    pub fn remove_nbd_export(&self, name: &str) -> ApiResult<()> {
+        self.nbd.remove(name)
     }
 
     /// Stops jobs and flushes every pool; the pools stay imported for the next start.

@@ -1,5 +1,6 @@
 //! The embedded demo: four sparse 8 GiB file disks in `<state dir>/disks`, the pool `demo` and
-//! a thin two-way mirror `demo/vol1` of 16 GiB, created on first start and reopened after.
+//! a thin two-way mirror `demo/vol1` of 16 GiB, created on first start and reopened after,
+//! presented as LUN 0 of an iSCSI target and as the NBD export `vol1`.
 
 use std::path::PathBuf;
 
@@ -76,6 +77,14 @@ pub fn prepare(d: &Daemon) -> Result<(), String> {
             },
         )
         .map_err(|e| format!("cannot export the demo vdisk: {}", e.message))?;
+    }
+    if d.nbd.get(VDISK).is_err() {
+        d.add_nbd_export(crate::model::CreateNbdExport {
+            vdisk: format!("{POOL}/{VDISK}"),
+            name: Some(VDISK.into()),
+            read_only: false,
+        })
+        .map_err(|e| format!("cannot export the demo vdisk over NBD: {}", e.message))?;
     }
     Ok(())
 }

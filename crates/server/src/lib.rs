@@ -12,6 +12,7 @@ pub mod jobs;
 pub mod lock;
 pub mod logging;
 pub mod model;
+pub mod nbd_exports;
 pub mod serve;
 pub mod statefile;
 pub mod targets;

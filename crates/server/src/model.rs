@@ -237,3 +237,26 @@ pub struct SetChap {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mutual_secret: Option<String>,
 }
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateNbdExport {
+    /// "pool/vdisk".
+    pub vdisk: String,
+    /// The export name clients ask for; absent: the vdisk's name.
+    pub name: Option<String>,
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NbdExportView {
+    pub name: String,
+    pub vdisk: String,
+    pub read_only: bool,
+    /// False when the vdisk is not available (its pool not imported): the export is not offered.
+    pub online: bool,
+    pub size: Option<u64>,
+    /// Clients connected now.
+    pub connections: usize,
+}

@@ -66,13 +66,28 @@ async fn serve(cfg: ServerConfig) -> Result<(), String> {
         })?),
         None => None,
     };
+    let nbd = match daemon.cfg.nbd_listen {
+        Some(a) => Some(TcpListener::bind(a).await.map_err(|e| {
+            format!("cannot listen for NBD on {a}: {e}; is another server using it? Choose another with --nbd-listen")
+        })?),
+        None => None,
+    };
     let iscsi_addr = iscsi.as_ref().and_then(|l| l.local_addr().ok());
     if let Some(l) = iscsi {
         tokio::spawn(tessera_iscsi::serve(l, daemon.targets.registry.clone()));
     }
+    let nbd_addr = nbd.as_ref().and_then(|l| l.local_addr().ok());
+    if let Some(l) = nbd {
+        tokio::spawn(tessera_nbd::serve(l, daemon.nbd.registry.clone()));
+    }
     println!(
         "{}",
-        banner(&daemon, tcp.as_ref().and_then(|t| t.local_addr().ok()), iscsi_addr)
+        banner(
+            &daemon,
+            tcp.as_ref().and_then(|t| t.local_addr().ok()),
+            iscsi_addr,
+            nbd_addr
+        )
     );
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -120,7 +135,12 @@ async fn serve(cfg: ServerConfig) -> Result<(), String> {
     Ok(())
 }
 
-fn banner(d: &Daemon, tcp: Option<std::net::SocketAddr>, iscsi: Option<std::net::SocketAddr>) -> String {
+fn banner(
+    d: &Daemon,
+    tcp: Option<std::net::SocketAddr>,
+    iscsi: Option<std::net::SocketAddr>,
+    nbd: Option<std::net::SocketAddr>,
+) -> String {
     let sock = d.cfg.socket_path();
     let mut s = format!(
         "Tessera {} serving {}\n",
@@ -175,6 +195,16 @@ fn banner(d: &Daemon, tcp: Option<std::net::SocketAddr>, iscsi: Option<std::net:
             }
         }
         None => s += "  iSCSI portal: off\n",
+    }
+    match nbd {
+        Some(a) => {
+            s += &format!("  NBD server: {a}\n");
+            for e in d.list_nbd_exports() {
+                let ro = if e.read_only { " (read-only)" } else { "" };
+                s += &format!("    nbd://{a}/{}  ->  {}{ro}\n", e.name, e.vdisk);
+            }
+        }
+        None => s += "  NBD server: off\n",
     }
     s += &format!(
         "Connect with:\n  export TESSERA_API=unix:{}\n  tessera pool list\n",

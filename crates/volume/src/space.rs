@@ -60,6 +60,10 @@ pub struct GrainSpace {
     layouts: Arc<Layouts>,
     sets: RwLock<HashMap<u32, Arc<SetSlots>>>,
     alloc: Mutex<AllocState>,
+    /// Held while a slab set is added: allocations that find the class full at the same
+    /// moment wait for one new set instead of each making their own (and running the pool
+    /// out of slabs).
+    growing: Mutex<()>,
 }
 
 impl GrainSpace {
@@ -68,6 +72,7 @@ impl GrainSpace {
             layouts,
             sets: RwLock::new(HashMap::new()),
             alloc: Mutex::new(AllocState::default()),
+            growing: Mutex::new(()),
         }
     }
 
@@ -150,7 +155,7 @@ impl GrainSpace {
             let reserved = a.reserved.get(&class).copied().unwrap_or(0);
             if !from_reservation && self.class_free(&a, class) <= reserved {
                 drop(a);
-                self.add_set(class)?;
+                self.grow(class, reserved)?;
                 continue;
             }
             if let Some(l) = self.take_slot(&mut a, class) {
@@ -162,7 +167,7 @@ impl GrainSpace {
                 return Ok(l);
             }
             drop(a);
-            self.add_set(class)?;
+            self.grow(class, 0)?;
         }
         Err(VolumeError::NoSpace(format!(
             "no free grain in the {} class",
@@ -212,6 +217,16 @@ impl GrainSpace {
         }
     }
 
+    /// Adds a slab set to the class unless, by the time this caller's turn comes, the class
+    /// has more than `keep` free slots (another caller grew it).
+    fn grow(&self, class: Class, keep: u64) -> Result<()> {
+        let _g = self.growing.lock();
+        if self.class_free(&self.alloc.lock(), class) > keep {
+            return Ok(());
+        }
+        self.add_set(class)
+    }
+
     /// Makes a new slab set for the class and records its grain size.
     fn add_set(&self, class: Class) -> Result<()> {
         let set = self.layouts.create_set(class.layout).map_err(|e| match e {
@@ -235,6 +250,8 @@ impl GrainSpace {
     /// Reserves `n` slots of the class for a fixed vdisk, making slab sets as needed.
     /// All or nothing: on failure the sets made here are freed again.
     pub fn reserve(&self, class: Class, n: u64) -> Result<()> {
+        // No other set appears meanwhile: the sets new since `before` are ours to undo.
+        let _g = self.growing.lock();
         let mut made = Vec::new();
         loop {
             {

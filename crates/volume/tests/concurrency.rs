@@ -125,3 +125,34 @@ fn concurrent_parity() {
 fn concurrent_dual_parity() {
     run(LayoutKind::DualParity);
 }
+
+/// Writers that find a class full at the same moment share the one slab set it needs,
+/// instead of each adding their own and running the pool out of slabs.
+#[test]
+fn simultaneous_first_writes_add_one_slab_set() {
+    let rig = Rig::new(3, 64 * MIB, MIB);
+    let e = rig.engine();
+    let v = e
+        .create_vdisk(&spec("v", 8 * MIB, LayoutKind::Mirror, Provisioning::Thin))
+        .unwrap();
+    assert_eq!(e.layouts().sets().len(), 0);
+    let writers = 12u64;
+    let start = std::sync::Barrier::new(writers as usize);
+    std::thread::scope(|s| {
+        for t in 0..writers {
+            let (v, start) = (&v, &start);
+            s.spawn(move || {
+                let data = pattern(t, 0, 4096);
+                start.wait();
+                v.write(t * (64 << 10), &data, false).unwrap();
+            });
+        }
+    });
+    assert_eq!(e.layouts().sets().len(), 1, "one set holds all {writers} grains");
+    for t in 0..writers {
+        let mut b = vec![0u8; 4096];
+        v.read(t * (64 << 10), &mut b).unwrap();
+        assert_eq!(b, pattern(t, 0, 4096));
+    }
+    rig.assert_consistent();
+}

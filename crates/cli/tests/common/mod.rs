@@ -105,6 +105,15 @@ impl Daemon {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The NBD server's address from the banner.
+    pub fn nbd_address(&self) -> String {
+        let out = self.stdout();
+        out.lines()
+            .find_map(|l| l.trim().strip_prefix("NBD server: "))
+            .unwrap_or_else(|| panic!("no NBD server in the banner: {out}"))
+            .to_string()
+    }
+
     /// The iSCSI portal address from the banner.
     pub fn iscsi_portal(&self) -> String {
         let out = self.stdout();
@@ -214,13 +223,17 @@ impl Drop for Daemon {
     }
 }
 
-/// Tests run side by side: unless a test chooses, the iSCSI portal takes any free port.
+/// Tests run side by side: unless a test chooses, the iSCSI portal and the NBD server take
+/// any free port.
 fn default_portal(args: &[&str]) -> Vec<&'static str> {
-    if args.contains(&"--iscsi-listen") {
-        vec![]
-    } else {
-        vec!["--iscsi-listen", "127.0.0.1:0"]
+    let mut v = Vec::new();
+    if !args.contains(&"--iscsi-listen") {
+        v.extend(["--iscsi-listen", "127.0.0.1:0"]);
     }
+    if !args.contains(&"--nbd-listen") {
+        v.extend(["--nbd-listen", "127.0.0.1:0"]);
+    }
+    v
 }
 
 pub struct Out {
@@ -393,4 +406,30 @@ fn read_full(f: &mut File, buf: &mut [u8]) -> usize {
 pub fn allocated(p: &Path) -> u64 {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata(p).unwrap().blocks() * 512
+}
+
+/// Runs a tool nobody here wrote: (success, stdout and stderr).
+pub fn run(cmd: &str, args: &[&str]) -> (bool, String) {
+    run_env(cmd, args, &[])
+}
+
+pub fn run_env(cmd: &str, args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
+    let o = Command::new(cmd)
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd}: {e} (scripts/install-deps.sh test installs it)"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    (o.status.success(), text)
+}
+
+/// Runs a tool that must succeed; its output.
+pub fn ok(cmd: &str, args: &[&str]) -> String {
+    let (success, out) = run(cmd, args);
+    assert!(success, "{cmd} {args:?} failed:\n{out}");
+    out
 }

@@ -226,3 +226,22 @@ pub async fn remove_lun(State(d): D, Path((iqn, lun)): Path<(String, String)>) -
         .map_err(|_| ApiError::invalid(format!("'{lun}' is not a LUN number")))?;
     json(move || d.remove_lun(&iqn, lun)).await
 }
+
+pub async fn list_nbd_exports(State(d): D) -> ApiResult<Json<Vec<NbdExportView>>> {
+    json(move || Ok(d.list_nbd_exports())).await
+}
+
+pub async fn create_nbd_export(
+    State(d): D,
+    Body(req): Body<CreateNbdExport>,
+) -> ApiResult<(StatusCode, Json<NbdExportView>)> {
+    created(move || d.add_nbd_export(req)).await
+}
+
+pub async fn show_nbd_export(State(d): D, Path(name): Path<String>) -> ApiResult<Json<NbdExportView>> {
+    json(move || d.show_nbd_export(&name)).await
+}
+
+pub async fn delete_nbd_export(State(d): D, Path(name): Path<String>) -> ApiResult<StatusCode> {
+    done(move || d.remove_nbd_export(&name)).await
+}

@@ -47,6 +47,11 @@ pub fn router(daemon: Arc<Daemon>, token: Option<String>) -> Router {
         .route("/api/targets/{iqn}/acl", post(acl_add))
         .route("/api/targets/{iqn}/acl/{initiator}", delete(acl_remove))
         .route("/api/targets/{iqn}/chap", put(chap_set).delete(chap_clear))
+        .route("/api/nbd/exports", get(list_nbd_exports).post(create_nbd_export))
+        .route(
+            "/api/nbd/exports/{name}",
+            get(show_nbd_export).delete(delete_nbd_export),
+        )
         .route("/api/jobs", get(list_jobs))
         .route("/api/jobs/{id}", get(show_job))
         .route("/api/jobs/{id}/cancel", post(cancel_job))

@@ -262,6 +262,34 @@ pub const ROUTES: &[RouteDoc] = &[
         None,
         Some((200, "Target")),
     ),
+    r(
+        "get",
+        "/api/nbd/exports",
+        "List NBD exports",
+        None,
+        Some((200, "NbdExportList")),
+    ),
+    r(
+        "post",
+        "/api/nbd/exports",
+        "Export a vdisk over NBD",
+        Some("CreateNbdExport"),
+        Some((201, "NbdExport")),
+    ),
+    r(
+        "get",
+        "/api/nbd/exports/{name}",
+        "An NBD export",
+        None,
+        Some((200, "NbdExport")),
+    ),
+    r(
+        "delete",
+        "/api/nbd/exports/{name}",
+        "Stop exporting; open connections finish",
+        None,
+        None,
+    ),
 ];
 
 fn int() -> Value {
@@ -386,6 +414,14 @@ fn schemas() -> Value {
             "user": string(), "secret": {"type": "string", "minLength": 12, "maxLength": 255},
             "mutual_user": string(), "mutual_secret": {"type": "string", "minLength": 12, "maxLength": 255}}},
         "TargetList": list("Target"),
+        "CreateNbdExport": {"type": "object", "required": ["vdisk"], "additionalProperties": false, "properties": {
+            "vdisk": {"type": "string", "description": "POOL/NAME"},
+            "name": {"type": ["string", "null"], "description": "export name; default: the vdisk's name", "pattern": "^[A-Za-z0-9._:-]{1,128}$"},
+            "read_only": {"type": "boolean", "default": false}}},
+        "NbdExport": obj(&["name", "vdisk", "read_only", "online", "connections"], json!({
+            "name": string(), "vdisk": string(), "read_only": {"type": "boolean"}, "online": {"type": "boolean"},
+            "size": opt_int(), "connections": int()})),
+        "NbdExportList": list("NbdExport"),
     })
 }
 
