@@ -37,6 +37,7 @@ bench:
 	bench/engine.sh
 	bench/image.sh
 	bench/iscsi-vs-tgt.sh
+	bench/nbd-vs-qemu-nbd.sh
 
 clean:
 	$(CARGO) clean
