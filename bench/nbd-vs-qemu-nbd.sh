@@ -98,7 +98,8 @@ fio_run() { # log rw bs qd [uri] -> IOPS: on the reference file, or over NBD whe
   fio --name=b "${target[@]}" --rw="$rw" --bs="$bs" --iodepth="$qd" --numjobs=1 \
       --size="$SIZE_B" --time_based --runtime="$DURATION" --buffer_pattern=0xa5 \
       --output-format=json > "$log"
-  python3 -c 'import json,sys; j=json.load(open(sys.argv[1]))["jobs"][0]; print(j["read"]["iops"]+j["write"]["iops"])' "$log"
+  # fio's nbd engine says "fio: connected to NBD server" before the JSON.
+  python3 -c 'import json,sys; t=open(sys.argv[1]).read(); j=json.loads(t[t.index("{"):])["jobs"][0]; print(j["read"]["iops"]+j["write"]["iops"])' "$log"
 }
 median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 

@@ -35,8 +35,21 @@ pub async fn serve(listener: TcpListener, reg: Arc<Registry>) {
                     };
                     let export = n.export.name.clone();
                     debug!(%peer, %export, structured = n.structured, "NBD client connected");
-                    if let Err(e) = crate::transmission::run(sock, n).await {
-                        info!(%peer, %export, error = %e, "NBD connection ended");
+                    // From here the connection is served by threads of its own, with blocking I/O.
+                    let sock = match sock.into_std().and_then(|s| s.set_nonblocking(false).map(|_| s)) {
+                        Ok(s) => s,
+                        Err(e) => {
+                            warn!(%peer, error = %e, "cannot hand the NBD connection over");
+                            return;
+                        }
+                    };
+                    let spawned = std::thread::Builder::new().name("nbd-conn".into()).spawn(move || {
+                        if let Err(e) = crate::transmission::run(sock, n) {
+                            info!(%peer, %export, error = %e, "NBD connection ended");
+                        }
+                    });
+                    if let Err(e) = spawned {
+                        warn!(%peer, error = %e, "cannot start a thread for the NBD connection");
                     }
                 });
             }

@@ -1,22 +1,28 @@
-//! The transmission phase, server side: requests are read in order, run concurrently on the
-//! blocking pool (the vdisk does disk I/O), and answered as they complete.
+//! The transmission phase, server side. The vdisk does blocking disk I/O, so a connection is
+//! served by its own threads, leader/follower style: one thread at a time reads the next
+//! request off the socket, then runs it and writes the reply itself while another thread takes
+//! over reading. No request changes threads, so a 4K read costs no hand-off between a reader,
+//! a worker pool and a writer. Threads are added while every one is busy, up to
+//! MAX_IN_FLIGHT, and all end with the connection.
 
-use std::io;
-use std::sync::atomic::Ordering;
+use std::io::{self, BufReader, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use parking_lot::Mutex;
 use tessera_volume::VolumeError;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
-use tokio::net::TcpStream;
-use tokio::sync::{mpsc, Semaphore};
 use tracing::{debug, warn};
 
 use crate::export::{Export, MAX_PAYLOAD};
 use crate::handshake::Negotiated;
 use crate::proto::*;
 
-/// Requests of one connection running at once; the reader waits beyond that.
-const MAX_IN_FLIGHT: u32 = 64;
+/// Requests of one connection running at once (threads serving it, at most).
+const MAX_IN_FLIGHT: usize = 64;
+
+/// Replies smaller than this are gathered into one buffer and written with one call.
+const GATHER: usize = 64 << 10;
 
 /// The reply to one request, in the pieces it is written in.
 type Reply = Vec<Vec<u8>>;
@@ -27,87 +33,159 @@ struct Ctx {
     allocation_context: Option<u32>,
 }
 
-pub async fn run(sock: TcpStream, n: Negotiated) -> io::Result<()> {
+/// What the thread holding the read side does next.
+enum Next {
+    Run(Request, Vec<u8>),
+    /// Refused before running (a write too large); the reply is ready.
+    Answer(Reply),
+    /// NBD_CMD_DISC, end of stream or a broken stream: no more requests.
+    Stop,
+}
+
+struct Conn {
+    ctx: Ctx,
+    reader: Mutex<Option<BufReader<TcpStream>>>,
+    writer: Mutex<TcpStream>,
+    /// Threads serving the connection, and those among them waiting to read.
+    threads: AtomicUsize,
+    idle: AtomicUsize,
+    handles: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    error: Mutex<Option<io::Error>>,
+}
+
+/// Serves a negotiated connection until the client leaves; blocking.
+pub fn run(sock: TcpStream, n: Negotiated) -> io::Result<()> {
     n.export.connections.fetch_add(1, Ordering::Relaxed);
     let export = n.export.clone();
-    let r = serve_requests(sock, n).await;
+    let r = serve_requests(sock, n);
     export.connections.fetch_sub(1, Ordering::Relaxed);
     r
 }
 
-async fn serve_requests(sock: TcpStream, n: Negotiated) -> io::Result<()> {
-    let ctx = Arc::new(Ctx {
-        export: n.export,
-        structured: n.structured,
-        allocation_context: n.allocation_context,
+fn serve_requests(sock: TcpStream, n: Negotiated) -> io::Result<()> {
+    let conn = Arc::new(Conn {
+        ctx: Ctx {
+            export: n.export,
+            structured: n.structured,
+            allocation_context: n.allocation_context,
+        },
+        reader: Mutex::new(Some(BufReader::with_capacity(256 << 10, sock.try_clone()?))),
+        writer: Mutex::new(sock.try_clone()?),
+        threads: AtomicUsize::new(1),
+        idle: AtomicUsize::new(0),
+        handles: Mutex::new(Vec::new()),
+        error: Mutex::new(None),
     });
-    let (mut r, w) = sock.into_split();
-    let (tx, mut rx) = mpsc::unbounded_channel::<Reply>();
-    let writer = tokio::spawn(async move {
-        let mut w = BufWriter::with_capacity(256 << 10, w);
-        while let Some(reply) = rx.recv().await {
-            let mut next = Some(reply);
-            // Gather the replies that are ready into one flush.
-            while let Some(reply) = next.take() {
-                for part in reply {
-                    w.write_all(&part).await?;
+    serve_thread(&conn);
+    // The first thread is the last to go: wait for the others, which finish what they took.
+    loop {
+        let hs: Vec<_> = std::mem::take(&mut *conn.handles.lock());
+        if hs.is_empty() {
+            break;
+        }
+        for h in hs {
+            let _ = h.join();
+        }
+    }
+    let _ = sock.shutdown(Shutdown::Both);
+    let error = conn.error.lock().take();
+    match error {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+fn serve_thread(conn: &Arc<Conn>) {
+    loop {
+        conn.idle.fetch_add(1, Ordering::AcqRel);
+        let next = {
+            let mut guard = conn.reader.lock();
+            conn.idle.fetch_sub(1, Ordering::AcqRel);
+            let Some(r) = guard.as_mut() else {
+                return;
+            };
+            let next = match next_request(r, &conn.ctx) {
+                Ok(n) => n,
+                Err(e) => {
+                    if e.kind() != io::ErrorKind::UnexpectedEof {
+                        *conn.error.lock() = Some(e);
+                    }
+                    Next::Stop
                 }
-                next = rx.try_recv().ok();
+            };
+            if matches!(next, Next::Stop) {
+                *guard = None;
+                return;
             }
-            w.flush().await?;
-        }
-        w.shutdown().await
-    });
-    let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT as usize));
-    let mut head = [0u8; REQUEST_LEN];
-    let result = loop {
-        match r.read_exact(&mut head).await {
-            Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => break Ok(()),
-            Err(e) => break Err(e),
-        }
-        let req = match Request::parse(&head) {
-            Ok(q) => q,
-            Err(e) => {
-                // Out of step with the client: nothing after this can be trusted.
-                break Err(io::Error::new(io::ErrorKind::InvalidData, e.to_string()));
-            }
+            next
         };
-        if req.kind == cmd::DISC {
-            break Ok(());
-        }
-        let mut payload = Vec::new();
-        if req.kind == cmd::WRITE {
-            if req.length > MAX_PAYLOAD {
-                // Stay in step: swallow the data, then refuse.
-                let mut left = req.length as u64;
-                let mut sink = vec![0u8; 1 << 20];
-                while left > 0 {
-                    let n = left.min(sink.len() as u64) as usize;
-                    r.read_exact(&mut sink[..n]).await?;
-                    left -= n as u64;
+        // Nobody left to read the next request while this one runs: add a thread.
+        if conn.idle.load(Ordering::Acquire) == 0 && conn.threads.load(Ordering::Acquire) < MAX_IN_FLIGHT {
+            conn.threads.fetch_add(1, Ordering::AcqRel);
+            let c = conn.clone();
+            match std::thread::Builder::new()
+                .name("nbd-conn".into())
+                .spawn(move || serve_thread(&c))
+            {
+                Ok(h) => conn.handles.lock().push(h),
+                Err(e) => {
+                    conn.threads.fetch_sub(1, Ordering::AcqRel);
+                    warn!(error = %e, "cannot start another NBD thread; the connection goes on with fewer");
                 }
-                let msg = format!("a write of {} bytes exceeds the {MAX_PAYLOAD}-byte limit", req.length);
-                let _ = tx.send(error_reply(&ctx, &req, errno::EOVERFLOW, &msg));
-                continue;
             }
-            payload = vec![0u8; req.length as usize];
-            r.read_exact(&mut payload).await?;
         }
-        let permit = slots.clone().acquire_owned().await.expect("semaphore is never closed");
-        let ctx = ctx.clone();
-        let tx = tx.clone();
-        tokio::task::spawn_blocking(move || {
-            let reply = execute(&ctx, &req, &payload);
-            let _ = tx.send(reply);
-            drop(permit);
-        });
-    };
-    // Answer everything already accepted before closing (NBD_CMD_DISC requires it).
-    let _ = slots.acquire_many(MAX_IN_FLIGHT).await;
-    drop(tx);
-    let w = writer.await.map_err(io::Error::other)?;
-    result.and(w)
+        let reply = match next {
+            Next::Run(req, payload) => execute(&conn.ctx, &req, &payload),
+            Next::Answer(reply) => reply,
+            Next::Stop => unreachable!("returned above"),
+        };
+        if let Err(e) = send(&conn.writer, reply) {
+            // The client is gone; the reader will see it too.
+            debug!(error = %e, "NBD reply not sent");
+            if let Some(r) = conn.reader.lock().as_ref() {
+                let _ = r.get_ref().shutdown(Shutdown::Read);
+            }
+        }
+    }
+}
+
+/// Reads the next request and its data.
+fn next_request(r: &mut BufReader<TcpStream>, ctx: &Ctx) -> io::Result<Next> {
+    let mut head = [0u8; REQUEST_LEN];
+    r.read_exact(&mut head)?;
+    // Out of step with the client: nothing after this can be trusted.
+    let req = Request::parse(&head).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+    if req.kind == cmd::DISC {
+        return Ok(Next::Stop);
+    }
+    let mut payload = Vec::new();
+    if req.kind == cmd::WRITE {
+        if req.length > MAX_PAYLOAD {
+            // Stay in step: swallow the data, then refuse.
+            io::copy(&mut r.by_ref().take(req.length as u64), &mut io::sink())?;
+            let msg = format!("a write of {} bytes exceeds the {MAX_PAYLOAD}-byte limit", req.length);
+            return Ok(Next::Answer(error_reply(ctx, &req, errno::EOVERFLOW, &msg)));
+        }
+        payload = vec![0u8; req.length as usize];
+        r.read_exact(&mut payload)?;
+    }
+    Ok(Next::Run(req, payload))
+}
+
+fn send(w: &Mutex<TcpStream>, reply: Reply) -> io::Result<()> {
+    let total: usize = reply.iter().map(Vec::len).sum();
+    let mut w = w.lock();
+    if total <= GATHER && reply.len() > 1 {
+        let mut one = Vec::with_capacity(total);
+        for p in &reply {
+            one.extend_from_slice(p);
+        }
+        return w.write_all(&one);
+    }
+    for p in &reply {
+        w.write_all(p)?;
+    }
+    Ok(())
 }
 
 /// Runs one request and builds its reply.
