@@ -25,13 +25,16 @@ pub fn run(cli: Cli) -> Result<(), String> {
     if let Command::Serve(a) = command {
         return serve(a, client_state_dir);
     }
+    if let Command::Bench(a) = command {
+        return crate::bench::bench(*a, client_state_dir, json);
+    }
     let endpoint = endpoint(api.as_deref(), client_state_dir.as_deref())?;
     let c = Ctx {
         client: Client::new(endpoint, token)?,
         json,
     };
     let r = match command {
-        Command::Serve(_) => unreachable!(),
+        Command::Serve(_) | Command::Bench(_) => unreachable!(),
         Command::Pool(p) => pool(&c, p),
         Command::Disk(d) => disk(&c, d),
         Command::Vdisk(v) => vdisk(&c, v),

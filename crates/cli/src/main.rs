@@ -1,8 +1,10 @@
 //! `tessera`: the daemon (`tessera serve`) and the command-line client of its management API.
 
+mod bench;
 mod client;
 mod commands;
 mod output;
+mod plot;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -50,12 +52,103 @@ pub enum Command {
     /// iSCSI targets and their LUNs.
     #[command(subcommand)]
     Target(TargetCmd),
+    /// Measure a target: IOPS, throughput, latency percentiles, CPU; optionally verified.
+    Bench(Box<BenchArgs>),
     /// NBD exports (nbd://HOST:10809/NAME).
     #[command(subcommand)]
     Nbd(NbdCmd),
     /// Long-running operations.
     #[command(subcommand)]
     Job(JobCmd),
+}
+
+/// diskspd's options, with its short flags where they do not clash.
+#[derive(Args)]
+#[command(
+    after_help = "Profiles: 4k-read, 4k-90-10, 4k-70-30 (4K random, 32 threads x 16), oltp-8k \
+(8K random, 67% read), seq-256k-read, seq-256k-write. Options given with a profile override it."
+)]
+pub struct BenchArgs {
+    /// vdisk:POOL/NAME (in this process; the daemon must not be running on --state-dir),
+    /// iscsi://HOST[:PORT]/IQN/LUN, nbd://HOST[:PORT]/EXPORT, or a file or block device.
+    pub target: String,
+    /// A named workload (see below).
+    #[arg(long)]
+    pub profile: Option<String>,
+    /// Bytes per I/O (default 4K).
+    #[arg(short = 'b', long, value_parser = parse_size)]
+    pub block_size: Option<u64>,
+    /// Threads: each has its own connection to a network target (default 1).
+    #[arg(short = 't', long)]
+    pub threads: Option<u32>,
+    /// I/Os in flight per thread (default 32).
+    #[arg(short = 'o', long)]
+    pub outstanding: Option<u32>,
+    /// Percentage of writes, 0 to 100 (default 0). Writes destroy the target's data.
+    #[arg(short = 'w', long, value_parser = clap::value_parser!(u8).range(0..=100))]
+    pub write_percent: Option<u8>,
+    /// Random offsets (the default).
+    #[arg(short = 'r', long, conflicts_with = "sequential")]
+    pub random: bool,
+    /// Sequential offsets, each thread in its own stretch of the target.
+    #[arg(short = 's', long)]
+    pub sequential: bool,
+    /// Seconds measured per run.
+    #[arg(short = 'd', long, default_value_t = 10.0)]
+    pub duration: f64,
+    /// Seconds of I/O before measuring.
+    #[arg(short = 'W', long, default_value_t = 0.0)]
+    pub warmup: f64,
+    /// Where the I/O region starts.
+    #[arg(long, value_parser = parse_size, default_value = "0")]
+    pub offset: u64,
+    /// How long the I/O region is (default: to the end of the target).
+    #[arg(long, value_parser = parse_size)]
+    pub size: Option<u64>,
+    /// Write self-describing blocks and check every read of them; fails on any mismatch.
+    #[arg(long)]
+    pub verify: bool,
+    /// Runs (with --until-rsd: at least this many).
+    #[arg(long, default_value_t = 1)]
+    pub runs: u32,
+    /// Repeat until the relative standard deviation of IOPS is at most this percentage.
+    #[arg(long, value_name = "PERCENT", value_parser = parse_percent)]
+    pub until_rsd: Option<f64>,
+    /// With --until-rsd, give up after this many runs.
+    #[arg(long, default_value_t = 10)]
+    pub max_runs: u32,
+    /// Run the same workload on these targets too and compare them with the first.
+    #[arg(long, num_args = 1.., value_name = "TARGET")]
+    pub compare: Vec<String>,
+    /// Draw IOPS and latency bars into this SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
+    /// iSCSI initiator name (default iqn.2026-11.io.tessera:bench).
+    #[arg(long)]
+    pub initiator: Option<String>,
+    /// iSCSI CHAP user.
+    #[arg(long, requires = "chap_secret")]
+    pub chap_user: Option<String>,
+    /// iSCSI CHAP secret.
+    #[arg(long, env = "TESSERA_CHAP_SECRET", hide_env_values = true, requires = "chap_user")]
+    pub chap_secret: Option<String>,
+    /// iSCSI header and data digests (CRC32C).
+    #[arg(long)]
+    pub digests: bool,
+    /// No progress line.
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
+}
+
+fn parse_percent(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .trim_end_matches('%')
+        .parse()
+        .map_err(|_| format!("'{s}' is not a percentage"))?;
+    if !(v > 0.0 && v <= 100.0) {
+        return Err(format!("'{s}': a percentage above 0 and at most 100"));
+    }
+    Ok(v)
 }
 
 #[derive(Subcommand)]
