@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
+use tessera_disk::AlignedBuf;
 use tessera_volume::VolumeError;
 use tracing::{debug, warn};
 
@@ -21,11 +22,36 @@ use crate::proto::*;
 /// Requests of one connection running at once (threads serving it, at most).
 const MAX_IN_FLIGHT: usize = 64;
 
-/// Replies smaller than this are gathered into one buffer and written with one call.
-const GATHER: usize = 64 << 10;
+/// A piece of a reply: protocol bytes, or data read from the vdisk into a buffer aligned for
+/// direct I/O (so the disk reads straight into it, and the socket writes straight from it).
+enum Piece {
+    Bytes(Vec<u8>),
+    Data(AlignedBuf),
+}
+
+impl AsRef<[u8]> for Piece {
+    fn as_ref(&self) -> &[u8] {
+        match self {
+            Piece::Bytes(b) => b,
+            Piece::Data(b) => b,
+        }
+    }
+}
+
+impl<const N: usize> From<[u8; N]> for Piece {
+    fn from(b: [u8; N]) -> Piece {
+        Piece::Bytes(b.to_vec())
+    }
+}
+
+impl From<Vec<u8>> for Piece {
+    fn from(b: Vec<u8>) -> Piece {
+        Piece::Bytes(b)
+    }
+}
 
 /// The reply to one request, in the pieces it is written in.
-type Reply = Vec<Vec<u8>>;
+type Reply = Vec<Piece>;
 
 struct Ctx {
     export: Arc<Export>,
@@ -35,7 +61,7 @@ struct Ctx {
 
 /// What the thread holding the read side does next.
 enum Next {
-    Run(Request, Vec<u8>),
+    Run(Request, AlignedBuf),
     /// Refused before running (a write too large); the reply is ready.
     Answer(Reply),
     /// NBD_CMD_DISC, end of stream or a broken stream: no more requests.
@@ -158,7 +184,7 @@ fn next_request(r: &mut BufReader<TcpStream>, ctx: &Ctx) -> io::Result<Next> {
     if req.kind == cmd::DISC {
         return Ok(Next::Stop);
     }
-    let mut payload = Vec::new();
+    let mut payload = AlignedBuf::zeroed(0);
     if req.kind == cmd::WRITE {
         if req.length > MAX_PAYLOAD {
             // Stay in step: swallow the data, then refuse.
@@ -166,24 +192,32 @@ fn next_request(r: &mut BufReader<TcpStream>, ctx: &Ctx) -> io::Result<Next> {
             let msg = format!("a write of {} bytes exceeds the {MAX_PAYLOAD}-byte limit", req.length);
             return Ok(Next::Answer(error_reply(ctx, &req, errno::EOVERFLOW, &msg)));
         }
-        payload = vec![0u8; req.length as usize];
+        payload = AlignedBuf::zeroed(req.length as usize);
         r.read_exact(&mut payload)?;
     }
     Ok(Next::Run(req, payload))
 }
 
 fn send(w: &Mutex<TcpStream>, reply: Reply) -> io::Result<()> {
-    let total: usize = reply.iter().map(Vec::len).sum();
     let mut w = w.lock();
-    if total <= GATHER && reply.len() > 1 {
-        let mut one = Vec::with_capacity(total);
-        for p in &reply {
-            one.extend_from_slice(p);
+    let mut parts: Vec<&[u8]> = reply.iter().map(|p| p.as_ref()).filter(|p| !p.is_empty()).collect();
+    let mut first = 0;
+    // One writev for the whole reply, again for whatever a short write left.
+    while first < parts.len() {
+        let slices: Vec<io::IoSlice> = parts[first..].iter().map(|p| io::IoSlice::new(p)).collect();
+        let mut n = match w.write_vectored(&slices) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        while first < parts.len() && n >= parts[first].len() {
+            n -= parts[first].len();
+            first += 1;
         }
-        return w.write_all(&one);
-    }
-    for p in &reply {
-        w.write_all(p)?;
+        if n > 0 {
+            parts[first] = &parts[first][n..];
+        }
     }
     Ok(())
 }
@@ -300,9 +334,9 @@ fn try_execute(ctx: &Ctx, req: &Request, payload: &[u8]) -> Result<Reply, Failur
 /// Success without payload.
 fn done(ctx: &Ctx, req: &Request) -> Reply {
     if ctx.structured {
-        vec![chunk_header(req.cookie, chunk::FLAG_DONE, chunk::NONE, 0).to_vec()]
+        vec![chunk_header(req.cookie, chunk::FLAG_DONE, chunk::NONE, 0).into()]
     } else {
-        vec![simple_reply(req.cookie, 0).to_vec()]
+        vec![simple_reply(req.cookie, 0).into()]
     }
 }
 
@@ -317,11 +351,11 @@ fn error_reply(ctx: &Ctx, req: &Request, code: u32, msg: &str) -> Reply {
     if ctx.structured {
         let p = error_payload(code, msg, None);
         vec![
-            chunk_header(req.cookie, chunk::FLAG_DONE, chunk::ERROR, p.len() as u32).to_vec(),
-            p,
+            chunk_header(req.cookie, chunk::FLAG_DONE, chunk::ERROR, p.len() as u32).into(),
+            p.into(),
         ]
     } else {
-        vec![simple_reply(req.cookie, code).to_vec()]
+        vec![simple_reply(req.cookie, code).into()]
     }
 }
 
@@ -329,11 +363,11 @@ fn read(ctx: &Ctx, req: &Request) -> Result<Reply, Failure> {
     let v = &ctx.export.vdisk;
     let len = req.length as usize;
     if !ctx.structured {
-        let mut buf = vec![0u8; len];
+        let mut buf = AlignedBuf::zeroed(len);
         if len > 0 {
             v.read(req.offset, &mut buf).map_err(volume_error)?;
         }
-        return Ok(vec![simple_reply(req.cookie, 0).to_vec(), buf]);
+        return Ok(vec![simple_reply(req.cookie, 0).into(), Piece::Data(buf)]);
     }
     if len == 0 {
         return Ok(done(ctx, req));
@@ -353,16 +387,18 @@ fn read(ctx: &Ctx, req: &Request) -> Result<Reply, Failure> {
     for (i, x) in extents.iter().enumerate() {
         let flags = if i == last { chunk::FLAG_DONE } else { 0 };
         if x.mapped {
-            let mut data = vec![0u8; 8 + x.len as usize];
-            data[..8].copy_from_slice(&x.offset.to_be_bytes());
-            v.read(x.offset, &mut data[8..]).map_err(volume_error)?;
-            reply.push(chunk_header(req.cookie, flags, chunk::OFFSET_DATA, data.len() as u32).to_vec());
-            reply.push(data);
+            let mut data = AlignedBuf::zeroed(x.len as usize);
+            v.read(x.offset, &mut data).map_err(volume_error)?;
+            let mut head = chunk_header(req.cookie, flags, chunk::OFFSET_DATA, 8 + x.len as u32).to_vec();
+            head.extend_from_slice(&x.offset.to_be_bytes());
+            reply.push(head.into());
+            reply.push(Piece::Data(data));
         } else {
             let mut p = x.offset.to_be_bytes().to_vec();
             p.extend_from_slice(&(x.len as u32).to_be_bytes());
-            reply.push(chunk_header(req.cookie, flags, chunk::OFFSET_HOLE, 12).to_vec());
-            reply.push(p);
+            let mut head = chunk_header(req.cookie, flags, chunk::OFFSET_HOLE, 12).to_vec();
+            head.extend_from_slice(&p);
+            reply.push(head.into());
         }
     }
     Ok(reply)
@@ -396,7 +432,7 @@ fn block_status(ctx: &Ctx, req: &Request) -> Result<Reply, Failure> {
         p.extend_from_slice(&flags.to_be_bytes());
     }
     Ok(vec![
-        chunk_header(req.cookie, chunk::FLAG_DONE, chunk::BLOCK_STATUS, p.len() as u32).to_vec(),
-        p,
+        chunk_header(req.cookie, chunk::FLAG_DONE, chunk::BLOCK_STATUS, p.len() as u32).into(),
+        p.into(),
     ])
 }
