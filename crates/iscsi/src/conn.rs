@@ -129,7 +129,7 @@ pub async fn run(sock: TcpStream, local: SocketAddr, reg: Arc<Registry>) -> Resu
                         }
                         put32(&mut p.bhs, 28, wseq.exp_cmd_sn.load(Ordering::Acquire));
                         put32(&mut p.bhs, 32, wseq.max_cmd_sn());
-                        batch.extend_from_slice(&p.encode(hd, dd));
+                        p.encode_into(&mut batch, hd, dd);
                     }
                     Out::Close => {
                         let _ = w.write_all(&batch).await;
@@ -170,6 +170,8 @@ pub async fn run(sock: TcpStream, local: SocketAddr, reg: Arc<Registry>) -> Resu
     // PDUs are read on a task of their own: a read cancelled halfway would lose stream sync.
     let (in_tx, mut in_rx) = mpsc::channel::<Result<Pdu, PduError>>(64);
     let reader = tokio::spawn(async move {
+        // Buffered: a PDU's header and data, and the PDUs queued behind it, in few reads.
+        let mut r = tokio::io::BufReader::with_capacity(256 << 10, r);
         loop {
             let p = Pdu::read(&mut r, hd, dd, max_data).await;
             let fatal = matches!(

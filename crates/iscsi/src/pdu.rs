@@ -167,17 +167,25 @@ impl Pdu {
 
     /// Serializes the PDU with its lengths, padding and digests.
     pub fn encode(&mut self, header_digest: bool, data_digest: bool) -> Vec<u8> {
+        let mut out = Vec::with_capacity(BHS_LEN + self.ahs.len() + self.data.len() + 12);
+        self.encode_into(&mut out, header_digest, data_digest);
+        out
+    }
+
+    /// Appends the serialized PDU to `out` (a batch of PDUs to send in one write).
+    pub fn encode_into(&mut self, out: &mut Vec<u8>, header_digest: bool, data_digest: bool) {
         self.bhs[4] = (self.ahs.len() / 4) as u8;
         let n = self.data.len();
         self.bhs[5] = (n >> 16) as u8;
         self.bhs[6] = (n >> 8) as u8;
         self.bhs[7] = n as u8;
         let padded = n.div_ceil(4) * 4;
-        let mut out = Vec::with_capacity(BHS_LEN + self.ahs.len() + padded + 8);
+        out.reserve(BHS_LEN + self.ahs.len() + padded + 8);
+        let head = out.len();
         out.extend_from_slice(&self.bhs);
         out.extend_from_slice(&self.ahs);
         if header_digest {
-            let crc = crc32c::crc32c(&out);
+            let crc = crc32c::crc32c(&out[head..]);
             out.extend_from_slice(&crc.to_le_bytes());
         }
         if n > 0 {
@@ -189,7 +197,6 @@ impl Pdu {
                 out.extend_from_slice(&crc.to_le_bytes());
             }
         }
-        out
     }
 
     pub async fn write<W: AsyncWrite + Unpin>(&mut self, w: &mut W, hd: bool, dd: bool) -> std::io::Result<()> {
