@@ -22,9 +22,13 @@ test-deps:
 build: deps
 	$(CARGO) build --release --workspace
 
+# Seconds per fuzz target in `make test` (scripts/fuzz.sh); 0 skips fuzzing.
+export FUZZ_SECONDS ?= 20
+
 test: test-deps
 	$(CARGO) build --workspace --tests --profile test
-	$(CARGO) test --workspace --profile test --no-fail-fast 2>&1 | scripts/summarize-tests.sh
+	{ if [ "$(FUZZ_SECONDS)" != 0 ]; then scripts/fuzz.sh; fi; \
+	  $(CARGO) test --workspace --profile test --no-fail-fast; } 2>&1 | scripts/summarize-tests.sh
 
 # The embedded demo: 4 sparse file disks, pool "demo", vdisk "demo/vol1", in ./tessera-demo.
 # DEMO_ARGS passes more flags, e.g. DEMO_ARGS="--api-listen 127.0.0.1:9484".

@@ -79,7 +79,8 @@ pub fn decode_binary(s: &str) -> Result<Vec<u8>, String> {
         } else {
             hex.to_string()
         };
-        if hex.is_empty() {
+        // Checked before slicing: a multi-byte character must not split a byte pair.
+        if hex.is_empty() || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(bad());
         }
         (0..hex.len())
@@ -145,7 +146,8 @@ mod tests {
         assert_eq!(decode_binary("0x0a0B").unwrap(), vec![10, 11]);
         assert_eq!(decode_binary("0xabc").unwrap(), vec![0x0a, 0xbc]);
         assert_eq!(decode_binary("0bAQI=").unwrap(), vec![1, 2]);
-        for bad in ["", "0x", "0xzz", "1234", "0b!!"] {
+        // "0x1ʚ0": a character of two bytes where a hex pair would be split (found by fuzzing).
+        for bad in ["", "0x", "0xzz", "1234", "0b!!", "0x1ʚ0", "0xʚ0"] {
             assert!(decode_binary(bad).is_err(), "{bad}");
         }
         assert_eq!(decode_binary(&encode_hex(&[0, 255, 16])).unwrap(), vec![0, 255, 16]);

@@ -2,13 +2,17 @@
 //! full feature phase that carries SCSI commands to the LUNs of `tessera-scsi`.
 
 pub mod auth;
+#[cfg(feature = "target")]
 mod conn;
 pub mod initiator;
+#[cfg(feature = "target")]
 pub mod login;
 pub mod params;
 pub mod pdu;
+#[cfg(feature = "target")]
 pub mod target;
 pub mod text;
 
 pub use auth::{Access, Chap};
+#[cfg(feature = "target")]
 pub use target::{serve, Registry, Target};

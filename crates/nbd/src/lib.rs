@@ -2,11 +2,17 @@
 //! vdisks, and a client that speaks the same protocol for tests and benchmarks.
 
 pub mod client;
+#[cfg(feature = "server")]
 pub mod export;
+#[cfg(feature = "server")]
 pub mod handshake;
 pub mod proto;
+#[cfg(feature = "server")]
 pub mod server;
+#[cfg(feature = "server")]
 mod transmission;
 
+#[cfg(feature = "server")]
 pub use export::{Export, Registry};
+#[cfg(feature = "server")]
 pub use server::serve;

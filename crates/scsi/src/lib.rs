@@ -10,7 +10,7 @@ pub mod sense;
 mod spc;
 
 pub use lun::{Lun, ModeState, Nexus, PrStore, Response};
-pub use opcodes::{cdb_len, REPORT_LUNS};
+pub use opcodes::{cdb_len, OpInfo, REPORT_LUNS, SUPPORTED};
 pub use pr::PrState;
 pub use sbc::transfer_length;
 pub use sense::Sense;
