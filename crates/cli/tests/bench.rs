@@ -164,6 +164,27 @@ fn bench_daemon_targets_and_a_local_vdisk() {
     check_summary(&s, 1);
     assert_eq!(s["target"], "vdisk:b/v");
 
+    // A plain file, verified, sequential writes then random reads of what they wrote.
+    let f = t.path().join("plain.img");
+    std::fs::File::create(&f).unwrap().set_len(32 << 20).unwrap();
+    let s = bench_json(&[
+        f.to_str().unwrap(),
+        "-s",
+        "-w",
+        "100",
+        "-d",
+        "0.5",
+        "-o",
+        "4",
+        "--verify",
+    ]);
+    check_summary(&s, 1);
+    assert_eq!(s["runs"][0]["read"]["ops"], 0);
+    assert!(
+        std::fs::metadata(&f).unwrap().len() == 32 << 20,
+        "the file keeps its size"
+    );
+
     // Bad requests get clear errors.
     for (args, why) in [
         (vec!["vdisk:b/nope", "--state-dir", state.to_str().unwrap()], "nope"),
@@ -175,6 +196,12 @@ fn bench_daemon_targets_and_a_local_vdisk() {
         (vec![&nbd, "--until-rsd", "0"], "percentage"),
         (vec!["http://x/y"], "a target is"),
         (vec![&nbd, "-b", "1000"], ""),
+        (
+            vec![f.to_str().unwrap(), "-b", "1000"],
+            "multiple of the target's 4096-byte block",
+        ),
+        (vec![f.to_str().unwrap(), "--offset", "64M"], "beyond"),
+        (vec!["/nonexistent/disk.img"], "cannot open"),
     ] {
         let o = bench(&args);
         assert!(!o.success, "{args:?} succeeded");
