@@ -373,6 +373,19 @@ pub fn random_image(path: &Path, size: u64, seed: u64) {
     f.flush().unwrap();
 }
 
+/// True when `back` (a whole vdisk read back into a file), cut to the length of `img`, equals
+/// `img`.
+pub fn read_back_matches(img: &Path, back: &Path) -> bool {
+    let len = std::fs::metadata(img).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(back)
+        .unwrap()
+        .set_len(len)
+        .unwrap();
+    same_file(img, back)
+}
+
 pub fn same_file(a: &Path, b: &Path) -> bool {
     let (mut fa, mut fb) = (File::open(a).unwrap(), File::open(b).unwrap());
     if fa.metadata().unwrap().len() != fb.metadata().unwrap().len() {
