@@ -166,11 +166,10 @@ fn serve_thread(conn: &Arc<Conn>) {
             Next::Stop => unreachable!("returned above"),
         };
         if let Err(e) = send(&conn.writer, reply) {
-            // The client is gone; the reader will see it too.
+            // The client is gone. Shutting the socket down (through the writer's handle: the
+            // reader's lock may be held by a thread blocked in a read) ends that read too.
             debug!(error = %e, "NBD reply not sent");
-            if let Some(r) = conn.reader.lock().as_ref() {
-                let _ = r.get_ref().shutdown(Shutdown::Read);
-            }
+            let _ = conn.writer.lock().shutdown(Shutdown::Both);
         }
     }
 }

@@ -364,3 +364,41 @@ async fn concurrent_clients_verify_their_data() {
     let c = Arc::try_unwrap(c).ok().unwrap();
     c.disconnect().await.unwrap();
 }
+
+/// A client that sends a burst of large reads and hangs up without reading the answers: the
+/// connection's threads all end (the export's connection count drops to zero), and others are
+/// served meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_mid_burst_releases_its_connection() {
+    let rig = rig().await;
+    let export = rig.reg.get("rw").unwrap();
+    for round in 0..3 {
+        let mut s = greet(&rig.addr).await;
+        let mut v = proto::IHAVEOPT.to_be_bytes().to_vec();
+        v.extend_from_slice(&proto::opt::EXPORT_NAME.to_be_bytes());
+        v.extend_from_slice(&2u32.to_be_bytes());
+        v.extend_from_slice(b"rw");
+        s.write_all(&v).await.unwrap();
+        let mut info = [0u8; 10];
+        s.read_exact(&mut info).await.unwrap();
+        for i in 0..64u64 {
+            let req = proto::Request {
+                flags: 0,
+                kind: cmd::READ,
+                cookie: i,
+                offset: (i % 16) * MIB,
+                length: MIB as u32,
+            };
+            s.write_all(&req.encode()).await.unwrap();
+        }
+        drop(s);
+        let c = Client::connect(&rig.addr, "rw").await.unwrap();
+        assert_eq!(c.read(0, 4096).await.unwrap().len(), 4096, "round {round}");
+        c.disconnect().await.unwrap();
+    }
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while export.connections() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(export.connections(), 0, "connections still held open");
+}
