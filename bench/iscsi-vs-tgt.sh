@@ -54,15 +54,8 @@ for c in fio iscsi-perf qemu-img tgtd tgtadm bc python3 numfmt; do
 done
 [ "$(id -u)" -eq 0 ] || { echo "run as root: tgtd needs /var/run/tgtd" >&2; exit 1; }
 
-if [ -n "${TESSERA_BIN:-}" ]; then
-  T=$TESSERA_BIN
-else
-  export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/tessera/target}
-  PROFILE=${PROFILE:-release}
-  cargo build --profile "$PROFILE" -q -p tessera-cli
-  case $PROFILE in release) sub=release;; test|dev) sub=debug;; *) sub=$PROFILE;; esac
-  T=$CARGO_TARGET_DIR/$sub/tessera
-fi
+source bench/lib.sh
+tessera_binary
 
 SIZE_B=$(numfmt --from=iec "$SIZE")
 CHUNK=$((256 << 20))                     # bytes per qemu-img bench invocation (write test)
@@ -91,9 +84,7 @@ cleanup() {
   fi
   if [ "$KEEP" = 1 ]; then echo "kept $DIR" >&2; else rm -rf "$DIR"; fi
 }
-for p in "$TESSERA_PORT" "$TGT_PORT"; do
-  ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "port $p is in use: set TESSERA_PORT/TGT_PORT" >&2; exit 1; }
-done
+ports_free "$TESSERA_PORT" "$TGT_PORT"
 ! "${TGTADM[@]}" --op show --mode target >/dev/null 2>&1 \
   || { echo "a tgtd already answers on control port $TGT_CONTROL_PORT: set TGT_CONTROL_PORT" >&2; exit 1; }
 rm -rf "$DIR"; mkdir -p "$DIR/logs"
@@ -105,16 +96,7 @@ cp "$DIR/raw.img" "$DIR/tgt.img"
 truncate -s $((SIZE_B + SIZE_B / 4 + (1 << 30))) "$DIR/tessera-disk.img"   # sparse, room for slabs
 sync
 
-"$T" serve --state-dir "$DIR/state" --api-listen none --iscsi-listen "127.0.0.1:$TESSERA_PORT" \
-  > "$DIR/logs/tessera.out" 2> "$DIR/logs/tessera.log" &
-echo $! > "$DIR/tessera.pid"
-export TESSERA_API=unix:$DIR/state/api.sock
-for _ in $(seq 100); do "$T" pool list >/dev/null 2>&1 && break; sleep 0.1; done
-"$T" pool list >/dev/null || { echo "tessera serve did not start: $DIR/logs/tessera.log" >&2; KEEP=1; exit 1; }
-logged() { # log command... : appends the command's output to the log; shows the log if it fails
-  local log=$DIR/logs/$1; shift
-  "$@" >> "$log" 2>&1 || { echo "failed: $*" >&2; cat "$log" >&2; exit 1; }
-}
+start_tessera --iscsi-listen "127.0.0.1:$TESSERA_PORT" --nbd-listen none
 logged tessera-setup.log "$T" pool create bench --disk "$DIR/tessera-disk.img"
 logged tessera-setup.log "$T" vdisk import bench/vol "$DIR/raw.img" --layout simple --block-size "$LBS"
 logged tessera-setup.log "$T" target create "$T_IQN"
@@ -161,7 +143,6 @@ write_run() { # log url bytes qd -> IOPS: 256 MiB runs at consecutive offsets un
   done
   echo "$ios / $secs" | bc -l
 }
-median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 
 WORKLOADS="rand4k seq256k-read seq256k-write"
 declare -A res
@@ -178,7 +159,6 @@ for run in $(seq "$RUNS"); do
   res[seq256k-write-tessera]+="$(write_run seqwrite-tessera "$T_URL" 262144 "$SEQ_QD") "
 done
 
-pkgver() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null || echo '?'; }
 echo "## iSCSI on 127.0.0.1: Tessera vs tgt"
 echo
 echo "$(nproc) CPUs ($(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)), kernel $(uname -r)," \

@@ -39,15 +39,8 @@ for c in fio qemu-nbd python3 numfmt; do
 done
 fio --enghelp 2>/dev/null | grep -qw nbd || { echo "this fio has no nbd engine" >&2; exit 1; }
 
-if [ -n "${TESSERA_BIN:-}" ]; then
-  T=$TESSERA_BIN
-else
-  export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/tessera/target}
-  PROFILE=${PROFILE:-release}
-  cargo build --profile "$PROFILE" -q -p tessera-cli
-  case $PROFILE in release) sub=release;; test|dev) sub=debug;; *) sub=$PROFILE;; esac
-  T=$CARGO_TARGET_DIR/$sub/tessera
-fi
+source bench/lib.sh
+tessera_binary
 
 SIZE_B=$(numfmt --from=iec "$SIZE")
 T_URI=nbd://127.0.0.1:$TESSERA_PORT/vol
@@ -60,9 +53,7 @@ cleanup() {
   done
   if [ "$KEEP" = 1 ]; then echo "kept $DIR" >&2; else rm -rf "$DIR"; fi
 }
-for p in "$TESSERA_PORT" "$QEMU_PORT"; do
-  ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "port $p is in use: set TESSERA_PORT/QEMU_PORT" >&2; exit 1; }
-done
+ports_free "$TESSERA_PORT" "$QEMU_PORT"
 rm -rf "$DIR"; mkdir -p "$DIR/logs"
 trap cleanup EXIT
 
@@ -71,16 +62,7 @@ cp "$DIR/raw.img" "$DIR/qemu.img"
 truncate -s $((SIZE_B + SIZE_B / 4 + (1 << 30))) "$DIR/tessera-disk.img"   # sparse, room for slabs
 sync
 
-"$T" serve --state-dir "$DIR/state" --api-listen none --iscsi-listen none \
-  --nbd-listen "127.0.0.1:$TESSERA_PORT" > "$DIR/logs/tessera.out" 2> "$DIR/logs/tessera.log" &
-echo $! > "$DIR/tessera.pid"
-export TESSERA_API=unix:$DIR/state/api.sock
-for _ in $(seq 100); do "$T" pool list >/dev/null 2>&1 && break; sleep 0.1; done
-"$T" pool list >/dev/null || { echo "tessera serve did not start: $DIR/logs/tessera.log" >&2; KEEP=1; exit 1; }
-logged() { # log command... : appends the command's output to the log; shows the log if it fails
-  local log=$DIR/logs/$1; shift
-  "$@" >> "$log" 2>&1 || { echo "failed: $*" >&2; cat "$log" >&2; exit 1; }
-}
+start_tessera --iscsi-listen none --nbd-listen "127.0.0.1:$TESSERA_PORT"
 logged tessera-setup.log "$T" pool create bench --disk "$DIR/tessera-disk.img"
 logged tessera-setup.log "$T" vdisk import bench/vol "$DIR/raw.img" --layout simple --block-size "$LBS"
 logged tessera-setup.log "$T" nbd export bench/vol
@@ -101,7 +83,6 @@ fio_run() { # log rw bs qd [uri] -> IOPS: on the reference file, or over NBD whe
   # fio's nbd engine says "fio: connected to NBD server" before the JSON.
   python3 -c 'import json,sys; t=open(sys.argv[1]).read(); j=json.loads(t[t.index("{"):])["jobs"][0]; print(j["read"]["iops"]+j["write"]["iops"])' "$log"
 }
-median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 
 declare -A res
 for run in $(seq "$RUNS"); do
@@ -114,7 +95,6 @@ for run in $(seq "$RUNS"); do
   done
 done
 
-pkgver() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null || echo '?'; }
 echo "## NBD on 127.0.0.1: Tessera vs qemu-nbd"
 echo
 echo "$(nproc) CPUs ($(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)), kernel $(uname -r)," \

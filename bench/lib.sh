@@ -1,0 +1,46 @@
+# Helpers the protocol benchmarks share (sourced, not run): the tessera binary, the daemon on a
+# scratch state directory, logged setup commands, medians, package versions.
+# The sourcing script sets DIR (scratch directory, with logs/ in it) and KEEP.
+
+# Sets T to the tessera binary: TESSERA_BIN, or a cargo build of PROFILE (default release).
+tessera_binary() {
+  if [ -n "${TESSERA_BIN:-}" ]; then
+    T=$TESSERA_BIN
+  else
+    export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/tessera/target}
+    PROFILE=${PROFILE:-release}
+    cargo build --profile "$PROFILE" -q -p tessera-cli
+    local sub
+    case $PROFILE in release) sub=release;; test|dev) sub=debug;; *) sub=$PROFILE;; esac
+    T=$CARGO_TARGET_DIR/$sub/tessera
+  fi
+}
+
+# Fails when something already listens on one of the given local ports.
+ports_free() {
+  local p
+  for p in "$@"; do
+    ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "port $p is in use: set the *_PORT variables" >&2; exit 1; }
+  done
+}
+
+# Starts `tessera serve` on $DIR/state with the given extra flags, waits until it answers, and
+# points the CLI at it. Its pid goes to $DIR/tessera.pid.
+start_tessera() {
+  "$T" serve --state-dir "$DIR/state" --api-listen none "$@" \
+    > "$DIR/logs/tessera.out" 2> "$DIR/logs/tessera.log" &
+  echo $! > "$DIR/tessera.pid"
+  export TESSERA_API=unix:$DIR/state/api.sock
+  for _ in $(seq 100); do "$T" pool list >/dev/null 2>&1 && break; sleep 0.1; done
+  "$T" pool list >/dev/null || { echo "tessera serve did not start: $DIR/logs/tessera.log" >&2; KEEP=1; exit 1; }
+}
+
+# logged LOG command... : appends the command's output to $DIR/logs/LOG; shows it if it fails.
+logged() {
+  local log=$DIR/logs/$1; shift
+  "$@" >> "$log" 2>&1 || { echo "failed: $*" >&2; cat "$log" >&2; exit 1; }
+}
+
+median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+
+pkgver() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null || echo '?'; }
