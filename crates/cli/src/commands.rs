@@ -447,6 +447,23 @@ fn vdisk(c: &Ctx, cmd: VdiskCmd) -> R {
                 ]);
             }
         }
+        VdiskCmd::Clone { source, name } => {
+            let (p, n) = pool_vdisk(&source)?;
+            let name = name.strip_prefix(&format!("{p}/")).unwrap_or(&name).to_string();
+            let v = c.client.post(
+                &format!("/api/pools/{}/vdisks/{}/clone", encode_segment(&p), encode_segment(&n)),
+                Some(json!({"name": name})),
+            )?;
+            if c.json {
+                c.print_json(&v);
+            } else {
+                println!(
+                    "vdisk {p}/{name} cloned from {source}: {} shared, {} copied",
+                    size(&v["shared_bytes"]),
+                    size(&v["copied_bytes"])
+                );
+            }
+        }
         VdiskCmd::Resize { vdisk, size: sz } => {
             let (p, n) = pool_vdisk(&vdisk)?;
             let v = c.client.post(

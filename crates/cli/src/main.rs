@@ -376,6 +376,14 @@ pub enum VdiskCmd {
     Show {
         vdisk: String,
     },
+    /// A thin copy-on-write clone of a vdisk in the same pool: it shares every grain, so it
+    /// takes no space until either side is written.
+    Clone {
+        /// POOL/NAME of the source
+        source: String,
+        /// The clone's name (same pool)
+        name: String,
+    },
     /// Grow a vdisk.
     Resize {
         vdisk: String,

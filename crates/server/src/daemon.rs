@@ -514,6 +514,24 @@ impl Daemon {
         Ok(vdisk_view(pool, &v))
     }
 
+    /// A thin copy-on-write clone of a vdisk, in the same pool.
+    pub fn clone_vdisk(&self, pool: &str, src: &str, req: CloneVdisk) -> ApiResult<CloneView> {
+        let (e, _) = self.vdisk(pool, src)?;
+        let jobs = self.jobs.running_on(&format!("{pool}/{src}"));
+        if !jobs.is_empty() {
+            return Err(ApiError::busy(format!(
+                "vdisk '{pool}/{src}' is in use by job(s) {jobs:?}; clone it when they end"
+            )));
+        }
+        let (v, stats) = e.clone_vdisk(src, &req.name)?;
+        info!(pool, source = src, clone = %req.name, shared = stats.shared_bytes, copied = stats.copied_bytes, "vdisk cloned");
+        Ok(CloneView {
+            vdisk: vdisk_view(pool, &v),
+            shared_bytes: stats.shared_bytes,
+            copied_bytes: stats.copied_bytes,
+        })
+    }
+
     pub fn list_vdisks(&self, pool: Option<&str>) -> ApiResult<Vec<VdiskView>> {
         let engines: Vec<(String, Arc<Engine>)> = match pool {
             Some(p) => vec![(p.to_string(), self.engine(p)?)],

@@ -141,6 +141,21 @@ pub struct VdiskView {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+pub struct CloneVdisk {
+    /// The new vdisk's name, in the same pool.
+    pub name: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CloneView {
+    pub vdisk: VdiskView,
+    /// Bytes that share the source's grains, and bytes copied (a partial last grain).
+    pub shared_bytes: u64,
+    pub copied_bytes: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ResizeVdisk {
     pub size: u64,
 }

@@ -5,6 +5,7 @@ use tessera_disk::AlignedBuf;
 use tessera_pool::{refcount_delta, CF_GRAINS, CF_REFCOUNTS};
 
 use crate::commit::Op;
+use crate::config::{Provisioning, VdiskSpec};
 use crate::engine::Engine;
 use crate::error::{Result, VolumeError};
 use crate::keys::{grain_key, loc_value, refcount_key};
@@ -22,6 +23,33 @@ pub struct CloneStats {
 const COPY_CHUNK: u64 = 1 << 20;
 
 impl Engine {
+    /// A new thin vdisk `name` with the layout, grain and block size of `src`, reading as `src`
+    /// does: every grain shared, nothing copied but a partial last grain. The clone and its
+    /// source are copy-on-write from then on, and either can be deleted first. Each grain is
+    /// copied consistently, but writes racing the clone may land in it for some grains and
+    /// not others: clone a vdisk nobody is writing, or a snapshot.
+    pub fn clone_vdisk(&self, src: &str, name: &str) -> Result<(std::sync::Arc<Vdisk>, CloneStats)> {
+        let s = self.vdisk(src)?;
+        let c = s.config();
+        let mut spec = VdiskSpec::new(name, c.size, c.layout.kind);
+        spec.copies = Some(c.layout.copies);
+        spec.columns = Some(c.layout.columns);
+        spec.interleave = Some(c.layout.interleave);
+        spec.grain_size = Some(c.grain_size);
+        spec.block_size = Some(c.block_size);
+        spec.provisioning = Provisioning::Thin;
+        let v = self.create_vdisk(&spec)?;
+        match self.clone_range(&s, 0, &v, 0, c.size) {
+            Ok(stats) => Ok((v, stats)),
+            Err(e) => {
+                if let Err(d) = self.delete_vdisk(name) {
+                    tracing::warn!(vdisk = name, error = %d, "cannot remove the half-made clone");
+                }
+                Err(e)
+            }
+        }
+    }
+
     /// Makes [dst_off, dst_off + len) of `dst` read as [src_off, src_off + len) of `src` did.
     /// Whole grains are shared when both vdisks have the same layout and grain size and the
     /// offsets line up within a grain; the rest is copied inside the server. Overlapping

@@ -135,6 +135,14 @@ pub async fn delete_vdisk(State(d): D, Path((pool, vdisk)): Path<(String, String
     done(move || d.delete_vdisk(&pool, &vdisk)).await
 }
 
+pub async fn clone_vdisk(
+    State(d): D,
+    Path((pool, vdisk)): Path<(String, String)>,
+    Body(req): Body<CloneVdisk>,
+) -> ApiResult<(StatusCode, Json<CloneView>)> {
+    created(move || d.clone_vdisk(&pool, &vdisk, req)).await
+}
+
 pub async fn resize_vdisk(
     State(d): D,
     Path((pool, vdisk)): Path<(String, String)>,

@@ -38,6 +38,7 @@ pub fn router(daemon: Arc<Daemon>, token: Option<String>) -> Router {
         .route("/api/pools/{pool}/vdisks", get(list_vdisks).post(create_vdisk))
         .route("/api/pools/{pool}/vdisks/{vdisk}", get(show_vdisk).delete(delete_vdisk))
         .route("/api/pools/{pool}/vdisks/{vdisk}/resize", post(resize_vdisk))
+        .route("/api/pools/{pool}/vdisks/{vdisk}/clone", post(clone_vdisk))
         .route("/api/pools/{pool}/vdisks/{vdisk}/import", post(import_image))
         .route("/api/pools/{pool}/vdisks/{vdisk}/export", post(export_image))
         .route("/api/targets", get(list_targets).post(create_target))

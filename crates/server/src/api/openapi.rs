@@ -158,6 +158,13 @@ pub const ROUTES: &[RouteDoc] = &[
     ),
     r(
         "post",
+        "/api/pools/{pool}/vdisks/{vdisk}/clone",
+        "A thin copy-on-write clone of the vdisk, sharing all its grains",
+        Some("CloneVdisk"),
+        Some((201, "CloneResult")),
+    ),
+    r(
+        "post",
         "/api/pools/{pool}/vdisks/{vdisk}/resize",
         "Grow a vdisk",
         Some("ResizeVdisk"),
@@ -387,6 +394,10 @@ fn schemas() -> Value {
             "provisioning": {"type": "string", "enum": ["thin", "fixed"]},
             "allocated_bytes": int()})),
         "VdiskList": list("Vdisk"),
+        "CloneVdisk": {"type": "object", "required": ["name"], "additionalProperties": false, "properties": {
+            "name": {"type": "string", "description": "the clone's name, in the same pool"}}},
+        "CloneResult": obj(&["vdisk", "shared_bytes", "copied_bytes"], json!({
+            "vdisk": {"$ref": "#/components/schemas/Vdisk"}, "shared_bytes": int(), "copied_bytes": int()})),
         "ResizeVdisk": {"type": "object", "required": ["size"], "additionalProperties": false, "properties": {"size": int()}},
         "ImportImage": {"type": "object", "required": ["path"], "additionalProperties": false, "properties": {
             "path": {"type": "string", "description": "absolute path of a raw image, as the daemon sees it"},
