@@ -724,6 +724,26 @@ fn target_table(v: &Value) {
             (u, m) => format!("mutual CHAP, user {}, target user {}", s(u), s(m)),
         };
         println!("{}: {who}; {chap}", s(&t["iqn"]));
+        for l in arr(&t["luns"]) {
+            let r = &l["reservations"];
+            if r.is_null() {
+                continue;
+            }
+            let held = match (&r["holder"], &r["kind"]) {
+                (Value::Null, _) => "not reserved".to_string(),
+                (h, k) => format!("reserved by {} ({})", s(h), s(k)),
+            };
+            println!(
+                "  LUN {}: {held}; registered: {}{}",
+                s(&l["lun"]),
+                arr(&r["registered"]).iter().map(s).collect::<Vec<_>>().join(", "),
+                if r["aptpl"] == true {
+                    "; kept across restarts"
+                } else {
+                    ""
+                }
+            );
+        }
     }
 }
 

@@ -367,6 +367,16 @@ fn persistent_reservations_with_aptpl_survive_a_restart() {
     assert_eq!(&keys.data[8..16], &0x1111u64.to_be_bytes());
     let res = run(&portal, &node(2), read_reservation.clone(), Vec::new(), 4096);
     assert_eq!(res.data[21], 5, "reservation type after restart");
+    // The administrator sees who holds it.
+    let shown = d.json(&["target", "show", iqn]);
+    let r = &shown["luns"][0]["reservations"];
+    assert_eq!(r["holder"], "iqn.2026-11.io.example:node1,i,0x800054530001", "{shown}");
+    assert_eq!(r["kind"], "write exclusive, registrants only");
+    assert_eq!(r["aptpl"], true);
+    assert_eq!(r["registered"].as_array().unwrap().len(), 1);
+    assert!(d
+        .ok(&["target", "show", iqn])
+        .contains("reserved by iqn.2026-11.io.example:node1"));
     assert_eq!(run(&portal, &node(2), write1.clone(), vec![0; 512], 0).status, 0x18);
     assert_eq!(
         run(&portal, &node(1), write1.clone(), vec![0; 512], 0).status,

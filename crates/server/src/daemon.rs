@@ -658,11 +658,13 @@ impl Daemon {
             .iter()
             .map(|(&lun, vd)| {
                 let v = vd.split_once('/').and_then(|(p, n)| self.vdisk(p, n).ok());
+                let presented = self.targets.registry.target(iqn).and_then(|t| t.lun(lun));
                 LunView {
                     lun,
                     vdisk: vd.clone(),
                     online: v.is_some(),
                     size: v.map(|(_, v)| v.size()),
+                    reservations: presented.map(|l| l.reservations()).and_then(reservations_view),
                 }
             })
             .collect();
@@ -841,4 +843,50 @@ fn vdisk_spec(e: &Engine, req: CreateVdisk) -> VdiskSpec {
     spec.grain_size = req.grain_size;
     spec.block_size = req.block_size;
     spec
+}
+
+fn port_name(p: &tessera_scsi::pr::PortId) -> String {
+    match p.isid {
+        Some(i) => format!(
+            "{},i,0x{}",
+            p.initiator,
+            i.iter().map(|b| format!("{b:02x}")).collect::<String>()
+        ),
+        None => p.initiator.clone(),
+    }
+}
+
+/// What `target show` says of a LUN's persistent reservations; None when nobody registered.
+fn reservations_view(pr: tessera_scsi::PrState) -> Option<ReservationsView> {
+    if pr.registrations.is_empty() && pr.reservation.is_none() {
+        return None;
+    }
+    let (holder, kind) = match &pr.reservation {
+        Some(r) => {
+            let all = matches!(r.kind, 7 | 8);
+            let kind = match r.kind {
+                1 => "write exclusive",
+                3 => "exclusive access",
+                5 => "write exclusive, registrants only",
+                6 => "exclusive access, registrants only",
+                7 => "write exclusive, all registrants",
+                8 => "exclusive access, all registrants",
+                _ => "unknown",
+            };
+            let holder = if all {
+                "all registrants".to_string()
+            } else {
+                port_name(&r.holder)
+            };
+            (Some(holder), Some(kind.to_string()))
+        }
+        None => (None, None),
+    };
+    Some(ReservationsView {
+        generation: pr.generation,
+        registered: pr.registrations.iter().map(|r| port_name(&r.port)).collect(),
+        holder,
+        kind,
+        aptpl: pr.aptpl,
+    })
 }

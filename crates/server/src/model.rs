@@ -216,6 +216,24 @@ pub struct LunView {
     /// False when the vdisk is not available (its pool not imported): the LUN is not presented.
     pub online: bool,
     pub size: Option<u64>,
+    /// Persistent reservations, when an initiator has registered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reservations: Option<ReservationsView>,
+}
+
+/// A logical unit's persistent reservations, as an administrator wants to see them (the
+/// reservation keys are left out).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ReservationsView {
+    /// PRgeneration: bumped by every registration change.
+    pub generation: u32,
+    /// Registered initiator ports: "name" or "name,i,0x<isid>".
+    pub registered: Vec<String>,
+    /// Who holds the reservation ("all registrants" for those types), and its type.
+    pub holder: Option<String>,
+    pub kind: Option<String>,
+    /// Whether the state is kept across restarts.
+    pub aptpl: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

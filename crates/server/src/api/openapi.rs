@@ -416,7 +416,10 @@ fn schemas() -> Value {
         "AddLun": {"type": "object", "required": ["vdisk"], "additionalProperties": false, "properties": {
             "lun": {"type": ["integer", "null"], "minimum": 0, "maximum": 16383}, "vdisk": {"type": "string", "description": "POOL/NAME"}}},
         "Target": obj(&["iqn", "luns", "acl"], json!({"iqn": string(), "luns": {"type": "array", "items": obj(&["lun", "vdisk", "online"], json!({
-            "lun": int(), "vdisk": string(), "online": {"type": "boolean"}, "size": opt_int()}))},
+            "lun": int(), "vdisk": string(), "online": {"type": "boolean"}, "size": opt_int(),
+            "reservations": {"description": "persistent reservations, when an initiator has registered", "type": "object", "properties": {
+                "generation": int(), "registered": {"type": "array", "items": string()}, "holder": opt_string(),
+                "kind": opt_string(), "aptpl": {"type": "boolean"}}}}))},
             "acl": {"type": "array", "items": string(), "description": "initiators allowed in; empty: all"},
             "chap": {"oneOf": [{"type": "null"}, obj(&["user"], json!({"user": string(), "mutual_user": opt_string()}))]}})),
         "AclEntry": {"type": "object", "required": ["initiator"], "additionalProperties": false, "properties": {
