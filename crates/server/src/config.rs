@@ -90,14 +90,7 @@ impl ServerConfig {
             .or(f.state_dir)
             .unwrap_or_else(|| PathBuf::from(default_state));
         let state_dir = absolute(&state_dir)?;
-        let api_listen = match o
-            .api_listen
-            .or(f.api_listen)
-            .unwrap_or_else(|| DEFAULT_API_LISTEN.into())
-        {
-            s if s.is_empty() || s == "none" => None,
-            s => Some(parse_addr("api_listen", &s)?),
-        };
+        let api_listen = listen_addr("api_listen", o.api_listen.or(f.api_listen), DEFAULT_API_LISTEN)?;
         let token_from_file = match &f.api_token_file {
             Some(p) => Some(
                 std::fs::read_to_string(p)
@@ -129,22 +122,8 @@ impl ServerConfig {
                 ));
             }
         }
-        let iscsi_listen = match o
-            .iscsi_listen
-            .or(f.iscsi_listen)
-            .unwrap_or_else(|| DEFAULT_ISCSI_LISTEN.into())
-        {
-            s if s.is_empty() || s == "none" => None,
-            s => Some(parse_addr("iscsi_listen", &s)?),
-        };
-        let nbd_listen = match o
-            .nbd_listen
-            .or(f.nbd_listen)
-            .unwrap_or_else(|| DEFAULT_NBD_LISTEN.into())
-        {
-            s if s.is_empty() || s == "none" => None,
-            s => Some(parse_addr("nbd_listen", &s)?),
-        };
+        let iscsi_listen = listen_addr("iscsi_listen", o.iscsi_listen.or(f.iscsi_listen), DEFAULT_ISCSI_LISTEN)?;
+        let nbd_listen = listen_addr("nbd_listen", o.nbd_listen.or(f.nbd_listen), DEFAULT_NBD_LISTEN)?;
         for p in &f.pools {
             tessera_pool::validate_name("pool", p)?;
         }
@@ -166,6 +145,14 @@ impl ServerConfig {
 
     pub fn pools_dir(&self) -> PathBuf {
         self.state_dir.join("pools")
+    }
+}
+
+/// A listener's address: the given one or `default`; "" or "none" turns the listener off.
+fn listen_addr(key: &str, given: Option<String>, default: &str) -> Result<Option<SocketAddr>, String> {
+    match given.as_deref().unwrap_or(default) {
+        "" | "none" => Ok(None),
+        s => parse_addr(key, s).map(Some),
     }
 }
 

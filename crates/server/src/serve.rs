@@ -2,6 +2,7 @@
 //! unix socket and on TCP, and on SIGTERM or SIGINT stops jobs and flushes every pool.
 
 use std::future::IntoFuture;
+use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -52,26 +53,9 @@ async fn serve(cfg: ServerConfig) -> Result<(), String> {
     let unix = unix.map_err(|e| format!("cannot listen on {}: {e}", sock.display()))?;
     std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600))
         .map_err(|e| format!("cannot restrict {}: {e}", sock.display()))?;
-    let tcp = match daemon.cfg.api_listen {
-        Some(a) => Some(TcpListener::bind(a).await.map_err(|e| {
-            format!("cannot listen on {a}: {e}; is another daemon using it? Choose another with --api-listen")
-        })?),
-        None => None,
-    };
-    let iscsi = match daemon.cfg.iscsi_listen {
-        Some(a) => Some(TcpListener::bind(a).await.map_err(|e| {
-            format!(
-                "cannot listen for iSCSI on {a}: {e}; is another target using it? Choose another with --iscsi-listen"
-            )
-        })?),
-        None => None,
-    };
-    let nbd = match daemon.cfg.nbd_listen {
-        Some(a) => Some(TcpListener::bind(a).await.map_err(|e| {
-            format!("cannot listen for NBD on {a}: {e}; is another server using it? Choose another with --nbd-listen")
-        })?),
-        None => None,
-    };
+    let tcp = bind(daemon.cfg.api_listen, "", "daemon", "--api-listen").await?;
+    let iscsi = bind(daemon.cfg.iscsi_listen, " for iSCSI", "target", "--iscsi-listen").await?;
+    let nbd = bind(daemon.cfg.nbd_listen, " for NBD", "server", "--nbd-listen").await?;
     let iscsi_addr = iscsi.as_ref().and_then(|l| l.local_addr().ok());
     if let Some(l) = iscsi {
         tokio::spawn(tessera_iscsi::serve(l, daemon.targets.registry.clone()));
@@ -135,12 +119,18 @@ async fn serve(cfg: ServerConfig) -> Result<(), String> {
     Ok(())
 }
 
-fn banner(
-    d: &Daemon,
-    tcp: Option<std::net::SocketAddr>,
-    iscsi: Option<std::net::SocketAddr>,
-    nbd: Option<std::net::SocketAddr>,
-) -> String {
+/// Binds a configured listener (None: it is off), with an error that says what to change.
+async fn bind(addr: Option<SocketAddr>, what: &str, who: &str, flag: &str) -> Result<Option<TcpListener>, String> {
+    let Some(a) = addr else {
+        return Ok(None);
+    };
+    TcpListener::bind(a)
+        .await
+        .map(Some)
+        .map_err(|e| format!("cannot listen{what} on {a}: {e}; is another {who} using it? Choose another with {flag}"))
+}
+
+fn banner(d: &Daemon, tcp: Option<SocketAddr>, iscsi: Option<SocketAddr>, nbd: Option<SocketAddr>) -> String {
     let sock = d.cfg.socket_path();
     let mut s = format!(
         "Tessera {} serving {}\n",
