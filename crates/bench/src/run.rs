@@ -59,6 +59,7 @@ struct Shared {
     region: (u64, u64),
     blocks: u64,
     measuring: AtomicBool,
+    /// Set when the measurement ends, or at the first failed I/O (recorded in `failure`).
     stop: AtomicBool,
     /// Operations completed while measuring, for the progress line.
     done: AtomicU64,
@@ -130,7 +131,7 @@ impl Slot {
 
     /// The next I/O, or None when the run is over.
     fn next(&mut self) -> Option<Io> {
-        if self.s.stop.load(Ordering::Acquire) || self.s.failure.lock().is_some() {
+        if self.s.stop.load(Ordering::Acquire) {
             return None;
         }
         let write = self.rng.random_range(0..100u8) < self.s.w.write_percent;
@@ -167,7 +168,7 @@ impl Slot {
 
     /// Records a finished I/O; false when the run must stop.
     fn done(&mut self, io: Io, result: Result<(), String>, took: Duration) -> bool {
-        let s = self.s.clone();
+        let s = &self.s;
         if let Some(v) = &s.verifier {
             match (&result, io.write) {
                 (Ok(()), true) => v.written(io.block, io.gen),
@@ -184,6 +185,7 @@ impl Slot {
             s.failure
                 .lock()
                 .get_or_insert_with(|| format!("{what} at byte {} failed: {e}", io.offset));
+            s.stop.store(true, Ordering::Release);
             return false;
         }
         if s.measuring.load(Ordering::Acquire) && !s.stop.load(Ordering::Acquire) {
@@ -361,7 +363,7 @@ pub fn run(
 
     let pause = |d: Duration, t0: Option<Instant>| {
         let end = Instant::now() + d;
-        while Instant::now() < end && s.failure.lock().is_none() {
+        while Instant::now() < end && !s.stop.load(Ordering::Acquire) {
             std::thread::sleep((end - Instant::now()).min(Duration::from_millis(250)));
             if let Some(t0) = t0 {
                 progress(t0.elapsed().as_secs_f64(), s.done.load(Ordering::Relaxed));

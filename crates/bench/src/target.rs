@@ -158,9 +158,10 @@ impl Target {
         }
     }
 
-    pub fn vdisk(v: Arc<Vdisk>) -> Target {
-        let (name, size, block) = (format!("vdisk:{}", v.name()), v.size(), v.block_size());
-        Target::sync(&name, v, size, block)
+    /// A vdisk opened in this process; `name` is how reports call it ("vdisk:POOL/NAME").
+    pub fn vdisk(name: &str, v: Arc<Vdisk>) -> Target {
+        let (size, block) = (v.size(), v.block_size());
+        Target::sync(name, v, size, block)
     }
 
     /// Opens a file or block device with direct I/O.

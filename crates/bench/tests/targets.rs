@@ -87,7 +87,7 @@ fn workload(write_percent: u8, random: bool, verify: bool, size: u64) -> Workloa
 fn vdisk_counts_add_up_and_verify_finds_damage() {
     let rt = runtime();
     let p = pool();
-    let t = Target::vdisk(p.engine.vdisk("v").unwrap());
+    let t = Target::vdisk("vdisk:p/v", p.engine.vdisk("v").unwrap());
     for (wp, random) in [(0, true), (30, true), (100, false)] {
         let w = workload(wp, random, false, 16 * MIB);
         let r = run(&t, &w, None, rt.handle(), &quiet).unwrap();

@@ -33,7 +33,7 @@ fn open_vdisk(state_dir: &Path, pool: &str, name: &str) -> Result<(Target, Local
     let engine = Arc::new(Engine::open(&dir, &|p| open_disk(p)).map_err(|e| format!("pool '{pool}': {e}"))?);
     let v = engine.vdisk(name).map_err(|e| format!("pool '{pool}': {e}"))?;
     Ok((
-        Target::vdisk(v),
+        Target::vdisk(&format!("vdisk:{pool}/{name}"), v),
         Local {
             _lock: lock,
             _engine: engine,
@@ -90,8 +90,7 @@ fn bench_one(
     };
     let (target, _local) = match spec {
         TargetSpec::Vdisk { pool, name } => {
-            let (mut t, l) = open_vdisk(state_dir, pool, name)?;
-            t.name = spec.to_string();
+            let (t, l) = open_vdisk(state_dir, pool, name)?;
             (t, Some(l))
         }
         _ => (rt.block_on(Target::connect(spec, w.threads, &connect))?, None),
