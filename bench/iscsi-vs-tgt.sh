@@ -49,12 +49,10 @@ TGT_PARAMS=${TGT_PARAMS-MaxRecvDataSegmentLength=262144 MaxXmitDataSegmentLength
 FirstBurstLength=262144 MaxBurstLength=1048576 InitialR2T=No}
 KEEP=${KEEP:-0}
 
-for c in fio iscsi-perf qemu-img tgtd tgtadm bc python3 numfmt; do
-  command -v "$c" >/dev/null || { echo "$c is missing: scripts/install-deps.sh bench" >&2; exit 1; }
-done
+source bench/lib.sh
+require fio iscsi-perf qemu-img tgtd tgtadm bc python3 numfmt
 [ "$(id -u)" -eq 0 ] || { echo "run as root: tgtd needs /var/run/tgtd" >&2; exit 1; }
 
-source bench/lib.sh
 tessera_binary
 
 SIZE_B=$(numfmt --from=iec "$SIZE")

@@ -1,5 +1,5 @@
 # Helpers the protocol benchmarks share (sourced, not run): the tessera binary, the daemon on a
-# scratch state directory, logged setup commands, medians, package versions.
+# scratch state directory, required commands, logged setup commands, medians, package versions.
 # The sourcing script sets DIR (scratch directory, with logs/ in it) and KEEP.
 
 # Sets T to the tessera binary: TESSERA_BIN, or a cargo build of PROFILE (default release).
@@ -44,3 +44,11 @@ logged() {
 median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 
 pkgver() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null || echo '?'; }
+
+# Fails unless every named command is installed.
+require() {
+  local c
+  for c in "$@"; do
+    command -v "$c" >/dev/null || { echo "$c is missing: scripts/install-deps.sh bench" >&2; exit 1; }
+  done
+}

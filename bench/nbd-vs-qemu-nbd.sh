@@ -34,12 +34,10 @@ TESSERA_PORT=${TESSERA_PORT:-13809}
 QEMU_PORT=${QEMU_PORT:-13810}
 KEEP=${KEEP:-0}
 
-for c in fio qemu-nbd python3 numfmt; do
-  command -v "$c" >/dev/null || { echo "$c is missing: scripts/install-deps.sh bench" >&2; exit 1; }
-done
+source bench/lib.sh
+require fio qemu-nbd python3 numfmt
 fio --enghelp 2>/dev/null | grep -qw nbd || { echo "this fio has no nbd engine" >&2; exit 1; }
 
-source bench/lib.sh
 tessera_binary
 
 SIZE_B=$(numfmt --from=iec "$SIZE")

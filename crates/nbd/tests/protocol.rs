@@ -193,12 +193,18 @@ async fn greet(addr: &str) -> TcpStream {
     s
 }
 
-async fn option(s: &mut TcpStream, option: u32, data: &[u8]) -> (u32, Vec<u8>) {
+/// Sends an option request.
+async fn send_option(s: &mut TcpStream, option: u32, data: &[u8]) {
     let mut v = proto::IHAVEOPT.to_be_bytes().to_vec();
     v.extend_from_slice(&option.to_be_bytes());
     v.extend_from_slice(&(data.len() as u32).to_be_bytes());
     v.extend_from_slice(data);
     s.write_all(&v).await.unwrap();
+}
+
+/// Sends an option request and reads its (one) reply: type and data.
+async fn option(s: &mut TcpStream, option: u32, data: &[u8]) -> (u32, Vec<u8>) {
+    send_option(s, option, data).await;
     assert_eq!(s.read_u64().await.unwrap(), proto::OPTION_REPLY_MAGIC);
     assert_eq!(s.read_u32().await.unwrap(), option);
     let kind = s.read_u32().await.unwrap();
@@ -270,11 +276,7 @@ async fn malformed_negotiation_and_requests() {
     s.write_u32(0x80).await.unwrap();
     assert!(closed(&mut s).await);
     let mut s = greet(&rig.addr).await;
-    let mut v = proto::IHAVEOPT.to_be_bytes().to_vec();
-    v.extend_from_slice(&proto::opt::EXPORT_NAME.to_be_bytes());
-    v.extend_from_slice(&4u32.to_be_bytes());
-    v.extend_from_slice(b"nope");
-    s.write_all(&v).await.unwrap();
+    send_option(&mut s, proto::opt::EXPORT_NAME, b"nope").await;
     assert!(closed(&mut s).await);
     let mut s = greet(&rig.addr).await;
     let mut v = proto::IHAVEOPT.to_be_bytes().to_vec();
@@ -286,11 +288,7 @@ async fn malformed_negotiation_and_requests() {
     // The old way in (NBD_OPT_EXPORT_NAME) works, with simple replies; a request with a bad
     // magic ends the connection.
     let mut s = greet(&rig.addr).await;
-    let mut v = proto::IHAVEOPT.to_be_bytes().to_vec();
-    v.extend_from_slice(&proto::opt::EXPORT_NAME.to_be_bytes());
-    v.extend_from_slice(&2u32.to_be_bytes());
-    v.extend_from_slice(b"rw");
-    s.write_all(&v).await.unwrap();
+    send_option(&mut s, proto::opt::EXPORT_NAME, b"rw").await;
     assert_eq!(s.read_u64().await.unwrap(), 64 * MIB);
     let _flags = s.read_u16().await.unwrap();
     let req = proto::Request {
@@ -374,11 +372,7 @@ async fn a_client_that_leaves_mid_burst_releases_its_connection() {
     let export = rig.reg.get("rw").unwrap();
     for round in 0..3 {
         let mut s = greet(&rig.addr).await;
-        let mut v = proto::IHAVEOPT.to_be_bytes().to_vec();
-        v.extend_from_slice(&proto::opt::EXPORT_NAME.to_be_bytes());
-        v.extend_from_slice(&2u32.to_be_bytes());
-        v.extend_from_slice(b"rw");
-        s.write_all(&v).await.unwrap();
+        send_option(&mut s, proto::opt::EXPORT_NAME, b"rw").await;
         let mut info = [0u8; 10];
         s.read_exact(&mut info).await.unwrap();
         for i in 0..64u64 {
