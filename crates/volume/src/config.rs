@@ -30,6 +30,8 @@ impl Provisioning {
 #[serde(rename_all = "lowercase")]
 pub enum VdiskState {
     Online,
+    /// Being filled by a snapshot or a clone; a restart deletes what was made.
+    Creating,
     /// Being deleted; a restart finishes the job.
     Deleting,
 }
@@ -44,6 +46,14 @@ pub struct VdiskConfig {
     pub layout: LayoutSpec,
     pub provisioning: Provisioning,
     pub state: VdiskState,
+    /// Set on a snapshot: the vdisk it was taken of. A snapshot is read-only and is named
+    /// `VDISK@SNAPSHOT`; it outlives its origin.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_of: Option<String>,
+    /// When the vdisk or snapshot was made, in seconds since the Unix epoch (0: before this
+    /// was recorded).
+    #[serde(default)]
+    pub created: u64,
 }
 
 impl VdiskConfig {

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
@@ -18,6 +18,7 @@ use tracing::{info, warn};
 use crate::commit::Committer;
 use crate::config::{validate, VdiskConfig, VdiskSpec, VdiskState, DEFAULT_GRAIN};
 use crate::error::{Result, VolumeError};
+use crate::frozen::FrozenRegistry;
 use crate::keys::{parse_grain_key, parse_loc, vdisk_key};
 use crate::locks::GrainLocks;
 use crate::space::{loc_parts, Class, GrainSpace};
@@ -29,6 +30,7 @@ pub(crate) struct Shared {
     pub space: GrainSpace,
     pub committer: Committer,
     pub locks: GrainLocks,
+    pub frozen: FrozenRegistry,
     vdisks: RwLock<BTreeMap<String, Arc<Vdisk>>>,
     next_id: AtomicU64,
     /// Serializes changes to the set of vdisks (create, delete, resize).
@@ -109,6 +111,7 @@ impl Engine {
             space,
             committer,
             locks: GrainLocks::new(),
+            frozen: FrozenRegistry::default(),
             vdisks: RwLock::new(BTreeMap::new()),
             next_id: AtomicU64::new(1),
             admin: Mutex::new(()),
@@ -139,19 +142,8 @@ impl Engine {
                 }
                 Ok(())
             })?;
-            let v = Arc::new(Vdisk {
-                s: s.clone(),
-                id: c.id,
-                class: Class {
-                    layout: c.layout,
-                    grain: c.grain_size,
-                },
-                map: RwLock::new(map),
-                mapped: AtomicU64::new(mapped),
-                deleted: AtomicBool::new(false),
-                cfg: RwLock::new(c.clone()),
-            });
-            if c.state == VdiskState::Deleting {
+            let v = Arc::new(Vdisk::new(s.clone(), c.clone(), map, mapped));
+            if c.state != VdiskState::Online {
                 deleting.push(v);
                 continue;
             }
@@ -163,7 +155,7 @@ impl Engine {
         s.next_id.store(max_id + 1, Ordering::SeqCst);
         let engine = Engine { s };
         for v in deleting {
-            info!(vdisk = %v.name(), "finishing an interrupted delete");
+            info!(vdisk = %v.name(), "finishing an interrupted delete, or removing a half-made snapshot or clone");
             // Its reservation was not restored at open: nothing to give back.
             engine.finish_delete(&v, false)?;
         }
@@ -189,6 +181,17 @@ impl Engine {
 
     pub fn create_vdisk(&self, spec: &VdiskSpec) -> Result<Arc<Vdisk>> {
         validate_name("vdisk", &spec.name).map_err(VolumeError::Invalid)?;
+        self.create_with(spec, None, VdiskState::Online)
+    }
+
+    /// Creates a vdisk record and its empty map. A snapshot or clone starts `Creating`, so
+    /// that a restart before it is filled removes it.
+    pub(crate) fn create_with(
+        &self,
+        spec: &VdiskSpec,
+        snapshot_of: Option<String>,
+        state: VdiskState,
+    ) -> Result<Arc<Vdisk>> {
         let layout = self.resolve_layout(spec)?;
         let grain = spec.grain_size.unwrap_or(DEFAULT_GRAIN);
         let block_size = spec.block_size.unwrap_or(512);
@@ -205,7 +208,12 @@ impl Engine {
             grain_size: grain,
             layout,
             provisioning: spec.provisioning,
-            state: VdiskState::Online,
+            state,
+            snapshot_of,
+            created: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
         };
         let class = Class { layout, grain };
         let fixed = c.provisioning == crate::config::Provisioning::Fixed;
@@ -226,18 +234,24 @@ impl Engine {
             }
             return Err(e);
         }
-        let v = Arc::new(Vdisk {
-            s: self.s.clone(),
-            id: c.id,
-            class,
-            map: RwLock::new((0..c.grains()).map(|_| AtomicU64::new(0)).collect()),
-            mapped: AtomicU64::new(0),
-            deleted: AtomicBool::new(false),
-            cfg: RwLock::new(c.clone()),
-        });
+        let v = Arc::new(Vdisk::new(
+            self.s.clone(),
+            c.clone(),
+            (0..c.grains()).map(|_| AtomicU64::new(0)).collect(),
+            0,
+        ));
         self.s.vdisks.write().insert(c.name.clone(), v.clone());
         info!(vdisk = %c.name, size = c.size, layout = %layout.describe(), "vdisk created");
         Ok(v)
+    }
+
+    /// Marks a vdisk made `Creating` as complete.
+    pub(crate) fn set_online(&self, v: &Vdisk) -> Result<()> {
+        let mut c = v.config();
+        c.state = VdiskState::Online;
+        self.save_config(&c)?;
+        *v.cfg.write() = c;
+        Ok(())
     }
 
     fn save_config(&self, c: &VdiskConfig) -> Result<()> {
@@ -269,6 +283,7 @@ impl Engine {
     pub fn resize_vdisk(&self, name: &str, size: u64) -> Result<()> {
         let _admin = self.s.admin.lock();
         let v = self.vdisk(name)?;
+        v.check_writable()?;
         let mut c = v.config();
         if size < c.size {
             return Err(VolumeError::Invalid(format!(

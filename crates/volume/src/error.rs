@@ -15,6 +15,8 @@ pub enum VolumeError {
     Exists(String),
     #[error("out of space: {0}")]
     NoSpace(String),
+    #[error("'{0}' is a snapshot and cannot be changed")]
+    ReadOnly(String),
     #[error("virtual disk '{0}' was deleted")]
     Deleted(String),
 }

@@ -7,6 +7,7 @@ mod commit;
 mod config;
 mod engine;
 mod error;
+mod frozen;
 mod keys;
 mod locks;
 mod space;
@@ -17,7 +18,8 @@ pub use clone::CloneStats;
 pub use config::{Provisioning, VdiskConfig, VdiskSpec, VdiskState, DEFAULT_GRAIN, MAX_GRAIN, MIN_GRAIN};
 pub use engine::Engine;
 pub use error::{Result, VolumeError};
-pub use vdisk::{Extent, Vdisk};
+pub use frozen::Frozen;
+pub use vdisk::{Extent, SpaceUsage, Vdisk};
 
 pub use tessera_layout::{LayoutKind, LayoutSpec, Progress, RebuildOptions, RebuildReport};
 pub use tessera_pool::{DiskState, Pool};

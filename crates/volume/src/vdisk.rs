@@ -28,6 +28,11 @@ pub struct Vdisk {
     /// Grains that point at a slot.
     pub(crate) mapped: AtomicU64,
     pub(crate) deleted: AtomicBool,
+    /// Everything that changes the vdisk's data holds it shared; freezing holds it
+    /// exclusively, so that a frozen image is one instant of the vdisk.
+    pub(crate) gate: RwLock<()>,
+    /// A snapshot: never changes.
+    read_only: bool,
 }
 
 /// A part of a request inside one grain.
@@ -66,6 +71,30 @@ fn sector_envelope(off: u64, len: usize) -> (u64, u64) {
     (off / s * s, (off + len as u64).div_ceil(s) * s)
 }
 
+/// Reads part of a grain slot, widening to whole sectors when the request is not aligned.
+pub(crate) fn read_loc(s: &Shared, l: Loc, off: u64, out: &mut [u8]) -> Result<()> {
+    let (set, base) = s.space.locate(l)?;
+    let (a, b) = sector_envelope(off, out.len());
+    if a == off && b == off + out.len() as u64 {
+        s.layouts.read(&set, base + off, out)?;
+    } else {
+        let mut tmp = AlignedBuf::zeroed((b - a) as usize);
+        s.layouts.read(&set, base + a, &mut tmp)?;
+        out.copy_from_slice(&tmp[(off - a) as usize..(off - a) as usize + out.len()]);
+    }
+    Ok(())
+}
+
+/// How much grain space a vdisk points at, and how much of it is shared.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SpaceUsage {
+    pub allocated_bytes: u64,
+    /// Grains no other vdisk, snapshot or copy in flight points at: what deleting this one
+    /// gives back.
+    pub exclusive_bytes: u64,
+    pub shared_bytes: u64,
+}
+
 /// Which parts of a range are allocated, for GET LBA STATUS and sparse export.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct Extent {
@@ -86,6 +115,23 @@ impl std::fmt::Debug for Vdisk {
 }
 
 impl Vdisk {
+    pub(crate) fn new(s: Arc<Shared>, c: VdiskConfig, map: Vec<AtomicU64>, mapped: u64) -> Vdisk {
+        Vdisk {
+            s,
+            id: c.id,
+            class: Class {
+                layout: c.layout,
+                grain: c.grain_size,
+            },
+            map: RwLock::new(map),
+            mapped: AtomicU64::new(mapped),
+            deleted: AtomicBool::new(false),
+            gate: RwLock::new(()),
+            read_only: c.snapshot_of.is_some(),
+            cfg: RwLock::new(c),
+        }
+    }
+
     pub fn name(&self) -> String {
         self.cfg.read().name.clone()
     }
@@ -113,6 +159,42 @@ impl Vdisk {
     /// Bytes of pool grain space this vdisk points at (shared grains included).
     pub fn allocated_bytes(&self) -> u64 {
         self.mapped.load(Ordering::Relaxed) * self.class.grain
+    }
+
+    /// A snapshot: read-only, named `VDISK@SNAPSHOT`.
+    pub fn is_snapshot(&self) -> bool {
+        self.read_only
+    }
+
+    /// Refuses changes to a snapshot.
+    pub(crate) fn check_writable(&self) -> Result<()> {
+        if self.is_snapshot() {
+            return Err(VolumeError::ReadOnly(self.name()));
+        }
+        Ok(())
+    }
+
+    /// Mapped grain space, split into what only this vdisk points at and what it shares with
+    /// other vdisks, snapshots or copies in flight.
+    pub fn space_usage(&self) -> SpaceUsage {
+        let g = self.class.grain;
+        let (mut exclusive, mut shared) = (0u64, 0u64);
+        for e in self.map.read().iter() {
+            let l = e.load(Ordering::Acquire);
+            if l == 0 {
+                continue;
+            }
+            if self.s.space.refcount(l) > 1 {
+                shared += g;
+            } else {
+                exclusive += g;
+            }
+        }
+        SpaceUsage {
+            allocated_bytes: exclusive + shared,
+            exclusive_bytes: exclusive,
+            shared_bytes: shared,
+        }
     }
 
     pub(crate) fn fixed(&self) -> bool {
@@ -185,26 +267,19 @@ impl Vdisk {
             out.fill(0);
             return Ok(());
         }
-        self.read_slot(l, off, out)
-    }
-
-    /// Reads part of a slot, widening to whole sectors when the request is not aligned.
-    pub(crate) fn read_slot(&self, l: Loc, off: u64, out: &mut [u8]) -> Result<()> {
-        let (set, base) = self.s.space.locate(l)?;
-        let (a, b) = sector_envelope(off, out.len());
-        if a == off && b == off + out.len() as u64 {
-            self.s.layouts.read(&set, base + off, out)?;
-        } else {
-            let mut tmp = AlignedBuf::zeroed((b - a) as usize);
-            self.s.layouts.read(&set, base + a, &mut tmp)?;
-            out.copy_from_slice(&tmp[(off - a) as usize..(off - a) as usize + out.len()]);
-        }
-        Ok(())
+        read_loc(&self.s, l, off, out)
     }
 
     /// Writes `data` at byte `offset`. With `fua` the data is durable when this returns.
     pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
+        self.check_writable()?;
+        self.write_data(offset, data, fua)
+    }
+
+    /// A write that a snapshot being filled may take too.
+    pub(crate) fn write_data(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
         self.check_range(offset, data.len() as u64)?;
+        let _gate = self.gate.read();
         for p in grain_pieces(self.class.grain, offset, data.len() as u64) {
             self.write_grain(p.grain, p.off, &data[p.buf_off..p.buf_off + p.len])?;
         }
@@ -224,7 +299,7 @@ impl Vdisk {
         let grain = self.class.grain as usize;
         let mut buf = AlignedBuf::zeroed(grain);
         if old != 0 {
-            self.read_slot(old, 0, &mut buf)?;
+            read_loc(&self.s, old, 0, &mut buf)?;
         }
         buf[off as usize..off as usize + data.len()].copy_from_slice(data);
         self.replace_slot(g, old, &buf)
@@ -274,7 +349,13 @@ impl Vdisk {
     /// Unmaps whole grains and zeroes the partial ones at the edges. Never-written and
     /// trimmed blocks read as zeros.
     pub fn trim(&self, offset: u64, len: u64) -> Result<()> {
+        self.check_writable()?;
         self.check_range(offset, len)?;
+        let _gate = self.gate.read();
+        self.trim_gated(offset, len)
+    }
+
+    fn trim_gated(&self, offset: u64, len: u64) -> Result<()> {
         let grain = self.class.grain;
         let mut whole = Vec::new();
         for p in grain_pieces(grain, offset, len) {
@@ -328,10 +409,12 @@ impl Vdisk {
     /// WRITE SAME with UNMAP / NBD WRITE_ZEROES without NO_HOLE); without, the range is
     /// allocated and written.
     pub fn write_zeroes(&self, offset: u64, len: u64, unmap: bool, fua: bool) -> Result<()> {
+        self.check_writable()?;
+        self.check_range(offset, len)?;
+        let _gate = self.gate.read();
         if unmap {
-            self.trim(offset, len)?;
+            self.trim_gated(offset, len)?;
         } else {
-            self.check_range(offset, len)?;
             let zeros = AlignedBuf::zeroed(self.class.grain as usize);
             for p in grain_pieces(self.class.grain, offset, len) {
                 self.write_grain(p.grain, p.off, &zeros[..p.len])?;

@@ -1,5 +1,7 @@
 //! Model-based property tests: random sequences of writes, zero writes, trims, flushes,
-//! clone_range, disk failures within tolerance, repairs and restarts, for every layout and
+//! clone_range, snapshots, clones of vdisks and snapshots, frozen images pasted back (what ODX
+//! tokens are), deletes of all of these in random order, disk failures within tolerance,
+//! repairs and restarts, for every layout and
 //! both provisioning types, checked block for block against an in-memory model, and ending
 //! with a metadata consistency check and a scrub of the redundancy.
 //!
@@ -9,7 +11,7 @@ mod common;
 
 use common::{pattern, spec, Rig, MIB};
 use proptest::prelude::*;
-use tessera_volume::{LayoutKind, Progress, Provisioning, RebuildOptions};
+use tessera_volume::{Frozen, LayoutKind, Progress, Provisioning, RebuildOptions};
 
 const BLOCK: u64 = 512;
 const GRAIN_BLOCKS: u64 = 32; // 16 KiB grains
@@ -45,6 +47,31 @@ enum Op {
         dblk: u64,
         n: u64,
     },
+    Snapshot {
+        vd: usize,
+    },
+    /// A clone of a vdisk (below 2) or of an extra image (snapshot or clone).
+    CloneOf {
+        src: usize,
+    },
+    DeleteExtra {
+        idx: usize,
+    },
+    Freeze {
+        vd: usize,
+        blk: u64,
+        n: u64,
+    },
+    Paste {
+        img: usize,
+        vd: usize,
+        iblk: u64,
+        dblk: u64,
+        n: u64,
+    },
+    DropFrozen {
+        img: usize,
+    },
     FailDisk {
         disk: usize,
         admin: bool,
@@ -70,6 +97,15 @@ fn op() -> impl Strategy<Value = Op> {
             let (s, d) = if aligned { (s / GRAIN_BLOCKS * GRAIN_BLOCKS, d / GRAIN_BLOCKS * GRAIN_BLOCKS) } else { (s, d) };
             Op::Clone { src, dst, sblk: s, dblk: d, n }
         }),
+        1 => (0..2usize).prop_map(|vd| Op::Snapshot { vd }),
+        1 => (0..6usize).prop_map(|src| Op::CloneOf { src }),
+        1 => (0..8usize).prop_map(|idx| Op::DeleteExtra { idx }),
+        2 => (0..2usize, range.clone()).prop_map(|(vd, (blk, n))| Op::Freeze { vd, blk, n }),
+        3 => (0..4usize, 0..2usize, 0..BLOCKS, 0..BLOCKS, 1u64..300, any::<bool>()).prop_map(|(img, vd, i, d, n, aligned)| {
+            let (i, d) = if aligned { (i / GRAIN_BLOCKS * GRAIN_BLOCKS, d / GRAIN_BLOCKS * GRAIN_BLOCKS) } else { (i, d) };
+            Op::Paste { img, vd, iblk: i, dblk: d, n }
+        }),
+        1 => (0..4usize).prop_map(|img| Op::DropFrozen { img }),
         1 => (0..DISKS, any::<bool>()).prop_map(|(disk, admin)| Op::FailDisk { disk, admin }),
         1 => Just(Op::Repair),
         1 => Just(Op::Reopen),
@@ -95,6 +131,10 @@ fn run(kind: LayoutKind, copies: Option<u8>, prov: Provisioning, ops: Vec<Op>) {
         failed: vec![false; DISKS],
         failed_since_repair: 0,
     };
+    // Snapshots and clones, with the bytes they must read as; frozen images likewise.
+    let mut extras: Vec<(String, Vec<u8>)> = Vec::new();
+    let mut frozen: Vec<(Frozen, Vec<u8>)> = Vec::new();
+    let mut made = 0;
 
     for (step, op) in ops.into_iter().enumerate() {
         let e = rig.engine();
@@ -138,6 +178,57 @@ fn run(kind: LayoutKind, copies: Option<u8>, prov: Provisioning, ops: Vec<Op>) {
                 let chunk = m.data[src][so as usize..(so + len) as usize].to_vec();
                 m.data[dst][d_o as usize..(d_o + len) as usize].copy_from_slice(&chunk);
             }
+            Op::Snapshot { vd } => {
+                made += 1;
+                let snap = e.snapshot(names[vd], &format!("s{made}")).unwrap();
+                assert!(snap.write(0, &[1u8; 512], false).is_err(), "a snapshot is read-only");
+                extras.push((format!("{}@s{made}", names[vd]), m.data[vd].clone()));
+            }
+            Op::CloneOf { src } => {
+                let (from, bytes) = if src < 2 || extras.is_empty() {
+                    (names[src % 2].to_string(), m.data[src % 2].clone())
+                } else {
+                    extras[src % extras.len()].clone()
+                };
+                made += 1;
+                let name = format!("c{made}");
+                e.clone_vdisk(&from, &name).unwrap();
+                extras.push((name, bytes));
+            }
+            Op::DeleteExtra { idx } => {
+                if !extras.is_empty() {
+                    let (name, _) = extras.remove(idx % extras.len());
+                    e.delete_vdisk(&name).unwrap();
+                }
+            }
+            Op::Freeze { vd, blk, n } => {
+                let (blk, n) = clamp(blk, n);
+                let (off, len) = (blk * BLOCK, n * BLOCK);
+                // Two ranges, the second one block long, so images have several pieces.
+                let second = (BLOCKS - 1 - blk) * BLOCK;
+                let img = e.vdisk(names[vd]).unwrap().freeze(&[(off, len), (second, BLOCK)]).unwrap();
+                let mut bytes = m.data[vd][off as usize..(off + len) as usize].to_vec();
+                bytes.extend_from_slice(&m.data[vd][second as usize..(second + BLOCK) as usize]);
+                frozen.push((img, bytes));
+            }
+            Op::Paste { img, vd, iblk, dblk, n } => {
+                if frozen.is_empty() {
+                    continue;
+                }
+                let (image, bytes) = &frozen[img % frozen.len()];
+                let iblocks = image.len() / BLOCK;
+                let iblk = iblk % iblocks;
+                let (dblk, n) = clamp(dblk, n);
+                let n = n.min(iblocks - iblk);
+                let (io, d_o, len) = (iblk * BLOCK, dblk * BLOCK, n * BLOCK);
+                e.vdisk(names[vd]).unwrap().paste(d_o, image, io, len).unwrap();
+                m.data[vd][d_o as usize..(d_o + len) as usize].copy_from_slice(&bytes[io as usize..(io + len) as usize]);
+            }
+            Op::DropFrozen { img } => {
+                if !frozen.is_empty() {
+                    frozen.remove(img % frozen.len());
+                }
+            }
             Op::FailDisk { disk, admin } => {
                 let healthy = m.failed.iter().filter(|f| !**f).count();
                 if m.failed[disk] || m.failed_since_repair >= layout.tolerance() || healthy - 1 < layout.width() + 1 {
@@ -172,8 +263,20 @@ fn run(kind: LayoutKind, copies: Option<u8>, prov: Provisioning, ops: Vec<Op>) {
             }
             Op::Reopen => {
                 rig.assert_consistent();
+                // Frozen images live in memory only: a restart ends them.
+                frozen.clear();
                 rig.reopen();
             }
+        }
+        for (name, want) in &extras {
+            let mut got = vec![0u8; VDISK_SIZE as usize];
+            rig.engine().vdisk(name).unwrap().read(0, &mut got).unwrap();
+            assert!(&got == want, "step {step} ({op:?}): {name} does not read as when it was made");
+        }
+        for (i, (image, want)) in frozen.iter().enumerate() {
+            let mut got = vec![0u8; image.len() as usize];
+            image.read(0, &mut got).unwrap();
+            assert!(&got == want, "step {step} ({op:?}): frozen image {i} changed");
         }
         for (vd, name) in names.iter().enumerate() {
             let mut got = vec![0u8; VDISK_SIZE as usize];
@@ -190,9 +293,16 @@ fn run(kind: LayoutKind, copies: Option<u8>, prov: Provisioning, ops: Vec<Op>) {
         let bad = e.layouts().scrub_set(&set).unwrap();
         assert!(bad.is_empty(), "redundancy does not match the data: {bad:?}");
     }
-    // Deleting both vdisks gives every grain back.
-    e.delete_vdisk("a").unwrap();
-    e.delete_vdisk("b").unwrap();
+    // Deleting everything, in an order the case picked, gives every grain back.
+    let mut all: Vec<String> = extras.iter().map(|(n, _)| n.clone()).collect();
+    let k = all.len() / 2;
+    all.insert(k.min(all.len()), "a".into());
+    all.push("b".into());
+    for name in all {
+        e.delete_vdisk(&name).unwrap();
+    }
+    rig.assert_consistent();
+    frozen.clear();
     rig.assert_consistent();
     assert!(
         rig.engine().layouts().sets().is_empty(),

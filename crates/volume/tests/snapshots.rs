@@ -1,0 +1,207 @@
+//! Snapshots: read-only, point-in-time even under concurrent writes, cloneable, accounted as
+//! shared and exclusive space, surviving a restart, deletable in any order; and frozen images
+//! (what ODX tokens hold) keeping their content while the source changes.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use common::{pattern, spec, Rig, MIB};
+use tessera_volume::{LayoutKind, Provisioning, VolumeError};
+
+#[test]
+fn snapshots_are_read_only_images_that_outlive_their_origin() {
+    let mut rig = Rig::new(4, 64 * MIB, MIB);
+    let g = 16 << 10;
+    {
+        let e = rig.engine();
+        let v = e
+            .create_vdisk(&spec("vol", 4 * MIB, LayoutKind::Mirror, Provisioning::Thin))
+            .unwrap();
+        let first = pattern(1, 0, (2 * MIB) as usize);
+        v.write(0, &first, false).unwrap();
+        let s1 = e.snapshot("vol", "s1").unwrap();
+        assert_eq!(s1.name(), "vol@s1");
+        assert!(s1.is_snapshot());
+        assert_eq!(s1.config().snapshot_of.as_deref(), Some("vol"));
+        // Read-only in every way.
+        assert!(matches!(s1.write(0, &[0u8; 512], false), Err(VolumeError::ReadOnly(_))));
+        assert!(matches!(s1.trim(0, 512), Err(VolumeError::ReadOnly(_))));
+        assert!(matches!(s1.write_zeroes(0, 512, true, false), Err(VolumeError::ReadOnly(_))));
+        assert!(e.resize_vdisk("vol@s1", 8 * MIB).is_err());
+        assert!(e.snapshot("vol@s1", "x").is_err(), "no snapshot of a snapshot");
+        assert!(e.snapshot("vol", "s1").is_err(), "name taken");
+        assert!(e.snapshot("vol", "bad/name").is_err());
+        assert!(e.snapshot("nope", "s").is_err());
+
+        // Everything is shared right after the snapshot; writes make grains exclusive.
+        let u = v.space_usage();
+        assert_eq!((u.allocated_bytes, u.exclusive_bytes, u.shared_bytes), (2 * MIB, 0, 2 * MIB));
+        v.write(0, &[9u8; 4096], false).unwrap();
+        let u = v.space_usage();
+        assert_eq!((u.exclusive_bytes, u.shared_bytes), (g, 2 * MIB - g));
+        let su = s1.space_usage();
+        assert_eq!((su.exclusive_bytes, su.shared_bytes), (g, 2 * MIB - g));
+
+        let s2 = e.snapshot("vol", "s2").unwrap();
+        let names: Vec<String> = e.snapshots_of("vol").iter().map(|s| s.name()).collect();
+        assert_eq!(names, ["vol@s1", "vol@s2"]);
+        let mut back = vec![0u8; first.len()];
+        s1.read(0, &mut back).unwrap();
+        assert_eq!(back, first, "s1 reads as the vdisk did when it was taken");
+        s2.read(0, &mut back[..4096]).unwrap();
+        assert_eq!(&back[..4096], &[9u8; 4096][..]);
+
+        // A writable clone of a snapshot.
+        let (c, stats) = e.clone_vdisk("vol@s1", "restored").unwrap();
+        assert!(!c.is_snapshot());
+        assert_eq!(stats.copied_bytes, 0);
+        c.write(MIB, &[3u8; 512], false).unwrap();
+        s1.read(0, &mut back).unwrap();
+        assert_eq!(back, first, "writing the clone leaves the snapshot alone");
+    }
+    rig.assert_consistent();
+    rig.reopen();
+    let e = rig.engine();
+    let s1 = e.vdisk("vol@s1").unwrap();
+    assert!(s1.is_snapshot(), "still a snapshot after a restart");
+    assert!(s1.write(0, &[0u8; 512], false).is_err());
+    // The origin goes first; its snapshots stay readable.
+    e.delete_vdisk("vol").unwrap();
+    let mut back = vec![0u8; (2 * MIB) as usize];
+    s1.read(0, &mut back).unwrap();
+    assert_eq!(back, pattern(1, 0, (2 * MIB) as usize));
+    rig.assert_consistent();
+    e.delete_vdisk("vol@s1").unwrap();
+    e.delete_vdisk("restored").unwrap();
+    rig.assert_consistent();
+    e.delete_vdisk("vol@s2").unwrap();
+    rig.assert_consistent();
+    assert!(e.layouts().sets().is_empty(), "every grain given back");
+}
+
+/// Writers stamp the blocks in pairs, block j then block j + N/2, pass after pass. In an
+/// image of one instant no second block of a pair is newer than its first. Copying the map
+/// grain by grain while they run lets the second block of a pair in without its first
+/// (the copy passed the first, a writer then wrote both, the copy reached the second).
+#[test]
+fn snapshots_and_frozen_images_are_point_in_time_under_writes() {
+    let rig = Rig::new(4, 256 * MIB, MIB);
+    let e = rig.engine();
+    let size = 64 * MIB;
+    let block = 4096u64;
+    let half = size / block / 2;
+    let mut s = spec("busy", size, LayoutKind::Simple, Provisioning::Thin);
+    s.block_size = Some(4096);
+    let v = e.create_vdisk(&s).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    // Four writers, each over its own pairs, so that a pair is written often enough to
+    // land inside the instant of a freeze.
+    let writers: Vec<_> = (0..4u64)
+        .map(|w| {
+            let v = v.clone();
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut pass = 1u8;
+                while !stop.load(Ordering::Relaxed) {
+                    for j in (w..half).step_by(4) {
+                        v.write(j * block, &[pass; 4096], false).unwrap();
+                        v.write((j + half) * block, &[pass; 4096], false).unwrap();
+                    }
+                    pass = pass.wrapping_add(1).max(1);
+                }
+            })
+        })
+        .collect();
+    let check = |what: &str, img: &[u8]| {
+        let stamps: Vec<u8> = img.chunks(block as usize).map(|c| c[0]).collect();
+        for (i, c) in img.chunks(block as usize).enumerate() {
+            assert!(c.iter().all(|&x| x == c[0]), "{what}: block {i} is torn");
+        }
+        for j in 0..half as usize {
+            let (first, second) = (stamps[j], stamps[j + half as usize]);
+            assert!(
+                first == second || first == second.wrapping_add(1).max(1),
+                "{what}: block {} holds pass {second} but block {j} only pass {first}",
+                j + half as usize
+            );
+        }
+    };
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let mut img = vec![0u8; size as usize];
+    for i in 0..8 {
+        let snap = e.snapshot("busy", &format!("t{i}")).unwrap();
+        snap.read(0, &mut img).unwrap();
+        check(&format!("snapshot t{i}"), &img);
+        e.delete_vdisk(&snap.name()).unwrap();
+        let frozen = v.freeze(&[(0, size)]).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        frozen.read(0, &mut img).unwrap();
+        check(&format!("frozen image {i}"), &img);
+    }
+    stop.store(true, Ordering::Relaxed);
+    for w in writers {
+        w.join().unwrap();
+    }
+    rig.assert_consistent();
+}
+
+#[test]
+fn frozen_images_keep_their_ranges_and_paste_anywhere() {
+    let rig = Rig::new(4, 64 * MIB, MIB);
+    let e = rig.engine();
+    let g = 16 << 10;
+    let src = e
+        .create_vdisk(&spec("src", 2 * MIB, LayoutKind::Parity, Provisioning::Thin))
+        .unwrap();
+    let data = pattern(5, 0, (2 * MIB) as usize);
+    src.write(0, &data, false).unwrap();
+    // Three ranges, one not grain-aligned: pieces are laid end to end.
+    let ranges = [(g, 4 * g), (512, 1024), (MIB, 2 * g)];
+    let img = src.freeze(&ranges).unwrap();
+    assert_eq!(img.len(), 4 * g + 1024 + 2 * g);
+    assert_eq!(img.mapped_bytes(), img.len());
+    src.write(0, &vec![0xEEu8; (2 * MIB) as usize], false).unwrap();
+    let mut want = Vec::new();
+    for (o, l) in ranges {
+        want.extend_from_slice(&data[o as usize..(o + l) as usize]);
+    }
+    let mut got = vec![0u8; img.len() as usize];
+    img.read(0, &mut got).unwrap();
+    assert_eq!(got, want, "the image is what the ranges held when frozen");
+
+    // Into another vdisk of the pool: the aligned piece is shared, the rest copied.
+    let dst = e
+        .create_vdisk(&spec("dst", 2 * MIB, LayoutKind::Parity, Provisioning::Fixed))
+        .unwrap();
+    let stats = dst.paste(g, &img, 0, img.len()).unwrap();
+    assert_eq!(stats.shared_bytes, 4 * g, "the first range lines up with its grains");
+    assert_eq!(stats.shared_bytes + stats.copied_bytes, img.len());
+    let mut back = vec![0u8; img.len() as usize];
+    dst.read(g, &mut back).unwrap();
+    assert_eq!(back, want);
+    // Part of the image, at an offset, into a vdisk of another class: all copied.
+    let other = e
+        .create_vdisk(&spec("other", 2 * MIB, LayoutKind::Mirror, Provisioning::Thin))
+        .unwrap();
+    let stats = other.paste(0, &img, 2 * g, 3 * g).unwrap();
+    assert_eq!(stats.shared_bytes, 0);
+    let mut part = vec![0u8; (3 * g) as usize];
+    other.read(0, &mut part).unwrap();
+    assert_eq!(part, want[(2 * g) as usize..(5 * g) as usize]);
+    // Bad requests.
+    assert!(dst.paste(0, &img, img.len() - 512, 1024).is_err(), "past the image's end");
+    assert!(dst.paste(2 * MIB - 512, &img, 0, 1024).is_err(), "past the vdisk's end");
+    assert!(dst.paste(0, &img, 100, 512).is_err(), "unaligned");
+    assert!(src.freeze(&[(0, 3 * MIB)]).is_err());
+    rig.assert_consistent();
+    // The image's references go when it does.
+    drop(img);
+    rig.assert_consistent();
+    for n in ["src", "dst", "other"] {
+        e.delete_vdisk(n).unwrap();
+    }
+    rig.assert_consistent();
+    assert!(e.layouts().sets().is_empty());
+}
