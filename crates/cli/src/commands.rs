@@ -11,7 +11,7 @@ use tessera_server::units::format_size;
 use tessera_server::{Overrides, ServerConfig};
 
 use crate::client::{encode_segment, Client, ClientError, Endpoint};
-use crate::output::{kv, percent, s, size, table};
+use crate::output::{kv, percent, s, size, table, when};
 use crate::*;
 
 pub fn run(cli: Cli) -> Result<(), String> {
@@ -38,6 +38,7 @@ pub fn run(cli: Cli) -> Result<(), String> {
         Command::Pool(p) => pool(&c, p),
         Command::Disk(d) => disk(&c, d),
         Command::Vdisk(v) => vdisk(&c, v),
+        Command::Snapshot(v) => snapshot(&c, v),
         Command::Target(t) => target(&c, t),
         Command::Nbd(n) => nbd(&c, n),
         Command::Job(j) => job(&c, j),
@@ -323,12 +324,109 @@ fn vdisk_table(v: &Value) {
                 format!("{}/{}", s(&x["pool"]), s(&x["name"])),
                 size(&x["size"]),
                 size(&x["allocated_bytes"]),
+                size(&x["exclusive_bytes"]),
+                s(&x["snapshots"]),
                 s(&x["provisioning"]),
                 s(&x["layout_description"]),
             ]
         })
         .collect();
-    table(&["VDISK", "SIZE", "ALLOCATED", "PROVISIONING", "LAYOUT"], rows);
+    table(
+        &["VDISK", "SIZE", "ALLOCATED", "EXCLUSIVE", "SNAPSHOTS", "PROVISIONING", "LAYOUT"],
+        rows,
+    );
+}
+
+/// POOL/VDISK@NAME
+fn pool_snapshot(s: &str) -> Result<(String, String, String), ClientError> {
+    let bad = || {
+        ClientError::Transport(format!(
+            "'{s}' does not name a snapshot: write POOL/VDISK@NAME, e.g. demo/vol1@before-upgrade"
+        ))
+    };
+    let (p, rest) = pool_vdisk(s).map_err(|_| bad())?;
+    match rest.split_once('@') {
+        Some((v, n)) if !v.is_empty() && !n.is_empty() && !n.contains('@') => Ok((p, v.to_string(), n.to_string())),
+        _ => Err(bad()),
+    }
+}
+
+fn snapshot_path(p: &str, v: &str) -> String {
+    format!("/api/pools/{}/vdisks/{}/snapshots", encode_segment(p), encode_segment(v))
+}
+
+fn snapshot(c: &Ctx, cmd: SnapshotCmd) -> R {
+    match cmd {
+        SnapshotCmd::Create { snapshot } => {
+            let (p, v, n) = pool_snapshot(&snapshot)?;
+            let started = std::time::Instant::now();
+            let r = c.client.post(&snapshot_path(&p, &v), Some(json!({"name": n})))?;
+            if c.json {
+                c.print_json(&r);
+            } else {
+                println!(
+                    "snapshot {snapshot} taken in {:.3} s: {} of data, all shared with {p}/{v}",
+                    started.elapsed().as_secs_f64(),
+                    size(&r["allocated_bytes"])
+                );
+            }
+        }
+        SnapshotCmd::List { of } => {
+            let r = match of.as_deref() {
+                None => c.client.get("/api/snapshots")?,
+                Some(x) if x.contains('/') => {
+                    let (p, v) = pool_vdisk(x)?;
+                    c.client.get(&snapshot_path(&p, &v))?
+                }
+                Some(p) => c.client.get(&format!("/api/pools/{}/snapshots", encode_segment(p)))?,
+            };
+            if c.json {
+                c.print_json(&r);
+            } else {
+                let rows = arr(&r)
+                    .iter()
+                    .map(|x| {
+                        vec![
+                            format!("{}/{}", s(&x["pool"]), s(&x["full_name"])),
+                            size(&x["size"]),
+                            size(&x["allocated_bytes"]),
+                            size(&x["exclusive_bytes"]),
+                            when(&x["created"]),
+                        ]
+                    })
+                    .collect();
+                table(&["SNAPSHOT", "SIZE", "ALLOCATED", "EXCLUSIVE", "CREATED"], rows);
+            }
+        }
+        SnapshotCmd::Show { snapshot } => {
+            let (p, v, n) = pool_snapshot(&snapshot)?;
+            let r = c
+                .client
+                .get(&format!("{}/{}", snapshot_path(&p, &v), encode_segment(&n)))?;
+            if c.json {
+                c.print_json(&r);
+            } else {
+                kv(&[
+                    ("snapshot", snapshot.clone()),
+                    ("of", format!("{p}/{}", s(&r["vdisk"]))),
+                    ("size", format!("{} ({} bytes)", size(&r["size"]), s(&r["size"]))),
+                    ("allocated", size(&r["allocated_bytes"])),
+                    ("exclusive", size(&r["exclusive_bytes"])),
+                    ("shared", size(&r["shared_bytes"])),
+                    ("created", when(&r["created"])),
+                ]);
+            }
+        }
+        SnapshotCmd::Delete { snapshot } => {
+            let (p, v, n) = pool_snapshot(&snapshot)?;
+            c.client
+                .delete(&format!("{}/{}", snapshot_path(&p, &v), encode_segment(&n)))?;
+            if !c.json {
+                println!("snapshot {snapshot} deleted");
+            }
+        }
+    }
+    Ok(())
 }
 
 fn disk(c: &Ctx, cmd: DiskCmd) -> R {
@@ -440,6 +538,9 @@ fn vdisk(c: &Ctx, cmd: VdiskCmd) -> R {
                     ("vdisk", vdisk.clone()),
                     ("size", format!("{} ({} bytes)", size(&v["size"]), s(&v["size"]))),
                     ("allocated", size(&v["allocated_bytes"])),
+                    ("exclusive", size(&v["exclusive_bytes"])),
+                    ("shared", size(&v["shared_bytes"])),
+                    ("snapshots", s(&v["snapshots"])),
                     ("provisioning", s(&v["provisioning"])),
                     ("layout", s(&v["layout_description"])),
                     ("block size", s(&v["block_size"])),

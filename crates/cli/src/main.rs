@@ -49,6 +49,9 @@ pub enum Command {
     /// Virtual disks.
     #[command(subcommand)]
     Vdisk(VdiskCmd),
+    /// Read-only point-in-time snapshots of vdisks (POOL/VDISK@NAME).
+    #[command(subcommand)]
+    Snapshot(SnapshotCmd),
     /// iSCSI targets and their LUNs.
     #[command(subcommand)]
     Target(TargetCmd),
@@ -376,10 +379,10 @@ pub enum VdiskCmd {
     Show {
         vdisk: String,
     },
-    /// A thin copy-on-write clone of a vdisk in the same pool: it shares every grain, so it
-    /// takes no space until either side is written.
+    /// A thin copy-on-write clone of a vdisk or snapshot in the same pool: it shares every
+    /// grain, so it takes no space until either side is written.
     Clone {
-        /// POOL/NAME of the source
+        /// POOL/NAME of the source vdisk, or POOL/VDISK@SNAPSHOT
         source: String,
         /// The clone's name (same pool)
         name: String,
@@ -415,6 +418,29 @@ pub enum VdiskCmd {
         overwrite: bool,
         #[arg(long)]
         no_wait: bool,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum SnapshotCmd {
+    /// Take a snapshot: it shares every grain with the vdisk, so it is made in well under a
+    /// second and takes space only as the vdisk is written.
+    Create {
+        /// POOL/VDISK@NAME
+        snapshot: String,
+    },
+    /// List snapshots: of one vdisk (POOL/VDISK), of a pool (POOL), or of all.
+    List {
+        of: Option<String>,
+    },
+    Show {
+        /// POOL/VDISK@NAME
+        snapshot: String,
+    },
+    /// Delete a snapshot; the grains only it held are freed.
+    Delete {
+        /// POOL/VDISK@NAME
+        snapshot: String,
     },
 }
 

@@ -55,3 +55,41 @@ pub fn percent(done: u64, total: u64) -> String {
         format!("{:.0}%", done as f64 * 100.0 / total as f64)
     }
 }
+
+/// Seconds since the Unix epoch as a UTC date and time.
+pub fn when(v: &Value) -> String {
+    match v.as_u64() {
+        Some(0) | None => "-".into(),
+        Some(t) => utc(t),
+    }
+}
+
+fn utc(t: u64) -> String {
+    let (days, secs) = (t / 86_400, t % 86_400);
+    // Days to a civil date (Howard Hinnant's algorithm), for the proleptic Gregorian calendar.
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC",
+        secs / 3600,
+        secs / 60 % 60,
+        secs % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn utc_dates() {
+        assert_eq!(super::utc(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(super::utc(951_782_400), "2000-02-29 00:00:00 UTC");
+        assert_eq!(super::utc(1_795_359_845), "2026-11-22 15:04:05 UTC");
+    }
+}

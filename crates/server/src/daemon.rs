@@ -532,15 +532,73 @@ impl Daemon {
         })
     }
 
+    /// The vdisks (not the snapshots) of one pool or of all.
     pub fn list_vdisks(&self, pool: Option<&str>) -> ApiResult<Vec<VdiskView>> {
-        let engines: Vec<(String, Arc<Engine>)> = match pool {
-            Some(p) => vec![(p.to_string(), self.engine(p)?)],
-            None => self.pools.read().iter().map(|(n, e)| (n.clone(), e.clone())).collect(),
-        };
-        Ok(engines
+        Ok(self
+            .engines_of(pool)?
             .iter()
-            .flat_map(|(n, e)| e.vdisks().iter().map(|v| vdisk_view(n, v)).collect::<Vec<_>>())
+            .flat_map(|(n, e)| {
+                e.vdisks()
+                    .iter()
+                    .filter(|v| !v.is_snapshot())
+                    .map(|v| vdisk_view(n, v))
+                    .collect::<Vec<_>>()
+            })
             .collect())
+    }
+
+    fn engines_of(&self, pool: Option<&str>) -> ApiResult<Vec<(String, Arc<Engine>)>> {
+        Ok(match pool {
+            Some(p) => vec![(p.to_string(), self.engine(p)?)],
+            None => self.engines(),
+        })
+    }
+
+    // ---- snapshots ----
+
+    /// A read-only point-in-time image `VDISK@NAME`, sharing every grain with the vdisk.
+    pub fn create_snapshot(&self, pool: &str, vdisk: &str, req: CreateSnapshot) -> ApiResult<SnapshotView> {
+        let (e, _) = self.vdisk(pool, vdisk)?;
+        let started = std::time::Instant::now();
+        let s = e.snapshot(vdisk, &req.name)?;
+        info!(pool, vdisk, snapshot = %req.name, took_ms = started.elapsed().as_millis() as u64, "snapshot taken");
+        Ok(snapshot_view(pool, &s))
+    }
+
+    /// Snapshots of one vdisk (also of a deleted one, by its name), of a pool, or of all.
+    pub fn list_snapshots(&self, pool: Option<&str>, vdisk: Option<&str>) -> ApiResult<Vec<SnapshotView>> {
+        let mut out = Vec::new();
+        for (n, e) in self.engines_of(pool)? {
+            let snaps = match vdisk {
+                Some(v) => e.snapshots_of(v),
+                None => {
+                    let mut all: Vec<Arc<Vdisk>> = e.vdisks().into_iter().filter(|v| v.is_snapshot()).collect();
+                    all.sort_by_key(|s| (s.config().snapshot_of, s.config().created, s.id()));
+                    all
+                }
+            };
+            out.extend(snaps.iter().map(|s| snapshot_view(&n, s)));
+        }
+        Ok(out)
+    }
+
+    pub fn show_snapshot(&self, pool: &str, vdisk: &str, name: &str) -> ApiResult<SnapshotView> {
+        let (_, s) = self.snapshot(pool, vdisk, name)?;
+        Ok(snapshot_view(pool, &s))
+    }
+
+    /// Deletes a snapshot; the grains only it held go back to the pool.
+    pub fn delete_snapshot(&self, pool: &str, vdisk: &str, name: &str) -> ApiResult<()> {
+        let (_, s) = self.snapshot(pool, vdisk, name)?;
+        self.delete_vdisk(pool, &s.name())
+    }
+
+    fn snapshot(&self, pool: &str, vdisk: &str, name: &str) -> ApiResult<(Arc<Engine>, Arc<Vdisk>)> {
+        let full = format!("{vdisk}@{name}");
+        match self.vdisk(pool, &full) {
+            Ok((e, s)) if s.is_snapshot() => Ok((e, s)),
+            _ => Err(ApiError::not_found(format!("pool '{pool}' has no snapshot '{full}'"))),
+        }
     }
 
     pub fn show_vdisk(&self, pool: &str, name: &str) -> ApiResult<VdiskView> {
@@ -810,6 +868,7 @@ fn unhealthy_sets(e: &Engine) -> Vec<SetHealthView> {
 
 pub fn vdisk_view(pool: &str, v: &Vdisk) -> VdiskView {
     let c = v.config();
+    let u = v.space_usage();
     VdiskView {
         pool: pool.to_string(),
         name: c.name.clone(),
@@ -819,7 +878,27 @@ pub fn vdisk_view(pool: &str, v: &Vdisk) -> VdiskView {
         layout_description: c.layout.describe(),
         layout: c.layout,
         provisioning: c.provisioning,
-        allocated_bytes: v.allocated_bytes(),
+        allocated_bytes: u.allocated_bytes,
+        exclusive_bytes: u.exclusive_bytes,
+        shared_bytes: u.shared_bytes,
+        snapshots: v.snapshots(),
+    }
+}
+
+pub fn snapshot_view(pool: &str, s: &Vdisk) -> SnapshotView {
+    let c = s.config();
+    let u = s.space_usage();
+    let vdisk = c.snapshot_of.clone().unwrap_or_default();
+    SnapshotView {
+        pool: pool.to_string(),
+        name: c.name.strip_prefix(&format!("{vdisk}@")).unwrap_or(&c.name).to_string(),
+        full_name: c.name.clone(),
+        vdisk,
+        size: c.size,
+        created: c.created,
+        allocated_bytes: u.allocated_bytes,
+        exclusive_bytes: u.exclusive_bytes,
+        shared_bytes: u.shared_bytes,
     }
 }
 

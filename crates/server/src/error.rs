@@ -151,7 +151,7 @@ impl From<VolumeError> for ApiError {
         match e {
             VolumeError::Layout(l) => l.into(),
             VolumeError::Pool(p) => p.into(),
-            VolumeError::Invalid(_) => ApiError::invalid(e.to_string()),
+            VolumeError::Invalid(_) | VolumeError::ReadOnly(_) => ApiError::invalid(e.to_string()),
             VolumeError::NoSuchVdisk(_) | VolumeError::Deleted(_) => ApiError::not_found(e.to_string()),
             VolumeError::Exists(_) => ApiError::exists(e.to_string()),
             VolumeError::NoSpace(_) => ApiError::new(StatusCode::INSUFFICIENT_STORAGE, code::NO_SPACE, e.to_string()),

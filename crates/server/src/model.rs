@@ -137,6 +137,35 @@ pub struct VdiskView {
     pub provisioning: Provisioning,
     /// Bytes of grains the vdisk maps (shared grains counted in full).
     pub allocated_bytes: u64,
+    /// Of those, bytes no other vdisk or snapshot points at (what deleting it gives back),
+    /// and bytes shared with clones, snapshots or copies in flight.
+    pub exclusive_bytes: u64,
+    pub shared_bytes: u64,
+    /// Number of snapshots taken of this vdisk that still exist.
+    pub snapshots: usize,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSnapshot {
+    /// The snapshot's name; the snapshot is then called `VDISK@NAME`.
+    pub name: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SnapshotView {
+    pub pool: String,
+    /// The vdisk it was taken of (which may have been deleted since).
+    pub vdisk: String,
+    pub name: String,
+    /// `VDISK@NAME`: what clone, NBD export and target LUN commands take.
+    pub full_name: String,
+    pub size: u64,
+    /// Seconds since the Unix epoch.
+    pub created: u64,
+    pub allocated_bytes: u64,
+    pub exclusive_bytes: u64,
+    pub shared_bytes: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -36,10 +36,10 @@ pub fn validate_export_name(s: &str) -> Result<(), String> {
     }
     if !s
         .chars()
-        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':'))
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':' | '@'))
     {
         return Err(format!(
-            "export name '{s}' may hold only letters, digits, '-', '_', '.' and ':'"
+            "export name '{s}' may hold only letters, digits, '-', '_', '.', ':' and '@' (a snapshot's default name is VDISK@NAME)"
         ));
     }
     Ok(())
@@ -77,7 +77,9 @@ impl NbdExports {
     }
 
     fn export(c: &NbdExportConfig, v: Arc<Vdisk>) -> Export {
-        Export::new(&c.name, &c.vdisk, v, c.read_only)
+        // A snapshot is always offered read-only.
+        let read_only = c.read_only || v.is_snapshot();
+        Export::new(&c.name, &c.vdisk, v, read_only)
     }
 
     /// Offers every configured export that is not offered yet and whose vdisk `resolve` finds:
@@ -108,8 +110,9 @@ impl NbdExports {
             .ok_or_else(|| ApiError::not_found(format!("no NBD export '{name}'; 'tessera nbd list' shows them")))
     }
 
-    pub fn add(&self, cfg: NbdExportConfig, v: Arc<Vdisk>) -> ApiResult<()> {
+    pub fn add(&self, mut cfg: NbdExportConfig, v: Arc<Vdisk>) -> ApiResult<()> {
         validate_export_name(&cfg.name).map_err(ApiError::invalid)?;
+        cfg.read_only |= v.is_snapshot();
         let mut c = self.configs.lock();
         if let Some(old) = c.get(&cfg.name) {
             return Err(ApiError::exists(format!(

@@ -213,8 +213,10 @@ impl Targets {
                 _ => Ok(()),
             },
         });
+        // A snapshot is presented write-protected.
+        let read_only = v.is_snapshot();
         Ok(Arc::new(
-            Lun::new(v, uid, false).with_persistent_reservations(saved, store),
+            Lun::new(v, uid, read_only).with_persistent_reservations(saved, store),
         ))
     }
 

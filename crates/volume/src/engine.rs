@@ -31,7 +31,7 @@ pub(crate) struct Shared {
     pub committer: Committer,
     pub locks: GrainLocks,
     pub frozen: FrozenRegistry,
-    vdisks: RwLock<BTreeMap<String, Arc<Vdisk>>>,
+    pub(crate) vdisks: RwLock<BTreeMap<String, Arc<Vdisk>>>,
     next_id: AtomicU64,
     /// Serializes changes to the set of vdisks (create, delete, resize).
     admin: Mutex<()>,

@@ -143,6 +143,43 @@ pub async fn clone_vdisk(
     created(move || d.clone_vdisk(&pool, &vdisk, req)).await
 }
 
+pub async fn create_snapshot(
+    State(d): D,
+    Path((pool, vdisk)): Path<(String, String)>,
+    Body(req): Body<CreateSnapshot>,
+) -> ApiResult<(StatusCode, Json<SnapshotView>)> {
+    created(move || d.create_snapshot(&pool, &vdisk, req)).await
+}
+
+pub async fn list_all_snapshots(State(d): D) -> ApiResult<Json<Vec<SnapshotView>>> {
+    json(move || d.list_snapshots(None, None)).await
+}
+
+pub async fn list_pool_snapshots(State(d): D, Path(pool): Path<String>) -> ApiResult<Json<Vec<SnapshotView>>> {
+    json(move || d.list_snapshots(Some(&pool), None)).await
+}
+
+pub async fn list_snapshots(
+    State(d): D,
+    Path((pool, vdisk)): Path<(String, String)>,
+) -> ApiResult<Json<Vec<SnapshotView>>> {
+    json(move || d.list_snapshots(Some(&pool), Some(&vdisk))).await
+}
+
+pub async fn show_snapshot(
+    State(d): D,
+    Path((pool, vdisk, snapshot)): Path<(String, String, String)>,
+) -> ApiResult<Json<SnapshotView>> {
+    json(move || d.show_snapshot(&pool, &vdisk, &snapshot)).await
+}
+
+pub async fn delete_snapshot(
+    State(d): D,
+    Path((pool, vdisk, snapshot)): Path<(String, String, String)>,
+) -> ApiResult<StatusCode> {
+    done(move || d.delete_snapshot(&pool, &vdisk, &snapshot)).await
+}
+
 pub async fn resize_vdisk(
     State(d): D,
     Path((pool, vdisk)): Path<(String, String)>,

@@ -39,6 +39,16 @@ pub fn router(daemon: Arc<Daemon>, token: Option<String>) -> Router {
         .route("/api/pools/{pool}/vdisks/{vdisk}", get(show_vdisk).delete(delete_vdisk))
         .route("/api/pools/{pool}/vdisks/{vdisk}/resize", post(resize_vdisk))
         .route("/api/pools/{pool}/vdisks/{vdisk}/clone", post(clone_vdisk))
+        .route("/api/snapshots", get(list_all_snapshots))
+        .route("/api/pools/{pool}/snapshots", get(list_pool_snapshots))
+        .route(
+            "/api/pools/{pool}/vdisks/{vdisk}/snapshots",
+            get(list_snapshots).post(create_snapshot),
+        )
+        .route(
+            "/api/pools/{pool}/vdisks/{vdisk}/snapshots/{snapshot}",
+            get(show_snapshot).delete(delete_snapshot),
+        )
         .route("/api/pools/{pool}/vdisks/{vdisk}/import", post(import_image))
         .route("/api/pools/{pool}/vdisks/{vdisk}/export", post(export_image))
         .route("/api/targets", get(list_targets).post(create_target))

@@ -159,9 +159,51 @@ pub const ROUTES: &[RouteDoc] = &[
     r(
         "post",
         "/api/pools/{pool}/vdisks/{vdisk}/clone",
-        "A thin copy-on-write clone of the vdisk, sharing all its grains",
+        "A thin copy-on-write clone of the vdisk or snapshot (VDISK@NAME), sharing all its grains",
         Some("CloneVdisk"),
         Some((201, "CloneResult")),
+    ),
+    r(
+        "get",
+        "/api/snapshots",
+        "Every snapshot of every imported pool",
+        None,
+        Some((200, "SnapshotList")),
+    ),
+    r(
+        "get",
+        "/api/pools/{pool}/snapshots",
+        "The pool's snapshots",
+        None,
+        Some((200, "SnapshotList")),
+    ),
+    r(
+        "get",
+        "/api/pools/{pool}/vdisks/{vdisk}/snapshots",
+        "The vdisk's snapshots, oldest first (also of a deleted vdisk, by its name)",
+        None,
+        Some((200, "SnapshotList")),
+    ),
+    r(
+        "post",
+        "/api/pools/{pool}/vdisks/{vdisk}/snapshots",
+        "Take a read-only point-in-time snapshot VDISK@NAME, sharing every grain",
+        Some("CreateSnapshot"),
+        Some((201, "Snapshot")),
+    ),
+    r(
+        "get",
+        "/api/pools/{pool}/vdisks/{vdisk}/snapshots/{snapshot}",
+        "A snapshot",
+        None,
+        Some((200, "Snapshot")),
+    ),
+    r(
+        "delete",
+        "/api/pools/{pool}/vdisks/{vdisk}/snapshots/{snapshot}",
+        "Delete a snapshot and free the grains only it held",
+        None,
+        None,
     ),
     r(
         "post",
@@ -392,8 +434,19 @@ fn schemas() -> Value {
                 "kind": layout_kind, "copies": int(), "columns": int(), "interleave": int()})),
             "layout_description": string(),
             "provisioning": {"type": "string", "enum": ["thin", "fixed"]},
-            "allocated_bytes": int()})),
+            "allocated_bytes": int(),
+            "exclusive_bytes": {"type": "integer", "description": "grains only this vdisk points at: what deleting it frees"},
+            "shared_bytes": {"type": "integer", "description": "grains shared with clones, snapshots or copies in flight"},
+            "snapshots": int()})),
         "VdiskList": list("Vdisk"),
+        "CreateSnapshot": {"type": "object", "required": ["name"], "additionalProperties": false, "properties": {
+            "name": {"type": "string", "description": "the snapshot is then VDISK@NAME"}}},
+        "Snapshot": obj(&["pool", "vdisk", "name", "full_name", "size", "created", "allocated_bytes", "exclusive_bytes", "shared_bytes"], json!({
+            "pool": string(), "vdisk": {"type": "string", "description": "the vdisk it was taken of"}, "name": string(),
+            "full_name": {"type": "string", "description": "VDISK@NAME, as clone, nbd export and target lun add take it"},
+            "size": int(), "created": {"type": "integer", "description": "seconds since the Unix epoch"},
+            "allocated_bytes": int(), "exclusive_bytes": int(), "shared_bytes": int()})),
+        "SnapshotList": list("Snapshot"),
         "CloneVdisk": {"type": "object", "required": ["name"], "additionalProperties": false, "properties": {
             "name": {"type": "string", "description": "the clone's name, in the same pool"}}},
         "CloneResult": obj(&["vdisk", "shared_bytes", "copied_bytes"], json!({
