@@ -3,15 +3,19 @@
 //! a [`Lun`] and send back the [`Response`].
 
 mod lun;
+mod odx;
 mod opcodes;
 pub mod pr;
 mod sbc;
 pub mod sense;
 mod spc;
+pub mod tpc;
+mod xcopy;
 
 pub use lun::{Lun, ModeState, Nexus, PrStore, Response};
 pub use opcodes::{cdb_len, OpInfo, REPORT_LUNS, SUPPORTED};
 pub use pr::PrState;
 pub use sbc::transfer_length;
 pub use sense::Sense;
+pub use tpc::CopyManager;
 pub use spc::{decode_lun, encode_lun, report_luns, MAX_TRANSFER_BYTES};

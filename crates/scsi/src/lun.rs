@@ -11,6 +11,7 @@ use tracing::warn;
 use crate::opcodes::*;
 use crate::pr::{self, Outcome, PrState};
 use crate::sense::{self, Sense};
+use crate::tpc::CopyManager;
 
 /// What a command returns: data for the initiator, or a CHECK CONDITION with sense.
 pub type CmdResult = Result<Vec<u8>, Sense>;
@@ -115,6 +116,8 @@ pub struct Lun {
     /// that no command admitted under the old reservation is still running when PREEMPT (AND
     /// ABORT) completes.
     fence: RwLock<()>,
+    /// Tokens, copy results and the LUNs copies can reach: the daemon's, or this LUN's own.
+    pub(crate) tpc: Arc<CopyManager>,
 }
 
 /// Unit attentions kept per nexus, at most; older ones give way.
@@ -150,7 +153,20 @@ impl Lun {
             reservations: Mutex::new(Reservations::default()),
             pr_store: None,
             fence: RwLock::new(()),
+            tpc: Arc::new(CopyManager::new()),
         }
+    }
+
+    /// Shares `cm` with the other LUNs of the daemon: tokens made on one can be written
+    /// through another, and EXTENDED COPY reaches every LUN registered with it.
+    pub fn with_copy_manager(mut self, cm: Arc<CopyManager>) -> Lun {
+        self.tpc = cm;
+        self
+    }
+
+    /// Makes this LUN reachable by EXTENDED COPY (through its copy manager).
+    pub fn register_for_copy(self: &Arc<Self>) {
+        self.tpc.register(self);
     }
 
     /// Starts from `state` (as saved) and saves persistent reservations through `store`.
@@ -362,6 +378,7 @@ impl Lun {
     /// A nexus went away (its session ended): nothing more is kept for it.
     pub fn forget_nexus(&self, nexus: u64) {
         self.nexuses.lock().remove(&nexus);
+        self.tpc.forget_nexus(nexus);
         let mut r = self.reservations.lock();
         if r.legacy == Some(nexus) {
             r.legacy = None;
@@ -394,6 +411,21 @@ impl Lun {
             COMPARE_AND_WRITE => self.compare_and_write(cdb, d),
             ORWRITE_16 => self.orwrite(cdb, d),
             READ_DEFECT_DATA_10 | READ_DEFECT_DATA_12 => self.read_defect_data(cdb),
+            THIRD_PARTY_COPY_OUT => match cdb[1] & 0x1F {
+                crate::odx::SA_EXTENDED_COPY_LID1 => self.extended_copy(nexus, cdb, d),
+                crate::odx::SA_POPULATE_TOKEN => self.populate_token(nexus, cdb, d),
+                crate::odx::SA_WRITE_USING_TOKEN => self.write_using_token(nexus, cdb, d),
+                crate::odx::SA_COPY_OPERATION_ABORT => self.copy_operation_abort(nexus, cdb),
+                _ => Err(sense::INVALID_FIELD_IN_CDB.at_cdb_byte(1)),
+            },
+            THIRD_PARTY_COPY_IN => match cdb[1] & 0x1F {
+                crate::odx::SA_RECEIVE_COPY_STATUS_LID1 => self.receive_copy_status(nexus, cdb),
+                crate::odx::SA_RECEIVE_COPY_OPERATING_PARAMETERS => self.receive_copy_operating_parameters(cdb),
+                crate::odx::SA_RECEIVE_COPY_FAILURE_DETAILS_LID1 => self.receive_copy_failure_details(nexus, cdb),
+                crate::odx::SA_RECEIVE_ROD_TOKEN_INFORMATION => self.receive_rod_token_information(nexus, cdb),
+                crate::odx::SA_REPORT_ALL_ROD_TOKENS => self.report_all_rod_tokens(cdb),
+                _ => Err(sense::INVALID_FIELD_IN_CDB.at_cdb_byte(1)),
+            },
             _ => Err(sense::INVALID_OPCODE),
         }
     }

@@ -38,6 +38,8 @@ pub const PRE_FETCH_16: u8 = 0x90;
 pub const SYNCHRONIZE_CACHE_16: u8 = 0x91;
 pub const WRITE_SAME_16: u8 = 0x93;
 pub const SERVICE_ACTION_IN_16: u8 = 0x9E;
+pub const THIRD_PARTY_COPY_OUT: u8 = 0x83;
+pub const THIRD_PARTY_COPY_IN: u8 = 0x84;
 pub const REPORT_LUNS: u8 = 0xA0;
 pub const MAINTENANCE_IN: u8 = 0xA3;
 pub const READ_12: u8 = 0xA8;
@@ -133,6 +135,51 @@ pub const SUPPORTED: &[OpInfo] = &[
     sa(PERSISTENT_RESERVE_OUT, 5, PR_OUT_USAGE),
     sa(PERSISTENT_RESERVE_OUT, 6, PR_OUT_USAGE),
     sa(PERSISTENT_RESERVE_OUT, 7, PR_OUT_USAGE),
+    sa(
+        THIRD_PARTY_COPY_OUT,
+        0x00,
+        &[0x83, 0x00, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0x03],
+    ),
+    sa(
+        THIRD_PARTY_COPY_OUT,
+        0x10,
+        &[0x83, 0x10, 0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0x03],
+    ),
+    sa(
+        THIRD_PARTY_COPY_OUT,
+        0x11,
+        &[0x83, 0x11, 0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0x03],
+    ),
+    sa(
+        THIRD_PARTY_COPY_OUT,
+        0x1C,
+        &[0x83, 0x1C, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x03],
+    ),
+    sa(
+        THIRD_PARTY_COPY_IN,
+        0x00,
+        &[0x84, 0x00, 0xFF, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0x03],
+    ),
+    sa(
+        THIRD_PARTY_COPY_IN,
+        0x03,
+        &[0x84, 0x03, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0x03],
+    ),
+    sa(
+        THIRD_PARTY_COPY_IN,
+        0x04,
+        &[0x84, 0x04, 0xFF, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0x03],
+    ),
+    sa(
+        THIRD_PARTY_COPY_IN,
+        0x07,
+        &[0x84, 0x07, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0x03],
+    ),
+    sa(
+        THIRD_PARTY_COPY_IN,
+        0x08,
+        &[0x84, 0x08, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0x03],
+    ),
     op(
         READ_16,
         &[
@@ -303,6 +350,15 @@ mod tests {
             (PERSISTENT_RESERVE_IN, 3),
             (PERSISTENT_RESERVE_OUT, 0),
             (PERSISTENT_RESERVE_OUT, 7),
+            (THIRD_PARTY_COPY_OUT, 0x00),
+            (THIRD_PARTY_COPY_OUT, 0x10),
+            (THIRD_PARTY_COPY_OUT, 0x11),
+            (THIRD_PARTY_COPY_OUT, 0x1C),
+            (THIRD_PARTY_COPY_IN, 0x00),
+            (THIRD_PARTY_COPY_IN, 0x03),
+            (THIRD_PARTY_COPY_IN, 0x04),
+            (THIRD_PARTY_COPY_IN, 0x07),
+            (THIRD_PARTY_COPY_IN, 0x08),
         ] {
             assert!(
                 SUPPORTED.iter().any(|o| o.op == op && o.sa == Some(sa)),

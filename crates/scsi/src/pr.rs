@@ -174,6 +174,11 @@ pub(crate) fn access_of(cdb: &[u8]) -> Access {
         | PERSISTENT_RESERVE_IN
         | PERSISTENT_RESERVE_OUT => Access::Always,
         SERVICE_ACTION_IN_16 if sa == SA_READ_CAPACITY_16 => Access::Always,
+        // Copy results and token information change nothing.
+        THIRD_PARTY_COPY_IN => Access::Always,
+        // POPULATE TOKEN reads the LUN; EXTENDED COPY and WRITE USING TOKEN write (this LUN,
+        // or one it names).
+        THIRD_PARTY_COPY_OUT if sa == crate::odx::SA_POPULATE_TOKEN => Access::Read,
         READ_6 | READ_10 | READ_12 | READ_16 | VERIFY_10 | VERIFY_12 | VERIFY_16 | PRE_FETCH_10 | PRE_FETCH_16
         | MODE_SENSE_6 | MODE_SENSE_10 | SERVICE_ACTION_IN_16 | READ_DEFECT_DATA_10 | READ_DEFECT_DATA_12 => {
             Access::Read

@@ -13,6 +13,7 @@ pub mod key {
     pub const ILLEGAL_REQUEST: u8 = 0x5;
     pub const UNIT_ATTENTION: u8 = 0x6;
     pub const DATA_PROTECT: u8 = 0x7;
+    pub const COPY_ABORTED: u8 = 0xA;
     pub const ABORTED_COMMAND: u8 = 0xB;
     pub const MISCOMPARE: u8 = 0xE;
 }
@@ -107,6 +108,13 @@ pub const POWER_ON_OCCURRED: Sense = Sense::new(key::UNIT_ATTENTION, 0x29, 0x00)
 pub const BUS_DEVICE_RESET_OCCURRED: Sense = Sense::new(key::UNIT_ATTENTION, 0x29, 0x03);
 pub const MODE_PARAMETERS_CHANGED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2A, 0x01);
 pub const CAPACITY_DATA_CHANGED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2A, 0x09);
+pub const TOO_MANY_TARGET_DESCRIPTORS: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x26, 0x06);
+pub const UNSUPPORTED_TARGET_DESCRIPTOR_TYPE: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x26, 0x07);
+pub const TOO_MANY_SEGMENT_DESCRIPTORS: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x26, 0x08);
+pub const UNSUPPORTED_SEGMENT_DESCRIPTOR_TYPE: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x26, 0x09);
+pub const INLINE_DATA_LENGTH_EXCEEDED: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x26, 0x0B);
+pub const COPY_TARGET_DEVICE_NOT_REACHABLE: Sense = Sense::new(key::COPY_ABORTED, 0x0D, 0x02);
+pub const INSUFFICIENT_RESOURCES_TO_CREATE_ROD_TOKEN: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x55, 0x0D);
 pub const NO_ADDITIONAL_SENSE: Sense = Sense::new(key::NO_SENSE, 0x00, 0x00);
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ pub const PRODUCT: &[u8; 16] = b"VDISK           ";
 pub const REVISION: &[u8; 4] = b"0001";
 
 /// VPD pages we return, in order.
-const VPD_PAGES: [u8; 6] = [0x00, 0x80, 0x83, 0xB0, 0xB1, 0xB2];
+const VPD_PAGES: [u8; 7] = [0x00, 0x80, 0x83, 0x8F, 0xB0, 0xB1, 0xB2];
 
 /// Largest transfer one command may ask for, in bytes.
 pub const MAX_TRANSFER_BYTES: u64 = 32 << 20;
@@ -36,7 +36,7 @@ impl Lun {
             d[2] = 0x06; // SPC-4
             d[3] = 0x12; // HISUP, response data format 2
             d[4] = (d.len() - 5) as u8;
-            d[5] = 0x10; // TPGS = implicit ALUA
+            d[5] = 0x10 | 0x08; // TPGS = implicit ALUA; 3PC: third-party copy
             d[7] = 0x02; // CMDQUE
             d[8..16].copy_from_slice(VENDOR);
             d[16..32].copy_from_slice(PRODUCT);
@@ -52,6 +52,7 @@ impl Lun {
             0x00 => VPD_PAGES.to_vec(),
             0x80 => self.serial.as_bytes().to_vec(),
             0x83 => self.device_identification(),
+            0x8F => self.third_party_copy_vpd(),
             0xB0 => self.block_limits(),
             0xB1 => {
                 let mut b = vec![0u8; 0x3C];

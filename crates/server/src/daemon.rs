@@ -373,6 +373,8 @@ impl Daemon {
                 "cannot {what} pool '{name}': job(s) {jobs:?} are running on it; wait for them or cancel them"
             )));
         }
+        // ROD tokens hold grains of the pool: they end with it.
+        self.targets.copy.revoke_pool(name);
         let arc = self.pools.write().remove(name).ok_or_else(|| {
             if self.unavailable.read().contains_key(name) {
                 ApiError::invalid(format!("pool '{name}' is not imported (it could not be)"))

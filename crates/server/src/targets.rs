@@ -8,7 +8,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use tessera_iscsi::{auth, Access, Chap, Registry, Target};
-use tessera_scsi::{Lun, PrState, PrStore};
+use tessera_scsi::{CopyManager, Lun, PrState, PrStore};
 use tessera_volume::{Engine, Vdisk};
 use tracing::warn;
 
@@ -74,6 +74,9 @@ pub struct Targets {
     file: PathBuf,
     configs: Mutex<BTreeMap<String, TargetConfig>>,
     pub registry: Arc<Registry>,
+    /// One copy manager for every LUN: a token made through one target can be written
+    /// through another, and EXTENDED COPY reaches every presented LUN.
+    pub copy: Arc<CopyManager>,
 }
 
 /// A stable per-vdisk identifier for the LUN's NAA id and serial number.
@@ -130,6 +133,7 @@ impl Targets {
             file,
             configs: Mutex::new(configs),
             registry: Registry::new(),
+            copy: Arc::new(CopyManager::new()),
         })
     }
 
@@ -215,9 +219,13 @@ impl Targets {
         });
         // A snapshot is presented write-protected.
         let read_only = v.is_snapshot();
-        Ok(Arc::new(
-            Lun::new(v, uid, read_only).with_persistent_reservations(saved, store),
-        ))
+        let lun = Arc::new(
+            Lun::new(v, uid, read_only)
+                .with_persistent_reservations(saved, store)
+                .with_copy_manager(self.copy.clone()),
+        );
+        lun.register_for_copy();
+        Ok(lun)
     }
 
     pub fn list(&self) -> Vec<TargetConfig> {

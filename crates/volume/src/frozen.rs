@@ -307,6 +307,11 @@ impl Frozen {
         &self.source
     }
 
+    /// The name of the pool the image's grains are in.
+    pub fn pool(&self) -> String {
+        self.held.s.pool.name()
+    }
+
     /// Bytes of the image that point at allocated grains (the rest reads as zeros).
     pub fn mapped_bytes(&self) -> u64 {
         let g = self.class.grain;

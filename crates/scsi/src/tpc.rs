@@ -1,0 +1,311 @@
+//! The copy manager: what third-party copy commands share across the LUNs of one daemon. ROD
+//! tokens (each a frozen image of the ranges it represents, so a token is point-in-time at no
+//! cost in data), the LUNs an EXTENDED COPY can name, and the results of finished copy
+//! operations for RECEIVE ROD TOKEN INFORMATION and RECEIVE COPY RESULTS.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
+use rand::Rng;
+use tessera_volume::Frozen;
+
+use crate::lun::Lun;
+use crate::sense::{self, Sense};
+
+/// A ROD token's size, as Windows and SPC-4 use it.
+pub const TOKEN_LEN: usize = 512;
+/// ROD type of the tokens we make: point in time copy, default.
+pub const ROD_TYPE_PIT_DEFAULT: u32 = 0x0080_0000;
+/// The block device zero ROD token: reads as zeros, needs no POPULATE TOKEN.
+pub const ROD_TYPE_BLOCK_ZERO: u32 = 0xFFFF_0001;
+
+/// Inactivity timeouts, in seconds: when POPULATE TOKEN asks for none, and the most it may.
+pub const DEFAULT_INACTIVITY_TIMEOUT: u32 = 30;
+pub const MAX_INACTIVITY_TIMEOUT: u32 = 600;
+/// Tokens alive at once, daemon-wide; POPULATE TOKEN beyond it is refused.
+pub const MAX_TOKENS: usize = 4096;
+/// Results kept per I_T nexus for RECEIVE ROD TOKEN INFORMATION / COPY RESULTS.
+const MAX_RESULTS_PER_NEXUS: usize = 64;
+/// How long a token that ended (expired, deleted) is remembered, to say why it is refused.
+const TOMBSTONE_TIME: Duration = Duration::from_secs(3600);
+
+// Token layout (SPC-4 ROD token format, with the body ours).
+const T_TYPE: usize = 0; // 4 bytes, ROD type
+const T_LEN: usize = 6; // 2 bytes, ROD token length: 0x01F8
+const T_ID: usize = 8; // 8 bytes, copy manager ROD token identifier
+const T_CREATOR: usize = 16; // 32 bytes, creator logical unit (identification CSCD descriptor)
+const T_BYTES: usize = 48; // 16 bytes, number of bytes represented
+const T_BLOCK: usize = 96; // 4 bytes, block size of the represented data
+const T_INSTANCE: usize = 128; // 16 bytes, the daemon instance that made it
+const T_SECRET: usize = 144; // 32 bytes, random: the token cannot be guessed
+const T_END: usize = T_SECRET + 32;
+
+/// Why a token is refused: the ASCQ of INVALID TOKEN OPERATION (ASC 0x23).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenRefusal {
+    Unsupported = 0x01,
+    RemoteUsage = 0x02,
+    Unknown = 0x04,
+    Corrupt = 0x05,
+    Revoked = 0x06,
+    Expired = 0x07,
+    Cancelled = 0x08,
+    Deleted = 0x09,
+    InvalidLength = 0x0A,
+}
+
+impl TokenRefusal {
+    pub fn sense(self) -> Sense {
+        Sense::new(sense::key::ILLEGAL_REQUEST, 0x23, self as u8)
+    }
+}
+
+struct Token {
+    bytes: Box<[u8; TOKEN_LEN]>,
+    image: Frozen,
+    timeout: Duration,
+    last_used: Instant,
+}
+
+/// What a finished copy operation leaves for the initiator to read.
+#[derive(Debug, Clone)]
+pub struct OpResult {
+    /// The service action it answered (0x00 EXTENDED COPY, 0x10 POPULATE TOKEN, 0x11 WRITE
+    /// USING TOKEN).
+    pub service_action: u8,
+    /// Copy operation status: 0x01 completed without errors, 0x02 completed with errors.
+    pub status: u8,
+    /// Blocks transferred (or represented, for POPULATE TOKEN).
+    pub transfer_blocks: u64,
+    pub segments: u16,
+    /// Sense of a failure, in fixed format.
+    pub sense: Vec<u8>,
+    /// The token made by POPULATE TOKEN.
+    pub token: Option<Box<[u8; TOKEN_LEN]>>,
+}
+
+pub struct CopyManager {
+    instance: [u8; 16],
+    tokens: Mutex<HashMap<[u8; 32], Token>>,
+    /// Tokens that ended, with why and when.
+    ended: Mutex<HashMap<[u8; 32], (TokenRefusal, Instant)>>,
+    next_id: Mutex<u64>,
+    luns: RwLock<HashMap<[u8; 16], Weak<Lun>>>,
+    /// (nexus, list identifier) → result, oldest first per nexus.
+    results: Mutex<HashMap<u64, VecDeque<(u32, OpResult)>>>,
+}
+
+impl Default for CopyManager {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl CopyManager {
+    pub fn new() -> CopyManager {
+        let mut instance = [0u8; 16];
+        rand::rng().fill(&mut instance[..]);
+        CopyManager {
+            instance,
+            tokens: Mutex::new(HashMap::new()),
+            ended: Mutex::new(HashMap::new()),
+            next_id: Mutex::new(1),
+            luns: RwLock::new(HashMap::new()),
+            results: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Makes a LUN reachable by its NAA identifier, for EXTENDED COPY.
+    pub fn register(&self, lun: &Arc<Lun>) {
+        let mut l = self.luns.write();
+        l.retain(|_, w| w.strong_count() > 0);
+        l.insert(lun.naa, Arc::downgrade(lun));
+    }
+
+    /// The LUN with this 16-byte NAA designator, if it is presented.
+    pub fn lun_by_naa(&self, naa: &[u8]) -> Option<Arc<Lun>> {
+        let k: [u8; 16] = naa.try_into().ok()?;
+        self.luns.read().get(&k).and_then(|w| w.upgrade())
+    }
+
+    /// Makes a token representing `image`, created by `creator`.
+    pub fn create_token(&self, creator: &Lun, image: Frozen, timeout_s: u32) -> Result<Box<[u8; TOKEN_LEN]>, Sense> {
+        self.expire();
+        let mut tokens = self.tokens.lock();
+        if tokens.len() >= MAX_TOKENS {
+            return Err(sense::INSUFFICIENT_RESOURCES_TO_CREATE_ROD_TOKEN);
+        }
+        let mut b = Box::new([0u8; TOKEN_LEN]);
+        rand::rng().fill(&mut b[T_END..]);
+        b[T_TYPE..T_TYPE + 4].copy_from_slice(&ROD_TYPE_PIT_DEFAULT.to_be_bytes());
+        b[T_LEN..T_LEN + 2].copy_from_slice(&((TOKEN_LEN - 8) as u16).to_be_bytes());
+        let id = {
+            let mut n = self.next_id.lock();
+            *n += 1;
+            *n
+        };
+        b[T_ID..T_ID + 8].copy_from_slice(&id.to_be_bytes());
+        b[T_CREATOR..T_CREATOR + 32].copy_from_slice(&creator.identification_cscd());
+        b[T_BYTES + 8..T_BYTES + 16].copy_from_slice(&image.len().to_be_bytes());
+        b[T_BLOCK..T_BLOCK + 4].copy_from_slice(&image.block_size().to_be_bytes());
+        b[T_INSTANCE..T_INSTANCE + 16].copy_from_slice(&self.instance);
+        let mut secret = [0u8; 32];
+        rand::rng().fill(&mut secret[..]);
+        b[T_SECRET..T_SECRET + 32].copy_from_slice(&secret);
+        tokens.insert(
+            secret,
+            Token {
+                bytes: b.clone(),
+                image,
+                timeout: Duration::from_secs(timeout_s as u64),
+                last_used: Instant::now(),
+            },
+        );
+        Ok(b)
+    }
+
+    /// The image a token represents; using it restarts its inactivity timer. `delete` ends
+    /// the token (WRITE USING TOKEN with DEL_TKN) once looked up.
+    pub fn use_token(&self, t: &[u8], delete: bool) -> Result<Frozen, TokenRefusal> {
+        if t.len() < TOKEN_LEN {
+            return Err(TokenRefusal::InvalidLength);
+        }
+        let rod_type = u32::from_be_bytes(t[..4].try_into().expect("4 bytes"));
+        if rod_type != ROD_TYPE_PIT_DEFAULT {
+            return Err(TokenRefusal::Unsupported);
+        }
+        if u16::from_be_bytes([t[T_LEN], t[T_LEN + 1]]) as usize != TOKEN_LEN - 8 {
+            return Err(TokenRefusal::InvalidLength);
+        }
+        self.expire();
+        let secret: [u8; 32] = t[T_SECRET..T_SECRET + 32].try_into().expect("32 bytes");
+        let mut tokens = self.tokens.lock();
+        let Some(tok) = tokens.get_mut(&secret) else {
+            if let Some((why, _)) = self.ended.lock().get(&secret) {
+                return Err(*why);
+            }
+            if t[T_INSTANCE..T_INSTANCE + 16] != self.instance {
+                // Made by another copy manager (or this daemon before a restart).
+                return Err(TokenRefusal::RemoteUsage);
+            }
+            return Err(TokenRefusal::Unknown);
+        };
+        if tok.bytes[..] != t[..TOKEN_LEN] {
+            return Err(TokenRefusal::Corrupt);
+        }
+        tok.last_used = Instant::now();
+        let image = tok.image.clone();
+        if delete {
+            tokens.remove(&secret);
+            self.ended.lock().insert(secret, (TokenRefusal::Deleted, Instant::now()));
+        }
+        Ok(image)
+    }
+
+    /// Ends tokens whose inactivity timeout has passed; forgets old tombstones.
+    fn expire(&self) {
+        let now = Instant::now();
+        let mut gone = Vec::new();
+        self.tokens.lock().retain(|k, t| {
+            let live = now.duration_since(t.last_used) < t.timeout;
+            if !live {
+                gone.push(*k);
+            }
+            live
+        });
+        let mut ended = self.ended.lock();
+        ended.retain(|_, (_, at)| now.duration_since(*at) < TOMBSTONE_TIME);
+        for k in gone {
+            ended.insert(k, (TokenRefusal::Expired, now));
+        }
+    }
+
+    /// Ends every token whose image comes from pool `pool` (it is being exported): a token
+    /// holds its grains, and the pool cannot close while it does.
+    pub fn revoke_pool(&self, pool: &str) {
+        let now = Instant::now();
+        let mut revoked = Vec::new();
+        self.tokens.lock().retain(|k, t| {
+            let keep = t.image.pool() != pool;
+            if !keep {
+                revoked.push(*k);
+            }
+            keep
+        });
+        let mut ended = self.ended.lock();
+        for k in revoked {
+            ended.insert(k, (TokenRefusal::Revoked, now));
+        }
+    }
+
+    /// Live tokens, for REPORT ALL ROD TOKENS and the API: (token bytes, bytes represented,
+    /// seconds left before expiry).
+    pub fn tokens(&self) -> Vec<(Box<[u8; TOKEN_LEN]>, u64, u64)> {
+        self.expire();
+        let now = Instant::now();
+        self.tokens
+            .lock()
+            .values()
+            .map(|t| {
+                let left = t.timeout.saturating_sub(now.duration_since(t.last_used));
+                (t.bytes.clone(), t.image.len(), left.as_secs())
+            })
+            .collect()
+    }
+
+    pub fn record(&self, nexus: u64, list_id: u32, r: OpResult) {
+        let mut all = self.results.lock();
+        let q = all.entry(nexus).or_default();
+        q.retain(|(id, _)| *id != list_id);
+        if q.len() >= MAX_RESULTS_PER_NEXUS {
+            q.pop_front();
+        }
+        q.push_back((list_id, r));
+    }
+
+    /// The result of the operation `list_id` of a nexus, if it finished and was kept.
+    pub fn result(&self, nexus: u64, list_id: u32) -> Option<OpResult> {
+        self.results
+            .lock()
+            .get(&nexus)
+            .and_then(|q| q.iter().rev().find(|(id, _)| *id == list_id).map(|(_, r)| r.clone()))
+    }
+
+    /// Forgets the results of a nexus that went away.
+    pub fn forget_nexus(&self, nexus: u64) {
+        self.results.lock().remove(&nexus);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_are_invalid_token_operation() {
+        let s = TokenRefusal::Expired.sense();
+        assert_eq!((s.key, s.asc, s.ascq), (sense::key::ILLEGAL_REQUEST, 0x23, 0x07));
+        assert_eq!(TokenRefusal::InvalidLength.sense().ascq, 0x0A);
+    }
+
+    #[test]
+    fn malformed_tokens_are_refused_before_lookup() {
+        let cm = CopyManager::new();
+        assert_eq!(cm.use_token(&[0u8; 100], false).unwrap_err(), TokenRefusal::InvalidLength);
+        let mut t = [0u8; TOKEN_LEN];
+        t[..4].copy_from_slice(&0x0001_0000u32.to_be_bytes());
+        assert_eq!(cm.use_token(&t, false).unwrap_err(), TokenRefusal::Unsupported);
+        t[..4].copy_from_slice(&ROD_TYPE_PIT_DEFAULT.to_be_bytes());
+        assert_eq!(cm.use_token(&t, false).unwrap_err(), TokenRefusal::InvalidLength);
+        t[T_LEN..T_LEN + 2].copy_from_slice(&0x01F8u16.to_be_bytes());
+        assert_eq!(
+            cm.use_token(&t, false).unwrap_err(),
+            TokenRefusal::RemoteUsage,
+            "not made by this copy manager"
+        );
+        t[T_INSTANCE..T_INSTANCE + 16].copy_from_slice(&cm.instance);
+        assert_eq!(cm.use_token(&t, false).unwrap_err(), TokenRefusal::Unknown);
+    }
+}
