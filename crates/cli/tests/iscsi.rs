@@ -458,11 +458,8 @@ fn libiscsi_conformance_suite() {
     missing.sort();
     missing.dedup();
     let allowed = [
-        "WRITEATOMIC16",        // exempt
-        "EXTENDEDCOPY",         // third-party copy comes with ODX
-        "RECEIVE_COPY_RESULTS", // likewise
-        "RECEIVECOPYRESULT",    // likewise, in other tests' words
-        "WRITESAME10",          // 0-block WRITE SAME (to the end of the LUN) is not supported: WSNZ=1
+        "WRITEATOMIC16", // exempt
+        "WRITESAME10",   // 0-block WRITE SAME (to the end of the LUN) is not supported: WSNZ=1
         "WRITESAME16",
     ];
     let unexpected: Vec<&&str> = missing.iter().filter(|m| !allowed.contains(m)).collect();
@@ -470,6 +467,29 @@ fn libiscsi_conformance_suite() {
         unexpected.is_empty(),
         "the suite skipped {unexpected:?} as not implemented:\n{out}"
     );
+    // Third-party copy: every test of the two suites ran, none skipped.
+    for t in [
+        "ExtendedCopy.Simple",
+        "ExtendedCopy.ParamHdr",
+        "ExtendedCopy.DescrLimits",
+        "ExtendedCopy.DescrType",
+        "ExtendedCopy.ValidTgtDescr",
+        "ExtendedCopy.ValidSegDescr",
+        "ReceiveCopyResults.CopyStatus",
+        "ReceiveCopyResults.OpParams",
+    ] {
+        let (suite, name) = t.split_once('.').unwrap();
+        let ran = out
+            .split(&format!("Suite: {suite}"))
+            .nth(1)
+            .is_some_and(|rest| rest.contains(&format!("Test: {name} ...")));
+        assert!(ran, "{t} did not run:\n{out}");
+    }
+    let skipped_copy: Vec<&str> = out
+        .lines()
+        .filter(|l| l.contains("[SKIPPED]") && (l.contains("COPY") || l.contains("COPYRESULT")))
+        .collect();
+    assert!(skipped_copy.is_empty(), "copy tests skipped: {skipped_copy:?}");
     let unexpected: Vec<&String> = failed
         .iter()
         .filter(|f| !KNOWN_FAILURES.iter().any(|(k, _)| k == f))

@@ -113,6 +113,9 @@ pub const UNSUPPORTED_TARGET_DESCRIPTOR_TYPE: Sense = Sense::new(key::ILLEGAL_RE
 pub const TOO_MANY_SEGMENT_DESCRIPTORS: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x26, 0x08);
 pub const UNSUPPORTED_SEGMENT_DESCRIPTOR_TYPE: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x26, 0x09);
 pub const INLINE_DATA_LENGTH_EXCEEDED: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x26, 0x0B);
+/// A segment's range goes past a copy target's end. (libiscsi accepts only these ASCs with
+/// COPY ABORTED; LOGICAL BLOCK ADDRESS OUT OF RANGE is not among them.)
+pub const COPY_ABORTED_SEGMENT_OUT_OF_RANGE: Sense = Sense::new(key::COPY_ABORTED, 0x00, 0x00);
 pub const COPY_TARGET_DEVICE_NOT_REACHABLE: Sense = Sense::new(key::COPY_ABORTED, 0x0D, 0x02);
 pub const INSUFFICIENT_RESOURCES_TO_CREATE_ROD_TOKEN: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x55, 0x0D);
 pub const NO_ADDITIONAL_SENSE: Sense = Sense::new(key::NO_SENSE, 0x00, 0x00);

@@ -66,7 +66,7 @@ impl Lun {
         if inline != 0 {
             return Err(sense::INLINE_DATA_LENGTH_EXCEEDED);
         }
-        if 16 + cscd_len + seg_len > d.len() {
+        if 16 + cscd_len + seg_len > d.len() || cscd_len + seg_len > MAX_DESCRIPTOR_LIST_LENGTH {
             return Err(sense::PARAMETER_LIST_LENGTH_ERROR);
         }
         if cscd_len % 32 != 0 {
@@ -112,10 +112,12 @@ impl Lun {
         if c[0] != CSCD_IDENTIFICATION {
             return Err(sense::UNSUPPORTED_TARGET_DESCRIPTOR_TYPE);
         }
-        // LU ID TYPE other than 0 (a LUN rather than a designator) is not supported; nor a
-        // peripheral device type other than a block device.
-        if c[1] & 0xC0 != 0 || c[1] & 0x1F != 0 {
-            return Err(sense::INVALID_FIELD_IN_PARAMETER_LIST);
+        // LU ID TYPE is not looked at: the designator says which LUN is meant (libiscsi
+        // expects a reserved LU ID TYPE to be ignored).
+        // NUL: a null device, which a block-to-block copy cannot read or write; nor can it
+        // reach a device of another type.
+        if c[1] & 0x20 != 0 || c[1] & 0x1F != 0 {
+            return Err(sense::COPY_TARGET_DEVICE_NOT_REACHABLE);
         }
         let len = c[7] as usize;
         let designator_type = c[5] & 0x0F;
@@ -152,7 +154,7 @@ impl Lun {
                     || bytes % dst.block_size() != 0
                     || (s.dst_lba * dst.block_size()).checked_add(bytes).is_none_or(|e| e > dst.vdisk.size())
                 {
-                    return Err(sense::LBA_OUT_OF_RANGE);
+                    return Err(sense::COPY_ABORTED_SEGMENT_OUT_OF_RANGE);
                 }
                 if dst.write_protected() {
                     return Err(sense::WRITE_PROTECTED);
@@ -255,7 +257,7 @@ fn parse_segments(list: &[u8], targets: usize) -> Result<Vec<Segment>, Sense> {
         }
         let (src, dst) = (be16(&s[4..6]) as usize, be16(&s[6..8]) as usize);
         if src >= targets || dst >= targets {
-            return Err(sense::INVALID_FIELD_IN_PARAMETER_LIST);
+            return Err(sense::COPY_TARGET_DEVICE_NOT_REACHABLE);
         }
         out.push(Segment {
             src,

@@ -388,12 +388,12 @@ fn extended_copy_between_luns_and_its_results() {
         (key::ILLEGAL_REQUEST, 0x26, 0x09)
     );
     assert_eq!(
-        check(xcopy(&a, 8, &[cscd(&a)], &[segment(0, 3, 8, 0, 0)])).0,
-        key::ILLEGAL_REQUEST
+        check(xcopy(&a, 8, &[cscd(&a)], &[segment(0, 3, 8, 0, 0)])),
+        (key::COPY_ABORTED, 0x0D, 0x02)
     );
     assert_eq!(
-        check(xcopy(&a, 9, &[cscd(&a), cscd(&b)], &[segment(0, 1, 8, 0, 32_765)])).0,
-        key::ILLEGAL_REQUEST
+        check(xcopy(&a, 9, &[cscd(&a), cscd(&b)], &[segment(0, 1, 8, 0, 32_765)])),
+        (key::COPY_ABORTED, 0, 0)
     );
     let failed = ok(rcr(&a, 0x00, 9));
     assert_eq!(failed[4], 0x02, "completed with errors");
