@@ -28,13 +28,16 @@ pub fn run(cli: Cli) -> Result<(), String> {
     if let Command::Bench(a) = command {
         return crate::bench::bench(*a, client_state_dir, json);
     }
+    if let Command::Copy(a) = command {
+        return crate::copy::copy(a, json);
+    }
     let endpoint = endpoint(api.as_deref(), client_state_dir.as_deref())?;
     let c = Ctx {
         client: Client::new(endpoint, token)?,
         json,
     };
     let r = match command {
-        Command::Serve(_) | Command::Bench(_) => unreachable!(),
+        Command::Serve(_) | Command::Bench(_) | Command::Copy(_) => unreachable!(),
         Command::Pool(p) => pool(&c, p),
         Command::Disk(d) => disk(&c, d),
         Command::Vdisk(v) => vdisk(&c, v),

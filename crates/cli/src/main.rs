@@ -3,6 +3,7 @@
 mod bench;
 mod client;
 mod commands;
+mod copy;
 mod output;
 mod plot;
 
@@ -57,12 +58,47 @@ pub enum Command {
     Target(TargetCmd),
     /// Measure a target: IOPS, throughput, latency percentiles, CPU; optionally verified.
     Bench(Box<BenchArgs>),
+    /// Offloaded copy between LUNs over iSCSI: ODX tokens (POPULATE TOKEN / WRITE USING
+    /// TOKEN), EXTENDED COPY, or a host copy through this initiator, to compare.
+    Copy(CopyArgs),
     /// NBD exports (nbd://HOST:10809/NAME).
     #[command(subcommand)]
     Nbd(NbdCmd),
     /// Long-running operations.
     #[command(subcommand)]
     Job(JobCmd),
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum CopyMethod {
+    /// POPULATE TOKEN then WRITE USING TOKEN, as Windows does.
+    Odx,
+    /// EXTENDED COPY (LID1) block-to-block segments, as VMware does.
+    Xcopy,
+    /// READ and WRITE through this initiator: every byte crosses the network twice.
+    Host,
+}
+
+#[derive(Args)]
+pub struct CopyArgs {
+    /// iscsi://HOST[:PORT]/IQN/LUN
+    pub source: String,
+    /// First source block.
+    pub source_lba: u64,
+    /// iscsi://HOST[:PORT]/IQN/LUN (the same target or another)
+    pub destination: String,
+    pub destination_lba: u64,
+    /// Blocks to copy.
+    pub count: u64,
+    #[arg(long, value_enum, default_value = "odx")]
+    pub method: CopyMethod,
+    /// Our initiator name.
+    #[arg(long)]
+    pub initiator: Option<String>,
+    #[arg(long)]
+    pub chap_user: Option<String>,
+    #[arg(long, env = "TESSERA_CHAP_SECRET", hide_env_values = true)]
+    pub chap_secret: Option<String>,
 }
 
 /// diskspd's options, with its short flags where they do not clash.

@@ -270,18 +270,16 @@ impl Lun {
             out.extend_from_slice(&body);
         };
         // Block Device ROD Token Limits.
-        let mut b = vec![0u8; 28];
+        let mut b = vec![0u8; 32];
         b[6..8].copy_from_slice(&(MAX_RANGE_DESCRIPTORS as u16).to_be_bytes());
         b[8..12].copy_from_slice(&MAX_INACTIVITY_TIMEOUT.to_be_bytes());
         b[12..16].copy_from_slice(&DEFAULT_INACTIVITY_TIMEOUT.to_be_bytes());
         b[16..24].copy_from_slice(&(MAX_TOKEN_TRANSFER_BYTES / bs).to_be_bytes());
-        // Optimal transfer count: a whole token is as cheap as a part of one.
-        b[24..28].copy_from_slice(&0u32.to_be_bytes());
-        let opt = (MAX_TOKEN_TRANSFER_BYTES / bs).min(u32::MAX as u64) as u32;
-        b[24..28].copy_from_slice(&opt.to_be_bytes());
+        // Optimal transfer count: a whole token costs what a part of one does.
+        b[24..32].copy_from_slice(&(MAX_TOKEN_TRANSFER_BYTES / bs).to_be_bytes());
         desc(0x0000, b);
-        // Supported Commands: EXTENDED COPY and RECEIVE COPY RESULTS with their service
-        // actions.
+        // Supported Commands: the third-party copy commands with their service actions. The
+        // list length excludes the padding.
         let out_sas = [
             SA_EXTENDED_COPY_LID1,
             SA_POPULATE_TOKEN,
@@ -303,54 +301,59 @@ impl Lun {
         }
         let mut b = vec![list.len() as u8];
         b.extend_from_slice(&list);
-        while (b.len() + 4) % 4 != 0 {
-            b.push(0);
-        }
-        desc(0x0001, b);
-        // Parameter Data (EXTENDED COPY LID1 limits).
+        desc(0x0001, padded(b));
+        // Parameter Data: the EXTENDED COPY (LID1) limits.
         let mut b = vec![0u8; 28];
         b[4..6].copy_from_slice(&(crate::xcopy::MAX_CSCD_DESCRIPTORS as u16).to_be_bytes());
         b[6..8].copy_from_slice(&(crate::xcopy::MAX_SEGMENT_DESCRIPTORS as u16).to_be_bytes());
         b[8..12].copy_from_slice(&(crate::xcopy::MAX_DESCRIPTOR_LIST_LENGTH as u32).to_be_bytes());
-        desc(0x0008, b);
-        // Supported Descriptors: block to block segments, identification CSCDs.
-        let mut b = vec![2u8, 0x02, 0xE4];
-        b.push(0);
         desc(0x0004, b);
-        // Supported CSCD Descriptor IDs: none besides the list index.
+        // Supported Descriptors, ascending: block-to-block segments, identification CSCDs.
+        desc(0x0008, padded(vec![2, 0x02, 0xE4]));
+        // Supported CSCD Descriptor IDs: none besides list indexes.
         desc(0x000C, vec![0, 0, 0, 0]);
-        // ROD Token Features: remote tokens neither made nor used; the inactivity limits
-        // again; the block device features sub-descriptor.
-        let mut b = vec![0u8; 44];
-        b[0] = 0x00; // REMOTE TOKENS: none
-        b[4..8].copy_from_slice(&MAX_INACTIVITY_TIMEOUT.to_be_bytes());
-        b[8..12].copy_from_slice(&MAX_INACTIVITY_TIMEOUT.to_be_bytes());
-        b[12..16].copy_from_slice(&DEFAULT_INACTIVITY_TIMEOUT.to_be_bytes());
-        b[26..28].copy_from_slice(&16u16.to_be_bytes()); // ROD device type specific length
-        b[28] = 0x00; // direct access block device
-        b[30..32].copy_from_slice(&0u16.to_be_bytes());
-        b[32..34].copy_from_slice(&((self.vdisk.grain_size() / bs) as u16).to_be_bytes());
+        // ROD Token Features: remote tokens neither made nor used; tokens end by inactivity
+        // only; then the block device's features.
+        let mut b = vec![0u8; 92];
+        b[12..16].copy_from_slice(&1u32.to_be_bytes()); // minimum token lifetime
+        b[16..20].copy_from_slice(&u32::MAX.to_be_bytes()); // maximum token lifetime
+        b[20..24].copy_from_slice(&MAX_INACTIVITY_TIMEOUT.to_be_bytes());
+        b[42..44].copy_from_slice(&48u16.to_be_bytes());
+        let f = &mut b[44..92];
+        f[2..4].copy_from_slice(&0x2Cu16.to_be_bytes());
+        // Sharing works in whole grains: that is the optimal length granularity.
+        f[6..8].copy_from_slice(&((self.vdisk.grain_size() / bs).min(u16::MAX as u64) as u16).to_be_bytes());
+        f[8..16].copy_from_slice(&MAX_TOKEN_TRANSFER_BYTES.to_be_bytes());
+        f[16..24].copy_from_slice(&MAX_TOKEN_TRANSFER_BYTES.to_be_bytes());
+        f[24..32].copy_from_slice(&u64::MAX.to_be_bytes());
+        f[32..40].copy_from_slice(&u64::MAX.to_be_bytes());
         desc(0x0106, b);
-        // Supported ROD Types: point in time copy (made and used), and the zero token (used).
+        // Supported ROD Types: point in time copy (made and used, also by EXTENDED COPY), and
+        // the block device zero token (used).
         let mut b = vec![0u8; 4];
-        b[2..4].copy_from_slice(&32u16.to_be_bytes());
-        let mut t = vec![0u8; 8];
-        t[0..4].copy_from_slice(&ROD_TYPE_PIT_DEFAULT.to_be_bytes());
-        t[4] = 0x80 | 0x02 | 0x01; // ECPY_INT, TOKEN_IN, TOKEN_OUT
-        t[6..8].copy_from_slice(&u16::MAX.to_be_bytes()); // preference indication
-        b.extend_from_slice(&t);
-        let mut z = vec![0u8; 8];
-        z[0..4].copy_from_slice(&ROD_TYPE_BLOCK_ZERO.to_be_bytes());
-        z[4] = 0x02; // TOKEN_IN
-        b.extend_from_slice(&z);
-        b.extend_from_slice(&[0u8; 16]);
+        b[2..4].copy_from_slice(&128u16.to_be_bytes());
+        for (kind, flags) in [(ROD_TYPE_PIT_DEFAULT, 0x80 | 0x02 | 0x01), (ROD_TYPE_BLOCK_ZERO, 0x02)] {
+            let mut t = vec![0u8; 64];
+            t[0..4].copy_from_slice(&kind.to_be_bytes());
+            t[4] = flags;
+            b.extend_from_slice(&t);
+        }
         desc(0x0108, b);
         // General Copy Operations.
-        let mut b = vec![0u8; 28];
+        let mut b = vec![0u8; 32];
         b[0..4].copy_from_slice(&1u32.to_be_bytes()); // total concurrent copies
         b[4..8].copy_from_slice(&1u32.to_be_bytes()); // maximum identified concurrent copies
         b[8..12].copy_from_slice(&(crate::xcopy::MAX_SEGMENT_BYTES as u32).to_be_bytes());
+        b[12] = 9; // data segment granularity: 512 bytes (log2)
         desc(0x8001, b);
         out
     }
+}
+
+/// Pads a descriptor body to a multiple of four bytes.
+fn padded(mut b: Vec<u8>) -> Vec<u8> {
+    while b.len() % 4 != 0 {
+        b.push(0);
+    }
+    b
 }

@@ -82,7 +82,7 @@ fn inquiry_and_vpd() {
     let pages = ok(lun.execute(&[0x12, 1, 0, 0, 255, 0], &[]));
     assert_eq!(&pages[4..], &[0x00, 0x80, 0x83, 0x8F, 0xB0, 0xB1, 0xB2]);
     for p in [0x80u8, 0x83, 0x8F, 0xB0, 0xB1, 0xB2] {
-        let d = ok(lun.execute(&[0x12, 1, p, 0, 255, 0], &[]));
+        let d = ok(lun.execute(&[0x12, 1, p, 0x10, 0, 0], &[]));
         assert_eq!(d[1], p);
         assert_eq!(u16::from_be_bytes([d[2], d[3]]) as usize, d.len() - 4);
     }
