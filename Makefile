@@ -42,6 +42,7 @@ bench:
 	bench/image.sh
 	bench/iscsi-vs-tgt.sh
 	bench/nbd-vs-qemu-nbd.sh
+	bench/odx.sh
 
 clean:
 	$(CARGO) clean

@@ -24,8 +24,11 @@ pub const ROD_TYPE_BLOCK_ZERO: u32 = 0xFFFF_0001;
 /// Inactivity timeouts, in seconds: when POPULATE TOKEN asks for none, and the most it may.
 pub const DEFAULT_INACTIVITY_TIMEOUT: u32 = 30;
 pub const MAX_INACTIVITY_TIMEOUT: u32 = 600;
-/// Tokens alive at once, daemon-wide; POPULATE TOKEN beyond it is refused.
+/// Tokens alive at once, daemon-wide, and the bytes they may represent together (a token
+/// keeps one grain location in memory per grain: 4 TiB of 64 KiB grains is 512 MiB);
+/// POPULATE TOKEN beyond either is refused.
 pub const MAX_TOKENS: usize = 4096;
+pub const MAX_LIVE_TOKEN_BYTES: u64 = 4 << 40;
 /// Results kept per I_T nexus for RECEIVE ROD TOKEN INFORMATION / COPY RESULTS.
 const MAX_RESULTS_PER_NEXUS: usize = 64;
 /// How long a token that ended (expired, deleted) is remembered, to say why it is refused.
@@ -134,7 +137,8 @@ impl CopyManager {
     pub fn create_token(&self, creator: &Lun, image: Frozen, timeout_s: u32) -> Result<Box<[u8; TOKEN_LEN]>, Sense> {
         self.expire();
         let mut tokens = self.tokens.lock();
-        if tokens.len() >= MAX_TOKENS {
+        let live: u64 = tokens.values().map(|t| t.image.len()).sum();
+        if tokens.len() >= MAX_TOKENS || live + image.len() > MAX_LIVE_TOKEN_BYTES {
             return Err(sense::INSUFFICIENT_RESOURCES_TO_CREATE_ROD_TOKEN);
         }
         let mut b = Box::new([0u8; TOKEN_LEN]);
