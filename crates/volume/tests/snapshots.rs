@@ -205,3 +205,33 @@ fn frozen_images_keep_their_ranges_and_paste_anywhere() {
     rig.assert_consistent();
     assert!(e.layouts().sets().is_empty());
 }
+
+#[test]
+fn frozen_images_paste_across_pools_by_copying() {
+    let a = Rig::new(2, 64 * MIB, MIB);
+    let b = Rig::new(2, 64 * MIB, MIB);
+    let src = a
+        .engine()
+        .create_vdisk(&spec("src", 2 * MIB, LayoutKind::Simple, Provisioning::Thin))
+        .unwrap();
+    let dst = b
+        .engine()
+        .create_vdisk(&spec("dst", 2 * MIB, LayoutKind::Simple, Provisioning::Thin))
+        .unwrap();
+    let data = pattern(11, 0, MIB as usize);
+    src.write(0, &data, false).unwrap();
+    let img = src.freeze(&[(0, MIB)]).unwrap();
+    assert_eq!(img.pool(), "test");
+    src.write(0, &vec![0u8; MIB as usize], false).unwrap();
+    // Same layout and grain size, but another pool: nothing can be shared.
+    let stats = dst.paste(MIB, &img, 0, MIB).unwrap();
+    assert_eq!((stats.shared_bytes, stats.copied_bytes), (0, MIB));
+    let mut back = vec![0u8; MIB as usize];
+    dst.read(MIB, &mut back).unwrap();
+    assert_eq!(back, data);
+    drop(img);
+    a.assert_consistent();
+    b.assert_consistent();
+    // clone_range refuses pools it does not own.
+    assert!(b.engine().clone_range(&src, 0, &dst, 0, MIB).is_err());
+}
