@@ -199,8 +199,16 @@ impl Lun {
         if cdb[1] & 0xE0 != 0 || anchor || (cdb[0] == WRITE_SAME_10 && cdb[1] & 0x01 != 0) {
             return Err(sense::INVALID_FIELD_IN_CDB);
         }
-        // WSNZ is set: a zero length is not "to the end".
-        if n == 0 || n > MAX_WRITE_SAME_BLOCKS {
+        // WSNZ is clear: zero blocks means from the LBA to the end of the LUN.
+        let n = if n == 0 {
+            if lba >= self.blocks() {
+                return Err(sense::LBA_OUT_OF_RANGE);
+            }
+            self.blocks() - lba
+        } else {
+            n
+        };
+        if n > MAX_WRITE_SAME_BLOCKS {
             return Err(sense::INVALID_FIELD_IN_CDB);
         }
         // Exactly one block of data-out, or none with NDOB.

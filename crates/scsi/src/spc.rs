@@ -92,7 +92,7 @@ impl Lun {
     fn block_limits(&self) -> Vec<u8> {
         let bs = self.block_size();
         let mut b = vec![0u8; 0x3C];
-        b[0] = 0x01; // WSNZ: WRITE SAME with zero blocks is refused
+        b[0] = 0x00; // WSNZ clear: WRITE SAME with zero blocks runs to the end of the LUN
         b[1] = MAX_COMPARE_AND_WRITE_BLOCKS as u8;
         let grain_blocks = (self.vdisk.grain_size() / bs) as u32;
         b[2..4].copy_from_slice(&((4096 / bs).max(1) as u16).to_be_bytes());

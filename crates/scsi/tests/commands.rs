@@ -252,8 +252,20 @@ fn thin_provisioning_commands() {
     ws[1] = 0x01; // NDOB: zeros without a data-out buffer
     ok(lun.execute(&ws, &[]));
     assert!(ok(lun.execute(&cdb16(0x88, 0, 0, 4), &[])).iter().all(|&b| b == 0));
-    // Zero blocks is refused (WSNZ).
-    assert_eq!(check(lun.execute(&cdb16(0x93, 0, 0, 0), &[0u8; 512])).1, 0x24);
+    // Zero blocks: from the LBA to the end of the LUN (WSNZ is clear).
+    let blocks = 8 * MIB / 512;
+    ok(lun.execute(&cdb16(0x93, 0, blocks - 8, 0), &[0x5Au8; 512]));
+    assert!(ok(lun.execute(&cdb16(0x88, 0, blocks - 8, 8), &[]))
+        .iter()
+        .all(|&b| b == 0x5A));
+    assert_ne!(ok(lun.execute(&cdb16(0x88, 0, blocks - 9, 1), &[]))[0], 0x5A);
+    ok(lun.execute(&cdb16(0x93, 0x08, blocks - 8, 0), &[0u8; 512]));
+    assert!(ok(lun.execute(&cdb16(0x88, 0, blocks - 8, 8), &[])).iter().all(|&b| b == 0));
+    // At or past the end there is nothing to write to.
+    assert_eq!(check(lun.execute(&cdb16(0x93, 0, blocks, 0), &[0u8; 512])).1, 0x21);
+    assert_eq!(check(lun.execute(&cdb16(0x93, 0, u64::MAX, 0), &[0u8; 512])).1, 0x21);
+    let b0 = ok(lun.execute(&[0x12, 1, 0xB0, 0, 255, 0], &[]));
+    assert_eq!(b0[4] & 0x01, 0, "WSNZ clear");
 }
 
 #[test]
