@@ -123,6 +123,8 @@ fn clients_round_trip_data_and_exports_persist() {
             "--verify=crc32c",
             "--do_verify=1",
             "--verify_fatal=1",
+            // fio would otherwise leave its verify state file in the working directory.
+            "--verify_state_save=0",
         ],
     );
     assert!(fio.contains("err= 0"), "{fio}");
