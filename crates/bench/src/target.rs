@@ -250,7 +250,7 @@ impl Target {
 }
 
 /// (bytes, logical block size) from READ CAPACITY(16).
-async fn iscsi_capacity(s: &Session, lun: u64) -> Result<(u64, u32), String> {
+pub async fn iscsi_capacity(s: &Session, lun: u64) -> Result<(u64, u32), String> {
     let mut cdb = [0u8; 16];
     cdb[0] = 0x9E;
     cdb[1] = 0x10;

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use serde_json::json;
+use tessera_bench::target::{iscsi_capacity, rw16};
 use tessera_bench::TargetSpec;
 use tessera_iscsi::initiator::{LoginConfig, ScsiResult, Session};
 use tessera_server::units::format_size;
@@ -79,7 +80,7 @@ fn describe(r: &ScsiResult) -> String {
     }
 }
 
-async fn open(spec: &str, args: &CopyArgs, sessions: &mut Vec<(String, Arc<Session>)>, wire: &Wire) -> Result<End, String> {
+async fn open(spec: &str, args: &CopyArgs, sessions: &mut Vec<(String, Arc<Session>)>) -> Result<End, String> {
     let TargetSpec::Iscsi { addr, iqn, lun } = TargetSpec::parse(spec)? else {
         return Err(format!("'{spec}': write iscsi://HOST[:PORT]/IQN/LUN"));
     };
@@ -101,23 +102,16 @@ async fn open(spec: &str, args: &CopyArgs, sessions: &mut Vec<(String, Arc<Sessi
             s
         }
     };
-    let mut e = End {
+    let (size, block) = iscsi_capacity(&session, lun)
+        .await
+        .map_err(|e| format!("{spec}: {e}"))?;
+    let block = block as u64;
+    Ok(End {
         session,
         lun,
-        block: 0,
-        blocks: 0,
-    };
-    let mut cdb = [0u8; 16];
-    cdb[0] = 0x9E;
-    cdb[1] = 0x10;
-    cdb[13] = 32;
-    let d = wire.good(&e, "READ CAPACITY(16)", &cdb, Vec::new(), 32).await?;
-    if d.len() < 12 {
-        return Err(format!("{spec}: short READ CAPACITY data"));
-    }
-    e.blocks = u64::from_be_bytes(d[0..8].try_into().expect("8 bytes")) + 1;
-    e.block = u32::from_be_bytes(d[8..12].try_into().expect("4 bytes")) as u64;
-    Ok(e)
+        block,
+        blocks: size / block,
+    })
 }
 
 pub fn copy(args: CopyArgs, json_out: bool) -> Result<(), String> {
@@ -148,8 +142,8 @@ pub fn copy(args: CopyArgs, json_out: bool) -> Result<(), String> {
 async fn run(args: &CopyArgs) -> Result<serde_json::Value, String> {
     let wire = Arc::new(Wire::default());
     let mut sessions = Vec::new();
-    let src = open(&args.source, args, &mut sessions, &wire).await?;
-    let dst = open(&args.destination, args, &mut sessions, &wire).await?;
+    let src = open(&args.source, args, &mut sessions).await?;
+    let dst = open(&args.destination, args, &mut sessions).await?;
     if src.block != dst.block {
         return Err(format!(
             "the source has {} byte blocks and the destination {}: an offloaded copy needs the same",
@@ -168,7 +162,6 @@ async fn run(args: &CopyArgs) -> Result<serde_json::Value, String> {
             ));
         }
     }
-    wire.bytes.store(0, Ordering::Relaxed);
     let started = Instant::now();
     let commands = match args.method {
         CopyMethod::Odx => odx(&wire, &src, args.source_lba, &dst, args.destination_lba, n).await?,
@@ -394,9 +387,10 @@ async fn host(wire: &Arc<Wire>, src: &End, slba: u64, dst: &End, dlba: u64, n: u
                 let k = chunk.min(n - at);
                 let len = (k * src.block) as usize;
                 let r = wire
-                    .good(&src, "READ(16)", &rw16(false, slba + at, k), Vec::new(), len)
+                    .good(&src, "READ(16)", &rw16(false, (slba + at) * src.block, len, src.block as u32), Vec::new(), len)
                     .await?;
-                wire.good(&dst, "WRITE(16)", &rw16(true, dlba + at, k), r, 0).await?;
+                let cdb = rw16(true, (dlba + at) * dst.block, len, dst.block as u32);
+                wire.good(&dst, "WRITE(16)", &cdb, r, 0).await?;
                 commands.fetch_add(2, Ordering::Relaxed);
             }
         });
@@ -409,12 +403,4 @@ async fn host(wire: &Arc<Wire>, src: &End, slba: u64, dst: &End, dlba: u64, n: u
     sync[0] = 0x35;
     wire.good(dst, "SYNCHRONIZE CACHE", &sync, Vec::new(), 0).await?;
     Ok(commands.load(Ordering::Relaxed) + 1)
-}
-
-fn rw16(write: bool, lba: u64, blocks: u64) -> [u8; 16] {
-    let mut c = [0u8; 16];
-    c[0] = if write { 0x8A } else { 0x88 };
-    c[2..10].copy_from_slice(&lba.to_be_bytes());
-    c[10..14].copy_from_slice(&(blocks as u32).to_be_bytes());
-    c
 }
