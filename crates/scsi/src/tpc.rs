@@ -4,6 +4,7 @@
 //! operations for RECEIVE ROD TOKEN INFORMATION and RECEIVE COPY RESULTS.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -94,7 +95,7 @@ pub struct CopyManager {
     tokens: Mutex<HashMap<[u8; 32], Token>>,
     /// Tokens that ended, with why and when.
     ended: Mutex<HashMap<[u8; 32], (TokenRefusal, Instant)>>,
-    next_id: Mutex<u64>,
+    next_id: AtomicU64,
     luns: RwLock<HashMap<[u8; 16], Weak<Lun>>>,
     /// (nexus, list identifier) → result, oldest first per nexus.
     results: Mutex<HashMap<u64, VecDeque<(u32, OpResult)>>>,
@@ -114,7 +115,7 @@ impl CopyManager {
             instance,
             tokens: Mutex::new(HashMap::new()),
             ended: Mutex::new(HashMap::new()),
-            next_id: Mutex::new(1),
+            next_id: AtomicU64::new(1),
             luns: RwLock::new(HashMap::new()),
             results: Mutex::new(HashMap::new()),
         }
@@ -145,11 +146,7 @@ impl CopyManager {
         rand::rng().fill(&mut b[T_END..]);
         b[T_TYPE..T_TYPE + 4].copy_from_slice(&ROD_TYPE_PIT_DEFAULT.to_be_bytes());
         b[T_LEN..T_LEN + 2].copy_from_slice(&((TOKEN_LEN - 8) as u16).to_be_bytes());
-        let id = {
-            let mut n = self.next_id.lock();
-            *n += 1;
-            *n
-        };
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         b[T_ID..T_ID + 8].copy_from_slice(&id.to_be_bytes());
         b[T_CREATOR..T_CREATOR + 32].copy_from_slice(&creator.identification_cscd());
         b[T_BYTES + 8..T_BYTES + 16].copy_from_slice(&image.len().to_be_bytes());

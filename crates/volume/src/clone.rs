@@ -29,8 +29,7 @@ impl Engine {
         validate_name("vdisk", name).map_err(VolumeError::Invalid)?;
         let s = self.vdisk(src)?;
         let image = s.freeze(&[(0, s.size())])?;
-        let mut spec = Self::spec_like(&s, name);
-        spec.provisioning = Provisioning::Thin;
+        let spec = Self::thin_spec_like(&s, name);
         self.fill_from(&spec, None, &image)
     }
 
@@ -45,8 +44,7 @@ impl Engine {
             )));
         }
         let image = s.freeze(&[(0, s.size())])?;
-        let mut spec = Self::spec_like(&s, &format!("{vdisk}@{snapshot}"));
-        spec.provisioning = Provisioning::Thin;
+        let spec = Self::thin_spec_like(&s, &format!("{vdisk}@{snapshot}"));
         Ok(self.fill_from(&spec, Some(vdisk.to_string()), &image)?.0)
     }
 
@@ -61,7 +59,9 @@ impl Engine {
         v
     }
 
-    fn spec_like(s: &Vdisk, name: &str) -> VdiskSpec {
+    /// A thin vdisk with the layout, grain and block size of `s`: what its grains can be
+    /// shared with.
+    fn thin_spec_like(s: &Vdisk, name: &str) -> VdiskSpec {
         let c = s.config();
         let mut spec = VdiskSpec::new(name, c.size, c.layout.kind);
         spec.copies = Some(c.layout.copies);
@@ -69,7 +69,7 @@ impl Engine {
         spec.interleave = Some(c.layout.interleave);
         spec.grain_size = Some(c.grain_size);
         spec.block_size = Some(c.block_size);
-        spec.provisioning = c.provisioning;
+        spec.provisioning = Provisioning::Thin;
         spec
     }
 
