@@ -1,42 +1,52 @@
-//! A connection in the full feature phase: a reader that takes PDUs in, a writer that stamps
-//! sequence numbers and sends, and a task per SCSI command that runs it on the LUN.
+//! A connection in the full feature phase.
+//!
+//! Login runs on a tokio task; then the session is served by threads of its own with blocking
+//! I/O, leader/follower style like NBD's transmission. One thread at a time holds the read
+//! side: it takes in Data-Out and answers NOP-Out, text and task management itself, until it
+//! holds a SCSI command ready to run. It then leaves reading to another thread, runs the
+//! command on the LUN and sends the Data-In and status itself. A command never changes
+//! threads, so a 4K read costs no hand-off between a reader, a worker pool and a writer.
+//! Sending takes one lock, which stamps StatSN, ExpCmdSN and MaxCmdSN in the order PDUs reach
+//! the socket.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::io::{self, BufReader, IoSlice, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use tessera_scsi::{decode_lun, report_luns, sense, transfer_length, Lun, Nexus, Response, REPORT_LUNS};
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
-use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use crate::auth::Chap;
 use crate::login::{login, LoggedIn, CMD_WINDOW};
 use crate::params::Params;
-use crate::pdu::{op, put32, Pdu, PduError};
+use crate::pdu::{op, put32, Pdu, PduError, BHS_LEN};
 use crate::target::{Registry, Target};
 use crate::text;
 
 /// Idle time before we ping the initiator with a NOP-In, and how long it has to answer.
 const NOP_INTERVAL: Duration = Duration::from_secs(30);
 const NOP_TIMEOUT: Duration = Duration::from_secs(30);
+/// How often a reader waiting on a quiet socket wakes to see whether a NOP-In is due.
+const NOP_TICK: Duration = Duration::from_secs(1);
+/// An initiator that takes nothing we send for this long is disconnected: a blocked send
+/// would otherwise hold the session's threads for ever.
+const SEND_TIMEOUT: Duration = Duration::from_secs(60);
 /// Time a connection has to complete its login.
 const LOGIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// Commands of one session running at once (threads serving it, at most).
+const MAX_THREADS: usize = 64;
+/// Slices per writev: Linux refuses more than IOV_MAX (1024).
+const MAX_IOV: usize = 1024;
 
 const NO_TAG: u32 = 0xFFFF_FFFF;
 
-/// What the reader and command tasks hand the writer.
-enum Out {
-    /// A PDU; `status` says whether it carries status (and so takes a StatSN).
-    Pdu(Pdu, bool),
-    /// Send what is queued, then close.
-    Close,
-}
-
-/// Counters the writer stamps into every PDU.
+/// Counters stamped into every PDU sent.
 struct Seq {
     exp_cmd_sn: AtomicU32,
     /// Commands received and not yet answered.
@@ -49,6 +59,174 @@ impl Seq {
             .saturating_sub(self.outstanding.load(Ordering::Acquire))
             .max(1);
         self.exp_cmd_sn.load(Ordering::Acquire).wrapping_add(window - 1)
+    }
+}
+
+/// A PDU on its way out: its header, and data borrowed from wherever it lies (a read's data
+/// is sent from the buffer the LUN filled, with no copy into the PDU).
+struct Out<'a> {
+    bhs: [u8; BHS_LEN],
+    data: &'a [u8],
+    /// Carries status, so takes a StatSN of its own.
+    status: bool,
+}
+
+impl<'a> Out<'a> {
+    fn of(p: &'a Pdu, status: bool) -> Out<'a> {
+        Out {
+            bhs: p.bhs,
+            data: &p.data,
+            status,
+        }
+    }
+}
+
+/// The send side of a connection.
+struct Writer {
+    side: Mutex<WriteSide>,
+    seq: Seq,
+    header_digest: bool,
+    data_digest: bool,
+}
+
+struct WriteSide {
+    sock: TcpStream,
+    stat_sn: u32,
+    /// False after a Logout response: nothing may follow it.
+    open: bool,
+}
+
+impl Writer {
+    /// Stamps the PDUs' sequence numbers and lengths and sends them in as few writes as the
+    /// kernel allows.
+    fn send(&self, pdus: &mut [Out]) -> io::Result<()> {
+        let mut w = self.side.lock();
+        if !w.open {
+            return Err(io::ErrorKind::NotConnected.into());
+        }
+        // Headers with their digests, and padding with data digests, side by side in one
+        // buffer; the data stays where it is.
+        let mut meta = Vec::with_capacity(pdus.len() * (BHS_LEN + 12));
+        let mut spans = Vec::with_capacity(pdus.len());
+        for p in pdus.iter_mut() {
+            put32(&mut p.bhs, 24, w.stat_sn);
+            if p.status {
+                w.stat_sn = w.stat_sn.wrapping_add(1);
+            }
+            put32(&mut p.bhs, 28, self.seq.exp_cmd_sn.load(Ordering::Acquire));
+            put32(&mut p.bhs, 32, self.seq.max_cmd_sn());
+            let n = p.data.len();
+            p.bhs[4] = 0;
+            p.bhs[5] = (n >> 16) as u8;
+            p.bhs[6] = (n >> 8) as u8;
+            p.bhs[7] = n as u8;
+            let head = meta.len();
+            meta.extend_from_slice(&p.bhs);
+            if self.header_digest {
+                meta.extend_from_slice(&crc32c::crc32c(&p.bhs).to_le_bytes());
+            }
+            let tail = meta.len();
+            let pad = [0u8; 3];
+            let pad = &pad[..n.div_ceil(4) * 4 - n];
+            meta.extend_from_slice(pad);
+            if self.data_digest && n > 0 {
+                let crc = crc32c::crc32c_append(crc32c::crc32c(p.data), pad);
+                meta.extend_from_slice(&crc.to_le_bytes());
+            }
+            spans.push((head, tail, meta.len()));
+        }
+        let mut parts: Vec<&[u8]> = Vec::with_capacity(pdus.len() * 3);
+        for (p, &(head, tail, end)) in pdus.iter().zip(&spans) {
+            parts.push(&meta[head..tail]);
+            parts.push(p.data);
+            parts.push(&meta[tail..end]);
+        }
+        parts.retain(|p| !p.is_empty());
+        write_all_vectored(&mut w.sock, &mut parts)
+    }
+
+    fn send_pdu(&self, p: &Pdu, status: bool) {
+        let _ = self.send(&mut [Out::of(p, status)]);
+    }
+
+    /// Sends nothing after this, and tells the initiator so.
+    fn close(&self) {
+        let mut w = self.side.lock();
+        w.open = false;
+        let _ = w.sock.shutdown(Shutdown::Write);
+    }
+
+    /// Ends the connection both ways: a thread blocked reading it wakes with an error.
+    fn abort(&self) {
+        let _ = self.side.lock().sock.shutdown(Shutdown::Both);
+    }
+}
+
+/// Writes every byte of `parts`, IOV_MAX slices at a time, again for what a short write left.
+fn write_all_vectored(sock: &mut TcpStream, parts: &mut [&[u8]]) -> io::Result<()> {
+    let mut first = 0;
+    while first < parts.len() {
+        let end = parts.len().min(first + MAX_IOV);
+        let slices: Vec<IoSlice> = parts[first..end].iter().map(|p| IoSlice::new(p)).collect();
+        let mut n = match sock.write_vectored(&slices) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        while first < parts.len() && n >= parts[first].len() {
+            n -= parts[first].len();
+            first += 1;
+        }
+        if n > 0 {
+            parts[first] = &parts[first][n..];
+        }
+    }
+    Ok(())
+}
+
+/// The socket as the reader sees it. Reads wake every NOP_TICK: after NOP_INTERVAL without a
+/// byte from the initiator it is sent a NOP-In, and if nothing comes NOP_TIMEOUT after that,
+/// the read fails and the connection ends.
+struct Keepalive {
+    sock: TcpStream,
+    writer: Arc<Writer>,
+    last_heard: Instant,
+    pinged: Option<Instant>,
+}
+
+impl Read for Keepalive {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            match self.sock.read(buf) {
+                Ok(n) => {
+                    if n > 0 {
+                        self.last_heard = Instant::now();
+                        self.pinged = None;
+                    }
+                    return Ok(n);
+                }
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                    match self.pinged {
+                        Some(t) if t.elapsed() >= NOP_TIMEOUT => {
+                            return Err(io::Error::new(io::ErrorKind::TimedOut, "no answer to NOP-In"));
+                        }
+                        Some(_) => {}
+                        None if self.last_heard.elapsed() >= NOP_INTERVAL => {
+                            let mut p = Pdu::new(op::NOP_IN);
+                            p.bhs[1] = 0x80;
+                            put32(&mut p.bhs, 16, NO_TAG);
+                            put32(&mut p.bhs, 20, 0x7FFF_FFFF);
+                            self.writer.send_pdu(&p, false);
+                            self.pinged = Some(Instant::now());
+                        }
+                        None => {}
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
     }
 }
 
@@ -70,6 +248,18 @@ struct WriteTask {
     edtl: usize,
 }
 
+/// A SCSI command with all its data, ready to run.
+struct Job {
+    itt: u32,
+    lun_field: [u8; 8],
+    lun: Option<Arc<Lun>>,
+    cdb: Vec<u8>,
+    data_out: Vec<u8>,
+    edtl: usize,
+    read: bool,
+}
+
+/// What the session is, fixed at login.
 struct Ctx {
     reg: Arc<Registry>,
     /// This session's I_T nexus: unit attentions and reservations are kept by it.
@@ -80,13 +270,36 @@ struct Ctx {
     authenticated: Option<Chap>,
     local: SocketAddr,
     params: Params,
-    seq: Arc<Seq>,
-    tx: mpsc::Sender<Out>,
+}
+
+/// The read side, held by one thread at a time, with the state only the reader touches.
+struct ReadSide {
+    r: BufReader<Keepalive>,
     writes: HashMap<u32, WriteTask>,
     next_ttt: u32,
 }
 
-pub async fn run(sock: TcpStream, local: SocketAddr, reg: Arc<Registry>) -> Result<(), String> {
+/// What the thread holding the read side does next.
+enum Next {
+    Run(Job),
+    /// Logout, end of stream or a broken stream: no more PDUs.
+    Stop,
+}
+
+struct Session {
+    ctx: Ctx,
+    writer: Arc<Writer>,
+    reader: Mutex<Option<ReadSide>>,
+    /// Threads serving the session, and those among them waiting to read.
+    threads: AtomicUsize,
+    idle: AtomicUsize,
+    handles: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    /// Why the session ended, if not by logout.
+    ended: Mutex<Option<String>>,
+}
+
+/// Logs a connection in, then hands it to threads of its own for the full feature phase.
+pub async fn run(sock: tokio::net::TcpStream, local: SocketAddr, reg: Arc<Registry>) -> Result<(), String> {
     let (mut r, mut w) = sock.into_split();
     // A client that stalls in the login phase does not hold a connection for ever.
     let li = tokio::time::timeout(LOGIN_TIMEOUT, login(&mut r, &mut w, &reg))
@@ -96,6 +309,31 @@ pub async fn run(sock: TcpStream, local: SocketAddr, reg: Arc<Registry>) -> Resu
         let _ = w.shutdown().await;
         return Ok(());
     };
+    // Login reads PDUs unbuffered, so nothing the initiator sent after it is lost here.
+    let sock = r
+        .reunite(w)
+        .map_err(|e| e.to_string())?
+        .into_std()
+        .and_then(|s| s.set_nonblocking(false).map(|_| s))
+        .map_err(|e| format!("cannot hand the connection over: {e}"))?;
+    let (initiator, isid, tsih) = (li.initiator.clone(), li.isid, li.tsih);
+    let tname = li.target.as_ref().map(|t| t.iqn.clone()).unwrap_or_default();
+    let (who, what, reg2) = (initiator.clone(), tname.clone(), reg.clone());
+    let spawned = std::thread::Builder::new().name("iscsi-conn".into()).spawn(move || {
+        match serve(sock, local, reg2, li) {
+            Ok(()) => info!(initiator = %who, target = %what, tsih, "session closed"),
+            Err(e) => info!(initiator = %who, target = %what, tsih, error = %e, "session closed"),
+        }
+    });
+    if let Err(e) = spawned {
+        reg.close_session(&initiator, isid, &tname, tsih);
+        return Err(format!("cannot start a thread for the session: {e}"));
+    }
+    Ok(())
+}
+
+/// Serves a logged-in session until it ends; blocking.
+fn serve(sock: TcpStream, local: SocketAddr, reg: Arc<Registry>, li: LoggedIn) -> Result<(), String> {
     let LoggedIn {
         initiator,
         isid,
@@ -105,148 +343,167 @@ pub async fn run(sock: TcpStream, local: SocketAddr, reg: Arc<Registry>) -> Resu
         params,
         exp_cmd_sn,
         stat_sn,
-        mut close,
+        close,
     } = li;
-    let seq = Arc::new(Seq {
-        exp_cmd_sn: AtomicU32::new(exp_cmd_sn),
-        outstanding: AtomicU32::new(0),
-    });
-    let (tx, mut rx) = mpsc::channel::<Out>(512);
-    let (hd, dd) = (params.header_digest, params.data_digest);
-    let wseq = seq.clone();
-    let writer = tokio::spawn(async move {
-        let mut stat_sn = stat_sn;
-        let mut batch = Vec::with_capacity(1 << 16);
-        while let Some(m) = rx.recv().await {
-            let mut next = Some(m);
-            // Gather what is ready into one write.
-            while let Some(m) = next.take() {
-                match m {
-                    Out::Pdu(mut p, status) => {
-                        put32(&mut p.bhs, 24, stat_sn);
-                        if status {
-                            stat_sn = stat_sn.wrapping_add(1);
-                        }
-                        put32(&mut p.bhs, 28, wseq.exp_cmd_sn.load(Ordering::Acquire));
-                        put32(&mut p.bhs, 32, wseq.max_cmd_sn());
-                        p.encode_into(&mut batch, hd, dd);
-                    }
-                    Out::Close => {
-                        let _ = w.write_all(&batch).await;
-                        let _ = w.shutdown().await;
-                        return;
-                    }
-                }
-                if batch.len() < (1 << 20) {
-                    next = rx.try_recv().ok();
-                }
-            }
-            if w.write_all(&batch).await.is_err() {
-                return;
-            }
-            batch.clear();
-        }
-    });
-
     let tname = target.as_ref().map(|t| t.iqn.clone()).unwrap_or_default();
-    let mut ctx = Ctx {
-        reg: reg.clone(),
-        nexus: Arc::new(Nexus {
-            id: reg.new_nexus(),
-            initiator: initiator.clone(),
-            isid,
-        }),
-        target,
-        initiator: initiator.clone(),
-        authenticated,
-        local,
-        params,
-        seq,
-        tx: tx.clone(),
-        writes: HashMap::new(),
-        next_ttt: 1,
-    };
-    let max_data = ctx.params.max_recv_data_segment as usize;
-    // PDUs are read on a task of their own: a read cancelled halfway would lose stream sync.
-    let (in_tx, mut in_rx) = mpsc::channel::<Result<Pdu, PduError>>(64);
-    let reader = tokio::spawn(async move {
-        // Buffered: a PDU's header and data, and the PDUs queued behind it, in few reads.
-        let mut r = tokio::io::BufReader::with_capacity(256 << 10, r);
+    let result = (|| {
+        if !close.attach(&sock).map_err(|e| e.to_string())? {
+            return Err("session reinstated by a new login".to_string());
+        }
+        sock.set_read_timeout(Some(NOP_TICK)).map_err(|e| e.to_string())?;
+        sock.set_write_timeout(Some(SEND_TIMEOUT)).map_err(|e| e.to_string())?;
+        let writer = Arc::new(Writer {
+            side: Mutex::new(WriteSide {
+                sock: sock.try_clone().map_err(|e| e.to_string())?,
+                stat_sn,
+                open: true,
+            }),
+            seq: Seq {
+                exp_cmd_sn: AtomicU32::new(exp_cmd_sn),
+                outstanding: AtomicU32::new(0),
+            },
+            header_digest: params.header_digest,
+            data_digest: params.data_digest,
+        });
+        let keepalive = Keepalive {
+            sock: sock.try_clone().map_err(|e| e.to_string())?,
+            writer: writer.clone(),
+            last_heard: Instant::now(),
+            pinged: None,
+        };
+        let s = Arc::new(Session {
+            ctx: Ctx {
+                reg: reg.clone(),
+                nexus: Arc::new(Nexus {
+                    id: reg.new_nexus(),
+                    initiator: initiator.clone(),
+                    isid,
+                }),
+                target: target.clone(),
+                initiator: initiator.clone(),
+                authenticated,
+                local,
+                params,
+            },
+            writer,
+            // Buffered: a PDU's header and data, and the PDUs queued behind it, in few reads.
+            reader: Mutex::new(Some(ReadSide {
+                r: BufReader::with_capacity(256 << 10, keepalive),
+                writes: HashMap::new(),
+                next_ttt: 1,
+            })),
+            threads: AtomicUsize::new(1),
+            idle: AtomicUsize::new(0),
+            handles: Mutex::new(Vec::new()),
+            ended: Mutex::new(None),
+        });
+        serve_thread(&s);
+        // The first thread is the last to go: wait for the others, which finish what they took.
         loop {
-            let p = Pdu::read(&mut r, hd, dd, max_data).await;
-            let fatal = matches!(
-                p,
-                Err(PduError::Io(_)) | Err(PduError::HeaderDigest) | Err(PduError::TooLong { .. })
-            );
-            if in_tx.send(p).await.is_err() || fatal {
-                return;
+            let hs: Vec<_> = std::mem::take(&mut *s.handles.lock());
+            if hs.is_empty() {
+                break;
+            }
+            for h in hs {
+                let _ = h.join();
             }
         }
-    });
-    let mut nop_sent: Option<tokio::time::Instant> = None;
-    let result = loop {
-        tokio::select! {
-            p = in_rx.recv() => match p {
-                None => break Err("connection closed".into()),
-                Some(Ok(p)) => {
-                    nop_sent = None;
-                    match ctx.handle(p).await {
-                        Ok(true) => {}
-                        Ok(false) => break Ok(()),
-                        Err(e) => break Err(e),
+        if let Some(t) = &s.ctx.target {
+            for n in t.lun_numbers() {
+                if let Some(l) = t.lun(n) {
+                    l.forget_nexus(s.ctx.nexus.id);
+                }
+            }
+        }
+        let ended = s.ended.lock().take();
+        match ended {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    })();
+    let _ = sock.shutdown(Shutdown::Both);
+    reg.close_session(&initiator, isid, &tname, tsih);
+    result
+}
+
+fn serve_thread(s: &Arc<Session>) {
+    loop {
+        s.idle.fetch_add(1, Ordering::AcqRel);
+        let job = {
+            let mut guard = s.reader.lock();
+            s.idle.fetch_sub(1, Ordering::AcqRel);
+            let Some(rs) = guard.as_mut() else {
+                return;
+            };
+            match s.next_job(rs) {
+                Ok(Next::Run(job)) => job,
+                Ok(Next::Stop) => {
+                    *guard = None;
+                    return;
+                }
+                Err(e) => {
+                    *s.ended.lock() = Some(e);
+                    *guard = None;
+                    // Threads running commands find the socket closed when they answer.
+                    s.writer.abort();
+                    return;
+                }
+            }
+        };
+        // Nobody left to read the next PDU while this command runs: add a thread.
+        if s.idle.load(Ordering::Acquire) == 0 && s.threads.load(Ordering::Acquire) < MAX_THREADS {
+            s.threads.fetch_add(1, Ordering::AcqRel);
+            let c = s.clone();
+            match std::thread::Builder::new()
+                .name("iscsi-conn".into())
+                .spawn(move || serve_thread(&c))
+            {
+                Ok(h) => s.handles.lock().push(h),
+                Err(e) => {
+                    s.threads.fetch_sub(1, Ordering::AcqRel);
+                    warn!(error = %e, "cannot start another iSCSI thread; the session goes on with fewer");
+                }
+            }
+        }
+        s.run_job(job);
+    }
+}
+
+impl Session {
+    /// Reads PDUs, handling those that need no LUN, until a command is ready to run or the
+    /// connection ends; Err says why it ended abnormally.
+    fn next_job(&self, rs: &mut ReadSide) -> Result<Next, String> {
+        let p = &self.ctx.params;
+        let (hd, dd, max_data) = (p.header_digest, p.data_digest, p.max_recv_data_segment as usize);
+        loop {
+            match Pdu::read_blocking(&mut rs.r, hd, dd, max_data) {
+                Ok(p) => {
+                    if let Some(next) = self.handle(rs, p)? {
+                        return Ok(next);
                     }
                 }
-                Some(Err(PduError::DataDigest { bhs })) => {
+                Err(PduError::DataDigest { bhs }) => {
                     // The header is sound: reject the PDU and carry on (RFC 7143 7.8).
                     let mut rej = Pdu::new(op::REJECT);
                     rej.bhs[1] = 0x80;
                     rej.bhs[2] = 0x02;
                     put32(&mut rej.bhs, 16, NO_TAG);
                     rej.data = bhs.to_vec();
-                    let _ = ctx.tx.send(Out::Pdu(rej, true)).await;
+                    self.writer.send_pdu(&rej, true);
                 }
-                Some(Err(e)) => break Err(e.to_string()),
-            },
-            _ = close.changed() => break Err("session reinstated by a new login".into()),
-            _ = tokio::time::sleep(NOP_INTERVAL) => {
-                match nop_sent {
-                    Some(t) if t.elapsed() >= NOP_TIMEOUT => break Err("no answer to NOP-In".into()),
-                    Some(_) => {}
-                    None => {
-                        let mut p = Pdu::new(op::NOP_IN);
-                        p.bhs[1] = 0x80;
-                        put32(&mut p.bhs, 16, NO_TAG);
-                        put32(&mut p.bhs, 20, 0x7FFF_FFFF);
-                        let _ = ctx.tx.send(Out::Pdu(p, false)).await;
-                        nop_sent = Some(tokio::time::Instant::now());
-                    }
+                Err(PduError::Io(e)) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                    return Err("connection closed".into());
                 }
-            }
-        }
-    };
-    reader.abort();
-    if let Some(t) = &ctx.target {
-        for n in t.lun_numbers() {
-            if let Some(l) = t.lun(n) {
-                l.forget_nexus(ctx.nexus.id);
+                Err(e) => return Err(e.to_string()),
             }
         }
     }
-    let _ = tx.send(Out::Close).await;
-    drop(ctx);
-    drop(tx);
-    let _ = tokio::time::timeout(Duration::from_secs(10), writer).await;
-    reg.close_session(&initiator, isid, &tname, tsih);
-    info!(%initiator, target = %tname, tsih, "session closed");
-    result
-}
 
-impl Ctx {
-    /// Handles one PDU; Ok(false) ends the connection cleanly.
-    async fn handle(&mut self, p: Pdu) -> Result<bool, String> {
+    /// Handles one PDU: Some when it completes a command to run, or ends the session.
+    fn handle(&self, rs: &mut ReadSide, p: Pdu) -> Result<Option<Next>, String> {
         match p.opcode() {
-            op::SCSI_CMD => self.scsi_command(p).await?,
-            op::DATA_OUT => self.data_out(p).await?,
+            op::SCSI_CMD => return Ok(self.scsi_command(rs, p).map(Next::Run)),
+            op::DATA_OUT => return Ok(self.data_out(rs, p)?.map(Next::Run)),
             op::NOP_OUT => {
                 self.advance(&p);
                 if p.itt() != NO_TAG {
@@ -256,16 +513,16 @@ impl Ctx {
                     put32(&mut r.bhs, 16, p.itt());
                     put32(&mut r.bhs, 20, NO_TAG);
                     r.data = p.data;
-                    self.send(r, true).await;
+                    self.writer.send_pdu(&r, true);
                 }
             }
             op::TEXT_REQ => {
                 self.advance(&p);
-                self.text(p).await;
+                self.text(p);
             }
             op::TASK_MGMT_REQ => {
                 self.advance(&p);
-                self.task_management(p).await;
+                self.task_management(rs, p);
             }
             op::LOGOUT_REQ => {
                 self.advance(&p);
@@ -275,58 +532,56 @@ impl Ctx {
                 // Removing a connection for recovery needs ErrorRecoveryLevel 2.
                 r.bhs[2] = if reason == 2 { 2 } else { 0 };
                 put32(&mut r.bhs, 16, p.itt());
-                r.bhs[40..42].copy_from_slice(&(self.params.default_time2wait as u16).to_be_bytes());
-                r.bhs[42..44].copy_from_slice(&(self.params.default_time2retain as u16).to_be_bytes());
-                self.send(r, true).await;
-                return Ok(false);
+                let p = &self.ctx.params;
+                r.bhs[40..42].copy_from_slice(&(p.default_time2wait as u16).to_be_bytes());
+                r.bhs[42..44].copy_from_slice(&(p.default_time2retain as u16).to_be_bytes());
+                self.writer.send_pdu(&r, true);
+                self.writer.close();
+                return Ok(Some(Next::Stop));
             }
-            _ => {
-                self.reject(&p, 0x05).await;
-            }
+            _ => self.reject(&p, 0x05),
         }
-        Ok(true)
+        Ok(None)
     }
 
-    async fn send(&self, p: Pdu, status: bool) {
-        let _ = self.tx.send(Out::Pdu(p, status)).await;
-    }
-
-    async fn reject(&self, p: &Pdu, reason: u8) {
+    fn reject(&self, p: &Pdu, reason: u8) {
         debug!(opcode = p.opcode(), reason, "reject");
         let mut r = Pdu::new(op::REJECT);
         r.bhs[1] = 0x80;
         r.bhs[2] = reason;
         put32(&mut r.bhs, 16, NO_TAG);
         r.data = p.bhs.to_vec();
-        self.send(r, true).await;
+        self.writer.send_pdu(&r, true);
     }
 
-    /// Moves ExpCmdSN past a non-immediate command.
+    /// Moves ExpCmdSN past a non-immediate command. Only the reader calls this, so commands
+    /// arrive in order and a load then a store is enough.
     fn advance(&self, p: &Pdu) {
         if !p.immediate() {
-            let sn = p.field24();
-            let exp = self.seq.exp_cmd_sn.load(Ordering::Acquire);
-            if sn == exp {
-                self.seq.exp_cmd_sn.store(exp.wrapping_add(1), Ordering::Release);
+            let seq = &self.writer.seq;
+            let exp = seq.exp_cmd_sn.load(Ordering::Acquire);
+            if p.field24() == exp {
+                seq.exp_cmd_sn.store(exp.wrapping_add(1), Ordering::Release);
             }
         }
     }
 
-    async fn text(&self, p: Pdu) {
+    fn text(&self, p: Pdu) {
         let keys = text::parse(&p.data).unwrap_or_default();
         let mut out: Vec<(String, String)> = Vec::new();
+        let ctx = &self.ctx;
         for (k, v) in keys {
             if k == "SendTargets" {
                 let targets: Vec<Arc<Target>> = match v.as_str() {
-                    "All" if self.target.is_none() => self.reg.targets(),
-                    "" | "All" => self.target.iter().cloned().collect(),
-                    name => self.reg.target(name).into_iter().collect(),
+                    "All" if ctx.target.is_none() => ctx.reg.targets(),
+                    "" | "All" => ctx.target.iter().cloned().collect(),
+                    name => ctx.reg.target(name).into_iter().collect(),
                 };
                 // A target the initiator may not log in to is not revealed either.
-                let visible = |t: &Arc<Target>| t.access().visible_to(&self.initiator, self.authenticated.as_ref());
+                let visible = |t: &Arc<Target>| t.access().visible_to(&ctx.initiator, ctx.authenticated.as_ref());
                 for t in targets.iter().filter(|t| visible(t)) {
                     out.push(("TargetName".into(), t.iqn.clone()));
-                    out.push(("TargetAddress".into(), format!("{},1", addr_text(self.local))));
+                    out.push(("TargetAddress".into(), format!("{},1", addr_text(ctx.local))));
                 }
             } else {
                 out.push((k, "NotUnderstood".into()));
@@ -337,12 +592,20 @@ impl Ctx {
         put32(&mut r.bhs, 16, p.itt());
         put32(&mut r.bhs, 20, NO_TAG);
         r.data = text::encode(&out);
-        self.send(r, true).await;
+        self.writer.send_pdu(&r, true);
     }
 
-    async fn task_management(&mut self, p: Pdu) {
+    /// Drops writes still waiting for data; they are no longer outstanding.
+    fn drop_writes(&self, rs: &mut ReadSide, which: impl Fn(u32) -> bool) {
+        let before = rs.writes.len();
+        rs.writes.retain(|&itt, _| !which(itt));
+        let dropped = (before - rs.writes.len()) as u32;
+        self.writer.seq.outstanding.fetch_sub(dropped, Ordering::AcqRel);
+    }
+
+    fn task_management(&self, rs: &mut ReadSide, p: Pdu) {
         let function = p.flags() & 0x7F;
-        let luns: Vec<Arc<Lun>> = match (&self.target, function) {
+        let luns: Vec<Arc<Lun>> = match (&self.ctx.target, function) {
             (Some(t), 5) => t.lun(decode_lun(&p.lun())).into_iter().collect(),
             (Some(t), 6 | 7) => t.lun_numbers().into_iter().filter_map(|n| t.lun(n)).collect(),
             _ => Vec::new(),
@@ -351,18 +614,19 @@ impl Ctx {
             // ABORT TASK: a write still waiting for data is dropped; a running command
             // finishes (it is short), and the initiator ignores its answer.
             1 => {
-                self.writes.remove(&p.ttt());
+                let tag = p.ttt();
+                self.drop_writes(rs, |itt| itt == tag);
                 0
             }
             2 | 4 => {
-                self.writes.clear();
+                self.drop_writes(rs, |_| true);
                 0
             }
             // LUN RESET, TARGET WARM and COLD RESET: the other nexuses get a unit attention.
             5 | 6 | 7 => {
-                self.writes.clear();
+                self.drop_writes(rs, |_| true);
                 for l in &luns {
-                    l.reset(self.nexus.id);
+                    l.reset(self.ctx.nexus.id);
                 }
                 0
             }
@@ -372,7 +636,7 @@ impl Ctx {
         r.bhs[1] = 0x80;
         r.bhs[2] = response;
         put32(&mut r.bhs, 16, p.itt());
-        self.send(r, true).await;
+        self.writer.send_pdu(&r, true);
     }
 
     /// True if a non-immediate command's CmdSN is inside [ExpCmdSN, MaxCmdSN].
@@ -380,22 +644,24 @@ impl Ctx {
         if p.immediate() {
             return true;
         }
-        let exp = self.seq.exp_cmd_sn.load(Ordering::Acquire);
+        let seq = &self.writer.seq;
+        let exp = seq.exp_cmd_sn.load(Ordering::Acquire);
         let ahead = p.field24().wrapping_sub(exp);
-        ahead <= self.seq.max_cmd_sn().wrapping_sub(exp)
+        ahead <= seq.max_cmd_sn().wrapping_sub(exp)
     }
 
-    async fn scsi_command(&mut self, p: Pdu) -> Result<(), String> {
+    /// A SCSI Command PDU: the command to run, or None while its data is still to come.
+    fn scsi_command(&self, rs: &mut ReadSide, p: Pdu) -> Option<Job> {
         if !self.in_window(&p) {
             // RFC 7143 3.2.2.1: a command outside the window is silently ignored.
             debug!(cmd_sn = p.field24(), "command outside the CmdSN window dropped");
-            return Ok(());
+            return None;
         }
         self.advance(&p);
-        let Some(target) = self.target.clone() else {
+        let Some(target) = &self.ctx.target else {
             // A discovery session carries no SCSI commands.
-            self.reject(&p, 0x04).await;
-            return Ok(());
+            self.reject(&p, 0x04);
+            return None;
         };
         let flags = p.flags();
         let (read, write) = (flags & 0x40 != 0, flags & 0x20 != 0);
@@ -403,19 +669,20 @@ impl Ctx {
         let cdb = p.bhs[32..48].to_vec();
         let lun_field = p.lun();
         let lun = target.lun(decode_lun(&lun_field));
-        self.seq.outstanding.fetch_add(1, Ordering::AcqRel);
+        let seq = &self.writer.seq;
+        seq.outstanding.fetch_add(1, Ordering::AcqRel);
         if write && edtl > p.data.len() {
-            if p.data.len() > edtl || edtl > tessera_scsi::MAX_TRANSFER_BYTES as usize + (1 << 20) {
-                self.reject(&p, 0x09).await;
-                self.seq.outstanding.fetch_sub(1, Ordering::AcqRel);
-                return Ok(());
+            if edtl > tessera_scsi::MAX_TRANSFER_BYTES as usize + (1 << 20) {
+                self.reject(&p, 0x09);
+                seq.outstanding.fetch_sub(1, Ordering::AcqRel);
+                return None;
             }
             let mut buf = vec![0u8; edtl];
             buf[..p.data.len()].copy_from_slice(&p.data);
-            let unsolicited_end = if self.params.initial_r2t || flags & 0x80 != 0 {
+            let unsolicited_end = if self.ctx.params.initial_r2t || flags & 0x80 != 0 {
                 p.data.len()
             } else {
-                (self.params.first_burst as usize).min(edtl).max(p.data.len())
+                (self.ctx.params.first_burst as usize).min(edtl).max(p.data.len())
             };
             let mut t = WriteTask {
                 lun_field,
@@ -431,26 +698,33 @@ impl Ctx {
                 edtl,
             };
             if t.received >= t.unsolicited_end {
-                self.next_r2t(p.itt(), &mut t).await;
+                self.next_r2t(rs, p.itt(), &mut t);
             }
-            self.writes.insert(p.itt(), t);
-            return Ok(());
+            rs.writes.insert(p.itt(), t);
+            return None;
         }
         let itt = p.itt();
-        let mut data = p.data;
-        data.truncate(edtl);
-        self.execute(itt, lun_field, lun, target, cdb, data, edtl, read);
-        Ok(())
+        let mut data_out = p.data;
+        data_out.truncate(edtl);
+        Some(Job {
+            itt,
+            lun_field,
+            lun,
+            cdb,
+            data_out,
+            edtl,
+            read,
+        })
     }
 
     /// Sends the next R2T of a write, if data remains to be asked for.
-    async fn next_r2t(&mut self, itt: u32, t: &mut WriteTask) {
+    fn next_r2t(&self, rs: &mut ReadSide, itt: u32, t: &mut WriteTask) {
         if t.r2t.is_some() || t.next_offset >= t.buf.len() {
             return;
         }
-        let len = (t.buf.len() - t.next_offset).min(self.params.max_burst as usize);
-        let ttt = self.next_ttt;
-        self.next_ttt = self.next_ttt.wrapping_add(1).max(1);
+        let len = (t.buf.len() - t.next_offset).min(self.ctx.params.max_burst as usize);
+        let ttt = rs.next_ttt;
+        rs.next_ttt = rs.next_ttt.wrapping_add(1).max(1);
         let mut r = Pdu::new(op::R2T);
         r.bhs[1] = 0x80;
         r.bhs[8..16].copy_from_slice(&t.lun_field);
@@ -463,15 +737,17 @@ impl Ctx {
         t.r2t_sn += 1;
         t.data_sn = 0;
         t.next_offset += len;
-        self.send(r, false).await;
+        self.writer.send_pdu(&r, false);
     }
 
-    async fn data_out(&mut self, p: Pdu) -> Result<(), String> {
+    /// A Data-Out PDU: the write it completes, if it does; Err for a protocol error that ends
+    /// the connection.
+    fn data_out(&self, rs: &mut ReadSide, p: Pdu) -> Result<Option<Job>, String> {
         let itt = p.itt();
-        let Some(mut t) = self.writes.remove(&itt) else {
+        let Some(mut t) = rs.writes.remove(&itt) else {
             // Data for a task we do not have (aborted, say): drop it.
             debug!(itt, "Data-Out for an unknown task");
-            return Ok(());
+            return Ok(None);
         };
         let offset = p.field40() as usize;
         let end = offset + p.data.len();
@@ -481,7 +757,8 @@ impl Ctx {
         };
         if !in_window || end > t.buf.len() {
             warn!(itt, offset, len = p.data.len(), "Data-Out outside what was asked for");
-            self.reject(&p, 0x09).await;
+            self.writer.seq.outstanding.fetch_sub(1, Ordering::AcqRel);
+            self.reject(&p, 0x09);
             return Err("protocol error: Data-Out outside the solicited range".into());
         }
         if p.field36() != t.data_sn {
@@ -491,7 +768,8 @@ impl Ctx {
                 expected = t.data_sn,
                 "Data-Out out of sequence"
             );
-            self.reject(&p, 0x09).await;
+            self.writer.seq.outstanding.fetch_sub(1, Ordering::AcqRel);
+            self.reject(&p, 0x09);
             return Err("protocol error: Data-Out with a wrong DataSN".into());
         }
         t.data_sn += 1;
@@ -505,71 +783,70 @@ impl Ctx {
             }
         }
         if t.received >= t.buf.len() {
-            let target = self.target.clone().expect("normal session");
-            let WriteTask {
-                lun_field,
-                cdb,
-                lun,
-                buf,
-                edtl,
-                ..
-            } = t;
-            self.execute(itt, lun_field, lun, target, cdb, buf, edtl, false);
-        } else {
-            if p.final_bit() {
-                self.next_r2t(itt, &mut t).await;
-            }
-            self.writes.insert(itt, t);
+            return Ok(Some(Job {
+                itt,
+                lun_field: t.lun_field,
+                lun: t.lun,
+                cdb: t.cdb,
+                data_out: t.buf,
+                edtl: t.edtl,
+                read: false,
+            }));
         }
-        Ok(())
+        if p.final_bit() {
+            self.next_r2t(rs, itt, &mut t);
+        }
+        rs.writes.insert(itt, t);
+        Ok(None)
     }
 
-    /// Runs a command on its own task and sends its data and status.
-    #[allow(clippy::too_many_arguments)]
-    fn execute(
-        &self,
-        itt: u32,
-        lun_field: [u8; 8],
-        lun: Option<Arc<Lun>>,
-        target: Arc<Target>,
-        cdb: Vec<u8>,
-        data_out: Vec<u8>,
-        edtl: usize,
-        read: bool,
-    ) {
-        let tx = self.tx.clone();
-        let seq = self.seq.clone();
-        let nexus = self.nexus.clone();
-        let max_seg = self.params.max_xmit_data_segment as usize;
+    /// Runs a command on its LUN and sends its data and status.
+    fn run_job(&self, job: Job) {
+        let Job {
+            itt,
+            lun_field,
+            lun,
+            cdb,
+            data_out,
+            edtl,
+            read,
+        } = job;
         // What the CDB asks to move, for the residual of a write.
         let wanted = if read {
             None
         } else {
-            lun.as_ref().and_then(|l| transfer_length(&cdb, l.block_size()))
+            lun.as_ref()
+                .and_then(|l| transfer_length(&cdb, l.block_size()))
+                .map(|w| w as usize)
         };
-        tokio::spawn(async move {
-            let resp = if cdb[0] == REPORT_LUNS {
-                report_luns(&cdb, &target.lun_numbers())
-            } else {
-                match lun {
-                    Some(l) => tokio::task::spawn_blocking(move || l.execute_for(&nexus, &cdb, &data_out))
-                        .await
-                        .unwrap_or_else(|_| Response {
+        let resp = if cdb[0] == REPORT_LUNS {
+            let numbers = self.ctx.target.as_ref().map(|t| t.lun_numbers()).unwrap_or_default();
+            report_luns(&cdb, &numbers)
+        } else {
+            match &lun {
+                // A bug in one command fails that command, not the session.
+                Some(l) => catch_unwind(AssertUnwindSafe(|| l.execute_for(&self.ctx.nexus, &cdb, &data_out)))
+                    .unwrap_or_else(|_| {
+                        warn!(opcode = cdb[0], "command panicked");
+                        Response {
                             status: sense::CHECK_CONDITION,
                             data: vec![],
                             sense: sense::INTERNAL_TARGET_FAILURE.encode(false),
-                        }),
-                    None => no_such_lun(&cdb),
-                }
-            };
-            seq.outstanding.fetch_sub(1, Ordering::AcqRel);
-            for p in response_pdus(itt, lun_field, resp, edtl, read, wanted.map(|w| w as usize), max_seg) {
-                let status = p.bhs[0] == op::SCSI_RESP || p.bhs[1] & 0x01 != 0;
-                if tx.send(Out::Pdu(p, status)).await.is_err() {
-                    return;
-                }
+                        }
+                    }),
+                None => no_such_lun(&cdb),
             }
-        });
+        };
+        drop(data_out);
+        self.writer.seq.outstanding.fetch_sub(1, Ordering::AcqRel);
+        let sense_segment = sense_segment(&resp.sense);
+        let max_seg = self.ctx.params.max_xmit_data_segment as usize;
+        let mut pdus = response_pdus(itt, lun_field, &resp, &sense_segment, edtl, read, wanted, max_seg);
+        if let Err(e) = self.writer.send(&mut pdus) {
+            // The initiator is gone; ending the socket ends the reader's wait too.
+            debug!(error = %e, itt, "response not sent");
+            self.writer.abort();
+        }
     }
 }
 
@@ -596,23 +873,37 @@ fn no_such_lun(cdb: &[u8]) -> Response {
     }
 }
 
-/// Data-In PDUs (the last one carrying status when there is no sense) or a SCSI Response.
-fn response_pdus(
+/// The data segment of a SCSI Response that carries sense: its length, then the sense.
+fn sense_segment(sense: &[u8]) -> Vec<u8> {
+    if sense.is_empty() {
+        return Vec::new();
+    }
+    let mut d = (sense.len() as u16).to_be_bytes().to_vec();
+    d.extend_from_slice(sense);
+    d
+}
+
+/// Data-In PDUs (the last one carrying status when there is no sense) or a SCSI Response,
+/// with their data borrowed from `resp`.
+#[allow(clippy::too_many_arguments)]
+fn response_pdus<'a>(
     itt: u32,
     lun: [u8; 8],
-    mut resp: Response,
+    resp: &'a Response,
+    sense_segment: &'a [u8],
     edtl: usize,
     read: bool,
     wanted: Option<usize>,
     max_seg: usize,
-) -> Vec<Pdu> {
+) -> Vec<Out<'a>> {
     let (mut over, mut under) = (0usize, 0usize);
+    let mut data: &[u8] = &resp.data;
     if read {
-        if resp.data.len() > edtl {
-            over = resp.data.len() - edtl;
-            resp.data.truncate(edtl);
-        } else if edtl > resp.data.len() {
-            under = edtl - resp.data.len();
+        if data.len() > edtl {
+            over = data.len() - edtl;
+            data = &data[..edtl];
+        } else if edtl > data.len() {
+            under = edtl - data.len();
         }
     } else if let Some(w) = wanted {
         if w > edtl {
@@ -629,47 +920,53 @@ fn response_pdus(
         0
     };
     let residual = (over + under) as u32;
-    let mut out = Vec::new();
-    let collapse = resp.status == sense::GOOD && !resp.data.is_empty();
-    let n = resp.data.len();
+    let collapse = resp.status == sense::GOOD && !data.is_empty();
+    let n = data.len();
+    let mut out = Vec::with_capacity(n.div_ceil(max_seg.max(1)) + 1);
     let mut offset = 0;
     let mut data_sn = 0;
     while offset < n {
         let len = max_seg.min(n - offset);
         let last = offset + len == n;
-        let mut p = Pdu::new(op::DATA_IN);
-        p.bhs[8..16].copy_from_slice(&lun);
-        put32(&mut p.bhs, 16, itt);
-        put32(&mut p.bhs, 20, NO_TAG);
-        put32(&mut p.bhs, 36, data_sn);
-        put32(&mut p.bhs, 40, offset as u32);
+        let mut bhs = [0u8; BHS_LEN];
+        bhs[0] = op::DATA_IN;
+        bhs[8..16].copy_from_slice(&lun);
+        put32(&mut bhs, 16, itt);
+        put32(&mut bhs, 20, NO_TAG);
+        put32(&mut bhs, 36, data_sn);
+        put32(&mut bhs, 40, offset as u32);
+        let mut status = false;
         if last {
-            p.bhs[1] = 0x80;
+            bhs[1] = 0x80;
             if collapse {
-                p.bhs[1] |= 0x01 | residual_flags;
-                p.bhs[3] = resp.status;
-                put32(&mut p.bhs, 44, residual);
+                bhs[1] |= 0x01 | residual_flags;
+                bhs[3] = resp.status;
+                put32(&mut bhs, 44, residual);
+                status = true;
             }
         }
-        p.data = resp.data[offset..offset + len].to_vec();
-        out.push(p);
+        out.push(Out {
+            bhs,
+            data: &data[offset..offset + len],
+            status,
+        });
         offset += len;
         data_sn += 1;
     }
     if !collapse {
-        let mut p = Pdu::new(op::SCSI_RESP);
-        p.bhs[1] = 0x80 | residual_flags;
-        p.bhs[3] = resp.status;
-        put32(&mut p.bhs, 16, itt);
+        let mut bhs = [0u8; BHS_LEN];
+        bhs[0] = op::SCSI_RESP;
+        bhs[1] = 0x80 | residual_flags;
+        bhs[3] = resp.status;
+        put32(&mut bhs, 16, itt);
         // ExpDataSN: how many Data-In PDUs went before.
-        put32(&mut p.bhs, 36, data_sn);
-        put32(&mut p.bhs, 44, residual);
-        if !resp.sense.is_empty() {
-            let mut d = (resp.sense.len() as u16).to_be_bytes().to_vec();
-            d.extend_from_slice(&resp.sense);
-            p.data = d;
-        }
-        out.push(p);
+        put32(&mut bhs, 36, data_sn);
+        put32(&mut bhs, 44, residual);
+        out.push(Out {
+            bhs,
+            data: sense_segment,
+            status: true,
+        });
     }
     out
 }

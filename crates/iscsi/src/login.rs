@@ -40,7 +40,7 @@ pub struct LoggedIn {
     pub params: Params,
     pub exp_cmd_sn: u32,
     pub stat_sn: u32,
-    pub close: tokio::sync::watch::Receiver<bool>,
+    pub close: Arc<crate::target::Closer>,
 }
 
 /// Where the security stage stands.

@@ -133,33 +133,44 @@ impl Pdu {
     ) -> Result<Pdu, PduError> {
         let mut bhs = [0u8; BHS_LEN];
         r.read_exact(&mut bhs).await?;
-        let ahs_len = bhs[4] as usize * 4;
-        let data_len = ((bhs[5] as usize) << 16) | ((bhs[6] as usize) << 8) | bhs[7] as usize;
-        let mut ahs = vec![0u8; ahs_len];
+        let (mut ahs, mut data, data_len) = segments(&bhs, max_data);
         r.read_exact(&mut ahs).await?;
+        let mut d = [0u8; 4];
         if header_digest {
-            let mut d = [0u8; 4];
             r.read_exact(&mut d).await?;
-            let crc = crc32c::crc32c_append(crc32c::crc32c(&bhs), &ahs);
-            if u32::from_le_bytes(d) != crc {
-                return Err(PduError::HeaderDigest);
-            }
+            check_header(&bhs, &ahs, d)?;
         }
-        if data_len > max_data {
-            return Err(PduError::TooLong {
-                len: data_len,
-                max: max_data,
-            });
-        }
-        let padded = data_len.div_ceil(4) * 4;
-        let mut data = vec![0u8; padded];
+        check_length(data_len, max_data)?;
         r.read_exact(&mut data).await?;
         if data_digest && data_len > 0 {
-            let mut d = [0u8; 4];
             r.read_exact(&mut d).await?;
-            if u32::from_le_bytes(d) != crc32c::crc32c(&data) {
-                return Err(PduError::DataDigest { bhs: Box::new(bhs) });
-            }
+            check_data(&bhs, &data, d)?;
+        }
+        data.truncate(data_len);
+        Ok(Pdu { bhs, ahs, data })
+    }
+
+    /// `read` for a blocking stream (a connection served by threads).
+    pub fn read_blocking<R: std::io::Read>(
+        r: &mut R,
+        header_digest: bool,
+        data_digest: bool,
+        max_data: usize,
+    ) -> Result<Pdu, PduError> {
+        let mut bhs = [0u8; BHS_LEN];
+        r.read_exact(&mut bhs)?;
+        let (mut ahs, mut data, data_len) = segments(&bhs, max_data);
+        r.read_exact(&mut ahs)?;
+        let mut d = [0u8; 4];
+        if header_digest {
+            r.read_exact(&mut d)?;
+            check_header(&bhs, &ahs, d)?;
+        }
+        check_length(data_len, max_data)?;
+        r.read_exact(&mut data)?;
+        if data_digest && data_len > 0 {
+            r.read_exact(&mut d)?;
+            check_data(&bhs, &data, d)?;
         }
         data.truncate(data_len);
         Ok(Pdu { bhs, ahs, data })
@@ -203,6 +214,41 @@ impl Pdu {
         let bytes = self.encode(hd, dd);
         w.write_all(&bytes).await
     }
+}
+
+/// Buffers for the AHS and the padded data segment a header announces, and the data length.
+/// A data segment over `max_data` gets no buffer: it is refused once the header digest (if
+/// any) has shown the length can be trusted.
+fn segments(bhs: &[u8; BHS_LEN], max_data: usize) -> (Vec<u8>, Vec<u8>, usize) {
+    let ahs_len = bhs[4] as usize * 4;
+    let data_len = ((bhs[5] as usize) << 16) | ((bhs[6] as usize) << 8) | bhs[7] as usize;
+    let padded = if data_len > max_data { 0 } else { data_len.div_ceil(4) * 4 };
+    (vec![0u8; ahs_len], vec![0u8; padded], data_len)
+}
+
+fn check_length(data_len: usize, max_data: usize) -> Result<(), PduError> {
+    if data_len > max_data {
+        return Err(PduError::TooLong {
+            len: data_len,
+            max: max_data,
+        });
+    }
+    Ok(())
+}
+
+fn check_header(bhs: &[u8; BHS_LEN], ahs: &[u8], digest: [u8; 4]) -> Result<(), PduError> {
+    let crc = crc32c::crc32c_append(crc32c::crc32c(bhs), ahs);
+    if u32::from_le_bytes(digest) != crc {
+        return Err(PduError::HeaderDigest);
+    }
+    Ok(())
+}
+
+fn check_data(bhs: &[u8; BHS_LEN], padded: &[u8], digest: [u8; 4]) -> Result<(), PduError> {
+    if u32::from_le_bytes(digest) != crc32c::crc32c(padded) {
+        return Err(PduError::DataDigest { bhs: Box::new(*bhs) });
+    }
+    Ok(())
 }
 
 #[cfg(test)]

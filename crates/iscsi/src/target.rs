@@ -2,8 +2,8 @@
 //! connections.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU16, Ordering};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
@@ -11,7 +11,6 @@ use tessera_scsi::Lun;
 
 use crate::auth::Access;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
 use tracing::{info, warn};
 
 /// An iSCSI target: a name and the LUNs it presents.
@@ -52,7 +51,35 @@ impl Target {
 /// initiator, ISID and target) closes the old one.
 struct SessionEntry {
     tsih: u16,
-    close: watch::Sender<bool>,
+    close: Arc<Closer>,
+}
+
+/// Ends a session from outside (when a new login reinstates it) by shutting its socket down,
+/// which ends the blocking read of whichever thread is reading it.
+#[derive(Default)]
+pub struct Closer {
+    closed: AtomicBool,
+    sock: Mutex<Option<TcpStream>>,
+}
+
+impl Closer {
+    pub fn close(&self) {
+        // The flag first: a socket attached after this sees it and is not served.
+        self.closed.store(true, Ordering::SeqCst);
+        if let Some(s) = self.sock.lock().as_ref() {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+
+    /// Hands over the session's socket; false if the session was closed before it arrived.
+    pub fn attach(&self, s: &TcpStream) -> std::io::Result<bool> {
+        let mut slot = self.sock.lock();
+        if self.closed.load(Ordering::SeqCst) {
+            return Ok(false);
+        }
+        *slot = Some(s.try_clone()?);
+        Ok(true)
+    }
 }
 
 #[derive(Default)]
@@ -86,20 +113,24 @@ impl Registry {
         self.targets.read().values().cloned().collect()
     }
 
-    /// Registers a new session, closing one with the same identity; returns its TSIH and the
-    /// receiver that tells it to close.
-    pub(crate) fn open_session(&self, initiator: &str, isid: [u8; 6], target: &str) -> (u16, watch::Receiver<bool>) {
+    /// Registers a new session, closing one with the same identity; returns its TSIH and what
+    /// closes it.
+    pub(crate) fn open_session(&self, initiator: &str, isid: [u8; 6], target: &str) -> (u16, Arc<Closer>) {
         let mut tsih = self.next_tsih.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
         if tsih == 0 {
             tsih = self.next_tsih.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
         }
-        let (tx, rx) = watch::channel(false);
+        let close = Arc::new(Closer::default());
         let key = (initiator.to_string(), isid, target.to_string());
-        if let Some(old) = self.sessions.lock().insert(key, SessionEntry { tsih, close: tx }) {
+        let entry = SessionEntry {
+            tsih,
+            close: close.clone(),
+        };
+        if let Some(old) = self.sessions.lock().insert(key, entry) {
             info!(initiator, tsih = old.tsih, "session reinstated: closing the old one");
-            let _ = old.close.send(true);
+            old.close.close();
         }
-        (tsih, rx)
+        (tsih, close)
     }
 
     pub(crate) fn close_session(&self, initiator: &str, isid: [u8; 6], target: &str, tsih: u16) {
@@ -120,7 +151,8 @@ impl Registry {
     }
 }
 
-/// Accepts connections on `listener` until the process ends; each runs on its own task.
+/// Accepts connections on `listener` until the process ends; each logs in on a task of its
+/// own, then is served by threads of its own.
 pub async fn serve(listener: TcpListener, reg: Arc<Registry>) {
     loop {
         match listener.accept().await {
@@ -132,7 +164,7 @@ pub async fn serve(listener: TcpListener, reg: Arc<Registry>) {
                 let reg = reg.clone();
                 tokio::spawn(async move {
                     if let Err(e) = crate::conn::run(sock, local, reg).await {
-                        info!(%peer, error = %e, "iSCSI connection ended");
+                        info!(%peer, error = %e, "iSCSI login ended");
                     }
                 });
             }
