@@ -25,7 +25,7 @@ use tracing::{debug, info, warn};
 use crate::auth::Chap;
 use crate::login::{login, LoggedIn, CMD_WINDOW};
 use crate::params::Params;
-use crate::pdu::{op, put32, Pdu, PduError, BHS_LEN};
+use crate::pdu::{get32, op, put32, Pdu, PduError, BHS_LEN};
 use crate::target::{Registry, Target};
 use crate::text;
 
@@ -246,6 +246,9 @@ struct WriteTask {
     /// DataSN the next Data-Out of the current sequence must carry.
     data_sn: u32,
     edtl: usize,
+    /// A Data-Out of this write was lost (wrong DataSN or data digest): its data is dropped
+    /// until the sequence ends, then the command fails without running.
+    lost_data: bool,
 }
 
 /// A SCSI command with all its data, ready to run.
@@ -257,6 +260,8 @@ struct Job {
     data_out: Vec<u8>,
     edtl: usize,
     read: bool,
+    /// Fail the command with this instead of running it.
+    fail: Option<sense::Sense>,
 }
 
 /// What the session is, fixed at login.
@@ -483,13 +488,23 @@ impl Session {
                     }
                 }
                 Err(PduError::DataDigest { bhs }) => {
-                    // The header is sound: reject the PDU and carry on (RFC 7143 7.8).
+                    // The header is sound: reject the PDU and carry on (RFC 7143 7.8). A
+                    // Data-Out's write then fails, as for a missing PDU.
                     let mut rej = Pdu::new(op::REJECT);
                     rej.bhs[1] = 0x80;
                     rej.bhs[2] = 0x02;
                     put32(&mut rej.bhs, 16, NO_TAG);
                     rej.data = bhs.to_vec();
                     self.writer.send_pdu(&rej, true);
+                    let mut lost = Pdu::new(op::DATA_OUT);
+                    lost.bhs = *bhs;
+                    if lost.opcode() == op::DATA_OUT {
+                        let len = get32(&lost.bhs, 4) & 0x00FF_FFFF;
+                        lost.data = vec![0; len as usize];
+                        if let Some(job) = self.data_out(rs, lost, false)? {
+                            return Ok(Next::Run(job));
+                        }
+                    }
                 }
                 Err(PduError::Io(e)) if e.kind() == io::ErrorKind::UnexpectedEof => {
                     return Err("connection closed".into());
@@ -503,7 +518,7 @@ impl Session {
     fn handle(&self, rs: &mut ReadSide, p: Pdu) -> Result<Option<Next>, String> {
         match p.opcode() {
             op::SCSI_CMD => return Ok(self.scsi_command(rs, p).map(Next::Run)),
-            op::DATA_OUT => return Ok(self.data_out(rs, p)?.map(Next::Run)),
+            op::DATA_OUT => return Ok(self.data_out(rs, p, true)?.map(Next::Run)),
             op::NOP_OUT => {
                 self.advance(&p);
                 if p.itt() != NO_TAG {
@@ -696,6 +711,7 @@ impl Session {
                 next_offset: unsolicited_end,
                 data_sn: 0,
                 edtl,
+                lost_data: false,
             };
             if t.received >= t.unsolicited_end {
                 self.next_r2t(rs, p.itt(), &mut t);
@@ -714,6 +730,7 @@ impl Session {
             data_out,
             edtl,
             read,
+            fail: None,
         })
     }
 
@@ -741,11 +758,11 @@ impl Session {
     }
 
     /// A Data-Out PDU: the write it completes, if it does; Err for a protocol error that ends
-    /// the connection.
-    fn data_out(&self, rs: &mut ReadSide, p: Pdu) -> Result<Option<Job>, String> {
+    /// the connection. `intact` is false when its data digest was wrong.
+    fn data_out(&self, rs: &mut ReadSide, p: Pdu, intact: bool) -> Result<Option<Job>, String> {
         let itt = p.itt();
         let Some(mut t) = rs.writes.remove(&itt) else {
-            // Data for a task we do not have (aborted, say): drop it.
+            // Data for a task we do not have (aborted, or failed for lost data): drop it.
             debug!(itt, "Data-Out for an unknown task");
             return Ok(None);
         };
@@ -761,20 +778,21 @@ impl Session {
             self.reject(&p, 0x09);
             return Err("protocol error: Data-Out outside the solicited range".into());
         }
-        if p.field36() != t.data_sn {
+        // A wrong DataSN means a PDU went missing, an implied digest error (RFC 7143 7.9).
+        // At ErrorRecoveryLevel 0 the data cannot be asked for again: the task ends with
+        // PROTOCOL SERVICE CRC ERROR once the initiator has sent the rest of the sequence
+        // (7.8), and the connection goes on.
+        if !t.lost_data && (!intact || p.field36() != t.data_sn) {
             warn!(
                 itt,
                 data_sn = p.field36(),
                 expected = t.data_sn,
-                "Data-Out out of sequence"
+                intact,
+                "Data-Out lost: the command will fail"
             );
-            self.writer.seq.outstanding.fetch_sub(1, Ordering::AcqRel);
-            self.reject(&p, 0x09);
-            return Err("protocol error: Data-Out with a wrong DataSN".into());
+            t.lost_data = true;
         }
-        t.data_sn += 1;
-        t.buf[offset..end].copy_from_slice(&p.data);
-        t.received += p.data.len();
+        t.data_sn = t.data_sn.wrapping_add(1);
         if p.final_bit() {
             if let Some((ttt, _, _)) = t.r2t {
                 if p.ttt() == ttt {
@@ -782,6 +800,24 @@ impl Session {
                 }
             }
         }
+        if t.lost_data {
+            if !p.final_bit() {
+                rs.writes.insert(itt, t);
+                return Ok(None);
+            }
+            return Ok(Some(Job {
+                itt,
+                lun_field: t.lun_field,
+                lun: t.lun,
+                cdb: t.cdb,
+                data_out: Vec::new(),
+                edtl: t.edtl,
+                read: false,
+                fail: Some(sense::PROTOCOL_SERVICE_CRC_ERROR),
+            }));
+        }
+        t.buf[offset..end].copy_from_slice(&p.data);
+        t.received += p.data.len();
         if t.received >= t.buf.len() {
             return Ok(Some(Job {
                 itt,
@@ -791,6 +827,7 @@ impl Session {
                 data_out: t.buf,
                 edtl: t.edtl,
                 read: false,
+                fail: None,
             }));
         }
         if p.final_bit() {
@@ -810,6 +847,7 @@ impl Session {
             data_out,
             edtl,
             read,
+            fail,
         } = job;
         // What the CDB asks to move, for the residual of a write.
         let wanted = if read {
@@ -819,7 +857,16 @@ impl Session {
                 .and_then(|l| transfer_length(&cdb, l.block_size()))
                 .map(|w| w as usize)
         };
-        let resp = if cdb[0] == REPORT_LUNS {
+        let resp = if let Some(sense) = fail {
+            Response {
+                status: sense::CHECK_CONDITION,
+                data: vec![],
+                sense: match &lun {
+                    Some(l) => l.sense_bytes(sense),
+                    None => sense.encode(false),
+                },
+            }
+        } else if cdb[0] == REPORT_LUNS {
             let numbers = self.ctx.target.as_ref().map(|t| t.lun_numbers()).unwrap_or_default();
             report_luns(&cdb, &numbers)
         } else {

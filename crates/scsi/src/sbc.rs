@@ -227,15 +227,18 @@ impl Lun {
         let durable = !self.mode().wce;
         let _shared = self.atomic.read();
         let (off, len) = (lba * bs, n * bs);
-        if block.iter().all(|&b| b == 0) {
-            // Zeros: unmapped when asked (or anchored: our unmapped blocks are as good as
-            // anchored, they read zeros and a write maps them), else written.
+        if unmap || block.iter().all(|&b| b == 0) {
+            // UNMAP set: SBC-4 (WRITE SAME, "ANCHOR bit, UNMAP bit and ANC_SUP bit
+            // relationships") has the device server deallocate each LBA, whatever the
+            // Data-Out buffer holds; they then read as LBPRZ says, zeros. This is what Linux's
+            // discard and LIO do too. Zeros without UNMAP are written (kept allocated on a
+            // fixed vdisk).
             self.vdisk
-                .write_zeroes(off, len, unmap || anchor, durable)
+                .write_zeroes(off, len, unmap, durable)
                 .map_err(|e| self.io_sense(e, true))?;
             return Ok(Vec::new());
         }
-        // A non-zero pattern must read back, UNMAP bit or not: write it.
+        // A pattern without UNMAP: written.
         let chunk_blocks = (1u64 << 20) / bs;
         let pattern: Vec<u8> = block
             .iter()

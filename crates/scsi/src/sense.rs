@@ -102,6 +102,9 @@ pub const WRITE_PROTECTED: Sense = Sense::new(key::DATA_PROTECT, 0x27, 0x00);
 pub const SPACE_ALLOCATION_FAILED_WRITE_PROTECT: Sense = Sense::new(key::DATA_PROTECT, 0x27, 0x07);
 pub const UNRECOVERED_READ_ERROR: Sense = Sense::new(key::MEDIUM_ERROR, 0x11, 0x00);
 pub const WRITE_ERROR: Sense = Sense::new(key::MEDIUM_ERROR, 0x0C, 0x00);
+/// iSCSI's "a data PDU was lost" (RFC 7143 11.4.7.2), for a write whose data cannot be
+/// asked for again at ErrorRecoveryLevel 0.
+pub const PROTOCOL_SERVICE_CRC_ERROR: Sense = Sense::new(key::ABORTED_COMMAND, 0x47, 0x05);
 pub const INTERNAL_TARGET_FAILURE: Sense = Sense::new(key::HARDWARE_ERROR, 0x44, 0x00);
 pub const MISCOMPARE_DURING_VERIFY: Sense = Sense::new(key::MISCOMPARE, 0x1D, 0x00);
 pub const POWER_ON_OCCURRED: Sense = Sense::new(key::UNIT_ATTENTION, 0x29, 0x00);

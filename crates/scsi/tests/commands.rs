@@ -247,6 +247,11 @@ fn thin_provisioning_commands() {
     assert!(ok(lun.execute(&cdb16(0x88, 0, 0, g as u32), &[]))
         .iter()
         .all(|&b| b == 0x42));
+    // UNMAP with a pattern deallocates all the same (SBC-4): the blocks read zeros.
+    ws[1] = 0x08;
+    ok(lun.execute(&ws, &[0x42u8; 512]));
+    assert!(ok(lun.execute(&cdb16(0x88, 0, 0, g as u32), &[])).iter().all(|&b| b == 0));
+    assert_eq!(lun.vdisk().allocated_bytes(), 64 << 10);
     ws[1] = 0x10; // ANCHOR: not supported
     assert_eq!(check(lun.execute(&ws, &[0u8; 512])).1, 0x24);
     ws[1] = 0x01; // NDOB: zeros without a data-out buffer
