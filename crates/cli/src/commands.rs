@@ -851,6 +851,55 @@ fn target_table(v: &Value) {
     }
 }
 
+fn portal(c: &Ctx, cmd: PortalCmd) -> R {
+    let v = match cmd {
+        PortalCmd::Add { address } => c
+            .client
+            .post("/api/iscsi/portals", Some(json!({"address": address})))?,
+        PortalCmd::List => c.client.get("/api/iscsi/portals")?,
+        PortalCmd::Remove { address } => {
+            c.client
+                .delete(&format!("/api/iscsi/portals/{}", encode_segment(&address)))?;
+            if !c.json {
+                println!("portal {address} removed");
+            }
+            return Ok(());
+        }
+    };
+    if c.json {
+        c.print_json(&v);
+        return Ok(());
+    }
+    let list = if v.is_array() { arr(&v).to_vec() } else { vec![v] };
+    let buffer = |b: &Value| match b.as_u64() {
+        // The kernel reports twice what was asked for.
+        Some(n) => format_size(n / 2),
+        None => "auto".into(),
+    };
+    let rows = list
+        .iter()
+        .map(|p| {
+            vec![
+                s(&p["address"]),
+                s(&p["source"]),
+                match (&p["listening_on"], &p["error"]) {
+                    (Value::String(a), _) => format!("listening on {a}"),
+                    (_, e) => format!("not listening: {}", s(e)),
+                },
+                buffer(&p["send_buffer"]),
+                buffer(&p["recv_buffer"]),
+            ]
+        })
+        .collect();
+    table(&["PORTAL", "FROM", "STATE", "SNDBUF", "RCVBUF"], rows);
+    for p in &list {
+        if let Value::String(w) = &p["warning"] {
+            println!("{}: {w}", s(&p["address"]));
+        }
+    }
+    Ok(())
+}
+
 fn target(c: &Ctx, cmd: TargetCmd) -> R {
     let path = |iqn: &str| format!("/api/targets/{}", encode_segment(iqn));
     let v = match cmd {
@@ -888,6 +937,7 @@ fn target(c: &Ctx, cmd: TargetCmd) -> R {
             Some(json!({"user": user, "secret": secret, "mutual_user": mutual_user, "mutual_secret": mutual_secret})),
         )?,
         TargetCmd::Chap(ChapCmd::Clear { iqn }) => c.client.delete(&format!("{}/chap", path(&iqn)))?,
+        TargetCmd::Portal(p) => return portal(c, p),
     };
     if c.json {
         c.print_json(&v);

@@ -236,6 +236,21 @@ pub enum TargetCmd {
     /// CHAP authentication, one-way or mutual.
     #[command(subcommand)]
     Chap(ChapCmd),
+    /// The addresses the iSCSI service listens on; every target is reachable through each.
+    #[command(subcommand)]
+    Portal(PortalCmd),
+}
+
+#[derive(Subcommand)]
+pub enum PortalCmd {
+    /// Listen on one more address, e.g. a second storage network for MPIO; kept across
+    /// restarts. IP[:PORT], port 3260 by default; 0.0.0.0 or [::] for every address.
+    Add { address: String },
+    /// The configured portal (iscsi_listen) and those added, with their socket buffers.
+    List,
+    /// Stop listening on an added portal; sessions that came through it go on until they log
+    /// out.
+    Remove { address: String },
 }
 
 #[derive(Subcommand)]

@@ -137,6 +137,56 @@ fn targets_survive_a_restart() {
     assert!(inq.contains("TESSERA"), "{inq}");
 }
 
+#[test]
+fn added_portals_serve_discovery_and_survive_a_restart() {
+    let t = tempfile::tempdir().unwrap();
+    let state = t.path().join("state");
+    let mut d = Daemon::start(&state);
+    create_pool(&d, "p", &disks(&t.path().join("disks"), 1, 1 << 30));
+    d.ok(&["vdisk", "create", "p/v", "--size", "64M", "--layout", "simple"]);
+    let iqn = "iqn.2026-11.io.tessera:paths";
+    d.ok(&["target", "create", iqn]);
+    d.ok(&["target", "lun", "add", iqn, "p/v"]);
+    let first = d.iscsi_portal();
+    // A second path on another loopback address, as a second storage network would be.
+    let port = std::net::TcpListener::bind("127.0.0.2:0").unwrap().local_addr().unwrap().port();
+    let second = format!("127.0.0.2:{port}");
+    let added = d.json(&["target", "portal", "add", &second]);
+    assert_eq!(added["listening_on"], second.as_str());
+    assert_eq!(added["source"], "api");
+
+    // Bad requests are refused with the reason and change nothing.
+    assert!(d.fails(&["target", "portal", "add", &second]).contains("exists"));
+    assert!(d.fails(&["target", "portal", "add", "storage-net"]).contains("IP[:PORT]"));
+    assert!(d.fails(&["target", "portal", "add", &first]).contains("exists"));
+    assert!(d.fails(&["target", "portal", "remove", &first]).contains("configuration"));
+    assert!(d.fails(&["target", "portal", "remove", "127.0.0.9"]).contains("no portal"));
+    assert_eq!(d.json(&["target", "portal", "list"]).as_array().unwrap().len(), 2);
+
+    // Discovery through either portal names both; the LUN answers through the second.
+    let check = |first: &str| {
+        for via in [first, second.as_str()] {
+            let seen = ok("iscsi-ls", &["--url", &format!("iscsi://{via}")]);
+            assert!(seen.contains(first) && seen.contains(&second), "via {via}: {seen}");
+        }
+        let inq = ok("iscsi-inq", &[&format!("iscsi://{second}/{iqn}/0")]);
+        assert!(inq.contains("TESSERA"), "{inq}");
+    };
+    check(&first);
+    let listed = d.ok(&["target", "portal", "list"]);
+    assert!(listed.contains(&format!("listening on {second}")), "{listed}");
+
+    d.kill9();
+    let mut d = Daemon::start(&state);
+    check(&d.iscsi_portal());
+
+    d.ok(&["target", "portal", "remove", &second]);
+    assert!(std::net::TcpStream::connect(&second).is_err(), "{second} still accepts");
+    d.stop();
+    let d = Daemon::start(&state);
+    assert_eq!(d.json(&["target", "portal", "list"]).as_array().unwrap().len(), 1);
+}
+
 /// Failures of libiscsi's suite that are known, each with its reason. The test fails on any
 /// other failure, and on one of these that no longer happens (then it leaves this list).
 const KNOWN_FAILURES: &[(&str, &str)] = &[

@@ -594,9 +594,12 @@ impl Session {
                 };
                 // A target the initiator may not log in to is not revealed either.
                 let visible = |t: &Arc<Target>| t.access().visible_to(&ctx.initiator, ctx.authenticated.as_ref());
+                let addresses = crate::portal::target_addresses(&ctx.reg.portals(), ctx.local);
                 for t in targets.iter().filter(|t| visible(t)) {
                     out.push(("TargetName".into(), t.iqn.clone()));
-                    out.push(("TargetAddress".into(), format!("{},1", addr_text(ctx.local))));
+                    for a in &addresses {
+                        out.push(("TargetAddress".into(), a.clone()));
+                    }
                 }
             } else {
                 out.push((k, "NotUnderstood".into()));
@@ -1018,9 +1021,3 @@ fn response_pdus<'a>(
     out
 }
 
-fn addr_text(a: SocketAddr) -> String {
-    match a {
-        SocketAddr::V4(v) => format!("{}:{}", v.ip(), v.port()),
-        SocketAddr::V6(v) => format!("[{}]:{}", v.ip(), v.port()),
-    }
-}

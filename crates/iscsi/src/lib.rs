@@ -10,9 +10,13 @@ pub mod login;
 pub mod params;
 pub mod pdu;
 #[cfg(feature = "target")]
+pub mod portal;
+#[cfg(feature = "target")]
 pub mod target;
 pub mod text;
 
 pub use auth::{Access, Chap};
+#[cfg(feature = "target")]
+pub use portal::SocketBuffers;
 #[cfg(feature = "target")]
 pub use target::{serve, Registry, Target};

@@ -1,5 +1,5 @@
-//! Targets and their LUNs, the sessions logged in to them, and the portal that accepts
-//! connections.
+//! Targets and their LUNs, the sessions logged in to them, and the loop that accepts a
+//! portal's connections.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{Shutdown, SocketAddr, TcpStream};
@@ -88,6 +88,8 @@ pub struct Registry {
     sessions: Mutex<HashMap<(String, [u8; 6], String), SessionEntry>>,
     next_tsih: AtomicU16,
     next_nexus: std::sync::atomic::AtomicU64,
+    /// Every portal the target listens on, for SendTargets.
+    portals: RwLock<Vec<SocketAddr>>,
 }
 
 impl Registry {
@@ -144,6 +146,15 @@ impl Registry {
     /// A new I_T nexus identifier, never reused while the daemon runs.
     pub(crate) fn new_nexus(&self) -> u64 {
         self.next_nexus.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// Sets the portals SendTargets reports (the listeners themselves are the caller's).
+    pub fn set_portals(&self, portals: Vec<SocketAddr>) {
+        *self.portals.write() = portals;
+    }
+
+    pub fn portals(&self) -> Vec<SocketAddr> {
+        self.portals.read().clone()
     }
 
     pub fn session_count(&self) -> usize {

@@ -4,7 +4,9 @@
 //! state_dir = "/var/lib/tessera"
 //! api_listen = "127.0.0.1:8484"   # "" disables the TCP listener; the unix socket stays
 //! api_token_file = "/etc/tessera/api-token"
-//! iscsi_listen = "0.0.0.0:3260"    # "none" disables the iSCSI portal
+//! iscsi_listen = "0.0.0.0:3260"    # "none": no portal from here (those added by API stay)
+//! iscsi_send_buffer = "4M"        # iSCSI sockets' SO_SNDBUF; unset: kernel autotuning
+//! iscsi_recv_buffer = "4M"        # iSCSI sockets' SO_RCVBUF; unset: kernel autotuning
 //! nbd_listen = "127.0.0.1:10809"  # "none" disables the NBD server
 //! pools = ["tank"]                # imported at start, in addition to those left imported
 //! log_format = "text"             # or "json"
@@ -36,6 +38,8 @@ pub struct ConfigFile {
     pub api_token: Option<String>,
     pub api_token_file: Option<PathBuf>,
     pub iscsi_listen: Option<String>,
+    pub iscsi_send_buffer: Option<Size>,
+    pub iscsi_recv_buffer: Option<Size>,
     pub nbd_listen: Option<String>,
     #[serde(default)]
     pub pools: Vec<String>,
@@ -60,8 +64,10 @@ pub struct ServerConfig {
     pub state_dir: PathBuf,
     pub api_listen: Option<SocketAddr>,
     pub api_token: Option<String>,
-    /// The iSCSI portal; None when disabled.
+    /// The configured iSCSI portal; None when disabled.
     pub iscsi_listen: Option<SocketAddr>,
+    /// Socket buffers of every iSCSI portal.
+    pub iscsi_buffers: tessera_iscsi::SocketBuffers,
     /// The NBD server's address; None when disabled.
     pub nbd_listen: Option<SocketAddr>,
     pub pools: Vec<String>,
@@ -123,6 +129,10 @@ impl ServerConfig {
             }
         }
         let iscsi_listen = listen_addr("iscsi_listen", o.iscsi_listen.or(f.iscsi_listen), DEFAULT_ISCSI_LISTEN)?;
+        let iscsi_buffers = tessera_iscsi::SocketBuffers {
+            send: socket_buffer("iscsi_send_buffer", f.iscsi_send_buffer)?,
+            recv: socket_buffer("iscsi_recv_buffer", f.iscsi_recv_buffer)?,
+        };
         let nbd_listen = listen_addr("nbd_listen", o.nbd_listen.or(f.nbd_listen), DEFAULT_NBD_LISTEN)?;
         for p in &f.pools {
             tessera_pool::validate_name("pool", p)?;
@@ -132,6 +142,7 @@ impl ServerConfig {
             api_listen,
             api_token,
             iscsi_listen,
+            iscsi_buffers,
             nbd_listen,
             pools: f.pools,
             log_format: o.log_format.or(f.log_format).unwrap_or_default(),
@@ -154,6 +165,28 @@ fn listen_addr(key: &str, given: Option<String>, default: &str) -> Result<Option
         "" | "none" => Ok(None),
         s => parse_addr(key, s).map(Some),
     }
+}
+
+/// A size in the file: a number of bytes or a string with a suffix ("4M").
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Size {
+    Bytes(u64),
+    Text(String),
+}
+
+/// Socket buffer sizes: 4 KiB (below that TCP stalls) to 1 GiB (what a u32 socket option and
+/// the kernel's doubling leave room for).
+fn socket_buffer(key: &str, v: Option<Size>) -> Result<Option<u32>, String> {
+    let n = match v {
+        None => return Ok(None),
+        Some(Size::Bytes(n)) => n,
+        Some(Size::Text(t)) => crate::units::parse_size(&t).map_err(|e| format!("{key}: {e}"))?,
+    };
+    if !(4096..=1 << 30).contains(&n) {
+        return Err(format!("{key} must be between 4K and 1G, not {n} bytes"));
+    }
+    Ok(Some(n as u32))
 }
 
 pub fn parse_file(text: &str) -> Result<ConfigFile, String> {
@@ -216,6 +249,14 @@ mod tests {
     }
 
     #[test]
+    fn socket_buffers() {
+        let c = resolve("iscsi_send_buffer = \"4M\"\niscsi_recv_buffer = 262144\n", Overrides::default()).unwrap();
+        assert_eq!(c.iscsi_buffers.send, Some(4 << 20));
+        assert_eq!(c.iscsi_buffers.recv, Some(256 << 10));
+        assert_eq!(resolve("", Overrides::default()).unwrap().iscsi_buffers, Default::default());
+    }
+
+    #[test]
     fn the_shipped_example_parses() {
         let c = resolve(include_str!("../../../dist/tessera.toml"), Overrides::default()).unwrap();
         assert_eq!(c.state_dir, PathBuf::from("/var/lib/tessera"));
@@ -234,6 +275,12 @@ mod tests {
             .unwrap_err()
             .contains("pool name"));
         assert!(resolve("log_format = \"xml\"\n", Overrides::default()).is_err());
+        assert!(resolve("iscsi_send_buffer = \"12Q\"\n", Overrides::default())
+            .unwrap_err()
+            .contains("iscsi_send_buffer"));
+        assert!(resolve("iscsi_recv_buffer = 100\n", Overrides::default())
+            .unwrap_err()
+            .contains("between 4K and 1G"));
         assert!(resolve("[[[", Overrides::default()).is_err());
     }
 }

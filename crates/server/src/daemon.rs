@@ -5,6 +5,7 @@
 //! State directory:
 //! - `pools/<name>/`: a pool's metadata store and stripe journal;
 //! - `imported.json`: the pools imported when the daemon last ran, imported again at start;
+//! - `targets.json`, `nbd.json`, `portals.json`: iSCSI targets, NBD exports, added portals;
 //! - `tessera.lock`, `api.sock`.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -25,6 +26,7 @@ use crate::image;
 use crate::jobs::{JobView, Jobs};
 use crate::model::*;
 use crate::nbd_exports::{NbdExportConfig, NbdExports};
+use crate::portals::Portals;
 use crate::statefile;
 use crate::targets::Targets;
 
@@ -36,6 +38,7 @@ pub struct Daemon {
     pub jobs: Jobs,
     pub targets: Targets,
     pub nbd: NbdExports,
+    pub portals: Portals,
     /// Serializes changes to the set of pools.
     admin: Mutex<()>,
     started: Instant,
@@ -60,6 +63,12 @@ impl Daemon {
             .map_err(|e| format!("cannot create the state directory {}: {e}", cfg.state_dir.display()))?;
         let targets = Targets::load(cfg.state_dir.join("targets.json"))?;
         let nbd = NbdExports::load(cfg.state_dir.join("nbd.json"))?;
+        let portals = Portals::load(
+            cfg.state_dir.join("portals.json"),
+            cfg.iscsi_listen,
+            cfg.iscsi_buffers,
+            targets.registry.clone(),
+        )?;
         let d = Daemon {
             cfg,
             pools: RwLock::new(BTreeMap::new()),
@@ -67,6 +76,7 @@ impl Daemon {
             jobs: Jobs::default(),
             targets,
             nbd,
+            portals,
             admin: Mutex::new(()),
             started: Instant::now(),
         };

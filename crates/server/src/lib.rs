@@ -16,6 +16,7 @@ pub mod lock;
 pub mod logging;
 pub mod model;
 pub mod nbd_exports;
+pub mod portals;
 pub mod serve;
 pub mod statefile;
 pub mod targets;

@@ -322,3 +322,28 @@ pub struct NbdExportView {
     /// Clients connected now.
     pub connections: usize,
 }
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AddPortal {
+    /// IP:PORT, [IPv6]:PORT, or a bare IP for port 3260.
+    pub address: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PortalView {
+    /// As configured: 0.0.0.0:3260 listens on every IPv4 address.
+    pub address: String,
+    /// "config" (iscsi_listen, changed in the configuration) or "api" (added, persisted).
+    pub source: String,
+    /// The address bound, when listening.
+    pub listening_on: Option<String>,
+    /// Socket buffer sizes the kernel granted, as it reports them (Linux counts twice what
+    /// was asked for, to cover its bookkeeping); None: left to the kernel's autotuning.
+    pub send_buffer: Option<u32>,
+    pub recv_buffer: Option<u32>,
+    /// Set when the kernel granted smaller buffers than configured.
+    pub warning: Option<String>,
+    /// Why the portal is not listening.
+    pub error: Option<String>,
+}

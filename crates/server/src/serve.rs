@@ -54,12 +54,8 @@ async fn serve(cfg: ServerConfig) -> Result<(), String> {
     std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600))
         .map_err(|e| format!("cannot restrict {}: {e}", sock.display()))?;
     let tcp = bind(daemon.cfg.api_listen, "", "daemon", "--api-listen").await?;
-    let iscsi = bind(daemon.cfg.iscsi_listen, " for iSCSI", "target", "--iscsi-listen").await?;
+    daemon.portals.start()?;
     let nbd = bind(daemon.cfg.nbd_listen, " for NBD", "server", "--nbd-listen").await?;
-    let iscsi_addr = iscsi.as_ref().and_then(|l| l.local_addr().ok());
-    if let Some(l) = iscsi {
-        tokio::spawn(tessera_iscsi::serve(l, daemon.targets.registry.clone()));
-    }
     let nbd_addr = nbd.as_ref().and_then(|l| l.local_addr().ok());
     if let Some(l) = nbd {
         tokio::spawn(tessera_nbd::serve(l, daemon.nbd.registry.clone()));
@@ -69,7 +65,6 @@ async fn serve(cfg: ServerConfig) -> Result<(), String> {
         banner(
             &daemon,
             tcp.as_ref().and_then(|t| t.local_addr().ok()),
-            iscsi_addr,
             nbd_addr
         )
     );
@@ -130,7 +125,7 @@ async fn bind(addr: Option<SocketAddr>, what: &str, who: &str, flag: &str) -> Re
         .map_err(|e| format!("cannot listen{what} on {a}: {e}; is another {who} using it? Choose another with {flag}"))
 }
 
-fn banner(d: &Daemon, tcp: Option<SocketAddr>, iscsi: Option<SocketAddr>, nbd: Option<SocketAddr>) -> String {
+fn banner(d: &Daemon, tcp: Option<SocketAddr>, nbd: Option<SocketAddr>) -> String {
     let sock = d.cfg.socket_path();
     let mut s = format!(
         "Tessera {} serving {}\n",
@@ -175,9 +170,12 @@ fn banner(d: &Daemon, tcp: Option<SocketAddr>, iscsi: Option<SocketAddr>, nbd: O
             );
         }
     }
-    match iscsi {
+    let portals = d.portals.listening();
+    for &a in &portals {
+        s += &format!("  iSCSI portal: {a}\n");
+    }
+    match portals.first() {
         Some(a) => {
-            s += &format!("  iSCSI portal: {a}\n");
             for t in d.list_targets() {
                 for l in &t.luns {
                     s += &format!("    iscsi://{a}/{}/{}  ->  {}\n", t.iqn, l.lun, l.vdisk);
@@ -185,6 +183,14 @@ fn banner(d: &Daemon, tcp: Option<SocketAddr>, iscsi: Option<SocketAddr>, nbd: O
             }
         }
         None => s += "  iSCSI portal: off\n",
+    }
+    for p in d.portals.list() {
+        if let Some(e) = &p.error {
+            s += &format!("  iSCSI portal {} is not listening: {e}\n", p.address);
+        }
+        if let Some(w) = &p.warning {
+            s += &format!("  iSCSI portal {}: {w}\n", p.address);
+        }
     }
     match nbd {
         Some(a) => {

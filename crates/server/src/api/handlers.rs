@@ -272,6 +272,18 @@ pub async fn remove_lun(State(d): D, Path((iqn, lun)): Path<(String, String)>) -
     json(move || d.remove_lun(&iqn, lun)).await
 }
 
+pub async fn list_portals(State(d): D) -> ApiResult<Json<Vec<PortalView>>> {
+    json(move || Ok(d.portals.list())).await
+}
+
+pub async fn add_portal(State(d): D, Body(req): Body<AddPortal>) -> ApiResult<(StatusCode, Json<PortalView>)> {
+    created(move || d.portals.add(&req.address)).await
+}
+
+pub async fn remove_portal(State(d): D, Path(address): Path<String>) -> ApiResult<StatusCode> {
+    done(move || d.portals.remove(&address)).await
+}
+
 pub async fn list_nbd_exports(State(d): D) -> ApiResult<Json<Vec<NbdExportView>>> {
     json(move || Ok(d.list_nbd_exports())).await
 }

@@ -58,6 +58,8 @@ pub fn router(daemon: Arc<Daemon>, token: Option<String>) -> Router {
         .route("/api/targets/{iqn}/acl", post(acl_add))
         .route("/api/targets/{iqn}/acl/{initiator}", delete(acl_remove))
         .route("/api/targets/{iqn}/chap", put(chap_set).delete(chap_clear))
+        .route("/api/iscsi/portals", get(list_portals).post(add_portal))
+        .route("/api/iscsi/portals/{address}", delete(remove_portal))
         .route("/api/nbd/exports", get(list_nbd_exports).post(create_nbd_export))
         .route(
             "/api/nbd/exports/{name}",

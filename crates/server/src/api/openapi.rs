@@ -313,6 +313,27 @@ pub const ROUTES: &[RouteDoc] = &[
     ),
     r(
         "get",
+        "/api/iscsi/portals",
+        "List iSCSI portals: the configured one and those added",
+        None,
+        Some((200, "PortalList")),
+    ),
+    r(
+        "post",
+        "/api/iscsi/portals",
+        "Listen on one more iSCSI portal, kept across restarts",
+        Some("AddPortal"),
+        Some((201, "Portal")),
+    ),
+    r(
+        "delete",
+        "/api/iscsi/portals/{address}",
+        "Stop listening on an added portal; its sessions go on until they log out",
+        None,
+        None,
+    ),
+    r(
+        "get",
         "/api/nbd/exports",
         "List NBD exports",
         None,
@@ -481,6 +502,13 @@ fn schemas() -> Value {
             "user": string(), "secret": {"type": "string", "minLength": 12, "maxLength": 255},
             "mutual_user": string(), "mutual_secret": {"type": "string", "minLength": 12, "maxLength": 255}}},
         "TargetList": list("Target"),
+        "AddPortal": {"type": "object", "required": ["address"], "additionalProperties": false, "properties": {
+            "address": {"type": "string", "description": "IP:PORT, [IPv6]:PORT, or an IP for port 3260"}}},
+        "Portal": obj(&["address", "source"], json!({
+            "address": string(), "source": {"type": "string", "enum": ["config", "api"]},
+            "listening_on": opt_string(), "send_buffer": opt_int(), "recv_buffer": opt_int(),
+            "warning": opt_string(), "error": opt_string()})),
+        "PortalList": list("Portal"),
         "CreateNbdExport": {"type": "object", "required": ["vdisk"], "additionalProperties": false, "properties": {
             "vdisk": {"type": "string", "description": "POOL/NAME"},
             "name": {"type": ["string", "null"], "description": "export name; default: the vdisk's name", "pattern": "^[A-Za-z0-9._:-]{1,128}$"},
