@@ -83,7 +83,8 @@ impl<'a> Out<'a> {
 
 /// The send side of a connection.
 struct Writer {
-    side: Mutex<WriteSide>,
+    /// std's mutex (see Session::reader): threads queue here while one sends.
+    side: std::sync::Mutex<WriteSide>,
     seq: Seq,
     header_digest: bool,
     data_digest: bool,
@@ -97,10 +98,16 @@ struct WriteSide {
 }
 
 impl Writer {
+    /// The send side; a thread that panicked while sending left at worst a torn PDU, which
+    /// the initiator detects, so the lock is taken over rather than poisoned for good.
+    fn side(&self) -> std::sync::MutexGuard<'_, WriteSide> {
+        self.side.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Stamps the PDUs' sequence numbers and lengths and sends them in as few writes as the
     /// kernel allows.
     fn send(&self, pdus: &mut [Out]) -> io::Result<()> {
-        let mut w = self.side.lock();
+        let mut w = self.side();
         if !w.open {
             return Err(io::ErrorKind::NotConnected.into());
         }
@@ -151,14 +158,14 @@ impl Writer {
 
     /// Sends nothing after this, and tells the initiator so.
     fn close(&self) {
-        let mut w = self.side.lock();
+        let mut w = self.side();
         w.open = false;
         let _ = w.sock.shutdown(Shutdown::Write);
     }
 
     /// Ends the connection both ways: a thread blocked reading it wakes with an error.
     fn abort(&self) {
-        let _ = self.side.lock().sock.shutdown(Shutdown::Both);
+        let _ = self.side().sock.shutdown(Shutdown::Both);
     }
 }
 
@@ -294,7 +301,9 @@ enum Next {
 struct Session {
     ctx: Ctx,
     writer: Arc<Writer>,
-    reader: Mutex<Option<ReadSide>>,
+    /// std's mutex, not parking_lot's: followers wait here all the time, and parking_lot spins
+    /// with sched_yield before sleeping, which on two cores steals the CPU the leader needs.
+    reader: std::sync::Mutex<Option<ReadSide>>,
     /// Threads serving the session, and those among them waiting to read.
     threads: AtomicUsize,
     idle: AtomicUsize,
@@ -358,7 +367,7 @@ fn serve(sock: TcpStream, local: SocketAddr, reg: Arc<Registry>, li: LoggedIn) -
         sock.set_read_timeout(Some(NOP_TICK)).map_err(|e| e.to_string())?;
         sock.set_write_timeout(Some(SEND_TIMEOUT)).map_err(|e| e.to_string())?;
         let writer = Arc::new(Writer {
-            side: Mutex::new(WriteSide {
+            side: std::sync::Mutex::new(WriteSide {
                 sock: sock.try_clone().map_err(|e| e.to_string())?,
                 stat_sn,
                 open: true,
@@ -392,7 +401,7 @@ fn serve(sock: TcpStream, local: SocketAddr, reg: Arc<Registry>, li: LoggedIn) -
             },
             writer,
             // Buffered: a PDU's header and data, and the PDUs queued behind it, in few reads.
-            reader: Mutex::new(Some(ReadSide {
+            reader: std::sync::Mutex::new(Some(ReadSide {
                 r: BufReader::with_capacity(256 << 10, keepalive),
                 writes: HashMap::new(),
                 next_ttt: 1,
@@ -435,7 +444,9 @@ fn serve_thread(s: &Arc<Session>) {
     loop {
         s.idle.fetch_add(1, Ordering::AcqRel);
         let job = {
-            let mut guard = s.reader.lock();
+            // A thread that panicked holding it left the read side consistent: PDUs are
+            // handled whole or the connection ends.
+            let mut guard = s.reader.lock().unwrap_or_else(|e| e.into_inner());
             s.idle.fetch_sub(1, Ordering::AcqRel);
             let Some(rs) = guard.as_mut() else {
                 return;
