@@ -25,7 +25,7 @@ use tracing::{debug, info, warn};
 use crate::auth::Chap;
 use crate::login::{login, LoggedIn, CMD_WINDOW};
 use crate::params::Params;
-use crate::pdu::{get32, op, put32, Pdu, PduError, BHS_LEN};
+use crate::pdu::{data_segment_length, op, put32, Pdu, PduError, BHS_LEN};
 use crate::target::{Registry, Target};
 use crate::text;
 
@@ -142,11 +142,11 @@ impl Writer {
             }
             spans.push((head, tail, meta.len()));
         }
-        let mut parts: Vec<&[u8]> = Vec::with_capacity(pdus.len() * 3);
+        let mut parts: Vec<IoSlice> = Vec::with_capacity(pdus.len() * 3);
         for (p, &(head, tail, end)) in pdus.iter().zip(&spans) {
-            parts.push(&meta[head..tail]);
-            parts.push(p.data);
-            parts.push(&meta[tail..end]);
+            parts.push(IoSlice::new(&meta[head..tail]));
+            parts.push(IoSlice::new(p.data));
+            parts.push(IoSlice::new(&meta[tail..end]));
         }
         parts.retain(|p| !p.is_empty());
         write_all_vectored(&mut w.sock, &mut parts)
@@ -169,24 +169,16 @@ impl Writer {
     }
 }
 
-/// Writes every byte of `parts`, IOV_MAX slices at a time, again for what a short write left.
-fn write_all_vectored(sock: &mut TcpStream, parts: &mut [&[u8]]) -> io::Result<()> {
-    let mut first = 0;
-    while first < parts.len() {
-        let end = parts.len().min(first + MAX_IOV);
-        let slices: Vec<IoSlice> = parts[first..end].iter().map(|p| IoSlice::new(p)).collect();
-        let mut n = match sock.write_vectored(&slices) {
+/// Writes every byte of `parts` (none of them empty), IOV_MAX slices at a time, again for
+/// what a short write left.
+fn write_all_vectored(sock: &mut TcpStream, mut parts: &mut [IoSlice]) -> io::Result<()> {
+    while !parts.is_empty() {
+        let end = parts.len().min(MAX_IOV);
+        match sock.write_vectored(&parts[..end]) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Ok(n) => IoSlice::advance_slices(&mut parts, n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
-        };
-        while first < parts.len() && n >= parts[first].len() {
-            n -= parts[first].len();
-            first += 1;
-        }
-        if n > 0 {
-            parts[first] = &parts[first][n..];
         }
     }
     Ok(())
@@ -256,6 +248,24 @@ struct WriteTask {
     /// A Data-Out of this write was lost (wrong DataSN or data digest): its data is dropped
     /// until the sequence ends, then the command fails without running.
     lost_data: bool,
+}
+
+impl WriteTask {
+    /// The write as a command to run with its data, or, when a Data-Out was lost, to fail
+    /// with PROTOCOL SERVICE CRC ERROR without running.
+    fn into_job(self, itt: u32) -> Job {
+        let fail = self.lost_data.then_some(sense::PROTOCOL_SERVICE_CRC_ERROR);
+        Job {
+            itt,
+            lun_field: self.lun_field,
+            lun: self.lun,
+            cdb: self.cdb,
+            data_out: if fail.is_some() { Vec::new() } else { self.buf },
+            edtl: self.edtl,
+            read: false,
+            fail,
+        }
+    }
 }
 
 /// A SCSI command with all its data, ready to run.
@@ -510,8 +520,7 @@ impl Session {
                     let mut lost = Pdu::new(op::DATA_OUT);
                     lost.bhs = *bhs;
                     if lost.opcode() == op::DATA_OUT {
-                        let len = get32(&lost.bhs, 4) & 0x00FF_FFFF;
-                        lost.data = vec![0; len as usize];
+                        lost.data = vec![0; data_segment_length(&lost.bhs)];
                         if let Some(job) = self.data_out(rs, lost, false)? {
                             return Ok(Next::Run(job));
                         }
@@ -819,30 +828,12 @@ impl Session {
                 rs.writes.insert(itt, t);
                 return Ok(None);
             }
-            return Ok(Some(Job {
-                itt,
-                lun_field: t.lun_field,
-                lun: t.lun,
-                cdb: t.cdb,
-                data_out: Vec::new(),
-                edtl: t.edtl,
-                read: false,
-                fail: Some(sense::PROTOCOL_SERVICE_CRC_ERROR),
-            }));
+            return Ok(Some(t.into_job(itt)));
         }
         t.buf[offset..end].copy_from_slice(&p.data);
         t.received += p.data.len();
         if t.received >= t.buf.len() {
-            return Ok(Some(Job {
-                itt,
-                lun_field: t.lun_field,
-                lun: t.lun,
-                cdb: t.cdb,
-                data_out: t.buf,
-                edtl: t.edtl,
-                read: false,
-                fail: None,
-            }));
+            return Ok(Some(t.into_job(itt)));
         }
         if p.final_bit() {
             self.next_r2t(rs, itt, &mut t);

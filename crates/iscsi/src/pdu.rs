@@ -219,9 +219,14 @@ impl Pdu {
 /// Buffers for the AHS and the padded data segment a header announces, and the data length.
 /// A data segment over `max_data` gets no buffer: it is refused once the header digest (if
 /// any) has shown the length can be trusted.
+/// The DataSegmentLength a header announces (without padding).
+pub fn data_segment_length(bhs: &[u8; BHS_LEN]) -> usize {
+    ((bhs[5] as usize) << 16) | ((bhs[6] as usize) << 8) | bhs[7] as usize
+}
+
 fn segments(bhs: &[u8; BHS_LEN], max_data: usize) -> (Vec<u8>, Vec<u8>, usize) {
     let ahs_len = bhs[4] as usize * 4;
-    let data_len = ((bhs[5] as usize) << 16) | ((bhs[6] as usize) << 8) | bhs[7] as usize;
+    let data_len = data_segment_length(bhs);
     let padded = if data_len > max_data { 0 } else { data_len.div_ceil(4) * 4 };
     (vec![0u8; ahs_len], vec![0u8; padded], data_len)
 }

@@ -199,23 +199,19 @@ fn next_request(r: &mut BufReader<TcpStream>, ctx: &Ctx) -> io::Result<Next> {
 
 fn send(w: &Mutex<TcpStream>, reply: Reply) -> io::Result<()> {
     let mut w = w.lock();
-    let mut parts: Vec<&[u8]> = reply.iter().map(|p| p.as_ref()).filter(|p| !p.is_empty()).collect();
-    let mut first = 0;
+    let mut slices: Vec<io::IoSlice> = reply
+        .iter()
+        .map(|p| io::IoSlice::new(p.as_ref()))
+        .filter(|p| !p.is_empty())
+        .collect();
+    let mut parts = &mut slices[..];
     // One writev for the whole reply, again for whatever a short write left.
-    while first < parts.len() {
-        let slices: Vec<io::IoSlice> = parts[first..].iter().map(|p| io::IoSlice::new(p)).collect();
-        let mut n = match w.write_vectored(&slices) {
+    while !parts.is_empty() {
+        match w.write_vectored(parts) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Ok(n) => io::IoSlice::advance_slices(&mut parts, n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
-        };
-        while first < parts.len() && n >= parts[first].len() {
-            n -= parts[first].len();
-            first += 1;
-        }
-        if n > 0 {
-            parts[first] = &parts[first][n..];
         }
     }
     Ok(())
