@@ -9,7 +9,8 @@ use std::path::Path;
 
 use tracing::warn;
 
-use crate::{check_request, round_down_to_sector, AlignedBuf, BlockDevice, DiskError, DATA_OFFSET, SECTOR};
+use crate::uring::{self, Op};
+use crate::{check_request, round_down_to_sector, AlignedBuf, BlockDevice, DiskError, ReadReq, DATA_OFFSET, SECTOR};
 
 /// A disk must be larger than this: the reserved header area plus at least 1 MiB of data.
 const MIN_SIZE_EXCLUSIVE: u64 = DATA_OFFSET + (1 << 20);
@@ -191,6 +192,57 @@ impl BlockDevice for FileDisk {
 
     fn flush(&self) -> Result<(), DiskError> {
         self.file.sync_data().map_err(self.io_error("flush", 0, 0))
+    }
+
+    /// The whole batch in one io_uring submission, then whatever came back short read with
+    /// pread. Buffers that direct I/O cannot use are read into aligned ones and copied.
+    fn read_many(&self, reqs: &mut [ReadReq<'_>]) -> Vec<Result<(), DiskError>> {
+        let mut results: Vec<Result<(), DiskError>> = reqs
+            .iter()
+            .map(|r| check_request(&self.path, "read", r.offset, r.buf.len(), self.size))
+            .collect();
+        let mut bounces: Vec<Option<AlignedBuf>> = reqs
+            .iter()
+            .map(|r| self.needs_bounce(r.buf.as_ptr()).then(|| AlignedBuf::zeroed(r.buf.len())))
+            .collect();
+        let mut which = Vec::with_capacity(reqs.len());
+        let mut ops = Vec::with_capacity(reqs.len());
+        for (i, (r, b)) in reqs.iter_mut().zip(bounces.iter_mut()).enumerate() {
+            if results[i].is_ok() {
+                let buf: &mut [u8] = match b {
+                    Some(b) => b,
+                    None => r.buf,
+                };
+                which.push(i);
+                ops.push(Op { buf, offset: r.offset });
+            }
+        }
+        let Some(done) = uring::read_batch(self.file.as_raw_fd(), &mut ops) else {
+            drop(ops);
+            for i in which {
+                results[i] = self.read_at(reqs[i].buf, reqs[i].offset);
+            }
+            return results;
+        };
+        for ((op, res), &i) in ops.iter_mut().zip(done).zip(&which) {
+            let (offset, len) = (op.offset, op.buf.len());
+            results[i] = match res {
+                Ok(n) if n == len => Ok(()),
+                // Short (a signal, or the end of the file): pread finishes it, or says why not.
+                Ok(n) => self
+                    .file
+                    .read_exact_at(&mut op.buf[n..], offset + n as u64)
+                    .map_err(self.io_error("read", offset, len)),
+                Err(e) => Err(self.io_error("read", offset, len)(e)),
+            };
+        }
+        drop(ops);
+        for (r, b) in reqs.iter_mut().zip(bounces) {
+            if let Some(b) = b {
+                r.buf.copy_from_slice(&b);
+            }
+        }
+        results
     }
 }
 
@@ -415,6 +467,52 @@ mod tests {
         let mut aligned = AlignedBuf::zeroed(SECTOR);
         d.read_at(&mut aligned, DATA_OFFSET + 2 * BOUNCE_CHUNK as u64).unwrap();
         assert_eq!(&aligned[..], &pattern(len, 9)[2 * BOUNCE_CHUNK..]);
+    }
+
+    #[test]
+    fn read_many_matches_read_at_and_fails_only_bad_requests() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d0.img");
+        let d = FileDisk::create_file(&path, 8 * MIB, false).unwrap();
+        let data = AlignedBuf::from_slice(&pattern(6 * MIB as usize, 3));
+        d.write_at(&data, DATA_OFFSET).unwrap();
+        // More requests than one ring holds, of several sizes, some into unaligned buffers,
+        // and among them an unaligned, an empty and an out-of-range request.
+        let n = 150;
+        let len_of = |i: usize| SECTOR * (1 + i % 5);
+        let off_of = |i: usize| DATA_OFFSET + ((i * 7919) % 1000) as u64 * SECTOR as u64;
+        let mut aligned: Vec<AlignedBuf> = (0..n).map(|i| AlignedBuf::zeroed(len_of(i))).collect();
+        let mut plain: Vec<Vec<u8>> = (0..n).map(|i| vec![0u8; len_of(i) + 1]).collect();
+        let mut reqs: Vec<ReadReq> = Vec::new();
+        for (i, (a, p)) in aligned.iter_mut().zip(plain.iter_mut()).enumerate() {
+            let buf: &mut [u8] = if i % 3 == 0 {
+                let skew = if (p.as_ptr() as usize).is_multiple_of(SECTOR) { 1 } else { 0 };
+                &mut p[skew..skew + len_of(i)]
+            } else {
+                a
+            };
+            let offset = match i {
+                10 => off_of(i) + 512,
+                20 => 8 * MIB,
+                _ => off_of(i),
+            };
+            reqs.push(ReadReq { buf, offset });
+        }
+        let mut empty = [0u8; 0];
+        reqs.push(ReadReq { buf: &mut empty, offset: 0 });
+        let results = d.read_many(&mut reqs);
+        assert_eq!(results.len(), n + 1);
+        for (i, (r, res)) in reqs.iter().zip(&results).enumerate() {
+            match i {
+                10 | 150 => assert!(matches!(res, Err(DiskError::Unaligned { op: "read", .. })), "{i}: {res:?}"),
+                20 => assert!(matches!(res, Err(DiskError::OutOfRange { .. })), "{i}: {res:?}"),
+                _ => {
+                    assert!(res.is_ok(), "{i}: {res:?}");
+                    let at = (r.offset - DATA_OFFSET) as usize;
+                    assert_eq!(&r.buf[..], &data[at..at + r.buf.len()], "request {i}");
+                }
+            }
+        }
     }
 
     #[test]

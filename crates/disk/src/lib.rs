@@ -11,6 +11,7 @@ mod faulty;
 mod file;
 mod label;
 mod mem;
+mod uring;
 
 pub use aligned::AlignedBuf;
 pub use error::DiskError;
@@ -42,6 +43,18 @@ pub trait BlockDevice: Send + Sync + 'static {
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DiskError>;
     /// Makes every completed write durable (fdatasync for files and block devices).
     fn flush(&self) -> Result<(), DiskError>;
+    /// Reads every request, as [`read_at`](Self::read_at) would, with one result per request
+    /// in order. Backends that can have many reads in flight at once (io_uring) override
+    /// this; the default reads one after the other.
+    fn read_many(&self, reqs: &mut [ReadReq<'_>]) -> Vec<Result<(), DiskError>> {
+        reqs.iter_mut().map(|r| self.read_at(r.buf, r.offset)).collect()
+    }
+}
+
+/// One read of a [`BlockDevice::read_many`] batch.
+pub struct ReadReq<'a> {
+    pub buf: &'a mut [u8],
+    pub offset: u64,
 }
 
 /// A shared handle to a disk, as the pool holds it.
