@@ -15,7 +15,7 @@ use crate::slabset::SlabSet;
 use crate::spec::LayoutKind;
 
 impl Layouts {
-    fn check(&self, set: &SlabSet, offset: u64, len: usize) -> Result<()> {
+    pub(crate) fn check(&self, set: &SlabSet, offset: u64, len: usize) -> Result<()> {
         let cap = set.spec.set_capacity(self.pool.slab_size());
         if len == 0 || offset % SECTOR as u64 != 0 || len % SECTOR != 0 || offset + len as u64 > cap {
             return Err(LayoutError::Invalid(format!(

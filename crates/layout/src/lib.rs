@@ -2,6 +2,7 @@
 //! writes within the layout's tolerance, a stripe journal that closes the parity write hole,
 //! and repair onto spare slabs.
 
+mod batch;
 mod codec;
 mod error;
 mod geometry;
@@ -13,6 +14,7 @@ mod scrub;
 mod slabset;
 mod spec;
 
+pub use batch::SetRead;
 pub use error::{LayoutError, Result};
 pub use layouts::{IoStats, Layouts, SetHealth};
 pub use rebuild::{Progress, RebuildOptions, RebuildReport};

@@ -31,6 +31,14 @@ impl GrainLocks {
         self.table[Self::index(vdisk, grain)].write()
     }
 
+    /// Shared locks on every listed grain, each table slot once, in table order.
+    pub fn read_many(&self, grains: impl IntoIterator<Item = (u64, u64)>) -> Vec<RwLockReadGuard<'_, ()>> {
+        let mut idx: Vec<usize> = grains.into_iter().map(|(v, g)| Self::index(v, g)).collect();
+        idx.sort_unstable();
+        idx.dedup();
+        idx.into_iter().map(|i| self.table[i].read()).collect()
+    }
+
     /// Exclusive locks on every listed grain, each table slot once, in table order.
     pub fn lock_many(&self, grains: impl IntoIterator<Item = (u64, u64)>) -> Vec<RwLockWriteGuard<'_, ()>> {
         let mut idx: Vec<usize> = grains.into_iter().map(|(v, g)| Self::index(v, g)).collect();
@@ -50,5 +58,8 @@ mod tests {
         // Many grains share table slots: taking them all at once must not self-deadlock.
         let g = l.lock_many((0..20_000).map(|g| (1, g)));
         assert!(g.len() <= GRAIN_LOCKS);
+        drop(g);
+        let r = l.read_many((0..20_000).map(|g| (1, g)).chain((0..100).map(|g| (1, g))));
+        assert!(r.len() <= GRAIN_LOCKS);
     }
 }

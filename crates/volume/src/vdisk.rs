@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 use tessera_disk::{AlignedBuf, SECTOR};
+use tessera_layout::{SetRead, SlabSet};
 use tessera_pool::{refcount_delta, CF_GRAINS, CF_REFCOUNTS};
 
 use crate::commit::Op;
@@ -69,6 +70,13 @@ pub(crate) fn grain_pieces(grain_size: u64, offset: u64, len: u64) -> impl Itera
 fn sector_envelope(off: u64, len: usize) -> (u64, u64) {
     let s = SECTOR as u64;
     (off / s * s, (off + len as u64).div_ceil(s) * s)
+}
+
+/// Keeps the first error of a request.
+fn fail(result: &mut Result<()>, e: VolumeError) {
+    if result.is_ok() {
+        *result = Err(e);
+    }
 }
 
 /// Reads part of a grain slot, widening to whole sectors when the request is not aligned.
@@ -269,6 +277,72 @@ impl Vdisk {
             self.read_grain(p.grain, p.off, &mut buf[p.buf_off..p.buf_off + p.len])?;
         }
         Ok(())
+    }
+
+    /// Reads every `(offset, buf)` as [`read`](Self::read) would, with one result per
+    /// request. The grains' locks are taken together and the disk reads go down as one batch
+    /// ([`Layouts::read_many`](tessera_layout::Layouts::read_many)), so a queue of small
+    /// reads costs one submission rather than one per read.
+    pub fn read_many(&self, reqs: &mut [(u64, &mut [u8])]) -> Vec<Result<()>> {
+        let mut results: Vec<Result<()>> = reqs
+            .iter()
+            .map(|(offset, buf)| self.check_range(*offset, buf.len() as u64))
+            .collect();
+        let grain = self.class.grain;
+        let grains: Vec<(u64, u64)> = reqs
+            .iter()
+            .zip(&results)
+            .filter(|(_, r)| r.is_ok())
+            .flat_map(|((offset, buf), _)| grain_pieces(grain, *offset, buf.len() as u64))
+            .map(|p| (self.id, p.grain))
+            .collect();
+        let _locks = self.s.locks.read_many(grains);
+        // Each mapped, whole-sector piece of each request, where it lies.
+        let mut planned: Vec<(usize, Arc<SlabSet>, u64, &mut [u8])> = Vec::new();
+        for (i, (offset, buf)) in reqs.iter_mut().enumerate() {
+            if results[i].is_err() {
+                continue;
+            }
+            let mut rest: &mut [u8] = buf;
+            for p in grain_pieces(grain, *offset, rest.len() as u64) {
+                let (out, tail) = std::mem::take(&mut rest).split_at_mut(p.len);
+                rest = tail;
+                let l = self.entry(p.grain);
+                if l == 0 {
+                    out.fill(0);
+                    continue;
+                }
+                let (a, b) = sector_envelope(p.off, out.len());
+                let located = if a == p.off && b == p.off + out.len() as u64 {
+                    self.s.space.locate(l)
+                } else {
+                    // Part of a sector (512-byte blocks): read on its own, widened.
+                    if let Err(e) = read_loc(&self.s, l, p.off, out) {
+                        fail(&mut results[i], e);
+                    }
+                    continue;
+                };
+                match located {
+                    Ok((set, base)) => planned.push((i, set, base + p.off, out)),
+                    Err(e) => fail(&mut results[i], e),
+                }
+            }
+        }
+        let mut io: Vec<SetRead> = planned
+            .iter_mut()
+            .map(|(_, set, offset, buf)| SetRead {
+                set: &**set,
+                offset: *offset,
+                buf: &mut **buf,
+            })
+            .collect();
+        let done = self.s.layouts.read_many(&mut io);
+        for ((i, ..), res) in planned.iter().zip(done) {
+            if let Err(e) = res {
+                fail(&mut results[*i], e.into());
+            }
+        }
+        results
     }
 
     fn read_grain(&self, g: u64, off: u64, out: &mut [u8]) -> Result<()> {

@@ -230,3 +230,57 @@ fn retire_moves_every_slab_off_the_disk() {
     assert_eq!(read(&rig, "s"), b);
     rig.assert_consistent();
 }
+
+#[test]
+fn batched_reads_match_single_reads_through_faults() {
+    for kind in [LayoutKind::Simple, LayoutKind::Mirror, LayoutKind::Parity] {
+        let rig = Rig::new(4, 64 * MIB, MIB);
+        rig.engine()
+            .create_vdisk(&spec("v", SIZE, kind, Provisioning::Thin))
+            .unwrap();
+        let v = rig.engine().vdisk("v").unwrap();
+        // Half written, so that some requests cover unmapped grains.
+        v.write(0, &pattern(5, 0, (SIZE / 2) as usize), true).unwrap();
+        if kind != LayoutKind::Simple {
+            // Read errors on every disk, never two at one place, and a mirror also loses a disk.
+            for (i, d) in rig.disks.iter().enumerate() {
+                d.faults()
+                    .fail_range(MIB + (i as u64 * 5 + 1) * 65536, 8192, FaultOp::Read);
+            }
+            if kind == LayoutKind::Mirror {
+                rig.disks[2].faults().pull();
+            }
+        }
+        // Whole blocks, 512-byte pieces of sectors, and a request past the end of the disk.
+        let shapes: Vec<(u64, usize)> = (0..40u64)
+            .map(|i| ((i * 104_729) % (SIZE - 65536) / 512 * 512, 512 * (1 + (i as usize * 37) % 128)))
+            .chain([(SIZE - 4096, 8192)])
+            .collect();
+        let mut bufs: Vec<Vec<u8>> = shapes.iter().map(|&(_, len)| vec![0xEE; len]).collect();
+        let mut reqs: Vec<(u64, &mut [u8])> = shapes
+            .iter()
+            .zip(bufs.iter_mut())
+            .map(|(&(off, _), b)| (off, &mut b[..]))
+            .collect();
+        let results = v.read_many(&mut reqs);
+        assert_eq!(results.len(), shapes.len());
+        for ((res, (off, got)), &(_, len)) in results.iter().zip(&reqs).zip(&shapes) {
+            let mut want = vec![0u8; len];
+            match v.read(*off, &mut want) {
+                Ok(()) => {
+                    assert!(res.is_ok(), "{kind:?} at {off}: {res:?}");
+                    assert!(&got[..] == &want[..], "{kind:?}: {len} bytes at {off} differ");
+                }
+                Err(e) => {
+                    let batch = res.as_ref().expect_err("the batch read succeeded where a read failed");
+                    assert_eq!(batch.to_string(), e.to_string());
+                }
+            }
+        }
+        assert!(results.last().unwrap().is_err(), "past the end must fail");
+        if kind != LayoutKind::Simple {
+            let stats = &rig.engine().layouts().stats;
+            assert!(stats.read_errors.load(std::sync::atomic::Ordering::Relaxed) > 0, "{kind:?}: faults not hit");
+        }
+    }
+}
