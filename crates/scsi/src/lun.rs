@@ -256,14 +256,79 @@ impl Lun {
             return self.reservation_command(nexus, cdb, data_out);
         }
         let _fence = self.fence.read();
-        {
-            let r = self.reservations.lock();
-            let legacy_conflict = r.legacy.is_some_and(|h| h != nexus.id) && !pr::legacy_allows(cdb);
-            if legacy_conflict || !r.pr.allows(nexus, pr::access_of(cdb)) {
-                return Response::reservation_conflict();
-            }
+        if self.reservation_conflict(nexus, cdb) {
+            return Response::reservation_conflict();
         }
         self.respond(self.dispatch(nexus.id, cdb, data_out))
+    }
+
+    /// Runs `(cdb, data_out)` commands of one nexus as [`execute_for`](Self::execute_for)
+    /// would, one response each, in order. Consecutive READs are admitted together and their
+    /// blocks read as one batch (one submission to each disk), which is what a queue of small
+    /// reads from one initiator needs; every other command runs on its own.
+    pub fn execute_many_for(&self, nexus: &Nexus, cmds: &[(&[u8], &[u8])]) -> Vec<Response> {
+        let mut out: Vec<Option<Response>> = cmds.iter().map(|_| None).collect();
+        let is_read = |cdb: &[u8]| matches!(cdb.first(), Some(&(READ_6 | READ_10 | READ_12 | READ_16)));
+        let mut i = 0;
+        while i < cmds.len() {
+            if is_read(cmds[i].0) {
+                // Admitted and read under one hold of the fence, as a single command is.
+                let _fence = self.fence.read();
+                let mut reads = Vec::new();
+                let mut at = Vec::new();
+                while i < cmds.len() && is_read(cmds[i].0) {
+                    match self.admit_read(nexus, cmds[i].0) {
+                        Some(Ok(Some(blocks))) => {
+                            reads.push(blocks);
+                            at.push(i);
+                        }
+                        Some(Ok(None)) => out[i] = Some(self.respond(Ok(Vec::new()))),
+                        Some(Err(r)) => out[i] = Some(r),
+                        // A unit attention to report: the single path does that, below.
+                        None => break,
+                    }
+                    i += 1;
+                }
+                for (j, r) in at.into_iter().zip(self.read_blocks_many(&reads)) {
+                    out[j] = Some(self.respond(r));
+                }
+            }
+            if i < cmds.len() && out[i].is_none() {
+                out[i] = Some(self.execute_for(nexus, cmds[i].0, cmds[i].1));
+                i += 1;
+            }
+        }
+        out.into_iter().map(|r| r.expect("every command answered")).collect()
+    }
+
+    /// What execute_for checks before it runs a READ, for a batch: None if a unit attention
+    /// waits for the nexus, else the blocks to read (None for none) or the answer instead.
+    /// The caller holds the fence.
+    fn admit_read(&self, nexus: &Nexus, cdb: &[u8]) -> Option<Result<Option<(u64, u64)>, Response>> {
+        {
+            let mut all = self.nexuses.lock();
+            let entry = all.entry(nexus.id).or_insert_with(|| NexusState {
+                nexus: nexus.clone(),
+                ua: VecDeque::new(),
+            });
+            if !entry.ua.is_empty() {
+                return None;
+            }
+        }
+        if let Err(s) = check_cdb(cdb) {
+            return Some(Err(self.respond(Err(s))));
+        }
+        if self.reservation_conflict(nexus, cdb) {
+            return Some(Err(Response::reservation_conflict()));
+        }
+        Some(self.plan_read(cdb).map_err(|s| self.respond(Err(s))))
+    }
+
+    /// Whether a reservation (SPC-2 or persistent) keeps the nexus from running the command.
+    fn reservation_conflict(&self, nexus: &Nexus, cdb: &[u8]) -> bool {
+        let r = self.reservations.lock();
+        let legacy_conflict = r.legacy.is_some_and(|h| h != nexus.id) && !pr::legacy_allows(cdb);
+        legacy_conflict || !r.pr.allows(nexus, pr::access_of(cdb))
     }
 
     fn respond(&self, r: CmdResult) -> Response {

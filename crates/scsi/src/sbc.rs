@@ -97,13 +97,35 @@ impl Lun {
     }
 
     pub(crate) fn read(&self, cdb: &[u8]) -> CmdResult {
+        match self.plan_read(cdb)? {
+            Some((lba, n)) => self.read_blocks(lba, n),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// The blocks a READ asks for, checked: None when it asks for none.
+    pub(crate) fn plan_read(&self, cdb: &[u8]) -> Result<Option<(u64, u64)>, Sense> {
         let (lba, n, _) = rw_fields(cdb)?;
         self.check_transfer(n)?;
         self.check_range(lba, n)?;
-        if n == 0 {
-            return Ok(Vec::new());
-        }
-        self.read_blocks(lba, n)
+        Ok((n > 0).then_some((lba, n)))
+    }
+
+    /// Reads each `(lba, blocks)` as [`read_blocks`](Self::read_blocks) would, as one batch.
+    pub(crate) fn read_blocks_many(&self, reads: &[(u64, u64)]) -> Vec<CmdResult> {
+        let bs = self.block_size();
+        let mut bufs: Vec<Vec<u8>> = reads.iter().map(|&(_, n)| vec![0u8; (n * bs) as usize]).collect();
+        let mut reqs: Vec<(u64, &mut [u8])> = reads
+            .iter()
+            .zip(bufs.iter_mut())
+            .map(|(&(lba, _), b)| (lba * bs, &mut b[..]))
+            .collect();
+        let done = self.vdisk.read_many(&mut reqs);
+        drop(reqs);
+        bufs.into_iter()
+            .zip(done)
+            .map(|(b, r)| r.map(|()| b).map_err(|e| self.io_sense(e, false)))
+            .collect()
     }
 
     /// Reads `n` blocks at `lba`, with the sense a failed read gets.

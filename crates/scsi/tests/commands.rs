@@ -452,3 +452,77 @@ fn malformed_cdbs_get_sense_even_under_a_reservation() {
     assert_eq!(lun.execute_for(&nx(2), &read, &[]).status, sense::RESERVATION_CONFLICT);
     ok(lun.execute_for(&nx(1), &read, &[]));
 }
+
+#[test]
+fn a_batch_answers_as_its_commands_one_by_one() {
+    // The same history on two LUNs: one runs each batch with execute_many_for, the other
+    // command by command; every answer must be the same.
+    let (_ra, a) = rig(512, 8 * MIB, false);
+    let (_rb, b) = rig(512, 8 * MIB, false);
+    let data: Vec<u8> = (0..MIB as usize).map(|i| (i * 31 / 7) as u8).collect();
+    for l in [&a, &b] {
+        ok(l.execute(&cdb10(0x2A, 0, 0, (MIB / 512) as u16), &data));
+        ok(l.execute_for(&nx(2), &[0u8; 6], &[]));
+    }
+    let blocks = 8 * MIB / 512;
+    let write_data = vec![0x5Au8; 4096];
+    let batches: Vec<Vec<(Vec<u8>, Vec<u8>)>> = vec![
+        vec![
+            (cdb10(0x28, 0, 0, 8), vec![]),
+            (cdb16(0x88, 0, 1000, 100), vec![]),
+            (cdb16(0x88, 0, blocks - 4, 8), vec![]),      // past the end
+            (cdb10(0x28, 0x20, 0, 1), vec![]),              // RDPROTECT
+            (cdb10(0x28, 0, 5, 0), vec![]),                 // nothing to read
+            (vec![0x28, 0, 0], vec![]),                     // short CDB
+            (cdb16(0x88, 0, 2040, 16), vec![]),             // mapped and unmapped grains
+            (cdb10(0x2A, 0, 16, 8), write_data.clone()),    // a write between reads
+            (cdb10(0x28, 0, 12, 16), vec![]),               // sees it
+            (vec![0u8; 6], vec![]),
+            (vec![0x08, 0, 0, 3, 2, 0], vec![]),            // READ(6)
+        ],
+        // Nexus 1 resets the LUN between batches: the first read reports the unit attention
+        // and the others run.
+        vec![(cdb10(0x28, 0, 0, 1), vec![]), (cdb10(0x28, 0, 1, 1), vec![])],
+    ];
+    for (n, batch) in batches.iter().enumerate() {
+        if n == 1 {
+            a.reset(1);
+            b.reset(1);
+        }
+        let cmds: Vec<(&[u8], &[u8])> = batch.iter().map(|(c, d)| (&c[..], &d[..])).collect();
+        let got = a.execute_many_for(&nx(2), &cmds);
+        assert_eq!(got.len(), cmds.len());
+        for (i, (g, (cdb, d))) in got.into_iter().zip(&cmds).enumerate() {
+            let want = b.execute_for(&nx(2), cdb, d);
+            assert_eq!(
+                (g.status, &g.sense, g.data.len()),
+                (want.status, &want.sense, want.data.len()),
+                "batch {n}, command {i}"
+            );
+            assert!(g.data == want.data, "batch {n}, command {i}: data differs");
+        }
+    }
+    // The reads really read: the batch's first answer is the data written at LBA 0.
+    let cmds: Vec<(&[u8], &[u8])> = vec![(&[0x28, 0, 0, 0, 0, 0, 0, 0, 8, 0], &[])];
+    assert_eq!(ok(a.execute_many_for(&nx(2), &cmds).remove(0)), data[..4096]);
+}
+
+#[test]
+fn a_batch_of_reads_respects_reservations() {
+    let (_r, lun) = rig(512, 8 * MIB, false);
+    // Nexus 1 registers and takes EXCLUSIVE ACCESS.
+    let mut p = vec![0u8; 24];
+    p[8..16].copy_from_slice(&7u64.to_be_bytes());
+    ok(lun.execute_for(&nx(1), &[0x5F, 6, 0, 0, 0, 0, 0, 0, 24, 0], &p));
+    let mut p = vec![0u8; 24];
+    p[0..8].copy_from_slice(&7u64.to_be_bytes());
+    ok(lun.execute_for(&nx(1), &[0x5F, 1, 3, 0, 0, 0, 0, 0, 24, 0], &p));
+    let read = cdb10(0x28, 0, 0, 1);
+    let cmds: Vec<(&[u8], &[u8])> = vec![(&read, &[]), (&read, &[])];
+    for r in lun.execute_many_for(&nx(2), &cmds) {
+        assert_eq!(r.status, sense::RESERVATION_CONFLICT);
+    }
+    for r in lun.execute_many_for(&nx(1), &cmds) {
+        assert_eq!(ok(r).len(), 512);
+    }
+}
