@@ -203,7 +203,10 @@ impl BlockDevice for FileDisk {
             .collect();
         let mut bounces: Vec<Option<AlignedBuf>> = reqs
             .iter()
-            .map(|r| self.needs_bounce(r.buf.as_ptr()).then(|| AlignedBuf::zeroed(r.buf.len())))
+            .map(|r| {
+                self.needs_bounce(r.buf.as_ptr())
+                    .then(|| AlignedBuf::zeroed(r.buf.len()))
+            })
             .collect();
         let mut which = Vec::with_capacity(reqs.len());
         let mut ops = Vec::with_capacity(reqs.len());
@@ -486,7 +489,11 @@ mod tests {
         let mut reqs: Vec<ReadReq> = Vec::new();
         for (i, (a, p)) in aligned.iter_mut().zip(plain.iter_mut()).enumerate() {
             let buf: &mut [u8] = if i % 3 == 0 {
-                let skew = if (p.as_ptr() as usize).is_multiple_of(SECTOR) { 1 } else { 0 };
+                let skew = if (p.as_ptr() as usize).is_multiple_of(SECTOR) {
+                    1
+                } else {
+                    0
+                };
                 &mut p[skew..skew + len_of(i)]
             } else {
                 a
@@ -499,12 +506,18 @@ mod tests {
             reqs.push(ReadReq { buf, offset });
         }
         let mut empty = [0u8; 0];
-        reqs.push(ReadReq { buf: &mut empty, offset: 0 });
+        reqs.push(ReadReq {
+            buf: &mut empty,
+            offset: 0,
+        });
         let results = d.read_many(&mut reqs);
         assert_eq!(results.len(), n + 1);
         for (i, (r, res)) in reqs.iter().zip(&results).enumerate() {
             match i {
-                10 | 150 => assert!(matches!(res, Err(DiskError::Unaligned { op: "read", .. })), "{i}: {res:?}"),
+                10 | 150 => assert!(
+                    matches!(res, Err(DiskError::Unaligned { op: "read", .. })),
+                    "{i}: {res:?}"
+                ),
                 20 => assert!(matches!(res, Err(DiskError::OutOfRange { .. })), "{i}: {res:?}"),
                 _ => {
                     assert!(res.is_ok(), "{i}: {res:?}");

@@ -25,7 +25,7 @@ use tracing::{debug, info, warn};
 use crate::auth::Chap;
 use crate::login::{login, LoggedIn, CMD_WINDOW};
 use crate::params::Params;
-use crate::pdu::{data_segment_length, op, put32, Pdu, PduError, BHS_LEN};
+use crate::pdu::{data_segment_length, op, put32, wire_len, Pdu, PduError, BHS_LEN};
 use crate::target::{Registry, Target};
 use crate::text;
 
@@ -43,6 +43,12 @@ const LOGIN_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_THREADS: usize = 64;
 /// Slices per writev: Linux refuses more than IOV_MAX (1024).
 const MAX_IOV: usize = 1024;
+/// READs already in the receive buffer behind a READ are taken with it, up to this many
+/// commands and bytes, and run as one batch: their blocks are read with one submission and
+/// their Data-In sent with one writev. The byte bound keeps large reads apart, so that one
+/// thread's disk reads overlap another's sending.
+const MAX_BATCH: usize = 32;
+const MAX_BATCH_BYTES: usize = 256 << 10;
 
 const NO_TAG: u32 = 0xFFFF_FFFF;
 
@@ -303,7 +309,8 @@ struct ReadSide {
 
 /// What the thread holding the read side does next.
 enum Next {
-    Run(Job),
+    /// Commands to run: one, or a batch of READs.
+    Run(Vec<Job>),
     /// Logout, end of stream or a broken stream: no more PDUs.
     Stop,
 }
@@ -343,12 +350,13 @@ pub async fn run(sock: tokio::net::TcpStream, local: SocketAddr, reg: Arc<Regist
     let (initiator, isid, tsih) = (li.initiator.clone(), li.isid, li.tsih);
     let tname = li.target.as_ref().map(|t| t.iqn.clone()).unwrap_or_default();
     let (who, what, reg2) = (initiator.clone(), tname.clone(), reg.clone());
-    let spawned = std::thread::Builder::new().name("iscsi-conn".into()).spawn(move || {
-        match serve(sock, local, reg2, li) {
-            Ok(()) => info!(initiator = %who, target = %what, tsih, "session closed"),
-            Err(e) => info!(initiator = %who, target = %what, tsih, error = %e, "session closed"),
-        }
-    });
+    let spawned =
+        std::thread::Builder::new()
+            .name("iscsi-conn".into())
+            .spawn(move || match serve(sock, local, reg2, li) {
+                Ok(()) => info!(initiator = %who, target = %what, tsih, "session closed"),
+                Err(e) => info!(initiator = %who, target = %what, tsih, error = %e, "session closed"),
+            });
     if let Err(e) = spawned {
         reg.close_session(&initiator, isid, &tname, tsih);
         return Err(format!("cannot start a thread for the session: {e}"));
@@ -453,7 +461,7 @@ fn serve(sock: TcpStream, local: SocketAddr, reg: Arc<Registry>, li: LoggedIn) -
 fn serve_thread(s: &Arc<Session>) {
     loop {
         s.idle.fetch_add(1, Ordering::AcqRel);
-        let job = {
+        let jobs = {
             // A thread that panicked holding it left the read side consistent: PDUs are
             // handled whole or the connection ends.
             let mut guard = s.reader.lock().unwrap_or_else(|e| e.into_inner());
@@ -461,8 +469,8 @@ fn serve_thread(s: &Arc<Session>) {
             let Some(rs) = guard.as_mut() else {
                 return;
             };
-            match s.next_job(rs) {
-                Ok(Next::Run(job)) => job,
+            match s.next_jobs(rs) {
+                Ok(Next::Run(jobs)) => jobs,
                 Ok(Next::Stop) => {
                     *guard = None;
                     return;
@@ -491,54 +499,89 @@ fn serve_thread(s: &Arc<Session>) {
                 }
             }
         }
-        s.run_job(job);
+        s.run_jobs(jobs);
     }
+}
+
+fn is_read_cdb(opcode: u8) -> bool {
+    matches!(opcode, 0x08 | 0x28 | 0xA8 | 0x88)
 }
 
 impl Session {
     /// Reads PDUs, handling those that need no LUN, until a command is ready to run or the
-    /// connection ends; Err says why it ended abnormally.
-    fn next_job(&self, rs: &mut ReadSide) -> Result<Next, String> {
+    /// connection ends; Err says why it ended abnormally. A READ comes with the READs already
+    /// received behind it (MAX_BATCH).
+    fn next_jobs(&self, rs: &mut ReadSide) -> Result<Next, String> {
         let p = &self.ctx.params;
         let (hd, dd, max_data) = (p.header_digest, p.data_digest, p.max_recv_data_segment as usize);
-        loop {
-            match Pdu::read_blocking(&mut rs.r, hd, dd, max_data) {
-                Ok(p) => {
-                    if let Some(next) = self.handle(rs, p)? {
-                        return Ok(next);
-                    }
-                }
-                Err(PduError::DataDigest { bhs }) => {
-                    // The header is sound: reject the PDU and carry on (RFC 7143 7.8). A
-                    // Data-Out's write then fails, as for a missing PDU.
-                    let mut rej = Pdu::new(op::REJECT);
-                    rej.bhs[1] = 0x80;
-                    rej.bhs[2] = 0x02;
-                    put32(&mut rej.bhs, 16, NO_TAG);
-                    rej.data = bhs.to_vec();
-                    self.writer.send_pdu(&rej, true);
-                    let mut lost = Pdu::new(op::DATA_OUT);
-                    lost.bhs = *bhs;
-                    if lost.opcode() == op::DATA_OUT {
-                        lost.data = vec![0; data_segment_length(&lost.bhs)];
-                        if let Some(job) = self.data_out(rs, lost, false)? {
-                            return Ok(Next::Run(job));
-                        }
-                    }
-                }
-                Err(PduError::Io(e)) if e.kind() == io::ErrorKind::UnexpectedEof => {
-                    return Err("connection closed".into());
-                }
-                Err(e) => return Err(e.to_string()),
+        let first = loop {
+            let pdu = Pdu::read_blocking(&mut rs.r, hd, dd, max_data);
+            match self.take(rs, pdu)? {
+                Some(Next::Run(jobs)) => break jobs,
+                Some(Next::Stop) => return Ok(Next::Stop),
+                None => {}
             }
+        };
+        let mut jobs = first;
+        if !is_read_cdb(jobs[0].cdb[0]) {
+            return Ok(Next::Run(jobs));
+        }
+        let mut bytes = jobs[0].edtl;
+        while jobs.len() < MAX_BATCH {
+            // Only whole READ commands that are already here: taking them reads no socket.
+            let buf = rs.r.buffer();
+            match wire_len(buf, hd, dd) {
+                Some(n) if n <= buf.len() && buf[0] & 0x3F == op::SCSI_CMD && is_read_cdb(buf[32]) => {
+                    let edtl = u32::from_be_bytes([buf[20], buf[21], buf[22], buf[23]]) as usize;
+                    if bytes + edtl > MAX_BATCH_BYTES {
+                        break;
+                    }
+                    bytes += edtl;
+                }
+                _ => break,
+            }
+            let pdu = Pdu::read_blocking(&mut rs.r, hd, dd, max_data);
+            match self.take(rs, pdu)? {
+                Some(Next::Run(more)) => jobs.extend(more),
+                Some(Next::Stop) => unreachable!("a SCSI command does not end the session"),
+                None => {}
+            }
+        }
+        Ok(Next::Run(jobs))
+    }
+
+    /// Handles a PDU as read (or its read error): Some when it completes a command to run or
+    /// ends the session, Err when the connection must end.
+    fn take(&self, rs: &mut ReadSide, pdu: Result<Pdu, PduError>) -> Result<Option<Next>, String> {
+        match pdu {
+            Ok(p) => self.handle(rs, p),
+            Err(PduError::DataDigest { bhs }) => {
+                // The header is sound: reject the PDU and carry on (RFC 7143 7.8). A
+                // Data-Out's write then fails, as for a missing PDU.
+                let mut rej = Pdu::new(op::REJECT);
+                rej.bhs[1] = 0x80;
+                rej.bhs[2] = 0x02;
+                put32(&mut rej.bhs, 16, NO_TAG);
+                rej.data = bhs.to_vec();
+                self.writer.send_pdu(&rej, true);
+                let mut lost = Pdu::new(op::DATA_OUT);
+                lost.bhs = *bhs;
+                if lost.opcode() == op::DATA_OUT {
+                    lost.data = vec![0; data_segment_length(&lost.bhs)];
+                    return Ok(self.data_out(rs, lost, false)?.map(|job| Next::Run(vec![job])));
+                }
+                Ok(None)
+            }
+            Err(PduError::Io(e)) if e.kind() == io::ErrorKind::UnexpectedEof => Err("connection closed".into()),
+            Err(e) => Err(e.to_string()),
         }
     }
 
     /// Handles one PDU: Some when it completes a command to run, or ends the session.
     fn handle(&self, rs: &mut ReadSide, p: Pdu) -> Result<Option<Next>, String> {
         match p.opcode() {
-            op::SCSI_CMD => return Ok(self.scsi_command(rs, p).map(Next::Run)),
-            op::DATA_OUT => return Ok(self.data_out(rs, p, true)?.map(Next::Run)),
+            op::SCSI_CMD => return Ok(self.scsi_command(rs, p).map(|job| Next::Run(vec![job]))),
+            op::DATA_OUT => return Ok(self.data_out(rs, p, true)?.map(|job| Next::Run(vec![job]))),
             op::NOP_OUT => {
                 self.advance(&p);
                 if p.itt() != NO_TAG {
@@ -842,63 +885,113 @@ impl Session {
         Ok(None)
     }
 
-    /// Runs a command on its LUN and sends its data and status.
-    fn run_job(&self, job: Job) {
-        let Job {
-            itt,
-            lun_field,
-            lun,
-            cdb,
-            data_out,
-            edtl,
-            read,
-            fail,
-        } = job;
-        // What the CDB asks to move, for the residual of a write.
-        let wanted = if read {
-            None
-        } else {
-            lun.as_ref()
-                .and_then(|l| transfer_length(&cdb, l.block_size()))
-                .map(|w| w as usize)
-        };
-        let resp = if let Some(sense) = fail {
-            Response {
+    /// Runs the commands and sends their data and status, all in one write.
+    fn run_jobs(&self, jobs: Vec<Job>) {
+        let resps = self.execute(&jobs);
+        self.writer
+            .seq
+            .outstanding
+            .fetch_sub(jobs.len() as u32, Ordering::AcqRel);
+        let senses: Vec<Vec<u8>> = resps.iter().map(|r| sense_segment(&r.sense)).collect();
+        let max_seg = self.ctx.params.max_xmit_data_segment as usize;
+        let mut pdus = Vec::with_capacity(jobs.len());
+        for ((job, resp), sense) in jobs.iter().zip(&resps).zip(&senses) {
+            // What the CDB asks to move, for the residual of a write.
+            let wanted = if job.read {
+                None
+            } else {
+                job.lun
+                    .as_ref()
+                    .and_then(|l| transfer_length(&job.cdb, l.block_size()))
+                    .map(|w| w as usize)
+            };
+            pdus.extend(response_pdus(
+                job.itt,
+                job.lun_field,
+                resp,
+                sense,
+                job.edtl,
+                job.read,
+                wanted,
+                max_seg,
+            ));
+        }
+        if let Err(e) = self.writer.send(&mut pdus) {
+            // The initiator is gone; ending the socket ends the reader's wait too.
+            debug!(error = %e, itt = jobs[0].itt, "response not sent");
+            self.writer.abort();
+        }
+    }
+
+    /// Each command's response. Consecutive commands for one LUN go to it as one batch.
+    fn execute(&self, jobs: &[Job]) -> Vec<Response> {
+        let mut out = Vec::with_capacity(jobs.len());
+        let mut rest = jobs;
+        while let Some(first) = rest.first() {
+            let plain = |j: &Job| j.fail.is_none() && j.cdb[0] != REPORT_LUNS;
+            let same = |j: &Job| match (&first.lun, &j.lun) {
+                (Some(a), Some(b)) => Arc::ptr_eq(a, b) && plain(j),
+                _ => false,
+            };
+            let n = if plain(first) {
+                rest.iter().take_while(|j| same(j)).count().max(1)
+            } else {
+                1
+            };
+            let (group, tail) = rest.split_at(n);
+            rest = tail;
+            match (&first.lun, n) {
+                (Some(l), 2..) => {
+                    let cmds: Vec<(&[u8], &[u8])> = group.iter().map(|j| (&j.cdb[..], &j.data_out[..])).collect();
+                    // A bug in one command fails those it ran with, not the session.
+                    match catch_unwind(AssertUnwindSafe(|| l.execute_many_for(&self.ctx.nexus, &cmds))) {
+                        Ok(r) => out.extend(r),
+                        Err(_) => {
+                            warn!(opcode = first.cdb[0], "command batch panicked");
+                            out.extend(group.iter().map(|_| internal_failure()));
+                        }
+                    }
+                }
+                _ => out.push(self.execute_one(first)),
+            }
+        }
+        out
+    }
+
+    fn execute_one(&self, job: &Job) -> Response {
+        if let Some(sense) = job.fail {
+            return Response {
                 status: sense::CHECK_CONDITION,
                 data: vec![],
-                sense: match &lun {
+                sense: match &job.lun {
                     Some(l) => l.sense_bytes(sense),
                     None => sense.encode(false),
                 },
-            }
-        } else if cdb[0] == REPORT_LUNS {
-            let numbers = self.ctx.target.as_ref().map(|t| t.lun_numbers()).unwrap_or_default();
-            report_luns(&cdb, &numbers)
-        } else {
-            match &lun {
-                // A bug in one command fails that command, not the session.
-                Some(l) => catch_unwind(AssertUnwindSafe(|| l.execute_for(&self.ctx.nexus, &cdb, &data_out)))
-                    .unwrap_or_else(|_| {
-                        warn!(opcode = cdb[0], "command panicked");
-                        Response {
-                            status: sense::CHECK_CONDITION,
-                            data: vec![],
-                            sense: sense::INTERNAL_TARGET_FAILURE.encode(false),
-                        }
-                    }),
-                None => no_such_lun(&cdb),
-            }
-        };
-        drop(data_out);
-        self.writer.seq.outstanding.fetch_sub(1, Ordering::AcqRel);
-        let sense_segment = sense_segment(&resp.sense);
-        let max_seg = self.ctx.params.max_xmit_data_segment as usize;
-        let mut pdus = response_pdus(itt, lun_field, &resp, &sense_segment, edtl, read, wanted, max_seg);
-        if let Err(e) = self.writer.send(&mut pdus) {
-            // The initiator is gone; ending the socket ends the reader's wait too.
-            debug!(error = %e, itt, "response not sent");
-            self.writer.abort();
+            };
         }
+        if job.cdb[0] == REPORT_LUNS {
+            let numbers = self.ctx.target.as_ref().map(|t| t.lun_numbers()).unwrap_or_default();
+            return report_luns(&job.cdb, &numbers);
+        }
+        match &job.lun {
+            // A bug in one command fails that command, not the session.
+            Some(l) => catch_unwind(AssertUnwindSafe(|| {
+                l.execute_for(&self.ctx.nexus, &job.cdb, &job.data_out)
+            }))
+            .unwrap_or_else(|_| {
+                warn!(opcode = job.cdb[0], "command panicked");
+                internal_failure()
+            }),
+            None => no_such_lun(&job.cdb),
+        }
+    }
+}
+
+fn internal_failure() -> Response {
+    Response {
+        status: sense::CHECK_CONDITION,
+        data: vec![],
+        sense: sense::INTERNAL_TARGET_FAILURE.encode(false),
     }
 }
 
@@ -1022,4 +1115,3 @@ fn response_pdus<'a>(
     }
     out
 }
-

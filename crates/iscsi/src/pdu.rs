@@ -224,10 +224,23 @@ pub fn data_segment_length(bhs: &[u8; BHS_LEN]) -> usize {
     ((bhs[5] as usize) << 16) | ((bhs[6] as usize) << 8) | bhs[7] as usize
 }
 
+/// Bytes on the wire of the PDU at the start of `buf` (header, AHS, digests, padded data),
+/// once its Basic Header Segment is there; None before.
+pub fn wire_len(buf: &[u8], header_digest: bool, data_digest: bool) -> Option<usize> {
+    let bhs: &[u8; BHS_LEN] = buf.get(..BHS_LEN)?.try_into().ok()?;
+    let data = data_segment_length(bhs);
+    let digest = |on: bool| if on { 4 } else { 0 };
+    Some(BHS_LEN + bhs[4] as usize * 4 + digest(header_digest) + data.div_ceil(4) * 4 + digest(data_digest && data > 0))
+}
+
 fn segments(bhs: &[u8; BHS_LEN], max_data: usize) -> (Vec<u8>, Vec<u8>, usize) {
     let ahs_len = bhs[4] as usize * 4;
     let data_len = data_segment_length(bhs);
-    let padded = if data_len > max_data { 0 } else { data_len.div_ceil(4) * 4 };
+    let padded = if data_len > max_data {
+        0
+    } else {
+        data_len.div_ceil(4) * 4
+    };
     (vec![0u8; ahs_len], vec![0u8; padded], data_len)
 }
 
@@ -268,6 +281,8 @@ mod tests {
             p.data = b"hello".to_vec();
             let bytes = p.encode(hd, dd);
             assert_eq!(bytes.len(), 48 + 8 + if hd { 4 } else { 0 } + if dd { 4 } else { 0 });
+            assert_eq!(wire_len(&bytes, hd, dd), Some(bytes.len()));
+            assert_eq!(wire_len(&bytes[..47], hd, dd), None);
             let q = Pdu::read(&mut &bytes[..], hd, dd, 1024).await.unwrap();
             assert_eq!(q.data, b"hello");
             assert_eq!(q.itt(), 0xABCD);

@@ -253,7 +253,12 @@ fn batched_reads_match_single_reads_through_faults() {
         }
         // Whole blocks, 512-byte pieces of sectors, and a request past the end of the disk.
         let shapes: Vec<(u64, usize)> = (0..40u64)
-            .map(|i| ((i * 104_729) % (SIZE - 65536) / 512 * 512, 512 * (1 + (i as usize * 37) % 128)))
+            .map(|i| {
+                (
+                    (i * 104_729) % (SIZE - 65536) / 512 * 512,
+                    512 * (1 + (i as usize * 37) % 128),
+                )
+            })
             .chain([(SIZE - 4096, 8192)])
             .collect();
         let mut bufs: Vec<Vec<u8>> = shapes.iter().map(|&(_, len)| vec![0xEE; len]).collect();
@@ -280,7 +285,10 @@ fn batched_reads_match_single_reads_through_faults() {
         assert!(results.last().unwrap().is_err(), "past the end must fail");
         if kind != LayoutKind::Simple {
             let stats = &rig.engine().layouts().stats;
-            assert!(stats.read_errors.load(std::sync::atomic::Ordering::Relaxed) > 0, "{kind:?}: faults not hit");
+            assert!(
+                stats.read_errors.load(std::sync::atomic::Ordering::Relaxed) > 0,
+                "{kind:?}: faults not hit"
+            );
         }
     }
 }
