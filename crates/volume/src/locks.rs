@@ -1,7 +1,7 @@
 //! Grain locks: a fixed table of reader-writer locks indexed by a hash of (vdisk, grain).
-//! Reads take a grain shared, anything that may change its map entry or its data takes it
-//! exclusively. Code that holds several at once takes them through `lock_many`, in ascending
-//! table order, so two such callers cannot deadlock.
+//! Reads take their grains shared (`read_many`); anything that may change a grain's map entry
+//! or its data takes it exclusively. Code that holds several at once takes them through
+//! `read_many` or `lock_many`, in ascending table order, so two such callers cannot deadlock.
 
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -21,10 +21,6 @@ impl GrainLocks {
     fn index(vdisk: u64, grain: u64) -> usize {
         let h = vdisk.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ grain.wrapping_mul(0xD6E8_FEB8_6659_FD93);
         ((h ^ (h >> 29)) % GRAIN_LOCKS as u64) as usize
-    }
-
-    pub fn read(&self, vdisk: u64, grain: u64) -> RwLockReadGuard<'_, ()> {
-        self.table[Self::index(vdisk, grain)].read()
     }
 
     pub fn write(&self, vdisk: u64, grain: u64) -> RwLockWriteGuard<'_, ()> {

@@ -272,11 +272,11 @@ impl Vdisk {
 
     /// Reads `buf.len()` bytes at byte `offset`.
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        self.check_range(offset, buf.len() as u64)?;
-        for p in grain_pieces(self.class.grain, offset, buf.len() as u64) {
-            self.read_grain(p.grain, p.off, &mut buf[p.buf_off..p.buf_off + p.len])?;
-        }
-        Ok(())
+        // Through the batch path, so that the disk reads of a request spanning several grains
+        // are in flight together (and merged by the block layer where they are adjacent).
+        self.read_many(&mut [(offset, buf)])
+            .pop()
+            .expect("one result per request")
     }
 
     /// Reads every `(offset, buf)` as [`read`](Self::read) would, with one result per
@@ -343,16 +343,6 @@ impl Vdisk {
             }
         }
         results
-    }
-
-    fn read_grain(&self, g: u64, off: u64, out: &mut [u8]) -> Result<()> {
-        let _l = self.s.locks.read(self.id, g);
-        let l = self.entry(g);
-        if l == 0 {
-            out.fill(0);
-            return Ok(());
-        }
-        read_loc(&self.s, l, off, out)
     }
 
     /// Writes `data` at byte `offset`. With `fua` the data is durable when this returns.
