@@ -3,9 +3,10 @@
 //! request off the socket, then runs it and writes the reply itself while another thread takes
 //! over reading. No request changes threads, so a 4K read costs no hand-off between a reader,
 //! a worker pool and a writer. Threads are added while every one is busy, up to
-//! MAX_IN_FLIGHT, and all end with the connection.
+//! MAX_IN_FLIGHT, and all end with the connection. A READ is taken with the READs already
+//! received behind it and they run as one batch (one disk submission, one writev).
 
-use std::io::{self, BufReader, Read, Write};
+use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -21,6 +22,11 @@ use crate::proto::*;
 
 /// Requests of one connection running at once (threads serving it, at most).
 const MAX_IN_FLIGHT: usize = 64;
+/// READs already in the receive buffer behind a READ are taken with it, up to this many
+/// requests and bytes, and run as one batch: one submission to the disks, one writev for
+/// the replies. The byte bound keeps large reads apart, so that they overlap each other.
+const MAX_BATCH: usize = 32;
+const MAX_BATCH_BYTES: u64 = 256 << 10;
 
 /// A piece of a reply: protocol bytes, or data read from the vdisk into a buffer aligned for
 /// direct I/O (so the disk reads straight into it, and the socket writes straight from it).
@@ -62,6 +68,8 @@ struct Ctx {
 /// What the thread holding the read side does next.
 enum Next {
     Run(Request, AlignedBuf),
+    /// READs that arrived together, run as one batch.
+    Reads(Vec<Request>),
     /// Refused before running (a write too large); the reply is ready.
     Answer(Reply),
     /// NBD_CMD_DISC, end of stream or a broken stream: no more requests.
@@ -167,6 +175,7 @@ fn serve_thread(conn: &Arc<Conn>) {
         }
         let reply = match next {
             Next::Run(req, payload) => execute(&conn.ctx, &req, &payload),
+            Next::Reads(reqs) => read_batch(&conn.ctx, &reqs),
             Next::Answer(reply) => reply,
             Next::Stop => unreachable!("returned above"),
         };
@@ -188,6 +197,9 @@ fn next_request(r: &mut BufReader<TcpStream>, ctx: &Ctx) -> io::Result<Next> {
     if req.kind == cmd::DISC {
         return Ok(Next::Stop);
     }
+    if req.kind == cmd::READ {
+        return Ok(queued_reads(r, req));
+    }
     let mut payload = AlignedBuf::zeroed(0);
     if req.kind == cmd::WRITE {
         if req.length > MAX_PAYLOAD {
@@ -206,6 +218,31 @@ fn next_request(r: &mut BufReader<TcpStream>, ctx: &Ctx) -> io::Result<Next> {
 /// client detects, so the lock is taken over rather than poisoned for good.
 fn lock(w: &std::sync::Mutex<TcpStream>) -> std::sync::MutexGuard<'_, TcpStream> {
     w.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A READ, with the READs already whole in the receive buffer behind it (no socket read).
+fn queued_reads(r: &mut BufReader<TcpStream>, first: Request) -> Next {
+    let mut bytes = first.length as u64;
+    let mut reqs = vec![first];
+    while reqs.len() < MAX_BATCH {
+        let Some(head) = r.buffer().first_chunk::<REQUEST_LEN>() else {
+            break;
+        };
+        // Anything else, or anything malformed, is left for the next read to handle.
+        match Request::parse(head) {
+            Ok(q) if q.kind == cmd::READ && bytes + q.length as u64 <= MAX_BATCH_BYTES => {
+                bytes += q.length as u64;
+                r.consume(REQUEST_LEN);
+                reqs.push(q);
+            }
+            _ => break,
+        }
+    }
+    if reqs.len() == 1 {
+        let req = reqs.pop().expect("one request");
+        return Next::Run(req, AlignedBuf::zeroed(0));
+    }
+    Next::Reads(reqs)
 }
 
 fn send(w: &std::sync::Mutex<TcpStream>, reply: Reply) -> io::Result<()> {
@@ -254,10 +291,11 @@ fn volume_error(e: VolumeError) -> Failure {
     (code, e.to_string())
 }
 
-fn try_execute(ctx: &Ctx, req: &Request, payload: &[u8]) -> Result<Reply, Failure> {
+/// What every request is checked for before it runs: its range, its alignment, and that a
+/// write goes to a writable export.
+fn check(ctx: &Ctx, req: &Request) -> Result<(), Failure> {
     let e = &ctx.export;
     let v = &e.vdisk;
-    let fua = req.flags & cflag::FUA != 0;
     let ranged = matches!(
         req.kind,
         cmd::READ | cmd::WRITE | cmd::TRIM | cmd::WRITE_ZEROES | cmd::CACHE | cmd::BLOCK_STATUS
@@ -289,16 +327,22 @@ fn try_execute(ctx: &Ctx, req: &Request, payload: &[u8]) -> Result<Reply, Failur
     if writes && e.read_only {
         return Err((errno::EPERM, format!("export '{}' is read-only", e.name)));
     }
+    if req.kind == cmd::READ && req.length > MAX_PAYLOAD {
+        return Err((
+            errno::EINVAL,
+            format!("a read of {} bytes exceeds the {MAX_PAYLOAD}-byte limit", req.length),
+        ));
+    }
+    Ok(())
+}
+
+fn try_execute(ctx: &Ctx, req: &Request, payload: &[u8]) -> Result<Reply, Failure> {
+    check(ctx, req)?;
+    let v = &ctx.export.vdisk;
+    let fua = req.flags & cflag::FUA != 0;
     match req.kind {
-        cmd::READ => {
-            if req.length > MAX_PAYLOAD {
-                return Err((
-                    errno::EINVAL,
-                    format!("a read of {} bytes exceeds the {MAX_PAYLOAD}-byte limit", req.length),
-                ));
-            }
-            read(ctx, req)
-        }
+        // Checked twice, which is cheap: the batch path checks each of its requests.
+        cmd::READ => Ok(read_batch(ctx, std::slice::from_ref(req))),
         cmd::WRITE => {
             if !payload.is_empty() {
                 v.write(req.offset, payload, fua).map_err(volume_error)?;
@@ -365,51 +409,110 @@ fn error_reply(ctx: &Ctx, req: &Request, code: u32, msg: &str) -> Reply {
     }
 }
 
-fn read(ctx: &Ctx, req: &Request) -> Result<Reply, Failure> {
-    let v = &ctx.export.vdisk;
-    let len = req.length as usize;
-    if !ctx.structured {
-        let mut buf = AlignedBuf::zeroed(len);
-        if len > 0 {
-            v.read(req.offset, &mut buf).map_err(volume_error)?;
-        }
-        warm(&buf);
-        return Ok(vec![simple_reply(req.cookie, 0).into(), Piece::Data(buf)]);
-    }
+/// A piece of a read's reply: an extent, with its data unless it is a hole.
+struct Part {
+    extent: tessera_volume::Extent,
+    data: Option<AlignedBuf>,
+}
+
+/// The parts a (checked) READ answers with, their buffers still to fill: the whole range for
+/// simple replies, or mapped extents and holes for structured ones (one piece if the client
+/// asked for DF).
+fn plan_read(ctx: &Ctx, req: &Request) -> Result<Vec<Part>, Failure> {
+    let len = req.length as u64;
     if len == 0 {
-        return Ok(done(ctx, req));
+        return Ok(Vec::new());
     }
-    // Unmapped extents go back as holes, unless the client wants one piece.
-    let extents = if req.flags & cflag::DF != 0 {
-        vec![tessera_volume::Extent {
-            offset: req.offset,
-            len: len as u64,
-            mapped: true,
-        }]
-    } else {
-        v.extents(req.offset, len as u64).map_err(volume_error)?
+    let whole = tessera_volume::Extent {
+        offset: req.offset,
+        len,
+        mapped: true,
     };
-    let mut reply = Vec::with_capacity(extents.len() * 2);
-    let last = extents.len() - 1;
-    for (i, x) in extents.iter().enumerate() {
+    let extents = if !ctx.structured || req.flags & cflag::DF != 0 {
+        vec![whole]
+    } else {
+        ctx.export.vdisk.extents(req.offset, len).map_err(volume_error)?
+    };
+    Ok(extents
+        .into_iter()
+        .map(|x| Part {
+            extent: x,
+            data: x.mapped.then(|| AlignedBuf::zeroed(x.len as usize)),
+        })
+        .collect())
+}
+
+/// The reply to a READ whose parts are filled.
+fn read_reply(ctx: &Ctx, req: &Request, parts: Vec<Part>) -> Reply {
+    if !ctx.structured {
+        let mut reply = vec![simple_reply(req.cookie, 0).into()];
+        reply.extend(parts.into_iter().filter_map(|p| p.data).map(|d| {
+            warm(&d);
+            Piece::Data(d)
+        }));
+        return reply;
+    }
+    if parts.is_empty() {
+        return done(ctx, req);
+    }
+    let mut reply = Vec::with_capacity(parts.len() * 2);
+    let last = parts.len() - 1;
+    for (i, p) in parts.into_iter().enumerate() {
         let flags = if i == last { chunk::FLAG_DONE } else { 0 };
-        if x.mapped {
-            let mut data = AlignedBuf::zeroed(x.len as usize);
-            v.read(x.offset, &mut data).map_err(volume_error)?;
-            let mut head = chunk_header(req.cookie, flags, chunk::OFFSET_DATA, 8 + x.len as u32).to_vec();
-            head.extend_from_slice(&x.offset.to_be_bytes());
-            reply.push(head.into());
-            warm(&data);
-            reply.push(Piece::Data(data));
-        } else {
-            let mut p = x.offset.to_be_bytes().to_vec();
-            p.extend_from_slice(&(x.len as u32).to_be_bytes());
-            let mut head = chunk_header(req.cookie, flags, chunk::OFFSET_HOLE, 12).to_vec();
-            head.extend_from_slice(&p);
-            reply.push(head.into());
+        let x = p.extent;
+        match p.data {
+            Some(data) => {
+                let mut head = chunk_header(req.cookie, flags, chunk::OFFSET_DATA, 8 + x.len as u32).to_vec();
+                head.extend_from_slice(&x.offset.to_be_bytes());
+                warm(&data);
+                reply.push(head.into());
+                reply.push(Piece::Data(data));
+            }
+            None => {
+                let mut head = chunk_header(req.cookie, flags, chunk::OFFSET_HOLE, 12).to_vec();
+                head.extend_from_slice(&x.offset.to_be_bytes());
+                head.extend_from_slice(&(x.len as u32).to_be_bytes());
+                reply.push(head.into());
+            }
         }
     }
-    Ok(reply)
+    reply
+}
+
+/// Runs READs as one batch: each is checked and planned as if alone, the data of all of them
+/// is read with one `Vdisk::read_many`, and the replies follow in request order.
+fn read_batch(ctx: &Ctx, reqs: &[Request]) -> Reply {
+    let mut plans: Vec<Result<Vec<Part>, Failure>> = reqs
+        .iter()
+        .map(|req| check(ctx, req).and_then(|()| plan_read(ctx, req)))
+        .collect();
+    let mut io: Vec<(u64, &mut [u8])> = Vec::new();
+    let mut owner = Vec::new();
+    for (i, plan) in plans.iter_mut().enumerate() {
+        let Ok(parts) = plan else { continue };
+        for p in parts.iter_mut() {
+            if let Some(d) = &mut p.data {
+                io.push((p.extent.offset, &mut d[..]));
+                owner.push(i);
+            }
+        }
+    }
+    let done = ctx.export.vdisk.read_many(&mut io);
+    drop(io);
+    let mut failed: Vec<Option<Failure>> = reqs.iter().map(|_| None).collect();
+    for (i, r) in owner.into_iter().zip(done) {
+        if let (Err(e), None) = (r, &failed[i]) {
+            failed[i] = Some(volume_error(e));
+        }
+    }
+    let mut reply = Vec::new();
+    for ((req, plan), fail) in reqs.iter().zip(plans).zip(failed) {
+        reply.extend(match (plan, fail) {
+            (Err((code, msg)), _) | (Ok(_), Some((code, msg))) => error_reply(ctx, req, code, &msg),
+            (Ok(parts), None) => read_reply(ctx, req, parts),
+        });
+    }
+    reply
 }
 
 /// Brings data the disk has just written into memory into this CPU's cache, one load per

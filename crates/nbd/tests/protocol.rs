@@ -396,3 +396,94 @@ async fn a_client_that_leaves_mid_burst_releases_its_connection() {
     }
     assert_eq!(export.connections(), 0, "connections still held open");
 }
+
+/// Reads sent back to back arrive together and are answered as a batch: each gets its own
+/// data or its own error, matched by cookie; a write among them ends a batch and is answered
+/// too. (Requests in flight together are unordered, so reads of the written range may see
+/// the old or the new data.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_reads_are_each_answered() {
+    let rig = rig().await;
+    let c = Client::connect(&rig.addr, "rw").await.unwrap();
+    let data = pattern(9, 2 * MIB as usize);
+    c.write(0, &data, true).await.unwrap();
+    let mut disk = data.clone();
+    disk.resize(64 * MIB as usize, 0);
+
+    let mut s = greet(&rig.addr).await;
+    send_option(&mut s, proto::opt::EXPORT_NAME, b"rw").await;
+    assert_eq!(s.read_u64().await.unwrap(), 64 * MIB);
+    let _flags = s.read_u16().await.unwrap();
+    // cookie -> the data expected, or the error.
+    let mut expect: std::collections::HashMap<u64, Result<Vec<u8>, u32>> = Default::default();
+    let mut wire = Vec::new();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+    let written = vec![0x5Au8; 8192];
+    for cookie in 0..60u64 {
+        let (kind, offset, length) = match cookie {
+            7 => (cmd::READ, 100, 4096),             // unaligned
+            13 => (cmd::READ, 64 * MIB - 4096, 8192), // past the end
+            30 => (cmd::WRITE, 3 * MIB, 8192),         // a write among the reads
+            _ => {
+                let len = 4096 * rng.random_range(1..=8u32);
+                // Data, holes, and reads straddling both.
+                let off = 4096 * rng.random_range(0..(4 * MIB / 4096));
+                (cmd::READ, off, len)
+            }
+        };
+        let req = proto::Request {
+            flags: 0,
+            kind,
+            cookie,
+            offset,
+            length,
+        };
+        wire.extend_from_slice(&req.encode());
+        if kind == cmd::WRITE {
+            wire.extend_from_slice(&written);
+            expect.insert(cookie, Ok(Vec::new()));
+            continue;
+        }
+        let end = offset as usize + length as usize;
+        expect.insert(
+            cookie,
+            match cookie {
+                7 | 13 => Err(errno::EINVAL),
+                _ => Ok(disk[offset as usize..end].to_vec()),
+            },
+        );
+    }
+    s.write_all(&wire).await.unwrap();
+    for _ in 0..expect.len() {
+        assert_eq!(s.read_u32().await.unwrap(), proto::SIMPLE_REPLY_MAGIC);
+        let error = s.read_u32().await.unwrap();
+        let cookie = s.read_u64().await.unwrap();
+        match expect.remove(&cookie).expect("a reply per cookie, once") {
+            Err(code) => assert_eq!(error, code, "cookie {cookie}"),
+            Ok(want) => {
+                assert_eq!(error, 0, "cookie {cookie}");
+                let mut got = vec![0u8; want.len()];
+                s.read_exact(&mut got).await.unwrap();
+                let off = u64::from_be_bytes(wire_offset(&wire, cookie));
+                let overlaps_write = off < 3 * MIB + 8192 && off + want.len() as u64 > 3 * MIB;
+                if !overlaps_write {
+                    assert!(got == want, "cookie {cookie}: wrong data");
+                }
+            }
+        }
+    }
+    assert!(expect.is_empty());
+}
+
+/// The offset field of the request with this cookie in a stream of requests.
+fn wire_offset(wire: &[u8], cookie: u64) -> [u8; 8] {
+    let mut at = 0;
+    loop {
+        let req: &[u8; proto::REQUEST_LEN] = wire[at..at + proto::REQUEST_LEN].try_into().unwrap();
+        let r = proto::Request::parse(req).unwrap();
+        if r.cookie == cookie {
+            return r.offset.to_be_bytes();
+        }
+        at += proto::REQUEST_LEN + if r.kind == cmd::WRITE { r.length as usize } else { 0 };
+    }
+}
