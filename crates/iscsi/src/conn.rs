@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use tessera_scsi::{decode_lun, report_luns, sense, transfer_length, Lun, Nexus, Response, REPORT_LUNS};
+use tessera_scsi::{decode_lun, is_read, report_luns, sense, transfer_length, Lun, Nexus, Response, REPORT_LUNS};
 use tokio::io::AsyncWriteExt;
 use tracing::{debug, info, warn};
 
@@ -503,10 +503,6 @@ fn serve_thread(s: &Arc<Session>) {
     }
 }
 
-fn is_read_cdb(opcode: u8) -> bool {
-    matches!(opcode, 0x08 | 0x28 | 0xA8 | 0x88)
-}
-
 impl Session {
     /// Reads PDUs, handling those that need no LUN, until a command is ready to run or the
     /// connection ends; Err says why it ended abnormally. A READ comes with the READs already
@@ -523,7 +519,7 @@ impl Session {
             }
         };
         let mut jobs = first;
-        if !is_read_cdb(jobs[0].cdb[0]) {
+        if !is_read(jobs[0].cdb[0]) {
             return Ok(Next::Run(jobs));
         }
         let mut bytes = jobs[0].edtl;
@@ -531,7 +527,7 @@ impl Session {
             // Only whole READ commands that are already here: taking them reads no socket.
             let buf = rs.r.buffer();
             match wire_len(buf, hd, dd) {
-                Some(n) if n <= buf.len() && buf[0] & 0x3F == op::SCSI_CMD && is_read_cdb(buf[32]) => {
+                Some(n) if n <= buf.len() && buf[0] & 0x3F == op::SCSI_CMD && is_read(buf[32]) => {
                     let edtl = u32::from_be_bytes([buf[20], buf[21], buf[22], buf[23]]) as usize;
                     if bytes + edtl > MAX_BATCH_BYTES {
                         break;
@@ -928,16 +924,13 @@ impl Session {
         let mut out = Vec::with_capacity(jobs.len());
         let mut rest = jobs;
         while let Some(first) = rest.first() {
-            let plain = |j: &Job| j.fail.is_none() && j.cdb[0] != REPORT_LUNS;
-            let same = |j: &Job| match (&first.lun, &j.lun) {
-                (Some(a), Some(b)) => Arc::ptr_eq(a, b) && plain(j),
-                _ => false,
+            // Commands the LUN itself runs, on the same LUN as the first.
+            let same = |j: &Job| {
+                j.fail.is_none()
+                    && j.cdb[0] != REPORT_LUNS
+                    && matches!((&first.lun, &j.lun), (Some(a), Some(b)) if Arc::ptr_eq(a, b))
             };
-            let n = if plain(first) {
-                rest.iter().take_while(|j| same(j)).count().max(1)
-            } else {
-                1
-            };
+            let n = rest.iter().take_while(|j| same(j)).count().max(1);
             let (group, tail) = rest.split_at(n);
             rest = tail;
             match (&first.lun, n) {

@@ -4,14 +4,12 @@
 //! Whatever that fast path cannot do (a member unavailable, a read error) is done again by
 //! the single-read path, which reads around failures and repairs in place.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use tessera_disk::{DiskRef, ReadReq};
-use tracing::warn;
 
 use crate::error::Result;
-use crate::geometry::{data_members, split, Piece};
+use crate::geometry::{read_order, split, Piece};
 use crate::layouts::Layouts;
 use crate::slabset::SlabSet;
 
@@ -27,6 +25,7 @@ struct Planned<'a> {
     req: usize,
     piece: Piece,
     buf: &'a mut [u8],
+    disk: u32,
     offset: u64,
 }
 
@@ -49,13 +48,13 @@ impl Layouts {
             for piece in split(spec, r.offset, rest.len()) {
                 let (buf, tail) = std::mem::take(&mut rest).split_at_mut(piece.len);
                 rest = tail;
-                let cands = data_members(spec, piece.row, piece.data_col);
-                let slab = members[i][cands[piece.row as usize % cands.len()]];
+                let slab = members[i][read_order(spec, piece.row, piece.data_col)[0]];
                 let offset = self.pool.slab_offset(slab) + piece.member_offset(spec);
                 let p = Planned {
                     req: i,
                     piece,
                     buf,
+                    disk: slab.disk,
                     offset,
                 };
                 match self.pool.readable_disk(slab.disk) {
@@ -75,17 +74,17 @@ impl Layouts {
                     buf: p.buf,
                     offset: p.offset,
                 });
-                meta.push((p.req, p.piece));
+                meta.push((p.req, p.piece, p.disk));
             }
             let done = dev.read_many(&mut io);
-            for ((rr, (req, piece)), res) in io.into_iter().zip(meta).zip(done) {
+            for ((rr, (req, piece, disk)), res) in io.into_iter().zip(meta).zip(done) {
                 if let Err(e) = res {
-                    self.stats.read_errors.fetch_add(1, Ordering::Relaxed);
-                    warn!(disk = dev.path(), error = %e, "read error");
+                    self.read_error(disk, &e);
                     slow.push(Planned {
                         req,
                         piece,
                         buf: rr.buf,
+                        disk,
                         offset: rr.offset,
                     });
                 }

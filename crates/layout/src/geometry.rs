@@ -59,6 +59,15 @@ pub fn data_members(spec: &LayoutSpec, row: u64, data_col: usize) -> Vec<usize> 
     }
 }
 
+/// The members holding a data column, in the order a read tries them: mirrors start at a
+/// copy chosen by the row, so that reads spread over the copies.
+pub fn read_order(spec: &LayoutSpec, row: u64, data_col: usize) -> Vec<usize> {
+    let mut cands = data_members(spec, row, data_col);
+    let n = cands.len();
+    cands.rotate_left(row as usize % n);
+    cands
+}
+
 fn parity_start(spec: &LayoutSpec, row: u64) -> usize {
     let w = spec.width();
     w - 1 - (row % w as u64) as usize

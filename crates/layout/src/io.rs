@@ -8,7 +8,7 @@ use tracing::warn;
 
 use crate::codec;
 use crate::error::{LayoutError, Result};
-use crate::geometry::{data_members, parity_members, role_of, split, Piece, Role};
+use crate::geometry::{data_members, parity_members, read_order, role_of, split, Piece, Role};
 use crate::journal::{Record, RecordBody, REGION_BYTES};
 use crate::layouts::{Layouts, MemberFault};
 use crate::slabset::SlabSet;
@@ -50,13 +50,9 @@ impl Layouts {
     ) -> Result<()> {
         let spec = &set.spec;
         let mo = p.member_offset(spec);
-        let cands = data_members(spec, p.row, p.data_col);
-        let n = cands.len();
-        let start = p.row as usize % n;
         let mut failed = Vec::new();
         let mut last_err = String::from("no member available");
-        for i in 0..n {
-            let m = cands[(start + i) % n];
+        for m in read_order(spec, p.row, p.data_col) {
             match self.member_read(members[m], mo, out) {
                 Ok(()) => {
                     for bad in failed {

@@ -177,10 +177,15 @@ impl Layouts {
     pub(crate) fn member_read(&self, slab: SlabRef, mo: u64, buf: &mut [u8]) -> Result<(), MemberFault> {
         let dev = self.pool.readable_disk(slab.disk).ok_or(MemberFault::Unavailable)?;
         dev.read_at(buf, self.pool.slab_offset(slab) + mo).map_err(|e| {
-            self.stats.read_errors.fetch_add(1, Ordering::Relaxed);
-            warn!(disk = slab.disk, error = %e, "read error");
+            self.read_error(slab.disk, &e);
             MemberFault::Io(e.to_string())
         })
+    }
+
+    /// Counts and logs a member's read error; the caller reads around it.
+    pub(crate) fn read_error(&self, disk: u32, e: &tessera_disk::DiskError) {
+        self.stats.read_errors.fetch_add(1, Ordering::Relaxed);
+        warn!(disk, error = %e, "read error");
     }
 
     /// A write error fails the disk: a member that missed a write holds stale data and must

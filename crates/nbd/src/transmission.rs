@@ -68,7 +68,7 @@ struct Ctx {
 /// What the thread holding the read side does next.
 enum Next {
     Run(Request, AlignedBuf),
-    /// READs that arrived together, run as one batch.
+    /// A READ and those that arrived with it, run as one batch.
     Reads(Vec<Request>),
     /// Refused before running (a write too large); the reply is ready.
     Answer(Reply),
@@ -238,10 +238,6 @@ fn queued_reads(r: &mut BufReader<TcpStream>, first: Request) -> Next {
             _ => break,
         }
     }
-    if reqs.len() == 1 {
-        let req = reqs.pop().expect("one request");
-        return Next::Run(req, AlignedBuf::zeroed(0));
-    }
     Next::Reads(reqs)
 }
 
@@ -336,13 +332,12 @@ fn check(ctx: &Ctx, req: &Request) -> Result<(), Failure> {
     Ok(())
 }
 
+/// Every command but READ, which runs through `read_batch`.
 fn try_execute(ctx: &Ctx, req: &Request, payload: &[u8]) -> Result<Reply, Failure> {
     check(ctx, req)?;
     let v = &ctx.export.vdisk;
     let fua = req.flags & cflag::FUA != 0;
     match req.kind {
-        // Checked twice, which is cheap: the batch path checks each of its requests.
-        cmd::READ => Ok(read_batch(ctx, std::slice::from_ref(req))),
         cmd::WRITE => {
             if !payload.is_empty() {
                 v.write(req.offset, payload, fua).map_err(volume_error)?;

@@ -13,7 +13,7 @@ pub mod tpc;
 mod xcopy;
 
 pub use lun::{Lun, ModeState, Nexus, PrStore, Response};
-pub use opcodes::{cdb_len, OpInfo, REPORT_LUNS, SUPPORTED};
+pub use opcodes::{cdb_len, is_read, OpInfo, REPORT_LUNS, SUPPORTED};
 pub use pr::PrState;
 pub use sbc::transfer_length;
 pub use sense::Sense;

@@ -220,30 +220,28 @@ impl Lun {
     /// SENSE returns it as its data.
     pub fn execute_for(&self, nexus: &Nexus, cdb: &[u8], data_out: &[u8]) -> Response {
         let op = cdb.first().copied().unwrap_or(0xFF);
-        {
-            let mut all = self.nexuses.lock();
-            let entry = all.entry(nexus.id).or_insert_with(|| NexusState {
-                nexus: nexus.clone(),
-                ua: VecDeque::new(),
-            });
-            let q = &mut entry.ua;
-            if !q.is_empty() && op != INQUIRY && op != REPORT_LUNS {
-                let s = q.pop_front().expect("not empty");
-                if op == REQUEST_SENSE && cdb.len() >= 6 {
-                    let mut d = s.encode(cdb[1] & 0x01 != 0);
-                    d.truncate(cdb[4] as usize);
-                    return Response {
-                        status: sense::GOOD,
-                        data: d,
-                        sense: Vec::new(),
-                    };
-                }
-                return Response {
-                    status: sense::CHECK_CONDITION,
-                    data: Vec::new(),
-                    sense: self.sense_bytes(s),
-                };
+        let reported = self.unit_attentions(nexus, |q| {
+            if q.is_empty() || op == INQUIRY || op == REPORT_LUNS {
+                return None;
             }
+            let s = q.pop_front().expect("not empty");
+            if op == REQUEST_SENSE && cdb.len() >= 6 {
+                let mut d = s.encode(cdb[1] & 0x01 != 0);
+                d.truncate(cdb[4] as usize);
+                return Some(Response {
+                    status: sense::GOOD,
+                    data: d,
+                    sense: Vec::new(),
+                });
+            }
+            Some(Response {
+                status: sense::CHECK_CONDITION,
+                data: Vec::new(),
+                sense: self.sense_bytes(s),
+            })
+        });
+        if let Some(r) = reported {
+            return r;
         }
         // Every command past this point has its whole CDB: the reservation rules read it too.
         if let Err(s) = check_cdb(cdb) {
@@ -268,7 +266,7 @@ impl Lun {
     /// reads from one initiator needs; every other command runs on its own.
     pub fn execute_many_for(&self, nexus: &Nexus, cmds: &[(&[u8], &[u8])]) -> Vec<Response> {
         let mut out: Vec<Option<Response>> = cmds.iter().map(|_| None).collect();
-        let is_read = |cdb: &[u8]| matches!(cdb.first(), Some(&(READ_6 | READ_10 | READ_12 | READ_16)));
+        let is_read = |cdb: &[u8]| cdb.first().copied().is_some_and(is_read);
         let mut i = 0;
         while i < cmds.len() {
             if is_read(cmds[i].0) {
@@ -305,15 +303,8 @@ impl Lun {
     /// waits for the nexus, else the blocks to read (None for none) or the answer instead.
     /// The caller holds the fence.
     fn admit_read(&self, nexus: &Nexus, cdb: &[u8]) -> Option<Result<Option<(u64, u64)>, Response>> {
-        {
-            let mut all = self.nexuses.lock();
-            let entry = all.entry(nexus.id).or_insert_with(|| NexusState {
-                nexus: nexus.clone(),
-                ua: VecDeque::new(),
-            });
-            if !entry.ua.is_empty() {
-                return None;
-            }
+        if self.unit_attentions(nexus, |q| !q.is_empty()) {
+            return None;
         }
         if let Err(s) = check_cdb(cdb) {
             return Some(Err(self.respond(Err(s))));
@@ -322,6 +313,17 @@ impl Lun {
             return Some(Err(Response::reservation_conflict()));
         }
         Some(self.plan_read(cdb).map_err(|s| self.respond(Err(s))))
+    }
+
+    /// Runs `f` on the unit attentions waiting for `nexus`, registering the nexus first so
+    /// that later unit attentions (resets, capacity changes) reach it.
+    fn unit_attentions<R>(&self, nexus: &Nexus, f: impl FnOnce(&mut VecDeque<Sense>) -> R) -> R {
+        let mut all = self.nexuses.lock();
+        let entry = all.entry(nexus.id).or_insert_with(|| NexusState {
+            nexus: nexus.clone(),
+            ua: VecDeque::new(),
+        });
+        f(&mut entry.ua)
     }
 
     /// Whether a reservation (SPC-2 or persistent) keeps the nexus from running the command.

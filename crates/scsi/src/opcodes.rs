@@ -53,6 +53,11 @@ pub const SA_GET_LBA_STATUS: u8 = 0x12;
 pub const SA_REPORT_SUPPORTED_OPCODES: u8 = 0x0C;
 pub const SA_REPORT_TARGET_PORT_GROUPS: u8 = 0x0A;
 
+/// READ (6), (10), (12) or (16): the commands that batches of queued reads are made of.
+pub fn is_read(op: u8) -> bool {
+    matches!(op, READ_6 | READ_10 | READ_12 | READ_16)
+}
+
 /// The CDB length of an operation code, by its group.
 pub fn cdb_len(op: u8) -> Option<usize> {
     match op >> 5 {

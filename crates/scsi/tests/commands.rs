@@ -386,6 +386,16 @@ fn nx(id: u64) -> Nexus {
     }
 }
 
+/// The nexus registers key 7 (REGISTER AND IGNORE) and takes EXCLUSIVE ACCESS with it.
+fn take_exclusive_access(lun: &Lun, nexus: u64) {
+    let mut p = vec![0u8; 24];
+    p[8..16].copy_from_slice(&7u64.to_be_bytes());
+    ok(lun.execute_for(&nx(nexus), &[0x5F, 6, 0, 0, 0, 0, 0, 0, 24, 0], &p));
+    let mut p = vec![0u8; 24];
+    p[0..8].copy_from_slice(&7u64.to_be_bytes());
+    ok(lun.execute_for(&nx(nexus), &[0x5F, 1, 3, 0, 0, 0, 0, 0, 24, 0], &p));
+}
+
 #[test]
 fn unit_attentions_reach_the_other_nexuses_once() {
     let (_r, lun) = rig(512, 8 * MIB, false);
@@ -427,13 +437,7 @@ fn malformed_cdbs_get_sense_even_under_a_reservation() {
         check(lun.execute(&[0x28, 0, 0], &[])),
         (key::ILLEGAL_REQUEST, 0x24, 0x00)
     );
-    // REGISTER AND IGNORE, then EXCLUSIVE ACCESS, by nexus 1.
-    let mut p = vec![0u8; 24];
-    p[8..16].copy_from_slice(&7u64.to_be_bytes());
-    ok(lun.execute_for(&nx(1), &[0x5F, 6, 0, 0, 0, 0, 0, 0, 24, 0], &p));
-    let mut p = vec![0u8; 24];
-    p[0..8].copy_from_slice(&7u64.to_be_bytes());
-    ok(lun.execute_for(&nx(1), &[0x5F, 1, 3, 0, 0, 0, 0, 0, 24, 0], &p));
+    take_exclusive_access(&lun, 1);
     // Another nexus: a short PR OUT, an empty CDB and a NACA bit are errors, not conflicts.
     assert_eq!(
         check(lun.execute_for(&nx(2), &[0x5F, 1, 3], &[])),
@@ -510,13 +514,7 @@ fn a_batch_answers_as_its_commands_one_by_one() {
 #[test]
 fn a_batch_of_reads_respects_reservations() {
     let (_r, lun) = rig(512, 8 * MIB, false);
-    // Nexus 1 registers and takes EXCLUSIVE ACCESS.
-    let mut p = vec![0u8; 24];
-    p[8..16].copy_from_slice(&7u64.to_be_bytes());
-    ok(lun.execute_for(&nx(1), &[0x5F, 6, 0, 0, 0, 0, 0, 0, 24, 0], &p));
-    let mut p = vec![0u8; 24];
-    p[0..8].copy_from_slice(&7u64.to_be_bytes());
-    ok(lun.execute_for(&nx(1), &[0x5F, 1, 3, 0, 0, 0, 0, 0, 24, 0], &p));
+    take_exclusive_access(&lun, 1);
     let read = cdb10(0x28, 0, 0, 1);
     let cmds: Vec<(&[u8], &[u8])> = vec![(&read, &[]), (&read, &[])];
     for r in lun.execute_many_for(&nx(2), &cmds) {
