@@ -383,12 +383,21 @@ fn persistent_reservations_with_aptpl_survive_a_restart() {
         c.isid[5] = n;
         c
     };
+    // Each command in a session of its own, as a cluster node's occasional check would be.
+    // A node's session after its last one ended starts with I_T NEXUS LOSS OCCURRED, which
+    // an initiator clears with TEST UNIT READY before it goes on.
+    let tur = vec![0u8; 6];
     let run = |portal: &str, c: &LoginConfig, cdb: Vec<u8>, data: Vec<u8>, read: usize| {
         rt.block_on(async {
             let s = Session::login(portal, c).await.unwrap();
+            let first = s.command(0, &tur, Vec::new(), 0).await.unwrap();
+            if first.status != 0 {
+                assert_eq!((first.status, first.sense[12], first.sense[13]), (2, 0x29, 0x07));
+                assert_eq!(s.command(0, &tur, Vec::new(), 0).await.unwrap().status, 0);
+            }
             let r = s.command(0, &cdb, data, read).await.unwrap();
             s.logout().await.unwrap();
-            r
+            (r, first.status != 0)
         })
     };
     let read_keys = vec![0x5E, 0, 0, 0, 0, 0, 0, 0x10, 0, 0];
@@ -400,19 +409,21 @@ fn persistent_reservations_with_aptpl_survive_a_restart() {
     // failover cluster's quorum disk would be held.
     let portal = d.iscsi_portal();
     let (cdb, p) = pr_out(6, 0, 0, 0x1111, true);
-    assert_eq!(run(&portal, &node(1), cdb, p, 0).status, 0);
+    let (r, told) = run(&portal, &node(1), cdb, p, 0);
+    assert_eq!((r.status, told), (0, false), "a port's first session");
     let (cdb, p) = pr_out(1, 5, 0x1111, 0, false);
-    assert_eq!(run(&portal, &node(1), cdb, p, 0).status, 0);
+    let (r, told) = run(&portal, &node(1), cdb, p, 0);
+    assert_eq!((r.status, told), (0, true), "the port's next session is told of the loss");
     assert_eq!(std::fs::read_dir(&reservations_dir).unwrap().count(), 1);
 
     // A crash and a restart: the registration and the reservation are still there.
     d.kill9();
     let mut d = Daemon::start(&state);
     let portal = d.iscsi_portal();
-    let keys = run(&portal, &node(2), read_keys.clone(), Vec::new(), 4096);
+    let (keys, _) = run(&portal, &node(2), read_keys.clone(), Vec::new(), 4096);
     assert_eq!(&keys.data[4..8], &8u32.to_be_bytes(), "{:?}", keys.data);
     assert_eq!(&keys.data[8..16], &0x1111u64.to_be_bytes());
-    let res = run(&portal, &node(2), read_reservation.clone(), Vec::new(), 4096);
+    let (res, _) = run(&portal, &node(2), read_reservation.clone(), Vec::new(), 4096);
     assert_eq!(res.data[21], 5, "reservation type after restart");
     // The administrator sees who holds it.
     let shown = d.json(&["target", "show", iqn]);
@@ -424,22 +435,22 @@ fn persistent_reservations_with_aptpl_survive_a_restart() {
     assert!(d
         .ok(&["target", "show", iqn])
         .contains("reserved by iqn.2026-11.io.example:node1"));
-    assert_eq!(run(&portal, &node(2), write1.clone(), vec![0; 512], 0).status, 0x18);
+    assert_eq!(run(&portal, &node(2), write1.clone(), vec![0; 512], 0).0.status, 0x18);
     assert_eq!(
-        run(&portal, &node(1), write1.clone(), vec![0; 512], 0).status,
+        run(&portal, &node(1), write1.clone(), vec![0; 512], 0).0.status,
         0,
         "the holder writes"
     );
 
     // A REGISTER with APTPL=0 stops persisting: after the next restart nothing is left.
     let (cdb, p) = pr_out(0, 0, 0x1111, 0x2222, false);
-    assert_eq!(run(&portal, &node(1), cdb, p, 0).status, 0);
+    assert_eq!(run(&portal, &node(1), cdb, p, 0).0.status, 0);
     assert_eq!(std::fs::read_dir(&reservations_dir).unwrap().count(), 0);
     d.stop();
     let d = Daemon::start(&state);
-    let keys = run(&d.iscsi_portal(), &node(2), read_keys, Vec::new(), 4096);
+    let (keys, _) = run(&d.iscsi_portal(), &node(2), read_keys, Vec::new(), 4096);
     assert_eq!(&keys.data[4..8], &0u32.to_be_bytes());
-    assert_eq!(run(&d.iscsi_portal(), &node(2), write1, vec![0; 512], 0).status, 0);
+    assert_eq!(run(&d.iscsi_portal(), &node(2), write1, vec![0; 512], 0).0.status, 0);
 }
 
 #[test]

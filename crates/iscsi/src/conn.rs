@@ -443,7 +443,7 @@ fn serve(sock: TcpStream, local: SocketAddr, reg: Arc<Registry>, li: LoggedIn) -
         if let Some(t) = &s.ctx.target {
             for n in t.lun_numbers() {
                 if let Some(l) = t.lun(n) {
-                    l.forget_nexus(s.ctx.nexus.id);
+                    l.nexus_lost(&s.ctx.nexus);
                 }
             }
         }

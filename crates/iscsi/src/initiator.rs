@@ -119,6 +119,8 @@ struct Pending {
 struct Shared {
     writer: Mutex<OwnedWriteHalf>,
     pending: parking_lot::Mutex<HashMap<u32, Pending>>,
+    /// Set, under the pending lock, when the reader stops: nothing more will be answered.
+    ended: std::sync::atomic::AtomicBool,
     neg: Negotiated,
     cmd_sn: AtomicU32,
     max_cmd_sn: AtomicU32,
@@ -150,6 +152,7 @@ impl Session {
         let shared = Arc::new(Shared {
             writer: Mutex::new(w),
             pending: parking_lot::Mutex::new(HashMap::new()),
+            ended: std::sync::atomic::AtomicBool::new(false),
             neg,
             cmd_sn: AtomicU32::new(cmd_sn),
             max_cmd_sn: AtomicU32::new(max_cmd_sn),
@@ -179,15 +182,21 @@ impl Session {
         let lun_field = lun_bytes(lun);
         let data_out = Arc::new(data_out);
         let (tx, rx) = oneshot::channel();
-        s.pending.lock().insert(
-            itt,
-            Pending {
-                done: tx,
-                data_out: data_out.clone(),
-                lun: lun_field,
-                data_in: Vec::new(),
-            },
-        );
+        {
+            let mut pending = s.pending.lock();
+            if s.ended.load(Ordering::Acquire) {
+                return Err(InitiatorError::SessionEnded);
+            }
+            pending.insert(
+                itt,
+                Pending {
+                    done: tx,
+                    data_out: data_out.clone(),
+                    lun: lun_field,
+                    data_in: Vec::new(),
+                },
+            );
+        }
         let mut p = Pdu::new(op::SCSI_CMD);
         let write = !data_out.is_empty();
         let immediate = if write && s.neg.immediate_data {
@@ -336,7 +345,9 @@ fn data_out_pdus(neg: &Negotiated, lun: [u8; 8], itt: u32, ttt: u32, data: &[u8]
 /// Takes the target's answers: completes commands, answers R2Ts and NOP-Ins.
 async fn read_loop(mut r: OwnedReadHalf, s: Arc<Shared>) {
     let fail_all = |s: &Shared| {
-        for (_, p) in s.pending.lock().drain() {
+        let mut pending = s.pending.lock();
+        s.ended.store(true, Ordering::Release);
+        for (_, p) in pending.drain() {
             let _ = p.done.send(Err(InitiatorError::SessionEnded));
         }
     };

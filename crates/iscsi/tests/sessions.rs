@@ -222,6 +222,51 @@ async fn reservations_are_shared_by_the_paths_to_a_lun() {
     assert_eq!(write(&a, 0, &[0u8; 512]).await.status, 0);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reinstated_session_takes_over_its_nexus() {
+    let r = rig().await;
+    let tur = [0u8; 6];
+    let a = Session::login(&r.addr, &cfg(HOST_A, OPEN, 1)).await.unwrap();
+    let b = Session::login(&r.addr, &cfg(HOST_B, OPEN, 2)).await.unwrap();
+    for (s, key) in [(&a, 0xA), (&b, 0xB)] {
+        let (cdb, d) = pr_out(6, 0, 0, key);
+        assert_eq!(s.command(0, &cdb, d, 0).await.unwrap().status, 0);
+    }
+    // b preempts a's registration; before a hears of it, a's host logs in again with the same
+    // ISID (a reinstatement). The new session hears of the preemption, then of the loss of
+    // the old session.
+    let (cdb, d) = pr_out(4, 1, 0xB, 0xA);
+    assert_eq!(b.command(0, &cdb, d, 0).await.unwrap().status, 0);
+    let a2 = Session::login(&r.addr, &cfg(HOST_A, OPEN, 1)).await.unwrap();
+    let told = |r: ScsiResult| r.sense_key();
+    assert_eq!(told(a2.command(0, &tur, Vec::new(), 0).await.unwrap()), Some((6, 0x2A, 0x05)));
+    assert_eq!(told(a2.command(0, &tur, Vec::new(), 0).await.unwrap()), Some((6, 0x29, 0x07)));
+    assert_eq!(a2.command(0, &tur, Vec::new(), 0).await.unwrap().status, 0);
+    let old = tokio::time::timeout(Duration::from_secs(10), a.command(0, &tur, Vec::new(), 0)).await;
+    assert!(matches!(old, Ok(Err(_))), "the old session is closed: {old:?}");
+    // An SPC-2 reservation belongs to the session that took it and ends with it. (None is
+    // taken while a persistent registration exists: b unregisters.)
+    let (cdb, d) = pr_out(0, 0, 0xB, 0);
+    assert_eq!(b.command(0, &cdb, d, 0).await.unwrap().status, 0);
+    assert_eq!(a2.command(0, &[0x16, 0, 0, 0, 0, 0], Vec::new(), 0).await.unwrap().status, 0);
+    assert_eq!(read(&b, 0, 8).await.status, 0x18);
+    let a3 = Session::login(&r.addr, &cfg(HOST_A, OPEN, 1)).await.unwrap();
+    let mut freed = false;
+    for _ in 0..100 {
+        // The old session is torn down in the background.
+        if read(&b, 0, 8).await.status == 0 {
+            freed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(freed, "the reservation ended with the session");
+    assert_eq!(told(a3.command(0, &tur, Vec::new(), 0).await.unwrap()), Some((6, 0x29, 0x07)));
+    assert_eq!(read(&a3, 0, 8).await.status, 0);
+    a3.logout().await.unwrap();
+    b.logout().await.unwrap();
+}
+
 /// Sends `bytes` on a fresh connection, then reads until the target closes it; returns whether
 /// it did within the timeout.
 async fn poke(addr: &str, bytes: &[u8]) -> bool {

@@ -2,6 +2,7 @@
 //! that makes COMPARE AND WRITE atomic), and the command dispatch.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
@@ -60,15 +61,26 @@ pub struct ModeState {
 /// An I_T nexus: one initiator port's session with the target.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Nexus {
-    /// Unique while the daemon runs: keys unit attentions and SPC-2 reservations, which end
-    /// with the session.
+    /// Unique to one session while the daemon runs: keys SPC-2 reservations and copy results,
+    /// which end with the session.
     pub id: u64,
     /// The initiator's name ("iqn.…").
     pub initiator: String,
     /// With the name, identifies the initiator port across logins: persistent reservation
-    /// registrations are kept by it.
+    /// registrations and unit attentions are kept by it.
     pub isid: [u8; 6],
 }
+
+impl Nexus {
+    fn port(&self) -> Port {
+        (self.initiator.clone(), self.isid)
+    }
+}
+
+/// An initiator port: the initiator's name with the ISID of its sessions. SAM's I_T nexus is
+/// this port with the target port, so what is pending for a nexus outlives one session and
+/// reaches the next session the same port logs in (a reinstatement, a reconnection).
+type Port = (String, [u8; 6]);
 
 impl Nexus {
     /// The nexus of callers that are not a transport session (tests, tools).
@@ -94,8 +106,12 @@ struct Reservations {
 }
 
 struct NexusState {
+    /// The port's current session, or its last one.
     nexus: Nexus,
     ua: VecDeque<Sense>,
+    /// When the port's last session ended (an order among the LUN's losses, not a time);
+    /// None while a session is using it.
+    lost: Option<u64>,
 }
 
 pub struct Lun {
@@ -108,8 +124,11 @@ pub struct Lun {
     /// Writes hold it shared; COMPARE AND WRITE holds it exclusively, so that no write to the
     /// LUN lands between its compare and its write.
     pub(crate) atomic: RwLock<()>,
-    /// Every I_T nexus that has used the LUN, with the unit attentions waiting for it.
-    nexuses: Mutex<HashMap<u64, NexusState>>,
+    /// Every I_T nexus that has used the LUN, by initiator port, with the unit attentions
+    /// waiting for it; those whose session ended are kept (MAX_LOST_NEXUSES, at most).
+    nexuses: Mutex<HashMap<Port, NexusState>>,
+    /// Sessions ended so far, to order the lost nexuses.
+    losses: AtomicU64,
     reservations: Mutex<Reservations>,
     pr_store: Option<PrStore>,
     /// Commands hold it shared while they run; reservation changes take it exclusively, so
@@ -122,6 +141,18 @@ pub struct Lun {
 
 /// Unit attentions kept per nexus, at most; older ones give way.
 const MAX_PENDING_UA: usize = 8;
+/// Nexuses with no session kept per LUN, at most: enough for the hosts of a SAN to come back
+/// to what they missed, while initiators that take a new ISID for every session (libiscsi
+/// does) cannot make the table grow without end. The longest lost give way.
+const MAX_LOST_NEXUSES: usize = 256;
+
+/// Queues `s` behind the unit attentions already pending, dropping the oldest when full.
+fn queue_unit_attention(q: &mut VecDeque<Sense>, s: Sense) {
+    if q.len() >= MAX_PENDING_UA {
+        q.pop_front();
+    }
+    q.push_back(s);
+}
 
 /// The IEEE company id in the NAA identifier: a locally administered value.
 const NAA_OUI: u32 = 0x00_1405;
@@ -150,6 +181,7 @@ impl Lun {
             }),
             atomic: RwLock::new(()),
             nexuses: Mutex::new(HashMap::new()),
+            losses: AtomicU64::new(0),
             reservations: Mutex::new(Reservations::default()),
             pr_store: None,
             fence: RwLock::new(()),
@@ -316,13 +348,19 @@ impl Lun {
     }
 
     /// Runs `f` on the unit attentions waiting for `nexus`, registering the nexus first so
-    /// that later unit attentions (resets, capacity changes) reach it.
+    /// that later unit attentions (resets, capacity changes) reach it. A new session of a
+    /// port takes over what its last session left.
     fn unit_attentions<R>(&self, nexus: &Nexus, f: impl FnOnce(&mut VecDeque<Sense>) -> R) -> R {
         let mut all = self.nexuses.lock();
-        let entry = all.entry(nexus.id).or_insert_with(|| NexusState {
+        let entry = all.entry(nexus.port()).or_insert_with(|| NexusState {
             nexus: nexus.clone(),
             ua: VecDeque::new(),
+            lost: None,
         });
+        if entry.nexus.id != nexus.id {
+            entry.nexus = nexus.clone();
+            entry.lost = None;
+        }
         f(&mut entry.ua)
     }
 
@@ -356,10 +394,7 @@ impl Lun {
     fn unit_attention_where(&self, s: Sense, pick: impl Fn(&Nexus) -> bool) {
         for e in self.nexuses.lock().values_mut() {
             if pick(&e.nexus) {
-                if e.ua.len() >= MAX_PENDING_UA {
-                    e.ua.pop_front();
-                }
-                e.ua.push_back(s);
+                queue_unit_attention(&mut e.ua, s);
             }
         }
     }
@@ -442,13 +477,38 @@ impl Lun {
         self.unit_attention(sense::CAPACITY_DATA_CHANGED, None);
     }
 
-    /// A nexus went away (its session ended): nothing more is kept for it.
-    pub fn forget_nexus(&self, nexus: u64) {
-        self.nexuses.lock().remove(&nexus);
-        self.tpc.forget_nexus(nexus);
-        let mut r = self.reservations.lock();
-        if r.legacy == Some(nexus) {
-            r.legacy = None;
+    /// A session of the nexus ended (logout, a dropped connection, a reinstatement): its
+    /// SPC-2 reservation and copy results end with it (SAM's I_T nexus loss); the port's next
+    /// session is told with I_T NEXUS LOSS OCCURRED, after any unit attention still pending.
+    /// Persistent reservations are the port's and stay.
+    pub fn nexus_lost(&self, nexus: &Nexus) {
+        self.tpc.forget_nexus(nexus.id);
+        {
+            let mut r = self.reservations.lock();
+            if r.legacy == Some(nexus.id) {
+                r.legacy = None;
+            }
+        }
+        let mut all = self.nexuses.lock();
+        let Some(entry) = all.get_mut(&nexus.port()) else {
+            return; // the session never used the LUN
+        };
+        queue_unit_attention(&mut entry.ua, sense::I_T_NEXUS_LOSS_OCCURRED);
+        // A reinstating session may have taken the port over already; then it is not lost.
+        if entry.nexus.id != nexus.id {
+            return;
+        }
+        entry.lost = Some(self.losses.fetch_add(1, Ordering::Relaxed));
+        let lost = all.values().filter(|e| e.lost.is_some()).count();
+        if lost > MAX_LOST_NEXUSES {
+            let oldest = all
+                .iter()
+                .filter_map(|(p, e)| Some((e.lost?, p)))
+                .min()
+                .map(|(_, p)| p.clone());
+            if let Some(p) = oldest {
+                all.remove(&p);
+            }
         }
     }
 

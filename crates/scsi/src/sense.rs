@@ -109,6 +109,7 @@ pub const INTERNAL_TARGET_FAILURE: Sense = Sense::new(key::HARDWARE_ERROR, 0x44,
 pub const MISCOMPARE_DURING_VERIFY: Sense = Sense::new(key::MISCOMPARE, 0x1D, 0x00);
 pub const POWER_ON_OCCURRED: Sense = Sense::new(key::UNIT_ATTENTION, 0x29, 0x00);
 pub const BUS_DEVICE_RESET_OCCURRED: Sense = Sense::new(key::UNIT_ATTENTION, 0x29, 0x03);
+pub const I_T_NEXUS_LOSS_OCCURRED: Sense = Sense::new(key::UNIT_ATTENTION, 0x29, 0x07);
 pub const MODE_PARAMETERS_CHANGED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2A, 0x01);
 pub const CAPACITY_DATA_CHANGED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2A, 0x09);
 pub const TOO_MANY_TARGET_DESCRIPTORS: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x26, 0x06);

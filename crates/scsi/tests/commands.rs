@@ -422,11 +422,66 @@ fn unit_attentions_reach_the_other_nexuses_once() {
     assert_eq!((d[2] & 0x0F, d[12], d[13]), (key::UNIT_ATTENTION, 0x2A, 0x09));
     ok(lun.execute_for(&nx(1), &tur, &[]));
     assert_eq!(check(lun.execute_for(&nx(2), &tur, &[])).1, 0x2A);
-    // A forgotten nexus gets nothing more queued.
-    lun.forget_nexus(1);
+}
+
+/// Another session of the port `n` (same initiator name and ISID, new session id).
+fn next_session(n: &Nexus, id: u64) -> Nexus {
+    Nexus { id, ..n.clone() }
+}
+
+#[test]
+fn a_ports_next_session_learns_what_it_missed() {
+    let (_r, lun) = rig(512, 8 * MIB, false);
+    let tur = [0u8; 6];
+    let (one, two) = (nx(1), nx(2));
+    ok(lun.execute_for(&one, &tur, &[]));
+    ok(lun.execute_for(&two, &tur, &[]));
+    // Nexus 1 holds an SPC-2 reservation when its session ends: the reservation ends with it.
+    ok(lun.execute_for(&one, &[0x16, 0, 0, 0, 0, 0], &[]));
+    assert_eq!(lun.execute_for(&two, &tur, &[]).status, 0x18);
+    lun.nexus_lost(&one);
+    ok(lun.execute_for(&two, &tur, &[]));
+    // A reset while the port has no session still reaches it, after the loss itself.
     lun.reset(2);
-    assert_eq!(check(lun.execute_for(&nx(2), &tur, &[])).1, 0x29);
-    ok(lun.execute_for(&nx(1), &tur, &[]));
+    assert_eq!(check(lun.execute_for(&two, &tur, &[])).2, 0x03);
+    let again = next_session(&one, 11);
+    assert_eq!(
+        check(lun.execute_for(&again, &tur, &[])),
+        (key::UNIT_ATTENTION, 0x29, 0x07)
+    );
+    assert_eq!(check(lun.execute_for(&again, &tur, &[])).2, 0x03);
+    ok(lun.execute_for(&again, &tur, &[]));
+    // A reinstatement: the new session is in before the old one is torn down. The new one
+    // is told, and the port is not taken for lost.
+    let new = next_session(&two, 12);
+    ok(lun.execute_for(&new, &tur, &[]));
+    lun.nexus_lost(&two);
+    assert_eq!(check(lun.execute_for(&new, &tur, &[])).2, 0x07);
+    lun.reset(1);
+    assert_eq!(check(lun.execute_for(&new, &tur, &[])).2, 0x03);
+    ok(lun.execute_for(&new, &tur, &[]));
+}
+
+#[test]
+fn ports_that_never_come_back_are_forgotten() {
+    let (_r, lun) = rig(512, 8 * MIB, false);
+    let tur = [0u8; 6];
+    // Initiators that take a new ISID for every session leave a lost nexus each; the
+    // longest lost give way, the recent ones are remembered.
+    let ports: Vec<Nexus> = (0..2000u64)
+        .map(|i| Nexus {
+            id: 100 + i,
+            initiator: "iqn.2026-11.io.example:many".into(),
+            isid: [0x80, 0, 0, 0, (i >> 8) as u8, i as u8],
+        })
+        .collect();
+    for p in &ports {
+        ok(lun.execute_for(p, &tur, &[]));
+        lun.nexus_lost(p);
+    }
+    ok(lun.execute_for(&next_session(&ports[0], 5000), &tur, &[]));
+    let last = next_session(&ports[1999], 5001);
+    assert_eq!(check(lun.execute_for(&last, &tur, &[])).2, 0x07);
 }
 
 #[test]
