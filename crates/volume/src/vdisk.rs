@@ -355,16 +355,33 @@ impl Vdisk {
     pub(crate) fn write_data(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
         self.check_range(offset, data.len() as u64)?;
         let _gate = self.gate.read();
-        for p in grain_pieces(self.class.grain, offset, data.len() as u64) {
-            self.write_grain(p.grain, p.off, &data[p.buf_off..p.buf_off + p.len])?;
+        let pieces: Vec<GrainPiece> = grain_pieces(self.class.grain, offset, data.len() as u64).collect();
+        // Neighbouring unmapped grains get neighbouring slots, taken together.
+        let unmapped = pieces.iter().filter(|p| self.entry(p.grain) == 0).count();
+        let mut run = self
+            .s
+            .space
+            .allocate_run(self.class, unmapped, self.fixed())
+            .unwrap_or_default();
+        run.reverse();
+        let written = pieces
+            .into_iter()
+            .map(|p| self.write_grain(p.grain, p.off, &data[p.buf_off..p.buf_off + p.len], &mut run))
+            .collect::<Result<()>>();
+        // Grains another writer mapped meanwhile did not use theirs.
+        for l in run {
+            self.s.space.unallocate(l, self.fixed().then_some(self.class));
         }
+        written?;
         if fua {
             self.s.layouts.flush()?;
         }
         Ok(())
     }
 
-    pub(crate) fn write_grain(&self, g: u64, off: u64, data: &[u8]) -> Result<()> {
+    /// Writes `data` at `off` in grain `g`. An unmapped grain takes the last slot of `run`
+    /// (taken in advance for it) if there is one.
+    pub(crate) fn write_grain(&self, g: u64, off: u64, data: &[u8], run: &mut Vec<Loc>) -> Result<()> {
         let _l = self.s.locks.write(self.id, g);
         let old = self.entry(g);
         if old != 0 && self.s.space.refcount(old) == 1 {
@@ -377,7 +394,8 @@ impl Vdisk {
             read_loc(&self.s, old, 0, &mut buf)?;
         }
         buf[off as usize..off as usize + data.len()].copy_from_slice(data);
-        self.replace_slot(g, old, &buf)
+        let taken = if old == 0 { run.pop() } else { None };
+        self.replace_slot(g, old, &buf, taken)
     }
 
     fn write_in_place(&self, l: Loc, off: u64, data: &[u8]) -> Result<()> {
@@ -395,11 +413,15 @@ impl Vdisk {
         Ok(())
     }
 
-    /// Points grain `g` (currently at `old`, 0 if unmapped) at a new slot holding `content`.
-    /// The caller holds the grain lock.
-    fn replace_slot(&self, g: u64, old: Loc, content: &[u8]) -> Result<()> {
+    /// Points grain `g` (currently at `old`, 0 if unmapped) at a new slot holding `content`:
+    /// `taken` if the caller allocated one, accounted as `allocate` would have. The caller
+    /// holds the grain lock.
+    fn replace_slot(&self, g: u64, old: Loc, content: &[u8], taken: Option<Loc>) -> Result<()> {
         let from_reservation = old == 0 && self.fixed();
-        let new = self.s.space.allocate(self.class, from_reservation)?;
+        let new = match taken {
+            Some(l) => l,
+            None => self.s.space.allocate(self.class, from_reservation)?,
+        };
         let undo = |e: VolumeError| {
             self.s.space.unallocate(new, from_reservation.then_some(self.class));
             e
@@ -439,7 +461,7 @@ impl Vdisk {
                 whole.push(p.grain);
             } else if self.entry(p.grain) != 0 {
                 let zeros = vec![0u8; p.len];
-                self.write_grain(p.grain, p.off, &zeros)?;
+                self.write_grain(p.grain, p.off, &zeros, &mut Vec::new())?;
             }
         }
         for chunk in whole.chunks(BATCH_GRAINS as usize) {
@@ -492,7 +514,7 @@ impl Vdisk {
         } else {
             let zeros = AlignedBuf::zeroed(self.class.grain as usize);
             for p in grain_pieces(self.class.grain, offset, len) {
-                self.write_grain(p.grain, p.off, &zeros[..p.len])?;
+                self.write_grain(p.grain, p.off, &zeros[..p.len], &mut Vec::new())?;
             }
         }
         if fua {
