@@ -473,6 +473,41 @@ mod tests {
     }
 
     #[test]
+    fn neighbouring_reads_are_merged_and_land_in_their_own_buffers() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d0.img");
+        let d = FileDisk::create_file(&path, 8 * MIB, false).unwrap();
+        let data = AlignedBuf::from_slice(&pattern(6 * MIB as usize, 5));
+        d.write_at(&data, DATA_OFFSET).unwrap();
+        // Neighbours on the disk as a sequential read's grains come: of mixed sizes, some
+        // bounced, more than one merged read may cover, and a gap that starts a new run.
+        let lens: Vec<usize> = (0..40).map(|i| if i % 7 == 3 { 4096 } else { 64 << 10 }).collect();
+        let mut aligned: Vec<AlignedBuf> = lens.iter().map(|&n| AlignedBuf::zeroed(n)).collect();
+        let mut plain: Vec<Vec<u8>> = lens.iter().map(|&n| vec![0u8; n + 1]).collect();
+        let mut reqs: Vec<ReadReq> = Vec::new();
+        let mut offset = DATA_OFFSET;
+        for (i, (a, p)) in aligned.iter_mut().zip(plain.iter_mut()).enumerate() {
+            let buf: &mut [u8] = if i % 5 == 2 {
+                let skew = usize::from((p.as_ptr() as usize).is_multiple_of(SECTOR));
+                &mut p[skew..skew + lens[i]]
+            } else {
+                a
+            };
+            if i == 30 {
+                offset += 4096; // a gap: a new run
+            }
+            reqs.push(ReadReq { buf, offset });
+            offset += lens[i] as u64;
+        }
+        let results = d.read_many(&mut reqs);
+        for (i, (r, res)) in reqs.iter().zip(&results).enumerate() {
+            assert!(res.is_ok(), "{i}: {res:?}");
+            let at = (r.offset - DATA_OFFSET) as usize;
+            assert_eq!(&r.buf[..], &data[at..at + r.buf.len()], "request {i}");
+        }
+    }
+
+    #[test]
     fn read_many_matches_read_at_and_fails_only_bad_requests() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("d0.img");
