@@ -490,7 +490,18 @@ fn layout_body(name: &str, size: u64, l: &LayoutArgs) -> Value {
     json!({
         "name": name, "size": size, "layout": l.layout, "copies": l.copies, "columns": l.columns,
         "interleave": l.interleave, "provisioning": l.provisioning, "grain_size": l.grain, "block_size": l.block_size,
+        "physical_block_size": l.physical_block_size,
     })
+}
+
+/// "512 (4096 physical, 512e)", "512 (512n)" or "4096 (4Kn)".
+fn block_sizes(v: &Value) -> String {
+    let logical = v["block_size"].as_u64().unwrap_or(0);
+    match v["physical_block_size"].as_u64().unwrap_or(logical) {
+        p if p == logical && logical == 512 => "512 (512n)".to_string(),
+        p if p == logical => format!("{logical} (4Kn)"),
+        p => format!("{logical} ({p} physical, 512e)"),
+    }
 }
 
 fn vdisk(c: &Ctx, cmd: VdiskCmd) -> R {
@@ -546,7 +557,7 @@ fn vdisk(c: &Ctx, cmd: VdiskCmd) -> R {
                     ("snapshots", s(&v["snapshots"])),
                     ("provisioning", s(&v["provisioning"])),
                     ("layout", s(&v["layout_description"])),
-                    ("block size", s(&v["block_size"])),
+                    ("block size", block_sizes(&v)),
                     ("grain size", size(&v["grain_size"])),
                 ]);
             }

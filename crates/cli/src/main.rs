@@ -410,6 +410,10 @@ pub struct LayoutArgs {
     /// Logical block size: 512 (default) or 4096.
     #[arg(long)]
     pub block_size: Option<u32>,
+    /// Physical block size initiators are told of: 4096 (default; 512-byte logical blocks are
+    /// then "512e") or 512 ("512n", for hosts that want it).
+    #[arg(long)]
+    pub physical_block_size: Option<u32>,
 }
 
 #[derive(Subcommand)]

@@ -189,11 +189,31 @@ fn added_portals_serve_discovery_and_survive_a_restart() {
 
 /// Failures of libiscsi's suite that are known, each with its reason. The test fails on any
 /// other failure, and on one of these that no longer happens (then it leaves this list).
-const KNOWN_FAILURES: &[(&str, &str)] = &[
-    // Its second half expects GET LBA STATUS to answer for a different LBA than asked when
-    // a physical block holds several logical blocks (we report 4 KiB physical blocks).
-    ("UnmapSingle", "libiscsi assumes one logical block per physical block"),
-];
+const KNOWN_FAILURES: &[(&str, &str)] = &[];
+
+/// The tests CUnit's output `out` says failed. A verdict ends a test: "passed" or "FAILED",
+/// after the "..." of its line or at the start of a later one. libiscsi's own "[FAILED]" log
+/// lines are not verdicts: a test may retry a command that met a unit attention and pass.
+fn cunit_failures(out: &str) -> Vec<String> {
+    let mut failed: Vec<String> = Vec::new();
+    let mut current: Option<String> = None;
+    for line in out.lines() {
+        let rest = match line.trim_start().strip_prefix("Test: ") {
+            Some(r) => {
+                let (name, rest) = r.split_once(" ...").unwrap_or((r, ""));
+                current = Some(name.to_string());
+                rest
+            }
+            None => line,
+        };
+        if rest.starts_with("FAILED") {
+            failed.extend(current.take());
+        } else if rest.starts_with("passed") {
+            current = None;
+        }
+    }
+    failed
+}
 
 #[test]
 fn chap_and_acl_gate_logins_and_discovery() {
@@ -458,7 +478,9 @@ fn libiscsi_conformance_suite() {
     let t = tempfile::tempdir().unwrap();
     let d = Daemon::start(&t.path().join("state"));
     create_pool(&d, "c", &disks(&t.path().join("disks"), 4, 2 << 30));
-    d.ok(&["vdisk", "create", "c/conf", "--size", "1G", "--layout", "mirror"]);
+    // 512n: libiscsi's GetLBAStatus.UnmapSingle assumes one logical block per physical
+    // block (see the 512e run at the end).
+    d.ok(&["vdisk", "create", "c/conf", "--size", "1G", "--layout", "mirror", "--physical-block-size", "512"]);
     let iqn = "iqn.2026-11.io.tessera:conformance";
     d.ok(&["target", "create", iqn]);
     d.ok(&["target", "lun", "add", iqn, "c/conf"]);
@@ -476,26 +498,7 @@ fn libiscsi_conformance_suite() {
             &url,
         ],
     );
-    // CUnit's verdict ends a test: "passed" or "FAILED", after the "..." of its line or at
-    // the start of a later one. libiscsi's own "[FAILED]" log lines are not verdicts: a test
-    // may retry a command that met a unit attention and pass.
-    let mut failed: Vec<String> = Vec::new();
-    let mut current: Option<String> = None;
-    for line in out.lines() {
-        let rest = match line.trim_start().strip_prefix("Test: ") {
-            Some(r) => {
-                let (name, rest) = r.split_once(" ...").unwrap_or((r, ""));
-                current = Some(name.to_string());
-                rest
-            }
-            None => line,
-        };
-        if rest.starts_with("FAILED") {
-            failed.extend(current.take());
-        } else if rest.starts_with("passed") {
-            current = None;
-        }
-    }
+    let failed = cunit_failures(&out);
     // Count the tests from their own lines: CUnit's summary is lost if the tool dies at exit.
     let ran = out.lines().filter(|l| l.trim_start().starts_with("Test: ")).count();
     eprintln!("libiscsi: {ran} tests ran; failed: {failed:?}");
@@ -564,15 +567,31 @@ fn libiscsi_conformance_suite() {
             "{k} passes now ({why} no longer holds): remove it from KNOWN_FAILURES"
         );
     }
-    // UnmapSingle's expectation holds when a physical block is one logical block: on a
-    // 4096-byte-block vdisk the whole GetLBAStatus suite passes.
-    d.ok(&["vdisk", "create", "c/conf4k", "--size", "256M", "--layout", "mirror", "--block-size", "4096"]);
+    // The suites that depend on the physical block size, on the other two formats. On 4Kn
+    // (one logical block per physical block again) they pass.
+    let thin_suites = "SCSI.GetLBAStatus,SCSI.Unmap,SCSI.WriteSame10,SCSI.WriteSame16";
+    // Under 65536 blocks: WriteSame16.Unmap writes and reads 65536 blocks in one command when
+    // the LUN has that many, 256 MiB at 4 KiB, past the maximum transfer length of the block
+    // limits page, which the target then refuses (INVALID FIELD IN CDB).
+    d.ok(&["vdisk", "create", "c/conf4k", "--size", "128M", "--layout", "mirror", "--block-size", "4096"]);
     d.ok(&["target", "lun", "add", iqn, "c/conf4k", "--lun", "1"]);
     let url4k = format!("iscsi://{}/{iqn}/1", d.iscsi_portal());
-    let (_, out) = run("iscsi-test-cu", &["--test=SCSI.GetLBAStatus", "--dataloss", &url4k]);
+    let (_, out) = run("iscsi-test-cu", &[&format!("--test={thin_suites}"), "--dataloss", &url4k]);
     assert!(
-        out.contains("Test: UnmapSingle ...passed") && !out.contains("FAILED"),
-        "GetLBAStatus on 4096-byte blocks:\n{out}"
+        out.contains("Test: UnmapSingle ...passed") && cunit_failures(&out).is_empty(),
+        "thin provisioning suites on 4Kn:\n{out}"
+    );
+    // On 512e (the default: eight logical blocks per physical block) the only failure is
+    // libiscsi's: UnmapSingle's second half asks GET LBA STATUS about LBA i+1 and expects the
+    // first descriptor to start at i+8, where SBC-4 has it start at the LBA asked about.
+    d.ok(&["vdisk", "create", "c/conf512e", "--size", "256M", "--layout", "mirror"]);
+    d.ok(&["target", "lun", "add", iqn, "c/conf512e", "--lun", "2"]);
+    let url512e = format!("iscsi://{}/{iqn}/2", d.iscsi_portal());
+    let (_, out) = run("iscsi-test-cu", &[&format!("--test={thin_suites}"), "--dataloss", &url512e]);
+    assert_eq!(cunit_failures(&out), ["UnmapSingle"], "thin provisioning suites on 512e:\n{out}");
+    assert!(
+        out.contains("lba offset in first descriptor"),
+        "UnmapSingle on 512e failed for another reason:\n{out}"
     );
     assert!(d.json(&["pool", "check", "c"])["problems"]
         .as_array()

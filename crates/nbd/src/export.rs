@@ -40,9 +40,10 @@ impl Export {
         self.vdisk.block_size()
     }
 
-    /// Preferred block size: the smallest aligned write the engine does in place.
+    /// Preferred block size: the vdisk's physical block size, as iSCSI initiators are told
+    /// (4096 unless the vdisk was made to present 512-byte physical blocks).
     pub fn preferred_block(&self) -> u32 {
-        self.vdisk.block_size().max(4096)
+        self.vdisk.physical_block_size()
     }
 
     pub fn transmission_flags(&self) -> u16 {

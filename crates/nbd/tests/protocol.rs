@@ -66,6 +66,7 @@ async fn negotiation_reports_the_export() {
     assert!(c.info.structured);
     assert!(c.info.allocation_context.is_some());
     assert_eq!(c.info.min_block, 512);
+    assert_eq!(c.info.preferred_block, 4096, "512e");
     assert_eq!(c.info.max_payload, 32 << 20);
     assert!(!c.info.read_only());
     let f = c.info.flags;
@@ -104,6 +105,13 @@ async fn negotiation_reports_the_export() {
     let d = Client::connect(&rig.addr, "").await.unwrap();
     assert_eq!(d.info.name, "rw");
     c.disconnect().await.unwrap();
+    // A vdisk that presents 512-byte physical blocks prefers them over NBD too.
+    let mut spec = VdiskSpec::new("n", MIB, LayoutKind::Mirror);
+    spec.physical_block_size = Some(512);
+    let v = rig._engine.create_vdisk(&spec).unwrap();
+    rig.reg.add(Export::new("512n", "p/n", v, false));
+    let n = Client::connect(&rig.addr, "512n").await.unwrap();
+    assert_eq!((n.info.min_block, n.info.preferred_block), (512, 512));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

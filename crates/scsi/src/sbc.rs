@@ -63,8 +63,9 @@ impl Lun {
         let mut d = vec![0u8; 32];
         d[0..8].copy_from_slice(&(self.blocks() - 1).to_be_bytes());
         d[8..12].copy_from_slice(&(self.block_size() as u32).to_be_bytes());
-        // Logical blocks per physical block: our unit of I/O is 4 KiB.
-        d[13] = (4096 / self.block_size()).trailing_zeros() as u8;
+        // Logical blocks per physical block, as a power of two: 4 KiB physical blocks unless
+        // the vdisk presents 512-byte ones (512n).
+        d[13] = (self.vdisk.physical_block_size() as u64 / self.block_size()).trailing_zeros() as u8;
         // LBPME: thin provisioning is on (UNMAP works on every vdisk); LBPRZ: unmapped reads zero.
         d[14] = 0x80 | 0x40;
         Ok(alloc(d, be32(&cdb[10..14]) as usize))

@@ -16,6 +16,14 @@ struct Rig {
 }
 
 fn rig(block_size: u32, size: u64, fixed: bool) -> (Rig, Lun) {
+    rig_with(block_size, size, |spec| {
+        if fixed {
+            spec.provisioning = Provisioning::Fixed;
+        }
+    })
+}
+
+fn rig_with(block_size: u32, size: u64, tweak: impl FnOnce(&mut VdiskSpec)) -> (Rig, Lun) {
     let dir = tempfile::tempdir().unwrap();
     let disks: Vec<DiskRef> = (0..3)
         .map(|i| Arc::new(MemDisk::new(&format!("m{i}"), 64 * MIB)) as DiskRef)
@@ -24,9 +32,7 @@ fn rig(block_size: u32, size: u64, fixed: bool) -> (Rig, Lun) {
     let mut spec = VdiskSpec::new("v", size, LayoutKind::Mirror);
     spec.block_size = Some(block_size);
     spec.grain_size = Some(64 << 10);
-    if fixed {
-        spec.provisioning = Provisioning::Fixed;
-    }
+    tweak(&mut spec);
     let v = engine.create_vdisk(&spec).unwrap();
     let lun = Lun::new(v, 0x1234_5678_9abc_def0_1122_3344_5566_7788, false);
     (
@@ -116,6 +122,16 @@ fn capacity() {
     let d = ok(lun.execute(&cdb16(0x9E, 0x10, 0, 32), &[]));
     assert_eq!(u64::from_be_bytes(d[0..8].try_into().unwrap()), 2047);
     assert_eq!(d[14] & 0xC0, 0xC0, "LBPME and LBPRZ");
+    assert_eq!(d[13] & 0x0F, 0, "one logical block per physical block");
+}
+
+#[test]
+fn physical_block_size_is_what_the_vdisk_presents() {
+    let lbppbe = |lun: &Lun| ok(lun.execute(&cdb16(0x9E, 0x10, 0, 32), &[]))[13] & 0x0F;
+    let (_r, lun) = rig(512, 8 * MIB, false);
+    assert_eq!(lbppbe(&lun), 3, "512e: 8 logical blocks per 4 KiB physical block");
+    let (_r, lun) = rig_with(512, 8 * MIB, |s| s.physical_block_size = Some(512));
+    assert_eq!(lbppbe(&lun), 0, "512n");
 }
 
 #[test]

@@ -886,6 +886,7 @@ pub fn vdisk_view(pool: &str, v: &Vdisk) -> VdiskView {
         name: c.name.clone(),
         size: c.size,
         block_size: c.block_size,
+        physical_block_size: c.physical_block_size,
         grain_size: c.grain_size,
         layout_description: c.layout.describe(),
         layout: c.layout,
@@ -933,6 +934,7 @@ fn vdisk_spec(e: &Engine, req: CreateVdisk) -> VdiskSpec {
     spec.provisioning = req.provisioning.unwrap_or(Provisioning::Thin);
     spec.grain_size = req.grain_size;
     spec.block_size = req.block_size;
+    spec.physical_block_size = req.physical_block_size;
     spec
 }
 

@@ -122,6 +122,9 @@ pub struct CreateVdisk {
     pub provisioning: Option<Provisioning>,
     pub grain_size: Option<u64>,
     pub block_size: Option<u32>,
+    /// 512 or 4096 (the default): the physical block size initiators are told of.
+    #[serde(default)]
+    pub physical_block_size: Option<u32>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -130,6 +133,7 @@ pub struct VdiskView {
     pub name: String,
     pub size: u64,
     pub block_size: u32,
+    pub physical_block_size: u32,
     pub grain_size: u64,
     pub layout: LayoutSpec,
     /// e.g. "mirror 2-way, 2 columns, 256 KiB interleave".

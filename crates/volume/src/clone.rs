@@ -21,7 +21,7 @@ pub struct CloneStats {
 }
 
 impl Engine {
-    /// A new thin vdisk `name` with the layout, grain and block size of `src` (a vdisk or a
+    /// A new thin vdisk `name` with the layout, grain and block sizes of `src` (a vdisk or a
     /// snapshot), reading as `src` did at the moment of the call: every grain shared, nothing
     /// copied but a partial last grain. The clone and its source are copy-on-write from then
     /// on, and either can be deleted first.
@@ -59,7 +59,7 @@ impl Engine {
         v
     }
 
-    /// A thin vdisk with the layout, grain and block size of `s`: what its grains can be
+    /// A thin vdisk with the layout, grain and block sizes of `s`: what its grains can be
     /// shared with.
     fn thin_spec_like(s: &Vdisk, name: &str) -> VdiskSpec {
         let c = s.config();
@@ -69,6 +69,7 @@ impl Engine {
         spec.interleave = Some(c.layout.interleave);
         spec.grain_size = Some(c.grain_size);
         spec.block_size = Some(c.block_size);
+        spec.physical_block_size = Some(c.physical_block_size);
         spec.provisioning = Provisioning::Thin;
         spec
     }

@@ -42,6 +42,10 @@ pub struct VdiskConfig {
     pub name: String,
     pub size: u64,
     pub block_size: u32,
+    /// The physical block size presented to initiators (READ CAPACITY's LBPPBE): 4096 unless
+    /// the vdisk was made to present 512-byte physical blocks ("512n") for hosts that want them.
+    #[serde(default = "default_physical_block_size")]
+    pub physical_block_size: u32,
     pub grain_size: u64,
     pub layout: LayoutSpec,
     pub provisioning: Provisioning,
@@ -54,6 +58,14 @@ pub struct VdiskConfig {
     /// was recorded).
     #[serde(default)]
     pub created: u64,
+}
+
+/// Physical blocks are 4 KiB unless asked otherwise: the smallest write the engine does in
+/// place, and what aligned hosts (512e) should write in.
+pub const DEFAULT_PHYSICAL_BLOCK: u32 = 4096;
+
+fn default_physical_block_size() -> u32 {
+    DEFAULT_PHYSICAL_BLOCK
 }
 
 impl VdiskConfig {
@@ -74,6 +86,9 @@ pub struct VdiskSpec {
     pub provisioning: Provisioning,
     pub grain_size: Option<u64>,
     pub block_size: Option<u32>,
+    /// Absent: 4096 (or the logical block size, if larger).
+    #[serde(default)]
+    pub physical_block_size: Option<u32>,
 }
 
 impl VdiskSpec {
@@ -88,6 +103,7 @@ impl VdiskSpec {
             provisioning: Provisioning::Thin,
             grain_size: None,
             block_size: None,
+            physical_block_size: None,
         }
     }
 }
@@ -112,4 +128,43 @@ pub fn validate(size: u64, block_size: u32, grain: u64, layout: &LayoutSpec) -> 
     }
     let _ = layout;
     Ok(())
+}
+
+/// The physical block size a vdisk of `block_size` byte logical blocks presents when asked for
+/// `asked` (None: the default).
+pub fn physical_block_size(block_size: u32, asked: Option<u32>) -> Result<u32, String> {
+    let p = asked.unwrap_or(DEFAULT_PHYSICAL_BLOCK.max(block_size));
+    if p != 512 && p != 4096 {
+        return Err(format!("physical block size must be 512 or 4096, not {p}"));
+    }
+    if p < block_size {
+        return Err(format!(
+            "physical block size {p} is smaller than the {block_size} byte logical block size"
+        ));
+    }
+    Ok(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn physical_blocks_default_to_4k_and_never_undercut_the_logical_block() {
+        assert_eq!(physical_block_size(512, None), Ok(4096));
+        assert_eq!(physical_block_size(4096, None), Ok(4096));
+        assert_eq!(physical_block_size(512, Some(512)), Ok(512));
+        assert_eq!(physical_block_size(512, Some(4096)), Ok(4096));
+        assert!(physical_block_size(4096, Some(512)).is_err());
+        assert!(physical_block_size(512, Some(2048)).is_err());
+    }
+
+    #[test]
+    fn a_vdisk_saved_before_physical_block_sizes_presents_4k_ones() {
+        let saved = r#"{"id":3,"name":"v","size":1048576,"block_size":512,"grain_size":65536,
+            "layout":{"kind":"simple","copies":1,"columns":1,"interleave":262144},
+            "provisioning":"thin","state":"online"}"#;
+        let c: VdiskConfig = serde_json::from_str(saved).unwrap();
+        assert_eq!(c.physical_block_size, 4096);
+    }
 }

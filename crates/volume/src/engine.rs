@@ -16,7 +16,7 @@ use tessera_pool::{
 use tracing::{info, warn};
 
 use crate::commit::Committer;
-use crate::config::{validate, VdiskConfig, VdiskSpec, VdiskState, DEFAULT_GRAIN};
+use crate::config::{physical_block_size, validate, VdiskConfig, VdiskSpec, VdiskState, DEFAULT_GRAIN};
 use crate::error::{Result, VolumeError};
 use crate::frozen::FrozenRegistry;
 use crate::keys::{parse_grain_key, parse_loc, vdisk_key};
@@ -196,6 +196,8 @@ impl Engine {
         let grain = spec.grain_size.unwrap_or(DEFAULT_GRAIN);
         let block_size = spec.block_size.unwrap_or(512);
         validate(spec.size, block_size, grain, &layout).map_err(VolumeError::Invalid)?;
+        let physical_block_size =
+            physical_block_size(block_size, spec.physical_block_size).map_err(VolumeError::Invalid)?;
         let _admin = self.s.admin.lock();
         if self.s.vdisks.read().contains_key(&spec.name) {
             return Err(VolumeError::Exists(spec.name.clone()));
@@ -205,6 +207,7 @@ impl Engine {
             name: spec.name.clone(),
             size: spec.size,
             block_size,
+            physical_block_size,
             grain_size: grain,
             layout,
             provisioning: spec.provisioning,

@@ -160,6 +160,11 @@ impl Vdisk {
         self.cfg.read().block_size
     }
 
+    /// The physical block size presented to initiators (512 or 4096).
+    pub fn physical_block_size(&self) -> u32 {
+        self.cfg.read().physical_block_size
+    }
+
     pub fn grain_size(&self) -> u64 {
         self.class.grain
     }

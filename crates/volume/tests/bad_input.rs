@@ -118,6 +118,13 @@ fn bad_requests_get_clear_errors() {
         s.block_size = Some(bs);
         assert!(rig.engine().create_vdisk(&s).is_err(), "{name} {size} {bs}");
     }
+    for (bs, pbs, why) in [(512, 1024, "must be 512 or 4096"), (4096, 512, "smaller than the 4096 byte logical")] {
+        let mut s = VdiskSpec::new("ok", MIB, LayoutKind::Simple);
+        s.block_size = Some(bs);
+        s.physical_block_size = Some(pbs);
+        let e = rig.engine().create_vdisk(&s).unwrap_err().to_string();
+        assert!(e.contains(why), "{bs}/{pbs}: {e}");
+    }
     assert!(matches!(rig.engine().vdisk("nope"), Err(VolumeError::NoSuchVdisk(_))));
     let e = rig.engine().resize_vdisk("v", MIB / 2).unwrap_err().to_string();
     assert!(e.contains("only growing"), "{e}");

@@ -417,7 +417,9 @@ fn schemas() -> Value {
             "columns": opt_int(), "interleave": opt_int(),
             "provisioning": {"type": ["string", "null"], "enum": ["thin", "fixed", null]},
             "grain_size": opt_int(),
-            "block_size": {"type": ["integer", "null"], "enum": [512, 4096, null]}
+            "block_size": {"type": ["integer", "null"], "enum": [512, 4096, null]},
+            "physical_block_size": {"type": ["integer", "null"], "enum": [512, 4096, null],
+                "description": "what initiators are told (READ CAPACITY); absent: 4096"}
         }
     });
     json!({
@@ -450,7 +452,7 @@ fn schemas() -> Value {
         "AddDisk": {"type": "object", "required": ["path"], "additionalProperties": false, "properties": {"path": string()}},
         "CreateVdisk": create_vdisk,
         "Vdisk": obj(&["pool", "name", "size", "block_size", "grain_size", "layout", "provisioning", "allocated_bytes"], json!({
-            "pool": string(), "name": string(), "size": int(), "block_size": int(), "grain_size": int(),
+            "pool": string(), "name": string(), "size": int(), "block_size": int(), "physical_block_size": int(), "grain_size": int(),
             "layout": obj(&["kind", "copies", "columns", "interleave"], json!({
                 "kind": layout_kind, "copies": int(), "columns": int(), "interleave": int()})),
             "layout_description": string(),
