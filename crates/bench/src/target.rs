@@ -249,14 +249,18 @@ impl Target {
     }
 }
 
+/// Unit attentions a first command may meet before its answer: more than a target queues.
+pub const UNIT_ATTENTION_RETRIES: usize = 16;
+
 /// (bytes, logical block size) from READ CAPACITY(16).
 pub async fn iscsi_capacity(s: &Session, lun: u64) -> Result<(u64, u32), String> {
     let mut cdb = [0u8; 16];
     cdb[0] = 0x9E;
     cdb[1] = 0x10;
     cdb[13] = 32;
-    // The first command may meet a unit attention (power on); ask again.
-    for _ in 0..3 {
+    // The first commands may meet unit attentions (power on, a nexus loss, a capacity
+    // change...), one reported per command; ask again while they last.
+    for _ in 0..UNIT_ATTENTION_RETRIES {
         let r = s.command(lun, &cdb, Vec::new(), 32).await.map_err(|e| e.to_string())?;
         if r.status == 0 && r.data.len() >= 12 {
             let last = u64::from_be_bytes(r.data[0..8].try_into().unwrap());

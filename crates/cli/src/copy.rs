@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use serde_json::json;
-use tessera_bench::target::{iscsi_capacity, rw16};
+use tessera_bench::target::{iscsi_capacity, rw16, UNIT_ATTENTION_RETRIES};
 use tessera_bench::TargetSpec;
 use tessera_iscsi::initiator::{LoginConfig, ScsiResult, Session};
 use tessera_server::units::format_size;
@@ -47,9 +47,9 @@ impl Wire {
         Ok(r)
     }
 
-    /// Runs a command that must succeed; retries once past a unit attention.
+    /// Runs a command that must succeed; asks again past unit attentions.
     async fn good(&self, e: &End, what: &str, cdb: &[u8], out: Vec<u8>, read_len: usize) -> Result<Vec<u8>, String> {
-        for _ in 0..3 {
+        for _ in 0..UNIT_ATTENTION_RETRIES {
             let r = self.run(e, cdb, out.clone(), read_len).await?;
             if r.status == 0 {
                 return Ok(r.data);

@@ -146,8 +146,13 @@ const MAX_PENDING_UA: usize = 8;
 /// does) cannot make the table grow without end. The longest lost give way.
 const MAX_LOST_NEXUSES: usize = 256;
 
-/// Queues `s` behind the unit attentions already pending, dropping the oldest when full.
+/// Queues `s` behind the unit attentions already pending, dropping the oldest when full. A
+/// condition already pending is not queued twice: a port whose sessions end one after the
+/// other (a tool run again and again) hears of the loss once, not once per session.
 fn queue_unit_attention(q: &mut VecDeque<Sense>, s: Sense) {
+    if q.contains(&s) {
+        return;
+    }
     if q.len() >= MAX_PENDING_UA {
         q.pop_front();
     }

@@ -479,6 +479,24 @@ fn a_ports_next_session_learns_what_it_missed() {
 }
 
 #[test]
+fn a_port_hears_of_its_lost_sessions_once() {
+    let (_r, lun) = rig(512, 8 * MIB, false);
+    let tur = [0u8; 6];
+    let inquiry = [0x12, 0, 0, 0, 36, 0];
+    // Sessions that only ask INQUIRY (which reports no unit attention) and end, one after the
+    // other, as a tool run again and again does: the loss is pending once, not per session.
+    let mut s = nx(1);
+    ok(lun.execute_for(&s, &tur, &[]));
+    for id in 20..40 {
+        lun.nexus_lost(&s);
+        s = next_session(&s, id);
+        ok(lun.execute_for(&s, &inquiry, &[]));
+    }
+    assert_eq!(check(lun.execute_for(&s, &tur, &[])), (key::UNIT_ATTENTION, 0x29, 0x07));
+    ok(lun.execute_for(&s, &tur, &[]));
+}
+
+#[test]
 fn ports_that_never_come_back_are_forgotten() {
     let (_r, lun) = rig(512, 8 * MIB, false);
     let tur = [0u8; 6];
