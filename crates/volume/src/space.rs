@@ -56,6 +56,19 @@ struct AllocState {
     reserved: HashMap<Class, u64>,
 }
 
+/// The slab sets of `class` with at least `free` free slots, in id order: where an
+/// allocation looks, lowest set first.
+fn candidate_sets(a: &AllocState, sets: &HashMap<u32, Arc<SetSlots>>, class: Class, free: u32) -> Vec<u32> {
+    let mut ids: Vec<u32> = a
+        .per_set
+        .iter()
+        .filter(|(id, sa)| sa.free >= free && sets[*id].class == class)
+        .map(|(id, _)| *id)
+        .collect();
+    ids.sort_unstable();
+    ids
+}
+
 pub struct GrainSpace {
     layouts: Arc<Layouts>,
     sets: RwLock<HashMap<u32, Arc<SetSlots>>>,
@@ -203,14 +216,7 @@ impl GrainSpace {
             }
         }
         let sets = self.sets.read();
-        let mut ids: Vec<u32> = a
-            .per_set
-            .iter()
-            .filter(|(id, sa)| sa.free as usize >= n && sets[*id].class == class)
-            .map(|(id, _)| *id)
-            .collect();
-        ids.sort_unstable();
-        for id in ids {
+        for id in candidate_sets(&a, &sets, class, n as u32) {
             let s = &sets[&id];
             let slots = s.refs.len() as u32;
             let cursor = a.per_set[&id].cursor.min(slots);
@@ -238,14 +244,7 @@ impl GrainSpace {
 
     fn take_slot(&self, a: &mut AllocState, class: Class) -> Option<Loc> {
         let sets = self.sets.read();
-        let mut ids: Vec<u32> = a
-            .per_set
-            .iter()
-            .filter(|(id, sa)| sa.free > 0 && sets[*id].class == class)
-            .map(|(id, _)| *id)
-            .collect();
-        ids.sort_unstable();
-        for id in ids {
+        for id in candidate_sets(a, &sets, class, 1) {
             let s = &sets[&id];
             let n = s.refs.len() as u32;
             let cursor = a.per_set[&id].cursor;
