@@ -71,16 +71,11 @@ pub struct Nexus {
     pub isid: [u8; 6],
 }
 
-impl Nexus {
-    fn port(&self) -> Port {
-        (self.initiator.clone(), self.isid)
-    }
-}
-
-/// An initiator port: the initiator's name with the ISID of its sessions. SAM's I_T nexus is
-/// this port with the target port, so what is pending for a nexus outlives one session and
-/// reaches the next session the same port logs in (a reinstatement, a reconnection).
-type Port = (String, [u8; 6]);
+/// The nexuses of a LUN by initiator port: the initiator's name, then the ISID of its
+/// sessions. SAM's I_T nexus is this port with the target port, so what is pending for a nexus
+/// outlives one session and reaches the next session the same port logs in (a reinstatement, a
+/// reconnection). Two levels, so that a command finds its port without copying the name.
+type Ports = HashMap<String, HashMap<[u8; 6], NexusState>>;
 
 impl Nexus {
     /// The nexus of callers that are not a transport session (tests, tools).
@@ -126,7 +121,7 @@ pub struct Lun {
     pub(crate) atomic: RwLock<()>,
     /// Every I_T nexus that has used the LUN, by initiator port, with the unit attentions
     /// waiting for it; those whose session ended are kept (MAX_LOST_NEXUSES, at most).
-    nexuses: Mutex<HashMap<Port, NexusState>>,
+    nexuses: Mutex<Ports>,
     /// Sessions ended so far, to order the lost nexuses.
     losses: AtomicU64,
     reservations: Mutex<Reservations>,
@@ -357,7 +352,11 @@ impl Lun {
     /// port takes over what its last session left.
     fn unit_attentions<R>(&self, nexus: &Nexus, f: impl FnOnce(&mut VecDeque<Sense>) -> R) -> R {
         let mut all = self.nexuses.lock();
-        let entry = all.entry(nexus.port()).or_insert_with(|| NexusState {
+        if !all.contains_key(nexus.initiator.as_str()) {
+            all.insert(nexus.initiator.clone(), HashMap::new());
+        }
+        let ports = all.get_mut(nexus.initiator.as_str()).expect("inserted above");
+        let entry = ports.entry(nexus.isid).or_insert_with(|| NexusState {
             nexus: nexus.clone(),
             ua: VecDeque::new(),
             lost: None,
@@ -397,7 +396,7 @@ impl Lun {
     }
 
     fn unit_attention_where(&self, s: Sense, pick: impl Fn(&Nexus) -> bool) {
-        for e in self.nexuses.lock().values_mut() {
+        for e in self.nexuses.lock().values_mut().flat_map(|ports| ports.values_mut()) {
             if pick(&e.nexus) {
                 queue_unit_attention(&mut e.ua, s);
             }
@@ -495,7 +494,10 @@ impl Lun {
             }
         }
         let mut all = self.nexuses.lock();
-        let Some(entry) = all.get_mut(&nexus.port()) else {
+        let Some(entry) = all
+            .get_mut(nexus.initiator.as_str())
+            .and_then(|ports| ports.get_mut(&nexus.isid))
+        else {
             return; // the session never used the LUN
         };
         queue_unit_attention(&mut entry.ua, sense::I_T_NEXUS_LOSS_OCCURRED);
@@ -504,15 +506,21 @@ impl Lun {
             return;
         }
         entry.lost = Some(self.losses.fetch_add(1, Ordering::Relaxed));
-        let lost = all.values().filter(|e| e.lost.is_some()).count();
+        let lost = all.values().flat_map(|ports| ports.values()).filter(|e| e.lost.is_some()).count();
         if lost > MAX_LOST_NEXUSES {
             let oldest = all
-                .iter()
-                .filter_map(|(p, e)| Some((e.lost?, p)))
-                .min()
-                .map(|(_, p)| p.clone());
-            if let Some(p) = oldest {
-                all.remove(&p);
+                .values()
+                .flat_map(|ports| ports.values())
+                .filter(|e| e.lost.is_some())
+                .min_by_key(|e| e.lost)
+                .map(|e| (e.nexus.initiator.clone(), e.nexus.isid));
+            if let Some((initiator, isid)) = oldest {
+                if let Some(ports) = all.get_mut(&initiator) {
+                    ports.remove(&isid);
+                    if ports.is_empty() {
+                        all.remove(&initiator);
+                    }
+                }
             }
         }
     }
