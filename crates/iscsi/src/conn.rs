@@ -341,12 +341,16 @@ pub async fn run(sock: tokio::net::TcpStream, local: SocketAddr, reg: Arc<Regist
         return Ok(());
     };
     // Login reads PDUs unbuffered, so nothing the initiator sent after it is lost here.
+    let close = li.close.clone();
     let sock = r
         .reunite(w)
-        .map_err(|e| e.to_string())?
-        .into_std()
-        .and_then(|s| s.set_nonblocking(false).map(|_| s))
-        .map_err(|e| format!("cannot hand the connection over: {e}"))?;
+        .map_err(|e| e.to_string())
+        .and_then(|s| {
+            s.into_std()
+                .and_then(|s| s.set_nonblocking(false).map(|_| s))
+                .map_err(|e| format!("cannot hand the connection over: {e}"))
+        })
+        .inspect_err(|_| close.finish())?;
     let (initiator, isid, tsih) = (li.initiator.clone(), li.isid, li.tsih);
     let tname = li.target.as_ref().map(|t| t.iqn.clone()).unwrap_or_default();
     let (who, what, reg2) = (initiator.clone(), tname.clone(), reg.clone());
@@ -359,6 +363,7 @@ pub async fn run(sock: tokio::net::TcpStream, local: SocketAddr, reg: Arc<Regist
             });
     if let Err(e) = spawned {
         reg.close_session(&initiator, isid, &tname, tsih);
+        close.finish();
         return Err(format!("cannot start a thread for the session: {e}"));
     }
     Ok(())
@@ -378,6 +383,7 @@ fn serve(sock: TcpStream, local: SocketAddr, reg: Arc<Registry>, li: LoggedIn) -
         close,
     } = li;
     let tname = target.as_ref().map(|t| t.iqn.clone()).unwrap_or_default();
+    close.wait_for_replaced();
     let result = (|| {
         if !close.attach(&sock).map_err(|e| e.to_string())? {
             return Err("session reinstated by a new login".to_string());
@@ -455,6 +461,7 @@ fn serve(sock: TcpStream, local: SocketAddr, reg: Arc<Registry>, li: LoggedIn) -
     })();
     let _ = sock.shutdown(Shutdown::Both);
     reg.close_session(&initiator, isid, &tname, tsih);
+    close.finish();
     result
 }
 

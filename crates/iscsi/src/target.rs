@@ -5,8 +5,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Condvar, Mutex, RwLock};
 use tessera_scsi::Lun;
 
 use crate::auth::Access;
@@ -55,12 +56,22 @@ struct SessionEntry {
 }
 
 /// Ends a session from outside (when a new login reinstates it) by shutting its socket down,
-/// which ends the blocking read of whichever thread is reading it.
+/// which ends the blocking read of whichever thread is reading it; and lets the session that
+/// reinstated it wait until it has finished.
 #[derive(Default)]
 pub struct Closer {
     closed: AtomicBool,
     sock: Mutex<Option<TcpStream>>,
+    /// The session is over: its commands have returned and its LUNs know the nexus is lost.
+    finished: Mutex<bool>,
+    finished_cv: Condvar,
+    /// The session this one reinstated, until this one has waited for it.
+    replaces: Mutex<Option<Arc<Closer>>>,
 }
+
+/// How long a reinstating session waits for the session it replaces to finish before it
+/// runs commands anyway (a command of the old session stuck on a disk, say).
+const REINSTATEMENT_WAIT: Duration = Duration::from_secs(20);
 
 impl Closer {
     pub fn close(&self) {
@@ -79,6 +90,30 @@ impl Closer {
         }
         *slot = Some(s.try_clone()?);
         Ok(true)
+    }
+
+    /// The session is over; a session that reinstated it may run its commands.
+    pub fn finish(&self) {
+        *self.finished.lock() = true;
+        self.finished_cv.notify_all();
+    }
+
+    /// Waits until the session this one reinstated (if any) has finished, so that what its
+    /// end does to the LUNs (releasing its SPC-2 reservation, the unit attention of the nexus
+    /// loss) comes before this session's first command, as RFC 7143 has a reinstatement end
+    /// the old session's tasks first.
+    pub fn wait_for_replaced(&self) {
+        let Some(old) = self.replaces.lock().take() else {
+            return;
+        };
+        let mut finished = old.finished.lock();
+        let deadline = Instant::now() + REINSTATEMENT_WAIT;
+        while !*finished {
+            if old.finished_cv.wait_until(&mut finished, deadline).timed_out() {
+                warn!("the reinstated session has not finished; the new one goes on");
+                return;
+            }
+        }
     }
 }
 
@@ -131,6 +166,7 @@ impl Registry {
         if let Some(old) = self.sessions.lock().insert(key, entry) {
             info!(initiator, tsih = old.tsih, "session reinstated: closing the old one");
             old.close.close();
+            *close.replaces.lock() = Some(old.close);
         }
         (tsih, close)
     }
