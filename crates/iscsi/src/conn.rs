@@ -18,7 +18,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use tessera_scsi::{decode_lun, is_read, report_luns, sense, transfer_length, Lun, Nexus, Response, REPORT_LUNS};
+use tessera_scsi::{
+    decode_lun, is_read, report_luns, sense, transfer_length, Data, Lun, Nexus, Response, REPORT_LUNS,
+};
 use tokio::io::AsyncWriteExt;
 use tracing::{debug, info, warn};
 
@@ -962,7 +964,7 @@ impl Session {
         if let Some(sense) = job.fail {
             return Response {
                 status: sense::CHECK_CONDITION,
-                data: vec![],
+                data: Data::default(),
                 sense: match &job.lun {
                     Some(l) => l.sense_bytes(sense),
                     None => sense.encode(false),
@@ -990,7 +992,7 @@ impl Session {
 fn internal_failure() -> Response {
     Response {
         status: sense::CHECK_CONDITION,
-        data: vec![],
+        data: Data::default(),
         sense: sense::INTERNAL_TARGET_FAILURE.encode(false),
     }
 }
@@ -1007,13 +1009,13 @@ fn no_such_lun(cdb: &[u8]) -> Response {
         d.truncate(len);
         return Response {
             status: sense::GOOD,
-            data: d,
+            data: d.into(),
             sense: vec![],
         };
     }
     Response {
         status: sense::CHECK_CONDITION,
-        data: vec![],
+        data: Data::default(),
         sense: sense::LUN_NOT_SUPPORTED.encode(false),
     }
 }

@@ -2,6 +2,7 @@
 //! commands, sense data and VPD pages. Transports (iSCSI) hand a CDB and its data-out buffer to
 //! a [`Lun`] and send back the [`Response`].
 
+mod data;
 mod lun;
 mod odx;
 mod opcodes;
@@ -12,6 +13,7 @@ mod spc;
 pub mod tpc;
 mod xcopy;
 
+pub use data::Data;
 pub use lun::{Lun, ModeState, Nexus, PrStore, Response};
 pub use opcodes::{cdb_len, is_read, OpInfo, REPORT_LUNS, SUPPORTED};
 pub use pr::PrState;

@@ -9,6 +9,7 @@ use parking_lot::{Mutex, RwLock};
 use tessera_volume::{Provisioning, Vdisk, VolumeError};
 use tracing::warn;
 
+use crate::data::Data;
 use crate::opcodes::*;
 use crate::pr::{self, Outcome, PrState};
 use crate::sense::{self, Sense};
@@ -20,7 +21,7 @@ pub type CmdResult = Result<Vec<u8>, Sense>;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Response {
     pub status: u8,
-    pub data: Vec<u8>,
+    pub data: Data,
     pub sense: Vec<u8>,
 }
 
@@ -29,7 +30,7 @@ impl Response {
     pub fn reservation_conflict() -> Response {
         Response {
             status: sense::RESERVATION_CONFLICT,
-            data: Vec::new(),
+            data: Data::default(),
             sense: Vec::new(),
         }
     }
@@ -262,13 +263,13 @@ impl Lun {
                 d.truncate(cdb[4] as usize);
                 return Some(Response {
                     status: sense::GOOD,
-                    data: d,
+                    data: d.into(),
                     sense: Vec::new(),
                 });
             }
             Some(Response {
                 status: sense::CHECK_CONDITION,
-                data: Vec::new(),
+                data: Data::default(),
                 sense: self.sense_bytes(s),
             })
         });
@@ -289,7 +290,7 @@ impl Lun {
         if self.reservation_conflict(nexus, cdb) {
             return Response::reservation_conflict();
         }
-        self.respond(self.dispatch(nexus.id, cdb, data_out))
+        self.respond_data(self.dispatch(nexus.id, cdb, data_out))
     }
 
     /// Runs `(cdb, data_out)` commands of one nexus as [`execute_for`](Self::execute_for)
@@ -320,7 +321,7 @@ impl Lun {
                     i += 1;
                 }
                 for (j, r) in at.into_iter().zip(self.read_blocks_many(&reads)) {
-                    out[j] = Some(self.respond(r));
+                    out[j] = Some(self.respond_data(r.map(Data::Blocks)));
                 }
             }
             if i < cmds.len() && out[i].is_none() {
@@ -376,6 +377,10 @@ impl Lun {
     }
 
     fn respond(&self, r: CmdResult) -> Response {
+        self.respond_data(r.map(Data::Bytes))
+    }
+
+    fn respond_data(&self, r: Result<Data, Sense>) -> Response {
         match r {
             Ok(data) => Response {
                 status: sense::GOOD,
@@ -384,7 +389,7 @@ impl Lun {
             },
             Err(s) => Response {
                 status: sense::CHECK_CONDITION,
-                data: Vec::new(),
+                data: Data::default(),
                 sense: self.sense_bytes(s),
             },
         }
@@ -526,8 +531,8 @@ impl Lun {
     }
 
     /// Runs a command whose CDB `check_cdb` accepted.
-    fn dispatch(&self, nexus: u64, cdb: &[u8], d: &[u8]) -> CmdResult {
-        match cdb[0] {
+    fn dispatch(&self, nexus: u64, cdb: &[u8], d: &[u8]) -> Result<Data, Sense> {
+        let built = match cdb[0] {
             TEST_UNIT_READY => Ok(Vec::new()),
             INQUIRY => self.inquiry(cdb),
             REQUEST_SENSE => self.request_sense(cdb),
@@ -539,7 +544,7 @@ impl Lun {
             READ_CAPACITY_10 => self.read_capacity_10(),
             SERVICE_ACTION_IN_16 if cdb[1] & 0x1F == SA_READ_CAPACITY_16 => self.read_capacity_16(cdb),
             SERVICE_ACTION_IN_16 if cdb[1] & 0x1F == SA_GET_LBA_STATUS => self.get_lba_status(cdb),
-            READ_6 | READ_10 | READ_12 | READ_16 => self.read(cdb),
+            READ_6 | READ_10 | READ_12 | READ_16 => return self.read(cdb),
             WRITE_6 | WRITE_10 | WRITE_12 | WRITE_16 | WRITE_VERIFY_10 | WRITE_VERIFY_12 | WRITE_VERIFY_16 => {
                 self.write(cdb, d)
             }
@@ -567,7 +572,8 @@ impl Lun {
                 _ => Err(sense::INVALID_FIELD_IN_CDB.at_cdb_byte(1)),
             },
             _ => Err(sense::INVALID_OPCODE),
-        }
+        };
+        built.map(Data::Bytes)
     }
 
     /// Maps an engine error to sense: lack of space is SPACE ALLOCATION FAILED WRITE PROTECT

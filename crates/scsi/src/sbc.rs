@@ -1,6 +1,9 @@
 //! Block commands (SBC-3): capacity, reads and writes, verify, cache, thin provisioning
 //! (WRITE SAME, UNMAP, GET LBA STATUS) and COMPARE AND WRITE.
 
+use tessera_disk::AlignedBuf;
+
+use crate::data::Data;
 use crate::lun::{alloc, be16, be32, be64, CmdResult, Lun};
 use crate::opcodes::*;
 use crate::sense::{self, Sense};
@@ -97,10 +100,10 @@ impl Lun {
         Ok(alloc(d, len))
     }
 
-    pub(crate) fn read(&self, cdb: &[u8]) -> CmdResult {
+    pub(crate) fn read(&self, cdb: &[u8]) -> Result<Data, Sense> {
         match self.plan_read(cdb)? {
-            Some((lba, n)) => self.read_blocks(lba, n),
-            None => Ok(Vec::new()),
+            Some((lba, n)) => self.read_blocks(lba, n).map(Data::Blocks),
+            None => Ok(Data::default()),
         }
     }
 
@@ -113,9 +116,12 @@ impl Lun {
     }
 
     /// Reads each `(lba, blocks)` as [`read_blocks`](Self::read_blocks) would, as one batch.
-    pub(crate) fn read_blocks_many(&self, reads: &[(u64, u64)]) -> Vec<CmdResult> {
+    pub(crate) fn read_blocks_many(&self, reads: &[(u64, u64)]) -> Vec<Result<AlignedBuf, Sense>> {
         let bs = self.block_size();
-        let mut bufs: Vec<Vec<u8>> = reads.iter().map(|&(_, n)| vec![0u8; (n * bs) as usize]).collect();
+        let mut bufs: Vec<AlignedBuf> = reads
+            .iter()
+            .map(|&(_, n)| AlignedBuf::zeroed((n * bs) as usize))
+            .collect();
         let mut reqs: Vec<(u64, &mut [u8])> = reads
             .iter()
             .zip(bufs.iter_mut())
@@ -130,9 +136,9 @@ impl Lun {
     }
 
     /// Reads `n` blocks at `lba`, with the sense a failed read gets.
-    fn read_blocks(&self, lba: u64, n: u64) -> CmdResult {
+    fn read_blocks(&self, lba: u64, n: u64) -> Result<AlignedBuf, Sense> {
         let bs = self.block_size();
-        let mut buf = vec![0u8; (n * bs) as usize];
+        let mut buf = AlignedBuf::zeroed((n * bs) as usize);
         self.vdisk
             .read(lba * bs, &mut buf)
             .map_err(|e| self.io_sense(e, false))?;

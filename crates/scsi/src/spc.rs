@@ -367,7 +367,7 @@ impl Lun {
 pub fn report_luns(cdb: &[u8], luns: &[u64]) -> Response {
     let bad = |s: Sense| Response {
         status: sense::CHECK_CONDITION,
-        data: vec![],
+        data: Default::default(),
         sense: s.encode(false),
     };
     if cdb.len() < 12 {
@@ -393,7 +393,7 @@ pub fn report_luns(cdb: &[u8], luns: &[u64]) -> Response {
     d[0..4].copy_from_slice(&n.to_be_bytes());
     Response {
         status: sense::GOOD,
-        data: alloc(d, len),
+        data: alloc(d, len).into(),
         sense: vec![],
     }
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use tessera_disk::{DiskRef, MemDisk};
 use tessera_scsi::sense::{self, key};
-use tessera_scsi::{report_luns, Lun, Nexus, Response};
+use tessera_scsi::{report_luns, Data, Lun, Nexus, Response};
 use tessera_volume::{Engine, LayoutKind, Provisioning, VdiskSpec};
 
 const MIB: u64 = 1 << 20;
@@ -46,7 +46,7 @@ fn rig_with(block_size: u32, size: u64, tweak: impl FnOnce(&mut VdiskSpec)) -> (
 
 fn ok(r: Response) -> Vec<u8> {
     assert_eq!(r.status, sense::GOOD, "sense {:02x?}", r.sense);
-    r.data
+    r.data.to_vec()
 }
 
 /// Sense key, ASC, ASCQ of a CHECK CONDITION in fixed format.
@@ -178,6 +178,26 @@ fn reads_writes_and_ranges() {
     );
     assert_eq!(check(lun.execute(&[0x28, 0, 0], &[])).1, 0x24);
     ok(lun.execute(&cdb10(0x35, 0, 0, 0), &[]));
+}
+
+/// A READ's data comes in a buffer a file disk opened for direct I/O reads straight into (no
+/// bounce buffer and copy), alone or in a batch.
+#[test]
+fn reads_come_in_buffers_aligned_for_direct_io() {
+    let (_r, lun) = rig(512, 8 * MIB, false);
+    let data: Vec<u8> = (0..8 * 512u32).map(|i| (i % 251) as u8).collect();
+    ok(lun.execute(&cdb10(0x2A, 0, 8, 8), &data));
+    let read = cdb10(0x28, 0, 8, 8);
+    let single = lun.execute(&read, &[]);
+    let batch = lun.execute_many_for(&nx(1), &[(&read[..], &[][..]), (&read[..], &[][..])]);
+    for r in std::iter::once(&single).chain(&batch) {
+        assert_eq!(r.status, sense::GOOD);
+        assert!(matches!(r.data, Data::Blocks(_)), "{:?}", r.data);
+        assert_eq!(r.data.as_ptr() as usize % tessera_disk::SECTOR, 0);
+        assert_eq!(r.data[..], data[..]);
+    }
+    // Built data stays as built.
+    assert!(matches!(lun.execute(&[0x12, 0, 0, 0, 96, 0], &[]).data, Data::Bytes(_)));
 }
 
 #[test]

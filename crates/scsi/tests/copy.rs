@@ -44,7 +44,7 @@ impl Rig {
 
 fn ok(r: Response) -> Vec<u8> {
     assert_eq!(r.status, sense::GOOD, "sense {:02x?}", r.sense);
-    r.data
+    r.data.to_vec()
 }
 
 fn check(r: Response) -> (u8, u8, u8) {
