@@ -9,8 +9,7 @@ use tessera_disk::AlignedBuf;
 ///
 /// Blocks come in a buffer aligned for direct I/O, so that the disk reads straight into it and
 /// the transport sends straight from it. An unaligned buffer costs a file disk a second,
-/// aligned buffer and a copy on every READ (a fifth of the allocation and copying work of a 4K
-/// random read).
+/// aligned buffer, its zeroing and a copy on every READ.
 #[derive(Clone)]
 pub enum Data {
     Bytes(Vec<u8>),

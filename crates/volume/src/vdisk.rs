@@ -408,7 +408,9 @@ impl Vdisk {
             let (set, base) = self.s.space.locate(l)?;
             let at = base + p.off;
             match runs.last_mut() {
-                Some((s, start, from, len)) if Arc::ptr_eq(s, &set) && *start + *len as u64 == at && *from + *len == p.buf_off => {
+                Some((s, start, from, len))
+                    if Arc::ptr_eq(s, &set) && *start + *len as u64 == at && *from + *len == p.buf_off =>
+                {
                     *len += p.len
                 }
                 _ => runs.push((set, at, p.buf_off, p.len)),

@@ -110,7 +110,9 @@ fn overwriting_neighbouring_grains_is_one_disk_write() {
     let disk = Recording::new("rec1");
     let dir = tempfile::tempdir().unwrap();
     let e = Engine::create_pool(&dir.path().join("pool"), "p", vec![disk.clone() as DiskRef], 16 * MIB).unwrap();
-    let v = e.create_vdisk(&VdiskSpec::new("v", 8 * MIB, LayoutKind::Simple)).unwrap();
+    let v = e
+        .create_vdisk(&VdiskSpec::new("v", 8 * MIB, LayoutKind::Simple))
+        .unwrap();
     v.write(0, &pattern(1, 0, 4 * MIB as usize), false).unwrap();
     // 256 KiB over four mapped 64 KiB grains, in one stripe unit: one write.
     disk.writes.lock().clear();
