@@ -6,18 +6,18 @@
 # a fresh vdisk of each LAYOUT, and exports that vdisk to a new file. Prints the median MiB/s of
 # each and the ratio to the reference.
 #
-# Usage: bench/image.sh   (RUNS=3 SIZE_MIB=1024 LAYOUTS="mirror parity" DIR=/var/tmp/tessera-bench-image PROFILE=release)
+# TESSERA_BIN=path skips the cargo build.
+#
+# Usage: bench/image.sh   (RUNS=3 SIZE_MIB=1024 LAYOUTS="mirror parity" DIR=/var/tmp/tessera-bench-image PROFILE=release
+#          TESSERA_BIN=)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-3}
 SIZE_MIB=${SIZE_MIB:-1024}
 LAYOUTS=${LAYOUTS:-"mirror parity"}
 DIR=${DIR:-/var/tmp/tessera-bench-image}
-export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/tessera/target}
-PROFILE=${PROFILE:-release}
-cargo build --profile "$PROFILE" -q -p tessera-cli
-case $PROFILE in release) sub=release;; test|dev) sub=debug;; *) sub=$PROFILE;; esac
-T=$CARGO_TARGET_DIR/$sub/tessera
+source bench/lib.sh
+tessera_binary
 rm -rf "$DIR"; mkdir -p "$DIR/disks"
 trap 'kill $(cat "$DIR/pid" 2>/dev/null) 2>/dev/null; sleep 1; rm -rf "$DIR"' EXIT
 

@@ -374,6 +374,24 @@ impl Vdisk {
             .space
             .allocate_run(self.class, unmapped, self.fixed())
             .unwrap_or_default();
+        if pieces.len() > 1 && run.len() == pieces.len() {
+            match self.write_fresh(&pieces, data, &run) {
+                Ok(true) => {
+                    if fua {
+                        self.s.layouts.flush()?;
+                    }
+                    return Ok(());
+                }
+                // Another writer mapped one of the grains first: grain by grain, below.
+                Ok(false) => {}
+                Err(e) => {
+                    for l in run {
+                        self.s.space.unallocate(l, self.fixed().then_some(self.class));
+                    }
+                    return Err(e);
+                }
+            }
+        }
         run.reverse();
         let written = pieces
             .into_iter()
@@ -418,6 +436,48 @@ impl Vdisk {
         }
         for (set, at, from, len) in runs {
             self.s.layouts.write(&set, at, &data[from..from + len])?;
+        }
+        Ok(true)
+    }
+
+    /// A write of several grains none of which is mapped, with a slot taken for each
+    /// (`allocate_run`: neighbours in one slab set). Their data goes to the disk as one layout
+    /// write per run of neighbouring slots, and their map entries and reference counts as one
+    /// commit: grain by grain, each grain waits for a group commit of its own, one after
+    /// another. As for a single grain, the commit flushes the data before it writes the
+    /// entries. False, having written nothing, when another writer mapped a grain first.
+    fn write_fresh(&self, pieces: &[GrainPiece], data: &[u8], slots: &[Loc]) -> Result<bool> {
+        let _locks = self.s.locks.lock_many(pieces.iter().map(|p| (self.id, p.grain)));
+        if pieces.iter().any(|p| self.entry(p.grain) != 0) {
+            return Ok(false);
+        }
+        let grain = self.class.grain as usize;
+        // Whole grains: zeros around the data of the first and last.
+        let mut content = AlignedBuf::zeroed(grain * pieces.len());
+        for (i, p) in pieces.iter().enumerate() {
+            let at = i * grain + p.off as usize;
+            content[at..at + p.len].copy_from_slice(&data[p.buf_off..p.buf_off + p.len]);
+        }
+        // (set, offset in the set, offset in `content`, length) of each run of slots.
+        let mut runs: Vec<(Arc<SlabSet>, u64, usize, usize)> = Vec::new();
+        for (i, &l) in slots.iter().enumerate() {
+            let (set, base) = self.s.space.locate(l)?;
+            match runs.last_mut() {
+                Some((s, start, _, len)) if Arc::ptr_eq(s, &set) && *start + *len as u64 == base => *len += grain,
+                _ => runs.push((set, base, i * grain, grain)),
+            }
+        }
+        for (set, at, from, len) in runs {
+            self.s.layouts.write(&set, at, &content[from..from + len])?;
+        }
+        let mut ops = Vec::with_capacity(2 * pieces.len());
+        for (p, &l) in pieces.iter().zip(slots) {
+            ops.push(Op::Put(CF_GRAINS, grain_key(self.id, p.grain), loc_value(l)));
+            ops.push(Op::Merge(CF_REFCOUNTS, refcount_key(l), refcount_delta(1).to_vec()));
+        }
+        self.s.committer.commit(ops)?;
+        for (p, &l) in pieces.iter().zip(slots) {
+            self.set_entry(p.grain, l);
         }
         Ok(true)
     }

@@ -1,7 +1,7 @@
 //! Where grains land on the disks: a write of neighbouring grains takes neighbouring slots,
 //! even while other writers allocate at the same time, so that reading the range back is a
-//! run of neighbouring disk reads (which a file disk merges into one request), and overwriting
-//! it is one disk write.
+//! run of neighbouring disk reads (which a file disk merges into one request), and writing or
+//! overwriting it is one disk write.
 
 mod common;
 
@@ -106,13 +106,21 @@ fn data_writes(disk: &Recording) -> Vec<(u64, usize)> {
 }
 
 #[test]
-fn overwriting_neighbouring_grains_is_one_disk_write() {
+fn writing_neighbouring_grains_is_one_disk_write() {
     let disk = Recording::new("rec1");
     let dir = tempfile::tempdir().unwrap();
     let e = Engine::create_pool(&dir.path().join("pool"), "p", vec![disk.clone() as DiskRef], 16 * MIB).unwrap();
     let v = e
         .create_vdisk(&VdiskSpec::new("v", 8 * MIB, LayoutKind::Simple))
         .unwrap();
+    // A first write of four grains: their data is one disk write (and their entries one
+    // commit), where it was four of each in a row.
+    disk.writes.lock().clear();
+    v.write(768 << 10, &pattern(1, 768 << 10, 256 << 10), false).unwrap();
+    let w = data_writes(&disk);
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert_eq!(w[0].1, 256 << 10);
+    // Partly mapped: the unmapped grains are written one by one.
     v.write(0, &pattern(1, 0, 4 * MIB as usize), false).unwrap();
     // 256 KiB over four mapped 64 KiB grains, in one stripe unit: one write.
     disk.writes.lock().clear();
