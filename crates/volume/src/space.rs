@@ -216,7 +216,7 @@ impl GrainSpace {
             }
         }
         let sets = self.sets.read();
-        for id in candidate_sets(&a, &sets, class, n as u32) {
+        for id in candidate_sets(&a, &sets, class, u32::try_from(n).unwrap_or(u32::MAX)) {
             let s = &sets[&id];
             let slots = s.refs.len() as u32;
             let cursor = a.per_set[&id].cursor.min(slots);

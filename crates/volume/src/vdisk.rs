@@ -2,6 +2,7 @@
 //! grain slot. I/O on an exclusively owned slot goes straight to the layout with no metadata
 //! write; a first write allocates, a write to a shared slot copies on write.
 
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -361,51 +362,46 @@ impl Vdisk {
         self.check_range(offset, data.len() as u64)?;
         let _gate = self.gate.read();
         let pieces: Vec<GrainPiece> = grain_pieces(self.class.grain, offset, data.len() as u64).collect();
-        if pieces.len() > 1 && self.overwrite_in_place(&pieces, data)? {
-            if fua {
-                self.s.layouts.flush()?;
-            }
-            return Ok(());
+        if !(pieces.len() > 1 && self.overwrite_in_place(&pieces, data)?) {
+            self.write_allocating(&pieces, data)?;
         }
-        // Neighbouring unmapped grains get neighbouring slots, taken together.
+        if fua {
+            self.s.layouts.flush()?;
+        }
+        Ok(())
+    }
+
+    /// A write that may need new slots: its unmapped grains take neighbouring slots, taken
+    /// together. When none of its grains is mapped, they are written together
+    /// (`write_fresh`); otherwise grain by grain.
+    fn write_allocating(&self, pieces: &[GrainPiece], data: &[u8]) -> Result<()> {
         let unmapped = pieces.iter().filter(|p| self.entry(p.grain) == 0).count();
         let mut run = self
             .s
             .space
             .allocate_run(self.class, unmapped, self.fixed())
             .unwrap_or_default();
-        if pieces.len() > 1 && run.len() == pieces.len() {
-            match self.write_fresh(&pieces, data, &run) {
-                Ok(true) => {
-                    if fua {
-                        self.s.layouts.flush()?;
-                    }
-                    return Ok(());
-                }
-                // Another writer mapped one of the grains first: grain by grain, below.
-                Ok(false) => {}
-                Err(e) => {
-                    for l in run {
-                        self.s.space.unallocate(l, self.fixed().then_some(self.class));
-                    }
-                    return Err(e);
-                }
+        let fresh = pieces.len() > 1 && run.len() == pieces.len();
+        let written = match fresh.then(|| self.write_fresh(pieces, data, &run)) {
+            Some(Ok(true)) => {
+                run.clear(); // every slot is mapped now
+                Ok(())
             }
-        }
-        run.reverse();
-        let written = pieces
-            .into_iter()
-            .map(|p| self.write_grain(p.grain, p.off, &data[p.buf_off..p.buf_off + p.len], &mut run))
-            .collect::<Result<()>>();
-        // Grains another writer mapped meanwhile did not use theirs.
+            Some(Err(e)) => Err(e),
+            // Another writer mapped one of the grains first, or there was no run for all.
+            _ => {
+                run.reverse();
+                pieces
+                    .iter()
+                    .map(|p| self.write_grain(p.grain, p.off, &data[p.buf_off..p.buf_off + p.len], &mut run))
+                    .collect::<Result<()>>()
+            }
+        };
+        // Slots the write did not map (another writer mapped the grain, or the write failed).
         for l in run {
             self.s.space.unallocate(l, self.fixed().then_some(self.class));
         }
-        written?;
-        if fua {
-            self.s.layouts.flush()?;
-        }
-        Ok(())
+        written
     }
 
     /// A write of several grains that only overwrites: every grain mapped, held by this vdisk
@@ -415,8 +411,7 @@ impl Vdisk {
     /// nothing, when a grain needs more (a new slot, a copy, a read-modify-write).
     fn overwrite_in_place(&self, pieces: &[GrainPiece], data: &[u8]) -> Result<bool> {
         let _locks = self.s.locks.lock_many(pieces.iter().map(|p| (self.id, p.grain)));
-        // (set, offset in the set, offset in `data`, length) of each run.
-        let mut runs: Vec<(Arc<SlabSet>, u64, usize, usize)> = Vec::new();
+        let mut located = Vec::with_capacity(pieces.len());
         for p in pieces {
             let l = self.entry(p.grain);
             let (a, b) = sector_envelope(p.off, p.len);
@@ -424,19 +419,9 @@ impl Vdisk {
                 return Ok(false);
             }
             let (set, base) = self.s.space.locate(l)?;
-            let at = base + p.off;
-            match runs.last_mut() {
-                Some((s, start, from, len))
-                    if Arc::ptr_eq(s, &set) && *start + *len as u64 == at && *from + *len == p.buf_off =>
-                {
-                    *len += p.len
-                }
-                _ => runs.push((set, at, p.buf_off, p.len)),
-            }
+            located.push((set, base + p.off, p.buf_off..p.buf_off + p.len));
         }
-        for (set, at, from, len) in runs {
-            self.s.layouts.write(&set, at, &data[from..from + len])?;
-        }
+        self.write_merged(data, located)?;
         Ok(true)
     }
 
@@ -458,18 +443,12 @@ impl Vdisk {
             let at = i * grain + p.off as usize;
             content[at..at + p.len].copy_from_slice(&data[p.buf_off..p.buf_off + p.len]);
         }
-        // (set, offset in the set, offset in `content`, length) of each run of slots.
-        let mut runs: Vec<(Arc<SlabSet>, u64, usize, usize)> = Vec::new();
+        let mut located = Vec::with_capacity(slots.len());
         for (i, &l) in slots.iter().enumerate() {
             let (set, base) = self.s.space.locate(l)?;
-            match runs.last_mut() {
-                Some((s, start, _, len)) if Arc::ptr_eq(s, &set) && *start + *len as u64 == base => *len += grain,
-                _ => runs.push((set, base, i * grain, grain)),
-            }
+            located.push((set, base, i * grain..(i + 1) * grain));
         }
-        for (set, at, from, len) in runs {
-            self.s.layouts.write(&set, at, &content[from..from + len])?;
-        }
+        self.write_merged(&content, located)?;
         let mut ops = Vec::with_capacity(2 * pieces.len());
         for (p, &l) in pieces.iter().zip(slots) {
             ops.push(Op::Put(CF_GRAINS, grain_key(self.id, p.grain), loc_value(l)));
@@ -480,6 +459,26 @@ impl Vdisk {
             self.set_entry(p.grain, l);
         }
         Ok(true)
+    }
+
+    /// Writes each `(set, offset in the set, range of data)`, in order; pieces that continue
+    /// the one before both in its slab set and in `data` go with it as one layout write.
+    fn write_merged(&self, data: &[u8], pieces: Vec<(Arc<SlabSet>, u64, Range<usize>)>) -> Result<()> {
+        let mut runs: Vec<(Arc<SlabSet>, u64, Range<usize>)> = Vec::with_capacity(pieces.len());
+        for (set, at, bytes) in pieces {
+            match runs.last_mut() {
+                Some((s, start, run))
+                    if Arc::ptr_eq(s, &set) && *start + run.len() as u64 == at && run.end == bytes.start =>
+                {
+                    run.end = bytes.end
+                }
+                _ => runs.push((set, at, bytes)),
+            }
+        }
+        for (set, at, bytes) in runs {
+            self.s.layouts.write(&set, at, &data[bytes])?;
+        }
+        Ok(())
     }
 
     /// Writes `data` at `off` in grain `g`. An unmapped grain takes the last slot of `run`
