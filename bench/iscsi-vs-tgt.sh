@@ -184,7 +184,5 @@ done
 echo
 echo "Tessera / tgt in each run (the spread shows how much the shared machine moves):"
 for w in $WORKLOADS; do
-  python3 -c 'import sys; t, g = sys.argv[2].split(), sys.argv[3].split()
-print("- %s: %s" % (sys.argv[1], ", ".join("%.2f" % (float(a) / float(b)) for a, b in zip(t, g))))' \
-    "$w" "${res[$w-tessera]}" "${res[$w-tgt]}"
+  per_run_ratios "$w" "${res[$w-tessera]}" "${res[$w-tgt]}"
 done

@@ -43,6 +43,12 @@ logged() {
 
 median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 
+# per_run_ratios LABEL "A1 A2 ..." "B1 B2 ...": prints "- LABEL: A1/B1, A2/B2, ...".
+per_run_ratios() {
+  python3 -c 'import sys; a, b = sys.argv[2].split(), sys.argv[3].split()
+print("- %s: %s" % (sys.argv[1], ", ".join("%.2f" % (float(x) / float(y)) for x, y in zip(a, b))))' "$@"
+}
+
 pkgver() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null || echo '?'; }
 
 # Fails unless every named command is installed.

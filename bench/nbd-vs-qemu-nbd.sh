@@ -118,7 +118,5 @@ done
 echo
 echo "Tessera / qemu-nbd in each run (the spread shows how much the shared machine moves):"
 for w in rand4k seqread seqwrite; do
-  python3 -c 'import sys; t, q = sys.argv[2].split(), sys.argv[3].split()
-print("- %s: %s" % (sys.argv[1], ", ".join("%.2f" % (float(a) / float(b)) for a, b in zip(t, q))))' \
-    "$w" "${res[$w-tessera]}" "${res[$w-qemu]}"
+  per_run_ratios "$w" "${res[$w-tessera]}" "${res[$w-qemu]}"
 done
