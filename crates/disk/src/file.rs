@@ -194,6 +194,10 @@ impl BlockDevice for FileDisk {
         self.file.sync_data().map_err(self.io_error("flush", 0, 0))
     }
 
+    fn uring_fd(&self) -> Option<std::os::fd::RawFd> {
+        Some(self.file.as_raw_fd())
+    }
+
     /// The whole batch in one io_uring submission, then whatever came back short read with
     /// pread. Buffers that direct I/O cannot use are read into aligned ones and copied.
     fn read_many(&self, reqs: &mut [ReadReq<'_>]) -> Vec<Result<(), DiskError>> {

@@ -49,6 +49,13 @@ pub trait BlockDevice: Send + Sync + 'static {
     fn read_many(&self, reqs: &mut [ReadReq<'_>]) -> Vec<Result<(), DiskError>> {
         reqs.iter_mut().map(|r| self.read_at(r.buf, r.offset)).collect()
     }
+    /// A descriptor a caller may submit reads to on an io_uring of its own, with the rules
+    /// of [`read_at`](Self::read_at) (whole sectors, within [`size`](Self::size), into
+    /// buffers aligned to [`SECTOR`]), while it holds a reference to the disk. None for disks
+    /// whose reads are not plain reads of a descriptor (in memory, fault injection).
+    fn uring_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
 }
 
 /// One read of a [`BlockDevice::read_many`] batch.

@@ -3,10 +3,17 @@
 //! have many reads in flight ([`tessera_disk::BlockDevice::read_many`]) gets them together.
 //! Whatever that fast path cannot do (a member unavailable, a read error) is done again by
 //! the single-read path, which reads around failures and repairs in place.
+//!
+//! A caller with an io_uring of its own can instead ask where a read would go
+//! ([`Layouts::plan_read`]) and submit the disk reads itself, so that it is not blocked while
+//! they are in flight.
 
 use std::sync::Arc;
 
+use std::os::fd::RawFd;
+
 use tessera_disk::{DiskRef, ReadReq};
+use tessera_pool::SlabRef;
 
 use crate::error::Result;
 use crate::geometry::{read_order, split, Piece};
@@ -20,6 +27,17 @@ pub struct SetRead<'a> {
     pub buf: &'a mut [u8],
 }
 
+/// A disk read of a planned request: `len` bytes at `offset` of `disk` (through `fd`, its
+/// [`uring_fd`](tessera_disk::BlockDevice::uring_fd)) into the request's buffer at `buf_off`.
+/// Holding `disk` keeps the descriptor open.
+pub struct DiskRead {
+    pub disk: DiskRef,
+    pub fd: RawFd,
+    pub offset: u64,
+    pub buf_off: usize,
+    pub len: usize,
+}
+
 /// A piece of a request on its way to a disk.
 struct Planned<'a> {
     req: usize,
@@ -30,6 +48,55 @@ struct Planned<'a> {
 }
 
 impl Layouts {
+    /// The disk reads that fill `len` bytes at `offset` of `set` into a buffer at `buf_off`,
+    /// each piece from the member a lone read tries first, neighbours on a disk merged; the
+    /// caller holds `members` (from [`SlabSet::try_members`]) until they complete. False,
+    /// having added nothing, when a member is not readable or its disk takes no reads from
+    /// a caller's ring: the caller reads with [`read`](Self::read), which reads around
+    /// failures. A read that fails on the disk is also retried with [`read`](Self::read).
+    pub fn plan_read(
+        &self,
+        set: &SlabSet,
+        members: &[SlabRef],
+        offset: u64,
+        len: usize,
+        buf_off: usize,
+        out: &mut Vec<DiskRead>,
+    ) -> bool {
+        if self.check(set, offset, len).is_err() {
+            return false;
+        }
+        let spec = &set.spec;
+        let start = out.len();
+        for piece in split(spec, offset, len) {
+            let slab = members[read_order(spec, piece.row, piece.data_col)[0]];
+            let Some((disk, fd)) = self
+                .pool
+                .readable_disk(slab.disk)
+                .and_then(|d| d.uring_fd().map(|fd| (d, fd)))
+            else {
+                out.truncate(start);
+                return false;
+            };
+            let offset = self.pool.slab_offset(slab) + piece.member_offset(spec);
+            let buf_off = buf_off + piece.buf_off;
+            if let Some(last) = out[start..].last_mut() {
+                if last.fd == fd && last.offset + last.len as u64 == offset && last.buf_off + last.len == buf_off {
+                    last.len += piece.len;
+                    continue;
+                }
+            }
+            out.push(DiskRead {
+                disk,
+                fd,
+                offset,
+                buf_off,
+                len: piece.len,
+            });
+        }
+        true
+    }
+
     /// Reads every request as [`read`](Self::read) would, with one result per request.
     pub fn read_many(&self, reqs: &mut [SetRead<'_>]) -> Vec<Result<()>> {
         let mut results: Vec<Result<()>> = reqs.iter().map(|r| self.check(r.set, r.offset, r.buf.len())).collect();

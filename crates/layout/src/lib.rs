@@ -14,10 +14,10 @@ mod scrub;
 mod slabset;
 mod spec;
 
-pub use batch::SetRead;
+pub use batch::{DiskRead, SetRead};
 pub use error::{LayoutError, Result};
 pub use layouts::{IoStats, Layouts, SetHealth};
 pub use rebuild::{Progress, RebuildOptions, RebuildReport};
 pub use scrub::Mismatch;
-pub use slabset::{SlabSet, SlabSetDesc};
+pub use slabset::{MembersGuard, SlabSet, SlabSetDesc};
 pub use spec::{LayoutKind, LayoutSpec, DEFAULT_INTERLEAVE, MAX_COLUMNS, MIN_INTERLEAVE};

@@ -24,12 +24,24 @@ pub struct SlabSet {
     pub spec: LayoutSpec,
     /// Held shared by every I/O for its whole duration, so a rebuild can swap a member only
     /// when no I/O still uses the old slab.
-    pub(crate) members: RwLock<Vec<SlabRef>>,
+    /// In an Arc so that a read submitted to a caller's own io_uring can keep it held until
+    /// the read completes ([`MembersGuard`]).
+    pub(crate) members: Arc<RwLock<Vec<SlabRef>>>,
     /// The member being rebuilt and the slab it is rebuilt onto: writes go to both.
     pub(crate) replacement: RwLock<Option<(usize, SlabRef)>>,
 }
 
+/// A set's members held shared, owned, for as long as reads planned against them are in
+/// flight.
+pub type MembersGuard = parking_lot::ArcRwLockReadGuard<parking_lot::RawRwLock, Vec<SlabRef>>;
+
 impl SlabSet {
+    /// The members held shared, or None when a rebuild holds or waits for them (it swaps
+    /// a member only when no I/O uses the old slab): never blocks.
+    pub fn try_members(&self) -> Option<MembersGuard> {
+        self.members.try_read_arc()
+    }
+
     pub fn desc(&self) -> SlabSetDesc {
         SlabSetDesc {
             id: self.id,
@@ -75,7 +87,7 @@ impl Registry {
                 Arc::new(SlabSet {
                     id: d.id,
                     spec: d.spec,
-                    members: RwLock::new(d.members),
+                    members: Arc::new(RwLock::new(d.members)),
                     replacement: RwLock::new(None),
                 }),
             );
@@ -126,7 +138,7 @@ impl Registry {
         let set = Arc::new(SlabSet {
             id,
             spec,
-            members: RwLock::new(members),
+            members: Arc::new(RwLock::new(members)),
             replacement: RwLock::new(None),
         });
         self.sets.write().insert(id, set.clone());

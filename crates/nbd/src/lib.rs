@@ -10,7 +10,11 @@ pub mod proto;
 #[cfg(feature = "server")]
 pub mod server;
 #[cfg(feature = "server")]
+mod conn;
+#[cfg(feature = "server")]
 mod transmission;
+#[cfg(feature = "server")]
+mod workers;
 
 #[cfg(feature = "server")]
 pub use export::{Export, Registry};

@@ -35,7 +35,7 @@ pub async fn serve(listener: TcpListener, reg: Arc<Registry>) {
                     };
                     let export = n.export.name.clone();
                     debug!(%peer, %export, structured = n.structured, "NBD client connected");
-                    // From here the connection is served by threads of its own, with blocking I/O.
+                    // From here the connection is served by a thread of its own (and its workers).
                     let sock = match sock.into_std().and_then(|s| s.set_nonblocking(false).map(|_| s)) {
                         Ok(s) => s,
                         Err(e) => {
@@ -44,7 +44,7 @@ pub async fn serve(listener: TcpListener, reg: Arc<Registry>) {
                         }
                     };
                     let spawned = std::thread::Builder::new().name("nbd-conn".into()).spawn(move || {
-                        if let Err(e) = crate::transmission::run(sock, n) {
+                        if let Err(e) = crate::conn::run(sock, n) {
                             info!(%peer, %export, error = %e, "NBD connection ended");
                         }
                     });

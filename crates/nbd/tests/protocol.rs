@@ -1,10 +1,12 @@
 //! The server and the client of this crate over TCP: negotiation, data, holes and block
-//! status, refusals, malformed traffic, and a crowd of verifying clients.
+//! status, refusals, malformed traffic, and a crowd of verifying clients. The vdisks lie on
+//! file disks, whose reads the server submits to its own ring; memory disks, which it cannot
+//! read that way, take the worker threads' path, and one test runs there too.
 
 use std::sync::Arc;
 
 use rand::{Rng, RngCore, SeedableRng};
-use tessera_disk::{DiskRef, MemDisk};
+use tessera_disk::{DiskRef, FileDisk, MemDisk};
 use tessera_nbd::client::{list, Client, ClientError};
 use tessera_nbd::proto::{self, cflag, cmd, errno};
 use tessera_nbd::{Export, Registry};
@@ -21,11 +23,28 @@ struct Rig {
     reg: Arc<Registry>,
 }
 
-/// Exports "rw" (a 64 MiB thin mirrored vdisk) and "ro" (the same vdisk, read-only).
+/// Exports "rw" (a 64 MiB thin mirrored vdisk on two file disks) and "ro" (the same vdisk,
+/// read-only).
 async fn rig() -> Rig {
+    rig_on(Disks::Files).await
+}
+
+#[derive(Clone, Copy)]
+enum Disks {
+    Files,
+    Memory,
+}
+
+async fn rig_on(kind: Disks) -> Rig {
     let dir = tempfile::tempdir().unwrap();
     let disks: Vec<DiskRef> = (0..2)
-        .map(|i| Arc::new(MemDisk::new(&format!("m{i}"), 160 * MIB)) as DiskRef)
+        .map(|i| match kind {
+            Disks::Files => {
+                Arc::new(FileDisk::create_file(dir.path().join(format!("m{i}.img")), 160 * MIB, false).unwrap())
+                    as DiskRef
+            }
+            Disks::Memory => Arc::new(MemDisk::new(&format!("m{i}"), 160 * MIB)) as DiskRef,
+        })
         .collect();
     let engine = Engine::create_pool(&dir.path().join("p"), "p", disks, MIB).unwrap();
     let v = engine
@@ -328,7 +347,16 @@ async fn malformed_negotiation_and_requests() {
 /// verify each other's data; a disconnect answers every request already sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_clients_verify_their_data() {
-    let rig = rig().await;
+    clients_verify_their_data(Disks::Files).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_clients_verify_their_data_on_disks_read_by_workers() {
+    clients_verify_their_data(Disks::Memory).await;
+}
+
+async fn clients_verify_their_data(kind: Disks) {
+    let rig = rig_on(kind).await;
     let mut tasks = Vec::new();
     for id in 0..8u64 {
         let addr = rig.addr.clone();
@@ -494,4 +522,31 @@ fn wire_offset(wire: &[u8], cookie: u64) -> [u8; 8] {
         }
         at += proto::REQUEST_LEN + if r.kind == cmd::WRITE { r.length as usize } else { 0 };
     }
+}
+
+/// A read that fails on the ring (here: past the end of a member file cut short behind the
+/// engine's back) is read again the synchronous way, which reads the other copy of the
+/// mirror: the client gets its data, not an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_that_fails_on_the_ring_is_answered_from_the_other_copy() {
+    let rig = rig().await;
+    let c = Client::connect(&rig.addr, "rw").await.unwrap();
+    let data = pattern(21, 4 * MIB as usize);
+    c.write(0, &data, true).await.unwrap();
+    // Both members' data begins after the 1 MiB reserved area; keep only that area of m0.
+    let m0 = rig._dir.path().join("m0.img");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&m0)
+        .unwrap()
+        .set_len(MIB)
+        .unwrap();
+    for (off, len) in [(0, 4 * MIB), (MIB + 4096, 8192), (3 * MIB, MIB)] {
+        let got = c.read(off, len as u32).await.unwrap();
+        assert!(got == data[off as usize..(off + len) as usize], "{len} bytes at {off}");
+    }
+    // The reads that failed on m0 were read again from it, failed, and it was repaired
+    // with the other copy's data.
+    assert!(std::fs::metadata(&m0).unwrap().len() > MIB, "m0 was not repaired");
+    c.disconnect().await.unwrap();
 }

@@ -10,6 +10,7 @@ mod error;
 mod frozen;
 mod keys;
 mod locks;
+mod plan;
 mod space;
 mod vdisk;
 
@@ -19,6 +20,7 @@ pub use config::{Provisioning, VdiskConfig, VdiskSpec, VdiskState, DEFAULT_GRAIN
 pub use engine::Engine;
 pub use error::{Result, VolumeError};
 pub use frozen::Frozen;
+pub use plan::ReadPlan;
 pub use vdisk::{Extent, SpaceUsage, Vdisk};
 
 pub use tessera_layout::{LayoutKind, LayoutSpec, Progress, RebuildOptions, RebuildReport};

@@ -3,18 +3,25 @@
 //! or its data takes it exclusively. Code that holds several at once takes them through
 //! `read_many` or `lock_many`, in ascending table order, so two such callers cannot deadlock.
 
-use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::Arc;
+
+use parking_lot::{ArcRwLockReadGuard, RawRwLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 const GRAIN_LOCKS: usize = 8192;
 
 pub struct GrainLocks {
-    table: Vec<RwLock<()>>,
+    /// Each in an Arc so that a read in flight on a caller's own io_uring can hold its
+    /// grains ([`try_read_owned`](GrainLocks::try_read_owned)).
+    table: Vec<Arc<RwLock<()>>>,
 }
+
+/// A grain held shared, owned.
+pub type OwnedReadGuard = ArcRwLockReadGuard<RawRwLock, ()>;
 
 impl GrainLocks {
     pub fn new() -> GrainLocks {
         GrainLocks {
-            table: (0..GRAIN_LOCKS).map(|_| RwLock::new(())).collect(),
+            table: (0..GRAIN_LOCKS).map(|_| Arc::new(RwLock::new(()))).collect(),
         }
     }
 
@@ -33,6 +40,16 @@ impl GrainLocks {
         idx.sort_unstable();
         idx.dedup();
         idx.into_iter().map(|i| self.table[i].read()).collect()
+    }
+
+    /// Shared locks on every listed grain, owned, or None when any is held or awaited by a
+    /// writer: never blocks. A caller that cannot block (it would hold up the completion
+    /// of reads a writer waits for) falls back to a path that may.
+    pub fn try_read_owned(&self, grains: impl IntoIterator<Item = (u64, u64)>) -> Option<Vec<OwnedReadGuard>> {
+        let mut idx: Vec<usize> = grains.into_iter().map(|(v, g)| Self::index(v, g)).collect();
+        idx.sort_unstable();
+        idx.dedup();
+        idx.into_iter().map(|i| self.table[i].try_read_arc()).collect()
     }
 
     /// Exclusive locks on every listed grain, each table slot once, in table order.
@@ -57,5 +74,20 @@ mod tests {
         drop(g);
         let r = l.read_many((0..20_000).map(|g| (1, g)).chain((0..100).map(|g| (1, g))));
         assert!(r.len() <= GRAIN_LOCKS);
+    }
+
+    #[test]
+    fn owned_read_locks_give_way_to_writers_without_blocking() {
+        let l = GrainLocks::new();
+        let held = l.try_read_owned([(1, 5), (1, 6)]).expect("free grains");
+        // Shared with other readers; a writer waits for them.
+        assert!(l.try_read_owned([(1, 5)]).is_some());
+        assert!(l.table[GrainLocks::index(1, 5)].try_write().is_none());
+        drop(held);
+        let w = l.write(1, 6);
+        assert!(l.try_read_owned([(1, 5), (1, 6)]).is_none(), "a writer holds grain 6");
+        assert!(l.try_read_owned([(1, 5)]).is_some());
+        drop(w);
+        assert!(l.try_read_owned([(1, 6)]).is_some());
     }
 }

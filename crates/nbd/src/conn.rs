@@ -1,0 +1,689 @@
+//! One NBD connection after the handshake, served by one thread that never waits on a disk.
+//! It receives requests from the socket, submits the disk reads of each READ the engine can
+//! plan ([`Vdisk::try_plan_read`](tessera_volume::Vdisk::try_plan_read)) to an io_uring of
+//! its own, and sends each reply as soon as it is ready, sleeping in one poll on the socket,
+//! the ring and the workers only when none of them has anything for it. Requests that may
+//! block (writes, flushes, trims, block status, reads that cannot be planned, reads that
+//! failed on the disk) go to worker threads, whose replies come back through the same loop.
+//! Replies leave in the order they are ready, as the protocol allows.
+//!
+//! A READ thus costs no hand-off between threads: on two shared cores, each wake-up of
+//! another thread waited for a CPU, and a 256 KiB read spent more on those waits than on
+//! its own work. Where io_uring is unavailable, READs go to the workers too.
+
+use std::collections::VecDeque;
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use io_uring::{opcode, squeue, types, IoUring};
+use tessera_disk::AlignedBuf;
+use tessera_volume::ReadPlan;
+use tracing::{debug, warn};
+
+use crate::export::MAX_PAYLOAD;
+use crate::handshake::Negotiated;
+use crate::proto::*;
+use crate::transmission::{check, error_reply, read_reply, reply_parts, Buffers, Ctx, Part, Piece, Reply};
+use crate::workers::{self, Job, Workers};
+
+/// Requests of one connection in flight at once (reads on the ring and jobs at the
+/// workers); beyond it the loop stops receiving until some finish.
+const MAX_IN_FLIGHT: usize = 64;
+/// Submission queue entries of a connection's ring.
+const RING_ENTRIES: u32 = 128;
+/// The receive buffer: the headers of many requests come in one recv. A write's payload
+/// beyond what came with its header is received straight into its own buffer.
+const INBOX_BYTES: usize = 64 << 10;
+/// Slices handed to one writev, at most (IOV_MAX is 1024).
+const MAX_SLICES: usize = 256;
+
+/// Serves a negotiated connection until the client leaves; blocking.
+pub fn run(sock: TcpStream, n: Negotiated) -> io::Result<()> {
+    n.export.connections.fetch_add(1, Ordering::Relaxed);
+    let export = n.export.clone();
+    let r = serve(sock, n);
+    export.connections.fetch_sub(1, Ordering::Relaxed);
+    r
+}
+
+fn serve(sock: TcpStream, n: Negotiated) -> io::Result<()> {
+    sock.set_nonblocking(true)?;
+    let ctx = Arc::new(Ctx {
+        export: n.export,
+        structured: n.structured,
+        allocation_context: n.allocation_context,
+        buffers: Buffers::default(),
+    });
+    let ring = match IoUring::new(RING_ENTRIES) {
+        Ok(r) => Some(r),
+        Err(e) => {
+            debug!(error = %e, "io_uring unavailable: NBD reads go to worker threads");
+            None
+        }
+    };
+    let mut l = Loop {
+        workers: Workers::new(ctx.clone())?,
+        ctx,
+        sock,
+        ring,
+        inbox: Inbox::new(),
+        reads: Vec::new(),
+        free: Vec::new(),
+        on_ring: 0,
+        sqes: 0,
+        at_workers: 0,
+        outbox: Outbox::default(),
+        receiving: true,
+        broken: false,
+        error: None,
+    };
+    l.run();
+    let _ = l.sock.shutdown(Shutdown::Both);
+    match l.error.take() {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// A READ whose disk reads are on the ring.
+struct InFlight {
+    req: Request,
+    parts: Vec<Part>,
+    /// Held until every read has completed: they keep the grains and sets read from.
+    plans: Vec<ReadPlan>,
+    /// Bytes each submitted read must return, by its index in the user data.
+    lens: Vec<u32>,
+    pending: usize,
+    failed: bool,
+}
+
+/// What the bytes after the last whole request belong to.
+enum Partial {
+    /// A WRITE's payload, `filled` bytes of it received.
+    Payload {
+        req: Request,
+        buf: AlignedBuf,
+        filled: usize,
+    },
+    /// The payload of a WRITE refused as too large, `left` bytes of it still to skip.
+    Discard { req: Request, left: usize },
+}
+
+struct Inbox {
+    buf: Box<[u8]>,
+    start: usize,
+    end: usize,
+    partial: Option<Partial>,
+}
+
+impl Inbox {
+    fn new() -> Inbox {
+        Inbox {
+            buf: vec![0; INBOX_BYTES].into_boxed_slice(),
+            start: 0,
+            end: 0,
+            partial: None,
+        }
+    }
+
+    fn available(&self) -> &[u8] {
+        &self.buf[self.start..self.end]
+    }
+
+    fn consume(&mut self, n: usize) {
+        self.start += n;
+        if self.start == self.end {
+            (self.start, self.end) = (0, 0);
+        }
+    }
+
+    /// Room to receive into, moving what is left to the front first.
+    fn room(&mut self) -> &mut [u8] {
+        if self.start > 0 {
+            self.buf.copy_within(self.start..self.end, 0);
+            (self.start, self.end) = (0, self.end - self.start);
+        }
+        &mut self.buf[self.end..]
+    }
+}
+
+/// Replies ready to send, in order; `sent` bytes of the first have left.
+#[derive(Default)]
+struct Outbox {
+    replies: VecDeque<Reply>,
+    sent: usize,
+}
+
+/// What a receive step ended on.
+enum Received {
+    /// Nothing more to read now.
+    Drained,
+    /// Progress was made; go on.
+    More,
+}
+
+struct Loop {
+    ctx: Arc<Ctx>,
+    sock: TcpStream,
+    ring: Option<IoUring>,
+    workers: Workers,
+    inbox: Inbox,
+    /// READs on the ring, by slot (the high half of a read's user data); `free` slots.
+    reads: Vec<Option<InFlight>>,
+    free: Vec<usize>,
+    on_ring: usize,
+    /// Reads submitted and not yet completed: the ring may not go while any is.
+    sqes: usize,
+    at_workers: usize,
+    outbox: Outbox,
+    /// False after NBD_CMD_DISC, the end of the stream or a broken stream.
+    receiving: bool,
+    /// The socket cannot be written: replies are dropped.
+    broken: bool,
+    error: Option<io::Error>,
+}
+
+impl Loop {
+    fn run(&mut self) {
+        loop {
+            let mut progress = self.receive();
+            progress |= self.submit();
+            progress |= self.reap();
+            progress |= self.collect();
+            progress |= self.send();
+            let idle = self.on_ring == 0 && self.at_workers == 0;
+            if !self.receiving && idle && (self.outbox.replies.is_empty() || self.broken) {
+                return;
+            }
+            if !progress {
+                self.wait();
+            }
+        }
+    }
+
+    fn in_flight(&self) -> usize {
+        self.on_ring + self.at_workers
+    }
+
+    fn stop(&mut self, error: Option<io::Error>) {
+        self.receiving = false;
+        if let Some(e) = error {
+            if self.error.is_none() {
+                self.error = Some(e);
+            }
+        }
+    }
+
+    /// Receives and starts requests until the socket has no more or enough are in flight.
+    fn receive(&mut self) -> bool {
+        let mut progress = false;
+        while self.receiving && self.in_flight() < MAX_IN_FLIGHT {
+            let step = if self.inbox.partial.is_some() {
+                self.receive_payload()
+            } else if let Some(head) = self.inbox.available().first_chunk::<REQUEST_LEN>() {
+                match Request::parse(head) {
+                    Ok(req) => {
+                        self.inbox.consume(REQUEST_LEN);
+                        self.start(req);
+                        Ok(Received::More)
+                    }
+                    // Out of step with the client: nothing after this can be trusted.
+                    Err(e) => Err(io::Error::new(io::ErrorKind::InvalidData, e.to_string())),
+                }
+            } else {
+                let room = self.inbox.room();
+                match (&self.sock).read(room) {
+                    Ok(0) if self.inbox.available().is_empty() => {
+                        self.stop(None);
+                        Ok(Received::Drained)
+                    }
+                    Ok(0) => Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "the client left in the middle of a request",
+                    )),
+                    Ok(n) => {
+                        self.inbox.end += n;
+                        Ok(Received::More)
+                    }
+                    Err(e) => would_block(e),
+                }
+            };
+            match step {
+                Ok(Received::More) => progress = true,
+                Ok(Received::Drained) => break,
+                Err(e) => {
+                    self.stop(Some(e));
+                    break;
+                }
+            }
+        }
+        progress
+    }
+
+    /// Fills the payload of the write being received, or skips that of a refused one.
+    fn receive_payload(&mut self) -> io::Result<Received> {
+        let Inbox {
+            buf: ibuf,
+            start,
+            end,
+            partial,
+        } = &mut self.inbox;
+        let held = &ibuf[*start..*end];
+        let from_inbox = !held.is_empty();
+        let n = match partial.as_mut().expect("called with a partial request") {
+            Partial::Payload { buf, filled, .. } => {
+                let want = &mut buf[*filled..];
+                let n = if from_inbox {
+                    let n = want.len().min(held.len());
+                    want[..n].copy_from_slice(&held[..n]);
+                    n
+                } else {
+                    match (&self.sock).read(want) {
+                        Ok(n) => n,
+                        Err(e) => return would_block(e),
+                    }
+                };
+                *filled += n;
+                n
+            }
+            Partial::Discard { left, .. } => {
+                let n = if from_inbox {
+                    (*left).min(held.len())
+                } else {
+                    match (&self.sock).read(&mut ibuf[..(*left).min(INBOX_BYTES)]) {
+                        Ok(n) => n,
+                        Err(e) => return would_block(e),
+                    }
+                };
+                *left -= n;
+                n
+            }
+        };
+        if from_inbox {
+            self.inbox.consume(n);
+        }
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the client left in the middle of a write's data",
+            ));
+        }
+        let whole = match &self.inbox.partial {
+            Some(Partial::Payload { buf, filled, .. }) => *filled == buf.len(),
+            Some(Partial::Discard { left, .. }) => *left == 0,
+            None => false,
+        };
+        if whole {
+            match self.inbox.partial.take().expect("checked above") {
+                Partial::Payload { req, buf, .. } => self.to_workers(Job { req, payload: buf }),
+                Partial::Discard { req, .. } => {
+                    let msg = format!("a write of {} bytes exceeds the {MAX_PAYLOAD}-byte limit", req.length);
+                    self.reply(error_reply(&self.ctx, &req, errno::EOVERFLOW, &msg));
+                }
+            }
+        }
+        Ok(Received::More)
+    }
+
+    /// Starts a request whose header was just received.
+    fn start(&mut self, req: Request) {
+        match req.kind {
+            cmd::DISC => self.stop(None),
+            cmd::READ => self.start_read(req),
+            cmd::WRITE if req.length > MAX_PAYLOAD => {
+                // Stay in step: skip the data, then refuse.
+                self.inbox.partial = Some(Partial::Discard {
+                    req,
+                    left: req.length as usize,
+                });
+            }
+            cmd::WRITE if req.length > 0 => {
+                self.inbox.partial = Some(Partial::Payload {
+                    req,
+                    buf: self.ctx.buffers.take(req.length as usize),
+                    filled: 0,
+                });
+            }
+            _ => self.to_workers(Job {
+                req,
+                payload: AlignedBuf::zeroed(0),
+            }),
+        }
+    }
+
+    fn to_workers(&mut self, job: Job) {
+        self.at_workers += 1;
+        if let Some(job) = self.workers.submit(job) {
+            self.at_workers -= 1;
+            let reply = workers::run(&self.ctx, job);
+            self.reply(reply);
+        }
+    }
+
+    fn reply(&mut self, reply: Reply) {
+        self.outbox.replies.push_back(reply);
+    }
+
+    /// A READ: its disk reads go on the ring when the engine can plan them all; otherwise,
+    /// or when nothing needs the disk, it is answered here or by a worker.
+    fn start_read(&mut self, req: Request) {
+        if self.ring.is_none() {
+            return self.to_workers(Job {
+                req,
+                payload: AlignedBuf::zeroed(0),
+            });
+        }
+        let mut parts = match check(&self.ctx, &req).and_then(|()| reply_parts(&self.ctx, &req)) {
+            Ok(parts) => parts,
+            Err((code, msg)) => return self.reply(error_reply(&self.ctx, &req, code, &msg)),
+        };
+        let vdisk = &self.ctx.export.vdisk;
+        let mut plans = Vec::new();
+        for p in &mut parts {
+            let Some(data) = &mut p.data else { continue };
+            match vdisk.try_plan_read(p.extent.offset, data.len()) {
+                Some(plan) => {
+                    for z in &plan.zeros {
+                        data[z.clone()].fill(0);
+                    }
+                    plans.push(plan);
+                }
+                None => {
+                    give_back_parts(&self.ctx.buffers, parts);
+                    return self.to_workers(Job {
+                        req,
+                        payload: AlignedBuf::zeroed(0),
+                    });
+                }
+            }
+        }
+        // Where each read goes: data parts and plans pair up in order.
+        let mut sqes = Vec::new();
+        let data = parts.iter_mut().filter_map(|p| p.data.as_mut());
+        for (buf, plan) in data.zip(&plans) {
+            for r in &plan.reads {
+                let at = buf[r.buf_off..r.buf_off + r.len].as_mut_ptr();
+                sqes.push((r.fd, at, r.len as u32, r.offset));
+            }
+        }
+        if sqes.is_empty() {
+            // Holes and unmapped grains only.
+            drop(plans);
+            return self.reply(read_reply(&self.ctx, &req, parts));
+        }
+        let slot = self.free.pop().unwrap_or_else(|| {
+            self.reads.push(None);
+            self.reads.len() - 1
+        });
+        self.reads[slot] = Some(InFlight {
+            req,
+            parts,
+            plans,
+            lens: sqes.iter().map(|s| s.2).collect(),
+            pending: sqes.len(),
+            failed: false,
+        });
+        self.on_ring += 1;
+        for (i, (fd, at, len, offset)) in sqes.into_iter().enumerate() {
+            let e = opcode::Read::new(types::Fd(fd), at, len)
+                .offset(offset)
+                .build()
+                .user_data(((slot as u64) << 32) | i as u64);
+            self.push(e);
+        }
+    }
+
+    /// Queues a submission. When the queue is full, submits what it holds first, and takes
+    /// completions if the kernel has no room for more.
+    fn push(&mut self, e: squeue::Entry) {
+        loop {
+            let ring = self.ring.as_mut().expect("reads are planned only with a ring");
+            // SAFETY: the buffer the entry reads into belongs to an InFlight in `reads`,
+            // which is neither dropped nor given back before the entry's completion is
+            // reaped (`finish`; `Drop` waits for every submitted read).
+            if unsafe { ring.submission().push(&e) }.is_ok() {
+                self.sqes += 1;
+                return;
+            }
+            match ring.submit() {
+                Ok(_) => {}
+                Err(err) if err.raw_os_error() == Some(libc::EBUSY) => {
+                    if !self.reap() {
+                        let _ = self.ring.as_mut().expect("checked").submit_and_wait(1);
+                    }
+                }
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+                Err(err) => {
+                    warn!(error = %err, "io_uring submit failed");
+                    std::thread::yield_now();
+                }
+            }
+        }
+    }
+
+    /// Hands the queued reads to the kernel.
+    fn submit(&mut self) -> bool {
+        let Some(ring) = self.ring.as_mut() else {
+            return false;
+        };
+        if ring.submission().is_empty() {
+            return false;
+        }
+        match ring.submit() {
+            Ok(_) => true,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted || e.raw_os_error() == Some(libc::EBUSY) => false,
+            Err(e) => {
+                warn!(error = %e, "io_uring submit failed");
+                false
+            }
+        }
+    }
+
+    /// Takes the completed disk reads; replies to each READ whose reads are all done.
+    fn reap(&mut self) -> bool {
+        let Some(ring) = self.ring.as_mut() else {
+            return false;
+        };
+        let done: Vec<(u64, i32)> = ring.completion().map(|c| (c.user_data(), c.result())).collect();
+        let progress = !done.is_empty();
+        for (ud, res) in done {
+            self.sqes -= 1;
+            let (slot, i) = ((ud >> 32) as usize, (ud & 0xffff_ffff) as usize);
+            let f = self.reads[slot].as_mut().expect("a completion for a read in flight");
+            if res < 0 || res as u32 != f.lens[i] {
+                if !f.failed {
+                    debug!(
+                        cookie = f.req.cookie,
+                        result = res,
+                        "a read on the ring failed; read again"
+                    );
+                }
+                f.failed = true;
+            }
+            f.pending -= 1;
+            if f.pending == 0 {
+                self.finish(slot);
+            }
+        }
+        progress
+    }
+
+    fn finish(&mut self, slot: usize) {
+        let f = self.reads[slot].take().expect("finished once");
+        self.free.push(slot);
+        self.on_ring -= 1;
+        drop(f.plans);
+        if f.failed {
+            // The synchronous path reads around a failing member and repairs it.
+            give_back_parts(&self.ctx.buffers, f.parts);
+            return self.to_workers(Job {
+                req: f.req,
+                payload: AlignedBuf::zeroed(0),
+            });
+        }
+        let reply = read_reply(&self.ctx, &f.req, f.parts);
+        self.reply(reply);
+    }
+
+    /// Takes the replies the workers have finished.
+    fn collect(&mut self) -> bool {
+        if self.at_workers == 0 {
+            return false;
+        }
+        let replies = self.workers.collect();
+        self.at_workers -= replies.len();
+        let progress = !replies.is_empty();
+        self.outbox.replies.extend(replies);
+        progress
+    }
+
+    /// Writes ready replies until the socket takes no more.
+    fn send(&mut self) -> bool {
+        let mut progress = false;
+        while !self.outbox.replies.is_empty() {
+            if self.broken {
+                for r in self.outbox.replies.drain(..) {
+                    give_back(&self.ctx.buffers, r);
+                }
+                return true;
+            }
+            let mut slices = Vec::with_capacity(MAX_SLICES);
+            let mut skip = self.outbox.sent;
+            'all: for r in &self.outbox.replies {
+                for p in r {
+                    let b = p.as_ref();
+                    if skip >= b.len() {
+                        skip -= b.len();
+                        continue;
+                    }
+                    slices.push(io::IoSlice::new(&b[skip..]));
+                    skip = 0;
+                    if slices.len() == MAX_SLICES {
+                        break 'all;
+                    }
+                }
+            }
+            let written = (&self.sock).write_vectored(&slices);
+            drop(slices);
+            match written {
+                Ok(0) => self.broken_pipe(io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    progress = true;
+                    self.sent(n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => self.broken_pipe(e),
+            }
+        }
+        progress
+    }
+
+    /// The client is gone: no more requests, and replies are dropped.
+    fn broken_pipe(&mut self, e: io::Error) {
+        debug!(error = %e, "NBD reply not sent");
+        self.broken = true;
+        self.stop(None);
+    }
+
+    /// Drops the first `n` bytes of the outbox, giving back the buffers of whole replies.
+    fn sent(&mut self, mut n: usize) {
+        let o = &mut self.outbox;
+        while n > 0 {
+            let Some(front) = o.replies.front() else { break };
+            let left = front.iter().map(|p| p.as_ref().len()).sum::<usize>() - o.sent;
+            if n < left {
+                o.sent += n;
+                return;
+            }
+            n -= left;
+            o.sent = 0;
+            let r = o.replies.pop_front().expect("front exists");
+            give_back(&self.ctx.buffers, r);
+        }
+    }
+
+    /// Sleeps until the socket, the ring or the workers have something for the loop.
+    fn wait(&mut self) {
+        let mut sock_events = 0;
+        if self.receiving && self.in_flight() < MAX_IN_FLIGHT {
+            sock_events |= libc::POLLIN;
+        }
+        if !self.outbox.replies.is_empty() && !self.broken {
+            sock_events |= libc::POLLOUT;
+        }
+        // A negative descriptor is skipped: a hung-up socket would otherwise wake the loop
+        // again and again while it waits for reads to finish.
+        let watch = |fd: RawFd, events: i16| libc::pollfd {
+            fd: if events != 0 { fd } else { -1 },
+            events,
+            revents: 0,
+        };
+        let ring_fd = self.ring.as_ref().map_or(-1, |r| r.as_raw_fd());
+        let mut fds = [
+            watch(self.sock.as_raw_fd(), sock_events),
+            watch(
+                self.workers.ready_fd(),
+                if self.at_workers > 0 { libc::POLLIN } else { 0 },
+            ),
+            watch(ring_fd, if self.on_ring > 0 { libc::POLLIN } else { 0 }),
+        ];
+        // SAFETY: fds is a valid array of pollfd for the duration of the call.
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                warn!(error = %e, "poll failed on an NBD connection");
+                self.stop(Some(e));
+                self.broken = true;
+            }
+        }
+    }
+}
+
+impl Drop for Loop {
+    /// The kernel may still be reading into buffers of reads in flight (the loop ended early,
+    /// or is unwinding): they may not be freed before it is done.
+    fn drop(&mut self) {
+        let Some(ring) = self.ring.as_mut() else { return };
+        while self.sqes > 0 {
+            match ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    // Not waiting could let the kernel write into freed memory: leak instead.
+                    warn!(error = %e, "cannot wait for NBD reads in flight; their buffers are kept");
+                    std::mem::forget(std::mem::take(&mut self.reads));
+                    return;
+                }
+            }
+            self.sqes -= ring.completion().count();
+        }
+    }
+}
+
+fn would_block(e: io::Error) -> io::Result<Received> {
+    match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(Received::Drained),
+        _ => Err(e),
+    }
+}
+
+/// Keeps the data buffers of a reply for the next requests.
+fn give_back(buffers: &Buffers, reply: Reply) {
+    for p in reply {
+        if let Piece::Data(b) = p {
+            buffers.give_back(b);
+        }
+    }
+}
+
+/// Keeps the data buffers of a read that will not be answered from them.
+fn give_back_parts(buffers: &Buffers, parts: Vec<Part>) {
+    for b in parts.into_iter().filter_map(|p| p.data) {
+        buffers.give_back(b);
+    }
+}

@@ -1,0 +1,96 @@
+//! Read plans: where the data of a read lies on the disks, for a caller that submits the disk
+//! reads to an io_uring of its own and goes on with other work while they are in flight (the
+//! NBD server's connection loop). The plan holds the grains and slab sets it read from until
+//! it is dropped, as a synchronous read holds them for its duration, so that no write,
+//! relocation or rebuild can change what it points at before the data has arrived.
+
+use std::ops::Range;
+
+use tessera_layout::{DiskRead, MembersGuard};
+
+use crate::locks::OwnedReadGuard;
+use crate::vdisk::{grain_pieces, Vdisk};
+
+/// The disk reads that fill a buffer with `len` bytes of a vdisk, and the parts of that
+/// buffer that read as zeros (unmapped grains). Submit every read, zero every part, then
+/// drop the plan once all reads have completed; a read that fails or comes back short is
+/// done again with [`Vdisk::read`], which reads around failures.
+pub struct ReadPlan {
+    pub reads: Vec<DiskRead>,
+    pub zeros: Vec<Range<usize>>,
+    _grains: Vec<OwnedReadGuard>,
+    _members: Vec<MembersGuard>,
+}
+
+impl Vdisk {
+    /// A plan for reading `len` bytes at `offset`, or None when this read must go through
+    /// [`read`](Vdisk::read): an invalid range (which `read` reports), a grain held by a
+    /// writer or a set by a rebuild (this never blocks), a part of a sector, a member that is
+    /// not readable, or a disk that takes no reads from a caller's ring.
+    pub fn try_plan_read(&self, offset: u64, len: usize) -> Option<ReadPlan> {
+        self.check_range(offset, len as u64).ok()?;
+        let grain = self.class.grain;
+        let pieces: Vec<_> = grain_pieces(grain, offset, len as u64).collect();
+        let grains = self.s.locks.try_read_owned(pieces.iter().map(|p| (self.id, p.grain)))?;
+        let mut plan = ReadPlan {
+            reads: Vec::with_capacity(pieces.len()),
+            zeros: Vec::new(),
+            _grains: grains,
+            _members: Vec::new(),
+        };
+        let mut sets: Vec<u32> = Vec::new();
+        for p in pieces {
+            let range = p.buf_off..p.buf_off + p.len;
+            let l = self.entry(p.grain);
+            if l == 0 {
+                match plan.zeros.last_mut() {
+                    Some(z) if z.end == range.start => z.end = range.end,
+                    _ => plan.zeros.push(range),
+                }
+                continue;
+            }
+            let sector = tessera_disk::SECTOR as u64;
+            if p.off % sector != 0 || p.len as u64 % sector != 0 {
+                return None;
+            }
+            let (set, base) = self.s.space.locate(l).ok()?;
+            if !sets.contains(&set.id) {
+                plan._members.push(set.try_members()?);
+                sets.push(set.id);
+            }
+            let members = &plan._members[sets.iter().position(|&id| id == set.id).expect("pushed above")];
+            if !self
+                .s
+                .layouts
+                .plan_read(&set, members, base + p.off, p.len, p.buf_off, &mut plan.reads)
+            {
+                return None;
+            }
+        }
+        plan.reads = merge(plan.reads);
+        Some(plan)
+    }
+}
+
+/// Reads that continue each other on one disk and in the buffer, as one read: the grains of
+/// a large read are usually neighbours on the disk.
+fn merge(reads: Vec<DiskRead>) -> Vec<DiskRead> {
+    let mut out: Vec<DiskRead> = Vec::with_capacity(reads.len());
+    for r in reads {
+        match out.last_mut() {
+            Some(last)
+                if last.fd == r.fd
+                    && last.offset + last.len as u64 == r.offset
+                    && last.buf_off + last.len == r.buf_off
+                    && last.len + r.len <= MAX_MERGED =>
+            {
+                last.len += r.len
+            }
+            _ => out.push(r),
+        }
+    }
+    out
+}
+
+/// A merged read covers this much at most.
+const MAX_MERGED: usize = 1 << 20;

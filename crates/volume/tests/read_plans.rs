@@ -1,0 +1,141 @@
+//! Read plans (`Vdisk::try_plan_read`): the disk reads a caller submits to its own ring must
+//! fill a buffer exactly as `Vdisk::read` does, and the plan must hold off writers until it
+//! is dropped, without ever blocking its caller.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{pattern, MIB};
+use tessera_disk::{DiskRef, FileDisk, MemDisk};
+use tessera_volume::{Engine, LayoutKind, VdiskSpec};
+
+const GRAIN: u64 = 64 << 10;
+
+fn file_engine(dir: &tempfile::TempDir, disks: usize) -> Engine {
+    let refs: Vec<DiskRef> = (0..disks)
+        .map(|i| {
+            let path = dir.path().join(format!("d{i}.img"));
+            Arc::new(FileDisk::create_file(&path, 128 * MIB, false).unwrap()) as DiskRef
+        })
+        .collect();
+    Engine::create_pool(&dir.path().join("pool"), "p", refs, 4 * MIB).unwrap()
+}
+
+/// Fills a buffer the way a ring would: every planned read from its disk, zeros where the
+/// plan says so; poisoned first, so that a byte the plan forgets shows.
+fn run_plan(v: &tessera_volume::Vdisk, offset: u64, len: usize) -> Option<Vec<u8>> {
+    let plan = v.try_plan_read(offset, len)?;
+    let mut buf = tessera_disk::AlignedBuf::zeroed(len);
+    buf.fill(0xee);
+    for r in &plan.reads {
+        assert_eq!(r.disk.uring_fd(), Some(r.fd));
+        r.disk
+            .read_at(&mut buf[r.buf_off..r.buf_off + r.len], r.offset)
+            .unwrap();
+    }
+    for z in &plan.zeros {
+        buf[z.clone()].fill(0);
+    }
+    Some(buf.to_vec())
+}
+
+#[test]
+fn a_plan_reads_what_a_read_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = file_engine(&dir, 2);
+    for layout in [LayoutKind::Simple, LayoutKind::Mirror] {
+        let v = e
+            .create_vdisk(&VdiskSpec::new(&format!("v-{layout:?}"), 16 * MIB, layout))
+            .unwrap();
+        // Mapped grains with holes between them, and a grain written only in part.
+        v.write(0, &pattern(1, 0, 3 * GRAIN as usize), false).unwrap();
+        v.write(5 * GRAIN, &pattern(2, 0, GRAIN as usize), false).unwrap();
+        v.write(8 * GRAIN + 4096, &pattern(3, 0, 8192), false).unwrap();
+        let total = 10 * GRAIN as usize;
+        let mut want = vec![0u8; total];
+        for (offset, len) in [
+            (0, total),
+            (4096, GRAIN as usize),
+            (2 * GRAIN, 4 * GRAIN as usize),
+            (3 * GRAIN, 2 * GRAIN as usize),
+            (8 * GRAIN, 4096 * 3),
+        ] {
+            v.read(offset, &mut want[..len]).unwrap();
+            let got = run_plan(&v, offset, len).expect("file disks, no writer: a plan");
+            assert!(got == want[..len], "{layout:?}: {len} bytes at {offset}");
+        }
+        // Neighbouring grains on a disk are one read; a range of holes is no read at all.
+        let plan = v.try_plan_read(0, 3 * GRAIN as usize).unwrap();
+        assert_eq!(plan.reads.len(), 1, "{layout:?}: three neighbouring grains");
+        assert_eq!(plan.reads[0].len, 3 * GRAIN as usize);
+        let plan = v.try_plan_read(3 * GRAIN, 2 * GRAIN as usize).unwrap();
+        assert!(plan.reads.is_empty());
+        assert_eq!(plan.zeros, vec![0..2 * GRAIN as usize]);
+    }
+}
+
+#[test]
+fn reads_that_cannot_be_planned_say_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = file_engine(&dir, 1);
+    let v = e
+        .create_vdisk(&VdiskSpec::new("v", 16 * MIB, LayoutKind::Simple))
+        .unwrap();
+    v.write(0, &pattern(1, 0, GRAIN as usize), false).unwrap();
+    assert!(v.try_plan_read(16 * MIB - 4096, 8192).is_none(), "beyond the end");
+    assert!(v.try_plan_read(0, 0).is_none(), "empty");
+
+    // A disk that is not a file takes no reads from a caller's ring.
+    let mem_dir = tempfile::tempdir().unwrap();
+    let disks = vec![Arc::new(MemDisk::new("m", 64 * MIB)) as DiskRef];
+    let me = Engine::create_pool(&mem_dir.path().join("pool"), "m", disks, 4 * MIB).unwrap();
+    let mv = me
+        .create_vdisk(&VdiskSpec::new("v", 16 * MIB, LayoutKind::Simple))
+        .unwrap();
+    mv.write(0, &pattern(1, 0, GRAIN as usize), false).unwrap();
+    assert!(mv.try_plan_read(0, 4096).is_none());
+    // Unmapped space needs no disk: it plans anyway.
+    assert!(mv.try_plan_read(GRAIN, 4096).is_some());
+}
+
+#[test]
+fn a_plan_holds_off_writers_and_gives_way_to_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = file_engine(&dir, 1);
+    let v = e
+        .create_vdisk(&VdiskSpec::new("v", 16 * MIB, LayoutKind::Simple))
+        .unwrap();
+    v.write(0, &pattern(1, 0, GRAIN as usize), false).unwrap();
+    let plan = v.try_plan_read(0, 4096).unwrap();
+    let written = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (v, written) = (v.clone(), written.clone());
+        std::thread::spawn(move || {
+            v.write(0, &pattern(2, 0, 4096), false).unwrap();
+            written.store(true, Ordering::SeqCst);
+        })
+    };
+    // Once the writer waits for the grain, a new plan of it is refused rather than waited
+    // for (the ring's thread must not block); other grains still plan.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match v.try_plan_read(0, 4096) {
+            None => break,
+            Some(p) => drop(p),
+        }
+        assert!(Instant::now() < deadline, "the writer never waited for the grain");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(v.try_plan_read(4 * GRAIN, 4096).is_some());
+    assert!(
+        !written.load(Ordering::SeqCst),
+        "the write went ahead of a read in flight"
+    );
+    drop(plan);
+    writer.join().unwrap();
+    assert!(written.load(Ordering::SeqCst));
+    assert_eq!(run_plan(&v, 0, 4096).unwrap(), pattern(2, 0, 4096));
+}
