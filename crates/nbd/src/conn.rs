@@ -29,8 +29,8 @@ use crate::proto::*;
 use crate::transmission::{check, error_reply, read_reply, reply_parts, Buffers, Ctx, Part, Piece, Reply};
 use crate::workers::{self, Job, Workers};
 
-/// Requests of one connection in flight at once (reads on the ring and jobs at the
-/// workers); beyond it the loop stops receiving until some finish.
+/// Requests of one connection in flight at once (reads on the ring, jobs at the workers and
+/// replies not yet sent); beyond it the loop stops receiving until some are answered.
 const MAX_IN_FLIGHT: usize = 64;
 /// Submission queue entries of a connection's ring.
 const RING_ENTRIES: u32 = 128;
@@ -204,8 +204,10 @@ impl Loop {
         }
     }
 
+    /// Requests accepted and not yet answered: running, or with a reply the client has not
+    /// taken yet (one that sends and never reads must not make the outbox grow unbounded).
     fn in_flight(&self) -> usize {
-        self.on_ring + self.at_workers
+        self.on_ring + self.at_workers + self.outbox.replies.len()
     }
 
     fn stop(&mut self, error: Option<io::Error>) {

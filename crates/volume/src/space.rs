@@ -162,8 +162,13 @@ impl GrainSpace {
     /// spending one of its reserved slots; otherwise reserved slots are off limits and a new
     /// slab set is made when the class is full.
     pub fn allocate(&self, class: Class, from_reservation: bool) -> Result<Loc> {
-        // A new slab set made for this call may be raced away by other allocations; try again.
-        for _ in 0..4 {
+        // A new slab set made for this call may be raced away by other allocations; try
+        // again for as long as the class can grow. Each round either takes a slot, adds a set,
+        // or finds that other callers took the slots a set added, so it ends when the pool is
+        // full (`grow` fails) at the latest. A fixed number of rounds gave writers a false
+        // "no space" when many allocate at once and sets are small.
+        let mut misses = 0;
+        loop {
             let mut a = self.alloc.lock();
             let reserved = a.reserved.get(&class).copied().unwrap_or(0);
             if !from_reservation && self.class_free(&a, class) <= reserved {
@@ -179,13 +184,18 @@ impl GrainSpace {
                 }
                 return Ok(l);
             }
+            // The class counted free slots that no set had (a fixed vdisk's reservation
+            // spent elsewhere): a new set may help, but not for ever.
             drop(a);
+            misses += 1;
+            if misses == 4 {
+                return Err(VolumeError::NoSpace(format!(
+                    "no free grain in the {} class",
+                    class.layout.describe()
+                )));
+            }
             self.grow(class, 0)?;
         }
-        Err(VolumeError::NoSpace(format!(
-            "no free grain in the {} class",
-            class.layout.describe()
-        )))
     }
 
     /// Takes `n` free slots of the class that follow each other in one slab set, for a write

@@ -156,3 +156,45 @@ fn simultaneous_first_writes_add_one_slab_set() {
     }
     rig.assert_consistent();
 }
+
+/// Many writers that fill small slab sets as fast as they are added never get a false "no
+/// space": an allocation that loses the slots of a new set to others tries again for as long
+/// as the pool can grow. Only a pool that is really full says so.
+#[test]
+fn writers_racing_for_new_sets_never_run_out_while_the_pool_has_room() {
+    // 1 MiB slabs: 64 grains of 16 KiB per set, as many as there are writers.
+    let rig = Rig::new(2, 96 * MIB, MIB);
+    let e = rig.engine();
+    let v = e
+        .create_vdisk(&spec("v", 64 * MIB, LayoutKind::Mirror, Provisioning::Thin))
+        .unwrap();
+    let writers = 64u64;
+    let grain = 16u64 << 10;
+    let grains = 64 * MIB / grain;
+    let start = std::sync::Barrier::new(writers as usize);
+    std::thread::scope(|s| {
+        for t in 0..writers {
+            let (v, start) = (&v, &start);
+            s.spawn(move || {
+                start.wait();
+                for g in (t..grains).step_by(writers as usize) {
+                    v.write(g * grain, &pattern(g, 0, 4096), false).unwrap();
+                }
+            });
+        }
+    });
+    for g in 0..grains {
+        let mut b = vec![0u8; 4096];
+        v.read(g * grain, &mut b).unwrap();
+        assert_eq!(b, pattern(g, 0, 4096));
+    }
+    rig.assert_consistent();
+    // Past the pool's end the answer is a real "no space".
+    let w = e
+        .create_vdisk(&spec("w", 64 * MIB, LayoutKind::Mirror, Provisioning::Thin))
+        .unwrap();
+    let err = (0..grains)
+        .find_map(|g| w.write(g * grain, &[1u8; 4096], false).err())
+        .expect("a 96 MiB pool cannot hold two full 64 MiB mirrors");
+    assert!(err.is_no_space(), "{err}");
+}
