@@ -49,8 +49,8 @@ struct Planned<'a> {
 
 impl Layouts {
     /// The disk reads that fill `len` bytes at `offset` of `set` into a buffer at `buf_off`,
-    /// each piece from the member a lone read tries first, neighbours on a disk merged; the
-    /// caller holds `members` (from [`SlabSet::try_members`]) until they complete. False,
+    /// one per stripe-unit piece, each from the member a lone read tries first (the caller
+    /// merges neighbours across the grains of its request); the caller holds `members` (from [`SlabSet::try_members`]) until they complete. False,
     /// having added nothing, when a member is not readable or its disk takes no reads from
     /// a caller's ring: the caller reads with [`read`](Self::read), which reads around
     /// failures. A read that fails on the disk is also retried with [`read`](Self::read).
@@ -78,19 +78,11 @@ impl Layouts {
                 out.truncate(start);
                 return false;
             };
-            let offset = self.pool.slab_offset(slab) + piece.member_offset(spec);
-            let buf_off = buf_off + piece.buf_off;
-            if let Some(last) = out[start..].last_mut() {
-                if last.fd == fd && last.offset + last.len as u64 == offset && last.buf_off + last.len == buf_off {
-                    last.len += piece.len;
-                    continue;
-                }
-            }
             out.push(DiskRead {
                 disk,
                 fd,
-                offset,
-                buf_off,
+                offset: self.pool.slab_offset(slab) + piece.member_offset(spec),
+                buf_off: buf_off + piece.buf_off,
                 len: piece.len,
             });
         }

@@ -30,34 +30,37 @@ impl GrainLocks {
         ((h ^ (h >> 29)) % GRAIN_LOCKS as u64) as usize
     }
 
+    /// The table slots of the listed grains, each once, in table order: the order in which
+    /// every caller holding several takes them.
+    fn slots(grains: impl IntoIterator<Item = (u64, u64)>) -> Vec<usize> {
+        let mut idx: Vec<usize> = grains.into_iter().map(|(v, g)| Self::index(v, g)).collect();
+        idx.sort_unstable();
+        idx.dedup();
+        idx
+    }
+
     pub fn write(&self, vdisk: u64, grain: u64) -> RwLockWriteGuard<'_, ()> {
         self.table[Self::index(vdisk, grain)].write()
     }
 
     /// Shared locks on every listed grain, each table slot once, in table order.
     pub fn read_many(&self, grains: impl IntoIterator<Item = (u64, u64)>) -> Vec<RwLockReadGuard<'_, ()>> {
-        let mut idx: Vec<usize> = grains.into_iter().map(|(v, g)| Self::index(v, g)).collect();
-        idx.sort_unstable();
-        idx.dedup();
-        idx.into_iter().map(|i| self.table[i].read()).collect()
+        Self::slots(grains).into_iter().map(|i| self.table[i].read()).collect()
     }
 
     /// Shared locks on every listed grain, owned, or None when any is held or awaited by a
     /// writer: never blocks. A caller that cannot block (it would hold up the completion
     /// of reads a writer waits for) falls back to a path that may.
     pub fn try_read_owned(&self, grains: impl IntoIterator<Item = (u64, u64)>) -> Option<Vec<OwnedReadGuard>> {
-        let mut idx: Vec<usize> = grains.into_iter().map(|(v, g)| Self::index(v, g)).collect();
-        idx.sort_unstable();
-        idx.dedup();
-        idx.into_iter().map(|i| self.table[i].try_read_arc()).collect()
+        Self::slots(grains)
+            .into_iter()
+            .map(|i| self.table[i].try_read_arc())
+            .collect()
     }
 
     /// Exclusive locks on every listed grain, each table slot once, in table order.
     pub fn lock_many(&self, grains: impl IntoIterator<Item = (u64, u64)>) -> Vec<RwLockWriteGuard<'_, ()>> {
-        let mut idx: Vec<usize> = grains.into_iter().map(|(v, g)| Self::index(v, g)).collect();
-        idx.sort_unstable();
-        idx.dedup();
-        idx.into_iter().map(|i| self.table[i].write()).collect()
+        Self::slots(grains).into_iter().map(|i| self.table[i].write()).collect()
     }
 }
 

@@ -19,7 +19,8 @@ pub struct ReadPlan {
     pub reads: Vec<DiskRead>,
     pub zeros: Vec<Range<usize>>,
     _grains: Vec<OwnedReadGuard>,
-    _members: Vec<MembersGuard>,
+    /// The members of each set read from, by set id.
+    _members: Vec<(u32, MembersGuard)>,
 }
 
 impl Vdisk {
@@ -38,7 +39,6 @@ impl Vdisk {
             _grains: grains,
             _members: Vec::new(),
         };
-        let mut sets: Vec<u32> = Vec::new();
         for p in pieces {
             let range = p.buf_off..p.buf_off + p.len;
             let l = self.entry(p.grain);
@@ -54,11 +54,14 @@ impl Vdisk {
                 return None;
             }
             let (set, base) = self.s.space.locate(l).ok()?;
-            if !sets.contains(&set.id) {
-                plan._members.push(set.try_members()?);
-                sets.push(set.id);
-            }
-            let members = &plan._members[sets.iter().position(|&id| id == set.id).expect("pushed above")];
+            let held = match plan._members.iter().position(|(id, _)| *id == set.id) {
+                Some(i) => i,
+                None => {
+                    plan._members.push((set.id, set.try_members()?));
+                    plan._members.len() - 1
+                }
+            };
+            let members = &plan._members[held].1;
             if !self
                 .s
                 .layouts

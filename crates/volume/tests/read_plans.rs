@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::{pattern, MIB};
 use tessera_disk::{DiskRef, FileDisk, MemDisk};
-use tessera_volume::{Engine, LayoutKind, VdiskSpec};
+use tessera_volume::{Engine, LayoutKind, Vdisk, VdiskSpec};
 
 const GRAIN: u64 = 64 << 10;
 
@@ -24,9 +24,18 @@ fn file_engine(dir: &tempfile::TempDir, disks: usize) -> Engine {
     Engine::create_pool(&dir.path().join("pool"), "p", refs, 4 * MIB).unwrap()
 }
 
+/// A 16 MiB simple vdisk whose first grain is written.
+fn one_grain_vdisk(e: &Engine) -> Arc<Vdisk> {
+    let v = e
+        .create_vdisk(&VdiskSpec::new("v", 16 * MIB, LayoutKind::Simple))
+        .unwrap();
+    v.write(0, &pattern(1, 0, GRAIN as usize), false).unwrap();
+    v
+}
+
 /// Fills a buffer the way a ring would: every planned read from its disk, zeros where the
 /// plan says so; poisoned first, so that a byte the plan forgets shows.
-fn run_plan(v: &tessera_volume::Vdisk, offset: u64, len: usize) -> Option<Vec<u8>> {
+fn run_plan(v: &Vdisk, offset: u64, len: usize) -> Option<Vec<u8>> {
     let plan = v.try_plan_read(offset, len)?;
     let mut buf = tessera_disk::AlignedBuf::zeroed(len);
     buf.fill(0xee);
@@ -81,10 +90,7 @@ fn a_plan_reads_what_a_read_reads() {
 fn reads_that_cannot_be_planned_say_so() {
     let dir = tempfile::tempdir().unwrap();
     let e = file_engine(&dir, 1);
-    let v = e
-        .create_vdisk(&VdiskSpec::new("v", 16 * MIB, LayoutKind::Simple))
-        .unwrap();
-    v.write(0, &pattern(1, 0, GRAIN as usize), false).unwrap();
+    let v = one_grain_vdisk(&e);
     assert!(v.try_plan_read(16 * MIB - 4096, 8192).is_none(), "beyond the end");
     assert!(v.try_plan_read(0, 0).is_none(), "empty");
 
@@ -92,10 +98,7 @@ fn reads_that_cannot_be_planned_say_so() {
     let mem_dir = tempfile::tempdir().unwrap();
     let disks = vec![Arc::new(MemDisk::new("m", 64 * MIB)) as DiskRef];
     let me = Engine::create_pool(&mem_dir.path().join("pool"), "m", disks, 4 * MIB).unwrap();
-    let mv = me
-        .create_vdisk(&VdiskSpec::new("v", 16 * MIB, LayoutKind::Simple))
-        .unwrap();
-    mv.write(0, &pattern(1, 0, GRAIN as usize), false).unwrap();
+    let mv = one_grain_vdisk(&me);
     assert!(mv.try_plan_read(0, 4096).is_none());
     // Unmapped space needs no disk: it plans anyway.
     assert!(mv.try_plan_read(GRAIN, 4096).is_some());
@@ -105,10 +108,7 @@ fn reads_that_cannot_be_planned_say_so() {
 fn a_plan_holds_off_writers_and_gives_way_to_them() {
     let dir = tempfile::tempdir().unwrap();
     let e = file_engine(&dir, 1);
-    let v = e
-        .create_vdisk(&VdiskSpec::new("v", 16 * MIB, LayoutKind::Simple))
-        .unwrap();
-    v.write(0, &pattern(1, 0, GRAIN as usize), false).unwrap();
+    let v = one_grain_vdisk(&e);
     let plan = v.try_plan_read(0, 4096).unwrap();
     let written = Arc::new(AtomicBool::new(false));
     let writer = {
