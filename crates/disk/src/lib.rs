@@ -11,6 +11,7 @@ mod faulty;
 mod file;
 mod label;
 mod mem;
+mod read_ring;
 mod uring;
 
 pub use aligned::AlignedBuf;
@@ -22,6 +23,7 @@ pub use label::{
     MAX_POOL_NAME,
 };
 pub use mem::MemDisk;
+pub use read_ring::{ReadRing, RingRead};
 
 /// Alignment unit of every I/O the upper layers issue.
 pub const SECTOR: usize = 4096;

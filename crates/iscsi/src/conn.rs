@@ -1,30 +1,36 @@
 //! A connection in the full feature phase.
 //!
-//! Login runs on a tokio task; then the session is served by threads of its own with blocking
-//! I/O, leader/follower style like NBD's transmission. One thread at a time holds the read
-//! side: it takes in Data-Out and answers NOP-Out, text and task management itself, until it
-//! holds a SCSI command ready to run. It then leaves reading to another thread, runs the
-//! command on the LUN and sends the Data-In and status itself. A command never changes
-//! threads, so a 4K read costs no hand-off between a reader, a worker pool and a writer.
-//! Sending takes one lock, which stamps StatSN, ExpCmdSN and MaxCmdSN in the order PDUs reach
-//! the socket.
+//! Login runs on a tokio task; then the session is served by threads of its own, leader/
+//! follower style. One thread at a time holds the read side: it receives PDUs without
+//! blocking, takes in Data-Out and answers NOP-Out, text and task management itself, and
+//! starts the READs the LUN can plan on an io_uring of the read side's own, answering each as
+//! its disk reads complete; it sleeps in one poll on the socket and that ring. Any other
+//! SCSI command (and a READ that cannot be planned) it runs itself, after leaving the read
+//! side, with the reads in flight on its ring, to another thread. So a queue of small READs
+//! costs no hand-off between threads at all, and a command that blocks never holds up
+//! reading. Sending takes one lock, which stamps StatSN, ExpCmdSN and MaxCmdSN in the order
+//! PDUs reach the socket.
 
 use std::collections::HashMap;
-use std::io::{self, BufReader, IoSlice, Read, Write};
+use std::io::{self, IoSlice, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::os::fd::AsRawFd;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+use tessera_disk::ReadRing;
 use tessera_scsi::{
-    decode_lun, is_read, report_luns, sense, transfer_length, Data, Lun, Nexus, Response, REPORT_LUNS,
+    decode_lun, is_read, report_luns, sense, transfer_length, Data, Lun, Nexus, PlannedRead, ReadStart, Response,
+    REPORT_LUNS,
 };
 use tokio::io::AsyncWriteExt;
 use tracing::{debug, info, warn};
 
 use crate::auth::Chap;
+use crate::inbox::Inbox;
 use crate::login::{login, LoggedIn, CMD_WINDOW};
 use crate::params::Params;
 use crate::pdu::{data_segment_length, op, put32, wire_len, Pdu, PduError, BHS_LEN};
@@ -36,6 +42,8 @@ const NOP_INTERVAL: Duration = Duration::from_secs(30);
 const NOP_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often a reader waiting on a quiet socket wakes to see whether a NOP-In is due.
 const NOP_TICK: Duration = Duration::from_secs(1);
+/// Submission queue entries of a session's read ring.
+const RING_ENTRIES: u32 = 128;
 /// An initiator that takes nothing we send for this long is disconnected: a blocked send
 /// would otherwise hold the session's threads for ever.
 const SEND_TIMEOUT: Duration = Duration::from_secs(60);
@@ -45,10 +53,11 @@ const LOGIN_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_THREADS: usize = 64;
 /// Slices per writev: Linux refuses more than IOV_MAX (1024).
 const MAX_IOV: usize = 1024;
-/// READs already in the receive buffer behind a READ are taken with it, up to this many
-/// commands and bytes, and run as one batch: their blocks are read with one submission and
-/// their Data-In sent with one writev. The byte bound keeps large reads apart, so that one
-/// thread's disk reads overlap another's sending.
+/// READs that go the ordinary way (no ring, or none the LUN could plan) take the READs
+/// already received behind them, up to this many commands and bytes, and run as one batch:
+/// their blocks are read with one submission and their Data-In sent with one writev. The
+/// byte bound keeps large reads apart, so that one thread's disk reads overlap another's
+/// sending.
 const MAX_BATCH: usize = 32;
 const MAX_BATCH_BYTES: usize = 256 << 10;
 
@@ -192,51 +201,6 @@ fn write_all_vectored(sock: &mut TcpStream, mut parts: &mut [IoSlice]) -> io::Re
     Ok(())
 }
 
-/// The socket as the reader sees it. Reads wake every NOP_TICK: after NOP_INTERVAL without a
-/// byte from the initiator it is sent a NOP-In, and if nothing comes NOP_TIMEOUT after that,
-/// the read fails and the connection ends.
-struct Keepalive {
-    sock: TcpStream,
-    writer: Arc<Writer>,
-    last_heard: Instant,
-    pinged: Option<Instant>,
-}
-
-impl Read for Keepalive {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        loop {
-            match self.sock.read(buf) {
-                Ok(n) => {
-                    if n > 0 {
-                        self.last_heard = Instant::now();
-                        self.pinged = None;
-                    }
-                    return Ok(n);
-                }
-                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
-                    match self.pinged {
-                        Some(t) if t.elapsed() >= NOP_TIMEOUT => {
-                            return Err(io::Error::new(io::ErrorKind::TimedOut, "no answer to NOP-In"));
-                        }
-                        Some(_) => {}
-                        None if self.last_heard.elapsed() >= NOP_INTERVAL => {
-                            let mut p = Pdu::new(op::NOP_IN);
-                            p.bhs[1] = 0x80;
-                            put32(&mut p.bhs, 16, NO_TAG);
-                            put32(&mut p.bhs, 20, 0x7FFF_FFFF);
-                            self.writer.send_pdu(&p, false);
-                            self.pinged = Some(Instant::now());
-                        }
-                        None => {}
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
-    }
-}
-
 /// A write waiting for its data.
 struct WriteTask {
     lun_field: [u8; 8],
@@ -304,9 +268,15 @@ struct Ctx {
 
 /// The read side, held by one thread at a time, with the state only the reader touches.
 struct ReadSide {
-    r: BufReader<Keepalive>,
+    sock: TcpStream,
+    inbox: Inbox,
+    /// READs whose disk reads are in flight; None where io_uring is unavailable.
+    ring: Option<ReadRing<(Job, PlannedRead)>>,
     writes: HashMap<u32, WriteTask>,
     next_ttt: u32,
+    /// Keepalive: when the initiator last sent a byte, and when we pinged it since.
+    last_heard: Instant,
+    pinged: Option<Instant>,
 }
 
 /// What the thread holding the read side does next.
@@ -390,7 +360,6 @@ fn serve(sock: TcpStream, local: SocketAddr, reg: Arc<Registry>, li: LoggedIn) -
         if !close.attach(&sock).map_err(|e| e.to_string())? {
             return Err("session reinstated by a new login".to_string());
         }
-        sock.set_read_timeout(Some(NOP_TICK)).map_err(|e| e.to_string())?;
         sock.set_write_timeout(Some(SEND_TIMEOUT)).map_err(|e| e.to_string())?;
         let writer = Arc::new(Writer {
             side: std::sync::Mutex::new(WriteSide {
@@ -405,12 +374,18 @@ fn serve(sock: TcpStream, local: SocketAddr, reg: Arc<Registry>, li: LoggedIn) -
             header_digest: params.header_digest,
             data_digest: params.data_digest,
         });
-        let keepalive = Keepalive {
-            sock: sock.try_clone().map_err(|e| e.to_string())?,
-            writer: writer.clone(),
-            last_heard: Instant::now(),
-            pinged: None,
+        let ring = match ReadRing::new(RING_ENTRIES) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                debug!(error = %e, "io_uring unavailable: iSCSI reads run on the session's threads");
+                None
+            }
         };
+        let inbox = Inbox::new(
+            params.header_digest,
+            params.data_digest,
+            params.max_recv_data_segment as usize,
+        );
         let s = Arc::new(Session {
             ctx: Ctx {
                 reg: reg.clone(),
@@ -426,11 +401,14 @@ fn serve(sock: TcpStream, local: SocketAddr, reg: Arc<Registry>, li: LoggedIn) -
                 params,
             },
             writer,
-            // Buffered: a PDU's header and data, and the PDUs queued behind it, in few reads.
             reader: std::sync::Mutex::new(Some(ReadSide {
-                r: BufReader::with_capacity(256 << 10, keepalive),
+                sock: sock.try_clone().map_err(|e| e.to_string())?,
+                inbox,
+                ring,
                 writes: HashMap::new(),
                 next_ttt: 1,
+                last_heard: Instant::now(),
+                pinged: None,
             })),
             threads: AtomicUsize::new(1),
             idle: AtomicUsize::new(0),
@@ -493,66 +471,203 @@ fn serve_thread(s: &Arc<Session>) {
                 }
             }
         };
-        // Nobody left to read the next PDU while this command runs: add a thread.
-        if s.idle.load(Ordering::Acquire) == 0 && s.threads.load(Ordering::Acquire) < MAX_THREADS {
-            s.threads.fetch_add(1, Ordering::AcqRel);
-            let c = s.clone();
-            match std::thread::Builder::new()
-                .name("iscsi-conn".into())
-                .spawn(move || serve_thread(&c))
-            {
-                Ok(h) => s.handles.lock().push(h),
-                Err(e) => {
-                    s.threads.fetch_sub(1, Ordering::AcqRel);
-                    warn!(error = %e, "cannot start another iSCSI thread; the session goes on with fewer");
-                }
-            }
-        }
         s.run_jobs(jobs);
     }
 }
 
 impl Session {
-    /// Reads PDUs, handling those that need no LUN, until a command is ready to run or the
-    /// connection ends; Err says why it ended abnormally. A READ comes with the READs already
-    /// received behind it (MAX_BATCH).
-    fn next_jobs(&self, rs: &mut ReadSide) -> Result<Next, String> {
-        let p = &self.ctx.params;
-        let (hd, dd, max_data) = (p.header_digest, p.data_digest, p.max_recv_data_segment as usize);
-        let first = loop {
-            let pdu = Pdu::read_blocking(&mut rs.r, hd, dd, max_data);
-            match self.take(rs, pdu)? {
-                Some(Next::Run(jobs)) => break jobs,
-                Some(Next::Stop) => return Ok(Next::Stop),
-                None => {}
-            }
-        };
-        let mut jobs = first;
-        if !is_read(jobs[0].cdb[0]) {
-            return Ok(Next::Run(jobs));
-        }
-        let mut bytes = jobs[0].edtl;
-        while jobs.len() < MAX_BATCH {
-            // Only whole READ commands that are already here: taking them reads no socket.
-            let buf = rs.r.buffer();
-            match wire_len(buf, hd, dd) {
-                Some(n) if n <= buf.len() && buf[0] & 0x3F == op::SCSI_CMD && is_read(buf[32]) => {
-                    let edtl = u32::from_be_bytes([buf[20], buf[21], buf[22], buf[23]]) as usize;
-                    if bytes + edtl > MAX_BATCH_BYTES {
-                        break;
-                    }
-                    bytes += edtl;
+    /// Receives PDUs and handles those that need no LUN, and starts READs on the ring and
+    /// answers them as their reads complete, until a command is ready to run on this thread
+    /// or the connection ends; Err says why it ended abnormally. A READ that runs here comes
+    /// with the READs already received behind it (MAX_BATCH), when they do too.
+    fn next_jobs(self: &Arc<Self>, rs: &mut ReadSide) -> Result<Next, String> {
+        let mut batch: Vec<Job> = Vec::new();
+        let mut done = Vec::new();
+        loop {
+            let mut progress = false;
+            if let Some(ring) = rs.ring.as_mut() {
+                if ring.reap(&mut done) {
+                    progress = true;
+                    batch.extend(self.answer_reads(&mut done));
                 }
-                _ => break,
             }
-            let pdu = Pdu::read_blocking(&mut rs.r, hd, dd, max_data);
-            match self.take(rs, pdu)? {
-                Some(Next::Run(more)) => jobs.extend(more),
-                Some(Next::Stop) => unreachable!("a SCSI command does not end the session"),
-                None => {}
+            if !batch.is_empty() && !self.batch_grows(rs, &batch) {
+                break;
+            }
+            if let Some(pdu) = rs.inbox.next_pdu() {
+                match self.take(rs, pdu)? {
+                    Some(Next::Run(jobs)) => {
+                        for job in jobs {
+                            if let Some(job) = self.start_on_ring(rs, job) {
+                                batch.push(job);
+                            }
+                        }
+                    }
+                    Some(Next::Stop) => return Ok(Next::Stop),
+                    None => {}
+                }
+                continue;
+            }
+            if let Some(ring) = rs.ring.as_mut() {
+                progress |= ring.submit();
+            }
+            if !batch.is_empty() {
+                break;
+            }
+            match rs.inbox.receive(&rs.sock) {
+                Ok(0) => return Err("connection closed".into()),
+                Ok(_) => {
+                    rs.last_heard = Instant::now();
+                    rs.pinged = None;
+                    progress = true;
+                }
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => {}
+                Err(e) => return Err(e.to_string()),
+            }
+            if !progress {
+                self.keepalive(rs)?;
+                wait(rs);
             }
         }
-        Ok(Next::Run(jobs))
+        if let Some(ring) = rs.ring.as_mut() {
+            ring.submit();
+        }
+        if !self.successor() {
+            // Nobody would reap the reads in flight while this thread runs its commands,
+            // which may wait for the grains those reads hold.
+            self.drain(rs, &mut batch);
+        }
+        Ok(Next::Run(batch))
+    }
+
+    /// Whether the batch of commands to run here should take the next PDU too: a READ
+    /// already received behind READs, within the batch's bounds.
+    fn batch_grows(&self, rs: &ReadSide, batch: &[Job]) -> bool {
+        let p = &self.ctx.params;
+        if batch.len() >= MAX_BATCH || !batch.iter().all(|j| is_read(j.cdb[0])) {
+            return false;
+        }
+        let buf = rs.inbox.available();
+        match wire_len(buf, p.header_digest, p.data_digest) {
+            Some(n) if n <= buf.len() && buf[0] & 0x3F == op::SCSI_CMD && is_read(buf[32]) => {
+                let edtl = u32::from_be_bytes([buf[20], buf[21], buf[22], buf[23]]) as usize;
+                batch.iter().map(|j| j.edtl).sum::<usize>() + edtl <= MAX_BATCH_BYTES
+            }
+            _ => false,
+        }
+    }
+
+    /// Starts a command's disk reads on the ring if it is a READ the LUN can plan, or answers
+    /// it if it needs none; the command back if it must run the ordinary way.
+    fn start_on_ring(&self, rs: &mut ReadSide, job: Job) -> Option<Job> {
+        let Some(ring) = rs.ring.as_mut() else {
+            return Some(job);
+        };
+        let lun = match &job.lun {
+            Some(l) if job.read && job.fail.is_none() && is_read(job.cdb[0]) => l.clone(),
+            _ => return Some(job),
+        };
+        // A bug in one command fails that command, not the session.
+        let start = catch_unwind(AssertUnwindSafe(|| lun.start_read(&self.ctx.nexus, &job.cdb))).unwrap_or_else(|_| {
+            warn!(opcode = job.cdb[0], "command panicked");
+            ReadStart::Answer(internal_failure())
+        });
+        match start {
+            ReadStart::Execute => Some(job),
+            ReadStart::Answer(resp) => {
+                self.respond(&[job], &[resp]);
+                None
+            }
+            ReadStart::Planned(mut read) => {
+                let reads = read.submissions();
+                // SAFETY: the reads fill the PlannedRead's own buffer, which travels with it
+                // in the ring until they have completed.
+                unsafe { ring.start((job, read), &reads) };
+                None
+            }
+        }
+    }
+
+    /// Answers the READs whose disk reads have completed; those with a read that failed or
+    /// came back short are returned, to run the ordinary way, which reads around a failing
+    /// member and repairs it.
+    fn answer_reads(&self, done: &mut Vec<((Job, PlannedRead), bool)>) -> Vec<Job> {
+        let mut jobs = Vec::with_capacity(done.len());
+        let mut resps = Vec::with_capacity(done.len());
+        let mut failed = Vec::new();
+        for ((job, read), ok) in done.drain(..) {
+            if ok {
+                resps.push(read.into_response());
+                jobs.push(job);
+            } else {
+                debug!(itt = job.itt, "a read on the ring failed; read again");
+                drop(read);
+                failed.push(job);
+            }
+        }
+        if !jobs.is_empty() {
+            self.respond(&jobs, &resps);
+        }
+        failed
+    }
+
+    /// Waits for every READ on the ring, answering them.
+    fn drain(&self, rs: &mut ReadSide, batch: &mut Vec<Job>) {
+        let Some(ring) = rs.ring.as_mut() else { return };
+        let mut done = Vec::new();
+        while ring.in_flight() > 0 {
+            ring.submit();
+            if !ring.reap(&mut done) {
+                ring.wait();
+            }
+            batch.extend(self.answer_reads(&mut done));
+        }
+    }
+
+    /// Makes sure a thread will take the read side once this one leaves it to run commands:
+    /// one waiting for it already, or a new one. False when neither can be had.
+    fn successor(self: &Arc<Self>) -> bool {
+        if self.idle.load(Ordering::Acquire) > 0 {
+            return true;
+        }
+        if self.threads.load(Ordering::Acquire) >= MAX_THREADS {
+            return false;
+        }
+        self.threads.fetch_add(1, Ordering::AcqRel);
+        let c = self.clone();
+        match std::thread::Builder::new()
+            .name("iscsi-conn".into())
+            .spawn(move || serve_thread(&c))
+        {
+            Ok(h) => {
+                self.handles.lock().push(h);
+                true
+            }
+            Err(e) => {
+                self.threads.fetch_sub(1, Ordering::AcqRel);
+                warn!(error = %e, "cannot start another iSCSI thread; the session goes on with fewer");
+                false
+            }
+        }
+    }
+
+    /// After NOP_INTERVAL without a byte from the initiator, sends it a NOP-In; Err if
+    /// nothing came NOP_TIMEOUT after that.
+    fn keepalive(&self, rs: &mut ReadSide) -> Result<(), String> {
+        match rs.pinged {
+            Some(t) if t.elapsed() >= NOP_TIMEOUT => Err("no answer to NOP-In".into()),
+            Some(_) => Ok(()),
+            None if rs.last_heard.elapsed() >= NOP_INTERVAL => {
+                let mut p = Pdu::new(op::NOP_IN);
+                p.bhs[1] = 0x80;
+                put32(&mut p.bhs, 16, NO_TAG);
+                put32(&mut p.bhs, 20, 0x7FFF_FFFF);
+                self.writer.send_pdu(&p, false);
+                rs.pinged = Some(Instant::now());
+                Ok(())
+            }
+            None => Ok(()),
+        }
     }
 
     /// Handles a PDU as read (or its read error): Some when it completes a command to run or
@@ -893,6 +1008,11 @@ impl Session {
     /// Runs the commands and sends their data and status, all in one write.
     fn run_jobs(&self, jobs: Vec<Job>) {
         let resps = self.execute(&jobs);
+        self.respond(&jobs, &resps);
+    }
+
+    /// Sends the commands' data and status, all in one write; they are no longer outstanding.
+    fn respond(&self, jobs: &[Job], resps: &[Response]) {
         self.writer
             .seq
             .outstanding
@@ -900,7 +1020,7 @@ impl Session {
         let senses: Vec<Vec<u8>> = resps.iter().map(|r| sense_segment(&r.sense)).collect();
         let max_seg = self.ctx.params.max_xmit_data_segment as usize;
         let mut pdus = Vec::with_capacity(jobs.len());
-        for ((job, resp), sense) in jobs.iter().zip(&resps).zip(&senses) {
+        for ((job, resp), sense) in jobs.iter().zip(resps).zip(&senses) {
             // What the CDB asks to move, for the residual of a write.
             let wanted = if job.read {
                 None
@@ -987,6 +1107,29 @@ impl Session {
             None => no_such_lun(&job.cdb),
         }
     }
+}
+
+/// Sleeps until the socket has bytes or a read on the ring completes, NOP_TICK at most (for
+/// the keepalive).
+fn wait(rs: &ReadSide) {
+    let ring = rs.ring.as_ref().filter(|r| r.in_flight() > 0);
+    let mut fds = [
+        libc::pollfd {
+            fd: rs.sock.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            // A negative descriptor is skipped.
+            fd: ring.map_or(-1, |r| r.fd()),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    let tick = NOP_TICK.as_millis() as libc::c_int;
+    // SAFETY: fds is a valid array of pollfd for the duration of the call. An error (EINTR)
+    // just ends the wait early: the caller looks again.
+    unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, tick) };
 }
 
 fn internal_failure() -> Response {

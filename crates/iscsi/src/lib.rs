@@ -4,6 +4,8 @@
 pub mod auth;
 #[cfg(feature = "target")]
 mod conn;
+#[cfg(feature = "target")]
+mod inbox;
 pub mod initiator;
 #[cfg(feature = "target")]
 pub mod login;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rand::{Rng, RngCore, SeedableRng};
-use tessera_disk::{DiskRef, MemDisk};
+use tessera_disk::{DiskRef, FileDisk, MemDisk};
 use tessera_iscsi::initiator::{discover, InitiatorError, LoginConfig, ScsiResult, Session};
 use tessera_iscsi::{Access, Chap, Registry, Target};
 use tessera_scsi::Lun;
@@ -27,12 +27,30 @@ struct Rig {
     reg: Arc<Registry>,
 }
 
+/// What the rig's pool is made of. On files, READs the LUN can plan have their disk reads on
+/// the session's ring; in memory, every command runs on the session's threads.
+#[derive(Clone, Copy, Debug)]
+enum Disks {
+    Files,
+    Memory,
+}
+
+async fn rig() -> Rig {
+    rig_on(Disks::Memory).await
+}
+
 /// A target with a 64 MiB mirrored LUN 0 behind two target names: OPEN (no rules) and SECURE
 /// (ACL with HOST_A, mutual CHAP).
-async fn rig() -> Rig {
+async fn rig_on(kind: Disks) -> Rig {
     let dir = tempfile::tempdir().unwrap();
     let disks: Vec<DiskRef> = (0..3)
-        .map(|i| Arc::new(MemDisk::new(&format!("m{i}"), 128 * MIB)) as DiskRef)
+        .map(|i| match kind {
+            Disks::Files => {
+                Arc::new(FileDisk::create_file(dir.path().join(format!("m{i}.img")), 128 * MIB, false).unwrap())
+                    as DiskRef
+            }
+            Disks::Memory => Arc::new(MemDisk::new(&format!("m{i}"), 128 * MIB)) as DiskRef,
+        })
         .collect();
     let engine = Engine::create_pool(&dir.path().join("p"), "p", disks, MIB).unwrap();
     let v = engine
@@ -239,8 +257,14 @@ async fn a_reinstated_session_takes_over_its_nexus() {
     assert_eq!(b.command(0, &cdb, d, 0).await.unwrap().status, 0);
     let a2 = Session::login(&r.addr, &cfg(HOST_A, OPEN, 1)).await.unwrap();
     let told = |r: ScsiResult| r.sense_key();
-    assert_eq!(told(a2.command(0, &tur, Vec::new(), 0).await.unwrap()), Some((6, 0x2A, 0x05)));
-    assert_eq!(told(a2.command(0, &tur, Vec::new(), 0).await.unwrap()), Some((6, 0x29, 0x07)));
+    assert_eq!(
+        told(a2.command(0, &tur, Vec::new(), 0).await.unwrap()),
+        Some((6, 0x2A, 0x05))
+    );
+    assert_eq!(
+        told(a2.command(0, &tur, Vec::new(), 0).await.unwrap()),
+        Some((6, 0x29, 0x07))
+    );
     assert_eq!(a2.command(0, &tur, Vec::new(), 0).await.unwrap().status, 0);
     let old = tokio::time::timeout(Duration::from_secs(10), a.command(0, &tur, Vec::new(), 0)).await;
     assert!(matches!(old, Ok(Err(_))), "the old session is closed: {old:?}");
@@ -248,7 +272,13 @@ async fn a_reinstated_session_takes_over_its_nexus() {
     // taken while a persistent registration exists: b unregisters.)
     let (cdb, d) = pr_out(0, 0, 0xB, 0);
     assert_eq!(b.command(0, &cdb, d, 0).await.unwrap().status, 0);
-    assert_eq!(a2.command(0, &[0x16, 0, 0, 0, 0, 0], Vec::new(), 0).await.unwrap().status, 0);
+    assert_eq!(
+        a2.command(0, &[0x16, 0, 0, 0, 0, 0], Vec::new(), 0)
+            .await
+            .unwrap()
+            .status,
+        0
+    );
     assert_eq!(read(&b, 0, 8).await.status, 0x18);
     let a3 = Session::login(&r.addr, &cfg(HOST_A, OPEN, 1)).await.unwrap();
     let mut freed = false;
@@ -261,7 +291,10 @@ async fn a_reinstated_session_takes_over_its_nexus() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(freed, "the reservation ended with the session");
-    assert_eq!(told(a3.command(0, &tur, Vec::new(), 0).await.unwrap()), Some((6, 0x29, 0x07)));
+    assert_eq!(
+        told(a3.command(0, &tur, Vec::new(), 0).await.unwrap()),
+        Some((6, 0x29, 0x07))
+    );
     assert_eq!(read(&a3, 0, 8).await.status, 0);
     a3.logout().await.unwrap();
     b.logout().await.unwrap();
@@ -300,7 +333,16 @@ fn login_pdu(initiator: &str, target: &str) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hundred_sessions_keep_their_data_while_others_misbehave() {
-    let r = rig().await;
+    hundred_sessions(Disks::Memory).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_sessions_keep_their_data_while_others_misbehave_on_file_disks() {
+    hundred_sessions(Disks::Files).await
+}
+
+async fn hundred_sessions(disks: Disks) {
+    let r = rig_on(disks).await;
     let sessions = 100usize;
     // Each session owns 64 KiB of the LUN and checks every write by reading it back.
     let region_blocks = 128u64;
@@ -366,5 +408,78 @@ async fn a_hundred_sessions_keep_their_data_while_others_misbehave() {
         let back = read(&s, i as u64 * region_blocks, region_blocks as u32).await;
         assert!(back.data == *image, "region {i} differs after the crowd left");
     }
+    s.logout().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_racing_writes_of_the_same_blocks_see_whole_writes_on_file_disks() {
+    let r = rig_on(Disks::Files).await;
+    let s = Arc::new(Session::login(&r.addr, &cfg(HOST_B, OPEN, 1)).await.unwrap());
+    // 64 KiB writes, each of one byte value, over blocks that READs keep asking for: a READ
+    // on the ring that saw part of a write would show two values.
+    let blocks = 128u32;
+    let writer = {
+        let s = s.clone();
+        tokio::spawn(async move {
+            for v in 1..=150u8 {
+                let data = vec![v; blocks as usize * 512];
+                assert_eq!(write(&s, 0, &data).await.status, 0);
+            }
+        })
+    };
+    let mut readers = Vec::new();
+    for _ in 0..6 {
+        let s = s.clone();
+        readers.push(tokio::spawn(async move {
+            let mut last = 0u8;
+            for _ in 0..150 {
+                let back = read(&s, 0, blocks).await;
+                assert_eq!(back.status, 0);
+                let v = back.data[0];
+                assert!(back.data.iter().all(|&b| b == v), "a torn read: {v} and others");
+                assert!(v >= last, "a read went back in time: {v} after {last}");
+                last = v;
+            }
+        }));
+    }
+    writer.await.unwrap();
+    for t in readers {
+        t.await.unwrap();
+    }
+    let back = read(&s, 0, blocks).await;
+    assert!(back.data.iter().all(|&b| b == 150));
+    Arc::try_unwrap(s).ok().unwrap().logout().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_that_fails_on_the_ring_is_answered_from_the_other_copy() {
+    let r = rig_on(Disks::Files).await;
+    let s = Session::login(&r.addr, &cfg(HOST_B, OPEN, 2)).await.unwrap();
+    let mut data = vec![0u8; 4 * MIB as usize];
+    rand::rngs::StdRng::seed_from_u64(21).fill_bytes(&mut data);
+    for (i, chunk) in data.chunks(MIB as usize).enumerate() {
+        assert_eq!(write(&s, i as u64 * 2048, chunk).await.status, 0);
+    }
+    // Every member's data begins after its 1 MiB reserved area: keep only that area of m0,
+    // so that each read of m0 comes back short.
+    let m0 = r._dir.path().join("m0.img");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&m0)
+        .unwrap()
+        .set_len(MIB)
+        .unwrap();
+    for (lba, blocks) in [(0u64, 8192u32), (2056, 16), (6144, 2048)] {
+        let back = read(&s, lba, blocks).await;
+        assert_eq!(back.status, 0, "{blocks} blocks at {lba}");
+        let at = lba as usize * 512;
+        assert!(
+            back.data == data[at..at + blocks as usize * 512],
+            "{blocks} blocks at {lba}"
+        );
+    }
+    // The reads that failed on m0 were read again the ordinary way, which read the other
+    // copy and repaired m0 with it.
+    assert!(std::fs::metadata(&m0).unwrap().len() > MIB, "m0 was not repaired");
     s.logout().await.unwrap();
 }

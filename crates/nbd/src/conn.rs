@@ -18,8 +18,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use io_uring::{opcode, squeue, types, IoUring};
-use tessera_disk::AlignedBuf;
+use tessera_disk::{AlignedBuf, ReadRing, RingRead};
 use tessera_volume::ReadPlan;
 use tracing::{debug, warn};
 
@@ -57,7 +56,7 @@ fn serve(sock: TcpStream, n: Negotiated) -> io::Result<()> {
         allocation_context: n.allocation_context,
         buffers: Buffers::default(),
     });
-    let ring = match IoUring::new(RING_ENTRIES) {
+    let ring = match ReadRing::new(RING_ENTRIES) {
         Ok(r) => Some(r),
         Err(e) => {
             debug!(error = %e, "io_uring unavailable: NBD reads go to worker threads");
@@ -70,10 +69,6 @@ fn serve(sock: TcpStream, n: Negotiated) -> io::Result<()> {
         sock,
         ring,
         inbox: Inbox::new(),
-        reads: Vec::new(),
-        free: Vec::new(),
-        on_ring: 0,
-        sqes: 0,
         at_workers: 0,
         outbox: Outbox::default(),
         receiving: true,
@@ -94,10 +89,6 @@ struct InFlight {
     parts: Vec<Part>,
     /// Held until every read has completed: they keep the grains and sets read from.
     plans: Vec<ReadPlan>,
-    /// Bytes each submitted read must return, by its index in the user data.
-    lens: Vec<u32>,
-    pending: usize,
-    failed: bool,
 }
 
 /// What the bytes after the last whole request belong to.
@@ -168,15 +159,10 @@ enum Received {
 struct Loop {
     ctx: Arc<Ctx>,
     sock: TcpStream,
-    ring: Option<IoUring>,
+    /// READs whose disk reads are in flight; None where io_uring is unavailable.
+    ring: Option<ReadRing<InFlight>>,
     workers: Workers,
     inbox: Inbox,
-    /// READs on the ring, by slot (the high half of a read's user data); `free` slots.
-    reads: Vec<Option<InFlight>>,
-    free: Vec<usize>,
-    on_ring: usize,
-    /// Reads submitted and not yet completed: the ring may not go while any is.
-    sqes: usize,
     at_workers: usize,
     outbox: Outbox,
     /// False after NBD_CMD_DISC, the end of the stream or a broken stream.
@@ -194,7 +180,7 @@ impl Loop {
             progress |= self.reap();
             progress |= self.collect();
             progress |= self.send();
-            let idle = self.on_ring == 0 && self.at_workers == 0;
+            let idle = self.on_ring() == 0 && self.at_workers == 0;
             if !self.receiving && idle && (self.outbox.replies.is_empty() || self.broken) {
                 return;
             }
@@ -207,7 +193,11 @@ impl Loop {
     /// Requests accepted and not yet answered: running, or with a reply the client has not
     /// taken yet (one that sends and never reads must not make the outbox grow unbounded).
     fn in_flight(&self) -> usize {
-        self.on_ring + self.at_workers + self.outbox.replies.len()
+        self.on_ring() + self.at_workers + self.outbox.replies.len()
+    }
+
+    fn on_ring(&self) -> usize {
+        self.ring.as_ref().map_or(0, |r| r.in_flight())
     }
 
     fn stop(&mut self, error: Option<io::Error>) {
@@ -403,85 +393,32 @@ impl Loop {
             }
         }
         // Where each read goes: data parts and plans pair up in order.
-        let mut sqes = Vec::new();
+        let mut reads = Vec::new();
         let data = parts.iter_mut().filter_map(|p| p.data.as_mut());
         for (buf, plan) in data.zip(&plans) {
             for r in &plan.reads {
-                let at = buf[r.buf_off..r.buf_off + r.len].as_mut_ptr();
-                sqes.push((r.fd, at, r.len as u32, r.offset));
+                reads.push(RingRead {
+                    fd: r.fd,
+                    at: buf[r.buf_off..r.buf_off + r.len].as_mut_ptr(),
+                    len: r.len as u32,
+                    offset: r.offset,
+                });
             }
         }
-        if sqes.is_empty() {
+        if reads.is_empty() {
             // Holes and unmapped grains only.
             drop(plans);
             return self.reply(read_reply(&self.ctx, &req, parts));
         }
-        let slot = self.free.pop().unwrap_or_else(|| {
-            self.reads.push(None);
-            self.reads.len() - 1
-        });
-        self.reads[slot] = Some(InFlight {
-            req,
-            parts,
-            plans,
-            lens: sqes.iter().map(|s| s.2).collect(),
-            pending: sqes.len(),
-            failed: false,
-        });
-        self.on_ring += 1;
-        for (i, (fd, at, len, offset)) in sqes.into_iter().enumerate() {
-            let e = opcode::Read::new(types::Fd(fd), at, len)
-                .offset(offset)
-                .build()
-                .user_data(((slot as u64) << 32) | i as u64);
-            self.push(e);
-        }
-    }
-
-    /// Queues a submission. When the queue is full, submits what it holds first, and takes
-    /// completions if the kernel has no room for more.
-    fn push(&mut self, e: squeue::Entry) {
-        loop {
-            let ring = self.ring.as_mut().expect("reads are planned only with a ring");
-            // SAFETY: the buffer the entry reads into belongs to an InFlight in `reads`,
-            // which is neither dropped nor given back before the entry's completion is
-            // reaped (`finish`; `Drop` waits for every submitted read).
-            if unsafe { ring.submission().push(&e) }.is_ok() {
-                self.sqes += 1;
-                return;
-            }
-            match ring.submit() {
-                Ok(_) => {}
-                Err(err) if err.raw_os_error() == Some(libc::EBUSY) => {
-                    if !self.reap() {
-                        let _ = self.ring.as_mut().expect("checked").submit_and_wait(1);
-                    }
-                }
-                Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
-                Err(err) => {
-                    warn!(error = %err, "io_uring submit failed");
-                    std::thread::yield_now();
-                }
-            }
-        }
+        let ring = self.ring.as_mut().expect("checked above");
+        // SAFETY: the reads fill the parts' buffers, which travel with the InFlight in the
+        // ring until they have completed (dropping the ring waits for them).
+        unsafe { ring.start(InFlight { req, parts, plans }, &reads) };
     }
 
     /// Hands the queued reads to the kernel.
     fn submit(&mut self) -> bool {
-        let Some(ring) = self.ring.as_mut() else {
-            return false;
-        };
-        if ring.submission().is_empty() {
-            return false;
-        }
-        match ring.submit() {
-            Ok(_) => true,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted || e.raw_os_error() == Some(libc::EBUSY) => false,
-            Err(e) => {
-                warn!(error = %e, "io_uring submit failed");
-                false
-            }
-        }
+        self.ring.as_mut().is_some_and(|r| r.submit())
     }
 
     /// Takes the completed disk reads; replies to each READ whose reads are all done.
@@ -489,37 +426,21 @@ impl Loop {
         let Some(ring) = self.ring.as_mut() else {
             return false;
         };
-        let done: Vec<(u64, i32)> = ring.completion().map(|c| (c.user_data(), c.result())).collect();
-        let progress = !done.is_empty();
-        for (ud, res) in done {
-            self.sqes -= 1;
-            let (slot, i) = ((ud >> 32) as usize, (ud & 0xffff_ffff) as usize);
-            let f = self.reads[slot].as_mut().expect("a completion for a read in flight");
-            if res < 0 || res as u32 != f.lens[i] {
-                if !f.failed {
-                    debug!(
-                        cookie = f.req.cookie,
-                        result = res,
-                        "a read on the ring failed; read again"
-                    );
-                }
-                f.failed = true;
-            }
-            f.pending -= 1;
-            if f.pending == 0 {
-                self.finish(slot);
-            }
+        let mut done = Vec::new();
+        if !ring.reap(&mut done) {
+            return false;
         }
-        progress
+        for (f, ok) in done {
+            self.finish(f, ok);
+        }
+        true
     }
 
-    fn finish(&mut self, slot: usize) {
-        let f = self.reads[slot].take().expect("finished once");
-        self.free.push(slot);
-        self.on_ring -= 1;
+    fn finish(&mut self, f: InFlight, ok: bool) {
         drop(f.plans);
-        if f.failed {
+        if !ok {
             // The synchronous path reads around a failing member and repairs it.
+            debug!(cookie = f.req.cookie, "a read on the ring failed; read again");
             give_back_parts(&self.ctx.buffers, f.parts);
             return self.to_workers(Job {
                 req: f.req,
@@ -624,14 +545,14 @@ impl Loop {
             events,
             revents: 0,
         };
-        let ring_fd = self.ring.as_ref().map_or(-1, |r| r.as_raw_fd());
+        let ring_fd = self.ring.as_ref().map_or(-1, |r| r.fd());
         let mut fds = [
             watch(self.sock.as_raw_fd(), sock_events),
             watch(
                 self.workers.ready_fd(),
                 if self.at_workers > 0 { libc::POLLIN } else { 0 },
             ),
-            watch(ring_fd, if self.on_ring > 0 { libc::POLLIN } else { 0 }),
+            watch(ring_fd, if self.on_ring() > 0 { libc::POLLIN } else { 0 }),
         ];
         // SAFETY: fds is a valid array of pollfd for the duration of the call.
         let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
@@ -642,27 +563,6 @@ impl Loop {
                 self.stop(Some(e));
                 self.broken = true;
             }
-        }
-    }
-}
-
-impl Drop for Loop {
-    /// The kernel may still be reading into buffers of reads in flight (the loop ended early,
-    /// or is unwinding): they may not be freed before it is done.
-    fn drop(&mut self) {
-        let Some(ring) = self.ring.as_mut() else { return };
-        while self.sqes > 0 {
-            match ring.submit_and_wait(1) {
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    // Not waiting could let the kernel write into freed memory: leak instead.
-                    warn!(error = %e, "cannot wait for NBD reads in flight; their buffers are kept");
-                    std::mem::forget(std::mem::take(&mut self.reads));
-                    return;
-                }
-            }
-            self.sqes -= ring.completion().count();
         }
     }
 }

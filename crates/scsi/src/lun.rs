@@ -129,8 +129,9 @@ pub struct Lun {
     pr_store: Option<PrStore>,
     /// Commands hold it shared while they run; reservation changes take it exclusively, so
     /// that no command admitted under the old reservation is still running when PREEMPT (AND
-    /// ABORT) completes.
-    fence: RwLock<()>,
+    /// ABORT) completes. In an Arc so that a READ on a transport's ring holds it until its
+    /// data has arrived (planned.rs).
+    pub(crate) fence: Arc<RwLock<()>>,
     /// Tokens, copy results and the LUNs copies can reach: the daemon's, or this LUN's own.
     pub(crate) tpc: Arc<CopyManager>,
 }
@@ -185,7 +186,7 @@ impl Lun {
             losses: AtomicU64::new(0),
             reservations: Mutex::new(Reservations::default()),
             pr_store: None,
-            fence: RwLock::new(()),
+            fence: Arc::new(RwLock::new(())),
             tpc: Arc::new(CopyManager::new()),
         }
     }
@@ -335,7 +336,7 @@ impl Lun {
     /// What execute_for checks before it runs a READ, for a batch: None if a unit attention
     /// waits for the nexus, else the blocks to read (None for none) or the answer instead.
     /// The caller holds the fence.
-    fn admit_read(&self, nexus: &Nexus, cdb: &[u8]) -> Option<Result<Option<(u64, u64)>, Response>> {
+    pub(crate) fn admit_read(&self, nexus: &Nexus, cdb: &[u8]) -> Option<Result<Option<(u64, u64)>, Response>> {
         if self.unit_attentions(nexus, |q| !q.is_empty()) {
             return None;
         }
@@ -376,11 +377,11 @@ impl Lun {
         legacy_conflict || !r.pr.allows(nexus, pr::access_of(cdb))
     }
 
-    fn respond(&self, r: CmdResult) -> Response {
+    pub(crate) fn respond(&self, r: CmdResult) -> Response {
         self.respond_data(r.map(Data::Bytes))
     }
 
-    fn respond_data(&self, r: Result<Data, Sense>) -> Response {
+    pub(crate) fn respond_data(&self, r: Result<Data, Sense>) -> Response {
         match r {
             Ok(data) => Response {
                 status: sense::GOOD,

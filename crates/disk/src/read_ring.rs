@@ -1,0 +1,327 @@
+//! An io_uring for a thread that keeps disk reads in flight while it does other work: a
+//! transport's connection thread submits the reads of a request (planned by the engine on
+//! descriptors from [`BlockDevice::uring_fd`](crate::BlockDevice::uring_fd)), goes on
+//! receiving and sending, and gets the request back, tagged as it was submitted, once all its
+//! reads have completed. Unlike [`read_many`](crate::BlockDevice::read_many), nothing here
+//! waits unless asked to.
+
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+
+use io_uring::{opcode, squeue, types, IoUring};
+use tracing::warn;
+
+/// One read of a request: `len` bytes at `offset` of `fd` into `at`.
+#[derive(Debug, Clone, Copy)]
+pub struct RingRead {
+    pub fd: RawFd,
+    pub at: *mut u8,
+    pub len: u32,
+    pub offset: u64,
+}
+
+/// A request whose reads are in flight.
+struct OnRing<T> {
+    tag: T,
+    /// Bytes each read must return, by its index in the user data.
+    lens: Vec<u32>,
+    pending: usize,
+    failed: bool,
+}
+
+/// Requests with disk reads in flight, each tagged with what its caller needs to answer it
+/// (and what keeps its buffers alive).
+pub struct ReadRing<T> {
+    ring: IoUring,
+    /// Requests by slot (the high half of a read's user data); `free` slots.
+    slots: Vec<Option<OnRing<T>>>,
+    free: Vec<usize>,
+    in_flight: usize,
+    /// Reads submitted and not yet completed: the ring may not go while any is.
+    sqes: usize,
+    /// Requests completed while the ring made room for a submission, for the next `reap`.
+    ready: Vec<(T, bool)>,
+}
+
+// SAFETY: the raw pointers a ring holds point into buffers its tags own; the ring and its
+// tags move between threads together, and only the thread holding the ring touches them.
+unsafe impl<T: Send> Send for ReadRing<T> {}
+
+impl<T> ReadRing<T> {
+    /// A ring with `entries` submission queue entries; Err where io_uring is unavailable (an
+    /// old kernel, `kernel.io_uring_disabled`, a seccomp filter).
+    pub fn new(entries: u32) -> io::Result<ReadRing<T>> {
+        Ok(ReadRing {
+            ring: IoUring::new(entries)?,
+            slots: Vec::new(),
+            free: Vec::new(),
+            in_flight: 0,
+            sqes: 0,
+            ready: Vec::new(),
+        })
+    }
+
+    /// The descriptor to poll for completions.
+    pub fn fd(&self) -> RawFd {
+        self.ring.as_raw_fd()
+    }
+
+    /// Requests submitted and not yet given back by [`reap`](Self::reap).
+    pub fn in_flight(&self) -> usize {
+        self.in_flight + self.ready.len()
+    }
+
+    /// Queues the reads of one request; [`submit`](Self::submit) hands them to the kernel (a
+    /// full queue is submitted on the way). A request with no reads comes back from the next
+    /// reap.
+    ///
+    /// # Safety
+    /// Every read must target memory that `tag` keeps valid, and that nothing else reads or
+    /// writes, until `tag` comes back from [`reap`](Self::reap) or the ring is dropped (drop
+    /// waits for the reads in flight).
+    pub unsafe fn start(&mut self, tag: T, reads: &[RingRead]) {
+        if reads.is_empty() {
+            self.ready.push((tag, true));
+            return;
+        }
+        let slot = self.free.pop().unwrap_or_else(|| {
+            self.slots.push(None);
+            self.slots.len() - 1
+        });
+        self.slots[slot] = Some(OnRing {
+            tag,
+            lens: reads.iter().map(|r| r.len).collect(),
+            pending: reads.len(),
+            failed: false,
+        });
+        self.in_flight += 1;
+        for (i, r) in reads.iter().enumerate() {
+            let e = opcode::Read::new(types::Fd(r.fd), r.at, r.len)
+                .offset(r.offset)
+                .build()
+                .user_data(((slot as u64) << 32) | i as u64);
+            self.push(e);
+        }
+    }
+
+    /// Queues a submission. When the queue is full, submits what it holds first, and takes
+    /// completions if the kernel has no room for more.
+    fn push(&mut self, e: squeue::Entry) {
+        loop {
+            // SAFETY: the caller of `start` keeps the target memory valid until completion.
+            if unsafe { self.ring.submission().push(&e) }.is_ok() {
+                self.sqes += 1;
+                return;
+            }
+            match self.ring.submit() {
+                Ok(_) => {}
+                Err(err) if err.raw_os_error() == Some(libc::EBUSY) => {
+                    let mut done = std::mem::take(&mut self.ready);
+                    if !self.take_completions(&mut done) {
+                        let _ = self.ring.submit_and_wait(1);
+                    }
+                    self.ready = done;
+                }
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+                Err(err) => {
+                    warn!(error = %err, "io_uring submit failed");
+                    std::thread::yield_now();
+                }
+            }
+        }
+    }
+
+    /// Hands the queued reads to the kernel; true if there were any.
+    pub fn submit(&mut self) -> bool {
+        if self.ring.submission().is_empty() {
+            return false;
+        }
+        match self.ring.submit() {
+            Ok(_) => true,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted || e.raw_os_error() == Some(libc::EBUSY) => false,
+            Err(e) => {
+                warn!(error = %e, "io_uring submit failed");
+                false
+            }
+        }
+    }
+
+    /// Appends the requests whose reads have all completed to `done`, each with true if
+    /// every read returned all its bytes (false: read it again another way). True if any.
+    pub fn reap(&mut self, done: &mut Vec<(T, bool)>) -> bool {
+        let before = done.len();
+        done.append(&mut self.ready);
+        self.take_completions(done);
+        done.len() > before
+    }
+
+    fn take_completions(&mut self, done: &mut Vec<(T, bool)>) -> bool {
+        let cqes: Vec<(u64, i32)> = self.ring.completion().map(|c| (c.user_data(), c.result())).collect();
+        for &(ud, res) in &cqes {
+            self.sqes -= 1;
+            let (slot, i) = ((ud >> 32) as usize, (ud & 0xffff_ffff) as usize);
+            let r = self.slots[slot].as_mut().expect("a completion for a request in flight");
+            if res < 0 || res as u32 != r.lens[i] {
+                r.failed = true;
+            }
+            r.pending -= 1;
+            if r.pending == 0 {
+                let r = self.slots[slot].take().expect("checked above");
+                self.free.push(slot);
+                self.in_flight -= 1;
+                done.push((r.tag, !r.failed));
+            }
+        }
+        !cqes.is_empty()
+    }
+
+    /// Submits what is queued and sleeps until at least one read completes (at once if none
+    /// is in flight).
+    pub fn wait(&mut self) {
+        if self.sqes == 0 {
+            return;
+        }
+        match self.ring.submit_and_wait(1) {
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted || e.raw_os_error() == Some(libc::EBUSY) => {}
+            Err(e) => warn!(error = %e, "io_uring wait failed"),
+        }
+    }
+}
+
+impl<T> Drop for ReadRing<T> {
+    /// The kernel may still be reading into buffers the tags own (their owner stopped early,
+    /// or is unwinding): the tags may not be dropped before it is done.
+    fn drop(&mut self) {
+        while self.sqes > 0 {
+            match self.ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    // Not waiting could let the kernel write into freed memory: leak instead.
+                    warn!(error = %e, "cannot wait for disk reads in flight; their buffers are kept");
+                    std::mem::forget(std::mem::take(&mut self.slots));
+                    return;
+                }
+            }
+            self.sqes -= self.ring.completion().count();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::AlignedBuf;
+    use std::io::Write;
+
+    fn file_of(bytes: &[u8]) -> std::fs::File {
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(bytes).unwrap();
+        f
+    }
+
+    #[test]
+    fn requests_come_back_with_their_data_once_all_their_reads_are_done() {
+        let data: Vec<u8> = (0..64 << 10).map(|i| (i * 7 % 251) as u8).collect();
+        let f = file_of(&data);
+        let Ok(mut ring) = ReadRing::<(usize, AlignedBuf)>::new(4) else {
+            eprintln!("io_uring unavailable: nothing to test");
+            return;
+        };
+        // More reads than the ring has entries: a full queue is submitted on the way.
+        for req in 0..4usize {
+            let mut buf = AlignedBuf::zeroed(16 << 10);
+            let reads: Vec<RingRead> = (0..4)
+                .map(|i| RingRead {
+                    fd: f.as_raw_fd(),
+                    // SAFETY: inside the 16 KiB buffer.
+                    at: unsafe { buf.as_mut_ptr().add(i * 4096) },
+                    len: 4096,
+                    offset: (req * 16384 + (3 - i) * 4096) as u64,
+                })
+                .collect();
+            // SAFETY: the buffer moves into the tag; its heap memory stays put.
+            unsafe { ring.start((req, buf), &reads) };
+        }
+        unsafe { ring.start((99, AlignedBuf::zeroed(0)), &[]) };
+        let mut done = Vec::new();
+        while ring.in_flight() > 0 {
+            ring.submit();
+            if !ring.reap(&mut done) {
+                ring.wait();
+            }
+        }
+        done.sort_by_key(|((req, _), _)| *req);
+        assert_eq!(done.len(), 5);
+        for ((req, buf), ok) in &done[..4] {
+            assert!(ok);
+            for i in 0..4 {
+                let from = req * 16384 + (3 - i) * 4096;
+                assert_eq!(
+                    &buf[i * 4096..(i + 1) * 4096],
+                    &data[from..from + 4096],
+                    "request {req}"
+                );
+            }
+        }
+        assert!(matches!(&done[4], ((99, _), true)));
+    }
+
+    #[test]
+    fn a_short_or_failed_read_marks_its_request_failed() {
+        let f = file_of(&[7u8; 4096]);
+        let Ok(mut ring) = ReadRing::<AlignedBuf>::new(4) else {
+            return;
+        };
+        let mut past_end = AlignedBuf::zeroed(4096);
+        let mut bad_fd = AlignedBuf::zeroed(4096);
+        let short = RingRead {
+            fd: f.as_raw_fd(),
+            at: past_end.as_mut_ptr(),
+            len: 4096,
+            offset: 4096,
+        };
+        let failing = RingRead {
+            fd: -1,
+            at: bad_fd.as_mut_ptr(),
+            len: 4096,
+            offset: 0,
+        };
+        unsafe {
+            ring.start(past_end, &[short]);
+            ring.start(bad_fd, &[failing]);
+        }
+        let mut done = Vec::new();
+        while ring.in_flight() > 0 {
+            ring.submit();
+            if !ring.reap(&mut done) {
+                ring.wait();
+            }
+        }
+        assert_eq!(done.len(), 2);
+        assert!(done.iter().all(|(_, ok)| !ok));
+    }
+
+    #[test]
+    fn dropping_a_ring_waits_for_its_reads() {
+        let f = file_of(&vec![3u8; 1 << 20]);
+        let Ok(mut ring) = ReadRing::<AlignedBuf>::new(8) else {
+            return;
+        };
+        for _ in 0..8 {
+            let mut buf = AlignedBuf::zeroed(1 << 20);
+            let r = RingRead {
+                fd: f.as_raw_fd(),
+                at: buf.as_mut_ptr(),
+                len: 1 << 20,
+                offset: 0,
+            };
+            unsafe { ring.start(buf, &[r]) };
+        }
+        ring.submit();
+        // Dropping frees the buffers only after the kernel is done with them (a failure
+        // here shows as a use after free under a sanitizer, or a crash).
+        drop(ring);
+    }
+}

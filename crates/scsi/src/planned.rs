@@ -1,0 +1,93 @@
+//! READs for a transport that submits disk reads to an io_uring of its own (the iSCSI
+//! connection's reader): the command is admitted as [`Lun::execute_for`] would admit it, then
+//! the vdisk plans its disk reads ([`Vdisk::try_plan_read`]). The transport submits them,
+//! goes on with other commands, and answers once they have completed. Nothing here blocks:
+//! whatever would wait (a unit attention to report, a reservation change under way, a grain
+//! being written) sends the command down the ordinary path instead.
+
+use parking_lot::{ArcRwLockReadGuard, RawRwLock};
+use tessera_disk::{AlignedBuf, RingRead};
+use tessera_volume::ReadPlan;
+
+use crate::data::Data;
+use crate::lun::{Lun, Nexus, Response};
+
+type FenceGuard = ArcRwLockReadGuard<RawRwLock, ()>;
+
+/// How a READ starts.
+pub enum ReadStart {
+    /// Submit its disk reads, then answer with [`PlannedRead::into_response`].
+    Planned(PlannedRead),
+    /// Its answer, with nothing to read: a malformed CDB, a range past the end, a
+    /// reservation conflict, a READ of no blocks, or blocks that are all unmapped.
+    Answer(Response),
+    /// Run it with [`Lun::execute_for`].
+    Execute,
+}
+
+/// A READ admitted and planned: its buffer, the disk reads that fill it, and what keeps
+/// those reads valid (the plan's grain and set locks, the LUN's fence) until it is dropped.
+pub struct PlannedRead {
+    buf: AlignedBuf,
+    plan: ReadPlan,
+    _fence: FenceGuard,
+}
+
+impl PlannedRead {
+    /// The disk reads to submit. Their targets stay valid while the PlannedRead lives, moved
+    /// or not (the buffer is on the heap); it may not be dropped while a read is in flight.
+    pub fn submissions(&mut self) -> Vec<RingRead> {
+        let base = self.buf.as_mut_ptr();
+        self.plan
+            .reads
+            .iter()
+            .map(|r| RingRead {
+                fd: r.fd,
+                // SAFETY: the plan's reads lie inside the buffer it was made for.
+                at: unsafe { base.add(r.buf_off) },
+                len: r.len as u32,
+                offset: r.offset,
+            })
+            .collect()
+    }
+
+    /// GOOD with the data read, once every submission has completed in full.
+    pub fn into_response(self) -> Response {
+        Response {
+            status: crate::sense::GOOD,
+            data: Data::Blocks(self.buf),
+            sense: Vec::new(),
+        }
+    }
+}
+
+impl Lun {
+    /// Admits and plans a READ for `nexus` without blocking.
+    pub fn start_read(&self, nexus: &Nexus, cdb: &[u8]) -> ReadStart {
+        // A reservation change waiting for running commands: let it go first.
+        let Some(fence) = self.fence.try_read_arc() else {
+            return ReadStart::Execute;
+        };
+        let (lba, blocks) = match self.admit_read(nexus, cdb) {
+            None => return ReadStart::Execute,
+            Some(Err(answer)) => return ReadStart::Answer(answer),
+            Some(Ok(None)) => return ReadStart::Answer(self.respond(Ok(Vec::new()))),
+            Some(Ok(Some(range))) => range,
+        };
+        let bs = self.block_size();
+        let len = (blocks * bs) as usize;
+        let Some(plan) = self.vdisk().try_plan_read(lba * bs, len) else {
+            return ReadStart::Execute;
+        };
+        // Zeroed: the parts of unmapped grains (plan.zeros) need nothing more.
+        let buf = AlignedBuf::zeroed(len);
+        if plan.reads.is_empty() {
+            return ReadStart::Answer(self.respond_data(Ok(Data::Blocks(buf))));
+        }
+        ReadStart::Planned(PlannedRead {
+            buf,
+            plan,
+            _fence: fence,
+        })
+    }
+}
