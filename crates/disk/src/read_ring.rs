@@ -43,10 +43,6 @@ pub struct ReadRing<T> {
     ready: Vec<(T, bool)>,
 }
 
-// SAFETY: the raw pointers a ring holds point into buffers its tags own; the ring and its
-// tags move between threads together, and only the thread holding the ring touches them.
-unsafe impl<T: Send> Send for ReadRing<T> {}
-
 impl<T> ReadRing<T> {
     /// A ring with `entries` submission queue entries; Err where io_uring is unavailable (an
     /// old kernel, `kernel.io_uring_disabled`, a seccomp filter).
