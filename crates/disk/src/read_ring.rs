@@ -152,9 +152,12 @@ impl<T> ReadRing<T> {
     }
 
     fn take_completions(&mut self, done: &mut Vec<(T, bool)>) -> bool {
-        let cqes: Vec<(u64, i32)> = self.ring.completion().map(|c| (c.user_data(), c.result())).collect();
-        for &(ud, res) in &cqes {
+        let mut any = false;
+        // Straight from the completion queue: the ring and the slots are separate fields.
+        for c in self.ring.completion() {
+            any = true;
             self.sqes -= 1;
+            let (ud, res) = (c.user_data(), c.result());
             let (slot, i) = ((ud >> 32) as usize, (ud & 0xffff_ffff) as usize);
             let r = self.slots[slot].as_mut().expect("a completion for a request in flight");
             if res < 0 || res as u32 != r.lens[i] {
@@ -168,7 +171,7 @@ impl<T> ReadRing<T> {
                 done.push((r.tag, !r.failed));
             }
         }
-        !cqes.is_empty()
+        any
     }
 
     /// Submits what is queued and sleeps until at least one read completes (at once if none

@@ -564,7 +564,7 @@ impl Session {
             return Some(job);
         };
         let lun = match &job.lun {
-            Some(l) if job.read && job.fail.is_none() && is_read(job.cdb[0]) => l.clone(),
+            Some(l) if job.read && job.fail.is_none() && is_read(job.cdb[0]) => l,
             _ => return Some(job),
         };
         // A bug in one command fails that command, not the session.

@@ -8,9 +8,8 @@
 //! ([`Layouts::plan_read`]) and submit the disk reads itself, so that it is not blocked while
 //! they are in flight.
 
-use std::sync::Arc;
-
 use std::os::fd::RawFd;
+use std::sync::Arc;
 
 use tessera_disk::{DiskRef, ReadReq};
 use tessera_pool::SlabRef;
@@ -50,10 +49,11 @@ struct Planned<'a> {
 impl Layouts {
     /// The disk reads that fill `len` bytes at `offset` of `set` into a buffer at `buf_off`,
     /// one per stripe-unit piece, each from the member a lone read tries first (the caller
-    /// merges neighbours across the grains of its request); the caller holds `members` (from [`SlabSet::try_members`]) until they complete. False,
-    /// having added nothing, when a member is not readable or its disk takes no reads from
-    /// a caller's ring: the caller reads with [`read`](Self::read), which reads around
-    /// failures. A read that fails on the disk is also retried with [`read`](Self::read).
+    /// merges neighbours across the grains of its request); the caller holds `members` (from
+    /// [`SlabSet::try_members`]) until they complete. False, having added nothing, when a
+    /// member is not readable or its disk takes no reads from a caller's ring: the caller
+    /// reads with [`read`](Self::read), which reads around failures. A read that fails on the
+    /// disk is also retried with [`read`](Self::read).
     pub fn plan_read(
         &self,
         set: &SlabSet,

@@ -1,6 +1,6 @@
 //! Read plans: where the data of a read lies on the disks, for a caller that submits the disk
 //! reads to an io_uring of its own and goes on with other work while they are in flight (the
-//! NBD server's connection loop). The plan holds the grains and slab sets it read from until
+//! NBD server's connection loop, an iSCSI session's reader). The plan holds the grains and slab sets it read from until
 //! it is dropped, as a synchronous read holds them for its duration, so that no write,
 //! relocation or rebuild can change what it points at before the data has arrived.
 
@@ -70,29 +70,25 @@ impl Vdisk {
                 return None;
             }
         }
-        plan.reads = merge(plan.reads);
+        merge(&mut plan.reads);
         Some(plan)
     }
 }
 
-/// Reads that continue each other on one disk and in the buffer, as one read: the grains of
-/// a large read are usually neighbours on the disk.
-fn merge(reads: Vec<DiskRead>) -> Vec<DiskRead> {
-    let mut out: Vec<DiskRead> = Vec::with_capacity(reads.len());
-    for r in reads {
-        match out.last_mut() {
-            Some(last)
-                if last.fd == r.fd
-                    && last.offset + last.len as u64 == r.offset
-                    && last.buf_off + last.len == r.buf_off
-                    && last.len + r.len <= MAX_MERGED =>
-            {
-                last.len += r.len
-            }
-            _ => out.push(r),
+/// Joins reads that continue each other on one disk and in the buffer into one read, in
+/// place: the grains of a large read are usually neighbours on the disk.
+fn merge(reads: &mut Vec<DiskRead>) {
+    // dedup_by hands each read with the last one kept; a read merged into it is dropped.
+    reads.dedup_by(|r, last| {
+        let joins = last.fd == r.fd
+            && last.offset + last.len as u64 == r.offset
+            && last.buf_off + last.len == r.buf_off
+            && last.len + r.len <= MAX_MERGED;
+        if joins {
+            last.len += r.len;
         }
-    }
-    out
+        joins
+    });
 }
 
 /// A merged read covers this much at most.
