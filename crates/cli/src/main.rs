@@ -518,6 +518,15 @@ pub enum JobCmd {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Serve(_)) {
+        // A client command writes to a pipe the reader may close (`tessera pool show | head`):
+        // end quietly there as Unix tools do, instead of failing on EPIPE with a panic. The
+        // daemon keeps SIGPIPE ignored, and its sockets report EPIPE as errors.
+        // SAFETY: no other thread exists yet; SIG_DFL is a valid disposition for SIGPIPE.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     match commands::run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

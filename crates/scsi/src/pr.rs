@@ -105,7 +105,9 @@ impl PortId {
                     .split_once(",i,0x")
                     .or_else(|| text.split_once(",I,0X"))
                     .ok_or(bad)?;
-                if isid.len() != 12 {
+                // Twelve hex digits; checked as bytes first, so that a multi-byte character
+                // cannot put a slice boundary inside itself.
+                if isid.len() != 12 || !isid.bytes().all(|c| c.is_ascii_hexdigit()) {
                     return Err(bad);
                 }
                 let mut id = [0u8; 6];
@@ -938,5 +940,38 @@ mod tests {
         let j = serde_json::to_string(&s).unwrap();
         assert_eq!(serde_json::from_str::<PrState>(&j).unwrap(), s);
         assert!(s.aptpl);
+    }
+}
+
+#[cfg(test)]
+mod transport_id_tests {
+    use super::*;
+
+    fn tid(text: &[u8]) -> Vec<u8> {
+        let mut name = text.to_vec();
+        name.push(0);
+        while name.len() % 4 != 0 {
+            name.push(0);
+        }
+        let mut b = vec![0x40 | PROTOCOL_ISCSI, 0];
+        b.extend_from_slice(&(name.len() as u16).to_be_bytes());
+        b.extend_from_slice(&name);
+        b
+    }
+
+    #[test]
+    fn an_isid_of_multi_byte_characters_is_refused_not_a_panic() {
+        // Twelve bytes, but "é" puts a character boundary where a hex pair would be cut.
+        for isid in ["aéééééb", "éééééé", "4000000000é", "40000000000g"] {
+            let b = tid(format!("iqn.x:a,i,0x{isid}").as_bytes());
+            assert_eq!(
+                PortId::parse_transport_id(&b).map(|_| ()),
+                Err(sense::INVALID_FIELD_IN_PARAMETER_LIST),
+                "{isid}"
+            );
+        }
+        let (p, used) = PortId::parse_transport_id(&tid(b"iqn.x:a,i,0x40000000002a")).unwrap();
+        assert_eq!(p.isid, Some([0x40, 0, 0, 0, 0, 0x2a]));
+        assert_eq!(used, tid(b"iqn.x:a,i,0x40000000002a").len());
     }
 }
