@@ -24,7 +24,7 @@ use parking_lot::Mutex;
 use tessera_disk::ReadRing;
 use tessera_scsi::{
     decode_lun, is_read, report_luns, sense, transfer_length, Data, Lun, Nexus, PlannedRead, ReadStart, Response,
-    REPORT_LUNS,
+    Scope, REPORT_LUNS,
 };
 use tokio::io::AsyncWriteExt;
 use tracing::{debug, info, warn};
@@ -389,11 +389,10 @@ fn serve(sock: TcpStream, local: SocketAddr, reg: Arc<Registry>, li: LoggedIn) -
         let s = Arc::new(Session {
             ctx: Ctx {
                 reg: reg.clone(),
-                nexus: Arc::new(Nexus {
-                    id: reg.new_nexus(),
-                    initiator: initiator.clone(),
-                    isid,
-                }),
+                nexus: Arc::new(
+                    Nexus::new(reg.new_nexus(), &initiator, isid)
+                        .with_scope(target.as_ref().map_or_else(Scope::none, Scope::of)),
+                ),
                 target: target.clone(),
                 initiator: initiator.clone(),
                 authenticated,

@@ -45,10 +45,16 @@ pub fn bind(addr: SocketAddr, buffers: SocketBuffers) -> std::io::Result<Bound> 
     let recv_buffer = s.recv_buffer_size()?;
     let mut short = Vec::new();
     if let Some(n) = buffers.send.filter(|&n| send_buffer / 2 < n) {
-        short.push(format!("send buffer {} of {n} bytes (net.core.wmem_max)", send_buffer / 2));
+        short.push(format!(
+            "send buffer {} of {n} bytes (net.core.wmem_max)",
+            send_buffer / 2
+        ));
     }
     if let Some(n) = buffers.recv.filter(|&n| recv_buffer / 2 < n) {
-        short.push(format!("receive buffer {} of {n} bytes (net.core.rmem_max)", recv_buffer / 2));
+        short.push(format!(
+            "receive buffer {} of {n} bytes (net.core.rmem_max)",
+            recv_buffer / 2
+        ));
     }
     let capped = (!short.is_empty()).then(|| {
         format!(
@@ -114,7 +120,12 @@ mod tests {
 
     #[test]
     fn send_targets_lists_the_connection_first_then_other_portals() {
-        let portals = [a("0.0.0.0:3260"), a("10.0.0.5:3261"), a("[::]:3262"), a("[fe80::1]:3263")];
+        let portals = [
+            a("0.0.0.0:3260"),
+            a("10.0.0.5:3261"),
+            a("[::]:3262"),
+            a("[fe80::1]:3263"),
+        ];
         assert_eq!(
             target_addresses(&portals, a("192.168.1.2:3260")),
             ["192.168.1.2:3260,1", "10.0.0.5:3261,1", "[fe80::1]:3263,1"]
@@ -150,7 +161,9 @@ mod tests {
             },
         )
         .unwrap();
-        let why = huge.capped.expect("a 1 GiB receive buffer is above any default rmem_max");
+        let why = huge
+            .capped
+            .expect("a 1 GiB receive buffer is above any default rmem_max");
         assert!(why.contains("net.core.rmem_max"), "{why}");
         // Taken: a clear error, not a panic.
         assert!(bind(b.local, SocketBuffers::default()).is_err());

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, RwLock};
-use tessera_scsi::Lun;
+use tessera_scsi::{Lun, LunScope};
 
 use crate::auth::Access;
 use tokio::net::TcpListener;
@@ -45,6 +45,14 @@ impl Target {
 
     pub fn lun_numbers(&self) -> Vec<u64> {
         self.luns.read().keys().copied().collect()
+    }
+}
+
+/// A session's EXTENDED COPY may name the LUNs of its own target, and no other: the session
+/// passed this target's ACL and CHAP at login.
+impl LunScope for Target {
+    fn lun_by_naa(&self, naa: &[u8; 16]) -> Option<Arc<Lun>> {
+        self.luns.read().values().find(|l| l.naa() == naa).cloned()
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use parking_lot::{Mutex, RwLock};
 use tessera_volume::{Provisioning, Vdisk, VolumeError};
@@ -70,7 +70,57 @@ pub struct Nexus {
     /// With the name, identifies the initiator port across logins: persistent reservation
     /// registrations and unit attentions are kept by it.
     pub isid: [u8; 6],
+    /// The other LUNs this nexus can address: what an EXTENDED COPY it issues may name.
+    pub scope: Scope,
 }
+
+/// The logical units an I_T nexus can address through its target port, after the target's
+/// ACL and CHAP let it in: an iSCSI session's target. Third-party copy resolves the LUNs its
+/// descriptors name here and nowhere else, so that a copy can never reach a LUN its initiator
+/// could not read or write itself (LIO's fix for CVE-2020-28374).
+pub trait LunScope: Send + Sync {
+    /// The LUN with this NAA designator (VPD page 0x83), if the nexus can address it.
+    fn lun_by_naa(&self, naa: &[u8; 16]) -> Option<Arc<Lun>>;
+}
+
+/// A nexus's [`LunScope`], held weakly: a LUN keeps the nexuses that used it, and a target
+/// holds its LUNs, so a strong reference would make a cycle.
+#[derive(Clone, Default)]
+pub struct Scope(Option<Weak<dyn LunScope>>);
+
+impl Scope {
+    /// No other LUN: a copy may name only the LUN it was sent to.
+    pub fn none() -> Scope {
+        Scope(None)
+    }
+
+    pub fn of<S: LunScope + 'static>(s: &Arc<S>) -> Scope {
+        let s: Arc<dyn LunScope> = s.clone();
+        Scope(Some(Arc::downgrade(&s)))
+    }
+
+    pub(crate) fn lun_by_naa(&self, naa: &[u8; 16]) -> Option<Arc<Lun>> {
+        self.0.as_ref()?.upgrade()?.lun_by_naa(naa)
+    }
+}
+
+impl std::fmt::Debug for Scope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Scope(target)"
+        } else {
+            "Scope(none)"
+        })
+    }
+}
+
+/// Scopes do not tell nexuses apart: the port (name and ISID) and the session id do.
+impl PartialEq for Scope {
+    fn eq(&self, _: &Scope) -> bool {
+        true
+    }
+}
+impl Eq for Scope {}
 
 /// The nexuses of a LUN by initiator port: the initiator's name, then the ISID of its
 /// sessions. SAM's I_T nexus is this port with the target port, so what is pending for a nexus
@@ -79,13 +129,24 @@ pub struct Nexus {
 type Ports = HashMap<String, HashMap<[u8; 6], NexusState>>;
 
 impl Nexus {
+    /// A nexus that can address no other LUN (see [`with_scope`](Self::with_scope)).
+    pub fn new(id: u64, initiator: &str, isid: [u8; 6]) -> Nexus {
+        Nexus {
+            id,
+            initiator: initiator.to_string(),
+            isid,
+            scope: Scope::none(),
+        }
+    }
+
+    pub fn with_scope(mut self, scope: Scope) -> Nexus {
+        self.scope = scope;
+        self
+    }
+
     /// The nexus of callers that are not a transport session (tests, tools).
     pub fn local() -> Nexus {
-        Nexus {
-            id: 0,
-            initiator: "local".into(),
-            isid: [0; 6],
-        }
+        Nexus::new(0, "local", [0; 6])
     }
 }
 
@@ -132,7 +193,7 @@ pub struct Lun {
     /// ABORT) completes. In an Arc so that a READ on a transport's ring holds it until its
     /// data has arrived (planned.rs).
     pub(crate) fence: Arc<RwLock<()>>,
-    /// Tokens, copy results and the LUNs copies can reach: the daemon's, or this LUN's own.
+    /// Tokens and copy results: the daemon's, or this LUN's own.
     pub(crate) tpc: Arc<CopyManager>,
 }
 
@@ -192,15 +253,10 @@ impl Lun {
     }
 
     /// Shares `cm` with the other LUNs of the daemon: tokens made on one can be written
-    /// through another, and EXTENDED COPY reaches every LUN registered with it.
+    /// through another.
     pub fn with_copy_manager(mut self, cm: Arc<CopyManager>) -> Lun {
         self.tpc = cm;
         self
-    }
-
-    /// Makes this LUN reachable by EXTENDED COPY (through its copy manager).
-    pub fn register_for_copy(self: &Arc<Self>) {
-        self.tpc.register(self);
     }
 
     /// Starts from `state` (as saved) and saves persistent reservations through `store`.
@@ -217,6 +273,11 @@ impl Lun {
 
     pub fn vdisk(&self) -> &Arc<Vdisk> {
         &self.vdisk
+    }
+
+    /// The NAA designator of VPD page 0x83, by which copy descriptors name the LUN.
+    pub fn naa(&self) -> &[u8; 16] {
+        &self.naa
     }
 
     pub fn block_size(&self) -> u64 {
@@ -291,7 +352,7 @@ impl Lun {
         if self.reservation_conflict(nexus, cdb) {
             return Response::reservation_conflict();
         }
-        self.respond_data(self.dispatch(nexus.id, cdb, data_out))
+        self.respond_data(self.dispatch(nexus, cdb, data_out))
     }
 
     /// Runs `(cdb, data_out)` commands of one nexus as [`execute_for`](Self::execute_for)
@@ -375,6 +436,15 @@ impl Lun {
         let r = self.reservations.lock();
         let legacy_conflict = r.legacy.is_some_and(|h| h != nexus.id) && !pr::legacy_allows(cdb);
         legacy_conflict || !r.pr.allows(nexus, pr::access_of(cdb))
+    }
+
+    /// Whether a third-party copy issued by `nexus` may read (`write` false: a source) or
+    /// write this LUN: no SPC-2 or persistent reservation of another nexus in the way, as if
+    /// the nexus had sent the READ or WRITE itself.
+    pub(crate) fn copy_allowed(&self, nexus: &Nexus, write: bool) -> bool {
+        let r = self.reservations.lock();
+        let access = if write { pr::Access::Write } else { pr::Access::Read };
+        r.legacy.is_none_or(|h| h == nexus.id) && r.pr.allows(nexus, access)
     }
 
     pub(crate) fn respond(&self, r: CmdResult) -> Response {
@@ -512,7 +582,11 @@ impl Lun {
             return;
         }
         entry.lost = Some(self.losses.fetch_add(1, Ordering::Relaxed));
-        let lost = all.values().flat_map(|ports| ports.values()).filter(|e| e.lost.is_some()).count();
+        let lost = all
+            .values()
+            .flat_map(|ports| ports.values())
+            .filter(|e| e.lost.is_some())
+            .count();
         if lost > MAX_LOST_NEXUSES {
             let oldest = all
                 .values()
@@ -532,7 +606,8 @@ impl Lun {
     }
 
     /// Runs a command whose CDB `check_cdb` accepted.
-    fn dispatch(&self, nexus: u64, cdb: &[u8], d: &[u8]) -> Result<Data, Sense> {
+    fn dispatch(&self, n: &Nexus, cdb: &[u8], d: &[u8]) -> Result<Data, Sense> {
+        let nexus = n.id;
         let built = match cdb[0] {
             TEST_UNIT_READY => Ok(Vec::new()),
             INQUIRY => self.inquiry(cdb),
@@ -558,7 +633,7 @@ impl Lun {
             ORWRITE_16 => self.orwrite(cdb, d),
             READ_DEFECT_DATA_10 | READ_DEFECT_DATA_12 => self.read_defect_data(cdb),
             THIRD_PARTY_COPY_OUT => match cdb[1] & 0x1F {
-                crate::odx::SA_EXTENDED_COPY_LID1 => self.extended_copy(nexus, cdb, d),
+                crate::odx::SA_EXTENDED_COPY_LID1 => self.extended_copy(n, cdb, d),
                 crate::odx::SA_POPULATE_TOKEN => self.populate_token(nexus, cdb, d),
                 crate::odx::SA_WRITE_USING_TOKEN => self.write_using_token(nexus, cdb, d),
                 crate::odx::SA_COPY_OPERATION_ABORT => self.copy_operation_abort(nexus, cdb),
@@ -569,7 +644,7 @@ impl Lun {
                 crate::odx::SA_RECEIVE_COPY_OPERATING_PARAMETERS => self.receive_copy_operating_parameters(cdb),
                 crate::odx::SA_RECEIVE_COPY_FAILURE_DETAILS_LID1 => self.receive_copy_failure_details(nexus, cdb),
                 crate::odx::SA_RECEIVE_ROD_TOKEN_INFORMATION => self.receive_rod_token_information(nexus, cdb),
-                crate::odx::SA_REPORT_ALL_ROD_TOKENS => self.report_all_rod_tokens(cdb),
+                crate::odx::SA_REPORT_ALL_ROD_TOKENS => self.report_all_rod_tokens(nexus, cdb),
                 _ => Err(sense::INVALID_FIELD_IN_CDB.at_cdb_byte(1)),
             },
             _ => Err(sense::INVALID_OPCODE),

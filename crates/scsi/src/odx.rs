@@ -92,7 +92,7 @@ impl Lun {
             return Err(sense::INVALID_FIELD_IN_PARAMETER_LIST);
         }
         let image = self.vdisk.freeze(&ranges).map_err(|e| self.io_sense(e, false))?;
-        let token = self.tpc.create_token(self, image, timeout)?;
+        let token = self.tpc.create_token(self, nexus, image, timeout)?;
         self.tpc.record(
             nexus,
             list_id,
@@ -125,7 +125,9 @@ impl Lun {
         let ranges = self.ranges(&d[WUT_RANGES..WUT_RANGES + rlen])?;
         let token = &d[WUT_TOKEN..WUT_TOKEN + TOKEN_LEN];
         let bs = self.block_size();
-        let offset = be64(&d[8..16]).checked_mul(bs).ok_or(sense::INVALID_FIELD_IN_PARAMETER_LIST)?;
+        let offset = be64(&d[8..16])
+            .checked_mul(bs)
+            .ok_or(sense::INVALID_FIELD_IN_PARAMETER_LIST)?;
         let total: u64 = ranges.iter().map(|r| r.1).sum();
         if total > MAX_TOKEN_TRANSFER_BYTES {
             return Err(sense::INVALID_FIELD_IN_PARAMETER_LIST);
@@ -239,10 +241,11 @@ impl Lun {
     }
 
     /// REPORT ALL ROD TOKENS: the tokens this copy manager holds.
-    pub(crate) fn report_all_rod_tokens(&self, cdb: &[u8]) -> CmdResult {
+    /// REPORT ALL ROD TOKENS: the live tokens this I_T nexus made, and no other's.
+    pub(crate) fn report_all_rod_tokens(&self, nexus: u64, cdb: &[u8]) -> CmdResult {
         let len = be32(&cdb[10..14]) as usize;
         let mut b = vec![0u8; 8];
-        for (t, _, _) in self.tpc.tokens() {
+        for (t, _, _) in self.tpc.tokens_of(nexus) {
             b.extend_from_slice(&t[..]);
         }
         let avail = (b.len() - 4) as u32;

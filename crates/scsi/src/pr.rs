@@ -664,11 +664,7 @@ mod tests {
     use super::*;
 
     fn nexus(id: u64, name: &str, isid: u8) -> Nexus {
-        Nexus {
-            id,
-            initiator: name.into(),
-            isid: [0x40, 0, 0, 0, 0, isid],
-        }
+        Nexus::new(id, name, [0x40, 0, 0, 0, 0, isid])
     }
 
     fn out_cdb(sa: u8, kind: u8) -> [u8; 10] {

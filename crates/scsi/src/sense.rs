@@ -121,6 +121,9 @@ pub const INLINE_DATA_LENGTH_EXCEEDED: Sense = Sense::new(key::ILLEGAL_REQUEST, 
 /// COPY ABORTED; LOGICAL BLOCK ADDRESS OUT OF RANGE is not among them.)
 pub const COPY_ABORTED_SEGMENT_OUT_OF_RANGE: Sense = Sense::new(key::COPY_ABORTED, 0x00, 0x00);
 pub const COPY_TARGET_DEVICE_NOT_REACHABLE: Sense = Sense::new(key::COPY_ABORTED, 0x0D, 0x02);
+/// A copy target this nexus may not use: a LUN outside its target, or one a reservation
+/// keeps from it. Nothing has been read or written.
+pub const UNREACHABLE_COPY_TARGET: Sense = Sense::new(key::COPY_ABORTED, 0x08, 0x04);
 pub const INSUFFICIENT_RESOURCES_TO_CREATE_ROD_TOKEN: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x55, 0x0D);
 pub const NO_ADDITIONAL_SENSE: Sense = Sense::new(key::NO_SENSE, 0x00, 0x00);
 

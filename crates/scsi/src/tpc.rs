@@ -1,14 +1,14 @@
 //! The copy manager: what third-party copy commands share across the LUNs of one daemon. ROD
 //! tokens (each a frozen image of the ranges it represents, so a token is point-in-time at no
-//! cost in data), the LUNs an EXTENDED COPY can name, and the results of finished copy
-//! operations for RECEIVE ROD TOKEN INFORMATION and RECEIVE COPY RESULTS.
+//! cost in data) and the results of finished copy operations for RECEIVE ROD TOKEN
+//! INFORMATION and RECEIVE COPY RESULTS. The LUNs an EXTENDED COPY can name are not here: they
+//! are those its nexus can address ([`crate::LunScope`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 use rand::Rng;
 use tessera_volume::Frozen;
 
@@ -68,6 +68,9 @@ impl TokenRefusal {
 
 struct Token {
     bytes: Box<[u8; TOKEN_LEN]>,
+    /// The I_T nexus that made it: the only one REPORT ALL ROD TOKENS shows it to. A token is
+    /// a bearer secret; whoever holds it may write its data.
+    creator: u64,
     image: Frozen,
     timeout: Duration,
     last_used: Instant,
@@ -96,7 +99,6 @@ pub struct CopyManager {
     /// Tokens that ended, with why and when.
     ended: Mutex<HashMap<[u8; 32], (TokenRefusal, Instant)>>,
     next_id: AtomicU64,
-    luns: RwLock<HashMap<[u8; 16], Weak<Lun>>>,
     /// (nexus, list identifier) → result, oldest first per nexus.
     results: Mutex<HashMap<u64, VecDeque<(u32, OpResult)>>>,
 }
@@ -116,26 +118,18 @@ impl CopyManager {
             tokens: Mutex::new(HashMap::new()),
             ended: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
-            luns: RwLock::new(HashMap::new()),
             results: Mutex::new(HashMap::new()),
         }
     }
 
-    /// Makes a LUN reachable by its NAA identifier, for EXTENDED COPY.
-    pub fn register(&self, lun: &Arc<Lun>) {
-        let mut l = self.luns.write();
-        l.retain(|_, w| w.strong_count() > 0);
-        l.insert(lun.naa, Arc::downgrade(lun));
-    }
-
-    /// The LUN with this 16-byte NAA designator, if it is presented.
-    pub fn lun_by_naa(&self, naa: &[u8]) -> Option<Arc<Lun>> {
-        let k: [u8; 16] = naa.try_into().ok()?;
-        self.luns.read().get(&k).and_then(|w| w.upgrade())
-    }
-
-    /// Makes a token representing `image`, created by `creator`.
-    pub fn create_token(&self, creator: &Lun, image: Frozen, timeout_s: u32) -> Result<Box<[u8; TOKEN_LEN]>, Sense> {
+    /// Makes a token representing `image`, created on LUN `creator` by the I_T nexus `nexus`.
+    pub fn create_token(
+        &self,
+        creator: &Lun,
+        nexus: u64,
+        image: Frozen,
+        timeout_s: u32,
+    ) -> Result<Box<[u8; TOKEN_LEN]>, Sense> {
         self.expire();
         let mut tokens = self.tokens.lock();
         let live: u64 = tokens.values().map(|t| t.image.len()).sum();
@@ -159,6 +153,7 @@ impl CopyManager {
             secret,
             Token {
                 bytes: b.clone(),
+                creator: nexus,
                 image,
                 timeout: Duration::from_secs(timeout_s as u64),
                 last_used: Instant::now(),
@@ -200,7 +195,9 @@ impl CopyManager {
         let image = tok.image.clone();
         if delete {
             tokens.remove(&secret);
-            self.ended.lock().insert(secret, (TokenRefusal::Deleted, Instant::now()));
+            self.ended
+                .lock()
+                .insert(secret, (TokenRefusal::Deleted, Instant::now()));
         }
         Ok(image)
     }
@@ -241,14 +238,16 @@ impl CopyManager {
         }
     }
 
-    /// Live tokens, for REPORT ALL ROD TOKENS and the API: (token bytes, bytes represented,
-    /// seconds left before expiry).
-    pub fn tokens(&self) -> Vec<(Box<[u8; TOKEN_LEN]>, u64, u64)> {
+    /// The live tokens made by the I_T nexus `nexus`, for its REPORT ALL ROD TOKENS: (token
+    /// bytes, bytes represented, seconds left before expiry). Never another nexus's: each
+    /// token's bytes are the secret that lets its holder write the data it represents.
+    pub fn tokens_of(&self, nexus: u64) -> Vec<(Box<[u8; TOKEN_LEN]>, u64, u64)> {
         self.expire();
         let now = Instant::now();
         self.tokens
             .lock()
             .values()
+            .filter(|t| t.creator == nexus)
             .map(|t| {
                 let left = t.timeout.saturating_sub(now.duration_since(t.last_used));
                 (t.bytes.clone(), t.image.len(), left.as_secs())
@@ -294,7 +293,10 @@ mod tests {
     #[test]
     fn malformed_tokens_are_refused_before_lookup() {
         let cm = CopyManager::new();
-        assert_eq!(cm.use_token(&[0u8; 100], false).unwrap_err(), TokenRefusal::InvalidLength);
+        assert_eq!(
+            cm.use_token(&[0u8; 100], false).unwrap_err(),
+            TokenRefusal::InvalidLength
+        );
         let mut t = [0u8; TOKEN_LEN];
         t[..4].copy_from_slice(&0x0001_0000u32.to_be_bytes());
         assert_eq!(cm.use_token(&t, false).unwrap_err(), TokenRefusal::Unsupported);

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use crate::lun::{alloc, be16, be32, be64, CmdResult, Lun};
+use crate::lun::{alloc, be16, be32, be64, CmdResult, Lun, Nexus};
 use crate::odx::{COPY_COMPLETED, COPY_COMPLETED_WITH_ERRORS, SA_EXTENDED_COPY_LID1};
 use crate::sense::{self, Sense};
 use crate::tpc::OpResult;
@@ -49,7 +49,7 @@ impl Lun {
         d
     }
 
-    pub(crate) fn extended_copy(&self, nexus: u64, cdb: &[u8], d: &[u8]) -> CmdResult {
+    pub(crate) fn extended_copy(&self, nexus: &Nexus, cdb: &[u8], d: &[u8]) -> CmdResult {
         let plen = be32(&cdb[10..14]) as usize;
         if plen == 0 {
             return Ok(Vec::new());
@@ -77,14 +77,25 @@ impl Lun {
         }
         let luns = d[16..16 + cscd_len]
             .chunks(32)
-            .map(|c| self.resolve_cscd(c))
+            .map(|c| self.resolve_cscd(nexus, c))
             .collect::<Result<Vec<_>, Sense>>()?;
         let segments = parse_segments(&d[16 + cscd_len..16 + cscd_len + seg_len], luns.len())?;
+        // Every LUN a segment reads or writes must let this nexus read or write it, checked
+        // for the whole list before anything moves.
+        for s in &segments {
+            for (i, write) in [(s.src, false), (s.dst, true)] {
+                if let Some(l) = &luns[i] {
+                    if !l.copy_allowed(nexus, write) {
+                        return Err(sense::UNREACHABLE_COPY_TARGET);
+                    }
+                }
+            }
+        }
 
-        let (done_segments, blocks, failure) = self.run_segments(&luns, &segments);
+        let (done_segments, blocks, failure) = self.run_segments(nexus, &luns, &segments);
         if usage != LIST_ID_UNUSED {
             self.tpc.record(
-                nexus,
+                nexus.id,
                 list_id,
                 OpResult {
                     service_action: SA_EXTENDED_COPY_LID1,
@@ -106,9 +117,10 @@ impl Lun {
         }
     }
 
-    /// The LUN an identification descriptor names: this one (None) or another the copy
-    /// manager knows.
-    fn resolve_cscd(&self, c: &[u8]) -> Result<Option<Arc<Lun>>, Sense> {
+    /// The LUN an identification descriptor names: this one (None) or another LUN the nexus
+    /// can address through its own target. A LUN anywhere else in the daemon is unreachable,
+    /// exactly as one that does not exist.
+    fn resolve_cscd(&self, nexus: &Nexus, c: &[u8]) -> Result<Option<Arc<Lun>>, Sense> {
         if c[0] != CSCD_IDENTIFICATION {
             return Err(sense::UNSUPPORTED_TARGET_DESCRIPTOR_TYPE);
         }
@@ -124,13 +136,16 @@ impl Lun {
         if designator_type != 0x03 || len != 16 {
             return Err(sense::COPY_TARGET_DEVICE_NOT_REACHABLE);
         }
-        let lun = if c[8..24] == self.naa {
+        let naa: [u8; 16] = c[8..24].try_into().expect("16 bytes");
+        let lun = if naa == self.naa {
             None
         } else {
             Some(
-                self.tpc
-                    .lun_by_naa(&c[8..24])
-                    .ok_or(sense::COPY_TARGET_DEVICE_NOT_REACHABLE)?,
+                nexus
+                    .scope
+                    .lun_by_naa(&naa)
+                    .filter(|l| l.naa == naa)
+                    .ok_or(sense::UNREACHABLE_COPY_TARGET)?,
             )
         };
         let bs = u32::from_be_bytes([0, c[29], c[30], c[31]]) as u64;
@@ -142,18 +157,17 @@ impl Lun {
     }
 
     /// Runs the segments in order: (segments done, blocks written, the failure that stopped
-    /// them).
-    fn run_segments(&self, luns: &[Option<Arc<Lun>>], segs: &[Segment]) -> (usize, u64, Option<Sense>) {
+    /// them). A destination whose write cache is off is flushed before its segment counts as
+    /// done, as a WRITE to it would be.
+    fn run_segments(&self, nexus: &Nexus, luns: &[Option<Arc<Lun>>], segs: &[Segment]) -> (usize, u64, Option<Sense>) {
         let mut blocks = 0;
         for (i, s) in segs.iter().enumerate() {
             let src: &Lun = luns[s.src].as_deref().unwrap_or(self);
             let dst: &Lun = luns[s.dst].as_deref().unwrap_or(self);
-            let bytes = s.blocks * src.block_size();
             let r = (|| {
-                if s.src_lba.checked_add(s.blocks).is_none_or(|e| e > src.blocks())
-                    || bytes % dst.block_size() != 0
-                    || (s.dst_lba * dst.block_size()).checked_add(bytes).is_none_or(|e| e > dst.vdisk.size())
-                {
+                let (src_at, bytes, dst_at) = segment_bytes(s, src.block_size(), dst.block_size())
+                    .ok_or(sense::COPY_ABORTED_SEGMENT_OUT_OF_RANGE)?;
+                if src_at + bytes > src.vdisk.size() || dst_at + bytes > dst.vdisk.size() {
                     return Err(sense::COPY_ABORTED_SEGMENT_OUT_OF_RANGE);
                 }
                 if dst.write_protected() {
@@ -162,14 +176,26 @@ impl Lun {
                 if bytes == 0 {
                     return Ok(());
                 }
+                // The other LUNs' fences, as their own commands hold them, so that a PREEMPT
+                // AND ABORT there waits for this copy; recursive, so that two copies in
+                // opposite directions cannot wait for each other behind a queued writer.
+                let _src_fence = (!std::ptr::eq(src, self)).then(|| src.fence.read_recursive());
+                let _dst_fence = (!std::ptr::eq(dst, self)).then(|| dst.fence.read_recursive());
+                // Reservations may have changed since the list was checked.
+                if !src.copy_allowed(nexus, false) || !dst.copy_allowed(nexus, true) {
+                    return Err(sense::UNREACHABLE_COPY_TARGET);
+                }
                 let image = src
                     .vdisk
-                    .freeze(&[(s.src_lba * src.block_size(), bytes)])
+                    .freeze(&[(src_at, bytes)])
                     .map_err(|e| src.io_sense(e, false))?;
                 let _writes = dst.atomic.read();
                 dst.vdisk
-                    .paste(s.dst_lba * dst.block_size(), &image, 0, bytes)
+                    .paste(dst_at, &image, 0, bytes)
                     .map_err(|e| dst.io_sense(e, true))?;
+                if !dst.mode().wce {
+                    dst.vdisk.flush().map_err(|e| dst.io_sense(e, true))?;
+                }
                 Ok(())
             })();
             match r {
@@ -235,6 +261,18 @@ impl Lun {
         b[0..4].copy_from_slice(&avail.to_be_bytes());
         Ok(alloc(b, be32(&cdb[10..14]) as usize))
     }
+}
+
+/// A segment in bytes, (source offset, length, destination offset), or None if any of them
+/// does not fit in 64 bits or the length is not whole destination blocks. A huge LBA must
+/// never wrap around to the start of the LUN.
+fn segment_bytes(s: &Segment, src_bs: u64, dst_bs: u64) -> Option<(u64, u64, u64)> {
+    let bytes = s.blocks.checked_mul(src_bs)?;
+    let src_at = s.src_lba.checked_mul(src_bs)?;
+    let dst_at = s.dst_lba.checked_mul(dst_bs)?;
+    src_at.checked_add(bytes)?;
+    dst_at.checked_add(bytes)?;
+    (bytes % dst_bs == 0).then_some((src_at, bytes, dst_at))
 }
 
 fn parse_segments(list: &[u8], targets: usize) -> Result<Vec<Segment>, Sense> {

@@ -83,11 +83,7 @@ fn arbitrary_cdbs_get_well_formed_answers() {
     let lun = Lun::new(v, 0x42, false);
     let nexuses = [
         Nexus::local(),
-        Nexus {
-            id: 7,
-            initiator: "iqn.2026-11.io.example:other".into(),
-            isid: [0, 0, 0, 0, 0, 1],
-        },
+        Nexus::new(7, "iqn.2026-11.io.example:other", [0, 0, 0, 0, 0, 1]),
     ];
     let good = std::cell::Cell::new(0u32);
     let check = std::cell::Cell::new(0u32);

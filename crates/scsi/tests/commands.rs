@@ -286,7 +286,9 @@ fn thin_provisioning_commands() {
     // UNMAP with a pattern deallocates all the same (SBC-4): the blocks read zeros.
     ws[1] = 0x08;
     ok(lun.execute(&ws, &[0x42u8; 512]));
-    assert!(ok(lun.execute(&cdb16(0x88, 0, 0, g as u32), &[])).iter().all(|&b| b == 0));
+    assert!(ok(lun.execute(&cdb16(0x88, 0, 0, g as u32), &[]))
+        .iter()
+        .all(|&b| b == 0));
     assert_eq!(lun.vdisk().allocated_bytes(), 64 << 10);
     ws[1] = 0x10; // ANCHOR: not supported
     assert_eq!(check(lun.execute(&ws, &[0u8; 512])).1, 0x24);
@@ -301,7 +303,9 @@ fn thin_provisioning_commands() {
         .all(|&b| b == 0x5A));
     assert_ne!(ok(lun.execute(&cdb16(0x88, 0, blocks - 9, 1), &[]))[0], 0x5A);
     ok(lun.execute(&cdb16(0x93, 0x08, blocks - 8, 0), &[0u8; 512]));
-    assert!(ok(lun.execute(&cdb16(0x88, 0, blocks - 8, 8), &[])).iter().all(|&b| b == 0));
+    assert!(ok(lun.execute(&cdb16(0x88, 0, blocks - 8, 8), &[]))
+        .iter()
+        .all(|&b| b == 0));
     // At or past the end there is nothing to write to.
     assert_eq!(check(lun.execute(&cdb16(0x93, 0, blocks, 0), &[0u8; 512])).1, 0x21);
     assert_eq!(check(lun.execute(&cdb16(0x93, 0, u64::MAX, 0), &[0u8; 512])).1, 0x21);
@@ -415,11 +419,11 @@ fn target_port_groups_and_twelve_byte_verify() {
 }
 
 fn nx(id: u64) -> Nexus {
-    Nexus {
+    Nexus::new(
         id,
-        initiator: format!("iqn.2026-11.io.example:host{id}"),
-        isid: [0x40, 0, 0, 0, 0, id as u8],
-    }
+        &format!("iqn.2026-11.io.example:host{id}"),
+        [0x40, 0, 0, 0, 0, id as u8],
+    )
 }
 
 /// The nexus registers key 7 (REGISTER AND IGNORE) and takes EXCLUSIVE ACCESS with it.
@@ -523,10 +527,12 @@ fn ports_that_never_come_back_are_forgotten() {
     // Initiators that take a new ISID for every session leave a lost nexus each; the
     // longest lost give way, the recent ones are remembered.
     let ports: Vec<Nexus> = (0..2000u64)
-        .map(|i| Nexus {
-            id: 100 + i,
-            initiator: "iqn.2026-11.io.example:many".into(),
-            isid: [0x80, 0, 0, 0, (i >> 8) as u8, i as u8],
+        .map(|i| {
+            Nexus::new(
+                100 + i,
+                "iqn.2026-11.io.example:many",
+                [0x80, 0, 0, 0, (i >> 8) as u8, i as u8],
+            )
         })
         .collect();
     for p in &ports {
@@ -583,15 +589,15 @@ fn a_batch_answers_as_its_commands_one_by_one() {
         vec![
             (cdb10(0x28, 0, 0, 8), vec![]),
             (cdb16(0x88, 0, 1000, 100), vec![]),
-            (cdb16(0x88, 0, blocks - 4, 8), vec![]),      // past the end
-            (cdb10(0x28, 0x20, 0, 1), vec![]),              // RDPROTECT
-            (cdb10(0x28, 0, 5, 0), vec![]),                 // nothing to read
-            (vec![0x28, 0, 0], vec![]),                     // short CDB
-            (cdb16(0x88, 0, 2040, 16), vec![]),             // mapped and unmapped grains
-            (cdb10(0x2A, 0, 16, 8), write_data.clone()),    // a write between reads
-            (cdb10(0x28, 0, 12, 16), vec![]),               // sees it
+            (cdb16(0x88, 0, blocks - 4, 8), vec![]),     // past the end
+            (cdb10(0x28, 0x20, 0, 1), vec![]),           // RDPROTECT
+            (cdb10(0x28, 0, 5, 0), vec![]),              // nothing to read
+            (vec![0x28, 0, 0], vec![]),                  // short CDB
+            (cdb16(0x88, 0, 2040, 16), vec![]),          // mapped and unmapped grains
+            (cdb10(0x2A, 0, 16, 8), write_data.clone()), // a write between reads
+            (cdb10(0x28, 0, 12, 16), vec![]),            // sees it
             (vec![0u8; 6], vec![]),
-            (vec![0x08, 0, 0, 3, 2, 0], vec![]),            // READ(6)
+            (vec![0x08, 0, 0, 3, 2, 0], vec![]), // READ(6)
         ],
         // Nexus 1 resets the LUN between batches: the first read reports the unit attention
         // and the others run.

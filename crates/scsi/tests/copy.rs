@@ -4,41 +4,73 @@
 
 use std::sync::Arc;
 
+use parking_lot::Mutex;
 use tessera_disk::{DiskRef, MemDisk};
 use tessera_scsi::sense::{self, key};
-use tessera_scsi::{CopyManager, Lun, Nexus, Response};
+use tessera_scsi::{CopyManager, Lun, LunScope, Nexus, Response, Scope};
 use tessera_volume::{Engine, LayoutKind, VdiskSpec};
 
 const MIB: u64 = 1 << 20;
 const BS: u64 = 512;
 
+/// The LUNs of one target, as an iSCSI session logged in to it can address them.
+#[derive(Default)]
+struct Target(Mutex<Vec<Arc<Lun>>>);
+
+impl LunScope for Target {
+    fn lun_by_naa(&self, naa: &[u8; 16]) -> Option<Arc<Lun>> {
+        self.0.lock().iter().find(|l| l.naa() == naa).cloned()
+    }
+}
+
 struct Rig {
     _dir: tempfile::TempDir,
     engine: Engine,
+    disks: Vec<Arc<MemDisk>>,
     cm: Arc<CopyManager>,
+    /// The target every LUN made by `lun` belongs to.
+    target: Arc<Target>,
 }
 
 impl Rig {
     fn new() -> Rig {
         let dir = tempfile::tempdir().unwrap();
-        let disks: Vec<DiskRef> = (0..3)
-            .map(|i| Arc::new(MemDisk::new(&format!("m{i}"), 128 * MIB)) as DiskRef)
+        let disks: Vec<Arc<MemDisk>> = (0..3)
+            .map(|i| Arc::new(MemDisk::new(&format!("m{i}"), 128 * MIB)))
             .collect();
-        let engine = Engine::create_pool(&dir.path().join("p"), "p", disks, MIB).unwrap();
+        let refs = disks.iter().map(|d| d.clone() as DiskRef).collect();
+        let engine = Engine::create_pool(&dir.path().join("p"), "p", refs, MIB).unwrap();
         Rig {
             _dir: dir,
             engine,
+            disks,
             cm: Arc::new(CopyManager::new()),
+            target: Arc::default(),
         }
     }
 
+    /// A LUN of the rig's target.
     fn lun(&self, name: &str, layout: LayoutKind, uid: u128) -> Arc<Lun> {
+        let l = self.lun_elsewhere(name, layout, uid);
+        self.target.0.lock().push(l.clone());
+        l
+    }
+
+    /// A LUN of the same daemon (its copy manager) that the rig's target does not present.
+    fn lun_elsewhere(&self, name: &str, layout: LayoutKind, uid: u128) -> Arc<Lun> {
         let mut spec = VdiskSpec::new(name, 16 * MIB, layout);
         spec.grain_size = Some(64 << 10);
         let v = self.engine.create_vdisk(&spec).unwrap();
-        let l = Arc::new(Lun::new(v, uid, false).with_copy_manager(self.cm.clone()));
-        l.register_for_copy();
-        l
+        Arc::new(Lun::new(v, uid, false).with_copy_manager(self.cm.clone()))
+    }
+
+    /// The local nexus, logged in to the rig's target.
+    fn nexus(&self) -> Nexus {
+        Nexus::local().with_scope(Scope::of(&self.target))
+    }
+
+    fn flushes(&self) -> u64 {
+        self.disks.iter().map(|d| d.flush_count()).sum()
     }
 }
 
@@ -53,7 +85,9 @@ fn check(r: Response) -> (u8, u8, u8) {
 }
 
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(31) ^ seed ^ (i >> 9) as u8).collect()
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31) ^ seed ^ (i >> 9) as u8)
+        .collect()
 }
 
 fn write(l: &Lun, lba: u64, data: &[u8]) {
@@ -155,8 +189,16 @@ fn tokens_copy_across_luns_at_the_point_in_time_of_populate() {
     write(&a, 0, &vec![0xEE; MIB as usize]);
     ok(write_using_token(&b, 2, &t, 0, false, &[(1024, 4096)]));
     let back = read(&b, 1024, 4096);
-    assert_eq!(&back[..MIB as usize], &data[..MIB as usize], "first range, as populated");
-    assert_eq!(&back[MIB as usize..], &data[2 * MIB as usize..3 * MIB as usize], "second range");
+    assert_eq!(
+        &back[..MIB as usize],
+        &data[..MIB as usize],
+        "first range, as populated"
+    );
+    assert_eq!(
+        &back[MIB as usize..],
+        &data[2 * MIB as usize..3 * MIB as usize],
+        "second range"
+    );
     let info = rrti(&b, 2);
     assert_eq!((info[4] & 0x1F, info[5]), (0x11, 0x01));
     assert_eq!(u64::from_be_bytes(info[16..24].try_into().unwrap()), 4096);
@@ -230,7 +272,11 @@ fn zero_token_deleted_expired_forged_and_truncated_tokens() {
     let mut f = t.clone();
     f[130] ^= 1;
     f[160] ^= 1;
-    assert_eq!(invalid(write_using_token(&b, 3, &f, 0, false, &[(0, 8)])), 0x02, "not ours");
+    assert_eq!(
+        invalid(write_using_token(&b, 3, &f, 0, false, &[(0, 8)])),
+        0x02,
+        "not ours"
+    );
     let mut f = t.clone();
     f[0..4].copy_from_slice(&0x0001_0000u32.to_be_bytes());
     assert_eq!(invalid(write_using_token(&b, 3, &f, 0, false, &[(0, 8)])), 0x01);
@@ -248,12 +294,18 @@ fn zero_token_deleted_expired_forged_and_truncated_tokens() {
         (key::ILLEGAL_REQUEST, 0x1A, 0)
     );
     // Ranges past the end, none at all, too many.
-    assert_eq!(check(populate(&a, 4, 0, &[(32760, 16)])), (key::ILLEGAL_REQUEST, 0x21, 0));
+    assert_eq!(
+        check(populate(&a, 4, 0, &[(32760, 16)])),
+        (key::ILLEGAL_REQUEST, 0x21, 0)
+    );
     assert_eq!(check(populate(&a, 4, 0, &[])), (key::ILLEGAL_REQUEST, 0x26, 0));
     let many: Vec<(u64, u32)> = (0..65).map(|i| (i * 8, 8)).collect();
     assert_eq!(check(populate(&a, 4, 0, &many)).0, key::ILLEGAL_REQUEST);
     // A timeout over the maximum.
-    assert_eq!(check(populate(&a, 4, 100_000, &[(0, 8)])), (key::ILLEGAL_REQUEST, 0x26, 0));
+    assert_eq!(
+        check(populate(&a, 4, 100_000, &[(0, 8)])),
+        (key::ILLEGAL_REQUEST, 0x26, 0)
+    );
 
     // DEL_TKN: the token works once more, then is gone.
     ok(write_using_token(&b, 5, &t, 0, true, &[(0, 64)]));
@@ -265,7 +317,10 @@ fn zero_token_deleted_expired_forged_and_truncated_tokens() {
     // A write-protected destination.
     let ro = Lun::new(rig.engine.vdisk("b").unwrap(), 9, true).with_copy_manager(rig.cm.clone());
     let t = token(&a, 9, 0, &[(0, 64)]);
-    assert_eq!(check(write_using_token(&ro, 10, &t, 0, false, &[(0, 8)])), (key::DATA_PROTECT, 0x27, 0));
+    assert_eq!(
+        check(write_using_token(&ro, 10, &t, 0, false, &[(0, 8)])),
+        (key::DATA_PROTECT, 0x27, 0)
+    );
     // RRTI of an operation that never was.
     let mut c = vec![0u8; 16];
     c[0] = 0x84;
@@ -274,22 +329,237 @@ fn zero_token_deleted_expired_forged_and_truncated_tokens() {
     c[13] = 255;
     assert_eq!(check(a.execute(&c, &[])).0, key::ILLEGAL_REQUEST);
     // Results are per nexus: another initiator does not see ours.
-    let other = Nexus {
-        id: 77,
-        initiator: "iqn.other".into(),
-        isid: [0; 6],
-    };
+    let other = Nexus::new(77, "iqn.other", [0; 6]);
     c[5] = 9;
     assert_eq!(check(a.execute_for(&other, &c, &[])).0, key::ILLEGAL_REQUEST);
-    // REPORT ALL ROD TOKENS lists the live ones.
+    assert!(rig.engine.check().unwrap().problems.is_empty());
+}
+
+fn report_all_rod_tokens(l: &Lun, n: &Nexus) -> Vec<u8> {
     let mut c = vec![0u8; 16];
     c[0] = 0x84;
     c[1] = 0x08;
     c[10..14].copy_from_slice(&65536u32.to_be_bytes());
-    let d = ok(a.execute(&c, &[]));
+    let d = ok(l.execute_for(n, &c, &[]));
     assert_eq!(u32::from_be_bytes(d[0..4].try_into().unwrap()) as usize, d.len() - 4);
-    assert!(d.len() >= 8 + 512);
-    assert!(rig.engine.check().unwrap().problems.is_empty());
+    d
+}
+
+#[test]
+fn report_all_rod_tokens_shows_a_nexus_only_its_own_tokens() {
+    let rig = Rig::new();
+    let a = rig.lun("a", LayoutKind::Mirror, 1);
+    let b = rig.lun("b", LayoutKind::Mirror, 2);
+    write(&a, 0, &pattern(4, MIB as usize));
+    let mine = token(&a, 1, 0, &[(0, 64)]);
+    let listed = report_all_rod_tokens(&a, &Nexus::local());
+    assert_eq!(listed.len(), 8 + 512, "the creator sees its one token");
+    assert_eq!(&listed[8..], &mine[..]);
+    // A host of another target (another nexus) sees no token: the bytes are the secret that
+    // would let it paste a's data into a LUN of its own.
+    let other = Nexus::new(77, "iqn.2026-11.io.example:intruder", [0x40, 0, 0, 0, 0, 1]);
+    assert_eq!(report_all_rod_tokens(&b, &other).len(), 8, "header only");
+    assert_eq!(
+        report_all_rod_tokens(&a, &other).len(),
+        8,
+        "nor through the creator's LUN"
+    );
+}
+
+/// A LUN whose write cache is off (MODE SELECT of the caching page with WCE clear).
+fn write_cache_off(l: &Lun) {
+    let sense = ok(l.execute(&[0x1A, 0x08, 0x08, 0, 255, 0], &[]));
+    let page = &sense[4 + sense[3] as usize..];
+    let mut p = vec![0u8; 4];
+    p.extend_from_slice(&page[..2 + page[1] as usize]);
+    p[4] &= 0x7F; // PS is reserved in MODE SELECT
+    p[6] &= !0x04;
+    ok(l.execute(&[0x15, 0x10, 0, 0, p.len() as u8, 0], &p));
+    assert!(!l.mode().wce);
+}
+
+#[test]
+fn extended_copy_reaches_only_luns_the_nexus_can_address() {
+    let rig = Rig::new();
+    let a = rig.lun("a", LayoutKind::Mirror, 1);
+    let b = rig.lun("b", LayoutKind::Mirror, 2);
+    // A LUN of another target, whose ACL or CHAP the initiator did not pass.
+    let secret = rig.lun_elsewhere("secret", LayoutKind::Mirror, 3);
+    let hidden = pattern(0x5E, MIB as usize);
+    write(&secret, 0, &hidden);
+    let mine = pattern(0x11, MIB as usize);
+    write(&a, 0, &mine);
+    let n = rig.nexus();
+    let unreachable = (key::COPY_ABORTED, 0x08, 0x04);
+    // Read the other target's LUN into ours: refused, nothing written.
+    assert_eq!(
+        check(xcopy_for(
+            &n,
+            &a,
+            1,
+            &[cscd(&secret), cscd(&a)],
+            &[segment(0, 1, 64, 0, 0)]
+        )),
+        unreachable
+    );
+    assert_eq!(read(&a, 0, 2048), mine);
+    // Overwrite it from ours: refused, nothing written.
+    assert_eq!(
+        check(xcopy_for(
+            &n,
+            &a,
+            2,
+            &[cscd(&a), cscd(&secret)],
+            &[segment(0, 1, 64, 0, 0)]
+        )),
+        unreachable
+    );
+    assert_eq!(read(&secret, 0, 2048), hidden);
+    // The same list sent to the other LUN of its own target is refused too: the scope is
+    // the nexus's, not the LUN's.
+    assert_eq!(
+        check(xcopy_for(
+            &n,
+            &b,
+            3,
+            &[cscd(&secret), cscd(&b)],
+            &[segment(0, 1, 64, 0, 0)]
+        )),
+        unreachable
+    );
+    // A nexus with no target (a local tool) reaches only the LUN it sends to.
+    assert_eq!(
+        check(xcopy(&a, 4, &[cscd(&a), cscd(&b)], &[segment(0, 1, 64, 0, 0)])),
+        unreachable
+    );
+    // Within its target, the copy works.
+    ok(xcopy_for(
+        &n,
+        &a,
+        5,
+        &[cscd(&a), cscd(&b)],
+        &[segment(0, 1, 2048, 0, 0)],
+    ));
+    assert_eq!(read(&b, 0, 2048), mine);
+}
+
+/// PERSISTENT RESERVE OUT from `n`: REGISTER key 9, then RESERVE with `kind`.
+fn reserve(l: &Lun, n: &Nexus, kind: u8) {
+    let mut p = vec![0u8; 24];
+    p[8..16].copy_from_slice(&9u64.to_be_bytes());
+    ok(l.execute_for(n, &[0x5F, 0, 0, 0, 0, 0, 0, 0, 24, 0], &p));
+    let mut p = vec![0u8; 24];
+    p[0..8].copy_from_slice(&9u64.to_be_bytes());
+    ok(l.execute_for(n, &[0x5F, 1, kind, 0, 0, 0, 0, 0, 24, 0], &p));
+}
+
+#[test]
+fn extended_copy_obeys_the_reservations_of_the_luns_it_names() {
+    let rig = Rig::new();
+    let a = rig.lun("a", LayoutKind::Mirror, 1);
+    let b = rig.lun("b", LayoutKind::Mirror, 2);
+    let c = rig.lun("c", LayoutKind::Mirror, 3);
+    for (l, seed) in [(&a, 1), (&b, 2), (&c, 3)] {
+        write(l, 0, &pattern(seed, MIB as usize));
+    }
+    let n = rig.nexus();
+    let holder = Nexus::new(9, "iqn.2026-11.io.example:holder", [0x40, 0, 0, 0, 0, 9]);
+    // b: EXCLUSIVE ACCESS held by another host. c: WRITE EXCLUSIVE, which lets others read.
+    reserve(&b, &holder, 3);
+    reserve(&c, &holder, 1);
+    let unreachable = (key::COPY_ABORTED, 0x08, 0x04);
+    assert_eq!(
+        check(xcopy_for(&n, &a, 1, &[cscd(&b), cscd(&a)], &[segment(0, 1, 64, 0, 0)])),
+        unreachable,
+        "reading b is refused"
+    );
+    assert_eq!(
+        check(xcopy_for(&n, &a, 2, &[cscd(&a), cscd(&c)], &[segment(0, 1, 64, 0, 0)])),
+        unreachable,
+        "writing c is refused"
+    );
+    assert_eq!(read(&a, 0, 2048), pattern(1, MIB as usize));
+    assert_eq!(read(&c, 0, 2048), pattern(3, MIB as usize));
+    // A list whose second segment is refused moves nothing, not even its first.
+    assert_eq!(
+        check(xcopy_for(
+            &n,
+            &a,
+            3,
+            &[cscd(&c), cscd(&a), cscd(&b)],
+            &[segment(0, 1, 64, 0, 0), segment(1, 2, 64, 0, 0)]
+        )),
+        unreachable
+    );
+    assert_eq!(read(&a, 0, 2048), pattern(1, MIB as usize));
+    // Reading c is allowed under WRITE EXCLUSIVE.
+    ok(xcopy_for(
+        &n,
+        &a,
+        4,
+        &[cscd(&c), cscd(&a)],
+        &[segment(0, 1, 2048, 0, 0)],
+    ));
+    assert_eq!(read(&a, 0, 2048), pattern(3, MIB as usize));
+    // The holder itself may copy into b.
+    let holder = holder.with_scope(Scope::of(&rig.target));
+    ok(xcopy_for(
+        &holder,
+        &a,
+        5,
+        &[cscd(&a), cscd(&b)],
+        &[segment(0, 1, 64, 0, 0)],
+    ));
+}
+
+#[test]
+fn extended_copy_refuses_lbas_that_overflow_instead_of_wrapping() {
+    let rig = Rig::new();
+    let a = rig.lun("a", LayoutKind::Mirror, 1);
+    let b = rig.lun("b", LayoutKind::Mirror, 2);
+    write(&a, 0, &pattern(1, MIB as usize));
+    write(&b, 0, &pattern(2, MIB as usize));
+    let n = rig.nexus();
+    // 2^55 blocks of 512 bytes is 2^64 bytes: multiplied without a check, it wraps to 0.
+    let wrap = 1u64 << 55;
+    for (slba, dlba) in [(0, wrap), (wrap, 0), (0, u64::MAX), (u64::MAX - 3, 0)] {
+        assert_eq!(
+            check(xcopy_for(
+                &n,
+                &a,
+                1,
+                &[cscd(&a), cscd(&b)],
+                &[segment(0, 1, 8, slba, dlba)]
+            )),
+            (key::COPY_ABORTED, 0, 0),
+            "source LBA {slba:#x}, destination LBA {dlba:#x}"
+        );
+    }
+    assert_eq!(read(&b, 0, 2048), pattern(2, MIB as usize), "LBA 0 untouched");
+}
+
+#[test]
+fn extended_copy_into_a_lun_with_its_write_cache_off_is_flushed_before_it_completes() {
+    let rig = Rig::new();
+    let a = rig.lun("a", LayoutKind::Simple, 1);
+    let b = rig.lun("b", LayoutKind::Mirror, 2);
+    write(&a, 0, &pattern(1, MIB as usize));
+    write(&b, 0, &pattern(2, MIB as usize));
+    rig.engine.flush().unwrap();
+    let n = rig.nexus();
+    // Between layouts and within allocated, unshared grains: data is written in place, and
+    // no metadata commit (which would flush on its own) is involved.
+    let before = rig.flushes();
+    ok(xcopy_for(&n, &a, 1, &[cscd(&a), cscd(&b)], &[segment(0, 1, 8, 3, 5)]));
+    assert_eq!(rig.flushes(), before, "with the write cache on, no flush is owed");
+    write_cache_off(&b);
+    let before = rig.flushes();
+    ok(xcopy_for(&n, &a, 2, &[cscd(&a), cscd(&b)], &[segment(0, 1, 8, 3, 13)]));
+    assert!(
+        rig.flushes() > before,
+        "with the write cache off, the copy is durable when it completes"
+    );
+    assert_eq!(read(&b, 13, 8), &pattern(1, MIB as usize)[3 * 512..11 * 512]);
 }
 
 /// An identification CSCD descriptor naming a LUN by its NAA designator (VPD page 0x83).
@@ -318,6 +588,10 @@ fn segment(src: u16, dst: u16, blocks: u16, slba: u64, dlba: u64) -> Vec<u8> {
 }
 
 fn xcopy(l: &Lun, list_id: u8, cscds: &[Vec<u8>], segs: &[Vec<u8>]) -> Response {
+    xcopy_for(&Nexus::local(), l, list_id, cscds, segs)
+}
+
+fn xcopy_for(n: &Nexus, l: &Lun, list_id: u8, cscds: &[Vec<u8>], segs: &[Vec<u8>]) -> Response {
     let t: Vec<u8> = cscds.concat();
     let s: Vec<u8> = segs.concat();
     let mut p = vec![0u8; 16];
@@ -329,7 +603,7 @@ fn xcopy(l: &Lun, list_id: u8, cscds: &[Vec<u8>], segs: &[Vec<u8>]) -> Response 
     let mut c = vec![0u8; 16];
     c[0] = 0x83;
     c[10..14].copy_from_slice(&(p.len() as u32).to_be_bytes());
-    l.execute(&c, &p)
+    l.execute_for(n, &c, &p)
 }
 
 fn rcr(l: &Lun, sa: u8, list_id: u8) -> Response {
@@ -349,7 +623,8 @@ fn extended_copy_between_luns_and_its_results() {
     let data = pattern(9, (2 * MIB) as usize);
     write(&a, 0, &data);
     // Two segments: a to b (grain aligned), and within b (not aligned).
-    ok(xcopy(
+    ok(xcopy_for(
+        &rig.nexus(),
         &a,
         7,
         &[cscd(&a), cscd(&b)],
@@ -371,8 +646,14 @@ fn extended_copy_between_luns_and_its_results() {
     let mut ghost = cscd(&b);
     ghost[20] ^= 0xFF;
     assert_eq!(
-        check(xcopy(&a, 8, &[cscd(&a), ghost], &[segment(0, 1, 8, 0, 0)])),
-        (key::COPY_ABORTED, 0x0D, 0x02)
+        check(xcopy_for(
+            &rig.nexus(),
+            &a,
+            8,
+            &[cscd(&a), ghost],
+            &[segment(0, 1, 8, 0, 0)]
+        )),
+        (key::COPY_ABORTED, 0x08, 0x04)
     );
     // Unsupported descriptors, an index past the list, and a range past the end.
     let mut odd = cscd(&b);
@@ -384,7 +665,7 @@ fn extended_copy_between_luns_and_its_results() {
     let mut seg = segment(0, 1, 8, 0, 0);
     seg[0] = 0x0B;
     assert_eq!(
-        check(xcopy(&a, 8, &[cscd(&a), cscd(&b)], &[seg])),
+        check(xcopy_for(&rig.nexus(), &a, 8, &[cscd(&a), cscd(&b)], &[seg])),
         (key::ILLEGAL_REQUEST, 0x26, 0x09)
     );
     assert_eq!(
@@ -392,7 +673,13 @@ fn extended_copy_between_luns_and_its_results() {
         (key::COPY_ABORTED, 0x0D, 0x02)
     );
     assert_eq!(
-        check(xcopy(&a, 9, &[cscd(&a), cscd(&b)], &[segment(0, 1, 8, 0, 32_765)])),
+        check(xcopy_for(
+            &rig.nexus(),
+            &a,
+            9,
+            &[cscd(&a), cscd(&b)],
+            &[segment(0, 1, 8, 0, 32_765)]
+        )),
         (key::COPY_ABORTED, 0, 0)
     );
     let failed = ok(rcr(&a, 0x00, 9));
@@ -425,7 +712,10 @@ fn discovery_reports_third_party_copy() {
         if t == 0 {
             let d = &p[at + 4..at + 4 + len];
             assert!(u16::from_be_bytes([d[6], d[7]]) >= 8, "range descriptors");
-            assert!(u64::from_be_bytes(d[16..24].try_into().unwrap()) >= (10u64 << 30) / BS, "10 GiB in one token");
+            assert!(
+                u64::from_be_bytes(d[16..24].try_into().unwrap()) >= (10u64 << 30) / BS,
+                "10 GiB in one token"
+            );
         }
         types.push(t);
         at += 4 + len;

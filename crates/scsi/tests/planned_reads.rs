@@ -44,11 +44,11 @@ fn rig(files: bool) -> Rig {
 }
 
 fn nexus(id: u64) -> Nexus {
-    Nexus {
+    Nexus::new(
         id,
-        initiator: format!("iqn.2026-11.io.example:host-{id}"),
-        isid: [0, 0, 0, 0, 0, id as u8],
-    }
+        &format!("iqn.2026-11.io.example:host-{id}"),
+        [0, 0, 0, 0, 0, id as u8],
+    )
 }
 
 fn cdb16(op: u8, lba: u64, blocks: u32) -> Vec<u8> {

@@ -219,13 +219,11 @@ impl Targets {
         });
         // A snapshot is presented write-protected.
         let read_only = v.is_snapshot();
-        let lun = Arc::new(
+        Ok(Arc::new(
             Lun::new(v, uid, read_only)
                 .with_persistent_reservations(saved, store)
                 .with_copy_manager(self.copy.clone()),
-        );
-        lun.register_for_copy();
-        Ok(lun)
+        ))
     }
 
     pub fn list(&self) -> Vec<TargetConfig> {
