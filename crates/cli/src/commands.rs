@@ -335,7 +335,15 @@ fn vdisk_table(v: &Value) {
         })
         .collect();
     table(
-        &["VDISK", "SIZE", "ALLOCATED", "EXCLUSIVE", "SNAPSHOTS", "PROVISIONING", "LAYOUT"],
+        &[
+            "VDISK",
+            "SIZE",
+            "ALLOCATED",
+            "EXCLUSIVE",
+            "SNAPSHOTS",
+            "PROVISIONING",
+            "LAYOUT",
+        ],
         rows,
     );
 }
@@ -355,7 +363,11 @@ fn pool_snapshot(s: &str) -> Result<(String, String, String), ClientError> {
 }
 
 fn snapshot_path(p: &str, v: &str) -> String {
-    format!("/api/pools/{}/vdisks/{}/snapshots", encode_segment(p), encode_segment(v))
+    format!(
+        "/api/pools/{}/vdisks/{}/snapshots",
+        encode_segment(p),
+        encode_segment(v)
+    )
 }
 
 fn snapshot(c: &Ctx, cmd: SnapshotCmd) -> R {
@@ -864,9 +876,7 @@ fn target_table(v: &Value) {
 
 fn portal(c: &Ctx, cmd: PortalCmd) -> R {
     let v = match cmd {
-        PortalCmd::Add { address } => c
-            .client
-            .post("/api/iscsi/portals", Some(json!({"address": address})))?,
+        PortalCmd::Add { address } => c.client.post("/api/iscsi/portals", Some(json!({"address": address})))?,
         PortalCmd::List => c.client.get("/api/iscsi/portals")?,
         PortalCmd::Remove { address } => {
             c.client

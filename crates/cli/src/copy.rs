@@ -42,8 +42,7 @@ impl Wire {
             .command(e.lun, cdb, out, read_len)
             .await
             .map_err(|err| format!("command {:#04x}: {err}", cdb[0]))?;
-        self.bytes
-            .fetch_add((sent + r.data.len()) as u64, Ordering::Relaxed);
+        self.bytes.fetch_add((sent + r.data.len()) as u64, Ordering::Relaxed);
         Ok(r)
     }
 
@@ -154,7 +153,10 @@ async fn run(args: &CopyArgs) -> Result<serde_json::Value, String> {
     if n == 0 {
         return Err("COUNT must be at least one block".into());
     }
-    for (end, lba, what) in [(&src, args.source_lba, "source"), (&dst, args.destination_lba, "destination")] {
+    for (end, lba, what) in [
+        (&src, args.source_lba, "source"),
+        (&dst, args.destination_lba, "destination"),
+    ] {
         if lba.checked_add(n).is_none_or(|e| e > end.blocks) {
             return Err(format!(
                 "the {what} range {lba}+{n} goes past its end ({} blocks)",
@@ -220,7 +222,13 @@ fn range_descriptors(lba: u64, n: u64) -> Vec<u8> {
 /// Limits), and the most range descriptors.
 async fn token_limits(wire: &Wire, e: &End) -> Result<(u64, usize), String> {
     let d = wire
-        .good(e, "INQUIRY (third-party copy VPD page)", &[0x12, 1, 0x8F, 0x10, 0, 0], Vec::new(), 4096)
+        .good(
+            e,
+            "INQUIRY (third-party copy VPD page)",
+            &[0x12, 1, 0x8F, 0x10, 0, 0],
+            Vec::new(),
+            4096,
+        )
         .await
         .map_err(|err| format!("{err}: the target does not offer token copy"))?;
     let mut at = 4;
@@ -256,7 +264,13 @@ async fn odx(wire: &Wire, src: &End, slba: u64, dst: &End, dlba: u64, n: u64) ->
         wire.good(src, "POPULATE TOKEN", &tpc_out(0x10, list_id, p.len()), p, 0)
             .await?;
         let info = wire
-            .good(src, "RECEIVE ROD TOKEN INFORMATION", &rrti_cdb(list_id, 1024), Vec::new(), 1024)
+            .good(
+                src,
+                "RECEIVE ROD TOKEN INFORMATION",
+                &rrti_cdb(list_id, 1024),
+                Vec::new(),
+                1024,
+            )
             .await?;
         let token = token_from(&info)?;
         // WRITE USING TOKEN into the destination; the token is deleted once used.
@@ -271,7 +285,13 @@ async fn odx(wire: &Wire, src: &End, slba: u64, dst: &End, dlba: u64, n: u64) ->
         wire.good(dst, "WRITE USING TOKEN", &tpc_out(0x11, list_id, p.len()), p, 0)
             .await?;
         let info = wire
-            .good(dst, "RECEIVE ROD TOKEN INFORMATION", &rrti_cdb(list_id, 1024), Vec::new(), 1024)
+            .good(
+                dst,
+                "RECEIVE ROD TOKEN INFORMATION",
+                &rrti_cdb(list_id, 1024),
+                Vec::new(),
+                1024,
+            )
             .await?;
         let moved = info
             .get(16..24)
@@ -311,7 +331,13 @@ fn token_from(info: &[u8]) -> Result<Vec<u8>, String> {
 /// An identification CSCD descriptor for a LUN, from its NAA designator in VPD page 0x83.
 async fn cscd(wire: &Wire, e: &End) -> Result<Vec<u8>, String> {
     let id = wire
-        .good(e, "INQUIRY (device identification)", &[0x12, 1, 0x83, 0x01, 0, 0], Vec::new(), 256)
+        .good(
+            e,
+            "INQUIRY (device identification)",
+            &[0x12, 1, 0x83, 0x01, 0, 0],
+            Vec::new(),
+            256,
+        )
         .await?;
     let mut at = 4;
     while at + 4 <= id.len() {
@@ -387,7 +413,13 @@ async fn host(wire: &Arc<Wire>, src: &End, slba: u64, dst: &End, dlba: u64, n: u
                 let k = chunk.min(n - at);
                 let len = (k * src.block) as usize;
                 let r = wire
-                    .good(&src, "READ(16)", &rw16(false, (slba + at) * src.block, len, src.block as u32), Vec::new(), len)
+                    .good(
+                        &src,
+                        "READ(16)",
+                        &rw16(false, (slba + at) * src.block, len, src.block as u32),
+                        Vec::new(),
+                        len,
+                    )
                     .await?;
                 let cdb = rw16(true, (dlba + at) * dst.block, len, dst.block as u32);
                 wire.good(&dst, "WRITE(16)", &cdb, r, 0).await?;

@@ -485,9 +485,7 @@ pub enum SnapshotCmd {
         snapshot: String,
     },
     /// List snapshots: of one vdisk (POOL/VDISK), of a pool (POOL), or of all.
-    List {
-        of: Option<String>,
-    },
+    List { of: Option<String> },
     Show {
         /// POOL/VDISK@NAME
         snapshot: String,

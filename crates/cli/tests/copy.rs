@@ -18,7 +18,15 @@ fn offloaded_copies_between_targets() {
     let d = Daemon::start(&t.path().join("state"));
     create_pool(&d, "p", &disks(&t.path().join("disks"), 3, 1 << 30));
     for v in ["src", "odx", "xcopy", "host"] {
-        d.ok(&["vdisk", "create", &format!("p/{v}"), "--size", "64M", "--layout", "mirror"]);
+        d.ok(&[
+            "vdisk",
+            "create",
+            &format!("p/{v}"),
+            "--size",
+            "64M",
+            "--layout",
+            "mirror",
+        ]);
     }
     let img = t.path().join("src.img");
     random_image(&img, 32 << 20, 51);

@@ -22,9 +22,22 @@ fn pool_and_vdisk_lifecycle() {
     assert_eq!(v["size"], 256u64 << 20);
     assert_eq!(v["layout"]["kind"], "mirror");
     assert_eq!(v["provisioning"], "thin");
-    assert_eq!((v["block_size"].as_u64(), v["physical_block_size"].as_u64()), (Some(512), Some(4096)));
-    assert!(d.ok(&["vdisk", "show", "tank/vol1"]).contains("512 (4096 physical, 512e)"));
-    let n = d.json(&["vdisk", "create", "tank/n", "--size", "1M", "--physical-block-size", "512"]);
+    assert_eq!(
+        (v["block_size"].as_u64(), v["physical_block_size"].as_u64()),
+        (Some(512), Some(4096))
+    );
+    assert!(d
+        .ok(&["vdisk", "show", "tank/vol1"])
+        .contains("512 (4096 physical, 512e)"));
+    let n = d.json(&[
+        "vdisk",
+        "create",
+        "tank/n",
+        "--size",
+        "1M",
+        "--physical-block-size",
+        "512",
+    ]);
     assert_eq!(n["physical_block_size"], 512);
     assert!(d.ok(&["vdisk", "show", "tank/n"]).contains("512 (512n)"));
     d.ok(&["vdisk", "delete", "tank/n"]);
@@ -109,7 +122,17 @@ fn pool_and_vdisk_lifecycle() {
         .fails(&["vdisk", "create", "tank/odd", "--size", "1000"])
         .contains("multiple"));
     assert!(d
-        .fails(&["vdisk", "create", "tank/odd", "--size", "1M", "--block-size", "4096", "--physical-block-size", "512"])
+        .fails(&[
+            "vdisk",
+            "create",
+            "tank/odd",
+            "--size",
+            "1M",
+            "--block-size",
+            "4096",
+            "--physical-block-size",
+            "512"
+        ])
         .contains("smaller than the 4096 byte logical block size"));
     assert!(d
         .fails(&["vdisk", "resize", "tank/vol1", "--size", "512M"])

@@ -149,7 +149,11 @@ fn added_portals_serve_discovery_and_survive_a_restart() {
     d.ok(&["target", "lun", "add", iqn, "p/v"]);
     let first = d.iscsi_portal();
     // A second path on another loopback address, as a second storage network would be.
-    let port = std::net::TcpListener::bind("127.0.0.2:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.2:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let second = format!("127.0.0.2:{port}");
     let added = d.json(&["target", "portal", "add", &second]);
     assert_eq!(added["listening_on"], second.as_str());
@@ -157,10 +161,16 @@ fn added_portals_serve_discovery_and_survive_a_restart() {
 
     // Bad requests are refused with the reason and change nothing.
     assert!(d.fails(&["target", "portal", "add", &second]).contains("exists"));
-    assert!(d.fails(&["target", "portal", "add", "storage-net"]).contains("IP[:PORT]"));
+    assert!(d
+        .fails(&["target", "portal", "add", "storage-net"])
+        .contains("IP[:PORT]"));
     assert!(d.fails(&["target", "portal", "add", &first]).contains("exists"));
-    assert!(d.fails(&["target", "portal", "remove", &first]).contains("configuration"));
-    assert!(d.fails(&["target", "portal", "remove", "127.0.0.9"]).contains("no portal"));
+    assert!(d
+        .fails(&["target", "portal", "remove", &first])
+        .contains("configuration"));
+    assert!(d
+        .fails(&["target", "portal", "remove", "127.0.0.9"])
+        .contains("no portal"));
     assert_eq!(d.json(&["target", "portal", "list"]).as_array().unwrap().len(), 2);
 
     // Discovery through either portal names both; the LUN answers through the second.
@@ -433,7 +443,11 @@ fn persistent_reservations_with_aptpl_survive_a_restart() {
     assert_eq!((r.status, told), (0, false), "a port's first session");
     let (cdb, p) = pr_out(1, 5, 0x1111, 0, false);
     let (r, told) = run(&portal, &node(1), cdb, p, 0);
-    assert_eq!((r.status, told), (0, true), "the port's next session is told of the loss");
+    assert_eq!(
+        (r.status, told),
+        (0, true),
+        "the port's next session is told of the loss"
+    );
     assert_eq!(std::fs::read_dir(&reservations_dir).unwrap().count(), 1);
 
     // A crash and a restart: the registration and the reservation are still there.
@@ -480,7 +494,17 @@ fn libiscsi_conformance_suite() {
     create_pool(&d, "c", &disks(&t.path().join("disks"), 4, 2 << 30));
     // 512n: libiscsi's GetLBAStatus.UnmapSingle assumes one logical block per physical
     // block (see the 512e run at the end).
-    d.ok(&["vdisk", "create", "c/conf", "--size", "1G", "--layout", "mirror", "--physical-block-size", "512"]);
+    d.ok(&[
+        "vdisk",
+        "create",
+        "c/conf",
+        "--size",
+        "1G",
+        "--layout",
+        "mirror",
+        "--physical-block-size",
+        "512",
+    ]);
     let iqn = "iqn.2026-11.io.tessera:conformance";
     d.ok(&["target", "create", iqn]);
     d.ok(&["target", "lun", "add", iqn, "c/conf"]);
@@ -556,7 +580,14 @@ fn libiscsi_conformance_suite() {
     assert!(unexpected.is_empty(), "new conformance failures {unexpected:?}:\n{out}");
     for (k, why) in KNOWN_FAILURES {
         // A known failure that never ran means the tool stopped early, not that it passes.
-        let tail: Vec<&str> = out.lines().rev().take(40).collect::<Vec<_>>().into_iter().rev().collect();
+        let tail: Vec<&str> = out
+            .lines()
+            .rev()
+            .take(40)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
         assert!(
             out.lines().any(|l| l.trim_start().starts_with(&format!("Test: {k} "))),
             "the suite stopped before {k} ({ran} tests ran); its output ended with:\n{}",
@@ -573,10 +604,23 @@ fn libiscsi_conformance_suite() {
     // Under 65536 blocks: WriteSame16.Unmap writes and reads 65536 blocks in one command when
     // the LUN has that many, 256 MiB at 4 KiB, past the maximum transfer length of the block
     // limits page, which the target then refuses (INVALID FIELD IN CDB).
-    d.ok(&["vdisk", "create", "c/conf4k", "--size", "128M", "--layout", "mirror", "--block-size", "4096"]);
+    d.ok(&[
+        "vdisk",
+        "create",
+        "c/conf4k",
+        "--size",
+        "128M",
+        "--layout",
+        "mirror",
+        "--block-size",
+        "4096",
+    ]);
     d.ok(&["target", "lun", "add", iqn, "c/conf4k", "--lun", "1"]);
     let url4k = format!("iscsi://{}/{iqn}/1", d.iscsi_portal());
-    let (_, out) = run("iscsi-test-cu", &[&format!("--test={thin_suites}"), "--dataloss", &url4k]);
+    let (_, out) = run(
+        "iscsi-test-cu",
+        &[&format!("--test={thin_suites}"), "--dataloss", &url4k],
+    );
     assert!(
         out.contains("Test: UnmapSingle ...passed") && cunit_failures(&out).is_empty(),
         "thin provisioning suites on 4Kn:\n{out}"
@@ -587,8 +631,15 @@ fn libiscsi_conformance_suite() {
     d.ok(&["vdisk", "create", "c/conf512e", "--size", "256M", "--layout", "mirror"]);
     d.ok(&["target", "lun", "add", iqn, "c/conf512e", "--lun", "2"]);
     let url512e = format!("iscsi://{}/{iqn}/2", d.iscsi_portal());
-    let (_, out) = run("iscsi-test-cu", &[&format!("--test={thin_suites}"), "--dataloss", &url512e]);
-    assert_eq!(cunit_failures(&out), ["UnmapSingle"], "thin provisioning suites on 512e:\n{out}");
+    let (_, out) = run(
+        "iscsi-test-cu",
+        &[&format!("--test={thin_suites}"), "--dataloss", &url512e],
+    );
+    assert_eq!(
+        cunit_failures(&out),
+        ["UnmapSingle"],
+        "thin provisioning suites on 512e:\n{out}"
+    );
     assert!(
         out.contains("lba offset in first descriptor"),
         "UnmapSingle on 512e failed for another reason:\n{out}"

@@ -29,14 +29,27 @@ fn snapshots_keep_their_moment_and_restore_through_clones() {
     d.ok(&["vdisk", "import", "p/db", after.to_str().unwrap()]);
     let n = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap();
     let v = d.json(&["vdisk", "show", "p/db"]);
-    assert!(n(&v, "exclusive_bytes") > 0, "rewritten grains are the vdisk's own: {v}");
-    assert_eq!(n(&v, "exclusive_bytes") + n(&v, "shared_bytes"), n(&v, "allocated_bytes"));
+    assert!(
+        n(&v, "exclusive_bytes") > 0,
+        "rewritten grains are the vdisk's own: {v}"
+    );
+    assert_eq!(
+        n(&v, "exclusive_bytes") + n(&v, "shared_bytes"),
+        n(&v, "allocated_bytes")
+    );
     let s = d.json(&["snapshot", "show", "p/db@before-upgrade"]);
     assert_eq!(s["vdisk"], "db");
     assert_eq!(s["name"], "before-upgrade");
     assert_eq!(s["full_name"], "db@before-upgrade");
-    assert!(n(&s, "exclusive_bytes") > 0, "the overwritten grains are the snapshot's own: {s}");
-    assert_eq!(n(&s, "shared_bytes"), n(&v, "shared_bytes"), "what they share, they share: {s} {v}");
+    assert!(
+        n(&s, "exclusive_bytes") > 0,
+        "the overwritten grains are the snapshot's own: {s}"
+    );
+    assert_eq!(
+        n(&s, "shared_bytes"),
+        n(&v, "shared_bytes"),
+        "what they share, they share: {s} {v}"
+    );
     let back = t.path().join("snap.img");
     d.ok(&["vdisk", "export", "p/db@before-upgrade", back.to_str().unwrap()]);
     assert!(read_back_matches(&before, &back), "the snapshot changed with its vdisk");
@@ -55,7 +68,9 @@ fn snapshots_keep_their_moment_and_restore_through_clones() {
     // Read-only: imports into it, a resize and an NBD write are refused.
     let err = d.fails(&["vdisk", "import", "p/db@second", after.to_str().unwrap()]);
     assert!(err.contains("snapshot"), "{err}");
-    assert!(d.fails(&["vdisk", "resize", "p/db@second", "--size", "128M"]).contains("snapshot"));
+    assert!(d
+        .fails(&["vdisk", "resize", "p/db@second", "--size", "128M"])
+        .contains("snapshot"));
     d.ok(&["nbd", "export", "p/db@second"]);
     let e = d.json(&["nbd", "show", "db@second"]);
     assert_eq!(e["read_only"], true, "{e}");
@@ -75,10 +90,16 @@ fn snapshots_keep_their_moment_and_restore_through_clones() {
     assert!(d.fails(&["snapshot", "create", "p/db"]).contains("POOL/VDISK@NAME"));
     assert!(d.fails(&["snapshot", "create", "p/db@a@b"]).contains("POOL/VDISK@NAME"));
     assert!(d.fails(&["snapshot", "create", "p/db@-x"]).contains("must not start"));
-    assert!(d.fails(&["snapshot", "create", "p/db@second"]).contains("already exists"));
+    assert!(d
+        .fails(&["snapshot", "create", "p/db@second"])
+        .contains("already exists"));
     assert!(d.fails(&["snapshot", "create", "p/nope@x"]).contains("nope"));
     assert!(d.fails(&["snapshot", "delete", "p/db@nope"]).contains("no snapshot"));
-    let r = d.http("POST", "/api/pools/p/vdisks/db/snapshots", Some(r#"{"name":"x","y":1}"#));
+    let r = d.http(
+        "POST",
+        "/api/pools/p/vdisks/db/snapshots",
+        Some(r#"{"name":"x","y":1}"#),
+    );
     assert_eq!(r.code(), "malformed_request", "{}", r.body);
 
     // Any order: the vdisk goes first, its snapshots stay readable; a presented snapshot

@@ -179,7 +179,10 @@ mod tests {
 
     #[test]
     fn neighbours_on_disk_form_runs_within_bounds() {
-        let mut bufs: Vec<Vec<u8>> = [4096, 4096, 4096, 512, 8192, 4096].iter().map(|&n| vec![0; n]).collect();
+        let mut bufs: Vec<Vec<u8>> = [4096, 4096, 4096, 512, 8192, 4096]
+            .iter()
+            .map(|&n| vec![0; n])
+            .collect();
         let offsets = [0u64, 4096, 8192, 65536, 66048, 0];
         let ops: Vec<Op> = bufs
             .iter_mut()
@@ -191,14 +194,20 @@ mod tests {
         let ops: Vec<Op> = big
             .iter_mut()
             .enumerate()
-            .map(|(i, b)| Op { buf: b, offset: i as u64 * 4096 })
+            .map(|(i, b)| Op {
+                buf: b,
+                offset: i as u64 * 4096,
+            })
             .collect();
         assert_eq!(runs(&ops), vec![0..64, 64..70], "at most MAX_RUN_OPS per run");
         let mut large: Vec<Vec<u8>> = (0..5).map(|_| vec![0; 256 << 10]).collect();
         let ops: Vec<Op> = large
             .iter_mut()
             .enumerate()
-            .map(|(i, b)| Op { buf: b, offset: i as u64 * (256 << 10) })
+            .map(|(i, b)| Op {
+                buf: b,
+                offset: i as u64 * (256 << 10),
+            })
             .collect();
         assert_eq!(runs(&ops), vec![0..4, 4..5], "at most MAX_RUN_BYTES per run");
         assert!(runs(&[]).is_empty());

@@ -13,6 +13,13 @@ pub enum LayoutError {
         width: usize,
         tolerance: usize,
     },
+    #[error("slab set {set}: a disk's cache flush failed and {unavailable} of its {width} disks are now unavailable (the layout tolerates {tolerance}): data written since the last flush may be lost")]
+    FlushFailed {
+        set: u32,
+        unavailable: usize,
+        width: usize,
+        tolerance: usize,
+    },
     #[error("slab set {set}: I/O failed on every copy: {detail}")]
     Io { set: u32, detail: String },
     #[error("stripe journal: {0}")]

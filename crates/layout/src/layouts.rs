@@ -139,8 +139,32 @@ impl Layouts {
         }
     }
 
+    /// Flushes every member. A member whose flush failed has been failed by the pool; what it
+    /// held since the last flush is durable only if every slab set it belongs to still has
+    /// enough members, all flushed, to serve it. If one has not, the flush fails: a write
+    /// behind it must never be reported durable.
     pub(crate) fn flush_members(&self) -> Result<()> {
-        self.pool.flush_all().map_err(LayoutError::from)
+        let failed = self.pool.flush_all()?;
+        if failed.is_empty() {
+            return Ok(());
+        }
+        for set in self.registry.all() {
+            let members = set.members.read();
+            if !members.iter().any(|m| failed.contains(&m.disk)) {
+                continue;
+            }
+            let unavailable = self.unavailable(&members);
+            if unavailable > set.spec.tolerance() {
+                return Err(LayoutError::FlushFailed {
+                    set: set.id,
+                    unavailable,
+                    width: set.spec.width(),
+                    tolerance: set.spec.tolerance(),
+                });
+            }
+        }
+        warn!(disks = ?failed, "a member's flush failed: its slab sets go on from their other members");
+        Ok(())
     }
 
     pub fn health(&self, set: &SlabSet) -> SetHealth {

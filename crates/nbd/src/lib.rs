@@ -3,14 +3,14 @@
 
 pub mod client;
 #[cfg(feature = "server")]
+mod conn;
+#[cfg(feature = "server")]
 pub mod export;
 #[cfg(feature = "server")]
 pub mod handshake;
 pub mod proto;
 #[cfg(feature = "server")]
 pub mod server;
-#[cfg(feature = "server")]
-mod conn;
 #[cfg(feature = "server")]
 mod transmission;
 #[cfg(feature = "server")]

@@ -457,9 +457,9 @@ async fn queued_reads_are_each_answered() {
     let written = vec![0x5Au8; 8192];
     for cookie in 0..60u64 {
         let (kind, offset, length) = match cookie {
-            7 => (cmd::READ, 100, 4096),             // unaligned
+            7 => (cmd::READ, 100, 4096),              // unaligned
             13 => (cmd::READ, 64 * MIB - 4096, 8192), // past the end
-            30 => (cmd::WRITE, 3 * MIB, 8192),         // a write among the reads
+            30 => (cmd::WRITE, 3 * MIB, 8192),        // a write among the reads
             _ => {
                 let len = 4096 * rng.random_range(1..=8u32);
                 // Data, holes, and reads straddling both.

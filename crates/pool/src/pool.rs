@@ -245,6 +245,8 @@ impl Pool {
     /// Flushes everything and marks every label as cleanly exported. The pool must not be
     /// used afterwards.
     pub fn export(&self) -> Result<()> {
+        // A member whose flush fails is marked failed in the labels written below; the
+        // layouts' own flush (before this) has said whether the data survived it.
         self.flush_all()?;
         self.inner.write().config.generation += 1;
         self.write_labels(true)?;
@@ -531,8 +533,11 @@ impl Pool {
     }
 
     /// Makes every completed write on every reachable member durable. A member whose flush
-    /// fails is failed: what it acknowledged may be lost, so it can no longer be trusted.
-    pub fn flush_all(&self) -> Result<()> {
+    /// fails is failed (and that is recorded before this returns): what it acknowledged may be
+    /// lost, so it can no longer be trusted. Returns the positions failed by this flush; the
+    /// caller decides whether the layouts still hold the data elsewhere, because the flush of
+    /// those members did not make anything durable.
+    pub fn flush_all(&self) -> Result<Vec<u32>> {
         let devs: Vec<(u32, DiskRef)> = {
             let inner = self.inner.read();
             inner
@@ -542,12 +547,14 @@ impl Pool {
                 .filter_map(|(i, m)| m.dev.clone().map(|d| (i as u32, d)))
                 .collect()
         };
+        let mut failed = Vec::new();
         for (pos, dev) in devs {
             if let Err(e) = dev.flush() {
                 self.set_disk_state(pos, DiskState::Failed, Some(format!("flush failed: {e}")))?;
+                failed.push(pos);
             }
         }
-        Ok(())
+        Ok(failed)
     }
 }
 

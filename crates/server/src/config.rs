@@ -250,10 +250,17 @@ mod tests {
 
     #[test]
     fn socket_buffers() {
-        let c = resolve("iscsi_send_buffer = \"4M\"\niscsi_recv_buffer = 262144\n", Overrides::default()).unwrap();
+        let c = resolve(
+            "iscsi_send_buffer = \"4M\"\niscsi_recv_buffer = 262144\n",
+            Overrides::default(),
+        )
+        .unwrap();
         assert_eq!(c.iscsi_buffers.send, Some(4 << 20));
         assert_eq!(c.iscsi_buffers.recv, Some(256 << 10));
-        assert_eq!(resolve("", Overrides::default()).unwrap().iscsi_buffers, Default::default());
+        assert_eq!(
+            resolve("", Overrides::default()).unwrap().iscsi_buffers,
+            Default::default()
+        );
     }
 
     #[test]

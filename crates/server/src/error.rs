@@ -136,7 +136,9 @@ impl From<LayoutError> for ApiError {
             LayoutError::TooManyFailures { .. } => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, code::DATA_UNAVAILABLE, e.to_string())
             }
-            LayoutError::Io { .. } | LayoutError::Journal(_) => ApiError::io(e.to_string()),
+            LayoutError::Io { .. } | LayoutError::FlushFailed { .. } | LayoutError::Journal(_) => {
+                ApiError::io(e.to_string())
+            }
             LayoutError::NoSuchSet(_) => ApiError::internal(e.to_string()),
             LayoutError::Cancelled => ApiError::busy("the operation was cancelled"),
         }

@@ -338,7 +338,10 @@ mod tests {
         assert_ne!(configured.port(), 0);
 
         // A free port, found by binding and letting go.
-        let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let free = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
         let v = p.add(&free.to_string()).unwrap();
         assert_eq!(v.source, "api");
         assert_eq!(v.listening_on.as_deref(), Some(free.to_string().as_str()));
@@ -355,7 +358,11 @@ mod tests {
             let e = p.remove(&name).unwrap_err();
             assert!(e.message.contains("configuration"), "{}", e.message);
         }
-        assert!(p.add(&configured.to_string()).unwrap_err().message.contains("configured as"));
+        assert!(p
+            .add(&configured.to_string())
+            .unwrap_err()
+            .message
+            .contains("configured as"));
 
         // After a restart, the added portal is back.
         drop(p);

@@ -62,11 +62,7 @@ async fn serve(cfg: ServerConfig) -> Result<(), String> {
     }
     println!(
         "{}",
-        banner(
-            &daemon,
-            tcp.as_ref().and_then(|t| t.local_addr().ok()),
-            nbd_addr
-        )
+        banner(&daemon, tcp.as_ref().and_then(|t| t.local_addr().ok()), nbd_addr)
     );
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

@@ -75,7 +75,12 @@ impl Engine {
     }
 
     /// Creates a vdisk (marked `Creating` until done) holding a whole frozen image.
-    fn fill_from(&self, spec: &VdiskSpec, snapshot_of: Option<String>, image: &Frozen) -> Result<(Arc<Vdisk>, CloneStats)> {
+    fn fill_from(
+        &self,
+        spec: &VdiskSpec,
+        snapshot_of: Option<String>,
+        image: &Frozen,
+    ) -> Result<(Arc<Vdisk>, CloneStats)> {
         let v = self.create_with(spec, snapshot_of, VdiskState::Creating)?;
         let done = v
             .paste_into(0, image, 0, image.len())

@@ -54,9 +54,7 @@ impl FrozenRegistry {
     /// Every grain location a live frozen image holds a reference to, with multiplicity.
     pub(crate) fn held(&self) -> Vec<Loc> {
         let live: Vec<Arc<Held>> = self.live.lock().values().filter_map(|w| w.upgrade()).collect();
-        live.iter()
-            .flat_map(|h| h.locs().into_iter())
-            .collect()
+        live.iter().flat_map(|h| h.locs().into_iter()).collect()
     }
 }
 

@@ -118,7 +118,10 @@ fn bad_requests_get_clear_errors() {
         s.block_size = Some(bs);
         assert!(rig.engine().create_vdisk(&s).is_err(), "{name} {size} {bs}");
     }
-    for (bs, pbs, why) in [(512, 1024, "must be 512 or 4096"), (4096, 512, "smaller than the 4096 byte logical")] {
+    for (bs, pbs, why) in [
+        (512, 1024, "must be 512 or 4096"),
+        (4096, 512, "smaller than the 4096 byte logical"),
+    ] {
         let mut s = VdiskSpec::new("ok", MIB, LayoutKind::Simple);
         s.block_size = Some(bs);
         s.physical_block_size = Some(pbs);

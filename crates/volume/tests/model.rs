@@ -206,7 +206,11 @@ fn run(kind: LayoutKind, copies: Option<u8>, prov: Provisioning, ops: Vec<Op>) {
                 let (off, len) = (blk * BLOCK, n * BLOCK);
                 // Two ranges, the second one block long, so images have several pieces.
                 let second = (BLOCKS - 1 - blk) * BLOCK;
-                let img = e.vdisk(names[vd]).unwrap().freeze(&[(off, len), (second, BLOCK)]).unwrap();
+                let img = e
+                    .vdisk(names[vd])
+                    .unwrap()
+                    .freeze(&[(off, len), (second, BLOCK)])
+                    .unwrap();
                 let mut bytes = m.data[vd][off as usize..(off + len) as usize].to_vec();
                 bytes.extend_from_slice(&m.data[vd][second as usize..(second + BLOCK) as usize]);
                 frozen.push((img, bytes));
@@ -222,7 +226,8 @@ fn run(kind: LayoutKind, copies: Option<u8>, prov: Provisioning, ops: Vec<Op>) {
                 let n = n.min(iblocks - iblk);
                 let (io, d_o, len) = (iblk * BLOCK, dblk * BLOCK, n * BLOCK);
                 e.vdisk(names[vd]).unwrap().paste(d_o, image, io, len).unwrap();
-                m.data[vd][d_o as usize..(d_o + len) as usize].copy_from_slice(&bytes[io as usize..(io + len) as usize]);
+                m.data[vd][d_o as usize..(d_o + len) as usize]
+                    .copy_from_slice(&bytes[io as usize..(io + len) as usize]);
             }
             Op::DropFrozen { img } => {
                 if !frozen.is_empty() {
@@ -271,7 +276,10 @@ fn run(kind: LayoutKind, copies: Option<u8>, prov: Provisioning, ops: Vec<Op>) {
         for (name, want) in &extras {
             let mut got = vec![0u8; VDISK_SIZE as usize];
             rig.engine().vdisk(name).unwrap().read(0, &mut got).unwrap();
-            assert!(&got == want, "step {step} ({op:?}): {name} does not read as when it was made");
+            assert!(
+                &got == want,
+                "step {step} ({op:?}): {name} does not read as when it was made"
+            );
         }
         for (i, (image, want)) in frozen.iter().enumerate() {
             let mut got = vec![0u8; image.len() as usize];

@@ -28,7 +28,10 @@ fn snapshots_are_read_only_images_that_outlive_their_origin() {
         // Read-only in every way.
         assert!(matches!(s1.write(0, &[0u8; 512], false), Err(VolumeError::ReadOnly(_))));
         assert!(matches!(s1.trim(0, 512), Err(VolumeError::ReadOnly(_))));
-        assert!(matches!(s1.write_zeroes(0, 512, true, false), Err(VolumeError::ReadOnly(_))));
+        assert!(matches!(
+            s1.write_zeroes(0, 512, true, false),
+            Err(VolumeError::ReadOnly(_))
+        ));
         assert!(e.resize_vdisk("vol@s1", 8 * MIB).is_err());
         assert!(e.snapshot("vol@s1", "x").is_err(), "no snapshot of a snapshot");
         assert!(e.snapshot("vol", "s1").is_err(), "name taken");
@@ -37,7 +40,10 @@ fn snapshots_are_read_only_images_that_outlive_their_origin() {
 
         // Everything is shared right after the snapshot; writes make grains exclusive.
         let u = v.space_usage();
-        assert_eq!((u.allocated_bytes, u.exclusive_bytes, u.shared_bytes), (2 * MIB, 0, 2 * MIB));
+        assert_eq!(
+            (u.allocated_bytes, u.exclusive_bytes, u.shared_bytes),
+            (2 * MIB, 0, 2 * MIB)
+        );
         v.write(0, &[9u8; 4096], false).unwrap();
         let u = v.space_usage();
         assert_eq!((u.exclusive_bytes, u.shared_bytes), (g, 2 * MIB - g));
@@ -191,7 +197,10 @@ fn frozen_images_keep_their_ranges_and_paste_anywhere() {
     other.read(0, &mut part).unwrap();
     assert_eq!(part, want[(2 * g) as usize..(5 * g) as usize]);
     // Bad requests.
-    assert!(dst.paste(0, &img, img.len() - 512, 1024).is_err(), "past the image's end");
+    assert!(
+        dst.paste(0, &img, img.len() - 512, 1024).is_err(),
+        "past the image's end"
+    );
     assert!(dst.paste(2 * MIB - 512, &img, 0, 1024).is_err(), "past the vdisk's end");
     assert!(dst.paste(0, &img, 100, 512).is_err(), "unaligned");
     assert!(src.freeze(&[(0, 3 * MIB)]).is_err());
