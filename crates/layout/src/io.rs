@@ -210,33 +210,56 @@ impl Layouts {
     }
 
     /// Makes every row of a journal region consistent again after a crash: parity recomputed
-    /// from the data, mirror copies set to the first readable copy.
+    /// from the data, mirror copies set to the first readable copy. A row that cannot be
+    /// made consistent (no readable copy, an unreadable data member) does not stop the rows
+    /// after it; the error names how many failed, and the caller keeps the region marked.
     pub(crate) fn resync_region(&self, set: &SlabSet, members: &[SlabRef], region: u64) -> Result<()> {
         let spec = &set.spec;
         let il = spec.interleave;
         let end = ((region + 1) * REGION_BYTES).min(self.pool.slab_size());
+        let mut failed = Vec::new();
         for row in (region * REGION_BYTES) / il..end.div_ceil(il) {
             let _g = self.row_lock(set.id, row).write();
-            if spec.parity_columns() > 0 {
-                self.resync_row(set, members, row)?;
-                continue;
+            let r = if spec.parity_columns() > 0 {
+                self.resync_row(set, members, row)
+            } else {
+                self.resync_mirror_row(set, members, row)
+            };
+            if let Err(e) = r {
+                failed.push((row, e));
             }
-            for d in 0..spec.data_columns() {
-                let copies = data_members(spec, row, d);
-                let mut buf = tessera_disk::AlignedBuf::zeroed(il as usize);
-                let Some(src) = copies
-                    .iter()
-                    .position(|&m| self.member_read(members[m], row * il, &mut buf).is_ok())
-                else {
-                    return Err(LayoutError::Io {
-                        set: set.id,
-                        detail: format!("row {row}: no readable copy"),
-                    });
-                };
-                for (i, &m) in copies.iter().enumerate() {
-                    if i != src {
-                        let _ = self.member_write(members[m], row * il, &buf);
-                    }
+        }
+        match failed.first() {
+            None => Ok(()),
+            Some((row, e)) => Err(LayoutError::Io {
+                set: set.id,
+                detail: format!(
+                    "{} row(s) of region {region} could not be made consistent, the first ({row}): {e}",
+                    failed.len()
+                ),
+            }),
+        }
+    }
+
+    /// Sets every copy of a mirror row to its first readable copy.
+    fn resync_mirror_row(&self, set: &SlabSet, members: &[SlabRef], row: u64) -> Result<()> {
+        let spec = &set.spec;
+        let il = spec.interleave;
+        for d in 0..spec.data_columns() {
+            let copies = data_members(spec, row, d);
+            let mut buf = tessera_disk::AlignedBuf::zeroed(il as usize);
+            let Some(src) = copies
+                .iter()
+                .position(|&m| self.member_read(members[m], row * il, &mut buf).is_ok())
+            else {
+                return Err(LayoutError::Io {
+                    set: set.id,
+                    detail: format!("row {row}: no readable copy"),
+                });
+            };
+            for (i, &m) in copies.iter().enumerate() {
+                if i != src {
+                    let _ = self.member_write(members[m], row * il, &buf);
                 }
             }
         }

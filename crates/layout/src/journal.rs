@@ -18,7 +18,7 @@
 //! journal is its own RocksDB instance, so its synchronous appends never make the metadata
 //! store's batches durable early.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -126,6 +126,10 @@ pub struct StripeJournal {
     /// to start a new epoch, so that it never deletes the record of a region that a write
     /// still relies on.
     epoch: RwLock<()>,
+    /// Replayed records whose work could not be finished (a region with a row that could not
+    /// be made consistent): checkpoints keep them until a retry succeeds, so that the next
+    /// start tries again instead of trusting the region.
+    pinned: Mutex<BTreeMap<u64, Record>>,
     /// Milliseconds after `opened` of the last checkpoint (an atomic: read on every write).
     last_checkpoint_ms: AtomicU64,
     opened: Instant,
@@ -168,6 +172,7 @@ impl StripeJournal {
             checkpointing: Mutex::new(()),
             dirty: RwLock::new(HashSet::new()),
             epoch: RwLock::new(()),
+            pinned: Mutex::new(BTreeMap::new()),
             last_checkpoint_ms: AtomicU64::new(0),
             opened: Instant::now(),
         };
@@ -196,6 +201,20 @@ impl StripeJournal {
 
     pub fn done(&self, seq: u64) {
         self.inflight.lock().remove(&seq);
+    }
+
+    /// Keeps a replayed record through checkpoints: its work is not finished.
+    pub fn pin(&self, seq: u64, rec: Record) {
+        self.pinned.lock().insert(seq, rec);
+    }
+
+    /// The record's work is done: the next checkpoint may delete it.
+    pub fn unpin(&self, seq: u64) {
+        self.pinned.lock().remove(&seq);
+    }
+
+    pub fn pinned(&self) -> Vec<(u64, Record)> {
+        self.pinned.lock().iter().map(|(k, r)| (*k, r.clone())).collect()
     }
 
     /// Held by a write from before it records its regions until its last member write.
@@ -268,7 +287,13 @@ impl StripeJournal {
         self.pending.store(0, Ordering::Relaxed);
         flush()?;
         let mut b = WriteBatch::default();
-        b.delete_range(0u64.to_be_bytes(), bound.to_be_bytes());
+        // Everything below the bound, but the pinned records.
+        let mut from = 0u64;
+        for &seq in self.pinned.lock().keys().filter(|&&s| s < bound) {
+            b.delete_range(from.to_be_bytes(), seq.to_be_bytes());
+            from = seq + 1;
+        }
+        b.delete_range(from.to_be_bytes(), bound.to_be_bytes());
         let mut wo = WriteOptions::default();
         wo.set_sync(sync);
         self.db

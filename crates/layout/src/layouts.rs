@@ -74,35 +74,57 @@ impl Layouts {
         };
         if !replay.is_empty() {
             info!(records = replay.len(), "replaying the stripe journal");
-            for (_, rec) in &replay {
-                layouts.replay(rec);
+            for (seq, rec) in replay {
+                if !layouts.replay(&rec) {
+                    layouts.journal.pin(seq, rec);
+                }
             }
         }
         layouts.journal.checkpoint(|| layouts.flush_members(), true)?;
         Ok(layouts)
     }
 
-    fn replay(&self, rec: &crate::journal::Record) {
+    /// Applies one record; false if its work could not be finished, so the record must stay.
+    fn replay(&self, rec: &crate::journal::Record) -> bool {
         let Ok(set) = self.registry.get(rec.set) else {
             warn!(
                 set = rec.set,
                 "journal record for a slab set that no longer exists; skipped"
             );
-            return;
+            return true;
         };
         let members = set.members.read();
         match &rec.body {
             RecordBody::Update { offset, writes } => {
+                // A member that cannot take its bytes is failed by the write: the set is
+                // read around it from then on, and the other members hold the update.
                 for (m, bytes) in writes {
                     if let Some(slab) = members.get(*m as usize) {
                         let _ = self.member_write(*slab, *offset, bytes);
                     }
                 }
+                true
             }
-            RecordBody::Dirty => {
-                if let Err(e) = self.resync_region(&set, &members, rec.row) {
-                    warn!(set = rec.set, region = rec.row, error = %e, "cannot resync a region written when the pool stopped");
+            RecordBody::Dirty => match self.resync_region(&set, &members, rec.row) {
+                Ok(()) => true,
+                Err(e) => {
+                    warn!(set = rec.set, region = rec.row, error = %e, "a region written when the pool stopped is not consistent yet; its journal record stays until it is");
+                    false
                 }
+            },
+        }
+    }
+
+    /// Tries again the records replay could not finish; those that now succeed may go.
+    fn retry_pinned(&self) {
+        for (seq, rec) in self.journal.pinned() {
+            if self.replay(&rec) {
+                info!(
+                    set = rec.set,
+                    region = rec.row,
+                    "a region left inconsistent by a crash is consistent again"
+                );
+                self.journal.unpin(seq);
             }
         }
     }
@@ -133,6 +155,7 @@ impl Layouts {
     /// Makes every completed write durable. Now and then this is also a journal checkpoint.
     pub fn flush(&self) -> Result<()> {
         if self.journal.wants_checkpoint() {
+            self.retry_pinned();
             self.journal.checkpoint(|| self.flush_members(), false)
         } else {
             self.flush_members()
