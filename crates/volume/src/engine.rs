@@ -10,8 +10,8 @@ use parking_lot::{Mutex, RwLock};
 use tessera_disk::DiskRef;
 use tessera_layout::{LayoutSpec, Layouts, Progress, RebuildOptions, RebuildReport};
 use tessera_pool::{
-    decode_refcount, validate_name, DiskOpener, DiskState, Pool, WriteBatch, CF_GRAINS, CF_GRAINSETS, CF_REFCOUNTS,
-    CF_VDISKS,
+    decode_refcount, refcount_delta, validate_name, DiskOpener, DiskState, MetaStore, Pool, WriteBatch, CF_GRAINS,
+    CF_GRAINSETS, CF_POOL, CF_REFCOUNTS, CF_VDISKS,
 };
 use tracing::{info, warn};
 
@@ -19,7 +19,7 @@ use crate::commit::Committer;
 use crate::config::{physical_block_size, validate, VdiskConfig, VdiskSpec, VdiskState, DEFAULT_GRAIN};
 use crate::error::{Result, VolumeError};
 use crate::frozen::FrozenRegistry;
-use crate::keys::{parse_grain_key, parse_loc, vdisk_key};
+use crate::keys::{parse_grain_key, parse_loc, refcount_key, vdisk_key};
 use crate::locks::GrainLocks;
 use crate::space::{loc_parts, Class, GrainSpace};
 use crate::vdisk::{Vdisk, BATCH_GRAINS};
@@ -39,6 +39,39 @@ pub(crate) struct Shared {
 
 pub struct Engine {
     s: Arc<Shared>,
+}
+
+/// Where the next vdisk id is kept (in the pool's own column family).
+const NEXT_VDISK_ID_KEY: &[u8] = b"next_vdisk_id";
+
+/// Drops grain map entries of vdisks that have no record (left by a write that raced a delete
+/// before deletes waited for writes), with the references they held, so that their space
+/// comes back and no vdisk made later can ever be shown their data.
+fn purge_orphan_grains(meta: &MetaStore) -> Result<()> {
+    let mut ids = std::collections::HashSet::new();
+    meta.for_each_prefix(CF_VDISKS, &[], |k, _| {
+        if let Ok(k) = <[u8; 8]>::try_from(k) {
+            ids.insert(u64::from_be_bytes(k));
+        }
+        Ok(())
+    })?;
+    let mut b = WriteBatch::default();
+    let mut orphans = 0u64;
+    meta.for_each_prefix(CF_GRAINS, &[], |k, v| {
+        if let (Some((id, _)), Some(l)) = (parse_grain_key(k), parse_loc(v)) {
+            if !ids.contains(&id) {
+                b.delete_cf(meta.cf(CF_GRAINS), k);
+                b.merge_cf(meta.cf(CF_REFCOUNTS), refcount_key(l), refcount_delta(-1));
+                orphans += 1;
+            }
+        }
+        Ok(())
+    })?;
+    if orphans > 0 {
+        warn!(grains = orphans, "dropping grain map entries of deleted vdisks");
+        meta.commit(b, true)?;
+    }
+    Ok(())
 }
 
 impl Drop for Engine {
@@ -65,6 +98,7 @@ impl Engine {
         let space = GrainSpace::new(layouts.clone());
         let meta = pool.meta().clone();
 
+        purge_orphan_grains(&meta)?;
         // Reference counts, per slab set.
         let mut counts: HashMap<u32, HashMap<u32, i64>> = HashMap::new();
         meta.for_each_prefix(CF_REFCOUNTS, &[], |k, v| {
@@ -152,7 +186,11 @@ impl Engine {
             }
             s.vdisks.write().insert(c.name.clone(), v);
         }
-        s.next_id.store(max_id + 1, Ordering::SeqCst);
+        let stored_next = meta
+            .get(CF_POOL, NEXT_VDISK_ID_KEY)?
+            .and_then(|v| v.try_into().ok().map(u64::from_le_bytes))
+            .unwrap_or(0);
+        s.next_id.store((max_id + 1).max(stored_next), Ordering::SeqCst);
         let engine = Engine { s };
         for v in deleting {
             info!(vdisk = %v.name(), "finishing an interrupted delete, or removing a half-made snapshot or clone");
@@ -265,6 +303,13 @@ impl Engine {
             vdisk_key(c.id),
             serde_json::to_vec(c).expect("serializable"),
         );
+        // Ids are never used twice, even after the vdisk that had the highest is deleted and
+        // the pool reopened: whatever might remain keyed by an old id stays with it.
+        b.put_cf(
+            meta.cf(CF_POOL),
+            NEXT_VDISK_ID_KEY,
+            (c.id + 1).max(self.s.next_id.load(Ordering::SeqCst)).to_le_bytes(),
+        );
         meta.commit(b, true)?;
         Ok(())
     }
@@ -324,6 +369,9 @@ impl Engine {
             self.s.vdisks.write().remove(name);
             v
         };
+        // A write that found the vdisk alive may still be under way: wait for every change in
+        // flight (new ones see `deleted`), so that none maps a grain after the map is cleared.
+        drop(v.gate.write());
         self.finish_delete(&v, true)
     }
 

@@ -220,7 +220,7 @@ impl Vdisk {
 
     /// Points grains `first..` at `locs` (one each), in durable batches.
     fn share_locs(&self, first: u64, locs: &[Loc]) -> Result<()> {
-        let _gate = self.gate.read();
+        let _gate = self.enter_change()?;
         for (b, batch) in locs.chunks(PASTE_BATCH as usize).enumerate() {
             let base = first + b as u64 * PASTE_BATCH;
             let _locks = self

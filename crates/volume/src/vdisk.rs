@@ -6,7 +6,7 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use parking_lot::RwLock;
+use parking_lot::{RwLock, RwLockReadGuard};
 use tessera_disk::{AlignedBuf, SECTOR};
 use tessera_layout::{SetRead, SlabSet};
 use tessera_pool::{refcount_delta, CF_GRAINS, CF_REFCOUNTS};
@@ -30,8 +30,9 @@ pub struct Vdisk {
     /// Grains that point at a slot.
     pub(crate) mapped: AtomicU64,
     pub(crate) deleted: AtomicBool,
-    /// Everything that changes the vdisk's data holds it shared; freezing holds it
-    /// exclusively, so that a frozen image is one instant of the vdisk.
+    /// Everything that changes the vdisk's data holds it shared ([`Vdisk::enter_change`]);
+    /// freezing holds it exclusively, so that a frozen image is one instant of the vdisk, and
+    /// so does a delete, so that no change is still under way when its grains go.
     pub(crate) gate: RwLock<()>,
     /// A snapshot: never changes.
     read_only: bool,
@@ -247,6 +248,16 @@ impl Vdisk {
         }
     }
 
+    /// Admits a change of the vdisk's data: holds the gate shared, and refuses a vdisk that
+    /// was deleted, which a request may have found alive before it got here.
+    pub(crate) fn enter_change(&self) -> Result<RwLockReadGuard<'_, ()>> {
+        let gate = self.gate.read();
+        if self.deleted.load(Ordering::Acquire) {
+            return Err(VolumeError::Deleted(self.name()));
+        }
+        Ok(gate)
+    }
+
     pub(crate) fn check_range(&self, offset: u64, len: u64) -> Result<()> {
         if self.deleted.load(Ordering::Acquire) {
             return Err(VolumeError::Deleted(self.name()));
@@ -360,7 +371,7 @@ impl Vdisk {
     /// A write that a snapshot being filled may take too.
     pub(crate) fn write_data(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
         self.check_range(offset, data.len() as u64)?;
-        let _gate = self.gate.read();
+        let _gate = self.enter_change()?;
         let pieces: Vec<GrainPiece> = grain_pieces(self.class.grain, offset, data.len() as u64).collect();
         if !(pieces.len() > 1 && self.overwrite_in_place(&pieces, data)?) {
             self.write_allocating(&pieces, data)?;
@@ -550,7 +561,7 @@ impl Vdisk {
     pub fn trim(&self, offset: u64, len: u64) -> Result<()> {
         self.check_writable()?;
         self.check_range(offset, len)?;
-        let _gate = self.gate.read();
+        let _gate = self.enter_change()?;
         self.trim_gated(offset, len)
     }
 
@@ -610,7 +621,7 @@ impl Vdisk {
     pub fn write_zeroes(&self, offset: u64, len: u64, unmap: bool, fua: bool) -> Result<()> {
         self.check_writable()?;
         self.check_range(offset, len)?;
-        let _gate = self.gate.read();
+        let _gate = self.enter_change()?;
         if unmap {
             self.trim_gated(offset, len)?;
         } else {
