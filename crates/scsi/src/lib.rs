@@ -15,7 +15,7 @@ pub mod tpc;
 mod xcopy;
 
 pub use data::Data;
-pub use lun::{Lun, LunScope, ModeState, Nexus, PrStore, Response, Scope};
+pub use lun::{Lun, LunScope, ModeState, ModeStore, Nexus, PrStore, Response, Scope};
 pub use opcodes::{cdb_len, is_read, OpInfo, REPORT_LUNS, SUPPORTED};
 pub use planned::{PlannedRead, ReadStart};
 pub use pr::PrState;

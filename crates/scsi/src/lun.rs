@@ -47,8 +47,9 @@ fn check_cdb(cdb: &[u8]) -> Result<(), Sense> {
     Ok(())
 }
 
-/// Settings an initiator may change with MODE SELECT. They live as long as the LUN is exported.
-#[derive(Debug, Clone, Copy)]
+/// Settings an initiator may change with MODE SELECT. Shared by every nexus of the LUN, and
+/// saved (when the LUN has a [`ModeStore`]) so that they outlive a restart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ModeState {
     /// Write cache enabled: a write is durable only after SYNCHRONIZE CACHE or with FUA. With it
     /// off, every write is made durable before it completes.
@@ -58,6 +59,20 @@ pub struct ModeState {
     /// Software write protect.
     pub swp: bool,
 }
+
+impl Default for ModeState {
+    /// The default values: write cache on, fixed-format sense, no software write protect.
+    fn default() -> ModeState {
+        ModeState {
+            wce: true,
+            d_sense: false,
+            swp: false,
+        }
+    }
+}
+
+/// Saves the mode settings when MODE SELECT changes them.
+pub type ModeStore = Box<dyn Fn(&ModeState) -> Result<(), String> + Send + Sync>;
 
 /// An I_T nexus: one initiator port's session with the target.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -178,6 +193,8 @@ pub struct Lun {
     pub(crate) serial: String,
     pub(crate) read_only: bool,
     pub(crate) mode: Mutex<ModeState>,
+    /// Where MODE SELECT saves the settings; None: they last as long as the LUN.
+    pub(crate) mode_store: Option<ModeStore>,
     /// Writes hold it shared; COMPARE AND WRITE holds it exclusively, so that no write to the
     /// LUN lands between its compare and its write.
     pub(crate) atomic: RwLock<()>,
@@ -237,11 +254,8 @@ impl Lun {
             naa,
             serial,
             read_only,
-            mode: Mutex::new(ModeState {
-                wce: true,
-                d_sense: false,
-                swp: false,
-            }),
+            mode: Mutex::new(ModeState::default()),
+            mode_store: None,
             atomic: RwLock::new(()),
             nexuses: Mutex::new(HashMap::new()),
             losses: AtomicU64::new(0),
@@ -263,6 +277,14 @@ impl Lun {
     pub fn with_persistent_reservations(mut self, state: PrState, store: PrStore) -> Lun {
         self.reservations.get_mut().pr = state;
         self.pr_store = Some(store);
+        self
+    }
+
+    /// Starts from the saved mode settings (the defaults when none were saved) and saves
+    /// every change MODE SELECT makes through `store`.
+    pub fn with_saved_mode(mut self, saved: Option<ModeState>, store: ModeStore) -> Lun {
+        *self.mode.get_mut() = saved.unwrap_or_default();
+        self.mode_store = Some(store);
         self
     }
 

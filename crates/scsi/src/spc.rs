@@ -1,7 +1,7 @@
 //! Primary commands (SPC-4): INQUIRY and its VPD pages, REQUEST SENSE, MODE SENSE / SELECT,
 //! REPORT SUPPORTED OPERATION CODES, REPORT LUNS.
 
-use crate::lun::{alloc, be16, CmdResult, Lun, Response};
+use crate::lun::{alloc, be16, CmdResult, Lun, ModeState, Response};
 use crate::opcodes::*;
 use crate::sense::{self, Sense};
 
@@ -112,12 +112,16 @@ impl Lun {
         Ok(alloc(sense::NO_ADDITIONAL_SENSE.encode(desc), cdb[4] as usize))
     }
 
+    /// The mode pages for page control `pc`: current (0), changeable (1), default (2) or
+    /// saved (3), which are the current ones: every change is saved as it is made.
     fn mode_pages(&self, page: u8, pc: u8) -> Result<Vec<u8>, Sense> {
-        let m = self.mode();
+        let m = if pc == 2 { ModeState::default() } else { self.mode() };
         let changeable = pc == 1;
+        // PS: the caching and control pages can be saved.
+        let ps = if self.mode_store.is_some() { 0x80 } else { 0 };
         let caching = |out: &mut Vec<u8>| {
             let mut p = vec![0u8; 20];
-            p[0] = 0x08;
+            p[0] = 0x08 | ps;
             p[1] = 0x12;
             if changeable {
                 p[2] = 0x04;
@@ -128,7 +132,7 @@ impl Lun {
         };
         let control = |out: &mut Vec<u8>| {
             let mut p = vec![0u8; 12];
-            p[0] = 0x0A;
+            p[0] = 0x0A | ps;
             p[1] = 0x0A;
             if changeable {
                 p[2] = 0x04;
@@ -169,7 +173,7 @@ impl Lun {
         let pc = cdb[2] >> 6;
         let page = cdb[2] & 0x3F;
         let subpage = cdb[3];
-        if pc == 3 {
+        if pc == 3 && self.mode_store.is_none() {
             return Err(sense::SAVING_PARAMETERS_NOT_SUPPORTED);
         }
         if subpage != 0 && subpage != 0xFF {
@@ -210,7 +214,8 @@ impl Lun {
 
     pub(crate) fn mode_select(&self, nexus: u64, cdb: &[u8], d: &[u8]) -> CmdResult {
         let ten = cdb[0] == MODE_SELECT_10;
-        if cdb[1] & 0x01 != 0 {
+        // SP: save the pages. Every change is saved when the LUN can save at all.
+        if cdb[1] & 0x01 != 0 && self.mode_store.is_none() {
             return Err(sense::SAVING_PARAMETERS_NOT_SUPPORTED);
         }
         let len = if ten { be16(&cdb[7..9]) } else { cdb[4] as u64 } as usize;
@@ -272,14 +277,22 @@ impl Lun {
             }
             pos += 2 + plen;
         }
-        // SPC-4 asks for a MODE PARAMETERS CHANGED unit attention to the other nexuses here.
-        // libiscsi's suite changes D_SENSE and SWP from one session and then runs commands
-        // on the other that do not expect one, as Linux's LIO does not raise it; so neither
-        // do we, for now (docs/iscsi.md).
-        let _ = nexus;
-        let was_wce = self.mode().wce;
+        let was = self.mode();
+        if next == was {
+            return Ok(Vec::new());
+        }
+        // Saved before it takes effect: a setting the host was told about survives a restart.
+        if let Some(store) = &self.mode_store {
+            if let Err(e) = store(&next) {
+                tracing::warn!(vdisk = %self.vdisk.name(), error = %e, "cannot save the mode settings");
+                return Err(sense::INTERNAL_TARGET_FAILURE);
+            }
+        }
         *self.mode.lock() = next;
-        if was_wce && !next.wce {
+        // The settings are the LUN's, shared by every nexus: the others learn of the change
+        // (SPC-4 MODE PARAMETERS CHANGED), before anything else they send.
+        self.unit_attention(sense::MODE_PARAMETERS_CHANGED, Some(nexus));
+        if was.wce && !next.wce {
             // Turning the cache off makes what it held durable now.
             self.vdisk.flush().map_err(|e| self.io_sense(e, true))?;
         }

@@ -639,3 +639,78 @@ fn a_batch_of_reads_respects_reservations() {
         assert_eq!(ok(r).len(), 512);
     }
 }
+
+/// MODE SELECT(6) of the caching page with WCE as given, from nexus `n`.
+fn set_write_cache(lun: &Lun, n: &Nexus, on: bool) -> Response {
+    let sense = ok(lun.execute_for(n, &[0x1A, 0x08, 0x08, 0, 255, 0], &[]));
+    let mut list = vec![0u8; 4];
+    list.extend_from_slice(&sense[4..]);
+    list[4] &= 0x3F; // PS is reserved in MODE SELECT
+    if on {
+        list[6] |= 0x04;
+    } else {
+        list[6] &= !0x04;
+    }
+    lun.execute_for(n, &[0x15, 0x10, 0, 0, list.len() as u8, 0], &list)
+}
+
+#[test]
+fn a_mode_change_by_one_nexus_is_a_unit_attention_for_the_others() {
+    let (_r, lun) = rig(512, 8 * MIB, false);
+    let tur = [0u8; 6];
+    for id in [1, 2, 3] {
+        ok(lun.execute_for(&nx(id), &tur, &[]));
+    }
+    ok(set_write_cache(&lun, &nx(1), false));
+    assert!(!lun.mode().wce);
+    ok(lun.execute_for(&nx(1), &tur, &[]));
+    for id in [2, 3] {
+        assert_eq!(
+            check(lun.execute_for(&nx(id), &tur, &[])),
+            (key::UNIT_ATTENTION, 0x2A, 0x01),
+            "nexus {id}: MODE PARAMETERS CHANGED"
+        );
+        ok(lun.execute_for(&nx(id), &tur, &[]));
+    }
+    // Selecting what is already set changes nothing, and tells nobody.
+    ok(set_write_cache(&lun, &nx(1), false));
+    ok(lun.execute_for(&nx(2), &tur, &[]));
+}
+
+#[test]
+fn mode_settings_are_saved_and_come_back() {
+    use parking_lot::Mutex;
+    use tessera_scsi::ModeState;
+    let saved: Arc<Mutex<Option<ModeState>>> = Arc::default();
+    let store = |saved: &Arc<Mutex<Option<ModeState>>>| -> tessera_scsi::ModeStore {
+        let saved = saved.clone();
+        Box::new(move |m| {
+            *saved.lock() = Some(*m);
+            Ok(())
+        })
+    };
+    let (_r, lun) = rig(512, 8 * MIB, false);
+    let vdisk = lun.vdisk().clone();
+    let lun = lun.with_saved_mode(None, store(&saved));
+    ok(set_write_cache(&lun, &nx(1), false));
+    assert_eq!(saved.lock().map(|m| m.wce), Some(false), "saved when selected");
+    // Saved values (page control 3) are readable, and the pages say they can be saved.
+    let s = ok(lun.execute(&[0x1A, 0x08, 0xC8, 0, 255, 0], &[]));
+    assert_eq!(s[4] & 0x3F, 0x08);
+    assert_ne!(s[4] & 0x80, 0, "PS");
+    assert_eq!(s[6] & 0x04, 0, "saved WCE off");
+    // Defaults (page control 2) are the defaults.
+    let d = ok(lun.execute(&[0x1A, 0x08, 0x88, 0, 255, 0], &[]));
+    assert_eq!(d[6] & 0x04, 0x04, "default WCE on");
+    // A restart: the LUN is made again from what was saved.
+    drop(lun);
+    let again = Lun::new(vdisk, 0x42, false).with_saved_mode(*saved.lock(), store(&saved));
+    assert!(!again.mode().wce, "the write cache stays off across a restart");
+    let m = ok(again.execute(&[0x1A, 0x08, 0x08, 0, 255, 0], &[]));
+    assert_eq!(m[6] & 0x04, 0);
+    // A store that fails leaves the setting as it was: never reported changed and then lost.
+    let failing =
+        Lun::new(again.vdisk().clone(), 0x43, false).with_saved_mode(None, Box::new(|_| Err("disk full".into())));
+    assert_eq!(check(set_write_cache(&failing, &nx(1), false)).0, key::HARDWARE_ERROR);
+    assert!(failing.mode().wce);
+}

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use tessera_iscsi::{auth, Access, Chap, Registry, Target};
-use tessera_scsi::{CopyManager, Lun, PrState, PrStore};
+use tessera_scsi::{CopyManager, Lun, ModeState, ModeStore, PrState, PrStore};
 use tessera_volume::{Engine, Vdisk};
 use tracing::warn;
 
@@ -217,11 +217,23 @@ impl Targets {
                 _ => Ok(()),
             },
         });
+        // MODE SELECT settings (the write cache above all) are the LUN's too, saved beside.
+        let mode_dir = self.file.with_file_name("modes");
+        let mode_path = mode_dir.join(format!("{uid:032x}.json"));
+        let saved_mode: Option<ModeState> = statefile::read_json(
+            &mode_path,
+            "it holds the LUN's mode settings (write cache, sense format, write protect); fix it, or remove it to go back to the defaults",
+        )?;
+        let mode_store: ModeStore = Box::new(move |m| {
+            std::fs::create_dir_all(&mode_dir).map_err(|e| format!("cannot create {}: {e}", mode_dir.display()))?;
+            statefile::write_json(&mode_path, m).map_err(|e| format!("cannot save {}: {e}", mode_path.display()))
+        });
         // A snapshot is presented write-protected.
         let read_only = v.is_snapshot();
         Ok(Arc::new(
             Lun::new(v, uid, read_only)
                 .with_persistent_reservations(saved, store)
+                .with_saved_mode(saved_mode, mode_store)
                 .with_copy_manager(self.copy.clone()),
         ))
     }
