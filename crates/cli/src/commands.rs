@@ -32,6 +32,10 @@ pub fn run(cli: Cli) -> Result<(), String> {
         return crate::copy::copy(a, json);
     }
     let endpoint = endpoint(api.as_deref(), client_state_dir.as_deref())?;
+    let token = match (&endpoint, token) {
+        (Endpoint::Tcp(_), None) => token_from_state_dir(client_state_dir.as_deref()),
+        (_, t) => t,
+    };
     let c = Ctx {
         client: Client::new(endpoint, token)?,
         json,
@@ -90,6 +94,19 @@ fn endpoint(api: Option<&str>, state_dir: Option<&Path>) -> Result<Endpoint, Str
          Start one with 'tessera serve' (or 'make demo'), or point at it with --api or TESSERA_API"
             .into(),
     )
+}
+
+/// The token a daemon made for its TCP listener, if this user can read it: in --state-dir,
+/// else in the default state directories.
+fn token_from_state_dir(state_dir: Option<&Path>) -> Option<String> {
+    let dirs: Vec<PathBuf> = match state_dir {
+        Some(d) => vec![d.to_path_buf()],
+        None => vec![PathBuf::from("/var/lib/tessera"), PathBuf::from("tessera-demo")],
+    };
+    dirs.iter()
+        .find_map(|d| std::fs::read_to_string(tessera_server::api::auth::token_path(d)).ok())
+        .map(|t| t.trim().to_string())
+        .filter(|t| !t.is_empty())
 }
 
 struct Ctx {

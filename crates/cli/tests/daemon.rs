@@ -3,6 +3,7 @@
 mod common;
 
 use common::*;
+use std::process::Command;
 
 #[test]
 fn pool_and_vdisk_lifecycle() {
@@ -532,26 +533,27 @@ fn openapi_lists_every_route_and_the_router_serves_them() {
     assert!(n >= 20, "only {n} operations documented");
 }
 
+/// The TCP address a daemon's banner names for its API.
+fn api_addr(d: &Daemon) -> String {
+    let banner = d.stdout();
+    banner
+        .split("http://")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no TCP address in the banner: {banner}"))
+        .replace("0.0.0.0", "127.0.0.1")
+}
+
 #[test]
 fn tcp_listener_and_tokens() {
     let t = tempfile::tempdir().unwrap();
-    // A non-loopback listener without a token is refused.
-    let e = Daemon::refused(&t.path().join("s1"), &["--api-listen", "0.0.0.0:0"]);
-    assert!(e.contains("without a token"), "{e}");
-
     let token = "s3cret-token-0123456789";
     let d = Daemon::start_with(
         &t.path().join("s2"),
         &["--api-listen", "0.0.0.0:0", "--api-token", token],
     )
     .unwrap();
-    let banner = d.stdout();
-    let addr = banner
-        .split("http://")
-        .nth(1)
-        .and_then(|s| s.split_whitespace().next())
-        .unwrap_or_else(|| panic!("no TCP address in the banner: {banner}"))
-        .replace("0.0.0.0", "127.0.0.1");
+    let addr = api_addr(&d);
     let r = http_tcp(&addr, "GET", "/api/pools", None, &[]).unwrap();
     assert_eq!((r.status, r.code().as_str()), (401, "unauthorized"));
     let r = http_tcp(
@@ -582,6 +584,99 @@ fn tcp_listener_and_tokens() {
     assert_eq!(d.http("GET", "/api/pools", None).status, 200);
     let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&d.sock).unwrap().permissions());
     assert_eq!(mode & 0o777, 0o600);
+}
+
+/// A loopback listener is not open to every local user or to web pages: it needs the token
+/// the daemon made in its state directory, a Host that names it, and no foreign Origin.
+#[test]
+fn a_loopback_listener_needs_the_token_a_host_naming_it_and_no_foreign_origin() {
+    let t = tempfile::tempdir().unwrap();
+    let state = t.path().join("s");
+    let d = Daemon::start_with(&state, &["--api-listen", "127.0.0.1:0"]).unwrap();
+    let addr = api_addr(&d);
+    let file = state.join("api-token");
+    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&file).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o600, "the token file is the owner's alone");
+    let token = std::fs::read_to_string(&file).unwrap().trim().to_string();
+    assert!(token.len() >= 32);
+    let bearer = format!("Bearer {token}");
+    // No token: refused, whatever the route (importing /etc/shadow into a vdisk, say).
+    let r = http_tcp(&addr, "GET", "/api/pools", None, &[]).unwrap();
+    assert_eq!(r.status, 401);
+    let r = http_tcp(
+        &addr,
+        "POST",
+        "/api/pools/p/vdisks/v/import",
+        Some(r#"{"path": "/etc/shadow"}"#),
+        &[],
+    )
+    .unwrap();
+    assert_eq!(r.status, 401);
+    assert_eq!(
+        http_tcp(&addr, "GET", "/api/pools", None, &[("Authorization", &bearer)])
+            .unwrap()
+            .status,
+        200
+    );
+    // DNS rebinding: a name that is not the listener's, even with the token.
+    let port = addr.rsplit(':').next().unwrap();
+    let rebound = format!("attacker.example:{port}");
+    let r = http_tcp(
+        &addr,
+        "GET",
+        "/api/pools",
+        None,
+        &[("Authorization", &bearer), ("Host", &rebound)],
+    )
+    .unwrap();
+    assert_eq!(r.status, 421, "{}", r.body);
+    let local = format!("localhost:{port}");
+    let r = http_tcp(
+        &addr,
+        "GET",
+        "/api/pools",
+        None,
+        &[("Authorization", &bearer), ("Host", &local)],
+    )
+    .unwrap();
+    assert_eq!(r.status, 200);
+    // A web page of another origin.
+    let r = http_tcp(
+        &addr,
+        "POST",
+        "/api/pools/p/export",
+        None,
+        &[("Authorization", &bearer), ("Origin", "http://attacker.example")],
+    )
+    .unwrap();
+    assert_eq!(r.status, 403, "{}", r.body);
+    let own = format!("http://{addr}");
+    let r = http_tcp(
+        &addr,
+        "GET",
+        "/api/pools",
+        None,
+        &[("Authorization", &bearer), ("Origin", &own)],
+    )
+    .unwrap();
+    assert_eq!(r.status, 200);
+    // The CLI finds the token in the state directory it is given, when it may read it.
+    let o = Command::new(BIN)
+        .args(["--api", &own, "--state-dir", state.to_str().unwrap(), "pool", "list"])
+        .env_remove("TESSERA_TOKEN")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // The same token after a restart.
+    drop(d);
+    let d = Daemon::start_with(&state, &["--api-listen", "127.0.0.1:0"]).unwrap();
+    let addr = api_addr(&d);
+    assert_eq!(
+        http_tcp(&addr, "GET", "/api/pools", None, &[("Authorization", &bearer)])
+            .unwrap()
+            .status,
+        200
+    );
 }
 
 #[test]

@@ -3,7 +3,8 @@
 //! ```toml
 //! state_dir = "/var/lib/tessera"
 //! api_listen = "127.0.0.1:8484"   # "" disables the TCP listener; the unix socket stays
-//! api_token_file = "/etc/tessera/api-token"
+//! api_token_file = "/etc/tessera/api-token"  # default: <state_dir>/api-token, made at first start
+//! api_allowed_hosts = ["san1.example.com"]  # names the TCP API may be reached by
 //! iscsi_listen = "0.0.0.0:3260"    # "none": no portal from here (those added by API stay)
 //! iscsi_send_buffer = "4M"        # iSCSI sockets' SO_SNDBUF; unset: kernel autotuning
 //! iscsi_recv_buffer = "4M"        # iSCSI sockets' SO_RCVBUF; unset: kernel autotuning
@@ -37,6 +38,8 @@ pub struct ConfigFile {
     pub api_listen: Option<String>,
     pub api_token: Option<String>,
     pub api_token_file: Option<PathBuf>,
+    #[serde(default)]
+    pub api_allowed_hosts: Vec<String>,
     pub iscsi_listen: Option<String>,
     pub iscsi_send_buffer: Option<Size>,
     pub iscsi_recv_buffer: Option<Size>,
@@ -63,7 +66,10 @@ pub struct Overrides {
 pub struct ServerConfig {
     pub state_dir: PathBuf,
     pub api_listen: Option<SocketAddr>,
+    /// The TCP listener's token; None: the one in `<state_dir>/api-token` (made if missing).
     pub api_token: Option<String>,
+    /// Host names (lowercase) the TCP listener answers to, beyond its address.
+    pub api_allowed_hosts: Vec<String>,
     /// The configured iSCSI portal; None when disabled.
     pub iscsi_listen: Option<SocketAddr>,
     /// Socket buffers of every iSCSI portal.
@@ -119,14 +125,14 @@ impl ServerConfig {
                 return Err("the API token may hold only printable ASCII characters, no spaces".into());
             }
         }
-        if let Some(a) = api_listen {
-            if !a.ip().is_loopback() && api_token.is_none() {
-                return Err(format!(
-                    "refusing to serve the management API on {a} without a token: anyone who can reach \
-                     that address could destroy pools. Set api_token_file in the configuration (or \
-                     --api-token / TESSERA_API_TOKEN), or listen on a loopback address"
-                ));
+        // Every TCP listener, loopback included, needs a token: without one configured, the
+        // daemon makes one in the state directory at start (api::auth).
+        let mut api_allowed_hosts = Vec::new();
+        for h in f.api_allowed_hosts {
+            if h.is_empty() || h.contains(['/', ' ', '@']) {
+                return Err(format!("api_allowed_hosts: '{h}' is not a host name"));
             }
+            api_allowed_hosts.push(h.to_ascii_lowercase());
         }
         let iscsi_listen = listen_addr("iscsi_listen", o.iscsi_listen.or(f.iscsi_listen), DEFAULT_ISCSI_LISTEN)?;
         let iscsi_buffers = tessera_iscsi::SocketBuffers {
@@ -141,6 +147,7 @@ impl ServerConfig {
             state_dir,
             api_listen,
             api_token,
+            api_allowed_hosts,
             iscsi_listen,
             iscsi_buffers,
             nbd_listen,
@@ -234,9 +241,13 @@ mod tests {
     }
 
     #[test]
-    fn non_loopback_needs_a_token() {
-        let e = resolve("api_listen = \"0.0.0.0:8484\"\n", Overrides::default()).unwrap_err();
-        assert!(e.contains("without a token"), "{e}");
+    fn tokens_and_allowed_hosts() {
+        // No token configured: the daemon makes one in the state directory at start.
+        let c = resolve("api_listen = \"0.0.0.0:8484\"\n", Overrides::default()).unwrap();
+        assert!(c.api_token.is_none());
+        let c = resolve("api_allowed_hosts = [\"SAN1.example\"]\n", Overrides::default()).unwrap();
+        assert_eq!(c.api_allowed_hosts, vec!["san1.example".to_string()]);
+        assert!(resolve("api_allowed_hosts = [\"a b\"]\n", Overrides::default()).is_err());
         let c = resolve(
             "api_listen = \"0.0.0.0:8484\"\napi_token = \"0123456789abcdef0123\"\n",
             Overrides::default(),

@@ -18,6 +18,7 @@ pub mod code {
     pub const NO_SPACE: &str = "no_space";
     pub const BUSY: &str = "busy";
     pub const UNAUTHORIZED: &str = "unauthorized";
+    pub const FORBIDDEN: &str = "forbidden";
     pub const DATA_UNAVAILABLE: &str = "data_unavailable";
     pub const IO_ERROR: &str = "io_error";
     pub const INTERNAL: &str = "internal";
@@ -77,7 +78,7 @@ impl ApiError {
             StatusCode::UNAUTHORIZED,
             code::UNAUTHORIZED,
             "a valid bearer token is required on this listener: send 'Authorization: Bearer <token>' \
-             (the CLI reads it from --token or TESSERA_TOKEN)",
+             (the CLI reads it from --token or TESSERA_TOKEN, or from <state dir>/api-token when it can)",
         )
     }
     pub fn io(message: impl Into<String>) -> ApiError {

@@ -77,7 +77,15 @@ async fn serve(cfg: ServerConfig) -> Result<(), String> {
             .into_future(),
     ));
     if let Some(t) = tcp {
-        let r = crate::api::router(daemon.clone(), daemon.cfg.api_token.clone());
+        let guard = crate::api::auth::Guard {
+            token: match daemon.cfg.api_token.clone() {
+                Some(t) => t,
+                None => crate::api::auth::load_or_create_token(&daemon.cfg.state_dir)?,
+            },
+            listen: t.local_addr().map_err(|e| e.to_string())?,
+            names: daemon.cfg.api_allowed_hosts.clone(),
+        };
+        let r = crate::api::router(daemon.clone(), Some(Arc::new(guard)));
         servers.push(tokio::spawn(
             axum::serve(t, r.into_make_service())
                 .with_graceful_shutdown(stopped(stop_rx.clone()))
@@ -130,14 +138,15 @@ fn banner(d: &Daemon, tcp: Option<SocketAddr>, nbd: Option<SocketAddr>) -> Strin
     );
     s += &format!("  management API: unix:{}", sock.display());
     if let Some(a) = tcp {
-        s += &format!(
-            " and http://{a}{}",
-            if d.cfg.api_token.is_some() {
-                " (bearer token required)"
-            } else {
-                ""
-            }
-        );
+        s += &format!(" and http://{a}");
+        if d.cfg.api_token.is_none() {
+            s += &format!(
+                " (bearer token in {})",
+                crate::api::auth::token_path(&d.cfg.state_dir).display()
+            );
+        } else {
+            s += " (bearer token required)";
+        }
     }
     s += "\n";
     let pools = d.list_pools();

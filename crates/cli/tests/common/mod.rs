@@ -273,7 +273,7 @@ impl Resp {
 /// One HTTP/1.1 request on a fresh connection (unix socket), `Connection: close`.
 pub fn http(sock: &Path, method: &str, path: &str, body: Option<&str>) -> std::io::Result<Resp> {
     let s = UnixStream::connect(sock)?;
-    exchange(s, method, path, body, &[])
+    exchange(s, method, path, body, &[("Host", "localhost")])
 }
 
 pub fn http_tcp(
@@ -284,7 +284,13 @@ pub fn http_tcp(
     headers: &[(&str, &str)],
 ) -> std::io::Result<Resp> {
     let s = std::net::TcpStream::connect(addr)?;
-    exchange(s, method, path, body, headers)
+    // The address is the Host, as a client that connects to it by address sends, unless the
+    // caller sends another.
+    let mut all = headers.to_vec();
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        all.push(("Host", addr));
+    }
+    exchange(s, method, path, body, &all)
 }
 
 fn exchange<S: Read + Write>(
@@ -296,7 +302,7 @@ fn exchange<S: Read + Write>(
 ) -> std::io::Result<Resp> {
     let body = body.unwrap_or("");
     let mut req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: {}\r\n",
+        "{method} {path} HTTP/1.1\r\nConnection: close\r\nContent-Length: {}\r\n",
         body.len()
     );
     if !body.is_empty() {

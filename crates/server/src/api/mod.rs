@@ -1,16 +1,15 @@
 //! The management API: HTTP + JSON, served on the state directory's unix socket and, if
 //! configured, on TCP. Every capability of the CLI goes through it.
 
+pub mod auth;
 mod body;
 mod handlers;
 pub mod openapi;
 
 use std::sync::Arc;
 
-use axum::extract::{Request, State};
-use axum::http::header::AUTHORIZATION;
-use axum::middleware::{self, Next};
-use axum::response::{IntoResponse, Response};
+use axum::extract::Request;
+use axum::middleware;
 use axum::routing::{delete, get, post, put};
 use axum::Router;
 
@@ -19,8 +18,9 @@ use crate::error::{code, ApiError};
 
 pub use body::Body;
 
-/// The router for one listener. `token`, when given, is required as a bearer token.
-pub fn router(daemon: Arc<Daemon>, token: Option<String>) -> Router {
+/// The router for one listener. `guard`, for a TCP listener, says what each request must
+/// show (the token, a Host that names the listener, no foreign Origin).
+pub fn router(daemon: Arc<Daemon>, guard: Option<Arc<auth::Guard>>) -> Router {
     use handlers::*;
     let r = Router::new()
         .route("/api/health", get(health))
@@ -71,8 +71,8 @@ pub fn router(daemon: Arc<Daemon>, token: Option<String>) -> Router {
         .fallback(no_such_route)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(daemon);
-    match token {
-        Some(t) => r.layer(middleware::from_fn_with_state(Arc::new(t), require_token)),
+    match guard {
+        Some(g) => r.layer(middleware::from_fn_with_state(g, auth::check)),
         None => r,
     }
 }
@@ -99,35 +99,4 @@ async fn method_not_allowed(req: Request) -> ApiError {
             req.uri().path()
         ),
     )
-}
-
-async fn require_token(State(token): State<Arc<String>>, req: Request, next: Next) -> Response {
-    let given = req
-        .headers()
-        .get(AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
-    match given {
-        Some(t) if constant_time_eq(t.as_bytes(), token.as_bytes()) => next.run(req).await,
-        _ => ApiError::unauthorized().into_response(),
-    }
-}
-
-/// Compares without an early exit, so that timing does not tell how much of a guess was right.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn token_comparison() {
-        assert!(super::constant_time_eq(b"abc", b"abc"));
-        assert!(!super::constant_time_eq(b"abc", b"abd"));
-        assert!(!super::constant_time_eq(b"abc", b"abcd"));
-    }
 }

@@ -569,7 +569,7 @@ pub fn document() -> Value {
         "info": {
             "title": "Tessera management API",
             "version": env!("CARGO_PKG_VERSION"),
-            "description": "Served on <state dir>/api.sock and on TCP. On a TCP listener with a token, send 'Authorization: Bearer <token>'. Sizes are bytes. Errors are {\"error\": {\"code\", \"message\"}}."
+            "description": "Served on <state dir>/api.sock and on TCP. On TCP, send 'Authorization: Bearer <token>' (the configured token, or <state dir>/api-token) and a Host that names the listener; browser requests from another origin are refused. Sizes are bytes. Errors are {\"error\": {\"code\", \"message\"}}."
         },
         "components": {
             "schemas": schemas(),
