@@ -97,7 +97,7 @@ sync
 start_tessera --iscsi-listen "127.0.0.1:$TESSERA_PORT" --nbd-listen none
 logged tessera-setup.log "$T" pool create bench --disk "$DIR/tessera-disk.img"
 logged tessera-setup.log "$T" vdisk import bench/vol "$DIR/raw.img" --layout simple --block-size "$LBS"
-logged tessera-setup.log "$T" target create "$T_IQN"
+logged tessera-setup.log "$T" target create "$T_IQN" --allow-any-initiator
 logged tessera-setup.log "$T" target lun add "$T_IQN" bench/vol --lun 0
 logged tessera-setup.log "$T" vdisk show bench/vol
 

@@ -57,7 +57,7 @@ logged setup.log "$T" pool create bench "${args[@]}"
 logged setup.log "$T" vdisk create bench/src --size "$SIZE" --layout "$LAYOUT"
 logged setup.log "$T" nbd export bench/src
 IQN=iqn.2026-11.io.tessera:odx-bench
-logged setup.log "$T" target create "$IQN"
+logged setup.log "$T" target create "$IQN" --allow-any-initiator
 logged setup.log "$T" target lun add "$IQN" bench/src
 
 echo "filling $SIZE with random data..." >&2

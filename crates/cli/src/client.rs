@@ -88,6 +88,10 @@ impl Client {
         self.call("POST", path, body)
     }
 
+    pub fn put(&self, path: &str, body: Option<Value>) -> Result<Value, ClientError> {
+        self.call("PUT", path, body)
+    }
+
     pub fn delete(&self, path: &str) -> Result<Value, ClientError> {
         self.call("DELETE", path, None)
     }

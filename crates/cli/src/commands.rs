@@ -857,10 +857,10 @@ fn target_table(v: &Value) {
     table(&["TARGET", "LUN", "VDISK", "SIZE", "STATE"], rows);
     for t in arr(v) {
         let acl = arr(&t["acl"]);
-        let who = if acl.is_empty() {
-            "any initiator".to_string()
-        } else {
-            acl.iter().map(s).collect::<Vec<_>>().join(", ")
+        let who = match (t["allow_any_initiator"] == true, acl.is_empty()) {
+            (true, _) => "any initiator".to_string(),
+            (false, true) => "no initiator (empty ACL)".to_string(),
+            (false, false) => acl.iter().map(s).collect::<Vec<_>>().join(", "),
         };
         let chap = match (&t["chap"]["user"], &t["chap"]["mutual_user"]) {
             (Value::Null, _) => "no CHAP".to_string(),
@@ -941,7 +941,13 @@ fn portal(c: &Ctx, cmd: PortalCmd) -> R {
 fn target(c: &Ctx, cmd: TargetCmd) -> R {
     let path = |iqn: &str| format!("/api/targets/{}", encode_segment(iqn));
     let v = match cmd {
-        TargetCmd::Create { iqn } => c.client.post("/api/targets", Some(json!({"iqn": iqn})))?,
+        TargetCmd::Create {
+            iqn,
+            allow_any_initiator,
+        } => c.client.post(
+            "/api/targets",
+            Some(json!({"iqn": iqn, "allow_any_initiator": allow_any_initiator})),
+        )?,
         TargetCmd::List => c.client.get("/api/targets")?,
         TargetCmd::Show { iqn } => c.client.get(&path(&iqn))?,
         TargetCmd::Delete { iqn } => {
@@ -959,6 +965,10 @@ fn target(c: &Ctx, cmd: TargetCmd) -> R {
         TargetCmd::Acl(AclCmd::Add { iqn, initiator }) => c
             .client
             .post(&format!("{}/acl", path(&iqn)), Some(json!({"initiator": initiator})))?,
+        TargetCmd::Acl(AclCmd::AllowAny { iqn, off }) => c.client.put(
+            &format!("{}/allow-any-initiator", path(&iqn)),
+            Some(json!({"allow": !off})),
+        )?,
         TargetCmd::Acl(AclCmd::Remove { iqn, initiator }) => {
             c.client
                 .delete(&format!("{}/acl/{}", path(&iqn), encode_segment(&initiator)))?

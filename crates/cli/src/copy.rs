@@ -71,6 +71,10 @@ fn describe(r: &ScsiResult) -> String {
                 (5, 0x21, 0) => " (range past the end)",
                 (7, 0x27, _) => " (write protected)",
                 (0xA, 0x0D, 2) => " (copy target not reachable)",
+                (0xA, 0x08, 4) => {
+                    " (unreachable copy target: EXTENDED COPY may name only LUNs of the target it is \
+                     sent to, which the initiator may read or write; across targets, use --method odx)"
+                }
                 _ => "",
             };
             format!("sense key {k:#x}, ASC/ASCQ {asc:#04x}/{ascq:#04x}{what}")

@@ -215,9 +215,14 @@ pub enum NbdCmd {
 
 #[derive(Subcommand)]
 pub enum TargetCmd {
-    /// Create an iSCSI target, e.g. iqn.2026-11.com.example:storage.
+    /// Create an iSCSI target, e.g. iqn.2026-11.com.example:storage. It admits only the
+    /// initiators of its ACL ('tessera target acl add'), none at first.
     Create {
         iqn: String,
+        /// Admit any initiator that can reach a portal (with CHAP if set): for a lab or a
+        /// demo on loopback, as LIO's demo mode.
+        #[arg(long)]
+        allow_any_initiator: bool,
     },
     List,
     Show {
@@ -230,7 +235,7 @@ pub enum TargetCmd {
     /// LUNs of a target.
     #[command(subcommand)]
     Lun(LunCmd),
-    /// Which initiators may log in (an empty ACL lets every initiator in).
+    /// Which initiators may log in (an empty ACL lets none in, unless any is allowed).
     #[command(subcommand)]
     Acl(AclCmd),
     /// CHAP authentication, one-way or mutual.
@@ -260,6 +265,13 @@ pub enum AclCmd {
     Add { iqn: String, initiator: String },
     /// Remove an initiator from the ACL.
     Remove { iqn: String, initiator: String },
+    /// Admit any initiator, the ACL notwithstanding (LIO's demo mode); --off admits only
+    /// the ACL's initiators again.
+    AllowAny {
+        iqn: String,
+        #[arg(long)]
+        off: bool,
+    },
 }
 
 #[derive(Subcommand)]

@@ -83,7 +83,7 @@ fn bench_daemon_targets_and_a_local_vdisk() {
     d.ok(&["vdisk", "create", "b/v", "--size", "64M", "--layout", "mirror"]);
     d.ok(&["nbd", "export", "b/v"]);
     let iqn = "iqn.2026-11.io.tessera:bench-test";
-    d.ok(&["target", "create", iqn]);
+    d.ok(&["target", "create", iqn, "--allow-any-initiator"]);
     d.ok(&["target", "lun", "add", iqn, "b/v"]);
     let nbd = format!("nbd://{}/v", d.nbd_address());
     let iscsi = format!("iscsi://{}/{iqn}/0", d.iscsi_portal());

@@ -1,6 +1,7 @@
-//! `tessera copy` against the daemon over iSCSI: ODX tokens and EXTENDED COPY between LUNs of
-//! two targets, done by reference inside the pool (the data stays behind, only commands cross
-//! the network), compared with a host copy; and the errors a user can make.
+//! `tessera copy` against the daemon over iSCSI: ODX tokens between LUNs of two targets and
+//! EXTENDED COPY between LUNs of one, done by reference inside the pool (the data stays behind,
+//! only commands cross the network), compared with a host copy; and the errors a user can make,
+//! among them an EXTENDED COPY that names a LUN of another target.
 
 mod common;
 
@@ -32,18 +33,23 @@ fn offloaded_copies_between_targets() {
     random_image(&img, 32 << 20, 51);
     d.ok(&["vdisk", "import", "p/src", img.to_str().unwrap()]);
     let (a, b) = ("iqn.2026-11.io.tessera:a", "iqn.2026-11.io.tessera:b");
-    d.ok(&["target", "create", a]);
-    d.ok(&["target", "create", b]);
+    d.ok(&["target", "create", a, "--allow-any-initiator"]);
+    d.ok(&["target", "create", b, "--allow-any-initiator"]);
     d.ok(&["target", "lun", "add", a, "p/src"]);
-    for v in ["odx", "xcopy", "host"] {
+    // EXTENDED COPY reaches only LUNs of the target it is sent to: p/xcopy is beside p/src.
+    d.ok(&["target", "lun", "add", a, "p/xcopy", "--lun", "1"]);
+    for v in ["odx", "host"] {
         d.ok(&["target", "lun", "add", b, &format!("p/{v}")]);
     }
     let portal = d.iscsi_portal();
     let src = format!("iscsi://{portal}/{a}/0");
     let blocks = ((32u64 << 20) / 512).to_string();
     let mut payload = Vec::new();
-    for (lun, method) in [(0, "odx"), (1, "xcopy"), (2, "host")] {
-        let dst = format!("iscsi://{portal}/{b}/{lun}");
+    for (dst, method) in [
+        (format!("iscsi://{portal}/{b}/0"), "odx"),
+        (format!("iscsi://{portal}/{a}/1"), "xcopy"),
+        (format!("iscsi://{portal}/{b}/1"), "host"),
+    ] {
         let r = copy(&d, &[&src, "0", &dst, "0", &blocks, "--method", method]);
         assert_eq!(r["bytes"], 32u64 << 20, "{r}");
         payload.push(r["payload_bytes"].as_u64().unwrap());
@@ -83,6 +89,10 @@ fn offloaded_copies_between_targets() {
         all.extend_from_slice(args);
         d.fails(&all)
     };
+    // Across targets, EXTENDED COPY is refused (CVE-2020-28374 in LIO): it would let a host
+    // of one target read or write the LUNs of another.
+    let e = fails(&[&src, "0", &dst, "0", "8", "--method", "xcopy"]);
+    assert!(e.contains("0x08/0x04") && e.contains("--method odx"), "{e}");
     let e = fails(&[&src, "0", &dst, "131000", "2000"]);
     assert!(e.contains("goes past its end"), "{e}");
     assert!(fails(&[&src, "0", &dst, "0", "0"]).contains("at least one block"));

@@ -54,7 +54,7 @@ fn qemu_img_round_trip_with_and_without_digests() {
         "4096",
     ]);
     let iqn = "iqn.2026-11.io.tessera:test";
-    d.ok(&["target", "create", iqn]);
+    d.ok(&["target", "create", iqn, "--allow-any-initiator"]);
     d.ok(&["target", "lun", "add", iqn, "q/v"]);
     d.ok(&["target", "lun", "add", iqn, "q/w", "--lun", "5"]);
     let shown = d.json(&["target", "show", iqn]);
@@ -106,7 +106,7 @@ fn targets_survive_a_restart() {
     create_pool(&d, "r", &disks(&t.path().join("disks"), 2, 1 << 30));
     d.ok(&["vdisk", "create", "r/v", "--size", "64M"]);
     let iqn = "iqn.2026-11.io.tessera:keep";
-    d.ok(&["target", "create", iqn]);
+    d.ok(&["target", "create", iqn, "--allow-any-initiator"]);
     d.ok(&["target", "lun", "add", iqn, "r/v", "--lun", "3"]);
     d.kill9();
     let mut d = Daemon::start(&state);
@@ -145,7 +145,7 @@ fn added_portals_serve_discovery_and_survive_a_restart() {
     create_pool(&d, "p", &disks(&t.path().join("disks"), 1, 1 << 30));
     d.ok(&["vdisk", "create", "p/v", "--size", "64M", "--layout", "simple"]);
     let iqn = "iqn.2026-11.io.tessera:paths";
-    d.ok(&["target", "create", iqn]);
+    d.ok(&["target", "create", iqn, "--allow-any-initiator"]);
     d.ok(&["target", "lun", "add", iqn, "p/v"]);
     let first = d.iscsi_portal();
     // A second path on another loopback address, as a second storage network would be.
@@ -235,9 +235,17 @@ fn chap_and_acl_gate_logins_and_discovery() {
     let open = "iqn.2026-11.io.tessera:open";
     let secure = "iqn.2026-11.io.tessera:secure";
     let mutual = "iqn.2026-11.io.tessera:mutual";
+    let closed = "iqn.2026-11.io.tessera:closed";
     let (host_a, host_b) = ("iqn.2026-11.io.example:host-a", "iqn.2026-11.io.example:host-b");
-    for iqn in [open, secure, mutual] {
+    // open and mutual admit any initiator (mutual with CHAP); secure and closed only their
+    // ACL's, and closed has none.
+    for iqn in [open, mutual] {
+        d.ok(&["target", "create", iqn, "--allow-any-initiator"]);
+    }
+    for iqn in [secure, closed] {
         d.ok(&["target", "create", iqn]);
+    }
+    for iqn in [open, secure, mutual, closed] {
         d.ok(&["target", "lun", "add", iqn, "c/v"]);
     }
     // Configuration errors are clear and change nothing.
@@ -326,6 +334,10 @@ fn chap_and_acl_gate_logins_and_discovery() {
         assert!(success && seen.contains(open), "{seen}");
         assert!(!seen.contains(secure) && !seen.contains(mutual), "{seen}");
         assert!(inq("", host_a, open).0);
+        // A target with no ACL, not opened to any initiator, admits nobody and hides.
+        assert!(!seen.contains(closed), "{seen}");
+        let (success, out) = inq("", host_a, closed);
+        assert!(!success, "a target without an ACL admitted an initiator: {out}");
         let (success, out) = inq("", host_a, secure);
         assert!(!success, "login without CHAP succeeded: {out}");
         // Right secret, wrong initiator: outside the ACL.
@@ -376,14 +388,22 @@ fn chap_and_acl_gate_logins_and_discovery() {
     let d = Daemon::start(&state);
     check(&d);
 
-    // Clearing CHAP and the ACL opens the target again.
+    // Clearing CHAP and the ACL leaves a target that admits nobody, until it is opened to
+    // any initiator; and closed again.
     d.ok(&["target", "chap", "clear", secure]);
     d.ok(&["target", "acl", "remove", secure, host_a]);
     let e = d.fails(&["target", "acl", "remove", secure, host_a]);
     assert!(e.contains("not in the ACL"), "{e}");
     let portal = d.iscsi_portal();
-    let (success, out) = run("iscsi-inq", &["-i", host_b, &format!("iscsi://{portal}/{secure}/0")]);
+    let login = |iqn: &str| run("iscsi-inq", &["-i", host_b, &format!("iscsi://{portal}/{iqn}/0")]);
+    assert!(!login(secure).0, "an emptied ACL admits nobody");
+    assert!(d.ok(&["target", "show", secure]).contains("no initiator"));
+    d.ok(&["target", "acl", "allow-any", secure]);
+    let (success, out) = login(secure);
     assert!(success, "{out}");
+    assert_eq!(d.json(&["target", "show", secure])["allow_any_initiator"], true);
+    d.ok(&["target", "acl", "allow-any", secure, "--off"]);
+    assert!(!login(secure).0);
 }
 
 /// PERSISTENT RESERVE OUT with a basic parameter list.
@@ -405,7 +425,7 @@ fn persistent_reservations_with_aptpl_survive_a_restart() {
     create_pool(&d, "r", &disks(&t.path().join("disks"), 2, 1 << 30));
     d.ok(&["vdisk", "create", "r/quorum", "--size", "64M", "--layout", "mirror"]);
     let iqn = "iqn.2026-11.io.tessera:cluster";
-    d.ok(&["target", "create", iqn]);
+    d.ok(&["target", "create", iqn, "--allow-any-initiator"]);
     d.ok(&["target", "lun", "add", iqn, "r/quorum"]);
     let rt = tokio::runtime::Runtime::new().unwrap();
     let node = |n: u8| {
@@ -506,7 +526,7 @@ fn libiscsi_conformance_suite() {
         "512",
     ]);
     let iqn = "iqn.2026-11.io.tessera:conformance";
-    d.ok(&["target", "create", iqn]);
+    d.ok(&["target", "create", iqn, "--allow-any-initiator"]);
     d.ok(&["target", "lun", "add", iqn, "c/conf"]);
     let url = format!("iscsi://{}/{iqn}/0", d.iscsi_portal());
     let (_, out) = run(

@@ -15,19 +15,30 @@ pub struct Chap {
     pub mutual: Option<(String, String)>,
 }
 
-/// The access rules of a target.
+/// The access rules of a target. The default admits nobody: as LIO and SCST do, a target
+/// lets in only the initiators of its ACL, unless its administrator chose to admit any.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Access {
-    /// Initiator names allowed in; empty lets every initiator in.
+    /// Initiator names allowed in.
     pub acl: Vec<String>,
+    /// Any initiator may log in (LIO's demo mode), the ACL notwithstanding.
+    pub allow_any: bool,
     /// When set, logins must authenticate with CHAP.
     pub chap: Option<Chap>,
 }
 
 impl Access {
+    /// Every initiator admitted, without CHAP: for a demo on loopback, and tests.
+    pub fn open() -> Access {
+        Access {
+            allow_any: true,
+            ..Access::default()
+        }
+    }
+
     /// Whether the ACL lets `initiator` in. iSCSI names compare case-insensitively (RFC 3722).
     pub fn admits(&self, initiator: &str) -> bool {
-        self.acl.is_empty() || self.acl.iter().any(|a| a.eq_ignore_ascii_case(initiator))
+        self.allow_any || self.acl.iter().any(|a| a.eq_ignore_ascii_case(initiator))
     }
 
     /// Whether a session that authenticated as `who` (None: no CHAP) may see this target.

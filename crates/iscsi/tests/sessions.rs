@@ -62,8 +62,10 @@ async fn rig_on(kind: Disks) -> Rig {
         let t = reg.add_target(Target::new(iqn));
         t.luns.write().insert(0, lun.clone());
     }
+    reg.target(OPEN).unwrap().set_access(Access::open());
     reg.target(SECURE).unwrap().set_access(Access {
         acl: vec![HOST_A.into()],
+        allow_any: false,
         chap: Some(Chap {
             user: "alice".into(),
             secret: "alice-secret-1".into(),

@@ -742,6 +742,7 @@ impl Daemon {
             iqn: cfg.iqn,
             luns,
             acl: cfg.acl,
+            allow_any_initiator: cfg.allow_any_initiator,
             chap: cfg.chap.map(|c| ChapView {
                 user: c.user,
                 mutual_user: c.mutual_user,
@@ -757,8 +758,13 @@ impl Daemon {
             .collect()
     }
 
-    pub fn create_target(&self, iqn: &str) -> ApiResult<TargetView> {
-        self.targets.create(iqn)?;
+    pub fn create_target(&self, iqn: &str, allow_any_initiator: bool) -> ApiResult<TargetView> {
+        self.targets.create(iqn, allow_any_initiator)?;
+        self.target_view(iqn)
+    }
+
+    pub fn set_allow_any_initiator(&self, iqn: &str, allow: bool) -> ApiResult<TargetView> {
+        self.targets.set_allow_any(iqn, allow)?;
         self.target_view(iqn)
     }
 

@@ -64,9 +64,18 @@ pub fn prepare(d: &Daemon) -> Result<(), String> {
         )
         .map_err(|e| format!("cannot create the demo vdisk: {}", e.message))?;
     }
-    if d.targets.get(TARGET).is_err() {
-        d.create_target(TARGET)
-            .map_err(|e| format!("cannot create the demo target: {}", e.message))?;
+    // The demo's target admits any initiator, which a target does only when asked: the demo
+    // asks, for its portal on loopback (the banner says so).
+    match d.targets.get(TARGET) {
+        Err(_) => {
+            d.create_target(TARGET, true)
+                .map_err(|e| format!("cannot create the demo target: {}", e.message))?;
+        }
+        Ok(t) if t.acl.is_empty() && !t.allow_any_initiator => {
+            d.set_allow_any_initiator(TARGET, true)
+                .map_err(|e| format!("cannot open the demo target: {}", e.message))?;
+        }
+        Ok(_) => {}
     }
     if d.targets.get(TARGET).map(|t| t.luns.is_empty()).unwrap_or(false) {
         d.add_lun(

@@ -231,6 +231,15 @@ pub struct HealthView {
 #[serde(deny_unknown_fields)]
 pub struct CreateTarget {
     pub iqn: String,
+    /// Admit any initiator; absent or false: only those of the ACL.
+    #[serde(default)]
+    pub allow_any_initiator: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AllowAnyInitiator {
+    pub allow: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -273,8 +282,10 @@ pub struct ReservationsView {
 pub struct TargetView {
     pub iqn: String,
     pub luns: Vec<LunView>,
-    /// Initiators allowed to log in; empty: every initiator.
+    /// Initiators allowed to log in.
     pub acl: Vec<String>,
+    /// Any initiator may log in, the ACL notwithstanding.
+    pub allow_any_initiator: bool,
     /// CHAP user names; the secrets are never shown.
     pub chap: Option<ChapView>,
 }

@@ -185,6 +185,19 @@ fn banner(d: &Daemon, tcp: Option<SocketAddr>, nbd: Option<SocketAddr>) -> Strin
                 for l in &t.luns {
                     s += &format!("    iscsi://{a}/{}/{}  ->  {}\n", t.iqn, l.lun, l.vdisk);
                 }
+                if t.allow_any_initiator {
+                    s += &format!(
+                        "    {} admits any initiator that reaches a portal{}\n",
+                        t.iqn,
+                        if t.chap.is_some() {
+                            " and passes CHAP"
+                        } else {
+                            " (no ACL, no CHAP)"
+                        }
+                    );
+                } else if t.acl.is_empty() {
+                    s += &format!("    {} admits no initiator yet: 'tessera target acl add'\n", t.iqn);
+                }
             }
         }
         None => s += "  iSCSI portal: off\n",

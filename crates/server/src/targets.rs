@@ -25,9 +25,13 @@ pub struct TargetConfig {
     /// LUN number → "pool/vdisk".
     #[serde(default)]
     pub luns: BTreeMap<u64, String>,
-    /// Initiator names allowed to log in; empty: every initiator.
+    /// Initiator names allowed to log in.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub acl: Vec<String>,
+    /// Any initiator may log in, the ACL notwithstanding; off unless asked for, so a target
+    /// with no ACL admits nobody.
+    #[serde(default)]
+    pub allow_any_initiator: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chap: Option<SetChap>,
 }
@@ -37,6 +41,7 @@ impl TargetConfig {
     pub fn access(&self) -> Access {
         Access {
             acl: self.acl.clone(),
+            allow_any: self.allow_any_initiator,
             chap: self.chap.as_ref().map(|c| Chap {
                 user: c.user.clone(),
                 secret: c.secret.clone(),
@@ -148,6 +153,12 @@ impl Targets {
     /// Builds the registry from the configuration; `resolve` finds a vdisk by "pool/name".
     pub fn apply_all(&self, resolve: &dyn Fn(&str) -> Option<(Arc<Engine>, Arc<Vdisk>)>) {
         for cfg in self.configs.lock().values() {
+            if cfg.acl.is_empty() && !cfg.allow_any_initiator {
+                warn!(
+                    target = %cfg.iqn,
+                    "the target admits no initiator: add one with 'tessera target acl add', or admit any with 'tessera target acl allow-any'"
+                );
+            }
             self.registry.add_target(Target::new(&cfg.iqn)).set_access(cfg.access());
         }
         self.present_missing(resolve);
@@ -250,7 +261,7 @@ impl Targets {
             .ok_or_else(|| ApiError::not_found(format!("no target '{iqn}'; 'tessera target list' shows them")))
     }
 
-    pub fn create(&self, iqn: &str) -> ApiResult<TargetConfig> {
+    pub fn create(&self, iqn: &str, allow_any_initiator: bool) -> ApiResult<TargetConfig> {
         validate_iqn(iqn).map_err(ApiError::invalid)?;
         let mut c = self.configs.lock();
         if c.contains_key(iqn) {
@@ -258,6 +269,7 @@ impl Targets {
         }
         let cfg = TargetConfig {
             iqn: iqn.to_string(),
+            allow_any_initiator,
             ..Default::default()
         };
         c.insert(iqn.to_string(), cfg.clone());
@@ -265,8 +277,16 @@ impl Targets {
             c.remove(iqn);
             return Err(e);
         }
-        self.registry.add_target(Target::new(iqn));
+        self.registry.add_target(Target::new(iqn)).set_access(cfg.access());
         Ok(cfg)
+    }
+
+    /// Admits any initiator, or again only those of the ACL.
+    pub fn set_allow_any(&self, iqn: &str, allow: bool) -> ApiResult<()> {
+        self.update_access(iqn, |cfg| {
+            cfg.allow_any_initiator = allow;
+            Ok(())
+        })
     }
 
     pub fn delete(&self, iqn: &str) -> ApiResult<()> {

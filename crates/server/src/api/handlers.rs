@@ -226,7 +226,15 @@ pub async fn list_targets(State(d): D) -> ApiResult<Json<Vec<TargetView>>> {
 }
 
 pub async fn create_target(State(d): D, Body(req): Body<CreateTarget>) -> ApiResult<(StatusCode, Json<TargetView>)> {
-    created(move || d.create_target(&req.iqn)).await
+    created(move || d.create_target(&req.iqn, req.allow_any_initiator)).await
+}
+
+pub async fn set_allow_any_initiator(
+    State(d): D,
+    Path(iqn): Path<String>,
+    Body(req): Body<AllowAnyInitiator>,
+) -> ApiResult<Json<TargetView>> {
+    json(move || d.set_allow_any_initiator(&iqn, req.allow)).await
 }
 
 pub async fn show_target(State(d): D, Path(iqn): Path<String>) -> ApiResult<Json<TargetView>> {

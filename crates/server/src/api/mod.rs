@@ -58,6 +58,7 @@ pub fn router(daemon: Arc<Daemon>, guard: Option<Arc<auth::Guard>>) -> Router {
         .route("/api/targets/{iqn}/acl", post(acl_add))
         .route("/api/targets/{iqn}/acl/{initiator}", delete(acl_remove))
         .route("/api/targets/{iqn}/chap", put(chap_set).delete(chap_clear))
+        .route("/api/targets/{iqn}/allow-any-initiator", put(set_allow_any_initiator))
         .route("/api/iscsi/portals", get(list_portals).post(add_portal))
         .route("/api/iscsi/portals/{address}", delete(remove_portal))
         .route("/api/nbd/exports", get(list_nbd_exports).post(create_nbd_export))

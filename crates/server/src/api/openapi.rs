@@ -299,6 +299,13 @@ pub const ROUTES: &[RouteDoc] = &[
     ),
     r(
         "put",
+        "/api/targets/{iqn}/allow-any-initiator",
+        "Admit any initiator (true), or only those of the ACL (false)",
+        Some("AllowAnyInitiator"),
+        Some((200, "Target")),
+    ),
+    r(
+        "put",
         "/api/targets/{iqn}/chap",
         "Require CHAP (one-way, or mutual with the mutual pair)",
         Some("SetChap"),
@@ -488,15 +495,19 @@ fn schemas() -> Value {
             "elapsed_seconds": {"type": "number"}, "error": opt_string(), "result": {}})),
         "JobList": list("Job"),
         "CreateTarget": {"type": "object", "required": ["iqn"], "additionalProperties": false, "properties": {
-            "iqn": {"type": "string", "description": "iqn.YYYY-MM.reversed.domain[:name], eui.<16 hex> or naa.<16|32 hex>"}}},
+            "iqn": {"type": "string", "description": "iqn.YYYY-MM.reversed.domain[:name], eui.<16 hex> or naa.<16|32 hex>"},
+            "allow_any_initiator": {"type": "boolean", "description": "admit any initiator; default false: only the ACL's"}}},
+        "AllowAnyInitiator": {"type": "object", "required": ["allow"], "additionalProperties": false, "properties": {
+            "allow": {"type": "boolean"}}},
         "AddLun": {"type": "object", "required": ["vdisk"], "additionalProperties": false, "properties": {
             "lun": {"type": ["integer", "null"], "minimum": 0, "maximum": 16383}, "vdisk": {"type": "string", "description": "POOL/NAME"}}},
-        "Target": obj(&["iqn", "luns", "acl"], json!({"iqn": string(), "luns": {"type": "array", "items": obj(&["lun", "vdisk", "online"], json!({
+        "Target": obj(&["iqn", "luns", "acl", "allow_any_initiator"], json!({"iqn": string(), "luns": {"type": "array", "items": obj(&["lun", "vdisk", "online"], json!({
             "lun": int(), "vdisk": string(), "online": {"type": "boolean"}, "size": opt_int(),
             "reservations": {"description": "persistent reservations, when an initiator has registered", "type": "object", "properties": {
                 "generation": int(), "registered": {"type": "array", "items": string()}, "holder": opt_string(),
                 "kind": opt_string(), "aptpl": {"type": "boolean"}}}}))},
-            "acl": {"type": "array", "items": string(), "description": "initiators allowed in; empty: all"},
+            "acl": {"type": "array", "items": string(), "description": "initiators allowed in"},
+            "allow_any_initiator": {"type": "boolean", "description": "any initiator is admitted, the ACL notwithstanding"},
             "chap": {"oneOf": [{"type": "null"}, obj(&["user"], json!({"user": string(), "mutual_user": opt_string()}))]}})),
         "AclEntry": {"type": "object", "required": ["initiator"], "additionalProperties": false, "properties": {
             "initiator": {"type": "string", "description": "the initiator's iSCSI name"}}},
