@@ -167,7 +167,8 @@ mod tests {
     #[test]
     fn acl_and_visibility() {
         let mut a = Access::default();
-        assert!(a.admits("iqn.2026-11.x:a"));
+        assert!(!a.admits("iqn.2026-11.x:a"), "no ACL admits nobody");
+        assert!(Access::open().admits("iqn.2026-11.x:a"));
         a.acl = vec!["iqn.2026-11.x:a".into()];
         assert!(a.admits("IQN.2026-11.X:A"));
         assert!(!a.admits("iqn.2026-11.x:b"));
