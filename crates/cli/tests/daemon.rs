@@ -835,3 +835,33 @@ fn missing_and_corrupt_disks_at_start_leave_the_pool_degraded_not_lost() {
     }
     assert!(label.iter().all(|&b| b == 0xAB), "a refused disk was written");
 }
+
+/// `tessera pool show | head`: the reader goes away, and the CLI ends quietly as Unix tools
+/// do, not with a panic and a backtrace.
+#[test]
+fn a_closed_pipe_ends_the_cli_quietly() {
+    use std::os::fd::FromRawFd;
+    let t = tempfile::tempdir().unwrap();
+    let d = Daemon::start(&t.path().join("state"));
+    create_pool(&d, "p", &disks(&t.path().join("disks"), 2, 1 << 30));
+    let mut fds = [0; 2];
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // The reading end is closed before the CLI writes anything: its first write meets EPIPE.
+    unsafe { libc::close(fds[0]) };
+    let out = Command::new(BIN)
+        .args(["--api", &format!("unix:{}", d.sock.display()), "pool", "show", "p"])
+        .stdout(unsafe { std::process::Stdio::from_raw_fd(fds[1]) })
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains("panicked"),
+        "the CLI panicked on a closed pipe: {stderr}"
+    );
+    use std::os::unix::process::ExitStatusExt;
+    assert!(
+        out.status.success() || out.status.signal() == Some(libc::SIGPIPE),
+        "{:?}: {stderr}",
+        out.status
+    );
+}
