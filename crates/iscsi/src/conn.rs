@@ -31,6 +31,7 @@ use tracing::{debug, info, warn};
 
 use crate::auth::Chap;
 use crate::inbox::Inbox;
+use crate::limits::{Charge, ConnectionSlot, WriteBudget};
 use crate::login::{login, LoggedIn, CMD_WINDOW};
 use crate::params::Params;
 use crate::pdu::{data_segment_length, op, put32, wire_len, Pdu, PduError, BHS_LEN};
@@ -217,16 +218,28 @@ struct WriteTask {
     /// DataSN the next Data-Out of the current sequence must carry.
     data_sn: u32,
     edtl: usize,
-    /// A Data-Out of this write was lost (wrong DataSN or data digest): its data is dropped
-    /// until the sequence ends, then the command fails without running.
-    lost_data: bool,
+    /// A Data-Out of this write was lost (wrong DataSN or data digest), or its buffer could
+    /// not be had: its data is dropped until the sequence ends, then the command fails
+    /// without running, as this says.
+    lost_data: Option<Fail>,
+    /// The buffer's bytes, charged to the session's and the daemon's budgets.
+    charge: Option<Charge>,
+}
+
+/// Why a command is answered without running.
+#[derive(Debug, Clone, Copy)]
+enum Fail {
+    /// CHECK CONDITION with this sense.
+    Sense(sense::Sense),
+    /// TASK SET FULL: no room for its data now; the initiator retries.
+    TaskSetFull,
 }
 
 impl WriteTask {
     /// The write as a command to run with its data, or, when a Data-Out was lost, to fail
     /// with PROTOCOL SERVICE CRC ERROR without running.
     fn into_job(self, itt: u32) -> Job {
-        let fail = self.lost_data.then_some(sense::PROTOCOL_SERVICE_CRC_ERROR);
+        let fail = self.lost_data;
         Job {
             itt,
             lun_field: self.lun_field,
@@ -236,6 +249,7 @@ impl WriteTask {
             edtl: self.edtl,
             read: false,
             fail,
+            _charge: self.charge,
         }
     }
 }
@@ -250,7 +264,9 @@ struct Job {
     edtl: usize,
     read: bool,
     /// Fail the command with this instead of running it.
-    fail: Option<sense::Sense>,
+    fail: Option<Fail>,
+    /// The write buffer's charge, given back when the job is done with.
+    _charge: Option<Charge>,
 }
 
 /// What the session is, fixed at login.
@@ -290,6 +306,8 @@ enum Next {
 struct Session {
     ctx: Ctx,
     writer: Arc<Writer>,
+    /// Bytes of write buffers this session holds (limits.rs).
+    write_budget: Arc<WriteBudget>,
     /// std's mutex, not parking_lot's: followers wait here all the time, and parking_lot spins
     /// with sched_yield before sleeping, which on two cores steals the CPU the leader needs.
     reader: std::sync::Mutex<Option<ReadSide>>,
@@ -302,7 +320,13 @@ struct Session {
 }
 
 /// Logs a connection in, then hands it to threads of its own for the full feature phase.
-pub async fn run(sock: tokio::net::TcpStream, local: SocketAddr, reg: Arc<Registry>) -> Result<(), String> {
+/// `slot` counts the connection against its portal's limit until the session ends.
+pub async fn run(
+    sock: tokio::net::TcpStream,
+    local: SocketAddr,
+    reg: Arc<Registry>,
+    slot: ConnectionSlot,
+) -> Result<(), String> {
     let (mut r, mut w) = sock.into_split();
     // A client that stalls in the login phase does not hold a connection for ever.
     let li = tokio::time::timeout(LOGIN_TIMEOUT, login(&mut r, &mut w, &reg))
@@ -326,13 +350,13 @@ pub async fn run(sock: tokio::net::TcpStream, local: SocketAddr, reg: Arc<Regist
     let (initiator, isid, tsih) = (li.initiator.clone(), li.isid, li.tsih);
     let tname = li.target.as_ref().map(|t| t.iqn.clone()).unwrap_or_default();
     let (who, what, reg2) = (initiator.clone(), tname.clone(), reg.clone());
-    let spawned =
-        std::thread::Builder::new()
-            .name("iscsi-conn".into())
-            .spawn(move || match serve(sock, local, reg2, li) {
-                Ok(()) => info!(initiator = %who, target = %what, tsih, "session closed"),
-                Err(e) => info!(initiator = %who, target = %what, tsih, error = %e, "session closed"),
-            });
+    let spawned = std::thread::Builder::new().name("iscsi-conn".into()).spawn(move || {
+        let _slot = slot;
+        match serve(sock, local, reg2, li) {
+            Ok(()) => info!(initiator = %who, target = %what, tsih, "session closed"),
+            Err(e) => info!(initiator = %who, target = %what, tsih, error = %e, "session closed"),
+        }
+    });
     if let Err(e) = spawned {
         reg.close_session(&initiator, isid, &tname, tsih);
         close.finish();
@@ -412,6 +436,7 @@ fn serve(sock: TcpStream, local: SocketAddr, reg: Arc<Registry>, li: LoggedIn) -
             threads: AtomicUsize::new(1),
             idle: AtomicUsize::new(0),
             handles: Mutex::new(Vec::new()),
+            write_budget: Arc::default(),
             ended: Mutex::new(None),
         });
         serve_thread(&s);
@@ -877,12 +902,30 @@ impl Session {
                 seq.outstanding.fetch_sub(1, Ordering::AcqRel);
                 return None;
             }
-            let mut buf = vec![0u8; edtl];
-            buf[..p.data.len()].copy_from_slice(&p.data);
             let unsolicited_end = if self.ctx.params.initial_r2t || flags & 0x80 != 0 {
                 p.data.len()
             } else {
                 (self.ctx.params.first_burst as usize).min(edtl).max(p.data.len())
+            };
+            // The buffer is paid for before it exists; without room, the command ends with
+            // TASK SET FULL once its unsolicited data (which cannot be refused) has passed.
+            let limits = self.ctx.reg.limits();
+            let charge = Charge::take(&self.write_budget, self.ctx.reg.write_total(), edtl, &limits);
+            let buf = match &charge {
+                Some(_) => {
+                    let mut buf = vec![0u8; edtl];
+                    buf[..p.data.len()].copy_from_slice(&p.data);
+                    buf
+                }
+                None => {
+                    debug!(
+                        itt = p.itt(),
+                        edtl,
+                        session = self.write_budget.used(),
+                        "no room for a write's data: TASK SET FULL"
+                    );
+                    Vec::new()
+                }
             };
             let mut t = WriteTask {
                 lun_field,
@@ -896,9 +939,16 @@ impl Session {
                 next_offset: unsolicited_end,
                 data_sn: 0,
                 edtl,
-                lost_data: false,
+                lost_data: charge.is_none().then_some(Fail::TaskSetFull),
+                charge,
             };
-            if t.received >= t.unsolicited_end {
+            if t.lost_data.is_some() {
+                if t.received >= t.unsolicited_end {
+                    return Some(t.into_job(p.itt()));
+                }
+                // Its buffer is empty: nothing is solicited, unsolicited data is dropped.
+                t.next_offset = edtl;
+            } else if t.received >= t.unsolicited_end {
                 self.next_r2t(rs, p.itt(), &mut t);
             }
             rs.writes.insert(p.itt(), t);
@@ -916,6 +966,7 @@ impl Session {
             edtl,
             read,
             fail: None,
+            _charge: None,
         })
     }
 
@@ -957,7 +1008,7 @@ impl Session {
             Some((ttt, o, l)) if p.ttt() == ttt => offset >= o && end <= o + l,
             _ => p.ttt() == NO_TAG && end <= t.unsolicited_end,
         };
-        if !in_window || end > t.buf.len() {
+        if !in_window || end > t.edtl {
             warn!(itt, offset, len = p.data.len(), "Data-Out outside what was asked for");
             self.writer.seq.outstanding.fetch_sub(1, Ordering::AcqRel);
             self.reject(&p, 0x09);
@@ -967,7 +1018,7 @@ impl Session {
         // At ErrorRecoveryLevel 0 the data cannot be asked for again: the task ends with
         // PROTOCOL SERVICE CRC ERROR once the initiator has sent the rest of the sequence
         // (7.8), and the connection goes on.
-        if !t.lost_data && (!intact || p.field36() != t.data_sn) {
+        if t.lost_data.is_none() && (!intact || p.field36() != t.data_sn) {
             warn!(
                 itt,
                 data_sn = p.field36(),
@@ -975,7 +1026,7 @@ impl Session {
                 intact,
                 "Data-Out lost: the command will fail"
             );
-            t.lost_data = true;
+            t.lost_data = Some(Fail::Sense(sense::PROTOCOL_SERVICE_CRC_ERROR));
         }
         t.data_sn = t.data_sn.wrapping_add(1);
         if p.final_bit() {
@@ -985,8 +1036,13 @@ impl Session {
                 }
             }
         }
-        if t.lost_data {
-            if !p.final_bit() {
+        if t.lost_data.is_some() {
+            t.received += p.data.len();
+            // The end of the sequence, or of the unsolicited data of a write refused for
+            // want of room (no R2T follows for it).
+            let done = p.final_bit()
+                && (matches!(t.lost_data, Some(Fail::Sense(_))) || t.r2t.is_none() && end >= t.unsolicited_end);
+            if !done {
                 rs.writes.insert(itt, t);
                 return Ok(None);
             }
@@ -1080,7 +1136,14 @@ impl Session {
     }
 
     fn execute_one(&self, job: &Job) -> Response {
-        if let Some(sense) = job.fail {
+        if let Some(Fail::TaskSetFull) = job.fail {
+            return Response {
+                status: sense::TASK_SET_FULL,
+                data: Data::default(),
+                sense: Vec::new(),
+            };
+        }
+        if let Some(Fail::Sense(sense)) = job.fail {
             return Response {
                 status: sense::CHECK_CONDITION,
                 data: Data::default(),

@@ -7,6 +7,7 @@ mod conn;
 #[cfg(feature = "target")]
 mod inbox;
 pub mod initiator;
+pub mod limits;
 #[cfg(feature = "target")]
 pub mod login;
 pub mod params;
@@ -18,6 +19,7 @@ pub mod target;
 pub mod text;
 
 pub use auth::{Access, Chap};
+pub use limits::Limits;
 #[cfg(feature = "target")]
 pub use portal::SocketBuffers;
 #[cfg(feature = "target")]

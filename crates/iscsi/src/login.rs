@@ -7,6 +7,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tracing::{debug, info};
 
 use crate::auth::{self, Chap};
+use crate::limits::MAX_LOGIN_TEXT;
 use crate::params::{Answer, Params, OUR_MAX_RECV_DATA_SEGMENT};
 use crate::pdu::{op, Pdu};
 use crate::target::{Registry, Target};
@@ -23,6 +24,7 @@ pub mod status {
     pub const MISSING_PARAMETER: u16 = 0x0207;
     pub const SESSION_DOES_NOT_EXIST: u16 = 0x020A;
     pub const INVALID_DURING_LOGIN: u16 = 0x020B;
+    pub const OUT_OF_RESOURCES: u16 = 0x0302;
 }
 
 /// Window of commands an initiator may have outstanding.
@@ -129,6 +131,9 @@ where
     let mut first = true;
     let mut stat_sn: u32 = 0;
     let mut pending = Vec::new();
+    // Every byte of text the login has sent, in all its PDUs: bounded before authentication
+    // as after it.
+    let mut text_total = 0usize;
     let mut auth_state = Auth::Pending;
     let mut authenticated: Option<Chap> = None;
     loop {
@@ -179,6 +184,13 @@ where
         if csg == 2 || (transit && (nsg == 2 || nsg < csg || (csg == 0 && nsg == 0))) {
             refuse!(status::INITIATOR_ERROR, format!("bad stage transition {csg} -> {nsg}"));
         }
+        if text_total + req.data.len() > MAX_LOGIN_TEXT {
+            refuse!(
+                status::INITIATOR_ERROR,
+                format!("more than {MAX_LOGIN_TEXT} bytes of login text")
+            );
+        }
+        text_total += req.data.len();
         pending.extend_from_slice(&req.data);
         if cont {
             // More text follows in the next PDU: acknowledge with an empty response.
@@ -330,7 +342,10 @@ where
                 params.immediate_data = false;
             }
             let tname = target.as_ref().map(|t| t.iqn.clone()).unwrap_or_default();
-            let (tsih, close) = reg.open_session(&name, isid, &tname);
+            let (tsih, close) = match reg.open_session(&name, isid, &tname) {
+                Ok(s) => s,
+                Err(why) => refuse!(status::OUT_OF_RESOURCES, why),
+            };
             let mut p = reply(status::SUCCESS, text::encode(&answers), true, stat_sn, tsih);
             p.write(w, false, false).await.map_err(|e| e.to_string())?;
             info!(initiator = %name, target = %tname, tsih, chap = authenticated.is_some(), hd = params.header_digest, dd = params.data_digest, "logged in");

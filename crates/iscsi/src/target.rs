@@ -11,6 +11,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use tessera_scsi::{Lun, LunScope};
 
 use crate::auth::Access;
+use crate::limits::{ConnectionSlot, Limits, WriteBudget};
 use tokio::net::TcpListener;
 use tracing::{info, warn};
 
@@ -133,6 +134,9 @@ pub struct Registry {
     next_nexus: std::sync::atomic::AtomicU64,
     /// Every portal the target listens on, for SendTargets.
     portals: RwLock<Vec<SocketAddr>>,
+    limits: RwLock<Limits>,
+    /// Write buffers held by every session together.
+    write_total: Arc<WriteBudget>,
 }
 
 impl Registry {
@@ -158,9 +162,53 @@ impl Registry {
         self.targets.read().values().cloned().collect()
     }
 
+    pub fn limits(&self) -> Limits {
+        *self.limits.read()
+    }
+
+    /// Applies to the connections, logins and writes that come next.
+    pub fn set_limits(&self, l: Limits) {
+        *self.limits.write() = l;
+    }
+
+    /// Bytes of write buffers all sessions hold now.
+    pub fn write_bytes_in_use(&self) -> usize {
+        self.write_total.used()
+    }
+
+    pub(crate) fn write_total(&self) -> &Arc<WriteBudget> {
+        &self.write_total
+    }
+
     /// Registers a new session, closing one with the same identity; returns its TSIH and what
-    /// closes it.
-    pub(crate) fn open_session(&self, initiator: &str, isid: [u8; 6], target: &str) -> (u16, Arc<Closer>) {
+    /// closes it. A normal session past the limit of its initiator or its target is refused
+    /// (Err says which); one that reinstates a session takes its place.
+    pub(crate) fn open_session(
+        &self,
+        initiator: &str,
+        isid: [u8; 6],
+        target: &str,
+    ) -> Result<(u16, Arc<Closer>), String> {
+        if !target.is_empty() {
+            let limits = self.limits();
+            let sessions = self.sessions.lock();
+            let reinstates = sessions.contains_key(&(initiator.to_string(), isid, target.to_string()));
+            let of_initiator = sessions
+                .keys()
+                .filter(|(i, _, t)| !t.is_empty() && i.eq_ignore_ascii_case(initiator))
+                .count();
+            let of_target = sessions.keys().filter(|(_, _, t)| t == target).count();
+            if !reinstates && of_initiator >= limits.sessions_per_initiator {
+                return Err(format!(
+                    "the initiator has {of_initiator} sessions, its limit (iscsi_sessions_per_initiator)"
+                ));
+            }
+            if !reinstates && of_target >= limits.sessions_per_target {
+                return Err(format!(
+                    "the target has {of_target} sessions, its limit (iscsi_sessions_per_target)"
+                ));
+            }
+        }
         let mut tsih = self.next_tsih.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
         if tsih == 0 {
             tsih = self.next_tsih.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
@@ -176,7 +224,7 @@ impl Registry {
             old.close.close();
             *close.replaces.lock() = Some(old.close);
         }
-        (tsih, close)
+        Ok((tsih, close))
     }
 
     pub(crate) fn close_session(&self, initiator: &str, isid: [u8; 6], target: &str, tsih: u16) {
@@ -207,18 +255,26 @@ impl Registry {
 }
 
 /// Accepts connections on `listener` until the process ends; each logs in on a task of its
-/// own, then is served by threads of its own.
+/// own, then is served by threads of its own. A connection past the portal's limit is closed
+/// at once.
 pub async fn serve(listener: TcpListener, reg: Arc<Registry>) {
+    let open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     loop {
         match listener.accept().await {
             Ok((sock, peer)) => {
+                let limit = reg.limits().connections_per_portal;
+                let Some(slot) = ConnectionSlot::take(&open, limit) else {
+                    warn!(%peer, limit, "connection refused: the portal has its limit of connections (iscsi_connections_per_portal)");
+                    drop(sock);
+                    continue;
+                };
                 let _ = sock.set_nodelay(true);
                 let local = sock
                     .local_addr()
                     .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
                 let reg = reg.clone();
                 tokio::spawn(async move {
-                    if let Err(e) = crate::conn::run(sock, local, reg).await {
+                    if let Err(e) = crate::conn::run(sock, local, reg, slot).await {
                         info!(%peer, error = %e, "iSCSI login ended");
                     }
                 });

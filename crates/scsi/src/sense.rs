@@ -2,6 +2,8 @@
 //! page's D_SENSE asks.
 
 pub const GOOD: u8 = 0x00;
+/// The target cannot take the command now for lack of resources; the initiator retries.
+pub const TASK_SET_FULL: u8 = 0x28;
 pub const CHECK_CONDITION: u8 = 0x02;
 pub const RESERVATION_CONFLICT: u8 = 0x18;
 

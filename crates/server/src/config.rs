@@ -43,6 +43,11 @@ pub struct ConfigFile {
     pub iscsi_listen: Option<String>,
     pub iscsi_send_buffer: Option<Size>,
     pub iscsi_recv_buffer: Option<Size>,
+    pub iscsi_connections_per_portal: Option<usize>,
+    pub iscsi_sessions_per_initiator: Option<usize>,
+    pub iscsi_sessions_per_target: Option<usize>,
+    pub iscsi_write_buffer_per_session: Option<Size>,
+    pub iscsi_write_buffer_total: Option<Size>,
     pub nbd_listen: Option<String>,
     #[serde(default)]
     pub pools: Vec<String>,
@@ -74,6 +79,8 @@ pub struct ServerConfig {
     pub iscsi_listen: Option<SocketAddr>,
     /// Socket buffers of every iSCSI portal.
     pub iscsi_buffers: tessera_iscsi::SocketBuffers,
+    /// What initiators may make the target hold.
+    pub iscsi_limits: tessera_iscsi::Limits,
     /// The NBD server's address; None when disabled.
     pub nbd_listen: Option<SocketAddr>,
     pub pools: Vec<String>,
@@ -96,6 +103,7 @@ impl ServerConfig {
     }
 
     pub fn resolve(f: ConfigFile, o: Overrides) -> Result<ServerConfig, String> {
+        let iscsi_limits = iscsi_limits(&f)?;
         let default_state = if o.demo { "tessera-demo" } else { "/var/lib/tessera" };
         let state_dir = o
             .state_dir
@@ -150,6 +158,7 @@ impl ServerConfig {
             api_allowed_hosts,
             iscsi_listen,
             iscsi_buffers,
+            iscsi_limits,
             nbd_listen,
             pools: f.pools,
             log_format: o.log_format.or(f.log_format).unwrap_or_default(),
@@ -172,6 +181,60 @@ fn listen_addr(key: &str, given: Option<String>, default: &str) -> Result<Option
         "" | "none" => Ok(None),
         s => parse_addr(key, s).map(Some),
     }
+}
+
+/// The iSCSI bounds: each setting given, or the default.
+fn iscsi_limits(f: &ConfigFile) -> Result<tessera_iscsi::Limits, String> {
+    let d = tessera_iscsi::Limits::default();
+    let count = |key: &str, v: Option<usize>, default: usize| match v {
+        None => Ok(default),
+        Some(0) => Err(format!("{key} must be at least 1")),
+        Some(n) => Ok(n),
+    };
+    let bytes = |key: &str, v: &Option<Size>, default: usize| -> Result<usize, String> {
+        let n = match v {
+            None => return Ok(default),
+            Some(Size::Bytes(n)) => *n,
+            Some(Size::Text(t)) => crate::units::parse_size(t).map_err(|e| format!("{key}: {e}"))?,
+        };
+        // At least one largest write (32 MiB and a little): a smaller budget refuses every one.
+        let least = tessera_scsi::MAX_TRANSFER_BYTES + (1 << 20);
+        if n < least {
+            return Err(format!("{key} must be at least {} MiB, not {n} bytes", least >> 20));
+        }
+        Ok(n as usize)
+    };
+    let l = tessera_iscsi::Limits {
+        connections_per_portal: count(
+            "iscsi_connections_per_portal",
+            f.iscsi_connections_per_portal,
+            d.connections_per_portal,
+        )?,
+        sessions_per_initiator: count(
+            "iscsi_sessions_per_initiator",
+            f.iscsi_sessions_per_initiator,
+            d.sessions_per_initiator,
+        )?,
+        sessions_per_target: count(
+            "iscsi_sessions_per_target",
+            f.iscsi_sessions_per_target,
+            d.sessions_per_target,
+        )?,
+        write_bytes_per_session: bytes(
+            "iscsi_write_buffer_per_session",
+            &f.iscsi_write_buffer_per_session,
+            d.write_bytes_per_session,
+        )?,
+        write_bytes_total: bytes(
+            "iscsi_write_buffer_total",
+            &f.iscsi_write_buffer_total,
+            d.write_bytes_total,
+        )?,
+    };
+    if l.write_bytes_total < l.write_bytes_per_session {
+        return Err("iscsi_write_buffer_total must be at least iscsi_write_buffer_per_session".into());
+    }
+    Ok(l)
 }
 
 /// A size in the file: a number of bytes or a string with a suffix ("4M").
@@ -257,6 +320,28 @@ mod tests {
         assert!(resolve("api_token = \"short\"\n", Overrides::default())
             .unwrap_err()
             .contains("16 characters"));
+    }
+
+    #[test]
+    fn iscsi_limits_from_the_file() {
+        let c = resolve(
+            "iscsi_sessions_per_initiator = 4\niscsi_write_buffer_per_session = \"64M\"\n",
+            Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(c.iscsi_limits.sessions_per_initiator, 4);
+        assert_eq!(c.iscsi_limits.write_bytes_per_session, 64 << 20);
+        assert_eq!(
+            c.iscsi_limits.write_bytes_total,
+            tessera_iscsi::Limits::default().write_bytes_total
+        );
+        for bad in [
+            "iscsi_sessions_per_target = 0\n",
+            "iscsi_write_buffer_per_session = \"1M\"\n",
+            "iscsi_write_buffer_per_session = \"2G\"\niscsi_write_buffer_total = \"1G\"\n",
+        ] {
+            assert!(resolve(bad, Overrides::default()).is_err(), "{bad}");
+        }
     }
 
     #[test]

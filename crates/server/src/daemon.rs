@@ -62,6 +62,7 @@ impl Daemon {
         std::fs::create_dir_all(cfg.pools_dir())
             .map_err(|e| format!("cannot create the state directory {}: {e}", cfg.state_dir.display()))?;
         let targets = Targets::load(cfg.state_dir.join("targets.json"))?;
+        targets.registry.set_limits(cfg.iscsi_limits);
         let nbd = NbdExports::load(cfg.state_dir.join("nbd.json"))?;
         let portals = Portals::load(
             cfg.state_dir.join("portals.json"),
