@@ -61,6 +61,8 @@ const MAX_IOV: usize = 1024;
 /// sending.
 const MAX_BATCH: usize = 32;
 const MAX_BATCH_BYTES: usize = 256 << 10;
+/// Bytes of READ data a session may have in flight on its ring.
+const MAX_RING_BYTES: usize = 64 << 20;
 
 const NO_TAG: u32 = 0xFFFF_FFFF;
 
@@ -288,6 +290,8 @@ struct ReadSide {
     inbox: Inbox,
     /// READs whose disk reads are in flight; None where io_uring is unavailable.
     ring: Option<ReadRing<(Job, PlannedRead)>>,
+    /// Bytes the READs on the ring will return: their buffers are allocated up front.
+    ring_bytes: usize,
     writes: HashMap<u32, WriteTask>,
     next_ttt: u32,
     /// Keepalive: when the initiator last sent a byte, and when we pinged it since.
@@ -428,6 +432,7 @@ fn serve(sock: TcpStream, local: SocketAddr, reg: Arc<Registry>, li: LoggedIn) -
                 sock: sock.try_clone().map_err(|e| e.to_string())?,
                 inbox,
                 ring,
+                ring_bytes: 0,
                 writes: HashMap::new(),
                 next_ttt: 1,
                 last_heard: Instant::now(),
@@ -512,6 +517,7 @@ impl Session {
             if let Some(ring) = rs.ring.as_mut() {
                 if ring.reap(&mut done) {
                     progress = true;
+                    rs.ring_bytes -= done.iter().map(|((j, _), _)| j.edtl).sum::<usize>();
                     batch.extend(self.answer_reads(&mut done));
                 }
             }
@@ -591,6 +597,12 @@ impl Session {
             Some(l) if job.read && job.fail.is_none() && is_read(job.cdb[0]) => l,
             _ => return Some(job),
         };
+        // Past this much read data in flight the READ runs on this thread, which stops
+        // receiving meanwhile: a client that queues huge READs (immediate ones skip the
+        // CmdSN window) is slowed down, and the buffers stay bounded.
+        if rs.ring_bytes + job.edtl > MAX_RING_BYTES {
+            return Some(job);
+        }
         // A bug in one command fails that command, not the session.
         let start = catch_unwind(AssertUnwindSafe(|| lun.start_read(&self.ctx.nexus, &job.cdb))).unwrap_or_else(|_| {
             warn!(opcode = job.cdb[0], "command panicked");
@@ -606,6 +618,7 @@ impl Session {
                 let reads = read.submissions();
                 // SAFETY: the reads fill the PlannedRead's own buffer, which travels with it
                 // in the ring until they have completed.
+                rs.ring_bytes += job.edtl;
                 unsafe { ring.start((job, read), &reads) };
                 None
             }
@@ -644,6 +657,7 @@ impl Session {
             if !ring.reap(&mut done) {
                 ring.wait();
             }
+            rs.ring_bytes -= done.iter().map(|((j, _), _)| j.edtl).sum::<usize>();
             batch.extend(self.answer_reads(&mut done));
         }
     }
