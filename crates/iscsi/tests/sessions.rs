@@ -58,6 +58,11 @@ async fn rig_on(kind: Disks) -> Rig {
         .unwrap();
     let lun = Arc::new(Lun::new(v, 0x55, false));
     let reg = Registry::new();
+    // The crowd test logs in far more sessions per initiator name than a host would.
+    reg.set_limits(tessera_iscsi::Limits {
+        sessions_per_initiator: 256,
+        ..Default::default()
+    });
     for iqn in [OPEN, SECURE] {
         let t = reg.add_target(Target::new(iqn));
         t.luns.write().insert(0, lun.clone());
