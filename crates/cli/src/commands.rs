@@ -265,6 +265,11 @@ fn pool_table(v: &Value) {
         })
         .collect();
     table(&["NAME", "HEALTH", "DISKS", "SIZE", "USED", "FREE", "VDISKS"], rows);
+    for p in arr(v) {
+        for w in arr(&p["warnings"]) {
+            println!("{}: warning: {}", s(&p["name"]), s(w));
+        }
+    }
 }
 
 fn show_pool(v: &Value) {
@@ -280,6 +285,9 @@ fn show_pool(v: &Value) {
     ];
     if let Some(p) = v["problem"].as_str() {
         pairs.push(("problem", p.to_string()));
+    }
+    for w in arr(&v["warnings"]) {
+        pairs.push(("warning", s(w)));
     }
     if !arr(&v["jobs_running"]).is_empty() {
         pairs.push(("jobs running", s(&v["jobs_running"])));

@@ -669,3 +669,61 @@ fn libiscsi_conformance_suite() {
         .unwrap()
         .is_empty());
 }
+
+/// An over-committed thin pool: once its allocation passes the threshold, every nexus of its
+/// LUNs hears THIN PROVISIONING SOFT THRESHOLD REACHED once, and the pool carries a warning.
+#[test]
+fn a_thin_pool_past_its_threshold_tells_the_initiators_and_the_administrator() {
+    use tessera_iscsi::initiator::{LoginConfig, Session};
+    let t = tempfile::tempdir().unwrap();
+    let state = t.path().join("state");
+    let cfg = t.path().join("tessera.toml");
+    std::fs::write(&cfg, "thin_threshold_percent = 50\n").unwrap();
+    let d = Daemon::start_with(&state, &["--config", cfg.to_str().unwrap(), "--api-listen", "none"]).unwrap();
+    // 2 × 512 MiB of disks under a 2 GiB thin mirror: promised four times over.
+    create_pool(&d, "thin", &disks(&t.path().join("disks"), 2, 512 << 20));
+    d.ok(&["vdisk", "create", "thin/big", "--size", "2G", "--layout", "mirror"]);
+    let iqn = "iqn.2026-11.io.tessera:thin";
+    d.ok(&["target", "create", iqn, "--allow-any-initiator"]);
+    d.ok(&["target", "lun", "add", iqn, "thin/big"]);
+    let portal = d.iscsi_portal();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let s = rt
+        .block_on(Session::login(
+            &portal,
+            &LoginConfig::new("iqn.2026-11.io.example:host", Some(iqn)),
+        ))
+        .unwrap();
+    let tur = vec![0u8; 6];
+    assert_eq!(rt.block_on(s.command(0, &tur, Vec::new(), 0)).unwrap().status, 0);
+    assert!(arr_is_empty(&d.json(&["pool", "show", "thin"])["warnings"]));
+    // Fill 320 MiB of the vdisk (640 MiB of the pool's 1 GiB with two copies).
+    let img = t.path().join("fill.img");
+    random_image(&img, 320 << 20, 9);
+    d.ok(&["vdisk", "import", "thin/big", img.to_str().unwrap()]);
+    let mut heard = None;
+    for _ in 0..100 {
+        let r = rt.block_on(s.command(0, &tur, Vec::new(), 0)).unwrap();
+        if r.status != 0 {
+            heard = Some((r.status, r.sense[2] & 0x0F, r.sense[12], r.sense[13]));
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_eq!(
+        heard,
+        Some((2, 6, 0x38, 0x07)),
+        "THIN PROVISIONING SOFT THRESHOLD REACHED"
+    );
+    // Once per crossing.
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    assert_eq!(rt.block_on(s.command(0, &tur, Vec::new(), 0)).unwrap().status, 0);
+    let p = d.json(&["pool", "show", "thin"]);
+    assert!(p["warnings"][0].as_str().unwrap_or("").contains("threshold"), "{p}");
+    assert!(d.ok(&["pool", "list"]).contains("warning"));
+    assert!(d.logs().contains("thin provisioning threshold"));
+}
+
+fn arr_is_empty(v: &serde_json::Value) -> bool {
+    v.as_array().is_none_or(|a| a.is_empty())
+}

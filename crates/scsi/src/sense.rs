@@ -113,6 +113,8 @@ pub const POWER_ON_OCCURRED: Sense = Sense::new(key::UNIT_ATTENTION, 0x29, 0x00)
 pub const BUS_DEVICE_RESET_OCCURRED: Sense = Sense::new(key::UNIT_ATTENTION, 0x29, 0x03);
 pub const I_T_NEXUS_LOSS_OCCURRED: Sense = Sense::new(key::UNIT_ATTENTION, 0x29, 0x07);
 pub const MODE_PARAMETERS_CHANGED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2A, 0x01);
+/// The pool under a thin LUN is allocated past its threshold (SBC-3 4.7.3.7).
+pub const THIN_PROVISIONING_SOFT_THRESHOLD_REACHED: Sense = Sense::new(key::UNIT_ATTENTION, 0x38, 0x07);
 pub const CAPACITY_DATA_CHANGED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2A, 0x09);
 pub const TOO_MANY_TARGET_DESCRIPTORS: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x26, 0x06);
 pub const UNSUPPORTED_TARGET_DESCRIPTOR_TYPE: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x26, 0x07);

@@ -21,6 +21,7 @@ use serde::Deserialize;
 pub const DEFAULT_API_LISTEN: &str = "127.0.0.1:8484";
 pub const DEFAULT_ISCSI_LISTEN: &str = "127.0.0.1:3260";
 pub const DEFAULT_NBD_LISTEN: &str = "127.0.0.1:10809";
+pub const DEFAULT_THIN_THRESHOLD_PERCENT: u8 = 80;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
@@ -52,6 +53,7 @@ pub struct ConfigFile {
     #[serde(default)]
     pub pools: Vec<String>,
     pub log_format: Option<LogFormat>,
+    pub thin_threshold_percent: Option<u8>,
 }
 
 /// What the command line may override.
@@ -85,6 +87,9 @@ pub struct ServerConfig {
     pub nbd_listen: Option<SocketAddr>,
     pub pools: Vec<String>,
     pub log_format: LogFormat,
+    /// Allocated share of a pool past which its thin LUNs raise THIN PROVISIONING SOFT
+    /// THRESHOLD REACHED and the pool carries a warning.
+    pub thin_threshold_percent: u8,
     pub demo: bool,
 }
 
@@ -162,6 +167,11 @@ impl ServerConfig {
             nbd_listen,
             pools: f.pools,
             log_format: o.log_format.or(f.log_format).unwrap_or_default(),
+            thin_threshold_percent: match f.thin_threshold_percent {
+                None => DEFAULT_THIN_THRESHOLD_PERCENT,
+                Some(p @ 1..=99) => p,
+                Some(p) => return Err(format!("thin_threshold_percent must be 1 to 99, not {p}")),
+            },
             demo: o.demo,
         })
     }

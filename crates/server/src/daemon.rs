@@ -42,6 +42,8 @@ pub struct Daemon {
     /// Serializes changes to the set of pools.
     admin: Mutex<()>,
     started: Instant,
+    /// Pools past their thin provisioning threshold, whose LUNs have been told.
+    thin_warned: Mutex<BTreeSet<String>>,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -80,6 +82,7 @@ impl Daemon {
             portals,
             admin: Mutex::new(()),
             started: Instant::now(),
+            thin_warned: Mutex::new(BTreeSet::new()),
         };
         let mut wanted = d.read_imported()?.pools;
         wanted.extend(d.cfg.pools.iter().cloned());
@@ -248,6 +251,7 @@ impl Daemon {
                     vdisks: 0,
                     repair_needed_bytes: 0,
                     jobs_running: vec![],
+                    warnings: vec![],
                 });
             }
         };
@@ -291,7 +295,47 @@ impl Daemon {
             vdisks: e.vdisks().len(),
             repair_needed_bytes: repair,
             jobs_running: self.jobs.running_on(name),
+            warnings: self.thin_warning(&e).into_iter().collect(),
         })
+    }
+
+    /// The pool's allocated share, in percent, when it is at or past the thin threshold.
+    fn past_thin_threshold(&self, e: &Engine) -> Option<u64> {
+        let c = e.pool().capacity();
+        let pct = (c.used_bytes * 100).checked_div(c.total_bytes)?;
+        (pct >= self.cfg.thin_threshold_percent as u64).then_some(pct)
+    }
+
+    fn thin_warning(&self, e: &Engine) -> Option<String> {
+        let pct = self.past_thin_threshold(e)?;
+        Some(format!(
+            "{pct}% of the pool's space is allocated, at or past the thin provisioning threshold of {}%: \
+             add a disk, or free space (trim, delete vdisks or snapshots) before writes fail",
+            self.cfg.thin_threshold_percent
+        ))
+    }
+
+    /// Raises THIN PROVISIONING SOFT THRESHOLD REACHED on the LUNs of every pool that has
+    /// just gone past the threshold, once per crossing (it must fall 5 points below to be
+    /// raised again), and logs it. Called now and then by the daemon.
+    pub fn check_thin_thresholds(&self) {
+        let pools: Vec<(String, Arc<Engine>)> = self.pools.read().iter().map(|(n, e)| (n.clone(), e.clone())).collect();
+        let mut warned = self.thin_warned.lock();
+        for (name, e) in pools {
+            let c = e.pool().capacity();
+            let Some(pct) = (c.used_bytes * 100).checked_div(c.total_bytes) else {
+                continue;
+            };
+            let threshold = self.cfg.thin_threshold_percent as u64;
+            if pct >= threshold && warned.insert(name.clone()) {
+                warn!(pool = %name, allocated_percent = pct, threshold, "pool past its thin provisioning threshold");
+                for lun in self.targets.luns_of_pool(&name) {
+                    lun.unit_attention(tessera_scsi::sense::THIN_PROVISIONING_SOFT_THRESHOLD_REACHED, None);
+                }
+            } else if pct + 5 < threshold && warned.remove(&name) {
+                info!(pool = %name, allocated_percent = pct, threshold, "pool back under its thin provisioning threshold");
+            }
+        }
     }
 
     pub fn pool_detail(&self, name: &str) -> ApiResult<PoolDetail> {

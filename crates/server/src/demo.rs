@@ -15,7 +15,8 @@ pub const POOL: &str = "demo";
 pub const VDISK: &str = "vol1";
 pub const TARGET: &str = "iqn.2026-11.io.tessera:demo";
 const DISKS: usize = 4;
-const DISK_SIZE: u64 = 8 << 30;
+/// Four disks hold the mirrored vdisk twice over (32 GiB) with room for a repair onto three.
+const DISK_SIZE: u64 = 12 << 30;
 const VDISK_SIZE: u64 = 16 << 30;
 
 pub fn prepare(d: &Daemon) -> Result<(), String> {

@@ -50,6 +50,10 @@ pub struct PoolSummary {
     /// Bytes a repair would rebuild or move.
     pub repair_needed_bytes: u64,
     pub jobs_running: Vec<u64>,
+    /// What needs the administrator's eye without being a fault: space past the thin
+    /// provisioning threshold, say.
+    #[serde(default)]
+    pub warnings: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

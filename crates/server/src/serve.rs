@@ -16,6 +16,9 @@ use crate::daemon::Daemon;
 use crate::lock::StateLock;
 use crate::units::format_size;
 
+/// How often pools are checked against the thin provisioning threshold.
+const THIN_CHECK_INTERVAL: Duration = Duration::from_secs(2);
+
 pub fn run(cfg: ServerConfig) -> Result<(), String> {
     crate::logging::init(cfg.log_format);
     std::fs::create_dir_all(&cfg.state_dir)
@@ -92,6 +95,16 @@ async fn serve(cfg: ServerConfig) -> Result<(), String> {
                 .into_future(),
         ));
     }
+    // Watch the pools' allocation against the thin provisioning threshold.
+    let watched = daemon.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(THIN_CHECK_INTERVAL);
+        loop {
+            tick.tick().await;
+            let d = watched.clone();
+            let _ = tokio::task::spawn_blocking(move || d.check_thin_thresholds()).await;
+        }
+    });
     info!(state_dir = %daemon.cfg.state_dir.display(), "ready");
 
     let mut term = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;

@@ -249,6 +249,23 @@ impl Targets {
         ))
     }
 
+    /// The LUNs presented from vdisks of pool `pool`, once each.
+    pub fn luns_of_pool(&self, pool: &str) -> Vec<Arc<Lun>> {
+        let mut out: Vec<Arc<Lun>> = Vec::new();
+        for cfg in self.configs.lock().values() {
+            for (&n, vd) in &cfg.luns {
+                if vd.split_once('/').is_some_and(|(p, _)| p == pool) {
+                    if let Some(l) = self.registry.target(&cfg.iqn).and_then(|t| t.lun(n)) {
+                        if !out.iter().any(|o| Arc::ptr_eq(o, &l)) {
+                            out.push(l);
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
     pub fn list(&self) -> Vec<TargetConfig> {
         self.configs.lock().values().cloned().collect()
     }

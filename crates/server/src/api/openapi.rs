@@ -400,7 +400,8 @@ fn schemas() -> Value {
         "problem": opt_string(), "disks": int(), "healthy_disks": int(),
         "capacity": {"oneOf": [{"$ref": "#/components/schemas/Capacity"}, {"type": "null"}]},
         "slab_size": int(), "vdisks": int(), "repair_needed_bytes": int(),
-        "jobs_running": {"type": "array", "items": int()}
+        "jobs_running": {"type": "array", "items": int()},
+        "warnings": {"type": "array", "items": string(), "description": "e.g. space past the thin provisioning threshold"}
     });
     let mut detail_props = pool_summary_props.clone();
     let m = detail_props.as_object_mut().expect("object");
