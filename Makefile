@@ -9,7 +9,7 @@ export TESSERA_PROPTEST_CASES ?= 24
 # Rounds of the SIGKILL crash test.
 export TESSERA_CRASH_ROUNDS ?= 50
 
-.PHONY: all build test demo deps test-deps bench clean
+.PHONY: all build test demo deps test-deps bench fuzz clean
 
 all: build
 
@@ -43,6 +43,11 @@ bench:
 	bench/iscsi-vs-tgt.sh
 	bench/nbd-vs-qemu-nbd.sh
 	bench/odx.sh
+
+# Every fuzz target for FUZZ_SECONDS each (300 here), those that drive the engine included:
+# their RocksDB build alone takes many minutes, so `make test` leaves them out.
+fuzz: test-deps
+	FUZZ_SECONDS=$${FUZZ_SECONDS_DEEP:-300} scripts/fuzz.sh iscsi_pdu nbd_proto login_text scsi_params
 
 clean:
 	$(CARGO) clean

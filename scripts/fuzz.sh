@@ -6,12 +6,15 @@
 # targets as skipped and says why. A crash fails its target and names the reproducer, which
 # `cargo +nightly fuzz run <target> <file>` replays.
 #
+# Targets under fuzz/ need no engine and run in `make test`; those under fuzz/engine/ drive a
+# real logical unit over RocksDB, whose build takes many minutes, and run in `make fuzz`.
+#
 # Usage: scripts/fuzz.sh [target...]   (FUZZ_SECONDS=20 FUZZ_JOBS=1)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_PER=${FUZZ_SECONDS:-20}
 TARGETS=("$@")
-[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(iscsi_pdu nbd_proto)
+[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(iscsi_pdu nbd_proto login_text)
 TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/tessera/target}/fuzz
 
 skip() {
@@ -34,7 +37,9 @@ for t in "${TARGETS[@]}"; do
   work=$(mktemp -d)
   log=$work/log
   echo "fuzz: $t for ${SECONDS_PER}s"
-  if cargo +nightly fuzz run --target-dir "$TARGET_DIR" "$t" "$work" "fuzz/corpus/$t" -- \
+  dir=fuzz
+  [ -f "fuzz/engine/fuzz_targets/$t.rs" ] && dir=fuzz/engine
+  if cargo +nightly fuzz run --fuzz-dir "$dir" --target-dir "$TARGET_DIR" "$t" "$work" "$dir/corpus/$t" -- \
        -max_total_time="$SECONDS_PER" -artifact_prefix="$work/" -print_final_stats=1 > "$log" 2>&1; then
     runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
     echo "fuzz: $t: ${runs:-?} inputs, no crash"
@@ -42,9 +47,9 @@ for t in "${TARGETS[@]}"; do
     rm -rf "$work"
   else
     tail -n 40 "$log"
-    keep=fuzz/artifacts/$t; mkdir -p "$keep"
+    keep=$dir/artifacts/$t; mkdir -p "$keep"
     cp "$work"/crash-* "$work"/leak-* "$work"/timeout-* "$keep"/ 2>/dev/null
-    echo "fuzz: $t FAILED; reproducers in $keep (cargo +nightly fuzz run $t $keep/<file>)"
+    echo "fuzz: $t FAILED; reproducers in $keep (cargo +nightly fuzz run --fuzz-dir $dir $t $keep/<file>)"
     echo "test result: FAILED. 0 passed; 1 failed; 0 ignored; fuzz $t"
     status=1
   fi

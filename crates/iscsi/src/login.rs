@@ -130,10 +130,9 @@ where
     let mut declared_mrdsl = false;
     let mut first = true;
     let mut stat_sn: u32 = 0;
-    let mut pending = Vec::new();
-    // Every byte of text the login has sent, in all its PDUs: bounded before authentication
-    // as after it.
-    let mut text_total = 0usize;
+    // Every byte of text the login sends, in all its PDUs: bounded before authentication as
+    // after it.
+    let mut pending = text::Accumulator::new(MAX_LOGIN_TEXT);
     let mut auth_state = Auth::Pending;
     let mut authenticated: Option<Chap> = None;
     loop {
@@ -184,23 +183,15 @@ where
         if csg == 2 || (transit && (nsg == 2 || nsg < csg || (csg == 0 && nsg == 0))) {
             refuse!(status::INITIATOR_ERROR, format!("bad stage transition {csg} -> {nsg}"));
         }
-        if text_total + req.data.len() > MAX_LOGIN_TEXT {
-            refuse!(
-                status::INITIATOR_ERROR,
-                format!("more than {MAX_LOGIN_TEXT} bytes of login text")
-            );
-        }
-        text_total += req.data.len();
-        pending.extend_from_slice(&req.data);
-        if cont {
-            // More text follows in the next PDU: acknowledge with an empty response.
-            let mut p = reply(status::SUCCESS, Vec::new(), false, stat_sn, 0);
-            p.write(w, false, false).await.map_err(|e| e.to_string())?;
-            continue;
-        }
-        let keys = match text::parse(&std::mem::take(&mut pending)) {
-            Ok(k) => k,
-            Err(e) => refuse!(status::INITIATOR_ERROR, e),
+        let keys = match pending.push(&req.data, cont) {
+            Ok(Some(k)) => k,
+            Ok(None) => {
+                // More text follows in the next PDU: acknowledge with an empty response.
+                let mut p = reply(status::SUCCESS, Vec::new(), false, stat_sn, 0);
+                p.write(w, false, false).await.map_err(|e| e.to_string())?;
+                continue;
+            }
+            Err(e) => refuse!(status::INITIATOR_ERROR, format!("login text: {e}")),
         };
         let mut answers: Vec<(String, String)> = Vec::new();
         if first {

@@ -17,6 +17,46 @@ pub fn parse(data: &[u8]) -> Result<Vec<(String, String)>, String> {
     Ok(out)
 }
 
+/// Text that comes in several PDUs (the C bit set on all but the last), gathered until it is
+/// whole, with a bound on all of it together: what a login may send before anyone knows who
+/// is sending it.
+#[derive(Debug)]
+pub struct Accumulator {
+    buf: Vec<u8>,
+    /// Bytes taken so far, over every piece.
+    total: usize,
+    limit: usize,
+}
+
+impl Accumulator {
+    pub fn new(limit: usize) -> Accumulator {
+        Accumulator {
+            buf: Vec::new(),
+            total: 0,
+            limit,
+        }
+    }
+
+    /// Takes one PDU's text. `Ok(None)`: more follows (`cont`); `Ok(Some(pairs))`: the text is
+    /// whole, parsed. Err: past the bound, or malformed.
+    pub fn push(&mut self, data: &[u8], cont: bool) -> Result<Option<Vec<(String, String)>>, String> {
+        if self.total + data.len() > self.limit {
+            return Err(format!("more than {} bytes of text", self.limit));
+        }
+        self.total += data.len();
+        self.buf.extend_from_slice(data);
+        if cont {
+            return Ok(None);
+        }
+        parse(&std::mem::take(&mut self.buf)).map(Some)
+    }
+
+    /// Bytes held, waiting for the rest of the text.
+    pub fn held(&self) -> usize {
+        self.buf.len()
+    }
+}
+
 pub fn encode(pairs: &[(String, String)]) -> Vec<u8> {
     let mut out = Vec::new();
     for (k, v) in pairs {
@@ -40,5 +80,15 @@ mod tests {
         assert!(parse(b"novalue\0").is_err());
         assert!(parse(b"=v\0").is_err());
         assert!(parse(&[0xFF, b'=', b'1']).is_err());
+    }
+
+    #[test]
+    fn accumulated_text_is_bounded_over_all_its_pieces() {
+        let mut a = Accumulator::new(10);
+        assert_eq!(a.push(b"A=", true).unwrap(), None);
+        assert_eq!(a.push(b"1\0", false).unwrap().unwrap(), vec![("A".into(), "1".into())]);
+        assert_eq!(a.held(), 0);
+        assert!(a.push(b"B=22", true).unwrap().is_none());
+        assert!(a.push(b"345", true).is_err(), "11 bytes in all: past the bound");
     }
 }

@@ -75,7 +75,7 @@ impl Default for ModeState {
 pub type ModeStore = Box<dyn Fn(&ModeState) -> Result<(), String> + Send + Sync>;
 
 /// An I_T nexus: one initiator port's session with the target.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Nexus {
     /// Unique to one session while the daemon runs: keys SPC-2 reservations and copy results,
     /// which end with the session.
@@ -128,14 +128,6 @@ impl std::fmt::Debug for Scope {
         })
     }
 }
-
-/// Scopes do not tell nexuses apart: the port (name and ISID) and the session id do.
-impl PartialEq for Scope {
-    fn eq(&self, _: &Scope) -> bool {
-        true
-    }
-}
-impl Eq for Scope {}
 
 /// The nexuses of a LUN by initiator port: the initiator's name, then the ISID of its
 /// sessions. SAM's I_T nexus is this port with the target port, so what is pending for a nexus
