@@ -4,6 +4,7 @@
 set -euo pipefail
 
 want=(clang libclang-dev)                       # RocksDB's bindings are generated with libclang
+want+=(libssl-dev pkg-config)                   # NBD's TLS links the system OpenSSL
 case "${1:-build}" in
   test)  want+=(fio libiscsi-bin libnbd-bin qemu-utils qemu-block-extra) ;;
   bench) want+=(fio bc tgt libiscsi-bin libnbd-bin qemu-utils qemu-block-extra) ;;

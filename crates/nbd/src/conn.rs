@@ -15,6 +15,7 @@ use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::net::UnixStream;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -25,7 +26,7 @@ use tracing::{debug, warn};
 use crate::export::MAX_PAYLOAD;
 use crate::handshake::Negotiated;
 use crate::proto::*;
-use crate::transmission::{check, error_reply, read_reply, reply_parts, Buffers, Ctx, Part, Piece, Reply};
+use crate::transmission::{charge, check, error_reply, read_reply, reply_parts, Buffers, Ctx, Part, Piece, Reply};
 use crate::workers::{self, Job, Workers};
 
 /// Requests of one connection in flight at once (reads on the ring, jobs at the workers and
@@ -38,9 +39,42 @@ const RING_ENTRIES: u32 = 128;
 const INBOX_BYTES: usize = 64 << 10;
 /// Slices handed to one writev, at most (IOV_MAX is 1024).
 const MAX_SLICES: usize = 256;
+/// Bytes of request data a connection may hold (READ buffers, WRITE payloads and replies not
+/// yet sent); past it the loop stops receiving until some are answered and taken, so a client
+/// that queues huge READs and never reads the replies holds this much and one request more.
+pub const MAX_HELD_BYTES: usize = 64 << 20;
+
+/// A connected stream the loop can drive without blocking: TCP, or a unix socket.
+pub(crate) trait Socket: AsRawFd + Send + 'static {
+    fn set_nonblocking(&self, on: bool) -> io::Result<()>;
+    fn shutdown(&self) -> io::Result<()>;
+    fn recv(&self, buf: &mut [u8]) -> io::Result<usize>;
+    fn send_vectored(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize>;
+}
+
+macro_rules! socket {
+    ($t:ty) => {
+        impl Socket for $t {
+            fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+                <$t>::set_nonblocking(self, on)
+            }
+            fn shutdown(&self) -> io::Result<()> {
+                <$t>::shutdown(self, Shutdown::Both)
+            }
+            fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+                (&*self).read(buf)
+            }
+            fn send_vectored(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+                (&*self).write_vectored(bufs)
+            }
+        }
+    };
+}
+socket!(TcpStream);
+socket!(UnixStream);
 
 /// Serves a negotiated connection until the client leaves; blocking.
-pub fn run(sock: TcpStream, n: Negotiated) -> io::Result<()> {
+pub(crate) fn run<S: Socket>(sock: S, n: Negotiated) -> io::Result<()> {
     n.export.connections.fetch_add(1, Ordering::Relaxed);
     let export = n.export.clone();
     let r = serve(sock, n);
@@ -48,7 +82,7 @@ pub fn run(sock: TcpStream, n: Negotiated) -> io::Result<()> {
     r
 }
 
-fn serve(sock: TcpStream, n: Negotiated) -> io::Result<()> {
+fn serve<S: Socket>(sock: S, n: Negotiated) -> io::Result<()> {
     sock.set_nonblocking(true)?;
     let ctx = Arc::new(Ctx {
         export: n.export,
@@ -74,9 +108,11 @@ fn serve(sock: TcpStream, n: Negotiated) -> io::Result<()> {
         receiving: true,
         broken: false,
         error: None,
+        held: 0,
     };
     l.run();
-    let _ = l.sock.shutdown(Shutdown::Both);
+    l.release(l.held);
+    let _ = l.sock.shutdown();
     match l.error.take() {
         Some(e) => Err(e),
         None => Ok(()),
@@ -141,10 +177,11 @@ impl Inbox {
     }
 }
 
-/// Replies ready to send, in order; `sent` bytes of the first have left.
+/// Replies ready to send, in order, each with the bytes it holds; `sent` bytes of the first
+/// have left.
 #[derive(Default)]
 struct Outbox {
-    replies: VecDeque<Reply>,
+    replies: VecDeque<(Reply, usize)>,
     sent: usize,
 }
 
@@ -156,9 +193,9 @@ enum Received {
     More,
 }
 
-struct Loop {
+struct Loop<S> {
     ctx: Arc<Ctx>,
-    sock: TcpStream,
+    sock: S,
     /// READs whose disk reads are in flight; None where io_uring is unavailable.
     ring: Option<ReadRing<InFlight>>,
     workers: Workers,
@@ -170,9 +207,26 @@ struct Loop {
     /// The socket cannot be written: replies are dropped.
     broken: bool,
     error: Option<io::Error>,
+    /// Bytes of request data held (MAX_HELD_BYTES); the export's count includes them.
+    held: usize,
 }
 
-impl Loop {
+impl<S: Socket> Loop<S> {
+    fn charge(&mut self, n: usize) {
+        self.held += n;
+        self.ctx.export.held.fetch_add(n, Ordering::Relaxed);
+    }
+
+    fn release(&mut self, n: usize) {
+        self.held -= n;
+        self.ctx.export.held.fetch_sub(n, Ordering::Relaxed);
+    }
+
+    /// Whether another request may be received now.
+    fn room(&self) -> bool {
+        self.in_flight() < MAX_IN_FLIGHT && self.held < MAX_HELD_BYTES
+    }
+
     fn run(&mut self) {
         loop {
             let mut progress = self.receive();
@@ -212,7 +266,8 @@ impl Loop {
     /// Receives and starts requests until the socket has no more or enough are in flight.
     fn receive(&mut self) -> bool {
         let mut progress = false;
-        while self.receiving && self.in_flight() < MAX_IN_FLIGHT {
+        // A write's payload is always taken in full: only new requests wait for room.
+        while self.receiving && (self.inbox.partial.is_some() || self.room()) {
             let step = if self.inbox.partial.is_some() {
                 self.receive_payload()
             } else if let Some(head) = self.inbox.available().first_chunk::<REQUEST_LEN>() {
@@ -227,7 +282,7 @@ impl Loop {
                 }
             } else {
                 let room = self.inbox.room();
-                match (&self.sock).read(room) {
+                match self.sock.recv(room) {
                     Ok(0) if self.inbox.available().is_empty() => {
                         self.stop(None);
                         Ok(Received::Drained)
@@ -273,7 +328,7 @@ impl Loop {
                     want[..n].copy_from_slice(&held[..n]);
                     n
                 } else {
-                    match (&self.sock).read(want) {
+                    match self.sock.recv(want) {
                         Ok(n) => n,
                         Err(e) => return would_block(e),
                     }
@@ -285,7 +340,7 @@ impl Loop {
                 let n = if from_inbox {
                     (*left).min(held.len())
                 } else {
-                    match (&self.sock).read(&mut ibuf[..(*left).min(INBOX_BYTES)]) {
+                    match self.sock.recv(&mut ibuf[..(*left).min(INBOX_BYTES)]) {
                         Ok(n) => n,
                         Err(e) => return would_block(e),
                     }
@@ -313,15 +368,17 @@ impl Loop {
                 Partial::Payload { req, buf, .. } => self.to_workers(Job { req, payload: buf }),
                 Partial::Discard { req, .. } => {
                     let msg = format!("a write of {} bytes exceeds the {MAX_PAYLOAD}-byte limit", req.length);
-                    self.reply(error_reply(&self.ctx, &req, errno::EOVERFLOW, &msg));
+                    let reply = error_reply(&self.ctx, &req, errno::EOVERFLOW, &msg);
+                    self.answer(&req, reply);
                 }
             }
         }
         Ok(Received::More)
     }
 
-    /// Starts a request whose header was just received.
+    /// Starts a request whose header was just received; it holds its charge until answered.
     fn start(&mut self, req: Request) {
+        self.charge(charge(&req));
         match req.kind {
             cmd::DISC => self.stop(None),
             cmd::READ => self.start_read(req),
@@ -350,13 +407,25 @@ impl Loop {
         self.at_workers += 1;
         if let Some(job) = self.workers.submit(job) {
             self.at_workers -= 1;
+            let charged = charge(&job.req);
             let reply = workers::run(&self.ctx, job);
+            self.release(charged);
             self.reply(reply);
         }
     }
 
+    /// Queues a reply to send; it holds its own bytes until sent. The request it answers has
+    /// given back its charge.
     fn reply(&mut self, reply: Reply) {
-        self.outbox.replies.push_back(reply);
+        let bytes = reply.iter().map(|p| p.as_ref().len()).sum();
+        self.charge(bytes);
+        self.outbox.replies.push_back((reply, bytes));
+    }
+
+    /// Answers a charged request here, giving back its charge.
+    fn answer(&mut self, req: &Request, reply: Reply) {
+        self.release(charge(req));
+        self.reply(reply);
     }
 
     /// A READ: its disk reads go on the ring when the engine can plan them all; otherwise,
@@ -370,7 +439,10 @@ impl Loop {
         }
         let mut parts = match check(&self.ctx, &req).and_then(|()| reply_parts(&self.ctx, &req)) {
             Ok(parts) => parts,
-            Err((code, msg)) => return self.reply(error_reply(&self.ctx, &req, code, &msg)),
+            Err((code, msg)) => {
+                let reply = error_reply(&self.ctx, &req, code, &msg);
+                return self.answer(&req, reply);
+            }
         };
         let vdisk = &self.ctx.export.vdisk;
         let mut plans = Vec::new();
@@ -408,7 +480,8 @@ impl Loop {
         if reads.is_empty() {
             // Holes and unmapped grains only.
             drop(plans);
-            return self.reply(read_reply(&self.ctx, &req, parts));
+            let reply = read_reply(&self.ctx, &req, parts);
+            return self.answer(&req, reply);
         }
         let ring = self.ring.as_mut().expect("checked above");
         // SAFETY: the reads fill the parts' buffers, which travel with the InFlight in the
@@ -448,7 +521,7 @@ impl Loop {
             });
         }
         let reply = read_reply(&self.ctx, &f.req, f.parts);
-        self.reply(reply);
+        self.answer(&f.req, reply);
     }
 
     /// Takes the replies the workers have finished.
@@ -459,7 +532,10 @@ impl Loop {
         let replies = self.workers.collect();
         self.at_workers -= replies.len();
         let progress = !replies.is_empty();
-        self.outbox.replies.extend(replies);
+        for (reply, charged) in replies {
+            self.release(charged);
+            self.reply(reply);
+        }
         progress
     }
 
@@ -468,14 +544,17 @@ impl Loop {
         let mut progress = false;
         while !self.outbox.replies.is_empty() {
             if self.broken {
-                for r in self.outbox.replies.drain(..) {
+                let mut freed = 0;
+                for (r, bytes) in self.outbox.replies.drain(..) {
                     give_back(&self.ctx.buffers, r);
+                    freed += bytes;
                 }
+                self.release(freed);
                 return true;
             }
             let mut slices = Vec::with_capacity(MAX_SLICES);
             let mut skip = self.outbox.sent;
-            'all: for r in &self.outbox.replies {
+            'all: for (r, _) in &self.outbox.replies {
                 for p in r {
                     let b = p.as_ref();
                     if skip >= b.len() {
@@ -489,7 +568,7 @@ impl Loop {
                     }
                 }
             }
-            let written = (&self.sock).write_vectored(&slices);
+            let written = self.sock.send_vectored(&slices);
             drop(slices);
             match written {
                 Ok(0) => self.broken_pipe(io::ErrorKind::WriteZero.into()),
@@ -514,25 +593,26 @@ impl Loop {
 
     /// Drops the first `n` bytes of the outbox, giving back the buffers of whole replies.
     fn sent(&mut self, mut n: usize) {
-        let o = &mut self.outbox;
         while n > 0 {
-            let Some(front) = o.replies.front() else { break };
-            let left = front.iter().map(|p| p.as_ref().len()).sum::<usize>() - o.sent;
+            let o = &mut self.outbox;
+            let Some((_, bytes)) = o.replies.front() else { break };
+            let left = bytes - o.sent;
             if n < left {
                 o.sent += n;
                 return;
             }
             n -= left;
             o.sent = 0;
-            let r = o.replies.pop_front().expect("front exists");
+            let (r, bytes) = o.replies.pop_front().expect("front exists");
             give_back(&self.ctx.buffers, r);
+            self.release(bytes);
         }
     }
 
     /// Sleeps until the socket, the ring or the workers have something for the loop.
     fn wait(&mut self) {
         let mut sock_events = 0;
-        if self.receiving && self.in_flight() < MAX_IN_FLIGHT {
+        if self.receiving && (self.inbox.partial.is_some() || self.room()) {
             sock_events |= libc::POLLIN;
         }
         if !self.outbox.replies.is_empty() && !self.broken {

@@ -17,6 +17,9 @@ pub struct Export {
     pub read_only: bool,
     /// Open connections to this export.
     pub(crate) connections: AtomicUsize,
+    /// Bytes of request data its connections hold now: READ buffers and WRITE payloads of
+    /// requests not yet answered, and replies not yet sent.
+    pub(crate) held: AtomicUsize,
 }
 
 impl Export {
@@ -27,7 +30,13 @@ impl Export {
             vdisk,
             read_only,
             connections: AtomicUsize::new(0),
+            held: AtomicUsize::new(0),
         }
+    }
+
+    /// Bytes of request data its connections hold now (see `held`).
+    pub fn held_bytes(&self) -> usize {
+        self.held.load(Ordering::Relaxed)
     }
 
     pub fn connections(&self) -> usize {

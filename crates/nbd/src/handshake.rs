@@ -1,5 +1,6 @@
 //! The handshake phase, server side: fixed newstyle negotiation, option by option, until the
-//! client picks an export (NBD_OPT_GO or NBD_OPT_EXPORT_NAME) or leaves.
+//! client picks an export (NBD_OPT_GO or NBD_OPT_EXPORT_NAME), asks for TLS (NBD_OPT_STARTTLS,
+//! after which the negotiation goes on over TLS), or leaves.
 
 use std::io;
 use std::sync::Arc;
@@ -25,8 +26,31 @@ pub struct Negotiated {
     pub allocation_context: Option<u32>,
 }
 
-/// Runs the handshake. `Ok(None)`: the client aborted or the negotiation cannot go on.
-pub async fn negotiate<S>(s: &mut S, reg: &Registry) -> io::Result<Option<Negotiated>>
+/// TLS on this connection, as the negotiation sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tls {
+    /// The listener offers none: NBD_OPT_STARTTLS is unsupported.
+    Off,
+    /// Offered and not started yet. `required`: every option but NBD_OPT_STARTTLS and
+    /// NBD_OPT_ABORT is refused with NBD_REP_ERR_TLS_REQD, and NBD_OPT_EXPORT_NAME closes.
+    Offered { required: bool },
+    /// Started: the rest of the negotiation and the transmission are encrypted.
+    Active,
+}
+
+/// Where a negotiation ended.
+pub enum Handshake {
+    /// The client picked an export.
+    Go(Negotiated),
+    /// The client asked for TLS and was told yes: start it on the stream, then go on with
+    /// [`options`] (with [`Tls::Active`] and these flags).
+    StartTls { fixed: bool, no_zeroes: bool },
+    /// The client aborted, or the negotiation cannot go on.
+    Closed,
+}
+
+/// Runs the handshake: the greeting, then the options.
+pub async fn negotiate<S>(s: &mut S, reg: &Registry, tls: Tls) -> io::Result<Handshake>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -38,35 +62,48 @@ where
     let client_flags = s.read_u32().await?;
     if client_flags & !(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES) != 0 {
         debug!(client_flags, "unknown client flags; closing");
-        return Ok(None);
+        return Ok(Handshake::Closed);
     }
     let fixed = client_flags & FLAG_C_FIXED_NEWSTYLE != 0;
     let no_zeroes = client_flags & FLAG_C_NO_ZEROES != 0;
+    options(s, reg, tls, fixed, no_zeroes).await
+}
 
+/// The option haggling, from its start or from where STARTTLS left it. What was negotiated
+/// before TLS started is forgotten, as the protocol asks.
+pub async fn options<S>(s: &mut S, reg: &Registry, tls: Tls, fixed: bool, no_zeroes: bool) -> io::Result<Handshake>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     let mut st = State::default();
     loop {
         let magic = s.read_u64().await?;
         if magic != IHAVEOPT {
             debug!(magic, "bad option magic; closing");
-            return Ok(None);
+            return Ok(Handshake::Closed);
         }
         let option = s.read_u32().await?;
         let len = s.read_u32().await? as usize;
         if len > MAX_OPTION_DATA {
             debug!(option, len, "option data too long; closing");
-            return Ok(None);
+            return Ok(Handshake::Closed);
         }
         let mut data = vec![0u8; len];
         s.read_exact(&mut data).await?;
 
+        let tls_required = tls == Tls::Offered { required: true };
         if option == opt::EXPORT_NAME {
+            if tls_required {
+                debug!("NBD_OPT_EXPORT_NAME before TLS on a listener that requires it; closing");
+                return Ok(Handshake::Closed);
+            }
             let Ok(name) = String::from_utf8(data) else {
-                return Ok(None);
+                return Ok(Handshake::Closed);
             };
             // No way to report an error here but closing.
             let Some(export) = reg.resolve(&name) else {
                 debug!(%name, "NBD_OPT_EXPORT_NAME for an unknown export; closing");
-                return Ok(None);
+                return Ok(Handshake::Closed);
             };
             let mut reply = Vec::with_capacity(134);
             reply.extend_from_slice(&export.vdisk.size().to_be_bytes());
@@ -76,7 +113,7 @@ where
             }
             s.write_all(&reply).await?;
             let allocation_context = st.allocation_for(&name, &export);
-            return Ok(Some(Negotiated {
+            return Ok(Handshake::Go(Negotiated {
                 export,
                 structured: st.structured,
                 allocation_context,
@@ -84,15 +121,48 @@ where
         }
         if !fixed {
             // Plain newstyle knows only NBD_OPT_EXPORT_NAME.
-            return Ok(None);
+            return Ok(Handshake::Closed);
         }
         let mut out = Vec::new();
-        let go = st.option(reg, option, &data, &mut out);
+        let go = if option == opt::STARTTLS {
+            match tls {
+                Tls::Off => {
+                    out.extend_from_slice(&option_reply(option, rep::ERR_UNSUP, b"this listener offers no TLS"));
+                    Step::Continue
+                }
+                Tls::Active => {
+                    out.extend_from_slice(&option_reply(option, rep::ERR_INVALID, b"TLS is already on"));
+                    Step::Continue
+                }
+                Tls::Offered { .. } if !data.is_empty() => {
+                    out.extend_from_slice(&option_reply(
+                        option,
+                        rep::ERR_INVALID,
+                        b"NBD_OPT_STARTTLS takes no data",
+                    ));
+                    Step::Continue
+                }
+                Tls::Offered { .. } => {
+                    out.extend_from_slice(&option_reply(option, rep::ACK, &[]));
+                    s.write_all(&out).await?;
+                    return Ok(Handshake::StartTls { fixed, no_zeroes });
+                }
+            }
+        } else if tls_required && option != opt::ABORT {
+            out.extend_from_slice(&option_reply(
+                option,
+                rep::ERR_TLS_REQD,
+                b"this listener requires TLS: send NBD_OPT_STARTTLS first (nbds:// URIs)",
+            ));
+            Step::Continue
+        } else {
+            st.option(reg, option, &data, &mut out)
+        };
         s.write_all(&out).await?;
         match go {
             Step::Continue => {}
-            Step::Close => return Ok(None),
-            Step::Go(n) => return Ok(Some(n)),
+            Step::Close => return Ok(Handshake::Closed),
+            Step::Go(n) => return Ok(Handshake::Go(n)),
         }
     }
 }
@@ -143,7 +213,6 @@ impl State {
                 out.extend_from_slice(&option_reply(option, rep::ACK, &[]));
                 Step::Continue
             }
-            opt::STARTTLS => err(rep::ERR_UNSUP, "this server does not offer TLS"),
             opt::STRUCTURED_REPLY => {
                 if !data.is_empty() {
                     return err(rep::ERR_INVALID, "NBD_OPT_STRUCTURED_REPLY takes no data");

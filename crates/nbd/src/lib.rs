@@ -10,7 +10,11 @@ pub mod export;
 pub mod handshake;
 pub mod proto;
 #[cfg(feature = "server")]
+mod serial;
+#[cfg(feature = "server")]
 pub mod server;
+#[cfg(feature = "server")]
+pub mod tls;
 #[cfg(feature = "server")]
 mod transmission;
 #[cfg(feature = "server")]
@@ -19,4 +23,6 @@ mod workers;
 #[cfg(feature = "server")]
 pub use export::{Export, Registry};
 #[cfg(feature = "server")]
-pub use server::serve;
+pub use server::{serve, serve_tcp, serve_unix, Policy};
+#[cfg(feature = "server")]
+pub use tls::{TlsConfig, TlsServer};

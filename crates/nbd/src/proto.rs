@@ -53,6 +53,7 @@ pub mod rep {
     pub const ERR_UNSUP: u32 = (1 << 31) + 1;
     pub const ERR_POLICY: u32 = (1 << 31) + 2;
     pub const ERR_INVALID: u32 = (1 << 31) + 3;
+    pub const ERR_TLS_REQD: u32 = (1 << 31) + 5;
     pub const ERR_UNKNOWN: u32 = (1 << 31) + 6;
     pub const ERR_TOO_BIG: u32 = (1 << 31) + 9;
 }

@@ -86,6 +86,15 @@ impl Buffers {
     }
 }
 
+/// The bytes a request holds while it is served (its READ buffer or WRITE payload); a WRITE
+/// too large to take is skipped, not held.
+pub(crate) fn charge(req: &Request) -> usize {
+    match req.kind {
+        cmd::READ | cmd::WRITE if req.length <= MAX_PAYLOAD => req.length as usize,
+        _ => 0,
+    }
+}
+
 /// Runs one request and builds its reply.
 pub(crate) fn execute(ctx: &Ctx, req: &Request, payload: &[u8]) -> Reply {
     match try_execute(ctx, req, payload) {

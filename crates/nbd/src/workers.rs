@@ -37,7 +37,8 @@ struct Shared {
     ctx: Arc<Ctx>,
     state: Mutex<State>,
     wake: Condvar,
-    done: Mutex<Vec<Reply>>,
+    /// Finished replies, each with the bytes its request was charged.
+    done: Mutex<Vec<(Reply, usize)>>,
     ready: RawFd,
 }
 
@@ -113,8 +114,8 @@ impl Workers {
         None
     }
 
-    /// The replies finished since the last call.
-    pub fn collect(&self) -> Vec<Reply> {
+    /// The replies finished since the last call, each with its request's charge.
+    pub fn collect(&self) -> Vec<(Reply, usize)> {
         // Reset the eventfd before taking the replies: one finished after this is signalled
         // again, so the loop cannot sleep with a reply waiting.
         let mut n = 0u64;
@@ -152,8 +153,9 @@ fn work(shared: &Shared) {
                 st.wakeups = st.wakeups.saturating_sub(1);
             }
         };
+        let charged = crate::transmission::charge(&job.req);
         let reply = run(&shared.ctx, job);
-        lock(&shared.done).push(reply);
+        lock(&shared.done).push((reply, charged));
         let one = 1u64;
         // SAFETY: writes 8 bytes from a u64 we own to our eventfd (open while the Workers
         // that joins this thread lives).

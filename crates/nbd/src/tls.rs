@@ -1,0 +1,187 @@
+//! TLS for NBD, started by NBD_OPT_STARTTLS as nbdkit and qemu-nbd offer it and libnbd speaks
+//! it (`nbds://` URIs): pre-shared keys in the format of GnuTLS's psktool (`user:hexkey`
+//! lines; libnbd's `tls-psk-file`), and X.509 certificates, with client certificates required
+//! when a CA is given. OpenSSL does the work: rustls has no external pre-shared keys, which
+//! are what the NBD tools use most.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::net::TcpStream;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use openssl::ssl::{SslAcceptor, SslFiletype, SslMethod, SslStream, SslVerifyMode, SslVersion};
+
+/// Where the keys and certificates are.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsConfig {
+    /// `user:hexkey` lines, as `psktool -u USER -p FILE` writes them.
+    pub psk_file: Option<PathBuf>,
+    /// The server's certificate chain and private key, PEM.
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+    /// When set, clients must present a certificate this CA signed.
+    pub ca: Option<PathBuf>,
+}
+
+impl TlsConfig {
+    pub fn is_empty(&self) -> bool {
+        self.psk_file.is_none() && self.cert.is_none()
+    }
+}
+
+/// Ready to take TLS connections.
+pub struct TlsServer {
+    acceptor: SslAcceptor,
+    /// The users of the pre-shared keys, for messages.
+    pub psk_users: Vec<String>,
+}
+
+/// TLS 1.2 suites that use a pre-shared key (TLS 1.3's suites work with one as they are),
+/// then the usual certificate suites.
+const CIPHERS: &str = "ECDHE-PSK-CHACHA20-POLY1305:PSK-AES256-GCM-SHA384:PSK-AES128-GCM-SHA256:\
+                       PSK-CHACHA20-POLY1305:ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:\
+                       ECDHE-ECDSA-AES256-GCM-SHA384:ECDHE-RSA-AES256-GCM-SHA384:\
+                       ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-CHACHA20-POLY1305";
+
+impl TlsServer {
+    pub fn new(c: &TlsConfig) -> Result<Arc<TlsServer>, String> {
+        if c.is_empty() {
+            return Err("TLS needs a pre-shared key file or a certificate and its key".into());
+        }
+        let ssl = |what: &str, e: openssl::error::ErrorStack| format!("{what}: {e}");
+        let mut b = SslAcceptor::mozilla_intermediate_v5(SslMethod::tls_server()).map_err(|e| ssl("TLS", e))?;
+        b.set_min_proto_version(Some(SslVersion::TLS1_2))
+            .map_err(|e| ssl("TLS", e))?;
+        b.set_cipher_list(CIPHERS).map_err(|e| ssl("TLS ciphers", e))?;
+        let mut psk_users = Vec::new();
+        if let Some(p) = &c.psk_file {
+            let keys = read_psk_file(p)?;
+            psk_users = keys.keys().cloned().collect();
+            psk_users.sort();
+            b.set_psk_server_callback(move |_ssl, identity, out| {
+                let key = identity
+                    .and_then(|i| std::str::from_utf8(i).ok())
+                    .and_then(|i| keys.get(i));
+                match key {
+                    Some(k) if k.len() <= out.len() => {
+                        out[..k.len()].copy_from_slice(k);
+                        Ok(k.len())
+                    }
+                    // An unknown user: no key, and the handshake fails.
+                    _ => Ok(0),
+                }
+            });
+        }
+        match (&c.cert, &c.key) {
+            (Some(cert), Some(key)) => {
+                b.set_certificate_chain_file(cert)
+                    .map_err(|e| ssl(&format!("certificate {}", cert.display()), e))?;
+                b.set_private_key_file(key, SslFiletype::PEM)
+                    .map_err(|e| ssl(&format!("private key {}", key.display()), e))?;
+                b.check_private_key()
+                    .map_err(|e| ssl("the private key does not match the certificate", e))?;
+            }
+            (None, None) => {}
+            _ => return Err("a TLS certificate needs its private key, and the key its certificate".into()),
+        }
+        if let Some(ca) = &c.ca {
+            b.set_ca_file(ca).map_err(|e| ssl(&format!("CA {}", ca.display()), e))?;
+            b.set_verify(SslVerifyMode::PEER | SslVerifyMode::FAIL_IF_NO_PEER_CERT);
+        }
+        Ok(Arc::new(TlsServer {
+            acceptor: b.build(),
+            psk_users,
+        }))
+    }
+
+    /// The server side of a TLS handshake on `s`.
+    pub fn accept(&self, s: TcpStream) -> Result<SslStream<TcpStream>, String> {
+        self.acceptor.accept(s).map_err(|e| format!("TLS handshake: {e}"))
+    }
+}
+
+/// Reads a psktool file: `user:hexkey` lines; blank lines and `#` comments are skipped.
+pub fn read_psk_file(path: &Path) -> Result<HashMap<String, Vec<u8>>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let mut keys = HashMap::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let bad = |why: &str| format!("{} line {}: {why}", path.display(), n + 1);
+        let (user, hex) = line.split_once(':').ok_or_else(|| bad("not user:hexkey"))?;
+        if user.is_empty() || hex.len() % 2 != 0 || hex.len() < 32 || !hex.bytes().all(|c| c.is_ascii_hexdigit()) {
+            return Err(bad("the key must be at least 16 bytes of hex digits"));
+        }
+        let key = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex digits"))
+            .collect::<Vec<u8>>();
+        if key.len() > 256 {
+            return Err(bad("the key is longer than 256 bytes"));
+        }
+        keys.insert(user.to_string(), key);
+    }
+    if keys.is_empty() {
+        return Err(format!("{} holds no key", path.display()));
+    }
+    Ok(keys)
+}
+
+/// Makes a psktool file with one random 32-byte key for `user`, owner-only; an existing file
+/// is left as it is.
+pub fn create_psk_file(path: &Path, user: &str) -> Result<bool, String> {
+    if path.exists() {
+        let mode = std::fs::metadata(path).map_err(|e| e.to_string())?.permissions().mode();
+        if mode & 0o077 != 0 {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+                .map_err(|e| format!("cannot restrict {}: {e}", path.display()))?;
+        }
+        return Ok(false);
+    }
+    let mut key = [0u8; 32];
+    openssl::rand::rand_bytes(&mut key).map_err(|e| e.to_string())?;
+    let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+    f.write_all(format!("{user}:{hex}\n").as_bytes())
+        .and_then(|_| f.sync_all())
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn psk_files() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("keys.psk");
+        assert!(create_psk_file(&p, "tessera").unwrap());
+        assert!(!create_psk_file(&p, "tessera").unwrap(), "kept");
+        let mode = std::fs::metadata(&p).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let keys = read_psk_file(&p).unwrap();
+        assert_eq!(keys["tessera"].len(), 32);
+        for bad in [
+            "alice",
+            "alice:abc",
+            "alice:zz00112233445566778899aabbccddeeff",
+            ":00112233445566778899aabbccddeeff",
+            "",
+        ] {
+            std::fs::write(&p, bad).unwrap();
+            assert!(read_psk_file(&p).is_err(), "{bad}");
+        }
+        std::fs::write(&p, "# keys\n\nalice:00112233445566778899aabbccddeeff\n").unwrap();
+        assert_eq!(read_psk_file(&p).unwrap()["alice"].len(), 16);
+    }
+}

@@ -1,0 +1,362 @@
+//! Who may use an NBD listener, checked with libnbd's own tools (Debian libnbd-bin, built on
+//! GnuTLS) where they apply: a listener that requires TLS refuses every option before
+//! NBD_OPT_STARTTLS; TLS with a pre-shared key (`nbds://` with `tls-psk-file`) and with an
+//! X.509 certificate serves; a wrong key does not; a unix socket serves local clients; and a
+//! hostile client can make a connection hold only so many bytes, and a listener only so many
+//! connections.
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tessera_disk::{DiskRef, FileDisk};
+use tessera_nbd::client::{Client, ClientError};
+use tessera_nbd::proto::{self, opt, rep};
+use tessera_nbd::{Export, Policy, Registry, TlsConfig, TlsServer};
+use tessera_volume::{Engine, LayoutKind, VdiskSpec};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream, UnixListener};
+
+const MIB: u64 = 1 << 20;
+
+struct Rig {
+    dir: tempfile::TempDir,
+    _engine: Engine,
+    reg: Arc<Registry>,
+}
+
+fn rig() -> Rig {
+    let dir = tempfile::tempdir().unwrap();
+    let disks: Vec<DiskRef> = (0..2)
+        .map(|i| {
+            Arc::new(FileDisk::create_file(dir.path().join(format!("m{i}.img")), 160 * MIB, false).unwrap()) as DiskRef
+        })
+        .collect();
+    let engine = Engine::create_pool(&dir.path().join("p"), "p", disks, MIB).unwrap();
+    let v = engine
+        .create_vdisk(&VdiskSpec::new("v", 64 * MIB, LayoutKind::Mirror))
+        .unwrap();
+    let reg = Registry::new();
+    reg.add(Export::new("rw", "p/v", v, false));
+    Rig {
+        dir,
+        _engine: engine,
+        reg,
+    }
+}
+
+async fn listen(reg: &Arc<Registry>, policy: Policy) -> String {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    tokio::spawn(tessera_nbd::serve_tcp(l, reg.clone(), policy));
+    addr
+}
+
+fn psk(dir: &Path, user: &str, key_hex: &str) -> std::path::PathBuf {
+    let p = dir.join(format!("{user}-{}.psk", &key_hex[..4]));
+    std::fs::write(&p, format!("{user}:{key_hex}\n")).unwrap();
+    p
+}
+
+const KEY: &str = "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0";
+
+fn tls_required(c: &TlsConfig) -> Policy {
+    Policy {
+        tls: Some(TlsServer::new(c).unwrap()),
+        require_tls: true,
+        ..Policy::plain()
+    }
+}
+
+/// Runs a libnbd tool; (success, stdout + stderr). None when libnbd-bin is not installed.
+fn tool(cmd: &str, args: &[&str]) -> Option<(bool, String)> {
+    let o = match Command::new(cmd).args(args).output() {
+        Ok(o) => o,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            eprintln!("{cmd} not found (Debian libnbd-bin): skipped");
+            return None;
+        }
+        Err(e) => panic!("{cmd}: {e}"),
+    };
+    Some((
+        o.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        ),
+    ))
+}
+
+/// The fixed newstyle greeting, then one option; the option reply's type.
+async fn first_option_reply(addr: &str, option: u32, data: &[u8]) -> Option<u32> {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let mut hello = [0u8; 18];
+    s.read_exact(&mut hello).await.unwrap();
+    s.write_all(&proto::FLAG_C_FIXED_NEWSTYLE.to_be_bytes()).await.unwrap();
+    let mut o = Vec::new();
+    o.extend_from_slice(&proto::IHAVEOPT.to_be_bytes());
+    o.extend_from_slice(&option.to_be_bytes());
+    o.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    o.extend_from_slice(data);
+    s.write_all(&o).await.unwrap();
+    let mut head = [0u8; 20];
+    match tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut head)).await {
+        Ok(Ok(_)) => Some(u32::from_be_bytes(head[12..16].try_into().unwrap())),
+        _ => None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_that_requires_tls_refuses_every_option_before_starttls() {
+    let r = rig();
+    let c = TlsConfig {
+        psk_file: Some(psk(r.dir.path(), "alice", KEY)),
+        ..Default::default()
+    };
+    let addr = listen(&r.reg, tls_required(&c)).await;
+    for option in [
+        opt::GO,
+        opt::INFO,
+        opt::LIST,
+        opt::STRUCTURED_REPLY,
+        opt::LIST_META_CONTEXT,
+    ] {
+        assert_eq!(
+            first_option_reply(&addr, option, &[]).await,
+            Some(rep::ERR_TLS_REQD),
+            "option {option}"
+        );
+    }
+    // A plain client gets no export, and no data.
+    match Client::connect(&addr, "rw").await {
+        Err(ClientError::Refused { reply, .. }) => assert_eq!(reply, rep::ERR_TLS_REQD),
+        Err(e) => panic!("refused otherwise: {e}"),
+        Ok(_) => panic!("a plain client was served by a listener that requires TLS"),
+    }
+    // The old NBD_OPT_EXPORT_NAME has no error reply: the connection closes.
+    assert_eq!(first_option_reply(&addr, opt::EXPORT_NAME, b"rw").await, None);
+    // STARTTLS is acknowledged.
+    assert_eq!(first_option_reply(&addr, opt::STARTTLS, &[]).await, Some(rep::ACK));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn libnbd_over_tls_with_a_pre_shared_key() {
+    let r = rig();
+    let keys = psk(r.dir.path(), "alice", KEY);
+    let c = TlsConfig {
+        psk_file: Some(keys.clone()),
+        ..Default::default()
+    };
+    let addr = listen(&r.reg, tls_required(&c)).await;
+    let uri = |user: &str, file: &Path| format!("nbds://{user}@{addr}/rw?tls-psk-file={}", file.display());
+    let Some((ok, out)) = tool("nbdinfo", &["--json", &uri("alice", &keys)]) else {
+        return;
+    };
+    assert!(ok, "{out}");
+    assert!(out.contains(&(64 * MIB).to_string()), "{out}");
+    // Data both ways through TLS.
+    let src = r.dir.path().join("src.img");
+    let data: Vec<u8> = (0..4 * MIB).map(|i| (i * 7 % 251) as u8).collect();
+    std::fs::write(&src, &data).unwrap();
+    let dst = r.dir.path().join("dst.img");
+    let (ok, out) = tool("nbdcopy", &[src.to_str().unwrap(), &uri("alice", &keys)]).unwrap();
+    assert!(ok, "{out}");
+    let (ok, out) = tool("nbdcopy", &[&uri("alice", &keys), dst.to_str().unwrap()]).unwrap();
+    assert!(ok, "{out}");
+    assert_eq!(&std::fs::read(&dst).unwrap()[..4 * MIB as usize], &data[..]);
+    // A wrong key, or a user the server does not know: refused.
+    let wrong = psk(r.dir.path(), "alice", &KEY.replace('0', "1"));
+    let (ok, out) = tool("nbdinfo", &[&uri("alice", &wrong)]).unwrap();
+    assert!(!ok, "a wrong key was accepted: {out}");
+    let mallory = psk(r.dir.path(), "mallory", KEY);
+    let (ok, out) = tool("nbdinfo", &[&uri("mallory", &mallory)]).unwrap();
+    assert!(!ok, "an unknown user was accepted: {out}");
+    // And plain NBD is refused by libnbd's view too.
+    let (ok, _) = tool("nbdinfo", &[&format!("nbd://{addr}/rw")]).unwrap();
+    assert!(!ok, "plain NBD was served");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn libnbd_over_tls_with_an_x509_certificate() {
+    let r = rig();
+    let certs = r.dir.path().join("certs");
+    std::fs::create_dir_all(&certs).unwrap();
+    let (cert, key) = (certs.join("server-cert.pem"), certs.join("server-key.pem"));
+    let made = Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+        ])
+        .args(["-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"])
+        .args(["-keyout", key.to_str().unwrap(), "-out", cert.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    // libnbd trusts the CA in DIR/ca-cert.pem: the self-signed certificate is its own CA.
+    std::fs::copy(&cert, certs.join("ca-cert.pem")).unwrap();
+    let c = TlsConfig {
+        cert: Some(cert),
+        key: Some(key),
+        ..Default::default()
+    };
+    let addr = listen(&r.reg, tls_required(&c)).await;
+    let uri = format!("nbds://{addr}/rw?tls-certificates={}", certs.display());
+    let Some((ok, out)) = tool("nbdinfo", &["--json", &uri]) else {
+        return;
+    };
+    assert!(ok, "{out}");
+    assert!(out.contains(&(64 * MIB).to_string()), "{out}");
+    // A client that trusts another CA refuses this server.
+    let other = r.dir.path().join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    let o = Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=other",
+        ])
+        .args(["-keyout", other.join("k.pem").to_str().unwrap()])
+        .args(["-out", other.join("ca-cert.pem").to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    let (ok, out) = tool(
+        "nbdinfo",
+        &[&format!("nbds://{addr}/rw?tls-certificates={}", other.display())],
+    )
+    .unwrap();
+    assert!(!ok, "a server the client cannot verify was accepted: {out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_unix_socket_serves_local_clients() {
+    let r = rig();
+    let path = r.dir.path().join("nbd.sock");
+    let l = UnixListener::bind(&path).unwrap();
+    tokio::spawn(tessera_nbd::serve_unix(l, r.reg.clone(), 16));
+    let uri = format!("nbd+unix:///rw?socket={}", path.display());
+    let Some((ok, out)) = tool("nbdinfo", &["--json", &uri]) else {
+        return;
+    };
+    assert!(ok, "{out}");
+    let src = r.dir.path().join("src.img");
+    std::fs::write(&src, vec![0x5Au8; MIB as usize]).unwrap();
+    let (ok, out) = tool("nbdcopy", &[src.to_str().unwrap(), &uri]).unwrap();
+    assert!(ok, "{out}");
+}
+
+/// A request header (28 bytes).
+fn request(kind: u16, cookie: u64, offset: u64, len: u32) -> Vec<u8> {
+    let mut h = Vec::with_capacity(28);
+    h.extend_from_slice(&proto::REQUEST_MAGIC.to_be_bytes());
+    h.extend_from_slice(&0u16.to_be_bytes());
+    h.extend_from_slice(&kind.to_be_bytes());
+    h.extend_from_slice(&cookie.to_be_bytes());
+    h.extend_from_slice(&offset.to_be_bytes());
+    h.extend_from_slice(&len.to_be_bytes());
+    h
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_reads_holds_a_bounded_number_of_bytes() {
+    let r = rig();
+    let addr = listen(&r.reg, Policy::plain()).await;
+    let export = r.reg.get("rw").unwrap();
+    // 200 READs of 32 MiB, sent in one go by a client that never reads its replies.
+    let mut s = TcpStream::connect(&addr).await.unwrap();
+    let mut hello = [0u8; 18];
+    s.read_exact(&mut hello).await.unwrap();
+    s.write_all(&proto::FLAG_C_FIXED_NEWSTYLE.to_be_bytes()).await.unwrap();
+    let mut go = Vec::new();
+    go.extend_from_slice(&proto::IHAVEOPT.to_be_bytes());
+    go.extend_from_slice(&opt::GO.to_be_bytes());
+    go.extend_from_slice(&8u32.to_be_bytes());
+    go.extend_from_slice(&2u32.to_be_bytes());
+    go.extend_from_slice(b"rw");
+    go.extend_from_slice(&0u16.to_be_bytes());
+    s.write_all(&go).await.unwrap();
+    let (mut rd, mut wr) = s.into_split();
+    let writer = tokio::spawn(async move {
+        for i in 0..200u64 {
+            if wr.write_all(&request(proto::cmd::READ, i, 0, 32 << 20)).await.is_err() {
+                break;
+            }
+        }
+        wr
+    });
+    // Read the negotiation's replies only, then nothing.
+    let mut some = [0u8; 512];
+    let _ = tokio::time::timeout(Duration::from_secs(2), rd.read(&mut some)).await;
+    let mut peak = 0;
+    for _ in 0..30 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        peak = peak.max(export.held_bytes());
+    }
+    let bound = tessera_nbd::server::MAX_HELD_BYTES + (32 << 20) + (1 << 20);
+    assert!(peak > 0, "the reads were not served at all");
+    assert!(peak <= bound, "one connection holds {peak} bytes, over {bound}");
+    // The client goes: everything is given back.
+    drop(rd);
+    drop(writer.await.unwrap());
+    for _ in 0..100 {
+        if export.held_bytes() == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(export.held_bytes(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_serves_a_bounded_number_of_connections() {
+    let r = rig();
+    let addr = listen(
+        &r.reg,
+        Policy {
+            max_connections: 3,
+            ..Policy::plain()
+        },
+    )
+    .await;
+    let mut open = Vec::new();
+    for _ in 0..3 {
+        let mut s = TcpStream::connect(&addr).await.unwrap();
+        let mut hello = [0u8; 18];
+        s.read_exact(&mut hello).await.unwrap();
+        open.push(s);
+    }
+    // The fourth is closed at once: no greeting, end of stream.
+    let mut extra = TcpStream::connect(&addr).await.unwrap();
+    let mut b = [0u8; 18];
+    let n = tokio::time::timeout(Duration::from_secs(5), extra.read(&mut b))
+        .await
+        .expect("closed, not left hanging")
+        .unwrap_or(0);
+    assert_eq!(n, 0);
+    drop(open.pop());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut again = TcpStream::connect(&addr).await.unwrap();
+    assert_eq!(
+        tokio::time::timeout(Duration::from_secs(5), again.read(&mut b))
+            .await
+            .unwrap()
+            .unwrap(),
+        18,
+        "greeted once there is room"
+    );
+}
