@@ -60,7 +60,8 @@ cp "$DIR/raw.img" "$DIR/qemu.img"
 truncate -s $((SIZE_B + SIZE_B / 4 + (1 << 30))) "$DIR/tessera-disk.img"   # sparse, room for slabs
 sync
 
-start_tessera --iscsi-listen none --nbd-listen "127.0.0.1:$TESSERA_PORT"
+# Plain NBD on loopback, as qemu-nbd serves it: TLS would measure OpenSSL, not the server.
+start_tessera --iscsi-listen none --nbd-listen "127.0.0.1:$TESSERA_PORT" --nbd-insecure
 logged tessera-setup.log "$T" pool create bench --disk "$DIR/tessera-disk.img"
 logged tessera-setup.log "$T" vdisk import bench/vol "$DIR/raw.img" --layout simple --block-size "$LBS"
 logged tessera-setup.log "$T" nbd export bench/vol

@@ -63,6 +63,7 @@ fn serve(a: ServeArgs, state_dir: Option<PathBuf>) -> Result<(), String> {
         api_token: a.api_token,
         iscsi_listen: a.iscsi_listen,
         nbd_listen: a.nbd_listen,
+        nbd_insecure: a.nbd_insecure,
         log_format: a.log_format.map(|f| match f {
             LogFormatArg::Text => LogFormat::Text,
             LogFormatArg::Json => LogFormat::Json,

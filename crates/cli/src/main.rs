@@ -328,9 +328,14 @@ pub struct ServeArgs {
     /// iSCSI portal address; "none" to disable. Default 127.0.0.1:3260.
     #[arg(long, value_name = "ADDR")]
     pub iscsi_listen: Option<String>,
-    /// NBD server address; "none" to disable. Default 127.0.0.1:10809.
+    /// NBD server address; "none" to disable. Default 127.0.0.1:10809. It requires TLS
+    /// (nbds://) unless --nbd-insecure is given; <state dir>/nbd.sock serves local clients.
     #[arg(long, value_name = "ADDR")]
     pub nbd_listen: Option<String>,
+    /// Serve plain NBD (no TLS) on --nbd-listen: anyone who can reach it reads and writes
+    /// every export. For a trusted network or loopback only.
+    #[arg(long)]
+    pub nbd_insecure: bool,
     /// Bearer token required on the TCP listener (at least 16 characters).
     #[arg(long, env = "TESSERA_API_TOKEN", hide_env_values = true)]
     pub api_token: Option<String>,

@@ -173,3 +173,45 @@ fn clients_round_trip_data_and_exports_persist() {
     d.ok(&["nbd", "remove", "v"]);
     d.ok(&["vdisk", "delete", "n/v"]);
 }
+
+/// NBD's access control as an operator gets it: the TCP listener requires TLS unless told
+/// otherwise, with a pre-shared key the daemon makes (owner-only) and libnbd uses; local
+/// clients have an owner-only unix socket.
+#[test]
+fn the_tcp_listener_requires_tls_and_the_unix_socket_is_the_owners() {
+    use std::os::unix::fs::PermissionsExt;
+    let t = tempfile::tempdir().unwrap();
+    let state = t.path().join("state");
+    let d = Daemon::start_with(&state, &["--nbd-listen", "127.0.0.1:0", "--api-listen", "none"]).unwrap();
+    create_pool(&d, "n", &disks(&t.path().join("disks"), 2, 1 << 30));
+    d.ok(&["vdisk", "create", "n/v", "--size", "64M", "--layout", "mirror"]);
+    d.ok(&["nbd", "export", "n/v"]);
+    let addr = d.nbd_address();
+    // Plain NBD on TCP: refused.
+    let (ok_plain, out) = run("nbdinfo", &[&format!("nbd://{addr}/v")]);
+    assert!(!ok_plain, "plain NBD was served on TCP: {out}");
+    // TLS with the key the daemon made at its first start.
+    let psk = state.join("nbd-psk");
+    let mode = std::fs::metadata(&psk).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "the key file is the owner's alone");
+    let nbds = format!("nbds://tessera@{addr}/v?tls-psk-file={}", psk.display());
+    assert!(
+        d.stdout().contains(&format!(
+            "TLS required: nbds://tessera@{addr}/NAME?tls-psk-file={}",
+            psk.display()
+        )),
+        "the banner shows how to connect: {}",
+        d.stdout()
+    );
+    let info = ok("nbdinfo", &["--json", &nbds]);
+    assert!(info.contains(&(64u64 << 20).to_string()), "{info}");
+    // The unix socket: owner-only, plain NBD for local clients.
+    let sock = state.join("nbd.sock");
+    let mode = std::fs::metadata(&sock).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let info = ok(
+        "nbdinfo",
+        &["--json", &format!("nbd+unix:///v?socket={}", sock.display())],
+    );
+    assert!(info.contains(&(64u64 << 20).to_string()), "{info}");
+}

@@ -8,7 +8,11 @@
 //! iscsi_listen = "0.0.0.0:3260"    # "none": no portal from here (those added by API stay)
 //! iscsi_send_buffer = "4M"        # iSCSI sockets' SO_SNDBUF; unset: kernel autotuning
 //! iscsi_recv_buffer = "4M"        # iSCSI sockets' SO_RCVBUF; unset: kernel autotuning
-//! nbd_listen = "127.0.0.1:10809"  # "none" disables the NBD server
+//! nbd_listen = "127.0.0.1:10809"  # "none" disables the NBD server; it requires TLS
+//! nbd_insecure = false             # true: plain NBD on nbd_listen
+//! nbd_tls_psk_file = "/etc/tessera/nbd.psk"  # default: <state_dir>/nbd-psk, made at start
+//! nbd_tls_cert = "/etc/tessera/nbd-cert.pem"  # with nbd_tls_key; nbd_tls_ca asks clients for one
+//! nbd_unix_socket = "/run/tessera/nbd.sock"   # default: <state_dir>/nbd.sock; "none" disables
 //! pools = ["tank"]                # imported at start, in addition to those left imported
 //! log_format = "text"             # or "json"
 //! ```
@@ -50,6 +54,13 @@ pub struct ConfigFile {
     pub iscsi_write_buffer_per_session: Option<Size>,
     pub iscsi_write_buffer_total: Option<Size>,
     pub nbd_listen: Option<String>,
+    pub nbd_insecure: Option<bool>,
+    pub nbd_tls_psk_file: Option<PathBuf>,
+    pub nbd_tls_cert: Option<PathBuf>,
+    pub nbd_tls_key: Option<PathBuf>,
+    pub nbd_tls_ca: Option<PathBuf>,
+    pub nbd_unix_socket: Option<String>,
+    pub nbd_max_connections: Option<usize>,
     #[serde(default)]
     pub pools: Vec<String>,
     pub log_format: Option<LogFormat>,
@@ -64,6 +75,7 @@ pub struct Overrides {
     pub api_token: Option<String>,
     pub iscsi_listen: Option<String>,
     pub nbd_listen: Option<String>,
+    pub nbd_insecure: bool,
     pub log_format: Option<LogFormat>,
     pub demo: bool,
 }
@@ -85,6 +97,14 @@ pub struct ServerConfig {
     pub iscsi_limits: tessera_iscsi::Limits,
     /// The NBD server's address; None when disabled.
     pub nbd_listen: Option<SocketAddr>,
+    /// Plain NBD allowed on `nbd_listen`; otherwise it requires TLS.
+    pub nbd_insecure: bool,
+    /// TLS keys and certificates configured; with none, the daemon makes a pre-shared key in
+    /// `<state_dir>/nbd-psk`.
+    pub nbd_tls: tessera_nbd::TlsConfig,
+    /// The unix socket that serves plain NBD to local clients; None when disabled.
+    pub nbd_unix_socket: Option<PathBuf>,
+    pub nbd_max_connections: usize,
     pub pools: Vec<String>,
     pub log_format: LogFormat,
     /// Allocated share of a pool past which its thin LUNs raise THIN PROVISIONING SOFT
@@ -153,6 +173,30 @@ impl ServerConfig {
             recv: socket_buffer("iscsi_recv_buffer", f.iscsi_recv_buffer)?,
         };
         let nbd_listen = listen_addr("nbd_listen", o.nbd_listen.or(f.nbd_listen), DEFAULT_NBD_LISTEN)?;
+        // The demo serves plain NBD on loopback, and says so; anything else asks.
+        let nbd_insecure = o.nbd_insecure || f.nbd_insecure.unwrap_or(o.demo);
+        let nbd_tls = tessera_nbd::TlsConfig {
+            psk_file: f.nbd_tls_psk_file,
+            cert: f.nbd_tls_cert,
+            key: f.nbd_tls_key,
+            ca: f.nbd_tls_ca,
+        };
+        if nbd_tls.cert.is_some() != nbd_tls.key.is_some() {
+            return Err("nbd_tls_cert and nbd_tls_key go together".into());
+        }
+        if nbd_tls.ca.is_some() && nbd_tls.cert.is_none() {
+            return Err("nbd_tls_ca needs nbd_tls_cert and nbd_tls_key: the server shows a certificate too".into());
+        }
+        let nbd_unix_socket = match f.nbd_unix_socket.as_deref() {
+            Some("" | "none") => None,
+            Some(p) => Some(PathBuf::from(p)),
+            None => Some(state_dir.join("nbd.sock")),
+        };
+        let nbd_max_connections = match f.nbd_max_connections {
+            Some(0) => return Err("nbd_max_connections must be at least 1".into()),
+            Some(n) => n,
+            None => tessera_nbd::server::DEFAULT_MAX_CONNECTIONS,
+        };
         for p in &f.pools {
             tessera_pool::validate_name("pool", p)?;
         }
@@ -165,6 +209,10 @@ impl ServerConfig {
             iscsi_buffers,
             iscsi_limits,
             nbd_listen,
+            nbd_insecure,
+            nbd_tls,
+            nbd_unix_socket,
+            nbd_max_connections,
             pools: f.pools,
             log_format: o.log_format.or(f.log_format).unwrap_or_default(),
             thin_threshold_percent: match f.thin_threshold_percent {

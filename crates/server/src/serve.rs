@@ -60,12 +60,39 @@ async fn serve(cfg: ServerConfig) -> Result<(), String> {
     daemon.portals.start()?;
     let nbd = bind(daemon.cfg.nbd_listen, " for NBD", "server", "--nbd-listen").await?;
     let nbd_addr = nbd.as_ref().and_then(|l| l.local_addr().ok());
+    let nbd_tls = nbd_tls(&daemon.cfg)?;
     if let Some(l) = nbd {
-        tokio::spawn(tessera_nbd::serve(l, daemon.nbd.registry.clone()));
+        let policy = tessera_nbd::Policy {
+            tls: nbd_tls.as_ref().map(|(t, _)| t.clone()),
+            require_tls: !daemon.cfg.nbd_insecure,
+            max_connections: daemon.cfg.nbd_max_connections,
+        };
+        tokio::spawn(tessera_nbd::serve_tcp(l, daemon.nbd.registry.clone(), policy));
+    }
+    if let Some(path) = &daemon.cfg.nbd_unix_socket {
+        let _ = std::fs::remove_file(path);
+        // Whoever can open it reads and writes every export: owner only, from the start.
+        // SAFETY: umask only changes this process's file creation mask.
+        let old_mask = unsafe { libc::umask(0o177) };
+        let l = UnixListener::bind(path);
+        unsafe { libc::umask(old_mask) };
+        let l = l.map_err(|e| format!("cannot listen for NBD on {}: {e}", path.display()))?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| format!("cannot restrict {}: {e}", path.display()))?;
+        tokio::spawn(tessera_nbd::serve_unix(
+            l,
+            daemon.nbd.registry.clone(),
+            daemon.cfg.nbd_max_connections,
+        ));
     }
     println!(
         "{}",
-        banner(&daemon, tcp.as_ref().and_then(|t| t.local_addr().ok()), nbd_addr)
+        banner(
+            &daemon,
+            tcp.as_ref().and_then(|t| t.local_addr().ok()),
+            nbd_addr,
+            nbd_tls.as_ref().map(|(_, psk)| psk.as_deref())
+        )
     );
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -131,6 +158,26 @@ async fn serve(cfg: ServerConfig) -> Result<(), String> {
     Ok(())
 }
 
+/// TLS for the NBD listener: the configured keys and certificates, or a pre-shared key the
+/// daemon makes at its first start in `<state dir>/nbd-psk` (user "tessera"). With the PSK
+/// file in use, its path, for the banner. None when NBD is plain and nothing is configured.
+#[allow(clippy::type_complexity)]
+fn nbd_tls(cfg: &ServerConfig) -> Result<Option<(Arc<tessera_nbd::TlsServer>, Option<std::path::PathBuf>)>, String> {
+    if cfg.nbd_listen.is_none() || (cfg.nbd_insecure && cfg.nbd_tls.is_empty()) {
+        return Ok(None);
+    }
+    let mut c = cfg.nbd_tls.clone();
+    if c.is_empty() {
+        let p = cfg.state_dir.join("nbd-psk");
+        if tessera_nbd::tls::create_psk_file(&p, "tessera")? {
+            info!(path = %p.display(), "made a pre-shared key for NBD over TLS");
+        }
+        c.psk_file = Some(p);
+    }
+    let server = tessera_nbd::TlsServer::new(&c).map_err(|e| format!("NBD TLS: {e}"))?;
+    Ok(Some((server, c.psk_file)))
+}
+
 /// Binds a configured listener (None: it is off), with an error that says what to change.
 async fn bind(addr: Option<SocketAddr>, what: &str, who: &str, flag: &str) -> Result<Option<TcpListener>, String> {
     let Some(a) = addr else {
@@ -142,7 +189,12 @@ async fn bind(addr: Option<SocketAddr>, what: &str, who: &str, flag: &str) -> Re
         .map_err(|e| format!("cannot listen{what} on {a}: {e}; is another {who} using it? Choose another with {flag}"))
 }
 
-fn banner(d: &Daemon, tcp: Option<SocketAddr>, nbd: Option<SocketAddr>) -> String {
+fn banner(
+    d: &Daemon,
+    tcp: Option<SocketAddr>,
+    nbd: Option<SocketAddr>,
+    tls: Option<Option<&std::path::Path>>,
+) -> String {
     let sock = d.cfg.socket_path();
     let mut s = format!(
         "Tessera {} serving {}\n",
@@ -226,12 +278,47 @@ fn banner(d: &Daemon, tcp: Option<SocketAddr>, nbd: Option<SocketAddr>) -> Strin
     match nbd {
         Some(a) => {
             s += &format!("  NBD server: {a}\n");
+            let insecure = d.cfg.nbd_insecure;
+            if insecure {
+                s += "    plain NBD, no TLS: anyone who can reach this address reads and writes every export\n";
+            } else {
+                match tls {
+                    Some(Some(psk)) => {
+                        s += &format!(
+                            "    TLS required: nbds://tessera@{a}/NAME?tls-psk-file={}\n",
+                            psk.display()
+                        )
+                    }
+                    _ => s += &format!("    TLS required: nbds://{a}/NAME\n"),
+                }
+            }
             for e in d.list_nbd_exports() {
                 let ro = if e.read_only { " (read-only)" } else { "" };
-                s += &format!("    nbd://{a}/{}  ->  {}{ro}\n", e.name, e.vdisk);
+                if insecure {
+                    s += &format!("    nbd://{a}/{}  ->  {}{ro}\n", e.name, e.vdisk);
+                }
+                match tls {
+                    Some(Some(psk)) => {
+                        s += &format!(
+                            "    nbds://tessera@{a}/{}?tls-psk-file={}  ->  {}{ro}\n",
+                            e.name,
+                            psk.display(),
+                            e.vdisk
+                        )
+                    }
+                    Some(None) => s += &format!("    nbds://{a}/{}  ->  {}{ro}\n", e.name, e.vdisk),
+                    None => {}
+                }
             }
         }
         None => s += "  NBD server: off\n",
+    }
+    if let Some(p) = &d.cfg.nbd_unix_socket {
+        s += &format!(
+            "  NBD on {} (local clients): nbd+unix:///NAME?socket={}\n",
+            p.display(),
+            p.display()
+        );
     }
     s += &format!(
         "Connect with:\n  export TESSERA_API=unix:{}\n  tessera pool list\n",
