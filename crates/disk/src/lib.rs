@@ -1,8 +1,9 @@
 //! Member disks of a Tessera pool.
 //!
 //! A disk is anything implementing [`BlockDevice`]: a regular file or block device opened
-//! with direct I/O ([`FileDisk`]), an in-memory disk for tests ([`MemDisk`]), or a wrapper
-//! that injects faults ([`FaultyDisk`]). The first [`DATA_OFFSET`] bytes of every disk are
+//! with direct I/O ([`FileDisk`]), an in-memory disk for tests ([`MemDisk`]), a wrapper
+//! that injects faults ([`FaultyDisk`]), or one with a volatile write cache that a power cut
+//! empties ([`VolatileDisk`]). The first [`DATA_OFFSET`] bytes of every disk are
 //! reserved; the [`Label`] that ties the disk to its pool lives at offset 0.
 
 mod aligned;
@@ -13,6 +14,7 @@ mod label;
 mod mem;
 mod read_ring;
 mod uring;
+mod volatile;
 
 pub use aligned::AlignedBuf;
 pub use error::DiskError;
@@ -24,6 +26,7 @@ pub use label::{
 };
 pub use mem::MemDisk;
 pub use read_ring::{ReadRing, RingRead};
+pub use volatile::{CutReport, PowerSupply, VolatileDisk};
 
 /// Alignment unit of every I/O the upper layers issue.
 pub const SECTOR: usize = 4096;
