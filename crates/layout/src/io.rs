@@ -166,6 +166,17 @@ impl Layouts {
         mo: u64,
         len: usize,
     ) -> Result<Vec<u8>> {
+        let region = mo / REGION_BYTES;
+        if self.journal.is_unsynced(set.id, region) {
+            // Parity there may belong to a write the power cut short: what it would rebuild
+            // could be neither the old data nor the new. An error, never wrong data.
+            return Err(LayoutError::Io {
+                set: set.id,
+                detail: format!(
+                    "row {row} lies in region {region}, which was being written when the pool stopped and could not be made consistent at the restart (a member missing or unreadable): its data cannot be rebuilt from parity until that member is readable again"
+                ),
+            });
+        }
         let (mut data, parity) = self.read_row_shards(members, &set.spec, row, mo, len, Some(col));
         codec::reconstruct(&mut data, &parity).map_err(|_| {
             let unavailable = self.unavailable(members);

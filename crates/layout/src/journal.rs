@@ -20,7 +20,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
@@ -130,6 +130,10 @@ pub struct StripeJournal {
     /// be made consistent): checkpoints keep them until a retry succeeds, so that the next
     /// start tries again instead of trusting the region.
     pinned: Mutex<BTreeMap<u64, Record>>,
+    /// Set when a member is lost: its sets' `Dirty` records from before the loss would make
+    /// a replay after a crash find those regions impossible to resync (the member is gone)
+    /// though they are consistent, so the next write or flush retires them.
+    checkpoint_requested: AtomicBool,
     /// Milliseconds after `opened` of the last checkpoint (an atomic: read on every write).
     last_checkpoint_ms: AtomicU64,
     opened: Instant,
@@ -173,6 +177,7 @@ impl StripeJournal {
             dirty: RwLock::new(HashSet::new()),
             epoch: RwLock::new(()),
             pinned: Mutex::new(BTreeMap::new()),
+            checkpoint_requested: AtomicBool::new(false),
             last_checkpoint_ms: AtomicU64::new(0),
             opened: Instant::now(),
         };
@@ -217,6 +222,25 @@ impl StripeJournal {
         self.pinned.lock().iter().map(|(k, r)| (*k, r.clone())).collect()
     }
 
+    /// True if a `Dirty` record of the region is pinned: the region was being written when the
+    /// pool stopped and some row of it may still have redundancy that disagrees with its data.
+    pub fn is_unsynced(&self, set: u32, region: u64) -> bool {
+        self.pinned
+            .lock()
+            .values()
+            .any(|r| r.set == set && r.row == region && r.body == RecordBody::Dirty)
+    }
+
+    /// Asks for a checkpoint at the next write or flush.
+    pub fn request_checkpoint(&self) {
+        self.checkpoint_requested.store(true, Ordering::Relaxed);
+    }
+
+    /// True if a checkpoint was asked for since the last one.
+    pub fn checkpoint_requested(&self) -> bool {
+        self.checkpoint_requested.load(Ordering::Relaxed)
+    }
+
     /// Held by a write from before it records its regions until its last member write.
     pub fn enter(&self) -> RwLockReadGuard<'_, ()> {
         self.epoch.read()
@@ -243,7 +267,8 @@ impl StripeJournal {
     }
 
     pub fn wants_checkpoint(&self) -> bool {
-        self.pending.load(Ordering::Relaxed) >= CHECKPOINT_BYTES
+        self.checkpoint_requested.load(Ordering::Relaxed)
+            || self.pending.load(Ordering::Relaxed) >= CHECKPOINT_BYTES
             || self.dirty.read().len() >= CHECKPOINT_REGIONS
             || self
                 .now_ms()
@@ -276,6 +301,7 @@ impl StripeJournal {
             // Every write of the old epoch has finished once this is held; writes of the new
             // one record their regions again, with sequence numbers past the bound.
             let _epoch = self.epoch.write();
+            self.checkpoint_requested.store(false, Ordering::Relaxed);
             self.dirty.write().clear();
             self.last_checkpoint_ms.store(self.now_ms(), Ordering::Relaxed);
             let inflight = self.inflight.lock();

@@ -152,14 +152,36 @@ impl Layouts {
         self.registry.remove(&self.pool, id)
     }
 
+    /// Makes every completed write durable and retires every journal record that covers them
+    /// (but those of regions still to be made consistent): a clean stop calls it, so that
+    /// the next start has nothing to resync, and loses nothing if a disk is missing then.
+    pub fn checkpoint(&self) -> Result<()> {
+        self.retry_pinned();
+        self.journal.checkpoint(|| self.flush_members(), true)
+    }
+
+    /// A member was lost (failed by an error or by the administrator): the records of its
+    /// sets are retired at the next write or flush, while every other member can still make
+    /// them consistent, rather than found at a restart that could not resync them.
+    pub fn member_lost(&self) {
+        self.journal.request_checkpoint();
+    }
+
     /// Makes every completed write durable. Now and then this is also a journal checkpoint.
     pub fn flush(&self) -> Result<()> {
         if self.journal.wants_checkpoint() {
             self.retry_pinned();
-            self.journal.checkpoint(|| self.flush_members(), false)
+            self.journal.checkpoint(|| self.flush_members(), false)?;
         } else {
-            self.flush_members()
+            self.flush_members()?;
         }
+        if self.journal.checkpoint_requested() {
+            // A member was lost on the way: retire now, for good, the records of the writes
+            // this flush made durable on the others, so that a crash right after the answer
+            // leaves no region that a restart without that member could not resync.
+            self.checkpoint()?;
+        }
+        Ok(())
     }
 
     /// Flushes every member. A member whose flush failed has been failed by the pool; what it
@@ -187,6 +209,7 @@ impl Layouts {
             }
         }
         warn!(disks = ?failed, "a member's flush failed: its slab sets go on from their other members");
+        self.member_lost();
         Ok(())
     }
 
@@ -241,6 +264,7 @@ impl Layouts {
         let dev = self.pool.readable_disk(slab.disk).ok_or(MemberFault::Unavailable)?;
         dev.write_at(buf, self.pool.slab_offset(slab) + mo).map_err(|e| {
             self.stats.write_errors.fetch_add(1, Ordering::Relaxed);
+            self.member_lost();
             if let Err(pe) = self
                 .pool
                 .set_disk_state(slab.disk, DiskState::Failed, Some(format!("write error: {e}")))

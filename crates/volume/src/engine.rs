@@ -414,6 +414,16 @@ impl Engine {
         self.s
             .pool
             .set_disk_state(pos, DiskState::Failed, Some("failed by the administrator".into()))?;
+        self.s.layouts.member_lost();
+        Ok(())
+    }
+
+    /// Makes every completed write durable and leaves the stripe journal with nothing to
+    /// replay (but regions still to be made consistent), as a clean stop should: a start
+    /// that then finds a disk missing has no region it cannot resync.
+    pub fn checkpoint(&self) -> Result<()> {
+        self.s.layouts.checkpoint()?;
+        self.s.pool.meta().sync()?;
         Ok(())
     }
 
@@ -433,7 +443,7 @@ impl Engine {
 
     /// Flushes everything and marks the pool cleanly exported.
     pub fn export(self) -> Result<()> {
-        self.flush()?;
+        self.checkpoint()?;
         self.s.pool.export()?;
         Ok(())
     }
