@@ -6,10 +6,11 @@ export CARGO_TARGET_DIR ?= $(HOME)/.cache/tessera/target
 CARGO ?= cargo
 # Cases per model-based property test; raise it for a longer hunt (TESSERA_PROPTEST_CASES=2000).
 export TESSERA_PROPTEST_CASES ?= 24
-# Rounds of the SIGKILL crash test.
+# Rounds of the SIGKILL crash test, and power cuts of the volatile-cache test.
 export TESSERA_CRASH_ROUNDS ?= 50
+export TESSERA_POWER_CUT_ROUNDS ?= 24
 
-.PHONY: all build test demo deps test-deps bench fuzz clean
+.PHONY: all build test demo deps test-deps bench fuzz soak clean
 
 all: build
 
@@ -48,6 +49,11 @@ bench:
 # their RocksDB build alone takes many minutes, so `make test` leaves them out.
 fuzz: test-deps
 	FUZZ_SECONDS=$${FUZZ_SECONDS_DEEP:-300} scripts/fuzz.sh iscsi_pdu nbd_proto login_text scsi_params
+
+# Thousands of power cuts and crashes, for a long hunt (an hour or more here).
+soak: test-deps
+	TESSERA_POWER_CUT_ROUNDS=$${SOAK_ROUNDS:-2000} TESSERA_CRASH_ROUNDS=$${SOAK_ROUNDS:-2000} \
+	  $(CARGO) test --workspace --profile test --test power_cut --test crash -- --nocapture
 
 clean:
 	$(CARGO) clean
