@@ -166,17 +166,7 @@ impl Layouts {
         mo: u64,
         len: usize,
     ) -> Result<Vec<u8>> {
-        let region = mo / REGION_BYTES;
-        if self.journal.is_unsynced(set.id, region) {
-            // Parity there may belong to a write the power cut short: what it would rebuild
-            // could be neither the old data nor the new. An error, never wrong data.
-            return Err(LayoutError::Io {
-                set: set.id,
-                detail: format!(
-                    "row {row} lies in region {region}, which was being written when the pool stopped and could not be made consistent at the restart (a member missing or unreadable): its data cannot be rebuilt from parity until that member is readable again"
-                ),
-            });
-        }
+        self.refuse_unsynced(set, row, mo)?;
         let (mut data, parity) = self.read_row_shards(members, &set.spec, row, mo, len, Some(col));
         codec::reconstruct(&mut data, &parity).map_err(|_| {
             let unavailable = self.unavailable(members);
@@ -459,6 +449,22 @@ impl Layouts {
         Ok(())
     }
 
+    /// Fails if `mo` lies in a region the restart could not resync: parity there may belong
+    /// to a write the crash cut short, so what it would rebuild could be neither the old data
+    /// nor the new. An error, never wrong data.
+    fn refuse_unsynced(&self, set: &SlabSet, row: u64, mo: u64) -> Result<()> {
+        let region = mo / REGION_BYTES;
+        if !self.journal.is_unsynced(set.id, region) {
+            return Ok(());
+        }
+        Err(LayoutError::Io {
+            set: set.id,
+            detail: format!(
+                "row {row} lies in region {region}, which was being written when the pool stopped and could not be made consistent at the restart (a member missing or unreadable): its data cannot be rebuilt from parity until that member is readable again"
+            ),
+        })
+    }
+
     /// The content member `m` should hold over [mo, mo + len), computed from the others
     /// (for a rebuild). The caller holds the row lock.
     pub(crate) fn member_content(
@@ -498,6 +504,10 @@ impl Layouts {
             }
             Role::Parity(i) => {
                 let (mut data, parity) = self.read_row_shards(members, spec, row, mo, len, None);
+                if data.iter().any(Option::is_none) {
+                    // Missing data would come from the other parity, which may be torn there.
+                    self.refuse_unsynced(set, row, mo)?;
+                }
                 codec::reconstruct(&mut data, &parity).map_err(|e| LayoutError::Io {
                     set: set.id,
                     detail: format!("row {row}: {e}"),
