@@ -414,7 +414,10 @@ impl Engine {
         self.s
             .pool
             .set_disk_state(pos, DiskState::Failed, Some("failed by the administrator".into()))?;
+        // Retire now the journal records of the writes the other members hold, so that a
+        // crash after this answer leaves no region a restart without the disk cannot resync.
         self.s.layouts.member_lost();
+        self.s.layouts.checkpoint()?;
         Ok(())
     }
 
