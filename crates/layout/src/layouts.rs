@@ -47,6 +47,19 @@ impl SetHealth {
     }
 }
 
+/// Whether new data should be placed in a slab set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// Every member is on a healthy disk: new data gets the layout's full redundancy.
+    Whole,
+    /// A member is lost, retiring or being rebuilt, but a write still reaches enough members:
+    /// new data is safe only to a reduced degree, so it goes here only when no whole set
+    /// can be had.
+    Degraded,
+    /// More members are lost than the layout tolerates: a write here would fail.
+    Lost,
+}
+
 pub(crate) enum MemberFault {
     Unavailable,
     Io(String),
@@ -222,6 +235,21 @@ impl Layouts {
             unavailable: self.unavailable(&members),
             tolerance: set.spec.tolerance(),
             members,
+        }
+    }
+
+    /// Where new data may go, judged from the members' disks. Never blocks: a set whose
+    /// members a rebuild is swapping counts as degraded (it has a member to rebuild).
+    pub fn placement(&self, set: &SlabSet) -> Placement {
+        let Some(members) = set.try_members() else {
+            return Placement::Degraded;
+        };
+        if self.unavailable(&members) > set.spec.tolerance() {
+            Placement::Lost
+        } else if self.needs_move(&members).is_empty() && set.replacement.read().is_none() {
+            Placement::Whole
+        } else {
+            Placement::Degraded
         }
     }
 

@@ -16,7 +16,7 @@ mod spec;
 
 pub use batch::{DiskRead, SetRead};
 pub use error::{LayoutError, Result};
-pub use layouts::{IoStats, Layouts, SetHealth};
+pub use layouts::{IoStats, Layouts, Placement, SetHealth};
 pub use rebuild::{Progress, RebuildOptions, RebuildReport};
 pub use scrub::Mismatch;
 pub use slabset::{MembersGuard, SlabSet, SlabSetDesc};

@@ -9,13 +9,18 @@
 //! the metadata store as merge deltas. A reference is counted in memory before the batch that
 //! adds it commits, and uncounted only after the batch that drops it is durable: a slot is
 //! never handed out again while a durable grain entry may still point at it.
+//!
+//! New grains go to slab sets whose members are all on healthy disks: a set that lost a
+//! member is read and overwritten in place, but new data goes elsewhere while the pool can
+//! make a whole set, so a failed disk costs no new write its redundancy (and a set beyond its
+//! tolerance, where every write fails, never stops the vdisks that share it).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
-use tessera_layout::{LayoutSpec, Layouts, SlabSet};
+use tessera_layout::{LayoutSpec, Layouts, Placement, SlabSet};
 use tessera_pool::{WriteBatch, CF_GRAINSETS};
 use tracing::info;
 
@@ -176,25 +181,54 @@ impl GrainSpace {
                 self.grow(class, reserved)?;
                 continue;
             }
-            if let Some(l) = self.take_slot(&mut a, class) {
-                if from_reservation {
-                    if let Some(r) = a.reserved.get_mut(&class) {
-                        *r = r.saturating_sub(1);
-                    }
-                }
+            if let Some(l) = self.take_slot(&mut a, class, Placement::Whole) {
+                Self::spend_reservation(&mut a, class, from_reservation);
                 return Ok(l);
             }
-            // The class counted free slots that no set had (a fixed vdisk's reservation
-            // spent elsewhere): a new set may help, but not for ever.
+            // The free slots the class counted lie in sets that lost a member, or nowhere
+            // (a fixed vdisk's reservation spent elsewhere): a new whole set helps, but not
+            // for ever; when the pool cannot make one, a degraded set still takes the write.
             drop(a);
             misses += 1;
-            if misses == 4 {
-                return Err(VolumeError::NoSpace(format!(
-                    "no free grain in the {} class",
+            let grown = if misses < 4 {
+                self.grow_whole(class)
+            } else {
+                Err(VolumeError::NoSpace(format!(
+                    "no free grain in the {} class on healthy disks",
                     class.layout.describe()
-                )));
+                )))
+            };
+            match grown {
+                Ok(()) => continue,
+                // Too few healthy disks for a whole set, or a full pool.
+                Err(e) => {
+                    let mut a = self.alloc.lock();
+                    return match self.take_slot(&mut a, class, Placement::Degraded) {
+                        Some(l) => {
+                            Self::spend_reservation(&mut a, class, from_reservation);
+                            Ok(l)
+                        }
+                        None => Err(e),
+                    };
+                }
             }
-            self.grow(class, 0)?;
+        }
+    }
+
+    fn spend_reservation(a: &mut AllocState, class: Class, from_reservation: bool) {
+        if from_reservation {
+            if let Some(r) = a.reserved.get_mut(&class) {
+                *r = r.saturating_sub(1);
+            }
+        }
+    }
+
+    /// True if new data may go to `set` when `accept` is the worst placement allowed.
+    fn accepts(&self, set: &SlabSet, accept: Placement) -> bool {
+        match (self.layouts.placement(set), accept) {
+            (Placement::Whole, _) => true,
+            (Placement::Degraded, Placement::Degraded) => true,
+            _ => false,
         }
     }
 
@@ -228,6 +262,9 @@ impl GrainSpace {
         let sets = self.sets.read();
         for id in candidate_sets(&a, &sets, class, u32::try_from(n).unwrap_or(u32::MAX)) {
             let s = &sets[&id];
+            if !self.accepts(&s.set, Placement::Whole) {
+                continue;
+            }
             let slots = s.refs.len() as u32;
             let cursor = a.per_set[&id].cursor.min(slots);
             let end = slots.min(cursor.saturating_add(SEARCH));
@@ -252,10 +289,14 @@ impl GrainSpace {
         None
     }
 
-    fn take_slot(&self, a: &mut AllocState, class: Class) -> Option<Loc> {
+    /// Takes the first free slot, lowest set first, in a set that `accept` allows.
+    fn take_slot(&self, a: &mut AllocState, class: Class, accept: Placement) -> Option<Loc> {
         let sets = self.sets.read();
         for id in candidate_sets(a, &sets, class, 1) {
             let s = &sets[&id];
+            if !self.accepts(&s.set, accept) {
+                continue;
+            }
             let n = s.refs.len() as u32;
             let cursor = a.per_set[&id].cursor;
             for i in 0..n {
@@ -293,6 +334,23 @@ impl GrainSpace {
         let _g = self.growing.lock();
         if self.class_free(&self.alloc.lock(), class) > keep {
             return Ok(());
+        }
+        self.add_set(class)
+    }
+
+    /// Adds a slab set to the class unless, by the time this caller's turn comes, a set on
+    /// healthy disks has a free slot (another caller grew it).
+    fn grow_whole(&self, class: Class) -> Result<()> {
+        let _g = self.growing.lock();
+        {
+            let a = self.alloc.lock();
+            let sets = self.sets.read();
+            if candidate_sets(&a, &sets, class, 1)
+                .iter()
+                .any(|id| self.accepts(&sets[id].set, Placement::Whole))
+            {
+                return Ok(());
+            }
         }
         self.add_set(class)
     }

@@ -72,6 +72,50 @@ fn pulled_disk_in_every_redundant_layout() {
     }
 }
 
+/// A slab set that lost a member still serves and overwrites its data in place, but new
+/// grains go to a set whose members are all healthy while the pool can make one: they keep
+/// the layout's redundancy and survive the next disk's loss. When no whole set can be made,
+/// a degraded set takes them rather than failing the write.
+#[test]
+fn new_grains_go_to_whole_sets_while_the_pool_can_make_them() {
+    // Slabs of several grains: a set has room left when its disk fails.
+    let rig = Rig::new(3, 64 * MIB, 4 * MIB);
+    let mut s = spec("v", SIZE, LayoutKind::Mirror, Provisioning::Thin);
+    s.copies = Some(2);
+    let v = rig.engine().create_vdisk(&s).unwrap();
+    let first = pattern(1, 0, MIB as usize);
+    v.write(0, &first, true).unwrap();
+    let sets = rig.engine().layouts().sets();
+    assert_eq!(sets.len(), 1);
+    let members: Vec<u32> = sets[0].desc().members.iter().map(|m| m.disk).collect();
+    let (lost, kept) = (members[0], members[1]);
+    rig.engine().fail_disk(&format!("mem{lost}")).unwrap();
+
+    // Degraded: the first grain reads and overwrites in place; a new grain goes elsewhere.
+    let mut b = vec![0u8; MIB as usize];
+    v.read(0, &mut b).unwrap();
+    assert!(b == first, "degraded read");
+    let second = pattern(2, MIB, MIB as usize);
+    v.write(MIB, &second, true).unwrap();
+    let sets = rig.engine().layouts().sets();
+    assert_eq!(sets.len(), 2, "a new set on the healthy disks took the new grain");
+    assert!(sets[1].desc().members.iter().all(|m| m.disk != lost));
+
+    // Losing the other disk of the first set loses the first grain (said, not wrong data)
+    // and not the second: it was written with full redundancy.
+    rig.engine().fail_disk(&format!("mem{kept}")).unwrap();
+    assert!(v.read(0, &mut b).is_err(), "both copies of the first grain are gone");
+    v.read(MIB, &mut b).unwrap();
+    assert!(b == second, "the grain written after the first loss survives the second");
+
+    // One healthy disk left: no whole mirror set can be made, and a degraded one takes the
+    // write (a mirror with one copy is what the pool still has to give).
+    let third = pattern(3, 2 * MIB, MIB as usize);
+    v.write(2 * MIB, &third, true).unwrap();
+    v.read(2 * MIB, &mut b).unwrap();
+    assert!(b == third, "degraded write");
+}
+
 #[test]
 fn dual_parity_survives_two_and_refuses_three() {
     let rig = Rig::new(6, 64 * MIB, MIB);
