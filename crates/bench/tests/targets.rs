@@ -148,7 +148,7 @@ fn network_targets_count_and_verify() {
     let ireg = tessera_iscsi::Registry::new();
     let t = ireg.add_target(tessera_iscsi::Target::new("iqn.2026-11.io.tessera:b"));
     t.set_access(tessera_iscsi::Access::open());
-    t.luns.write().insert(0, Arc::new(tessera_scsi::Lun::new(v, 7, false)));
+    t.luns.write().insert(0, Arc::new(tessera_vdisk_lun::vdisk_lun(v, 7, false)));
     let iscsi = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
     let iscsi_addr = iscsi.local_addr().unwrap();
     rt.spawn(tessera_iscsi::serve(iscsi, ireg));

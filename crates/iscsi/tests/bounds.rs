@@ -10,7 +10,7 @@ use tessera_disk::{DiskRef, MemDisk};
 use tessera_iscsi::initiator::{InitiatorError, LoginConfig, Session};
 use tessera_iscsi::pdu::Pdu;
 use tessera_iscsi::{Access, Limits, Registry, Target};
-use tessera_scsi::Lun;
+use tessera_vdisk_lun::vdisk_lun;
 use tessera_volume::{Engine, LayoutKind, VdiskSpec};
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
@@ -40,7 +40,7 @@ async fn rig(limits: Limits) -> Rig {
     reg.set_limits(limits);
     let t = reg.add_target(Target::new(TARGET));
     t.set_access(Access::open());
-    t.luns.write().insert(0, Arc::new(Lun::new(v, 0x77, false)));
+    t.luns.write().insert(0, Arc::new(vdisk_lun(v, 0x77, false)));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     tokio::spawn(tessera_iscsi::serve(listener, reg.clone()));

@@ -9,7 +9,7 @@ use rand::{Rng, RngCore, SeedableRng};
 use tessera_disk::{DiskRef, FileDisk, MemDisk};
 use tessera_iscsi::initiator::{discover, InitiatorError, LoginConfig, ScsiResult, Session};
 use tessera_iscsi::{Access, Chap, Registry, Target};
-use tessera_scsi::Lun;
+use tessera_vdisk_lun::vdisk_lun;
 use tessera_volume::{Engine, LayoutKind, VdiskSpec};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -56,7 +56,7 @@ async fn rig_on(kind: Disks) -> Rig {
     let v = engine
         .create_vdisk(&VdiskSpec::new("v", 64 * MIB, LayoutKind::Mirror))
         .unwrap();
-    let lun = Arc::new(Lun::new(v, 0x55, false));
+    let lun = Arc::new(vdisk_lun(v, 0x55, false));
     let reg = Registry::new();
     // The crowd test logs in far more sessions per initiator name than a host would.
     reg.set_limits(tessera_iscsi::Limits {

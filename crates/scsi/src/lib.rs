@@ -1,12 +1,14 @@
-//! SCSI block device emulation over a Tessera vdisk: the primary (SPC-4) and block (SBC-3)
-//! commands, sense data and VPD pages. Transports (iSCSI) hand a CDB and its data-out buffer to
-//! a [`Lun`] and send back the [`Response`].
+//! SCSI block device emulation over a block backend (a Tessera vdisk, or memory): the primary
+//! (SPC-4) and block (SBC-3) commands, sense data and VPD pages. Transports (iSCSI) hand a CDB
+//! and its data-out buffer to a [`Lun`] and send back the [`Response`].
 
+mod backend;
 mod data;
 mod lun;
 mod odx;
 mod opcodes;
 mod planned;
+mod ram;
 pub mod pr;
 mod sbc;
 pub mod sense;
@@ -14,10 +16,14 @@ mod spc;
 pub mod tpc;
 mod xcopy;
 
+pub use backend::{
+    copy_image, BackendError, BackendErrorKind, BackendResult, BlockBackend, DirectRead, Extent, FrozenImage, ReadPlan,
+};
 pub use data::Data;
 pub use lun::{Lun, LunScope, ModeState, ModeStore, Nexus, PrStore, Response, Scope};
 pub use opcodes::{cdb_len, is_read, OpInfo, REPORT_LUNS, SUPPORTED};
 pub use planned::{PlannedRead, ReadStart};
+pub use ram::RamBackend;
 pub use pr::PrState;
 pub use sbc::transfer_length;
 pub use sense::Sense;

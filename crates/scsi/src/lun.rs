@@ -1,4 +1,4 @@
-//! A logical unit: a vdisk with the SCSI state that belongs to it (mode page settings, the lock
+//! A logical unit: a block backend (a vdisk) with the SCSI state that belongs to it (mode page settings, the lock
 //! that makes COMPARE AND WRITE atomic), and the command dispatch.
 
 use std::collections::{HashMap, VecDeque};
@@ -6,9 +6,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use parking_lot::{Mutex, RwLock};
-use tessera_volume::{Provisioning, Vdisk, VolumeError};
 use tracing::warn;
 
+use crate::backend::{BackendError, BackendErrorKind, BlockBackend};
 use crate::data::Data;
 use crate::opcodes::*;
 use crate::pr::{self, Outcome, PrState};
@@ -179,7 +179,8 @@ struct NexusState {
 }
 
 pub struct Lun {
-    pub(crate) vdisk: Arc<Vdisk>,
+    /// The storage: a vdisk, or memory in tests.
+    pub(crate) backend: Arc<dyn BlockBackend>,
     /// 16-byte NAA IEEE Registered Extended identifier, stable for the vdisk.
     pub(crate) naa: [u8; 16],
     pub(crate) serial: String,
@@ -231,7 +232,7 @@ const NAA_OUI: u32 = 0x00_1405;
 
 impl Lun {
     /// `uid` distinguishes vdisks across pools (a pool id with the vdisk id, say).
-    pub fn new(vdisk: Arc<Vdisk>, uid: u128, read_only: bool) -> Lun {
+    pub fn new(backend: Arc<dyn BlockBackend>, uid: u128, read_only: bool) -> Lun {
         let mut naa = [0u8; 16];
         // NAA 6: 4-bit NAA, 24-bit OUI, 36-bit vendor specific + 64-bit extension.
         let v = uid.to_be_bytes();
@@ -242,7 +243,7 @@ impl Lun {
         naa[4..16].copy_from_slice(&v[4..16]);
         let serial: String = v[8..16].iter().map(|b| format!("{b:02x}")).collect();
         Lun {
-            vdisk,
+            backend,
             naa,
             serial,
             read_only,
@@ -285,8 +286,8 @@ impl Lun {
         self.reservations.lock().pr.clone()
     }
 
-    pub fn vdisk(&self) -> &Arc<Vdisk> {
-        &self.vdisk
+    pub fn backend(&self) -> &Arc<dyn BlockBackend> {
+        &self.backend
     }
 
     /// The NAA designator of VPD page 0x83, by which copy descriptors name the LUN.
@@ -295,15 +296,15 @@ impl Lun {
     }
 
     pub fn block_size(&self) -> u64 {
-        self.vdisk.block_size() as u64
+        self.backend.block_size() as u64
     }
 
     pub fn blocks(&self) -> u64 {
-        self.vdisk.size() / self.block_size()
+        self.backend.size() / self.block_size()
     }
 
     pub fn thin(&self) -> bool {
-        self.vdisk.config().provisioning == Provisioning::Thin
+        self.backend.thin()
     }
 
     pub fn mode(&self) -> ModeState {
@@ -544,7 +545,7 @@ impl Lun {
         if let Some(store) = &self.pr_store {
             if r.pr != before && (r.pr.aptpl || before.aptpl) {
                 if let Err(e) = store(r.pr.aptpl.then_some(&r.pr)) {
-                    warn!(vdisk = %self.vdisk.name(), error = %e, "cannot save persistent reservations");
+                    warn!(lun = %self.backend.name(), error = %e, "cannot save persistent reservations");
                     r.pr = before;
                     return self.respond(Err(sense::INTERNAL_TARGET_FAILURE));
                 }
@@ -666,16 +667,16 @@ impl Lun {
         built.map(Data::Bytes)
     }
 
-    /// Maps an engine error to sense: lack of space is SPACE ALLOCATION FAILED WRITE PROTECT
+    /// Maps a backend error to sense: lack of space is SPACE ALLOCATION FAILED WRITE PROTECT
     /// (never silent loss), lost redundancy a medium error.
-    pub(crate) fn io_sense(&self, e: VolumeError, writing: bool) -> Sense {
-        if e.is_no_space() {
+    pub(crate) fn io_sense(&self, e: BackendError, writing: bool) -> Sense {
+        if e.kind == BackendErrorKind::NoSpace {
             return sense::SPACE_ALLOCATION_FAILED_WRITE_PROTECT;
         }
-        warn!(vdisk = %self.vdisk.name(), error = %e, "I/O failed");
-        match e {
-            VolumeError::Layout(_) | VolumeError::Pool(_) if writing => sense::WRITE_ERROR,
-            VolumeError::Layout(_) | VolumeError::Pool(_) => sense::UNRECOVERED_READ_ERROR,
+        warn!(lun = %self.backend.name(), error = %e, "I/O failed");
+        match e.kind {
+            BackendErrorKind::Medium if writing => sense::WRITE_ERROR,
+            BackendErrorKind::Medium => sense::UNRECOVERED_READ_ERROR,
             _ => sense::INTERNAL_TARGET_FAILURE,
         }
     }

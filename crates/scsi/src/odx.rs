@@ -6,8 +6,10 @@
 //! Every copy runs to its end inside the command (with IMMED too): a RECEIVE ROD TOKEN
 //! INFORMATION that follows always finds the operation finished.
 
-use tessera_volume::Frozen;
 
+use std::sync::Arc;
+
+use crate::backend::FrozenImage;
 use crate::lun::{alloc, be16, be32, be64, CmdResult, Lun};
 use crate::sense::{self, Sense};
 use crate::tpc::{
@@ -91,7 +93,7 @@ impl Lun {
         if ranges.is_empty() {
             return Err(sense::INVALID_FIELD_IN_PARAMETER_LIST);
         }
-        let image = self.vdisk.freeze(&ranges).map_err(|e| self.io_sense(e, false))?;
+        let image = Arc::from(self.backend.freeze(&ranges).map_err(|e| self.io_sense(e, false))?);
         let token = self.tpc.create_token(self, nexus, image, timeout)?;
         self.tpc.record(
             nexus,
@@ -144,7 +146,7 @@ impl Lun {
             if offset >= image.len() {
                 return Err(sense::INVALID_FIELD_IN_PARAMETER_LIST);
             }
-            self.paste_ranges(&image, offset, &ranges)
+            self.paste_ranges(image.as_ref(), offset, &ranges)
         };
         let (done, failure) = match r {
             Ok(done) => (done, None),
@@ -170,7 +172,7 @@ impl Lun {
             Some(s) => Err(s),
             None => {
                 if !self.mode().wce {
-                    self.vdisk.flush().map_err(|e| self.io_sense(e, true))?;
+                    self.backend.flush().map_err(|e| self.io_sense(e, true))?;
                 }
                 Ok(Vec::new())
             }
@@ -179,14 +181,14 @@ impl Lun {
 
     /// Writes the image from `offset` into the ranges in order, until either runs out. Returns
     /// the bytes written, and with a failure how far it got.
-    fn paste_ranges(&self, image: &Frozen, mut offset: u64, ranges: &[(u64, u64)]) -> Result<u64, (u64, Sense)> {
+    fn paste_ranges(&self, image: &dyn FrozenImage, mut offset: u64, ranges: &[(u64, u64)]) -> Result<u64, (u64, Sense)> {
         let mut done = 0;
         for &(at, len) in ranges {
             let n = len.min(image.len() - offset);
             if n == 0 {
                 break;
             }
-            self.vdisk
+            self.backend
                 .paste(at, image, offset, n)
                 .map_err(|e| (done, self.io_sense(e, true)))?;
             done += n;
@@ -199,7 +201,7 @@ impl Lun {
         let mut done = 0;
         let thin = self.thin();
         for &(at, len) in ranges {
-            self.vdisk
+            self.backend
                 .write_zeroes(at, len, thin, false)
                 .map_err(|e| (done, self.io_sense(e, true)))?;
             done += len;
@@ -325,7 +327,7 @@ impl Lun {
         let f = &mut b[44..92];
         f[2..4].copy_from_slice(&0x2Cu16.to_be_bytes());
         // Sharing works in whole grains: that is the optimal length granularity.
-        f[6..8].copy_from_slice(&((self.vdisk.grain_size() / bs).min(u16::MAX as u64) as u16).to_be_bytes());
+        f[6..8].copy_from_slice(&((self.backend.grain_size() / bs).min(u16::MAX as u64) as u16).to_be_bytes());
         f[8..16].copy_from_slice(&MAX_TOKEN_TRANSFER_BYTES.to_be_bytes());
         f[16..24].copy_from_slice(&MAX_TOKEN_TRANSFER_BYTES.to_be_bytes());
         f[24..32].copy_from_slice(&u64::MAX.to_be_bytes());

@@ -1,14 +1,14 @@
 //! READs for a transport that submits disk reads to an io_uring of its own (the iSCSI
 //! connection's reader): the command is admitted as [`Lun::execute_for`] would admit it, then
-//! the vdisk plans its disk reads ([`Vdisk::try_plan_read`]). The transport submits them,
+//! the backend plans its disk reads ([`BlockBackend::try_plan_read`](crate::BlockBackend::try_plan_read)). The transport submits them,
 //! goes on with other commands, and answers once they have completed. Nothing here blocks:
 //! whatever would wait (a unit attention to report, a reservation change under way, a grain
 //! being written) sends the command down the ordinary path instead.
 
 use parking_lot::{ArcRwLockReadGuard, RawRwLock};
 use tessera_disk::{AlignedBuf, RingRead};
-use tessera_volume::ReadPlan;
 
+use crate::backend::ReadPlan;
 use crate::data::Data;
 use crate::lun::{Lun, Nexus, Response};
 
@@ -43,7 +43,7 @@ impl PlannedRead {
             .iter()
             .map(|r| RingRead {
                 fd: r.fd,
-                // SAFETY: the plan's reads lie inside the buffer it was made for.
+                // SAFETY: start_read checked that the plan's reads lie inside the buffer.
                 at: unsafe { base.add(r.buf_off) },
                 len: r.len as u32,
                 offset: r.offset,
@@ -76,10 +76,14 @@ impl Lun {
         };
         let bs = self.block_size();
         let len = (blocks * bs) as usize;
-        let Some(plan) = self.vdisk().try_plan_read(lba * bs, len) else {
+        let Some(plan) = self.backend.try_plan_read(lba * bs, len) else {
             return ReadStart::Execute;
         };
-        // Zeroed: the parts of unmapped grains (plan.zeros) need nothing more.
+        // The submissions write into the buffer: a plan that strays outside it is not used.
+        if plan.reads.iter().any(|r| r.buf_off.checked_add(r.len).is_none_or(|end| end > len)) {
+            return ReadStart::Execute;
+        }
+        // Zeroed: the parts no read covers (unmapped grains) need nothing more.
         let buf = AlignedBuf::zeroed(len);
         if plan.reads.is_empty() {
             return ReadStart::Answer(self.respond_data(Ok(Data::Blocks(buf))));

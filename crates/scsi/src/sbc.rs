@@ -68,7 +68,7 @@ impl Lun {
         d[8..12].copy_from_slice(&(self.block_size() as u32).to_be_bytes());
         // Logical blocks per physical block, as a power of two: 4 KiB physical blocks unless
         // the vdisk presents 512-byte ones (512n).
-        d[13] = (self.vdisk.physical_block_size() as u64 / self.block_size()).trailing_zeros() as u8;
+        d[13] = (self.backend.physical_block_size() as u64 / self.block_size()).trailing_zeros() as u8;
         // LBPME: thin provisioning is on (UNMAP works on every vdisk); LBPRZ: unmapped reads zero.
         d[14] = 0x80 | 0x40;
         Ok(alloc(d, be32(&cdb[10..14]) as usize))
@@ -84,7 +84,7 @@ impl Lun {
         // Describe up to 1 GiB or 64 extents past the start.
         let span = ((1u64 << 30) / bs).min(self.blocks() - lba);
         let extents = self
-            .vdisk
+            .backend
             .extents(lba * bs, span * bs)
             .map_err(|e| self.io_sense(e, false))?;
         let mut d = vec![0u8; 8];
@@ -127,7 +127,7 @@ impl Lun {
             .zip(bufs.iter_mut())
             .map(|(&(lba, _), b)| (lba * bs, &mut b[..]))
             .collect();
-        let done = self.vdisk.read_many(&mut reqs);
+        let done = self.backend.read_many(&mut reqs);
         drop(reqs);
         bufs.into_iter()
             .zip(done)
@@ -139,7 +139,7 @@ impl Lun {
     fn read_blocks(&self, lba: u64, n: u64) -> Result<AlignedBuf, Sense> {
         let bs = self.block_size();
         let mut buf = AlignedBuf::zeroed((n * bs) as usize);
-        self.vdisk
+        self.backend
             .read(lba * bs, &mut buf)
             .map_err(|e| self.io_sense(e, false))?;
         Ok(buf)
@@ -176,7 +176,7 @@ impl Lun {
         let verify = matches!(cdb[0], WRITE_VERIFY_10 | WRITE_VERIFY_12 | WRITE_VERIFY_16);
         let durable = fua || verify || !self.mode().wce;
         let _shared = self.atomic.read();
-        self.vdisk
+        self.backend
             .write(lba * self.block_size(), data, durable)
             .map_err(|e| self.io_sense(e, true))?;
         Ok(Vec::new())
@@ -215,7 +215,7 @@ impl Lun {
     pub(crate) fn synchronize_cache(&self, cdb: &[u8]) -> CmdResult {
         let (lba, n, _) = rw_fields(cdb)?;
         self.check_range(lba, n)?;
-        self.vdisk.flush().map_err(|e| self.io_sense(e, true))?;
+        self.backend.flush().map_err(|e| self.io_sense(e, true))?;
         Ok(Vec::new())
     }
 
@@ -262,7 +262,7 @@ impl Lun {
             // Data-Out buffer holds; they then read as LBPRZ says, zeros. This is what Linux's
             // discard and LIO do too. Zeros without UNMAP are written (kept allocated on a
             // fixed vdisk).
-            self.vdisk
+            self.backend
                 .write_zeroes(off, len, unmap, durable)
                 .map_err(|e| self.io_sense(e, true))?;
             return Ok(Vec::new());
@@ -278,7 +278,7 @@ impl Lun {
         let mut done = 0;
         while done < n {
             let k = chunk_blocks.min(n - done);
-            self.vdisk
+            self.backend
                 .write(off + done * bs, &pattern[..(k * bs) as usize], durable)
                 .map_err(|e| self.io_sense(e, true))?;
             done += k;
@@ -324,7 +324,7 @@ impl Lun {
         let _shared = self.atomic.read();
         for (lba, n) in descs {
             if n > 0 {
-                self.vdisk.trim(lba * bs, n * bs).map_err(|e| self.io_sense(e, true))?;
+                self.backend.trim(lba * bs, n * bs).map_err(|e| self.io_sense(e, true))?;
             }
         }
         Ok(Vec::new())
@@ -350,7 +350,7 @@ impl Lun {
         let cur = self.read_blocks(lba, n)?;
         compare(&cur, want)?;
         let durable = cdb[1] & 0x08 != 0 || !self.mode().wce;
-        self.vdisk
+        self.backend
             .write(lba * bs, new, durable)
             .map_err(|e| self.io_sense(e, true))?;
         Ok(Vec::new())
@@ -379,7 +379,7 @@ impl Lun {
         for (c, x) in cur.iter_mut().zip(data) {
             *c |= x;
         }
-        self.vdisk
+        self.backend
             .write(lba * self.block_size(), &cur, durable)
             .map_err(|e| self.io_sense(e, true))?;
         Ok(Vec::new())

@@ -94,7 +94,7 @@ impl Lun {
         let mut b = vec![0u8; 0x3C];
         b[0] = 0x00; // WSNZ clear: WRITE SAME with zero blocks runs to the end of the LUN
         b[1] = MAX_COMPARE_AND_WRITE_BLOCKS as u8;
-        let grain_blocks = (self.vdisk.grain_size() / bs) as u32;
+        let grain_blocks = (self.backend.grain_size() / bs) as u32;
         b[2..4].copy_from_slice(&((4096 / bs).max(1) as u16).to_be_bytes());
         b[4..8].copy_from_slice(&((MAX_TRANSFER_BYTES / bs) as u32).to_be_bytes());
         b[8..12].copy_from_slice(&grain_blocks.to_be_bytes());
@@ -284,7 +284,7 @@ impl Lun {
         // Saved before it takes effect: a setting the host was told about survives a restart.
         if let Some(store) = &self.mode_store {
             if let Err(e) = store(&next) {
-                tracing::warn!(vdisk = %self.vdisk.name(), error = %e, "cannot save the mode settings");
+                tracing::warn!(lun = %self.backend.name(), error = %e, "cannot save the mode settings");
                 return Err(sense::INTERNAL_TARGET_FAILURE);
             }
         }
@@ -294,7 +294,7 @@ impl Lun {
         self.unit_attention(sense::MODE_PARAMETERS_CHANGED, Some(nexus));
         if was.wce && !next.wce {
             // Turning the cache off makes what it held durable now.
-            self.vdisk.flush().map_err(|e| self.io_sense(e, true))?;
+            self.backend.flush().map_err(|e| self.io_sense(e, true))?;
         }
         Ok(Vec::new())
     }

@@ -6,12 +6,13 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use rand::Rng;
-use tessera_volume::Frozen;
 
+use crate::backend::FrozenImage;
 use crate::lun::Lun;
 use crate::sense::{self, Sense};
 
@@ -71,7 +72,7 @@ struct Token {
     /// The I_T nexus that made it: the only one REPORT ALL ROD TOKENS shows it to. A token is
     /// a bearer secret; whoever holds it may write its data.
     creator: u64,
-    image: Frozen,
+    image: Arc<dyn FrozenImage>,
     timeout: Duration,
     last_used: Instant,
 }
@@ -127,7 +128,7 @@ impl CopyManager {
         &self,
         creator: &Lun,
         nexus: u64,
-        image: Frozen,
+        image: Arc<dyn FrozenImage>,
         timeout_s: u32,
     ) -> Result<Box<[u8; TOKEN_LEN]>, Sense> {
         self.expire();
@@ -164,7 +165,7 @@ impl CopyManager {
 
     /// The image a token represents; using it restarts its inactivity timer. `delete` ends
     /// the token (WRITE USING TOKEN with DEL_TKN) once looked up.
-    pub fn use_token(&self, t: &[u8], delete: bool) -> Result<Frozen, TokenRefusal> {
+    pub fn use_token(&self, t: &[u8], delete: bool) -> Result<Arc<dyn FrozenImage>, TokenRefusal> {
         if t.len() < TOKEN_LEN {
             return Err(TokenRefusal::InvalidLength);
         }

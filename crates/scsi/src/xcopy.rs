@@ -167,7 +167,7 @@ impl Lun {
             let r = (|| {
                 let (src_at, bytes, dst_at) = segment_bytes(s, src.block_size(), dst.block_size())
                     .ok_or(sense::COPY_ABORTED_SEGMENT_OUT_OF_RANGE)?;
-                if src_at + bytes > src.vdisk.size() || dst_at + bytes > dst.vdisk.size() {
+                if src_at + bytes > src.backend.size() || dst_at + bytes > dst.backend.size() {
                     return Err(sense::COPY_ABORTED_SEGMENT_OUT_OF_RANGE);
                 }
                 if dst.write_protected() {
@@ -186,15 +186,15 @@ impl Lun {
                     return Err(sense::UNREACHABLE_COPY_TARGET);
                 }
                 let image = src
-                    .vdisk
+                    .backend
                     .freeze(&[(src_at, bytes)])
                     .map_err(|e| src.io_sense(e, false))?;
                 let _writes = dst.atomic.read();
-                dst.vdisk
-                    .paste(dst_at, &image, 0, bytes)
+                dst.backend
+                    .paste(dst_at, image.as_ref(), 0, bytes)
                     .map_err(|e| dst.io_sense(e, true))?;
                 if !dst.mode().wce {
-                    dst.vdisk.flush().map_err(|e| dst.io_sense(e, true))?;
+                    dst.backend.flush().map_err(|e| dst.io_sense(e, true))?;
                 }
                 Ok(())
             })();

@@ -242,7 +242,7 @@ impl Targets {
         // A snapshot is presented write-protected.
         let read_only = v.is_snapshot();
         Ok(Arc::new(
-            Lun::new(v, uid, read_only)
+            tessera_vdisk_lun::vdisk_lun(v, uid, read_only)
                 .with_persistent_reservations(saved, store)
                 .with_saved_mode(saved_mode, mode_store)
                 .with_copy_manager(self.copy.clone()),

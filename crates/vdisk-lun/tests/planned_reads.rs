@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use tessera_disk::{DiskRef, FileDisk, MemDisk, ReadRing};
 use tessera_scsi::sense::{self, key};
 use tessera_scsi::{Lun, Nexus, PlannedRead, ReadStart, Response};
+use tessera_vdisk_lun::vdisk_lun;
 use tessera_volume::{Engine, LayoutKind, VdiskSpec};
 
 const MIB: u64 = 1 << 20;
@@ -39,7 +40,7 @@ fn rig(files: bool) -> Rig {
     Rig {
         _dir: dir,
         _engine: engine,
-        lun: Arc::new(Lun::new(v, 0x77, false)),
+        lun: Arc::new(vdisk_lun(v, 0x77, false)),
     }
 }
 

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use tessera_disk::{DiskRef, MemDisk};
 use tessera_scsi::sense::{self, key};
 use tessera_scsi::{report_luns, Data, Lun, Nexus, Response};
+use tessera_vdisk_lun::{vdisk_lun, vdisk_of};
 use tessera_volume::{Engine, LayoutKind, Provisioning, VdiskSpec};
 
 const MIB: u64 = 1 << 20;
@@ -34,7 +35,7 @@ fn rig_with(block_size: u32, size: u64, tweak: impl FnOnce(&mut VdiskSpec)) -> (
     spec.grain_size = Some(64 << 10);
     tweak(&mut spec);
     let v = engine.create_vdisk(&spec).unwrap();
-    let lun = Lun::new(v, 0x1234_5678_9abc_def0_1122_3344_5566_7788, false);
+    let lun = vdisk_lun(v, 0x1234_5678_9abc_def0_1122_3344_5566_7788, false);
     (
         Rig {
             _dir: dir,
@@ -232,7 +233,7 @@ fn thin_provisioning_commands() {
     let grain_blocks = (64 << 10) / 512;
     let data = vec![0x11u8; 4 * grain_blocks * 512];
     ok(lun.execute(&cdb16(0x8A, 0, 0, (4 * grain_blocks) as u32), &data));
-    assert_eq!(lun.vdisk().allocated_bytes(), 4 * (64 << 10));
+    assert_eq!(vdisk_of(&lun).unwrap().allocated_bytes(), 4 * (64 << 10));
 
     // UNMAP the middle two grains.
     let mut p = vec![0u8; 24];
@@ -242,7 +243,7 @@ fn thin_provisioning_commands() {
     p[16..20].copy_from_slice(&(2 * grain_blocks as u32).to_be_bytes());
     let mut c = vec![0x42, 0, 0, 0, 0, 0, 0, 0, 24, 0];
     ok(lun.execute(&c, &p));
-    assert_eq!(lun.vdisk().allocated_bytes(), 2 * (64 << 10));
+    assert_eq!(vdisk_of(&lun).unwrap().allocated_bytes(), 2 * (64 << 10));
     assert!(ok(lun.execute(&cdb16(0x88, 0, grain_blocks as u64, 8), &[]))
         .iter()
         .all(|&b| b == 0));
@@ -277,7 +278,7 @@ fn thin_provisioning_commands() {
     // WRITE SAME with UNMAP and zeros frees; with a pattern writes it.
     let mut ws = cdb16(0x93, 0x08, 0, g as u32);
     ok(lun.execute(&ws, &[0u8; 512]));
-    assert_eq!(lun.vdisk().allocated_bytes(), 64 << 10);
+    assert_eq!(vdisk_of(&lun).unwrap().allocated_bytes(), 64 << 10);
     ws[1] = 0;
     ok(lun.execute(&ws, &[0x42u8; 512]));
     assert!(ok(lun.execute(&cdb16(0x88, 0, 0, g as u32), &[]))
@@ -289,7 +290,7 @@ fn thin_provisioning_commands() {
     assert!(ok(lun.execute(&cdb16(0x88, 0, 0, g as u32), &[]))
         .iter()
         .all(|&b| b == 0));
-    assert_eq!(lun.vdisk().allocated_bytes(), 64 << 10);
+    assert_eq!(vdisk_of(&lun).unwrap().allocated_bytes(), 64 << 10);
     ws[1] = 0x10; // ANCHOR: not supported
     assert_eq!(check(lun.execute(&ws, &[0u8; 512])).1, 0x24);
     ws[1] = 0x01; // NDOB: zeros without a data-out buffer
@@ -381,7 +382,7 @@ fn full_pool_is_space_allocation_failed_never_silent() {
     let v = engine
         .create_vdisk(&VdiskSpec::new("big", 64 * MIB, LayoutKind::Simple))
         .unwrap();
-    let lun = Lun::new(v, 1, false);
+    let lun = vdisk_lun(v, 1, false);
     let chunk = vec![0x5Au8; 1 << 20];
     let mut failed = None;
     for i in 0..64u64 {
@@ -690,7 +691,7 @@ fn mode_settings_are_saved_and_come_back() {
         })
     };
     let (_r, lun) = rig(512, 8 * MIB, false);
-    let vdisk = lun.vdisk().clone();
+    let backend = lun.backend().clone();
     let lun = lun.with_saved_mode(None, store(&saved));
     ok(set_write_cache(&lun, &nx(1), false));
     assert_eq!(saved.lock().map(|m| m.wce), Some(false), "saved when selected");
@@ -704,13 +705,13 @@ fn mode_settings_are_saved_and_come_back() {
     assert_eq!(d[6] & 0x04, 0x04, "default WCE on");
     // A restart: the LUN is made again from what was saved.
     drop(lun);
-    let again = Lun::new(vdisk, 0x42, false).with_saved_mode(*saved.lock(), store(&saved));
+    let again = Lun::new(backend, 0x42, false).with_saved_mode(*saved.lock(), store(&saved));
     assert!(!again.mode().wce, "the write cache stays off across a restart");
     let m = ok(again.execute(&[0x1A, 0x08, 0x08, 0, 255, 0], &[]));
     assert_eq!(m[6] & 0x04, 0);
     // A store that fails leaves the setting as it was: never reported changed and then lost.
     let failing =
-        Lun::new(again.vdisk().clone(), 0x43, false).with_saved_mode(None, Box::new(|_| Err("disk full".into())));
+        Lun::new(again.backend().clone(), 0x43, false).with_saved_mode(None, Box::new(|_| Err("disk full".into())));
     assert_eq!(check(set_write_cache(&failing, &nx(1), false)).0, key::HARDWARE_ERROR);
     assert!(failing.mode().wce);
 }

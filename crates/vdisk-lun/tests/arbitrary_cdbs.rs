@@ -10,7 +10,8 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use tessera_disk::{DiskRef, MemDisk};
 use tessera_scsi::sense;
-use tessera_scsi::{cdb_len, Lun, Nexus, SUPPORTED};
+use tessera_scsi::{cdb_len, Nexus, SUPPORTED};
+use tessera_vdisk_lun::vdisk_lun;
 use tessera_volume::{Engine, LayoutKind, VdiskSpec};
 
 const MIB: u64 = 1 << 20;
@@ -80,7 +81,7 @@ fn arbitrary_cdbs_get_well_formed_answers() {
     let v = engine
         .create_vdisk(&VdiskSpec::new("v", 16 * MIB, LayoutKind::Mirror))
         .unwrap();
-    let lun = Lun::new(v, 0x42, false);
+    let lun = vdisk_lun(v, 0x42, false);
     let nexuses = [
         Nexus::local(),
         Nexus::new(7, "iqn.2026-11.io.example:other", [0, 0, 0, 0, 0, 1]),

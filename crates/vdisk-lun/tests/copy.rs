@@ -8,6 +8,7 @@ use parking_lot::Mutex;
 use tessera_disk::{DiskRef, MemDisk};
 use tessera_scsi::sense::{self, key};
 use tessera_scsi::{CopyManager, Lun, LunScope, Nexus, Response, Scope};
+use tessera_vdisk_lun::{vdisk_lun, vdisk_of};
 use tessera_volume::{Engine, LayoutKind, VdiskSpec};
 
 const MIB: u64 = 1 << 20;
@@ -61,7 +62,7 @@ impl Rig {
         let mut spec = VdiskSpec::new(name, 16 * MIB, layout);
         spec.grain_size = Some(64 << 10);
         let v = self.engine.create_vdisk(&spec).unwrap();
-        Arc::new(Lun::new(v, uid, false).with_copy_manager(self.cm.clone()))
+        Arc::new(vdisk_lun(v, uid, false).with_copy_manager(self.cm.clone()))
     }
 
     /// The local nexus, logged in to the rig's target.
@@ -203,7 +204,7 @@ fn tokens_copy_across_luns_at_the_point_in_time_of_populate() {
     assert_eq!((info[4] & 0x1F, info[5]), (0x11, 0x01));
     assert_eq!(u64::from_be_bytes(info[16..24].try_into().unwrap()), 4096);
     // Aligned with its grains: shared, not copied.
-    assert!(b.vdisk().space_usage().shared_bytes >= MIB);
+    assert!(vdisk_of(&b).unwrap().space_usage().shared_bytes >= MIB);
     // An offset into the ROD, and destination ranges longer than what is left: the copy
     // stops where the ROD ends.
     ok(write_using_token(&b, 3, &t, 3072, false, &[(0, 512), (8192, 4096)]));
@@ -219,7 +220,7 @@ fn tokens_copy_across_luns_at_the_point_in_time_of_populate() {
     let c = rig.lun("c", LayoutKind::Parity, 3);
     ok(write_using_token(&c, 5, &t, 0, false, &[(0, 4096)]));
     assert_eq!(read(&c, 0, 2048), &data[..MIB as usize]);
-    assert_eq!(c.vdisk().space_usage().shared_bytes, 0);
+    assert_eq!(vdisk_of(&c).unwrap().space_usage().shared_bytes, 0);
     assert!(rig.engine.check().unwrap().problems.is_empty());
 }
 
@@ -315,7 +316,7 @@ fn zero_token_deleted_expired_forged_and_truncated_tokens() {
     std::thread::sleep(std::time::Duration::from_millis(1300));
     assert_eq!(invalid(write_using_token(&b, 8, &t, 0, false, &[(0, 8)])), 0x07);
     // A write-protected destination.
-    let ro = Lun::new(rig.engine.vdisk("b").unwrap(), 9, true).with_copy_manager(rig.cm.clone());
+    let ro = vdisk_lun(rig.engine.vdisk("b").unwrap(), 9, true).with_copy_manager(rig.cm.clone());
     let t = token(&a, 9, 0, &[(0, 64)]);
     assert_eq!(
         check(write_using_token(&ro, 10, &t, 0, false, &[(0, 8)])),
@@ -632,7 +633,7 @@ fn extended_copy_between_luns_and_its_results() {
     ));
     assert_eq!(read(&b, 0, 4096), data);
     assert_eq!(read(&b, 10_001, 100), &data[..51_200]);
-    assert!(b.vdisk().space_usage().shared_bytes >= MIB, "shared, not copied");
+    assert!(vdisk_of(&b).unwrap().space_usage().shared_bytes >= MIB, "shared, not copied");
     let st = ok(rcr(&a, 0x00, 7));
     assert_eq!(st[4], 0x01, "completed without errors");
     assert_eq!(u16::from_be_bytes([st[5], st[6]]), 2, "segments processed");
