@@ -3,6 +3,9 @@
 //! and its data-out buffer to a [`Lun`] and send back the [`Response`].
 
 mod backend;
+mod bytes;
+mod cdb;
+mod commands;
 mod data;
 mod lun;
 mod odx;
@@ -21,11 +24,12 @@ pub use backend::{
 };
 pub use data::Data;
 pub use lun::{Lun, LunScope, ModeState, ModeStore, Nexus, PrStore, Response, Scope};
-pub use opcodes::{cdb_len, is_read, OpInfo, REPORT_LUNS, SUPPORTED};
+pub use commands::{lookup, Access, Command, COMMANDS};
+pub use opcodes::{cdb_len, is_read, REPORT_LUNS};
 pub use planned::{PlannedRead, ReadStart};
 pub use ram::RamBackend;
 pub use pr::PrState;
-pub use sbc::transfer_length;
+pub use cdb::transfer_length;
 pub use sense::Sense;
 pub use spc::{decode_lun, encode_lun, report_luns, MAX_TRANSFER_BYTES};
 pub use tpc::CopyManager;

@@ -9,6 +9,8 @@ use parking_lot::{Mutex, RwLock};
 use tracing::warn;
 
 use crate::backend::{BackendError, BackendErrorKind, BlockBackend};
+use crate::bytes::{alloc, be16};
+use crate::commands::{self, Access, Command, Handler, Request};
 use crate::data::Data;
 use crate::opcodes::*;
 use crate::pr::{self, Outcome, PrState};
@@ -353,21 +355,25 @@ impl Lun {
         if let Some(r) = reported {
             return r;
         }
-        // Every command past this point has its whole CDB: the reservation rules read it too.
-        if let Err(s) = check_cdb(cdb) {
-            return self.respond(Err(s));
-        }
-        if matches!(
-            op,
-            PERSISTENT_RESERVE_IN | PERSISTENT_RESERVE_OUT | RESERVE_6 | RESERVE_10 | RELEASE_6 | RELEASE_10
-        ) {
-            return self.reservation_command(nexus, cdb, data_out);
+        // Every command past this point has its whole CDB, and a row in the command table
+        // that says how reservations treat it and what runs it.
+        let cmd = match check_cdb(cdb).and_then(|()| commands::lookup(cdb)) {
+            Ok(cmd) => cmd,
+            Err(s) => return self.respond(Err(s)),
+        };
+        let req = Request {
+            nexus,
+            cdb,
+            data: data_out,
+        };
+        if let Handler::Reservation(own_rules) = cmd.handler {
+            return own_rules(self, &req);
         }
         let _fence = self.fence.read();
-        if self.reservation_conflict(nexus, cdb) {
+        if self.reservation_conflict(nexus, cmd) {
             return Response::reservation_conflict();
         }
-        self.respond_data(self.dispatch(nexus, cdb, data_out))
+        self.respond_data(self.run(cmd, &req))
     }
 
     /// Runs `(cdb, data_out)` commands of one nexus as [`execute_for`](Self::execute_for)
@@ -416,10 +422,11 @@ impl Lun {
         if self.unit_attentions(nexus, |q| !q.is_empty()) {
             return None;
         }
-        if let Err(s) = check_cdb(cdb) {
-            return Some(Err(self.respond(Err(s))));
-        }
-        if self.reservation_conflict(nexus, cdb) {
+        let cmd = match check_cdb(cdb).and_then(|()| commands::lookup(cdb)) {
+            Ok(cmd) => cmd,
+            Err(s) => return Some(Err(self.respond(Err(s)))),
+        };
+        if self.reservation_conflict(nexus, cmd) {
             return Some(Err(Response::reservation_conflict()));
         }
         Some(self.plan_read(cdb).map_err(|s| self.respond(Err(s))))
@@ -447,10 +454,10 @@ impl Lun {
     }
 
     /// Whether a reservation (SPC-2 or persistent) keeps the nexus from running the command.
-    fn reservation_conflict(&self, nexus: &Nexus, cdb: &[u8]) -> bool {
+    fn reservation_conflict(&self, nexus: &Nexus, cmd: &Command) -> bool {
         let r = self.reservations.lock();
-        let legacy_conflict = r.legacy.is_some_and(|h| h != nexus.id) && !pr::legacy_allows(cdb);
-        legacy_conflict || !r.pr.allows(nexus, pr::access_of(cdb))
+        let legacy_conflict = r.legacy.is_some_and(|h| h != nexus.id) && !cmd.legacy_ok;
+        legacy_conflict || !r.pr.allows(nexus, cmd.access)
     }
 
     /// Whether a third-party copy issued by `nexus` may read (`write` false: a source) or
@@ -458,7 +465,7 @@ impl Lun {
     /// the nexus had sent the READ or WRITE itself.
     pub(crate) fn copy_allowed(&self, nexus: &Nexus, write: bool) -> bool {
         let r = self.reservations.lock();
-        let access = if write { pr::Access::Write } else { pr::Access::Read };
+        let access = if write { Access::Write } else { Access::Read };
         r.legacy.is_none_or(|h| h == nexus.id) && r.pr.allows(nexus, access)
     }
 
@@ -495,7 +502,8 @@ impl Lun {
     }
 
     /// PERSISTENT RESERVE IN/OUT, RESERVE and RELEASE.
-    fn reservation_command(&self, n: &Nexus, cdb: &[u8], d: &[u8]) -> Response {
+    pub(crate) fn reservation_command(&self, req: &Request) -> Response {
+        let (n, cdb, d) = (req.nexus, req.cdb, req.data);
         let conflict = Response::reservation_conflict();
         if cdb[0] == PERSISTENT_RESERVE_IN {
             let _fence = self.fence.read();
@@ -620,53 +628,6 @@ impl Lun {
         }
     }
 
-    /// Runs a command whose CDB `check_cdb` accepted.
-    fn dispatch(&self, n: &Nexus, cdb: &[u8], d: &[u8]) -> Result<Data, Sense> {
-        let nexus = n.id;
-        let built = match cdb[0] {
-            TEST_UNIT_READY => Ok(Vec::new()),
-            INQUIRY => self.inquiry(cdb),
-            REQUEST_SENSE => self.request_sense(cdb),
-            MODE_SENSE_6 | MODE_SENSE_10 => self.mode_sense(cdb),
-            MODE_SELECT_6 | MODE_SELECT_10 => self.mode_select(nexus, cdb, d),
-            START_STOP_UNIT | PREVENT_ALLOW_MEDIUM_REMOVAL => Ok(Vec::new()),
-            MAINTENANCE_IN if cdb[1] & 0x1F == SA_REPORT_SUPPORTED_OPCODES => self.report_supported_opcodes(cdb),
-            MAINTENANCE_IN if cdb[1] & 0x1F == SA_REPORT_TARGET_PORT_GROUPS => self.report_target_port_groups(cdb),
-            READ_CAPACITY_10 => self.read_capacity_10(),
-            SERVICE_ACTION_IN_16 if cdb[1] & 0x1F == SA_READ_CAPACITY_16 => self.read_capacity_16(cdb),
-            SERVICE_ACTION_IN_16 if cdb[1] & 0x1F == SA_GET_LBA_STATUS => self.get_lba_status(cdb),
-            READ_6 | READ_10 | READ_12 | READ_16 => return self.read(cdb),
-            WRITE_6 | WRITE_10 | WRITE_12 | WRITE_16 | WRITE_VERIFY_10 | WRITE_VERIFY_12 | WRITE_VERIFY_16 => {
-                self.write(cdb, d)
-            }
-            VERIFY_10 | VERIFY_12 | VERIFY_16 => self.verify(cdb, d),
-            PRE_FETCH_10 | PRE_FETCH_16 => self.pre_fetch(cdb),
-            SYNCHRONIZE_CACHE_10 | SYNCHRONIZE_CACHE_16 => self.synchronize_cache(cdb),
-            WRITE_SAME_10 | WRITE_SAME_16 => self.write_same(cdb, d),
-            UNMAP => self.unmap(cdb, d),
-            COMPARE_AND_WRITE => self.compare_and_write(cdb, d),
-            ORWRITE_16 => self.orwrite(cdb, d),
-            READ_DEFECT_DATA_10 | READ_DEFECT_DATA_12 => self.read_defect_data(cdb),
-            THIRD_PARTY_COPY_OUT => match cdb[1] & 0x1F {
-                crate::odx::SA_EXTENDED_COPY_LID1 => self.extended_copy(n, cdb, d),
-                crate::odx::SA_POPULATE_TOKEN => self.populate_token(nexus, cdb, d),
-                crate::odx::SA_WRITE_USING_TOKEN => self.write_using_token(nexus, cdb, d),
-                crate::odx::SA_COPY_OPERATION_ABORT => self.copy_operation_abort(nexus, cdb),
-                _ => Err(sense::INVALID_FIELD_IN_CDB.at_cdb_byte(1)),
-            },
-            THIRD_PARTY_COPY_IN => match cdb[1] & 0x1F {
-                crate::odx::SA_RECEIVE_COPY_STATUS_LID1 => self.receive_copy_status(nexus, cdb),
-                crate::odx::SA_RECEIVE_COPY_OPERATING_PARAMETERS => self.receive_copy_operating_parameters(cdb),
-                crate::odx::SA_RECEIVE_COPY_FAILURE_DETAILS_LID1 => self.receive_copy_failure_details(nexus, cdb),
-                crate::odx::SA_RECEIVE_ROD_TOKEN_INFORMATION => self.receive_rod_token_information(nexus, cdb),
-                crate::odx::SA_REPORT_ALL_ROD_TOKENS => self.report_all_rod_tokens(nexus, cdb),
-                _ => Err(sense::INVALID_FIELD_IN_CDB.at_cdb_byte(1)),
-            },
-            _ => Err(sense::INVALID_OPCODE),
-        };
-        built.map(Data::Bytes)
-    }
-
     /// Maps a backend error to sense: lack of space is SPACE ALLOCATION FAILED WRITE PROTECT
     /// (never silent loss), lost redundancy a medium error.
     pub(crate) fn io_sense(&self, e: BackendError, writing: bool) -> Sense {
@@ -680,20 +641,4 @@ impl Lun {
             _ => sense::INTERNAL_TARGET_FAILURE,
         }
     }
-}
-
-/// Truncates data to the allocation length.
-pub(crate) fn alloc(mut data: Vec<u8>, len: usize) -> Vec<u8> {
-    data.truncate(len);
-    data
-}
-
-pub(crate) fn be16(b: &[u8]) -> u64 {
-    u16::from_be_bytes([b[0], b[1]]) as u64
-}
-pub(crate) fn be32(b: &[u8]) -> u64 {
-    u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as u64
-}
-pub(crate) fn be64(b: &[u8]) -> u64 {
-    u64::from_be_bytes(b[..8].try_into().expect("8 bytes"))
 }

@@ -6,26 +6,18 @@
 //! Every copy runs to its end inside the command (with IMMED too): a RECEIVE ROD TOKEN
 //! INFORMATION that follows always finds the operation finished.
 
-
 use std::sync::Arc;
 
 use crate::backend::FrozenImage;
-use crate::lun::{alloc, be16, be32, be64, CmdResult, Lun};
+use crate::bytes::{alloc, be16, be32, be64};
+use crate::commands::COMMANDS;
+use crate::lun::{CmdResult, Lun};
+use crate::opcodes::*;
 use crate::sense::{self, Sense};
 use crate::tpc::{
     OpResult, TokenRefusal, DEFAULT_INACTIVITY_TIMEOUT, MAX_INACTIVITY_TIMEOUT, ROD_TYPE_BLOCK_ZERO,
     ROD_TYPE_PIT_DEFAULT, TOKEN_LEN,
 };
-
-pub const SA_EXTENDED_COPY_LID1: u8 = 0x00;
-pub const SA_POPULATE_TOKEN: u8 = 0x10;
-pub const SA_WRITE_USING_TOKEN: u8 = 0x11;
-pub const SA_COPY_OPERATION_ABORT: u8 = 0x1C;
-pub const SA_RECEIVE_COPY_STATUS_LID1: u8 = 0x00;
-pub const SA_RECEIVE_COPY_OPERATING_PARAMETERS: u8 = 0x03;
-pub const SA_RECEIVE_COPY_FAILURE_DETAILS_LID1: u8 = 0x04;
-pub const SA_RECEIVE_ROD_TOKEN_INFORMATION: u8 = 0x07;
-pub const SA_REPORT_ALL_ROD_TOKENS: u8 = 0x08;
 
 /// Block device range descriptors one POPULATE TOKEN or WRITE USING TOKEN may carry.
 pub const MAX_RANGE_DESCRIPTORS: usize = 64;
@@ -283,26 +275,14 @@ impl Lun {
         // Optimal transfer count: a whole token costs what a part of one does.
         b[24..32].copy_from_slice(&(MAX_TOKEN_TRANSFER_BYTES / bs).to_be_bytes());
         desc(0x0000, b);
-        // Supported Commands: the third-party copy commands with their service actions. The
-        // list length excludes the padding.
-        let out_sas = [
-            SA_EXTENDED_COPY_LID1,
-            SA_POPULATE_TOKEN,
-            SA_WRITE_USING_TOKEN,
-            SA_COPY_OPERATION_ABORT,
-        ];
-        let in_sas = [
-            SA_RECEIVE_COPY_STATUS_LID1,
-            SA_RECEIVE_COPY_OPERATING_PARAMETERS,
-            SA_RECEIVE_COPY_FAILURE_DETAILS_LID1,
-            SA_RECEIVE_ROD_TOKEN_INFORMATION,
-            SA_REPORT_ALL_ROD_TOKENS,
-        ];
+        // Supported Commands: the third-party copy commands of the command table, each
+        // operation code with its service actions. The list length excludes the padding.
         let mut list = Vec::new();
-        for (op, sas) in [(0x83u8, &out_sas[..]), (0x84, &in_sas[..])] {
+        for op in [THIRD_PARTY_COPY_OUT, THIRD_PARTY_COPY_IN] {
+            let sas: Vec<u8> = COMMANDS.iter().filter(|c| c.op == op).filter_map(|c| c.sa).collect();
             list.push(op);
             list.push(sas.len() as u8);
-            list.extend_from_slice(sas);
+            list.extend_from_slice(&sas);
         }
         let mut b = vec![list.len() as u8];
         b.extend_from_slice(&list);

@@ -4,7 +4,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::lun::{be16, be32, be64, Nexus};
+use crate::bytes::{be16, be32, be64};
+use crate::commands::Access;
+use crate::lun::Nexus;
 use crate::opcodes::*;
 use crate::sense::{self, Sense};
 
@@ -150,43 +152,6 @@ pub struct PrState {
     pub reservation: Option<Reservation>,
     /// Activate persist through power loss: the state survives restarts.
     pub aptpl: bool,
-}
-
-/// How a command stands against a reservation held by another nexus (SPC-4 table 63, SBC-3
-/// table 13).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Access {
-    /// Never in conflict: discovery, status and sense.
-    Always,
-    /// Reads the medium or state: allowed under the write-exclusive types.
-    Read,
-    /// Changes the medium or state.
-    Write,
-}
-
-pub(crate) fn access_of(cdb: &[u8]) -> Access {
-    let sa = cdb.get(1).map_or(0, |b| b & 0x1F);
-    match cdb[0] {
-        INQUIRY
-        | REPORT_LUNS
-        | REQUEST_SENSE
-        | TEST_UNIT_READY
-        | READ_CAPACITY_10
-        | MAINTENANCE_IN
-        | PERSISTENT_RESERVE_IN
-        | PERSISTENT_RESERVE_OUT => Access::Always,
-        SERVICE_ACTION_IN_16 if sa == SA_READ_CAPACITY_16 => Access::Always,
-        // Copy results and token information change nothing.
-        THIRD_PARTY_COPY_IN => Access::Always,
-        // POPULATE TOKEN reads the LUN; EXTENDED COPY and WRITE USING TOKEN write (this LUN,
-        // or one it names).
-        THIRD_PARTY_COPY_OUT if sa == crate::odx::SA_POPULATE_TOKEN => Access::Read,
-        READ_6 | READ_10 | READ_12 | READ_16 | VERIFY_10 | VERIFY_12 | VERIFY_16 | PRE_FETCH_10 | PRE_FETCH_16
-        | MODE_SENSE_6 | MODE_SENSE_10 | SERVICE_ACTION_IN_16 | READ_DEFECT_DATA_10 | READ_DEFECT_DATA_12 => {
-            Access::Read
-        }
-        _ => Access::Write,
-    }
 }
 
 fn all_registrants(kind: u8) -> bool {
@@ -649,14 +614,6 @@ pub(crate) fn legacy(state: &PrState, holder: &mut Option<u64>, n: &Nexus, cdb: 
         // Releasing what one does not hold is no error.
         (_, false) => Outcome::Good,
     }
-}
-
-/// Whether an SPC-2 reservation held by another nexus lets this command through.
-pub(crate) fn legacy_allows(cdb: &[u8]) -> bool {
-    matches!(
-        cdb[0],
-        INQUIRY | REPORT_LUNS | REQUEST_SENSE | RELEASE_6 | RELEASE_10 | MAINTENANCE_IN | PERSISTENT_RESERVE_IN
-    )
 }
 
 #[cfg(test)]

@@ -3,42 +3,29 @@
 
 use tessera_disk::AlignedBuf;
 
+use crate::bytes::{alloc, be16, be32, be64};
+use crate::cdb::{block_range, BlockRange};
+use crate::commands::Request;
 use crate::data::Data;
-use crate::lun::{alloc, be16, be32, be64, CmdResult, Lun};
+use crate::lun::{CmdResult, Lun};
 use crate::opcodes::*;
 use crate::sense::{self, Sense};
 use crate::spc::{
     MAX_COMPARE_AND_WRITE_BLOCKS, MAX_TRANSFER_BYTES, MAX_UNMAP_BLOCKS, MAX_UNMAP_DESCRIPTORS, MAX_WRITE_SAME_BLOCKS,
 };
 
-/// LBA, number of blocks and FUA of a read, write or verify CDB.
-fn rw_fields(cdb: &[u8]) -> Result<(u64, u64, bool), Sense> {
-    let (lba, n) = match cdb[0] {
-        READ_6 | WRITE_6 => {
-            let lba = (((cdb[1] & 0x1F) as u64) << 16) | be16(&cdb[2..4]);
-            // A zero length means 256 blocks in the 6-byte commands.
-            let n = if cdb[4] == 0 { 256 } else { cdb[4] as u64 };
-            return Ok((lba, n, false));
-        }
-        READ_10 | WRITE_10 | WRITE_VERIFY_10 | VERIFY_10 | PRE_FETCH_10 | SYNCHRONIZE_CACHE_10 | WRITE_SAME_10 => {
-            (be32(&cdb[2..6]), be16(&cdb[7..9]))
-        }
-        READ_12 | WRITE_12 | WRITE_VERIFY_12 | VERIFY_12 => (be32(&cdb[2..6]), be32(&cdb[6..10])),
-        _ => (be64(&cdb[2..10]), be32(&cdb[10..14])),
-    };
-    if cdb[1] & 0xE0 != 0
-        && !matches!(
-            cdb[0],
-            SYNCHRONIZE_CACHE_10 | SYNCHRONIZE_CACHE_16 | PRE_FETCH_10 | PRE_FETCH_16
-        )
-    {
-        // RDPROTECT / WRPROTECT / VRPROTECT: we keep no protection information.
-        return Err(sense::INVALID_FIELD_IN_CDB);
-    }
-    Ok((lba, n, cdb[1] & 0x08 != 0))
-}
-
 impl Lun {
+    /// The blocks a block command names, decoded, and checked against the LUN's size and,
+    /// with `transfer`, against the largest transfer.
+    pub(crate) fn checked_range(&self, cdb: &[u8], transfer: bool) -> Result<BlockRange, Sense> {
+        let r = block_range(cdb)?;
+        if transfer {
+            self.check_transfer(r.blocks)?;
+        }
+        self.check_range(r.lba, r.blocks)?;
+        Ok(r)
+    }
+
     fn check_range(&self, lba: u64, n: u64) -> Result<(), Sense> {
         match lba.checked_add(n) {
             Some(end) if end <= self.blocks() => Ok(()),
@@ -109,10 +96,8 @@ impl Lun {
 
     /// The blocks a READ asks for, checked: None when it asks for none.
     pub(crate) fn plan_read(&self, cdb: &[u8]) -> Result<Option<(u64, u64)>, Sense> {
-        let (lba, n, _) = rw_fields(cdb)?;
-        self.check_transfer(n)?;
-        self.check_range(lba, n)?;
-        Ok((n > 0).then_some((lba, n)))
+        let r = self.checked_range(cdb, true)?;
+        Ok((r.blocks > 0).then_some((r.lba, r.blocks)))
     }
 
     /// Reads each `(lba, blocks)` as [`read_blocks`](Self::read_blocks) would, as one batch.
@@ -157,10 +142,9 @@ impl Lun {
             .ok_or(sense::PARAMETER_LIST_LENGTH_ERROR)
     }
 
-    pub(crate) fn write(&self, cdb: &[u8], d: &[u8]) -> CmdResult {
-        let (lba, n, fua) = rw_fields(cdb)?;
-        self.check_transfer(n)?;
-        self.check_range(lba, n)?;
+    /// WRITE and WRITE AND VERIFY, any size.
+    pub(crate) fn write(&self, req: &Request, r: BlockRange) -> CmdResult {
+        let (cdb, d, lba, n) = (req.cdb, req.data, r.lba, r.blocks);
         self.check_writable()?;
         if n == 0 {
             return Ok(Vec::new());
@@ -174,7 +158,7 @@ impl Lun {
         }
         let data = self.data(d, n)?;
         let verify = matches!(cdb[0], WRITE_VERIFY_10 | WRITE_VERIFY_12 | WRITE_VERIFY_16);
-        let durable = fua || verify || !self.mode().wce;
+        let durable = r.fua || verify || !self.mode().wce;
         let _shared = self.atomic.read();
         self.backend
             .write(lba * self.block_size(), data, durable)
@@ -182,11 +166,9 @@ impl Lun {
         Ok(Vec::new())
     }
 
-    pub(crate) fn verify(&self, cdb: &[u8], d: &[u8]) -> CmdResult {
-        let (lba, n, _) = rw_fields(cdb)?;
-        let bytchk = (cdb[1] >> 1) & 0x03;
-        self.check_transfer(n)?;
-        self.check_range(lba, n)?;
+    pub(crate) fn verify(&self, req: &Request, r: BlockRange) -> CmdResult {
+        let (d, lba, n) = (req.data, r.lba, r.blocks);
+        let bytchk = (req.cdb[1] >> 1) & 0x03;
         if n == 0 {
             return Ok(Vec::new());
         }
@@ -206,21 +188,14 @@ impl Lun {
         }
     }
 
-    pub(crate) fn pre_fetch(&self, cdb: &[u8]) -> CmdResult {
-        let (lba, n, _) = rw_fields(cdb)?;
-        self.check_range(lba, n)?;
-        Ok(Vec::new())
-    }
-
-    pub(crate) fn synchronize_cache(&self, cdb: &[u8]) -> CmdResult {
-        let (lba, n, _) = rw_fields(cdb)?;
-        self.check_range(lba, n)?;
+    /// SYNCHRONIZE CACHE: the whole LUN, whatever range it names (the range is checked).
+    pub(crate) fn synchronize_cache(&self, _: &Request, _: BlockRange) -> CmdResult {
         self.backend.flush().map_err(|e| self.io_sense(e, true))?;
         Ok(Vec::new())
     }
 
     pub(crate) fn write_same(&self, cdb: &[u8], d: &[u8]) -> CmdResult {
-        let (lba, n, _) = rw_fields(cdb)?;
+        let BlockRange { lba, blocks: n, .. } = block_range(cdb)?;
         let unmap = cdb[1] & 0x08 != 0;
         let anchor = cdb[1] & 0x10 != 0;
         let ndob = cdb[0] == WRITE_SAME_16 && cdb[1] & 0x01 != 0;
@@ -359,21 +334,14 @@ impl Lun {
 
 impl Lun {
     /// ORWRITE(16): the data is ORed into the blocks, atomically like COMPARE AND WRITE.
-    pub(crate) fn orwrite(&self, cdb: &[u8], d: &[u8]) -> CmdResult {
-        // ORPROTECT needs protection information, which we do not keep.
-        if cdb[1] & 0xE0 != 0 {
-            return Err(sense::INVALID_FIELD_IN_CDB);
-        }
-        let lba = be64(&cdb[2..10]);
-        let n = be32(&cdb[10..14]);
-        self.check_transfer(n)?;
-        self.check_range(lba, n)?;
+    pub(crate) fn orwrite(&self, req: &Request, r: BlockRange) -> CmdResult {
+        let (d, lba, n) = (req.data, r.lba, r.blocks);
         self.check_writable()?;
         if n == 0 {
             return Ok(Vec::new());
         }
         let data = self.data(d, n)?;
-        let durable = cdb[1] & 0x08 != 0 || !self.mode().wce;
+        let durable = r.fua || !self.mode().wce;
         let _exclusive = self.atomic.write();
         let mut cur = self.read_blocks(lba, n)?;
         for (c, x) in cur.iter_mut().zip(data) {
@@ -407,20 +375,5 @@ fn compare(have: &[u8], want: &[u8]) -> CmdResult {
     match have.iter().zip(want).position(|(a, b)| a != b) {
         None => Ok(Vec::new()),
         Some(i) => Err(sense::MISCOMPARE_DURING_VERIFY.with_info(i as u64)),
-    }
-}
-
-/// The data-out a read/write CDB asks for, in bytes, for the transport's residual count.
-pub fn transfer_length(cdb: &[u8], block_size: u64) -> Option<u64> {
-    match cdb.first()? {
-        &(READ_6 | READ_10 | READ_12 | READ_16 | WRITE_6 | WRITE_10 | WRITE_12 | WRITE_16 | WRITE_VERIFY_10
-        | WRITE_VERIFY_12 | WRITE_VERIFY_16) => {
-            if cdb.len() < cdb_len(cdb[0])? {
-                return None;
-            }
-            rw_fields(cdb).ok().map(|(_, n, _)| n * block_size)
-        }
-        &ORWRITE_16 if cdb.len() >= 16 => Some(be32(&cdb[10..14]) * block_size),
-        _ => None,
     }
 }

@@ -1,7 +1,9 @@
 //! Primary commands (SPC-4): INQUIRY and its VPD pages, REQUEST SENSE, MODE SENSE / SELECT,
 //! REPORT SUPPORTED OPERATION CODES, REPORT LUNS.
 
-use crate::lun::{alloc, be16, CmdResult, Lun, ModeState, Response};
+use crate::bytes::{alloc, be16, be32};
+use crate::commands::COMMANDS;
+use crate::lun::{CmdResult, Lun, ModeState, Response};
 use crate::opcodes::*;
 use crate::sense::{self, Sense};
 
@@ -304,13 +306,13 @@ impl Lun {
         let options = cdb[2] & 0x07;
         let req_op = cdb[3];
         let req_sa = be16(&cdb[4..6]) as u8;
-        let len = crate::lun::be32(&cdb[6..10]) as usize;
+        let len = be32(&cdb[6..10]) as usize;
         let timeouts = |d: &mut Vec<u8>| d.extend_from_slice(&[0, 0x0A, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
         let mut d = Vec::new();
         match options {
             0 => {
                 d.extend_from_slice(&[0, 0, 0, 0]);
-                for o in SUPPORTED {
+                for o in COMMANDS {
                     d.push(o.op);
                     d.push(0);
                     d.extend_from_slice(&(o.sa.unwrap_or(0) as u16).to_be_bytes());
@@ -325,14 +327,14 @@ impl Lun {
                 d[0..4].copy_from_slice(&n.to_be_bytes());
             }
             1..=3 => {
-                let found = SUPPORTED
+                let found = COMMANDS
                     .iter()
                     .find(|o| o.op == req_op && (options == 1 || o.sa == Some(req_sa)));
-                let has_sa = SUPPORTED.iter().any(|o| o.op == req_op && o.sa.is_some());
+                let has_sa = COMMANDS.iter().any(|o| o.op == req_op && o.sa.is_some());
                 // Asking without a service action for a command that has them, or with one for a
                 // command that has none, is an invalid field.
                 if (options == 1 && has_sa)
-                    || (options == 2 && found.is_none() && !has_sa && SUPPORTED.iter().any(|o| o.op == req_op))
+                    || (options == 2 && found.is_none() && !has_sa && COMMANDS.iter().any(|o| o.op == req_op))
                 {
                     // The field pointer says the reporting options, not the command, are at
                     // fault: initiators take a bare INVALID FIELD as "not implemented".
@@ -362,7 +364,7 @@ impl Lun {
     /// active/optimized: what VPD 0x83 names.
     pub(crate) fn report_target_port_groups(&self, cdb: &[u8]) -> CmdResult {
         let extended = cdb[1] >> 5 == 1;
-        let len = crate::lun::be32(&cdb[6..10]) as usize;
+        let len = be32(&cdb[6..10]) as usize;
         let mut d = vec![0u8; 4];
         if extended {
             d.extend_from_slice(&[0x10, 0, 0, 0]);
@@ -387,7 +389,7 @@ pub fn report_luns(cdb: &[u8], luns: &[u64]) -> Response {
         return bad(sense::INVALID_FIELD_IN_CDB);
     }
     let select = cdb[2];
-    let len = crate::lun::be32(&cdb[6..10]) as usize;
+    let len = be32(&cdb[6..10]) as usize;
     if len < 16 {
         return bad(sense::INVALID_FIELD_IN_CDB);
     }

@@ -6,8 +6,10 @@
 
 use std::sync::Arc;
 
-use crate::lun::{alloc, be16, be32, be64, CmdResult, Lun, Nexus};
-use crate::odx::{COPY_COMPLETED, COPY_COMPLETED_WITH_ERRORS, SA_EXTENDED_COPY_LID1};
+use crate::bytes::{alloc, be16, be32, be64};
+use crate::lun::{CmdResult, Lun, Nexus};
+use crate::odx::{COPY_COMPLETED, COPY_COMPLETED_WITH_ERRORS};
+use crate::opcodes::SA_EXTENDED_COPY_LID1;
 use crate::sense::{self, Sense};
 use crate::tpc::OpResult;
 

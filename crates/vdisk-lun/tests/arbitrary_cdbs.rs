@@ -1,8 +1,8 @@
 //! Whatever CDB and data an initiator sends, the logical unit answers with a well-formed
 //! response and stays usable: every supported operation code, with fields inside and outside
-//! what the command allows, CDBs cut short or padded, and garbage operation codes. (The
-//! protocol parsers are fuzzed with cargo fuzz; the CDB decoders need the engine, whose
-//! metadata store is too heavy for a sanitizer build, so they are hunted here.)
+//! what the command allows, CDBs cut short or padded, and garbage operation codes, on a
+//! vdisk of the engine. (cargo fuzz drives the same decoders on a RAM backend: fuzz/, target
+//! scsi_cdb.)
 
 use std::sync::Arc;
 
@@ -10,7 +10,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use tessera_disk::{DiskRef, MemDisk};
 use tessera_scsi::sense;
-use tessera_scsi::{cdb_len, Nexus, SUPPORTED};
+use tessera_scsi::{cdb_len, Nexus, COMMANDS};
 use tessera_vdisk_lun::vdisk_lun;
 use tessera_volume::{Engine, LayoutKind, VdiskSpec};
 
@@ -27,14 +27,14 @@ fn cases() -> u32 {
 /// A CDB for a supported operation: its usage mask applied or not, its length right or not.
 fn cdb() -> impl Strategy<Value = Vec<u8>> {
     (
-        0..SUPPORTED.len() + 1,
+        0..COMMANDS.len() + 1,
         proptest::collection::vec(any::<u8>(), 32),
         any::<bool>(),
         0usize..4,
         any::<u8>(),
     )
         .prop_map(|(i, bytes, masked, len_kind, garbage_op)| {
-            let (op, sa, usage) = match SUPPORTED.get(i) {
+            let (op, sa, usage) = match COMMANDS.get(i) {
                 Some(o) => (o.op, o.sa, o.usage),
                 None => (garbage_op, None, &[][..]),
             };
