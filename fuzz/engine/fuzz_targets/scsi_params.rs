@@ -10,6 +10,7 @@ use std::sync::{Arc, OnceLock};
 use libfuzzer_sys::fuzz_target;
 use tessera_disk::{DiskRef, MemDisk};
 use tessera_scsi::{sense, CopyManager, Lun, LunScope, Nexus, Scope};
+use tessera_vdisk_lun::vdisk_lun;
 use tessera_volume::{Engine, LayoutKind, VdiskSpec};
 
 const MIB: u64 = 1 << 20;
@@ -48,7 +49,7 @@ fn rig() -> &'static Rig {
                 let mut s = VdiskSpec::new(n, 8 * MIB, LayoutKind::Mirror);
                 s.grain_size = Some(64 << 10);
                 let v = engine.create_vdisk(&s).unwrap();
-                Arc::new(Lun::new(v, 0x100 + i as u128, false).with_copy_manager(cm.clone()))
+                Arc::new(vdisk_lun(v, 0x100 + i as u128, false).with_copy_manager(cm.clone()))
             })
             .collect();
         let target = Arc::new(Target(luns.clone()));
