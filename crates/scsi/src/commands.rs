@@ -8,7 +8,8 @@ use std::sync::LazyLock;
 
 use crate::cdb::BlockRange;
 use crate::data::Data;
-use crate::lun::{CmdResult, Lun, Nexus, Response};
+use crate::lun::{CmdResult, Lun, Response};
+use crate::nexus::Nexus;
 use crate::opcodes::*;
 use crate::sense::{self, Sense};
 

@@ -8,6 +8,7 @@ mod cdb;
 mod commands;
 mod data;
 mod lun;
+mod nexus;
 mod odx;
 mod opcodes;
 mod planned;
@@ -23,7 +24,8 @@ pub use backend::{
     copy_image, BackendError, BackendErrorKind, BackendResult, BlockBackend, DirectRead, Extent, FrozenImage, ReadPlan,
 };
 pub use data::Data;
-pub use lun::{Lun, LunScope, ModeState, ModeStore, Nexus, PrStore, Response, Scope};
+pub use lun::{Lun, ModeState, ModeStore, PrStore, Response};
+pub use nexus::{LunScope, Nexus, Scope};
 pub use commands::{lookup, Access, Command, COMMANDS};
 pub use opcodes::{cdb_len, is_read, REPORT_LUNS};
 pub use planned::{PlannedRead, ReadStart};

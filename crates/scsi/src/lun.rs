@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 use tracing::warn;
@@ -12,6 +12,7 @@ use crate::backend::{BackendError, BackendErrorKind, BlockBackend};
 use crate::bytes::{alloc, be16};
 use crate::commands::{self, Access, Command, Handler, Request};
 use crate::data::Data;
+use crate::nexus::Nexus;
 use crate::opcodes::*;
 use crate::pr::{self, Outcome, PrState};
 use crate::sense::{self, Sense};
@@ -76,88 +77,11 @@ impl Default for ModeState {
 /// Saves the mode settings when MODE SELECT changes them.
 pub type ModeStore = Box<dyn Fn(&ModeState) -> Result<(), String> + Send + Sync>;
 
-/// An I_T nexus: one initiator port's session with the target.
-#[derive(Debug, Clone)]
-pub struct Nexus {
-    /// Unique to one session while the daemon runs: keys SPC-2 reservations and copy results,
-    /// which end with the session.
-    pub id: u64,
-    /// The initiator's name ("iqn.…").
-    pub initiator: String,
-    /// With the name, identifies the initiator port across logins: persistent reservation
-    /// registrations and unit attentions are kept by it.
-    pub isid: [u8; 6],
-    /// The other LUNs this nexus can address: what an EXTENDED COPY it issues may name.
-    pub scope: Scope,
-}
-
-/// The logical units an I_T nexus can address through its target port, after the target's
-/// ACL and CHAP let it in: an iSCSI session's target. Third-party copy resolves the LUNs its
-/// descriptors name here and nowhere else, so that a copy can never reach a LUN its initiator
-/// could not read or write itself (LIO's fix for CVE-2020-28374).
-pub trait LunScope: Send + Sync {
-    /// The LUN with this NAA designator (VPD page 0x83), if the nexus can address it.
-    fn lun_by_naa(&self, naa: &[u8; 16]) -> Option<Arc<Lun>>;
-}
-
-/// A nexus's [`LunScope`], held weakly: a LUN keeps the nexuses that used it, and a target
-/// holds its LUNs, so a strong reference would make a cycle.
-#[derive(Clone, Default)]
-pub struct Scope(Option<Weak<dyn LunScope>>);
-
-impl Scope {
-    /// No other LUN: a copy may name only the LUN it was sent to.
-    pub fn none() -> Scope {
-        Scope(None)
-    }
-
-    pub fn of<S: LunScope + 'static>(s: &Arc<S>) -> Scope {
-        let s: Arc<dyn LunScope> = s.clone();
-        Scope(Some(Arc::downgrade(&s)))
-    }
-
-    pub(crate) fn lun_by_naa(&self, naa: &[u8; 16]) -> Option<Arc<Lun>> {
-        self.0.as_ref()?.upgrade()?.lun_by_naa(naa)
-    }
-}
-
-impl std::fmt::Debug for Scope {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.is_some() {
-            "Scope(target)"
-        } else {
-            "Scope(none)"
-        })
-    }
-}
-
 /// The nexuses of a LUN by initiator port: the initiator's name, then the ISID of its
 /// sessions. SAM's I_T nexus is this port with the target port, so what is pending for a nexus
 /// outlives one session and reaches the next session the same port logs in (a reinstatement, a
 /// reconnection). Two levels, so that a command finds its port without copying the name.
 type Ports = HashMap<String, HashMap<[u8; 6], NexusState>>;
-
-impl Nexus {
-    /// A nexus that can address no other LUN (see [`with_scope`](Self::with_scope)).
-    pub fn new(id: u64, initiator: &str, isid: [u8; 6]) -> Nexus {
-        Nexus {
-            id,
-            initiator: initiator.to_string(),
-            isid,
-            scope: Scope::none(),
-        }
-    }
-
-    pub fn with_scope(mut self, scope: Scope) -> Nexus {
-        self.scope = scope;
-        self
-    }
-
-    /// The nexus of callers that are not a transport session (tests, tools).
-    pub fn local() -> Nexus {
-        Nexus::new(0, "local", [0; 6])
-    }
-}
 
 /// Saves the persistent reservation state when an initiator asked for APTPL (Some), or
 /// forgets it when the last APTPL bit received was zero (None).

@@ -15,6 +15,7 @@ use crate::lun::{CmdResult, Lun};
 use crate::opcodes::*;
 use crate::sense::{self, Sense};
 use crate::tpc::{
+    COPY_COMPLETED, COPY_COMPLETED_WITH_ERRORS,
     OpResult, TokenRefusal, DEFAULT_INACTIVITY_TIMEOUT, MAX_INACTIVITY_TIMEOUT, ROD_TYPE_BLOCK_ZERO,
     ROD_TYPE_PIT_DEFAULT, TOKEN_LEN,
 };
@@ -24,9 +25,6 @@ pub const MAX_RANGE_DESCRIPTORS: usize = 64;
 /// Most bytes one token may represent (and one WRITE USING TOKEN may write): 1 TiB.
 pub const MAX_TOKEN_TRANSFER_BYTES: u64 = 1 << 40;
 
-/// Copy operation status values of RECEIVE ROD TOKEN INFORMATION.
-pub const COPY_COMPLETED: u8 = 0x01;
-pub const COPY_COMPLETED_WITH_ERRORS: u8 = 0x02;
 
 /// Where WRITE USING TOKEN's fields sit in its parameter list.
 const WUT_TOKEN: usize = 16;

@@ -10,7 +10,8 @@ use tessera_disk::{AlignedBuf, RingRead};
 
 use crate::backend::ReadPlan;
 use crate::data::Data;
-use crate::lun::{Lun, Nexus, Response};
+use crate::lun::{Lun, Response};
+use crate::nexus::Nexus;
 
 type FenceGuard = ArcRwLockReadGuard<RawRwLock, ()>;
 

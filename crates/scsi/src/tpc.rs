@@ -16,6 +16,10 @@ use crate::backend::FrozenImage;
 use crate::lun::Lun;
 use crate::sense::{self, Sense};
 
+/// Copy operation status values of RECEIVE COPY STATUS and RECEIVE ROD TOKEN INFORMATION.
+pub const COPY_COMPLETED: u8 = 0x01;
+pub const COPY_COMPLETED_WITH_ERRORS: u8 = 0x02;
+
 /// A ROD token's size, as Windows and SPC-4 use it.
 pub const TOKEN_LEN: usize = 512;
 /// ROD type of the tokens we make: point in time copy, default.

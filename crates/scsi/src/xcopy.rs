@@ -7,11 +7,11 @@
 use std::sync::Arc;
 
 use crate::bytes::{alloc, be16, be32, be64};
-use crate::lun::{CmdResult, Lun, Nexus};
-use crate::odx::{COPY_COMPLETED, COPY_COMPLETED_WITH_ERRORS};
+use crate::lun::{CmdResult, Lun};
+use crate::nexus::Nexus;
 use crate::opcodes::SA_EXTENDED_COPY_LID1;
 use crate::sense::{self, Sense};
-use crate::tpc::OpResult;
+use crate::tpc::{OpResult, COPY_COMPLETED, COPY_COMPLETED_WITH_ERRORS};
 
 /// Limits, as RECEIVE COPY OPERATING PARAMETERS and VPD page 0x8F report them.
 pub const MAX_CSCD_DESCRIPTORS: usize = 16;

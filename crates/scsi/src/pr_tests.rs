@@ -1,0 +1,278 @@
+//! The reservation rules, one service action and type at a time (pr.rs).
+
+use super::*;
+
+fn nexus(id: u64, name: &str, isid: u8) -> Nexus {
+    Nexus::new(id, name, [0x40, 0, 0, 0, 0, isid])
+}
+
+fn out_cdb(sa: u8, kind: u8) -> [u8; 10] {
+    [0x5F, sa, kind, 0, 0, 0, 0, 0, 24, 0]
+}
+
+fn params(key: u64, sa_key: u64, flags: u8) -> Vec<u8> {
+    let mut d = vec![0u8; 24];
+    d[0..8].copy_from_slice(&key.to_be_bytes());
+    d[8..16].copy_from_slice(&sa_key.to_be_bytes());
+    d[20] = flags;
+    d
+}
+
+fn run(s: &mut PrState, n: &Nexus, sa: u8, kind: u8, key: u64, sa_key: u64) -> (Outcome, Notices) {
+    let mut notes = Vec::new();
+    let o = s.pr_out(n, &out_cdb(sa, kind), &params(key, sa_key, 0), &mut notes);
+    (o, notes)
+}
+
+#[test]
+fn register_reserve_release_and_access() {
+    let (a, b, c) = (nexus(1, "iqn.x:a", 1), nexus(2, "iqn.x:b", 1), nexus(3, "iqn.x:c", 1));
+    let mut s = PrState::default();
+    assert_eq!(
+        run(&mut s, &a, 0, 0, 5, 0xA).0,
+        Outcome::Conflict,
+        "REGISTER with a key while unregistered"
+    );
+    assert_eq!(run(&mut s, &a, 0, 0, 0, 0xA).0, Outcome::Good);
+    assert_eq!(run(&mut s, &b, 6, 0, 0, 0xB).0, Outcome::Good);
+    assert_eq!(s.generation, 2);
+    assert_eq!(
+        run(&mut s, &a, 1, WRITE_EXCLUSIVE, 0xB, 0).0,
+        Outcome::Conflict,
+        "wrong key"
+    );
+    assert_eq!(
+        run(&mut s, &c, 1, WRITE_EXCLUSIVE, 0, 0).0,
+        Outcome::Conflict,
+        "unregistered"
+    );
+    assert_eq!(run(&mut s, &a, 1, WRITE_EXCLUSIVE, 0xA, 0).0, Outcome::Good);
+    assert_eq!(
+        run(&mut s, &a, 1, WRITE_EXCLUSIVE, 0xA, 0).0,
+        Outcome::Good,
+        "same again"
+    );
+    assert_eq!(
+        run(&mut s, &a, 1, EXCLUSIVE_ACCESS, 0xA, 0).0,
+        Outcome::Conflict,
+        "another type"
+    );
+    assert_eq!(run(&mut s, &b, 1, WRITE_EXCLUSIVE, 0xB, 0).0, Outcome::Conflict);
+    assert_eq!(s.generation, 2, "RESERVE leaves the generation alone");
+    assert!(s.allows(&a, Access::Write));
+    assert!(s.allows(&b, Access::Read) && !s.allows(&b, Access::Write));
+    assert!(s.allows(&c, Access::Always));
+    // A release of the wrong type is an error; by a non-holder, a no-op.
+    assert_eq!(
+        run(&mut s, &a, 2, EXCLUSIVE_ACCESS, 0xA, 0).0,
+        Outcome::Check(INVALID_RELEASE)
+    );
+    assert_eq!(run(&mut s, &b, 2, WRITE_EXCLUSIVE, 0xB, 0).0, Outcome::Good);
+    assert!(s.reservation.is_some());
+    assert_eq!(run(&mut s, &a, 2, WRITE_EXCLUSIVE, 0xA, 0).0, Outcome::Good);
+    assert!(s.reservation.is_none() && s.allows(&c, Access::Write));
+}
+
+#[test]
+fn access_by_type_matches_spc4() {
+    // (type, registered non-holder read, write, unregistered read, write)
+    let table = [
+        (EXCLUSIVE_ACCESS, false, false, false, false),
+        (WRITE_EXCLUSIVE, true, false, true, false),
+        (EXCLUSIVE_ACCESS_REGISTRANTS_ONLY, true, true, false, false),
+        (WRITE_EXCLUSIVE_REGISTRANTS_ONLY, true, true, true, false),
+        (EXCLUSIVE_ACCESS_ALL_REGISTRANTS, true, true, false, false),
+        (WRITE_EXCLUSIVE_ALL_REGISTRANTS, true, true, true, false),
+    ];
+    for (kind, rr, rw, ur, uw) in table {
+        let (a, b, c) = (nexus(1, "iqn.x:a", 1), nexus(2, "iqn.x:b", 1), nexus(3, "iqn.x:c", 1));
+        let mut s = PrState::default();
+        run(&mut s, &a, 6, 0, 0, 1);
+        run(&mut s, &b, 6, 0, 0, 2);
+        assert_eq!(run(&mut s, &a, 1, kind, 1, 0).0, Outcome::Good);
+        assert_eq!(s.allows(&b, Access::Read), rr, "type {kind}");
+        assert_eq!(s.allows(&b, Access::Write), rw, "type {kind}");
+        assert_eq!(s.allows(&c, Access::Read), ur, "type {kind}");
+        assert_eq!(s.allows(&c, Access::Write), uw, "type {kind}");
+        // The holder unregistering releases all but the all-registrants types.
+        run(&mut s, &a, 0, 0, 1, 0);
+        assert_eq!(s.reservation.is_some(), all_registrants(kind), "type {kind}");
+    }
+}
+
+#[test]
+fn preempt_clear_and_notices() {
+    let (a, b) = (nexus(1, "iqn.x:a", 1), nexus(2, "iqn.x:b", 1));
+    let mut s = PrState::default();
+    run(&mut s, &a, 6, 0, 0, 1);
+    run(&mut s, &b, 6, 0, 0, 2);
+    // Without a reservation PREEMPT removes the registrations with the key.
+    let (o, notes) = run(&mut s, &b, 4, EXCLUSIVE_ACCESS, 2, 1);
+    assert_eq!(o, Outcome::Good);
+    assert_eq!(s.registrations.len(), 1);
+    assert_eq!(notes, vec![(PortId::of(&a), REGISTRATIONS_PREEMPTED)]);
+    assert_eq!(
+        run(&mut s, &b, 4, EXCLUSIVE_ACCESS, 2, 9).0,
+        Outcome::Conflict,
+        "no such key"
+    );
+    assert_eq!(
+        run(&mut s, &b, 4, EXCLUSIVE_ACCESS, 2, 0).0,
+        Outcome::Check(sense::INVALID_FIELD_IN_PARAMETER_LIST)
+    );
+    // Preempting the holder takes its reservation.
+    run(&mut s, &a, 6, 0, 0, 1);
+    run(&mut s, &a, 1, WRITE_EXCLUSIVE, 1, 0);
+    let (o, _) = run(&mut s, &b, 5, EXCLUSIVE_ACCESS, 2, 1);
+    assert_eq!(o, Outcome::Good);
+    assert_eq!(
+        s.reservation,
+        Some(Reservation {
+            holder: PortId::of(&b),
+            kind: EXCLUSIVE_ACCESS
+        })
+    );
+    assert!(!s.allows(&a, Access::Read));
+    // CLEAR drops everything and tells the others.
+    run(&mut s, &a, 6, 0, 0, 1);
+    let gen = s.generation;
+    let (o, notes) = run(&mut s, &b, 3, 0, 2, 0);
+    assert_eq!(o, Outcome::Good);
+    assert!(s.registrations.is_empty() && s.reservation.is_none());
+    assert_eq!(s.generation, gen + 1);
+    assert_eq!(notes, vec![(PortId::of(&a), RESERVATIONS_PREEMPTED)]);
+}
+
+#[test]
+fn read_keys_reservation_caps_and_full_status() {
+    let a = nexus(1, "iqn.x:a", 7);
+    let mut s = PrState::default();
+    run(&mut s, &a, 6, 0, 0, 0x1122);
+    run(&mut s, &a, 1, EXCLUSIVE_ACCESS_REGISTRANTS_ONLY, 0x1122, 0);
+    let keys = s.pr_in(&[0x5E, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0]).unwrap();
+    assert_eq!(&keys[4..8], &8u32.to_be_bytes());
+    assert_eq!(be64(&keys[8..16]), 0x1122);
+    let res = s.pr_in(&[0x5E, 1, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0]).unwrap();
+    assert_eq!(be64(&res[8..16]), 0x1122);
+    assert_eq!(res[21], EXCLUSIVE_ACCESS_REGISTRANTS_ONLY);
+    let caps = s.pr_in(&[0x5E, 2, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0]).unwrap();
+    assert_eq!(caps.len(), 8);
+    let full = s.pr_in(&[0x5E, 3, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0]).unwrap();
+    assert_eq!(full[8 + 12] & 1, 1, "R_HOLDER");
+    let tid = &full[8 + 24..];
+    let (port, _) = PortId::parse_transport_id(tid).unwrap();
+    assert_eq!(port, PortId::of(&a));
+    assert!(s.pr_in(&[0x5E, 4, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0]).is_err());
+}
+
+#[test]
+fn register_and_move_and_spec_i_pt() {
+    let (a, b) = (nexus(1, "iqn.x:a", 1), nexus(2, "iqn.x:b", 2));
+    let mut s = PrState::default();
+    // SPEC_I_PT registers another port in the same command.
+    let mut d = params(0, 0x10, 0x08);
+    let tid = PortId::of(&b).transport_id();
+    d.extend_from_slice(&(tid.len() as u32).to_be_bytes());
+    d.extend_from_slice(&tid);
+    let mut cdb = out_cdb(0, 0);
+    cdb[5..9].copy_from_slice(&(d.len() as u32).to_be_bytes());
+    let mut notes = Vec::new();
+    assert_eq!(s.pr_out(&a, &cdb, &d, &mut notes), Outcome::Good);
+    assert_eq!(s.registrations.len(), 2);
+    assert!(s.registration(&b).is_some());
+    // a reserves, then moves the reservation to b with a new key, unregistering itself.
+    run(&mut s, &a, 1, WRITE_EXCLUSIVE, 0x10, 0);
+    let mut m = vec![0u8; 24];
+    m[0..8].copy_from_slice(&0x10u64.to_be_bytes());
+    m[8..16].copy_from_slice(&0x20u64.to_be_bytes());
+    m[17] = 0x02;
+    m[18..20].copy_from_slice(&RELATIVE_TARGET_PORT.to_be_bytes());
+    m[20..24].copy_from_slice(&(tid.len() as u32).to_be_bytes());
+    m.extend_from_slice(&tid);
+    let mut cdb = out_cdb(7, WRITE_EXCLUSIVE);
+    cdb[5..9].copy_from_slice(&(m.len() as u32).to_be_bytes());
+    assert_eq!(s.pr_out(&a, &cdb, &m, &mut notes), Outcome::Good);
+    assert!(s.registration(&a).is_none());
+    assert_eq!(s.registrations[s.registration(&b).unwrap()].key, 0x20);
+    assert!(s.holds(&b) && !s.allows(&a, Access::Write));
+}
+
+#[test]
+fn malformed_parameter_lists_change_nothing() {
+    let a = nexus(1, "iqn.x:a", 1);
+    let mut s = PrState::default();
+    let mut notes = Vec::new();
+    let mut cdb = out_cdb(0, 0);
+    cdb[8] = 16;
+    assert_eq!(
+        s.pr_out(&a, &cdb, &[0; 16], &mut notes),
+        Outcome::Check(sense::PARAMETER_LIST_LENGTH_ERROR)
+    );
+    assert_eq!(
+        s.pr_out(&a, &out_cdb(9, 0), &params(0, 1, 0), &mut notes),
+        Outcome::Check(sense::INVALID_FIELD_IN_CDB)
+    );
+    // SPEC_I_PT with a truncated TransportID.
+    let mut d = params(0, 1, 0x08);
+    d.extend_from_slice(&[0, 0, 0, 30, 0x45, 0, 0, 26]);
+    let mut cdb = out_cdb(0, 0);
+    cdb[8] = d.len() as u8;
+    assert_ne!(s.pr_out(&a, &cdb, &d, &mut notes), Outcome::Good);
+    // A reservation with a bad scope or type.
+    run(&mut s, &a, 6, 0, 0, 1);
+    let gen = s.generation;
+    assert_eq!(
+        run(&mut s, &a, 1, 0x12, 1, 0).0,
+        Outcome::Check(sense::INVALID_FIELD_IN_CDB)
+    );
+    assert_eq!(
+        run(&mut s, &a, 1, 2, 1, 0).0,
+        Outcome::Check(sense::INVALID_FIELD_IN_CDB)
+    );
+    assert_eq!(s.generation, gen);
+    assert!(s.reservation.is_none());
+}
+
+#[test]
+fn spc2_reservations() {
+    let (a, b) = (nexus(1, "iqn.x:a", 1), nexus(2, "iqn.x:b", 1));
+    let s = PrState::default();
+    let mut holder = None;
+    assert_eq!(legacy(&s, &mut holder, &a, &[RESERVE_6, 0, 0, 0, 0, 0]), Outcome::Good);
+    assert_eq!(legacy(&s, &mut holder, &a, &[RESERVE_6, 0, 0, 0, 0, 0]), Outcome::Good);
+    assert_eq!(
+        legacy(&s, &mut holder, &b, &[RESERVE_6, 0, 0, 0, 0, 0]),
+        Outcome::Conflict
+    );
+    assert_eq!(legacy(&s, &mut holder, &b, &[RELEASE_6, 0, 0, 0, 0, 0]), Outcome::Good);
+    assert_eq!(holder, Some(1));
+    assert_eq!(legacy(&s, &mut holder, &a, &[RELEASE_6, 0, 0, 0, 0, 0]), Outcome::Good);
+    assert_eq!(holder, None);
+    let mut r10 = [RESERVE_10, 0x10, 0, 0, 0, 0, 0, 0, 0, 0];
+    assert_eq!(
+        legacy(&s, &mut holder, &a, &r10),
+        Outcome::Check(sense::INVALID_FIELD_IN_CDB)
+    );
+    r10[1] = 0;
+    assert_eq!(legacy(&s, &mut holder, &b, &r10), Outcome::Good);
+    // Persistent registrations and SPC-2 reservations do not mix.
+    let mut p = PrState::default();
+    run(&mut p, &a, 6, 0, 0, 1);
+    let mut none = None;
+    assert_eq!(
+        legacy(&p, &mut none, &a, &[RESERVE_6, 0, 0, 0, 0, 0]),
+        Outcome::Conflict
+    );
+}
+
+#[test]
+fn state_round_trips_through_json() {
+    let a = nexus(1, "iqn.x:a", 1);
+    let mut s = PrState::default();
+    let mut notes = Vec::new();
+    s.pr_out(&a, &out_cdb(6, 0), &params(0, 7, 0x01), &mut notes);
+    run(&mut s, &a, 1, EXCLUSIVE_ACCESS, 7, 0);
+    let j = serde_json::to_string(&s).unwrap();
+    assert_eq!(serde_json::from_str::<PrState>(&j).unwrap(), s);
+    assert!(s.aptpl);
+}
