@@ -26,9 +26,10 @@ fn demo_lun_answers_libiscsi_tools() {
         cap.contains(&(16u64 << 30).to_string()) || cap.contains("33554431"),
         "{cap}"
     );
-    // A LUN that does not exist, and a target that does not.
+    // A LUN that does not exist (libiscsi's connect probes it and hears LOGICAL UNIT NOT
+    // SUPPORTED), and a target that does not.
     let (success, out) = run("iscsi-inq", &[&format!("iscsi://{portal}/{IQN}/7")]);
-    assert!(!success || out.contains("0x7f") || out.contains("not"), "{out}");
+    assert!(!success && out.contains("LOGICAL_UNIT_NOT_SUPPORTED"), "{out}");
     let (success, _) = run(
         "iscsi-inq",
         &[&format!("iscsi://{portal}/iqn.2026-11.io.tessera:nope/0")],

@@ -13,6 +13,7 @@ mod file;
 mod label;
 mod mem;
 mod read_ring;
+mod skip;
 mod uring;
 mod volatile;
 
@@ -26,6 +27,7 @@ pub use label::{
 };
 pub use mem::MemDisk;
 pub use read_ring::{ReadRing, RingRead};
+pub use skip::{io_uring_available, skip};
 pub use volatile::{CutReport, PowerSupply, VolatileDisk};
 
 /// Alignment unit of every I/O the upper layers issue.

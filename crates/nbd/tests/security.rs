@@ -74,7 +74,7 @@ fn tool(cmd: &str, args: &[&str]) -> Option<(bool, String)> {
     let o = match Command::new(cmd).args(args).output() {
         Ok(o) => o,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            eprintln!("{cmd} not found (Debian libnbd-bin): skipped");
+            tessera_disk::skip(&format!("a step of this file's tests that runs {cmd}"), "not installed (Debian libnbd-bin)");
             return None;
         }
         Err(e) => panic!("{cmd}: {e}"),

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tessera_disk::{DiskRef, FileDisk, MemDisk, ReadRing};
+use tessera_disk::{io_uring_available, skip, DiskRef, FileDisk, MemDisk, ReadRing};
 use tessera_scsi::sense::{self, key};
 use tessera_scsi::{Lun, Nexus, PlannedRead, ReadStart, Response};
 use tessera_vdisk_lun::vdisk_lun;
@@ -86,13 +86,10 @@ fn complete(mut p: PlannedRead) -> Response {
     p.into_response()
 }
 
-fn io_uring_works() -> bool {
-    ReadRing::<()>::new(2).is_ok()
-}
-
 #[test]
 fn a_planned_read_returns_what_an_ordinary_read_does() {
-    if !io_uring_works() {
+    if !io_uring_available() {
+        skip("a_planned_read_returns_what_an_ordinary_read_does", "io_uring unavailable");
         return;
     }
     let r = rig(true);
@@ -166,7 +163,8 @@ fn register(lun: &Lun, n: &Nexus, key: u64) -> Response {
 
 #[test]
 fn a_reservation_change_waits_for_planned_reads_and_new_ones_wait_for_it() {
-    if !io_uring_works() {
+    if !io_uring_available() {
+        skip("a_reservation_change_waits_for_planned_reads_and_new_ones_wait_for_it", "io_uring unavailable");
         return;
     }
     let r = rig(true);
