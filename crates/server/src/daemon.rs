@@ -346,7 +346,7 @@ impl Daemon {
                 let ld = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
                 (
                     e.pool().disks().into_iter().map(DiskView::from).collect(),
-                    e.vdisks().iter().map(|v| vdisk_view(name, v)).collect(),
+                    e.vdisks().iter().map(|v| vdisk_view(name, &e, v)).collect(),
                     unhealthy_sets(&e),
                     IoStatsView {
                         read_errors: ld(&s.read_errors),
@@ -568,7 +568,7 @@ impl Daemon {
         let e = self.engine(pool)?;
         let spec = vdisk_spec(&e, req);
         let v = e.create_vdisk(&spec)?;
-        Ok(vdisk_view(pool, &v))
+        Ok(vdisk_view(pool, &e, &v))
     }
 
     /// A thin copy-on-write clone of a vdisk, in the same pool.
@@ -583,7 +583,7 @@ impl Daemon {
         let (v, stats) = e.clone_vdisk(src, &req.name)?;
         info!(pool, source = src, clone = %req.name, shared = stats.shared_bytes, copied = stats.copied_bytes, "vdisk cloned");
         Ok(CloneView {
-            vdisk: vdisk_view(pool, &v),
+            vdisk: vdisk_view(pool, &e, &v),
             shared_bytes: stats.shared_bytes,
             copied_bytes: stats.copied_bytes,
         })
@@ -598,7 +598,7 @@ impl Daemon {
                 e.vdisks()
                     .iter()
                     .filter(|v| !v.is_snapshot())
-                    .map(|v| vdisk_view(n, v))
+                    .map(|v| vdisk_view(n, e, v))
                     .collect::<Vec<_>>()
             })
             .collect())
@@ -659,8 +659,8 @@ impl Daemon {
     }
 
     pub fn show_vdisk(&self, pool: &str, name: &str) -> ApiResult<VdiskView> {
-        let (_, v) = self.vdisk(pool, name)?;
-        Ok(vdisk_view(pool, &v))
+        let (e, v) = self.vdisk(pool, name)?;
+        Ok(vdisk_view(pool, &e, &v))
     }
 
     pub fn resize_vdisk(&self, pool: &str, name: &str, size: u64) -> ApiResult<VdiskView> {
@@ -930,7 +930,8 @@ fn unhealthy_sets(e: &Engine) -> Vec<SetHealthView> {
         .collect()
 }
 
-pub fn vdisk_view(pool: &str, v: &Vdisk) -> VdiskView {
+/// A vdisk as the API shows it; `e` is its pool's engine, which knows its snapshots.
+pub fn vdisk_view(pool: &str, e: &Engine, v: &Vdisk) -> VdiskView {
     let c = v.config();
     let u = v.space_usage();
     VdiskView {
@@ -946,7 +947,7 @@ pub fn vdisk_view(pool: &str, v: &Vdisk) -> VdiskView {
         allocated_bytes: u.allocated_bytes,
         exclusive_bytes: u.exclusive_bytes,
         shared_bytes: u.shared_bytes,
-        snapshots: v.snapshots(),
+        snapshots: e.snapshots_of(&v.name()).len(),
     }
 }
 

@@ -31,14 +31,17 @@ pub(crate) struct Shared {
     pub committer: Committer,
     pub locks: GrainLocks,
     pub frozen: FrozenRegistry,
-    pub(crate) vdisks: RwLock<BTreeMap<String, Arc<Vdisk>>>,
+}
+
+/// The engine owns the pool's vdisks by name; each vdisk holds only what vdisks share (the
+/// pool, layouts, grain space, locks), which holds no vdisk, so nothing needs breaking by hand
+/// when the engine goes.
+pub struct Engine {
+    s: Arc<Shared>,
+    vdisks: RwLock<BTreeMap<String, Arc<Vdisk>>>,
     next_id: AtomicU64,
     /// Serializes changes to the set of vdisks (create, delete, resize).
     admin: Mutex<()>,
-}
-
-pub struct Engine {
-    s: Arc<Shared>,
 }
 
 /// Where the next vdisk id is kept (in the pool's own column family).
@@ -72,13 +75,6 @@ fn purge_orphan_grains(meta: &MetaStore) -> Result<()> {
         meta.commit(b, true)?;
     }
     Ok(())
-}
-
-impl Drop for Engine {
-    fn drop(&mut self) {
-        // Vdisks hold the shared state; dropping them here ends the cycle.
-        self.s.vdisks.write().clear();
-    }
 }
 
 impl Engine {
@@ -146,10 +142,8 @@ impl Engine {
             committer,
             locks: GrainLocks::new(),
             frozen: FrozenRegistry::default(),
-            vdisks: RwLock::new(BTreeMap::new()),
-            next_id: AtomicU64::new(1),
-            admin: Mutex::new(()),
         });
+        let mut vdisks = BTreeMap::new();
 
         let mut configs = Vec::new();
         meta.for_each_prefix(CF_VDISKS, &[], |_, v| {
@@ -184,14 +178,18 @@ impl Engine {
             if c.provisioning == crate::config::Provisioning::Fixed {
                 s.space.set_reserved(v.class, grains - mapped);
             }
-            s.vdisks.write().insert(c.name.clone(), v);
+            vdisks.insert(c.name.clone(), v);
         }
         let stored_next = meta
             .get(CF_POOL, NEXT_VDISK_ID_KEY)?
             .and_then(|v| v.try_into().ok().map(u64::from_le_bytes))
             .unwrap_or(0);
-        s.next_id.store((max_id + 1).max(stored_next), Ordering::SeqCst);
-        let engine = Engine { s };
+        let engine = Engine {
+            s,
+            vdisks: RwLock::new(vdisks),
+            next_id: AtomicU64::new((max_id + 1).max(stored_next)),
+            admin: Mutex::new(()),
+        };
         for v in deleting {
             info!(vdisk = %v.name(), "finishing an interrupted delete, or removing a half-made snapshot or clone");
             // Its reservation was not restored at open: nothing to give back.
@@ -236,12 +234,12 @@ impl Engine {
         validate(spec.size, block_size, grain, &layout).map_err(VolumeError::Invalid)?;
         let physical_block_size =
             physical_block_size(block_size, spec.physical_block_size).map_err(VolumeError::Invalid)?;
-        let _admin = self.s.admin.lock();
-        if self.s.vdisks.read().contains_key(&spec.name) {
+        let _admin = self.admin.lock();
+        if self.vdisks.read().contains_key(&spec.name) {
             return Err(VolumeError::Exists(spec.name.clone()));
         }
         let c = VdiskConfig {
-            id: self.s.next_id.fetch_add(1, Ordering::SeqCst),
+            id: self.next_id.fetch_add(1, Ordering::SeqCst),
             name: spec.name.clone(),
             size: spec.size,
             block_size,
@@ -281,7 +279,7 @@ impl Engine {
             (0..c.grains()).map(|_| AtomicU64::new(0)).collect(),
             0,
         ));
-        self.s.vdisks.write().insert(c.name.clone(), v.clone());
+        self.vdisks.write().insert(c.name.clone(), v.clone());
         info!(vdisk = %c.name, size = c.size, layout = %layout.describe(), "vdisk created");
         Ok(v)
     }
@@ -308,15 +306,14 @@ impl Engine {
         b.put_cf(
             meta.cf(CF_POOL),
             NEXT_VDISK_ID_KEY,
-            (c.id + 1).max(self.s.next_id.load(Ordering::SeqCst)).to_le_bytes(),
+            (c.id + 1).max(self.next_id.load(Ordering::SeqCst)).to_le_bytes(),
         );
         meta.commit(b, true)?;
         Ok(())
     }
 
     pub fn vdisk(&self, name: &str) -> Result<Arc<Vdisk>> {
-        self.s
-            .vdisks
+        self.vdisks
             .read()
             .get(name)
             .cloned()
@@ -324,12 +321,12 @@ impl Engine {
     }
 
     pub fn vdisks(&self) -> Vec<Arc<Vdisk>> {
-        self.s.vdisks.read().values().cloned().collect()
+        self.vdisks.read().values().cloned().collect()
     }
 
     /// Grows a vdisk. Shrinking is refused: it would silently drop data.
     pub fn resize_vdisk(&self, name: &str, size: u64) -> Result<()> {
-        let _admin = self.s.admin.lock();
+        let _admin = self.admin.lock();
         let v = self.vdisk(name)?;
         v.check_writable()?;
         let mut c = v.config();
@@ -359,14 +356,14 @@ impl Engine {
     /// Deletes a vdisk and drops its references; grains nobody else shares go back to the pool.
     pub fn delete_vdisk(&self, name: &str) -> Result<()> {
         let v = {
-            let _admin = self.s.admin.lock();
+            let _admin = self.admin.lock();
             let v = self.vdisk(name)?;
             let mut c = v.config();
             c.state = VdiskState::Deleting;
             self.save_config(&c)?;
             *v.cfg.write() = c;
             v.deleted.store(true, Ordering::Release);
-            self.s.vdisks.write().remove(name);
+            self.vdisks.write().remove(name);
             v
         };
         // A write that found the vdisk alive may still be under way: wait for every change in
@@ -453,7 +450,7 @@ impl Engine {
 
     /// Destroys the pool: refused while a vdisk remains.
     pub fn destroy(self) -> Result<()> {
-        let names: Vec<String> = self.s.vdisks.read().keys().cloned().collect();
+        let names: Vec<String> = self.vdisks.read().keys().cloned().collect();
         if !names.is_empty() {
             return Err(VolumeError::Invalid(format!(
                 "pool '{}' still holds vdisk(s) {}; delete them first",

@@ -181,17 +181,6 @@ impl Vdisk {
         self.read_only
     }
 
-    /// How many snapshots of this vdisk exist.
-    pub fn snapshots(&self) -> usize {
-        let name = self.name();
-        self.s
-            .vdisks
-            .read()
-            .values()
-            .filter(|v| v.cfg.read().snapshot_of.as_deref() == Some(name.as_str()))
-            .count()
-    }
-
     /// Refuses changes to a snapshot.
     pub(crate) fn check_writable(&self) -> Result<()> {
         if self.is_snapshot() {

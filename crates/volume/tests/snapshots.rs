@@ -244,3 +244,23 @@ fn frozen_images_paste_across_pools_by_copying() {
     // clone_range refuses pools it does not own.
     assert!(b.engine().clone_range(&src, 0, &dst, 0, MIB).is_err());
 }
+
+#[test]
+fn an_engine_dropped_takes_its_vdisks_and_snapshots_with_it() {
+    let mut rig = Rig::new(2, 32 * MIB, MIB);
+    let (vol, snap) = {
+        let e = rig.engine();
+        let v = e
+            .create_vdisk(&spec("vol", 2 * MIB, LayoutKind::Mirror, Provisioning::Thin))
+            .unwrap();
+        v.write(0, &pattern(3, 0, 64 << 10), false).unwrap();
+        let s = e.snapshot("vol", "s").unwrap();
+        assert_eq!(e.snapshots_of("vol").len(), 1);
+        (Arc::downgrade(&v), Arc::downgrade(&s))
+    };
+    // Nothing but the engine holds them: no vdisk keeps another, or the engine's map, alive.
+    rig.engine = None;
+    assert!(vol.upgrade().is_none() && snap.upgrade().is_none());
+    rig.reopen();
+    assert_eq!(rig.engine().snapshots_of("vol").len(), 1);
+}
