@@ -1,0 +1,401 @@
+//! Pools: create, import, export, destroy, repair and check them, their disks, their thin
+//! provisioning threshold.
+
+use super::*;
+
+impl Daemon {
+    pub fn create_pool(&self, req: CreatePool) -> ApiResult<PoolSummary> {
+        validate_name("pool", &req.name).map_err(ApiError::invalid)?;
+        if req.disks.is_empty() {
+            return Err(ApiError::invalid(
+                "a pool needs at least one disk: give --disk PATH once per disk",
+            ));
+        }
+        let mut seen = BTreeSet::new();
+        for p in &req.disks {
+            if !Path::new(p).is_absolute() {
+                return Err(ApiError::invalid(format!("disk path '{p}' must be absolute")));
+            }
+            if !seen.insert(p) {
+                return Err(ApiError::invalid(format!("disk '{p}' is listed twice")));
+            }
+        }
+        let slab = req.slab_size.unwrap_or(DEFAULT_SLAB_SIZE);
+        let _admin = self.admin.lock();
+        let dir = self.pool_dir(&req.name);
+        if self.pools.read().contains_key(&req.name) || self.unavailable.read().contains_key(&req.name) {
+            return Err(ApiError::exists(format!("pool '{}' already exists", req.name)));
+        }
+        if dir.exists() {
+            return Err(ApiError::exists(format!(
+                "pool '{}' already exists in {} but is not imported; 'tessera pool import {}' brings it back",
+                req.name,
+                dir.display(),
+                req.name
+            )));
+        }
+        let mut disks = Vec::new();
+        for p in &req.disks {
+            disks.push(open_disk(p)?);
+        }
+        let engine = Engine::create_pool(&dir, &req.name, disks, slab).inspect_err(|_| {
+            // Pool::create leaves nothing behind on the disks it refused; the directory it made
+            // is ours to remove.
+            let _ = std::fs::remove_dir_all(&dir);
+        })?;
+        self.pools.write().insert(req.name.clone(), Arc::new(engine));
+        self.persist()?;
+        info!(pool = %req.name, "pool created");
+        self.pool_summary(&req.name)
+    }
+
+    pub fn list_pools(&self) -> Vec<PoolSummary> {
+        let mut names: BTreeSet<String> = self.pools.read().keys().cloned().collect();
+        names.extend(self.unavailable.read().keys().cloned());
+        names.iter().filter_map(|n| self.pool_summary(n).ok()).collect()
+    }
+
+    pub fn pool_summary(&self, name: &str) -> ApiResult<PoolSummary> {
+        let e = match self.engine(name) {
+            Ok(e) => e,
+            Err(err) => {
+                let why = self.unavailable.read().get(name).cloned().ok_or(err)?;
+                return Ok(PoolSummary {
+                    name: name.to_string(),
+                    id: String::new(),
+                    health: "unavailable".into(),
+                    problem: Some(why),
+                    disks: 0,
+                    healthy_disks: 0,
+                    capacity: None,
+                    slab_size: 0,
+                    vdisks: 0,
+                    repair_needed_bytes: 0,
+                    jobs_running: vec![],
+                    warnings: vec![],
+                });
+            }
+        };
+        let pool = e.pool();
+        let disks = pool.disks();
+        let (_, repair) = e.layouts().repair_needed();
+        let sets = unhealthy_sets(&e);
+        let healthy_disks = disks.iter().filter(|d| d.info.state == DiskState::Healthy).count();
+        // A failed or retired disk that holds nothing any more does not make the pool degraded:
+        // every slab set has its full redundancy.
+        let health = if sets.iter().any(|s| s.state == "failed") {
+            "failed"
+        } else if !sets.is_empty() || repair > 0 {
+            "degraded"
+        } else {
+            "healthy"
+        };
+        let idle: Vec<&str> = disks
+            .iter()
+            .filter(|d| d.info.state != DiskState::Healthy && d.slabs_used == 0)
+            .map(|d| d.info.path.as_str())
+            .collect();
+        let problem = match health {
+            "failed" => Some("some slab sets lost more disks than their layout tolerates: their data is unreadable until a disk comes back".to_string()),
+            _ if repair > 0 => Some(format!(
+                "{} to rebuild or move off failed, missing or retired disks: run 'tessera pool repair {name}'",
+                crate::units::format_size(repair)
+            )),
+            _ if !idle.is_empty() => Some(format!("disk(s) {} are out of service and hold no data", idle.join(", "))),
+            _ => None,
+        };
+        Ok(PoolSummary {
+            name: name.to_string(),
+            id: pool.id().to_string(),
+            health: health.to_string(),
+            problem,
+            disks: disks.len(),
+            healthy_disks,
+            capacity: Some(pool.capacity()),
+            slab_size: pool.slab_size(),
+            vdisks: e.vdisks().len(),
+            repair_needed_bytes: repair,
+            jobs_running: self.jobs.running_on(name),
+            warnings: self.thin_warning(&e).into_iter().collect(),
+        })
+    }
+
+    /// The pool's allocated share, in percent, when it is at or past the thin threshold.
+    fn past_thin_threshold(&self, e: &Engine) -> Option<u64> {
+        let c = e.pool().capacity();
+        let pct = (c.used_bytes * 100).checked_div(c.total_bytes)?;
+        (pct >= self.cfg.thin_threshold_percent as u64).then_some(pct)
+    }
+
+    fn thin_warning(&self, e: &Engine) -> Option<String> {
+        let pct = self.past_thin_threshold(e)?;
+        Some(format!(
+            "{pct}% of the pool's space is allocated, at or past the thin provisioning threshold of {}%: \
+             add a disk, or free space (trim, delete vdisks or snapshots) before writes fail",
+            self.cfg.thin_threshold_percent
+        ))
+    }
+
+    /// Raises THIN PROVISIONING SOFT THRESHOLD REACHED on the LUNs of every pool that has
+    /// just gone past the threshold, once per crossing (it must fall 5 points below to be
+    /// raised again), and logs it. Called now and then by the daemon.
+    pub fn check_thin_thresholds(&self) {
+        let pools: Vec<(String, Arc<Engine>)> = self.pools.read().iter().map(|(n, e)| (n.clone(), e.clone())).collect();
+        let mut warned = self.thin_warned.lock();
+        for (name, e) in pools {
+            let c = e.pool().capacity();
+            let Some(pct) = (c.used_bytes * 100).checked_div(c.total_bytes) else {
+                continue;
+            };
+            let threshold = self.cfg.thin_threshold_percent as u64;
+            if pct >= threshold && warned.insert(name.clone()) {
+                warn!(pool = %name, allocated_percent = pct, threshold, "pool past its thin provisioning threshold");
+                for lun in self.targets.luns_of_pool(&name) {
+                    lun.unit_attention(tessera_scsi::sense::THIN_PROVISIONING_SOFT_THRESHOLD_REACHED, None);
+                }
+            } else if pct + 5 < threshold && warned.remove(&name) {
+                info!(pool = %name, allocated_percent = pct, threshold, "pool back under its thin provisioning threshold");
+            }
+        }
+    }
+
+    pub fn pool_detail(&self, name: &str) -> ApiResult<PoolDetail> {
+        let summary = self.pool_summary(name)?;
+        let (disk_list, vdisk_list, unhealthy, stats) = match self.engine(name) {
+            Ok(e) => {
+                let s = &e.layouts().stats;
+                let ld = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+                (
+                    e.pool().disks().into_iter().map(DiskView::from).collect(),
+                    e.vdisks().iter().map(|v| vdisk_view(name, &e, v)).collect(),
+                    unhealthy_sets(&e),
+                    IoStatsView {
+                        read_errors: ld(&s.read_errors),
+                        write_errors: ld(&s.write_errors),
+                        reconstructed_reads: ld(&s.reconstructed_reads),
+                        repaired_blocks: ld(&s.repaired_blocks),
+                    },
+                )
+            }
+            Err(_) => (vec![], vec![], vec![], IoStatsView::default()),
+        };
+        Ok(PoolDetail {
+            summary,
+            disk_list,
+            vdisk_list,
+            unhealthy_sets: unhealthy,
+            stats,
+        })
+    }
+
+    /// Pools in the state directory that are not imported.
+    pub fn importable(&self) -> ApiResult<Vec<ImportablePool>> {
+        let dir = self.cfg.pools_dir();
+        let rd = std::fs::read_dir(&dir).map_err(|e| ApiError::io(format!("cannot list {}: {e}", dir.display())))?;
+        let pools = self.pools.read();
+        let mut out = Vec::new();
+        for entry in rd.flatten() {
+            let name = entry.file_name().to_string_lossy().to_string();
+            if !pools.contains_key(&name) && entry.path().join("meta").is_dir() {
+                out.push(ImportablePool {
+                    name,
+                    dir: entry.path().display().to_string(),
+                });
+            }
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    pub fn import_pool(&self, name: &str) -> ApiResult<PoolSummary> {
+        validate_name("pool", name).map_err(ApiError::invalid)?;
+        let _admin = self.admin.lock();
+        if self.pools.read().contains_key(name) {
+            return Err(ApiError::exists(format!("pool '{name}' is already imported")));
+        }
+        let dir = self.pool_dir(name);
+        if !dir.join("meta").is_dir() {
+            return Err(ApiError::not_found(format!(
+                "there is no pool '{name}' in {}; 'tessera pool import' lists the pools that can be imported",
+                self.cfg.pools_dir().display()
+            )));
+        }
+        let engine = Engine::open(&dir, &|p| open_disk(p))?;
+        self.pools.write().insert(name.to_string(), Arc::new(engine));
+        self.unavailable.write().remove(name);
+        self.persist()?;
+        let resolve = |vd: &str| {
+            let (p, v) = vd.split_once('/')?;
+            self.vdisk(p, v).ok()
+        };
+        self.targets.present_missing(&resolve);
+        self.nbd.present_missing(&resolve);
+        self.pool_summary(name)
+    }
+
+    /// Takes a pool out of the map for export or destroy; refused while a job or a request
+    /// still uses it.
+    fn take_pool(&self, name: &str, what: &str) -> ApiResult<Engine> {
+        let users = self.users_of(&format!("{name}/"));
+        if !users.is_empty() {
+            return Err(ApiError::busy(format!(
+                "cannot {what} pool '{name}': its vdisks are presented as {}; remove those first",
+                users.join(", ")
+            )));
+        }
+        let jobs = self.jobs.running_on(name);
+        if !jobs.is_empty() {
+            return Err(ApiError::busy(format!(
+                "cannot {what} pool '{name}': job(s) {jobs:?} are running on it; wait for them or cancel them"
+            )));
+        }
+        // ROD tokens hold grains of the pool: they end with it.
+        self.targets.copy.revoke_pool(name);
+        let arc = self.pools.write().remove(name).ok_or_else(|| {
+            if self.unavailable.read().contains_key(name) {
+                ApiError::invalid(format!("pool '{name}' is not imported (it could not be)"))
+            } else {
+                ApiError::not_found(format!("no imported pool '{name}'"))
+            }
+        })?;
+        // Requests in flight hold the engine for a moment; give them that moment.
+        let mut arc = arc;
+        for _ in 0..100 {
+            match Arc::try_unwrap(arc) {
+                Ok(e) => return Ok(e),
+                Err(back) => arc = back,
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.pools.write().insert(name.to_string(), arc);
+        Err(ApiError::busy(format!("pool '{name}' is in use; try again")))
+    }
+
+    pub fn export_pool(&self, name: &str) -> ApiResult<()> {
+        let _admin = self.admin.lock();
+        if self.unavailable.write().remove(name).is_some() {
+            // Never imported: forgetting it is all an export means.
+            return self.persist();
+        }
+        let e = self.take_pool(name, "export")?;
+        e.export()?;
+        self.persist()?;
+        info!(pool = name, "pool exported");
+        Ok(())
+    }
+
+    pub fn destroy_pool(&self, name: &str) -> ApiResult<()> {
+        let _admin = self.admin.lock();
+        let e = self.take_pool(name, "destroy")?;
+        let vdisks: Vec<String> = e.vdisks().iter().map(|v| v.name()).collect();
+        if !vdisks.is_empty() {
+            self.pools.write().insert(name.to_string(), Arc::new(e));
+            return Err(ApiError::busy(format!(
+                "pool '{name}' still holds vdisk(s) {}; delete them first ('tessera vdisk delete {name}/NAME')",
+                vdisks.join(", ")
+            )));
+        }
+        e.destroy()?;
+        self.persist()?;
+        info!(pool = name, "pool destroyed");
+        Ok(())
+    }
+
+    pub fn repair_pool(&self, name: &str, req: RepairPool) -> ApiResult<JobView> {
+        let e = self.engine(name)?;
+        if let Some(p) = req.parallel {
+            if !(1..=64).contains(&p) {
+                return Err(ApiError::invalid(format!("parallel must be between 1 and 64, not {p}")));
+            }
+        }
+        if req.rate_limit == Some(0) {
+            return Err(ApiError::invalid(
+                "a rate limit of 0 would never finish; leave it out for no limit",
+            ));
+        }
+        if let Some(j) = self
+            .jobs
+            .running_on(name)
+            .into_iter()
+            .find(|&id| self.jobs.get(id).map(|j| j.kind == "repair").unwrap_or(false))
+        {
+            return Err(ApiError::busy(format!(
+                "a repair of pool '{name}' is already running as job {j}"
+            )));
+        }
+        let opts = RebuildOptions {
+            parallel: req.parallel.unwrap_or(4),
+            rate_limit: req.rate_limit,
+        };
+        let job = self.jobs.spawn("repair", name, move |p| {
+            let r = e.repair(&opts, p).map_err(|e| e.to_string())?;
+            if !r.failures.is_empty() {
+                let why: Vec<String> = r.failures.iter().map(|(s, m)| format!("slab set {s}: {m}")).collect();
+                return Err(format!(
+                    "{} slab set(s) could not be rebuilt: {}",
+                    r.failures.len(),
+                    why.join("; ")
+                ));
+            }
+            Ok(serde_json::to_value(r).expect("serializable"))
+        });
+        Ok(job.view())
+    }
+
+    pub fn check_pool(&self, name: &str) -> ApiResult<tessera_volume::CheckReport> {
+        Ok(self.engine(name)?.check()?)
+    }
+
+    // ---- disks ----
+
+    pub fn add_disk(&self, pool: &str, path: &str) -> ApiResult<DiskView> {
+        if !Path::new(path).is_absolute() {
+            return Err(ApiError::invalid(format!("disk path '{path}' must be absolute")));
+        }
+        let e = self.engine(pool)?;
+        let info = e.pool().add_disk(open_disk(path)?)?;
+        e.pool()
+            .disks()
+            .into_iter()
+            .find(|d| d.info.id == info.id)
+            .map(DiskView::from)
+            .ok_or_else(|| ApiError::internal("the added disk is not listed"))
+    }
+
+    pub fn set_disk(&self, pool: &str, disk: &str, action: &str) -> ApiResult<DiskView> {
+        let e = self.engine(pool)?;
+        let pos = e.pool().find_disk(disk)?;
+        match action {
+            "fail" => e.fail_disk(disk)?,
+            "retire" => e.retire_disk(disk)?,
+            _ => {
+                return Err(ApiError::not_found(format!(
+                    "no disk action '{action}'; use fail or retire"
+                )))
+            }
+        }
+        warn!(pool, disk, action, "disk state changed by the administrator");
+        e.pool()
+            .disks()
+            .into_iter()
+            .find(|d| d.info.position == pos)
+            .map(DiskView::from)
+            .ok_or_else(|| ApiError::internal("the disk is not listed"))
+    }
+}
+
+fn unhealthy_sets(e: &Engine) -> Vec<SetHealthView> {
+    let l = e.layouts();
+    l.sets()
+        .iter()
+        .map(|s| l.health(s))
+        .filter(|h| h.unavailable > 0)
+        .map(|h| SetHealthView {
+            id: h.id,
+            layout: h.layout.clone(),
+            state: h.state().to_string(),
+            unavailable: h.unavailable,
+            tolerance: h.tolerance,
+        })
+        .collect()
+}

@@ -1,0 +1,260 @@
+//! Vdisks and their snapshots, clones and images, as the API shows them.
+
+use super::*;
+
+impl Daemon {
+    pub fn create_vdisk(&self, pool: &str, req: CreateVdisk) -> ApiResult<VdiskView> {
+        let e = self.engine(pool)?;
+        let spec = vdisk_spec(&e, req);
+        let v = e.create_vdisk(&spec)?;
+        Ok(vdisk_view(pool, &e, &v))
+    }
+
+    /// A thin copy-on-write clone of a vdisk, in the same pool.
+    pub fn clone_vdisk(&self, pool: &str, src: &str, req: CloneVdisk) -> ApiResult<CloneView> {
+        let (e, _) = self.vdisk(pool, src)?;
+        let jobs = self.jobs.running_on(&format!("{pool}/{src}"));
+        if !jobs.is_empty() {
+            return Err(ApiError::busy(format!(
+                "vdisk '{pool}/{src}' is in use by job(s) {jobs:?}; clone it when they end"
+            )));
+        }
+        let (v, stats) = e.clone_vdisk(src, &req.name)?;
+        info!(pool, source = src, clone = %req.name, shared = stats.shared_bytes, copied = stats.copied_bytes, "vdisk cloned");
+        Ok(CloneView {
+            vdisk: vdisk_view(pool, &e, &v),
+            shared_bytes: stats.shared_bytes,
+            copied_bytes: stats.copied_bytes,
+        })
+    }
+
+    /// The vdisks (not the snapshots) of one pool or of all.
+    pub fn list_vdisks(&self, pool: Option<&str>) -> ApiResult<Vec<VdiskView>> {
+        Ok(self
+            .engines_of(pool)?
+            .iter()
+            .flat_map(|(n, e)| {
+                e.vdisks()
+                    .iter()
+                    .filter(|v| !v.is_snapshot())
+                    .map(|v| vdisk_view(n, e, v))
+                    .collect::<Vec<_>>()
+            })
+            .collect())
+    }
+
+    fn engines_of(&self, pool: Option<&str>) -> ApiResult<Vec<(String, Arc<Engine>)>> {
+        Ok(match pool {
+            Some(p) => vec![(p.to_string(), self.engine(p)?)],
+            None => self.engines(),
+        })
+    }
+
+    // ---- snapshots ----
+
+    /// A read-only point-in-time image `VDISK@NAME`, sharing every grain with the vdisk.
+    pub fn create_snapshot(&self, pool: &str, vdisk: &str, req: CreateSnapshot) -> ApiResult<SnapshotView> {
+        let (e, _) = self.vdisk(pool, vdisk)?;
+        let started = std::time::Instant::now();
+        let s = e.snapshot(vdisk, &req.name)?;
+        info!(pool, vdisk, snapshot = %req.name, took_ms = started.elapsed().as_millis() as u64, "snapshot taken");
+        Ok(snapshot_view(pool, &s))
+    }
+
+    /// Snapshots of one vdisk (also of a deleted one, by its name), of a pool, or of all.
+    pub fn list_snapshots(&self, pool: Option<&str>, vdisk: Option<&str>) -> ApiResult<Vec<SnapshotView>> {
+        let mut out = Vec::new();
+        for (n, e) in self.engines_of(pool)? {
+            let snaps = match vdisk {
+                Some(v) => e.snapshots_of(v),
+                None => {
+                    let mut all: Vec<Arc<Vdisk>> = e.vdisks().into_iter().filter(|v| v.is_snapshot()).collect();
+                    all.sort_by_key(|s| (s.config().snapshot_of, s.config().created, s.id()));
+                    all
+                }
+            };
+            out.extend(snaps.iter().map(|s| snapshot_view(&n, s)));
+        }
+        Ok(out)
+    }
+
+    pub fn show_snapshot(&self, pool: &str, vdisk: &str, name: &str) -> ApiResult<SnapshotView> {
+        let (_, s) = self.snapshot(pool, vdisk, name)?;
+        Ok(snapshot_view(pool, &s))
+    }
+
+    /// Deletes a snapshot; the grains only it held go back to the pool.
+    pub fn delete_snapshot(&self, pool: &str, vdisk: &str, name: &str) -> ApiResult<()> {
+        let (_, s) = self.snapshot(pool, vdisk, name)?;
+        self.delete_vdisk(pool, &s.name())
+    }
+
+    fn snapshot(&self, pool: &str, vdisk: &str, name: &str) -> ApiResult<(Arc<Engine>, Arc<Vdisk>)> {
+        let full = format!("{vdisk}@{name}");
+        match self.vdisk(pool, &full) {
+            Ok((e, s)) if s.is_snapshot() => Ok((e, s)),
+            _ => Err(ApiError::not_found(format!("pool '{pool}' has no snapshot '{full}'"))),
+        }
+    }
+
+    pub fn show_vdisk(&self, pool: &str, name: &str) -> ApiResult<VdiskView> {
+        let (e, v) = self.vdisk(pool, name)?;
+        Ok(vdisk_view(pool, &e, &v))
+    }
+
+    pub fn resize_vdisk(&self, pool: &str, name: &str, size: u64) -> ApiResult<VdiskView> {
+        let (e, _) = self.vdisk(pool, name)?;
+        e.resize_vdisk(name, size)?;
+        // Initiators learn of the new capacity through a unit attention.
+        for l in self.targets.luns_of(&format!("{pool}/{name}")) {
+            l.capacity_changed();
+        }
+        self.show_vdisk(pool, name)
+    }
+
+    pub fn delete_vdisk(&self, pool: &str, name: &str) -> ApiResult<()> {
+        let (e, _) = self.vdisk(pool, name)?;
+        let target = format!("{pool}/{name}");
+        let jobs = self.jobs.running_on(&target);
+        if !jobs.is_empty() {
+            return Err(ApiError::busy(format!(
+                "vdisk '{target}' is in use by job(s) {jobs:?}; wait for them or cancel them"
+            )));
+        }
+        let users = self.users_of(&target);
+        if !users.is_empty() {
+            return Err(ApiError::busy(format!(
+                "vdisk '{target}' is presented as {}; remove it there first ('tessera target lun remove', 'tessera nbd remove')",
+                users.join(", ")
+            )));
+        }
+        e.delete_vdisk(name)?;
+        Ok(())
+    }
+
+    pub fn import_image(&self, pool: &str, name: &str, req: ImportImage) -> ApiResult<JobView> {
+        let e = self.engine(pool)?;
+        let path = PathBuf::from(&req.path);
+        if !path.is_absolute() {
+            return Err(ApiError::invalid(format!("image path '{}' must be absolute", req.path)));
+        }
+        let image_size = image::image_size(&path).map_err(ApiError::invalid)?;
+        let v = match e.vdisk(name) {
+            Ok(v) => v,
+            Err(_) => {
+                let Some(mut c) = req.create else {
+                    return Err(ApiError::not_found(format!(
+                        "pool '{pool}' has no vdisk '{name}'; create it first, or import with a layout to create it"
+                    )));
+                };
+                c.name = name.to_string();
+                if c.size == 0 {
+                    let bs = c.block_size.unwrap_or(512) as u64;
+                    c.size = image_size.div_ceil(bs).max(1) * bs;
+                }
+                e.create_vdisk(&vdisk_spec(&e, c))?
+            }
+        };
+        if image_size > v.size() {
+            return Err(ApiError::invalid(format!(
+                "the image {} ({image_size} bytes) is larger than vdisk '{pool}/{name}' ({} bytes); grow the vdisk first",
+                req.path,
+                v.size()
+            )));
+        }
+        self.busy_vdisk_check(pool, name)?;
+        let job = self.jobs.spawn("import", &format!("{pool}/{name}"), move |p| {
+            let r = image::import(&v, &path, p)?;
+            Ok(serde_json::to_value(r).expect("serializable"))
+        });
+        Ok(job.view())
+    }
+
+    pub fn export_image(&self, pool: &str, name: &str, req: ExportImage) -> ApiResult<JobView> {
+        let (_, v) = self.vdisk(pool, name)?;
+        let path = PathBuf::from(&req.path);
+        if !path.is_absolute() {
+            return Err(ApiError::invalid(format!("image path '{}' must be absolute", req.path)));
+        }
+        let file = image::create_target(&path, req.overwrite, v.size()).map_err(ApiError::invalid)?;
+        let job = self.jobs.spawn("export", &format!("{pool}/{name}"), move |p| {
+            let r = image::export(&v, file, &path, p)?;
+            Ok(serde_json::to_value(r).expect("serializable"))
+        });
+        Ok(job.view())
+    }
+
+    fn busy_vdisk_check(&self, pool: &str, name: &str) -> ApiResult<()> {
+        let target = format!("{pool}/{name}");
+        for id in self.jobs.running_on(&target) {
+            if self.jobs.get(id).map(|j| j.kind == "import").unwrap_or(false) {
+                return Err(ApiError::busy(format!(
+                    "an import into '{target}' is already running as job {id}"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+}
+
+/// A vdisk as the API shows it; `e` is its pool's engine, which knows its snapshots.
+pub fn vdisk_view(pool: &str, e: &Engine, v: &Vdisk) -> VdiskView {
+    let c = v.config();
+    let u = v.space_usage();
+    VdiskView {
+        pool: pool.to_string(),
+        name: c.name.clone(),
+        size: c.size,
+        block_size: c.block_size,
+        physical_block_size: c.physical_block_size,
+        grain_size: c.grain_size,
+        layout_description: c.layout.describe(),
+        layout: c.layout,
+        provisioning: c.provisioning,
+        allocated_bytes: u.allocated_bytes,
+        exclusive_bytes: u.exclusive_bytes,
+        shared_bytes: u.shared_bytes,
+        snapshots: e.snapshots_of(&v.name()).len(),
+    }
+}
+
+pub fn snapshot_view(pool: &str, s: &Vdisk) -> SnapshotView {
+    let c = s.config();
+    let u = s.space_usage();
+    let vdisk = c.snapshot_of.clone().unwrap_or_default();
+    SnapshotView {
+        pool: pool.to_string(),
+        name: c.name.strip_prefix(&format!("{vdisk}@")).unwrap_or(&c.name).to_string(),
+        full_name: c.name.clone(),
+        vdisk,
+        size: c.size,
+        created: c.created,
+        allocated_bytes: u.allocated_bytes,
+        exclusive_bytes: u.exclusive_bytes,
+        shared_bytes: u.shared_bytes,
+    }
+}
+
+fn vdisk_spec(e: &Engine, req: CreateVdisk) -> VdiskSpec {
+    let healthy = e
+        .pool()
+        .disks()
+        .iter()
+        .filter(|d| d.info.state == DiskState::Healthy)
+        .count();
+    let layout = req.layout.unwrap_or(if healthy >= 2 {
+        LayoutKind::Mirror
+    } else {
+        LayoutKind::Simple
+    });
+    let mut spec = VdiskSpec::new(&req.name, req.size, layout);
+    spec.copies = req.copies;
+    spec.columns = req.columns;
+    spec.interleave = req.interleave;
+    spec.provisioning = req.provisioning.unwrap_or(Provisioning::Thin);
+    spec.grain_size = req.grain_size;
+    spec.block_size = req.block_size;
+    spec.physical_block_size = req.physical_block_size;
+    spec
+}
