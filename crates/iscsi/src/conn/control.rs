@@ -1,0 +1,95 @@
+//! What the read side answers itself: rejects, text (SendTargets), task management.
+
+use super::*;
+
+impl Session {
+    pub(super) fn reject(&self, p: &Pdu, reason: u8) {
+        debug!(opcode = p.opcode(), reason, "reject");
+        let mut r = Pdu::new(op::REJECT);
+        r.bhs[1] = 0x80;
+        r.bhs[2] = reason;
+        put32(&mut r.bhs, 16, NO_TAG);
+        r.data = p.bhs.to_vec();
+        self.writer.send_pdu(&r, true);
+    }
+
+    /// Moves ExpCmdSN past a non-immediate command. Only the reader calls this, so commands
+    /// arrive in order and a load then a store is enough.
+    pub(super) fn advance(&self, p: &Pdu) {
+        if !p.immediate() {
+            let seq = &self.writer.seq;
+            let exp = seq.exp_cmd_sn.load(Ordering::Acquire);
+            if p.field24() == exp {
+                seq.exp_cmd_sn.store(exp.wrapping_add(1), Ordering::Release);
+            }
+        }
+    }
+
+    pub(super) fn text(&self, p: Pdu) {
+        let keys = text::parse(&p.data).unwrap_or_default();
+        let mut out: Vec<(String, String)> = Vec::new();
+        let ctx = &self.ctx;
+        for (k, v) in keys {
+            if k == "SendTargets" {
+                let targets: Vec<Arc<Target>> = match v.as_str() {
+                    "All" if ctx.target.is_none() => ctx.reg.targets(),
+                    "" | "All" => ctx.target.iter().cloned().collect(),
+                    name => ctx.reg.target(name).into_iter().collect(),
+                };
+                // A target the initiator may not log in to is not revealed either.
+                let visible = |t: &Arc<Target>| t.access().visible_to(&ctx.initiator, ctx.authenticated.as_ref());
+                let addresses = crate::portal::target_addresses(&ctx.reg.portals(), ctx.local);
+                for t in targets.iter().filter(|t| visible(t)) {
+                    out.push(("TargetName".into(), t.iqn.clone()));
+                    for a in &addresses {
+                        out.push(("TargetAddress".into(), a.clone()));
+                    }
+                }
+            } else {
+                out.push((k, "NotUnderstood".into()));
+            }
+        }
+        let mut r = Pdu::new(op::TEXT_RESP);
+        r.bhs[1] = 0x80;
+        put32(&mut r.bhs, 16, p.itt());
+        put32(&mut r.bhs, 20, NO_TAG);
+        r.data = text::encode(&out);
+        self.writer.send_pdu(&r, true);
+    }
+
+    pub(super) fn task_management(&self, rs: &mut ReadSide, p: Pdu) {
+        let function = p.flags() & 0x7F;
+        let luns: Vec<Arc<Lun>> = match (&self.ctx.target, function) {
+            (Some(t), 5) => t.lun(decode_lun(&p.lun())).into_iter().collect(),
+            (Some(t), 6 | 7) => t.lun_numbers().into_iter().filter_map(|n| t.lun(n)).collect(),
+            _ => Vec::new(),
+        };
+        let response = match function {
+            // ABORT TASK: a write still waiting for data is dropped; a running command
+            // finishes (it is short), and the initiator ignores its answer.
+            1 => {
+                let tag = p.ttt();
+                self.drop_writes(rs, |itt| itt == tag);
+                0
+            }
+            2 | 4 => {
+                self.drop_writes(rs, |_| true);
+                0
+            }
+            // LUN RESET, TARGET WARM and COLD RESET: the other nexuses get a unit attention.
+            5 | 6 | 7 => {
+                self.drop_writes(rs, |_| true);
+                for l in &luns {
+                    l.reset(self.ctx.nexus.id);
+                }
+                0
+            }
+            _ => 5, // not supported
+        };
+        let mut r = Pdu::new(op::TASK_MGMT_RESP);
+        r.bhs[1] = 0x80;
+        r.bhs[2] = response;
+        put32(&mut r.bhs, 16, p.itt());
+        self.writer.send_pdu(&r, true);
+    }
+}
