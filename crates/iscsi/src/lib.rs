@@ -1,6 +1,8 @@
 //! Tessera's iSCSI target (RFC 7143): PDUs, login and parameter negotiation, sessions, and the
 //! full feature phase that carries SCSI commands to the LUNs of `tessera-scsi`.
 
+#[cfg(feature = "target")]
+mod accept;
 pub mod auth;
 #[cfg(feature = "target")]
 mod conn;
@@ -23,4 +25,6 @@ pub use limits::Limits;
 #[cfg(feature = "target")]
 pub use portal::SocketBuffers;
 #[cfg(feature = "target")]
-pub use target::{serve, Registry, Target};
+pub use accept::serve;
+#[cfg(feature = "target")]
+pub use target::{Registry, Target};

@@ -11,8 +11,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use tessera_scsi::{Lun, LunScope};
 
 use crate::auth::Access;
-use crate::limits::{ConnectionSlot, Limits, WriteBudget};
-use tokio::net::TcpListener;
+use crate::limits::{Limits, WriteBudget};
 use tracing::{info, warn};
 
 /// An iSCSI target: a name and the LUNs it presents.
@@ -251,38 +250,5 @@ impl Registry {
 
     pub fn session_count(&self) -> usize {
         self.sessions.lock().len()
-    }
-}
-
-/// Accepts connections on `listener` until the process ends; each logs in on a task of its
-/// own, then is served by threads of its own. A connection past the portal's limit is closed
-/// at once.
-pub async fn serve(listener: TcpListener, reg: Arc<Registry>) {
-    let open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    loop {
-        match listener.accept().await {
-            Ok((sock, peer)) => {
-                let limit = reg.limits().connections_per_portal;
-                let Some(slot) = ConnectionSlot::take(&open, limit) else {
-                    warn!(%peer, limit, "connection refused: the portal has its limit of connections (iscsi_connections_per_portal)");
-                    drop(sock);
-                    continue;
-                };
-                let _ = sock.set_nodelay(true);
-                let local = sock
-                    .local_addr()
-                    .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
-                let reg = reg.clone();
-                tokio::spawn(async move {
-                    if let Err(e) = crate::conn::run(sock, local, reg, slot).await {
-                        info!(%peer, error = %e, "iSCSI login ended");
-                    }
-                });
-            }
-            Err(e) => {
-                warn!(error = %e, "accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-            }
-        }
     }
 }

@@ -10,20 +10,9 @@ use crate::cdb::BlockRange;
 use crate::data::Data;
 use crate::lun::{CmdResult, Lun, Response};
 use crate::nexus::Nexus;
+use crate::pr::Access;
 use crate::opcodes::*;
 use crate::sense::{self, Sense};
-
-/// How a command stands against a reservation held by another nexus (SPC-4 table 63, SBC-3
-/// table 13).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Access {
-    /// Never in conflict: discovery, status and sense.
-    Always,
-    /// Reads the medium or state: allowed under the write-exclusive types.
-    Read,
-    /// Changes the medium or state.
-    Write,
-}
 
 /// One command as it arrives: the nexus that sent it, its CDB (as long as its group says, at
 /// least) and its data-out.

@@ -10,11 +10,11 @@ use tracing::warn;
 
 use crate::backend::{BackendError, BackendErrorKind, BlockBackend};
 use crate::bytes::{alloc, be16};
-use crate::commands::{self, Access, Command, Handler, Request};
+use crate::commands::{self, Command, Handler, Request};
 use crate::data::Data;
 use crate::nexus::Nexus;
 use crate::opcodes::*;
-use crate::pr::{self, Outcome, PrState};
+use crate::pr::{self, Access, Outcome, PrState};
 use crate::sense::{self, Sense};
 use crate::tpc::CopyManager;
 

@@ -84,7 +84,7 @@ impl Lun {
             return Err(sense::INVALID_FIELD_IN_PARAMETER_LIST);
         }
         let image = Arc::from(self.backend.freeze(&ranges).map_err(|e| self.io_sense(e, false))?);
-        let token = self.tpc.create_token(self, nexus, image, timeout)?;
+        let token = self.tpc.create_token(self.identification_cscd(), nexus, image, timeout)?;
         self.tpc.record(
             nexus,
             list_id,

@@ -5,10 +5,21 @@
 use serde::{Deserialize, Serialize};
 
 use crate::bytes::{be16, be32, be64};
-use crate::commands::Access;
 use crate::nexus::Nexus;
 use crate::opcodes::*;
 use crate::sense::{self, Sense};
+
+/// How a command stands against a reservation held by another nexus (SPC-4 table 63, SBC-3
+/// table 13).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Never in conflict: discovery, status and sense.
+    Always,
+    /// Reads the medium or state: allowed under the write-exclusive types.
+    Read,
+    /// Changes the medium or state.
+    Write,
+}
 
 /// Persistent reservation types (SPC-4 6.16.3.4).
 pub mod pr_type {

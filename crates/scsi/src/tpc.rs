@@ -13,7 +13,6 @@ use parking_lot::Mutex;
 use rand::Rng;
 
 use crate::backend::FrozenImage;
-use crate::lun::Lun;
 use crate::sense::{self, Sense};
 
 /// Copy operation status values of RECEIVE COPY STATUS and RECEIVE ROD TOKEN INFORMATION.
@@ -127,10 +126,11 @@ impl CopyManager {
         }
     }
 
-    /// Makes a token representing `image`, created on LUN `creator` by the I_T nexus `nexus`.
+    /// Makes a token representing `image`, created by the I_T nexus `nexus` on the LUN that
+    /// `creator` (its identification CSCD descriptor) names.
     pub fn create_token(
         &self,
-        creator: &Lun,
+        creator: [u8; 32],
         nexus: u64,
         image: Arc<dyn FrozenImage>,
         timeout_s: u32,
@@ -147,7 +147,7 @@ impl CopyManager {
         b[T_LEN..T_LEN + 2].copy_from_slice(&((TOKEN_LEN - 8) as u16).to_be_bytes());
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         b[T_ID..T_ID + 8].copy_from_slice(&id.to_be_bytes());
-        b[T_CREATOR..T_CREATOR + 32].copy_from_slice(&creator.identification_cscd());
+        b[T_CREATOR..T_CREATOR + 32].copy_from_slice(&creator);
         b[T_BYTES + 8..T_BYTES + 16].copy_from_slice(&image.len().to_be_bytes());
         b[T_BLOCK..T_BLOCK + 4].copy_from_slice(&image.block_size().to_be_bytes());
         b[T_INSTANCE..T_INSTANCE + 16].copy_from_slice(&self.instance);
