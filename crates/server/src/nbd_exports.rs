@@ -12,7 +12,7 @@ use tessera_volume::{Engine, Vdisk};
 use tracing::warn;
 
 use crate::error::{ApiError, ApiResult};
-use crate::statefile;
+use crate::statefile::{self, change_saved};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -120,11 +120,14 @@ impl NbdExports {
                 cfg.name, old.vdisk
             )));
         }
-        c.insert(cfg.name.clone(), cfg.clone());
-        if let Err(e) = self.save(&c) {
-            c.remove(&cfg.name);
-            return Err(e);
-        }
+        change_saved(
+            &mut *c,
+            |c| {
+                c.insert(cfg.name.clone(), cfg.clone());
+                Ok(())
+            },
+            |c| self.save(c),
+        )?;
         self.registry.add(Self::export(&cfg, v));
         Ok(())
     }
@@ -132,13 +135,15 @@ impl NbdExports {
     /// Stops offering an export; connections already open finish with it.
     pub fn remove(&self, name: &str) -> ApiResult<()> {
         let mut c = self.configs.lock();
-        let old = c
-            .remove(name)
-            .ok_or_else(|| ApiError::not_found(format!("no NBD export '{name}'")))?;
-        if let Err(e) = self.save(&c) {
-            c.insert(name.to_string(), old);
-            return Err(e);
-        }
+        change_saved(
+            &mut *c,
+            |c| {
+                c.remove(name)
+                    .map(drop)
+                    .ok_or_else(|| ApiError::not_found(format!("no NBD export '{name}'")))
+            },
+            |c| self.save(c),
+        )?;
         self.registry.remove(name);
         Ok(())
     }

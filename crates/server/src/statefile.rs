@@ -54,3 +54,46 @@ mod tests {
         assert!(e.contains("is corrupt") && e.ends_with("fix it"), "{e}");
     }
 }
+
+/// Changes `state` with `change`, then saves it with `save`; if either fails, `state` is put
+/// back as it was, so that what is in memory never differs from what is on disk. For the small
+/// maps of the state directory (targets, exports): the copy it keeps costs nothing.
+pub fn change_saved<T: Clone, R, E>(
+    state: &mut T,
+    change: impl FnOnce(&mut T) -> Result<R, E>,
+    save: impl FnOnce(&T) -> Result<(), E>,
+) -> Result<R, E> {
+    let before = state.clone();
+    let done = change(state).and_then(|r| save(state).map(|()| r));
+    if done.is_err() {
+        *state = before;
+    }
+    done
+}
+
+#[cfg(test)]
+mod change_saved_tests {
+    use super::change_saved;
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn a_failed_change_or_save_leaves_the_state_as_it_was() {
+        let mut m: BTreeMap<u32, String> = BTreeMap::from([(1, "a".into())]);
+        let saved = change_saved(&mut m, |m| Ok::<_, String>(m.insert(2, "b".into())), |_| Ok(()));
+        assert_eq!(saved, Ok(None));
+        assert_eq!(m.len(), 2);
+        let failed_save = change_saved(&mut m, |m| Ok(m.remove(&1)), |_| Err("disk full".to_string()));
+        assert_eq!(failed_save, Err("disk full".to_string()));
+        assert_eq!(m.get(&1).map(String::as_str), Some("a"));
+        let failed_change: Result<(), String> = change_saved(
+            &mut m,
+            |m| {
+                m.clear();
+                Err("refused half way".to_string())
+            },
+            |_| Ok(()),
+        );
+        assert!(failed_change.is_err());
+        assert_eq!(m.len(), 2);
+    }
+}

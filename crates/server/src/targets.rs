@@ -14,7 +14,7 @@ use tracing::warn;
 
 use crate::error::{ApiError, ApiResult};
 use crate::model::SetChap;
-use crate::statefile;
+use crate::statefile::{self, change_saved};
 
 /// LUN numbers we hand out: single-level, flat space.
 pub const MAX_LUN: u64 = 16383;
@@ -289,11 +289,14 @@ impl Targets {
             allow_any_initiator,
             ..Default::default()
         };
-        c.insert(iqn.to_string(), cfg.clone());
-        if let Err(e) = self.save(&c) {
-            c.remove(iqn);
-            return Err(e);
-        }
+        change_saved(
+            &mut *c,
+            |c| {
+                c.insert(iqn.to_string(), cfg.clone());
+                Ok(())
+            },
+            |c| self.save(c),
+        )?;
         self.registry.add_target(Target::new(iqn)).set_access(cfg.access());
         Ok(cfg)
     }
@@ -308,13 +311,15 @@ impl Targets {
 
     pub fn delete(&self, iqn: &str) -> ApiResult<()> {
         let mut c = self.configs.lock();
-        let old = c
-            .remove(iqn)
-            .ok_or_else(|| ApiError::not_found(format!("no target '{iqn}'")))?;
-        if let Err(e) = self.save(&c) {
-            c.insert(iqn.to_string(), old);
-            return Err(e);
-        }
+        change_saved(
+            &mut *c,
+            |c| {
+                c.remove(iqn)
+                    .map(drop)
+                    .ok_or_else(|| ApiError::not_found(format!("no target '{iqn}'")))
+            },
+            |c| self.save(c),
+        )?;
         self.registry.remove_target(iqn);
         Ok(())
     }
@@ -346,11 +351,14 @@ impl Targets {
             )));
         }
         let lun = self.logical_unit(&c, name, &e, v).map_err(ApiError::io)?;
-        c.get_mut(iqn).expect("present").luns.insert(n, name.to_string());
-        if let Err(err) = self.save(&c) {
-            c.get_mut(iqn).expect("present").luns.remove(&n);
-            return Err(err);
-        }
+        change_saved(
+            &mut *c,
+            |c| {
+                c.get_mut(iqn).expect("present").luns.insert(n, name.to_string());
+                Ok(())
+            },
+            |c| self.save(c),
+        )?;
         if let Some(t) = self.registry.target(iqn) {
             t.luns.write().insert(n, lun);
         }
@@ -359,17 +367,19 @@ impl Targets {
 
     pub fn remove_lun(&self, iqn: &str, lun: u64) -> ApiResult<()> {
         let mut c = self.configs.lock();
-        let cfg = c
-            .get_mut(iqn)
-            .ok_or_else(|| ApiError::not_found(format!("no target '{iqn}'")))?;
-        let old = cfg
-            .luns
-            .remove(&lun)
-            .ok_or_else(|| ApiError::not_found(format!("target '{iqn}' has no LUN {lun}")))?;
-        if let Err(e) = self.save(&c) {
-            c.get_mut(iqn).expect("present").luns.insert(lun, old);
-            return Err(e);
-        }
+        change_saved(
+            &mut *c,
+            |c| {
+                let cfg = c
+                    .get_mut(iqn)
+                    .ok_or_else(|| ApiError::not_found(format!("no target '{iqn}'")))?;
+                cfg.luns
+                    .remove(&lun)
+                    .map(drop)
+                    .ok_or_else(|| ApiError::not_found(format!("target '{iqn}' has no LUN {lun}")))
+            },
+            |c| self.save(c),
+        )?;
         if let Some(t) = self.registry.target(iqn) {
             t.luns.write().remove(&lun);
         }
@@ -380,16 +390,17 @@ impl Targets {
     /// save fails) and applies the access rules to the next logins.
     fn update_access(&self, iqn: &str, change: impl FnOnce(&mut TargetConfig) -> ApiResult<()>) -> ApiResult<()> {
         let mut c = self.configs.lock();
-        let cfg = c
-            .get_mut(iqn)
-            .ok_or_else(|| ApiError::not_found(format!("no target '{iqn}'")))?;
-        let old = cfg.clone();
-        change(cfg)?;
-        let access = cfg.access();
-        if let Err(e) = self.save(&c) {
-            c.insert(iqn.to_string(), old);
-            return Err(e);
-        }
+        let access = change_saved(
+            &mut *c,
+            |c| {
+                let cfg = c
+                    .get_mut(iqn)
+                    .ok_or_else(|| ApiError::not_found(format!("no target '{iqn}'")))?;
+                change(cfg)?;
+                Ok(cfg.access())
+            },
+            |c| self.save(c),
+        )?;
         if let Some(t) = self.registry.target(iqn) {
             t.set_access(access);
         }
