@@ -34,13 +34,35 @@ pub struct AddDisk {
     pub path: String,
 }
 
+/// How a pool stands, worst first: what `pool list` shows and a monitor alerts on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PoolHealth {
+    /// The pool could not be imported (see `problem`).
+    Unavailable,
+    /// Some slab sets lost more disks than their layout tolerates: some data is unreadable.
+    Failed,
+    /// Redundancy is reduced, or data waits to move off a disk out of service.
+    Degraded,
+    Healthy,
+}
+
+impl std::fmt::Display for PoolHealth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            PoolHealth::Unavailable => "unavailable",
+            PoolHealth::Failed => "failed",
+            PoolHealth::Degraded => "degraded",
+            PoolHealth::Healthy => "healthy",
+        })
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PoolSummary {
     pub name: String,
     pub id: String,
-    /// healthy, degraded (redundancy reduced), failed (some data unreadable) or unavailable
-    /// (the pool could not be imported; see `problem`).
-    pub health: String,
+    pub health: PoolHealth,
     pub problem: Option<String>,
     pub disks: usize,
     pub healthy_disks: usize,
@@ -365,4 +387,20 @@ pub struct PortalView {
     pub warning: Option<String>,
     /// Why the portal is not listening.
     pub error: Option<String>,
+}
+
+#[cfg(test)]
+mod pool_health_tests {
+    use super::PoolHealth;
+
+    #[test]
+    fn pool_health_is_written_as_the_api_documents_it() {
+        let doc = crate::api::openapi::document();
+        let documented = &doc["components"]["schemas"]["PoolSummary"]["properties"]["health"]["enum"];
+        for h in [PoolHealth::Unavailable, PoolHealth::Failed, PoolHealth::Degraded, PoolHealth::Healthy] {
+            let json = serde_json::to_value(h).unwrap();
+            assert_eq!(json, serde_json::Value::String(h.to_string()));
+            assert!(documented.as_array().unwrap().contains(&json), "{h} is not in the OpenAPI document");
+        }
+    }
 }

@@ -63,7 +63,7 @@ impl Daemon {
                 return Ok(PoolSummary {
                     name: name.to_string(),
                     id: String::new(),
-                    health: "unavailable".into(),
+                    health: PoolHealth::Unavailable,
                     problem: Some(why),
                     disks: 0,
                     healthy_disks: 0,
@@ -84,11 +84,11 @@ impl Daemon {
         // A failed or retired disk that holds nothing any more does not make the pool degraded:
         // every slab set has its full redundancy.
         let health = if sets.iter().any(|s| s.state == "failed") {
-            "failed"
+            PoolHealth::Failed
         } else if !sets.is_empty() || repair > 0 {
-            "degraded"
+            PoolHealth::Degraded
         } else {
-            "healthy"
+            PoolHealth::Healthy
         };
         let idle: Vec<&str> = disks
             .iter()
@@ -96,7 +96,7 @@ impl Daemon {
             .map(|d| d.info.path.as_str())
             .collect();
         let problem = match health {
-            "failed" => Some("some slab sets lost more disks than their layout tolerates: their data is unreadable until a disk comes back".to_string()),
+            PoolHealth::Failed => Some("some slab sets lost more disks than their layout tolerates: their data is unreadable until a disk comes back".to_string()),
             _ if repair > 0 => Some(format!(
                 "{} to rebuild or move off failed, missing or retired disks: run 'tessera pool repair {name}'",
                 crate::units::format_size(repair)
@@ -107,7 +107,7 @@ impl Daemon {
         Ok(PoolSummary {
             name: name.to_string(),
             id: pool.id().to_string(),
-            health: health.to_string(),
+            health,
             problem,
             disks: disks.len(),
             healthy_disks,
