@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tessera_disk::{DiskRef, MemDisk};
+use tessera_test_support::{Disks, TestPool};
 use tessera_iscsi::initiator::{InitiatorError, LoginConfig, Session};
 use tessera_iscsi::pdu::Pdu;
 use tessera_iscsi::{Access, Limits, Registry, Target};
@@ -28,11 +28,7 @@ struct Rig {
 
 /// An open target with one 64 MiB LUN, under `limits`.
 async fn rig(limits: Limits) -> Rig {
-    let dir = tempfile::tempdir().unwrap();
-    let disks: Vec<DiskRef> = (0..2)
-        .map(|i| Arc::new(MemDisk::new(&format!("m{i}"), 128 * MIB)) as DiskRef)
-        .collect();
-    let engine = Engine::create_pool(&dir.path().join("p"), "p", disks, MIB).unwrap();
+    let TestPool { dir, engine } = TestPool::new(Disks::Memory, 2, 128 * MIB);
     let v = engine
         .create_vdisk(&VdiskSpec::new("v", 64 * MIB, LayoutKind::Mirror))
         .unwrap();

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rand::{Rng, RngCore, SeedableRng};
-use tessera_disk::{DiskRef, FileDisk, MemDisk};
+use tessera_test_support::{Disks, TestPool};
 use tessera_iscsi::initiator::{discover, InitiatorError, LoginConfig, ScsiResult, Session};
 use tessera_iscsi::{Access, Chap, Registry, Target};
 use tessera_vdisk_lun::vdisk_lun;
@@ -29,11 +29,6 @@ struct Rig {
 
 /// What the rig's pool is made of. On files, READs the LUN can plan have their disk reads on
 /// the session's ring; in memory, every command runs on the session's threads.
-#[derive(Clone, Copy, Debug)]
-enum Disks {
-    Files,
-    Memory,
-}
 
 async fn rig() -> Rig {
     rig_on(Disks::Memory).await
@@ -42,17 +37,7 @@ async fn rig() -> Rig {
 /// A target with a 64 MiB mirrored LUN 0 behind two target names: OPEN (no rules) and SECURE
 /// (ACL with HOST_A, mutual CHAP).
 async fn rig_on(kind: Disks) -> Rig {
-    let dir = tempfile::tempdir().unwrap();
-    let disks: Vec<DiskRef> = (0..3)
-        .map(|i| match kind {
-            Disks::Files => {
-                Arc::new(FileDisk::create_file(dir.path().join(format!("m{i}.img")), 128 * MIB, false).unwrap())
-                    as DiskRef
-            }
-            Disks::Memory => Arc::new(MemDisk::new(&format!("m{i}"), 128 * MIB)) as DiskRef,
-        })
-        .collect();
-    let engine = Engine::create_pool(&dir.path().join("p"), "p", disks, MIB).unwrap();
+    let TestPool { dir, engine } = TestPool::new(kind, 3, 128 * MIB);
     let v = engine
         .create_vdisk(&VdiskSpec::new("v", 64 * MIB, LayoutKind::Mirror))
         .unwrap();

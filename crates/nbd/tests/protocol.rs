@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use rand::{Rng, RngCore, SeedableRng};
-use tessera_disk::{DiskRef, FileDisk, MemDisk};
+use tessera_test_support::{Disks, TestPool};
 use tessera_nbd::client::{list, Client, ClientError};
 use tessera_nbd::proto::{self, cflag, cmd, errno};
 use tessera_nbd::{Export, Registry};
@@ -29,24 +29,9 @@ async fn rig() -> Rig {
     rig_on(Disks::Files).await
 }
 
-#[derive(Clone, Copy)]
-enum Disks {
-    Files,
-    Memory,
-}
 
 async fn rig_on(kind: Disks) -> Rig {
-    let dir = tempfile::tempdir().unwrap();
-    let disks: Vec<DiskRef> = (0..2)
-        .map(|i| match kind {
-            Disks::Files => {
-                Arc::new(FileDisk::create_file(dir.path().join(format!("m{i}.img")), 160 * MIB, false).unwrap())
-                    as DiskRef
-            }
-            Disks::Memory => Arc::new(MemDisk::new(&format!("m{i}"), 160 * MIB)) as DiskRef,
-        })
-        .collect();
-    let engine = Engine::create_pool(&dir.path().join("p"), "p", disks, MIB).unwrap();
+    let TestPool { dir, engine } = TestPool::new(kind, 2, 160 * MIB);
     let v = engine
         .create_vdisk(&VdiskSpec::new("v", 64 * MIB, LayoutKind::Mirror))
         .unwrap();

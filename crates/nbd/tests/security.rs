@@ -10,7 +10,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tessera_disk::{DiskRef, FileDisk};
+use tessera_test_support::{Disks, TestPool};
 use tessera_nbd::client::{Client, ClientError};
 use tessera_nbd::proto::{self, opt, rep};
 use tessera_nbd::{Export, Policy, Registry, TlsConfig, TlsServer};
@@ -27,13 +27,7 @@ struct Rig {
 }
 
 fn rig() -> Rig {
-    let dir = tempfile::tempdir().unwrap();
-    let disks: Vec<DiskRef> = (0..2)
-        .map(|i| {
-            Arc::new(FileDisk::create_file(dir.path().join(format!("m{i}.img")), 160 * MIB, false).unwrap()) as DiskRef
-        })
-        .collect();
-    let engine = Engine::create_pool(&dir.path().join("p"), "p", disks, MIB).unwrap();
+    let TestPool { dir, engine } = TestPool::new(Disks::Files, 2, 160 * MIB);
     let v = engine
         .create_vdisk(&VdiskSpec::new("v", 64 * MIB, LayoutKind::Mirror))
         .unwrap();

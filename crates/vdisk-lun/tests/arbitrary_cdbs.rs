@@ -4,15 +4,13 @@
 //! vdisk of the engine. (cargo fuzz drives the same decoders on a RAM backend: fuzz/, target
 //! scsi_cdb.)
 
-use std::sync::Arc;
-
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
-use tessera_disk::{DiskRef, MemDisk};
+use tessera_test_support::{Disks, TestPool};
 use tessera_scsi::sense;
 use tessera_scsi::{cdb_len, Nexus, COMMANDS};
 use tessera_vdisk_lun::vdisk_lun;
-use tessera_volume::{Engine, LayoutKind, VdiskSpec};
+use tessera_volume::{LayoutKind, VdiskSpec};
 
 const MIB: u64 = 1 << 20;
 
@@ -73,11 +71,7 @@ fn cdb() -> impl Strategy<Value = Vec<u8>> {
 
 #[test]
 fn arbitrary_cdbs_get_well_formed_answers() {
-    let dir = tempfile::tempdir().unwrap();
-    let disks: Vec<DiskRef> = (0..2)
-        .map(|i| Arc::new(MemDisk::new(&format!("m{i}"), 96 * MIB)) as DiskRef)
-        .collect();
-    let engine = Engine::create_pool(&dir.path().join("p"), "p", disks, MIB).unwrap();
+    let TestPool { dir: _dir, engine } = TestPool::new(Disks::Memory, 2, 96 * MIB);
     let v = engine
         .create_vdisk(&VdiskSpec::new("v", 16 * MIB, LayoutKind::Mirror))
         .unwrap();

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use tessera_disk::{DiskRef, MemDisk};
+use tessera_test_support::{Disks, TestPool};
 use tessera_scsi::sense::{self, key};
 use tessera_scsi::{report_luns, Data, Lun, Nexus, Response};
 use tessera_vdisk_lun::{vdisk_lun, vdisk_of};
@@ -25,11 +25,7 @@ fn rig(block_size: u32, size: u64, fixed: bool) -> (Rig, Lun) {
 }
 
 fn rig_with(block_size: u32, size: u64, tweak: impl FnOnce(&mut VdiskSpec)) -> (Rig, Lun) {
-    let dir = tempfile::tempdir().unwrap();
-    let disks: Vec<DiskRef> = (0..3)
-        .map(|i| Arc::new(MemDisk::new(&format!("m{i}"), 64 * MIB)) as DiskRef)
-        .collect();
-    let engine = Engine::create_pool(&dir.path().join("p"), "p", disks, MIB).unwrap();
+    let TestPool { dir, engine } = TestPool::new(Disks::Memory, 3, 64 * MIB);
     let mut spec = VdiskSpec::new("v", size, LayoutKind::Mirror);
     spec.block_size = Some(block_size);
     spec.grain_size = Some(64 << 10);
@@ -374,11 +370,7 @@ fn report_supported_opcodes_and_luns() {
 
 #[test]
 fn full_pool_is_space_allocation_failed_never_silent() {
-    let dir = tempfile::tempdir().unwrap();
-    let disks: Vec<DiskRef> = (0..2)
-        .map(|i| Arc::new(MemDisk::new(&format!("m{i}"), 8 * MIB)) as DiskRef)
-        .collect();
-    let engine = Engine::create_pool(&dir.path().join("p"), "p", disks, MIB).unwrap();
+    let TestPool { dir: _dir, engine } = TestPool::new(Disks::Memory, 2, 8 * MIB);
     let v = engine
         .create_vdisk(&VdiskSpec::new("big", 64 * MIB, LayoutKind::Simple))
         .unwrap();

@@ -4,7 +4,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tessera_disk::{io_uring_available, skip, DiskRef, FileDisk, MemDisk, ReadRing};
+use tessera_test_support::{Disks, TestPool};
+use tessera_disk::{io_uring_available, skip, ReadRing};
 use tessera_scsi::sense::{self, key};
 use tessera_scsi::{Lun, Nexus, PlannedRead, ReadStart, Response};
 use tessera_vdisk_lun::vdisk_lun;
@@ -21,18 +22,8 @@ struct Rig {
 
 /// A 16 MiB mirrored LUN of 4 KiB blocks, on file disks or in memory.
 fn rig(files: bool) -> Rig {
-    let dir = tempfile::tempdir().unwrap();
-    let disks: Vec<DiskRef> = (0..3)
-        .map(|i| {
-            if files {
-                let path = dir.path().join(format!("m{i}.img"));
-                Arc::new(FileDisk::create_file(path, 64 * MIB, false).unwrap()) as DiskRef
-            } else {
-                Arc::new(MemDisk::new(&format!("m{i}"), 64 * MIB)) as DiskRef
-            }
-        })
-        .collect();
-    let engine = Engine::create_pool(&dir.path().join("p"), "p", disks, MIB).unwrap();
+    let kind = if files { Disks::Files } else { Disks::Memory };
+    let TestPool { dir, engine } = TestPool::new(kind, 3, 64 * MIB);
     let mut spec = VdiskSpec::new("v", 16 * MIB, LayoutKind::Mirror);
     spec.block_size = Some(BS as u32);
     spec.grain_size = Some(64 << 10);
