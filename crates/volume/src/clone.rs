@@ -8,17 +8,8 @@ use tessera_pool::validate_name;
 use crate::config::{Provisioning, VdiskSpec, VdiskState};
 use crate::engine::Engine;
 use crate::error::{Result, VolumeError};
-use crate::frozen::Frozen;
+use crate::frozen::{CloneStats, Frozen};
 use crate::vdisk::Vdisk;
-
-/// How a clone_range was carried out.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
-pub struct CloneStats {
-    /// Bytes that now share the source's grains.
-    pub shared_bytes: u64,
-    /// Bytes copied (grain edges, or vdisks whose grains cannot be shared).
-    pub copied_bytes: u64,
-}
 
 impl Engine {
     /// A new thin vdisk `name` with the layout, grain and block sizes of `src` (a vdisk or a

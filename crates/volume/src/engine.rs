@@ -18,20 +18,12 @@ use tracing::{info, warn};
 use crate::commit::Committer;
 use crate::config::{physical_block_size, validate, VdiskConfig, VdiskSpec, VdiskState, DEFAULT_GRAIN};
 use crate::error::{Result, VolumeError};
-use crate::frozen::FrozenRegistry;
+use crate::frozen_registry::FrozenRegistry;
+use crate::shared::Shared;
 use crate::keys::{parse_grain_key, parse_loc, refcount_key, vdisk_key};
 use crate::locks::GrainLocks;
 use crate::space::{loc_parts, Class, GrainSpace};
 use crate::vdisk::{Vdisk, BATCH_GRAINS};
-
-pub(crate) struct Shared {
-    pub pool: Arc<Pool>,
-    pub layouts: Arc<Layouts>,
-    pub space: GrainSpace,
-    pub committer: Committer,
-    pub locks: GrainLocks,
-    pub frozen: FrozenRegistry,
-}
 
 /// The engine owns the pool's vdisks by name; each vdisk holds only what vdisks share (the
 /// pool, layouts, grain space, locks), which holds no vdisk, so nothing needs breaking by hand

@@ -8,17 +8,15 @@
 //! right, since nothing durable points at a frozen image. Snapshots, clones, ODX tokens and
 //! clone_range are all a freeze followed by a paste.
 
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
-use parking_lot::Mutex;
 use tessera_disk::AlignedBuf;
 use tessera_pool::{refcount_delta, CF_GRAINS, CF_REFCOUNTS};
 
-use crate::clone::CloneStats;
 use crate::commit::Op;
-use crate::engine::Shared;
+use crate::frozen_registry::Piece;
+use crate::shared::Shared;
 use crate::error::{Result, VolumeError};
 use crate::keys::{grain_key, loc_value, refcount_key};
 use crate::space::{Class, Loc};
@@ -31,53 +29,26 @@ const PASTE_BATCH: u64 = 4096;
 /// Bytes copied per read-write step when grains cannot be shared.
 const COPY_CHUNK: u64 = 1 << 20;
 
-/// One frozen range of the source: where it sits in the image and in the source, and the
-/// location of every grain it touches (0: unmapped, reads as zeros).
-#[derive(Debug)]
-struct Piece {
-    at: u64,
-    src_off: u64,
-    len: u64,
-    first_grain: u64,
-    locs: Vec<Loc>,
-}
-
-/// The frozen images alive in one engine, so that the metadata check can count the
-/// references they hold.
-#[derive(Default)]
-pub(crate) struct FrozenRegistry {
-    next: std::sync::atomic::AtomicU64,
-    live: Mutex<HashMap<u64, Weak<Held>>>,
-}
-
-impl FrozenRegistry {
-    /// Every grain location a live frozen image holds a reference to, with multiplicity.
-    pub(crate) fn held(&self) -> Vec<Loc> {
-        let live: Vec<Arc<Held>> = self.live.lock().values().filter_map(|w| w.upgrade()).collect();
-        live.iter().flat_map(|h| h.locs().into_iter()).collect()
-    }
+/// How a clone_range was carried out.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct CloneStats {
+    /// Bytes that now share the source's grains.
+    pub shared_bytes: u64,
+    /// Bytes copied (grain edges, or vdisks whose grains cannot be shared).
+    pub copied_bytes: u64,
 }
 
 /// The references of one image; dropping it gives them back.
 struct Held {
     id: u64,
     s: Arc<Shared>,
-    pieces: Vec<Piece>,
-}
-
-impl Held {
-    fn locs(&self) -> Vec<Loc> {
-        self.pieces
-            .iter()
-            .flat_map(|p| p.locs.iter().copied().filter(|&l| l != 0))
-            .collect()
-    }
+    pieces: Arc<Vec<Piece>>,
 }
 
 impl Drop for Held {
     fn drop(&mut self) {
-        self.s.frozen.live.lock().remove(&self.id);
-        for p in &self.pieces {
+        self.s.frozen.forget(self.id);
+        for p in self.pieces.iter() {
             for &l in &p.locs {
                 if l != 0 {
                     self.s.space.decref(l);
@@ -145,13 +116,12 @@ impl Vdisk {
                 at += len;
             }
         }
-        let id = self.s.frozen.next.fetch_add(1, Ordering::Relaxed);
+        let pieces = Arc::new(pieces);
         let held = Arc::new(Held {
-            id,
+            id: self.s.frozen.register(&pieces),
             s: self.s.clone(),
             pieces,
         });
-        self.s.frozen.live.lock().insert(id, Arc::downgrade(&held));
         Ok(Frozen {
             held,
             class: self.class,

@@ -8,18 +8,19 @@ mod config;
 mod engine;
 mod error;
 mod frozen;
+mod frozen_registry;
 mod keys;
 mod locks;
 mod plan;
+mod shared;
 mod space;
 mod vdisk;
 
 pub use check::CheckReport;
-pub use clone::CloneStats;
 pub use config::{Provisioning, VdiskConfig, VdiskSpec, VdiskState, DEFAULT_GRAIN, MAX_GRAIN, MIN_GRAIN};
 pub use engine::Engine;
 pub use error::{Result, VolumeError};
-pub use frozen::Frozen;
+pub use frozen::{CloneStats, Frozen};
 pub use plan::ReadPlan;
 pub use vdisk::{Extent, SpaceUsage, Vdisk};
 

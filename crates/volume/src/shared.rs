@@ -1,0 +1,22 @@
+//! What every vdisk of a pool shares, and holds: the pool, its layouts, the grain space, the
+//! metadata committer, the grain locks and the registry of frozen images. It holds no vdisk:
+//! the engine owns those.
+
+use std::sync::Arc;
+
+use tessera_layout::Layouts;
+use tessera_pool::Pool;
+
+use crate::commit::Committer;
+use crate::frozen_registry::FrozenRegistry;
+use crate::locks::GrainLocks;
+use crate::space::GrainSpace;
+
+pub(crate) struct Shared {
+    pub pool: Arc<Pool>,
+    pub layouts: Arc<Layouts>,
+    pub space: GrainSpace,
+    pub committer: Committer,
+    pub locks: GrainLocks,
+    pub frozen: FrozenRegistry,
+}
