@@ -13,7 +13,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{oneshot, Mutex, Notify, Semaphore};
 
 use crate::auth;
-use crate::pdu::{get32, op, put32, Pdu};
+use crate::pdu::{at, get32, op, put32, Pdu};
 use crate::text;
 
 const NO_TAG: u32 = 0xFFFF_FFFF;
@@ -211,8 +211,8 @@ impl Session {
         let final_bit = !write || s.neg.initial_r2t || immediate == data_out.len();
         p.bhs[1] = (final_bit as u8) << 7 | ((read_len > 0) as u8) << 6 | (write as u8) << 5 | 0x01;
         p.bhs[8..16].copy_from_slice(&lun_field);
-        put32(&mut p.bhs, 16, itt);
-        put32(&mut p.bhs, 20, if write { data_out.len() } else { read_len } as u32);
+        put32(&mut p.bhs, at::ITT, itt);
+        put32(&mut p.bhs, at::EDTL, if write { data_out.len() } else { read_len } as u32);
         p.bhs[32..32 + cdb.len()].copy_from_slice(cdb);
         p.data = data_out[..immediate].to_vec();
         let mut w = s.writer.lock().await;
@@ -227,8 +227,8 @@ impl Session {
             w = s.writer.lock().await;
         }
         let sn = s.cmd_sn.fetch_add(1, Ordering::AcqRel);
-        put32(&mut p.bhs, 24, sn);
-        put32(&mut p.bhs, 28, s.exp_stat_sn.load(Ordering::Acquire));
+        put32(&mut p.bhs, at::CMD_SN, sn);
+        put32(&mut p.bhs, at::EXP_STAT_SN, s.exp_stat_sn.load(Ordering::Acquire));
         let mut bytes = p.encode(s.neg.header_digest, s.neg.data_digest);
         if !s.neg.initial_r2t && immediate < data_out.len() {
             // Unsolicited Data-Out up to FirstBurstLength.
@@ -250,9 +250,9 @@ impl Session {
         p.bhs[0] |= 0x40;
         p.bhs[1] = 0x80;
         let itt = s.next_itt.fetch_add(1, Ordering::Relaxed) & 0x7FFF_FFFF;
-        put32(&mut p.bhs, 16, itt);
-        put32(&mut p.bhs, 24, s.cmd_sn.load(Ordering::Acquire));
-        put32(&mut p.bhs, 28, s.exp_stat_sn.load(Ordering::Acquire));
+        put32(&mut p.bhs, at::ITT, itt);
+        put32(&mut p.bhs, at::CMD_SN, s.cmd_sn.load(Ordering::Acquire));
+        put32(&mut p.bhs, at::EXP_STAT_SN, s.exp_stat_sn.load(Ordering::Acquire));
         let bytes = p.encode(s.neg.header_digest, s.neg.data_digest);
         s.writer.lock().await.write_all(&bytes).await?;
         // The target answers and closes; the reader ends with the connection.
@@ -277,10 +277,10 @@ pub async fn discover(addr: &str, cfg: &LoginConfig) -> Result<Vec<(String, Stri
     let mut p = Pdu::new(op::TEXT_REQ);
     p.bhs[0] |= 0x40;
     p.bhs[1] = 0x80;
-    put32(&mut p.bhs, 16, 1);
-    put32(&mut p.bhs, 20, NO_TAG);
-    put32(&mut p.bhs, 24, cmd_sn);
-    put32(&mut p.bhs, 28, exp_stat_sn);
+    put32(&mut p.bhs, at::ITT, 1);
+    put32(&mut p.bhs, at::TTT, NO_TAG);
+    put32(&mut p.bhs, at::CMD_SN, cmd_sn);
+    put32(&mut p.bhs, at::EXP_STAT_SN, exp_stat_sn);
     p.data = text::encode(&[("SendTargets".into(), "All".into())]);
     p.write(&mut w, neg.header_digest, neg.data_digest).await?;
     let resp = Pdu::read(&mut r, neg.header_digest, neg.data_digest, 1 << 20)
@@ -330,10 +330,10 @@ fn data_out_pdus(neg: &Negotiated, lun: [u8; 8], itt: u32, ttt: u32, data: &[u8]
         let mut p = Pdu::new(op::DATA_OUT);
         p.bhs[1] = if off + n == to { 0x80 } else { 0 };
         p.bhs[8..16].copy_from_slice(&lun);
-        put32(&mut p.bhs, 16, itt);
-        put32(&mut p.bhs, 20, ttt);
-        put32(&mut p.bhs, 36, data_sn);
-        put32(&mut p.bhs, 40, off as u32);
+        put32(&mut p.bhs, at::ITT, itt);
+        put32(&mut p.bhs, at::TTT, ttt);
+        put32(&mut p.bhs, at::DATA_SN, data_sn);
+        put32(&mut p.bhs, at::BUFFER_OFFSET, off as u32);
         p.data = data[off..off + n].to_vec();
         out.extend(p.encode(neg.header_digest, neg.data_digest));
         off += n;
@@ -361,7 +361,7 @@ async fn read_loop(mut r: OwnedReadHalf, s: Arc<Shared>) {
             opcode,
             op::SCSI_RESP | op::DATA_IN | op::R2T | op::NOP_IN | op::LOGOUT_RESP | op::REJECT
         ) {
-            let max = get32(&p.bhs, 32);
+            let max = p.max_cmd_sn();
             if sn_le(s.max_cmd_sn.load(Ordering::Acquire), max) {
                 s.max_cmd_sn.store(max, Ordering::Release);
                 s.window.notify_waiters();
@@ -373,12 +373,12 @@ async fn read_loop(mut r: OwnedReadHalf, s: Arc<Shared>) {
             || opcode == op::DATA_IN && p.bhs[1] & 0x01 != 0;
         if status_carrier {
             s.exp_stat_sn
-                .store(get32(&p.bhs, 24).wrapping_add(1), Ordering::Release);
+                .store(p.stat_sn().wrapping_add(1), Ordering::Release);
         }
         match opcode {
             op::DATA_IN => {
                 let itt = p.itt();
-                let offset = get32(&p.bhs, 40) as usize;
+                let offset = p.buffer_offset() as usize;
                 let mut pending = s.pending.lock();
                 if let Some(c) = pending.get_mut(&itt) {
                     if c.data_in.len() < offset + p.data.len() {
@@ -420,7 +420,7 @@ async fn read_loop(mut r: OwnedReadHalf, s: Arc<Shared>) {
             }
             op::R2T => {
                 let itt = p.itt();
-                let (ttt, off, len) = (p.ttt(), get32(&p.bhs, 40) as usize, get32(&p.bhs, 44) as usize);
+                let (ttt, off, len) = (p.ttt(), p.buffer_offset() as usize, p.desired_length() as usize);
                 let job = s.pending.lock().get(&itt).map(|c| (c.lun, c.data_out.clone()));
                 if let Some((lun, data)) = job {
                     let end = (off + len).min(data.len());
@@ -436,10 +436,10 @@ async fn read_loop(mut r: OwnedReadHalf, s: Arc<Shared>) {
                 o.bhs[0] |= 0x40;
                 o.bhs[1] = 0x80;
                 o.bhs[8..16].copy_from_slice(&p.bhs[8..16]);
-                put32(&mut o.bhs, 16, NO_TAG);
-                put32(&mut o.bhs, 20, p.ttt());
-                put32(&mut o.bhs, 24, s.cmd_sn.load(Ordering::Acquire));
-                put32(&mut o.bhs, 28, s.exp_stat_sn.load(Ordering::Acquire));
+                put32(&mut o.bhs, at::ITT, NO_TAG);
+                put32(&mut o.bhs, at::TTT, p.ttt());
+                put32(&mut o.bhs, at::CMD_SN, s.cmd_sn.load(Ordering::Acquire));
+                put32(&mut o.bhs, at::EXP_STAT_SN, s.exp_stat_sn.load(Ordering::Acquire));
                 let bytes = o.encode(s.neg.header_digest, s.neg.data_digest);
                 if s.writer.lock().await.write_all(&bytes).await.is_err() {
                     break;
@@ -465,7 +465,7 @@ async fn read_loop(mut r: OwnedReadHalf, s: Arc<Shared>) {
 }
 
 fn residual(p: &Pdu) -> Option<(u32, bool)> {
-    let count = get32(&p.bhs, 44);
+    let count = p.desired_length();
     match p.bhs[1] & 0x06 {
         0x02 => Some((count, true)),
         0x04 => Some((count, false)),
@@ -519,9 +519,9 @@ async fn login(
         let want_transit = stage == 1 || auth_done || chap_step == 2;
         p.bhs[1] = ((want_transit as u8) << 7) | (stage << 2) | if want_transit { transit_to } else { 0 };
         p.bhs[8..14].copy_from_slice(&cfg.isid);
-        put32(&mut p.bhs, 16, 0);
-        put32(&mut p.bhs, 24, cmd_sn);
-        put32(&mut p.bhs, 28, exp_stat_sn);
+        put32(&mut p.bhs, at::ITT, 0);
+        put32(&mut p.bhs, at::CMD_SN, cmd_sn);
+        put32(&mut p.bhs, at::EXP_STAT_SN, exp_stat_sn);
         if stage == 1 && !sent_operational {
             keys.extend([
                 ("HeaderDigest".to_string(), digest(cfg.header_digest)),
@@ -557,7 +557,7 @@ async fn login(
         if class != 0 {
             return Err(InitiatorError::LoginRefused { class, detail });
         }
-        exp_stat_sn = get32(&resp.bhs, 24).wrapping_add(1);
+        exp_stat_sn = resp.stat_sn().wrapping_add(1);
         let answers = text::parse(&resp.data).map_err(proto)?;
         let get = |k: &str| answers.iter().find(|(a, _)| a == k).map(|(_, v)| v.clone());
         for (k, v) in &answers {
@@ -622,7 +622,7 @@ async fn login(
             let nsg = resp.bhs[1] & 3;
             if nsg == 3 {
                 let tsih = u16::from_be_bytes([resp.bhs[14], resp.bhs[15]]);
-                let max_cmd_sn = get32(&resp.bhs, 32);
+                let max_cmd_sn = resp.max_cmd_sn();
                 if cfg.target.is_none() {
                     neg.immediate_data = false;
                 }

@@ -9,7 +9,7 @@ use tracing::{debug, info};
 use crate::auth::{self, Chap};
 use crate::limits::MAX_LOGIN_TEXT;
 use crate::params::{Answer, Params, OUR_MAX_RECV_DATA_SEGMENT};
-use crate::pdu::{op, Pdu};
+use crate::pdu::{at, op, Pdu};
 use crate::target::{Registry, Target};
 use crate::text;
 
@@ -145,19 +145,19 @@ where
         let (csg, nsg) = ((flags >> 2) & 3, flags & 3);
         let isid: [u8; 6] = req.bhs[8..14].try_into().expect("6 bytes");
         let tsih = u16::from_be_bytes([req.bhs[14], req.bhs[15]]);
-        let cmd_sn = req.field24();
+        let cmd_sn = req.cmd_sn();
         if first {
-            stat_sn = req.field28();
+            stat_sn = req.exp_stat_sn();
         }
         let reply = |status_code: u16, data: Vec<u8>, transit: bool, stat_sn: u32, tsih: u16| {
             let mut p = Pdu::new(op::LOGIN_RESP);
             p.bhs[1] = if transit { 0x80 | (csg << 2) | nsg } else { csg << 2 };
             p.bhs[8..14].copy_from_slice(&isid);
             p.bhs[14..16].copy_from_slice(&tsih.to_be_bytes());
-            p.set(16, req.itt())
-                .set(24, stat_sn)
-                .set(28, cmd_sn)
-                .set(32, cmd_sn.wrapping_add(CMD_WINDOW - 1));
+            p.set(at::ITT, req.itt())
+                .set(at::STAT_SN, stat_sn)
+                .set(at::EXP_CMD_SN, cmd_sn)
+                .set(at::MAX_CMD_SN, cmd_sn.wrapping_add(CMD_WINDOW - 1));
             p.bhs[36] = (status_code >> 8) as u8;
             p.bhs[37] = status_code as u8;
             p.data = data;

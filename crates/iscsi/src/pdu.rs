@@ -66,6 +66,33 @@ pub fn put32(b: &mut [u8], at: usize, v: u32) {
     b[at..at + 4].copy_from_slice(&v.to_be_bytes());
 }
 
+/// Where the 4-byte fields of the basic header segment sit (RFC 7143 section 11). One offset
+/// holds different fields in different PDUs; each name says which.
+pub mod at {
+    pub const ITT: usize = 16;
+    /// Target Transfer Tag (Data-Out, R2T, NOP, text, and "reserved" 0xFFFFFFFF elsewhere).
+    pub const TTT: usize = 20;
+    /// Expected Data Transfer Length of a SCSI Command.
+    pub const EDTL: usize = 20;
+    /// CmdSN in requests.
+    pub const CMD_SN: usize = 24;
+    /// StatSN in responses.
+    pub const STAT_SN: usize = 24;
+    /// ExpStatSN in requests.
+    pub const EXP_STAT_SN: usize = 28;
+    /// ExpCmdSN in responses.
+    pub const EXP_CMD_SN: usize = 28;
+    /// MaxCmdSN in responses.
+    pub const MAX_CMD_SN: usize = 32;
+    /// DataSN (Data-In, Data-Out), R2TSN (R2T), ExpDataSN (SCSI Response).
+    pub const DATA_SN: usize = 36;
+    /// Buffer Offset of Data-In, Data-Out and R2T.
+    pub const BUFFER_OFFSET: usize = 40;
+    /// Residual Count (Data-In, SCSI Response), Desired Data Transfer Length (R2T).
+    pub const RESIDUAL: usize = 44;
+    pub const DESIRED_LENGTH: usize = 44;
+}
+
 impl Pdu {
     pub fn new(opcode: u8) -> Pdu {
         let mut bhs = [0u8; BHS_LEN];
@@ -93,30 +120,46 @@ impl Pdu {
         self.bhs[8..16].try_into().expect("8 bytes")
     }
     pub fn itt(&self) -> u32 {
-        get32(&self.bhs, 16)
+        get32(&self.bhs, at::ITT)
     }
     pub fn ttt(&self) -> u32 {
-        get32(&self.bhs, 20)
+        get32(&self.bhs, at::TTT)
     }
-    /// CmdSN in requests, StatSN in responses.
-    pub fn field24(&self) -> u32 {
-        get32(&self.bhs, 24)
+    /// CmdSN of a request.
+    pub fn cmd_sn(&self) -> u32 {
+        get32(&self.bhs, at::CMD_SN)
     }
-    /// ExpStatSN in requests, ExpCmdSN in responses.
-    pub fn field28(&self) -> u32 {
-        get32(&self.bhs, 28)
+    /// ExpStatSN of a request.
+    pub fn exp_stat_sn(&self) -> u32 {
+        get32(&self.bhs, at::EXP_STAT_SN)
     }
-    pub fn field20(&self) -> u32 {
-        get32(&self.bhs, 20)
+    /// StatSN of a response.
+    pub fn stat_sn(&self) -> u32 {
+        get32(&self.bhs, at::STAT_SN)
     }
-    pub fn field32(&self) -> u32 {
-        get32(&self.bhs, 32)
+    /// MaxCmdSN of a response.
+    pub fn max_cmd_sn(&self) -> u32 {
+        get32(&self.bhs, at::MAX_CMD_SN)
     }
-    pub fn field36(&self) -> u32 {
-        get32(&self.bhs, 36)
+    /// Expected Data Transfer Length of a SCSI Command.
+    pub fn expected_data_transfer_length(&self) -> u32 {
+        get32(&self.bhs, at::EDTL)
     }
-    pub fn field40(&self) -> u32 {
-        get32(&self.bhs, 40)
+    /// The CDB of a SCSI Command (16 bytes; a longer one would come in an AHS).
+    pub fn cdb(&self) -> &[u8] {
+        &self.bhs[32..48]
+    }
+    /// DataSN of a Data-In or Data-Out.
+    pub fn data_sn(&self) -> u32 {
+        get32(&self.bhs, at::DATA_SN)
+    }
+    /// Buffer Offset of a Data-In, Data-Out or R2T.
+    pub fn buffer_offset(&self) -> u32 {
+        get32(&self.bhs, at::BUFFER_OFFSET)
+    }
+    /// Desired Data Transfer Length of an R2T.
+    pub fn desired_length(&self) -> u32 {
+        get32(&self.bhs, at::DESIRED_LENGTH)
     }
     pub fn set(&mut self, at: usize, v: u32) -> &mut Self {
         put32(&mut self.bhs, at, v);

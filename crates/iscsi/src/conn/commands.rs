@@ -41,7 +41,7 @@ impl Session {
         }
         let seq = &self.writer.seq;
         let exp = seq.exp_cmd_sn.load(Ordering::Acquire);
-        let ahead = p.field24().wrapping_sub(exp);
+        let ahead = p.cmd_sn().wrapping_sub(exp);
         ahead <= seq.max_cmd_sn().wrapping_sub(exp)
     }
 
@@ -49,7 +49,7 @@ impl Session {
     pub(super) fn scsi_command(&self, rs: &mut ReadSide, p: Pdu) -> Option<Job> {
         if !self.in_window(&p) {
             // RFC 7143 3.2.2.1: a command outside the window is silently ignored.
-            debug!(cmd_sn = p.field24(), "command outside the CmdSN window dropped");
+            debug!(cmd_sn = p.cmd_sn(), "command outside the CmdSN window dropped");
             return None;
         }
         self.advance(&p);
@@ -60,8 +60,8 @@ impl Session {
         };
         let flags = p.flags();
         let (read, write) = (flags & 0x40 != 0, flags & 0x20 != 0);
-        let edtl = p.field20() as usize;
-        let cdb = p.bhs[32..48].to_vec();
+        let edtl = p.expected_data_transfer_length() as usize;
+        let cdb = p.cdb().to_vec();
         let lun_field = p.lun();
         let lun = target.lun(decode_lun(&lun_field));
         let seq = &self.writer.seq;

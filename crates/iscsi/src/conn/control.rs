@@ -8,7 +8,7 @@ impl Session {
         let mut r = Pdu::new(op::REJECT);
         r.bhs[1] = 0x80;
         r.bhs[2] = reason;
-        put32(&mut r.bhs, 16, NO_TAG);
+        put32(&mut r.bhs, at::ITT, NO_TAG);
         r.data = p.bhs.to_vec();
         self.writer.send_pdu(&r, true);
     }
@@ -19,7 +19,7 @@ impl Session {
         if !p.immediate() {
             let seq = &self.writer.seq;
             let exp = seq.exp_cmd_sn.load(Ordering::Acquire);
-            if p.field24() == exp {
+            if p.cmd_sn() == exp {
                 seq.exp_cmd_sn.store(exp.wrapping_add(1), Ordering::Release);
             }
         }
@@ -51,8 +51,8 @@ impl Session {
         }
         let mut r = Pdu::new(op::TEXT_RESP);
         r.bhs[1] = 0x80;
-        put32(&mut r.bhs, 16, p.itt());
-        put32(&mut r.bhs, 20, NO_TAG);
+        put32(&mut r.bhs, at::ITT, p.itt());
+        put32(&mut r.bhs, at::TTT, NO_TAG);
         r.data = text::encode(&out);
         self.writer.send_pdu(&r, true);
     }
@@ -89,7 +89,7 @@ impl Session {
         let mut r = Pdu::new(op::TASK_MGMT_RESP);
         r.bhs[1] = 0x80;
         r.bhs[2] = response;
-        put32(&mut r.bhs, 16, p.itt());
+        put32(&mut r.bhs, at::ITT, p.itt());
         self.writer.send_pdu(&r, true);
     }
 }

@@ -220,8 +220,8 @@ impl Session {
             None if rs.last_heard.elapsed() >= NOP_INTERVAL => {
                 let mut p = Pdu::new(op::NOP_IN);
                 p.bhs[1] = 0x80;
-                put32(&mut p.bhs, 16, NO_TAG);
-                put32(&mut p.bhs, 20, 0x7FFF_FFFF);
+                put32(&mut p.bhs, at::ITT, NO_TAG);
+                put32(&mut p.bhs, at::TTT, 0x7FFF_FFFF);
                 self.writer.send_pdu(&p, false);
                 rs.pinged = Some(Instant::now());
                 Ok(())
@@ -241,7 +241,7 @@ impl Session {
                 let mut rej = Pdu::new(op::REJECT);
                 rej.bhs[1] = 0x80;
                 rej.bhs[2] = 0x02;
-                put32(&mut rej.bhs, 16, NO_TAG);
+                put32(&mut rej.bhs, at::ITT, NO_TAG);
                 rej.data = bhs.to_vec();
                 self.writer.send_pdu(&rej, true);
                 let mut lost = Pdu::new(op::DATA_OUT);
@@ -268,8 +268,8 @@ impl Session {
                     let mut r = Pdu::new(op::NOP_IN);
                     r.bhs[1] = 0x80;
                     r.bhs[8..16].copy_from_slice(&p.bhs[8..16]);
-                    put32(&mut r.bhs, 16, p.itt());
-                    put32(&mut r.bhs, 20, NO_TAG);
+                    put32(&mut r.bhs, at::ITT, p.itt());
+                    put32(&mut r.bhs, at::TTT, NO_TAG);
                     r.data = p.data;
                     self.writer.send_pdu(&r, true);
                 }
@@ -289,7 +289,7 @@ impl Session {
                 r.bhs[1] = 0x80;
                 // Removing a connection for recovery needs ErrorRecoveryLevel 2.
                 r.bhs[2] = if reason == 2 { 2 } else { 0 };
-                put32(&mut r.bhs, 16, p.itt());
+                put32(&mut r.bhs, at::ITT, p.itt());
                 let p = &self.ctx.params;
                 r.bhs[40..42].copy_from_slice(&(p.default_time2wait as u16).to_be_bytes());
                 r.bhs[42..44].copy_from_slice(&(p.default_time2retain as u16).to_be_bytes());

@@ -22,12 +22,12 @@ impl Writer {
         let mut meta = Vec::with_capacity(pdus.len() * (BHS_LEN + 12));
         let mut spans = Vec::with_capacity(pdus.len());
         for p in pdus.iter_mut() {
-            put32(&mut p.bhs, 24, w.stat_sn);
+            put32(&mut p.bhs, at::STAT_SN, w.stat_sn);
             if p.status {
                 w.stat_sn = w.stat_sn.wrapping_add(1);
             }
-            put32(&mut p.bhs, 28, self.seq.exp_cmd_sn.load(Ordering::Acquire));
-            put32(&mut p.bhs, 32, self.seq.max_cmd_sn());
+            put32(&mut p.bhs, at::EXP_CMD_SN, self.seq.exp_cmd_sn.load(Ordering::Acquire));
+            put32(&mut p.bhs, at::MAX_CMD_SN, self.seq.max_cmd_sn());
             let n = p.data.len();
             p.bhs[4] = 0;
             p.bhs[5] = (n >> 16) as u8;
@@ -148,17 +148,17 @@ pub(super) fn response_pdus<'a>(
         let mut bhs = [0u8; BHS_LEN];
         bhs[0] = op::DATA_IN;
         bhs[8..16].copy_from_slice(&lun);
-        put32(&mut bhs, 16, itt);
-        put32(&mut bhs, 20, NO_TAG);
-        put32(&mut bhs, 36, data_sn);
-        put32(&mut bhs, 40, offset as u32);
+        put32(&mut bhs, at::ITT, itt);
+        put32(&mut bhs, at::TTT, NO_TAG);
+        put32(&mut bhs, at::DATA_SN, data_sn);
+        put32(&mut bhs, at::BUFFER_OFFSET, offset as u32);
         let mut status = false;
         if last {
             bhs[1] = 0x80;
             if collapse {
                 bhs[1] |= 0x01 | residual_flags;
                 bhs[3] = resp.status;
-                put32(&mut bhs, 44, residual);
+                put32(&mut bhs, at::RESIDUAL, residual);
                 status = true;
             }
         }
@@ -175,10 +175,10 @@ pub(super) fn response_pdus<'a>(
         bhs[0] = op::SCSI_RESP;
         bhs[1] = 0x80 | residual_flags;
         bhs[3] = resp.status;
-        put32(&mut bhs, 16, itt);
+        put32(&mut bhs, at::ITT, itt);
         // ExpDataSN: how many Data-In PDUs went before.
-        put32(&mut bhs, 36, data_sn);
-        put32(&mut bhs, 44, residual);
+        put32(&mut bhs, at::DATA_SN, data_sn);
+        put32(&mut bhs, at::RESIDUAL, residual);
         out.push(Out {
             bhs,
             data: sense_segment,

@@ -22,11 +22,11 @@ impl Session {
         let mut r = Pdu::new(op::R2T);
         r.bhs[1] = 0x80;
         r.bhs[8..16].copy_from_slice(&t.lun_field);
-        put32(&mut r.bhs, 16, itt);
-        put32(&mut r.bhs, 20, ttt);
-        put32(&mut r.bhs, 36, t.r2t_sn);
-        put32(&mut r.bhs, 40, t.next_offset as u32);
-        put32(&mut r.bhs, 44, len as u32);
+        put32(&mut r.bhs, at::ITT, itt);
+        put32(&mut r.bhs, at::TTT, ttt);
+        put32(&mut r.bhs, at::DATA_SN, t.r2t_sn);
+        put32(&mut r.bhs, at::BUFFER_OFFSET, t.next_offset as u32);
+        put32(&mut r.bhs, at::DESIRED_LENGTH, len as u32);
         t.r2t = Some((ttt, t.next_offset, len));
         t.r2t_sn += 1;
         t.data_sn = 0;
@@ -43,7 +43,7 @@ impl Session {
             debug!(itt, "Data-Out for an unknown task");
             return Ok(None);
         };
-        let offset = p.field40() as usize;
+        let offset = p.buffer_offset() as usize;
         let end = offset + p.data.len();
         let in_window = match t.r2t {
             Some((ttt, o, l)) if p.ttt() == ttt => offset >= o && end <= o + l,
@@ -59,10 +59,10 @@ impl Session {
         // At ErrorRecoveryLevel 0 the data cannot be asked for again: the task ends with
         // PROTOCOL SERVICE CRC ERROR once the initiator has sent the rest of the sequence
         // (7.8), and the connection goes on.
-        if t.lost_data.is_none() && (!intact || p.field36() != t.data_sn) {
+        if t.lost_data.is_none() && (!intact || p.data_sn() != t.data_sn) {
             warn!(
                 itt,
-                data_sn = p.field36(),
+                data_sn = p.data_sn(),
                 expected = t.data_sn,
                 intact,
                 "Data-Out lost: the command will fail"
