@@ -106,6 +106,11 @@ const fn transfer(run: fn(&Lun, &Request, BlockRange) -> CmdResult) -> Handler {
     Blocks { transfer: true, run }
 }
 
+/// PRE-FETCH: nothing is read ahead (the backend's own cache decides); the range is checked.
+fn pre_fetch(_: &Lun, _: &Request, _: BlockRange) -> CmdResult {
+    Ok(Vec::new())
+}
+
 /// Blocks checked against the LUN's size only: they move no data.
 const fn range(run: fn(&Lun, &Request, BlockRange) -> CmdResult) -> Handler {
     Blocks { transfer: false, run }
@@ -165,7 +170,7 @@ pub static COMMANDS: &[Command] = &[
     row(WRITE_10, "WRITE (10)", Write, &[0x2A, 0x18, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0xFF, 0xFF, 0x03], transfer(Lun::write)),
     row(WRITE_VERIFY_10, "WRITE AND VERIFY (10)", Write, &[0x2E, 0x12, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0xFF, 0xFF, 0x03], transfer(Lun::write)),
     row(VERIFY_10, "VERIFY (10)", Read, &[0x2F, 0x16, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0xFF, 0xFF, 0x03], transfer(Lun::verify)),
-    row(PRE_FETCH_10, "PRE-FETCH (10)", Read, &[0x34, 0x02, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0xFF, 0xFF, 0x03], range(|_, _, _| Ok(Vec::new()))),
+    row(PRE_FETCH_10, "PRE-FETCH (10)", Read, &[0x34, 0x02, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0xFF, 0xFF, 0x03], range(pre_fetch)),
     row(SYNCHRONIZE_CACHE_10, "SYNCHRONIZE CACHE (10)", Write, &[0x35, 0x02, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0xFF, 0xFF, 0x03], range(Lun::synchronize_cache)),
     row(READ_DEFECT_DATA_10, "READ DEFECT DATA (10)", Read, &[0x37, 0, 0x1F, 0, 0, 0, 0, 0xFF, 0xFF, 0x03], Cdb(|l, r| l.read_defect_data(r.cdb))),
     row(WRITE_SAME_10, "WRITE SAME (10)", Write, &[0x41, 0x18, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0xFF, 0xFF, 0x03], Cdb(|l, r| l.write_same(r.cdb, r.data))),
@@ -212,7 +217,7 @@ pub static COMMANDS: &[Command] = &[
     row(ORWRITE_16, "ORWRITE (16)", Write, &ORWRITE_16_USAGE, transfer(Lun::orwrite)),
     row(WRITE_VERIFY_16, "WRITE AND VERIFY (16)", Write, &WRITE_VERIFY_16_USAGE, transfer(Lun::write)),
     row(VERIFY_16, "VERIFY (16)", Read, &VERIFY_16_USAGE, transfer(Lun::verify)),
-    row(PRE_FETCH_16, "PRE-FETCH (16)", Read, &PRE_FETCH_16_USAGE, range(|_, _, _| Ok(Vec::new()))),
+    row(PRE_FETCH_16, "PRE-FETCH (16)", Read, &PRE_FETCH_16_USAGE, range(pre_fetch)),
     row(SYNCHRONIZE_CACHE_16, "SYNCHRONIZE CACHE (16)", Write, &SYNCHRONIZE_CACHE_16_USAGE, range(Lun::synchronize_cache)),
     row(WRITE_SAME_16, "WRITE SAME (16)", Write, &WRITE_SAME_16_USAGE, Cdb(|l, r| l.write_same(r.cdb, r.data))),
     sa_row(SERVICE_ACTION_IN_16, SA_READ_CAPACITY_16, "READ CAPACITY (16)", Always,
@@ -243,6 +248,13 @@ static INDEX: LazyLock<[(usize, usize); 256]> = LazyLock::new(|| {
     }
     index
 });
+
+/// READ (6), (10), (12) or (16), by the table: the commands that batches of queued reads, and
+/// reads planned onto a transport's ring, are made of.
+pub fn is_read(op: u8) -> bool {
+    let (start, n) = INDEX[op as usize];
+    n == 1 && matches!(COMMANDS[start].handler, Handler::Read)
+}
 
 /// The row of a CDB's command, or the sense for a command we do not have.
 pub fn lookup(cdb: &[u8]) -> Result<&'static Command, Sense> {
@@ -314,6 +326,12 @@ mod tests {
                 c.name
             );
         }
+    }
+
+    #[test]
+    fn the_reads_are_the_four_read_commands() {
+        let reads: Vec<u8> = (0..=255u8).filter(|&op| is_read(op)).collect();
+        assert_eq!(reads, [READ_6, READ_10, READ_16, READ_12]);
     }
 
     #[test]

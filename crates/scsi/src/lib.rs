@@ -26,9 +26,9 @@ pub use backend::{
 pub use data::Data;
 pub use lun::{Lun, ModeState, ModeStore, PrStore, Response};
 pub use nexus::{LunScope, Nexus, Scope};
-pub use commands::{lookup, Command, COMMANDS};
+pub use commands::{is_read, lookup, Command, COMMANDS};
 pub use pr::Access;
-pub use opcodes::{cdb_len, is_read, REPORT_LUNS};
+pub use opcodes::{cdb_len, REPORT_LUNS};
 pub use planned::{PlannedRead, ReadStart};
 pub use ram::RamBackend;
 pub use pr::PrState;

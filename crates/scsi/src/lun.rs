@@ -39,6 +39,12 @@ impl Response {
     }
 }
 
+/// The table's row for a CDB that is long enough for its operation code and has no NACA bit.
+fn command_of(cdb: &[u8]) -> Result<&'static Command, Sense> {
+    check_cdb(cdb)?;
+    commands::lookup(cdb)
+}
+
 /// A CDB long enough for its operation code, without the CONTROL byte's NACA bit (a feature we
 /// do not have).
 fn check_cdb(cdb: &[u8]) -> Result<(), Sense> {
@@ -281,7 +287,7 @@ impl Lun {
         }
         // Every command past this point has its whole CDB, and a row in the command table
         // that says how reservations treat it and what runs it.
-        let cmd = match check_cdb(cdb).and_then(|()| commands::lookup(cdb)) {
+        let cmd = match command_of(cdb) {
             Ok(cmd) => cmd,
             Err(s) => return self.respond(Err(s)),
         };
@@ -306,7 +312,7 @@ impl Lun {
     /// reads from one initiator needs; every other command runs on its own.
     pub fn execute_many_for(&self, nexus: &Nexus, cmds: &[(&[u8], &[u8])]) -> Vec<Response> {
         let mut out: Vec<Option<Response>> = cmds.iter().map(|_| None).collect();
-        let is_read = |cdb: &[u8]| cdb.first().copied().is_some_and(is_read);
+        let is_read = |cdb: &[u8]| cdb.first().copied().is_some_and(commands::is_read);
         let mut i = 0;
         while i < cmds.len() {
             if is_read(cmds[i].0) {
@@ -346,7 +352,7 @@ impl Lun {
         if self.unit_attentions(nexus, |q| !q.is_empty()) {
             return None;
         }
-        let cmd = match check_cdb(cdb).and_then(|()| commands::lookup(cdb)) {
+        let cmd = match command_of(cdb) {
             Ok(cmd) => cmd,
             Err(s) => return Some(Err(self.respond(Err(s)))),
         };

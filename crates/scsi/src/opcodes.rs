@@ -65,11 +65,6 @@ pub const SA_RECEIVE_COPY_FAILURE_DETAILS_LID1: u8 = 0x04;
 pub const SA_RECEIVE_ROD_TOKEN_INFORMATION: u8 = 0x07;
 pub const SA_REPORT_ALL_ROD_TOKENS: u8 = 0x08;
 
-/// READ (6), (10), (12) or (16): the commands that batches of queued reads are made of.
-pub fn is_read(op: u8) -> bool {
-    matches!(op, READ_6 | READ_10 | READ_12 | READ_16)
-}
-
 /// The CDB length of an operation code, by its group.
 pub fn cdb_len(op: u8) -> Option<usize> {
     match op >> 5 {
