@@ -227,6 +227,8 @@ pub static COMMANDS: &[Command] = &[
     row(REPORT_LUNS, "REPORT LUNS", Always, &[0xA0, 0, 0xFF, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0x03], Transport).legacy_ok(),
     sa_row(MAINTENANCE_IN, SA_REPORT_TARGET_PORT_GROUPS, "REPORT TARGET PORT GROUPS", Always,
         &[0xA3, 0xEA, 0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0x03], Cdb(|l, r| l.report_target_port_groups(r.cdb))).legacy_ok(),
+    sa_row(MAINTENANCE_IN, SA_REPORT_TIMESTAMP, "REPORT TIMESTAMP", Always,
+        &[0xA3, 0x0F, 0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0x03], Cdb(|l, r| l.report_timestamp(r.cdb))),
     sa_row(MAINTENANCE_IN, SA_REPORT_SUPPORTED_OPCODES, "REPORT SUPPORTED OPERATION CODES", Always,
         &[0xA3, 0x0C, 0x87, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0x03], Cdb(|l, r| l.report_supported_opcodes(r.cdb))).legacy_ok(),
     row(READ_12, "READ (12)", Read, &[0xA8, 0x18, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0x03], Handler::Read),

@@ -52,6 +52,7 @@ pub const SA_READ_CAPACITY_16: u8 = 0x10;
 pub const SA_GET_LBA_STATUS: u8 = 0x12;
 pub const SA_REPORT_SUPPORTED_OPCODES: u8 = 0x0C;
 pub const SA_REPORT_TARGET_PORT_GROUPS: u8 = 0x0A;
+pub const SA_REPORT_TIMESTAMP: u8 = 0x0F;
 
 // THIRD PARTY COPY OUT.
 pub const SA_EXTENDED_COPY_LID1: u8 = 0x00;

@@ -1,5 +1,5 @@
 //! Primary commands (SPC-4): INQUIRY and its VPD pages, REQUEST SENSE, MODE SENSE / SELECT,
-//! REPORT SUPPORTED OPERATION CODES, REPORT LUNS.
+//! REPORT SUPPORTED OPERATION CODES, REPORT TARGET PORT GROUPS, REPORT TIMESTAMP, REPORT LUNS.
 
 use crate::bytes::{alloc, be16, be32};
 use crate::commands::COMMANDS;
@@ -374,6 +374,22 @@ impl Lun {
         d.extend_from_slice(&[0, 0, 0, 1]);
         let n = (d.len() - 4) as u32;
         d[0..4].copy_from_slice(&n.to_be_bytes());
+        Ok(alloc(d, len))
+    }
+
+    /// REPORT TIMESTAMP (SPC-4 6.34): the host's clock, in milliseconds since the Unix epoch,
+    /// so an initiator can line its logs up with ours. We have no SET TIMESTAMP: the clock is
+    /// set outside SCSI (origin 011b).
+    pub(crate) fn report_timestamp(&self, cdb: &[u8]) -> CmdResult {
+        let len = be32(&cdb[6..10]) as usize;
+        let ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        let mut d = vec![0u8; 12];
+        d[0..2].copy_from_slice(&10u16.to_be_bytes());
+        d[2] = 0b011;
+        d[4..10].copy_from_slice(&ms.to_be_bytes()[2..8]);
         Ok(alloc(d, len))
     }
 }

@@ -182,3 +182,33 @@ fn vpd_third_party_copy_lists_the_tables_copy_commands() {
         .collect();
     assert_eq!(listed, table);
 }
+
+#[test]
+fn report_timestamp_gives_the_hosts_clock_and_honours_the_allocation_length() {
+    let lun = lun();
+    let n = nexus(1);
+    settle(&lun, &n);
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64
+    };
+    let before = now();
+    let r = lun.execute_for(&n, &[0xA3, 0x0F, 0, 0, 0, 0, 0, 0, 0, 12, 0, 0], &[]);
+    let after = now();
+    assert_eq!(r.status, sense::GOOD);
+    let d = r.data.to_vec();
+    assert_eq!(d.len(), 12);
+    assert_eq!(u16::from_be_bytes([d[0], d[1]]), 10, "parameter data length");
+    assert_eq!(d[2] & 0x07, 0b011, "set outside SCSI");
+    let mut ms = [0u8; 8];
+    ms[2..].copy_from_slice(&d[4..10]);
+    let ms = u64::from_be_bytes(ms);
+    assert!((before..=after).contains(&ms), "{before} <= {ms} <= {after}");
+    // A short allocation length truncates; none returns nothing.
+    let r = lun.execute_for(&n, &[0xA3, 0x0F, 0, 0, 0, 0, 0, 0, 0, 4, 0, 0], &[]);
+    assert_eq!((r.status, r.data.len()), (sense::GOOD, 4));
+    let r = lun.execute_for(&n, &[0xA3, 0x0F, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[]);
+    assert_eq!((r.status, r.data.len()), (sense::GOOD, 0));
+}
