@@ -5,13 +5,17 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use serde_json::{json, Value};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::Value;
 use tessera_server::config::LogFormat;
+use tessera_server::jobs::{JobState, JobView};
+use tessera_server::model::*;
 use tessera_server::units::format_size;
 use tessera_server::{Overrides, ServerConfig};
 
 use crate::client::{encode_segment, Client, ClientError, Endpoint};
-use crate::output::{kv, percent, s, size, table, when};
+use crate::output::{kv, opt, opt_size, percent, size, table, when};
 use crate::*;
 
 mod exports;
@@ -131,6 +135,30 @@ impl Ctx {
     fn print_json(&self, v: &Value) {
         println!("{}", serde_json::to_string_pretty(v).expect("serializable"));
     }
+
+    /// With --json, prints the daemon's answer as it came (fields a newer daemon adds
+    /// included); otherwise reads it as the API's type and hands it to `human`.
+    fn answer<T: DeserializeOwned>(&self, v: Value, human: impl FnOnce(T) -> R) -> R {
+        if self.json {
+            self.print_json(&v);
+            return Ok(());
+        }
+        human(read(v)?)
+    }
+}
+
+/// Reads an answer as the type the API documents for it.
+fn read<T: DeserializeOwned>(v: Value) -> Result<T, ClientError> {
+    serde_json::from_value(v).map_err(|e| {
+        ClientError::Transport(format!(
+            "the daemon's answer is not what this tessera expects ({e}); are the daemon and this client the same version?"
+        ))
+    })
+}
+
+/// A request body, from the API's type.
+fn body<T: Serialize>(request: &T) -> Option<Value> {
+    Some(serde_json::to_value(request).expect("request bodies serialize"))
 }
 
 /// Splits POOL/NAME.
@@ -148,8 +176,4 @@ fn abs(p: &Path) -> Result<String, ClientError> {
     std::path::absolute(p)
         .map(|p| p.display().to_string())
         .map_err(|e| ClientError::Transport(format!("{}: {e}", p.display())))
-}
-
-fn arr(v: &Value) -> &[Value] {
-    v.as_array().map(|a| a.as_slice()).unwrap_or(&[])
 }

@@ -6,7 +6,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use serde_json::json;
 use tessera_bench::target::{iscsi_capacity, rw16, UNIT_ATTENTION_RETRIES};
 use tessera_bench::TargetSpec;
 use tessera_iscsi::initiator::{LoginConfig, ScsiResult, Session};
@@ -127,22 +126,36 @@ pub fn copy(args: CopyArgs, json_out: bool) -> Result<(), String> {
     if json_out {
         println!("{}", serde_json::to_string_pretty(&report).expect("serializable"));
     } else {
-        let bytes = report["bytes"].as_u64().unwrap_or(0);
-        let secs = report["seconds"].as_f64().unwrap_or(0.0);
+        let CopyReport {
+            method,
+            blocks,
+            bytes,
+            seconds,
+            commands,
+            payload_bytes,
+        } = report;
         println!(
-            "copied {} ({} blocks) by {} in {secs:.3} s ({}/s); {} of SCSI payload on the network in {} command(s)",
+            "copied {} ({blocks} blocks) by {method} in {seconds:.3} s ({}/s); {} of SCSI payload on the network in {commands} command(s)",
             format_size(bytes),
-            report["blocks"],
-            report["method"].as_str().unwrap_or(""),
-            format_size((bytes as f64 / secs.max(1e-9)) as u64),
-            format_size(report["payload_bytes"].as_u64().unwrap_or(0)),
-            report["commands"],
+            format_size((bytes as f64 / seconds.max(1e-9)) as u64),
+            format_size(payload_bytes),
         );
     }
     Ok(())
 }
 
-async fn run(args: &CopyArgs) -> Result<serde_json::Value, String> {
+/// What `tessera copy` did, as `--json` writes it.
+#[derive(serde::Serialize)]
+struct CopyReport {
+    method: &'static str,
+    blocks: u64,
+    bytes: u64,
+    seconds: f64,
+    commands: u64,
+    payload_bytes: u64,
+}
+
+async fn run(args: &CopyArgs) -> Result<CopyReport, String> {
     let wire = Arc::new(Wire::default());
     let mut sessions = Vec::new();
     let src = open(&args.source, args, &mut sessions).await?;
@@ -180,14 +193,18 @@ async fn run(args: &CopyArgs) -> Result<serde_json::Value, String> {
             let _ = s.logout().await;
         }
     }
-    Ok(json!({
-        "method": match args.method { CopyMethod::Odx => "odx", CopyMethod::Xcopy => "xcopy", CopyMethod::Host => "host" },
-        "blocks": n,
-        "bytes": n * src.block,
-        "seconds": seconds,
-        "commands": commands,
-        "payload_bytes": wire.bytes.load(Ordering::Relaxed),
-    }))
+    Ok(CopyReport {
+        method: match args.method {
+            CopyMethod::Odx => "odx",
+            CopyMethod::Xcopy => "xcopy",
+            CopyMethod::Host => "host",
+        },
+        blocks: n,
+        bytes: n * src.block,
+        seconds,
+        commands,
+        payload_bytes: wire.bytes.load(Ordering::Relaxed),
+    })
 }
 
 fn tpc_out(sa: u8, list_id: u32, len: usize) -> [u8; 16] {

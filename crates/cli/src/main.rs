@@ -12,6 +12,15 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use tessera_server::units::parse_size;
+use tessera_volume::{LayoutKind, Provisioning};
+
+fn parse_layout(s: &str) -> Result<LayoutKind, String> {
+    LayoutKind::parse(s).ok_or_else(|| format!("unknown layout '{s}': choose simple, mirror, parity or dual-parity"))
+}
+
+fn parse_provisioning(s: &str) -> Result<Provisioning, String> {
+    Provisioning::parse(s).ok_or_else(|| format!("unknown provisioning '{s}': choose thin or fixed"))
+}
 
 #[derive(Parser)]
 #[command(
@@ -407,8 +416,8 @@ pub enum DiskCmd {
 #[derive(Args, Default, Clone)]
 pub struct LayoutArgs {
     /// simple, mirror, parity or dual-parity (default: mirror on 2+ disks).
-    #[arg(long)]
-    pub layout: Option<String>,
+    #[arg(long, value_parser = parse_layout)]
+    pub layout: Option<LayoutKind>,
     /// Mirror copies: 2 or 3.
     #[arg(long)]
     pub copies: Option<u8>,
@@ -419,8 +428,8 @@ pub struct LayoutArgs {
     #[arg(long, value_parser = parse_size)]
     pub interleave: Option<u64>,
     /// thin (default) or fixed.
-    #[arg(long)]
-    pub provisioning: Option<String>,
+    #[arg(long, value_parser = parse_provisioning)]
+    pub provisioning: Option<Provisioning>,
     /// Allocation unit of the vdisk (default 64K).
     #[arg(long, value_parser = parse_size)]
     pub grain: Option<u64>,

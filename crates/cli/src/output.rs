@@ -1,6 +1,5 @@
 //! Human output: aligned tables and `key: value` blocks. `--json` bypasses all of it.
 
-use serde_json::Value;
 use tessera_server::units::format_size;
 
 /// Prints rows under headers, each column as wide as its widest cell.
@@ -36,16 +35,17 @@ pub fn kv(pairs: &[(&str, String)]) {
     }
 }
 
-pub fn s(v: &Value) -> String {
-    match v {
-        Value::String(s) => s.clone(),
-        Value::Null => "-".into(),
-        v => v.to_string(),
-    }
+/// A value the daemon may leave out, or "-".
+pub fn opt<T: std::fmt::Display>(v: &Option<T>) -> String {
+    v.as_ref().map(|v| v.to_string()).unwrap_or_else(|| "-".into())
 }
 
-pub fn size(v: &Value) -> String {
-    v.as_u64().map(format_size).unwrap_or_else(|| "-".into())
+pub fn size(bytes: u64) -> String {
+    format_size(bytes)
+}
+
+pub fn opt_size(bytes: Option<u64>) -> String {
+    bytes.map(format_size).unwrap_or_else(|| "-".into())
 }
 
 pub fn percent(done: u64, total: u64) -> String {
@@ -57,10 +57,10 @@ pub fn percent(done: u64, total: u64) -> String {
 }
 
 /// Seconds since the Unix epoch as a UTC date and time.
-pub fn when(v: &Value) -> String {
-    match v.as_u64() {
-        Some(0) | None => "-".into(),
-        Some(t) => utc(t),
+pub fn when(t: u64) -> String {
+    match t {
+        0 => "-".into(),
+        t => utc(t),
     }
 }
 

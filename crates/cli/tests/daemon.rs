@@ -112,7 +112,7 @@ fn pool_and_vdisk_lifecycle() {
         .contains("2 or 3 copies"));
     assert!(d
         .fails(&["vdisk", "create", "tank/x", "--size", "1G", "--layout", "raid5"])
-        .contains("unknown variant"));
+        .contains("unknown layout 'raid5': choose simple, mirror, parity or dual-parity"));
     assert!(d
         .fails(&["vdisk", "create", "tank/bad name", "--size", "1G"])
         .contains("vdisk name"));

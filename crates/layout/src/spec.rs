@@ -7,7 +7,7 @@ pub const MIN_INTERLEAVE: u64 = 4096;
 /// Widest stripe we build; as Storage Spaces, more disks give more slab sets, not wider ones.
 pub const MAX_COLUMNS: u32 = 8;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum LayoutKind {
     Simple,
@@ -40,7 +40,7 @@ impl LayoutKind {
 /// `columns` counts the disks one stripe spans for simple, parity and dual parity (parity
 /// columns included, as Storage Spaces counts them); for a mirror it counts the data columns,
 /// each held `copies` times, so a mirror slab set spans columns × copies disks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct LayoutSpec {
     pub kind: LayoutKind,
     pub copies: u8,

@@ -6,7 +6,7 @@ use uuid::Uuid;
 pub const MIN_SLAB_SIZE: u64 = 1 << 20;
 pub const DEFAULT_SLAB_SIZE: u64 = 256 << 20;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum DiskState {
     /// In service.

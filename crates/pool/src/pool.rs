@@ -32,7 +32,7 @@ pub struct DiskStatus {
     pub problem: Option<String>,
 }
 
-#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
 pub struct Capacity {
     pub total_bytes: u64,
     pub used_bytes: u64,

@@ -24,6 +24,23 @@ pub mod code {
     pub const INTERNAL: &str = "internal";
     pub const NO_SUCH_ROUTE: &str = "no_such_route";
     pub const METHOD_NOT_ALLOWED: &str = "method_not_allowed";
+
+    /// Every code, for the API document.
+    pub const ALL: &[&str] = &[
+        NOT_FOUND,
+        ALREADY_EXISTS,
+        INVALID_ARGUMENT,
+        MALFORMED_REQUEST,
+        NO_SPACE,
+        BUSY,
+        UNAUTHORIZED,
+        FORBIDDEN,
+        DATA_UNAVAILABLE,
+        IO_ERROR,
+        INTERNAL,
+        NO_SUCH_ROUTE,
+        METHOD_NOT_ALLOWED,
+    ];
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,14 +51,18 @@ pub struct ApiError {
 }
 
 /// The JSON body of an error: `{"error": {"code": ..., "message": ...}}`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+#[schemars(rename = "Error")]
 pub struct ErrorBody {
     pub error: ErrorDetail,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ErrorDetail {
+    /// Stable, for programs to branch on.
+    #[schemars(extend("enum" = code::ALL))]
     pub code: String,
+    /// For a human: what was wrong and what to do.
     pub message: String,
 }
 

@@ -14,7 +14,7 @@ use tracing::{info, warn};
 
 use crate::error::{ApiError, ApiResult};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum JobState {
     Running,
@@ -26,6 +26,16 @@ pub enum JobState {
 impl JobState {
     pub fn finished(self) -> bool {
         self != JobState::Running
+    }
+
+    /// As the API writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Running => "running",
+            JobState::Succeeded => "succeeded",
+            JobState::Failed => "failed",
+            JobState::Cancelled => "cancelled",
+        }
     }
 }
 
@@ -49,10 +59,13 @@ struct JobEnd {
 }
 
 /// A job as the API shows it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+#[schemars(rename = "Job")]
 pub struct JobView {
     pub id: u64,
+    /// What the job does: repair, import or export.
     pub kind: String,
+    /// What it works on: POOL or POOL/VDISK.
     pub target: String,
     pub state: JobState,
     pub total_bytes: u64,
@@ -60,10 +73,13 @@ pub struct JobView {
     /// Bytes per second since the start.
     pub rate: f64,
     pub eta_seconds: Option<f64>,
+    /// Seconds since the Unix epoch.
     pub started_at: u64,
     pub finished_at: Option<u64>,
     pub elapsed_seconds: f64,
+    /// Why a failed job failed.
     pub error: Option<String>,
+    /// What a succeeded job reports (a repair's report, say).
     pub result: Option<serde_json::Value>,
 }
 

@@ -2,9 +2,6 @@
 //! jobs, and the management API. The `tessera` binary (crates/cli) runs it with `tessera serve`
 //! and is also its client.
 
-// The OpenAPI schema table is one large `json!` literal.
-#![recursion_limit = "256"]
-
 pub mod api;
 pub mod config;
 pub mod daemon;

@@ -1,41 +1,48 @@
-//! The request and response bodies of the management API, shared by the daemon and the CLI.
+//! The request and response bodies of the management API: the daemon serves them, the CLI
+//! deserializes them, and the OpenAPI document (api/openapi.rs) is generated from them, so the
+//! three cannot disagree. Doc comments here are the document's descriptions; `#[schemars]`
+//! attributes carry the limits the daemon enforces.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use tessera_pool::{Capacity, DiskStatus};
+use tessera_pool::{Capacity, DiskState, DiskStatus};
 use tessera_volume::{LayoutKind, LayoutSpec, Provisioning};
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreatePool {
     pub name: String,
-    /// Paths of the member disks (files or block devices), as the daemon sees them.
+    /// Absolute paths of the member disks (files or block devices), as the daemon sees them.
+    #[schemars(length(min = 1))]
     pub disks: Vec<String>,
     pub slab_size: Option<u64>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ImportPool {
     pub name: String,
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RepairPool {
     /// Slab sets rebuilt at the same time (default 4).
+    #[schemars(range(min = 1, max = 64))]
     pub parallel: Option<usize>,
     /// Bytes per second written to replacement slabs; absent for no limit.
+    #[schemars(range(min = 1))]
     pub rate_limit: Option<u64>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AddDisk {
     pub path: String,
 }
 
 /// How a pool stands, worst first: what `pool list` shows and a monitor alerts on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum PoolHealth {
     /// The pool could not be imported (see `problem`).
@@ -58,7 +65,7 @@ impl std::fmt::Display for PoolHealth {
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct PoolSummary {
     pub name: String,
     pub id: String,
@@ -78,7 +85,8 @@ pub struct PoolSummary {
     pub warnings: Vec<String>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// A slab set that is not healthy.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct SetHealthView {
     pub id: u32,
     pub layout: String,
@@ -87,7 +95,7 @@ pub struct SetHealthView {
     pub tolerance: usize,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct PoolDetail {
     #[serde(flatten)]
     pub summary: PoolSummary,
@@ -98,7 +106,7 @@ pub struct PoolDetail {
     pub stats: IoStatsView,
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
 pub struct IoStatsView {
     pub read_errors: u64,
     pub write_errors: u64,
@@ -106,13 +114,14 @@ pub struct IoStatsView {
     pub repaired_blocks: u64,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[schemars(rename = "Disk")]
 pub struct DiskView {
     pub id: String,
     pub position: u32,
     pub path: String,
     pub size: u64,
-    pub state: String,
+    pub state: DiskState,
     pub slabs: u32,
     pub slabs_used: u32,
     pub used_bytes: u64,
@@ -126,7 +135,7 @@ impl From<DiskStatus> for DiskView {
             position: d.info.position,
             path: d.info.path,
             size: d.info.size,
-            state: d.info.state.as_str().to_string(),
+            state: d.info.state,
             slabs: d.info.slabs,
             slabs_used: d.slabs_used,
             used_bytes: d.used_bytes,
@@ -135,25 +144,33 @@ impl From<DiskStatus> for DiskView {
     }
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateVdisk {
     pub name: String,
+    /// Bytes, a multiple of the block size.
+    #[schemars(range(min = 1))]
     pub size: u64,
     /// simple, mirror, parity or dual-parity; absent: mirror on two disks or more, else simple.
     pub layout: Option<LayoutKind>,
+    /// Copies of a mirror (absent: 2).
+    #[schemars(range(min = 2, max = 3))]
     pub copies: Option<u8>,
     pub columns: Option<u32>,
     pub interleave: Option<u64>,
     pub provisioning: Option<Provisioning>,
     pub grain_size: Option<u64>,
+    /// The logical block size: 512 (the default) or 4096.
+    #[schemars(extend("enum" = [512, 4096, null]))]
     pub block_size: Option<u32>,
     /// 512 or 4096 (the default): the physical block size initiators are told of.
     #[serde(default)]
+    #[schemars(extend("enum" = [512, 4096, null]))]
     pub physical_block_size: Option<u32>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[schemars(rename = "Vdisk")]
 pub struct VdiskView {
     pub pool: String,
     pub name: String,
@@ -175,14 +192,15 @@ pub struct VdiskView {
     pub snapshots: usize,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateSnapshot {
     /// The snapshot's name; the snapshot is then called `VDISK@NAME`.
     pub name: String,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[schemars(rename = "Snapshot")]
 pub struct SnapshotView {
     pub pool: String,
     /// The vdisk it was taken of (which may have been deleted since).
@@ -198,14 +216,15 @@ pub struct SnapshotView {
     pub shared_bytes: u64,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CloneVdisk {
     /// The new vdisk's name, in the same pool.
     pub name: String,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[schemars(rename = "CloneResult")]
 pub struct CloneView {
     pub vdisk: VdiskView,
     /// Bytes that share the source's grains, and bytes copied (a partial last grain).
@@ -213,13 +232,13 @@ pub struct CloneView {
     pub copied_bytes: u64,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ResizeVdisk {
     pub size: u64,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ImportImage {
     /// Path of a raw image, as the daemon sees it.
@@ -229,7 +248,7 @@ pub struct ImportImage {
     pub create: Option<CreateVdisk>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExportImage {
     pub path: String,
@@ -238,13 +257,14 @@ pub struct ExportImage {
     pub overwrite: bool,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct ImportablePool {
     pub name: String,
     pub dir: String,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[schemars(rename = "Health")]
 pub struct HealthView {
     pub version: String,
     pub state_dir: String,
@@ -253,31 +273,33 @@ pub struct HealthView {
     pub demo: bool,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateTarget {
+    /// iqn.YYYY-MM.reversed.domain[:name], eui.<16 hex> or naa.<16|32 hex>.
     pub iqn: String,
     /// Admit any initiator; absent or false: only those of the ACL.
     #[serde(default)]
     pub allow_any_initiator: bool,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AllowAnyInitiator {
     pub allow: bool,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AddLun {
     /// LUN number; absent: the lowest free one.
+    #[schemars(range(max = 16383))]
     pub lun: Option<u64>,
     /// "pool/vdisk".
     pub vdisk: String,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct LunView {
     pub lun: u64,
     pub vdisk: String,
@@ -291,7 +313,7 @@ pub struct LunView {
 
 /// A logical unit's persistent reservations, as an administrator wants to see them (the
 /// reservation keys are left out).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct ReservationsView {
     /// PRgeneration: bumped by every registration change.
     pub generation: u32,
@@ -304,7 +326,8 @@ pub struct ReservationsView {
     pub aptpl: bool,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[schemars(rename = "Target")]
 pub struct TargetView {
     pub iqn: String,
     pub luns: Vec<LunView>,
@@ -316,43 +339,48 @@ pub struct TargetView {
     pub chap: Option<ChapView>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct ChapView {
     pub user: String,
     pub mutual_user: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AclEntry {
+    /// The initiator's iSCSI name.
     pub initiator: String,
 }
 
 /// CHAP credentials of a target. The mutual pair is what the target answers with when the
 /// initiator asks it to prove itself.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SetChap {
     pub user: String,
+    #[schemars(length(min = 12, max = 255))]
     pub secret: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mutual_user: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 12, max = 255))]
     pub mutual_secret: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateNbdExport {
     /// "pool/vdisk".
     pub vdisk: String,
     /// The export name clients ask for; absent: the vdisk's name.
+    #[schemars(regex(pattern = r"^[A-Za-z0-9._:-]{1,128}$"))]
     pub name: Option<String>,
     #[serde(default)]
     pub read_only: bool,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[schemars(rename = "NbdExport")]
 pub struct NbdExportView {
     pub name: String,
     pub vdisk: String,
@@ -364,18 +392,20 @@ pub struct NbdExportView {
     pub connections: usize,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AddPortal {
     /// IP:PORT, [IPv6]:PORT, or a bare IP for port 3260.
     pub address: String,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[schemars(rename = "Portal")]
 pub struct PortalView {
     /// As configured: 0.0.0.0:3260 listens on every IPv4 address.
     pub address: String,
     /// "config" (iscsi_listen, changed in the configuration) or "api" (added, persisted).
+    #[schemars(extend("enum" = ["config", "api"]))]
     pub source: String,
     /// The address bound, when listening.
     pub listening_on: Option<String>,
@@ -396,11 +426,12 @@ mod pool_health_tests {
     #[test]
     fn pool_health_is_written_as_the_api_documents_it() {
         let doc = crate::api::openapi::document();
-        let documented = &doc["components"]["schemas"]["PoolSummary"]["properties"]["health"]["enum"];
+        let documented = doc["components"]["schemas"]["PoolHealth"].to_string();
         for h in [PoolHealth::Unavailable, PoolHealth::Failed, PoolHealth::Degraded, PoolHealth::Healthy] {
+            // What the API writes is what the CLI prints.
             let json = serde_json::to_value(h).unwrap();
             assert_eq!(json, serde_json::Value::String(h.to_string()));
-            assert!(documented.as_array().unwrap().contains(&json), "{h} is not in the OpenAPI document");
+            assert!(documented.contains(&json.to_string()), "{h} is not in the OpenAPI document");
         }
     }
 }

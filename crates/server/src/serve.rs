@@ -233,10 +233,7 @@ fn banner(
                 v.name,
                 format_size(v.size),
                 v.layout_description,
-                match v.provisioning {
-                    tessera_volume::Provisioning::Thin => "thin",
-                    tessera_volume::Provisioning::Fixed => "fixed",
-                }
+                v.provisioning.as_str()
             );
         }
     }

@@ -12,7 +12,8 @@ use crate::error::Result;
 use crate::keys::{parse_grain_key, parse_loc};
 use crate::space::loc_parts;
 
-#[derive(Debug, Default, Clone, serde::Serialize)]
+/// What `pool check` found: the grain map and the reference counts agree, or the problems.
+#[derive(Debug, Default, Clone, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
 pub struct CheckReport {
     pub grains_mapped: u64,
     pub slots_referenced: u64,

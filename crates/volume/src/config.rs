@@ -7,7 +7,7 @@ pub const DEFAULT_GRAIN: u64 = 64 << 10;
 pub const MIN_GRAIN: u64 = 4096;
 pub const MAX_GRAIN: u64 = 4 << 20;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Provisioning {
     /// Space is taken on first write.
@@ -22,6 +22,13 @@ impl Provisioning {
             "thin" => Some(Provisioning::Thin),
             "fixed" => Some(Provisioning::Fixed),
             _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Provisioning::Thin => "thin",
+            Provisioning::Fixed => "fixed",
         }
     }
 }

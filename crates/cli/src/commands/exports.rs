@@ -2,65 +2,76 @@
 
 use super::*;
 
-pub(super) fn target_table(v: &Value) {
+/// The API answers a listing with a list and a change with the object changed; the tables
+/// take either.
+fn one_or_many<T: DeserializeOwned>(v: Value) -> Result<Vec<T>, ClientError> {
+    if v.is_array() {
+        read(v)
+    } else {
+        read(v).map(|t| vec![t])
+    }
+}
+
+fn online(online: bool) -> String {
+    if online {
+        "online".into()
+    } else {
+        "offline: vdisk unavailable".into()
+    }
+}
+
+pub(super) fn target_table(targets: &[TargetView]) {
     let mut rows = Vec::new();
-    for t in arr(v) {
-        if arr(&t["luns"]).is_empty() {
+    for t in targets {
+        if t.luns.is_empty() {
             rows.push(vec![
-                s(&t["iqn"]),
+                t.iqn.clone(),
                 "-".into(),
                 String::new(),
                 String::new(),
                 String::new(),
             ]);
         }
-        for l in arr(&t["luns"]) {
+        for l in &t.luns {
             rows.push(vec![
-                s(&t["iqn"]),
-                s(&l["lun"]),
-                s(&l["vdisk"]),
-                size(&l["size"]),
-                if l["online"] == true {
-                    "online"
-                } else {
-                    "offline: vdisk unavailable"
-                }
-                .to_string(),
+                t.iqn.clone(),
+                l.lun.to_string(),
+                l.vdisk.clone(),
+                opt_size(l.size),
+                online(l.online),
             ]);
         }
     }
     table(&["TARGET", "LUN", "VDISK", "SIZE", "STATE"], rows);
-    for t in arr(v) {
-        let acl = arr(&t["acl"]);
-        let who = match (t["allow_any_initiator"] == true, acl.is_empty()) {
+    for t in targets {
+        let who = match (t.allow_any_initiator, t.acl.is_empty()) {
             (true, _) => "any initiator".to_string(),
             (false, true) => "no initiator (empty ACL)".to_string(),
-            (false, false) => acl.iter().map(s).collect::<Vec<_>>().join(", "),
+            (false, false) => t.acl.join(", "),
         };
-        let chap = match (&t["chap"]["user"], &t["chap"]["mutual_user"]) {
-            (Value::Null, _) => "no CHAP".to_string(),
-            (u, Value::Null) => format!("CHAP user {}", s(u)),
-            (u, m) => format!("mutual CHAP, user {}, target user {}", s(u), s(m)),
+        let chap = match &t.chap {
+            None => "no CHAP".to_string(),
+            Some(ChapView {
+                user,
+                mutual_user: None,
+            }) => format!("CHAP user {user}"),
+            Some(ChapView {
+                user,
+                mutual_user: Some(m),
+            }) => format!("mutual CHAP, user {user}, target user {m}"),
         };
-        println!("{}: {who}; {chap}", s(&t["iqn"]));
-        for l in arr(&t["luns"]) {
-            let r = &l["reservations"];
-            if r.is_null() {
-                continue;
-            }
-            let held = match (&r["holder"], &r["kind"]) {
-                (Value::Null, _) => "not reserved".to_string(),
-                (h, k) => format!("reserved by {} ({})", s(h), s(k)),
+        println!("{}: {who}; {chap}", t.iqn);
+        for l in &t.luns {
+            let Some(r) = &l.reservations else { continue };
+            let held = match &r.holder {
+                None => "not reserved".to_string(),
+                Some(h) => format!("reserved by {h} ({})", opt(&r.kind)),
             };
             println!(
                 "  LUN {}: {held}; registered: {}{}",
-                s(&l["lun"]),
-                arr(&r["registered"]).iter().map(s).collect::<Vec<_>>().join(", "),
-                if r["aptpl"] == true {
-                    "; kept across restarts"
-                } else {
-                    ""
-                }
+                l.lun,
+                r.registered.join(", "),
+                if r.aptpl { "; kept across restarts" } else { "" }
             );
         }
     }
@@ -68,7 +79,7 @@ pub(super) fn target_table(v: &Value) {
 
 pub(super) fn portal(c: &Ctx, cmd: PortalCmd) -> R {
     let v = match cmd {
-        PortalCmd::Add { address } => c.client.post("/api/iscsi/portals", Some(json!({"address": address})))?,
+        PortalCmd::Add { address } => c.client.post("/api/iscsi/portals", body(&AddPortal { address }))?,
         PortalCmd::List => c.client.get("/api/iscsi/portals")?,
         PortalCmd::Remove { address } => {
             c.client
@@ -79,38 +90,36 @@ pub(super) fn portal(c: &Ctx, cmd: PortalCmd) -> R {
             return Ok(());
         }
     };
-    if c.json {
-        c.print_json(&v);
-        return Ok(());
-    }
-    let list = if v.is_array() { arr(&v).to_vec() } else { vec![v] };
-    let buffer = |b: &Value| match b.as_u64() {
-        // The kernel reports twice what was asked for.
-        Some(n) => format_size(n / 2),
-        None => "auto".into(),
-    };
-    let rows = list
-        .iter()
-        .map(|p| {
-            vec![
-                s(&p["address"]),
-                s(&p["source"]),
-                match (&p["listening_on"], &p["error"]) {
-                    (Value::String(a), _) => format!("listening on {a}"),
-                    (_, e) => format!("not listening: {}", s(e)),
-                },
-                buffer(&p["send_buffer"]),
-                buffer(&p["recv_buffer"]),
-            ]
-        })
-        .collect();
-    table(&["PORTAL", "FROM", "STATE", "SNDBUF", "RCVBUF"], rows);
-    for p in &list {
-        if let Value::String(w) = &p["warning"] {
-            println!("{}: {w}", s(&p["address"]));
+    c.answer(v, |v: Value| {
+        let list: Vec<PortalView> = one_or_many(v)?;
+        let buffer = |b: Option<u32>| match b {
+            // The kernel reports twice what was asked for.
+            Some(n) => format_size(u64::from(n) / 2),
+            None => "auto".into(),
+        };
+        let rows = list
+            .iter()
+            .map(|p| {
+                vec![
+                    p.address.clone(),
+                    p.source.clone(),
+                    match &p.listening_on {
+                        Some(a) => format!("listening on {a}"),
+                        None => format!("not listening: {}", opt(&p.error)),
+                    },
+                    buffer(p.send_buffer),
+                    buffer(p.recv_buffer),
+                ]
+            })
+            .collect();
+        table(&["PORTAL", "FROM", "STATE", "SNDBUF", "RCVBUF"], rows);
+        for p in &list {
+            if let Some(w) = &p.warning {
+                println!("{}: {w}", p.address);
+            }
         }
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 pub(super) fn target(c: &Ctx, cmd: TargetCmd) -> R {
@@ -121,7 +130,10 @@ pub(super) fn target(c: &Ctx, cmd: TargetCmd) -> R {
             allow_any_initiator,
         } => c.client.post(
             "/api/targets",
-            Some(json!({"iqn": iqn, "allow_any_initiator": allow_any_initiator})),
+            body(&CreateTarget {
+                iqn,
+                allow_any_initiator,
+            }),
         )?,
         TargetCmd::List => c.client.get("/api/targets")?,
         TargetCmd::Show { iqn } => c.client.get(&path(&iqn))?,
@@ -132,17 +144,16 @@ pub(super) fn target(c: &Ctx, cmd: TargetCmd) -> R {
             }
             return Ok(());
         }
-        TargetCmd::Lun(LunCmd::Add { iqn, vdisk, lun }) => c.client.post(
-            &format!("{}/luns", path(&iqn)),
-            Some(json!({"lun": lun, "vdisk": vdisk})),
-        )?,
+        TargetCmd::Lun(LunCmd::Add { iqn, vdisk, lun }) => c
+            .client
+            .post(&format!("{}/luns", path(&iqn)), body(&AddLun { lun, vdisk }))?,
         TargetCmd::Lun(LunCmd::Remove { iqn, lun }) => c.client.delete(&format!("{}/luns/{lun}", path(&iqn)))?,
         TargetCmd::Acl(AclCmd::Add { iqn, initiator }) => c
             .client
-            .post(&format!("{}/acl", path(&iqn)), Some(json!({"initiator": initiator})))?,
+            .post(&format!("{}/acl", path(&iqn)), body(&AclEntry { initiator }))?,
         TargetCmd::Acl(AclCmd::AllowAny { iqn, off }) => c.client.put(
             &format!("{}/allow-any-initiator", path(&iqn)),
-            Some(json!({"allow": !off})),
+            body(&AllowAnyInitiator { allow: !off }),
         )?,
         TargetCmd::Acl(AclCmd::Remove { iqn, initiator }) => {
             c.client
@@ -154,45 +165,35 @@ pub(super) fn target(c: &Ctx, cmd: TargetCmd) -> R {
             secret,
             mutual_user,
             mutual_secret,
-        }) => c.client.call(
-            "PUT",
+        }) => c.client.put(
             &format!("{}/chap", path(&iqn)),
-            Some(json!({"user": user, "secret": secret, "mutual_user": mutual_user, "mutual_secret": mutual_secret})),
+            body(&SetChap {
+                user,
+                secret,
+                mutual_user,
+                mutual_secret,
+            }),
         )?,
         TargetCmd::Chap(ChapCmd::Clear { iqn }) => c.client.delete(&format!("{}/chap", path(&iqn)))?,
         TargetCmd::Portal(p) => return portal(c, p),
     };
-    if c.json {
-        c.print_json(&v);
-    } else if v.is_array() {
-        target_table(&v);
-    } else {
-        target_table(&Value::Array(vec![v]));
-    }
-    Ok(())
+    c.answer(v, |v: Value| {
+        target_table(&one_or_many(v)?);
+        Ok(())
+    })
 }
 
-pub(super) fn nbd_table(v: &Value) {
-    let rows = arr(v)
+pub(super) fn nbd_table(exports: &[NbdExportView]) {
+    let rows = exports
         .iter()
         .map(|e| {
             vec![
-                s(&e["name"]),
-                s(&e["vdisk"]),
-                size(&e["size"]),
-                if e["read_only"] == true {
-                    "read-only"
-                } else {
-                    "read-write"
-                }
-                .to_string(),
-                if e["online"] == true {
-                    "online"
-                } else {
-                    "offline: vdisk unavailable"
-                }
-                .to_string(),
-                s(&e["connections"]),
+                e.name.clone(),
+                e.vdisk.clone(),
+                opt_size(e.size),
+                if e.read_only { "read-only" } else { "read-write" }.to_string(),
+                online(e.online),
+                e.connections.to_string(),
             ]
         })
         .collect();
@@ -204,7 +205,11 @@ pub(super) fn nbd(c: &Ctx, cmd: NbdCmd) -> R {
     let v = match cmd {
         NbdCmd::Export { vdisk, name, read_only } => c.client.post(
             "/api/nbd/exports",
-            Some(json!({"vdisk": vdisk, "name": name, "read_only": read_only})),
+            body(&CreateNbdExport {
+                vdisk,
+                name,
+                read_only,
+            }),
         )?,
         NbdCmd::List => c.client.get("/api/nbd/exports")?,
         NbdCmd::Show { name } => c.client.get(&path(&name))?,
@@ -216,12 +221,8 @@ pub(super) fn nbd(c: &Ctx, cmd: NbdCmd) -> R {
             return Ok(());
         }
     };
-    if c.json {
-        c.print_json(&v);
-    } else if v.is_array() {
-        nbd_table(&v);
-    } else {
-        nbd_table(&Value::Array(vec![v]));
-    }
-    Ok(())
+    c.answer(v, |v: Value| {
+        nbd_table(&one_or_many(v)?);
+        Ok(())
+    })
 }

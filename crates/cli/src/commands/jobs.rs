@@ -6,24 +6,19 @@ pub(super) fn job(c: &Ctx, cmd: JobCmd) -> R {
     match cmd {
         JobCmd::List => {
             let v = c.client.get("/api/jobs")?;
-            if c.json {
-                c.print_json(&v);
-            } else {
-                let rows = arr(&v)
+            c.answer(v, |jobs: Vec<JobView>| {
+                let rows = jobs
                     .iter()
                     .map(|j| {
                         vec![
-                            s(&j["id"]),
-                            s(&j["kind"]),
-                            s(&j["target"]),
-                            s(&j["state"]),
-                            percent(
-                                j["done_bytes"].as_u64().unwrap_or(0),
-                                j["total_bytes"].as_u64().unwrap_or(0),
-                            ),
-                            size(&j["total_bytes"]),
-                            format!("{:.1}s", j["elapsed_seconds"].as_f64().unwrap_or(0.0)),
-                            j["error"].as_str().unwrap_or("").to_string(),
+                            j.id.to_string(),
+                            j.kind.clone(),
+                            j.target.clone(),
+                            j.state.as_str().to_string(),
+                            percent(j.done_bytes, j.total_bytes),
+                            size(j.total_bytes),
+                            format!("{:.1}s", j.elapsed_seconds),
+                            j.error.clone().unwrap_or_default(),
                         ]
                     })
                     .collect();
@@ -31,15 +26,15 @@ pub(super) fn job(c: &Ctx, cmd: JobCmd) -> R {
                     &["ID", "KIND", "TARGET", "STATE", "DONE", "BYTES", "ELAPSED", "ERROR"],
                     rows,
                 );
-            }
+                Ok(())
+            })?;
         }
         JobCmd::Show { id } => {
             let v = c.client.get(&format!("/api/jobs/{id}"))?;
-            if c.json {
-                c.print_json(&v);
-            } else {
-                show_job(&v);
-            }
+            c.answer(v, |j: JobView| {
+                show_job(&j);
+                Ok(())
+            })?;
         }
         JobCmd::Wait { id } => {
             let v = c.client.get(&format!("/api/jobs/{id}"))?;
@@ -47,122 +42,110 @@ pub(super) fn job(c: &Ctx, cmd: JobCmd) -> R {
         }
         JobCmd::Cancel { id } => {
             let v = c.client.post(&format!("/api/jobs/{id}/cancel"), None)?;
-            if c.json {
-                c.print_json(&v);
-            } else {
+            c.answer(v, |_: JobView| {
                 println!("job {id}: cancel requested");
-            }
+                Ok(())
+            })?;
         }
     }
     Ok(())
 }
 
-pub(super) fn show_job(v: &Value) {
+pub(super) fn show_job(j: &JobView) {
     let mut pairs = vec![
-        ("job", s(&v["id"])),
-        ("kind", s(&v["kind"])),
-        ("target", s(&v["target"])),
-        ("state", s(&v["state"])),
+        ("job", j.id.to_string()),
+        ("kind", j.kind.clone()),
+        ("target", j.target.clone()),
+        ("state", j.state.as_str().to_string()),
         (
             "progress",
             format!(
                 "{} of {} ({})",
-                size(&v["done_bytes"]),
-                size(&v["total_bytes"]),
-                percent(
-                    v["done_bytes"].as_u64().unwrap_or(0),
-                    v["total_bytes"].as_u64().unwrap_or(0)
-                )
+                size(j.done_bytes),
+                size(j.total_bytes),
+                percent(j.done_bytes, j.total_bytes)
             ),
         ),
-        (
-            "rate",
-            format!("{}/s", format_size(v["rate"].as_f64().unwrap_or(0.0) as u64)),
-        ),
-        (
-            "elapsed",
-            format!("{:.1}s", v["elapsed_seconds"].as_f64().unwrap_or(0.0)),
-        ),
+        ("rate", format!("{}/s", format_size(j.rate as u64))),
+        ("elapsed", format!("{:.1}s", j.elapsed_seconds)),
     ];
-    if let Some(e) = v["eta_seconds"].as_f64() {
+    if let Some(e) = j.eta_seconds {
         pairs.push(("eta", format!("{e:.0}s")));
     }
-    if let Some(e) = v["error"].as_str() {
-        pairs.push(("error", e.to_string()));
+    if let Some(e) = &j.error {
+        pairs.push(("error", e.clone()));
     }
-    if !v["result"].is_null() {
-        pairs.push(("result", v["result"].to_string()));
+    if let Some(r) = &j.result {
+        pairs.push(("result", r.to_string()));
     }
     kv(&pairs);
 }
 
 /// Follows a job to its end with a progress bar (on a terminal), unless `no_wait`. A job that
 /// fails or is cancelled makes the command fail.
-pub(super) fn follow(c: &Ctx, job: Value, no_wait: bool) -> R {
-    let id = job["id"]
-        .as_u64()
-        .ok_or_else(|| ClientError::Transport("the daemon did not return a job".into()))?;
+pub(super) fn follow(c: &Ctx, mut raw: Value, no_wait: bool) -> R {
+    let mut job: JobView = read(raw.clone())?;
+    let id = job.id;
     if no_wait {
         if c.json {
-            c.print_json(&job);
+            c.print_json(&raw);
         } else {
             println!(
                 "job {id} started ({} of {}); 'tessera job wait {id}' follows it",
-                s(&job["kind"]),
-                s(&job["target"])
+                job.kind, job.target
             );
         }
         return Ok(());
     }
     let bar = if std::io::stderr().is_terminal() && !c.json {
-        let b = ProgressBar::new(job["total_bytes"].as_u64().unwrap_or(0));
+        let b = ProgressBar::new(job.total_bytes);
         b.set_style(
             ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta} ")
                 .expect("valid template")
                 .progress_chars("=> "),
         );
-        b.set_message(format!("job {id} {} {}", s(&job["kind"]), s(&job["target"])));
+        b.set_message(format!("job {id} {} {}", job.kind, job.target));
         Some(b)
     } else {
         None
     };
-    let mut v = job;
     loop {
         if let Some(b) = &bar {
-            b.set_length(v["total_bytes"].as_u64().unwrap_or(0));
-            b.set_position(v["done_bytes"].as_u64().unwrap_or(0));
+            b.set_length(job.total_bytes);
+            b.set_position(job.done_bytes);
         }
-        if v["state"] != "running" {
+        if job.state != JobState::Running {
             break;
         }
         std::thread::sleep(Duration::from_millis(200));
-        v = c.client.get(&format!("/api/jobs/{id}"))?;
+        raw = c.client.get(&format!("/api/jobs/{id}"))?;
+        job = read(raw.clone())?;
     }
     if let Some(b) = bar {
         b.finish_and_clear();
     }
     if c.json {
-        c.print_json(&v);
+        c.print_json(&raw);
     }
-    match v["state"].as_str() {
-        Some("succeeded") => {
+    match job.state {
+        JobState::Succeeded => {
             if !c.json {
                 println!(
                     "job {id} ({} of {}) succeeded: {} in {:.1}s",
-                    s(&v["kind"]),
-                    s(&v["target"]),
-                    size(&v["total_bytes"]),
-                    v["elapsed_seconds"].as_f64().unwrap_or(0.0)
+                    job.kind,
+                    job.target,
+                    size(job.total_bytes),
+                    job.elapsed_seconds
                 );
             }
             Ok(())
         }
-        _ => Err(ClientError::Transport(format!(
+        s => Err(ClientError::Transport(format!(
             "job {id} ({} of {}) {}: {}",
-            s(&v["kind"]),
-            s(&v["target"]),
-            s(&v["state"]),
-            v["error"].as_str().unwrap_or("no reason given")
+            job.kind,
+            job.target,
+            s.as_str(),
+            job.error.as_deref().unwrap_or("no reason given")
         ))),
     }
 }

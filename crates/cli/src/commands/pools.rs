@@ -6,36 +6,34 @@ pub(super) fn pool(c: &Ctx, cmd: PoolCmd) -> R {
     match cmd {
         PoolCmd::Create { name, disks, slab_size } => {
             let disks: Vec<String> = disks.iter().map(|d| abs(d)).collect::<Result<_, _>>()?;
-            let v = c.client.post(
-                "/api/pools",
-                Some(json!({"name": name, "disks": disks, "slab_size": slab_size})),
-            )?;
-            if c.json {
-                c.print_json(&v);
-            } else {
+            let req = CreatePool {
+                name: name.clone(),
+                disks,
+                slab_size,
+            };
+            let v = c.client.post("/api/pools", body(&req))?;
+            c.answer(v, |p: PoolSummary| {
                 println!(
-                    "pool {} created: {} disk(s), {}",
-                    name,
-                    s(&v["disks"]),
-                    size(&v["capacity"]["total_bytes"])
+                    "pool {name} created: {} disk(s), {}",
+                    p.disks,
+                    opt_size(p.capacity.map(|c| c.total_bytes))
                 );
-            }
+                Ok(())
+            })?;
         }
         PoolCmd::List => {
             let v = c.client.get("/api/pools")?;
-            if c.json {
-                c.print_json(&v);
-            } else {
-                pool_table(&v);
-            }
+            c.answer(v, |pools: Vec<PoolSummary>| {
+                pool_table(&pools);
+                Ok(())
+            })?;
         }
         PoolCmd::Show { name } => {
             let v = c.client.get(&format!("/api/pools/{}", encode_segment(&name)))?;
-            if c.json {
-                c.print_json(&v);
-            } else {
-                show_pool(&v);
-            }
+            c.answer(v, |p: PoolDetail| {
+                show_pool(&p);
+                Ok(())
+            })?;
         }
         PoolCmd::Destroy { name } => {
             c.client.delete(&format!("/api/pools/{}", encode_segment(&name)))?;
@@ -45,23 +43,23 @@ pub(super) fn pool(c: &Ctx, cmd: PoolCmd) -> R {
         }
         PoolCmd::Import { name: None } => {
             let v = c.client.get("/api/pools/importable")?;
-            if c.json {
-                c.print_json(&v);
-            } else {
-                let rows = arr(&v).iter().map(|p| vec![s(&p["name"]), s(&p["dir"])]).collect();
+            c.answer(v, |pools: Vec<ImportablePool>| {
+                let rows = pools.into_iter().map(|p| vec![p.name, p.dir]).collect();
                 table(&["NAME", "DIRECTORY"], rows);
-            }
+                Ok(())
+            })?;
         }
         PoolCmd::Import { name: Some(name) } => {
-            let v = c.client.post("/api/pools/import", Some(json!({"name": name})))?;
-            if c.json {
-                c.print_json(&v);
-            } else {
-                println!("pool {name} imported: {}", s(&v["health"]));
-                if let Some(p) = v["problem"].as_str() {
-                    println!("  {p}");
+            let v = c
+                .client
+                .post("/api/pools/import", body(&ImportPool { name: name.clone() }))?;
+            c.answer(v, |p: PoolSummary| {
+                println!("pool {name} imported: {}", p.health);
+                if let Some(problem) = p.problem {
+                    println!("  {problem}");
                 }
-            }
+                Ok(())
+            })?;
         }
         PoolCmd::Export { name } => {
             c.client
@@ -76,108 +74,108 @@ pub(super) fn pool(c: &Ctx, cmd: PoolCmd) -> R {
             rate,
             no_wait,
         } => {
-            let v = c.client.post(
-                &format!("/api/pools/{}/repair", encode_segment(&name)),
-                Some(json!({"parallel": parallel, "rate_limit": rate})),
-            )?;
+            let req = RepairPool {
+                parallel,
+                rate_limit: rate,
+            };
+            let v = c
+                .client
+                .post(&format!("/api/pools/{}/repair", encode_segment(&name)), body(&req))?;
             follow(c, v, no_wait)?;
         }
         PoolCmd::Check { name } => {
             let v = c
                 .client
                 .post(&format!("/api/pools/{}/check", encode_segment(&name)), None)?;
-            if c.json {
-                c.print_json(&v);
-            } else {
-                let problems = arr(&v["problems"]);
+            c.answer(v, |r: tessera_volume::CheckReport| {
                 println!(
                     "pool {name}: {} grain(s) mapped, {} slot(s) referenced, {} problem(s)",
-                    s(&v["grains_mapped"]),
-                    s(&v["slots_referenced"]),
-                    problems.len()
+                    r.grains_mapped,
+                    r.slots_referenced,
+                    r.problems.len()
                 );
-                for p in problems {
-                    println!("  {}", s(p));
+                for p in &r.problems {
+                    println!("  {p}");
                 }
-                if !problems.is_empty() {
-                    return Err(ClientError::Transport(format!("pool {name} failed its check")));
+                if r.problems.is_empty() {
+                    Ok(())
+                } else {
+                    Err(ClientError::Transport(format!("pool {name} failed its check")))
                 }
-            }
+            })?;
         }
     }
     Ok(())
 }
 
-pub(super) fn pool_table(v: &Value) {
-    let rows = arr(v)
+pub(super) fn pool_table(pools: &[PoolSummary]) {
+    let rows = pools
         .iter()
         .map(|p| {
             vec![
-                s(&p["name"]),
-                s(&p["health"]),
-                format!("{}/{}", s(&p["healthy_disks"]), s(&p["disks"])),
-                size(&p["capacity"]["total_bytes"]),
-                size(&p["capacity"]["used_bytes"]),
-                size(&p["capacity"]["free_bytes"]),
-                s(&p["vdisks"]),
+                p.name.clone(),
+                p.health.to_string(),
+                format!("{}/{}", p.healthy_disks, p.disks),
+                opt_size(p.capacity.map(|c| c.total_bytes)),
+                opt_size(p.capacity.map(|c| c.used_bytes)),
+                opt_size(p.capacity.map(|c| c.free_bytes)),
+                p.vdisks.to_string(),
             ]
         })
         .collect();
     table(&["NAME", "HEALTH", "DISKS", "SIZE", "USED", "FREE", "VDISKS"], rows);
-    for p in arr(v) {
-        for w in arr(&p["warnings"]) {
-            println!("{}: warning: {}", s(&p["name"]), s(w));
+    for p in pools {
+        for w in &p.warnings {
+            println!("{}: warning: {w}", p.name);
         }
     }
 }
 
-pub(super) fn show_pool(v: &Value) {
+pub(super) fn show_pool(p: &PoolDetail) {
+    let s = &p.summary;
     let mut pairs = vec![
-        ("name", s(&v["name"])),
-        ("id", s(&v["id"])),
-        ("health", s(&v["health"])),
-        ("size", size(&v["capacity"]["total_bytes"])),
-        ("used", size(&v["capacity"]["used_bytes"])),
-        ("free", size(&v["capacity"]["free_bytes"])),
-        ("slab size", size(&v["slab_size"])),
-        ("repair needed", size(&v["repair_needed_bytes"])),
+        ("name", s.name.clone()),
+        ("id", s.id.clone()),
+        ("health", s.health.to_string()),
+        ("size", opt_size(s.capacity.map(|c| c.total_bytes))),
+        ("used", opt_size(s.capacity.map(|c| c.used_bytes))),
+        ("free", opt_size(s.capacity.map(|c| c.free_bytes))),
+        ("slab size", size(s.slab_size)),
+        ("repair needed", size(s.repair_needed_bytes)),
     ];
-    if let Some(p) = v["problem"].as_str() {
-        pairs.push(("problem", p.to_string()));
+    if let Some(problem) = &s.problem {
+        pairs.push(("problem", problem.clone()));
     }
-    for w in arr(&v["warnings"]) {
-        pairs.push(("warning", s(w)));
+    for w in &s.warnings {
+        pairs.push(("warning", w.clone()));
     }
-    if !arr(&v["jobs_running"]).is_empty() {
-        pairs.push(("jobs running", s(&v["jobs_running"])));
+    if !s.jobs_running.is_empty() {
+        pairs.push(("jobs running", format!("{:?}", s.jobs_running)));
     }
-    let st = &v["stats"];
+    let st = &p.stats;
     pairs.push((
         "I/O errors",
         format!(
             "{} read, {} write; {} reads reconstructed, {} blocks repaired",
-            s(&st["read_errors"]),
-            s(&st["write_errors"]),
-            s(&st["reconstructed_reads"]),
-            s(&st["repaired_blocks"])
+            st.read_errors, st.write_errors, st.reconstructed_reads, st.repaired_blocks
         ),
     ));
     kv(&pairs);
     println!();
-    disk_table(&v["disk_list"]);
+    disk_table(&p.disk_list);
     println!();
-    vdisk_table(&v["vdisk_list"]);
-    let sets = arr(&v["unhealthy_sets"]);
-    if !sets.is_empty() {
+    vdisk_table(&p.vdisk_list);
+    if !p.unhealthy_sets.is_empty() {
         println!();
-        let rows = sets
+        let rows = p
+            .unhealthy_sets
             .iter()
             .map(|x| {
                 vec![
-                    s(&x["id"]),
-                    s(&x["state"]),
-                    format!("{}/{}", s(&x["unavailable"]), s(&x["tolerance"])),
-                    s(&x["layout"]),
+                    x.id.to_string(),
+                    x.state.clone(),
+                    format!("{}/{}", x.unavailable, x.tolerance),
+                    x.layout.clone(),
                 ]
             })
             .collect();
@@ -185,18 +183,18 @@ pub(super) fn show_pool(v: &Value) {
     }
 }
 
-pub(super) fn disk_table(v: &Value) {
-    let rows = arr(v)
+pub(super) fn disk_table(disks: &[DiskView]) {
+    let rows = disks
         .iter()
         .map(|d| {
             vec![
-                s(&d["position"]),
-                s(&d["id"]),
-                s(&d["state"]),
-                size(&d["size"]),
-                size(&d["used_bytes"]),
-                s(&d["path"]),
-                d["problem"].as_str().unwrap_or("").to_string(),
+                d.position.to_string(),
+                d.id.clone(),
+                d.state.as_str().to_string(),
+                size(d.size),
+                size(d.used_bytes),
+                d.path.clone(),
+                d.problem.clone().unwrap_or_default(),
             ]
         })
         .collect();
@@ -207,37 +205,33 @@ pub(super) fn disk(c: &Ctx, cmd: DiskCmd) -> R {
     let (v, what) = match cmd {
         DiskCmd::List { pool } => {
             let v = c.client.get(&format!("/api/pools/{}/disks", encode_segment(&pool)))?;
-            if c.json {
-                c.print_json(&v);
-            } else {
-                disk_table(&v);
-            }
-            return Ok(());
+            return c.answer(v, |disks: Vec<DiskView>| {
+                disk_table(&disks);
+                Ok(())
+            });
         }
         DiskCmd::Add { pool, path } => {
             let v = c.client.post(
                 &format!("/api/pools/{}/disks", encode_segment(&pool)),
-                Some(json!({"path": abs(&path)?})),
+                body(&AddDisk { path: abs(&path)? }),
             )?;
             (v, "added")
         }
         DiskCmd::Retire { pool, disk } => (disk_action(c, &pool, &disk, "retire")?, "retired"),
         DiskCmd::Fail { pool, disk } => (disk_action(c, &pool, &disk, "fail")?, "failed"),
     };
-    if c.json {
-        c.print_json(&v);
-    } else {
+    c.answer(v, |d: DiskView| {
         println!(
             "disk {} ({}) {what}; its state is now {}",
-            s(&v["path"]),
-            s(&v["id"]),
-            s(&v["state"])
+            d.path,
+            d.id,
+            d.state.as_str()
         );
         if what != "added" {
             println!("'tessera pool repair POOL' rebuilds what it held onto the other disks");
         }
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 pub(super) fn disk_action(c: &Ctx, pool: &str, disk: &str, action: &str) -> Result<Value, ClientError> {

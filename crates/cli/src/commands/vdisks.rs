@@ -2,18 +2,18 @@
 
 use super::*;
 
-pub(super) fn vdisk_table(v: &Value) {
-    let rows = arr(v)
+pub(super) fn vdisk_table(vdisks: &[VdiskView]) {
+    let rows = vdisks
         .iter()
         .map(|x| {
             vec![
-                format!("{}/{}", s(&x["pool"]), s(&x["name"])),
-                size(&x["size"]),
-                size(&x["allocated_bytes"]),
-                size(&x["exclusive_bytes"]),
-                s(&x["snapshots"]),
-                s(&x["provisioning"]),
-                s(&x["layout_description"]),
+                format!("{}/{}", x.pool, x.name),
+                size(x.size),
+                size(x.allocated_bytes),
+                size(x.exclusive_bytes),
+                x.snapshots.to_string(),
+                x.provisioning.as_str().to_string(),
+                x.layout_description.clone(),
             ]
         })
         .collect();
@@ -58,16 +58,15 @@ pub(super) fn snapshot(c: &Ctx, cmd: SnapshotCmd) -> R {
         SnapshotCmd::Create { snapshot } => {
             let (p, v, n) = pool_snapshot(&snapshot)?;
             let started = std::time::Instant::now();
-            let r = c.client.post(&snapshot_path(&p, &v), Some(json!({"name": n})))?;
-            if c.json {
-                c.print_json(&r);
-            } else {
+            let r = c.client.post(&snapshot_path(&p, &v), body(&CreateSnapshot { name: n }))?;
+            c.answer(r, |snap: SnapshotView| {
                 println!(
                     "snapshot {snapshot} taken in {:.3} s: {} of data, all shared with {p}/{v}",
                     started.elapsed().as_secs_f64(),
-                    size(&r["allocated_bytes"])
+                    size(snap.allocated_bytes)
                 );
-            }
+                Ok(())
+            })?;
         }
         SnapshotCmd::List { of } => {
             let r = match of.as_deref() {
@@ -78,42 +77,40 @@ pub(super) fn snapshot(c: &Ctx, cmd: SnapshotCmd) -> R {
                 }
                 Some(p) => c.client.get(&format!("/api/pools/{}/snapshots", encode_segment(p)))?,
             };
-            if c.json {
-                c.print_json(&r);
-            } else {
-                let rows = arr(&r)
+            c.answer(r, |snaps: Vec<SnapshotView>| {
+                let rows = snaps
                     .iter()
                     .map(|x| {
                         vec![
-                            format!("{}/{}", s(&x["pool"]), s(&x["full_name"])),
-                            size(&x["size"]),
-                            size(&x["allocated_bytes"]),
-                            size(&x["exclusive_bytes"]),
-                            when(&x["created"]),
+                            format!("{}/{}", x.pool, x.full_name),
+                            size(x.size),
+                            size(x.allocated_bytes),
+                            size(x.exclusive_bytes),
+                            when(x.created),
                         ]
                     })
                     .collect();
                 table(&["SNAPSHOT", "SIZE", "ALLOCATED", "EXCLUSIVE", "CREATED"], rows);
-            }
+                Ok(())
+            })?;
         }
         SnapshotCmd::Show { snapshot } => {
             let (p, v, n) = pool_snapshot(&snapshot)?;
             let r = c
                 .client
                 .get(&format!("{}/{}", snapshot_path(&p, &v), encode_segment(&n)))?;
-            if c.json {
-                c.print_json(&r);
-            } else {
+            c.answer(r, |x: SnapshotView| {
                 kv(&[
                     ("snapshot", snapshot.clone()),
-                    ("of", format!("{p}/{}", s(&r["vdisk"]))),
-                    ("size", format!("{} ({} bytes)", size(&r["size"]), s(&r["size"]))),
-                    ("allocated", size(&r["allocated_bytes"])),
-                    ("exclusive", size(&r["exclusive_bytes"])),
-                    ("shared", size(&r["shared_bytes"])),
-                    ("created", when(&r["created"])),
+                    ("of", format!("{p}/{}", x.vdisk)),
+                    ("size", format!("{} ({} bytes)", size(x.size), x.size)),
+                    ("allocated", size(x.allocated_bytes)),
+                    ("exclusive", size(x.exclusive_bytes)),
+                    ("shared", size(x.shared_bytes)),
+                    ("created", when(x.created)),
                 ]);
-            }
+                Ok(())
+            })?;
         }
         SnapshotCmd::Delete { snapshot } => {
             let (p, v, n) = pool_snapshot(&snapshot)?;
@@ -127,18 +124,25 @@ pub(super) fn snapshot(c: &Ctx, cmd: SnapshotCmd) -> R {
     Ok(())
 }
 
-pub(super) fn layout_body(name: &str, size: u64, l: &LayoutArgs) -> Value {
-    json!({
-        "name": name, "size": size, "layout": l.layout, "copies": l.copies, "columns": l.columns,
-        "interleave": l.interleave, "provisioning": l.provisioning, "grain_size": l.grain, "block_size": l.block_size,
-        "physical_block_size": l.physical_block_size,
-    })
+pub(super) fn create_vdisk(name: &str, size: u64, l: &LayoutArgs) -> CreateVdisk {
+    CreateVdisk {
+        name: name.to_string(),
+        size,
+        layout: l.layout,
+        copies: l.copies,
+        columns: l.columns,
+        interleave: l.interleave,
+        provisioning: l.provisioning,
+        grain_size: l.grain,
+        block_size: l.block_size,
+        physical_block_size: l.physical_block_size,
+    }
 }
 
 /// "512 (4096 physical, 512e)", "512 (512n)" or "4096 (4Kn)".
-pub(super) fn block_sizes(v: &Value) -> String {
-    let logical = v["block_size"].as_u64().unwrap_or(0);
-    match v["physical_block_size"].as_u64().unwrap_or(logical) {
+pub(super) fn block_sizes(v: &VdiskView) -> String {
+    let logical = v.block_size;
+    match v.physical_block_size {
         p if p == logical && logical == 512 => "512 (512n)".to_string(),
         p if p == logical => format!("{logical} (4Kn)"),
         p => format!("{logical} ({p} physical, 512e)"),
@@ -155,29 +159,27 @@ pub(super) fn vdisk(c: &Ctx, cmd: VdiskCmd) -> R {
             let (p, n) = pool_vdisk(&vdisk)?;
             let v = c.client.post(
                 &format!("/api/pools/{}/vdisks", encode_segment(&p)),
-                Some(layout_body(&n, sz, &layout)),
+                body(&create_vdisk(&n, sz, &layout)),
             )?;
-            if c.json {
-                c.print_json(&v);
-            } else {
+            c.answer(v, |x: VdiskView| {
                 println!(
                     "vdisk {vdisk} created: {}, {}, {}",
-                    size(&v["size"]),
-                    s(&v["layout_description"]),
-                    s(&v["provisioning"])
+                    size(x.size),
+                    x.layout_description,
+                    x.provisioning.as_str()
                 );
-            }
+                Ok(())
+            })?;
         }
         VdiskCmd::List { pool } => {
             let v = match pool {
                 Some(p) => c.client.get(&format!("/api/pools/{}/vdisks", encode_segment(&p)))?,
                 None => c.client.get("/api/vdisks")?,
             };
-            if c.json {
-                c.print_json(&v);
-            } else {
-                vdisk_table(&v);
-            }
+            c.answer(v, |vdisks: Vec<VdiskView>| {
+                vdisk_table(&vdisks);
+                Ok(())
+            })?;
         }
         VdiskCmd::Show { vdisk } => {
             let (p, n) = pool_vdisk(&vdisk)?;
@@ -186,51 +188,48 @@ pub(super) fn vdisk(c: &Ctx, cmd: VdiskCmd) -> R {
                 encode_segment(&p),
                 encode_segment(&n)
             ))?;
-            if c.json {
-                c.print_json(&v);
-            } else {
+            c.answer(v, |x: VdiskView| {
                 kv(&[
                     ("vdisk", vdisk.clone()),
-                    ("size", format!("{} ({} bytes)", size(&v["size"]), s(&v["size"]))),
-                    ("allocated", size(&v["allocated_bytes"])),
-                    ("exclusive", size(&v["exclusive_bytes"])),
-                    ("shared", size(&v["shared_bytes"])),
-                    ("snapshots", s(&v["snapshots"])),
-                    ("provisioning", s(&v["provisioning"])),
-                    ("layout", s(&v["layout_description"])),
-                    ("block size", block_sizes(&v)),
-                    ("grain size", size(&v["grain_size"])),
+                    ("size", format!("{} ({} bytes)", size(x.size), x.size)),
+                    ("allocated", size(x.allocated_bytes)),
+                    ("exclusive", size(x.exclusive_bytes)),
+                    ("shared", size(x.shared_bytes)),
+                    ("snapshots", x.snapshots.to_string()),
+                    ("provisioning", x.provisioning.as_str().to_string()),
+                    ("layout", x.layout_description.clone()),
+                    ("block size", block_sizes(&x)),
+                    ("grain size", size(x.grain_size)),
                 ]);
-            }
+                Ok(())
+            })?;
         }
         VdiskCmd::Clone { source, name } => {
             let (p, n) = pool_vdisk(&source)?;
             let name = name.strip_prefix(&format!("{p}/")).unwrap_or(&name).to_string();
             let v = c.client.post(
                 &format!("/api/pools/{}/vdisks/{}/clone", encode_segment(&p), encode_segment(&n)),
-                Some(json!({"name": name})),
+                body(&CloneVdisk { name: name.clone() }),
             )?;
-            if c.json {
-                c.print_json(&v);
-            } else {
+            c.answer(v, |x: CloneView| {
                 println!(
                     "vdisk {p}/{name} cloned from {source}: {} shared, {} copied",
-                    size(&v["shared_bytes"]),
-                    size(&v["copied_bytes"])
+                    size(x.shared_bytes),
+                    size(x.copied_bytes)
                 );
-            }
+                Ok(())
+            })?;
         }
         VdiskCmd::Resize { vdisk, size: sz } => {
             let (p, n) = pool_vdisk(&vdisk)?;
             let v = c.client.post(
                 &format!("/api/pools/{}/vdisks/{}/resize", encode_segment(&p), encode_segment(&n)),
-                Some(json!({"size": sz})),
+                body(&ResizeVdisk { size: sz }),
             )?;
-            if c.json {
-                c.print_json(&v);
-            } else {
-                println!("vdisk {vdisk} is now {}", size(&v["size"]));
-            }
+            c.answer(v, |x: VdiskView| {
+                println!("vdisk {vdisk} is now {}", size(x.size));
+                Ok(())
+            })?;
         }
         VdiskCmd::Delete { vdisk } => {
             let (p, n) = pool_vdisk(&vdisk)?;
@@ -253,7 +252,10 @@ pub(super) fn vdisk(c: &Ctx, cmd: VdiskCmd) -> R {
             let (p, n) = pool_vdisk(&vdisk)?;
             let v = c.client.post(
                 &format!("/api/pools/{}/vdisks/{}/import", encode_segment(&p), encode_segment(&n)),
-                Some(json!({"path": abs(&image)?, "create": layout_body(&n, sz.unwrap_or(0), &layout)})),
+                body(&ImportImage {
+                    path: abs(&image)?,
+                    create: Some(create_vdisk(&n, sz.unwrap_or(0), &layout)),
+                }),
             )?;
             follow(c, v, no_wait)?;
         }
@@ -266,7 +268,10 @@ pub(super) fn vdisk(c: &Ctx, cmd: VdiskCmd) -> R {
             let (p, n) = pool_vdisk(&vdisk)?;
             let v = c.client.post(
                 &format!("/api/pools/{}/vdisks/{}/export", encode_segment(&p), encode_segment(&n)),
-                Some(json!({"path": abs(&image)?, "overwrite": overwrite})),
+                body(&ExportImage {
+                    path: abs(&image)?,
+                    overwrite,
+                }),
             )?;
             follow(c, v, no_wait)?;
         }

@@ -1,23 +1,39 @@
 //! The OpenAPI 3.1 document served at `/api/openapi.json`. The route table below is the one
-//! place that lists the routes for clients; a test checks that the router serves every entry.
+//! place that lists the routes for clients (a test checks that the router serves every entry);
+//! the schemas are generated from the types in `model.rs` that the handlers return and the CLI
+//! reads, so the document cannot drift from them.
 
+use schemars::generate::{SchemaGenerator, SchemaSettings};
+use schemars::{JsonSchema, Schema};
 use serde_json::{json, Map, Value};
+use tessera_volume::CheckReport;
+
+use crate::jobs::JobView;
+use crate::model::*;
+
+/// Writes the schema of one body into the generator's definitions and returns a reference to
+/// it (or an inline schema, for lists and scalars).
+pub type SchemaFn = fn(&mut SchemaGenerator) -> Schema;
+
+fn schema<T: JsonSchema>(g: &mut SchemaGenerator) -> Schema {
+    g.subschema_for::<T>()
+}
 
 pub struct RouteDoc {
     pub method: &'static str,
     pub path: &'static str,
     pub summary: &'static str,
-    pub request: Option<&'static str>,
+    pub request: Option<SchemaFn>,
     /// Status and schema of the success response; `None` for 204 No Content.
-    pub response: Option<(u16, &'static str)>,
+    pub response: Option<(u16, SchemaFn)>,
 }
 
 const fn r(
     method: &'static str,
     path: &'static str,
     summary: &'static str,
-    request: Option<&'static str>,
-    response: Option<(u16, &'static str)>,
+    request: Option<SchemaFn>,
+    response: Option<(u16, SchemaFn)>,
 ) -> RouteDoc {
     RouteDoc {
         method,
@@ -34,43 +50,43 @@ pub const ROUTES: &[RouteDoc] = &[
         "/api/health",
         "Daemon version, uptime and state directory",
         None,
-        Some((200, "Health")),
+        Some((200, schema::<HealthView>)),
     ),
-    r("get", "/api/openapi.json", "This document", None, Some((200, "Any"))),
+    r("get", "/api/openapi.json", "This document", None, Some((200, schema::<serde_json::Value>))),
     r(
         "get",
         "/api/pools",
         "List pools, imported and unavailable",
         None,
-        Some((200, "PoolSummaryList")),
+        Some((200, schema::<Vec<PoolSummary>>)),
     ),
     r(
         "post",
         "/api/pools",
         "Create a pool on blank disks",
-        Some("CreatePool"),
-        Some((201, "PoolSummary")),
+        Some(schema::<CreatePool>),
+        Some((201, schema::<PoolSummary>)),
     ),
     r(
         "get",
         "/api/pools/importable",
         "Pools in the state directory that are not imported",
         None,
-        Some((200, "ImportablePoolList")),
+        Some((200, schema::<Vec<ImportablePool>>)),
     ),
     r(
         "post",
         "/api/pools/import",
         "Import a pool",
-        Some("ImportPool"),
-        Some((200, "PoolSummary")),
+        Some(schema::<ImportPool>),
+        Some((200, schema::<PoolSummary>)),
     ),
     r(
         "get",
         "/api/pools/{pool}",
         "A pool with its disks, vdisks and unhealthy slab sets",
         None,
-        Some((200, "PoolDetail")),
+        Some((200, schema::<PoolDetail>)),
     ),
     r(
         "delete",
@@ -90,64 +106,64 @@ pub const ROUTES: &[RouteDoc] = &[
         "post",
         "/api/pools/{pool}/repair",
         "Start a repair job: rebuild or move every slab on a failed, missing or retired disk",
-        Some("RepairPool"),
-        Some((202, "Job")),
+        Some(schema::<RepairPool>),
+        Some((202, schema::<JobView>)),
     ),
     r(
         "post",
         "/api/pools/{pool}/check",
         "Check the pool's metadata: every map entry and reference count",
         None,
-        Some((200, "CheckReport")),
+        Some((200, schema::<CheckReport>)),
     ),
     r(
         "get",
         "/api/pools/{pool}/disks",
         "The pool's disks",
         None,
-        Some((200, "DiskList")),
+        Some((200, schema::<Vec<DiskView>>)),
     ),
     r(
         "post",
         "/api/pools/{pool}/disks",
         "Add a blank disk to the pool",
-        Some("AddDisk"),
-        Some((201, "Disk")),
+        Some(schema::<AddDisk>),
+        Some((201, schema::<DiskView>)),
     ),
     r(
         "post",
         "/api/pools/{pool}/disks/{disk}/{action}",
         "fail or retire a disk; {disk} is its id or its percent-encoded path",
         None,
-        Some((200, "Disk")),
+        Some((200, schema::<DiskView>)),
     ),
     r(
         "get",
         "/api/vdisks",
         "Every vdisk of every imported pool",
         None,
-        Some((200, "VdiskList")),
+        Some((200, schema::<Vec<VdiskView>>)),
     ),
     r(
         "get",
         "/api/pools/{pool}/vdisks",
         "The pool's vdisks",
         None,
-        Some((200, "VdiskList")),
+        Some((200, schema::<Vec<VdiskView>>)),
     ),
     r(
         "post",
         "/api/pools/{pool}/vdisks",
         "Create a vdisk",
-        Some("CreateVdisk"),
-        Some((201, "Vdisk")),
+        Some(schema::<CreateVdisk>),
+        Some((201, schema::<VdiskView>)),
     ),
     r(
         "get",
         "/api/pools/{pool}/vdisks/{vdisk}",
         "A vdisk",
         None,
-        Some((200, "Vdisk")),
+        Some((200, schema::<VdiskView>)),
     ),
     r(
         "delete",
@@ -160,43 +176,43 @@ pub const ROUTES: &[RouteDoc] = &[
         "post",
         "/api/pools/{pool}/vdisks/{vdisk}/clone",
         "A thin copy-on-write clone of the vdisk or snapshot (VDISK@NAME), sharing all its grains",
-        Some("CloneVdisk"),
-        Some((201, "CloneResult")),
+        Some(schema::<CloneVdisk>),
+        Some((201, schema::<CloneView>)),
     ),
     r(
         "get",
         "/api/snapshots",
         "Every snapshot of every imported pool",
         None,
-        Some((200, "SnapshotList")),
+        Some((200, schema::<Vec<SnapshotView>>)),
     ),
     r(
         "get",
         "/api/pools/{pool}/snapshots",
         "The pool's snapshots",
         None,
-        Some((200, "SnapshotList")),
+        Some((200, schema::<Vec<SnapshotView>>)),
     ),
     r(
         "get",
         "/api/pools/{pool}/vdisks/{vdisk}/snapshots",
         "The vdisk's snapshots, oldest first (also of a deleted vdisk, by its name)",
         None,
-        Some((200, "SnapshotList")),
+        Some((200, schema::<Vec<SnapshotView>>)),
     ),
     r(
         "post",
         "/api/pools/{pool}/vdisks/{vdisk}/snapshots",
         "Take a read-only point-in-time snapshot VDISK@NAME, sharing every grain",
-        Some("CreateSnapshot"),
-        Some((201, "Snapshot")),
+        Some(schema::<CreateSnapshot>),
+        Some((201, schema::<SnapshotView>)),
     ),
     r(
         "get",
         "/api/pools/{pool}/vdisks/{vdisk}/snapshots/{snapshot}",
         "A snapshot",
         None,
-        Some((200, "Snapshot")),
+        Some((200, schema::<SnapshotView>)),
     ),
     r(
         "delete",
@@ -209,128 +225,128 @@ pub const ROUTES: &[RouteDoc] = &[
         "post",
         "/api/pools/{pool}/vdisks/{vdisk}/resize",
         "Grow a vdisk",
-        Some("ResizeVdisk"),
-        Some((200, "Vdisk")),
+        Some(schema::<ResizeVdisk>),
+        Some((200, schema::<VdiskView>)),
     ),
     r(
         "post",
         "/api/pools/{pool}/vdisks/{vdisk}/import",
         "Start a job that copies a raw image into the vdisk, trimming zero runs",
-        Some("ImportImage"),
-        Some((202, "Job")),
+        Some(schema::<ImportImage>),
+        Some((202, schema::<JobView>)),
     ),
     r(
         "post",
         "/api/pools/{pool}/vdisks/{vdisk}/export",
         "Start a job that writes the vdisk to a sparse raw image",
-        Some("ExportImage"),
-        Some((202, "Job")),
+        Some(schema::<ExportImage>),
+        Some((202, schema::<JobView>)),
     ),
     r(
         "get",
         "/api/jobs",
         "Running and recently finished jobs",
         None,
-        Some((200, "JobList")),
+        Some((200, schema::<Vec<JobView>>)),
     ),
     r(
         "get",
         "/api/jobs/{id}",
         "A job and its progress",
         None,
-        Some((200, "Job")),
+        Some((200, schema::<JobView>)),
     ),
     r(
         "post",
         "/api/jobs/{id}/cancel",
         "Ask a job to stop",
         None,
-        Some((200, "Job")),
+        Some((200, schema::<JobView>)),
     ),
     r(
         "get",
         "/api/targets",
         "List iSCSI targets",
         None,
-        Some((200, "TargetList")),
+        Some((200, schema::<Vec<TargetView>>)),
     ),
     r(
         "post",
         "/api/targets",
         "Create an iSCSI target",
-        Some("CreateTarget"),
-        Some((201, "Target")),
+        Some(schema::<CreateTarget>),
+        Some((201, schema::<TargetView>)),
     ),
     r(
         "get",
         "/api/targets/{iqn}",
         "An iSCSI target",
         None,
-        Some((200, "Target")),
+        Some((200, schema::<TargetView>)),
     ),
     r("delete", "/api/targets/{iqn}", "Delete an iSCSI target", None, None),
     r(
         "post",
         "/api/targets/{iqn}/luns",
         "Present a vdisk as a LUN",
-        Some("AddLun"),
-        Some((201, "Target")),
+        Some(schema::<AddLun>),
+        Some((201, schema::<TargetView>)),
     ),
     r(
         "delete",
         "/api/targets/{iqn}/luns/{lun}",
         "Stop presenting a LUN",
         None,
-        Some((200, "Target")),
+        Some((200, schema::<TargetView>)),
     ),
     r(
         "post",
         "/api/targets/{iqn}/acl",
         "Allow an initiator; a non-empty ACL keeps every other initiator out",
-        Some("AclEntry"),
-        Some((201, "Target")),
+        Some(schema::<AclEntry>),
+        Some((201, schema::<TargetView>)),
     ),
     r(
         "delete",
         "/api/targets/{iqn}/acl/{initiator}",
         "Remove an initiator from the ACL",
         None,
-        Some((200, "Target")),
+        Some((200, schema::<TargetView>)),
     ),
     r(
         "put",
         "/api/targets/{iqn}/allow-any-initiator",
         "Admit any initiator (true), or only those of the ACL (false)",
-        Some("AllowAnyInitiator"),
-        Some((200, "Target")),
+        Some(schema::<AllowAnyInitiator>),
+        Some((200, schema::<TargetView>)),
     ),
     r(
         "put",
         "/api/targets/{iqn}/chap",
         "Require CHAP (one-way, or mutual with the mutual pair)",
-        Some("SetChap"),
-        Some((200, "Target")),
+        Some(schema::<SetChap>),
+        Some((200, schema::<TargetView>)),
     ),
     r(
         "delete",
         "/api/targets/{iqn}/chap",
         "Stop requiring CHAP",
         None,
-        Some((200, "Target")),
+        Some((200, schema::<TargetView>)),
     ),
     r(
         "get",
         "/api/iscsi/portals",
         "List iSCSI portals: the configured one and those added",
         None,
-        Some((200, "PortalList")),
+        Some((200, schema::<Vec<PortalView>>)),
     ),
     r(
         "post",
         "/api/iscsi/portals",
         "Listen on one more iSCSI portal, kept across restarts",
-        Some("AddPortal"),
-        Some((201, "Portal")),
+        Some(schema::<AddPortal>),
+        Some((201, schema::<PortalView>)),
     ),
     r(
         "delete",
@@ -344,21 +360,21 @@ pub const ROUTES: &[RouteDoc] = &[
         "/api/nbd/exports",
         "List NBD exports",
         None,
-        Some((200, "NbdExportList")),
+        Some((200, schema::<Vec<NbdExportView>>)),
     ),
     r(
         "post",
         "/api/nbd/exports",
         "Export a vdisk over NBD",
-        Some("CreateNbdExport"),
-        Some((201, "NbdExport")),
+        Some(schema::<CreateNbdExport>),
+        Some((201, schema::<NbdExportView>)),
     ),
     r(
         "get",
         "/api/nbd/exports/{name}",
         "An NBD export",
         None,
-        Some((200, "NbdExport")),
+        Some((200, schema::<NbdExportView>)),
     ),
     r(
         "delete",
@@ -369,171 +385,6 @@ pub const ROUTES: &[RouteDoc] = &[
     ),
 ];
 
-fn int() -> Value {
-    json!({"type": "integer", "minimum": 0})
-}
-fn opt_int() -> Value {
-    json!({"type": ["integer", "null"], "minimum": 0})
-}
-fn string() -> Value {
-    json!({"type": "string"})
-}
-fn opt_string() -> Value {
-    json!({"type": ["string", "null"]})
-}
-fn list(item: &str) -> Value {
-    json!({"type": "array", "items": {"$ref": format!("#/components/schemas/{item}")}})
-}
-fn obj(required: &[&str], props: Value) -> Value {
-    json!({"type": "object", "required": required, "properties": props})
-}
-
-fn schemas() -> Value {
-    let layout_kind = json!({"type": "string", "enum": ["simple", "mirror", "parity", "dual-parity"]});
-    let capacity = obj(
-        &["total_bytes", "used_bytes", "free_bytes"],
-        json!({"total_bytes": int(), "used_bytes": int(), "free_bytes": int()}),
-    );
-    let pool_summary_props = json!({
-        "name": string(), "id": string(),
-        "health": {"type": "string", "enum": ["healthy", "degraded", "failed", "unavailable"]},
-        "problem": opt_string(), "disks": int(), "healthy_disks": int(),
-        "capacity": {"oneOf": [{"$ref": "#/components/schemas/Capacity"}, {"type": "null"}]},
-        "slab_size": int(), "vdisks": int(), "repair_needed_bytes": int(),
-        "jobs_running": {"type": "array", "items": int()},
-        "warnings": {"type": "array", "items": string(), "description": "e.g. space past the thin provisioning threshold"}
-    });
-    let mut detail_props = pool_summary_props.clone();
-    let m = detail_props.as_object_mut().expect("object");
-    m.insert("disk_list".into(), list("Disk"));
-    m.insert("vdisk_list".into(), list("Vdisk"));
-    m.insert(
-        "unhealthy_sets".into(),
-        json!({"type": "array", "items": obj(&["id", "layout", "state", "unavailable", "tolerance"], json!({
-            "id": int(), "layout": string(), "state": string(), "unavailable": int(), "tolerance": int()}))}),
-    );
-    m.insert(
-        "stats".into(),
-        obj(&[], json!({"read_errors": int(), "write_errors": int(), "reconstructed_reads": int(), "repaired_blocks": int()})),
-    );
-    let create_vdisk = json!({
-        "type": "object", "required": ["name", "size"], "additionalProperties": false,
-        "properties": {
-            "name": string(), "size": {"type": "integer", "minimum": 1, "description": "bytes, a multiple of the block size"},
-            "layout": {"oneOf": [layout_kind.clone(), {"type": "null"}]},
-            "copies": {"type": ["integer", "null"], "enum": [2, 3, null]},
-            "columns": opt_int(), "interleave": opt_int(),
-            "provisioning": {"type": ["string", "null"], "enum": ["thin", "fixed", null]},
-            "grain_size": opt_int(),
-            "block_size": {"type": ["integer", "null"], "enum": [512, 4096, null]},
-            "physical_block_size": {"type": ["integer", "null"], "enum": [512, 4096, null],
-                "description": "what initiators are told (READ CAPACITY); absent: 4096"}
-        }
-    });
-    json!({
-        "Any": {},
-        "Error": obj(&["error"], json!({"error": obj(&["code", "message"], json!({
-            "code": {"type": "string", "description": "stable: not_found, already_exists, invalid_argument, malformed_request, no_space, busy, unauthorized, data_unavailable, io_error, internal, no_such_route, method_not_allowed"},
-            "message": {"type": "string", "description": "for a human: what was wrong and what to do"}
-        }))})),
-        "Health": obj(&["version", "state_dir", "uptime_seconds", "pools", "demo"], json!({
-            "version": string(), "state_dir": string(), "uptime_seconds": {"type": "number"}, "pools": int(), "demo": {"type": "boolean"}})),
-        "Capacity": capacity,
-        "PoolSummary": obj(&["name", "health"], pool_summary_props),
-        "PoolSummaryList": list("PoolSummary"),
-        "PoolDetail": obj(&["name", "health", "disk_list", "vdisk_list"], detail_props),
-        "CreatePool": {"type": "object", "required": ["name", "disks"], "additionalProperties": false, "properties": {
-            "name": string(), "disks": {"type": "array", "minItems": 1, "items": {"type": "string", "description": "absolute path"}},
-            "slab_size": opt_int()}},
-        "ImportPool": {"type": "object", "required": ["name"], "additionalProperties": false, "properties": {"name": string()}},
-        "ImportablePoolList": {"type": "array", "items": obj(&["name", "dir"], json!({"name": string(), "dir": string()}))},
-        "RepairPool": {"type": "object", "additionalProperties": false, "properties": {
-            "parallel": {"type": ["integer", "null"], "minimum": 1, "maximum": 64},
-            "rate_limit": {"type": ["integer", "null"], "minimum": 1, "description": "bytes per second"}}},
-        "CheckReport": obj(&["grains_mapped", "slots_referenced", "problems"], json!({
-            "grains_mapped": int(), "slots_referenced": int(), "problems": {"type": "array", "items": string()}})),
-        "Disk": obj(&["id", "position", "path", "size", "state"], json!({
-            "id": string(), "position": int(), "path": string(), "size": int(),
-            "state": {"type": "string", "enum": ["healthy", "failed", "retired", "missing"]},
-            "slabs": int(), "slabs_used": int(), "used_bytes": int(), "problem": opt_string()})),
-        "DiskList": list("Disk"),
-        "AddDisk": {"type": "object", "required": ["path"], "additionalProperties": false, "properties": {"path": string()}},
-        "CreateVdisk": create_vdisk,
-        "Vdisk": obj(&["pool", "name", "size", "block_size", "grain_size", "layout", "provisioning", "allocated_bytes"], json!({
-            "pool": string(), "name": string(), "size": int(), "block_size": int(), "physical_block_size": int(), "grain_size": int(),
-            "layout": obj(&["kind", "copies", "columns", "interleave"], json!({
-                "kind": layout_kind, "copies": int(), "columns": int(), "interleave": int()})),
-            "layout_description": string(),
-            "provisioning": {"type": "string", "enum": ["thin", "fixed"]},
-            "allocated_bytes": int(),
-            "exclusive_bytes": {"type": "integer", "description": "grains only this vdisk points at: what deleting it frees"},
-            "shared_bytes": {"type": "integer", "description": "grains shared with clones, snapshots or copies in flight"},
-            "snapshots": int()})),
-        "VdiskList": list("Vdisk"),
-        "CreateSnapshot": {"type": "object", "required": ["name"], "additionalProperties": false, "properties": {
-            "name": {"type": "string", "description": "the snapshot is then VDISK@NAME"}}},
-        "Snapshot": obj(&["pool", "vdisk", "name", "full_name", "size", "created", "allocated_bytes", "exclusive_bytes", "shared_bytes"], json!({
-            "pool": string(), "vdisk": {"type": "string", "description": "the vdisk it was taken of"}, "name": string(),
-            "full_name": {"type": "string", "description": "VDISK@NAME, as clone, nbd export and target lun add take it"},
-            "size": int(), "created": {"type": "integer", "description": "seconds since the Unix epoch"},
-            "allocated_bytes": int(), "exclusive_bytes": int(), "shared_bytes": int()})),
-        "SnapshotList": list("Snapshot"),
-        "CloneVdisk": {"type": "object", "required": ["name"], "additionalProperties": false, "properties": {
-            "name": {"type": "string", "description": "the clone's name, in the same pool"}}},
-        "CloneResult": obj(&["vdisk", "shared_bytes", "copied_bytes"], json!({
-            "vdisk": {"$ref": "#/components/schemas/Vdisk"}, "shared_bytes": int(), "copied_bytes": int()})),
-        "ResizeVdisk": {"type": "object", "required": ["size"], "additionalProperties": false, "properties": {"size": int()}},
-        "ImportImage": {"type": "object", "required": ["path"], "additionalProperties": false, "properties": {
-            "path": {"type": "string", "description": "absolute path of a raw image, as the daemon sees it"},
-            "create": {"oneOf": [{"$ref": "#/components/schemas/CreateVdisk"}, {"type": "null"}]}}},
-        "ExportImage": {"type": "object", "required": ["path"], "additionalProperties": false, "properties": {
-            "path": string(), "overwrite": {"type": "boolean", "default": false}}},
-        "Job": obj(&["id", "kind", "target", "state", "total_bytes", "done_bytes"], json!({
-            "id": int(), "kind": {"type": "string", "enum": ["repair", "import", "export"]}, "target": string(),
-            "state": {"type": "string", "enum": ["running", "succeeded", "failed", "cancelled"]},
-            "total_bytes": int(), "done_bytes": int(), "rate": {"type": "number"},
-            "eta_seconds": {"type": ["number", "null"]}, "started_at": int(), "finished_at": opt_int(),
-            "elapsed_seconds": {"type": "number"}, "error": opt_string(), "result": {}})),
-        "JobList": list("Job"),
-        "CreateTarget": {"type": "object", "required": ["iqn"], "additionalProperties": false, "properties": {
-            "iqn": {"type": "string", "description": "iqn.YYYY-MM.reversed.domain[:name], eui.<16 hex> or naa.<16|32 hex>"},
-            "allow_any_initiator": {"type": "boolean", "description": "admit any initiator; default false: only the ACL's"}}},
-        "AllowAnyInitiator": {"type": "object", "required": ["allow"], "additionalProperties": false, "properties": {
-            "allow": {"type": "boolean"}}},
-        "AddLun": {"type": "object", "required": ["vdisk"], "additionalProperties": false, "properties": {
-            "lun": {"type": ["integer", "null"], "minimum": 0, "maximum": 16383}, "vdisk": {"type": "string", "description": "POOL/NAME"}}},
-        "Target": obj(&["iqn", "luns", "acl", "allow_any_initiator"], json!({"iqn": string(), "luns": {"type": "array", "items": obj(&["lun", "vdisk", "online"], json!({
-            "lun": int(), "vdisk": string(), "online": {"type": "boolean"}, "size": opt_int(),
-            "reservations": {"description": "persistent reservations, when an initiator has registered", "type": "object", "properties": {
-                "generation": int(), "registered": {"type": "array", "items": string()}, "holder": opt_string(),
-                "kind": opt_string(), "aptpl": {"type": "boolean"}}}}))},
-            "acl": {"type": "array", "items": string(), "description": "initiators allowed in"},
-            "allow_any_initiator": {"type": "boolean", "description": "any initiator is admitted, the ACL notwithstanding"},
-            "chap": {"oneOf": [{"type": "null"}, obj(&["user"], json!({"user": string(), "mutual_user": opt_string()}))]}})),
-        "AclEntry": {"type": "object", "required": ["initiator"], "additionalProperties": false, "properties": {
-            "initiator": {"type": "string", "description": "the initiator's iSCSI name"}}},
-        "SetChap": {"type": "object", "required": ["user", "secret"], "additionalProperties": false, "properties": {
-            "user": string(), "secret": {"type": "string", "minLength": 12, "maxLength": 255},
-            "mutual_user": string(), "mutual_secret": {"type": "string", "minLength": 12, "maxLength": 255}}},
-        "TargetList": list("Target"),
-        "AddPortal": {"type": "object", "required": ["address"], "additionalProperties": false, "properties": {
-            "address": {"type": "string", "description": "IP:PORT, [IPv6]:PORT, or an IP for port 3260"}}},
-        "Portal": obj(&["address", "source"], json!({
-            "address": string(), "source": {"type": "string", "enum": ["config", "api"]},
-            "listening_on": opt_string(), "send_buffer": opt_int(), "recv_buffer": opt_int(),
-            "warning": opt_string(), "error": opt_string()})),
-        "PortalList": list("Portal"),
-        "CreateNbdExport": {"type": "object", "required": ["vdisk"], "additionalProperties": false, "properties": {
-            "vdisk": {"type": "string", "description": "POOL/NAME"},
-            "name": {"type": ["string", "null"], "description": "export name; default: the vdisk's name", "pattern": "^[A-Za-z0-9._:-]{1,128}$"},
-            "read_only": {"type": "boolean", "default": false}}},
-        "NbdExport": obj(&["name", "vdisk", "read_only", "online", "connections"], json!({
-            "name": string(), "vdisk": string(), "read_only": {"type": "boolean"}, "online": {"type": "boolean"},
-            "size": opt_int(), "connections": int()})),
-        "NbdExportList": list("NbdExport"),
-    })
-}
-
 fn parameters(path: &str) -> Vec<Value> {
     path.split('/')
         .filter_map(|seg| seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
@@ -541,7 +392,32 @@ fn parameters(path: &str) -> Vec<Value> {
         .collect()
 }
 
+/// Requests are described as the daemon reads them (a field with a default may be left out),
+/// responses as it writes them (every field is there unless it is skipped when empty).
+fn generator(for_requests: bool) -> SchemaGenerator {
+    let settings = SchemaSettings::draft2020_12().with(|s| s.definitions_path = "/components/schemas".into());
+    let settings = if for_requests {
+        settings.for_deserialize()
+    } else {
+        settings.for_serialize()
+    };
+    settings.into_generator()
+}
+
+fn content(schema: Schema) -> Value {
+    json!({"application/json": {"schema": schema}})
+}
+
 pub fn document() -> Value {
+    build().0
+}
+
+/// The document, and the names of types described differently as requests and as responses
+/// (none, which a test checks: one name must mean one shape).
+fn build() -> (Value, Vec<String>) {
+    let mut requests = generator(true);
+    let mut responses_gen = generator(false);
+    let error = responses_gen.subschema_for::<crate::error::ErrorBody>();
     let mut paths = Map::new();
     for route in ROUTES {
         let mut op = Map::new();
@@ -551,23 +427,24 @@ pub fn document() -> Value {
             op.insert("parameters".into(), json!(params));
         }
         if let Some(req) = route.request {
+            // A repair may be started with no body: every field has a default.
+            let required = !route.path.ends_with("/repair");
             op.insert(
                 "requestBody".into(),
-                json!({"required": route.path.ends_with("/repair").then_some(false).unwrap_or(true),
-                       "content": {"application/json": {"schema": {"$ref": format!("#/components/schemas/{req}")}}}}),
+                json!({"required": required, "content": content(req(&mut requests))}),
             );
         }
         let mut responses = Map::new();
         match route.response {
-            Some((status, schema)) => responses.insert(
+            Some((status, resp)) => responses.insert(
                 status.to_string(),
-                json!({"description": "success", "content": {"application/json": {"schema": {"$ref": format!("#/components/schemas/{schema}")}}}}),
+                json!({"description": "success", "content": content(resp(&mut responses_gen))}),
             ),
             None => responses.insert("204".into(), json!({"description": "done"})),
         };
         responses.insert(
             "default".into(),
-            json!({"description": "an error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}),
+            json!({"description": "an error", "content": content(error.clone())}),
         );
         op.insert("responses".into(), Value::Object(responses));
         let entry = paths.entry(route.path.to_string()).or_insert_with(|| json!({}));
@@ -576,7 +453,17 @@ pub fn document() -> Value {
             .expect("object")
             .insert(route.method.to_string(), Value::Object(op));
     }
-    json!({
+    let mut schemas = requests.take_definitions(true);
+    let mut two_ways = Vec::new();
+    for (name, schema) in responses_gen.take_definitions(true) {
+        match schemas.get(&name) {
+            Some(existing) if *existing != schema => two_ways.push(name),
+            _ => {
+                schemas.insert(name, schema);
+            }
+        }
+    }
+    let doc = json!({
         "openapi": "3.1.0",
         "info": {
             "title": "Tessera management API",
@@ -584,11 +471,12 @@ pub fn document() -> Value {
             "description": "Served on <state dir>/api.sock and on TCP. On TCP, send 'Authorization: Bearer <token>' (the configured token, or <state dir>/api-token) and a Host that names the listener; browser requests from another origin are refused. Sizes are bytes. Errors are {\"error\": {\"code\", \"message\"}}."
         },
         "components": {
-            "schemas": schemas(),
+            "schemas": Value::Object(schemas),
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}
         },
         "paths": Value::Object(paths),
-    })
+    });
+    (doc, two_ways)
 }
 
 #[cfg(test)]
@@ -611,5 +499,82 @@ mod tests {
                 .len(),
             2
         );
+    }
+
+    #[test]
+    fn one_name_means_one_shape() {
+        let (_, two_ways) = build();
+        assert!(two_ways.is_empty(), "described differently as request and response: {two_ways:?}");
+    }
+
+    fn schema_of<'a>(doc: &'a Value, name: &str) -> &'a Value {
+        let s = &doc["components"]["schemas"][name];
+        assert!(s.is_object(), "no schema {name}");
+        s
+    }
+
+    fn strings(v: &Value) -> Vec<&str> {
+        v.as_array().map(|a| a.iter().filter_map(Value::as_str).collect()).unwrap_or_default()
+    }
+
+    #[test]
+    fn requests_refuse_unknown_fields_and_need_only_what_has_no_default() {
+        let doc = document();
+        let create = schema_of(&doc, "CreateVdisk");
+        assert_eq!(create["additionalProperties"], json!(false));
+        assert_eq!(strings(&create["required"]), ["name", "size"]);
+        assert_eq!(create["properties"]["size"]["minimum"], json!(1));
+        assert_eq!(create["properties"]["block_size"]["enum"], json!([512, 4096, null]));
+        let chap = schema_of(&doc, "SetChap");
+        assert_eq!(strings(&chap["required"]), ["user", "secret"]);
+        assert_eq!(chap["properties"]["secret"]["minLength"], json!(12));
+        let repair = schema_of(&doc, "RepairPool");
+        assert!(repair.get("required").is_none_or(|r| strings(r).is_empty()));
+        assert_eq!(
+            doc["paths"]["/api/pools/{pool}/repair"]["post"]["requestBody"]["required"],
+            json!(false)
+        );
+    }
+
+    #[test]
+    fn responses_promise_every_field_they_always_write() {
+        let doc = document();
+        let vdisk = schema_of(&doc, "Vdisk");
+        for f in ["pool", "name", "size", "layout", "allocated_bytes", "exclusive_bytes", "snapshots"] {
+            assert!(strings(&vdisk["required"]).contains(&f), "Vdisk does not promise {f}");
+        }
+        // Written only when there are reservations.
+        let target = schema_of(&doc, "Target").to_string();
+        assert!(target.contains("allow_any_initiator"));
+        let lun = schema_of(&doc, "LunView");
+        assert!(!strings(&lun["required"]).contains(&"reservations"));
+        assert!(strings(&lun["required"]).contains(&"online"));
+        let list = &doc["paths"]["/api/vdisks"]["get"]["responses"]["200"]["content"]["application/json"]["schema"];
+        assert_eq!(list["type"], json!("array"));
+        assert_eq!(list["items"]["$ref"], json!("#/components/schemas/Vdisk"));
+    }
+
+    #[test]
+    fn errors_list_every_stable_code() {
+        let doc = document();
+        let codes = &schema_of(&doc, "ErrorDetail")["properties"]["code"]["enum"];
+        assert_eq!(strings(codes), crate::error::code::ALL);
+        assert!(crate::error::code::ALL.contains(&crate::error::code::FORBIDDEN));
+    }
+
+    #[test]
+    fn described_enums_are_the_values_serde_writes() {
+        let doc = document();
+        let text = schema_of(&doc, "DiskState").to_string();
+        for state in [
+            tessera_pool::DiskState::Healthy,
+            tessera_pool::DiskState::Failed,
+            tessera_pool::DiskState::Retired,
+            tessera_pool::DiskState::Missing,
+        ] {
+            let written = serde_json::to_value(state).unwrap();
+            assert_eq!(written, json!(state.as_str()));
+            assert!(text.contains(&written.to_string()), "{written} is not in the document");
+        }
     }
 }
