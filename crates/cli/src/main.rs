@@ -399,6 +399,13 @@ pub enum PoolCmd {
     },
     /// Check the pool's metadata: every grain mapping and reference count.
     Check { name: String },
+    /// Whether the daemon repairs the pool by itself when a disk fails, or stays missing past
+    /// auto_repair_delay (on by default).
+    AutoRepair {
+        name: String,
+        #[arg(value_parser = ["on", "off"])]
+        state: String,
+    },
 }
 
 #[derive(Subcommand)]

@@ -256,6 +256,8 @@ fn failed_disk_is_repaired_by_a_job_with_data_intact() {
     let d = Daemon::start(&t.path().join("state"));
     let disks = disks(&t.path().join("disks"), 4, 1 << 30);
     create_pool(&d, "r", &disks);
+    // The repairs here are the administrator's (tests/auto_repair.rs has the daemon's own).
+    assert!(d.ok(&["pool", "auto-repair", "r", "off"]).contains("automatic repair off"));
     let img = t.path().join("in.img");
     random_image(&img, 96 << 20, 2);
     d.ok(&[
@@ -751,6 +753,7 @@ fn missing_and_corrupt_disks_at_start_leave_the_pool_degraded_not_lost() {
     let mut d = Daemon::start(&state);
     let disks = disks(&t.path().join("disks"), 4, 1 << 30);
     create_pool(&d, "m", &disks);
+    d.ok(&["pool", "auto-repair", "m", "off"]);
     let img = t.path().join("in.img");
     random_image(&img, 48 << 20, 4);
     d.ok(&[

@@ -15,10 +15,13 @@
 //! nbd_unix_socket = "/run/tessera/nbd.sock"   # default: <state_dir>/nbd.sock; "none" disables
 //! pools = ["tank"]                # imported at start, in addition to those left imported
 //! log_format = "text"             # or "json"
+//! auto_repair = true              # repair a pool by itself when a disk fails or stays missing
+//! auto_repair_delay = "5m"        # how long a missing disk may stay away before that
 //! ```
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde::Deserialize;
 
@@ -26,6 +29,7 @@ pub const DEFAULT_API_LISTEN: &str = "127.0.0.1:8484";
 pub const DEFAULT_ISCSI_LISTEN: &str = "127.0.0.1:3260";
 pub const DEFAULT_NBD_LISTEN: &str = "127.0.0.1:10809";
 pub const DEFAULT_THIN_THRESHOLD_PERCENT: u8 = 80;
+pub const DEFAULT_AUTO_REPAIR_DELAY: Duration = Duration::from_secs(300);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
@@ -65,6 +69,8 @@ pub struct ConfigFile {
     pub pools: Vec<String>,
     pub log_format: Option<LogFormat>,
     pub thin_threshold_percent: Option<u8>,
+    pub auto_repair: Option<bool>,
+    pub auto_repair_delay: Option<String>,
 }
 
 /// What the command line may override.
@@ -110,6 +116,10 @@ pub struct ServerConfig {
     /// Allocated share of a pool past which its thin LUNs raise THIN PROVISIONING SOFT
     /// THRESHOLD REACHED and the pool carries a warning.
     pub thin_threshold_percent: u8,
+    /// Start a pool's repair without being asked when a disk fails, or stays missing for
+    /// `auto_repair_delay` (so that a cable pulled and put back does not start a rebuild).
+    pub auto_repair: bool,
+    pub auto_repair_delay: Duration,
     pub demo: bool,
 }
 
@@ -200,6 +210,10 @@ impl ServerConfig {
         for p in &f.pools {
             tessera_pool::validate_name("pool", p)?;
         }
+        let auto_repair_delay = match f.auto_repair_delay.as_deref() {
+            None => DEFAULT_AUTO_REPAIR_DELAY,
+            Some(d) => crate::units::parse_duration(d).map_err(|e| format!("auto_repair_delay: {e}"))?,
+        };
         Ok(ServerConfig {
             state_dir,
             api_listen,
@@ -220,6 +234,8 @@ impl ServerConfig {
                 Some(p @ 1..=99) => p,
                 Some(p) => return Err(format!("thin_threshold_percent must be 1 to 99, not {p}")),
             },
+            auto_repair: f.auto_repair.unwrap_or(true),
+            auto_repair_delay,
             demo: o.demo,
         })
     }

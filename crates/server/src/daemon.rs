@@ -6,6 +6,7 @@
 //! - `pools/<name>/`: a pool's metadata store and stripe journal;
 //! - `imported.json`: the pools imported when the daemon last ran, imported again at start;
 //! - `targets.json`, `nbd.json`, `portals.json`: iSCSI targets, NBD exports, added portals;
+//! - `auto-repair.json`: pools whose repairs wait for the administrator;
 //! - `tessera.lock`, `api.sock`.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -20,6 +21,7 @@ use tessera_pool::{validate_name, DiskState, DEFAULT_SLAB_SIZE};
 use tessera_volume::{Engine, LayoutKind, Provisioning, RebuildOptions, Vdisk, VdiskSpec};
 use tracing::{error, info, warn};
 
+use crate::auto_repair::AutoRepair;
 use crate::config::ServerConfig;
 use crate::error::{ApiError, ApiResult};
 use crate::image;
@@ -50,6 +52,7 @@ pub struct Daemon {
     started: Instant,
     /// Pools past their thin provisioning threshold, whose LUNs have been told.
     thin_warned: Mutex<BTreeSet<String>>,
+    pub auto_repair: AutoRepair,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -78,6 +81,7 @@ impl Daemon {
             cfg.iscsi_buffers,
             targets.registry.clone(),
         )?;
+        let auto_repair = AutoRepair::load(cfg.state_dir.join("auto-repair.json"))?;
         let d = Daemon {
             cfg,
             pools: RwLock::new(BTreeMap::new()),
@@ -89,6 +93,7 @@ impl Daemon {
             admin: Mutex::new(()),
             started: Instant::now(),
             thin_warned: Mutex::new(BTreeSet::new()),
+            auto_repair,
         };
         let mut wanted = d.read_imported()?.pools;
         wanted.extend(d.cfg.pools.iter().cloned());

@@ -3,6 +3,7 @@
 //! and is also its client.
 
 pub mod api;
+pub mod auto_repair;
 pub mod config;
 pub mod daemon;
 pub mod demo;

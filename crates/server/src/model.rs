@@ -83,6 +83,23 @@ pub struct PoolSummary {
     /// provisioning threshold, say.
     #[serde(default)]
     pub warnings: Vec<String>,
+    #[serde(default)]
+    pub auto_repair: AutoRepairView,
+}
+
+/// Whether the daemon repairs a pool by itself when a disk fails or stays missing, and what it
+/// waits for before it does.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+pub struct AutoRepairView {
+    pub enabled: bool,
+    /// e.g. "disk /dev/sdc is missing; repair starts by itself in 4 min unless it comes back".
+    pub status: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SetAutoRepair {
+    pub enabled: bool,
 }
 
 /// A slab set that is not healthy.

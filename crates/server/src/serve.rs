@@ -132,6 +132,16 @@ async fn serve(cfg: ServerConfig) -> Result<(), String> {
             let _ = tokio::task::spawn_blocking(move || d.check_thin_thresholds()).await;
         }
     });
+    // Start the repairs that are due: a disk failed, or missing past the delay.
+    let repairing = daemon.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(crate::auto_repair::CHECK_INTERVAL);
+        loop {
+            tick.tick().await;
+            let d = repairing.clone();
+            let _ = tokio::task::spawn_blocking(move || d.auto_repair_tick()).await;
+        }
+    });
     info!(state_dir = %daemon.cfg.state_dir.display(), "ready");
 
     let mut term = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;

@@ -1,4 +1,7 @@
-//! Sizes as administrators type them (`16G`, `256K`, `1.5T`, `4096`) and as they read them.
+//! Sizes and durations as administrators type them (`16G`, `256K`, `1.5T`, `4096`; `30s`, `5m`,
+//! `2h`) and as they read them.
+
+use std::time::Duration;
 
 /// Parses a byte count with an optional binary suffix K, M, G, T or P (KiB, MiB, ... also
 /// accepted, and a trailing `B`). Fractions are allowed with a suffix (`1.5G`).
@@ -60,9 +63,60 @@ pub fn format_size(n: u64) -> String {
     }
 }
 
+/// Parses a duration: a whole number with a unit s, m, h or d (`90s`, `5m`, `2h`, `1d`); a
+/// bare number is seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    let bad = || format!("'{s}' is not a duration: write a whole number with s, m, h or d, e.g. 5m");
+    let (num, unit) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => (&t[..i], c.to_ascii_lowercase()),
+        Some(_) => (t, 's'),
+        None => return Err(bad()),
+    };
+    let n: u64 = num.trim().parse().map_err(|_| bad())?;
+    let secs = match unit {
+        's' => Some(n),
+        'm' => n.checked_mul(60),
+        'h' => n.checked_mul(3600),
+        'd' => n.checked_mul(86_400),
+        _ => return Err(bad()),
+    };
+    secs.map(Duration::from_secs).ok_or_else(|| format!("'{s}' is too long"))
+}
+
+/// A duration for humans: `45 s`, `5 min`, `2 h 30 min`.
+pub fn format_duration(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0..60 => format!("{s} s"),
+        60..3600 if s % 60 == 0 => format!("{} min", s / 60),
+        60..3600 => format!("{} min {} s", s / 60, s % 60),
+        _ if s % 3600 == 0 => format!("{} h", s / 3600),
+        _ => format!("{} h {} min", s / 3600, s % 3600 / 60),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("90"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration(" 2H "), Ok(Duration::from_secs(7200)));
+        assert_eq!(parse_duration("1d"), Ok(Duration::from_secs(86_400)));
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        for bad in ["", "m", "5x", "-5m", "1.5h", "five minutes"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+        assert!(parse_duration("99999999999999999d").unwrap_err().contains("too long"));
+        assert_eq!(format_duration(Duration::from_secs(45)), "45 s");
+        assert_eq!(format_duration(Duration::from_secs(300)), "5 min");
+        assert_eq!(format_duration(Duration::from_secs(150)), "2 min 30 s");
+        assert_eq!(format_duration(Duration::from_secs(9000)), "2 h 30 min");
+    }
 
     #[test]
     fn parses_suffixes() {

@@ -78,10 +78,46 @@ pub(super) fn pool(c: &Ctx, cmd: PoolCmd) -> R {
                 parallel,
                 rate_limit: rate,
             };
+            let v = match c
+                .client
+                .post(&format!("/api/pools/{}/repair", encode_segment(&name)), body(&req))
+            {
+                // The daemon may have started it by itself: follow that one.
+                Err(ClientError::Api { code, message }) if code == "busy" => {
+                    let jobs: Vec<Value> = read(c.client.get("/api/jobs")?)?;
+                    let running = jobs.into_iter().find(|j| {
+                        read::<JobView>(j.clone())
+                            .is_ok_and(|j| j.kind == "repair" && j.target == name && j.state == JobState::Running)
+                    });
+                    match running {
+                        Some(j) => {
+                            if !c.json {
+                                eprintln!("{message}; following it");
+                            }
+                            j
+                        }
+                        None => return Err(ClientError::Api { code, message }),
+                    }
+                }
+                r => r?,
+            };
+            follow(c, v, no_wait)?;
+        }
+        PoolCmd::AutoRepair { name, state } => {
+            let req = SetAutoRepair { enabled: state == "on" };
             let v = c
                 .client
-                .post(&format!("/api/pools/{}/repair", encode_segment(&name)), body(&req))?;
-            follow(c, v, no_wait)?;
+                .put(&format!("/api/pools/{}/auto-repair", encode_segment(&name)), body(&req))?;
+            c.answer(v, |p: PoolSummary| {
+                println!(
+                    "pool {name}: automatic repair {}",
+                    if p.auto_repair.enabled { "on" } else { "off" }
+                );
+                if let Some(s) = p.auto_repair.status {
+                    println!("  {s}");
+                }
+                Ok(())
+            })?;
         }
         PoolCmd::Check { name } => {
             let v = c
@@ -149,6 +185,14 @@ pub(super) fn show_pool(p: &PoolDetail) {
     for w in &s.warnings {
         pairs.push(("warning", w.clone()));
     }
+    pairs.push((
+        "auto repair",
+        match (&s.auto_repair.enabled, &s.auto_repair.status) {
+            (true, None) => "on".to_string(),
+            (true, Some(st)) => format!("on: {st}"),
+            (false, st) => format!("off{}", st.as_ref().map(|s| format!(": {s}")).unwrap_or_default()),
+        },
+    ));
     if !s.jobs_running.is_empty() {
         pairs.push(("jobs running", format!("{:?}", s.jobs_running)));
     }

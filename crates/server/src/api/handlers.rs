@@ -88,6 +88,14 @@ pub async fn repair_pool(
     accepted(move || d.repair_pool(&pool, req)).await
 }
 
+pub async fn set_auto_repair(
+    State(d): D,
+    Path(pool): Path<String>,
+    Body(req): Body<SetAutoRepair>,
+) -> ApiResult<Json<PoolSummary>> {
+    json(move || d.set_auto_repair(&pool, req)).await
+}
+
 pub async fn check_pool(State(d): D, Path(pool): Path<String>) -> ApiResult<Json<tessera_volume::CheckReport>> {
     json(move || d.check_pool(&pool)).await
 }

@@ -32,6 +32,7 @@ pub fn router(daemon: Arc<Daemon>, guard: Option<Arc<auth::Guard>>) -> Router {
         .route("/api/pools/{pool}/export", post(export_pool))
         .route("/api/pools/{pool}/repair", post(repair_pool))
         .route("/api/pools/{pool}/check", post(check_pool))
+        .route("/api/pools/{pool}/auto-repair", put(set_auto_repair))
         .route("/api/pools/{pool}/disks", get(list_disks).post(add_disk))
         .route("/api/pools/{pool}/disks/{disk}/{action}", post(disk_action))
         .route("/api/vdisks", get(list_all_vdisks))

@@ -110,6 +110,13 @@ pub const ROUTES: &[RouteDoc] = &[
         Some((202, schema::<JobView>)),
     ),
     r(
+        "put",
+        "/api/pools/{pool}/auto-repair",
+        "Let the daemon repair the pool by itself when a disk fails or stays missing (true), or not",
+        Some(schema::<SetAutoRepair>),
+        Some((200, schema::<PoolSummary>)),
+    ),
+    r(
         "post",
         "/api/pools/{pool}/check",
         "Check the pool's metadata: every map entry and reference count",

@@ -73,6 +73,7 @@ impl Daemon {
                     repair_needed_bytes: 0,
                     jobs_running: vec![],
                     warnings: vec![],
+                    auto_repair: self.auto_repair.view(self.cfg.auto_repair, name),
                 });
             }
         };
@@ -98,7 +99,7 @@ impl Daemon {
         let problem = match health {
             PoolHealth::Failed => Some("some slab sets lost more disks than their layout tolerates: their data is unreadable until a disk comes back".to_string()),
             _ if repair > 0 => Some(format!(
-                "{} to rebuild or move off failed, missing or retired disks: run 'tessera pool repair {name}'",
+                "{} to rebuild or move off failed, missing or retired disks: 'tessera pool repair {name}' starts it now",
                 crate::units::format_size(repair)
             )),
             _ if !idle.is_empty() => Some(format!("disk(s) {} are out of service and hold no data", idle.join(", "))),
@@ -117,6 +118,7 @@ impl Daemon {
             repair_needed_bytes: repair,
             jobs_running: self.jobs.running_on(name),
             warnings: self.thin_warning(&e).into_iter().collect(),
+            auto_repair: self.auto_repair.view(self.cfg.auto_repair, name),
         })
     }
 
@@ -296,6 +298,7 @@ impl Daemon {
             )));
         }
         e.destroy()?;
+        self.auto_repair.forget(name)?;
         self.persist()?;
         info!(pool = name, "pool destroyed");
         Ok(())
@@ -340,6 +343,14 @@ impl Daemon {
             Ok(serde_json::to_value(r).expect("serializable"))
         });
         Ok(job.view())
+    }
+
+    /// Switches the daemon's own repairs of a pool on or off.
+    pub fn set_auto_repair(&self, name: &str, req: SetAutoRepair) -> ApiResult<PoolSummary> {
+        self.engine(name)?;
+        self.auto_repair.set(name, req.enabled)?;
+        info!(pool = name, enabled = req.enabled, "automatic repair switched");
+        self.pool_summary(name)
     }
 
     pub fn check_pool(&self, name: &str) -> ApiResult<tessera_volume::CheckReport> {

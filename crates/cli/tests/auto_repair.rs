@@ -1,0 +1,212 @@
+//! Repair that starts by itself: a disk failed under load is rebuilt with no command typed, a
+//! missing disk gets its delay first, and a pool switched off waits for the administrator.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::*;
+use rand::{Rng, SeedableRng};
+use serde_json::Value;
+use tessera_bench::target::rw16;
+use tessera_iscsi::initiator::{LoginConfig, Session};
+
+const MIB: u64 = 1 << 20;
+const VDISK: u64 = 64 * MIB;
+const BLOCK: usize = 64 << 10;
+
+fn start(t: &std::path::Path, delay: &str) -> Daemon {
+    let cfg = t.join("tessera.toml");
+    std::fs::write(&cfg, format!("auto_repair_delay = \"{delay}\"\n")).unwrap();
+    Daemon::start_with(&t.join("state"), &["--config", cfg.to_str().unwrap(), "--api-listen", "none"]).unwrap()
+}
+
+/// Waits until the pool is healthy with nothing left to repair.
+fn wait_healthy(d: &Daemon, pool: &str, limit: Duration) -> Value {
+    let t = Instant::now();
+    loop {
+        let p = d.json(&["pool", "show", pool]);
+        if p["health"] == "healthy" && p["repair_needed_bytes"] == 0 {
+            return p;
+        }
+        assert!(t.elapsed() < limit, "pool {pool} not repaired by itself: {p}\n{}", d.logs());
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+fn repair_jobs(d: &Daemon) -> Vec<Value> {
+    d.json(&["job", "list"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|j| j["kind"] == "repair")
+        .cloned()
+        .collect()
+}
+
+/// The member disk holding the most data.
+fn busiest_disk(d: &Daemon, pool: &str) -> String {
+    d.json(&["disk", "list", pool])
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|x| x["state"] == "healthy")
+        .max_by_key(|x| x["used_bytes"].as_u64())
+        .unwrap()["path"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+#[test]
+fn a_disk_failed_under_load_is_rebuilt_with_no_command_typed() {
+    let t = tempfile::tempdir().unwrap();
+    let d = start(t.path(), "5m");
+    create_pool(&d, "a", &disks(&t.path().join("disks"), 5, 512 * MIB));
+    let img = t.path().join("in.img");
+    random_image(&img, VDISK, 7);
+    for (v, layout) in [("a/m", ["--layout", "mirror", "--columns", "1"]), ("a/q", ["--layout", "parity", "--columns", "3"])] {
+        let mut args = vec!["vdisk", "import", v, img.to_str().unwrap()];
+        args.extend(layout);
+        d.ok(&args);
+    }
+    assert_eq!(d.json(&["pool", "show", "a"])["auto_repair"]["enabled"], true);
+    assert!(d.ok(&["pool", "show", "a"]).contains("auto repair:"));
+    let iqn = "iqn.2026-11.io.tessera:auto";
+    d.ok(&["target", "create", iqn, "--allow-any-initiator"]);
+    d.ok(&["target", "lun", "add", iqn, "a/m", "--lun", "0"]);
+    d.ok(&["target", "lun", "add", iqn, "a/q", "--lun", "1"]);
+
+    // Writers on both LUNs keep a model of what each 64 KiB block must hold.
+    let original = std::fs::read(&img).unwrap();
+    let models: Arc<Vec<Mutex<Vec<u8>>>> = Arc::new((0..2).map(|_| Mutex::new(original.clone())).collect());
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let portal = d.iscsi_portal();
+    let writers: Vec<_> = (0..2u64)
+        .map(|lun| {
+            let (models, stop, acked, portal) = (models.clone(), stop.clone(), acked.clone(), portal.clone());
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+                let s = rt
+                    .block_on(Session::login(
+                        &portal,
+                        &LoginConfig::new(&format!("iqn.2026-11.io.example:writer{lun}"), Some(iqn)),
+                    ))
+                    .unwrap();
+                let mut rng = rand::rngs::StdRng::seed_from_u64(100 + lun);
+                let mut ua_left = 8;
+                while !stop.load(Ordering::Relaxed) {
+                    let at = rng.random_range(0..VDISK / BLOCK as u64) * BLOCK as u64;
+                    let mut data = vec![0u8; BLOCK];
+                    rng.fill(&mut data[..]);
+                    let cdb = rw16(true, at, BLOCK, 512);
+                    let r = rt.block_on(s.command(lun, &cdb, data.clone(), 0)).unwrap();
+                    if r.status == 2 && r.sense.get(2).map(|k| k & 0x0F) == Some(6) && ua_left > 0 {
+                        ua_left -= 1;
+                        continue;
+                    }
+                    assert_eq!(r.status, 0, "write to LUN {lun} at {at} failed: sense {:02x?}", r.sense);
+                    models[lun as usize].lock().unwrap()[at as usize..at as usize + BLOCK].copy_from_slice(&data);
+                    acked.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    let wait_acks = |n: u64| {
+        let t = Instant::now();
+        let start = acked.load(Ordering::Relaxed);
+        while acked.load(Ordering::Relaxed) < start + n {
+            assert!(t.elapsed() < Duration::from_secs(60), "the writers stopped");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    wait_acks(50);
+
+    // The disk fails (the administrator's fail stands in for the hardware): nobody types repair.
+    let victim = busiest_disk(&d, "a");
+    assert_eq!(d.json(&["disk", "fail", "a", &victim])["state"], "failed");
+    wait_acks(50);
+    let p = wait_healthy(&d, "a", Duration::from_secs(180));
+    wait_acks(50);
+    stop.store(true, Ordering::Relaxed);
+    for w in writers {
+        w.join().unwrap();
+    }
+    let jobs = repair_jobs(&d);
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+    assert_eq!(jobs[0]["state"], "succeeded", "{jobs:?}");
+    assert!(d.logs().contains("repair started by itself"), "{}", d.logs());
+    assert!(p["unhealthy_sets"].as_array().unwrap().is_empty(), "{p}");
+    let failed = d.json(&["disk", "list", "a"]);
+    let failed = failed.as_array().unwrap().iter().find(|x| x["path"] == victim.as_str()).unwrap();
+    assert_eq!(failed["slabs_used"], 0, "{failed}");
+
+    // The data is exact: every write acknowledged before, during and after the repair.
+    let out = t.path().join("out.img");
+    for (i, v) in ["a/m", "a/q"].iter().enumerate() {
+        d.ok(&["vdisk", "export", v, out.to_str().unwrap(), "--overwrite"]);
+        let back = std::fs::read(&out).unwrap();
+        assert!(back == *models[i].lock().unwrap(), "{v} differs after the automatic repair");
+    }
+    assert!(d.json(&["pool", "check", "a"])["problems"].as_array().unwrap().is_empty());
+}
+
+#[test]
+fn a_missing_disk_gets_its_delay_and_a_pool_switched_off_waits() {
+    let t = tempfile::tempdir().unwrap();
+    let mut d = start(t.path(), "4s");
+    let members = disks(&t.path().join("disks"), 4, 512 * MIB);
+    create_pool(&d, "b", &members);
+    let img = t.path().join("in.img");
+    random_image(&img, VDISK, 8);
+    d.ok(&["vdisk", "import", "b/m", img.to_str().unwrap(), "--layout", "mirror", "--columns", "1"]);
+    let victim = busiest_disk(&d, "b");
+    d.stop();
+
+    // The disk is gone at start: the pool waits for it, then repairs by itself.
+    let moved = format!("{victim}.away");
+    std::fs::rename(&victim, &moved).unwrap();
+    let mut d2 = start(t.path(), "4s");
+    let p = d2.json(&["pool", "show", "b"]);
+    assert_eq!(p["health"], "degraded", "{p}");
+    let status = p["auto_repair"]["status"].as_str().unwrap_or_default().to_string();
+    assert!(status.contains("is missing; repair starts by itself in"), "{p}");
+    assert!(repair_jobs(&d2).is_empty(), "a repair started before the delay");
+    wait_healthy(&d2, "b", Duration::from_secs(120));
+    assert_eq!(repair_jobs(&d2).len(), 1);
+    let out = t.path().join("out.img");
+    d2.ok(&["vdisk", "export", "b/m", out.to_str().unwrap()]);
+    assert!(same_file(&img, &out));
+
+    // Switched off for the pool (and kept across a restart): a failed disk waits.
+    let shown = d2.ok(&["pool", "auto-repair", "b", "off"]);
+    assert!(shown.contains("automatic repair off"), "{shown}");
+    d2.stop();
+    d = start(t.path(), "4s");
+    assert_eq!(d.json(&["pool", "show", "b"])["auto_repair"]["enabled"], false);
+    let next = busiest_disk(&d, "b");
+    d.ok(&["disk", "fail", "b", &next]);
+    std::thread::sleep(Duration::from_secs(6));
+    assert!(repair_jobs(&d).is_empty(), "a repair started on a pool switched off");
+    let p = d.json(&["pool", "show", "b"]);
+    assert_eq!(p["health"], "degraded");
+    assert!(p["auto_repair"]["status"].as_str().unwrap().contains("off for this pool"), "{p}");
+
+    // The administrator's repair, slowed down; asked again, the command follows the running one.
+    let started = d.json(&["pool", "repair", "b", "--rate", "16M", "--no-wait"]);
+    let again = d.cli(&["pool", "repair", "b"]);
+    assert!(again.success, "{}", again.stderr);
+    assert!(
+        again.stderr.contains(&format!("already running as job {}; following it", started["id"])),
+        "{}",
+        again.stderr
+    );
+    assert!(again.stdout.contains("succeeded"), "{}", again.stdout);
+    assert_eq!(repair_jobs(&d).len(), 1, "one repair, followed twice");
+    wait_healthy(&d, "b", Duration::from_secs(60));
+    assert!(d.fails(&["pool", "auto-repair", "nopool", "on"]).contains("nopool"));
+    assert!(d.fails(&["pool", "auto-repair", "b", "maybe"]).contains("maybe"));
+}

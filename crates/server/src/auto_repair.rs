@@ -1,0 +1,227 @@
+//! Repair that starts by itself. Now and then the daemon looks at every imported pool: when a
+//! disk has failed, or has stayed missing longer than `auto_repair_delay` (a cable pulled and
+//! put back must not start a rebuild), and the pool has the free space the repair needs, it
+//! starts the same repair job `tessera pool repair` starts. A repair that fails is tried again
+//! after [`RETRY_AFTER`], not in a loop. Retired disks are the administrator's to empty: their
+//! data moves when they run the repair. The switch is per pool, kept in `auto-repair.json`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use tessera_pool::DiskState;
+use tessera_volume::Engine;
+use tracing::{info, warn};
+
+use crate::error::{ApiError, ApiResult};
+use crate::jobs::JobState;
+use crate::model::{AutoRepairView, RepairPool};
+use crate::statefile;
+use crate::units::{format_duration, format_size};
+use crate::Daemon;
+
+/// How often the daemon looks.
+pub const CHECK_INTERVAL: Duration = Duration::from_secs(2);
+/// How long after a failed automatic repair the next one may start.
+pub const RETRY_AFTER: Duration = Duration::from_secs(15 * 60);
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct Settings {
+    /// Pools whose repairs wait for the administrator.
+    off: BTreeSet<String>,
+}
+
+#[derive(Default)]
+struct PoolWatch {
+    /// When each out-of-service disk (by id) was first seen out of service.
+    out_since: BTreeMap<String, Instant>,
+    /// The automatic repair running now.
+    job: Option<u64>,
+    /// When the last automatic repair failed, and why.
+    failed: Option<(Instant, String)>,
+    /// What the daemon waits for, for `pool show`.
+    status: Option<String>,
+}
+
+pub struct AutoRepair {
+    path: PathBuf,
+    settings: Mutex<Settings>,
+    pools: Mutex<BTreeMap<String, PoolWatch>>,
+}
+
+impl AutoRepair {
+    pub fn load(path: PathBuf) -> Result<AutoRepair, String> {
+        let settings = statefile::read_json(&path, "fix or remove it to switch automatic repair back on for every pool")?;
+        Ok(AutoRepair {
+            path,
+            settings: Mutex::new(settings),
+            pools: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    pub fn enabled(&self, pool: &str) -> bool {
+        !self.settings.lock().off.contains(pool)
+    }
+
+    /// Switches automatic repair on or off for one pool, persisted.
+    pub fn set(&self, pool: &str, on: bool) -> ApiResult<()> {
+        let mut s = self.settings.lock();
+        statefile::change_saved(
+            &mut *s,
+            |s| {
+                if on {
+                    s.off.remove(pool);
+                } else {
+                    s.off.insert(pool.to_string());
+                }
+                Ok(())
+            },
+            |s| {
+                statefile::write_json(&self.path, s)
+                    .map_err(|e| ApiError::internal(format!("cannot save {}: {e}", self.path.display())))
+            },
+        )
+    }
+
+    /// A destroyed pool's name may be used again: it starts with the default.
+    pub fn forget(&self, pool: &str) -> ApiResult<()> {
+        self.pools.lock().remove(pool);
+        self.set(pool, true)
+    }
+
+    pub fn view(&self, daemon_wide: bool, pool: &str) -> AutoRepairView {
+        let enabled = daemon_wide && self.enabled(pool);
+        let status = if !daemon_wide {
+            Some("off for every pool (auto_repair = false in the configuration)".to_string())
+        } else if !enabled {
+            Some(format!("off for this pool: 'tessera pool auto-repair {pool} on' switches it on"))
+        } else {
+            self.pools.lock().get(pool).and_then(|w| w.status.clone())
+        };
+        AutoRepairView { enabled, status }
+    }
+}
+
+impl Daemon {
+    /// Looks at every pool once and starts the repairs that are due. Called every
+    /// [`CHECK_INTERVAL`] by the daemon.
+    pub fn auto_repair_tick(&self) {
+        if !self.cfg.auto_repair {
+            return;
+        }
+        for (name, e) in self.engines() {
+            if !self.auto_repair.enabled(&name) {
+                continue;
+            }
+            let mut pools = self.auto_repair.pools.lock();
+            let w = pools.entry(name.clone()).or_default();
+            self.watch(&name, &e, w);
+        }
+    }
+
+    fn watch(&self, name: &str, e: &Engine, w: &mut PoolWatch) {
+        let now = Instant::now();
+        // The last automatic repair: still running, or how it ended.
+        if let Some(id) = w.job {
+            match self.jobs.get(id).map(|j| j.view()) {
+                Ok(j) if j.state == JobState::Running => return,
+                Ok(j) if j.state == JobState::Failed => {
+                    let why = j.error.unwrap_or_default();
+                    warn!(pool = name, job = id, error = %why, "automatic repair failed; trying again later");
+                    w.failed = Some((now, why));
+                }
+                Ok(j) if j.state == JobState::Succeeded => {
+                    info!(pool = name, job = id, "automatic repair finished");
+                    w.failed = None;
+                }
+                _ => {}
+            }
+            w.job = None;
+        }
+        let (_, needed) = e.layouts().repair_needed();
+        let disks = e.pool().disks();
+        let out: Vec<_> = disks.iter().filter(|d| d.info.state != DiskState::Healthy).collect();
+        w.out_since.retain(|id, _| out.iter().any(|d| d.info.id.to_string() == *id));
+        if needed == 0 {
+            w.out_since.clear();
+            w.status = None;
+            return;
+        }
+        // A repair the administrator started does the work.
+        if self.repair_running(name) {
+            w.status = None;
+            return;
+        }
+        let delay = self.cfg.auto_repair_delay;
+        let mut reason = None;
+        let mut waiting: Option<(Duration, &str)> = None;
+        for d in &out {
+            let since = *w.out_since.entry(d.info.id.to_string()).or_insert(now);
+            match d.info.state {
+                DiskState::Failed => reason = Some(format!("disk {} failed", d.info.path)),
+                DiskState::Missing if now.duration_since(since) >= delay => {
+                    reason = Some(format!("disk {} has been missing for {}", d.info.path, format_duration(delay)))
+                }
+                DiskState::Missing => {
+                    let left = delay - now.duration_since(since);
+                    if waiting.is_none_or(|(l, _)| left < l) {
+                        waiting = Some((left, d.info.path.as_str()));
+                    }
+                }
+                DiskState::Retired | DiskState::Healthy => {}
+            }
+        }
+        let Some(reason) = reason else {
+            w.status = waiting.map(|(left, path)| {
+                format!(
+                    "disk {path} is missing; repair starts by itself in {} unless it comes back",
+                    format_duration(left)
+                )
+            });
+            return;
+        };
+        if let Some((at, why)) = &w.failed {
+            let since = now.duration_since(*at);
+            if since < RETRY_AFTER {
+                w.status = Some(format!(
+                    "the last automatic repair failed ({why}); the next starts in {}",
+                    format_duration(RETRY_AFTER - since)
+                ));
+                return;
+            }
+        }
+        let free = e.pool().capacity().free_bytes;
+        if free < needed {
+            let status = format!(
+                "{reason}, but the repair needs {} and the pool has {} free: add a disk",
+                format_size(needed),
+                format_size(free)
+            );
+            if w.status.as_deref() != Some(status.as_str()) {
+                warn!(pool = name, needed, free, "cannot repair by itself: not enough free space");
+            }
+            w.status = Some(status);
+            return;
+        }
+        match self.repair_pool(name, RepairPool::default()) {
+            Ok(job) => {
+                info!(pool = name, job = job.id, reason = %reason, needed, "repair started by itself");
+                w.job = Some(job.id);
+                w.status = Some(format!("{reason}: repair job {} started by itself", job.id));
+            }
+            Err(err) => {
+                warn!(pool = name, error = %err.message, "cannot start an automatic repair");
+                w.failed = Some((now, err.message));
+            }
+        }
+    }
+
+    fn repair_running(&self, pool: &str) -> bool {
+        self.jobs
+            .running_on(pool)
+            .into_iter()
+            .any(|id| self.jobs.get(id).map(|j| j.kind == "repair" && j.target == pool).unwrap_or(false))
+    }
+}
