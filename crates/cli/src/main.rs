@@ -413,7 +413,13 @@ pub enum DiskCmd {
     /// List a pool's disks.
     List { pool: String },
     /// Add a blank disk to a pool.
-    Add { pool: String, path: PathBuf },
+    Add {
+        pool: String,
+        path: PathBuf,
+        /// Keep it as a hot spare: empty until a repair needs it, then an ordinary member.
+        #[arg(long)]
+        spare: bool,
+    },
     /// Retire a disk: no new data on it; a repair moves its data away.
     Retire { pool: String, disk: String },
     /// Fail a disk, as a drill: it is never used again.

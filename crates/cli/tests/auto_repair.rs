@@ -125,6 +125,11 @@ fn a_disk_failed_under_load_is_rebuilt_with_no_command_typed() {
     };
     wait_acks(50);
 
+    // A hot spare stands by.
+    let spare = disks(&t.path().join("spare"), 1, 512 * MIB).remove(0);
+    assert_eq!(d.json(&["disk", "add", "a", &spare, "--spare"])["state"], "spare");
+    assert!(d.json(&["pool", "show", "a"])["capacity"]["spare_bytes"].as_u64().unwrap() > 0);
+
     // The disk fails (the administrator's fail stands in for the hardware): nobody types repair.
     let victim = busiest_disk(&d, "a");
     assert_eq!(d.json(&["disk", "fail", "a", &victim])["state"], "failed");
@@ -143,6 +148,10 @@ fn a_disk_failed_under_load_is_rebuilt_with_no_command_typed() {
     let failed = d.json(&["disk", "list", "a"]);
     let failed = failed.as_array().unwrap().iter().find(|x| x["path"] == victim.as_str()).unwrap();
     assert_eq!(failed["slabs_used"], 0, "{failed}");
+    let list = d.json(&["disk", "list", "a"]);
+    let taken = list.as_array().unwrap().iter().find(|x| x["path"] == spare.as_str()).unwrap();
+    assert_eq!(taken["state"], "healthy", "the spare took the failed disk's place: {taken}");
+    assert!(taken["slabs_used"].as_u64().unwrap() > 0, "{taken}");
 
     // The data is exact: every write acknowledged before, during and after the repair.
     let out = t.path().join("out.img");

@@ -117,7 +117,7 @@ impl Layouts {
                 };
                 (m, members.iter().map(|s| s.disk).collect::<Vec<u32>>())
             };
-            let new = self.pool.allocate_slabs(1, &exclude)?[0];
+            let new = self.pool.allocate_replacement(&exclude)?;
             *set.replacement.write() = Some((m, new));
             let copied = (|| -> Result<()> {
                 let mut mo = 0;

@@ -17,6 +17,9 @@ pub enum DiskState {
     Retired,
     /// Not found, or refused, when the pool was imported.
     Missing,
+    /// A hot spare: it takes no new slab sets, but a repair puts replacement slabs on it before
+    /// any other disk, and from then on it is an ordinary member (healthy).
+    Spare,
 }
 
 impl DiskState {
@@ -26,6 +29,7 @@ impl DiskState {
             DiskState::Failed => "failed",
             DiskState::Retired => "retired",
             DiskState::Missing => "missing",
+            DiskState::Spare => "spare",
         }
     }
 }

@@ -32,11 +32,15 @@ pub struct DiskStatus {
     pub problem: Option<String>,
 }
 
+/// Raw slab space of the healthy disks (copies and parity included).
 #[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
 pub struct Capacity {
     pub total_bytes: u64,
     pub used_bytes: u64,
     pub free_bytes: u64,
+    /// Free space on hot spares, kept for repairs: not in the figures above.
+    #[serde(default)]
+    pub spare_bytes: u64,
 }
 
 struct Member {
@@ -52,6 +56,10 @@ struct Inner {
 
 pub struct Pool {
     meta: Arc<MetaStore>,
+    /// Held from a change of the configuration until it is saved, so that two changes are
+    /// saved in the order they were made (each save writes the whole configuration: without
+    /// it, the earlier change's copy could be saved last and undo the later one on disk).
+    saving: parking_lot::Mutex<()>,
     /// The pool's directory: its metadata store and the layout's stripe journal live here.
     dir: PathBuf,
     inner: RwLock<Inner>,
@@ -65,6 +73,17 @@ impl Inner {
             .iter()
             .zip(&self.members)
             .filter(|(i, m)| i.state == DiskState::Healthy && m.dev.is_some() && !exclude.contains(&i.position))
+            .map(|(i, m)| (i.position, m.slabs.free()))
+            .collect()
+    }
+
+    /// (position, free slabs) of the hot spares a replacement slab may go to.
+    fn spare_candidates(&self, exclude: &[u32]) -> Vec<(u32, u32)> {
+        self.config
+            .disks
+            .iter()
+            .zip(&self.members)
+            .filter(|(i, m)| i.state == DiskState::Spare && m.dev.is_some() && !exclude.contains(&i.position))
             .map(|(i, m)| (i.position, m.slabs.free()))
             .collect()
     }
@@ -159,6 +178,7 @@ impl Pool {
             meta,
             dir: dir.to_path_buf(),
             inner: RwLock::new(Inner { config, members }),
+            saving: parking_lot::Mutex::new(()),
         };
         pool.save_config(&pool.inner.read().config)?;
         info!(pool = name, disks = pool.inner.read().members.len(), "pool created");
@@ -216,7 +236,7 @@ impl Pool {
                 Err(e) => {
                     warn!(disk = %info.path, error = %e, "pool member refused or missing");
                     member.problem = Some(e.to_string());
-                    if info.state == DiskState::Healthy {
+                    if matches!(info.state, DiskState::Healthy | DiskState::Spare) {
                         info.state = DiskState::Missing;
                     }
                 }
@@ -235,6 +255,7 @@ impl Pool {
             meta,
             dir: dir.to_path_buf(),
             inner: RwLock::new(Inner { config, members }),
+            saving: parking_lot::Mutex::new(()),
         };
         pool.write_labels(false)?;
         pool.save_config(&pool.inner.read().config)?;
@@ -248,6 +269,7 @@ impl Pool {
         // A member whose flush fails is marked failed in the labels written below; the
         // layouts' own flush (before this) has said whether the data survived it.
         self.flush_all()?;
+        let _saving = self.saving.lock();
         self.inner.write().config.generation += 1;
         self.write_labels(true)?;
         self.save_config(&self.inner.read().config)?;
@@ -331,6 +353,16 @@ impl Pool {
 
     /// Adds a blank disk to the pool.
     pub fn add_disk(&self, dev: DiskRef) -> Result<DiskInfo> {
+        self.add_member(dev, DiskState::Healthy)
+    }
+
+    /// Adds a blank disk as a hot spare: kept empty for the next repair.
+    pub fn add_spare(&self, dev: DiskRef) -> Result<DiskInfo> {
+        self.add_member(dev, DiskState::Spare)
+    }
+
+    fn add_member(&self, dev: DiskRef, state: DiskState) -> Result<DiskInfo> {
+        let _saving = self.saving.lock();
         let mut inner = self.inner.write();
         let slab_size = inner.config.slab_size;
         if inner
@@ -360,7 +392,7 @@ impl Pool {
             path: dev.path().to_string(),
             size: dev.size(),
             slabs,
-            state: DiskState::Healthy,
+            state,
         };
         write_new_label(dev.as_ref(), &label_for(&inner.config, &info, false))?;
         inner.config.disks.push(info.clone());
@@ -372,7 +404,7 @@ impl Pool {
         let config = inner.config.clone();
         drop(inner);
         self.save_config(&config)?;
-        info!(pool = %config.name, disk = %info.path, "disk added");
+        info!(pool = %config.name, disk = %info.path, state = state.as_str(), "disk added");
         Ok(info)
     }
 
@@ -394,6 +426,7 @@ impl Pool {
     /// Changes a member's state durably. A failed disk is closed and never used again; a
     /// retired one stays readable but takes no new slabs.
     pub fn set_disk_state(&self, position: u32, state: DiskState, why: Option<String>) -> Result<()> {
+        let _saving = self.saving.lock();
         let mut inner = self.inner.write();
         let name = inner.config.name.clone();
         let idx = position as usize;
@@ -458,21 +491,27 @@ impl Pool {
             .collect()
     }
 
-    /// Raw slab capacity of the disks that can take slabs (healthy ones).
+    /// Raw slab capacity of the disks that can take slabs (healthy ones), and what the hot
+    /// spares keep for repairs.
     pub fn capacity(&self) -> Capacity {
         let inner = self.inner.read();
         let ss = inner.config.slab_size;
-        let (mut total, mut used) = (0u64, 0u64);
+        let (mut total, mut used, mut spare) = (0u64, 0u64, 0u64);
         for (info, m) in inner.config.disks.iter().zip(&inner.members) {
-            if info.state == DiskState::Healthy {
-                total += m.slabs.total() as u64 * ss;
-                used += m.slabs.used() as u64 * ss;
+            match info.state {
+                DiskState::Healthy => {
+                    total += m.slabs.total() as u64 * ss;
+                    used += m.slabs.used() as u64 * ss;
+                }
+                DiskState::Spare if m.dev.is_some() => spare += m.slabs.free() as u64 * ss,
+                _ => {}
             }
         }
         Capacity {
             total_bytes: total,
             used_bytes: used,
             free_bytes: total - used,
+            spare_bytes: spare,
         }
     }
 
@@ -506,6 +545,32 @@ impl Pool {
                 SlabRef { disk: pos, slab }
             })
             .collect())
+    }
+
+    /// Allocates the slab that replaces a member of a slab set during a repair, on a disk outside
+    /// `exclude`: on a hot spare if there is one (the spare becomes an ordinary member, durably,
+    /// before the slab is handed out), else as [`Pool::allocate_slabs`] does.
+    pub fn allocate_replacement(&self, exclude: &[u32]) -> Result<SlabRef> {
+        let saving = self.saving.lock();
+        let mut inner = self.inner.write();
+        let Some(pos) = choose_disks(inner.spare_candidates(exclude), 1).map(|v| v[0]) else {
+            drop((inner, saving));
+            return Ok(self.allocate_slabs(1, exclude)?[0]);
+        };
+        let idx = pos as usize;
+        let slab = inner.members[idx].slabs.take().expect("chosen disks have a free slab");
+        inner.config.disks[idx].state = DiskState::Healthy;
+        let config = inner.config.clone();
+        drop(inner);
+        let path = &config.disks[idx].path;
+        if let Err(e) = self.save_config(&config) {
+            let mut inner = self.inner.write();
+            inner.config.disks[idx].state = DiskState::Spare;
+            inner.members[idx].slabs.release(slab);
+            return Err(e);
+        }
+        info!(pool = %config.name, disk = %path, "hot spare taken into service by a repair");
+        Ok(SlabRef { disk: pos, slab })
     }
 
     /// Records a slab found in a descriptor at open. False if it was already taken (two

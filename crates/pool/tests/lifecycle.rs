@@ -144,3 +144,37 @@ fn disk_states_persist_and_failed_is_final() {
     assert_eq!(info.position, 3);
     assert!(pool.add_disk(extra).is_err());
 }
+
+#[test]
+fn a_hot_spare_takes_no_new_sets_and_is_the_first_replacement() {
+    let dir = tempfile::tempdir().unwrap();
+    let pdir = dir.path().join("p");
+    let mut ds = disks(3, 8 * MIB);
+    let pool = Pool::create(&pdir, "sp", ds.clone(), MIB).unwrap();
+    let spare: DiskRef = Arc::new(MemDisk::new("s0", 8 * MIB));
+    ds.push(spare.clone());
+    let info = pool.add_spare(spare).unwrap();
+    assert_eq!(info.state, DiskState::Spare);
+    let c = pool.capacity();
+    assert_eq!((c.total_bytes, c.spare_bytes), (3 * 7 * MIB, 7 * MIB), "spares are not capacity");
+    // New slab sets never land on it, even when three disks are asked for.
+    for _ in 0..5 {
+        let set = pool.allocate_slabs(3, &[]).unwrap();
+        assert!(set.iter().all(|s| s.disk != info.position), "{set:?}");
+    }
+    assert!(pool.allocate_slabs(4, &[]).is_err(), "a spare does not widen a set");
+    // A replacement goes to it, and from then on it is a member, also after a reopen.
+    let d0 = pool.find_disk("d0").unwrap();
+    pool.set_disk_state(d0, DiskState::Failed, Some("drill".into())).unwrap();
+    let r = pool.allocate_replacement(&[d0, 1, 2]).unwrap();
+    assert_eq!(r.disk, info.position);
+    assert_eq!(pool.disk_state(info.position), DiskState::Healthy);
+    assert_eq!(pool.capacity().spare_bytes, 0);
+    drop(pool);
+    let pool = Pool::open(&pdir, &opener(&ds)).unwrap();
+    assert_eq!(pool.disk_state(info.position), DiskState::Healthy);
+    // With no spare left, a replacement is an ordinary allocation outside the set.
+    let r = pool.allocate_replacement(&[1, 2]).unwrap();
+    assert_eq!(r.disk, info.position);
+    assert!(pool.allocate_replacement(&[1, 2, info.position]).is_err());
+}

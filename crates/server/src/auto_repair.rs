@@ -2,7 +2,8 @@
 //! disk has failed, or has stayed missing longer than `auto_repair_delay` (a cable pulled and
 //! put back must not start a rebuild), and the pool has the free space the repair needs, it
 //! starts the same repair job `tessera pool repair` starts. A repair that fails is tried again
-//! after [`RETRY_AFTER`], not in a loop. Retired disks are the administrator's to empty: their
+//! after [`RETRY_AFTER`], not in a loop. Hot spares count as free space here, and the repair
+//! puts its replacement slabs on them first. Retired disks are the administrator's to empty: their
 //! data moves when they run the repair. The switch is per pool, kept in `auto-repair.json`.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -142,7 +143,10 @@ impl Daemon {
         }
         let (_, needed) = e.layouts().repair_needed();
         let disks = e.pool().disks();
-        let out: Vec<_> = disks.iter().filter(|d| d.info.state != DiskState::Healthy).collect();
+        let out: Vec<_> = disks
+            .iter()
+            .filter(|d| !matches!(d.info.state, DiskState::Healthy | DiskState::Spare))
+            .collect();
         w.out_since.retain(|id, _| out.iter().any(|d| d.info.id.to_string() == *id));
         if needed == 0 {
             w.out_since.clear();
@@ -170,7 +174,7 @@ impl Daemon {
                         waiting = Some((left, d.info.path.as_str()));
                     }
                 }
-                DiskState::Retired | DiskState::Healthy => {}
+                DiskState::Retired | DiskState::Healthy | DiskState::Spare => {}
             }
         }
         let Some(reason) = reason else {
@@ -192,7 +196,8 @@ impl Daemon {
                 return;
             }
         }
-        let free = e.pool().capacity().free_bytes;
+        let capacity = e.pool().capacity();
+        let free = capacity.free_bytes + capacity.spare_bytes;
         if free < needed {
             let status = format!(
                 "{reason}, but the repair needs {} and the pool has {} free: add a disk",

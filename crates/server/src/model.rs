@@ -39,6 +39,9 @@ pub struct RepairPool {
 #[serde(deny_unknown_fields)]
 pub struct AddDisk {
     pub path: String,
+    /// A hot spare: kept empty until a repair needs it (default: an ordinary member).
+    #[serde(default)]
+    pub spare: bool,
 }
 
 /// How a pool stands, worst first: what `pool list` shows and a monitor alerts on.

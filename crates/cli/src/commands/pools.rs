@@ -176,6 +176,7 @@ pub(super) fn show_pool(p: &PoolDetail) {
         ("size", opt_size(s.capacity.map(|c| c.total_bytes))),
         ("used", opt_size(s.capacity.map(|c| c.used_bytes))),
         ("free", opt_size(s.capacity.map(|c| c.free_bytes))),
+        ("hot spares", opt_size(s.capacity.map(|c| c.spare_bytes))),
         ("slab size", size(s.slab_size)),
         ("repair needed", size(s.repair_needed_bytes)),
     ];
@@ -254,12 +255,15 @@ pub(super) fn disk(c: &Ctx, cmd: DiskCmd) -> R {
                 Ok(())
             });
         }
-        DiskCmd::Add { pool, path } => {
+        DiskCmd::Add { pool, path, spare } => {
             let v = c.client.post(
                 &format!("/api/pools/{}/disks", encode_segment(&pool)),
-                body(&AddDisk { path: abs(&path)? }),
+                body(&AddDisk {
+                    path: abs(&path)?,
+                    spare,
+                }),
             )?;
-            (v, "added")
+            (v, if spare { "added as a hot spare" } else { "added" })
         }
         DiskCmd::Retire { pool, disk } => (disk_action(c, &pool, &disk, "retire")?, "retired"),
         DiskCmd::Fail { pool, disk } => (disk_action(c, &pool, &disk, "fail")?, "failed"),
@@ -271,7 +275,7 @@ pub(super) fn disk(c: &Ctx, cmd: DiskCmd) -> R {
             d.id,
             d.state.as_str()
         );
-        if what != "added" {
+        if !what.starts_with("added") {
             println!("'tessera pool repair POOL' rebuilds what it held onto the other disks");
         }
         Ok(())

@@ -109,7 +109,7 @@ pub async fn add_disk(
     Path(pool): Path<String>,
     Body(req): Body<AddDisk>,
 ) -> ApiResult<(StatusCode, Json<DiskView>)> {
-    created(move || d.add_disk(&pool, &req.path)).await
+    created(move || d.add_disk(&pool, &req.path, req.spare)).await
 }
 
 pub async fn disk_action(

@@ -578,6 +578,7 @@ mod tests {
             tessera_pool::DiskState::Failed,
             tessera_pool::DiskState::Retired,
             tessera_pool::DiskState::Missing,
+            tessera_pool::DiskState::Spare,
         ] {
             let written = serde_json::to_value(state).unwrap();
             assert_eq!(written, json!(state.as_str()));

@@ -93,7 +93,7 @@ impl Daemon {
         };
         let idle: Vec<&str> = disks
             .iter()
-            .filter(|d| d.info.state != DiskState::Healthy && d.slabs_used == 0)
+            .filter(|d| !matches!(d.info.state, DiskState::Healthy | DiskState::Spare) && d.slabs_used == 0)
             .map(|d| d.info.path.as_str())
             .collect();
         let problem = match health {
@@ -359,12 +359,17 @@ impl Daemon {
 
     // ---- disks ----
 
-    pub fn add_disk(&self, pool: &str, path: &str) -> ApiResult<DiskView> {
+    pub fn add_disk(&self, pool: &str, path: &str, spare: bool) -> ApiResult<DiskView> {
         if !Path::new(path).is_absolute() {
             return Err(ApiError::invalid(format!("disk path '{path}' must be absolute")));
         }
         let e = self.engine(pool)?;
-        let info = e.pool().add_disk(open_disk(path)?)?;
+        let dev = open_disk(path)?;
+        let info = if spare {
+            e.pool().add_spare(dev)?
+        } else {
+            e.pool().add_disk(dev)?
+        };
         e.pool()
             .disks()
             .into_iter()
