@@ -18,6 +18,7 @@ use crate::error::Result;
 use crate::geometry::{read_order, split, Piece};
 use crate::layouts::Layouts;
 use crate::slabset::SlabSet;
+use crate::sums::{block_sum, BLOCK};
 
 /// One read of a batch: `buf.len()` bytes at `offset` of `set`'s logical space.
 pub struct SetRead<'a> {
@@ -35,6 +36,28 @@ pub struct DiskRead {
     pub offset: u64,
     pub buf_off: usize,
     pub len: usize,
+    /// The checksum of each 4 KiB block the read brings (None: unknown), or nothing when the
+    /// pool keeps no checksums.
+    pub sums: Vec<Option<u32>>,
+}
+
+impl DiskRead {
+    /// True if the bytes this read brought (`data`, its `len` bytes) match their checksums.
+    /// A read that does not is done again the synchronous way, which reads around the bad
+    /// copy, repairs it and counts it.
+    pub fn verify(&self, data: &[u8]) -> bool {
+        self.sums.is_empty()
+            || data
+                .chunks(BLOCK as usize)
+                .zip(&self.sums)
+                .all(|(b, want)| want.is_none_or(|w| block_sum(b) == w))
+    }
+
+    /// Appends a read that continues this one on the disk and in the buffer.
+    pub fn join(&mut self, next: &mut DiskRead) {
+        self.len += next.len;
+        self.sums.append(&mut next.sums);
+    }
 }
 
 /// A piece of a request on its way to a disk.
@@ -42,7 +65,7 @@ struct Planned<'a> {
     req: usize,
     piece: Piece,
     buf: &'a mut [u8],
-    disk: u32,
+    slab: SlabRef,
     offset: u64,
 }
 
@@ -50,8 +73,10 @@ impl Layouts {
     /// The disk reads that fill `len` bytes at `offset` of `set` into a buffer at `buf_off`,
     /// one per stripe-unit piece, each from the member a lone read tries first (the caller
     /// merges neighbours across the grains of its request); the caller holds `members` (from
-    /// [`SlabSet::try_members`]) until they complete. False, having added nothing, when a
-    /// member is not readable or its disk takes no reads from a caller's ring: the caller
+    /// [`SlabSet::try_members`]) until they complete, and checks what they bring with
+    /// [`DiskRead::verify`]. False, having added nothing, when a member is not readable or its
+    /// disk takes no reads from a caller's ring, or (with checksums) when a read covers part
+    /// of a block or its checksums are not in memory: the caller
     /// reads with [`read`](Self::read), which reads around failures. A read that fails on the
     /// disk is also retried with [`read`](Self::read).
     pub fn plan_read(
@@ -68,8 +93,25 @@ impl Layouts {
         }
         let spec = &set.spec;
         let start = out.len();
+        let checked = self.sums().enabled();
         for piece in split(spec, offset, len) {
             let slab = members[read_order(spec, piece.row, piece.data_col)[0]];
+            let mo = piece.member_offset(spec);
+            let sums = if checked {
+                if mo % BLOCK != 0 || piece.len as u64 % BLOCK != 0 {
+                    out.truncate(start);
+                    return false;
+                }
+                match self.sums().cached(slab, mo, piece.len as u64) {
+                    Some(s) => s,
+                    None => {
+                        out.truncate(start);
+                        return false;
+                    }
+                }
+            } else {
+                Vec::new()
+            };
             let Some((disk, fd)) = self
                 .pool
                 .readable_disk(slab.disk)
@@ -81,9 +123,10 @@ impl Layouts {
             out.push(DiskRead {
                 disk,
                 fd,
-                offset: self.pool.slab_offset(slab) + piece.member_offset(spec),
+                offset: self.pool.slab_offset(slab) + mo,
                 buf_off: buf_off + piece.buf_off,
                 len: piece.len,
+                sums,
             });
         }
         true
@@ -98,6 +141,7 @@ impl Layouts {
         let members: Vec<_> = sets.iter().map(|s| s.members.read_recursive()).collect();
         let mut by_disk: Vec<(DiskRef, Vec<Planned>)> = Vec::new();
         let mut slow: Vec<Planned> = Vec::new();
+        let checked = self.sums().enabled();
         for (i, r) in reqs.iter_mut().enumerate() {
             if results[i].is_err() {
                 continue;
@@ -108,15 +152,18 @@ impl Layouts {
                 let (buf, tail) = std::mem::take(&mut rest).split_at_mut(piece.len);
                 rest = tail;
                 let slab = members[i][read_order(spec, piece.row, piece.data_col)[0]];
-                let offset = self.pool.slab_offset(slab) + piece.member_offset(spec);
+                let mo = piece.member_offset(spec);
+                // Part of a block cannot be checked alone: the single-read path reads the block.
+                let whole_blocks = !checked || (mo % BLOCK == 0 && piece.len as u64 % BLOCK == 0);
+                let offset = self.pool.slab_offset(slab) + mo;
                 let p = Planned {
                     req: i,
                     piece,
                     buf,
-                    disk: slab.disk,
+                    slab,
                     offset,
                 };
-                match self.pool.readable_disk(slab.disk) {
+                match self.pool.readable_disk(slab.disk).filter(|_| whole_blocks) {
                     Some(dev) => match by_disk.iter_mut().find(|(d, _)| Arc::ptr_eq(d, &dev)) {
                         Some((_, list)) => list.push(p),
                         None => by_disk.push((dev, vec![p])),
@@ -133,17 +180,23 @@ impl Layouts {
                     buf: p.buf,
                     offset: p.offset,
                 });
-                meta.push((p.req, p.piece, p.disk));
+                meta.push((p.req, p.piece, p.slab));
             }
             let done = dev.read_many(&mut io);
-            for ((rr, (req, piece, disk)), res) in io.into_iter().zip(meta).zip(done) {
-                if let Err(e) = res {
-                    self.read_error(disk, &e);
+            for ((rr, (req, piece, slab)), res) in io.into_iter().zip(meta).zip(done) {
+                let good = match res {
+                    Err(e) => {
+                        self.read_error(slab.disk, &e);
+                        false
+                    }
+                    Ok(()) => !checked || self.verified(slab, rr.offset - self.pool.slab_offset(slab), rr.buf),
+                };
+                if !good {
                     slow.push(Planned {
                         req,
                         piece,
                         buf: rr.buf,
-                        disk,
+                        slab,
                         offset: rr.offset,
                     });
                 }

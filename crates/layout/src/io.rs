@@ -13,6 +13,7 @@ use crate::journal::{Record, RecordBody, REGION_BYTES};
 use crate::layouts::{Layouts, MemberFault};
 use crate::slabset::SlabSet;
 use crate::spec::LayoutKind;
+use crate::sums::{block_sum, sums_of, BLOCK};
 
 impl Layouts {
     pub(crate) fn check(&self, set: &SlabSet, offset: u64, len: usize) -> Result<()> {
@@ -129,6 +130,7 @@ impl Layouts {
             self.stats
                 .repaired_blocks
                 .fetch_add((data.len() / SECTOR) as u64, Ordering::Relaxed);
+            self.count_for(members[bad].disk, |c| c.repaired_bytes += data.len() as u64);
             warn!(
                 set = set.id,
                 member = bad,
@@ -157,6 +159,8 @@ impl Layouts {
     }
 
     /// Rebuilds data column `col` of a row over [mo, mo + len) of the members from the others.
+    /// Should that fail, a block at a time: blocks that fail their checksums on several
+    /// members at different offsets leave each block enough good shards.
     pub(crate) fn reconstruct_column(
         &self,
         set: &SlabSet,
@@ -167,7 +171,30 @@ impl Layouts {
         len: usize,
     ) -> Result<Vec<u8>> {
         self.refuse_unsynced(set, row, mo)?;
-        let (mut data, parity) = self.read_row_shards(members, &set.spec, row, mo, len, Some(col));
+        let whole = self.reconstruct_range(set, members, row, col, mo, len);
+        let by_block = self.sums().enabled() && len as u64 > BLOCK && mo % BLOCK == 0 && len as u64 % BLOCK == 0;
+        match whole {
+            Err(_) if by_block => {
+                let mut out = Vec::with_capacity(len);
+                for b in (0..len as u64).step_by(BLOCK as usize) {
+                    out.extend(self.reconstruct_range(set, members, row, col, mo + b, BLOCK as usize)?);
+                }
+                Ok(out)
+            }
+            r => r,
+        }
+    }
+
+    fn reconstruct_range(
+        &self,
+        set: &SlabSet,
+        members: &[SlabRef],
+        row: u64,
+        col: usize,
+        mo: u64,
+        len: usize,
+    ) -> Result<Vec<u8>> {
+        let (mut data, parity) = self.read_row_shards(members, &set.spec, row, mo, len, Some(col), true);
         codec::reconstruct(&mut data, &parity).map_err(|_| {
             let unavailable = self.unavailable(members);
             if unavailable > set.spec.tolerance() {
@@ -183,7 +210,8 @@ impl Layouts {
     }
 
     /// Reads every data and parity shard of a row over [mo, mo + len); None where unreadable
-    /// or skipped.
+    /// (or, with `verify`, not matching its checksums) or skipped.
+    #[allow(clippy::too_many_arguments)]
     fn read_row_shards(
         &self,
         members: &[SlabRef],
@@ -192,10 +220,16 @@ impl Layouts {
         mo: u64,
         len: usize,
         skip: Option<usize>,
+        verify: bool,
     ) -> (Vec<Option<Vec<u8>>>, Vec<Option<Vec<u8>>>) {
         let read = |m: usize| {
             let mut b = tessera_disk::AlignedBuf::zeroed(len);
-            self.member_read(members[m], mo, &mut b).ok().map(|_| b.to_vec())
+            let r = if verify {
+                self.member_read(members[m], mo, &mut b)
+            } else {
+                self.member_read_raw(members[m], mo, &mut b)
+            };
+            r.ok().map(|_| b.to_vec())
         };
         let data = (0..spec.data_columns())
             .map(|d| {
@@ -242,36 +276,74 @@ impl Layouts {
         }
     }
 
-    /// Sets every copy of a mirror row to its first readable copy.
+    /// Sets every copy of a mirror row (the one copy of a simple one) to one content: block by
+    /// block, the first copy whose checksum matches, else the first readable copy, whose
+    /// checksum is then recorded as it is. After a crash a copy the interrupted write reached
+    /// only in part, or rot, does not match; a block no copy of which matches is one the
+    /// write reached on the disks but not in the checksums (both are durable only at the
+    /// next checkpoint), and reads as written.
     fn resync_mirror_row(&self, set: &SlabSet, members: &[SlabRef], row: u64) -> Result<()> {
         let spec = &set.spec;
         let il = spec.interleave;
+        let mo = row * il;
         for d in 0..spec.data_columns() {
             let copies = data_members(spec, row, d);
-            let mut buf = tessera_disk::AlignedBuf::zeroed(il as usize);
-            let Some(src) = copies
+            let bufs: Vec<Option<tessera_disk::AlignedBuf>> = copies
                 .iter()
-                .position(|&m| self.member_read(members[m], row * il, &mut buf).is_ok())
-            else {
+                .map(|&m| {
+                    let mut b = tessera_disk::AlignedBuf::zeroed(il as usize);
+                    self.member_read_raw(members[m], mo, &mut b).ok().map(|_| b)
+                })
+                .collect();
+            let Some(src) = bufs.iter().position(Option::is_some) else {
                 return Err(LayoutError::Io {
                     set: set.id,
                     detail: format!("row {row}: no readable copy"),
                 });
             };
-            for (i, &m) in copies.iter().enumerate() {
-                if i != src {
-                    let _ = self.member_write(members[m], row * il, &buf);
+            let mut chosen = bufs[src].clone().expect("readable");
+            if self.sums().enabled() {
+                for (i, block) in chosen.chunks_mut(BLOCK as usize).enumerate() {
+                    let bmo = mo + i as u64 * BLOCK;
+                    let good = copies.iter().zip(&bufs).find_map(|(&m, b)| {
+                        let b = &b.as_ref()?[i * BLOCK as usize..(i + 1) * BLOCK as usize];
+                        let want = self.sums().get(members[m], bmo).ok()??;
+                        (block_sum(b) == want).then_some(b)
+                    });
+                    if let Some(g) = good {
+                        block.copy_from_slice(g);
+                    }
+                }
+            }
+            for (&m, b) in copies.iter().zip(&bufs) {
+                if b.as_deref() == Some(&chosen[..]) {
+                    // Nothing to write: its checksums may still have to be recorded.
+                    if self.sums().enabled() {
+                        let _ = self.sums().record(members[m], mo, &sums_of(&chosen));
+                    }
+                } else {
+                    let _ = self.member_write(members[m], mo, &chosen);
                 }
             }
         }
         Ok(())
     }
 
-    /// Recomputes a row's parity from its data.
+    /// Recomputes a row's parity from its data. The data members' checksums are recorded
+    /// from what they hold, as a mirror's are when no copy matches: after a crash the data
+    /// reads as before or after the interrupted write, and parity follows it.
     pub(crate) fn resync_row(&self, set: &SlabSet, members: &[SlabRef], row: u64) -> Result<()> {
         let spec = &set.spec;
         let il = spec.interleave as usize;
-        let (data, _) = self.read_row_shards(members, spec, row, row * spec.interleave, il, None);
+        let mo = row * spec.interleave;
+        let (data, _) = self.read_row_shards(members, spec, row, mo, il, None, false);
+        if self.sums().enabled() {
+            for (d, bytes) in data.iter().enumerate() {
+                if let Some(b) = bytes {
+                    let _ = self.sums().record(members[data_members(spec, row, d)[0]], mo, &sums_of(b));
+                }
+            }
+        }
         let data: Vec<Vec<u8>> = data
             .into_iter()
             .collect::<Option<Vec<_>>>()
@@ -300,7 +372,10 @@ impl Layouts {
         let epoch = self.journal.enter();
         // Mirrors resync from any readable copy, so a degraded 3-way mirror still records its
         // regions; a degraded parity set cannot resync and journals its rows instead.
-        if set.spec.tolerance() > 0 && (unavailable == 0 || set.spec.kind == LayoutKind::Mirror) {
+        // With checksums, a simple set records its regions too: a replay settles the checksums
+        // of the blocks a crash caught between their data and their checksum.
+        let resyncable = set.spec.tolerance() > 0 || self.sums().enabled();
+        if resyncable && (unavailable == 0 || set.spec.kind == LayoutKind::Mirror) {
             let mut regions: Vec<u64> = pieces
                 .iter()
                 .map(|p| p.member_offset(&set.spec) / REGION_BYTES)
@@ -503,7 +578,7 @@ impl Layouts {
                 self.reconstruct_column(set, members, row, d, mo, len)
             }
             Role::Parity(i) => {
-                let (mut data, parity) = self.read_row_shards(members, spec, row, mo, len, None);
+                let (mut data, parity) = self.read_row_shards(members, spec, row, mo, len, None, true);
                 if data.iter().any(Option::is_none) {
                     // Missing data would come from the other parity, which may be torn there.
                     self.refuse_unsynced(set, row, mo)?;

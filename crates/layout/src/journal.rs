@@ -21,12 +21,14 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 use rocksdb::{Options, WriteBatch, WriteOptions, DB};
 
 use crate::error::{LayoutError, Result};
+use crate::sums::{Sums, CF_SUMS};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RecordBody {
@@ -112,7 +114,10 @@ impl<'a> Reader<'a> {
 }
 
 pub struct StripeJournal {
-    db: DB,
+    db: Arc<DB>,
+    /// The block checksums: stored here so that a checkpoint makes the checksums of the
+    /// writes it covers durable in the batch that retires their records.
+    pub(crate) sums: Sums,
     next: AtomicU64,
     /// Records appended whose in-place writes are not finished yet.
     inflight: Mutex<BTreeSet<u64>>,
@@ -150,13 +155,17 @@ pub const CHECKPOINT_BYTES: u64 = 32 << 20;
 
 impl StripeJournal {
     /// Opens (or creates) the journal and returns the records to replay, in sequence order.
-    pub fn open(dir: &Path) -> Result<(StripeJournal, Vec<(u64, Record)>)> {
+    /// `checksums`: whether block checksums are kept (see [`Sums::open`]).
+    pub fn open(dir: &Path, checksums: bool) -> Result<(StripeJournal, Vec<(u64, Record)>)> {
         let mut opts = Options::default();
         opts.create_if_missing(true);
+        opts.create_missing_column_families(true);
         opts.set_write_buffer_size(64 << 20);
         opts.set_max_background_jobs(1);
         opts.set_keep_log_file_num(2);
-        let db = DB::open(&opts, dir).map_err(|e| LayoutError::Journal(format!("{}: {e}", dir.display())))?;
+        let db = DB::open_cf(&opts, dir, ["default", CF_SUMS])
+            .map_err(|e| LayoutError::Journal(format!("{}: {e}", dir.display())))?;
+        let db = Arc::new(db);
         let mut records = Vec::new();
         for item in db.iterator(rocksdb::IteratorMode::Start) {
             let (k, v) = item.map_err(|e| LayoutError::Journal(e.to_string()))?;
@@ -169,6 +178,7 @@ impl StripeJournal {
         }
         let next = records.last().map(|r| r.0 + 1).unwrap_or(1);
         let j = StripeJournal {
+            sums: Sums::open(db.clone(), checksums)?,
             db,
             next: AtomicU64::new(next),
             inflight: Mutex::new(BTreeSet::new()),
@@ -320,11 +330,14 @@ impl StripeJournal {
             from = seq + 1;
         }
         b.delete_range(from.to_be_bytes(), bound.to_be_bytes());
+        // The checksums of every write the flush made durable (and perhaps of some newer
+        // ones: their regions keep their records, and a replay settles them).
+        let pages = self.sums.persist_into(&mut b);
         let mut wo = WriteOptions::default();
         wo.set_sync(sync);
-        self.db
-            .write_opt(b, &wo)
-            .map_err(|e| LayoutError::Journal(e.to_string()))
+        let r = self.db.write_opt(b, &wo);
+        self.sums.finish(pages, r.is_ok());
+        r.map_err(|e| LayoutError::Journal(e.to_string()))
     }
 }
 
@@ -369,7 +382,7 @@ mod tests {
             },
         };
         {
-            let (j, replay) = StripeJournal::open(dir.path()).unwrap();
+            let (j, replay) = StripeJournal::open(dir.path(), true).unwrap();
             assert!(replay.is_empty());
             let a = j.append(&rec(1)).unwrap();
             let b = j.append(&rec(2)).unwrap();
@@ -380,7 +393,7 @@ mod tests {
             // b is still in flight: it and everything after it survive.
             let _ = b;
         }
-        let (j, replay) = StripeJournal::open(dir.path()).unwrap();
+        let (j, replay) = StripeJournal::open(dir.path(), true).unwrap();
         let rows: Vec<u64> = replay.iter().map(|r| r.1.row).collect();
         assert_eq!(rows, vec![2, 3]);
         let d = j.append(&rec(4)).unwrap();

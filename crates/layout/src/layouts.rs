@@ -1,10 +1,12 @@
 //! `Layouts`: the layout layer of one pool. It owns the slab sets, the row locks and the
 //! stripe journal, and turns a (slab set, offset) request into member I/O.
 
+use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
+use tessera_disk::{AlignedBuf, DiskRef};
 use tessera_pool::{DiskState, Pool, SlabRef};
 use tracing::{info, warn};
 
@@ -12,6 +14,7 @@ use crate::error::{LayoutError, Result};
 use crate::journal::{RecordBody, StripeJournal};
 use crate::slabset::{Registry, SlabSet};
 use crate::spec::LayoutSpec;
+use crate::sums::{block_sum, sums_of, Sums, BLOCK};
 
 const ROW_LOCKS: usize = 4096;
 
@@ -23,6 +26,19 @@ pub struct IoStats {
     pub reconstructed_reads: AtomicU64,
     pub repaired_blocks: AtomicU64,
     pub journal_records: AtomicU64,
+    /// Blocks whose contents did not match their checksum when read.
+    pub checksum_errors: AtomicU64,
+}
+
+/// What one disk's reads cost the layer since the pool was opened.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct DiskErrors {
+    /// Reads the disk failed.
+    pub read: u64,
+    /// 4 KiB blocks it returned that did not match their checksum.
+    pub checksum: u64,
+    /// Bytes rewritten on it with good data from elsewhere.
+    pub repaired_bytes: u64,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -71,19 +87,23 @@ pub struct Layouts {
     row_locks: Vec<RwLock<()>>,
     pub(crate) journal: StripeJournal,
     pub stats: IoStats,
+    disk_errors: Mutex<BTreeMap<u32, DiskErrors>>,
 }
 
 impl Layouts {
     /// Loads the slab sets of a pool and replays the stripe journal left by a crash.
     pub fn open(pool: Arc<Pool>) -> Result<Layouts> {
         let registry = Registry::load(&pool)?;
-        let (journal, replay) = StripeJournal::open(&pool.dir().join("journal"))?;
+        let (journal, replay) = StripeJournal::open(&pool.dir().join("journal"), pool.checksums())?;
+        let live: HashSet<SlabRef> = registry.all().iter().flat_map(|s| s.members.read().clone()).collect();
+        journal.sums.keep_only(&live)?;
         let layouts = Layouts {
             pool,
             registry,
             row_locks: (0..ROW_LOCKS).map(|_| RwLock::new(())).collect(),
             journal,
             stats: IoStats::default(),
+            disk_errors: Mutex::new(BTreeMap::new()),
         };
         if !replay.is_empty() {
             info!(records = replay.len(), "replaying the stripe journal");
@@ -159,10 +179,43 @@ impl Layouts {
     }
 
     /// Frees a slab set whose data nobody references any more. The journal is checkpointed
-    /// first, so no record can later replay into slabs that another set may reuse.
+    /// first, so no record can later replay into slabs that another set may reuse, and the
+    /// slabs' checksums are forgotten before another set can take them.
     pub fn free_set(&self, id: u32) -> Result<()> {
         self.journal.checkpoint(|| self.flush_members(), true)?;
+        for slab in self.registry.get(id)?.members.read().iter() {
+            self.sums().forget_slab(*slab)?;
+        }
         self.registry.remove(&self.pool, id)
+    }
+
+    /// Gives a slab back to the pool, its checksums forgotten first.
+    pub(crate) fn release_slab(&self, slab: SlabRef) {
+        if let Err(e) = self.sums().forget_slab(slab) {
+            // Kept out of use rather than handed to a set that would find stale checksums.
+            warn!(disk = slab.disk, slab = slab.slab, error = %e, "cannot forget a slab's checksums; the slab stays in use until the next import");
+            return;
+        }
+        self.pool.release_slab(slab);
+    }
+
+    pub(crate) fn sums(&self) -> &Sums {
+        &self.journal.sums
+    }
+
+    /// Whether blocks are stored with checksums.
+    pub fn checksums(&self) -> bool {
+        self.sums().enabled()
+    }
+
+    /// Read errors, checksum errors and repairs per disk (by pool position) since the pool
+    /// was opened.
+    pub fn disk_errors(&self) -> BTreeMap<u32, DiskErrors> {
+        self.disk_errors.lock().clone()
+    }
+
+    pub(crate) fn count_for(&self, disk: u32, f: impl FnOnce(&mut DiskErrors)) {
+        f(self.disk_errors.lock().entry(disk).or_default());
     }
 
     /// Makes every completed write durable and retires every journal record that covers them
@@ -272,7 +325,46 @@ impl Layouts {
         &self.row_locks[(h >> 32) as usize % ROW_LOCKS]
     }
 
+    /// Reads member bytes and checks them against their checksums: a block that does not
+    /// match is a read error of this member, read around and repaired like one.
     pub(crate) fn member_read(&self, slab: SlabRef, mo: u64, buf: &mut [u8]) -> Result<(), MemberFault> {
+        if !self.sums().enabled() {
+            return self.member_read_raw(slab, mo, buf);
+        }
+        let end = mo + buf.len() as u64;
+        let (lo, hi) = (mo / BLOCK * BLOCK, end.div_ceil(BLOCK) * BLOCK);
+        let verdict = if (lo, hi) == (mo, end) {
+            self.member_read_raw(slab, mo, buf)?;
+            self.sums().verify(slab, mo, buf)
+        } else {
+            // Part of a block: its checksum covers the whole block.
+            let mut whole = AlignedBuf::zeroed((hi - lo) as usize);
+            self.member_read_raw(slab, lo, &mut whole)?;
+            buf.copy_from_slice(&whole[(mo - lo) as usize..][..buf.len()]);
+            self.sums().verify(slab, lo, &whole)
+        };
+        match verdict {
+            Ok(bad) if bad.is_empty() => Ok(()),
+            Ok(bad) => {
+                self.checksum_errors(slab, &bad);
+                Err(MemberFault::Io(format!(
+                    "{} block(s) of disk {} do not match their checksum (the first at byte {} of slab {})",
+                    bad.len(),
+                    slab.disk,
+                    bad[0],
+                    slab.slab
+                )))
+            }
+            Err(e) => {
+                // The data was read; only the means to check it is missing.
+                warn!(disk = slab.disk, error = %e, "cannot read block checksums; the read is not verified");
+                Ok(())
+            }
+        }
+    }
+
+    /// Reads member bytes as the disk returns them.
+    pub(crate) fn member_read_raw(&self, slab: SlabRef, mo: u64, buf: &mut [u8]) -> Result<(), MemberFault> {
         let dev = self.pool.readable_disk(slab.disk).ok_or(MemberFault::Unavailable)?;
         dev.read_at(buf, self.pool.slab_offset(slab) + mo).map_err(|e| {
             self.read_error(slab.disk, &e);
@@ -283,13 +375,80 @@ impl Layouts {
     /// Counts and logs a member's read error; the caller reads around it.
     pub(crate) fn read_error(&self, disk: u32, e: &tessera_disk::DiskError) {
         self.stats.read_errors.fetch_add(1, Ordering::Relaxed);
+        self.count_for(disk, |c| c.read += 1);
         warn!(disk, error = %e, "read error");
+    }
+
+    /// Counts and logs blocks of a member that do not match their checksums.
+    pub(crate) fn checksum_errors(&self, slab: SlabRef, bad: &[u64]) {
+        self.stats.checksum_errors.fetch_add(bad.len() as u64, Ordering::Relaxed);
+        self.count_for(slab.disk, |c| c.checksum += bad.len() as u64);
+        warn!(disk = slab.disk, slab = slab.slab, blocks = bad.len(), first = bad[0], "checksum mismatch");
+    }
+
+    /// True if the bytes at `mo` (whole blocks) match their checksums; counts those that do
+    /// not. For reads that went to the disk another way (a batch).
+    pub(crate) fn verified(&self, slab: SlabRef, mo: u64, buf: &[u8]) -> bool {
+        match self.sums().verify(slab, mo, buf) {
+            Ok(bad) if bad.is_empty() => true,
+            Ok(bad) => {
+                self.checksum_errors(slab, &bad);
+                false
+            }
+            Err(_) => false,
+        }
     }
 
     /// A write error fails the disk: a member that missed a write holds stale data and must
     /// never be read again.
     pub(crate) fn member_write(&self, slab: SlabRef, mo: u64, buf: &[u8]) -> Result<(), MemberFault> {
         let dev = self.pool.readable_disk(slab.disk).ok_or(MemberFault::Unavailable)?;
+        let sums = self.sums().enabled().then(|| self.sums_after_write(&dev, slab, mo, buf));
+        self.member_write_raw(&dev, slab, mo, buf)?;
+        if let Some((lo, sums)) = sums {
+            if let Err(e) = self.sums().record(slab, lo, &sums) {
+                warn!(disk = slab.disk, error = %e, "cannot record block checksums");
+            }
+        }
+        Ok(())
+    }
+
+    /// The checksums of the blocks a write of `buf` at `mo` touches, once it is done: from
+    /// `buf` for whole blocks; for a block written in part, from its other bytes read back,
+    /// unless those do not match the block's checksum (rot in bytes the write keeps: no
+    /// checksum is recorded rather than one that vouches for it).
+    fn sums_after_write(&self, dev: &DiskRef, slab: SlabRef, mo: u64, buf: &[u8]) -> (u64, Vec<Option<u32>>) {
+        let end = mo + buf.len() as u64;
+        let (lo, hi) = (mo / BLOCK * BLOCK, end.div_ceil(BLOCK) * BLOCK);
+        if (lo, hi) == (mo, end) {
+            return (lo, sums_of(buf));
+        }
+        let mut sums = Vec::with_capacity(((hi - lo) / BLOCK) as usize);
+        let mut block = AlignedBuf::zeroed(BLOCK as usize);
+        for b in (lo..hi).step_by(BLOCK as usize) {
+            let (from, to) = (b.max(mo), (b + BLOCK).min(end));
+            let new = &buf[(from - mo) as usize..(to - mo) as usize];
+            if (from, to) == (b, b + BLOCK) {
+                sums.push(Some(block_sum(new)));
+                continue;
+            }
+            let old_ok = dev.read_at(&mut block, self.pool.slab_offset(slab) + b).is_ok()
+                && match self.sums().get(slab, b) {
+                    Ok(Some(want)) => block_sum(&block) == want,
+                    Ok(None) => true,
+                    Err(_) => false,
+                };
+            if old_ok {
+                block[(from - b) as usize..(to - b) as usize].copy_from_slice(new);
+                sums.push(Some(block_sum(&block)));
+            } else {
+                sums.push(None);
+            }
+        }
+        (lo, sums)
+    }
+
+    fn member_write_raw(&self, dev: &DiskRef, slab: SlabRef, mo: u64, buf: &[u8]) -> Result<(), MemberFault> {
         dev.write_at(buf, self.pool.slab_offset(slab) + mo).map_err(|e| {
             self.stats.write_errors.fetch_add(1, Ordering::Relaxed);
             self.member_lost();

@@ -13,11 +13,12 @@ mod rebuild;
 mod scrub;
 mod slabset;
 mod spec;
+mod sums;
 
 pub use batch::{DiskRead, SetRead};
 pub use error::{LayoutError, Result};
-pub use layouts::{IoStats, Layouts, Placement, SetHealth};
+pub use layouts::{DiskErrors, IoStats, Layouts, Placement, SetHealth};
 pub use rebuild::{Progress, RebuildOptions, RebuildReport};
-pub use scrub::Mismatch;
+pub use scrub::{Mismatch, ScrubTally, MAX_MISMATCHES};
 pub use slabset::{MembersGuard, SlabSet, SlabSetDesc};
 pub use spec::{LayoutKind, LayoutSpec, DEFAULT_INTERLEAVE, MAX_COLUMNS, MIN_INTERLEAVE};

@@ -154,11 +154,13 @@ impl Layouts {
                         set: set.id,
                         detail: format!("flush of the replacement slab: {e}"),
                     })?;
+                // And its checksums, before a descriptor names it.
+                self.journal.checkpoint(|| self.flush_members(), true)?;
                 Ok(())
             })();
             if let Err(e) = copied {
                 *set.replacement.write() = None;
-                self.pool.release_slab(new);
+                self.release_slab(new);
                 return Err(e);
             }
             let old = {
@@ -173,7 +175,7 @@ impl Layouts {
                 if let Err(e) = Registry::persist(&self.pool, &desc) {
                     members[m] = old;
                     *set.replacement.write() = None;
-                    self.pool.release_slab(new);
+                    self.release_slab(new);
                     return Err(e);
                 }
                 *set.replacement.write() = None;
@@ -184,7 +186,7 @@ impl Layouts {
                 self.journal.checkpoint(|| self.flush_members(), true)?;
                 old
             };
-            self.pool.release_slab(old);
+            self.release_slab(old);
             moved += 1;
         }
     }

@@ -510,10 +510,14 @@ impl<S: Socket> Loop<S> {
     }
 
     fn finish(&mut self, f: InFlight, ok: bool) {
+        // Data parts and plans pair up in order, as when they were started.
+        let data = f.parts.iter().filter_map(|p| p.data.as_ref());
+        let ok = ok && data.zip(&f.plans).all(|(buf, plan)| plan.verify(buf));
         drop(f.plans);
         if !ok {
-            // The synchronous path reads around a failing member and repairs it.
-            debug!(cookie = f.req.cookie, "a read on the ring failed; read again");
+            // The synchronous path reads around a failing member (or a block that does not
+            // match its checksum) and repairs it.
+            debug!(cookie = f.req.cookie, "a read on the ring failed or did not match its checksums; read again");
             give_back_parts(&self.ctx.buffers, f.parts);
             return self.to_workers(Job {
                 req: f.req,

@@ -54,6 +54,13 @@ pub struct PoolConfig {
     pub disks: Vec<DiskInfo>,
     /// Label generation written on every disk at the last import/export.
     pub generation: u64,
+    /// Whether every block is stored with a checksum (on unless the pool was created without).
+    #[serde(default = "checksums_on")]
+    pub checksums: bool,
+}
+
+fn checksums_on() -> bool {
+    true
 }
 
 /// Pool and vdisk names: what a user can type and a URL or IQN can carry.

@@ -144,6 +144,7 @@ impl Pool {
             slab_size,
             disks: Vec::new(),
             generation: 1,
+            checksums: true,
         };
         let mut members: Vec<Member> = Vec::new();
         for (pos, d) in disks.into_iter().enumerate() {
@@ -349,6 +350,23 @@ impl Pool {
 
     pub fn config(&self) -> PoolConfig {
         self.inner.read().config.clone()
+    }
+
+    /// Whether blocks are stored with checksums.
+    pub fn checksums(&self) -> bool {
+        self.inner.read().config.checksums
+    }
+
+    /// Turns block checksums on or off, durably; the layout layer reads it when it opens, so
+    /// the change takes effect at the next import (a new pool sets it before its first use).
+    pub fn set_checksums(&self, on: bool) -> Result<()> {
+        let _saving = self.saving.lock();
+        let config = {
+            let mut inner = self.inner.write();
+            inner.config.checksums = on;
+            inner.config.clone()
+        };
+        self.save_config(&config)
     }
 
     /// Adds a blank disk to the pool.

@@ -84,7 +84,15 @@ pub struct DirectRead {
 /// locks) until the plan is dropped. Parts of the buffer no read covers read as zeros.
 pub struct ReadPlan {
     pub reads: Vec<DirectRead>,
-    pub hold: Box<dyn Send>,
+    pub hold: Box<dyn PlanHold>,
+}
+
+/// What keeps a plan's reads valid, and checks what they brought.
+pub trait PlanHold: Send {
+    /// True if the bytes the reads brought into the command's buffer are those written (the
+    /// backend's checksums); false sends the READ down the ordinary path, which reads around
+    /// the bad copy and repairs it.
+    fn verify(&self, buf: &[u8]) -> bool;
 }
 
 /// Writes `[from, from + len)` of `image` at `at` of `to`, a MiB at a time: a paste by

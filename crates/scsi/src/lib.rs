@@ -21,7 +21,7 @@ pub mod tpc;
 mod xcopy;
 
 pub use backend::{
-    copy_image, BackendError, BackendErrorKind, BackendResult, BlockBackend, DirectRead, Extent, FrozenImage, ReadPlan,
+    copy_image, BackendError, BackendErrorKind, BackendResult, BlockBackend, DirectRead, Extent, FrozenImage, PlanHold, ReadPlan,
 };
 pub use data::Data;
 pub use lun::{Lun, ModeState, ModeStore, PrStore, Response};

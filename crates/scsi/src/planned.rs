@@ -52,6 +52,12 @@ impl PlannedRead {
             .collect()
     }
 
+    /// True if the data read is what was written (see [`PlanHold::verify`](crate::backend::PlanHold::verify)): call it
+    /// once every submission has completed; if false, run the command the ordinary way.
+    pub fn verified(&self) -> bool {
+        self.plan.hold.verify(&self.buf)
+    }
+
     /// GOOD with the data read, once every submission has completed in full.
     pub fn into_response(self) -> Response {
         Response {

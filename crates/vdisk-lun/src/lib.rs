@@ -6,7 +6,7 @@ use std::any::Any;
 use std::sync::Arc;
 
 use tessera_scsi::{
-    copy_image, BackendError, BackendErrorKind, BackendResult, BlockBackend, DirectRead, Extent, FrozenImage, Lun, ReadPlan,
+    copy_image, BackendError, BackendErrorKind, BackendResult, BlockBackend, DirectRead, Extent, FrozenImage, Lun, PlanHold, ReadPlan,
 };
 use tessera_volume::{Frozen, Provisioning, Vdisk, VolumeError};
 
@@ -138,8 +138,17 @@ impl BlockBackend for VdiskBackend {
             .collect();
         Some(ReadPlan {
             reads,
-            hold: Box::new(plan),
+            hold: Box::new(HeldPlan(plan)),
         })
+    }
+}
+
+/// A vdisk's read plan, held by the transport until its reads complete.
+struct HeldPlan(tessera_volume::ReadPlan);
+
+impl PlanHold for HeldPlan {
+    fn verify(&self, buf: &[u8]) -> bool {
+        self.0.verify(buf)
     }
 }
 

@@ -22,6 +22,7 @@ struct Args {
     threads: usize,
     seconds: u64,
     workloads: Vec<String>,
+    checksums: bool,
 }
 
 fn parse() -> Args {
@@ -40,6 +41,7 @@ fn parse() -> Args {
             "seqread".into(),
             "seqwrite".into(),
         ],
+        checksums: true,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -55,6 +57,7 @@ fn parse() -> Args {
             "--threads" => a.threads = v.parse().unwrap(),
             "--seconds" => a.seconds = v.parse().unwrap(),
             "--workloads" => a.workloads = v.split(',').map(String::from).collect(),
+            "--checksums" => a.checksums = v == "on",
             other => panic!("unknown option {other}"),
         }
         i += 2;
@@ -70,7 +73,7 @@ fn main() {
             Arc::new(FileDisk::create_file(a.dir.join(format!("disk{i}")), a.disk_size, false).unwrap()) as DiskRef
         })
         .collect();
-    let engine = Engine::create_pool(&a.dir.join("pool"), "bench", disks, 256 << 20).unwrap();
+    let engine = Engine::create_pool_with_checksums(&a.dir.join("pool"), "bench", disks, 256 << 20, a.checksums).unwrap();
     let mut spec = VdiskSpec::new("bench", a.size, a.layout);
     spec.columns = a.columns;
     spec.provisioning = Provisioning::Thin;
@@ -83,9 +86,10 @@ fn main() {
         let bs = if w.starts_with("rand") { 4096 } else { 256 << 10 };
         let (iops, mbs) = run(&v, w, bs, a.threads, a.seconds, a.size);
         println!(
-            "{{\"layout\":\"{}\",\"workload\":\"{w}\",\"bs\":{bs},\"threads\":{},\"iops\":{iops:.0},\"mbs\":{mbs:.1}}}",
+            "{{\"layout\":\"{}\",\"workload\":\"{w}\",\"bs\":{bs},\"threads\":{},\"checksums\":{},\"iops\":{iops:.0},\"mbs\":{mbs:.1}}}",
             a.layout.as_str(),
-            a.threads
+            a.threads,
+            a.checksums
         );
     }
     // Where the data landed, for the reference run of fio on the same files.

@@ -75,6 +75,21 @@ impl Engine {
         Self::open_pool(Pool::create(dir, name, disks, slab_size)?)
     }
 
+    /// Creates a pool as [`create_pool`](Self::create_pool) does, with block checksums on or
+    /// off (off is for measuring what they cost; a pool without them cannot tell a rotten copy
+    /// from a good one).
+    pub fn create_pool_with_checksums(
+        dir: &Path,
+        name: &str,
+        disks: Vec<DiskRef>,
+        slab_size: u64,
+        checksums: bool,
+    ) -> Result<Engine> {
+        let pool = Pool::create(dir, name, disks, slab_size)?;
+        pool.set_checksums(checksums)?;
+        Self::open_pool(pool)
+    }
+
     /// Imports the pool in `dir`, opening its disks with `opener`, replays the stripe journal
     /// and loads every vdisk.
     pub fn open(dir: &Path, opener: DiskOpener) -> Result<Engine> {

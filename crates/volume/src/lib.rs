@@ -12,6 +12,7 @@ mod frozen_registry;
 mod keys;
 mod locks;
 mod plan;
+mod scrub;
 mod shared;
 mod space;
 mod vdisk;
@@ -22,7 +23,8 @@ pub use engine::Engine;
 pub use error::{Result, VolumeError};
 pub use frozen::{CloneStats, Frozen};
 pub use plan::ReadPlan;
+pub use scrub::{ScrubOptions, ScrubPass, ScrubState};
 pub use vdisk::{Extent, SpaceUsage, Vdisk};
 
-pub use tessera_layout::{LayoutKind, LayoutSpec, Progress, RebuildOptions, RebuildReport};
-pub use tessera_pool::{DiskState, Pool};
+pub use tessera_layout::{DiskErrors, LayoutKind, LayoutSpec, Progress, RebuildOptions, RebuildReport, ScrubTally};
+pub use tessera_pool::{DiskState, Pool, SlabRef};

@@ -23,6 +23,14 @@ pub struct ReadPlan {
     _members: Vec<(u32, MembersGuard)>,
 }
 
+impl ReadPlan {
+    /// True if what the reads brought into `buf` (the buffer the plan was made for) matches
+    /// the blocks' checksums; if not, read again with [`Vdisk::read`].
+    pub fn verify(&self, buf: &[u8]) -> bool {
+        self.reads.iter().all(|r| r.verify(&buf[r.buf_off..r.buf_off + r.len]))
+    }
+}
+
 impl Vdisk {
     /// A plan for reading `len` bytes at `offset`, or None when this read must go through
     /// [`read`](Vdisk::read): an invalid range (which `read` reports), a grain held by a
@@ -85,7 +93,7 @@ fn merge(reads: &mut Vec<DiskRead>) {
             && last.buf_off + last.len == r.buf_off
             && last.len + r.len <= MAX_MERGED;
         if joins {
-            last.len += r.len;
+            last.join(r);
         }
         joins
     });

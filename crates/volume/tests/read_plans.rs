@@ -139,3 +139,47 @@ fn a_plan_holds_off_writers_and_gives_way_to_them() {
     assert!(written.load(Ordering::SeqCst));
     assert_eq!(run_plan(&v, 0, 4096).unwrap(), pattern(2, 0, 4096));
 }
+
+/// A plan carries the checksums of the blocks it reads: bytes that rotted on the disk fail
+/// `verify`, and the read the caller then falls back to returns the good copy and repairs it.
+#[test]
+fn a_plan_that_brings_rotten_bytes_fails_its_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = file_engine(&dir, 2);
+    let v = e
+        .create_vdisk(&VdiskSpec::new("m", 16 * MIB, LayoutKind::Mirror))
+        .unwrap();
+    let data = pattern(9, 0, 2 * GRAIN as usize);
+    v.write(0, &data, false).unwrap();
+    // A first read brings the checksums into memory (a plan never waits to load them).
+    let mut b = vec![0u8; data.len()];
+    v.read(0, &mut b).unwrap();
+    let plan = v.try_plan_read(0, data.len()).unwrap();
+    let mut buf = tessera_disk::AlignedBuf::zeroed(data.len());
+    for r in &plan.reads {
+        r.disk.read_at(&mut buf[r.buf_off..r.buf_off + r.len], r.offset).unwrap();
+    }
+    assert!(plan.verify(&buf), "good bytes must pass");
+    // Rot on the copy the plan reads, behind the engine's back.
+    let r = &plan.reads[0];
+    let mut sector = tessera_disk::AlignedBuf::zeroed(4096);
+    r.disk.read_at(&mut sector, r.offset + 8192).unwrap();
+    sector[100] ^= 0x10;
+    r.disk.write_at(&sector, r.offset + 8192).unwrap();
+    let mut rotten = tessera_disk::AlignedBuf::zeroed(data.len());
+    for r in &plan.reads {
+        r.disk.read_at(&mut rotten[r.buf_off..r.buf_off + r.len], r.offset).unwrap();
+    }
+    assert!(!plan.verify(&rotten), "rotten bytes passed the plan's check");
+    drop(plan);
+    v.read(0, &mut b).unwrap();
+    assert!(b == data, "the read after a failed plan returned wrong data");
+    assert!(e.layouts().stats.checksum_errors.load(Ordering::Relaxed) > 0);
+    // Repaired in place: a new plan reads good bytes from the same copy.
+    let plan = v.try_plan_read(0, data.len()).unwrap();
+    let mut again = tessera_disk::AlignedBuf::zeroed(data.len());
+    for r in &plan.reads {
+        r.disk.read_at(&mut again[r.buf_off..r.buf_off + r.len], r.offset).unwrap();
+    }
+    assert!(plan.verify(&again) && again[..] == data[..]);
+}

@@ -155,11 +155,11 @@ impl Session {
         let mut resps = Vec::with_capacity(done.len());
         let mut failed = Vec::new();
         for ((job, read), ok) in done.drain(..) {
-            if ok {
+            if ok && read.verified() {
                 resps.push(read.into_response());
                 jobs.push(job);
             } else {
-                debug!(itt = job.itt, "a read on the ring failed; read again");
+                debug!(itt = job.itt, "a read on the ring failed or did not match its checksums; read again");
                 drop(read);
                 failed.push(job);
             }

@@ -1,0 +1,250 @@
+//! Bit rot behind the engine's back: bits flipped on the disks are caught by the block
+//! checksums on read, the read returns the right data from another copy or from parity and
+//! rewrites the bad copy, a scrub repairs every flip it finds and a second scrub finds
+//! nothing. Past the layout's tolerance a read fails; it never returns wrong data.
+
+mod common;
+
+use std::collections::{BTreeMap, HashSet};
+
+use common::{pattern, spec, Rig, MIB};
+use tessera_volume::{LayoutKind, Provisioning, SlabRef};
+
+const SIZE: u64 = 4 * MIB;
+const BLOCK: u64 = 4096;
+const FLIPS: usize = 1000;
+
+/// A tiny deterministic generator: the failures it finds can be replayed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn layouts() -> Vec<(&'static str, LayoutKind, Option<u8>)> {
+    vec![
+        ("mirror", LayoutKind::Mirror, Some(2)),
+        ("3-way mirror", LayoutKind::Mirror, Some(3)),
+        ("parity", LayoutKind::Parity, None),
+        ("dual parity", LayoutKind::DualParity, None),
+    ]
+}
+
+fn rig_with(kind: LayoutKind, copies: Option<u8>) -> (Rig, Vec<u8>) {
+    let rig = Rig::new(6, 64 * MIB, MIB);
+    let mut s = spec("v", SIZE, kind, Provisioning::Thin);
+    s.copies = copies;
+    rig.engine().create_vdisk(&s).unwrap();
+    let data = pattern(11, 0, SIZE as usize);
+    rig.engine().vdisk("v").unwrap().write(0, &data, true).unwrap();
+    (rig, data)
+}
+
+/// Every member slab of every set, with its set's index in `sets()`.
+fn member_slabs(rig: &Rig) -> Vec<(usize, usize, SlabRef)> {
+    let mut out = Vec::new();
+    for (s, set) in rig.engine().layouts().sets().iter().enumerate() {
+        for (m, slab) in set.desc().members.into_iter().enumerate() {
+            out.push((s, m, slab));
+        }
+    }
+    out
+}
+
+/// The bytes of every member slab on a disk (the label, rewritten at each import, left out).
+fn disk_image(rig: &Rig, disk: u32) -> Vec<(SlabRef, Vec<u8>)> {
+    let d = &rig.disks[disk as usize];
+    let mut out = Vec::new();
+    for (_, _, slab) in member_slabs(rig).into_iter().filter(|x| x.2.disk == disk) {
+        let mut b = tessera_disk::AlignedBuf::zeroed(MIB as usize);
+        d.inner().read_at(&mut b, rig.engine().pool().slab_offset(slab)).unwrap();
+        out.push((slab, b.to_vec()));
+    }
+    out.sort_by_key(|x| (x.0.disk, x.0.slab));
+    out
+}
+
+/// Where two images of a disk's slabs first differ, if they do.
+fn first_difference(a: &[(SlabRef, Vec<u8>)], b: &[(SlabRef, Vec<u8>)]) -> Option<String> {
+    if a.len() != b.len() {
+        return Some(format!("{} slabs then, {} now", a.len(), b.len()));
+    }
+    a.iter().zip(b).find_map(|((sa, da), (sb, db))| {
+        if sa != sb {
+            return Some(format!("slab {sa:?} then, {sb:?} now"));
+        }
+        da.iter().zip(db).position(|(x, y)| x != y).map(|at| format!("slab {sa:?}, byte {at}"))
+    })
+}
+
+/// Flips one bit at each of `n` distinct bytes of the member slabs on `disk`, avoiding the
+/// 4 KiB blocks (by offset within the slab) listed in `avoid`. Returns the blocks it hit.
+fn flip(rig: &Rig, rng: &mut Rng, disk: u32, n: usize, avoid: &HashSet<u64>) -> HashSet<u64> {
+    let slabs: Vec<SlabRef> = member_slabs(rig).into_iter().map(|x| x.2).filter(|s| s.disk == disk).collect();
+    assert!(!slabs.is_empty(), "disk {disk} holds no member of the vdisk");
+    let mut hit = HashSet::new();
+    let mut bytes = HashSet::new();
+    while bytes.len() < n {
+        let slab = slabs[rng.below(slabs.len() as u64) as usize];
+        let mo = rng.below(MIB);
+        if avoid.contains(&(mo / BLOCK)) || !bytes.insert((slab, mo)) {
+            continue;
+        }
+        let at = rig.engine().pool().slab_offset(slab) + mo;
+        rig.disks[disk as usize].faults().flip_bit(at, (rng.next() % 8) as u8).unwrap();
+        hit.insert(mo / BLOCK);
+    }
+    hit
+}
+
+fn read_all(rig: &Rig) -> Vec<u8> {
+    let mut b = vec![0u8; SIZE as usize];
+    rig.engine().vdisk("v").unwrap().read(0, &mut b).unwrap();
+    b
+}
+
+fn scrub(rig: &Rig) -> tessera_volume::ScrubTally {
+    let l = rig.engine().layouts();
+    let mut t = tessera_volume::ScrubTally::default();
+    for set in l.sets() {
+        t.add(l.scrub_rows(&set, 0..l.rows_of(&set), true).unwrap());
+    }
+    t
+}
+
+/// The disk holding the most member slabs, and another one holding some.
+fn two_disks(rig: &Rig) -> (u32, u32) {
+    let mut count: BTreeMap<u32, usize> = BTreeMap::new();
+    for (_, _, s) in member_slabs(rig) {
+        *count.entry(s.disk).or_default() += 1;
+    }
+    let mut by: Vec<(usize, u32)> = count.into_iter().map(|(d, n)| (n, d)).collect();
+    by.sort();
+    (by[by.len() - 1].1, by[by.len() - 2].1)
+}
+
+#[test]
+fn flips_on_one_disk_read_right_are_repaired_and_a_second_scrub_finds_nothing() {
+    for (name, kind, copies) in layouts() {
+        let (rig, data) = rig_with(kind, copies);
+        let (disk, _) = two_disks(&rig);
+        let before = disk_image(&rig, disk);
+        let mut rng = Rng(0x5EED ^ kind as u64);
+        flip(&rig, &mut rng, disk, FLIPS, &HashSet::new());
+        assert!(read_all(&rig) == data, "{name}: a read returned rotten data");
+        // Small reads too: each 4 KiB block alone.
+        let v = rig.engine().vdisk("v").unwrap();
+        for at in (0..SIZE).step_by(BLOCK as usize * 7) {
+            let mut b = vec![0u8; BLOCK as usize];
+            v.read(at, &mut b).unwrap();
+            assert!(b == data[at as usize..(at + BLOCK) as usize], "{name}: block at {at} reads wrong");
+        }
+        let errors = rig.engine().layouts().disk_errors();
+        assert!(errors.get(&disk).is_some_and(|e| e.checksum > 0), "{name}: no checksum error counted on disk {disk}: {errors:?}");
+        let first = scrub(&rig);
+        assert_eq!(first.unrecoverable_total(), 0, "{name}: {first:?}");
+        assert!(first.mismatches.is_empty(), "{name}: {:?}", first.mismatches);
+        assert_eq!(first_difference(&disk_image(&rig, disk), &before), None, "{name}: a flip is left on the disk after scrub");
+        let second = scrub(&rig);
+        assert_eq!(second.repaired_total(), 0, "{name}: the second scrub repaired {second:?}");
+        assert!(second.mismatches.is_empty(), "{name}: {:?}", second.mismatches);
+        assert!(read_all(&rig) == data, "{name}: the vdisk reads wrong");
+        rig.assert_consistent();
+    }
+}
+
+#[test]
+fn flips_on_two_disks_in_different_places_are_within_tolerance() {
+    for (name, kind, copies) in layouts() {
+        let (rig, data) = rig_with(kind, copies);
+        let (a, b) = two_disks(&rig);
+        let (before_a, before_b) = (disk_image(&rig, a), disk_image(&rig, b));
+        let mut rng = Rng(0xD15C ^ kind as u64);
+        let hit = flip(&rig, &mut rng, a, FLIPS / 2, &HashSet::new());
+        flip(&rig, &mut rng, b, FLIPS / 2, &hit);
+        // Scrub first this time: it finds and repairs what no read has touched yet.
+        let t = scrub(&rig);
+        assert_eq!(t.unrecoverable_total(), 0, "{name}: {t:?}");
+        assert!(t.repaired.contains_key(&a) && t.repaired.contains_key(&b), "{name}: {t:?}");
+        assert_eq!(first_difference(&disk_image(&rig, a), &before_a), None, "{name}: disk {a}");
+        assert_eq!(first_difference(&disk_image(&rig, b), &before_b), None, "{name}: disk {b}");
+        assert!(read_all(&rig) == data, "{name}: the vdisk reads wrong");
+        assert_eq!(scrub(&rig).repaired_total(), 0, "{name}");
+    }
+}
+
+#[test]
+fn past_the_tolerance_a_read_fails_and_never_returns_wrong_data() {
+    for (name, kind, copies) in layouts() {
+        let (rig, data) = rig_with(kind, copies);
+        // The same block of every member of one set: no copy or parity is left to rebuild it.
+        let set = rig.engine().layouts().sets()[0].clone();
+        let mo = 8 * BLOCK + 100;
+        for slab in set.desc().members {
+            let at = rig.engine().pool().slab_offset(slab) + mo;
+            rig.disks[slab.disk as usize].faults().flip_bit(at, 5).unwrap();
+        }
+        let v = rig.engine().vdisk("v").unwrap();
+        let mut failed = 0;
+        for at in (0..SIZE).step_by(BLOCK as usize) {
+            let mut b = vec![0u8; BLOCK as usize];
+            match v.read(at, &mut b) {
+                Ok(()) => assert!(b == data[at as usize..(at + BLOCK) as usize], "{name}: wrong data at {at}"),
+                Err(e) => {
+                    assert!(e.to_string().contains("checksum") || e.to_string().contains("reconstruct"), "{name}: {e}");
+                    failed += 1;
+                }
+            }
+        }
+        assert!(failed > 0, "{name}: no read failed");
+        let t = scrub(&rig);
+        assert!(t.unrecoverable_total() > 0 && !t.mismatches.is_empty(), "{name}: {t:?}");
+    }
+}
+
+#[test]
+fn a_scrub_stopped_part_way_goes_on_where_it_stopped_after_a_restart() {
+    let (mut rig, data) = rig_with(LayoutKind::Mirror, Some(2));
+    let (disk, _) = two_disks(&rig);
+    let before = disk_image(&rig, disk);
+    let mut rng = Rng(0xC0FFEE);
+    flip(&rig, &mut rng, disk, 200, &HashSet::new());
+    let progress = std::sync::Arc::new(tessera_volume::Progress::default());
+    let stopped = std::thread::scope(|s| {
+        let p = progress.clone();
+        let engine = rig.engine();
+        let job = s.spawn(move || {
+            // Slow enough to be stopped part way.
+            let opts = tessera_volume::ScrubOptions {
+                rate_limit: Some(4 * MIB),
+            };
+            engine.scrub(&opts, &p)
+        });
+        while progress.done_bytes.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        progress.cancel.store(true, std::sync::atomic::Ordering::Relaxed);
+        job.join().unwrap()
+    });
+    assert!(stopped.is_err(), "the scrub was not stopped: {stopped:?}");
+    let at = rig.engine().scrub_state().unwrap().current.expect("a pass under way").next;
+    assert!(at != (0, 0), "no progress was saved");
+    rig.reopen();
+    assert_eq!(rig.engine().scrub_state().unwrap().current.unwrap().next, at, "the position did not survive the restart");
+    let p = tessera_volume::Progress::default();
+    let pass = rig.engine().scrub(&tessera_volume::ScrubOptions::default(), &p).unwrap();
+    assert!(pass.finished_at.is_some() && pass.tally.unrecoverable_total() == 0, "{pass:?}");
+    let state = rig.engine().scrub_state().unwrap();
+    assert!(state.current.is_none() && state.last == Some(pass));
+    assert_eq!(first_difference(&disk_image(&rig, disk), &before), None, "a flip is left after the resumed scrub");
+    assert!(read_all(&rig) == data, "the vdisk reads wrong after the scrub");
+}
