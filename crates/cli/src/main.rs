@@ -399,6 +399,20 @@ pub enum PoolCmd {
     },
     /// Check the pool's metadata: every grain mapping and reference count.
     Check { name: String },
+    /// Read every block of every copy, check it against its checksum and the redundancy, and
+    /// repair what fails from the good copies. Goes on with a paused scrub where it stopped.
+    Scrub {
+        name: String,
+        /// Maximum read rate per second, e.g. 200M.
+        #[arg(long, value_parser = parse_size)]
+        rate: Option<u64>,
+        /// Pause the scrub under way; it keeps its position for the next 'pool scrub'.
+        #[arg(long, conflicts_with_all = ["rate", "no_wait"])]
+        pause: bool,
+        /// Return once the job is started.
+        #[arg(long)]
+        no_wait: bool,
+    },
     /// Whether the daemon repairs the pool by itself when a disk fails, or stays missing past
     /// auto_repair_delay (on by default).
     AutoRepair {

@@ -179,6 +179,12 @@ impl Layouts {
         let mut lost: Vec<usize> = Vec::new();
         for (m, v) in r.verdicts.iter().enumerate() {
             let bad = v.iter().filter(|&&x| x == Verdict::Bad).count();
+            if bad > 0 && r.bufs[m].is_some() {
+                // Rot a scrub finds counts against the disk as rot a read finds does (a read
+                // error was counted when the read failed).
+                self.stats.checksum_errors.fetch_add(bad as u64, std::sync::atomic::Ordering::Relaxed);
+                self.count_for(members[m].disk, |c| c.checksum += bad as u64);
+            }
             if bad > 0 {
                 note(format!(
                     "member {m} (disk {}): {bad} block(s) unreadable or not matching their checksums",

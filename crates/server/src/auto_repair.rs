@@ -4,7 +4,9 @@
 //! starts the same repair job `tessera pool repair` starts. A repair that fails is tried again
 //! after [`RETRY_AFTER`], not in a loop. Hot spares count as free space here, and the repair
 //! puts its replacement slabs on them first. Retired disks are the administrator's to empty: their
-//! data moves when they run the repair. The switch is per pool, kept in `auto-repair.json`.
+//! data moves when they run the repair; but a disk the daemon itself retired as failing (past
+//! `disk_error_limit` read or checksum errors) is emptied by itself too. The switch is per
+//! pool, kept in `auto-repair.json`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -50,6 +52,8 @@ pub struct AutoRepair {
     path: PathBuf,
     settings: Mutex<Settings>,
     pools: Mutex<BTreeMap<String, PoolWatch>>,
+    /// Disks (pool, disk id) the daemon retired as failing, and why.
+    failing: Mutex<BTreeMap<(String, String), String>>,
 }
 
 impl AutoRepair {
@@ -59,7 +63,17 @@ impl AutoRepair {
             path,
             settings: Mutex::new(settings),
             pools: Mutex::new(BTreeMap::new()),
+            failing: Mutex::new(BTreeMap::new()),
         })
+    }
+
+    /// A disk the daemon retired for its errors: repair moves its data off by itself.
+    pub fn mark_failing(&self, pool: &str, disk_id: &str, why: String) {
+        self.failing.lock().insert((pool.to_string(), disk_id.to_string()), why);
+    }
+
+    fn failing_reason(&self, pool: &str, disk_id: &str) -> Option<String> {
+        self.failing.lock().get(&(pool.to_string(), disk_id.to_string())).cloned()
     }
 
     pub fn enabled(&self, pool: &str) -> bool {
@@ -174,7 +188,12 @@ impl Daemon {
                         waiting = Some((left, d.info.path.as_str()));
                     }
                 }
-                DiskState::Retired | DiskState::Healthy | DiskState::Spare => {}
+                DiskState::Retired => {
+                    if let Some(why) = self.auto_repair.failing_reason(name, &d.info.id.to_string()) {
+                        reason = Some(format!("disk {} is {why}", d.info.path));
+                    }
+                }
+                DiskState::Healthy | DiskState::Spare => {}
             }
         }
         let Some(reason) = reason else {

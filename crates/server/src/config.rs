@@ -17,6 +17,9 @@
 //! log_format = "text"             # or "json"
 //! auto_repair = true              # repair a pool by itself when a disk fails or stays missing
 //! auto_repair_delay = "5m"        # how long a missing disk may stay away before that
+//! scrub_interval = "30d"          # a scrub of every pool this often; "off": only when asked
+//! scrub_rate = "200M"             # bytes per second a scheduled scrub reads; "off": no limit
+//! disk_error_limit = 100          # read or checksum errors after which a disk is failing
 //! ```
 
 use std::net::SocketAddr;
@@ -30,6 +33,10 @@ pub const DEFAULT_ISCSI_LISTEN: &str = "127.0.0.1:3260";
 pub const DEFAULT_NBD_LISTEN: &str = "127.0.0.1:10809";
 pub const DEFAULT_THIN_THRESHOLD_PERCENT: u8 = 80;
 pub const DEFAULT_AUTO_REPAIR_DELAY: Duration = Duration::from_secs(300);
+/// Monthly: the habit of Storage Spaces' integrity scan and of ZFS installations.
+pub const DEFAULT_SCRUB_INTERVAL: Duration = Duration::from_secs(30 * 24 * 3600);
+pub const DEFAULT_SCRUB_RATE: u64 = 200 << 20;
+pub const DEFAULT_DISK_ERROR_LIMIT: u64 = 100;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
@@ -71,6 +78,9 @@ pub struct ConfigFile {
     pub thin_threshold_percent: Option<u8>,
     pub auto_repair: Option<bool>,
     pub auto_repair_delay: Option<String>,
+    pub scrub_interval: Option<String>,
+    pub scrub_rate: Option<String>,
+    pub disk_error_limit: Option<u64>,
 }
 
 /// What the command line may override.
@@ -120,6 +130,13 @@ pub struct ServerConfig {
     /// `auto_repair_delay` (so that a cable pulled and put back does not start a rebuild).
     pub auto_repair: bool,
     pub auto_repair_delay: Duration,
+    /// How often each pool is scrubbed; None: only when asked.
+    pub scrub_interval: Option<Duration>,
+    /// Bytes per second a scheduled (or restarted) scrub reads; None: no limit.
+    pub scrub_rate: Option<u64>,
+    /// Read and checksum errors of a disk (since its pool was imported) past which the daemon
+    /// takes it for failing: it is retired and, with auto repair, its data moved off.
+    pub disk_error_limit: u64,
     pub demo: bool,
 }
 
@@ -214,6 +231,27 @@ impl ServerConfig {
             None => DEFAULT_AUTO_REPAIR_DELAY,
             Some(d) => crate::units::parse_duration(d).map_err(|e| format!("auto_repair_delay: {e}"))?,
         };
+        let scrub_interval = match f.scrub_interval.as_deref() {
+            None => Some(DEFAULT_SCRUB_INTERVAL),
+            Some("off" | "none") => None,
+            Some(d) => match crate::units::parse_duration(d).map_err(|e| format!("scrub_interval: {e}"))? {
+                d if d.is_zero() => None,
+                d => Some(d),
+            },
+        };
+        let scrub_rate = match f.scrub_rate.as_deref() {
+            None => Some(DEFAULT_SCRUB_RATE),
+            Some("off" | "none") => None,
+            Some(r) => match crate::units::parse_size(r).map_err(|e| format!("scrub_rate: {e}"))? {
+                0 => return Err("scrub_rate must be more than 0 bytes per second, or \"off\" for no limit".into()),
+                r => Some(r),
+            },
+        };
+        let disk_error_limit = match f.disk_error_limit {
+            Some(0) => return Err("disk_error_limit must be at least 1".into()),
+            Some(n) => n,
+            None => DEFAULT_DISK_ERROR_LIMIT,
+        };
         Ok(ServerConfig {
             state_dir,
             api_listen,
@@ -236,6 +274,9 @@ impl ServerConfig {
             },
             auto_repair: f.auto_repair.unwrap_or(true),
             auto_repair_delay,
+            scrub_interval,
+            scrub_rate,
+            disk_error_limit,
             demo: o.demo,
         })
     }
@@ -431,6 +472,28 @@ mod tests {
             resolve("", Overrides::default()).unwrap().iscsi_buffers,
             Default::default()
         );
+    }
+
+    #[test]
+    fn scrub_settings_default_to_monthly_at_a_bounded_rate_and_may_be_turned_off() {
+        let c = resolve("", Overrides::default()).unwrap();
+        assert_eq!(c.scrub_interval, Some(DEFAULT_SCRUB_INTERVAL));
+        assert_eq!(c.scrub_rate, Some(DEFAULT_SCRUB_RATE));
+        assert_eq!(c.disk_error_limit, DEFAULT_DISK_ERROR_LIMIT);
+        let c = resolve(
+            "scrub_interval = \"7d\"\nscrub_rate = \"50M\"\ndisk_error_limit = 10\n",
+            Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(c.scrub_interval, Some(Duration::from_secs(7 * 86400)));
+        assert_eq!(c.scrub_rate, Some(50 << 20));
+        assert_eq!(c.disk_error_limit, 10);
+        let c = resolve("scrub_interval = \"off\"\nscrub_rate = \"off\"\n", Overrides::default()).unwrap();
+        assert_eq!((c.scrub_interval, c.scrub_rate), (None, None));
+        for bad in ["scrub_interval = \"soon\"\n", "scrub_rate = \"0\"\n", "disk_error_limit = 0\n"] {
+            let e = resolve(bad, Overrides::default()).unwrap_err();
+            assert!(e.contains(bad.split(' ').next().unwrap()), "{bad}: {e}");
+        }
     }
 
     #[test]

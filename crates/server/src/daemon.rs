@@ -53,6 +53,10 @@ pub struct Daemon {
     /// Pools past their thin provisioning threshold, whose LUNs have been told.
     thin_warned: Mutex<BTreeSet<String>>,
     pub auto_repair: AutoRepair,
+    pub scrub_watch: crate::scrubs::ScrubWatch,
+    /// Set when the daemon begins to stop: jobs cancelled from then on were not cancelled by
+    /// the administrator (a scrub stopped so goes on after the restart).
+    pub stopping: Arc<std::sync::atomic::AtomicBool>,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -94,6 +98,8 @@ impl Daemon {
             started: Instant::now(),
             thin_warned: Mutex::new(BTreeSet::new()),
             auto_repair,
+            scrub_watch: Default::default(),
+            stopping: Default::default(),
         };
         let mut wanted = d.read_imported()?.pools;
         wanted.extend(d.cfg.pools.iter().cloned());
@@ -195,6 +201,7 @@ impl Daemon {
     /// Stops jobs and flushes every pool, with a journal checkpoint so that the next start has
     /// nothing to replay; the pools stay imported for the next start.
     pub fn shutdown(&self) {
+        self.stopping.store(true, std::sync::atomic::Ordering::Relaxed);
         self.jobs.cancel_all();
         self.jobs.wait_idle(Duration::from_secs(30));
         for (name, e) in self.pools.read().iter() {

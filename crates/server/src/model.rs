@@ -35,6 +35,71 @@ pub struct RepairPool {
     pub rate_limit: Option<u64>,
 }
 
+/// Start a scrub of a pool, or go on with the one paused.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ScrubPool {
+    /// Bytes per second read from the disks; absent for no limit.
+    #[schemars(range(min = 1))]
+    pub rate_limit: Option<u64>,
+}
+
+/// Where a pool's scrubs stand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ScrubRunState {
+    /// No pass under way.
+    #[default]
+    Idle,
+    Running,
+    /// A pass stopped part way by the administrator: `tessera pool scrub` goes on with it.
+    Paused,
+    /// A pass stopped part way by a restart or an error: the daemon goes on with it.
+    Interrupted,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+pub struct ScrubView {
+    pub state: ScrubRunState,
+    /// The scrub job running now.
+    pub job: Option<u64>,
+    /// Whether the pool keeps a checksum of every block (without, a scrub can only see that
+    /// copies disagree, not which one is right).
+    pub checksums: bool,
+    /// The pass under way (running, paused or interrupted).
+    pub current: Option<ScrubPassView>,
+    /// The last pass that went to the end.
+    pub last: Option<ScrubPassView>,
+    /// When the next scheduled scrub starts (seconds since the Unix epoch); absent when none
+    /// is scheduled.
+    pub next_due: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+pub struct ScrubPassView {
+    /// Seconds since the Unix epoch.
+    pub started_at: u64,
+    pub finished_at: Option<u64>,
+    /// 4 KiB member blocks read and checked.
+    pub blocks_checked: u64,
+    /// Blocks rewritten with good data from another copy or from parity.
+    pub repaired: u64,
+    /// Blocks that failed with no good copy left: reads of them fail with MEDIUM ERROR.
+    pub unrecoverable: u64,
+    pub per_disk: Vec<DiskBlocks>,
+    /// Rows left wrong, one line each (the first thousand).
+    pub problems: Vec<String>,
+}
+
+/// What a scrub did on one disk.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+pub struct DiskBlocks {
+    /// The disk's position in the pool.
+    pub disk: u32,
+    pub repaired: u64,
+    pub unrecoverable: u64,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AddDisk {
@@ -88,6 +153,7 @@ pub struct PoolSummary {
     pub warnings: Vec<String>,
     #[serde(default)]
     pub auto_repair: AutoRepairView,
+    pub scrub: ScrubView,
 }
 
 /// Whether the daemon repairs a pool by itself when a disk fails or stays missing, and what it
@@ -132,6 +198,19 @@ pub struct IoStatsView {
     pub write_errors: u64,
     pub reconstructed_reads: u64,
     pub repaired_blocks: u64,
+    /// 4 KiB blocks read that did not match their checksum (each was read again from
+    /// elsewhere and rewritten).
+    pub checksum_errors: u64,
+}
+
+/// What a disk's reads cost since its pool was imported.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, JsonSchema)]
+pub struct DiskErrorsView {
+    pub read: u64,
+    /// 4 KiB blocks that did not match their checksum.
+    pub checksum: u64,
+    /// Bytes rewritten on it with good data.
+    pub repaired_bytes: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -146,6 +225,8 @@ pub struct DiskView {
     pub slabs_used: u32,
     pub used_bytes: u64,
     pub problem: Option<String>,
+    #[serde(default)]
+    pub errors: DiskErrorsView,
 }
 
 impl From<DiskStatus> for DiskView {
@@ -160,6 +241,7 @@ impl From<DiskStatus> for DiskView {
             slabs_used: d.slabs_used,
             used_bytes: d.used_bytes,
             problem: d.problem,
+            errors: DiskErrorsView::default(),
         }
     }
 }

@@ -132,14 +132,19 @@ async fn serve(cfg: ServerConfig) -> Result<(), String> {
             let _ = tokio::task::spawn_blocking(move || d.check_thin_thresholds()).await;
         }
     });
-    // Start the repairs that are due: a disk failed, or missing past the delay.
+    // Start the repairs that are due (a disk failed, or missing past the delay), go on with
+    // scrubs a restart cut short, start the scheduled ones, and watch disks' error counts.
     let repairing = daemon.clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(crate::auto_repair::CHECK_INTERVAL);
         loop {
             tick.tick().await;
             let d = repairing.clone();
-            let _ = tokio::task::spawn_blocking(move || d.auto_repair_tick()).await;
+            let _ = tokio::task::spawn_blocking(move || {
+                d.auto_repair_tick();
+                d.scrub_tick();
+            })
+            .await;
         }
     });
     info!(state_dir = %daemon.cfg.state_dir.display(), "ready");

@@ -174,8 +174,12 @@ impl Engine {
                 }
                 if let Some(rate) = opts.rate_limit.filter(|&r| r > 0) {
                     let due = Duration::from_secs_f64(read_here as f64 / rate as f64);
-                    if let Some(wait) = due.checked_sub(start.elapsed()) {
-                        std::thread::sleep(wait);
+                    // In short naps, so that a cancel is seen at once.
+                    while let Some(wait) = due.checked_sub(start.elapsed()) {
+                        if progress.cancel.load(Ordering::Relaxed) {
+                            break;
+                        }
+                        std::thread::sleep(wait.min(Duration::from_millis(100)));
                     }
                 }
             }

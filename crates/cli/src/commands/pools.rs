@@ -103,6 +103,47 @@ pub(super) fn pool(c: &Ctx, cmd: PoolCmd) -> R {
             };
             follow(c, v, no_wait)?;
         }
+        PoolCmd::Scrub { name, pause: true, .. } => {
+            let v = c
+                .client
+                .post(&format!("/api/pools/{}/scrub/pause", encode_segment(&name)), None)?;
+            c.answer(v, |s: ScrubView| {
+                println!("pool {name}: scrub paused; 'tessera pool scrub {name}' goes on from where it stopped");
+                if let Some(p) = &s.current {
+                    println!("  so far: {}", scrub_line(p));
+                }
+                Ok(())
+            })?;
+        }
+        PoolCmd::Scrub {
+            name, rate, no_wait, ..
+        } => {
+            let req = ScrubPool { rate_limit: rate };
+            let v = match c
+                .client
+                .post(&format!("/api/pools/{}/scrub", encode_segment(&name)), body(&req))
+            {
+                // The daemon may have started it by itself (the schedule, a restart): follow it.
+                Err(ClientError::Api { code, message }) if code == "busy" => {
+                    let jobs: Vec<Value> = read(c.client.get("/api/jobs")?)?;
+                    let running = jobs.into_iter().find(|j| {
+                        read::<JobView>(j.clone())
+                            .is_ok_and(|j| j.kind == "scrub" && j.target == name && j.state == JobState::Running)
+                    });
+                    match running {
+                        Some(j) => {
+                            if !c.json {
+                                eprintln!("{message}; following it");
+                            }
+                            j
+                        }
+                        None => return Err(ClientError::Api { code, message }),
+                    }
+                }
+                r => r?,
+            };
+            follow(c, v, no_wait)?;
+        }
         PoolCmd::AutoRepair { name, state } => {
             let req = SetAutoRepair { enabled: state == "on" };
             let v = c
@@ -194,6 +235,11 @@ pub(super) fn show_pool(p: &PoolDetail) {
             (false, st) => format!("off{}", st.as_ref().map(|s| format!(": {s}")).unwrap_or_default()),
         },
     ));
+    pairs.push(("checksums", if s.scrub.checksums { "on" } else { "off" }.to_string()));
+    pairs.push(("scrub", scrub_status(&s.scrub)));
+    if let Some(last) = &s.scrub.last {
+        pairs.push(("last scrub", scrub_line(last)));
+    }
     if !s.jobs_running.is_empty() {
         pairs.push(("jobs running", format!("{:?}", s.jobs_running)));
     }
@@ -201,8 +247,8 @@ pub(super) fn show_pool(p: &PoolDetail) {
     pairs.push((
         "I/O errors",
         format!(
-            "{} read, {} write; {} reads reconstructed, {} blocks repaired",
-            st.read_errors, st.write_errors, st.reconstructed_reads, st.repaired_blocks
+            "{} read, {} write, {} checksum; {} reads reconstructed, {} blocks repaired",
+            st.read_errors, st.write_errors, st.checksum_errors, st.reconstructed_reads, st.repaired_blocks
         ),
     ));
     kv(&pairs);
@@ -238,12 +284,14 @@ pub(super) fn disk_table(disks: &[DiskView]) {
                 d.state.as_str().to_string(),
                 size(d.size),
                 size(d.used_bytes),
+                format!("{}/{}", d.errors.read, d.errors.checksum),
                 d.path.clone(),
                 d.problem.clone().unwrap_or_default(),
             ]
         })
         .collect();
-    table(&["#", "ID", "STATE", "SIZE", "USED", "PATH", "PROBLEM"], rows);
+    // ERRORS: read errors / blocks that failed their checksum, since the pool was imported.
+    table(&["#", "ID", "STATE", "SIZE", "USED", "ERRORS", "PATH", "PROBLEM"], rows);
 }
 
 pub(super) fn disk(c: &Ctx, cmd: DiskCmd) -> R {
@@ -297,4 +345,41 @@ pub(super) fn disk_action(c: &Ctx, pool: &str, disk: &str, action: &str) -> Resu
         ),
         None,
     )
+}
+
+/// One line for a scrub pass: what it checked, repaired and could not.
+fn scrub_line(p: &ScrubPassView) -> String {
+    let mut line = format!(
+        "{} blocks checked, {} repaired, {} unrecoverable",
+        p.blocks_checked, p.repaired, p.unrecoverable
+    );
+    let per_disk: Vec<String> = p
+        .per_disk
+        .iter()
+        .map(|d| format!("disk {}: {} repaired, {} unrecoverable", d.disk, d.repaired, d.unrecoverable))
+        .collect();
+    if !per_disk.is_empty() {
+        line += &format!(" ({})", per_disk.join("; "));
+    }
+    match p.finished_at {
+        Some(t) => line + &format!(", finished {}", when(t)),
+        None => line + &format!(", started {}", when(p.started_at)),
+    }
+}
+
+fn scrub_status(s: &ScrubView) -> String {
+    let state = match s.state {
+        ScrubRunState::Idle => "idle".to_string(),
+        ScrubRunState::Running => format!("running (job {})", s.job.unwrap_or_default()),
+        ScrubRunState::Paused => "paused: 'tessera pool scrub' goes on from where it stopped".to_string(),
+        ScrubRunState::Interrupted => "interrupted: the daemon goes on with it".to_string(),
+    };
+    let mut out = state;
+    if let Some(p) = &s.current {
+        out += &format!("; so far {}", scrub_line(p));
+    }
+    if let Some(t) = s.next_due {
+        out += &format!("; next scheduled {}", when(t));
+    }
+    out
 }

@@ -88,6 +88,25 @@ pub async fn repair_pool(
     accepted(move || d.repair_pool(&pool, req)).await
 }
 
+pub async fn scrub_pool(
+    State(d): D,
+    Path(pool): Path<String>,
+    body: axum::body::Bytes,
+) -> ApiResult<(StatusCode, Json<JobView>)> {
+    // The body is optional: no body means no rate limit.
+    let req: ScrubPool = if body.iter().all(u8::is_ascii_whitespace) {
+        ScrubPool::default()
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| ApiError::malformed(format!("the request body is not what this route takes: {e}")))?
+    };
+    accepted(move || d.scrub_pool(&pool, req)).await
+}
+
+pub async fn pause_scrub(State(d): D, Path(pool): Path<String>) -> ApiResult<Json<ScrubView>> {
+    json(move || d.pause_scrub(&pool)).await
+}
+
 pub async fn set_auto_repair(
     State(d): D,
     Path(pool): Path<String>,

@@ -110,6 +110,20 @@ pub const ROUTES: &[RouteDoc] = &[
         Some((202, schema::<JobView>)),
     ),
     r(
+        "post",
+        "/api/pools/{pool}/scrub",
+        "Start a scrub job (or go on with the one paused): read every block of every copy, check it against its checksum and the redundancy, repair from the good copies",
+        Some(schema::<ScrubPool>),
+        Some((202, schema::<JobView>)),
+    ),
+    r(
+        "post",
+        "/api/pools/{pool}/scrub/pause",
+        "Pause the scrub under way; it keeps its position",
+        None,
+        Some((200, schema::<ScrubView>)),
+    ),
+    r(
         "put",
         "/api/pools/{pool}/auto-repair",
         "Let the daemon repair the pool by itself when a disk fails or stays missing (true), or not",
@@ -435,7 +449,7 @@ fn build() -> (Value, Vec<String>) {
         }
         if let Some(req) = route.request {
             // A repair may be started with no body: every field has a default.
-            let required = !route.path.ends_with("/repair");
+            let required = !route.path.ends_with("/repair") && !route.path.ends_with("/scrub");
             op.insert(
                 "requestBody".into(),
                 json!({"required": required, "content": content(req(&mut requests))}),

@@ -74,6 +74,7 @@ impl Daemon {
                     jobs_running: vec![],
                     warnings: vec![],
                     auto_repair: self.auto_repair.view(self.cfg.auto_repair, name),
+                    scrub: Default::default(),
                 });
             }
         };
@@ -119,6 +120,7 @@ impl Daemon {
             jobs_running: self.jobs.running_on(name),
             warnings: self.thin_warning(&e).into_iter().collect(),
             auto_repair: self.auto_repair.view(self.cfg.auto_repair, name),
+            scrub: self.scrub_view(name, &e),
         })
     }
 
@@ -168,7 +170,7 @@ impl Daemon {
                 let s = &e.layouts().stats;
                 let ld = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
                 (
-                    e.pool().disks().into_iter().map(DiskView::from).collect(),
+                    disk_views(&e),
                     e.vdisks().iter().map(|v| vdisk_view(name, &e, v)).collect(),
                     unhealthy_sets(&e),
                     IoStatsView {
@@ -176,6 +178,7 @@ impl Daemon {
                         write_errors: ld(&s.write_errors),
                         reconstructed_reads: ld(&s.reconstructed_reads),
                         repaired_blocks: ld(&s.repaired_blocks),
+                        checksum_errors: ld(&s.checksum_errors),
                     },
                 )
             }
@@ -370,11 +373,9 @@ impl Daemon {
         } else {
             e.pool().add_disk(dev)?
         };
-        e.pool()
-            .disks()
+        disk_views(&e)
             .into_iter()
-            .find(|d| d.info.id == info.id)
-            .map(DiskView::from)
+            .find(|d| d.id == info.id.to_string())
             .ok_or_else(|| ApiError::internal("the added disk is not listed"))
     }
 
@@ -391,13 +392,32 @@ impl Daemon {
             }
         }
         warn!(pool, disk, action, "disk state changed by the administrator");
-        e.pool()
-            .disks()
+        disk_views(&e)
             .into_iter()
-            .find(|d| d.info.position == pos)
-            .map(DiskView::from)
+            .find(|d| d.position == pos)
             .ok_or_else(|| ApiError::internal("the disk is not listed"))
     }
+}
+
+/// Every disk of a pool, with what its reads have cost since the pool was imported.
+fn disk_views(e: &Engine) -> Vec<DiskView> {
+    let errors = e.layouts().disk_errors();
+    e.pool()
+        .disks()
+        .into_iter()
+        .map(|d| {
+            let position = d.info.position;
+            let mut v = DiskView::from(d);
+            if let Some(n) = errors.get(&position) {
+                v.errors = DiskErrorsView {
+                    read: n.read,
+                    checksum: n.checksum,
+                    repaired_bytes: n.repaired_bytes,
+                };
+            }
+            v
+        })
+        .collect()
 }
 
 fn unhealthy_sets(e: &Engine) -> Vec<SetHealthView> {

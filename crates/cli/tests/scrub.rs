@@ -1,0 +1,221 @@
+//! Scrub through the daemon: bits flipped in a disk file behind its back are found and
+//! repaired by `tessera pool scrub`, counted per disk and shown by `pool show`; a paused scrub
+//! stays paused across a restart, one cut short by a restart goes on by itself, and a disk
+//! whose errors pass `disk_error_limit` is retired as failing and emptied.
+
+mod common;
+
+use std::collections::HashSet;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::*;
+use rand::{Rng, RngCore, SeedableRng};
+use serde_json::Value;
+
+const MIB: u64 = 1 << 20;
+const IMAGE: u64 = 32 * MIB;
+/// Member slabs start 1 MiB into a disk, one after the other (64 MiB each in these pools).
+const DATA_OFFSET: u64 = MIB;
+const SLAB: u64 = 64 * MIB;
+
+fn start(state: &Path, config: &str) -> Daemon {
+    let cfg = state.with_extension("toml");
+    std::fs::write(&cfg, config).unwrap();
+    Daemon::start_with(state, &["--config", cfg.to_str().unwrap(), "--api-listen", "none"]).unwrap()
+}
+
+/// A pool "s" on three disks with a mirror vdisk "s/m" holding a random image (no zero block,
+/// so every block is written and has a checksum).
+fn setup(d: &Daemon, t: &Path) -> (Vec<String>, std::path::PathBuf) {
+    let disks = disks(&t.join("disks"), 3, 256 * MIB);
+    create_pool(d, "s", &disks);
+    let img = t.join("in.img");
+    let mut buf = vec![0u8; IMAGE as usize];
+    rand::rngs::StdRng::seed_from_u64(5).fill_bytes(&mut buf);
+    std::fs::write(&img, &buf).unwrap();
+    d.ok(&["vdisk", "import", "s/m", img.to_str().unwrap(), "--layout", "mirror", "--columns", "1"]);
+    (disks, img)
+}
+
+/// The first slab of a disk file that holds data: where a copy of the vdisk lies.
+fn data_slab(path: &str) -> Option<u64> {
+    let f = std::fs::File::open(path).unwrap();
+    let len = f.metadata().unwrap().len();
+    let mut probe = vec![0u8; 65536];
+    (0..(len - DATA_OFFSET) / SLAB)
+        .map(|k| DATA_OFFSET + k * SLAB)
+        .find(|&at| f.read_exact_at(&mut probe, at).is_ok() && probe.iter().any(|&b| b != 0))
+}
+
+/// Flips one bit in each of `n` distinct bytes of the vdisk's copy on `path`; returns the
+/// 4 KiB blocks hit.
+fn flip(path: &str, n: usize, seed: u64) -> HashSet<u64> {
+    let base = data_slab(path).expect("a disk holding a copy");
+    let f = std::fs::OpenOptions::new().read(true).write(true).open(path).unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut bytes = HashSet::new();
+    while bytes.len() < n {
+        bytes.insert(rng.random_range(0..IMAGE));
+    }
+    for &at in &bytes {
+        let mut b = [0u8; 1];
+        f.read_exact_at(&mut b, base + at).unwrap();
+        b[0] ^= 1 << rng.random_range(0..8);
+        f.write_all_at(&b, base + at).unwrap();
+    }
+    f.sync_all().unwrap();
+    bytes.iter().map(|at| at / 4096).collect()
+}
+
+/// The pool's member disks that hold a copy, busiest first.
+fn copies(d: &Daemon) -> Vec<(u64, String)> {
+    let list = d.json(&["disk", "list", "s"]);
+    let mut v: Vec<(u64, String)> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|x| x["slabs_used"].as_u64().unwrap() > 0)
+        .map(|x| (x["position"].as_u64().unwrap(), x["path"].as_str().unwrap().to_string()))
+        .collect();
+    v.sort();
+    v
+}
+
+fn scrub_view(d: &Daemon) -> Value {
+    d.json(&["pool", "show", "s"])["scrub"].clone()
+}
+
+fn wait_for(d: &Daemon, what: &str, limit: Duration, mut f: impl FnMut(&Value) -> bool) -> Value {
+    let t = Instant::now();
+    loop {
+        let s = scrub_view(d);
+        if f(&s) {
+            return s;
+        }
+        assert!(t.elapsed() < limit, "{what}: {s}\n{}", d.logs());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn exported_matches(d: &Daemon, t: &Path, img: &Path) -> bool {
+    let back = t.join("back.img");
+    let _ = std::fs::remove_file(&back);
+    d.ok(&["vdisk", "export", "s/m", back.to_str().unwrap()]);
+    read_back_matches(img, &back)
+}
+
+#[test]
+fn scrub_repairs_every_flipped_block_and_shows_it_per_disk() {
+    let t = tempfile::tempdir().unwrap();
+    let d = start(&t.path().join("state"), "scrub_interval = \"off\"\n");
+    let (_, img) = setup(&d, t.path());
+    let (pos, path) = copies(&d)[0].clone();
+    let hit = flip(&path, 300, 1);
+    let out = d.ok(&["pool", "scrub", "s"]);
+    let s = scrub_view(&d);
+    assert_eq!(s["state"], "idle", "{s}");
+    let last = &s["last"];
+    assert_eq!(last["repaired"].as_u64().unwrap(), hit.len() as u64, "{out}\n{s}");
+    assert_eq!(last["unrecoverable"], 0, "{s}");
+    let per_disk = last["per_disk"].as_array().unwrap();
+    assert_eq!(per_disk.len(), 1, "{s}");
+    assert_eq!(per_disk[0]["disk"].as_u64().unwrap(), pos);
+    assert!(last["blocks_checked"].as_u64().unwrap() >= 2 * IMAGE / 4096);
+    let shown = d.ok(&["pool", "show", "s"]);
+    assert!(shown.contains("checksums:") && shown.contains("last scrub:"), "{shown}");
+    assert!(shown.contains(&format!("{} repaired", hit.len())), "{shown}");
+    let disk = d.json(&["pool", "show", "s"])["disk_list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["position"].as_u64() == Some(pos))
+        .unwrap()
+        .clone();
+    assert_eq!(disk["errors"]["checksum"].as_u64().unwrap(), hit.len() as u64, "{disk}");
+    assert!(exported_matches(&d, t.path(), &img), "the vdisk reads wrong after the scrub");
+    d.ok(&["pool", "scrub", "s"]);
+    let again = scrub_view(&d);
+    assert_eq!(again["last"]["repaired"], 0, "a second scrub repaired: {again}");
+    assert!(d.logs().contains("scrub finished"));
+}
+
+#[test]
+fn a_paused_scrub_waits_and_one_cut_short_by_a_restart_goes_on_by_itself() {
+    let t = tempfile::tempdir().unwrap();
+    let state = t.path().join("state");
+    let config = "scrub_interval = \"off\"\nscrub_rate = \"off\"\n";
+    let mut d = start(&state, config);
+    setup(&d, t.path());
+    // Paused by the administrator: it keeps its place, and a restart does not resume it.
+    d.ok(&["pool", "scrub", "s", "--rate", "4M", "--no-wait"]);
+    wait_for(&d, "scrub progress", Duration::from_secs(30), |s| {
+        s["state"] == "running" && s["current"]["blocks_checked"].as_u64().unwrap_or(0) > 0
+    });
+    let paused = d.ok(&["pool", "scrub", "s", "--pause"]);
+    assert!(paused.contains("paused"), "{paused}");
+    assert_eq!(scrub_view(&d)["state"], "paused");
+    d.stop();
+    d = start(&state, config);
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(scrub_view(&d)["state"], "paused", "a paused scrub resumed by itself");
+    let before = scrub_view(&d)["current"]["blocks_checked"].as_u64().unwrap();
+    assert!(before > 0);
+    d.ok(&["pool", "scrub", "s"]);
+    let s = scrub_view(&d);
+    assert_eq!(s["state"], "idle");
+    assert!(s["last"]["blocks_checked"].as_u64().unwrap() >= before);
+
+    // Cut short by a restart: the daemon goes on with it by itself.
+    d.ok(&["pool", "scrub", "s", "--rate", "4M", "--no-wait"]);
+    wait_for(&d, "scrub progress", Duration::from_secs(30), |s| {
+        s["state"] == "running" && s["current"]["blocks_checked"].as_u64().unwrap_or(0) > 0
+    });
+    let first_finish = s["last"]["finished_at"].clone();
+    d.stop();
+    d = start(&state, config);
+    let s = wait_for(&d, "the scrub to go on and finish", Duration::from_secs(60), |s| {
+        s["state"] == "idle" && s["last"]["finished_at"] != first_finish
+    });
+    assert_eq!(s["last"]["unrecoverable"], 0);
+    assert!(d.logs().contains("going on with the scrub"), "{}", d.logs());
+}
+
+#[test]
+fn a_disk_past_the_error_limit_is_retired_and_emptied() {
+    let t = tempfile::tempdir().unwrap();
+    let d = start(&t.path().join("state"), "scrub_interval = \"off\"\ndisk_error_limit = 50\n");
+    let (_, img) = setup(&d, t.path());
+    let (pos, path) = copies(&d)[0].clone();
+    flip(&path, 100, 2);
+    d.ok(&["pool", "scrub", "s"]);
+    let t0 = Instant::now();
+    loop {
+        let p = d.json(&["pool", "show", "s"]);
+        let disk = p["disk_list"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["position"].as_u64() == Some(pos))
+            .unwrap()
+            .clone();
+        if disk["state"] == "retired" && disk["slabs_used"] == 0 && p["health"] == "healthy" {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "not retired and emptied: {p}\n{}", d.logs());
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    assert!(d.logs().contains("disk failing"), "{}", d.logs());
+    assert!(exported_matches(&d, t.path(), &img));
+}
+
+#[test]
+fn scrubs_start_by_themselves_on_schedule() {
+    let t = tempfile::tempdir().unwrap();
+    let d = start(&t.path().join("state"), "scrub_interval = \"3s\"\n");
+    setup(&d, t.path());
+    let s = wait_for(&d, "a scheduled scrub", Duration::from_secs(60), |s| s["last"]["finished_at"].is_u64());
+    assert!(s["next_due"].as_u64().unwrap() >= s["last"]["finished_at"].as_u64().unwrap() + 3, "{s}");
+    assert!(d.logs().contains("scheduled scrub started"), "{}", d.logs());
+}
