@@ -219,3 +219,53 @@ fn scrubs_start_by_themselves_on_schedule() {
     assert!(s["next_due"].as_u64().unwrap() >= s["last"]["finished_at"].as_u64().unwrap() + 3, "{s}");
     assert!(d.logs().contains("scheduled scrub started"), "{}", d.logs());
 }
+
+/// Past the layout's tolerance (a simple vdisk has none), a block that rotted is never
+/// returned: the iSCSI READ that covers it fails with MEDIUM ERROR / UNRECOVERED READ ERROR
+/// (after the transport's own ring read fails its check and the command is run the ordinary
+/// way), and every other block reads right.
+#[test]
+fn a_rotten_block_with_no_good_copy_is_a_medium_error_over_iscsi() {
+    use tessera_iscsi::initiator::{LoginConfig, Session};
+    let t = tempfile::tempdir().unwrap();
+    let d = start(&t.path().join("state"), "scrub_interval = \"off\"\n");
+    let disk = disks(&t.path().join("disks"), 1, 256 * MIB);
+    create_pool(&d, "r", &disk);
+    let img = t.path().join("in.img");
+    let mut want = vec![0u8; IMAGE as usize];
+    rand::rngs::StdRng::seed_from_u64(8).fill_bytes(&mut want);
+    std::fs::write(&img, &want).unwrap();
+    d.ok(&["vdisk", "import", "r/x", img.to_str().unwrap(), "--layout", "simple"]);
+    let iqn = "iqn.2026-11.io.tessera:rot";
+    d.ok(&["target", "create", iqn, "--allow-any-initiator"]);
+    d.ok(&["target", "lun", "add", iqn, "r/x", "--lun", "0"]);
+    flip(&disk[0], 1, 3);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let s = rt
+        .block_on(Session::login(&d.iscsi_portal(), &LoginConfig::new("iqn.2026-11.io.example:reader", Some(iqn))))
+        .unwrap();
+    const CHUNK: usize = 64 << 10;
+    let mut failed = 0;
+    let mut attention = 4;
+    let mut at = 0;
+    while at < IMAGE {
+        let cdb = tessera_bench::target::rw16(false, at, CHUNK, 512);
+        let r = rt.block_on(s.command(0, &cdb, Vec::new(), CHUNK)).unwrap();
+        match (r.status, r.sense_key()) {
+            (0, _) => assert!(r.data[..] == want[at as usize..at as usize + CHUNK], "wrong data at {at}"),
+            (2, Some((6, _, _))) if attention > 0 => {
+                attention -= 1;
+                continue;
+            }
+            (2, Some(k)) => {
+                assert_eq!(k, (3, 0x11, 0), "READ at {at}: sense {k:02x?}");
+                failed += 1;
+            }
+            other => panic!("READ at {at}: {other:?}"),
+        }
+        at += CHUNK as u64;
+    }
+    assert_eq!(failed, 1, "one 64 KiB read covers the rotten block");
+    let shown = d.json(&["pool", "show", "r"]);
+    assert!(shown["stats"]["checksum_errors"].as_u64().unwrap() > 0, "{shown}");
+}

@@ -413,9 +413,11 @@ impl Layouts {
         for p in pieces {
             let bytes = &data[p.buf_off..p.buf_off + p.len];
             let mo = p.member_offset(&set.spec);
+            // Every copy holds the same bytes: their checksums are computed once.
+            let sums = self.sums_for(mo, bytes);
             let mut written = 0;
             for m in data_members(&set.spec, p.row, p.data_col) {
-                if self.write_member(set, members, m, mo, bytes) {
+                if self.write_member(set, members, m, mo, bytes, sums.as_deref()) {
                     written += 1;
                 }
             }
@@ -509,10 +511,11 @@ impl Layouts {
                 m,
                 p.member_offset(spec),
                 &data[p.buf_off..p.buf_off + p.len],
+                None,
             );
         }
         for (i, &pm) in pms.iter().enumerate() {
-            self.write_member(set, members, pm, mo, &parity[i]);
+            self.write_member(set, members, pm, mo, &parity[i], None);
         }
         if let Some(seq) = seq {
             self.journal.done(seq);

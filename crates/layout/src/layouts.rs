@@ -402,8 +402,29 @@ impl Layouts {
     /// A write error fails the disk: a member that missed a write holds stale data and must
     /// never be read again.
     pub(crate) fn member_write(&self, slab: SlabRef, mo: u64, buf: &[u8]) -> Result<(), MemberFault> {
+        self.member_write_summed(slab, mo, buf, None)
+    }
+
+    /// The checksums a write of whole blocks will record, computed once for every copy it
+    /// goes to; None when the pool keeps none or the write covers part of a block.
+    pub(crate) fn sums_for(&self, mo: u64, buf: &[u8]) -> Option<Vec<Option<u32>>> {
+        (self.sums().enabled() && mo % BLOCK == 0 && buf.len() as u64 % BLOCK == 0).then(|| sums_of(buf))
+    }
+
+    /// [`member_write`](Self::member_write) with the checksums of `buf` computed already
+    /// (by [`sums_for`](Self::sums_for)).
+    pub(crate) fn member_write_summed(
+        &self,
+        slab: SlabRef,
+        mo: u64,
+        buf: &[u8],
+        known: Option<&[Option<u32>]>,
+    ) -> Result<(), MemberFault> {
         let dev = self.pool.readable_disk(slab.disk).ok_or(MemberFault::Unavailable)?;
-        let sums = self.sums().enabled().then(|| self.sums_after_write(&dev, slab, mo, buf));
+        let sums = match known {
+            Some(k) => Some((mo, k.to_vec())),
+            None => self.sums().enabled().then(|| self.sums_after_write(&dev, slab, mo, buf)),
+        };
         self.member_write_raw(&dev, slab, mo, buf)?;
         if let Some((lo, sums)) = sums {
             if let Err(e) = self.sums().record(slab, lo, &sums) {
@@ -464,12 +485,21 @@ impl Layouts {
 
     /// Writes member `m` of a set, and the slab it is being rebuilt onto, if any. True if the
     /// member itself took the write.
-    pub(crate) fn write_member(&self, set: &SlabSet, members: &[SlabRef], m: usize, mo: u64, buf: &[u8]) -> bool {
-        let ok = self.member_write(members[m], mo, buf).is_ok();
+    /// `sums`: the checksums of `buf`, if computed already ([`sums_for`](Self::sums_for)).
+    pub(crate) fn write_member(
+        &self,
+        set: &SlabSet,
+        members: &[SlabRef],
+        m: usize,
+        mo: u64,
+        buf: &[u8],
+        sums: Option<&[Option<u32>]>,
+    ) -> bool {
+        let ok = self.member_write_summed(members[m], mo, buf, sums).is_ok();
         let repl = *set.replacement.read();
         if let Some((idx, slab)) = repl {
             if idx == m {
-                let _ = self.member_write(slab, mo, buf);
+                let _ = self.member_write_summed(slab, mo, buf, sums);
             }
         }
         ok

@@ -34,6 +34,8 @@ pub struct Engine {
     next_id: AtomicU64,
     /// Serializes changes to the set of vdisks (create, delete, resize).
     admin: Mutex<()>,
+    /// Held by the scrub running, if any: one at a time, or their saved positions would mix.
+    pub(crate) scrubbing: Mutex<()>,
 }
 
 /// Where the next vdisk id is kept (in the pool's own column family).
@@ -196,6 +198,7 @@ impl Engine {
             vdisks: RwLock::new(vdisks),
             next_id: AtomicU64::new((max_id + 1).max(stored_next)),
             admin: Mutex::new(()),
+            scrubbing: Mutex::new(()),
         };
         for v in deleting {
             info!(vdisk = %v.name(), "finishing an interrupted delete, or removing a half-made snapshot or clone");

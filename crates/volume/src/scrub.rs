@@ -13,7 +13,7 @@ use tessera_pool::{WriteBatch, CF_POOL};
 use tracing::{info, warn};
 
 use crate::engine::Engine;
-use crate::error::Result;
+use crate::error::{Result, VolumeError};
 
 const STATE_KEY: &[u8] = b"scrub";
 /// Rows scrubbed between two looks at the cancel flag and the rate limit.
@@ -107,6 +107,12 @@ impl Engine {
     /// what it can. Returns the finished pass; a cancel (`progress.cancel`) saves the position
     /// and ends in [`LayoutError::Cancelled`], and the next call goes on from there.
     pub fn scrub(&self, opts: &ScrubOptions, progress: &Progress) -> Result<ScrubPass> {
+        let Some(_one) = self.scrubbing.try_lock() else {
+            return Err(VolumeError::Invalid(format!(
+                "pool '{}' is being scrubbed already",
+                self.pool().name()
+            )));
+        };
         let layouts = self.layouts();
         let mut state = self.scrub_state()?;
         state.paused = false;
