@@ -55,9 +55,21 @@ struct Pool {
 
 /// A one-disk pool (behind a fault injector) with a 16 MiB simple vdisk "v".
 fn pool() -> Pool {
+    pool_with(true)
+}
+
+/// `checksums`: whether the engine keeps block checksums (without, rot reaches the reader).
+fn pool_with(checksums: bool) -> Pool {
     let dir = tempfile::tempdir().unwrap();
     let disk = FaultyDisk::new(Arc::new(MemDisk::new("m0", 64 * MIB)) as DiskRef);
-    let engine = Engine::create_pool(&dir.path().join("p"), "p", vec![disk.clone() as DiskRef], MIB).unwrap();
+    let engine = Engine::create_pool_with_checksums(
+        &dir.path().join("p"),
+        "p",
+        vec![disk.clone() as DiskRef],
+        MIB,
+        checksums,
+    )
+    .unwrap();
     engine
         .create_vdisk(&VdiskSpec::new("v", 16 * MIB, LayoutKind::Simple))
         .unwrap();
@@ -86,7 +98,9 @@ fn workload(write_percent: u8, random: bool, verify: bool, size: u64) -> Workloa
 #[test]
 fn vdisk_counts_add_up_and_verify_finds_damage() {
     let rt = runtime();
-    let p = pool();
+    // Without block checksums, so that damage reaches the benchmark's own verifier (with
+    // them the engine refuses it first: see the next test).
+    let p = pool_with(false);
     let t = Target::vdisk("vdisk:p/v", p.engine.vdisk("v").unwrap());
     for (wp, random) in [(0, true), (30, true), (100, false)] {
         let w = workload(wp, random, false, 16 * MIB);
@@ -189,4 +203,18 @@ fn network_targets_count_and_verify() {
         .err()
         .unwrap();
     assert!(e.contains("nope"), "{e}");
+}
+
+#[test]
+fn with_block_checksums_rot_ends_the_run_instead_of_reaching_the_reader() {
+    let rt = runtime();
+    let p = pool();
+    let t = Target::vdisk("vdisk:p/v", p.engine.vdisk("v").unwrap());
+    let v = Arc::new(Verifier::new(512, 4096));
+    run(&t, &workload(100, false, true, 2 * MIB), Some(v.clone()), rt.handle(), &quiet).unwrap();
+    for off in (DATA_OFFSET..DATA_OFFSET + 2 * MIB).step_by(4096) {
+        p.disk.faults().flip_bit(off + 1000, 3).unwrap();
+    }
+    let e = run(&t, &workload(0, true, true, 2 * MIB), Some(v), rt.handle(), &quiet).unwrap_err();
+    assert!(e.contains("checksum"), "{e}");
 }

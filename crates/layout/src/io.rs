@@ -119,8 +119,8 @@ impl Layouts {
                 buf_off: 0,
             };
             let mut buf = vec![0u8; good.len()];
-            // Read again inside the lock; the bad member fails again and is skipped.
-            if self.read_piece_no_repair(set, members, &p, &mut buf).is_err() {
+            // Read again inside the lock, from the other members.
+            if self.read_piece_no_repair(set, members, &p, bad, &mut buf).is_err() {
                 return;
             }
             fresh = buf;
@@ -141,10 +141,10 @@ impl Layouts {
         }
     }
 
-    fn read_piece_no_repair(&self, set: &SlabSet, members: &[SlabRef], p: &Piece, out: &mut [u8]) -> Result<()> {
+    fn read_piece_no_repair(&self, set: &SlabSet, members: &[SlabRef], p: &Piece, bad: usize, out: &mut [u8]) -> Result<()> {
         let mo = p.member_offset(&set.spec);
         for m in data_members(&set.spec, p.row, p.data_col) {
-            if self.member_read(members[m], mo, out).is_ok() {
+            if m != bad && self.member_read(members[m], mo, out).is_ok() {
                 return Ok(());
             }
         }

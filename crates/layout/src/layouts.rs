@@ -386,17 +386,11 @@ impl Layouts {
         warn!(disk = slab.disk, slab = slab.slab, blocks = bad.len(), first = bad[0], "checksum mismatch");
     }
 
-    /// True if the bytes at `mo` (whole blocks) match their checksums; counts those that do
-    /// not. For reads that went to the disk another way (a batch).
+    /// True if the bytes at `mo` (whole blocks) match their checksums. For reads that went to
+    /// the disk another way (a batch): on false the caller reads again the single way, which
+    /// counts the bad blocks once.
     pub(crate) fn verified(&self, slab: SlabRef, mo: u64, buf: &[u8]) -> bool {
-        match self.sums().verify(slab, mo, buf) {
-            Ok(bad) if bad.is_empty() => true,
-            Ok(bad) => {
-                self.checksum_errors(slab, &bad);
-                false
-            }
-            Err(_) => false,
-        }
+        matches!(self.sums().verify(slab, mo, buf), Ok(bad) if bad.is_empty())
     }
 
     /// A write error fails the disk: a member that missed a write holds stale data and must
