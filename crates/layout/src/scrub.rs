@@ -169,6 +169,14 @@ impl Layouts {
         let len = spec.interleave as usize;
         let r = self.read_row(members, mo, len);
         let nb = len / BLOCK as usize;
+        if !repair && r.bufs.iter().any(Option::is_none) {
+            // A member that fails to read (a disk pulled, not yet failed by a write) is a
+            // disk's fault, not redundancy that disagrees: a check skips the row, as it skips
+            // rows with a member already unavailable. A repairing scrub rewrites the member,
+            // which fails the disk if it is gone.
+            tally.skipped_rows += 1;
+            return;
+        }
         tally.blocks += (nb * members.len()) as u64;
         let mut what: Option<String> = None;
         let mut note = |w: String| {
