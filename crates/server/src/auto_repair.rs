@@ -168,7 +168,7 @@ impl Daemon {
             return;
         }
         // A repair the administrator started does the work.
-        if self.repair_running(name) {
+        if self.jobs.running("repair", name).is_some() {
             w.status = None;
             return;
         }
@@ -240,12 +240,5 @@ impl Daemon {
                 w.failed = Some((now, err.message));
             }
         }
-    }
-
-    fn repair_running(&self, pool: &str) -> bool {
-        self.jobs
-            .running_on(pool)
-            .into_iter()
-            .any(|id| self.jobs.get(id).map(|j| j.kind == "repair" && j.target == pool).unwrap_or(false))
     }
 }

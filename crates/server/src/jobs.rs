@@ -220,6 +220,15 @@ impl Jobs {
             .collect()
     }
 
+    /// The running job of `kind` whose target is exactly `target`.
+    pub fn running(&self, kind: &str, target: &str) -> Option<u64> {
+        self.jobs
+            .lock()
+            .values()
+            .find(|j| j.kind == kind && j.target == target && !j.state().finished())
+            .map(|j| j.id)
+    }
+
     /// Asks every running job to stop.
     pub fn cancel_all(&self) {
         for j in self.jobs.lock().values() {
@@ -236,7 +245,7 @@ impl Jobs {
     }
 }
 
-fn unix_now() -> u64 {
+pub(crate) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -284,6 +293,9 @@ mod tests {
         });
         assert_eq!(jobs.running_on("p"), vec![slow.id]);
         assert!(jobs.running_on("q").is_empty());
+        assert_eq!(jobs.running("t", "p/x"), Some(slow.id));
+        assert_eq!(jobs.running("t", "p"), None, "another target");
+        assert_eq!(jobs.running("u", "p/x"), None, "another kind");
         jobs.cancel(slow.id).unwrap();
         assert_eq!(wait(&slow).state, JobState::Cancelled);
         assert_eq!(jobs.cancel(slow.id).unwrap_err().code, crate::error::code::BUSY);

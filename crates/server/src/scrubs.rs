@@ -6,26 +6,19 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use tessera_pool::DiskState;
 use tessera_volume::{Engine, ScrubOptions, ScrubPass, VolumeError};
 use tracing::{info, warn};
 
 use crate::error::{ApiError, ApiResult};
-use crate::jobs::{JobState, JobView};
+use crate::jobs::{unix_now, JobState, JobView};
 use crate::model::{DiskBlocks, ScrubPassView, ScrubPool, ScrubRunState, ScrubView};
 use crate::Daemon;
 
 /// How long after a scrub failed the daemon tries that pass again by itself.
 const RETRY_AFTER: Duration = Duration::from_secs(15 * 60);
-
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
 
 pub(crate) fn pass_view(p: &ScrubPass) -> ScrubPassView {
     let t = &p.tally;
@@ -60,10 +53,7 @@ pub struct ScrubWatch {
 impl Daemon {
     /// The scrub job running on a pool.
     fn scrub_job(&self, pool: &str) -> Option<u64> {
-        self.jobs
-            .running_on(pool)
-            .into_iter()
-            .find(|&id| self.jobs.get(id).is_ok_and(|j| j.kind == "scrub" && j.target == pool))
+        self.jobs.running("scrub", pool)
     }
 
     pub fn scrub_view(&self, name: &str, e: &Engine) -> ScrubView {
@@ -157,7 +147,7 @@ impl Daemon {
         }
         for (name, e) in self.engines() {
             self.watch_disk_errors(&name, &e);
-            if self.scrub_job(&name).is_some() || self.repair_is_running(&name) {
+            if self.scrub_job(&name).is_some() || self.jobs.running("repair", &name).is_some() {
                 continue;
             }
             let Ok(state) = e.scrub_state() else { continue };
@@ -198,13 +188,6 @@ impl Daemon {
                 Err(err) => warn!(pool = %name, error = %err.message, "cannot start a scrub"),
             }
         }
-    }
-
-    fn repair_is_running(&self, pool: &str) -> bool {
-        self.jobs
-            .running_on(pool)
-            .into_iter()
-            .any(|id| self.jobs.get(id).is_ok_and(|j| j.kind == "repair" && j.target == pool))
     }
 
     /// Retires the healthy disks of a pool whose read and checksum errors passed the limit,

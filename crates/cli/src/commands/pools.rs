@@ -78,30 +78,7 @@ pub(super) fn pool(c: &Ctx, cmd: PoolCmd) -> R {
                 parallel,
                 rate_limit: rate,
             };
-            let v = match c
-                .client
-                .post(&format!("/api/pools/{}/repair", encode_segment(&name)), body(&req))
-            {
-                // The daemon may have started it by itself: follow that one.
-                Err(ClientError::Api { code, message }) if code == "busy" => {
-                    let jobs: Vec<Value> = read(c.client.get("/api/jobs")?)?;
-                    let running = jobs.into_iter().find(|j| {
-                        read::<JobView>(j.clone())
-                            .is_ok_and(|j| j.kind == "repair" && j.target == name && j.state == JobState::Running)
-                    });
-                    match running {
-                        Some(j) => {
-                            if !c.json {
-                                eprintln!("{message}; following it");
-                            }
-                            j
-                        }
-                        None => return Err(ClientError::Api { code, message }),
-                    }
-                }
-                r => r?,
-            };
-            follow(c, v, no_wait)?;
+            start_or_follow(c, "repair", &name, body(&req), no_wait)?;
         }
         PoolCmd::Scrub { name, pause: true, .. } => {
             let v = c
@@ -119,30 +96,7 @@ pub(super) fn pool(c: &Ctx, cmd: PoolCmd) -> R {
             name, rate, no_wait, ..
         } => {
             let req = ScrubPool { rate_limit: rate };
-            let v = match c
-                .client
-                .post(&format!("/api/pools/{}/scrub", encode_segment(&name)), body(&req))
-            {
-                // The daemon may have started it by itself (the schedule, a restart): follow it.
-                Err(ClientError::Api { code, message }) if code == "busy" => {
-                    let jobs: Vec<Value> = read(c.client.get("/api/jobs")?)?;
-                    let running = jobs.into_iter().find(|j| {
-                        read::<JobView>(j.clone())
-                            .is_ok_and(|j| j.kind == "scrub" && j.target == name && j.state == JobState::Running)
-                    });
-                    match running {
-                        Some(j) => {
-                            if !c.json {
-                                eprintln!("{message}; following it");
-                            }
-                            j
-                        }
-                        None => return Err(ClientError::Api { code, message }),
-                    }
-                }
-                r => r?,
-            };
-            follow(c, v, no_wait)?;
+            start_or_follow(c, "scrub", &name, body(&req), no_wait)?;
         }
         PoolCmd::AutoRepair { name, state } => {
             let req = SetAutoRepair { enabled: state == "on" };
@@ -382,4 +336,32 @@ fn scrub_status(s: &ScrubView) -> String {
         out += &format!("; next scheduled {}", when(t));
     }
     out
+}
+
+/// Starts a pool job (`POST /api/pools/NAME/KIND`) and follows it; if one of that kind is
+/// running already (the daemon starts repairs and scrubs by itself), follows that one.
+fn start_or_follow(c: &Ctx, kind: &str, name: &str, req: Option<Value>, no_wait: bool) -> R {
+    let v = match c
+        .client
+        .post(&format!("/api/pools/{}/{kind}", encode_segment(name)), req)
+    {
+        Err(ClientError::Api { code, message }) if code == "busy" => {
+            let jobs: Vec<Value> = read(c.client.get("/api/jobs")?)?;
+            let running = jobs.into_iter().find(|j| {
+                read::<JobView>(j.clone())
+                    .is_ok_and(|j| j.kind == kind && j.target == name && j.state == JobState::Running)
+            });
+            match running {
+                Some(j) => {
+                    if !c.json {
+                        eprintln!("{message}; following it");
+                    }
+                    j
+                }
+                None => return Err(ClientError::Api { code, message }),
+            }
+        }
+        r => r?,
+    };
+    follow(c, v, no_wait)
 }

@@ -78,13 +78,7 @@ pub async fn repair_pool(
     Path(pool): Path<String>,
     body: axum::body::Bytes,
 ) -> ApiResult<(StatusCode, Json<JobView>)> {
-    // The body is optional: no body means the defaults.
-    let req: RepairPool = if body.iter().all(u8::is_ascii_whitespace) {
-        RepairPool::default()
-    } else {
-        serde_json::from_slice(&body)
-            .map_err(|e| ApiError::malformed(format!("the request body is not what this route takes: {e}")))?
-    };
+    let req: RepairPool = optional_body(&body)?;
     accepted(move || d.repair_pool(&pool, req)).await
 }
 
@@ -93,14 +87,17 @@ pub async fn scrub_pool(
     Path(pool): Path<String>,
     body: axum::body::Bytes,
 ) -> ApiResult<(StatusCode, Json<JobView>)> {
-    // The body is optional: no body means no rate limit.
-    let req: ScrubPool = if body.iter().all(u8::is_ascii_whitespace) {
-        ScrubPool::default()
-    } else {
-        serde_json::from_slice(&body)
-            .map_err(|e| ApiError::malformed(format!("the request body is not what this route takes: {e}")))?
-    };
+    let req: ScrubPool = optional_body(&body)?;
     accepted(move || d.scrub_pool(&pool, req)).await
+}
+
+/// A request body a route may go without: none (or only whitespace) means the defaults.
+fn optional_body<T: Default + serde::de::DeserializeOwned>(body: &[u8]) -> ApiResult<T> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::malformed(format!("the request body is not what this route takes: {e}")))
 }
 
 pub async fn pause_scrub(State(d): D, Path(pool): Path<String>) -> ApiResult<Json<ScrubView>> {

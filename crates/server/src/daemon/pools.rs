@@ -319,12 +319,7 @@ impl Daemon {
                 "a rate limit of 0 would never finish; leave it out for no limit",
             ));
         }
-        if let Some(j) = self
-            .jobs
-            .running_on(name)
-            .into_iter()
-            .find(|&id| self.jobs.get(id).map(|j| j.kind == "repair").unwrap_or(false))
-        {
+        if let Some(j) = self.jobs.running("repair", name) {
             return Err(ApiError::busy(format!(
                 "a repair of pool '{name}' is already running as job {j}"
             )));
