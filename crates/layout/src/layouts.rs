@@ -415,13 +415,14 @@ impl Layouts {
         known: Option<&[Option<u32>]>,
     ) -> Result<(), MemberFault> {
         let dev = self.pool.readable_disk(slab.disk).ok_or(MemberFault::Unavailable)?;
-        let sums = match known {
-            Some(k) => Some((mo, k.to_vec())),
-            None => self.sums().enabled().then(|| self.sums_after_write(&dev, slab, mo, buf)),
+        let computed = match known {
+            None if self.sums().enabled() => Some(self.sums_after_write(&dev, slab, mo, buf)),
+            _ => None,
         };
+        let sums = known.map(|k| (mo, k)).or(computed.as_ref().map(|(lo, c)| (*lo, &c[..])));
         self.member_write_raw(&dev, slab, mo, buf)?;
         if let Some((lo, sums)) = sums {
-            if let Err(e) = self.sums().record(slab, lo, &sums) {
+            if let Err(e) = self.sums().record(slab, lo, sums) {
                 warn!(disk = slab.disk, error = %e, "cannot record block checksums");
             }
         }

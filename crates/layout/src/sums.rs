@@ -108,6 +108,37 @@ fn slab_range(slab: SlabRef) -> ([u8; 12], [u8; 12]) {
     )
 }
 
+/// The part of a run of whole blocks that falls in one page: the page, the index of its first
+/// block there, that block's index in the run, and how many blocks.
+struct Span {
+    key: Key,
+    first: usize,
+    rel: usize,
+    n: usize,
+}
+
+/// The blocks of [mo, mo + len) of a slab, page by page.
+fn spans(slab: SlabRef, mo: u64, len: u64) -> impl Iterator<Item = Span> {
+    debug_assert!(mo % BLOCK == 0 && len % BLOCK == 0);
+    let end = mo + len;
+    let mut at = mo;
+    std::iter::from_fn(move || {
+        if at >= end {
+            return None;
+        }
+        let page = at / PAGE_BYTES;
+        let n = ((end.min((page + 1) * PAGE_BYTES) - at) / BLOCK) as usize;
+        let s = Span {
+            key: (slab.disk, slab.slab, page as u32),
+            first: ((at % PAGE_BYTES) / BLOCK) as usize,
+            rel: ((at - mo) / BLOCK) as usize,
+            n,
+        };
+        at += n as u64 * BLOCK;
+        Some(s)
+    })
+}
+
 /// The checksum of one block's bytes.
 pub fn block_sum(bytes: &[u8]) -> u32 {
     crc32c::crc32c(bytes)
@@ -213,15 +244,8 @@ impl Sums {
         len: u64,
         mut f: impl FnMut(&mut Page, usize, usize, usize),
     ) -> Result<()> {
-        debug_assert!(mo % BLOCK == 0 && len % BLOCK == 0);
-        let mut at = mo;
-        while at < mo + len {
-            let page = at / PAGE_BYTES;
-            let first = ((at % PAGE_BYTES) / BLOCK) as usize;
-            let n = (((mo + len).min((page + 1) * PAGE_BYTES) - at) / BLOCK) as usize;
-            let rel = ((at - mo) / BLOCK) as usize;
-            self.with_page((slab.disk, slab.slab, page as u32), |p| f(p, first, rel, n))?;
-            at += n as u64 * BLOCK;
+        for s in spans(slab, mo, len) {
+            self.with_page(s.key, |p| f(p, s.first, s.rel, s.n))?;
         }
         Ok(())
     }
@@ -248,15 +272,10 @@ impl Sums {
     /// the store. None if a page is not in memory.
     pub fn cached(&self, slab: SlabRef, mo: u64, len: u64) -> Option<Vec<Option<u32>>> {
         let mut out = Vec::with_capacity((len / BLOCK) as usize);
-        let mut at = mo;
-        while at < mo + len {
-            let page = at / PAGE_BYTES;
-            let first = ((at % PAGE_BYTES) / BLOCK) as usize;
-            let n = (((mo + len).min((page + 1) * PAGE_BYTES) - at) / BLOCK) as usize;
-            let shard = self.shard((slab.disk, slab.slab, page as u32)).lock();
-            let p = shard.get(&(slab.disk, slab.slab, page as u32))?;
-            out.extend((first..first + n).map(|i| p.get(i)));
-            at += n as u64 * BLOCK;
+        for s in spans(slab, mo, len) {
+            let shard = self.shard(s.key).lock();
+            let p = shard.get(&s.key)?;
+            out.extend((s.first..s.first + s.n).map(|i| p.get(i)));
         }
         Some(out)
     }
