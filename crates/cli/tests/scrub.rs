@@ -83,6 +83,17 @@ fn copies(d: &Daemon) -> Vec<(u64, String)> {
     v
 }
 
+/// The disk at pool position `pos` in a `pool show` answer.
+fn disk_at(pool: &Value, pos: u64) -> Value {
+    pool["disk_list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["position"].as_u64() == Some(pos))
+        .unwrap()
+        .clone()
+}
+
 fn scrub_view(d: &Daemon) -> Value {
     d.json(&["pool", "show", "s"])["scrub"].clone()
 }
@@ -126,13 +137,7 @@ fn scrub_repairs_every_flipped_block_and_shows_it_per_disk() {
     let shown = d.ok(&["pool", "show", "s"]);
     assert!(shown.contains("checksums:") && shown.contains("last scrub:"), "{shown}");
     assert!(shown.contains(&format!("{} repaired", hit.len())), "{shown}");
-    let disk = d.json(&["pool", "show", "s"])["disk_list"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|x| x["position"].as_u64() == Some(pos))
-        .unwrap()
-        .clone();
+    let disk = disk_at(&d.json(&["pool", "show", "s"]), pos);
     assert_eq!(disk["errors"]["checksum"].as_u64().unwrap(), hit.len() as u64, "{disk}");
     assert!(exported_matches(&d, t.path(), &img), "the vdisk reads wrong after the scrub");
     d.ok(&["pool", "scrub", "s"]);
@@ -193,13 +198,7 @@ fn a_disk_past_the_error_limit_is_retired_and_emptied() {
     let t0 = Instant::now();
     loop {
         let p = d.json(&["pool", "show", "s"]);
-        let disk = p["disk_list"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|x| x["position"].as_u64() == Some(pos))
-            .unwrap()
-            .clone();
+        let disk = disk_at(&p, pos);
         if disk["state"] == "retired" && disk["slabs_used"] == 0 && p["health"] == "healthy" {
             break;
         }
