@@ -162,7 +162,9 @@ fn network_targets_count_and_verify() {
     let ireg = tessera_iscsi::Registry::new();
     let t = ireg.add_target(tessera_iscsi::Target::new("iqn.2026-11.io.tessera:b"));
     t.set_access(tessera_iscsi::Access::open());
-    t.luns.write().insert(0, Arc::new(tessera_vdisk_lun::vdisk_lun(v, 7, false)));
+    t.luns
+        .write()
+        .insert(0, Arc::new(tessera_vdisk_lun::vdisk_lun(v, 7, false)));
     let iscsi = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
     let iscsi_addr = iscsi.local_addr().unwrap();
     rt.spawn(tessera_iscsi::serve(iscsi, ireg));
@@ -211,7 +213,14 @@ fn with_block_checksums_rot_ends_the_run_instead_of_reaching_the_reader() {
     let p = pool();
     let t = Target::vdisk("vdisk:p/v", p.engine.vdisk("v").unwrap());
     let v = Arc::new(Verifier::new(512, 4096));
-    run(&t, &workload(100, false, true, 2 * MIB), Some(v.clone()), rt.handle(), &quiet).unwrap();
+    run(
+        &t,
+        &workload(100, false, true, 2 * MIB),
+        Some(v.clone()),
+        rt.handle(),
+        &quiet,
+    )
+    .unwrap();
     for off in (DATA_OFFSET..DATA_OFFSET + 2 * MIB).step_by(4096) {
         p.disk.faults().flip_bit(off + 1000, 3).unwrap();
     }

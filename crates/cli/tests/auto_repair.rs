@@ -20,7 +20,11 @@ const BLOCK: usize = 64 << 10;
 fn start(t: &std::path::Path, delay: &str) -> Daemon {
     let cfg = t.join("tessera.toml");
     std::fs::write(&cfg, format!("auto_repair_delay = \"{delay}\"\n")).unwrap();
-    Daemon::start_with(&t.join("state"), &["--config", cfg.to_str().unwrap(), "--api-listen", "none"]).unwrap()
+    Daemon::start_with(
+        &t.join("state"),
+        &["--config", cfg.to_str().unwrap(), "--api-listen", "none"],
+    )
+    .unwrap()
 }
 
 /// Waits until the pool is healthy with nothing left to repair.
@@ -31,7 +35,11 @@ fn wait_healthy(d: &Daemon, pool: &str, limit: Duration) -> Value {
         if p["health"] == "healthy" && p["repair_needed_bytes"] == 0 {
             return p;
         }
-        assert!(t.elapsed() < limit, "pool {pool} not repaired by itself: {p}\n{}", d.logs());
+        assert!(
+            t.elapsed() < limit,
+            "pool {pool} not repaired by itself: {p}\n{}",
+            d.logs()
+        );
         std::thread::sleep(Duration::from_millis(250));
     }
 }
@@ -67,7 +75,10 @@ fn a_disk_failed_under_load_is_rebuilt_with_no_command_typed() {
     create_pool(&d, "a", &disks(&t.path().join("disks"), 5, 512 * MIB));
     let img = t.path().join("in.img");
     random_image(&img, VDISK, 7);
-    for (v, layout) in [("a/m", ["--layout", "mirror", "--columns", "1"]), ("a/q", ["--layout", "parity", "--columns", "3"])] {
+    for (v, layout) in [
+        ("a/m", ["--layout", "mirror", "--columns", "1"]),
+        ("a/q", ["--layout", "parity", "--columns", "3"]),
+    ] {
         let mut args = vec!["vdisk", "import", v, img.to_str().unwrap()];
         args.extend(layout);
         d.ok(&args);
@@ -89,7 +100,10 @@ fn a_disk_failed_under_load_is_rebuilt_with_no_command_typed() {
         .map(|lun| {
             let (models, stop, acked, portal) = (models.clone(), stop.clone(), acked.clone(), portal.clone());
             std::thread::spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
                 let s = rt
                     .block_on(Session::login(
                         &portal,
@@ -128,7 +142,12 @@ fn a_disk_failed_under_load_is_rebuilt_with_no_command_typed() {
     // A hot spare stands by.
     let spare = disks(&t.path().join("spare"), 1, 512 * MIB).remove(0);
     assert_eq!(d.json(&["disk", "add", "a", &spare, "--spare"])["state"], "spare");
-    assert!(d.json(&["pool", "show", "a"])["capacity"]["spare_bytes"].as_u64().unwrap() > 0);
+    assert!(
+        d.json(&["pool", "show", "a"])["capacity"]["spare_bytes"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
 
     // The disk fails (the administrator's fail stands in for the hardware): nobody types repair.
     let victim = busiest_disk(&d, "a");
@@ -146,11 +165,24 @@ fn a_disk_failed_under_load_is_rebuilt_with_no_command_typed() {
     assert!(d.logs().contains("repair started by itself"), "{}", d.logs());
     assert!(p["unhealthy_sets"].as_array().unwrap().is_empty(), "{p}");
     let failed = d.json(&["disk", "list", "a"]);
-    let failed = failed.as_array().unwrap().iter().find(|x| x["path"] == victim.as_str()).unwrap();
+    let failed = failed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["path"] == victim.as_str())
+        .unwrap();
     assert_eq!(failed["slabs_used"], 0, "{failed}");
     let list = d.json(&["disk", "list", "a"]);
-    let taken = list.as_array().unwrap().iter().find(|x| x["path"] == spare.as_str()).unwrap();
-    assert_eq!(taken["state"], "healthy", "the spare took the failed disk's place: {taken}");
+    let taken = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["path"] == spare.as_str())
+        .unwrap();
+    assert_eq!(
+        taken["state"], "healthy",
+        "the spare took the failed disk's place: {taken}"
+    );
     assert!(taken["slabs_used"].as_u64().unwrap() > 0, "{taken}");
 
     // The data is exact: every write acknowledged before, during and after the repair.
@@ -158,9 +190,15 @@ fn a_disk_failed_under_load_is_rebuilt_with_no_command_typed() {
     for (i, v) in ["a/m", "a/q"].iter().enumerate() {
         d.ok(&["vdisk", "export", v, out.to_str().unwrap(), "--overwrite"]);
         let back = std::fs::read(&out).unwrap();
-        assert!(back == *models[i].lock().unwrap(), "{v} differs after the automatic repair");
+        assert!(
+            back == *models[i].lock().unwrap(),
+            "{v} differs after the automatic repair"
+        );
     }
-    assert!(d.json(&["pool", "check", "a"])["problems"].as_array().unwrap().is_empty());
+    assert!(d.json(&["pool", "check", "a"])["problems"]
+        .as_array()
+        .unwrap()
+        .is_empty());
 }
 
 #[test]
@@ -171,7 +209,16 @@ fn a_missing_disk_gets_its_delay_and_a_pool_switched_off_waits() {
     create_pool(&d, "b", &members);
     let img = t.path().join("in.img");
     random_image(&img, VDISK, 8);
-    d.ok(&["vdisk", "import", "b/m", img.to_str().unwrap(), "--layout", "mirror", "--columns", "1"]);
+    d.ok(&[
+        "vdisk",
+        "import",
+        "b/m",
+        img.to_str().unwrap(),
+        "--layout",
+        "mirror",
+        "--columns",
+        "1",
+    ]);
     let victim = busiest_disk(&d, "b");
     d.stop();
 
@@ -202,14 +249,22 @@ fn a_missing_disk_gets_its_delay_and_a_pool_switched_off_waits() {
     assert!(repair_jobs(&d).is_empty(), "a repair started on a pool switched off");
     let p = d.json(&["pool", "show", "b"]);
     assert_eq!(p["health"], "degraded");
-    assert!(p["auto_repair"]["status"].as_str().unwrap().contains("off for this pool"), "{p}");
+    assert!(
+        p["auto_repair"]["status"]
+            .as_str()
+            .unwrap()
+            .contains("off for this pool"),
+        "{p}"
+    );
 
     // The administrator's repair, slowed down; asked again, the command follows the running one.
     let started = d.json(&["pool", "repair", "b", "--rate", "16M", "--no-wait"]);
     let again = d.cli(&["pool", "repair", "b"]);
     assert!(again.success, "{}", again.stderr);
     assert!(
-        again.stderr.contains(&format!("already running as job {}; following it", started["id"])),
+        again
+            .stderr
+            .contains(&format!("already running as job {}; following it", started["id"])),
         "{}",
         again.stderr
     );

@@ -257,7 +257,9 @@ fn failed_disk_is_repaired_by_a_job_with_data_intact() {
     let disks = disks(&t.path().join("disks"), 4, 1 << 30);
     create_pool(&d, "r", &disks);
     // The repairs here are the administrator's (tests/auto_repair.rs has the daemon's own).
-    assert!(d.ok(&["pool", "auto-repair", "r", "off"]).contains("automatic repair off"));
+    assert!(d
+        .ok(&["pool", "auto-repair", "r", "off"])
+        .contains("automatic repair off"));
     let img = t.path().join("in.img");
     random_image(&img, 96 << 20, 2);
     d.ok(&[

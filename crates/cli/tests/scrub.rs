@@ -35,7 +35,16 @@ fn setup(d: &Daemon, t: &Path) -> (Vec<String>, std::path::PathBuf) {
     let mut buf = vec![0u8; IMAGE as usize];
     rand::rngs::StdRng::seed_from_u64(5).fill_bytes(&mut buf);
     std::fs::write(&img, &buf).unwrap();
-    d.ok(&["vdisk", "import", "s/m", img.to_str().unwrap(), "--layout", "mirror", "--columns", "1"]);
+    d.ok(&[
+        "vdisk",
+        "import",
+        "s/m",
+        img.to_str().unwrap(),
+        "--layout",
+        "mirror",
+        "--columns",
+        "1",
+    ]);
     (disks, img)
 }
 
@@ -139,7 +148,10 @@ fn scrub_repairs_every_flipped_block_and_shows_it_per_disk() {
     assert!(shown.contains(&format!("{} repaired", hit.len())), "{shown}");
     let disk = disk_at(&d.json(&["pool", "show", "s"]), pos);
     assert_eq!(disk["errors"]["checksum"].as_u64().unwrap(), hit.len() as u64, "{disk}");
-    assert!(exported_matches(&d, t.path(), &img), "the vdisk reads wrong after the scrub");
+    assert!(
+        exported_matches(&d, t.path(), &img),
+        "the vdisk reads wrong after the scrub"
+    );
     d.ok(&["pool", "scrub", "s"]);
     let again = scrub_view(&d);
     assert_eq!(again["last"]["repaired"], 0, "a second scrub repaired: {again}");
@@ -190,7 +202,10 @@ fn a_paused_scrub_waits_and_one_cut_short_by_a_restart_goes_on_by_itself() {
 #[test]
 fn a_disk_past_the_error_limit_is_retired_and_emptied() {
     let t = tempfile::tempdir().unwrap();
-    let d = start(&t.path().join("state"), "scrub_interval = \"off\"\ndisk_error_limit = 50\n");
+    let d = start(
+        &t.path().join("state"),
+        "scrub_interval = \"off\"\ndisk_error_limit = 50\n",
+    );
     let (_, img) = setup(&d, t.path());
     let (pos, path) = copies(&d)[0].clone();
     flip(&path, 100, 2);
@@ -202,7 +217,11 @@ fn a_disk_past_the_error_limit_is_retired_and_emptied() {
         if disk["state"] == "retired" && disk["slabs_used"] == 0 && p["health"] == "healthy" {
             break;
         }
-        assert!(t0.elapsed() < Duration::from_secs(60), "not retired and emptied: {p}\n{}", d.logs());
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "not retired and emptied: {p}\n{}",
+            d.logs()
+        );
         std::thread::sleep(Duration::from_millis(250));
     }
     assert!(d.logs().contains("disk failing"), "{}", d.logs());
@@ -214,8 +233,13 @@ fn scrubs_start_by_themselves_on_schedule() {
     let t = tempfile::tempdir().unwrap();
     let d = start(&t.path().join("state"), "scrub_interval = \"3s\"\n");
     setup(&d, t.path());
-    let s = wait_for(&d, "a scheduled scrub", Duration::from_secs(60), |s| s["last"]["finished_at"].is_u64());
-    assert!(s["next_due"].as_u64().unwrap() >= s["last"]["finished_at"].as_u64().unwrap() + 3, "{s}");
+    let s = wait_for(&d, "a scheduled scrub", Duration::from_secs(60), |s| {
+        s["last"]["finished_at"].is_u64()
+    });
+    assert!(
+        s["next_due"].as_u64().unwrap() >= s["last"]["finished_at"].as_u64().unwrap() + 3,
+        "{s}"
+    );
     assert!(d.logs().contains("scheduled scrub started"), "{}", d.logs());
 }
 
@@ -239,9 +263,15 @@ fn a_rotten_block_with_no_good_copy_is_a_medium_error_over_iscsi() {
     d.ok(&["target", "create", iqn, "--allow-any-initiator"]);
     d.ok(&["target", "lun", "add", iqn, "r/x", "--lun", "0"]);
     flip(&disk[0], 1, 3);
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let s = rt
-        .block_on(Session::login(&d.iscsi_portal(), &LoginConfig::new("iqn.2026-11.io.example:reader", Some(iqn))))
+        .block_on(Session::login(
+            &d.iscsi_portal(),
+            &LoginConfig::new("iqn.2026-11.io.example:reader", Some(iqn)),
+        ))
         .unwrap();
     const CHUNK: usize = 64 << 10;
     let mut failed = 0;
@@ -251,7 +281,10 @@ fn a_rotten_block_with_no_good_copy_is_a_medium_error_over_iscsi() {
         let cdb = tessera_bench::target::rw16(false, at, CHUNK, 512);
         let r = rt.block_on(s.command(0, &cdb, Vec::new(), CHUNK)).unwrap();
         match (r.status, r.sense_key()) {
-            (0, _) => assert!(r.data[..] == want[at as usize..at as usize + CHUNK], "wrong data at {at}"),
+            (0, _) => assert!(
+                r.data[..] == want[at as usize..at as usize + CHUNK],
+                "wrong data at {at}"
+            ),
             (2, Some((6, _, _))) if attention > 0 => {
                 attention -= 1;
                 continue;

@@ -227,7 +227,10 @@ mod tests {
         let data: Vec<u8> = (0..64 << 10).map(|i| (i * 7 % 251) as u8).collect();
         let f = file_of(&data);
         let Ok(mut ring) = ReadRing::<(usize, AlignedBuf)>::new(4) else {
-            crate::skip("read_ring::tests::requests_come_back_with_their_data_once_all_their_reads_are_done", "io_uring unavailable");
+            crate::skip(
+                "read_ring::tests::requests_come_back_with_their_data_once_all_their_reads_are_done",
+                "io_uring unavailable",
+            );
             return;
         };
         // More reads than the ring has entries: a full queue is submitted on the way.
@@ -273,7 +276,10 @@ mod tests {
     fn a_short_or_failed_read_marks_its_request_failed() {
         let f = file_of(&[7u8; 4096]);
         let Ok(mut ring) = ReadRing::<AlignedBuf>::new(4) else {
-            crate::skip("read_ring::tests::a_short_or_failed_read_marks_its_request_failed", "io_uring unavailable");
+            crate::skip(
+                "read_ring::tests::a_short_or_failed_read_marks_its_request_failed",
+                "io_uring unavailable",
+            );
             return;
         };
         let mut past_end = AlignedBuf::zeroed(4096);
@@ -321,7 +327,10 @@ mod tests {
         }
         let f = file_of(&vec![3u8; 1 << 20]);
         let Ok(mut ring) = ReadRing::<Observed>::new(8) else {
-            crate::skip("read_ring::tests::dropping_a_ring_waits_for_its_reads", "io_uring unavailable");
+            crate::skip(
+                "read_ring::tests::dropping_a_ring_waits_for_its_reads",
+                "io_uring unavailable",
+            );
             return;
         };
         let filled = Arc::new(AtomicUsize::new(0));

@@ -212,7 +212,11 @@ impl Session {
         p.bhs[1] = (final_bit as u8) << 7 | ((read_len > 0) as u8) << 6 | (write as u8) << 5 | 0x01;
         p.bhs[8..16].copy_from_slice(&lun_field);
         put32(&mut p.bhs, at::ITT, itt);
-        put32(&mut p.bhs, at::EDTL, if write { data_out.len() } else { read_len } as u32);
+        put32(
+            &mut p.bhs,
+            at::EDTL,
+            if write { data_out.len() } else { read_len } as u32,
+        );
         p.bhs[32..32 + cdb.len()].copy_from_slice(cdb);
         p.data = data_out[..immediate].to_vec();
         let mut w = s.writer.lock().await;
@@ -372,8 +376,7 @@ async fn read_loop(mut r: OwnedReadHalf, s: Arc<Shared>) {
             || opcode == op::LOGOUT_RESP
             || opcode == op::DATA_IN && p.bhs[1] & 0x01 != 0;
         if status_carrier {
-            s.exp_stat_sn
-                .store(p.stat_sn().wrapping_add(1), Ordering::Release);
+            s.exp_stat_sn.store(p.stat_sn().wrapping_add(1), Ordering::Release);
         }
         match opcode {
             op::DATA_IN => {

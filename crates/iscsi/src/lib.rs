@@ -20,11 +20,11 @@ pub mod portal;
 pub mod target;
 pub mod text;
 
+#[cfg(feature = "target")]
+pub use accept::serve;
 pub use auth::{Access, Chap};
 pub use limits::Limits;
 #[cfg(feature = "target")]
 pub use portal::SocketBuffers;
-#[cfg(feature = "target")]
-pub use accept::serve;
 #[cfg(feature = "target")]
 pub use target::{Registry, Target};

@@ -6,10 +6,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tessera_test_support::{Disks, TestPool};
 use tessera_iscsi::initiator::{InitiatorError, LoginConfig, Session};
 use tessera_iscsi::pdu::Pdu;
 use tessera_iscsi::{Access, Limits, Registry, Target};
+use tessera_test_support::{Disks, TestPool};
 use tessera_vdisk_lun::vdisk_lun;
 use tessera_volume::{Engine, LayoutKind, VdiskSpec};
 use tokio::io::AsyncReadExt;

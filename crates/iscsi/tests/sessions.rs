@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rand::{Rng, RngCore, SeedableRng};
-use tessera_test_support::{Disks, TestPool};
 use tessera_iscsi::initiator::{discover, InitiatorError, LoginConfig, ScsiResult, Session};
 use tessera_iscsi::{Access, Chap, Registry, Target};
+use tessera_test_support::{Disks, TestPool};
 use tessera_vdisk_lun::vdisk_lun;
 use tessera_volume::{Engine, LayoutKind, VdiskSpec};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

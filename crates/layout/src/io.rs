@@ -141,7 +141,14 @@ impl Layouts {
         }
     }
 
-    fn read_piece_no_repair(&self, set: &SlabSet, members: &[SlabRef], p: &Piece, bad: usize, out: &mut [u8]) -> Result<()> {
+    fn read_piece_no_repair(
+        &self,
+        set: &SlabSet,
+        members: &[SlabRef],
+        p: &Piece,
+        bad: usize,
+        out: &mut [u8],
+    ) -> Result<()> {
         let mo = p.member_offset(&set.spec);
         for m in data_members(&set.spec, p.row, p.data_col) {
             if m != bad && self.member_read(members[m], mo, out).is_ok() {
@@ -340,7 +347,9 @@ impl Layouts {
         if self.sums().enabled() {
             for (d, bytes) in data.iter().enumerate() {
                 if let Some(b) = bytes {
-                    let _ = self.sums().record(members[data_members(spec, row, d)[0]], mo, &sums_of(b));
+                    let _ = self
+                        .sums()
+                        .record(members[data_members(spec, row, d)[0]], mo, &sums_of(b));
                 }
             }
         }

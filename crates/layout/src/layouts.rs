@@ -381,9 +381,17 @@ impl Layouts {
 
     /// Counts and logs blocks of a member that do not match their checksums.
     pub(crate) fn checksum_errors(&self, slab: SlabRef, bad: &[u64]) {
-        self.stats.checksum_errors.fetch_add(bad.len() as u64, Ordering::Relaxed);
+        self.stats
+            .checksum_errors
+            .fetch_add(bad.len() as u64, Ordering::Relaxed);
         self.count_for(slab.disk, |c| c.checksum += bad.len() as u64);
-        warn!(disk = slab.disk, slab = slab.slab, blocks = bad.len(), first = bad[0], "checksum mismatch");
+        warn!(
+            disk = slab.disk,
+            slab = slab.slab,
+            blocks = bad.len(),
+            first = bad[0],
+            "checksum mismatch"
+        );
     }
 
     /// True if the bytes at `mo` (whole blocks) match their checksums. For reads that went to
@@ -419,7 +427,9 @@ impl Layouts {
             None if self.sums().enabled() => Some(self.sums_after_write(&dev, slab, mo, buf)),
             _ => None,
         };
-        let sums = known.map(|k| (mo, k)).or(computed.as_ref().map(|(lo, c)| (*lo, &c[..])));
+        let sums = known
+            .map(|k| (mo, k))
+            .or(computed.as_ref().map(|(lo, c)| (*lo, &c[..])));
         self.member_write_raw(&dev, slab, mo, buf)?;
         if let Some((lo, sums)) = sums {
             if let Err(e) = self.sums().record(slab, lo, sums) {

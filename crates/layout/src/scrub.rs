@@ -139,17 +139,19 @@ impl Layouts {
             match self.member_read_raw(slab, mo, &mut b) {
                 Ok(()) => {
                     let v = (0..nb)
-                        .map(|i| match checked.then(|| self.sums().get(slab, mo + i as u64 * BLOCK)) {
-                            Some(Ok(Some(want))) => {
-                                let block = &b[i * BLOCK as usize..(i + 1) * BLOCK as usize];
-                                if block_sum(block) == want {
-                                    Verdict::Good
-                                } else {
-                                    Verdict::Bad
+                        .map(
+                            |i| match checked.then(|| self.sums().get(slab, mo + i as u64 * BLOCK)) {
+                                Some(Ok(Some(want))) => {
+                                    let block = &b[i * BLOCK as usize..(i + 1) * BLOCK as usize];
+                                    if block_sum(block) == want {
+                                        Verdict::Good
+                                    } else {
+                                        Verdict::Bad
+                                    }
                                 }
-                            }
-                            _ => Verdict::Unknown,
-                        })
+                                _ => Verdict::Unknown,
+                            },
+                        )
                         .collect();
                     bufs.push(Some(b));
                     verdicts.push(v);
@@ -190,7 +192,9 @@ impl Layouts {
             if bad > 0 && r.bufs[m].is_some() {
                 // Rot a scrub finds counts against the disk as rot a read finds does (a read
                 // error was counted when the read failed).
-                self.stats.checksum_errors.fetch_add(bad as u64, std::sync::atomic::Ordering::Relaxed);
+                self.stats
+                    .checksum_errors
+                    .fetch_add(bad as u64, std::sync::atomic::Ordering::Relaxed);
                 self.count_for(members[m].disk, |c| c.checksum += bad as u64);
             }
             if bad > 0 {
@@ -292,15 +296,24 @@ impl Layouts {
         lost: &mut Vec<usize>,
         note: &mut dyn FnMut(String),
     ) {
-        let dms: Vec<usize> = (0..spec.data_columns()).map(|d| data_members(spec, row, d)[0]).collect();
+        let dms: Vec<usize> = (0..spec.data_columns())
+            .map(|d| data_members(spec, row, d)[0])
+            .collect();
         let pms = parity_members(spec, row);
         let mo = row * spec.interleave;
         // The usual case first: every block read, none failing, parity right for the row.
-        let clean = dms.iter().chain(&pms).all(|&m| r.bufs[m].is_some() && !r.verdicts[m].contains(&Verdict::Bad));
+        let clean = dms
+            .iter()
+            .chain(&pms)
+            .all(|&m| r.bufs[m].is_some() && !r.verdicts[m].contains(&Verdict::Bad));
         if clean {
             let refs: Vec<&[u8]> = dms.iter().map(|&m| &r.bufs[m].as_ref().expect("read")[..]).collect();
             if let Ok(want) = codec::encode(spec.parity_columns(), &refs) {
-                if pms.iter().enumerate().all(|(k, &pm)| r.bufs[pm].as_deref() == Some(&want[k][..])) {
+                if pms
+                    .iter()
+                    .enumerate()
+                    .all(|(k, &pm)| r.bufs[pm].as_deref() == Some(&want[k][..]))
+                {
                     return;
                 }
             }
@@ -333,7 +346,9 @@ impl Layouts {
                 }
             }
             let refs: Vec<&[u8]> = data.iter().map(|d| d.as_deref().expect("complete")).collect();
-            let Ok(want) = codec::encode(spec.parity_columns(), &refs) else { continue };
+            let Ok(want) = codec::encode(spec.parity_columns(), &refs) else {
+                continue;
+            };
             for (k, &pm) in pms.iter().enumerate() {
                 if r.block(pm, i) != Some(&want[k][..]) {
                     if r.bufs[pm].is_some() && r.verdicts[pm][i] != Verdict::Bad {

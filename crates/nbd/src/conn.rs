@@ -517,7 +517,10 @@ impl<S: Socket> Loop<S> {
         if !ok {
             // The synchronous path reads around a failing member (or a block that does not
             // match its checksum) and repairs it.
-            debug!(cookie = f.req.cookie, "a read on the ring failed or did not match its checksums; read again");
+            debug!(
+                cookie = f.req.cookie,
+                "a read on the ring failed or did not match its checksums; read again"
+            );
             give_back_parts(&self.ctx.buffers, f.parts);
             return self.to_workers(Job {
                 req: f.req,

@@ -6,10 +6,10 @@
 use std::sync::Arc;
 
 use rand::{Rng, RngCore, SeedableRng};
-use tessera_test_support::{Disks, TestPool};
 use tessera_nbd::client::{list, Client, ClientError};
 use tessera_nbd::proto::{self, cflag, cmd, errno};
 use tessera_nbd::{Export, Registry};
+use tessera_test_support::{Disks, TestPool};
 use tessera_volume::{Engine, LayoutKind, VdiskSpec};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -28,7 +28,6 @@ struct Rig {
 async fn rig() -> Rig {
     rig_on(Disks::Files).await
 }
-
 
 async fn rig_on(kind: Disks) -> Rig {
     let TestPool { dir, engine } = TestPool::new(kind, 2, 160 * MIB);

@@ -10,10 +10,10 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tessera_test_support::{Disks, TestPool};
 use tessera_nbd::client::{Client, ClientError};
 use tessera_nbd::proto::{self, opt, rep};
 use tessera_nbd::{Export, Policy, Registry, TlsConfig, TlsServer};
+use tessera_test_support::{Disks, TestPool};
 use tessera_volume::{Engine, LayoutKind, VdiskSpec};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UnixListener};
@@ -68,7 +68,10 @@ fn tool(cmd: &str, args: &[&str]) -> Option<(bool, String)> {
     let o = match Command::new(cmd).args(args).output() {
         Ok(o) => o,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            tessera_disk::skip(&format!("a step of this file's tests that runs {cmd}"), "not installed (Debian libnbd-bin)");
+            tessera_disk::skip(
+                &format!("a step of this file's tests that runs {cmd}"),
+                "not installed (Debian libnbd-bin)",
+            );
             return None;
         }
         Err(e) => panic!("{cmd}: {e}"),

@@ -156,7 +156,11 @@ fn a_hot_spare_takes_no_new_sets_and_is_the_first_replacement() {
     let info = pool.add_spare(spare).unwrap();
     assert_eq!(info.state, DiskState::Spare);
     let c = pool.capacity();
-    assert_eq!((c.total_bytes, c.spare_bytes), (3 * 7 * MIB, 7 * MIB), "spares are not capacity");
+    assert_eq!(
+        (c.total_bytes, c.spare_bytes),
+        (3 * 7 * MIB, 7 * MIB),
+        "spares are not capacity"
+    );
     // New slab sets never land on it, even when three disks are asked for.
     for _ in 0..5 {
         let set = pool.allocate_slabs(3, &[]).unwrap();
@@ -165,7 +169,8 @@ fn a_hot_spare_takes_no_new_sets_and_is_the_first_replacement() {
     assert!(pool.allocate_slabs(4, &[]).is_err(), "a spare does not widen a set");
     // A replacement goes to it, and from then on it is a member, also after a reopen.
     let d0 = pool.find_disk("d0").unwrap();
-    pool.set_disk_state(d0, DiskState::Failed, Some("drill".into())).unwrap();
+    pool.set_disk_state(d0, DiskState::Failed, Some("drill".into()))
+        .unwrap();
     let r = pool.allocate_replacement(&[d0, 1, 2]).unwrap();
     assert_eq!(r.disk, info.position);
     assert_eq!(pool.disk_state(info.position), DiskState::Healthy);

@@ -10,8 +10,8 @@ use crate::cdb::BlockRange;
 use crate::data::Data;
 use crate::lun::{CmdResult, Lun, Response};
 use crate::nexus::Nexus;
-use crate::pr::Access;
 use crate::opcodes::*;
+use crate::pr::Access;
 use crate::sense::{self, Sense};
 
 /// One command as it arrives: the nexus that sent it, its CDB (as long as its group says, at

@@ -12,8 +12,8 @@ mod nexus;
 mod odx;
 mod opcodes;
 mod planned;
-mod ram;
 pub mod pr;
+mod ram;
 mod sbc;
 pub mod sense;
 mod spc;
@@ -21,18 +21,19 @@ pub mod tpc;
 mod xcopy;
 
 pub use backend::{
-    copy_image, BackendError, BackendErrorKind, BackendResult, BlockBackend, DirectRead, Extent, FrozenImage, PlanHold, ReadPlan,
+    copy_image, BackendError, BackendErrorKind, BackendResult, BlockBackend, DirectRead, Extent, FrozenImage, PlanHold,
+    ReadPlan,
 };
+pub use cdb::transfer_length;
+pub use commands::{is_read, lookup, Command, COMMANDS};
 pub use data::Data;
 pub use lun::{Lun, ModeState, ModeStore, PrStore, Response};
 pub use nexus::{LunScope, Nexus, Scope};
-pub use commands::{is_read, lookup, Command, COMMANDS};
-pub use pr::Access;
 pub use opcodes::{cdb_len, REPORT_LUNS};
 pub use planned::{PlannedRead, ReadStart};
-pub use ram::RamBackend;
+pub use pr::Access;
 pub use pr::PrState;
-pub use cdb::transfer_length;
+pub use ram::RamBackend;
 pub use sense::Sense;
 pub use spc::{decode_lun, encode_lun, report_luns, MAX_TRANSFER_BYTES};
 pub use tpc::CopyManager;

@@ -15,16 +15,14 @@ use crate::lun::{CmdResult, Lun};
 use crate::opcodes::*;
 use crate::sense::{self, Sense};
 use crate::tpc::{
-    COPY_COMPLETED, COPY_COMPLETED_WITH_ERRORS,
-    OpResult, TokenRefusal, DEFAULT_INACTIVITY_TIMEOUT, MAX_INACTIVITY_TIMEOUT, ROD_TYPE_BLOCK_ZERO,
-    ROD_TYPE_PIT_DEFAULT, TOKEN_LEN,
+    OpResult, TokenRefusal, COPY_COMPLETED, COPY_COMPLETED_WITH_ERRORS, DEFAULT_INACTIVITY_TIMEOUT,
+    MAX_INACTIVITY_TIMEOUT, ROD_TYPE_BLOCK_ZERO, ROD_TYPE_PIT_DEFAULT, TOKEN_LEN,
 };
 
 /// Block device range descriptors one POPULATE TOKEN or WRITE USING TOKEN may carry.
 pub const MAX_RANGE_DESCRIPTORS: usize = 64;
 /// Most bytes one token may represent (and one WRITE USING TOKEN may write): 1 TiB.
 pub const MAX_TOKEN_TRANSFER_BYTES: u64 = 1 << 40;
-
 
 /// Where WRITE USING TOKEN's fields sit in its parameter list.
 const WUT_TOKEN: usize = 16;
@@ -84,7 +82,9 @@ impl Lun {
             return Err(sense::INVALID_FIELD_IN_PARAMETER_LIST);
         }
         let image = Arc::from(self.backend.freeze(&ranges).map_err(|e| self.io_sense(e, false))?);
-        let token = self.tpc.create_token(self.identification_cscd(), nexus, image, timeout)?;
+        let token = self
+            .tpc
+            .create_token(self.identification_cscd(), nexus, image, timeout)?;
         self.tpc.record(
             nexus,
             list_id,
@@ -171,7 +171,12 @@ impl Lun {
 
     /// Writes the image from `offset` into the ranges in order, until either runs out. Returns
     /// the bytes written, and with a failure how far it got.
-    fn paste_ranges(&self, image: &dyn FrozenImage, mut offset: u64, ranges: &[(u64, u64)]) -> Result<u64, (u64, Sense)> {
+    fn paste_ranges(
+        &self,
+        image: &dyn FrozenImage,
+        mut offset: u64,
+        ranges: &[(u64, u64)],
+    ) -> Result<u64, (u64, Sense)> {
         let mut done = 0;
         for &(at, len) in ranges {
             let n = len.min(image.len() - offset);

@@ -87,7 +87,11 @@ impl Lun {
             return ReadStart::Execute;
         };
         // The submissions write into the buffer: a plan that strays outside it is not used.
-        if plan.reads.iter().any(|r| r.buf_off.checked_add(r.len).is_none_or(|end| end > len)) {
+        if plan
+            .reads
+            .iter()
+            .any(|r| r.buf_off.checked_add(r.len).is_none_or(|end| end > len))
+        {
             return ReadStart::Execute;
         }
         // Zeroed: the parts no read covers (unmapped grains) need nothing more.

@@ -50,7 +50,10 @@ impl RamBackend {
             Some(end) if end <= self.size => Ok(()),
             _ => Err(BackendError::new(
                 BackendErrorKind::Internal,
-                format!("{}: {len} bytes at {offset} lie past the end ({})", self.name, self.size),
+                format!(
+                    "{}: {len} bytes at {offset} lie past the end ({})",
+                    self.name, self.size
+                ),
             )),
         }
     }
@@ -121,9 +124,7 @@ impl BlockBackend for RamBackend {
         let mut grains = self.grains.write();
         let grain = self.grain as usize;
         self.pieces(offset, data.len() as u64, |g, in_g, at, n| {
-            let slot = grains
-                .entry(g)
-                .or_insert_with(|| vec![0u8; grain].into_boxed_slice());
+            let slot = grains.entry(g).or_insert_with(|| vec![0u8; grain].into_boxed_slice());
             slot[in_g..in_g + n].copy_from_slice(&data[at..at + n]);
         });
         Ok(())
@@ -208,17 +209,36 @@ mod tests {
     #[test]
     fn writes_read_back_and_unmap_gives_grains_back() {
         let b = RamBackend::new("ram", 1 << 20, 512);
-        assert_eq!(b.extents(0, 1 << 20).unwrap(), vec![Extent { offset: 0, len: 1 << 20, mapped: false }]);
+        assert_eq!(
+            b.extents(0, 1 << 20).unwrap(),
+            vec![Extent {
+                offset: 0,
+                len: 1 << 20,
+                mapped: false
+            }]
+        );
         let data: Vec<u8> = (0..70_000u32).map(|i| (i % 251) as u8).collect();
         b.write(1000, &data, false).unwrap();
         let mut back = vec![0u8; data.len()];
         b.read(1000, &mut back).unwrap();
         assert_eq!(back, data);
         // Two grains touched.
-        let mapped: u64 = b.extents(0, 1 << 20).unwrap().iter().filter(|e| e.mapped).map(|e| e.len).sum();
+        let mapped: u64 = b
+            .extents(0, 1 << 20)
+            .unwrap()
+            .iter()
+            .filter(|e| e.mapped)
+            .map(|e| e.len)
+            .sum();
         assert_eq!(mapped, 128 << 10);
         b.trim(0, 64 << 10).unwrap();
-        let mapped: u64 = b.extents(0, 1 << 20).unwrap().iter().filter(|e| e.mapped).map(|e| e.len).sum();
+        let mapped: u64 = b
+            .extents(0, 1 << 20)
+            .unwrap()
+            .iter()
+            .filter(|e| e.mapped)
+            .map(|e| e.len)
+            .sum();
         assert_eq!(mapped, 64 << 10, "the whole first grain was given back");
         b.read(1000, &mut back).unwrap();
         assert!(back[..64 * 1024 - 1000].iter().all(|&x| x == 0));

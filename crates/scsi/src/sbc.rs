@@ -299,7 +299,9 @@ impl Lun {
         let _shared = self.atomic.read();
         for (lba, n) in descs {
             if n > 0 {
-                self.backend.trim(lba * bs, n * bs).map_err(|e| self.io_sense(e, true))?;
+                self.backend
+                    .trim(lba * bs, n * bs)
+                    .map_err(|e| self.io_sense(e, true))?;
             }
         }
         Ok(Vec::new())

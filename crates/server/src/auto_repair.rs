@@ -58,7 +58,10 @@ pub struct AutoRepair {
 
 impl AutoRepair {
     pub fn load(path: PathBuf) -> Result<AutoRepair, String> {
-        let settings = statefile::read_json(&path, "fix or remove it to switch automatic repair back on for every pool")?;
+        let settings = statefile::read_json(
+            &path,
+            "fix or remove it to switch automatic repair back on for every pool",
+        )?;
         Ok(AutoRepair {
             path,
             settings: Mutex::new(settings),
@@ -73,7 +76,10 @@ impl AutoRepair {
     }
 
     fn failing_reason(&self, pool: &str, disk_id: &str) -> Option<String> {
-        self.failing.lock().get(&(pool.to_string(), disk_id.to_string())).cloned()
+        self.failing
+            .lock()
+            .get(&(pool.to_string(), disk_id.to_string()))
+            .cloned()
     }
 
     pub fn enabled(&self, pool: &str) -> bool {
@@ -111,7 +117,9 @@ impl AutoRepair {
         let status = if !daemon_wide {
             Some("off for every pool (auto_repair = false in the configuration)".to_string())
         } else if !enabled {
-            Some(format!("off for this pool: 'tessera pool auto-repair {pool} on' switches it on"))
+            Some(format!(
+                "off for this pool: 'tessera pool auto-repair {pool} on' switches it on"
+            ))
         } else {
             self.pools.lock().get(pool).and_then(|w| w.status.clone())
         };
@@ -161,7 +169,8 @@ impl Daemon {
             .iter()
             .filter(|d| !matches!(d.info.state, DiskState::Healthy | DiskState::Spare))
             .collect();
-        w.out_since.retain(|id, _| out.iter().any(|d| d.info.id.to_string() == *id));
+        w.out_since
+            .retain(|id, _| out.iter().any(|d| d.info.id.to_string() == *id));
         if needed == 0 {
             w.out_since.clear();
             w.status = None;
@@ -180,7 +189,11 @@ impl Daemon {
             match d.info.state {
                 DiskState::Failed => reason = Some(format!("disk {} failed", d.info.path)),
                 DiskState::Missing if now.duration_since(since) >= delay => {
-                    reason = Some(format!("disk {} has been missing for {}", d.info.path, format_duration(delay)))
+                    reason = Some(format!(
+                        "disk {} has been missing for {}",
+                        d.info.path,
+                        format_duration(delay)
+                    ))
                 }
                 DiskState::Missing => {
                     let left = delay - now.duration_since(since);
@@ -224,7 +237,10 @@ impl Daemon {
                 format_size(free)
             );
             if w.status.as_deref() != Some(status.as_str()) {
-                warn!(pool = name, needed, free, "cannot repair by itself: not enough free space");
+                warn!(
+                    pool = name,
+                    needed, free, "cannot repair by itself: not enough free space"
+                );
             }
             w.status = Some(status);
             return;

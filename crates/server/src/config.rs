@@ -490,7 +490,11 @@ mod tests {
         assert_eq!(c.disk_error_limit, 10);
         let c = resolve("scrub_interval = \"off\"\nscrub_rate = \"off\"\n", Overrides::default()).unwrap();
         assert_eq!((c.scrub_interval, c.scrub_rate), (None, None));
-        for bad in ["scrub_interval = \"soon\"\n", "scrub_rate = \"0\"\n", "disk_error_limit = 0\n"] {
+        for bad in [
+            "scrub_interval = \"soon\"\n",
+            "scrub_rate = \"0\"\n",
+            "disk_error_limit = 0\n",
+        ] {
             let e = resolve(bad, Overrides::default()).unwrap_err();
             assert!(e.contains(bad.split(' ').next().unwrap()), "{bad}: {e}");
         }

@@ -217,4 +217,3 @@ impl Daemon {
         self.pools.read().iter().map(|(n, e)| (n.clone(), e.clone())).collect()
     }
 }
-

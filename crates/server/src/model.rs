@@ -529,11 +529,19 @@ mod pool_health_tests {
     fn pool_health_is_written_as_the_api_documents_it() {
         let doc = crate::api::openapi::document();
         let documented = doc["components"]["schemas"]["PoolHealth"].to_string();
-        for h in [PoolHealth::Unavailable, PoolHealth::Failed, PoolHealth::Degraded, PoolHealth::Healthy] {
+        for h in [
+            PoolHealth::Unavailable,
+            PoolHealth::Failed,
+            PoolHealth::Degraded,
+            PoolHealth::Healthy,
+        ] {
             // What the API writes is what the CLI prints.
             let json = serde_json::to_value(h).unwrap();
             assert_eq!(json, serde_json::Value::String(h.to_string()));
-            assert!(documented.contains(&json.to_string()), "{h} is not in the OpenAPI document");
+            assert!(
+                documented.contains(&json.to_string()),
+                "{h} is not in the OpenAPI document"
+            );
         }
     }
 }

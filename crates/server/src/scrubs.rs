@@ -24,10 +24,22 @@ pub(crate) fn pass_view(p: &ScrubPass) -> ScrubPassView {
     let t = &p.tally;
     let mut per_disk: BTreeMap<u32, DiskBlocks> = BTreeMap::new();
     for (&d, &n) in &t.repaired {
-        per_disk.entry(d).or_insert(DiskBlocks { disk: d, ..Default::default() }).repaired = n;
+        per_disk
+            .entry(d)
+            .or_insert(DiskBlocks {
+                disk: d,
+                ..Default::default()
+            })
+            .repaired = n;
     }
     for (&d, &n) in &t.unrecoverable {
-        per_disk.entry(d).or_insert(DiskBlocks { disk: d, ..Default::default() }).unrecoverable = n;
+        per_disk
+            .entry(d)
+            .or_insert(DiskBlocks {
+                disk: d,
+                ..Default::default()
+            })
+            .unrecoverable = n;
     }
     ScrubPassView {
         started_at: p.started_at,
@@ -92,7 +104,9 @@ impl Daemon {
             ));
         }
         if let Some(j) = self.scrub_job(name) {
-            return Err(ApiError::busy(format!("a scrub of pool '{name}' is already running as job {j}")));
+            return Err(ApiError::busy(format!(
+                "a scrub of pool '{name}' is already running as job {j}"
+            )));
         }
         self.scrub_watch.failed.lock().remove(name);
         let opts = ScrubOptions {
@@ -195,7 +209,9 @@ impl Daemon {
     fn watch_disk_errors(&self, name: &str, e: &Engine) {
         let errors = e.layouts().disk_errors();
         for d in e.pool().disks() {
-            let Some(n) = errors.get(&d.info.position) else { continue };
+            let Some(n) = errors.get(&d.info.position) else {
+                continue;
+            };
             let count = n.read + n.checksum;
             if d.info.state != DiskState::Healthy || count < self.cfg.disk_error_limit {
                 continue;

@@ -81,7 +81,8 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         'd' => n.checked_mul(86_400),
         _ => return Err(bad()),
     };
-    secs.map(Duration::from_secs).ok_or_else(|| format!("'{s}' is too long"))
+    secs.map(Duration::from_secs)
+        .ok_or_else(|| format!("'{s}' is too long"))
 }
 
 /// A duration for humans: `45 s`, `5 min`, `2 h 30 min`.

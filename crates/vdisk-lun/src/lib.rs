@@ -6,7 +6,8 @@ use std::any::Any;
 use std::sync::Arc;
 
 use tessera_scsi::{
-    copy_image, BackendError, BackendErrorKind, BackendResult, BlockBackend, DirectRead, Extent, FrozenImage, Lun, PlanHold, ReadPlan,
+    copy_image, BackendError, BackendErrorKind, BackendResult, BlockBackend, DirectRead, Extent, FrozenImage, Lun,
+    PlanHold, ReadPlan,
 };
 use tessera_volume::{Frozen, Provisioning, Vdisk, VolumeError};
 
@@ -79,9 +80,7 @@ impl BlockBackend for VdiskBackend {
         self.0.write(offset, data, durable).map_err(backend_error)
     }
     fn write_zeroes(&self, offset: u64, len: u64, unmap: bool, durable: bool) -> BackendResult<()> {
-        self.0
-            .write_zeroes(offset, len, unmap, durable)
-            .map_err(backend_error)
+        self.0.write_zeroes(offset, len, unmap, durable).map_err(backend_error)
     }
     fn trim(&self, offset: u64, len: u64) -> BackendResult<()> {
         self.0.trim(offset, len).map_err(backend_error)
@@ -115,11 +114,7 @@ impl BlockBackend for VdiskBackend {
     /// shared, and copies what cannot); copies any other image.
     fn paste(&self, at: u64, image: &dyn FrozenImage, from: u64, len: u64) -> BackendResult<()> {
         match image.as_any().downcast_ref::<FrozenVdisk>() {
-            Some(f) => self
-                .0
-                .paste(at, &f.image, from, len)
-                .map(|_| ())
-                .map_err(backend_error),
+            Some(f) => self.0.paste(at, &f.image, from, len).map(|_| ()).map_err(backend_error),
             None => copy_image(self, at, image, from, len),
         }
     }

@@ -6,9 +6,9 @@
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
-use tessera_test_support::{Disks, TestPool};
 use tessera_scsi::sense;
 use tessera_scsi::{cdb_len, Nexus, COMMANDS};
+use tessera_test_support::{Disks, TestPool};
 use tessera_vdisk_lun::vdisk_lun;
 use tessera_volume::{LayoutKind, VdiskSpec};
 

@@ -3,9 +3,9 @@
 
 use std::sync::Arc;
 
-use tessera_test_support::{Disks, TestPool};
 use tessera_scsi::sense::{self, key};
 use tessera_scsi::{report_luns, Data, Lun, Nexus, Response};
+use tessera_test_support::{Disks, TestPool};
 use tessera_vdisk_lun::{vdisk_lun, vdisk_of};
 use tessera_volume::{Engine, LayoutKind, Provisioning, VdiskSpec};
 

@@ -633,7 +633,10 @@ fn extended_copy_between_luns_and_its_results() {
     ));
     assert_eq!(read(&b, 0, 4096), data);
     assert_eq!(read(&b, 10_001, 100), &data[..51_200]);
-    assert!(vdisk_of(&b).unwrap().space_usage().shared_bytes >= MIB, "shared, not copied");
+    assert!(
+        vdisk_of(&b).unwrap().space_usage().shared_bytes >= MIB,
+        "shared, not copied"
+    );
     let st = ok(rcr(&a, 0x00, 7));
     assert_eq!(st[4], 0x01, "completed without errors");
     assert_eq!(u16::from_be_bytes([st[5], st[6]]), 2, "segments processed");

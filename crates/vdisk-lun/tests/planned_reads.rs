@@ -4,10 +4,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tessera_test_support::{Disks, TestPool};
 use tessera_disk::{io_uring_available, skip, ReadRing};
 use tessera_scsi::sense::{self, key};
 use tessera_scsi::{Lun, Nexus, PlannedRead, ReadStart, Response};
+use tessera_test_support::{Disks, TestPool};
 use tessera_vdisk_lun::vdisk_lun;
 use tessera_volume::{Engine, LayoutKind, VdiskSpec};
 
@@ -80,7 +80,10 @@ fn complete(mut p: PlannedRead) -> Response {
 #[test]
 fn a_planned_read_returns_what_an_ordinary_read_does() {
     if !io_uring_available() {
-        skip("a_planned_read_returns_what_an_ordinary_read_does", "io_uring unavailable");
+        skip(
+            "a_planned_read_returns_what_an_ordinary_read_does",
+            "io_uring unavailable",
+        );
         return;
     }
     let r = rig(true);
@@ -155,7 +158,10 @@ fn register(lun: &Lun, n: &Nexus, key: u64) -> Response {
 #[test]
 fn a_reservation_change_waits_for_planned_reads_and_new_ones_wait_for_it() {
     if !io_uring_available() {
-        skip("a_reservation_change_waits_for_planned_reads_and_new_ones_wait_for_it", "io_uring unavailable");
+        skip(
+            "a_reservation_change_waits_for_planned_reads_and_new_ones_wait_for_it",
+            "io_uring unavailable",
+        );
         return;
     }
     let r = rig(true);

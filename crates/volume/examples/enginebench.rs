@@ -73,7 +73,8 @@ fn main() {
             Arc::new(FileDisk::create_file(a.dir.join(format!("disk{i}")), a.disk_size, false).unwrap()) as DiskRef
         })
         .collect();
-    let engine = Engine::create_pool_with_checksums(&a.dir.join("pool"), "bench", disks, 256 << 20, a.checksums).unwrap();
+    let engine =
+        Engine::create_pool_with_checksums(&a.dir.join("pool"), "bench", disks, 256 << 20, a.checksums).unwrap();
     let mut spec = VdiskSpec::new("bench", a.size, a.layout);
     spec.columns = a.columns;
     spec.provisioning = Provisioning::Thin;

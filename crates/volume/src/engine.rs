@@ -19,9 +19,9 @@ use crate::commit::Committer;
 use crate::config::{physical_block_size, validate, VdiskConfig, VdiskSpec, VdiskState, DEFAULT_GRAIN};
 use crate::error::{Result, VolumeError};
 use crate::frozen_registry::FrozenRegistry;
-use crate::shared::Shared;
 use crate::keys::{parse_grain_key, parse_loc, refcount_key, vdisk_key};
 use crate::locks::GrainLocks;
+use crate::shared::Shared;
 use crate::space::{loc_parts, Class, GrainSpace};
 use crate::vdisk::{Vdisk, BATCH_GRAINS};
 

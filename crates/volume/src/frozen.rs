@@ -15,10 +15,10 @@ use tessera_disk::AlignedBuf;
 use tessera_pool::{refcount_delta, CF_GRAINS, CF_REFCOUNTS};
 
 use crate::commit::Op;
-use crate::frozen_registry::Piece;
-use crate::shared::Shared;
 use crate::error::{Result, VolumeError};
+use crate::frozen_registry::Piece;
 use crate::keys::{grain_key, loc_value, refcount_key};
+use crate::shared::Shared;
 use crate::space::{Class, Loc};
 use crate::vdisk::{grain_pieces, Vdisk};
 

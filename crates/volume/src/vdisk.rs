@@ -13,9 +13,9 @@ use tessera_pool::{refcount_delta, CF_GRAINS, CF_REFCOUNTS};
 
 use crate::commit::Op;
 use crate::config::{Provisioning, VdiskConfig};
-use crate::shared::Shared;
 use crate::error::{Result, VolumeError};
 use crate::keys::{grain_key, loc_value, refcount_key};
+use crate::shared::Shared;
 use crate::space::{Class, Loc};
 
 /// Grains whose map entries one batch changes, at most (trim, delete, clone).

@@ -66,7 +66,9 @@ fn disk_image(rig: &Rig, disk: u32) -> Vec<(SlabRef, Vec<u8>)> {
     let mut out = Vec::new();
     for (_, _, slab) in member_slabs(rig).into_iter().filter(|x| x.2.disk == disk) {
         let mut b = tessera_disk::AlignedBuf::zeroed(MIB as usize);
-        d.inner().read_at(&mut b, rig.engine().pool().slab_offset(slab)).unwrap();
+        d.inner()
+            .read_at(&mut b, rig.engine().pool().slab_offset(slab))
+            .unwrap();
         out.push((slab, b.to_vec()));
     }
     out.sort_by_key(|x| (x.0.disk, x.0.slab));
@@ -82,14 +84,21 @@ fn first_difference(a: &[(SlabRef, Vec<u8>)], b: &[(SlabRef, Vec<u8>)]) -> Optio
         if sa != sb {
             return Some(format!("slab {sa:?} then, {sb:?} now"));
         }
-        da.iter().zip(db).position(|(x, y)| x != y).map(|at| format!("slab {sa:?}, byte {at}"))
+        da.iter()
+            .zip(db)
+            .position(|(x, y)| x != y)
+            .map(|at| format!("slab {sa:?}, byte {at}"))
     })
 }
 
 /// Flips one bit at each of `n` distinct bytes of the member slabs on `disk`, avoiding the
 /// 4 KiB blocks (by offset within the slab) listed in `avoid`. Returns the blocks it hit.
 fn flip(rig: &Rig, rng: &mut Rng, disk: u32, n: usize, avoid: &HashSet<u64>) -> HashSet<u64> {
-    let slabs: Vec<SlabRef> = member_slabs(rig).into_iter().map(|x| x.2).filter(|s| s.disk == disk).collect();
+    let slabs: Vec<SlabRef> = member_slabs(rig)
+        .into_iter()
+        .map(|x| x.2)
+        .filter(|s| s.disk == disk)
+        .collect();
     assert!(!slabs.is_empty(), "disk {disk} holds no member of the vdisk");
     let mut hit = HashSet::new();
     let mut bytes = HashSet::new();
@@ -100,7 +109,10 @@ fn flip(rig: &Rig, rng: &mut Rng, disk: u32, n: usize, avoid: &HashSet<u64>) -> 
             continue;
         }
         let at = rig.engine().pool().slab_offset(slab) + mo;
-        rig.disks[disk as usize].faults().flip_bit(at, (rng.next() % 8) as u8).unwrap();
+        rig.disks[disk as usize]
+            .faults()
+            .flip_bit(at, (rng.next() % 8) as u8)
+            .unwrap();
         hit.insert(mo / BLOCK);
     }
     hit
@@ -146,16 +158,30 @@ fn flips_on_one_disk_read_right_are_repaired_and_a_second_scrub_finds_nothing() 
         for at in (0..SIZE).step_by(BLOCK as usize * 7) {
             let mut b = vec![0u8; BLOCK as usize];
             v.read(at, &mut b).unwrap();
-            assert!(b == data[at as usize..(at + BLOCK) as usize], "{name}: block at {at} reads wrong");
+            assert!(
+                b == data[at as usize..(at + BLOCK) as usize],
+                "{name}: block at {at} reads wrong"
+            );
         }
         let errors = rig.engine().layouts().disk_errors();
-        assert!(errors.get(&disk).is_some_and(|e| e.checksum > 0), "{name}: no checksum error counted on disk {disk}: {errors:?}");
+        assert!(
+            errors.get(&disk).is_some_and(|e| e.checksum > 0),
+            "{name}: no checksum error counted on disk {disk}: {errors:?}"
+        );
         let first = scrub(&rig);
         assert_eq!(first.unrecoverable_total(), 0, "{name}: {first:?}");
         assert!(first.mismatches.is_empty(), "{name}: {:?}", first.mismatches);
-        assert_eq!(first_difference(&disk_image(&rig, disk), &before), None, "{name}: a flip is left on the disk after scrub");
+        assert_eq!(
+            first_difference(&disk_image(&rig, disk), &before),
+            None,
+            "{name}: a flip is left on the disk after scrub"
+        );
         let second = scrub(&rig);
-        assert_eq!(second.repaired_total(), 0, "{name}: the second scrub repaired {second:?}");
+        assert_eq!(
+            second.repaired_total(),
+            0,
+            "{name}: the second scrub repaired {second:?}"
+        );
         assert!(second.mismatches.is_empty(), "{name}: {:?}", second.mismatches);
         assert!(read_all(&rig) == data, "{name}: the vdisk reads wrong");
         rig.assert_consistent();
@@ -174,9 +200,20 @@ fn flips_on_two_disks_in_different_places_are_within_tolerance() {
         // Scrub first this time: it finds and repairs what no read has touched yet.
         let t = scrub(&rig);
         assert_eq!(t.unrecoverable_total(), 0, "{name}: {t:?}");
-        assert!(t.repaired.contains_key(&a) && t.repaired.contains_key(&b), "{name}: {t:?}");
-        assert_eq!(first_difference(&disk_image(&rig, a), &before_a), None, "{name}: disk {a}");
-        assert_eq!(first_difference(&disk_image(&rig, b), &before_b), None, "{name}: disk {b}");
+        assert!(
+            t.repaired.contains_key(&a) && t.repaired.contains_key(&b),
+            "{name}: {t:?}"
+        );
+        assert_eq!(
+            first_difference(&disk_image(&rig, a), &before_a),
+            None,
+            "{name}: disk {a}"
+        );
+        assert_eq!(
+            first_difference(&disk_image(&rig, b), &before_b),
+            None,
+            "{name}: disk {b}"
+        );
         assert!(read_all(&rig) == data, "{name}: the vdisk reads wrong");
         assert_eq!(scrub(&rig).repaired_total(), 0, "{name}");
     }
@@ -198,9 +235,15 @@ fn past_the_tolerance_a_read_fails_and_never_returns_wrong_data() {
         for at in (0..SIZE).step_by(BLOCK as usize) {
             let mut b = vec![0u8; BLOCK as usize];
             match v.read(at, &mut b) {
-                Ok(()) => assert!(b == data[at as usize..(at + BLOCK) as usize], "{name}: wrong data at {at}"),
+                Ok(()) => assert!(
+                    b == data[at as usize..(at + BLOCK) as usize],
+                    "{name}: wrong data at {at}"
+                ),
                 Err(e) => {
-                    assert!(e.to_string().contains("checksum") || e.to_string().contains("reconstruct"), "{name}: {e}");
+                    assert!(
+                        e.to_string().contains("checksum") || e.to_string().contains("reconstruct"),
+                        "{name}: {e}"
+                    );
                     failed += 1;
                 }
             }
@@ -236,15 +279,35 @@ fn a_scrub_stopped_part_way_goes_on_where_it_stopped_after_a_restart() {
         job.join().unwrap()
     });
     assert!(stopped.is_err(), "the scrub was not stopped: {stopped:?}");
-    let at = rig.engine().scrub_state().unwrap().current.expect("a pass under way").next;
+    let at = rig
+        .engine()
+        .scrub_state()
+        .unwrap()
+        .current
+        .expect("a pass under way")
+        .next;
     assert!(at != (0, 0), "no progress was saved");
     rig.reopen();
-    assert_eq!(rig.engine().scrub_state().unwrap().current.unwrap().next, at, "the position did not survive the restart");
+    assert_eq!(
+        rig.engine().scrub_state().unwrap().current.unwrap().next,
+        at,
+        "the position did not survive the restart"
+    );
     let p = tessera_volume::Progress::default();
-    let pass = rig.engine().scrub(&tessera_volume::ScrubOptions::default(), &p).unwrap();
-    assert!(pass.finished_at.is_some() && pass.tally.unrecoverable_total() == 0, "{pass:?}");
+    let pass = rig
+        .engine()
+        .scrub(&tessera_volume::ScrubOptions::default(), &p)
+        .unwrap();
+    assert!(
+        pass.finished_at.is_some() && pass.tally.unrecoverable_total() == 0,
+        "{pass:?}"
+    );
     let state = rig.engine().scrub_state().unwrap();
     assert!(state.current.is_none() && state.last == Some(pass));
-    assert_eq!(first_difference(&disk_image(&rig, disk), &before), None, "a flip is left after the resumed scrub");
+    assert_eq!(
+        first_difference(&disk_image(&rig, disk), &before),
+        None,
+        "a flip is left after the resumed scrub"
+    );
     assert!(read_all(&rig) == data, "the vdisk reads wrong after the scrub");
 }

@@ -106,7 +106,10 @@ fn new_grains_go_to_whole_sets_while_the_pool_can_make_them() {
     rig.engine().fail_disk(&format!("mem{kept}")).unwrap();
     assert!(v.read(0, &mut b).is_err(), "both copies of the first grain are gone");
     v.read(MIB, &mut b).unwrap();
-    assert!(b == second, "the grain written after the first loss survives the second");
+    assert!(
+        b == second,
+        "the grain written after the first loss survives the second"
+    );
 
     // One healthy disk left: no whole mirror set can be made, and a degraded one takes the
     // write (a mirror with one copy is what the pool still has to give).

@@ -182,5 +182,8 @@ fn writes_acknowledged_while_other_disks_fail_their_flushes_survive() {
             }
         }
     }
-    assert!(checked >= 2 * DISKS, "only {checked} acknowledged writes could be checked");
+    assert!(
+        checked >= 2 * DISKS,
+        "only {checked} acknowledged writes could be checked"
+    );
 }

@@ -241,9 +241,16 @@ fn dump_from(e: &Engine, first: usize) -> Vec<Vec<u64>> {
 /// a read heals it from the other copy and scrub would find nothing).
 fn problems(e: &Engine) -> Vec<String> {
     let mut out: Vec<String> = e.check().unwrap().problems.iter().map(|p| format!("{p:?}")).collect();
-    let mismatched = e.layouts().stats.checksum_errors.load(std::sync::atomic::Ordering::Relaxed);
+    let mismatched = e
+        .layouts()
+        .stats
+        .checksum_errors
+        .load(std::sync::atomic::Ordering::Relaxed);
     if mismatched > 0 {
-        out.push(format!("{mismatched} block(s) did not match their checksums after the power cut: {:?}", e.layouts().disk_errors()));
+        out.push(format!(
+            "{mismatched} block(s) did not match their checksums after the power cut: {:?}",
+            e.layouts().disk_errors()
+        ));
     }
     for set in e.layouts().sets() {
         for bad in e.layouts().scrub_set(&set).unwrap() {

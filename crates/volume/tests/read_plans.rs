@@ -157,7 +157,9 @@ fn a_plan_that_brings_rotten_bytes_fails_its_check() {
     let plan = v.try_plan_read(0, data.len()).unwrap();
     let mut buf = tessera_disk::AlignedBuf::zeroed(data.len());
     for r in &plan.reads {
-        r.disk.read_at(&mut buf[r.buf_off..r.buf_off + r.len], r.offset).unwrap();
+        r.disk
+            .read_at(&mut buf[r.buf_off..r.buf_off + r.len], r.offset)
+            .unwrap();
     }
     assert!(plan.verify(&buf), "good bytes must pass");
     // Rot on the copy the plan reads, behind the engine's back.
@@ -168,7 +170,9 @@ fn a_plan_that_brings_rotten_bytes_fails_its_check() {
     r.disk.write_at(&sector, r.offset + 8192).unwrap();
     let mut rotten = tessera_disk::AlignedBuf::zeroed(data.len());
     for r in &plan.reads {
-        r.disk.read_at(&mut rotten[r.buf_off..r.buf_off + r.len], r.offset).unwrap();
+        r.disk
+            .read_at(&mut rotten[r.buf_off..r.buf_off + r.len], r.offset)
+            .unwrap();
     }
     assert!(!plan.verify(&rotten), "rotten bytes passed the plan's check");
     drop(plan);
@@ -179,7 +183,9 @@ fn a_plan_that_brings_rotten_bytes_fails_its_check() {
     let plan = v.try_plan_read(0, data.len()).unwrap();
     let mut again = tessera_disk::AlignedBuf::zeroed(data.len());
     for r in &plan.reads {
-        r.disk.read_at(&mut again[r.buf_off..r.buf_off + r.len], r.offset).unwrap();
+        r.disk
+            .read_at(&mut again[r.buf_off..r.buf_off + r.len], r.offset)
+            .unwrap();
     }
     assert!(plan.verify(&again) && again[..] == data[..]);
 }

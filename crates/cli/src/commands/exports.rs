@@ -203,14 +203,9 @@ pub(super) fn nbd_table(exports: &[NbdExportView]) {
 pub(super) fn nbd(c: &Ctx, cmd: NbdCmd) -> R {
     let path = |name: &str| format!("/api/nbd/exports/{}", encode_segment(name));
     let v = match cmd {
-        NbdCmd::Export { vdisk, name, read_only } => c.client.post(
-            "/api/nbd/exports",
-            body(&CreateNbdExport {
-                vdisk,
-                name,
-                read_only,
-            }),
-        )?,
+        NbdCmd::Export { vdisk, name, read_only } => c
+            .client
+            .post("/api/nbd/exports", body(&CreateNbdExport { vdisk, name, read_only }))?,
         NbdCmd::List => c.client.get("/api/nbd/exports")?,
         NbdCmd::Show { name } => c.client.get(&path(&name))?,
         NbdCmd::Remove { name } => {

@@ -310,7 +310,12 @@ fn scrub_line(p: &ScrubPassView) -> String {
     let per_disk: Vec<String> = p
         .per_disk
         .iter()
-        .map(|d| format!("disk {}: {} repaired, {} unrecoverable", d.disk, d.repaired, d.unrecoverable))
+        .map(|d| {
+            format!(
+                "disk {}: {} repaired, {} unrecoverable",
+                d.disk, d.repaired, d.unrecoverable
+            )
+        })
         .collect();
     if !per_disk.is_empty() {
         line += &format!(" ({})", per_disk.join("; "));

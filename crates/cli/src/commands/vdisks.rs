@@ -58,7 +58,9 @@ pub(super) fn snapshot(c: &Ctx, cmd: SnapshotCmd) -> R {
         SnapshotCmd::Create { snapshot } => {
             let (p, v, n) = pool_snapshot(&snapshot)?;
             let started = std::time::Instant::now();
-            let r = c.client.post(&snapshot_path(&p, &v), body(&CreateSnapshot { name: n }))?;
+            let r = c
+                .client
+                .post(&snapshot_path(&p, &v), body(&CreateSnapshot { name: n }))?;
             c.answer(r, |snap: SnapshotView| {
                 println!(
                     "snapshot {snapshot} taken in {:.3} s: {} of data, all shared with {p}/{v}",

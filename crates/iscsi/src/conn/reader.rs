@@ -159,7 +159,10 @@ impl Session {
                 resps.push(read.into_response());
                 jobs.push(job);
             } else {
-                debug!(itt = job.itt, "a read on the ring failed or did not match its checksums; read again");
+                debug!(
+                    itt = job.itt,
+                    "a read on the ring failed or did not match its checksums; read again"
+                );
                 drop(read);
                 failed.push(job);
             }

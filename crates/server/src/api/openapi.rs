@@ -525,7 +525,10 @@ mod tests {
     #[test]
     fn one_name_means_one_shape() {
         let (_, two_ways) = build();
-        assert!(two_ways.is_empty(), "described differently as request and response: {two_ways:?}");
+        assert!(
+            two_ways.is_empty(),
+            "described differently as request and response: {two_ways:?}"
+        );
     }
 
     fn schema_of<'a>(doc: &'a Value, name: &str) -> &'a Value {
@@ -535,7 +538,9 @@ mod tests {
     }
 
     fn strings(v: &Value) -> Vec<&str> {
-        v.as_array().map(|a| a.iter().filter_map(Value::as_str).collect()).unwrap_or_default()
+        v.as_array()
+            .map(|a| a.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default()
     }
 
     #[test]
@@ -561,7 +566,15 @@ mod tests {
     fn responses_promise_every_field_they_always_write() {
         let doc = document();
         let vdisk = schema_of(&doc, "Vdisk");
-        for f in ["pool", "name", "size", "layout", "allocated_bytes", "exclusive_bytes", "snapshots"] {
+        for f in [
+            "pool",
+            "name",
+            "size",
+            "layout",
+            "allocated_bytes",
+            "exclusive_bytes",
+            "snapshots",
+        ] {
             assert!(strings(&vdisk["required"]).contains(&f), "Vdisk does not promise {f}");
         }
         // Written only when there are reservations.

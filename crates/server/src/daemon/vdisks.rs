@@ -195,7 +195,6 @@ impl Daemon {
         }
         Ok(())
     }
-
 }
 
 /// A vdisk as the API shows it; `e` is its pool's engine, which knows its snapshots.
