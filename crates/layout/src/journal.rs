@@ -214,6 +214,36 @@ impl StripeJournal {
         Ok(seq)
     }
 
+    /// Every record in the journal now, in sequence order.
+    pub fn records(&self) -> Result<Vec<(u64, Record)>> {
+        let mut out = Vec::new();
+        for item in self.db.iterator(rocksdb::IteratorMode::Start) {
+            let (k, v) = item.map_err(|e| LayoutError::Journal(e.to_string()))?;
+            let Ok(seq) = <[u8; 8]>::try_from(k.as_ref()).map(u64::from_be_bytes) else {
+                continue;
+            };
+            // A record that does not decode is reported by its sequence number alone.
+            let rec = Record::decode(&v).unwrap_or(Record {
+                set: u32::MAX,
+                row: u64::MAX,
+                body: RecordBody::Dirty,
+            });
+            out.push((seq, rec));
+        }
+        Ok(out)
+    }
+
+    /// Deletes one record, durably, and forgets it if it was pinned.
+    pub fn drop_record(&self, seq: u64) -> Result<()> {
+        let mut wo = WriteOptions::default();
+        wo.set_sync(true);
+        self.db
+            .delete_opt(seq.to_be_bytes(), &wo)
+            .map_err(|e| LayoutError::Journal(e.to_string()))?;
+        self.unpin(seq);
+        Ok(())
+    }
+
     pub fn done(&self, seq: u64) {
         self.inflight.lock().remove(&seq);
     }

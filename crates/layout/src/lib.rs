@@ -2,6 +2,7 @@
 //! writes within the layout's tolerance, a stripe journal that closes the parity write hole,
 //! and repair onto spare slabs.
 
+mod audit;
 mod batch;
 mod codec;
 mod error;
@@ -15,6 +16,7 @@ mod slabset;
 mod spec;
 mod sums;
 
+pub use audit::{LayoutFinding, LostMember};
 pub use batch::{DiskRead, SetRead};
 pub use error::{LayoutError, Result};
 pub use layouts::{DiskErrors, IoStats, Layouts, Placement, SetHealth};

@@ -62,7 +62,23 @@ impl Layouts {
     }
 
     pub fn rebuild(&self, opts: &RebuildOptions, progress: &Progress) -> Result<RebuildReport> {
-        let (ids, bytes) = self.repair_needed();
+        let (ids, _) = self.repair_needed();
+        self.rebuild_only(ids, opts, progress)
+    }
+
+    /// Rebuilds the members that need moving of the listed sets.
+    pub(crate) fn rebuild_only(
+        &self,
+        ids: Vec<u32>,
+        opts: &RebuildOptions,
+        progress: &Progress,
+    ) -> Result<RebuildReport> {
+        let slab = self.pool.slab_size();
+        let bytes: u64 = ids
+            .iter()
+            .filter_map(|&id| self.registry.get(id).ok())
+            .map(|set| self.needs_move(&set.members.read()).len() as u64 * slab)
+            .sum();
         progress.total_bytes.store(bytes, Ordering::Relaxed);
         progress.done_bytes.store(0, Ordering::Relaxed);
         let queue = Mutex::new(ids.into_iter().collect::<VecDeque<u32>>());

@@ -11,7 +11,8 @@ pub use alloc::{SlabMap, SlabRef};
 pub use config::{validate_name, DiskInfo, DiskState, PoolConfig, DEFAULT_SLAB_SIZE, MIN_SLAB_SIZE};
 pub use error::{PoolError, Result};
 pub use meta::{
-    decode_refcount, refcount_delta, MetaStore, CF_GRAINS, CF_GRAINSETS, CF_POOL, CF_REFCOUNTS, CF_SLABSETS, CF_VDISKS,
+    decode_refcount, refcount_delta, MetaSnapshot, MetaStore, CF_FINDINGS, CF_GRAINS, CF_GRAINSETS, CF_POOL,
+    CF_REFCOUNTS, CF_SLABSETS, CF_VDISKS,
 };
 pub use pool::{Capacity, DiskOpener, DiskStatus, Pool};
 pub use rocksdb::WriteBatch;

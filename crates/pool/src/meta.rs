@@ -20,8 +20,18 @@ pub const CF_GRAINS: &str = "grains";
 pub const CF_REFCOUNTS: &str = "refcounts";
 /// Grain size of each slab set used for grains (volume layer).
 pub const CF_GRAINSETS: &str = "grainsets";
+/// What the last metadata scan found, one record per finding (volume layer).
+pub const CF_FINDINGS: &str = "findings";
 
-const ALL_CFS: [&str; 6] = [CF_POOL, CF_SLABSETS, CF_VDISKS, CF_GRAINS, CF_REFCOUNTS, CF_GRAINSETS];
+const ALL_CFS: [&str; 7] = [
+    CF_POOL,
+    CF_SLABSETS,
+    CF_VDISKS,
+    CF_GRAINS,
+    CF_REFCOUNTS,
+    CF_GRAINSETS,
+    CF_FINDINGS,
+];
 
 /// Sums little-endian i64 deltas: the refcount merge operator.
 fn sum_i64(_key: &[u8], existing: Option<&[u8]>, operands: &rocksdb::MergeOperands) -> Option<Vec<u8>> {
@@ -140,10 +150,62 @@ impl MetaStore {
         Ok(())
     }
 
+    /// A consistent view of the store as it is now: every batch committed before is in it,
+    /// none committed after. A scan reads it while the vdisks go on writing.
+    pub fn snapshot(&self) -> MetaSnapshot<'_> {
+        MetaSnapshot {
+            store: self,
+            snap: self.db.snapshot(),
+        }
+    }
+
     pub fn err(&self, e: rocksdb::Error) -> PoolError {
         PoolError::Meta {
             path: self.path.display().to_string(),
             message: e.to_string(),
         }
+    }
+}
+
+/// A point-in-time view of the metadata store ([`MetaStore::snapshot`]).
+pub struct MetaSnapshot<'a> {
+    store: &'a MetaStore,
+    snap: rocksdb::Snapshot<'a>,
+}
+
+impl MetaSnapshot<'_> {
+    /// Visits every (key, value) of a column family whose key starts with `prefix`, as of the
+    /// snapshot. The blocks it reads do not push the serving path's out of the block cache.
+    pub fn for_each_prefix(
+        &self,
+        cf: &str,
+        prefix: &[u8],
+        mut f: impl FnMut(&[u8], &[u8]) -> Result<()>,
+    ) -> Result<()> {
+        let mut ro = rocksdb::ReadOptions::default();
+        ro.fill_cache(false);
+        let iter = self.snap.iterator_cf_opt(
+            self.store.cf(cf),
+            ro,
+            rocksdb::IteratorMode::From(prefix, rocksdb::Direction::Forward),
+        );
+        for item in iter {
+            let (k, v) = item.map_err(|e| self.store.err(e))?;
+            if !k.starts_with(prefix) {
+                break;
+            }
+            f(&k, &v)?;
+        }
+        Ok(())
+    }
+
+    /// Roughly how many keys a column family holds (for progress, not for counting).
+    pub fn estimate_keys(&self, cf: &str) -> u64 {
+        self.store
+            .db
+            .property_int_value_cf(self.store.cf(cf), "rocksdb.estimate-num-keys")
+            .ok()
+            .flatten()
+            .unwrap_or(0)
     }
 }

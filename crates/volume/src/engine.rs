@@ -31,11 +31,14 @@ use crate::vdisk::{Vdisk, BATCH_GRAINS};
 pub struct Engine {
     s: Arc<Shared>,
     vdisks: RwLock<BTreeMap<String, Arc<Vdisk>>>,
-    next_id: AtomicU64,
+    pub(crate) next_id: AtomicU64,
     /// Serializes changes to the set of vdisks (create, delete, resize).
     admin: Mutex<()>,
     /// Held by the scrub running, if any: one at a time, or their saved positions would mix.
     pub(crate) scrubbing: Mutex<()>,
+    /// Held by the metadata scan or spot-fix running, if any: a spot-fix acts on one scan's
+    /// findings, so neither may run while the other writes them.
+    pub(crate) metadata_job: Mutex<()>,
 }
 
 /// Where the next vdisk id is kept (in the pool's own column family).
@@ -199,6 +202,7 @@ impl Engine {
             next_id: AtomicU64::new((max_id + 1).max(stored_next)),
             admin: Mutex::new(()),
             scrubbing: Mutex::new(()),
+            metadata_job: Mutex::new(()),
         };
         for v in deleting {
             info!(vdisk = %v.name(), "finishing an interrupted delete, or removing a half-made snapshot or clone");

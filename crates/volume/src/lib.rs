@@ -5,26 +5,33 @@ mod check;
 mod clone;
 mod commit;
 mod config;
+mod damage;
 mod engine;
 mod error;
+mod findings;
 mod frozen;
 mod frozen_registry;
 mod keys;
 mod locks;
 mod plan;
+mod scan;
 mod scrub;
 mod shared;
 mod space;
+mod spotfix;
 mod vdisk;
 
 pub use check::CheckReport;
 pub use config::{Provisioning, VdiskConfig, VdiskSpec, VdiskState, DEFAULT_GRAIN, MAX_GRAIN, MIN_GRAIN};
 pub use engine::Engine;
 pub use error::{Result, VolumeError};
+pub use findings::{FindingKind, FindingStatus, FindingView, Repair, ScanReport, SpotfixReport};
 pub use frozen::{CloneStats, Frozen};
 pub use plan::ReadPlan;
 pub use scrub::{ScrubOptions, ScrubPass, ScrubState};
 pub use vdisk::{Extent, SpaceUsage, Vdisk};
 
-pub use tessera_layout::{DiskErrors, LayoutKind, LayoutSpec, Progress, RebuildOptions, RebuildReport, ScrubTally};
+pub use tessera_layout::{
+    DiskErrors, LayoutFinding, LayoutKind, LayoutSpec, LostMember, Progress, RebuildOptions, RebuildReport, ScrubTally,
+};
 pub use tessera_pool::{DiskState, Pool, SlabRef};

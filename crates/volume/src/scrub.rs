@@ -55,7 +55,7 @@ pub struct ScrubOptions {
     pub rate_limit: Option<u64>,
 }
 
-fn unix_now() -> u64 {
+pub(crate) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())

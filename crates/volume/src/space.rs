@@ -154,6 +154,35 @@ impl GrainSpace {
         }
     }
 
+    /// True if `l` is a slot of a slab set that holds grains.
+    pub fn is_slot(&self, l: Loc) -> bool {
+        let (set, slot) = loc_parts(l);
+        self.slots(set).map(|s| (slot as usize) < s.refs.len()).unwrap_or(false)
+    }
+
+    /// Moves a slot's count by `delta` (never below 0), as a spot-fix of a wrong count does,
+    /// keeping the set's free slots right. A place that is no slot is ignored.
+    pub fn adjust(&self, l: Loc, delta: i64) {
+        let (set, slot) = loc_parts(l);
+        let Some(s) = self.slots(set) else { return };
+        let Some(r) = s.refs.get(slot as usize) else { return };
+        // Under the allocation lock, which every change between 0 and not 0 takes.
+        let mut a = self.alloc.lock();
+        let old = r
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| {
+                Some((c as i64 + delta).clamp(0, u32::MAX as i64) as u32)
+            })
+            .expect("always Some");
+        let new = (old as i64 + delta).clamp(0, u32::MAX as i64);
+        if let Some(sa) = a.per_set.get_mut(&set) {
+            match (old == 0, new == 0) {
+                (true, false) => sa.free = sa.free.saturating_sub(1),
+                (false, true) => sa.free += 1,
+                _ => {}
+            }
+        }
+    }
+
     fn class_free(&self, a: &AllocState, class: Class) -> u64 {
         let sets = self.sets.read();
         a.per_set

@@ -518,7 +518,7 @@ impl Vdisk {
     /// Points grain `g` (currently at `old`, 0 if unmapped) at a new slot holding `content`:
     /// `taken` if the caller allocated one, accounted as `allocate` would have. The caller
     /// holds the grain lock.
-    fn replace_slot(&self, g: u64, old: Loc, content: &[u8], taken: Option<Loc>) -> Result<()> {
+    pub(crate) fn replace_slot(&self, g: u64, old: Loc, content: &[u8], taken: Option<Loc>) -> Result<()> {
         let from_reservation = old == 0 && self.fixed();
         let new = match taken {
             Some(l) => l,

@@ -1,0 +1,163 @@
+//! Metadata damage made on purpose, for drills, tests and benchmarks of the scan and
+//! spot-fix (as ZFS has zinject). Each function leaves the store and memory as an import of a
+//! pool with that damage would hold them, on a running engine. Nothing calls them in service.
+//!
+//! Also a fill of the grain map without data, for benchmarks that need millions of mapped
+//! grains quickly: the slots are taken and counted as a write would, but never written.
+
+use std::ops::Range;
+use std::sync::atomic::Ordering;
+
+use tessera_pool::{refcount_delta, WriteBatch, CF_GRAINS, CF_REFCOUNTS};
+
+use crate::engine::Engine;
+use crate::error::{Result, VolumeError};
+use crate::keys::{grain_key, loc_value, refcount_key};
+use crate::space::{loc, Loc};
+use crate::vdisk::Vdisk;
+
+/// Grains (or slots) per batch.
+const BATCH: u64 = 4096;
+
+impl Engine {
+    fn mapped_slot(&self, v: &Vdisk, grain: u64) -> Result<Loc> {
+        match v.entry(grain) {
+            0 => Err(VolumeError::Invalid(format!(
+                "{} grain {grain} is not mapped",
+                v.name()
+            ))),
+            l => Ok(l),
+        }
+    }
+
+    fn damage_commit(&self, b: WriteBatch) -> Result<()> {
+        self.pool().meta().commit(b, true)?;
+        Ok(())
+    }
+
+    /// Takes `n` free slots of the class of `vdisk` and counts them as used, with nothing
+    /// referring to them: space that never comes back. Returns them.
+    pub fn damage_orphan_slots(&self, vdisk: &str, n: u64) -> Result<Vec<Loc>> {
+        let v = self.vdisk(vdisk)?;
+        let s = self.shared();
+        let meta = s.pool.meta();
+        let mut taken = Vec::with_capacity(n as usize);
+        while (taken.len() as u64) < n {
+            let want = (n - taken.len() as u64).min(BATCH) as usize;
+            let part = match s.space.allocate_run(v.class, want, false) {
+                Some(run) => run,
+                None => vec![s.space.allocate(v.class, false)?],
+            };
+            let mut b = WriteBatch::default();
+            for &l in &part {
+                b.merge_cf(meta.cf(CF_REFCOUNTS), refcount_key(l), refcount_delta(1));
+            }
+            self.damage_commit(b)?;
+            taken.extend(part);
+        }
+        Ok(taken)
+    }
+
+    /// Adds `delta` to the count of the slot under a grain, in the store and in memory.
+    /// Minus the count makes the grain point into a slot that is free to be taken.
+    pub fn damage_count(&self, vdisk: &str, grain: u64, delta: i64) -> Result<Loc> {
+        let v = self.vdisk(vdisk)?;
+        let l = self.mapped_slot(&v, grain)?;
+        let mut b = WriteBatch::default();
+        let meta = self.pool().meta();
+        b.merge_cf(meta.cf(CF_REFCOUNTS), refcount_key(l), refcount_delta(delta));
+        self.damage_commit(b)?;
+        self.shared().space.adjust(l, delta);
+        Ok(l)
+    }
+
+    /// Frees the slot under a grain (its count goes to 0) while the grain, and whatever
+    /// shares it, still point at it.
+    pub fn damage_free_under(&self, vdisk: &str, grain: u64) -> Result<Loc> {
+        let v = self.vdisk(vdisk)?;
+        let l = self.mapped_slot(&v, grain)?;
+        let count = self.shared().space.refcount(l) as i64;
+        self.damage_count(vdisk, grain, -count)
+    }
+
+    /// Points a grain at a slab set that does not exist, as a snapshot left pointing into a
+    /// set freed under it would; its old slot loses the reference. Returns the place.
+    pub fn damage_dangle(&self, vdisk: &str, grain: u64) -> Result<Loc> {
+        let v = self.vdisk(vdisk)?;
+        let s = self.shared();
+        let old = self.mapped_slot(&v, grain)?;
+        let gone = s.space.all_sets().iter().map(|x| x.set.id).max().unwrap_or(0) + 1000;
+        let l = loc(gone, (grain % 1000) as u32);
+        let meta = s.pool.meta();
+        let mut b = WriteBatch::default();
+        b.put_cf(meta.cf(CF_GRAINS), grain_key(v.id, grain), loc_value(l));
+        b.merge_cf(meta.cf(CF_REFCOUNTS), refcount_key(old), refcount_delta(-1));
+        self.damage_commit(b)?;
+        v.set_entry(grain, l);
+        s.space.adjust(old, -1);
+        Ok(l)
+    }
+
+    /// Copies every map entry of `vdisk`, with its reference, under an id no vdisk has: what
+    /// a delete cut short would leave. Returns the id.
+    pub fn damage_leftover_entries(&self, vdisk: &str) -> Result<u64> {
+        let v = self.vdisk(vdisk)?;
+        let s = self.shared();
+        let id = self.next_id.fetch_add(1, Ordering::SeqCst);
+        let meta = s.pool.meta();
+        let entries: Vec<(u64, Loc)> = (0..v.map.read().len() as u64)
+            .map(|g| (g, v.entry(g)))
+            .filter(|e| e.1 != 0)
+            .collect();
+        for part in entries.chunks(BATCH as usize) {
+            let mut b = WriteBatch::default();
+            for &(g, l) in part {
+                s.space.adjust(l, 1);
+                b.put_cf(meta.cf(CF_GRAINS), grain_key(id, g), loc_value(l));
+                b.merge_cf(meta.cf(CF_REFCOUNTS), refcount_key(l), refcount_delta(1));
+            }
+            self.damage_commit(b)?;
+        }
+        Ok(id)
+    }
+
+    /// Maps the unmapped grains of `range` to new slots, counted, without writing them: they
+    /// read as whatever the disks hold there. For benchmarks of metadata work only.
+    pub fn fill_metadata_only(&self, vdisk: &str, range: Range<u64>) -> Result<u64> {
+        let v = self.vdisk(vdisk)?;
+        v.check_writable()?;
+        let s = self.shared();
+        let meta = s.pool.meta();
+        let end = range.end.min(v.map.read().len() as u64);
+        let mut mapped = 0;
+        let mut g = range.start;
+        while g < end {
+            let grains: Vec<u64> = (g..(g + BATCH).min(end)).filter(|&i| v.entry(i) == 0).collect();
+            g = (g + BATCH).min(end);
+            if grains.is_empty() {
+                continue;
+            }
+            let _gate = v.enter_change()?;
+            let _locks = s.locks.lock_many(grains.iter().map(|&i| (v.id, i)));
+            let slots = match s.space.allocate_run(v.class, grains.len(), v.fixed()) {
+                Some(run) => run,
+                None => grains
+                    .iter()
+                    .map(|_| s.space.allocate(v.class, v.fixed()))
+                    .collect::<Result<Vec<Loc>>>()?,
+            };
+            let mut b = WriteBatch::default();
+            for (&i, &l) in grains.iter().zip(&slots) {
+                b.put_cf(meta.cf(CF_GRAINS), grain_key(v.id, i), loc_value(l));
+                b.merge_cf(meta.cf(CF_REFCOUNTS), refcount_key(l), refcount_delta(1));
+            }
+            meta.commit(b, false)?;
+            for (&i, &l) in grains.iter().zip(&slots) {
+                v.set_entry(i, l);
+            }
+            mapped += grains.len() as u64;
+        }
+        meta.sync()?;
+        Ok(mapped)
+    }
+}

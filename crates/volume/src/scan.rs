@@ -1,0 +1,390 @@
+//! The online metadata scan: the pool's metadata checked against itself while every vdisk
+//! goes on serving. It reads a snapshot of the metadata store, so it sees one instant: every
+//! change is one atomic batch that moves a grain map entry and the reference counts it touches
+//! together, so at any instant each count equals the entries that point at its slot, and
+//! whatever disagrees in the snapshot is damage, never a write caught half way. (References
+//! held by copies in flight live in memory only and are not part of the durable counts.)
+//!
+//! Memory is one counter per slot of every slab set (4 bytes per slot); time is one pass over
+//! the grain map and one over the counts, plus a second pass over the grain map only when a
+//! slot that grains refer to has a wrong count (to name those grains for spot-fix).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use tessera_layout::{LayoutSpec, Progress, SlabSetDesc};
+use tessera_pool::{
+    decode_refcount, MetaSnapshot, WriteBatch, CF_FINDINGS, CF_GRAINS, CF_GRAINSETS, CF_REFCOUNTS, CF_SLABSETS,
+    CF_VDISKS,
+};
+use tracing::{info, warn};
+
+use crate::config::VdiskConfig;
+use crate::engine::Engine;
+use crate::error::{Result, VolumeError};
+use crate::findings::{encode, finding_key, save_report, Finding, FindingKind, FindingStatus, Repair, ScanReport};
+use crate::keys::{parse_grain_key, parse_loc};
+use crate::space::{loc_parts, Class};
+
+/// Grains named per wrong count, at most: enough for spot-fix to check that they still point
+/// there, without holding every referrer of a much-shared slot.
+const MAX_REFERRERS: usize = 16;
+/// Findings written per batch.
+const WRITE_BATCH: usize = 16384;
+
+struct SetInfo {
+    class: Class,
+    refs: Vec<u32>,
+}
+
+struct VdiskInfo {
+    class: Class,
+    grains: u64,
+}
+
+/// What the scan has counted and found so far.
+struct Tally {
+    sets: HashMap<u32, SetInfo>,
+    vdisks: HashMap<u64, VdiskInfo>,
+    dangling: BTreeMap<u64, u64>,
+    findings: Vec<(FindingKind, Repair)>,
+    grains: u64,
+    counted: u64,
+}
+
+impl Tally {
+    /// Counts one reference to `l`; false if `l` is no slot of a known set. Such a reference
+    /// is not counted: it is wrong in itself (its entry is a finding), and the count of a
+    /// place that is no slot should be 0.
+    fn count(&mut self, l: u64) -> bool {
+        let (set, slot) = loc_parts(l);
+        match self.sets.get_mut(&set).and_then(|s| s.refs.get_mut(slot as usize)) {
+            Some(r) => {
+                *r += 1;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The references counted to `l`, forgotten so that what remains at the end are the
+    /// slots with references and no count record.
+    fn take(&mut self, l: u64) -> u64 {
+        let (set, slot) = loc_parts(l);
+        match self.sets.get_mut(&set).and_then(|s| s.refs.get_mut(slot as usize)) {
+            Some(r) => std::mem::take(r) as u64,
+            None => 0,
+        }
+    }
+
+    fn set_class(&self, l: u64) -> Option<Class> {
+        let (set, slot) = loc_parts(l);
+        self.sets
+            .get(&set)
+            .filter(|s| (slot as usize) < s.refs.len())
+            .map(|s| s.class)
+    }
+}
+
+/// Counts `n` more records done; an error once the job is cancelled (which the caller turns
+/// into `Cancelled`).
+fn tick(progress: &Progress, n: u64) -> tessera_pool::Result<()> {
+    progress.done_bytes.fetch_add(n, Ordering::Relaxed);
+    if progress.cancel.load(Ordering::Relaxed) {
+        return Err(tessera_pool::PoolError::Meta {
+            path: String::new(),
+            message: "cancelled".into(),
+        });
+    }
+    Ok(())
+}
+
+/// A pass's error, or `Cancelled` when it stopped because the job was cancelled.
+fn cancelled_or(progress: &Progress, e: tessera_pool::PoolError) -> VolumeError {
+    if progress.cancel.load(Ordering::Relaxed) {
+        VolumeError::Layout(tessera_layout::LayoutError::Cancelled)
+    } else {
+        e.into()
+    }
+}
+
+impl Engine {
+    /// Scans the pool's metadata while it serves, keeps the findings in the pool (replacing
+    /// the last scan's) and returns the summary. `progress` counts metadata records.
+    pub fn scan(&self, progress: &Progress) -> Result<ScanReport> {
+        let Some(_one) = self.metadata_job.try_lock() else {
+            return Err(VolumeError::Invalid(format!(
+                "pool '{}' has a scan or spot-fix running already",
+                self.pool().name()
+            )));
+        };
+        let started_at = crate::scrub::unix_now();
+        let t0 = Instant::now();
+        let s = self.shared();
+        // The layout layer's findings first: its audit checkpoints the stripe journal.
+        let layout = s.layouts.audit()?;
+        let meta = s.pool.meta();
+        let snap = meta.snapshot();
+        progress.done_bytes.store(0, Ordering::Relaxed);
+        progress.total_bytes.store(
+            snap.estimate_keys(CF_GRAINS) + snap.estimate_keys(CF_REFCOUNTS),
+            Ordering::Relaxed,
+        );
+        let mut t = self.load_space(&snap)?;
+        self.scan_grains(&snap, &mut t, progress)?;
+        let wrong_with_refs = Self::scan_counts(&snap, &mut t, progress)?;
+        if !wrong_with_refs.is_empty() {
+            Self::name_referrers(&snap, &mut t, wrong_with_refs)?;
+        }
+        for (vdisk, entries) in std::mem::take(&mut t.dangling) {
+            t.findings
+                .push((FindingKind::DanglingGrains, Repair::DropEntries { vdisk, entries }));
+        }
+        for finding in layout {
+            let kind = match &finding {
+                tessera_layout::LayoutFinding::MemberLost { .. } => FindingKind::SetMemberLost,
+                tessera_layout::LayoutFinding::JournalStale { .. } => FindingKind::JournalStale,
+                tessera_layout::LayoutFinding::RegionUnsynced { .. } => FindingKind::RegionUnsynced,
+            };
+            t.findings.push((kind, Repair::Layout { finding }));
+        }
+        drop(snap);
+
+        let mut report = ScanReport {
+            started_at,
+            vdisks: t.vdisks.len() as u64,
+            grains: t.grains,
+            counted_slots: t.counted,
+            slab_sets: t.sets.len() as u64,
+            findings: t.findings.len() as u64,
+            ..Default::default()
+        };
+        for (kind, _) in &t.findings {
+            *report.by_kind.entry(*kind).or_default() += 1;
+        }
+        report.finished_at = crate::scrub::unix_now();
+        report.seconds = t0.elapsed().as_secs_f64();
+        self.keep_findings(t.findings, &report)?;
+        if report.findings > 0 {
+            warn!(pool = %s.pool.name(), findings = report.findings, kinds = ?report.by_kind, "metadata scan found problems; 'tessera pool spotfix' repairs them");
+        } else {
+            info!(pool = %s.pool.name(), grains = report.grains, secs = report.seconds, "metadata scan found nothing wrong");
+        }
+        Ok(report)
+    }
+
+    /// The slab sets that hold grains and the vdisks, as of the snapshot.
+    fn load_space(&self, snap: &MetaSnapshot) -> Result<Tally> {
+        let slab = self.pool().slab_size();
+        let mut specs: HashMap<u32, LayoutSpec> = HashMap::new();
+        snap.for_each_prefix(CF_SLABSETS, &[], |_, v| {
+            if let Ok(d) = serde_json::from_slice::<SlabSetDesc>(v) {
+                specs.insert(d.id, d.spec);
+            }
+            Ok(())
+        })?;
+        let mut sets = HashMap::new();
+        snap.for_each_prefix(CF_GRAINSETS, &[], |k, v| {
+            if let (Ok(id), Ok(grain)) = (
+                k.try_into().map(u32::from_be_bytes),
+                v.try_into().map(u64::from_le_bytes),
+            ) {
+                if let Some(&layout) = specs.get(&id).filter(|_| grain > 0) {
+                    let slots = (layout.set_capacity(slab) / grain) as usize;
+                    sets.insert(
+                        id,
+                        SetInfo {
+                            class: Class { layout, grain },
+                            refs: vec![0; slots],
+                        },
+                    );
+                }
+            }
+            Ok(())
+        })?;
+        let mut vdisks = HashMap::new();
+        snap.for_each_prefix(CF_VDISKS, &[], |_, v| {
+            // An unreadable record stops the pool's import with its own error; here its
+            // grains show up as dangling.
+            if let Ok(c) = serde_json::from_slice::<VdiskConfig>(v) {
+                vdisks.insert(
+                    c.id,
+                    VdiskInfo {
+                        class: Class {
+                            layout: c.layout,
+                            grain: c.grain_size,
+                        },
+                        grains: c.grains(),
+                    },
+                );
+            }
+            Ok(())
+        })?;
+        Ok(Tally {
+            sets,
+            vdisks,
+            dangling: BTreeMap::new(),
+            findings: Vec::new(),
+            grains: 0,
+            counted: 0,
+        })
+    }
+
+    /// Counts every grain map entry's reference and judges the entry.
+    fn scan_grains(&self, snap: &MetaSnapshot, t: &mut Tally, progress: &Progress) -> Result<()> {
+        let mut n = 0u64;
+        snap.for_each_prefix(CF_GRAINS, &[], |k, v| {
+            n += 1;
+            if n % 65536 == 0 {
+                tick(progress, 65536)?;
+            }
+            let (Some((vdisk, grain)), Some(slot)) = (parse_grain_key(k), parse_loc(v)) else {
+                return Ok(());
+            };
+            t.grains += 1;
+            let in_space = t.count(slot);
+            let Some(vi) = t.vdisks.get(&vdisk) else {
+                *t.dangling.entry(vdisk).or_default() += 1;
+                return Ok(());
+            };
+            let unmap = Repair::Unmap { vdisk, grain, slot };
+            if grain >= vi.grains {
+                t.findings.push((FindingKind::GrainBeyondEnd, unmap));
+            } else if !in_space {
+                t.findings.push((FindingKind::GrainOutsideSpace, unmap));
+            } else if t.set_class(slot) != Some(vi.class) {
+                t.findings
+                    .push((FindingKind::GrainWrongClass, Repair::Recopy { vdisk, grain, slot }));
+            }
+            Ok(())
+        })
+        .map_err(|e| cancelled_or(progress, e))?;
+        tick(progress, n % 65536).map_err(|e| cancelled_or(progress, e))
+    }
+
+    /// Compares every count record with the references counted. Returns the findings (by
+    /// index) of wrong counts of slots that grains refer to.
+    fn scan_counts(snap: &MetaSnapshot, t: &mut Tally, progress: &Progress) -> Result<HashMap<u64, usize>> {
+        let mut wrong_with_refs = HashMap::new();
+        let mut n = 0u64;
+        snap.for_each_prefix(CF_REFCOUNTS, &[], |k, v| {
+            n += 1;
+            if n % 65536 == 0 {
+                tick(progress, 65536)?;
+            }
+            let Ok(slot) = <[u8; 8]>::try_from(k).map(u64::from_be_bytes) else {
+                return Ok(());
+            };
+            let stored = decode_refcount(v);
+            let references = t.take(slot);
+            if stored != 0 {
+                t.counted += 1;
+            }
+            if stored != references as i64 {
+                if references > 0 {
+                    wrong_with_refs.insert(slot, t.findings.len());
+                }
+                t.findings.push((
+                    if references == 0 {
+                        FindingKind::OrphanSlot
+                    } else {
+                        FindingKind::RefcountWrong
+                    },
+                    Repair::SetCount {
+                        slot,
+                        stored,
+                        references,
+                        referrers: Vec::new(),
+                    },
+                ));
+            }
+            Ok(())
+        })
+        .map_err(|e| cancelled_or(progress, e))?;
+        tick(progress, n % 65536).map_err(|e| cancelled_or(progress, e))?;
+        // References to slots with no count record at all: counted as 0, so free to take.
+        let mut uncounted: Vec<(u64, u64)> = t
+            .sets
+            .iter()
+            .flat_map(|(&set, si)| {
+                si.refs
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, &r)| r > 0)
+                    .map(move |(slot, &r)| (crate::space::loc(set, slot as u32), r as u64))
+            })
+            .collect();
+        uncounted.sort_unstable();
+        for (slot, references) in uncounted {
+            wrong_with_refs.insert(slot, t.findings.len());
+            t.findings.push((
+                FindingKind::RefcountWrong,
+                Repair::SetCount {
+                    slot,
+                    stored: 0,
+                    references,
+                    referrers: Vec::new(),
+                },
+            ));
+        }
+        Ok(wrong_with_refs)
+    }
+
+    /// Names some of the grains that refer to each slot with a wrong count.
+    fn name_referrers(snap: &MetaSnapshot, t: &mut Tally, wanted: HashMap<u64, usize>) -> Result<()> {
+        snap.for_each_prefix(CF_GRAINS, &[], |k, v| {
+            if let (Some(g), Some(l)) = (parse_grain_key(k), parse_loc(v)) {
+                if let Some(&i) = wanted.get(&l) {
+                    if let Repair::SetCount { referrers, .. } = &mut t.findings[i].1 {
+                        if referrers.len() < MAX_REFERRERS {
+                            referrers.push(g);
+                        }
+                    }
+                }
+            }
+            Ok(())
+        })?;
+        Ok(())
+    }
+
+    /// Replaces the kept findings with these, numbered from 1, and the report.
+    fn keep_findings(&self, findings: Vec<(FindingKind, Repair)>, report: &ScanReport) -> Result<()> {
+        let meta = self.pool().meta();
+        let mut b = WriteBatch::default();
+        b.delete_range_cf(meta.cf(CF_FINDINGS), finding_key(0), finding_key(u64::MAX));
+        for (i, (kind, repair)) in findings.into_iter().enumerate() {
+            let f = Finding {
+                id: i as u64 + 1,
+                kind,
+                repair,
+                status: FindingStatus::Open,
+                note: None,
+            };
+            b.put_cf(meta.cf(CF_FINDINGS), finding_key(f.id), encode(&f));
+            if b.len() >= WRITE_BATCH {
+                meta.commit(std::mem::take(&mut b), false)?;
+            }
+        }
+        save_report(meta, &mut b, report);
+        meta.commit(b, true)?;
+        Ok(())
+    }
+}
+
+impl Engine {
+    /// The last scan's summary (with the last spot-fix's), if the pool was ever scanned.
+    pub fn scan_report(&self) -> Result<Option<ScanReport>> {
+        crate::findings::load_report(self.pool().meta())
+    }
+
+    /// The findings kept, from id `after` on, at most `limit`, in words.
+    pub fn findings(&self, after: u64, limit: usize) -> Result<Vec<crate::findings::FindingView>> {
+        let names: HashMap<u64, String> = self.vdisks().iter().map(|v| (v.id, v.name())).collect();
+        let name = |id: u64| names.get(&id).cloned().unwrap_or_else(|| format!("vdisk id {id}"));
+        Ok(crate::findings::load_findings(self.pool().meta(), after, limit)?
+            .iter()
+            .map(|f| f.view(&name))
+            .collect())
+    }
+}
