@@ -413,6 +413,31 @@ pub enum PoolCmd {
         #[arg(long)]
         no_wait: bool,
     },
+    /// Scan the pool's metadata while its vdisks keep serving: every grain mapping, reference
+    /// count, slab set and journal record. Lists what it finds with the exact repair of each.
+    Scan {
+        name: String,
+        /// Return once the job is started.
+        #[arg(long, conflicts_with = "last")]
+        no_wait: bool,
+        /// Show the last scan's findings without scanning again.
+        #[arg(long)]
+        last: bool,
+        /// List findings from this id on.
+        #[arg(long, default_value_t = 0)]
+        after: u64,
+        /// Findings listed, at most.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+    },
+    /// Apply the repairs of the last scan's findings, each checked again first, while the
+    /// vdisks stay online: time follows the findings, not the pool's size.
+    Spotfix {
+        name: String,
+        /// Return once the job is started.
+        #[arg(long)]
+        no_wait: bool,
+    },
     /// Whether the daemon repairs the pool by itself when a disk fails, or stays missing past
     /// auto_repair_delay (on by default).
     AutoRepair {

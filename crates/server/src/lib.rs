@@ -15,6 +15,7 @@ pub mod logging;
 pub mod model;
 pub mod nbd_exports;
 pub mod portals;
+pub mod scans;
 pub mod scrubs;
 pub mod serve;
 pub mod statefile;

@@ -154,6 +154,20 @@ pub struct PoolSummary {
     #[serde(default)]
     pub auto_repair: AutoRepairView,
     pub scrub: ScrubView,
+    /// The last metadata scan (and spot-fix), if the pool was ever scanned.
+    #[serde(default)]
+    pub scan: Option<tessera_volume::ScanReport>,
+}
+
+/// The last metadata scan of a pool: its report and a page of its findings.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct ScanResult {
+    /// The scan or spot-fix job running now, if any.
+    pub job: Option<u64>,
+    pub report: Option<tessera_volume::ScanReport>,
+    pub findings: Vec<tessera_volume::FindingView>,
+    /// Pass as `after` for the next page; absent on the last one.
+    pub next_after: Option<u64>,
 }
 
 /// Whether the daemon repairs a pool by itself when a disk fails or stays missing, and what it

@@ -83,8 +83,8 @@ pub(super) fn show_job(j: &JobView) {
 
 /// Follows a job to its end with a progress bar (on a terminal), unless `no_wait`. A job that
 /// fails or is cancelled makes the command fail.
-pub(super) fn follow(c: &Ctx, mut raw: Value, no_wait: bool) -> R {
-    let mut job: JobView = read(raw.clone())?;
+pub(super) fn follow(c: &Ctx, raw: Value, no_wait: bool) -> R {
+    let job: JobView = read(raw.clone())?;
     let id = job.id;
     if no_wait {
         if c.json {
@@ -97,33 +97,7 @@ pub(super) fn follow(c: &Ctx, mut raw: Value, no_wait: bool) -> R {
         }
         return Ok(());
     }
-    let bar = if std::io::stderr().is_terminal() && !c.json {
-        let b = ProgressBar::new(job.total_bytes);
-        b.set_style(
-            ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta} ")
-                .expect("valid template")
-                .progress_chars("=> "),
-        );
-        b.set_message(format!("job {id} {} {}", job.kind, job.target));
-        Some(b)
-    } else {
-        None
-    };
-    loop {
-        if let Some(b) = &bar {
-            b.set_length(job.total_bytes);
-            b.set_position(job.done_bytes);
-        }
-        if job.state != JobState::Running {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-        raw = c.client.get(&format!("/api/jobs/{id}"))?;
-        job = read(raw.clone())?;
-    }
-    if let Some(b) = bar {
-        b.finish_and_clear();
-    }
+    let (job, raw) = wait_for(c, raw)?;
     if c.json {
         c.print_json(&raw);
     }
@@ -148,4 +122,43 @@ pub(super) fn follow(c: &Ctx, mut raw: Value, no_wait: bool) -> R {
             job.error.as_deref().unwrap_or("no reason given")
         ))),
     }
+}
+
+/// Polls a job until it ends, with a progress bar on a terminal. Returns its last view.
+pub(super) fn wait_for(c: &Ctx, mut raw: Value) -> Result<(JobView, Value), ClientError> {
+    let mut job: JobView = read(raw.clone())?;
+    let id = job.id;
+    let bar = if std::io::stderr().is_terminal() && !c.json {
+        let b = ProgressBar::new(job.total_bytes);
+        // Scans and spot-fixes count metadata records, not bytes.
+        let template = match job.kind.as_str() {
+            "scan" | "spotfix" => "{msg} [{bar:30}] {human_pos}/{human_len} records {per_sec} ETA {eta} ",
+            _ => "{msg} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta} ",
+        };
+        b.set_style(
+            ProgressStyle::with_template(template)
+                .expect("valid template")
+                .progress_chars("=> "),
+        );
+        b.set_message(format!("job {id} {} {}", job.kind, job.target));
+        Some(b)
+    } else {
+        None
+    };
+    loop {
+        if let Some(b) = &bar {
+            b.set_length(job.total_bytes);
+            b.set_position(job.done_bytes);
+        }
+        if job.state != JobState::Running {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        raw = c.client.get(&format!("/api/jobs/{id}"))?;
+        job = read(raw.clone())?;
+    }
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    Ok((job, raw))
 }

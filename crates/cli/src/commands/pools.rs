@@ -98,6 +98,22 @@ pub(super) fn pool(c: &Ctx, cmd: PoolCmd) -> R {
             let req = ScrubPool { rate_limit: rate };
             start_or_follow(c, "scrub", &name, body(&req), no_wait)?;
         }
+        PoolCmd::Scan {
+            name,
+            no_wait,
+            last,
+            after,
+            limit,
+        } => {
+            if last {
+                show_findings(c, &name, after, limit)?;
+            } else {
+                metadata_job(c, "scan", &name, no_wait, after, limit)?;
+            }
+        }
+        PoolCmd::Spotfix { name, no_wait } => {
+            metadata_job(c, "spotfix", &name, no_wait, 0, 100)?;
+        }
         PoolCmd::AutoRepair { name, state } => {
             let req = SetAutoRepair { enabled: state == "on" };
             let v = c
@@ -191,6 +207,18 @@ pub(super) fn show_pool(p: &PoolDetail) {
     ));
     pairs.push(("checksums", if s.scrub.checksums { "on" } else { "off" }.to_string()));
     pairs.push(("scrub", scrub_status(&s.scrub)));
+    if let Some(scan) = &s.scan {
+        let mut line = format!("{}: {} finding(s)", when(scan.started_at), scan.findings);
+        if let Some(f) = &scan.spotfix {
+            line += &format!(
+                "; spot-fix {}: {} fixed, {} left",
+                when(f.started_at),
+                f.fixed,
+                f.changed + f.failed
+            );
+        }
+        pairs.push(("last scan", line));
+    }
     if let Some(last) = &s.scrub.last {
         pairs.push(("last scrub", scrub_line(last)));
     }
@@ -346,6 +374,12 @@ fn scrub_status(s: &ScrubView) -> String {
 /// Starts a pool job (`POST /api/pools/NAME/KIND`) and follows it; if one of that kind is
 /// running already (the daemon starts repairs and scrubs by itself), follows that one.
 fn start_or_follow(c: &Ctx, kind: &str, name: &str, req: Option<Value>, no_wait: bool) -> R {
+    let v = start_or_join(c, kind, name, req)?;
+    follow(c, v, no_wait)
+}
+
+/// Starts a pool job, or finds the one of that kind running already. Returns its view.
+fn start_or_join(c: &Ctx, kind: &str, name: &str, req: Option<Value>) -> Result<Value, ClientError> {
     let v = match c
         .client
         .post(&format!("/api/pools/{}/{kind}", encode_segment(name)), req)
@@ -368,5 +402,94 @@ fn start_or_follow(c: &Ctx, kind: &str, name: &str, req: Option<Value>, no_wait:
         }
         r => r?,
     };
-    follow(c, v, no_wait)
+    Ok(v)
+}
+
+/// Runs a scan or spot-fix job to its end (or only starts it), then shows the findings.
+fn metadata_job(c: &Ctx, kind: &str, name: &str, no_wait: bool, after: u64, limit: usize) -> R {
+    let raw = start_or_join(c, kind, name, None)?;
+    if no_wait {
+        return follow(c, raw, true);
+    }
+    let (job, _) = super::jobs::wait_for(c, raw)?;
+    if job.state != JobState::Succeeded {
+        return Err(ClientError::Transport(format!(
+            "job {} ({kind} of {name}) {}: {}",
+            job.id,
+            job.state.as_str(),
+            job.error.as_deref().unwrap_or("no reason given")
+        )));
+    }
+    show_findings(c, name, after, limit)
+}
+
+/// The last scan of a pool: its summary, the last spot-fix, and a page of findings.
+fn show_findings(c: &Ctx, name: &str, after: u64, limit: usize) -> R {
+    let v = c.client.get(&format!(
+        "/api/pools/{}/scan?after={after}&limit={limit}",
+        encode_segment(name)
+    ))?;
+    c.answer(v, |r: ScanResult| {
+        let Some(rep) = &r.report else {
+            println!("pool {name} has not been scanned; 'tessera pool scan {name}' scans it");
+            return Ok(());
+        };
+        println!(
+            "pool {name}: scan of {}: {} grain entries, {} counted slots, {} slab sets, {} vdisks in {:.1}s: {} finding(s)",
+            when(rep.started_at),
+            rep.grains,
+            rep.counted_slots,
+            rep.slab_sets,
+            rep.vdisks,
+            rep.seconds,
+            rep.findings
+        );
+        for (kind, n) in &rep.by_kind {
+            println!("  {}: {n}", finding_kind(*kind));
+        }
+        if let Some(f) = &rep.spotfix {
+            println!(
+                "spot-fix of {}: {} fixed, {} changed since the scan (left alone), {} failed, in {:.1}s",
+                when(f.started_at),
+                f.fixed,
+                f.changed,
+                f.failed,
+                f.seconds
+            );
+        }
+        if !r.findings.is_empty() {
+            let rows = r
+                .findings
+                .iter()
+                .map(|f| {
+                    let status = match (&f.status, &f.note) {
+                        (tessera_volume::FindingStatus::Open, _) => "open".to_string(),
+                        (s, note) => format!("{}: {}", serde_json::to_value(s).unwrap().as_str().unwrap_or("?"), note.as_deref().unwrap_or("")),
+                    };
+                    vec![f.id.to_string(), finding_kind(f.kind).to_string(), f.object.clone(), f.problem.clone(), f.repair.clone(), status]
+                })
+                .collect();
+            table(&["ID", "KIND", "OBJECT", "PROBLEM", "REPAIR", "STATUS"], rows);
+            if let Some(next) = r.next_after {
+                println!("more: 'tessera pool scan {name} --last --after {next}'");
+            }
+            println!("'tessera pool spotfix {name}' applies these repairs; the vdisks stay online");
+        }
+        Ok(())
+    })
+}
+
+fn finding_kind(k: tessera_volume::FindingKind) -> &'static str {
+    use tessera_volume::FindingKind::*;
+    match k {
+        GrainOutsideSpace => "grain outside space",
+        GrainBeyondEnd => "grain past the end",
+        GrainWrongClass => "grain in the wrong class",
+        RefcountWrong => "wrong count",
+        OrphanSlot => "orphan slot",
+        DanglingGrains => "entries of no vdisk",
+        SetMemberLost => "set member lost",
+        JournalStale => "stale journal record",
+        RegionUnsynced => "unsynced region",
+    }
 }

@@ -100,6 +100,37 @@ fn optional_body<T: Default + serde::de::DeserializeOwned>(body: &[u8]) -> ApiRe
         .map_err(|e| ApiError::malformed(format!("the request body is not what this route takes: {e}")))
 }
 
+pub async fn scan_pool(State(d): D, Path(pool): Path<String>) -> ApiResult<(StatusCode, Json<JobView>)> {
+    accepted(move || d.scan_pool(&pool)).await
+}
+
+pub async fn spotfix_pool(State(d): D, Path(pool): Path<String>) -> ApiResult<(StatusCode, Json<JobView>)> {
+    accepted(move || d.spotfix_pool(&pool)).await
+}
+
+/// `?after=ID&limit=N`, both optional.
+pub async fn scan_result(
+    State(d): D,
+    Path(pool): Path<String>,
+    axum::extract::RawQuery(q): axum::extract::RawQuery,
+) -> ApiResult<Json<ScanResult>> {
+    let (mut after, mut limit) = (0u64, None);
+    for pair in q.as_deref().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let bad = |what: &str| ApiError::invalid(format!("query parameter {k}={v}: {what}"));
+        match k {
+            "after" => after = v.parse().map_err(|_| bad("not a finding id"))?,
+            "limit" => limit = Some(v.parse().map_err(|_| bad("not a number"))?),
+            _ => {
+                return Err(ApiError::invalid(format!(
+                    "unknown query parameter '{k}' (after, limit)"
+                )))
+            }
+        }
+    }
+    json(move || d.scan_result(&pool, after, limit)).await
+}
+
 pub async fn pause_scrub(State(d): D, Path(pool): Path<String>) -> ApiResult<Json<ScrubView>> {
     json(move || d.pause_scrub(&pool)).await
 }

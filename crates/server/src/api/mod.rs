@@ -34,6 +34,8 @@ pub fn router(daemon: Arc<Daemon>, guard: Option<Arc<auth::Guard>>) -> Router {
         .route("/api/pools/{pool}/check", post(check_pool))
         .route("/api/pools/{pool}/scrub", post(scrub_pool))
         .route("/api/pools/{pool}/scrub/pause", post(pause_scrub))
+        .route("/api/pools/{pool}/scan", get(scan_result).post(scan_pool))
+        .route("/api/pools/{pool}/spotfix", post(spotfix_pool))
         .route("/api/pools/{pool}/auto-repair", put(set_auto_repair))
         .route("/api/pools/{pool}/disks", get(list_disks).post(add_disk))
         .route("/api/pools/{pool}/disks/{disk}/{action}", post(disk_action))

@@ -118,6 +118,27 @@ pub const ROUTES: &[RouteDoc] = &[
     ),
     r(
         "post",
+        "/api/pools/{pool}/scan",
+        "Start an online scan of the pool's metadata (grain maps, reference counts, slab sets, stripe journal); the findings replace the last scan's",
+        None,
+        Some((202, schema::<JobView>)),
+    ),
+    r(
+        "get",
+        "/api/pools/{pool}/scan",
+        "The last scan's report and its findings, a page at a time (query: after=ID, limit=N, at most 10000)",
+        None,
+        Some((200, schema::<ScanResult>)),
+    ),
+    r(
+        "post",
+        "/api/pools/{pool}/spotfix",
+        "Start a spot-fix: apply the repair of each finding of the last scan that still holds, while the vdisks stay online",
+        None,
+        Some((202, schema::<JobView>)),
+    ),
+    r(
+        "post",
         "/api/pools/{pool}/scrub/pause",
         "Pause the scrub under way; it keeps its position",
         None,

@@ -75,6 +75,7 @@ impl Daemon {
                     warnings: vec![],
                     auto_repair: self.auto_repair.view(self.cfg.auto_repair, name),
                     scrub: Default::default(),
+                    scan: None,
                 });
             }
         };
@@ -121,6 +122,7 @@ impl Daemon {
             warnings: self.thin_warning(&e).into_iter().collect(),
             auto_repair: self.auto_repair.view(self.cfg.auto_repair, name),
             scrub: self.scrub_view(name, &e),
+            scan: e.scan_report().ok().flatten(),
         })
     }
 
