@@ -20,7 +20,8 @@ pub enum LayoutFinding {
     /// its redundancy. Repair: rebuild the set's lost members onto healthy disks.
     MemberLost { set: u32, members: Vec<LostMember> },
     /// A stripe journal record names a slab set that does not exist, or a place past its end.
-    /// Replay would skip it. Repair: delete the record.
+    /// Replay skips such a record, so the checkpoint the audit starts with retires it: found
+    /// only if one survives that. Repair: delete the record.
     JournalStale { seq: u64, set: u32, row: u64, why: String },
     /// A region written when the pool stopped whose redundancy replay could not make agree
     /// with its data (its record is kept). Repair: resync the region again.
@@ -138,6 +139,22 @@ impl Layouts {
         let (need, _) = self.repair_needed();
         let ids: Vec<u32> = ids.iter().copied().filter(|id| need.contains(id)).collect();
         self.rebuild_only(ids, opts, progress)
+    }
+}
+
+impl Layouts {
+    /// Damage on purpose, for drills and tests: a `Dirty` record of `region` of `set` kept as
+    /// replay keeps a record whose region it could not make consistent. Returns its sequence.
+    pub fn damage_pinned_record(&self, set: u32, region: u64) -> Result<u64> {
+        let rec = Record {
+            set,
+            row: region,
+            body: RecordBody::Dirty,
+        };
+        let seq = self.journal.append(&rec)?;
+        self.journal.done(seq);
+        self.journal.pin(seq, rec);
+        Ok(seq)
     }
 }
 

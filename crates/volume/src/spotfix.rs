@@ -182,9 +182,6 @@ impl Engine {
             }
             // A negative stored count was loaded as 0: memory has nothing to give back.
             let mem = stored.max(0);
-            if stored < 0 {
-                s.space.adjust(slot, -stored - mem);
-            }
             b.merge_cf(meta.cf(CF_REFCOUNTS), refcount_key(slot), refcount_delta(-stored));
             Self::settle_in(meta, &mut b, f, Outcome::Fixed, report);
             release.push((slot, mem));

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use common::{pattern, spec, Rig, MIB};
+use tessera_disk::FaultOp;
 use tessera_volume::{Engine, FindingKind, FindingStatus, LayoutKind, Progress, Provisioning, ScanReport};
 
 fn scan(e: &Engine) -> ScanReport {
@@ -274,5 +275,42 @@ fn scans_under_concurrent_writes_snapshots_and_deletes_find_nothing() {
     for r in &scans {
         assert_eq!(r.findings, 0, "a scan found {:?} under load", r.by_kind);
     }
+    rig.assert_consistent();
+}
+
+/// Records replay kept because it could not settle their region: one past the end of its set
+/// matches nothing and goes with the checkpoint the scan starts with (never a finding), one of
+/// a region whose disks cannot be read is a finding, resynced once they can be read: until
+/// then spot-fix says why it fails, and tries again next time.
+#[test]
+fn journal_records_replay_could_not_settle_are_found_and_settled() {
+    let rig = populated();
+    let e = rig.engine();
+    let mirror = e
+        .layouts()
+        .sets()
+        .into_iter()
+        .find(|s| s.spec.kind == LayoutKind::Mirror)
+        .unwrap();
+    let past = e.pool().slab_size() / (4 << 20) + 10;
+    e.layouts().damage_pinned_record(mirror.id, past).unwrap();
+    e.layouts().damage_pinned_record(mirror.id, 0).unwrap();
+    for m in &mirror.desc().members {
+        rig.disks[m.disk as usize].faults().fail_range(0, u64::MAX / 2, FaultOp::Read);
+    }
+    let found = scan(e);
+    assert_eq!(kinds(&found), [(FindingKind::RegionUnsynced, 1)].into_iter().collect());
+    let r = e.spotfix(&Progress::default()).unwrap();
+    assert_eq!((r.fixed, r.changed, r.failed), (0, 0, 1));
+    let left = e.findings(0, 10).unwrap();
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].status, FindingStatus::Failed);
+    assert!(left[0].note.as_deref().unwrap().contains("cannot be made consistent"), "{left:?}");
+    for d in &rig.disks {
+        d.faults().clear();
+    }
+    let r = e.spotfix(&Progress::default()).unwrap();
+    assert_eq!((r.fixed, r.failed), (1, 0));
+    assert_eq!(scan(e).findings, 0);
     rig.assert_consistent();
 }
