@@ -5,8 +5,8 @@
 //! after [`RETRY_AFTER`], not in a loop. Hot spares count as free space here, and the repair
 //! puts its replacement slabs on them first. Retired disks are the administrator's to empty: their
 //! data moves when they run the repair; but a disk the daemon itself retired as failing (past
-//! `disk_error_limit` read or checksum errors) is emptied by itself too. The switch is per
-//! pool, kept in `auto-repair.json`.
+//! `disk_error_limit` read or checksum errors) is emptied by itself too, after a restart as
+//! well. The switch per pool and the disks retired as failing are kept in `auto-repair.json`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -34,6 +34,9 @@ pub const RETRY_AFTER: Duration = Duration::from_secs(15 * 60);
 struct Settings {
     /// Pools whose repairs wait for the administrator.
     off: BTreeSet<String>,
+    /// Disks the daemon retired as failing, by pool and disk id, and why.
+    #[serde(default)]
+    failing: BTreeMap<String, BTreeMap<String, String>>,
 }
 
 #[derive(Default)]
@@ -52,8 +55,6 @@ pub struct AutoRepair {
     path: PathBuf,
     settings: Mutex<Settings>,
     pools: Mutex<BTreeMap<String, PoolWatch>>,
-    /// Disks (pool, disk id) the daemon retired as failing, and why.
-    failing: Mutex<BTreeMap<(String, String), String>>,
 }
 
 impl AutoRepair {
@@ -66,20 +67,46 @@ impl AutoRepair {
             path,
             settings: Mutex::new(settings),
             pools: Mutex::new(BTreeMap::new()),
-            failing: Mutex::new(BTreeMap::new()),
         })
     }
 
-    /// A disk the daemon retired for its errors: repair moves its data off by itself.
+    /// A disk the daemon retired for its errors: repair moves its data off by itself, now and
+    /// after a restart. Kept in memory if it cannot be saved (and said so).
     pub fn mark_failing(&self, pool: &str, disk_id: &str, why: String) {
-        self.failing.lock().insert((pool.to_string(), disk_id.to_string()), why);
+        let r = self.change(|s| {
+            s.failing
+                .entry(pool.to_string())
+                .or_default()
+                .insert(disk_id.to_string(), why.clone());
+            Ok(())
+        });
+        if let Err(e) = r {
+            warn!(pool, disk = disk_id, error = %e.message, "cannot save that the disk is failing; a restart forgets it");
+            self.settings
+                .lock()
+                .failing
+                .entry(pool.to_string())
+                .or_default()
+                .insert(disk_id.to_string(), why);
+        }
     }
 
     fn failing_reason(&self, pool: &str, disk_id: &str) -> Option<String> {
-        self.failing
+        self.settings
             .lock()
-            .get(&(pool.to_string(), disk_id.to_string()))
+            .failing
+            .get(pool)
+            .and_then(|d| d.get(disk_id))
             .cloned()
+    }
+
+    /// Changes the settings and saves them; on failure they stay as they were.
+    fn change(&self, f: impl FnOnce(&mut Settings) -> ApiResult<()>) -> ApiResult<()> {
+        let mut s = self.settings.lock();
+        statefile::change_saved(&mut *s, f, |s| {
+            statefile::write_json(&self.path, s)
+                .map_err(|e| ApiError::internal(format!("cannot save {}: {e}", self.path.display())))
+        })
     }
 
     pub fn enabled(&self, pool: &str) -> bool {
@@ -88,28 +115,24 @@ impl AutoRepair {
 
     /// Switches automatic repair on or off for one pool, persisted.
     pub fn set(&self, pool: &str, on: bool) -> ApiResult<()> {
-        let mut s = self.settings.lock();
-        statefile::change_saved(
-            &mut *s,
-            |s| {
-                if on {
-                    s.off.remove(pool);
-                } else {
-                    s.off.insert(pool.to_string());
-                }
-                Ok(())
-            },
-            |s| {
-                statefile::write_json(&self.path, s)
-                    .map_err(|e| ApiError::internal(format!("cannot save {}: {e}", self.path.display())))
-            },
-        )
+        self.change(|s| {
+            if on {
+                s.off.remove(pool);
+            } else {
+                s.off.insert(pool.to_string());
+            }
+            Ok(())
+        })
     }
 
-    /// A destroyed pool's name may be used again: it starts with the default.
+    /// A destroyed pool's name may be used again: it starts with the defaults.
     pub fn forget(&self, pool: &str) -> ApiResult<()> {
         self.pools.lock().remove(pool);
-        self.set(pool, true)
+        self.change(|s| {
+            s.off.remove(pool);
+            s.failing.remove(pool);
+            Ok(())
+        })
     }
 
     pub fn view(&self, daemon_wide: bool, pool: &str) -> AutoRepairView {
