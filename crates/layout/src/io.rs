@@ -8,6 +8,7 @@ use tracing::warn;
 
 use crate::codec;
 use crate::error::{LayoutError, Result};
+use crate::gather::RowWrite;
 use crate::geometry::{data_members, parity_members, read_order, role_of, split, Piece, Role};
 use crate::journal::{Record, RecordBody, REGION_BYTES};
 use crate::layouts::{Layouts, MemberFault};
@@ -404,7 +405,23 @@ impl Layouts {
             match set.spec.kind {
                 LayoutKind::Simple | LayoutKind::Mirror => self.write_copies(set, &members, &pieces[i..j], data)?,
                 LayoutKind::Parity | LayoutKind::DualParity => {
-                    self.write_parity_row(set, &members, row, &pieces[i..j], data)?
+                    // Each piece with its own bytes, so that another writer of the row can
+                    // write them with its own (gather.rs).
+                    let mut bytes = Vec::with_capacity(pieces[i..j].iter().map(|p| p.len).sum());
+                    let mut own = Vec::with_capacity(j - i);
+                    for p in &pieces[i..j] {
+                        own.push(Piece {
+                            buf_off: bytes.len(),
+                            ..*p
+                        });
+                        bytes.extend_from_slice(&data[p.buf_off..p.buf_off + p.len]);
+                    }
+                    let mine = RowWrite {
+                        pieces: own,
+                        data: bytes,
+                    };
+                    self.gather
+                        .write(set.id, row, mine, |ws| self.write_parity_row(set, &members, row, ws))?
                 }
             }
             i = j;
@@ -445,50 +462,48 @@ impl Layouts {
         Ok(())
     }
 
-    /// One parity row: compute the new parity over the touched range, journal the change,
-    /// then write in place.
-    fn write_parity_row(
-        &self,
-        set: &SlabSet,
-        members: &[SlabRef],
-        row: u64,
-        pieces: &[Piece],
-        data: &[u8],
-    ) -> Result<()> {
+    /// One parity row: the pieces of every gathered write merged (in arrival order, so a later
+    /// write wins where two overlap), the new parity computed over the touched range, the
+    /// change journalled if the set is degraded, then written in place. A data column whose
+    /// touched range the pieces cover whole is not read: a row the writes cover whole is a
+    /// full-stripe write, with no read at all.
+    fn write_parity_row(&self, set: &SlabSet, members: &[SlabRef], row: u64, writes: &[RowWrite]) -> Result<()> {
         let spec = &set.spec;
         let il = spec.interleave;
         let dc = spec.data_columns();
         let _g = self.row_lock(set.id, row).write();
-        let lo = pieces.iter().map(|p| p.in_unit).min().unwrap();
-        let hi = pieces.iter().map(|p| p.in_unit + p.len as u64).max().unwrap();
+        let parts: Vec<(&Piece, &[u8])> = writes.iter().flat_map(|w| w.parts()).collect();
+        let lo = parts.iter().map(|(p, _)| p.in_unit).min().expect("a write has pieces");
+        let hi = parts.iter().map(|(p, _)| p.in_unit + p.len as u64).max().unwrap();
         let rl = (hi - lo) as usize;
         let mut cols: Vec<Vec<u8>> = Vec::with_capacity(dc);
+        // Per data column, the span its pieces touch (None: untouched).
+        let mut spans: Vec<Option<(u64, u64)>> = Vec::with_capacity(dc);
         for d in 0..dc {
-            let piece = pieces.iter().find(|p| p.data_col == d);
-            let mut col = match piece {
-                Some(p) if p.in_unit == lo && p.len == rl => Vec::new(),
-                _ => {
-                    let mut old = vec![0u8; rl];
-                    let op = Piece {
-                        row,
-                        data_col: d,
-                        in_unit: lo,
-                        len: rl,
-                        buf_off: 0,
-                    };
-                    self.read_piece(set, members, &op, &mut old, true)?;
-                    old
-                }
+            let mine: Vec<&(&Piece, &[u8])> = parts.iter().filter(|(p, _)| p.data_col == d).collect();
+            let mut col = if covers(mine.iter().map(|(p, _)| (p.in_unit, p.in_unit + p.len as u64)), lo, hi) {
+                vec![0u8; rl]
+            } else {
+                let mut old = vec![0u8; rl];
+                let op = Piece {
+                    row,
+                    data_col: d,
+                    in_unit: lo,
+                    len: rl,
+                    buf_off: 0,
+                };
+                self.read_piece(set, members, &op, &mut old, true)?;
+                old
             };
-            if let Some(p) = piece {
-                let src = &data[p.buf_off..p.buf_off + p.len];
-                if col.is_empty() {
-                    col = src.to_vec();
-                } else {
-                    let at = (p.in_unit - lo) as usize;
-                    col[at..at + p.len].copy_from_slice(src);
-                }
+            for (p, bytes) in &mine {
+                let at = (p.in_unit - lo) as usize;
+                col[at..at + p.len].copy_from_slice(bytes);
             }
+            spans.push(
+                mine.iter()
+                    .map(|(p, _)| (p.in_unit, p.in_unit + p.len as u64))
+                    .reduce(|a, b| (a.0.min(b.0), a.1.max(b.1))),
+            );
             cols.push(col);
         }
         let refs: Vec<&[u8]> = cols.iter().map(|c| c.as_slice()).collect();
@@ -512,16 +527,13 @@ impl Layouts {
         } else {
             None
         };
-        for p in pieces {
-            let m = data_members(spec, row, p.data_col)[0];
-            self.write_member(
-                set,
-                members,
-                m,
-                p.member_offset(spec),
-                &data[p.buf_off..p.buf_off + p.len],
-                None,
-            );
+        // Each touched column over the span its pieces touch: one member write, which holds
+        // the old bytes (read above) wherever the pieces leave a gap.
+        for (d, span) in spans.iter().enumerate() {
+            let Some((a, b)) = *span else { continue };
+            let m = data_members(spec, row, d)[0];
+            let bytes = &cols[d][(a - lo) as usize..(b - lo) as usize];
+            self.write_member(set, members, m, row * il + a, bytes, None);
         }
         for (i, &pm) in pms.iter().enumerate() {
             self.write_member(set, members, pm, mo, &parity[i], None);
@@ -605,4 +617,18 @@ impl Layouts {
             }
         }
     }
+}
+
+/// True if the ranges `[a, b)` together cover `[lo, hi)`.
+fn covers(ranges: impl Iterator<Item = (u64, u64)>, lo: u64, hi: u64) -> bool {
+    let mut r: Vec<(u64, u64)> = ranges.collect();
+    r.sort_unstable();
+    let mut reached = lo;
+    for (a, b) in r {
+        if a > reached {
+            return false;
+        }
+        reached = reached.max(b);
+    }
+    reached >= hi
 }

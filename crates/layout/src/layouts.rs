@@ -11,6 +11,7 @@ use tessera_pool::{DiskState, Pool, SlabRef};
 use tracing::{info, warn};
 
 use crate::error::{LayoutError, Result};
+use crate::gather::RowGather;
 use crate::journal::{RecordBody, StripeJournal};
 use crate::slabset::{Registry, SlabSet};
 use crate::spec::LayoutSpec;
@@ -85,6 +86,8 @@ pub struct Layouts {
     pub(crate) pool: Arc<Pool>,
     pub(crate) registry: Registry,
     row_locks: Vec<RwLock<()>>,
+    /// Writes to one parity row queued while it is written, written together.
+    pub(crate) gather: RowGather,
     pub(crate) journal: StripeJournal,
     pub stats: IoStats,
     disk_errors: Mutex<BTreeMap<u32, DiskErrors>>,
@@ -101,6 +104,7 @@ impl Layouts {
             pool,
             registry,
             row_locks: (0..ROW_LOCKS).map(|_| RwLock::new(())).collect(),
+            gather: RowGather::default(),
             journal,
             stats: IoStats::default(),
             disk_errors: Mutex::new(BTreeMap::new()),

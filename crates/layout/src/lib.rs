@@ -6,6 +6,7 @@ mod audit;
 mod batch;
 mod codec;
 mod error;
+mod gather;
 mod geometry;
 mod io;
 mod journal;

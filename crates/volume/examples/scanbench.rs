@@ -124,7 +124,11 @@ fn main() {
 
     let t = Instant::now();
     engine.damage_orphan_slots("meta", a.orphans).unwrap();
-    eprintln!("injected {} orphan slots in {:.1}s", a.orphans, t.elapsed().as_secs_f64());
+    eprintln!(
+        "injected {} orphan slots in {:.1}s",
+        a.orphans,
+        t.elapsed().as_secs_f64()
+    );
     // A settled store, as a pool that has been running is: the fill's merge operands folded.
     let t = Instant::now();
     let meta = engine.pool().meta();

@@ -296,7 +296,9 @@ fn journal_records_replay_could_not_settle_are_found_and_settled() {
     e.layouts().damage_pinned_record(mirror.id, past).unwrap();
     e.layouts().damage_pinned_record(mirror.id, 0).unwrap();
     for m in &mirror.desc().members {
-        rig.disks[m.disk as usize].faults().fail_range(0, u64::MAX / 2, FaultOp::Read);
+        rig.disks[m.disk as usize]
+            .faults()
+            .fail_range(0, u64::MAX / 2, FaultOp::Read);
     }
     let found = scan(e);
     assert_eq!(kinds(&found), [(FindingKind::RegionUnsynced, 1)].into_iter().collect());
@@ -305,7 +307,10 @@ fn journal_records_replay_could_not_settle_are_found_and_settled() {
     let left = e.findings(0, 10).unwrap();
     assert_eq!(left.len(), 1);
     assert_eq!(left[0].status, FindingStatus::Failed);
-    assert!(left[0].note.as_deref().unwrap().contains("cannot be made consistent"), "{left:?}");
+    assert!(
+        left[0].note.as_deref().unwrap().contains("cannot be made consistent"),
+        "{left:?}"
+    );
     for d in &rig.disks {
         d.faults().clear();
     }
