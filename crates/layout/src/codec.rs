@@ -37,6 +37,22 @@ pub fn encode(parity: usize, data: &[&[u8]]) -> Result<Vec<Vec<u8>>> {
     }
 }
 
+/// [`encode`], into sector-aligned buffers: what a member write on a file disk opened with
+/// O_DIRECT takes without copying through a bounce buffer.
+pub fn encode_aligned(parity: usize, data: &[&[u8]]) -> Result<Vec<tessera_disk::AlignedBuf>> {
+    if parity == 1 {
+        let mut p = tessera_disk::AlignedBuf::from_slice(data[0]);
+        for d in &data[1..] {
+            xor_into(&mut p, d);
+        }
+        return Ok(vec![p]);
+    }
+    Ok(encode(parity, data)?
+        .iter()
+        .map(|p| tessera_disk::AlignedBuf::from_slice(p))
+        .collect())
+}
+
 /// Rebuilds the missing data shards. `data[i]` is None where lost; `parity[j]` None where lost
 /// or unread. Fails when more shards are missing than there are parity shards available.
 pub fn reconstruct(data: &mut [Option<Vec<u8>>], parity: &[Option<Vec<u8>>]) -> Result<()> {

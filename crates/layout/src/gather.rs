@@ -17,10 +17,11 @@ use parking_lot::{Condvar, Mutex};
 use crate::error::{LayoutError, Result};
 use crate::geometry::Piece;
 
-/// One writer's pieces of a row, with their bytes (`buf_off` indexes `data`).
+/// One writer's pieces of a row, with their bytes (`buf_off` indexes `data`; sector-aligned,
+/// so the pieces go to the disks without a bounce copy).
 pub(crate) struct RowWrite {
     pub pieces: Vec<Piece>,
-    pub data: Vec<u8>,
+    pub data: tessera_disk::AlignedBuf,
 }
 
 impl RowWrite {
@@ -144,7 +145,7 @@ mod tests {
                 len,
                 buf_off: 0,
             }],
-            data: vec![col as u8; len],
+            data: tessera_disk::AlignedBuf::from_slice(&vec![col as u8; len]),
         }
     }
 

@@ -407,14 +407,13 @@ impl Layouts {
                 LayoutKind::Parity | LayoutKind::DualParity => {
                     // Each piece with its own bytes, so that another writer of the row can
                     // write them with its own (gather.rs).
-                    let mut bytes = Vec::with_capacity(pieces[i..j].iter().map(|p| p.len).sum());
+                    let mut bytes = tessera_disk::AlignedBuf::zeroed(pieces[i..j].iter().map(|p| p.len).sum());
                     let mut own = Vec::with_capacity(j - i);
+                    let mut at = 0;
                     for p in &pieces[i..j] {
-                        own.push(Piece {
-                            buf_off: bytes.len(),
-                            ..*p
-                        });
-                        bytes.extend_from_slice(&data[p.buf_off..p.buf_off + p.len]);
+                        own.push(Piece { buf_off: at, ..*p });
+                        bytes[at..at + p.len].copy_from_slice(&data[p.buf_off..p.buf_off + p.len]);
+                        at += p.len;
                     }
                     let mine = RowWrite {
                         pieces: own,
@@ -476,15 +475,15 @@ impl Layouts {
         let lo = parts.iter().map(|(p, _)| p.in_unit).min().expect("a write has pieces");
         let hi = parts.iter().map(|(p, _)| p.in_unit + p.len as u64).max().unwrap();
         let rl = (hi - lo) as usize;
-        let mut cols: Vec<Vec<u8>> = Vec::with_capacity(dc);
+        let mut cols: Vec<tessera_disk::AlignedBuf> = Vec::with_capacity(dc);
         // Per data column, the span its pieces touch (None: untouched).
         let mut spans: Vec<Option<(u64, u64)>> = Vec::with_capacity(dc);
         for d in 0..dc {
             let mine: Vec<&(&Piece, &[u8])> = parts.iter().filter(|(p, _)| p.data_col == d).collect();
             let mut col = if covers(mine.iter().map(|(p, _)| (p.in_unit, p.in_unit + p.len as u64)), lo, hi) {
-                vec![0u8; rl]
+                tessera_disk::AlignedBuf::zeroed(rl)
             } else {
-                let mut old = vec![0u8; rl];
+                let mut old = tessera_disk::AlignedBuf::zeroed(rl);
                 let op = Piece {
                     row,
                     data_col: d,
@@ -506,17 +505,17 @@ impl Layouts {
             );
             cols.push(col);
         }
-        let refs: Vec<&[u8]> = cols.iter().map(|c| c.as_slice()).collect();
-        let parity = codec::encode(spec.parity_columns(), &refs)?;
+        let refs: Vec<&[u8]> = cols.iter().map(|c| &c[..]).collect();
+        let parity = codec::encode_aligned(spec.parity_columns(), &refs)?;
         let pms = parity_members(spec, row);
         let mo = row * il + lo;
         // A healthy set is covered by the region's Dirty record (a resync fixes the row after
         // a crash). A degraded one cannot be resynced: journal the new contents of the range.
         let seq = if self.unavailable(members) > 0 {
             let mut writes: Vec<(u16, Vec<u8>)> = (0..dc)
-                .map(|d| (data_members(spec, row, d)[0] as u16, cols[d].clone()))
+                .map(|d| (data_members(spec, row, d)[0] as u16, cols[d].to_vec()))
                 .collect();
-            writes.extend(pms.iter().zip(&parity).map(|(&m, p)| (m as u16, p.clone())));
+            writes.extend(pms.iter().zip(&parity).map(|(&m, p)| (m as u16, p.to_vec())));
             let seq = self.journal.append(&Record {
                 set: set.id,
                 row,
