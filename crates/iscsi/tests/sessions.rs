@@ -2,15 +2,15 @@
 //! CHAP, ACLs and discovery, data transfer, reservations across sessions, and a crowd of
 //! sessions doing verified I/O while misbehaving clients come and go.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
 use rand::{Rng, RngCore, SeedableRng};
 use tessera_iscsi::initiator::{discover, InitiatorError, LoginConfig, ScsiResult, Session};
 use tessera_iscsi::{Access, Chap, Registry, Target};
 use tessera_test_support::{Disks, TestPool};
 use tessera_vdisk_lun::vdisk_lun;
-use tessera_volume::{Engine, LayoutKind, VdiskSpec};
+use tessera_volume::{Engine, LayoutKind, Pool, VdiskSpec};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -71,6 +71,34 @@ async fn rig_on(kind: Disks) -> Rig {
         addr,
         reg,
     }
+}
+
+impl Rig {
+    /// The pool, to see when it is closed.
+    fn pool(&self) -> Weak<Pool> {
+        Arc::downgrade(self._engine.pool())
+    }
+}
+
+/// Runs a test on a runtime of its own and returns once the pool its rig made is closed. The
+/// sessions' tasks and ring threads hold the LUN, so a pool on files can still be open when
+/// the last test ends, and a metadata store still open when the process exits can abort it
+/// (RocksDB's background threads against its static destructors: "pthread lock: Invalid
+/// argument").
+fn closing_the_pool(test: impl std::future::Future<Output = Weak<Pool>>) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let pool = rt.block_on(test);
+    // Every task goes with the runtime, and the sessions' ring threads then end.
+    drop(rt);
+    let t = Instant::now();
+    while pool.strong_count() > 0 && t.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(pool.strong_count(), 0, "the pool is still open 30 s after its test");
 }
 
 fn cfg(initiator: &str, target: &str, isid: u8) -> LoginConfig {
@@ -325,15 +353,15 @@ fn login_pdu(initiator: &str, target: &str) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hundred_sessions_keep_their_data_while_others_misbehave() {
-    hundred_sessions(Disks::Memory).await
+    let _ = hundred_sessions(Disks::Memory).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hundred_sessions_keep_their_data_while_others_misbehave_on_file_disks() {
-    hundred_sessions(Disks::Files).await
+#[test]
+fn a_hundred_sessions_keep_their_data_while_others_misbehave_on_file_disks() {
+    closing_the_pool(hundred_sessions(Disks::Files))
 }
 
-async fn hundred_sessions(disks: Disks) {
+async fn hundred_sessions(disks: Disks) -> Weak<Pool> {
     let r = rig_on(disks).await;
     let sessions = 100usize;
     // Each session owns 64 KiB of the LUN and checks every write by reading it back.
@@ -401,10 +429,15 @@ async fn hundred_sessions(disks: Disks) {
         assert!(back.data == *image, "region {i} differs after the crowd left");
     }
     s.logout().await.unwrap();
+    r.pool()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reads_racing_writes_of_the_same_blocks_see_whole_writes_on_file_disks() {
+#[test]
+fn reads_racing_writes_of_the_same_blocks_see_whole_writes_on_file_disks() {
+    closing_the_pool(reads_racing_writes())
+}
+
+async fn reads_racing_writes() -> Weak<Pool> {
     let r = rig_on(Disks::Files).await;
     let s = Arc::new(Session::login(&r.addr, &cfg(HOST_B, OPEN, 1)).await.unwrap());
     // 64 KiB writes, each of one byte value, over blocks that READs keep asking for: a READ
@@ -441,10 +474,15 @@ async fn reads_racing_writes_of_the_same_blocks_see_whole_writes_on_file_disks()
     let back = read(&s, 0, blocks).await;
     assert!(back.data.iter().all(|&b| b == 150));
     Arc::try_unwrap(s).ok().unwrap().logout().await.unwrap();
+    r.pool()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_read_that_fails_on_the_ring_is_answered_from_the_other_copy() {
+#[test]
+fn a_read_that_fails_on_the_ring_is_answered_from_the_other_copy() {
+    closing_the_pool(read_failing_on_the_ring())
+}
+
+async fn read_failing_on_the_ring() -> Weak<Pool> {
     let r = rig_on(Disks::Files).await;
     let s = Session::login(&r.addr, &cfg(HOST_B, OPEN, 2)).await.unwrap();
     let mut data = vec![0u8; 4 * MIB as usize];
@@ -474,4 +512,5 @@ async fn a_read_that_fails_on_the_ring_is_answered_from_the_other_copy() {
     // copy and repaired m0 with it.
     assert!(std::fs::metadata(&m0).unwrap().len() > MIB, "m0 was not repaired");
     s.logout().await.unwrap();
+    r.pool()
 }
