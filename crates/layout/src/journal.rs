@@ -214,6 +214,11 @@ impl StripeJournal {
         Ok(seq)
     }
 
+    /// See [`tessera_pool::MetaStore::stop_background_work`].
+    pub fn stop_background_work(&self) {
+        self.db.cancel_all_background_work(true);
+    }
+
     /// Every record in the journal now, in sequence order.
     pub fn records(&self) -> Result<Vec<(u64, Record)>> {
         let mut out = Vec::new();

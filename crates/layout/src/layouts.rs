@@ -166,6 +166,13 @@ impl Layouts {
         }
     }
 
+    /// Stops the background work of the stripe journal's store and of the pool's metadata
+    /// store, for a process about to exit with them open.
+    pub fn stop_background_work(&self) {
+        self.journal.stop_background_work();
+        self.pool.meta().stop_background_work();
+    }
+
     pub fn pool(&self) -> &Arc<Pool> {
         &self.pool
     }

@@ -150,6 +150,13 @@ impl MetaStore {
         Ok(())
     }
 
+    /// Stops the store's background work (flushes, compactions) and waits for what runs: a
+    /// process about to exit with the store still open calls it, so that no background job
+    /// runs into RocksDB's static destructors.
+    pub fn stop_background_work(&self) {
+        self.db.cancel_all_background_work(true);
+    }
+
     /// A consistent view of the store as it is now: every batch committed before is in it,
     /// none committed after. A scan reads it while the vdisks go on writing.
     pub fn snapshot(&self) -> MetaSnapshot<'_> {

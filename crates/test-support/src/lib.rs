@@ -2,10 +2,10 @@
 //! rig of their own, with fault injection and restarts, in crates/volume/tests/common): a pool
 //! on memory or file disks in a temporary directory that lives as long as the pool.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Once, Weak};
 
 use tessera_disk::{DiskRef, FileDisk, MemDisk};
-use tessera_volume::Engine;
+use tessera_volume::{Engine, Layouts};
 
 pub const MIB: u64 = 1 << 20;
 
@@ -39,6 +39,35 @@ impl TestPool {
             })
             .collect();
         let engine = Engine::create_pool(&dir.path().join("p"), "p", disks, MIB).expect("a pool");
+        quiesce_at_exit(engine.layouts());
         TestPool { dir, engine }
     }
+}
+
+/// The pools of this process, to quiesce at its exit.
+static OPEN: Mutex<Vec<Weak<Layouts>>> = Mutex::new(Vec::new());
+
+/// A test that ends while a server task or a session thread still holds its pool leaves the
+/// pool's RocksDB stores open when the process exits, and a background flush or compaction
+/// running into RocksDB's static destructors aborts the process ("pthread lock: Invalid
+/// argument"). Handlers registered with atexit run before the destructors of the statics
+/// constructed before them, and the stores' statics are constructed when the first pool
+/// opens, before this registers: so the handler stops the background work of every pool
+/// still open first.
+fn quiesce_at_exit(layouts: &Arc<Layouts>) {
+    static HOOK: Once = Once::new();
+    extern "C" fn quiesce() {
+        let open = OPEN.lock().map(|o| o.clone()).unwrap_or_default();
+        for l in open.iter().filter_map(Weak::upgrade) {
+            l.stop_background_work();
+        }
+    }
+    let mut open = OPEN.lock().expect("not poisoned");
+    open.retain(|w| w.strong_count() > 0);
+    open.push(Arc::downgrade(layouts));
+    drop(open);
+    HOOK.call_once(|| {
+        // SAFETY: registers a plain function with no captured state.
+        unsafe { libc::atexit(quiesce) };
+    });
 }

@@ -32,6 +32,7 @@ pub use scrub::{ScrubOptions, ScrubPass, ScrubState};
 pub use vdisk::{Extent, SpaceUsage, Vdisk};
 
 pub use tessera_layout::{
-    DiskErrors, LayoutFinding, LayoutKind, LayoutSpec, LostMember, Progress, RebuildOptions, RebuildReport, ScrubTally,
+    DiskErrors, LayoutFinding, LayoutKind, LayoutSpec, Layouts, LostMember, Progress, RebuildOptions, RebuildReport,
+    ScrubTally,
 };
 pub use tessera_pool::{DiskState, Pool, SlabRef};
