@@ -18,13 +18,7 @@ const VDISK: u64 = 64 * MIB;
 const BLOCK: usize = 64 << 10;
 
 fn start(t: &std::path::Path, delay: &str) -> Daemon {
-    let cfg = t.join("tessera.toml");
-    std::fs::write(&cfg, format!("auto_repair_delay = \"{delay}\"\n")).unwrap();
-    Daemon::start_with(
-        &t.join("state"),
-        &["--config", cfg.to_str().unwrap(), "--api-listen", "none"],
-    )
-    .unwrap()
+    Daemon::start_configured(&t.join("state"), &format!("auto_repair_delay = \"{delay}\"\n"))
 }
 
 /// Waits until the pool is healthy with nothing left to repair.

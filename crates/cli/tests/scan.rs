@@ -12,9 +12,7 @@ use tessera_volume::Engine;
 const MIB: u64 = 1 << 20;
 
 fn start(state: &Path) -> Daemon {
-    let cfg = state.with_extension("toml");
-    std::fs::write(&cfg, "scrub_interval = \"off\"\n").unwrap();
-    Daemon::start_with(state, &["--config", cfg.to_str().unwrap(), "--api-listen", "none"]).unwrap()
+    Daemon::start_configured(state, "scrub_interval = \"off\"\n")
 }
 
 #[test]

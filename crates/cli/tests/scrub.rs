@@ -21,9 +21,7 @@ const DATA_OFFSET: u64 = MIB;
 const SLAB: u64 = 64 * MIB;
 
 fn start(state: &Path, config: &str) -> Daemon {
-    let cfg = state.with_extension("toml");
-    std::fs::write(&cfg, config).unwrap();
-    Daemon::start_with(state, &["--config", cfg.to_str().unwrap(), "--api-listen", "none"]).unwrap()
+    Daemon::start_configured(state, config)
 }
 
 /// A pool "s" on three disks with a mirror vdisk "s/m" holding a random image (no zero block,

@@ -140,6 +140,14 @@ impl MetaStore {
             self.cf(cf),
             rocksdb::IteratorMode::From(prefix, rocksdb::Direction::Forward),
         );
+        self.visit_prefix(iter, prefix, &mut f)
+    }
+
+    /// Feeds `f` the items of `iter` (which starts at `prefix`) while their keys start with it.
+    fn visit_prefix<I>(&self, iter: I, prefix: &[u8], f: &mut impl FnMut(&[u8], &[u8]) -> Result<()>) -> Result<()>
+    where
+        I: Iterator<Item = std::result::Result<(Box<[u8]>, Box<[u8]>), rocksdb::Error>>,
+    {
         for item in iter {
             let (k, v) = item.map_err(|e| self.err(e))?;
             if !k.starts_with(prefix) {
@@ -196,14 +204,7 @@ impl MetaSnapshot<'_> {
             ro,
             rocksdb::IteratorMode::From(prefix, rocksdb::Direction::Forward),
         );
-        for item in iter {
-            let (k, v) = item.map_err(|e| self.store.err(e))?;
-            if !k.starts_with(prefix) {
-                break;
-            }
-            f(&k, &v)?;
-        }
-        Ok(())
+        self.store.visit_prefix(iter, prefix, &mut f)
     }
 
     /// Roughly how many keys a column family holds (for progress, not for counting).

@@ -26,6 +26,14 @@ impl Daemon {
         Self::start_with(state, &["--api-listen", "none"]).expect("daemon starts")
     }
 
+    /// Starts a daemon with this configuration file (written next to the state directory) and
+    /// no TCP API listener.
+    pub fn start_configured(state: &Path, config: &str) -> Daemon {
+        let cfg = state.with_extension("toml");
+        std::fs::write(&cfg, config).unwrap();
+        Daemon::start_with(state, &["--config", cfg.to_str().unwrap(), "--api-listen", "none"]).unwrap()
+    }
+
     /// Starts a daemon with extra `serve` arguments; Err(stderr) if it exits instead.
     pub fn start_with(state: &Path, args: &[&str]) -> Result<Daemon, String> {
         std::fs::create_dir_all(state).unwrap();
