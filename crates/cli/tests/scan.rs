@@ -20,20 +20,9 @@ fn scan_lists_damage_and_spotfix_repairs_it_while_the_pool_serves() {
     let t = tempfile::tempdir().unwrap();
     let state = t.path().join("state");
     let mut d = start(&state);
-    let disks = disks(&t.path().join("disks"), 3, 256 * MIB);
-    create_pool(&d, "s", &disks);
     let img = t.path().join("in.img");
     random_image(&img, 16 * MIB, 3);
-    d.ok(&[
-        "vdisk",
-        "import",
-        "s/m",
-        img.to_str().unwrap(),
-        "--layout",
-        "mirror",
-        "--columns",
-        "1",
-    ]);
+    mirror_pool_with(&d, &t.path().join("disks"), &img);
     let clean = d.json(&["pool", "scan", "s"]);
     assert_eq!(clean["report"]["findings"], 0, "{clean}");
     assert!(clean["report"]["grains"].as_u64().unwrap() > 0, "{clean}");

@@ -27,23 +27,11 @@ fn start(state: &Path, config: &str) -> Daemon {
 /// A pool "s" on three disks with a mirror vdisk "s/m" holding a random image (no zero block,
 /// so every block is written and has a checksum).
 fn setup(d: &Daemon, t: &Path) -> (Vec<String>, std::path::PathBuf) {
-    let disks = disks(&t.join("disks"), 3, 256 * MIB);
-    create_pool(d, "s", &disks);
     let img = t.join("in.img");
     let mut buf = vec![0u8; IMAGE as usize];
     rand::rngs::StdRng::seed_from_u64(5).fill_bytes(&mut buf);
     std::fs::write(&img, &buf).unwrap();
-    d.ok(&[
-        "vdisk",
-        "import",
-        "s/m",
-        img.to_str().unwrap(),
-        "--layout",
-        "mirror",
-        "--columns",
-        "1",
-    ]);
-    (disks, img)
+    (mirror_pool_with(d, &t.join("disks"), &img), img)
 }
 
 /// The first slab of a disk file that holds data: where a copy of the vdisk lies.

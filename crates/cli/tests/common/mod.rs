@@ -348,6 +348,24 @@ pub fn disks(dir: &Path, n: usize, size: u64) -> Vec<String> {
 }
 
 /// `pool create NAME --disk A --disk B ... --slab-size 64M`.
+/// Pool "s" on three 256 MiB file disks under `dir`, holding `img` imported as the 2-way
+/// mirror vdisk "s/m". Returns the disks.
+pub fn mirror_pool_with(d: &Daemon, dir: &Path, img: &Path) -> Vec<String> {
+    let disks = disks(dir, 3, 256 << 20);
+    create_pool(d, "s", &disks);
+    d.ok(&[
+        "vdisk",
+        "import",
+        "s/m",
+        img.to_str().unwrap(),
+        "--layout",
+        "mirror",
+        "--columns",
+        "1",
+    ]);
+    disks
+}
+
 pub fn create_pool(d: &Daemon, name: &str, disks: &[String]) {
     let mut args = vec!["pool", "create", name, "--slab-size", "64M"];
     for p in disks {
