@@ -12,10 +12,14 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use tessera_server::units::parse_size;
-use tessera_volume::{LayoutKind, Provisioning};
+use tessera_volume::{DiskUsage, LayoutKind, Provisioning};
 
 fn parse_layout(s: &str) -> Result<LayoutKind, String> {
     LayoutKind::parse(s).ok_or_else(|| format!("unknown layout '{s}': choose simple, mirror, parity or dual-parity"))
+}
+
+fn parse_usage(s: &str) -> Result<DiskUsage, String> {
+    DiskUsage::parse(s).ok_or_else(|| format!("unknown disk usage '{s}': choose data or cache"))
 }
 
 fn parse_provisioning(s: &str) -> Result<Provisioning, String> {
@@ -370,6 +374,9 @@ pub enum PoolCmd {
         /// A member disk; repeat for each.
         #[arg(long = "disk", value_name = "PATH", required = true)]
         disks: Vec<PathBuf>,
+        /// A disk for the write-back cache log (fast: SSD or NVMe); repeat for a second copy.
+        #[arg(long = "cache-disk", value_name = "PATH")]
+        cache_disks: Vec<PathBuf>,
         /// Allocation unit on each disk (default 256M).
         #[arg(long, value_parser = parse_size)]
         slab_size: Option<u64>,
@@ -458,6 +465,9 @@ pub enum DiskCmd {
         /// Keep it as a hot spare: empty until a repair needs it, then an ordinary member.
         #[arg(long)]
         spare: bool,
+        /// data (default) or cache: a fast disk for the write-back cache log.
+        #[arg(long, value_parser = parse_usage, default_value = "data")]
+        usage: DiskUsage,
     },
     /// Retire a disk: no new data on it; a repair moves its data away.
     Retire { pool: String, disk: String },
@@ -492,6 +502,9 @@ pub struct LayoutArgs {
     /// then "512e") or 512 ("512n", for hosts that want it).
     #[arg(long)]
     pub physical_block_size: Option<u32>,
+    /// How much of the pool's write-back cache the vdisk may fill (default 1G; 0: none).
+    #[arg(long, value_parser = parse_size)]
+    pub write_cache_size: Option<u64>,
 }
 
 #[derive(Subcommand)]
@@ -522,6 +535,12 @@ pub enum VdiskCmd {
     },
     /// Grow a vdisk.
     Resize {
+        vdisk: String,
+        #[arg(long, value_parser = parse_size)]
+        size: u64,
+    },
+    /// Set how much of the pool's write-back cache a vdisk may fill (0 turns it off).
+    WriteCache {
         vdisk: String,
         #[arg(long, value_parser = parse_size)]
         size: u64,

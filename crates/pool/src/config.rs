@@ -5,6 +5,8 @@ use uuid::Uuid;
 
 pub const MIN_SLAB_SIZE: u64 = 1 << 20;
 pub const DEFAULT_SLAB_SIZE: u64 = 256 << 20;
+/// The smallest log area a cache disk may offer.
+pub const MIN_CACHE_AREA: u64 = 64 << 20;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
@@ -34,6 +36,34 @@ impl DiskState {
     }
 }
 
+/// What a member disk is for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum DiskUsage {
+    /// Holds slabs of the layouts.
+    #[default]
+    Data,
+    /// Holds the write-back cache log; never slabs.
+    Cache,
+}
+
+impl DiskUsage {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DiskUsage::Data => "data",
+            DiskUsage::Cache => "cache",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<DiskUsage> {
+        match s {
+            "data" => Some(DiskUsage::Data),
+            "cache" | "journal" => Some(DiskUsage::Cache),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DiskInfo {
     pub id: Uuid,
@@ -44,6 +74,8 @@ pub struct DiskInfo {
     /// Number of slabs the disk holds.
     pub slabs: u32,
     pub state: DiskState,
+    #[serde(default)]
+    pub usage: DiskUsage,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

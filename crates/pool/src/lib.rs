@@ -8,7 +8,9 @@ mod meta;
 mod pool;
 
 pub use alloc::{SlabMap, SlabRef};
-pub use config::{validate_name, DiskInfo, DiskState, PoolConfig, DEFAULT_SLAB_SIZE, MIN_SLAB_SIZE};
+pub use config::{
+    validate_name, DiskInfo, DiskState, DiskUsage, PoolConfig, DEFAULT_SLAB_SIZE, MIN_CACHE_AREA, MIN_SLAB_SIZE,
+};
 pub use error::{PoolError, Result};
 pub use meta::{
     decode_refcount, refcount_delta, MetaSnapshot, MetaStore, CF_FINDINGS, CF_GRAINS, CF_GRAINSETS, CF_POOL,

@@ -12,7 +12,7 @@ use tracing::{info, warn};
 use uuid::Uuid;
 
 use crate::alloc::{choose_disks, SlabMap, SlabRef};
-use crate::config::{validate_name, DiskInfo, DiskState, PoolConfig, MIN_SLAB_SIZE};
+use crate::config::{validate_name, DiskInfo, DiskState, DiskUsage, PoolConfig, MIN_CACHE_AREA, MIN_SLAB_SIZE};
 use crate::error::{PoolError, Result};
 use crate::meta::{MetaStore, CF_POOL};
 
@@ -72,7 +72,12 @@ impl Inner {
             .disks
             .iter()
             .zip(&self.members)
-            .filter(|(i, m)| i.state == DiskState::Healthy && m.dev.is_some() && !exclude.contains(&i.position))
+            .filter(|(i, m)| {
+                i.state == DiskState::Healthy
+                    && i.usage == DiskUsage::Data
+                    && m.dev.is_some()
+                    && !exclude.contains(&i.position)
+            })
             .map(|(i, m)| (i.position, m.slabs.free()))
             .collect()
     }
@@ -83,7 +88,12 @@ impl Inner {
             .disks
             .iter()
             .zip(&self.members)
-            .filter(|(i, m)| i.state == DiskState::Spare && m.dev.is_some() && !exclude.contains(&i.position))
+            .filter(|(i, m)| {
+                i.state == DiskState::Spare
+                    && i.usage == DiskUsage::Data
+                    && m.dev.is_some()
+                    && !exclude.contains(&i.position)
+            })
             .map(|(i, m)| (i.position, m.slabs.free()))
             .collect()
     }
@@ -155,6 +165,7 @@ impl Pool {
                 size: d.size(),
                 slabs: slabs_on(d.size(), slab_size),
                 state: DiskState::Healthy,
+                usage: DiskUsage::Data,
             };
             let label = label_for(&config, &info, false);
             if let Err(e) = write_new_label(d.as_ref(), &label) {
@@ -371,15 +382,52 @@ impl Pool {
 
     /// Adds a blank disk to the pool.
     pub fn add_disk(&self, dev: DiskRef) -> Result<DiskInfo> {
-        self.add_member(dev, DiskState::Healthy)
+        self.add_member(dev, DiskState::Healthy, DiskUsage::Data)
     }
 
     /// Adds a blank disk as a hot spare: kept empty for the next repair.
     pub fn add_spare(&self, dev: DiskRef) -> Result<DiskInfo> {
-        self.add_member(dev, DiskState::Spare)
+        self.add_member(dev, DiskState::Spare, DiskUsage::Data)
     }
 
-    fn add_member(&self, dev: DiskRef, state: DiskState) -> Result<DiskInfo> {
+    /// Adds a blank disk that holds the write-back cache log, and no slab.
+    pub fn add_cache_disk(&self, dev: DiskRef) -> Result<DiskInfo> {
+        if dev.size() < DATA_OFFSET + MIN_CACHE_AREA {
+            return Err(PoolError::Invalid(format!(
+                "{}: {} bytes is too small for a cache disk (at least {} MiB)",
+                dev.path(),
+                dev.size(),
+                (DATA_OFFSET + MIN_CACHE_AREA) >> 20
+            )));
+        }
+        self.add_member(dev, DiskState::Healthy, DiskUsage::Cache)
+    }
+
+    /// The healthy cache disks, by position.
+    pub fn cache_disks(&self) -> Vec<(u32, DiskRef)> {
+        let inner = self.inner.read();
+        inner
+            .config
+            .disks
+            .iter()
+            .zip(&inner.members)
+            .filter(|(i, _)| i.usage == DiskUsage::Cache && i.state == DiskState::Healthy)
+            .filter_map(|(i, m)| m.dev.clone().map(|d| (i.position, d)))
+            .collect()
+    }
+
+    /// What a member is for (data if there is no such member).
+    pub fn disk_usage(&self, position: u32) -> DiskUsage {
+        self.inner
+            .read()
+            .config
+            .disks
+            .get(position as usize)
+            .map(|d| d.usage)
+            .unwrap_or_default()
+    }
+
+    fn add_member(&self, dev: DiskRef, state: DiskState, usage: DiskUsage) -> Result<DiskInfo> {
         let _saving = self.saving.lock();
         let mut inner = self.inner.write();
         let slab_size = inner.config.slab_size;
@@ -395,8 +443,11 @@ impl Pool {
                 inner.config.name
             )));
         }
-        let slabs = slabs_on(dev.size(), slab_size);
-        if slabs == 0 {
+        let slabs = match usage {
+            DiskUsage::Data => slabs_on(dev.size(), slab_size),
+            DiskUsage::Cache => 0,
+        };
+        if slabs == 0 && usage == DiskUsage::Data {
             return Err(PoolError::Invalid(format!(
                 "{}: {} bytes is too small for one {} byte slab",
                 dev.path(),
@@ -411,6 +462,7 @@ impl Pool {
             size: dev.size(),
             slabs,
             state,
+            usage,
         };
         write_new_label(dev.as_ref(), &label_for(&inner.config, &info, false))?;
         inner.config.disks.push(info.clone());
@@ -626,8 +678,11 @@ impl Pool {
             inner
                 .members
                 .iter()
+                .zip(&inner.config.disks)
                 .enumerate()
-                .filter_map(|(i, m)| m.dev.clone().map(|d| (i as u32, d)))
+                // The write-back cache flushes its own disks.
+                .filter(|(_, (_, info))| info.usage == DiskUsage::Data)
+                .filter_map(|(i, (m, _))| m.dev.clone().map(|d| (i as u32, d)))
                 .collect()
         };
         let mut failed = Vec::new();

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Mutex, RwLock};
 use serde::{Deserialize, Serialize};
 use tessera_disk::{DiskRef, FileDisk};
-use tessera_pool::{validate_name, DiskState, DEFAULT_SLAB_SIZE};
+use tessera_pool::{validate_name, DiskState, DiskUsage, DEFAULT_SLAB_SIZE};
 use tessera_volume::{Engine, LayoutKind, Provisioning, RebuildOptions, Vdisk, VdiskSpec};
 use tracing::{error, info, warn};
 

@@ -39,6 +39,7 @@ pub fn prepare(d: &Daemon) -> Result<(), String> {
                 name: POOL.into(),
                 disks,
                 slab_size: None,
+                cache_disks: Vec::new(),
             })
             .map_err(|e| {
                 format!(

@@ -5,7 +5,7 @@
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use tessera_pool::{Capacity, DiskState, DiskStatus};
+use tessera_pool::{Capacity, DiskState, DiskStatus, DiskUsage};
 use tessera_volume::{LayoutKind, LayoutSpec, Provisioning};
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -16,6 +16,10 @@ pub struct CreatePool {
     #[schemars(length(min = 1))]
     pub disks: Vec<String>,
     pub slab_size: Option<u64>,
+    /// Absolute paths of disks that hold the write-back cache log (two, so that losing one
+    /// loses nothing).
+    #[serde(default)]
+    pub cache_disks: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -107,6 +111,9 @@ pub struct AddDisk {
     /// A hot spare: kept empty until a repair needs it (default: an ordinary member).
     #[serde(default)]
     pub spare: bool,
+    /// data (the default) or cache: a disk for the write-back cache log, which takes no slab.
+    #[serde(default)]
+    pub usage: DiskUsage,
 }
 
 /// How a pool stands, worst first: what `pool list` shows and a monitor alerts on.
@@ -157,6 +164,9 @@ pub struct PoolSummary {
     /// The last metadata scan (and spot-fix), if the pool was ever scanned.
     #[serde(default)]
     pub scan: Option<tessera_volume::ScanReport>,
+    /// The write-back cache, when the pool has cache disks.
+    #[serde(default)]
+    pub cache: Option<tessera_volume::CacheStatus>,
 }
 
 /// The last metadata scan of a pool: its report and a page of its findings.
@@ -235,6 +245,8 @@ pub struct DiskView {
     pub path: String,
     pub size: u64,
     pub state: DiskState,
+    #[serde(default)]
+    pub usage: DiskUsage,
     pub slabs: u32,
     pub slabs_used: u32,
     pub used_bytes: u64,
@@ -251,6 +263,7 @@ impl From<DiskStatus> for DiskView {
             path: d.info.path,
             size: d.info.size,
             state: d.info.state,
+            usage: d.info.usage,
             slabs: d.info.slabs,
             slabs_used: d.slabs_used,
             used_bytes: d.used_bytes,
@@ -283,6 +296,9 @@ pub struct CreateVdisk {
     #[serde(default)]
     #[schemars(extend("enum" = [512, 4096, null]))]
     pub physical_block_size: Option<u32>,
+    /// Bytes of the pool's write-back cache the vdisk may fill (absent: 1 GiB; 0: none).
+    #[serde(default)]
+    pub write_cache_size: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -306,6 +322,11 @@ pub struct VdiskView {
     pub shared_bytes: u64,
     /// Number of snapshots taken of this vdisk that still exist.
     pub snapshots: usize,
+    /// Bytes of the write-back cache it may fill, and bytes it holds there not yet destaged.
+    #[serde(default)]
+    pub write_cache_size: u64,
+    #[serde(default)]
+    pub cache_dirty_bytes: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -346,6 +367,13 @@ pub struct CloneView {
     /// Bytes that share the source's grains, and bytes copied (a partial last grain).
     pub shared_bytes: u64,
     pub copied_bytes: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SetWriteCache {
+    /// Bytes; 0 turns the vdisk's write-back cache off.
+    pub size: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]

@@ -61,6 +61,7 @@ impl Engine {
         spec.grain_size = Some(c.grain_size);
         spec.block_size = Some(c.block_size);
         spec.physical_block_size = Some(c.physical_block_size);
+        spec.write_cache_size = c.write_cache_size;
         spec.provisioning = Provisioning::Thin;
         spec
     }

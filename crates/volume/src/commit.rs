@@ -8,7 +8,7 @@
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::{Condvar, Mutex};
-use tessera_layout::Layouts;
+use tessera_cache::WriteCache;
 use tessera_pool::WriteBatch;
 
 use crate::error::{Result, VolumeError};
@@ -81,14 +81,14 @@ impl<T> GroupQueue<T> {
 }
 
 pub struct Committer {
-    layouts: Arc<Layouts>,
+    cache: Arc<WriteCache>,
     queue: GroupQueue<Op>,
 }
 
 impl Committer {
-    pub fn new(layouts: Arc<Layouts>) -> Committer {
+    pub fn new(cache: Arc<WriteCache>) -> Committer {
         Committer {
-            layouts,
+            cache,
             queue: GroupQueue::new(),
         }
     }
@@ -104,9 +104,10 @@ impl Committer {
     }
 
     fn write(&self, ops: Vec<Op>) -> Result<()> {
-        let pool = self.layouts.pool();
-        // Data first: nothing may point at bytes that are not durable yet.
-        self.layouts.flush()?;
+        let pool = self.cache.layouts().pool();
+        // Data first: nothing may point at bytes that are not durable yet (in the layouts,
+        // or in the write-back log that a restart replays before anything is read).
+        self.cache.flush()?;
         let meta = pool.meta();
         let mut b = WriteBatch::default();
         for op in ops {

@@ -65,6 +65,10 @@ pub struct VdiskConfig {
     /// was recorded).
     #[serde(default)]
     pub created: u64,
+    /// How much dirty data the vdisk may hold in the pool's write-back cache (absent: the
+    /// default, 1 GiB; 0: its writes bypass the cache).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_cache_size: Option<u64>,
 }
 
 /// Physical blocks are 4 KiB unless asked otherwise: the smallest write the engine does in
@@ -78,6 +82,11 @@ fn default_physical_block_size() -> u32 {
 impl VdiskConfig {
     pub fn grains(&self) -> u64 {
         self.size.div_ceil(self.grain_size)
+    }
+
+    /// Its write-back cache budget.
+    pub fn write_cache(&self) -> u64 {
+        self.write_cache_size.unwrap_or(tessera_cache::DEFAULT_VDISK_CACHE)
     }
 }
 
@@ -96,6 +105,9 @@ pub struct VdiskSpec {
     /// Absent: 4096 (or the logical block size, if larger).
     #[serde(default)]
     pub physical_block_size: Option<u32>,
+    /// Write-back cache budget; absent: 1 GiB.
+    #[serde(default)]
+    pub write_cache_size: Option<u64>,
 }
 
 impl VdiskSpec {
@@ -111,6 +123,7 @@ impl VdiskSpec {
             grain_size: None,
             block_size: None,
             physical_block_size: None,
+            write_cache_size: None,
         }
     }
 }

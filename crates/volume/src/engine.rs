@@ -7,11 +7,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
+use tessera_cache::{CacheStatus, WriteCache};
 use tessera_disk::DiskRef;
 use tessera_layout::{LayoutSpec, Layouts, Progress, RebuildOptions, RebuildReport};
 use tessera_pool::{
-    decode_refcount, refcount_delta, validate_name, DiskOpener, DiskState, MetaStore, Pool, WriteBatch, CF_GRAINS,
-    CF_GRAINSETS, CF_POOL, CF_REFCOUNTS, CF_VDISKS,
+    decode_refcount, refcount_delta, validate_name, DiskOpener, DiskState, DiskUsage, MetaStore, Pool, WriteBatch,
+    CF_GRAINS, CF_GRAINSETS, CF_POOL, CF_REFCOUNTS, CF_VDISKS,
 };
 use tracing::{info, warn};
 
@@ -103,7 +104,9 @@ impl Engine {
 
     fn open_pool(pool: Arc<Pool>) -> Result<Engine> {
         let layouts = Arc::new(Layouts::open(pool.clone())?);
-        let space = GrainSpace::new(layouts.clone());
+        // Replayed and destaged before anything reads the layouts or frees a slab set.
+        let cache = Arc::new(WriteCache::open(layouts.clone())?);
+        let space = GrainSpace::new(cache.clone());
         let meta = pool.meta().clone();
 
         purge_orphan_grains(&meta)?;
@@ -146,10 +149,11 @@ impl Engine {
             meta.commit(b, true)?;
         }
 
-        let committer = Committer::new(layouts.clone());
+        let committer = Committer::new(cache.clone());
         let s = Arc::new(Shared {
             pool: pool.clone(),
             layouts,
+            cache,
             space,
             committer,
             locks: GrainLocks::new(),
@@ -190,6 +194,7 @@ impl Engine {
             if c.provisioning == crate::config::Provisioning::Fixed {
                 s.space.set_reserved(v.class, grains - mapped);
             }
+            s.cache.set_budget(c.id, c.write_cache());
             vdisks.insert(c.name.clone(), v);
         }
         let stored_next = meta
@@ -263,6 +268,7 @@ impl Engine {
             provisioning: spec.provisioning,
             state,
             snapshot_of,
+            write_cache_size: spec.write_cache_size,
             created: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_secs())
@@ -293,6 +299,7 @@ impl Engine {
             (0..c.grains()).map(|_| AtomicU64::new(0)).collect(),
             0,
         ));
+        self.s.cache.set_budget(c.id, c.write_cache());
         self.vdisks.write().insert(c.name.clone(), v.clone());
         info!(vdisk = %c.name, size = c.size, layout = %layout.describe(), "vdisk created");
         Ok(v)
@@ -412,8 +419,41 @@ impl Engine {
         Ok(())
     }
 
+    /// Sets how much of the write-back cache a vdisk may fill (0: its writes bypass it).
+    pub fn set_write_cache(&self, name: &str, bytes: u64) -> Result<()> {
+        let _admin = self.admin.lock();
+        let v = self.vdisk(name)?;
+        let mut c = v.config();
+        c.write_cache_size = Some(bytes);
+        self.save_config(&c)?;
+        *v.cfg.write() = c;
+        self.s.cache.set_budget(v.id, bytes);
+        info!(vdisk = name, bytes, "write-back cache size set");
+        Ok(())
+    }
+
+    /// The pool's write-back cache.
+    pub fn cache(&self) -> &Arc<WriteCache> {
+        &self.s.cache
+    }
+
+    pub fn cache_status(&self) -> CacheStatus {
+        self.s.cache.status()
+    }
+
+    /// Adds a blank disk to hold the write-back log (it joins the log while the log has
+    /// fewer than two copies).
+    pub fn add_cache_disk(&self, dev: DiskRef) -> Result<tessera_pool::DiskInfo> {
+        let info = self.s.pool.add_cache_disk(dev)?;
+        self.s.cache.refresh_devices()?;
+        Ok(info)
+    }
+
     /// Makes every completed write of every vdisk durable.
+    /// Every member disk is flushed too, even when the write-back log holds everything new:
+    /// a disk that fails its flush is found now, not at the next destage.
     pub fn flush(&self) -> Result<()> {
+        self.s.cache.flush()?;
         self.s.layouts.flush()?;
         self.s.pool.meta().sync()?;
         Ok(())
@@ -425,6 +465,11 @@ impl Engine {
         self.s
             .pool
             .set_disk_state(pos, DiskState::Failed, Some("failed by the administrator".into()))?;
+        if self.s.pool.disk_usage(pos) == DiskUsage::Cache {
+            // The log goes on from its other copy, and onto another cache disk if there is one.
+            self.s.cache.refresh_devices()?;
+            return Ok(());
+        }
         // Retire now the journal records of the writes the other members hold, so that a
         // crash after this answer leaves no region a restart without the disk cannot resync.
         self.s.layouts.member_lost();
@@ -436,6 +481,7 @@ impl Engine {
     /// replay (but regions still to be made consistent), as a clean stop should: a start
     /// that then finds a disk missing has no region it cannot resync.
     pub fn checkpoint(&self) -> Result<()> {
+        self.s.cache.flush()?;
         self.s.layouts.checkpoint()?;
         self.s.pool.meta().sync()?;
         Ok(())
@@ -447,6 +493,10 @@ impl Engine {
         self.s
             .pool
             .set_disk_state(pos, DiskState::Retired, Some("retired by the administrator".into()))?;
+        if self.s.pool.disk_usage(pos) == DiskUsage::Cache {
+            // It leaves the log; if it held the last copy, after the log is destaged.
+            self.s.cache.refresh_devices()?;
+        }
         Ok(())
     }
 
@@ -457,6 +507,8 @@ impl Engine {
 
     /// Flushes everything and marks the pool cleanly exported.
     pub fn export(self) -> Result<()> {
+        // The layouts hold everything then: the disks can move without their cache.
+        self.s.cache.drain()?;
         self.checkpoint()?;
         self.s.pool.export()?;
         Ok(())

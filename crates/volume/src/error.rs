@@ -1,3 +1,4 @@
+use tessera_cache::CacheError;
 use tessera_layout::LayoutError;
 use tessera_pool::PoolError;
 
@@ -19,6 +20,19 @@ pub enum VolumeError {
     ReadOnly(String),
     #[error("virtual disk '{0}' was deleted")]
     Deleted(String),
+    /// The write-back log failed (every cache disk lost).
+    #[error("{0}")]
+    Cache(String),
+}
+
+impl From<CacheError> for VolumeError {
+    fn from(e: CacheError) -> VolumeError {
+        match e {
+            CacheError::Layout(l) => VolumeError::Layout(l),
+            CacheError::Pool(p) => VolumeError::Pool(p),
+            e @ CacheError::Log(_) => VolumeError::Cache(e.to_string()),
+        }
+    }
 }
 
 impl VolumeError {

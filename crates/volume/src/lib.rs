@@ -31,8 +31,9 @@ pub use plan::ReadPlan;
 pub use scrub::{ScrubOptions, ScrubPass, ScrubState};
 pub use vdisk::{Extent, SpaceUsage, Vdisk};
 
+pub use tessera_cache::{CacheStatus, DEFAULT_VDISK_CACHE};
 pub use tessera_layout::{
     DiskErrors, LayoutFinding, LayoutKind, LayoutSpec, Layouts, LostMember, Progress, RebuildOptions, RebuildReport,
     ScrubTally,
 };
-pub use tessera_pool::{DiskState, Pool, SlabRef};
+pub use tessera_pool::{DiskState, DiskUsage, Pool, SlabRef};

@@ -1,9 +1,11 @@
-//! What every vdisk of a pool shares, and holds: the pool, its layouts, the grain space, the
+//! What every vdisk of a pool shares, and holds: the pool, its layouts, the write-back cache
+//! in front of them, the grain space, the
 //! metadata committer, the grain locks and the registry of frozen images. It holds no vdisk:
 //! the engine owns those.
 
 use std::sync::Arc;
 
+use tessera_cache::WriteCache;
 use tessera_layout::Layouts;
 use tessera_pool::Pool;
 
@@ -15,6 +17,8 @@ use crate::space::GrainSpace;
 pub(crate) struct Shared {
     pub pool: Arc<Pool>,
     pub layouts: Arc<Layouts>,
+    /// Every data read and write goes through it (a pass-through without cache disks).
+    pub cache: Arc<WriteCache>,
     pub space: GrainSpace,
     pub committer: Committer,
     pub locks: GrainLocks,

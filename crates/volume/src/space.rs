@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
+use tessera_cache::WriteCache;
 use tessera_layout::{LayoutSpec, Layouts, Placement, SlabSet};
 use tessera_pool::{WriteBatch, CF_GRAINSETS};
 use tracing::info;
@@ -76,6 +77,8 @@ fn candidate_sets(a: &AllocState, sets: &HashMap<u32, Arc<SetSlots>>, class: Cla
 
 pub struct GrainSpace {
     layouts: Arc<Layouts>,
+    /// Told before a slab set is freed: what it holds for the set is dropped.
+    cache: Arc<WriteCache>,
     sets: RwLock<HashMap<u32, Arc<SetSlots>>>,
     alloc: Mutex<AllocState>,
     /// Held while a slab set is added: allocations that find the class full at the same
@@ -85,9 +88,10 @@ pub struct GrainSpace {
 }
 
 impl GrainSpace {
-    pub fn new(layouts: Arc<Layouts>) -> GrainSpace {
+    pub fn new(cache: Arc<WriteCache>) -> GrainSpace {
         GrainSpace {
-            layouts,
+            layouts: cache.layouts().clone(),
+            cache,
             sets: RwLock::new(HashMap::new()),
             alloc: Mutex::new(AllocState::default()),
             growing: Mutex::new(()),
@@ -396,6 +400,7 @@ impl GrainSpace {
         let mut b = WriteBatch::default();
         b.put_cf(meta.cf(CF_GRAINSETS), set.id.to_be_bytes(), class.grain.to_le_bytes());
         if let Err(e) = meta.commit(b, true) {
+            self.cache.forget_set(set.id);
             let _ = self.layouts.free_set(set.id);
             return Err(e.into());
         }
@@ -479,6 +484,7 @@ impl GrainSpace {
         let mut b = WriteBatch::default();
         b.delete_cf(meta.cf(CF_GRAINSETS), id.to_be_bytes());
         let _ = meta.commit(b, true);
+        self.cache.forget_set(id);
         if let Err(e) = self.layouts.free_set(id) {
             tracing::warn!(set = id, error = %e, "cannot free an empty slab set");
         }

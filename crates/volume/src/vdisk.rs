@@ -86,10 +86,10 @@ pub(crate) fn read_loc(s: &Shared, l: Loc, off: u64, out: &mut [u8]) -> Result<(
     let (set, base) = s.space.locate(l)?;
     let (a, b) = sector_envelope(off, out.len());
     if a == off && b == off + out.len() as u64 {
-        s.layouts.read(&set, base + off, out)?;
+        s.cache.read(&set, base + off, out)?;
     } else {
         let mut tmp = AlignedBuf::zeroed((b - a) as usize);
-        s.layouts.read(&set, base + a, &mut tmp)?;
+        s.cache.read(&set, base + a, &mut tmp)?;
         out.copy_from_slice(&tmp[(off - a) as usize..(off - a) as usize + out.len()]);
     }
     Ok(())
@@ -342,7 +342,7 @@ impl Vdisk {
                 buf: &mut **buf,
             })
             .collect();
-        let done = self.s.layouts.read_many(&mut io);
+        let done = self.s.cache.read_many(&mut io);
         for ((i, ..), res) in planned.iter().zip(done) {
             if let Err(e) = res {
                 fail(&mut results[*i], e.into());
@@ -366,7 +366,7 @@ impl Vdisk {
             self.write_allocating(&pieces, data)?;
         }
         if fua {
-            self.s.layouts.flush()?;
+            self.s.cache.flush()?;
         }
         Ok(())
     }
@@ -476,7 +476,7 @@ impl Vdisk {
             }
         }
         for (set, at, bytes) in runs {
-            self.s.layouts.write(&set, at, &data[bytes])?;
+            self.s.cache.write(self.id, &set, at, &data[bytes])?;
         }
         Ok(())
     }
@@ -504,13 +504,13 @@ impl Vdisk {
         let (set, base) = self.s.space.locate(l)?;
         let (a, b) = sector_envelope(off, data.len());
         if a == off && b == off + data.len() as u64 {
-            self.s.layouts.write(&set, base + off, data)?;
+            self.s.cache.write(self.id, &set, base + off, data)?;
         } else {
             // Sub-sector write (512-byte blocks): read-modify-write under the grain lock.
             let mut tmp = AlignedBuf::zeroed((b - a) as usize);
-            self.s.layouts.read(&set, base + a, &mut tmp)?;
+            self.s.cache.read(&set, base + a, &mut tmp)?;
             tmp[(off - a) as usize..(off - a) as usize + data.len()].copy_from_slice(data);
-            self.s.layouts.write(&set, base + a, &tmp)?;
+            self.s.cache.write(self.id, &set, base + a, &tmp)?;
         }
         Ok(())
     }
@@ -529,7 +529,10 @@ impl Vdisk {
             e
         };
         let (set, base) = self.s.space.locate(new).map_err(undo)?;
-        self.s.layouts.write(&set, base, content).map_err(|e| undo(e.into()))?;
+        self.s
+            .cache
+            .write(self.id, &set, base, content)
+            .map_err(|e| undo(e.into()))?;
         let mut ops = vec![
             Op::Put(CF_GRAINS, grain_key(self.id, g), loc_value(new)),
             Op::Merge(CF_REFCOUNTS, refcount_key(new), refcount_delta(1).to_vec()),
@@ -620,14 +623,14 @@ impl Vdisk {
             }
         }
         if fua {
-            self.s.layouts.flush()?;
+            self.s.cache.flush()?;
         }
         Ok(())
     }
 
     /// Makes every write completed so far durable.
     pub fn flush(&self) -> Result<()> {
-        self.s.layouts.flush()?;
+        self.s.cache.flush()?;
         Ok(())
     }
 

@@ -118,8 +118,20 @@ struct Model {
     failed_since_repair: usize,
 }
 
+/// Cache disks of a run with the write-back cache: a third, so that a failed one is replaced.
+const CACHE_DISKS: usize = 3;
+
 fn run(kind: LayoutKind, copies: Option<u8>, prov: Provisioning, ops: Vec<Op>) {
-    let mut rig = Rig::new(DISKS, 40 * MIB, MIB);
+    run_with(kind, copies, prov, ops, false)
+}
+
+fn run_with(kind: LayoutKind, copies: Option<u8>, prov: Provisioning, ops: Vec<Op>, cache: bool) {
+    let mut rig = if cache {
+        Rig::with_cache(DISKS, 40 * MIB, MIB, CACHE_DISKS)
+    } else {
+        Rig::new(DISKS, 40 * MIB, MIB)
+    };
+    let (mut cache_failed, mut wrote, mut reopened) = (0, false, false);
     let mut s = spec("a", VDISK_SIZE, kind, prov);
     s.copies = copies;
     let layout = rig.engine().create_vdisk(&s).unwrap().config().layout;
@@ -145,6 +157,7 @@ fn run(kind: LayoutKind, copies: Option<u8>, prov: Provisioning, ops: Vec<Op>) {
                 let bytes = pattern(seed, off, len);
                 e.vdisk(names[vd]).unwrap().write(off, &bytes, fua).unwrap();
                 m.data[vd][off as usize..off as usize + len].copy_from_slice(&bytes);
+                wrote = true;
             }
             Op::Zero { vd, blk, n, unmap } => {
                 let (blk, n) = clamp(blk, n);
@@ -234,6 +247,20 @@ fn run(kind: LayoutKind, copies: Option<u8>, prov: Provisioning, ops: Vec<Op>) {
                     frozen.remove(img % frozen.len());
                 }
             }
+            Op::FailDisk { disk, admin } if cache && disk % 3 == 0 && cache_failed < 2 => {
+                // A cache disk instead, pulled (an error on its next write) or failed by the
+                // administrator: the log goes on from its other copy.
+                let c = DISKS + cache_failed;
+                if admin {
+                    e.fail_disk(&format!("cache{cache_failed}")).unwrap();
+                } else {
+                    rig.disks[c].faults().pull();
+                    // Noticed at the next flush (or write) of the log, before any other
+                    // disk of the log can fail: two at once is beyond its tolerance.
+                    e.flush().unwrap();
+                }
+                cache_failed += 1;
+            }
             Op::FailDisk { disk, admin } => {
                 let healthy = m.failed.iter().filter(|f| !**f).count();
                 if m.failed[disk] || m.failed_since_repair >= layout.tolerance() || healthy - 1 < layout.width() + 1 {
@@ -267,6 +294,7 @@ fn run(kind: LayoutKind, copies: Option<u8>, prov: Provisioning, ops: Vec<Op>) {
                 m.failed_since_repair = 0;
             }
             Op::Reopen => {
+                reopened = true;
                 rig.assert_consistent();
                 // Frozen images live in memory only: a restart ends them.
                 frozen.clear();
@@ -298,6 +326,13 @@ fn run(kind: LayoutKind, copies: Option<u8>, prov: Provisioning, ops: Vec<Op>) {
                 panic!("step {step} ({op:?}): vdisk {name} differs from the model first at byte {first}");
             }
         }
+    }
+    if cache && wrote {
+        let c = rig.engine().cache_status();
+        assert!(
+            c.cached_bytes > 0 || cache_failed > 0 || reopened,
+            "the writes bypassed the write-back cache: {c:?}"
+        );
     }
     rig.assert_consistent();
     let e = rig.engine();
@@ -341,6 +376,18 @@ macro_rules! model_test {
     };
 }
 
+macro_rules! cached_model_test {
+    ($name:ident, $kind:expr, $copies:expr) => {
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: cases(), failure_persistence: None, ..ProptestConfig::default() })]
+            #[test]
+            fn $name(ops in prop::collection::vec(op(), 1..40)) {
+                run_with($kind, $copies, Provisioning::Thin, ops, true);
+            }
+        }
+    };
+}
+
 model_test!(simple_thin, LayoutKind::Simple, None, Provisioning::Thin);
 model_test!(simple_fixed, LayoutKind::Simple, None, Provisioning::Fixed);
 model_test!(mirror2_thin, LayoutKind::Mirror, Some(2), Provisioning::Thin);
@@ -351,3 +398,12 @@ model_test!(parity_thin, LayoutKind::Parity, None, Provisioning::Thin);
 model_test!(parity_fixed, LayoutKind::Parity, None, Provisioning::Fixed);
 model_test!(dual_parity_thin, LayoutKind::DualParity, None, Provisioning::Thin);
 model_test!(dual_parity_fixed, LayoutKind::DualParity, None, Provisioning::Fixed);
+
+// The same, with the write-back cache: data sits in the log while it is read, overwritten,
+// trimmed, cloned, snapshotted, frozen, reopened (replayed) and destaged; a cache disk fails
+// now and then.
+cached_model_test!(simple_cached, LayoutKind::Simple, None);
+cached_model_test!(mirror2_cached, LayoutKind::Mirror, Some(2));
+cached_model_test!(mirror3_cached, LayoutKind::Mirror, Some(3));
+cached_model_test!(parity_cached, LayoutKind::Parity, None);
+cached_model_test!(dual_parity_cached, LayoutKind::DualParity, None);

@@ -4,12 +4,19 @@ use super::*;
 
 pub(super) fn pool(c: &Ctx, cmd: PoolCmd) -> R {
     match cmd {
-        PoolCmd::Create { name, disks, slab_size } => {
+        PoolCmd::Create {
+            name,
+            disks,
+            cache_disks,
+            slab_size,
+        } => {
             let disks: Vec<String> = disks.iter().map(|d| abs(d)).collect::<Result<_, _>>()?;
+            let cache_disks: Vec<String> = cache_disks.iter().map(|d| abs(d)).collect::<Result<_, _>>()?;
             let req = CreatePool {
                 name: name.clone(),
                 disks,
                 slab_size,
+                cache_disks,
             };
             let v = c.client.post("/api/pools", body(&req))?;
             c.answer(v, |p: PoolSummary| {
@@ -285,15 +292,26 @@ pub(super) fn disk(c: &Ctx, cmd: DiskCmd) -> R {
                 Ok(())
             });
         }
-        DiskCmd::Add { pool, path, spare } => {
+        DiskCmd::Add {
+            pool,
+            path,
+            spare,
+            usage,
+        } => {
             let v = c.client.post(
                 &format!("/api/pools/{}/disks", encode_segment(&pool)),
                 body(&AddDisk {
                     path: abs(&path)?,
                     spare,
+                    usage,
                 }),
             )?;
-            (v, if spare { "added as a hot spare" } else { "added" })
+            let what = match (spare, usage) {
+                (true, _) => "added as a hot spare",
+                (false, DiskUsage::Cache) => "added as a write-back cache disk",
+                (false, DiskUsage::Data) => "added",
+            };
+            (v, what)
         }
         DiskCmd::Retire { pool, disk } => (disk_action(c, &pool, &disk, "retire")?, "retired"),
         DiskCmd::Fail { pool, disk } => (disk_action(c, &pool, &disk, "fail")?, "failed"),

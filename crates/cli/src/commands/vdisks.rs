@@ -138,6 +138,7 @@ pub(super) fn create_vdisk(name: &str, size: u64, l: &LayoutArgs) -> CreateVdisk
         grain_size: l.grain,
         block_size: l.block_size,
         physical_block_size: l.physical_block_size,
+        write_cache_size: l.write_cache_size,
     }
 }
 
@@ -230,6 +231,25 @@ pub(super) fn vdisk(c: &Ctx, cmd: VdiskCmd) -> R {
             )?;
             c.answer(v, |x: VdiskView| {
                 println!("vdisk {vdisk} is now {}", size(x.size));
+                Ok(())
+            })?;
+        }
+        VdiskCmd::WriteCache { vdisk, size: sz } => {
+            let (p, n) = pool_vdisk(&vdisk)?;
+            let v = c.client.put(
+                &format!(
+                    "/api/pools/{}/vdisks/{}/write-cache",
+                    encode_segment(&p),
+                    encode_segment(&n)
+                ),
+                body(&SetWriteCache { size: sz }),
+            )?;
+            c.answer(v, |x: VdiskView| {
+                if x.write_cache_size == 0 {
+                    println!("vdisk {vdisk}: write-back cache off (its writes go straight to the layout)");
+                } else {
+                    println!("vdisk {vdisk}: write-back cache of {}", size(x.write_cache_size));
+                }
                 Ok(())
             })?;
         }

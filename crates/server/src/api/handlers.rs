@@ -156,7 +156,7 @@ pub async fn add_disk(
     Path(pool): Path<String>,
     Body(req): Body<AddDisk>,
 ) -> ApiResult<(StatusCode, Json<DiskView>)> {
-    created(move || d.add_disk(&pool, &req.path, req.spare)).await
+    created(move || d.add_disk(&pool, &req.path, req.spare, req.usage)).await
 }
 
 pub async fn disk_action(
@@ -241,6 +241,14 @@ pub async fn resize_vdisk(
     Body(req): Body<ResizeVdisk>,
 ) -> ApiResult<Json<VdiskView>> {
     json(move || d.resize_vdisk(&pool, &vdisk, req.size)).await
+}
+
+pub async fn set_write_cache(
+    State(d): D,
+    Path((pool, vdisk)): Path<(String, String)>,
+    Body(req): Body<SetWriteCache>,
+) -> ApiResult<Json<VdiskView>> {
+    json(move || d.set_write_cache(&pool, &vdisk, req.size)).await
 }
 
 pub async fn import_image(

@@ -43,6 +43,7 @@ pub fn router(daemon: Arc<Daemon>, guard: Option<Arc<auth::Guard>>) -> Router {
         .route("/api/pools/{pool}/vdisks", get(list_vdisks).post(create_vdisk))
         .route("/api/pools/{pool}/vdisks/{vdisk}", get(show_vdisk).delete(delete_vdisk))
         .route("/api/pools/{pool}/vdisks/{vdisk}/resize", post(resize_vdisk))
+        .route("/api/pools/{pool}/vdisks/{vdisk}/write-cache", put(set_write_cache))
         .route("/api/pools/{pool}/vdisks/{vdisk}/clone", post(clone_vdisk))
         .route("/api/snapshots", get(list_all_snapshots))
         .route("/api/pools/{pool}/snapshots", get(list_pool_snapshots))

@@ -168,7 +168,7 @@ pub const ROUTES: &[RouteDoc] = &[
     r(
         "post",
         "/api/pools/{pool}/disks",
-        "Add a blank disk to the pool",
+        "Add a blank disk to the pool (usage cache: for the write-back cache log)",
         Some(schema::<AddDisk>),
         Some((201, schema::<DiskView>)),
     ),
@@ -268,6 +268,13 @@ pub const ROUTES: &[RouteDoc] = &[
         "/api/pools/{pool}/vdisks/{vdisk}/resize",
         "Grow a vdisk",
         Some(schema::<ResizeVdisk>),
+        Some((200, schema::<VdiskView>)),
+    ),
+    r(
+        "put",
+        "/api/pools/{pool}/vdisks/{vdisk}/write-cache",
+        "Set how much of the pool's write-back cache a vdisk may fill (0: none)",
+        Some(schema::<SetWriteCache>),
         Some((200, schema::<VdiskView>)),
     ),
     r(

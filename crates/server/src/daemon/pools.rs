@@ -34,15 +34,35 @@ impl Daemon {
                 req.name
             )));
         }
+        for p in &req.cache_disks {
+            if !Path::new(p).is_absolute() {
+                return Err(ApiError::invalid(format!("cache disk path '{p}' must be absolute")));
+            }
+            if !seen.insert(p) {
+                return Err(ApiError::invalid(format!("disk '{p}' is listed twice")));
+            }
+        }
         let mut disks = Vec::new();
         for p in &req.disks {
             disks.push(open_disk(p)?);
+        }
+        let mut cache_disks = Vec::new();
+        for p in &req.cache_disks {
+            cache_disks.push(open_disk(p)?);
         }
         let engine = Engine::create_pool(&dir, &req.name, disks, slab).inspect_err(|_| {
             // Pool::create leaves nothing behind on the disks it refused; the directory it made
             // is ours to remove.
             let _ = std::fs::remove_dir_all(&dir);
         })?;
+        for dev in cache_disks {
+            if let Err(err) = engine.add_cache_disk(dev) {
+                // All or nothing: the pool made so far goes again.
+                let _ = engine.destroy();
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(err.into());
+            }
+        }
         self.pools.write().insert(req.name.clone(), Arc::new(engine));
         self.persist()?;
         info!(pool = %req.name, "pool created");
@@ -76,6 +96,7 @@ impl Daemon {
                     auto_repair: self.auto_repair.view(self.cfg.auto_repair, name),
                     scrub: Default::default(),
                     scan: None,
+                    cache: None,
                 });
             }
         };
@@ -123,6 +144,10 @@ impl Daemon {
             auto_repair: self.auto_repair.view(self.cfg.auto_repair, name),
             scrub: self.scrub_view(name, &e),
             scan: e.scan_report().ok().flatten(),
+            cache: disks
+                .iter()
+                .any(|d| d.info.usage == DiskUsage::Cache)
+                .then(|| e.cache_status()),
         })
     }
 
@@ -359,16 +384,21 @@ impl Daemon {
 
     // ---- disks ----
 
-    pub fn add_disk(&self, pool: &str, path: &str, spare: bool) -> ApiResult<DiskView> {
+    pub fn add_disk(&self, pool: &str, path: &str, spare: bool, usage: DiskUsage) -> ApiResult<DiskView> {
         if !Path::new(path).is_absolute() {
             return Err(ApiError::invalid(format!("disk path '{path}' must be absolute")));
         }
         let e = self.engine(pool)?;
         let dev = open_disk(path)?;
-        let info = if spare {
-            e.pool().add_spare(dev)?
-        } else {
-            e.pool().add_disk(dev)?
+        let info = match (usage, spare) {
+            (DiskUsage::Cache, true) => {
+                return Err(ApiError::invalid(
+                    "a cache disk cannot be a hot spare: a second cache disk is its spare",
+                ))
+            }
+            (DiskUsage::Cache, false) => e.add_cache_disk(dev)?,
+            (DiskUsage::Data, true) => e.pool().add_spare(dev)?,
+            (DiskUsage::Data, false) => e.pool().add_disk(dev)?,
         };
         disk_views(&e)
             .into_iter()

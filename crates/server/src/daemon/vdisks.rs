@@ -112,6 +112,15 @@ impl Daemon {
         self.show_vdisk(pool, name)
     }
 
+    pub fn set_write_cache(&self, pool: &str, name: &str, size: u64) -> ApiResult<VdiskView> {
+        let (e, v) = self.vdisk(pool, name)?;
+        if v.is_snapshot() {
+            return Err(ApiError::invalid(format!("'{name}' is a snapshot: it takes no writes")));
+        }
+        e.set_write_cache(name, size)?;
+        self.show_vdisk(pool, name)
+    }
+
     pub fn delete_vdisk(&self, pool: &str, name: &str) -> ApiResult<()> {
         let (e, _) = self.vdisk(pool, name)?;
         let target = format!("{pool}/{name}");
@@ -215,6 +224,8 @@ pub fn vdisk_view(pool: &str, e: &Engine, v: &Vdisk) -> VdiskView {
         exclusive_bytes: u.exclusive_bytes,
         shared_bytes: u.shared_bytes,
         snapshots: e.snapshots_of(&v.name()).len(),
+        write_cache_size: c.write_cache(),
+        cache_dirty_bytes: e.cache().dirty_bytes(c.id),
     }
 }
 
@@ -240,7 +251,7 @@ fn vdisk_spec(e: &Engine, req: CreateVdisk) -> VdiskSpec {
         .pool()
         .disks()
         .iter()
-        .filter(|d| d.info.state == DiskState::Healthy)
+        .filter(|d| d.info.state == DiskState::Healthy && d.info.usage == tessera_volume::DiskUsage::Data)
         .count();
     let layout = req.layout.unwrap_or(if healthy >= 2 {
         LayoutKind::Mirror
@@ -255,5 +266,6 @@ fn vdisk_spec(e: &Engine, req: CreateVdisk) -> VdiskSpec {
     spec.grain_size = req.grain_size;
     spec.block_size = req.block_size;
     spec.physical_block_size = req.physical_block_size;
+    spec.write_cache_size = req.write_cache_size;
     spec
 }

@@ -31,6 +31,17 @@ impl Rig {
         }
     }
 
+    /// A rig whose pool also has `cache` disks for the write-back cache log.
+    pub fn with_cache(n: usize, disk_size: u64, slab: u64, cache: usize) -> Rig {
+        let mut rig = Rig::new(n, disk_size, slab);
+        for i in 0..cache {
+            let d = FaultyDisk::new(Arc::new(MemDisk::new(&format!("cache{i}"), 66 * MIB)) as DiskRef);
+            rig.engine().add_cache_disk(d.clone() as DiskRef).unwrap();
+            rig.disks.push(d);
+        }
+        rig
+    }
+
     pub fn engine(&self) -> &Engine {
         self.engine.as_ref().unwrap()
     }

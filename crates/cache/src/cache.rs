@@ -1,0 +1,1056 @@
+//! The write-back cache of one pool: writes appended to the log in batches (one disk write
+//! and, when asked, one flush for many writers), the index that reads consult, each vdisk's
+//! budget, and the destager that writes the log's contents to the layouts.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex, RwLock};
+use serde::Serialize;
+use tessera_disk::{AlignedBuf, DiskRef, DATA_OFFSET};
+use tessera_layout::{LayoutError, Layouts, SetRead, SlabSet};
+use tessera_pool::{DiskState, Pool, MIN_CACHE_AREA};
+use tracing::{error, info, warn};
+
+use crate::error::{CacheError, Result};
+use crate::format::{block_crcs, entry_crc, Entry, Header, BLOCK, MAX_ENTRIES};
+use crate::index::{Piece, SetIndex};
+use crate::log::{self, LogRecord};
+
+/// A vdisk's cache budget unless it sets its own.
+pub const DEFAULT_VDISK_CACHE: u64 = 1 << 30;
+/// Largest entry: a longer write is split.
+const MAX_ENTRY: usize = 1 << 20;
+/// Largest batch of data.
+const MAX_BATCH: usize = 8 << 20;
+/// Most a destage round writes before its flush.
+const ROUND_BYTES: u64 = 32 << 20;
+/// Data older than this is destaged even when the cache has room.
+const MAX_AGE: Duration = Duration::from_secs(1);
+/// Copies the log keeps when the pool has the disks for them.
+const COPIES: usize = 2;
+
+/// What `status` reports.
+#[derive(Debug, Clone, Default, Serialize, serde::Deserialize, schemars::JsonSchema)]
+pub struct CacheStatus {
+    /// Pool positions of the disks that hold the log.
+    pub devices: Vec<u32>,
+    /// Size of the log on each disk.
+    pub log_bytes: u64,
+    /// Log space in use (dirty data, and destaged data whose space is not reused yet).
+    pub log_used_bytes: u64,
+    /// Data not yet written to the layouts.
+    pub dirty_bytes: u64,
+    /// False when fewer than two cache disks are left: resilient vdisks then write through.
+    pub redundant: bool,
+    pub cached_writes: u64,
+    pub cached_bytes: u64,
+    pub write_through_writes: u64,
+    /// Bytes read from the log.
+    pub read_hit_bytes: u64,
+    pub destaged_bytes: u64,
+    /// Bytes written to the log that a later write replaced before they were destaged.
+    pub overwritten_bytes: u64,
+    /// Writes that waited for the destager (the cache or the vdisk's budget was full).
+    pub throttled_writes: u64,
+    pub destage_errors: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    cached_writes: AtomicU64,
+    cached_bytes: AtomicU64,
+    write_through: AtomicU64,
+    read_hit_bytes: AtomicU64,
+    destaged_bytes: AtomicU64,
+    overwritten_bytes: AtomicU64,
+    throttled: AtomicU64,
+    destage_errors: AtomicU64,
+}
+
+/// A batch in the live part of the log.
+struct Batch {
+    pos: u64,
+    len: u64,
+    /// Bytes of it that the index holds dirty.
+    dirty: u64,
+    /// Its entries: (set, offset, length, log position of the data).
+    entries: Vec<(u32, u64, u64)>,
+    /// Checksum of every data block.
+    crcs: Vec<u32>,
+    /// False while it is being written: not in the index yet.
+    sealed: bool,
+    at: Instant,
+}
+
+impl Batch {
+    fn data_pos(&self) -> u64 {
+        self.pos + BLOCK as u64
+    }
+}
+
+struct State {
+    devices: Vec<(u32, DiskRef)>,
+    area: u64,
+    generation: u64,
+    pool_id: [u8; 16],
+    index: HashMap<u32, SetIndex>,
+    batches: BTreeMap<u64, Batch>,
+    head: u64,
+    next_seq: u64,
+    /// Log bytes the live batches take.
+    used: u64,
+    dirty: u64,
+    vdisk_dirty: HashMap<u64, u64>,
+    budgets: HashMap<u64, u64>,
+    /// Writers waiting for room.
+    waiting: usize,
+    /// Callers that want everything destaged.
+    draining: usize,
+}
+
+impl State {
+    fn used(&self) -> u64 {
+        self.used
+    }
+
+    fn tail_pos(&self) -> u64 {
+        self.batches.values().next().map(|b| b.pos).unwrap_or(self.head)
+    }
+
+    fn budget(&self, vdisk: u64) -> u64 {
+        self.budgets.get(&vdisk).copied().unwrap_or(DEFAULT_VDISK_CACHE)
+    }
+
+    /// Forgets a dirty piece's bytes (destaged, replaced or dropped).
+    fn undirty(&mut self, p: &Piece) {
+        if !p.dirty {
+            return;
+        }
+        if let Some(b) = self.batches.get_mut(&p.seq) {
+            b.dirty -= p.len;
+        }
+        if let Some(d) = self.vdisk_dirty.get_mut(&p.vdisk) {
+            *d -= p.len;
+        }
+        self.dirty -= p.len;
+    }
+
+    fn overlaps(&self, set: u32, a: u64, b: u64) -> bool {
+        self.index.get(&set).is_some_and(|ix| !ix.overlapping(a, b).is_empty())
+    }
+
+    fn record(&self) -> LogRecord {
+        LogRecord {
+            generation: self.generation,
+            tail: self.tail_pos(),
+            seq: self.batches.keys().next().copied().unwrap_or(self.next_seq),
+            devices: self.devices.iter().map(|(p, _)| *p).collect(),
+            area: self.area,
+        }
+    }
+
+    fn due(&self) -> bool {
+        if self.dirty == 0 {
+            return false;
+        }
+        self.waiting > 0
+            || self.draining > 0
+            || self.dirty >= self.area / 4
+            || self.used() >= self.area / 2
+            || self.devices.len() < COPIES
+            || self
+                .batches
+                .values()
+                .find(|b| b.dirty > 0)
+                .is_some_and(|b| b.at.elapsed() >= MAX_AGE)
+    }
+}
+
+/// A write waiting for the batch that carries it.
+struct Pending {
+    ticket: u64,
+    set: u32,
+    offset: u64,
+    vdisk: u64,
+    data: Vec<u8>,
+}
+
+#[derive(Default)]
+struct Appender {
+    queue: Vec<Pending>,
+    leading: bool,
+    next_ticket: u64,
+    done: HashMap<u64, Result<(), String>>,
+}
+
+struct Inner {
+    layouts: Arc<Layouts>,
+    pool: Arc<Pool>,
+    state: Mutex<State>,
+    /// Writers waiting for log space or budget; the destager wakes them.
+    room: Condvar,
+    /// The destager waits here for work.
+    work: Condvar,
+    appender: Mutex<Appender>,
+    appended: Condvar,
+    /// Held while a batch is written, and by a change of the log's disks.
+    log_lock: Mutex<()>,
+    /// Held shared while log positions taken from the index are read; exclusively when log
+    /// space is given back for reuse.
+    reuse: RwLock<()>,
+    /// One destage round at a time; a freed slab set waits for the round in flight.
+    destaging: Mutex<()>,
+    /// A write went straight to the layouts since the last flush.
+    layout_dirty: AtomicBool,
+    /// One flush at a time: a flush that finds nothing new to flush must still not answer
+    /// before the flush in flight, which may cover its writes, has completed.
+    flushing: Mutex<()>,
+    stop: AtomicBool,
+    counters: Counters,
+}
+
+/// The write-back cache of a pool (a pass-through when the pool has no cache disk).
+pub struct WriteCache {
+    inner: Arc<Inner>,
+    destager: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl WriteCache {
+    /// Opens the pool's cache: replays the log, destages what it held, and starts a new
+    /// generation of the log on the pool's healthy cache disks (two if it has them).
+    pub fn open(layouts: Arc<Layouts>) -> Result<WriteCache> {
+        let pool = layouts.pool().clone();
+        let pool_id = *pool.id().as_bytes();
+        let healthy = pool.cache_disks();
+        let record = log::load_record(&pool)?;
+        let mut st = State {
+            devices: Vec::new(),
+            area: 0,
+            generation: 1,
+            pool_id,
+            index: HashMap::new(),
+            batches: BTreeMap::new(),
+            head: 0,
+            next_seq: 1,
+            used: 0,
+            dirty: 0,
+            vdisk_dirty: HashMap::new(),
+            budgets: HashMap::new(),
+            waiting: 0,
+            draining: 0,
+        };
+        let mut replayed = Vec::new();
+        if let Some(rec) = &record {
+            st.area = rec.area;
+            st.generation = rec.generation;
+            st.devices = healthy
+                .iter()
+                .filter(|(p, _)| rec.devices.contains(p))
+                .cloned()
+                .collect();
+            if st.devices.is_empty() && !rec.devices.is_empty() {
+                error!(pool = %pool.name(), disks = ?rec.devices, "no disk of the write-back log is readable: writes it held and had not destaged are lost");
+            }
+            let (found, head) = log::replay(&st.devices, rec, pool_id);
+            st.head = head;
+            st.next_seq = rec.seq + found.len() as u64;
+            replayed = found;
+        }
+        let inner = Arc::new(Inner {
+            layouts,
+            pool: pool.clone(),
+            state: Mutex::new(st),
+            room: Condvar::new(),
+            work: Condvar::new(),
+            appender: Mutex::new(Appender::default()),
+            appended: Condvar::new(),
+            log_lock: Mutex::new(()),
+            reuse: RwLock::new(()),
+            destaging: Mutex::new(()),
+            layout_dirty: AtomicBool::new(false),
+            flushing: Mutex::new(()),
+            stop: AtomicBool::new(false),
+            counters: Counters::default(),
+        });
+        if !replayed.is_empty() {
+            let bytes: u64 = replayed.iter().map(|f| f.header.data_len as u64).sum();
+            info!(pool = %pool.name(), batches = replayed.len(), bytes, "replaying the write-back log");
+            {
+                let mut st = inner.state.lock();
+                for f in replayed {
+                    let seq = f.header.seq;
+                    inner.install(&mut st, seq, f.pos, &f.header.entries, f.crcs);
+                }
+            }
+            // Everything the log held goes to the layouts now, so the new generation starts
+            // from an empty log.
+            inner.destage_all()?;
+        }
+        {
+            let mut st = inner.state.lock();
+            st.batches.clear();
+            st.used = 0;
+            st.index.clear();
+            st.generation += 1;
+            inner.choose_devices(&mut st, &healthy)?;
+            log::save_record(&pool, &st.record())?;
+        }
+        let cache = WriteCache {
+            inner: inner.clone(),
+            destager: Mutex::new(None),
+        };
+        let worker = inner.clone();
+        let h = std::thread::Builder::new()
+            .name("tessera-destage".into())
+            .spawn(move || worker.destage_loop())
+            .map_err(|e| CacheError::Log(format!("cannot start the destager: {e}")))?;
+        *cache.destager.lock() = Some(h);
+        Ok(cache)
+    }
+
+    pub fn layouts(&self) -> &Arc<Layouts> {
+        &self.inner.layouts
+    }
+
+    /// True when the pool has a log to cache writes in.
+    pub fn active(&self) -> bool {
+        !self.inner.state.lock().devices.is_empty()
+    }
+
+    /// Sets how much dirty data `vdisk` may hold in the cache (0: its writes bypass it).
+    pub fn set_budget(&self, vdisk: u64, bytes: u64) {
+        self.inner.state.lock().budgets.insert(vdisk, bytes);
+        self.inner.room.notify_all();
+    }
+
+    /// Dirty bytes `vdisk` holds in the cache.
+    pub fn dirty_bytes(&self, vdisk: u64) -> u64 {
+        self.inner.state.lock().vdisk_dirty.get(&vdisk).copied().unwrap_or(0)
+    }
+
+    /// Writes `data` at `offset` of `set` for `vdisk`: into the log when the cache takes it
+    /// (then readable at once, and durable at the next flush), else to the layouts.
+    pub fn write(&self, vdisk: u64, set: &SlabSet, offset: u64, data: &[u8]) -> Result<()> {
+        let i = &self.inner;
+        let end = offset + data.len() as u64;
+        let cached = {
+            let st = i.state.lock();
+            let takes = !st.devices.is_empty()
+                && (set.spec.tolerance() == 0 || st.devices.len() >= COPIES)
+                && st.budget(vdisk) > 0;
+            // A range the log still holds must go through the log, even when this write
+            // would bypass it: the replay would otherwise bring the older copy back.
+            takes || (!st.devices.is_empty() && st.overlaps(set.id, offset, end))
+        };
+        if !cached {
+            i.layouts.write(set, offset, data)?;
+            i.layout_dirty.store(true, Ordering::Release);
+            i.counters.write_through.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        }
+        for (n, chunk) in data.chunks(MAX_BATCH).enumerate() {
+            i.wait_for_budget(vdisk, chunk.len() as u64);
+            i.append(set.id, offset + (n * MAX_BATCH) as u64, vdisk, chunk)?;
+        }
+        i.counters.cached_writes.fetch_add(1, Ordering::Relaxed);
+        i.counters.cached_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    pub fn read(&self, set: &SlabSet, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.read_many(&mut [SetRead { set, offset, buf }])
+            .pop()
+            .expect("one result per read")
+    }
+
+    /// Reads every request, with what the log holds dirty laid over what the layouts hold.
+    pub fn read_many(&self, reqs: &mut [SetRead<'_>]) -> Vec<Result<()>> {
+        let i = &self.inner;
+        let _reuse = i.reuse.read();
+        // Per request: the dirty pieces over it, with their blocks' checksums.
+        let plan: Vec<Vec<(u64, Piece, Vec<u32>)>> = {
+            let st = i.state.lock();
+            if st.dirty == 0 {
+                drop(st);
+                return i
+                    .layouts
+                    .read_many(reqs)
+                    .into_iter()
+                    .map(|r| r.map_err(Into::into))
+                    .collect();
+            }
+            reqs.iter()
+                .map(|r| match st.index.get(&r.set.id) {
+                    None => Vec::new(),
+                    Some(ix) => ix
+                        .overlapping(r.offset, r.offset + r.buf.len() as u64)
+                        .into_iter()
+                        .filter(|(_, p)| p.dirty)
+                        .map(|(s, p)| (s, p, piece_crcs(&st, &p)))
+                        .collect(),
+                })
+                .collect()
+        };
+        let mut results: Vec<Result<()>> = reqs.iter().map(|_| Ok(())).collect();
+        // From the layouts: every request the log does not cover whole.
+        let partial: Vec<usize> = (0..reqs.len())
+            .filter(|&n| plan[n].iter().map(|(_, p, _)| p.len).sum::<u64>() < reqs[n].buf.len() as u64)
+            .collect();
+        if !partial.is_empty() {
+            let mut io: Vec<SetRead> = Vec::with_capacity(partial.len());
+            let mut rest: &mut [SetRead] = reqs;
+            let mut at = 0;
+            for &n in &partial {
+                let (_, tail) = std::mem::take(&mut rest).split_at_mut(n - at);
+                let (r, tail) = tail.split_first_mut().expect("index in range");
+                io.push(SetRead {
+                    set: r.set,
+                    offset: r.offset,
+                    buf: &mut *r.buf,
+                });
+                rest = tail;
+                at = n + 1;
+            }
+            for (n, res) in partial.iter().zip(i.layouts.read_many(&mut io)) {
+                results[*n] = res.map_err(Into::into);
+            }
+        }
+        let devices = i.state.lock().devices.clone();
+        for (n, r) in reqs.iter_mut().enumerate() {
+            for (s, p, crcs) in &plan[n] {
+                match log::read_verified(&devices, p.log, crcs) {
+                    Ok(data) => {
+                        let at = (s - r.offset) as usize;
+                        r.buf[at..at + p.len as usize].copy_from_slice(&data);
+                        i.counters.read_hit_bytes.fetch_add(p.len, Ordering::Relaxed);
+                    }
+                    Err(e) => results[n] = Err(e),
+                }
+            }
+        }
+        results
+    }
+
+    /// Makes every write acknowledged before the call durable: in the log (one flush of each
+    /// of its disks) or, for writes that bypassed the cache, in the layouts.
+    pub fn flush(&self) -> Result<()> {
+        let i = &self.inner;
+        let _one = i.flushing.lock();
+        if i.layout_dirty.swap(false, Ordering::AcqRel) {
+            if let Err(e) = i.layouts.flush() {
+                i.layout_dirty.store(true, Ordering::Release);
+                return Err(e.into());
+            }
+        }
+        let devices = i.state.lock().devices.clone();
+        if devices.is_empty() {
+            return Ok(());
+        }
+        let mut flushed = 0;
+        for (p, d) in &devices {
+            match d.flush() {
+                Ok(()) => flushed += 1,
+                Err(e) => i.lose_device(*p, &format!("flush failed: {e}")),
+            }
+        }
+        if flushed == 0 {
+            return Err(CacheError::Log(
+                "every disk of the write-back log failed its flush: cached writes may be lost".into(),
+            ));
+        }
+        drop(_one);
+        if flushed < devices.len() {
+            self.refresh_devices()?;
+        }
+        Ok(())
+    }
+
+    /// Destages everything the cache holds, and flushes the layouts.
+    pub fn drain(&self) -> Result<()> {
+        self.inner.destage_all()
+    }
+
+    /// Drops what the cache holds for a slab set about to be freed (nothing in it is
+    /// referenced any more), after the destage round in flight.
+    pub fn forget_set(&self, set: u32) {
+        let i = &self.inner;
+        let _d = i.destaging.lock();
+        let mut st = i.state.lock();
+        if let Some(ix) = st.index.remove(&set) {
+            for (_, p) in ix.overlapping(0, u64::MAX) {
+                st.undirty(&p);
+            }
+        }
+        drop(st);
+        i.room.notify_all();
+    }
+
+    /// Takes in changes of the pool's cache disks: a log disk that failed or was retired
+    /// leaves the log (a retired one after everything it held is destaged, if it was the last
+    /// copy), and a healthy cache disk joins it, with a copy of the live log, while the log
+    /// has fewer than two copies.
+    pub fn refresh_devices(&self) -> Result<()> {
+        let i = &self.inner;
+        let _log = i.log_lock.lock();
+        let healthy = i.pool.cache_disks();
+        let leaving: Vec<u32> = {
+            let st = i.state.lock();
+            st.devices
+                .iter()
+                .filter(|(p, _)| !healthy.iter().any(|(h, _)| h == p))
+                .map(|(p, _)| *p)
+                .collect()
+        };
+        if !leaving.is_empty() {
+            let readable_left = {
+                let st = i.state.lock();
+                st.devices.iter().filter(|(p, _)| !leaving.contains(p)).count()
+            };
+            if readable_left == 0 {
+                // The last copy: destage it while it can still be read (a retired disk can).
+                i.destage_all()?;
+            }
+            let mut st = i.state.lock();
+            st.devices.retain(|(p, _)| !leaving.contains(p));
+            log::save_record(&i.pool, &st.record())?;
+            warn!(pool = %i.pool.name(), disks = ?leaving, "disks left the write-back log");
+        }
+        let mut st = i.state.lock();
+        i.choose_devices(&mut st, &healthy)?;
+        log::save_record(&i.pool, &st.record())?;
+        drop(st);
+        i.work.notify_all();
+        Ok(())
+    }
+
+    pub fn status(&self) -> CacheStatus {
+        let i = &self.inner;
+        let st = i.state.lock();
+        let c = &i.counters;
+        CacheStatus {
+            devices: st.devices.iter().map(|(p, _)| *p).collect(),
+            log_bytes: st.area,
+            log_used_bytes: st.used(),
+            dirty_bytes: st.dirty,
+            redundant: st.devices.len() >= COPIES,
+            cached_writes: c.cached_writes.load(Ordering::Relaxed),
+            cached_bytes: c.cached_bytes.load(Ordering::Relaxed),
+            write_through_writes: c.write_through.load(Ordering::Relaxed),
+            read_hit_bytes: c.read_hit_bytes.load(Ordering::Relaxed),
+            destaged_bytes: c.destaged_bytes.load(Ordering::Relaxed),
+            overwritten_bytes: c.overwritten_bytes.load(Ordering::Relaxed),
+            throttled_writes: c.throttled.load(Ordering::Relaxed),
+            destage_errors: c.destage_errors.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Stops the destager. What the log holds stays there for the next open to replay.
+    pub fn stop(&self) {
+        self.inner.stop.store(true, Ordering::Release);
+        self.inner.work.notify_all();
+        self.inner.room.notify_all();
+        if let Some(h) = self.destager.lock().take() {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for WriteCache {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The checksums of the blocks a piece covers.
+fn piece_crcs(st: &State, p: &Piece) -> Vec<u32> {
+    let b = &st.batches[&p.seq];
+    let first = ((p.log - b.data_pos()) / BLOCK as u64) as usize;
+    b.crcs[first..first + (p.len / BLOCK as u64) as usize].to_vec()
+}
+
+impl Inner {
+    /// Adds a written batch to the index: its entries replace what they cover.
+    fn install(&self, st: &mut State, seq: u64, pos: u64, entries: &[Entry], crcs: Vec<u32>) {
+        let mut at = pos + BLOCK as u64;
+        let mut listed = Vec::with_capacity(entries.len());
+        if !st.batches.contains_key(&seq) {
+            let len = BLOCK as u64 + entries.iter().map(|e| e.len as u64).sum::<u64>();
+            st.used += len;
+            st.batches.insert(
+                seq,
+                Batch {
+                    pos,
+                    len,
+                    dirty: 0,
+                    entries: Vec::new(),
+                    crcs: Vec::new(),
+                    sealed: false,
+                    at: Instant::now(),
+                },
+            );
+        }
+        st.batches.get_mut(&seq).expect("inserted").crcs = crcs;
+        for e in entries {
+            let len = e.len as u64;
+            let replaced = st.index.entry(e.set).or_default().insert(
+                e.offset,
+                Piece {
+                    len,
+                    seq,
+                    log: at,
+                    dirty: true,
+                    vdisk: e.vdisk,
+                },
+            );
+            for (_, p) in replaced {
+                if p.dirty {
+                    self.counters.overwritten_bytes.fetch_add(p.len, Ordering::Relaxed);
+                }
+                st.undirty(&p);
+            }
+            st.batches.get_mut(&seq).expect("inserted").dirty += len;
+            *st.vdisk_dirty.entry(e.vdisk).or_default() += len;
+            st.dirty += len;
+            listed.push((e.set, e.offset, len));
+            at += len;
+        }
+        let b = st.batches.get_mut(&seq).expect("inserted");
+        b.entries = listed;
+        b.sealed = true;
+    }
+
+    /// Makes the log's copies: the devices it has, then healthy cache disks up to two.
+    fn choose_devices(&self, st: &mut State, healthy: &[(u32, DiskRef)]) -> Result<()> {
+        for (p, d) in healthy {
+            if st.devices.len() >= COPIES {
+                break;
+            }
+            if st.devices.iter().any(|(q, _)| q == p) {
+                continue;
+            }
+            let room = d.size().saturating_sub(DATA_OFFSET) / BLOCK as u64 * BLOCK as u64;
+            if st.devices.is_empty() && st.batches.is_empty() {
+                // A new log: the ring is as large as its disks allow.
+                let smallest = healthy
+                    .iter()
+                    .map(|(_, d)| d.size().saturating_sub(DATA_OFFSET) / BLOCK as u64 * BLOCK as u64)
+                    .take(COPIES)
+                    .min()
+                    .unwrap_or(room);
+                st.area = smallest;
+                st.head = 0;
+            } else if room < st.area {
+                warn!(
+                    disk = d.path(),
+                    "cache disk smaller than the write-back log: not used for it"
+                );
+                continue;
+            }
+            if st.area < MIN_CACHE_AREA {
+                continue;
+            }
+            if !st.batches.is_empty() {
+                // From the first copy that reads.
+                let mut copied = Err(CacheError::Log("no copy of the log is left to copy from".into()));
+                for (_, from) in &st.devices {
+                    copied = log::copy_live(from, d, st.area, st.tail_pos(), st.head);
+                    if copied.is_ok() {
+                        break;
+                    }
+                }
+                copied?;
+            }
+            info!(pool = %self.pool.name(), disk = d.path(), "disk joins the write-back log");
+            st.devices.push((*p, d.clone()));
+        }
+        Ok(())
+    }
+
+    /// A log disk failed: it leaves the log, and the pool records it failed.
+    fn lose_device(&self, pos: u32, why: &str) {
+        {
+            let mut st = self.state.lock();
+            if !st.devices.iter().any(|(p, _)| *p == pos) {
+                return;
+            }
+            st.devices.retain(|(p, _)| *p != pos);
+            if let Err(e) = log::save_record(&self.pool, &st.record()) {
+                error!(error = %e, "cannot record the write-back log's disks");
+            }
+        }
+        error!(pool = %self.pool.name(), disk = pos, reason = why, "a disk of the write-back log failed");
+        if let Err(e) = self.pool.set_disk_state(pos, DiskState::Failed, Some(why.to_string())) {
+            error!(error = %e, "cannot record a failed cache disk");
+        }
+        self.work.notify_all();
+    }
+
+    /// After a log disk was lost: another cache disk takes its place, with a copy of the live
+    /// log, if there is one. The caller holds `log_lock`, so no batch is being written.
+    fn replace_lost(&self) {
+        let healthy = self.pool.cache_disks();
+        let mut st = self.state.lock();
+        if let Err(e) = self.choose_devices(&mut st, &healthy) {
+            error!(error = %e, "cannot copy the write-back log to another cache disk");
+        }
+        if let Err(e) = log::save_record(&self.pool, &st.record()) {
+            error!(error = %e, "cannot record the write-back log's disks");
+        }
+    }
+
+    fn wait_for_budget(&self, vdisk: u64, len: u64) {
+        let mut st = self.state.lock();
+        let mut counted = false;
+        loop {
+            let d = st.vdisk_dirty.get(&vdisk).copied().unwrap_or(0);
+            if d == 0 || d + len <= st.budget(vdisk) || self.stop.load(Ordering::Acquire) {
+                return;
+            }
+            if !counted {
+                self.counters.throttled.fetch_add(1, Ordering::Relaxed);
+                counted = true;
+            }
+            st.waiting += 1;
+            self.work.notify_one();
+            self.room.wait_for(&mut st, Duration::from_millis(50));
+            st.waiting -= 1;
+        }
+    }
+
+    /// Appends one write to the log, in the next batch; returns when the batch is written.
+    fn append(&self, set: u32, offset: u64, vdisk: u64, data: &[u8]) -> Result<()> {
+        let mut q = self.appender.lock();
+        let ticket = q.next_ticket;
+        q.next_ticket += 1;
+        q.queue.push(Pending {
+            ticket,
+            set,
+            offset,
+            vdisk,
+            data: data.to_vec(),
+        });
+        if q.leading {
+            loop {
+                if let Some(r) = q.done.remove(&ticket) {
+                    return r.map_err(CacheError::Log);
+                }
+                self.appended.wait(&mut q);
+            }
+        }
+        q.leading = true;
+        loop {
+            // Take what fits one batch.
+            let (mut entries, mut bytes, mut take) = (0, 0, 0);
+            for p in &q.queue {
+                let n = p.data.len().div_ceil(MAX_ENTRY);
+                if take > 0 && (entries + n > MAX_ENTRIES || bytes + p.data.len() > MAX_BATCH) {
+                    break;
+                }
+                entries += n;
+                bytes += p.data.len();
+                take += 1;
+            }
+            let batch: Vec<Pending> = q.queue.drain(..take).collect();
+            drop(q);
+            let result = self.write_batch(&batch).map_err(|e| e.to_string());
+            q = self.appender.lock();
+            for p in &batch {
+                q.done.insert(p.ticket, result.clone());
+            }
+            self.appended.notify_all();
+            if q.queue.is_empty() {
+                q.leading = false;
+                return q.done.remove(&ticket).expect("own result").map_err(CacheError::Log);
+            }
+        }
+    }
+
+    /// Writes one batch to every disk of the log and adds it to the index.
+    fn write_batch(&self, reqs: &[Pending]) -> Result<()> {
+        let _log = self.log_lock.lock();
+        let mut entries = Vec::new();
+        for r in reqs {
+            for (n, c) in r.data.chunks(MAX_ENTRY).enumerate() {
+                entries.push((r.set, r.offset + (n * MAX_ENTRY) as u64, r.vdisk, c));
+            }
+        }
+        let data_len: usize = entries.iter().map(|e| e.3.len()).sum();
+        let size = (BLOCK + data_len) as u64;
+        // A place in the ring, waiting for the destager to free one if need be.
+        let (pos, seq, generation, pool_id, devices) = {
+            let mut st = self.state.lock();
+            let mut counted = false;
+            loop {
+                if st.devices.is_empty() {
+                    return Err(CacheError::Log("no disk of the write-back log is left".into()));
+                }
+                if self.stop.load(Ordering::Acquire) {
+                    return Err(CacheError::Log("the pool is closing".into()));
+                }
+                let tail = st.tail_pos();
+                if let Some(pos) = log::place(st.area, st.head, tail, st.batches.is_empty(), size) {
+                    let seq = st.next_seq;
+                    st.next_seq += 1;
+                    st.head = pos + size;
+                    st.used += size;
+                    st.batches.insert(
+                        seq,
+                        Batch {
+                            pos,
+                            len: size,
+                            dirty: 0,
+                            entries: Vec::new(),
+                            crcs: Vec::new(),
+                            sealed: false,
+                            at: Instant::now(),
+                        },
+                    );
+                    break (pos, seq, st.generation, st.pool_id, st.devices.clone());
+                }
+                if !counted {
+                    self.counters.throttled.fetch_add(1, Ordering::Relaxed);
+                    counted = true;
+                }
+                st.waiting += 1;
+                self.work.notify_one();
+                self.room.wait_for(&mut st, Duration::from_millis(50));
+                st.waiting -= 1;
+            }
+        };
+        let mut buf = AlignedBuf::zeroed(size as usize);
+        let mut header_entries = Vec::with_capacity(entries.len());
+        let mut crcs = Vec::with_capacity(data_len / BLOCK);
+        let mut at = BLOCK;
+        for (set, offset, vdisk, data) in &entries {
+            buf[at..at + data.len()].copy_from_slice(data);
+            let c = block_crcs(data);
+            header_entries.push(Entry {
+                set: *set,
+                offset: *offset,
+                len: data.len() as u32,
+                vdisk: *vdisk,
+                crc: entry_crc(&c),
+            });
+            crcs.extend(c);
+            at += data.len();
+        }
+        Header {
+            pool: pool_id,
+            generation,
+            seq,
+            data_len: data_len as u32,
+            entries: header_entries.clone(),
+        }
+        .encode(&mut buf[..BLOCK]);
+        let results = log::write_all(&devices, pos, &buf);
+        let written = results.iter().filter(|(_, r)| r.is_ok()).count();
+        for (p, r) in &results {
+            if let Err(e) = r {
+                self.lose_device(*p, &format!("write failed: {e}"));
+            }
+        }
+        if written < results.len() && written > 0 {
+            self.replace_lost();
+        }
+        let mut st = self.state.lock();
+        if written == 0 {
+            // Nothing holds it: the ring ends where it started.
+            st.batches.remove(&seq);
+            st.used -= size;
+            st.head = pos;
+            st.next_seq = seq;
+            return Err(CacheError::Log(format!(
+                "the write failed on every disk of the write-back log: {}",
+                results
+                    .iter()
+                    .filter_map(|(p, r)| r.as_ref().err().map(|e| format!("disk {p}: {e}")))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            )));
+        }
+        self.install(&mut st, seq, pos, &header_entries, crcs);
+        Ok(())
+    }
+
+    fn destage_loop(self: Arc<Self>) {
+        loop {
+            if self.stop.load(Ordering::Acquire) {
+                return;
+            }
+            let due = {
+                let mut st = self.state.lock();
+                if !st.due() {
+                    self.work.wait_for(&mut st, Duration::from_millis(100));
+                }
+                st.due()
+            };
+            if !due || self.stop.load(Ordering::Acquire) {
+                continue;
+            }
+            if let Err(e) = self.destage_round() {
+                self.counters.destage_errors.fetch_add(1, Ordering::Relaxed);
+                warn!(pool = %self.pool.name(), error = %e, "destage failed; retrying");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+    }
+
+    /// Destages until nothing is dirty, and gives the log space back.
+    fn destage_all(&self) -> Result<()> {
+        self.state.lock().draining += 1;
+        let r = (|| {
+            while self.destage_round()? > 0 {}
+            self.layouts.flush()?;
+            self.advance_tail()
+        })();
+        self.state.lock().draining -= 1;
+        r
+    }
+
+    /// One round: the oldest batch holding dirty data, widened to the whole stripe rows the
+    /// index holds dirty around it, written to the layouts in runs of neighbouring pieces,
+    /// flushed, then marked clean. Returns the bytes it destaged.
+    fn destage_round(&self) -> Result<u64> {
+        let _d = self.destaging.lock();
+        let picked: Vec<(u32, u64, Piece, Vec<u32>)> = {
+            let st = self.state.lock();
+            let Some((&oldest, b)) = st.batches.iter().find(|(_, b)| b.sealed && b.dirty > 0) else {
+                return Ok(0);
+            };
+            // The rows its entries touch, per set.
+            let mut ranges: Vec<(u32, u64, u64)> = b
+                .entries
+                .iter()
+                .map(|&(set, off, len)| {
+                    let row = self
+                        .layouts
+                        .set(set)
+                        .map(|s| s.spec.data_columns() as u64 * s.spec.interleave)
+                        .unwrap_or(BLOCK as u64)
+                        .max(1);
+                    (set, off / row * row, (off + len).div_ceil(row) * row)
+                })
+                .collect();
+            ranges.sort_unstable();
+            let mut merged: Vec<(u32, u64, u64)> = Vec::new();
+            for r in ranges {
+                match merged.last_mut() {
+                    Some(m) if m.0 == r.0 && r.1 <= m.2 => m.2 = m.2.max(r.2),
+                    _ => merged.push(r),
+                }
+            }
+            let mut out = Vec::new();
+            let mut bytes = 0;
+            for (set, a, z) in merged {
+                let Some(ix) = st.index.get(&set) else { continue };
+                for (s, p) in ix.overlapping(a, z) {
+                    // The oldest batch whole; its neighbours while the round has room.
+                    if p.dirty && (p.seq == oldest || bytes < ROUND_BYTES) {
+                        bytes += p.len;
+                        out.push((set, s, p, piece_crcs(&st, &p)));
+                    }
+                }
+            }
+            out
+        };
+        if picked.is_empty() {
+            return Ok(0);
+        }
+        // Runs of pieces that continue each other in their set.
+        let devices = self.state.lock().devices.clone();
+        let mut runs: Vec<(u32, u64, Vec<u8>)> = Vec::new();
+        {
+            let _reuse = self.reuse.read();
+            for (set, s, p, crcs) in &picked {
+                let data = log::read_verified(&devices, p.log, crcs)?;
+                match runs.last_mut() {
+                    Some((rs, ra, rb)) if rs == set && *ra + rb.len() as u64 == *s && rb.len() < MAX_BATCH => {
+                        rb.extend_from_slice(&data)
+                    }
+                    _ => runs.push((*set, *s, data.to_vec())),
+                }
+            }
+        }
+        let mut bytes = 0;
+        for (set, at, data) in &runs {
+            let slabset = match self.layouts.set(*set) {
+                Ok(s) => s,
+                // Freed: nothing references the data any more.
+                Err(LayoutError::NoSuchSet(_)) => continue,
+                Err(e) => return Err(e.into()),
+            };
+            let aligned = AlignedBuf::from_slice(data);
+            self.layouts.write(&slabset, *at, &aligned)?;
+            bytes += data.len() as u64;
+        }
+        self.layouts.flush()?;
+        {
+            let mut st = self.state.lock();
+            for (set, s, p, _) in &picked {
+                let cleaned = match st.index.get_mut(set) {
+                    Some(ix) => ix.mark_clean(*s, s + p.len, p.seq),
+                    None => Vec::new(),
+                };
+                for (_, c) in cleaned {
+                    st.undirty(&c);
+                }
+            }
+        }
+        self.counters.destaged_bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.room.notify_all();
+        self.advance_tail()?;
+        Ok(bytes.max(1))
+    }
+
+    /// Gives back the log space of the oldest batches that hold nothing dirty: the new start
+    /// of the log is saved first, then their pieces leave the index.
+    fn advance_tail(&self) -> Result<()> {
+        let (upto, rec) = {
+            let st = self.state.lock();
+            let done: Vec<u64> = st
+                .batches
+                .iter()
+                .take_while(|(_, b)| b.sealed && b.dirty == 0)
+                .map(|(s, _)| *s)
+                .collect();
+            let Some(&last) = done.last() else { return Ok(()) };
+            let mut rec = st.record();
+            match st.batches.range(last + 1..).next() {
+                Some((s, b)) => {
+                    rec.tail = b.pos;
+                    rec.seq = *s;
+                }
+                None => {
+                    rec.tail = st.head;
+                    rec.seq = st.next_seq;
+                }
+            }
+            (last, rec)
+        };
+        log::save_record(&self.pool, &rec)?;
+        let _reuse = self.reuse.write();
+        let mut st = self.state.lock();
+        while let Some((&seq, _)) = st.batches.first_key_value() {
+            if seq > upto {
+                break;
+            }
+            let b = st.batches.remove(&seq).expect("first");
+            st.used -= b.len;
+            for (set, off, len) in b.entries {
+                if let Some(ix) = st.index.get_mut(&set) {
+                    ix.remove_batch(off, off + len, seq);
+                    if ix.is_empty() {
+                        st.index.remove(&set);
+                    }
+                }
+            }
+        }
+        drop(st);
+        self.room.notify_all();
+        Ok(())
+    }
+}

@@ -1,0 +1,14 @@
+use tessera_layout::LayoutError;
+use tessera_pool::PoolError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CacheError {
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+    #[error(transparent)]
+    Pool(#[from] PoolError),
+    #[error("write-back cache: {0}")]
+    Log(String),
+}
+
+pub type Result<T, E = CacheError> = std::result::Result<T, E>;

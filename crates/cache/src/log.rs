@@ -1,0 +1,228 @@
+//! The log on the cache disks: where a batch goes in the ring, writing it to every disk of
+//! the log, reading a range back with its checksums verified, the replay after a restart, and
+//! the record in the pool's metadata that says where the live part of the log starts.
+
+use serde::{Deserialize, Serialize};
+use tessera_disk::{AlignedBuf, DiskRef, DATA_OFFSET};
+use tessera_pool::{Pool, CF_POOL};
+use tracing::warn;
+
+use crate::error::{CacheError, Result};
+use crate::format::{block_crcs, entry_crc, Header, BLOCK};
+
+const RECORD_KEY: &[u8] = b"write-cache";
+
+/// Where the live log starts, on which disks, and in which generation. Saved whenever the
+/// start moves, before the space behind it is written again.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct LogRecord {
+    pub generation: u64,
+    /// Position of the oldest batch the log still needs (or of the next one, if none).
+    pub tail: u64,
+    /// Its sequence number.
+    pub seq: u64,
+    /// Pool positions of the disks that hold the log, each a full copy.
+    pub devices: Vec<u32>,
+    /// Size of the ring on each disk, from `DATA_OFFSET`.
+    pub area: u64,
+}
+
+pub(crate) fn load_record(pool: &Pool) -> Result<Option<LogRecord>> {
+    match pool.meta().get(CF_POOL, RECORD_KEY)? {
+        None => Ok(None),
+        Some(v) => serde_json::from_slice(&v)
+            .map(Some)
+            .map_err(|e| CacheError::Log(format!("unreadable log record: {e}"))),
+    }
+}
+
+pub(crate) fn save_record(pool: &Pool, rec: &LogRecord) -> Result<()> {
+    let meta = pool.meta();
+    let mut b = tessera_pool::WriteBatch::default();
+    b.put_cf(
+        meta.cf(CF_POOL),
+        RECORD_KEY,
+        serde_json::to_vec(rec).expect("serialisable"),
+    );
+    meta.commit(b, true)?;
+    Ok(())
+}
+
+/// Where a batch of `size` bytes can go in a ring of `area` bytes whose live part runs from
+/// `tail` to `head` (`empty`: nothing is live). It goes at the head if it fits before the end
+/// of the ring, else at the start; the replay looks in the same two places.
+pub(crate) fn place(area: u64, head: u64, tail: u64, empty: bool, size: u64) -> Option<u64> {
+    if empty {
+        return Some(if head + size <= area { head } else { 0 });
+    }
+    if tail < head {
+        if head + size <= area {
+            Some(head)
+        } else if size <= tail {
+            Some(0)
+        } else {
+            None
+        }
+    } else if head + size <= tail {
+        Some(head)
+    } else {
+        None
+    }
+}
+
+/// Writes `buf` at ring position `pos` of every disk; the result per disk.
+pub(crate) fn write_all(devices: &[(u32, DiskRef)], pos: u64, buf: &[u8]) -> Vec<(u32, Result<(), String>)> {
+    if devices.len() <= 1 {
+        return devices
+            .iter()
+            .map(|(p, d)| (*p, d.write_at(buf, DATA_OFFSET + pos).map_err(|e| e.to_string())))
+            .collect();
+    }
+    // Both copies in flight together.
+    std::thread::scope(|s| {
+        let hs: Vec<_> = devices
+            .iter()
+            .map(|(p, d)| s.spawn(move || (*p, d.write_at(buf, DATA_OFFSET + pos).map_err(|e| e.to_string()))))
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("log write thread")).collect()
+    })
+}
+
+/// Reads `crcs.len()` blocks at ring position `pos`, from the first disk whose copy matches
+/// its checksums.
+pub(crate) fn read_verified(devices: &[(u32, DiskRef)], pos: u64, crcs: &[u32]) -> Result<AlignedBuf> {
+    let mut buf = AlignedBuf::zeroed(crcs.len() * BLOCK);
+    let mut why = Vec::new();
+    for (p, d) in devices {
+        match d.read_at(&mut buf, DATA_OFFSET + pos) {
+            Ok(()) if block_crcs(&buf) == crcs => return Ok(buf),
+            Ok(()) => why.push(format!("disk {p}: checksum mismatch")),
+            Err(e) => why.push(format!("disk {p}: {e}")),
+        }
+    }
+    Err(CacheError::Log(format!(
+        "no copy of {} bytes at log position {pos} is readable ({})",
+        buf.len(),
+        if why.is_empty() {
+            "no cache disk left".to_string()
+        } else {
+            why.join("; ")
+        }
+    )))
+}
+
+/// A whole batch found by the replay.
+pub(crate) struct Found {
+    pub header: Header,
+    pub pos: u64,
+    /// Checksum of every data block, in order.
+    pub crcs: Vec<u32>,
+}
+
+/// The batch at `pos` if one disk holds it whole, with the expected generation and sequence.
+fn batch_at(devices: &[(u32, DiskRef)], area: u64, pool: [u8; 16], gen: u64, seq: u64, pos: u64) -> Option<Found> {
+    if pos + BLOCK as u64 > area {
+        return None;
+    }
+    for (_, d) in devices {
+        let mut hb = AlignedBuf::zeroed(BLOCK);
+        if d.read_at(&mut hb, DATA_OFFSET + pos).is_err() {
+            continue;
+        }
+        let Some(h) = Header::decode(&hb) else { continue };
+        if h.pool != pool || h.generation != gen || h.seq != seq {
+            continue;
+        }
+        let end = pos + BLOCK as u64 + h.data_len as u64;
+        if end > area {
+            continue;
+        }
+        let mut data = AlignedBuf::zeroed(h.data_len as usize);
+        if !data.is_empty() && d.read_at(&mut data, DATA_OFFSET + pos + BLOCK as u64).is_err() {
+            continue;
+        }
+        let crcs = block_crcs(&data);
+        let mut at = 0;
+        let whole = h.entries.iter().all(|e| {
+            let n = e.len as usize / BLOCK;
+            let ok = entry_crc(&crcs[at..at + n]) == e.crc;
+            at += n;
+            ok
+        });
+        if whole {
+            return Some(Found { header: h, pos, crcs });
+        }
+    }
+    None
+}
+
+/// Follows the log from the record's tail: each batch at the end of the one before, or at
+/// the start of the ring, until the first one that no disk holds whole. A batch torn by a
+/// crash was never acknowledged as durable: every batch before a durable one was flushed with
+/// it. Returns the batches and where the next one goes.
+pub(crate) fn replay(devices: &[(u32, DiskRef)], rec: &LogRecord, pool: [u8; 16]) -> (Vec<Found>, u64) {
+    let mut found = Vec::new();
+    let (mut pos, mut seq) = (rec.tail, rec.seq);
+    loop {
+        let next = batch_at(devices, rec.area, pool, rec.generation, seq, pos).or_else(|| {
+            (pos != 0)
+                .then(|| batch_at(devices, rec.area, pool, rec.generation, seq, 0))
+                .flatten()
+        });
+        let Some(f) = next else { break };
+        pos = f.pos + BLOCK as u64 + f.header.data_len as u64;
+        seq += 1;
+        found.push(f);
+        if found.len() as u64 > rec.area / BLOCK as u64 {
+            warn!("the write-back log loops on itself; its replay stops here");
+            break;
+        }
+    }
+    (found, pos)
+}
+
+/// Copies the live part of the ring, `[tail, head)` (wrapping), from one disk to another.
+pub(crate) fn copy_live(from: &DiskRef, to: &DiskRef, area: u64, tail: u64, head: u64) -> Result<()> {
+    const CHUNK: u64 = 4 << 20;
+    let ranges = if tail <= head {
+        vec![(tail, head)]
+    } else {
+        vec![(tail, area), (0, head)]
+    };
+    let mut buf = AlignedBuf::zeroed(CHUNK as usize);
+    for (a, b) in ranges {
+        let mut at = a;
+        while at < b {
+            let n = (b - at).min(CHUNK) as usize;
+            from.read_at(&mut buf[..n], DATA_OFFSET + at)
+                .map_err(|e| CacheError::Log(format!("copying the log from {}: {e}", from.path())))?;
+            to.write_at(&buf[..n], DATA_OFFSET + at)
+                .map_err(|e| CacheError::Log(format!("copying the log to {}: {e}", to.path())))?;
+            at += n as u64;
+        }
+    }
+    to.flush()
+        .map_err(|e| CacheError::Log(format!("copying the log to {}: {e}", to.path())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_goes_at_the_head_or_wraps_to_the_start() {
+        // Empty ring: at the head, or at the start when it does not fit before the end.
+        assert_eq!(place(100, 40, 40, true, 50), Some(40));
+        assert_eq!(place(100, 80, 80, true, 50), Some(0));
+        // Live [20, 60): after it, or before it at the start.
+        assert_eq!(place(100, 60, 20, false, 40), Some(60));
+        assert_eq!(place(100, 60, 20, false, 41), None);
+        assert_eq!(place(100, 90, 20, false, 20), Some(0));
+        assert_eq!(place(100, 90, 20, false, 21), None);
+        // Live [70, 100) and [0, 30): only between them.
+        assert_eq!(place(100, 30, 70, false, 40), Some(30));
+        assert_eq!(place(100, 30, 70, false, 41), None);
+        // Full.
+        assert_eq!(place(100, 50, 50, false, 1), None);
+    }
+}
