@@ -28,7 +28,7 @@ const MAX_ENTRY: usize = 1 << 20;
 const MAX_BATCH: usize = 8 << 20;
 /// Most a destage round writes before its flush.
 const ROUND_BYTES: u64 = 32 << 20;
-/// Data older than this is destaged even when the cache has room.
+/// Data older than this is destaged even when the cache has room (unless set otherwise).
 const MAX_AGE: Duration = Duration::from_secs(1);
 /// Copies the log keeps when the pool has the disks for them.
 const COPIES: usize = 2;
@@ -153,7 +153,7 @@ impl State {
         }
     }
 
-    fn due(&self) -> bool {
+    fn due(&self, max_age: Duration) -> bool {
         if self.dirty == 0 {
             return false;
         }
@@ -166,7 +166,7 @@ impl State {
                 .batches
                 .values()
                 .find(|b| b.dirty > 0)
-                .is_some_and(|b| b.at.elapsed() >= MAX_AGE)
+                .is_some_and(|b| b.at.elapsed() >= max_age)
     }
 }
 
@@ -211,6 +211,8 @@ struct Inner {
     flushing: Mutex<()>,
     stop: AtomicBool,
     counters: Counters,
+    /// Data older than this is destaged even when the cache has room, in milliseconds.
+    max_age_ms: AtomicU64,
 }
 
 /// The write-back cache of a pool (a pass-through when the pool has no cache disk).
@@ -275,6 +277,7 @@ impl WriteCache {
             flushing: Mutex::new(()),
             stop: AtomicBool::new(false),
             counters: Counters::default(),
+            max_age_ms: AtomicU64::new(MAX_AGE.as_millis() as u64),
         });
         if !replayed.is_empty() {
             let bytes: u64 = replayed.iter().map(|f| f.header.data_len as u64).sum();
@@ -325,6 +328,13 @@ impl WriteCache {
     pub fn set_budget(&self, vdisk: u64, bytes: u64) {
         self.inner.state.lock().budgets.insert(vdisk, bytes);
         self.inner.room.notify_all();
+    }
+
+    /// How long data may wait in the cache while it has room (default 1 s). Shorter: less
+    /// to replay after a crash; longer: more overwrites merged and more rows gathered.
+    pub fn set_destage_delay(&self, d: Duration) {
+        self.inner.max_age_ms.store(d.as_millis() as u64, Ordering::Relaxed);
+        self.inner.work.notify_all();
     }
 
     /// Dirty bytes `vdisk` holds in the cache.
@@ -882,11 +892,12 @@ impl Inner {
                 return;
             }
             let due = {
+                let max_age = Duration::from_millis(self.max_age_ms.load(Ordering::Relaxed));
                 let mut st = self.state.lock();
-                if !st.due() {
-                    self.work.wait_for(&mut st, Duration::from_millis(100));
+                if !st.due(max_age) {
+                    self.work.wait_for(&mut st, Duration::from_millis(100).min(max_age.max(Duration::from_millis(1))));
                 }
-                st.due()
+                st.due(max_age)
             };
             if !due || self.stop.load(Ordering::Acquire) {
                 continue;

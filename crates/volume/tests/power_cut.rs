@@ -10,6 +10,11 @@
 //! written to it since, that the metadata check finds nothing, and that scrub finds the
 //! redundancy in step with the data. At the end a disk is failed and everything read again.
 //!
+//! The same runs again on a pool with the write-back cache: its log on two cache disks with
+//! volatile caches too, cut while batches are written, flushed and destaged (the destage delay
+//! is short in half the rounds, so cuts land in destages as well as in appends), and replayed
+//! by the next open.
+//!
 //! TESSERA_POWER_CUT_ROUNDS sets the number of cuts (default 24; `make soak` runs thousands).
 
 use std::collections::HashSet;
@@ -283,6 +288,10 @@ fn power_cut_child() {
         arm();
     }
     let e = Engine::open(&Path::new(&dir).join("pool"), &volatile_opener(&supply)).unwrap();
+    if let Ok(ms) = std::env::var("TESSERA_POWER_DESTAGE_MS") {
+        e.cache()
+            .set_destage_delay(Duration::from_millis(ms.parse().unwrap()));
+    }
     let out = std::io::stdout();
     writeln!(out.lock(), "OPENED {}", supply.ops()).unwrap();
     for (i, hashes) in dump(&e).into_iter().enumerate() {
@@ -306,17 +315,27 @@ fn power_cut_child() {
                     writeln!(out.lock(), "BEGIN {t} {}", a.encode()).unwrap();
                     a.run(e, t);
                     writeln!(out.lock(), "ACK {t}").unwrap();
+                    if t == 0 && i % 16 == 0 {
+                        let c = e.cache_status();
+                        writeln!(out.lock(), "CACHE {} {}", c.cached_bytes, c.destaged_bytes).unwrap();
+                    }
                 }
             });
         }
     });
 }
 
-fn setup(dir: &Path) -> Vec<Vec<u64>> {
+fn setup(dir: &Path, cache: bool) -> Vec<Vec<u64>> {
     let disks: Vec<DiskRef> = (0..5)
         .map(|i| Arc::new(FileDisk::create_file(dir.join(format!("disk{i}")), 48 * MIB, false).unwrap()) as DiskRef)
         .collect();
     let e = Engine::create_pool(&dir.join("pool"), "power", disks, MIB).unwrap();
+    if cache {
+        for i in 0..2 {
+            let d = FileDisk::create_file(dir.join(format!("cache{i}")), 66 * MIB, false).unwrap();
+            e.add_cache_disk(Arc::new(d)).unwrap();
+        }
+    }
     for (t, &(_, kind, cols)) in LAYOUTS.iter().enumerate() {
         for name in [work_name(t), base_name(t)] {
             let mut s = VdiskSpec::new(&name, SIZE, kind);
@@ -348,6 +367,9 @@ struct Round {
     problems: Vec<String>,
     /// Per writer: its actions and whether each was acknowledged.
     actions: Vec<Vec<(Action, bool)>>,
+    /// The most the write-back cache reported having taken and destaged.
+    cached_bytes: u64,
+    destaged_bytes: u64,
 }
 
 /// Runs a child whose power goes at its `cut_after`-th write or flush, counted from its start
@@ -368,6 +390,7 @@ fn run_child(dir: &Path, seed: u64, cut_after: u64, after_ready: bool) -> Round 
         .env("TESSERA_POWER_DIR", dir)
         .env("TESSERA_POWER_SEED", seed.to_string())
         .env("TESSERA_POWER_CUT_AFTER", cut_after.to_string())
+        .env("TESSERA_POWER_DESTAGE_MS", if seed % 2 == 0 { "5" } else { "1000" })
         .env("RUST_BACKTRACE", "1")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -410,7 +433,7 @@ fn run_child(dir: &Path, seed: u64, cut_after: u64, after_ready: bool) -> Round 
     };
     for l in &lines {
         // The harness may print "running 1 test" or "test power_cut_child ... " first.
-        let Some(at) = ["OPENED ", "DUMP ", "PROBLEM ", "READY ", "BEGIN ", "ACK "]
+        let Some(at) = ["OPENED ", "DUMP ", "PROBLEM ", "READY ", "BEGIN ", "ACK ", "CACHE "]
             .iter()
             .filter_map(|k| l.find(k))
             .min()
@@ -421,6 +444,11 @@ fn run_child(dir: &Path, seed: u64, cut_after: u64, after_ready: bool) -> Round 
         let (kind, rest) = l.split_once(' ').unwrap();
         match kind {
             "OPENED" => r.opened_ops = Some(rest.parse().unwrap()),
+            "CACHE" => {
+                let (c, d) = rest.split_once(' ').unwrap();
+                r.cached_bytes = r.cached_bytes.max(c.parse().unwrap());
+                r.destaged_bytes = r.destaged_bytes.max(d.parse().unwrap());
+            }
             "READY" => r.ready_ops = Some(rest.parse().unwrap()),
             "PROBLEM" => r.problems.push(rest.to_string()),
             "DUMP" => r
@@ -457,6 +485,15 @@ fn verify(round: u64, models: &mut [Model], bases: &[Vec<u64>], dumps: &[Vec<u64
 
 #[test]
 fn power_cuts() {
+    cut_rounds(false);
+}
+
+#[test]
+fn power_cuts_with_the_write_back_cache() {
+    cut_rounds(true);
+}
+
+fn cut_rounds(cache: bool) {
     let rounds: u64 = std::env::var("TESSERA_POWER_CUT_ROUNDS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -466,13 +503,14 @@ fn power_cuts() {
     )
     .unwrap();
     let dir = tmp.path();
-    let content = setup(dir);
+    let content = setup(dir, cache);
     let bases: Vec<Vec<u64>> = (0..LAYOUTS.len()).map(|t| content[2 * t + 1].clone()).collect();
     let mut models: Vec<Model> = (0..LAYOUTS.len()).map(|t| Model::new(content[2 * t].clone())).collect();
     let mut rng = rand::rngs::StdRng::seed_from_u64(0x0ff_c0ffee);
     // I/Os an open takes and a workload span, learned as the rounds go.
     let mut open_ops = 30u64;
     let (mut acked, mut during_open, mut cuts) = (0u64, 0u64, 0u64);
+    let (mut cached, mut destaged) = (0u64, 0u64);
     for round in 0..rounds {
         let cut_after = if rng.random_ratio(1, 6) {
             rng.random_range(1..=open_ops)
@@ -488,6 +526,8 @@ fn power_cuts() {
             continue;
         };
         open_ops = ready.max(1);
+        cached += r.cached_bytes;
+        destaged += r.destaged_bytes;
         assert_eq!(r.dumps.len(), 2 * LAYOUTS.len(), "round {round}: incomplete report");
         verify(round, &mut models, &bases, &r.dumps);
         assert!(
@@ -505,7 +545,13 @@ fn power_cuts() {
             }
         }
     }
-    eprintln!("{cuts} power cuts, {during_open} of them while the pool was opening; {acked} actions acknowledged");
+    eprintln!("{cuts} power cuts, {during_open} of them while the pool was opening; {acked} actions acknowledged; {cached} bytes cached, {destaged} destaged");
+    if cache {
+        assert!(
+            cached > 0 && destaged > 0,
+            "the write-back cache was not exercised: {cached} bytes cached, {destaged} destaged"
+        );
+    }
     assert!(
         acked > rounds,
         "the writers acknowledged only {acked} actions in {rounds} rounds"
@@ -514,6 +560,9 @@ fn power_cuts() {
     // The last cut, recovered without volatile caches; then a disk is lost and every block
     // must read the same, rebuilt from the others where needed.
     let e = Engine::open(&dir.join("pool"), &file_opener).unwrap();
+    if cache {
+        assert_eq!(e.cache_status().devices.len(), 2, "the log lost a disk: {:?}", e.cache_status());
+    }
     let dumps = dump(&e);
     verify(rounds, &mut models, &bases, &dumps);
     let p = problems(&e);
@@ -545,7 +594,7 @@ fn a_disk_missing_at_the_restart_after_a_cut_never_yields_wrong_data() {
         )
         .unwrap();
         let dir = tmp.path();
-        let content = setup(dir);
+        let content = setup(dir, false);
         let bases: Vec<Vec<u64>> = (0..LAYOUTS.len()).map(|t| content[2 * t + 1].clone()).collect();
         let mut models: Vec<Model> = (0..LAYOUTS.len()).map(|t| Model::new(content[2 * t].clone())).collect();
         let r = run_child(dir, 1000 + round, rng.random_range(1..=3000), true);
