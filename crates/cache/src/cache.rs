@@ -895,7 +895,10 @@ impl Inner {
                 let max_age = Duration::from_millis(self.max_age_ms.load(Ordering::Relaxed));
                 let mut st = self.state.lock();
                 if !st.due(max_age) {
-                    self.work.wait_for(&mut st, Duration::from_millis(100).min(max_age.max(Duration::from_millis(1))));
+                    self.work.wait_for(
+                        &mut st,
+                        Duration::from_millis(100).min(max_age.max(Duration::from_millis(1))),
+                    );
                 }
                 st.due(max_age)
             };

@@ -289,8 +289,7 @@ fn power_cut_child() {
     }
     let e = Engine::open(&Path::new(&dir).join("pool"), &volatile_opener(&supply)).unwrap();
     if let Ok(ms) = std::env::var("TESSERA_POWER_DESTAGE_MS") {
-        e.cache()
-            .set_destage_delay(Duration::from_millis(ms.parse().unwrap()));
+        e.cache().set_destage_delay(Duration::from_millis(ms.parse().unwrap()));
     }
     let out = std::io::stdout();
     writeln!(out.lock(), "OPENED {}", supply.ops()).unwrap();
@@ -561,7 +560,12 @@ fn cut_rounds(cache: bool) {
     // must read the same, rebuilt from the others where needed.
     let e = Engine::open(&dir.join("pool"), &file_opener).unwrap();
     if cache {
-        assert_eq!(e.cache_status().devices.len(), 2, "the log lost a disk: {:?}", e.cache_status());
+        assert_eq!(
+            e.cache_status().devices.len(),
+            2,
+            "the log lost a disk: {:?}",
+            e.cache_status()
+        );
     }
     let dumps = dump(&e);
     verify(rounds, &mut models, &bases, &dumps);

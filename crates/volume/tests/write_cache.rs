@@ -1,0 +1,294 @@
+//! The write-back cache against an attacker's and an operator's cases: a cache disk pulled
+//! or failed under load, the cache full under a sustained load, stripe rows gathered whole,
+//! overwrites merged, a vdisk's cache switched off with data still in the log, cache disks
+//! retired, and restarts with data in the log.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{pattern, spec, Rig, MIB};
+use tessera_volume::{DiskState, LayoutKind, Provisioning};
+
+const DATA_DISKS: usize = 5;
+
+fn rig(cache: usize) -> Rig {
+    Rig::with_cache(DATA_DISKS, 64 * MIB, MIB, cache)
+}
+
+fn read_all(rig: &Rig, name: &str, size: usize) -> Vec<u8> {
+    let mut got = vec![0u8; size];
+    rig.engine().vdisk(name).unwrap().read(0, &mut got).unwrap();
+    got
+}
+
+fn assert_same(got: &[u8], want: &[u8], what: &str) {
+    if let Some(at) = got.iter().zip(want).position(|(a, b)| a != b) {
+        panic!("{what}: first difference at byte {at}");
+    }
+}
+
+/// Four writers fill a parity vdisk while a disk of the log is pulled, then another is failed
+/// by the administrator: every acknowledged write reads back, before and after a restart, and
+/// the log is on two disks again after each loss (the third cache disk, then a new one added).
+#[test]
+fn losing_cache_disks_under_load_loses_nothing() {
+    let mut rig = rig(3);
+    let size = 4 * MIB as usize;
+    rig.engine()
+        .create_vdisk(&spec("v", size as u64, LayoutKind::Parity, Provisioning::Thin))
+        .unwrap();
+    let model = parking_lot::Mutex::new(vec![0u8; size]);
+    let pulled = AtomicBool::new(false);
+    let rounds = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let (rig, model, rounds) = (&rig, &model, &rounds);
+            s.spawn(move || {
+                let v = rig.engine().vdisk("v").unwrap();
+                // Each writer has its own quarter, so the model needs no ordering between them.
+                let base = t * size as u64 / 4;
+                for i in 0..400u64 {
+                    let off = base + (i * 7 % 256) * 4096;
+                    let data = pattern(t * 1000 + i, off, 4096);
+                    v.write(off, &data, i % 50 == 0).unwrap();
+                    model.lock()[off as usize..off as usize + 4096].copy_from_slice(&data);
+                    rounds.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        }
+        // The puller: once the writers are well under way.
+        let (rig, pulled, rounds) = (&rig, &pulled, &rounds);
+        s.spawn(move || {
+            while rounds.load(Ordering::Relaxed) < 400 {
+                std::thread::yield_now();
+            }
+            rig.disks[DATA_DISKS].faults().pull();
+            pulled.store(true, Ordering::Release);
+        });
+    });
+    assert!(pulled.load(Ordering::Acquire));
+    // Noticed at the latest by a flush.
+    rig.engine().vdisk("v").unwrap().flush().unwrap();
+    let st = rig.engine().cache_status();
+    assert_eq!(
+        st.devices.len(),
+        2,
+        "the log was not rebuilt onto the third cache disk: {st:?}"
+    );
+    assert!(!st.devices.contains(&(DATA_DISKS as u32)), "{st:?}");
+    assert_eq!(rig.engine().pool().disk_state(DATA_DISKS as u32), DiskState::Failed);
+    let want = model.into_inner();
+    assert_same(&read_all(&rig, "v", size), &want, "after the pull");
+
+    // A second loss, by the administrator, with data still in the log: no third disk left to
+    // take its place, so the log runs on one copy and a parity vdisk writes through.
+    let before = rig.engine().cache_status();
+    assert!(before.dirty_bytes > 0 || before.destaged_bytes > 0, "{before:?}");
+    rig.engine().fail_disk("cache1").unwrap();
+    let st = rig.engine().cache_status();
+    assert_eq!(st.devices, vec![DATA_DISKS as u32 + 2], "{st:?}");
+    assert!(!st.redundant);
+    // (A range the log still holds goes through it all the same, so a fresh vdisk shows it.)
+    rig.engine()
+        .create_vdisk(&spec("w", MIB, LayoutKind::Parity, Provisioning::Thin))
+        .unwrap();
+    let through = st.write_through_writes;
+    let w = rig.engine().vdisk("w").unwrap();
+    w.write(0, &pattern(77, 0, 65536), false).unwrap();
+    assert!(
+        rig.engine().cache_status().write_through_writes > through,
+        "a resilient vdisk kept caching on a single copy of the log"
+    );
+    assert_same(&read_all(&rig, "w", 65536), &pattern(77, 0, 65536), "written through");
+    drop(w);
+    let v = rig.engine().vdisk("v").unwrap();
+    let mut want = want;
+    assert_same(&read_all(&rig, "v", size), &want, "after the second loss");
+
+    // A new cache disk restores the second copy; a restart replays whatever is left.
+    let d = tessera_disk::FaultyDisk::new(std::sync::Arc::new(tessera_disk::MemDisk::new("cache9", 66 * MIB)) as _);
+    rig.engine().add_cache_disk(d.clone() as _).unwrap();
+    rig.disks.push(d);
+    assert!(rig.engine().cache_status().redundant);
+    v.write(0, &pattern(78, 0, 8192), false).unwrap();
+    want[..8192].copy_from_slice(&pattern(78, 0, 8192));
+    drop(v);
+    rig.reopen();
+    assert_same(&read_all(&rig, "v", size), &want, "after the restart");
+    rig.assert_consistent();
+}
+
+/// A vdisk with a small budget under a sustained load: writes wait for the destager and never
+/// fail, its dirty data stays within the budget, and everything reads back.
+#[test]
+fn a_full_cache_slows_writes_to_the_destage_rate() {
+    let rig = rig(2);
+    let size = 32 * MIB as usize;
+    let mut s = spec("v", size as u64, LayoutKind::Parity, Provisioning::Thin);
+    s.write_cache_size = Some(2 * MIB);
+    rig.engine().create_vdisk(&s).unwrap();
+    let v = rig.engine().vdisk("v").unwrap();
+    let id = v.id();
+    let mut want = vec![0u8; size];
+    let (mut most, mut slowest) = (0u64, Duration::ZERO);
+    for i in 0..(size / 65536) as u64 {
+        let off = (i * 37 % (size as u64 / 65536)) * 65536;
+        let data = pattern(i, off, 65536);
+        let t = Instant::now();
+        v.write(off, &data, false).unwrap();
+        slowest = slowest.max(t.elapsed());
+        want[off as usize..off as usize + 65536].copy_from_slice(&data);
+        most = most.max(rig.engine().cache().dirty_bytes(id));
+    }
+    let st = rig.engine().cache_status();
+    eprintln!("slowest write {slowest:?}; most dirty {most} bytes; {st:?}");
+    assert!(st.throttled_writes > 0, "no write waited for the destager: {st:?}");
+    // One write past the budget at most: a write waits only while the budget is spent.
+    assert!(most <= 2 * MIB + 65536 + 16384, "{most} dirty bytes for a 2 MiB budget");
+    assert_same(&read_all(&rig, "v", size), &want, "after a sustained load");
+    rig.assert_consistent();
+}
+
+/// 4 KiB writes that together cover whole stripe rows reach a parity layout as full-stripe
+/// writes: destaging them reads nothing from the data disks.
+#[test]
+fn small_writes_are_destaged_as_full_stripes_without_reads() {
+    let rig = rig(2);
+    let e = rig.engine();
+    e.cache().set_destage_delay(Duration::from_secs(3600));
+    // 3 data columns of 16 KiB: a row is 48 KiB; 16 KiB grains, so 3 grains a row.
+    let size = 480 << 10;
+    e.create_vdisk(&spec("v", size, LayoutKind::Parity, Provisioning::Thin))
+        .unwrap();
+    let v = e.vdisk("v").unwrap();
+    let mut want = vec![0u8; size as usize];
+    // Every 4 KiB block once, in a scattered order.
+    let blocks = size / 4096;
+    for i in 0..blocks {
+        let off = (i * 53 % blocks) * 4096;
+        let data = pattern(i, off, 4096);
+        v.write(off, &data, false).unwrap();
+        want[off as usize..off as usize + 4096].copy_from_slice(&data);
+    }
+    let st = e.cache_status();
+    assert!(st.dirty_bytes >= size, "the writes were not held by the cache: {st:?}");
+    assert_same(&read_all(&rig, "v", size as usize), &want, "served from the cache");
+    for d in &rig.disks[..DATA_DISKS] {
+        d.faults().reset_counters();
+    }
+    e.cache().drain().unwrap();
+    let reads: u64 = rig.disks[..DATA_DISKS].iter().map(|d| d.faults().reads()).sum();
+    assert_eq!(reads, 0, "destaging whole rows read from the data disks");
+    assert_eq!(e.cache_status().dirty_bytes, 0);
+    assert_same(&read_all(&rig, "v", size as usize), &want, "after the destage");
+    for set in e.layouts().sets() {
+        assert!(e.layouts().scrub_set(&set).unwrap().is_empty(), "parity out of step");
+    }
+}
+
+/// A range written again while it waits in the cache is destaged once, with its last data.
+#[test]
+fn overwrites_in_the_cache_are_merged() {
+    let rig = rig(2);
+    let e = rig.engine();
+    e.cache().set_destage_delay(Duration::from_secs(3600));
+    e.create_vdisk(&spec("v", 4 * MIB, LayoutKind::Mirror, Provisioning::Thin))
+        .unwrap();
+    let v = e.vdisk("v").unwrap();
+    for round in 0..10 {
+        v.write(0, &pattern(round, 0, 65536), false).unwrap();
+    }
+    let st = e.cache_status();
+    assert!(st.overwritten_bytes >= 9 * 65536, "{st:?}");
+    e.cache().drain().unwrap();
+    let st = e.cache_status();
+    assert!(
+        st.destaged_bytes <= 65536,
+        "destaged {} bytes for one 64 KiB range",
+        st.destaged_bytes
+    );
+    assert_same(&read_all(&rig, "v", 65536), &pattern(9, 0, 65536), "merged");
+}
+
+/// A vdisk whose cache is switched off while the log still holds some of its writes: later
+/// writes to those ranges still go through the log (else a restart would replay the older
+/// copy over them), writes elsewhere go straight to the layout, and a restart reads the last
+/// data everywhere.
+#[test]
+fn switching_a_vdisk_cache_off_never_brings_old_data_back() {
+    let mut rig = rig(2);
+    let e = rig.engine();
+    e.cache().set_destage_delay(Duration::from_secs(3600));
+    e.create_vdisk(&spec("v", 4 * MIB, LayoutKind::Parity, Provisioning::Thin))
+        .unwrap();
+    let v = e.vdisk("v").unwrap();
+    v.write(0, &pattern(1, 0, 65536), false).unwrap();
+    v.write(MIB, &pattern(2, MIB, 65536), false).unwrap();
+    e.set_write_cache("v", 0).unwrap();
+    let through = e.cache_status().write_through_writes;
+    v.write(0, &pattern(3, 0, 16384), true).unwrap();
+    v.write(2 * MIB, &pattern(4, 2 * MIB, 65536), true).unwrap();
+    assert!(e.cache_status().write_through_writes > through);
+    drop(v);
+    rig.reopen();
+    let got = read_all(&rig, "v", 4 * MIB as usize);
+    let mut want = vec![0u8; 4 * MIB as usize];
+    want[..65536].copy_from_slice(&pattern(1, 0, 65536));
+    want[..16384].copy_from_slice(&pattern(3, 0, 16384));
+    want[MIB as usize..MIB as usize + 65536].copy_from_slice(&pattern(2, MIB, 65536));
+    want[2 * MIB as usize..2 * MIB as usize + 65536].copy_from_slice(&pattern(4, 2 * MIB, 65536));
+    assert_same(&got, &want, "after the restart");
+    assert_eq!(rig.engine().vdisk("v").unwrap().config().write_cache_size, Some(0));
+    rig.assert_consistent();
+}
+
+/// Retiring the cache disks one by one: the first leaves the log at once (the other holds a
+/// copy), the last only after the log was destaged; nothing is lost and the pool goes on
+/// without a cache.
+#[test]
+fn retiring_cache_disks_destages_before_the_last_copy_goes() {
+    let mut rig = rig(2);
+    let e = rig.engine();
+    e.cache().set_destage_delay(Duration::from_secs(3600));
+    e.create_vdisk(&spec("v", 4 * MIB, LayoutKind::Simple, Provisioning::Thin))
+        .unwrap();
+    let v = e.vdisk("v").unwrap();
+    v.write(0, &pattern(5, 0, MIB as usize), false).unwrap();
+    e.retire_disk("cache0").unwrap();
+    let st = e.cache_status();
+    assert_eq!(st.devices, vec![DATA_DISKS as u32 + 1]);
+    assert!(st.dirty_bytes > 0, "{st:?}");
+    e.retire_disk("cache1").unwrap();
+    let st = e.cache_status();
+    assert!(st.devices.is_empty() && st.dirty_bytes == 0, "{st:?}");
+    v.write(MIB, &pattern(6, MIB, 65536), true).unwrap();
+    drop(v);
+    rig.reopen();
+    let got = read_all(&rig, "v", 2 * MIB as usize);
+    let mut want = vec![0u8; 2 * MIB as usize];
+    want[..MIB as usize].copy_from_slice(&pattern(5, 0, MIB as usize));
+    want[MIB as usize..MIB as usize + 65536].copy_from_slice(&pattern(6, MIB, 65536));
+    assert_same(&got, &want, "after retiring the cache");
+    rig.assert_consistent();
+}
+
+/// Without a cache disk left to hold a second copy, a mirror's writes do not wait in a
+/// single copy of the log; a simple vdisk, which tolerates no loss anyway, still caches.
+#[test]
+fn one_cache_disk_caches_only_what_tolerates_no_failure() {
+    let rig = rig(1);
+    let e = rig.engine();
+    e.create_vdisk(&spec("m", 4 * MIB, LayoutKind::Mirror, Provisioning::Thin))
+        .unwrap();
+    e.create_vdisk(&spec("s", 4 * MIB, LayoutKind::Simple, Provisioning::Thin))
+        .unwrap();
+    e.vdisk("m").unwrap().write(0, &pattern(1, 0, 65536), false).unwrap();
+    let st = e.cache_status();
+    assert_eq!((st.cached_writes, st.write_through_writes > 0), (0, true), "{st:?}");
+    e.vdisk("s").unwrap().write(0, &pattern(2, 0, 65536), false).unwrap();
+    assert_eq!(e.cache_status().cached_writes, 1);
+    assert_same(&read_all(&rig, "m", 65536), &pattern(1, 0, 65536), "mirror");
+    assert_same(&read_all(&rig, "s", 65536), &pattern(2, 0, 65536), "simple");
+}
