@@ -28,8 +28,14 @@ const MAX_ENTRY: usize = 1 << 20;
 const MAX_BATCH: usize = 8 << 20;
 /// Most a destage round writes before its flush.
 const ROUND_BYTES: u64 = 32 << 20;
-/// Data older than this is destaged even when the cache has room (unless set otherwise).
-const MAX_AGE: Duration = Duration::from_secs(1);
+/// Data older than this is destaged even when the cache has room (unless set otherwise). While
+/// the cache has room, a destage only competes with the writes for the disks; data that waits
+/// longer is more likely to be overwritten or joined by its row's neighbours.
+const MAX_AGE: Duration = Duration::from_secs(10);
+/// Stripe row locks (hashed).
+const STRIPES: usize = 256;
+/// Threads a destage round writes with.
+const DESTAGE_THREADS: usize = 16;
 /// Copies the log keeps when the pool has the disks for them.
 const COPIES: usize = 2;
 
@@ -48,6 +54,8 @@ pub struct CacheStatus {
     pub redundant: bool,
     pub cached_writes: u64,
     pub cached_bytes: u64,
+    /// Batches written to the log: cached writes per batch is how well writes are grouped.
+    pub log_batches: u64,
     pub write_through_writes: u64,
     /// Bytes read from the log.
     pub read_hit_bytes: u64,
@@ -63,6 +71,7 @@ pub struct CacheStatus {
 struct Counters {
     cached_writes: AtomicU64,
     cached_bytes: AtomicU64,
+    log_batches: AtomicU64,
     write_through: AtomicU64,
     read_hit_bytes: AtomicU64,
     destaged_bytes: AtomicU64,
@@ -159,8 +168,10 @@ impl State {
         }
         self.waiting > 0
             || self.draining > 0
-            || self.dirty >= self.area / 4
+            || self.dirty >= self.area / 2
             || self.used() >= self.area / 2
+            // A vdisk three quarters through its budget: destaging now keeps it from waiting.
+            || self.vdisk_dirty.iter().any(|(v, d)| *d >= self.budget(*v) / 4 * 3)
             || self.devices.len() < COPIES
             || self
                 .batches
@@ -197,13 +208,16 @@ struct Inner {
     work: Condvar,
     appender: Mutex<Appender>,
     appended: Condvar,
-    /// Held while a batch is written, and by a change of the log's disks.
-    log_lock: Mutex<()>,
+    /// Held while a batch is written, and by a change of the log's disks; it keeps the buffer
+    /// batches are built in (allocated once: a batch is up to 8 MiB).
+    log_lock: Mutex<AlignedBuf>,
     /// Held shared while log positions taken from the index are read; exclusively when log
     /// space is given back for reuse.
     reuse: RwLock<()>,
     /// One destage round at a time; a freed slab set waits for the round in flight.
     destaging: Mutex<()>,
+    /// Stripe row locks: a row written whole by a destage, against writes bypassing the cache.
+    stripes: Vec<Mutex<()>>,
     /// A write went straight to the layouts since the last flush.
     layout_dirty: AtomicBool,
     /// One flush at a time: a flush that finds nothing new to flush must still not answer
@@ -270,9 +284,10 @@ impl WriteCache {
             work: Condvar::new(),
             appender: Mutex::new(Appender::default()),
             appended: Condvar::new(),
-            log_lock: Mutex::new(()),
+            log_lock: Mutex::new(AlignedBuf::zeroed(0)),
             reuse: RwLock::new(()),
             destaging: Mutex::new(()),
+            stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             layout_dirty: AtomicBool::new(false),
             flushing: Mutex::new(()),
             stop: AtomicBool::new(false),
@@ -347,16 +362,30 @@ impl WriteCache {
     pub fn write(&self, vdisk: u64, set: &SlabSet, offset: u64, data: &[u8]) -> Result<()> {
         let i = &self.inner;
         let end = offset + data.len() as u64;
-        let cached = {
+        let (cached, active) = {
             let st = i.state.lock();
             let takes = !st.devices.is_empty()
                 && (set.spec.tolerance() == 0 || st.devices.len() >= COPIES)
                 && st.budget(vdisk) > 0;
             // A range the log still holds must go through the log, even when this write
             // would bypass it: the replay would otherwise bring the older copy back.
-            takes || (!st.devices.is_empty() && st.overlaps(set.id, offset, end))
+            let cached = takes || (!st.devices.is_empty() && st.overlaps(set.id, offset, end));
+            (cached, !st.devices.is_empty() || !st.index.is_empty())
         };
         if !cached {
+            // Not between a whole-row destage's read of the row and its write back.
+            let mut stripes: Vec<usize> = Vec::new();
+            if active && set.spec.parity_columns() > 0 {
+                let row = set.spec.data_columns() as u64 * set.spec.interleave;
+                let mut at = offset / row * row;
+                while at < end {
+                    stripes.push(stripe_index(set.id, at));
+                    at += row;
+                }
+                stripes.sort_unstable();
+                stripes.dedup();
+            }
+            let _held: Vec<_> = stripes.iter().map(|&k| i.stripes[k].lock()).collect();
             i.layouts.write(set, offset, data)?;
             i.layout_dirty.store(true, Ordering::Release);
             i.counters.write_through.fetch_add(1, Ordering::Relaxed);
@@ -549,6 +578,7 @@ impl WriteCache {
             redundant: st.devices.len() >= COPIES,
             cached_writes: c.cached_writes.load(Ordering::Relaxed),
             cached_bytes: c.cached_bytes.load(Ordering::Relaxed),
+            log_batches: c.log_batches.load(Ordering::Relaxed),
             write_through_writes: c.write_through.load(Ordering::Relaxed),
             read_hit_bytes: c.read_hit_bytes.load(Ordering::Relaxed),
             destaged_bytes: c.destaged_bytes.load(Ordering::Relaxed),
@@ -781,7 +811,7 @@ impl Inner {
 
     /// Writes one batch to every disk of the log and adds it to the index.
     fn write_batch(&self, reqs: &[Pending]) -> Result<()> {
-        let _log = self.log_lock.lock();
+        let mut buf = self.log_lock.lock();
         let mut entries = Vec::new();
         for r in reqs {
             for (n, c) in r.data.chunks(MAX_ENTRY).enumerate() {
@@ -831,7 +861,10 @@ impl Inner {
                 st.waiting -= 1;
             }
         };
-        let mut buf = AlignedBuf::zeroed(size as usize);
+        if buf.len() < size as usize {
+            *buf = AlignedBuf::zeroed((size as usize).max(MAX_BATCH + BLOCK));
+        }
+        let buf = &mut buf[..size as usize];
         let mut header_entries = Vec::with_capacity(entries.len());
         let mut crcs = Vec::with_capacity(data_len / BLOCK);
         let mut at = BLOCK;
@@ -856,7 +889,7 @@ impl Inner {
             entries: header_entries.clone(),
         }
         .encode(&mut buf[..BLOCK]);
-        let results = log::write_all(&devices, pos, &buf);
+        let results = log::write_all(&devices, pos, buf);
         let written = results.iter().filter(|(_, r)| r.is_ok()).count();
         for (p, r) in &results {
             if let Err(e) = r {
@@ -883,6 +916,7 @@ impl Inner {
             )));
         }
         self.install(&mut st, seq, pos, &header_entries, crcs);
+        self.counters.log_batches.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
@@ -925,82 +959,51 @@ impl Inner {
         r
     }
 
-    /// One round: the oldest batch holding dirty data, widened to the whole stripe rows the
-    /// index holds dirty around it, written to the layouts in runs of neighbouring pieces,
-    /// flushed, then marked clean. Returns the bytes it destaged.
+    /// One round: the dirty pieces of the oldest batches (so that the start of the log moves
+    /// on), up to `ROUND_BYTES`. A parity row the log holds at least half dirty is written
+    /// whole, with every dirty piece the log holds in it and its clean parts read from the
+    /// layout, so that its parity comes from the new data alone: a full-stripe write instead
+    /// of a read-modify-write per piece. The rest goes in runs of neighbouring pieces. The
+    /// writes are flushed, then the pieces marked clean. Returns the bytes it destaged.
     fn destage_round(&self) -> Result<u64> {
         let _d = self.destaging.lock();
-        let picked: Vec<(u32, u64, Piece, Vec<u32>)> = {
-            let st = self.state.lock();
-            let Some((&oldest, b)) = st.batches.iter().find(|(_, b)| b.sealed && b.dirty > 0) else {
-                return Ok(0);
-            };
-            // The rows its entries touch, per set.
-            let mut ranges: Vec<(u32, u64, u64)> = b
-                .entries
-                .iter()
-                .map(|&(set, off, len)| {
-                    let row = self
-                        .layouts
-                        .set(set)
-                        .map(|s| s.spec.data_columns() as u64 * s.spec.interleave)
-                        .unwrap_or(BLOCK as u64)
-                        .max(1);
-                    (set, off / row * row, (off + len).div_ceil(row) * row)
-                })
-                .collect();
-            ranges.sort_unstable();
-            let mut merged: Vec<(u32, u64, u64)> = Vec::new();
-            for r in ranges {
-                match merged.last_mut() {
-                    Some(m) if m.0 == r.0 && r.1 <= m.2 => m.2 = m.2.max(r.2),
-                    _ => merged.push(r),
-                }
-            }
-            let mut out = Vec::new();
-            let mut bytes = 0;
-            for (set, a, z) in merged {
-                let Some(ix) = st.index.get(&set) else { continue };
-                for (s, p) in ix.overlapping(a, z) {
-                    // The oldest batch whole; its neighbours while the round has room.
-                    if p.dirty && (p.seq == oldest || bytes < ROUND_BYTES) {
-                        bytes += p.len;
-                        out.push((set, s, p, piece_crcs(&st, &p)));
-                    }
-                }
-            }
-            out
-        };
+        let (picked, rows) = self.pick();
         if picked.is_empty() {
             return Ok(0);
         }
-        // Runs of pieces that continue each other in their set.
+        let jobs = jobs(&picked, &rows);
         let devices = self.state.lock().devices.clone();
-        let mut runs: Vec<(u32, u64, Vec<u8>)> = Vec::new();
-        {
-            let _reuse = self.reuse.read();
-            for (set, s, p, crcs) in &picked {
-                let data = log::read_verified(&devices, p.log, crcs)?;
-                match runs.last_mut() {
-                    Some((rs, ra, rb)) if rs == set && *ra + rb.len() as u64 == *s && rb.len() < MAX_BATCH => {
-                        rb.extend_from_slice(&data)
+        // Written by several threads at once: scattered pieces are as many read-modify-writes,
+        // which the disks serve best together.
+        let next = AtomicU64::new(0);
+        let bytes = AtomicU64::new(0);
+        let failed: Mutex<Option<CacheError>> = Mutex::new(None);
+        let _reuse = self.reuse.read();
+        std::thread::scope(|sc| {
+            for _ in 0..DESTAGE_THREADS.min(jobs.len()) {
+                sc.spawn(|| loop {
+                    let k = next.fetch_add(1, Ordering::Relaxed) as usize;
+                    let Some(job) = jobs.get(k) else { return };
+                    if failed.lock().is_some() {
+                        return;
                     }
-                    _ => runs.push((*set, *s, data.to_vec())),
-                }
+                    match self.run_job(job, &picked, &devices) {
+                        Ok(n) => {
+                            bytes.fetch_add(n, Ordering::Relaxed);
+                        }
+                        Err(e) => {
+                            failed.lock().get_or_insert(e);
+                            return;
+                        }
+                    }
+                });
             }
+        });
+        drop(_reuse);
+        if let Some(e) = failed.into_inner() {
+            return Err(e);
         }
-        let mut bytes = 0;
-        for (set, at, data) in &runs {
-            let slabset = match self.layouts.set(*set) {
-                Ok(s) => s,
-                // Freed: nothing references the data any more.
-                Err(LayoutError::NoSuchSet(_)) => continue,
-                Err(e) => return Err(e.into()),
-            };
-            let aligned = AlignedBuf::from_slice(data);
-            self.layouts.write(&slabset, *at, &aligned)?;
-            bytes += data.len() as u64;
-        }
+        let bytes = bytes.into_inner();
         self.layouts.flush()?;
         {
             let mut st = self.state.lock();
@@ -1018,6 +1021,108 @@ impl Inner {
         self.room.notify_all();
         self.advance_tail()?;
         Ok(bytes.max(1))
+    }
+
+    /// What a round destages: the dirty pieces of the oldest batches, and of the parity rows
+    /// they touch that the log holds at least half dirty; sorted by set and offset, with the
+    /// rows to be written whole as (set, offset of the row, its length).
+    #[allow(clippy::type_complexity)]
+    fn pick(&self) -> (Vec<(u32, u64, Piece, Vec<u32>)>, BTreeMap<(u32, u64), u64>) {
+        let st = self.state.lock();
+        let mut chosen: BTreeMap<(u32, u64), Piece> = BTreeMap::new();
+        let mut bytes = 0;
+        for (&seq, b) in &st.batches {
+            if !b.sealed || bytes >= ROUND_BYTES {
+                break;
+            }
+            if b.dirty == 0 {
+                continue;
+            }
+            for &(set, off, len) in &b.entries {
+                let Some(ix) = st.index.get(&set) else { continue };
+                for (s, p) in ix.overlapping(off, off + len) {
+                    if p.dirty && p.seq == seq {
+                        chosen.insert((set, s), p);
+                    }
+                }
+            }
+            bytes += b.dirty;
+        }
+        // Parity rows worth writing whole.
+        let mut rows: BTreeMap<(u32, u64), u64> = BTreeMap::new();
+        let mut looked: Vec<(u32, u64)> = Vec::new();
+        for &(set, off) in chosen.keys() {
+            let Ok(slabset) = self.layouts.set(set) else { continue };
+            if slabset.spec.parity_columns() == 0 {
+                continue;
+            }
+            let row = slabset.spec.data_columns() as u64 * slabset.spec.interleave;
+            let at = off / row * row;
+            if looked.last() == Some(&(set, at)) {
+                continue;
+            }
+            looked.push((set, at));
+            let Some(ix) = st.index.get(&set) else { continue };
+            let dirty: u64 = ix
+                .overlapping(at, at + row)
+                .iter()
+                .filter(|(_, p)| p.dirty)
+                .map(|(_, p)| p.len)
+                .sum();
+            if dirty * 2 >= row {
+                rows.insert((set, at), row);
+            }
+        }
+        for (&(set, at), &row) in &rows {
+            let ix = &st.index[&set];
+            for (s, p) in ix.overlapping(at, at + row) {
+                if p.dirty {
+                    chosen.insert((set, s), p);
+                }
+            }
+        }
+        let picked = chosen
+            .into_iter()
+            .map(|((set, s), p)| (set, s, p, piece_crcs(&st, &p)))
+            .collect();
+        (picked, rows)
+    }
+
+    /// Writes one job to the layouts; returns the dirty bytes it wrote.
+    fn run_job(&self, job: &Job, picked: &[(u32, u64, Piece, Vec<u32>)], devices: &[(u32, DiskRef)]) -> Result<u64> {
+        let (set, at, len, pieces, whole_row) = match job {
+            Job::Run { set, at, len, pieces } => (*set, *at, *len, pieces.clone(), false),
+            Job::Row { set, at, len, pieces } => (*set, *at, *len, pieces.clone(), true),
+        };
+        let slabset = match self.layouts.set(set) {
+            Ok(s) => s,
+            // Freed: nothing references the data any more.
+            Err(LayoutError::NoSuchSet(_)) => return Ok(0),
+            Err(e) => return Err(e.into()),
+        };
+        let mut data = AlignedBuf::zeroed(len as usize);
+        // A row's clean parts come from the layout, under the row's stripe lock, so that a
+        // write that bypasses the cache cannot land between this read and the write back.
+        let _row = whole_row.then(|| self.stripe(set, at).lock());
+        let covered: u64 = picked[pieces.clone()].iter().map(|(_, _, p, _)| p.len).sum();
+        if whole_row && covered < len {
+            // One read of the whole row costs less than one per gap.
+            self.layouts.read(&slabset, at, &mut data)?;
+        }
+        let mut dirty = 0;
+        for (_, s, p, crcs) in &picked[pieces] {
+            let piece = log::read_verified(devices, p.log, crcs)?;
+            let o = (s - at) as usize;
+            data[o..o + piece.len()].copy_from_slice(&piece);
+            dirty += p.len;
+        }
+        self.layouts.write(&slabset, at, &data)?;
+        Ok(dirty)
+    }
+
+    /// The lock of a stripe row, shared by a whole-row destage and writes that bypass the cache.
+    fn stripe(&self, set: u32, row_at: u64) -> &Mutex<()> {
+        &self.stripes[stripe_index(set, row_at)]
     }
 
     /// Gives back the log space of the oldest batches that hold nothing dirty: the new start
@@ -1067,4 +1172,77 @@ impl Inner {
         self.room.notify_all();
         Ok(())
     }
+}
+
+fn stripe_index(set: u32, row_at: u64) -> usize {
+    let h = (set as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ row_at.rotate_left(17);
+    (h % STRIPES as u64) as usize
+}
+
+/// A unit of destage work.
+enum Job {
+    /// Neighbouring pieces written as one layout write: set, offset, length, pieces.
+    Run {
+        set: u32,
+        at: u64,
+        len: u64,
+        pieces: std::ops::Range<usize>,
+    },
+    /// A parity row written whole: set, offset of the row, its length, the dirty pieces in it.
+    Row {
+        set: u32,
+        at: u64,
+        len: u64,
+        pieces: std::ops::Range<usize>,
+    },
+}
+
+/// The jobs of a round: the pieces of each whole row together, the others in runs of
+/// neighbours (up to `MAX_BATCH` bytes each).
+fn jobs(picked: &[(u32, u64, Piece, Vec<u32>)], rows: &BTreeMap<(u32, u64), u64>) -> Vec<Job> {
+    let row_of = |set: u32, s: u64| {
+        rows.range((set, 0)..=(set, s))
+            .next_back()
+            .filter(|(&(_, at), &len)| s < at + len)
+            .map(|(&(_, at), &len)| (at, len))
+    };
+    let mut jobs: Vec<Job> = Vec::new();
+    for (n, (set, s, p, _)) in picked.iter().enumerate() {
+        let (set, s) = (*set, *s);
+        if let Some((at, len)) = row_of(set, s) {
+            match jobs.last_mut() {
+                Some(Job::Row {
+                    set: js,
+                    at: ja,
+                    pieces,
+                    ..
+                }) if *js == set && *ja == at => pieces.end = n + 1,
+                _ => jobs.push(Job::Row {
+                    set,
+                    at,
+                    len,
+                    pieces: n..n + 1,
+                }),
+            }
+            continue;
+        }
+        match jobs.last_mut() {
+            Some(Job::Run {
+                set: js,
+                at: ja,
+                len: jl,
+                pieces,
+            }) if *js == set && *ja + *jl == s && *jl < MAX_BATCH as u64 => {
+                *jl += p.len;
+                pieces.end = n + 1;
+            }
+            _ => jobs.push(Job::Run {
+                set,
+                at: s,
+                len: p.len,
+                pieces: n..n + 1,
+            }),
+        }
+    }
+    jobs
 }

@@ -2,6 +2,10 @@
 //! fills it, and measures one workload through the engine (no network, no protocol). Prints a
 //! JSON line per workload. Concurrency comes from threads doing synchronous I/O, one request
 //! in flight each, so `--threads 32` is queue depth 32.
+//!
+//! With `--cache-disks N` the pool gets N cache disks (files in the same directory, so on the
+//! same file system as the data disks) and the vdisk a write-back cache; a write workload then
+//! also reports its rate while the cache had room and after it filled (the destage rate).
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -23,6 +27,11 @@ struct Args {
     seconds: u64,
     workloads: Vec<String>,
     checksums: bool,
+    /// Block size of every workload (default: 4 KiB random, 256 KiB sequential).
+    bs: Option<u64>,
+    cache_disks: usize,
+    cache_disk_size: u64,
+    write_cache_size: Option<u64>,
 }
 
 fn parse() -> Args {
@@ -42,6 +51,10 @@ fn parse() -> Args {
             "seqwrite".into(),
         ],
         checksums: true,
+        bs: None,
+        cache_disks: 0,
+        cache_disk_size: 2 << 30,
+        write_cache_size: None,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -58,6 +71,10 @@ fn parse() -> Args {
             "--seconds" => a.seconds = v.parse().unwrap(),
             "--workloads" => a.workloads = v.split(',').map(String::from).collect(),
             "--checksums" => a.checksums = v == "on",
+            "--bs" => a.bs = Some(v.parse().unwrap()),
+            "--cache-disks" => a.cache_disks = v.parse().unwrap(),
+            "--cache-disk-size" => a.cache_disk_size = v.parse().unwrap(),
+            "--write-cache-size" => a.write_cache_size = Some(v.parse().unwrap()),
             other => panic!("unknown option {other}"),
         }
         i += 2;
@@ -75,23 +92,41 @@ fn main() {
         .collect();
     let engine =
         Engine::create_pool_with_checksums(&a.dir.join("pool"), "bench", disks, 256 << 20, a.checksums).unwrap();
+    for i in 0..a.cache_disks {
+        let d = FileDisk::create_file(a.dir.join(format!("cache{i}")), a.cache_disk_size, false).unwrap();
+        engine.add_cache_disk(Arc::new(d)).unwrap();
+    }
     let mut spec = VdiskSpec::new("bench", a.size, a.layout);
+    spec.write_cache_size = a.write_cache_size;
     spec.columns = a.columns;
     spec.provisioning = Provisioning::Thin;
     spec.block_size = Some(4096);
     let v = engine.create_vdisk(&spec).unwrap();
     eprintln!("{}: filling {} bytes", v.config().layout.describe(), a.size);
-    run(&v, "fill", 256 << 10, a.threads.min(8), 0, a.size);
+    run(&engine, &v, "fill", 256 << 10, a.threads.min(8), 0, a.size);
     v.flush().unwrap();
+    // Every workload starts with an empty cache.
+    engine.cache().drain().unwrap();
     for w in &a.workloads {
-        let bs = if w.starts_with("rand") { 4096 } else { 256 << 10 };
-        let (iops, mbs) = run(&v, w, bs, a.threads, a.seconds, a.size);
+        let bs = a.bs.unwrap_or(if w.starts_with("rand") { 4096 } else { 256 << 10 });
+        let r = run(&engine, &v, w, bs, a.threads, a.seconds, a.size);
+        let opt = |x: Option<f64>| x.map(|x| format!("{x:.0}")).unwrap_or_else(|| "null".into());
         println!(
-            "{{\"layout\":\"{}\",\"workload\":\"{w}\",\"bs\":{bs},\"threads\":{},\"checksums\":{},\"iops\":{iops:.0},\"mbs\":{mbs:.1}}}",
+            "{{\"layout\":\"{}\",\"workload\":\"{w}\",\"bs\":{bs},\"threads\":{},\"checksums\":{},\"cache_disks\":{},\"iops\":{:.0},\"mbs\":{:.1},\"iops_room\":{},\"iops_full\":{},\"room_seconds\":{}}}",
             a.layout.as_str(),
             a.threads,
-            a.checksums
+            a.checksums,
+            a.cache_disks,
+            r.iops,
+            r.mbs,
+            opt(r.iops_room),
+            opt(r.iops_full),
+            opt(r.room_seconds),
         );
+        if a.cache_disks > 0 {
+            eprintln!("{w}: {:?}", engine.cache_status());
+        }
+        engine.cache().drain().unwrap();
     }
     // Where the data landed, for the reference run of fio on the same files.
     let used: Vec<u64> = engine.pool().disks().iter().map(|d| d.used_bytes).collect();
@@ -100,9 +135,30 @@ fn main() {
     drop(engine);
 }
 
+struct Rates {
+    iops: f64,
+    mbs: f64,
+    /// With a write-back cache: the rate until the first write had to wait for the destager,
+    /// how long that took, and the rate after it.
+    iops_room: Option<f64>,
+    iops_full: Option<f64>,
+    room_seconds: Option<f64>,
+}
+
 /// Runs a workload for `seconds` (or, for "fill", once over the whole vdisk).
-fn run(v: &Arc<tessera_volume::Vdisk>, w: &str, bs: u64, threads: usize, seconds: u64, size: u64) -> (f64, f64) {
+fn run(
+    engine: &Engine,
+    v: &Arc<tessera_volume::Vdisk>,
+    w: &str,
+    bs: u64,
+    threads: usize,
+    seconds: u64,
+    size: u64,
+) -> Rates {
     let ops = Arc::new(AtomicU64::new(0));
+    let throttled_at_start = engine.cache_status().throttled_writes;
+    // (seconds since start, operations done) when the cache first made a writer wait.
+    let mut filled: Option<(f64, u64)> = None;
     let stop = Arc::new(AtomicBool::new(false));
     let cursor = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
@@ -138,11 +194,29 @@ fn run(v: &Arc<tessera_volume::Vdisk>, w: &str, bs: u64, threads: usize, seconds
             });
         }
         if seconds > 0 {
-            std::thread::sleep(Duration::from_secs(seconds));
+            let end = start + Duration::from_secs(seconds);
+            while Instant::now() < end {
+                std::thread::sleep(Duration::from_millis(50));
+                if filled.is_none() && engine.cache_status().throttled_writes > throttled_at_start {
+                    filled = Some((start.elapsed().as_secs_f64(), ops.load(Ordering::Relaxed)));
+                }
+            }
             stop.store(true, Ordering::Relaxed);
         }
     });
     let secs = start.elapsed().as_secs_f64();
-    let n = ops.load(Ordering::Relaxed) as f64;
-    (n / secs, n * bs as f64 / secs / 1e6)
+    let n = ops.load(Ordering::Relaxed);
+    let cached = engine.cache().active() && w.ends_with("write");
+    let (iops_room, iops_full, room_seconds) = match (cached, filled) {
+        (false, _) => (None, None, None),
+        (true, None) => (Some(n as f64 / secs), None, None),
+        (true, Some((t, k))) => (Some(k as f64 / t), Some((n - k) as f64 / (secs - t)), Some(t)),
+    };
+    Rates {
+        iops: n as f64 / secs,
+        mbs: n as f64 * bs as f64 / secs / 1e6,
+        iops_room,
+        iops_full,
+        room_seconds,
+    }
 }
