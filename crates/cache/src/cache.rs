@@ -216,6 +216,9 @@ struct Inner {
     reuse: RwLock<()>,
     /// One destage round at a time; a freed slab set waits for the round in flight.
     destaging: Mutex<()>,
+    /// One move of the log's start at a time: two could save their records out of order, and
+    /// the older one would send a replay into space already written again.
+    advancing: Mutex<()>,
     /// Stripe row locks: a row written whole by a destage, against writes bypassing the cache.
     stripes: Vec<Mutex<()>>,
     /// A write went straight to the layouts since the last flush.
@@ -287,6 +290,7 @@ impl WriteCache {
             log_lock: Mutex::new(AlignedBuf::zeroed(0)),
             reuse: RwLock::new(()),
             destaging: Mutex::new(()),
+            advancing: Mutex::new(()),
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             layout_dirty: AtomicBool::new(false),
             flushing: Mutex::new(()),
@@ -345,11 +349,23 @@ impl WriteCache {
         self.inner.room.notify_all();
     }
 
-    /// How long data may wait in the cache while it has room (default 1 s). Shorter: less
+    /// How long data may wait in the cache while it has room (default 10 s). Shorter: less
     /// to replay after a crash; longer: more overwrites merged and more rows gathered.
     pub fn set_destage_delay(&self, d: Duration) {
         self.inner.max_age_ms.store(d.as_millis() as u64, Ordering::Relaxed);
         self.inner.work.notify_all();
+    }
+
+    /// True if the log holds data of `[offset, offset + len)` of `set` not yet destaged: a
+    /// read of that range must come through [`read_many`](Self::read_many), not straight from
+    /// the member disks.
+    pub fn holds_dirty(&self, set: u32, offset: u64, len: u64) -> bool {
+        let st = self.inner.state.lock();
+        st.dirty > 0
+            && st
+                .index
+                .get(&set)
+                .is_some_and(|ix| ix.overlapping(offset, offset + len).iter().any(|(_, p)| p.dirty))
     }
 
     /// Dirty bytes `vdisk` holds in the cache.
@@ -553,15 +569,12 @@ impl WriteCache {
                 // The last copy: destage it while it can still be read (a retired disk can).
                 i.destage_all()?;
             }
-            let mut st = i.state.lock();
-            st.devices.retain(|(p, _)| !leaving.contains(p));
-            log::save_record(&i.pool, &st.record())?;
+            i.state.lock().devices.retain(|(p, _)| !leaving.contains(p));
+            i.save_log_record()?;
             warn!(pool = %i.pool.name(), disks = ?leaving, "disks left the write-back log");
         }
-        let mut st = i.state.lock();
-        i.choose_devices(&mut st, &healthy)?;
-        log::save_record(&i.pool, &st.record())?;
-        drop(st);
+        i.choose_devices(&mut i.state.lock(), &healthy)?;
+        i.save_log_record()?;
         i.work.notify_all();
         Ok(())
     }
@@ -718,9 +731,9 @@ impl Inner {
                 return;
             }
             st.devices.retain(|(p, _)| *p != pos);
-            if let Err(e) = log::save_record(&self.pool, &st.record()) {
-                error!(error = %e, "cannot record the write-back log's disks");
-            }
+        }
+        if let Err(e) = self.save_log_record() {
+            error!(error = %e, "cannot record the write-back log's disks");
         }
         error!(pool = %self.pool.name(), disk = pos, reason = why, "a disk of the write-back log failed");
         if let Err(e) = self.pool.set_disk_state(pos, DiskState::Failed, Some(why.to_string())) {
@@ -733,13 +746,20 @@ impl Inner {
     /// log, if there is one. The caller holds `log_lock`, so no batch is being written.
     fn replace_lost(&self) {
         let healthy = self.pool.cache_disks();
-        let mut st = self.state.lock();
-        if let Err(e) = self.choose_devices(&mut st, &healthy) {
+        if let Err(e) = self.choose_devices(&mut self.state.lock(), &healthy) {
             error!(error = %e, "cannot copy the write-back log to another cache disk");
         }
-        if let Err(e) = log::save_record(&self.pool, &st.record()) {
+        if let Err(e) = self.save_log_record() {
             error!(error = %e, "cannot record the write-back log's disks");
         }
+    }
+
+    /// Saves where the log starts and on which disks, as memory has it. Under `advancing`, so
+    /// that it never saves a start older than one `advance_tail` saved and then acted on.
+    fn save_log_record(&self) -> Result<()> {
+        let _one = self.advancing.lock();
+        let rec = self.state.lock().record();
+        log::save_record(&self.pool, &rec)
     }
 
     fn wait_for_budget(&self, vdisk: u64, len: u64) {
@@ -1128,6 +1148,7 @@ impl Inner {
     /// Gives back the log space of the oldest batches that hold nothing dirty: the new start
     /// of the log is saved first, then their pieces leave the index.
     fn advance_tail(&self) -> Result<()> {
+        let _one = self.advancing.lock();
         let (upto, rec) = {
             let st = self.state.lock();
             let done: Vec<u64> = st

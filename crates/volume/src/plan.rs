@@ -35,7 +35,8 @@ impl Vdisk {
     /// A plan for reading `len` bytes at `offset`, or None when this read must go through
     /// [`read`](Vdisk::read): an invalid range (which `read` reports), a grain held by a
     /// writer or a set by a rebuild (this never blocks), a part of a sector, a member that is
-    /// not readable, or a disk that takes no reads from a caller's ring.
+    /// not readable, a disk that takes no reads from a caller's ring, or data that the
+    /// write-back cache holds and has not destaged yet.
     pub fn try_plan_read(&self, offset: u64, len: usize) -> Option<ReadPlan> {
         self.check_range(offset, len as u64).ok()?;
         let grain = self.class.grain;
@@ -62,6 +63,11 @@ impl Vdisk {
                 return None;
             }
             let (set, base) = self.s.space.locate(l).ok()?;
+            // Data the write-back log holds is not on the disks yet. The grain locks held keep
+            // any write out until the plan is dropped; a destage meanwhile writes the same data.
+            if self.s.cache.holds_dirty(set.id, base + p.off, p.len as u64) {
+                return None;
+            }
             let held = match plan._members.iter().position(|(id, _)| *id == set.id) {
                 Some(i) => i,
                 None => {

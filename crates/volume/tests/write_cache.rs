@@ -349,3 +349,37 @@ fn whole_row_destages_never_undo_writes_that_bypass_the_cache() {
         assert!(e.layouts().scrub_set(&set).unwrap().is_empty(), "parity out of step");
     }
 }
+
+/// The front ends' fast read path submits disk reads itself: it must never be planned over
+/// data the log holds, which is not on the disks yet. (Plans need file disks.)
+#[test]
+fn read_plans_are_refused_over_cached_data() {
+    use std::sync::Arc;
+    use tessera_disk::{DiskRef, FileDisk};
+    let dir = tempfile::tempdir().unwrap();
+    let file = |name: &str, size: u64| -> DiskRef {
+        Arc::new(FileDisk::create_file(dir.path().join(name), size, false).unwrap())
+    };
+    let disks: Vec<DiskRef> = (0..3).map(|i| file(&format!("d{i}"), 64 * MIB)).collect();
+    let e = tessera_volume::Engine::create_pool(&dir.path().join("pool"), "p", disks, MIB).unwrap();
+    for i in 0..2 {
+        e.add_cache_disk(file(&format!("c{i}"), 66 * MIB)).unwrap();
+    }
+    e.cache().set_destage_delay(Duration::from_secs(3600));
+    let mut s = spec("v", 4 * MIB, LayoutKind::Mirror, Provisioning::Thin);
+    s.block_size = Some(4096);
+    e.create_vdisk(&s).unwrap();
+    let v = e.vdisk("v").unwrap();
+    v.write(0, &pattern(1, 0, 65536), false).unwrap();
+    e.cache().drain().unwrap();
+    if !tessera_disk::io_uring_available() {
+        eprintln!("io_uring is not available here: no read plans to test");
+        return;
+    }
+    assert!(v.try_plan_read(0, 65536).is_some(), "a destaged range can be planned");
+    v.write(16384, &pattern(2, 16384, 4096), false).unwrap();
+    assert!(v.try_plan_read(0, 65536).is_none(), "a plan over data still in the log");
+    assert!(v.try_plan_read(0, 16384).is_some(), "the clean part before it");
+    e.cache().drain().unwrap();
+    assert!(v.try_plan_read(0, 65536).is_some(), "destaged now");
+}

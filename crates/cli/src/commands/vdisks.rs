@@ -203,6 +203,18 @@ pub(super) fn vdisk(c: &Ctx, cmd: VdiskCmd) -> R {
                     ("layout", x.layout_description.clone()),
                     ("block size", block_sizes(&x)),
                     ("grain size", size(x.grain_size)),
+                    (
+                        "write-back cache",
+                        if x.write_cache_size == 0 {
+                            "off".to_string()
+                        } else {
+                            format!(
+                                "up to {} ({} dirty; used only in a pool with cache disks)",
+                                size(x.write_cache_size),
+                                size(x.cache_dirty_bytes)
+                            )
+                        },
+                    ),
                 ]);
                 Ok(())
             })?;
