@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex, RwLock};
 use serde::Serialize;
 use tessera_disk::{AlignedBuf, DiskRef, DATA_OFFSET};
-use tessera_layout::{LayoutError, Layouts, SetRead, SlabSet};
+use tessera_layout::{Layouts, SetRead, SlabSet};
 use tessera_pool::{DiskState, Pool, MIN_CACHE_AREA};
 use tracing::{error, info, warn};
 
@@ -19,6 +19,10 @@ use crate::error::{CacheError, Result};
 use crate::format::{block_crcs, entry_crc, Entry, Header, BLOCK, MAX_ENTRIES};
 use crate::index::{Piece, SetIndex};
 use crate::log::{self, LogRecord};
+
+mod destage;
+
+use destage::stripe_index;
 
 /// A vdisk's cache budget unless it sets its own.
 pub const DEFAULT_VDISK_CACHE: u64 = 1 << 30;
@@ -770,15 +774,21 @@ impl Inner {
             if d == 0 || d + len <= st.budget(vdisk) || self.stop.load(Ordering::Acquire) {
                 return;
             }
-            if !counted {
-                self.counters.throttled.fetch_add(1, Ordering::Relaxed);
-                counted = true;
-            }
-            st.waiting += 1;
-            self.work.notify_one();
-            self.room.wait_for(&mut st, Duration::from_millis(50));
-            st.waiting -= 1;
+            self.wait_for_room(&mut st, &mut counted);
         }
+    }
+
+    /// Waits a while for the destager to make room (it is told that a writer waits); counts
+    /// the write as throttled the first time.
+    fn wait_for_room(&self, st: &mut parking_lot::MutexGuard<'_, State>, counted: &mut bool) {
+        if !*counted {
+            self.counters.throttled.fetch_add(1, Ordering::Relaxed);
+            *counted = true;
+        }
+        st.waiting += 1;
+        self.work.notify_one();
+        self.room.wait_for(st, Duration::from_millis(50));
+        st.waiting -= 1;
     }
 
     /// Appends one write to the log, in the next batch; returns when the batch is written.
@@ -871,14 +881,7 @@ impl Inner {
                     );
                     break (pos, seq, st.generation, st.pool_id, st.devices.clone());
                 }
-                if !counted {
-                    self.counters.throttled.fetch_add(1, Ordering::Relaxed);
-                    counted = true;
-                }
-                st.waiting += 1;
-                self.work.notify_one();
-                self.room.wait_for(&mut st, Duration::from_millis(50));
-                st.waiting -= 1;
+                self.wait_for_room(&mut st, &mut counted);
             }
         };
         if buf.len() < size as usize {
@@ -939,331 +942,4 @@ impl Inner {
         self.counters.log_batches.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
-
-    fn destage_loop(self: Arc<Self>) {
-        loop {
-            if self.stop.load(Ordering::Acquire) {
-                return;
-            }
-            let due = {
-                let max_age = Duration::from_millis(self.max_age_ms.load(Ordering::Relaxed));
-                let mut st = self.state.lock();
-                if !st.due(max_age) {
-                    self.work.wait_for(
-                        &mut st,
-                        Duration::from_millis(100).min(max_age.max(Duration::from_millis(1))),
-                    );
-                }
-                st.due(max_age)
-            };
-            if !due || self.stop.load(Ordering::Acquire) {
-                continue;
-            }
-            if let Err(e) = self.destage_round() {
-                self.counters.destage_errors.fetch_add(1, Ordering::Relaxed);
-                warn!(pool = %self.pool.name(), error = %e, "destage failed; retrying");
-                std::thread::sleep(Duration::from_millis(200));
-            }
-        }
-    }
-
-    /// Destages until nothing is dirty, and gives the log space back.
-    fn destage_all(&self) -> Result<()> {
-        self.state.lock().draining += 1;
-        let r = (|| {
-            while self.destage_round()? > 0 {}
-            self.layouts.flush()?;
-            self.advance_tail()
-        })();
-        self.state.lock().draining -= 1;
-        r
-    }
-
-    /// One round: the dirty pieces of the oldest batches (so that the start of the log moves
-    /// on), up to `ROUND_BYTES`. A parity row the log holds at least half dirty is written
-    /// whole, with every dirty piece the log holds in it and its clean parts read from the
-    /// layout, so that its parity comes from the new data alone: a full-stripe write instead
-    /// of a read-modify-write per piece. The rest goes in runs of neighbouring pieces. The
-    /// writes are flushed, then the pieces marked clean. Returns the bytes it destaged.
-    fn destage_round(&self) -> Result<u64> {
-        let _d = self.destaging.lock();
-        let (picked, rows) = self.pick();
-        if picked.is_empty() {
-            return Ok(0);
-        }
-        let jobs = jobs(&picked, &rows);
-        let devices = self.state.lock().devices.clone();
-        // Written by several threads at once: scattered pieces are as many read-modify-writes,
-        // which the disks serve best together.
-        let next = AtomicU64::new(0);
-        let bytes = AtomicU64::new(0);
-        let failed: Mutex<Option<CacheError>> = Mutex::new(None);
-        let _reuse = self.reuse.read();
-        std::thread::scope(|sc| {
-            for _ in 0..DESTAGE_THREADS.min(jobs.len()) {
-                sc.spawn(|| loop {
-                    let k = next.fetch_add(1, Ordering::Relaxed) as usize;
-                    let Some(job) = jobs.get(k) else { return };
-                    if failed.lock().is_some() {
-                        return;
-                    }
-                    match self.run_job(job, &picked, &devices) {
-                        Ok(n) => {
-                            bytes.fetch_add(n, Ordering::Relaxed);
-                        }
-                        Err(e) => {
-                            failed.lock().get_or_insert(e);
-                            return;
-                        }
-                    }
-                });
-            }
-        });
-        drop(_reuse);
-        if let Some(e) = failed.into_inner() {
-            return Err(e);
-        }
-        let bytes = bytes.into_inner();
-        self.layouts.flush()?;
-        {
-            let mut st = self.state.lock();
-            for (set, s, p, _) in &picked {
-                let cleaned = match st.index.get_mut(set) {
-                    Some(ix) => ix.mark_clean(*s, s + p.len, p.seq),
-                    None => Vec::new(),
-                };
-                for (_, c) in cleaned {
-                    st.undirty(&c);
-                }
-            }
-        }
-        self.counters.destaged_bytes.fetch_add(bytes, Ordering::Relaxed);
-        self.room.notify_all();
-        self.advance_tail()?;
-        Ok(bytes.max(1))
-    }
-
-    /// What a round destages: the dirty pieces of the oldest batches, and of the parity rows
-    /// they touch that the log holds at least half dirty; sorted by set and offset, with the
-    /// rows to be written whole as (set, offset of the row, its length).
-    #[allow(clippy::type_complexity)]
-    fn pick(&self) -> (Vec<(u32, u64, Piece, Vec<u32>)>, BTreeMap<(u32, u64), u64>) {
-        let st = self.state.lock();
-        let mut chosen: BTreeMap<(u32, u64), Piece> = BTreeMap::new();
-        let mut bytes = 0;
-        for (&seq, b) in &st.batches {
-            if !b.sealed || bytes >= ROUND_BYTES {
-                break;
-            }
-            if b.dirty == 0 {
-                continue;
-            }
-            for &(set, off, len) in &b.entries {
-                let Some(ix) = st.index.get(&set) else { continue };
-                for (s, p) in ix.overlapping(off, off + len) {
-                    if p.dirty && p.seq == seq {
-                        chosen.insert((set, s), p);
-                    }
-                }
-            }
-            bytes += b.dirty;
-        }
-        // Parity rows worth writing whole.
-        let mut rows: BTreeMap<(u32, u64), u64> = BTreeMap::new();
-        let mut looked: Vec<(u32, u64)> = Vec::new();
-        for &(set, off) in chosen.keys() {
-            let Ok(slabset) = self.layouts.set(set) else { continue };
-            if slabset.spec.parity_columns() == 0 {
-                continue;
-            }
-            let row = slabset.spec.data_columns() as u64 * slabset.spec.interleave;
-            let at = off / row * row;
-            if looked.last() == Some(&(set, at)) {
-                continue;
-            }
-            looked.push((set, at));
-            let Some(ix) = st.index.get(&set) else { continue };
-            let dirty: u64 = ix
-                .overlapping(at, at + row)
-                .iter()
-                .filter(|(_, p)| p.dirty)
-                .map(|(_, p)| p.len)
-                .sum();
-            if dirty * 2 >= row {
-                rows.insert((set, at), row);
-            }
-        }
-        for (&(set, at), &row) in &rows {
-            let ix = &st.index[&set];
-            for (s, p) in ix.overlapping(at, at + row) {
-                if p.dirty {
-                    chosen.insert((set, s), p);
-                }
-            }
-        }
-        let picked = chosen
-            .into_iter()
-            .map(|((set, s), p)| (set, s, p, piece_crcs(&st, &p)))
-            .collect();
-        (picked, rows)
-    }
-
-    /// Writes one job to the layouts; returns the dirty bytes it wrote.
-    fn run_job(&self, job: &Job, picked: &[(u32, u64, Piece, Vec<u32>)], devices: &[(u32, DiskRef)]) -> Result<u64> {
-        let (set, at, len, pieces, whole_row) = match job {
-            Job::Run { set, at, len, pieces } => (*set, *at, *len, pieces.clone(), false),
-            Job::Row { set, at, len, pieces } => (*set, *at, *len, pieces.clone(), true),
-        };
-        let slabset = match self.layouts.set(set) {
-            Ok(s) => s,
-            // Freed: nothing references the data any more.
-            Err(LayoutError::NoSuchSet(_)) => return Ok(0),
-            Err(e) => return Err(e.into()),
-        };
-        let mut data = AlignedBuf::zeroed(len as usize);
-        // A row's clean parts come from the layout, under the row's stripe lock, so that a
-        // write that bypasses the cache cannot land between this read and the write back.
-        let _row = whole_row.then(|| self.stripe(set, at).lock());
-        let covered: u64 = picked[pieces.clone()].iter().map(|(_, _, p, _)| p.len).sum();
-        if whole_row && covered < len {
-            // One read of the whole row costs less than one per gap.
-            self.layouts.read(&slabset, at, &mut data)?;
-        }
-        let mut dirty = 0;
-        for (_, s, p, crcs) in &picked[pieces] {
-            let piece = log::read_verified(devices, p.log, crcs)?;
-            let o = (s - at) as usize;
-            data[o..o + piece.len()].copy_from_slice(&piece);
-            dirty += p.len;
-        }
-        self.layouts.write(&slabset, at, &data)?;
-        Ok(dirty)
-    }
-
-    /// The lock of a stripe row, shared by a whole-row destage and writes that bypass the cache.
-    fn stripe(&self, set: u32, row_at: u64) -> &Mutex<()> {
-        &self.stripes[stripe_index(set, row_at)]
-    }
-
-    /// Gives back the log space of the oldest batches that hold nothing dirty: the new start
-    /// of the log is saved first, then their pieces leave the index.
-    fn advance_tail(&self) -> Result<()> {
-        let _one = self.advancing.lock();
-        let (upto, rec) = {
-            let st = self.state.lock();
-            let done: Vec<u64> = st
-                .batches
-                .iter()
-                .take_while(|(_, b)| b.sealed && b.dirty == 0)
-                .map(|(s, _)| *s)
-                .collect();
-            let Some(&last) = done.last() else { return Ok(()) };
-            let mut rec = st.record();
-            match st.batches.range(last + 1..).next() {
-                Some((s, b)) => {
-                    rec.tail = b.pos;
-                    rec.seq = *s;
-                }
-                None => {
-                    rec.tail = st.head;
-                    rec.seq = st.next_seq;
-                }
-            }
-            (last, rec)
-        };
-        log::save_record(&self.pool, &rec)?;
-        let _reuse = self.reuse.write();
-        let mut st = self.state.lock();
-        while let Some((&seq, _)) = st.batches.first_key_value() {
-            if seq > upto {
-                break;
-            }
-            let b = st.batches.remove(&seq).expect("first");
-            st.used -= b.len;
-            for (set, off, len) in b.entries {
-                if let Some(ix) = st.index.get_mut(&set) {
-                    ix.remove_batch(off, off + len, seq);
-                    if ix.is_empty() {
-                        st.index.remove(&set);
-                    }
-                }
-            }
-        }
-        drop(st);
-        self.room.notify_all();
-        Ok(())
-    }
-}
-
-fn stripe_index(set: u32, row_at: u64) -> usize {
-    let h = (set as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ row_at.rotate_left(17);
-    (h % STRIPES as u64) as usize
-}
-
-/// A unit of destage work.
-enum Job {
-    /// Neighbouring pieces written as one layout write: set, offset, length, pieces.
-    Run {
-        set: u32,
-        at: u64,
-        len: u64,
-        pieces: std::ops::Range<usize>,
-    },
-    /// A parity row written whole: set, offset of the row, its length, the dirty pieces in it.
-    Row {
-        set: u32,
-        at: u64,
-        len: u64,
-        pieces: std::ops::Range<usize>,
-    },
-}
-
-/// The jobs of a round: the pieces of each whole row together, the others in runs of
-/// neighbours (up to `MAX_BATCH` bytes each).
-fn jobs(picked: &[(u32, u64, Piece, Vec<u32>)], rows: &BTreeMap<(u32, u64), u64>) -> Vec<Job> {
-    let row_of = |set: u32, s: u64| {
-        rows.range((set, 0)..=(set, s))
-            .next_back()
-            .filter(|(&(_, at), &len)| s < at + len)
-            .map(|(&(_, at), &len)| (at, len))
-    };
-    let mut jobs: Vec<Job> = Vec::new();
-    for (n, (set, s, p, _)) in picked.iter().enumerate() {
-        let (set, s) = (*set, *s);
-        if let Some((at, len)) = row_of(set, s) {
-            match jobs.last_mut() {
-                Some(Job::Row {
-                    set: js,
-                    at: ja,
-                    pieces,
-                    ..
-                }) if *js == set && *ja == at => pieces.end = n + 1,
-                _ => jobs.push(Job::Row {
-                    set,
-                    at,
-                    len,
-                    pieces: n..n + 1,
-                }),
-            }
-            continue;
-        }
-        match jobs.last_mut() {
-            Some(Job::Run {
-                set: js,
-                at: ja,
-                len: jl,
-                pieces,
-            }) if *js == set && *ja + *jl == s && *jl < MAX_BATCH as u64 => {
-                *jl += p.len;
-                pieces.end = n + 1;
-            }
-            _ => jobs.push(Job::Run {
-                set,
-                at: s,
-                len: p.len,
-                pieces: n..n + 1,
-            }),
-        }
-    }
-    jobs
 }
