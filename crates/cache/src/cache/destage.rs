@@ -9,12 +9,12 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use tessera_disk::{AlignedBuf, DiskRef};
 use tessera_layout::LayoutError;
+use tracing::warn;
 
 use super::{piece_crcs, Inner, DESTAGE_THREADS, MAX_BATCH, ROUND_BYTES, STRIPES};
 use crate::error::{CacheError, Result};
 use crate::index::Piece;
 use crate::log;
-use tracing::warn;
 
 impl Inner {
     pub(super) fn destage_loop(self: Arc<Self>) {
