@@ -90,7 +90,7 @@ struct Batch {
     len: u64,
     /// Bytes of it that the index holds dirty.
     dirty: u64,
-    /// Its entries: (set, offset, length, log position of the data).
+    /// Its entries: (set, offset, length).
     entries: Vec<(u32, u64, u64)>,
     /// Checksum of every data block.
     crcs: Vec<u32>,
@@ -323,7 +323,10 @@ impl WriteCache {
             st.index.clear();
             st.generation += 1;
             inner.choose_devices(&mut st, &healthy)?;
-            log::save_record(&pool, &st.record())?;
+            // A pool that never had a cache disk has nothing to record.
+            if record.is_some() || !st.devices.is_empty() {
+                log::save_record(&pool, &st.record())?;
+            }
         }
         let cache = WriteCache {
             inner: inner.clone(),
@@ -396,7 +399,7 @@ impl WriteCache {
             // Not between a whole-row destage's read of the row and its write back.
             let mut stripes: Vec<usize> = Vec::new();
             if active && set.spec.parity_columns() > 0 {
-                let row = set.spec.data_columns() as u64 * set.spec.interleave;
+                let row = set.spec.row_bytes();
                 let mut at = offset / row * row;
                 while at < end {
                     stripes.push(stripe_index(set.id, at));
@@ -622,6 +625,11 @@ impl Drop for WriteCache {
     }
 }
 
+/// The space a disk offers the ring: what lies past its label area, in whole blocks.
+fn ring_room(d: &DiskRef) -> u64 {
+    d.size().saturating_sub(DATA_OFFSET) / BLOCK as u64 * BLOCK as u64
+}
+
 /// The checksums of the blocks a piece covers.
 fn piece_crcs(st: &State, p: &Piece) -> Vec<u32> {
     let b = &st.batches[&p.seq];
@@ -689,12 +697,12 @@ impl Inner {
             if st.devices.iter().any(|(q, _)| q == p) {
                 continue;
             }
-            let room = d.size().saturating_sub(DATA_OFFSET) / BLOCK as u64 * BLOCK as u64;
+            let room = ring_room(d);
             if st.devices.is_empty() && st.batches.is_empty() {
                 // A new log: the ring is as large as its disks allow.
                 let smallest = healthy
                     .iter()
-                    .map(|(_, d)| d.size().saturating_sub(DATA_OFFSET) / BLOCK as u64 * BLOCK as u64)
+                    .map(|(_, d)| ring_room(d))
                     .take(COPIES)
                     .min()
                     .unwrap_or(room);

@@ -153,7 +153,7 @@ impl Inner {
             if slabset.spec.parity_columns() == 0 {
                 continue;
             }
-            let row = slabset.spec.data_columns() as u64 * slabset.spec.interleave;
+            let row = slabset.spec.row_bytes();
             let at = off / row * row;
             if looked.last() == Some(&(set, at)) {
                 continue;
@@ -187,10 +187,13 @@ impl Inner {
 
     /// Writes one job to the layouts; returns the dirty bytes it wrote.
     fn run_job(&self, job: &Job, picked: &[(u32, u64, Piece, Vec<u32>)], devices: &[(u32, DiskRef)]) -> Result<u64> {
-        let (set, at, len, pieces, whole_row) = match job {
-            Job::Run { set, at, len, pieces } => (*set, *at, *len, pieces.clone(), false),
-            Job::Row { set, at, len, pieces } => (*set, *at, *len, pieces.clone(), true),
-        };
+        let Job {
+            set,
+            at,
+            len,
+            ref pieces,
+            whole_row,
+        } = *job;
         let slabset = match self.layouts.set(set) {
             Ok(s) => s,
             // Freed: nothing references the data any more.
@@ -201,13 +204,14 @@ impl Inner {
         // A row's clean parts come from the layout, under the row's stripe lock, so that a
         // write that bypasses the cache cannot land between this read and the write back.
         let _row = whole_row.then(|| self.stripe(set, at).lock());
-        let covered: u64 = picked[pieces.clone()].iter().map(|(_, _, p, _)| p.len).sum();
+        let pieces = &picked[pieces.clone()];
+        let covered: u64 = pieces.iter().map(|(_, _, p, _)| p.len).sum();
         if whole_row && covered < len {
             // One read of the whole row costs less than one per gap.
             self.layouts.read(&slabset, at, &mut data)?;
         }
         let mut dirty = 0;
-        for (_, s, p, crcs) in &picked[pieces] {
+        for (_, s, p, crcs) in pieces {
             let piece = log::read_verified(devices, p.log, crcs)?;
             let o = (s - at) as usize;
             data[o..o + piece.len()].copy_from_slice(&piece);
@@ -277,22 +281,15 @@ pub(super) fn stripe_index(set: u32, row_at: u64) -> usize {
     (h % STRIPES as u64) as usize
 }
 
-/// A unit of destage work.
-enum Job {
-    /// Neighbouring pieces written as one layout write: set, offset, length, pieces.
-    Run {
-        set: u32,
-        at: u64,
-        len: u64,
-        pieces: std::ops::Range<usize>,
-    },
-    /// A parity row written whole: set, offset of the row, its length, the dirty pieces in it.
-    Row {
-        set: u32,
-        at: u64,
-        len: u64,
-        pieces: std::ops::Range<usize>,
-    },
+/// A unit of destage work: `len` bytes at `at` of slab set `set`, holding the picked pieces
+/// `pieces`. Either neighbouring pieces written as one layout write, or (`whole_row`) a parity
+/// row written whole, its clean parts read from the layout.
+struct Job {
+    set: u32,
+    at: u64,
+    len: u64,
+    pieces: std::ops::Range<usize>,
+    whole_row: bool,
 }
 
 /// The jobs of a round: the pieces of each whole row together, the others in runs of
@@ -307,40 +304,32 @@ fn jobs(picked: &[(u32, u64, Piece, Vec<u32>)], rows: &BTreeMap<(u32, u64), u64>
     let mut jobs: Vec<Job> = Vec::new();
     for (n, (set, s, p, _)) in picked.iter().enumerate() {
         let (set, s) = (*set, *s);
-        if let Some((at, len)) = row_of(set, s) {
-            match jobs.last_mut() {
-                Some(Job::Row {
-                    set: js,
-                    at: ja,
-                    pieces,
-                    ..
-                }) if *js == set && *ja == at => pieces.end = n + 1,
-                _ => jobs.push(Job::Row {
-                    set,
-                    at,
-                    len,
-                    pieces: n..n + 1,
-                }),
+        let row = row_of(set, s);
+        let joins = jobs.last().is_some_and(|j| {
+            j.set == set
+                && match row {
+                    // The same row.
+                    Some((at, _)) => j.whole_row && j.at == at,
+                    // The run this piece continues.
+                    None => !j.whole_row && j.at + j.len == s && j.len < MAX_BATCH as u64,
+                }
+        });
+        if joins {
+            let j = jobs.last_mut().expect("joins the last");
+            j.pieces.end = n + 1;
+            if row.is_none() {
+                j.len += p.len;
             }
             continue;
         }
-        match jobs.last_mut() {
-            Some(Job::Run {
-                set: js,
-                at: ja,
-                len: jl,
-                pieces,
-            }) if *js == set && *ja + *jl == s && *jl < MAX_BATCH as u64 => {
-                *jl += p.len;
-                pieces.end = n + 1;
-            }
-            _ => jobs.push(Job::Run {
-                set,
-                at: s,
-                len: p.len,
-                pieces: n..n + 1,
-            }),
-        }
+        let (at, len) = row.unwrap_or((s, p.len));
+        jobs.push(Job {
+            set,
+            at,
+            len,
+            pieces: n..n + 1,
+            whole_row: row.is_some(),
+        });
     }
     jobs
 }
