@@ -23,12 +23,9 @@ SECS=${SECONDS_PER:-20}
 WIDE=${WIDE:-8}
 QD=${QD:-4}
 DIR=${DIR:-/var/tmp/tessera-cachebench}
-export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/tessera/target}
-command -v fio >/dev/null || { echo "fio is missing: scripts/install-deps.sh bench" >&2; exit 1; }
-PROFILE=${PROFILE:-release}
-cargo build --profile "$PROFILE" -q -p tessera-volume --example enginebench
-case $PROFILE in release) sub=release;; test|dev) sub=debug;; *) sub=$PROFILE;; esac
-BIN=$CARGO_TARGET_DIR/$sub/examples/enginebench
+source bench/lib.sh
+require fio
+volume_example enginebench
 OUT=$(mktemp)
 trap 'rm -rf "$DIR" "$OUT"' EXIT
 

@@ -16,14 +16,9 @@ RUNS=${RUNS:-3}
 SECS=${SECONDS_PER:-10}
 DIR=${DIR:-/var/tmp/tessera-bench}
 LAYOUTS=${LAYOUTS:-"simple mirror parity"}
-export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/tessera/target}
-command -v fio >/dev/null || { echo "fio is missing: scripts/install-deps.sh bench" >&2; exit 1; }
-# PROFILE=test reuses the test suite's build (dependencies at opt-level 2) instead of
-# compiling RocksDB once more for release.
-PROFILE=${PROFILE:-release}
-cargo build --profile "$PROFILE" -q -p tessera-volume --example enginebench
-case $PROFILE in release) sub=release;; test|dev) sub=debug;; *) sub=$PROFILE;; esac
-BIN=$CARGO_TARGET_DIR/$sub/examples/enginebench
+source bench/lib.sh
+require fio
+volume_example enginebench
 OUT=$(mktemp)
 trap 'rm -rf "$DIR" "$OUT" "$OUT.nosums"' EXIT
 

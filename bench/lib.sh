@@ -1,5 +1,6 @@
-# Helpers the protocol benchmarks share (sourced, not run): the tessera binary, the daemon on a
-# scratch state directory, required commands, logged setup commands, medians, package versions.
+# Helpers the benchmarks share (sourced, not run): the tessera binary and the engine's bench
+# programs, the daemon on a scratch state directory, required commands, logged setup commands,
+# medians, package versions.
 # The sourcing script sets DIR (scratch directory, with logs/ in it) and KEEP.
 
 # Sets T to the tessera binary: TESSERA_BIN, or a cargo build of PROFILE (default release).
@@ -10,10 +11,23 @@ tessera_binary() {
     export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/tessera/target}
     PROFILE=${PROFILE:-release}
     cargo build --profile "$PROFILE" -q -p tessera-cli
-    local sub
-    case $PROFILE in release) sub=release;; test|dev) sub=debug;; *) sub=$PROFILE;; esac
-    T=$CARGO_TARGET_DIR/$sub/tessera
+    T=$CARGO_TARGET_DIR/$(profile_dir)/tessera
   fi
+}
+
+# Sets BIN to an example program of the volume crate (enginebench, scanbench), built with
+# PROFILE (default release; PROFILE=test reuses the test suite's build, dependencies at
+# opt-level 2, instead of compiling RocksDB once more for release).
+volume_example() {
+  export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/tessera/target}
+  PROFILE=${PROFILE:-release}
+  cargo build --profile "$PROFILE" -q -p tessera-volume --example "$1"
+  BIN=$CARGO_TARGET_DIR/$(profile_dir)/examples/$1
+}
+
+# The directory under CARGO_TARGET_DIR that a build of PROFILE goes to.
+profile_dir() {
+  case $PROFILE in release) echo release;; test|dev) echo debug;; *) echo "$PROFILE";; esac
 }
 
 # Fails when something already listens on one of the given local ports.

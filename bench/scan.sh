@@ -19,11 +19,8 @@ ORPHANS=${ORPHANS:-1000000}
 SECS=${SECONDS_PER:-10}
 THREADS=${THREADS:-16}
 DIR=${DIR:-/var/tmp/tessera-scanbench}
-export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/tessera/target}
-PROFILE=${PROFILE:-release}
-cargo build --profile "$PROFILE" -q -p tessera-volume --example scanbench
-case $PROFILE in release) sub=release;; test|dev) sub=debug;; *) sub=$PROFILE;; esac
-BIN=$CARGO_TARGET_DIR/$sub/examples/scanbench
+source bench/lib.sh
+volume_example scanbench
 OUT=$(mktemp)
 trap 'rm -rf "$DIR" "$OUT"' EXIT
 
