@@ -16,6 +16,7 @@ mod read_ring;
 mod skip;
 mod uring;
 mod volatile;
+mod write_many;
 
 pub use aligned::AlignedBuf;
 pub use error::DiskError;
@@ -29,6 +30,7 @@ pub use mem::MemDisk;
 pub use read_ring::{ReadRing, RingRead};
 pub use skip::{io_uring_available, skip};
 pub use volatile::{CutReport, PowerSupply, VolatileDisk};
+pub use write_many::{write_many, WriteReq};
 
 /// Alignment unit of every I/O the upper layers issue.
 pub const SECTOR: usize = 4096;
@@ -56,10 +58,10 @@ pub trait BlockDevice: Send + Sync + 'static {
     fn read_many(&self, reqs: &mut [ReadReq<'_>]) -> Vec<Result<(), DiskError>> {
         reqs.iter_mut().map(|r| self.read_at(r.buf, r.offset)).collect()
     }
-    /// A descriptor a caller may submit reads to on an io_uring of its own, with the rules
-    /// of [`read_at`](Self::read_at) (whole sectors, within [`size`](Self::size), into
+    /// A descriptor a caller may submit reads and writes to on an io_uring of its own, with
+    /// the rules of [`read_at`](Self::read_at) (whole sectors, within [`size`](Self::size),
     /// buffers aligned to [`SECTOR`]), while it holds a reference to the disk. None for disks
-    /// whose reads are not plain reads of a descriptor (in memory, fault injection).
+    /// whose I/O is not plain I/O on a descriptor (in memory, fault injection).
     fn uring_fd(&self) -> Option<std::os::fd::RawFd> {
         None
     }

@@ -3,9 +3,12 @@
 //! device and one wake-up instead of N of each (with pread, a virtio disk's doorbell alone
 //! was 8 % of a 4K random-read profile).
 //!
+//! Writes to several disks go the same way ([`write_batch`]): the copies of a mirror and the
+//! columns of a parity row are in flight together instead of one after the other.
+//!
 //! Each thread keeps a ring of its own, made on first use; where io_uring is unavailable
 //! (an old kernel, `kernel.io_uring_disabled`, a seccomp filter) the caller is told so and
-//! reads one request at a time instead.
+//! does one request at a time instead.
 
 use std::cell::RefCell;
 use std::io;
@@ -33,29 +36,99 @@ pub(crate) struct Op<'a> {
     pub offset: u64,
 }
 
-/// Reads every op from `fd`, returning for each the bytes read (possibly short) or its error;
-/// None when io_uring cannot be used on this thread, having read nothing.
-pub(crate) fn read_batch(fd: RawFd, ops: &mut [Op<'_>]) -> Option<Vec<io::Result<usize>>> {
+/// Runs `f` on this thread's ring; None when io_uring cannot be used here.
+fn with_ring<R>(f: impl FnOnce(&mut IoUring) -> R) -> Option<R> {
     RING.with(|cell| {
         let mut ring = cell.borrow_mut();
         if matches!(*ring, Ring::Untried) {
             *ring = match IoUring::new(RING_ENTRIES) {
                 Ok(r) => Ring::Ready(r),
                 Err(e) => {
-                    tracing::debug!(error = %e, "io_uring unavailable: batched reads go one at a time");
+                    tracing::debug!(error = %e, "io_uring unavailable: batched I/O goes one request at a time");
                     Ring::Unavailable
                 }
             };
         }
-        let Ring::Ready(r) = &mut *ring else {
-            return None;
-        };
+        match &mut *ring {
+            Ring::Ready(r) => Some(f(r)),
+            _ => None,
+        }
+    })
+}
+
+/// Reads every op from `fd`, returning for each the bytes read (possibly short) or its error;
+/// None when io_uring cannot be used on this thread, having read nothing.
+pub(crate) fn read_batch(fd: RawFd, ops: &mut [Op<'_>]) -> Option<Vec<io::Result<usize>>> {
+    with_ring(|r| {
         let mut out = Vec::with_capacity(ops.len());
         for chunk in ops.chunks_mut(RING_ENTRIES as usize) {
             read_chunk(r, fd, chunk, &mut out);
         }
-        Some(out)
+        out
     })
+}
+
+/// One write of a batch: all of `buf` at `offset` of `fd`.
+pub(crate) struct WriteOp<'a> {
+    pub fd: RawFd,
+    pub buf: &'a [u8],
+    pub offset: u64,
+}
+
+/// Writes every op, all in flight together (in chunks of the ring's size), returning for
+/// each the bytes written (possibly short) or its error; None when io_uring cannot be used
+/// on this thread, having written nothing.
+pub(crate) fn write_batch(ops: &[WriteOp<'_>]) -> Option<Vec<io::Result<usize>>> {
+    with_ring(|ring| {
+        let mut out: Vec<io::Result<usize>> = Vec::with_capacity(ops.len());
+        for chunk in ops.chunks(RING_ENTRIES as usize) {
+            let base = out.len();
+            out.extend(chunk.iter().map(|_| Err(io::Error::other("write not completed"))));
+            {
+                let mut sq = ring.submission();
+                for (k, op) in chunk.iter().enumerate() {
+                    let len = u32::try_from(op.buf.len()).unwrap_or(u32::MAX);
+                    let entry = opcode::Write::new(types::Fd(op.fd), op.buf.as_ptr(), len)
+                        .offset(op.offset)
+                        .build()
+                        .user_data(k as u64);
+                    // SAFETY: the buffers outlive the writes: the completions are reaped below
+                    // before this returns. The queue is empty here and the chunk no larger.
+                    unsafe { sq.push(&entry) }.expect("submission queue has room for the chunk");
+                }
+            }
+            let mut pending = chunk.len();
+            while pending > 0 {
+                wait_for(ring, pending, "writes");
+                for cqe in ring.completion() {
+                    let res = cqe.result();
+                    out[base + cqe.user_data() as usize] = if res < 0 {
+                        Err(io::Error::from_raw_os_error(-res))
+                    } else {
+                        Ok(res as usize)
+                    };
+                    pending -= 1;
+                }
+            }
+        }
+        out
+    })
+}
+
+/// Submits what is queued and waits for `pending` completions; retries what can be retried.
+fn wait_for(ring: &mut IoUring, pending: usize, what: &str) {
+    if let Err(e) = ring.submit_and_wait(pending) {
+        match e.raw_os_error() {
+            // Interrupted, or the completion queue needs reaping first: reap and go on.
+            Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::EBUSY) => {}
+            _ => {
+                // Requests may still be in flight on buffers we cannot keep alive by
+                // unwinding; stopping is the only way not to corrupt memory.
+                tracing::error!(error = %e, "io_uring_enter failed with {what} in flight");
+                std::process::abort();
+            }
+        }
+    }
 }
 
 /// A merged read covers this much at most, in this many pieces at most.
@@ -139,18 +212,7 @@ fn read_chunk(ring: &mut IoUring, fd: RawFd, ops: &mut [Op<'_>], out: &mut Vec<i
     }
     let mut pending = runs.len();
     while pending > 0 {
-        if let Err(e) = ring.submit_and_wait(pending) {
-            match e.raw_os_error() {
-                // Interrupted, or the completion queue needs reaping first: reap and go on.
-                Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::EBUSY) => {}
-                _ => {
-                    // Reads may still be in flight into buffers we cannot keep alive by
-                    // unwinding; stopping is the only way not to corrupt memory.
-                    tracing::error!(error = %e, "io_uring_enter failed with reads in flight");
-                    std::process::abort();
-                }
-            }
-        }
+        wait_for(ring, pending, "reads");
         for cqe in ring.completion() {
             let r = runs[cqe.user_data() as usize].clone();
             let res = cqe.result();
