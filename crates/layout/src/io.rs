@@ -11,7 +11,7 @@ use crate::error::{LayoutError, Result};
 use crate::gather::RowWrite;
 use crate::geometry::{data_members, parity_members, read_order, role_of, split, Piece, Role};
 use crate::journal::{Record, RecordBody, REGION_BYTES};
-use crate::layouts::{Layouts, MemberFault};
+use crate::layouts::{Layouts, MemberFault, MemberWrite};
 use crate::slabset::SlabSet;
 use crate::spec::LayoutKind;
 use crate::sums::{block_sum, sums_of, BLOCK};
@@ -395,6 +395,10 @@ impl Layouts {
                 self.journal.ensure_dirty(set.id, r)?;
             }
         }
+        let parity = matches!(set.spec.kind, LayoutKind::Parity | LayoutKind::DualParity);
+        let rows = pieces[0].row..pieces[pieces.len() - 1].row + 1;
+        let end = offset + data.len() as u64;
+        let mut announced = parity.then(|| self.gather.announce(set.id, offset, end, rows, set.spec.interleave));
         let mut i = 0;
         while i < pieces.len() {
             let row = pieces[i].row;
@@ -419,12 +423,19 @@ impl Layouts {
                         pieces: own,
                         data: bytes,
                     };
-                    self.gather
-                        .write(set.id, row, mine, |ws| self.write_parity_row(set, &members, row, ws))?
+                    let announced = announced.as_mut().expect("parity writes announce their rows");
+                    self.gather.write(
+                        announced,
+                        row,
+                        mine,
+                        |ws| covers_row(&set.spec, ws),
+                        |ws| self.write_parity_row(set, &members, row, ws),
+                    )?
                 }
             }
             i = j;
         }
+        drop(announced);
         drop(epoch);
         drop(members);
         if self.journal.wants_checkpoint() {
@@ -433,20 +444,32 @@ impl Layouts {
         Ok(())
     }
 
+    /// The pieces of one row of a mirror (or simple) set, every copy of every piece in flight
+    /// together.
     fn write_copies(&self, set: &SlabSet, members: &[SlabRef], pieces: &[Piece], data: &[u8]) -> Result<()> {
         let _g = self.row_lock(set.id, pieces[0].row).read();
-        for p in pieces {
-            let bytes = &data[p.buf_off..p.buf_off + p.len];
-            let mo = p.member_offset(&set.spec);
-            // Every copy holds the same bytes: their checksums are computed once.
-            let sums = self.sums_for(mo, bytes);
-            let mut written = 0;
+        let placed: Vec<(u64, &[u8])> = pieces
+            .iter()
+            .map(|p| (p.member_offset(&set.spec), &data[p.buf_off..p.buf_off + p.len]))
+            .collect();
+        // Every copy holds the same bytes: their checksums are computed once.
+        let sums: Vec<Option<Vec<Option<u32>>>> = placed.iter().map(|(mo, b)| self.sums_for(*mo, b)).collect();
+        let mut writes = Vec::new();
+        let mut of_piece = Vec::new();
+        for (i, (p, (mo, bytes))) in pieces.iter().zip(&placed).enumerate() {
             for m in data_members(&set.spec, p.row, p.data_col) {
-                if self.write_member(set, members, m, mo, bytes, sums.as_deref()) {
-                    written += 1;
-                }
+                writes.push(MemberWrite {
+                    m,
+                    mo: *mo,
+                    buf: bytes,
+                    sums: sums[i].as_deref(),
+                });
+                of_piece.push(i);
             }
-            if written == 0 {
+        }
+        let took = self.write_members(set, members, &writes);
+        for i in 0..pieces.len() {
+            if !of_piece.iter().zip(&took).any(|(&p, &t)| p == i && t) {
                 let unavailable = self.unavailable(members);
                 return Err(if unavailable > set.spec.tolerance() {
                     self.too_many(set, unavailable)
@@ -478,11 +501,13 @@ impl Layouts {
         let mut cols: Vec<tessera_disk::AlignedBuf> = Vec::with_capacity(dc);
         // Per data column, the span its pieces touch (None: untouched).
         let mut spans: Vec<Option<(u64, u64)>> = Vec::with_capacity(dc);
+        let mut read_any = false;
         for d in 0..dc {
             let mine: Vec<&(&Piece, &[u8])> = parts.iter().filter(|(p, _)| p.data_col == d).collect();
             let mut col = if covers(mine.iter().map(|(p, _)| (p.in_unit, p.in_unit + p.len as u64)), lo, hi) {
                 tessera_disk::AlignedBuf::zeroed(rl)
             } else {
+                read_any = true;
                 let mut old = tessera_disk::AlignedBuf::zeroed(rl);
                 let op = Piece {
                     row,
@@ -505,6 +530,12 @@ impl Layouts {
             );
             cols.push(col);
         }
+        let counter = if read_any {
+            &self.stats.partial_row_writes
+        } else {
+            &self.stats.full_row_writes
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
         let refs: Vec<&[u8]> = cols.iter().map(|c| &c[..]).collect();
         let parity = codec::encode_aligned(spec.parity_columns(), &refs)?;
         let pms = parity_members(spec, row);
@@ -527,16 +558,28 @@ impl Layouts {
             None
         };
         // Each touched column over the span its pieces touch: one member write, which holds
-        // the old bytes (read above) wherever the pieces leave a gap.
-        for (d, span) in spans.iter().enumerate() {
-            let Some((a, b)) = *span else { continue };
-            let m = data_members(spec, row, d)[0];
-            let bytes = &cols[d][(a - lo) as usize..(b - lo) as usize];
-            self.write_member(set, members, m, row * il + a, bytes, None);
-        }
-        for (i, &pm) in pms.iter().enumerate() {
-            self.write_member(set, members, pm, mo, &parity[i], None);
-        }
+        // the old bytes (read above) wherever the pieces leave a gap. Columns and parity are
+        // in flight together.
+        let mut writes: Vec<MemberWrite> = spans
+            .iter()
+            .enumerate()
+            .filter_map(|(d, span)| {
+                let (a, b) = (*span)?;
+                Some(MemberWrite {
+                    m: data_members(spec, row, d)[0],
+                    mo: row * il + a,
+                    buf: &cols[d][(a - lo) as usize..(b - lo) as usize],
+                    sums: None,
+                })
+            })
+            .collect();
+        writes.extend(pms.iter().zip(&parity).map(|(&pm, p)| MemberWrite {
+            m: pm,
+            mo,
+            buf: &p[..],
+            sums: None,
+        }));
+        self.write_members(set, members, &writes);
         if let Some(seq) = seq {
             self.journal.done(seq);
         }
@@ -616,6 +659,18 @@ impl Layouts {
             }
         }
     }
+}
+
+/// True if the writes together cover every data column of their row whole.
+fn covers_row(spec: &crate::spec::LayoutSpec, writes: &[&RowWrite]) -> bool {
+    (0..spec.data_columns()).all(|d| {
+        let spans = writes
+            .iter()
+            .flat_map(|w| &w.pieces)
+            .filter(|p| p.data_col == d)
+            .map(|p| (p.in_unit, p.in_unit + p.len as u64));
+        covers(spans, 0, spec.interleave)
+    })
 }
 
 /// True if the ranges `[a, b)` together cover `[lo, hi)`.

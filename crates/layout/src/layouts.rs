@@ -29,6 +29,10 @@ pub struct IoStats {
     pub journal_records: AtomicU64,
     /// Blocks whose contents did not match their checksum when read.
     pub checksum_errors: AtomicU64,
+    /// Parity row updates that covered their range of every data column (parity from the new
+    /// data alone, no read), and those that read old data first (read-modify-write).
+    pub full_row_writes: AtomicU64,
+    pub partial_row_writes: AtomicU64,
 }
 
 /// What one disk's reads cost the layer since the pool was opened.
@@ -75,6 +79,15 @@ pub enum Placement {
     Degraded,
     /// More members are lost than the layout tolerates: a write here would fail.
     Lost,
+}
+
+/// One write of [`Layouts::write_members`]: `buf` at `mo` of member `m`, with the checksums
+/// of `buf` if they were computed already.
+pub(crate) struct MemberWrite<'a> {
+    pub m: usize,
+    pub mo: u64,
+    pub buf: &'a [u8],
+    pub sums: Option<&'a [Option<u32>]>,
 }
 
 pub(crate) enum MemberFault {
@@ -486,39 +499,73 @@ impl Layouts {
     }
 
     fn member_write_raw(&self, dev: &DiskRef, slab: SlabRef, mo: u64, buf: &[u8]) -> Result<(), MemberFault> {
-        dev.write_at(buf, self.pool.slab_offset(slab) + mo).map_err(|e| {
-            self.stats.write_errors.fetch_add(1, Ordering::Relaxed);
-            self.member_lost();
-            if let Err(pe) = self
-                .pool
-                .set_disk_state(slab.disk, DiskState::Failed, Some(format!("write error: {e}")))
-            {
-                warn!(error = %pe, "cannot record a disk failure");
-            }
-            MemberFault::Io(e.to_string())
-        })
+        dev.write_at(buf, self.pool.slab_offset(slab) + mo)
+            .map_err(|e| self.member_write_failed(slab, &e))
     }
 
-    /// Writes member `m` of a set, and the slab it is being rebuilt onto, if any. True if the
-    /// member itself took the write.
-    /// `sums`: the checksums of `buf`, if computed already ([`sums_for`](Self::sums_for)).
-    pub(crate) fn write_member(
-        &self,
-        set: &SlabSet,
-        members: &[SlabRef],
-        m: usize,
-        mo: u64,
-        buf: &[u8],
-        sums: Option<&[Option<u32>]>,
-    ) -> bool {
-        let ok = self.member_write_summed(members[m], mo, buf, sums).is_ok();
+    /// A member that failed a write leaves the set: counted, and its disk marked failed.
+    fn member_write_failed(&self, slab: SlabRef, e: &tessera_disk::DiskError) -> MemberFault {
+        self.stats.write_errors.fetch_add(1, Ordering::Relaxed);
+        self.member_lost();
+        if let Err(pe) = self
+            .pool
+            .set_disk_state(slab.disk, DiskState::Failed, Some(format!("write error: {e}")))
+        {
+            warn!(error = %pe, "cannot record a disk failure");
+        }
+        MemberFault::Io(e.to_string())
+    }
+
+    /// Writes several members of a set at once: each write to its member and, if that member
+    /// is being rebuilt, to its replacement slab, with checksums recorded for what was
+    /// written. All the disk writes are in flight together. For each write, true if the
+    /// member itself took it.
+    pub(crate) fn write_members(&self, set: &SlabSet, members: &[SlabRef], writes: &[MemberWrite<'_>]) -> Vec<bool> {
         let repl = *set.replacement.read();
-        if let Some((idx, slab)) = repl {
-            if idx == m {
-                let _ = self.member_write_summed(slab, mo, buf, sums);
+        // Every slab each write goes to: (index in `writes`, slab, its disk, its checksums).
+        let mut targets = Vec::with_capacity(writes.len() + 1);
+        for (i, w) in writes.iter().enumerate() {
+            let extra = repl.filter(|(idx, _)| *idx == w.m).map(|(_, slab)| slab);
+            for slab in std::iter::once(members[w.m]).chain(extra) {
+                let Some(dev) = self.pool.readable_disk(slab.disk) else {
+                    continue;
+                };
+                let sums = match w.sums {
+                    Some(k) => Some((w.mo, k.to_vec())),
+                    None if self.sums().enabled() => Some(self.sums_after_write(&dev, slab, w.mo, w.buf)),
+                    None => None,
+                };
+                targets.push((i, slab, dev, sums));
             }
         }
-        ok
+        let reqs: Vec<tessera_disk::WriteReq> = targets
+            .iter()
+            .map(|(i, slab, dev, _)| tessera_disk::WriteReq {
+                disk: &**dev,
+                buf: writes[*i].buf,
+                offset: self.pool.slab_offset(*slab) + writes[*i].mo,
+            })
+            .collect();
+        let results = tessera_disk::write_many(&reqs);
+        let mut took = vec![false; writes.len()];
+        for ((i, slab, _, sums), res) in targets.iter().zip(results) {
+            match res {
+                Err(e) => {
+                    self.member_write_failed(*slab, &e);
+                }
+                Ok(()) => {
+                    if let Some((lo, sums)) = sums {
+                        if let Err(e) = self.sums().record(*slab, *lo, sums) {
+                            warn!(disk = slab.disk, error = %e, "cannot record block checksums");
+                        }
+                    }
+                    if *slab == members[writes[*i].m] {
+                        took[*i] = true;
+                    }
+                }
+            }
+        }
+        took
     }
 
     pub(crate) fn too_many(&self, set: &SlabSet, unavailable: usize) -> LayoutError {

@@ -109,10 +109,19 @@ fn main() {
     engine.cache().drain().unwrap();
     for w in &a.workloads {
         let bs = a.bs.unwrap_or(if w.starts_with("rand") { 4096 } else { 256 << 10 });
+        let stats = &engine.layouts().stats;
+        let rows_before = (
+            stats.full_row_writes.load(Ordering::Relaxed),
+            stats.partial_row_writes.load(Ordering::Relaxed),
+        );
         let r = run(&engine, &v, w, bs, a.threads, a.seconds, a.size);
+        let (full, partial) = (
+            stats.full_row_writes.load(Ordering::Relaxed) - rows_before.0,
+            stats.partial_row_writes.load(Ordering::Relaxed) - rows_before.1,
+        );
         let opt = |x: Option<f64>| x.map(|x| format!("{x:.0}")).unwrap_or_else(|| "null".into());
         println!(
-            "{{\"layout\":\"{}\",\"workload\":\"{w}\",\"bs\":{bs},\"threads\":{},\"checksums\":{},\"cache_disks\":{},\"iops\":{:.0},\"mbs\":{:.1},\"iops_room\":{},\"iops_full\":{},\"room_seconds\":{}}}",
+            "{{\"layout\":\"{}\",\"workload\":\"{w}\",\"bs\":{bs},\"threads\":{},\"checksums\":{},\"cache_disks\":{},\"iops\":{:.0},\"mbs\":{:.1},\"iops_room\":{},\"iops_full\":{},\"room_seconds\":{},\"full_row_writes\":{full},\"partial_row_writes\":{partial}}}",
             a.layout.as_str(),
             a.threads,
             a.checksums,
