@@ -409,19 +409,20 @@ impl Layouts {
             match set.spec.kind {
                 LayoutKind::Simple | LayoutKind::Mirror => self.write_copies(set, &members, &pieces[i..j], data)?,
                 LayoutKind::Parity | LayoutKind::DualParity => {
-                    // Each piece with its own bytes, so that another writer of the row can
-                    // write them with its own (gather.rs).
-                    let mut bytes = tessera_disk::AlignedBuf::zeroed(pieces[i..j].iter().map(|p| p.len).sum());
-                    let mut own = Vec::with_capacity(j - i);
-                    let mut at = 0;
-                    for p in &pieces[i..j] {
-                        own.push(Piece { buf_off: at, ..*p });
-                        bytes[at..at + p.len].copy_from_slice(&data[p.buf_off..p.buf_off + p.len]);
-                        at += p.len;
-                    }
+                    // The row's pieces with their own copy of their bytes (consecutive in
+                    // `data`), so that another writer of the row can write them with its own
+                    // (gather.rs).
+                    let first = pieces[i].buf_off;
+                    let end = pieces[j - 1].buf_off + pieces[j - 1].len;
                     let mine = RowWrite {
-                        pieces: own,
-                        data: bytes,
+                        pieces: pieces[i..j]
+                            .iter()
+                            .map(|p| Piece {
+                                buf_off: p.buf_off - first,
+                                ..*p
+                            })
+                            .collect(),
+                        data: tessera_disk::AlignedBuf::from_slice(&data[first..end]),
                     };
                     let announced = announced.as_mut().expect("parity writes announce their rows");
                     self.gather.write(
@@ -498,12 +499,27 @@ impl Layouts {
         let lo = parts.iter().map(|(p, _)| p.in_unit).min().expect("a write has pieces");
         let hi = parts.iter().map(|(p, _)| p.in_unit + p.len as u64).max().unwrap();
         let rl = (hi - lo) as usize;
-        let mut cols: Vec<tessera_disk::AlignedBuf> = Vec::with_capacity(dc);
+        // Per data column, its new content over [lo, hi): borrowed from the write when one
+        // piece covers it (a full row of a stream costs no copy), else assembled here.
+        let mut borrowed: Vec<Option<&[u8]>> = Vec::with_capacity(dc);
+        let mut owned: Vec<Option<tessera_disk::AlignedBuf>> = Vec::with_capacity(dc);
         // Per data column, the span its pieces touch (None: untouched).
         let mut spans: Vec<Option<(u64, u64)>> = Vec::with_capacity(dc);
         let mut read_any = false;
         for d in 0..dc {
             let mine: Vec<&(&Piece, &[u8])> = parts.iter().filter(|(p, _)| p.data_col == d).collect();
+            spans.push(
+                mine.iter()
+                    .map(|(p, _)| (p.in_unit, p.in_unit + p.len as u64))
+                    .reduce(|a, b| (a.0.min(b.0), a.1.max(b.1))),
+            );
+            if let [(p, bytes)] = mine[..] {
+                if p.in_unit == lo && p.len == rl {
+                    borrowed.push(Some(*bytes));
+                    owned.push(None);
+                    continue;
+                }
+            }
             let mut col = if covers(mine.iter().map(|(p, _)| (p.in_unit, p.in_unit + p.len as u64)), lo, hi) {
                 tessera_disk::AlignedBuf::zeroed(rl)
             } else {
@@ -523,12 +539,8 @@ impl Layouts {
                 let at = (p.in_unit - lo) as usize;
                 col[at..at + p.len].copy_from_slice(bytes);
             }
-            spans.push(
-                mine.iter()
-                    .map(|(p, _)| (p.in_unit, p.in_unit + p.len as u64))
-                    .reduce(|a, b| (a.0.min(b.0), a.1.max(b.1))),
-            );
-            cols.push(col);
+            borrowed.push(None);
+            owned.push(Some(col));
         }
         let counter = if read_any {
             &self.stats.partial_row_writes
@@ -536,8 +548,12 @@ impl Layouts {
             &self.stats.full_row_writes
         };
         counter.fetch_add(1, Ordering::Relaxed);
-        let refs: Vec<&[u8]> = cols.iter().map(|c| &c[..]).collect();
-        let parity = codec::encode_aligned(spec.parity_columns(), &refs)?;
+        let cols: Vec<&[u8]> = borrowed
+            .iter()
+            .zip(&owned)
+            .map(|(b, o)| b.unwrap_or_else(|| o.as_deref().expect("a column not borrowed is assembled")))
+            .collect();
+        let parity = codec::encode_aligned(spec.parity_columns(), &cols)?;
         let pms = parity_members(spec, row);
         let mo = row * il + lo;
         // A healthy set is covered by the region's Dirty record (a resync fixes the row after
