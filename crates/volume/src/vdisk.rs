@@ -437,18 +437,27 @@ impl Vdisk {
             return Ok(false);
         }
         let grain = self.class.grain as usize;
-        // Whole grains: zeros around the data of the first and last.
-        let mut content = AlignedBuf::zeroed(grain * pieces.len());
-        for (i, p) in pieces.iter().enumerate() {
-            let at = i * grain + p.off as usize;
-            content[at..at + p.len].copy_from_slice(&data[p.buf_off..p.buf_off + p.len]);
-        }
+        // Whole grains: zeros around the data of the first and last. A write of whole grains
+        // (an image import's, a sequential stream's) is its own content, with no copy.
+        let whole = pieces.iter().all(|p| p.off == 0 && p.len == grain);
+        let assembled;
+        let content: &[u8] = if whole {
+            data
+        } else {
+            let mut c = AlignedBuf::zeroed(grain * pieces.len());
+            for (i, p) in pieces.iter().enumerate() {
+                let at = i * grain + p.off as usize;
+                c[at..at + p.len].copy_from_slice(&data[p.buf_off..p.buf_off + p.len]);
+            }
+            assembled = c;
+            &assembled
+        };
         let mut located = Vec::with_capacity(slots.len());
         for (i, &l) in slots.iter().enumerate() {
             let (set, base) = self.s.space.locate(l)?;
             located.push((set, base, i * grain..(i + 1) * grain));
         }
-        self.write_merged(&content, located)?;
+        self.write_merged(content, located)?;
         let mut ops = Vec::with_capacity(2 * pieces.len());
         for (p, &l) in pieces.iter().zip(slots) {
             ops.push(Op::Put(CF_GRAINS, grain_key(self.id, p.grain), loc_value(l)));
