@@ -145,6 +145,7 @@ pub(super) fn wait_for(c: &Ctx, mut raw: Value) -> Result<(JobView, Value), Clie
     } else {
         None
     };
+    let mut polls = 0;
     loop {
         if let Some(b) = &bar {
             b.set_length(job.total_bytes);
@@ -153,7 +154,10 @@ pub(super) fn wait_for(c: &Ctx, mut raw: Value) -> Result<(JobView, Value), Clie
         if job.state != JobState::Running {
             break;
         }
-        std::thread::sleep(Duration::from_millis(200));
+        // Often at first, so that a short job is seen to end soon after it does (and timed
+        // close to its length); then five times a second.
+        std::thread::sleep(Duration::from_millis(if polls < 50 { 20 } else { 200 }));
+        polls += 1;
         raw = c.client.get(&format!("/api/jobs/{id}"))?;
         job = read(raw.clone())?;
     }
