@@ -3,7 +3,7 @@
 //! the record in the pool's metadata that says where the live part of the log starts.
 
 use serde::{Deserialize, Serialize};
-use tessera_disk::{AlignedBuf, DiskRef, DATA_OFFSET};
+use tessera_disk::{write_many, AlignedBuf, DiskRef, WriteReq, DATA_OFFSET};
 use tessera_pool::{Pool, CF_POOL};
 use tracing::warn;
 
@@ -70,22 +70,22 @@ pub(crate) fn place(area: u64, head: u64, tail: u64, empty: bool, size: u64) -> 
     }
 }
 
-/// Writes `buf` at ring position `pos` of every disk; the result per disk.
+/// Writes `buf` at ring position `pos` of every disk, the copies in flight together; the
+/// result per disk.
 pub(crate) fn write_all(devices: &[(u32, DiskRef)], pos: u64, buf: &[u8]) -> Vec<(u32, Result<(), String>)> {
-    if devices.len() <= 1 {
-        return devices
-            .iter()
-            .map(|(p, d)| (*p, d.write_at(buf, DATA_OFFSET + pos).map_err(|e| e.to_string())))
-            .collect();
-    }
-    // Both copies in flight together.
-    std::thread::scope(|s| {
-        let hs: Vec<_> = devices
-            .iter()
-            .map(|(p, d)| s.spawn(move || (*p, d.write_at(buf, DATA_OFFSET + pos).map_err(|e| e.to_string()))))
-            .collect();
-        hs.into_iter().map(|h| h.join().expect("log write thread")).collect()
-    })
+    let reqs: Vec<WriteReq> = devices
+        .iter()
+        .map(|(_, d)| WriteReq {
+            disk: &**d,
+            buf,
+            offset: DATA_OFFSET + pos,
+        })
+        .collect();
+    devices
+        .iter()
+        .zip(write_many(&reqs))
+        .map(|((p, _), r)| (*p, r.map_err(|e| e.to_string())))
+        .collect()
 }
 
 /// Reads `crcs.len()` blocks at ring position `pos`, from the first disk whose copy matches
