@@ -387,10 +387,12 @@ mod tests {
         std::thread::scope(|s| {
             s.spawn(|| {
                 let mut first = g.announce(1, 16, 32, 0..1, 16);
-                g.write(&mut first, 0, piece(1, 16), |_| false, record(&batches)).unwrap();
+                g.write(&mut first, 0, piece(1, 16), |_| false, record(&batches))
+                    .unwrap();
             });
             std::thread::sleep(Duration::from_millis(2));
-            g.write(&mut late, 0, piece(0, 16), |_| false, record(&batches)).unwrap();
+            g.write(&mut late, 0, piece(0, 16), |_| false, record(&batches))
+                .unwrap();
         });
         assert_eq!(*batches.lock(), vec![2]);
         drop(late);
@@ -404,9 +406,7 @@ mod tests {
     fn a_stream_fills_its_row_before_it_is_written() {
         let g = RowGather::default();
         let batches = Mutex::new(Vec::new());
-        let whole = |ws: &[&RowWrite]| {
-            (0..3).all(|c| ws.iter().any(|w| w.pieces.iter().any(|p| p.data_col == c)))
-        };
+        let whole = |ws: &[&RowWrite]| (0..3).all(|c| ws.iter().any(|w| w.pieces.iter().any(|p| p.data_col == c)));
         // Another writer keeps the set's traffic; a run of neighbouring writes makes it a stream.
         let keep = g.announce(1, 1 << 40, (1 << 40) + 16, 0..0, 16);
         for i in 0..20u64 {
@@ -418,7 +418,8 @@ mod tests {
                 s.spawn(move || {
                     std::thread::sleep(Duration::from_millis(c));
                     let mut a = g.announce(1, c * 16, c * 16 + 16, 0..1, 16);
-                    g.write(&mut a, 0, piece(c as usize, 16), whole, record(batches)).unwrap();
+                    g.write(&mut a, 0, piece(c as usize, 16), whole, record(batches))
+                        .unwrap();
                 });
             }
         });
