@@ -24,9 +24,9 @@
 //! one starts, is part of a stream, and so is a write of a whole column or more in a set where
 //! a quarter of the recent writes were (the first write of a row to start often has no
 //! neighbour under way yet: set space is in the order the vdisk's grains were allocated,
-//! which concurrent writers permute). Its row's update, if the row is not whole yet and other writes of the set are
-//! under way, waits [`STREAM_WAIT`] at most for the rest of the row. A lone writer (queue
-//! depth 1) has no other write under way, and never waits.
+//! which concurrent writers permute). Its row's update, if the row is not whole yet and other
+//! writes of the set are under way, waits [`STREAM_WAIT`] at most for the rest of the row. A
+//! lone writer (queue depth 1) has no other write under way, and never waits.
 
 use std::collections::HashMap;
 use std::ops::Range;
