@@ -187,19 +187,42 @@ impl State {
 
 /// A write waiting for the batch that carries it.
 struct Pending {
-    ticket: u64,
+    done: Arc<Completion>,
     set: u32,
     offset: u64,
     vdisk: u64,
     data: Vec<u8>,
 }
 
+/// Where a queued write learns how its batch went. One per writer, so that a batch written
+/// wakes its own writers only, not every writer queued for the batches after it.
+#[derive(Default)]
+struct Completion {
+    result: Mutex<Option<Result<(), String>>>,
+    cv: Condvar,
+}
+
+impl Completion {
+    fn set(&self, r: Result<(), String>) {
+        *self.result.lock() = Some(r);
+        self.cv.notify_one();
+    }
+
+    fn wait(&self) -> Result<(), String> {
+        let mut r = self.result.lock();
+        loop {
+            if let Some(x) = r.take() {
+                return x;
+            }
+            self.cv.wait(&mut r);
+        }
+    }
+}
+
 #[derive(Default)]
 struct Appender {
     queue: Vec<Pending>,
     leading: bool,
-    next_ticket: u64,
-    done: HashMap<u64, Result<(), String>>,
 }
 
 struct Inner {
@@ -211,7 +234,6 @@ struct Inner {
     /// The destager waits here for work.
     work: Condvar,
     appender: Mutex<Appender>,
-    appended: Condvar,
     /// Held while a batch is written, and by a change of the log's disks; it keeps the buffer
     /// batches are built in (allocated once: a batch is up to 8 MiB).
     log_lock: Mutex<AlignedBuf>,
@@ -290,7 +312,6 @@ impl WriteCache {
             room: Condvar::new(),
             work: Condvar::new(),
             appender: Mutex::new(Appender::default()),
-            appended: Condvar::new(),
             log_lock: Mutex::new(AlignedBuf::zeroed(0)),
             reuse: RwLock::new(()),
             destaging: Mutex::new(()),
@@ -801,23 +822,18 @@ impl Inner {
 
     /// Appends one write to the log, in the next batch; returns when the batch is written.
     fn append(&self, set: u32, offset: u64, vdisk: u64, data: &[u8]) -> Result<()> {
+        let done = Arc::new(Completion::default());
         let mut q = self.appender.lock();
-        let ticket = q.next_ticket;
-        q.next_ticket += 1;
         q.queue.push(Pending {
-            ticket,
+            done: done.clone(),
             set,
             offset,
             vdisk,
             data: data.to_vec(),
         });
         if q.leading {
-            loop {
-                if let Some(r) = q.done.remove(&ticket) {
-                    return r.map_err(CacheError::Log);
-                }
-                self.appended.wait(&mut q);
-            }
+            drop(q);
+            return done.wait().map_err(CacheError::Log);
         }
         q.leading = true;
         loop {
@@ -835,14 +851,14 @@ impl Inner {
             let batch: Vec<Pending> = q.queue.drain(..take).collect();
             drop(q);
             let result = self.write_batch(&batch).map_err(|e| e.to_string());
-            q = self.appender.lock();
             for p in &batch {
-                q.done.insert(p.ticket, result.clone());
+                p.done.set(result.clone());
             }
-            self.appended.notify_all();
+            q = self.appender.lock();
             if q.queue.is_empty() {
                 q.leading = false;
-                return q.done.remove(&ticket).expect("own result").map_err(CacheError::Log);
+                drop(q);
+                return done.wait().map_err(CacheError::Log);
             }
         }
     }
