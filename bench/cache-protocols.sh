@@ -64,15 +64,11 @@ for run in $(seq "$RUNS"); do
   lun=0
   for v in cached direct; do
     for proto in iscsi nbd; do
-      # A new initiator name per run: a session that reuses the last one's name starts with
-      # the unit attention its predecessor's logout left, which `tessera bench` reports as an
-      # error rather than retrying.
-      who=()
       case $proto in
-        iscsi) uri=iscsi://127.0.0.1:$ISCSI_PORT/$IQN/$lun; who=(--initiator "iqn.2026-11.io.tessera:bench-$run-$v");;
+        iscsi) uri=iscsi://127.0.0.1:$ISCSI_PORT/$IQN/$lun;;
         nbd) uri=nbd://127.0.0.1:$NBD_PORT/$v;;
       esac
-      "$T" --json bench "$uri" "${who[@]}" --profile 4k-70-30 -t "$THREADS" -o "$OUTSTANDING" -d "$DURATION" \
+      "$T" --json bench "$uri" --profile 4k-70-30 -t "$THREADS" -o "$OUTSTANDING" -d "$DURATION" \
         > "$DIR/logs/$run-$v-$proto.json" 2>> "$DIR/logs/bench.log"
       python3 - "$DIR/logs/$run-$v-$proto.json" "$v" "$proto" >> "$OUT" <<'PY'
 import json, sys

@@ -12,8 +12,12 @@ use rand::{Rng, RngCore, SeedableRng};
 use serde::Serialize;
 use tessera_disk::AlignedBuf;
 
-use crate::target::{rw16, Opened, Target};
+use crate::target::{rw16, Opened, Target, UNIT_ATTENTION_RETRIES};
 use crate::verify::{Verifier, VerifyStats};
+
+/// SCSI status CHECK CONDITION, and the sense key of a unit attention.
+const CHECK_CONDITION: u8 = 0x02;
+const UNIT_ATTENTION: u8 = 0x6;
 use crate::workload::Workload;
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -330,10 +334,24 @@ pub fn run(
                             let t0 = Instant::now();
                             let len = slot.buf.len();
                             let cdb = rw16(x.write, x.offset, len, block);
-                            let r = if x.write {
-                                sess.command(lun, &cdb, slot.buf.to_vec(), 0).await
-                            } else {
-                                sess.command(lun, &cdb, Vec::new(), len).await
+                            // A unit attention (the I_T nexus loss that a session with this
+                            // initiator name left, a capacity change) answers a command once
+                            // and is gone: as an initiator does, ask again.
+                            let mut attempts = 0;
+                            let r = loop {
+                                let r = if x.write {
+                                    sess.command(lun, &cdb, slot.buf.to_vec(), 0).await
+                                } else {
+                                    sess.command(lun, &cdb, Vec::new(), len).await
+                                };
+                                attempts += 1;
+                                match &r {
+                                    Ok(a)
+                                        if a.status == CHECK_CONDITION
+                                            && a.sense_key().map(|k| k.0) == Some(UNIT_ATTENTION)
+                                            && attempts < UNIT_ATTENTION_RETRIES => {}
+                                    _ => break r,
+                                }
                             };
                             let r = match r {
                                 Ok(r) if r.status == 0 && (x.write || r.data.len() == len) => {

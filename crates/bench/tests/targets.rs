@@ -194,6 +194,16 @@ fn network_targets_count_and_verify() {
         let r = run(&target, &w, None, rt.handle(), &quiet).unwrap();
         assert_counts_add_up(&r, &w);
         rt.block_on(target.close());
+        // Again with the same initiator name: over iSCSI each new session's first command
+        // meets the unit attention the last ones' logout left (I_T nexus loss), and the run
+        // asks again instead of failing.
+        let w = workload(30, true, false, 16 * MIB);
+        let target = rt
+            .block_on(Target::connect(&spec, w.threads, &Connect::default()))
+            .unwrap();
+        let r = run(&target, &w, None, rt.handle(), &quiet).unwrap();
+        assert_counts_add_up(&r, &w);
+        rt.block_on(target.close());
     }
     // A target that is not there, and an export that is not there: clear errors.
     let e = rt
