@@ -7,7 +7,7 @@
 # filled by `vdisk import` of one random image: `cached` (default 1 GiB cache) and `direct`
 # (`--write-cache-size 0`). Each is exported over NBD and presented as an iSCSI LUN. Then RUNS
 # times, for each vdisk and protocol: `tessera bench --profile 4k-70-30` for DURATION seconds,
-# THREADS x OUTSTANDING deep. Prints the medians.
+# THREADS x OUTSTANDING deep, each run once the cache holds no dirty data. Prints the medians.
 #
 # Usage: bench/cache-protocols.sh  (RUNS=3 SIZE=2G DURATION=15 THREADS=4 OUTSTANDING=8
 #          DIR=/var/tmp/tessera-bench-cachep PROFILE=release TESSERA_BIN= KEEP=0
@@ -59,11 +59,24 @@ for v in cached direct; do
 done
 logged setup.log "$T" pool show bench
 
+# Waits until the pool's write-back cache holds no dirty data (at most 10 minutes).
+drained() {
+  local i
+  for i in $(seq 3000); do
+    "$T" --json pool show bench | python3 -c 'import json,sys; sys.exit(json.load(sys.stdin)["cache"]["dirty_bytes"] != 0)' && return
+    sleep 0.2
+  done
+  echo "the cache did not drain" >&2; exit 1
+}
+
 OUT=$DIR/results
 for run in $(seq "$RUNS"); do
   lun=0
   for v in cached direct; do
     for proto in iscsi nbd; do
+      # Each run starts with the log destaged: a run right after the cached vdisk's would
+      # otherwise share the disks with the destage of what that one left in the cache.
+      drained
       case $proto in
         iscsi) uri=iscsi://127.0.0.1:$ISCSI_PORT/$IQN/$lun;;
         nbd) uri=nbd://127.0.0.1:$NBD_PORT/$v;;
