@@ -34,14 +34,40 @@ pub enum InitiatorError {
     SessionEnded,
 }
 
+/// The Status-Class and Status-Detail of a Login Response, as RFC 7143 11.13.5 names them.
 fn login_status_text(class: u8, detail: u8) -> &'static str {
     match (class, detail) {
         (2, 1) => "authentication failed",
         (2, 2) => "authorization failed",
         (2, 3) => "target not found",
+        (2, 4) => "target removed",
+        (2, 5) => "unsupported version",
+        (2, 6) => "too many connections",
+        (2, 7) => "missing parameter",
+        (2, 8) => "cannot include the connection in the session",
+        (2, 9) => "session type not supported",
+        (2, 0x0A) => "session does not exist",
+        (2, 0x0B) => "invalid request during login",
         (2, _) => "initiator error",
+        (3, 1) => "service unavailable",
+        // What a target answers past its session limits (Tessera: 16 per initiator name).
+        (3, 2) => "out of resources: the target may limit the sessions of one initiator name",
         (3, _) => "target error",
         _ => "other",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::login_status_text;
+
+    #[test]
+    fn login_statuses_are_named() {
+        assert_eq!(login_status_text(2, 1), "authentication failed");
+        assert!(login_status_text(3, 2).starts_with("out of resources"));
+        assert_eq!(login_status_text(3, 0), "target error");
+        assert_eq!(login_status_text(2, 0x7F), "initiator error");
+        assert_eq!(login_status_text(1, 1), "other");
     }
 }
 
