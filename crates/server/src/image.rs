@@ -135,53 +135,27 @@ pub fn import(v: &Vdisk, path: &Path, p: &Progress) -> Result<ImageReport, Strin
     }
     // A few chunks in flight: first writes allocate grains, and the metadata commits of
     // concurrent writers are batched together.
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let data_bytes = std::sync::atomic::AtomicU64::new(0);
-    let zero_bytes = std::sync::atomic::AtomicU64::new(0);
-    let failure: parking_lot::Mutex<Option<String>> = parking_lot::Mutex::new(None);
-    std::thread::scope(|scope| {
-        for _ in 0..WORKERS {
-            scope.spawn(|| {
-                let mut buf = AlignedBuf::zeroed(CHUNK);
-                let mut r = ImageReport::default();
-                let step = |buf: &mut AlignedBuf, r: &mut ImageReport, (off, len, hole): (u64, u64, bool)| {
-                    cancelled(p)?;
-                    if hole {
-                        zero_range(v, off, len)?;
-                        r.zero_bytes += len;
-                    } else {
-                        let n = len as usize;
-                        let avail = (size - off).min(len) as usize;
-                        buf[avail..n].fill(0);
-                        f.read_exact_at(&mut buf[..avail], off)
-                            .map_err(|e| format!("reading the image at byte {off}: {e}"))?;
-                        write_nonzero(v, off, &buf[..n], r)?;
-                    }
-                    p.done_bytes.fetch_add(len, Ordering::Relaxed);
-                    Ok::<(), String>(())
-                };
-                loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    if i >= work.len() || failure.lock().is_some() {
-                        break;
-                    }
-                    if let Err(e) = step(&mut buf, &mut r, work[i]) {
-                        failure.lock().get_or_insert(e);
-                        break;
-                    }
-                }
-                data_bytes.fetch_add(r.data_bytes, Ordering::Relaxed);
-                zero_bytes.fetch_add(r.zero_bytes, Ordering::Relaxed);
-            });
+    let (data_bytes, zero_bytes) = on_workers(work.len(), |buf, r, i| {
+        let (off, len, hole) = work[i];
+        cancelled(p)?;
+        if hole {
+            zero_range(v, off, len)?;
+            r.zero_bytes += len;
+        } else {
+            let n = len as usize;
+            let avail = (size - off).min(len) as usize;
+            buf[avail..n].fill(0);
+            f.read_exact_at(&mut buf[..avail], off)
+                .map_err(|e| format!("reading the image at byte {off}: {e}"))?;
+            write_nonzero(v, off, &buf[..n], r)?;
         }
-    });
-    if let Some(e) = failure.into_inner() {
-        return Err(e);
-    }
+        p.done_bytes.fetch_add(len, Ordering::Relaxed);
+        Ok(())
+    })?;
     let report = ImageReport {
         bytes: size,
-        data_bytes: data_bytes.into_inner(),
-        zero_bytes: zero_bytes.into_inner(),
+        data_bytes,
+        zero_bytes,
     };
     v.flush().map_err(|e| e.to_string())?;
     p.done_bytes.store(padded, Ordering::Relaxed);
@@ -280,11 +254,7 @@ pub fn export(v: &Vdisk, f: File, path: &Path, p: &Progress) -> Result<ImageRepo
     let size = v.size();
     let sparse_ok = f.metadata().map(|m| m.is_file()).unwrap_or(false);
     p.total_bytes.store(size, Ordering::Relaxed);
-    let chunks = size.div_ceil(CHUNK as u64);
-    let next = std::sync::atomic::AtomicU64::new(0);
-    let data_bytes = std::sync::atomic::AtomicU64::new(0);
-    let zero_bytes = std::sync::atomic::AtomicU64::new(0);
-    let failure: parking_lot::Mutex<Option<String>> = parking_lot::Mutex::new(None);
+    let chunks = size.div_ceil(CHUNK as u64) as usize;
     let zeros = AlignedBuf::zeroed(CHUNK);
     // Whole aligned blocks go around the page cache, as `dd oflag=direct` writes: written
     // through it, a gigabyte waits for write-back at the final sync. The same file opened
@@ -334,6 +304,27 @@ pub fn export(v: &Vdisk, f: File, path: &Path, p: &Progress) -> Result<ImageRepo
         p.done_bytes.fetch_add(len, Ordering::Relaxed);
         Ok(())
     };
+    let (data_bytes, zero_bytes) = on_workers(chunks, |buf, r, i| chunk(buf, r, i as u64 * CHUNK as u64))?;
+    f.sync_all().map_err(|e| format!("syncing {}: {e}", path.display()))?;
+    p.done_bytes.store(size, Ordering::Relaxed);
+    Ok(ImageReport {
+        bytes: size,
+        data_bytes,
+        zero_bytes,
+    })
+}
+
+/// Runs `step(buffer, tally, i)` for every `i` in `0..items`, on [`WORKERS`] threads that each
+/// have a [`CHUNK`] buffer of their own; the first error stops them all and is returned.
+/// Returns the data and zero bytes the steps tallied.
+fn on_workers(
+    items: usize,
+    step: impl Fn(&mut AlignedBuf, &mut ImageReport, usize) -> Result<(), String> + Sync,
+) -> Result<(u64, u64), String> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let data_bytes = std::sync::atomic::AtomicU64::new(0);
+    let zero_bytes = std::sync::atomic::AtomicU64::new(0);
+    let failure: parking_lot::Mutex<Option<String>> = parking_lot::Mutex::new(None);
     std::thread::scope(|scope| {
         for _ in 0..WORKERS {
             scope.spawn(|| {
@@ -341,10 +332,10 @@ pub fn export(v: &Vdisk, f: File, path: &Path, p: &Progress) -> Result<ImageRepo
                 let mut r = ImageReport::default();
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
-                    if i >= chunks || failure.lock().is_some() {
+                    if i >= items || failure.lock().is_some() {
                         break;
                     }
-                    if let Err(e) = chunk(&mut buf, &mut r, i * CHUNK as u64) {
+                    if let Err(e) = step(&mut buf, &mut r, i) {
                         failure.lock().get_or_insert(e);
                         break;
                     }
@@ -354,16 +345,10 @@ pub fn export(v: &Vdisk, f: File, path: &Path, p: &Progress) -> Result<ImageRepo
             });
         }
     });
-    if let Some(e) = failure.into_inner() {
-        return Err(e);
+    match failure.into_inner() {
+        Some(e) => Err(e),
+        None => Ok((data_bytes.into_inner(), zero_bytes.into_inner())),
     }
-    f.sync_all().map_err(|e| format!("syncing {}: {e}", path.display()))?;
-    p.done_bytes.store(size, Ordering::Relaxed);
-    Ok(ImageReport {
-        bytes: size,
-        data_bytes: data_bytes.into_inner(),
-        zero_bytes: zero_bytes.into_inner(),
-    })
 }
 
 #[cfg(test)]
