@@ -249,6 +249,9 @@ struct Inner {
     stripes: Vec<Mutex<()>>,
     /// A write went straight to the layouts since the last flush.
     layout_dirty: AtomicBool,
+    /// The pool's loss count just after the log lost its last disk (0 if it never did): what
+    /// the log held then, and had not destaged, is gone.
+    wiped_at: AtomicU64,
     /// One flush at a time: a flush that finds nothing new to flush must still not answer
     /// before the flush in flight, which may cover its writes, has completed.
     flushing: Mutex<()>,
@@ -318,6 +321,7 @@ impl WriteCache {
             advancing: Mutex::new(()),
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             layout_dirty: AtomicBool::new(false),
+            wiped_at: AtomicU64::new(0),
             flushing: Mutex::new(()),
             stop: AtomicBool::new(false),
             counters: Counters::default(),
@@ -552,6 +556,14 @@ impl WriteCache {
         Ok(())
     }
 
+    /// Whether a write into `set` begun when the pool's loss count was `noted` (see
+    /// `Pool::losses`) may have been lost since, though a flush succeeded after it: the set
+    /// lost more members than it tolerates, or the log lost its last disk, after the write
+    /// began. A caller's flush asks this of every set it wrote since its last flush.
+    pub fn lost_since(&self, set: &SlabSet, noted: u64) -> bool {
+        self.inner.wiped_at.load(Ordering::SeqCst) > noted || self.inner.layouts.lost_since(set, noted)
+    }
+
     /// Destages everything the cache holds, and flushes the layouts.
     pub fn drain(&self) -> Result<()> {
         self.inner.destage_all()
@@ -758,19 +770,25 @@ impl Inner {
 
     /// A log disk failed: it leaves the log, and the pool records it failed.
     fn lose_device(&self, pos: u32, why: &str) {
-        {
+        let wiped = {
             let mut st = self.state.lock();
             if !st.devices.iter().any(|(p, _)| *p == pos) {
                 return;
             }
             st.devices.retain(|(p, _)| *p != pos);
-        }
+            // The last copy of data not destaged yet.
+            st.devices.is_empty() && (st.dirty > 0 || !st.batches.is_empty())
+        };
         if let Err(e) = self.save_log_record() {
             error!(error = %e, "cannot record the write-back log's disks");
         }
         error!(pool = %self.pool.name(), disk = pos, reason = why, "a disk of the write-back log failed");
         if let Err(e) = self.pool.set_disk_state(pos, DiskState::Failed, Some(why.to_string())) {
             error!(error = %e, "cannot record a failed cache disk");
+        }
+        if wiped {
+            // After the state change, whose count a write that reached this disk noted below.
+            self.wiped_at.store(self.pool.losses().max(1), Ordering::SeqCst);
         }
         self.work.notify_all();
     }

@@ -303,6 +303,15 @@ impl Layouts {
         Ok(())
     }
 
+    /// Whether data written to `set` after the pool's loss count was `noted` may be gone: the
+    /// set is beyond its tolerance now, and one of the members it lost was lost after that.
+    /// A flush that succeeded cannot vouch for such a write (the member went before it could
+    /// flush it, perhaps failed by someone else's flush), so the writer's flush must fail.
+    pub fn lost_since(&self, set: &SlabSet, noted: u64) -> bool {
+        let members = set.members.read();
+        self.unavailable(&members) > set.spec.tolerance() && members.iter().any(|m| self.pool.lost_since(m.disk, noted))
+    }
+
     pub fn health(&self, set: &SlabSet) -> SetHealth {
         let members = set.members.read().clone();
         SetHealth {

@@ -1,6 +1,7 @@
 //! A pool: member disks with labels, their states, the slab allocator and the metadata store.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
@@ -47,6 +48,9 @@ struct Member {
     dev: Option<DiskRef>,
     slabs: SlabMap,
     problem: Option<String>,
+    /// The loss count (`Pool::losses`) at which this member was failed or went missing; 0
+    /// while it is open.
+    lost_at: u64,
 }
 
 struct Inner {
@@ -63,6 +67,10 @@ pub struct Pool {
     /// The pool's directory: its metadata store and the layout's stripe journal live here.
     dir: PathBuf,
     inner: RwLock<Inner>,
+    /// How many times a member was lost (failed or missing) since the pool was opened: a
+    /// writer notes it before it writes, and a flush asks whether a member of what it wrote
+    /// was lost after that (`lost_since`).
+    losses: AtomicU64,
 }
 
 impl Inner {
@@ -183,6 +191,7 @@ impl Pool {
                 dev: Some(d),
                 slabs: SlabMap::new(info.slabs),
                 problem: None,
+                lost_at: 0,
             });
             config.disks.push(info);
         }
@@ -191,6 +200,7 @@ impl Pool {
             dir: dir.to_path_buf(),
             inner: RwLock::new(Inner { config, members }),
             saving: parking_lot::Mutex::new(()),
+            losses: AtomicU64::new(0),
         };
         pool.save_config(&pool.inner.read().config)?;
         info!(pool = name, disks = pool.inner.read().members.len(), "pool created");
@@ -218,6 +228,7 @@ impl Pool {
                 dev: None,
                 slabs: SlabMap::new(info.slabs),
                 problem: None,
+                lost_at: 0,
             };
             if info.state == DiskState::Failed {
                 members.push(member);
@@ -268,6 +279,7 @@ impl Pool {
             dir: dir.to_path_buf(),
             inner: RwLock::new(Inner { config, members }),
             saving: parking_lot::Mutex::new(()),
+            losses: AtomicU64::new(0),
         };
         pool.write_labels(false)?;
         pool.save_config(&pool.inner.read().config)?;
@@ -470,6 +482,7 @@ impl Pool {
             dev: Some(dev),
             slabs: SlabMap::new(slabs),
             problem: None,
+            lost_at: 0,
         });
         let config = inner.config.clone();
         drop(inner);
@@ -520,10 +533,28 @@ impl Pool {
         if state == DiskState::Failed || state == DiskState::Missing {
             inner.members[idx].dev = None;
             inner.members[idx].problem = why;
+            // Under the write lock, so a writer that noted the count before this cannot have
+            // taken the device after it.
+            inner.members[idx].lost_at = self.losses.fetch_add(1, Ordering::SeqCst) + 1;
         }
         let config = inner.config.clone();
         drop(inner);
         self.save_config(&config)
+    }
+
+    /// The count of members lost so far: a writer notes it before it writes.
+    pub fn losses(&self) -> u64 {
+        self.losses.load(Ordering::SeqCst)
+    }
+
+    /// Whether the member at `position` was lost after the count was `noted`: what was
+    /// written to it since then, and not flushed before, may be gone.
+    pub fn lost_since(&self, position: u32, noted: u64) -> bool {
+        self.inner
+            .read()
+            .members
+            .get(position as usize)
+            .is_some_and(|m| m.lost_at > noted)
     }
 
     pub fn disk_state(&self, position: u32) -> DiskState {

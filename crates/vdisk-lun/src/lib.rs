@@ -36,7 +36,9 @@ fn backend_error(e: VolumeError) -> BackendError {
         BackendErrorKind::NoSpace
     } else {
         match e {
-            VolumeError::Layout(_) | VolumeError::Pool(_) | VolumeError::Cache(_) => BackendErrorKind::Medium,
+            VolumeError::Layout(_) | VolumeError::Pool(_) | VolumeError::Cache(_) | VolumeError::Lost(_) => {
+                BackendErrorKind::Medium
+            }
             _ => BackendErrorKind::Internal,
         }
     };

@@ -23,6 +23,10 @@ pub enum VolumeError {
     /// The write-back log failed (every cache disk lost).
     #[error("{0}")]
     Cache(String),
+    /// A flush found that data written since the caller's last flush may be gone: disks of
+    /// a slab set it wrote were lost, beyond what the set tolerates, before they flushed it.
+    #[error("{0}")]
+    Lost(String),
 }
 
 impl From<CacheError> for VolumeError {

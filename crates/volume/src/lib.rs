@@ -19,6 +19,7 @@ mod scrub;
 mod shared;
 mod space;
 mod spotfix;
+mod unsynced;
 mod vdisk;
 
 pub use check::CheckReport;

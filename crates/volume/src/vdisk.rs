@@ -17,6 +17,7 @@ use crate::error::{Result, VolumeError};
 use crate::keys::{grain_key, loc_value, refcount_key};
 use crate::shared::Shared;
 use crate::space::{Class, Loc};
+use crate::unsynced::Unsynced;
 
 /// Grains whose map entries one batch changes, at most (trim, delete, clone).
 pub(crate) const BATCH_GRAINS: u64 = 512;
@@ -36,6 +37,8 @@ pub struct Vdisk {
     pub(crate) gate: RwLock<()>,
     /// A snapshot: never changes.
     read_only: bool,
+    /// The slab sets written since the last flush, which that flush must vouch for.
+    unsynced: Unsynced,
 }
 
 /// A part of a request inside one grain.
@@ -138,6 +141,7 @@ impl Vdisk {
             deleted: AtomicBool::new(false),
             gate: RwLock::new(()),
             read_only: c.snapshot_of.is_some(),
+            unsynced: Unsynced::default(),
             cfg: RwLock::new(c),
         }
     }
@@ -366,7 +370,7 @@ impl Vdisk {
             self.write_allocating(&pieces, data)?;
         }
         if fua {
-            self.s.cache.flush()?;
+            self.flush()?;
         }
         Ok(())
     }
@@ -485,7 +489,7 @@ impl Vdisk {
             }
         }
         for (set, at, bytes) in runs {
-            self.s.cache.write(self.id, &set, at, &data[bytes])?;
+            self.write_to_set(&set, at, &data[bytes])?;
         }
         Ok(())
     }
@@ -513,13 +517,13 @@ impl Vdisk {
         let (set, base) = self.s.space.locate(l)?;
         let (a, b) = sector_envelope(off, data.len());
         if a == off && b == off + data.len() as u64 {
-            self.s.cache.write(self.id, &set, base + off, data)?;
+            self.write_to_set(&set, base + off, data)?;
         } else {
             // Sub-sector write (512-byte blocks): read-modify-write under the grain lock.
             let mut tmp = AlignedBuf::zeroed((b - a) as usize);
             self.s.cache.read(&set, base + a, &mut tmp)?;
             tmp[(off - a) as usize..(off - a) as usize + data.len()].copy_from_slice(data);
-            self.s.cache.write(self.id, &set, base + a, &tmp)?;
+            self.write_to_set(&set, base + a, &tmp)?;
         }
         Ok(())
     }
@@ -538,10 +542,7 @@ impl Vdisk {
             e
         };
         let (set, base) = self.s.space.locate(new).map_err(undo)?;
-        self.s
-            .cache
-            .write(self.id, &set, base, content)
-            .map_err(|e| undo(e.into()))?;
+        self.write_to_set(&set, base, content).map_err(undo)?;
         let mut ops = vec![
             Op::Put(CF_GRAINS, grain_key(self.id, g), loc_value(new)),
             Op::Merge(CF_REFCOUNTS, refcount_key(new), refcount_delta(1).to_vec()),
@@ -632,14 +633,27 @@ impl Vdisk {
             }
         }
         if fua {
-            self.s.cache.flush()?;
+            self.flush()?;
         }
         Ok(())
     }
 
-    /// Makes every write completed so far durable.
+    /// Makes every write completed so far durable; fails if some of it may be lost (a disk
+    /// it went to was lost, beyond what its slab set tolerates, before it was flushed).
     pub fn flush(&self) -> Result<()> {
-        self.s.cache.flush()?;
+        self.unsynced.flush(
+            || Ok(self.s.cache.flush()?),
+            |set, noted| self.s.cache.lost_since(set, noted),
+        )
+    }
+
+    /// Writes `data` at `offset` of `set`, through the write-back cache, and notes the set for
+    /// the next flush.
+    fn write_to_set(&self, set: &Arc<SlabSet>, offset: u64, data: &[u8]) -> Result<()> {
+        // Taken before the write reaches any disk: a disk lost after this may have taken it.
+        let noted = self.s.pool.losses();
+        self.s.cache.write(self.id, set, offset, data)?;
+        self.unsynced.note(set.id, set, noted);
         Ok(())
     }
 
