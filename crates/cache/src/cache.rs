@@ -2,7 +2,7 @@
 //! and, when asked, one flush for many writers), the index that reads consult, each vdisk's
 //! budget, and the destager that writes the log's contents to the layouts.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -42,6 +42,12 @@ const STRIPES: usize = 256;
 const DESTAGE_THREADS: usize = 16;
 /// Copies the log keeps when the pool has the disks for them.
 const COPIES: usize = 2;
+/// Batches written at once. One at a time leaves the disks idle while a batch's writers are
+/// answered and the next batch is built: the writers wait on the latency of one write.
+const IN_FLIGHT: usize = 2;
+/// Writes queued before a second batch starts beside the one in flight: fewer wait for the
+/// next batch rather than pay a header block of their own.
+const SECOND_BATCH_MIN: usize = 2;
 
 /// What `status` reports.
 #[derive(Debug, Clone, Default, Serialize, serde::Deserialize, schemars::JsonSchema)]
@@ -114,6 +120,11 @@ struct State {
     batches: BTreeMap<u64, Batch>,
     head: u64,
     next_seq: u64,
+    /// Batches placed in the ring and not yet indexed (or failed), by sequence number.
+    in_flight: BTreeSet<u64>,
+    /// The first batch that failed on every disk while later ones were in flight, and its
+    /// place: those fail too, and the ring ends there again once the last has finished.
+    broken: Option<(u64, u64)>,
     /// Log bytes the live batches take.
     used: u64,
     dirty: u64,
@@ -222,7 +233,8 @@ impl Completion {
 #[derive(Default)]
 struct Appender {
     queue: Vec<Pending>,
-    leading: bool,
+    /// Writers writing batches for the queue: at most `IN_FLIGHT`.
+    leaders: usize,
 }
 
 struct Inner {
@@ -234,9 +246,14 @@ struct Inner {
     /// The destager waits here for work.
     work: Condvar,
     appender: Mutex<Appender>,
-    /// Held while a batch is written, and by a change of the log's disks; it keeps the buffer
-    /// batches are built in (allocated once: a batch is up to 8 MiB).
-    log_lock: Mutex<AlignedBuf>,
+    /// Held shared while a batch is written, exclusively by a change of the log's disks (so
+    /// that a copy of the log onto a new disk holds every batch written).
+    log_lock: RwLock<()>,
+    /// The buffers batches are built in, one per batch in flight (a batch is up to 8 MiB).
+    buffers: Mutex<Vec<AlignedBuf>>,
+    /// Batches are indexed, and their writers answered, in the order of their sequence
+    /// numbers, whichever finished writing first: waited on with `state`.
+    in_order: Condvar,
     /// Held shared while log positions taken from the index are read; exclusively when log
     /// space is given back for reuse.
     reuse: RwLock<()>,
@@ -284,6 +301,8 @@ impl WriteCache {
             batches: BTreeMap::new(),
             head: 0,
             next_seq: 1,
+            in_flight: BTreeSet::new(),
+            broken: None,
             used: 0,
             dirty: 0,
             vdisk_dirty: HashMap::new(),
@@ -315,7 +334,9 @@ impl WriteCache {
             room: Condvar::new(),
             work: Condvar::new(),
             appender: Mutex::new(Appender::default()),
-            log_lock: Mutex::new(AlignedBuf::zeroed(0)),
+            log_lock: RwLock::new(()),
+            buffers: Mutex::new(Vec::new()),
+            in_order: Condvar::new(),
             reuse: RwLock::new(()),
             destaging: Mutex::new(()),
             advancing: Mutex::new(()),
@@ -590,7 +611,7 @@ impl WriteCache {
     /// has fewer than two copies.
     pub fn refresh_devices(&self) -> Result<()> {
         let i = &self.inner;
-        let _log = i.log_lock.lock();
+        let _log = i.log_lock.write();
         let healthy = i.pool.cache_disks();
         let leaving: Vec<u32> = {
             let st = i.state.lock();
@@ -794,7 +815,8 @@ impl Inner {
     }
 
     /// After a log disk was lost: another cache disk takes its place, with a copy of the live
-    /// log, if there is one. The caller holds `log_lock`, so no batch is being written.
+    /// log, if there is one. The caller holds `log_lock` exclusively, so no batch is being
+    /// written.
     fn replace_lost(&self) {
         let healthy = self.pool.cache_disks();
         if let Err(e) = self.choose_devices(&mut self.state.lock(), &healthy) {
@@ -849,11 +871,11 @@ impl Inner {
             vdisk,
             data: data.to_vec(),
         });
-        if q.leading {
+        if q.leaders >= IN_FLIGHT || (q.leaders > 0 && q.queue.len() < SECOND_BATCH_MIN) {
             drop(q);
             return done.wait().map_err(CacheError::Log);
         }
-        q.leading = true;
+        q.leaders += 1;
         loop {
             // Take what fits one batch.
             let (mut entries, mut bytes, mut take) = (0, 0, 0);
@@ -873,8 +895,9 @@ impl Inner {
                 p.done.set(result.clone());
             }
             q = self.appender.lock();
-            if q.queue.is_empty() {
-                q.leading = false;
+            // Whatever is queued is left to another leader only if there is one.
+            if q.queue.is_empty() || (q.leaders > 1 && q.queue.len() < SECOND_BATCH_MIN) {
+                q.leaders -= 1;
                 drop(q);
                 return done.wait().map_err(CacheError::Log);
             }
@@ -883,7 +906,24 @@ impl Inner {
 
     /// Writes one batch to every disk of the log and adds it to the index.
     fn write_batch(&self, reqs: &[Pending]) -> Result<()> {
-        let mut buf = self.log_lock.lock();
+        let log = self.log_lock.read();
+        let mut buf = self.buffers.lock().pop().unwrap_or_else(|| AlignedBuf::zeroed(0));
+        let result = self.write_batch_in(reqs, &mut buf);
+        self.buffers.lock().push(buf);
+        drop(log);
+        let (result, lost_some) = result;
+        if lost_some {
+            // A copy was lost: another cache disk takes its place, with a copy of the live
+            // log, once no batch is being written.
+            let _log = self.log_lock.write();
+            self.replace_lost();
+        }
+        result
+    }
+
+    /// Writes and indexes one batch, built in `buf`; and whether a disk of the log was lost
+    /// on the way while another still holds the batch.
+    fn write_batch_in(&self, reqs: &[Pending], buf: &mut AlignedBuf) -> (Result<()>, bool) {
         let mut entries = Vec::new();
         for r in reqs {
             for (n, c) in r.data.chunks(MAX_ENTRY).enumerate() {
@@ -898,15 +938,24 @@ impl Inner {
             let mut counted = false;
             loop {
                 if st.devices.is_empty() {
-                    return Err(CacheError::Log("no disk of the write-back log is left".into()));
+                    return (
+                        Err(CacheError::Log("no disk of the write-back log is left".into())),
+                        false,
+                    );
                 }
                 if self.stop.load(Ordering::Acquire) {
-                    return Err(CacheError::Log("the pool is closing".into()));
+                    return (Err(CacheError::Log("the pool is closing".into())), false);
+                }
+                if st.broken.is_some() {
+                    // The ring goes back to the failed batch once those in flight are done.
+                    self.in_order.wait(&mut st);
+                    continue;
                 }
                 let tail = st.tail_pos();
                 if let Some(pos) = log::place(st.area, st.head, tail, st.batches.is_empty(), size) {
                     let seq = st.next_seq;
                     st.next_seq += 1;
+                    st.in_flight.insert(seq);
                     st.head = pos + size;
                     st.used += size;
                     st.batches.insert(
@@ -961,27 +1010,49 @@ impl Inner {
                 self.lose_device(*p, &format!("write failed: {e}"));
             }
         }
-        if written < results.len() && written > 0 {
-            self.replace_lost();
-        }
+        let lost_some = written < results.len() && written > 0;
+        // In sequence order: a replay reads batches in that order and stops at the first
+        // that is not whole, so no batch may be answered before the ones placed ahead of it.
         let mut st = self.state.lock();
-        if written == 0 {
-            // Nothing holds it: the ring ends where it started.
-            st.batches.remove(&seq);
-            st.used -= size;
-            st.head = pos;
-            st.next_seq = seq;
-            return Err(CacheError::Log(format!(
+        while st.in_flight.first() != Some(&seq) {
+            self.in_order.wait(&mut st);
+        }
+        let failed = if written == 0 {
+            Some(format!(
                 "the write failed on every disk of the write-back log: {}",
                 results
                     .iter()
                     .filter_map(|(p, r)| r.as_ref().err().map(|e| format!("disk {p}: {e}")))
                     .collect::<Vec<_>>()
                     .join("; ")
-            )));
-        }
-        self.install(&mut st, seq, pos, &header_entries, crcs);
-        self.counters.log_batches.fetch_add(1, Ordering::Relaxed);
-        Ok(())
+            ))
+        } else {
+            st.broken
+                .map(|(b, _)| format!("an earlier batch of the write-back log (sequence {b}) failed on every disk"))
+        };
+        st.in_flight.remove(&seq);
+        let result = match failed {
+            Some(why) => {
+                // Nothing may follow a batch the replay cannot read: this one goes too, and
+                // the ring ends where the first failed batch began once none is in flight.
+                st.batches.remove(&seq);
+                st.used -= size;
+                let (first, at) = *st.broken.get_or_insert((seq, pos));
+                if st.in_flight.is_empty() {
+                    st.head = at;
+                    st.next_seq = first;
+                    st.broken = None;
+                }
+                Err(CacheError::Log(why))
+            }
+            None => {
+                self.install(&mut st, seq, pos, &header_entries, crcs);
+                self.counters.log_batches.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+        };
+        drop(st);
+        self.in_order.notify_all();
+        (result, lost_some)
     }
 }
