@@ -431,7 +431,7 @@ impl WriteCache {
     pub fn write(&self, vdisk: u64, set: &SlabSet, offset: u64, data: &[u8]) -> Result<()> {
         let i = &self.inner;
         let end = offset + data.len() as u64;
-        let (cached, active) = {
+        let (cached, active, replaces_lost) = {
             let st = i.state.lock();
             let takes = !st.devices.is_empty()
                 && (set.spec.tolerance() == 0 || st.devices.len() >= COPIES)
@@ -439,7 +439,10 @@ impl WriteCache {
             // A range the log still holds must go through the log, even when this write
             // would bypass it: the replay would otherwise bring the older copy back.
             let cached = takes || (!st.devices.is_empty() && st.overlaps(set.id, offset, end));
-            (cached, !st.devices.is_empty() || !st.index.is_empty())
+            // With no disk left, what the index holds of the range was lost with the log
+            // (reads of it fail rather than return older data): this write replaces it.
+            let replaces_lost = st.devices.is_empty() && st.overlaps(set.id, offset, end);
+            (cached, !st.devices.is_empty() || !st.index.is_empty(), replaces_lost)
         };
         if !cached {
             // Not between a whole-row destage's read of the row and its write back.
@@ -456,6 +459,20 @@ impl WriteCache {
             }
             let _held: Vec<_> = stripes.iter().map(|&k| i.stripes[k].lock()).collect();
             i.layouts.write(set, offset, data)?;
+            if replaces_lost {
+                let mut st = i.state.lock();
+                let cut = st
+                    .index
+                    .get_mut(&set.id)
+                    .map(|ix| ix.cut(offset, end))
+                    .unwrap_or_default();
+                for (_, p) in &cut {
+                    st.undirty(p);
+                }
+                if st.index.get(&set.id).is_some_and(|ix| ix.is_empty()) {
+                    st.index.remove(&set.id);
+                }
+            }
             i.layout_dirty.store(true, Ordering::Release);
             i.counters.write_through.fetch_add(1, Ordering::Relaxed);
             return Ok(());

@@ -383,3 +383,55 @@ fn read_plans_are_refused_over_cached_data() {
     e.cache().drain().unwrap();
     assert!(v.try_plan_read(0, 65536).is_some(), "destaged now");
 }
+
+/// The log's only disk is pulled while writers keep several batches in flight: the batches
+/// that fail take those behind them along (a replay could not reach them), nobody hangs, the
+/// writers' flush says that cached data was lost, and from then on writes go straight to the
+/// layouts and read back, before and after a restart.
+#[test]
+fn losing_the_logs_only_disk_with_batches_in_flight_fails_them_in_order() {
+    let mut rig = Rig::with_cache(2, 64 * MIB, MIB, 1);
+    let log = rig.disks.len() - 1;
+    let size = 4 * MIB as usize;
+    let mut s = spec("v", size as u64, LayoutKind::Simple, Provisioning::Thin);
+    s.columns = Some(1);
+    rig.engine().create_vdisk(&s).unwrap();
+    rig.disks[log].faults().set_latency(Duration::from_millis(2));
+    let rounds = AtomicU64::new(0);
+    let failed = AtomicU64::new(0);
+    std::thread::scope(|sc| {
+        for t in 0..8u64 {
+            let (rig, rounds, failed) = (&rig, &rounds, &failed);
+            sc.spawn(move || {
+                let v = rig.engine().vdisk("v").unwrap();
+                let base = t * size as u64 / 8;
+                for i in 0..120u64 {
+                    let off = base + (i % 128) * 4096;
+                    if v.write(off, &pattern(t * 1000 + i, off, 4096), false).is_err() {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                    }
+                    rounds.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        }
+        let (rig, rounds) = (&rig, &rounds);
+        sc.spawn(move || {
+            while rounds.load(Ordering::Relaxed) < 300 {
+                std::thread::yield_now();
+            }
+            rig.disks[log].faults().pull();
+        });
+    });
+    assert!(rig.engine().cache_status().devices.is_empty());
+    let v = rig.engine().vdisk("v").unwrap();
+    assert!(v.flush().is_err(), "cached writes were lost with the log's only disk");
+    // Said once; what follows goes straight to the layouts.
+    let want = pattern(9, 0, size);
+    v.write(0, &want, false).unwrap();
+    v.flush().unwrap();
+    assert_same(&read_all(&rig, "v", size), &want, "after the loss");
+    drop(v);
+    rig.reopen();
+    assert_same(&read_all(&rig, "v", size), &want, "after a restart");
+    rig.assert_consistent();
+}
