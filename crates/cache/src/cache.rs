@@ -43,8 +43,9 @@ const DESTAGE_THREADS: usize = 16;
 /// Copies the log keeps when the pool has the disks for them.
 const COPIES: usize = 2;
 /// Batches written at once. One at a time leaves the disks idle while a batch's writers are
-/// answered and the next batch is built: the writers wait on the latency of one write.
-const IN_FLIGHT: usize = 2;
+/// answered and the next batch is built: the writers wait on the latency of one write. Three
+/// measured best on file disks (two: 0.9x of it, four: no better, and a slower destage).
+const IN_FLIGHT: usize = 3;
 /// Writes queued before a second batch starts beside the one in flight: fewer wait for the
 /// next batch rather than pay a header block of their own.
 const SECOND_BATCH_MIN: usize = 2;
