@@ -18,11 +18,13 @@ use crate::client::{encode_segment, Client, ClientError, Endpoint};
 use crate::output::{kv, opt, opt_size, percent, size, table, when};
 use crate::*;
 
+mod dedup;
 mod exports;
 mod jobs;
 mod pools;
 mod vdisks;
 
+use dedup::dedup;
 use exports::{nbd, target};
 use jobs::{follow, job};
 use pools::{disk, pool};
@@ -63,6 +65,7 @@ pub fn run(cli: Cli) -> Result<(), String> {
         Command::Target(t) => target(&c, t),
         Command::Nbd(n) => nbd(&c, n),
         Command::Job(j) => job(&c, j),
+        Command::Dedup(d) => dedup(&c, d),
     };
     r.map_err(|e| match e {
         ClientError::Api { message, code, .. } if code == "unauthorized" => message,

@@ -80,6 +80,9 @@ pub enum Command {
     /// Long-running operations.
     #[command(subcommand)]
     Job(JobCmd),
+    /// Deduplication: identical blocks of a pool's vdisks stored once.
+    #[command(subcommand)]
+    Dedup(DedupCmd),
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -190,6 +193,68 @@ pub struct BenchArgs {
     /// No progress line.
     #[arg(long, short = 'q')]
     pub quiet: bool,
+}
+
+fn parse_secs(s: &str) -> Result<u64, String> {
+    tessera_server::units::parse_duration(s).map(|d| d.as_secs())
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum DedupModeArg {
+    /// As fast as the disks allow.
+    Throughput,
+    /// Held to the pool's background rate, leaving the disks to the vdisks.
+    Background,
+}
+
+#[derive(Subcommand)]
+pub enum DedupCmd {
+    /// Turn deduplication on for a pool: every vdisk, or those named (thin vdisks only; new
+    /// vdisks in scope get 4 KiB grains). Sets the scope to exactly what is given.
+    Enable {
+        pool: String,
+        /// A vdisk in scope (repeat for more); none: every vdisk of the pool.
+        #[arg(long = "vdisk")]
+        vdisks: Vec<String>,
+        /// A vdisk left out (repeat for more).
+        #[arg(long)]
+        exclude: Vec<String>,
+        /// Optimize only regions not written for this long (default 1h), e.g. 0, 30m, 3d.
+        #[arg(long, value_parser = parse_secs)]
+        min_age: Option<u64>,
+        /// Time between scheduled background runs (default 1h; 0: none).
+        #[arg(long, value_parser = parse_secs)]
+        schedule: Option<u64>,
+        /// Read rate of background runs, e.g. 64M (per second).
+        #[arg(long, value_parser = parse_size)]
+        background_rate: Option<u64>,
+    },
+    /// Turn deduplication off: no more runs; what is shared stays shared.
+    Disable { pool: String },
+    /// Optimize now: fingerprint the vdisks in scope and share identical blocks.
+    Run {
+        pool: String,
+        #[arg(long, value_enum, default_value = "throughput")]
+        mode: DedupModeArg,
+        /// Read rate, at most, e.g. 100M (per second).
+        #[arg(long, value_parser = parse_size)]
+        rate: Option<u64>,
+        /// Optimize every region, however recently written.
+        #[arg(long)]
+        all: bool,
+        /// Return once the job is started.
+        #[arg(long)]
+        no_wait: bool,
+    },
+    /// Drop fingerprints of data that is gone and give empty slab sets back to the pool.
+    Gc {
+        pool: String,
+        /// Return once the job is started.
+        #[arg(long)]
+        no_wait: bool,
+    },
+    /// Savings: logical, physical and saved bytes, per pool and per vdisk, and the index.
+    Status { pool: String },
 }
 
 fn parse_percent(s: &str) -> Result<f64, String> {

@@ -22,8 +22,15 @@ pub const CF_REFCOUNTS: &str = "refcounts";
 pub const CF_GRAINSETS: &str = "grainsets";
 /// What the last metadata scan found, one record per finding (volume layer).
 pub const CF_FINDINGS: &str = "findings";
+/// The fingerprint index of deduplication: (class, fingerprint) -> where such data lies
+/// (dedup layer). Advisory: every match is compared byte for byte before data is shared.
+pub const CF_DEDUP: &str = "dedup";
 
-const ALL_CFS: [&str; 7] = [
+/// Block cache of the fingerprint index, its index and filter blocks included: with
+/// the memtable, what the index may hold in memory however large it grows.
+pub const DEDUP_INDEX_CACHE: usize = 64 << 20;
+
+const ALL_CFS: [&str; 8] = [
     CF_POOL,
     CF_SLABSETS,
     CF_VDISKS,
@@ -31,6 +38,7 @@ const ALL_CFS: [&str; 7] = [
     CF_REFCOUNTS,
     CF_GRAINSETS,
     CF_FINDINGS,
+    CF_DEDUP,
 ];
 
 /// Sums little-endian i64 deltas: the refcount merge operator.
@@ -55,6 +63,8 @@ pub fn decode_refcount(b: &[u8]) -> i64 {
 pub struct MetaStore {
     db: DB,
     path: PathBuf,
+    /// The fingerprint index's own block cache, so that its memory is bounded and measured.
+    dedup_cache: rocksdb::Cache,
 }
 
 impl MetaStore {
@@ -83,11 +93,23 @@ impl MetaStore {
         opts.create_missing_column_families(true);
         opts.set_max_background_jobs(2);
         opts.set_keep_log_file_num(4);
+        let dedup_cache = rocksdb::Cache::new_lru_cache(DEDUP_INDEX_CACHE);
         let cfs = ALL_CFS.iter().map(|name| {
             let mut o = Options::default();
             o.set_write_buffer_size(16 << 20);
             if *name == CF_REFCOUNTS {
                 o.set_merge_operator_associative("tessera_sum_i64", sum_i64);
+            }
+            if *name == CF_DEDUP {
+                // Most lookups are for data seen for the first time: a bloom filter answers
+                // them without a disk read. Filters and index blocks live in the bounded
+                // cache, not beside it, so the index's memory does not grow with its size.
+                let mut t = rocksdb::BlockBasedOptions::default();
+                t.set_bloom_filter(10.0, false);
+                t.set_block_cache(&dedup_cache);
+                t.set_cache_index_and_filter_blocks(true);
+                t.set_pin_l0_filter_and_index_blocks_in_cache(true);
+                o.set_block_based_table_factory(&t);
             }
             ColumnFamilyDescriptor::new(*name, o)
         });
@@ -98,6 +120,7 @@ impl MetaStore {
         Ok(MetaStore {
             db,
             path: path.to_path_buf(),
+            dedup_cache,
         })
     }
 
@@ -127,6 +150,31 @@ impl MetaStore {
 
     pub fn get(&self, cf: &str, key: &[u8]) -> Result<Option<Vec<u8>>> {
         self.db.get_cf(self.cf(cf), key).map_err(|e| self.err(e))
+    }
+
+    /// Looks up several keys of one column family at once.
+    pub fn multi_get(&self, cf: &str, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>> {
+        let cf = self.cf(cf);
+        self.db
+            .multi_get_cf(keys.iter().map(|k| (cf, *k)))
+            .into_iter()
+            .map(|r| r.map_err(|e| self.err(e)))
+            .collect()
+    }
+
+    /// A RocksDB integer property of a column family (`rocksdb.estimate-num-keys`, ...).
+    pub fn property(&self, cf: &str, name: &str) -> u64 {
+        self.db
+            .property_int_value_cf(self.cf(cf), name)
+            .ok()
+            .flatten()
+            .unwrap_or(0)
+    }
+
+    /// Bytes the fingerprint index holds in memory: its memtables and its block cache (which
+    /// holds its filter and index blocks too).
+    pub fn dedup_index_memory(&self) -> u64 {
+        self.property(CF_DEDUP, "rocksdb.cur-size-all-mem-tables") + self.dedup_cache.get_usage() as u64
     }
 
     /// Visits every (key, value) of a column family whose key starts with `prefix`.

@@ -54,6 +54,7 @@ pub struct Daemon {
     thin_warned: Mutex<BTreeSet<String>>,
     pub auto_repair: AutoRepair,
     pub scrub_watch: crate::scrubs::ScrubWatch,
+    pub dedup_schedule: crate::dedup::DedupSchedule,
     /// Set when the daemon begins to stop: jobs cancelled from then on were not cancelled by
     /// the administrator (a scrub stopped so goes on after the restart).
     pub stopping: Arc<std::sync::atomic::AtomicBool>,
@@ -99,6 +100,7 @@ impl Daemon {
             thin_warned: Mutex::new(BTreeSet::new()),
             auto_repair,
             scrub_watch: Default::default(),
+            dedup_schedule: Default::default(),
             stopping: Default::default(),
         };
         let mut wanted = d.read_imported()?.pools;
@@ -213,6 +215,11 @@ impl Daemon {
     }
 
     /// Every imported pool's engine, for the protocol front ends and the demo.
+    /// When the daemon started.
+    pub(crate) fn started_at(&self) -> Instant {
+        self.started
+    }
+
     pub fn engines(&self) -> Vec<(String, Arc<Engine>)> {
         self.pools.read().iter().map(|(n, e)| (n.clone(), e.clone())).collect()
     }

@@ -320,6 +320,15 @@ pub struct VdiskView {
     /// and bytes shared with clones, snapshots or copies in flight.
     pub exclusive_bytes: u64,
     pub shared_bytes: u64,
+    /// Its share of the grains it points at (a grain `n` vdisks share counts `1/n`), and
+    /// what sharing saves it: allocated - physical.
+    #[serde(default)]
+    pub physical_bytes: u64,
+    #[serde(default)]
+    pub saved_bytes: u64,
+    /// In the scope of the pool's deduplication.
+    #[serde(default)]
+    pub dedup: bool,
     /// Number of snapshots taken of this vdisk that still exist.
     pub snapshots: usize,
     /// Bytes of the write-back cache it may fill, and bytes it holds there not yet destaged.
@@ -586,4 +595,24 @@ mod pool_health_tests {
             );
         }
     }
+}
+
+pub use tessera_volume::{DedupMode, DedupSettings, DedupStatus, GcReport, PassOptions, PassReport, VdiskSavings};
+
+/// `PUT /api/pools/{pool}/dedup`: what to change in the pool's dedup settings; a field left
+/// out keeps its value.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SetDedup {
+    pub enabled: Option<bool>,
+    /// The vdisks in scope; an empty list: every vdisk of the pool.
+    pub vdisks: Option<Vec<String>>,
+    /// Vdisks left out.
+    pub exclude: Option<Vec<String>>,
+    /// Seconds a region must go unwritten before it is optimized.
+    pub min_age_secs: Option<u64>,
+    /// Seconds between scheduled background runs; 0: none.
+    pub schedule_secs: Option<u64>,
+    /// Bytes per second a background run reads.
+    pub background_rate: Option<u64>,
 }

@@ -133,7 +133,8 @@ async fn serve(cfg: ServerConfig) -> Result<(), String> {
         }
     });
     // Start the repairs that are due (a disk failed, or missing past the delay), go on with
-    // scrubs a restart cut short, start the scheduled ones, and watch disks' error counts.
+    // scrubs a restart cut short, start the scheduled ones and the scheduled dedup runs, and
+    // watch disks' error counts.
     let repairing = daemon.clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(crate::auto_repair::CHECK_INTERVAL);
@@ -143,6 +144,7 @@ async fn serve(cfg: ServerConfig) -> Result<(), String> {
             let _ = tokio::task::spawn_blocking(move || {
                 d.auto_repair_tick();
                 d.scrub_tick();
+                d.dedup_tick();
             })
             .await;
         }

@@ -18,6 +18,7 @@ use tracing::{info, warn};
 
 use crate::commit::Committer;
 use crate::config::{physical_block_size, validate, VdiskConfig, VdiskSpec, VdiskState, DEFAULT_GRAIN};
+use crate::dedup::DedupState;
 use crate::error::{Result, VolumeError};
 use crate::frozen_registry::FrozenRegistry;
 use crate::keys::{parse_grain_key, parse_loc, refcount_key, vdisk_key};
@@ -40,6 +41,8 @@ pub struct Engine {
     /// Held by the metadata scan or spot-fix running, if any: a spot-fix acts on one scan's
     /// findings, so neither may run while the other writes them.
     pub(crate) metadata_job: Mutex<()>,
+    /// Dedup settings, fingerprint index and the run under way.
+    pub(crate) dedup: DedupState,
 }
 
 /// Where the next vdisk id is kept (in the pool's own column family).
@@ -208,6 +211,7 @@ impl Engine {
             admin: Mutex::new(()),
             scrubbing: Mutex::new(()),
             metadata_job: Mutex::new(()),
+            dedup: DedupState::load(&meta)?,
         };
         for v in deleting {
             info!(vdisk = %v.name(), "finishing an interrupted delete, or removing a half-made snapshot or clone");
@@ -248,7 +252,10 @@ impl Engine {
         state: VdiskState,
     ) -> Result<Arc<Vdisk>> {
         let layout = self.resolve_layout(spec)?;
-        let grain = spec.grain_size.unwrap_or(DEFAULT_GRAIN);
+        let grain = spec
+            .grain_size
+            .or_else(|| self.default_grain_for(&spec.name))
+            .unwrap_or(DEFAULT_GRAIN);
         let block_size = spec.block_size.unwrap_or(512);
         validate(spec.size, block_size, grain, &layout).map_err(VolumeError::Invalid)?;
         let physical_block_size =
@@ -368,6 +375,7 @@ impl Engine {
         {
             let mut map = v.map.write();
             map.extend((0..added).map(|_| AtomicU64::new(0)));
+            v.clock.grow(size);
             *v.cfg.write() = c;
         }
         info!(vdisk = name, size, "vdisk grown");

@@ -143,6 +143,7 @@ impl Vdisk {
     pub(crate) fn paste_into(&self, dst_off: u64, img: &Frozen, img_off: u64, len: u64) -> Result<CloneStats> {
         self.check_range(dst_off, len)?;
         img.check_range(img_off, len)?;
+        self.clock.touch(dst_off, len);
         let same_pool = Arc::ptr_eq(&self.s, &img.held.s);
         let g = self.class.grain;
         let mut stats = CloneStats::default();

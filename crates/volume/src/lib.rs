@@ -6,6 +6,7 @@ mod clone;
 mod commit;
 mod config;
 mod damage;
+mod dedup;
 mod engine;
 mod error;
 mod findings;
@@ -21,6 +22,7 @@ mod space;
 mod spotfix;
 mod unsynced;
 mod vdisk;
+mod write_clock;
 
 pub use check::CheckReport;
 pub use config::{Provisioning, VdiskConfig, VdiskSpec, VdiskState, DEFAULT_GRAIN, MAX_GRAIN, MIN_GRAIN};
@@ -30,6 +32,9 @@ pub use findings::{FindingKind, FindingStatus, FindingView, Repair, ScanReport, 
 pub use frozen::{CloneStats, Frozen};
 pub use plan::ReadPlan;
 pub use scrub::{ScrubOptions, ScrubPass, ScrubState};
+pub use tessera_dedup::{
+    DedupMode, DedupSettings, DedupStatus, Fingerprinter, GcReport, PassOptions, PassReport, VdiskSavings,
+};
 pub use vdisk::{Extent, SpaceUsage, Vdisk};
 
 pub use tessera_cache::{CacheStatus, DEFAULT_VDISK_CACHE};

@@ -144,6 +144,27 @@ impl GrainSpace {
         }
     }
 
+    /// Adds a reference to a slot that two references or more point at already, and says
+    /// whether it did. Writers overwrite a slot in place only while it has one reference (and
+    /// only under the lock of the grain that holds it), and a slot goes from one reference to
+    /// two only while that grain's writers are kept out: so a slot this finds shared is not
+    /// being overwritten, and cannot be while the reference is held. Dedup compares such a
+    /// slot and points a grain at it without knowing which grains hold it.
+    pub fn incref_if_shared(&self, l: Loc) -> bool {
+        let (set, slot) = loc_parts(l);
+        let sets = self.sets.read();
+        let Some(r) = sets.get(&set).and_then(|s| s.refs.get(slot as usize)) else {
+            return false;
+        };
+        r.fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| (c >= 2).then_some(c + 1))
+            .is_ok()
+    }
+
+    /// The class of the slab set a location is in.
+    pub fn class_of(&self, l: Loc) -> Option<Class> {
+        self.slots(loc_parts(l).0).map(|s| s.class)
+    }
+
     /// Drops a reference, after the batch recording the drop is durable: a slot that reaches
     /// zero is free at once. (References are added before their batch commits and dropped
     /// after theirs, so the in-memory count never falls below the durable one.)

@@ -18,6 +18,7 @@ use crate::keys::{grain_key, loc_value, refcount_key};
 use crate::shared::Shared;
 use crate::space::{Class, Loc};
 use crate::unsynced::Unsynced;
+use crate::write_clock::WriteClock;
 
 /// Grains whose map entries one batch changes, at most (trim, delete, clone).
 pub(crate) const BATCH_GRAINS: u64 = 512;
@@ -39,6 +40,8 @@ pub struct Vdisk {
     read_only: bool,
     /// The slab sets written since the last flush, which that flush must vouch for.
     unsynced: Unsynced,
+    /// When each region was last written, and whether dedup read it since.
+    pub(crate) clock: WriteClock,
 }
 
 /// A part of a request inside one grain.
@@ -106,6 +109,9 @@ pub struct SpaceUsage {
     /// gives back.
     pub exclusive_bytes: u64,
     pub shared_bytes: u64,
+    /// Its share of the slots it points at: a slot that `n` grains point at counts `1/n` of
+    /// its size. What sharing (clones, snapshots, dedup) saves is allocated - physical.
+    pub physical_bytes: u64,
 }
 
 /// Which parts of a range are allocated, for GET LBA STATUS and sparse export.
@@ -142,6 +148,7 @@ impl Vdisk {
             gate: RwLock::new(()),
             read_only: c.snapshot_of.is_some(),
             unsynced: Unsynced::default(),
+            clock: WriteClock::new(c.size),
             cfg: RwLock::new(c),
         }
     }
@@ -197,22 +204,25 @@ impl Vdisk {
     /// other vdisks, snapshots or copies in flight.
     pub fn space_usage(&self) -> SpaceUsage {
         let g = self.class.grain;
-        let (mut exclusive, mut shared) = (0u64, 0u64);
+        let (mut exclusive, mut shared, mut physical) = (0u64, 0u64, 0f64);
         for e in self.map.read().iter() {
             let l = e.load(Ordering::Acquire);
             if l == 0 {
                 continue;
             }
-            if self.s.space.refcount(l) > 1 {
+            let refs = self.s.space.refcount(l);
+            if refs > 1 {
                 shared += g;
             } else {
                 exclusive += g;
             }
+            physical += g as f64 / refs.max(1) as f64;
         }
         SpaceUsage {
             allocated_bytes: exclusive + shared,
             exclusive_bytes: exclusive,
             shared_bytes: shared,
+            physical_bytes: (physical.round() as u64).min(exclusive + shared),
         }
     }
 
@@ -365,6 +375,7 @@ impl Vdisk {
     pub(crate) fn write_data(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
         self.check_range(offset, data.len() as u64)?;
         let _gate = self.enter_change()?;
+        self.clock.touch(offset, data.len() as u64);
         let pieces: Vec<GrainPiece> = grain_pieces(self.class.grain, offset, data.len() as u64).collect();
         if !(pieces.len() > 1 && self.overwrite_in_place(&pieces, data)?) {
             self.write_allocating(&pieces, data)?;
@@ -627,6 +638,7 @@ impl Vdisk {
         if unmap {
             self.trim_gated(offset, len)?;
         } else {
+            self.clock.touch(offset, len);
             let zeros = AlignedBuf::zeroed(self.class.grain as usize);
             for p in grain_pieces(self.class.grain, offset, len) {
                 self.write_grain(p.grain, p.off, &zeros[..p.len], &mut Vec::new())?;

@@ -1,7 +1,8 @@
 //! Model-based property tests: random sequences of writes, zero writes, trims, flushes,
 //! clone_range, snapshots, clones of vdisks and snapshots, frozen images pasted back (what ODX
 //! tokens are), deletes of all of these in random order, disk failures within tolerance,
-//! repairs and restarts, for every layout and
+//! repairs, restarts and dedup runs (with a weak fingerprint now and then, so that different
+//! data collides), for every layout and
 //! both provisioning types, checked block for block against an in-memory model, and ending
 //! with a metadata consistency check and a scrub of the redundancy.
 //!
@@ -11,7 +12,9 @@ mod common;
 
 use common::{pattern, spec, Rig, MIB};
 use proptest::prelude::*;
-use tessera_volume::{Frozen, LayoutKind, Progress, Provisioning, RebuildOptions};
+use tessera_volume::{
+    DedupMode, DedupSettings, Fingerprinter, Frozen, LayoutKind, PassOptions, Progress, Provisioning, RebuildOptions,
+};
 
 const BLOCK: u64 = 512;
 const GRAIN_BLOCKS: u64 = 32; // 16 KiB grains
@@ -38,6 +41,17 @@ enum Op {
         vd: usize,
         blk: u64,
         n: u64,
+    },
+    /// Whole grains of one of a few contents, the same wherever they land: duplicates for
+    /// dedup to find, within a vdisk and across vdisks.
+    WriteCommon {
+        vd: usize,
+        grain: u64,
+        grains: u64,
+        content: u64,
+    },
+    Dedup {
+        weak: bool,
     },
     Flush,
     Clone {
@@ -91,6 +105,8 @@ fn op() -> impl Strategy<Value = Op> {
         8 => (0..2usize, range.clone(), any::<u64>(), any::<bool>()).prop_map(|(vd, (blk, n), seed, fua)| Op::Write { vd, blk, n, seed, fua }),
         2 => (0..2usize, range.clone(), any::<bool>()).prop_map(|(vd, (blk, n), unmap)| Op::Zero { vd, blk, n, unmap }),
         2 => (0..2usize, range.clone()).prop_map(|(vd, (blk, n))| Op::Trim { vd, blk, n }),
+        3 => (0..2usize, 0..BLOCKS / GRAIN_BLOCKS, 1u64..6, 0..4u64).prop_map(|(vd, grain, grains, content)| Op::WriteCommon { vd, grain, grains, content }),
+        2 => any::<bool>().prop_map(|weak| Op::Dedup { weak }),
         1 => Just(Op::Flush),
         // Half of the clones grain-aligned, so that sharing (not copying) is exercised.
         3 => (0..2usize, 0..2usize, 0..BLOCKS, 0..BLOCKS, 1u64..300, any::<bool>()).prop_map(|(src, dst, s, d, n, aligned)| {
@@ -138,6 +154,13 @@ fn run_with(kind: LayoutKind, copies: Option<u8>, prov: Provisioning, ops: Vec<O
     s.name = "b".into();
     rig.engine().create_vdisk(&s).unwrap();
     let names = ["a", "b"];
+    rig.engine()
+        .set_dedup_settings(DedupSettings {
+            enabled: true,
+            min_age_secs: 0,
+            ..Default::default()
+        })
+        .unwrap();
     let mut m = Model {
         data: vec![vec![0u8; VDISK_SIZE as usize]; 2],
         failed: vec![false; DISKS],
@@ -158,6 +181,33 @@ fn run_with(kind: LayoutKind, copies: Option<u8>, prov: Provisioning, ops: Vec<O
                 e.vdisk(names[vd]).unwrap().write(off, &bytes, fua).unwrap();
                 m.data[vd][off as usize..off as usize + len].copy_from_slice(&bytes);
                 wrote = true;
+            }
+            Op::WriteCommon {
+                vd,
+                grain,
+                grains,
+                content,
+            } => {
+                let g = GRAIN_BLOCKS * BLOCK;
+                let grains = grains.min(BLOCKS / GRAIN_BLOCKS - grain);
+                let (off, len) = (grain * g, (grains * g) as usize);
+                let bytes = pattern(1000 + content, 0, g as usize).repeat(grains as usize);
+                e.vdisk(names[vd]).unwrap().write(off, &bytes, false).unwrap();
+                m.data[vd][off as usize..off as usize + len].copy_from_slice(&bytes);
+                wrote = true;
+            }
+            Op::Dedup { weak } => {
+                e.set_fingerprinter(if weak {
+                    Fingerprinter::Weak { bits: 2 }
+                } else {
+                    Fingerprinter::Blake3
+                });
+                let opts = PassOptions {
+                    mode: DedupMode::Throughput,
+                    ignore_min_age: true,
+                    ..Default::default()
+                };
+                e.dedup_run(&opts, &Progress::default()).unwrap();
             }
             Op::Zero { vd, blk, n, unmap } => {
                 let (blk, n) = clamp(blk, n);

@@ -10,6 +10,10 @@
 //! written to it since, that the metadata check finds nothing, and that scrub finds the
 //! redundancy in step with the data. At the end a disk is failed and everything read again.
 //!
+//! A fifth thread runs dedup over every vdisk the whole time (the work vdisks start with a
+//! copy of their base's first MiB, written apart, for it to share), so cuts land in its
+//! compares and commits too.
+//!
 //! The same runs again on a pool with the write-back cache: its log on two cache disks with
 //! volatile caches too, cut while batches are written, flushed and destaged (the destage delay
 //! is short in half the rounds, so cuts land in destages as well as in appends), and replayed
@@ -27,7 +31,9 @@ use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
 use tessera_disk::{DiskError, DiskRef, FileDisk, PowerSupply, VolatileDisk};
-use tessera_volume::{Engine, LayoutKind, Progress, Provisioning, RebuildOptions, VdiskSpec};
+use tessera_volume::{
+    DedupMode, DedupSettings, Engine, LayoutKind, PassOptions, Progress, Provisioning, RebuildOptions, VdiskSpec,
+};
 
 const MIB: u64 = 1 << 20;
 const SIZE: u64 = 2 * MIB;
@@ -305,8 +311,20 @@ fn power_cut_child() {
         arm();
     }
     std::thread::scope(|s| {
+        let e = &e;
+        s.spawn(move || {
+            let opts = PassOptions {
+                mode: DedupMode::Throughput,
+                ignore_min_age: true,
+                ..Default::default()
+            };
+            loop {
+                e.dedup_run(&opts, &Progress::default()).unwrap();
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        });
         for t in 0..LAYOUTS.len() {
-            let (e, out) = (&e, &out);
+            let out = &out;
             s.spawn(move || {
                 let mut rng = rand::rngs::StdRng::seed_from_u64(seed * 16 + t as u64);
                 for i in 0.. {
@@ -350,7 +368,19 @@ fn setup(dir: &Path, cache: bool) -> Vec<Vec<u64>> {
         base.write(0, &pattern(1000 + t as u64, 0, SIZE as usize), false)
             .unwrap();
         base.trim(MIB, 256 << 10).unwrap();
+        // The same bytes in the work vdisk, in slots of its own: for dedup to share.
+        e.vdisk(&work_name(t))
+            .unwrap()
+            .write(0, &pattern(1000 + t as u64, 0, MIB as usize), false)
+            .unwrap();
     }
+    e.set_dedup_settings(DedupSettings {
+        enabled: true,
+        min_age_secs: 0,
+        schedule_secs: 0,
+        ..Default::default()
+    })
+    .unwrap();
     e.flush().unwrap();
     let content = dump(&e);
     drop(e);

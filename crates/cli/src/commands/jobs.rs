@@ -132,7 +132,7 @@ pub(super) fn wait_for(c: &Ctx, mut raw: Value) -> Result<(JobView, Value), Clie
         let b = ProgressBar::new(job.total_bytes);
         // Scans and spot-fixes count metadata records, not bytes.
         let template = match job.kind.as_str() {
-            "scan" | "spotfix" => "{msg} [{bar:30}] {human_pos}/{human_len} records {per_sec} ETA {eta} ",
+            "scan" | "spotfix" | "dedup-gc" => "{msg} [{bar:30}] {human_pos}/{human_len} records {per_sec} ETA {eta} ",
             _ => "{msg} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta} ",
         };
         b.set_style(

@@ -11,6 +11,15 @@ pub(super) fn vdisk_table(vdisks: &[VdiskView]) {
                 size(x.size),
                 size(x.allocated_bytes),
                 size(x.exclusive_bytes),
+                if x.dedup {
+                    format!(
+                        "{} ({})",
+                        size(x.saved_bytes),
+                        percent(x.saved_bytes, x.allocated_bytes)
+                    )
+                } else {
+                    size(x.saved_bytes)
+                },
                 x.snapshots.to_string(),
                 x.provisioning.as_str().to_string(),
                 x.layout_description.clone(),
@@ -23,6 +32,7 @@ pub(super) fn vdisk_table(vdisks: &[VdiskView]) {
             "SIZE",
             "ALLOCATED",
             "EXCLUSIVE",
+            "SAVED",
             "SNAPSHOTS",
             "PROVISIONING",
             "LAYOUT",

@@ -100,6 +100,31 @@ fn optional_body<T: Default + serde::de::DeserializeOwned>(body: &[u8]) -> ApiRe
         .map_err(|e| ApiError::malformed(format!("the request body is not what this route takes: {e}")))
 }
 
+pub async fn dedup_status(State(d): D, Path(pool): Path<String>) -> ApiResult<Json<DedupStatus>> {
+    json(move || d.dedup_status(&pool)).await
+}
+
+pub async fn set_dedup(
+    State(d): D,
+    Path(pool): Path<String>,
+    Body(req): Body<SetDedup>,
+) -> ApiResult<Json<DedupStatus>> {
+    json(move || d.set_dedup(&pool, req)).await
+}
+
+pub async fn dedup_run(
+    State(d): D,
+    Path(pool): Path<String>,
+    body: axum::body::Bytes,
+) -> ApiResult<(StatusCode, Json<JobView>)> {
+    let req: PassOptions = optional_body(&body)?;
+    accepted(move || d.dedup_run(&pool, req)).await
+}
+
+pub async fn dedup_gc(State(d): D, Path(pool): Path<String>) -> ApiResult<(StatusCode, Json<JobView>)> {
+    accepted(move || d.dedup_gc(&pool)).await
+}
+
 pub async fn scan_pool(State(d): D, Path(pool): Path<String>) -> ApiResult<(StatusCode, Json<JobView>)> {
     accepted(move || d.scan_pool(&pool)).await
 }

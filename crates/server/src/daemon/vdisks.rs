@@ -223,6 +223,11 @@ pub fn vdisk_view(pool: &str, e: &Engine, v: &Vdisk) -> VdiskView {
         allocated_bytes: u.allocated_bytes,
         exclusive_bytes: u.exclusive_bytes,
         shared_bytes: u.shared_bytes,
+        physical_bytes: u.physical_bytes,
+        saved_bytes: u.allocated_bytes - u.physical_bytes,
+        dedup: !v.is_snapshot()
+            && c.provisioning == tessera_volume::Provisioning::Thin
+            && e.dedup_settings().covers(&c.name),
         snapshots: e.snapshots_of(&v.name()).len(),
         write_cache_size: c.write_cache(),
         cache_dirty_bytes: e.cache().dirty_bytes(c.id),

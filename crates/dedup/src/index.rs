@@ -1,0 +1,176 @@
+//! The fingerprint index: for each class of grains (layout and grain size) and fingerprint,
+//! where data with that fingerprint was found (a grain slot, and the vdisk grain that held it
+//! then). It lives in the pool's metadata store (column family `dedup`), so its size on disk
+//! grows with the unique data and its memory does not: RocksDB's memtable and a bounded block
+//! cache (`DEDUP_INDEX_CACHE`) are all it holds in memory.
+//!
+//! The index is advisory. An entry may be stale (the slot rewritten in place, freed, or
+//! reused) or name data that merely collides: the volume layer compares the bytes before it
+//! shares anything and corrects the entry when they differ.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use tessera_pool::{MetaStore, Result, WriteBatch, CF_DEDUP};
+
+use crate::fingerprint::Fingerprint;
+
+/// A class tag (4 bytes) then the fingerprint (16): the grains that may share a slot.
+pub type IndexKey = [u8; 20];
+
+/// A tag for a class of grains, from a stable description of it (its layout spec and grain
+/// size as JSON): grains of different classes are never shared, so a vdisk keeps the
+/// resilience it was made with. A tag that two classes happen to share costs misses only: the
+/// volume layer checks the class before sharing.
+pub fn class_tag(description: &str) -> u32 {
+    let h = blake3::hash(description.as_bytes());
+    u32::from_be_bytes(h.as_bytes()[..4].try_into().expect("4 bytes"))
+}
+
+pub fn key(class: u32, f: &Fingerprint) -> IndexKey {
+    let mut k = [0u8; 20];
+    k[..4].copy_from_slice(&class.to_be_bytes());
+    k[4..].copy_from_slice(&f.0);
+    k
+}
+
+/// Where data with a fingerprint was found: a grain slot, and the grain (vdisk id, index)
+/// that pointed at it when it was indexed. The grain's lock is what keeps writers out of an
+/// unshared slot while it is compared and shared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IndexEntry {
+    pub loc: u64,
+    pub vdisk: u64,
+    pub grain: u64,
+}
+
+impl IndexEntry {
+    pub fn to_bytes(self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(24);
+        v.extend_from_slice(&self.loc.to_le_bytes());
+        v.extend_from_slice(&self.vdisk.to_le_bytes());
+        v.extend_from_slice(&self.grain.to_le_bytes());
+        v
+    }
+
+    pub fn parse(b: &[u8]) -> Option<IndexEntry> {
+        if b.len() != 24 {
+            return None;
+        }
+        let word = |i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+        Some(IndexEntry {
+            loc: word(0),
+            vdisk: word(1),
+            grain: word(2),
+        })
+    }
+}
+
+/// How big the index is and what it holds in memory.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct IndexStats {
+    /// Entries, as RocksDB estimates them: about one per unique grain indexed.
+    pub entries: u64,
+    /// Bytes in memory: the memtable and the index's block cache (filters and index blocks
+    /// included), bounded by the cache's capacity however many entries there are.
+    pub memory_bytes: u64,
+    /// Bytes on disk in the metadata store.
+    pub disk_bytes: u64,
+}
+
+pub struct FingerprintIndex {
+    meta: Arc<MetaStore>,
+}
+
+impl FingerprintIndex {
+    pub fn new(meta: Arc<MetaStore>) -> FingerprintIndex {
+        FingerprintIndex { meta }
+    }
+
+    /// The entries of `keys`, in order.
+    pub fn get_many(&self, keys: &[IndexKey]) -> Result<Vec<Option<IndexEntry>>> {
+        let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+        Ok(self
+            .meta
+            .multi_get(CF_DEDUP, &refs)?
+            .into_iter()
+            .map(|v| v.as_deref().and_then(IndexEntry::parse))
+            .collect())
+    }
+
+    /// Writes entries without waiting for them to be durable: the index is advisory, and an
+    /// entry lost in a crash is a duplicate found at the next run instead of this one.
+    pub fn put_many(&self, entries: &[(IndexKey, IndexEntry)]) -> Result<()> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let cf = self.meta.cf(CF_DEDUP);
+        let mut b = WriteBatch::default();
+        for (k, e) in entries {
+            b.put_cf(cf, k, e.to_bytes());
+        }
+        self.meta.commit(b, false)
+    }
+
+    pub fn delete_many(&self, keys: &[IndexKey]) -> Result<()> {
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let cf = self.meta.cf(CF_DEDUP);
+        let mut b = WriteBatch::default();
+        for k in keys {
+            b.delete_cf(cf, k);
+        }
+        self.meta.commit(b, false)
+    }
+
+    /// Visits every entry (a garbage collection of the index).
+    pub fn for_each(&self, mut f: impl FnMut(IndexKey, IndexEntry)) -> Result<()> {
+        self.meta.for_each_prefix(CF_DEDUP, &[], |k, v| {
+            if let (Ok(k), Some(e)) = (IndexKey::try_from(k), IndexEntry::parse(v)) {
+                f(k, e);
+            }
+            Ok(())
+        })
+    }
+
+    pub fn stats(&self) -> IndexStats {
+        IndexStats {
+            entries: self.meta.property(CF_DEDUP, "rocksdb.estimate-num-keys"),
+            memory_bytes: self.meta.dedup_index_memory(),
+            disk_bytes: self.meta.property(CF_DEDUP, "rocksdb.total-sst-files-size"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Fingerprinter;
+
+    #[test]
+    fn entries_round_trip_through_the_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = Arc::new(MetaStore::create(&dir.path().join("meta")).unwrap());
+        let idx = FingerprintIndex::new(meta);
+        let f = Fingerprinter::Blake3;
+        let (a, b) = (key(1, &f.of(b"a")), key(2, &f.of(b"a")));
+        let e = IndexEntry {
+            loc: 0x1_0000_0007,
+            vdisk: 3,
+            grain: 99,
+        };
+        idx.put_many(&[(a, e)]).unwrap();
+        assert_eq!(idx.get_many(&[a, b]).unwrap(), vec![Some(e), None]);
+        let mut seen = Vec::new();
+        idx.for_each(|k, e| seen.push((k, e))).unwrap();
+        assert_eq!(seen, vec![(a, e)]);
+        idx.delete_many(&[a]).unwrap();
+        assert_eq!(idx.get_many(&[a]).unwrap(), vec![None]);
+    }
+
+    #[test]
+    fn a_malformed_entry_reads_as_none() {
+        assert_eq!(IndexEntry::parse(&[1, 2, 3]), None);
+    }
+}

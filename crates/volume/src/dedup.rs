@@ -1,0 +1,593 @@
+//! Post-process deduplication: a run reads the grains of the vdisks in scope that have not
+//! been written for the minimum age, fingerprints them, and points each grain whose data a
+//! slot of its class already holds at that slot, giving its own back. Identical data is then
+//! "two grain entries pointing at the same slot", as after a clone: reads are unchanged, a
+//! write copies on write, deletes and trims drop references, and `check`, scrub and the scan
+//! cover it with nothing added. Grains of zeros are unmapped.
+//!
+//! Safety of the sharing itself:
+//! - A fingerprint only finds a candidate. The bytes of both slots are compared, under the
+//!   lock of the grain being changed, before it points anywhere new: a collision, or an index
+//!   entry left stale by a later write, is never shared.
+//! - Nothing may overwrite the candidate slot between the compare and the commit. A slot is
+//!   overwritten in place only while it has one reference, by a writer holding the lock of the
+//!   grain that points at it. So the candidate is held by a reference taken first: under the
+//!   lock of the grain the index names, when that grain still points at it, or only if the
+//!   slot is shared already (`incref_if_shared`); otherwise it is not used.
+//! - The batch that remaps grains is one metadata commit, which flushes the member disks
+//!   first: a grain never durably points at a slot whose data is not durable.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::{Mutex, RwLock};
+use tessera_dedup::{
+    class_tag, DedupSettings, DedupStatus, FingerprintIndex, Fingerprinter, GcReport, IndexEntry, IndexKey, Pace,
+    PassOptions, PassReport, VdiskSavings,
+};
+use tessera_disk::AlignedBuf;
+use tessera_layout::{LayoutError, Progress, SetRead};
+use tessera_pool::{refcount_delta, MetaStore, WriteBatch, CF_GRAINS, CF_POOL, CF_REFCOUNTS};
+use tracing::info;
+
+use crate::commit::Op;
+use crate::config::Provisioning;
+use crate::engine::Engine;
+use crate::error::{Result, VolumeError};
+use crate::keys::{grain_key, loc_value, refcount_key};
+use crate::space::{Class, Loc};
+use crate::vdisk::Vdisk;
+use crate::write_clock::{now_secs, REGION};
+
+/// Where a pool's dedup settings are kept (in its own column family).
+const SETTINGS_KEY: &[u8] = b"dedup";
+/// Bytes of a vdisk a run reads, fingerprints and remaps at a time, holding the locks of
+/// those grains (and of the grains their candidates belong to) only for the compare and the
+/// commit.
+const BATCH_BYTES: u64 = 1 << 20;
+
+/// A pool's dedup settings, its index, and the run under way.
+pub(crate) struct DedupState {
+    settings: RwLock<DedupSettings>,
+    index: FingerprintIndex,
+    fingerprinter: RwLock<Fingerprinter>,
+    running: Mutex<()>,
+    last_run: Mutex<Option<PassReport>>,
+}
+
+impl DedupState {
+    pub fn load(meta: &Arc<MetaStore>) -> Result<DedupState> {
+        let settings = match meta.get(CF_POOL, SETTINGS_KEY)? {
+            Some(v) => serde_json::from_slice(&v)
+                .map_err(|e| VolumeError::Invalid(format!("the pool's dedup settings are unreadable: {e}")))?,
+            None => DedupSettings::default(),
+        };
+        Ok(DedupState {
+            settings: RwLock::new(settings),
+            index: FingerprintIndex::new(meta.clone()),
+            fingerprinter: RwLock::new(Fingerprinter::Blake3),
+            running: Mutex::new(()),
+            last_run: Mutex::new(None),
+        })
+    }
+}
+
+/// The tag of a class in the index.
+fn tag(c: Class) -> u32 {
+    class_tag(&format!(
+        "{}/{}",
+        serde_json::to_string(&c.layout).expect("serializable"),
+        c.grain
+    ))
+}
+
+/// One mapped grain of a batch, as read before the locks were taken.
+struct Seen {
+    grain: u64,
+    loc: Loc,
+    key: Option<IndexKey>,
+}
+
+/// What a batch decided for a grain, under the locks.
+enum Plan {
+    /// Point the grain at `to` (a reference on it is held).
+    Share {
+        grain: u64,
+        from: Loc,
+        to: Loc,
+    },
+    Unmap {
+        grain: u64,
+        from: Loc,
+    },
+}
+
+impl Engine {
+    pub fn dedup_settings(&self) -> DedupSettings {
+        self.dedup.settings.read().clone()
+    }
+
+    /// Replaces the pool's dedup settings. Named vdisks must exist and be thin vdisks, not
+    /// snapshots: a fixed vdisk keeps a slot for every grain, which sharing would give away.
+    pub fn set_dedup_settings(&self, s: DedupSettings) -> Result<()> {
+        for name in &s.vdisks {
+            let v = self.vdisk(name)?;
+            if v.is_snapshot() {
+                return Err(VolumeError::Invalid(format!(
+                    "'{name}' is a snapshot: it shares its grains with its vdisk already, and is never changed"
+                )));
+            }
+            if v.config().provisioning == Provisioning::Fixed {
+                return Err(VolumeError::Invalid(format!(
+                    "'{name}' is fixed: it keeps a slot for each of its grains, which sharing would give away; \
+                     clone it to a thin vdisk to deduplicate it"
+                )));
+            }
+        }
+        let meta = self.pool().meta();
+        let mut b = WriteBatch::default();
+        b.put_cf(
+            meta.cf(CF_POOL),
+            SETTINGS_KEY,
+            serde_json::to_vec(&s).expect("serializable"),
+        );
+        meta.commit(b, true)?;
+        info!(pool = %self.pool().name(), enabled = s.enabled, "dedup settings changed");
+        *self.dedup.settings.write() = s;
+        Ok(())
+    }
+
+    /// The grain size a new vdisk gets when none is asked for: 4 KiB when dedup covers it,
+    /// since file systems and databases write 4 KiB blocks at any 4 KiB-aligned place, and
+    /// 64 KiB grains would miss most of their duplicates.
+    pub(crate) fn default_grain_for(&self, name: &str) -> Option<u64> {
+        self.dedup.settings.read().covers(name).then_some(4096)
+    }
+
+    /// Fingerprints made another way (tests force collisions with a weak one).
+    pub fn set_fingerprinter(&self, f: Fingerprinter) {
+        *self.dedup.fingerprinter.write() = f;
+    }
+
+    /// The vdisks a run works on: in scope, thin, not snapshots.
+    fn dedup_scope(&self, s: &DedupSettings) -> Vec<Arc<Vdisk>> {
+        self.vdisks()
+            .into_iter()
+            .filter(|v| !v.is_snapshot() && !v.fixed() && s.covers(&v.name()))
+            .collect()
+    }
+
+    /// One optimization run over the vdisks in scope. `progress` counts the mapped bytes of
+    /// those vdisks; setting its cancel flag stops the run after the batch under way (what
+    /// was done stays done).
+    pub fn dedup_run(&self, opts: &PassOptions, progress: &Progress) -> Result<PassReport> {
+        let _one = self.dedup.running.try_lock().ok_or_else(|| {
+            VolumeError::Invalid(format!("a dedup run of pool '{}' is under way", self.pool().name()))
+        })?;
+        let settings = self.dedup_settings();
+        if !settings.enabled {
+            return Err(VolumeError::Invalid(format!(
+                "dedup is not enabled on pool '{}' (tessera dedup enable {})",
+                self.pool().name(),
+                self.pool().name()
+            )));
+        }
+        let started = Instant::now();
+        let now = now_secs();
+        let cutoff = if opts.ignore_min_age {
+            now
+        } else {
+            now.saturating_sub(settings.min_age_secs.min(u32::MAX as u64) as u32)
+        };
+        let vdisks = self.dedup_scope(&settings);
+        progress
+            .total_bytes
+            .store(vdisks.iter().map(|v| v.allocated_bytes()).sum(), Ordering::Relaxed);
+        let mut report = PassReport {
+            mode: opts.mode,
+            vdisks: vdisks.len() as u64,
+            ..Default::default()
+        };
+        let mut pace = Pace::new(opts.rate(&settings));
+        let owners: HashMap<u64, Arc<Vdisk>> = self.vdisks().into_iter().map(|v| (v.id, v)).collect();
+        for v in &vdisks {
+            self.optimize(v, cutoff, &owners, &mut pace, &mut report, progress)?;
+        }
+        report.sets_freed = self.shared().space.reclaim_empty()? as u64;
+        report.seconds = started.elapsed().as_secs_f64();
+        report.mb_per_s = report.bytes_scanned as f64 / 1e6 / report.seconds.max(1e-9);
+        info!(
+            pool = %self.pool().name(),
+            scanned = report.bytes_scanned,
+            shared = report.grains_shared,
+            zeros = report.zero_grains_unmapped,
+            mismatches = report.mismatches,
+            "dedup run finished"
+        );
+        *self.dedup.last_run.lock() = Some(report.clone());
+        Ok(report)
+    }
+
+    pub(crate) fn dedup_last_run(&self) -> Option<PassReport> {
+        self.dedup.last_run.lock().clone()
+    }
+
+    /// Optimizes the regions of `v` written since a run last read them, and not after
+    /// `cutoff`.
+    fn optimize(
+        &self,
+        v: &Arc<Vdisk>,
+        cutoff: u32,
+        owners: &HashMap<u64, Arc<Vdisk>>,
+        pace: &mut Pace,
+        report: &mut PassReport,
+        progress: &Progress,
+    ) -> Result<()> {
+        let grain = v.class.grain;
+        let per_batch = (BATCH_BYTES / grain).max(1);
+        // Whole grains only: a partial last grain is left as it is.
+        let grains = v.size() / grain;
+        let mut first = 0;
+        while first < grains {
+            if progress.cancel.load(Ordering::Relaxed) {
+                return Err(VolumeError::Layout(LayoutError::Cancelled));
+            }
+            if v.deleted.load(Ordering::Acquire) {
+                return Ok(());
+            }
+            let end = (first + per_batch).min(grains);
+            let mut seen = Vec::new();
+            let mut taken: Vec<u64> = Vec::new();
+            let mut mapped = 0;
+            for g in first..end {
+                let l = v.entry(g);
+                if l == 0 {
+                    continue;
+                }
+                mapped += 1;
+                let (written, dirty) = v.clock.state(g * grain);
+                if !dirty {
+                    continue; // read by an earlier run, not written since
+                }
+                if written > cutoff {
+                    report.grains_too_young += 1;
+                    continue;
+                }
+                let region = g * grain / REGION;
+                if taken.last() != Some(&region) {
+                    taken.push(region);
+                }
+                seen.push(Seen {
+                    grain: g,
+                    loc: l,
+                    key: None,
+                });
+            }
+            // Before the read: a write after this marks the region again for the next run.
+            for &r in &taken {
+                v.clock.take(r * REGION);
+            }
+            if !seen.is_empty() {
+                match self.optimize_batch(v, first, end, seen, owners, pace, report) {
+                    // Deleted meanwhile: nothing of it is left to optimize.
+                    Err(VolumeError::Deleted(_)) => return Ok(()),
+                    Err(e) => {
+                        for &r in &taken {
+                            v.clock.give_back(r * REGION);
+                        }
+                        return Err(e);
+                    }
+                    Ok(()) => {}
+                }
+            }
+            progress.done_bytes.fetch_add(mapped * grain, Ordering::Relaxed);
+            first = end;
+        }
+        Ok(())
+    }
+
+    /// Reads grains [first, end) of `v`, fingerprints the mapped ones in `seen`, and shares
+    /// or unmaps those it can.
+    #[allow(clippy::too_many_arguments)]
+    fn optimize_batch(
+        &self,
+        v: &Arc<Vdisk>,
+        first: u64,
+        end: u64,
+        mut seen: Vec<Seen>,
+        owners: &HashMap<u64, Arc<Vdisk>>,
+        pace: &mut Pace,
+        report: &mut PassReport,
+    ) -> Result<()> {
+        let s = self.shared();
+        let grain = v.class.grain;
+        let g = grain as usize;
+        let mut data = AlignedBuf::zeroed(((end - first) * grain) as usize);
+        v.read(first * grain, &mut data)?;
+        pace.step(seen.len() as u64 * grain);
+        report.grains_scanned += seen.len() as u64;
+        report.bytes_scanned += seen.len() as u64 * grain;
+        let class = tag(v.class);
+        let fp = *self.dedup.fingerprinter.read();
+        for it in seen.iter_mut() {
+            let at = ((it.grain - first) * grain) as usize;
+            let bytes = &data[at..at + g];
+            if bytes.iter().any(|&b| b != 0) {
+                it.key = Some(tessera_dedup::index_key(class, &fp.of(bytes)));
+            }
+        }
+        let keys: Vec<IndexKey> = seen.iter().filter_map(|it| it.key).collect();
+        let mut found: HashMap<IndexKey, IndexEntry> = HashMap::new();
+        for (k, e) in keys.iter().zip(self.dedup.index.get_many(&keys)?) {
+            if let Some(e) = e {
+                found.insert(*k, e);
+            }
+        }
+        drop(data);
+
+        // Under the locks of this batch's grains and of the grains its candidates belong to.
+        let _gate = v.enter_change()?;
+        let mut held: Vec<(u64, u64)> = seen.iter().map(|it| (v.id, it.grain)).collect();
+        held.extend(found.values().map(|e| (e.vdisk, e.grain)));
+        let held_set: HashSet<(u64, u64)> = held.iter().copied().collect();
+        let _locks = s.locks.lock_many(held);
+        // Grains changed since they were read are left for the next run.
+        seen.retain(|it| v.entry(it.grain) == it.loc);
+        // Candidates we may hold: the grain the index names still points at the slot and is
+        // locked here, or the slot is shared already. One reference each, taken now.
+        let mut refs: HashMap<Loc, u32> = HashMap::new();
+        let mut usable: HashMap<IndexKey, Loc> = HashMap::new();
+        for (k, e) in &found {
+            if s.space.class_of(e.loc) != Some(v.class) {
+                continue;
+            }
+            let owned = held_set.contains(&(e.vdisk, e.grain))
+                && owners.get(&e.vdisk).map(|o| o.entry(e.grain) == e.loc).unwrap_or(false);
+            let taken = if owned {
+                s.space.incref(e.loc);
+                true
+            } else {
+                s.space.incref_if_shared(e.loc)
+            };
+            if taken {
+                *refs.entry(e.loc).or_default() += 1;
+                usable.insert(*k, e.loc);
+            }
+        }
+        let result = self.compare_and_commit(v, &seen, &usable, &mut refs, report);
+        // References taken and not handed to a grain entry.
+        for (l, n) in refs {
+            for _ in 0..n {
+                s.space.decref(l);
+            }
+        }
+        result
+    }
+
+    /// Reads, under the locks, every grain of the batch and every candidate slot; shares each
+    /// grain whose bytes equal its candidate's (or that of a grain before it in the batch),
+    /// unmaps grains of zeros, and commits that as one batch. References in `refs` that a new
+    /// grain entry takes are removed from it.
+    fn compare_and_commit(
+        &self,
+        v: &Arc<Vdisk>,
+        seen: &[Seen],
+        usable: &HashMap<IndexKey, Loc>,
+        refs: &mut HashMap<Loc, u32>,
+        report: &mut PassReport,
+    ) -> Result<()> {
+        let s = self.shared();
+        let g = v.class.grain as usize;
+        // Every slot to read, once: the grains' own and the candidates.
+        let mut slots: Vec<Loc> = seen.iter().map(|it| it.loc).collect();
+        slots.extend(usable.values().copied());
+        slots.sort_unstable();
+        slots.dedup();
+        let mut buf = AlignedBuf::zeroed(slots.len() * g);
+        {
+            let located = slots.iter().map(|&l| s.space.locate(l)).collect::<Result<Vec<_>>>()?;
+            let mut io: Vec<SetRead> = located
+                .iter()
+                .zip(buf.chunks_mut(g))
+                .map(|((set, base), out)| SetRead {
+                    set: &**set,
+                    offset: *base,
+                    buf: out,
+                })
+                .collect();
+            for r in s.cache.read_many(&mut io) {
+                r?;
+            }
+        }
+        let content = |l: Loc| -> &[u8] {
+            let i = slots.binary_search(&l).expect("every slot was read");
+            &buf[i * g..(i + 1) * g]
+        };
+
+        let mut plans = Vec::new();
+        let mut ops = Vec::new();
+        let mut inserts: Vec<(IndexKey, IndexEntry)> = Vec::new();
+        // Data first seen in this batch: the grain that holds it is locked here too.
+        let mut fresh: HashMap<IndexKey, Loc> = HashMap::new();
+        for it in seen {
+            let mine = content(it.loc);
+            let Some(key) = it.key else {
+                if mine.iter().all(|&b| b == 0) {
+                    ops.push(Op::Delete(CF_GRAINS, grain_key(v.id, it.grain)));
+                    ops.push(Op::Merge(
+                        CF_REFCOUNTS,
+                        refcount_key(it.loc),
+                        refcount_delta(-1).to_vec(),
+                    ));
+                    plans.push(Plan::Unmap {
+                        grain: it.grain,
+                        from: it.loc,
+                    });
+                }
+                continue;
+            };
+            let candidate = usable.get(&key).copied().or_else(|| fresh.get(&key).copied());
+            match candidate {
+                Some(to) if to == it.loc => {}
+                Some(to) if content(to) == mine => {
+                    // The reference held on `to` becomes this entry's; a slot first seen in
+                    // this batch is held by its grain's lock, so it takes one now.
+                    match refs.get_mut(&to) {
+                        Some(n) if *n > 0 => *n -= 1,
+                        _ => s.space.incref(to),
+                    }
+                    ops.push(Op::Put(CF_GRAINS, grain_key(v.id, it.grain), loc_value(to)));
+                    ops.push(Op::Merge(CF_REFCOUNTS, refcount_key(to), refcount_delta(1).to_vec()));
+                    ops.push(Op::Merge(
+                        CF_REFCOUNTS,
+                        refcount_key(it.loc),
+                        refcount_delta(-1).to_vec(),
+                    ));
+                    plans.push(Plan::Share {
+                        grain: it.grain,
+                        from: it.loc,
+                        to,
+                    });
+                }
+                found => {
+                    // Nothing like it yet, or what the index names holds other bytes (a
+                    // collision, or a slot rewritten since): this grain is the one to find.
+                    if found.is_some() {
+                        report.mismatches += 1;
+                    }
+                    fresh.insert(key, it.loc);
+                    inserts.push((
+                        key,
+                        IndexEntry {
+                            loc: it.loc,
+                            vdisk: v.id,
+                            grain: it.grain,
+                        },
+                    ));
+                }
+            }
+        }
+        if !ops.is_empty() {
+            if let Err(e) = s.committer.commit(ops) {
+                for p in &plans {
+                    if let Plan::Share { to, .. } = p {
+                        s.space.decref(*to);
+                    }
+                }
+                return Err(e);
+            }
+        }
+        for p in plans {
+            match p {
+                Plan::Share { grain, from, to } => {
+                    v.set_entry(grain, to);
+                    s.space.decref(from);
+                    report.grains_shared += 1;
+                }
+                Plan::Unmap { grain, from } => {
+                    v.set_entry(grain, 0);
+                    s.space.decref(from);
+                    report.zero_grains_unmapped += 1;
+                }
+            }
+        }
+        report.index_inserts += inserts.len() as u64;
+        self.dedup.index.put_many(&inserts)?;
+        Ok(())
+    }
+}
+
+impl Engine {
+    /// Savings of the vdisks in scope, each vdisk's share, and the index.
+    pub fn dedup_status(&self) -> DedupStatus {
+        let settings = self.dedup_settings();
+        let s = self.shared();
+        let mut st = DedupStatus {
+            pool: self.pool().name().to_string(),
+            settings: settings.clone(),
+            index: self.dedup.index.stats(),
+            last_run: self.dedup_last_run(),
+            ..Default::default()
+        };
+        let mut distinct: HashSet<Loc> = HashSet::new();
+        for v in self.vdisks() {
+            let grain = v.class.grain;
+            let in_scope = !v.is_snapshot() && !v.fixed() && settings.covers(&v.name());
+            let (mut logical, mut physical) = (0u64, 0f64);
+            for e in v.map.read().iter() {
+                let l = e.load(Ordering::Acquire);
+                if l == 0 {
+                    continue;
+                }
+                logical += grain;
+                physical += grain as f64 / s.space.refcount(l).max(1) as f64;
+                if in_scope {
+                    distinct.insert(l);
+                }
+            }
+            let physical = physical.round() as u64;
+            if in_scope {
+                st.logical_bytes += logical;
+            }
+            st.vdisks.push(VdiskSavings {
+                name: v.name(),
+                grain_size: grain,
+                in_scope,
+                logical_bytes: logical,
+                physical_bytes: physical.min(logical),
+                saved_bytes: logical.saturating_sub(physical),
+            });
+        }
+        st.physical_bytes = distinct
+            .iter()
+            .map(|&l| s.space.class_of(l).map(|c| c.grain).unwrap_or(0))
+            .sum();
+        st.settle();
+        st
+    }
+}
+
+impl Engine {
+    /// Drops the index entries that can no longer find anything: their slot is free (every
+    /// grain that pointed at it was rewritten, trimmed or deleted), or holds another class of
+    /// grains now. Slots themselves are freed by their reference counts as soon as the last
+    /// reference goes; empty slab sets go back to the pool here too. Entries whose slot was
+    /// rewritten in place are left: the next run that matches them corrects them.
+    pub fn dedup_gc(&self, progress: &Progress) -> Result<GcReport> {
+        let _one = self.dedup.running.try_lock().ok_or_else(|| {
+            VolumeError::Invalid(format!("a dedup run of pool '{}' is under way", self.pool().name()))
+        })?;
+        let started = Instant::now();
+        let s = self.shared();
+        let mut report = GcReport::default();
+        progress
+            .total_bytes
+            .store(self.dedup.index.stats().entries.max(1), Ordering::Relaxed);
+        let mut dead: Vec<IndexKey> = Vec::new();
+        self.dedup.index.for_each(|k, e| {
+            report.entries += 1;
+            progress.done_bytes.fetch_add(1, Ordering::Relaxed);
+            let live = s.space.refcount(e.loc) > 0
+                && s.space
+                    .class_of(e.loc)
+                    .map(|c| tag(c).to_be_bytes() == k[..4])
+                    .unwrap_or(false);
+            if !live {
+                dead.push(k);
+            }
+        })?;
+        for chunk in dead.chunks(10_000) {
+            if progress.cancel.load(Ordering::Relaxed) {
+                return Err(VolumeError::Layout(LayoutError::Cancelled));
+            }
+            self.dedup.index.delete_many(chunk)?;
+            report.pruned += chunk.len() as u64;
+        }
+        report.sets_freed = s.space.reclaim_empty()? as u64;
+        report.seconds = started.elapsed().as_secs_f64();
+        info!(pool = %self.pool().name(), entries = report.entries, pruned = report.pruned, "dedup garbage collection finished");
+        Ok(report)
+    }
+}

@@ -1,0 +1,307 @@
+//! Deduplication: identical grains of the vdisks in scope end up in one slot, every vdisk
+//! reads as before, writes copy on write, a collision never merges different data, the
+//! minimum age and the scope are kept, and racing writers never see another's data.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use common::{pattern, Rig, MIB};
+use tessera_volume::{
+    DedupMode, DedupSettings, Engine, Fingerprinter, LayoutKind, PassOptions, PassReport, Progress, Provisioning,
+    VdiskSpec,
+};
+
+const G: u64 = 4096;
+
+fn enable(e: &Engine) {
+    e.set_dedup_settings(DedupSettings {
+        enabled: true,
+        min_age_secs: 0,
+        ..Default::default()
+    })
+    .unwrap();
+}
+
+fn run(e: &Engine) -> PassReport {
+    let opts = PassOptions {
+        mode: DedupMode::Throughput,
+        ignore_min_age: true,
+        ..Default::default()
+    };
+    e.dedup_run(&opts, &Progress::default()).unwrap()
+}
+
+fn vdisk(e: &Engine, name: &str, size: u64, kind: LayoutKind) {
+    let mut s = VdiskSpec::new(name, size, kind);
+    s.block_size = Some(4096);
+    if kind == LayoutKind::Parity {
+        s.columns = Some(3);
+    }
+    e.create_vdisk(&s).unwrap();
+}
+
+/// A "disk image": 4 KiB blocks, some shared with the other images (the same block at the
+/// same or another place), some its own, some zeros.
+fn image(seed: u64, blocks: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity((blocks * G) as usize);
+    for b in 0..blocks {
+        let block = match b % 4 {
+            0 | 1 => pattern(7, b * G, G as usize),      // common to every image, same place
+            2 => pattern(8, (b / 8) * G, G as usize),    // common, repeated within the image
+            _ if b % 8 == 3 => vec![0u8; G as usize],    // zeros
+            _ => pattern(100 + seed, b * G, G as usize), // the image's own
+        };
+        out.extend_from_slice(&block);
+    }
+    out
+}
+
+/// A 4 KiB block that no other seed makes (`pattern` differs between seeds by a constant
+/// byte only, so different seeds may give the same block).
+fn unique_block(seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..G / 8)
+        .flat_map(|_| {
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            x.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes()
+        })
+        .collect()
+}
+
+fn read_all(e: &Engine, name: &str, len: usize) -> Vec<u8> {
+    let mut back = vec![0u8; len];
+    e.vdisk(name).unwrap().read(0, &mut back).unwrap();
+    back
+}
+
+#[test]
+fn identical_blocks_across_vdisks_are_stored_once_and_read_back() {
+    let mut rig = Rig::new(4, 64 * MIB, MIB);
+    let blocks = 512; // 2 MiB per image
+    let images: Vec<Vec<u8>> = (0..3).map(|i| image(i, blocks)).collect();
+    {
+        let e = rig.engine();
+        enable(e);
+        for (i, img) in images.iter().enumerate() {
+            let name = format!("img{i}");
+            vdisk(e, &name, blocks * G, LayoutKind::Mirror);
+            assert_eq!(e.vdisk(&name).unwrap().grain_size(), G, "dedup in scope: 4 KiB grains");
+            e.vdisk(&name).unwrap().write(0, img, false).unwrap();
+        }
+        let before = e.dedup_status();
+        assert_eq!(before.saved_bytes, 0);
+        assert_eq!(before.logical_bytes, 3 * blocks * G);
+        let r = run(e);
+        assert_eq!(r.grains_scanned, 3 * blocks);
+        assert_eq!(r.zero_grains_unmapped, 3 * blocks / 8);
+        assert_eq!(r.mismatches, 0);
+        // Unique data: the common blocks once (half the image), the repeated ones once per
+        // eight, each image's own.
+        let unique = blocks / 2 + blocks / 4 / 2 + 3 * blocks / 8;
+        let st = e.dedup_status();
+        assert_eq!(st.physical_bytes, unique * G, "{st:#?}");
+        assert_eq!(st.logical_bytes, 3 * (blocks - blocks / 8) * G);
+        assert!(st.saved_ratio > 0.5, "{st:#?}");
+        let shares: u64 = st.vdisks.iter().map(|v| v.physical_bytes).sum();
+        assert!(
+            shares.abs_diff(st.physical_bytes) <= 3,
+            "each vdisk's share adds up to the pool's"
+        );
+        for (i, img) in images.iter().enumerate() {
+            assert_eq!(&read_all(e, &format!("img{i}"), img.len()), img);
+        }
+        // A second run finds nothing new to read.
+        assert_eq!(run(e).grains_scanned, 0);
+    }
+    rig.assert_consistent();
+    rig.reopen();
+    rig.assert_consistent();
+    let e = rig.engine();
+    for (i, img) in images.iter().enumerate() {
+        assert_eq!(&read_all(e, &format!("img{i}"), img.len()), img);
+    }
+    // Deleting two of the three gives back what only they held.
+    let used = e.pool().capacity().used_bytes;
+    e.delete_vdisk("img1").unwrap();
+    e.delete_vdisk("img2").unwrap();
+    assert_eq!(&read_all(e, "img0", images[0].len()), &images[0]);
+    assert!(e.pool().capacity().used_bytes <= used);
+    rig.assert_consistent();
+}
+
+#[test]
+fn a_write_to_a_shared_block_copies_on_write() {
+    let rig = Rig::new(4, 64 * MIB, MIB);
+    let e = rig.engine();
+    enable(e);
+    let data = pattern(3, 0, MIB as usize);
+    for name in ["a", "b"] {
+        vdisk(e, name, MIB, LayoutKind::Parity);
+        e.vdisk(name).unwrap().write(0, &data, false).unwrap();
+    }
+    assert_eq!(run(e).grains_shared, MIB / G);
+    e.vdisk("a").unwrap().write(8 * G, &[9u8; 4096], false).unwrap();
+    let mut want_a = data.clone();
+    want_a[(8 * G) as usize..(9 * G) as usize].fill(9);
+    assert_eq!(read_all(e, "a", MIB as usize), want_a);
+    assert_eq!(read_all(e, "b", MIB as usize), data, "b keeps the shared data");
+    rig.assert_consistent();
+}
+
+#[test]
+fn a_forced_fingerprint_collision_never_merges_different_data() {
+    let rig = Rig::new(4, 64 * MIB, MIB);
+    let e = rig.engine();
+    enable(e);
+    // Two bits of fingerprint: 256 different blocks fall on four fingerprints.
+    e.set_fingerprinter(Fingerprinter::Weak { bits: 2 });
+    let data: Vec<u8> = (0..256u64).flat_map(unique_block).collect();
+    vdisk(e, "a", MIB, LayoutKind::Mirror);
+    vdisk(e, "b", MIB, LayoutKind::Mirror);
+    e.vdisk("a").unwrap().write(0, &data, false).unwrap();
+    // b holds a's blocks in another order: each has one true twin in a.
+    let mut shuffled = Vec::new();
+    for b in (0..256usize).rev() {
+        shuffled.extend_from_slice(&data[b * G as usize..(b + 1) * G as usize]);
+    }
+    e.vdisk("b").unwrap().write(0, &shuffled, false).unwrap();
+    let r = run(e);
+    assert!(r.mismatches > 0, "the weak fingerprint must have collided: {r:?}");
+    assert_eq!(read_all(e, "a", MIB as usize), data);
+    assert_eq!(read_all(e, "b", MIB as usize), shuffled);
+    // Runs again with the strong fingerprint find the true twins the collisions hid.
+    e.set_fingerprinter(Fingerprinter::Blake3);
+    e.vdisk("a").unwrap().write(0, &data, false).unwrap();
+    e.vdisk("b").unwrap().write(0, &shuffled, false).unwrap();
+    run(e);
+    assert_eq!(e.dedup_status().physical_bytes, MIB);
+    assert_eq!(read_all(e, "b", MIB as usize), shuffled);
+    rig.assert_consistent();
+}
+
+#[test]
+fn scope_layouts_and_minimum_age_are_kept() {
+    let rig = Rig::new(4, 64 * MIB, MIB);
+    let e = rig.engine();
+    let data = pattern(5, 0, MIB as usize);
+    vdisk(e, "m1", MIB, LayoutKind::Mirror);
+    vdisk(e, "m2", MIB, LayoutKind::Mirror);
+    vdisk(e, "p1", MIB, LayoutKind::Parity);
+    let mut fixed = VdiskSpec::new("fx", MIB, LayoutKind::Mirror);
+    fixed.provisioning = Provisioning::Fixed;
+    e.create_vdisk(&fixed).unwrap();
+    for name in ["m1", "m2", "p1", "fx"] {
+        e.vdisk(name).unwrap().write(0, &data, false).unwrap();
+    }
+    // Not enabled: a run is refused.
+    assert!(e.dedup_run(&PassOptions::default(), &Progress::default()).is_err());
+    // Named vdisks must exist and be thin vdisks.
+    let named = |v: &[&str]| DedupSettings {
+        enabled: true,
+        vdisks: v.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    };
+    assert!(e.set_dedup_settings(named(&["nope"])).is_err());
+    assert!(e.set_dedup_settings(named(&["fx"])).is_err());
+    // Every vdisk, with the default minimum age of an hour: nothing is old enough.
+    e.set_dedup_settings(DedupSettings {
+        enabled: true,
+        exclude: vec!["m2".into()],
+        ..Default::default()
+    })
+    .unwrap();
+    let r = e.dedup_run(&PassOptions::default(), &Progress::default()).unwrap();
+    assert_eq!((r.grains_scanned, r.grains_shared), (0, 0));
+    assert!(r.grains_too_young > 0);
+    // m2 excluded, fx fixed: only m1 and p1 are read, and a mirror never shares with parity.
+    let r = run(e);
+    assert_eq!(r.vdisks, 2);
+    assert_eq!(r.grains_shared, 0, "different layouts share nothing: {r:?}");
+    e.set_dedup_settings(named(&["m1", "m2"])).unwrap();
+    assert_eq!(
+        run(e).grains_shared,
+        MIB / (64 << 10),
+        "64 KiB grains made before dedup was on"
+    );
+    for name in ["m1", "m2", "p1", "fx"] {
+        assert_eq!(read_all(e, name, MIB as usize), data);
+    }
+    rig.assert_consistent();
+}
+
+#[test]
+fn writers_racing_a_run_read_their_own_data() {
+    let rig = Rig::new(4, 64 * MIB, MIB);
+    let e = rig.engine();
+    enable(e);
+    let size = 2 * MIB;
+    let common = pattern(11, 0, G as usize);
+    for name in ["a", "b", "c"] {
+        vdisk(e, name, size, LayoutKind::Mirror);
+        e.vdisk(name)
+            .unwrap()
+            .write(0, &common.repeat((size / G) as usize), false)
+            .unwrap();
+    }
+    let stop = AtomicBool::new(false);
+    let last: Vec<parking_lot::Mutex<Vec<u8>>> = (0..3)
+        .map(|_| parking_lot::Mutex::new(common.repeat((size / G) as usize)))
+        .collect();
+    let last = Arc::new(last);
+    std::thread::scope(|sc| {
+        for (i, name) in ["a", "b", "c"].into_iter().enumerate() {
+            let (stop, last, common) = (&stop, last.clone(), &common);
+            let v = e.vdisk(name).unwrap();
+            sc.spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    n += 1;
+                    let block = (n * 7 + i as u64 * 13) % (size / G);
+                    // Half the writes put the common block back, so that grains keep
+                    // becoming duplicates while others stop being so.
+                    let bytes = if n % 2 == 0 {
+                        common.clone()
+                    } else {
+                        pattern(1000 * i as u64 + n, 0, G as usize)
+                    };
+                    let mut l = last[i].lock();
+                    v.write(block * G, &bytes, false).unwrap();
+                    l[(block * G) as usize..((block + 1) * G) as usize].copy_from_slice(&bytes);
+                }
+            });
+        }
+        for _ in 0..20 {
+            run(e);
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    for (i, name) in ["a", "b", "c"].into_iter().enumerate() {
+        assert_eq!(read_all(e, name, size as usize), *last[i].lock(), "{name}");
+    }
+    rig.assert_consistent();
+}
+
+#[test]
+fn a_cancelled_run_stops_and_keeps_what_it_did() {
+    let rig = Rig::new(4, 64 * MIB, MIB);
+    let e = rig.engine();
+    enable(e);
+    let data = pattern(2, 0, MIB as usize);
+    vdisk(e, "a", MIB, LayoutKind::Mirror);
+    vdisk(e, "b", MIB, LayoutKind::Mirror);
+    e.vdisk("a").unwrap().write(0, &data, false).unwrap();
+    e.vdisk("b").unwrap().write(0, &data, false).unwrap();
+    let p = Progress::default();
+    p.cancel.store(true, Ordering::Relaxed);
+    let opts = PassOptions {
+        ignore_min_age: true,
+        ..Default::default()
+    };
+    assert!(e.dedup_run(&opts, &p).is_err());
+    assert_eq!(read_all(e, "b", MIB as usize), data);
+    rig.assert_consistent();
+}
