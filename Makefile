@@ -44,6 +44,7 @@ bench:
 	bench/iscsi-vs-tgt.sh
 	bench/nbd-vs-qemu-nbd.sh
 	bench/odx.sh
+	bench/dedup.sh
 
 # Every fuzz target for FUZZ_SECONDS each (300 here), those that drive the engine included:
 # their RocksDB build alone takes many minutes, so `make test` leaves them out.
