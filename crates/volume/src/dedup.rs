@@ -45,8 +45,9 @@ use crate::write_clock::{now_secs, REGION};
 const SETTINGS_KEY: &[u8] = b"dedup";
 /// Bytes of a vdisk a run reads, fingerprints and remaps at a time, holding the locks of
 /// those grains (and of the grains their candidates belong to) only for the compare and the
-/// commit.
-const BATCH_BYTES: u64 = 1 << 20;
+/// commit. Each batch that shares anything is one metadata commit, with its flush of the
+/// member disks: larger batches make fewer of them.
+const BATCH_BYTES: u64 = 4 << 20;
 
 /// A pool's dedup settings, its index, and the run under way.
 pub(crate) struct DedupState {
@@ -366,10 +367,11 @@ impl Engine {
         result
     }
 
-    /// Reads, under the locks, every grain of the batch and every candidate slot; shares each
-    /// grain whose bytes equal its candidate's (or that of a grain before it in the batch),
-    /// unmaps grains of zeros, and commits that as one batch. References in `refs` that a new
-    /// grain entry takes are removed from it.
+    /// Reads, under the locks, the grains of the batch that have a candidate (or read as
+    /// zeros) and their candidates; shares each grain whose bytes equal its candidate's (or
+    /// that of a grain before it in the batch), unmaps grains of zeros, and commits that as
+    /// one batch. A grain with no candidate is only indexed, unread: the index is advisory.
+    /// References in `refs` that a new grain entry takes are removed from it.
     fn compare_and_commit(
         &self,
         v: &Arc<Vdisk>,
@@ -380,9 +382,23 @@ impl Engine {
     ) -> Result<()> {
         let s = self.shared();
         let g = v.class.grain as usize;
-        // Every slot to read, once: the grains' own and the candidates.
-        let mut slots: Vec<Loc> = seen.iter().map(|it| it.loc).collect();
-        slots.extend(usable.values().copied());
+        // The slots to compare: each grain with a candidate and its candidate, once.
+        let mut slots: Vec<Loc> = Vec::new();
+        let mut first_of: HashMap<IndexKey, Loc> = HashMap::new();
+        for it in seen {
+            let candidate = match it.key {
+                None => None,
+                Some(k) => match usable.get(&k).or_else(|| first_of.get(&k)) {
+                    Some(&to) => Some(to),
+                    None => {
+                        first_of.insert(k, it.loc);
+                        continue;
+                    }
+                },
+            };
+            slots.push(it.loc);
+            slots.extend(candidate);
+        }
         slots.sort_unstable();
         slots.dedup();
         let mut buf = AlignedBuf::zeroed(slots.len() * g);
@@ -402,7 +418,7 @@ impl Engine {
             }
         }
         let content = |l: Loc| -> &[u8] {
-            let i = slots.binary_search(&l).expect("every slot was read");
+            let i = slots.binary_search(&l).expect("every slot compared was read");
             &buf[i * g..(i + 1) * g]
         };
 
@@ -412,9 +428,8 @@ impl Engine {
         // Data first seen in this batch: the grain that holds it is locked here too.
         let mut fresh: HashMap<IndexKey, Loc> = HashMap::new();
         for it in seen {
-            let mine = content(it.loc);
             let Some(key) = it.key else {
-                if mine.iter().all(|&b| b == 0) {
+                if content(it.loc).iter().all(|&b| b == 0) {
                     ops.push(Op::Delete(CF_GRAINS, grain_key(v.id, it.grain)));
                     ops.push(Op::Merge(
                         CF_REFCOUNTS,
@@ -431,7 +446,7 @@ impl Engine {
             let candidate = usable.get(&key).copied().or_else(|| fresh.get(&key).copied());
             match candidate {
                 Some(to) if to == it.loc => {}
-                Some(to) if content(to) == mine => {
+                Some(to) if content(to) == content(it.loc) => {
                     // The reference held on `to` becomes this entry's; a slot first seen in
                     // this batch is held by its grain's lock, so it takes one now.
                     match refs.get_mut(&to) {

@@ -10,9 +10,9 @@
 //! written to it since, that the metadata check finds nothing, and that scrub finds the
 //! redundancy in step with the data. At the end a disk is failed and everything read again.
 //!
-//! A fifth thread runs dedup over every vdisk the whole time (the work vdisks start with a
-//! copy of their base's first MiB, written apart, for it to share), so cuts land in its
-//! compares and commits too.
+//! A fifth thread runs dedup over every vdisk the whole time, with a garbage collection every
+//! fourth run (the work vdisks start with a copy of their base's first MiB, written apart, for
+//! it to share), so cuts land in its compares, commits and collections too.
 //!
 //! The same runs again on a pool with the write-back cache: its log on two cache disks with
 //! volatile caches too, cut while batches are written, flushed and destaged (the destage delay
@@ -318,8 +318,11 @@ fn power_cut_child() {
                 ignore_min_age: true,
                 ..Default::default()
             };
-            loop {
+            for i in 0u64.. {
                 e.dedup_run(&opts, &Progress::default()).unwrap();
+                if i % 4 == 3 {
+                    e.dedup_gc(&Progress::default()).unwrap();
+                }
                 std::thread::sleep(Duration::from_millis(2));
             }
         });
