@@ -134,7 +134,8 @@ impl Daemon {
                     ..Default::default()
                 };
                 let run = e.dedup_run(&opts, p).map_err(job_error)?;
-                let gc = e.dedup_gc(p).map_err(job_error)?;
+                // The job's progress is the run's, in bytes; the collection counts entries.
+                let gc = e.dedup_gc(&Progress::default()).map_err(job_error)?;
                 Ok(serde_json::json!({ "run": run, "gc": gc }))
             });
             info!(pool = %name, job = job.id, "scheduled dedup run started");
