@@ -382,22 +382,26 @@ impl Engine {
     ) -> Result<()> {
         let s = self.shared();
         let g = v.class.grain as usize;
-        // The slots to compare: each grain with a candidate and its candidate, once.
+        // Each grain's candidate: what the index names, or the first grain before it in this
+        // batch with the same fingerprint (locked here too). The slots to compare are those
+        // grains and their candidates, once each.
         let mut slots: Vec<Loc> = Vec::new();
         let mut first_of: HashMap<IndexKey, Loc> = HashMap::new();
+        let mut candidates: Vec<Option<Loc>> = Vec::with_capacity(seen.len());
         for it in seen {
-            let candidate = match it.key {
-                None => None,
-                Some(k) => match usable.get(&k).or_else(|| first_of.get(&k)) {
-                    Some(&to) => Some(to),
-                    None => {
-                        first_of.insert(k, it.loc);
-                        continue;
-                    }
-                },
-            };
-            slots.push(it.loc);
-            slots.extend(candidate);
+            let candidate = it
+                .key
+                .and_then(|k| usable.get(&k).or_else(|| first_of.get(&k)).copied());
+            match (it.key, candidate) {
+                (Some(k), None) => {
+                    first_of.insert(k, it.loc);
+                }
+                _ => {
+                    slots.push(it.loc);
+                    slots.extend(candidate);
+                }
+            }
+            candidates.push(candidate);
         }
         slots.sort_unstable();
         slots.dedup();
@@ -425,9 +429,7 @@ impl Engine {
         let mut plans = Vec::new();
         let mut ops = Vec::new();
         let mut inserts: Vec<(IndexKey, IndexEntry)> = Vec::new();
-        // Data first seen in this batch: the grain that holds it is locked here too.
-        let mut fresh: HashMap<IndexKey, Loc> = HashMap::new();
-        for it in seen {
+        for (it, candidate) in seen.iter().zip(candidates) {
             let Some(key) = it.key else {
                 if content(it.loc).iter().all(|&b| b == 0) {
                     ops.push(Op::Delete(CF_GRAINS, grain_key(v.id, it.grain)));
@@ -443,7 +445,6 @@ impl Engine {
                 }
                 continue;
             };
-            let candidate = usable.get(&key).copied().or_else(|| fresh.get(&key).copied());
             match candidate {
                 Some(to) if to == it.loc => {}
                 Some(to) if content(to) == content(it.loc) => {
@@ -472,7 +473,6 @@ impl Engine {
                     if found.is_some() {
                         report.mismatches += 1;
                     }
-                    fresh.insert(key, it.loc);
                     inserts.push((
                         key,
                         IndexEntry {
