@@ -20,9 +20,10 @@
 # layout and grain size), and fio (nbd engine) reads 256 KiB sequentially and 4 KiB at random
 # from both over NBD: optimized / not.
 #
+# COMPRESSION=zstd|lz4|off sets how grains with no duplicate are stored.
 # TESSERA_BIN=path skips the cargo build. KEEP=1 keeps $DIR.
 # Usage: bench/dedup.sh   (SETS="os pgdump files" LAYOUT=mirror DIR=/var/tmp/tessera-bench-dedup
-#          DURATION=15 RUNS=3 PROFILE=release TESSERA_BIN= KEEP=0)
+#          DURATION=15 RUNS=3 COMPRESSION=zstd PROFILE=release TESSERA_BIN= KEEP=0)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SETS=${SETS:-"os pgdump files"}
@@ -30,6 +31,7 @@ LAYOUT=${LAYOUT:-mirror}
 DIR=${DIR:-/var/tmp/tessera-bench-dedup}
 DURATION=${DURATION:-15}
 RUNS=${RUNS:-3}
+COMPRESSION=${COMPRESSION:-zstd}
 NBD_PORT=${NBD_PORT:-10829}
 source bench/lib.sh
 require fio python3 restic borg
@@ -54,7 +56,7 @@ fresh_pool() {
   for i in 0 1 2 3; do truncate -s "${per}G" "$DIR/disks/d$i.img"; done
   start_tessera --iscsi-listen none --nbd-listen "127.0.0.1:$NBD_PORT" --nbd-insecure
   logged setup.log "$T" pool create bench $(for i in 0 1 2 3; do echo --disk "$DIR/disks/d$i.img"; done)
-  logged setup.log "$T" dedup enable bench --min-age 0 --schedule 0
+  logged setup.log "$T" dedup enable bench --min-age 0 --schedule 0 --compression "$COMPRESSION"
 }
 
 import_file() { logged setup.log "$T" vdisk import "bench/$1" "$2" --layout "$LAYOUT"; }
@@ -106,7 +108,7 @@ for set in $SETS; do
   if [ "$set" = os ]; then
     # Rehydration: the first image optimized (os1) against the same image not deduplicated.
     first=$(files_of os | head -1)
-    "$T" dedup enable bench --min-age 0 --schedule 0 --exclude plain >/dev/null
+    "$T" dedup enable bench --min-age 0 --schedule 0 --compression "$COMPRESSION" --exclude plain >/dev/null
     logged setup.log "$T" vdisk import bench/plain "$first" --layout "$LAYOUT" --grain 4K
     logged setup.log "$T" nbd export bench/os1
     logged setup.log "$T" nbd export bench/plain
@@ -125,7 +127,7 @@ print(r["bw_bytes"]/1e6, r["iops"])')
   fi
 done
 
-python3 - "$DIR" <<'EOF' "${!RESULT[@]}" -- "${RESULT[@]}"
+COMPRESSION=$COMPRESSION python3 - "$DIR" <<'EOF' "${!RESULT[@]}" -- "${RESULT[@]}"
 import json, statistics, sys
 d = sys.argv[1]
 args = sys.argv[2:]
@@ -133,6 +135,7 @@ i = args.index("--")
 res = dict(zip(args[:i], args[i + 1:]))
 seed = {"os": "98 % (3 TB of VHDs, Windows Server 2012)", "pgdump": "rising per round (EMC Avamar)",
         "files": "28 % (900 GB file share)"}
+print(f"compression: {__import__('os').environ.get('COMPRESSION', 'zstd')}\n")
 print("| set | input | Tessera saved | MB/s | restic saved | MB/s | borg saved | MB/s | seed |")
 print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
 for s in ["os", "pgdump", "files"]:
@@ -149,6 +152,8 @@ if "os" in res:
     unique = idx["entries"] * 4096
     print(f"\nos set: Tessera's own ratio (saved / mapped logical bytes) {100*st['saved_ratio']:.1f} %; "
           f"fingerprint index: {idx['entries']} entries ({unique/2**30:.2f} GiB of unique 4 KiB grains), "
+          f"compressed {st.get('compressed_bytes', 0)/1e9:.2f} GB into {st.get('packed_bytes', 0)/1e9:.2f} GB "
+          f"({st.get('compression_ratio', 0):.2f}x); "
           f"{idx['memory_bytes']/2**20:.1f} MiB in memory, {idx['disk_bytes']/2**20:.1f} MiB on disk. Its memory "
           f"is bounded by two 16 MiB memtables and its 64 MiB block cache: at most 96 MiB whatever it holds, "
           f"so at most 96 MiB per TiB of unique data (target 256)")

@@ -207,6 +207,16 @@ pub enum DedupModeArg {
     Background,
 }
 
+#[derive(Clone, Copy, ValueEnum)]
+pub enum CompressionArg {
+    /// zstd level 1: the most space saved.
+    Zstd,
+    /// lz4: faster to read back, less saved.
+    Lz4,
+    /// Grains are shared only, never compressed.
+    Off,
+}
+
 #[derive(Subcommand)]
 pub enum DedupCmd {
     /// Turn deduplication on for a pool: every vdisk, or those named (thin vdisks only; new
@@ -228,6 +238,10 @@ pub enum DedupCmd {
         /// Read rate of background runs, e.g. 64M (per second).
         #[arg(long, value_parser = parse_size)]
         background_rate: Option<u64>,
+        /// How grains with no duplicate are compressed (default zstd; only where it saves
+        /// an eighth of the grain or more).
+        #[arg(long, value_enum)]
+        compression: Option<CompressionArg>,
     },
     /// Turn deduplication off: no more runs; what is shared stays shared.
     Disable { pool: String },

@@ -3,12 +3,14 @@
 //! the pace of a background run. What needs a vdisk's internals (its grain map, locks and the
 //! sharing itself) is in the volume layer, which uses this crate (docs/dedup.md).
 
+mod compress;
 mod fingerprint;
 mod index;
 mod rate;
 mod report;
 mod settings;
 
+pub use compress::{decompress, Compression};
 pub use fingerprint::{Fingerprint, Fingerprinter};
 pub use index::{class_tag, key as index_key, FingerprintIndex, IndexEntry, IndexKey, IndexStats};
 pub use rate::Pace;

@@ -31,6 +31,14 @@ pub struct DedupStatus {
     pub saved_bytes: u64,
     /// saved / logical: Windows' "deduplication rate".
     pub saved_ratio: f64,
+    /// Bytes of the distinct grains kept compressed, and of the pack slots that hold them
+    /// (part of the physical bytes); their ratio.
+    #[serde(default)]
+    pub compressed_bytes: u64,
+    #[serde(default)]
+    pub packed_bytes: u64,
+    #[serde(default)]
+    pub compression_ratio: f64,
     pub vdisks: Vec<VdiskSavings>,
     pub index: IndexStats,
     /// The last run since the daemon started, if any.
@@ -56,6 +64,14 @@ pub struct PassReport {
     /// whose slot was rewritten since): never shared.
     pub mismatches: u64,
     pub index_inserts: u64,
+    /// Grains stored compressed by this run, their bytes, and the bytes of the pieces that
+    /// hold them now.
+    #[serde(default)]
+    pub grains_compressed: u64,
+    #[serde(default)]
+    pub compressed_bytes_in: u64,
+    #[serde(default)]
+    pub compressed_bytes_out: u64,
     /// Index entries dropped because what they pointed at had gone.
     pub index_pruned: u64,
     /// Slab sets given back to the pool once empty.
@@ -73,6 +89,11 @@ impl DedupStatus {
             0.0
         } else {
             self.saved_bytes as f64 / self.logical_bytes as f64
+        };
+        self.compression_ratio = if self.packed_bytes == 0 {
+            0.0
+        } else {
+            self.compressed_bytes as f64 / self.packed_bytes as f64
         };
     }
 }

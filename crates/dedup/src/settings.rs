@@ -2,6 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::compress::Compression;
+
 /// A pool's deduplication settings (`tessera dedup enable`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct DedupSettings {
@@ -23,6 +25,10 @@ pub struct DedupSettings {
     /// How fast a background run reads the vdisks, in bytes per second.
     #[serde(default = "default_background_rate")]
     pub background_rate: u64,
+    /// How the grains a run finds no duplicate for are compressed (only where that saves
+    /// a sector).
+    #[serde(default)]
+    pub compression: Compression,
 }
 
 fn default_min_age() -> u64 {
@@ -46,6 +52,7 @@ impl Default for DedupSettings {
             min_age_secs: default_min_age(),
             schedule_secs: default_schedule(),
             background_rate: default_background_rate(),
+            compression: Compression::default(),
         }
     }
 }
@@ -128,5 +135,6 @@ mod tests {
         let s: DedupSettings = serde_json::from_str(r#"{"enabled":true}"#).unwrap();
         assert_eq!(s.min_age_secs, 3600);
         assert!(s.vdisks.is_empty());
+        assert_eq!(s.compression, Compression::Zstd);
     }
 }

@@ -77,6 +77,9 @@ impl Daemon {
             }
             s.background_rate = v;
         }
+        if let Some(v) = req.compression {
+            s.compression = v;
+        }
         e.set_dedup_settings(s)?;
         Ok(e.dedup_status())
     }

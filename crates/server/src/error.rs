@@ -179,7 +179,7 @@ impl From<VolumeError> for ApiError {
             VolumeError::NoSuchVdisk(_) | VolumeError::Deleted(_) => ApiError::not_found(e.to_string()),
             VolumeError::Exists(_) => ApiError::exists(e.to_string()),
             VolumeError::NoSpace(_) => ApiError::new(StatusCode::INSUFFICIENT_STORAGE, code::NO_SPACE, e.to_string()),
-            VolumeError::Cache(_) | VolumeError::Lost(_) => ApiError::internal(e.to_string()),
+            VolumeError::Cache(_) | VolumeError::Lost(_) | VolumeError::Corrupt(_) => ApiError::internal(e.to_string()),
         }
     }
 }

@@ -597,7 +597,9 @@ mod pool_health_tests {
     }
 }
 
-pub use tessera_volume::{DedupMode, DedupSettings, DedupStatus, GcReport, PassOptions, PassReport, VdiskSavings};
+pub use tessera_volume::{
+    Compression, DedupMode, DedupSettings, DedupStatus, GcReport, PassOptions, PassReport, VdiskSavings,
+};
 
 /// `PUT /api/pools/{pool}/dedup`: what to change in the pool's dedup settings; a field left
 /// out keeps its value.
@@ -615,4 +617,6 @@ pub struct SetDedup {
     pub schedule_secs: Option<u64>,
     /// Bytes per second a background run reads.
     pub background_rate: Option<u64>,
+    /// How grains with no duplicate are compressed: zstd, lz4 or off.
+    pub compression: Option<Compression>,
 }

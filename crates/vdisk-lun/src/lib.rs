@@ -36,9 +36,11 @@ fn backend_error(e: VolumeError) -> BackendError {
         BackendErrorKind::NoSpace
     } else {
         match e {
-            VolumeError::Layout(_) | VolumeError::Pool(_) | VolumeError::Cache(_) | VolumeError::Lost(_) => {
-                BackendErrorKind::Medium
-            }
+            VolumeError::Layout(_)
+            | VolumeError::Pool(_)
+            | VolumeError::Cache(_)
+            | VolumeError::Lost(_)
+            | VolumeError::Corrupt(_) => BackendErrorKind::Medium,
             _ => BackendErrorKind::Internal,
         }
     };

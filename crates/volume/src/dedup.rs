@@ -24,11 +24,11 @@ use std::time::Instant;
 
 use parking_lot::{Mutex, RwLock};
 use tessera_dedup::{
-    class_tag, DedupSettings, DedupStatus, FingerprintIndex, Fingerprinter, GcReport, IndexEntry, IndexKey, Pace,
-    PassOptions, PassReport, VdiskSavings,
+    class_tag, Compression, DedupSettings, DedupStatus, FingerprintIndex, Fingerprinter, GcReport, IndexEntry,
+    IndexKey, Pace, PassOptions, PassReport, VdiskSavings,
 };
 use tessera_disk::AlignedBuf;
-use tessera_layout::{LayoutError, Progress, SetRead};
+use tessera_layout::{LayoutError, Progress};
 use tessera_pool::{refcount_delta, MetaStore, WriteBatch, CF_GRAINS, CF_POOL, CF_REFCOUNTS};
 use tracing::info;
 
@@ -37,7 +37,8 @@ use crate::config::Provisioning;
 use crate::engine::Engine;
 use crate::error::{Result, VolumeError};
 use crate::keys::{grain_key, loc_value, refcount_key};
-use crate::space::{Class, Loc};
+use crate::packed::{lay_out, read_grains_each, MAX_PACKED_GRAIN};
+use crate::space::{is_packed, loc_parts, packed_loc, piece_of, slot_of, Class, Loc};
 use crate::vdisk::Vdisk;
 use crate::write_clock::{now_secs, REGION};
 
@@ -48,6 +49,9 @@ const SETTINGS_KEY: &[u8] = b"dedup";
 /// commit. Each batch that shares anything is one metadata commit, with its flush of the
 /// member disks: larger batches make fewer of them.
 const BATCH_BYTES: u64 = 4 << 20;
+/// A grain is kept compressed only if that saves at least 1/MIN_SAVING of it: a grain that
+/// barely compresses would cost every read a decompression for next to nothing.
+const MIN_SAVING: usize = 8;
 
 /// A pool's dedup settings, its index, and the run under way.
 pub(crate) struct DedupState {
@@ -102,6 +106,12 @@ enum Plan {
     Unmap {
         grain: u64,
         from: Loc,
+    },
+    /// Point the grain at its compressed form, in a pack slot written for this batch.
+    Pack {
+        grain: u64,
+        from: Loc,
+        to: Loc,
     },
 }
 
@@ -194,7 +204,15 @@ impl Engine {
         let mut pace = Pace::new(opts.rate(&settings));
         let owners: HashMap<u64, Arc<Vdisk>> = self.vdisks().into_iter().map(|v| (v.id, v)).collect();
         for v in &vdisks {
-            self.optimize(v, cutoff, &owners, &mut pace, &mut report, progress)?;
+            self.optimize(
+                v,
+                cutoff,
+                &owners,
+                settings.compression,
+                &mut pace,
+                &mut report,
+                progress,
+            )?;
         }
         report.sets_freed = self.shared().space.reclaim_empty()? as u64;
         report.seconds = started.elapsed().as_secs_f64();
@@ -217,11 +235,13 @@ impl Engine {
 
     /// Optimizes the regions of `v` written since a run last read them, and not after
     /// `cutoff`.
+    #[allow(clippy::too_many_arguments)]
     fn optimize(
         &self,
         v: &Arc<Vdisk>,
         cutoff: u32,
         owners: &HashMap<u64, Arc<Vdisk>>,
+        compression: Compression,
         pace: &mut Pace,
         report: &mut PassReport,
         progress: &Progress,
@@ -271,7 +291,7 @@ impl Engine {
                 v.clock.take(r * REGION);
             }
             if !seen.is_empty() {
-                match self.optimize_batch(v, first, end, seen, owners, pace, report) {
+                match self.optimize_batch(v, first, end, seen, owners, compression, pace, report) {
                     // Deleted meanwhile: nothing of it is left to optimize.
                     Err(VolumeError::Deleted(_)) => return Ok(()),
                     Err(e) => {
@@ -289,8 +309,8 @@ impl Engine {
         Ok(())
     }
 
-    /// Reads grains [first, end) of `v`, fingerprints the mapped ones in `seen`, and shares
-    /// or unmaps those it can.
+    /// Reads grains [first, end) of `v`, fingerprints the mapped ones in `seen`, shares or
+    /// unmaps those it can, and packs the compressed forms of those it finds no duplicate for.
     #[allow(clippy::too_many_arguments)]
     fn optimize_batch(
         &self,
@@ -299,6 +319,7 @@ impl Engine {
         end: u64,
         mut seen: Vec<Seen>,
         owners: &HashMap<u64, Arc<Vdisk>>,
+        compression: Compression,
         pace: &mut Pace,
         report: &mut PassReport,
     ) -> Result<()> {
@@ -326,7 +347,23 @@ impl Engine {
                 found.insert(*k, e);
             }
         }
-        drop(data);
+        // Compressed forms of the grains that look new (no candidate, first of their content
+        // in the batch, not compressed already), made before the locks are taken; under them,
+        // each grain is read again and packed only if it still holds what was compressed.
+        let mut forms: HashMap<u64, Vec<u8>> = HashMap::new();
+        if compression != Compression::Off && grain <= MAX_PACKED_GRAIN {
+            let mut firsts = HashSet::new();
+            for it in &seen {
+                let Some(k) = it.key else { continue };
+                if found.contains_key(&k) || is_packed(it.loc) || !firsts.insert(k) {
+                    continue;
+                }
+                let at = ((it.grain - first) * grain) as usize;
+                if let Some(f) = compression.compress(&data[at..at + g], g - g / MIN_SAVING) {
+                    forms.insert(it.grain, f);
+                }
+            }
+        }
 
         // Under the locks of this batch's grains and of the grains its candidates belong to.
         let _gate = v.enter_change()?;
@@ -357,7 +394,13 @@ impl Engine {
                 usable.insert(*k, e.loc);
             }
         }
-        let result = self.compare_and_commit(v, &seen, &usable, &mut refs, report);
+        let batch = Batch {
+            v,
+            first,
+            data: &data,
+            forms: &forms,
+        };
+        let result = self.compare_and_commit(&batch, &seen, &usable, &mut refs, report);
         // References taken and not handed to a grain entry.
         for (l, n) in refs {
             for _ in 0..n {
@@ -368,23 +411,26 @@ impl Engine {
     }
 
     /// Reads, under the locks, the grains of the batch that have a candidate (or read as
-    /// zeros) and their candidates; shares each grain whose bytes equal its candidate's (or
-    /// that of a grain before it in the batch), unmaps grains of zeros, and commits that as
-    /// one batch. A grain with no candidate is only indexed, unread: the index is advisory.
-    /// References in `refs` that a new grain entry takes are removed from it.
+    /// zeros, or are to be packed) and their candidates; shares each grain whose bytes equal
+    /// its candidate's (or that of a grain before it in the batch), unmaps grains of zeros,
+    /// packs the compressed forms of grains that still hold what was compressed, and commits
+    /// all that as one batch. A grain with no candidate and no form is only indexed, unread:
+    /// the index is advisory. References in `refs` that a new grain entry takes are removed
+    /// from it.
     fn compare_and_commit(
         &self,
-        v: &Arc<Vdisk>,
+        b: &Batch,
         seen: &[Seen],
         usable: &HashMap<IndexKey, Loc>,
         refs: &mut HashMap<Loc, u32>,
         report: &mut PassReport,
     ) -> Result<()> {
         let s = self.shared();
+        let v = b.v;
         let g = v.class.grain as usize;
         // Each grain's candidate: what the index names, or the first grain before it in this
         // batch with the same fingerprint (locked here too). The slots to compare are those
-        // grains and their candidates, once each.
+        // grains and their candidates, once each, and the grains to pack.
         let mut slots: Vec<Loc> = Vec::new();
         let mut first_of: HashMap<IndexKey, Loc> = HashMap::new();
         let mut candidates: Vec<Option<Loc>> = Vec::with_capacity(seen.len());
@@ -395,6 +441,9 @@ impl Engine {
             match (it.key, candidate) {
                 (Some(k), None) => {
                     first_of.insert(k, it.loc);
+                    if b.forms.contains_key(&it.grain) {
+                        slots.push(it.loc);
+                    }
                 }
                 _ => {
                     slots.push(it.loc);
@@ -405,39 +454,40 @@ impl Engine {
         }
         slots.sort_unstable();
         slots.dedup();
-        let mut buf = AlignedBuf::zeroed(slots.len() * g);
-        {
-            let located = slots.iter().map(|&l| s.space.locate(l)).collect::<Result<Vec<_>>>()?;
-            let mut io: Vec<SetRead> = located
-                .iter()
-                .zip(buf.chunks_mut(g))
-                .map(|((set, base), out)| SetRead {
-                    set: &**set,
-                    offset: *base,
-                    buf: out,
-                })
-                .collect();
-            for r in s.cache.read_many(&mut io) {
-                r?;
+        let (buf, readable) = read_grains_each(s, &slots, g);
+        // A slot that cannot be read (or a stale piece that does not decompress) is compared
+        // with nothing.
+        let content = |l: Loc| -> Option<&[u8]> {
+            let i = slots.binary_search(&l).expect("every slot compared was read");
+            readable[i].is_ok().then(|| &buf[i * g..(i + 1) * g])
+        };
+
+        // The grains to pack, in grain order: new, still holding what was compressed, and
+        // in a slot that only grains of this batch point at (packing a grain whose slot a
+        // snapshot, a clone or a copy in flight holds too would only add the packed copy).
+        let mut holders: HashMap<Loc, u32> = HashMap::new();
+        for it in seen {
+            *holders.entry(it.loc).or_default() += 1;
+        }
+        let mut to_pack: Vec<&Seen> = Vec::new();
+        for (it, candidate) in seen.iter().zip(&candidates) {
+            if candidate.is_none() && b.forms.contains_key(&it.grain) && s.space.refcount(it.loc) == holders[&it.loc] {
+                let at = ((it.grain - b.first) as usize) * g;
+                if content(it.loc) == Some(&b.data[at..at + g]) {
+                    to_pack.push(it);
+                }
             }
         }
-        let content = |l: Loc| -> &[u8] {
-            let i = slots.binary_search(&l).expect("every slot compared was read");
-            &buf[i * g..(i + 1) * g]
-        };
+        let packs = self.write_packs(v, &to_pack, b.forms)?;
 
         let mut plans = Vec::new();
         let mut ops = Vec::new();
         let mut inserts: Vec<(IndexKey, IndexEntry)> = Vec::new();
         for (it, candidate) in seen.iter().zip(candidates) {
             let Some(key) = it.key else {
-                if content(it.loc).iter().all(|&b| b == 0) {
+                if content(it.loc).is_some_and(|c| c.iter().all(|&b| b == 0)) {
                     ops.push(Op::Delete(CF_GRAINS, grain_key(v.id, it.grain)));
-                    ops.push(Op::Merge(
-                        CF_REFCOUNTS,
-                        refcount_key(it.loc),
-                        refcount_delta(-1).to_vec(),
-                    ));
+                    ops.push(drop_ref(it.loc));
                     plans.push(Plan::Unmap {
                         grain: it.grain,
                         from: it.loc,
@@ -445,22 +495,38 @@ impl Engine {
                 }
                 continue;
             };
+            let same = |to: Loc| content(to).is_some() && content(to) == content(it.loc);
             match candidate {
-                Some(to) if to == it.loc => {}
-                Some(to) if content(to) == content(it.loc) => {
-                    // The reference held on `to` becomes this entry's; a slot first seen in
-                    // this batch is held by its grain's lock, so it takes one now.
-                    match refs.get_mut(&to) {
-                        Some(n) if *n > 0 => *n -= 1,
-                        _ => s.space.incref(to),
+                Some(to) if to == it.loc => {
+                    // Another grain of the batch holds the same slot; it follows it to its pack.
+                    if let Some(&piece) = packs.moved.get(&to) {
+                        ops.push(Op::Put(CF_GRAINS, grain_key(v.id, it.grain), loc_value(piece)));
+                        ops.push(drop_ref(it.loc));
+                        plans.push(Plan::Share {
+                            grain: it.grain,
+                            from: it.loc,
+                            to: piece,
+                        });
                     }
+                }
+                Some(to) if same(to) => {
+                    let to = match packs.moved.get(&to) {
+                        // Its candidate is packed in this batch: the pack's count takes it.
+                        Some(&piece) => piece,
+                        None => {
+                            // The reference held on `to` becomes this entry's; a slot first
+                            // seen in this batch is held by its grain's lock, so it takes one
+                            // now.
+                            match refs.get_mut(&to) {
+                                Some(n) if *n > 0 => *n -= 1,
+                                _ => s.space.incref(to),
+                            }
+                            ops.push(Op::Merge(CF_REFCOUNTS, refcount_key(to), refcount_delta(1).to_vec()));
+                            to
+                        }
+                    };
                     ops.push(Op::Put(CF_GRAINS, grain_key(v.id, it.grain), loc_value(to)));
-                    ops.push(Op::Merge(CF_REFCOUNTS, refcount_key(to), refcount_delta(1).to_vec()));
-                    ops.push(Op::Merge(
-                        CF_REFCOUNTS,
-                        refcount_key(it.loc),
-                        refcount_delta(-1).to_vec(),
-                    ));
+                    ops.push(drop_ref(it.loc));
                     plans.push(Plan::Share {
                         grain: it.grain,
                         from: it.loc,
@@ -473,10 +539,23 @@ impl Engine {
                     if found.is_some() {
                         report.mismatches += 1;
                     }
+                    let loc = match packs.moved.get(&it.loc) {
+                        Some(&piece) => {
+                            ops.push(Op::Put(CF_GRAINS, grain_key(v.id, it.grain), loc_value(piece)));
+                            ops.push(drop_ref(it.loc));
+                            plans.push(Plan::Pack {
+                                grain: it.grain,
+                                from: it.loc,
+                                to: piece,
+                            });
+                            piece
+                        }
+                        None => it.loc,
+                    };
                     inserts.push((
                         key,
                         IndexEntry {
-                            loc: it.loc,
+                            loc,
                             vdisk: v.id,
                             grain: it.grain,
                         },
@@ -484,12 +563,42 @@ impl Engine {
                 }
             }
         }
+        // Each pack slot is counted once for every grain that now points into it.
+        let mut per_pack: HashMap<Loc, u32> = HashMap::new();
+        for p in &plans {
+            if let Plan::Share { to, .. } | Plan::Pack { to, .. } = p {
+                if packs.slots.contains(&slot_of(*to)) {
+                    *per_pack.entry(slot_of(*to)).or_default() += 1;
+                }
+            }
+        }
+        for (&slot, &n) in &per_pack {
+            ops.push(Op::Merge(
+                CF_REFCOUNTS,
+                refcount_key(slot),
+                refcount_delta(n as i64).to_vec(),
+            ));
+            for _ in 1..n {
+                s.space.incref(slot);
+            }
+        }
+        // A pack no grain points at (every grain it was for was shared instead) is freed.
+        for &slot in &packs.slots {
+            if !per_pack.contains_key(&slot) {
+                s.space.unallocate(slot, None);
+            }
+        }
         if !ops.is_empty() {
             if let Err(e) = s.committer.commit(ops) {
                 for p in &plans {
                     if let Plan::Share { to, .. } = p {
-                        s.space.decref(*to);
+                        if !per_pack.contains_key(&slot_of(*to)) {
+                            s.space.decref(*to);
+                        }
                     }
+                }
+                for slot in per_pack.keys() {
+                    s.space.unallocate(*slot, None);
                 }
                 return Err(e);
             }
@@ -500,6 +609,14 @@ impl Engine {
                     v.set_entry(grain, to);
                     s.space.decref(from);
                     report.grains_shared += 1;
+                }
+                Plan::Pack { grain, from, to } => {
+                    v.set_entry(grain, to);
+                    s.space.decref(from);
+                    report.grains_compressed += 1;
+                    report.compressed_bytes_in += g as u64;
+                    report.compressed_bytes_out +=
+                        piece_of(to).map(|(_, n)| n as u64).unwrap_or(0) * g as u64 / crate::space::PACK_UNITS;
                 }
                 Plan::Unmap { grain, from } => {
                     v.set_entry(grain, 0);
@@ -512,6 +629,90 @@ impl Engine {
         self.dedup.index.put_many(&inserts)?;
         Ok(())
     }
+
+    /// Lays the compressed forms of `grains` out in pack slots and writes them (not yet
+    /// pointed at: the batch's commit does that, after flushing them). Packs nothing, and
+    /// says so in the log, when the class has no room for the packs; packs whose slots a
+    /// piece's location cannot name are given back, their grains left plain.
+    fn write_packs(&self, v: &Arc<Vdisk>, grains: &[&Seen], forms: &HashMap<u64, Vec<u8>>) -> Result<Packs> {
+        let s = self.shared();
+        let g = v.class.grain as usize;
+        let mut packs = Packs::default();
+        if grains.is_empty() {
+            return Ok(packs);
+        }
+        let bodies: Vec<&[u8]> = grains.iter().map(|it| &forms[&it.grain][..]).collect();
+        let (content, placed) = lay_out(&bodies, g);
+        let n = content.len() / g;
+        let slots = match s.space.allocate_run(v.class, n, false) {
+            Some(run) => run,
+            None => {
+                let mut taken = Vec::with_capacity(n);
+                for _ in 0..n {
+                    match s.space.allocate(v.class, false) {
+                        Ok(l) => taken.push(l),
+                        Err(e) => {
+                            for l in taken {
+                                s.space.unallocate(l, None);
+                            }
+                            tracing::warn!(vdisk = %v.name(), error = %e, "no room to pack compressed grains; they stay as they are");
+                            return Ok(packs);
+                        }
+                    }
+                }
+                taken
+            }
+        };
+        // Written as runs of neighbouring slots.
+        let mut k = 0;
+        while k < n {
+            let (set, base) = match s.space.locate(slots[k]) {
+                Ok(x) => x,
+                Err(e) => {
+                    slots.iter().for_each(|&l| s.space.unallocate(l, None));
+                    return Err(e);
+                }
+            };
+            let mut run = 1;
+            while k + run < n && slots[k + run] == slots[k] + run as u64 {
+                run += 1;
+            }
+            if let Err(e) = v.write_to_set(&set, base, &content[k * g..(k + run) * g]) {
+                slots.iter().for_each(|&l| s.space.unallocate(l, None));
+                return Err(e);
+            }
+            k += run;
+        }
+        for (it, p) in grains.iter().zip(&placed) {
+            let (set, slot) = loc_parts(slots[p.pack]);
+            if let Some(piece) = packed_loc(set, slot, p.first, p.units) {
+                packs.moved.insert(it.loc, piece);
+            }
+        }
+        packs.slots = slots;
+        Ok(packs)
+    }
+}
+
+/// A batch of one vdisk as read before its locks were taken, and the compressed forms made
+/// from it.
+struct Batch<'a> {
+    v: &'a Arc<Vdisk>,
+    first: u64,
+    data: &'a [u8],
+    forms: &'a HashMap<u64, Vec<u8>>,
+}
+
+/// Pack slots written for a batch, and the piece each packed grain's old slot moves to.
+#[derive(Default)]
+struct Packs {
+    slots: Vec<Loc>,
+    moved: HashMap<Loc, Loc>,
+}
+
+/// The op that drops a grain entry's reference to `l`.
+fn drop_ref(l: Loc) -> Op {
+    Op::Merge(CF_REFCOUNTS, refcount_key(l), refcount_delta(-1).to_vec())
 }
 
 impl Engine {
@@ -555,9 +756,17 @@ impl Engine {
                 saved_bytes: logical.saturating_sub(physical),
             });
         }
-        st.physical_bytes = distinct
+        let size = |l: Loc| s.space.class_of(l).map(|c| c.grain).unwrap_or(0);
+        let slots: HashSet<Loc> = distinct.iter().map(|&l| slot_of(l)).collect();
+        st.physical_bytes = slots.iter().map(|&l| size(l)).sum();
+        st.compressed_bytes = distinct.iter().filter(|&&l| is_packed(l)).map(|&l| size(l)).sum();
+        st.packed_bytes = distinct
             .iter()
-            .map(|&l| s.space.class_of(l).map(|c| c.grain).unwrap_or(0))
+            .filter(|&&l| is_packed(l))
+            .map(|&l| slot_of(l))
+            .collect::<HashSet<Loc>>()
+            .into_iter()
+            .map(size)
             .sum();
         st.settle();
         st

@@ -27,6 +27,10 @@ pub enum VolumeError {
     /// a slab set it wrote were lost, beyond what the set tolerates, before they flushed it.
     #[error("{0}")]
     Lost(String),
+    /// Stored data that passed its checksums and still cannot be what it claims (a
+    /// compressed grain that does not decompress).
+    #[error("{0}")]
+    Corrupt(String),
 }
 
 impl From<CacheError> for VolumeError {

@@ -1,6 +1,6 @@
 //! Keys and values of the volume layer's records in the metadata store.
 
-use crate::space::Loc;
+use crate::space::{slot_of, Loc};
 
 pub fn vdisk_key(id: u64) -> Vec<u8> {
     id.to_be_bytes().to_vec()
@@ -33,6 +33,7 @@ pub fn parse_loc(v: &[u8]) -> Option<Loc> {
     Some(u64::from_le_bytes(v.try_into().ok()?))
 }
 
+/// A slot's reference count; a piece of a pack slot counts against its slot.
 pub fn refcount_key(l: Loc) -> Vec<u8> {
-    l.to_be_bytes().to_vec()
+    slot_of(l).to_be_bytes().to_vec()
 }

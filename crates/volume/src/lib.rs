@@ -14,6 +14,7 @@ mod frozen;
 mod frozen_registry;
 mod keys;
 mod locks;
+mod packed;
 mod plan;
 mod scan;
 mod scrub;
@@ -33,7 +34,7 @@ pub use frozen::{CloneStats, Frozen};
 pub use plan::ReadPlan;
 pub use scrub::{ScrubOptions, ScrubPass, ScrubState};
 pub use tessera_dedup::{
-    DedupMode, DedupSettings, DedupStatus, Fingerprinter, GcReport, PassOptions, PassReport, VdiskSavings,
+    Compression, DedupMode, DedupSettings, DedupStatus, Fingerprinter, GcReport, PassOptions, PassReport, VdiskSavings,
 };
 pub use vdisk::{Extent, SpaceUsage, Vdisk};
 

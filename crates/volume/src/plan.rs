@@ -59,7 +59,8 @@ impl Vdisk {
                 continue;
             }
             let sector = tessera_disk::SECTOR as u64;
-            if p.off % sector != 0 || p.len as u64 % sector != 0 {
+            // A compressed grain is decompressed, which a plan of disk reads cannot do.
+            if p.off % sector != 0 || p.len as u64 % sector != 0 || crate::space::is_packed(l) {
                 return None;
             }
             let (set, base) = self.s.space.locate(l).ok()?;

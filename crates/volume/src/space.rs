@@ -33,8 +33,61 @@ pub fn loc(set: u32, slot: u32) -> Loc {
     ((set as u64) << 32) | slot as u64
 }
 
+/// The slab set and slot of a location; for a piece of a pack slot, those of the slot.
 pub fn loc_parts(l: Loc) -> (u32, u32) {
-    ((l >> 32) as u32, l as u32)
+    if is_packed(l) {
+        (
+            ((l >> 40) & PACK_MAX_SET as u64) as u32,
+            ((l >> 16) & PACK_MAX_SLOT as u64) as u32,
+        )
+    } else {
+        ((l >> 32) as u32, l as u32)
+    }
+}
+
+/// A grain stored compressed is a piece of a pack slot: a slot of its class that holds the
+/// compressed forms of several grains, each in whole units of 1/256 of the grain. Its
+/// location says which slot and which units: bit 63 set, the set in bits 62..40, the slot in
+/// 39..16, the first unit in 15..8 and the number of units in 7..0. References are counted
+/// per slot, whichever piece a grain points at, and a pack slot is never overwritten: a
+/// write to a compressed grain copies it on write, whatever the slot's count.
+const PACKED: u64 = 1 << 63;
+pub const PACK_MAX_SET: u32 = (1 << 23) - 1;
+pub const PACK_MAX_SLOT: u32 = (1 << 24) - 1;
+/// Units per pack slot.
+pub const PACK_UNITS: u64 = 256;
+
+/// The location of units [first, first + units) of slot `slot` of set `set`; `None` when the
+/// set or slot is beyond what a piece's location can name (the grain then stays plain).
+pub fn packed_loc(set: u32, slot: u32, first: u32, units: u32) -> Option<Loc> {
+    if set > PACK_MAX_SET
+        || slot > PACK_MAX_SLOT
+        || units == 0
+        || first as u64 + units as u64 > PACK_UNITS
+        || units > 255
+    {
+        return None;
+    }
+    Some(PACKED | (set as u64) << 40 | (slot as u64) << 16 | (first as u64) << 8 | units as u64)
+}
+
+pub fn is_packed(l: Loc) -> bool {
+    l & PACKED != 0
+}
+
+/// The slot a location is in: itself, or the pack slot of a piece.
+pub fn slot_of(l: Loc) -> Loc {
+    if is_packed(l) {
+        let (set, slot) = loc_parts(l);
+        loc(set, slot)
+    } else {
+        l
+    }
+}
+
+/// The first unit and number of units of a piece.
+pub fn piece_of(l: Loc) -> Option<(u32, u32)> {
+    is_packed(l).then_some((((l >> 8) & 0xff) as u32, (l & 0xff) as u32))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -179,10 +232,28 @@ impl GrainSpace {
         }
     }
 
-    /// True if `l` is a slot of a slab set that holds grains.
+    /// True if `l` is a slot of a slab set that holds grains, or a piece of one.
     pub fn is_slot(&self, l: Loc) -> bool {
         let (set, slot) = loc_parts(l);
-        self.slots(set).map(|s| (slot as usize) < s.refs.len()).unwrap_or(false)
+        let piece_fits = piece_of(l)
+            .map(|(f, n)| n > 0 && (f + n) as u64 <= PACK_UNITS)
+            .unwrap_or(true);
+        piece_fits && self.slots(set).map(|s| (slot as usize) < s.refs.len()).unwrap_or(false)
+    }
+
+    /// Where the compressed form of a packed grain lies: its slab set, the byte offset of
+    /// the piece in the set and its length.
+    pub fn locate_piece(&self, l: Loc) -> Result<(Arc<SlabSet>, u64, usize)> {
+        let (first, units) =
+            piece_of(l).ok_or_else(|| VolumeError::Invalid(format!("grain location {l:#x} is no piece")))?;
+        if !self.is_slot(l) {
+            return Err(VolumeError::Invalid(format!(
+                "grain location {l:#x} names no piece of a slot"
+            )));
+        }
+        let (set, base) = self.locate(l)?;
+        let unit = self.class_of(l).map(|c| c.grain / PACK_UNITS).unwrap_or(0);
+        Ok((set, base + first as u64 * unit, (units as u64 * unit) as usize))
     }
 
     /// Moves a slot's count by `delta` (never below 0), as a spot-fix of a wrong count does,

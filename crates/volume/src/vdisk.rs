@@ -15,8 +15,9 @@ use crate::commit::Op;
 use crate::config::{Provisioning, VdiskConfig};
 use crate::error::{Result, VolumeError};
 use crate::keys::{grain_key, loc_value, refcount_key};
+use crate::packed::{read_grains, read_grains_each};
 use crate::shared::Shared;
-use crate::space::{Class, Loc};
+use crate::space::{is_packed, Class, Loc};
 use crate::unsynced::Unsynced;
 use crate::write_clock::WriteClock;
 
@@ -89,6 +90,16 @@ fn fail(result: &mut Result<()>, e: VolumeError) {
 
 /// Reads part of a grain slot, widening to whole sectors when the request is not aligned.
 pub(crate) fn read_loc(s: &Shared, l: Loc, off: u64, out: &mut [u8]) -> Result<()> {
+    if is_packed(l) {
+        let grain = s
+            .space
+            .class_of(l)
+            .ok_or_else(|| VolumeError::Invalid(format!("grain location {l:#x} names no slab set")))?
+            .grain as usize;
+        let whole = read_grains(s, &[l], grain)?;
+        out.copy_from_slice(&whole[off as usize..off as usize + out.len()]);
+        return Ok(());
+    }
     let (set, base) = s.space.locate(l)?;
     let (a, b) = sector_envelope(off, out.len());
     if a == off && b == off + out.len() as u64 {
@@ -319,6 +330,8 @@ impl Vdisk {
         let _locks = self.s.locks.read_many(grains);
         // Each mapped, whole-sector piece of each request, where it lies.
         let mut planned: Vec<(usize, Arc<SlabSet>, u64, &mut [u8])> = Vec::new();
+        // Pieces of compressed grains: read and decompressed whole.
+        let mut packed: Vec<(usize, Loc, usize, &mut [u8])> = Vec::new();
         for (i, (offset, buf)) in reqs.iter_mut().enumerate() {
             if results[i].is_err() {
                 continue;
@@ -330,6 +343,10 @@ impl Vdisk {
                 let l = self.entry(p.grain);
                 if l == 0 {
                     out.fill(0);
+                    continue;
+                }
+                if is_packed(l) {
+                    packed.push((i, l, p.off as usize, out));
                     continue;
                 }
                 let (a, b) = sector_envelope(p.off, out.len());
@@ -362,7 +379,24 @@ impl Vdisk {
                 fail(&mut results[*i], e.into());
             }
         }
+        if !packed.is_empty() {
+            self.read_packed(&mut packed, &mut results);
+        }
         results
+    }
+
+    /// Reads the pieces of compressed grains of a `read_many`, together; a grain that cannot
+    /// be read fails only the requests that want it.
+    fn read_packed(&self, packed: &mut [(usize, Loc, usize, &mut [u8])], results: &mut [Result<()>]) {
+        let g = self.class.grain as usize;
+        let locs: Vec<Loc> = packed.iter().map(|(_, l, ..)| *l).collect();
+        let (whole, done) = read_grains_each(&self.s, &locs, g);
+        for (k, ((i, _, off, out), r)) in packed.iter_mut().zip(done).enumerate() {
+            match r {
+                Ok(()) => out.copy_from_slice(&whole[k * g + *off..k * g + *off + out.len()]),
+                Err(e) => fail(&mut results[*i], e),
+            }
+        }
     }
 
     /// Writes `data` at byte `offset`. With `fua` the data is durable when this returns.
@@ -430,7 +464,7 @@ impl Vdisk {
         for p in pieces {
             let l = self.entry(p.grain);
             let (a, b) = sector_envelope(p.off, p.len);
-            if l == 0 || self.s.space.refcount(l) != 1 || a != p.off || b != p.off + p.len as u64 {
+            if l == 0 || is_packed(l) || self.s.space.refcount(l) != 1 || a != p.off || b != p.off + p.len as u64 {
                 return Ok(false);
             }
             let (set, base) = self.s.space.locate(l)?;
@@ -510,10 +544,12 @@ impl Vdisk {
     pub(crate) fn write_grain(&self, g: u64, off: u64, data: &[u8], run: &mut Vec<Loc>) -> Result<()> {
         let _l = self.s.locks.write(self.id, g);
         let old = self.entry(g);
-        if old != 0 && self.s.space.refcount(old) == 1 {
+        // A pack slot is never overwritten, whatever its count: it holds other grains too.
+        if old != 0 && !is_packed(old) && self.s.space.refcount(old) == 1 {
             return self.write_in_place(old, off, data);
         }
-        // A new slot, filled with the old grain (shared) or zeros (unmapped), then the new data.
+        // A new slot, filled with the old grain (shared or compressed) or zeros (unmapped),
+        // then the new data.
         let grain = self.class.grain as usize;
         let mut buf = AlignedBuf::zeroed(grain);
         if old != 0 {
@@ -661,7 +697,7 @@ impl Vdisk {
 
     /// Writes `data` at `offset` of `set`, through the write-back cache, and notes the set for
     /// the next flush.
-    fn write_to_set(&self, set: &Arc<SlabSet>, offset: u64, data: &[u8]) -> Result<()> {
+    pub(crate) fn write_to_set(&self, set: &Arc<SlabSet>, offset: u64, data: &[u8]) -> Result<()> {
         // Taken before the write reaches any disk: a disk lost after this may have taken it.
         let noted = self.s.pool.losses();
         self.s.cache.write(self.id, set, offset, data)?;

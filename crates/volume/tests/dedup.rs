@@ -7,10 +7,10 @@ mod common;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use common::{pattern, Rig, MIB};
+use common::{compressible, pattern, Rig, MIB};
 use tessera_volume::{
-    DedupMode, DedupSettings, Engine, Fingerprinter, LayoutKind, PassOptions, PassReport, Progress, Provisioning,
-    VdiskSpec,
+    Compression, DedupMode, DedupSettings, Engine, Fingerprinter, LayoutKind, PassOptions, PassReport, Progress,
+    Provisioning, VdiskSpec,
 };
 
 const G: u64 = 4096;
@@ -85,7 +85,8 @@ fn identical_blocks_across_vdisks_are_stored_once_and_read_back() {
     let images: Vec<Vec<u8>> = (0..3).map(|i| image(i, blocks)).collect();
     {
         let e = rig.engine();
-        enable(e);
+        // Sharing alone, counted exactly (`pattern` compresses).
+        enable_with(e, Compression::Off);
         for (i, img) in images.iter().enumerate() {
             let name = format!("img{i}");
             vdisk(e, &name, blocks * G, LayoutKind::Mirror);
@@ -303,5 +304,147 @@ fn a_cancelled_run_stops_and_keeps_what_it_did() {
     };
     assert!(e.dedup_run(&opts, &p).is_err());
     assert_eq!(read_all(e, "b", MIB as usize), data);
+    rig.assert_consistent();
+}
+
+fn enable_with(e: &Engine, compression: Compression) {
+    e.set_dedup_settings(DedupSettings {
+        enabled: true,
+        min_age_secs: 0,
+        compression,
+        ..Default::default()
+    })
+    .unwrap();
+}
+
+#[test]
+fn new_grains_are_compressed_into_packs_and_read_back_after_writes_and_a_restart() {
+    let mut rig = Rig::new(4, 64 * MIB, MIB);
+    let size = 2 * MIB;
+    let mut want = compressible(1, 0, size as usize);
+    {
+        let e = rig.engine();
+        enable(e);
+        vdisk(e, "t", size, LayoutKind::Parity);
+        let v = e.vdisk("t").unwrap();
+        v.write(0, &want, false).unwrap();
+        let r = run(e);
+        assert_eq!(r.grains_compressed, size / G, "{r:?}");
+        assert!(r.compressed_bytes_out * 3 < r.compressed_bytes_in, "{r:?}");
+        let st = e.dedup_status();
+        assert!(st.physical_bytes * 3 < st.logical_bytes, "{st:#?}");
+        assert!(st.compression_ratio > 3.0 && st.compressed_bytes == size, "{st:#?}");
+        assert_eq!(read_all(e, "t", size as usize), want);
+        // Reads of single grains and across grains, alone and as a queue.
+        let mut one = vec![0u8; G as usize];
+        v.read(77 * G, &mut one).unwrap();
+        assert_eq!(&one[..], &want[(77 * G) as usize..(78 * G) as usize]);
+        let (mut a, mut b) = (vec![0u8; 3 * G as usize], vec![0u8; 5 * G as usize]);
+        for r in v.read_many(&mut [(9 * G, &mut a[..]), (300 * G, &mut b[..])]) {
+            r.unwrap();
+        }
+        assert_eq!(&a[..], &want[(9 * G) as usize..(12 * G) as usize]);
+        assert_eq!(&b[..], &want[(300 * G) as usize..(305 * G) as usize]);
+        // Writes into compressed grains copy them on write; their neighbours in the packs
+        // are left as they were.
+        for (at, n, seed) in [(5 * G, G, 2), (100 * G, 2 * G, 3), (511 * G, G, 4)] {
+            let d = compressible(seed, at, n as usize);
+            v.write(at, &d, false).unwrap();
+            want[at as usize..(at + n) as usize].copy_from_slice(&d);
+        }
+        assert_eq!(read_all(e, "t", size as usize), want);
+        rig.assert_consistent();
+        // The next run compresses what was rewritten, and only that: the grains still packed
+        // are read, found in the index, and left where they are.
+        let again = run(e);
+        assert_eq!((again.grains_compressed, again.grains_shared), (4, 0), "{again:?}");
+        assert_eq!(read_all(e, "t", size as usize), want);
+    }
+    rig.assert_consistent();
+    rig.reopen();
+    rig.assert_consistent();
+    let e = rig.engine();
+    assert_eq!(read_all(e, "t", size as usize), want);
+    e.delete_vdisk("t").unwrap();
+    let st = e.dedup_status();
+    assert_eq!((st.physical_bytes, st.packed_bytes), (0, 0), "{st:#?}");
+    rig.assert_consistent();
+}
+
+#[test]
+fn duplicates_of_compressed_grains_share_their_pieces() {
+    let rig = Rig::new(4, 64 * MIB, MIB);
+    let e = rig.engine();
+    enable(e);
+    let data = compressible(7, 0, MIB as usize);
+    vdisk(e, "a", MIB, LayoutKind::Mirror);
+    e.vdisk("a").unwrap().write(0, &data, false).unwrap();
+    run(e);
+    let packed = e.dedup_status().physical_bytes;
+    assert!(packed * 3 < MIB);
+    // b gets a's blocks, half of them twice.
+    vdisk(e, "b", 2 * MIB, LayoutKind::Mirror);
+    let b = e.vdisk("b").unwrap();
+    b.write(0, &data, false).unwrap();
+    b.write(MIB, &data[..(MIB / 2) as usize], false).unwrap();
+    let r = run(e);
+    assert_eq!(r.grains_shared, MIB / G + MIB / G / 2, "{r:?}");
+    assert_eq!(r.grains_compressed, 0);
+    let st = e.dedup_status();
+    assert_eq!(st.physical_bytes, packed, "{st:#?}");
+    let mut want = data.clone();
+    want.extend_from_slice(&data[..(MIB / 2) as usize]);
+    want.resize(2 * MIB as usize, 0);
+    assert_eq!(read_all(e, "b", 2 * MIB as usize), want);
+    // Deleting a leaves b's references to the pieces.
+    e.delete_vdisk("a").unwrap();
+    assert_eq!(read_all(e, "b", 2 * MIB as usize), want);
+    rig.assert_consistent();
+}
+
+#[test]
+fn a_grain_that_a_snapshot_holds_too_stays_plain_and_the_snapshot_reads_it() {
+    let rig = Rig::new(4, 64 * MIB, MIB);
+    let e = rig.engine();
+    enable(e);
+    let data = compressible(9, 0, MIB as usize);
+    vdisk(e, "t", MIB, LayoutKind::Mirror);
+    e.vdisk("t").unwrap().write(0, &data, false).unwrap();
+    e.snapshot("t", "s").unwrap();
+    let r = run(e);
+    assert_eq!(r.grains_compressed, 0, "packing would only add a copy: {r:?}");
+    assert_eq!(e.dedup_status().physical_bytes, MIB);
+    // Once t is rewritten, its new grains compress; the snapshot keeps its plain ones.
+    let fresh = compressible(10, 0, MIB as usize);
+    e.vdisk("t").unwrap().write(0, &fresh, false).unwrap();
+    assert_eq!(run(e).grains_compressed, MIB / G);
+    assert_eq!(read_all(e, "t", MIB as usize), fresh);
+    assert_eq!(read_all(e, "t@s", MIB as usize), data);
+    rig.assert_consistent();
+}
+
+#[test]
+fn compression_can_be_lz4_or_off_and_incompressible_grains_stay_plain() {
+    let rig = Rig::new(4, 64 * MIB, MIB);
+    let e = rig.engine();
+    enable_with(e, Compression::Off);
+    let text = compressible(11, 0, MIB as usize);
+    vdisk(e, "off", MIB, LayoutKind::Mirror);
+    e.vdisk("off").unwrap().write(0, &text, false).unwrap();
+    assert_eq!(run(e).grains_compressed, 0);
+    enable_with(e, Compression::Lz4);
+    vdisk(e, "lz4", MIB, LayoutKind::Mirror);
+    e.vdisk("lz4")
+        .unwrap()
+        .write(0, &compressible(12, 0, MIB as usize), false)
+        .unwrap();
+    vdisk(e, "noise", MIB, LayoutKind::Mirror);
+    let noise: Vec<u8> = (0..MIB / G).flat_map(|b| unique_block(5000 + b)).collect();
+    e.vdisk("noise").unwrap().write(0, &noise, false).unwrap();
+    let r = run(e);
+    assert_eq!(r.grains_compressed, MIB / G, "lz4's grains only: {r:?}");
+    assert_eq!(read_all(e, "lz4", MIB as usize), compressible(12, 0, MIB as usize));
+    assert_eq!(read_all(e, "noise", MIB as usize), noise);
+    assert_eq!(read_all(e, "off", MIB as usize), text);
     rig.assert_consistent();
 }

@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::{pattern, spec, Rig, MIB};
+use common::{compressible, pattern, spec, Rig, MIB};
 use proptest::prelude::*;
 use tessera_volume::{
     DedupMode, DedupSettings, Fingerprinter, Frozen, LayoutKind, PassOptions, Progress, Provisioning, RebuildOptions,
@@ -191,7 +191,13 @@ fn run_with(kind: LayoutKind, copies: Option<u8>, prov: Provisioning, ops: Vec<O
                 let g = GRAIN_BLOCKS * BLOCK;
                 let grains = grains.min(BLOCKS / GRAIN_BLOCKS - grain);
                 let (off, len) = (grain * g, (grains * g) as usize);
-                let bytes = pattern(1000 + content, 0, g as usize).repeat(grains as usize);
+                // Half the contents compress (and are packed by dedup), half do not.
+                let one = if content % 2 == 0 {
+                    compressible(1000 + content, 0, g as usize)
+                } else {
+                    pattern(1000 + content, 0, g as usize)
+                };
+                let bytes = one.repeat(grains as usize);
                 e.vdisk(names[vd]).unwrap().write(off, &bytes, false).unwrap();
                 m.data[vd][off as usize..off as usize + len].copy_from_slice(&bytes);
                 wrote = true;

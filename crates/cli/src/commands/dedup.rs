@@ -14,6 +14,7 @@ pub(super) fn dedup(c: &Ctx, cmd: DedupCmd) -> R {
             min_age,
             schedule,
             background_rate,
+            compression,
         } => {
             let req = SetDedup {
                 enabled: Some(true),
@@ -22,6 +23,11 @@ pub(super) fn dedup(c: &Ctx, cmd: DedupCmd) -> R {
                 min_age_secs: min_age,
                 schedule_secs: schedule,
                 background_rate,
+                compression: compression.map(|c| match c {
+                    CompressionArg::Zstd => Compression::Zstd,
+                    CompressionArg::Lz4 => Compression::Lz4,
+                    CompressionArg::Off => Compression::Off,
+                }),
             };
             let v = c.client.put(&path(&pool, ""), body(&req))?;
             c.answer(v, |s: DedupStatus| {
@@ -98,6 +104,15 @@ fn follow_and_report(c: &Ctx, v: Value, no_wait: bool) -> R {
         ("zeros unmapped", format!("{} grains", r.zero_grains_unmapped)),
         ("too young", format!("{} grains", r.grains_too_young)),
         ("mismatches", r.mismatches.to_string()),
+        (
+            "compressed",
+            format!(
+                "{} grains, {} into {}",
+                r.grains_compressed,
+                size(r.compressed_bytes_in),
+                size(r.compressed_bytes_out)
+            ),
+        ),
         ("rate", format!("{:.1} MB/s in {:.1}s", r.mb_per_s, r.seconds)),
     ]);
     Ok(())
@@ -134,6 +149,7 @@ fn print_settings(s: &DedupStatus) {
                 ),
             },
         ),
+        ("compression", st.compression.name().into()),
     ]);
 }
 
@@ -145,6 +161,19 @@ fn print_status(s: &DedupStatus) {
         (
             "saved",
             format!("{} ({:.1} %)", size(s.saved_bytes), s.saved_ratio * 100.0),
+        ),
+        (
+            "compressed",
+            if s.packed_bytes == 0 {
+                "-".into()
+            } else {
+                format!(
+                    "{} in {} ({:.2}x)",
+                    size(s.compressed_bytes),
+                    size(s.packed_bytes),
+                    s.compression_ratio
+                )
+            },
         ),
         (
             "index",

@@ -89,6 +89,25 @@ pub fn spec(name: &str, size: u64, kind: LayoutKind, prov: Provisioning) -> Vdis
 }
 
 /// Deterministic, position-dependent bytes, so that misplaced data never compares equal.
+/// Lines of text, numbered from `offset / 64`: each 4 KiB block differs from every other, and
+/// compresses to a fraction of its size.
+pub fn compressible(seed: u64, offset: u64, len: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(len + 64);
+    let mut line = offset / 64;
+    let skip = (offset % 64) as usize;
+    while out.len() < len + skip {
+        let text = format!(
+            "{seed:012x} {line:010} {:<39}\n",
+            "the same words on every line of a file"
+        );
+        out.extend_from_slice(&text.as_bytes()[..64]);
+        line += 1;
+    }
+    out.drain(..skip);
+    out.truncate(len);
+    out
+}
+
 pub fn pattern(seed: u64, offset: u64, len: usize) -> Vec<u8> {
     (0..len as u64)
         .map(|i| {

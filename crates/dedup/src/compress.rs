@@ -1,0 +1,200 @@
+//! The stored form of a compressed grain: a six-byte header (a magic byte, the codec, the
+//! compressed length) and the compressed bytes, padded by the caller to its packing unit. A
+//! grain is stored compressed only where that saves enough: the rest stay as they are, and
+//! are read with no decompression.
+//!
+//! zstd at level 1 by default: on the OS images of `bench/dedup.sh` it saves 90 % of the set
+//! where lz4 saves 88 % (after 4 KiB dedup, rounded to sectors), at about 400 MB/s per core
+//! to compress and well over 1 GB/s to decompress; lz4 decompresses faster still, for pools
+//! whose reads matter more than their space.
+
+use std::cell::RefCell;
+
+use serde::{Deserialize, Serialize};
+
+/// How a pool's deduplicated data is compressed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Compression {
+    Off,
+    Lz4,
+    #[default]
+    Zstd,
+}
+
+const MAGIC: u8 = 0xc7;
+const HEADER: usize = 6;
+const ZSTD_LEVEL: i32 = 1;
+const CODEC_ZSTD: u8 = 1;
+const CODEC_LZ4: u8 = 2;
+
+thread_local! {
+    static ZSTD_C: RefCell<Option<zstd::bulk::Compressor<'static>>> = const { RefCell::new(None) };
+    static ZSTD_D: RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { RefCell::new(None) };
+}
+
+impl Compression {
+    pub fn parse(s: &str) -> Option<Compression> {
+        match s {
+            "off" | "none" => Some(Compression::Off),
+            "lz4" => Some(Compression::Lz4),
+            "zstd" => Some(Compression::Zstd),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Compression::Off => "off",
+            Compression::Lz4 => "lz4",
+            Compression::Zstd => "zstd",
+        }
+    }
+
+    /// The stored form of `grain` when it takes `limit` bytes at most; `None` when
+    /// compression is off or the form would be longer.
+    pub fn compress(self, grain: &[u8], limit: usize) -> Option<Vec<u8>> {
+        if limit <= HEADER || self == Compression::Off {
+            return None;
+        }
+        // Room for the longest form allowed; a codec that needs more fails.
+        let mut out = vec![0u8; limit];
+        let n = match self {
+            Compression::Off => return None,
+            Compression::Zstd => ZSTD_C.with(|c| {
+                let mut c = c.borrow_mut();
+                if c.is_none() {
+                    *c = zstd::bulk::Compressor::new(ZSTD_LEVEL).ok();
+                }
+                c.as_mut()?.compress_to_buffer(grain, &mut out[HEADER..]).ok()
+            })?,
+            Compression::Lz4 => {
+                // lz4_flex wants room for its worst case.
+                let mut tmp = vec![0u8; lz4_flex::block::get_maximum_output_size(grain.len())];
+                let n = lz4_flex::block::compress_into(grain, &mut tmp).ok()?;
+                out.get_mut(HEADER..HEADER + n)?.copy_from_slice(&tmp[..n]);
+                n
+            }
+        };
+        out[0] = MAGIC;
+        out[1] = match self {
+            Compression::Zstd => CODEC_ZSTD,
+            _ => CODEC_LZ4,
+        };
+        out[2..HEADER].copy_from_slice(&(n as u32).to_le_bytes());
+        out.truncate(HEADER + n);
+        Some(out)
+    }
+}
+
+/// Decompresses a stored form (with any padding after it) into `out`, which must come out
+/// exactly full: a header that is not ours, a length past the end, or a codec that fails or
+/// gives another length is an error, never data.
+pub fn decompress(stored: &[u8], out: &mut [u8]) -> Result<(), String> {
+    if stored.len() < HEADER || stored[0] != MAGIC {
+        return Err("not a compressed grain (bad header)".into());
+    }
+    let n = u32::from_le_bytes(stored[2..HEADER].try_into().expect("4 bytes")) as usize;
+    let body = stored
+        .get(HEADER..HEADER + n)
+        .ok_or_else(|| format!("compressed length {n} goes past the piece ({} bytes)", stored.len()))?;
+    let got = match stored[1] {
+        CODEC_ZSTD => ZSTD_D.with(|d| {
+            let mut d = d.borrow_mut();
+            if d.is_none() {
+                *d = Some(zstd::bulk::Decompressor::new().map_err(|e| e.to_string())?);
+            }
+            d.as_mut()
+                .expect("made above")
+                .decompress_to_buffer(body, out)
+                .map_err(|e| format!("zstd: {e}"))
+        })?,
+        CODEC_LZ4 => lz4_flex::block::decompress_into(body, out).map_err(|e| format!("lz4: {e}"))?,
+        c => return Err(format!("unknown codec {c}")),
+    };
+    if got != out.len() {
+        return Err(format!("decompressed to {got} bytes, not {}", out.len()));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn text(n: usize) -> Vec<u8> {
+        (0..n).map(|i| b"the quick brown fox "[i % 20]).collect()
+    }
+
+    #[test]
+    fn compressible_grains_round_trip_in_both_codecs() {
+        for c in [Compression::Zstd, Compression::Lz4] {
+            let g = text(4096);
+            let s = c.compress(&g, 4096 - 512).expect("compresses");
+            assert!(s.len() <= 4096 - 512);
+            let mut padded = s.clone();
+            padded.resize(s.len().div_ceil(512) * 512, 0);
+            let mut out = vec![0u8; 4096];
+            decompress(&padded, &mut out).unwrap();
+            assert_eq!(out, g);
+        }
+    }
+
+    #[test]
+    fn what_would_not_save_a_sector_stays_plain() {
+        let mut x = 0x9e3779b97f4a7c15u64;
+        let random: Vec<u8> = (0..4096)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        assert!(Compression::Zstd.compress(&random, 4096 - 512).is_none());
+        assert!(Compression::Lz4.compress(&random, 4096 - 512).is_none());
+        assert!(Compression::Off.compress(&text(4096), 4096 - 512).is_none());
+    }
+
+    #[test]
+    fn damaged_forms_are_errors() {
+        let s = Compression::Zstd.compress(&text(4096), 4096 - 512).unwrap();
+        let mut out = vec![0u8; 4096];
+        let mut bad = s.clone();
+        bad[0] ^= 1;
+        assert!(decompress(&bad, &mut out).is_err());
+        let mut long = s.clone();
+        long[2..6].copy_from_slice(&100_000u32.to_le_bytes());
+        assert!(decompress(&long, &mut out).is_err());
+        // The right form into a grain of another size.
+        let mut small = vec![0u8; 2048];
+        assert!(decompress(&s, &mut small).is_err());
+        assert!(decompress(&s[..3], &mut out).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn any_grain_round_trips_or_stays_plain(
+            runs in proptest::collection::vec((any::<u8>(), 1usize..600), 1..40),
+            lz4 in any::<bool>(),
+        ) {
+            let mut g: Vec<u8> = runs.iter().flat_map(|&(b, n)| std::iter::repeat_n(b, n)).collect();
+            g.resize(4096, 7);
+            let c = if lz4 { Compression::Lz4 } else { Compression::Zstd };
+            if let Some(s) = c.compress(&g, 4096 - 512) {
+                prop_assert!(s.len().div_ceil(512) * 512 <= 4096 - 512);
+                let mut out = vec![0u8; 4096];
+                decompress(&s, &mut out).unwrap();
+                prop_assert_eq!(out, g);
+            }
+        }
+
+        #[test]
+        fn garbage_never_decompresses_to_the_wrong_size_silently(garbage in proptest::collection::vec(any::<u8>(), 0..600)) {
+            let mut out = vec![0u8; 4096];
+            // Either an error, or a full grain (a valid form can be typed by chance).
+            let _ = decompress(&garbage, &mut out);
+        }
+    }
+}

@@ -1,0 +1,188 @@
+//! Grains stored compressed: reading them back, and laying the compressed forms of a batch
+//! of grains out in pack slots. Where a piece lies is in its location
+//! ([`packed_loc`](crate::space::packed_loc)); a pack slot is written once, before the
+//! batch that points grains at it commits, and never overwritten: a write to one of its
+//! grains copies that grain on write, and the slot is freed when its last grain goes.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use tessera_disk::{AlignedBuf, SECTOR};
+use tessera_layout::{SetRead, SlabSet};
+
+use crate::error::{Result, VolumeError};
+use crate::shared::Shared;
+use crate::space::{is_packed, Loc, PACK_UNITS};
+
+/// Grains larger than this are never packed: a piece's unit count must fit in a byte.
+pub(crate) const MAX_PACKED_GRAIN: u64 = 128 << 10;
+
+/// The whole sectors [a, b) that contain [off, off + len).
+fn envelope(off: u64, len: usize) -> (u64, u64) {
+    let s = SECTOR as u64;
+    (off / s * s, (off + len as u64).div_ceil(s) * s)
+}
+
+/// Decompresses a piece's stored form into a whole grain.
+pub(crate) fn unpack(l: Loc, stored: &[u8], out: &mut [u8]) -> Result<()> {
+    tessera_dedup::decompress(stored, out)
+        .map_err(|e| VolumeError::Corrupt(format!("compressed grain at {l:#x} cannot be read back: {e}")))
+}
+
+/// Reads the whole grain at each location, plain or packed, into consecutive `grain`-sized
+/// parts of one buffer, with every disk read in one batch, and says per location whether
+/// its part is good: a location that names no slot, a read that failed or a piece that does
+/// not decompress fails only the grains that wanted it. Pieces of one pack slot that a read
+/// of neighbouring grains finds together are read once.
+pub(crate) fn read_grains_each(s: &Shared, locs: &[Loc], grain: usize) -> (AlignedBuf, Vec<Result<()>>) {
+    let mut out = AlignedBuf::zeroed(locs.len() * grain);
+    let mut results: Vec<Result<()>> = Vec::with_capacity(locs.len());
+    // The sectors of pack slots to read, once each, and per location where its piece is.
+    let mut stored: Vec<(Arc<SlabSet>, u64, AlignedBuf)> = Vec::new();
+    let mut at: HashMap<(u32, u64), usize> = HashMap::new();
+    let mut pieces: Vec<Option<(usize, usize, usize)>> = Vec::with_capacity(locs.len());
+    let mut plain: Vec<Option<(Arc<SlabSet>, u64)>> = Vec::with_capacity(locs.len());
+    for &l in locs {
+        let (mut piece, mut slot) = (None, None);
+        let found = if is_packed(l) {
+            s.space.locate_piece(l).map(|(set, off, len)| {
+                let (a, b) = envelope(off, len);
+                let mut i = *at.entry((set.id, a)).or_insert_with(|| {
+                    stored.push((set.clone(), a, AlignedBuf::zeroed((b - a) as usize)));
+                    stored.len() - 1
+                });
+                // A piece that starts in sectors read for another and ends past them.
+                if (stored[i].2.len() as u64) < b - a {
+                    stored.push((set, a, AlignedBuf::zeroed((b - a) as usize)));
+                    i = stored.len() - 1;
+                }
+                piece = Some((i, (off - a) as usize, len));
+            })
+        } else {
+            s.space.locate(l).map(|p| slot = Some(p))
+        };
+        results.push(found);
+        pieces.push(piece);
+        plain.push(slot);
+    }
+    let mut stored_ok: Vec<Result<(), String>> = Vec::with_capacity(stored.len());
+    {
+        let mut io: Vec<SetRead> = Vec::with_capacity(locs.len());
+        let mut whose: Vec<usize> = Vec::new();
+        for (k, (chunk, p)) in out.chunks_mut(grain).zip(&plain).enumerate() {
+            if let Some((set, base)) = p {
+                io.push(SetRead {
+                    set: &**set,
+                    offset: *base,
+                    buf: chunk,
+                });
+                whose.push(k);
+            }
+        }
+        let plain_reads = io.len();
+        for (set, a, buf) in stored.iter_mut() {
+            io.push(SetRead {
+                set: &**set,
+                offset: *a,
+                buf: &mut buf[..],
+            });
+        }
+        for (n, r) in s.cache.read_many(&mut io).into_iter().enumerate() {
+            if n < plain_reads {
+                if let Err(e) = r {
+                    results[whose[n]] = Err(e.into());
+                }
+            } else {
+                stored_ok.push(r.map_err(|e| e.to_string()));
+            }
+        }
+    }
+    for (k, (chunk, p)) in out.chunks_mut(grain).zip(&pieces).enumerate() {
+        if let Some((i, skip, len)) = *p {
+            results[k] = match &stored_ok[i] {
+                Err(e) => Err(VolumeError::Corrupt(format!(
+                    "compressed grain at {:#x} cannot be read: {e}",
+                    locs[k]
+                ))),
+                Ok(()) => unpack(locs[k], &stored[i].2[skip..skip + len], chunk),
+            };
+        }
+    }
+    (out, results)
+}
+
+/// [`read_grains_each`], failing if any grain cannot be read.
+pub(crate) fn read_grains(s: &Shared, locs: &[Loc], grain: usize) -> Result<AlignedBuf> {
+    let (out, results) = read_grains_each(s, locs, grain);
+    results.into_iter().collect::<Result<()>>()?;
+    Ok(out)
+}
+
+/// Where one grain's compressed form goes: the pack (an index into the packs laid out) and
+/// its first unit and number of units there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Placed {
+    pub pack: usize,
+    pub first: u32,
+    pub units: u32,
+}
+
+/// Lays compressed forms out in pack slots of `grain` bytes, in order, each in whole units
+/// of `grain / PACK_UNITS`, a new pack when the next form does not fit: neighbouring grains
+/// share a pack, so a sequential read finds them together. Returns the packs, one after the
+/// other in one buffer (the free end of the last one zeros), and where each form went.
+pub(crate) fn lay_out(forms: &[&[u8]], grain: usize) -> (AlignedBuf, Vec<Placed>) {
+    let unit = grain / PACK_UNITS as usize;
+    let mut placed: Vec<Placed> = Vec::with_capacity(forms.len());
+    let (mut packs, mut used) = (0usize, PACK_UNITS as u32); // no pack open yet
+    for f in forms {
+        let units = f.len().div_ceil(unit) as u32;
+        assert!(units > 0 && units as u64 <= PACK_UNITS, "a form that fits in a pack");
+        if used + units > PACK_UNITS as u32 {
+            packs += 1;
+            used = 0;
+        }
+        placed.push(Placed {
+            pack: packs - 1,
+            first: used,
+            units,
+        });
+        used += units;
+    }
+    let mut buf = AlignedBuf::zeroed(packs * grain);
+    for (f, p) in forms.iter().zip(&placed) {
+        let at = p.pack * grain + p.first as usize * unit;
+        buf[at..at + f.len()].copy_from_slice(f);
+    }
+    (buf, placed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn forms_lie_inside_their_packs_without_overlap(lens in proptest::collection::vec(1usize..4096, 0..60)) {
+            let forms: Vec<Vec<u8>> = lens.iter().enumerate().map(|(i, &n)| vec![i as u8 + 1; n]).collect();
+            let refs: Vec<&[u8]> = forms.iter().map(|f| &f[..]).collect();
+            let (packs, placed) = lay_out(&refs, 4096);
+            prop_assert_eq!(packs.len() % 4096, 0);
+            let mut taken = vec![vec![false; PACK_UNITS as usize]; packs.len() / 4096];
+            for (i, p) in placed.iter().enumerate() {
+                prop_assert!(p.first + p.units <= PACK_UNITS as u32);
+                for u in p.first..p.first + p.units {
+                    prop_assert!(!taken[p.pack][u as usize], "units overlap");
+                    taken[p.pack][u as usize] = true;
+                }
+                let at = p.pack * 4096 + p.first as usize * 16;
+                prop_assert_eq!(&packs[at..at + forms[i].len()], &forms[i][..]);
+                // In order: a form goes to the last pack or a new one.
+                if i > 0 {
+                    prop_assert!(p.pack == placed[i - 1].pack || p.pack == placed[i - 1].pack + 1);
+                }
+            }
+        }
+    }
+}
