@@ -180,6 +180,18 @@ impl Layouts {
             return;
         }
         tally.blocks += (nb * members.len()) as u64;
+        // Blocks that no member has a checksum for, in a pool that keeps them, were never
+        // written since their slabs joined this set: they hold what the set that gave the
+        // slabs back left there, no data of this one, and their copies or parity need not
+        // agree until a write makes them (a write of part of a parity row computes its parity
+        // from every column).
+        let unwritten: Vec<bool> = (0..nb)
+            .map(|i| {
+                self.sums().enabled()
+                    && r.bufs.iter().all(Option::is_some)
+                    && r.verdicts.iter().all(|v| v[i] == Verdict::Unknown)
+            })
+            .collect();
         let mut what: Option<String> = None;
         let mut note = |w: String| {
             what.get_or_insert(w);
@@ -207,7 +219,7 @@ impl Layouts {
         if spec.parity_columns() == 0 {
             for d in 0..spec.data_columns() {
                 let copies = data_members(spec, row, d);
-                for i in 0..nb {
+                for i in (0..nb).filter(|&i| !unwritten[i]) {
                     // The truth: a copy that matches its checksum; with no checksum known,
                     // the copies' agreement.
                     let good = copies
@@ -239,9 +251,10 @@ impl Layouts {
                 }
             }
         } else {
-            self.scrub_parity_row(spec, members, row, &r, &mut fixes, &mut lost, &mut note);
+            self.scrub_parity_row(spec, members, row, &r, &unwritten, &mut fixes, &mut lost, &mut note);
         }
-        if repair && self.sums().enabled() && what.is_none() {
+        // (Not for never-written blocks: a checksum would make their leftovers data.)
+        if repair && self.sums().enabled() && what.is_none() && !unwritten.contains(&true) {
             // Unknown checksums of a row found consistent are recorded now.
             for (m, v) in r.verdicts.iter().enumerate() {
                 if v.contains(&Verdict::Unknown) {
@@ -292,6 +305,7 @@ impl Layouts {
         members: &[SlabRef],
         row: u64,
         r: &RowRead,
+        unwritten: &[bool],
         fixes: &mut Vec<(usize, usize, Vec<u8>)>,
         lost: &mut Vec<usize>,
         note: &mut dyn FnMut(String),
@@ -318,7 +332,7 @@ impl Layouts {
                 }
             }
         }
-        for i in 0..(spec.interleave / BLOCK) as usize {
+        for i in (0..(spec.interleave / BLOCK) as usize).filter(|&i| !unwritten[i]) {
             let mut data: Vec<Option<Vec<u8>>> = dms.iter().map(|&m| r.block(m, i).map(<[u8]>::to_vec)).collect();
             let parity: Vec<Option<Vec<u8>>> = pms.iter().map(|&m| r.block(m, i).map(<[u8]>::to_vec)).collect();
             let missing: Vec<usize> = (0..dms.len()).filter(|&d| data[d].is_none()).collect();
