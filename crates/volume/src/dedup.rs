@@ -333,13 +333,13 @@ impl Engine {
         report.bytes_scanned += seen.len() as u64 * grain;
         let class = tag(v.class);
         let fp = *self.dedup.fingerprinter.read();
-        for it in seen.iter_mut() {
+        in_parallel(&mut seen, |it| {
             let at = ((it.grain - first) * grain) as usize;
             let bytes = &data[at..at + g];
             if bytes.iter().any(|&b| b != 0) {
                 it.key = Some(tessera_dedup::index_key(class, &fp.of(bytes)));
             }
-        }
+        });
         let keys: Vec<IndexKey> = seen.iter().filter_map(|it| it.key).collect();
         let mut found: HashMap<IndexKey, IndexEntry> = HashMap::new();
         for (k, e) in keys.iter().zip(self.dedup.index.get_many(&keys)?) {
@@ -353,16 +353,19 @@ impl Engine {
         let mut forms: HashMap<u64, Vec<u8>> = HashMap::new();
         if compression != Compression::Off && grain <= MAX_PACKED_GRAIN {
             let mut firsts = HashSet::new();
-            for it in &seen {
-                let Some(k) = it.key else { continue };
-                if found.contains_key(&k) || is_packed(it.loc) || !firsts.insert(k) {
-                    continue;
-                }
-                let at = ((it.grain - first) * grain) as usize;
-                if let Some(f) = compression.compress(&data[at..at + g], g - g / MIN_SAVING) {
-                    forms.insert(it.grain, f);
-                }
-            }
+            let mut todo: Vec<(u64, Option<Vec<u8>>)> = seen
+                .iter()
+                .filter(|it| {
+                    it.key
+                        .is_some_and(|k| !found.contains_key(&k) && !is_packed(it.loc) && firsts.insert(k))
+                })
+                .map(|it| (it.grain, None))
+                .collect();
+            in_parallel(&mut todo, |(gi, form)| {
+                let at = ((*gi - first) * grain) as usize;
+                *form = compression.compress(&data[at..at + g], g - g / MIN_SAVING);
+            });
+            forms.extend(todo.into_iter().filter_map(|(gi, f)| Some((gi, f?))));
         }
 
         // Under the locks of this batch's grains and of the grains its candidates belong to.
@@ -708,6 +711,22 @@ struct Batch<'a> {
 struct Packs {
     slots: Vec<Loc>,
     moved: HashMap<Loc, Loc>,
+}
+
+/// Runs `f` on every item, the items split between as many threads as the machine has
+/// cores (at most four): fingerprints and compression are the CPU of a run.
+fn in_parallel<T: Send>(items: &mut [T], f: impl Fn(&mut T) + Sync) {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(4);
+    if threads < 2 || items.len() < 64 {
+        items.iter_mut().for_each(f);
+        return;
+    }
+    let f = &f;
+    std::thread::scope(|s| {
+        for part in items.chunks_mut(items.len().div_ceil(threads)) {
+            s.spawn(move || part.iter_mut().for_each(f));
+        }
+    });
 }
 
 /// The op that drops a grain entry's reference to `l`.

@@ -127,29 +127,46 @@ pub(crate) struct Placed {
     pub units: u32,
 }
 
-/// Lays compressed forms out in pack slots of `grain` bytes, in order, each in whole units
-/// of `grain / PACK_UNITS`, a new pack when the next form does not fit: neighbouring grains
-/// share a pack, so a sequential read finds them together. Returns the packs, one after the
-/// other in one buffer (the free end of the last one zeros), and where each form went.
+/// Lays compressed forms out in pack slots of `grain` bytes, each form in whole units of
+/// `grain / PACK_UNITS`, first fit by decreasing size: forms of a batch average 40 % of a
+/// grain, and filling packs in order left a quarter of each pack empty. Returns the packs, one
+/// after the other in one buffer (their free ends zeros), and where each form went, in the
+/// order given.
 pub(crate) fn lay_out(forms: &[&[u8]], grain: usize) -> (AlignedBuf, Vec<Placed>) {
     let unit = grain / PACK_UNITS as usize;
-    let mut placed: Vec<Placed> = Vec::with_capacity(forms.len());
-    let (mut packs, mut used) = (0usize, PACK_UNITS as u32); // no pack open yet
-    for f in forms {
-        let units = f.len().div_ceil(unit) as u32;
-        assert!(units > 0 && units as u64 <= PACK_UNITS, "a form that fits in a pack");
-        if used + units > PACK_UNITS as u32 {
-            packs += 1;
-            used = 0;
-        }
-        placed.push(Placed {
-            pack: packs - 1,
-            first: used,
-            units,
-        });
-        used += units;
+    let units: Vec<u32> = forms.iter().map(|f| f.len().div_ceil(unit) as u32).collect();
+    assert!(
+        units.iter().all(|&n| n > 0 && n as u64 <= PACK_UNITS),
+        "forms that fit in a pack"
+    );
+    let mut order: Vec<usize> = (0..forms.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(units[i]));
+    let mut used: Vec<u32> = Vec::new();
+    let mut placed = vec![
+        Placed {
+            pack: 0,
+            first: 0,
+            units: 0
+        };
+        forms.len()
+    ];
+    for i in order {
+        let n = units[i];
+        let pack = match used.iter().position(|&u| u + n <= PACK_UNITS as u32) {
+            Some(p) => p,
+            None => {
+                used.push(0);
+                used.len() - 1
+            }
+        };
+        placed[i] = Placed {
+            pack,
+            first: used[pack],
+            units: n,
+        };
+        used[pack] += n;
     }
-    let mut buf = AlignedBuf::zeroed(packs * grain);
+    let mut buf = AlignedBuf::zeroed(used.len() * grain);
     for (f, p) in forms.iter().zip(&placed) {
         let at = p.pack * grain + p.first as usize * unit;
         buf[at..at + f.len()].copy_from_slice(f);
@@ -178,9 +195,14 @@ mod tests {
                 }
                 let at = p.pack * 4096 + p.first as usize * 16;
                 prop_assert_eq!(&packs[at..at + forms[i].len()], &forms[i][..]);
-                // In order: a form goes to the last pack or a new one.
-                if i > 0 {
-                    prop_assert!(p.pack == placed[i - 1].pack || p.pack == placed[i - 1].pack + 1);
+            }
+            // First fit: no two packs could have been one.
+            let fill: Vec<u32> = (0..packs.len() / 4096)
+                .map(|k| placed.iter().filter(|p| p.pack == k).map(|p| p.units).sum())
+                .collect();
+            for a in 0..fill.len() {
+                for b in a + 1..fill.len() {
+                    prop_assert!(fill[a] + fill[b] > PACK_UNITS as u32, "packs {a} and {b} would fit in one");
                 }
             }
         }
