@@ -509,10 +509,10 @@ impl<S: Socket> Loop<S> {
         true
     }
 
-    fn finish(&mut self, f: InFlight, ok: bool) {
+    fn finish(&mut self, mut f: InFlight, ok: bool) {
         // Data parts and plans pair up in order, as when they were started.
-        let data = f.parts.iter().filter_map(|p| p.data.as_ref());
-        let ok = ok && data.zip(&f.plans).all(|(buf, plan)| plan.verify(buf));
+        let data = f.parts.iter_mut().filter_map(|p| p.data.as_mut());
+        let ok = ok && data.zip(&f.plans).all(|(buf, plan)| plan.finish(buf));
         drop(f.plans);
         if !ok {
             // The synchronous path reads around a failing member (or a block that does not

@@ -89,10 +89,11 @@ pub struct ReadPlan {
 
 /// What keeps a plan's reads valid, and checks what they brought.
 pub trait PlanHold: Send {
-    /// True if the bytes the reads brought into the command's buffer are those written (the
-    /// backend's checksums); false sends the READ down the ordinary path, which reads around
+    /// Once every read has completed: true if the bytes they brought into the command's
+    /// buffer are those written (the backend's checksums), made ready in place (compressed
+    /// data decompressed); false sends the READ down the ordinary path, which reads around
     /// the bad copy and repairs it.
-    fn verify(&self, buf: &[u8]) -> bool;
+    fn finish(&self, buf: &mut [u8]) -> bool;
 }
 
 /// Writes `[from, from + len)` of `image` at `at` of `to`, a MiB at a time: a paste by

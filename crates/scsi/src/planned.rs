@@ -52,10 +52,11 @@ impl PlannedRead {
             .collect()
     }
 
-    /// True if the data read is what was written (see [`PlanHold::verify`](crate::backend::PlanHold::verify)): call it
-    /// once every submission has completed; if false, run the command the ordinary way.
-    pub fn verified(&self) -> bool {
-        self.plan.hold.verify(&self.buf)
+    /// True if the data read is what was written, made ready (see
+    /// [`PlanHold::finish`](crate::backend::PlanHold::finish)): call it once every submission
+    /// has completed; if false, run the command the ordinary way.
+    pub fn verified(&mut self) -> bool {
+        self.plan.hold.finish(&mut self.buf)
     }
 
     /// GOOD with the data read, once every submission has completed in full.

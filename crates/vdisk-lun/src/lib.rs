@@ -146,8 +146,8 @@ impl BlockBackend for VdiskBackend {
 struct HeldPlan(tessera_volume::ReadPlan);
 
 impl PlanHold for HeldPlan {
-    fn verify(&self, buf: &[u8]) -> bool {
-        self.0.verify(buf)
+    fn finish(&self, buf: &mut [u8]) -> bool {
+        self.0.finish(buf)
     }
 }
 

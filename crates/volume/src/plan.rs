@@ -9,6 +9,8 @@ use std::ops::Range;
 use tessera_layout::{DiskRead, MembersGuard};
 
 use crate::locks::OwnedReadGuard;
+use crate::packed::unpack;
+use crate::space::{is_packed, Loc};
 use crate::vdisk::{grain_pieces, Vdisk};
 
 /// The disk reads that fill a buffer with `len` bytes of a vdisk, and the parts of that
@@ -18,16 +20,38 @@ use crate::vdisk::{grain_pieces, Vdisk};
 pub struct ReadPlan {
     pub reads: Vec<DiskRead>,
     pub zeros: Vec<Range<usize>>,
+    /// Compressed grains: their reads bring the sectors of the pack slot that hold the piece
+    /// into the grain's place in the buffer, and [`finish`](Self::finish) decompresses them
+    /// there.
+    packed: Vec<PackedRead>,
     _grains: Vec<OwnedReadGuard>,
     /// The members of each set read from, by set id.
     _members: Vec<(u32, MembersGuard)>,
 }
 
+/// A compressed grain of a plan: where its place in the buffer starts, the grain size, and
+/// where in that place the piece's stored form starts, and its length.
+struct PackedRead {
+    loc: Loc,
+    buf_off: usize,
+    grain: usize,
+    skip: usize,
+    len: usize,
+}
+
 impl ReadPlan {
-    /// True if what the reads brought into `buf` (the buffer the plan was made for) matches
-    /// the blocks' checksums; if not, read again with [`Vdisk::read`].
-    pub fn verify(&self, buf: &[u8]) -> bool {
-        self.reads.iter().all(|r| r.verify(&buf[r.buf_off..r.buf_off + r.len]))
+    /// Once every read has completed: true if what they brought into `buf` (the buffer the
+    /// plan was made for) matches the blocks' checksums, with the compressed grains
+    /// decompressed in place; if not, read again with [`Vdisk::read`] (which reports a
+    /// grain that cannot be read back).
+    pub fn finish(&self, buf: &mut [u8]) -> bool {
+        if !self.reads.iter().all(|r| r.verify(&buf[r.buf_off..r.buf_off + r.len])) {
+            return false;
+        }
+        self.packed.iter().all(|p| {
+            let stored = buf[p.buf_off + p.skip..p.buf_off + p.skip + p.len].to_vec();
+            unpack(p.loc, &stored, &mut buf[p.buf_off..p.buf_off + p.grain]).is_ok()
+        })
     }
 }
 
@@ -45,6 +69,7 @@ impl Vdisk {
         let mut plan = ReadPlan {
             reads: Vec::with_capacity(pieces.len()),
             zeros: Vec::new(),
+            packed: Vec::new(),
             _grains: grains,
             _members: Vec::new(),
         };
@@ -59,14 +84,33 @@ impl Vdisk {
                 continue;
             }
             let sector = tessera_disk::SECTOR as u64;
-            // A compressed grain is decompressed, which a plan of disk reads cannot do.
-            if p.off % sector != 0 || p.len as u64 % sector != 0 || crate::space::is_packed(l) {
+            if p.off % sector != 0 || p.len as u64 % sector != 0 {
                 return None;
             }
-            let (set, base) = self.s.space.locate(l).ok()?;
+            // Where on the set to read, and how much: the grain's part of its slot, or for a
+            // compressed grain (read whole), the sectors of its pack slot that hold the piece,
+            // which fit in the grain's place.
+            let (set, at, len) = if is_packed(l) {
+                if p.off != 0 || p.len as u64 != grain {
+                    return None;
+                }
+                let (set, off, len) = self.s.space.locate_piece(l).ok()?;
+                let (a, b) = (off / sector * sector, (off + len as u64).div_ceil(sector) * sector);
+                plan.packed.push(PackedRead {
+                    loc: l,
+                    buf_off: p.buf_off,
+                    grain: grain as usize,
+                    skip: (off - a) as usize,
+                    len,
+                });
+                (set, a, (b - a) as usize)
+            } else {
+                let (set, base) = self.s.space.locate(l).ok()?;
+                (set, base + p.off, p.len)
+            };
             // Data the write-back log holds is not on the disks yet. The grain locks held keep
             // any write out until the plan is dropped; a destage meanwhile writes the same data.
-            if self.s.cache.holds_dirty(set.id, base + p.off, p.len as u64) {
+            if self.s.cache.holds_dirty(set.id, at, len as u64) {
                 return None;
             }
             let held = match plan._members.iter().position(|(id, _)| *id == set.id) {
@@ -80,7 +124,7 @@ impl Vdisk {
             if !self
                 .s
                 .layouts
-                .plan_read(&set, members, base + p.off, p.len, p.buf_off, &mut plan.reads)
+                .plan_read(&set, members, at, len, p.buf_off, &mut plan.reads)
             {
                 return None;
             }

@@ -48,6 +48,7 @@ fn run_plan(v: &Vdisk, offset: u64, len: usize) -> Option<Vec<u8>> {
     for z in &plan.zeros {
         buf[z.clone()].fill(0);
     }
+    assert!(plan.finish(&mut buf), "the plan's reads did not check out");
     Some(buf.to_vec())
 }
 
@@ -161,7 +162,7 @@ fn a_plan_that_brings_rotten_bytes_fails_its_check() {
             .read_at(&mut buf[r.buf_off..r.buf_off + r.len], r.offset)
             .unwrap();
     }
-    assert!(plan.verify(&buf), "good bytes must pass");
+    assert!(plan.finish(&mut buf), "good bytes must pass");
     // Rot on the copy the plan reads, behind the engine's back.
     let r = &plan.reads[0];
     let mut sector = tessera_disk::AlignedBuf::zeroed(4096);
@@ -174,7 +175,7 @@ fn a_plan_that_brings_rotten_bytes_fails_its_check() {
             .read_at(&mut rotten[r.buf_off..r.buf_off + r.len], r.offset)
             .unwrap();
     }
-    assert!(!plan.verify(&rotten), "rotten bytes passed the plan's check");
+    assert!(!plan.finish(&mut rotten), "rotten bytes passed the plan's check");
     drop(plan);
     v.read(0, &mut b).unwrap();
     assert!(b == data, "the read after a failed plan returned wrong data");
@@ -187,5 +188,53 @@ fn a_plan_that_brings_rotten_bytes_fails_its_check() {
             .read_at(&mut again[r.buf_off..r.buf_off + r.len], r.offset)
             .unwrap();
     }
-    assert!(plan.verify(&again) && again[..] == data[..]);
+    assert!(plan.finish(&mut again) && again[..] == data[..]);
+}
+
+#[test]
+fn compressed_grains_are_planned_and_decompressed_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = file_engine(&dir, 2);
+    e.set_dedup_settings(tessera_volume::DedupSettings {
+        enabled: true,
+        min_age_secs: 0,
+        ..Default::default()
+    })
+    .unwrap();
+    let v = e
+        .create_vdisk(&VdiskSpec::new("c", 4 * MIB, LayoutKind::Mirror))
+        .unwrap();
+    assert_eq!(v.grain_size(), 4096);
+    // Compressible halves, incompressible quarters, and a hole.
+    let mut data = common::compressible(3, 0, (2 * MIB) as usize);
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    data.extend((0..MIB / 8).flat_map(|_| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x.to_le_bytes()
+    }));
+    v.write(0, &data, false).unwrap();
+    let r = e
+        .dedup_run(
+            &tessera_volume::PassOptions {
+                mode: tessera_volume::DedupMode::Throughput,
+                ignore_min_age: true,
+                ..Default::default()
+            },
+            &tessera_volume::Progress::default(),
+        )
+        .unwrap();
+    assert_eq!(r.grains_compressed, 2 * MIB / 4096, "{r:?}");
+    let mut want = data.clone();
+    want.resize((4 * MIB) as usize, 0);
+    // Whole, and in pieces that start and end on grains.
+    assert_eq!(run_plan(&v, 0, (4 * MIB) as usize).unwrap(), want);
+    for (at, n) in [(4096u64, 4096usize), (MIB - 8192, 5 * 4096), (2 * MIB - 4096, 8192)] {
+        assert_eq!(
+            run_plan(&v, at, n).unwrap(),
+            want[at as usize..at as usize + n],
+            "at {at}"
+        );
+    }
 }

@@ -154,7 +154,7 @@ impl Session {
         let mut jobs = Vec::with_capacity(done.len());
         let mut resps = Vec::with_capacity(done.len());
         let mut failed = Vec::new();
-        for ((job, read), ok) in done.drain(..) {
+        for ((job, mut read), ok) in done.drain(..) {
             if ok && read.verified() {
                 resps.push(read.into_response());
                 jobs.push(job);
