@@ -147,7 +147,13 @@ impl<T> ReadRing<T> {
     pub fn reap(&mut self, done: &mut Vec<(T, bool)>) -> bool {
         let before = done.len();
         done.append(&mut self.ready);
-        self.take_completions(done);
+        if !self.take_completions(done) && self.sqes > 0 && self.ring.submission().cq_overflow() {
+            // More reads completed than the completion queue holds: the kernel keeps the rest
+            // back, and the ring's descriptor polls readable, until the ring is entered again.
+            // Without this, a caller that polls would spin with nothing to reap.
+            let _ = self.ring.submitter().submit();
+            self.take_completions(done);
+        }
         done.len() > before
     }
 
@@ -270,6 +276,58 @@ mod tests {
             }
         }
         assert!(matches!(&done[4], ((99, _), true)));
+    }
+
+    #[test]
+    fn more_reads_than_the_completion_queue_holds_come_back_to_a_caller_that_polls() {
+        let data: Vec<u8> = (0..256 << 10).map(|i| (i * 13 % 251) as u8).collect();
+        let f = file_of(&data);
+        let Ok(mut ring) = ReadRing::<(usize, AlignedBuf)>::new(4) else {
+            crate::skip(
+                "read_ring::tests::more_reads_than_the_completion_queue_holds_come_back_to_a_caller_that_polls",
+                "io_uring unavailable",
+            );
+            return;
+        };
+        // 8 requests of 64 reads each: far more than the 8 completions the queue holds.
+        for req in 0..8usize {
+            let mut buf = AlignedBuf::zeroed(64 * 4096);
+            let reads: Vec<RingRead> = (0..64)
+                .map(|i| RingRead {
+                    fd: f.as_raw_fd(),
+                    // SAFETY: inside the buffer.
+                    at: unsafe { buf.as_mut_ptr().add(i * 4096) },
+                    len: 4096,
+                    offset: (((req * 64 + i) * 4096) % (256 << 10)) as u64,
+                })
+                .collect();
+            // SAFETY: the buffer moves into the tag; its heap memory stays put.
+            unsafe { ring.start((req, buf), &reads) };
+        }
+        ring.submit();
+        // As a connection loop does: poll the ring's descriptor, reap, never wait on the ring.
+        let mut done = Vec::new();
+        let mut rounds = 0;
+        while ring.in_flight() > 0 {
+            rounds += 1;
+            assert!(rounds < 10_000, "the ring polls ready with nothing to reap");
+            let mut pfd = libc::pollfd {
+                fd: ring.fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            unsafe { libc::poll(&mut pfd, 1, 100) };
+            ring.reap(&mut done);
+        }
+        assert_eq!(done.len(), 8);
+        for ((req, buf), ok) in &done {
+            assert!(ok, "request {req}");
+            for i in 0..64 {
+                let from = ((req * 64 + i) * 4096) % (256 << 10);
+                assert_eq!(&buf[i * 4096..(i + 1) * 4096], &data[from..from + 4096]);
+            }
+        }
     }
 
     #[test]
