@@ -29,6 +29,9 @@ pub struct ReadPlan {
     _members: Vec<(u32, MembersGuard)>,
 }
 
+/// Compressed grains a plan takes at most.
+const PLANNED_PACKED: usize = 4;
+
 /// A compressed grain of a plan: where its place in the buffer starts, the grain size, and
 /// where in that place the piece's stored form starts, and its length.
 struct PackedRead {
@@ -91,7 +94,10 @@ impl Vdisk {
             // compressed grain (read whole), the sectors of its pack slot that hold the piece,
             // which fit in the grain's place.
             let (set, at, len) = if is_packed(l) {
-                if p.off != 0 || p.len as u64 != grain {
+                // Decompression runs on the caller's thread: a plan takes the few compressed
+                // grains of a small read; a large read goes the ordinary way, decompressed by
+                // the workers, one read per pack slot.
+                if p.off != 0 || p.len as u64 != grain || plan.packed.len() >= PLANNED_PACKED {
                     return None;
                 }
                 let (set, off, len) = self.s.space.locate_piece(l).ok()?;
