@@ -4,7 +4,6 @@
 //! batch that points grains at it commits, and never overwritten: a write to one of its
 //! grains copies that grain on write, and the slot is freed when its last grain goes.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use tessera_disk::{AlignedBuf, SECTOR};
@@ -13,6 +12,11 @@ use tessera_layout::{SetRead, SlabSet};
 use crate::error::{Result, VolumeError};
 use crate::shared::Shared;
 use crate::space::{is_packed, Loc, PACK_UNITS};
+
+/// Pieces this close (in bytes of a slab set) are read in one span, the gap with them.
+const SPAN_GAP: u64 = 64 << 10;
+/// A span read for pieces is this long at most.
+const MAX_SPAN: u64 = 1 << 20;
 
 /// Grains larger than this are never packed: a piece's unit count must fit in a byte.
 pub(crate) const MAX_PACKED_GRAIN: u64 = 128 << 10;
@@ -32,39 +36,46 @@ pub(crate) fn unpack(l: Loc, stored: &[u8], out: &mut [u8]) -> Result<()> {
 /// Reads the whole grain at each location, plain or packed, into consecutive `grain`-sized
 /// parts of one buffer, with every disk read in one batch, and says per location whether
 /// its part is good: a location that names no slot, a read that failed or a piece that does
-/// not decompress fails only the grains that wanted it. Pieces of one pack slot that a read
-/// of neighbouring grains finds together are read once.
+/// not decompress fails only the grains that wanted it. Pieces that lie near each other are
+/// read as one span.
 pub(crate) fn read_grains_each(s: &Shared, locs: &[Loc], grain: usize) -> (AlignedBuf, Vec<Result<()>>) {
     let mut out = AlignedBuf::zeroed(locs.len() * grain);
     let mut results: Vec<Result<()>> = Vec::with_capacity(locs.len());
-    // The sectors of pack slots to read, once each, and per location where its piece is.
-    let mut stored: Vec<(Arc<SlabSet>, u64, AlignedBuf)> = Vec::new();
-    let mut at: HashMap<(u32, u64), usize> = HashMap::new();
-    let mut pieces: Vec<Option<(usize, usize, usize)>> = Vec::with_capacity(locs.len());
+    // Where each piece lies, then the sectors of pack slots to read: pieces near each other in
+    // a set (a batch's packs are neighbouring slots, filled in size order) are read as one
+    // span, gaps included, rather than one small read each.
+    let mut located: Vec<(Arc<SlabSet>, u64, usize, usize)> = Vec::new(); // set, offset, length, loc
     let mut plain: Vec<Option<(Arc<SlabSet>, u64)>> = Vec::with_capacity(locs.len());
-    for &l in locs {
-        let (mut piece, mut slot) = (None, None);
+    for (k, &l) in locs.iter().enumerate() {
+        let mut slot = None;
         let found = if is_packed(l) {
-            s.space.locate_piece(l).map(|(set, off, len)| {
-                let (a, b) = envelope(off, len);
-                let mut i = *at.entry((set.id, a)).or_insert_with(|| {
-                    stored.push((set.clone(), a, AlignedBuf::zeroed((b - a) as usize)));
-                    stored.len() - 1
-                });
-                // A piece that starts in sectors read for another and ends past them.
-                if (stored[i].2.len() as u64) < b - a {
-                    stored.push((set, a, AlignedBuf::zeroed((b - a) as usize)));
-                    i = stored.len() - 1;
-                }
-                piece = Some((i, (off - a) as usize, len));
-            })
+            s.space
+                .locate_piece(l)
+                .map(|(set, off, len)| located.push((set, off, len, k)))
         } else {
             s.space.locate(l).map(|p| slot = Some(p))
         };
         results.push(found);
-        pieces.push(piece);
         plain.push(slot);
     }
+    located.sort_by_key(|(set, off, ..)| (set.id, *off));
+    let mut spans: Vec<(Arc<SlabSet>, u64, u64)> = Vec::new();
+    let mut pieces: Vec<Option<(usize, usize, usize)>> = vec![None; locs.len()];
+    for (set, off, len, k) in located {
+        let (a, b) = envelope(off, len);
+        match spans.last_mut() {
+            Some((s, start, end)) if s.id == set.id && a <= *end + SPAN_GAP && b.max(*end) - *start <= MAX_SPAN => {
+                *end = b.max(*end);
+            }
+            _ => spans.push((set, a, b)),
+        }
+        let i = spans.len() - 1;
+        pieces[k] = Some((i, (off - spans[i].1) as usize, len));
+    }
+    let mut stored: Vec<(Arc<SlabSet>, u64, AlignedBuf)> = spans
+        .into_iter()
+        .map(|(set, a, b)| (set, a, AlignedBuf::zeroed((b - a) as usize)))
+        .collect();
     let mut stored_ok: Vec<Result<(), String>> = Vec::with_capacity(stored.len());
     {
         let mut io: Vec<SetRead> = Vec::with_capacity(locs.len());
