@@ -138,8 +138,8 @@ pub(crate) struct Placed {
     pub units: u32,
 }
 
-/// Packs a form may go into: the last this many opened.
-const PACK_WINDOW: usize = 4;
+/// Packs a form may go into: the last this many opened (64 KiB of 4 KiB packs).
+const PACK_WINDOW: usize = 16;
 
 /// Lays compressed forms out in pack slots of `grain` bytes, each form in whole units of
 /// `grain / PACK_UNITS`, in the order given, each into the first of the last `PACK_WINDOW`
