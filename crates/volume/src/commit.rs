@@ -9,9 +9,11 @@ use std::sync::{Arc, OnceLock};
 
 use parking_lot::{Condvar, Mutex};
 use tessera_cache::WriteCache;
-use tessera_pool::WriteBatch;
+use tessera_pool::{refcount_delta, WriteBatch, CF_REFCOUNTS};
 
 use crate::error::{Result, VolumeError};
+use crate::keys::refcount_key;
+use crate::space::Loc;
 
 /// One metadata change, recorded so that queued changes can be merged into one batch.
 #[derive(Debug, Clone)]
@@ -19,6 +21,13 @@ pub enum Op {
     Put(&'static str, Vec<u8>, Vec<u8>),
     Delete(&'static str, Vec<u8>),
     Merge(&'static str, Vec<u8>, Vec<u8>),
+}
+
+impl Op {
+    /// Moves the reference count of the slot `l` is in by `delta`.
+    pub fn count(l: Loc, delta: i64) -> Op {
+        Op::Merge(CF_REFCOUNTS, refcount_key(l), refcount_delta(delta).to_vec())
+    }
 }
 
 /// The batch that ops join while they wait: the leader that writes it sets its result, and

@@ -29,14 +29,14 @@ use tessera_dedup::{
 };
 use tessera_disk::AlignedBuf;
 use tessera_layout::{LayoutError, Progress};
-use tessera_pool::{refcount_delta, MetaStore, WriteBatch, CF_GRAINS, CF_POOL, CF_REFCOUNTS};
+use tessera_pool::{MetaStore, WriteBatch, CF_GRAINS, CF_POOL};
 use tracing::info;
 
 use crate::commit::Op;
 use crate::config::Provisioning;
 use crate::engine::Engine;
 use crate::error::{Result, VolumeError};
-use crate::keys::{grain_key, loc_value, refcount_key};
+use crate::keys::{grain_key, loc_value};
 use crate::packed::{lay_out, read_grains_each, MAX_PACKED_GRAIN};
 use crate::space::{is_packed, loc_parts, packed_loc, piece_of, slot_of, Class, Loc};
 use crate::vdisk::Vdisk;
@@ -490,7 +490,7 @@ impl Engine {
             let Some(key) = it.key else {
                 if content(it.loc).is_some_and(|c| c.iter().all(|&b| b == 0)) {
                     ops.push(Op::Delete(CF_GRAINS, grain_key(v.id, it.grain)));
-                    ops.push(drop_ref(it.loc));
+                    ops.push(Op::count(it.loc, -1));
                     plans.push(Plan::Unmap {
                         grain: it.grain,
                         from: it.loc,
@@ -503,8 +503,7 @@ impl Engine {
                 Some(to) if to == it.loc => {
                     // Another grain of the batch holds the same slot; it follows it to its pack.
                     if let Some(&piece) = packs.moved.get(&to) {
-                        ops.push(Op::Put(CF_GRAINS, grain_key(v.id, it.grain), loc_value(piece)));
-                        ops.push(drop_ref(it.loc));
+                        ops.extend(repoint(v.id, it.grain, it.loc, piece));
                         plans.push(Plan::Share {
                             grain: it.grain,
                             from: it.loc,
@@ -524,12 +523,11 @@ impl Engine {
                                 Some(n) if *n > 0 => *n -= 1,
                                 _ => s.space.incref(to),
                             }
-                            ops.push(Op::Merge(CF_REFCOUNTS, refcount_key(to), refcount_delta(1).to_vec()));
+                            ops.push(Op::count(to, 1));
                             to
                         }
                     };
-                    ops.push(Op::Put(CF_GRAINS, grain_key(v.id, it.grain), loc_value(to)));
-                    ops.push(drop_ref(it.loc));
+                    ops.extend(repoint(v.id, it.grain, it.loc, to));
                     plans.push(Plan::Share {
                         grain: it.grain,
                         from: it.loc,
@@ -544,8 +542,7 @@ impl Engine {
                     }
                     let loc = match packs.moved.get(&it.loc) {
                         Some(&piece) => {
-                            ops.push(Op::Put(CF_GRAINS, grain_key(v.id, it.grain), loc_value(piece)));
-                            ops.push(drop_ref(it.loc));
+                            ops.extend(repoint(v.id, it.grain, it.loc, piece));
                             plans.push(Plan::Pack {
                                 grain: it.grain,
                                 from: it.loc,
@@ -576,11 +573,7 @@ impl Engine {
             }
         }
         for (&slot, &n) in &per_pack {
-            ops.push(Op::Merge(
-                CF_REFCOUNTS,
-                refcount_key(slot),
-                refcount_delta(n as i64).to_vec(),
-            ));
+            ops.push(Op::count(slot, n as i64));
             for _ in 1..n {
                 s.space.incref(slot);
             }
@@ -729,9 +722,13 @@ fn in_parallel<T: Send>(items: &mut [T], f: impl Fn(&mut T) + Sync) {
     });
 }
 
-/// The op that drops a grain entry's reference to `l`.
-fn drop_ref(l: Loc) -> Op {
-    Op::Merge(CF_REFCOUNTS, refcount_key(l), refcount_delta(-1).to_vec())
+/// The ops that point grain `g` of vdisk `vdisk` at `to` instead of `from`, dropping its
+/// reference to `from` (what `to` gains is counted by the caller: one op per slot or per pack).
+fn repoint(vdisk: u64, g: u64, from: Loc, to: Loc) -> [Op; 2] {
+    [
+        Op::Put(CF_GRAINS, grain_key(vdisk, g), loc_value(to)),
+        Op::count(from, -1),
+    ]
 }
 
 impl Engine {

@@ -12,12 +12,12 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use tessera_disk::AlignedBuf;
-use tessera_pool::{refcount_delta, CF_GRAINS, CF_REFCOUNTS};
+use tessera_pool::CF_GRAINS;
 
 use crate::commit::Op;
 use crate::error::{Result, VolumeError};
 use crate::frozen_registry::Piece;
-use crate::keys::{grain_key, loc_value, refcount_key};
+use crate::keys::{grain_key, loc_value};
 use crate::shared::Shared;
 use crate::space::{Class, Loc};
 use crate::vdisk::{grain_pieces, Vdisk};
@@ -208,12 +208,12 @@ impl Vdisk {
                 }
                 if new != 0 {
                     ops.push(Op::Put(CF_GRAINS, grain_key(self.id, gi), loc_value(new)));
-                    ops.push(Op::Merge(CF_REFCOUNTS, refcount_key(new), refcount_delta(1).to_vec()));
+                    ops.push(Op::count(new, 1));
                 } else {
                     ops.push(Op::Delete(CF_GRAINS, grain_key(self.id, gi)));
                 }
                 if old != 0 {
-                    ops.push(Op::Merge(CF_REFCOUNTS, refcount_key(old), refcount_delta(-1).to_vec()));
+                    ops.push(Op::count(old, -1));
                 }
                 changes.push((gi, new, old));
             }

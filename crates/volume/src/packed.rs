@@ -6,12 +6,13 @@
 
 use std::sync::Arc;
 
-use tessera_disk::{AlignedBuf, SECTOR};
+use tessera_disk::AlignedBuf;
 use tessera_layout::{SetRead, SlabSet};
 
 use crate::error::{Result, VolumeError};
 use crate::shared::Shared;
 use crate::space::{is_packed, Loc, PACK_UNITS};
+use crate::vdisk::sector_envelope;
 
 /// Pieces this close (in bytes of a slab set) are read in one span, the gap with them.
 const SPAN_GAP: u64 = 64 << 10;
@@ -20,12 +21,6 @@ const MAX_SPAN: u64 = 1 << 20;
 
 /// Grains larger than this are never packed: a piece's unit count must fit in a byte.
 pub(crate) const MAX_PACKED_GRAIN: u64 = 128 << 10;
-
-/// The whole sectors [a, b) that contain [off, off + len).
-fn envelope(off: u64, len: usize) -> (u64, u64) {
-    let s = SECTOR as u64;
-    (off / s * s, (off + len as u64).div_ceil(s) * s)
-}
 
 /// Decompresses a piece's stored form into a whole grain.
 pub(crate) fn unpack(l: Loc, stored: &[u8], out: &mut [u8]) -> Result<()> {
@@ -62,7 +57,7 @@ pub(crate) fn read_grains_each(s: &Shared, locs: &[Loc], grain: usize) -> (Align
     let mut spans: Vec<(Arc<SlabSet>, u64, u64)> = Vec::new();
     let mut pieces: Vec<Option<(usize, usize, usize)>> = vec![None; locs.len()];
     for (set, off, len, k) in located {
-        let (a, b) = envelope(off, len);
+        let (a, b) = sector_envelope(off, len);
         match spans.last_mut() {
             Some((s, start, end)) if s.id == set.id && a <= *end + SPAN_GAP && b.max(*end) - *start <= MAX_SPAN => {
                 *end = b.max(*end);

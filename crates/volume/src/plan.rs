@@ -11,7 +11,7 @@ use tessera_layout::{DiskRead, MembersGuard};
 use crate::locks::OwnedReadGuard;
 use crate::packed::unpack;
 use crate::space::{is_packed, Loc};
-use crate::vdisk::{grain_pieces, Vdisk};
+use crate::vdisk::{grain_pieces, sector_envelope, Vdisk};
 
 /// The disk reads that fill a buffer with `len` bytes of a vdisk, and the parts of that
 /// buffer that read as zeros (unmapped grains). Submit every read, zero every part, then
@@ -101,7 +101,7 @@ impl Vdisk {
                     return None;
                 }
                 let (set, off, len) = self.s.space.locate_piece(l).ok()?;
-                let (a, b) = (off / sector * sector, (off + len as u64).div_ceil(sector) * sector);
+                let (a, b) = sector_envelope(off, len);
                 plan.packed.push(PackedRead {
                     loc: l,
                     buf_off: p.buf_off,

@@ -9,12 +9,12 @@ use std::sync::Arc;
 use parking_lot::{RwLock, RwLockReadGuard};
 use tessera_disk::{AlignedBuf, SECTOR};
 use tessera_layout::{SetRead, SlabSet};
-use tessera_pool::{refcount_delta, CF_GRAINS, CF_REFCOUNTS};
+use tessera_pool::CF_GRAINS;
 
 use crate::commit::Op;
 use crate::config::{Provisioning, VdiskConfig};
 use crate::error::{Result, VolumeError};
-use crate::keys::{grain_key, loc_value, refcount_key};
+use crate::keys::{grain_key, loc_value};
 use crate::packed::{read_grains, read_grains_each};
 use crate::shared::Shared;
 use crate::space::{is_packed, Class, Loc};
@@ -76,7 +76,7 @@ pub(crate) fn grain_pieces(grain_size: u64, offset: u64, len: u64) -> impl Itera
 }
 
 /// The whole sectors [a, b) that contain [off, off + len).
-fn sector_envelope(off: u64, len: usize) -> (u64, u64) {
+pub(crate) fn sector_envelope(off: u64, len: usize) -> (u64, u64) {
     let s = SECTOR as u64;
     (off / s * s, (off + len as u64).div_ceil(s) * s)
 }
@@ -510,7 +510,7 @@ impl Vdisk {
         let mut ops = Vec::with_capacity(2 * pieces.len());
         for (p, &l) in pieces.iter().zip(slots) {
             ops.push(Op::Put(CF_GRAINS, grain_key(self.id, p.grain), loc_value(l)));
-            ops.push(Op::Merge(CF_REFCOUNTS, refcount_key(l), refcount_delta(1).to_vec()));
+            ops.push(Op::count(l, 1));
         }
         self.s.committer.commit(ops)?;
         for (p, &l) in pieces.iter().zip(slots) {
@@ -592,10 +592,10 @@ impl Vdisk {
         self.write_to_set(&set, base, content).map_err(undo)?;
         let mut ops = vec![
             Op::Put(CF_GRAINS, grain_key(self.id, g), loc_value(new)),
-            Op::Merge(CF_REFCOUNTS, refcount_key(new), refcount_delta(1).to_vec()),
+            Op::count(new, 1),
         ];
         if old != 0 {
-            ops.push(Op::Merge(CF_REFCOUNTS, refcount_key(old), refcount_delta(-1).to_vec()));
+            ops.push(Op::count(old, -1));
         }
         self.s.committer.commit(ops).map_err(undo)?;
         self.set_entry(g, new);
@@ -643,7 +643,7 @@ impl Vdisk {
             let l = self.entry(g);
             if l != 0 {
                 ops.push(Op::Delete(CF_GRAINS, grain_key(self.id, g)));
-                ops.push(Op::Merge(CF_REFCOUNTS, refcount_key(l), refcount_delta(-1).to_vec()));
+                ops.push(Op::count(l, -1));
                 dropped.push((g, l));
             }
         }
