@@ -154,6 +154,7 @@ if "os" in res:
           f"fingerprint index: {idx['entries']} entries ({unique/2**30:.2f} GiB of unique 4 KiB grains), "
           f"compressed {st.get('compressed_bytes', 0)/1e9:.2f} GB into {st.get('packed_bytes', 0)/1e9:.2f} GB "
           f"({st.get('compression_ratio', 0):.2f}x); "
+          f"{st.get('hot_copies', 0)} hot blocks kept twice ({st.get('hot_copy_bytes', 0)/2**20:.1f} MiB, simple layout only); "
           f"{idx['memory_bytes']/2**20:.1f} MiB in memory, {idx['disk_bytes']/2**20:.1f} MiB on disk. Its memory "
           f"is bounded by two 16 MiB memtables and its 64 MiB block cache: at most 96 MiB whatever it holds, "
           f"so at most 96 MiB per TiB of unique data (target 256)")

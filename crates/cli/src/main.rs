@@ -242,6 +242,10 @@ pub enum DedupCmd {
         /// an eighth of the grain or more).
         #[arg(long, value_enum)]
         compression: Option<CompressionArg>,
+        /// Keep a second copy of any block that more than N blocks share, on layouts with no
+        /// redundancy (default 100; 0: none).
+        #[arg(long, value_name = "N")]
+        hot_copy_refs: Option<u32>,
     },
     /// Turn deduplication off: no more runs; what is shared stays shared.
     Disable { pool: String },

@@ -15,4 +15,4 @@ pub use fingerprint::{Fingerprint, Fingerprinter};
 pub use index::{class_tag, key as index_key, FingerprintIndex, IndexEntry, IndexKey, IndexStats};
 pub use rate::Pace;
 pub use report::{DedupStatus, GcReport, PassReport, VdiskSavings};
-pub use settings::{DedupMode, DedupSettings, PassOptions};
+pub use settings::{DedupMode, DedupSettings, PassOptions, DEFAULT_HOT_COPY_REFS};

@@ -39,6 +39,12 @@ pub struct DedupStatus {
     pub packed_bytes: u64,
     #[serde(default)]
     pub compression_ratio: f64,
+    /// Second copies of slots that more than 100 grains share on layouts with no redundancy,
+    /// and their bytes (part of the physical bytes).
+    #[serde(default)]
+    pub hot_copies: u64,
+    #[serde(default)]
+    pub hot_copy_bytes: u64,
     pub vdisks: Vec<VdiskSavings>,
     pub index: IndexStats,
     /// The last run since the daemon started, if any.
@@ -72,6 +78,11 @@ pub struct PassReport {
     pub compressed_bytes_in: u64,
     #[serde(default)]
     pub compressed_bytes_out: u64,
+    /// Second copies of hot slots made and dropped after the run.
+    #[serde(default)]
+    pub hot_copies_made: u64,
+    #[serde(default)]
+    pub hot_copies_dropped: u64,
     /// Index entries dropped because what they pointed at had gone.
     pub index_pruned: u64,
     /// Slab sets given back to the pool once empty.
@@ -105,6 +116,9 @@ pub struct GcReport {
     pub entries: u64,
     /// Entries dropped: their slot was free, or of another class than their key says.
     pub pruned: u64,
+    /// Second copies of hot slots dropped (their slot no longer shared enough).
+    #[serde(default)]
+    pub hot_copies_dropped: u64,
     /// Slab sets given back to the pool once empty.
     pub sets_freed: u64,
     pub seconds: f64,

@@ -29,6 +29,17 @@ pub struct DedupSettings {
     /// a sector).
     #[serde(default)]
     pub compression: Compression,
+    /// A slot on a layout with no redundancy that more grains than this share (dedup, clones,
+    /// snapshots) is kept in a second copy, as Windows' ChunkRedundancyThreshold; 0: none.
+    #[serde(default = "default_hot_copy_refs")]
+    pub hot_copy_refs: u32,
+}
+
+/// Windows deduplication's rule: a chunk referenced more than 100 times is kept twice.
+pub const DEFAULT_HOT_COPY_REFS: u32 = 100;
+
+fn default_hot_copy_refs() -> u32 {
+    DEFAULT_HOT_COPY_REFS
 }
 
 fn default_min_age() -> u64 {
@@ -53,6 +64,7 @@ impl Default for DedupSettings {
             schedule_secs: default_schedule(),
             background_rate: default_background_rate(),
             compression: Compression::default(),
+            hot_copy_refs: DEFAULT_HOT_COPY_REFS,
         }
     }
 }

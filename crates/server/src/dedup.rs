@@ -80,6 +80,9 @@ impl Daemon {
         if let Some(v) = req.compression {
             s.compression = v;
         }
+        if let Some(v) = req.hot_copy_refs {
+            s.hot_copy_refs = v;
+        }
         e.set_dedup_settings(s)?;
         Ok(e.dedup_status())
     }

@@ -91,6 +91,14 @@ pub struct ScrubPassView {
     /// Blocks that failed with no good copy left: reads of them fail with MEDIUM ERROR.
     pub unrecoverable: u64,
     pub per_disk: Vec<DiskBlocks>,
+    /// Second copies of hot blocks (on layouts with no redundancy) checked at the start of
+    /// the pass, rewritten from the other copy, and with neither copy readable.
+    #[serde(default)]
+    pub hot_copies_checked: u64,
+    #[serde(default)]
+    pub hot_copies_repaired: u64,
+    #[serde(default)]
+    pub hot_copies_lost: u64,
     /// Rows left wrong, one line each (the first thousand).
     pub problems: Vec<String>,
 }
@@ -619,4 +627,7 @@ pub struct SetDedup {
     pub background_rate: Option<u64>,
     /// How grains with no duplicate are compressed: zstd, lz4 or off.
     pub compression: Option<Compression>,
+    /// A slot on a layout with no redundancy that more grains than this share is kept in a
+    /// second copy; 0: none (default 100).
+    pub hot_copy_refs: Option<u32>,
 }

@@ -48,6 +48,9 @@ pub(crate) fn pass_view(p: &ScrubPass) -> ScrubPassView {
         repaired: t.repaired_total(),
         unrecoverable: t.unrecoverable_total(),
         per_disk: per_disk.into_values().collect(),
+        hot_copies_checked: p.hot_copies.pairs,
+        hot_copies_repaired: p.hot_copies.repaired,
+        hot_copies_lost: p.hot_copies.lost,
         problems: t
             .mismatches
             .iter()

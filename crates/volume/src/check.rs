@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
-use tessera_pool::{decode_refcount, CF_GRAINS, CF_REFCOUNTS};
+use tessera_pool::{decode_refcount, CF_GRAINS, CF_POOL, CF_REFCOUNTS};
 
 use crate::engine::Engine;
 use crate::error::Result;
@@ -87,6 +87,23 @@ impl Engine {
             }
             report.grains_mapped += mapped;
         }
+        // Each copy of a hot slot holds a reference on its slot and on the primary.
+        let mut stored_pairs =
+            crate::hot_copies::stored_pairs(|prefix, f| s.pool.meta().for_each_prefix(CF_POOL, prefix, f))?;
+        stored_pairs.sort_unstable();
+        let pairs = s.hot.pairs();
+        if pairs != stored_pairs {
+            report.problems.push(format!(
+                "copies of hot slots: memory has {pairs:x?}, the store has {stored_pairs:x?}"
+            ));
+        }
+        for (p, c) in pairs {
+            *expected.entry(p).or_default() += 1;
+            *expected.entry(c).or_default() += 1;
+        }
+        // The one check of data here: a copy that differs from its slot would hand a read
+        // other bytes than the grain held.
+        report.problems.extend(crate::hot_copies::mismatches(s));
         // Frozen images (copies in flight, tokens) hold references of their own, in memory
         // only.
         let mut held: HashMap<u64, i64> = HashMap::new();

@@ -214,6 +214,9 @@ impl Engine {
                 progress,
             )?;
         }
+        let hot = self.keep_hot_copies()?;
+        report.hot_copies_made = hot.made;
+        report.hot_copies_dropped = hot.dropped;
         report.sets_freed = self.shared().space.reclaim_empty()? as u64;
         report.seconds = started.elapsed().as_secs_f64();
         report.mb_per_s = report.bytes_scanned as f64 / 1e6 / report.seconds.max(1e-9);
@@ -776,6 +779,11 @@ impl Engine {
         let slots: HashSet<Loc> = distinct.iter().map(|&l| slot_of(l)).collect();
         st.physical_bytes = slots.iter().map(|&l| size(l)).sum();
         st.compressed_bytes = distinct.iter().filter(|&&l| is_packed(l)).map(|&l| size(l)).sum();
+        // Second copies of hot slots are stored bytes too.
+        let copies = s.hot.pairs();
+        st.hot_copies = copies.len() as u64;
+        st.hot_copy_bytes = copies.iter().map(|&(_, c)| size(c)).sum();
+        st.physical_bytes += st.hot_copy_bytes;
         st.packed_bytes = distinct
             .iter()
             .filter(|&&l| is_packed(l))
@@ -825,6 +833,8 @@ impl Engine {
             self.dedup.index.delete_many(chunk)?;
             report.pruned += chunk.len() as u64;
         }
+        let hot = self.keep_hot_copies()?;
+        report.hot_copies_dropped = hot.dropped;
         report.sets_freed = s.space.reclaim_empty()? as u64;
         report.seconds = started.elapsed().as_secs_f64();
         info!(pool = %self.pool().name(), entries = report.entries, pruned = report.pruned, "dedup garbage collection finished");

@@ -21,6 +21,7 @@ use crate::config::{physical_block_size, validate, VdiskConfig, VdiskSpec, Vdisk
 use crate::dedup::DedupState;
 use crate::error::{Result, VolumeError};
 use crate::frozen_registry::FrozenRegistry;
+use crate::hot_copies::HotCopies;
 use crate::keys::{parse_grain_key, parse_loc, refcount_key, vdisk_key};
 use crate::locks::GrainLocks;
 use crate::shared::Shared;
@@ -161,6 +162,7 @@ impl Engine {
             committer,
             locks: GrainLocks::new(),
             frozen: FrozenRegistry::default(),
+            hot: HotCopies::load(&meta)?,
         });
         let mut vdisks = BTreeMap::new();
 

@@ -12,6 +12,7 @@ mod error;
 mod findings;
 mod frozen;
 mod frozen_registry;
+mod hot_copies;
 mod keys;
 mod locks;
 mod packed;
@@ -31,6 +32,7 @@ pub use engine::Engine;
 pub use error::{Result, VolumeError};
 pub use findings::{FindingKind, FindingStatus, FindingView, Repair, ScanReport, SpotfixReport};
 pub use frozen::{CloneStats, Frozen};
+pub use hot_copies::{HotCopyCheck, HotCopyUpkeep, HOT_REFS};
 pub use plan::ReadPlan;
 pub use scrub::{ScrubOptions, ScrubPass, ScrubState};
 pub use tessera_dedup::{

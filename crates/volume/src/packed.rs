@@ -10,6 +10,7 @@ use tessera_disk::AlignedBuf;
 use tessera_layout::{SetRead, SlabSet};
 
 use crate::error::{Result, VolumeError};
+use crate::hot_copies::fall_back;
 use crate::shared::Shared;
 use crate::space::{is_packed, Loc, PACK_UNITS};
 use crate::vdisk::sector_envelope;
@@ -106,15 +107,37 @@ pub(crate) fn read_grains_each(s: &Shared, locs: &[Loc], grain: usize) -> (Align
     for (k, (chunk, p)) in out.chunks_mut(grain).zip(&pieces).enumerate() {
         if let Some((i, skip, len)) = *p {
             results[k] = match &stored_ok[i] {
-                Err(e) => Err(VolumeError::Corrupt(format!(
-                    "compressed grain at {:#x} cannot be read: {e}",
-                    locs[k]
-                ))),
+                // A span fails as a whole when any block of it does: the piece alone may
+                // read well.
+                Err(_) => read_piece(s, locs[k], chunk),
                 Ok(()) => unpack(locs[k], &stored[i].2[skip..skip + len], chunk),
             };
         }
     }
+    // A hot slot's second copy, for what could not be read from the first.
+    for (k, chunk) in out.chunks_mut(grain).enumerate() {
+        if let Err(e) = std::mem::replace(&mut results[k], Ok(())) {
+            results[k] = fall_back(s, locs[k], e, |alt| {
+                let (again, r) = read_grains_each(s, &[alt], grain);
+                r.into_iter().next().unwrap_or(Ok(()))?;
+                chunk.copy_from_slice(&again);
+                Ok(())
+            });
+        }
+    }
     (out, results)
+}
+
+/// Reads one compressed grain on its own and decompresses it into `out`.
+fn read_piece(s: &Shared, l: Loc, out: &mut [u8]) -> Result<()> {
+    let (set, off, len) = s.space.locate_piece(l)?;
+    let (a, b) = sector_envelope(off, len);
+    let mut stored = AlignedBuf::zeroed((b - a) as usize);
+    s.cache
+        .read(&set, a, &mut stored)
+        .map_err(|e| VolumeError::Corrupt(format!("compressed grain at {l:#x} cannot be read: {e}")))?;
+    let skip = (off - a) as usize;
+    unpack(l, &stored[skip..skip + len], out)
 }
 
 /// [`read_grains_each`], failing if any grain cannot be read.

@@ -15,8 +15,8 @@ use std::time::Instant;
 
 use tessera_layout::{LayoutSpec, Progress, SlabSetDesc};
 use tessera_pool::{
-    decode_refcount, MetaSnapshot, WriteBatch, CF_FINDINGS, CF_GRAINS, CF_GRAINSETS, CF_REFCOUNTS, CF_SLABSETS,
-    CF_VDISKS,
+    decode_refcount, MetaSnapshot, WriteBatch, CF_FINDINGS, CF_GRAINS, CF_GRAINSETS, CF_POOL, CF_REFCOUNTS,
+    CF_SLABSETS, CF_VDISKS,
 };
 use tracing::{info, warn};
 
@@ -133,6 +133,11 @@ impl Engine {
         );
         let mut t = self.load_space(&snap)?;
         self.scan_grains(&snap, &mut t, progress)?;
+        // Each copy of a hot slot holds a reference on its slot and on the primary.
+        for (p, c) in crate::hot_copies::stored_pairs(|prefix, f| snap.for_each_prefix(CF_POOL, prefix, f))? {
+            t.count(p);
+            t.count(c);
+        }
         let wrong_with_refs = Self::scan_counts(&snap, &mut t, progress)?;
         if !wrong_with_refs.is_empty() {
             Self::name_referrers(&snap, &mut t, wrong_with_refs)?;

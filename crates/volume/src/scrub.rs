@@ -14,6 +14,7 @@ use tracing::{info, warn};
 
 use crate::engine::Engine;
 use crate::error::{Result, VolumeError};
+use crate::hot_copies::HotCopyCheck;
 
 const STATE_KEY: &[u8] = b"scrub";
 /// Rows scrubbed between two looks at the cancel flag and the rate limit.
@@ -47,6 +48,9 @@ pub struct ScrubPass {
     pub next: (u32, u64),
     /// What it has found and done so far.
     pub tally: ScrubTally,
+    /// The copies of hot slots, checked (and made or dropped) when the pass starts.
+    #[serde(default)]
+    pub hot_copies: HotCopyCheck,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -139,6 +143,12 @@ impl Engine {
         progress.done_bytes.store(done_before, Ordering::Relaxed);
         if pass.next == (0, 0) {
             info!(pool = %self.pool().name(), bytes = total, "scrub started");
+            // Before the rows: a hot slot that fails to read is rewritten from its copy here,
+            // rather than counted as lost by the layout's pass over a set with no redundancy.
+            if let Err(e) = self.keep_hot_copies() {
+                warn!(pool = %self.pool().name(), error = %e, "could not keep the copies of hot slots up");
+            }
+            pass.hot_copies = self.check_hot_copies();
         } else {
             info!(pool = %self.pool().name(), set = pass.next.0, row = pass.next.1, "scrub goes on where it stopped");
         }

@@ -1,6 +1,6 @@
 //! What every vdisk of a pool shares, and holds: the pool, its layouts, the write-back cache
 //! in front of them, the grain space, the
-//! metadata committer, the grain locks and the registry of frozen images. It holds no vdisk:
+//! metadata committer, the grain locks, the registry of frozen images and the copies of hot slots. It holds no vdisk:
 //! the engine owns those.
 
 use std::sync::Arc;
@@ -11,6 +11,7 @@ use tessera_pool::Pool;
 
 use crate::commit::Committer;
 use crate::frozen_registry::FrozenRegistry;
+use crate::hot_copies::HotCopies;
 use crate::locks::GrainLocks;
 use crate::space::GrainSpace;
 
@@ -23,4 +24,6 @@ pub(crate) struct Shared {
     pub committer: Committer,
     pub locks: GrainLocks,
     pub frozen: FrozenRegistry,
+    /// Second copies of slots that many grains share, on layouts with no redundancy.
+    pub hot: HotCopies,
 }

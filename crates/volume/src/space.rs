@@ -340,6 +340,35 @@ impl GrainSpace {
         }
     }
 
+    /// Takes a free slot of the class in a slab set that shares no disk with set `away`
+    /// (a second copy of a slot there, which a failed disk should not take with the first),
+    /// or, when no such set has room, wherever [`allocate`](Self::allocate) would.
+    pub fn allocate_apart(&self, class: Class, away: u32) -> Result<Loc> {
+        let avoid: Vec<u32> = match self.slots(away) {
+            Some(s) => s.set.desc().members.iter().map(|m| m.disk).collect(),
+            None => Vec::new(),
+        };
+        let apart = |set: &SlabSet| set.id != away && set.desc().members.iter().all(|m| !avoid.contains(&m.disk));
+        // Once in the sets there are, once more in a new one (the pool puts a new set on the
+        // disks with the most room, which is seldom where the full one is).
+        for round in 0..2 {
+            if round == 1 {
+                let _g = self.growing.lock();
+                if self.add_set(class).is_err() {
+                    break;
+                }
+            }
+            let mut a = self.alloc.lock();
+            let reserved = a.reserved.get(&class).copied().unwrap_or(0);
+            if self.class_free(&a, class) > reserved {
+                if let Some(l) = self.take_slot_where(&mut a, class, Placement::Whole, apart) {
+                    return Ok(l);
+                }
+            }
+        }
+        self.allocate(class, false)
+    }
+
     fn spend_reservation(a: &mut AllocState, class: Class, from_reservation: bool) {
         if from_reservation {
             if let Some(r) = a.reserved.get_mut(&class) {
@@ -416,10 +445,21 @@ impl GrainSpace {
 
     /// Takes the first free slot, lowest set first, in a set that `accept` allows.
     fn take_slot(&self, a: &mut AllocState, class: Class, accept: Placement) -> Option<Loc> {
+        self.take_slot_where(a, class, accept, |_| true)
+    }
+
+    /// [`take_slot`](Self::take_slot) in a set that `fits` too.
+    fn take_slot_where(
+        &self,
+        a: &mut AllocState,
+        class: Class,
+        accept: Placement,
+        fits: impl Fn(&SlabSet) -> bool,
+    ) -> Option<Loc> {
         let sets = self.sets.read();
         for id in candidate_sets(a, &sets, class, 1) {
             let s = &sets[&id];
-            if !self.accepts(&s.set, accept) {
+            if !self.accepts(&s.set, accept) || !fits(&s.set) {
                 continue;
             }
             let n = s.refs.len() as u32;

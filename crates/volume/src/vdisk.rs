@@ -14,6 +14,7 @@ use tessera_pool::CF_GRAINS;
 use crate::commit::Op;
 use crate::config::{Provisioning, VdiskConfig};
 use crate::error::{Result, VolumeError};
+use crate::hot_copies::fall_back;
 use crate::keys::{grain_key, loc_value};
 use crate::packed::{read_grains, read_grains_each};
 use crate::shared::Shared;
@@ -100,6 +101,13 @@ pub(crate) fn read_loc(s: &Shared, l: Loc, off: u64, out: &mut [u8]) -> Result<(
         out.copy_from_slice(&whole[off as usize..off as usize + out.len()]);
         return Ok(());
     }
+    match read_plain(s, l, off, out) {
+        Err(e) => fall_back(s, l, e, |alt| read_plain(s, alt, off, out)),
+        ok => ok,
+    }
+}
+
+fn read_plain(s: &Shared, l: Loc, off: u64, out: &mut [u8]) -> Result<()> {
     let (set, base) = s.space.locate(l)?;
     let (a, b) = sector_envelope(off, out.len());
     if a == off && b == off + out.len() as u64 {
@@ -329,7 +337,7 @@ impl Vdisk {
             .collect();
         let _locks = self.s.locks.read_many(grains);
         // Each mapped, whole-sector piece of each request, where it lies.
-        let mut planned: Vec<(usize, Arc<SlabSet>, u64, &mut [u8])> = Vec::new();
+        let mut planned: Vec<(usize, Arc<SlabSet>, u64, &mut [u8], Loc, u64)> = Vec::new();
         // Pieces of compressed grains: read and decompressed whole.
         let mut packed: Vec<(usize, Loc, usize, &mut [u8])> = Vec::new();
         for (i, (offset, buf)) in reqs.iter_mut().enumerate() {
@@ -360,23 +368,27 @@ impl Vdisk {
                     continue;
                 };
                 match located {
-                    Ok((set, base)) => planned.push((i, set, base + p.off, out)),
+                    Ok((set, base)) => planned.push((i, set, base + p.off, out, l, p.off)),
                     Err(e) => fail(&mut results[i], e),
                 }
             }
         }
         let mut io: Vec<SetRead> = planned
             .iter_mut()
-            .map(|(_, set, offset, buf)| SetRead {
+            .map(|(_, set, offset, buf, ..)| SetRead {
                 set: &**set,
                 offset: *offset,
                 buf: &mut **buf,
             })
             .collect();
         let done = self.s.cache.read_many(&mut io);
-        for ((i, ..), res) in planned.iter().zip(done) {
+        for ((i, _, _, out, l, off), res) in planned.iter_mut().zip(done) {
             if let Err(e) = res {
-                fail(&mut results[*i], e.into());
+                // A hot slot's second copy, if it has one.
+                let s = &self.s;
+                if let Err(e) = fall_back(s, *l, e.into(), |alt| read_plain(s, alt, *off, out)) {
+                    fail(&mut results[*i], e);
+                }
             }
         }
         if !packed.is_empty() {

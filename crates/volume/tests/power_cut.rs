@@ -12,7 +12,8 @@
 //!
 //! A fifth thread runs dedup over every vdisk the whole time, with a garbage collection every
 //! fourth run (the work vdisks start with a copy of their base's first MiB, written apart, for
-//! it to share), so cuts land in its compares, commits and collections too.
+//! it to share), so cuts land in its compares, commits and collections too, and in the second
+//! copies of shared slots that each run and collection keeps on the simple layout.
 //!
 //! The same runs again on a pool with the write-back cache: its log on two cache disks with
 //! volatile caches too, cut while batches are written, flushed and destaged (the destage delay
@@ -306,6 +307,7 @@ fn power_cut_child() {
     for p in problems(&e) {
         writeln!(out.lock(), "PROBLEM {p}").unwrap();
     }
+    writeln!(out.lock(), "HOT {}", e.hot_copies().len()).unwrap();
     writeln!(out.lock(), "READY {}", supply.ops()).unwrap();
     if after_ready {
         arm();
@@ -381,6 +383,9 @@ fn setup(dir: &Path, cache: bool) -> Vec<Vec<u64>> {
         enabled: true,
         min_age_secs: 0,
         schedule_secs: 0,
+        // Every slot shared at all on the simple layout is kept twice: cuts land in copies
+        // made and dropped as clones, trims and dedup move the counts.
+        hot_copy_refs: 1,
         ..Default::default()
     })
     .unwrap();
@@ -402,6 +407,8 @@ struct Round {
     /// The most the write-back cache reported having taken and destaged.
     cached_bytes: u64,
     destaged_bytes: u64,
+    /// Second copies of shared slots the reopened pool holds.
+    hot_copies: u64,
 }
 
 /// Runs a child whose power goes at its `cut_after`-th write or flush, counted from its start
@@ -465,11 +472,12 @@ fn run_child(dir: &Path, seed: u64, cut_after: u64, after_ready: bool) -> Round 
     };
     for l in &lines {
         // The harness may print "running 1 test" or "test power_cut_child ... " first.
-        let Some(at) = ["OPENED ", "DUMP ", "PROBLEM ", "READY ", "BEGIN ", "ACK ", "CACHE "]
-            .iter()
-            .filter_map(|k| l.find(k))
-            .min()
-        else {
+        let Some(at) = [
+            "OPENED ", "DUMP ", "PROBLEM ", "HOT ", "READY ", "BEGIN ", "ACK ", "CACHE ",
+        ]
+        .iter()
+        .filter_map(|k| l.find(k))
+        .min() else {
             continue;
         };
         let l = &l[at..];
@@ -482,6 +490,7 @@ fn run_child(dir: &Path, seed: u64, cut_after: u64, after_ready: bool) -> Round 
                 r.destaged_bytes = r.destaged_bytes.max(d.parse().unwrap());
             }
             "READY" => r.ready_ops = Some(rest.parse().unwrap()),
+            "HOT" => r.hot_copies = rest.parse().unwrap(),
             "PROBLEM" => r.problems.push(rest.to_string()),
             "DUMP" => r
                 .dumps
@@ -542,7 +551,7 @@ fn cut_rounds(cache: bool) {
     // I/Os an open takes and a workload span, learned as the rounds go.
     let mut open_ops = 30u64;
     let (mut acked, mut during_open, mut cuts) = (0u64, 0u64, 0u64);
-    let (mut cached, mut destaged) = (0u64, 0u64);
+    let (mut cached, mut destaged, mut hot) = (0u64, 0u64, 0u64);
     for round in 0..rounds {
         let cut_after = if rng.random_ratio(1, 6) {
             rng.random_range(1..=open_ops)
@@ -560,6 +569,7 @@ fn cut_rounds(cache: bool) {
         open_ops = ready.max(1);
         cached += r.cached_bytes;
         destaged += r.destaged_bytes;
+        hot += r.hot_copies;
         assert_eq!(r.dumps.len(), 2 * LAYOUTS.len(), "round {round}: incomplete report");
         verify(round, &mut models, &bases, &r.dumps);
         assert!(
@@ -577,7 +587,8 @@ fn cut_rounds(cache: bool) {
             }
         }
     }
-    eprintln!("{cuts} power cuts, {during_open} of them while the pool was opening; {acked} actions acknowledged; {cached} bytes cached, {destaged} destaged");
+    eprintln!("{cuts} power cuts, {during_open} of them while the pool was opening; {acked} actions acknowledged; {cached} bytes cached, {destaged} destaged; {hot} copies of shared slots found at the opens");
+    assert!(hot > 0, "no round found a second copy of a shared slot to check");
     if cache {
         assert!(
             cached > 0 && destaged > 0,

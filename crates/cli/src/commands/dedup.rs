@@ -15,6 +15,7 @@ pub(super) fn dedup(c: &Ctx, cmd: DedupCmd) -> R {
             schedule,
             background_rate,
             compression,
+            hot_copy_refs,
         } => {
             let req = SetDedup {
                 enabled: Some(true),
@@ -28,6 +29,7 @@ pub(super) fn dedup(c: &Ctx, cmd: DedupCmd) -> R {
                     CompressionArg::Lz4 => Compression::Lz4,
                     CompressionArg::Off => Compression::Off,
                 }),
+                hot_copy_refs,
             };
             let v = c.client.put(&path(&pool, ""), body(&req))?;
             c.answer(v, |s: DedupStatus| {
@@ -150,6 +152,13 @@ fn print_settings(s: &DedupStatus) {
             },
         ),
         ("compression", st.compression.name().into()),
+        (
+            "hot copies",
+            match st.hot_copy_refs {
+                0 => "none".into(),
+                n => format!("of blocks shared more than {n} times, on layouts with no redundancy"),
+            },
+        ),
     ]);
 }
 
@@ -173,6 +182,14 @@ fn print_status(s: &DedupStatus) {
                     size(s.packed_bytes),
                     s.compression_ratio
                 )
+            },
+        ),
+        (
+            "hot copies",
+            if s.hot_copies == 0 {
+                "-".into()
+            } else {
+                format!("{} ({})", s.hot_copies, size(s.hot_copy_bytes))
             },
         ),
         (

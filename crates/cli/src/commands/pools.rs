@@ -394,6 +394,12 @@ fn scrub_line(p: &ScrubPassView) -> String {
     if !per_disk.is_empty() {
         line += &format!(" ({})", per_disk.join("; "));
     }
+    if p.hot_copies_checked > 0 {
+        line += &format!(
+            "; {} hot block copies checked, {} repaired, {} with no good copy",
+            p.hot_copies_checked, p.hot_copies_repaired, p.hot_copies_lost
+        );
+    }
     match p.finished_at {
         Some(t) => line + &format!(", finished {}", when(t)),
         None => line + &format!(", started {}", when(p.started_at)),
