@@ -127,3 +127,69 @@ fn a_scheduled_run_finds_new_duplicates_by_itself() {
     assert!(export_matches(&d, "p/b", &img, t.path()));
     d.stop();
 }
+
+#[test]
+fn blocks_shared_past_the_threshold_on_a_simple_layout_are_kept_twice_until_they_are_not() {
+    let t = tempfile::tempdir().unwrap();
+    let state = t.path().join("state");
+    let mut d = start(&state);
+    create_pool(&d, "p", &disks(&t.path().join("disks"), 3, 256 * MIB));
+    let img = t.path().join("in.img");
+    random_image(&img, 2 * MIB, 9);
+    let bad = d.fails(&["dedup", "enable", "p", "--hot-copy-refs", "many"]);
+    assert!(bad.contains("many"), "{bad}");
+    let on = d.ok(&[
+        "dedup",
+        "enable",
+        "p",
+        "--min-age",
+        "0",
+        "--schedule",
+        "0",
+        "--hot-copy-refs",
+        "2",
+    ]);
+    assert!(on.contains("shared more than 2 times"), "{on}");
+    // Three images of one layout with no redundancy: each block shared three times.
+    for v in ["p/a", "p/b", "p/c"] {
+        d.ok(&["vdisk", "import", v, img.to_str().unwrap(), "--layout", "simple"]);
+    }
+    let ran = d.ok(&["dedup", "run", "p", "--all"]);
+    let st = d.json(&["dedup", "status", "p"]);
+    // The image's mapped blocks (the importer leaves blocks of zeros out).
+    let image = st["logical_bytes"].as_u64().unwrap() / 3;
+    let blocks = image / 4096;
+    assert!(blocks > 400, "{st}");
+    assert!(ran.contains(&format!("{blocks} made, 0 dropped")), "{ran}");
+    assert_eq!(st["hot_copies"], blocks, "{st}");
+    assert_eq!(st["hot_copy_bytes"], image, "{st}");
+    assert_eq!(st["physical_bytes"], 2 * image, "the copies are stored bytes: {st}");
+    d.ok(&["pool", "scrub", "p"]);
+    let scrubbed = d.ok(&["pool", "show", "p"]);
+    assert!(
+        scrubbed.contains(&format!("{blocks} hot block copies checked, 0 repaired")),
+        "{scrubbed}"
+    );
+    let check = d.json(&["pool", "check", "p"]);
+    assert_eq!(check["problems"].as_array().unwrap().len(), 0, "{check}");
+
+    // Kept across a restart; one vdisk gone leaves each block shared twice (above half the
+    // threshold): kept; two gone: given back at the next collection.
+    d.stop();
+    let mut d = start(&state);
+    d.ok(&["vdisk", "delete", "p/a"]);
+    d.ok(&["dedup", "gc", "p"]);
+    assert_eq!(d.json(&["dedup", "status", "p"])["hot_copies"], blocks);
+    d.ok(&["vdisk", "delete", "p/b"]);
+    d.ok(&["dedup", "gc", "p"]);
+    let st = d.json(&["dedup", "status", "p"]);
+    assert_eq!(
+        (st["hot_copies"].as_u64(), st["physical_bytes"].as_u64()),
+        (Some(0), Some(image)),
+        "{st}"
+    );
+    assert!(export_matches(&d, "p/c", &img, t.path()));
+    let check = d.json(&["pool", "check", "p"]);
+    assert_eq!(check["problems"].as_array().unwrap().len(), 0, "{check}");
+    d.stop();
+}

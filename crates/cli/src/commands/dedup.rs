@@ -115,6 +115,10 @@ fn follow_and_report(c: &Ctx, v: Value, no_wait: bool) -> R {
                 size(r.compressed_bytes_out)
             ),
         ),
+        (
+            "hot copies",
+            format!("{} made, {} dropped", r.hot_copies_made, r.hot_copies_dropped),
+        ),
         ("rate", format!("{:.1} MB/s in {:.1}s", r.mb_per_s, r.seconds)),
     ]);
     Ok(())
