@@ -18,7 +18,8 @@
 //!   first: a grain never durably points at a slot whose data is not durable.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::sync_channel;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -237,7 +238,9 @@ impl Engine {
     }
 
     /// Optimizes the regions of `v` written since a run last read them, and not after
-    /// `cutoff`.
+    /// `cutoff`. Two stages overlap: one thread reads, fingerprints and compresses the next
+    /// batch while this one compares and commits the last (under its locks, with its flush),
+    /// so neither the disks nor the cores wait for the other stage.
     #[allow(clippy::too_many_arguments)]
     fn optimize(
         &self,
@@ -249,118 +252,188 @@ impl Engine {
         report: &mut PassReport,
         progress: &Progress,
     ) -> Result<()> {
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            // One batch prepared ahead, at most: its regions are taken from the write clock,
+            // and a failure gives back those of every batch not committed.
+            let (tx, rx) = sync_channel::<Result<Prepared>>(1);
+            let stop = &stop;
+            scope.spawn(move || {
+                for batch in self.batches(v, cutoff, compression, pace, progress, stop) {
+                    if let Err(back) = tx.send(batch) {
+                        if let Ok(p) = back.0 {
+                            p.give_back(v);
+                        }
+                        return;
+                    }
+                }
+            });
+            let mut failed: Option<VolumeError> = None;
+            for batch in rx.iter() {
+                if failed.is_some() {
+                    if let Ok(p) = batch {
+                        p.give_back(v);
+                    }
+                    continue;
+                }
+                let outcome = match batch {
+                    Err(e) => Err(e),
+                    Ok(p) => {
+                        let (taken, mapped) = (p.taken.clone(), p.mapped);
+                        report.grains_too_young += p.too_young;
+                        let r = if p.seen.is_empty() {
+                            Ok(())
+                        } else {
+                            self.settle_batch(v, p, owners, report)
+                        };
+                        if r.is_ok() {
+                            progress.done_bytes.fetch_add(mapped * v.class.grain, Ordering::Relaxed);
+                        } else if !matches!(r, Err(VolumeError::Deleted(_))) {
+                            for &region in &taken {
+                                v.clock.give_back(region * REGION);
+                            }
+                        }
+                        r
+                    }
+                };
+                match outcome {
+                    Ok(()) => {}
+                    // Deleted meanwhile: nothing of it is left to optimize.
+                    Err(VolumeError::Deleted(_)) => {
+                        stop.store(true, Ordering::Relaxed);
+                        break;
+                    }
+                    Err(e) => {
+                        stop.store(true, Ordering::Relaxed);
+                        failed = Some(e);
+                    }
+                }
+            }
+            failed.map_or(Ok(()), Err)
+        })
+    }
+
+    /// The batches of `v` to optimize, each read, fingerprinted and compressed; ends at the
+    /// first error (a cancel is `Cancelled`), when `v` is deleted, or when `stop` is set.
+    fn batches<'a>(
+        &'a self,
+        v: &'a Arc<Vdisk>,
+        cutoff: u32,
+        compression: Compression,
+        pace: &'a mut Pace,
+        progress: &'a Progress,
+        stop: &'a AtomicBool,
+    ) -> impl Iterator<Item = Result<Prepared>> + 'a {
         let grain = v.class.grain;
         let per_batch = (BATCH_BYTES / grain).max(1);
         // Whole grains only: a partial last grain is left as it is.
         let grains = v.size() / grain;
         let mut first = 0;
-        while first < grains {
-            if progress.cancel.load(Ordering::Relaxed) {
-                return Err(VolumeError::Layout(LayoutError::Cancelled));
+        let mut done = false;
+        std::iter::from_fn(move || {
+            if done || first >= grains || stop.load(Ordering::Relaxed) || v.deleted.load(Ordering::Acquire) {
+                return None;
             }
-            if v.deleted.load(Ordering::Acquire) {
-                return Ok(());
+            if progress.cancel.load(Ordering::Relaxed) {
+                done = true;
+                return Some(Err(VolumeError::Layout(LayoutError::Cancelled)));
             }
             let end = (first + per_batch).min(grains);
-            let mut seen = Vec::new();
-            let mut taken: Vec<u64> = Vec::new();
-            let mut mapped = 0;
+            let mut p = Prepared {
+                first,
+                end,
+                ..Default::default()
+            };
             for g in first..end {
                 let l = v.entry(g);
                 if l == 0 {
                     continue;
                 }
-                mapped += 1;
+                p.mapped += 1;
                 let (written, dirty) = v.clock.state(g * grain);
                 if !dirty {
                     continue; // read by an earlier run, not written since
                 }
                 if written > cutoff {
-                    report.grains_too_young += 1;
+                    p.too_young += 1;
                     continue;
                 }
                 let region = g * grain / REGION;
-                if taken.last() != Some(&region) {
-                    taken.push(region);
+                if p.taken.last() != Some(&region) {
+                    p.taken.push(region);
                 }
-                seen.push(Seen {
+                p.seen.push(Seen {
                     grain: g,
                     loc: l,
                     key: None,
                 });
             }
             // Before the read: a write after this marks the region again for the next run.
-            for &r in &taken {
+            for &r in &p.taken {
                 v.clock.take(r * REGION);
             }
-            if !seen.is_empty() {
-                match self.optimize_batch(v, first, end, seen, owners, compression, pace, report) {
-                    // Deleted meanwhile: nothing of it is left to optimize.
-                    Err(VolumeError::Deleted(_)) => return Ok(()),
-                    Err(e) => {
-                        for &r in &taken {
-                            v.clock.give_back(r * REGION);
-                        }
-                        return Err(e);
-                    }
-                    Ok(()) => {}
+            first = end;
+            if !p.seen.is_empty() {
+                if let Err(e) = self.prepare_batch(v, &mut p, compression, pace) {
+                    p.give_back(v);
+                    done = true;
+                    return Some(Err(e));
                 }
             }
-            progress.done_bytes.fetch_add(mapped * grain, Ordering::Relaxed);
-            first = end;
-        }
-        Ok(())
+            Some(Ok(p))
+        })
     }
 
-    /// Reads grains [first, end) of `v`, fingerprints the mapped ones in `seen`, shares or
-    /// unmaps those it can, and packs the compressed forms of those it finds no duplicate for.
-    #[allow(clippy::too_many_arguments)]
-    fn optimize_batch(
-        &self,
-        v: &Arc<Vdisk>,
-        first: u64,
-        end: u64,
-        mut seen: Vec<Seen>,
-        owners: &HashMap<u64, Arc<Vdisk>>,
-        compression: Compression,
-        pace: &mut Pace,
-        report: &mut PassReport,
-    ) -> Result<()> {
+    /// Reads the grains of a batch, fingerprints the mapped ones in `p.seen`, and makes the
+    /// compressed forms of those that look new: no index entry yet (the entries the batch
+    /// before adds are looked up again under the locks), first of their content in the batch,
+    /// and not compressed already.
+    fn prepare_batch(&self, v: &Arc<Vdisk>, p: &mut Prepared, compression: Compression, pace: &mut Pace) -> Result<()> {
         let s = self.shared();
         let grain = v.class.grain;
         let g = grain as usize;
-        let mut data = AlignedBuf::zeroed(((end - first) * grain) as usize);
-        v.read(first * grain, &mut data)?;
-        pace.step(seen.len() as u64 * grain);
-        report.grains_scanned += seen.len() as u64;
-        report.bytes_scanned += seen.len() as u64 * grain;
+        let first = p.first;
+        let mut data = AlignedBuf::zeroed(((p.end - first) * grain) as usize);
+        {
+            // As a read does: under the grains' locks, so that no slot read is freed and
+            // taken for other data meanwhile. Neighbouring slots are read as one span.
+            let _locks = s.locks.read_many(p.seen.iter().map(|it| (v.id, it.grain)));
+            for it in &mut p.seen {
+                it.loc = v.entry(it.grain);
+            }
+            p.seen.retain(|it| it.loc != 0);
+            let locs: Vec<Loc> = p.seen.iter().map(|it| it.loc).collect();
+            let (read, results) = read_grains_each(s, &locs, g);
+            for (k, (it, r)) in p.seen.iter().zip(results).enumerate() {
+                r?;
+                let at = ((it.grain - first) * grain) as usize;
+                data[at..at + g].copy_from_slice(&read[k * g..(k + 1) * g]);
+            }
+        }
+        pace.step(p.seen.len() as u64 * grain);
         let class = tag(v.class);
         let fp = *self.dedup.fingerprinter.read();
-        in_parallel(&mut seen, |it| {
+        in_parallel(&mut p.seen, |it| {
             let at = ((it.grain - first) * grain) as usize;
             let bytes = &data[at..at + g];
             if bytes.iter().any(|&b| b != 0) {
                 it.key = Some(tessera_dedup::index_key(class, &fp.of(bytes)));
             }
         });
-        let keys: Vec<IndexKey> = seen.iter().filter_map(|it| it.key).collect();
-        let mut found: HashMap<IndexKey, IndexEntry> = HashMap::new();
-        for (k, e) in keys.iter().zip(self.dedup.index.get_many(&keys)?) {
-            if let Some(e) = e {
-                found.insert(*k, e);
-            }
-        }
-        // Compressed forms of the grains that look new (no candidate, first of their content
-        // in the batch, not compressed already), made before the locks are taken; under them,
-        // each grain is read again and packed only if it still holds what was compressed.
-        let mut forms: HashMap<u64, Vec<u8>> = HashMap::new();
         if compression != Compression::Off && grain <= MAX_PACKED_GRAIN {
+            let keys: Vec<IndexKey> = p.seen.iter().filter_map(|it| it.key).collect();
+            let known: HashSet<IndexKey> = keys
+                .iter()
+                .zip(self.dedup.index.get_many(&keys)?)
+                .filter_map(|(k, e)| e.map(|_| *k))
+                .collect();
             let mut firsts = HashSet::new();
-            let mut todo: Vec<(u64, Option<Vec<u8>>)> = seen
+            let mut todo: Vec<(u64, Option<Vec<u8>>)> = p
+                .seen
                 .iter()
                 .filter(|it| {
                     it.key
-                        .is_some_and(|k| !found.contains_key(&k) && !is_packed(it.loc) && firsts.insert(k))
+                        .is_some_and(|k| !known.contains(&k) && !is_packed(it.loc) && firsts.insert(k))
                 })
                 .map(|it| (it.grain, None))
                 .collect();
@@ -368,10 +441,48 @@ impl Engine {
                 let at = ((*gi - first) * grain) as usize;
                 *form = compression.compress(&data[at..at + g], g - g / MIN_SAVING);
             });
-            forms.extend(todo.into_iter().filter_map(|(gi, f)| Some((gi, f?))));
+            p.forms.extend(todo.into_iter().filter_map(|(gi, f)| Some((gi, f?))));
+        }
+        p.data = Some(data);
+        Ok(())
+    }
+
+    /// Shares or unmaps the grains of a prepared batch that it can, and packs the compressed
+    /// forms of those it finds no duplicate for, under the locks of the batch's grains and of
+    /// the grains their candidates belong to.
+    fn settle_batch(
+        &self,
+        v: &Arc<Vdisk>,
+        p: Prepared,
+        owners: &HashMap<u64, Arc<Vdisk>>,
+        report: &mut PassReport,
+    ) -> Result<()> {
+        let s = self.shared();
+        let grain = v.class.grain;
+        let Prepared {
+            first,
+            mut seen,
+            data,
+            mut forms,
+            ..
+        } = p;
+        let data = data.expect("a batch with grains to look at was read");
+        report.grains_scanned += seen.len() as u64;
+        report.bytes_scanned += seen.len() as u64 * grain;
+        let keys: Vec<IndexKey> = seen.iter().filter_map(|it| it.key).collect();
+        let mut found: HashMap<IndexKey, IndexEntry> = HashMap::new();
+        for (k, e) in keys.iter().zip(self.dedup.index.get_many(&keys)?) {
+            if let Some(e) = e {
+                found.insert(*k, e);
+            }
+        }
+        // A grain the batch before made findable is shared, not packed.
+        for it in &seen {
+            if it.key.is_some_and(|k| found.contains_key(&k)) {
+                forms.remove(&it.grain);
+            }
         }
 
-        // Under the locks of this batch's grains and of the grains its candidates belong to.
         let _gate = v.enter_change()?;
         let mut held: Vec<(u64, u64)> = seen.iter().map(|it| (v.id, it.grain)).collect();
         held.extend(found.values().map(|e| (e.vdisk, e.grain)));
@@ -690,6 +801,31 @@ impl Engine {
         }
         packs.slots = slots;
         Ok(packs)
+    }
+}
+
+/// A batch read, fingerprinted and compressed, waiting for its compare and commit: grains
+/// [first, end), those of them to look at, the write-clock regions taken for them (given
+/// back if the batch is not committed), and what was counted while choosing them.
+#[derive(Default)]
+struct Prepared {
+    first: u64,
+    end: u64,
+    seen: Vec<Seen>,
+    /// Read only when `seen` is not empty.
+    data: Option<AlignedBuf>,
+    forms: HashMap<u64, Vec<u8>>,
+    taken: Vec<u64>,
+    mapped: u64,
+    too_young: u64,
+}
+
+impl Prepared {
+    /// Marks the batch's regions written again, for the next run: it was not committed.
+    fn give_back(&self, v: &Vdisk) {
+        for &r in &self.taken {
+            v.clock.give_back(r * REGION);
+        }
     }
 }
 

@@ -32,31 +32,27 @@ pub(crate) fn unpack(l: Loc, stored: &[u8], out: &mut [u8]) -> Result<()> {
 /// Reads the whole grain at each location, plain or packed, into consecutive `grain`-sized
 /// parts of one buffer, with every disk read in one batch, and says per location whether
 /// its part is good: a location that names no slot, a read that failed or a piece that does
-/// not decompress fails only the grains that wanted it. Pieces that lie near each other are
-/// read as one span.
+/// not decompress fails only the grains that wanted it. Slots and pieces that lie near each
+/// other are read as one span.
 pub(crate) fn read_grains_each(s: &Shared, locs: &[Loc], grain: usize) -> (AlignedBuf, Vec<Result<()>>) {
     let mut out = AlignedBuf::zeroed(locs.len() * grain);
     let mut results: Vec<Result<()>> = Vec::with_capacity(locs.len());
-    // Where each piece lies, then the sectors of pack slots to read: pieces near each other in
-    // a set (a batch's packs are neighbouring slots, filled in size order) are read as one
-    // span, gaps included, rather than one small read each.
+    // Where each slot or piece lies, then the spans to read: those near each other in a set
+    // (a batch's packs are neighbouring slots, filled in size order; a vdisk written in order
+    // has its grains in neighbouring slots) are read as one span, gaps included, rather than
+    // one small read each.
     let mut located: Vec<(Arc<SlabSet>, u64, usize, usize)> = Vec::new(); // set, offset, length, loc
-    let mut plain: Vec<Option<(Arc<SlabSet>, u64)>> = Vec::with_capacity(locs.len());
     for (k, &l) in locs.iter().enumerate() {
-        let mut slot = None;
         let found = if is_packed(l) {
-            s.space
-                .locate_piece(l)
-                .map(|(set, off, len)| located.push((set, off, len, k)))
+            s.space.locate_piece(l)
         } else {
-            s.space.locate(l).map(|p| slot = Some(p))
+            s.space.locate(l).map(|(set, base)| (set, base, grain))
         };
-        results.push(found);
-        plain.push(slot);
+        results.push(found.map(|(set, off, len)| located.push((set, off, len, k))));
     }
     located.sort_by_key(|(set, off, ..)| (set.id, *off));
     let mut spans: Vec<(Arc<SlabSet>, u64, u64)> = Vec::new();
-    let mut pieces: Vec<Option<(usize, usize, usize)>> = vec![None; locs.len()];
+    let mut parts: Vec<Option<(usize, usize, usize)>> = vec![None; locs.len()];
     for (set, off, len, k) in located {
         let (a, b) = sector_envelope(off, len);
         match spans.last_mut() {
@@ -66,51 +62,36 @@ pub(crate) fn read_grains_each(s: &Shared, locs: &[Loc], grain: usize) -> (Align
             _ => spans.push((set, a, b)),
         }
         let i = spans.len() - 1;
-        pieces[k] = Some((i, (off - spans[i].1) as usize, len));
+        parts[k] = Some((i, (off - spans[i].1) as usize, len));
     }
     let mut stored: Vec<(Arc<SlabSet>, u64, AlignedBuf)> = spans
         .into_iter()
         .map(|(set, a, b)| (set, a, AlignedBuf::zeroed((b - a) as usize)))
         .collect();
-    let mut stored_ok: Vec<Result<(), String>> = Vec::with_capacity(stored.len());
-    {
-        let mut io: Vec<SetRead> = Vec::with_capacity(locs.len());
-        let mut whose: Vec<usize> = Vec::new();
-        for (k, (chunk, p)) in out.chunks_mut(grain).zip(&plain).enumerate() {
-            if let Some((set, base)) = p {
-                io.push(SetRead {
-                    set: &**set,
-                    offset: *base,
-                    buf: chunk,
-                });
-                whose.push(k);
-            }
-        }
-        let plain_reads = io.len();
-        for (set, a, buf) in stored.iter_mut() {
-            io.push(SetRead {
+    let stored_ok: Vec<bool> = {
+        let mut io: Vec<SetRead> = stored
+            .iter_mut()
+            .map(|(set, a, buf)| SetRead {
                 set: &**set,
                 offset: *a,
                 buf: &mut buf[..],
-            });
-        }
-        for (n, r) in s.cache.read_many(&mut io).into_iter().enumerate() {
-            if n < plain_reads {
-                if let Err(e) = r {
-                    results[whose[n]] = Err(e.into());
-                }
-            } else {
-                stored_ok.push(r.map_err(|e| e.to_string()));
-            }
-        }
-    }
-    for (k, (chunk, p)) in out.chunks_mut(grain).zip(&pieces).enumerate() {
+            })
+            .collect();
+        s.cache.read_many(&mut io).into_iter().map(|r| r.is_ok()).collect()
+    };
+    for (k, (chunk, p)) in out.chunks_mut(grain).zip(&parts).enumerate() {
         if let Some((i, skip, len)) = *p {
-            results[k] = match &stored_ok[i] {
-                // A span fails as a whole when any block of it does: the piece alone may
+            let l = locs[k];
+            results[k] = match (stored_ok[i], is_packed(l)) {
+                (true, true) => unpack(l, &stored[i].2[skip..skip + len], chunk),
+                (true, false) => {
+                    chunk.copy_from_slice(&stored[i].2[skip..skip + len]);
+                    Ok(())
+                }
+                // A span fails as a whole when any block of it does: the grain alone may
                 // read well.
-                Err(_) => read_piece(s, locs[k], chunk),
-                Ok(()) => unpack(locs[k], &stored[i].2[skip..skip + len], chunk),
+                (false, true) => read_piece(s, l, chunk),
+                (false, false) => read_slot(s, l, chunk),
             };
         }
     }
@@ -126,6 +107,15 @@ pub(crate) fn read_grains_each(s: &Shared, locs: &[Loc], grain: usize) -> (Align
         }
     }
     (out, results)
+}
+
+/// Reads one plain grain's slot on its own.
+fn read_slot(s: &Shared, l: Loc, out: &mut [u8]) -> Result<()> {
+    let (set, base) = s.space.locate(l)?;
+    let mut buf = AlignedBuf::zeroed(out.len());
+    s.cache.read(&set, base, &mut buf)?;
+    out.copy_from_slice(&buf);
+    Ok(())
 }
 
 /// Reads one compressed grain on its own and decompresses it into `out`.
