@@ -6,7 +6,8 @@ set -euo pipefail
 want=(clang libclang-dev)                       # RocksDB's bindings are generated with libclang
 want+=(libssl-dev pkg-config)                   # NBD's TLS links the system OpenSSL
 case "${1:-build}" in
-  test)  want+=(fio libiscsi-bin libnbd-bin qemu-utils qemu-block-extra) ;;
+  test)  want+=(fio libiscsi-bin libnbd-bin qemu-utils qemu-block-extra)
+         want+=(prometheus) ;;                   # promtool checks the /metrics output
   bench) want+=(fio bc tgt libiscsi-bin libnbd-bin qemu-utils qemu-block-extra)
          want+=(mmdebstrap e2fsprogs postgresql restic borgbackup) ;;  # bench/dedup-*.sh
 esac

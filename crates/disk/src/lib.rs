@@ -12,6 +12,7 @@ mod faulty;
 mod file;
 mod label;
 mod mem;
+mod meter;
 mod read_ring;
 mod skip;
 mod uring;
@@ -27,6 +28,7 @@ pub use label::{
     MAX_POOL_NAME,
 };
 pub use mem::MemDisk;
+pub use meter::{IoMeter, IoOp};
 pub use read_ring::{ReadRing, RingRead};
 pub use skip::{io_uring_available, skip};
 pub use volatile::{CutReport, PowerSupply, VolatileDisk};

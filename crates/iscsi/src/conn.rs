@@ -28,8 +28,8 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use tessera_disk::ReadRing;
 use tessera_scsi::{
-    decode_lun, is_read, report_luns, sense, transfer_length, Data, Lun, Nexus, PlannedRead, ReadStart, Response,
-    Scope, REPORT_LUNS,
+    decode_lun, io_op, is_read, report_luns, sense, transfer_length, Data, Lun, Nexus, PlannedRead, ReadStart,
+    Response, Scope, REPORT_LUNS,
 };
 use tokio::io::AsyncWriteExt;
 use tracing::{debug, info, warn};
@@ -132,6 +132,8 @@ struct WriteSide {
 
 /// A write waiting for its data.
 struct WriteTask {
+    /// When its command arrived.
+    arrived: Instant,
     lun_field: [u8; 8],
     cdb: Vec<u8>,
     lun: Option<Arc<Lun>>,
@@ -170,6 +172,7 @@ impl WriteTask {
         let fail = self.lost_data;
         Job {
             itt,
+            arrived: self.arrived,
             lun_field: self.lun_field,
             lun: self.lun,
             cdb: self.cdb,
@@ -185,6 +188,8 @@ impl WriteTask {
 /// A SCSI command with all its data, ready to run.
 struct Job {
     itt: u32,
+    /// When its command arrived (its first PDU), for its latency.
+    arrived: Instant,
     lun_field: [u8; 8],
     lun: Option<Arc<Lun>>,
     cdb: Vec<u8>,

@@ -89,6 +89,7 @@ fn serve<S: Socket>(sock: S, n: Negotiated) -> io::Result<()> {
         structured: n.structured,
         allocation_context: n.allocation_context,
         buffers: Buffers::default(),
+        arrivals: Default::default(),
     });
     let ring = match ReadRing::new(RING_ENTRIES) {
         Ok(r) => Some(r),
@@ -378,6 +379,7 @@ impl<S: Socket> Loop<S> {
 
     /// Starts a request whose header was just received; it holds its charge until answered.
     fn start(&mut self, req: Request) {
+        self.ctx.arrived(&req);
         self.charge(charge(&req));
         match req.kind {
             cmd::DISC => self.stop(None),

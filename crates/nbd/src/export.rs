@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
+use tessera_disk::IoMeter;
 use tessera_volume::Vdisk;
 
 /// Largest READ or WRITE payload we accept (the protocol's portable maximum).
@@ -20,6 +21,8 @@ pub struct Export {
     /// Bytes of request data its connections hold now: READ buffers and WRITE payloads of
     /// requests not yet answered, and replies not yet sent.
     pub(crate) held: AtomicUsize,
+    /// Where each request answered is reported, if anywhere.
+    pub meter: Option<Arc<dyn IoMeter>>,
 }
 
 impl Export {
@@ -31,7 +34,14 @@ impl Export {
             read_only,
             connections: AtomicUsize::new(0),
             held: AtomicUsize::new(0),
+            meter: None,
         }
+    }
+
+    /// The export with each request it answers reported to `meter`.
+    pub fn metered(mut self, meter: Arc<dyn IoMeter>) -> Export {
+        self.meter = Some(meter);
+        self
     }
 
     /// Bytes of request data its connections hold now (see `held`).

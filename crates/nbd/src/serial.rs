@@ -66,6 +66,7 @@ pub(crate) fn serve<S: Read + Write>(mut s: S, n: Negotiated) -> io::Result<()> 
         structured: n.structured,
         allocation_context: n.allocation_context,
         buffers: Buffers::default(),
+        arrivals: Default::default(),
     });
     let r = requests(&mut s, &ctx);
     export.connections.fetch_sub(1, Ordering::Relaxed);
@@ -81,6 +82,7 @@ fn requests<S: Read + Write>(s: &mut S, ctx: &Ctx) -> io::Result<()> {
             Err(e) => return Err(e),
         }
         let req = Request::parse(&head).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+        ctx.arrived(&req);
         let reply = match req.kind {
             cmd::DISC => return Ok(()),
             cmd::WRITE if req.length > MAX_PAYLOAD => {

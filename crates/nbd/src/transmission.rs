@@ -1,10 +1,13 @@
 //! The transmission phase, server side: what each request does and the reply it gets. The
 //! connection loop that receives requests and sends replies is in `conn`.
 
+use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Instant;
 
 use parking_lot::Mutex;
 use tessera_disk::AlignedBuf;
+use tessera_disk::IoOp;
 use tessera_volume::VolumeError;
 use tracing::{debug, warn};
 
@@ -48,6 +51,38 @@ pub(crate) struct Ctx {
     pub structured: bool,
     pub allocation_context: Option<u32>,
     pub buffers: Buffers,
+    /// When each request in flight arrived, by cookie, while the export is metered.
+    pub arrivals: Mutex<HashMap<u64, Instant>>,
+}
+
+impl Ctx {
+    /// Notes a request's arrival, for its latency (DISC is never answered).
+    pub fn arrived(&self, req: &Request) {
+        if self.export.meter.is_some() && req.kind != cmd::DISC {
+            self.arrivals.lock().insert(req.cookie, Instant::now());
+        }
+    }
+
+    /// Reports a request answered to the export's meter: its operation, bytes and latency.
+    fn answered(&self, req: &Request, ok: bool) {
+        let Some(m) = &self.export.meter else { return };
+        let Some(at) = self.arrivals.lock().remove(&req.cookie) else {
+            return;
+        };
+        let op = match req.kind {
+            cmd::READ => IoOp::Read,
+            cmd::WRITE => IoOp::Write,
+            cmd::FLUSH => IoOp::Flush,
+            cmd::TRIM => IoOp::Unmap,
+            cmd::WRITE_ZEROES => IoOp::Zero,
+            _ => IoOp::Other,
+        };
+        let bytes = match op {
+            IoOp::Read | IoOp::Write => req.length as u64,
+            _ => 0,
+        };
+        m.done(op, bytes, at.elapsed(), ok);
+    }
 }
 
 /// Data buffers the connection has used, for its next requests: a fresh buffer costs an
@@ -205,13 +240,18 @@ fn try_execute(ctx: &Ctx, req: &Request, payload: &[u8]) -> Result<Reply, Failur
         }
         // Advisory; the engine keeps no cache to warm.
         cmd::CACHE => Ok(done(ctx, req)),
-        cmd::BLOCK_STATUS => block_status(ctx, req),
+        cmd::BLOCK_STATUS => {
+            let reply = block_status(ctx, req)?;
+            ctx.answered(req, true);
+            Ok(reply)
+        }
         other => Err((errno::EINVAL, format!("unknown command {other}"))),
     }
 }
 
 /// Success without payload.
 fn done(ctx: &Ctx, req: &Request) -> Reply {
+    ctx.answered(req, true);
     if ctx.structured {
         vec![chunk_header(req.cookie, chunk::FLAG_DONE, chunk::NONE, 0).into()]
     } else {
@@ -220,6 +260,7 @@ fn done(ctx: &Ctx, req: &Request) -> Reply {
 }
 
 pub(crate) fn error_reply(ctx: &Ctx, req: &Request, code: u32, msg: &str) -> Reply {
+    ctx.answered(req, false);
     debug!(
         cookie = req.cookie,
         command = req.kind,
@@ -273,6 +314,9 @@ pub(crate) fn reply_parts(ctx: &Ctx, req: &Request) -> Result<Vec<Part>, Failure
 
 /// The reply to a READ whose parts are filled.
 pub(crate) fn read_reply(ctx: &Ctx, req: &Request, parts: Vec<Part>) -> Reply {
+    if !ctx.structured || !parts.is_empty() {
+        ctx.answered(req, true);
+    }
     if !ctx.structured {
         let mut reply = vec![simple_reply(req.cookie, 0).into()];
         reply.extend(parts.into_iter().filter_map(|p| p.data).map(Piece::Data));

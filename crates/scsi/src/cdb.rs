@@ -4,6 +4,7 @@
 use crate::bytes::{be16, be32, be64};
 use crate::opcodes::*;
 use crate::sense::{self, Sense};
+use tessera_disk::IoOp;
 
 /// The blocks a read, write, verify, pre-fetch or cache command names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,6 +48,21 @@ pub(crate) fn block_range(cdb: &[u8]) -> Result<BlockRange, Sense> {
         blocks,
         fua: cdb[1] & 0x08 != 0,
     })
+}
+
+/// What a CDB is, as metrics count it.
+pub fn io_op(cdb: &[u8]) -> IoOp {
+    match cdb.first() {
+        Some(&(READ_6 | READ_10 | READ_12 | READ_16)) => IoOp::Read,
+        Some(
+            &(WRITE_6 | WRITE_10 | WRITE_12 | WRITE_16 | WRITE_VERIFY_10 | WRITE_VERIFY_12 | WRITE_VERIFY_16
+            | ORWRITE_16 | COMPARE_AND_WRITE),
+        ) => IoOp::Write,
+        Some(&(SYNCHRONIZE_CACHE_10 | SYNCHRONIZE_CACHE_16)) => IoOp::Flush,
+        Some(&UNMAP) => IoOp::Unmap,
+        Some(&(WRITE_SAME_10 | WRITE_SAME_16)) => IoOp::Zero,
+        _ => IoOp::Other,
+    }
 }
 
 /// The data-out a read/write CDB asks for, in bytes, for the transport's residual count.

@@ -24,7 +24,7 @@ pub use backend::{
     copy_image, BackendError, BackendErrorKind, BackendResult, BlockBackend, DirectRead, Extent, FrozenImage, PlanHold,
     ReadPlan,
 };
-pub use cdb::transfer_length;
+pub use cdb::{io_op, transfer_length};
 pub use commands::{is_read, lookup, Command, COMMANDS};
 pub use data::Data;
 pub use lun::{Lun, ModeState, ModeStore, PrStore, Response};

@@ -4,6 +4,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use tessera_disk::IoMeter;
 
 use parking_lot::{Mutex, RwLock};
 use tracing::warn;
@@ -113,6 +114,8 @@ struct NexusState {
 pub struct Lun {
     /// The storage: a vdisk, or memory in tests.
     pub(crate) backend: Arc<dyn BlockBackend>,
+    /// Where the transport reports each command it answers, if anywhere.
+    meter: Option<Arc<dyn IoMeter>>,
     /// 16-byte NAA IEEE Registered Extended identifier, stable for the vdisk.
     pub(crate) naa: [u8; 16],
     pub(crate) serial: String,
@@ -176,6 +179,7 @@ impl Lun {
         let serial: String = v[8..16].iter().map(|b| format!("{b:02x}")).collect();
         Lun {
             backend,
+            meter: None,
             naa,
             serial,
             read_only,
@@ -189,6 +193,16 @@ impl Lun {
             fence: Arc::new(RwLock::new(())),
             tpc: Arc::new(CopyManager::new()),
         }
+    }
+
+    /// The LUN with each command its transport answers reported to `meter`.
+    pub fn with_meter(mut self, meter: Arc<dyn IoMeter>) -> Lun {
+        self.meter = Some(meter);
+        self
+    }
+
+    pub fn meter(&self) -> Option<&Arc<dyn IoMeter>> {
+        self.meter.as_ref()
     }
 
     /// Shares `cm` with the other LUNs of the daemon: tokens made on one can be written

@@ -5,6 +5,7 @@
 //! api_listen = "127.0.0.1:8484"   # "" disables the TCP listener; the unix socket stays
 //! api_token_file = "/etc/tessera/api-token"  # default: <state_dir>/api-token, made at first start
 //! api_allowed_hosts = ["san1.example.com"]  # names the TCP API may be reached by
+//! metrics_listen = "0.0.0.0:9484"  # GET /metrics only, for a scraper (token required); default none
 //! iscsi_listen = "0.0.0.0:3260"    # "none": no portal from here (those added by API stay)
 //! iscsi_send_buffer = "4M"        # iSCSI sockets' SO_SNDBUF; unset: kernel autotuning
 //! iscsi_recv_buffer = "4M"        # iSCSI sockets' SO_RCVBUF; unset: kernel autotuning
@@ -56,6 +57,7 @@ pub struct ConfigFile {
     pub api_token_file: Option<PathBuf>,
     #[serde(default)]
     pub api_allowed_hosts: Vec<String>,
+    pub metrics_listen: Option<String>,
     pub iscsi_listen: Option<String>,
     pub iscsi_send_buffer: Option<Size>,
     pub iscsi_recv_buffer: Option<Size>,
@@ -101,6 +103,8 @@ pub struct Overrides {
 pub struct ServerConfig {
     pub state_dir: PathBuf,
     pub api_listen: Option<SocketAddr>,
+    /// A listener that serves GET /metrics only, with the API's token.
+    pub metrics_listen: Option<SocketAddr>,
     /// The TCP listener's token; None: the one in `<state_dir>/api-token` (made if missing).
     pub api_token: Option<String>,
     /// Host names (lowercase) the TCP listener answers to, beyond its address.
@@ -163,6 +167,7 @@ impl ServerConfig {
             .unwrap_or_else(|| PathBuf::from(default_state));
         let state_dir = absolute(&state_dir)?;
         let api_listen = listen_addr("api_listen", o.api_listen.or(f.api_listen), DEFAULT_API_LISTEN)?;
+        let metrics_listen = listen_addr("metrics_listen", f.metrics_listen.clone(), "none")?;
         let token_from_file = match &f.api_token_file {
             Some(p) => Some(
                 std::fs::read_to_string(p)
@@ -255,6 +260,7 @@ impl ServerConfig {
         Ok(ServerConfig {
             state_dir,
             api_listen,
+            metrics_listen,
             api_token,
             api_allowed_hosts,
             iscsi_listen,

@@ -58,6 +58,10 @@ pub struct Daemon {
     /// Set when the daemon begins to stop: jobs cancelled from then on were not cancelled by
     /// the administrator (a scrub stopped so goes on after the restart).
     pub stopping: Arc<std::sync::atomic::AtomicBool>,
+    /// I/O counters and latency histograms of the protocol front ends, for `/metrics`.
+    pub io_metrics: Arc<crate::metrics::IoMetrics>,
+    /// When the daemon started, in seconds since the Unix epoch.
+    pub started_unix: u64,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -77,9 +81,10 @@ impl Daemon {
     pub fn start(cfg: ServerConfig) -> Result<Daemon, String> {
         std::fs::create_dir_all(cfg.pools_dir())
             .map_err(|e| format!("cannot create the state directory {}: {e}", cfg.state_dir.display()))?;
-        let targets = Targets::load(cfg.state_dir.join("targets.json"))?;
+        let io_metrics: Arc<crate::metrics::IoMetrics> = Default::default();
+        let targets = Targets::load(cfg.state_dir.join("targets.json"), io_metrics.clone())?;
         targets.registry.set_limits(cfg.iscsi_limits);
-        let nbd = NbdExports::load(cfg.state_dir.join("nbd.json"))?;
+        let nbd = NbdExports::load(cfg.state_dir.join("nbd.json"), io_metrics.clone())?;
         let portals = Portals::load(
             cfg.state_dir.join("portals.json"),
             cfg.iscsi_listen,
@@ -102,6 +107,8 @@ impl Daemon {
             scrub_watch: Default::default(),
             dedup_schedule: Default::default(),
             stopping: Default::default(),
+            io_metrics,
+            started_unix: crate::jobs::unix_now(),
         };
         let mut wanted = d.read_imported()?.pools;
         wanted.extend(d.cfg.pools.iter().cloned());

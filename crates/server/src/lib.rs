@@ -13,6 +13,7 @@ pub mod image;
 pub mod jobs;
 pub mod lock;
 pub mod logging;
+pub mod metrics;
 pub mod model;
 pub mod nbd_exports;
 pub mod portals;

@@ -12,6 +12,7 @@ use tessera_volume::{Engine, Vdisk};
 use tracing::warn;
 
 use crate::error::{ApiError, ApiResult};
+use crate::metrics::IoMetrics;
 use crate::statefile::{self, change_saved};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -49,12 +50,14 @@ pub struct NbdExports {
     file: PathBuf,
     configs: Mutex<BTreeMap<String, NbdExportConfig>>,
     pub registry: Arc<Registry>,
+    /// Where the exports report their requests.
+    meters: Arc<IoMetrics>,
 }
 
 type Resolve<'a> = &'a dyn Fn(&str) -> Option<(Arc<Engine>, Arc<Vdisk>)>;
 
 impl NbdExports {
-    pub fn load(file: PathBuf) -> Result<NbdExports, String> {
+    pub fn load(file: PathBuf, meters: Arc<IoMetrics>) -> Result<NbdExports, String> {
         let list: ExportsFile = statefile::read_json(&file, "fix it or move it away")?;
         let mut configs = BTreeMap::new();
         for c in list.exports {
@@ -65,6 +68,7 @@ impl NbdExports {
             file,
             configs: Mutex::new(configs),
             registry: Registry::new(),
+            meters,
         })
     }
 
@@ -76,10 +80,12 @@ impl NbdExports {
             .map_err(|e| ApiError::io(format!("cannot save {}: {e}", self.file.display())))
     }
 
-    fn export(c: &NbdExportConfig, v: Arc<Vdisk>) -> Export {
+    fn export(&self, c: &NbdExportConfig, v: Arc<Vdisk>) -> Export {
         // A snapshot is always offered read-only.
         let read_only = c.read_only || v.is_snapshot();
-        Export::new(&c.name, &c.vdisk, v, read_only)
+        let (pool, vdisk) = c.vdisk.split_once('/').unwrap_or(("", &c.vdisk));
+        let meter = self.meters.meter("nbd", pool, vdisk);
+        Export::new(&c.name, &c.vdisk, v, read_only).metered(meter)
     }
 
     /// Offers every configured export that is not offered yet and whose vdisk `resolve` finds:
@@ -91,7 +97,7 @@ impl NbdExports {
             }
             match resolve(&c.vdisk) {
                 Some((_, v)) => {
-                    self.registry.add(Self::export(c, v));
+                    self.registry.add(self.export(c, v));
                 }
                 None => warn!(export = %c.name, vdisk = %c.vdisk, "NBD export's vdisk is not available; not offered"),
             }
@@ -128,7 +134,7 @@ impl NbdExports {
             },
             |c| self.save(c),
         )?;
-        self.registry.add(Self::export(&cfg, v));
+        self.registry.add(self.export(&cfg, v));
         Ok(())
     }
 

@@ -57,6 +57,7 @@ async fn serve(cfg: ServerConfig) -> Result<(), String> {
     std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600))
         .map_err(|e| format!("cannot restrict {}: {e}", sock.display()))?;
     let tcp = bind(daemon.cfg.api_listen, "", "daemon", "--api-listen").await?;
+    let metrics = bind(daemon.cfg.metrics_listen, " for metrics", "daemon", "metrics_listen").await?;
     daemon.portals.start()?;
     let nbd = bind(daemon.cfg.nbd_listen, " for NBD", "server", "--nbd-listen").await?;
     let nbd_addr = nbd.as_ref().and_then(|l| l.local_addr().ok());
@@ -90,6 +91,7 @@ async fn serve(cfg: ServerConfig) -> Result<(), String> {
         banner(
             &daemon,
             tcp.as_ref().and_then(|t| t.local_addr().ok()),
+            metrics.as_ref().and_then(|t| t.local_addr().ok()),
             nbd_addr,
             nbd_tls.as_ref().map(|(_, psk)| psk.as_deref())
         )
@@ -106,18 +108,32 @@ async fn serve(cfg: ServerConfig) -> Result<(), String> {
             .with_graceful_shutdown(stopped(stop_rx.clone()))
             .into_future(),
     ));
+    let token = || match daemon.cfg.api_token.clone() {
+        Some(t) => Ok(t),
+        None => crate::api::auth::load_or_create_token(&daemon.cfg.state_dir),
+    };
     if let Some(t) = tcp {
         let guard = crate::api::auth::Guard {
-            token: match daemon.cfg.api_token.clone() {
-                Some(t) => t,
-                None => crate::api::auth::load_or_create_token(&daemon.cfg.state_dir)?,
-            },
+            token: token()?,
             listen: t.local_addr().map_err(|e| e.to_string())?,
             names: daemon.cfg.api_allowed_hosts.clone(),
         };
         let r = crate::api::router(daemon.clone(), Some(Arc::new(guard)));
         servers.push(tokio::spawn(
             axum::serve(t, r.into_make_service())
+                .with_graceful_shutdown(stopped(stop_rx.clone()))
+                .into_future(),
+        ));
+    }
+    if let Some(m) = metrics {
+        let guard = crate::api::auth::Guard {
+            token: token()?,
+            listen: m.local_addr().map_err(|e| e.to_string())?,
+            names: daemon.cfg.api_allowed_hosts.clone(),
+        };
+        let r = crate::api::metrics_router(daemon.clone(), Arc::new(guard));
+        servers.push(tokio::spawn(
+            axum::serve(m, r.into_make_service())
                 .with_graceful_shutdown(stopped(stop_rx.clone()))
                 .into_future(),
         ));
@@ -209,6 +225,7 @@ async fn bind(addr: Option<SocketAddr>, what: &str, who: &str, flag: &str) -> Re
 fn banner(
     d: &Daemon,
     tcp: Option<SocketAddr>,
+    metrics: Option<SocketAddr>,
     nbd: Option<SocketAddr>,
     tls: Option<Option<&std::path::Path>>,
 ) -> String {
@@ -231,6 +248,9 @@ fn banner(
         }
     }
     s += "\n";
+    if let Some(m) = metrics {
+        s += &format!("  metrics: http://{m}/metrics (the API's bearer token)\n");
+    }
     let pools = d.list_pools();
     if pools.is_empty() {
         s += "  no pools yet: 'tessera pool create NAME --disk PATH...' makes one\n";

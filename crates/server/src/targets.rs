@@ -13,6 +13,7 @@ use tessera_volume::{Engine, Vdisk};
 use tracing::warn;
 
 use crate::error::{ApiError, ApiResult};
+use crate::metrics::IoMetrics;
 use crate::model::SetChap;
 use crate::statefile::{self, change_saved};
 
@@ -82,6 +83,8 @@ pub struct Targets {
     /// One copy manager for every LUN: a token made through one target can be written
     /// through another, and EXTENDED COPY reaches every presented LUN.
     pub copy: Arc<CopyManager>,
+    /// Where the LUNs report the commands they answer.
+    meters: Arc<IoMetrics>,
 }
 
 /// A stable per-vdisk identifier for the LUN's NAA id and serial number.
@@ -131,7 +134,7 @@ pub fn validate_iqn(s: &str) -> Result<(), String> {
 }
 
 impl Targets {
-    pub fn load(file: PathBuf) -> Result<Targets, String> {
+    pub fn load(file: PathBuf, meters: Arc<IoMetrics>) -> Result<Targets, String> {
         let list: TargetsFile = statefile::read_json(&file, "fix it or move it away")?;
         let configs = list.targets.into_iter().map(|t| (t.iqn.clone(), t)).collect();
         Ok(Targets {
@@ -139,6 +142,7 @@ impl Targets {
             configs: Mutex::new(configs),
             registry: Registry::new(),
             copy: Arc::new(CopyManager::new()),
+            meters,
         })
     }
 
@@ -241,8 +245,10 @@ impl Targets {
         });
         // A snapshot is presented write-protected.
         let read_only = v.is_snapshot();
+        let (pool, vdisk) = name.split_once('/').unwrap_or(("", name));
         Ok(Arc::new(
             tessera_vdisk_lun::vdisk_lun(v, uid, read_only)
+                .with_meter(self.meters.meter("iscsi", pool, vdisk))
                 .with_persistent_reservations(saved, store)
                 .with_saved_mode(saved_mode, mode_store)
                 .with_copy_manager(self.copy.clone()),

@@ -72,7 +72,7 @@ pub(crate) fn read_grains_each(s: &Shared, locs: &[Loc], grain: usize) -> (Align
         let mut io: Vec<SetRead> = stored
             .iter_mut()
             .map(|(set, a, buf)| SetRead {
-                set: &**set,
+                set,
                 offset: *a,
                 buf: &mut buf[..],
             })

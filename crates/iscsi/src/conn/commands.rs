@@ -52,6 +52,7 @@ impl Session {
             debug!(cmd_sn = p.cmd_sn(), "command outside the CmdSN window dropped");
             return None;
         }
+        let arrived = Instant::now();
         self.advance(&p);
         let Some(target) = &self.ctx.target else {
             // A discovery session carries no SCSI commands.
@@ -98,6 +99,7 @@ impl Session {
                 }
             };
             let mut t = WriteTask {
+                arrived,
                 lun_field,
                 cdb,
                 lun,
@@ -129,6 +131,7 @@ impl Session {
         data_out.truncate(edtl);
         Some(Job {
             itt,
+            arrived,
             lun_field,
             lun,
             cdb,

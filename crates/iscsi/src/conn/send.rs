@@ -198,6 +198,17 @@ impl Session {
         let senses: Vec<Vec<u8>> = resps.iter().map(|r| sense_segment(&r.sense)).collect();
         let max_seg = self.ctx.params.max_xmit_data_segment as usize;
         let mut pdus = Vec::with_capacity(jobs.len());
+        for (job, resp) in jobs.iter().zip(resps) {
+            if let Some((l, m)) = job.lun.as_ref().and_then(|l| Some((l, l.meter()?))) {
+                let ok = resp.status == sense::GOOD;
+                let bytes = if ok {
+                    transfer_length(&job.cdb, l.block_size()).unwrap_or(0)
+                } else {
+                    0
+                };
+                m.done(io_op(&job.cdb), bytes, job.arrived.elapsed(), ok);
+            }
+        }
         for ((job, resp), sense) in jobs.iter().zip(resps).zip(&senses) {
             // What the CDB asks to move, for the residual of a write.
             let wanted = if job.read {

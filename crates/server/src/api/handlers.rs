@@ -37,6 +37,18 @@ async fn done(f: impl FnOnce() -> ApiResult<()> + Send + 'static) -> ApiResult<S
     blocking(f).await.map(|()| StatusCode::NO_CONTENT)
 }
 
+/// The metrics in the Prometheus text exposition format.
+pub async fn metrics(State(d): D) -> ApiResult<([(axum::http::header::HeaderName, &'static str); 1], String)> {
+    let text = blocking(move || Ok(crate::metrics::render(&d))).await?;
+    Ok((
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    ))
+}
+
 pub async fn health(State(d): D) -> Json<HealthView> {
     Json(d.health())
 }

@@ -24,6 +24,7 @@ pub fn router(daemon: Arc<Daemon>, guard: Option<Arc<auth::Guard>>) -> Router {
     use handlers::*;
     let r = Router::new()
         .route("/api/health", get(health))
+        .route("/metrics", get(metrics))
         .route("/api/openapi.json", get(openapi_doc))
         .route("/api/pools", get(list_pools).post(create_pool))
         .route("/api/pools/importable", get(importable_pools))
@@ -85,6 +86,16 @@ pub fn router(daemon: Arc<Daemon>, guard: Option<Arc<auth::Guard>>) -> Router {
         Some(g) => r.layer(middleware::from_fn_with_state(g, auth::check)),
         None => r,
     }
+}
+
+/// The router of `metrics_listen`: GET /metrics only, behind the same guard as the API.
+pub fn metrics_router(daemon: Arc<Daemon>, guard: Arc<auth::Guard>) -> Router {
+    Router::new()
+        .route("/metrics", get(handlers::metrics))
+        .fallback(no_such_route)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(daemon)
+        .layer(middleware::from_fn_with_state(guard, auth::check))
 }
 
 async fn no_such_route(req: Request) -> ApiError {

@@ -138,6 +138,8 @@ impl Daemon {
             )));
         }
         e.delete_vdisk(name)?;
+        // A vdisk made later under this name starts its counters from zero.
+        self.io_metrics.forget_vdisk(pool, name);
         Ok(())
     }
 

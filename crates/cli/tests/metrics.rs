@@ -1,0 +1,253 @@
+//! Prometheus metrics through the daemon: `GET /metrics` on the API listeners and on
+//! `metrics_listen`, refused without the token, accepted by `promtool check metrics`, and
+//! I/O counters and latency histograms that move by exactly what a client did.
+
+mod common;
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use common::*;
+
+const TOKEN: &str = "metrics-token-0123456789abcdef";
+
+/// The address a banner line starting with `prefix` gives (`http://ADDR...`).
+fn banner_addr(d: &Daemon, prefix: &str) -> String {
+    let out = d.stdout();
+    out.lines()
+        .find_map(|l| l.trim().strip_prefix(prefix))
+        .and_then(|l| l.split("http://").nth(1))
+        .and_then(|s| s.split(['/', ' ']).next())
+        .unwrap_or_else(|| panic!("no '{prefix}' address in the banner: {out}"))
+        .to_string()
+}
+
+fn scrape(addr: &str) -> String {
+    let r = http_tcp(
+        addr,
+        "GET",
+        "/metrics",
+        None,
+        &[("Authorization", &format!("Bearer {TOKEN}"))],
+    )
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    r.body
+}
+
+/// The value of the sample of `name` whose labels include every pair of `labels`.
+fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let (series, value) = l.rsplit_once(' ')?;
+        let (n, rest) = series.split_once('{').unwrap_or((series, ""));
+        let all = labels.iter().all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")));
+        (n == name && all).then(|| value.parse().ok())?
+    })
+}
+
+fn promtool_accepts(text: &str) {
+    let mut c = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian prometheus) is installed by scripts/install-deps.sh test");
+    c.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let o = c.wait_with_output().unwrap();
+    assert!(
+        o.status.success(),
+        "promtool check metrics: {}{}\n{text}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+#[test]
+fn metrics_count_what_a_client_did_pass_promtool_and_need_the_token() {
+    let t = tempfile::tempdir().unwrap();
+    let state = t.path().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    let cfg = state.with_extension("toml");
+    std::fs::write(
+        &cfg,
+        "metrics_listen = \"127.0.0.1:0\"\nscrub_interval = \"off\"\nauto_repair = false\n",
+    )
+    .unwrap();
+    let d = Daemon::start_with(
+        &state,
+        &[
+            "--config",
+            cfg.to_str().unwrap(),
+            "--api-listen",
+            "127.0.0.1:0",
+            "--api-token",
+            TOKEN,
+        ],
+    )
+    .unwrap();
+    let api = banner_addr(&d, "management API:");
+    let metrics = banner_addr(&d, "metrics:");
+    create_pool(&d, "p", &disks(&t.path().join("disks"), 3, 256 << 20));
+    d.ok(&["vdisk", "create", "p/m", "--size", "64M", "--layout", "mirror"]);
+    d.ok(&["nbd", "export", "p/m"]);
+
+    // Without the token, or with another, nothing: on the API listener and on the metrics one.
+    for addr in [&api, &metrics] {
+        let r = http_tcp(addr, "GET", "/metrics", None, &[]).unwrap();
+        assert_eq!(r.status, 401, "{addr}: {}", r.body);
+        let r = http_tcp(
+            addr,
+            "GET",
+            "/metrics",
+            None,
+            &[("Authorization", "Bearer not-the-token-0123456789")],
+        )
+        .unwrap();
+        assert_eq!(r.status, 401, "{addr}");
+    }
+    // The metrics listener serves nothing else.
+    let r = http_tcp(
+        &metrics,
+        "GET",
+        "/api/pools",
+        None,
+        &[("Authorization", &format!("Bearer {TOKEN}"))],
+    )
+    .unwrap();
+    assert_eq!(r.status, 404, "{}", r.body);
+
+    let before = scrape(&metrics);
+    promtool_accepts(&before);
+    fn nbd(op: &str) -> [(&str, &str); 4] {
+        [("protocol", "nbd"), ("pool", "p"), ("vdisk", "m"), ("op", op)]
+    }
+    assert_eq!(sample(&before, "tessera_io_operations_total", &nbd("write")), Some(0.0));
+
+    // A client nobody here wrote: eight 4 KiB writes and three 4 KiB reads.
+    let uri = format!("nbd://{}/m", d.nbd_address());
+    let mut args = vec!["-f".to_string(), "raw".to_string()];
+    for k in 0..8 {
+        args.extend(["-c".into(), format!("write -P 0x{:02x} {} 4k", 0x20 + k, k * 8192)]);
+    }
+    for k in 0..3 {
+        args.extend(["-c".into(), format!("read -P 0x{:02x} {} 4k", 0x20 + k, k * 8192)]);
+    }
+    args.push(uri);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    ok("qemu-io", &args);
+
+    let after = scrape(&api);
+    promtool_accepts(&after);
+    let moved = |name: &str, op: &str| {
+        sample(&after, name, &nbd(op)).unwrap_or(0.0) - sample(&before, name, &nbd(op)).unwrap_or(0.0)
+    };
+    assert_eq!(moved("tessera_io_operations_total", "write"), 8.0, "{after}");
+    assert_eq!(moved("tessera_io_bytes_total", "write"), 8.0 * 4096.0);
+    assert_eq!(moved("tessera_io_operations_total", "read"), 3.0, "{after}");
+    assert_eq!(moved("tessera_io_bytes_total", "read"), 3.0 * 4096.0);
+    assert_eq!(moved("tessera_io_latency_seconds_count", "write"), 8.0);
+    assert_eq!(moved("tessera_io_errors_total", "write"), 0.0);
+    let slowest = sample(
+        &after,
+        "tessera_io_latency_seconds_bucket",
+        &[("op", "write"), ("le", "+Inf")],
+    );
+    assert_eq!(slowest, Some(8.0), "every write falls in some bucket");
+    assert!(sample(&after, "tessera_io_latency_seconds_sum", &nbd("write")).unwrap() > 0.0);
+
+    // iSCSI, through QEMU's initiator: five 4 KiB writes, counted apart from NBD's.
+    let iqn = "iqn.2026-11.io.tessera:metrics";
+    d.ok(&["target", "create", iqn, "--allow-any-initiator"]);
+    d.ok(&["target", "lun", "add", iqn, "p/m"]);
+    let mut args = vec!["-f".to_string(), "raw".to_string()];
+    for k in 0..5 {
+        args.extend([
+            "-c".into(),
+            format!("write -P 0x{:02x} {} 4k", 0x40 + k, (64 + k) * 4096),
+        ]);
+    }
+    args.push(format!("iscsi://{}/{iqn}/0", d.iscsi_portal()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    ok("qemu-io", &args);
+    let iscsi = scrape(&metrics);
+    promtool_accepts(&iscsi);
+    fn on(op: &str) -> [(&str, &str); 4] {
+        [("protocol", "iscsi"), ("pool", "p"), ("vdisk", "m"), ("op", op)]
+    }
+    assert_eq!(
+        sample(&iscsi, "tessera_io_operations_total", &on("write")),
+        Some(5.0),
+        "{iscsi}"
+    );
+    assert_eq!(
+        sample(&iscsi, "tessera_io_bytes_total", &on("write")),
+        Some(5.0 * 4096.0)
+    );
+    assert_eq!(
+        sample(&iscsi, "tessera_io_latency_seconds_count", &on("write")),
+        Some(5.0)
+    );
+    assert!(
+        sample(&iscsi, "tessera_io_operations_total", &on("other")).unwrap() >= 1.0,
+        "INQUIRY and the like"
+    );
+    assert_eq!(
+        sample(&iscsi, "tessera_io_operations_total", &nbd("write")),
+        Some(8.0),
+        "NBD's unchanged"
+    );
+    assert_eq!(sample(&iscsi, "tessera_iscsi_luns", &[("target", iqn)]), Some(1.0));
+
+    // The state of the pool, its disks and the vdisk, as the API shows it.
+    let after = scrape(&api);
+    assert_eq!(
+        sample(&after, "tessera_pool_state", &[("pool", "p"), ("state", "healthy")]),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(&after, "tessera_pool_state", &[("pool", "p"), ("state", "degraded")]),
+        Some(0.0)
+    );
+    let shown = d.json(&["pool", "show", "p"]);
+    let total = shown["capacity"]["total_bytes"].as_f64().unwrap();
+    assert_eq!(
+        sample(&after, "tessera_pool_capacity_bytes", &[("pool", "p")]),
+        Some(total)
+    );
+    assert_eq!(
+        sample(
+            &after,
+            "tessera_vdisk_allocated_bytes",
+            &[("pool", "p"), ("vdisk", "m")]
+        ),
+        d.json(&["vdisk", "show", "p/m"])["allocated_bytes"].as_f64()
+    );
+    let disks = after
+        .lines()
+        .filter(|l| l.starts_with("tessera_disk_state{") && l.contains("state=\"healthy\"") && l.ends_with(" 1"))
+        .count();
+    assert_eq!(disks, 3, "{after}");
+    assert_eq!(
+        sample(&after, "tessera_nbd_export_online", &[("export", "m")]),
+        Some(1.0)
+    );
+
+    // A failed disk shows at the next scrape.
+    let path = t.path().join("disks").join("d0.img");
+    d.ok(&["disk", "fail", "p", path.to_str().unwrap()]);
+    let failed = scrape(&metrics);
+    assert_eq!(
+        sample(&failed, "tessera_pool_state", &[("pool", "p"), ("state", "degraded")]),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(
+            &failed,
+            "tessera_disk_state",
+            &[("path", path.to_str().unwrap()), ("state", "failed")]
+        ),
+        Some(1.0),
+        "{failed}"
+    );
+}

@@ -1,0 +1,526 @@
+//! Prometheus metrics, served as `GET /metrics` in the text exposition format on the API
+//! listeners (and on `metrics_listen`, under the same token).
+//!
+//! Two kinds: what counts as I/O happens (operations, bytes, errors and latency per protocol,
+//! pool, vdisk and operation), kept in [`IoMetrics`] for the daemon's life; and the state of
+//! pools, disks, vdisks, the write-back cache, dedup, scrub, jobs and sessions, read from the
+//! engines at each scrape, so a scrape always sees the state the API shows. Names follow the
+//! Prometheus conventions: base units (bytes, seconds), `_total` for counters.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use prometheus::core::Collector;
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
+use tessera_disk::{IoMeter, IoOp};
+
+use crate::daemon::Daemon;
+use crate::jobs::JobState;
+use crate::model::{PoolHealth, ScrubRunState};
+use tessera_volume::DiskState;
+
+/// Latency buckets, in seconds: 50 µs to 10 s, about three per decade.
+const LATENCY_BUCKETS: [f64; 17] = [
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+const IO_LABELS: [&str; 4] = ["protocol", "pool", "vdisk", "op"];
+
+/// I/O by protocol, pool, vdisk and operation, for the daemon's life.
+pub struct IoMetrics {
+    registry: Registry,
+    ops: IntCounterVec,
+    bytes: IntCounterVec,
+    errors: IntCounterVec,
+    latency: HistogramVec,
+    /// Meters handed out, by (protocol, pool, vdisk): one set of series per vdisk and
+    /// protocol, however many exports or LUNs present it.
+    meters: Mutex<BTreeMap<(String, String, String), Arc<VdiskMeter>>>,
+}
+
+impl Default for IoMetrics {
+    fn default() -> IoMetrics {
+        let registry = Registry::new();
+        let ops = IntCounterVec::new(
+            Opts::new(
+                "tessera_io_operations_total",
+                "Requests answered, by protocol, vdisk and operation",
+            ),
+            &IO_LABELS,
+        )
+        .expect("valid metric");
+        let bytes = IntCounterVec::new(
+            Opts::new("tessera_io_bytes_total", "Bytes read or written by requests answered"),
+            &IO_LABELS,
+        )
+        .expect("valid metric");
+        let errors = IntCounterVec::new(
+            Opts::new("tessera_io_errors_total", "Requests answered with an error"),
+            &IO_LABELS,
+        )
+        .expect("valid metric");
+        let latency = HistogramVec::new(
+            HistogramOpts::new(
+                "tessera_io_latency_seconds",
+                "Time from a request's arrival to its answer being ready to send",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            &IO_LABELS,
+        )
+        .expect("valid metric");
+        for c in [&ops, &bytes, &errors] {
+            registry.register(Box::new(c.clone())).expect("registered once");
+        }
+        registry.register(Box::new(latency.clone())).expect("registered once");
+        IoMetrics {
+            registry,
+            ops,
+            bytes,
+            errors,
+            latency,
+            meters: Mutex::new(BTreeMap::new()),
+        }
+    }
+}
+
+impl IoMetrics {
+    /// The meter of a vdisk served over `protocol` ("nbd", "iscsi").
+    pub fn meter(&self, protocol: &str, pool: &str, vdisk: &str) -> Arc<VdiskMeter> {
+        let key = (protocol.to_string(), pool.to_string(), vdisk.to_string());
+        self.meters
+            .lock()
+            .entry(key)
+            .or_insert_with(|| {
+                let per_op = |op: IoOp| {
+                    let l = [protocol, pool, vdisk, op.name()];
+                    OpMeter {
+                        ops: self.ops.with_label_values(&l),
+                        bytes: self.bytes.with_label_values(&l),
+                        errors: self.errors.with_label_values(&l),
+                        latency: self.latency.with_label_values(&l),
+                    }
+                };
+                Arc::new(VdiskMeter {
+                    ops: IoOp::ALL.map(per_op),
+                })
+            })
+            .clone()
+    }
+
+    /// Forgets the series of a vdisk deleted (or renamed away), so a scrape stops showing it.
+    pub fn forget_vdisk(&self, pool: &str, vdisk: &str) {
+        let mut meters = self.meters.lock();
+        let gone: Vec<_> = meters
+            .keys()
+            .filter(|(_, p, v)| p == pool && v == vdisk)
+            .cloned()
+            .collect();
+        for key in gone {
+            meters.remove(&key);
+            for op in IoOp::ALL {
+                let l = [key.0.as_str(), pool, vdisk, op.name()];
+                let _ = self.ops.remove_label_values(&l);
+                let _ = self.bytes.remove_label_values(&l);
+                let _ = self.errors.remove_label_values(&l);
+                let _ = self.latency.remove_label_values(&l);
+            }
+        }
+    }
+}
+
+struct OpMeter {
+    ops: IntCounter,
+    bytes: IntCounter,
+    errors: IntCounter,
+    latency: Histogram,
+}
+
+/// The series of one vdisk over one protocol, resolved once: recording an I/O is a few
+/// atomic adds, no label lookup.
+pub struct VdiskMeter {
+    ops: [OpMeter; IoOp::COUNT],
+}
+
+impl IoMeter for VdiskMeter {
+    fn done(&self, op: IoOp, bytes: u64, latency: Duration, ok: bool) {
+        let m = &self.ops[op as usize];
+        m.ops.inc();
+        if ok {
+            m.bytes.inc_by(bytes);
+        } else {
+            m.errors.inc();
+        }
+        m.latency.observe(latency.as_secs_f64());
+    }
+}
+
+/// Everything a scrape shows, in the text exposition format.
+pub fn render(d: &Daemon) -> String {
+    let state = Registry::new();
+    collect_state(d, &state);
+    let mut families = d.io_metrics.registry.gather();
+    families.extend(state.gather());
+    families.sort_by(|a, b| a.name().cmp(b.name()));
+    let mut out = Vec::new();
+    TextEncoder::new()
+        .encode(&families, &mut out)
+        .expect("the text encoder writes to memory");
+    String::from_utf8(out).expect("the text format is UTF-8")
+}
+
+/// Gauges and counters of one scrape, registered as they are made.
+struct Scrape<'a> {
+    r: &'a Registry,
+}
+
+impl Scrape<'_> {
+    fn gauge(&self, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+        let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
+        self.add(g.clone());
+        g
+    }
+
+    fn counter(&self, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+        let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+        self.add(c.clone());
+        c
+    }
+
+    fn float(&self, name: &str, help: &str, labels: &[&str]) -> prometheus::GaugeVec {
+        let g = prometheus::GaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
+        self.add(g.clone());
+        g
+    }
+
+    fn add(&self, c: impl Collector + 'static) {
+        self.r.register(Box::new(c)).expect("each name once per scrape");
+    }
+}
+
+fn i(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+fn collect_state(d: &Daemon, r: &Registry) {
+    let s = Scrape { r };
+    let up = s.float(
+        "tessera_start_time_seconds",
+        "When the daemon started, in seconds since the Unix epoch",
+        &[],
+    );
+    up.with_label_values(&[] as &[&str]).set(d.started_unix as f64);
+
+    let pool_state = s.gauge(
+        "tessera_pool_state",
+        "1 for the state the pool is in (healthy, degraded, failed, unavailable), 0 for the others",
+        &["pool", "state"],
+    );
+    let capacity = s.gauge(
+        "tessera_pool_capacity_bytes",
+        "Raw slab space of the pool's healthy disks",
+        &["pool"],
+    );
+    let used = s.gauge(
+        "tessera_pool_used_bytes",
+        "Raw slab space in use (copies and parity included)",
+        &["pool"],
+    );
+    let free = s.gauge("tessera_pool_free_bytes", "Raw slab space free", &["pool"]);
+    let spare = s.gauge(
+        "tessera_pool_spare_bytes",
+        "Free space on hot spares, kept for repairs",
+        &["pool"],
+    );
+    let repair = s.gauge(
+        "tessera_pool_repair_needed_bytes",
+        "Bytes of slab sets that lost a member and wait for a repair",
+        &["pool"],
+    );
+    let vdisks = s.gauge(
+        "tessera_pool_vdisks",
+        "Vdisks of the pool (snapshots not counted)",
+        &["pool"],
+    );
+    let read_errors = s.counter(
+        "tessera_pool_read_errors_total",
+        "Member reads that failed, since the pool was opened",
+        &["pool"],
+    );
+    let write_errors = s.counter(
+        "tessera_pool_write_errors_total",
+        "Member writes that failed, since the pool was opened",
+        &["pool"],
+    );
+    let reconstructed = s.counter(
+        "tessera_pool_reconstructed_reads_total",
+        "Reads served from another copy or rebuilt from parity, since the pool was opened",
+        &["pool"],
+    );
+    let repaired = s.counter(
+        "tessera_pool_repaired_blocks_total",
+        "Blocks rewritten with good data from elsewhere, since the pool was opened",
+        &["pool"],
+    );
+    let checksum = s.counter(
+        "tessera_pool_checksum_errors_total",
+        "Blocks that did not match their checksum when read, since the pool was opened",
+        &["pool"],
+    );
+    let disk_state = s.gauge(
+        "tessera_disk_state",
+        "1 for the state the disk is in, 0 for the others",
+        &["pool", "disk", "path", "state"],
+    );
+    let disk_size = s.gauge("tessera_disk_size_bytes", "Size of the member disk", &["pool", "disk"]);
+    let disk_used = s.gauge(
+        "tessera_disk_used_bytes",
+        "Slab space in use on the disk",
+        &["pool", "disk"],
+    );
+    let disk_read_errors = s.counter(
+        "tessera_disk_read_errors_total",
+        "Reads the disk failed, since the pool was opened",
+        &["pool", "disk"],
+    );
+    let disk_checksum = s.counter(
+        "tessera_disk_checksum_errors_total",
+        "4 KiB blocks the disk returned that did not match their checksum, since the pool was opened",
+        &["pool", "disk"],
+    );
+    let disk_repaired = s.counter(
+        "tessera_disk_repaired_bytes_total",
+        "Bytes rewritten on the disk with good data from elsewhere, since the pool was opened",
+        &["pool", "disk"],
+    );
+    let vd_size = s.gauge(
+        "tessera_vdisk_size_bytes",
+        "Size the vdisk presents",
+        &["pool", "vdisk"],
+    );
+    let vd_alloc = s.gauge(
+        "tessera_vdisk_allocated_bytes",
+        "Bytes of grains the vdisk points at",
+        &["pool", "vdisk"],
+    );
+    let vd_excl = s.gauge(
+        "tessera_vdisk_exclusive_bytes",
+        "Bytes of grains no other vdisk, snapshot or copy shares",
+        &["pool", "vdisk"],
+    );
+    let vd_saved = s.gauge(
+        "tessera_vdisk_saved_bytes",
+        "Bytes sharing (dedup, clones, snapshots) saves the vdisk",
+        &["pool", "vdisk"],
+    );
+    let cache_dirty = s.gauge(
+        "tessera_cache_dirty_bytes",
+        "Bytes in the write-back cache not yet destaged",
+        &["pool"],
+    );
+    let cache_log = s.gauge("tessera_cache_log_bytes", "Size of the write-back cache log", &["pool"]);
+    let cache_cached = s.counter(
+        "tessera_cache_written_bytes_total",
+        "Bytes written into the write-back cache",
+        &["pool"],
+    );
+    let cache_hits = s.counter(
+        "tessera_cache_read_hit_bytes_total",
+        "Bytes read from the write-back cache",
+        &["pool"],
+    );
+    let cache_destaged = s.counter(
+        "tessera_cache_destaged_bytes_total",
+        "Bytes destaged from the write-back cache to the layouts",
+        &["pool"],
+    );
+    let dd_logical = s.gauge(
+        "tessera_dedup_logical_bytes",
+        "Bytes of mapped grains of the vdisks in dedup's scope",
+        &["pool"],
+    );
+    let dd_physical = s.gauge(
+        "tessera_dedup_physical_bytes",
+        "Bytes of the distinct slots they point at",
+        &["pool"],
+    );
+    let dd_saved = s.gauge("tessera_dedup_saved_bytes", "Logical less physical bytes", &["pool"]);
+    let dd_ratio = s.float(
+        "tessera_dedup_saved_ratio",
+        "Saved over logical bytes (the deduplication rate)",
+        &["pool"],
+    );
+    let dd_hot = s.gauge(
+        "tessera_dedup_hot_copies",
+        "Second copies of blocks shared past the threshold on layouts with no redundancy",
+        &["pool"],
+    );
+    let scrub_running = s.gauge("tessera_scrub_running", "1 while a scrub pass runs", &["pool"]);
+    let scrub_done = s.gauge(
+        "tessera_scrub_last_finished_time_seconds",
+        "When the last scrub pass finished, in seconds since the Unix epoch",
+        &["pool"],
+    );
+    let scrub_repaired = s.gauge(
+        "tessera_scrub_last_repaired_blocks",
+        "Blocks the last finished scrub pass repaired",
+        &["pool"],
+    );
+    let scrub_lost = s.gauge(
+        "tessera_scrub_last_unrecoverable_blocks",
+        "Blocks the last finished scrub pass found with no good copy left",
+        &["pool"],
+    );
+
+    for p in d.list_pools() {
+        let name = p.name.as_str();
+        for st in [
+            PoolHealth::Healthy,
+            PoolHealth::Degraded,
+            PoolHealth::Failed,
+            PoolHealth::Unavailable,
+        ] {
+            pool_state
+                .with_label_values(&[name, &st.to_string()])
+                .set((p.health == st) as i64);
+        }
+        if let Some(c) = p.capacity {
+            capacity.with_label_values(&[name]).set(i(c.total_bytes));
+            used.with_label_values(&[name]).set(i(c.used_bytes));
+            free.with_label_values(&[name]).set(i(c.free_bytes));
+            spare.with_label_values(&[name]).set(i(c.spare_bytes));
+        }
+        repair.with_label_values(&[name]).set(i(p.repair_needed_bytes));
+        vdisks.with_label_values(&[name]).set(p.vdisks as i64);
+        if let Some(c) = &p.cache {
+            cache_dirty.with_label_values(&[name]).set(i(c.dirty_bytes));
+            cache_log.with_label_values(&[name]).set(i(c.log_bytes));
+            cache_cached.with_label_values(&[name]).inc_by(c.cached_bytes);
+            cache_hits.with_label_values(&[name]).inc_by(c.read_hit_bytes);
+            cache_destaged.with_label_values(&[name]).inc_by(c.destaged_bytes);
+        }
+        scrub_running
+            .with_label_values(&[name])
+            .set((p.scrub.state == ScrubRunState::Running) as i64);
+        if let Some(last) = &p.scrub.last {
+            scrub_done
+                .with_label_values(&[name])
+                .set(i(last.finished_at.unwrap_or(0)));
+            scrub_repaired.with_label_values(&[name]).set(i(last.repaired));
+            scrub_lost.with_label_values(&[name]).set(i(last.unrecoverable));
+        }
+        let Ok(detail) = d.pool_detail(name) else { continue };
+        read_errors.with_label_values(&[name]).inc_by(detail.stats.read_errors);
+        write_errors
+            .with_label_values(&[name])
+            .inc_by(detail.stats.write_errors);
+        reconstructed
+            .with_label_values(&[name])
+            .inc_by(detail.stats.reconstructed_reads);
+        repaired.with_label_values(&[name]).inc_by(detail.stats.repaired_blocks);
+        checksum.with_label_values(&[name]).inc_by(detail.stats.checksum_errors);
+        for disk in &detail.disk_list {
+            let id = disk.id.as_str();
+            for st in [
+                DiskState::Healthy,
+                DiskState::Failed,
+                DiskState::Retired,
+                DiskState::Missing,
+                DiskState::Spare,
+            ] {
+                disk_state
+                    .with_label_values(&[name, id, &disk.path, st.as_str()])
+                    .set((disk.state == st) as i64);
+            }
+            disk_size.with_label_values(&[name, id]).set(i(disk.size));
+            disk_used.with_label_values(&[name, id]).set(i(disk.used_bytes));
+            disk_read_errors.with_label_values(&[name, id]).inc_by(disk.errors.read);
+            disk_checksum
+                .with_label_values(&[name, id])
+                .inc_by(disk.errors.checksum);
+            disk_repaired
+                .with_label_values(&[name, id])
+                .inc_by(disk.errors.repaired_bytes);
+        }
+        for v in &detail.vdisk_list {
+            let l = [name, v.name.as_str()];
+            vd_size.with_label_values(&l).set(i(v.size));
+            vd_alloc.with_label_values(&l).set(i(v.allocated_bytes));
+            vd_excl.with_label_values(&l).set(i(v.exclusive_bytes));
+            vd_saved.with_label_values(&l).set(i(v.saved_bytes));
+        }
+        if let Ok(e) = d.engine(name) {
+            let st = e.dedup_status();
+            if st.settings.enabled || st.hot_copies > 0 {
+                dd_logical.with_label_values(&[name]).set(i(st.logical_bytes));
+                dd_physical.with_label_values(&[name]).set(i(st.physical_bytes));
+                dd_saved.with_label_values(&[name]).set(i(st.saved_bytes));
+                dd_ratio.with_label_values(&[name]).set(st.saved_ratio);
+                dd_hot.with_label_values(&[name]).set(i(st.hot_copies));
+            }
+        }
+    }
+
+    let jobs = s.gauge(
+        "tessera_jobs",
+        "Jobs the daemon knows, by kind and state",
+        &["kind", "state"],
+    );
+    let running_done = s.gauge(
+        "tessera_job_done_bytes",
+        "Bytes a running job has done",
+        &["id", "kind", "target"],
+    );
+    let running_total = s.gauge(
+        "tessera_job_total_bytes",
+        "Bytes a running job has to do",
+        &["id", "kind", "target"],
+    );
+    let mut by: BTreeMap<(String, &'static str), i64> = BTreeMap::new();
+    for j in d.jobs.list() {
+        let state = match j.state {
+            JobState::Running => "running",
+            JobState::Succeeded => "succeeded",
+            JobState::Failed => "failed",
+            JobState::Cancelled => "cancelled",
+        };
+        *by.entry((j.kind.clone(), state)).or_default() += 1;
+        if j.state == JobState::Running {
+            let l = [j.id.to_string(), j.kind.clone(), j.target.clone()];
+            let l: Vec<&str> = l.iter().map(String::as_str).collect();
+            running_done.with_label_values(&l).set(i(j.done_bytes));
+            running_total.with_label_values(&l).set(i(j.total_bytes));
+        }
+    }
+    for ((kind, state), n) in by {
+        jobs.with_label_values(&[kind.as_str(), state]).set(n);
+    }
+
+    let sessions = s.gauge("tessera_iscsi_sessions", "iSCSI sessions logged in", &[]);
+    sessions
+        .with_label_values(&[] as &[&str])
+        .set(d.targets.registry.session_count() as i64);
+    let luns = s.gauge("tessera_iscsi_luns", "LUNs presented, by target", &["target"]);
+    for t in d.list_targets() {
+        luns.with_label_values(&[t.iqn.as_str()]).set(t.luns.len() as i64);
+    }
+    let conns = s.gauge(
+        "tessera_nbd_connections",
+        "Open NBD connections, by export",
+        &["export", "vdisk"],
+    );
+    let online = s.gauge(
+        "tessera_nbd_export_online",
+        "1 when the export's vdisk is served, 0 when its pool is not imported",
+        &["export", "vdisk"],
+    );
+    for x in d.list_nbd_exports() {
+        let l = [x.name.as_str(), x.vdisk.as_str()];
+        conns.with_label_values(&l).set(x.connections as i64);
+        online.with_label_values(&l).set(x.online as i64);
+    }
+}
