@@ -12,7 +12,7 @@ use tessera_layout::{SetRead, SlabSet};
 use crate::error::{Result, VolumeError};
 use crate::hot_copies::fall_back;
 use crate::shared::Shared;
-use crate::space::{is_packed, Loc, PACK_UNITS};
+use crate::space::{is_packed, slot_of, Loc, PACK_UNITS};
 use crate::vdisk::sector_envelope;
 
 /// Pieces this close (in bytes of a slab set) are read in one span, the gap with them.
@@ -38,9 +38,12 @@ pub(crate) fn read_grains_each(s: &Shared, locs: &[Loc], grain: usize) -> (Align
     let mut out = AlignedBuf::zeroed(locs.len() * grain);
     let mut results: Vec<Result<()>> = Vec::with_capacity(locs.len());
     // Where each slot or piece lies, then the spans to read: those near each other in a set
-    // (a batch's packs are neighbouring slots, filled in size order; a vdisk written in order
-    // has its grains in neighbouring slots) are read as one span, gaps included, rather than
-    // one small read each.
+    // (a batch's packs are neighbouring slots, filled in grain order; a vdisk written in order
+    // has its grains in neighbouring slots) are read as one span rather than one small read
+    // each. The gap between two pieces is read too when it lies in their pack slots (the same
+    // slot, or two neighbouring ones), which are never overwritten in place. No other gap is:
+    // a slot the caller holds no lock or reference on may be being rewritten, and a read
+    // racing that write would see a block that fails its checksum, and "repair" it.
     let mut located: Vec<(Arc<SlabSet>, u64, usize, usize)> = Vec::new(); // set, offset, length, loc
     for (k, &l) in locs.iter().enumerate() {
         let found = if is_packed(l) {
@@ -51,22 +54,30 @@ pub(crate) fn read_grains_each(s: &Shared, locs: &[Loc], grain: usize) -> (Align
         results.push(found.map(|(set, off, len)| located.push((set, off, len, k))));
     }
     located.sort_by_key(|(set, off, ..)| (set.id, *off));
-    let mut spans: Vec<(Arc<SlabSet>, u64, u64)> = Vec::new();
+    // Set, start, end, and the slot of its last piece (None once it holds a plain slot).
+    let mut spans: Vec<(Arc<SlabSet>, u64, u64, Option<Loc>)> = Vec::new();
     let mut parts: Vec<Option<(usize, usize, usize)>> = vec![None; locs.len()];
     for (set, off, len, k) in located {
         let (a, b) = sector_envelope(off, len);
+        let piece = is_packed(locs[k]).then(|| slot_of(locs[k]));
         match spans.last_mut() {
-            Some((s, start, end)) if s.id == set.id && a <= *end + SPAN_GAP && b.max(*end) - *start <= MAX_SPAN => {
+            Some((s, start, end, last))
+                if s.id == set.id && b.max(*end) - *start <= MAX_SPAN && {
+                    let packs_only = matches!((*last, piece), (Some(x), Some(y)) if y == x || y == x + 1);
+                    a <= *end || (packs_only && a <= *end + SPAN_GAP)
+                } =>
+            {
                 *end = b.max(*end);
+                *last = last.and(piece);
             }
-            _ => spans.push((set, a, b)),
+            _ => spans.push((set, a, b, piece)),
         }
         let i = spans.len() - 1;
         parts[k] = Some((i, (off - spans[i].1) as usize, len));
     }
     let mut stored: Vec<(Arc<SlabSet>, u64, AlignedBuf)> = spans
         .into_iter()
-        .map(|(set, a, b)| (set, a, AlignedBuf::zeroed((b - a) as usize)))
+        .map(|(set, a, b, _)| (set, a, AlignedBuf::zeroed((b - a) as usize)))
         .collect();
     let stored_ok: Vec<bool> = {
         let mut io: Vec<SetRead> = stored
