@@ -7,31 +7,12 @@ mod common;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use common::{compressible, pattern, Rig, MIB};
+use common::{compressible, enable_dedup, pattern, run_dedup, Rig, MIB};
 use tessera_volume::{
-    Compression, DedupMode, DedupSettings, Engine, Fingerprinter, LayoutKind, PassOptions, PassReport, Progress,
-    Provisioning, VdiskSpec,
+    Compression, DedupSettings, Engine, Fingerprinter, LayoutKind, PassOptions, Progress, Provisioning, VdiskSpec,
 };
 
 const G: u64 = 4096;
-
-fn enable(e: &Engine) {
-    e.set_dedup_settings(DedupSettings {
-        enabled: true,
-        min_age_secs: 0,
-        ..Default::default()
-    })
-    .unwrap();
-}
-
-fn run(e: &Engine) -> PassReport {
-    let opts = PassOptions {
-        mode: DedupMode::Throughput,
-        ignore_min_age: true,
-        ..Default::default()
-    };
-    e.dedup_run(&opts, &Progress::default()).unwrap()
-}
 
 fn vdisk(e: &Engine, name: &str, size: u64, kind: LayoutKind) {
     let mut s = VdiskSpec::new(name, size, kind);
@@ -86,7 +67,7 @@ fn identical_blocks_across_vdisks_are_stored_once_and_read_back() {
     {
         let e = rig.engine();
         // Sharing alone, counted exactly (`pattern` compresses).
-        enable_with(e, Compression::Off);
+        enable_dedup(e, Compression::Off);
         for (i, img) in images.iter().enumerate() {
             let name = format!("img{i}");
             vdisk(e, &name, blocks * G, LayoutKind::Mirror);
@@ -96,7 +77,7 @@ fn identical_blocks_across_vdisks_are_stored_once_and_read_back() {
         let before = e.dedup_status();
         assert_eq!(before.saved_bytes, 0);
         assert_eq!(before.logical_bytes, 3 * blocks * G);
-        let r = run(e);
+        let r = run_dedup(e);
         assert_eq!(r.grains_scanned, 3 * blocks);
         assert_eq!(r.zero_grains_unmapped, 3 * blocks / 8);
         assert_eq!(r.mismatches, 0);
@@ -116,7 +97,7 @@ fn identical_blocks_across_vdisks_are_stored_once_and_read_back() {
             assert_eq!(&read_all(e, &format!("img{i}"), img.len()), img);
         }
         // A second run finds nothing new to read.
-        assert_eq!(run(e).grains_scanned, 0);
+        assert_eq!(run_dedup(e).grains_scanned, 0);
     }
     rig.assert_consistent();
     rig.reopen();
@@ -138,13 +119,13 @@ fn identical_blocks_across_vdisks_are_stored_once_and_read_back() {
 fn a_write_to_a_shared_block_copies_on_write() {
     let rig = Rig::new(4, 64 * MIB, MIB);
     let e = rig.engine();
-    enable(e);
+    enable_dedup(e, Compression::default());
     let data = pattern(3, 0, MIB as usize);
     for name in ["a", "b"] {
         vdisk(e, name, MIB, LayoutKind::Parity);
         e.vdisk(name).unwrap().write(0, &data, false).unwrap();
     }
-    assert_eq!(run(e).grains_shared, MIB / G);
+    assert_eq!(run_dedup(e).grains_shared, MIB / G);
     e.vdisk("a").unwrap().write(8 * G, &[9u8; 4096], false).unwrap();
     let mut want_a = data.clone();
     want_a[(8 * G) as usize..(9 * G) as usize].fill(9);
@@ -157,7 +138,7 @@ fn a_write_to_a_shared_block_copies_on_write() {
 fn a_forced_fingerprint_collision_never_merges_different_data() {
     let rig = Rig::new(4, 64 * MIB, MIB);
     let e = rig.engine();
-    enable(e);
+    enable_dedup(e, Compression::default());
     // Two bits of fingerprint: 256 different blocks fall on four fingerprints.
     e.set_fingerprinter(Fingerprinter::Weak { bits: 2 });
     let data: Vec<u8> = (0..256u64).flat_map(unique_block).collect();
@@ -170,7 +151,7 @@ fn a_forced_fingerprint_collision_never_merges_different_data() {
         shuffled.extend_from_slice(&data[b * G as usize..(b + 1) * G as usize]);
     }
     e.vdisk("b").unwrap().write(0, &shuffled, false).unwrap();
-    let r = run(e);
+    let r = run_dedup(e);
     assert!(r.mismatches > 0, "the weak fingerprint must have collided: {r:?}");
     assert_eq!(read_all(e, "a", MIB as usize), data);
     assert_eq!(read_all(e, "b", MIB as usize), shuffled);
@@ -178,7 +159,7 @@ fn a_forced_fingerprint_collision_never_merges_different_data() {
     e.set_fingerprinter(Fingerprinter::Blake3);
     e.vdisk("a").unwrap().write(0, &data, false).unwrap();
     e.vdisk("b").unwrap().write(0, &shuffled, false).unwrap();
-    run(e);
+    run_dedup(e);
     assert_eq!(e.dedup_status().physical_bytes, MIB);
     assert_eq!(read_all(e, "b", MIB as usize), shuffled);
     rig.assert_consistent();
@@ -219,12 +200,12 @@ fn scope_layouts_and_minimum_age_are_kept() {
     assert_eq!((r.grains_scanned, r.grains_shared), (0, 0));
     assert!(r.grains_too_young > 0);
     // m2 excluded, fx fixed: only m1 and p1 are read, and a mirror never shares with parity.
-    let r = run(e);
+    let r = run_dedup(e);
     assert_eq!(r.vdisks, 2);
     assert_eq!(r.grains_shared, 0, "different layouts share nothing: {r:?}");
     e.set_dedup_settings(named(&["m1", "m2"])).unwrap();
     assert_eq!(
-        run(e).grains_shared,
+        run_dedup(e).grains_shared,
         MIB / (64 << 10),
         "64 KiB grains made before dedup was on"
     );
@@ -238,7 +219,7 @@ fn scope_layouts_and_minimum_age_are_kept() {
 fn writers_racing_a_run_read_their_own_data() {
     let rig = Rig::new(4, 64 * MIB, MIB);
     let e = rig.engine();
-    enable(e);
+    enable_dedup(e, Compression::default());
     let size = 2 * MIB;
     let common = pattern(11, 0, G as usize);
     for name in ["a", "b", "c"] {
@@ -276,7 +257,7 @@ fn writers_racing_a_run_read_their_own_data() {
             });
         }
         for _ in 0..20 {
-            run(e);
+            run_dedup(e);
         }
         stop.store(true, Ordering::Relaxed);
     });
@@ -290,7 +271,7 @@ fn writers_racing_a_run_read_their_own_data() {
 fn a_cancelled_run_stops_and_keeps_what_it_did() {
     let rig = Rig::new(4, 64 * MIB, MIB);
     let e = rig.engine();
-    enable(e);
+    enable_dedup(e, Compression::default());
     let data = pattern(2, 0, MIB as usize);
     vdisk(e, "a", MIB, LayoutKind::Mirror);
     vdisk(e, "b", MIB, LayoutKind::Mirror);
@@ -307,16 +288,6 @@ fn a_cancelled_run_stops_and_keeps_what_it_did() {
     rig.assert_consistent();
 }
 
-fn enable_with(e: &Engine, compression: Compression) {
-    e.set_dedup_settings(DedupSettings {
-        enabled: true,
-        min_age_secs: 0,
-        compression,
-        ..Default::default()
-    })
-    .unwrap();
-}
-
 #[test]
 fn new_grains_are_compressed_into_packs_and_read_back_after_writes_and_a_restart() {
     let mut rig = Rig::new(4, 64 * MIB, MIB);
@@ -324,11 +295,11 @@ fn new_grains_are_compressed_into_packs_and_read_back_after_writes_and_a_restart
     let mut want = compressible(1, 0, size as usize);
     {
         let e = rig.engine();
-        enable(e);
+        enable_dedup(e, Compression::default());
         vdisk(e, "t", size, LayoutKind::Parity);
         let v = e.vdisk("t").unwrap();
         v.write(0, &want, false).unwrap();
-        let r = run(e);
+        let r = run_dedup(e);
         assert_eq!(r.grains_compressed, size / G, "{r:?}");
         assert!(r.compressed_bytes_out * 3 < r.compressed_bytes_in, "{r:?}");
         let st = e.dedup_status();
@@ -356,7 +327,7 @@ fn new_grains_are_compressed_into_packs_and_read_back_after_writes_and_a_restart
         rig.assert_consistent();
         // The next run compresses what was rewritten, and only that: the grains still packed
         // are read, found in the index, and left where they are.
-        let again = run(e);
+        let again = run_dedup(e);
         assert_eq!((again.grains_compressed, again.grains_shared), (4, 0), "{again:?}");
         assert_eq!(read_all(e, "t", size as usize), want);
     }
@@ -375,11 +346,11 @@ fn new_grains_are_compressed_into_packs_and_read_back_after_writes_and_a_restart
 fn duplicates_of_compressed_grains_share_their_pieces() {
     let rig = Rig::new(4, 64 * MIB, MIB);
     let e = rig.engine();
-    enable(e);
+    enable_dedup(e, Compression::default());
     let data = compressible(7, 0, MIB as usize);
     vdisk(e, "a", MIB, LayoutKind::Mirror);
     e.vdisk("a").unwrap().write(0, &data, false).unwrap();
-    run(e);
+    run_dedup(e);
     let packed = e.dedup_status().physical_bytes;
     assert!(packed * 3 < MIB);
     // b gets a's blocks, half of them twice.
@@ -387,7 +358,7 @@ fn duplicates_of_compressed_grains_share_their_pieces() {
     let b = e.vdisk("b").unwrap();
     b.write(0, &data, false).unwrap();
     b.write(MIB, &data[..(MIB / 2) as usize], false).unwrap();
-    let r = run(e);
+    let r = run_dedup(e);
     assert_eq!(r.grains_shared, MIB / G + MIB / G / 2, "{r:?}");
     assert_eq!(r.grains_compressed, 0);
     let st = e.dedup_status();
@@ -406,18 +377,18 @@ fn duplicates_of_compressed_grains_share_their_pieces() {
 fn a_grain_that_a_snapshot_holds_too_stays_plain_and_the_snapshot_reads_it() {
     let rig = Rig::new(4, 64 * MIB, MIB);
     let e = rig.engine();
-    enable(e);
+    enable_dedup(e, Compression::default());
     let data = compressible(9, 0, MIB as usize);
     vdisk(e, "t", MIB, LayoutKind::Mirror);
     e.vdisk("t").unwrap().write(0, &data, false).unwrap();
     e.snapshot("t", "s").unwrap();
-    let r = run(e);
+    let r = run_dedup(e);
     assert_eq!(r.grains_compressed, 0, "packing would only add a copy: {r:?}");
     assert_eq!(e.dedup_status().physical_bytes, MIB);
     // Once t is rewritten, its new grains compress; the snapshot keeps its plain ones.
     let fresh = compressible(10, 0, MIB as usize);
     e.vdisk("t").unwrap().write(0, &fresh, false).unwrap();
-    assert_eq!(run(e).grains_compressed, MIB / G);
+    assert_eq!(run_dedup(e).grains_compressed, MIB / G);
     assert_eq!(read_all(e, "t", MIB as usize), fresh);
     assert_eq!(read_all(e, "t@s", MIB as usize), data);
     rig.assert_consistent();
@@ -427,12 +398,12 @@ fn a_grain_that_a_snapshot_holds_too_stays_plain_and_the_snapshot_reads_it() {
 fn compression_can_be_lz4_or_off_and_incompressible_grains_stay_plain() {
     let rig = Rig::new(4, 64 * MIB, MIB);
     let e = rig.engine();
-    enable_with(e, Compression::Off);
+    enable_dedup(e, Compression::Off);
     let text = compressible(11, 0, MIB as usize);
     vdisk(e, "off", MIB, LayoutKind::Mirror);
     e.vdisk("off").unwrap().write(0, &text, false).unwrap();
-    assert_eq!(run(e).grains_compressed, 0);
-    enable_with(e, Compression::Lz4);
+    assert_eq!(run_dedup(e).grains_compressed, 0);
+    enable_dedup(e, Compression::Lz4);
     vdisk(e, "lz4", MIB, LayoutKind::Mirror);
     e.vdisk("lz4")
         .unwrap()
@@ -441,7 +412,7 @@ fn compression_can_be_lz4_or_off_and_incompressible_grains_stay_plain() {
     vdisk(e, "noise", MIB, LayoutKind::Mirror);
     let noise: Vec<u8> = (0..MIB / G).flat_map(|b| unique_block(5000 + b)).collect();
     e.vdisk("noise").unwrap().write(0, &noise, false).unwrap();
-    let r = run(e);
+    let r = run_dedup(e);
     assert_eq!(r.grains_compressed, MIB / G, "lz4's grains only: {r:?}");
     assert_eq!(read_all(e, "lz4", MIB as usize), compressible(12, 0, MIB as usize));
     assert_eq!(read_all(e, "noise", MIB as usize), noise);

@@ -6,32 +6,10 @@
 
 mod common;
 
-use common::{compressible, pattern, Rig, MIB};
-use tessera_volume::{
-    Compression, DedupMode, DedupSettings, Engine, LayoutKind, PassOptions, PassReport, Progress, ScrubOptions,
-    VdiskSpec, HOT_REFS,
-};
+use common::{compressible, enable_dedup, pattern, run_dedup, Rig, MIB};
+use tessera_volume::{Compression, Engine, LayoutKind, Progress, ScrubOptions, VdiskSpec, HOT_REFS};
 
 const G: u64 = 4096;
-
-fn enable(e: &Engine, compression: Compression) {
-    e.set_dedup_settings(DedupSettings {
-        enabled: true,
-        min_age_secs: 0,
-        compression,
-        ..Default::default()
-    })
-    .unwrap();
-}
-
-fn run(e: &Engine) -> PassReport {
-    let opts = PassOptions {
-        mode: DedupMode::Throughput,
-        ignore_min_age: true,
-        ..Default::default()
-    };
-    e.dedup_run(&opts, &Progress::default()).unwrap()
-}
 
 fn vdisk(e: &Engine, name: &str, blocks: u64, kind: LayoutKind) {
     let mut s = VdiskSpec::new(name, blocks * G, kind);
@@ -90,10 +68,10 @@ fn a_slot_shared_by_more_than_a_hundred_grains_is_kept_twice_and_either_copy_rep
         let want = data(blocks, hot, compress);
         {
             let e = rig.engine();
-            enable(e, compression);
+            enable_dedup(e, compression);
             vdisk(e, "v", blocks, LayoutKind::Simple);
             e.vdisk("v").unwrap().write(0, &want, true).unwrap();
-            let r = run(e);
+            let r = run_dedup(e);
             assert_eq!(r.hot_copies_made, 1, "{compression:?}: {r:#?}");
             assert_eq!(e.hot_copies().len(), 1);
             let st = e.dedup_status();
@@ -144,7 +122,7 @@ fn a_slot_shared_by_more_than_a_hundred_grains_is_kept_twice_and_either_copy_rep
         let keep = HOT_REFS as u64 / 2;
         let fresh = pattern(3, 0, ((blocks - keep) * G) as usize);
         e.vdisk("v").unwrap().write(keep * G, &fresh, true).unwrap();
-        let r = run(e);
+        let r = run_dedup(e);
         assert_eq!(r.hot_copies_dropped, 1, "{r:#?}");
         assert!(e.hot_copies().is_empty());
         assert_eq!(e.dedup_status().hot_copy_bytes, 0);
@@ -160,7 +138,7 @@ fn a_slot_shared_by_more_than_a_hundred_grains_is_kept_twice_and_either_copy_rep
 fn a_slot_at_the_threshold_or_on_a_redundant_layout_gets_no_copy() {
     let rig = Rig::new(3, 64 * MIB, MIB);
     let e = rig.engine();
-    enable(e, Compression::Off);
+    enable_dedup(e, Compression::Off);
     // Exactly HOT_REFS grains on a simple layout; more than that on a mirror.
     vdisk(e, "simple", 200, LayoutKind::Simple);
     e.vdisk("simple")
@@ -174,7 +152,7 @@ fn a_slot_at_the_threshold_or_on_a_redundant_layout_gets_no_copy() {
         .unwrap()
         .write(0, &data(200, 150, false), true)
         .unwrap();
-    assert_eq!(run(e).hot_copies_made, 0);
+    assert_eq!(run_dedup(e).hot_copies_made, 0);
     assert!(e.hot_copies().is_empty());
     rig.assert_consistent();
     // Without a copy, rot in the shared slot fails the read of every grain that shares it
@@ -196,11 +174,11 @@ fn a_slot_at_the_threshold_or_on_a_redundant_layout_gets_no_copy() {
 fn deleting_the_vdisks_that_share_a_hot_slot_gives_both_copies_back_at_the_next_gc() {
     let rig = Rig::new(2, 64 * MIB, MIB);
     let e = rig.engine();
-    enable(e, Compression::Off);
+    enable_dedup(e, Compression::Off);
     vdisk(e, "a", 128, LayoutKind::Simple);
     e.vdisk("a").unwrap().write(0, &data(128, 128, false), true).unwrap();
     let before = e.pool().capacity().used_bytes;
-    assert_eq!(run(e).hot_copies_made, 1);
+    assert_eq!(run_dedup(e).hot_copies_made, 1);
     rig.assert_consistent();
     e.delete_vdisk("a").unwrap();
     rig.assert_consistent();

@@ -6,7 +6,10 @@
 use std::sync::Arc;
 
 use tessera_disk::{BlockDevice, DiskError, DiskRef, FaultyDisk, MemDisk};
-use tessera_volume::{Engine, LayoutKind, Provisioning, VdiskSpec};
+use tessera_volume::{
+    Compression, DedupMode, DedupSettings, Engine, LayoutKind, PassOptions, PassReport, Progress, Provisioning,
+    VdiskSpec,
+};
 
 pub const MIB: u64 = 1 << 20;
 
@@ -115,4 +118,25 @@ pub fn pattern(seed: u64, offset: u64, len: usize) -> Vec<u8> {
             (x >> 29) as u8
         })
         .collect()
+}
+
+/// Dedup on for every vdisk of the pool, with no minimum age.
+pub fn enable_dedup(e: &Engine, compression: Compression) {
+    e.set_dedup_settings(DedupSettings {
+        enabled: true,
+        min_age_secs: 0,
+        compression,
+        ..Default::default()
+    })
+    .unwrap();
+}
+
+/// A dedup run now, as fast as the disks allow, whatever the regions' age.
+pub fn run_dedup(e: &Engine) -> PassReport {
+    let opts = PassOptions {
+        mode: DedupMode::Throughput,
+        ignore_min_age: true,
+        ..Default::default()
+    };
+    e.dedup_run(&opts, &Progress::default()).unwrap()
 }
