@@ -376,7 +376,8 @@ fn collect_state(d: &Daemon, r: &Registry) {
         &["pool"],
     );
 
-    for p in d.list_pools() {
+    for detail in d.pool_details() {
+        let p = &detail.summary;
         let name = p.name.as_str();
         for st in [
             PoolHealth::Healthy,
@@ -413,7 +414,6 @@ fn collect_state(d: &Daemon, r: &Registry) {
             scrub_repaired.with_label_values(&[name]).set(i(last.repaired));
             scrub_lost.with_label_values(&[name]).set(i(last.unrecoverable));
         }
-        let Ok(detail) = d.pool_detail(name) else { continue };
         read_errors.with_label_values(&[name]).inc_by(detail.stats.read_errors);
         write_errors
             .with_label_values(&[name])
@@ -454,8 +454,9 @@ fn collect_state(d: &Daemon, r: &Registry) {
             vd_saved.with_label_values(&l).set(i(v.saved_bytes));
         }
         if let Ok(e) = d.engine(name) {
-            let st = e.dedup_status();
-            if st.settings.enabled || st.hot_copies > 0 {
+            // The report walks every grain map: only where dedup has something to say.
+            if e.dedup_settings().enabled || !e.hot_copies().is_empty() {
+                let st = e.dedup_status();
                 dd_logical.with_label_values(&[name]).set(i(st.logical_bytes));
                 dd_physical.with_label_values(&[name]).set(i(st.physical_bytes));
                 dd_saved.with_label_values(&[name]).set(i(st.saved_bytes));

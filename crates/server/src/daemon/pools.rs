@@ -70,9 +70,24 @@ impl Daemon {
     }
 
     pub fn list_pools(&self) -> Vec<PoolSummary> {
+        self.pool_names()
+            .iter()
+            .filter_map(|n| self.pool_summary(n).ok())
+            .collect()
+    }
+
+    /// Every pool's detail (imported or not), as `pool show` gives it.
+    pub fn pool_details(&self) -> Vec<PoolDetail> {
+        self.pool_names()
+            .iter()
+            .filter_map(|n| self.pool_detail(n).ok())
+            .collect()
+    }
+
+    fn pool_names(&self) -> BTreeSet<String> {
         let mut names: BTreeSet<String> = self.pools.read().keys().cloned().collect();
         names.extend(self.unavailable.read().keys().cloned());
-        names.iter().filter_map(|n| self.pool_summary(n).ok()).collect()
+        names
     }
 
     pub fn pool_summary(&self, name: &str) -> ApiResult<PoolSummary> {
