@@ -289,9 +289,7 @@ impl Engine {
                         if r.is_ok() {
                             progress.done_bytes.fetch_add(mapped * v.class.grain, Ordering::Relaxed);
                         } else if !matches!(r, Err(VolumeError::Deleted(_))) {
-                            for &region in &taken {
-                                v.clock.give_back(region * REGION);
-                            }
+                            give_back(v, &taken);
                         }
                         r
                     }
@@ -823,9 +821,14 @@ struct Prepared {
 impl Prepared {
     /// Marks the batch's regions written again, for the next run: it was not committed.
     fn give_back(&self, v: &Vdisk) {
-        for &r in &self.taken {
-            v.clock.give_back(r * REGION);
-        }
+        give_back(v, &self.taken);
+    }
+}
+
+/// Marks regions (indexes of REGION bytes) written again, for the next run.
+fn give_back(v: &Vdisk, regions: &[u64]) {
+    for &r in regions {
+        v.clock.give_back(r * REGION);
     }
 }
 
