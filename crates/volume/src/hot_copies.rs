@@ -25,13 +25,13 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
-use tessera_disk::AlignedBuf;
 use tessera_pool::{MetaStore, CF_POOL};
 use tracing::{info, warn};
 
 use crate::commit::Op;
 use crate::engine::Engine;
 use crate::error::Result;
+use crate::packed::read_slot;
 use crate::shared::Shared;
 use crate::space::{is_packed, loc_parts, packed_loc, piece_of, slot_of, Loc};
 
@@ -142,14 +142,6 @@ pub(crate) enum PairState {
     Repaired,
     /// Neither reads.
     Lost,
-}
-
-fn read_slot(s: &Shared, l: Loc) -> Result<AlignedBuf> {
-    let grain = s.space.class_of(l).map(|c| c.grain).unwrap_or(0) as usize;
-    let (set, base) = s.space.locate(l)?;
-    let mut buf = AlignedBuf::zeroed(grain);
-    s.cache.read(&set, base, &mut buf)?;
-    Ok(buf)
 }
 
 fn write_slot(s: &Shared, l: Loc, data: &[u8]) -> Result<()> {

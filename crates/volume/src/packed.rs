@@ -102,7 +102,7 @@ pub(crate) fn read_grains_each(s: &Shared, locs: &[Loc], grain: usize) -> (Align
                 // A span fails as a whole when any block of it does: the grain alone may
                 // read well.
                 (false, true) => read_piece(s, l, chunk),
-                (false, false) => read_slot(s, l, chunk),
+                (false, false) => read_slot(s, l).map(|b| chunk.copy_from_slice(&b)),
             };
         }
     }
@@ -120,13 +120,13 @@ pub(crate) fn read_grains_each(s: &Shared, locs: &[Loc], grain: usize) -> (Align
     (out, results)
 }
 
-/// Reads one plain grain's slot on its own.
-fn read_slot(s: &Shared, l: Loc, out: &mut [u8]) -> Result<()> {
+/// Reads a whole slot on its own.
+pub(crate) fn read_slot(s: &Shared, l: Loc) -> Result<AlignedBuf> {
+    let grain = s.space.class_of(l).map(|c| c.grain).unwrap_or(0) as usize;
     let (set, base) = s.space.locate(l)?;
-    let mut buf = AlignedBuf::zeroed(out.len());
+    let mut buf = AlignedBuf::zeroed(grain);
     s.cache.read(&set, base, &mut buf)?;
-    out.copy_from_slice(&buf);
-    Ok(())
+    Ok(buf)
 }
 
 /// Reads one compressed grain on its own and decompresses it into `out`.
