@@ -101,7 +101,45 @@ impl Client {
         self.rt.block_on(self.call_async(method, path, body))
     }
 
-    async fn call_async(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value, ClientError> {
+    /// GETs `path` and hands each line of the answer to `line` as it arrives, until the
+    /// daemon ends the answer or `line` returns false. For streams (server-sent events).
+    pub fn stream_lines(&self, path: &str, mut line: impl FnMut(&str) -> bool) -> Result<(), ClientError> {
+        self.rt.block_on(async {
+            let resp = self.send("GET", path, None).await?;
+            let status = resp.status().as_u16();
+            let mut body = resp.into_body();
+            if !(200..300).contains(&status) {
+                let data = body
+                    .collect()
+                    .await
+                    .map_err(|e| ClientError::Transport(format!("reading the daemon's answer: {e}")))?
+                    .to_bytes();
+                return Err(error_of(status, &data));
+            }
+            let mut pending: Vec<u8> = Vec::new();
+            while let Some(frame) = body.frame().await {
+                let frame = frame.map_err(|e| ClientError::Transport(format!("the stream broke: {e}")))?;
+                let Some(data) = frame.data_ref() else { continue };
+                pending.extend_from_slice(data);
+                while let Some(i) = pending.iter().position(|&b| b == b'\n') {
+                    let l: Vec<u8> = pending.drain(..=i).collect();
+                    let text = String::from_utf8_lossy(&l[..i]);
+                    if !line(text.trim_end_matches('\r')) {
+                        return Ok(());
+                    }
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Sends one request on a fresh connection and returns the response, its body unread.
+    async fn send(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<hyper::Response<hyper::body::Incoming>, ClientError> {
         let unreachable = |e: &dyn std::fmt::Display| {
             ClientError::Transport(format!(
                 "cannot reach the tessera daemon at {}: {e}. Is it running ('tessera serve')? \
@@ -144,7 +182,11 @@ impl Client {
         let req = req
             .body(Full::new(bytes))
             .map_err(|e| ClientError::Transport(e.to_string()))?;
-        let resp = sender.send_request(req).await.map_err(|e| unreachable(&e))?;
+        sender.send_request(req).await.map_err(|e| unreachable(&e))
+    }
+
+    async fn call_async(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value, ClientError> {
+        let resp = self.send(method, path, body).await?;
         let status = resp.status().as_u16();
         let data = resp
             .into_body()
@@ -159,16 +201,21 @@ impl Client {
             return serde_json::from_slice(&data)
                 .map_err(|e| ClientError::Transport(format!("the daemon's answer is not JSON: {e}")));
         }
-        match serde_json::from_slice::<ErrorBody>(&data) {
-            Ok(b) => Err(ClientError::Api {
-                code: b.error.code,
-                message: b.error.message,
-            }),
-            Err(_) => Err(ClientError::Transport(format!(
-                "the daemon answered HTTP {status}: {}",
-                String::from_utf8_lossy(&data).trim()
-            ))),
-        }
+        Err(error_of(status, &data))
+    }
+}
+
+/// The error an answer other than 2xx carries.
+fn error_of(status: u16, data: &[u8]) -> ClientError {
+    match serde_json::from_slice::<ErrorBody>(data) {
+        Ok(b) => ClientError::Api {
+            code: b.error.code,
+            message: b.error.message,
+        },
+        Err(_) => ClientError::Transport(format!(
+            "the daemon answered HTTP {status}: {}",
+            String::from_utf8_lossy(data).trim()
+        )),
     }
 }
 

@@ -19,12 +19,14 @@ use crate::output::{kv, opt, opt_size, percent, size, table, when};
 use crate::*;
 
 mod dedup;
+mod events;
 mod exports;
 mod jobs;
 mod pools;
 mod vdisks;
 
 use dedup::dedup;
+use events::events;
 use exports::{nbd, target};
 use jobs::{follow, job};
 use pools::{disk, pool};
@@ -66,6 +68,7 @@ pub fn run(cli: Cli) -> Result<(), String> {
         Command::Nbd(n) => nbd(&c, n),
         Command::Job(j) => job(&c, j),
         Command::Dedup(d) => dedup(&c, d),
+        Command::Events(a) => events(&c, a),
     };
     r.map_err(|e| match e {
         ClientError::Api { message, code, .. } if code == "unauthorized" => message,

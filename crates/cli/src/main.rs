@@ -83,6 +83,27 @@ pub enum Command {
     /// Deduplication: identical blocks of a pool's vdisks stored once.
     #[command(subcommand)]
     Dedup(DedupCmd),
+    /// What happened: disks failed, pools degraded, repairs, scrub findings, refused logins.
+    Events(EventsArgs),
+}
+
+#[derive(Args)]
+pub struct EventsArgs {
+    /// After the events already recorded, print new ones as they happen (Ctrl-C ends).
+    #[arg(long, short)]
+    pub follow: bool,
+    /// How many of the newest events to print (at most 10000).
+    #[arg(long, short = 'n', default_value_t = 20)]
+    pub limit: usize,
+    /// Only the events numbered after SEQ (then the oldest of those first).
+    #[arg(long, value_name = "SEQ")]
+    pub after: Option<u64>,
+    /// The least severity printed: info, warning, error or critical.
+    #[arg(long)]
+    pub severity: Option<String>,
+    /// Only the events of this pool.
+    #[arg(long)]
+    pub pool: Option<String>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]

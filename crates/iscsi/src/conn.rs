@@ -262,9 +262,10 @@ pub async fn run(
     reg: Arc<Registry>,
     slot: ConnectionSlot,
 ) -> Result<(), String> {
+    let peer = sock.peer_addr().unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
     let (mut r, mut w) = sock.into_split();
     // A client that stalls in the login phase does not hold a connection for ever.
-    let li = tokio::time::timeout(LOGIN_TIMEOUT, login(&mut r, &mut w, &reg))
+    let li = tokio::time::timeout(LOGIN_TIMEOUT, login(&mut r, &mut w, &reg, peer))
         .await
         .map_err(|_| format!("login not finished within {}s", LOGIN_TIMEOUT.as_secs()))??;
     let Some(li) = li else {

@@ -27,4 +27,4 @@ pub use limits::Limits;
 #[cfg(feature = "target")]
 pub use portal::SocketBuffers;
 #[cfg(feature = "target")]
-pub use target::{Registry, Target};
+pub use target::{LoginRefusal, RefusalObserver, Registry, Target};

@@ -1,6 +1,7 @@
 //! The login phase: security stage (AuthMethod), operational negotiation, and the transit to
 //! the full feature phase, for discovery and normal sessions.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -10,7 +11,7 @@ use crate::auth::{self, Chap};
 use crate::limits::MAX_LOGIN_TEXT;
 use crate::params::{Answer, Params, OUR_MAX_RECV_DATA_SEGMENT};
 use crate::pdu::{at, op, Pdu};
-use crate::target::{Registry, Target};
+use crate::target::{LoginRefusal, Registry, Target};
 use crate::text;
 
 /// Login status classes and details (RFC 7143 11.13.5).
@@ -118,13 +119,15 @@ fn chap_verify(
 }
 
 /// Runs the login phase. Ok(None) when the login was refused (the reply has been sent).
-pub async fn login<R, W>(r: &mut R, w: &mut W, reg: &Registry) -> Result<Option<LoggedIn>, String>
+pub async fn login<R, W>(r: &mut R, w: &mut W, reg: &Registry, peer: SocketAddr) -> Result<Option<LoggedIn>, String>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
     let mut params = Params::default();
     let mut initiator: Option<String> = None;
+    // The target the initiator asked for, found or not.
+    let mut asked: Option<String> = None;
     let mut target: Option<Arc<Target>> = None;
     let mut discovery = false;
     let mut declared_mrdsl = false;
@@ -165,7 +168,16 @@ where
         };
         macro_rules! refuse {
             ($code:expr, $why:expr) => {{
-                info!(initiator = ?initiator, reason = %$why, "login refused");
+                let why = $why.to_string();
+                info!(initiator = ?initiator, reason = %why, "login refused");
+                if matches!($code, status::FORBIDDEN | status::AUTH_FAILED) {
+                    reg.refused(&LoginRefusal {
+                        peer,
+                        initiator: initiator.clone(),
+                        target: asked.clone(),
+                        reason: why,
+                    });
+                }
                 let mut p = reply($code, Vec::new(), false, stat_sn, 0);
                 p.write(w, false, false).await.map_err(|e| e.to_string())?;
                 return Ok(None);
@@ -209,6 +221,7 @@ where
                 let Some(tname) = key(&keys, "TargetName") else {
                     refuse!(status::MISSING_PARAMETER, "no TargetName")
                 };
+                asked = Some(tname.to_string());
                 match reg.target(tname) {
                     // An initiator outside the ACL learns no more than for a missing target.
                     Some(t) if t.access().admits(&name) => target = Some(t),

@@ -136,7 +136,21 @@ pub struct Registry {
     limits: RwLock<Limits>,
     /// Write buffers held by every session together.
     write_total: Arc<WriteBudget>,
+    /// Told of each login refused for who the initiator is (outside a target's ACL, CHAP not
+    /// passed): the daemon makes events of them.
+    refusals: RwLock<Option<RefusalObserver>>,
 }
+
+/// A login refused for the initiator's identity.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoginRefusal {
+    pub peer: SocketAddr,
+    pub initiator: Option<String>,
+    pub target: Option<String>,
+    pub reason: String,
+}
+
+pub type RefusalObserver = Arc<dyn Fn(&LoginRefusal) + Send + Sync>;
 
 impl Registry {
     pub fn new() -> Arc<Registry> {
@@ -163,6 +177,17 @@ impl Registry {
 
     pub fn limits(&self) -> Limits {
         *self.limits.read()
+    }
+
+    /// Who is told of refused logins.
+    pub fn on_refusal(&self, observer: RefusalObserver) {
+        *self.refusals.write() = Some(observer);
+    }
+
+    pub(crate) fn refused(&self, r: &LoginRefusal) {
+        if let Some(o) = self.refusals.read().as_ref() {
+            o(r);
+        }
     }
 
     /// Applies to the connections, logins and writes that come next.

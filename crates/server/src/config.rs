@@ -21,6 +21,9 @@
 //! scrub_interval = "30d"          # a scrub of every pool this often; "off": only when asked
 //! scrub_rate = "200M"             # bytes per second a scheduled scrub reads; "off": no limit
 //! disk_error_limit = 100          # read or checksum errors after which a disk is failing
+//! event_hook = "/usr/local/bin/tessera-alert"  # run per event: its JSON on stdin, TESSERA_EVENT_*
+//! event_webhook = "http://alerts.example:9000/tessera"  # POSTed each event's JSON
+//! event_hook_severity = "warning" # the least severity handed to the hook and the webhook
 //! ```
 
 use std::net::SocketAddr;
@@ -83,6 +86,9 @@ pub struct ConfigFile {
     pub scrub_interval: Option<String>,
     pub scrub_rate: Option<String>,
     pub disk_error_limit: Option<u64>,
+    pub event_hook: Option<PathBuf>,
+    pub event_webhook: Option<String>,
+    pub event_hook_severity: Option<String>,
 }
 
 /// What the command line may override.
@@ -141,6 +147,8 @@ pub struct ServerConfig {
     /// Read and checksum errors of a disk (since its pool was imported) past which the daemon
     /// takes it for failing: it is retired and, with auto repair, its data moved off.
     pub disk_error_limit: u64,
+    /// Where events go beyond the event log.
+    pub event_hook: crate::events::HookConfig,
     pub demo: bool,
 }
 
@@ -257,6 +265,23 @@ impl ServerConfig {
             Some(n) => n,
             None => DEFAULT_DISK_ERROR_LIMIT,
         };
+        let event_hook = crate::events::HookConfig {
+            command: match f.event_hook {
+                Some(p) if p.as_os_str().is_empty() => None,
+                Some(p) if !p.is_absolute() => {
+                    return Err(format!("event_hook '{}' must be an absolute path", p.display()))
+                }
+                p => p,
+            },
+            webhook: match f.event_webhook.as_deref() {
+                None | Some("") => None,
+                Some(u) => Some(crate::events::Webhook::parse(u)?),
+            },
+            min_severity: match f.event_hook_severity.as_deref() {
+                None => crate::events::Severity::Warning,
+                Some(s) => crate::events::Severity::parse(s).map_err(|e| format!("event_hook_severity: {e}"))?,
+            },
+        };
         Ok(ServerConfig {
             state_dir,
             api_listen,
@@ -283,6 +308,7 @@ impl ServerConfig {
             scrub_interval,
             scrub_rate,
             disk_error_limit,
+            event_hook,
             demo: o.demo,
         })
     }
@@ -500,6 +526,28 @@ mod tests {
             "scrub_interval = \"soon\"\n",
             "scrub_rate = \"0\"\n",
             "disk_error_limit = 0\n",
+        ] {
+            let e = resolve(bad, Overrides::default()).unwrap_err();
+            assert!(e.contains(bad.split(' ').next().unwrap()), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn event_hooks() {
+        let c = resolve("", Overrides::default()).unwrap();
+        assert_eq!(c.event_hook, Default::default());
+        let c = resolve(
+            "event_hook = \"/usr/local/bin/alert\"\nevent_webhook = \"http://alerts:9000/t\"\nevent_hook_severity = \"error\"\n",
+            Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(c.event_hook.command, Some(PathBuf::from("/usr/local/bin/alert")));
+        assert_eq!(c.event_hook.webhook.unwrap().authority, "alerts:9000");
+        assert_eq!(c.event_hook.min_severity, crate::events::Severity::Error);
+        for bad in [
+            "event_hook = \"alert\"\n",
+            "event_webhook = \"https://alerts/t\"\n",
+            "event_hook_severity = \"loud\"\n",
         ] {
             let e = resolve(bad, Overrides::default()).unwrap_err();
             assert!(e.contains(bad.split(' ').next().unwrap()), "{bad}: {e}");

@@ -7,6 +7,7 @@
 //! - `imported.json`: the pools imported when the daemon last ran, imported again at start;
 //! - `targets.json`, `nbd.json`, `portals.json`: iSCSI targets, NBD exports, added portals;
 //! - `auto-repair.json`: pools whose repairs wait for the administrator;
+//! - `events.jsonl`: the event log;
 //! - `tessera.lock`, `api.sock`.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -24,6 +25,7 @@ use tracing::{error, info, warn};
 use crate::auto_repair::AutoRepair;
 use crate::config::ServerConfig;
 use crate::error::{ApiError, ApiResult};
+use crate::events::{EventLog, NewEvent, Severity};
 use crate::image;
 use crate::jobs::{JobView, Jobs};
 use crate::model::*;
@@ -36,6 +38,7 @@ mod exports;
 mod pools;
 mod vdisks;
 
+pub(crate) use pools::pool_health;
 pub use vdisks::{snapshot_view, vdisk_view};
 
 pub struct Daemon {
@@ -62,6 +65,9 @@ pub struct Daemon {
     pub io_metrics: Arc<crate::metrics::IoMetrics>,
     /// When the daemon started, in seconds since the Unix epoch.
     pub started_unix: u64,
+    /// What happened, for `tessera events`, the journal and the hook.
+    pub events: Arc<EventLog>,
+    pub(crate) health_watch: crate::health_events::HealthWatch,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -92,11 +98,28 @@ impl Daemon {
             targets.registry.clone(),
         )?;
         let auto_repair = AutoRepair::load(cfg.state_dir.join("auto-repair.json"))?;
+        let events = Arc::new(EventLog::open(&cfg.state_dir.join("events.jsonl"), &cfg.event_hook)?);
+        let told = events.clone();
+        targets
+            .registry
+            .on_refusal(Arc::new(move |r: &tessera_iscsi::LoginRefusal| {
+                let who = r.initiator.as_deref().unwrap_or("an unnamed initiator");
+                let to = r.target.as_deref().unwrap_or("the target");
+                // The address without the port: retries from one host fold into one event.
+                told.record(
+                    NewEvent::new(
+                        Severity::Warning,
+                        "iscsi.login_refused",
+                        format!("login of {who} from {} to {to} refused: {}", r.peer.ip(), r.reason),
+                    )
+                    .subject(who),
+                );
+            }));
         let d = Daemon {
             cfg,
             pools: RwLock::new(BTreeMap::new()),
             unavailable: RwLock::new(BTreeMap::new()),
-            jobs: Jobs::default(),
+            jobs: Jobs::new(events.clone()),
             targets,
             nbd,
             portals,
@@ -109,13 +132,25 @@ impl Daemon {
             stopping: Default::default(),
             io_metrics,
             started_unix: crate::jobs::unix_now(),
+            events,
+            health_watch: Default::default(),
         };
         let mut wanted = d.read_imported()?.pools;
         wanted.extend(d.cfg.pools.iter().cloned());
         for name in wanted {
             let dir = d.pool_dir(&name);
             if !dir.join("meta").exists() {
-                warn!(pool = %name, dir = %dir.display(), "pool to import has no metadata store");
+                d.events.record(
+                    NewEvent::new(
+                        Severity::Critical,
+                        "pool.unavailable",
+                        format!(
+                            "pool {name} could not be imported: no pool metadata in {}",
+                            dir.display()
+                        ),
+                    )
+                    .pool(&name),
+                );
                 d.unavailable
                     .write()
                     .insert(name, format!("no pool metadata in {}", dir.display()));
@@ -126,7 +161,14 @@ impl Daemon {
                     d.pools.write().insert(name, Arc::new(e));
                 }
                 Err(e) => {
-                    error!(pool = %name, error = %e, "cannot import pool");
+                    d.events.record(
+                        NewEvent::new(
+                            Severity::Critical,
+                            "pool.unavailable",
+                            format!("pool {name} could not be imported: {e}"),
+                        )
+                        .pool(&name),
+                    );
                     d.unavailable.write().insert(name, e.to_string());
                 }
             }
@@ -221,7 +263,13 @@ impl Daemon {
         }
     }
 
-    /// Every imported pool's engine, for the protocol front ends and the demo.
+    /// An administrator's change (a pool made, a vdisk deleted), recorded as an info event.
+    pub(crate) fn changed(&self, kind: &str, pool: &str, subject: Option<String>, message: String) {
+        let mut ev = NewEvent::new(Severity::Info, kind, message).pool(pool);
+        ev.subject = subject;
+        self.events.record(ev);
+    }
+
     /// When the daemon started.
     pub(crate) fn started_at(&self) -> Instant {
         self.started

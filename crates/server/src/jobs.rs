@@ -10,9 +10,10 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use tessera_volume::Progress;
-use tracing::{info, warn};
+use tracing::info;
 
 use crate::error::{ApiError, ApiResult};
+use crate::events::{EventLog, NewEvent, Severity};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
@@ -120,13 +121,38 @@ impl Job {
 /// How many finished jobs are remembered.
 const KEEP_FINISHED: usize = 256;
 
-#[derive(Default)]
 pub struct Jobs {
     jobs: Mutex<BTreeMap<u64, Arc<Job>>>,
     next: AtomicU64,
+    /// Where each job's start and end are told.
+    events: Arc<EventLog>,
+}
+
+impl Default for Jobs {
+    fn default() -> Jobs {
+        Jobs::new(Arc::new(EventLog::in_memory()))
+    }
 }
 
 impl Jobs {
+    pub fn new(events: Arc<EventLog>) -> Jobs {
+        Jobs {
+            jobs: Default::default(),
+            next: Default::default(),
+            events,
+        }
+    }
+
+    /// The event of a job's start or end: `repair.started`, `scrub.failed`, ...
+    fn tell(events: &EventLog, job: &Job, state: &str, severity: Severity, message: String) {
+        let pool = job.target.split('/').next().unwrap_or_default();
+        events.record(
+            NewEvent::new(severity, &format!("{}.{state}", job.kind), message)
+                .pool(pool)
+                .subject(job.target.clone()),
+        );
+    }
+
     /// Starts `work` on a thread of its own. `work` reports progress through the counters and
     /// returns a JSON result, or an error message.
     pub fn spawn<F>(&self, kind: &str, target: &str, work: F) -> Arc<Job>
@@ -155,8 +181,15 @@ impl Jobs {
                 jobs.remove(old);
             }
         }
-        info!(job = id, kind, target, "job started");
+        Jobs::tell(
+            &self.events,
+            &job,
+            "started",
+            Severity::Info,
+            format!("job {id}: {kind} of {target} started"),
+        );
         let j = job.clone();
+        let events = self.events.clone();
         std::thread::Builder::new()
             .name(format!("job-{id}-{kind}"))
             .spawn(move || {
@@ -168,10 +201,17 @@ impl Jobs {
                     Err(_) if cancelled => (JobState::Cancelled, Some("cancelled".to_string()), None),
                     Err(e) => (JobState::Failed, Some(e), None),
                 };
-                match &error {
-                    Some(e) if state == JobState::Failed => warn!(job = j.id, error = %e, "job failed"),
-                    _ => info!(job = j.id, state = ?state, "job finished"),
-                }
+                let took = crate::units::format_duration(j.started.elapsed());
+                let what = format!("job {}: {} of {}", j.id, j.kind, j.target);
+                let told = match (&error, state) {
+                    (Some(e), JobState::Failed) => {
+                        ("failed", Severity::Error, format!("{what} failed after {took}: {e}"))
+                    }
+                    (_, JobState::Cancelled) => {
+                        ("cancelled", Severity::Warning, format!("{what} cancelled after {took}"))
+                    }
+                    _ => ("finished", Severity::Info, format!("{what} finished in {took}")),
+                };
                 *j.end.lock() = Some(JobEnd {
                     state,
                     at: unix_now(),
@@ -179,6 +219,8 @@ impl Jobs {
                     error,
                     result,
                 });
+                // After the end is set: whoever reads the event finds the job ended.
+                Jobs::tell(&events, &j, told.0, told.1, told.2);
             })
             .expect("spawn a job thread");
         job

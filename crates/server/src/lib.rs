@@ -9,6 +9,8 @@ pub mod daemon;
 pub mod dedup;
 pub mod demo;
 pub mod error;
+pub mod events;
+pub mod health_events;
 pub mod image;
 pub mod jobs;
 pub mod lock;

@@ -215,6 +215,31 @@ fn collect_state(d: &Daemon, r: &Registry) {
     );
     up.with_label_values(&[] as &[&str]).set(d.started_unix as f64);
 
+    let events = s.counter(
+        "tessera_events_total",
+        "Events recorded since the daemon started, by severity (repeats folded into one event counted too)",
+        &["severity"],
+    );
+    for (sev, n) in d.events.counts() {
+        events.with_label_values(&[sev.as_str()]).inc_by(n);
+    }
+    let hook_failures = s.counter(
+        "tessera_event_hook_failures_total",
+        "Event hook or webhook runs that failed, timed out or were dropped for a full queue",
+        &[],
+    );
+    hook_failures
+        .with_label_values(&[] as &[&str])
+        .inc_by(d.events.hook_failures.load(std::sync::atomic::Ordering::Relaxed));
+    let unwritten = s.counter(
+        "tessera_events_unwritten_total",
+        "Events that could not be written to the event log file",
+        &[],
+    );
+    unwritten
+        .with_label_values(&[] as &[&str])
+        .inc_by(d.events.unwritten.load(std::sync::atomic::Ordering::Relaxed));
+
     let pool_state = s.gauge(
         "tessera_pool_state",
         "1 for the state the pool is in (healthy, degraded, failed, unavailable), 0 for the others",

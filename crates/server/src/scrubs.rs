@@ -13,6 +13,7 @@ use tessera_volume::{Engine, ScrubOptions, ScrubPass, VolumeError};
 use tracing::{info, warn};
 
 use crate::error::{ApiError, ApiResult};
+use crate::events::{NewEvent, Severity};
 use crate::jobs::{unix_now, JobState, JobView};
 use crate::model::{DiskBlocks, ScrubPassView, ScrubPool, ScrubRunState, ScrubView};
 use crate::Daemon;
@@ -57,6 +58,28 @@ pub(crate) fn pass_view(p: &ScrubPass) -> ScrubPassView {
             .map(|m| format!("slab set {} row {}: {}", m.set, m.row, m.what))
             .collect(),
     }
+}
+
+/// The event of a pass that found damage: `scrub.errors`, an error when some blocks could not
+/// be repaired, a warning when every one was.
+fn found_errors(pool: &str, v: &ScrubPassView) -> Option<NewEvent> {
+    let (lost, repaired) = (v.unrecoverable + v.hot_copies_lost, v.repaired + v.hot_copies_repaired);
+    if lost == 0 && repaired == 0 && v.problems.is_empty() {
+        return None;
+    }
+    let mut message = format!(
+        "the scrub of pool {pool} found damage: {repaired} block(s) repaired from their good copies, {lost} that could not be"
+    );
+    if !v.problems.is_empty() {
+        message.push_str(&format!(", and {} row(s) whose copies disagree", v.problems.len()));
+    }
+    message.push_str("; 'tessera pool show' has the details per disk");
+    let severity = if lost > 0 || !v.problems.is_empty() {
+        Severity::Error
+    } else {
+        Severity::Warning
+    };
+    Some(NewEvent::new(severity, "scrub.errors", message).pool(pool))
 }
 
 /// Scrub passes that failed, by pool: not tried again before [`RETRY_AFTER`].
@@ -118,8 +141,15 @@ impl Daemon {
         let stopping = self.stopping.clone();
         let failed = self.scrub_watch.failed.clone();
         let pool = name.to_string();
+        let events = self.events.clone();
         let job = self.jobs.spawn("scrub", name, move |p| match e.scrub(&opts, p) {
-            Ok(pass) => Ok(serde_json::to_value(pass_view(&pass)).expect("serializable")),
+            Ok(pass) => {
+                let view = pass_view(&pass);
+                if let Some(ev) = found_errors(&pool, &view) {
+                    events.record(ev);
+                }
+                Ok(serde_json::to_value(view).expect("serializable"))
+            }
             Err(VolumeError::Layout(tessera_layout::LayoutError::Cancelled)) => {
                 // A job cancelled by the administrator is a pause; one cancelled by the
                 // daemon's shutdown goes on after the restart.
@@ -223,7 +253,15 @@ impl Daemon {
                 "failing: {} read error(s) and {} block(s) not matching their checksums since the pool was imported (disk_error_limit {})",
                 n.read, n.checksum, self.cfg.disk_error_limit
             );
-            warn!(pool = name, disk = %d.info.path, reason = %why, "disk failing; retiring it so that its data moves off");
+            self.events.record(
+                NewEvent::new(
+                    Severity::Error,
+                    "disk.failing",
+                    format!("disk {} is {why}: retiring it so that its data moves off", d.info.path),
+                )
+                .pool(name)
+                .subject(d.info.path.clone()),
+            );
             match e.retire_disk(&d.info.path) {
                 Ok(()) => self.auto_repair.mark_failing(name, &d.info.id.to_string(), why),
                 Err(err) => warn!(pool = name, disk = %d.info.path, error = %err, "cannot retire a failing disk"),

@@ -158,6 +158,7 @@ async fn serve(cfg: ServerConfig) -> Result<(), String> {
             tick.tick().await;
             let d = repairing.clone();
             let _ = tokio::task::spawn_blocking(move || {
+                d.health_events_tick();
                 d.auto_repair_tick();
                 d.scrub_tick();
                 d.dedup_tick();
@@ -174,6 +175,7 @@ async fn serve(cfg: ServerConfig) -> Result<(), String> {
         _ = int.recv() => info!("SIGINT: shutting down"),
     }
     let _ = stop_tx.send(true);
+    daemon.events.close_followers();
     for s in servers {
         match tokio::time::timeout(Duration::from_secs(10), s).await {
             Ok(Ok(Ok(()))) => {}

@@ -3,6 +3,7 @@
 
 pub mod auth;
 mod body;
+pub mod events;
 mod handlers;
 pub mod openapi;
 
@@ -76,6 +77,8 @@ pub fn router(daemon: Arc<Daemon>, guard: Option<Arc<auth::Guard>>) -> Router {
             "/api/nbd/exports/{name}",
             get(show_nbd_export).delete(delete_nbd_export),
         )
+        .route("/api/events", get(events::list_events))
+        .route("/api/events/stream", get(events::stream_events))
         .route("/api/jobs", get(list_jobs))
         .route("/api/jobs/{id}", get(show_job))
         .route("/api/jobs/{id}/cancel", post(cancel_job))

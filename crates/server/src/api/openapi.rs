@@ -321,6 +321,20 @@ pub const ROUTES: &[RouteDoc] = &[
     ),
     r(
         "get",
+        "/api/events",
+        "The event log, oldest first: the newest `limit` (default 100), or the oldest after `?after=SEQ`; `severity` (the least) and `pool` filter",
+        None,
+        Some((200, schema::<super::events::EventList>)),
+    ),
+    r(
+        "get",
+        "/api/events/stream",
+        "Follow the event log as server-sent events (text/event-stream), each one's data an Event; `?after=SEQ` sends the backlog after SEQ first; `severity` and `pool` filter",
+        None,
+        Some((200, schema::<crate::events::Event>)),
+    ),
+    r(
+        "get",
         "/api/jobs",
         "Running and recently finished jobs",
         None,
@@ -513,6 +527,10 @@ fn build() -> (Value, Vec<String>) {
         }
         let mut responses = Map::new();
         match route.response {
+            Some((status, resp)) if route.path.ends_with("/stream") => responses.insert(
+                status.to_string(),
+                json!({"description": "a stream of events", "content": {"text/event-stream": {"schema": resp(&mut responses_gen)}}}),
+            ),
             Some((status, resp)) => responses.insert(
                 status.to_string(),
                 json!({"description": "success", "content": content(resp(&mut responses_gen))}),

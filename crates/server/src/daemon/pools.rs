@@ -65,7 +65,13 @@ impl Daemon {
         }
         self.pools.write().insert(req.name.clone(), Arc::new(engine));
         self.persist()?;
-        info!(pool = %req.name, "pool created");
+        let n = req.disks.len() + req.cache_disks.len();
+        self.changed(
+            "pool.created",
+            &req.name,
+            None,
+            format!("pool {} created on {n} disk(s)", req.name),
+        );
         self.pool_summary(&req.name)
     }
 
@@ -117,18 +123,8 @@ impl Daemon {
         };
         let pool = e.pool();
         let disks = pool.disks();
-        let (_, repair) = e.layouts().repair_needed();
-        let sets = unhealthy_sets(&e);
+        let (health, repair) = pool_health(&e);
         let healthy_disks = disks.iter().filter(|d| d.info.state == DiskState::Healthy).count();
-        // A failed or retired disk that holds nothing any more does not make the pool degraded:
-        // every slab set has its full redundancy.
-        let health = if sets.iter().any(|s| s.state == "failed") {
-            PoolHealth::Failed
-        } else if !sets.is_empty() || repair > 0 {
-            PoolHealth::Degraded
-        } else {
-            PoolHealth::Healthy
-        };
         let idle: Vec<&str> = disks
             .iter()
             .filter(|d| !matches!(d.info.state, DiskState::Healthy | DiskState::Spare) && d.slabs_used == 0)
@@ -195,12 +191,29 @@ impl Daemon {
             };
             let threshold = self.cfg.thin_threshold_percent as u64;
             if pct >= threshold && warned.insert(name.clone()) {
-                warn!(pool = %name, allocated_percent = pct, threshold, "pool past its thin provisioning threshold");
+                self.events.record(
+                    NewEvent::new(
+                        Severity::Warning,
+                        "pool.thin_threshold",
+                        format!(
+                            "pool {name} is {pct}% allocated, past its thin provisioning threshold of {threshold}%: \
+                             add a disk or free space before writes fail"
+                        ),
+                    )
+                    .pool(&name),
+                );
                 for lun in self.targets.luns_of_pool(&name) {
                     lun.unit_attention(tessera_scsi::sense::THIN_PROVISIONING_SOFT_THRESHOLD_REACHED, None);
                 }
             } else if pct + 5 < threshold && warned.remove(&name) {
-                info!(pool = %name, allocated_percent = pct, threshold, "pool back under its thin provisioning threshold");
+                self.events.record(
+                    NewEvent::new(
+                        Severity::Info,
+                        "pool.thin_threshold_cleared",
+                        format!("pool {name} is back under its thin provisioning threshold ({pct}% allocated)"),
+                    )
+                    .pool(&name),
+                );
             }
         }
     }
@@ -271,6 +284,7 @@ impl Daemon {
         self.pools.write().insert(name.to_string(), Arc::new(engine));
         self.unavailable.write().remove(name);
         self.persist()?;
+        self.changed("pool.imported", name, None, format!("pool {name} imported"));
         let resolve = |vd: &str| {
             let (p, v) = vd.split_once('/')?;
             self.vdisk(p, v).ok()
@@ -327,7 +341,7 @@ impl Daemon {
         let e = self.take_pool(name, "export")?;
         e.export()?;
         self.persist()?;
-        info!(pool = name, "pool exported");
+        self.changed("pool.exported", name, None, format!("pool {name} exported"));
         Ok(())
     }
 
@@ -345,7 +359,7 @@ impl Daemon {
         e.destroy()?;
         self.auto_repair.forget(name)?;
         self.persist()?;
-        info!(pool = name, "pool destroyed");
+        self.changed("pool.destroyed", name, None, format!("pool {name} destroyed"));
         Ok(())
     }
 
@@ -460,6 +474,22 @@ fn disk_views(e: &Engine) -> Vec<DiskView> {
             v
         })
         .collect()
+}
+
+/// The pool's health and the bytes its repair would rebuild or move. A failed or retired disk
+/// that holds nothing any more does not make the pool degraded: every slab set has its full
+/// redundancy.
+pub(crate) fn pool_health(e: &Engine) -> (PoolHealth, u64) {
+    let (_, repair) = e.layouts().repair_needed();
+    let sets = unhealthy_sets(e);
+    let health = if sets.iter().any(|s| s.state == "failed") {
+        PoolHealth::Failed
+    } else if !sets.is_empty() || repair > 0 {
+        PoolHealth::Degraded
+    } else {
+        PoolHealth::Healthy
+    };
+    (health, repair)
 }
 
 fn unhealthy_sets(e: &Engine) -> Vec<SetHealthView> {

@@ -7,7 +7,19 @@ impl Daemon {
         let e = self.engine(pool)?;
         let spec = vdisk_spec(&e, req);
         let v = e.create_vdisk(&spec)?;
-        Ok(vdisk_view(pool, &e, &v))
+        let view = vdisk_view(pool, &e, &v);
+        self.changed(
+            "vdisk.created",
+            pool,
+            Some(format!("{pool}/{}", view.name)),
+            format!(
+                "vdisk {pool}/{} created: {}, {}",
+                view.name,
+                crate::units::format_size(view.size),
+                view.layout_description
+            ),
+        );
+        Ok(view)
     }
 
     /// A thin copy-on-write clone of a vdisk, in the same pool.
@@ -20,7 +32,17 @@ impl Daemon {
             )));
         }
         let (v, stats) = e.clone_vdisk(src, &req.name)?;
-        info!(pool, source = src, clone = %req.name, shared = stats.shared_bytes, copied = stats.copied_bytes, "vdisk cloned");
+        self.changed(
+            "vdisk.cloned",
+            pool,
+            Some(format!("{pool}/{}", req.name)),
+            format!(
+                "vdisk {pool}/{} cloned from {src}: {} shared, {} copied",
+                req.name,
+                crate::units::format_size(stats.shared_bytes),
+                crate::units::format_size(stats.copied_bytes)
+            ),
+        );
         Ok(CloneView {
             vdisk: vdisk_view(pool, &e, &v),
             shared_bytes: stats.shared_bytes,
@@ -57,7 +79,16 @@ impl Daemon {
         let (e, _) = self.vdisk(pool, vdisk)?;
         let started = std::time::Instant::now();
         let s = e.snapshot(vdisk, &req.name)?;
-        info!(pool, vdisk, snapshot = %req.name, took_ms = started.elapsed().as_millis() as u64, "snapshot taken");
+        self.changed(
+            "snapshot.created",
+            pool,
+            Some(format!("{pool}/{vdisk}@{}", req.name)),
+            format!(
+                "snapshot {pool}/{vdisk}@{} taken in {} ms",
+                req.name,
+                started.elapsed().as_millis()
+            ),
+        );
         Ok(snapshot_view(pool, &s))
     }
 
@@ -138,6 +169,12 @@ impl Daemon {
             )));
         }
         e.delete_vdisk(name)?;
+        let (kind, what) = if name.contains('@') {
+            ("snapshot.deleted", "snapshot")
+        } else {
+            ("vdisk.deleted", "vdisk")
+        };
+        self.changed(kind, pool, Some(target.clone()), format!("{what} {target} deleted"));
         // A vdisk made later under this name starts its counters from zero.
         self.io_metrics.forget_vdisk(pool, name);
         Ok(())

@@ -1,0 +1,168 @@
+//! Events from changes of state: every few seconds the daemon compares each imported pool's
+//! health and its disks' states with what it saw last, and records what changed (a disk
+//! failed, went missing, came back; the pool went degraded, failed, or is healthy again).
+//! A pool seen for the first time (at start, at import) is reported only if it is not healthy.
+
+use std::collections::BTreeMap;
+
+use parking_lot::Mutex;
+use tessera_pool::DiskState;
+
+use crate::daemon::pool_health;
+use crate::events::{NewEvent, Severity};
+use crate::model::PoolHealth;
+use crate::Daemon;
+
+/// What the daemon last saw of a pool.
+#[derive(Debug, Clone, PartialEq)]
+struct Seen {
+    health: PoolHealth,
+    /// Per disk id: its path and state.
+    disks: BTreeMap<String, (String, DiskState)>,
+}
+
+#[derive(Default)]
+pub struct HealthWatch {
+    pools: Mutex<BTreeMap<String, Seen>>,
+}
+
+fn state_name(s: DiskState) -> &'static str {
+    match s {
+        DiskState::Healthy => "healthy",
+        DiskState::Spare => "a spare",
+        DiskState::Failed => "failed",
+        DiskState::Missing => "missing",
+        DiskState::Retired => "retired",
+    }
+}
+
+/// The event of a disk entering `now` from `before` (None: a disk just added).
+fn disk_event(path: &str, before: Option<DiskState>, now: DiskState) -> NewEvent {
+    let (severity, kind, message) = match (before, now) {
+        (None, _) => (
+            Severity::Info,
+            "disk.added",
+            format!("disk {path} joined the pool as {}", state_name(now)),
+        ),
+        (_, DiskState::Failed) => (Severity::Error, "disk.failed", format!("disk {path} failed")),
+        (_, DiskState::Missing) => (Severity::Error, "disk.missing", format!("disk {path} is missing")),
+        (_, DiskState::Retired) => (
+            Severity::Warning,
+            "disk.retired",
+            format!("disk {path} was retired: no new data goes to it"),
+        ),
+        (Some(b), DiskState::Healthy | DiskState::Spare) => (
+            Severity::Info,
+            "disk.back",
+            format!("disk {path} is {} again (it was {})", state_name(now), state_name(b)),
+        ),
+    };
+    NewEvent::new(severity, kind, message).subject(path)
+}
+
+fn pool_event(name: &str, before: Option<PoolHealth>, now: PoolHealth, repair: u64) -> Option<NewEvent> {
+    let first = before.is_none();
+    let (severity, kind, message) = match now {
+        PoolHealth::Healthy if first => return None,
+        PoolHealth::Healthy => (
+            Severity::Info,
+            "pool.healthy",
+            format!("pool {name} is healthy again: every slab set has its full redundancy"),
+        ),
+        PoolHealth::Degraded => (
+            Severity::Error,
+            "pool.degraded",
+            format!(
+                "pool {name} is degraded: {} to rebuild or move before it has its full redundancy again",
+                crate::units::format_size(repair)
+            ),
+        ),
+        PoolHealth::Failed => (
+            Severity::Critical,
+            "pool.failed",
+            format!("pool {name} failed: some slab sets lost more disks than their layout tolerates, their data is unreadable until a disk comes back"),
+        ),
+        PoolHealth::Unavailable => (Severity::Critical, "pool.unavailable", format!("pool {name} is unavailable")),
+    };
+    Some(NewEvent::new(severity, kind, message).pool(name))
+}
+
+impl Daemon {
+    /// Looks at every imported pool once and records what changed since the last look.
+    pub fn health_events_tick(&self) {
+        let engines = self.engines();
+        let mut seen = self.health_watch.pools.lock();
+        seen.retain(|name, _| engines.iter().any(|(n, _)| n == name));
+        for (name, e) in engines {
+            let (health, repair) = pool_health(&e);
+            let disks: BTreeMap<String, (String, DiskState)> = e
+                .pool()
+                .disks()
+                .iter()
+                .map(|d| (d.info.id.to_string(), (d.info.path.clone(), d.info.state)))
+                .collect();
+            let before = seen.get(&name);
+            for (id, (path, state)) in &disks {
+                let was = before.map(|b| b.disks.get(id).map(|(_, s)| *s));
+                match was {
+                    // First look at the pool: only what is out of service.
+                    None if matches!(state, DiskState::Healthy | DiskState::Spare) => {}
+                    None => {
+                        self.events
+                            .record(disk_event(path, Some(DiskState::Healthy), *state).pool(&name));
+                    }
+                    Some(w) if w == Some(*state) => {}
+                    Some(w) => {
+                        self.events.record(disk_event(path, w, *state).pool(&name));
+                    }
+                }
+            }
+            if let Some(b) = before {
+                for (id, (path, _)) in &b.disks {
+                    if !disks.contains_key(id) {
+                        self.events.record(
+                            NewEvent::new(Severity::Info, "disk.removed", format!("disk {path} left the pool"))
+                                .pool(&name)
+                                .subject(path.clone()),
+                        );
+                    }
+                }
+            }
+            if before.map(|b| b.health) != Some(health) {
+                if let Some(ev) = pool_event(&name, before.map(|b| b.health), health, repair) {
+                    self.events.record(ev);
+                }
+            }
+            seen.insert(name, Seen { health, disks });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_name_the_change() {
+        let e = disk_event("/d/1", Some(DiskState::Healthy), DiskState::Failed);
+        assert_eq!((e.kind.as_str(), e.severity), ("disk.failed", Severity::Error));
+        let e = disk_event("/d/1", Some(DiskState::Missing), DiskState::Healthy);
+        assert_eq!(e.kind, "disk.back");
+        assert!(e.message.contains("was missing"), "{}", e.message);
+        assert_eq!(disk_event("/d/2", None, DiskState::Spare).kind, "disk.added");
+        assert!(pool_event("p", None, PoolHealth::Healthy, 0).is_none());
+        let e = pool_event("p", Some(PoolHealth::Healthy), PoolHealth::Degraded, 1 << 30).unwrap();
+        assert_eq!((e.kind.as_str(), e.severity), ("pool.degraded", Severity::Error));
+        assert!(
+            e.message.contains("1.0 GiB") || e.message.contains("1 GiB"),
+            "{}",
+            e.message
+        );
+        let e = pool_event("p", Some(PoolHealth::Degraded), PoolHealth::Healthy, 0).unwrap();
+        assert_eq!(e.kind, "pool.healthy");
+        assert_eq!(
+            pool_event("p", None, PoolHealth::Failed, 0).unwrap().severity,
+            Severity::Critical
+        );
+    }
+}
