@@ -7,7 +7,8 @@ want=(clang libclang-dev)                       # RocksDB's bindings are generat
 want+=(libssl-dev pkg-config)                   # NBD's TLS links the system OpenSSL
 case "${1:-build}" in
   test)  want+=(fio libiscsi-bin libnbd-bin qemu-utils qemu-block-extra)
-         want+=(prometheus) ;;                   # promtool checks the /metrics output
+         want+=(prometheus)                      # promtool checks the /metrics output
+         want+=(chromium chromium-driver) ;;     # the dashboard's browser test (WebDriver)
   bench) want+=(fio bc tgt libiscsi-bin libnbd-bin qemu-utils qemu-block-extra)
          want+=(mmdebstrap e2fsprogs postgresql restic borgbackup) ;;  # bench/dedup-*.sh
 esac

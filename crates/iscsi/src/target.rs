@@ -276,4 +276,17 @@ impl Registry {
     pub fn session_count(&self) -> usize {
         self.sessions.lock().len()
     }
+
+    /// The sessions logged in now: (initiator, target, TSIH); discovery sessions have an
+    /// empty target.
+    pub fn sessions(&self) -> Vec<(String, String, u16)> {
+        let mut v: Vec<_> = self
+            .sessions
+            .lock()
+            .iter()
+            .map(|((i, _, t), e)| (i.clone(), t.clone(), e.tsih))
+            .collect();
+        v.sort();
+        v
+    }
 }

@@ -63,6 +63,8 @@ pub struct Daemon {
     pub stopping: Arc<std::sync::atomic::AtomicBool>,
     /// I/O counters and latency histograms of the protocol front ends, for `/metrics`.
     pub io_metrics: Arc<crate::metrics::IoMetrics>,
+    /// The last hour of I/O per vdisk, for the dashboard.
+    pub io_history: crate::io_history::IoHistory,
     /// When the daemon started, in seconds since the Unix epoch.
     pub started_unix: u64,
     /// What happened, for `tessera events`, the journal and the hook.
@@ -131,6 +133,7 @@ impl Daemon {
             dedup_schedule: Default::default(),
             stopping: Default::default(),
             io_metrics,
+            io_history: Default::default(),
             started_unix: crate::jobs::unix_now(),
             events,
             health_watch: Default::default(),

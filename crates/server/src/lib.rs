@@ -12,6 +12,7 @@ pub mod error;
 pub mod events;
 pub mod health_events;
 pub mod image;
+pub mod io_history;
 pub mod jobs;
 pub mod lock;
 pub mod logging;

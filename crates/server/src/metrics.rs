@@ -25,7 +25,7 @@ use crate::model::{PoolHealth, ScrubRunState};
 use tessera_volume::DiskState;
 
 /// Latency buckets, in seconds: 50 µs to 10 s, about three per decade.
-const LATENCY_BUCKETS: [f64; 17] = [
+pub const LATENCY_BUCKETS: [f64; 17] = [
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
@@ -112,6 +112,35 @@ impl IoMetrics {
             .clone()
     }
 
+    /// What every vdisk has done so far, all protocols together: reads and writes, and the
+    /// latency histogram of both, for the dashboard's history.
+    pub fn totals(&self) -> BTreeMap<(String, String), IoTotals> {
+        use prometheus::core::Metric;
+        let mut out: BTreeMap<(String, String), IoTotals> = BTreeMap::new();
+        for ((_, pool, vdisk), m) in self.meters.lock().iter() {
+            let t = out.entry((pool.clone(), vdisk.clone())).or_insert_with(|| IoTotals {
+                buckets: vec![0; LATENCY_BUCKETS.len()],
+                ..Default::default()
+            });
+            for op in [IoOp::Read, IoOp::Write] {
+                let o = &m.ops[op as usize];
+                let (ops, bytes) = (o.ops.get(), o.bytes.get());
+                if op == IoOp::Read {
+                    (t.read_ops, t.read_bytes) = (t.read_ops + ops, t.read_bytes + bytes);
+                } else {
+                    (t.write_ops, t.write_bytes) = (t.write_ops + ops, t.write_bytes + bytes);
+                }
+                let h = o.latency.metric();
+                let h = h.get_histogram();
+                t.count += h.get_sample_count();
+                for (i, b) in h.get_bucket().iter().enumerate().take(LATENCY_BUCKETS.len()) {
+                    t.buckets[i] += b.cumulative_count();
+                }
+            }
+        }
+        out
+    }
+
     /// Forgets the series of a vdisk deleted (or renamed away), so a scrape stops showing it.
     pub fn forget_vdisk(&self, pool: &str, vdisk: &str) {
         let mut meters = self.meters.lock();
@@ -131,6 +160,18 @@ impl IoMetrics {
             }
         }
     }
+}
+
+/// Reads and writes of one vdisk since the daemon started.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct IoTotals {
+    pub read_ops: u64,
+    pub write_ops: u64,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+    /// Requests answered within each of [`LATENCY_BUCKETS`] (cumulative), and in all.
+    pub buckets: Vec<u64>,
+    pub count: u64,
 }
 
 struct OpMeter {
@@ -526,13 +567,18 @@ fn collect_state(d: &Daemon, r: &Registry) {
         jobs.with_label_values(&[kind.as_str(), state]).set(n);
     }
 
-    let sessions = s.gauge("tessera_iscsi_sessions", "iSCSI sessions logged in", &[]);
-    sessions
-        .with_label_values(&[] as &[&str])
-        .set(d.targets.registry.session_count() as i64);
+    let sessions = s.gauge(
+        "tessera_iscsi_sessions",
+        "iSCSI sessions logged in, by target (\"\" for discovery sessions)",
+        &["target"],
+    );
+    for (_, target, _) in d.targets.registry.sessions() {
+        sessions.with_label_values(&[target.as_str()]).inc();
+    }
     let luns = s.gauge("tessera_iscsi_luns", "LUNs presented, by target", &["target"]);
     for t in d.list_targets() {
         luns.with_label_values(&[t.iqn.as_str()]).set(t.luns.len() as i64);
+        sessions.with_label_values(&[t.iqn.as_str()]).add(0);
     }
     let conns = s.gauge(
         "tessera_nbd_connections",

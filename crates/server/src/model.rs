@@ -498,6 +498,17 @@ pub struct TargetView {
     pub allow_any_initiator: bool,
     /// CHAP user names; the secrets are never shown.
     pub chap: Option<ChapView>,
+    /// The sessions logged in to it now.
+    #[serde(default)]
+    pub sessions: Vec<SessionView>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[schemars(rename = "Session")]
+pub struct SessionView {
+    pub initiator: String,
+    /// The target's handle of the session.
+    pub tsih: u16,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]

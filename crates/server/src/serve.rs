@@ -113,11 +113,11 @@ async fn serve(cfg: ServerConfig) -> Result<(), String> {
         None => crate::api::auth::load_or_create_token(&daemon.cfg.state_dir),
     };
     if let Some(t) = tcp {
-        let guard = crate::api::auth::Guard {
-            token: token()?,
-            listen: t.local_addr().map_err(|e| e.to_string())?,
-            names: daemon.cfg.api_allowed_hosts.clone(),
-        };
+        let guard = crate::api::auth::Guard::new(
+            token()?,
+            t.local_addr().map_err(|e| e.to_string())?,
+            daemon.cfg.api_allowed_hosts.clone(),
+        );
         let r = crate::api::router(daemon.clone(), Some(Arc::new(guard)));
         servers.push(tokio::spawn(
             axum::serve(t, r.into_make_service())
@@ -126,11 +126,12 @@ async fn serve(cfg: ServerConfig) -> Result<(), String> {
         ));
     }
     if let Some(m) = metrics {
-        let guard = crate::api::auth::Guard {
-            token: token()?,
-            listen: m.local_addr().map_err(|e| e.to_string())?,
-            names: daemon.cfg.api_allowed_hosts.clone(),
-        };
+        let guard = crate::api::auth::Guard::new(
+            token()?,
+            m.local_addr().map_err(|e| e.to_string())?,
+            daemon.cfg.api_allowed_hosts.clone(),
+        )
+        .without_dashboard();
         let r = crate::api::metrics_router(daemon.clone(), Arc::new(guard));
         servers.push(tokio::spawn(
             axum::serve(m, r.into_make_service())
@@ -164,6 +165,15 @@ async fn serve(cfg: ServerConfig) -> Result<(), String> {
                 d.dedup_tick();
             })
             .await;
+        }
+    });
+    // Sample the I/O meters for the dashboard's charts.
+    let sampled = daemon.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(crate::io_history::INTERVAL);
+        loop {
+            tick.tick().await;
+            sampled.io_history.sample(&sampled.io_metrics);
         }
     });
     info!(state_dir = %daemon.cfg.state_dir.display(), "ready");
@@ -250,6 +260,15 @@ fn banner(
         }
     }
     s += "\n";
+    if let Some(a) = tcp {
+        // Listening on every address: this host's loopback one reaches it.
+        let ip = match a.ip() {
+            ip if ip.is_unspecified() => std::net::IpAddr::from([127, 0, 0, 1]),
+            ip => ip,
+        };
+        let addr = SocketAddr::new(ip, a.port());
+        s += &format!("  dashboard: http://{addr}/ (log in with the API's bearer token)\n");
+    }
     if let Some(m) = metrics {
         s += &format!("  metrics: http://{m}/metrics (the API's bearer token)\n");
     }

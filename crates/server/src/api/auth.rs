@@ -3,15 +3,26 @@
 //! or a name the configuration allows), so that a DNS name rebound to this host by a web page
 //! is refused; and a browser's request from another origin is refused. The unix socket needs
 //! none of this: only its owner can open it.
+//!
+//! A browser shows the token once, in the dashboard's login form (`POST /ui/login`), and gets a
+//! session cookie for it: random, `HttpOnly` (no script reads it), `SameSite=Strict` (no other
+//! site's page sends it), valid [`SESSION_LIFETIME`] or until `POST /ui/logout`. A request
+//! without the token or a live session is refused: 401 with the login form for a page, 401
+//! JSON for the API.
 
+use std::collections::HashMap;
 use std::io::Write;
 use std::net::{IpAddr, SocketAddr};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
 
 use axum::extract::{Request, State};
-use axum::http::header::{AUTHORIZATION, HOST, ORIGIN};
+use axum::http::header::{AUTHORIZATION, CONTENT_TYPE, COOKIE, HOST, LOCATION, ORIGIN, SET_COOKIE};
+use axum::http::Method;
 use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -22,6 +33,12 @@ use crate::error::{code, ApiError};
 /// The file in the state directory that holds the token the daemon made for itself.
 pub const TOKEN_FILE: &str = "api-token";
 
+/// How long a dashboard login lasts.
+pub const SESSION_LIFETIME: Duration = Duration::from_secs(12 * 3600);
+/// Logins kept at once; the oldest goes first.
+const MAX_SESSIONS: usize = 64;
+const SESSION_COOKIE: &str = "tessera_session";
+
 /// What a TCP listener checks.
 pub struct Guard {
     pub token: String,
@@ -29,9 +46,48 @@ pub struct Guard {
     pub listen: SocketAddr,
     /// Other names the API may be reached by (api_allowed_hosts), lowercase.
     pub names: Vec<String>,
+    /// Dashboard logins: session id → when it was made.
+    pub sessions: Mutex<HashMap<String, Instant>>,
+    /// Whether this listener serves the dashboard (and its login); not `metrics_listen`.
+    pub dashboard: bool,
 }
 
 impl Guard {
+    pub fn new(token: String, listen: SocketAddr, names: Vec<String>) -> Guard {
+        Guard {
+            token,
+            listen,
+            names,
+            sessions: Mutex::new(HashMap::new()),
+            dashboard: true,
+        }
+    }
+
+    /// For a listener that serves no pages: the bearer token only.
+    pub fn without_dashboard(mut self) -> Guard {
+        self.dashboard = false;
+        self
+    }
+
+    fn session_valid(&self, id: &str) -> bool {
+        let mut s = self.sessions.lock();
+        s.retain(|_, made| made.elapsed() < SESSION_LIFETIME);
+        // Compared in constant time, as the token is.
+        s.keys().any(|k| constant_time_eq(k.as_bytes(), id.as_bytes()))
+    }
+
+    fn new_session(&self) -> Result<String, String> {
+        let id = random_hex(32)?;
+        let mut s = self.sessions.lock();
+        if s.len() >= MAX_SESSIONS {
+            if let Some(oldest) = s.iter().min_by_key(|(_, t)| **t).map(|(k, _)| k.clone()) {
+                s.remove(&oldest);
+            }
+        }
+        s.insert(id.clone(), Instant::now());
+        Ok(id)
+    }
+
     /// Whether `host` (a Host header or an Origin's authority: `name[:port]`, `[v6]:port`)
     /// names this listener.
     pub fn host_allowed(&self, host: &str) -> bool {
@@ -96,15 +152,152 @@ pub async fn check(State(g): State<Arc<Guard>>, req: Request, next: Next) -> Res
             .into_response();
         }
     }
+    let path = req.uri().path().to_string();
+    if g.dashboard && req.method() == Method::POST && path == "/ui/login" {
+        return login(&g, req).await;
+    }
     let given = headers
         .get(AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
-    match given {
-        Some(t) if constant_time_eq(t.as_bytes(), g.token.as_bytes()) => next.run(req).await,
-        _ => ApiError::unauthorized().into_response(),
+    let session = session_cookie(headers).filter(|_| g.dashboard);
+    let admitted = match (given, &session) {
+        (Some(t), _) => constant_time_eq(t.as_bytes(), g.token.as_bytes()),
+        (None, Some(id)) => g.session_valid(id),
+        (None, None) => false,
+    };
+    if admitted {
+        if req.method() == Method::POST && path == "/ui/logout" {
+            if let Some(id) = session {
+                g.sessions.lock().remove(&id);
+            }
+            return redirect_home(Some(format!(
+                "{SESSION_COOKIE}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0"
+            )));
+        }
+        return next.run(req).await;
     }
+    if g.dashboard && is_page(&path) {
+        return login_page(StatusCode::UNAUTHORIZED, None);
+    }
+    ApiError::unauthorized().into_response()
+}
+
+/// Paths a browser navigates to (the dashboard), as opposed to the API and the metrics.
+fn is_page(path: &str) -> bool {
+    path == "/" || path.starts_with("/ui/")
+}
+
+fn session_cookie(headers: &axum::http::HeaderMap) -> Option<String> {
+    headers
+        .get_all(COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .find_map(|c| {
+            c.trim()
+                .strip_prefix(SESSION_COOKIE)?
+                .strip_prefix('=')
+                .map(str::to_string)
+        })
+        .filter(|v| !v.is_empty())
+}
+
+/// `POST /ui/login` with the form's `token`: a session cookie and the way home, or the form
+/// again with why.
+async fn login(g: &Guard, req: Request) -> Response {
+    let body = match axum::body::to_bytes(req.into_body(), 8192).await {
+        Ok(b) => b,
+        Err(_) => return login_page(StatusCode::PAYLOAD_TOO_LARGE, Some("The form was too large.")),
+    };
+    let token = form_value(&String::from_utf8_lossy(&body), "token").unwrap_or_default();
+    if !constant_time_eq(token.trim().as_bytes(), g.token.as_bytes()) {
+        warn!("dashboard login refused: wrong token");
+        // A guesser waits for each answer (the token itself is far beyond guessing).
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        return login_page(StatusCode::UNAUTHORIZED, Some("That is not the API token."));
+    }
+    match g.new_session() {
+        Ok(id) => redirect_home(Some(format!(
+            "{SESSION_COOKIE}={id}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}",
+            SESSION_LIFETIME.as_secs()
+        ))),
+        Err(e) => ApiError::io(e).into_response(),
+    }
+}
+
+fn redirect_home(cookie: Option<String>) -> Response {
+    let mut r = StatusCode::SEE_OTHER.into_response();
+    r.headers_mut()
+        .insert(LOCATION, axum::http::HeaderValue::from_static("/"));
+    if let Some(c) = cookie.and_then(|c| axum::http::HeaderValue::from_str(&c).ok()) {
+        r.headers_mut().insert(SET_COOKIE, c);
+    }
+    r
+}
+
+/// The login form: all a page shows without the token.
+pub fn login_page(status: StatusCode, problem: Option<&str>) -> Response {
+    let problem = problem
+        .map(|p| format!("<p class=\"problem\" id=\"problem\">{p}</p>"))
+        .unwrap_or_default();
+    let html = format!(
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Tessera: log in</title>\
+         <meta name=\"viewport\" content=\"width=device-width\"></head>\
+         <body>\
+         <h1>Tessera</h1><p>Give the API token: the one in the daemon's configuration, or \
+         <code>&lt;state dir&gt;/api-token</code>.</p>{problem}\
+         <form method=\"post\" action=\"/ui/login\"><input type=\"password\" name=\"token\" id=\"token\" \
+         autocomplete=\"current-password\" size=\"40\" autofocus> <button type=\"submit\" id=\"login\">Log in</button></form>\
+         </body></html>"
+    );
+    let mut r = (status, html).into_response();
+    r.headers_mut().insert(
+        CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    crate::api::dashboard::secure_page_headers(r.headers_mut());
+    r
+}
+
+/// The value of `key` in a urlencoded form.
+fn form_value(form: &str, key: &str) -> Option<String> {
+    form.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=')?;
+        (k == key).then(|| percent_decode(v))
+    })
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let hex = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match (
+            b[i],
+            b.get(i + 1).copied().and_then(hex),
+            b.get(i + 2).copied().and_then(hex),
+        ) {
+            (b'+', _, _) => out.push(b' '),
+            (b'%', Some(h), Some(l)) => {
+                out.push(h << 4 | l);
+                i += 2;
+            }
+            (c, _, _) => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn random_hex(n: usize) -> Result<String, String> {
+    let mut raw = vec![0u8; n];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut raw))
+        .map_err(|e| format!("cannot read /dev/urandom: {e}"))?;
+    Ok(raw.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// Compares without an early exit, so that timing does not tell how much of a guess was right.
@@ -141,11 +334,7 @@ pub fn load_or_create_token(state_dir: &Path) -> Result<String, String> {
             Ok(t)
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let mut raw = [0u8; 32];
-            std::fs::File::open("/dev/urandom")
-                .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut raw))
-                .map_err(|e| format!("cannot read /dev/urandom for the API token: {e}"))?;
-            let token: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+            let token = random_hex(32).map_err(|e| format!("no API token made: {e}"))?;
             let mut f = std::fs::OpenOptions::new()
                 .write(true)
                 .create_new(true)
@@ -167,11 +356,31 @@ mod tests {
     use super::*;
 
     fn guard(listen: &str, names: &[&str]) -> Guard {
-        Guard {
-            token: "t".repeat(32),
-            listen: listen.parse().unwrap(),
-            names: names.iter().map(|s| s.to_string()).collect(),
+        Guard::new(
+            "t".repeat(32),
+            listen.parse().unwrap(),
+            names.iter().map(|s| s.to_string()).collect(),
+        )
+    }
+
+    #[test]
+    fn forms_and_sessions() {
+        assert_eq!(form_value("a=1&token=ab%2Bc+d%zz", "token").unwrap(), "ab+c d%zz");
+        assert_eq!(form_value("token=x%4", "token").unwrap(), "x%4");
+        assert_eq!(form_value("nothing", "token"), None);
+        let g = guard("127.0.0.1:8484", &[]);
+        let id = g.new_session().unwrap();
+        assert_eq!(id.len(), 64);
+        assert!(g.session_valid(&id));
+        assert!(!g.session_valid("0000"));
+        for _ in 0..MAX_SESSIONS {
+            g.new_session().unwrap();
         }
+        assert!(!g.session_valid(&id), "the oldest goes first");
+        assert_eq!(g.sessions.lock().len(), MAX_SESSIONS);
+        let mut h = axum::http::HeaderMap::new();
+        h.insert(COOKIE, "a=b; tessera_session=abc".parse().unwrap());
+        assert_eq!(session_cookie(&h).as_deref(), Some("abc"));
     }
 
     #[test]

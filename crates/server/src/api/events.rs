@@ -1,6 +1,6 @@
 //! The event log over HTTP: `GET /api/events` lists, `GET /api/events/stream` follows as
-//! server-sent events (`text/event-stream`: one `id:`/`event:`/`data:` block per event, the
-//! data the event's JSON), the backlog after `?after=SEQ` first. Both take `after`,
+//! server-sent events (`text/event-stream`: one `id:`/`data:` block per event, the data the
+//! event's JSON), the backlog after `?after=SEQ` first. Both take `after`,
 //! `severity` (the least one), `pool`; the list also `limit`.
 
 use std::convert::Infallible;
@@ -139,7 +139,6 @@ pub async fn stream_events(
         let e = f.next().await?;
         let sse = SseEvent::default()
             .id(e.seq.to_string())
-            .event(e.kind.clone())
             .json_data(&e)
             .expect("serializable");
         Some((Ok(sse), f))

@@ -3,6 +3,7 @@
 
 pub mod auth;
 mod body;
+pub mod dashboard;
 pub mod events;
 mod handlers;
 pub mod openapi;
@@ -24,6 +25,9 @@ pub use body::Body;
 pub fn router(daemon: Arc<Daemon>, guard: Option<Arc<auth::Guard>>) -> Router {
     use handlers::*;
     let r = Router::new()
+        .route("/", get(dashboard::index))
+        .route("/ui/{file}", get(dashboard::ui_file))
+        .route("/api/stats/io", get(dashboard::io_stats))
         .route("/api/health", get(health))
         .route("/metrics", get(metrics))
         .route("/api/openapi.json", get(openapi_doc))

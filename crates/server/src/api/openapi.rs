@@ -321,6 +321,13 @@ pub const ROUTES: &[RouteDoc] = &[
     ),
     r(
         "get",
+        "/api/stats/io",
+        "The last hour (or `?minutes=N`) of I/O per vdisk, one point per 5 seconds: IOPS, bytes per second, latency p50 and p99",
+        None,
+        Some((200, schema::<crate::io_history::IoHistoryView>)),
+    ),
+    r(
+        "get",
         "/api/events",
         "The event log, oldest first: the newest `limit` (default 100), or the oldest after `?after=SEQ`; `severity` (the least) and `pool` filter",
         None,

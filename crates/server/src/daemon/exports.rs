@@ -27,7 +27,16 @@ impl Daemon {
                 }
             })
             .collect();
+        let sessions = self
+            .targets
+            .registry
+            .sessions()
+            .into_iter()
+            .filter(|(_, t, _)| *t == cfg.iqn)
+            .map(|(initiator, _, tsih)| SessionView { initiator, tsih })
+            .collect();
         Ok(TargetView {
+            sessions,
             iqn: cfg.iqn,
             luns,
             acl: cfg.acl,

@@ -448,6 +448,8 @@ impl Daemon {
             }
         }
         warn!(pool, disk, action, "disk state changed by the administrator");
+        // Told now, not at the next look: the disk's event and the pool's.
+        self.health_events_tick();
         disk_views(&e)
             .into_iter()
             .find(|d| d.position == pos)

@@ -1,0 +1,408 @@
+//! The dashboard in a real browser: headless Chromium driven over WebDriver (Debian
+//! `chromium` and `chromium-driver`). Logs in with the token, creates a pool and a vdisk
+//! through the wizards and presents it over iSCSI, checks that with the CLI and `iscsi-inq`,
+//! fails a disk and sees the pool turn degraded, repairs it and sees the repair finish. Every
+//! page and route refuses without the token. With TESSERA_SCREENSHOTS=DIR, the main pages'
+//! screenshots are written there (docs/dashboard/ holds the ones the docs show).
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use common::*;
+use serde_json::{json, Value};
+
+const TOKEN: &str = "dashboard-token-0123456789abcdef";
+const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
+
+/// One WebDriver request. chromedriver keeps connections open whatever the request asks, so
+/// the answer is read to its Content-Length, not to the end of the stream.
+fn wd(addr: &str, method: &str, path: &str, body: Option<&str>) -> Resp {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let body = body.unwrap_or("");
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).unwrap();
+    let mut r = BufReader::new(s);
+    let mut status_line = String::new();
+    r.read_line(&mut status_line).unwrap();
+    let status = status_line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let mut len = 0usize;
+    loop {
+        let mut line = String::new();
+        r.read_line(&mut line).unwrap();
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = line.split_once(':') {
+            if k.eq_ignore_ascii_case("content-length") {
+                len = v.trim().parse().unwrap();
+            }
+        }
+    }
+    let mut buf = vec![0u8; len];
+    r.read_exact(&mut buf).unwrap();
+    Resp {
+        status,
+        body: String::from_utf8_lossy(&buf).into_owned(),
+    }
+}
+
+/// A WebDriver session with chromedriver: the few W3C WebDriver commands the test needs,
+/// spoken as JSON over HTTP.
+struct Browser {
+    driver: Child,
+    addr: String,
+    session: String,
+}
+
+impl Browser {
+    fn start() -> Browser {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let driver = Command::new("chromedriver")
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("chromedriver (Debian chromium-driver) is installed by scripts/install-deps.sh test");
+        let addr = format!("127.0.0.1:{port}");
+        let t = Instant::now();
+        while std::net::TcpStream::connect(&addr).is_err() {
+            assert!(t.elapsed() < Duration::from_secs(20), "chromedriver did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let mut b = Browser {
+            driver,
+            addr,
+            session: String::new(),
+        };
+        let caps = json!({"capabilities": {"alwaysMatch": {
+            "browserName": "chrome",
+            "goog:chromeOptions": {
+                "binary": "/usr/bin/chromium",
+                "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                         "--window-size=1400,1000", "--lang=en-GB"]
+            }
+        }}});
+        let v = b.call("POST", "/session", Some(caps));
+        b.session = v["sessionId"].as_str().expect("a session").to_string();
+        b
+    }
+
+    fn call(&self, method: &str, path: &str, body: Option<Value>) -> Value {
+        let body = body.map(|b| b.to_string());
+        let r = wd(&self.addr, method, path, body.as_deref());
+        let v: Value = serde_json::from_str(&r.body).unwrap_or(Value::Null);
+        assert_eq!(r.status, 200, "WebDriver {method} {path}: {}", r.body);
+        v["value"].clone()
+    }
+
+    fn cmd(&self, method: &str, what: &str, body: Option<Value>) -> Value {
+        self.call(method, &format!("/session/{}{what}", self.session), body)
+    }
+
+    fn go(&self, url: &str) {
+        self.cmd("POST", "/url", Some(json!({ "url": url })));
+    }
+
+    fn script(&self, js: &str) -> Value {
+        self.cmd("POST", "/execute/sync", Some(json!({"script": js, "args": []})))
+    }
+
+    /// The element `css` selects, waiting up to 20 s for it.
+    fn find(&self, css: &str) -> String {
+        let t = Instant::now();
+        loop {
+            let body = json!({"using": "css selector", "value": css}).to_string();
+            let path = format!("/session/{}/element", self.session);
+            let r = wd(&self.addr, "POST", &path, Some(&body));
+            if r.status == 200 {
+                let v: Value = serde_json::from_str(&r.body).unwrap();
+                return v["value"][ELEMENT].as_str().unwrap().to_string();
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "no element '{css}' on the page: {}",
+                self.text("body")
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Clicks `css`; again if the page redrew it between finding and clicking (it redraws
+    /// every 2 s).
+    fn click(&self, css: &str) {
+        for _ in 0..20 {
+            let e = self.find(css);
+            let path = format!("/session/{}/element/{e}/click", self.session);
+            let r = wd(&self.addr, "POST", &path, Some("{}"));
+            if r.status == 200 {
+                return;
+            }
+            assert!(r.body.contains("stale element"), "click {css}: {}", r.body);
+        }
+        panic!("'{css}' kept being redrawn");
+    }
+
+    fn type_in(&self, css: &str, text: &str) {
+        let e = self.find(css);
+        self.cmd("POST", &format!("/element/{e}/clear"), Some(json!({})));
+        self.cmd("POST", &format!("/element/{e}/value"), Some(json!({ "text": text })));
+    }
+
+    fn select(&self, css: &str, value: &str) {
+        self.find(css);
+        let js = format!(
+            "const s = document.querySelector({css:?}); s.value = {value:?}; s.dispatchEvent(new Event('change')); return s.value;"
+        );
+        assert_eq!(self.script(&js), json!(value));
+    }
+
+    /// The text of `css`, or "" when nothing matches.
+    fn text(&self, css: &str) -> String {
+        let js = format!("const e = document.querySelector({css:?}); return e ? e.innerText : '';");
+        self.script(&js).as_str().unwrap_or_default().to_string()
+    }
+
+    /// Waits up to `secs` for the text of `css` to contain `want`.
+    fn wait_text(&self, css: &str, want: &str, secs: u64) {
+        let t = Instant::now();
+        loop {
+            let got = self.text(css);
+            if got.contains(want) {
+                return;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(secs),
+                "'{css}' never showed '{want}'; it shows '{got}'; the page: {}",
+                self.text("body")
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    fn screenshot(&self, name: &str, dir: &std::path::Path) {
+        let png = self.cmd("GET", "/screenshot", None);
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(png.as_str().unwrap())
+            .unwrap();
+        assert_eq!(&bytes[1..4], b"PNG");
+        std::fs::write(dir.join(format!("{name}.png")), bytes).unwrap();
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        if !self.session.is_empty() {
+            let _ = wd(&self.addr, "DELETE", &format!("/session/{}", self.session), None);
+        }
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+    }
+}
+
+fn api_addr(d: &Daemon) -> String {
+    d.stdout()
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("dashboard: http://").map(str::to_string))
+        .and_then(|l| l.split('/').next().map(str::to_string))
+        .unwrap_or_else(|| panic!("no dashboard address in the banner: {}", d.stdout()))
+}
+
+#[test]
+fn the_dashboard_makes_a_pool_and_a_vdisk_presents_it_and_watches_a_failure_and_its_repair() {
+    let t = tempfile::tempdir().unwrap();
+    let state = t.path().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    let cfg = state.with_extension("toml");
+    std::fs::write(&cfg, "scrub_interval = \"off\"\nauto_repair = false\n").unwrap();
+    let d = Daemon::start_with(
+        &state,
+        &[
+            "--config",
+            cfg.to_str().unwrap(),
+            "--api-listen",
+            "127.0.0.1:0",
+            "--api-token",
+            TOKEN,
+        ],
+    )
+    .unwrap();
+    let api = api_addr(&d);
+    let shots = match std::env::var_os("TESSERA_SCREENSHOTS") {
+        Some(dir) => std::path::PathBuf::from(dir),
+        None => t.path().join("screenshots"),
+    };
+    std::fs::create_dir_all(&shots).unwrap();
+
+    // Without the token: the page is the login form (401), everything else refuses.
+    let r = http_tcp(&api, "GET", "/", None, &[]).unwrap();
+    assert_eq!(r.status, 401);
+    assert!(
+        r.body.contains("name=\"token\"") && !r.body.contains("app.js"),
+        "{}",
+        r.body
+    );
+    for path in [
+        "/ui/app.js",
+        "/ui/app.css",
+        "/api/pools",
+        "/api/stats/io",
+        "/api/events",
+        "/metrics",
+    ] {
+        let r = http_tcp(&api, "GET", path, None, &[]).unwrap();
+        assert_eq!(r.status, 401, "{path}: {}", r.body);
+    }
+    let r = http_tcp(&api, "GET", "/", None, &[("Cookie", "tessera_session=forged")]).unwrap();
+    assert_eq!(r.status, 401, "a made-up session");
+    let r = http_tcp(&api, "POST", "/ui/login", Some("token=wrong-token-0123456789"), &[]).unwrap();
+    assert_eq!(r.status, 401);
+    assert!(r.body.contains("not the API token"));
+
+    let b = Browser::start();
+    b.go(&format!("http://{api}/"));
+    b.find("#token");
+    b.screenshot("login", &shots);
+    b.type_in("#token", TOKEN);
+    b.click("#login");
+    b.find("#health");
+
+    // A pool through the wizard, on file disks made here.
+    let paths = disks(&t.path().join("disks"), 3, 1 << 30);
+    b.go(&format!("http://{api}/#pools"));
+    b.click("#create-pool");
+    b.type_in("#pool-name", "web");
+    b.type_in("#pool-disks", &paths.join("\n"));
+    b.click("#wizard-submit");
+    b.wait_text("#pool-web", "healthy", 20);
+    assert_eq!(d.json(&["pool", "show", "web"])["disks"], 3);
+
+    // A vdisk through the wizard, fully provisioned (its slabs are on the disks from the
+    // start), presented over iSCSI to one initiator.
+    let iqn = "iqn.2026-11.io.tessera:web";
+    let host = "iqn.2026-11.io.tessera:host";
+    b.go(&format!("http://{api}/#vdisks"));
+    b.click("#create-vdisk");
+    b.select("#vdisk-pool", "web");
+    b.type_in("#vdisk-name", "vol");
+    b.type_in("#vdisk-size", "256");
+    b.select("#vdisk-unit", "MiB");
+    b.select("#vdisk-layout", "mirror");
+    b.select("#vdisk-provisioning", "fixed");
+    b.select("#vdisk-present", "iscsi");
+    b.type_in("#vdisk-iqn", iqn);
+    b.type_in("#vdisk-initiator", host);
+    b.click("#wizard-submit");
+    b.wait_text("tr[data-vdisk='web/vol'] .presented", &format!("iSCSI {iqn} LUN 0"), 20);
+
+    // What the wizard made, seen by the CLI and by an initiator nobody here wrote.
+    let v = d.json(&["vdisk", "show", "web/vol"]);
+    assert_eq!(v["size"], 256u64 << 20);
+    assert_eq!(v["provisioning"], "fixed");
+    let target = d.json(&["target", "show", iqn]);
+    assert_eq!(target["luns"][0]["vdisk"], "web/vol");
+    assert_eq!(target["acl"][0], host);
+    let url = format!("iscsi://{}/{iqn}/0", d.iscsi_portal());
+    let inq = ok("iscsi-inq", &["-i", host, &url]);
+    assert!(inq.contains("TESSERA"), "{inq}");
+    // Some I/O for the charts: two samples 5 s apart make a point.
+    let mut args = vec!["--image-opts".to_string()];
+    for k in 0..32 {
+        args.extend(["-c".into(), format!("write -P 0x5a {} 64k", k * 65536)]);
+    }
+    let (portal_host, portal_port) = d
+        .iscsi_portal()
+        .rsplit_once(':')
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .unwrap();
+    args.push(format!(
+        "driver=iscsi,transport=tcp,portal={portal_host}:{portal_port},target={iqn},lun=0,initiator-name={host}"
+    ));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    for _ in 0..2 {
+        ok("qemu-io", &args);
+        std::thread::sleep(Duration::from_secs(6));
+    }
+
+    // Fail the disk holding the most, from its row; the pool turns degraded on the page.
+    let list = d.json(&["disk", "list", "web"]);
+    let victim = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .max_by_key(|x| x["used_bytes"].as_u64())
+        .unwrap()["path"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    b.go(&format!("http://{api}/#pools"));
+    b.click(&format!("tr[data-disk='{victim}'] .fail-disk"));
+    b.click("#wizard-submit");
+    b.wait_text("#pool-web .pool-health", "degraded", 20);
+    b.wait_text(&format!("tr[data-disk='{victim}']"), "failed", 20);
+    b.screenshot("pools-degraded", &shots);
+    assert_eq!(d.json(&["pool", "show", "web"])["health"], "degraded");
+
+    // Repair from the page; the job finishes on the jobs page, the pool is healthy again.
+    b.click("#repair-web");
+    b.go(&format!("http://{api}/#jobs"));
+    b.wait_text("tr[data-kind='repair']", "succeeded", 60);
+    b.screenshot("jobs", &shots);
+    b.go(&format!("http://{api}/#pools"));
+    b.wait_text("#pool-web .pool-health", "healthy", 20);
+
+    // The other pages, as an administrator sees them.
+    b.go(&format!("http://{api}/#events"));
+    b.wait_text("#event-list", "disk.failed", 20);
+    b.wait_text("#event-list", "pool.degraded", 20);
+    b.wait_text("#event-list", "repair.finished", 20);
+    b.screenshot("events", &shots);
+    b.go(&format!("http://{api}/#vdisks"));
+    b.click("tr[data-vdisk='web/vol'] button:nth-child(2)");
+    b.find("#vdisk-chart polyline");
+    b.screenshot("vdisks", &shots);
+    b.go(&format!("http://{api}/#targets"));
+    b.wait_text("main", iqn, 20);
+    b.screenshot("targets", &shots);
+    b.go(&format!("http://{api}/#overview"));
+    b.wait_text("#pool-table", "healthy", 20);
+    b.find("svg.chart polyline");
+    b.screenshot("overview", &shots);
+
+    // A snapshot through its dialog.
+    b.go(&format!("http://{api}/#vdisks"));
+    b.click("tr[data-vdisk='web/vol'] button:nth-child(1)");
+    b.type_in("#snapshot-name", "before-upgrade");
+    b.click("#wizard-submit");
+    b.wait_text("tr[data-vdisk='web/vol']", "1", 20);
+    assert_eq!(d.json(&["snapshot", "list", "web/vol"])[0]["name"], "before-upgrade");
+
+    // Log out: the page is the login form again.
+    b.click("#logout");
+    b.find("#token");
+    let cookie = b.cmd("GET", "/cookie", None);
+    assert!(
+        cookie
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c["name"] != "tessera_session"),
+        "{cookie}"
+    );
+}
