@@ -40,6 +40,8 @@ pub const HOOK_TIMEOUT: Duration = Duration::from_secs(30);
 /// not hold the daemon's memory.
 const HOOK_QUEUE: usize = 1024;
 const WRITER_QUEUE: usize = 4096;
+/// Distinct recent events remembered for folding repeats.
+const MAX_FOLDED: usize = 4096;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
@@ -310,9 +312,12 @@ impl EventLog {
             repeats = std::mem::take(folded);
         }
         m.folded.insert(key, (now, 0));
-        if m.folded.len() > 4096 {
-            m.folded
-                .retain(|_, (at, n)| *n > 0 || now.duration_since(*at) < REPEAT_WINDOW);
+        // Bounded: names in the key (an initiator's) come from whoever connects.
+        if m.folded.len() > MAX_FOLDED {
+            m.folded.retain(|_, (at, _)| now.duration_since(*at) < REPEAT_WINDOW);
+            if m.folded.len() > MAX_FOLDED / 2 {
+                m.folded.clear();
+            }
         }
         let e = Event {
             seq: m.next_seq,
@@ -455,6 +460,9 @@ fn write_events(rx: Receiver<Event>, path: PathBuf, mut file: std::fs::File, mut
         match file.write_all(&buf).and_then(|()| file.sync_data()) {
             Ok(()) => size += buf.len() as u64,
             Err(e) => {
+                // What a failed write left (ENOSPC half way) goes, so the next batch starts a
+                // line of its own.
+                let _ = file.set_len(size);
                 unwritten.fetch_add(batch.len() as u64, Ordering::Relaxed);
                 error!(file = %path.display(), error = %e, "cannot write to the event log");
                 continue;
@@ -473,11 +481,11 @@ fn write_events(rx: Receiver<Event>, path: PathBuf, mut file: std::fs::File, mut
 /// rename, directory sync), and returns it opened for appending.
 fn cut_to_newest_half(path: &Path) -> std::io::Result<(std::fs::File, u64)> {
     let text = std::fs::read(path)?;
-    let mut at = text.len() / 2;
+    let mut at = (text.len() / 2).max(1);
     while at < text.len() && text[at - 1] != b'\n' {
         at += 1;
     }
-    let kept = &text[at..];
+    let kept = &text[at.min(text.len())..];
     let tmp = path.with_extension("jsonl.tmp");
     let mut f = std::fs::File::create(&tmp)?;
     f.write_all(kept)?;
@@ -666,6 +674,12 @@ mod tests {
         assert_eq!(next.repeats, 29);
         assert_eq!(log.list(&Filter::default(), 100).len(), 3);
         assert_eq!(log.counts()[1], (Severity::Warning, 32), "counted, folded or not");
+        // Names chosen by whoever connects cannot grow the map without bound.
+        for i in 0..MAX_FOLDED * 2 {
+            log.record_at(ev("iscsi.login_refused", &format!("name {i}")), t0);
+            log.record_at(ev("iscsi.login_refused", &format!("name {i}")), t0);
+        }
+        assert!(log.memory.lock().folded.len() <= MAX_FOLDED + 1);
     }
 
     #[test]
@@ -698,6 +712,9 @@ mod tests {
             text.push_str(&serde_json::to_string(&e).unwrap());
             text.push('\n');
         }
+        std::fs::write(&path, &text).unwrap();
+        std::fs::write(&path, b"x").unwrap();
+        assert_eq!(cut_to_newest_half(&path).unwrap().1, 0, "a file shrunk from outside");
         std::fs::write(&path, &text).unwrap();
         let (_, size) = cut_to_newest_half(&path).unwrap();
         let kept = read_file(&path).unwrap();

@@ -88,6 +88,22 @@ impl Guard {
         Ok(id)
     }
 
+    /// Whether a browser's `Origin` is this listener: its scheme's port (80, 443) when it
+    /// names none, so that a page served on another port of the same host is another origin.
+    /// (The session cookie's SameSite ignores ports; this check does not.)
+    pub fn origin_allowed(&self, origin: &str) -> bool {
+        let (authority, default_port) = match origin.strip_prefix("http://") {
+            Some(a) => (a, 80),
+            None => match origin.strip_prefix("https://") {
+                Some(a) => (a, 443),
+                None => return false,
+            },
+        };
+        let (name, port) = split_host_port(authority);
+        let port = port.unwrap_or(default_port);
+        port == self.listen.port() && self.host_allowed(&format!("{name}:{port}"))
+    }
+
     /// Whether `host` (a Host header or an Origin's authority: `name[:port]`, `[v6]:port`)
     /// names this listener.
     pub fn host_allowed(&self, host: &str) -> bool {
@@ -138,11 +154,7 @@ pub async fn check(State(g): State<Arc<Guard>>, req: Request, next: Next) -> Res
         .into_response();
     }
     if let Some(origin) = headers.get(ORIGIN) {
-        let ok = origin
-            .to_str()
-            .ok()
-            .and_then(|o| o.strip_prefix("http://").or_else(|| o.strip_prefix("https://")))
-            .is_some_and(|authority| g.host_allowed(authority));
+        let ok = origin.to_str().is_ok_and(|o| g.origin_allowed(o));
         if !ok {
             return ApiError::new(
                 StatusCode::FORBIDDEN,
@@ -361,6 +373,28 @@ mod tests {
             listen.parse().unwrap(),
             names.iter().map(|s| s.to_string()).collect(),
         )
+    }
+
+    #[test]
+    fn origins_must_name_the_listener_and_its_port() {
+        let g = guard("127.0.0.1:8484", &["san.example"]);
+        assert!(g.origin_allowed("http://127.0.0.1:8484"));
+        assert!(g.origin_allowed("http://localhost:8484"));
+        assert!(g.origin_allowed("http://san.example:8484"));
+        for bad in [
+            "http://localhost",
+            "http://127.0.0.1",
+            "https://127.0.0.1",
+            "http://localhost:80",
+            "http://evil.example:8484",
+            "null",
+            "file://",
+        ] {
+            assert!(!g.origin_allowed(bad), "{bad}");
+        }
+        let on80 = guard("127.0.0.1:80", &[]);
+        assert!(on80.origin_allowed("http://127.0.0.1"));
+        assert!(!on80.origin_allowed("https://127.0.0.1"));
     }
 
     #[test]

@@ -118,23 +118,32 @@ impl Following {
 
 pub async fn stream_events(
     State(d): State<Arc<Daemon>>,
+    headers: axum::http::HeaderMap,
     RawQuery(q): RawQuery,
 ) -> ApiResult<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>> {
     let (filter, _) = parse(q.as_deref(), false)?;
-    // Listen before reading the backlog, so that nothing falls between the two.
+    // A browser's EventSource that reconnects says what it saw last: go on from there.
+    let seen = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    // Where to start, then listen, then read the backlog from that start: an event recorded
+    // in between is in the backlog, and its copy on the live channel is passed over.
+    let last = match (filter.after, seen) {
+        (Some(a), Some(s)) => a.max(s),
+        (a, s) => a.or(s).unwrap_or_else(|| d.events.next_seq() - 1),
+    };
     let live = d.events.follow();
     let closing = d.events.closing();
     let mut f = Following {
-        last: filter.after.unwrap_or_else(|| d.events.next_seq() - 1),
+        last,
         d,
         filter,
         backlog: Vec::new().into_iter(),
         live,
         closing,
     };
-    if f.filter.after.is_some() {
-        f.refill();
-    }
+    f.refill();
     let stream = futures_util::stream::unfold(f, |mut f| async move {
         let e = f.next().await?;
         let sse = SseEvent::default()

@@ -354,6 +354,8 @@ function eventRow(e) {
 let stream = null;
 async function events() {
   const list = await get('/api/events?limit=200');
+  // Left while the list was on its way: no stream for a page no longer shown.
+  if (page() !== 'events') return [];
   const holder = h('section', { id: 'event-list' }, eventTable(list.events.slice().reverse()));
   if (stream) stream.close();
   const after = list.events.length ? list.events[list.events.length - 1].seq : list.next_seq - 1;
