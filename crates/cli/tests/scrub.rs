@@ -218,7 +218,21 @@ fn a_disk_past_the_error_limit_is_retired_and_emptied() {
         disk["slabs_used"].as_u64().unwrap() > 0,
         "emptied with automatic repair off: {disk}"
     );
-    assert!(d.logs().contains("disk failing"), "{}", d.logs());
+    let events = d.json(&["events", "-n", "1000"]);
+    let failing = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["kind"] == "disk.failing")
+        .unwrap_or_else(|| panic!("no disk.failing event: {events:#}"));
+    assert!(
+        failing["message"]
+            .as_str()
+            .unwrap()
+            .contains("100 block(s) not matching"),
+        "{failing}"
+    );
+    assert!(d.logs().contains("event=disk.failing"), "{}", d.logs());
     d.stop();
     let d = start(&state, config);
     d.ok(&["pool", "auto-repair", "s", "on"]);
