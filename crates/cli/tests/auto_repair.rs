@@ -48,20 +48,6 @@ fn repair_jobs(d: &Daemon) -> Vec<Value> {
         .collect()
 }
 
-/// The member disk holding the most data.
-fn busiest_disk(d: &Daemon, pool: &str) -> String {
-    d.json(&["disk", "list", pool])
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|x| x["state"] == "healthy")
-        .max_by_key(|x| x["used_bytes"].as_u64())
-        .unwrap()["path"]
-        .as_str()
-        .unwrap()
-        .to_string()
-}
-
 #[test]
 fn a_disk_failed_under_load_is_rebuilt_with_no_command_typed() {
     let t = tempfile::tempdir().unwrap();

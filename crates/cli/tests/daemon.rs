@@ -285,15 +285,7 @@ fn failed_disk_is_repaired_by_a_job_with_data_intact() {
 
     // Fail the disk holding the most data, by path.
     let list = d.json(&["disk", "list", "r"]);
-    let victim = list
-        .as_array()
-        .unwrap()
-        .iter()
-        .max_by_key(|x| x["used_bytes"].as_u64())
-        .unwrap()["path"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let victim = busiest_disk(&d, "r");
     let failed = d.json(&["disk", "fail", "r", &victim]);
     assert_eq!(failed["state"], "failed");
     let show = d.json(&["pool", "show", "r"]);

@@ -216,14 +216,6 @@ impl Drop for Browser {
     }
 }
 
-fn api_addr(d: &Daemon) -> String {
-    d.stdout()
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("dashboard: http://").map(str::to_string))
-        .and_then(|l| l.split('/').next().map(str::to_string))
-        .unwrap_or_else(|| panic!("no dashboard address in the banner: {}", d.stdout()))
-}
-
 #[test]
 fn the_dashboard_makes_a_pool_and_a_vdisk_presents_it_and_watches_a_failure_and_its_repair() {
     let t = tempfile::tempdir().unwrap();
@@ -243,7 +235,7 @@ fn the_dashboard_makes_a_pool_and_a_vdisk_presents_it_and_watches_a_failure_and_
         ],
     )
     .unwrap();
-    let api = api_addr(&d);
+    let api = banner_addr(&d, "dashboard:");
     let shots = match std::env::var_os("TESSERA_SCREENSHOTS") {
         Some(dir) => std::path::PathBuf::from(dir),
         None => t.path().join("screenshots"),
@@ -341,16 +333,7 @@ fn the_dashboard_makes_a_pool_and_a_vdisk_presents_it_and_watches_a_failure_and_
     }
 
     // Fail the disk holding the most, from its row; the pool turns degraded on the page.
-    let list = d.json(&["disk", "list", "web"]);
-    let victim = list
-        .as_array()
-        .unwrap()
-        .iter()
-        .max_by_key(|x| x["used_bytes"].as_u64())
-        .unwrap()["path"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let victim = busiest_disk(&d, "web");
     b.go(&format!("http://{api}/#pools"));
     b.click(&format!("tr[data-disk='{victim}'] .fail-disk"));
     b.click("#wizard-submit");

@@ -110,16 +110,7 @@ fn a_failed_disk_a_refused_login_and_a_repair_are_told_followed_hooked_and_kept(
     assert_eq!(first["kind"], "vdisk.created", "the newest one first");
 
     // A disk fails: the disk's event and the pool's, from the daemon's watch.
-    let list = d.json(&["disk", "list", "p"]);
-    let victim = list
-        .as_array()
-        .unwrap()
-        .iter()
-        .max_by_key(|x| x["used_bytes"].as_u64())
-        .unwrap()["path"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let victim = busiest_disk(&d, "p");
     d.ok(&["disk", "fail", "p", &victim]);
     let events = wait_for_event(&d, "pool.degraded");
     let failed = events
@@ -233,16 +224,7 @@ fn a_failed_disk_a_refused_login_and_a_repair_are_told_followed_hooked_and_kept(
     );
 
     // Counted in the metrics.
-    let api = d
-        .stdout()
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("management API:").map(str::to_string))
-        .and_then(|l| {
-            l.split("http://")
-                .nth(1)
-                .map(|s| s.split(['/', ' ']).next().unwrap().to_string())
-        })
-        .unwrap();
+    let api = banner_addr(&d, "management API:");
     let auth = format!("Bearer {TOKEN}");
     let m = http_tcp(&api, "GET", "/metrics", None, &[("Authorization", &auth)]).unwrap();
     assert!(

@@ -11,17 +11,6 @@ use common::*;
 
 const TOKEN: &str = "metrics-token-0123456789abcdef";
 
-/// The address a banner line starting with `prefix` gives (`http://ADDR...`).
-fn banner_addr(d: &Daemon, prefix: &str) -> String {
-    let out = d.stdout();
-    out.lines()
-        .find_map(|l| l.trim().strip_prefix(prefix))
-        .and_then(|l| l.split("http://").nth(1))
-        .and_then(|s| s.split(['/', ' ']).next())
-        .unwrap_or_else(|| panic!("no '{prefix}' address in the banner: {out}"))
-        .to_string()
-}
-
 fn scrape(addr: &str) -> String {
     let r = http_tcp(
         addr,

@@ -480,3 +480,28 @@ pub fn ok(cmd: &str, args: &[&str]) -> String {
     assert!(success, "{cmd} {args:?} failed:\n{out}");
     out
 }
+
+/// The member disk holding the most data, among the healthy ones.
+pub fn busiest_disk(d: &Daemon, pool: &str) -> String {
+    d.json(&["disk", "list", pool])
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|x| x["state"] == "healthy")
+        .max_by_key(|x| x["used_bytes"].as_u64())
+        .unwrap()["path"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// The address a banner line starting with `prefix` gives (`http://ADDR...`).
+pub fn banner_addr(d: &Daemon, prefix: &str) -> String {
+    let out = d.stdout();
+    out.lines()
+        .find_map(|l| l.trim().strip_prefix(prefix))
+        .and_then(|l| l.split("http://").nth(1))
+        .and_then(|s| s.split(['/', ' ']).next())
+        .unwrap_or_else(|| panic!("no '{prefix}' address in the banner: {out}"))
+        .to_string()
+}
