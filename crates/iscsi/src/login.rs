@@ -212,6 +212,12 @@ where
             let Some(name) = initiator.clone() else {
                 refuse!(status::MISSING_PARAMETER, "no InitiatorName")
             };
+            // RFC 7143 4.2.7.1: a name is at most 223 bytes of printable characters. Anything
+            // else is refused before the name reaches a log, an ACL or an event.
+            if name.len() > 223 || name.is_empty() || name.chars().any(|c| c.is_control() || c.is_whitespace()) {
+                initiator = Some(name.escape_debug().take(240).collect());
+                refuse!(status::INITIATOR_ERROR, "InitiatorName is not a valid iSCSI name")
+            }
             match key(&keys, "SessionType").unwrap_or("Normal") {
                 "Discovery" => discovery = true,
                 "Normal" => discovery = false,

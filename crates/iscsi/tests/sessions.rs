@@ -183,6 +183,20 @@ async fn login_chap_acl_discovery_and_data() {
         "the target failed mutual CHAP"
     );
 
+    // A name that is not an iSCSI name (control characters, over 223 bytes) is refused as
+    // the initiator's error, whatever the target.
+    for bad in [
+        "iqn.2026-01.x:\x1b[2Jowned",
+        "iqn.2026-01.x:a b",
+        &format!("iqn.2026-01.x:{}", "a".repeat(220)),
+    ] {
+        assert_eq!(
+            refused(Session::login(&r.addr, &cfg(bad, OPEN, 3)).await),
+            (2, 0),
+            "{bad:?}"
+        );
+    }
+
     // Discovery shows what each initiator may log in to.
     let names = |v: Vec<(String, String)>| v.into_iter().map(|(n, _)| n).collect::<Vec<_>>();
     let mut d = LoginConfig::new(HOST_A, None);

@@ -128,6 +128,35 @@ impl NewEvent {
         self.subject = Some(subject.into());
         self
     }
+
+    /// The event with its text made safe to print: names in it (an initiator's, from a login
+    /// nobody authenticated yet) must not carry terminal escapes or line breaks to whoever runs
+    /// `tessera events` or reads the journal, nor grow without bound.
+    fn printable(self) -> NewEvent {
+        NewEvent {
+            severity: self.severity,
+            kind: printable(&self.kind),
+            pool: self.pool.as_deref().map(printable),
+            subject: self.subject.as_deref().map(printable),
+            message: printable(&self.message),
+        }
+    }
+}
+
+/// Longest text field an event keeps, in characters.
+const MAX_FIELD_CHARS: usize = 1024;
+
+/// `text` with each control character replaced by U+FFFD and cut to `MAX_FIELD_CHARS`.
+fn printable(text: &str) -> String {
+    let mut out: String = text
+        .chars()
+        .take(MAX_FIELD_CHARS)
+        .map(|c| if c.is_control() { '\u{fffd}' } else { c })
+        .collect();
+    if text.chars().nth(MAX_FIELD_CHARS).is_some() {
+        out.push('…');
+    }
+    out
 }
 
 /// Which events a reader wants.
@@ -295,6 +324,7 @@ impl EventLog {
     }
 
     fn record_at(&self, new: NewEvent, now: Instant) -> Option<Event> {
+        let new = new.printable();
         self.counts[new.severity as usize].fetch_add(1, Ordering::Relaxed);
         let mut m = self.memory.lock();
         let key = (
@@ -599,6 +629,36 @@ mod tests {
             std::thread::sleep(Duration::from_millis(10));
         }
         panic!("timed out");
+    }
+
+    #[test]
+    fn control_characters_and_long_names_are_made_printable() {
+        let log = EventLog::in_memory();
+        let hostile = format!("iqn.x\x1b]0;owned\x07\nfake line\r{}", "a".repeat(5000));
+        let e = log
+            .record(
+                NewEvent::new(Severity::Warning, "iscsi.login_refused", format!("refused {hostile}"))
+                    .subject(hostile.clone()),
+            )
+            .unwrap();
+        for text in [e.subject.as_deref().unwrap(), e.message.as_str()] {
+            assert!(!text.chars().any(char::is_control), "{text:?}");
+            assert!(text.chars().count() <= MAX_FIELD_CHARS + 1);
+            assert!(text.ends_with('…'));
+        }
+        assert!(e
+            .subject
+            .as_deref()
+            .unwrap()
+            .starts_with("iqn.x\u{fffd}]0;owned\u{fffd}\u{fffd}fake line\u{fffd}a"));
+        // Plain names pass untouched.
+        let plain = log
+            .record(NewEvent::new(Severity::Info, "vdisk.created", "vdisk vm1 created").subject("p/vm1 é"))
+            .unwrap();
+        assert_eq!(
+            (plain.subject.as_deref(), plain.message.as_str()),
+            (Some("p/vm1 é"), "vdisk vm1 created")
+        );
     }
 
     #[test]
