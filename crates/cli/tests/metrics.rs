@@ -52,6 +52,19 @@ fn promtool_accepts(text: &str) {
     );
 }
 
+/// The sum of every sample of `name` whose labels include every pair of `labels`.
+fn total(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let (n, rest) = series.split_once('{').unwrap_or((series, ""));
+            let all = labels.iter().all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")));
+            (n == name && all).then(|| value.parse::<f64>().ok())?
+        })
+        .sum()
+}
+
 #[test]
 fn metrics_count_what_a_client_did_pass_promtool_and_need_the_token() {
     let t = tempfile::tempdir().unwrap();
@@ -146,6 +159,7 @@ fn metrics_count_what_a_client_did_pass_promtool_and_need_the_token() {
     assert!(sample(&after, "tessera_io_latency_seconds_sum", &nbd("write")).unwrap() > 0.0);
 
     // iSCSI, through QEMU's initiator: five 4 KiB writes, counted apart from NBD's.
+    let disks_before = scrape(&metrics);
     let iqn = "iqn.2026-11.io.tessera:metrics";
     d.ok(&["target", "create", iqn, "--allow-any-initiator"]);
     d.ok(&["target", "lun", "add", iqn, "p/m"]);
@@ -187,6 +201,58 @@ fn metrics_count_what_a_client_did_pass_promtool_and_need_the_token() {
         "NBD's unchanged"
     );
     assert_eq!(sample(&iscsi, "tessera_iscsi_luns", &[("target", iqn)]), Some(1.0));
+
+    // The member disks saw those writes: a 2-way mirror writes each block twice (at least;
+    // a new grain's first write may write more of it).
+    let disk_moved = |name: &str, op: &str| {
+        let l = [("pool", "p"), ("op", op)];
+        total(&iscsi, name, &l) - total(&disks_before, name, &l)
+    };
+    assert!(
+        disk_moved("tessera_disk_io_operations_total", "write") >= 10.0,
+        "{iscsi}"
+    );
+    assert!(
+        disk_moved("tessera_disk_io_bytes_total", "write") >= 2.0 * 5.0 * 4096.0,
+        "{iscsi}"
+    );
+    assert_eq!(disk_moved("tessera_disk_io_errors_total", "write"), 0.0);
+    assert!(
+        disk_moved("tessera_disk_io_operations_total", "flush") >= 1.0,
+        "QEMU flushes at the end"
+    );
+    for op in ["read", "write", "flush"] {
+        let l = [("pool", "p"), ("op", op)];
+        let ops = total(&iscsi, "tessera_disk_io_operations_total", &l);
+        assert_eq!(total(&iscsi, "tessera_disk_io_latency_seconds_count", &l), ops, "{op}");
+        let l = [("pool", "p"), ("op", op), ("le", "+Inf")];
+        assert_eq!(total(&iscsi, "tessera_disk_io_latency_seconds_bucket", &l), ops, "{op}");
+    }
+    // And the API shows each disk's figures.
+    let shown = d.json(&["pool", "show", "p"]);
+    let api_writes: f64 = shown["disk_list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["io"]["written_bytes"].as_f64().unwrap())
+        .sum();
+    assert!(api_writes >= total(&iscsi, "tessera_disk_io_bytes_total", &[("pool", "p"), ("op", "write")]));
+
+    // Connections per portal: one open without logging in, then closed.
+    let portal = d.iscsi_portal();
+    let conns = |text: &str| sample(text, "tessera_iscsi_connections", &[("portal", portal.as_str())]);
+    assert_eq!(conns(&iscsi), Some(0.0), "{iscsi}");
+    let idle = std::net::TcpStream::connect(&portal).unwrap();
+    let mut seen = None;
+    for _ in 0..100 {
+        seen = conns(&scrape(&metrics));
+        if seen == Some(1.0) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(seen, Some(1.0));
+    drop(idle);
 
     // The state of the pool, its disks and the vdisk, as the API shows it.
     let after = scrape(&api);

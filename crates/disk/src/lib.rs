@@ -7,6 +7,7 @@
 //! reserved; the [`Label`] that ties the disk to its pool lives at offset 0.
 
 mod aligned;
+mod disk_io;
 mod error;
 mod faulty;
 mod file;
@@ -20,6 +21,7 @@ mod volatile;
 mod write_many;
 
 pub use aligned::AlignedBuf;
+pub use disk_io::{DiskIo, DiskOp, MeteredDisk, OpFigures, LATENCY_BUCKETS};
 pub use error::DiskError;
 pub use faulty::{FaultOp, Faults, FaultyDisk};
 pub use file::FileDisk;
@@ -65,6 +67,11 @@ pub trait BlockDevice: Send + Sync + 'static {
     /// buffers aligned to [`SECTOR`]), while it holds a reference to the disk. None for disks
     /// whose I/O is not plain I/O on a descriptor (in memory, fault injection).
     fn uring_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
+    /// Where the disk's I/O is counted, for callers that do I/O on its
+    /// [`uring_fd`](Self::uring_fd) themselves. None for a disk nobody counts.
+    fn io(&self) -> Option<&std::sync::Arc<DiskIo>> {
         None
     }
 }

@@ -7,24 +7,32 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
+use std::sync::Arc;
+use std::time::Instant;
 
 use io_uring::{opcode, squeue, types, IoUring};
 use tracing::warn;
 
+use crate::{DiskIo, DiskOp};
+
 /// One read of a request: `len` bytes at `offset` of `fd` into `at`.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone)]
 pub struct RingRead {
     pub fd: RawFd,
     pub at: *mut u8,
     pub len: u32,
     pub offset: u64,
+    /// Where the disk behind `fd` counts its reads ([`BlockDevice::io`](crate::BlockDevice::io)).
+    pub io: Option<Arc<DiskIo>>,
 }
 
 /// A request whose reads are in flight.
 struct OnRing<T> {
     tag: T,
-    /// Bytes each read must return, by its index in the user data.
+    /// Bytes each read must return, and where it is counted, by its index in the user data.
     lens: Vec<u32>,
+    ios: Vec<Option<Arc<DiskIo>>>,
+    started: Instant,
     pending: usize,
     failed: bool,
 }
@@ -87,6 +95,8 @@ impl<T> ReadRing<T> {
         self.slots[slot] = Some(OnRing {
             tag,
             lens: reads.iter().map(|r| r.len).collect(),
+            ios: reads.iter().map(|r| r.io.clone()).collect(),
+            started: Instant::now(),
             pending: reads.len(),
             failed: false,
         });
@@ -166,8 +176,12 @@ impl<T> ReadRing<T> {
             let (ud, res) = (c.user_data(), c.result());
             let (slot, i) = ((ud >> 32) as usize, (ud & 0xffff_ffff) as usize);
             let r = self.slots[slot].as_mut().expect("a completion for a request in flight");
-            if res < 0 || res as u32 != r.lens[i] {
+            let whole = res >= 0 && res as u32 == r.lens[i];
+            if !whole {
                 r.failed = true;
+            }
+            if let Some(io) = &r.ios[i] {
+                io.record(DiskOp::Read, r.lens[i] as u64, r.started.elapsed(), whole);
             }
             r.pending -= 1;
             if r.pending == 0 {
@@ -239,6 +253,7 @@ mod tests {
             );
             return;
         };
+        let io = DiskIo::new();
         // More reads than the ring has entries: a full queue is submitted on the way.
         for req in 0..4usize {
             let mut buf = AlignedBuf::zeroed(16 << 10);
@@ -249,6 +264,7 @@ mod tests {
                     at: unsafe { buf.as_mut_ptr().add(i * 4096) },
                     len: 4096,
                     offset: (req * 16384 + (3 - i) * 4096) as u64,
+                    io: Some(io.clone()),
                 })
                 .collect();
             // SAFETY: the buffer moves into the tag; its heap memory stays put.
@@ -276,6 +292,8 @@ mod tests {
             }
         }
         assert!(matches!(&done[4], ((99, _), true)));
+        let counted = io.figures(DiskOp::Read);
+        assert_eq!((counted.ops, counted.bytes, counted.errors), (16, 16 * 4096, 0));
     }
 
     #[test]
@@ -299,6 +317,7 @@ mod tests {
                     at: unsafe { buf.as_mut_ptr().add(i * 4096) },
                     len: 4096,
                     offset: (((req * 64 + i) * 4096) % (256 << 10)) as u64,
+                    io: None,
                 })
                 .collect();
             // SAFETY: the buffer moves into the tag; its heap memory stays put.
@@ -347,12 +366,14 @@ mod tests {
             at: past_end.as_mut_ptr(),
             len: 4096,
             offset: 4096,
+            io: None,
         };
         let failing = RingRead {
             fd: -1,
             at: bad_fd.as_mut_ptr(),
             len: 4096,
             offset: 0,
+            io: None,
         };
         unsafe {
             ring.start(past_end, &[short]);
@@ -399,6 +420,7 @@ mod tests {
                 at: buf.as_mut_ptr(),
                 len: 1 << 20,
                 offset: 0,
+                io: None,
             };
             let tag = Observed {
                 buf,

@@ -35,9 +35,16 @@ pub fn write_many(reqs: &[WriteReq<'_>]) -> Vec<Result<(), DiskError>> {
     let mut done = vec![false; reqs.len()];
     // A lone write gains nothing from the ring.
     if ops.len() > 1 {
+        let start = std::time::Instant::now();
         if let Some(results) = uring::write_batch(&ops) {
+            // In flight together: each write took as long as the batch. A write the ring left
+            // short or failed is counted by `write_at` below, which finishes it.
+            let took = start.elapsed();
             for (&i, res) in on_ring.iter().zip(results) {
                 done[i] = matches!(res, Ok(n) if n == reqs[i].buf.len());
+                if let (true, Some(io)) = (done[i], reqs[i].disk.io()) {
+                    io.record(crate::DiskOp::Write, reqs[i].buf.len() as u64, took, true);
+                }
             }
         }
     }

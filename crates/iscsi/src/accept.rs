@@ -14,7 +14,12 @@ use crate::target::Registry;
 /// own, then is served by threads of its own. A connection past the portal's limit is closed
 /// at once.
 pub async fn serve(listener: TcpListener, reg: Arc<Registry>) {
-    let open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    serve_counted(listener, reg, Default::default()).await
+}
+
+/// [`serve`], keeping the number of connections open through the portal in `open`, for
+/// whoever reports on it.
+pub async fn serve_counted(listener: TcpListener, reg: Arc<Registry>, open: Arc<std::sync::atomic::AtomicUsize>) {
     loop {
         match listener.accept().await {
             Ok((sock, peer)) => {

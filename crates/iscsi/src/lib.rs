@@ -21,7 +21,7 @@ pub mod target;
 pub mod text;
 
 #[cfg(feature = "target")]
-pub use accept::serve;
+pub use accept::{serve, serve_counted};
 pub use auth::{Access, Chap};
 pub use limits::Limits;
 #[cfg(feature = "target")]

@@ -476,6 +476,7 @@ impl<S: Socket> Loop<S> {
                     at: buf[r.buf_off..r.buf_off + r.len].as_mut_ptr(),
                     len: r.len as u32,
                     offset: r.offset,
+                    io: r.disk.io().cloned(),
                 });
             }
         }

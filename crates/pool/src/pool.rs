@@ -7,7 +7,8 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 use rocksdb::WriteBatch;
 use tessera_disk::{
-    read_label, rewrite_label, verify_label, wipe_label, write_new_label, DiskError, DiskRef, Label, DATA_OFFSET,
+    read_label, rewrite_label, verify_label, wipe_label, write_new_label, DiskError, DiskRef, Label, MeteredDisk,
+    DATA_OFFSET,
 };
 use tracing::{info, warn};
 use uuid::Uuid;
@@ -188,7 +189,7 @@ impl Pool {
                 return Err(e.into());
             }
             members.push(Member {
-                dev: Some(d),
+                dev: Some(MeteredDisk::wrap(d)),
                 slabs: SlabMap::new(info.slabs),
                 problem: None,
                 lost_at: 0,
@@ -255,7 +256,7 @@ impl Pool {
                     member.problem = Some("was missing while the pool ran: its data is stale; run a repair".into());
                     drop(dev);
                 }
-                Ok(dev) => member.dev = Some(dev),
+                Ok(dev) => member.dev = Some(MeteredDisk::wrap(dev)),
                 Err(e) => {
                     warn!(disk = %info.path, error = %e, "pool member refused or missing");
                     member.problem = Some(e.to_string());
@@ -479,7 +480,7 @@ impl Pool {
         write_new_label(dev.as_ref(), &label_for(&inner.config, &info, false))?;
         inner.config.disks.push(info.clone());
         inner.members.push(Member {
-            dev: Some(dev),
+            dev: Some(MeteredDisk::wrap(dev)),
             slabs: SlabMap::new(slabs),
             problem: None,
             lost_at: 0,
@@ -574,6 +575,13 @@ impl Pool {
             DiskState::Healthy | DiskState::Retired => inner.members[position as usize].dev.clone(),
             _ => None,
         }
+    }
+
+    /// Where the I/O of a member's device is counted, whatever its state, while the pool
+    /// holds the device.
+    pub fn disk_io(&self, position: u32) -> Option<std::sync::Arc<tessera_disk::DiskIo>> {
+        let inner = self.inner.read();
+        inner.members.get(position as usize)?.dev.as_ref()?.io().cloned()
     }
 
     pub fn disks(&self) -> Vec<DiskStatus> {

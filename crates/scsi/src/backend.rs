@@ -72,12 +72,14 @@ pub trait FrozenImage: Send + Sync + std::fmt::Debug {
 
 /// One read a transport submits to its own ring: `len` bytes at `offset` of the file `fd`
 /// into the command's buffer at `buf_off`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct DirectRead {
     pub fd: RawFd,
     pub offset: u64,
     pub buf_off: usize,
     pub len: usize,
+    /// Where the disk behind `fd` counts its I/O.
+    pub io: Option<std::sync::Arc<tessera_disk::DiskIo>>,
 }
 
 /// The disk reads that fill a READ's buffer, and what keeps them valid (the backend's

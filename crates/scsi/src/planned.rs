@@ -48,6 +48,7 @@ impl PlannedRead {
                 at: unsafe { base.add(r.buf_off) },
                 len: r.len as u32,
                 offset: r.offset,
+                io: r.io.clone(),
             })
             .collect()
     }

@@ -17,17 +17,16 @@ use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
     TextEncoder,
 };
-use tessera_disk::{IoMeter, IoOp};
+use tessera_disk::{DiskOp, IoMeter, IoOp, OpFigures};
 
 use crate::daemon::Daemon;
 use crate::jobs::JobState;
 use crate::model::{PoolHealth, ScrubRunState};
 use tessera_volume::DiskState;
 
-/// Latency buckets, in seconds: 50 µs to 10 s, about three per decade.
-pub const LATENCY_BUCKETS: [f64; 17] = [
-    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-];
+/// Latency buckets, in seconds: those of the member disks' histograms, so that a request's
+/// latency and its disks' compare bucket by bucket.
+pub use tessera_disk::LATENCY_BUCKETS;
 
 const IO_LABELS: [&str; 4] = ["protocol", "pool", "vdisk", "op"];
 
@@ -203,9 +202,10 @@ impl IoMeter for VdiskMeter {
 /// Everything a scrape shows, in the text exposition format.
 pub fn render(d: &Daemon) -> String {
     let state = Registry::new();
-    collect_state(d, &state);
+    let disk_latency = collect_state(d, &state);
     let mut families = d.io_metrics.registry.gather();
     families.extend(state.gather());
+    families.push(disk_latency);
     families.sort_by(|a, b| a.name().cmp(b.name()));
     let mut out = Vec::new();
     TextEncoder::new()
@@ -247,8 +247,55 @@ fn i(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
-fn collect_state(d: &Daemon, r: &Registry) {
+/// The latency histogram of each member disk's operations, made from the disk's own
+/// counters ([`DiskIo`]): they live in the disk layer, which knows nothing of Prometheus.
+struct DiskLatency(Vec<prometheus::proto::Metric>);
+
+impl DiskLatency {
+    fn add(&mut self, pool: &str, disk: &str, op: DiskOp, f: &OpFigures) {
+        use prometheus::proto::{Bucket, Histogram, LabelPair, Metric};
+        let label = |name: &str, value: &str| {
+            let mut l = LabelPair::default();
+            l.set_name(name.to_string());
+            l.set_value(value.to_string());
+            l
+        };
+        let mut h = Histogram::default();
+        h.set_sample_count(f.ops);
+        h.set_sample_sum(f.latency_sum.as_secs_f64());
+        h.set_bucket(
+            LATENCY_BUCKETS
+                .iter()
+                .zip(&f.buckets)
+                .map(|(&bound, &n)| {
+                    let mut b = Bucket::default();
+                    b.set_upper_bound(bound);
+                    b.set_cumulative_count(n);
+                    b
+                })
+                .collect(),
+        );
+        let mut m = Metric::default();
+        m.set_label(vec![label("disk", disk), label("op", op.name()), label("pool", pool)]);
+        m.set_histogram(h);
+        self.0.push(m);
+    }
+
+    fn family(self) -> prometheus::proto::MetricFamily {
+        let mut f = prometheus::proto::MetricFamily::default();
+        f.set_name("tessera_disk_io_latency_seconds".into());
+        f.set_help("Time member disk operations took, from submission to completion".into());
+        f.set_field_type(prometheus::proto::MetricType::HISTOGRAM);
+        f.set_metric(self.0);
+        f
+    }
+}
+
+/// Registers the state's series in `r`; returns the disks' latency histograms, which are
+/// made by hand.
+fn collect_state(d: &Daemon, r: &Registry) -> prometheus::proto::MetricFamily {
     let s = Scrape { r };
+    let mut disk_latency = DiskLatency(Vec::new());
     let up = s.float(
         "tessera_start_time_seconds",
         "When the daemon started, in seconds since the Unix epoch",
@@ -362,6 +409,21 @@ fn collect_state(d: &Daemon, r: &Registry) {
         "tessera_disk_repaired_bytes_total",
         "Bytes rewritten on the disk with good data from elsewhere, since the pool was opened",
         &["pool", "disk"],
+    );
+    let disk_ops = s.counter(
+        "tessera_disk_io_operations_total",
+        "Reads, writes and flushes issued to the member disk, since the pool had it open",
+        &["pool", "disk", "op"],
+    );
+    let disk_bytes = s.counter(
+        "tessera_disk_io_bytes_total",
+        "Bytes the member disk read or wrote for operations that succeeded",
+        &["pool", "disk", "op"],
+    );
+    let disk_io_errors = s.counter(
+        "tessera_disk_io_errors_total",
+        "Operations the member disk failed",
+        &["pool", "disk", "op"],
     );
     let vd_size = s.gauge(
         "tessera_vdisk_size_bytes",
@@ -511,6 +573,23 @@ fn collect_state(d: &Daemon, r: &Registry) {
             disk_repaired
                 .with_label_values(&[name, id])
                 .inc_by(disk.errors.repaired_bytes);
+            let io = d.engine(name).ok().and_then(|e| e.pool().disk_io(disk.position));
+            for op in DiskOp::ALL {
+                let f = io.as_ref().map(|io| io.figures(op)).unwrap_or_default();
+                let f = OpFigures {
+                    buckets: if f.buckets.is_empty() {
+                        vec![0; LATENCY_BUCKETS.len()]
+                    } else {
+                        f.buckets
+                    },
+                    ..f
+                };
+                let l = [name, id, op.name()];
+                disk_ops.with_label_values(&l).inc_by(f.ops);
+                disk_bytes.with_label_values(&l).inc_by(f.bytes);
+                disk_io_errors.with_label_values(&l).inc_by(f.errors);
+                disk_latency.add(name, id, op, &f);
+            }
         }
         for v in &detail.vdisk_list {
             let l = [name, v.name.as_str()];
@@ -575,6 +654,16 @@ fn collect_state(d: &Daemon, r: &Registry) {
     for (_, target, _) in d.targets.registry.sessions() {
         sessions.with_label_values(&[target.as_str()]).inc();
     }
+    let portal_conns = s.gauge(
+        "tessera_iscsi_connections",
+        "TCP connections open through the iSCSI portal (logging in, in a session, or ending)",
+        &["portal"],
+    );
+    for p in d.portals.list() {
+        if let Some(on) = &p.listening_on {
+            portal_conns.with_label_values(&[on.as_str()]).set(p.connections as i64);
+        }
+    }
     let luns = s.gauge("tessera_iscsi_luns", "LUNs presented, by target", &["target"]);
     for t in d.list_targets() {
         luns.with_label_values(&[t.iqn.as_str()]).set(t.luns.len() as i64);
@@ -595,4 +684,5 @@ fn collect_state(d: &Daemon, r: &Registry) {
         conns.with_label_values(&l).set(x.connections as i64);
         online.with_label_values(&l).set(x.online as i64);
     }
+    disk_latency.family()
 }

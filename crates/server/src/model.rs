@@ -245,6 +245,50 @@ pub struct DiskErrorsView {
     pub repaired_bytes: u64,
 }
 
+/// What a disk has done since its pool was imported (or the disk came back).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, JsonSchema)]
+pub struct DiskIoView {
+    pub reads: u64,
+    pub read_bytes: u64,
+    pub writes: u64,
+    pub written_bytes: u64,
+    pub flushes: u64,
+    /// Reads, writes and flushes the device failed.
+    pub errors: u64,
+    /// Latencies in microseconds: the mean, and the 99th percentile interpolated within its
+    /// histogram bucket. 0 without operations.
+    pub read_mean_us: u64,
+    pub read_p99_us: u64,
+    pub write_mean_us: u64,
+    pub write_p99_us: u64,
+    pub flush_mean_us: u64,
+}
+
+impl DiskIoView {
+    pub fn of(io: &tessera_disk::DiskIo) -> DiskIoView {
+        use tessera_disk::DiskOp;
+        let us = |d: Option<std::time::Duration>| d.map(|d| d.as_micros() as u64).unwrap_or(0);
+        let (r, w, f) = (
+            io.figures(DiskOp::Read),
+            io.figures(DiskOp::Write),
+            io.figures(DiskOp::Flush),
+        );
+        DiskIoView {
+            reads: r.ops,
+            read_bytes: r.bytes,
+            writes: w.ops,
+            written_bytes: w.bytes,
+            flushes: f.ops,
+            errors: r.errors + w.errors + f.errors,
+            read_mean_us: us(r.mean()),
+            read_p99_us: us(r.quantile(0.99)),
+            write_mean_us: us(w.mean()),
+            write_p99_us: us(w.quantile(0.99)),
+            flush_mean_us: us(f.mean()),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[schemars(rename = "Disk")]
 pub struct DiskView {
@@ -261,6 +305,9 @@ pub struct DiskView {
     pub problem: Option<String>,
     #[serde(default)]
     pub errors: DiskErrorsView,
+    /// None while the pool has no device for the disk (failed, missing).
+    #[serde(default)]
+    pub io: Option<DiskIoView>,
 }
 
 impl From<DiskStatus> for DiskView {
@@ -277,6 +324,7 @@ impl From<DiskStatus> for DiskView {
             used_bytes: d.used_bytes,
             problem: d.problem,
             errors: DiskErrorsView::default(),
+            io: None,
         }
     }
 }
@@ -589,6 +637,9 @@ pub struct PortalView {
     pub warning: Option<String>,
     /// Why the portal is not listening.
     pub error: Option<String>,
+    /// TCP connections open through the portal.
+    #[serde(default)]
+    pub connections: usize,
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -53,6 +54,8 @@ enum State {
     Listening {
         local: SocketAddr,
         task: tokio::task::AbortHandle,
+        /// TCP connections open through the portal (logging in, in a session, or ending).
+        connections: Arc<AtomicUsize>,
         /// As the kernel granted them; None: left to autotuning.
         send_buffer: Option<u32>,
         recv_buffer: Option<u32>,
@@ -147,13 +150,19 @@ impl Portals {
         if let Some(why) = &b.capped {
             warn!(portal = %a, "{why}");
         }
+        let connections: Arc<AtomicUsize> = Default::default();
         let task = handle
-            .spawn(tessera_iscsi::serve(b.listener, self.registry.clone()))
+            .spawn(tessera_iscsi::serve_counted(
+                b.listener,
+                self.registry.clone(),
+                connections.clone(),
+            ))
             .abort_handle();
         info!(portal = %b.local, "iSCSI portal listening");
         Ok(State::Listening {
             local: b.local,
             task,
+            connections,
             send_buffer: self.buffers.send.map(|_| b.send_buffer),
             recv_buffer: self.buffers.recv.map(|_| b.recv_buffer),
             capped: b.capped,
@@ -293,6 +302,7 @@ fn view(a: SocketAddr, p: &Portal) -> PortalView {
         recv_buffer: None,
         warning: None,
         error: None,
+        connections: 0,
     };
     match &p.state {
         State::Listening {
@@ -300,9 +310,11 @@ fn view(a: SocketAddr, p: &Portal) -> PortalView {
             send_buffer,
             recv_buffer,
             capped,
+            connections,
             ..
         } => {
             v.listening_on = Some(portal::addr_text(*local));
+            v.connections = connections.load(Ordering::Relaxed);
             v.send_buffer = *send_buffer;
             v.recv_buffer = *recv_buffer;
             v.warning = capped.clone();

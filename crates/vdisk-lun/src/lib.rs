@@ -133,6 +133,7 @@ impl BlockBackend for VdiskBackend {
                 offset: r.offset,
                 buf_off: r.buf_off,
                 len: r.len,
+                io: r.disk.io().cloned(),
             })
             .collect();
         Some(ReadPlan {

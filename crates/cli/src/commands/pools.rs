@@ -302,13 +302,30 @@ pub(super) fn disk_table(disks: &[DiskView]) {
                 size(d.size),
                 size(d.used_bytes),
                 format!("{}/{}", d.errors.read, d.errors.checksum),
+                d.io.map(|io| format!("{}/{}", ms(io.read_p99_us, io.reads), ms(io.write_p99_us, io.writes)))
+                    .unwrap_or_else(|| "-".into()),
                 d.path.clone(),
                 d.problem.clone().unwrap_or_default(),
             ]
         })
         .collect();
     // ERRORS: read errors / blocks that failed their checksum, since the pool was imported.
-    table(&["#", "ID", "STATE", "SIZE", "USED", "ERRORS", "PATH", "PROBLEM"], rows);
+    // P99 R/W: the disk's 99th percentile read and write latency since then.
+    table(
+        &[
+            "#", "ID", "STATE", "SIZE", "USED", "ERRORS", "P99 R/W", "PATH", "PROBLEM",
+        ],
+        rows,
+    );
+}
+
+/// A latency in microseconds as milliseconds; "-" without operations.
+fn ms(us: u64, ops: u64) -> String {
+    if ops == 0 {
+        "-".into()
+    } else {
+        format!("{:.2}ms", us as f64 / 1000.0)
+    }
 }
 
 pub(super) fn disk(c: &Ctx, cmd: DiskCmd) -> R {

@@ -466,6 +466,7 @@ fn disk_views(e: &Engine) -> Vec<DiskView> {
         .map(|d| {
             let position = d.info.position;
             let mut v = DiskView::from(d);
+            v.io = e.pool().disk_io(position).map(|io| DiskIoView::of(&io));
             if let Some(n) = errors.get(&position) {
                 v.errors = DiskErrorsView {
                     read: n.read,
