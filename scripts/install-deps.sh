@@ -8,8 +8,9 @@ want+=(libssl-dev pkg-config)                   # NBD's TLS links the system Ope
 case "${1:-build}" in
   test)  want+=(fio libiscsi-bin libnbd-bin qemu-utils qemu-block-extra)
          want+=(prometheus)                      # promtool checks the /metrics output
-         want+=(chromium chromium-driver) ;;     # the dashboard's browser test (WebDriver)
-  bench) want+=(fio bc tgt libiscsi-bin libnbd-bin qemu-utils qemu-block-extra)
+         want+=(chromium chromium-driver)        # the dashboard's browser test (WebDriver)
+         want+=(iproute2) ;;                     # the link emulator's network namespaces
+  bench) want+=(fio bc tgt libiscsi-bin libnbd-bin qemu-utils qemu-block-extra iproute2)
          want+=(mmdebstrap e2fsprogs postgresql restic borgbackup) ;;  # bench/dedup-*.sh
 esac
 

@@ -7,6 +7,7 @@ mod commit;
 mod config;
 mod damage;
 mod dedup;
+mod diff;
 mod engine;
 mod error;
 mod findings;

@@ -1,0 +1,106 @@
+//! The emulated link does what it is set to: a TCP copy gets no more than its rate and sees
+//! its delay; datagrams are lost and reordered as often as asked; a cut link carries nothing
+//! until mended.
+
+use std::net::UdpSocket;
+use std::time::Duration;
+
+use tessera_linkem::{measure, netns, Link, Shape, Transfer, B_ADDR};
+
+fn available(test: &str) -> bool {
+    match tessera_linkem::unavailable() {
+        None => true,
+        Some(why) => {
+            tessera_disk::skip(test, &why);
+            false
+        }
+    }
+}
+
+fn prefix(tag: &str) -> String {
+    format!("lt{}{tag}", std::process::id())
+}
+
+#[test]
+fn a_tcp_copy_gets_the_rate_and_the_delay_and_no_more() {
+    if !available("a_tcp_copy_gets_the_rate_and_the_delay_and_no_more") {
+        return;
+    }
+    let shape = Shape::new(20_000_000, Duration::from_millis(40));
+    let link = Link::start(&prefix("r"), shape, shape).unwrap();
+    let r = measure(
+        &link,
+        &Transfer {
+            streams: 1,
+            congestion: "cubic".into(),
+            warmup: Duration::from_secs(1),
+            window: Duration::from_secs(2),
+        },
+    )
+    .unwrap();
+    let ratio = r.goodput_bps / 20e6;
+    // Payload only: headers take ~3.5 % of the link's bits.
+    assert!(ratio <= 0.99, "faster than the link: {r:?}");
+    assert!(ratio >= 0.5, "the link carries far less than its rate: {r:?}");
+    assert!(r.per_stream[0].rtt_ms >= 40.0, "{r:?}");
+    let [ab, ba] = link.stats();
+    assert!(ab.delivered > 1000 && ba.delivered > 100, "{ab:?} {ba:?}");
+    assert_eq!((ab.lost, ab.cut), (0, 0));
+}
+
+#[test]
+fn datagrams_are_lost_reordered_and_cut_as_asked() {
+    if !available("datagrams_are_lost_reordered_and_cut_as_asked") {
+        return;
+    }
+    let mut shape = Shape::new(0, Duration::from_millis(10));
+    shape.loss = 0.05;
+    shape.reorder = 0.1;
+    let link = Link::start(&prefix("l"), shape, Shape::new(0, Duration::from_millis(10))).unwrap();
+    let b = link.b.name.clone();
+    let receiver = std::thread::spawn(move || {
+        netns::enter(&b).unwrap();
+        let s = UdpSocket::bind((B_ADDR, 9999)).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 64];
+        while let Ok(n) = s.recv(&mut buf) {
+            if n == 4 && buf[..4] == *b"stop" {
+                break;
+            }
+            got.push(u32::from_be_bytes(buf[..4].try_into().unwrap()));
+        }
+        got
+    });
+    netns::enter(&link.a.name).unwrap();
+    let s = UdpSocket::bind(("0.0.0.0", 0)).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let n = 4000u32;
+    for k in 0..n {
+        s.send_to(&k.to_be_bytes(), (B_ADDR, 9999)).unwrap();
+        if k % 100 == 99 {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    // Cut: nothing gets through.
+    link.set_cut(true);
+    for k in 0..100u32 {
+        s.send_to(&(1_000_000 + k).to_be_bytes(), (B_ADDR, 9999)).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    link.set_cut(false);
+    for _ in 0..50 {
+        s.send_to(b"stop", (B_ADDR, 9999)).unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let got = receiver.join().unwrap();
+    assert!(got.iter().all(|&k| k < n), "a datagram sent while cut got through");
+    let lost = 1.0 - got.len() as f64 / n as f64;
+    // 5 % of 4000: the standard deviation is 0.35 %.
+    assert!((0.035..0.065).contains(&lost), "lost {lost}");
+    let overtaken = got.windows(2).filter(|w| w[1] < w[0]).count();
+    assert!(overtaken > 50, "only {overtaken} of {} came out of order", got.len());
+    let [ab, _] = link.stats();
+    assert_eq!(ab.cut, 100, "{ab:?}");
+}
