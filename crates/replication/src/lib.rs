@@ -1,0 +1,14 @@
+//! Replication of vdisk snapshots to another pool, usually on another machine: each cycle
+//! sends what changed between the last snapshot both sides hold and a new one, offered by
+//! fingerprint so that the replica asks only for what it lacks, compressed on the wire, and
+//! ends with the same snapshot on the replica. This crate is the stream between the two
+//! pools; the daemon carries it over authenticated, encrypted connections and schedules it.
+
+mod error;
+mod receive;
+mod send;
+pub mod wire;
+
+pub use error::{ReplError, Result};
+pub use receive::{receive, ReceiveOptions, ReceiveReport};
+pub use send::{send, SendReport};

@@ -1,0 +1,271 @@
+//! The receiving side of a cycle: checks what the sender proposes, answers each offer with
+//! the grains its replica lacks (fingerprints differ), writes what arrives after checking it
+//! against the fingerprint offered, and takes the cycle's snapshot once the sender commits.
+//!
+//! The replica vdisk is the working copy; its snapshots are the consistent points. A cycle
+//! cut short leaves the working copy part-way, and a marker saying which cycle it was in:
+//! the same cycle, begun again, carries on (grains already written match their offers and
+//! are not sent again); any other cycle first puts the working copy back to its base
+//! snapshot, so that it starts from what the sender's diff assumes.
+
+use std::collections::HashMap;
+use std::io::{BufWriter, Read, Write};
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use tessera_pool::validate_name;
+use tessera_volume::{Engine, LayoutKind, Provisioning, VdiskSpec};
+use tracing::info;
+
+use crate::error::{ReplError, Result};
+use crate::wire::{self, Begin, Done, Kind, Offered, Ready, Refusal, HASH, MAGIC};
+
+pub struct ReceiveOptions {
+    /// Layout of a replica this side creates.
+    pub layout: LayoutKind,
+    /// Where the markers of cycles under way are kept (one small file per replica).
+    pub cycles_dir: PathBuf,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ReceiveReport {
+    pub vdisk: String,
+    pub snapshot: String,
+    pub resumed: bool,
+    pub offered_grains: u64,
+    pub written_grains: u64,
+    pub holes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Marker {
+    base: Option<String>,
+    snapshot: String,
+}
+
+/// Receives one cycle into `engine`'s pool. A refusal is sent to the peer with its reason
+/// and returned.
+pub fn receive<R: Read, W: Write>(
+    reader: R,
+    writer: W,
+    engine: &Engine,
+    opts: &ReceiveOptions,
+) -> Result<ReceiveReport> {
+    let mut r = reader;
+    let mut w = BufWriter::with_capacity(1 << 16, writer);
+    let mut report = ReceiveReport::default();
+    let out = run(&mut r, &mut w, engine, opts, &mut report);
+    if let Err(e) = &out {
+        let _ = wire::write_json(&mut w, Kind::Error, &Refusal { message: e.to_string() });
+        let _ = w.flush();
+    }
+    out.map(|_| report)
+}
+
+fn run<R: Read, W: Write>(
+    r: &mut R,
+    w: &mut BufWriter<W>,
+    engine: &Engine,
+    opts: &ReceiveOptions,
+    report: &mut ReceiveReport,
+) -> Result<()> {
+    let mut magic = [0u8; 8];
+    r.read_exact(&mut magic)?;
+    if &magic != MAGIC {
+        return Err(ReplError::Protocol("not a Tessera replication stream".into()));
+    }
+    let begin: Begin = frame(r)?.json(Kind::Begin)?;
+    check_begin(&begin)?;
+    report.vdisk = begin.vdisk.clone();
+    report.snapshot = begin.snapshot.clone();
+    let snap_name = format!("{}@{}", begin.vdisk, begin.snapshot);
+    if engine.vdisk(&snap_name).is_ok() {
+        return Err(ReplError::Invalid(format!(
+            "the replica already has snapshot '{snap_name}'"
+        )));
+    }
+    let replica = match engine.vdisk(&begin.vdisk) {
+        Ok(v) => {
+            if v.is_snapshot() {
+                return Err(ReplError::Invalid(format!("'{}' is a snapshot", begin.vdisk)));
+            }
+            if (v.grain_size(), v.block_size()) != (begin.grain, begin.block_size) {
+                return Err(ReplError::Invalid(format!(
+                    "replica '{}' has {} byte grains and {} byte blocks; the source {} and {}",
+                    begin.vdisk,
+                    v.grain_size(),
+                    v.block_size(),
+                    begin.grain,
+                    begin.block_size
+                )));
+            }
+            if v.size() > begin.size {
+                return Err(ReplError::Invalid(format!(
+                    "replica '{}' is larger ({} bytes) than its source ({})",
+                    begin.vdisk,
+                    v.size(),
+                    begin.size
+                )));
+            }
+            v
+        }
+        Err(_) => {
+            let mut spec = VdiskSpec::new(&begin.vdisk, begin.size, opts.layout);
+            spec.provisioning = Provisioning::Thin;
+            spec.grain_size = Some(begin.grain);
+            spec.block_size = Some(begin.block_size);
+            engine.create_vdisk(&spec)?
+        }
+    };
+    let base = begin
+        .base
+        .as_ref()
+        .and_then(|b| engine.vdisk(&format!("{}@{b}", begin.vdisk)).ok());
+    let wanted = Marker {
+        base: base.as_ref().and(begin.base.clone()),
+        snapshot: begin.snapshot.clone(),
+    };
+    let marker_path = opts.cycles_dir.join(format!("{}.cycle", begin.vdisk));
+    let marker: Option<Marker> = std::fs::read(&marker_path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok());
+    report.resumed = marker.as_ref() == Some(&wanted);
+    if let (Some(b), false) = (&base, report.resumed) {
+        // Back to the base: the working copy may hold part of another cycle.
+        if replica.size() > b.size() {
+            replica.write_zeroes(b.size(), replica.size() - b.size(), true, false)?;
+        }
+        engine.clone_range(b, 0, &replica, 0, b.size())?;
+    }
+    if replica.size() < begin.size {
+        engine.resize_vdisk(&begin.vdisk, begin.size)?;
+    }
+    std::fs::create_dir_all(&opts.cycles_dir)?;
+    write_durably(&marker_path, &serde_json::to_vec(&wanted).expect("serializable"))?;
+    wire::write_json(
+        w,
+        Kind::Ready,
+        &Ready {
+            base_ok: base.is_some(),
+        },
+    )?;
+    w.flush()?;
+    info!(replica = %begin.vdisk, snapshot = %begin.snapshot, base = ?wanted.base, resumed = report.resumed, "replication cycle begins");
+
+    // Fingerprints offered and asked for, by offset, until their data arrives.
+    let mut expected: HashMap<u64, [u8; HASH]> = HashMap::new();
+    let size = begin.size;
+    loop {
+        let f = frame(r)?;
+        match f.kind {
+            Kind::Offer => {
+                let (no, offers) = wire::decode_offer(&f.body)?;
+                let mut want = Vec::new();
+                for (i, o) in offers.iter().enumerate() {
+                    check_range(o.offset, o.len as u64, size, begin.grain)?;
+                    if !holds(&replica, o)? {
+                        want.push(i as u32);
+                        expected.insert(o.offset, o.hash);
+                    }
+                }
+                report.offered_grains += offers.len() as u64;
+                wire::write_frame(w, Kind::Want, &wire::encode_want(no, &want))?;
+                w.flush()?;
+            }
+            Kind::Data => {
+                let (offset, data) = wire::decode_data(&f.body)?;
+                let hash = expected
+                    .remove(&offset)
+                    .ok_or_else(|| ReplError::Protocol(format!("data at {offset} that was not asked for")))?;
+                if *blake3::hash(&data).as_bytes() != hash {
+                    return Err(ReplError::Protocol(format!(
+                        "the data at {offset} does not match its fingerprint"
+                    )));
+                }
+                replica.write(offset, &data, false)?;
+                report.written_grains += 1;
+            }
+            Kind::Hole => {
+                let (offset, len) = wire::decode_hole(&f.body)?;
+                check_range(offset, len, size, 1)?;
+                replica.write_zeroes(offset, len, true, false)?;
+                report.holes += 1;
+            }
+            Kind::Commit => {
+                if !expected.is_empty() {
+                    return Err(ReplError::Protocol(format!(
+                        "commit with {} grains asked for and not sent",
+                        expected.len()
+                    )));
+                }
+                replica.flush()?;
+                engine.snapshot(&begin.vdisk, &begin.snapshot)?;
+                let _ = std::fs::remove_file(&marker_path);
+                wire::write_json(
+                    w,
+                    Kind::Done,
+                    &Done {
+                        snapshot: begin.snapshot.clone(),
+                        grains_written: report.written_grains,
+                    },
+                )?;
+                w.flush()?;
+                info!(replica = %begin.vdisk, snapshot = %begin.snapshot, grains = report.written_grains, "replication cycle done");
+                return Ok(());
+            }
+            k => return Err(ReplError::Protocol(format!("a {k:?} frame in the middle of a cycle"))),
+        }
+    }
+}
+
+fn frame<R: Read>(r: &mut R) -> Result<wire::Frame> {
+    wire::read_frame(r)?.ok_or_else(|| ReplError::Protocol("the sender closed the stream before its commit".into()))
+}
+
+fn check_begin(b: &Begin) -> Result<()> {
+    validate_name("vdisk", &b.vdisk).map_err(ReplError::Invalid)?;
+    validate_name("snapshot", &b.snapshot).map_err(ReplError::Invalid)?;
+    if let Some(base) = &b.base {
+        validate_name("snapshot", base).map_err(ReplError::Invalid)?;
+    }
+    if b.size == 0 || !b.grain.is_power_of_two() || b.grain > wire::MAX_FRAME as u64 / 2 {
+        return Err(ReplError::Protocol(format!(
+            "a vdisk of {} bytes in {} byte grains",
+            b.size, b.grain
+        )));
+    }
+    Ok(())
+}
+
+/// An offered range must be whole grains (or the short last one) inside the vdisk.
+fn check_range(offset: u64, len: u64, size: u64, align: u64) -> Result<()> {
+    let end = offset.checked_add(len).filter(|&e| e <= size);
+    if len == 0 || end.is_none() || offset % align != 0 {
+        return Err(ReplError::Protocol(format!(
+            "a range of {len} bytes at {offset} of a {size} byte vdisk"
+        )));
+    }
+    Ok(())
+}
+
+/// Whether the replica already holds the offered grain's bytes.
+fn holds(replica: &tessera_volume::Vdisk, o: &Offered) -> Result<bool> {
+    let mut buf = vec![0u8; o.len as usize];
+    replica.read(o.offset, &mut buf)?;
+    Ok(*blake3::hash(&buf).as_bytes() == o.hash)
+}
+
+/// Writes a small file so that a crash leaves the old one or the new one.
+fn write_durably(path: &std::path::Path, bytes: &[u8]) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}

@@ -1,0 +1,300 @@
+//! Replication cycles between two pools over a loopback TCP connection: a full cycle, then
+//! incremental ones that send only what changed, bit-exact each time; a cycle cut mid-way
+//! that carries on where it stopped; a replica pool that fills up; streams that lie.
+
+use std::io::{self, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::Arc;
+
+use tessera_disk::{DiskRef, MemDisk};
+use tessera_replication::{receive, send, ReceiveOptions, ReceiveReport, ReplError, SendReport};
+use tessera_volume::{Engine, LayoutKind, Provisioning, Vdisk, VdiskSpec};
+
+const MIB: u64 = 1 << 20;
+const GRAIN: u64 = 64 << 10;
+
+struct Site {
+    dir: tempfile::TempDir,
+    engine: Engine,
+}
+
+fn site(disks: usize, disk_size: u64) -> Site {
+    let dir = tempfile::tempdir().unwrap();
+    let refs: Vec<DiskRef> = (0..disks)
+        .map(|i| Arc::new(MemDisk::new(&format!("m{i}"), disk_size)) as DiskRef)
+        .collect();
+    let engine = Engine::create_pool(&dir.path().join("pool"), "p", refs, 4 * MIB).unwrap();
+    Site { dir, engine }
+}
+
+fn options(s: &Site) -> ReceiveOptions {
+    ReceiveOptions {
+        layout: LayoutKind::Mirror,
+        cycles_dir: s.dir.path().join("cycles"),
+    }
+}
+
+/// Bytes that do not compress, different for each seed and place.
+fn noise(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 32) as u8
+        })
+        .collect()
+}
+
+fn image(v: &Vdisk) -> blake3::Hash {
+    let mut h = blake3::Hasher::new();
+    let mut buf = vec![0u8; MIB as usize];
+    let mut at = 0;
+    while at < v.size() {
+        let n = MIB.min(v.size() - at) as usize;
+        v.read(at, &mut buf[..n]).unwrap();
+        h.update(&buf[..n]);
+        at += n as u64;
+    }
+    h.finalize()
+}
+
+/// A writer that fails after `budget` bytes, as a connection that drops.
+struct Cut<W> {
+    inner: W,
+    budget: usize,
+}
+
+impl<W: Write> Write for Cut<W> {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        if self.budget == 0 {
+            return Err(io::Error::new(io::ErrorKind::ConnectionReset, "link dropped"));
+        }
+        let n = b.len().min(self.budget);
+        self.budget -= n;
+        self.inner.write(&b[..n])
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// One cycle from `src` to `dst`; `cut_after` drops the sender's side after that many bytes.
+fn cycle(
+    src: &Site,
+    dst: &Site,
+    snap: &str,
+    base: Option<&str>,
+    cut_after: Option<usize>,
+) -> (Result<SendReport, ReplError>, Result<ReceiveReport, ReplError>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::scope(|s| {
+        let rx = s.spawn(|| {
+            let (c, _) = listener.accept().unwrap();
+            let r = receive(c.try_clone().unwrap(), &c, &dst.engine, &options(dst));
+            let _ = c.shutdown(Shutdown::Both);
+            r
+        });
+        let c = TcpStream::connect(addr).unwrap();
+        let newer = src.engine.vdisk(&format!("vol@{snap}")).unwrap();
+        let base_v = base.map(|b| src.engine.vdisk(&format!("vol@{b}")).unwrap());
+        let shut = || {
+            let _ = c.shutdown(Shutdown::Both);
+        };
+        let writer = Cut {
+            inner: &c,
+            budget: cut_after.unwrap_or(usize::MAX),
+        };
+        let sent = send(
+            c.try_clone().unwrap(),
+            writer,
+            &shut,
+            &newer,
+            base_v.as_deref().zip(base),
+            "vol",
+            snap,
+        );
+        shut();
+        (sent, rx.join().unwrap())
+    })
+}
+
+#[test]
+fn cycles_send_only_what_changed_and_leave_bit_exact_replicas() {
+    let src = site(2, 256 * MIB);
+    let dst = site(2, 256 * MIB);
+    let mut spec = VdiskSpec::new("vol", 64 * MIB, LayoutKind::Mirror);
+    spec.provisioning = Provisioning::Thin;
+    spec.grain_size = Some(GRAIN);
+    let v = src.engine.create_vdisk(&spec).unwrap();
+    // 8 MiB written in four places; the rest stays a hole.
+    for (k, at) in [0, 10 * MIB, 33 * MIB, 60 * MIB].into_iter().enumerate() {
+        v.write(at, &noise(k as u64, (2 * MIB) as usize), false).unwrap();
+    }
+    let s1 = src.engine.snapshot("vol", "s1").unwrap();
+
+    // The first cycle sends the allocated grains and nothing of the holes.
+    let (sent, got) = cycle(&src, &dst, "s1", None, None);
+    let (sent, got) = (sent.unwrap(), got.unwrap());
+    assert!(sent.full);
+    assert_eq!(sent.sent_bytes, 8 * MIB, "{sent:?}");
+    assert_eq!(sent.sent_grains, 8 * MIB / GRAIN);
+    assert!(sent.wire_bytes < 8 * MIB + 64 * 1024, "{sent:?}");
+    assert!(!got.resumed);
+    let r1 = dst.engine.vdisk("vol@s1").unwrap();
+    assert_eq!(image(&r1), image(&s1));
+    assert_eq!(r1.allocated_bytes(), 8 * MIB, "the replica is as thin as its source");
+
+    // 1 % of the vdisk changes: whole grains, part of a grain, a trim, a grain past the
+    // written areas.
+    v.write(GRAIN * 3, &noise(10, (4 * GRAIN) as usize), false).unwrap();
+    v.write(33 * MIB + 4096, &noise(11, 4096), false).unwrap();
+    v.trim(10 * MIB, 2 * GRAIN).unwrap();
+    v.write(50 * MIB, &noise(12, GRAIN as usize), false).unwrap();
+    let s2 = src.engine.snapshot("vol", "s2").unwrap();
+    let (sent, got) = cycle(&src, &dst, "s2", Some("s1"), None);
+    let (sent, got) = (sent.unwrap(), got.unwrap());
+    assert!(!sent.full);
+    let changed = 6 * GRAIN;
+    assert_eq!((sent.sent_grains, sent.sent_bytes), (6, changed), "{sent:?}");
+    assert_eq!(sent.holes, 1);
+    assert!(
+        (sent.wire_bytes as f64) <= 1.2 * changed as f64,
+        "{} bytes on the wire for {changed} changed",
+        sent.wire_bytes
+    );
+    assert_eq!(got.written_grains, 6);
+    assert_eq!(image(&dst.engine.vdisk("vol@s2").unwrap()), image(&s2));
+    assert_eq!(image(&dst.engine.vdisk("vol@s1").unwrap()), image(&s1), "s1 kept");
+
+    // Compressible data goes compressed.
+    let text: Vec<u8> = b"replicated line of text\n"
+        .iter()
+        .copied()
+        .cycle()
+        .take((4 * MIB) as usize)
+        .collect();
+    v.write(20 * MIB, &text, false).unwrap();
+    let s3 = src.engine.snapshot("vol", "s3").unwrap();
+    let (sent, _) = cycle(&src, &dst, "s3", Some("s2"), None);
+    let sent = sent.unwrap();
+    assert_eq!(sent.sent_bytes, 4 * MIB);
+    assert!(sent.wire_bytes < MIB / 4, "{sent:?}");
+    assert_eq!(image(&dst.engine.vdisk("vol@s3").unwrap()), image(&s3));
+
+    // A base the replica does not hold: everything is offered, and only what differs sent.
+    dst.engine.delete_vdisk("vol@s3").unwrap();
+    v.write(0, &noise(20, GRAIN as usize), false).unwrap();
+    let s4 = src.engine.snapshot("vol", "s4").unwrap();
+    let (sent, _) = cycle(&src, &dst, "s4", Some("s3"), None);
+    let sent = sent.unwrap();
+    assert!(sent.full);
+    assert_eq!(sent.sent_grains, 1, "{sent:?}");
+    assert_eq!(image(&dst.engine.vdisk("vol@s4").unwrap()), image(&s4));
+    let r = dst.engine.check().unwrap();
+    assert!(r.problems.is_empty(), "{:#?}", r.problems);
+}
+
+#[test]
+fn a_cycle_cut_mid_way_carries_on_where_it_stopped() {
+    let src = site(2, 256 * MIB);
+    let dst = site(2, 256 * MIB);
+    let mut spec = VdiskSpec::new("vol", 32 * MIB, LayoutKind::Mirror);
+    spec.grain_size = Some(GRAIN);
+    let v = src.engine.create_vdisk(&spec).unwrap();
+    v.write(0, &noise(1, (16 * MIB) as usize), false).unwrap();
+    let s1 = src.engine.snapshot("vol", "s1").unwrap();
+
+    // The link drops after about 10 MiB.
+    let (sent, got) = cycle(&src, &dst, "s1", None, Some((10 * MIB) as usize));
+    assert!(sent.is_err() && got.is_err(), "{sent:?} {got:?}");
+    assert!(dst.engine.vdisk("vol@s1").is_err(), "no snapshot of a cycle cut short");
+
+    let (sent, got) = cycle(&src, &dst, "s1", None, None);
+    let (sent, got) = (sent.unwrap(), got.unwrap());
+    assert!(got.resumed);
+    assert!(
+        sent.sent_bytes <= 8 * MIB,
+        "{} bytes sent again of 16 MiB, after about 10 MiB got through",
+        sent.sent_bytes
+    );
+    assert_eq!(image(&dst.engine.vdisk("vol@s1").unwrap()), image(&s1));
+
+    // A cut incremental cycle, then a different cycle: the working copy goes back to its base
+    // first, and the replica is still exact.
+    v.write(0, &noise(2, (4 * MIB) as usize), false).unwrap();
+    src.engine.snapshot("vol", "s2").unwrap();
+    let (sent, _) = cycle(&src, &dst, "s2", Some("s1"), Some((2 * MIB) as usize));
+    assert!(sent.is_err());
+    v.write(8 * MIB, &noise(3, (MIB) as usize), false).unwrap();
+    let s3 = src.engine.snapshot("vol", "s3").unwrap();
+    let (sent, got) = cycle(&src, &dst, "s3", Some("s1"), None);
+    sent.unwrap();
+    assert!(!got.unwrap().resumed);
+    assert_eq!(image(&dst.engine.vdisk("vol@s3").unwrap()), image(&s3));
+}
+
+#[test]
+fn a_full_replica_pool_says_so_and_the_source_is_unharmed() {
+    let src = site(2, 256 * MIB);
+    let dst = site(2, 24 * MIB);
+    let mut spec = VdiskSpec::new("vol", 64 * MIB, LayoutKind::Mirror);
+    spec.grain_size = Some(GRAIN);
+    let v = src.engine.create_vdisk(&spec).unwrap();
+    let data = noise(5, (48 * MIB) as usize);
+    v.write(0, &data, false).unwrap();
+    let s1 = src.engine.snapshot("vol", "s1").unwrap();
+    let before = image(&s1);
+    let (sent, got) = cycle(&src, &dst, "s1", None, None);
+    let err = sent.unwrap_err().to_string();
+    assert!(err.contains("refused") && err.to_lowercase().contains("space"), "{err}");
+    assert!(got.is_err());
+    assert_eq!(image(&s1), before);
+    let mut back = vec![0u8; data.len()];
+    v.read(0, &mut back).unwrap();
+    assert!(back == data);
+    assert!(dst.engine.vdisk("vol@s1").is_err());
+}
+
+#[test]
+fn streams_that_lie_are_refused_with_a_reason() {
+    let dst = site(2, 64 * MIB);
+    let run = |bytes: Vec<u8>| -> String {
+        let mut out = Vec::new();
+        receive(&bytes[..], &mut out, &dst.engine, &options(&dst))
+            .unwrap_err()
+            .to_string()
+    };
+    assert!(run(b"GET / HTTP/1.1\r\n\r\n".to_vec()).contains("not a Tessera replication stream"));
+    let begin = |json: &str| {
+        let mut b = tessera_replication::wire::MAGIC.to_vec();
+        tessera_replication::wire::write_frame(&mut b, tessera_replication::wire::Kind::Begin, json.as_bytes())
+            .unwrap();
+        b
+    };
+    let ok = r#"{"vdisk":"vol","size":1048576,"grain":65536,"block_size":512,"snapshot":"s1","base":null}"#;
+    assert!(run(begin(&ok.replace("\"vol\"", "\"../etc\""))).contains("vdisk name"));
+    assert!(run(begin(&ok.replace("65536", "65535"))).contains("grains"));
+    assert!(run(begin(r#"{"vdisk":"vol"}"#)).contains("Begin"));
+    // Data nobody asked for.
+    let mut b = begin(ok);
+    let data = tessera_replication::wire::encode_data(0, &[1u8; 4096]);
+    tessera_replication::wire::write_frame(&mut b, tessera_replication::wire::Kind::Data, &data).unwrap();
+    assert!(run(b).contains("not asked for"));
+    // Ended before its commit.
+    assert!(run(begin(ok)).contains("before its commit"));
+    // An offer outside the vdisk.
+    let mut b = begin(ok);
+    let offer = tessera_replication::wire::encode_offer(
+        0,
+        &[tessera_replication::wire::Offered {
+            offset: 1 << 40,
+            len: 65536,
+            hash: [0; 32],
+        }],
+    );
+    tessera_replication::wire::write_frame(&mut b, tessera_replication::wire::Kind::Offer, &offer).unwrap();
+    assert!(run(b).contains("range"));
+}
