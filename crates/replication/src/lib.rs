@@ -10,5 +10,5 @@ mod send;
 pub mod wire;
 
 pub use error::{ReplError, Result};
-pub use receive::{receive, ReceiveOptions, ReceiveReport};
+pub use receive::{receive, ReceiveOptions, ReceiveReport, ReplicaSite};
 pub use send::{send, SendReport};

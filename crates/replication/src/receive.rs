@@ -11,6 +11,7 @@
 use std::collections::HashMap;
 use std::io::{BufWriter, Read, Write};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use tessera_pool::validate_name;
@@ -25,6 +26,18 @@ pub struct ReceiveOptions {
     pub layout: LayoutKind,
     /// Where the markers of cycles under way are kept (one small file per replica).
     pub cycles_dir: PathBuf,
+}
+
+/// What the receiving daemon decides: which pools take replicas, and which vdisks a peer may
+/// write. A peer that holds the key may create replicas and update its own; it may never
+/// write over a vdisk that is not a replica.
+pub trait ReplicaSite {
+    /// The engine of `pool`, or why replicas cannot go there.
+    fn engine(&self, pool: &str) -> std::result::Result<Arc<Engine>, String>;
+    /// Whether `pool/vdisk` may be written as a replica; `exists` says whether it exists.
+    fn may_write(&self, pool: &str, vdisk: &str, exists: bool) -> std::result::Result<(), String>;
+    /// A cycle is about to write `pool/vdisk` (just created, or existing).
+    fn writing(&self, _pool: &str, _vdisk: &str) {}
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -43,39 +56,48 @@ struct Marker {
     snapshot: String,
 }
 
-/// Receives one cycle into `engine`'s pool. A refusal is sent to the peer with its reason
-/// and returned.
-pub fn receive<R: Read, W: Write>(
-    reader: R,
-    writer: W,
-    engine: &Engine,
-    opts: &ReceiveOptions,
-) -> Result<ReceiveReport> {
-    let mut r = reader;
-    let mut w = BufWriter::with_capacity(1 << 16, writer);
+/// Receives one cycle from the peer at the other end of `conn`. A refusal is sent to the
+/// peer with its reason, and returned.
+pub fn receive<S: Read + Write>(conn: S, site: &dyn ReplicaSite, opts: &ReceiveOptions) -> Result<ReceiveReport> {
+    let mut w = BufWriter::with_capacity(1 << 16, conn);
     let mut report = ReceiveReport::default();
-    let out = run(&mut r, &mut w, engine, opts, &mut report);
+    let out = run(&mut w, site, opts, &mut report);
     if let Err(e) = &out {
         let _ = wire::write_json(&mut w, Kind::Error, &Refusal { message: e.to_string() });
         let _ = w.flush();
+        // Closing now, with the sender's frames unread, would reset the connection and could
+        // take the refusal with it: read on until the sender, having read the refusal at its
+        // next answer, closes (or the stream fails).
+        let mut sink = [0u8; 64 << 10];
+        let mut left: u64 = 1 << 30;
+        while left > 0 {
+            match w.get_mut().read(&mut sink) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => left = left.saturating_sub(n as u64),
+            }
+        }
     }
     out.map(|_| report)
 }
 
-fn run<R: Read, W: Write>(
-    r: &mut R,
-    w: &mut BufWriter<W>,
-    engine: &Engine,
+fn run<S: Read + Write>(
+    w: &mut BufWriter<S>,
+    site: &dyn ReplicaSite,
     opts: &ReceiveOptions,
     report: &mut ReceiveReport,
 ) -> Result<()> {
+    // Every write is flushed before the next read: reads go straight to the connection.
     let mut magic = [0u8; 8];
-    r.read_exact(&mut magic)?;
+    w.get_mut().read_exact(&mut magic)?;
     if &magic != MAGIC {
         return Err(ReplError::Protocol("not a Tessera replication stream".into()));
     }
-    let begin: Begin = frame(r)?.json(Kind::Begin)?;
+    let begin: Begin = frame(w.get_mut())?.json(Kind::Begin)?;
     check_begin(&begin)?;
+    let engine = site.engine(&begin.pool).map_err(ReplError::Invalid)?;
+    let engine = &*engine;
+    site.may_write(&begin.pool, &begin.vdisk, engine.vdisk(&begin.vdisk).is_ok())
+        .map_err(ReplError::Invalid)?;
     report.vdisk = begin.vdisk.clone();
     report.snapshot = begin.snapshot.clone();
     let snap_name = format!("{}@{}", begin.vdisk, begin.snapshot);
@@ -117,6 +139,7 @@ fn run<R: Read, W: Write>(
             engine.create_vdisk(&spec)?
         }
     };
+    site.writing(&begin.pool, &begin.vdisk);
     let base = begin
         .base
         .as_ref()
@@ -125,7 +148,7 @@ fn run<R: Read, W: Write>(
         base: base.as_ref().and(begin.base.clone()),
         snapshot: begin.snapshot.clone(),
     };
-    let marker_path = opts.cycles_dir.join(format!("{}.cycle", begin.vdisk));
+    let marker_path = opts.cycles_dir.join(format!("{}.{}.cycle", begin.pool, begin.vdisk));
     let marker: Option<Marker> = std::fs::read(&marker_path)
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok());
@@ -156,7 +179,7 @@ fn run<R: Read, W: Write>(
     let mut expected: HashMap<u64, [u8; HASH]> = HashMap::new();
     let size = begin.size;
     loop {
-        let f = frame(r)?;
+        let f = frame(w.get_mut())?;
         match f.kind {
             Kind::Offer => {
                 let (no, offers) = wire::decode_offer(&f.body)?;
@@ -223,6 +246,7 @@ fn frame<R: Read>(r: &mut R) -> Result<wire::Frame> {
 }
 
 fn check_begin(b: &Begin) -> Result<()> {
+    validate_name("pool", &b.pool).map_err(ReplError::Invalid)?;
     validate_name("vdisk", &b.vdisk).map_err(ReplError::Invalid)?;
     validate_name("snapshot", &b.snapshot).map_err(ReplError::Invalid)?;
     if let Some(base) = &b.base {

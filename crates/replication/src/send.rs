@@ -5,8 +5,6 @@
 
 use std::collections::HashMap;
 use std::io::{BufWriter, Read, Write};
-use std::sync::mpsc;
-use std::time::Duration;
 
 use tessera_volume::Vdisk;
 
@@ -33,16 +31,19 @@ pub struct SendReport {
     pub snapshot: String,
 }
 
-/// Replicates `newer` (a snapshot) to the replica vdisk `replica` of the peer behind
-/// `reader`/`writer` (two halves of one connection; `shutdown` closes it, so that a reader
-/// blocked on it returns), as the replica's snapshot `snapshot`, sending what changed since
-/// `base` (an older snapshot the replica also holds under the given name).
-pub fn send<R: Read + Send, W: Write>(
-    reader: R,
-    writer: W,
-    shutdown: &(dyn Fn() + Sync),
+/// Replicates `newer` (a snapshot) to the replica vdisk `pool/replica` of the peer at the
+/// other end of `conn`, as the replica's snapshot `snapshot`, sending what changed since
+/// `base` (an older snapshot the replica also holds, under the given name).
+///
+/// One thread does it all: answers are read only once a window of offers is out, and an
+/// answer is small, so neither side can fill the other's buffers while it waits. A stream that
+/// fails is read once more for the replica's reason (give `conn` a read timeout, so that a
+/// silent peer cannot hold the sender).
+pub fn send<S: Read + Write>(
+    conn: S,
     newer: &Vdisk,
     base: Option<(&Vdisk, &str)>,
+    pool: &str,
     replica: &str,
     snapshot: &str,
 ) -> Result<SendReport> {
@@ -52,71 +53,63 @@ pub fn send<R: Read + Send, W: Write>(
             newer.name()
         )));
     }
-    let mut w = BufWriter::with_capacity(1 << 20, writer);
+    let mut c = Conn {
+        w: BufWriter::with_capacity(1 << 20, conn),
+    };
     let mut report = SendReport {
         snapshot: snapshot.to_string(),
         ..Default::default()
     };
-    let (tx, rx) = mpsc::channel::<Result<Frame>>();
-    std::thread::scope(|scope| {
-        // Answers come back on their own thread, so that the sender never stops writing to
-        // read, and the peer never stops reading to write.
-        scope.spawn(move || {
-            let mut r = reader;
-            loop {
-                let f = wire::read_frame(&mut r);
-                let last = !matches!(&f, Ok(Some(f)) if f.kind == Kind::Want || f.kind == Kind::Ready);
-                let _ = tx
-                    .send(f.and_then(|f| f.ok_or_else(|| ReplError::Protocol("the replica closed the stream".into()))));
-                if last {
-                    return;
+    match run(&mut c, newer, base, pool, replica, snapshot, &mut report) {
+        Ok(()) => Ok(report),
+        Err(e @ (ReplError::Io(_) | ReplError::Protocol(_))) => {
+            // A replica that refuses says why and closes: the write that then failed is not
+            // the reason.
+            let mut reason = None;
+            // Answers to offers may come first.
+            for _ in 0..4 * WINDOW {
+                match wire::read_frame(c.w.get_mut()) {
+                    Ok(Some(f)) if f.kind == Kind::Error => {
+                        reason = f.expect(Kind::Done).err();
+                        break;
+                    }
+                    Ok(Some(_)) => continue,
+                    _ => break,
                 }
             }
-        });
-        let r = run(&mut w, &rx, newer, base, replica, snapshot, &mut report);
-        if let Err(e) = r {
-            // A replica that refuses says why and closes; the write that failed on the
-            // closed stream is not the reason. Wait a moment for the reason, then close, so
-            // that the answering thread returns even from a peer that says nothing.
-            let reason = refusal(&rx, Duration::from_secs(2));
-            shutdown();
-            return Err(reason.unwrap_or(e));
+            Err(reason.unwrap_or(e))
         }
-        r
-    })?;
-    Ok(report)
-}
-
-/// The peer's refusal, if it sends one within `wait`.
-fn refusal(rx: &mpsc::Receiver<Result<Frame>>, wait: Duration) -> Option<ReplError> {
-    let deadline = std::time::Instant::now() + wait;
-    loop {
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        match rx.recv_timeout(left) {
-            Ok(Ok(f)) if f.kind == Kind::Error => return f.expect(Kind::Done).err(),
-            Ok(_) => continue,
-            Err(_) => return None,
-        }
+        Err(e) => Err(e),
     }
 }
 
-fn next(rx: &mpsc::Receiver<Result<Frame>>) -> Result<Frame> {
-    rx.recv()
-        .map_err(|_| ReplError::Protocol("the replica closed the stream".into()))?
+/// The connection, written through a buffer that is flushed before every read.
+struct Conn<S: Read + Write> {
+    w: BufWriter<S>,
 }
 
-fn run<W: Write>(
-    w: &mut BufWriter<W>,
-    rx: &mpsc::Receiver<Result<Frame>>,
+impl<S: Read + Write> Conn<S> {
+    fn next(&mut self) -> Result<Frame> {
+        self.w.flush()?;
+        wire::read_frame(self.w.get_mut())?.ok_or_else(|| ReplError::Protocol("the replica closed the stream".into()))
+    }
+}
+
+type Batch = Vec<(u64, Vec<u8>)>;
+
+fn run<S: Read + Write>(
+    c: &mut Conn<S>,
     newer: &Vdisk,
     base: Option<(&Vdisk, &str)>,
+    pool: &str,
     replica: &str,
     snapshot: &str,
     report: &mut SendReport,
 ) -> Result<()> {
-    w.write_all(MAGIC)?;
+    c.w.write_all(MAGIC)?;
     report.wire_bytes += MAGIC.len() as u64;
     let begin = Begin {
+        pool: pool.to_string(),
         vdisk: replica.to_string(),
         size: newer.size(),
         grain: newer.grain_size(),
@@ -124,9 +117,8 @@ fn run<W: Write>(
         snapshot: snapshot.to_string(),
         base: base.map(|(_, name)| name.to_string()),
     };
-    report.wire_bytes += wire::write_json(w, Kind::Begin, &begin)?;
-    w.flush()?;
-    let ready: Ready = next(rx)?.json(Kind::Ready)?;
+    report.wire_bytes += wire::write_json(&mut c.w, Kind::Begin, &begin)?;
+    let ready: Ready = c.next()?.json(Kind::Ready)?;
     let base = base.filter(|_| ready.base_ok);
     report.full = base.is_none();
     let extents = match base {
@@ -134,13 +126,13 @@ fn run<W: Write>(
         None => newer.extents(0, newer.size())?,
     };
     for e in extents.iter().filter(|e| !e.mapped) {
-        report.wire_bytes += wire::write_frame(w, Kind::Hole, &wire::encode_hole(e.offset, e.len))?;
+        report.wire_bytes += wire::write_frame(&mut c.w, Kind::Hole, &wire::encode_hole(e.offset, e.len))?;
         report.holes += 1;
     }
 
     let grain = newer.grain_size();
-    let mut outstanding: HashMap<u64, Vec<(u64, Vec<u8>)>> = HashMap::new();
-    let mut batch: Vec<(u64, Vec<u8>)> = Vec::with_capacity(BATCH);
+    let mut outstanding: HashMap<u64, Batch> = HashMap::new();
+    let mut batch: Batch = Vec::with_capacity(BATCH);
     let mut batch_no = 0u64;
     let grains = extents.iter().filter(|e| e.mapped).flat_map(|e| {
         let end = e.offset + e.len;
@@ -153,22 +145,21 @@ fn run<W: Write>(
         newer.read(offset, &mut data)?;
         batch.push((offset, data));
         if batch.len() == BATCH {
-            offer(w, batch_no, std::mem::take(&mut batch), &mut outstanding, report)?;
+            offer(&mut c.w, batch_no, std::mem::take(&mut batch), &mut outstanding, report)?;
             batch_no += 1;
             while outstanding.len() >= WINDOW {
-                answer(w, rx, &mut outstanding, report)?;
+                answer(c, &mut outstanding, report)?;
             }
         }
     }
     if !batch.is_empty() {
-        offer(w, batch_no, batch, &mut outstanding, report)?;
+        offer(&mut c.w, batch_no, batch, &mut outstanding, report)?;
     }
     while !outstanding.is_empty() {
-        answer(w, rx, &mut outstanding, report)?;
+        answer(c, &mut outstanding, report)?;
     }
-    report.wire_bytes += wire::write_frame(w, Kind::Commit, &[])?;
-    w.flush()?;
-    let done: Done = next(rx)?.json(Kind::Done)?;
+    report.wire_bytes += wire::write_frame(&mut c.w, Kind::Commit, &[])?;
+    let done: Done = c.next()?.json(Kind::Done)?;
     if done.snapshot != snapshot {
         return Err(ReplError::Protocol(format!(
             "the replica made snapshot '{}', not '{snapshot}'",
@@ -179,10 +170,10 @@ fn run<W: Write>(
 }
 
 fn offer<W: Write>(
-    w: &mut BufWriter<W>,
+    w: &mut W,
     no: u64,
-    batch: Vec<(u64, Vec<u8>)>,
-    outstanding: &mut HashMap<u64, Vec<(u64, Vec<u8>)>>,
+    batch: Batch,
+    outstanding: &mut HashMap<u64, Batch>,
     report: &mut SendReport,
 ) -> Result<()> {
     let offers: Vec<Offered> = batch
@@ -200,15 +191,12 @@ fn offer<W: Write>(
 }
 
 /// Takes one answer and sends the grains it asks for.
-fn answer<W: Write>(
-    w: &mut BufWriter<W>,
-    rx: &mpsc::Receiver<Result<Frame>>,
-    outstanding: &mut HashMap<u64, Vec<(u64, Vec<u8>)>>,
+fn answer<S: Read + Write>(
+    c: &mut Conn<S>,
+    outstanding: &mut HashMap<u64, Batch>,
     report: &mut SendReport,
 ) -> Result<()> {
-    // What is buffered must reach the replica before waiting for its answer to it.
-    w.flush()?;
-    let f = next(rx)?;
+    let f = c.next()?;
     f.expect(Kind::Want)?;
     let (no, wanted) = wire::decode_want(&f.body)?;
     let batch = outstanding
@@ -218,7 +206,7 @@ fn answer<W: Write>(
         let (offset, data) = batch
             .get(i as usize)
             .ok_or_else(|| ReplError::Protocol(format!("batch {no} has no grain {i}")))?;
-        report.wire_bytes += wire::write_frame(w, Kind::Data, &wire::encode_data(*offset, data))?;
+        report.wire_bytes += wire::write_frame(&mut c.w, Kind::Data, &wire::encode_data(*offset, data))?;
         report.sent_grains += 1;
         report.sent_bytes += data.len() as u64;
     }

@@ -51,7 +51,9 @@ impl Kind {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Begin {
-    /// The replica vdisk on the receiver.
+    /// The pool of the replica on the receiver.
+    pub pool: String,
+    /// The replica vdisk.
     pub vdisk: String,
     pub size: u64,
     pub grain: u64,

@@ -2,12 +2,12 @@
 //! incremental ones that send only what changed, bit-exact each time; a cycle cut mid-way
 //! that carries on where it stopped; a replica pool that fills up; streams that lie.
 
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::Arc;
 
 use tessera_disk::{DiskRef, MemDisk};
-use tessera_replication::{receive, send, ReceiveOptions, ReceiveReport, ReplError, SendReport};
+use tessera_replication::{receive, send, ReceiveOptions, ReceiveReport, ReplError, ReplicaSite, SendReport};
 use tessera_volume::{Engine, LayoutKind, Provisioning, Vdisk, VdiskSpec};
 
 const MIB: u64 = 1 << 20;
@@ -15,7 +15,21 @@ const GRAIN: u64 = 64 << 10;
 
 struct Site {
     dir: tempfile::TempDir,
-    engine: Engine,
+    engine: Arc<Engine>,
+}
+
+impl ReplicaSite for Site {
+    fn engine(&self, pool: &str) -> Result<Arc<Engine>, String> {
+        (pool == "p")
+            .then(|| self.engine.clone())
+            .ok_or_else(|| format!("no pool '{pool}'"))
+    }
+    fn may_write(&self, _pool: &str, vdisk: &str, exists: bool) -> Result<(), String> {
+        if vdisk == "precious" && exists {
+            return Err(format!("'{vdisk}' is not a replica"));
+        }
+        Ok(())
+    }
 }
 
 fn site(disks: usize, disk_size: u64) -> Site {
@@ -24,7 +38,10 @@ fn site(disks: usize, disk_size: u64) -> Site {
         .map(|i| Arc::new(MemDisk::new(&format!("m{i}"), disk_size)) as DiskRef)
         .collect();
     let engine = Engine::create_pool(&dir.path().join("pool"), "p", refs, 4 * MIB).unwrap();
-    Site { dir, engine }
+    Site {
+        dir,
+        engine: Arc::new(engine),
+    }
 }
 
 fn options(s: &Site) -> ReceiveOptions {
@@ -60,15 +77,16 @@ fn image(v: &Vdisk) -> blake3::Hash {
     h.finalize()
 }
 
-/// A writer that fails after `budget` bytes, as a connection that drops.
-struct Cut<W> {
-    inner: W,
+/// A connection that drops after `budget` bytes were written to it.
+struct Cut<'a> {
+    inner: &'a TcpStream,
     budget: usize,
 }
 
-impl<W: Write> Write for Cut<W> {
+impl Write for Cut<'_> {
     fn write(&mut self, b: &[u8]) -> io::Result<usize> {
         if self.budget == 0 {
+            let _ = self.inner.shutdown(Shutdown::Both);
             return Err(io::Error::new(io::ErrorKind::ConnectionReset, "link dropped"));
         }
         let n = b.len().min(self.budget);
@@ -77,6 +95,12 @@ impl<W: Write> Write for Cut<W> {
     }
     fn flush(&mut self) -> io::Result<()> {
         self.inner.flush()
+    }
+}
+
+impl Read for Cut<'_> {
+    fn read(&mut self, b: &mut [u8]) -> io::Result<usize> {
+        self.inner.read(b)
     }
 }
 
@@ -93,30 +117,20 @@ fn cycle(
     std::thread::scope(|s| {
         let rx = s.spawn(|| {
             let (c, _) = listener.accept().unwrap();
-            let r = receive(c.try_clone().unwrap(), &c, &dst.engine, &options(dst));
+            let r = receive(&c, dst, &options(dst));
             let _ = c.shutdown(Shutdown::Both);
             r
         });
         let c = TcpStream::connect(addr).unwrap();
+        c.set_read_timeout(Some(std::time::Duration::from_secs(30))).unwrap();
         let newer = src.engine.vdisk(&format!("vol@{snap}")).unwrap();
         let base_v = base.map(|b| src.engine.vdisk(&format!("vol@{b}")).unwrap());
-        let shut = || {
-            let _ = c.shutdown(Shutdown::Both);
-        };
-        let writer = Cut {
+        let conn = Cut {
             inner: &c,
             budget: cut_after.unwrap_or(usize::MAX),
         };
-        let sent = send(
-            c.try_clone().unwrap(),
-            writer,
-            &shut,
-            &newer,
-            base_v.as_deref().zip(base),
-            "vol",
-            snap,
-        );
-        shut();
+        let sent = send(conn, &newer, base_v.as_deref().zip(base), "p", "vol", snap);
+        let _ = c.shutdown(Shutdown::Both);
         (sent, rx.join().unwrap())
     })
 }
@@ -262,10 +276,16 @@ fn a_full_replica_pool_says_so_and_the_source_is_unharmed() {
 fn streams_that_lie_are_refused_with_a_reason() {
     let dst = site(2, 64 * MIB);
     let run = |bytes: Vec<u8>| -> String {
-        let mut out = Vec::new();
-        receive(&bytes[..], &mut out, &dst.engine, &options(&dst))
-            .unwrap_err()
-            .to_string()
+        let mut conn = Duplex {
+            input: &bytes[..],
+            output: Vec::new(),
+        };
+        let e = receive(&mut conn, &dst, &options(&dst)).unwrap_err().to_string();
+        assert!(
+            conn.output.windows(e.len().min(20)).count() > 0,
+            "the refusal went back"
+        );
+        e
     };
     assert!(run(b"GET / HTTP/1.1\r\n\r\n".to_vec()).contains("not a Tessera replication stream"));
     let begin = |json: &str| {
@@ -274,9 +294,15 @@ fn streams_that_lie_are_refused_with_a_reason() {
             .unwrap();
         b
     };
-    let ok = r#"{"vdisk":"vol","size":1048576,"grain":65536,"block_size":512,"snapshot":"s1","base":null}"#;
+    let ok = r#"{"pool":"p","vdisk":"vol","size":1048576,"grain":65536,"block_size":512,"snapshot":"s1","base":null}"#;
     assert!(run(begin(&ok.replace("\"vol\"", "\"../etc\""))).contains("vdisk name"));
     assert!(run(begin(&ok.replace("65536", "65535"))).contains("grains"));
+    assert!(run(begin(&ok.replace("\"p\"", "\"q\""))).contains("no pool 'q'"));
+    // A peer may not write over a vdisk that is not a replica.
+    let mut spec = VdiskSpec::new("precious", MIB, LayoutKind::Mirror);
+    spec.grain_size = Some(GRAIN);
+    dst.engine.create_vdisk(&spec).unwrap();
+    assert!(run(begin(&ok.replace("\"vol\"", "\"precious\""))).contains("not a replica"));
     assert!(run(begin(r#"{"vdisk":"vol"}"#)).contains("Begin"));
     // Data nobody asked for.
     let mut b = begin(ok);
@@ -297,4 +323,26 @@ fn streams_that_lie_are_refused_with_a_reason() {
     );
     tessera_replication::wire::write_frame(&mut b, tessera_replication::wire::Kind::Offer, &offer).unwrap();
     assert!(run(b).contains("range"));
+}
+
+/// A connection made of bytes to read and a buffer that takes what is written.
+struct Duplex<'a> {
+    input: &'a [u8],
+    output: Vec<u8>,
+}
+
+impl Read for Duplex<'_> {
+    fn read(&mut self, b: &mut [u8]) -> io::Result<usize> {
+        self.input.read(b)
+    }
+}
+
+impl Write for Duplex<'_> {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        self.output.extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
 }
