@@ -4,14 +4,12 @@
 //! when a CA is given. OpenSSL does the work: rustls has no external pre-shared keys, which
 //! are what the NBD tools use most.
 
-use std::collections::HashMap;
-use std::io::Write;
 use std::net::TcpStream;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use openssl::ssl::{SslAcceptor, SslFiletype, SslMethod, SslStream, SslVerifyMode, SslVersion};
+pub use tessera_psk::{create_psk_file, read_psk_file};
 
 /// Where the keys and certificates are.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -99,89 +97,5 @@ impl TlsServer {
     /// The server side of a TLS handshake on `s`.
     pub fn accept(&self, s: TcpStream) -> Result<SslStream<TcpStream>, String> {
         self.acceptor.accept(s).map_err(|e| format!("TLS handshake: {e}"))
-    }
-}
-
-/// Reads a psktool file: `user:hexkey` lines; blank lines and `#` comments are skipped.
-pub fn read_psk_file(path: &Path) -> Result<HashMap<String, Vec<u8>>, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let mut keys = HashMap::new();
-    for (n, line) in text.lines().enumerate() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let bad = |why: &str| format!("{} line {}: {why}", path.display(), n + 1);
-        let (user, hex) = line.split_once(':').ok_or_else(|| bad("not user:hexkey"))?;
-        if user.is_empty() || hex.len() % 2 != 0 || hex.len() < 32 || !hex.bytes().all(|c| c.is_ascii_hexdigit()) {
-            return Err(bad("the key must be at least 16 bytes of hex digits"));
-        }
-        let key = (0..hex.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex digits"))
-            .collect::<Vec<u8>>();
-        if key.len() > 256 {
-            return Err(bad("the key is longer than 256 bytes"));
-        }
-        keys.insert(user.to_string(), key);
-    }
-    if keys.is_empty() {
-        return Err(format!("{} holds no key", path.display()));
-    }
-    Ok(keys)
-}
-
-/// Makes a psktool file with one random 32-byte key for `user`, owner-only; an existing file
-/// is left as it is.
-pub fn create_psk_file(path: &Path, user: &str) -> Result<bool, String> {
-    if path.exists() {
-        let mode = std::fs::metadata(path).map_err(|e| e.to_string())?.permissions().mode();
-        if mode & 0o077 != 0 {
-            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-                .map_err(|e| format!("cannot restrict {}: {e}", path.display()))?;
-        }
-        return Ok(false);
-    }
-    let mut key = [0u8; 32];
-    openssl::rand::rand_bytes(&mut key).map_err(|e| e.to_string())?;
-    let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-        .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
-    f.write_all(format!("{user}:{hex}\n").as_bytes())
-        .and_then(|_| f.sync_all())
-        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-    Ok(true)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn psk_files() {
-        let d = tempfile::tempdir().unwrap();
-        let p = d.path().join("keys.psk");
-        assert!(create_psk_file(&p, "tessera").unwrap());
-        assert!(!create_psk_file(&p, "tessera").unwrap(), "kept");
-        let mode = std::fs::metadata(&p).unwrap().permissions().mode();
-        assert_eq!(mode & 0o777, 0o600);
-        let keys = read_psk_file(&p).unwrap();
-        assert_eq!(keys["tessera"].len(), 32);
-        for bad in [
-            "alice",
-            "alice:abc",
-            "alice:zz00112233445566778899aabbccddeeff",
-            ":00112233445566778899aabbccddeeff",
-            "",
-        ] {
-            std::fs::write(&p, bad).unwrap();
-            assert!(read_psk_file(&p).is_err(), "{bad}");
-        }
-        std::fs::write(&p, "# keys\n\nalice:00112233445566778899aabbccddeeff\n").unwrap();
-        assert_eq!(read_psk_file(&p).unwrap()["alice"].len(), 16);
     }
 }

@@ -7,8 +7,10 @@
 mod error;
 mod receive;
 mod send;
+pub mod transport;
 pub mod wire;
 
 pub use error::{ReplError, Result};
 pub use receive::{receive, ReceiveOptions, ReceiveReport, ReplicaSite};
 pub use send::{send, SendReport};
+pub use transport::Transport;

@@ -4,78 +4,11 @@
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::sync::Arc;
+mod common;
 
-use tessera_disk::{DiskRef, MemDisk};
-use tessera_replication::{receive, send, ReceiveOptions, ReceiveReport, ReplError, ReplicaSite, SendReport};
-use tessera_volume::{Engine, LayoutKind, Provisioning, Vdisk, VdiskSpec};
-
-const MIB: u64 = 1 << 20;
-const GRAIN: u64 = 64 << 10;
-
-struct Site {
-    dir: tempfile::TempDir,
-    engine: Arc<Engine>,
-}
-
-impl ReplicaSite for Site {
-    fn engine(&self, pool: &str) -> Result<Arc<Engine>, String> {
-        (pool == "p")
-            .then(|| self.engine.clone())
-            .ok_or_else(|| format!("no pool '{pool}'"))
-    }
-    fn may_write(&self, _pool: &str, vdisk: &str, exists: bool) -> Result<(), String> {
-        if vdisk == "precious" && exists {
-            return Err(format!("'{vdisk}' is not a replica"));
-        }
-        Ok(())
-    }
-}
-
-fn site(disks: usize, disk_size: u64) -> Site {
-    let dir = tempfile::tempdir().unwrap();
-    let refs: Vec<DiskRef> = (0..disks)
-        .map(|i| Arc::new(MemDisk::new(&format!("m{i}"), disk_size)) as DiskRef)
-        .collect();
-    let engine = Engine::create_pool(&dir.path().join("pool"), "p", refs, 4 * MIB).unwrap();
-    Site {
-        dir,
-        engine: Arc::new(engine),
-    }
-}
-
-fn options(s: &Site) -> ReceiveOptions {
-    ReceiveOptions {
-        layout: LayoutKind::Mirror,
-        cycles_dir: s.dir.path().join("cycles"),
-    }
-}
-
-/// Bytes that do not compress, different for each seed and place.
-fn noise(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 32) as u8
-        })
-        .collect()
-}
-
-fn image(v: &Vdisk) -> blake3::Hash {
-    let mut h = blake3::Hasher::new();
-    let mut buf = vec![0u8; MIB as usize];
-    let mut at = 0;
-    while at < v.size() {
-        let n = MIB.min(v.size() - at) as usize;
-        v.read(at, &mut buf[..n]).unwrap();
-        h.update(&buf[..n]);
-        at += n as u64;
-    }
-    h.finalize()
-}
+use common::*;
+use tessera_replication::{receive, send, ReceiveReport, ReplError, SendReport};
+use tessera_volume::{LayoutKind, Provisioning, VdiskSpec};
 
 /// A connection that drops after `budget` bytes were written to it.
 struct Cut<'a> {
