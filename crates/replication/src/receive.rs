@@ -1,5 +1,5 @@
 //! The receiving side of a cycle: checks what the sender proposes, answers each offer with
-//! the grains its replica lacks (fingerprints differ), writes what arrives after checking it
+//! the blocks its replica lacks (fingerprints differ), writes what arrives after checking it
 //! against the fingerprint offered, and takes the cycle's snapshot once the sender commits.
 //!
 //! The replica vdisk is the working copy; its snapshots are the consistent points. A cycle
@@ -19,7 +19,7 @@ use tessera_volume::{Engine, LayoutKind, Provisioning, VdiskSpec};
 use tracing::info;
 
 use crate::error::{ReplError, Result};
-use crate::wire::{self, Begin, Done, Kind, Offered, Ready, Refusal, HASH, MAGIC};
+use crate::wire::{self, Begin, Done, Kind, Offered, Ready, Refusal, BLOCK, HASH, MAGIC};
 
 pub struct ReceiveOptions {
     /// Layout of a replica this side creates.
@@ -46,7 +46,7 @@ pub struct ReceiveReport {
     pub snapshot: String,
     pub resumed: bool,
     pub offered_grains: u64,
-    pub written_grains: u64,
+    pub written_blocks: u64,
     pub holes: u64,
 }
 
@@ -175,7 +175,7 @@ fn run<S: Read + Write>(
     w.flush()?;
     info!(replica = %begin.vdisk, snapshot = %begin.snapshot, base = ?wanted.base, resumed = report.resumed, "replication cycle begins");
 
-    // Fingerprints offered and asked for, by offset, until their data arrives.
+    // Fingerprints of the blocks asked for, by offset, until their data arrives.
     let mut expected: HashMap<u64, [u8; HASH]> = HashMap::new();
     let size = begin.size;
     loop {
@@ -186,10 +186,22 @@ fn run<S: Read + Write>(
                 let mut want = Vec::new();
                 for (i, o) in offers.iter().enumerate() {
                     check_range(o.offset, o.len as u64, size, begin.grain)?;
-                    if !holds(&replica, o)? {
-                        want.push(i as u32);
-                        expected.insert(o.offset, o.hash);
+                    if o.len as u64 > begin.grain || o.blocks.len() != wire::blocks_in(o.len) {
+                        return Err(ReplError::Protocol(format!(
+                            "an offer of {} bytes at {}",
+                            o.len, o.offset
+                        )));
                     }
+                    let lacking = lacking(&replica, o)?;
+                    if lacking.is_empty() {
+                        continue;
+                    }
+                    let mut bits = vec![0u8; o.blocks.len().div_ceil(8)];
+                    for k in lacking {
+                        bits[k / 8] |= 1 << (k % 8);
+                        expected.insert(o.offset + k as u64 * BLOCK, o.blocks[k]);
+                    }
+                    want.push((i as u32, bits));
                 }
                 report.offered_grains += offers.len() as u64;
                 wire::write_frame(w, Kind::Want, &wire::encode_want(no, &want))?;
@@ -197,16 +209,22 @@ fn run<S: Read + Write>(
             }
             Kind::Data => {
                 let (offset, data) = wire::decode_data(&f.body)?;
-                let hash = expected
-                    .remove(&offset)
-                    .ok_or_else(|| ReplError::Protocol(format!("data at {offset} that was not asked for")))?;
-                if *blake3::hash(&data).as_bytes() != hash {
-                    return Err(ReplError::Protocol(format!(
-                        "the data at {offset} does not match its fingerprint"
-                    )));
+                if offset % BLOCK != 0 || data.is_empty() {
+                    return Err(ReplError::Protocol(format!("data at {offset} is not whole blocks")));
+                }
+                for (k, block) in data.chunks(BLOCK as usize).enumerate() {
+                    let at = offset + k as u64 * BLOCK;
+                    let hash = expected
+                        .remove(&at)
+                        .ok_or_else(|| ReplError::Protocol(format!("data at {at} that was not asked for")))?;
+                    if *blake3::hash(block).as_bytes() != hash {
+                        return Err(ReplError::Protocol(format!(
+                            "the data at {at} does not match its fingerprint"
+                        )));
+                    }
                 }
                 replica.write(offset, &data, false)?;
-                report.written_grains += 1;
+                report.written_blocks += data.len().div_ceil(BLOCK as usize) as u64;
             }
             Kind::Hole => {
                 let (offset, len) = wire::decode_hole(&f.body)?;
@@ -229,11 +247,11 @@ fn run<S: Read + Write>(
                     Kind::Done,
                     &Done {
                         snapshot: begin.snapshot.clone(),
-                        grains_written: report.written_grains,
+                        blocks_written: report.written_blocks,
                     },
                 )?;
                 w.flush()?;
-                info!(replica = %begin.vdisk, snapshot = %begin.snapshot, grains = report.written_grains, "replication cycle done");
+                info!(replica = %begin.vdisk, snapshot = %begin.snapshot, grains = report.written_blocks, "replication cycle done");
                 return Ok(());
             }
             k => return Err(ReplError::Protocol(format!("a {k:?} frame in the middle of a cycle"))),
@@ -272,11 +290,17 @@ fn check_range(offset: u64, len: u64, size: u64, align: u64) -> Result<()> {
     Ok(())
 }
 
-/// Whether the replica already holds the offered grain's bytes.
-fn holds(replica: &tessera_volume::Vdisk, o: &Offered) -> Result<bool> {
+/// The blocks of an offered grain that the replica holds otherwise.
+fn lacking(replica: &tessera_volume::Vdisk, o: &Offered) -> Result<Vec<usize>> {
     let mut buf = vec![0u8; o.len as usize];
     replica.read(o.offset, &mut buf)?;
-    Ok(*blake3::hash(&buf).as_bytes() == o.hash)
+    Ok(buf
+        .chunks(BLOCK as usize)
+        .zip(&o.blocks)
+        .enumerate()
+        .filter(|(_, (b, h))| blake3::hash(b).as_bytes() != *h)
+        .map(|(k, _)| k)
+        .collect())
 }
 
 /// Writes a small file so that a crash leaves the old one or the new one.

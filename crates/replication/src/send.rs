@@ -1,5 +1,6 @@
-//! The sending side of a cycle: offers the fingerprint of every grain that changed since the
-//! base snapshot, and sends, compressed, only the grains the replica says it lacks. Offers
+//! The sending side of a cycle: offers the fingerprints of the blocks of every grain that
+//! changed since the base snapshot, and sends, compressed, only the blocks the replica says it
+//! lacks. Offers
 //! run ahead of the answers by a window of batches, so that a long round trip costs one wait
 //! per cycle, not one per batch.
 
@@ -9,7 +10,7 @@ use std::io::{BufWriter, Read, Write};
 use tessera_volume::Vdisk;
 
 use crate::error::{ReplError, Result};
-use crate::wire::{self, Begin, Done, Frame, Kind, Offered, Ready, MAGIC};
+use crate::wire::{self, Begin, Done, Frame, Kind, Offered, Ready, BLOCK, MAGIC};
 
 /// Grains per offer.
 const BATCH: usize = 32;
@@ -22,8 +23,9 @@ pub struct SendReport {
     /// True when every grain was offered (no base, or the replica lacked it).
     pub full: bool,
     pub offered_grains: u64,
+    /// Grains of which some blocks were sent.
     pub sent_grains: u64,
-    /// Bytes of the grains sent, before compression.
+    /// Bytes of the blocks sent, before compression.
     pub sent_bytes: u64,
     /// Everything written to the stream: frames, headers, compressed data.
     pub wire_bytes: u64,
@@ -176,21 +178,14 @@ fn offer<W: Write>(
     outstanding: &mut HashMap<u64, Batch>,
     report: &mut SendReport,
 ) -> Result<()> {
-    let offers: Vec<Offered> = batch
-        .iter()
-        .map(|(offset, data)| Offered {
-            offset: *offset,
-            len: data.len() as u32,
-            hash: *blake3::hash(data).as_bytes(),
-        })
-        .collect();
+    let offers: Vec<Offered> = batch.iter().map(|(offset, data)| Offered::of(*offset, data)).collect();
     report.offered_grains += offers.len() as u64;
     report.wire_bytes += wire::write_frame(w, Kind::Offer, &wire::encode_offer(no, &offers))?;
     outstanding.insert(no, batch);
     Ok(())
 }
 
-/// Takes one answer and sends the grains it asks for.
+/// Takes one answer and sends the blocks it asks for, neighbours in one frame.
 fn answer<S: Read + Write>(
     c: &mut Conn<S>,
     outstanding: &mut HashMap<u64, Batch>,
@@ -202,13 +197,29 @@ fn answer<S: Read + Write>(
     let batch = outstanding
         .remove(&no)
         .ok_or_else(|| ReplError::Protocol(format!("an answer to batch {no}, which is not outstanding")))?;
-    for i in wanted {
+    for (i, bits) in wanted {
         let (offset, data) = batch
             .get(i as usize)
             .ok_or_else(|| ReplError::Protocol(format!("batch {no} has no grain {i}")))?;
-        report.wire_bytes += wire::write_frame(&mut c.w, Kind::Data, &wire::encode_data(*offset, data))?;
-        report.sent_grains += 1;
-        report.sent_bytes += data.len() as u64;
+        let blocks = wire::blocks_in(data.len() as u32);
+        let mut run: Option<usize> = None;
+        let mut any = false;
+        for k in 0..=blocks {
+            let want = k < blocks && wire::wanted(&bits, k);
+            match (want, run) {
+                (true, None) => run = Some(k),
+                (false, Some(start)) => {
+                    let (from, to) = (start * BLOCK as usize, (k * BLOCK as usize).min(data.len()));
+                    let frame = wire::encode_data(offset + from as u64, &data[from..to]);
+                    report.wire_bytes += wire::write_frame(&mut c.w, Kind::Data, &frame)?;
+                    report.sent_bytes += (to - from) as u64;
+                    any = true;
+                    run = None;
+                }
+                _ => {}
+            }
+        }
+        report.sent_grains += any as u64;
     }
     Ok(())
 }

@@ -9,12 +9,17 @@ use serde::{Deserialize, Serialize};
 use crate::error::{ReplError, Result};
 
 /// Sent first by the sender, checked first by the receiver.
-pub const MAGIC: &[u8; 8] = b"TSRPL001";
+pub const MAGIC: &[u8; 8] = b"TSRPL002";
 /// Largest frame either side accepts: a batch of data for one grain of the largest size,
 /// compressed or not, with room to spare.
 pub const MAX_FRAME: usize = 8 << 20;
-/// Length of a grain's fingerprint (BLAKE3).
+/// Length of a fingerprint (BLAKE3).
 pub const HASH: usize = 32;
+/// Grains are offered by the fingerprints of their 4 KiB blocks, so that a 4 KiB write costs
+/// 4 KiB on the wire, not its grain (a file system's writes are of its blocks).
+pub const BLOCK: u64 = 4096;
+/// Most blocks a grain offered may have (a 1 MiB grain).
+pub const MAX_BLOCKS: usize = 256;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -75,7 +80,7 @@ pub struct Ready {
 #[serde(deny_unknown_fields)]
 pub struct Done {
     pub snapshot: String,
-    pub grains_written: u64,
+    pub blocks_written: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -84,13 +89,31 @@ pub struct Refusal {
     pub message: String,
 }
 
-/// One grain offered: where it is, its length (the last grain may be short) and its
-/// fingerprint.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// One grain offered: where it is, its length (the last grain may be short) and the
+/// fingerprint of each of its blocks.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Offered {
     pub offset: u64,
     pub len: u32,
-    pub hash: [u8; HASH],
+    pub blocks: Vec<[u8; HASH]>,
+}
+
+impl Offered {
+    pub fn of(offset: u64, data: &[u8]) -> Offered {
+        Offered {
+            offset,
+            len: data.len() as u32,
+            blocks: data
+                .chunks(BLOCK as usize)
+                .map(|b| *blake3::hash(b).as_bytes())
+                .collect(),
+        }
+    }
+}
+
+/// Blocks of a grain of `len` bytes.
+pub fn blocks_in(len: u32) -> usize {
+    (len as u64).div_ceil(BLOCK) as usize
 }
 
 pub struct Frame {
@@ -169,15 +192,17 @@ impl Frame {
     }
 }
 
-/// A batch of offers: its number, then each grain.
+/// A batch of offers: its number, then each grain with its blocks' fingerprints.
 pub fn encode_offer(batch: u64, grains: &[Offered]) -> Vec<u8> {
-    let mut b = Vec::with_capacity(12 + grains.len() * (12 + HASH));
+    let mut b = Vec::with_capacity(12 + grains.iter().map(|g| 12 + g.blocks.len() * HASH).sum::<usize>());
     b.extend_from_slice(&batch.to_be_bytes());
     b.extend_from_slice(&(grains.len() as u32).to_be_bytes());
     for g in grains {
         b.extend_from_slice(&g.offset.to_be_bytes());
         b.extend_from_slice(&g.len.to_be_bytes());
-        b.extend_from_slice(&g.hash);
+        for h in &g.blocks {
+            b.extend_from_slice(h);
+        }
     }
     b
 }
@@ -185,47 +210,71 @@ pub fn encode_offer(batch: u64, grains: &[Offered]) -> Vec<u8> {
 pub fn decode_offer(b: &[u8]) -> Result<(u64, Vec<Offered>)> {
     let bad = || ReplError::Protocol("a malformed Offer frame".into());
     let (batch, n) = head(b).ok_or_else(bad)?;
-    let rest = &b[12..];
-    if rest.len() != n * (12 + HASH) {
+    let mut rest = &b[12..];
+    let mut out = Vec::with_capacity(n.min(4096));
+    for _ in 0..n {
+        if rest.len() < 12 {
+            return Err(bad());
+        }
+        let offset = u64::from_be_bytes(rest[..8].try_into().expect("8"));
+        let len = u32::from_be_bytes(rest[8..12].try_into().expect("4"));
+        let k = blocks_in(len);
+        if len == 0 || k > MAX_BLOCKS || rest.len() < 12 + k * HASH {
+            return Err(bad());
+        }
+        let blocks = rest[12..12 + k * HASH]
+            .chunks_exact(HASH)
+            .map(|c| c.try_into().expect("32"))
+            .collect();
+        out.push(Offered { offset, len, blocks });
+        rest = &rest[12 + k * HASH..];
+    }
+    if !rest.is_empty() {
         return Err(bad());
     }
-    Ok((
-        batch,
-        rest.chunks_exact(12 + HASH)
-            .map(|c| Offered {
-                offset: u64::from_be_bytes(c[..8].try_into().expect("8")),
-                len: u32::from_be_bytes(c[8..12].try_into().expect("4")),
-                hash: c[12..].try_into().expect("32"),
-            })
-            .collect(),
-    ))
+    Ok((batch, out))
 }
 
-/// The answer to an offer batch: its number, then the indexes (in the batch) of the grains
-/// the receiver lacks.
-pub fn encode_want(batch: u64, wanted: &[u32]) -> Vec<u8> {
-    let mut b = Vec::with_capacity(12 + wanted.len() * 4);
+/// The answer to an offer batch: its number, then for each grain the replica lacks some of,
+/// the grain's index in the batch and a bitmap of the blocks it lacks.
+pub fn encode_want(batch: u64, wanted: &[(u32, Vec<u8>)]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(12 + wanted.iter().map(|w| 8 + w.1.len()).sum::<usize>());
     b.extend_from_slice(&batch.to_be_bytes());
     b.extend_from_slice(&(wanted.len() as u32).to_be_bytes());
-    for w in wanted {
-        b.extend_from_slice(&w.to_be_bytes());
+    for (i, bits) in wanted {
+        b.extend_from_slice(&i.to_be_bytes());
+        b.extend_from_slice(&(bits.len() as u32).to_be_bytes());
+        b.extend_from_slice(bits);
     }
     b
 }
 
-pub fn decode_want(b: &[u8]) -> Result<(u64, Vec<u32>)> {
+pub fn decode_want(b: &[u8]) -> Result<(u64, Vec<(u32, Vec<u8>)>)> {
     let bad = || ReplError::Protocol("a malformed Want frame".into());
     let (batch, n) = head(b).ok_or_else(bad)?;
-    let rest = &b[12..];
-    if rest.len() != n * 4 {
+    let mut rest = &b[12..];
+    let mut out = Vec::with_capacity(n.min(4096));
+    for _ in 0..n {
+        if rest.len() < 8 {
+            return Err(bad());
+        }
+        let i = u32::from_be_bytes(rest[..4].try_into().expect("4"));
+        let len = u32::from_be_bytes(rest[4..8].try_into().expect("4")) as usize;
+        if len > MAX_BLOCKS / 8 || rest.len() < 8 + len {
+            return Err(bad());
+        }
+        out.push((i, rest[8..8 + len].to_vec()));
+        rest = &rest[8 + len..];
+    }
+    if !rest.is_empty() {
         return Err(bad());
     }
-    Ok((
-        batch,
-        rest.chunks_exact(4)
-            .map(|c| u32::from_be_bytes(c.try_into().expect("4")))
-            .collect(),
-    ))
+    Ok((batch, out))
+}
+
+/// Whether block `k` is set in a want bitmap.
+pub fn wanted(bits: &[u8], k: usize) -> bool {
+    bits.get(k / 8).is_some_and(|b| b & (1 << (k % 8)) != 0)
 }
 
 fn head(b: &[u8]) -> Option<(u64, usize)> {
@@ -304,20 +353,13 @@ mod tests {
 
     #[test]
     fn frames_round_trip_and_bad_ones_are_refused_with_a_reason() {
-        let offers = vec![
-            Offered {
-                offset: 0,
-                len: 65536,
-                hash: [1; HASH],
-            },
-            Offered {
-                offset: 65536,
-                len: 512,
-                hash: [2; HASH],
-            },
-        ];
+        let offers = vec![Offered::of(0, &[1u8; 65536]), Offered::of(65536, &[2u8; 512])];
+        assert_eq!(offers[0].blocks.len(), 16);
+        assert_eq!(offers[1].blocks.len(), 1);
         assert_eq!(decode_offer(&encode_offer(7, &offers)).unwrap(), (7, offers.clone()));
-        assert_eq!(decode_want(&encode_want(9, &[0, 3])).unwrap(), (9, vec![0, 3]));
+        let want = vec![(0, vec![0b1000_0001, 0]), (1, vec![1])];
+        assert_eq!(decode_want(&encode_want(9, &want)).unwrap(), (9, want.clone()));
+        assert!(wanted(&want[0].1, 0) && wanted(&want[0].1, 7) && !wanted(&want[0].1, 1) && !wanted(&want[0].1, 99));
         let text = b"abc".repeat(1000);
         let d = encode_data(4096, &text);
         assert!(d.len() < text.len(), "compressible data is sent compressed");
@@ -337,6 +379,10 @@ mod tests {
         assert!(err(&[5, 0]).contains("inside a frame header"));
         assert!(decode_offer(&[0; 11]).is_err());
         assert!(decode_offer(&encode_offer(1, &offers)[..50]).is_err());
+        let mut long = encode_offer(1, &offers);
+        long.push(0);
+        assert!(decode_offer(&long).is_err(), "trailing bytes");
+        assert!(decode_want(&encode_want(1, &want)[..20]).is_err());
         assert!(decode_data(&[0; 12]).is_err());
         let mut bad = encode_data(0, &[5u8; 100]);
         bad[12] = 9;
