@@ -58,19 +58,7 @@ impl TlsServer {
             let keys = read_psk_file(p)?;
             psk_users = keys.keys().cloned().collect();
             psk_users.sort();
-            b.set_psk_server_callback(move |_ssl, identity, out| {
-                let key = identity
-                    .and_then(|i| std::str::from_utf8(i).ok())
-                    .and_then(|i| keys.get(i));
-                match key {
-                    Some(k) if k.len() <= out.len() => {
-                        out[..k.len()].copy_from_slice(k);
-                        Ok(k.len())
-                    }
-                    // An unknown user: no key, and the handshake fails.
-                    _ => Ok(0),
-                }
-            });
+            tessera_psk::set_server_keys(&mut b, keys);
         }
         match (&c.cert, &c.key) {
             (Some(cert), Some(key)) => {

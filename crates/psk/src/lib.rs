@@ -9,11 +9,7 @@ use std::net::TcpStream;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
-use openssl::ssl::{SslAcceptor, SslConnector, SslMethod, SslStream, SslVerifyMode, SslVersion};
-
-/// Suites that authenticate with the pre-shared key; ECDHE first, for forward secrecy.
-pub const PSK_CIPHERS: &str =
-    "ECDHE-PSK-CHACHA20-POLY1305:PSK-AES256-GCM-SHA384:PSK-AES128-GCM-SHA256:PSK-CHACHA20-POLY1305";
+use openssl::ssl::{SslAcceptor, SslAcceptorBuilder, SslConnector, SslMethod, SslStream, SslVerifyMode, SslVersion};
 
 /// Reads a psktool file: `user:hexkey` lines; blank lines and `#` comments are skipped.
 pub fn read_psk_file(path: &Path) -> Result<HashMap<String, Vec<u8>>, String> {
@@ -70,14 +66,8 @@ pub fn create_psk_file(path: &Path, user: &str) -> Result<bool, String> {
     Ok(true)
 }
 
-/// A TLS server that accepts a client holding any of `keys` (by identity), and nothing else.
-pub fn psk_acceptor(keys: HashMap<String, Vec<u8>>) -> Result<SslAcceptor, String> {
-    let ssl = |e: openssl::error::ErrorStack| format!("TLS: {e}");
-    let mut b = SslAcceptor::mozilla_intermediate_v5(SslMethod::tls_server()).map_err(ssl)?;
-    // TLS 1.3 takes external keys only through session callbacks: 1.2 with ECDHE-PSK.
-    b.set_min_proto_version(Some(SslVersion::TLS1_2)).map_err(ssl)?;
-    b.set_max_proto_version(Some(SslVersion::TLS1_2)).map_err(ssl)?;
-    b.set_cipher_list("ECDHE-PSK-CHACHA20-POLY1305").map_err(ssl)?;
+/// Lets a server's handshake finish only with a client that holds one of `keys`, by identity.
+pub fn set_server_keys(b: &mut SslAcceptorBuilder, keys: HashMap<String, Vec<u8>>) {
     b.set_psk_server_callback(move |_ssl, identity, out| {
         let key = identity
             .and_then(|i| std::str::from_utf8(i).ok())
@@ -91,6 +81,17 @@ pub fn psk_acceptor(keys: HashMap<String, Vec<u8>>) -> Result<SslAcceptor, Strin
             _ => Ok(0),
         }
     });
+}
+
+/// A TLS server that accepts a client holding any of `keys` (by identity), and nothing else.
+pub fn psk_acceptor(keys: HashMap<String, Vec<u8>>) -> Result<SslAcceptor, String> {
+    let ssl = |e: openssl::error::ErrorStack| format!("TLS: {e}");
+    let mut b = SslAcceptor::mozilla_intermediate_v5(SslMethod::tls_server()).map_err(ssl)?;
+    // TLS 1.3 takes external keys only through session callbacks: 1.2 with ECDHE-PSK.
+    b.set_min_proto_version(Some(SslVersion::TLS1_2)).map_err(ssl)?;
+    b.set_max_proto_version(Some(SslVersion::TLS1_2)).map_err(ssl)?;
+    b.set_cipher_list("ECDHE-PSK-CHACHA20-POLY1305").map_err(ssl)?;
+    set_server_keys(&mut b, keys);
     Ok(b.build())
 }
 

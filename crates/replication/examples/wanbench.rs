@@ -15,15 +15,17 @@ use tessera_linkem::{measure, netns, parse_duration, parse_fraction, parse_rate,
 use tessera_replication::{receive, send, ReceiveOptions, ReplicaSite, Transport};
 use tessera_volume::{Engine, LayoutKind, VdiskSpec};
 
-const MIB: u64 = 1 << 20;
-const GRAIN: u64 = 64 << 10;
+#[path = "../tests/common/mod.rs"]
+mod common;
 
-struct Site {
+use common::{noise, GRAIN, MIB};
+
+struct BenchSite {
     dir: tempfile::TempDir,
     engine: Arc<Engine>,
 }
 
-impl ReplicaSite for Site {
+impl ReplicaSite for BenchSite {
     fn engine(&self, _pool: &str) -> Result<Arc<Engine>, String> {
         Ok(self.engine.clone())
     }
@@ -32,28 +34,18 @@ impl ReplicaSite for Site {
     }
 }
 
-fn site(bytes: u64) -> Site {
+/// Room for `bytes` and as much again as a fifth of it rewritten in part (copy on write of
+/// whole grains under a snapshot); memory disks hold only what is written.
+fn site(bytes: u64) -> BenchSite {
     let dir = tempfile::tempdir().unwrap();
     let disks: Vec<DiskRef> = (0..2)
-        .map(|i| Arc::new(MemDisk::new(&format!("m{i}"), bytes / 2 + 256 * MIB)) as DiskRef)
+        .map(|i| Arc::new(MemDisk::new(&format!("m{i}"), bytes / 10 * 6 + 256 * MIB)) as DiskRef)
         .collect();
     let engine = Engine::create_pool(&dir.path().join("pool"), "p", disks, 64 * MIB).unwrap();
-    Site {
+    BenchSite {
         dir,
         engine: Arc::new(engine),
     }
-}
-
-fn noise(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 32) as u8
-        })
-        .collect()
 }
 
 fn arg(args: &[String], name: &str, default: &str) -> String {
@@ -65,7 +57,7 @@ fn arg(args: &[String], name: &str, default: &str) -> String {
 
 /// A source vdisk of `bytes` (simple layout: the bench measures the wire, not the disks),
 /// filled with noise, and its snapshot s1.
-fn source(bytes: u64) -> Site {
+fn source(bytes: u64) -> BenchSite {
     let src = site(bytes);
     let mut spec = VdiskSpec::new("vol", bytes, LayoutKind::Simple);
     spec.grain_size = Some(GRAIN);
@@ -78,7 +70,7 @@ fn source(bytes: u64) -> Site {
     src
 }
 
-fn options(s: &Site) -> ReceiveOptions {
+fn options(s: &BenchSite) -> ReceiveOptions {
     ReceiveOptions {
         layout: LayoutKind::Simple,
         cycles_dir: s.dir.path().join("cycles"),
