@@ -86,7 +86,11 @@ fn a_cycle_crosses_a_lossy_wan_only_with_the_key_and_survives_a_drop() {
     // The link drops a moment into the cycle and comes back: the cycle fails (the sides give
     // up after 3 s of silence), and the next one sends only what did not get through.
     let (sent, got) = cycle_across(&link, &src, &dst, 1, "s1", || {
-        std::thread::sleep(Duration::from_millis(1200));
+        // Once a couple of MiB are across (data is flowing, the cycle has begun).
+        let start = std::time::Instant::now();
+        while link.stats()[0].bytes < 2 << 20 && start.elapsed() < Duration::from_secs(30) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         link.set_cut(true);
         std::thread::sleep(Duration::from_secs(5));
         link.set_cut(false);
