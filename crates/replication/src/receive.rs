@@ -209,7 +209,7 @@ fn run<S: Read + Write>(
             }
             Kind::Data => {
                 let (offset, data) = wire::decode_data(&f.body)?;
-                if offset % BLOCK != 0 || data.is_empty() {
+                if !offset.is_multiple_of(BLOCK) || data.is_empty() {
                     return Err(ReplError::Protocol(format!("data at {offset} is not whole blocks")));
                 }
                 for (k, block) in data.chunks(BLOCK as usize).enumerate() {
@@ -282,7 +282,7 @@ fn check_begin(b: &Begin) -> Result<()> {
 /// An offered range must be whole grains (or the short last one) inside the vdisk.
 fn check_range(offset: u64, len: u64, size: u64, align: u64) -> Result<()> {
     let end = offset.checked_add(len).filter(|&e| e <= size);
-    if len == 0 || end.is_none() || offset % align != 0 {
+    if len == 0 || end.is_none() || !offset.is_multiple_of(align) {
         return Err(ReplError::Protocol(format!(
             "a range of {len} bytes at {offset} of a {size} byte vdisk"
         )));

@@ -235,9 +235,12 @@ pub fn decode_offer(b: &[u8]) -> Result<(u64, Vec<Offered>)> {
     Ok((batch, out))
 }
 
-/// The answer to an offer batch: its number, then for each grain the replica lacks some of,
-/// the grain's index in the batch and a bitmap of the blocks it lacks.
-pub fn encode_want(batch: u64, wanted: &[(u32, Vec<u8>)]) -> Vec<u8> {
+/// A grain the replica lacks some blocks of: its index in the offer batch, and a bitmap of
+/// the blocks it lacks (bit k of byte k / 8 for block k).
+pub type Wanted = (u32, Vec<u8>);
+
+/// The answer to an offer batch: its number, then each grain the replica lacks some of.
+pub fn encode_want(batch: u64, wanted: &[Wanted]) -> Vec<u8> {
     let mut b = Vec::with_capacity(12 + wanted.iter().map(|w| 8 + w.1.len()).sum::<usize>());
     b.extend_from_slice(&batch.to_be_bytes());
     b.extend_from_slice(&(wanted.len() as u32).to_be_bytes());
@@ -249,7 +252,7 @@ pub fn encode_want(batch: u64, wanted: &[(u32, Vec<u8>)]) -> Vec<u8> {
     b
 }
 
-pub fn decode_want(b: &[u8]) -> Result<(u64, Vec<(u32, Vec<u8>)>)> {
+pub fn decode_want(b: &[u8]) -> Result<(u64, Vec<Wanted>)> {
     let bad = || ReplError::Protocol("a malformed Want frame".into());
     let (batch, n) = head(b).ok_or_else(bad)?;
     let mut rest = &b[12..];
