@@ -203,6 +203,12 @@ fn run<S: Read + Write>(
                     }
                     want.push((i as u32, bits));
                 }
+                if expected.len() > wire::MAX_WANTED_BLOCKS {
+                    return Err(ReplError::Protocol(format!(
+                        "more than {} blocks offered and not sent",
+                        wire::MAX_WANTED_BLOCKS
+                    )));
+                }
                 report.offered_grains += offers.len() as u64;
                 wire::write_frame(w, Kind::Want, &wire::encode_want(no, &want))?;
                 w.flush()?;

@@ -14,7 +14,8 @@ use crate::wire::{self, Begin, Done, Frame, Kind, Offered, Ready, BLOCK, MAGIC};
 
 /// Grains per offer.
 const BATCH: usize = 32;
-/// Offer batches in flight before the sender waits for an answer.
+/// Offer batches in flight before the sender waits for an answer (the replica accepts up to
+/// twice what they can ask for: `wire::MAX_WANTED_BLOCKS`).
 const WINDOW: usize = 16;
 
 /// What a cycle took.

@@ -20,6 +20,10 @@ pub const HASH: usize = 32;
 pub const BLOCK: u64 = 4096;
 /// Most blocks a grain offered may have (a 1 MiB grain).
 pub const MAX_BLOCKS: usize = 256;
+/// Most blocks a replica asks for and waits to receive at once: twice what a sender's window
+/// of offers can ask for, so that a sender that offers without ever sending cannot make the
+/// replica hold fingerprints without end.
+pub const MAX_WANTED_BLOCKS: usize = 2 * 16 * 32 * MAX_BLOCKS;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]

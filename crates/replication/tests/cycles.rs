@@ -252,6 +252,19 @@ fn streams_that_lie_are_refused_with_a_reason() {
         tessera_replication::wire::encode_offer(0, &[tessera_replication::wire::Offered::of(1 << 40, &[0u8; 65536])]);
     tessera_replication::wire::write_frame(&mut b, tessera_replication::wire::Kind::Offer, &offer).unwrap();
     assert!(run(b).contains("range"));
+    // Offers without end, and never a block of data: the replica stops holding fingerprints.
+    let big = ok.replace("1048576", &(2u64 << 30).to_string());
+    let mut b = begin(&big);
+    let grains = tessera_replication::wire::MAX_WANTED_BLOCKS / 16 + 1;
+    for (no, chunk) in (0..grains as u64).collect::<Vec<_>>().chunks(4096).enumerate() {
+        let offers: Vec<_> = chunk
+            .iter()
+            .map(|&g| tessera_replication::wire::Offered::of(g * GRAIN, &noise(g, GRAIN as usize)))
+            .collect();
+        let frame = tessera_replication::wire::encode_offer(no as u64, &offers);
+        tessera_replication::wire::write_frame(&mut b, tessera_replication::wire::Kind::Offer, &frame).unwrap();
+    }
+    assert!(run(b).contains("offered and not sent"));
 }
 
 /// A connection made of bytes to read and a buffer that takes what is written.
