@@ -220,21 +220,7 @@ impl Drop for Browser {
 fn the_dashboard_makes_a_pool_and_a_vdisk_presents_it_and_watches_a_failure_and_its_repair() {
     let t = tempfile::tempdir().unwrap();
     let state = t.path().join("state");
-    std::fs::create_dir_all(&state).unwrap();
-    let cfg = state.with_extension("toml");
-    std::fs::write(&cfg, "scrub_interval = \"off\"\nauto_repair = false\n").unwrap();
-    let d = Daemon::start_with(
-        &state,
-        &[
-            "--config",
-            cfg.to_str().unwrap(),
-            "--api-listen",
-            "127.0.0.1:0",
-            "--api-token",
-            TOKEN,
-        ],
-    )
-    .unwrap();
+    let d = Daemon::start_on_tcp(&state, "scrub_interval = \"off\"\nauto_repair = false\n", TOKEN);
     let api = banner_addr(&d, "dashboard:");
     let shots = match std::env::var_os("TESSERA_SCREENSHOTS") {
         Some(dir) => std::path::PathBuf::from(dir),

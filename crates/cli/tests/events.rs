@@ -48,25 +48,11 @@ fn a_failed_disk_a_refused_login_and_a_repair_are_told_followed_hooked_and_kept(
     let hook = t.path().join("hook.sh");
     std::fs::write(&hook, format!("#!/bin/sh\ncat >> {}\n", hooked.display())).unwrap();
     std::fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    std::fs::create_dir_all(&state).unwrap();
-    let cfg = state.with_extension("toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "scrub_interval = \"off\"\nauto_repair = false\nevent_hook = \"{}\"\nevent_hook_severity = \"warning\"\n",
-            hook.display()
-        ),
-    )
-    .unwrap();
-    let args = [
-        "--config",
-        cfg.to_str().unwrap(),
-        "--api-listen",
-        "127.0.0.1:0",
-        "--api-token",
-        TOKEN,
-    ];
-    let mut d = Daemon::start_with(&state, &args).unwrap();
+    let config = format!(
+        "scrub_interval = \"off\"\nauto_repair = false\nevent_hook = \"{}\"\nevent_hook_severity = \"warning\"\n",
+        hook.display()
+    );
+    let mut d = Daemon::start_on_tcp(&state, &config, TOKEN);
     let disk_paths = disks(&t.path().join("disks"), 3, 256 << 20);
     create_pool(&d, "p", &disk_paths);
     // Fully provisioned: its slabs are on the disks from the start, so a failed disk degrades.
@@ -247,7 +233,7 @@ fn a_failed_disk_a_refused_login_and_a_repair_are_told_followed_hooked_and_kept(
     // Kept across a restart, numbering going on.
     let last = *seqs.last().unwrap();
     d.stop();
-    let d = Daemon::start_with(&state, &args).unwrap();
+    let d = Daemon::start_on_tcp(&state, &config, TOKEN);
     let kept = d.json(&["events", "-n", "1000"]);
     assert!(kinds(&kept["events"]).contains(&"disk.failed".to_string()));
     d.ok(&["vdisk", "create", "p/after", "--size", "16M"]);

@@ -24,14 +24,19 @@ fn scrape(addr: &str) -> String {
     r.body
 }
 
-/// The value of the sample of `name` whose labels include every pair of `labels`.
-fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+/// The values of the samples of `name` whose labels include every pair of `labels`.
+fn samples<'a>(text: &'a str, name: &'a str, labels: &'a [(&str, &str)]) -> impl Iterator<Item = f64> + 'a {
+    text.lines().filter(|l| !l.starts_with('#')).filter_map(move |l| {
         let (series, value) = l.rsplit_once(' ')?;
         let (n, rest) = series.split_once('{').unwrap_or((series, ""));
         let all = labels.iter().all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")));
         (n == name && all).then(|| value.parse().ok())?
     })
+}
+
+/// The value of the first sample of `name` whose labels include every pair of `labels`.
+fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    samples(text, name, labels).next()
 }
 
 fn promtool_accepts(text: &str) {
@@ -54,40 +59,18 @@ fn promtool_accepts(text: &str) {
 
 /// The sum of every sample of `name` whose labels include every pair of `labels`.
 fn total(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
-            let (series, value) = l.rsplit_once(' ')?;
-            let (n, rest) = series.split_once('{').unwrap_or((series, ""));
-            let all = labels.iter().all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")));
-            (n == name && all).then(|| value.parse::<f64>().ok())?
-        })
-        .sum()
+    samples(text, name, labels).sum()
 }
 
 #[test]
 fn metrics_count_what_a_client_did_pass_promtool_and_need_the_token() {
     let t = tempfile::tempdir().unwrap();
     let state = t.path().join("state");
-    std::fs::create_dir_all(&state).unwrap();
-    let cfg = state.with_extension("toml");
-    std::fs::write(
-        &cfg,
-        "metrics_listen = \"127.0.0.1:0\"\nscrub_interval = \"off\"\nauto_repair = false\n",
-    )
-    .unwrap();
-    let d = Daemon::start_with(
+    let d = Daemon::start_on_tcp(
         &state,
-        &[
-            "--config",
-            cfg.to_str().unwrap(),
-            "--api-listen",
-            "127.0.0.1:0",
-            "--api-token",
-            TOKEN,
-        ],
-    )
-    .unwrap();
+        "metrics_listen = \"127.0.0.1:0\"\nscrub_interval = \"off\"\nauto_repair = false\n",
+        TOKEN,
+    );
     let api = banner_addr(&d, "management API:");
     let metrics = banner_addr(&d, "metrics:");
     create_pool(&d, "p", &disks(&t.path().join("disks"), 3, 256 << 20));

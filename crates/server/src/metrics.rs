@@ -551,6 +551,7 @@ fn collect_state(d: &Daemon, r: &Registry) -> prometheus::proto::MetricFamily {
             .inc_by(detail.stats.reconstructed_reads);
         repaired.with_label_values(&[name]).inc_by(detail.stats.repaired_blocks);
         checksum.with_label_values(&[name]).inc_by(detail.stats.checksum_errors);
+        let engine = d.engine(name).ok();
         for disk in &detail.disk_list {
             let id = disk.id.as_str();
             for st in [
@@ -573,17 +574,13 @@ fn collect_state(d: &Daemon, r: &Registry) -> prometheus::proto::MetricFamily {
             disk_repaired
                 .with_label_values(&[name, id])
                 .inc_by(disk.errors.repaired_bytes);
-            let io = d.engine(name).ok().and_then(|e| e.pool().disk_io(disk.position));
+            // A disk the pool holds no device for (failed, missing) shows zeros.
+            let io = engine
+                .as_ref()
+                .and_then(|e| e.pool().disk_io(disk.position))
+                .unwrap_or_default();
             for op in DiskOp::ALL {
-                let f = io.as_ref().map(|io| io.figures(op)).unwrap_or_default();
-                let f = OpFigures {
-                    buckets: if f.buckets.is_empty() {
-                        vec![0; LATENCY_BUCKETS.len()]
-                    } else {
-                        f.buckets
-                    },
-                    ..f
-                };
+                let f = io.figures(op);
                 let l = [name, id, op.name()];
                 disk_ops.with_label_values(&l).inc_by(f.ops);
                 disk_bytes.with_label_values(&l).inc_by(f.bytes);

@@ -34,6 +34,22 @@ impl Daemon {
         Daemon::start_with(state, &["--config", cfg.to_str().unwrap(), "--api-listen", "none"]).unwrap()
     }
 
+    /// Starts a daemon with this configuration file and the API on a loopback TCP port, behind
+    /// `token` (the address is in the banner).
+    pub fn start_on_tcp(state: &Path, config: &str, token: &str) -> Daemon {
+        let cfg = state.with_extension("toml");
+        std::fs::write(&cfg, config).unwrap();
+        let args = [
+            "--config",
+            cfg.to_str().unwrap(),
+            "--api-listen",
+            "127.0.0.1:0",
+            "--api-token",
+            token,
+        ];
+        Daemon::start_with(state, &args).unwrap()
+    }
+
     /// Starts a daemon with extra `serve` arguments; Err(stderr) if it exits instead.
     pub fn start_with(state: &Path, args: &[&str]) -> Result<Daemon, String> {
         std::fs::create_dir_all(state).unwrap();
