@@ -23,6 +23,7 @@ mod events;
 mod exports;
 mod jobs;
 mod pools;
+mod replicas;
 mod vdisks;
 
 use dedup::dedup;
@@ -30,6 +31,7 @@ use events::events;
 use exports::{nbd, target};
 use jobs::{follow, job};
 use pools::{disk, pool};
+use replicas::replica;
 use vdisks::{snapshot, vdisk, vdisk_table};
 
 pub fn run(cli: Cli) -> Result<(), String> {
@@ -68,6 +70,7 @@ pub fn run(cli: Cli) -> Result<(), String> {
         Command::Nbd(n) => nbd(&c, n),
         Command::Job(j) => job(&c, j),
         Command::Dedup(d) => dedup(&c, d),
+        Command::Replica(r) => replica(&c, r),
         Command::Events(a) => events(&c, a),
     };
     r.map_err(|e| match e {

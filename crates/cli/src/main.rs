@@ -83,8 +83,109 @@ pub enum Command {
     /// Deduplication: identical blocks of a pool's vdisks stored once.
     #[command(subcommand)]
     Dedup(DedupCmd),
+    /// Replication of vdisks to a peer site, and the replicas held here for peers.
+    #[command(subcommand)]
+    Replica(ReplicaCmd),
     /// What happened: disks failed, pools degraded, repairs, scrub findings, refused logins.
     Events(EventsArgs),
+}
+
+#[derive(Subcommand)]
+pub enum ReplicaCmd {
+    /// Replicate POOL/VDISK to a peer's replication listener (its `replication_listen`,
+    /// reached with the key of its `replication-psk` file, copied here).
+    Create {
+        /// The source vdisk, POOL/VDISK.
+        vdisk: String,
+        /// The peer's replication listener, HOST:PORT.
+        #[arg(long)]
+        to: String,
+        /// The pool on the peer that holds the replica.
+        #[arg(long)]
+        target_pool: String,
+        /// The replica's name on the peer (default: the source's name).
+        #[arg(long)]
+        target_vdisk: Option<String>,
+        /// This replication's name (default: POOL-VDISK).
+        #[arg(long)]
+        name: Option<String>,
+        /// Time between cycles, e.g. 30s, 5m (default 5m; 0: only 'tessera replica sync').
+        #[arg(long, value_parser = parse_secs)]
+        interval: Option<u64>,
+        /// Bytes per second the cycles may send, at most, e.g. 50M.
+        #[arg(long, value_parser = parse_size)]
+        bandwidth: Option<u64>,
+        /// Recovery point objective: a replica older than this raises an event (default three
+        /// intervals; 0: none).
+        #[arg(long, value_parser = parse_secs)]
+        rpo: Option<u64>,
+    },
+    /// Replicate back a vdisk promoted from a replica: the first cycle sends only what changed
+    /// since the last snapshot it received (run 'tessera replica demote' at the old source
+    /// first).
+    Reverse {
+        /// The promoted vdisk, POOL/VDISK.
+        vdisk: String,
+        #[arg(long)]
+        to: String,
+        #[arg(long)]
+        target_pool: String,
+        #[arg(long)]
+        target_vdisk: Option<String>,
+        #[arg(long)]
+        name: Option<String>,
+        #[arg(long, value_parser = parse_secs)]
+        interval: Option<u64>,
+        #[arg(long, value_parser = parse_size)]
+        bandwidth: Option<u64>,
+        #[arg(long, value_parser = parse_secs)]
+        rpo: Option<u64>,
+    },
+    /// Replicas of local vdisks, and replicas held here for peers.
+    List,
+    /// One replica: state, lag, RPO, bytes changed, sent and saved, the last cycle's link
+    /// (RTT, retransmissions, goodput). NAME, or POOL/VDISK for a replica held here.
+    Show {
+        name: String,
+    },
+    /// Run a cycle now.
+    Sync {
+        name: String,
+        /// Return once the cycle is started.
+        #[arg(long)]
+        no_wait: bool,
+    },
+    /// No more cycles until resumed (the cycle under way stops; the next goes on from it).
+    Pause {
+        name: String,
+    },
+    Resume {
+        name: String,
+    },
+    /// Change a replica's interval, bandwidth or RPO.
+    Set {
+        name: String,
+        #[arg(long, value_parser = parse_secs)]
+        interval: Option<u64>,
+        /// 0: no limit.
+        #[arg(long, value_parser = parse_size)]
+        bandwidth: Option<u64>,
+        #[arg(long, value_parser = parse_secs)]
+        rpo: Option<u64>,
+    },
+    /// Stop replicating; the copy at the peer stays.
+    Delete {
+        name: String,
+    },
+    /// Make a replica held here (POOL/VDISK) a writable vdisk at its last consistent snapshot.
+    Promote {
+        vdisk: String,
+    },
+    /// At the old source, after the replica was promoted: the vdisk becomes a replica kept by
+    /// the peer's cycles (writes here since the last common snapshot are given up).
+    Demote {
+        name: String,
+    },
 }
 
 #[derive(Args)]

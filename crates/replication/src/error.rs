@@ -13,6 +13,8 @@ pub enum ReplError {
     Volume(#[from] tessera_volume::VolumeError),
     #[error("{0}")]
     Invalid(String),
+    #[error("cancelled; the next attempt goes on from what the replica holds")]
+    Cancelled,
 }
 
 pub type Result<T> = std::result::Result<T, ReplError>;

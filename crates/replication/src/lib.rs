@@ -12,5 +12,5 @@ pub mod wire;
 
 pub use error::{ReplError, Result};
 pub use receive::{receive, ReceiveOptions, ReceiveReport, ReplicaSite};
-pub use send::{send, SendReport};
+pub use send::{send, send_watched, SendReport};
 pub use transport::Transport;

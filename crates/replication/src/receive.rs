@@ -36,8 +36,11 @@ pub trait ReplicaSite {
     fn engine(&self, pool: &str) -> std::result::Result<Arc<Engine>, String>;
     /// Whether `pool/vdisk` may be written as a replica; `exists` says whether it exists.
     fn may_write(&self, pool: &str, vdisk: &str, exists: bool) -> std::result::Result<(), String>;
-    /// A cycle is about to write `pool/vdisk` (just created, or existing).
-    fn writing(&self, _pool: &str, _vdisk: &str) {}
+    /// A cycle is about to write `pool/vdisk` (just created, or existing); an error ends the
+    /// cycle before anything is written.
+    fn writing(&self, _pool: &str, _vdisk: &str) -> std::result::Result<(), String> {
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -45,6 +48,8 @@ pub struct ReceiveReport {
     pub vdisk: String,
     pub snapshot: String,
     pub resumed: bool,
+    /// The replica already held the snapshot: the cycle had been committed.
+    pub complete: bool,
     pub offered_grains: u64,
     pub written_blocks: u64,
     pub holes: u64,
@@ -102,9 +107,16 @@ fn run<S: Read + Write>(
     report.snapshot = begin.snapshot.clone();
     let snap_name = format!("{}@{}", begin.vdisk, begin.snapshot);
     if engine.vdisk(&snap_name).is_ok() {
-        return Err(ReplError::Invalid(format!(
-            "the replica already has snapshot '{snap_name}'"
-        )));
+        // The sender asks again for a cycle whose commit it did not hear of.
+        report.complete = true;
+        let ready = Ready {
+            base_ok: false,
+            complete: true,
+        };
+        wire::write_json(w, Kind::Ready, &ready)?;
+        w.flush()?;
+        info!(replica = %begin.vdisk, snapshot = %begin.snapshot, "replication cycle was already committed");
+        return Ok(());
     }
     let replica = match engine.vdisk(&begin.vdisk) {
         Ok(v) => {
@@ -139,7 +151,7 @@ fn run<S: Read + Write>(
             engine.create_vdisk(&spec)?
         }
     };
-    site.writing(&begin.pool, &begin.vdisk);
+    site.writing(&begin.pool, &begin.vdisk).map_err(ReplError::Invalid)?;
     let base = begin
         .base
         .as_ref()
@@ -170,6 +182,7 @@ fn run<S: Read + Write>(
         Kind::Ready,
         &Ready {
             base_ok: base.is_some(),
+            complete: false,
         },
     )?;
     w.flush()?;

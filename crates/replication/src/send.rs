@@ -7,7 +7,9 @@
 use std::collections::HashMap;
 use std::io::{BufWriter, Read, Write};
 
-use tessera_volume::Vdisk;
+use std::sync::atomic::Ordering;
+
+use tessera_volume::{Progress, Vdisk};
 
 use crate::error::{ReplError, Result};
 use crate::wire::{self, Begin, Done, Frame, Kind, Offered, Ready, BLOCK, MAGIC};
@@ -32,6 +34,8 @@ pub struct SendReport {
     pub wire_bytes: u64,
     pub holes: u64,
     pub snapshot: String,
+    /// The replica already held the snapshot (an earlier attempt's commit).
+    pub complete: bool,
 }
 
 /// Replicates `newer` (a snapshot) to the replica vdisk `pool/replica` of the peer at the
@@ -50,6 +54,20 @@ pub fn send<S: Read + Write>(
     replica: &str,
     snapshot: &str,
 ) -> Result<SendReport> {
+    send_watched(conn, newer, base, pool, replica, snapshot, &Progress::default())
+}
+
+/// [`send`], counting in `progress` the bytes of the changed grains dealt with: offered,
+/// and what the replica lacked of them sent (out of all of them), and stopping with [`ReplError::Cancelled`] once its cancel flag is set.
+pub fn send_watched<S: Read + Write>(
+    conn: S,
+    newer: &Vdisk,
+    base: Option<(&Vdisk, &str)>,
+    pool: &str,
+    replica: &str,
+    snapshot: &str,
+    progress: &Progress,
+) -> Result<SendReport> {
     if !newer.is_snapshot() {
         return Err(ReplError::Invalid(format!(
             "'{}' is not a snapshot: a cycle sends a point-in-time image",
@@ -63,7 +81,7 @@ pub fn send<S: Read + Write>(
         snapshot: snapshot.to_string(),
         ..Default::default()
     };
-    match run(&mut c, newer, base, pool, replica, snapshot, &mut report) {
+    match run(&mut c, newer, base, pool, replica, snapshot, progress, &mut report) {
         Ok(()) => Ok(report),
         Err(e @ (ReplError::Io(_) | ReplError::Protocol(_))) => {
             // A replica that refuses says why and closes: the write that then failed is not
@@ -100,6 +118,7 @@ impl<S: Read + Write> Conn<S> {
 
 type Batch = Vec<(u64, Vec<u8>)>;
 
+#[allow(clippy::too_many_arguments)]
 fn run<S: Read + Write>(
     c: &mut Conn<S>,
     newer: &Vdisk,
@@ -107,6 +126,7 @@ fn run<S: Read + Write>(
     pool: &str,
     replica: &str,
     snapshot: &str,
+    progress: &Progress,
     report: &mut SendReport,
 ) -> Result<()> {
     c.w.write_all(MAGIC)?;
@@ -122,12 +142,19 @@ fn run<S: Read + Write>(
     };
     report.wire_bytes += wire::write_json(&mut c.w, Kind::Begin, &begin)?;
     let ready: Ready = c.next()?.json(Kind::Ready)?;
+    if ready.complete {
+        report.complete = true;
+        return Ok(());
+    }
     let base = base.filter(|_| ready.base_ok);
     report.full = base.is_none();
     let extents = match base {
         Some((b, _)) => newer.changed_since(b)?,
         None => newer.extents(0, newer.size())?,
     };
+    let total: u64 = extents.iter().filter(|e| e.mapped).map(|e| e.len).sum();
+    progress.total_bytes.store(total, Ordering::Relaxed);
+    progress.done_bytes.store(0, Ordering::Relaxed);
     for e in extents.iter().filter(|e| !e.mapped) {
         report.wire_bytes += wire::write_frame(&mut c.w, Kind::Hole, &wire::encode_hole(e.offset, e.len))?;
         report.holes += 1;
@@ -144,6 +171,9 @@ fn run<S: Read + Write>(
             .map(move |o| (o, grain.min(end - o)))
     });
     for (offset, len) in grains {
+        if progress.cancel.load(Ordering::Relaxed) {
+            return Err(ReplError::Cancelled);
+        }
         let mut data = vec![0u8; len as usize];
         newer.read(offset, &mut data)?;
         batch.push((offset, data));
@@ -151,7 +181,7 @@ fn run<S: Read + Write>(
             offer(&mut c.w, batch_no, std::mem::take(&mut batch), &mut outstanding, report)?;
             batch_no += 1;
             while outstanding.len() >= WINDOW {
-                answer(c, &mut outstanding, report)?;
+                answer(c, &mut outstanding, progress, report)?;
             }
         }
     }
@@ -159,7 +189,7 @@ fn run<S: Read + Write>(
         offer(&mut c.w, batch_no, batch, &mut outstanding, report)?;
     }
     while !outstanding.is_empty() {
-        answer(c, &mut outstanding, report)?;
+        answer(c, &mut outstanding, progress, report)?;
     }
     report.wire_bytes += wire::write_frame(&mut c.w, Kind::Commit, &[])?;
     let done: Done = c.next()?.json(Kind::Done)?;
@@ -187,9 +217,11 @@ fn offer<W: Write>(
 }
 
 /// Takes one answer and sends the blocks it asks for, neighbours in one frame.
+/// The batch's bytes count as done once what it asks for is sent.
 fn answer<S: Read + Write>(
     c: &mut Conn<S>,
     outstanding: &mut HashMap<u64, Batch>,
+    progress: &Progress,
     report: &mut SendReport,
 ) -> Result<()> {
     let f = c.next()?;
@@ -222,5 +254,7 @@ fn answer<S: Read + Write>(
         }
         report.sent_grains += any as u64;
     }
+    let bytes: usize = batch.iter().map(|(_, d)| d.len()).sum();
+    progress.done_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
     Ok(())
 }

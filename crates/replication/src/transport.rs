@@ -101,3 +101,141 @@ pub fn set_congestion(s: &TcpStream, name: &str) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// What the kernel knows of a stream's link, from `TCP_INFO`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct LinkStats {
+    /// Smoothed round trip time, in microseconds.
+    pub rtt_us: u32,
+    /// Segments sent again, over the stream's life.
+    pub retransmits: u32,
+    /// Segments sent, retransmissions included.
+    pub segments_out: u32,
+    /// Bytes the peer acknowledged.
+    pub bytes_acked: u64,
+    /// The kernel's last estimate of the delivery rate, in bytes per second.
+    pub delivery_rate: u64,
+}
+
+/// The link report of a socket (zeros where the kernel does not say).
+pub fn link_stats(s: &TcpStream) -> LinkStats {
+    // SAFETY: plain integers; all zeros is a valid value.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: the buffer is as long as `len` says; the kernel writes at most that much.
+    let r = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return LinkStats::default();
+    }
+    // An older kernel fills less of it; the rest stays zero.
+    LinkStats {
+        rtt_us: info.tcpi_rtt,
+        retransmits: info.tcpi_total_retrans,
+        segments_out: info.tcpi_segs_out,
+        bytes_acked: info.tcpi_bytes_acked,
+        delivery_rate: info.tcpi_delivery_rate,
+    }
+}
+
+/// A stream whose writes keep under a rate, so that replication leaves room on a shared link:
+/// a token bucket holding at most a quarter of a second's worth.
+pub struct Paced<S> {
+    inner: S,
+    rate: f64,
+    allowance: f64,
+    last: std::time::Instant,
+}
+
+impl<S> Paced<S> {
+    /// `rate` in bytes per second; None: not limited.
+    pub fn new(inner: S, rate: Option<u64>) -> Paced<S> {
+        let rate = rate.map(|r| r.max(1) as f64).unwrap_or(f64::INFINITY);
+        Paced {
+            inner,
+            rate,
+            allowance: 0.0,
+            last: std::time::Instant::now(),
+        }
+    }
+
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    fn burst(&self) -> f64 {
+        (self.rate / 4.0).max(64.0 * 1024.0)
+    }
+}
+
+impl<S: io::Read> io::Read for Paced<S> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.inner.read(buf)
+    }
+}
+
+impl<S: io::Write> io::Write for Paced<S> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if self.rate.is_infinite() {
+            return self.inner.write(buf);
+        }
+        let now = std::time::Instant::now();
+        self.allowance = (self.allowance + now.duration_since(self.last).as_secs_f64() * self.rate).min(self.burst());
+        self.last = now;
+        if self.allowance < 0.0 {
+            std::thread::sleep(Duration::from_secs_f64(-self.allowance / self.rate));
+        }
+        let n = self.inner.write(&buf[..buf.len().min(self.burst() as usize)])?;
+        self.allowance -= n as f64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+
+    #[test]
+    fn a_paced_stream_takes_at_least_its_rate() {
+        let mut p = Paced::new(Vec::new(), Some(4 << 20));
+        let t = std::time::Instant::now();
+        for _ in 0..32 {
+            p.write_all(&[7u8; 64 << 10]).unwrap();
+        }
+        // 2 MiB at 4 MiB/s, less the first quarter second's burst: 0.25 s at the least.
+        assert!(t.elapsed() >= Duration::from_millis(240), "{:?}", t.elapsed());
+        assert_eq!(p.get_ref().len(), 2 << 20);
+    }
+
+    #[test]
+    fn link_stats_count_what_a_socket_sent() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = l.local_addr().unwrap();
+        let reader = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut sink = Vec::new();
+            s.read_to_end(&mut sink).unwrap();
+            sink.len()
+        });
+        let mut c = TcpStream::connect(a).unwrap();
+        c.write_all(&vec![1u8; 1 << 20]).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        let st = link_stats(&c);
+        drop(c);
+        assert_eq!(reader.join().unwrap(), 1 << 20);
+        assert!(st.segments_out > 0, "{st:?}");
+        assert!(st.bytes_acked >= 1 << 20, "{st:?}");
+    }
+}

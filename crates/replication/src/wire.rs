@@ -78,6 +78,10 @@ pub struct Begin {
 pub struct Ready {
     /// False when the receiver does not hold the base: the sender offers everything.
     pub base_ok: bool,
+    /// The replica already holds the cycle's snapshot (its commit was done and the answer
+    /// lost): nothing more is sent.
+    #[serde(default)]
+    pub complete: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

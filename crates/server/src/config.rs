@@ -24,6 +24,9 @@
 //! event_hook = "/usr/local/bin/tessera-alert"  # run per event: its JSON on stdin, TESSERA_EVENT_*
 //! event_webhook = "http://alerts.example:9000/tessera"  # POSTed each event's JSON
 //! event_hook_severity = "warning" # the least severity handed to the hook and the webhook
+//! replication_listen = "0.0.0.0:3262"  # take replicas from peers holding the key; default none
+//! replication_psk_file = "/etc/tessera/replication.psk"  # default: <state_dir>/replication-psk
+//! replication_congestion = "bbr"  # TCP congestion control of replication streams
 //! ```
 
 use std::net::SocketAddr;
@@ -89,6 +92,9 @@ pub struct ConfigFile {
     pub event_hook: Option<PathBuf>,
     pub event_webhook: Option<String>,
     pub event_hook_severity: Option<String>,
+    pub replication_listen: Option<String>,
+    pub replication_psk_file: Option<PathBuf>,
+    pub replication_congestion: Option<String>,
 }
 
 /// What the command line may override.
@@ -149,6 +155,11 @@ pub struct ServerConfig {
     pub disk_error_limit: u64,
     /// Where events go beyond the event log.
     pub event_hook: crate::events::HookConfig,
+    /// Where peers' replication streams are taken; None: this site takes no replicas.
+    pub replication_listen: Option<SocketAddr>,
+    /// The keys shared with the peer sites (made at start when missing).
+    pub replication_psk_file: PathBuf,
+    pub replication_congestion: String,
     pub demo: bool,
 }
 
@@ -282,7 +293,32 @@ impl ServerConfig {
                 Some(s) => crate::events::Severity::parse(s).map_err(|e| format!("event_hook_severity: {e}"))?,
             },
         };
+        let replication_listen = listen_addr("replication_listen", f.replication_listen, "none")?;
+        let replication_psk_file = match f.replication_psk_file {
+            Some(p) if !p.is_absolute() => {
+                return Err(format!(
+                    "replication_psk_file '{}' must be an absolute path",
+                    p.display()
+                ))
+            }
+            Some(p) => p,
+            None => state_dir.join("replication-psk"),
+        };
+        let replication_congestion = f.replication_congestion.unwrap_or_else(|| "bbr".into());
+        if replication_congestion.is_empty()
+            || replication_congestion.len() > 15
+            || !replication_congestion
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_')
+        {
+            return Err(format!(
+                "replication_congestion '{replication_congestion}' is not a congestion control's name (bbr, cubic, ...)"
+            ));
+        }
         Ok(ServerConfig {
+            replication_listen,
+            replication_psk_file,
+            replication_congestion,
             state_dir,
             api_listen,
             metrics_listen,

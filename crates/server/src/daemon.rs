@@ -7,6 +7,7 @@
 //! - `imported.json`: the pools imported when the daemon last ran, imported again at start;
 //! - `targets.json`, `nbd.json`, `portals.json`: iSCSI targets, NBD exports, added portals;
 //! - `auto-repair.json`: pools whose repairs wait for the administrator;
+//! - `replication.json`, `replication-cycles/`, `replication-psk`: replicas (crate::replication);
 //! - `events.jsonl`: the event log;
 //! - `tessera.lock`, `api.sock`.
 
@@ -70,6 +71,8 @@ pub struct Daemon {
     /// What happened, for `tessera events`, the journal and the hook.
     pub events: Arc<EventLog>,
     pub(crate) health_watch: crate::health_events::HealthWatch,
+    /// Replicas of local vdisks at peers, and replicas held here for peers.
+    pub replication: crate::replication::Replication,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -100,6 +103,7 @@ impl Daemon {
             targets.registry.clone(),
         )?;
         let auto_repair = AutoRepair::load(cfg.state_dir.join("auto-repair.json"))?;
+        let replication = crate::replication::Replication::load(cfg.state_dir.join("replication.json"))?;
         let events = Arc::new(EventLog::open(&cfg.state_dir.join("events.jsonl"), &cfg.event_hook)?);
         let told = events.clone();
         targets
@@ -137,6 +141,7 @@ impl Daemon {
             started_unix: crate::jobs::unix_now(),
             events,
             health_watch: Default::default(),
+            replication,
         };
         let mut wanted = d.read_imported()?.pools;
         wanted.extend(d.cfg.pools.iter().cloned());

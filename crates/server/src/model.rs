@@ -693,3 +693,152 @@ pub struct SetDedup {
     /// second copy; 0: none (default 100).
     pub hot_copy_refs: Option<u32>,
 }
+
+/// `POST /api/replicas`: replicate a vdisk to a peer site.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateReplica {
+    /// The source's pool and vdisk.
+    pub pool: String,
+    pub vdisk: String,
+    /// The peer's replication listener, HOST:PORT.
+    pub to: String,
+    /// The pool on the peer that holds the replica.
+    pub target_pool: String,
+    /// The replica vdisk's name on the peer (default: the source's name).
+    pub target_vdisk: Option<String>,
+    /// The replication's name (default: POOL-VDISK).
+    pub name: Option<String>,
+    /// Seconds between cycles (default 300); 0: only when asked (`replica sync`).
+    pub interval_secs: Option<u64>,
+    /// Bytes per second the cycles may send, at most; none: as fast as the link goes.
+    pub bandwidth: Option<u64>,
+    /// The recovery point objective in seconds: a lag beyond it raises an event (default
+    /// three intervals; 0: no objective).
+    pub rpo_secs: Option<u64>,
+    /// Replicate back a vdisk promoted from a replica: the first cycle sends only what
+    /// changed since the last snapshot it received, which the old source still holds.
+    #[serde(default)]
+    pub reverse: bool,
+}
+
+/// `PUT /api/replicas/{name}`: what to change; a field left out keeps its value.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SetReplica {
+    pub paused: Option<bool>,
+    pub interval_secs: Option<u64>,
+    /// 0: no limit.
+    pub bandwidth: Option<u64>,
+    pub rpo_secs: Option<u64>,
+}
+
+/// What the kernel said of a cycle's connection at its end.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct LinkView {
+    /// Smoothed round trip time.
+    pub rtt_ms: f64,
+    /// TCP segments sent again, and sent in all.
+    pub retransmits: u64,
+    pub segments_out: u64,
+    /// Retransmitted share of the segments, in percent.
+    pub retransmit_percent: f64,
+    /// Bytes on the wire per second of the cycle, one stream.
+    pub goodput: f64,
+    /// The kernel's delivery rate estimate, bytes per second.
+    pub delivery_rate: u64,
+}
+
+/// One cycle, as the source saw it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+pub struct ReplicaCycleView {
+    pub snapshot: String,
+    /// Seconds since the Unix epoch.
+    pub started_at: u64,
+    pub seconds: f64,
+    /// True when everything was offered (a first cycle, or the replica lacked the base).
+    pub full: bool,
+    /// Bytes of the grains that changed since the base (all allocated data, for a full cycle).
+    pub changed_bytes: u64,
+    /// Bytes of the blocks the replica lacked, sent before compression.
+    pub sent_bytes: u64,
+    /// Bytes written to the connection: frames, fingerprints, compressed data.
+    pub wire_bytes: u64,
+    pub link: LinkView,
+}
+
+/// A replication of a local vdisk to a peer.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+pub struct ReplicaView {
+    pub name: String,
+    pub pool: String,
+    pub vdisk: String,
+    pub to: String,
+    pub target_pool: String,
+    pub target_vdisk: String,
+    /// syncing, idle, paused, failing, or new (no cycle done yet).
+    pub state: String,
+    pub interval_secs: u64,
+    pub bandwidth: Option<u64>,
+    pub rpo_secs: Option<u64>,
+    /// The last snapshot both sites hold: the replica's last consistent point.
+    pub last_snapshot: Option<String>,
+    /// When that snapshot was taken on the source (seconds since the Unix epoch).
+    pub last_consistent_at: Option<u64>,
+    /// Age of the replica's last consistent point; since creation while there is none.
+    pub lag_seconds: f64,
+    pub rpo_exceeded: bool,
+    /// A snapshot taken for a cycle that has not ended yet: the next attempt goes on with it.
+    pub pending_snapshot: Option<String>,
+    pub cycles: u64,
+    pub failures: u64,
+    /// Totals over all cycles.
+    pub changed_bytes: u64,
+    pub sent_bytes: u64,
+    pub wire_bytes: u64,
+    /// Changed bytes that did not cross the wire: blocks the replica had, and compression.
+    pub saved_bytes: u64,
+    pub last_cycle: Option<ReplicaCycleView>,
+    pub last_error: Option<String>,
+    pub last_error_at: Option<u64>,
+    /// The job of the cycle under way.
+    pub job: Option<u64>,
+}
+
+/// A replica this site holds for a peer: read-only until promoted.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+pub struct IncomingReplicaView {
+    pub pool: String,
+    pub vdisk: String,
+    /// The address the peer last replicated from.
+    pub source: String,
+    pub created_at: u64,
+    /// The newest consistent snapshot, and when its cycle ended here.
+    pub last_snapshot: Option<String>,
+    pub last_cycle_at: Option<u64>,
+    pub cycles: u64,
+    /// A cycle is being received now.
+    pub receiving: bool,
+    /// Its consistent snapshots, oldest first.
+    pub snapshots: Vec<String>,
+}
+
+/// `GET /api/replicas`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+pub struct ReplicaList {
+    /// Local vdisks replicated to peers.
+    pub outgoing: Vec<ReplicaView>,
+    /// Replicas held here for peers.
+    pub incoming: Vec<IncomingReplicaView>,
+    /// Where peers' replication streams are taken, if anywhere.
+    pub listen: Option<String>,
+}
+
+/// The answer to a promotion.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+pub struct PromotedView {
+    pub pool: String,
+    pub vdisk: String,
+    /// The snapshot the vdisk was put back to: the last consistent point.
+    pub snapshot: String,
+}

@@ -71,6 +71,12 @@ async fn serve(cfg: ServerConfig) -> Result<(), String> {
     daemon.portals.start()?;
     let nbd = bind(daemon.cfg.nbd_listen, " for NBD", "server", "--nbd-listen").await?;
     let nbd_addr = nbd.as_ref().and_then(|l| l.local_addr().ok());
+    let repl = {
+        let d = daemon.clone();
+        tokio::task::spawn_blocking(move || crate::replication::start_listener(&d))
+            .await
+            .map_err(|e| e.to_string())??
+    };
     let nbd_tls = nbd_tls(&daemon.cfg)?;
     if let Some(l) = nbd {
         let policy = tessera_nbd::Policy {
@@ -103,7 +109,8 @@ async fn serve(cfg: ServerConfig) -> Result<(), String> {
             tcp.as_ref().and_then(|t| t.local_addr().ok()),
             metrics.as_ref().and_then(|t| t.local_addr().ok()),
             nbd_addr,
-            nbd_tls.as_ref().map(|(_, psk)| psk.as_deref())
+            nbd_tls.as_ref().map(|(_, psk)| psk.as_deref()),
+            repl,
         )
     );
 
@@ -173,6 +180,7 @@ async fn serve(cfg: ServerConfig) -> Result<(), String> {
                 d.auto_repair_tick();
                 d.scrub_tick();
                 d.dedup_tick();
+                d.replication_tick();
             })
             .await;
         }
@@ -250,6 +258,7 @@ fn banner(
     metrics: Option<SocketAddr>,
     nbd: Option<SocketAddr>,
     tls: Option<Option<&std::path::Path>>,
+    repl: Option<SocketAddr>,
 ) -> String {
     let sock = d.cfg.socket_path();
     let mut s = format!(
@@ -383,6 +392,12 @@ fn banner(
             "  NBD on {} (local clients): nbd+unix:///NAME?socket={}\n",
             p.display(),
             p.display()
+        );
+    }
+    if let Some(a) = repl {
+        s += &format!(
+            "  replication: {a} (peers holding the key in {})\n",
+            d.cfg.replication_psk_file.display()
         );
     }
     s += &format!(

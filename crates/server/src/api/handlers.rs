@@ -410,3 +410,49 @@ pub async fn show_nbd_export(State(d): D, Path(name): Path<String>) -> ApiResult
 pub async fn delete_nbd_export(State(d): D, Path(name): Path<String>) -> ApiResult<StatusCode> {
     done(move || d.remove_nbd_export(&name)).await
 }
+
+pub async fn list_replicas(State(d): D) -> ApiResult<Json<ReplicaList>> {
+    json(move || Ok(d.list_replicas())).await
+}
+
+pub async fn create_replica(State(d): D, Body(req): Body<CreateReplica>) -> ApiResult<(StatusCode, Json<ReplicaView>)> {
+    created(move || d.create_replica(req)).await
+}
+
+pub async fn show_replica(State(d): D, Path(name): Path<String>) -> ApiResult<Json<ReplicaView>> {
+    json(move || d.replica_view(&name)).await
+}
+
+pub async fn set_replica(
+    State(d): D,
+    Path(name): Path<String>,
+    Body(req): Body<SetReplica>,
+) -> ApiResult<Json<ReplicaView>> {
+    json(move || d.set_replica(&name, req)).await
+}
+
+pub async fn delete_replica(State(d): D, Path(name): Path<String>) -> ApiResult<StatusCode> {
+    done(move || d.delete_replica(&name)).await
+}
+
+pub async fn sync_replica(State(d): D, Path(name): Path<String>) -> ApiResult<(StatusCode, Json<JobView>)> {
+    accepted(move || d.sync_replica(&name)).await
+}
+
+pub async fn demote_replica(State(d): D, Path(name): Path<String>) -> ApiResult<Json<IncomingReplicaView>> {
+    json(move || d.demote_replica(&name)).await
+}
+
+pub async fn show_incoming_replica(
+    State(d): D,
+    Path((pool, vdisk)): Path<(String, String)>,
+) -> ApiResult<Json<IncomingReplicaView>> {
+    json(move || d.incoming_view(&pool, &vdisk)).await
+}
+
+pub async fn promote_replica(
+    State(d): D,
+    Path((pool, vdisk)): Path<(String, String)>,
+) -> ApiResult<Json<PromotedView>> {
+    json(move || d.promote_replica(&pool, &vdisk)).await
+}

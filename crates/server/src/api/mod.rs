@@ -81,6 +81,15 @@ pub fn router(daemon: Arc<Daemon>, guard: Option<Arc<auth::Guard>>) -> Router {
             "/api/nbd/exports/{name}",
             get(show_nbd_export).delete(delete_nbd_export),
         )
+        .route("/api/replicas", get(list_replicas).post(create_replica))
+        .route(
+            "/api/replicas/{name}",
+            get(show_replica).put(set_replica).delete(delete_replica),
+        )
+        .route("/api/replicas/{name}/sync", post(sync_replica))
+        .route("/api/replicas/{name}/demote", post(demote_replica))
+        .route("/api/pools/{pool}/replicas/{vdisk}", get(show_incoming_replica))
+        .route("/api/pools/{pool}/replicas/{vdisk}/promote", post(promote_replica))
         .route("/api/events", get(events::list_events))
         .route("/api/events/stream", get(events::stream_events))
         .route("/api/jobs", get(list_jobs))

@@ -4,7 +4,7 @@ use super::*;
 
 impl Daemon {
     /// Where a vdisk (or, with a trailing '/', any vdisk of a pool) is served: LUNs and exports.
-    pub(super) fn users_of(&self, prefix_or_name: &str) -> Vec<String> {
+    pub(crate) fn users_of(&self, prefix_or_name: &str) -> Vec<String> {
         let mut u = self.targets.users_of(prefix_or_name);
         u.extend(self.nbd.users_of(prefix_or_name));
         u
@@ -76,6 +76,9 @@ impl Daemon {
             .split_once('/')
             .ok_or_else(|| ApiError::invalid(format!("'{}' does not name a vdisk: write POOL/NAME", req.vdisk)))?;
         let (e, v) = self.vdisk(p, n)?;
+        // A LUN of a replica's working copy would show cycles half applied: its snapshots are
+        // the consistent, read-only images.
+        self.refuse_if_replica(p, n, "presented as a LUN")?;
         self.targets.add_lun(iqn, req.lun, &req.vdisk, e, v)?;
         self.target_view(iqn)
     }
@@ -134,6 +137,9 @@ impl Daemon {
             .split_once('/')
             .ok_or_else(|| ApiError::invalid(format!("'{}' does not name a vdisk: write POOL/NAME", req.vdisk)))?;
         let (_, v) = self.vdisk(p, n)?;
+        if !req.read_only {
+            self.refuse_if_replica(p, n, "exported writable (export it read-only)")?;
+        }
         let cfg = NbdExportConfig {
             name: req.name.unwrap_or_else(|| n.to_string()),
             vdisk: req.vdisk,

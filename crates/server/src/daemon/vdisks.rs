@@ -77,6 +77,7 @@ impl Daemon {
     /// A read-only point-in-time image `VDISK@NAME`, sharing every grain with the vdisk.
     pub fn create_snapshot(&self, pool: &str, vdisk: &str, req: CreateSnapshot) -> ApiResult<SnapshotView> {
         let (e, _) = self.vdisk(pool, vdisk)?;
+        self.refuse_if_replica(pool, vdisk, "snapshotted by hand (its cycles take its snapshots)")?;
         let started = std::time::Instant::now();
         let s = e.snapshot(vdisk, &req.name)?;
         self.changed(
@@ -135,6 +136,7 @@ impl Daemon {
 
     pub fn resize_vdisk(&self, pool: &str, name: &str, size: u64) -> ApiResult<VdiskView> {
         let (e, _) = self.vdisk(pool, name)?;
+        self.refuse_if_replica(pool, name, "resized (it takes its source's size)")?;
         e.resize_vdisk(name, size)?;
         // Initiators learn of the new capacity through a unit attention.
         for l in self.targets.luns_of(&format!("{pool}/{name}")) {
@@ -154,6 +156,12 @@ impl Daemon {
 
     pub fn delete_vdisk(&self, pool: &str, name: &str) -> ApiResult<()> {
         let (e, _) = self.vdisk(pool, name)?;
+        self.refuse_if_replica(pool, name, "deleted while its source keeps it")?;
+        if let Some(r) = self.replicas_of(pool, name).first() {
+            return Err(ApiError::busy(format!(
+                "vdisk '{pool}/{name}' is replicated as '{r}'; 'tessera replica delete {r}' first"
+            )));
+        }
         let target = format!("{pool}/{name}");
         let jobs = self.jobs.running_on(&target);
         if !jobs.is_empty() {
@@ -186,6 +194,7 @@ impl Daemon {
         if !path.is_absolute() {
             return Err(ApiError::invalid(format!("image path '{}' must be absolute", req.path)));
         }
+        self.refuse_if_replica(pool, name, "imported into")?;
         let image_size = image::image_size(&path).map_err(ApiError::invalid)?;
         let v = match e.vdisk(name) {
             Ok(v) => v,

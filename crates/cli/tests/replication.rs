@@ -1,0 +1,407 @@
+//! Replication between two real daemons on loopback: a replica bit-exact to its source's
+//! snapshot after full and incremental cycles, read-only until promoted; cycles cut by SIGKILL
+//! of either daemon go on where they stopped; a peer without the key gets nothing; promote,
+//! demote and reverse send only what changed; a full pool at the replica fails the cycle and
+//! leaves the source whole.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+struct Site {
+    d: Daemon,
+    dir: PathBuf,
+}
+
+impl Site {
+    /// A daemon taking replicas on a loopback port, with the key file `key` (made by the
+    /// first site that starts with it), and a pool `pool` of three 1 GiB file disks.
+    fn start(dir: &Path, key: &Path, pool: &str, disk_size: u64) -> Site {
+        let d = Site::daemon(dir, key, "127.0.0.1:0");
+        create_pool(&d, pool, &disks(&dir.join("disks"), 3, disk_size));
+        Site {
+            d,
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    fn daemon(dir: &Path, key: &Path, listen: &str) -> Daemon {
+        std::fs::create_dir_all(dir).unwrap();
+        let cfg = format!(
+            "replication_listen = \"{listen}\"\nreplication_psk_file = \"{}\"\n",
+            key.display()
+        );
+        Daemon::start_configured(&dir.join("state"), &cfg)
+    }
+
+    /// Starts the daemon again, on the same replication port.
+    fn restart(&mut self, key: &Path, listen: &str) {
+        self.d = Site::daemon(&self.dir, key, listen);
+    }
+
+    fn listen(&self) -> String {
+        self.d.json(&["replica", "list"])["listen"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    }
+
+    /// The vdisk (or snapshot) read back into a file.
+    fn export(&self, vdisk: &str, name: &str) -> PathBuf {
+        let p = self.dir.join(name);
+        self.d
+            .ok(&["vdisk", "export", vdisk, p.to_str().unwrap(), "--overwrite"]);
+        p
+    }
+
+    fn replica(&self, name: &str) -> Value {
+        self.d.json(&["replica", "show", name])
+    }
+
+    /// Waits until the replica has done `cycles` cycles.
+    fn wait_cycles(&self, name: &str, cycles: u64) -> Value {
+        let t = Instant::now();
+        loop {
+            let r = self.replica(name);
+            if r["cycles"].as_u64().unwrap() >= cycles && r["state"] != "syncing" {
+                return r;
+            }
+            assert!(t.elapsed() < Duration::from_secs(120), "no cycle {cycles}: {r}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+fn write_image(site: &Site, vdisk: &str, size: u64, seed: u64) {
+    let img = site.dir.join(format!("w{seed}.img"));
+    random_image(&img, size, seed);
+    site.d.ok(&["vdisk", "import", vdisk, img.to_str().unwrap()]);
+}
+
+fn n(v: &Value, k: &str) -> u64 {
+    v[k].as_u64().unwrap_or_else(|| panic!("no {k} in {v}"))
+}
+
+#[test]
+fn replicas_follow_their_source_and_fail_over_and_back() {
+    let t = tempfile::tempdir().unwrap();
+    let key = t.path().join("replication.psk");
+    let a = Site::start(&t.path().join("a"), &key, "p", 1 << 30);
+    let b = Site::start(&t.path().join("b"), &key, "q", 1 << 30);
+    let key_text = std::fs::read_to_string(&key).unwrap();
+    assert!(key_text.starts_with("tessera:"), "a psktool key file: {key_text}");
+
+    a.d.ok(&["vdisk", "create", "p/db", "--size", "96M", "--layout", "mirror"]);
+    write_image(&a, "p/db", 40 << 20, 1);
+    let out = a.d.ok(&[
+        "replica",
+        "create",
+        "p/db",
+        "--to",
+        &b.listen(),
+        "--target-pool",
+        "q",
+        "--name",
+        "dr",
+        "--interval",
+        "0",
+    ]);
+    assert!(out.contains("replica dr: p/db to q/db"), "{out}");
+
+    // The first cycle: only allocated data crosses (the image has holes; the rest of the
+    // vdisk was never written).
+    let out = a.d.ok(&["replica", "sync", "dr"]);
+    assert!(out.contains("full"), "{out}");
+    let r = a.replica("dr");
+    assert_eq!(r["state"], "idle", "{r}");
+    assert_eq!(r["last_snapshot"], "repl-dr-1");
+    let allocated = n(&a.d.json(&["vdisk", "show", "p/db"]), "allocated_bytes");
+    assert!(n(&r, "changed_bytes") <= allocated, "{r}");
+    assert!(n(&r, "wire_bytes") < 40 << 20, "holes and zeros do not cross: {r}");
+    let src = a.export("p/db@repl-dr-1", "a1.img");
+    let dst = b.export("q/db@repl-dr-1", "b1.img");
+    assert!(same_file(&src, &dst), "the replica differs from its source's snapshot");
+    assert!(
+        r["last_cycle"]["link"]["segments_out"].as_u64().unwrap() > 0,
+        "a link report: {r}"
+    );
+
+    // The replica is read-only to everyone but its source.
+    let i = b.d.json(&["replica", "show", "q/db"]);
+    assert_eq!(i["last_snapshot"], "repl-dr-1", "{i}");
+    for (args, what) in [
+        (vec!["vdisk", "resize", "q/db", "--size", "128M"], "resized"),
+        (vec!["vdisk", "delete", "q/db"], "deleted"),
+        (vec!["snapshot", "create", "q/db@mine"], "snapshotted"),
+        (vec!["nbd", "export", "q/db"], "exported writable"),
+    ] {
+        let e = b.d.fails(&args);
+        assert!(e.contains("is a replica") && e.contains(what), "{args:?}: {e}");
+    }
+    b.d.ok(&["nbd", "export", "q/db", "--read-only"]);
+    b.d.ok(&["nbd", "remove", "db"]);
+    // Nor can the source's own vdisk be replaced by a peer: B cannot replicate into A's p/db.
+    b.d.ok(&["vdisk", "create", "q/other", "--size", "8M"]);
+    b.d.ok(&[
+        "replica",
+        "create",
+        "q/other",
+        "--to",
+        &a.listen(),
+        "--target-pool",
+        "p",
+        "--target-vdisk",
+        "db",
+        "--name",
+        "evil",
+        "--interval",
+        "0",
+    ]);
+    let e = b.d.fails(&["replica", "sync", "evil"]);
+    assert!(e.contains("is not a replica"), "{e}");
+    b.d.ok(&["replica", "delete", "evil"]);
+    assert!(same_file(&src, &a.export("p/db@repl-dr-1", "a1b.img")));
+
+    // An incremental cycle after a small change sends about that change.
+    write_image(&a, "p/db", 1 << 20, 2);
+    a.d.ok(&["replica", "sync", "dr"]);
+    let r = a.replica("dr");
+    let last = &r["last_cycle"];
+    assert_eq!(last["full"], false, "{r}");
+    assert!(last["changed_bytes"].as_u64().unwrap() <= 2 << 20, "{r}");
+    assert!(last["wire_bytes"].as_u64().unwrap() <= (1 << 20) * 6 / 5, "{r}");
+    assert!(same_file(
+        &a.export("p/db@repl-dr-2", "a2.img"),
+        &b.export("q/db@repl-dr-2", "b2.img")
+    ));
+    // The source keeps only the common snapshot; the replica its newest two.
+    let snaps = a.d.ok(&["snapshot", "list", "p/db"]);
+    assert!(!snaps.contains("repl-dr-1") && snaps.contains("repl-dr-2"), "{snaps}");
+
+    // Failover: B promotes its replica, which becomes writable at the last snapshot.
+    let out = b.d.ok(&["replica", "promote", "q/db"]);
+    assert!(out.contains("promoted"), "{out}");
+    write_image(&b, "q/db", 2 << 20, 3);
+    // A's cycles are refused from now on, and A is not harmed.
+    write_image(&a, "p/db", 1 << 20, 4);
+    let e = a.d.fails(&["replica", "sync", "dr"]);
+    assert!(e.contains("is not a replica"), "{e}");
+    // Failback: A hands p/db over, B replicates back from the common snapshot.
+    a.d.ok(&["replica", "demote", "dr"]);
+    let e = a.d.fails(&["vdisk", "resize", "p/db", "--size", "200M"]);
+    assert!(e.contains("is a replica"), "{e}");
+    let out = b.d.ok(&[
+        "replica",
+        "reverse",
+        "q/db",
+        "--to",
+        &a.listen(),
+        "--target-pool",
+        "p",
+        "--name",
+        "back",
+        "--interval",
+        "0",
+    ]);
+    assert!(out.contains("from the common snapshot repl-dr-2"), "{out}");
+    b.d.ok(&["replica", "sync", "back"]);
+    let r = b.replica("back");
+    let last = &r["last_cycle"];
+    assert_eq!(last["full"], false, "only the changes go back: {r}");
+    assert!(
+        last["wire_bytes"].as_u64().unwrap() <= (2 << 20) * 6 / 5,
+        "only what B changed crosses: {r}"
+    );
+    assert!(
+        same_file(
+            &b.export("q/db@repl-back-1", "b3.img"),
+            &a.export("p/db@repl-back-1", "a3.img")
+        ),
+        "A converged to B, and gave up what it wrote after the common snapshot"
+    );
+    assert!(same_file(&b.export("q/db", "b4.img"), &a.export("p/db", "a4.img")));
+
+    let events = a.d.ok(&["events", "-n", "50"]);
+    assert!(events.contains("replica.demoted"), "{events}");
+    let events = b.d.ok(&["events", "-n", "50"]);
+    assert!(events.contains("replica.promoted"), "{events}");
+}
+
+#[test]
+fn cycles_cut_by_sigkill_go_on_where_they_stopped() {
+    let t = tempfile::tempdir().unwrap();
+    let key = t.path().join("replication.psk");
+    let mut a = Site::start(&t.path().join("a"), &key, "p", 1 << 30);
+    let mut b = Site::start(&t.path().join("b"), &key, "q", 1 << 30);
+    let b_listen = b.listen();
+    a.d.ok(&["vdisk", "create", "p/db", "--size", "64M", "--layout", "mirror"]);
+    write_image(&a, "p/db", 48 << 20, 11);
+    // 4 MiB/s: the first cycle takes about ten seconds, time to cut it.
+    a.d.ok(&[
+        "replica",
+        "create",
+        "p/db",
+        "--to",
+        &b_listen,
+        "--target-pool",
+        "q",
+        "--name",
+        "dr",
+        "--interval",
+        "0",
+        "--bandwidth",
+        "4M",
+    ]);
+    a.d.ok(&["replica", "sync", "dr", "--no-wait"]);
+    wait_progress(&a, "p/db", 8 << 20);
+    a.d.kill9();
+    a.restart(&key, "127.0.0.1:0");
+    // The cycle cut short goes on at once with the same snapshot, not from the start.
+    let r = a.wait_cycles("dr", 1);
+    assert_eq!(r["last_snapshot"], "repl-dr-1", "{r}");
+    let sent_after_restart = r["last_cycle"]["sent_bytes"].as_u64().unwrap();
+    assert!(
+        sent_after_restart < n(&r, "changed_bytes") - (6 << 20),
+        "what the replica got before the cut is not sent again: {r}"
+    );
+    assert!(same_file(
+        &a.export("p/db@repl-dr-1", "a1.img"),
+        &b.export("q/db@repl-dr-1", "b1.img")
+    ));
+
+    // Now the replica's daemon dies mid-cycle.
+    write_image(&a, "p/db", 40 << 20, 12);
+    a.d.ok(&["replica", "sync", "dr", "--no-wait"]);
+    wait_progress(&a, "p/db", 8 << 20);
+    b.d.kill9();
+    let r = {
+        let t = Instant::now();
+        loop {
+            let r = a.replica("dr");
+            if r["state"] == "failing" {
+                break r;
+            }
+            assert!(t.elapsed() < Duration::from_secs(90), "{r}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    assert_eq!(r["pending_snapshot"], "repl-dr-2", "{r}");
+    b.restart(&key, &b_listen);
+    // The next retry (every 10 s) finds the replica where it was.
+    let r = a.wait_cycles("dr", 2);
+    assert_eq!(r["last_snapshot"], "repl-dr-2", "{r}");
+    assert!(
+        n(&r["last_cycle"], "sent_bytes") < n(&r["last_cycle"], "changed_bytes") - (6 << 20),
+        "what the replica got before its daemon died is not sent again: {r}"
+    );
+    assert!(same_file(
+        &a.export("p/db@repl-dr-2", "a2.img"),
+        &b.export("q/db@repl-dr-2", "b2.img")
+    ));
+    let events = a.d.ok(&["events", "-n", "50"]);
+    assert!(
+        events.contains("replica.cycle_failed") && events.contains("replica.recovered"),
+        "{events}"
+    );
+}
+
+/// Waits until a replication job of `target` has offered `bytes`.
+fn wait_progress(s: &Site, target: &str, bytes: u64) {
+    let t = Instant::now();
+    loop {
+        let jobs = s.d.json(&["job", "list"]);
+        let done = jobs
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|j| j["kind"] == "replicate" && j["target"] == target && j["state"] == "running")
+            .map(|j| n(j, "done_bytes"))
+            .max();
+        if done.is_some_and(|d| d >= bytes) {
+            return;
+        }
+        assert!(t.elapsed() < Duration::from_secs(60), "no progress: {jobs}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn peers_without_the_key_get_nothing_and_a_full_replica_pool_leaves_the_source_whole() {
+    let t = tempfile::tempdir().unwrap();
+    let key = t.path().join("replication.psk");
+    let other = t.path().join("other.psk");
+    // B's pool holds far less than A's vdisk.
+    let b = Site::start(&t.path().join("b"), &key, "q", 128 << 20);
+    let a = Site::start(&t.path().join("a"), &key, "p", 1 << 30);
+    let c = Site::start(&t.path().join("c"), &other, "r", 1 << 30);
+    assert_ne!(
+        std::fs::read_to_string(&key).unwrap(),
+        std::fs::read_to_string(&other).unwrap()
+    );
+
+    c.d.ok(&["vdisk", "create", "r/x", "--size", "8M"]);
+    c.d.ok(&[
+        "replica",
+        "create",
+        "r/x",
+        "--to",
+        &b.listen(),
+        "--target-pool",
+        "q",
+        "--name",
+        "x",
+        "--interval",
+        "0",
+    ]);
+    let e = c.d.fails(&["replica", "sync", "x"]);
+    assert!(
+        e.to_lowercase().contains("tls") || e.contains("handshake") || e.contains("alert"),
+        "{e}"
+    );
+    assert!(b.d.json(&["vdisk", "list", "q"]).as_array().unwrap().is_empty());
+    let events = b.d.ok(&["events", "-n", "20"]);
+    assert!(events.contains("replica.peer_refused"), "{events}");
+    // Nor does a raw connection that speaks the protocol in clear get anywhere.
+    {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(b.listen()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let _ = s.write_all(b"TSRPL002{\"pool\":\"q\"}");
+        let mut buf = [0u8; 64];
+        let got = s.read(&mut buf).unwrap_or(0);
+        assert!(got == 0 || !String::from_utf8_lossy(&buf[..got]).contains("Ready"));
+    }
+    assert!(b.d.json(&["vdisk", "list", "q"]).as_array().unwrap().is_empty());
+
+    // A replica larger than its pool: the cycle fails with the pool's reason.
+    a.d.ok(&["vdisk", "create", "p/big", "--size", "512M", "--layout", "simple"]);
+    write_image(&a, "p/big", 300 << 20, 21);
+    a.d.ok(&[
+        "replica",
+        "create",
+        "p/big",
+        "--to",
+        &b.listen(),
+        "--target-pool",
+        "q",
+        "--name",
+        "big",
+        "--interval",
+        "0",
+    ]);
+    let e = a.d.fails(&["replica", "sync", "big"]);
+    assert!(e.contains("space") || e.contains("full"), "{e}");
+    let r = a.replica("big");
+    assert_eq!(r["state"], "failing", "{r}");
+    assert!(r["last_error"].as_str().unwrap().contains("replica refused"), "{r}");
+    // The source is whole and writable.
+    let img = a.dir.join("w21.img");
+    assert!(read_back_matches(&img, &a.export("p/big", "big.img")));
+    write_image(&a, "p/big", 1 << 20, 22);
+    let check = a.d.json(&["pool", "check", "p"]);
+    assert!(check["problems"].as_array().unwrap().is_empty(), "{check}");
+}

@@ -1,0 +1,296 @@
+//! The replica side: the listener that takes peers' cycles over TLS with the shared key, what a
+//! peer may write (replicas it made, never another vdisk), the replicas' snapshots kept, and
+//! promotion (a replica made a writable vdisk at its last consistent snapshot).
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use tessera_replication::{receive, ReceiveOptions, ReplicaSite, Transport};
+use tessera_volume::{Engine, LayoutKind};
+use tracing::{info, warn};
+
+use super::{now, Incoming, KEEP_REPLICA_SNAPSHOTS, SNAPSHOT_PREFIX};
+use crate::error::{ApiError, ApiResult};
+use crate::events::{NewEvent, Severity};
+use crate::model::{IncomingReplicaView, PromotedView, ReplicaList};
+use crate::Daemon;
+
+/// Cycles received at once; a peer past it waits for its retry.
+const MAX_STREAMS: usize = 16;
+
+/// Binds `replication_listen` and takes peers' cycles on threads of their own. The key file
+/// is made when it does not exist: copy it to the peers.
+pub fn start_listener(d: &Arc<Daemon>) -> Result<Option<SocketAddr>, String> {
+    let Some(addr) = d.cfg.replication_listen else {
+        return Ok(None);
+    };
+    let keys = &d.cfg.replication_psk_file;
+    if tessera_psk::create_psk_file(keys, "tessera")? {
+        info!(path = %keys.display(), "made a replication key; copy it to the peer sites");
+    }
+    let transport = Arc::new(Transport::from_psk_file(keys, &d.cfg.replication_congestion)?);
+    let l = TcpListener::bind(addr)
+        .map_err(|e| format!("cannot listen for replication on {addr}: {e}; choose another with replication_listen"))?;
+    let bound = l.local_addr().map_err(|e| e.to_string())?;
+    *d.replication.listening.lock() = Some(bound);
+    let d = d.clone();
+    let streams = Arc::new(AtomicUsize::new(0));
+    std::thread::Builder::new()
+        .name("repl-listen".into())
+        .spawn(move || {
+            for s in l.incoming() {
+                let Ok(s) = s else { continue };
+                if streams.load(Ordering::Relaxed) >= MAX_STREAMS {
+                    drop(s);
+                    continue;
+                }
+                streams.fetch_add(1, Ordering::Relaxed);
+                let (d, t, n) = (d.clone(), transport.clone(), streams.clone());
+                let spawned = std::thread::Builder::new().name("repl-recv".into()).spawn(move || {
+                    take_cycle(&d, &t, s);
+                    n.fetch_sub(1, Ordering::Relaxed);
+                });
+                if spawned.is_err() {
+                    streams.fetch_sub(1, Ordering::Relaxed);
+                }
+            }
+        })
+        .map_err(|e| e.to_string())?;
+    Ok(Some(bound))
+}
+
+fn take_cycle(d: &Arc<Daemon>, t: &Transport, s: TcpStream) {
+    let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+    let conn = match t.accept(s) {
+        Ok(c) => c,
+        Err(e) => {
+            // Someone without the key: nothing was read from them.
+            d.events.record(
+                NewEvent::new(
+                    Severity::Warning,
+                    "replica.peer_refused",
+                    format!("replication from {peer} refused: {e}"),
+                )
+                .subject(peer.split(':').next().unwrap_or("")),
+            );
+            return;
+        }
+    };
+    let site = Site {
+        d: d.clone(),
+        peer: peer.clone(),
+        claimed: parking_lot::Mutex::new(None),
+    };
+    let opts = ReceiveOptions {
+        layout: LayoutKind::Mirror,
+        cycles_dir: d.cfg.state_dir.join("replication-cycles"),
+    };
+    let out = receive(conn, &site, &opts);
+    let claimed = site.claimed.lock().take();
+    match out {
+        Ok(r) => {
+            if let Some(key) = &claimed {
+                let recorded = d.replication.change(|s| {
+                    if let Some(i) = s.incoming.get_mut(key) {
+                        i.source = peer.clone();
+                        if !r.complete {
+                            i.cycles += 1;
+                            i.last_snapshot = Some(r.snapshot.clone());
+                            i.last_cycle_at = Some(now());
+                        }
+                    }
+                    Ok(())
+                });
+                if let Err(e) = recorded {
+                    warn!(replica = %key, error = %e.message, "cannot record a replication cycle");
+                }
+                if let Some((pool, vdisk)) = key.split_once('/') {
+                    d.prune_replica_snapshots(pool, vdisk);
+                }
+            }
+        }
+        Err(e) => warn!(peer = %peer, error = %e, "replication cycle from a peer failed"),
+    }
+    if let Some(key) = claimed {
+        d.replication.live.lock().receiving.remove(&key);
+    }
+}
+
+/// What one peer's cycle may do here.
+struct Site {
+    d: Arc<Daemon>,
+    peer: String,
+    /// The replica this cycle writes, once claimed.
+    claimed: parking_lot::Mutex<Option<String>>,
+}
+
+impl ReplicaSite for Site {
+    fn engine(&self, pool: &str) -> Result<Arc<Engine>, String> {
+        self.d.engine(pool).map_err(|e| e.message)
+    }
+
+    fn may_write(&self, pool: &str, vdisk: &str, exists: bool) -> Result<(), String> {
+        let key = format!("{pool}/{vdisk}");
+        let held = self.d.replication.saved.lock().incoming.contains_key(&key);
+        if exists && !held {
+            return Err(format!(
+                "'{key}' exists here and is not a replica: a peer never writes over it"
+            ));
+        }
+        Ok(())
+    }
+
+    fn writing(&self, pool: &str, vdisk: &str) -> Result<(), String> {
+        let key = format!("{pool}/{vdisk}");
+        let mut live = self.d.replication.live.lock();
+        if !live.receiving.insert(key.clone()) {
+            return Err(format!("another cycle is writing '{key}'"));
+        }
+        *self.claimed.lock() = Some(key.clone());
+        drop(live);
+        // Recorded before anything is written: from here on the vdisk is a replica.
+        self.d
+            .replication
+            .change(|s| {
+                s.incoming.entry(key.clone()).or_insert_with(|| Incoming {
+                    source: self.peer.clone(),
+                    created_at: now(),
+                    ..Default::default()
+                });
+                Ok(())
+            })
+            .map_err(|e| e.message)
+    }
+}
+
+impl Daemon {
+    /// Both directions, for `replica list`.
+    pub fn list_replicas(&self) -> ReplicaList {
+        let saved = self.replication.saved.lock().clone();
+        ReplicaList {
+            outgoing: saved.outgoing.iter().map(|(n, o)| self.outgoing_view(n, o)).collect(),
+            incoming: saved
+                .incoming
+                .keys()
+                .filter_map(|k| k.split_once('/'))
+                .filter_map(|(p, v)| self.incoming_view(p, v).ok())
+                .collect(),
+            listen: self.replication.listening.lock().map(|a| a.to_string()),
+        }
+    }
+
+    pub fn incoming_view(&self, pool: &str, vdisk: &str) -> ApiResult<IncomingReplicaView> {
+        let key = format!("{pool}/{vdisk}");
+        let i = self
+            .replication
+            .saved
+            .lock()
+            .incoming
+            .get(&key)
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(format!("'{key}' is not a replica held here")))?;
+        let snapshots = self
+            .engine(pool)
+            .map(|e| replication_snapshots(&e, vdisk))
+            .unwrap_or_default();
+        Ok(IncomingReplicaView {
+            pool: pool.to_string(),
+            vdisk: vdisk.to_string(),
+            source: i.source,
+            created_at: i.created_at,
+            last_snapshot: i.last_snapshot,
+            last_cycle_at: i.last_cycle_at,
+            cycles: i.cycles,
+            receiving: self.replication.live.lock().receiving.contains(&key),
+            snapshots,
+        })
+    }
+
+    /// Makes a replica an ordinary writable vdisk, put back to its last consistent snapshot
+    /// (a cycle cut short may have left part of the next one). Its peer's cycles are refused
+    /// from then on; `replica create --reverse` replicates it back.
+    pub fn promote_replica(&self, pool: &str, vdisk: &str) -> ApiResult<PromotedView> {
+        let key = format!("{pool}/{vdisk}");
+        let (e, v) = self.vdisk(pool, vdisk)?;
+        let Some(last) = replication_snapshots(&e, vdisk).pop() else {
+            return Err(ApiError::invalid(format!(
+                "'{key}' has no consistent snapshot yet: its first cycle never ended"
+            )));
+        };
+        {
+            // Under the live lock, so that no cycle can claim it between the check and the
+            // removal.
+            let live = self.replication.live.lock();
+            if live.receiving.contains(&key) {
+                return Err(ApiError::busy(format!(
+                    "a cycle from the source is writing '{key}'; pause the replica at the source, or wait: \
+                     a source that went silent is given up within {} s",
+                    tessera_replication::transport::SILENCE.as_secs()
+                )));
+            }
+            self.replication.change(|s| {
+                s.incoming
+                    .remove(&key)
+                    .map(|_| ())
+                    .ok_or_else(|| ApiError::not_found(format!("'{key}' is not a replica held here")))
+            })?;
+        }
+        let snap = e.vdisk(&format!("{vdisk}@{last}"))?;
+        if v.size() > snap.size() {
+            v.write_zeroes(snap.size(), v.size() - snap.size(), true, false)?;
+        }
+        e.clone_range(&snap, 0, &v, 0, snap.size())?;
+        v.flush()?;
+        let marker = self
+            .cfg
+            .state_dir
+            .join("replication-cycles")
+            .join(format!("{pool}.{vdisk}.cycle"));
+        let _ = std::fs::remove_file(marker);
+        self.events.record(
+            NewEvent::new(
+                Severity::Warning,
+                "replica.promoted",
+                format!("replica {key} promoted at {last}: writable, and no longer kept by its source"),
+            )
+            .pool(pool)
+            .subject(&key),
+        );
+        Ok(PromotedView {
+            pool: pool.to_string(),
+            vdisk: vdisk.to_string(),
+            snapshot: last,
+        })
+    }
+
+    /// Deletes a replica's consistent snapshots beyond the newest few, unless presented.
+    fn prune_replica_snapshots(&self, pool: &str, vdisk: &str) {
+        let Ok(e) = self.engine(pool) else { return };
+        let snaps = replication_snapshots(&e, vdisk);
+        let old = snaps.len().saturating_sub(KEEP_REPLICA_SNAPSHOTS);
+        for s in &snaps[..old] {
+            self.drop_replication_snapshot(pool, vdisk, s);
+        }
+    }
+
+    /// Refuses what would change a replica held for a peer: only its peer's cycles write it.
+    pub(crate) fn refuse_if_replica(&self, pool: &str, vdisk: &str, what: &str) -> ApiResult<()> {
+        if self.replication.is_incoming(pool, vdisk) {
+            return Err(ApiError::invalid(format!(
+                "'{pool}/{vdisk}' is a replica kept by its source's cycles: it cannot be {what}; \
+                 present or clone one of its snapshots, or promote it ('tessera replica promote {pool}/{vdisk}')"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The names of a vdisk's replication snapshots, oldest first.
+fn replication_snapshots(e: &Engine, vdisk: &str) -> Vec<String> {
+    e.snapshots_of(vdisk)
+        .into_iter()
+        .filter_map(|s| s.name().split_once('@').map(|(_, n)| n.to_string()))
+        .filter(|n| n.starts_with(SNAPSHOT_PREFIX))
+        .collect()
+}

@@ -1,0 +1,177 @@
+//! Replication as the daemon runs it. A site replicates local vdisks to peers ("outgoing":
+//! a cycle per interval, each a snapshot sent as what changed since the last snapshot both
+//! hold) and holds replicas for peers ("incoming": written only by the peer's cycles,
+//! read-only to everyone else until promoted).
+//!
+//! State: `replication.json` in the state directory (the replicas, their last common
+//! snapshots and totals); `replication-cycles/` (the markers of cycles under way, kept by the
+//! receiving side, tessera_replication::receive); the key file shared with the peers
+//! (`replication_psk_file`).
+//!
+//! Snapshots that cycles take are named `repl-<replica>-<n>`, on both sites. The source keeps
+//! the last one both sites hold (the next cycle's base) and the one of a cycle under way; the
+//! replica keeps its newest [`KEEP_REPLICA_SNAPSHOTS`]. Older ones are deleted once nothing
+//! presents them.
+
+mod incoming;
+mod outgoing;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{ApiError, ApiResult};
+use crate::model::ReplicaCycleView;
+use crate::statefile;
+
+pub use incoming::start_listener;
+
+/// Prefix of the snapshots cycles take.
+pub const SNAPSHOT_PREFIX: &str = "repl-";
+/// Consistent snapshots a replica keeps: the newest is the next cycle's base.
+pub const KEEP_REPLICA_SNAPSHOTS: usize = 2;
+/// Default seconds between cycles.
+pub const DEFAULT_INTERVAL_SECS: u64 = 300;
+/// A cycle that failed is tried again this soon (or at its interval, if sooner).
+pub const RETRY_SECS: u64 = 10;
+/// Longest replica name: its snapshots' names must fit in 64 characters.
+const MAX_NAME: usize = 40;
+
+/// A local vdisk replicated to a peer, as saved.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Outgoing {
+    pub pool: String,
+    pub vdisk: String,
+    pub to: String,
+    pub target_pool: String,
+    pub target_vdisk: String,
+    pub interval_secs: u64,
+    pub bandwidth: Option<u64>,
+    /// None: three intervals. Some(0): no objective.
+    pub rpo_secs: Option<u64>,
+    pub paused: bool,
+    pub created_at: u64,
+    /// The number of the last snapshot taken.
+    pub seq: u64,
+    /// The last snapshot both sites hold, and when the source took it.
+    pub base: Option<String>,
+    pub base_at: Option<u64>,
+    /// The snapshot of a cycle not finished, and when it was taken.
+    pub pending: Option<String>,
+    pub pending_at: Option<u64>,
+    pub cycles: u64,
+    pub failures: u64,
+    pub changed_bytes: u64,
+    pub sent_bytes: u64,
+    pub wire_bytes: u64,
+    pub last_cycle: Option<ReplicaCycleView>,
+    pub last_attempt_at: Option<u64>,
+    pub last_error: Option<String>,
+    pub last_error_at: Option<u64>,
+}
+
+impl Outgoing {
+    pub fn rpo(&self) -> u64 {
+        self.rpo_secs.unwrap_or(3 * self.interval_secs)
+    }
+
+    /// Seconds since the replica's last consistent point (since creation, before the first).
+    pub fn lag(&self, now: u64) -> u64 {
+        now.saturating_sub(self.base_at.unwrap_or(self.created_at))
+    }
+}
+
+/// A replica held here for a peer, as saved; keyed by `pool/vdisk`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Incoming {
+    pub source: String,
+    pub created_at: u64,
+    pub last_snapshot: Option<String>,
+    pub last_cycle_at: Option<u64>,
+    pub cycles: u64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Saved {
+    pub outgoing: BTreeMap<String, Outgoing>,
+    pub incoming: BTreeMap<String, Incoming>,
+}
+
+/// What is not saved: cycles under way, and which replicas have been told about.
+#[derive(Default)]
+pub(crate) struct Live {
+    /// Replica name -> the job of its cycle.
+    pub running: BTreeMap<String, u64>,
+    /// Incoming replicas (`pool/vdisk`) a cycle is writing.
+    pub receiving: BTreeSet<String>,
+    /// Outgoing replicas past their RPO, and those whose last cycle failed (told once each).
+    pub rpo_exceeded: BTreeSet<String>,
+    pub failing: BTreeSet<String>,
+}
+
+pub struct Replication {
+    path: PathBuf,
+    pub(crate) saved: Mutex<Saved>,
+    pub(crate) live: Mutex<Live>,
+    /// Where the listener took its address (port 0 resolved).
+    pub(crate) listening: Mutex<Option<std::net::SocketAddr>>,
+}
+
+impl Replication {
+    pub fn load(path: PathBuf) -> Result<Replication, String> {
+        let saved: Saved = statefile::read_json(&path, "fix or remove it; the replicas it names then start anew")?;
+        Ok(Replication {
+            path,
+            saved: Mutex::new(saved),
+            live: Default::default(),
+            listening: Mutex::new(None),
+        })
+    }
+
+    /// Changes the saved state and writes it; if the write fails nothing changes.
+    pub(crate) fn change<R>(&self, f: impl FnOnce(&mut Saved) -> ApiResult<R>) -> ApiResult<R> {
+        let mut s = self.saved.lock();
+        statefile::change_saved(&mut *s, f, |s| {
+            statefile::write_json(&self.path, s)
+                .map_err(|e| ApiError::io(format!("cannot record the replicas in {}: {e}", self.path.display())))
+        })
+    }
+
+    pub(crate) fn outgoing(&self, name: &str) -> ApiResult<Outgoing> {
+        self.saved
+            .lock()
+            .outgoing
+            .get(name)
+            .cloned()
+            .ok_or_else(|| no_replica(name))
+    }
+
+    /// Whether `pool/vdisk` is a replica held for a peer.
+    pub fn is_incoming(&self, pool: &str, vdisk: &str) -> bool {
+        self.saved.lock().incoming.contains_key(&format!("{pool}/{vdisk}"))
+    }
+}
+
+pub(crate) fn no_replica(name: &str) -> ApiError {
+    ApiError::not_found(format!("no replica '{name}'; 'tessera replica list' shows them"))
+}
+
+pub(crate) fn check_name(name: &str) -> ApiResult<()> {
+    tessera_pool::validate_name("replica", name).map_err(ApiError::invalid)?;
+    if name.len() > MAX_NAME {
+        return Err(ApiError::invalid(format!(
+            "replica name '{name}' is longer than {MAX_NAME} characters"
+        )));
+    }
+    Ok(())
+}
+
+/// Seconds since the Unix epoch.
+pub(crate) fn now() -> u64 {
+    crate::jobs::unix_now()
+}
