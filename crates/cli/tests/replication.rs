@@ -178,6 +178,19 @@ fn replicas_follow_their_source_and_fail_over_and_back() {
         &a.export("p/db@repl-dr-2", "a2.img"),
         &b.export("q/db@repl-dr-2", "b2.img")
     ));
+    let m = a.d.http("GET", "/metrics", None).body;
+    for line in [
+        "tessera_replica_cycles_total{pool=\"p\",replica=\"dr\",result=\"ok\",vdisk=\"db\"} 2",
+        "tessera_replica_syncing{pool=\"p\",replica=\"dr\",vdisk=\"db\"} 0",
+    ] {
+        assert!(m.contains(line), "{line} in {m}");
+    }
+    assert!(m.contains("tessera_replica_wire_bytes_total{pool=\"p\",replica=\"dr\",vdisk=\"db\"}"));
+    let m = b.d.http("GET", "/metrics", None).body;
+    assert!(
+        m.contains("tessera_replica_incoming_age_seconds{pool=\"q\",vdisk=\"db\"}"),
+        "{m}"
+    );
     // The source keeps only the common snapshot; the replica its newest two.
     let snaps = a.d.ok(&["snapshot", "list", "p/db"]);
     assert!(!snaps.contains("repl-dr-1") && snaps.contains("repl-dr-2"), "{snaps}");

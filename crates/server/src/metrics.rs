@@ -3,7 +3,7 @@
 //!
 //! Two kinds: what counts as I/O happens (operations, bytes, errors and latency per protocol,
 //! pool, vdisk and operation), kept in [`IoMetrics`] for the daemon's life; and the state of
-//! pools, disks, vdisks, the write-back cache, dedup, scrub, jobs and sessions, read from the
+//! pools, disks, vdisks, the write-back cache, dedup, scrub, jobs, sessions and replicas, read from the
 //! engines at each scrape, so a scrape always sees the state the API shows. Names follow the
 //! Prometheus conventions: base units (bytes, seconds), `_total` for counters.
 
@@ -681,5 +681,88 @@ fn collect_state(d: &Daemon, r: &Registry) -> prometheus::proto::MetricFamily {
         conns.with_label_values(&l).set(x.connections as i64);
         online.with_label_values(&l).set(x.online as i64);
     }
+    replicas(d, &s);
     disk_latency.family()
+}
+
+/// Replicas of local vdisks (by replica name) and replicas held here for peers.
+fn replicas(d: &Daemon, s: &Scrape) {
+    let l = &["replica", "pool", "vdisk"];
+    let lag = s.gauge(
+        "tessera_replica_lag_seconds",
+        "Age of the replica's last consistent snapshot at the peer (since creation, before the first)",
+        l,
+    );
+    let rpo = s.gauge(
+        "tessera_replica_rpo_seconds",
+        "The replica's recovery point objective; 0: none",
+        l,
+    );
+    let syncing = s.gauge("tessera_replica_syncing", "1 while a cycle runs", l);
+    let cycles = s.counter(
+        "tessera_replica_cycles_total",
+        "Replication cycles ended, by result",
+        &["replica", "pool", "vdisk", "result"],
+    );
+    let changed = s.counter(
+        "tessera_replica_changed_bytes_total",
+        "Bytes of grains changed since the base, over all cycles",
+        l,
+    );
+    let sent = s.counter(
+        "tessera_replica_sent_bytes_total",
+        "Bytes of blocks the replica lacked, sent (before compression)",
+        l,
+    );
+    let wire = s.counter(
+        "tessera_replica_wire_bytes_total",
+        "Bytes written to replication connections: frames, fingerprints, compressed data",
+        l,
+    );
+    let rtt = s.float(
+        "tessera_replica_rtt_seconds",
+        "Smoothed round trip time of the last cycle's connection",
+        l,
+    );
+    let retrans = s.float(
+        "tessera_replica_retransmit_ratio",
+        "Retransmitted share of the last cycle's TCP segments",
+        l,
+    );
+    let goodput = s.float(
+        "tessera_replica_goodput_bytes_per_second",
+        "Bytes on the wire per second of the last cycle",
+        l,
+    );
+    let list = d.list_replicas();
+    for r in &list.outgoing {
+        let v = [r.name.as_str(), r.pool.as_str(), r.vdisk.as_str()];
+        lag.with_label_values(&v).set(r.lag_seconds as i64);
+        rpo.with_label_values(&v).set(i(r.rpo_secs.unwrap_or(0)));
+        syncing.with_label_values(&v).set((r.state == "syncing") as i64);
+        cycles.with_label_values(&[v[0], v[1], v[2], "ok"]).inc_by(r.cycles);
+        cycles
+            .with_label_values(&[v[0], v[1], v[2], "failed"])
+            .inc_by(r.failures);
+        changed.with_label_values(&v).inc_by(r.changed_bytes);
+        sent.with_label_values(&v).inc_by(r.sent_bytes);
+        wire.with_label_values(&v).inc_by(r.wire_bytes);
+        if let Some(c) = &r.last_cycle {
+            rtt.with_label_values(&v).set(c.link.rtt_ms / 1000.0);
+            retrans.with_label_values(&v).set(c.link.retransmit_percent / 100.0);
+            goodput.with_label_values(&v).set(c.link.goodput);
+        }
+    }
+    let held = s.gauge(
+        "tessera_replica_incoming_age_seconds",
+        "Seconds since a replica held here for a peer last completed a cycle",
+        &["pool", "vdisk"],
+    );
+    let t = crate::jobs::unix_now();
+    for r in &list.incoming {
+        if let Some(at) = r.last_cycle_at {
+            held.with_label_values(&[r.pool.as_str(), r.vdisk.as_str()])
+                .set(i(t.saturating_sub(at)));
+        }
+    }
 }

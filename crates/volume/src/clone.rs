@@ -39,6 +39,39 @@ impl Engine {
         Ok(self.fill_from(&spec, Some(vdisk.to_string()), &image)?.0)
     }
 
+    /// Snapshots of several vdisks taken at one instant ([`Vdisk::freeze_together`]): a
+    /// consistency group. `(vdisk, snapshot)` pairs; all or none are made.
+    pub fn snapshot_group(&self, pairs: &[(&str, &str)]) -> Result<Vec<Arc<Vdisk>>> {
+        let mut sources = Vec::with_capacity(pairs.len());
+        for &(vdisk, snapshot) in pairs {
+            validate_name("snapshot", snapshot).map_err(VolumeError::Invalid)?;
+            let s = self.vdisk(vdisk)?;
+            if s.is_snapshot() {
+                return Err(VolumeError::Invalid(format!("'{vdisk}' is a snapshot")));
+            }
+            if self.vdisk(&format!("{vdisk}@{snapshot}")).is_ok() {
+                return Err(VolumeError::Invalid(format!("'{vdisk}@{snapshot}' already exists")));
+            }
+            sources.push(s);
+        }
+        let refs: Vec<&Vdisk> = sources.iter().map(|s| &**s).collect();
+        let images = Vdisk::freeze_together(&refs)?;
+        let mut made: Vec<Arc<Vdisk>> = Vec::with_capacity(pairs.len());
+        for ((&(vdisk, snapshot), s), image) in pairs.iter().zip(&sources).zip(&images) {
+            let spec = Self::thin_spec_like(s, &format!("{vdisk}@{snapshot}"));
+            match self.fill_from(&spec, Some(vdisk.to_string()), image) {
+                Ok((v, _)) => made.push(v),
+                Err(e) => {
+                    for v in made {
+                        let _ = self.delete_vdisk(&v.name());
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(made)
+    }
+
     /// The snapshots of `vdisk` (of a vdisk once called so, if it was deleted), oldest first.
     pub fn snapshots_of(&self, vdisk: &str) -> Vec<Arc<Vdisk>> {
         let mut v: Vec<Arc<Vdisk>> = self

@@ -88,12 +88,54 @@ impl Vdisk {
         for &(off, len) in ranges {
             self.check_range(off, len)?;
         }
+        // No write is in flight while the references are counted.
+        let gate = self.gate.write();
+        let f = self.freeze_gated(ranges);
+        drop(gate);
+        f
+    }
+
+    /// Freezes whole vdisks at one instant: no write to any of them is in flight while their
+    /// references are counted, so a write one of them acknowledged before another of them
+    /// was written is in the images whenever that later write is (a database's log and
+    /// data on two vdisks stay consistent). Gates are taken with a timeout and all let go
+    /// on one that does not come, then taken again, so that an operation holding one gate
+    /// while it waits for another cannot deadlock with this.
+    pub fn freeze_together(vdisks: &[&Vdisk]) -> Result<Vec<Frozen>> {
+        for v in vdisks {
+            v.check_range(0, v.size())?;
+        }
+        let mut order: Vec<&Vdisk> = vdisks.to_vec();
+        order.sort_by_key(|v| v.id);
+        order.dedup_by_key(|v| v.id);
+        if order.len() != vdisks.len() {
+            return Err(VolumeError::Invalid("a vdisk is named twice in one group".into()));
+        }
+        loop {
+            let mut gates = Vec::with_capacity(order.len());
+            for v in &order {
+                match v.gate.try_write_for(std::time::Duration::from_millis(200)) {
+                    Some(g) => gates.push(g),
+                    None => break,
+                }
+            }
+            if gates.len() < order.len() {
+                drop(gates);
+                std::thread::sleep(std::time::Duration::from_millis(5));
+                continue;
+            }
+            let frozen = vdisks.iter().map(|v| v.freeze_gated(&[(0, v.size())])).collect();
+            drop(gates);
+            return frozen;
+        }
+    }
+
+    /// [`Vdisk::freeze`] with the gate held by the caller.
+    fn freeze_gated(&self, ranges: &[(u64, u64)]) -> Result<Frozen> {
         let g = self.class.grain;
         let mut pieces = Vec::with_capacity(ranges.len());
         let mut at = 0u64;
         {
-            // No write is in flight while the references are counted.
-            let _gate = self.gate.write();
             let map = self.map.read();
             for &(off, len) in ranges {
                 let first_grain = off / g;

@@ -61,7 +61,7 @@ pub fn start_listener(d: &Arc<Daemon>) -> Result<Option<SocketAddr>, String> {
 }
 
 fn take_cycle(d: &Arc<Daemon>, t: &Transport, s: TcpStream) {
-    let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+    let peer = s.peer_addr().map(|a| a.ip().to_string()).unwrap_or_default();
     let conn = match t.accept(s) {
         Ok(c) => c,
         Err(e) => {
@@ -72,7 +72,7 @@ fn take_cycle(d: &Arc<Daemon>, t: &Transport, s: TcpStream) {
                     "replica.peer_refused",
                     format!("replication from {peer} refused: {e}"),
                 )
-                .subject(peer.split(':').next().unwrap_or("")),
+                .subject(&peer),
             );
             return;
         }
