@@ -119,6 +119,10 @@ pub enum ReplicaCmd {
         /// intervals; 0: none).
         #[arg(long, value_parser = parse_secs)]
         rpo: Option<u64>,
+        /// A consistency group: replicas of one pool to one peer whose snapshots are taken at
+        /// one instant, on the group's schedule.
+        #[arg(long)]
+        group: Option<String>,
     },
     /// Replicate back a vdisk promoted from a replica: the first cycle sends only what changed
     /// since the last snapshot it received (run 'tessera replica demote' at the old source
@@ -177,9 +181,12 @@ pub enum ReplicaCmd {
     Delete {
         name: String,
     },
-    /// Make a replica held here (POOL/VDISK) a writable vdisk at its last consistent snapshot.
+    /// Make a replica held here (POOL/VDISK) a writable vdisk at its last consistent snapshot;
+    /// name every replica of a consistency group to promote them at the newest snapshot
+    /// they all hold.
     Promote {
-        vdisk: String,
+        #[arg(required = true)]
+        vdisks: Vec<String>,
     },
     /// At the old source, after the replica was promoted: the vdisk becomes a replica kept by
     /// the peer's cycles (writes here since the last common snapshot are given up).

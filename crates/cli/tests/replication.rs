@@ -418,3 +418,66 @@ fn peers_without_the_key_get_nothing_and_a_full_replica_pool_leaves_the_source_w
     let check = a.d.json(&["pool", "check", "p"]);
     assert!(check["problems"].as_array().unwrap().is_empty(), "{check}");
 }
+
+#[test]
+fn a_consistency_group_is_replicated_and_promoted_at_one_instant() {
+    let t = tempfile::tempdir().unwrap();
+    let key = t.path().join("replication.psk");
+    let mut a = Site::start(&t.path().join("a"), &key, "p", 1 << 30);
+    let b = Site::start(&t.path().join("b"), &key, "q", 1 << 30);
+    for v in ["p/data", "p/log"] {
+        a.d.ok(&["vdisk", "create", v, "--size", "64M", "--layout", "mirror"]);
+    }
+    write_image(&a, "p/data", 8 << 20, 31);
+    write_image(&a, "p/log", 8 << 20, 32);
+    for (v, name) in [("p/data", "d"), ("p/log", "l")] {
+        a.d.ok(&[
+            "replica",
+            "create",
+            v,
+            "--to",
+            &b.listen(),
+            "--target-pool",
+            "q",
+            "--name",
+            name,
+            "--group",
+            "db",
+            "--interval",
+            "0",
+        ]);
+    }
+    // One sync runs the group's round: both snapshots taken at one instant, both sent.
+    let job = a.d.json(&["replica", "sync", "l"]);
+    assert_eq!(job["target"], "p/data+log", "{job}");
+    assert_eq!(job["result"].as_array().map(Vec::len), Some(2), "{job}");
+    for name in ["d", "l"] {
+        let r = a.replica(name);
+        assert_eq!(r["last_snapshot"], "repl-db-1", "{r}");
+        assert_eq!(r["group"], "db", "{r}");
+    }
+    let data1 = a.export("p/data@repl-db-1", "data1.img");
+    let log1 = a.export("p/log@repl-db-1", "log1.img");
+
+    // The next round is cut after the data replica's cycle and before the log's: the log's
+    // replica is slow.
+    a.d.ok(&["replica", "set", "l", "--bandwidth", "2M"]);
+    write_image(&a, "p/data", 8 << 20, 33);
+    write_image(&a, "p/log", 24 << 20, 34);
+    a.d.ok(&["replica", "sync", "d", "--no-wait"]);
+    let t0 = Instant::now();
+    while a.replica("d")["cycles"] != 2 {
+        assert!(t0.elapsed() < Duration::from_secs(60));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    a.d.kill9();
+    // B holds data at round 2, log at round 1: promoted together, both go back to round 1.
+    let held = b.d.json(&["replica", "show", "q/data"]);
+    assert!(held["snapshots"].to_string().contains("repl-db-2"), "{held}");
+    let out = b.d.ok(&["replica", "promote", "q/data", "q/log"]);
+    assert_eq!(out.matches("at snapshot repl-db-1").count(), 2, "{out}");
+    assert!(same_file(&data1, &b.export("q/data", "bdata.img")));
+    assert!(same_file(&log1, &b.export("q/log", "blog.img")));
+    b.d.ok(&["vdisk", "resize", "q/log", "--size", "128M"]);
+    a.restart(&key, "127.0.0.1:0");
+}

@@ -720,6 +720,9 @@ pub struct CreateReplica {
     /// changed since the last snapshot it received, which the old source still holds.
     #[serde(default)]
     pub reverse: bool,
+    /// A consistency group: replicas of one pool to one peer whose snapshots are taken at
+    /// one instant (a database's log and data vdisks), on one schedule.
+    pub group: Option<String>,
 }
 
 /// `PUT /api/replicas/{name}`: what to change; a field left out keeps its value.
@@ -776,6 +779,7 @@ pub struct ReplicaView {
     pub to: String,
     pub target_pool: String,
     pub target_vdisk: String,
+    pub group: Option<String>,
     /// syncing, idle, paused, failing, or new (no cycle done yet).
     pub state: String,
     pub interval_secs: u64,
@@ -841,4 +845,13 @@ pub struct PromotedView {
     pub vdisk: String,
     /// The snapshot the vdisk was put back to: the last consistent point.
     pub snapshot: String,
+}
+
+/// `POST /api/replica-promotions`: replicas of one consistency group, held in one pool.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PromoteReplicas {
+    pub pool: String,
+    #[schemars(length(min = 1))]
+    pub vdisks: Vec<String>,
 }

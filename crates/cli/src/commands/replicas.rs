@@ -16,18 +16,24 @@ pub(super) fn replica(c: &Ctx, cmd: ReplicaCmd) -> R {
             interval,
             bandwidth,
             rpo,
-        } => create(
-            c,
-            vdisk,
-            to,
-            target_pool,
-            target_vdisk,
-            name,
-            interval,
-            bandwidth,
-            rpo,
-            false,
-        ),
+            group,
+        } => {
+            let (pool, vdisk) = pool_vdisk(&vdisk)?;
+            let req = CreateReplica {
+                pool,
+                vdisk,
+                to,
+                target_pool,
+                target_vdisk,
+                name,
+                interval_secs: interval,
+                bandwidth,
+                rpo_secs: rpo,
+                reverse: false,
+                group: group,
+            };
+            create(c, req)
+        }
         ReplicaCmd::Reverse {
             vdisk,
             to,
@@ -37,18 +43,23 @@ pub(super) fn replica(c: &Ctx, cmd: ReplicaCmd) -> R {
             interval,
             bandwidth,
             rpo,
-        } => create(
-            c,
-            vdisk,
-            to,
-            target_pool,
-            target_vdisk,
-            name,
-            interval,
-            bandwidth,
-            rpo,
-            true,
-        ),
+        } => {
+            let (pool, vdisk) = pool_vdisk(&vdisk)?;
+            let req = CreateReplica {
+                pool,
+                vdisk,
+                to,
+                target_pool,
+                target_vdisk,
+                name,
+                interval_secs: interval,
+                bandwidth,
+                rpo_secs: rpo,
+                reverse: true,
+                group: None,
+            };
+            create(c, req)
+        }
         ReplicaCmd::List => {
             let v = c.client.get("/api/replicas")?;
             c.answer(v, |l: ReplicaList| {
@@ -119,21 +130,26 @@ pub(super) fn replica(c: &Ctx, cmd: ReplicaCmd) -> R {
             }
             Ok(())
         }
-        ReplicaCmd::Promote { vdisk } => {
-            let (p, v) = pool_vdisk(&vdisk)?;
-            let r = c.client.post(
-                &format!(
-                    "/api/pools/{}/replicas/{}/promote",
-                    encode_segment(&p),
-                    encode_segment(&v)
-                ),
-                None,
-            )?;
-            c.answer(r, |p: PromotedView| {
-                println!(
-                    "{}/{} promoted: writable, at snapshot {}; 'tessera replica reverse {}/{} --to OLD-SOURCE ...' replicates it back",
-                    p.pool, p.vdisk, p.snapshot, p.pool, p.vdisk
-                );
+        ReplicaCmd::Promote { vdisks } => {
+            let mut req = PromoteReplicas::default();
+            for v in &vdisks {
+                let (p, v) = pool_vdisk(v)?;
+                if !req.pool.is_empty() && req.pool != p {
+                    return Err(ClientError::Transport(
+                        "replicas promoted together are in one pool".into(),
+                    ));
+                }
+                req.pool = p;
+                req.vdisks.push(v);
+            }
+            let r = c.client.post("/api/replica-promotions", body(&req))?;
+            c.answer(r, |ps: Vec<PromotedView>| {
+                for p in ps {
+                    println!(
+                        "{}/{} promoted: writable, at snapshot {}; 'tessera replica reverse {}/{} --to OLD-SOURCE ...' replicates it back",
+                        p.pool, p.vdisk, p.snapshot, p.pool, p.vdisk
+                    );
+                }
                 Ok(())
             })
         }
@@ -153,32 +169,7 @@ pub(super) fn replica(c: &Ctx, cmd: ReplicaCmd) -> R {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn create(
-    c: &Ctx,
-    vdisk: String,
-    to: String,
-    target_pool: String,
-    target_vdisk: Option<String>,
-    name: Option<String>,
-    interval: Option<u64>,
-    bandwidth: Option<u64>,
-    rpo: Option<u64>,
-    reverse: bool,
-) -> R {
-    let (pool, vdisk) = pool_vdisk(&vdisk)?;
-    let req = CreateReplica {
-        pool,
-        vdisk,
-        to,
-        target_pool,
-        target_vdisk,
-        name,
-        interval_secs: interval,
-        bandwidth,
-        rpo_secs: rpo,
-        reverse,
-    };
+fn create(c: &Ctx, req: CreateReplica) -> R {
     let v = c.client.post("/api/replicas", body(&req))?;
     c.answer(v, |r: ReplicaView| {
         println!(
@@ -233,7 +224,18 @@ fn sync_and_report(c: &Ctx, v: Value, no_wait: bool) -> R {
             job.error.as_deref().unwrap_or("no reason given")
         )));
     }
-    let r: ReplicaCycleView = read(job.result.clone().unwrap_or_default())?;
+    let result = job.result.clone().unwrap_or_default();
+    if result.is_array() {
+        let cycles: Vec<ReplicaCycleView> = read(result)?;
+        for (k, r) in cycles.iter().enumerate() {
+            if k > 0 {
+                println!();
+            }
+            print_cycle(r);
+        }
+        return Ok(());
+    }
+    let r: ReplicaCycleView = read(result)?;
     print_cycle(&r);
     Ok(())
 }
@@ -279,6 +281,7 @@ fn print_replica(r: &ReplicaView) {
     kv(&[
         ("replica", r.name.clone()),
         ("source", format!("{}/{}", r.pool, r.vdisk)),
+        ("group", opt(&r.group)),
         ("to", format!("{}/{} at {}", r.target_pool, r.target_vdisk, r.to)),
         ("state", r.state.clone()),
         ("schedule", every(r.interval_secs)),

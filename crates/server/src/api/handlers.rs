@@ -456,3 +456,7 @@ pub async fn promote_replica(
 ) -> ApiResult<Json<PromotedView>> {
     json(move || d.promote_replica(&pool, &vdisk)).await
 }
+
+pub async fn promote_replicas(State(d): D, Body(req): Body<PromoteReplicas>) -> ApiResult<Json<Vec<PromotedView>>> {
+    json(move || d.promote_replicas(&req.pool, &req.vdisks)).await
+}

@@ -87,6 +87,7 @@ pub fn router(daemon: Arc<Daemon>, guard: Option<Arc<auth::Guard>>) -> Router {
             get(show_replica).put(set_replica).delete(delete_replica),
         )
         .route("/api/replicas/{name}/sync", post(sync_replica))
+        .route("/api/replica-promotions", post(promote_replicas))
         .route("/api/replicas/{name}/demote", post(demote_replica))
         .route("/api/pools/{pool}/replicas/{vdisk}", get(show_incoming_replica))
         .route("/api/pools/{pool}/replicas/{vdisk}/promote", post(promote_replica))

@@ -370,6 +370,13 @@ pub const ROUTES: &[RouteDoc] = &[
         Some((200, schema::<IncomingReplicaView>)),
     ),
     r(
+        "post",
+        "/api/replica-promotions",
+        "Promote the replicas of a consistency group together, each at the newest snapshot all of them hold",
+        Some(schema::<PromoteReplicas>),
+        Some((200, schema::<Vec<PromotedView>>)),
+    ),
+    r(
         "get",
         "/api/pools/{pool}/replicas/{vdisk}",
         "A replica held here for a peer: its source, cycles and consistent snapshots",

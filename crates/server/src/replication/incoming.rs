@@ -211,57 +211,89 @@ impl Daemon {
     /// (a cycle cut short may have left part of the next one). Its peer's cycles are refused
     /// from then on; `replica create --reverse` replicates it back.
     pub fn promote_replica(&self, pool: &str, vdisk: &str) -> ApiResult<PromotedView> {
-        let key = format!("{pool}/{vdisk}");
-        let (e, v) = self.vdisk(pool, vdisk)?;
-        let Some(last) = replication_snapshots(&e, vdisk).pop() else {
+        let mut p = self.promote_replicas(pool, &[vdisk.to_string()])?;
+        Ok(p.remove(0))
+    }
+
+    /// Promotes the replicas of a consistency group together, each at the newest snapshot
+    /// all of them hold: the last instant of the group that reached this site whole.
+    pub fn promote_replicas(&self, pool: &str, vdisks: &[String]) -> ApiResult<Vec<PromotedView>> {
+        if vdisks.is_empty() {
+            return Err(ApiError::invalid("name the replicas to promote"));
+        }
+        let e = self.engine(pool)?;
+        let mut held: Option<Vec<String>> = None;
+        for vdisk in vdisks {
+            let key = format!("{pool}/{vdisk}");
+            if !self.replication.is_incoming(pool, vdisk) {
+                return Err(ApiError::not_found(format!("'{key}' is not a replica held here")));
+            }
+            let snaps = replication_snapshots(&e, vdisk);
+            held = Some(match held {
+                None => snaps,
+                Some(h) => h.into_iter().filter(|s| snaps.contains(s)).collect(),
+            });
+        }
+        let Some(last) = held.and_then(|mut h| h.pop()) else {
             return Err(ApiError::invalid(format!(
-                "'{key}' has no consistent snapshot yet: its first cycle never ended"
+                "{} hold no consistent snapshot in common: no cycle of {} ended here",
+                vdisks.join(", "),
+                if vdisks.len() > 1 { "them together" } else { "it" }
             )));
         };
         {
-            // Under the live lock, so that no cycle can claim it between the check and the
+            // Under the live lock, so that no cycle can claim one between the check and the
             // removal.
             let live = self.replication.live.lock();
-            if live.receiving.contains(&key) {
-                return Err(ApiError::busy(format!(
-                    "a cycle from the source is writing '{key}'; pause the replica at the source, or wait: \
-                     a source that went silent is given up within {} s",
-                    tessera_replication::transport::SILENCE.as_secs()
-                )));
+            for vdisk in vdisks {
+                let key = format!("{pool}/{vdisk}");
+                if live.receiving.contains(&key) {
+                    return Err(ApiError::busy(format!(
+                        "a cycle from the source is writing '{key}'; pause the replica at the source, or wait: \
+                         a source that went silent is given up within {} s",
+                        tessera_replication::transport::SILENCE.as_secs()
+                    )));
+                }
             }
             self.replication.change(|s| {
-                s.incoming
-                    .remove(&key)
-                    .map(|_| ())
-                    .ok_or_else(|| ApiError::not_found(format!("'{key}' is not a replica held here")))
+                for vdisk in vdisks {
+                    s.incoming.remove(&format!("{pool}/{vdisk}"));
+                }
+                Ok(())
             })?;
         }
-        let snap = e.vdisk(&format!("{vdisk}@{last}"))?;
-        if v.size() > snap.size() {
-            v.write_zeroes(snap.size(), v.size() - snap.size(), true, false)?;
+        let mut out = Vec::new();
+        for vdisk in vdisks {
+            let key = format!("{pool}/{vdisk}");
+            let v = e.vdisk(vdisk)?;
+            let snap = e.vdisk(&format!("{vdisk}@{last}"))?;
+            if v.size() > snap.size() {
+                v.write_zeroes(snap.size(), v.size() - snap.size(), true, false)?;
+            }
+            e.clone_range(&snap, 0, &v, 0, snap.size())?;
+            v.flush()?;
+            let marker = self
+                .cfg
+                .state_dir
+                .join("replication-cycles")
+                .join(format!("{pool}.{vdisk}.cycle"));
+            let _ = std::fs::remove_file(marker);
+            self.events.record(
+                NewEvent::new(
+                    Severity::Warning,
+                    "replica.promoted",
+                    format!("replica {key} promoted at {last}: writable, and no longer kept by its source"),
+                )
+                .pool(pool)
+                .subject(&key),
+            );
+            out.push(PromotedView {
+                pool: pool.to_string(),
+                vdisk: vdisk.clone(),
+                snapshot: last.clone(),
+            });
         }
-        e.clone_range(&snap, 0, &v, 0, snap.size())?;
-        v.flush()?;
-        let marker = self
-            .cfg
-            .state_dir
-            .join("replication-cycles")
-            .join(format!("{pool}.{vdisk}.cycle"));
-        let _ = std::fs::remove_file(marker);
-        self.events.record(
-            NewEvent::new(
-                Severity::Warning,
-                "replica.promoted",
-                format!("replica {key} promoted at {last}: writable, and no longer kept by its source"),
-            )
-            .pool(pool)
-            .subject(&key),
-        );
-        Ok(PromotedView {
-            pool: pool.to_string(),
-            vdisk: vdisk.to_string(),
-            snapshot: last,
-        })
+        Ok(out)
     }
 
     /// Deletes a replica's consistent snapshots beyond the newest few, unless presented.

@@ -52,6 +52,9 @@ pub(crate) struct Outgoing {
     pub bandwidth: Option<u64>,
     /// None: three intervals. Some(0): no objective.
     pub rpo_secs: Option<u64>,
+    /// A consistency group: its replicas' snapshots are taken at one instant.
+    #[serde(default)]
+    pub group: Option<String>,
     pub paused: bool,
     pub created_at: u64,
     /// The number of the last snapshot taken.

@@ -41,6 +41,9 @@ impl Daemon {
         tessera_pool::validate_name("pool", &req.target_pool).map_err(ApiError::invalid)?;
         tessera_pool::validate_name("vdisk", &target_vdisk).map_err(ApiError::invalid)?;
         check_address(&req.to)?;
+        if let Some(g) = &req.group {
+            check_name(g)?;
+        }
         if req.bandwidth == Some(0) {
             return Err(ApiError::invalid(
                 "bandwidth must be above 0 bytes per second (leave it out for no limit)",
@@ -80,6 +83,7 @@ impl Daemon {
             interval_secs: req.interval_secs.unwrap_or(super::DEFAULT_INTERVAL_SECS),
             bandwidth: req.bandwidth,
             rpo_secs: req.rpo_secs,
+            group: req.group.clone(),
             created_at: now(),
             base,
             base_at,
@@ -101,6 +105,28 @@ impl Daemon {
                     "replica '{other}' already writes {}/{} at {}",
                     o.target_pool, o.target_vdisk, o.to
                 )));
+            }
+            if let Some(g) = &o.group {
+                // A group cycles at one instant, to one peer, on one schedule.
+                if let Some((other, x)) = s.outgoing.iter().find(|(_, x)| x.group.as_ref() == Some(g)) {
+                    if (x.pool.as_str(), x.to.as_str()) != (o.pool.as_str(), o.to.as_str()) {
+                        return Err(ApiError::invalid(format!(
+                            "group '{g}' replicates pool {} to {} (as '{other}'): its replicas share both",
+                            x.pool, x.to
+                        )));
+                    }
+                    if x.pending.is_some() {
+                        return Err(ApiError::busy(format!(
+                            "group '{g}' has a round under way; let it end ('tessera replica sync {other}')"
+                        )));
+                    }
+                    let mut o = o.clone();
+                    o.interval_secs = x.interval_secs;
+                    o.paused = x.paused;
+                    o.seq = x.seq;
+                    s.outgoing.insert(name.clone(), o);
+                    return Ok(());
+                }
             }
             s.outgoing.insert(name.clone(), o.clone());
             Ok(())
@@ -156,6 +182,7 @@ impl Daemon {
             to: o.to.clone(),
             target_pool: o.target_pool.clone(),
             target_vdisk: o.target_vdisk.clone(),
+            group: o.group.clone(),
             state: state.to_string(),
             interval_secs: o.interval_secs,
             bandwidth: o.bandwidth,
@@ -185,21 +212,30 @@ impl Daemon {
             ));
         }
         let paused = self.replication.change(|s| {
-            let o = s.outgoing.get_mut(name).ok_or_else(|| no_replica(name))?;
-            let was = o.paused;
-            if let Some(p) = req.paused {
-                o.paused = p;
+            let o = s.outgoing.get(name).ok_or_else(|| no_replica(name))?;
+            let (was, pool, group) = (o.paused, o.pool.clone(), o.group.clone());
+            // A group's replicas pause, resume and keep time together.
+            for (n, o) in s.outgoing.iter_mut() {
+                let together = n == name || (group.is_some() && o.group == group);
+                if !together {
+                    continue;
+                }
+                if let Some(p) = req.paused {
+                    o.paused = p;
+                }
+                if let Some(i) = req.interval_secs {
+                    o.interval_secs = i;
+                }
+                if n == name {
+                    if let Some(b) = req.bandwidth {
+                        o.bandwidth = (b > 0).then_some(b);
+                    }
+                    if let Some(r) = req.rpo_secs {
+                        o.rpo_secs = Some(r);
+                    }
+                }
             }
-            if let Some(i) = req.interval_secs {
-                o.interval_secs = i;
-            }
-            if let Some(b) = req.bandwidth {
-                o.bandwidth = (b > 0).then_some(b);
-            }
-            if let Some(r) = req.rpo_secs {
-                o.rpo_secs = Some(r);
-            }
-            Ok((was, o.paused, o.pool.clone()))
+            Ok((was, req.paused.unwrap_or(was), pool))
         })?;
         if paused.0 != paused.1 {
             // A pause stops the cycle under way; its snapshot stays pending, and the next
@@ -325,36 +361,140 @@ impl Daemon {
         self.jobs.get(id).ok().filter(|j| !j.state().finished()).map(|j| j.id)
     }
 
+    /// The replicas that cycle together with `name`: its consistency group, or itself.
+    fn members(&self, name: &str, o: &Outgoing) -> Vec<String> {
+        match &o.group {
+            None => vec![name.to_string()],
+            Some(g) => self
+                .replication
+                .saved
+                .lock()
+                .outgoing
+                .iter()
+                .filter(|(_, x)| x.group.as_ref() == Some(g))
+                .map(|(n, _)| n.clone())
+                .collect(),
+        }
+    }
+
     fn start_cycle(self: &Arc<Self>, name: &str, o: &Outgoing) -> ApiResult<JobView> {
         if self.stopping.load(std::sync::atomic::Ordering::Relaxed) {
             return Err(ApiError::busy("the daemon is stopping"));
         }
+        let members = self.members(name, o);
         let mut live = self.replication.live.lock();
-        if let Some(id) = live.running.get(name) {
-            if let Ok(j) = self.jobs.get(*id) {
+        for m in &members {
+            if let Some(j) = live.running.get(m).and_then(|id| self.jobs.get(*id).ok()) {
                 if !j.state().finished() {
                     return Ok(j.view());
                 }
             }
         }
+        let vdisks: Vec<String> = {
+            let saved = self.replication.saved.lock();
+            members
+                .iter()
+                .filter_map(|m| saved.outgoing.get(m).map(|x| x.vdisk.clone()))
+                .collect()
+        };
         let d = self.clone();
-        let n = name.to_string();
+        let names = members.clone();
         let job = self
             .jobs
-            .spawn("replicate", &format!("{}/{}", o.pool, o.vdisk), move |p| d.cycle(&n, p));
-        live.running.insert(name.to_string(), job.id);
+            .spawn("replicate", &format!("{}/{}", o.pool, vdisks.join("+")), move |p| {
+                d.round(&names, p)
+            });
+        for m in members {
+            live.running.insert(m, job.id);
+        }
         Ok(job.view())
     }
 
-    /// One cycle: the pending snapshot, or a new one; sent; recorded.
-    fn cycle(&self, name: &str, progress: &Progress) -> Result<serde_json::Value, String> {
-        let started_at = now();
+    /// A round of cycles of replicas that go together: each goes on with the snapshot of a
+    /// cycle cut short, or, when none was cut short, all take new snapshots at one instant.
+    /// The result is the cycle's report, or the list of them for a group.
+    fn round(&self, members: &[String], progress: &Progress) -> Result<serde_json::Value, String> {
+        self.take_round_snapshots(members).map_err(|e| {
+            for m in members {
+                let _ = self.record_cycle(m, now(), &Err(e.clone()));
+            }
+            e
+        })?;
+        let mut views = Vec::new();
+        for m in members {
+            let started_at = now();
+            let Ok(o) = self.replication.outgoing(m) else { continue };
+            if o.pending.is_none() {
+                continue; // done in this round already, before a cut
+            }
+            let out = self.run_cycle(&o, started_at, progress);
+            let view = self.record_cycle(m, started_at, &out)?;
+            views.push(view);
+        }
+        Ok(match (members.len(), views.pop()) {
+            (1, Some(v)) => serde_json::to_value(v).expect("serializable"),
+            (_, last) => {
+                views.extend(last);
+                serde_json::to_value(views).expect("serializable")
+            }
+        })
+    }
+
+    /// Makes sure every replica of the round has its snapshot: a new round when none has one
+    /// pending, named and saved before it is taken (so that a crash between leaves none
+    /// unnamed), and taken together.
+    fn take_round_snapshots(&self, members: &[String]) -> Result<(), String> {
+        let at = now();
+        self.replication
+            .change(|s| {
+                let all: Vec<&Outgoing> = members.iter().filter_map(|m| s.outgoing.get(m)).collect();
+                if all.iter().any(|o| o.pending.is_some()) {
+                    return Ok(());
+                }
+                let seq = all.iter().map(|o| o.seq).max().unwrap_or(0) + 1;
+                for m in members {
+                    if let Some(x) = s.outgoing.get_mut(m) {
+                        let key = x.group.clone().unwrap_or_else(|| m.clone());
+                        x.seq = seq;
+                        x.pending = Some(format!("{SNAPSHOT_PREFIX}{key}-{seq}"));
+                        x.pending_at = Some(at);
+                    }
+                }
+                Ok(())
+            })
+            .map_err(|e| e.message)?;
+        // Pending snapshots that do not exist yet: a new round, or one whose snapshots a
+        // crash kept from being taken (all or none of a round are).
+        let mut by_pool: std::collections::BTreeMap<String, Vec<(String, String)>> = Default::default();
+        for m in members {
+            let Ok(o) = self.replication.outgoing(m) else { continue };
+            let Some(p) = o.pending else { continue };
+            let e = self.engine(&o.pool).map_err(|e| e.message)?;
+            if e.vdisk(&format!("{}@{p}", o.vdisk)).is_err() {
+                by_pool.entry(o.pool.clone()).or_default().push((o.vdisk.clone(), p));
+            }
+        }
+        for (pool, pairs) in by_pool {
+            let e = self.engine(&pool).map_err(|e| e.message)?;
+            let refs: Vec<(&str, &str)> = pairs.iter().map(|(v, s)| (v.as_str(), s.as_str())).collect();
+            e.snapshot_group(&refs).map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// Records how a cycle ended, drops the snapshot it made old, and tells of failures
+    /// (once a streak) and of recoveries.
+    fn record_cycle(
+        &self,
+        name: &str,
+        started_at: u64,
+        out: &Result<(String, u64, ReplicaCycleView), String>,
+    ) -> Result<ReplicaCycleView, String> {
         let o = self.replication.outgoing(name).map_err(|e| e.message)?;
-        let out = self.run_cycle(name, &o, started_at, progress);
         let outcome = self.replication.change(|s| {
             let x = s.outgoing.get_mut(name).ok_or_else(|| no_replica(name))?;
             x.last_attempt_at = Some(started_at);
-            match &out {
+            match out {
                 Ok((snap, snap_at, view)) => {
                     x.cycles += 1;
                     let old = x.base.replace(snap.clone()).filter(|b| b != snap);
@@ -395,7 +535,7 @@ impl Daemon {
                     );
                 }
                 info!(replica = name, snapshot = %view.snapshot, sent = view.sent_bytes, wire = view.wire_bytes, "replication cycle done");
-                Ok(serde_json::to_value(view).expect("serializable"))
+                Ok(view.clone())
             }
             Err(e) => {
                 if self.replication.live.lock().failing.insert(name.to_string()) {
@@ -410,43 +550,23 @@ impl Daemon {
                     );
                 }
                 warn!(replica = name, error = %e, "replication cycle failed");
-                Err(e)
+                Err(e.clone())
             }
         }
     }
 
+    /// Sends the replica's pending snapshot.
     fn run_cycle(
         &self,
-        name: &str,
         o: &Outgoing,
         started_at: u64,
         progress: &Progress,
     ) -> Result<(String, u64, ReplicaCycleView), String> {
         let (e, _) = self.vdisk(&o.pool, &o.vdisk).map_err(|e| e.message)?;
-        // The snapshot of a cycle cut short is sent again: the replica keeps what it got.
-        let (snap, snap_at) = match (&o.pending, o.pending_at) {
-            (Some(p), Some(at)) => (p.clone(), at),
-            _ => {
-                let snap = format!("{SNAPSHOT_PREFIX}{name}-{}", o.seq + 1);
-                let at = now();
-                // Saved before it is taken, so that a crash between leaves no snapshot unnamed.
-                self.replication
-                    .change(|s| {
-                        let x = s.outgoing.get_mut(name).ok_or_else(|| no_replica(name))?;
-                        x.seq += 1;
-                        x.pending = Some(snap.clone());
-                        x.pending_at = Some(at);
-                        Ok(())
-                    })
-                    .map_err(|e| e.message)?;
-                (snap, at)
-            }
+        let (Some(snap), Some(snap_at)) = (o.pending.clone(), o.pending_at) else {
+            return Err("no snapshot to send".into());
         };
-        let full = format!("{}@{snap}", o.vdisk);
-        let newer = match e.vdisk(&full) {
-            Ok(s) => s,
-            Err(_) => e.snapshot(&o.vdisk, &snap).map_err(|e| e.to_string())?,
-        };
+        let newer = e.vdisk(&format!("{}@{snap}", o.vdisk)).map_err(|e| e.to_string())?;
         let base = o
             .base
             .as_ref()
