@@ -481,3 +481,72 @@ fn a_consistency_group_is_replicated_and_promoted_at_one_instant() {
     b.d.ok(&["vdisk", "resize", "q/log", "--size", "128M"]);
     a.restart(&key, "127.0.0.1:0");
 }
+
+/// Two daemons in two network namespaces joined by an emulated 100 Mbit/s link with 90 ms of
+/// round trip and 1 % random loss (the seeds' lossy WAN), cut for a few seconds mid-cycle:
+/// the replica arrives whole, and the link report shows the round trip and the losses.
+#[test]
+fn replication_across_a_lossy_long_link_between_two_namespaces() {
+    if let Some(why) = tessera_linkem::unavailable() {
+        eprintln!("skipped: no emulated WAN here: {why}");
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let mut shape = tessera_linkem::Shape::new(100_000_000, Duration::from_millis(90));
+    shape.loss = 0.01;
+    let prefix = format!("trepl{}", std::process::id() % 100000);
+    let link = tessera_linkem::Link::start(&prefix, shape, shape).unwrap();
+    let key = t.path().join("replication.psk");
+    let site = |side: &str, ns: &str, addr: std::net::Ipv4Addr, pool: &str| {
+        let dir = t.path().join(side);
+        std::fs::create_dir_all(&dir).unwrap();
+        let cfg = format!(
+            "replication_listen = \"{addr}:3262\"\nreplication_psk_file = \"{}\"\niscsi_listen = \"127.0.0.1:0\"\nnbd_listen = \"none\"\n",
+            key.display()
+        );
+        let d = Daemon::start_in_netns(ns, &dir.join("state"), &cfg);
+        create_pool(&d, pool, &disks(&dir.join("disks"), 3, 1 << 30));
+        Site { d, dir }
+    };
+    let b = site("b", &link.b.name, tessera_linkem::B_ADDR, "q");
+    let a = site("a", &link.a.name, tessera_linkem::A_ADDR, "p");
+    a.d.ok(&["vdisk", "create", "p/db", "--size", "64M", "--layout", "mirror"]);
+    write_image(&a, "p/db", 40 << 20, 41);
+    let to = format!("{}:3262", tessera_linkem::B_ADDR);
+    a.d.ok(&[
+        "replica",
+        "create",
+        "p/db",
+        "--to",
+        &to,
+        "--target-pool",
+        "q",
+        "--name",
+        "wan",
+        "--interval",
+        "0",
+    ]);
+    a.d.ok(&["replica", "sync", "wan", "--no-wait"]);
+    wait_progress(&a, "p/db", 8 << 20);
+    link.set_cut(true);
+    std::thread::sleep(Duration::from_secs(4));
+    link.set_cut(false);
+    let r = a.wait_cycles("wan", 1);
+    assert_eq!(r["last_snapshot"], "repl-wan-1", "{r}");
+    assert!(same_file(
+        &a.export("p/db@repl-wan-1", "a.img"),
+        &b.export("q/db@repl-wan-1", "b.img")
+    ));
+    let l = &r["last_cycle"]["link"];
+    assert!(l["rtt_ms"].as_f64().unwrap() >= 80.0, "the link's round trip: {r}");
+    assert!(
+        l["retransmits"].as_u64().unwrap() > 0,
+        "1 % of the packets were lost: {r}"
+    );
+    let [ab, _] = link.stats();
+    eprintln!(
+        "40 MiB image over 100 Mbit/s, 90 ms, 1 % loss, cut 4 s: {:.1} s, goodput {:.1} Mbit/s; link a->b: {ab:?}",
+        r["last_cycle"]["seconds"].as_f64().unwrap(),
+        l["goodput"].as_f64().unwrap() * 8.0 / 1e6
+    );
+}

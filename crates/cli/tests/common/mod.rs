@@ -52,11 +52,33 @@ impl Daemon {
 
     /// Starts a daemon with extra `serve` arguments; Err(stderr) if it exits instead.
     pub fn start_with(state: &Path, args: &[&str]) -> Result<Daemon, String> {
+        Daemon::start_wrapped(&[], state, args)
+    }
+
+    /// Starts a daemon inside the network namespace `netns` (its API socket is reached from
+    /// here as any other's), with this configuration file.
+    pub fn start_in_netns(netns: &str, state: &Path, config: &str) -> Daemon {
+        let cfg = state.with_extension("toml");
+        std::fs::write(&cfg, config).unwrap();
+        let args = ["--config", cfg.to_str().unwrap(), "--api-listen", "none"];
+        Daemon::start_wrapped(&["ip", "netns", "exec", netns], state, &args).unwrap()
+    }
+
+    /// `wrapper` (a command that runs the one after it), then `tessera serve`.
+    fn start_wrapped(wrapper: &[&str], state: &Path, args: &[&str]) -> Result<Daemon, String> {
         std::fs::create_dir_all(state).unwrap();
         let n = std::fs::read_dir(state).map(|d| d.count()).unwrap_or(0);
         let log = state.with_extension(format!("log{n}"));
         let out = state.with_extension(format!("out{n}"));
-        let child = Command::new(BIN)
+        let mut cmd = match wrapper.split_first() {
+            Some((program, rest)) => {
+                let mut c = Command::new(program);
+                c.args(rest).arg(BIN);
+                c
+            }
+            None => Command::new(BIN),
+        };
+        let child = cmd
             .arg("serve")
             .arg("--state-dir")
             .arg(state)
