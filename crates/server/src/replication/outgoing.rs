@@ -44,9 +44,9 @@ impl Daemon {
         if let Some(g) = &req.group {
             check_name(g)?;
         }
-        if req.bandwidth == Some(0) {
+        if req.bandwidth.is_some_and(|b| b < 4096) {
             return Err(ApiError::invalid(
-                "bandwidth must be above 0 bytes per second (leave it out for no limit)",
+                "bandwidth must be at least 4 KiB per second (leave it out for no limit)",
             ));
         }
         // Reversing: the last snapshot this vdisk received as a replica is the common point.
@@ -428,6 +428,18 @@ impl Daemon {
                 continue; // done in this round already, before a cut
             }
             let out = self.run_cycle(&o, started_at, progress);
+            if out.is_err() && progress.cancel.load(std::sync::atomic::Ordering::Relaxed) {
+                // Paused, or the daemon stops: not a failure. The snapshot stays pending.
+                self.replication
+                    .change(|s| {
+                        if let Some(x) = s.outgoing.get_mut(m) {
+                            x.last_attempt_at = Some(started_at);
+                        }
+                        Ok(())
+                    })
+                    .map_err(|e| e.message)?;
+                return out.map(|_| serde_json::Value::Null);
+            }
             let view = self.record_cycle(m, started_at, &out)?;
             views.push(view);
         }
