@@ -90,60 +90,53 @@ pub enum Command {
     Events(EventsArgs),
 }
 
+/// Where and how a vdisk is replicated.
+#[derive(Args)]
+pub struct ReplicaArgs {
+    /// The source vdisk, POOL/VDISK.
+    pub vdisk: String,
+    /// The peer's replication listener, HOST:PORT.
+    #[arg(long)]
+    pub to: String,
+    /// The pool on the peer that holds the replica.
+    #[arg(long)]
+    pub target_pool: String,
+    /// The replica's name on the peer (default: the source's name).
+    #[arg(long)]
+    pub target_vdisk: Option<String>,
+    /// This replication's name (default: POOL-VDISK).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Time between cycles, e.g. 30s, 5m (default 5m; 0: only 'tessera replica sync').
+    #[arg(long, value_parser = parse_secs)]
+    pub interval: Option<u64>,
+    /// Bytes per second the cycles may send, at most, e.g. 50M.
+    #[arg(long, value_parser = parse_size)]
+    pub bandwidth: Option<u64>,
+    /// Recovery point objective: a replica older than this raises an event (default three
+    /// intervals; 0: none).
+    #[arg(long, value_parser = parse_secs)]
+    pub rpo: Option<u64>,
+}
+
 #[derive(Subcommand)]
 pub enum ReplicaCmd {
     /// Replicate POOL/VDISK to a peer's replication listener (its `replication_listen`,
     /// reached with the key of its `replication-psk` file, copied here).
     Create {
-        /// The source vdisk, POOL/VDISK.
-        vdisk: String,
-        /// The peer's replication listener, HOST:PORT.
-        #[arg(long)]
-        to: String,
-        /// The pool on the peer that holds the replica.
-        #[arg(long)]
-        target_pool: String,
-        /// The replica's name on the peer (default: the source's name).
-        #[arg(long)]
-        target_vdisk: Option<String>,
-        /// This replication's name (default: POOL-VDISK).
-        #[arg(long)]
-        name: Option<String>,
-        /// Time between cycles, e.g. 30s, 5m (default 5m; 0: only 'tessera replica sync').
-        #[arg(long, value_parser = parse_secs)]
-        interval: Option<u64>,
-        /// Bytes per second the cycles may send, at most, e.g. 50M.
-        #[arg(long, value_parser = parse_size)]
-        bandwidth: Option<u64>,
-        /// Recovery point objective: a replica older than this raises an event (default three
-        /// intervals; 0: none).
-        #[arg(long, value_parser = parse_secs)]
-        rpo: Option<u64>,
+        #[command(flatten)]
+        replica: ReplicaArgs,
         /// A consistency group: replicas of one pool to one peer whose snapshots are taken at
         /// one instant, on the group's schedule.
         #[arg(long)]
         group: Option<String>,
     },
-    /// Replicate back a vdisk promoted from a replica: the first cycle sends only what changed
-    /// since the last snapshot it received (run 'tessera replica demote' at the old source
-    /// first).
+    /// Replicate back a vdisk promoted from a replica (VDISK is the promoted one): the first
+    /// cycle sends only what changed since the last snapshot it received (run 'tessera
+    /// replica demote' at the old source first).
     Reverse {
-        /// The promoted vdisk, POOL/VDISK.
-        vdisk: String,
-        #[arg(long)]
-        to: String,
-        #[arg(long)]
-        target_pool: String,
-        #[arg(long)]
-        target_vdisk: Option<String>,
-        #[arg(long)]
-        name: Option<String>,
-        #[arg(long, value_parser = parse_secs)]
-        interval: Option<u64>,
-        #[arg(long, value_parser = parse_size)]
-        bandwidth: Option<u64>,
-        #[arg(long, value_parser = parse_secs)]
-        rpo: Option<u64>,
+        #[command(flatten)]
+        replica: ReplicaArgs,
     },
     /// Replicas of local vdisks, and replicas held here for peers.
     List,

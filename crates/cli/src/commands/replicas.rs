@@ -7,59 +7,8 @@ use super::*;
 pub(super) fn replica(c: &Ctx, cmd: ReplicaCmd) -> R {
     let path = |name: &str, what: &str| format!("/api/replicas/{}{what}", encode_segment(name));
     match cmd {
-        ReplicaCmd::Create {
-            vdisk,
-            to,
-            target_pool,
-            target_vdisk,
-            name,
-            interval,
-            bandwidth,
-            rpo,
-            group,
-        } => {
-            let (pool, vdisk) = pool_vdisk(&vdisk)?;
-            let req = CreateReplica {
-                pool,
-                vdisk,
-                to,
-                target_pool,
-                target_vdisk,
-                name,
-                interval_secs: interval,
-                bandwidth,
-                rpo_secs: rpo,
-                reverse: false,
-                group: group,
-            };
-            create(c, req)
-        }
-        ReplicaCmd::Reverse {
-            vdisk,
-            to,
-            target_pool,
-            target_vdisk,
-            name,
-            interval,
-            bandwidth,
-            rpo,
-        } => {
-            let (pool, vdisk) = pool_vdisk(&vdisk)?;
-            let req = CreateReplica {
-                pool,
-                vdisk,
-                to,
-                target_pool,
-                target_vdisk,
-                name,
-                interval_secs: interval,
-                bandwidth,
-                rpo_secs: rpo,
-                reverse: true,
-                group: None,
-            };
-            create(c, req)
-        }
+        ReplicaCmd::Create { replica, group } => create(c, replica, false, group),
+        ReplicaCmd::Reverse { replica } => create(c, replica, true, None),
         ReplicaCmd::List => {
             let v = c.client.get("/api/replicas")?;
             c.answer(v, |l: ReplicaList| {
@@ -169,7 +118,21 @@ pub(super) fn replica(c: &Ctx, cmd: ReplicaCmd) -> R {
     }
 }
 
-fn create(c: &Ctx, req: CreateReplica) -> R {
+fn create(c: &Ctx, a: ReplicaArgs, reverse: bool, group: Option<String>) -> R {
+    let (pool, vdisk) = pool_vdisk(&a.vdisk)?;
+    let req = CreateReplica {
+        pool,
+        vdisk,
+        to: a.to,
+        target_pool: a.target_pool,
+        target_vdisk: a.target_vdisk,
+        name: a.name,
+        interval_secs: a.interval,
+        bandwidth: a.bandwidth,
+        rpo_secs: a.rpo,
+        reverse,
+        group,
+    };
     let v = c.client.post("/api/replicas", body(&req))?;
     c.answer(v, |r: ReplicaView| {
         println!(

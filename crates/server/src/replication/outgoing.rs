@@ -414,11 +414,10 @@ impl Daemon {
     /// cycle cut short, or, when none was cut short, all take new snapshots at one instant.
     /// The result is the cycle's report, or the list of them for a group.
     fn round(&self, members: &[String], progress: &Progress) -> Result<serde_json::Value, String> {
-        self.take_round_snapshots(members).map_err(|e| {
+        self.take_round_snapshots(members).inspect_err(|e| {
             for m in members {
                 let _ = self.record_cycle(m, now(), &Err(e.clone()));
             }
-            e
         })?;
         let mut views = Vec::new();
         for m in members {
