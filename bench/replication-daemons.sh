@@ -8,11 +8,12 @@
 # included (`tessera replica show`'s figures), on a vdisk holding as much incompressible data
 # as the link carries in SECONDS_OF_DATA. Needs root (namespaces, /dev/net/tun) and iproute2.
 #
-# Usage: bench/replication-daemons.sh   (RUNS=3 SECONDS_OF_DATA=15 PROFILE=release)
+# Usage: bench/replication-daemons.sh   (RUNS=3 SECONDS_OF_DATA=15 STREAMS=1 PROFILE=release)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-3}
 SECS=${SECONDS_OF_DATA:-15}
+STREAMS=${STREAMS:-1}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/tessera/target}
 PROFILE=${PROFILE:-release}
 source bench/lib.sh
@@ -78,7 +79,7 @@ for s in "${SCENARIOS[@]}"; do
     daemon a 10.99.0.1 p $(( bytes * 4 + (1 << 30) ))
     A="env TESSERA_API=unix:$DIR/a/state/api.sock $T"
     $A vdisk import p/db "$DIR/image.raw" --layout simple > /dev/null
-    $A replica create p/db --to 10.99.0.2:3262 --target-pool q --name wan --interval 0 > /dev/null
+    $A replica create p/db --to 10.99.0.2:3262 --target-pool q --name wan --interval 0 --streams "$STREAMS" > /dev/null
     $A --json replica sync wan > "$DIR/job.json"
     $A --json replica show wan > "$DIR/replica.json"
     stop_all
@@ -96,10 +97,10 @@ PY
   done
 done
 
-python3 - "$OUT" "$RUNS" <<'PY'
+python3 - "$OUT" "$RUNS" "$STREAMS" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-print(f"Replication between two daemons across the emulated link (a full cycle, 'tessera replica sync'), median of {sys.argv[2]} run(s):")
+print(f"Replication between two daemons across the emulated link (a full cycle, 'tessera replica sync', {sys.argv[3]} stream(s)), median of {sys.argv[2]} run(s):")
 print()
 print("| link | RTT | loss | daemons' cycle Mbit/s (of the link) | 1 x cubic copy Mbit/s | replication / cubic |")
 print("|---|---|---|---:|---:|---:|")

@@ -117,6 +117,9 @@ pub struct ReplicaArgs {
     /// intervals; 0: none).
     #[arg(long, value_parser = parse_secs)]
     pub rpo: Option<u64>,
+    /// Connections a cycle's data goes over, 1 to 16 (default 1).
+    #[arg(long)]
+    pub streams: Option<u32>,
 }
 
 #[derive(Subcommand)]
@@ -169,6 +172,8 @@ pub enum ReplicaCmd {
         bandwidth: Option<u64>,
         #[arg(long, value_parser = parse_secs)]
         rpo: Option<u64>,
+        #[arg(long)]
+        streams: Option<u32>,
     },
     /// Stop replicating; the copy at the peer stays.
     Delete {

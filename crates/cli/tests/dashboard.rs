@@ -375,3 +375,85 @@ fn the_dashboard_makes_a_pool_and_a_vdisk_presents_it_and_watches_a_failure_and_
         "{cookie}"
     );
 }
+
+/// The replication page: a source's replica with its state and link report, paused and
+/// resumed from the page; at the replica site, the replica held for the peer, promoted from
+/// the page after a confirmation.
+#[test]
+fn the_dashboard_shows_replicas_and_promotes_one() {
+    let t = tempfile::tempdir().unwrap();
+    let key = t.path().join("replication.psk");
+    let cfg = format!(
+        "replication_listen = \"127.0.0.1:0\"\nreplication_psk_file = \"{}\"\n",
+        key.display()
+    );
+    let b_site = Daemon::start_on_tcp(&t.path().join("b"), &cfg, TOKEN);
+    let a_site = Daemon::start_on_tcp(&t.path().join("a"), &cfg, TOKEN);
+    create_pool(&a_site, "p", &disks(&t.path().join("da"), 3, 1 << 30));
+    create_pool(&b_site, "q", &disks(&t.path().join("db"), 3, 1 << 30));
+    a_site.ok(&["vdisk", "create", "p/db", "--size", "32M"]);
+    let img = t.path().join("db.img");
+    random_image(&img, 8 << 20, 7);
+    a_site.ok(&["vdisk", "import", "p/db", img.to_str().unwrap()]);
+    let listen = b_site.json(&["replica", "list"])["listen"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    a_site.ok(&[
+        "replica",
+        "create",
+        "p/db",
+        "--to",
+        &listen,
+        "--target-pool",
+        "q",
+        "--name",
+        "dr",
+        "--interval",
+        "0",
+    ]);
+    a_site.ok(&["replica", "sync", "dr"]);
+
+    let shots = match std::env::var_os("TESSERA_SCREENSHOTS") {
+        Some(dir) => std::path::PathBuf::from(dir),
+        None => t.path().join("screenshots"),
+    };
+    std::fs::create_dir_all(&shots).unwrap();
+    let b = Browser::start();
+    let login = |api: &str| {
+        b.go(&format!("http://{api}/"));
+        b.type_in("#token", TOKEN);
+        b.click("#login");
+        b.find("#health");
+    };
+    let a_api = banner_addr(&a_site, "dashboard:");
+    login(&a_api);
+    b.go(&format!("http://{a_api}/#replication"));
+    b.wait_text("tr[data-replica='dr']", "repl-dr-1", 20);
+    b.wait_text("tr[data-replica='dr']", "idle", 20);
+    assert!(
+        b.text("tr[data-replica='dr']").contains("RTT"),
+        "{}",
+        b.text("tr[data-replica='dr']")
+    );
+    b.screenshot("replication", &shots);
+    b.click("tr[data-replica='dr'] .pause");
+    b.wait_text("tr[data-replica='dr']", "paused", 20);
+    assert_eq!(a_site.json(&["replica", "show", "dr"])["state"], "paused");
+    b.click("tr[data-replica='dr'] .resume");
+    b.wait_text("tr[data-replica='dr']", "idle", 20);
+
+    let b_api = banner_addr(&b_site, "dashboard:");
+    login(&b_api);
+    b.go(&format!("http://{b_api}/#replication"));
+    b.wait_text("tr[data-incoming='q/db']", "repl-dr-1", 20);
+    b.screenshot("replication-held", &shots);
+    b.click("tr[data-incoming='q/db'] .promote");
+    b.click("#wizard-submit");
+    b.wait_text("#notice", "q/db promoted at repl-dr-1", 20);
+    assert!(b_site.json(&["replica", "list"])["incoming"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+    b_site.ok(&["vdisk", "resize", "q/db", "--size", "64M"]);
+}

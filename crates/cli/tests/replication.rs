@@ -483,8 +483,9 @@ fn a_consistency_group_is_replicated_and_promoted_at_one_instant() {
 }
 
 /// Two daemons in two network namespaces joined by an emulated 100 Mbit/s link with 90 ms of
-/// round trip and 1 % random loss (the seeds' lossy WAN), cut for a few seconds mid-cycle:
-/// the replica arrives whole, and the link report shows the round trip and the losses.
+/// round trip and 1 % random loss (the seeds' lossy WAN), a cycle over three streams cut for
+/// a few seconds mid-way: the replica arrives whole, and the link report shows the round
+/// trip and the losses, for each stream.
 #[test]
 fn replication_across_a_lossy_long_link_between_two_namespaces() {
     if let Some(why) = tessera_linkem::unavailable() {
@@ -525,6 +526,8 @@ fn replication_across_a_lossy_long_link_between_two_namespaces() {
         "wan",
         "--interval",
         "0",
+        "--streams",
+        "3",
     ]);
     a.d.ok(&["replica", "sync", "wan", "--no-wait"]);
     wait_progress(&a, "p/db", 8 << 20);
@@ -539,6 +542,12 @@ fn replication_across_a_lossy_long_link_between_two_namespaces() {
     ));
     let l = &r["last_cycle"]["link"];
     assert!(l["rtt_ms"].as_f64().unwrap() >= 80.0, "the link's round trip: {r}");
+    let streams = r["last_cycle"]["streams"].as_array().unwrap();
+    assert_eq!(streams.len(), 3, "a report per stream: {r}");
+    assert!(
+        streams.iter().all(|s| s["segments_out"].as_u64().unwrap() > 0),
+        "every stream carried data: {r}"
+    );
     assert!(
         l["retransmits"].as_u64().unwrap() > 0,
         "1 % of the packets were lost: {r}"

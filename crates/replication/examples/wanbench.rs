@@ -74,6 +74,7 @@ fn options(s: &BenchSite) -> ReceiveOptions {
     ReceiveOptions {
         layout: LayoutKind::Simple,
         cycles_dir: s.dir.path().join("cycles"),
+        joins: Default::default(),
     }
 }
 
@@ -171,7 +172,7 @@ fn incremental(args: &[String]) {
             let dst = &dst;
             let r = s.spawn(move || {
                 let (c, _) = l.accept().unwrap();
-                receive(&c, dst, &options(dst)).unwrap()
+                receive(c.try_clone().unwrap(), dst, &options(dst)).unwrap()
             });
             let c = std::net::TcpStream::connect(to).unwrap();
             let newer = src.engine.vdisk(&format!("vol@{snap}")).unwrap();

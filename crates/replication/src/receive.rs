@@ -11,7 +11,9 @@
 use std::collections::HashMap;
 use std::io::{BufWriter, Read, Write};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, SyncSender};
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 use tessera_pool::validate_name;
@@ -19,13 +21,38 @@ use tessera_volume::{Engine, LayoutKind, Provisioning, VdiskSpec};
 use tracing::info;
 
 use crate::error::{ReplError, Result};
-use crate::wire::{self, Begin, Done, Kind, Offered, Ready, Refusal, BLOCK, HASH, MAGIC};
+use crate::wire::{self, Begin, Done, Join, Kind, Offered, Ready, Refusal, BLOCK, HASH, MAGIC};
 
 pub struct ReceiveOptions {
     /// Layout of a replica this side creates.
     pub layout: LayoutKind,
     /// Where the markers of cycles under way are kept (one small file per replica).
     pub cycles_dir: PathBuf,
+    /// Cycles of several streams waiting for their extra streams: one table for every
+    /// connection the site takes.
+    pub joins: Arc<Joins>,
+}
+
+/// A connection a cycle's data may come over.
+pub trait Stream: Read + Write + Send {}
+impl<T: Read + Write + Send> Stream for T {}
+
+/// Where a cycle of several streams waits for the others, by the token its Begin carried.
+#[derive(Default)]
+pub struct Joins {
+    waiting: Mutex<HashMap<String, SyncSender<Box<dyn Stream>>>>,
+}
+
+/// A cycle's place in [`Joins`], given up when the cycle ends.
+struct Waiting<'a> {
+    joins: &'a Joins,
+    token: String,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.joins.waiting.lock().expect("not poisoned").remove(&self.token);
+    }
 }
 
 /// What the receiving daemon decides: which pools take replicas, and which vdisks a peer may
@@ -50,6 +77,10 @@ pub struct ReceiveReport {
     pub resumed: bool,
     /// The replica already held the snapshot: the cycle had been committed.
     pub complete: bool,
+    /// This connection was an extra data stream, handed to its cycle.
+    pub joined: bool,
+    /// Connections the cycle's data came over.
+    pub streams: u32,
     pub offered_grains: u64,
     pub written_blocks: u64,
     pub holes: u64,
@@ -63,10 +94,18 @@ struct Marker {
 
 /// Receives one cycle from the peer at the other end of `conn`. A refusal is sent to the
 /// peer with its reason, and returned.
-pub fn receive<S: Read + Write>(conn: S, site: &dyn ReplicaSite, opts: &ReceiveOptions) -> Result<ReceiveReport> {
+pub fn receive<S: Read + Write + Send + 'static>(
+    conn: S,
+    site: &dyn ReplicaSite,
+    opts: &ReceiveOptions,
+) -> Result<ReceiveReport> {
     let mut w = BufWriter::with_capacity(1 << 16, conn);
     let mut report = ReceiveReport::default();
-    let out = run(&mut w, site, opts, &mut report);
+    let out = match opening(w.get_mut()) {
+        Ok(f) if f.kind == Kind::Join => return join(w, &f, opts).map(|()| ReceiveReport { joined: true, ..report }),
+        Ok(f) => run(&mut w, f, site, opts, &mut report),
+        Err(e) => Err(e),
+    };
     if let Err(e) = &out {
         let _ = wire::write_json(&mut w, Kind::Error, &Refusal { message: e.to_string() });
         let _ = w.flush();
@@ -85,19 +124,41 @@ pub fn receive<S: Read + Write>(conn: S, site: &dyn ReplicaSite, opts: &ReceiveO
     out.map(|_| report)
 }
 
+/// The magic and the first frame: a cycle's Begin, or a Join.
+fn opening<R: Read>(r: &mut R) -> Result<wire::Frame> {
+    let mut magic = [0u8; 8];
+    r.read_exact(&mut magic)?;
+    if &magic != MAGIC {
+        return Err(ReplError::Protocol("not a Tessera replication stream".into()));
+    }
+    frame(r)
+}
+
+/// Hands an extra data stream to the cycle waiting for it.
+fn join<S: Stream + 'static>(w: BufWriter<S>, f: &wire::Frame, opts: &ReceiveOptions) -> Result<()> {
+    let j: Join = f.json(Kind::Join)?;
+    let tx = opts
+        .joins
+        .waiting
+        .lock()
+        .expect("not poisoned")
+        .get(&j.token)
+        .cloned()
+        .ok_or_else(|| ReplError::Protocol("a stream joins a cycle that is not waiting for it".into()))?;
+    let conn = w.into_inner().map_err(|e| ReplError::Io(e.into_error()))?;
+    tx.send(Box::new(conn))
+        .map_err(|_| ReplError::Protocol("the cycle the stream joins has ended".into()))
+}
+
 fn run<S: Read + Write>(
     w: &mut BufWriter<S>,
+    first: wire::Frame,
     site: &dyn ReplicaSite,
     opts: &ReceiveOptions,
     report: &mut ReceiveReport,
 ) -> Result<()> {
     // Every write is flushed before the next read: reads go straight to the connection.
-    let mut magic = [0u8; 8];
-    w.get_mut().read_exact(&mut magic)?;
-    if &magic != MAGIC {
-        return Err(ReplError::Protocol("not a Tessera replication stream".into()));
-    }
-    let begin: Begin = frame(w.get_mut())?.json(Kind::Begin)?;
+    let begin: Begin = first.json(Kind::Begin)?;
     check_begin(&begin)?;
     let engine = site.engine(&begin.pool).map_err(ReplError::Invalid)?;
     let engine = &*engine;
@@ -177,6 +238,25 @@ fn run<S: Read + Write>(
     }
     std::fs::create_dir_all(&opts.cycles_dir)?;
     write_durably(&marker_path, &serde_json::to_vec(&wanted).expect("serializable"))?;
+    // Extra streams join once the sender has read Ready: the cycle waits for them from now.
+    let streams = begin.streams.max(1);
+    let (tx, joined) = sync_channel::<Box<dyn Stream>>(wire::MAX_STREAMS as usize);
+    let _waiting = match (&begin.token, streams) {
+        (_, 1) => None,
+        (Some(t), _) => {
+            opts.joins.waiting.lock().expect("not poisoned").insert(t.clone(), tx);
+            Some(Waiting {
+                joins: &opts.joins,
+                token: t.clone(),
+            })
+        }
+        (None, _) => {
+            return Err(ReplError::Protocol(
+                "several streams and no token to join them by".into(),
+            ))
+        }
+    };
+    report.streams = streams;
     wire::write_json(
         w,
         Kind::Ready,
@@ -186,94 +266,159 @@ fn run<S: Read + Write>(
         },
     )?;
     w.flush()?;
-    info!(replica = %begin.vdisk, snapshot = %begin.snapshot, base = ?wanted.base, resumed = report.resumed, "replication cycle begins");
+    info!(replica = %begin.vdisk, snapshot = %begin.snapshot, base = ?wanted.base, resumed = report.resumed, streams, "replication cycle begins");
 
-    // Fingerprints of the blocks asked for, by offset, until their data arrives.
-    let mut expected: HashMap<u64, [u8; HASH]> = HashMap::new();
+    // Fingerprints of the blocks asked for, by offset, until their data arrives (over any of
+    // the cycle's streams).
+    let expected: Mutex<HashMap<u64, [u8; HASH]>> = Mutex::new(HashMap::new());
+    let written = AtomicU64::new(0);
     let size = begin.size;
+    let replica = &*replica;
+    std::thread::scope(|sc| -> Result<()> {
+        let mut readers = Vec::new();
+        let take_joined = |readers: &mut Vec<_>, s: Box<dyn Stream>| {
+            let (expected, written) = (&expected, &written);
+            readers.push(sc.spawn(move || data_stream(s, expected, replica, written)));
+        };
+        loop {
+            while let Ok(s) = joined.try_recv() {
+                take_joined(&mut readers, s);
+            }
+            let f = frame(w.get_mut())?;
+            match f.kind {
+                Kind::Offer => {
+                    let (no, offers) = wire::decode_offer(&f.body)?;
+                    let mut want = Vec::new();
+                    let mut exp = expected.lock().expect("not poisoned");
+                    for (i, o) in offers.iter().enumerate() {
+                        check_range(o.offset, o.len as u64, size, begin.grain)?;
+                        if o.len as u64 > begin.grain || o.blocks.len() != wire::blocks_in(o.len) {
+                            return Err(ReplError::Protocol(format!(
+                                "an offer of {} bytes at {}",
+                                o.len, o.offset
+                            )));
+                        }
+                        let lacking = lacking(replica, o)?;
+                        if lacking.is_empty() {
+                            continue;
+                        }
+                        let mut bits = vec![0u8; o.blocks.len().div_ceil(8)];
+                        for k in lacking {
+                            bits[k / 8] |= 1 << (k % 8);
+                            exp.insert(o.offset + k as u64 * BLOCK, o.blocks[k]);
+                        }
+                        want.push((i as u32, bits));
+                    }
+                    if exp.len() > wire::MAX_WANTED_BLOCKS {
+                        return Err(ReplError::Protocol(format!(
+                            "more than {} blocks offered and not sent",
+                            wire::MAX_WANTED_BLOCKS
+                        )));
+                    }
+                    drop(exp);
+                    report.offered_grains += offers.len() as u64;
+                    wire::write_frame(w, Kind::Want, &wire::encode_want(no, &want))?;
+                    w.flush()?;
+                }
+                Kind::Data => apply_data(&f.body, &expected, replica, &written)?,
+                Kind::Hole => {
+                    let (offset, len) = wire::decode_hole(&f.body)?;
+                    check_range(offset, len, size, 1)?;
+                    replica.write_zeroes(offset, len, true, false)?;
+                    report.holes += 1;
+                }
+                Kind::Commit => {
+                    // Every extra stream joins, sends its End, and is done.
+                    while readers.len() + 1 < streams as usize {
+                        match joined.recv_timeout(crate::transport::SILENCE) {
+                            Ok(s) => take_joined(&mut readers, s),
+                            Err(_) => {
+                                return Err(ReplError::Protocol(format!(
+                                    "commit with {} of {streams} streams joined",
+                                    readers.len() + 1
+                                )))
+                            }
+                        }
+                    }
+                    for r in readers.drain(..) {
+                        r.join()
+                            .map_err(|_| ReplError::Protocol("a data stream's reader failed".into()))??;
+                    }
+                    let left = expected.lock().expect("not poisoned").len();
+                    if left > 0 {
+                        return Err(ReplError::Protocol(format!(
+                            "commit with {left} blocks asked for and not sent"
+                        )));
+                    }
+                    report.written_blocks = written.load(Ordering::Relaxed);
+                    replica.flush()?;
+                    engine.snapshot(&begin.vdisk, &begin.snapshot)?;
+                    let _ = std::fs::remove_file(&marker_path);
+                    wire::write_json(
+                        w,
+                        Kind::Done,
+                        &Done {
+                            snapshot: begin.snapshot.clone(),
+                            blocks_written: report.written_blocks,
+                        },
+                    )?;
+                    w.flush()?;
+                    info!(replica = %begin.vdisk, snapshot = %begin.snapshot, blocks = report.written_blocks, "replication cycle done");
+                    return Ok(());
+                }
+                k => return Err(ReplError::Protocol(format!("a {k:?} frame in the middle of a cycle"))),
+            }
+        }
+    })
+}
+
+/// Checks blocks that arrived against the fingerprints asked for, and writes them.
+fn apply_data(
+    body: &[u8],
+    expected: &Mutex<HashMap<u64, [u8; HASH]>>,
+    replica: &tessera_volume::Vdisk,
+    written: &AtomicU64,
+) -> Result<()> {
+    let (offset, data) = wire::decode_data(body)?;
+    if !offset.is_multiple_of(BLOCK) || data.is_empty() {
+        return Err(ReplError::Protocol(format!("data at {offset} is not whole blocks")));
+    }
+    {
+        let mut exp = expected.lock().expect("not poisoned");
+        for (k, block) in data.chunks(BLOCK as usize).enumerate() {
+            let at = offset + k as u64 * BLOCK;
+            let hash = exp
+                .get(&at)
+                .ok_or_else(|| ReplError::Protocol(format!("data at {at} that was not asked for")))?;
+            if *blake3::hash(block).as_bytes() != *hash {
+                return Err(ReplError::Protocol(format!(
+                    "the data at {at} does not match its fingerprint"
+                )));
+            }
+        }
+        for k in 0..data.len().div_ceil(BLOCK as usize) {
+            exp.remove(&(offset + k as u64 * BLOCK));
+        }
+    }
+    replica.write(offset, &data, false)?;
+    written.fetch_add(data.len().div_ceil(BLOCK as usize) as u64, Ordering::Relaxed);
+    Ok(())
+}
+
+/// An extra stream of a cycle: data frames until its End.
+fn data_stream(
+    mut s: Box<dyn Stream>,
+    expected: &Mutex<HashMap<u64, [u8; HASH]>>,
+    replica: &tessera_volume::Vdisk,
+    written: &AtomicU64,
+) -> Result<()> {
     loop {
-        let f = frame(w.get_mut())?;
+        let f = wire::read_frame(&mut s)?
+            .ok_or_else(|| ReplError::Protocol("a data stream ended before its End".into()))?;
         match f.kind {
-            Kind::Offer => {
-                let (no, offers) = wire::decode_offer(&f.body)?;
-                let mut want = Vec::new();
-                for (i, o) in offers.iter().enumerate() {
-                    check_range(o.offset, o.len as u64, size, begin.grain)?;
-                    if o.len as u64 > begin.grain || o.blocks.len() != wire::blocks_in(o.len) {
-                        return Err(ReplError::Protocol(format!(
-                            "an offer of {} bytes at {}",
-                            o.len, o.offset
-                        )));
-                    }
-                    let lacking = lacking(&replica, o)?;
-                    if lacking.is_empty() {
-                        continue;
-                    }
-                    let mut bits = vec![0u8; o.blocks.len().div_ceil(8)];
-                    for k in lacking {
-                        bits[k / 8] |= 1 << (k % 8);
-                        expected.insert(o.offset + k as u64 * BLOCK, o.blocks[k]);
-                    }
-                    want.push((i as u32, bits));
-                }
-                if expected.len() > wire::MAX_WANTED_BLOCKS {
-                    return Err(ReplError::Protocol(format!(
-                        "more than {} blocks offered and not sent",
-                        wire::MAX_WANTED_BLOCKS
-                    )));
-                }
-                report.offered_grains += offers.len() as u64;
-                wire::write_frame(w, Kind::Want, &wire::encode_want(no, &want))?;
-                w.flush()?;
-            }
-            Kind::Data => {
-                let (offset, data) = wire::decode_data(&f.body)?;
-                if !offset.is_multiple_of(BLOCK) || data.is_empty() {
-                    return Err(ReplError::Protocol(format!("data at {offset} is not whole blocks")));
-                }
-                for (k, block) in data.chunks(BLOCK as usize).enumerate() {
-                    let at = offset + k as u64 * BLOCK;
-                    let hash = expected
-                        .remove(&at)
-                        .ok_or_else(|| ReplError::Protocol(format!("data at {at} that was not asked for")))?;
-                    if *blake3::hash(block).as_bytes() != hash {
-                        return Err(ReplError::Protocol(format!(
-                            "the data at {at} does not match its fingerprint"
-                        )));
-                    }
-                }
-                replica.write(offset, &data, false)?;
-                report.written_blocks += data.len().div_ceil(BLOCK as usize) as u64;
-            }
-            Kind::Hole => {
-                let (offset, len) = wire::decode_hole(&f.body)?;
-                check_range(offset, len, size, 1)?;
-                replica.write_zeroes(offset, len, true, false)?;
-                report.holes += 1;
-            }
-            Kind::Commit => {
-                if !expected.is_empty() {
-                    return Err(ReplError::Protocol(format!(
-                        "commit with {} grains asked for and not sent",
-                        expected.len()
-                    )));
-                }
-                replica.flush()?;
-                engine.snapshot(&begin.vdisk, &begin.snapshot)?;
-                let _ = std::fs::remove_file(&marker_path);
-                wire::write_json(
-                    w,
-                    Kind::Done,
-                    &Done {
-                        snapshot: begin.snapshot.clone(),
-                        blocks_written: report.written_blocks,
-                    },
-                )?;
-                w.flush()?;
-                info!(replica = %begin.vdisk, snapshot = %begin.snapshot, grains = report.written_blocks, "replication cycle done");
-                return Ok(());
-            }
-            k => return Err(ReplError::Protocol(format!("a {k:?} frame in the middle of a cycle"))),
+            Kind::Data => apply_data(&f.body, expected, replica, written)?,
+            Kind::End => return Ok(()),
+            k => return Err(ReplError::Protocol(format!("a {k:?} frame on a data stream"))),
         }
     }
 }
@@ -288,6 +433,13 @@ fn check_begin(b: &Begin) -> Result<()> {
     validate_name("snapshot", &b.snapshot).map_err(ReplError::Invalid)?;
     if let Some(base) = &b.base {
         validate_name("snapshot", base).map_err(ReplError::Invalid)?;
+    }
+    if b.streams > wire::MAX_STREAMS {
+        return Err(ReplError::Protocol(format!(
+            "{} streams; at most {}",
+            b.streams,
+            wire::MAX_STREAMS
+        )));
     }
     if b.size == 0 || !b.grain.is_power_of_two() || b.grain > wire::MAX_FRAME as u64 / 2 {
         return Err(ReplError::Protocol(format!(

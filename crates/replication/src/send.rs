@@ -6,13 +6,14 @@
 
 use std::collections::HashMap;
 use std::io::{BufWriter, Read, Write};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 
 use std::sync::atomic::Ordering;
 
 use tessera_volume::{Progress, Vdisk};
 
 use crate::error::{ReplError, Result};
-use crate::wire::{self, Begin, Done, Frame, Kind, Offered, Ready, BLOCK, MAGIC};
+use crate::wire::{self, Begin, Done, Frame, Join, Kind, Offered, Ready, BLOCK, MAGIC};
 
 /// Grains per offer.
 const BATCH: usize = 32;
@@ -58,7 +59,8 @@ pub fn send<S: Read + Write>(
 }
 
 /// [`send`], counting in `progress` the bytes of the changed grains dealt with: offered,
-/// and what the replica lacked of them sent (out of all of them), and stopping with [`ReplError::Cancelled`] once its cancel flag is set.
+/// and what the replica lacked of them sent (out of all of them), and stopping with
+/// [`ReplError::Cancelled`] once its cancel flag is set.
 pub fn send_watched<S: Read + Write>(
     conn: S,
     newer: &Vdisk,
@@ -68,6 +70,42 @@ pub fn send_watched<S: Read + Write>(
     snapshot: &str,
     progress: &Progress,
 ) -> Result<SendReport> {
+    let mut none = || -> Result<std::io::Sink> { Err(ReplError::Invalid("one stream".into())) };
+    let to = Target {
+        pool,
+        replica,
+        snapshot,
+    };
+    send_streams(conn, 1, &mut none, newer, base, &to, progress)
+}
+
+/// Where a cycle goes: the replica's pool, vdisk and the snapshot it makes.
+pub struct Target<'a> {
+    pub pool: &'a str,
+    pub replica: &'a str,
+    pub snapshot: &'a str,
+}
+
+/// [`send_watched`] with the data spread over `streams` connections: `conn`, which carries
+/// the cycle's control (offers, answers, commit) and its share of the data, and `streams - 1`
+/// that `open` makes once the replica is ready, which carry data only. Each is written by a
+/// thread of its own, so that one stream's losses do not hold the others.
+pub fn send_streams<S: Read + Write, X: Write + Send>(
+    conn: S,
+    streams: u32,
+    open: &mut dyn FnMut() -> Result<X>,
+    newer: &Vdisk,
+    base: Option<(&Vdisk, &str)>,
+    to: &Target,
+    progress: &Progress,
+) -> Result<SendReport> {
+    let snapshot = to.snapshot;
+    if streams == 0 || streams > wire::MAX_STREAMS {
+        return Err(ReplError::Invalid(format!(
+            "{streams} streams: 1 to {} are possible",
+            wire::MAX_STREAMS
+        )));
+    }
     if !newer.is_snapshot() {
         return Err(ReplError::Invalid(format!(
             "'{}' is not a snapshot: a cycle sends a point-in-time image",
@@ -81,7 +119,14 @@ pub fn send_watched<S: Read + Write>(
         snapshot: snapshot.to_string(),
         ..Default::default()
     };
-    match run(&mut c, newer, base, pool, replica, snapshot, progress, &mut report) {
+    let cycle = Cycle {
+        newer,
+        base,
+        to,
+        streams,
+        progress,
+    };
+    match run(&mut c, &cycle, open, &mut report) {
         Ok(()) => Ok(report),
         Err(e @ (ReplError::Io(_) | ReplError::Protocol(_))) => {
             // A replica that refuses says why and closes: the write that then failed is not
@@ -118,17 +163,64 @@ impl<S: Read + Write> Conn<S> {
 
 type Batch = Vec<(u64, Vec<u8>)>;
 
-#[allow(clippy::too_many_arguments)]
-fn run<S: Read + Write>(
+/// What one cycle sends, and where.
+struct Cycle<'a> {
+    newer: &'a Vdisk,
+    base: Option<(&'a Vdisk, &'a str)>,
+    to: &'a Target<'a>,
+    streams: u32,
+    progress: &'a Progress,
+}
+
+/// Where data frames go: the control connection and the extra streams' writers, in turn.
+struct Sink {
+    extra: Vec<SyncSender<Vec<u8>>>,
+    next: usize,
+}
+
+impl Sink {
+    fn data<W: Write>(&mut self, control: &mut W, body: &[u8]) -> Result<u64> {
+        let k = self.next % (self.extra.len() + 1);
+        self.next += 1;
+        if k == 0 {
+            return wire::write_frame(control, Kind::Data, body);
+        }
+        let mut frame = Vec::with_capacity(body.len() + 5);
+        let n = wire::write_frame(&mut frame, Kind::Data, body)?;
+        self.extra[k - 1]
+            .send(frame)
+            .map_err(|_| ReplError::Protocol("a data stream failed".into()))?;
+        Ok(n)
+    }
+}
+
+/// An extra stream's writer: frames until the sender is done, then End.
+fn write_stream<X: Write>(mut x: X, frames: Receiver<Vec<u8>>) -> Result<()> {
+    for f in frames {
+        x.write_all(&f)?;
+    }
+    wire::write_frame(&mut x, Kind::End, &[])?;
+    x.flush()?;
+    Ok(())
+}
+
+fn run<S: Read + Write, X: Write + Send>(
     c: &mut Conn<S>,
-    newer: &Vdisk,
-    base: Option<(&Vdisk, &str)>,
-    pool: &str,
-    replica: &str,
-    snapshot: &str,
-    progress: &Progress,
+    cy: &Cycle,
+    open: &mut dyn FnMut() -> Result<X>,
     report: &mut SendReport,
 ) -> Result<()> {
+    let newer = cy.newer;
+    let Target {
+        pool,
+        replica,
+        snapshot,
+    } = *cy.to;
+    let token = (cy.streams > 1).then(|| {
+        let mut t = [0u8; 16];
+        openssl::rand::rand_bytes(&mut t).expect("the system's random numbers");
+        t.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    });
     c.w.write_all(MAGIC)?;
     report.wire_bytes += MAGIC.len() as u64;
     let begin = Begin {
@@ -138,7 +230,9 @@ fn run<S: Read + Write>(
         grain: newer.grain_size(),
         block_size: newer.block_size(),
         snapshot: snapshot.to_string(),
-        base: base.map(|(_, name)| name.to_string()),
+        base: cy.base.map(|(_, name)| name.to_string()),
+        streams: cy.streams,
+        token: token.clone(),
     };
     report.wire_bytes += wire::write_json(&mut c.w, Kind::Begin, &begin)?;
     let ready: Ready = c.next()?.json(Kind::Ready)?;
@@ -146,7 +240,64 @@ fn run<S: Read + Write>(
         report.complete = true;
         return Ok(());
     }
-    let base = base.filter(|_| ready.base_ok);
+    // The extra streams join now that the replica waits for them.
+    let mut extra = Vec::new();
+    for k in 1..cy.streams {
+        let mut x = open()?;
+        x.write_all(MAGIC)?;
+        let join = Join {
+            token: token.clone().expect("a token with several streams"),
+            stream: k,
+        };
+        report.wire_bytes += MAGIC.len() as u64 + wire::write_json(&mut x, Kind::Join, &join)?;
+        x.flush()?;
+        extra.push(x);
+    }
+    std::thread::scope(|sc| {
+        let mut sink = Sink {
+            extra: Vec::new(),
+            next: 0,
+        };
+        let mut writers = Vec::new();
+        for x in extra {
+            let (tx, rx) = sync_channel(4);
+            sink.extra.push(tx);
+            writers.push(sc.spawn(move || write_stream(x, rx)));
+        }
+        let sent = send_data(c, cy, ready.base_ok, &mut sink, report);
+        // Closing the channels ends each writer with its End.
+        drop(sink);
+        let mut ended = Ok(());
+        for w in writers {
+            let r = w
+                .join()
+                .unwrap_or_else(|_| Err(ReplError::Protocol("a data stream's writer failed".into())));
+            ended = ended.and(r);
+        }
+        // A writer's own failure is the reason; the sender only saw its channel close.
+        ended.and(sent)
+    })?;
+    report.wire_bytes += wire::write_frame(&mut c.w, Kind::Commit, &[])?;
+    let done: Done = c.next()?.json(Kind::Done)?;
+    if done.snapshot != snapshot {
+        return Err(ReplError::Protocol(format!(
+            "the replica made snapshot '{}', not '{snapshot}'",
+            done.snapshot
+        )));
+    }
+    Ok(())
+}
+
+/// Holes, then offers a window ahead of the answers, then the data each answer asks for.
+fn send_data<S: Read + Write>(
+    c: &mut Conn<S>,
+    cy: &Cycle,
+    base_ok: bool,
+    sink: &mut Sink,
+    report: &mut SendReport,
+) -> Result<()> {
+    let (newer, progress) = (cy.newer, cy.progress);
+    let base = cy.base.filter(|_| base_ok);
     report.full = base.is_none();
     let extents = match base {
         Some((b, _)) => newer.changed_since(b)?,
@@ -181,7 +332,7 @@ fn run<S: Read + Write>(
             offer(&mut c.w, batch_no, std::mem::take(&mut batch), &mut outstanding, report)?;
             batch_no += 1;
             while outstanding.len() >= WINDOW {
-                answer(c, &mut outstanding, progress, report)?;
+                answer(c, &mut outstanding, sink, progress, report)?;
             }
         }
     }
@@ -189,15 +340,7 @@ fn run<S: Read + Write>(
         offer(&mut c.w, batch_no, batch, &mut outstanding, report)?;
     }
     while !outstanding.is_empty() {
-        answer(c, &mut outstanding, progress, report)?;
-    }
-    report.wire_bytes += wire::write_frame(&mut c.w, Kind::Commit, &[])?;
-    let done: Done = c.next()?.json(Kind::Done)?;
-    if done.snapshot != snapshot {
-        return Err(ReplError::Protocol(format!(
-            "the replica made snapshot '{}', not '{snapshot}'",
-            done.snapshot
-        )));
+        answer(c, &mut outstanding, sink, progress, report)?;
     }
     Ok(())
 }
@@ -221,6 +364,7 @@ fn offer<W: Write>(
 fn answer<S: Read + Write>(
     c: &mut Conn<S>,
     outstanding: &mut HashMap<u64, Batch>,
+    sink: &mut Sink,
     progress: &Progress,
     report: &mut SendReport,
 ) -> Result<()> {
@@ -244,7 +388,7 @@ fn answer<S: Read + Write>(
                 (false, Some(start)) => {
                     let (from, to) = (start * BLOCK as usize, (k * BLOCK as usize).min(data.len()));
                     let frame = wire::encode_data(offset + from as u64, &data[from..to]);
-                    report.wire_bytes += wire::write_frame(&mut c.w, Kind::Data, &frame)?;
+                    report.wire_bytes += sink.data(&mut c.w, &frame)?;
                     report.sent_bytes += (to - from) as u64;
                     any = true;
                     run = None;

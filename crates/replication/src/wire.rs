@@ -24,6 +24,8 @@ pub const MAX_BLOCKS: usize = 256;
 /// of offers can ask for, so that a sender that offers without ever sending cannot make the
 /// replica hold fingerprints without end.
 pub const MAX_WANTED_BLOCKS: usize = 2 * 16 * 32 * MAX_BLOCKS;
+/// Most connections one cycle may use.
+pub const MAX_STREAMS: u32 = 16;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -37,6 +39,10 @@ pub enum Kind {
     Commit = 7,
     Done = 8,
     Error = 9,
+    /// First frame of a cycle's extra data stream.
+    Join = 10,
+    /// Last frame of an extra data stream: everything it carries was sent.
+    End = 11,
 }
 
 impl Kind {
@@ -51,6 +57,8 @@ impl Kind {
             7 => Kind::Commit,
             8 => Kind::Done,
             9 => Kind::Error,
+            10 => Kind::Join,
+            11 => Kind::End,
             _ => return None,
         })
     }
@@ -71,6 +79,20 @@ pub struct Begin {
     pub snapshot: String,
     /// The last snapshot both sides hold; None: a full cycle.
     pub base: Option<String>,
+    /// Connections the cycle's data goes over: this one and `streams - 1` that join it
+    /// with `token` (0 or 1: this one alone).
+    #[serde(default)]
+    pub streams: u32,
+    #[serde(default)]
+    pub token: Option<String>,
+}
+
+/// An extra data stream of the cycle whose Begin carried `token`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Join {
+    pub token: String,
+    pub stream: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

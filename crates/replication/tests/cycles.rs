@@ -7,7 +7,8 @@ use std::net::{Shutdown, TcpListener, TcpStream};
 mod common;
 
 use common::*;
-use tessera_replication::{receive, send, ReceiveReport, ReplError, SendReport};
+use tessera_replication::wire::MAGIC;
+use tessera_replication::{receive, send, send_streams, ReceiveReport, ReplError, SendReport, Target};
 use tessera_volume::{LayoutKind, Provisioning, VdiskSpec};
 
 /// A connection that drops after `budget` bytes were written to it.
@@ -50,7 +51,7 @@ fn cycle(
     std::thread::scope(|s| {
         let rx = s.spawn(|| {
             let (c, _) = listener.accept().unwrap();
-            let r = receive(&c, dst, &options(dst));
+            let r = receive(c.try_clone().unwrap(), dst, &options(dst));
             let _ = c.shutdown(Shutdown::Both);
             r
         });
@@ -146,6 +147,92 @@ fn cycles_send_only_what_changed_and_leave_bit_exact_replicas() {
     assert!(r.problems.is_empty(), "{:#?}", r.problems);
 }
 
+/// One cycle over `streams` connections: a listener takes each on a thread of its own, as
+/// the daemon's does, and the extra ones join the first.
+fn cycle_streams(
+    src: &Site,
+    dst: &Site,
+    snap: &str,
+    base: Option<&str>,
+    streams: u32,
+) -> (SendReport, Vec<ReceiveReport>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::scope(|s| {
+        let receivers = s.spawn(|| {
+            let handles: Vec<_> = (0..streams)
+                .map(|_| {
+                    let (c, _) = listener.accept().unwrap();
+                    s.spawn(move || receive(c, dst, &options(dst)).unwrap())
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
+        });
+        let c = TcpStream::connect(addr).unwrap();
+        let newer = src.engine.vdisk(&format!("vol@{snap}")).unwrap();
+        let base_v = base.map(|b| src.engine.vdisk(&format!("vol@{b}")).unwrap());
+        let mut open = || Ok(TcpStream::connect(addr)?);
+        let to = Target {
+            pool: "p",
+            replica: "vol",
+            snapshot: snap,
+        };
+        let sent = send_streams(
+            &c,
+            streams,
+            &mut open,
+            &newer,
+            base_v.as_deref().zip(base),
+            &to,
+            &Default::default(),
+        )
+        .unwrap();
+        (sent, receivers.join().unwrap())
+    })
+}
+
+#[test]
+fn a_cycle_over_several_streams_is_exact_and_a_stranger_cannot_join_one() {
+    let src = site(2, 256 * MIB);
+    let dst = site(2, 256 * MIB);
+    let mut spec = VdiskSpec::new("vol", 64 * MIB, LayoutKind::Mirror);
+    spec.grain_size = Some(GRAIN);
+    let v = src.engine.create_vdisk(&spec).unwrap();
+    v.write(0, &noise(1, (24 * MIB) as usize), false).unwrap();
+    let s1 = src.engine.snapshot("vol", "s1").unwrap();
+    let (sent, got) = cycle_streams(&src, &dst, "s1", None, 4);
+    assert_eq!(sent.sent_bytes, 24 * MIB, "{sent:?}");
+    let main: Vec<&ReceiveReport> = got.iter().filter(|r| !r.joined).collect();
+    assert_eq!(main.len(), 1, "one cycle, three streams joined it: {got:?}");
+    assert_eq!(main[0].streams, 4);
+    assert_eq!(main[0].written_blocks, 24 * MIB / 4096);
+    assert_eq!(image(&dst.engine.vdisk("vol@s1").unwrap()), image(&s1));
+
+    // An incremental cycle over three.
+    v.write(5 * MIB + 4096, &noise(2, (3 * MIB) as usize), false).unwrap();
+    let s2 = src.engine.snapshot("vol", "s2").unwrap();
+    let (sent, _) = cycle_streams(&src, &dst, "s2", Some("s1"), 3);
+    assert!(!sent.full);
+    assert_eq!(sent.sent_bytes, 3 * MIB, "{sent:?}");
+    assert_eq!(image(&dst.engine.vdisk("vol@s2").unwrap()), image(&s2));
+
+    // A connection that claims to join a cycle nobody began is refused.
+    let join = br#"{"token":"00112233445566778899aabbccddeeff","stream":1}"#;
+    let mut bytes = MAGIC.to_vec();
+    bytes.push(10);
+    bytes.extend_from_slice(&(join.len() as u32).to_be_bytes());
+    bytes.extend_from_slice(join);
+    let output = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let conn = Duplex {
+        input: io::Cursor::new(bytes),
+        output,
+    };
+    let e = receive(conn, &dst, &options(&dst)).unwrap_err().to_string();
+    assert!(e.contains("not waiting"), "{e}");
+    let r = dst.engine.check().unwrap();
+    assert!(r.problems.is_empty(), "{:#?}", r.problems);
+}
+
 #[test]
 fn a_cycle_cut_mid_way_carries_on_where_it_stopped() {
     let src = site(2, 256 * MIB);
@@ -211,13 +298,14 @@ fn a_full_replica_pool_says_so_and_the_source_is_unharmed() {
 fn streams_that_lie_are_refused_with_a_reason() {
     let dst = site(2, 64 * MIB);
     let run = |bytes: Vec<u8>| -> String {
-        let mut conn = Duplex {
-            input: &bytes[..],
-            output: Vec::new(),
+        let output = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let conn = Duplex {
+            input: io::Cursor::new(bytes),
+            output: output.clone(),
         };
-        let e = receive(&mut conn, &dst, &options(&dst)).unwrap_err().to_string();
+        let e = receive(conn, &dst, &options(&dst)).unwrap_err().to_string();
         assert!(
-            conn.output.windows(e.len().min(20)).count() > 0,
+            output.lock().unwrap().windows(e.len().min(20)).count() > 0,
             "the refusal went back"
         );
         e
@@ -268,20 +356,20 @@ fn streams_that_lie_are_refused_with_a_reason() {
 }
 
 /// A connection made of bytes to read and a buffer that takes what is written.
-struct Duplex<'a> {
-    input: &'a [u8],
-    output: Vec<u8>,
+struct Duplex {
+    input: io::Cursor<Vec<u8>>,
+    output: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
 }
 
-impl Read for Duplex<'_> {
+impl Read for Duplex {
     fn read(&mut self, b: &mut [u8]) -> io::Result<usize> {
         self.input.read(b)
     }
 }
 
-impl Write for Duplex<'_> {
+impl Write for Duplex {
     fn write(&mut self, b: &[u8]) -> io::Result<usize> {
-        self.output.extend_from_slice(b);
+        self.output.lock().unwrap().extend_from_slice(b);
         Ok(b.len())
     }
     fn flush(&mut self) -> io::Result<()> {

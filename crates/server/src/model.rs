@@ -716,6 +716,10 @@ pub struct CreateReplica {
     /// The recovery point objective in seconds: a lag beyond it raises an event (default
     /// three intervals; 0: no objective).
     pub rpo_secs: Option<u64>,
+    /// Connections a cycle's data goes over, 1 to 16 (default 1): several keep more of a
+    /// lossy link, each with its own congestion window.
+    #[schemars(range(min = 1, max = 16))]
+    pub streams: Option<u32>,
     /// Replicate back a vdisk promoted from a replica: the first cycle sends only what
     /// changed since the last snapshot it received, which the old source still holds.
     #[serde(default)]
@@ -734,6 +738,8 @@ pub struct SetReplica {
     /// 0: no limit.
     pub bandwidth: Option<u64>,
     pub rpo_secs: Option<u64>,
+    #[schemars(range(min = 1, max = 16))]
+    pub streams: Option<u32>,
 }
 
 /// What the kernel said of a cycle's connection at its end.
@@ -767,7 +773,13 @@ pub struct ReplicaCycleView {
     pub sent_bytes: u64,
     /// Bytes written to the connection: frames, fingerprints, compressed data.
     pub wire_bytes: u64,
+    /// The cycle's link: the control stream's round trip, every stream's segments, the
+    /// cycle's bytes over its time.
     pub link: LinkView,
+    /// Each stream's own report, when the cycle used several (goodput: bytes it delivered
+    /// over the cycle's time).
+    #[serde(default)]
+    pub streams: Vec<LinkView>,
 }
 
 /// A replication of a local vdisk to a peer.
@@ -783,6 +795,7 @@ pub struct ReplicaView {
     /// syncing, idle, paused, failing, or new (no cycle done yet).
     pub state: String,
     pub interval_secs: u64,
+    pub streams: u32,
     pub bandwidth: Option<u64>,
     pub rpo_secs: Option<u64>,
     /// The last snapshot both sites hold: the replica's last consistent point.

@@ -60,6 +60,7 @@ pub(super) fn replica(c: &Ctx, cmd: ReplicaCmd) -> R {
             interval,
             bandwidth,
             rpo,
+            streams,
         } => set(
             c,
             &name,
@@ -68,6 +69,7 @@ pub(super) fn replica(c: &Ctx, cmd: ReplicaCmd) -> R {
                 interval_secs: interval,
                 bandwidth,
                 rpo_secs: rpo,
+                streams,
             },
         ),
         ReplicaCmd::Delete { name } => {
@@ -130,6 +132,7 @@ fn create(c: &Ctx, a: ReplicaArgs, reverse: bool, group: Option<String>) -> R {
         interval_secs: a.interval,
         bandwidth: a.bandwidth,
         rpo_secs: a.rpo,
+        streams: a.streams,
         reverse,
         group,
     };
@@ -215,7 +218,27 @@ fn format_duration_secs(s: u64) -> String {
     format_duration(std::time::Duration::from_secs(s))
 }
 
+fn link_line(l: &LinkView) -> String {
+    format!(
+        "RTT {:.1} ms, {} of {} segments retransmitted ({:.2}%), goodput {}/s",
+        l.rtt_ms,
+        l.retransmits,
+        l.segments_out,
+        l.retransmit_percent,
+        size(l.goodput as u64)
+    )
+}
+
 fn print_cycle(r: &ReplicaCycleView) {
+    let mut streams: Vec<(String, String)> = r
+        .streams
+        .iter()
+        .enumerate()
+        .map(|(k, l)| (format!("  stream {k}"), link_line(l)))
+        .collect();
+    if !streams.is_empty() {
+        streams.insert(0, ("streams".into(), r.streams.len().to_string()));
+    }
     kv(&[
         ("snapshot", r.snapshot.clone()),
         ("kind", if r.full { "full" } else { "incremental" }.into()),
@@ -226,18 +249,12 @@ fn print_cycle(r: &ReplicaCycleView) {
             "on the wire",
             format!("{} (compressed, with fingerprints)", size(r.wire_bytes)),
         ),
-        (
-            "link",
-            format!(
-                "RTT {:.1} ms, {} of {} segments retransmitted ({:.2}%), goodput {}/s",
-                r.link.rtt_ms,
-                r.link.retransmits,
-                r.link.segments_out,
-                r.link.retransmit_percent,
-                size(r.link.goodput as u64)
-            ),
-        ),
+        ("link", link_line(&r.link)),
     ]);
+    if !streams.is_empty() {
+        let pairs: Vec<(&str, String)> = streams.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+        kv(&pairs);
+    }
 }
 
 fn print_replica(r: &ReplicaView) {
@@ -248,6 +265,7 @@ fn print_replica(r: &ReplicaView) {
         ("to", format!("{}/{} at {}", r.target_pool, r.target_vdisk, r.to)),
         ("state", r.state.clone()),
         ("schedule", every(r.interval_secs)),
+        ("streams", r.streams.to_string()),
         (
             "bandwidth",
             r.bandwidth

@@ -14,6 +14,8 @@ pub const GRAIN: u64 = 64 << 10;
 pub struct Site {
     pub dir: tempfile::TempDir,
     pub engine: Arc<Engine>,
+    /// Shared by every connection the site takes, as a daemon's listener shares it.
+    pub joins: Arc<tessera_replication::Joins>,
 }
 
 impl ReplicaSite for Site {
@@ -39,6 +41,7 @@ pub fn site(disks: usize, disk_size: u64) -> Site {
     Site {
         dir,
         engine: Arc::new(engine),
+        joins: Default::default(),
     }
 }
 
@@ -46,6 +49,7 @@ pub fn options(s: &Site) -> ReceiveOptions {
     ReceiveOptions {
         layout: LayoutKind::Mirror,
         cycles_dir: s.dir.path().join("cycles"),
+        joins: s.joins.clone(),
     }
 }
 

@@ -340,6 +340,64 @@ async function jobs() {
         : '')))))];
 }
 
+function lag(r) {
+  const secs = r.lag_seconds;
+  const text = secs < 120 ? `${secs.toFixed(0)} s` : secs < 7200 ? `${(secs / 60).toFixed(0)} min` : `${(secs / 3600).toFixed(1)} h`;
+  return r.rpo_exceeded ? h('span', { class: 'badge failed', title: `beyond the RPO of ${r.rpo_secs} s` }, text) : text;
+}
+
+function linkReport(c) {
+  if (!c) return '-';
+  const rtt = c.link.rtt_ms.toFixed(c.link.rtt_ms < 10 ? 1 : 0);
+  const streams = c.streams.length > 1 ? `, ${c.streams.length} streams` : '';
+  return `${rate(c.link.goodput)}, RTT ${rtt} ms, ${c.link.retransmit_percent.toFixed(2)} % retransmitted${streams}`;
+}
+
+async function replication() {
+  const l = await get('/api/replicas');
+  const out = [h('p', { class: 'muted' }, l.listen
+    ? `Taking replicas from peers that hold the key, on ${l.listen}.`
+    : 'Not taking replicas from peers (replication_listen is off).')];
+  out.push(h('section', { id: 'replicas-out' }, h('h2', {}, 'Replicas of vdisks here'),
+    l.outgoing.length
+      ? h('table', {},
+        h('tr', {}, h('th', {}, 'Replica'), h('th', {}, 'Source'), h('th', {}, 'To'), h('th', {}, 'State'), h('th', { class: 'num' }, 'Lag'),
+          h('th', {}, 'Last snapshot'), h('th', {}, 'Last cycle'), h('th', { class: 'num' }, 'On the wire'), h('th', { class: 'num' }, 'Saved'), h('th', {}, '')),
+        l.outgoing.map((r) => h('tr', { 'data-replica': r.name, 'data-state': r.state },
+          h('td', {}, r.name, r.group ? ` (group ${r.group})` : ''), h('td', {}, `${r.pool}/${r.vdisk}`),
+          h('td', {}, `${r.target_pool}/${r.target_vdisk} at ${r.to}`),
+          h('td', { title: r.last_error || '' }, badge(r.state)), h('td', { class: 'num' }, lag(r)),
+          h('td', {}, r.last_snapshot || '-'), h('td', {}, linkReport(r.last_cycle)),
+          h('td', { class: 'num' }, size(r.wire_bytes)), h('td', { class: 'num' }, size(r.saved_bytes)),
+          h('td', {},
+            h('button', { class: 'sync', disabled: r.paused || r.state === 'syncing' || r.state === 'paused',
+              onclick: () => act(`replica ${r.name}: cycle started`, () => api('POST', `/api/replicas/${enc(r.name)}/sync`)) }, 'Sync now'),
+            r.state === 'paused'
+              ? h('button', { class: 'resume', onclick: () => act(`replica ${r.name} resumed`, () => api('PUT', `/api/replicas/${enc(r.name)}`, { paused: false })) }, 'Resume')
+              : h('button', { class: 'pause', onclick: () => act(`replica ${r.name} paused`, () => api('PUT', `/api/replicas/${enc(r.name)}`, { paused: true })) }, 'Pause')))))
+      : h('p', { class: 'muted' }, 'No vdisk here is replicated: tessera replica create POOL/VDISK --to HOST:PORT --target-pool P.')));
+  out.push(h('section', { id: 'replicas-in' }, h('h2', {}, 'Replicas held here for peers'),
+    l.incoming.length
+      ? h('table', {},
+        h('tr', {}, h('th', {}, 'Replica'), h('th', {}, 'From'), h('th', {}, 'Last snapshot'), h('th', {}, 'Last cycle'), h('th', {}, 'State'), h('th', {}, '')),
+        l.incoming.map((i) => h('tr', { 'data-incoming': `${i.pool}/${i.vdisk}` },
+          h('td', {}, `${i.pool}/${i.vdisk}`), h('td', {}, i.source), h('td', {}, i.last_snapshot || '-'), h('td', {}, when(i.last_cycle_at)),
+          h('td', {}, badge(i.receiving ? 'receiving' : 'read-only')),
+          h('td', {}, h('button', { class: 'danger promote', onclick: () => confirmPromote(i) }, 'Promote')))))
+      : h('p', { class: 'muted' }, 'No replicas are held here.')));
+  return out;
+}
+
+function confirmPromote(i) {
+  dialog('Promote a replica', [h('p', {},
+    `Promote ${i.pool}/${i.vdisk}? It becomes a writable vdisk at its last consistent snapshot (${i.last_snapshot || 'none yet'}), `
+    + `and cycles from ${i.source} are refused from then on. To fail back, demote the replica at the old source and reverse it from here.`)],
+  async () => {
+    const p = await api('POST', `/api/pools/${enc(i.pool)}/replicas/${enc(i.vdisk)}/promote`);
+    return `${p.pool}/${p.vdisk} promoted at ${p.snapshot}`;
+  }, 'Promote it');
+}
+
 function eventTable(events) {
   if (!events.length) return h('p', { class: 'muted' }, 'No events yet.');
   return h('table', { class: 'events' },
@@ -508,7 +566,7 @@ function snapshotWizard(v) {
 
 // ---- routing and refresh ----
 
-const PAGES = { overview, pools, vdisks, targets, nbd, jobs, events };
+const PAGES = { overview, pools, vdisks, targets, nbd, replication, jobs, events };
 let timer = null;
 let rendering = false;
 

@@ -16,8 +16,8 @@ use crate::events::{NewEvent, Severity};
 use crate::model::{IncomingReplicaView, PromotedView, ReplicaList};
 use crate::Daemon;
 
-/// Cycles received at once; a peer past it waits for its retry.
-const MAX_STREAMS: usize = 16;
+/// Connections taken at once (a cycle may use up to 16); a peer past it waits for its retry.
+const MAX_STREAMS: usize = 64;
 
 /// Binds `replication_listen` and takes peers' cycles on threads of their own. The key file
 /// is made when it does not exist: copy it to the peers.
@@ -85,10 +85,12 @@ fn take_cycle(d: &Arc<Daemon>, t: &Transport, s: TcpStream) {
     let opts = ReceiveOptions {
         layout: LayoutKind::Mirror,
         cycles_dir: d.cfg.state_dir.join("replication-cycles"),
+        joins: d.replication.joins.clone(),
     };
     let out = receive(conn, &site, &opts);
     let claimed = site.claimed.lock().take();
     match out {
+        Ok(r) if r.joined => {} // an extra stream, handed to its cycle
         Ok(r) => {
             if let Some(key) = &claimed {
                 let recorded = d.replication.change(|s| {

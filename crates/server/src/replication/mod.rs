@@ -50,6 +50,9 @@ pub(crate) struct Outgoing {
     pub target_vdisk: String,
     pub interval_secs: u64,
     pub bandwidth: Option<u64>,
+    /// Connections a cycle's data goes over.
+    #[serde(default = "one")]
+    pub streams: u32,
     /// None: three intervals. Some(0): no objective.
     pub rpo_secs: Option<u64>,
     /// A consistency group: its replicas' snapshots are taken at one instant.
@@ -74,6 +77,10 @@ pub(crate) struct Outgoing {
     pub last_attempt_at: Option<u64>,
     pub last_error: Option<String>,
     pub last_error_at: Option<u64>,
+}
+
+fn one() -> u32 {
+    1
 }
 
 impl Outgoing {
@@ -123,6 +130,8 @@ pub struct Replication {
     pub(crate) live: Mutex<Live>,
     /// Where the listener took its address (port 0 resolved).
     pub(crate) listening: Mutex<Option<std::net::SocketAddr>>,
+    /// Cycles of several streams waiting for their extra streams.
+    pub(crate) joins: std::sync::Arc<tessera_replication::Joins>,
 }
 
 impl Replication {
@@ -133,6 +142,7 @@ impl Replication {
             saved: Mutex::new(saved),
             live: Default::default(),
             listening: Mutex::new(None),
+            joins: Default::default(),
         })
     }
 

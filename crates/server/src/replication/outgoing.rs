@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use axum::http::StatusCode;
 use tessera_replication::transport::{link_stats, Paced};
-use tessera_replication::{send_watched, ReplError, Transport};
+use tessera_replication::{send_streams, ReplError, Target, Transport};
 use tessera_volume::Progress;
 use tracing::{info, warn};
 
@@ -44,6 +44,7 @@ impl Daemon {
         if let Some(g) = &req.group {
             check_name(g)?;
         }
+        check_streams(req.streams)?;
         if req.bandwidth.is_some_and(|b| b < 4096) {
             return Err(ApiError::invalid(
                 "bandwidth must be at least 4 KiB per second (leave it out for no limit)",
@@ -83,6 +84,7 @@ impl Daemon {
             interval_secs: req.interval_secs.unwrap_or(super::DEFAULT_INTERVAL_SECS),
             bandwidth: req.bandwidth,
             rpo_secs: req.rpo_secs,
+            streams: req.streams.unwrap_or(1),
             group: req.group.clone(),
             created_at: now(),
             base,
@@ -185,6 +187,7 @@ impl Daemon {
             group: o.group.clone(),
             state: state.to_string(),
             interval_secs: o.interval_secs,
+            streams: o.streams.max(1),
             bandwidth: o.bandwidth,
             rpo_secs: (rpo > 0).then_some(rpo),
             last_snapshot: o.base.clone(),
@@ -206,6 +209,7 @@ impl Daemon {
     }
 
     pub fn set_replica(&self, name: &str, req: SetReplica) -> ApiResult<ReplicaView> {
+        check_streams(req.streams)?;
         if req.bandwidth.is_some_and(|b| b > 0 && b < 4096) {
             return Err(ApiError::invalid(
                 "bandwidth below 4 KiB per second would never end a cycle",
@@ -227,6 +231,9 @@ impl Daemon {
                     o.interval_secs = i;
                 }
                 if n == name {
+                    if let Some(k) = req.streams {
+                        o.streams = k;
+                    }
                     if let Some(b) = req.bandwidth {
                         o.bandwidth = (b > 0).then_some(b);
                     }
@@ -584,26 +591,67 @@ impl Daemon {
             .and_then(|b| e.vdisk(&format!("{}@{b}", o.vdisk)).ok().map(|v| (v, b.clone())));
         let transport = Transport::from_psk_file(&self.cfg.replication_psk_file, &self.cfg.replication_congestion)
             .map_err(|e| format!("replication keys: {e}"))?;
+        let streams = o.streams.max(1);
+        // The bandwidth cap is shared out between the streams.
+        let rate = o.bandwidth.map(|b| (b / streams as u64).max(1));
         let started = Instant::now();
         let conn = transport.connect(&o.to)?;
-        let mut paced = Paced::new(conn, o.bandwidth);
-        let sent = send_watched(
+        let mut sockets = vec![conn.get_ref().try_clone().map_err(|e| e.to_string())?];
+        let mut paced = Paced::new(conn, rate);
+        let mut open = || {
+            let c = transport
+                .connect(&o.to)
+                .map_err(|e| ReplError::Io(std::io::Error::other(e)))?;
+            sockets.push(c.get_ref().try_clone()?);
+            Ok(Paced::new(c, rate))
+        };
+        let to = Target {
+            pool: &o.target_pool,
+            replica: &o.target_vdisk,
+            snapshot: &snap,
+        };
+        let sent = send_streams(
             &mut paced,
+            streams,
+            &mut open,
             &newer,
             base.as_ref().map(|(v, n)| (&**v, n.as_str())),
-            &o.target_pool,
-            &o.target_vdisk,
-            &snap,
+            &to,
             progress,
         );
         let seconds = started.elapsed().as_secs_f64();
-        let link = link_stats(paced.get_ref().get_ref());
         let r = sent.map_err(|e| match e {
             ReplError::Cancelled if self.stopping.load(std::sync::atomic::Ordering::Relaxed) => {
                 "stopped with the daemon; the next cycle goes on from what the replica holds".to_string()
             }
             e => e.to_string(),
         })?;
+        let per_stream: Vec<LinkView> = sockets
+            .iter()
+            .map(|s| {
+                let l = link_stats(s);
+                link_view(
+                    l.rtt_us as f64 / 1000.0,
+                    l.retransmits as u64,
+                    l.segments_out as u64,
+                    l.bytes_acked as f64 / seconds.max(1e-9),
+                    l.delivery_rate,
+                )
+            })
+            .collect();
+        // The cycle as a whole: the control stream's round trip, every stream's segments, the
+        // cycle's bytes over its time.
+        let link = link_view(
+            per_stream.first().map(|l| l.rtt_ms).unwrap_or(0.0),
+            per_stream.iter().map(|l| l.retransmits).sum(),
+            per_stream.iter().map(|l| l.segments_out).sum(),
+            if seconds > 0.0 {
+                r.wire_bytes as f64 / seconds
+            } else {
+                0.0
+            },
+            per_stream.iter().map(|l| l.delivery_rate).sum(),
+        );
         let view = ReplicaCycleView {
             snapshot: snap.clone(),
             started_at,
@@ -612,22 +660,8 @@ impl Daemon {
             changed_bytes: progress.total_bytes.load(std::sync::atomic::Ordering::Relaxed) * (!r.complete) as u64,
             sent_bytes: r.sent_bytes,
             wire_bytes: r.wire_bytes,
-            link: LinkView {
-                rtt_ms: link.rtt_us as f64 / 1000.0,
-                retransmits: link.retransmits as u64,
-                segments_out: link.segments_out as u64,
-                retransmit_percent: if link.segments_out > 0 {
-                    100.0 * link.retransmits as f64 / link.segments_out as f64
-                } else {
-                    0.0
-                },
-                goodput: if seconds > 0.0 {
-                    r.wire_bytes as f64 / seconds
-                } else {
-                    0.0
-                },
-                delivery_rate: link.delivery_rate,
-            },
+            link,
+            streams: if per_stream.len() > 1 { per_stream } else { Vec::new() },
         };
         Ok((snap, snap_at, view))
     }
@@ -727,6 +761,16 @@ impl Daemon {
     }
 }
 
+fn check_streams(streams: Option<u32>) -> ApiResult<()> {
+    match streams {
+        Some(k) if k == 0 || k > tessera_replication::wire::MAX_STREAMS => Err(ApiError::invalid(format!(
+            "streams must be 1 to {}",
+            tessera_replication::wire::MAX_STREAMS
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// HOST:PORT, as `to` must be.
 fn check_address(to: &str) -> ApiResult<()> {
     let ok = to
@@ -736,4 +780,19 @@ fn check_address(to: &str) -> ApiResult<()> {
         return Err(ApiError::invalid(format!("'{to}' is not HOST:PORT")));
     }
     Ok(())
+}
+
+fn link_view(rtt_ms: f64, retransmits: u64, segments_out: u64, goodput: f64, delivery_rate: u64) -> LinkView {
+    LinkView {
+        rtt_ms,
+        retransmits,
+        segments_out,
+        retransmit_percent: if segments_out > 0 {
+            100.0 * retransmits as f64 / segments_out as f64
+        } else {
+            0.0
+        },
+        goodput,
+        delivery_rate,
+    }
 }
