@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what a fresh Debian machine lacks to build and test Tessera. Idempotent: quiet and
-# quick when everything is already there. Usage: scripts/install-deps.sh [build|test|bench]
+# quick when everything is already there. Usage: scripts/install-deps.sh [build|test|bench|ceph]
 set -euo pipefail
 
 want=(clang libclang-dev)                       # RocksDB's bindings are generated with libclang
@@ -12,6 +12,7 @@ case "${1:-build}" in
          want+=(iproute2) ;;                     # the link emulator's network namespaces
   bench) want+=(fio bc tgt libiscsi-bin libnbd-bin qemu-utils qemu-block-extra iproute2)
          want+=(mmdebstrap e2fsprogs postgresql restic borgbackup) ;;  # bench/dedup-*.sh
+  ceph)  want=(ceph-mon ceph-osd ceph-mgr ceph-common librados-dev etcd-server etcd-client python3) ;;  # scripts/ceph-dev.sh
 esac
 
 missing=()
