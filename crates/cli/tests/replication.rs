@@ -647,3 +647,98 @@ fn replicas_stay_exact_under_steady_writes_and_an_rpo_is_watched() {
         "{m}"
     );
 }
+
+/// Bad requests get clear errors and change nothing.
+#[test]
+fn bad_replica_requests_are_refused_with_their_reason() {
+    let t = tempfile::tempdir().unwrap();
+    let key = t.path().join("replication.psk");
+    let a = Site::start(&t.path().join("a"), &key, "p", 1 << 30);
+    a.d.ok(&["vdisk", "create", "p/db", "--size", "8M"]);
+    a.d.ok(&["snapshot", "create", "p/db@s"]);
+    let to = a.listen();
+    for (args, why) in [
+        (vec!["p/nope", "--to", &to, "--target-pool", "q"], "no vdisk 'nope'"),
+        (vec!["p/db@s", "--to", &to, "--target-pool", "q"], "is a snapshot"),
+        (
+            vec!["p/db", "--to", "nowhere", "--target-pool", "q"],
+            "is not HOST:PORT",
+        ),
+        (vec!["p/db", "--to", "h:0", "--target-pool", "q"], "is not HOST:PORT"),
+        (vec!["p/db", "--to", &to, "--target-pool", "../q"], "pool name"),
+        (
+            vec!["p/db", "--to", &to, "--target-pool", "q", "--name", "a b"],
+            "replica name",
+        ),
+        (
+            vec!["p/db", "--to", &to, "--target-pool", "q", "--streams", "17"],
+            "streams must be 1 to 16",
+        ),
+        (
+            vec!["p/db", "--to", &to, "--target-pool", "q", "--bandwidth", "1k"],
+            "at least 4 KiB",
+        ),
+        (
+            vec!["p/db", "--to", &to, "--target-pool", "q", "--group", ".g"],
+            "replica name",
+        ),
+    ] {
+        let mut full = vec!["replica", "create"];
+        full.extend(args.iter().copied());
+        let e = a.d.fails(&full);
+        assert!(e.contains(why), "{full:?}: {e}");
+    }
+    let e =
+        a.d.fails(&["replica", "reverse", "p/db", "--to", &to, "--target-pool", "q"]);
+    assert!(e.contains("never a replica"), "{e}");
+    assert!(a.d.json(&["replica", "list"])["outgoing"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+    for args in [
+        vec!["replica", "show", "ghost"],
+        vec!["replica", "sync", "ghost"],
+        vec!["replica", "delete", "ghost"],
+        vec!["replica", "demote", "ghost"],
+        vec!["replica", "promote", "p/db"],
+    ] {
+        let e = a.d.fails(&args);
+        assert!(e.contains("no replica") || e.contains("not a replica"), "{args:?}: {e}");
+    }
+    // The API refuses unknown fields and malformed bodies with their reason.
+    let r = a.d.http(
+        "POST",
+        "/api/replicas",
+        Some(r#"{"pool":"p","vdisk":"db","to":"h:1","target_pool":"q","color":1}"#),
+    );
+    assert_eq!(r.code(), "malformed_request", "{}", r.body);
+    assert!(r.body.contains("unknown field `color`"), "{}", r.body);
+    let r = a.d.http("PUT", "/api/replicas/ghost", Some("{"));
+    assert_eq!(r.code(), "malformed_request", "{}", r.body);
+    // A replica made, then its vdisk: the vdisk cannot go while it is replicated.
+    a.d.ok(&[
+        "replica",
+        "create",
+        "p/db",
+        "--to",
+        &to,
+        "--target-pool",
+        "q",
+        "--interval",
+        "0",
+    ]);
+    let e = a.d.fails(&[
+        "replica",
+        "create",
+        "p/db",
+        "--to",
+        &to,
+        "--target-pool",
+        "q",
+        "--interval",
+        "0",
+    ]);
+    assert!(e.contains("already exists"), "{e}");
+    let e = a.d.fails(&["vdisk", "delete", "p/db"]);
+    assert!(e.contains("is replicated as 'p-db'"), "{e}");
+}
