@@ -451,6 +451,14 @@ fn a_consistency_group_is_replicated_and_promoted_at_one_instant() {
     let job = a.d.json(&["replica", "sync", "l"]);
     assert_eq!(job["target"], "p/data+log", "{job}");
     assert_eq!(job["result"].as_array().map(Vec::len), Some(2), "{job}");
+    let changed: u64 = job["result"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| n(c, "changed_bytes"))
+        .sum();
+    assert_eq!(n(&job, "total_bytes"), changed, "the job follows both cycles: {job}");
+    assert_eq!(n(&job, "done_bytes"), changed, "{job}");
     for name in ["d", "l"] {
         let r = a.replica(name);
         assert_eq!(r["last_snapshot"], "repl-db-1", "{r}");

@@ -27,6 +27,8 @@ pub struct SendReport {
     /// True when every grain was offered (no base, or the replica lacked it).
     pub full: bool,
     pub offered_grains: u64,
+    /// Bytes of the grains that changed since the base (every mapped grain, for a full cycle).
+    pub changed_bytes: u64,
     /// Grains of which some blocks were sent.
     pub sent_grains: u64,
     /// Bytes of the blocks sent, before compression.
@@ -304,8 +306,9 @@ fn send_data<S: Read + Write>(
         None => newer.extents(0, newer.size())?,
     };
     let total: u64 = extents.iter().filter(|e| e.mapped).map(|e| e.len).sum();
-    progress.total_bytes.store(total, Ordering::Relaxed);
-    progress.done_bytes.store(0, Ordering::Relaxed);
+    report.changed_bytes = total;
+    // Added, so that one job can follow the cycles of a group one after the other.
+    progress.total_bytes.fetch_add(total, Ordering::Relaxed);
     for e in extents.iter().filter(|e| !e.mapped) {
         report.wire_bytes += wire::write_frame(&mut c.w, Kind::Hole, &wire::encode_hole(e.offset, e.len))?;
         report.holes += 1;

@@ -657,7 +657,7 @@ impl Daemon {
             started_at,
             seconds,
             full: r.full && !r.complete,
-            changed_bytes: progress.total_bytes.load(std::sync::atomic::Ordering::Relaxed) * (!r.complete) as u64,
+            changed_bytes: r.changed_bytes,
             sent_bytes: r.sent_bytes,
             wire_bytes: r.wire_bytes,
             link,
