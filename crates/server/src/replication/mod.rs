@@ -3,6 +3,10 @@
 //! hold) and holds replicas for peers ("incoming": written only by the peer's cycles,
 //! read-only to everyone else until promoted).
 //!
+//! - `outgoing.rs`: replicas of local vdisks made, changed, deleted, demoted;
+//! - `cycle.rs`: their cycles, as jobs; `schedule.rs`: when they are due, and the RPO watch;
+//! - `incoming.rs`: the listener, what a peer may write, promotion.
+//!
 //! State: `replication.json` in the state directory (the replicas, their last common
 //! snapshots and totals); `replication-cycles/` (the markers of cycles under way, kept by the
 //! receiving side, tessera_replication::receive); the key file shared with the peers
@@ -13,8 +17,10 @@
 //! replica keeps its newest [`KEEP_REPLICA_SNAPSHOTS`]. Older ones are deleted once nothing
 //! presents them.
 
+mod cycle;
 mod incoming;
 mod outgoing;
+mod schedule;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
