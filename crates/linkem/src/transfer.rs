@@ -66,21 +66,9 @@ pub fn tcp_info(s: &TcpStream) -> io::Result<(u32, u64)> {
 
 /// Sets the congestion control of a socket.
 pub fn set_congestion(s: &TcpStream, name: &str) -> io::Result<()> {
-    // SAFETY: a valid socket and a buffer of the name's length.
-    let r = unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_CONGESTION,
-            name.as_ptr().cast(),
-            name.len() as libc::socklen_t,
-        )
-    };
-    if r != 0 {
-        let e = io::Error::last_os_error();
-        return Err(io::Error::new(e.kind(), format!("congestion control '{name}': {e}")));
-    }
-    Ok(())
+    socket2::SockRef::from(s)
+        .set_tcp_congestion(name.as_bytes())
+        .map_err(|e| io::Error::new(e.kind(), format!("congestion control '{name}': {e}")))
 }
 
 /// Runs the transfer from side a to side b of `link`.

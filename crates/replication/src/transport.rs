@@ -85,21 +85,9 @@ impl Transport {
 
 /// Sets a socket's congestion control (`bbr`, `cubic`, ...).
 pub fn set_congestion(s: &TcpStream, name: &str) -> io::Result<()> {
-    // SAFETY: a valid socket, and a buffer of the name's length.
-    let r = unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_CONGESTION,
-            name.as_ptr().cast(),
-            name.len() as libc::socklen_t,
-        )
-    };
-    if r != 0 {
-        let e = io::Error::last_os_error();
-        return Err(io::Error::new(e.kind(), format!("congestion control '{name}': {e}")));
-    }
-    Ok(())
+    socket2::SockRef::from(s)
+        .set_tcp_congestion(name.as_bytes())
+        .map_err(|e| io::Error::new(e.kind(), format!("congestion control '{name}': {e}")))
 }
 
 /// What the kernel knows of a stream's link, from `TCP_INFO`.
