@@ -221,7 +221,7 @@ fn run<S: Read + Write>(
         base: base.as_ref().and(begin.base.clone()),
         snapshot: begin.snapshot.clone(),
     };
-    let marker_path = opts.cycles_dir.join(format!("{}.{}.cycle", begin.pool, begin.vdisk));
+    let marker_path = marker_path(&opts.cycles_dir, &begin.pool, &begin.vdisk);
     let marker: Option<Marker> = std::fs::read(&marker_path)
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok());
@@ -420,6 +420,20 @@ fn data_stream(
             Kind::End => return Ok(()),
             k => return Err(ReplError::Protocol(format!("a {k:?} frame on a data stream"))),
         }
+    }
+}
+
+/// The marker of a cycle being received into `pool/vdisk`.
+fn marker_path(cycles_dir: &std::path::Path, pool: &str, vdisk: &str) -> PathBuf {
+    cycles_dir.join(format!("{pool}.{vdisk}.cycle"))
+}
+
+/// Forgets the cycle that was being received into `pool/vdisk`, if any: the next one, from
+/// whichever sender, starts by putting the replica back to its base.
+pub fn forget_cycle(cycles_dir: &std::path::Path, pool: &str, vdisk: &str) -> std::io::Result<()> {
+    match std::fs::remove_file(marker_path(cycles_dir, pool, vdisk)) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        r => r,
     }
 }
 

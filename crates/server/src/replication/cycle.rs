@@ -89,7 +89,7 @@ impl Daemon {
                 continue; // done in this round already, before a cut
             }
             let out = self.run_cycle(&o, started_at, progress);
-            if out.is_err() && progress.cancel.load(std::sync::atomic::Ordering::Relaxed) {
+            if let (Err(e), true) = (&out, progress.cancel.load(std::sync::atomic::Ordering::Relaxed)) {
                 // Paused, or the daemon stops: not a failure. The snapshot stays pending.
                 self.replication
                     .change(|s| {
@@ -99,7 +99,7 @@ impl Daemon {
                         Ok(())
                     })
                     .map_err(|e| e.message)?;
-                return out.map(|_| serde_json::Value::Null);
+                return Err(e.clone());
             }
             let view = self.record_cycle(m, started_at, &out)?;
             views.push(view);

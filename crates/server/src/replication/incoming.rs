@@ -10,7 +10,7 @@ use tessera_replication::{receive, ReceiveOptions, ReplicaSite, Transport};
 use tessera_volume::{Engine, LayoutKind};
 use tracing::{info, warn};
 
-use super::{now, Incoming, KEEP_REPLICA_SNAPSHOTS, SNAPSHOT_PREFIX};
+use super::{now, replication_snapshots, Incoming, KEEP_REPLICA_SNAPSHOTS};
 use crate::error::{ApiError, ApiResult};
 use crate::events::{NewEvent, Severity};
 use crate::model::{IncomingReplicaView, PromotedView, ReplicaList};
@@ -84,7 +84,7 @@ fn take_cycle(d: &Arc<Daemon>, t: &Transport, s: TcpStream) {
     };
     let opts = ReceiveOptions {
         layout: LayoutKind::Mirror,
-        cycles_dir: d.cfg.state_dir.join("replication-cycles"),
+        cycles_dir: super::cycles_dir(&d.cfg.state_dir),
         joins: d.replication.joins.clone(),
     };
     let out = receive(conn, &site, &opts);
@@ -274,12 +274,9 @@ impl Daemon {
             }
             e.clone_range(&snap, 0, &v, 0, snap.size())?;
             v.flush()?;
-            let marker = self
-                .cfg
-                .state_dir
-                .join("replication-cycles")
-                .join(format!("{pool}.{vdisk}.cycle"));
-            let _ = std::fs::remove_file(marker);
+            if let Err(e) = tessera_replication::forget_cycle(&super::cycles_dir(&self.cfg.state_dir), pool, vdisk) {
+                warn!(replica = %key, error = %e, "cannot remove the marker of the cycle cut short");
+            }
             self.events.record(
                 NewEvent::new(
                     Severity::Warning,
@@ -318,13 +315,4 @@ impl Daemon {
         }
         Ok(())
     }
-}
-
-/// The names of a vdisk's replication snapshots, oldest first.
-fn replication_snapshots(e: &Engine, vdisk: &str) -> Vec<String> {
-    e.snapshots_of(vdisk)
-        .into_iter()
-        .filter_map(|s| s.name().split_once('@').map(|(_, n)| n.to_string()))
-        .filter(|n| n.starts_with(SNAPSHOT_PREFIX))
-        .collect()
 }

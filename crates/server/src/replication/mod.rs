@@ -94,6 +94,11 @@ impl Outgoing {
         self.rpo_secs.unwrap_or(3 * self.interval_secs)
     }
 
+    /// Whether the last cycle tried ended in failure (a pause or a stop is no failure).
+    pub fn last_attempt_failed(&self) -> bool {
+        self.last_error_at.is_some() && self.last_error_at == self.last_attempt_at
+    }
+
     /// Seconds since the replica's last consistent point (since creation, before the first).
     pub fn lag(&self, now: u64) -> u64 {
         now.saturating_sub(self.base_at.unwrap_or(self.created_at))
@@ -174,6 +179,20 @@ impl Replication {
     pub fn is_incoming(&self, pool: &str, vdisk: &str) -> bool {
         self.saved.lock().incoming.contains_key(&format!("{pool}/{vdisk}"))
     }
+}
+
+/// The names of a vdisk's replication snapshots, oldest first.
+pub(crate) fn replication_snapshots(e: &tessera_volume::Engine, vdisk: &str) -> Vec<String> {
+    e.snapshots_of(vdisk)
+        .into_iter()
+        .filter_map(|s| s.name().split_once('@').map(|(_, n)| n.to_string()))
+        .filter(|n| n.starts_with(SNAPSHOT_PREFIX))
+        .collect()
+}
+
+/// Where the markers of cycles being received are kept.
+pub(crate) fn cycles_dir(state_dir: &std::path::Path) -> PathBuf {
+    state_dir.join("replication-cycles")
 }
 
 pub(crate) fn no_replica(name: &str) -> ApiError {

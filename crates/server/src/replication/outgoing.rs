@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use axum::http::StatusCode;
 
-use super::{check_name, no_replica, now, Incoming, Outgoing, SNAPSHOT_PREFIX};
+use super::{check_name, no_replica, now, replication_snapshots, Incoming, Outgoing};
 use crate::error::{code, ApiError, ApiResult};
 use crate::events::{NewEvent, Severity};
 use crate::jobs::JobView;
@@ -48,13 +48,7 @@ impl Daemon {
         }
         // Reversing: the last snapshot this vdisk received as a replica is the common point.
         let base = if req.reverse {
-            let last = e
-                .snapshots_of(&req.vdisk)
-                .into_iter()
-                .rev()
-                .map(|s| s.name())
-                .filter_map(|n| n.split_once('@').map(|(_, s)| s.to_string()))
-                .find(|s| s.starts_with(SNAPSHOT_PREFIX));
+            let last = replication_snapshots(&e, &req.vdisk).pop();
             match last {
                 Some(s) => Some(s),
                 None => {
@@ -164,7 +158,7 @@ impl Daemon {
             "syncing"
         } else if o.paused {
             "paused"
-        } else if failing || (o.last_error_at.is_some() && o.last_error_at == o.last_attempt_at) {
+        } else if failing || o.last_attempt_failed() {
             "failing"
         } else if o.base.is_none() {
             "new"

@@ -28,7 +28,7 @@ impl Daemon {
             if o.paused || o.interval_secs == 0 && o.pending.is_none() || self.running_cycle(&name).is_some() {
                 continue;
             }
-            let failed = o.last_error_at.is_some() && o.last_error_at == o.last_attempt_at;
+            let failed = o.last_attempt_failed();
             let due = match o.last_attempt_at {
                 None => true,
                 Some(a) if failed => {
