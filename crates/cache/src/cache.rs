@@ -30,16 +30,26 @@ pub const DEFAULT_VDISK_CACHE: u64 = 1 << 30;
 const MAX_ENTRY: usize = 1 << 20;
 /// Largest batch of data.
 const MAX_BATCH: usize = 8 << 20;
-/// Most a destage round writes before its flush.
+/// The bounds of a destage round (one flush each), in data of the oldest batches, pieces
+/// written alone, and whole parity rows: writers that wait for room wait for a round, a round
+/// of scattered 4 KiB pieces is as many read-modify-writes, and a whole row reads and writes a
+/// full stripe.
 const ROUND_BYTES: u64 = 32 << 20;
+const ROUND_PIECES: usize = 2048;
+const ROUND_ROW_BYTES: u64 = 64 << 20;
 /// Data older than this is destaged even when the cache has room (unless set otherwise). While
 /// the cache has room, a destage only competes with the writes for the disks; data that waits
 /// longer is more likely to be overwritten or joined by its row's neighbours.
 const MAX_AGE: Duration = Duration::from_secs(10);
 /// Stripe row locks (hashed).
 const STRIPES: usize = 256;
-/// Threads a destage round writes with.
+/// Threads a destage round writes with when writers wait for it (or the log is nearly full, or
+/// a flush drains the cache).
 const DESTAGE_THREADS: usize = 16;
+/// Threads a destage round writes with while the cache still has room: it then only makes
+/// room ahead of need, and sixteen threads of read-modify-writes would take the disks from the
+/// writes the cache is there to absorb.
+const BACKGROUND_DESTAGE_THREADS: usize = 2;
 /// Copies the log keeps when the pool has the disks for them.
 const COPIES: usize = 2;
 /// Batches written at once. One at a time leaves the disks idle while a batch's writers are
@@ -176,6 +186,12 @@ impl State {
             devices: self.devices.iter().map(|(p, _)| *p).collect(),
             area: self.area,
         }
+    }
+
+    /// Whether the destager must go at full speed: writers wait for room, a caller waits for
+    /// everything to be destaged, or the log is nearly full.
+    fn urgent(&self) -> bool {
+        self.dirty > 0 && (self.waiting > 0 || self.draining > 0 || self.used() >= self.area / 4 * 3)
     }
 
     fn due(&self, max_age: Duration) -> bool {

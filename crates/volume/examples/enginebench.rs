@@ -6,6 +6,8 @@
 //! With `--cache-disks N` the pool gets N cache disks (files in the same directory, so on the
 //! same file system as the data disks) and the vdisk a write-back cache; a write workload then
 //! also reports its rate while the cache had room and after it filled (the destage rate).
+//! `--trace-ms 500` prints the rate and the cache's state every half second, to see when the
+//! destager starts and whether writers stall.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -32,6 +34,8 @@ struct Args {
     cache_disks: usize,
     cache_disk_size: u64,
     write_cache_size: Option<u64>,
+    /// Print the rate and the cache's state to stderr every this many milliseconds (0: never).
+    trace_ms: u64,
 }
 
 fn parse() -> Args {
@@ -55,6 +59,7 @@ fn parse() -> Args {
         cache_disks: 0,
         cache_disk_size: 2 << 30,
         write_cache_size: None,
+        trace_ms: 0,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -75,6 +80,7 @@ fn parse() -> Args {
             "--cache-disks" => a.cache_disks = v.parse().unwrap(),
             "--cache-disk-size" => a.cache_disk_size = v.parse().unwrap(),
             "--write-cache-size" => a.write_cache_size = Some(v.parse().unwrap()),
+            "--trace-ms" => a.trace_ms = v.parse().unwrap(),
             other => panic!("unknown option {other}"),
         }
         i += 2;
@@ -103,7 +109,7 @@ fn main() {
     spec.block_size = Some(4096);
     let v = engine.create_vdisk(&spec).unwrap();
     eprintln!("{}: filling {} bytes", v.config().layout.describe(), a.size);
-    run(&engine, &v, "fill", 256 << 10, a.threads.min(8), 0, a.size);
+    run(&engine, &v, "fill", 256 << 10, a.threads.min(8), 0, a.size, 0);
     v.flush().unwrap();
     // Every workload starts with an empty cache.
     engine.cache().drain().unwrap();
@@ -114,7 +120,7 @@ fn main() {
             stats.full_row_writes.load(Ordering::Relaxed),
             stats.partial_row_writes.load(Ordering::Relaxed),
         );
-        let r = run(&engine, &v, w, bs, a.threads, a.seconds, a.size);
+        let r = run(&engine, &v, w, bs, a.threads, a.seconds, a.size, a.trace_ms);
         let (full, partial) = (
             stats.full_row_writes.load(Ordering::Relaxed) - rows_before.0,
             stats.partial_row_writes.load(Ordering::Relaxed) - rows_before.1,
@@ -155,6 +161,7 @@ struct Rates {
 }
 
 /// Runs a workload for `seconds` (or, for "fill", once over the whole vdisk).
+#[allow(clippy::too_many_arguments)]
 fn run(
     engine: &Engine,
     v: &Arc<tessera_volume::Vdisk>,
@@ -163,6 +170,7 @@ fn run(
     threads: usize,
     seconds: u64,
     size: u64,
+    trace_ms: u64,
 ) -> Rates {
     let ops = Arc::new(AtomicU64::new(0));
     let throttled_at_start = engine.cache_status().throttled_writes;
@@ -204,8 +212,23 @@ fn run(
         }
         if seconds > 0 {
             let end = start + Duration::from_secs(seconds);
+            let mut last = (Instant::now(), 0u64);
             while Instant::now() < end {
                 std::thread::sleep(Duration::from_millis(50));
+                if trace_ms > 0 && last.0.elapsed() >= Duration::from_millis(trace_ms) {
+                    let n = ops.load(Ordering::Relaxed);
+                    let c = engine.cache_status();
+                    eprintln!(
+                        "t={:.1}s iops={:.0} dirty={}MiB log_used={}MiB destaged={}MiB throttled={}",
+                        start.elapsed().as_secs_f64(),
+                        (n - last.1) as f64 / last.0.elapsed().as_secs_f64(),
+                        c.dirty_bytes >> 20,
+                        c.log_used_bytes >> 20,
+                        c.destaged_bytes >> 20,
+                        c.throttled_writes
+                    );
+                    last = (Instant::now(), n);
+                }
                 if filled.is_none() && engine.cache_status().throttled_writes > throttled_at_start {
                     filled = Some((start.elapsed().as_secs_f64(), ops.load(Ordering::Relaxed)));
                 }

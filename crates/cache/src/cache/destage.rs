@@ -1,7 +1,7 @@
 //! The destager: writes what the log holds to the layouts, oldest batches first, parity rows
 //! written whole where the log holds most of them, and gives the log's space back.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,7 +11,10 @@ use tessera_disk::{AlignedBuf, DiskRef};
 use tessera_layout::LayoutError;
 use tracing::warn;
 
-use super::{piece_crcs, Inner, DESTAGE_THREADS, MAX_BATCH, ROUND_BYTES, STRIPES};
+use super::{
+    piece_crcs, Inner, BACKGROUND_DESTAGE_THREADS, DESTAGE_THREADS, MAX_BATCH, ROUND_BYTES, ROUND_PIECES,
+    ROUND_ROW_BYTES, STRIPES,
+};
 use crate::error::{CacheError, Result};
 use crate::index::Piece;
 use crate::log;
@@ -77,14 +80,24 @@ impl Inner {
         let failed: Mutex<Option<CacheError>> = Mutex::new(None);
         let _reuse = self.reuse.read();
         std::thread::scope(|sc| {
-            for _ in 0..DESTAGE_THREADS.min(jobs.len()) {
-                sc.spawn(|| loop {
+            for t in 0..DESTAGE_THREADS.min(jobs.len()) {
+                let (next, jobs, bytes, failed, picked, devices) = (&next, &jobs, &bytes, &failed, &picked, &devices);
+                sc.spawn(move || loop {
+                    if t >= BACKGROUND_DESTAGE_THREADS && !self.state.lock().urgent() {
+                        // Not needed yet: looked at again soon, since a writer may begin to
+                        // wait at any time.
+                        if next.load(Ordering::Relaxed) as usize >= jobs.len() {
+                            return;
+                        }
+                        std::thread::sleep(Duration::from_millis(2));
+                        continue;
+                    }
                     let k = next.fetch_add(1, Ordering::Relaxed) as usize;
                     let Some(job) = jobs.get(k) else { return };
                     if failed.lock().is_some() {
                         return;
                     }
-                    match self.run_job(job, &picked, &devices) {
+                    match self.run_job(job, picked, devices) {
                         Ok(n) => {
                             bytes.fetch_add(n, Ordering::Relaxed);
                         }
@@ -120,16 +133,24 @@ impl Inner {
         Ok(bytes.max(1))
     }
 
-    /// What a round destages: the dirty pieces of the oldest batches, and of the parity rows
-    /// they touch that the log holds at least half dirty; sorted by set and offset, with the
-    /// rows to be written whole as (set, offset of the row, its length).
+    /// What a round destages: the dirty pieces of the oldest batches (so that the start of the
+    /// log moves on), and every dirty piece of the parity rows they touch that the log holds
+    /// at least half dirty; sorted by set and offset, with the rows to be written whole as
+    /// (set, offset of the row, its length). A round is bounded three ways, so that writers
+    /// waiting for its room wait for a bounded amount of work: `ROUND_BYTES` of the oldest
+    /// batches' data, `ROUND_PIECES` pieces written alone (a read-modify-write each), and
+    /// `ROUND_ROW_BYTES` of whole rows; past the last, the oldest batches' pieces go alone, so
+    /// the start of the log keeps moving when whole rows pull in much newer data.
     #[allow(clippy::type_complexity)]
     fn pick(&self) -> (Vec<(u32, u64, Piece, Vec<u32>)>, BTreeMap<(u32, u64), u64>) {
         let st = self.state.lock();
         let mut chosen: BTreeMap<(u32, u64), Piece> = BTreeMap::new();
-        let mut bytes = 0;
-        for (&seq, b) in &st.batches {
-            if !b.sealed || bytes >= ROUND_BYTES {
+        let mut rows: BTreeMap<(u32, u64), u64> = BTreeMap::new();
+        let mut looked: HashSet<(u32, u64)> = HashSet::new();
+        let mut row_bytes: HashMap<u32, Option<u64>> = HashMap::new();
+        let (mut oldest_bytes, mut alone, mut whole_bytes) = (0, 0, 0);
+        'batches: for (&seq, b) in &st.batches {
+            if !b.sealed || oldest_bytes >= ROUND_BYTES {
                 break;
             }
             if b.dirty == 0 {
@@ -138,43 +159,40 @@ impl Inner {
             for &(set, off, len) in &b.entries {
                 let Some(ix) = st.index.get(&set) else { continue };
                 for (s, p) in ix.overlapping(off, off + len) {
-                    if p.dirty && p.seq == seq {
-                        chosen.insert((set, s), p);
+                    if !p.dirty || p.seq != seq {
+                        continue;
                     }
-                }
-            }
-            bytes += b.dirty;
-        }
-        // Parity rows worth writing whole.
-        let mut rows: BTreeMap<(u32, u64), u64> = BTreeMap::new();
-        let mut looked: Vec<(u32, u64)> = Vec::new();
-        for &(set, off) in chosen.keys() {
-            let Ok(slabset) = self.layouts.set(set) else { continue };
-            if slabset.spec.parity_columns() == 0 {
-                continue;
-            }
-            let row = slabset.spec.row_bytes();
-            let at = off / row * row;
-            if looked.last() == Some(&(set, at)) {
-                continue;
-            }
-            looked.push((set, at));
-            let Some(ix) = st.index.get(&set) else { continue };
-            let dirty: u64 = ix
-                .overlapping(at, at + row)
-                .iter()
-                .filter(|(_, p)| p.dirty)
-                .map(|(_, p)| p.len)
-                .sum();
-            if dirty * 2 >= row {
-                rows.insert((set, at), row);
-            }
-        }
-        for (&(set, at), &row) in &rows {
-            let ix = &st.index[&set];
-            for (s, p) in ix.overlapping(at, at + row) {
-                if p.dirty {
+                    oldest_bytes += p.len;
+                    if chosen.contains_key(&(set, s)) {
+                        continue;
+                    }
+                    let row = *row_bytes.entry(set).or_insert_with(|| {
+                        self.layouts
+                            .set(set)
+                            .ok()
+                            .filter(|ss| ss.spec.parity_columns() > 0)
+                            .map(|ss| ss.spec.row_bytes())
+                    });
+                    if let Some(row) = row.filter(|_| whole_bytes < ROUND_ROW_BYTES) {
+                        let at = s / row * row;
+                        if looked.insert((set, at)) {
+                            let in_row = ix.overlapping(at, at + row);
+                            let dirty: u64 = in_row.iter().filter(|(_, q)| q.dirty).map(|(_, q)| q.len).sum();
+                            if dirty * 2 >= row {
+                                rows.insert((set, at), row);
+                                for (rs, q) in in_row.into_iter().filter(|(_, q)| q.dirty) {
+                                    chosen.insert((set, rs), q);
+                                }
+                                whole_bytes += row;
+                                continue;
+                            }
+                        }
+                    }
+                    if alone >= ROUND_PIECES {
+                        break 'batches;
+                    }
                     chosen.insert((set, s), p);
+                    alone += 1;
                 }
             }
         }
@@ -276,8 +294,14 @@ impl Inner {
     }
 }
 
+/// The stripe lock of a row. Row offsets are multiples of a row's size, so their low bits
+/// are zero: every bit is mixed into the ones kept (splitmix64's finaliser), or the rows of a
+/// slab set would all share one lock.
 pub(super) fn stripe_index(set: u32, row_at: u64) -> usize {
-    let h = (set as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ row_at.rotate_left(17);
+    let mut h = ((set as u64) << 40) ^ row_at;
+    h = (h ^ (h >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    h = (h ^ (h >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    h ^= h >> 31;
     (h % STRIPES as u64) as usize
 }
 
@@ -332,4 +356,22 @@ fn jobs(picked: &[(u32, u64, Piece, Vec<u32>)], rows: &BTreeMap<(u32, u64), u64>
         });
     }
     jobs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rows_of_a_set_spread_over_the_stripe_locks() {
+        // A parity 3+1 row of 256 KiB columns, and an 8-wide one of 64 KiB.
+        for row in [768u64 << 10, 7 * 64 << 10] {
+            let used: std::collections::HashSet<usize> = (0..1024).map(|k| stripe_index(7, k * row)).collect();
+            assert!(
+                used.len() > STRIPES * 3 / 4,
+                "{} of {STRIPES} locks for row {row}",
+                used.len()
+            );
+        }
+    }
 }
