@@ -1,0 +1,47 @@
+use std::fmt;
+
+/// What a librados call refused, with the call and the object or pool it was about.
+#[derive(Debug)]
+pub enum RadosError {
+    Call { op: String, on: String, errno: i32 },
+    Invalid(String),
+}
+
+impl RadosError {
+    /// The error number librados returned, if it was a call that failed.
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            RadosError::Call { errno, .. } => Some(*errno),
+            RadosError::Invalid(_) => None,
+        }
+    }
+
+    /// A guard of a compound write did not hold (a compared attribute differed): the write
+    /// was not applied.
+    pub fn is_guard_failure(&self) -> bool {
+        self.errno() == Some(libc::ECANCELED)
+    }
+
+    /// This client was fenced off (blocklisted): nothing it sends is applied any more.
+    pub fn is_fenced(&self) -> bool {
+        // librados reports a blocklisted client's operations as ESHUTDOWN (EBLOCKLISTED).
+        self.errno() == Some(libc::ESHUTDOWN)
+    }
+}
+
+impl fmt::Display for RadosError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RadosError::Call { op, on, errno } => write!(
+                f,
+                "RADOS {op} of {on} failed: {} (errno {errno})",
+                std::io::Error::from_raw_os_error(*errno)
+            ),
+            RadosError::Invalid(s) => write!(f, "{s}"),
+        }
+    }
+}
+
+impl std::error::Error for RadosError {}
+
+pub type Result<T> = std::result::Result<T, RadosError>;

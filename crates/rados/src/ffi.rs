@@ -1,0 +1,96 @@
+//! The librados C declarations used here, as in Ceph's `rados/librados.h`.
+#![allow(non_camel_case_types)]
+
+use libc::{c_char, c_int, c_uchar, c_void, size_t, time_t};
+
+pub type rados_t = *mut c_void;
+pub type rados_ioctx_t = *mut c_void;
+pub type rados_write_op_t = *mut c_void;
+pub type rados_read_op_t = *mut c_void;
+pub type rados_omap_iter_t = *mut c_void;
+
+pub const LIBRADOS_CMPXATTR_OP_EQ: u8 = 1;
+pub const LIBRADOS_OPERATION_NOFLAG: c_int = 0;
+
+#[link(name = "rados")]
+extern "C" {
+    pub fn rados_create2(cluster: *mut rados_t, clustername: *const c_char, name: *const c_char, flags: u64) -> c_int;
+    pub fn rados_conf_read_file(cluster: rados_t, path: *const c_char) -> c_int;
+    pub fn rados_conf_set(cluster: rados_t, option: *const c_char, value: *const c_char) -> c_int;
+    pub fn rados_connect(cluster: rados_t) -> c_int;
+    pub fn rados_shutdown(cluster: rados_t);
+    pub fn rados_pool_create(cluster: rados_t, pool_name: *const c_char) -> c_int;
+    pub fn rados_pool_delete(cluster: rados_t, pool_name: *const c_char) -> c_int;
+    pub fn rados_getaddrs(cluster: rados_t, addrs: *mut *mut c_char) -> c_int;
+    pub fn rados_blocklist_add(cluster: rados_t, client_address: *mut c_char, expire_seconds: u32) -> c_int;
+
+    pub fn rados_ioctx_create(cluster: rados_t, pool_name: *const c_char, ioctx: *mut rados_ioctx_t) -> c_int;
+    pub fn rados_ioctx_destroy(io: rados_ioctx_t);
+    pub fn rados_write_full(io: rados_ioctx_t, oid: *const c_char, buf: *const c_char, len: size_t) -> c_int;
+    pub fn rados_read(io: rados_ioctx_t, oid: *const c_char, buf: *mut c_char, len: size_t, off: u64) -> c_int;
+    pub fn rados_remove(io: rados_ioctx_t, oid: *const c_char) -> c_int;
+    pub fn rados_stat(io: rados_ioctx_t, oid: *const c_char, psize: *mut u64, pmtime: *mut time_t) -> c_int;
+    pub fn rados_getxattr(
+        io: rados_ioctx_t,
+        oid: *const c_char,
+        name: *const c_char,
+        buf: *mut c_char,
+        len: size_t,
+    ) -> c_int;
+
+    pub fn rados_create_write_op() -> rados_write_op_t;
+    pub fn rados_release_write_op(op: rados_write_op_t);
+    pub fn rados_write_op_create(op: rados_write_op_t, exclusive: c_int, category: *const c_char);
+    pub fn rados_write_op_write(op: rados_write_op_t, buffer: *const c_char, len: size_t, offset: u64);
+    pub fn rados_write_op_write_full(op: rados_write_op_t, buffer: *const c_char, len: size_t);
+    pub fn rados_write_op_setxattr(op: rados_write_op_t, name: *const c_char, value: *const c_char, value_len: size_t);
+    pub fn rados_write_op_cmpxattr(
+        op: rados_write_op_t,
+        name: *const c_char,
+        comparison_operator: u8,
+        value: *const c_char,
+        value_len: size_t,
+    );
+    pub fn rados_write_op_omap_set2(
+        op: rados_write_op_t,
+        keys: *const *const c_char,
+        vals: *const *const c_char,
+        key_lens: *const size_t,
+        val_lens: *const size_t,
+        num: size_t,
+    );
+    pub fn rados_write_op_omap_rm_keys2(
+        op: rados_write_op_t,
+        keys: *const *const c_char,
+        key_lens: *const size_t,
+        keys_len: size_t,
+    );
+    pub fn rados_write_op_operate(
+        op: rados_write_op_t,
+        io: rados_ioctx_t,
+        oid: *const c_char,
+        mtime: *mut time_t,
+        flags: c_int,
+    ) -> c_int;
+
+    pub fn rados_create_read_op() -> rados_read_op_t;
+    pub fn rados_release_read_op(op: rados_read_op_t);
+    pub fn rados_read_op_omap_get_vals2(
+        op: rados_read_op_t,
+        start_after: *const c_char,
+        filter_prefix: *const c_char,
+        max_return: u64,
+        iter: *mut rados_omap_iter_t,
+        pmore: *mut c_uchar,
+        prval: *mut c_int,
+    );
+    pub fn rados_read_op_operate(op: rados_read_op_t, io: rados_ioctx_t, oid: *const c_char, flags: c_int) -> c_int;
+    pub fn rados_omap_get_next2(
+        iter: rados_omap_iter_t,
+        key: *mut *mut c_char,
+        val: *mut *mut c_char,
+        key_len: *mut size_t,
+        val_len: *mut size_t,
+    ) -> c_int;
+    pub fn rados_omap_get_end(iter: rados_omap_iter_t);
+}

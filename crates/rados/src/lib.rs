@@ -1,0 +1,278 @@
+//! Ceph RADOS through librados' C API: a cluster handle, a pool's I/O context, reads and
+//! writes of objects, and compound write operations that apply atomically on the object's
+//! primary OSD (data, extended attributes and omap keys together, guarded by a compare of an
+//! attribute). A pool on RADOS keeps its metadata beside its data this way, and a gateway's
+//! epoch in such a guard refuses a stale owner's writes; blocklisting the old owner's client
+//! address fences it off altogether.
+//!
+//! Only the calls Tessera uses are bound, by hand: the `ceph` crate on crates.io binds all of
+//! librados but pins old dependencies (nom 5, nix 0.18) and is barely kept, and a dozen
+//! declarations are easier to audit than a generated binding of the whole header.
+//!
+//! Built only with the `librados` feature.
+#![cfg(feature = "librados")]
+
+mod error;
+mod ffi;
+mod ops;
+
+pub use error::{RadosError, Result};
+pub use ops::{ReadOmap, WriteOp};
+
+use std::ffi::{CStr, CString};
+use std::ptr;
+
+use ffi::*;
+
+/// A connection to a Ceph cluster as one client (`client.NAME`).
+pub struct Cluster {
+    handle: rados_t,
+}
+
+// librados' cluster handle is thread-safe once connected.
+unsafe impl Send for Cluster {}
+unsafe impl Sync for Cluster {}
+
+pub(crate) fn cstr(what: &str, s: &str) -> Result<CString> {
+    CString::new(s).map_err(|_| RadosError::Invalid(format!("{what} {s:?} holds a NUL byte")))
+}
+
+pub(crate) fn check(rc: libc::c_int, op: &str, on: &str) -> Result<libc::c_int> {
+    if rc < 0 {
+        Err(RadosError::Call {
+            op: op.to_string(),
+            on: on.to_string(),
+            errno: -rc,
+        })
+    } else {
+        Ok(rc)
+    }
+}
+
+impl Cluster {
+    /// Connects as `client.<client>` with the configuration file `conf` (its keyring, monitors
+    /// and timeouts), then applies `options` (name, value) over it.
+    pub fn connect(conf: &str, client: &str, options: &[(&str, &str)]) -> Result<Cluster> {
+        let name = cstr("client name", &format!("client.{client}"))?;
+        let cluster = cstr("cluster name", "ceph")?;
+        let mut handle: rados_t = ptr::null_mut();
+        // SAFETY: out-pointer to a handle we own; the strings live across the call.
+        check(
+            unsafe { rados_create2(&mut handle, cluster.as_ptr(), name.as_ptr(), 0) },
+            "create",
+            client,
+        )?;
+        // From here on the handle is ours to shut down, whatever fails.
+        let c = Cluster { handle };
+        let path = cstr("configuration file", conf)?;
+        // SAFETY: a live handle and a NUL-terminated path.
+        check(
+            unsafe { rados_conf_read_file(c.handle, path.as_ptr()) },
+            "read configuration",
+            conf,
+        )?;
+        for (k, v) in options {
+            let (ck, cv) = (cstr("option", k)?, cstr("option value", v)?);
+            // SAFETY: a live handle and NUL-terminated strings.
+            check(
+                unsafe { rados_conf_set(c.handle, ck.as_ptr(), cv.as_ptr()) },
+                "set option",
+                k,
+            )?;
+        }
+        // SAFETY: a configured handle.
+        check(unsafe { rados_connect(c.handle) }, "connect", conf)?;
+        Ok(c)
+    }
+
+    /// Creates a replicated pool with the cluster's defaults. An existing pool is an error
+    /// (`EEXIST`).
+    pub fn create_pool(&self, pool: &str) -> Result<()> {
+        let p = cstr("pool", pool)?;
+        // SAFETY: a connected handle and a NUL-terminated name.
+        check(
+            unsafe { rados_pool_create(self.handle, p.as_ptr()) },
+            "create pool",
+            pool,
+        )
+        .map(drop)
+    }
+
+    pub fn delete_pool(&self, pool: &str) -> Result<()> {
+        let p = cstr("pool", pool)?;
+        // SAFETY: as above.
+        check(
+            unsafe { rados_pool_delete(self.handle, p.as_ptr()) },
+            "delete pool",
+            pool,
+        )
+        .map(drop)
+    }
+
+    /// An I/O context on `pool`.
+    pub fn pool(&self, pool: &str) -> Result<Pool<'_>> {
+        let p = cstr("pool", pool)?;
+        let mut io: rados_ioctx_t = ptr::null_mut();
+        // SAFETY: a connected handle, a NUL-terminated name, an out-pointer we own.
+        check(
+            unsafe { rados_ioctx_create(self.handle, p.as_ptr(), &mut io) },
+            "open pool",
+            pool,
+        )?;
+        Ok(Pool {
+            io,
+            name: pool.to_string(),
+            _cluster: self,
+        })
+    }
+
+    /// This client's address as the monitors know it (what `blocklist` takes).
+    pub fn address(&self) -> Result<String> {
+        let mut out: *mut libc::c_char = ptr::null_mut();
+        // SAFETY: a connected handle; librados allocates the string, which we free.
+        check(
+            unsafe { rados_getaddrs(self.handle, &mut out) },
+            "get address",
+            "client",
+        )?;
+        if out.is_null() {
+            return Err(RadosError::Invalid("librados gave no client address".into()));
+        }
+        // SAFETY: librados returned a NUL-terminated string it allocated with malloc.
+        let s = unsafe { CStr::from_ptr(out) }.to_string_lossy().into_owned();
+        unsafe { libc::free(out as *mut libc::c_void) };
+        Ok(s)
+    }
+
+    /// Fences the client at `address` off the cluster for `seconds` (0: the cluster's
+    /// default): the OSDs refuse its operations from the next OSD map on. librados waits for
+    /// the newest map before it returns.
+    pub fn blocklist(&self, address: &str, seconds: u32) -> Result<()> {
+        let a = cstr("address", address)?;
+        // SAFETY: a connected handle; librados only reads the address despite its `char *`.
+        check(
+            unsafe { rados_blocklist_add(self.handle, a.as_ptr() as *mut libc::c_char, seconds) },
+            "blocklist",
+            address,
+        )
+        .map(drop)
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        // SAFETY: the handle is ours and every Pool borrowing it is gone.
+        unsafe { rados_shutdown(self.handle) }
+    }
+}
+
+/// An I/O context on one pool.
+pub struct Pool<'c> {
+    io: rados_ioctx_t,
+    name: String,
+    _cluster: &'c Cluster,
+}
+
+unsafe impl Send for Pool<'_> {}
+unsafe impl Sync for Pool<'_> {}
+
+impl Pool<'_> {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Replaces the object's data with `data` (creating it).
+    pub fn write_full(&self, oid: &str, data: &[u8]) -> Result<()> {
+        let o = cstr("object", oid)?;
+        // SAFETY: a live context, a NUL-terminated name, a buffer of `data.len()` bytes.
+        check(
+            unsafe { rados_write_full(self.io, o.as_ptr(), data.as_ptr() as *const libc::c_char, data.len()) },
+            "write",
+            oid,
+        )
+        .map(drop)
+    }
+
+    /// Reads up to `buf.len()` bytes at `offset`; returns how many there were.
+    pub fn read(&self, oid: &str, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        let o = cstr("object", oid)?;
+        // SAFETY: a live context and a buffer of `buf.len()` writable bytes.
+        let n = check(
+            unsafe {
+                rados_read(
+                    self.io,
+                    o.as_ptr(),
+                    buf.as_mut_ptr() as *mut libc::c_char,
+                    buf.len(),
+                    offset,
+                )
+            },
+            "read",
+            oid,
+        )?;
+        Ok(n as usize)
+    }
+
+    /// The object's size, or `None` if it does not exist.
+    pub fn size(&self, oid: &str) -> Result<Option<u64>> {
+        let o = cstr("object", oid)?;
+        let (mut size, mut mtime) = (0u64, 0 as libc::time_t);
+        // SAFETY: a live context and out-pointers we own.
+        match check(
+            unsafe { rados_stat(self.io, o.as_ptr(), &mut size, &mut mtime) },
+            "stat",
+            oid,
+        ) {
+            Ok(_) => Ok(Some(size)),
+            Err(e) if e.errno() == Some(libc::ENOENT) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub fn remove(&self, oid: &str) -> Result<()> {
+        let o = cstr("object", oid)?;
+        // SAFETY: as above.
+        check(unsafe { rados_remove(self.io, o.as_ptr()) }, "remove", oid).map(drop)
+    }
+
+    /// An extended attribute's value, or `None` if the object or the attribute is missing.
+    pub fn xattr(&self, oid: &str, name: &str) -> Result<Option<Vec<u8>>> {
+        let (o, n) = (cstr("object", oid)?, cstr("attribute", name)?);
+        let mut buf = vec![0u8; 4096];
+        // SAFETY: a live context, NUL-terminated names and a buffer of `buf.len()` bytes.
+        let rc = unsafe {
+            rados_getxattr(
+                self.io,
+                o.as_ptr(),
+                n.as_ptr(),
+                buf.as_mut_ptr() as *mut libc::c_char,
+                buf.len(),
+            )
+        };
+        match check(rc, "get attribute", oid) {
+            Ok(len) => {
+                buf.truncate(len as usize);
+                Ok(Some(buf))
+            }
+            Err(e) if matches!(e.errno(), Some(libc::ENOENT) | Some(libc::ENODATA)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Applies a compound write: all of it or nothing.
+    pub fn operate(&self, oid: &str, op: &WriteOp) -> Result<()> {
+        op.operate(self.io, oid)
+    }
+
+    /// The object's omap keys and values (all of them, in key order).
+    pub fn omap(&self, oid: &str) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        ReadOmap::all(self.io, oid)
+    }
+}
+
+impl Drop for Pool<'_> {
+    fn drop(&mut self) {
+        // SAFETY: the context is ours; its cluster outlives it (the borrow).
+        unsafe { rados_ioctx_destroy(self.io) }
+    }
+}

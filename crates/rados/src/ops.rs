@@ -1,0 +1,217 @@
+//! Compound operations. A `WriteOp` is built in Rust and handed to librados whole at
+//! `operate`, so that nothing it points at has to outlive a half-built librados operation.
+
+use std::ffi::CString;
+use std::ptr;
+
+use libc::{c_char, c_int, c_uchar};
+
+use crate::error::{RadosError, Result};
+use crate::ffi::*;
+use crate::{check, cstr};
+
+#[derive(Debug, Clone)]
+enum Step {
+    Create { exclusive: bool },
+    Write { offset: u64, data: Vec<u8> },
+    WriteFull(Vec<u8>),
+    SetXattr(String, Vec<u8>),
+    GuardXattrEq(String, Vec<u8>),
+    OmapSet(Vec<(Vec<u8>, Vec<u8>)>),
+    OmapRemove(Vec<Vec<u8>>),
+}
+
+/// A write of one object that the object's primary OSD applies all at once or not at all:
+/// guards first (any that fails refuses the whole operation with `ECANCELED`), then data,
+/// attributes and omap keys.
+#[derive(Debug, Clone, Default)]
+pub struct WriteOp {
+    steps: Vec<Step>,
+}
+
+impl WriteOp {
+    pub fn new() -> WriteOp {
+        WriteOp::default()
+    }
+
+    /// Creates the object; with `exclusive`, fails (`EEXIST`) if it exists.
+    pub fn create(mut self, exclusive: bool) -> Self {
+        self.steps.push(Step::Create { exclusive });
+        self
+    }
+
+    pub fn write(mut self, offset: u64, data: &[u8]) -> Self {
+        self.steps.push(Step::Write {
+            offset,
+            data: data.to_vec(),
+        });
+        self
+    }
+
+    pub fn write_full(mut self, data: &[u8]) -> Self {
+        self.steps.push(Step::WriteFull(data.to_vec()));
+        self
+    }
+
+    pub fn set_xattr(mut self, name: &str, value: &[u8]) -> Self {
+        self.steps.push(Step::SetXattr(name.to_string(), value.to_vec()));
+        self
+    }
+
+    /// Applies the operation only if attribute `name` equals `value` (an object or
+    /// attribute that is missing does not).
+    pub fn guard_xattr_eq(mut self, name: &str, value: &[u8]) -> Self {
+        self.steps.push(Step::GuardXattrEq(name.to_string(), value.to_vec()));
+        self
+    }
+
+    pub fn omap_set(mut self, pairs: &[(&[u8], &[u8])]) -> Self {
+        self.steps.push(Step::OmapSet(
+            pairs.iter().map(|(k, v)| (k.to_vec(), v.to_vec())).collect(),
+        ));
+        self
+    }
+
+    pub fn omap_remove(mut self, keys: &[&[u8]]) -> Self {
+        self.steps
+            .push(Step::OmapRemove(keys.iter().map(|k| k.to_vec()).collect()));
+        self
+    }
+
+    pub(crate) fn operate(&self, io: rados_ioctx_t, oid: &str) -> Result<()> {
+        let o = cstr("object", oid)?;
+        // Every string handed over lives here until the operation has run.
+        let mut names: Vec<CString> = Vec::new();
+        // SAFETY: creates an operation we release below on every path.
+        let op = unsafe { rados_create_write_op() };
+        if op.is_null() {
+            return Err(RadosError::Invalid(
+                "librados could not allocate a write operation".into(),
+            ));
+        }
+        let built = (|| -> Result<()> {
+            for step in &self.steps {
+                // SAFETY (each call): a live operation; pointers into buffers and strings that
+                // outlive `rados_write_op_operate` below; lengths that match them.
+                match step {
+                    Step::Create { exclusive } => unsafe {
+                        rados_write_op_create(op, *exclusive as c_int, ptr::null())
+                    },
+                    Step::Write { offset, data } => unsafe {
+                        rados_write_op_write(op, data.as_ptr() as *const c_char, data.len(), *offset)
+                    },
+                    Step::WriteFull(data) => unsafe {
+                        rados_write_op_write_full(op, data.as_ptr() as *const c_char, data.len())
+                    },
+                    Step::SetXattr(name, value) => {
+                        names.push(cstr("attribute", name)?);
+                        let n = names.last().expect("pushed").as_ptr();
+                        unsafe { rados_write_op_setxattr(op, n, value.as_ptr() as *const c_char, value.len()) }
+                    }
+                    Step::GuardXattrEq(name, value) => {
+                        names.push(cstr("attribute", name)?);
+                        let n = names.last().expect("pushed").as_ptr();
+                        unsafe {
+                            rados_write_op_cmpxattr(
+                                op,
+                                n,
+                                LIBRADOS_CMPXATTR_OP_EQ,
+                                value.as_ptr() as *const c_char,
+                                value.len(),
+                            )
+                        }
+                    }
+                    Step::OmapSet(pairs) => {
+                        let keys: Vec<*const c_char> = pairs.iter().map(|(k, _)| k.as_ptr() as *const c_char).collect();
+                        let vals: Vec<*const c_char> = pairs.iter().map(|(_, v)| v.as_ptr() as *const c_char).collect();
+                        let klens: Vec<usize> = pairs.iter().map(|(k, _)| k.len()).collect();
+                        let vlens: Vec<usize> = pairs.iter().map(|(_, v)| v.len()).collect();
+                        // librados copies the keys and values into the operation.
+                        unsafe {
+                            rados_write_op_omap_set2(
+                                op,
+                                keys.as_ptr(),
+                                vals.as_ptr(),
+                                klens.as_ptr(),
+                                vlens.as_ptr(),
+                                pairs.len(),
+                            )
+                        }
+                    }
+                    Step::OmapRemove(keys) => {
+                        let ks: Vec<*const c_char> = keys.iter().map(|k| k.as_ptr() as *const c_char).collect();
+                        let lens: Vec<usize> = keys.iter().map(|k| k.len()).collect();
+                        unsafe { rados_write_op_omap_rm_keys2(op, ks.as_ptr(), lens.as_ptr(), keys.len()) }
+                    }
+                }
+            }
+            // SAFETY: a built operation, a live context, a NUL-terminated object name.
+            let rc = unsafe { rados_write_op_operate(op, io, o.as_ptr(), ptr::null_mut(), LIBRADOS_OPERATION_NOFLAG) };
+            check(rc, "compound write", oid).map(drop)
+        })();
+        // SAFETY: ours, and not used after this.
+        unsafe { rados_release_write_op(op) };
+        built
+    }
+}
+
+/// Reads an object's omap.
+pub struct ReadOmap;
+
+impl ReadOmap {
+    /// Every key and value, in key order, read a thousand at a time.
+    pub(crate) fn all(io: rados_ioctx_t, oid: &str) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let o = cstr("object", oid)?;
+        let mut out: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+        let mut after: Option<CString> = None;
+        loop {
+            // SAFETY: an operation we release below on every path.
+            let op = unsafe { rados_create_read_op() };
+            if op.is_null() {
+                return Err(RadosError::Invalid(
+                    "librados could not allocate a read operation".into(),
+                ));
+            }
+            let mut iter: rados_omap_iter_t = ptr::null_mut();
+            let (mut more, mut prval): (c_uchar, c_int) = (0, 0);
+            let start = after.as_ref().map(|c| c.as_ptr()).unwrap_or(ptr::null());
+            // SAFETY: a live operation; out-pointers that live until the operation has run.
+            unsafe { rados_read_op_omap_get_vals2(op, start, ptr::null(), 1000, &mut iter, &mut more, &mut prval) };
+            let rc = unsafe { rados_read_op_operate(op, io, o.as_ptr(), LIBRADOS_OPERATION_NOFLAG) };
+            let r = check(rc, "read omap", oid).and_then(|_| check(prval, "read omap", oid));
+            let mut batch = Vec::new();
+            if r.is_ok() && !iter.is_null() {
+                loop {
+                    let (mut k, mut v): (*mut c_char, *mut c_char) = (ptr::null_mut(), ptr::null_mut());
+                    let (mut kl, mut vl) = (0usize, 0usize);
+                    // SAFETY: a live iterator; the key and value stay valid until the next call.
+                    let rc = unsafe { rados_omap_get_next2(iter, &mut k, &mut v, &mut kl, &mut vl) };
+                    if rc < 0 || k.is_null() {
+                        break;
+                    }
+                    let key = unsafe { std::slice::from_raw_parts(k as *const u8, kl) }.to_vec();
+                    let val = if v.is_null() {
+                        Vec::new()
+                    } else {
+                        unsafe { std::slice::from_raw_parts(v as *const u8, vl) }.to_vec()
+                    };
+                    batch.push((key, val));
+                }
+                unsafe { rados_omap_get_end(iter) };
+            }
+            unsafe { rados_release_read_op(op) };
+            r?;
+            let last = batch.last().map(|(k, _)| k.clone());
+            out.extend(batch);
+            match last {
+                Some(k) if more != 0 => {
+                    // Keys with a NUL byte cannot be resumed after through the C API.
+                    after = Some(CString::new(k).map_err(|_| {
+                        RadosError::Invalid(format!("omap key of {oid} holds a NUL byte: cannot page past it"))
+                    })?);
+                }
+                _ => return Ok(out),
+            }
+        }
+    }
+}

@@ -1,0 +1,229 @@
+//! Against a real Ceph cluster: `scripts/test-rados.sh` starts one with `scripts/ceph-dev.sh`
+//! and runs these with TESSERA_CEPH_CONF set to its configuration. Without it each test says
+//! it was skipped, and why.
+#![cfg(feature = "librados")]
+
+use rand::Rng;
+use tessera_rados::{Cluster, Pool, WriteOp};
+
+const POOL: &str = "tessera-test";
+
+fn conf(test: &str) -> Option<String> {
+    match std::env::var("TESSERA_CEPH_CONF") {
+        Ok(c) if !c.is_empty() => Some(c),
+        _ => {
+            tessera_disk::skip(
+                test,
+                "no Ceph cluster (TESSERA_CEPH_CONF is empty: scripts/test-rados.sh sets it to the cluster it starts, and says why when none starts)",
+            );
+            None
+        }
+    }
+}
+
+/// A client whose calls fail after 30 s instead of hanging on a cluster that went away.
+fn connect(conf: &str) -> Cluster {
+    Cluster::connect(
+        conf,
+        "admin",
+        &[("rados_osd_op_timeout", "30"), ("rados_mon_op_timeout", "30")],
+    )
+    .expect("connect to the test cluster")
+}
+
+fn pool(c: &Cluster) -> Pool<'_> {
+    match c.create_pool(POOL) {
+        Ok(()) => {}
+        Err(e) if e.errno() == Some(libc::EEXIST) => {}
+        Err(e) => panic!("create the test pool: {e}"),
+    }
+    c.pool(POOL).expect("open the test pool")
+}
+
+/// An object name of this test's own.
+fn oid(what: &str) -> String {
+    format!("{what}-{:016x}", rand::rng().random::<u64>())
+}
+
+#[test]
+fn objects_round_trip() {
+    let Some(conf) = conf("objects_round_trip") else { return };
+    let c = connect(&conf);
+    let p = pool(&c);
+    let o = oid("round-trip");
+    assert_eq!(p.size(&o).unwrap(), None);
+    let data: Vec<u8> = (0..1 << 20).map(|i| (i * 7 % 251) as u8).collect();
+    p.write_full(&o, &data).unwrap();
+    assert_eq!(p.size(&o).unwrap(), Some(data.len() as u64));
+    let mut back = vec![0u8; 4096];
+    assert_eq!(p.read(&o, 12345, &mut back).unwrap(), 4096);
+    assert_eq!(back, data[12345..12345 + 4096]);
+    // Past the end: what there is.
+    assert_eq!(p.read(&o, data.len() as u64 - 100, &mut back).unwrap(), 100);
+    p.remove(&o).unwrap();
+    assert_eq!(p.size(&o).unwrap(), None);
+    let e = p.remove(&o).unwrap_err();
+    assert!(e.to_string().contains(&o), "{e}");
+}
+
+#[test]
+fn a_compound_write_applies_data_attributes_and_omap_together_or_not_at_all() {
+    let Some(conf) = conf("a_compound_write_applies_data_attributes_and_omap_together_or_not_at_all") else {
+        return;
+    };
+    let c = connect(&conf);
+    let p = pool(&c);
+    let o = oid("compound");
+    p.operate(
+        &o,
+        &WriteOp::new()
+            .create(true)
+            .write_full(b"grain data")
+            .set_xattr("epoch", b"1")
+            .omap_set(&[(b"grain/0", b"slot 7"), (b"grain/1", b"slot 9")]),
+    )
+    .unwrap();
+    let mut buf = [0u8; 64];
+    let n = p.read(&o, 0, &mut buf).unwrap();
+    assert_eq!(&buf[..n], b"grain data");
+    assert_eq!(p.xattr(&o, "epoch").unwrap().as_deref(), Some(&b"1"[..]));
+    assert_eq!(
+        p.omap(&o).unwrap(),
+        vec![
+            (b"grain/0".to_vec(), b"slot 7".to_vec()),
+            (b"grain/1".to_vec(), b"slot 9".to_vec())
+        ]
+    );
+    // An exclusive create of an object that exists changes nothing.
+    let e = p
+        .operate(&o, &WriteOp::new().create(true).write_full(b"other"))
+        .unwrap_err();
+    assert_eq!(e.errno(), Some(libc::EEXIST), "{e}");
+
+    // A guard that fails refuses the data, the attribute and the omap change alike.
+    let e = p
+        .operate(
+            &o,
+            &WriteOp::new()
+                .guard_xattr_eq("epoch", b"2")
+                .write(0, b"GRAIN")
+                .set_xattr("epoch", b"3")
+                .omap_set(&[(b"grain/2", b"slot 11")])
+                .omap_remove(&[b"grain/0"]),
+        )
+        .unwrap_err();
+    assert!(e.is_guard_failure(), "{e}");
+    let n = p.read(&o, 0, &mut buf).unwrap();
+    assert_eq!(&buf[..n], b"grain data");
+    assert_eq!(p.xattr(&o, "epoch").unwrap().as_deref(), Some(&b"1"[..]));
+    assert_eq!(p.omap(&o).unwrap().len(), 2);
+
+    // The same with the guard holding: all of it.
+    p.operate(
+        &o,
+        &WriteOp::new()
+            .guard_xattr_eq("epoch", b"1")
+            .write(0, b"GRAIN")
+            .omap_set(&[(b"grain/2", b"slot 11")])
+            .omap_remove(&[b"grain/0"]),
+    )
+    .unwrap();
+    let n = p.read(&o, 0, &mut buf).unwrap();
+    assert_eq!(&buf[..n], b"GRAIN data");
+    let keys: Vec<Vec<u8>> = p.omap(&o).unwrap().into_iter().map(|(k, _)| k).collect();
+    assert_eq!(keys, vec![b"grain/1".to_vec(), b"grain/2".to_vec()]);
+    p.remove(&o).unwrap();
+}
+
+#[test]
+fn an_omap_larger_than_one_page_is_read_whole() {
+    let Some(conf) = conf("an_omap_larger_than_one_page_is_read_whole") else {
+        return;
+    };
+    let c = connect(&conf);
+    let p = pool(&c);
+    let o = oid("omap-pages");
+    let pairs: Vec<(Vec<u8>, Vec<u8>)> = (0..2500u32)
+        .map(|i| (format!("k{i:06}").into_bytes(), i.to_le_bytes().to_vec()))
+        .collect();
+    let refs: Vec<(&[u8], &[u8])> = pairs.iter().map(|(k, v)| (&k[..], &v[..])).collect();
+    p.operate(&o, &WriteOp::new().create(false).omap_set(&refs)).unwrap();
+    assert_eq!(p.omap(&o).unwrap(), pairs);
+    p.remove(&o).unwrap();
+}
+
+/// A gateway that took a vdisk over raises the epoch its writes are guarded by: a write the
+/// old owner had in flight, or sends after a stall, is refused.
+#[test]
+fn an_epoch_guard_refuses_the_writes_of_an_owner_that_was_replaced() {
+    let Some(conf) = conf("an_epoch_guard_refuses_the_writes_of_an_owner_that_was_replaced") else {
+        return;
+    };
+    let (old, new) = (connect(&conf), connect(&conf));
+    let (po, pn) = (pool(&old), pool(&new));
+    let o = oid("epoch");
+    po.operate(
+        &o,
+        &WriteOp::new()
+            .create(true)
+            .set_xattr("owner-epoch", b"00000041")
+            .write_full(b"A"),
+    )
+    .unwrap();
+    po.operate(
+        &o,
+        &WriteOp::new()
+            .guard_xattr_eq("owner-epoch", b"00000041")
+            .write_full(b"A2"),
+    )
+    .unwrap();
+    // The takeover, guarded by the epoch it replaces.
+    pn.operate(
+        &o,
+        &WriteOp::new()
+            .guard_xattr_eq("owner-epoch", b"00000041")
+            .set_xattr("owner-epoch", b"00000042"),
+    )
+    .unwrap();
+    let e = po
+        .operate(
+            &o,
+            &WriteOp::new()
+                .guard_xattr_eq("owner-epoch", b"00000041")
+                .write_full(b"stale"),
+        )
+        .unwrap_err();
+    assert!(e.is_guard_failure(), "{e}");
+    pn.operate(
+        &o,
+        &WriteOp::new()
+            .guard_xattr_eq("owner-epoch", b"00000042")
+            .write_full(b"B"),
+    )
+    .unwrap();
+    let mut buf = [0u8; 16];
+    let n = pn.read(&o, 0, &mut buf).unwrap();
+    assert_eq!(&buf[..n], b"B");
+    pn.remove(&o).unwrap();
+}
+
+/// Fencing: once a client is blocklisted, nothing it sends is applied, guarded or not.
+#[test]
+fn a_blocklisted_client_writes_nothing() {
+    let Some(conf) = conf("a_blocklisted_client_writes_nothing") else {
+        return;
+    };
+    let (fencer, fenced) = (connect(&conf), connect(&conf));
+    let (pf, pd) = (pool(&fencer), pool(&fenced));
+    let o = oid("fenced");
+    pd.write_full(&o, b"before").unwrap();
+    let addr = fenced.address().unwrap();
+    assert_ne!(addr, fencer.address().unwrap(), "two clients, two addresses");
+    fencer.blocklist(&addr, 600).unwrap();
+    let e = pd.write_full(&o, b"after").unwrap_err();
+    assert!(e.is_fenced(), "{e}");
+    let mut buf = [0u8; 16];
+    let n = pf.read(&o, 0, &mut buf).unwrap();
+    assert_eq!(&buf[..n], b"before");
+    pf.remove(&o).unwrap();
+}
