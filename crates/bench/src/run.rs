@@ -328,7 +328,8 @@ pub fn run(
                     }));
                 }
                 Opened::Iscsi { sessions, lun } => {
-                    let (sess, lun, block) = (sessions[th as usize].clone(), *lun, t.block);
+                    let sess = sessions[th as usize % sessions.len()].clone();
+                    let (lun, block) = (*lun, t.block);
                     tasks.push(rt.spawn(async move {
                         while let Some(x) = slot.next() {
                             let t0 = Instant::now();

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use tessera_disk::{BlockDevice, FileDisk};
-use tessera_iscsi::initiator::{LoginConfig, Session};
+use tessera_iscsi::initiator::{InitiatorError, LoginConfig, Session};
 use tessera_nbd::client::Client;
 use tessera_volume::Vdisk;
 
@@ -123,7 +123,8 @@ impl SyncIo for FileDisk {
     }
 }
 
-/// A target ready for I/O: per thread, its own connection for network targets.
+/// A target ready for I/O: per thread, its own connection for network targets (over iSCSI,
+/// threads share sessions round-robin when the target takes fewer sessions than threads).
 pub enum Opened {
     Sync(Arc<dyn SyncIo>),
     Iscsi { sessions: Vec<Arc<Session>>, lun: u64 },
@@ -136,6 +137,8 @@ pub struct Target {
     /// Logical block size: I/O sizes and offsets are multiples of it.
     pub block: u32,
     pub io: Opened,
+    /// What the run should know about how the target was opened (sessions shared).
+    pub notes: Vec<String>,
 }
 
 /// Options for opening network targets.
@@ -155,6 +158,7 @@ impl Target {
             size,
             block,
             io: Opened::Sync(io),
+            notes: Vec::new(),
         }
     }
 
@@ -194,10 +198,12 @@ impl Target {
                     size,
                     block,
                     io: Opened::Nbd(clients),
+                    notes: Vec::new(),
                 })
             }
             TargetSpec::Iscsi { addr, iqn, lun } => {
                 let mut sessions = Vec::new();
+                let mut notes = Vec::new();
                 for t in 0..threads {
                     let mut cfg = LoginConfig::new(opts.initiator.as_deref().unwrap_or(BENCH_INITIATOR), Some(iqn));
                     cfg.isid[4] = (t >> 8) as u8;
@@ -205,10 +211,20 @@ impl Target {
                     cfg.chap = opts.chap.clone();
                     cfg.header_digest = opts.digests;
                     cfg.data_digest = opts.digests;
-                    let s = Session::login(addr, &cfg)
-                        .await
-                        .map_err(|e| format!("{spec}: login: {e}"))?;
-                    sessions.push(Arc::new(s));
+                    match Session::login(addr, &cfg).await {
+                        Ok(s) => sessions.push(Arc::new(s)),
+                        // The target takes no more sessions from this initiator (out of
+                        // resources: a per-initiator limit, as Tessera's and LIO's): the
+                        // threads share those it took, each with its own commands in flight.
+                        Err(InitiatorError::LoginRefused { class: 3, detail: 2 }) if !sessions.is_empty() => {
+                            notes.push(format!(
+                                "{spec}: the target took {} sessions from this initiator; the {threads} threads share them",
+                                sessions.len()
+                            ));
+                            break;
+                        }
+                        Err(e) => return Err(format!("{spec}: login: {e}")),
+                    }
                 }
                 let (size, block) = iscsi_capacity(&sessions[0], *lun)
                     .await
@@ -218,6 +234,7 @@ impl Target {
                     size,
                     block,
                     io: Opened::Iscsi { sessions, lun: *lun },
+                    notes,
                 })
             }
             TargetSpec::File(p) => Target::file(p),

@@ -95,6 +95,9 @@ fn bench_one(
         }
         _ => (rt.block_on(Target::connect(spec, w.threads, &connect))?, None),
     };
+    for note in &target.notes {
+        eprintln!("{note}");
+    }
     let region = w.region(target.size, target.block)?;
     let verifier = w
         .verify

@@ -208,3 +208,32 @@ fn bench_daemon_targets_and_a_local_vdisk() {
         assert!(o.stderr.contains(why), "{args:?}: {}", o.stderr);
     }
 }
+
+/// More threads than the target takes sessions from one initiator: the threads share the
+/// sessions it took, the run completes with every block verified, and the user is told.
+#[test]
+fn bench_threads_share_the_sessions_a_target_limits() {
+    let t = tempfile::tempdir().unwrap();
+    let state = t.path().join("state");
+    let d = Daemon::start_configured(&state, "iscsi_sessions_per_initiator = 2\n");
+    create_pool(&d, "b", &disks(&t.path().join("disks"), 2, 1 << 30));
+    d.ok(&["vdisk", "create", "b/v", "--size", "32M", "--layout", "mirror"]);
+    let iqn = "iqn.2026-11.io.tessera:bench-limit";
+    d.ok(&["target", "create", iqn, "--allow-any-initiator"]);
+    d.ok(&["target", "lun", "add", iqn, "b/v"]);
+    let iscsi = format!("iscsi://{}/{iqn}/0", d.iscsi_portal());
+    let o = bench(&[
+        &iscsi, "-t", "5", "-o", "2", "-w", "50", "-d", "0.5", "--verify", "--json",
+    ]);
+    assert!(o.success, "{}{}", o.stdout, o.stderr);
+    assert!(
+        o.stderr
+            .contains("took 2 sessions from this initiator; the 5 threads share them"),
+        "{}",
+        o.stderr
+    );
+    let s: Value = serde_json::from_str(&o.stdout).unwrap();
+    check_summary(&s, 1);
+    assert_eq!(s["runs"][0]["verify"]["corrupt"], 0, "{s}");
+    assert_eq!(s["workload"]["threads"], 5, "{s}");
+}
