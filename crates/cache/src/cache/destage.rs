@@ -2,7 +2,7 @@
 //! written whole where the log holds most of them, and gives the log's space back.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -78,18 +78,25 @@ impl Inner {
         let next = AtomicU64::new(0);
         let bytes = AtomicU64::new(0);
         let failed: Mutex<Option<CacheError>> = Mutex::new(None);
+        // Once urgent, the round stays so: the threads past the background ones join for good.
+        let urgent = AtomicBool::new(false);
         let _reuse = self.reuse.read();
         std::thread::scope(|sc| {
             for t in 0..DESTAGE_THREADS.min(jobs.len()) {
-                let (next, jobs, bytes, failed, picked, devices) = (&next, &jobs, &bytes, &failed, &picked, &devices);
+                let (next, jobs, bytes, failed, picked, devices, urgent) =
+                    (&next, &jobs, &bytes, &failed, &picked, &devices, &urgent);
                 sc.spawn(move || loop {
-                    if t >= BACKGROUND_DESTAGE_THREADS && !self.state.lock().urgent() {
+                    if t >= BACKGROUND_DESTAGE_THREADS && !urgent.load(Ordering::Relaxed) {
+                        if self.state.lock().urgent() {
+                            urgent.store(true, Ordering::Relaxed);
+                            continue;
+                        }
                         // Not needed yet: looked at again soon, since a writer may begin to
                         // wait at any time.
                         if next.load(Ordering::Relaxed) as usize >= jobs.len() {
                             return;
                         }
-                        std::thread::sleep(Duration::from_millis(2));
+                        std::thread::sleep(Duration::from_millis(5));
                         continue;
                     }
                     let k = next.fetch_add(1, Ordering::Relaxed) as usize;
