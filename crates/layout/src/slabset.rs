@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 use serde::{Deserialize, Serialize};
-use tessera_pool::{Pool, PoolError, SlabRef, WriteBatch, CF_SLABSETS};
+use tessera_pool::{DiskState, DiskUsage, Pool, PoolError, SlabRef, WriteBatch, CF_SLABSETS};
 
 use crate::error::{LayoutError, Result};
 use crate::spec::LayoutSpec;
@@ -121,7 +121,8 @@ impl Registry {
     /// Allocates slabs on `spec.width()` distinct disks and records the new set durably.
     pub fn create(&self, pool: &Pool, spec: LayoutSpec) -> Result<Arc<SlabSet>> {
         let healthy = pool.free_slabs().len();
-        spec.validate(pool.slab_size(), healthy).map_err(LayoutError::Invalid)?;
+        spec.validate(pool.slab_size(), healthy)
+            .map_err(|e| LayoutError::Invalid(with_lost_disks(pool, e)))?;
         let members = pool.allocate_slabs(spec.width(), &[])?;
         let id = self.next_id.fetch_add(1, Ordering::SeqCst);
         let desc = SlabSetDesc {
@@ -155,5 +156,25 @@ impl Registry {
             pool.release_slab(*s);
         }
         Ok(())
+    }
+}
+
+/// `why` a layout cannot be placed, with the data disks the pool lost and why: "the pool has
+/// 2" alone does not say that two of its four disks failed a moment ago (a full file system
+/// under sparse file disks, say).
+pub fn with_lost_disks(pool: &Pool, why: String) -> String {
+    let lost: Vec<String> = pool
+        .disks()
+        .into_iter()
+        .filter(|d| d.info.usage != DiskUsage::Cache && matches!(d.info.state, DiskState::Failed | DiskState::Missing))
+        .map(|d| match d.problem {
+            Some(p) => format!("{} ({})", d.info.path, p),
+            None => d.info.path.clone(),
+        })
+        .collect();
+    if lost.is_empty() {
+        why
+    } else {
+        format!("{why}; failed or missing: {}", lost.join("; "))
     }
 }

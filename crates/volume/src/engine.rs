@@ -236,7 +236,7 @@ impl Engine {
         let healthy = self.s.pool.free_slabs().len();
         let l = LayoutSpec::with_defaults(spec.layout, spec.copies, spec.columns, spec.interleave, healthy);
         l.validate(self.s.pool.slab_size(), healthy)
-            .map_err(VolumeError::Invalid)?;
+            .map_err(|e| VolumeError::Invalid(tessera_layout::with_lost_disks(&self.s.pool, e)))?;
         Ok(l)
     }
 

@@ -151,6 +151,24 @@ fn impossible_layouts_are_refused() {
     assert!(rig.engine().layouts().sets().is_empty());
 }
 
+/// A layout that no longer fits because disks failed says which, and why.
+#[test]
+fn a_layout_refused_for_lost_disks_names_them() {
+    let rig = Rig::new(3, 32 * MIB, MIB);
+    let disk = rig.engine().pool().disks()[1].info.path.clone();
+    rig.engine().fail_disk(&disk).unwrap();
+    let e = rig
+        .engine()
+        .create_vdisk(&VdiskSpec::new("p", MIB, LayoutKind::Parity))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("needs 3 distinct healthy disks, and the pool has 2"), "{e}");
+    assert!(
+        e.contains(&format!("failed or missing: {disk} (failed by the administrator)")),
+        "{e}"
+    );
+}
+
 #[test]
 fn full_pool_is_a_clear_error_that_corrupts_nothing() {
     // Two 12 MiB disks with 1 MiB slabs hold 11 slabs each: a 2-way mirror holds 11 MiB.
