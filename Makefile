@@ -30,7 +30,7 @@ test: test-deps
 	$(CARGO) build --workspace --tests --profile test
 	{ if [ "$(FUZZ_SECONDS)" != 0 ]; then scripts/fuzz.sh; fi; \
 	  $(CARGO) test --workspace --profile test --no-fail-fast; \
-	  scripts/test-rados.sh; } 2>&1 | scripts/summarize-tests.sh
+	  scripts/test-scale-out.sh; } 2>&1 | scripts/summarize-tests.sh
 
 # The embedded demo: 4 sparse file disks, pool "demo", vdisk "demo/vol1", in ./tessera-demo.
 # DEMO_ARGS passes more flags, e.g. DEMO_ARGS="--api-listen 127.0.0.1:9484".

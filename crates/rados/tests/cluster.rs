@@ -1,4 +1,4 @@
-//! Against a real Ceph cluster: `scripts/test-rados.sh` starts one with `scripts/ceph-dev.sh`
+//! Against a real Ceph cluster: `scripts/test-scale-out.sh` starts one with `scripts/ceph-dev.sh`
 //! and runs these with TESSERA_CEPH_CONF set to its configuration. Without it each test says
 //! it was skipped, and why.
 #![cfg(feature = "librados")]
@@ -14,7 +14,7 @@ fn conf(test: &str) -> Option<String> {
         _ => {
             tessera_disk::skip(
                 test,
-                "no Ceph cluster (TESSERA_CEPH_CONF is empty: scripts/test-rados.sh sets it to the cluster it starts, and says why when none starts)",
+                "no Ceph cluster (TESSERA_CEPH_CONF is empty: scripts/test-scale-out.sh sets it to the cluster it starts, and says why when none starts)",
             );
             None
         }

@@ -1,0 +1,178 @@
+//! Ownership of vdisks among several gateways, kept in etcd.
+//!
+//! Each gateway holds one etcd lease and keeps it alive; owning a vdisk is a key
+//! `<prefix>/owner/<vdisk>` attached to that lease, created only if absent (one transaction),
+//! so at most one gateway owns a vdisk at a time. The key's creation revision is the owner's
+//! epoch: etcd's revisions only grow, so every takeover has a larger epoch than any owner
+//! before it. A gateway that dies or stalls stops renewing its lease; when the lease expires
+//! etcd deletes its keys and another gateway may take the vdisk, with a new epoch. The epoch
+//! is what the data path checks: a write guarded by an older epoch is refused by the storage
+//! itself (a RADOS compound write guarded by the vdisk's epoch attribute), so a stalled owner
+//! that resumes cannot write after the takeover.
+//!
+//! Built only with the `etcd` feature. Why etcd-client: it is the maintained Rust client of
+//! etcd's v3 API (leases, transactions), async on tokio like the daemon.
+#![cfg(feature = "etcd")]
+
+use std::time::Duration;
+
+use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
+use tokio::task::JoinHandle;
+
+/// What went wrong talking to etcd.
+#[derive(Debug)]
+pub struct OwnershipError(pub String);
+
+impl std::fmt::Display for OwnershipError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl std::error::Error for OwnershipError {}
+
+impl From<etcd_client::Error> for OwnershipError {
+    fn from(e: etcd_client::Error) -> Self {
+        OwnershipError(format!("etcd: {e}"))
+    }
+}
+
+pub type Result<T> = std::result::Result<T, OwnershipError>;
+
+/// Who owns a vdisk, since which epoch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Owner {
+    pub gateway: String,
+    pub epoch: i64,
+}
+
+/// One gateway's membership: its lease, renewed in the background until `leave` (or until
+/// the process dies or stalls, which is the point).
+pub struct Gateway {
+    client: Client,
+    name: String,
+    prefix: String,
+    lease: i64,
+    keeper: JoinHandle<()>,
+}
+
+impl Gateway {
+    /// Joins as gateway `name` with a lease of `ttl` seconds, renewed every third of it.
+    pub async fn join(endpoints: &[String], prefix: &str, name: &str, ttl: i64) -> Result<Gateway> {
+        if ttl < 2 {
+            return Err(OwnershipError(format!(
+                "a lease of {ttl} s is too short to be renewed in time"
+            )));
+        }
+        let mut client = Client::connect(endpoints, None).await?;
+        let lease = client.lease_grant(ttl, None).await?.id();
+        let (mut keeper, mut answers) = client.lease_keep_alive(lease).await?;
+        let every = Duration::from_millis(ttl as u64 * 1000 / 3);
+        let keeper = tokio::spawn(async move {
+            loop {
+                if keeper.keep_alive().await.is_err() {
+                    return;
+                }
+                match answers.message().await {
+                    Ok(Some(a)) if a.ttl() > 0 => {}
+                    // The lease is gone (expired while this process stalled, or revoked):
+                    // whatever this gateway owned, it owns no more.
+                    _ => return,
+                }
+                tokio::time::sleep(every).await;
+            }
+        });
+        Ok(Gateway {
+            client,
+            name: name.to_string(),
+            prefix: prefix.trim_end_matches('/').to_string(),
+            lease,
+            keeper,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn key(&self, vdisk: &str) -> String {
+        format!("{}/owner/{vdisk}", self.prefix)
+    }
+
+    /// Takes `vdisk` if nobody owns it. Returns the owner afterwards: this gateway with its
+    /// new epoch, or the gateway that holds it.
+    pub async fn acquire(&mut self, vdisk: &str) -> Result<Owner> {
+        let key = self.key(vdisk);
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(
+                key.as_str(),
+                self.name.as_str(),
+                Some(PutOptions::new().with_lease(self.lease)),
+            )])
+            .or_else([TxnOp::get(key.as_str(), None)]);
+        let r = self.client.txn(txn).await?;
+        if r.succeeded() {
+            // The put's revision is the key's creation revision.
+            let epoch = r
+                .header()
+                .map(|h| h.revision())
+                .ok_or_else(|| OwnershipError("etcd answered a transaction without a header".into()))?;
+            return Ok(Owner {
+                gateway: self.name.clone(),
+                epoch,
+            });
+        }
+        for op in r.op_responses() {
+            if let TxnOpResponse::Get(g) = op {
+                if let Some(kv) = g.kvs().first() {
+                    return Ok(Owner {
+                        gateway: String::from_utf8_lossy(kv.value()).into_owned(),
+                        epoch: kv.create_revision(),
+                    });
+                }
+            }
+        }
+        // Released between the compare and the read: try again.
+        Box::pin(self.acquire(vdisk)).await
+    }
+
+    /// The owner of `vdisk`, if any.
+    pub async fn owner(&mut self, vdisk: &str) -> Result<Option<Owner>> {
+        let r = self.client.get(self.key(vdisk), None::<GetOptions>).await?;
+        Ok(r.kvs().first().map(|kv| Owner {
+            gateway: String::from_utf8_lossy(kv.value()).into_owned(),
+            epoch: kv.create_revision(),
+        }))
+    }
+
+    /// Gives `vdisk` up, if this gateway owns it at `epoch`.
+    pub async fn release(&mut self, vdisk: &str, epoch: i64) -> Result<bool> {
+        let key = self.key(vdisk);
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(key.as_str(), CompareOp::Equal, epoch),
+                Compare::value(key.as_str(), CompareOp::Equal, self.name.as_str()),
+            ])
+            .and_then([TxnOp::delete(key.as_str(), None)]);
+        Ok(self.client.txn(txn).await?.succeeded())
+    }
+
+    /// Whether the lease is still being renewed (false once it was lost).
+    pub fn alive(&self) -> bool {
+        !self.keeper.is_finished()
+    }
+
+    /// Stops renewing the lease without giving anything up, as a gateway that stalls or dies
+    /// does: what it owns passes to others once the lease expires.
+    pub fn stall(&self) {
+        self.keeper.abort();
+    }
+
+    /// Leaves: revokes the lease, which gives up everything this gateway owns at once.
+    pub async fn leave(mut self) -> Result<()> {
+        self.keeper.abort();
+        self.client.lease_revoke(self.lease).await?;
+        Ok(())
+    }
+}

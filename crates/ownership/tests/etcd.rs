@@ -1,0 +1,119 @@
+//! Against a real etcd: `scripts/test-scale-out.sh` starts one (with the Ceph cluster) and runs
+//! these with TESSERA_ETCD_ENDPOINTS set. Without it each test says it was skipped, and why.
+#![cfg(feature = "etcd")]
+
+use std::time::{Duration, Instant};
+
+use tessera_ownership::{Gateway, Owner};
+
+fn endpoints(test: &str) -> Option<Vec<String>> {
+    match std::env::var("TESSERA_ETCD_ENDPOINTS") {
+        Ok(e) if !e.is_empty() => Some(e.split(',').map(String::from).collect()),
+        _ => {
+            tessera_disk::skip(
+                test,
+                "no etcd (TESSERA_ETCD_ENDPOINTS is empty: scripts/test-scale-out.sh sets it to the etcd it starts)",
+            );
+            None
+        }
+    }
+}
+
+/// A key space of this test's own.
+fn prefix(test: &str) -> String {
+    format!("/tessera-test/{test}-{}", std::process::id())
+}
+
+#[tokio::test]
+async fn one_gateway_owns_a_vdisk_at_a_time() {
+    let t = "one_gateway_owns_a_vdisk_at_a_time";
+    let Some(ep) = endpoints(t) else { return };
+    let p = prefix(t);
+    let mut a = Gateway::join(&ep, &p, "gw-a", 5).await.unwrap();
+    let mut b = Gateway::join(&ep, &p, "gw-b", 5).await.unwrap();
+    let owned = a.acquire("pool/v1").await.unwrap();
+    assert_eq!(owned.gateway, "gw-a");
+    // B finds it taken, at the same epoch; asking again changes nothing.
+    assert_eq!(b.acquire("pool/v1").await.unwrap(), owned);
+    assert_eq!(a.acquire("pool/v1").await.unwrap(), owned);
+    assert_eq!(b.owner("pool/v1").await.unwrap(), Some(owned.clone()));
+    // Another vdisk is free for B, at a later epoch.
+    let other = b.acquire("pool/v2").await.unwrap();
+    assert_eq!(other.gateway, "gw-b");
+    assert!(other.epoch > owned.epoch);
+    // Only the owner at its epoch can release.
+    assert!(
+        !b.release("pool/v1", owned.epoch).await.unwrap(),
+        "B released A's vdisk"
+    );
+    assert!(!a.release("pool/v1", owned.epoch - 1).await.unwrap());
+    assert!(a.release("pool/v1", owned.epoch).await.unwrap());
+    let again = b.acquire("pool/v1").await.unwrap();
+    assert_eq!(again.gateway, "gw-b");
+    assert!(
+        again.epoch > other.epoch,
+        "every taking has a larger epoch than the ones before"
+    );
+    a.leave().await.unwrap();
+    b.leave().await.unwrap();
+}
+
+/// The owner stalls (its lease is no longer renewed, as when it is stopped or killed): once
+/// the lease expires another gateway takes its vdisks, with a larger epoch, within the lease
+/// time and a little; the old owner, asking again, finds the new one.
+#[tokio::test]
+async fn a_stalled_owner_loses_its_vdisks_to_a_larger_epoch() {
+    let t = "a_stalled_owner_loses_its_vdisks_to_a_larger_epoch";
+    let Some(ep) = endpoints(t) else { return };
+    let p = prefix(t);
+    let ttl = 3;
+    let mut a = Gateway::join(&ep, &p, "gw-a", ttl).await.unwrap();
+    let mut b = Gateway::join(&ep, &p, "gw-b", ttl).await.unwrap();
+    let first = a.acquire("pool/v").await.unwrap();
+    // Renewed: still A's after more than a lease's time.
+    tokio::time::sleep(Duration::from_secs(ttl as u64 + 1)).await;
+    assert!(a.alive());
+    assert_eq!(b.acquire("pool/v").await.unwrap(), first);
+
+    a.stall();
+    let stalled = Instant::now();
+    let taken: Owner = loop {
+        let o = b.acquire("pool/v").await.unwrap();
+        if o.gateway == "gw-b" {
+            break o;
+        }
+        assert!(
+            stalled.elapsed() < Duration::from_secs(ttl as u64 + 10),
+            "never taken over"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let took = stalled.elapsed();
+    eprintln!("taken over {took:?} after the owner stalled (lease {ttl} s)");
+    assert!(taken.epoch > first.epoch);
+    assert!(took <= Duration::from_secs(ttl as u64 + 2), "{took:?}");
+    assert_eq!(a.acquire("pool/v").await.unwrap(), taken);
+    b.leave().await.unwrap();
+}
+
+/// A gateway that leaves gives up everything at once.
+#[tokio::test]
+async fn leaving_gives_every_vdisk_up() {
+    let t = "leaving_gives_every_vdisk_up";
+    let Some(ep) = endpoints(t) else { return };
+    let p = prefix(t);
+    let mut a = Gateway::join(&ep, &p, "gw-a", 30).await.unwrap();
+    let mut b = Gateway::join(&ep, &p, "gw-b", 30).await.unwrap();
+    for v in ["x", "y", "z"] {
+        assert_eq!(a.acquire(v).await.unwrap().gateway, "gw-a");
+    }
+    a.leave().await.unwrap();
+    for v in ["x", "y", "z"] {
+        assert_eq!(b.acquire(v).await.unwrap().gateway, "gw-b", "{v}");
+    }
+    b.leave().await.unwrap();
+    assert!(
+        Gateway::join(&[], &p, "gw-c", 1).await.is_err(),
+        "a lease of 1 s is refused"
+    );
+}
