@@ -21,4 +21,4 @@ else
 fi
 TESSERA_CEPH_CONF="$conf" TESSERA_ETCD_ENDPOINTS="$etcd" timeout 900 \
   $CARGO test --profile test -p tessera-rados -p tessera-ownership \
-    --features tessera-rados/librados,tessera-ownership/etcd --no-fail-fast
+    --features tessera-rados/librados,tessera-ownership/fencing --no-fail-fast

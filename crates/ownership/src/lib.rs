@@ -14,6 +14,9 @@
 //! etcd's v3 API (leases, transactions), async on tokio like the daemon.
 #![cfg(feature = "etcd")]
 
+#[cfg(feature = "fencing")]
+pub mod fence;
+
 use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
@@ -135,6 +138,50 @@ impl Gateway {
         }
         // Released between the compare and the read: try again.
         Box::pin(self.acquire(vdisk)).await
+    }
+
+    /// Takes `vdisk` if nobody owns it, as `acquire` does, and records `fence_address` (this
+    /// gateway's client address in the storage) as the one to fence off should another
+    /// gateway take the vdisk later. Returns the owner afterwards and, when this gateway took
+    /// it, the address the previous owner recorded (none for the first owner): the caller
+    /// fences that address off before it serves the vdisk.
+    pub async fn acquire_fencing(&mut self, vdisk: &str, fence_address: &str) -> Result<(Owner, Option<String>)> {
+        let key = self.key(vdisk);
+        let fence = format!("{}/fence/{vdisk}", self.prefix);
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+            .and_then([
+                TxnOp::put(
+                    key.as_str(),
+                    self.name.as_str(),
+                    Some(PutOptions::new().with_lease(self.lease)),
+                ),
+                TxnOp::get(fence.as_str(), None),
+                // No lease: the address must outlive the lease it was recorded under.
+                TxnOp::put(fence.as_str(), fence_address, None),
+            ]);
+        let r = self.client.txn(txn).await?;
+        if !r.succeeded() {
+            return Ok((self.acquire(vdisk).await?, None));
+        }
+        let epoch = r
+            .header()
+            .map(|h| h.revision())
+            .ok_or_else(|| OwnershipError("etcd answered a transaction without a header".into()))?;
+        let previous = r.op_responses().into_iter().find_map(|op| match op {
+            TxnOpResponse::Get(g) => g
+                .kvs()
+                .first()
+                .map(|kv| String::from_utf8_lossy(kv.value()).into_owned()),
+            _ => None,
+        });
+        Ok((
+            Owner {
+                gateway: self.name.clone(),
+                epoch,
+            },
+            previous,
+        ))
     }
 
     /// The owner of `vdisk`, if any.

@@ -10,6 +10,11 @@ pub type rados_read_op_t = *mut c_void;
 pub type rados_omap_iter_t = *mut c_void;
 
 pub const LIBRADOS_CMPXATTR_OP_EQ: u8 = 1;
+pub const LIBRADOS_CMPXATTR_OP_NE: u8 = 2;
+pub const LIBRADOS_CMPXATTR_OP_GT: u8 = 3;
+pub const LIBRADOS_CMPXATTR_OP_GTE: u8 = 4;
+pub const LIBRADOS_CMPXATTR_OP_LT: u8 = 5;
+pub const LIBRADOS_CMPXATTR_OP_LTE: u8 = 6;
 pub const LIBRADOS_OPERATION_NOFLAG: c_int = 0;
 
 #[link(name = "rados")]

@@ -17,7 +17,7 @@ mod ffi;
 mod ops;
 
 pub use error::{RadosError, Result};
-pub use ops::{ReadOmap, WriteOp};
+pub use ops::{ReadOmap, WriteOp, XattrCmp};
 
 use std::ffi::{CStr, CString};
 use std::ptr;

@@ -16,9 +16,37 @@ enum Step {
     Write { offset: u64, data: Vec<u8> },
     WriteFull(Vec<u8>),
     SetXattr(String, Vec<u8>),
-    GuardXattrEq(String, Vec<u8>),
+    GuardXattr(String, XattrCmp, Vec<u8>),
     OmapSet(Vec<(Vec<u8>, Vec<u8>)>),
     OmapRemove(Vec<Vec<u8>>),
+}
+
+/// How a guard compares an object's attribute with a value: `Lte` holds when the attribute is
+/// at most the value (byte-wise, as strings: fixed-width numbers compare as numbers). A
+/// missing attribute compares as empty.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum XattrCmp {
+    Eq,
+    Ne,
+    Gt,
+    Gte,
+    Lt,
+    Lte,
+}
+
+impl XattrCmp {
+    /// librados' operator: it compares the value given with the attribute, so each is the
+    /// mirror of ours.
+    fn librados(self) -> u8 {
+        match self {
+            XattrCmp::Eq => LIBRADOS_CMPXATTR_OP_EQ,
+            XattrCmp::Ne => LIBRADOS_CMPXATTR_OP_NE,
+            XattrCmp::Gt => LIBRADOS_CMPXATTR_OP_LT,
+            XattrCmp::Gte => LIBRADOS_CMPXATTR_OP_LTE,
+            XattrCmp::Lt => LIBRADOS_CMPXATTR_OP_GT,
+            XattrCmp::Lte => LIBRADOS_CMPXATTR_OP_GTE,
+        }
+    }
 }
 
 /// A write of one object that the object's primary OSD applies all at once or not at all:
@@ -58,10 +86,16 @@ impl WriteOp {
         self
     }
 
-    /// Applies the operation only if attribute `name` equals `value` (an object or
-    /// attribute that is missing does not).
-    pub fn guard_xattr_eq(mut self, name: &str, value: &[u8]) -> Self {
-        self.steps.push(Step::GuardXattrEq(name.to_string(), value.to_vec()));
+    /// Applies the operation only if attribute `name` equals `value` (an object that is
+    /// missing fails with `ENOENT`).
+    pub fn guard_xattr_eq(self, name: &str, value: &[u8]) -> Self {
+        self.guard_xattr(name, XattrCmp::Eq, value)
+    }
+
+    /// Applies the operation only if attribute `name` compares with `value` as `cmp` says
+    /// (an object that is missing fails with `ENOENT`).
+    pub fn guard_xattr(mut self, name: &str, cmp: XattrCmp, value: &[u8]) -> Self {
+        self.steps.push(Step::GuardXattr(name.to_string(), cmp, value.to_vec()));
         self
     }
 
@@ -108,17 +142,11 @@ impl WriteOp {
                         let n = names.last().expect("pushed").as_ptr();
                         unsafe { rados_write_op_setxattr(op, n, value.as_ptr() as *const c_char, value.len()) }
                     }
-                    Step::GuardXattrEq(name, value) => {
+                    Step::GuardXattr(name, cmp, value) => {
                         names.push(cstr("attribute", name)?);
                         let n = names.last().expect("pushed").as_ptr();
                         unsafe {
-                            rados_write_op_cmpxattr(
-                                op,
-                                n,
-                                LIBRADOS_CMPXATTR_OP_EQ,
-                                value.as_ptr() as *const c_char,
-                                value.len(),
-                            )
+                            rados_write_op_cmpxattr(op, n, cmp.librados(), value.as_ptr() as *const c_char, value.len())
                         }
                     }
                     Step::OmapSet(pairs) => {

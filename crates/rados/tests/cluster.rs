@@ -4,7 +4,7 @@
 #![cfg(feature = "librados")]
 
 use rand::Rng;
-use tessera_rados::{Cluster, Pool, WriteOp};
+use tessera_rados::{Cluster, Pool, WriteOp, XattrCmp};
 
 const POOL: &str = "tessera-test";
 
@@ -226,4 +226,49 @@ fn a_blocklisted_client_writes_nothing() {
     let n = pf.read(&o, 0, &mut buf).unwrap();
     assert_eq!(&buf[..n], b"before");
     pf.remove(&o).unwrap();
+}
+
+/// The order guards compare in: the object's attribute against the value given, byte-wise.
+#[test]
+fn ordered_guards_compare_the_attribute_with_the_value() {
+    let Some(conf) = conf("ordered_guards_compare_the_attribute_with_the_value") else {
+        return;
+    };
+    let c = connect(&conf);
+    let p = pool(&c);
+    let o = oid("ordered");
+    p.operate(&o, &WriteOp::new().create(true).set_xattr("epoch", b"00000005"))
+        .unwrap();
+    let holds = |cmp: XattrCmp, v: &[u8]| match p.operate(&o, &WriteOp::new().guard_xattr("epoch", cmp, v)) {
+        Ok(()) => true,
+        Err(e) if e.is_guard_failure() => false,
+        Err(e) => panic!("{cmp:?} {v:?}: {e}"),
+    };
+    // The attribute (5) against 4, 5 and 6.
+    assert!(holds(XattrCmp::Lte, b"00000005") && holds(XattrCmp::Lte, b"00000006"));
+    assert!(!holds(XattrCmp::Lte, b"00000004"));
+    assert!(holds(XattrCmp::Lt, b"00000006") && !holds(XattrCmp::Lt, b"00000005"));
+    assert!(holds(XattrCmp::Gte, b"00000004") && holds(XattrCmp::Gte, b"00000005"));
+    assert!(!holds(XattrCmp::Gte, b"00000006"));
+    assert!(holds(XattrCmp::Gt, b"00000004") && !holds(XattrCmp::Gt, b"00000005"));
+    assert!(holds(XattrCmp::Ne, b"00000004") && !holds(XattrCmp::Ne, b"00000005"));
+    // A missing object fails as missing, whatever the guard.
+    let e = p
+        .operate(
+            &oid("missing"),
+            &WriteOp::new().guard_xattr("epoch", XattrCmp::Lte, b"9"),
+        )
+        .unwrap_err();
+    assert_eq!(e.errno(), Some(libc::ENOENT), "{e}");
+    // A missing attribute compares as empty: below any value.
+    let bare = oid("bare");
+    p.write_full(&bare, b"x").unwrap();
+    p.operate(&bare, &WriteOp::new().guard_xattr("epoch", XattrCmp::Lte, b"00000001"))
+        .unwrap();
+    let e = p
+        .operate(&bare, &WriteOp::new().guard_xattr("epoch", XattrCmp::Gt, b"00000001"))
+        .unwrap_err();
+    assert!(e.is_guard_failure(), "{e}");
+    p.remove(&o).unwrap();
+    p.remove(&bare).unwrap();
 }

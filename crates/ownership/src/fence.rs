@@ -1,0 +1,83 @@
+//! Fencing on RADOS: what makes a replaced owner harmless, however long it stalled.
+//!
+//! Two layers, because either alone leaves a hole:
+//! - every object a gateway writes carries the epoch it wrote under (attribute
+//!   `tessera.epoch`, a fixed-width number, so that byte order is number order), and every
+//!   write is guarded by "the object's epoch is at most mine": an object a later owner wrote
+//!   refuses the old owner's writes, on the OSD, in the same operation;
+//! - an object the new owner has not written yet still carries an old epoch, so the new owner
+//!   also blocklists the old owner's client address before it serves: from then on the OSDs
+//!   refuse everything that client sends.
+
+use tessera_rados::{Cluster, Pool, RadosError, WriteOp, XattrCmp};
+
+use crate::{Gateway, Owner, OwnershipError, Result};
+
+/// The attribute that holds the epoch an object was last written under.
+pub const EPOCH_ATTR: &str = "tessera.epoch";
+
+/// An epoch as the attribute holds it: 20 decimal digits.
+pub fn epoch_text(epoch: i64) -> Vec<u8> {
+    format!("{:020}", epoch.max(0)).into_bytes()
+}
+
+/// Writes to a pool on behalf of an owner at `epoch`.
+pub struct FencedWriter<'p, 'c> {
+    pool: &'p Pool<'c>,
+    epoch: i64,
+}
+
+impl<'p, 'c> FencedWriter<'p, 'c> {
+    pub fn new(pool: &'p Pool<'c>, epoch: i64) -> Self {
+        FencedWriter { pool, epoch }
+    }
+
+    /// Writes `data` at `offset` of `oid`, unless an owner with a later epoch wrote the object
+    /// (`RadosError::is_guard_failure`) or this client was fenced off (`is_fenced`).
+    pub fn write(&self, oid: &str, offset: u64, data: &[u8]) -> std::result::Result<(), RadosError> {
+        let mine = epoch_text(self.epoch);
+        loop {
+            let guarded = WriteOp::new()
+                .guard_xattr(EPOCH_ATTR, XattrCmp::Lte, &mine)
+                .write(offset, data)
+                .set_xattr(EPOCH_ATTR, &mine);
+            match self.pool.operate(oid, &guarded) {
+                Err(e) if e.errno() == Some(libc::ENOENT) => {}
+                r => return r,
+            }
+            // A new object: made with the epoch, unless another writer made it meanwhile
+            // (then the guarded write again).
+            let made = WriteOp::new()
+                .create(true)
+                .write(offset, data)
+                .set_xattr(EPOCH_ATTR, &mine);
+            match self.pool.operate(oid, &made) {
+                Err(e) if e.errno() == Some(libc::EEXIST) => continue,
+                r => return r,
+            }
+        }
+    }
+}
+
+/// Takes `vdisk` for `gateway` if nobody owns it, fencing the previous owner's client off the
+/// cluster first. Returns the owner afterwards: this gateway (ready to serve at its epoch) or
+/// the one that holds it. If the fence cannot be set the vdisk is given up again and the
+/// error returned: serving before the old owner is fenced could let its writes land.
+pub async fn take_over(gateway: &mut Gateway, cluster: &Cluster, vdisk: &str) -> Result<Owner> {
+    let mine = cluster
+        .address()
+        .map_err(|e| OwnershipError(format!("cannot learn this client's address: {e}")))?;
+    let (owner, previous) = gateway.acquire_fencing(vdisk, &mine).await?;
+    if owner.gateway != gateway.name() {
+        return Ok(owner);
+    }
+    if let Some(old) = previous.filter(|a| *a != mine) {
+        if let Err(e) = cluster.blocklist(&old, 0) {
+            let _ = gateway.release(vdisk, owner.epoch).await;
+            return Err(OwnershipError(format!(
+                "cannot fence the previous owner of {vdisk} ({old}) off: {e}"
+            )));
+        }
+    }
+    Ok(owner)
+}
