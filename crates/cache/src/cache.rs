@@ -86,6 +86,10 @@ pub struct CacheStatus {
     /// Writes that waited for the destager (the cache or the vdisk's budget was full).
     pub throttled_writes: u64,
     pub destage_errors: u64,
+    /// Destage rounds run, and the most bytes one wrote (whole rows at their length): what a
+    /// writer waiting for room may have to wait for.
+    pub destage_rounds: u64,
+    pub largest_destage_round_bytes: u64,
 }
 
 #[derive(Default)]
@@ -99,6 +103,17 @@ struct Counters {
     overwritten_bytes: AtomicU64,
     throttled: AtomicU64,
     destage_errors: AtomicU64,
+    destage_rounds: AtomicU64,
+    largest_round: AtomicU64,
+}
+
+/// The bounds of a destage round (see `ROUND_BYTES`): the oldest batches' data, pieces
+/// written alone, whole rows.
+#[derive(Clone, Copy)]
+pub(crate) struct RoundBounds {
+    pub oldest_bytes: u64,
+    pub pieces: usize,
+    pub row_bytes: u64,
 }
 
 /// A batch in the live part of the log.
@@ -293,6 +308,7 @@ struct Inner {
     counters: Counters,
     /// Data older than this is destaged even when the cache has room, in milliseconds.
     max_age_ms: AtomicU64,
+    round_bounds: Mutex<RoundBounds>,
 }
 
 /// The write-back cache of a pool (a pass-through when the pool has no cache disk).
@@ -364,6 +380,11 @@ impl WriteCache {
             stop: AtomicBool::new(false),
             counters: Counters::default(),
             max_age_ms: AtomicU64::new(MAX_AGE.as_millis() as u64),
+            round_bounds: Mutex::new(RoundBounds {
+                oldest_bytes: ROUND_BYTES,
+                pieces: ROUND_PIECES,
+                row_bytes: ROUND_ROW_BYTES,
+            }),
         });
         if !replayed.is_empty() {
             let bytes: u64 = replayed.iter().map(|f| f.header.data_len as u64).sum();
@@ -424,6 +445,17 @@ impl WriteCache {
     pub fn set_destage_delay(&self, d: Duration) {
         self.inner.max_age_ms.store(d.as_millis() as u64, Ordering::Relaxed);
         self.inner.work.notify_all();
+    }
+
+    /// Sets the bounds of a destage round: the oldest batches' data, the pieces written alone
+    /// and the whole rows (defaults 32 MiB, 2,048 and 64 MiB). Smaller rounds flush more often
+    /// and let a waiting writer go sooner; tests make them small to see that they hold.
+    pub fn set_round_bounds(&self, oldest_bytes: u64, pieces: usize, row_bytes: u64) {
+        *self.inner.round_bounds.lock() = RoundBounds {
+            oldest_bytes: oldest_bytes.max(1),
+            pieces: pieces.max(1),
+            row_bytes,
+        };
     }
 
     /// True if the log holds data of `[offset, offset + len)` of `set` not yet destaged: a
@@ -693,6 +725,8 @@ impl WriteCache {
             overwritten_bytes: c.overwritten_bytes.load(Ordering::Relaxed),
             throttled_writes: c.throttled.load(Ordering::Relaxed),
             destage_errors: c.destage_errors.load(Ordering::Relaxed),
+            destage_rounds: c.destage_rounds.load(Ordering::Relaxed),
+            largest_destage_round_bytes: c.largest_round.load(Ordering::Relaxed),
         }
     }
 

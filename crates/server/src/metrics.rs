@@ -466,6 +466,16 @@ fn collect_state(d: &Daemon, r: &Registry) -> prometheus::proto::MetricFamily {
         "Bytes destaged from the write-back cache to the layouts",
         &["pool"],
     );
+    let cache_rounds = s.counter(
+        "tessera_cache_destage_rounds_total",
+        "Destage rounds of the write-back cache, each ended by a flush",
+        &["pool"],
+    );
+    let cache_largest_round = s.gauge(
+        "tessera_cache_largest_destage_round_bytes",
+        "The most bytes one destage round wrote since the pool was opened: what a writer waiting for room may wait for",
+        &["pool"],
+    );
     let dd_logical = s.gauge(
         "tessera_dedup_logical_bytes",
         "Bytes of mapped grains of the vdisks in dedup's scope",
@@ -531,6 +541,10 @@ fn collect_state(d: &Daemon, r: &Registry) -> prometheus::proto::MetricFamily {
             cache_cached.with_label_values(&[name]).inc_by(c.cached_bytes);
             cache_hits.with_label_values(&[name]).inc_by(c.read_hit_bytes);
             cache_destaged.with_label_values(&[name]).inc_by(c.destaged_bytes);
+            cache_rounds.with_label_values(&[name]).inc_by(c.destage_rounds);
+            cache_largest_round
+                .with_label_values(&[name])
+                .set(i(c.largest_destage_round_bytes));
         }
         scrub_running
             .with_label_values(&[name])

@@ -435,3 +435,45 @@ fn losing_the_logs_only_disk_with_batches_in_flight_fails_them_in_order() {
     assert_same(&read_all(&rig, "v", size), &want, "after a restart");
     rig.assert_consistent();
 }
+
+/// A destage round stays within its bounds (the oldest batches' data, pieces written alone,
+/// whole rows), however many half-dirty rows the cache holds: a writer waiting for room waits
+/// for one bounded round, not for every row the log's oldest pieces touch.
+#[test]
+fn destage_rounds_stay_within_their_bounds() {
+    let rig = rig(2);
+    let e = rig.engine();
+    e.cache().set_destage_delay(Duration::from_secs(3600));
+    let size = 24 * MIB as usize;
+    e.create_vdisk(&spec("v", size as u64, LayoutKind::Parity, Provisioning::Thin))
+        .unwrap();
+    let v = e.vdisk("v").unwrap();
+    // Scattered 4 KiB writes over three quarters of the vdisk's blocks: most rows end up at
+    // least half dirty, so the oldest pieces touch rows worth writing whole everywhere.
+    let blocks = size / 4096;
+    let mut want = vec![0u8; size];
+    for i in 0..blocks * 3 / 4 {
+        let off = (i * 7919 % blocks) * 4096;
+        let data = pattern(i as u64, off as u64, 4096);
+        v.write(off as u64, &data, false).unwrap();
+        want[off..off + 4096].copy_from_slice(&data);
+    }
+    let dirty = e.cache_status().dirty_bytes;
+    assert!(dirty >= 16 * MIB, "{dirty} bytes dirty");
+    let (oldest, pieces, rows) = (MIB, 64, 2 * MIB);
+    e.cache().set_round_bounds(oldest, pieces, rows);
+    e.cache().drain().unwrap();
+    let st = e.cache_status();
+    let row = e.layouts().sets().iter().map(|s| s.spec.row_bytes()).max().unwrap();
+    // Whole rows up to the bound and the one that crossed it, and the pieces alone.
+    let bound = rows + row + pieces as u64 * 4096;
+    assert!(
+        st.largest_destage_round_bytes <= bound,
+        "a round wrote {} bytes, more than {bound}: {st:?}",
+        st.largest_destage_round_bytes
+    );
+    assert!(st.destage_rounds as u64 >= dirty / bound, "{st:?}");
+    assert_eq!(st.dirty_bytes, 0, "{st:?}");
+    assert_same(&read_all(&rig, "v", size), &want, "after bounded rounds");
+    rig.assert_consistent();
+}

@@ -11,10 +11,7 @@ use tessera_disk::{AlignedBuf, DiskRef};
 use tessera_layout::LayoutError;
 use tracing::warn;
 
-use super::{
-    piece_crcs, Inner, BACKGROUND_DESTAGE_THREADS, DESTAGE_THREADS, MAX_BATCH, ROUND_BYTES, ROUND_PIECES,
-    ROUND_ROW_BYTES, STRIPES,
-};
+use super::{piece_crcs, Inner, BACKGROUND_DESTAGE_THREADS, DESTAGE_THREADS, MAX_BATCH, STRIPES};
 use crate::error::{CacheError, Result};
 use crate::index::Piece;
 use crate::log;
@@ -72,6 +69,9 @@ impl Inner {
             return Ok(0);
         }
         let jobs = jobs(&picked, &rows);
+        let work: u64 = jobs.iter().map(|j| j.len).sum();
+        self.counters.destage_rounds.fetch_add(1, Ordering::Relaxed);
+        self.counters.largest_round.fetch_max(work, Ordering::Relaxed);
         let devices = self.state.lock().devices.clone();
         // Written by several threads at once: scattered pieces are as many read-modify-writes,
         // which the disks serve best together.
@@ -146,10 +146,12 @@ impl Inner {
     /// (set, offset of the row, its length). A round is bounded three ways, so that writers
     /// waiting for its room wait for a bounded amount of work: `ROUND_BYTES` of the oldest
     /// batches' data, `ROUND_PIECES` pieces written alone (a read-modify-write each), and
-    /// `ROUND_ROW_BYTES` of whole rows; past the last, the oldest batches' pieces go alone, so
-    /// the start of the log keeps moving when whole rows pull in much newer data.
+    /// `ROUND_ROW_BYTES` of whole rows (or what `set_round_bounds` set); past the last, the
+    /// oldest batches' pieces go alone, so the start of the log keeps moving when whole rows
+    /// pull in much newer data.
     #[allow(clippy::type_complexity)]
     fn pick(&self) -> (Vec<(u32, u64, Piece, Vec<u32>)>, BTreeMap<(u32, u64), u64>) {
+        let bounds = *self.round_bounds.lock();
         let st = self.state.lock();
         let mut chosen: BTreeMap<(u32, u64), Piece> = BTreeMap::new();
         let mut rows: BTreeMap<(u32, u64), u64> = BTreeMap::new();
@@ -157,7 +159,7 @@ impl Inner {
         let mut row_bytes: HashMap<u32, Option<u64>> = HashMap::new();
         let (mut oldest_bytes, mut alone, mut whole_bytes) = (0, 0, 0);
         'batches: for (&seq, b) in &st.batches {
-            if !b.sealed || oldest_bytes >= ROUND_BYTES {
+            if !b.sealed || oldest_bytes >= bounds.oldest_bytes {
                 break;
             }
             if b.dirty == 0 {
@@ -180,7 +182,7 @@ impl Inner {
                             .filter(|ss| ss.spec.parity_columns() > 0)
                             .map(|ss| ss.spec.row_bytes())
                     });
-                    if let Some(row) = row.filter(|_| whole_bytes < ROUND_ROW_BYTES) {
+                    if let Some(row) = row.filter(|_| whole_bytes < bounds.row_bytes) {
                         let at = s / row * row;
                         if looked.insert((set, at)) {
                             let in_row = ix.overlapping(at, at + row);
@@ -195,7 +197,7 @@ impl Inner {
                             }
                         }
                     }
-                    if alone >= ROUND_PIECES {
+                    if alone >= bounds.pieces {
                         break 'batches;
                     }
                     chosen.insert((set, s), p);
