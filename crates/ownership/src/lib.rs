@@ -71,15 +71,17 @@ impl Gateway {
         let lease = client.lease_grant(ttl, None).await?.id();
         let (mut keeper, mut answers) = client.lease_keep_alive(lease).await?;
         let every = Duration::from_millis(ttl as u64 * 1000 / 3);
+        let lease_time = Duration::from_secs(ttl as u64);
         let keeper = tokio::spawn(async move {
             loop {
                 if keeper.keep_alive().await.is_err() {
                     return;
                 }
-                match answers.message().await {
-                    Ok(Some(a)) if a.ttl() > 0 => {}
-                    // The lease is gone (expired while this process stalled, or revoked):
-                    // whatever this gateway owned, it owns no more.
+                match tokio::time::timeout(lease_time, answers.message()).await {
+                    Ok(Ok(Some(a))) if a.ttl() > 0 => {}
+                    // The lease is gone (expired while this process stalled, or revoked), or
+                    // etcd did not answer for as long as the lease lasts, so it may be:
+                    // whatever this gateway owned, it must take for lost.
                     _ => return,
                 }
                 tokio::time::sleep(every).await;
@@ -205,7 +207,8 @@ impl Gateway {
         Ok(self.client.txn(txn).await?.succeeded())
     }
 
-    /// Whether the lease is still being renewed (false once it was lost).
+    /// Whether the lease is still being renewed (false once it was lost, or may have been: a
+    /// gateway stops serving what it owned when this turns false).
     pub fn alive(&self) -> bool {
         !self.keeper.is_finished()
     }

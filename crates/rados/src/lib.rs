@@ -17,7 +17,9 @@ mod ffi;
 mod ops;
 
 pub use error::{RadosError, Result};
-pub use ops::{ReadOmap, WriteOp, XattrCmp};
+pub use ops::{WriteOp, XattrCmp};
+
+use ops::ReadOmap;
 
 use std::ffi::{CStr, CString};
 use std::ptr;

@@ -184,7 +184,7 @@ impl WriteOp {
 }
 
 /// Reads an object's omap.
-pub struct ReadOmap;
+pub(crate) struct ReadOmap;
 
 impl ReadOmap {
     /// Every key and value, in key order, read a thousand at a time.
