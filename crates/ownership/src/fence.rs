@@ -6,8 +6,11 @@
 //!   write is guarded by "the object's epoch is at most mine": an object a later owner wrote
 //!   refuses the old owner's writes, on the OSD, in the same operation;
 //! - an object the new owner has not written yet still carries an old epoch, so the new owner
-//!   also blocklists the old owner's client address before it serves: from then on the OSDs
-//!   refuse everything that client sends.
+//!   also blocklists the old owner's client address before it serves. A placement group
+//!   refuses the old client once it holds the map with the blocklist, and the new owner's
+//!   first operation on an object brings its placement group there: the old owner can write
+//!   an object only before the new owner first reads or writes it, as if the write had landed
+//!   before the takeover, never after.
 
 use tessera_rados::{Cluster, Pool, RadosError, WriteOp, XattrCmp};
 

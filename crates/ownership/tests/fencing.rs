@@ -51,8 +51,9 @@ fn content(p: &Pool, oid: &str) -> Option<Vec<u8>> {
 }
 
 /// The whole protocol: A owns the vdisk and writes; A stalls; B takes the vdisk over once A's
-/// lease lapses (a larger epoch, A's client blocklisted) and writes; A resumes and writes
-/// again: nothing of it lands, on objects B wrote (the epoch guard) or not (the blocklist).
+/// lease lapses (a larger epoch, A's client blocklisted), reads and writes; A resumes and
+/// writes again: nothing of it lands, on objects B wrote (the epoch guard) or only read (the
+/// blocklist, which a placement group applies once an operation of B brought it the map).
 #[tokio::test]
 async fn a_stalled_owner_that_resumes_writes_nothing() {
     let t = "a_stalled_owner_that_resumes_writes_nothing";
@@ -93,6 +94,10 @@ async fn a_stalled_owner_that_resumes_writes_nothing() {
     assert!(b.epoch > a.epoch);
     let wb = FencedWriter::new(&pb, b.epoch);
     wb.write(&o0, 0, b"B2").unwrap();
+    // B opens the rest of the vdisk: its operations bring each object's placement group to
+    // the map that blocklists A.
+    assert_eq!(content(&pb, &o1).as_deref(), Some(&b"A1"[..]));
+    assert_eq!(content(&pb, &o2), None);
 
     // A resumes, unaware.
     for o in [&o0, &o1, &o2] {

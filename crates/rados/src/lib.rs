@@ -147,8 +147,11 @@ impl Cluster {
     }
 
     /// Fences the client at `address` off the cluster for `seconds` (0: the cluster's
-    /// default): the OSDs refuse its operations from the next OSD map on. librados waits for
-    /// the newest map before it returns.
+    /// default). librados waits for the newest OSD map before it returns; each placement
+    /// group refuses the fenced client once it holds that map, and an operation of this
+    /// client on an object brings the object's placement group to it. So the fenced client
+    /// may still write an object only before this client's first operation on it, as if the
+    /// write had landed before the fence.
     pub fn blocklist(&self, address: &str, seconds: u32) -> Result<()> {
         let a = cstr("address", address)?;
         // SAFETY: a connected handle; librados only reads the address despite its `char *`.

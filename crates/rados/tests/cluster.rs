@@ -220,6 +220,9 @@ fn a_blocklisted_client_writes_nothing() {
     let addr = fenced.address().unwrap();
     assert_ne!(addr, fencer.address().unwrap(), "two clients, two addresses");
     fencer.blocklist(&addr, 600).unwrap();
+    // The object's placement group refuses the fenced client once it holds the new map; an
+    // operation of the fencer, which holds that map, brings it there.
+    assert_eq!(pf.size(&o).unwrap(), Some(6));
     let e = pd.write_full(&o, b"after").unwrap_err();
     assert!(e.is_fenced(), "{e}");
     let mut buf = [0u8; 16];

@@ -448,6 +448,9 @@ fn destage_rounds_stay_within_their_bounds() {
     e.create_vdisk(&spec("v", size as u64, LayoutKind::Parity, Provisioning::Thin))
         .unwrap();
     let v = e.vdisk("v").unwrap();
+    // Before any write: the log half full starts a destage while the writes go on.
+    let (oldest, pieces, rows) = (MIB, 64, 2 * MIB);
+    e.cache().set_round_bounds(oldest, pieces, rows);
     // Scattered 4 KiB writes over three quarters of the vdisk's blocks: most rows end up at
     // least half dirty, so the oldest pieces touch rows worth writing whole everywhere.
     let blocks = size / 4096;
@@ -458,10 +461,8 @@ fn destage_rounds_stay_within_their_bounds() {
         v.write(off as u64, &data, false).unwrap();
         want[off..off + 4096].copy_from_slice(&data);
     }
-    let dirty = e.cache_status().dirty_bytes;
+    let dirty = e.cache_status().dirty_bytes + e.cache_status().destaged_bytes;
     assert!(dirty >= 16 * MIB, "{dirty} bytes dirty");
-    let (oldest, pieces, rows) = (MIB, 64, 2 * MIB);
-    e.cache().set_round_bounds(oldest, pieces, rows);
     e.cache().drain().unwrap();
     let st = e.cache_status();
     let row = e.layouts().sets().iter().map(|s| s.spec.row_bytes()).max().unwrap();
