@@ -15,6 +15,7 @@ mod label;
 mod mem;
 mod meter;
 mod read_ring;
+mod read_spread;
 mod skip;
 mod uring;
 mod volatile;
@@ -32,6 +33,7 @@ pub use label::{
 pub use mem::MemDisk;
 pub use meter::{IoMeter, IoOp};
 pub use read_ring::{ReadRing, RingRead};
+pub use read_spread::{read_spread, SpreadRead};
 pub use skip::{io_uring_available, skip};
 pub use volatile::{CutReport, PowerSupply, VolatileDisk};
 pub use write_many::{write_many, WriteReq};

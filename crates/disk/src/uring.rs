@@ -4,7 +4,9 @@
 //! was 8 % of a 4K random-read profile).
 //!
 //! Writes to several disks go the same way ([`write_batch`]): the copies of a mirror and the
-//! columns of a parity row are in flight together instead of one after the other.
+//! columns of a parity row are in flight together instead of one after the other; so do
+//! reads from several disks ([`read_spread_batch`]), such as the other columns of a row that a
+//! small parity write reads.
 //!
 //! Each thread keeps a ring of its own, made on first use; where io_uring is unavailable
 //! (an old kernel, `kernel.io_uring_disabled`, a seccomp filter) the caller is told so and
@@ -100,6 +102,53 @@ pub(crate) fn write_batch(ops: &[WriteOp<'_>]) -> Option<Vec<io::Result<usize>>>
             let mut pending = chunk.len();
             while pending > 0 {
                 wait_for(ring, pending, "writes");
+                for cqe in ring.completion() {
+                    let res = cqe.result();
+                    out[base + cqe.user_data() as usize] = if res < 0 {
+                        Err(io::Error::from_raw_os_error(-res))
+                    } else {
+                        Ok(res as usize)
+                    };
+                    pending -= 1;
+                }
+            }
+        }
+        out
+    })
+}
+
+/// One read of a batch spread over several disks: `buf.len()` bytes at `offset` of `fd`.
+pub(crate) struct SpreadOp<'a> {
+    pub fd: RawFd,
+    pub buf: &'a mut [u8],
+    pub offset: u64,
+}
+
+/// Reads every op, all in flight together (in chunks of the ring's size), returning for each
+/// the bytes read (possibly short) or its error; None when io_uring cannot be used on this
+/// thread, having read nothing.
+pub(crate) fn read_spread_batch(ops: &mut [SpreadOp<'_>]) -> Option<Vec<io::Result<usize>>> {
+    with_ring(|ring| {
+        let mut out: Vec<io::Result<usize>> = Vec::with_capacity(ops.len());
+        for chunk in ops.chunks_mut(RING_ENTRIES as usize) {
+            let base = out.len();
+            out.extend(chunk.iter().map(|_| Err(io::Error::other("read not completed"))));
+            {
+                let mut sq = ring.submission();
+                for (k, op) in chunk.iter_mut().enumerate() {
+                    let len = u32::try_from(op.buf.len()).unwrap_or(u32::MAX);
+                    let entry = opcode::Read::new(types::Fd(op.fd), op.buf.as_mut_ptr(), len)
+                        .offset(op.offset)
+                        .build()
+                        .user_data(k as u64);
+                    // SAFETY: the buffers outlive the reads: the completions are reaped below
+                    // before this returns. The queue is empty here and the chunk no larger.
+                    unsafe { sq.push(&entry) }.expect("submission queue has room for the chunk");
+                }
+            }
+            let mut pending = chunk.len();
+            while pending > 0 {
+                wait_for(ring, pending, "reads");
                 for cqe in ring.completion() {
                     let res = cqe.result();
                     out[base + cqe.user_data() as usize] = if res < 0 {

@@ -505,7 +505,10 @@ impl Layouts {
         let mut owned: Vec<Option<tessera_disk::AlignedBuf>> = Vec::with_capacity(dc);
         // Per data column, the span its pieces touch (None: untouched).
         let mut spans: Vec<Option<(u64, u64)>> = Vec::with_capacity(dc);
-        let mut read_any = false;
+        // Per data column: its pieces, and whether the old bytes of [lo, hi) must be read (the
+        // pieces leave a gap in it). Those reads go to their members in flight together.
+        let mut mine_of: Vec<Vec<&(&Piece, &[u8])>> = Vec::with_capacity(dc);
+        let mut olds: Vec<Option<tessera_disk::AlignedBuf>> = Vec::with_capacity(dc);
         for d in 0..dc {
             let mine: Vec<&(&Piece, &[u8])> = parts.iter().filter(|(p, _)| p.data_col == d).collect();
             spans.push(
@@ -513,6 +516,14 @@ impl Layouts {
                     .map(|(p, _)| (p.in_unit, p.in_unit + p.len as u64))
                     .reduce(|a, b| (a.0.min(b.0), a.1.max(b.1))),
             );
+            let whole_piece = matches!(mine[..], [(p, _)] if p.in_unit == lo && p.len == rl);
+            let covered = covers(mine.iter().map(|(p, _)| (p.in_unit, p.in_unit + p.len as u64)), lo, hi);
+            olds.push((!whole_piece && !covered).then(|| tessera_disk::AlignedBuf::zeroed(rl)));
+            mine_of.push(mine);
+        }
+        let read_any = olds.iter().any(|o| o.is_some());
+        self.read_old_columns(set, members, row, lo, &mut olds)?;
+        for (mine, old) in mine_of.into_iter().zip(olds) {
             if let [(p, bytes)] = mine[..] {
                 if p.in_unit == lo && p.len == rl {
                     borrowed.push(Some(*bytes));
@@ -520,21 +531,7 @@ impl Layouts {
                     continue;
                 }
             }
-            let mut col = if covers(mine.iter().map(|(p, _)| (p.in_unit, p.in_unit + p.len as u64)), lo, hi) {
-                tessera_disk::AlignedBuf::zeroed(rl)
-            } else {
-                read_any = true;
-                let mut old = tessera_disk::AlignedBuf::zeroed(rl);
-                let op = Piece {
-                    row,
-                    data_col: d,
-                    in_unit: lo,
-                    len: rl,
-                    buf_off: 0,
-                };
-                self.read_piece(set, members, &op, &mut old, true)?;
-                old
-            };
+            let mut col = old.unwrap_or_else(|| tessera_disk::AlignedBuf::zeroed(rl));
             for (p, bytes) in &mine {
                 let at = (p.in_unit - lo) as usize;
                 col[at..at + p.len].copy_from_slice(bytes);
@@ -602,6 +599,49 @@ impl Layouts {
         let unavailable = self.unavailable(members);
         if unavailable > spec.tolerance() {
             return Err(self.too_many(set, unavailable));
+        }
+        Ok(())
+    }
+
+    /// Reads the old bytes of [lo, lo + len) of each data column of `row` that has a buffer in
+    /// `olds`, from the member a read tries first, all in flight together. A column whose read
+    /// fails or does not match its checksums is read again by `read_piece`, which reads around
+    /// the fault (the other copy, or reconstruction from parity) and repairs it. The caller
+    /// holds the row lock.
+    fn read_old_columns(
+        &self,
+        set: &SlabSet,
+        members: &[SlabRef],
+        row: u64,
+        lo: u64,
+        olds: &mut [Option<tessera_disk::AlignedBuf>],
+    ) -> Result<()> {
+        let spec = &set.spec;
+        let piece = |d: usize, len: usize| Piece {
+            row,
+            data_col: d,
+            in_unit: lo,
+            len,
+            buf_off: 0,
+        };
+        let mut reqs: Vec<(usize, (SlabRef, u64, &mut [u8]))> = olds
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(d, old)| {
+                let old = old.as_mut()?;
+                let m = read_order(spec, row, d)[0];
+                Some((d, (members[m], piece(d, old.len()).member_offset(spec), &mut old[..])))
+            })
+            .collect();
+        let read = {
+            let mut batch: Vec<(SlabRef, u64, &mut [u8])> =
+                reqs.iter_mut().map(|(_, (s, mo, b))| (*s, *mo, &mut **b)).collect();
+            self.member_reads_together(&mut batch)
+        };
+        for ((d, (_, _, buf)), read) in reqs.into_iter().zip(read) {
+            if !read {
+                self.read_piece(set, members, &piece(d, buf.len()), buf, true)?;
+            }
         }
         Ok(())
     }

@@ -366,17 +366,21 @@ impl Layouts {
         }
         let end = mo + buf.len() as u64;
         let (lo, hi) = (mo / BLOCK * BLOCK, end.div_ceil(BLOCK) * BLOCK);
-        let verdict = if (lo, hi) == (mo, end) {
+        if (lo, hi) == (mo, end) {
             self.member_read_raw(slab, mo, buf)?;
-            self.sums().verify(slab, mo, buf)
+            self.check_sums(slab, mo, buf)
         } else {
             // Part of a block: its checksum covers the whole block.
             let mut whole = AlignedBuf::zeroed((hi - lo) as usize);
             self.member_read_raw(slab, lo, &mut whole)?;
             buf.copy_from_slice(&whole[(mo - lo) as usize..][..buf.len()]);
-            self.sums().verify(slab, lo, &whole)
-        };
-        match verdict {
+            self.check_sums(slab, lo, &whole)
+        }
+    }
+
+    /// Whether whole blocks read from a member at `mo` match their checksums.
+    fn check_sums(&self, slab: SlabRef, mo: u64, buf: &[u8]) -> Result<(), MemberFault> {
+        match self.sums().verify(slab, mo, buf) {
             Ok(bad) if bad.is_empty() => Ok(()),
             Ok(bad) => {
                 self.checksum_errors(slab, &bad);
@@ -394,6 +398,48 @@ impl Layouts {
                 Ok(())
             }
         }
+    }
+
+    /// Reads several members' bytes with the reads in flight together, each checked against
+    /// its checksums; true per request read whole and matching. False leaves the request to
+    /// the caller's usual path (`read_piece`), which counts a failure, reads around it and
+    /// repairs it: a request this cannot put on the shared submission (a missing disk, part
+    /// of a checksum block), a failed read, a mismatch. Nothing is counted or reported here,
+    /// so a fault is counted once, when the usual path meets it.
+    pub(crate) fn member_reads_together(&self, reqs: &mut [(SlabRef, u64, &mut [u8])]) -> Vec<bool> {
+        let mut ok = vec![false; reqs.len()];
+        let sums = self.sums().enabled();
+        let spread: Vec<(usize, DiskRef)> = reqs
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, mo, buf))| !sums || (mo % BLOCK == 0 && (buf.len() as u64).is_multiple_of(BLOCK)))
+            .filter_map(|(i, (slab, _, _))| Some((i, self.pool.readable_disk(slab.disk)?)))
+            .collect();
+        if spread.len() < 2 {
+            return ok;
+        }
+        let offsets: Vec<u64> = spread
+            .iter()
+            .map(|(i, _)| self.pool.slab_offset(reqs[*i].0) + reqs[*i].1)
+            .collect();
+        let mut batch: Vec<tessera_disk::SpreadRead> = Vec::with_capacity(spread.len());
+        let mut chosen = spread.iter().zip(&offsets).peekable();
+        for (i, (_, _, buf)) in reqs.iter_mut().enumerate() {
+            if let Some(((_, dev), &offset)) = chosen.next_if(|((j, _), _)| *j == i) {
+                batch.push(tessera_disk::SpreadRead {
+                    disk: &**dev,
+                    buf: &mut **buf,
+                    offset,
+                });
+            }
+        }
+        let results = tessera_disk::read_spread(&mut batch);
+        drop(batch);
+        for ((i, _), res) in spread.iter().zip(results) {
+            let (slab, mo, buf) = &reqs[*i];
+            ok[*i] = res.is_ok() && (!sums || self.verified(*slab, *mo, buf));
+        }
+        ok
     }
 
     /// Reads member bytes as the disk returns them.
