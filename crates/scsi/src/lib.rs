@@ -2,6 +2,7 @@
 //! (SPC-4) and block (SBC-3) commands, sense data and VPD pages. Transports (iSCSI) hand a CDB
 //! and its data-out buffer to a [`Lun`] and send back the [`Response`].
 
+pub mod alua;
 mod backend;
 mod bytes;
 mod cdb;
@@ -20,6 +21,7 @@ mod spc;
 pub mod tpc;
 mod xcopy;
 
+pub use alua::{AccessState, PortGroup, PortGroups, SinglePort};
 pub use backend::{
     copy_image, BackendError, BackendErrorKind, BackendResult, BlockBackend, DirectRead, Extent, FrozenImage, PlanHold,
     ReadPlan,

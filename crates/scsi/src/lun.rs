@@ -9,6 +9,7 @@ use tessera_disk::IoMeter;
 use parking_lot::{Mutex, RwLock};
 use tracing::warn;
 
+use crate::alua::{self, AccessState, PortGroups, SinglePort};
 use crate::backend::{BackendError, BackendErrorKind, BlockBackend};
 use crate::bytes::{alloc, be16};
 use crate::commands::{self, Command, Handler, Request};
@@ -140,6 +141,8 @@ pub struct Lun {
     pub(crate) fence: Arc<RwLock<()>>,
     /// Tokens and copy results: the daemon's, or this LUN's own.
     pub(crate) tpc: Arc<CopyManager>,
+    /// The target port groups the LUN is reached through and their access states.
+    pub(crate) alua: Arc<dyn PortGroups>,
 }
 
 /// Unit attentions kept per nexus, at most; older ones give way.
@@ -192,6 +195,32 @@ impl Lun {
             pr_store: None,
             fence: Arc::new(RwLock::new(())),
             tpc: Arc::new(CopyManager::new()),
+            alua: Arc::new(SinglePort),
+        }
+    }
+
+    /// Reached through the target port groups `groups` reports (several gateways presenting
+    /// one vdisk) instead of one always active port.
+    pub fn with_port_groups(mut self, groups: Arc<dyn PortGroups>) -> Lun {
+        self.alua = groups;
+        self
+    }
+
+    /// The local target port group's state changed (a takeover, a release): every nexus
+    /// learns of it with ASYMMETRIC ACCESS STATE CHANGED and reads the groups again.
+    pub fn access_state_changed(&self) {
+        self.unit_attention(sense::ASYMMETRIC_ACCESS_STATE_CHANGED, None);
+    }
+
+    /// Whether the local port group lets `cmd` through, asking for access (implicit ALUA)
+    /// when a command that reads or writes the medium arrives at a group that is not active.
+    fn alua_admits(&self, cmd: &Command) -> Result<(), Sense> {
+        let state = self.alua.local_state();
+        match alua::admits(state, cmd.op, cmd.sa) {
+            Err(_) if cmd.access != Access::Always && state == AccessState::Standby => {
+                alua::admits(self.alua.request_access(), cmd.op, cmd.sa)
+            }
+            r => r,
         }
     }
 
@@ -310,6 +339,9 @@ impl Lun {
             cdb,
             data: data_out,
         };
+        if let Err(s) = self.alua_admits(cmd) {
+            return self.respond(Err(s));
+        }
         if let Handler::Reservation(own_rules) = cmd.handler {
             return own_rules(self, &req);
         }
@@ -370,6 +402,9 @@ impl Lun {
             Ok(cmd) => cmd,
             Err(s) => return Some(Err(self.respond(Err(s)))),
         };
+        if let Err(s) = self.alua_admits(cmd) {
+            return Some(Err(self.respond(Err(s))));
+        }
         if self.reservation_conflict(nexus, cmd) {
             return Some(Err(Response::reservation_conflict()));
         }
@@ -407,7 +442,15 @@ impl Lun {
     /// Whether a third-party copy issued by `nexus` may read (`write` false: a source) or
     /// write this LUN: no SPC-2 or persistent reservation of another nexus in the way, as if
     /// the nexus had sent the READ or WRITE itself.
+    /// A LUN whose local port group is not active takes part only once access is granted.
     pub(crate) fn copy_allowed(&self, nexus: &Nexus, write: bool) -> bool {
+        let state = match self.alua.local_state() {
+            AccessState::Standby => self.alua.request_access(),
+            s => s,
+        };
+        if !state.active() {
+            return false;
+        }
         let r = self.reservations.lock();
         let access = if write { Access::Write } else { Access::Read };
         r.legacy.is_none_or(|h| h == nexus.id) && r.pr.allows(nexus, access)

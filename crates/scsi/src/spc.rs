@@ -85,9 +85,12 @@ impl Lun {
         let t10: Vec<u8> = VENDOR.iter().copied().chain(self.serial.bytes()).collect();
         b.extend_from_slice(&[0x02, 0x01, 0x00, t10.len() as u8]);
         b.extend_from_slice(&t10);
-        // Relative target port 1 and target port group 0, for iSCSI (protocol 5, PIV).
-        b.extend_from_slice(&[0x51, 0x94, 0x00, 4, 0, 0, 0, 1]);
-        b.extend_from_slice(&[0x51, 0x95, 0x00, 4, 0, 0, 0, 0]);
+        // The relative target port and target port group this daemon serves the LUN through,
+        // for iSCSI (protocol 5, PIV).
+        let (group, port) = self.alua.local();
+        let (group, port) = (group.to_be_bytes(), port.to_be_bytes());
+        b.extend_from_slice(&[0x51, 0x94, 0x00, 4, 0, 0, port[0], port[1]]);
+        b.extend_from_slice(&[0x51, 0x95, 0x00, 4, 0, 0, group[0], group[1]]);
         b
     }
 
@@ -360,20 +363,12 @@ impl Lun {
 }
 
 impl Lun {
-    /// Implicit ALUA with one target port group (0) holding one port (relative id 1), always
-    /// active/optimized: what VPD 0x83 names.
+    /// REPORT TARGET PORT GROUPS: implicit ALUA, with the groups and states the LUN's
+    /// [`PortGroups`](crate::alua::PortGroups) gives (one always active group by default).
     pub(crate) fn report_target_port_groups(&self, cdb: &[u8]) -> CmdResult {
         let extended = cdb[1] >> 5 == 1;
         let len = be32(&cdb[6..10]) as usize;
-        let mut d = vec![0u8; 4];
-        if extended {
-            d.extend_from_slice(&[0x10, 0, 0, 0]);
-        }
-        // PREF, active/optimized; only that state supported; TPG 0; status none; one port.
-        d.extend_from_slice(&[0x80, 0x01, 0, 0, 0, 0, 0, 1]);
-        d.extend_from_slice(&[0, 0, 0, 1]);
-        let n = (d.len() - 4) as u32;
-        d[0..4].copy_from_slice(&n.to_be_bytes());
+        let d = crate::alua::report(&self.alua.groups(), extended, self.alua.transition_seconds());
         Ok(alloc(d, len))
     }
 

@@ -1,0 +1,211 @@
+//! Implicit ALUA as a host sees it through one gateway of several: a standby port answers
+//! discovery and refuses the medium with the sense multipath drivers act on, a write that
+//! arrives there asks for the LUN (and runs once it is granted, or is refused unchanged while
+//! the takeover is under way), the groups and this port's ids are reported, and a change of
+//! state reaches every nexus as a unit attention.
+
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use tessera_scsi::{sense, AccessState, Lun, Nexus, PortGroup, PortGroups, RamBackend};
+
+const MIB: u64 = 1 << 20;
+
+/// A gateway's view of two groups: its own (2, port 2) and the other gateway's (1, port 1).
+/// `grant` is the state a request for access leads to.
+struct TwoGateways {
+    state: AtomicU8,
+    grant: AtomicU8,
+    requests: AtomicUsize,
+}
+
+fn state_of(v: u8) -> AccessState {
+    match v {
+        0 => AccessState::ActiveOptimized,
+        2 => AccessState::Standby,
+        3 => AccessState::Unavailable,
+        _ => AccessState::Transitioning,
+    }
+}
+
+impl TwoGateways {
+    fn new(state: AccessState, grant: AccessState) -> Arc<TwoGateways> {
+        Arc::new(TwoGateways {
+            state: AtomicU8::new(state.code()),
+            grant: AtomicU8::new(grant.code()),
+            requests: AtomicUsize::new(0),
+        })
+    }
+}
+
+impl PortGroups for TwoGateways {
+    fn groups(&self) -> Vec<PortGroup> {
+        let mine = self.local_state();
+        let other = if mine.active() {
+            AccessState::Standby
+        } else {
+            AccessState::ActiveOptimized
+        };
+        vec![
+            PortGroup {
+                id: 1,
+                state: other,
+                preferred: !mine.active(),
+                ports: vec![1],
+            },
+            PortGroup {
+                id: 2,
+                state: mine,
+                preferred: mine.active(),
+                ports: vec![2],
+            },
+        ]
+    }
+
+    fn local(&self) -> (u16, u16) {
+        (2, 2)
+    }
+
+    fn local_state(&self) -> AccessState {
+        state_of(self.state.load(Ordering::SeqCst))
+    }
+
+    fn request_access(&self) -> AccessState {
+        self.requests.fetch_add(1, Ordering::SeqCst);
+        let g = self.grant.load(Ordering::SeqCst);
+        self.state.store(g, Ordering::SeqCst);
+        state_of(g)
+    }
+}
+
+fn lun(groups: Arc<TwoGateways>) -> Lun {
+    Lun::new(Arc::new(RamBackend::new("ram", 4 * MIB, 512)), 7, false).with_port_groups(groups)
+}
+
+fn nexus(id: u64) -> Nexus {
+    Nexus::new(
+        id,
+        &format!("iqn.2026-11.io.example:host{id}"),
+        [0x40, 0, 0, 0, 0, id as u8],
+    )
+}
+
+/// Sense key, ASC and ASCQ of a CHECK CONDITION (fixed format), None for GOOD.
+fn sense_of(r: &tessera_scsi::Response) -> Option<(u8, u8, u8)> {
+    (r.status == sense::CHECK_CONDITION).then(|| (r.sense[2] & 0x0F, r.sense[12], r.sense[13]))
+}
+
+fn write10(lba: u32) -> Vec<u8> {
+    let mut c = vec![0u8; 10];
+    c[0] = 0x2A;
+    c[2..6].copy_from_slice(&lba.to_be_bytes());
+    c[8] = 1;
+    c
+}
+
+fn read10(lba: u32) -> Vec<u8> {
+    let mut c = vec![0u8; 10];
+    c[0] = 0x28;
+    c[2..6].copy_from_slice(&lba.to_be_bytes());
+    c[8] = 1;
+    c
+}
+
+const STANDBY: Option<(u8, u8, u8)> = Some((0x2, 0x04, 0x0B));
+const TRANSITIONING: Option<(u8, u8, u8)> = Some((0x2, 0x04, 0x0A));
+
+#[test]
+fn a_standby_port_answers_discovery_and_refuses_the_medium_without_asking_for_it() {
+    let g = TwoGateways::new(AccessState::Standby, AccessState::ActiveOptimized);
+    let l = lun(g.clone());
+    let n = nexus(1);
+    let inquiry = [0x12, 0, 0, 0, 96, 0];
+    assert_eq!(sense_of(&l.execute_for(&n, &inquiry, &[])), None);
+    let mode_sense = [0x1A, 0x08, 0x3F, 0, 255, 0];
+    assert_eq!(sense_of(&l.execute_for(&n, &mode_sense, &[])), None);
+    // TEST UNIT READY and READ CAPACITY touch no data: refused, and no takeover for them.
+    assert_eq!(sense_of(&l.execute_for(&n, &[0, 0, 0, 0, 0, 0], &[])), STANDBY);
+    assert_eq!(
+        sense_of(&l.execute_for(&n, &[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[])),
+        STANDBY
+    );
+    assert_eq!(g.requests.load(Ordering::SeqCst), 0);
+}
+
+#[test]
+fn a_write_at_a_standby_port_takes_the_lun_over_and_runs() {
+    let g = TwoGateways::new(AccessState::Standby, AccessState::ActiveOptimized);
+    let l = lun(g.clone());
+    let n = nexus(1);
+    let block = vec![0x5Au8; 512];
+    assert_eq!(sense_of(&l.execute_for(&n, &write10(9), &block)), None);
+    assert_eq!(g.requests.load(Ordering::SeqCst), 1);
+    assert_eq!(l.execute_for(&n, &read10(9), &[]).data.to_vec(), block);
+    assert_eq!(g.requests.load(Ordering::SeqCst), 1, "an active port asks for nothing");
+}
+
+#[test]
+fn while_the_takeover_is_under_way_the_medium_is_refused_and_left_unchanged() {
+    let g = TwoGateways::new(AccessState::Standby, AccessState::Transitioning);
+    let l = lun(g.clone());
+    let n = nexus(1);
+    assert_eq!(sense_of(&l.execute_for(&n, &write10(3), &[0xEE; 512])), TRANSITIONING);
+    // Transitioning: refused without asking again, reads included, batched ones too.
+    assert_eq!(sense_of(&l.execute_for(&n, &read10(3), &[])), TRANSITIONING);
+    let batch = l.execute_many_for(&n, &[(&read10(3), &[]), (&read10(4), &[])]);
+    assert!(batch.iter().all(|r| sense_of(r) == TRANSITIONING), "{batch:?}");
+    assert_eq!(g.requests.load(Ordering::SeqCst), 1);
+    // Granted at last: the block still holds what it held before the refused write.
+    g.state.store(AccessState::ActiveOptimized.code(), Ordering::SeqCst);
+    assert_eq!(l.execute_for(&n, &read10(3), &[]).data.to_vec(), vec![0u8; 512]);
+}
+
+#[test]
+fn the_groups_and_this_ports_ids_are_reported() {
+    let g = TwoGateways::new(AccessState::Standby, AccessState::ActiveOptimized);
+    let l = lun(g.clone());
+    let n = nexus(1);
+    let rtpg = [0xA3, 0x0A, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0];
+    let d = l.execute_for(&n, &rtpg, &[]).data.to_vec();
+    assert_eq!(u32::from_be_bytes(d[0..4].try_into().unwrap()), 24);
+    assert_eq!(
+        (d[4] & 0x0F, u16::from_be_bytes([d[6], d[7]])),
+        (0x0, 1),
+        "the other gateway active"
+    );
+    assert_eq!(
+        (d[16] & 0x0F, u16::from_be_bytes([d[18], d[19]])),
+        (0x2, 2),
+        "this one standby"
+    );
+    // VPD 0x83: relative target port 2 in target port group 2.
+    let vpd = l.execute_for(&n, &[0x12, 0x01, 0x83, 1, 0, 0], &[]).data.to_vec();
+    let find = |kind: u8| {
+        let mut at = 4;
+        while at + 4 <= vpd.len() {
+            let len = vpd[at + 3] as usize;
+            if vpd[at + 1] & 0x0F == kind {
+                return Some(u16::from_be_bytes([vpd[at + 4 + len - 2], vpd[at + 4 + len - 1]]));
+            }
+            at += 4 + len;
+        }
+        None
+    };
+    assert_eq!(find(0x4), Some(2), "relative target port");
+    assert_eq!(find(0x5), Some(2), "target port group");
+}
+
+#[test]
+fn a_change_of_state_reaches_every_nexus_once() {
+    let g = TwoGateways::new(AccessState::ActiveOptimized, AccessState::ActiveOptimized);
+    let l = lun(g.clone());
+    let (a, b) = (nexus(1), nexus(2));
+    for n in [&a, &b] {
+        assert_eq!(sense_of(&l.execute_for(n, &read10(0), &[])), None);
+    }
+    l.access_state_changed();
+    for n in [&a, &b] {
+        assert_eq!(sense_of(&l.execute_for(n, &read10(0), &[])), Some((0x6, 0x2A, 0x06)));
+        assert_eq!(sense_of(&l.execute_for(n, &read10(0), &[])), None);
+    }
+}
