@@ -14,6 +14,7 @@
 //! etcd's v3 API (leases, transactions), async on tokio like the daemon.
 #![cfg(feature = "etcd")]
 
+pub mod alua;
 #[cfg(feature = "fencing")]
 pub mod fence;
 
@@ -47,6 +48,14 @@ pub type Result<T> = std::result::Result<T, OwnershipError>;
 pub struct Owner {
     pub gateway: String,
     pub epoch: i64,
+}
+
+/// The owner an owner key names: the gateway in its value, the epoch its creation revision.
+pub(crate) fn owner_of(kv: &etcd_client::KeyValue) -> Owner {
+    Owner {
+        gateway: String::from_utf8_lossy(kv.value()).into_owned(),
+        epoch: kv.create_revision(),
+    }
 }
 
 /// One gateway's membership: its lease, renewed in the background until `leave` (or until
@@ -131,10 +140,7 @@ impl Gateway {
         for op in r.op_responses() {
             if let TxnOpResponse::Get(g) = op {
                 if let Some(kv) = g.kvs().first() {
-                    return Ok(Owner {
-                        gateway: String::from_utf8_lossy(kv.value()).into_owned(),
-                        epoch: kv.create_revision(),
-                    });
+                    return Ok(owner_of(kv));
                 }
             }
         }
@@ -161,10 +167,22 @@ impl Gateway {
                 TxnOp::get(fence.as_str(), None),
                 // No lease: the address must outlive the lease it was recorded under.
                 TxnOp::put(fence.as_str(), fence_address, None),
-            ]);
+            ])
+            .or_else([TxnOp::get(key.as_str(), None)]);
         let r = self.client.txn(txn).await?;
         if !r.succeeded() {
-            return Ok((self.acquire(vdisk).await?, None));
+            // Another owns it, as read in the same transaction. (Falling back to `acquire`
+            // here once took the vdisk without recording this gateway's address or returning
+            // the previous owner's, when the key went in between: that owner went unfenced.)
+            let holder = r.op_responses().into_iter().find_map(|op| match op {
+                TxnOpResponse::Get(g) => g.kvs().first().map(owner_of),
+                _ => None,
+            });
+            return match holder {
+                Some(o) => Ok((o, None)),
+                // Released between the compare and the read: try again.
+                None => Box::pin(self.acquire_fencing(vdisk, fence_address)).await,
+            };
         }
         let epoch = r
             .header()
@@ -189,10 +207,7 @@ impl Gateway {
     /// The owner of `vdisk`, if any.
     pub async fn owner(&mut self, vdisk: &str) -> Result<Option<Owner>> {
         let r = self.client.get(self.key(vdisk), None::<GetOptions>).await?;
-        Ok(r.kvs().first().map(|kv| Owner {
-            gateway: String::from_utf8_lossy(kv.value()).into_owned(),
-            epoch: kv.create_revision(),
-        }))
+        Ok(r.kvs().first().map(owner_of))
     }
 
     /// Gives `vdisk` up, if this gateway owns it at `epoch`.

@@ -1,0 +1,282 @@
+//! Ownership as a host sees it through ALUA: each gateway presenting a vdisk is a target port
+//! group of its own (gateway k of the list is group k + 1, with relative target port k + 1);
+//! the owner's group is active/optimized, the others standby.
+//!
+//! The owner is kept current by an etcd watch on the vdisk's key, so the state SCSI asks for
+//! on every command is a memory read. A command that needs the medium at a standby gateway
+//! asks for the vdisk (implicit ALUA, as tcmu-runner does): the gateway takes it only if
+//! nobody owns it, that is once the owner gave it up or its lease expired. A vdisk is never
+//! taken from a live owner, so two hosts that prefer different gateways cannot make the vdisk
+//! bounce between them; the cost is that a host cut off from a live owner waits for an
+//! administrator to move the vdisk (`Gateway::release` on the owner).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use etcd_client::{Client, EventType};
+use tessera_scsi::{AccessState, PortGroup, PortGroups};
+use tokio::runtime::Handle;
+use tokio::task::JoinHandle;
+
+use crate::{owner_of, Gateway, Owner, OwnershipError, Result};
+
+/// Fences the previous owner off before this gateway serves the vdisk: given the address the
+/// previous owner recorded (none for the first owner), true once it can no longer write.
+pub type Fencer = Box<dyn Fn(Option<&str>) -> bool + Send + Sync>;
+
+/// Told when this gateway's access state for the vdisk changed (to raise ASYMMETRIC ACCESS
+/// STATE CHANGED on the LUN).
+pub type OnChange = Box<dyn Fn(AccessState) + Send + Sync>;
+
+/// The owner as last seen: None before the first read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Seen {
+    Unknown,
+    Free,
+    Owned(Owner),
+}
+
+struct Shared {
+    seen: Mutex<Seen>,
+    me: String,
+    lease_lost: AtomicBool,
+    on_change: Option<OnChange>,
+}
+
+impl Shared {
+    fn state(&self) -> AccessState {
+        match &*self.seen.lock().expect("not poisoned") {
+            Seen::Unknown => AccessState::Transitioning,
+            Seen::Owned(o) if o.gateway == self.me => {
+                if self.lease_lost.load(Ordering::SeqCst) {
+                    // What it owned may be another's by now: serve nothing.
+                    AccessState::Unavailable
+                } else {
+                    AccessState::ActiveOptimized
+                }
+            }
+            _ => AccessState::Standby,
+        }
+    }
+
+    /// The gateway's lease is gone, or may be: nothing it owned is its own any more.
+    fn lose_lease(&self) {
+        let before = self.state();
+        if !self.lease_lost.swap(true, Ordering::SeqCst) {
+            self.changed(before);
+        }
+    }
+
+    fn changed(&self, before: AccessState) {
+        let after = self.state();
+        if before != after {
+            if let Some(f) = &self.on_change {
+                f(after);
+            }
+        }
+    }
+
+    fn set(&self, seen: Seen) {
+        let before = self.state();
+        *self.seen.lock().expect("not poisoned") = seen;
+        self.changed(before);
+    }
+}
+
+/// One vdisk's target port groups at this gateway.
+pub struct VdiskPorts {
+    vdisk: String,
+    gateways: Vec<String>,
+    me: usize,
+    gateway: Arc<tokio::sync::Mutex<Gateway>>,
+    fence_address: String,
+    fencer: Fencer,
+    rt: Handle,
+    shared: Arc<Shared>,
+    watcher: JoinHandle<()>,
+}
+
+impl VdiskPorts {
+    /// Starts following the ownership of `vdisk` for gateway `gateway` (whose name must be in
+    /// `gateways`, the gateways presenting the vdisk, in group order). `fence_address` is
+    /// this gateway's client address in the storage, recorded when it takes the vdisk so that
+    /// the next owner can fence it; `fencer` fences the previous owner's. Call from outside
+    /// the runtime `rt`; commands call the [`PortGroups`] methods from their own threads.
+    pub fn start(
+        rt: Handle,
+        gateway: Arc<tokio::sync::Mutex<Gateway>>,
+        gateways: Vec<String>,
+        vdisk: &str,
+        fence_address: &str,
+        fencer: Fencer,
+        on_change: Option<OnChange>,
+    ) -> Result<VdiskPorts> {
+        let (me, client, key) = rt.block_on(async {
+            let g = gateway.lock().await;
+            (g.name().to_string(), g.client.clone(), g.key(vdisk))
+        });
+        let index = gateways.iter().position(|g| *g == me).ok_or_else(|| {
+            OwnershipError(format!(
+                "gateway {me} is not among the gateways of {vdisk}: {gateways:?}"
+            ))
+        })?;
+        if gateways.len() > u16::MAX as usize - 1 {
+            return Err(OwnershipError(format!(
+                "{} gateways are more than ALUA can number",
+                gateways.len()
+            )));
+        }
+        let shared = Arc::new(Shared {
+            seen: Mutex::new(Seen::Unknown),
+            me,
+            lease_lost: AtomicBool::new(false),
+            on_change,
+        });
+        let watcher = rt.block_on(follow(client, key, shared.clone(), gateway.clone()))?;
+        Ok(VdiskPorts {
+            vdisk: vdisk.to_string(),
+            gateways,
+            me: index,
+            gateway,
+            fence_address: fence_address.to_string(),
+            fencer,
+            rt,
+            shared,
+            watcher,
+        })
+    }
+
+    /// Takes the vdisk if nobody owns it, fencing the previous owner off first.
+    fn take(&self) -> Result<AccessState> {
+        let (owner, previous) = self.rt.block_on(async {
+            let mut g = self.gateway.lock().await;
+            g.acquire_fencing(&self.vdisk, &self.fence_address).await
+        })?;
+        if owner.gateway != self.shared.me {
+            self.shared.set(Seen::Owned(owner));
+            return Ok(AccessState::Standby);
+        }
+        if !(self.fencer)(previous.as_deref()) {
+            // Not safe to serve: give the vdisk back for another gateway to try.
+            let epoch = owner.epoch;
+            let _ = self.rt.block_on(async {
+                let mut g = self.gateway.lock().await;
+                g.release(&self.vdisk, epoch).await
+            });
+            self.shared.set(Seen::Free);
+            return Ok(AccessState::Standby);
+        }
+        self.shared.set(Seen::Owned(owner));
+        Ok(self.shared.state())
+    }
+
+    /// The owner as last seen, if any.
+    pub fn owner(&self) -> Option<Owner> {
+        match &*self.shared.seen.lock().expect("not poisoned") {
+            Seen::Owned(o) => Some(o.clone()),
+            _ => None,
+        }
+    }
+}
+
+impl Drop for VdiskPorts {
+    fn drop(&mut self) {
+        self.watcher.abort();
+    }
+}
+
+/// Reads the owner, then follows every change of the key (and the gateway's own lease) until
+/// aborted.
+async fn follow(
+    mut client: Client,
+    key: String,
+    shared: Arc<Shared>,
+    gateway: Arc<tokio::sync::Mutex<Gateway>>,
+) -> Result<JoinHandle<()>> {
+    let seen = |kv: Option<&etcd_client::KeyValue>| kv.map(owner_of).map_or(Seen::Free, Seen::Owned);
+    let now = client.get(key.as_str(), None).await?;
+    shared.set(seen(now.kvs().first()));
+    let from = now.header().map(|h| h.revision() + 1).unwrap_or(0);
+    let (watcher, mut events) = client
+        .watch(
+            key.as_str(),
+            Some(etcd_client::WatchOptions::new().with_start_revision(from)),
+        )
+        .await?;
+    Ok(tokio::spawn(async move {
+        let _keep = watcher;
+        let mut lease = tokio::time::interval(std::time::Duration::from_millis(200));
+        loop {
+            tokio::select! {
+                msg = events.message() => match msg {
+                    Ok(Some(r)) => {
+                        for e in r.events() {
+                            match e.event_type() {
+                                EventType::Put => shared.set(seen(e.kv())),
+                                EventType::Delete => shared.set(Seen::Free),
+                            }
+                        }
+                    }
+                    // The watch ended: nothing this gateway believes about the owner holds.
+                    _ => {
+                        shared.set(Seen::Unknown);
+                        return;
+                    }
+                },
+                _ = lease.tick() => {
+                    if !gateway.lock().await.alive() {
+                        shared.lose_lease();
+                    }
+                }
+            }
+        }
+    }))
+}
+
+impl PortGroups for VdiskPorts {
+    fn groups(&self) -> Vec<PortGroup> {
+        let owner = self.owner().map(|o| o.gateway);
+        self.gateways
+            .iter()
+            .enumerate()
+            .map(|(k, name)| {
+                let state = if k == self.me {
+                    self.shared.state()
+                } else if owner.as_deref() == Some(name.as_str()) {
+                    AccessState::ActiveOptimized
+                } else {
+                    AccessState::Standby
+                };
+                PortGroup {
+                    id: k as u16 + 1,
+                    state,
+                    preferred: state.active(),
+                    ports: vec![k as u16 + 1],
+                }
+            })
+            .collect()
+    }
+
+    fn local(&self) -> (u16, u16) {
+        (self.me as u16 + 1, self.me as u16 + 1)
+    }
+
+    fn local_state(&self) -> AccessState {
+        self.shared.state()
+    }
+
+    fn request_access(&self) -> AccessState {
+        match self.shared.state() {
+            AccessState::Standby => self.take().unwrap_or_else(|e| {
+                tracing::warn!(vdisk = %self.vdisk, error = %e, "cannot take the vdisk over");
+                AccessState::Standby
+            }),
+            s => s,
+        }
+    }
+
+    fn transition_seconds(&self) -> u8 {
+        // A takeover waits for etcd and the fencing, a few seconds at most.
+        10
+    }
+}

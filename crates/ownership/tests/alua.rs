@@ -1,0 +1,160 @@
+//! Ownership as ALUA reports it, against a real etcd (`scripts/test-scale-out.sh` starts one):
+//! the owner's group active/optimized and the other's standby, a request at the standby
+//! gateway that never takes the vdisk from a live owner, and one that takes it, fencing the
+//! old owner first, once the owner's lease expired.
+#![cfg(feature = "etcd")]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tessera_ownership::alua::VdiskPorts;
+use tessera_ownership::Gateway;
+use tessera_scsi::{AccessState, PortGroups};
+
+fn endpoints(test: &str) -> Option<Vec<String>> {
+    match std::env::var("TESSERA_ETCD_ENDPOINTS") {
+        Ok(e) if !e.is_empty() => Some(e.split(',').map(String::from).collect()),
+        _ => {
+            tessera_disk::skip(
+                test,
+                "no etcd (TESSERA_ETCD_ENDPOINTS is empty: scripts/test-scale-out.sh sets it to the etcd it starts)",
+            );
+            None
+        }
+    }
+}
+
+struct Side {
+    gateway: Arc<tokio::sync::Mutex<Gateway>>,
+    ports: VdiskPorts,
+    fenced: Arc<Mutex<Vec<Option<String>>>>,
+    changes: Arc<AtomicUsize>,
+}
+
+fn side(rt: &tokio::runtime::Runtime, ep: &[String], prefix: &str, name: &str, ttl: i64) -> Side {
+    let gateway = Arc::new(tokio::sync::Mutex::new(
+        rt.block_on(Gateway::join(ep, prefix, name, ttl)).unwrap(),
+    ));
+    let fenced = Arc::new(Mutex::new(Vec::new()));
+    let changes = Arc::new(AtomicUsize::new(0));
+    let (f, c) = (fenced.clone(), changes.clone());
+    let ports = VdiskPorts::start(
+        rt.handle().clone(),
+        gateway.clone(),
+        vec!["gw-a".into(), "gw-b".into()],
+        "pool/v",
+        &format!("address-of-{name}"),
+        Box::new(move |previous| {
+            f.lock().unwrap().push(previous.map(String::from));
+            true
+        }),
+        Some(Box::new(move |_| {
+            c.fetch_add(1, Ordering::SeqCst);
+        })),
+    )
+    .unwrap();
+    Side {
+        gateway,
+        ports,
+        fenced,
+        changes,
+    }
+}
+
+/// Waits up to `limit` for `f` to hold.
+fn eventually(limit: Duration, f: impl Fn() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    f()
+}
+
+#[test]
+fn the_owner_is_active_a_live_owner_keeps_its_vdisk_and_a_dead_ones_is_taken_fenced() {
+    let t = "the_owner_is_active_a_live_owner_keeps_its_vdisk_and_a_dead_ones_is_taken_fenced";
+    let Some(ep) = endpoints(t) else { return };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let prefix = format!("/tessera-test/{t}-{}", std::process::id());
+    let ttl = 3;
+    let a = side(&rt, &ep, &prefix, "gw-a", ttl);
+    let b = side(&rt, &ep, &prefix, "gw-b", ttl);
+    assert_eq!(a.ports.local(), (1, 1));
+    assert_eq!(b.ports.local(), (2, 2));
+    // Nobody owns it yet: both standby; a host's write at A takes it.
+    assert_eq!(a.ports.local_state(), AccessState::Standby);
+    assert_eq!(a.ports.request_access(), AccessState::ActiveOptimized);
+    assert_eq!(
+        *a.fenced.lock().unwrap(),
+        vec![None],
+        "the first owner has nobody to fence"
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || b
+            .ports
+            .owner()
+            .is_some_and(|o| o.gateway == "gw-a")),
+        "B never saw A take the vdisk"
+    );
+    let groups = b.ports.groups();
+    assert_eq!(
+        groups.iter().map(|g| (g.id, g.state)).collect::<Vec<_>>(),
+        vec![(1, AccessState::ActiveOptimized), (2, AccessState::Standby)]
+    );
+    assert!(
+        b.changes.load(Ordering::SeqCst) >= 1,
+        "B was not told its state changed"
+    );
+
+    // A host's write at B while A is alive: refused, the vdisk stays A's (no ping-pong).
+    let epoch = a.ports.owner().unwrap().epoch;
+    assert_eq!(b.ports.request_access(), AccessState::Standby);
+    assert!(b.fenced.lock().unwrap().is_empty(), "B fenced a live owner");
+    assert_eq!(a.ports.local_state(), AccessState::ActiveOptimized);
+    assert_eq!(a.ports.owner().unwrap().epoch, epoch);
+
+    // A stalls: it serves nothing once it knows its lease may be gone, and B takes the
+    // vdisk at the first request after the lease expired, fencing A's address first.
+    rt.block_on(async { a.gateway.lock().await.stall() });
+    assert!(
+        eventually(Duration::from_secs(ttl as u64 + 3), || a.ports.local_state()
+            != AccessState::ActiveOptimized),
+        "a stalled owner still reports itself active"
+    );
+    let stalled = Instant::now();
+    assert!(
+        eventually(Duration::from_secs(ttl as u64 + 5), || b.ports.request_access()
+            == AccessState::ActiveOptimized),
+        "B never took the vdisk over"
+    );
+    let took = stalled.elapsed();
+    assert_eq!(*b.fenced.lock().unwrap(), vec![Some("address-of-gw-a".to_string())]);
+    assert!(
+        b.ports.owner().unwrap().epoch > epoch,
+        "the takeover has a larger epoch"
+    );
+    eprintln!(
+        "{t}: taken over {:.1} s after the owner stalled (lease {ttl} s)",
+        took.as_secs_f64()
+    );
+    drop(a);
+    let mut gateway = b.gateway.clone();
+    drop(b);
+    // The aborted watch lets its handle go once the runtime has dropped the task.
+    let start = Instant::now();
+    let g = loop {
+        match Arc::try_unwrap(gateway) {
+            Ok(g) => break g.into_inner(),
+            Err(still) if start.elapsed() < Duration::from_secs(5) => {
+                gateway = still;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(_) => panic!("the watch of a dropped VdiskPorts still holds its gateway"),
+        }
+    };
+    rt.block_on(g.leave()).unwrap();
+}
