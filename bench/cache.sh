@@ -14,8 +14,12 @@
 #    without and with the cache. fio writes 64 KiB sequentially to one file the size of the
 #    data disks together, at the same queue depth, as the bound for one copy of the data.
 #
+# With FAST_DIR set (a directory on a faster device; /dev/shm stands in for a journal SSD on a
+# machine with one disk), the 4K test is also run with the two cache disks there, to show what
+# the cache gives when its log does not share the data disks' device.
+#
 # Each figure is the median of RUNS runs.
-# Usage: bench/cache.sh   (RUNS=3 SECONDS_PER=20 WIDE=8 QD=4 DIR=/var/tmp/tessera-cachebench PROFILE=release)
+# Usage: bench/cache.sh   (RUNS=3 SECONDS_PER=20 WIDE=8 QD=4 DIR=/var/tmp/tessera-cachebench PROFILE=release FAST_DIR=)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-3}
@@ -27,7 +31,9 @@ source bench/lib.sh
 require fio
 volume_example enginebench
 OUT=$(mktemp)
-trap 'rm -rf "$DIR" "$OUT"' EXIT
+FAST_DIR=${FAST_DIR:-}
+FAST_CACHE=${FAST_DIR:+$FAST_DIR/tessera-cachebench-log}
+trap 'rm -rf "$DIR" "$OUT" ${FAST_CACHE:+"$FAST_CACHE"}' EXIT
 
 field() { python3 -c 'import json,sys; v=json.loads(sys.argv[1]).get(sys.argv[2]); print("nan" if v is None else v)' "$1" "$2"; }
 fio_run() { # rw bs depth files size -> MB/s and IOPS
@@ -46,6 +52,14 @@ for run in $(seq "$RUNS"); do
     echo "rand4k cache=$cache $(field "$line" iops) $(field "$line" iops_room) $(field "$line" iops_full) $(field "$line" room_seconds)" >> "$OUT"
     echo "run $run: parity 3+1 4K randwrite, $cache cache disks: $line" >&2
   done
+  if [ -n "$FAST_CACHE" ]; then
+    rm -rf "$DIR" "$FAST_CACHE"; mkdir -p "$DIR" "$FAST_CACHE"
+    line=$("$BIN" --dir "$DIR" --layout parity --disks 4 --seconds "$SECS" --workloads randwrite \
+      --cache-disks 2 --cache-dir "$FAST_CACHE" 2>/dev/null | grep '"randwrite"')
+    rm -rf "$FAST_CACHE"
+    echo "rand4k cache=fast $(field "$line" iops) $(field "$line" iops_room) $(field "$line" iops_full) $(field "$line" room_seconds)" >> "$OUT"
+    echo "run $run: parity 3+1 4K randwrite, 2 cache disks in $FAST_DIR: $line" >&2
+  fi
   files=$(ls "$DIR"/disk* | paste -sd: -)
   read -r mbs iops < <(fio_run randwrite 4k 32 "$files" 768M)
   echo "rand4k fio $iops" >> "$OUT"
@@ -83,7 +97,9 @@ wide, qd = int(sys.argv[2]), sys.argv[3]
 fio = med(("rand4k", "fio"), 0)
 print(f"parity 3+1, 4 KiB random writes, QD 32 (IOPS, median of {n} runs; fio on the data files: {fio:.0f})")
 print(f"{'':28} {'overall':>9} {'/fio':>6} {'room':>9} {'/fio':>6} {'full':>9} {'/fio':>6} {'room s':>7}")
-for c, name in (("cache=0", "no cache"), ("cache=2", "write-back cache (2 files)")):
+for c, name in (("cache=0", "no cache"), ("cache=2", "write-back cache (2 files)"), ("cache=fast", "cache on the faster device")):
+    if not rows[("rand4k", c)]:
+        continue
     o, r, f, s = (med(("rand4k", c), i) for i in range(4))
     print(f"{name:28} {o:9.0f} {o/fio:6.2f} {r:9.0f} {r/fio:6.2f} {f:9.0f} {f/fio:6.2f} {s:7.0f}")
 fio = med(("seed64k", "fio"), 0)

@@ -4,7 +4,8 @@
 //! in flight each, so `--threads 32` is queue depth 32.
 //!
 //! With `--cache-disks N` the pool gets N cache disks (files in the same directory, so on the
-//! same file system as the data disks) and the vdisk a write-back cache; a write workload then
+//! same file system as the data disks, or in `--cache-dir DIR`, such as a faster device) and
+//! the vdisk a write-back cache; a write workload then
 //! also reports its rate while the cache had room and after it filled (the destage rate).
 //! `--trace-ms 500` prints the rate and the cache's state every half second, to see when the
 //! destager starts and whether writers stall.
@@ -32,6 +33,7 @@ struct Args {
     /// Block size of every workload (default: 4 KiB random, 256 KiB sequential).
     bs: Option<u64>,
     cache_disks: usize,
+    cache_dir: Option<PathBuf>,
     cache_disk_size: u64,
     write_cache_size: Option<u64>,
     /// Print the rate and the cache's state to stderr every this many milliseconds (0: never).
@@ -57,6 +59,7 @@ fn parse() -> Args {
         checksums: true,
         bs: None,
         cache_disks: 0,
+        cache_dir: None,
         cache_disk_size: 2 << 30,
         write_cache_size: None,
         trace_ms: 0,
@@ -78,6 +81,7 @@ fn parse() -> Args {
             "--checksums" => a.checksums = v == "on",
             "--bs" => a.bs = Some(v.parse().unwrap()),
             "--cache-disks" => a.cache_disks = v.parse().unwrap(),
+            "--cache-dir" => a.cache_dir = Some(PathBuf::from(v)),
             "--cache-disk-size" => a.cache_disk_size = v.parse().unwrap(),
             "--write-cache-size" => a.write_cache_size = Some(v.parse().unwrap()),
             "--trace-ms" => a.trace_ms = v.parse().unwrap(),
@@ -99,7 +103,12 @@ fn main() {
     let engine =
         Engine::create_pool_with_checksums(&a.dir.join("pool"), "bench", disks, 256 << 20, a.checksums).unwrap();
     for i in 0..a.cache_disks {
-        let d = FileDisk::create_file(a.dir.join(format!("cache{i}")), a.cache_disk_size, false).unwrap();
+        let d = FileDisk::create_file(
+            a.cache_dir.as_ref().unwrap_or(&a.dir).join(format!("cache{i}")),
+            a.cache_disk_size,
+            false,
+        )
+        .unwrap();
         engine.add_cache_disk(Arc::new(d)).unwrap();
     }
     let mut spec = VdiskSpec::new("bench", a.size, a.layout);
