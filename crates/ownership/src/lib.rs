@@ -17,6 +17,8 @@
 pub mod alua;
 #[cfg(feature = "fencing")]
 pub mod fence;
+#[cfg(feature = "fencing")]
+pub mod fenced_disk;
 
 use std::time::Duration;
 

@@ -113,6 +113,24 @@ impl Cluster {
 
     /// An I/O context on `pool`.
     pub fn pool(&self, pool: &str) -> Result<Pool<'_>> {
+        Ok(Pool {
+            io: self.open_io(pool)?,
+            name: pool.to_string(),
+            _cluster: Holds::Borrowed(self),
+        })
+    }
+
+    /// An I/O context on `pool` that keeps the cluster handle alive itself, for a user that
+    /// must own its context (a disk handed to the engine).
+    pub fn shared_pool(cluster: &std::sync::Arc<Cluster>, pool: &str) -> Result<Pool<'static>> {
+        Ok(Pool {
+            io: cluster.open_io(pool)?,
+            name: pool.to_string(),
+            _cluster: Holds::Shared(cluster.clone()),
+        })
+    }
+
+    fn open_io(&self, pool: &str) -> Result<rados_ioctx_t> {
         let p = cstr("pool", pool)?;
         let mut io: rados_ioctx_t = ptr::null_mut();
         // SAFETY: a connected handle, a NUL-terminated name, an out-pointer we own.
@@ -121,11 +139,7 @@ impl Cluster {
             "open pool",
             pool,
         )?;
-        Ok(Pool {
-            io,
-            name: pool.to_string(),
-            _cluster: self,
-        })
+        Ok(io)
     }
 
     /// This client's address as the monitors know it (what `blocklist` takes).
@@ -175,7 +189,13 @@ impl Drop for Cluster {
 pub struct Pool<'c> {
     io: rados_ioctx_t,
     name: String,
-    _cluster: &'c Cluster,
+    _cluster: Holds<'c>,
+}
+
+/// How a pool keeps its cluster handle alive for as long as it is open.
+enum Holds<'c> {
+    Borrowed(#[allow(dead_code)] &'c Cluster),
+    Shared(#[allow(dead_code)] std::sync::Arc<Cluster>),
 }
 
 unsafe impl Send for Pool<'_> {}
@@ -277,7 +297,8 @@ impl Pool<'_> {
 
 impl Drop for Pool<'_> {
     fn drop(&mut self) {
-        // SAFETY: the context is ours; its cluster outlives it (the borrow).
+        // SAFETY: the context is ours; its cluster outlives it (borrowed, or held here and
+        // dropped after this).
         unsafe { rados_ioctx_destroy(self.io) }
     }
 }

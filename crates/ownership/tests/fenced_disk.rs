@@ -1,0 +1,102 @@
+//! A disk on RADOS, against the cluster `scripts/test-scale-out.sh` starts (TESSERA_CEPH_CONF):
+//! it reads back what was written across object boundaries and zeros where nothing was, it
+//! refuses bad requests, and a disk of a replaced owner cannot write where the new owner
+//! wrote.
+#![cfg(feature = "fencing")]
+
+use std::sync::Arc;
+
+use rand::{Rng, SeedableRng};
+use tessera_disk::{AlignedBuf, BlockDevice, DiskError};
+use tessera_ownership::fenced_disk::{FencedDisk, OBJECT_BYTES};
+use tessera_rados::Cluster;
+
+const POOL: &str = "tessera-test";
+const MIB: u64 = 1 << 20;
+
+fn conf(test: &str) -> Option<String> {
+    match std::env::var("TESSERA_CEPH_CONF") {
+        Ok(c) if !c.is_empty() => Some(c),
+        _ => {
+            tessera_disk::skip(
+                test,
+                "no Ceph cluster (TESSERA_CEPH_CONF is empty: scripts/test-scale-out.sh sets it)",
+            );
+            None
+        }
+    }
+}
+
+fn connect(conf: &str) -> Arc<Cluster> {
+    let c = Cluster::connect(
+        conf,
+        "admin",
+        &[("rados_osd_op_timeout", "30"), ("rados_mon_op_timeout", "30")],
+    )
+    .unwrap();
+    match c.create_pool(POOL) {
+        Ok(()) => {}
+        Err(e) if e.errno() == Some(libc::EEXIST) => {}
+        Err(e) => panic!("create the test pool: {e}"),
+    }
+    Arc::new(c)
+}
+
+fn disk(c: &Arc<Cluster>, prefix: &str, size: u64, epoch: i64) -> FencedDisk {
+    FencedDisk::new(Cluster::shared_pool(c, POOL).unwrap(), prefix, size, epoch).unwrap()
+}
+
+fn random(seed: u64, len: usize) -> AlignedBuf {
+    let mut b = AlignedBuf::zeroed(len);
+    rand::rngs::StdRng::seed_from_u64(seed).fill(&mut b[..]);
+    b
+}
+
+#[test]
+fn a_disk_on_rados_reads_back_what_was_written_and_zeros_elsewhere() {
+    let t = "a_disk_on_rados_reads_back_what_was_written_and_zeros_elsewhere";
+    let Some(conf) = conf(t) else { return };
+    let c = connect(&conf);
+    let prefix = format!("{t}-{}", std::process::id());
+    let d = disk(&c, &prefix, 64 * MIB, 1);
+    // Across the boundary of the first two objects.
+    let at = OBJECT_BYTES - 8192;
+    let data = random(1, 16384);
+    d.write_at(&data, at).unwrap();
+    let mut back = AlignedBuf::zeroed(16384);
+    d.read_at(&mut back, at).unwrap();
+    assert!(back[..] == data[..], "read back differs");
+    // Never written, and past what was written in a written object: zeros.
+    let mut far = AlignedBuf::zeroed(8192);
+    far.fill(0xAA);
+    d.read_at(&mut far, 40 * MIB).unwrap();
+    assert!(far.iter().all(|&b| b == 0));
+    far.fill(0xAA);
+    d.read_at(&mut far, OBJECT_BYTES + 65536).unwrap();
+    assert!(far.iter().all(|&b| b == 0));
+    // Bad requests are refused, naming the disk.
+    let mut odd = AlignedBuf::zeroed(4096);
+    assert!(matches!(d.read_at(&mut odd, 100), Err(DiskError::Unaligned { .. })));
+    assert!(matches!(d.write_at(&odd, 64 * MIB), Err(DiskError::OutOfRange { .. })));
+    assert!(FencedDisk::new(Cluster::shared_pool(&c, POOL).unwrap(), &prefix, 1000, 1).is_err());
+}
+
+#[test]
+fn a_replaced_owners_disk_cannot_write_where_the_new_owner_wrote() {
+    let t = "a_replaced_owners_disk_cannot_write_where_the_new_owner_wrote";
+    let Some(conf) = conf(t) else { return };
+    let prefix = format!("{t}-{}", std::process::id());
+    let (ca, cb) = (connect(&conf), connect(&conf));
+    let old = disk(&ca, &prefix, 16 * MIB, 5);
+    let new = disk(&cb, &prefix, 16 * MIB, 7);
+    old.write_at(&random(2, 4096), 0).unwrap();
+    let theirs = random(3, 4096);
+    new.write_at(&theirs, 0).unwrap();
+    let e = old
+        .write_at(&random(4, 4096), 0)
+        .expect_err("the old owner wrote over the new one");
+    assert!(e.to_string().contains("rados:"), "{e}");
+    let mut back = AlignedBuf::zeroed(4096);
+    new.read_at(&mut back, 0).unwrap();
+    assert!(back[..] == theirs[..], "the refused write changed the block");
+}
