@@ -17,7 +17,7 @@ use std::io;
 use std::ops::Range;
 use std::os::fd::RawFd;
 
-use io_uring::{opcode, types, IoUring};
+use io_uring::{opcode, squeue, types, IoUring};
 
 /// Submission queue entries per ring: the largest batch submitted at once.
 const RING_ENTRIES: u32 = 64;
@@ -84,34 +84,15 @@ pub(crate) fn write_batch(ops: &[WriteOp<'_>]) -> Option<Vec<io::Result<usize>>>
     with_ring(|ring| {
         let mut out: Vec<io::Result<usize>> = Vec::with_capacity(ops.len());
         for chunk in ops.chunks(RING_ENTRIES as usize) {
-            let base = out.len();
-            out.extend(chunk.iter().map(|_| Err(io::Error::other("write not completed"))));
-            {
-                let mut sq = ring.submission();
-                for (k, op) in chunk.iter().enumerate() {
-                    let len = u32::try_from(op.buf.len()).unwrap_or(u32::MAX);
-                    let entry = opcode::Write::new(types::Fd(op.fd), op.buf.as_ptr(), len)
-                        .offset(op.offset)
-                        .build()
-                        .user_data(k as u64);
-                    // SAFETY: the buffers outlive the writes: the completions are reaped below
-                    // before this returns. The queue is empty here and the chunk no larger.
-                    unsafe { sq.push(&entry) }.expect("submission queue has room for the chunk");
-                }
-            }
-            let mut pending = chunk.len();
-            while pending > 0 {
-                wait_for(ring, pending, "writes");
-                for cqe in ring.completion() {
-                    let res = cqe.result();
-                    out[base + cqe.user_data() as usize] = if res < 0 {
-                        Err(io::Error::from_raw_os_error(-res))
-                    } else {
-                        Ok(res as usize)
-                    };
-                    pending -= 1;
-                }
-            }
+            let entries = chunk.iter().map(|op| {
+                let len = u32::try_from(op.buf.len()).unwrap_or(u32::MAX);
+                opcode::Write::new(types::Fd(op.fd), op.buf.as_ptr(), len)
+                    .offset(op.offset)
+                    .build()
+            });
+            // SAFETY: the buffers outlive the writes: `run_chunk` reaps every completion
+            // before it returns.
+            unsafe { run_chunk(ring, entries, "writes", &mut out) };
         }
         out
     })
@@ -131,37 +112,57 @@ pub(crate) fn read_spread_batch(ops: &mut [SpreadOp<'_>]) -> Option<Vec<io::Resu
     with_ring(|ring| {
         let mut out: Vec<io::Result<usize>> = Vec::with_capacity(ops.len());
         for chunk in ops.chunks_mut(RING_ENTRIES as usize) {
-            let base = out.len();
-            out.extend(chunk.iter().map(|_| Err(io::Error::other("read not completed"))));
-            {
-                let mut sq = ring.submission();
-                for (k, op) in chunk.iter_mut().enumerate() {
-                    let len = u32::try_from(op.buf.len()).unwrap_or(u32::MAX);
-                    let entry = opcode::Read::new(types::Fd(op.fd), op.buf.as_mut_ptr(), len)
-                        .offset(op.offset)
-                        .build()
-                        .user_data(k as u64);
-                    // SAFETY: the buffers outlive the reads: the completions are reaped below
-                    // before this returns. The queue is empty here and the chunk no larger.
-                    unsafe { sq.push(&entry) }.expect("submission queue has room for the chunk");
-                }
-            }
-            let mut pending = chunk.len();
-            while pending > 0 {
-                wait_for(ring, pending, "reads");
-                for cqe in ring.completion() {
-                    let res = cqe.result();
-                    out[base + cqe.user_data() as usize] = if res < 0 {
-                        Err(io::Error::from_raw_os_error(-res))
-                    } else {
-                        Ok(res as usize)
-                    };
-                    pending -= 1;
-                }
-            }
+            let entries = chunk.iter_mut().map(|op| {
+                let len = u32::try_from(op.buf.len()).unwrap_or(u32::MAX);
+                opcode::Read::new(types::Fd(op.fd), op.buf.as_mut_ptr(), len)
+                    .offset(op.offset)
+                    .build()
+            });
+            // SAFETY: the buffers outlive the reads: `run_chunk` reaps every completion
+            // before it returns.
+            unsafe { run_chunk(ring, entries, "reads", &mut out) };
         }
         out
     })
+}
+
+/// Submits a chunk of entries (no more than the ring holds) and waits for every one of them,
+/// appending each one's result (bytes moved, possibly short, or its error) to `out` in the
+/// chunk's order.
+///
+/// # Safety
+/// The buffers the entries name must stay valid until this returns; it returns only once
+/// every submitted entry has completed.
+unsafe fn run_chunk(
+    ring: &mut IoUring,
+    entries: impl ExactSizeIterator<Item = squeue::Entry>,
+    what: &str,
+    out: &mut Vec<io::Result<usize>>,
+) {
+    let base = out.len();
+    let n = entries.len();
+    out.extend((0..n).map(|_| Err(io::Error::other(format!("{what} not completed")))));
+    {
+        let mut sq = ring.submission();
+        for (k, entry) in entries.enumerate() {
+            // SAFETY: the caller keeps the buffers valid (above). The queue is empty here
+            // and the chunk no larger than it.
+            unsafe { sq.push(&entry.user_data(k as u64)) }.expect("submission queue has room for the chunk");
+        }
+    }
+    let mut pending = n;
+    while pending > 0 {
+        wait_for(ring, pending, what);
+        for cqe in ring.completion() {
+            let res = cqe.result();
+            out[base + cqe.user_data() as usize] = if res < 0 {
+                Err(io::Error::from_raw_os_error(-res))
+            } else {
+                Ok(res as usize)
+            };
+            pending -= 1;
+        }
+    }
 }
 
 /// Submits what is queued and waits for `pending` completions; retries what can be retried.
