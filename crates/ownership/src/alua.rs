@@ -21,7 +21,8 @@ use tokio::task::JoinHandle;
 use crate::{owner_of, Gateway, Owner, OwnershipError, Result};
 
 /// Fences the previous owner off before this gateway serves the vdisk: given the address the
-/// previous owner recorded (none for the first owner), true once it can no longer write.
+/// previous owner recorded (none for the first owner, or when it was this gateway), true once
+/// it can no longer write.
 pub type Fencer = Box<dyn Fn(Option<&str>) -> bool + Send + Sync>;
 
 /// Told when this gateway's access state for the vdisk changed (to raise ASYMMETRIC ACCESS
@@ -146,26 +147,20 @@ impl VdiskPorts {
         })
     }
 
-    /// Takes the vdisk if nobody owns it, fencing the previous owner off first.
+    /// Takes the vdisk if nobody owns it, fencing the previous owner off first
+    /// (`Gateway::take_fenced`).
     fn take(&self) -> Result<AccessState> {
-        let (owner, previous) = self.rt.block_on(async {
+        let owner = self.rt.block_on(async {
             let mut g = self.gateway.lock().await;
-            g.acquire_fencing(&self.vdisk, &self.fence_address).await
+            g.take_fenced(&self.vdisk, &self.fence_address, |previous| {
+                if (self.fencer)(previous) {
+                    Ok(())
+                } else {
+                    Err("the fencer refused".into())
+                }
+            })
+            .await
         })?;
-        if owner.gateway != self.shared.me {
-            self.shared.set(Seen::Owned(owner));
-            return Ok(AccessState::Standby);
-        }
-        if !(self.fencer)(previous.as_deref()) {
-            // Not safe to serve: give the vdisk back for another gateway to try.
-            let epoch = owner.epoch;
-            let _ = self.rt.block_on(async {
-                let mut g = self.gateway.lock().await;
-                g.release(&self.vdisk, epoch).await
-            });
-            self.shared.set(Seen::Free);
-            return Ok(AccessState::Standby);
-        }
         self.shared.set(Seen::Owned(owner));
         Ok(self.shared.state())
     }

@@ -63,24 +63,16 @@ impl<'p, 'c> FencedWriter<'p, 'c> {
 }
 
 /// Takes `vdisk` for `gateway` if nobody owns it, fencing the previous owner's client off the
-/// cluster first. Returns the owner afterwards: this gateway (ready to serve at its epoch) or
-/// the one that holds it. If the fence cannot be set the vdisk is given up again and the
-/// error returned: serving before the old owner is fenced could let its writes land.
+/// cluster first (`Gateway::take_fenced`, with a blocklist of its address). Returns the owner
+/// afterwards: this gateway (ready to serve at its epoch) or the one that holds it.
 pub async fn take_over(gateway: &mut Gateway, cluster: &Cluster, vdisk: &str) -> Result<Owner> {
     let mine = cluster
         .address()
         .map_err(|e| OwnershipError(format!("cannot learn this client's address: {e}")))?;
-    let (owner, previous) = gateway.acquire_fencing(vdisk, &mine).await?;
-    if owner.gateway != gateway.name() {
-        return Ok(owner);
-    }
-    if let Some(old) = previous.filter(|a| *a != mine) {
-        if let Err(e) = cluster.blocklist(&old, 0) {
-            let _ = gateway.release(vdisk, owner.epoch).await;
-            return Err(OwnershipError(format!(
-                "cannot fence the previous owner of {vdisk} ({old}) off: {e}"
-            )));
-        }
-    }
-    Ok(owner)
+    gateway
+        .take_fenced(vdisk, &mine, |old| match old {
+            Some(old) => cluster.blocklist(old, 0).map_err(|e| e.to_string()),
+            None => Ok(()),
+        })
+        .await
 }

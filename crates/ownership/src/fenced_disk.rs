@@ -29,7 +29,7 @@ impl FencedDisk {
     /// under `epoch`.
     pub fn new(pool: Pool<'static>, prefix: &str, size: u64, epoch: i64) -> Result<FencedDisk, DiskError> {
         let path = format!("rados:{}/{prefix}", pool.name());
-        if size == 0 || size % tessera_disk::SECTOR as u64 != 0 {
+        if size == 0 || !size.is_multiple_of(tessera_disk::SECTOR as u64) {
             return Err(DiskError::Unusable {
                 path,
                 reason: format!("a size of {size} bytes is not a whole number of sectors"),

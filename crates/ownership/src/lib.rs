@@ -206,6 +206,33 @@ impl Gateway {
         ))
     }
 
+    /// Takes `vdisk` if nobody owns it, as `acquire_fencing` does with `address`, and when
+    /// this gateway took it, runs `fence` on the previous owner's address before returning
+    /// (None for the first owner, and for this gateway's own address: it has nothing to fence
+    /// off from itself). If `fence` fails the vdisk is given up again and the error returned:
+    /// serving before the old owner is fenced could let its writes land. Returns the owner
+    /// afterwards: this gateway, ready to serve at its epoch, or the one that holds it.
+    pub async fn take_fenced(
+        &mut self,
+        vdisk: &str,
+        address: &str,
+        fence: impl FnOnce(Option<&str>) -> std::result::Result<(), String>,
+    ) -> Result<Owner> {
+        let (owner, previous) = self.acquire_fencing(vdisk, address).await?;
+        if owner.gateway != self.name {
+            return Ok(owner);
+        }
+        let other = previous.as_deref().filter(|a| *a != address);
+        if let Err(e) = fence(other) {
+            let _ = self.release(vdisk, owner.epoch).await;
+            return Err(OwnershipError(format!(
+                "cannot fence the previous owner of {vdisk} ({}) off: {e}",
+                other.unwrap_or("none recorded")
+            )));
+        }
+        Ok(owner)
+    }
+
     /// The owner of `vdisk`, if any.
     pub async fn owner(&mut self, vdisk: &str) -> Result<Option<Owner>> {
         let r = self.client.get(self.key(vdisk), None::<GetOptions>).await?;

@@ -4,26 +4,16 @@
 //! old owner first, once the owner's lease expired.
 #![cfg(feature = "etcd")]
 
+mod common;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::endpoints;
 use tessera_ownership::alua::VdiskPorts;
 use tessera_ownership::Gateway;
 use tessera_scsi::{AccessState, PortGroups};
-
-fn endpoints(test: &str) -> Option<Vec<String>> {
-    match std::env::var("TESSERA_ETCD_ENDPOINTS") {
-        Ok(e) if !e.is_empty() => Some(e.split(',').map(String::from).collect()),
-        _ => {
-            tessera_disk::skip(
-                test,
-                "no etcd (TESSERA_ETCD_ENDPOINTS is empty: scripts/test-scale-out.sh sets it to the etcd it starts)",
-            );
-            None
-        }
-    }
-}
 
 struct Side {
     gateway: Arc<tokio::sync::Mutex<Gateway>>,
@@ -92,6 +82,22 @@ fn the_owner_is_active_a_live_owner_keeps_its_vdisk_and_a_dead_ones_is_taken_fen
         *a.fenced.lock().unwrap(),
         vec![None],
         "the first owner has nobody to fence"
+    );
+    // A gives the vdisk up and takes it again: the address on record is its own, which it
+    // does not fence off.
+    let first = a.ports.owner().unwrap();
+    assert!(rt
+        .block_on(async { a.gateway.lock().await.release("pool/v", first.epoch).await })
+        .unwrap());
+    assert!(
+        eventually(Duration::from_secs(5), || a.ports.local_state() == AccessState::Standby),
+        "A never saw the vdisk free"
+    );
+    assert_eq!(a.ports.request_access(), AccessState::ActiveOptimized);
+    assert_eq!(
+        *a.fenced.lock().unwrap(),
+        vec![None, None],
+        "A fenced its own address off"
     );
     assert!(
         eventually(Duration::from_secs(5), || b

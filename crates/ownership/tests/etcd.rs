@@ -2,22 +2,12 @@
 //! these with TESSERA_ETCD_ENDPOINTS set. Without it each test says it was skipped, and why.
 #![cfg(feature = "etcd")]
 
+mod common;
+
 use std::time::{Duration, Instant};
 
+use common::endpoints;
 use tessera_ownership::{Gateway, Owner};
-
-fn endpoints(test: &str) -> Option<Vec<String>> {
-    match std::env::var("TESSERA_ETCD_ENDPOINTS") {
-        Ok(e) if !e.is_empty() => Some(e.split(',').map(String::from).collect()),
-        _ => {
-            tessera_disk::skip(
-                test,
-                "no etcd (TESSERA_ETCD_ENDPOINTS is empty: scripts/test-scale-out.sh sets it to the etcd it starts)",
-            );
-            None
-        }
-    }
-}
 
 /// A key space of this test's own.
 fn prefix(test: &str) -> String {
