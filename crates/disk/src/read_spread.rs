@@ -4,7 +4,7 @@
 //! on them at once.
 
 use crate::uring::{self, SpreadOp};
-use crate::{check_request, BlockDevice, DiskError, SECTOR};
+use crate::{BlockDevice, DiskError};
 
 /// One read of a [`read_spread`] batch: `buf.len()` bytes at `offset` of `disk`.
 pub struct SpreadRead<'a> {
@@ -20,40 +20,30 @@ pub struct SpreadRead<'a> {
 /// says why not.
 pub fn read_spread(reqs: &mut [SpreadRead<'_>]) -> Vec<Result<(), DiskError>> {
     let mut done = vec![false; reqs.len()];
-    let ringable: Vec<usize> = reqs
-        .iter()
-        .enumerate()
-        .filter(|(_, r)| {
-            r.disk.uring_fd().is_some()
-                && (r.buf.as_ptr() as usize).is_multiple_of(SECTOR)
-                && check_request(r.disk.path(), "read", r.offset, r.buf.len(), r.disk.size()).is_ok()
-        })
-        .map(|(i, _)| i)
-        .collect();
-    // A lone read gains nothing from the ring.
-    if ringable.len() > 1 {
-        let lens: Vec<usize> = ringable.iter().map(|&i| reqs[i].buf.len()).collect();
-        let ios: Vec<_> = ringable.iter().map(|&i| reqs[i].disk.io().cloned()).collect();
-        let mut ops: Vec<SpreadOp> = reqs
-            .iter_mut()
-            .enumerate()
-            .filter(|(i, _)| ringable.binary_search(i).is_ok())
-            .map(|(_, r)| SpreadOp {
-                fd: r.disk.uring_fd().expect("chosen for having one"),
+    // Per read on the ring: its request, length and where its disk counts it.
+    let mut on_ring = Vec::with_capacity(reqs.len());
+    let mut ops = Vec::with_capacity(reqs.len());
+    for (i, r) in reqs.iter_mut().enumerate() {
+        if let Some(fd) = uring::ring_fd(r.disk, "read", r.buf.as_ptr(), r.buf.len(), r.offset) {
+            on_ring.push((i, r.buf.len(), r.disk.io().cloned()));
+            ops.push(SpreadOp {
+                fd,
                 buf: &mut *r.buf,
                 offset: r.offset,
-            })
-            .collect();
+            });
+        }
+    }
+    // A lone read gains nothing from the ring.
+    if ops.len() > 1 {
         let start = std::time::Instant::now();
         if let Some(results) = uring::read_spread_batch(&mut ops) {
             // In flight together: each read took as long as the batch. A read the ring left
             // short or failed is counted by `read_at` below, which finishes it.
             let took = start.elapsed();
-            for (k, res) in results.into_iter().enumerate() {
-                let whole = matches!(res, Ok(n) if n == lens[k]);
-                done[ringable[k]] = whole;
-                if let (true, Some(io)) = (whole, &ios[k]) {
-                    io.record(crate::DiskOp::Read, lens[k] as u64, took, true);
+            for ((i, len, io), res) in on_ring.iter().zip(results) {
+                done[*i] = matches!(res, Ok(n) if n == *len);
+                if let (true, Some(io)) = (done[*i], io) {
+                    io.record(crate::DiskOp::Read, *len as u64, took, true);
                 }
             }
         }

@@ -32,6 +32,23 @@ thread_local! {
     static RING: RefCell<Ring> = const { RefCell::new(Ring::Untried) };
 }
 
+/// The descriptor a request of `len` bytes at `offset` of `disk`, from or into `buf_at`, may
+/// go to a ring on: the disk has one, the buffer is aligned for direct I/O, and the request
+/// keeps the rules of [`BlockDevice::read_at`]. None: the request goes the single way, which
+/// does it or says why not.
+pub(crate) fn ring_fd(
+    disk: &dyn crate::BlockDevice,
+    op: &'static str,
+    buf_at: *const u8,
+    len: usize,
+    offset: u64,
+) -> Option<RawFd> {
+    let fd = disk.uring_fd()?;
+    ((buf_at as usize).is_multiple_of(crate::SECTOR)
+        && crate::check_request(disk.path(), op, offset, len, disk.size()).is_ok())
+    .then_some(fd)
+}
+
 /// One read of a batch.
 pub(crate) struct Op<'a> {
     pub buf: &'a mut [u8],

@@ -3,7 +3,7 @@
 //! io_uring submission the disks work on them at once.
 
 use crate::uring::{self, WriteOp};
-use crate::{check_request, BlockDevice, DiskError, SECTOR};
+use crate::{BlockDevice, DiskError};
 
 /// One write of a [`write_many`] batch: all of `buf` at `offset` of `disk`.
 pub struct WriteReq<'a> {
@@ -21,9 +21,7 @@ pub fn write_many(reqs: &[WriteReq<'_>]) -> Vec<Result<(), DiskError>> {
     let mut on_ring = Vec::with_capacity(reqs.len());
     let mut ops = Vec::with_capacity(reqs.len());
     for (i, r) in reqs.iter().enumerate() {
-        let Some(fd) = r.disk.uring_fd() else { continue };
-        let aligned = (r.buf.as_ptr() as usize).is_multiple_of(SECTOR);
-        if aligned && check_request(r.disk.path(), "write", r.offset, r.buf.len(), r.disk.size()).is_ok() {
+        if let Some(fd) = uring::ring_fd(r.disk, "write", r.buf.as_ptr(), r.buf.len(), r.offset) {
             on_ring.push(i);
             ops.push(WriteOp {
                 fd,

@@ -516,27 +516,27 @@ impl Layouts {
                     .map(|(p, _)| (p.in_unit, p.in_unit + p.len as u64))
                     .reduce(|a, b| (a.0.min(b.0), a.1.max(b.1))),
             );
-            let whole_piece = matches!(mine[..], [(p, _)] if p.in_unit == lo && p.len == rl);
+            let whole = match mine[..] {
+                [(p, bytes)] if p.in_unit == lo && p.len == rl => Some(*bytes),
+                _ => None,
+            };
             let covered = covers(mine.iter().map(|(p, _)| (p.in_unit, p.in_unit + p.len as u64)), lo, hi);
-            olds.push((!whole_piece && !covered).then(|| tessera_disk::AlignedBuf::zeroed(rl)));
+            olds.push((whole.is_none() && !covered).then(|| tessera_disk::AlignedBuf::zeroed(rl)));
+            borrowed.push(whole);
             mine_of.push(mine);
         }
         let read_any = olds.iter().any(|o| o.is_some());
         self.read_old_columns(set, members, row, lo, &mut olds)?;
-        for (mine, old) in mine_of.into_iter().zip(olds) {
-            if let [(p, bytes)] = mine[..] {
-                if p.in_unit == lo && p.len == rl {
-                    borrowed.push(Some(*bytes));
-                    owned.push(None);
-                    continue;
-                }
+        for ((mine, old), whole) in mine_of.into_iter().zip(olds).zip(&borrowed) {
+            if whole.is_some() {
+                owned.push(None);
+                continue;
             }
             let mut col = old.unwrap_or_else(|| tessera_disk::AlignedBuf::zeroed(rl));
             for (p, bytes) in &mine {
                 let at = (p.in_unit - lo) as usize;
                 col[at..at + p.len].copy_from_slice(bytes);
             }
-            borrowed.push(None);
             owned.push(Some(col));
         }
         let counter = if read_any {
