@@ -252,6 +252,8 @@ struct Session {
     handles: Mutex<Vec<std::thread::JoinHandle<()>>>,
     /// Why the session ended, if not by logout.
     ended: Mutex<Option<String>>,
+    /// The answer to a Logout request, sent when the session has wound down.
+    logout: Mutex<Option<Pdu>>,
 }
 
 /// Logs a connection in, then hands it to threads of its own for the full feature phase.
@@ -375,6 +377,7 @@ fn serve(sock: TcpStream, local: SocketAddr, reg: Arc<Registry>, li: LoggedIn) -
             handles: Mutex::new(Vec::new()),
             write_budget: Arc::default(),
             ended: Mutex::new(None),
+            logout: Mutex::new(None),
         });
         serve_thread(&s);
         // The first thread is the last to go: wait for the others, which finish what they took.
@@ -393,6 +396,10 @@ fn serve(sock: TcpStream, local: SocketAddr, reg: Arc<Registry>, li: LoggedIn) -
                     l.nexus_lost(&s.ctx.nexus);
                 }
             }
+        }
+        if let Some(r) = s.logout.lock().take() {
+            s.writer.send_pdu(&r, true);
+            s.writer.close();
         }
         let ended = s.ended.lock().take();
         match ended {

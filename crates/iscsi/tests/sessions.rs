@@ -334,6 +334,36 @@ async fn a_reinstated_session_takes_over_its_nexus() {
     b.logout().await.unwrap();
 }
 
+/// An initiator that logs out and at once uses another path must find the reservation its
+/// session held already gone: the target answers the logout once the session has let go of
+/// its I_T nexus state, not before (libiscsi's Reserve6.Logout, which failed now and then).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_logout_is_answered_after_the_session_lets_go_of_its_reservation() {
+    let r = rig().await;
+    let (reserve, release) = ([0x16u8, 0, 0, 0, 0, 0], [0x17u8, 0, 0, 0, 0, 0]);
+    let b = Session::login(&r.addr, &cfg(HOST_B, OPEN, 2)).await.unwrap();
+    for round in 0..200 {
+        let a = Session::login(&r.addr, &cfg(HOST_A, OPEN, 1)).await.unwrap();
+        // A new nexus first hears its unit attentions (reset, the last session's loss).
+        let mut ready = false;
+        for _ in 0..4 {
+            ready = a.command(0, &[0u8; 6], Vec::new(), 0).await.unwrap().status == 0;
+            if ready {
+                break;
+            }
+        }
+        assert!(ready, "round {round}: TEST UNIT READY never succeeded");
+        assert_eq!(a.command(0, &reserve, Vec::new(), 0).await.unwrap().status, 0);
+        assert_eq!(read(&a, round * 8, 8).await.status, 0);
+        assert_eq!(b.command(0, &reserve, Vec::new(), 0).await.unwrap().status, 0x18);
+        a.logout().await.unwrap();
+        let after = b.command(0, &reserve, Vec::new(), 0).await.unwrap();
+        assert_eq!(after.status, 0, "round {round}: the reservation outlived the logout");
+        assert_eq!(b.command(0, &release, Vec::new(), 0).await.unwrap().status, 0);
+    }
+    b.logout().await.unwrap();
+}
+
 /// Sends `bytes` on a fresh connection, then reads until the target closes it; returns whether
 /// it did within the timeout.
 async fn poke(addr: &str, bytes: &[u8]) -> bool {

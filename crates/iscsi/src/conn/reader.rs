@@ -296,8 +296,10 @@ impl Session {
                 let p = &self.ctx.params;
                 r.bhs[40..42].copy_from_slice(&(p.default_time2wait as u16).to_be_bytes());
                 r.bhs[42..44].copy_from_slice(&(p.default_time2retain as u16).to_be_bytes());
-                self.writer.send_pdu(&r, true);
-                self.writer.close();
+                // Answered once the session's commands have finished and its reservations and
+                // other I_T nexus state are released (serve), so an initiator that logs in
+                // again on hearing it finds them gone.
+                *self.logout.lock() = Some(r);
                 return Ok(Some(Next::Stop));
             }
             _ => self.reject(&p, 0x05),
