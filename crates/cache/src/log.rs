@@ -38,12 +38,8 @@ pub(crate) fn load_record(pool: &Pool) -> Result<Option<LogRecord>> {
 
 pub(crate) fn save_record(pool: &Pool, rec: &LogRecord) -> Result<()> {
     let meta = pool.meta();
-    let mut b = tessera_pool::WriteBatch::default();
-    b.put_cf(
-        meta.cf(CF_POOL),
-        RECORD_KEY,
-        serde_json::to_vec(rec).expect("serialisable"),
-    );
+    let mut b = tessera_pool::MetaBatch::new();
+    b.put(CF_POOL, RECORD_KEY, serde_json::to_vec(rec).expect("serialisable"));
     meta.commit(b, true)?;
     Ok(())
 }

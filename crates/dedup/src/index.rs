@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use tessera_pool::{MetaStore, Result, WriteBatch, CF_DEDUP};
+use tessera_pool::{MetaBatch, MetaStore, Result, CF_DEDUP};
 
 use crate::fingerprint::Fingerprint;
 
@@ -104,10 +104,9 @@ impl FingerprintIndex {
         if entries.is_empty() {
             return Ok(());
         }
-        let cf = self.meta.cf(CF_DEDUP);
-        let mut b = WriteBatch::default();
+        let mut b = MetaBatch::new();
         for (k, e) in entries {
-            b.put_cf(cf, k, e.to_bytes());
+            b.put(CF_DEDUP, k, e.to_bytes());
         }
         self.meta.commit(b, false)
     }
@@ -116,10 +115,9 @@ impl FingerprintIndex {
         if keys.is_empty() {
             return Ok(());
         }
-        let cf = self.meta.cf(CF_DEDUP);
-        let mut b = WriteBatch::default();
+        let mut b = MetaBatch::new();
         for k in keys {
-            b.delete_cf(cf, k);
+            b.delete(CF_DEDUP, k);
         }
         self.meta.commit(b, false)
     }
@@ -136,9 +134,9 @@ impl FingerprintIndex {
 
     pub fn stats(&self) -> IndexStats {
         IndexStats {
-            entries: self.meta.property(CF_DEDUP, "rocksdb.estimate-num-keys"),
+            entries: self.meta.estimate_keys(CF_DEDUP),
             memory_bytes: self.meta.dedup_index_memory(),
-            disk_bytes: self.meta.property(CF_DEDUP, "rocksdb.total-sst-files-size"),
+            disk_bytes: self.meta.stored_bytes(CF_DEDUP),
         }
     }
 }

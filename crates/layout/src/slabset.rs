@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 use serde::{Deserialize, Serialize};
-use tessera_pool::{DiskState, DiskUsage, Pool, PoolError, SlabRef, WriteBatch, CF_SLABSETS};
+use tessera_pool::{DiskState, DiskUsage, MetaBatch, Pool, SlabRef, CF_SLABSETS};
 
 use crate::error::{LayoutError, Result};
 use crate::spec::LayoutSpec;
@@ -66,19 +66,14 @@ impl Registry {
         let mut sets = BTreeMap::new();
         let mut max_id = 0;
         pool.meta().for_each_prefix(CF_SLABSETS, &[], |_, v| {
-            let d: SlabSetDesc = serde_json::from_slice(v).map_err(|e| PoolError::Meta {
-                path: pool.meta().path().display().to_string(),
-                message: format!("unreadable slab set descriptor: {e}"),
-            })?;
+            let d: SlabSetDesc = serde_json::from_slice(v)
+                .map_err(|e| pool.meta().error(format!("unreadable slab set descriptor: {e}")))?;
             for s in &d.members {
                 if !pool.mark_slab_used(*s) {
-                    return Err(PoolError::Meta {
-                        path: pool.meta().path().display().to_string(),
-                        message: format!(
-                            "slab {} of disk {} is claimed twice (slab set {})",
-                            s.slab, s.disk, d.id
-                        ),
-                    });
+                    return Err(pool.meta().error(format!(
+                        "slab {} of disk {} is claimed twice (slab set {})",
+                        s.slab, s.disk, d.id
+                    )));
                 }
             }
             max_id = max_id.max(d.id);
@@ -108,9 +103,9 @@ impl Registry {
     }
 
     pub fn persist(pool: &Pool, desc: &SlabSetDesc) -> Result<()> {
-        let mut b = WriteBatch::default();
-        b.put_cf(
-            pool.meta().cf(CF_SLABSETS),
+        let mut b = MetaBatch::new();
+        b.put(
+            CF_SLABSETS,
             set_key(desc.id),
             serde_json::to_vec(desc).expect("serializable"),
         );
@@ -148,8 +143,8 @@ impl Registry {
 
     pub fn remove(&self, pool: &Pool, id: u32) -> Result<()> {
         let set = self.get(id)?;
-        let mut b = WriteBatch::default();
-        b.delete_cf(pool.meta().cf(CF_SLABSETS), set_key(id));
+        let mut b = MetaBatch::new();
+        b.delete(CF_SLABSETS, set_key(id));
         pool.meta().commit(b, true)?;
         self.sets.write().remove(&id);
         for s in set.members.read().iter() {

@@ -5,7 +5,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
-use rocksdb::WriteBatch;
 use tessera_disk::{
     read_label, rewrite_label, verify_label, wipe_label, write_new_label, DiskError, DiskRef, Label, MeteredDisk,
     DATA_OFFSET,
@@ -16,7 +15,7 @@ use uuid::Uuid;
 use crate::alloc::{choose_disks, SlabMap, SlabRef};
 use crate::config::{validate_name, DiskInfo, DiskState, DiskUsage, PoolConfig, MIN_CACHE_AREA, MIN_SLAB_SIZE};
 use crate::error::{PoolError, Result};
-use crate::meta::{MetaStore, CF_POOL};
+use crate::meta::{MetaBatch, MetaStore, CF_POOL};
 
 const CONFIG_KEY: &[u8] = b"config";
 
@@ -343,12 +342,8 @@ impl Pool {
     }
 
     fn save_config(&self, config: &PoolConfig) -> Result<()> {
-        let mut b = WriteBatch::default();
-        b.put_cf(
-            self.meta.cf(CF_POOL),
-            CONFIG_KEY,
-            serde_json::to_vec(config).expect("serializable"),
-        );
+        let mut b = MetaBatch::new();
+        b.put(CF_POOL, CONFIG_KEY, serde_json::to_vec(config).expect("serializable"));
         self.meta.commit(b, true)
     }
 

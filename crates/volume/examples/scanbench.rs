@@ -133,7 +133,7 @@ fn main() {
     let t = Instant::now();
     let meta = engine.pool().meta();
     for cf in [tessera_pool::CF_GRAINS, tessera_pool::CF_REFCOUNTS] {
-        meta.db().compact_range_cf(meta.cf(cf), None::<&[u8]>, None::<&[u8]>);
+        meta.compact(cf);
     }
     eprintln!("compacted the metadata store in {:.1}s", t.elapsed().as_secs_f64());
 

@@ -9,7 +9,7 @@ use std::sync::{Arc, OnceLock};
 
 use parking_lot::{Condvar, Mutex};
 use tessera_cache::WriteCache;
-use tessera_pool::{refcount_delta, WriteBatch, CF_REFCOUNTS};
+use tessera_pool::{MetaBatch, CF_REFCOUNTS};
 
 use crate::error::{Result, VolumeError};
 use crate::keys::refcount_key;
@@ -20,13 +20,14 @@ use crate::space::Loc;
 pub enum Op {
     Put(&'static str, Vec<u8>, Vec<u8>),
     Delete(&'static str, Vec<u8>),
-    Merge(&'static str, Vec<u8>, Vec<u8>),
+    /// A reference count moved by a delta.
+    Count(&'static str, Vec<u8>, i64),
 }
 
 impl Op {
     /// Moves the reference count of the slot `l` is in by `delta`.
     pub fn count(l: Loc, delta: i64) -> Op {
-        Op::Merge(CF_REFCOUNTS, refcount_key(l), refcount_delta(delta).to_vec())
+        Op::Count(CF_REFCOUNTS, refcount_key(l), delta)
     }
 }
 
@@ -118,12 +119,12 @@ impl Committer {
         // or in the write-back log that a restart replays before anything is read).
         self.cache.flush()?;
         let meta = pool.meta();
-        let mut b = WriteBatch::default();
+        let mut b = MetaBatch::new();
         for op in ops {
             match op {
-                Op::Put(cf, k, v) => b.put_cf(meta.cf(cf), k, v),
-                Op::Delete(cf, k) => b.delete_cf(meta.cf(cf), k),
-                Op::Merge(cf, k, v) => b.merge_cf(meta.cf(cf), k, v),
+                Op::Put(cf, k, v) => b.put(cf, k, v),
+                Op::Delete(cf, k) => b.delete(cf, k),
+                Op::Count(cf, k, d) => b.count(cf, k, d),
             }
         }
         meta.commit(b, true)?;

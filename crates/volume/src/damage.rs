@@ -8,7 +8,7 @@
 use std::ops::Range;
 use std::sync::atomic::Ordering;
 
-use tessera_pool::{refcount_delta, WriteBatch, CF_GRAINS, CF_REFCOUNTS};
+use tessera_pool::{MetaBatch, CF_GRAINS, CF_REFCOUNTS};
 
 use crate::engine::Engine;
 use crate::error::{Result, VolumeError};
@@ -30,7 +30,7 @@ impl Engine {
         }
     }
 
-    fn damage_commit(&self, b: WriteBatch) -> Result<()> {
+    fn damage_commit(&self, b: MetaBatch) -> Result<()> {
         self.pool().meta().commit(b, true)?;
         Ok(())
     }
@@ -40,7 +40,6 @@ impl Engine {
     pub fn damage_orphan_slots(&self, vdisk: &str, n: u64) -> Result<Vec<Loc>> {
         let v = self.vdisk(vdisk)?;
         let s = self.shared();
-        let meta = s.pool.meta();
         let mut taken = Vec::with_capacity(n as usize);
         while (taken.len() as u64) < n {
             let want = (n - taken.len() as u64).min(BATCH) as usize;
@@ -48,9 +47,9 @@ impl Engine {
                 Some(run) => run,
                 None => vec![s.space.allocate(v.class, false)?],
             };
-            let mut b = WriteBatch::default();
+            let mut b = MetaBatch::new();
             for &l in &part {
-                b.merge_cf(meta.cf(CF_REFCOUNTS), refcount_key(l), refcount_delta(1));
+                b.count(CF_REFCOUNTS, refcount_key(l), 1);
             }
             self.damage_commit(b)?;
             taken.extend(part);
@@ -63,9 +62,8 @@ impl Engine {
     pub fn damage_count(&self, vdisk: &str, grain: u64, delta: i64) -> Result<Loc> {
         let v = self.vdisk(vdisk)?;
         let l = self.mapped_slot(&v, grain)?;
-        let mut b = WriteBatch::default();
-        let meta = self.pool().meta();
-        b.merge_cf(meta.cf(CF_REFCOUNTS), refcount_key(l), refcount_delta(delta));
+        let mut b = MetaBatch::new();
+        b.count(CF_REFCOUNTS, refcount_key(l), delta);
         self.damage_commit(b)?;
         self.shared().space.adjust(l, delta);
         Ok(l)
@@ -88,10 +86,9 @@ impl Engine {
         let old = self.mapped_slot(&v, grain)?;
         let gone = s.space.all_sets().iter().map(|x| x.set.id).max().unwrap_or(0) + 1000;
         let l = loc(gone, (grain % 1000) as u32);
-        let meta = s.pool.meta();
-        let mut b = WriteBatch::default();
-        b.put_cf(meta.cf(CF_GRAINS), grain_key(v.id, grain), loc_value(l));
-        b.merge_cf(meta.cf(CF_REFCOUNTS), refcount_key(old), refcount_delta(-1));
+        let mut b = MetaBatch::new();
+        b.put(CF_GRAINS, grain_key(v.id, grain), loc_value(l));
+        b.count(CF_REFCOUNTS, refcount_key(old), -1);
         self.damage_commit(b)?;
         v.set_entry(grain, l);
         s.space.adjust(old, -1);
@@ -104,17 +101,16 @@ impl Engine {
         let v = self.vdisk(vdisk)?;
         let s = self.shared();
         let id = self.next_id.fetch_add(1, Ordering::SeqCst);
-        let meta = s.pool.meta();
         let entries: Vec<(u64, Loc)> = (0..v.map.read().len() as u64)
             .map(|g| (g, v.entry(g)))
             .filter(|e| e.1 != 0)
             .collect();
         for part in entries.chunks(BATCH as usize) {
-            let mut b = WriteBatch::default();
+            let mut b = MetaBatch::new();
             for &(g, l) in part {
                 s.space.adjust(l, 1);
-                b.put_cf(meta.cf(CF_GRAINS), grain_key(id, g), loc_value(l));
-                b.merge_cf(meta.cf(CF_REFCOUNTS), refcount_key(l), refcount_delta(1));
+                b.put(CF_GRAINS, grain_key(id, g), loc_value(l));
+                b.count(CF_REFCOUNTS, refcount_key(l), 1);
             }
             self.damage_commit(b)?;
         }
@@ -146,10 +142,10 @@ impl Engine {
                     .map(|_| s.space.allocate(v.class, v.fixed()))
                     .collect::<Result<Vec<Loc>>>()?,
             };
-            let mut b = WriteBatch::default();
+            let mut b = MetaBatch::new();
             for (&i, &l) in grains.iter().zip(&slots) {
-                b.put_cf(meta.cf(CF_GRAINS), grain_key(v.id, i), loc_value(l));
-                b.merge_cf(meta.cf(CF_REFCOUNTS), refcount_key(l), refcount_delta(1));
+                b.put(CF_GRAINS, grain_key(v.id, i), loc_value(l));
+                b.count(CF_REFCOUNTS, refcount_key(l), 1);
             }
             meta.commit(b, false)?;
             for (&i, &l) in grains.iter().zip(&slots) {

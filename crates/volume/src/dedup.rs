@@ -30,7 +30,7 @@ use tessera_dedup::{
 };
 use tessera_disk::AlignedBuf;
 use tessera_layout::{LayoutError, Progress};
-use tessera_pool::{MetaStore, WriteBatch, CF_GRAINS, CF_POOL};
+use tessera_pool::{MetaBatch, MetaStore, CF_GRAINS, CF_POOL};
 use tracing::info;
 
 use crate::commit::Op;
@@ -139,12 +139,8 @@ impl Engine {
             }
         }
         let meta = self.pool().meta();
-        let mut b = WriteBatch::default();
-        b.put_cf(
-            meta.cf(CF_POOL),
-            SETTINGS_KEY,
-            serde_json::to_vec(&s).expect("serializable"),
-        );
+        let mut b = MetaBatch::new();
+        b.put(CF_POOL, SETTINGS_KEY, serde_json::to_vec(&s).expect("serializable"));
         meta.commit(b, true)?;
         info!(pool = %self.pool().name(), enabled = s.enabled, "dedup settings changed");
         *self.dedup.settings.write() = s;

@@ -11,8 +11,8 @@ use tessera_cache::{CacheStatus, WriteCache};
 use tessera_disk::DiskRef;
 use tessera_layout::{LayoutSpec, Layouts, Progress, RebuildOptions, RebuildReport};
 use tessera_pool::{
-    decode_refcount, refcount_delta, validate_name, DiskOpener, DiskState, DiskUsage, MetaStore, Pool, WriteBatch,
-    CF_GRAINS, CF_GRAINSETS, CF_POOL, CF_REFCOUNTS, CF_VDISKS,
+    decode_refcount, validate_name, DiskOpener, DiskState, DiskUsage, MetaBatch, MetaStore, Pool, CF_GRAINS,
+    CF_GRAINSETS, CF_POOL, CF_REFCOUNTS, CF_VDISKS,
 };
 use tracing::{info, warn};
 
@@ -60,13 +60,13 @@ fn purge_orphan_grains(meta: &MetaStore) -> Result<()> {
         }
         Ok(())
     })?;
-    let mut b = WriteBatch::default();
+    let mut b = MetaBatch::new();
     let mut orphans = 0u64;
     meta.for_each_prefix(CF_GRAINS, &[], |k, v| {
         if let (Some((id, _)), Some(l)) = (parse_grain_key(k), parse_loc(v)) {
             if !ids.contains(&id) {
-                b.delete_cf(meta.cf(CF_GRAINS), k);
-                b.merge_cf(meta.cf(CF_REFCOUNTS), refcount_key(l), refcount_delta(-1));
+                b.delete(CF_GRAINS, k);
+                b.count(CF_REFCOUNTS, refcount_key(l), -1);
                 orphans += 1;
             }
         }
@@ -148,8 +148,8 @@ impl Engine {
             }
         }
         for (id, _) in grainsets {
-            let mut b = WriteBatch::default();
-            b.delete_cf(meta.cf(CF_GRAINSETS), id.to_be_bytes());
+            let mut b = MetaBatch::new();
+            b.delete(CF_GRAINSETS, id.to_be_bytes());
             meta.commit(b, true)?;
         }
 
@@ -168,10 +168,8 @@ impl Engine {
 
         let mut configs = Vec::new();
         meta.for_each_prefix(CF_VDISKS, &[], |_, v| {
-            let c: VdiskConfig = serde_json::from_slice(v).map_err(|e| tessera_pool::PoolError::Meta {
-                path: meta.path().display().to_string(),
-                message: format!("unreadable vdisk record: {e}"),
-            })?;
+            let c: VdiskConfig =
+                serde_json::from_slice(v).map_err(|e| meta.error(format!("unreadable vdisk record: {e}")))?;
             configs.push(c);
             Ok(())
         })?;
@@ -325,16 +323,12 @@ impl Engine {
 
     fn save_config(&self, c: &VdiskConfig) -> Result<()> {
         let meta = self.s.pool.meta();
-        let mut b = WriteBatch::default();
-        b.put_cf(
-            meta.cf(CF_VDISKS),
-            vdisk_key(c.id),
-            serde_json::to_vec(c).expect("serializable"),
-        );
+        let mut b = MetaBatch::new();
+        b.put(CF_VDISKS, vdisk_key(c.id), serde_json::to_vec(c).expect("serializable"));
         // Ids are never used twice, even after the vdisk that had the highest is deleted and
         // the pool reopened: whatever might remain keyed by an old id stays with it.
-        b.put_cf(
-            meta.cf(CF_POOL),
+        b.put(
+            CF_POOL,
             NEXT_VDISK_ID_KEY,
             (c.id + 1).max(self.next_id.load(Ordering::SeqCst)).to_le_bytes(),
         );
@@ -421,8 +415,8 @@ impl Engine {
             self.s.space.unreserve(v.class, reserved);
         }
         let meta = self.s.pool.meta();
-        let mut b = WriteBatch::default();
-        b.delete_cf(meta.cf(CF_VDISKS), vdisk_key(v.id));
+        let mut b = MetaBatch::new();
+        b.delete(CF_VDISKS, vdisk_key(v.id));
         meta.commit(b, true)?;
         self.s.space.reclaim_empty()?;
         info!(vdisk = %v.name(), "vdisk deleted");

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use tessera_layout::LayoutFinding;
-use tessera_pool::{MetaStore, WriteBatch, CF_FINDINGS, CF_POOL};
+use tessera_pool::{MetaBatch, MetaStore, CF_FINDINGS, CF_POOL};
 
 use crate::error::{Result, VolumeError};
 use crate::space::loc_parts;
@@ -235,24 +235,15 @@ pub(crate) fn load_report(meta: &MetaStore) -> Result<Option<ScanReport>> {
     }
 }
 
-pub(crate) fn save_report(meta: &MetaStore, b: &mut WriteBatch, r: &ScanReport) {
-    b.put_cf(
-        meta.cf(CF_POOL),
-        REPORT_KEY,
-        serde_json::to_vec(r).expect("serializable"),
-    );
+pub(crate) fn save_report(b: &mut MetaBatch, r: &ScanReport) {
+    b.put(CF_POOL, REPORT_KEY, serde_json::to_vec(r).expect("serializable"));
 }
 
 /// The findings kept, in id order, from id `after` on, at most `limit`.
 pub(crate) fn load_findings(meta: &MetaStore, after: u64, limit: usize) -> Result<Vec<Finding>> {
     let start = finding_key(after);
-    let iter = meta.db().iterator_cf(
-        meta.cf(CF_FINDINGS),
-        rocksdb::IteratorMode::From(&start, rocksdb::Direction::Forward),
-    );
     let mut out = Vec::new();
-    for item in iter.take(limit) {
-        let (k, v) = item.map_err(|e| meta.err(e))?;
+    for (k, v) in meta.range_from(CF_FINDINGS, &start, limit)? {
         let id = <[u8; 8]>::try_from(k.as_ref()).map(u64::from_be_bytes).unwrap_or(0);
         let f = serde_json::from_slice::<Finding>(&v)
             .map_err(|e| VolumeError::Invalid(format!("finding {id} is unreadable: {e}")))?;

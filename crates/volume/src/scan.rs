@@ -15,8 +15,8 @@ use std::time::Instant;
 
 use tessera_layout::{LayoutSpec, Progress, SlabSetDesc};
 use tessera_pool::{
-    decode_refcount, MetaSnapshot, WriteBatch, CF_FINDINGS, CF_GRAINS, CF_GRAINSETS, CF_POOL, CF_REFCOUNTS,
-    CF_SLABSETS, CF_VDISKS,
+    decode_refcount, MetaBatch, MetaSnapshot, CF_FINDINGS, CF_GRAINS, CF_GRAINSETS, CF_POOL, CF_REFCOUNTS, CF_SLABSETS,
+    CF_VDISKS,
 };
 use tracing::{info, warn};
 
@@ -356,8 +356,8 @@ impl Engine {
     /// Replaces the kept findings with these, numbered from 1, and the report.
     fn keep_findings(&self, findings: Vec<(FindingKind, Repair)>, report: &ScanReport) -> Result<()> {
         let meta = self.pool().meta();
-        let mut b = WriteBatch::default();
-        b.delete_range_cf(meta.cf(CF_FINDINGS), finding_key(0), finding_key(u64::MAX));
+        let mut b = MetaBatch::new();
+        b.delete_range(CF_FINDINGS, finding_key(0), finding_key(u64::MAX));
         for (i, (kind, repair)) in findings.into_iter().enumerate() {
             let f = Finding {
                 id: i as u64 + 1,
@@ -366,12 +366,12 @@ impl Engine {
                 status: FindingStatus::Open,
                 note: None,
             };
-            b.put_cf(meta.cf(CF_FINDINGS), finding_key(f.id), encode(&f));
+            b.put(CF_FINDINGS, finding_key(f.id), encode(&f));
             if b.len() >= WRITE_BATCH {
                 meta.commit(std::mem::take(&mut b), false)?;
             }
         }
-        save_report(meta, &mut b, report);
+        save_report(&mut b, report);
         meta.commit(b, true)?;
         Ok(())
     }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 use tessera_layout::{LayoutError, Progress, ScrubTally};
-use tessera_pool::{WriteBatch, CF_POOL};
+use tessera_pool::{MetaBatch, CF_POOL};
 use tracing::{info, warn};
 
 use crate::engine::Engine;
@@ -74,12 +74,8 @@ impl Engine {
     }
 
     fn save_scrub_state(&self, s: &ScrubState, sync: bool) -> Result<()> {
-        let mut b = WriteBatch::default();
-        b.put_cf(
-            self.pool().meta().cf(CF_POOL),
-            STATE_KEY,
-            serde_json::to_vec(s).expect("serializable"),
-        );
+        let mut b = MetaBatch::new();
+        b.put(CF_POOL, STATE_KEY, serde_json::to_vec(s).expect("serializable"));
         self.pool().meta().commit(b, sync)?;
         Ok(())
     }

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use parking_lot::{Mutex, RwLock};
 use tessera_cache::WriteCache;
 use tessera_layout::{LayoutSpec, Layouts, Placement, SlabSet};
-use tessera_pool::{WriteBatch, CF_GRAINSETS};
+use tessera_pool::{MetaBatch, CF_GRAINSETS};
 use tracing::info;
 
 use crate::error::{Result, VolumeError};
@@ -529,8 +529,8 @@ impl GrainSpace {
             e => e.into(),
         })?;
         let meta = self.layouts.pool().meta();
-        let mut b = WriteBatch::default();
-        b.put_cf(meta.cf(CF_GRAINSETS), set.id.to_be_bytes(), class.grain.to_le_bytes());
+        let mut b = MetaBatch::new();
+        b.put(CF_GRAINSETS, set.id.to_be_bytes(), class.grain.to_le_bytes());
         if let Err(e) = meta.commit(b, true) {
             self.cache.forget_set(set.id);
             let _ = self.layouts.free_set(set.id);
@@ -613,8 +613,8 @@ impl GrainSpace {
         self.alloc.lock().per_set.remove(&id);
         self.sets.write().remove(&id);
         let meta = self.layouts.pool().meta();
-        let mut b = WriteBatch::default();
-        b.delete_cf(meta.cf(CF_GRAINSETS), id.to_be_bytes());
+        let mut b = MetaBatch::new();
+        b.delete(CF_GRAINSETS, id.to_be_bytes());
         let _ = meta.commit(b, true);
         self.cache.forget_set(id);
         if let Err(e) = self.layouts.free_set(id) {

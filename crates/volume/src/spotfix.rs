@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use tessera_disk::AlignedBuf;
 use tessera_layout::{LayoutFinding, Progress, RebuildOptions};
-use tessera_pool::{decode_refcount, refcount_delta, WriteBatch, CF_FINDINGS, CF_GRAINS, CF_REFCOUNTS, CF_VDISKS};
+use tessera_pool::{decode_refcount, MetaBatch, CF_FINDINGS, CF_GRAINS, CF_REFCOUNTS, CF_VDISKS};
 use tracing::{info, warn};
 
 use crate::engine::Engine;
@@ -100,8 +100,8 @@ impl Engine {
         report.finished_at = crate::scrub::unix_now();
         report.seconds = t0.elapsed().as_secs_f64();
         scan.spotfix = Some(report.clone());
-        let mut b = WriteBatch::default();
-        save_report(meta, &mut b, &scan);
+        let mut b = MetaBatch::new();
+        save_report(&mut b, &scan);
         meta.commit(b, true)?;
         if progress.cancel.load(Ordering::Relaxed) {
             return Err(VolumeError::Layout(tessera_layout::LayoutError::Cancelled));
@@ -113,23 +113,17 @@ impl Engine {
     /// Records what became of a finding whose repair (if any) is already durable.
     fn settle(&self, f: &Finding, outcome: Outcome, report: &mut SpotfixReport) -> Result<()> {
         let meta = self.pool().meta();
-        let mut b = WriteBatch::default();
-        Self::settle_in(meta, &mut b, f, outcome, report);
+        let mut b = MetaBatch::new();
+        Self::settle_in(&mut b, f, outcome, report);
         meta.commit(b, true)?;
         Ok(())
     }
 
-    fn settle_in(
-        meta: &tessera_pool::MetaStore,
-        b: &mut WriteBatch,
-        f: &Finding,
-        outcome: Outcome,
-        report: &mut SpotfixReport,
-    ) {
+    fn settle_in(b: &mut MetaBatch, f: &Finding, outcome: Outcome, report: &mut SpotfixReport) {
         let (status, note) = match outcome {
             Outcome::Fixed => {
                 report.fixed += 1;
-                b.delete_cf(meta.cf(CF_FINDINGS), finding_key(f.id));
+                b.delete(CF_FINDINGS, finding_key(f.id));
                 return;
             }
             Outcome::Changed(why) => {
@@ -145,7 +139,7 @@ impl Engine {
         let mut kept = f.clone();
         kept.status = status;
         kept.note = Some(note);
-        b.put_cf(meta.cf(CF_FINDINGS), finding_key(f.id), encode(&kept));
+        b.put(CF_FINDINGS, finding_key(f.id), encode(&kept));
     }
 
     /// Counts of slots that nothing referred to at the scan: each still as the scan saw it is
@@ -160,19 +154,17 @@ impl Engine {
                 _ => unreachable!("only counts of unreferenced slots come here"),
             })
             .collect();
-        let now = meta
-            .db()
-            .batched_multi_get_cf(meta.cf(CF_REFCOUNTS), keys.iter(), false);
-        let mut b = WriteBatch::default();
+        let keys: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
+        let now = meta.multi_get(CF_REFCOUNTS, &keys)?;
+        let mut b = MetaBatch::new();
         let mut release = Vec::new();
         for (f, now) in chunk.iter().zip(now) {
             let Repair::SetCount { slot, stored, .. } = f.repair else {
                 continue;
             };
-            let now = now.map_err(|e| meta.err(e))?.map(|v| decode_refcount(&v)).unwrap_or(0);
+            let now = now.map(|v| decode_refcount(&v)).unwrap_or(0);
             if now != stored {
                 Self::settle_in(
-                    meta,
                     &mut b,
                     f,
                     Outcome::Changed(format!("its count is {now} now, not {stored}; scan again")),
@@ -182,8 +174,8 @@ impl Engine {
             }
             // A negative stored count was loaded as 0: memory has nothing to give back.
             let mem = stored.max(0);
-            b.merge_cf(meta.cf(CF_REFCOUNTS), refcount_key(slot), refcount_delta(-stored));
-            Self::settle_in(meta, &mut b, f, Outcome::Fixed, report);
+            b.count(CF_REFCOUNTS, refcount_key(slot), -stored);
+            Self::settle_in(&mut b, f, Outcome::Fixed, report);
             release.push((slot, mem));
         }
         meta.commit(b, true)?;
@@ -282,9 +274,9 @@ impl Engine {
         if mem_delta > 0 {
             s.space.adjust(slot, mem_delta);
         }
-        let mut b = WriteBatch::default();
-        b.merge_cf(meta.cf(CF_REFCOUNTS), refcount_key(slot), refcount_delta(delta));
-        b.delete_cf(meta.cf(CF_FINDINGS), finding_key(f.id));
+        let mut b = MetaBatch::new();
+        b.count(CF_REFCOUNTS, refcount_key(slot), delta);
+        b.delete(CF_FINDINGS, finding_key(f.id));
         if let Err(e) = meta.commit(b, true) {
             if mem_delta > 0 {
                 s.space.adjust(slot, -mem_delta);
@@ -315,14 +307,14 @@ impl Engine {
                 v.name()
             )));
         }
-        let mut b = WriteBatch::default();
+        let mut b = MetaBatch::new();
         // A reference to a place that is no slot was never counted (the scan says so).
         let counted = s.space.is_slot(slot);
-        b.delete_cf(meta.cf(CF_GRAINS), grain_key(vdisk, g));
+        b.delete(CF_GRAINS, grain_key(vdisk, g));
         if counted {
-            b.merge_cf(meta.cf(CF_REFCOUNTS), refcount_key(slot), refcount_delta(-1));
+            b.count(CF_REFCOUNTS, refcount_key(slot), -1);
         }
-        b.delete_cf(meta.cf(CF_FINDINGS), finding_key(f.id));
+        b.delete(CF_FINDINGS, finding_key(f.id));
         meta.commit(b, true)?;
         if v.entry(g) == slot {
             v.set_entry(g, 0);
@@ -380,11 +372,11 @@ impl Engine {
             Ok(())
         })?;
         for part in entries.chunks(CHUNK) {
-            let mut b = WriteBatch::default();
+            let mut b = MetaBatch::new();
             for (k, l) in part {
-                b.delete_cf(meta.cf(CF_GRAINS), k);
+                b.delete(CF_GRAINS, k);
                 if s.space.is_slot(*l) {
-                    b.merge_cf(meta.cf(CF_REFCOUNTS), refcount_key(*l), refcount_delta(-1));
+                    b.count(CF_REFCOUNTS, refcount_key(*l), -1);
                 }
             }
             meta.commit(b, true)?;

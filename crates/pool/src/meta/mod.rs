@@ -1,0 +1,209 @@
+//! The pool's metadata store: one kind of record per column family, every change one atomic
+//! batch (see ARCHITECTURE.md). [`MetaStore`] is what the layers hold; where the records live
+//! is a [`MetaBackend`]: RocksDB beside the pool ([`RocksMeta`]), or memory ([`MemoryMeta`]).
+
+mod backend;
+mod batch;
+pub mod conformance;
+mod memory;
+mod rocks;
+
+use std::path::Path;
+
+pub use backend::{MetaBackend, MetaView, Visit};
+pub use batch::{MetaBatch, MetaOp};
+pub use memory::MemoryMeta;
+pub use rocks::RocksMeta;
+
+use crate::error::{PoolError, Result};
+
+/// Pool configuration and disk table.
+pub const CF_POOL: &str = "pool";
+/// Slab set descriptors (layout layer).
+pub const CF_SLABSETS: &str = "slabsets";
+/// Virtual disk descriptors (volume layer).
+pub const CF_VDISKS: &str = "vdisks";
+/// Grain map entries: (vdisk id, grain index) -> grain location (volume layer).
+pub const CF_GRAINS: &str = "grains";
+/// Reference counts of allocated grain slots (volume layer). Values are little-endian i64
+/// and change by deltas ([`MetaOp::Count`]), so concurrent updates of one slot commute.
+pub const CF_REFCOUNTS: &str = "refcounts";
+/// Grain size of each slab set used for grains (volume layer).
+pub const CF_GRAINSETS: &str = "grainsets";
+/// What the last metadata scan found, one record per finding (volume layer).
+pub const CF_FINDINGS: &str = "findings";
+/// The fingerprint index of deduplication: (class, fingerprint) -> where such data lies
+/// (dedup layer). Advisory: every match is compared byte for byte before data is shared.
+pub const CF_DEDUP: &str = "dedup";
+
+/// Block cache of the fingerprint index, its index and filter blocks included: with
+/// the memtable, what the index may hold in memory however large it grows.
+pub const DEDUP_INDEX_CACHE: usize = 64 << 20;
+
+pub(crate) const ALL_CFS: [&str; 8] = [
+    CF_POOL,
+    CF_SLABSETS,
+    CF_VDISKS,
+    CF_GRAINS,
+    CF_REFCOUNTS,
+    CF_GRAINSETS,
+    CF_FINDINGS,
+    CF_DEDUP,
+];
+
+/// A count's delta, as a count's value is stored.
+pub fn refcount_delta(d: i64) -> [u8; 8] {
+    d.to_le_bytes()
+}
+
+pub fn decode_refcount(b: &[u8]) -> i64 {
+    b.try_into().map(i64::from_le_bytes).unwrap_or(0)
+}
+
+pub struct MetaStore {
+    backend: Box<dyn MetaBackend>,
+}
+
+impl MetaStore {
+    /// Creates a new RocksDB store at `path`; fails if one already exists there.
+    pub fn create(path: &Path) -> Result<MetaStore> {
+        Ok(MetaStore::on(RocksMeta::create(path)?))
+    }
+
+    /// Opens the RocksDB store at `path`; fails with a clear error if there is none.
+    pub fn open(path: &Path) -> Result<MetaStore> {
+        Ok(MetaStore::on(RocksMeta::open(path)?))
+    }
+
+    /// A store kept by `backend`.
+    pub fn on(backend: impl MetaBackend + 'static) -> MetaStore {
+        MetaStore {
+            backend: Box::new(backend),
+        }
+    }
+
+    /// Where the records live, for messages.
+    pub fn location(&self) -> String {
+        self.backend.location()
+    }
+
+    /// Commits one atomic batch. `sync` makes it durable before returning.
+    pub fn commit(&self, batch: MetaBatch, sync: bool) -> Result<()> {
+        match (batch.is_empty(), sync) {
+            (true, false) => Ok(()),
+            (true, true) => self.backend.sync(),
+            _ => self.backend.commit(&batch, sync),
+        }
+    }
+
+    /// Makes every batch committed so far durable.
+    pub fn sync(&self) -> Result<()> {
+        self.backend.sync()
+    }
+
+    pub fn get(&self, cf: &str, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.backend.get(cf, key)
+    }
+
+    /// Looks up several keys of one column family at once.
+    pub fn multi_get(&self, cf: &str, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>> {
+        self.backend.multi_get(cf, keys)
+    }
+
+    /// Roughly how many records `cf` holds (for progress and reports, not for counting).
+    pub fn estimate_keys(&self, cf: &str) -> u64 {
+        self.backend.estimate_keys(cf)
+    }
+
+    /// Bytes `cf` takes on its medium, where the backend knows it (0 otherwise).
+    pub fn stored_bytes(&self, cf: &str) -> u64 {
+        self.backend.stored_bytes(cf)
+    }
+
+    /// Bytes the fingerprint index holds in memory.
+    pub fn dedup_index_memory(&self) -> u64 {
+        self.backend.dedup_index_memory()
+    }
+
+    /// Visits every (key, value) of a column family whose key starts with `prefix`.
+    pub fn for_each_prefix(
+        &self,
+        cf: &str,
+        prefix: &[u8],
+        mut f: impl FnMut(&[u8], &[u8]) -> Result<()>,
+    ) -> Result<()> {
+        self.backend
+            .scan(cf, prefix, &mut |k, v| prefixed(prefix, k, v, &mut f))
+    }
+
+    /// Up to `limit` records of `cf` in key order, from the first at or after `from`.
+    pub fn range_from(&self, cf: &str, from: &[u8], limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let mut out = Vec::new();
+        if limit > 0 {
+            self.backend.scan(cf, from, &mut |k, v| {
+                out.push((k.to_vec(), v.to_vec()));
+                Ok(out.len() < limit)
+            })?;
+        }
+        Ok(out)
+    }
+
+    /// Stops the store's background work (flushes, compactions) and waits for what runs: a
+    /// process about to exit with the store still open calls it.
+    pub fn stop_background_work(&self) {
+        self.backend.stop_background_work();
+    }
+
+    /// Compacts a column family whole, where the backend has such a thing (benchmarks).
+    pub fn compact(&self, cf: &str) {
+        self.backend.compact(cf);
+    }
+
+    /// A consistent view of the store as it is now: every batch committed before is in it,
+    /// none committed after. A scan reads it while the vdisks go on writing.
+    pub fn snapshot(&self) -> MetaSnapshot<'_> {
+        MetaSnapshot {
+            view: self.backend.snapshot(),
+        }
+    }
+
+    /// An error of this store, for records the layers above find unreadable.
+    pub fn error(&self, message: impl Into<String>) -> PoolError {
+        PoolError::Meta {
+            path: self.location(),
+            message: message.into(),
+        }
+    }
+}
+
+/// Feeds `f` a record while its key starts with `prefix`; false (stop) past them.
+fn prefixed(prefix: &[u8], k: &[u8], v: &[u8], f: &mut impl FnMut(&[u8], &[u8]) -> Result<()>) -> Result<bool> {
+    if !k.starts_with(prefix) {
+        return Ok(false);
+    }
+    f(k, v)?;
+    Ok(true)
+}
+
+/// A point-in-time view of the metadata store ([`MetaStore::snapshot`]).
+pub struct MetaSnapshot<'a> {
+    view: Box<dyn MetaView + 'a>,
+}
+
+impl MetaSnapshot<'_> {
+    /// Visits every (key, value) of a column family whose key starts with `prefix`, as of the
+    /// snapshot.
+    pub fn for_each_prefix(
+        &self,
+        cf: &str,
+        prefix: &[u8],
+        mut f: impl FnMut(&[u8], &[u8]) -> Result<()>,
+    ) -> Result<()> {
+        self.view.scan(cf, prefix, &mut |k, v| prefixed(prefix, k, v, &mut f))
+    }
+
+    /// Roughly how many keys a column family holds (for progress, not for counting).
+    pub fn estimate_keys(&self, cf: &str) -> u64 {
+        self.view.estimate_keys(cf)
+    }
+}
