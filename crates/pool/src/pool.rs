@@ -112,9 +112,31 @@ fn slabs_on(size: u64, slab_size: u64) -> u32 {
 }
 
 impl Pool {
-    /// Creates a pool on blank disks. A disk that carries any label, valid or corrupt, is
-    /// refused and left untouched.
+    /// Creates a pool on blank disks, its metadata in a RocksDB store in `dir`. A disk that
+    /// carries any label, valid or corrupt, is refused and left untouched.
     pub fn create(dir: &Path, name: &str, disks: Vec<DiskRef>, slab_size: u64) -> Result<Arc<Pool>> {
+        Self::create_on(dir, name, disks, slab_size, None)
+    }
+
+    /// Creates a pool as [`create`](Self::create) does, its metadata in `meta`, which must
+    /// hold no pool yet.
+    pub fn create_with_meta(
+        dir: &Path,
+        name: &str,
+        disks: Vec<DiskRef>,
+        slab_size: u64,
+        meta: MetaStore,
+    ) -> Result<Arc<Pool>> {
+        Self::create_on(dir, name, disks, slab_size, Some(meta))
+    }
+
+    fn create_on(
+        dir: &Path,
+        name: &str,
+        disks: Vec<DiskRef>,
+        slab_size: u64,
+        meta: Option<MetaStore>,
+    ) -> Result<Arc<Pool>> {
         validate_name("pool", name).map_err(PoolError::Invalid)?;
         if !slab_size.is_power_of_two() || slab_size < MIN_SLAB_SIZE {
             return Err(PoolError::Invalid(format!(
@@ -155,7 +177,17 @@ impl Pool {
             path: dir.display().to_string(),
             message: format!("cannot create the pool directory: {e}"),
         })?;
-        let meta = Arc::new(MetaStore::create(&dir.join("meta"))?);
+        let local_meta = meta.is_none();
+        let meta = Arc::new(match meta {
+            None => MetaStore::create(&dir.join("meta"))?,
+            Some(m) if m.get(CF_POOL, CONFIG_KEY)?.is_some() => {
+                return Err(PoolError::Exists(format!(
+                    "a pool in the metadata store at {}",
+                    m.location()
+                )))
+            }
+            Some(m) => m,
+        });
         let mut config = PoolConfig {
             id: Uuid::new_v4(),
             name: name.to_string(),
@@ -184,7 +216,9 @@ impl Pool {
                     }
                 }
                 drop(meta);
-                let _ = std::fs::remove_dir_all(dir.join("meta"));
+                if local_meta {
+                    let _ = std::fs::remove_dir_all(dir.join("meta"));
+                }
                 return Err(e.into());
             }
             members.push(Member {
@@ -211,16 +245,17 @@ impl Pool {
     /// that cannot be opened, or whose label is corrupt or names another pool or disk, is
     /// marked missing and never written; the pool opens degraded.
     pub fn open(dir: &Path, opener: DiskOpener) -> Result<Arc<Pool>> {
-        let meta_dir = dir.join("meta");
-        let meta = Arc::new(MetaStore::open(&meta_dir)?);
-        let raw = meta.get(CF_POOL, CONFIG_KEY)?.ok_or_else(|| PoolError::Meta {
-            path: meta_dir.display().to_string(),
-            message: "pool configuration record is missing".into(),
-        })?;
-        let mut config: PoolConfig = serde_json::from_slice(&raw).map_err(|e| PoolError::Meta {
-            path: meta_dir.display().to_string(),
-            message: format!("pool configuration record is unreadable: {e}"),
-        })?;
+        Self::open_with_meta(dir, opener, MetaStore::open(&dir.join("meta"))?)
+    }
+
+    /// Imports a pool as [`open`](Self::open) does, from the metadata in `meta`.
+    pub fn open_with_meta(dir: &Path, opener: DiskOpener, meta: MetaStore) -> Result<Arc<Pool>> {
+        let meta = Arc::new(meta);
+        let raw = meta
+            .get(CF_POOL, CONFIG_KEY)?
+            .ok_or_else(|| meta.error("pool configuration record is missing"))?;
+        let mut config: PoolConfig = serde_json::from_slice(&raw)
+            .map_err(|e| meta.error(format!("pool configuration record is unreadable: {e}")))?;
         config.generation += 1;
         let mut members = Vec::new();
         for info in config.disks.iter_mut() {

@@ -85,6 +85,18 @@ impl Engine {
         Self::open_pool(Pool::create(dir, name, disks, slab_size)?)
     }
 
+    /// Creates a pool as [`create_pool`](Self::create_pool) does, its metadata kept by `meta`
+    /// instead of a RocksDB store in `dir`.
+    pub fn create_pool_with_meta(
+        dir: &Path,
+        name: &str,
+        disks: Vec<DiskRef>,
+        slab_size: u64,
+        meta: MetaStore,
+    ) -> Result<Engine> {
+        Self::open_pool(Pool::create_with_meta(dir, name, disks, slab_size, meta)?)
+    }
+
     /// Creates a pool as [`create_pool`](Self::create_pool) does, with block checksums on or
     /// off (off is for measuring what they cost; a pool without them cannot tell a rotten copy
     /// from a good one).
@@ -104,6 +116,11 @@ impl Engine {
     /// and loads every vdisk.
     pub fn open(dir: &Path, opener: DiskOpener) -> Result<Engine> {
         Self::open_pool(Pool::open(dir, opener)?)
+    }
+
+    /// Imports the pool as [`open`](Self::open) does, from the metadata in `meta`.
+    pub fn open_with_meta(dir: &Path, opener: DiskOpener, meta: MetaStore) -> Result<Engine> {
+        Self::open_pool(Pool::open_with_meta(dir, opener, meta)?)
     }
 
     fn open_pool(pool: Arc<Pool>) -> Result<Engine> {

@@ -14,9 +14,11 @@ use crate::meta::{MetaBatch, MetaOp};
 
 type Tables = BTreeMap<String, BTreeMap<Vec<u8>, Vec<u8>>>;
 
-#[derive(Default)]
+/// Clones share the records: a pool closed and opened again on a clone finds them, as it
+/// would on disk (nothing is lost by a crash that keeps the process alive).
+#[derive(Default, Clone)]
 pub struct MemoryMeta {
-    tables: RwLock<Arc<Tables>>,
+    tables: Arc<RwLock<Arc<Tables>>>,
 }
 
 impl MemoryMeta {
