@@ -26,11 +26,16 @@ build: deps
 # Seconds per fuzz target in `make test` (scripts/fuzz.sh); 0 skips fuzzing.
 export FUZZ_SECONDS ?= 20
 
+# The scale-out crates' features: their tests run against the Ceph cluster and etcd that
+# scripts/test-scale-out.sh starts around the whole run. Off in the default build, which
+# then needs neither librados nor protoc.
+TEST_FEATURES ?= --features tessera-rados/librados,tessera-ownership/fencing
+
 test: test-deps
-	$(CARGO) build --workspace --tests --profile test
+	$(CARGO) build --workspace --tests --profile test $(TEST_FEATURES)
 	{ if [ "$(FUZZ_SECONDS)" != 0 ]; then scripts/fuzz.sh; fi; \
-	  $(CARGO) test --workspace --profile test --no-fail-fast; \
-	  scripts/test-scale-out.sh; } 2>&1 | scripts/summarize-tests.sh
+	  scripts/test-scale-out.sh $(CARGO) test --workspace --profile test --no-fail-fast $(TEST_FEATURES); \
+	  } 2>&1 | scripts/summarize-tests.sh
 
 # The embedded demo: 4 sparse file disks, pool "demo", vdisk "demo/vol1", in ./tessera-demo.
 # DEMO_ARGS passes more flags, e.g. DEMO_ARGS="--api-listen 127.0.0.1:9484".

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# The tests that need a Ceph cluster and an etcd: starts both on loopback
-# (scripts/ceph-dev.sh, one OSD), runs the RADOS bindings' tests (`librados` feature) and the
-# vdisk ownership tests (`etcd` feature) against them, and stops them. Where the cluster
-# cannot start, the tests run without it and each says it was skipped, and why; the
-# cluster's log is shown. Called by `make test`; its output goes through the same summary as
-# the rest.
+# Runs a command (the whole test suite, from `make test`) with a Ceph cluster and an etcd
+# beside it: starts both on loopback (scripts/ceph-dev.sh, one OSD), points the tests at them
+# (TESSERA_CEPH_CONF, TESSERA_ETCD_ENDPOINTS), runs the command, and stops them. The tests
+# that need them are built with the scale-out crates' features (`make test` turns them on for
+# the whole workspace, so that everything is compiled once, with one set of features). Where
+# the cluster cannot start, the command runs without it, the tests that need it say they were
+# skipped and why, and the cluster's log is shown.
+# Usage: scripts/test-scale-out.sh COMMAND [ARGS...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
-CARGO=${CARGO:-cargo}
+[ $# -gt 0 ] || { echo "usage: $0 COMMAND [ARGS...]" >&2; exit 2; }
 DIR=$(mktemp -d /tmp/tessera-ceph.XXXXXX)
 trap 'scripts/ceph-dev.sh down "$DIR/cluster" >/dev/null 2>&1; rm -rf "$DIR"' EXIT
 
@@ -19,6 +21,4 @@ else
   echo "Ceph and etcd could not start here; the tests that need them will say they were skipped. The log:"
   tail -20 "$DIR/up.log"
 fi
-TESSERA_CEPH_CONF="$conf" TESSERA_ETCD_ENDPOINTS="$etcd" timeout 900 \
-  $CARGO test --profile test -p tessera-rados -p tessera-ownership \
-    --features tessera-rados/librados,tessera-ownership/fencing --no-fail-fast
+TESSERA_CEPH_CONF="$conf" TESSERA_ETCD_ENDPOINTS="$etcd" "$@"
