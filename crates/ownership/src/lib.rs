@@ -19,6 +19,8 @@ pub mod alua;
 pub mod fence;
 #[cfg(feature = "fencing")]
 pub mod fenced_disk;
+#[cfg(feature = "fencing")]
+pub mod rados_meta;
 
 use std::time::Duration;
 

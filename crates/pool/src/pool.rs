@@ -249,7 +249,12 @@ impl Pool {
     }
 
     /// Imports a pool as [`open`](Self::open) does, from the metadata in `meta`.
+    /// `dir` (made if missing) holds what a pool keeps beside its disks and outside `meta`.
     pub fn open_with_meta(dir: &Path, opener: DiskOpener, meta: MetaStore) -> Result<Arc<Pool>> {
+        std::fs::create_dir_all(dir).map_err(|e| PoolError::Meta {
+            path: dir.display().to_string(),
+            message: format!("cannot create the pool directory: {e}"),
+        })?;
         let meta = Arc::new(meta);
         let raw = meta
             .get(CF_POOL, CONFIG_KEY)?

@@ -89,6 +89,13 @@ extern "C" {
         pmore: *mut c_uchar,
         prval: *mut c_int,
     );
+    pub fn rados_read_op_omap_get_vals_by_keys(
+        op: rados_read_op_t,
+        keys: *const *const c_char,
+        keys_len: size_t,
+        iter: *mut rados_omap_iter_t,
+        prval: *mut c_int,
+    );
     pub fn rados_read_op_operate(op: rados_read_op_t, io: rados_ioctx_t, oid: *const c_char, flags: c_int) -> c_int;
     pub fn rados_omap_get_next2(
         iter: rados_omap_iter_t,

@@ -17,7 +17,7 @@ mod ffi;
 mod ops;
 
 pub use error::{RadosError, Result};
-pub use ops::{WriteOp, XattrCmp};
+pub use ops::{OmapPage, WriteOp, XattrCmp};
 
 use ops::ReadOmap;
 
@@ -292,6 +292,18 @@ impl Pool<'_> {
     /// The object's omap keys and values (all of them, in key order).
     pub fn omap(&self, oid: &str) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         ReadOmap::all(self.io, oid)
+    }
+
+    /// Up to `max` omap records of `oid` whose keys start with `prefix`, past the key
+    /// `after` (from the first without it), and whether more follow. Keys and prefixes are C
+    /// strings to librados: one with a NUL byte is refused.
+    pub fn omap_page(&self, oid: &str, after: Option<&[u8]>, prefix: &[u8], max: u64) -> Result<OmapPage> {
+        ReadOmap::page(self.io, oid, after, prefix, max)
+    }
+
+    /// The omap records of `oid` under `keys` that exist (no NUL bytes in keys).
+    pub fn omap_get(&self, oid: &str, keys: &[&[u8]]) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        ReadOmap::by_keys(self.io, oid, keys)
     }
 }
 

@@ -186,60 +186,116 @@ impl WriteOp {
 /// Reads an object's omap.
 pub(crate) struct ReadOmap;
 
+/// One page of an omap: its records in key order, and whether more follow.
+pub type OmapPage = (Vec<(Vec<u8>, Vec<u8>)>, bool);
+
 impl ReadOmap {
     /// Every key and value, in key order, read a thousand at a time.
     pub(crate) fn all(io: rados_ioctx_t, oid: &str) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
-        let o = cstr("object", oid)?;
         let mut out: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
-        let mut after: Option<CString> = None;
+        let mut after: Option<Vec<u8>> = None;
         loop {
-            // SAFETY: an operation we release below on every path.
-            let op = unsafe { rados_create_read_op() };
-            if op.is_null() {
-                return Err(RadosError::Invalid(
-                    "librados could not allocate a read operation".into(),
-                ));
-            }
-            let mut iter: rados_omap_iter_t = ptr::null_mut();
-            let (mut more, mut prval): (c_uchar, c_int) = (0, 0);
-            let start = after.as_ref().map(|c| c.as_ptr()).unwrap_or(ptr::null());
-            // SAFETY: a live operation; out-pointers that live until the operation has run.
-            unsafe { rados_read_op_omap_get_vals2(op, start, ptr::null(), 1000, &mut iter, &mut more, &mut prval) };
-            let rc = unsafe { rados_read_op_operate(op, io, o.as_ptr(), LIBRADOS_OPERATION_NOFLAG) };
-            let r = check(rc, "read omap", oid).and_then(|_| check(prval, "read omap", oid));
-            let mut batch = Vec::new();
-            if r.is_ok() && !iter.is_null() {
-                loop {
-                    let (mut k, mut v): (*mut c_char, *mut c_char) = (ptr::null_mut(), ptr::null_mut());
-                    let (mut kl, mut vl) = (0usize, 0usize);
-                    // SAFETY: a live iterator; the key and value stay valid until the next call.
-                    let rc = unsafe { rados_omap_get_next2(iter, &mut k, &mut v, &mut kl, &mut vl) };
-                    if rc < 0 || k.is_null() {
-                        break;
-                    }
-                    let key = unsafe { std::slice::from_raw_parts(k as *const u8, kl) }.to_vec();
-                    let val = if v.is_null() {
-                        Vec::new()
-                    } else {
-                        unsafe { std::slice::from_raw_parts(v as *const u8, vl) }.to_vec()
-                    };
-                    batch.push((key, val));
-                }
-                unsafe { rados_omap_get_end(iter) };
-            }
-            unsafe { rados_release_read_op(op) };
-            r?;
-            let last = batch.last().map(|(k, _)| k.clone());
-            out.extend(batch);
+            let (page, more) = Self::page(io, oid, after.as_deref(), b"", 1000)?;
+            let last = page.last().map(|(k, _)| k.clone());
+            out.extend(page);
             match last {
-                Some(k) if more != 0 => {
-                    // Keys with a NUL byte cannot be resumed after through the C API.
-                    after = Some(CString::new(k).map_err(|_| {
-                        RadosError::Invalid(format!("omap key of {oid} holds a NUL byte: cannot page past it"))
-                    })?);
-                }
+                Some(k) if more => after = Some(k),
                 _ => return Ok(out),
             }
+        }
+    }
+
+    /// Up to `max` records whose keys start with `prefix`, from the first key past `after`
+    /// (from the first, without it). An object that does not exist has none. librados takes
+    /// both as C strings: a key or prefix with a NUL byte is refused.
+    pub(crate) fn page(
+        io: rados_ioctx_t,
+        oid: &str,
+        after: Option<&[u8]>,
+        prefix: &[u8],
+        max: u64,
+    ) -> Result<OmapPage> {
+        let nul = |what: &str| RadosError::Invalid(format!("an omap {what} of {oid} holds a NUL byte"));
+        let after = after
+            .map(|a| CString::new(a).map_err(|_| nul("key to page past")))
+            .transpose()?;
+        let prefix = CString::new(prefix).map_err(|_| nul("prefix"))?;
+        let start = after.as_ref().map(|c| c.as_ptr()).unwrap_or(ptr::null());
+        let mut more: c_uchar = 0;
+        let records = Self::read(oid, io, |op, iter, prval| {
+            // SAFETY: a live operation; strings and out-pointers that live until it has run.
+            unsafe { rados_read_op_omap_get_vals2(op, start, prefix.as_ptr(), max, iter, &mut more, prval) }
+        })?;
+        Ok((records, more != 0))
+    }
+
+    /// The records of `keys` that exist, in key order. Keys are C strings here too.
+    pub(crate) fn by_keys(io: rados_ioctx_t, oid: &str, keys: &[&[u8]]) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let owned: Vec<CString> = keys
+            .iter()
+            .map(|k| CString::new(*k))
+            .collect::<std::result::Result<_, _>>()
+            .map_err(|_| RadosError::Invalid(format!("an omap key of {oid} holds a NUL byte")))?;
+        let ptrs: Vec<*const c_char> = owned.iter().map(|c| c.as_ptr()).collect();
+        Self::read(oid, io, |op, iter, prval| {
+            // SAFETY: a live operation; the key array and its strings outlive it.
+            unsafe { rados_read_op_omap_get_vals_by_keys(op, ptrs.as_ptr(), ptrs.len(), iter, prval) }
+        })
+    }
+
+    /// Runs a read operation that `add` fills with one omap read, and collects what it
+    /// returned. A missing object reads as no records.
+    fn read(
+        oid: &str,
+        io: rados_ioctx_t,
+        add: impl FnOnce(rados_read_op_t, *mut rados_omap_iter_t, *mut c_int),
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let o = cstr("object", oid)?;
+        // SAFETY: an operation we release below on every path.
+        let op = unsafe { rados_create_read_op() };
+        if op.is_null() {
+            return Err(RadosError::Invalid(
+                "librados could not allocate a read operation".into(),
+            ));
+        }
+        let mut iter: rados_omap_iter_t = ptr::null_mut();
+        let mut prval: c_int = 0;
+        add(op, &mut iter, &mut prval);
+        // SAFETY: a live operation and context, a NUL-terminated name.
+        let rc = unsafe { rados_read_op_operate(op, io, o.as_ptr(), LIBRADOS_OPERATION_NOFLAG) };
+        let r = check(rc, "read omap", oid).and_then(|_| check(prval, "read omap", oid));
+        let mut records = Vec::new();
+        if r.is_ok() && !iter.is_null() {
+            loop {
+                let (mut k, mut v): (*mut c_char, *mut c_char) = (ptr::null_mut(), ptr::null_mut());
+                let (mut kl, mut vl) = (0usize, 0usize);
+                // SAFETY: a live iterator; the key and value stay valid until the next call.
+                let rc = unsafe { rados_omap_get_next2(iter, &mut k, &mut v, &mut kl, &mut vl) };
+                if rc < 0 || k.is_null() {
+                    break;
+                }
+                let key = unsafe { std::slice::from_raw_parts(k as *const u8, kl) }.to_vec();
+                let val = if v.is_null() {
+                    Vec::new()
+                } else {
+                    unsafe { std::slice::from_raw_parts(v as *const u8, vl) }.to_vec()
+                };
+                records.push((key, val));
+            }
+        }
+        if !iter.is_null() {
+            // SAFETY: the iterator is ours and not used after this.
+            unsafe { rados_omap_get_end(iter) };
+        }
+        // SAFETY: ours, and not used after this.
+        unsafe { rados_release_read_op(op) };
+        match r {
+            Ok(_) => Ok(records),
+            Err(e) if e.errno() == Some(libc::ENOENT) => Ok(Vec::new()),
+            Err(e) => Err(e),
         }
     }
 }

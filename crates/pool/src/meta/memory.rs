@@ -25,6 +25,21 @@ impl MemoryMeta {
     pub fn new() -> MemoryMeta {
         MemoryMeta::default()
     }
+
+    /// Puts one record as it is, outside any batch: a backend that reads its records whole
+    /// builds its snapshots this way.
+    pub fn load(&self, cf: &str, key: Vec<u8>, value: Vec<u8>) {
+        let mut guard = self.tables.write();
+        Arc::make_mut(&mut guard)
+            .entry(cf.to_string())
+            .or_default()
+            .insert(key, value);
+    }
+
+    /// A view of the records as they are now, that holds them itself.
+    pub fn into_view(self) -> Box<dyn MetaView + Send + Sync> {
+        Box::new(MemoryView(self.tables.read().clone()))
+    }
 }
 
 fn scan_table(tables: &Tables, cf: &str, from: &[u8], visit: Visit) -> Result<()> {

@@ -1,0 +1,354 @@
+//! A pool's metadata store on RADOS ([`MetaBackend`]): every record in the omap of one
+//! object, so that any gateway that reaches the cluster can open the pool, and every batch one
+//! compound write of that object, applied whole or not at all by its primary OSD.
+//!
+//! - A record's omap key is its family's name, `/`, and its key in hex: librados takes omap
+//!   keys as C strings where a read starts or filters, and the engine's keys are binary.
+//!   Hex keeps byte order within a family, at twice the key's length.
+//! - The object carries a version (attribute `tessera.meta.version`) that every batch bumps,
+//!   guarded by the value it read: a reference count has no merge operator on an OSD, so a
+//!   batch that moves counts (or deletes a range) reads what it changes, and a batch that
+//!   another gateway's commit overtook is refused (`ECANCELED`) and computed again.
+//! - Every batch is also fenced: guarded by "the object's epoch is at most mine" and stamped
+//!   with the writer's epoch, as data objects are ([`crate::fence`]), so a gateway that was
+//!   replaced as the pool's owner commits nothing more.
+//! - A snapshot reads the omap whole, between two reads of the version, again if it moved.
+//!
+//! One object serves all metadata, so one placement group does: the price of atomic batches
+//! without an intent log, until records move to per-vdisk objects (docs/scale-out.md).
+
+use std::collections::{BTreeMap, HashMap};
+
+use tessera_pool::{
+    decode_refcount, refcount_delta, MemoryMeta, MetaBackend, MetaBatch, MetaOp, MetaView, PoolError, Visit,
+};
+use tessera_rados::{Pool, RadosError, WriteOp, XattrCmp};
+
+use crate::fence::{epoch_text, EPOCH_ATTR};
+
+/// The attribute every batch bumps.
+pub const VERSION_ATTR: &str = "tessera.meta.version";
+
+/// Records read per omap page.
+const PAGE: u64 = 1000;
+
+/// Times a batch is computed again after other commits overtook it, before it gives up.
+const MAX_TRIES: usize = 10_000;
+
+pub struct RadosMeta {
+    pool: Pool<'static>,
+    oid: String,
+    epoch: i64,
+}
+
+fn hex(key: &[u8]) -> String {
+    key.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(s: &[u8]) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    s.chunks(2)
+        .map(|p| std::str::from_utf8(p).ok().and_then(|p| u8::from_str_radix(p, 16).ok()))
+        .collect()
+}
+
+fn family(cf: &str) -> Vec<u8> {
+    format!("{cf}/").into_bytes()
+}
+
+fn omap_key(cf: &str, key: &[u8]) -> Vec<u8> {
+    format!("{cf}/{}", hex(key)).into_bytes()
+}
+
+fn version_text(v: u64) -> Vec<u8> {
+    format!("{v:020}").into_bytes()
+}
+
+impl RadosMeta {
+    /// The store in object `oid` of `pool`, written as the owner at `epoch`. The object is
+    /// made by the first batch.
+    pub fn new(pool: Pool<'static>, oid: &str, epoch: i64) -> RadosMeta {
+        RadosMeta {
+            pool,
+            oid: oid.to_string(),
+            epoch,
+        }
+    }
+
+    fn err(&self, e: RadosError) -> PoolError {
+        PoolError::Meta {
+            path: self.location(),
+            message: e.to_string(),
+        }
+    }
+
+    /// The version the object is at; 0 before the first batch made it.
+    fn version(&self) -> Result<u64, PoolError> {
+        let raw = self.pool.xattr(&self.oid, VERSION_ATTR).map_err(|e| self.err(e))?;
+        match raw {
+            None => Ok(0),
+            Some(v) => std::str::from_utf8(&v)
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| self.err(RadosError::Invalid(format!("unreadable {VERSION_ATTR}")))),
+        }
+    }
+
+    /// The records under these omap keys that exist.
+    fn read(&self, keys: &[Vec<u8>]) -> Result<HashMap<Vec<u8>, Vec<u8>>, PoolError> {
+        let mut out = HashMap::new();
+        for chunk in keys.chunks(PAGE as usize) {
+            let refs: Vec<&[u8]> = chunk.iter().map(|k| k.as_slice()).collect();
+            out.extend(self.pool.omap_get(&self.oid, &refs).map_err(|e| self.err(e))?);
+        }
+        Ok(out)
+    }
+
+    /// Visits the records whose omap keys start with `prefix`, from `start` on (inclusive),
+    /// in key order, until `visit` says stop.
+    fn walk(
+        &self,
+        prefix: &[u8],
+        start: &[u8],
+        visit: &mut dyn FnMut(&[u8], &[u8]) -> Result<bool, PoolError>,
+    ) -> Result<(), PoolError> {
+        // librados pages past a key, never from one: the start itself is read first.
+        if start.len() > prefix.len() {
+            if let Some(v) = self.read(&[start.to_vec()])?.remove(start) {
+                if !visit(start, &v)? {
+                    return Ok(());
+                }
+            }
+        }
+        let mut after = (start.len() > prefix.len()).then(|| start.to_vec());
+        loop {
+            let (page, more) = self
+                .pool
+                .omap_page(&self.oid, after.as_deref(), prefix, PAGE)
+                .map_err(|e| self.err(e))?;
+            for (k, v) in &page {
+                if !visit(k, v)? {
+                    return Ok(());
+                }
+            }
+            match page.last() {
+                Some((k, _)) if more => after = Some(k.clone()),
+                _ => return Ok(()),
+            }
+        }
+    }
+
+    /// Visits the records of family `cf` from key `from` on, with their keys as the engine
+    /// knows them.
+    fn scan_family(&self, cf: &str, from: &[u8], visit: Visit) -> Result<(), PoolError> {
+        let prefix = family(cf);
+        self.walk(
+            &prefix,
+            &omap_key(cf, from),
+            &mut |k, v| match unhex(&k[prefix.len()..]) {
+                Some(key) => visit(&key, v),
+                None => Err(self.err(RadosError::Invalid(format!("omap key {k:?} is not a record's")))),
+            },
+        )
+    }
+
+    /// What `batch` leaves in the omap, as of `version`: each omap key it touches, set or
+    /// removed, in the order of its ops.
+    fn outcome(&self, batch: &MetaBatch) -> Result<BTreeMap<Vec<u8>, Option<Vec<u8>>>, PoolError> {
+        let counted: Vec<Vec<u8>> = batch
+            .ops()
+            .iter()
+            .filter_map(|op| match op {
+                MetaOp::Count(cf, k, _) => Some(omap_key(cf, k)),
+                _ => None,
+            })
+            .collect();
+        let stored = self.read(&counted)?;
+        let mut out: BTreeMap<Vec<u8>, Option<Vec<u8>>> = BTreeMap::new();
+        for op in batch.ops() {
+            match op {
+                MetaOp::Put(cf, k, v) => {
+                    out.insert(omap_key(cf, k), Some(v.clone()));
+                }
+                MetaOp::Delete(cf, k) => {
+                    out.insert(omap_key(cf, k), None);
+                }
+                MetaOp::DeleteRange(cf, from, to) => {
+                    let (from, to) = (omap_key(cf, from), omap_key(cf, to));
+                    let mut doomed = Vec::new();
+                    self.walk(&family(cf), &from, &mut |k, _| {
+                        if k >= to.as_slice() {
+                            return Ok(false);
+                        }
+                        doomed.push(k.to_vec());
+                        Ok(true)
+                    })?;
+                    doomed.extend(out.range(from..to).map(|(k, _)| k.clone()));
+                    for k in doomed {
+                        out.insert(k, None);
+                    }
+                }
+                MetaOp::Count(cf, k, d) => {
+                    let key = omap_key(cf, k);
+                    let before = match out.get(&key) {
+                        Some(v) => v.as_deref().map(decode_refcount).unwrap_or(0),
+                        None => stored.get(&key).map(|v| decode_refcount(v)).unwrap_or(0),
+                    };
+                    out.insert(key, Some(refcount_delta(before + d).to_vec()));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Whether a gateway with a later epoch has written the object.
+    fn replaced(&self) -> Result<bool, PoolError> {
+        let theirs = self.pool.xattr(&self.oid, EPOCH_ATTR).map_err(|e| self.err(e))?;
+        Ok(theirs.is_some_and(|t| t > epoch_text(self.epoch)))
+    }
+}
+
+impl MetaBackend for RadosMeta {
+    fn location(&self) -> String {
+        format!("rados:{}/{}", self.pool.name(), self.oid)
+    }
+
+    fn commit(&self, batch: &MetaBatch, _sync: bool) -> Result<(), PoolError> {
+        // The OSDs acknowledge a write once every replica holds it: every commit is durable.
+        for _ in 0..MAX_TRIES {
+            let version = self.version()?;
+            let outcome = self.outcome(batch)?;
+            let sets: Vec<(&[u8], &[u8])> = outcome
+                .iter()
+                .filter_map(|(k, v)| v.as_deref().map(|v| (k.as_slice(), v)))
+                .collect();
+            let removes: Vec<&[u8]> = outcome
+                .iter()
+                .filter(|(_, v)| v.is_none())
+                .map(|(k, _)| k.as_slice())
+                .collect();
+            let mine = epoch_text(self.epoch);
+            let mut op = if version == 0 {
+                WriteOp::new().create(true)
+            } else {
+                WriteOp::new()
+                    .guard_xattr_eq(VERSION_ATTR, &version_text(version))
+                    .guard_xattr(EPOCH_ATTR, XattrCmp::Lte, &mine)
+            };
+            op = op
+                .set_xattr(VERSION_ATTR, &version_text(version + 1))
+                .set_xattr(EPOCH_ATTR, &mine);
+            if !sets.is_empty() {
+                op = op.omap_set(&sets);
+            }
+            if !removes.is_empty() {
+                op = op.omap_remove(&removes);
+            }
+            match self.pool.operate(&self.oid, &op) {
+                Ok(()) => return Ok(()),
+                // Another commit came first (or made the object first): compute again,
+                // unless it was a later owner's.
+                Err(e) if e.is_guard_failure() || e.errno() == Some(libc::EEXIST) => {
+                    if self.replaced()? {
+                        return Err(self.err(RadosError::Invalid(format!(
+                            "fenced: a gateway with an epoch later than {} owns this pool's metadata",
+                            self.epoch
+                        ))));
+                    }
+                }
+                Err(e) => return Err(self.err(e)),
+            }
+        }
+        Err(self.err(RadosError::Invalid(format!(
+            "other commits overtook this one {MAX_TRIES} times in a row"
+        ))))
+    }
+
+    fn sync(&self) -> Result<(), PoolError> {
+        Ok(())
+    }
+
+    fn get(&self, cf: &str, key: &[u8]) -> Result<Option<Vec<u8>>, PoolError> {
+        let k = omap_key(cf, key);
+        Ok(self.read(std::slice::from_ref(&k))?.remove(&k))
+    }
+
+    fn multi_get(&self, cf: &str, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, PoolError> {
+        let omap: Vec<Vec<u8>> = keys.iter().map(|k| omap_key(cf, k)).collect();
+        let mut found = self.read(&omap)?;
+        Ok(omap.iter().map(|k| found.remove(k)).collect())
+    }
+
+    fn scan(&self, cf: &str, from: &[u8], visit: Visit) -> Result<(), PoolError> {
+        self.scan_family(cf, from, visit)
+    }
+
+    fn snapshot(&self) -> Box<dyn MetaView + '_> {
+        // Read whole, between two reads of the version: a commit in between reads again.
+        for _ in 0..100 {
+            let Ok(before) = self.version() else { break };
+            let records = MemoryMeta::new();
+            let read = self.walk(b"", b"", &mut |k, v| {
+                if let Some(at) = k.iter().position(|&b| b == b'/') {
+                    if let (Ok(cf), Some(key)) = (std::str::from_utf8(&k[..at]), unhex(&k[at + 1..])) {
+                        records.load(cf, key, v.to_vec());
+                    }
+                }
+                Ok(true)
+            });
+            if read.is_ok() && self.version().ok() == Some(before) {
+                return records.into_view();
+            }
+        }
+        Box::new(Unreadable(self.location()))
+    }
+
+    fn estimate_keys(&self, cf: &str) -> u64 {
+        let mut n = 0;
+        let _ = self.scan_family(cf, b"", &mut |_, _| {
+            n += 1;
+            Ok(true)
+        });
+        n
+    }
+}
+
+/// The view of a store that could not be read consistently: every scan fails, saying so.
+struct Unreadable(String);
+
+impl MetaView for Unreadable {
+    fn scan(&self, _cf: &str, _from: &[u8], _visit: Visit) -> Result<(), PoolError> {
+        Err(PoolError::Meta {
+            path: self.0.clone(),
+            message: "no consistent snapshot could be read (the store is unreachable or never still)".into(),
+        })
+    }
+
+    fn estimate_keys(&self, _cf: &str) -> u64 {
+        0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn omap_keys_keep_the_order_of_the_records_keys() {
+        let keys: [&[u8]; 6] = [b"", b"\x00", b"\x00\x00", b"\x01", b"\x7f\xff", b"\x80"];
+        for w in keys.windows(2) {
+            assert!(omap_key("grains", w[0]) < omap_key("grains", w[1]), "{w:?}");
+        }
+        for k in keys {
+            assert_eq!(unhex(&omap_key("grains", k)[7..]).as_deref(), Some(k));
+        }
+        assert!(
+            !omap_key("grains", b"\x00").contains(&0),
+            "no NUL byte reaches librados"
+        );
+        assert_eq!(unhex(b"abc"), None);
+        assert_eq!(unhex(b"zz"), None);
+    }
+}

@@ -1,0 +1,172 @@
+//! A pool's metadata store on RADOS, against the cluster `scripts/test-scale-out.sh` starts
+//! (TESSERA_CEPH_CONF): the contract every metadata backend keeps, a replaced owner whose
+//! batches are refused, and a pool kept wholly in the cluster (data and metadata) that a
+//! gateway with nothing of its own opens from another connection.
+#![cfg(feature = "fencing")]
+
+use std::sync::Arc;
+
+use rand::{Rng, SeedableRng};
+use tessera_disk::{DiskError, DiskRef};
+use tessera_ownership::fenced_disk::FencedDisk;
+use tessera_ownership::rados_meta::RadosMeta;
+use tessera_pool::{conformance, MetaBatch, MetaStore, CF_POOL};
+use tessera_rados::Cluster;
+use tessera_volume::{Engine, LayoutKind, VdiskSpec};
+
+const POOL: &str = "tessera-test";
+const MIB: u64 = 1 << 20;
+
+fn conf(test: &str) -> Option<String> {
+    match std::env::var("TESSERA_CEPH_CONF") {
+        Ok(c) if !c.is_empty() => Some(c),
+        _ => {
+            tessera_disk::skip(
+                test,
+                "no Ceph cluster (TESSERA_CEPH_CONF is empty: scripts/test-scale-out.sh sets it)",
+            );
+            None
+        }
+    }
+}
+
+fn connect(conf: &str) -> Arc<Cluster> {
+    let c = Cluster::connect(
+        conf,
+        "admin",
+        &[("rados_osd_op_timeout", "30"), ("rados_mon_op_timeout", "30")],
+    )
+    .unwrap();
+    match c.create_pool(POOL) {
+        Ok(()) => {}
+        Err(e) if e.errno() == Some(libc::EEXIST) => {}
+        Err(e) => panic!("create the test pool: {e}"),
+    }
+    Arc::new(c)
+}
+
+fn meta(c: &Arc<Cluster>, oid: &str, epoch: i64) -> RadosMeta {
+    RadosMeta::new(Cluster::shared_pool(c, POOL).unwrap(), oid, epoch)
+}
+
+#[test]
+fn a_store_on_rados_keeps_the_contract() {
+    let t = "a_store_on_rados_keeps_the_contract";
+    let Some(conf) = conf(t) else { return };
+    let c = connect(&conf);
+    let n = std::sync::atomic::AtomicU32::new(0);
+    conformance::check_backend(|| {
+        let i = n.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        meta(&c, &format!("{t}-{}-{i}", std::process::id()), 1)
+    });
+}
+
+#[test]
+fn a_replaced_owner_commits_nothing() {
+    let t = "a_replaced_owner_commits_nothing";
+    let Some(conf) = conf(t) else { return };
+    let oid = format!("{t}-{}", std::process::id());
+    let (ca, cb) = (connect(&conf), connect(&conf));
+    let old = MetaStore::on(meta(&ca, &oid, 5));
+    let new = MetaStore::on(meta(&cb, &oid, 7));
+    let put = |k: &str, v: &str| {
+        let mut b = MetaBatch::new();
+        b.put(CF_POOL, k, v);
+        b.count(tessera_pool::CF_REFCOUNTS, k, 1);
+        b
+    };
+    old.commit(put("a", "old"), true).unwrap();
+    new.commit(put("b", "new"), true).unwrap();
+    let refused = old
+        .commit(put("a", "stale"), true)
+        .expect_err("the replaced owner committed");
+    assert!(refused.to_string().contains("fenced"), "{refused}");
+    for s in [&old, &new] {
+        assert_eq!(
+            s.get(CF_POOL, b"a").unwrap().as_deref(),
+            Some(&b"old"[..]),
+            "the refused batch left nothing"
+        );
+        assert_eq!(s.get(CF_POOL, b"b").unwrap().as_deref(), Some(&b"new"[..]));
+    }
+    let count = new.get(tessera_pool::CF_REFCOUNTS, b"a").unwrap();
+    assert_eq!(
+        count.map(|v| tessera_pool::decode_refcount(&v)),
+        Some(1),
+        "nor its count"
+    );
+}
+
+/// A pool wholly in the cluster: its disk a `FencedDisk`, its metadata a `RadosMeta`. Another
+/// gateway, through its own connection and with an empty directory of its own, opens it at a
+/// later epoch and finds every vdisk, snapshot and clone whole; the first, replaced, can
+/// write no more metadata.
+#[test]
+fn a_pool_wholly_on_rados_opens_from_another_gateway() {
+    let t = "a_pool_wholly_on_rados_opens_from_another_gateway";
+    let Some(conf) = conf(t) else { return };
+    let id = format!("{t}-{}", std::process::id());
+    let size = 64 * MIB;
+    let mut data = vec![0u8; 6 * MIB as usize];
+    rand::rngs::StdRng::seed_from_u64(9).fill(&mut data[..]);
+    let here = tempfile::tempdir().unwrap();
+    let ca = connect(&conf);
+    let disk_a: DiskRef = Arc::new(FencedDisk::new(Cluster::shared_pool(&ca, POOL).unwrap(), &id, size, 1).unwrap());
+    let first = Engine::create_pool_with_meta(
+        &here.path().join("p"),
+        "p",
+        vec![disk_a],
+        MIB,
+        MetaStore::on(meta(&ca, &format!("{id}.meta"), 1)),
+    )
+    .unwrap();
+    let v = first
+        .create_vdisk(&VdiskSpec::new("v", 16 * MIB, LayoutKind::Simple))
+        .unwrap();
+    v.write(MIB, &data, true).unwrap();
+    first.snapshot("v", "s").unwrap();
+    first.clone_vdisk("v", "c").unwrap();
+    let half = MIB as usize / 2;
+    v.write(MIB, &data[2 * half..3 * half], true).unwrap();
+    first.flush().unwrap();
+
+    // The other gateway: nothing local, another connection, a later epoch.
+    let there = tempfile::tempdir().unwrap();
+    let cb = connect(&conf);
+    let opener = |path: &str| -> Result<DiskRef, DiskError> {
+        assert_eq!(path, format!("rados:{POOL}/{id}"));
+        Ok(Arc::new(FencedDisk::new(
+            Cluster::shared_pool(&cb, POOL).unwrap(),
+            &id,
+            size,
+            2,
+        )?))
+    };
+    let second = Engine::open_with_meta(
+        &there.path().join("p"),
+        &opener,
+        MetaStore::on(meta(&cb, &format!("{id}.meta"), 2)),
+    )
+    .unwrap();
+    let read = |name: &str| {
+        let mut out = vec![0u8; data.len()];
+        second.vdisk(name).unwrap().read(MIB, &mut out).unwrap();
+        out
+    };
+    let mut now = data.clone();
+    now[..half].copy_from_slice(&data[2 * half..3 * half]);
+    assert!(read("v") == now, "v reads wrong at the other gateway");
+    assert!(read("v@s") == data, "the snapshot reads wrong at the other gateway");
+    assert!(read("c") == data, "the clone reads wrong at the other gateway");
+    let check = second.check().unwrap();
+    assert!(check.problems.is_empty(), "{:?}", check.problems);
+    // The other gateway writes: the first, replaced, can commit no metadata any more.
+    second
+        .vdisk("c")
+        .unwrap()
+        .write(0, &data[..MIB as usize], true)
+        .unwrap();
+    let stale = first.vdisk("v").unwrap().write(8 * MIB, &data[..MIB as usize], true);
+    assert!(stale.is_err(), "the replaced gateway's write was acknowledged");
+    assert!(second.check().unwrap().problems.is_empty());
+}
