@@ -3,6 +3,7 @@
 mod common;
 
 use common::*;
+use tessera_test_support::cunit;
 
 const IQN: &str = "iqn.2026-11.io.tessera:demo";
 
@@ -201,30 +202,6 @@ fn added_portals_serve_discovery_and_survive_a_restart() {
 /// Failures of libiscsi's suite that are known, each with its reason. The test fails on any
 /// other failure, and on one of these that no longer happens (then it leaves this list).
 const KNOWN_FAILURES: &[(&str, &str)] = &[];
-
-/// The tests CUnit's output `out` says failed. A verdict ends a test: "passed" or "FAILED",
-/// after the "..." of its line or at the start of a later one. libiscsi's own "[FAILED]" log
-/// lines are not verdicts: a test may retry a command that met a unit attention and pass.
-fn cunit_failures(out: &str) -> Vec<String> {
-    let mut failed: Vec<String> = Vec::new();
-    let mut current: Option<String> = None;
-    for line in out.lines() {
-        let rest = match line.trim_start().strip_prefix("Test: ") {
-            Some(r) => {
-                let (name, rest) = r.split_once(" ...").unwrap_or((r, ""));
-                current = Some(name.to_string());
-                rest
-            }
-            None => line,
-        };
-        if rest.starts_with("FAILED") {
-            failed.extend(current.take());
-        } else if rest.starts_with("passed") {
-            current = None;
-        }
-    }
-    failed
-}
 
 #[test]
 fn chap_and_acl_gate_logins_and_discovery() {
@@ -543,9 +520,8 @@ fn libiscsi_conformance_suite() {
             &url,
         ],
     );
-    let failed = cunit_failures(&out);
-    // Count the tests from their own lines: CUnit's summary is lost if the tool dies at exit.
-    let ran = out.lines().filter(|l| l.trim_start().starts_with("Test: ")).count();
+    let failed = cunit::failures(&out);
+    let ran = cunit::tests_ran(&out);
     eprintln!("libiscsi: {ran} tests ran; failed: {failed:?}");
     // TESSERA_CONFORMANCE_LOG=FILE keeps the suite's whole output for reading.
     if let Ok(path) = std::env::var("TESSERA_CONFORMANCE_LOG") {
@@ -553,16 +529,7 @@ fn libiscsi_conformance_suite() {
     }
     assert!(ran >= 200, "the suite did not run ({ran} tests):\n{out}");
     // Commands the suite found missing: only those of later work or exempt may be.
-    let mut missing: Vec<&str> = out
-        .lines()
-        .filter_map(|l| l.split("[SKIPPED] ").nth(1))
-        .filter_map(|l| {
-            l.strip_suffix(" is not implemented.")
-                .or_else(|| l.strip_suffix(" does not support 0-blocks."))
-        })
-        .collect();
-    missing.sort();
-    missing.dedup();
+    let missing = cunit::not_implemented(&out);
     let allowed = [
         "WRITEATOMIC16", // exempt
     ];
@@ -643,7 +610,7 @@ fn libiscsi_conformance_suite() {
         &[&format!("--test={thin_suites}"), "--dataloss", &url4k],
     );
     assert!(
-        out.contains("Test: UnmapSingle ...passed") && cunit_failures(&out).is_empty(),
+        out.contains("Test: UnmapSingle ...passed") && cunit::failures(&out).is_empty(),
         "thin provisioning suites on 4Kn:\n{out}"
     );
     // On 512e (the default: eight logical blocks per physical block) the only failure is
@@ -657,7 +624,7 @@ fn libiscsi_conformance_suite() {
         &[&format!("--test={thin_suites}"), "--dataloss", &url512e],
     );
     assert_eq!(
-        cunit_failures(&out),
+        cunit::failures(&out),
         ["UnmapSingle"],
         "thin provisioning suites on 512e:\n{out}"
     );

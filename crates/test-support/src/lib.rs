@@ -2,6 +2,8 @@
 //! rig of their own, with fault injection and restarts, in crates/volume/tests/common): a pool
 //! on memory or file disks in a temporary directory that lives as long as the pool.
 
+pub mod cunit;
+
 use std::sync::{Arc, Mutex, Once, Weak};
 
 use tessera_disk::{DiskRef, FileDisk, MemDisk};
