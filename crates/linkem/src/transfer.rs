@@ -64,6 +64,18 @@ pub fn tcp_info(s: &TcpStream) -> io::Result<(u32, u64)> {
     Ok((info.tcpi_rtt, info.tcpi_total_retrans as u64))
 }
 
+/// Bytes received on a socket and not read yet (FIONREAD).
+fn queued(s: &TcpStream) -> u64 {
+    let mut n: libc::c_int = 0;
+    // SAFETY: an open socket and a pointer to an int, as FIONREAD takes.
+    let r = unsafe { libc::ioctl(s.as_raw_fd(), libc::FIONREAD, &mut n) };
+    if r == 0 {
+        n.max(0) as u64
+    } else {
+        0
+    }
+}
+
 /// Sets the congestion control of a socket.
 pub fn set_congestion(s: &TcpStream, name: &str) -> io::Result<()> {
     socket2::SockRef::from(s)
@@ -76,11 +88,16 @@ pub fn measure(link: &Link, t: &Transfer) -> io::Result<TransferReport> {
     let streams = t.streams.max(1);
     let counts: Arc<Vec<AtomicU64>> = Arc::new((0..streams).map(|_| AtomicU64::new(0)).collect());
     let stop = Arc::new(AtomicBool::new(false));
+    // The receiving sockets, to see what has arrived but is not read yet: a reader the
+    // scheduler held back reads a burst late, and counted alone it would look like a link
+    // faster than its rate.
+    let inbound: Arc<std::sync::Mutex<Vec<Option<TcpStream>>>> =
+        Arc::new(std::sync::Mutex::new((0..streams).map(|_| None).collect()));
 
     // The receiver, in b.
     let b = link.b.name.clone();
     let (tx, rx) = std::sync::mpsc::channel::<io::Result<SocketAddr>>();
-    let (c, st) = (counts.clone(), stop.clone());
+    let (c, st, inb) = (counts.clone(), stop.clone(), inbound.clone());
     let receiver = std::thread::spawn(move || {
         let listener = netns::enter(&b).and_then(|_| TcpListener::bind((B_ADDR, 0)));
         let listener = match listener {
@@ -100,6 +117,9 @@ pub fn measure(link: &Link, t: &Transfer) -> io::Result<TransferReport> {
                 continue;
             }
             let i = (u32::from_be_bytes(id) as usize).min(c.len() - 1);
+            if let (Ok(clone), Ok(mut inb)) = (s.try_clone(), inb.lock()) {
+                inb[i] = Some(clone);
+            }
             let (c, st) = (c.clone(), st.clone());
             readers.push(std::thread::spawn(move || {
                 let mut buf = vec![0u8; 256 << 10];
@@ -168,19 +188,29 @@ pub fn measure(link: &Link, t: &Transfer) -> io::Result<TransferReport> {
         return Err(e);
     }
 
+    // Bytes each stream has received: read, then waiting in the socket (read first, so that
+    // a byte moving between the two is missed rather than counted twice).
+    let arrived = || -> Vec<u64> {
+        let inb = inbound.lock().unwrap_or_else(|e| e.into_inner());
+        counts
+            .iter()
+            .zip(inb.iter())
+            .map(|(c, s)| c.load(Ordering::SeqCst) + s.as_ref().map_or(0, queued))
+            .collect()
+    };
     std::thread::sleep(t.warmup);
-    let before: Vec<u64> = counts.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+    let before = arrived();
     let start = Instant::now();
     std::thread::sleep(t.window);
     let took = start.elapsed().as_secs_f64();
-    let after: Vec<u64> = counts.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+    let after = arrived();
     let per_stream = socks
         .iter()
         .zip(before.iter().zip(&after))
         .map(|(s, (b, a))| {
             let (rtt, retrans) = tcp_info(s).unwrap_or((0, 0));
             StreamReport {
-                bytes: a - b,
+                bytes: a.saturating_sub(*b),
                 rtt_ms: rtt as f64 / 1000.0,
                 retransmits: retrans,
             }
