@@ -4,46 +4,21 @@
 //! wrote.
 #![cfg(feature = "fencing")]
 
+mod common;
+
 use std::sync::Arc;
+
+use common::{ceph, ceph_conf, TEST_POOL};
 
 use rand::{Rng, SeedableRng};
 use tessera_disk::{AlignedBuf, BlockDevice, DiskError};
 use tessera_ownership::fenced_disk::{FencedDisk, OBJECT_BYTES};
 use tessera_rados::Cluster;
 
-const POOL: &str = "tessera-test";
 const MIB: u64 = 1 << 20;
 
-fn conf(test: &str) -> Option<String> {
-    match std::env::var("TESSERA_CEPH_CONF") {
-        Ok(c) if !c.is_empty() => Some(c),
-        _ => {
-            tessera_disk::skip(
-                test,
-                "no Ceph cluster (TESSERA_CEPH_CONF is empty: scripts/test-scale-out.sh sets it)",
-            );
-            None
-        }
-    }
-}
-
-fn connect(conf: &str) -> Arc<Cluster> {
-    let c = Cluster::connect(
-        conf,
-        "admin",
-        &[("rados_osd_op_timeout", "30"), ("rados_mon_op_timeout", "30")],
-    )
-    .unwrap();
-    match c.create_pool(POOL) {
-        Ok(()) => {}
-        Err(e) if e.errno() == Some(libc::EEXIST) => {}
-        Err(e) => panic!("create the test pool: {e}"),
-    }
-    Arc::new(c)
-}
-
 fn disk(c: &Arc<Cluster>, prefix: &str, size: u64, epoch: i64) -> FencedDisk {
-    FencedDisk::new(Cluster::shared_pool(c, POOL).unwrap(), prefix, size, epoch).unwrap()
+    FencedDisk::new(Cluster::shared_pool(c, TEST_POOL).unwrap(), prefix, size, epoch).unwrap()
 }
 
 fn random(seed: u64, len: usize) -> AlignedBuf {
@@ -55,8 +30,8 @@ fn random(seed: u64, len: usize) -> AlignedBuf {
 #[test]
 fn a_disk_on_rados_reads_back_what_was_written_and_zeros_elsewhere() {
     let t = "a_disk_on_rados_reads_back_what_was_written_and_zeros_elsewhere";
-    let Some(conf) = conf(t) else { return };
-    let c = connect(&conf);
+    let Some(conf) = ceph_conf(t) else { return };
+    let c = ceph(&conf);
     let prefix = format!("{t}-{}", std::process::id());
     let d = disk(&c, &prefix, 64 * MIB, 1);
     // Across the boundary of the first two objects.
@@ -78,15 +53,15 @@ fn a_disk_on_rados_reads_back_what_was_written_and_zeros_elsewhere() {
     let mut odd = AlignedBuf::zeroed(4096);
     assert!(matches!(d.read_at(&mut odd, 100), Err(DiskError::Unaligned { .. })));
     assert!(matches!(d.write_at(&odd, 64 * MIB), Err(DiskError::OutOfRange { .. })));
-    assert!(FencedDisk::new(Cluster::shared_pool(&c, POOL).unwrap(), &prefix, 1000, 1).is_err());
+    assert!(FencedDisk::new(Cluster::shared_pool(&c, TEST_POOL).unwrap(), &prefix, 1000, 1).is_err());
 }
 
 #[test]
 fn a_replaced_owners_disk_cannot_write_where_the_new_owner_wrote() {
     let t = "a_replaced_owners_disk_cannot_write_where_the_new_owner_wrote";
-    let Some(conf) = conf(t) else { return };
+    let Some(conf) = ceph_conf(t) else { return };
     let prefix = format!("{t}-{}", std::process::id());
-    let (ca, cb) = (connect(&conf), connect(&conf));
+    let (ca, cb) = (ceph(&conf), ceph(&conf));
     let old = disk(&ca, &prefix, 16 * MIB, 5);
     let new = disk(&cb, &prefix, 16 * MIB, 7);
     old.write_at(&random(2, 4096), 0).unwrap();
@@ -108,14 +83,14 @@ fn a_replaced_owners_disk_cannot_write_where_the_new_owner_wrote() {
 fn the_engine_runs_a_pool_on_a_disk_on_rados_and_another_connection_opens_it() {
     use tessera_volume::{Engine, LayoutKind, VdiskSpec};
     let t = "the_engine_runs_a_pool_on_a_disk_on_rados_and_another_connection_opens_it";
-    let Some(conf) = conf(t) else { return };
+    let Some(conf) = ceph_conf(t) else { return };
     let prefix = format!("{t}-{}", std::process::id());
     let dir = tempfile::tempdir().unwrap();
     let pool_dir = dir.path().join("p");
     let size = 48 * MIB;
     let data = random(5, 6 * MIB as usize);
     {
-        let c = connect(&conf);
+        let c = ceph(&conf);
         let d: tessera_disk::DiskRef = Arc::new(disk(&c, &prefix, size, 1));
         let e = Engine::create_pool(&pool_dir, "p", vec![d], MIB).unwrap();
         let v = e
@@ -126,11 +101,11 @@ fn the_engine_runs_a_pool_on_a_disk_on_rados_and_another_connection_opens_it() {
         v.flush().unwrap();
         e.export().unwrap();
     }
-    let c = connect(&conf);
+    let c = ceph(&conf);
     let opener = |path: &str| -> Result<tessera_disk::DiskRef, DiskError> {
         assert_eq!(
             path,
-            format!("rados:{POOL}/{prefix}"),
+            format!("rados:{TEST_POOL}/{prefix}"),
             "the pool names its disk by pool and prefix"
         );
         Ok(Arc::new(disk(&c, &prefix, size, 2)))

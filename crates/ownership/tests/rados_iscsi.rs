@@ -4,7 +4,11 @@
 //! (crates/cli/tests/iscsi.rs).
 #![cfg(feature = "fencing")]
 
+mod common;
+
 use std::sync::Arc;
+
+use common::{ceph, ceph_conf, TEST_POOL};
 
 use tessera_disk::DiskRef;
 use tessera_iscsi::{Access, Registry, Target};
@@ -15,36 +19,18 @@ use tessera_rados::Cluster;
 use tessera_test_support::cunit;
 use tessera_volume::{Engine, LayoutKind, VdiskSpec};
 
-const POOL: &str = "tessera-test";
 const MIB: u64 = 1 << 20;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn libiscsi_conformance_on_a_lun_of_a_pool_on_rados() {
     let t = "libiscsi_conformance_on_a_lun_of_a_pool_on_rados";
-    let conf = match std::env::var("TESSERA_CEPH_CONF") {
-        Ok(c) if !c.is_empty() => c,
-        _ => {
-            let why = "no Ceph cluster (TESSERA_CEPH_CONF is empty: scripts/test-scale-out.sh sets it)";
-            return tessera_disk::skip(t, why);
-        }
-    };
-    let c = Arc::new(
-        Cluster::connect(
-            &conf,
-            "admin",
-            &[("rados_osd_op_timeout", "30"), ("rados_mon_op_timeout", "30")],
-        )
-        .unwrap(),
-    );
-    match c.create_pool(POOL) {
-        Ok(()) => {}
-        Err(e) if e.errno() == Some(libc::EEXIST) => {}
-        Err(e) => panic!("create the test pool: {e}"),
-    }
+    let Some(conf) = ceph_conf(t) else { return };
+    let c = ceph(&conf);
     let id = format!("{t}-{}", std::process::id());
-    let disk: DiskRef = Arc::new(FencedDisk::new(Cluster::shared_pool(&c, POOL).unwrap(), &id, 4096 * MIB, 1).unwrap());
+    let disk: DiskRef =
+        Arc::new(FencedDisk::new(Cluster::shared_pool(&c, TEST_POOL).unwrap(), &id, 4096 * MIB, 1).unwrap());
     let meta = MetaStore::on(RadosMeta::new(
-        Cluster::shared_pool(&c, POOL).unwrap(),
+        Cluster::shared_pool(&c, TEST_POOL).unwrap(),
         &format!("{id}.meta"),
         1,
     ));

@@ -4,7 +4,11 @@
 //! gateway with nothing of its own opens from another connection.
 #![cfg(feature = "fencing")]
 
+mod common;
+
 use std::sync::Arc;
+
+use common::{ceph, ceph_conf, TEST_POOL};
 
 use rand::{Rng, SeedableRng};
 use tessera_disk::{DiskError, DiskRef};
@@ -14,46 +18,17 @@ use tessera_pool::{conformance, MetaBatch, MetaStore, CF_POOL};
 use tessera_rados::Cluster;
 use tessera_volume::{Engine, LayoutKind, VdiskSpec};
 
-const POOL: &str = "tessera-test";
 const MIB: u64 = 1 << 20;
 
-fn conf(test: &str) -> Option<String> {
-    match std::env::var("TESSERA_CEPH_CONF") {
-        Ok(c) if !c.is_empty() => Some(c),
-        _ => {
-            tessera_disk::skip(
-                test,
-                "no Ceph cluster (TESSERA_CEPH_CONF is empty: scripts/test-scale-out.sh sets it)",
-            );
-            None
-        }
-    }
-}
-
-fn connect(conf: &str) -> Arc<Cluster> {
-    let c = Cluster::connect(
-        conf,
-        "admin",
-        &[("rados_osd_op_timeout", "30"), ("rados_mon_op_timeout", "30")],
-    )
-    .unwrap();
-    match c.create_pool(POOL) {
-        Ok(()) => {}
-        Err(e) if e.errno() == Some(libc::EEXIST) => {}
-        Err(e) => panic!("create the test pool: {e}"),
-    }
-    Arc::new(c)
-}
-
 fn meta(c: &Arc<Cluster>, oid: &str, epoch: i64) -> RadosMeta {
-    RadosMeta::new(Cluster::shared_pool(c, POOL).unwrap(), oid, epoch)
+    RadosMeta::new(Cluster::shared_pool(c, TEST_POOL).unwrap(), oid, epoch)
 }
 
 #[test]
 fn a_store_on_rados_keeps_the_contract() {
     let t = "a_store_on_rados_keeps_the_contract";
-    let Some(conf) = conf(t) else { return };
-    let c = connect(&conf);
+    let Some(conf) = ceph_conf(t) else { return };
+    let c = ceph(&conf);
     let n = std::sync::atomic::AtomicU32::new(0);
     conformance::check_backend(|| {
         let i = n.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -64,9 +39,9 @@ fn a_store_on_rados_keeps_the_contract() {
 #[test]
 fn a_replaced_owner_commits_nothing() {
     let t = "a_replaced_owner_commits_nothing";
-    let Some(conf) = conf(t) else { return };
+    let Some(conf) = ceph_conf(t) else { return };
     let oid = format!("{t}-{}", std::process::id());
-    let (ca, cb) = (connect(&conf), connect(&conf));
+    let (ca, cb) = (ceph(&conf), ceph(&conf));
     let old = MetaStore::on(meta(&ca, &oid, 5));
     let new = MetaStore::on(meta(&cb, &oid, 7));
     let put = |k: &str, v: &str| {
@@ -104,14 +79,15 @@ fn a_replaced_owner_commits_nothing() {
 #[test]
 fn a_pool_wholly_on_rados_opens_from_another_gateway() {
     let t = "a_pool_wholly_on_rados_opens_from_another_gateway";
-    let Some(conf) = conf(t) else { return };
+    let Some(conf) = ceph_conf(t) else { return };
     let id = format!("{t}-{}", std::process::id());
     let size = 64 * MIB;
     let mut data = vec![0u8; 6 * MIB as usize];
     rand::rngs::StdRng::seed_from_u64(9).fill(&mut data[..]);
     let here = tempfile::tempdir().unwrap();
-    let ca = connect(&conf);
-    let disk_a: DiskRef = Arc::new(FencedDisk::new(Cluster::shared_pool(&ca, POOL).unwrap(), &id, size, 1).unwrap());
+    let ca = ceph(&conf);
+    let disk_a: DiskRef =
+        Arc::new(FencedDisk::new(Cluster::shared_pool(&ca, TEST_POOL).unwrap(), &id, size, 1).unwrap());
     let first = Engine::create_pool_with_meta(
         &here.path().join("p"),
         "p",
@@ -132,11 +108,11 @@ fn a_pool_wholly_on_rados_opens_from_another_gateway() {
 
     // The other gateway: nothing local, another connection, a later epoch.
     let there = tempfile::tempdir().unwrap();
-    let cb = connect(&conf);
+    let cb = ceph(&conf);
     let opener = |path: &str| -> Result<DiskRef, DiskError> {
-        assert_eq!(path, format!("rados:{POOL}/{id}"));
+        assert_eq!(path, format!("rados:{TEST_POOL}/{id}"));
         Ok(Arc::new(FencedDisk::new(
-            Cluster::shared_pool(&cb, POOL).unwrap(),
+            Cluster::shared_pool(&cb, TEST_POOL).unwrap(),
             &id,
             size,
             2,

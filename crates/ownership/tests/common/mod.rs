@@ -1,4 +1,6 @@
-//! What the ownership tests share: the etcd `scripts/test-scale-out.sh` starts.
+//! What the ownership tests share: the etcd and the Ceph cluster `scripts/test-scale-out.sh`
+//! starts. Each test uses a part of it.
+#![allow(dead_code)]
 
 /// The endpoints of the etcd to test against, or None (the test then says it was skipped, and
 /// why).
@@ -13,4 +15,42 @@ pub fn endpoints(test: &str) -> Option<Vec<String>> {
             None
         }
     }
+}
+
+/// The Ceph cluster's configuration file to test against, or None (the test then says it was
+/// skipped, and why).
+#[cfg(feature = "fencing")]
+pub fn ceph_conf(test: &str) -> Option<String> {
+    match std::env::var("TESSERA_CEPH_CONF") {
+        Ok(c) if !c.is_empty() => Some(c),
+        _ => {
+            tessera_disk::skip(
+                test,
+                "no Ceph cluster (TESSERA_CEPH_CONF is empty: scripts/test-scale-out.sh sets it)",
+            );
+            None
+        }
+    }
+}
+
+/// The RADOS pool the tests write in.
+#[cfg(feature = "fencing")]
+pub const TEST_POOL: &str = "tessera-test";
+
+/// A connection to the cluster as the admin client, with timeouts so that a cluster gone away
+/// fails a test instead of hanging it, and the test pool made if missing.
+#[cfg(feature = "fencing")]
+pub fn ceph(conf: &str) -> std::sync::Arc<tessera_rados::Cluster> {
+    let c = tessera_rados::Cluster::connect(
+        conf,
+        "admin",
+        &[("rados_osd_op_timeout", "30"), ("rados_mon_op_timeout", "30")],
+    )
+    .unwrap();
+    match c.create_pool(TEST_POOL) {
+        Ok(()) => {}
+        Err(e) if e.errno() == Some(libc::EEXIST) => {}
+        Err(e) => panic!("create the test pool: {e}"),
+    }
+    std::sync::Arc::new(c)
 }
