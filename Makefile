@@ -29,7 +29,7 @@ export FUZZ_SECONDS ?= 20
 # The scale-out crates' features: their tests run against the Ceph cluster and etcd that
 # scripts/test-scale-out.sh starts around the whole run. Off in the default build, which
 # then needs neither librados nor protoc.
-TEST_FEATURES ?= --features tessera-rados/librados,tessera-ownership/fencing
+TEST_FEATURES ?= --features tessera-rados/librados,tessera-ownership/fencing,tessera-cli/rados
 
 test: test-deps
 	$(CARGO) build --workspace --tests --profile test $(TEST_FEATURES)

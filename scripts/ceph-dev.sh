@@ -98,6 +98,12 @@ rados_osd_op_timeout = 30
 rados_mon_op_timeout = 30
 client_mount_timeout = 30
 
+[client]
+# One socket per client process, as Ceph's default for clients: with one path for every
+# client.admin, a new client first probes the socket of the last one, and when that process
+# is stopped (SIGSTOP, as the failover tests do) the probe waits 10 s.
+admin_socket = $DIR/run/\$cluster-\$name.\$pid.\$cctid.asok
+
 [client.admin]
 keyring = $DIR/admin.keyring
 

@@ -576,13 +576,29 @@ pub enum LogFormatArg {
     Json,
 }
 
+/// Where a pool on Ceph RADOS lives (the daemon must be a gateway: `[gateway]` in its
+/// configuration).
+#[derive(clap::Args, Debug, Clone)]
+pub struct RadosArgs {
+    /// The RADOS pool that holds the pool's objects; its redundancy is the pool's.
+    #[arg(long, value_name = "RADOS_POOL", requires = "name")]
+    pub rados: Option<String>,
+    /// The cluster's configuration file, as the daemon sees it (default /etc/ceph/ceph.conf).
+    #[arg(long, value_name = "FILE", requires = "rados")]
+    pub ceph_conf: Option<PathBuf>,
+    /// The Ceph client the daemon connects as, without "client." (default admin).
+    #[arg(long, value_name = "NAME", requires = "rados")]
+    pub client_name: Option<String>,
+}
+
 #[derive(Subcommand)]
 pub enum PoolCmd {
-    /// Create a pool on blank disks (files or block devices).
+    /// Create a pool on blank disks (files or block devices), or wholly in a Ceph cluster
+    /// (--rados).
     Create {
         name: String,
         /// A member disk; repeat for each.
-        #[arg(long = "disk", value_name = "PATH", required = true)]
+        #[arg(long = "disk", value_name = "PATH", required_unless_present = "rados")]
         disks: Vec<PathBuf>,
         /// A disk for the write-back cache log (fast: SSD or NVMe); repeat for a second copy.
         #[arg(long = "cache-disk", value_name = "PATH")]
@@ -590,6 +606,11 @@ pub enum PoolCmd {
         /// Allocation unit on each disk (default 256M).
         #[arg(long, value_parser = parse_size)]
         slab_size: Option<u64>,
+        #[command(flatten)]
+        rados: RadosArgs,
+        /// The most a pool on RADOS may hold, e.g. 10T (thin: nothing is used until written).
+        #[arg(long, value_parser = parse_size, requires = "rados")]
+        capacity: Option<u64>,
     },
     /// List the pools.
     List,
@@ -597,8 +618,13 @@ pub enum PoolCmd {
     Show { name: String },
     /// Destroy an empty pool: wipes its disks' labels and its metadata.
     Destroy { name: String },
-    /// Import a pool of the state directory; without NAME, list those that can be imported.
-    Import { name: Option<String> },
+    /// Import a pool of the state directory, or one on RADOS that another gateway made
+    /// (--rados); without NAME, list those that can be imported.
+    Import {
+        name: Option<String>,
+        #[command(flatten)]
+        rados: RadosArgs,
+    },
     /// Flush a pool and stop serving it; 'pool import' brings it back.
     Export { name: String },
     /// Rebuild every slab on a failed, missing or retired disk onto the other disks.

@@ -40,6 +40,8 @@ enum Seen {
 struct Shared {
     seen: Mutex<Seen>,
     me: String,
+    /// This run's lease: an owner of this name under another lease is an earlier run.
+    lease: i64,
     lease_lost: AtomicBool,
     on_change: Option<OnChange>,
 }
@@ -48,7 +50,7 @@ impl Shared {
     fn state(&self) -> AccessState {
         match &*self.seen.lock().expect("not poisoned") {
             Seen::Unknown => AccessState::Transitioning,
-            Seen::Owned(o) if o.gateway == self.me => {
+            Seen::Owned(o) if o.gateway == self.me && o.lease == self.lease => {
                 if self.lease_lost.load(Ordering::SeqCst) {
                     // What it owned may be another's by now: serve nothing.
                     AccessState::Unavailable
@@ -112,9 +114,9 @@ impl VdiskPorts {
         fencer: Fencer,
         on_change: Option<OnChange>,
     ) -> Result<VdiskPorts> {
-        let (me, client, key) = rt.block_on(async {
+        let (me, lease, client, key) = rt.block_on(async {
             let g = gateway.lock().await;
-            (g.name().to_string(), g.client.clone(), g.key(vdisk))
+            (g.name().to_string(), g.lease(), g.client.clone(), g.key(vdisk))
         });
         let index = gateways.iter().position(|g| *g == me).ok_or_else(|| {
             OwnershipError(format!(
@@ -130,6 +132,7 @@ impl VdiskPorts {
         let shared = Arc::new(Shared {
             seen: Mutex::new(Seen::Unknown),
             me,
+            lease,
             lease_lost: AtomicBool::new(false),
             on_change,
         });

@@ -54,6 +54,18 @@ impl FencedDisk {
         self.epoch
     }
 
+    /// Removes every object of the disk (what a destroyed pool leaves in the cluster); the
+    /// objects never written are skipped.
+    pub fn remove_objects(&self) -> Result<(), RadosError> {
+        for index in 0..self.size.div_ceil(OBJECT_BYTES) {
+            match self.pool.remove(&self.oid(index)) {
+                Err(e) if e.errno() != Some(libc::ENOENT) => return Err(e),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
     fn oid(&self, index: u64) -> String {
         format!("{}.{index:016x}", self.prefix)
     }

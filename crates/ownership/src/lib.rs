@@ -52,6 +52,10 @@ pub type Result<T> = std::result::Result<T, OwnershipError>;
 pub struct Owner {
     pub gateway: String,
     pub epoch: i64,
+    /// The lease the ownership hangs on. A gateway restarted before its old lease lapsed has
+    /// the same name and another lease: what the old run owned is not the new run's (it must
+    /// wait for the lease, then take it over and fence the old run off like any other).
+    pub lease: i64,
 }
 
 /// The owner an owner key names: the gateway in its value, the epoch its creation revision.
@@ -59,6 +63,7 @@ pub(crate) fn owner_of(kv: &etcd_client::KeyValue) -> Owner {
     Owner {
         gateway: String::from_utf8_lossy(kv.value()).into_owned(),
         epoch: kv.create_revision(),
+        lease: kv.lease(),
     }
 }
 
@@ -113,6 +118,17 @@ impl Gateway {
         &self.name
     }
 
+    /// The lease this run of the gateway holds what it owns under.
+    pub fn lease(&self) -> i64 {
+        self.lease
+    }
+
+    /// Whether `owner` is this run of this gateway (not an earlier run of the same name whose
+    /// lease has not lapsed yet).
+    pub fn holds(&self, owner: &Owner) -> bool {
+        owner.gateway == self.name && owner.lease == self.lease
+    }
+
     fn key(&self, vdisk: &str) -> String {
         format!("{}/owner/{vdisk}", self.prefix)
     }
@@ -139,6 +155,7 @@ impl Gateway {
             return Ok(Owner {
                 gateway: self.name.clone(),
                 epoch,
+                lease: self.lease,
             });
         }
         for op in r.op_responses() {
@@ -203,6 +220,7 @@ impl Gateway {
             Owner {
                 gateway: self.name.clone(),
                 epoch,
+                lease: self.lease,
             },
             previous,
         ))
@@ -221,7 +239,7 @@ impl Gateway {
         fence: impl FnOnce(Option<&str>) -> std::result::Result<(), String>,
     ) -> Result<Owner> {
         let (owner, previous) = self.acquire_fencing(vdisk, address).await?;
-        if owner.gateway != self.name {
+        if !self.holds(&owner) {
             return Ok(owner);
         }
         let other = previous.as_deref().filter(|a| *a != address);

@@ -54,6 +54,14 @@ fn a_disk_on_rados_reads_back_what_was_written_and_zeros_elsewhere() {
     assert!(matches!(d.read_at(&mut odd, 100), Err(DiskError::Unaligned { .. })));
     assert!(matches!(d.write_at(&odd, 64 * MIB), Err(DiskError::OutOfRange { .. })));
     assert!(FencedDisk::new(Cluster::shared_pool(&c, TEST_POOL).unwrap(), &prefix, 1000, 1).is_err());
+    // Removed, every object goes: the written range reads as zeros again.
+    let pool = c.pool(TEST_POOL).unwrap();
+    assert!(pool.size(&format!("{prefix}.{:016x}", 1)).unwrap().is_some());
+    d.remove_objects().unwrap();
+    assert!(pool.size(&format!("{prefix}.{:016x}", 0)).unwrap().is_none());
+    assert!(pool.size(&format!("{prefix}.{:016x}", 1)).unwrap().is_none());
+    d.read_at(&mut back, at).unwrap();
+    assert!(back.iter().all(|&b| b == 0));
 }
 
 #[test]

@@ -35,7 +35,7 @@ async fn libiscsi_conformance_on_a_lun_of_a_pool_on_rados() {
         1,
     ));
     let dir = tempfile::tempdir().unwrap();
-    let engine = Engine::create_pool_with_meta(&dir.path().join("p"), "p", vec![disk], MIB, meta).unwrap();
+    let engine = Engine::create_pool_with_meta(&dir.path().join("p"), "p", vec![disk], MIB, meta, true).unwrap();
     let mut spec = VdiskSpec::new("conf", 1024 * MIB, LayoutKind::Simple);
     spec.physical_block_size = Some(512);
     let v = engine.create_vdisk(&spec).unwrap();

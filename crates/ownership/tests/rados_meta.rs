@@ -94,6 +94,7 @@ fn a_pool_wholly_on_rados_opens_from_another_gateway() {
         vec![disk_a],
         MIB,
         MetaStore::on(meta(&ca, &format!("{id}.meta"), 1)),
+        true,
     )
     .unwrap();
     let v = first

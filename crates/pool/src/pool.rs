@@ -250,17 +250,22 @@ impl Pool {
 
     /// Imports a pool as [`open`](Self::open) does, from the metadata in `meta`.
     /// `dir` (made if missing) holds what a pool keeps beside its disks and outside `meta`.
+    /// The configuration of the pool `meta` holds (its members with their paths and sizes),
+    /// read without opening anything: what a gateway needs to know to open the pool's disks.
+    pub fn recorded_config(meta: &MetaStore) -> Result<PoolConfig> {
+        let raw = meta
+            .get(CF_POOL, CONFIG_KEY)?
+            .ok_or_else(|| meta.error("pool configuration record is missing"))?;
+        serde_json::from_slice(&raw).map_err(|e| meta.error(format!("pool configuration record is unreadable: {e}")))
+    }
+
     pub fn open_with_meta(dir: &Path, opener: DiskOpener, meta: MetaStore) -> Result<Arc<Pool>> {
         std::fs::create_dir_all(dir).map_err(|e| PoolError::Meta {
             path: dir.display().to_string(),
             message: format!("cannot create the pool directory: {e}"),
         })?;
         let meta = Arc::new(meta);
-        let raw = meta
-            .get(CF_POOL, CONFIG_KEY)?
-            .ok_or_else(|| meta.error("pool configuration record is missing"))?;
-        let mut config: PoolConfig = serde_json::from_slice(&raw)
-            .map_err(|e| meta.error(format!("pool configuration record is unreadable: {e}")))?;
+        let mut config = Self::recorded_config(&meta)?;
         config.generation += 1;
         let mut members = Vec::new();
         for info in config.disks.iter_mut() {

@@ -27,6 +27,12 @@
 //! replication_listen = "0.0.0.0:3262"  # take replicas from peers holding the key; default none
 //! replication_psk_file = "/etc/tessera/replication.psk"  # default: <state_dir>/replication-psk
 //! replication_congestion = "bbr"  # TCP congestion control of replication streams
+//!
+//! [gateway]                       # one of several gateways of pools on Ceph RADOS
+//! name = "gw-a"                   # unique among the gateways
+//! etcd = ["http://10.0.0.5:2379"] # where ownership is kept
+//! lease_seconds = 5               # how long a stalled or dead gateway keeps what it owned
+//! prefix = "/tessera"             # etcd key prefix shared by the gateways
 //! ```
 
 use std::net::SocketAddr;
@@ -95,6 +101,68 @@ pub struct ConfigFile {
     pub replication_listen: Option<String>,
     pub replication_psk_file: Option<PathBuf>,
     pub replication_congestion: Option<String>,
+    pub gateway: Option<GatewayFile>,
+}
+
+/// The `[gateway]` table as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GatewayFile {
+    pub name: Option<String>,
+    #[serde(default)]
+    pub etcd: Vec<String>,
+    pub lease_seconds: Option<i64>,
+    pub prefix: Option<String>,
+}
+
+/// This daemon as one gateway of pools kept in a Ceph cluster: its name, the etcd that keeps
+/// who owns which pool, and its lease there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GatewayConfig {
+    pub name: String,
+    pub etcd: Vec<String>,
+    /// Seconds a gateway that stopped renewing keeps what it owned; another takes over after.
+    pub lease_seconds: i64,
+    pub prefix: String,
+}
+
+pub const DEFAULT_GATEWAY_LEASE_SECONDS: i64 = 5;
+pub const DEFAULT_GATEWAY_PREFIX: &str = "/tessera";
+
+fn gateway(f: Option<GatewayFile>) -> Result<Option<GatewayConfig>, String> {
+    let Some(g) = f else { return Ok(None) };
+    let name = g.name.ok_or("[gateway]: name is missing (unique among the gateways)")?;
+    if name.is_empty() || name.len() > 64 || !name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
+        return Err(format!(
+            "[gateway]: name '{name}' must be 1 to 64 letters, digits, '-', '_' or '.'"
+        ));
+    }
+    if g.etcd.is_empty() {
+        return Err("[gateway]: etcd lists no endpoint (e.g. etcd = [\"http://127.0.0.1:2379\"])".into());
+    }
+    for e in &g.etcd {
+        if e.is_empty() || e.contains(char::is_whitespace) {
+            return Err(format!("[gateway]: etcd endpoint '{e}' is not an address"));
+        }
+    }
+    let lease_seconds = g.lease_seconds.unwrap_or(DEFAULT_GATEWAY_LEASE_SECONDS);
+    if !(2..=300).contains(&lease_seconds) {
+        return Err(format!(
+            "[gateway]: lease_seconds must be between 2 and 300, not {lease_seconds}"
+        ));
+    }
+    let prefix = g.prefix.unwrap_or_else(|| DEFAULT_GATEWAY_PREFIX.into());
+    if !prefix.starts_with('/') || prefix.len() < 2 || prefix.contains(char::is_whitespace) {
+        return Err(format!(
+            "[gateway]: prefix '{prefix}' must be a key path such as /tessera"
+        ));
+    }
+    Ok(Some(GatewayConfig {
+        name,
+        etcd: g.etcd,
+        lease_seconds,
+        prefix: prefix.trim_end_matches('/').to_string(),
+    }))
 }
 
 /// What the command line may override.
@@ -160,6 +228,8 @@ pub struct ServerConfig {
     /// The keys shared with the peer sites (made at start when missing).
     pub replication_psk_file: PathBuf,
     pub replication_congestion: String,
+    /// This daemon as a gateway of pools on Ceph RADOS; None: it serves local pools only.
+    pub gateway: Option<GatewayConfig>,
     pub demo: bool,
 }
 
@@ -315,7 +385,9 @@ impl ServerConfig {
                 "replication_congestion '{replication_congestion}' is not a congestion control's name (bbr, cubic, ...)"
             ));
         }
+        let gateway = gateway(f.gateway)?;
         Ok(ServerConfig {
+            gateway,
             replication_listen,
             replication_psk_file,
             replication_congestion,
@@ -484,6 +556,41 @@ mod tests {
         let c = resolve("state_dir = \"/srv/t\"\n", o).unwrap();
         assert_eq!(c.state_dir, PathBuf::from("/other"));
         assert!(c.api_listen.is_none());
+    }
+
+    #[test]
+    fn a_gateway_table_is_checked() {
+        let o = Overrides::default;
+        let c = resolve("[gateway]\nname = \"gw-a\"\netcd = [\"http://127.0.0.1:2379\"]\n", o()).unwrap();
+        assert_eq!(
+            c.gateway,
+            Some(GatewayConfig {
+                name: "gw-a".into(),
+                etcd: vec!["http://127.0.0.1:2379".into()],
+                lease_seconds: DEFAULT_GATEWAY_LEASE_SECONDS,
+                prefix: "/tessera".into(),
+            })
+        );
+        assert!(resolve("", o()).unwrap().gateway.is_none());
+        let bad = [
+            ("[gateway]\netcd = [\"e:1\"]\n", "name is missing"),
+            ("[gateway]\nname = \"a b\"\netcd = [\"e:1\"]\n", "must be 1 to 64"),
+            ("[gateway]\nname = \"a\"\n", "lists no endpoint"),
+            ("[gateway]\nname = \"a\"\netcd = [\"\"]\n", "is not an address"),
+            (
+                "[gateway]\nname = \"a\"\netcd = [\"e:1\"]\nlease_seconds = 1\n",
+                "between 2 and 300",
+            ),
+            (
+                "[gateway]\nname = \"a\"\netcd = [\"e:1\"]\nprefix = \"t\"\n",
+                "must be a key path",
+            ),
+            ("[gateway]\nname = \"a\"\netcd = [\"e:1\"]\nttl = 3\n", "unknown field"),
+        ];
+        for (text, why) in bad {
+            let e = resolve(text, o()).unwrap_err();
+            assert!(e.contains(why), "{text}: {e}");
+        }
     }
 
     #[test]

@@ -37,6 +37,7 @@ use crate::targets::Targets;
 
 mod exports;
 mod pools;
+mod rados;
 mod vdisks;
 
 pub(crate) use pools::pool_health;
@@ -73,6 +74,10 @@ pub struct Daemon {
     pub(crate) health_watch: crate::health_events::HealthWatch,
     /// Replicas of local vdisks at peers, and replicas held here for peers.
     pub replication: crate::replication::Replication,
+    /// This daemon as a gateway of pools on Ceph RADOS (`[gateway]`), if it is one.
+    gateway: Option<crate::rados_pools::Membership>,
+    /// The pools on RADOS this daemon knows, owned here or waiting for their owner to go.
+    rados: Mutex<BTreeMap<String, rados::RadosPool>>,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -121,7 +126,17 @@ impl Daemon {
                     .subject(who),
                 );
             }));
+        let gateway = match &cfg.gateway {
+            None => None,
+            Some(g) => {
+                let rt = tokio::runtime::Handle::try_current()
+                    .map_err(|_| "a gateway joins etcd from the daemon's runtime".to_string())?;
+                Some(crate::rados_pools::Membership::join(g, rt)?)
+            }
+        };
         let d = Daemon {
+            gateway,
+            rados: Mutex::new(BTreeMap::new()),
             cfg,
             pools: RwLock::new(BTreeMap::new()),
             unavailable: RwLock::new(BTreeMap::new()),
@@ -147,6 +162,10 @@ impl Daemon {
         wanted.extend(d.cfg.pools.iter().cloned());
         for name in wanted {
             let dir = d.pool_dir(&name);
+            if d.is_rados_pool(&name) {
+                d.load_rados_pool(&name);
+                continue;
+            }
             if !dir.join("meta").exists() {
                 d.events.record(
                     NewEvent::new(
@@ -269,6 +288,7 @@ impl Daemon {
                 Err(err) => error!(pool = %name, error = %err, "flush at shutdown failed"),
             }
         }
+        self.release_rados_pools();
     }
 
     /// An administrator's change (a pool made, a vdisk deleted), recorded as an info event.

@@ -22,7 +22,7 @@ const VDISK_SIZE: u64 = 16 << 30;
 pub fn prepare(d: &Daemon) -> Result<(), String> {
     if d.engine(POOL).is_err() {
         if d.cfg.pools_dir().join(POOL).join("meta").is_dir() {
-            d.import_pool(POOL)
+            d.import_pool(POOL, None)
                 .map_err(|e| format!("cannot reopen the demo pool: {}", e.message))?;
         } else {
             let dir = d.cfg.state_dir.join("disks");
@@ -40,6 +40,8 @@ pub fn prepare(d: &Daemon) -> Result<(), String> {
                 disks,
                 slab_size: None,
                 cache_disks: Vec::new(),
+                rados: None,
+                capacity: None,
             })
             .map_err(|e| {
                 format!(

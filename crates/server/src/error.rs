@@ -102,6 +102,10 @@ impl ApiError {
              (the CLI reads it from --token or TESSERA_TOKEN, or from <state dir>/api-token when it can)",
         )
     }
+    /// A service the request needs (etcd, the Ceph cluster) did not answer or refused.
+    pub fn unavailable(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, code::DATA_UNAVAILABLE, message)
+    }
     pub fn io(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, code::IO_ERROR, message)
     }

@@ -20,6 +20,7 @@ pub mod metrics;
 pub mod model;
 pub mod nbd_exports;
 pub mod portals;
+pub mod rados_pools;
 pub mod replication;
 pub mod scans;
 pub mod scrubs;

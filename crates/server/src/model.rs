@@ -12,20 +12,44 @@ use tessera_volume::{LayoutKind, LayoutSpec, Provisioning};
 #[serde(deny_unknown_fields)]
 pub struct CreatePool {
     pub name: String,
-    /// Absolute paths of the member disks (files or block devices), as the daemon sees them.
-    #[schemars(length(min = 1))]
+    /// Absolute paths of the member disks (files or block devices), as the daemon sees them;
+    /// none for a pool on Ceph RADOS.
+    #[serde(default)]
     pub disks: Vec<String>,
     pub slab_size: Option<u64>,
     /// Absolute paths of disks that hold the write-back cache log (two, so that losing one
     /// loses nothing).
     #[serde(default)]
     pub cache_disks: Vec<String>,
+    /// A pool wholly in a Ceph cluster instead of on disks: its data and metadata in objects
+    /// of this RADOS pool, its redundancy the RADOS pool's. Needs the daemon to be a gateway
+    /// (`[gateway]` in its configuration) and a build with the `rados` feature.
+    #[serde(default)]
+    pub rados: Option<RadosPlacement>,
+    /// Bytes a pool on RADOS may hold (thin: nothing is used in the cluster until written).
+    pub capacity: Option<u64>,
+}
+
+/// Where a pool on Ceph RADOS lives, and how this daemon reaches it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RadosPlacement {
+    /// The RADOS pool (replicated or erasure-coded) holding the objects.
+    pub pool: String,
+    /// The cluster's configuration file as the daemon sees it (default /etc/ceph/ceph.conf).
+    pub ceph_conf: Option<String>,
+    /// The Ceph client the daemon connects as, without "client." (default "admin").
+    pub client_name: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ImportPool {
     pub name: String,
+    /// A pool on Ceph RADOS that another gateway created: where it lives. This gateway
+    /// serves it once it owns it (at once if nobody does, else when its owner goes away).
+    #[serde(default)]
+    pub rados: Option<RadosPlacement>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
@@ -175,6 +199,22 @@ pub struct PoolSummary {
     /// The write-back cache, when the pool has cache disks.
     #[serde(default)]
     pub cache: Option<tessera_volume::CacheStatus>,
+    /// For a pool on Ceph RADOS: where, and which gateway owns it.
+    #[serde(default)]
+    pub rados: Option<RadosPoolView>,
+}
+
+/// A pool on Ceph RADOS as one gateway sees it.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct RadosPoolView {
+    /// The RADOS pool holding its objects.
+    pub rados_pool: String,
+    /// The gateway that owns (serves) it, if any is known.
+    pub owner: Option<String>,
+    /// The owner's epoch: every write is guarded by it, so a replaced owner writes nothing.
+    pub epoch: Option<i64>,
+    /// Whether this daemon is the owner.
+    pub here: bool,
 }
 
 /// The last metadata scan of a pool: its report and a page of its findings.

@@ -154,6 +154,16 @@ impl NbdExports {
         Ok(())
     }
 
+    /// Stops offering the exports of pool `pool`, keeping their configuration: the pool is no
+    /// longer served here, and they come back with `present_missing`.
+    pub fn withdraw_pool(&self, pool: &str) {
+        for c in self.configs.lock().values() {
+            if c.vdisk.split_once('/').is_some_and(|(p, _)| p == pool) {
+                self.registry.remove(&c.name);
+            }
+        }
+    }
+
     /// Open connections to an export.
     pub fn connections(&self, name: &str) -> usize {
         self.registry.get(name).map(|e| e.connections()).unwrap_or(0)

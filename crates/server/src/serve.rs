@@ -185,6 +185,19 @@ async fn serve(cfg: ServerConfig) -> Result<(), String> {
             .await;
         }
     });
+    // As a gateway of pools on RADOS: keep the membership, take the pools nobody owns.
+    if daemon.cfg.gateway.is_some() {
+        let gatewaying = daemon.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(crate::rados_pools::TICK);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let d = gatewaying.clone();
+                let _ = tokio::task::spawn_blocking(move || d.rados_tick()).await;
+            }
+        });
+    }
     // Sample the I/O meters for the dashboard's charts.
     let sampled = daemon.clone();
     tokio::spawn(async move {

@@ -255,6 +255,21 @@ impl Targets {
         ))
     }
 
+    /// Stops presenting the LUNs of pool `pool`, keeping their configuration: the pool is no
+    /// longer served here (another gateway took it), and comes back with `present_missing`.
+    pub fn withdraw_pool(&self, pool: &str) {
+        for cfg in self.configs.lock().values() {
+            let Some(t) = self.registry.target(&cfg.iqn) else {
+                continue;
+            };
+            for (&n, vd) in &cfg.luns {
+                if vd.split_once('/').is_some_and(|(p, _)| p == pool) {
+                    t.luns.write().remove(&n);
+                }
+            }
+        }
+    }
+
     /// The LUNs presented from vdisks of pool `pool`, once each.
     pub fn luns_of_pool(&self, pool: &str) -> Vec<Arc<Lun>> {
         let mut out: Vec<Arc<Lun>> = Vec::new();

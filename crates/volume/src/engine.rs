@@ -86,15 +86,22 @@ impl Engine {
     }
 
     /// Creates a pool as [`create_pool`](Self::create_pool) does, its metadata kept by `meta`
-    /// instead of a RocksDB store in `dir`.
+    /// instead of a RocksDB store in `dir`, with block checksums on or off (off for storage
+    /// that checks its own reads, whose pool another machine may open: the checksum pages
+    /// stay in `dir`, beside one machine).
     pub fn create_pool_with_meta(
         dir: &Path,
         name: &str,
         disks: Vec<DiskRef>,
         slab_size: u64,
         meta: MetaStore,
+        checksums: bool,
     ) -> Result<Engine> {
-        Self::open_pool(Pool::create_with_meta(dir, name, disks, slab_size, meta)?)
+        let pool = Pool::create_with_meta(dir, name, disks, slab_size, meta)?;
+        if !checksums {
+            pool.set_checksums(false)?;
+        }
+        Self::open_pool(pool)
     }
 
     /// Creates a pool as [`create_pool`](Self::create_pool) does, with block checksums on or

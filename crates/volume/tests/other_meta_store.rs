@@ -26,7 +26,7 @@ fn a_pool_on_a_memory_store_serves_every_service_and_opens_again_from_it() {
         .collect();
     let refs: Vec<DiskRef> = disks.iter().map(|d| d.clone() as DiskRef).collect();
     let meta = MemoryMeta::new();
-    let e = Engine::create_pool_with_meta(&pool_dir, "p", refs, MIB, MetaStore::on(meta.clone())).unwrap();
+    let e = Engine::create_pool_with_meta(&pool_dir, "p", refs, MIB, MetaStore::on(meta.clone()), true).unwrap();
     assert!(
         !pool_dir.join("meta").exists(),
         "no RocksDB metadata store was made beside the pool"
@@ -97,7 +97,14 @@ fn a_pool_on_a_memory_store_serves_every_service_and_opens_again_from_it() {
 
     // A second pool over the same records is refused, and leaves them alone.
     let other: Vec<DiskRef> = vec![Arc::new(MemDisk::new("x", 16 * MIB))];
-    let refused = Engine::create_pool_with_meta(&dir.path().join("q"), "q", other, MIB, MetaStore::on(meta.clone()));
+    let refused = Engine::create_pool_with_meta(
+        &dir.path().join("q"),
+        "q",
+        other,
+        MIB,
+        MetaStore::on(meta.clone()),
+        true,
+    );
     assert!(refused.is_err(), "a store that holds a pool takes no second one");
     assert!(read_all(&e, "m", size as usize) == m_now);
 }

@@ -9,6 +9,8 @@ pub(super) fn pool(c: &Ctx, cmd: PoolCmd) -> R {
             disks,
             cache_disks,
             slab_size,
+            rados,
+            capacity,
         } => {
             let disks: Vec<String> = disks.iter().map(|d| abs(d)).collect::<Result<_, _>>()?;
             let cache_disks: Vec<String> = cache_disks.iter().map(|d| abs(d)).collect::<Result<_, _>>()?;
@@ -17,14 +19,25 @@ pub(super) fn pool(c: &Ctx, cmd: PoolCmd) -> R {
                 disks,
                 slab_size,
                 cache_disks,
+                rados: placement(&rados)?,
+                capacity,
             };
             let v = c.client.post("/api/pools", body(&req))?;
             c.answer(v, |p: PoolSummary| {
-                println!(
-                    "pool {name} created: {} disk(s), {}",
-                    p.disks,
-                    opt_size(p.capacity.map(|c| c.total_bytes))
-                );
+                match &p.rados {
+                    Some(r) => println!(
+                        "pool {name} created in RADOS pool {}: {}, owned by gateway {} at epoch {}",
+                        r.rados_pool,
+                        opt_size(p.capacity.map(|c| c.total_bytes)),
+                        r.owner.as_deref().unwrap_or("?"),
+                        r.epoch.map(|e| e.to_string()).unwrap_or_else(|| "?".into())
+                    ),
+                    None => println!(
+                        "pool {name} created: {} disk(s), {}",
+                        p.disks,
+                        opt_size(p.capacity.map(|c| c.total_bytes))
+                    ),
+                }
                 Ok(())
             })?;
         }
@@ -48,7 +61,7 @@ pub(super) fn pool(c: &Ctx, cmd: PoolCmd) -> R {
                 println!("pool {name} destroyed");
             }
         }
-        PoolCmd::Import { name: None } => {
+        PoolCmd::Import { name: None, .. } => {
             let v = c.client.get("/api/pools/importable")?;
             c.answer(v, |pools: Vec<ImportablePool>| {
                 let rows = pools.into_iter().map(|p| vec![p.name, p.dir]).collect();
@@ -56,10 +69,15 @@ pub(super) fn pool(c: &Ctx, cmd: PoolCmd) -> R {
                 Ok(())
             })?;
         }
-        PoolCmd::Import { name: Some(name) } => {
-            let v = c
-                .client
-                .post("/api/pools/import", body(&ImportPool { name: name.clone() }))?;
+        PoolCmd::Import {
+            name: Some(name),
+            rados,
+        } => {
+            let req = ImportPool {
+                name: name.clone(),
+                rados: placement(&rados)?,
+            };
+            let v = c.client.post("/api/pools/import", body(&req))?;
             c.answer(v, |p: PoolSummary| {
                 println!("pool {name} imported: {}", p.health);
                 if let Some(problem) = p.problem {
@@ -162,6 +180,26 @@ pub(super) fn pool(c: &Ctx, cmd: PoolCmd) -> R {
     Ok(())
 }
 
+/// The placement `--rados` and its companions give, if any.
+fn placement(a: &RadosArgs) -> Result<Option<RadosPlacement>, ClientError> {
+    let Some(pool) = &a.rados else { return Ok(None) };
+    Ok(Some(RadosPlacement {
+        pool: pool.clone(),
+        ceph_conf: a.ceph_conf.as_deref().map(abs).transpose()?,
+        client_name: a.client_name.clone(),
+    }))
+}
+
+/// One line on a pool on RADOS: where, and who serves it.
+fn rados_line(r: &RadosPoolView) -> String {
+    let owner = match (&r.owner, r.epoch) {
+        (Some(o), Some(e)) if r.here => format!("owned here (gateway {o}, epoch {e})"),
+        (Some(o), Some(e)) => format!("owned by gateway {o} (epoch {e})"),
+        _ => "owner not known yet".to_string(),
+    };
+    format!("in RADOS pool {}, {owner}", r.rados_pool)
+}
+
 pub(super) fn pool_table(pools: &[PoolSummary]) {
     let rows = pools
         .iter()
@@ -179,6 +217,9 @@ pub(super) fn pool_table(pools: &[PoolSummary]) {
         .collect();
     table(&["NAME", "HEALTH", "DISKS", "SIZE", "USED", "FREE", "VDISKS"], rows);
     for p in pools {
+        if let Some(r) = &p.rados {
+            println!("{}: {}", p.name, rados_line(r));
+        }
         for w in &p.warnings {
             println!("{}: warning: {w}", p.name);
         }
@@ -198,6 +239,9 @@ pub(super) fn show_pool(p: &PoolDetail) {
         ("slab size", size(s.slab_size)),
         ("repair needed", size(s.repair_needed_bytes)),
     ];
+    if let Some(r) = &s.rados {
+        pairs.push(("placement", rados_line(r)));
+    }
     if let Some(problem) = &s.problem {
         pairs.push(("problem", problem.clone()));
     }

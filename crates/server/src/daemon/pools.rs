@@ -6,6 +6,14 @@ use super::*;
 impl Daemon {
     pub fn create_pool(&self, req: CreatePool) -> ApiResult<PoolSummary> {
         validate_name("pool", &req.name).map_err(ApiError::invalid)?;
+        if let Some(r) = &req.rados {
+            return self.create_rados_pool(&req, r);
+        }
+        if req.capacity.is_some() {
+            return Err(ApiError::invalid(
+                "--capacity is for a pool on RADOS; a pool on disks holds what its disks hold",
+            ));
+        }
         if req.disks.is_empty() {
             return Err(ApiError::invalid(
                 "a pool needs at least one disk: give --disk PATH once per disk",
@@ -118,6 +126,7 @@ impl Daemon {
                     scrub: Default::default(),
                     scan: None,
                     cache: None,
+                    rados: self.rados_view(name),
                 });
             }
         };
@@ -159,6 +168,7 @@ impl Daemon {
                 .iter()
                 .any(|d| d.info.usage == DiskUsage::Cache)
                 .then(|| e.cache_status()),
+            rados: self.rados_view(name),
         })
     }
 
@@ -267,8 +277,23 @@ impl Daemon {
         Ok(out)
     }
 
-    pub fn import_pool(&self, name: &str) -> ApiResult<PoolSummary> {
+    pub fn import_pool(&self, name: &str, rados: Option<&RadosPlacement>) -> ApiResult<PoolSummary> {
         validate_name("pool", name).map_err(ApiError::invalid)?;
+        if let Some(r) = rados {
+            return self.import_rados_pool(name, r);
+        }
+        if self.is_rados_pool(name) && !self.pools.read().contains_key(name) {
+            let r = crate::rados_pools::Placement::read(&self.pool_dir(name))
+                .map_err(ApiError::invalid)?
+                .map(|p| RadosPlacement {
+                    pool: p.rados_pool,
+                    ceph_conf: Some(p.ceph_conf),
+                    client_name: Some(p.client_name),
+                });
+            if let Some(r) = r {
+                return self.import_rados_pool(name, &r);
+            }
+        }
         let _admin = self.admin.lock();
         if self.pools.read().contains_key(name) {
             return Err(ApiError::exists(format!("pool '{name}' is already imported")));
@@ -336,11 +361,14 @@ impl Daemon {
         let _admin = self.admin.lock();
         if self.unavailable.write().remove(name).is_some() {
             // Never imported: forgetting it is all an export means.
+            self.forget_rados_pool(name, None)?;
             return self.persist();
         }
         let e = self.take_pool(name, "export")?;
         e.export()?;
         self.persist()?;
+        // On RADOS: another gateway may take it from now on.
+        self.forget_rados_pool(name, None)?;
         self.changed("pool.exported", name, None, format!("pool {name} exported"));
         Ok(())
     }
@@ -356,9 +384,13 @@ impl Daemon {
                 vdisks.join(", ")
             )));
         }
+        let capacity = e.pool().disks().first().map(|d| d.info.size);
         e.destroy()?;
         self.auto_repair.forget(name)?;
         self.persist()?;
+        if self.rados.lock().contains_key(name) {
+            self.forget_rados_pool(name, capacity)?;
+        }
         self.changed("pool.destroyed", name, None, format!("pool {name} destroyed"));
         Ok(())
     }

@@ -1,0 +1,237 @@
+//! Pools on Ceph RADOS served by several gateways: two real daemons (`tessera serve` with a
+//! `[gateway]` table) against the Ceph cluster and etcd that `scripts/test-scale-out.sh`
+//! starts, driven by the CLI and read and written by QEMU over NBD.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// The cluster's configuration file and etcd's endpoint, or None (the test then says it was
+/// skipped, and why).
+#[cfg(feature = "rados")]
+fn cluster(test: &str) -> Option<(String, String)> {
+    let conf = std::env::var("TESSERA_CEPH_CONF").unwrap_or_default();
+    let etcd = std::env::var("TESSERA_ETCD_ENDPOINTS").unwrap_or_default();
+    if conf.is_empty() || etcd.is_empty() {
+        tessera_disk::skip(
+            test,
+            "no Ceph cluster or etcd (TESSERA_CEPH_CONF / TESSERA_ETCD_ENDPOINTS are empty: scripts/test-scale-out.sh sets them)",
+        );
+        return None;
+    }
+    Some((conf, etcd.split(',').next().unwrap().to_string()))
+}
+
+const RADOS_POOL: &str = "tessera-gateways";
+
+fn gateway(name: &str, etcd: &str, prefix: &str) -> String {
+    format!("[gateway]\nname = \"{name}\"\netcd = [\"{etcd}\"]\nlease_seconds = 3\nprefix = \"{prefix}\"\n")
+}
+
+/// The pool's entry in `pool list --json` at daemon `d`.
+fn pool_entry(d: &Daemon, pool: &str) -> serde_json::Value {
+    let list = d.json(&["pool", "list"]);
+    list.as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == pool)
+        .cloned()
+        .unwrap_or_else(|| panic!("no pool {pool} in {list}"))
+}
+
+/// Waits until daemon `d` serves `pool` (it took it over), up to `limit`; returns how long.
+fn until_served(d: &Daemon, pool: &str, limit: Duration) -> Duration {
+    let t = Instant::now();
+    loop {
+        let p = pool_entry(d, pool);
+        if p["health"] != "unavailable" {
+            assert_eq!(p["rados"]["here"], true, "{p}");
+            return t.elapsed();
+        }
+        assert!(t.elapsed() < limit, "not taken over after {limit:?}: {p}\n{}", d.logs());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn qemu_io(d: &Daemon, export: &str, cmd: &str) -> (bool, String) {
+    let uri = format!("nbd://{}/{export}", d.nbd_address());
+    let (ok, out) = run("qemu-io", &["-f", "raw", "-c", cmd, &uri]);
+    // qemu-io reports a failed request on its output and may still exit 0.
+    (ok && !out.contains("failed") && !out.contains("error"), out)
+}
+
+fn signal(d: &Daemon, sig: i32) {
+    let pid = d.child.as_ref().unwrap().id() as i32;
+    assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
+}
+
+#[test]
+fn a_pool_on_rados_needs_a_gateway_and_says_so() {
+    let t = tempfile::tempdir().unwrap();
+    let d = Daemon::start(&t.path().join("state"));
+    let e = d.fails(&["pool", "create", "r", "--rados", "rbd", "--capacity", "10G"]);
+    assert!(e.contains("needs this daemon to be a gateway"), "{e}");
+    let e = d.fails(&["pool", "create", "r", "--disk", "/tmp/x", "--capacity", "10G"]);
+    assert!(e.contains("--rados"), "{e}");
+    let e = d.fails(&["pool", "import", "r", "--ceph-conf", "/etc/ceph/ceph.conf"]);
+    assert!(e.contains("--rados"), "{e}");
+}
+
+#[cfg(feature = "rados")]
+#[test]
+fn a_pool_on_rados_moves_to_the_other_gateway_when_its_owner_stalls_or_dies() {
+    let test = "a_pool_on_rados_moves_to_the_other_gateway_when_its_owner_stalls_or_dies";
+    let Some((conf, etcd)) = cluster(test) else { return };
+    ok("ceph", &["-c", &conf, "osd", "pool", "create", RADOS_POOL]);
+    let pid = std::process::id();
+    let pool = format!("gw{pid}");
+    let prefix = format!("/tessera-test-{pid}");
+    let t = tempfile::tempdir().unwrap();
+    let mut a = Daemon::start_configured(&t.path().join("a"), &gateway("gw-a", &etcd, &prefix));
+
+    // Refusals first: a RADOS pool that does not exist, a capacity left out.
+    let e = a.fails(&[
+        "pool",
+        "create",
+        &pool,
+        "--rados",
+        "no-such-pool",
+        "--ceph-conf",
+        &conf,
+        "--capacity",
+        "1G",
+    ]);
+    assert!(e.contains("no-such-pool"), "{e}");
+    let e = a.fails(&["pool", "create", &pool, "--rados", RADOS_POOL, "--ceph-conf", &conf]);
+    assert!(e.contains("--capacity"), "{e}");
+
+    let out = a.ok(&[
+        "pool",
+        "create",
+        &pool,
+        "--rados",
+        RADOS_POOL,
+        "--ceph-conf",
+        &conf,
+        "--capacity",
+        "4G",
+        "--slab-size",
+        "64M",
+    ]);
+    assert!(out.contains("owned by gateway gw-a"), "{out}");
+    let vdisk = format!("{pool}/v");
+    a.ok(&["vdisk", "create", &vdisk, "--size", "64M", "--layout", "simple"]);
+    a.ok(&["nbd", "export", &vdisk]);
+    let (w, out) = qemu_io(&a, "v", "write -P 0xa1 0 4M");
+    assert!(w, "{out}");
+    let p = pool_entry(&a, &pool);
+    assert_eq!(p["rados"]["owner"], "gw-a", "{p}");
+    assert_eq!(p["rados"]["here"], true, "{p}");
+    // A second pool of that name in the cluster is refused, wherever it is made.
+    let e = a.fails(&[
+        "pool",
+        "create",
+        &pool,
+        "--rados",
+        RADOS_POOL,
+        "--ceph-conf",
+        &conf,
+        "--capacity",
+        "4G",
+    ]);
+    assert!(e.contains("already exists"), "{e}");
+
+    // Gateway B imports the pool and waits: A owns it.
+    let mut b = Daemon::start_configured(&t.path().join("b"), &gateway("gw-b", &etcd, &prefix));
+    b.ok(&["pool", "import", &pool, "--rados", RADOS_POOL, "--ceph-conf", &conf]);
+    let p = pool_entry(&b, &pool);
+    assert_eq!(p["health"], "unavailable", "{p}");
+    assert!(p["problem"].as_str().unwrap().contains("owned by gateway gw-a"), "{p}");
+    assert_eq!(p["rados"]["owner"], "gw-a", "{p}");
+    let listed = b.ok(&["pool", "list"]);
+    assert!(
+        listed.contains(&format!("{pool}: in RADOS pool {RADOS_POOL}, owned by gateway gw-a")),
+        "{listed}"
+    );
+
+    // A stalls: B takes the pool over once A's lease lapses, and serves every block A wrote.
+    signal(&a, libc::SIGSTOP);
+    let took = until_served(&b, &pool, Duration::from_secs(15));
+    eprintln!("{test}: taken over {took:?} after the owner stalled (lease 3 s)");
+    if std::env::var("TESSERA_SHOW_LOGS").is_ok() {
+        eprintln!("{}", b.logs());
+    }
+    b.ok(&["nbd", "export", &vdisk]);
+    let (r, out) = qemu_io(&b, "v", "read -P 0xa1 0 4M");
+    assert!(r, "{out}");
+    let (w, out) = qemu_io(&b, "v", "write -P 0xb2 0 1M");
+    assert!(w, "{out}");
+
+    // A resumes: its writes land nowhere, and it lets the pool go.
+    signal(&a, libc::SIGCONT);
+    let (w, out) = qemu_io(&a, "v", "write -P 0xee 0 1M");
+    assert!(!w, "the stalled owner's write was taken after the takeover: {out}");
+    let (r, out) = qemu_io(&b, "v", "read -P 0xb2 0 1M");
+    assert!(r, "the stalled owner's write changed the data: {out}");
+    let t0 = Instant::now();
+    loop {
+        let p = pool_entry(&a, &pool);
+        if p["health"] == "unavailable" && p["rados"]["owner"] == "gw-b" {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(15), "A still serves the pool: {p}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let events = a.ok(&["events", "--pool", &pool, "-n", "1000"]);
+    assert!(events.contains("no longer served here"), "{events}");
+
+    // B dies: A takes the pool back, presents its export again by itself, and reads both.
+    b.kill9();
+    let took = until_served(&a, &pool, Duration::from_secs(15));
+    eprintln!("{test}: taken back {took:?} after the owner was killed (lease 3 s)");
+    let (r, out) = qemu_io(&a, "v", "read -P 0xb2 0 1M");
+    assert!(r, "{out}");
+    let (r, out) = qemu_io(&a, "v", "read -P 0xa1 1M 3M");
+    assert!(r, "{out}");
+    let check = a.json(&["pool", "check", &pool]);
+    assert!(check["problems"].as_array().unwrap().is_empty(), "{check}");
+
+    // A crashes and restarts before its lease lapsed: the new run does not take the old
+    // run's ownership for its own; it waits for the lease, then takes the pool over like any
+    // other gateway would (fencing the old run off).
+    a.kill9();
+    let mut a = Daemon::start_configured(&t.path().join("a"), &gateway("gw-a", &etcd, &prefix));
+    let p = pool_entry(&a, &pool);
+    if p["health"] == "unavailable" {
+        assert!(p["problem"].as_str().unwrap().contains("an earlier run"), "{p}");
+    }
+    let took = until_served(&a, &pool, Duration::from_secs(15));
+    eprintln!("{test}: taken again {took:?} after the owner restarted");
+    let (r, out) = qemu_io(&a, "v", "read -P 0xb2 0 1M");
+    assert!(r, "{out}");
+
+    // A clean stop gives the pool up at once, without waiting for the lease to lapse; B,
+    // started again, takes it at start and offers its export again.
+    a.stop();
+    let key = format!("{prefix}/owner/pool.{pool}");
+    let (got, owner) = run_env("etcdctl", &["--endpoints", &etcd, "get", &key], &[("ETCDCTL_API", "3")]);
+    assert!(got, "{owner}");
+    assert!(owner.trim().is_empty(), "still owned after a clean stop: {owner}");
+    let mut b = Daemon::start_configured(&t.path().join("b"), &gateway("gw-b", &etcd, &prefix));
+    until_served(&b, &pool, Duration::from_secs(15));
+    let (r, out) = qemu_io(&b, "v", "read -P 0xb2 0 1M");
+    assert!(r, "{out}");
+
+    // Destroyed, the pool leaves nothing in the cluster.
+    b.ok(&["nbd", "remove", "v"]);
+    b.ok(&["vdisk", "delete", &vdisk]);
+    b.ok(&["pool", "destroy", &pool]);
+    let left = ok("rados", &["-c", &conf, "-p", RADOS_POOL, "ls"]);
+    assert!(
+        !left.lines().any(|l| l.starts_with(&format!("tessera.{pool}."))),
+        "{left}"
+    );
+    b.stop();
+}

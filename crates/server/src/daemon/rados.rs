@@ -1,0 +1,360 @@
+//! Pools on Ceph RADOS, as one of several gateways (crate::rados_pools): made, imported,
+//! taken when nobody owns them, and let go of when this gateway's lease is lost.
+//!
+//! A pool on RADOS that another gateway owns stays in the list as unavailable, with its owner;
+//! every tick (`rados_tick`, once a second) tries to take it, which succeeds once the owner's
+//! lease lapsed (it died, stalled or left): the pool is then opened here and its configured
+//! LUNs and exports presented. When this gateway's own lease is lost, it withdraws every pool
+//! on RADOS at once, since another may own them already, and joins again.
+
+use super::*;
+use crate::rados_pools::{Placement, PoolOwner, Taking, PLACEMENT_FILE};
+
+/// What this gateway knows of one pool on RADOS.
+pub(crate) struct RadosPool {
+    placement: Placement,
+    /// Set while this gateway owns the pool.
+    owned: Option<crate::rados_pools::Owned>,
+    /// The owner last seen when this gateway could not take it.
+    elsewhere: Option<PoolOwner>,
+}
+
+impl Daemon {
+    fn membership(&self) -> ApiResult<&crate::rados_pools::Membership> {
+        self.gateway.as_ref().ok_or_else(|| {
+            ApiError::invalid(
+                "a pool on Ceph RADOS needs this daemon to be a gateway: give it a [gateway] table (name, etcd) in its configuration file",
+            )
+        })
+    }
+
+    pub(super) fn create_rados_pool(&self, req: &CreatePool, r: &RadosPlacement) -> ApiResult<PoolSummary> {
+        if !req.disks.is_empty() || !req.cache_disks.is_empty() {
+            return Err(ApiError::invalid(
+                "a pool on RADOS has no disks of its own: its data lives in the RADOS pool; leave --disk and --cache-disk out",
+            ));
+        }
+        let slab = req.slab_size.unwrap_or(DEFAULT_SLAB_SIZE);
+        let capacity = req.capacity.ok_or_else(|| {
+            ApiError::invalid(
+                "a pool on RADOS needs --capacity SIZE: the most it may hold (thin: nothing is used until written)",
+            )
+        })?;
+        if capacity < 2 * slab || capacity % tessera_disk::SECTOR as u64 != 0 {
+            return Err(ApiError::invalid(format!(
+                "a capacity of {capacity} bytes must be whole sectors and at least two slabs ({} bytes)",
+                2 * slab
+            )));
+        }
+        let placement = Placement::new(r).map_err(ApiError::invalid)?;
+        let gw = self.membership()?;
+        let _admin = self.admin.lock();
+        let dir = self.pool_dir(&req.name);
+        if self.pools.read().contains_key(&req.name) || self.unavailable.read().contains_key(&req.name) {
+            return Err(ApiError::exists(format!("pool '{}' already exists", req.name)));
+        }
+        if dir.exists() {
+            return Err(ApiError::exists(format!(
+                "pool '{}' already exists in {}; 'tessera pool import {}' brings it back",
+                req.name,
+                dir.display(),
+                req.name
+            )));
+        }
+        let owned = match gw.take(&req.name, &placement).map_err(ApiError::unavailable)? {
+            Taking::Mine(o) => o,
+            Taking::Elsewhere(o) => {
+                return Err(ApiError::exists(format!(
+                    "pool '{}' exists in the cluster and gateway {} owns it (epoch {}): 'tessera pool import {} --rados {}' serves it here too once it is free",
+                    req.name, o.gateway, o.epoch, req.name, placement.rados_pool
+                )))
+            }
+        };
+        let made = std::fs::create_dir_all(&dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))
+            .and_then(|()| placement.write(&dir))
+            .and_then(|()| owned.create(&dir, &req.name, capacity, slab));
+        let engine = match made {
+            Ok(e) => e,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                let _ = gw.release(&req.name, owned.epoch);
+                return Err(ApiError::invalid(e));
+            }
+        };
+        let epoch = owned.epoch;
+        self.rados.lock().insert(
+            req.name.clone(),
+            RadosPool {
+                placement,
+                owned: Some(owned),
+                elsewhere: None,
+            },
+        );
+        self.pools.write().insert(req.name.clone(), Arc::new(engine));
+        self.persist()?;
+        self.changed(
+            "pool.created",
+            &req.name,
+            None,
+            format!(
+                "pool {} created in RADOS pool {}, owned by gateway {} at epoch {epoch}",
+                req.name,
+                r.pool,
+                gw.name()
+            ),
+        );
+        self.pool_summary(&req.name)
+    }
+
+    /// Records where pool `name` lives in the cluster and serves it if nobody owns it; else it
+    /// waits, listed as unavailable, until its owner lets go.
+    pub(super) fn import_rados_pool(&self, name: &str, r: &RadosPlacement) -> ApiResult<PoolSummary> {
+        let placement = Placement::new(r).map_err(ApiError::invalid)?;
+        self.membership()?;
+        {
+            let _admin = self.admin.lock();
+            if self.pools.read().contains_key(name) || self.unavailable.read().contains_key(name) {
+                return Err(ApiError::exists(format!("pool '{name}' is already imported")));
+            }
+            let dir = self.pool_dir(name);
+            match Placement::read(&dir).map_err(ApiError::invalid)? {
+                Some(p) if p != placement => {
+                    return Err(ApiError::exists(format!(
+                        "pool '{name}' is recorded in {} as in RADOS pool '{}' of {}: import it without --rados, or export it first",
+                        dir.display(),
+                        p.rados_pool,
+                        p.ceph_conf
+                    )))
+                }
+                Some(_) => {}
+                None if dir.exists() => {
+                    return Err(ApiError::exists(format!(
+                        "a local pool '{name}' is in {}: import it without --rados",
+                        dir.display()
+                    )))
+                }
+                None => {
+                    std::fs::create_dir_all(&dir)
+                        .map_err(|e| ApiError::internal(format!("cannot create {}: {e}", dir.display())))?;
+                    placement.write(&dir).map_err(ApiError::internal)?;
+                }
+            }
+            self.rados.lock().insert(
+                name.to_string(),
+                RadosPool {
+                    placement,
+                    owned: None,
+                    elsewhere: None,
+                },
+            );
+            self.unavailable
+                .write()
+                .insert(name.to_string(), "not taken yet".to_string());
+            self.persist()?;
+        }
+        self.bring_rados_pool(name);
+        self.pool_summary(name)
+    }
+
+    /// At start: pool `name` has a placement file in its directory.
+    pub(super) fn load_rados_pool(&self, name: &str) {
+        let dir = self.pool_dir(name);
+        let placement = match Placement::read(&dir) {
+            Ok(Some(p)) => p,
+            Ok(None) => return,
+            Err(e) => {
+                self.unavailable.write().insert(name.to_string(), e);
+                return;
+            }
+        };
+        self.rados.lock().insert(
+            name.to_string(),
+            RadosPool {
+                placement,
+                owned: None,
+                elsewhere: None,
+            },
+        );
+        self.unavailable
+            .write()
+            .insert(name.to_string(), "not taken yet".to_string());
+        self.bring_rados_pool(name);
+    }
+
+    /// Whether pool `name` is on RADOS (its directory holds a placement).
+    pub(super) fn is_rados_pool(&self, name: &str) -> bool {
+        self.pool_dir(name).join(PLACEMENT_FILE).exists()
+    }
+
+    /// Takes pool `name` if nobody owns it and serves it; otherwise records who does.
+    fn bring_rados_pool(&self, name: &str) {
+        let _admin = self.admin.lock();
+        if self.pools.read().contains_key(name) {
+            return;
+        }
+        let Some(placement) = self.rados.lock().get(name).map(|p| p.placement.clone()) else {
+            return;
+        };
+        let started = Instant::now();
+        let why = match &self.gateway {
+            None => "the pool is on Ceph RADOS and this daemon is not a gateway: give it a [gateway] table in its configuration file".to_string(),
+            Some(gw) => match gw.take(name, &placement) {
+                Err(e) => e,
+                Ok(Taking::Elsewhere(o)) => {
+                    let why = format!(
+                        "owned by gateway {} (epoch {}); this gateway takes it over once that one's lease lapses",
+                        o.gateway, o.epoch
+                    );
+                    if let Some(p) = self.rados.lock().get_mut(name) {
+                        p.elsewhere = Some(o);
+                    }
+                    why
+                }
+                Ok(Taking::Mine(owned)) => match {
+                    info!(pool = %name, epoch = owned.epoch, seconds = started.elapsed().as_secs_f64(), "pool taken, previous owner fenced off; opening it");
+                    owned.open(&self.pool_dir(name), name)
+                } {
+                    Err(e) => {
+                        let _ = gw.release(name, owned.epoch);
+                        e
+                    }
+                    Ok(engine) => {
+                        let epoch = owned.epoch;
+                        info!(pool = %name, epoch, seconds = started.elapsed().as_secs_f64(), "pool opened");
+                        if let Some(p) = self.rados.lock().get_mut(name) {
+                            p.owned = Some(owned);
+                            p.elsewhere = None;
+                        }
+                        self.pools.write().insert(name.to_string(), Arc::new(engine));
+                        self.unavailable.write().remove(name);
+                        self.events.record(
+                            NewEvent::new(
+                                Severity::Warning,
+                                "pool.taken",
+                                format!("pool {name} taken by gateway {} at epoch {epoch}: served here", gw.name()),
+                            )
+                            .pool(name),
+                        );
+                        let resolve = |vd: &str| {
+                            let (p, v) = vd.split_once('/')?;
+                            self.vdisk(p, v).ok()
+                        };
+                        self.targets.present_missing(&resolve);
+                        self.nbd.present_missing(&resolve);
+                        return;
+                    }
+                },
+            },
+        };
+        self.unavailable.write().insert(name.to_string(), why);
+    }
+
+    /// Stops serving every pool on RADOS this gateway owned: its lease is lost, so another
+    /// gateway may own them already. Their LUNs and exports are withdrawn (their
+    /// configuration stays, for when the pool is taken again).
+    fn lose_rados_pools(&self, why: &str) {
+        let _admin = self.admin.lock();
+        let lost: Vec<String> = self
+            .rados
+            .lock()
+            .iter_mut()
+            .filter_map(|(n, p)| p.owned.take().map(|_| n.clone()))
+            .collect();
+        for name in lost {
+            self.targets.withdraw_pool(&name);
+            self.nbd.withdraw_pool(&name);
+            self.targets.copy.revoke_pool(&name);
+            self.pools.write().remove(&name);
+            self.unavailable.write().insert(name.clone(), why.to_string());
+            self.events.record(
+                NewEvent::new(
+                    Severity::Critical,
+                    "pool.lost",
+                    format!("pool {name} no longer served here: {why}"),
+                )
+                .pool(&name),
+            );
+        }
+    }
+
+    /// Once a second: keeps this gateway's membership and takes the pools nobody owns.
+    pub fn rados_tick(&self) {
+        let Some(gw) = &self.gateway else { return };
+        if !gw.alive() {
+            self.lose_rados_pools(
+                "this gateway's lease in etcd lapsed (it stalled, or lost etcd): another gateway may own the pool now",
+            );
+            if let Err(e) = gw.rejoin() {
+                warn!(error = %e, "cannot join the gateways again; retrying");
+                return;
+            }
+            info!(gateway = gw.name(), "joined the gateways again");
+        }
+        let waiting: Vec<String> = self
+            .rados
+            .lock()
+            .iter()
+            .filter(|(_, p)| p.owned.is_none())
+            .map(|(n, _)| n.clone())
+            .collect();
+        for name in waiting {
+            if self.unavailable.read().contains_key(&name) {
+                self.bring_rados_pool(&name);
+            }
+        }
+    }
+
+    /// Gives up pool `name` after it was exported or destroyed here; for a destroyed pool,
+    /// its objects go too.
+    pub(super) fn forget_rados_pool(&self, name: &str, capacity: Option<u64>) -> ApiResult<()> {
+        let Some(p) = self.rados.lock().remove(name) else {
+            return Ok(());
+        };
+        let (Some(owned), Some(gw)) = (p.owned, &self.gateway) else {
+            return Ok(());
+        };
+        if let Some(capacity) = capacity {
+            owned.remove_objects(name, capacity).map_err(|e| {
+                ApiError::internal(format!(
+                    "pool {name} destroyed, but its objects stay in the cluster: {e}"
+                ))
+            })?;
+            let _ = std::fs::remove_dir_all(self.pool_dir(name));
+        }
+        gw.release(name, owned.epoch).map_err(ApiError::unavailable)
+    }
+
+    /// At shutdown, after the pools were flushed: gives up what this gateway owns, so that
+    /// another takes it at once instead of after the lease.
+    pub(super) fn release_rados_pools(&self) {
+        let Some(gw) = &self.gateway else { return };
+        for (name, p) in self.rados.lock().iter() {
+            if let Some(o) = &p.owned {
+                match gw.release(name, o.epoch) {
+                    Ok(()) => info!(pool = %name, "pool given up for other gateways"),
+                    Err(e) => {
+                        warn!(pool = %name, error = %e, "cannot give the pool up; other gateways take it when the lease lapses")
+                    }
+                }
+            }
+        }
+    }
+
+    /// What `pool list` shows of a pool on RADOS.
+    pub(super) fn rados_view(&self, name: &str) -> Option<RadosPoolView> {
+        let rados = self.rados.lock();
+        let p = rados.get(name)?;
+        let (owner, epoch, here) = match (&p.owned, &p.elsewhere, &self.gateway) {
+            (Some(o), _, Some(gw)) => (Some(gw.name().to_string()), Some(o.epoch), true),
+            (None, Some(o), _) => (Some(o.gateway.clone()), Some(o.epoch), false),
+            _ => (None, None, false),
+        };
+        Some(RadosPoolView {
+            rados_pool: p.placement.rados_pool.clone(),
+            owner,
+            epoch,
+            here,
+        })
+    }
+}

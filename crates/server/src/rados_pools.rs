@@ -1,0 +1,454 @@
+//! Pools wholly in a Ceph cluster, served by one of several gateways.
+//!
+//! Such a pool keeps nothing on this machine but a note of where it lives (`rados.json` in
+//! its directory): its data is one thin disk of 4 MiB objects (`tessera.NAME.data.*`), its
+//! metadata the omap of one object (`tessera.NAME.meta`), both in a RADOS pool whose
+//! redundancy it uses. Tessera's own block checksums are off for it: BlueStore checks every
+//! read, and Tessera's checksum pages live beside one gateway, where another that takes the
+//! pool over cannot see them (and would find them stale once it gave the pool back).
+//!
+//! One gateway owns a pool at a time: the etcd key `PREFIX/owner/pool.NAME` on the gateway's
+//! lease, whose creation revision is the epoch that guards every data and metadata write
+//! (`tessera_ownership::fence`). A gateway takes a pool only when nobody owns it, after it
+//! fenced the previous owner's RADOS client off (blocklist). Each taking connects to the
+//! cluster afresh, so that a gateway that lost a pool and takes it again is not at an address
+//! it may have been fenced at.
+//!
+//! Built with the `rados` feature; without it, joining as a gateway fails with a clear error
+//! and nothing else here can be reached.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::GatewayConfig;
+use crate::model::RadosPlacement;
+
+/// How often a gateway checks its lease and tries to take the pools nobody owns.
+pub const TICK: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The file in a pool's directory that says the pool is on RADOS, and where.
+pub const PLACEMENT_FILE: &str = "rados.json";
+
+pub const DEFAULT_CEPH_CONF: &str = "/etc/ceph/ceph.conf";
+pub const DEFAULT_CLIENT: &str = "admin";
+
+/// Where a pool on RADOS lives, with the defaults filled in, as `rados.json` holds it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Placement {
+    pub rados_pool: String,
+    pub ceph_conf: String,
+    pub client_name: String,
+}
+
+impl Placement {
+    pub fn new(p: &RadosPlacement) -> Result<Placement, String> {
+        let ok = |s: &str| !s.is_empty() && !s.contains('\0') && !s.contains(char::is_whitespace);
+        if !ok(&p.pool) {
+            return Err(format!("'{}' is not a RADOS pool name", p.pool));
+        }
+        let ceph_conf = p.ceph_conf.clone().unwrap_or_else(|| DEFAULT_CEPH_CONF.into());
+        if !Path::new(&ceph_conf).is_absolute() {
+            return Err(format!(
+                "the Ceph configuration file '{ceph_conf}' must be an absolute path"
+            ));
+        }
+        let client_name = p.client_name.clone().unwrap_or_else(|| DEFAULT_CLIENT.into());
+        if !ok(&client_name) || client_name.starts_with("client.") {
+            return Err(format!(
+                "'{client_name}' is not a Ceph client name (give it without \"client.\", e.g. admin)"
+            ));
+        }
+        Ok(Placement {
+            rados_pool: p.pool.clone(),
+            ceph_conf,
+            client_name,
+        })
+    }
+
+    pub fn read(dir: &Path) -> Result<Option<Placement>, String> {
+        let p = dir.join(PLACEMENT_FILE);
+        if !p.exists() {
+            return Ok(None);
+        }
+        let text = std::fs::read(&p).map_err(|e| format!("cannot read {}: {e}", p.display()))?;
+        serde_json::from_slice(&text).map(Some).map_err(|e| {
+            format!(
+                "{} is unreadable ({e}): fix it, or import the pool again with --rados",
+                p.display()
+            )
+        })
+    }
+
+    pub fn write(&self, dir: &Path) -> Result<(), String> {
+        let p = dir.join(PLACEMENT_FILE);
+        crate::statefile::write_json(&p, self).map_err(|e| format!("cannot record {}: {e}", p.display()))
+    }
+
+    /// The object names of pool `name`: its data disk's prefix and its metadata object.
+    pub fn data_prefix(name: &str) -> String {
+        format!("tessera.{name}.data")
+    }
+
+    pub fn meta_object(name: &str) -> String {
+        format!("tessera.{name}.meta")
+    }
+
+    /// The engine's path for the pool's one disk.
+    pub fn disk_path(&self, name: &str) -> String {
+        format!("rados:{}/{}", self.rados_pool, Self::data_prefix(name))
+    }
+}
+
+/// Who owns a pool, as a gateway learned it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolOwner {
+    pub gateway: String,
+    pub epoch: i64,
+}
+
+#[cfg(feature = "rados")]
+pub use real::{Membership, Owned, Taking};
+
+#[cfg(feature = "rados")]
+mod real {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use tessera_disk::DiskRef;
+    use tessera_ownership::fence::take_over;
+    use tessera_ownership::fenced_disk::FencedDisk;
+    use tessera_ownership::rados_meta::RadosMeta;
+    use tessera_ownership::Gateway;
+    use tessera_pool::{MetaStore, Pool};
+    use tessera_rados::Cluster;
+    use tessera_volume::Engine;
+    use tokio::runtime::Handle;
+
+    use super::*;
+
+    /// The ownership key of pool `name` among the gateways.
+    fn owner_key(name: &str) -> String {
+        format!("pool.{name}")
+    }
+
+    /// Seconds a call to the cluster may take before it fails instead of hanging (an OSD or
+    /// monitor gone away).
+    const CLUSTER_TIMEOUT: &str = "30";
+
+    /// This daemon's membership among the gateways: its etcd lease, renewed in the
+    /// background. Its methods block; call them from blocking threads.
+    pub struct Membership {
+        cfg: GatewayConfig,
+        rt: Handle,
+        gateway: tokio::sync::Mutex<Gateway>,
+    }
+
+    /// The outcome of an attempt to take a pool.
+    pub enum Taking {
+        /// This gateway owns it now, and may serve it at this epoch.
+        Mine(Owned),
+        /// Another gateway owns it.
+        Elsewhere(PoolOwner),
+    }
+
+    /// A pool this gateway took: its own connection to the cluster and its epoch.
+    pub struct Owned {
+        cluster: Arc<Cluster>,
+        placement: Placement,
+        pub epoch: i64,
+    }
+
+    /// Another gateway's ownership as this one reports it; an earlier run of this very
+    /// gateway (restarted before its lease lapsed) says so.
+    fn elsewhere(o: tessera_ownership::Owner, me: &str) -> PoolOwner {
+        PoolOwner {
+            gateway: if o.gateway == me {
+                format!("{me} (an earlier run, until its lease lapses)")
+            } else {
+                o.gateway
+            },
+            epoch: o.epoch,
+        }
+    }
+
+    impl Membership {
+        /// Joins the gateways as `cfg.name`, with a lease of `cfg.lease_seconds`.
+        pub fn join(cfg: &GatewayConfig, rt: Handle) -> Result<Membership, String> {
+            let g = rt
+                .block_on(async {
+                    tokio::time::timeout(
+                        Duration::from_secs(10),
+                        Gateway::join(&cfg.etcd, &cfg.prefix, &cfg.name, cfg.lease_seconds),
+                    )
+                    .await
+                })
+                .map_err(|_| format!("etcd at {} did not answer within 10 s", cfg.etcd.join(", ")))?
+                .map_err(|e| format!("cannot join the gateways through etcd at {}: {e}", cfg.etcd.join(", ")))?;
+            Ok(Membership {
+                cfg: cfg.clone(),
+                rt,
+                gateway: tokio::sync::Mutex::new(g),
+            })
+        }
+
+        pub fn name(&self) -> &str {
+            &self.cfg.name
+        }
+
+        /// Whether the lease is still renewed; once false, whatever this gateway owned may
+        /// be another's already.
+        pub fn alive(&self) -> bool {
+            self.rt.block_on(async { self.gateway.lock().await.alive() })
+        }
+
+        /// A new lease after the last one was lost (the gateway stalled, or etcd went away).
+        pub fn rejoin(&self) -> Result<(), String> {
+            let fresh = self
+                .rt
+                .block_on(async {
+                    tokio::time::timeout(
+                        Duration::from_secs(10),
+                        Gateway::join(&self.cfg.etcd, &self.cfg.prefix, &self.cfg.name, self.cfg.lease_seconds),
+                    )
+                    .await
+                })
+                .map_err(|_| "etcd did not answer within 10 s".to_string())?
+                .map_err(|e| e.to_string())?;
+            self.rt.block_on(async { *self.gateway.lock().await = fresh });
+            Ok(())
+        }
+
+        /// Takes pool `name` if nobody owns it, fencing its previous owner off the cluster
+        /// first.
+        pub fn take(&self, name: &str, placement: &Placement) -> Result<Taking, String> {
+            // Cheap first: while another gateway holds the pool, nothing is asked of the
+            // cluster. (The taking below is one etcd transaction all the same.)
+            let held = self
+                .rt
+                .block_on(async {
+                    let mut g = self.gateway.lock().await;
+                    let o = g.owner(&owner_key(name)).await;
+                    o.map(|o| o.filter(|o| !g.holds(o)))
+                })
+                .map_err(|e| format!("cannot learn the owner of pool {name}: {e}"))?;
+            if let Some(o) = held {
+                return Ok(Taking::Elsewhere(elsewhere(o, &self.cfg.name)));
+            }
+            let started = std::time::Instant::now();
+            let cluster = Arc::new(
+                Cluster::connect(
+                    &placement.ceph_conf,
+                    &placement.client_name,
+                    &[
+                        ("rados_osd_op_timeout", CLUSTER_TIMEOUT),
+                        ("rados_mon_op_timeout", CLUSTER_TIMEOUT),
+                    ],
+                )
+                .map_err(|e| {
+                    format!(
+                        "cannot connect to the Ceph cluster of {} as client.{}: {e}",
+                        placement.ceph_conf, placement.client_name
+                    )
+                })?,
+            );
+            // The RADOS pool must exist before anyone takes anything in it.
+            Cluster::shared_pool(&cluster, &placement.rados_pool)
+                .map_err(|e| format!("cannot open the RADOS pool '{}': {e}", placement.rados_pool))?;
+            let connected = started.elapsed();
+            let (owner, mine) = self
+                .rt
+                .block_on(async {
+                    let mut g = self.gateway.lock().await;
+                    let o = take_over(&mut g, &cluster, &owner_key(name)).await;
+                    o.map(|o| {
+                        let mine = g.holds(&o);
+                        (o, mine)
+                    })
+                })
+                .map_err(|e| format!("cannot take pool {name}: {e}"))?;
+            if !mine {
+                return Ok(Taking::Elsewhere(elsewhere(owner, &self.cfg.name)));
+            }
+            tracing::info!(
+                pool = name,
+                connect_seconds = connected.as_secs_f64(),
+                take_and_fence_seconds = (started.elapsed() - connected).as_secs_f64(),
+                "pool taken"
+            );
+            Ok(Taking::Mine(Owned {
+                cluster,
+                placement: placement.clone(),
+                epoch: owner.epoch,
+            }))
+        }
+
+        /// Gives pool `name` up, if this gateway owns it at `epoch`.
+        pub fn release(&self, name: &str, epoch: i64) -> Result<(), String> {
+            self.rt
+                .block_on(async { self.gateway.lock().await.release(&owner_key(name), epoch).await })
+                .map(drop)
+                .map_err(|e| e.to_string())
+        }
+    }
+
+    impl Owned {
+        fn meta(&self, name: &str) -> Result<MetaStore, String> {
+            let pool = Cluster::shared_pool(&self.cluster, &self.placement.rados_pool).map_err(|e| e.to_string())?;
+            Ok(MetaStore::on(RadosMeta::new(
+                pool,
+                &Placement::meta_object(name),
+                self.epoch,
+            )))
+        }
+
+        fn disk(&self, name: &str, size: u64) -> Result<FencedDisk, String> {
+            let pool = Cluster::shared_pool(&self.cluster, &self.placement.rados_pool).map_err(|e| e.to_string())?;
+            FencedDisk::new(pool, &Placement::data_prefix(name), size, self.epoch).map_err(|e| e.to_string())
+        }
+
+        /// Makes pool `name` of `capacity` bytes in the cluster (refused if the cluster holds
+        /// one of that name already) and opens an engine on it, with `dir` for what stays
+        /// local.
+        pub fn create(&self, dir: &Path, name: &str, capacity: u64, slab_size: u64) -> Result<Engine, String> {
+            let disk: DiskRef = Arc::new(self.disk(name, capacity)?);
+            Engine::create_pool_with_meta(dir, name, vec![disk], slab_size, self.meta(name)?, false)
+                .map_err(|e| e.to_string())
+        }
+
+        /// Opens the pool `name` as the cluster holds it.
+        pub fn open(&self, dir: &Path, name: &str) -> Result<Engine, String> {
+            let meta = self.meta(name)?;
+            let recorded = Pool::recorded_config(&meta).map_err(|e| {
+                format!(
+                    "the cluster holds no readable pool {name} in RADOS pool '{}': {e}",
+                    self.placement.rados_pool
+                )
+            })?;
+            let path = self.placement.disk_path(name);
+            let opener = |p: &str| -> Result<DiskRef, tessera_disk::DiskError> {
+                let info = recorded
+                    .disks
+                    .iter()
+                    .find(|d| d.path == p && p == path)
+                    .ok_or_else(|| tessera_disk::DiskError::Unusable {
+                        path: p.to_string(),
+                        reason: format!("not the disk of pool {name} on RADOS ({path})"),
+                    })?;
+                self.disk(name, info.size)
+                    .map(|d| Arc::new(d) as DiskRef)
+                    .map_err(|reason| tessera_disk::DiskError::Unusable {
+                        path: p.to_string(),
+                        reason,
+                    })
+            };
+            Engine::open_with_meta(dir, &opener, meta).map_err(|e| e.to_string())
+        }
+
+        /// Removes the objects of the destroyed pool `name` of `capacity` bytes.
+        pub fn remove_objects(&self, name: &str, capacity: u64) -> Result<(), String> {
+            self.disk(name, capacity)?.remove_objects().map_err(|e| e.to_string())?;
+            let pool = Cluster::shared_pool(&self.cluster, &self.placement.rados_pool).map_err(|e| e.to_string())?;
+            match pool.remove(&Placement::meta_object(name)) {
+                Err(e) if e.errno() != Some(libc::ENOENT) => Err(e.to_string()),
+                _ => Ok(()),
+            }
+        }
+    }
+}
+
+/// Without the `rados` feature: joining fails and says why, so nothing else is reachable.
+#[cfg(not(feature = "rados"))]
+pub use absent::{Membership, Owned, Taking};
+
+#[cfg(not(feature = "rados"))]
+mod absent {
+    use tessera_volume::Engine;
+    use tokio::runtime::Handle;
+
+    use super::*;
+
+    pub struct Membership {
+        never: std::convert::Infallible,
+    }
+
+    pub enum Taking {
+        Mine(Owned),
+        Elsewhere(PoolOwner),
+    }
+
+    pub struct Owned {
+        never: std::convert::Infallible,
+        pub epoch: i64,
+    }
+
+    const ABSENT: &str = "this tessera was built without pools on Ceph RADOS: build it with `cargo build --features tessera-cli/rados` (needs librados-dev and protobuf-compiler)";
+
+    impl Membership {
+        pub fn join(_: &GatewayConfig, _: Handle) -> Result<Membership, String> {
+            Err(ABSENT.into())
+        }
+        pub fn name(&self) -> &str {
+            match self.never {}
+        }
+        pub fn alive(&self) -> bool {
+            match self.never {}
+        }
+        pub fn rejoin(&self) -> Result<(), String> {
+            match self.never {}
+        }
+        pub fn take(&self, _: &str, _: &Placement) -> Result<Taking, String> {
+            match self.never {}
+        }
+        pub fn release(&self, _: &str, _: i64) -> Result<(), String> {
+            match self.never {}
+        }
+    }
+
+    impl Owned {
+        pub fn create(&self, _: &Path, _: &str, _: u64, _: u64) -> Result<Engine, String> {
+            match self.never {}
+        }
+        pub fn open(&self, _: &Path, _: &str) -> Result<Engine, String> {
+            match self.never {}
+        }
+        pub fn remove_objects(&self, _: &str, _: u64) -> Result<(), String> {
+            match self.never {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_placement_is_checked_and_given_its_defaults() {
+        let p = |pool: &str, conf: Option<&str>, client: Option<&str>| {
+            Placement::new(&RadosPlacement {
+                pool: pool.into(),
+                ceph_conf: conf.map(String::from),
+                client_name: client.map(String::from),
+            })
+        };
+        assert_eq!(
+            p("rbd", None, None).unwrap(),
+            Placement {
+                rados_pool: "rbd".into(),
+                ceph_conf: DEFAULT_CEPH_CONF.into(),
+                client_name: DEFAULT_CLIENT.into(),
+            }
+        );
+        assert!(p("", None, None).unwrap_err().contains("not a RADOS pool name"));
+        assert!(p("a b", None, None).is_err());
+        assert!(p("rbd", Some("ceph.conf"), None).unwrap_err().contains("absolute"));
+        assert!(p("rbd", None, Some("client.admin")).unwrap_err().contains("without"));
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(Placement::read(dir.path()).unwrap(), None);
+        let placed = p("rbd", Some("/etc/ceph/c.conf"), Some("gw")).unwrap();
+        placed.write(dir.path()).unwrap();
+        assert_eq!(Placement::read(dir.path()).unwrap(), Some(placed.clone()));
+        assert_eq!(placed.disk_path("tank"), "rados:rbd/tessera.tank.data");
+    }
+}
