@@ -40,6 +40,18 @@ pub enum DiskError {
     /// Not a regular file or block device, too small, and the like.
     #[error("{path}: {reason}")]
     Unusable { path: String, reason: String },
+    /// The storage behind the disk could not serve this request now: a cluster unreachable,
+    /// or this client fenced off by another owner. It says nothing of the disk's health (the
+    /// storage keeps its own redundancy), so it is never counted against the disk, nor makes
+    /// it failed: the request fails, and the next may succeed.
+    #[error("{path}: {op} at offset {offset} length {len} could not be served now: {reason}")]
+    Unavailable {
+        path: String,
+        op: &'static str,
+        offset: u64,
+        len: usize,
+        reason: String,
+    },
     /// Produced only by the fault-injecting backend.
     #[error("{path}: injected fault: {what}")]
     Injected { path: String, what: String },
@@ -56,9 +68,16 @@ impl DiskError {
             | DiskError::OutOfRange { path, .. }
             | DiskError::Open { path, .. }
             | DiskError::Unusable { path, .. }
+            | DiskError::Unavailable { path, .. }
             | DiskError::Injected { path, .. } => path,
             DiskError::Label(e) => e.path(),
         }
+    }
+
+    /// Whether the error is the storage's momentary refusal rather than the disk's fault
+    /// ([`DiskError::Unavailable`]).
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, DiskError::Unavailable { .. })
     }
 }
 

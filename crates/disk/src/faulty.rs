@@ -37,6 +37,8 @@ struct Plan {
     latency: Duration,
     tear_next: Option<usize>,
     fail_flushes: bool,
+    /// Every request is refused as the storage behind a disk refuses it for now.
+    refusing: bool,
 }
 
 struct State {
@@ -91,11 +93,24 @@ impl FaultyDisk {
         }
     }
 
+    fn refused(&self, op: &'static str, offset: u64, len: usize) -> DiskError {
+        DiskError::Unavailable {
+            path: self.path().to_string(),
+            op,
+            offset,
+            len,
+            reason: "injected: the storage refuses requests for now".into(),
+        }
+    }
+
     /// Decides the fate of one read or write. Ok(Some(n)) means a torn write of n bytes.
     fn admit(&self, is_write: bool, offset: u64, len: usize) -> Result<Option<usize>, DiskError> {
         let s = &self.faults.state;
         let (latency, verdict) = {
             let mut plan = s.plan.lock();
+            if plan.refusing {
+                return Err(self.refused(if is_write { "write" } else { "read" }, offset, len));
+            }
             let verdict = if s.pulled.load(Ordering::SeqCst) {
                 Err("disk pulled".to_string())
             } else if let Some(0) = plan.budget {
@@ -172,6 +187,9 @@ impl BlockDevice for FaultyDisk {
         }
         {
             let plan = s.plan.lock();
+            if plan.refusing {
+                return Err(self.refused("flush", 0, 0));
+            }
             if plan.fail_flushes {
                 return Err(self.injected("flush fails"));
             }
@@ -194,6 +212,13 @@ impl Faults {
     /// one after that fails, and so does every flush.
     pub fn fail_after(&self, n: u64) {
         self.state.plan.lock().budget = Some(n);
+    }
+
+    /// While on, every request is refused with [`DiskError::Unavailable`], as the storage
+    /// behind a disk refuses it when its cluster is unreachable or has fenced this client
+    /// off; nothing reaches the disk.
+    pub fn refuse(&self, on: bool) {
+        self.state.plan.lock().refusing = on;
     }
 
     /// Sleeps this long before each read and write.

@@ -454,7 +454,10 @@ impl Layouts {
     /// Counts and logs a member's read error; the caller reads around it.
     pub(crate) fn read_error(&self, disk: u32, e: &tessera_disk::DiskError) {
         self.stats.read_errors.fetch_add(1, Ordering::Relaxed);
-        self.count_for(disk, |c| c.read += 1);
+        // A refusal of the storage behind the disk is not the disk's error.
+        if !e.is_unavailable() {
+            self.count_for(disk, |c| c.read += 1);
+        }
         warn!(disk, error = %e, "read error");
     }
 
@@ -558,9 +561,15 @@ impl Layouts {
             .map_err(|e| self.member_write_failed(slab, &e))
     }
 
-    /// A member that failed a write leaves the set: counted, and its disk marked failed.
+    /// A member that failed a write leaves the set: counted, and its disk marked failed;
+    /// unless the storage behind it only could not take the write now (then the write fails
+    /// and the disk stays).
     fn member_write_failed(&self, slab: SlabRef, e: &tessera_disk::DiskError) -> MemberFault {
         self.stats.write_errors.fetch_add(1, Ordering::Relaxed);
+        if e.is_unavailable() {
+            warn!(disk = slab.disk, error = %e, "write refused by the storage");
+            return MemberFault::Io(e.to_string());
+        }
         self.member_lost();
         if let Err(pe) = self
             .pool

@@ -88,18 +88,23 @@ impl FencedDisk {
         })
     }
 
+    /// Every error of the cluster is a refusal of this request, not a fault of the disk:
+    /// the cluster keeps its own redundancy, and a fenced owner must not mark the pool's only
+    /// disk failed on its way out.
     fn io_error(&self, op: &'static str, offset: u64, len: usize, e: RadosError) -> DiskError {
-        let kind = if e.is_fenced() {
-            std::io::ErrorKind::PermissionDenied
+        let reason = if e.is_fenced() {
+            format!("this gateway was fenced off by a newer owner ({e})")
+        } else if e.is_guard_failure() {
+            format!("a newer owner wrote here ({e})")
         } else {
-            std::io::ErrorKind::Other
+            e.to_string()
         };
-        DiskError::Io {
+        DiskError::Unavailable {
             path: self.path.clone(),
             op,
             offset,
             len,
-            source: std::io::Error::new(kind, e.to_string()),
+            reason,
         }
     }
 }

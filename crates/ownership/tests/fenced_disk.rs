@@ -79,6 +79,11 @@ fn a_replaced_owners_disk_cannot_write_where_the_new_owner_wrote() {
         .write_at(&random(4, 4096), 0)
         .expect_err("the old owner wrote over the new one");
     assert!(e.to_string().contains("rados:"), "{e}");
+    // Refused for now, not a fault of the disk: the engine does not fail it for that.
+    assert!(
+        e.is_unavailable() && e.to_string().contains("a newer owner wrote here"),
+        "{e}"
+    );
     let mut back = AlignedBuf::zeroed(4096);
     new.read_at(&mut back, 0).unwrap();
     assert!(back[..] == theirs[..], "the refused write changed the block");

@@ -767,6 +767,9 @@ impl Pool {
         let mut failed = Vec::new();
         for (pos, dev) in devs {
             if let Err(e) = dev.flush() {
+                if e.is_unavailable() {
+                    return Err(e.into());
+                }
                 self.set_disk_state(pos, DiskState::Failed, Some(format!("flush failed: {e}")))?;
                 failed.push(pos);
             }

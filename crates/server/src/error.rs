@@ -136,6 +136,7 @@ impl From<DiskError> for ApiError {
         match e {
             DiskError::Open { .. } => ApiError::invalid(e.to_string()),
             DiskError::Io { .. } => ApiError::io(e.to_string()),
+            DiskError::Unavailable { .. } => ApiError::unavailable(e.to_string()),
             _ => ApiError::invalid(e.to_string()),
         }
     }

@@ -339,3 +339,34 @@ fn batched_reads_match_single_reads_through_faults() {
         }
     }
 }
+
+/// A disk whose storage refuses requests for a while (a Ceph cluster unreachable, or this
+/// gateway fenced off): the requests fail, but the disk is not failed, nor counted against,
+/// and once the storage serves again everything works and nothing was lost.
+#[test]
+fn a_disk_whose_storage_refuses_requests_for_a_while_is_not_failed() {
+    let rig = Rig::new(1, 64 * MIB, MIB);
+    let mut one = tessera_volume::VdiskSpec::new("s", SIZE, LayoutKind::Simple);
+    one.columns = Some(1);
+    rig.engine().create_vdisk(&one).unwrap();
+    let data = fill(&rig, "s", 1);
+    rig.engine().flush().unwrap();
+    rig.disks[0].faults().refuse(true);
+    let v = rig.engine().vdisk("s").unwrap();
+    assert!(v.write(0, &pattern(2, 0, 4096), true).is_err());
+    let mut b = vec![0u8; 4096];
+    assert!(v.read(0, &mut b).is_err());
+    assert!(rig.engine().flush().is_err());
+    let disks = rig.engine().pool().disks();
+    assert_eq!(disks[0].info.state, DiskState::Healthy, "{:?}", disks[0]);
+    let counted = rig.engine().layouts().disk_errors();
+    assert!(counted.values().all(|c| c.read == 0 && c.checksum == 0), "{counted:?}");
+    rig.disks[0].faults().refuse(false);
+    assert_eq!(read(&rig, "s"), data);
+    v.write(0, &pattern(3, 0, 4096), true).unwrap();
+    rig.engine().flush().unwrap();
+    let mut b = vec![0u8; 4096];
+    v.read(0, &mut b).unwrap();
+    assert_eq!(b, pattern(3, 0, 4096));
+    assert!(rig.engine().check().unwrap().problems.is_empty());
+}
