@@ -380,8 +380,11 @@ async fn cscd(wire: &Wire, e: &End) -> Result<Vec<u8>, String> {
 
 async fn xcopy(wire: &Wire, src: &End, slba: u64, dst: &End, dlba: u64, n: u64) -> Result<u64, String> {
     let targets = [cscd(wire, src).await?, cscd(wire, dst).await?].concat();
-    // Block-to-block segments carry a 16-bit block count.
-    const SEGMENT: u64 = 65_535 / 8 * 8;
+    // Block-to-block segments carry a 16-bit block count. Each ends on a MiB boundary of the
+    // source (but the last), so that a target that copies whole allocation units by reference
+    // does not have to copy by data the unit that a segment boundary would cut in two.
+    let per_mib = ((1u64 << 20) / src.block).clamp(1, u16::MAX as u64);
+    let segment = (u16::MAX as u64 / per_mib) * per_mib;
     const PER_COMMAND: u64 = 64;
     let mut commands = 0;
     let mut done = 0;
@@ -390,7 +393,7 @@ async fn xcopy(wire: &Wire, src: &End, slba: u64, dst: &End, dlba: u64, n: u64) 
         let mut segs = Vec::new();
         let mut k = 0;
         while done + k < n && (segs.len() as u64 / 28) < PER_COMMAND {
-            let m = SEGMENT.min(n - done - k);
+            let m = (segment - (slba + done + k) % per_mib).min(n - done - k);
             let mut s = vec![0u8; 28];
             s[0] = 0x02;
             s[2..4].copy_from_slice(&0x18u16.to_be_bytes());

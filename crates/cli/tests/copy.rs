@@ -64,6 +64,8 @@ fn offloaded_copies_between_targets() {
     for v in ["odx", "xcopy"] {
         let s = d.json(&["vdisk", "show", &format!("p/{v}")]);
         assert!(s["shared_bytes"].as_u64().unwrap() > 16 << 20, "{v}: {s}");
+        // Wholly: no allocation unit was cut by a segment boundary and copied by data.
+        assert_eq!(s["shared_bytes"], s["allocated_bytes"], "{v}: {s}");
     }
     let s = d.json(&["vdisk", "show", "p/host"]);
     assert_eq!(s["shared_bytes"], 0, "{s}");

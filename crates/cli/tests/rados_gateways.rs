@@ -235,3 +235,122 @@ fn a_pool_on_rados_moves_to_the_other_gateway_when_its_owner_stalls_or_dies() {
     );
     b.stop();
 }
+
+/// Bytes the daemon has written to the data objects of pool `pool` (its one disk, in the
+/// cluster) since it took the pool.
+#[cfg(feature = "rados")]
+fn rados_written(d: &Daemon, pool: &str) -> u64 {
+    let shown = d.json(&["pool", "show", pool]);
+    shown["disk_list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["io"]["written_bytes"].as_u64().unwrap())
+        .sum()
+}
+
+/// What Tessera adds over the cluster works on a pool on RADOS, by reference: ODX and
+/// EXTENDED COPY between LUNs, a snapshot and a clone write no data to the cluster (only
+/// metadata, which goes to the metadata object's omap); a host copy, for contrast, writes
+/// every byte.
+#[cfg(feature = "rados")]
+#[test]
+fn copies_snapshots_and_clones_on_a_pool_on_rados_are_made_by_reference() {
+    let test = "copies_snapshots_and_clones_on_a_pool_on_rados_are_made_by_reference";
+    let Some((conf, etcd)) = cluster(test) else { return };
+    ok("ceph", &["-c", &conf, "osd", "pool", "create", RADOS_POOL]);
+    let pid = std::process::id();
+    let pool = format!("copies{pid}");
+    let t = tempfile::tempdir().unwrap();
+    let d = Daemon::start_configured(
+        &t.path().join("c"),
+        &gateway("gw-c", &etcd, &format!("/tessera-copies-{pid}")),
+    );
+    d.ok(&[
+        "pool",
+        "create",
+        &pool,
+        "--rados",
+        RADOS_POOL,
+        "--ceph-conf",
+        &conf,
+        "--capacity",
+        "4G",
+        "--slab-size",
+        "64M",
+    ]);
+    for v in ["src", "odx", "xcopy", "host"] {
+        d.ok(&[
+            "vdisk",
+            "create",
+            &format!("{pool}/{v}"),
+            "--size",
+            "64M",
+            "--layout",
+            "simple",
+        ]);
+    }
+    let img = t.path().join("src.img");
+    random_image(&img, 32 << 20, 77);
+    d.ok(&["vdisk", "import", &format!("{pool}/src"), img.to_str().unwrap()]);
+    let (a, b) = ("iqn.2026-11.io.tessera:rados-a", "iqn.2026-11.io.tessera:rados-b");
+    d.ok(&["target", "create", a, "--allow-any-initiator"]);
+    d.ok(&["target", "create", b, "--allow-any-initiator"]);
+    d.ok(&["target", "lun", "add", a, &format!("{pool}/src")]);
+    d.ok(&["target", "lun", "add", a, &format!("{pool}/xcopy"), "--lun", "1"]);
+    d.ok(&["target", "lun", "add", b, &format!("{pool}/odx")]);
+    d.ok(&["target", "lun", "add", b, &format!("{pool}/host")]);
+    let portal = d.iscsi_portal();
+    let src = format!("iscsi://{portal}/{a}/0");
+    let blocks = ((32u64 << 20) / 512).to_string();
+
+    let before = rados_written(&d, &pool);
+    for (dst, method) in [
+        (format!("iscsi://{portal}/{b}/0"), "odx"),
+        (format!("iscsi://{portal}/{a}/1"), "xcopy"),
+    ] {
+        let r = d.json(&["copy", &src, "0", &dst, "0", &blocks, "--method", method]);
+        assert_eq!(r["bytes"], 32u64 << 20, "{r}");
+    }
+    d.ok(&["snapshot", "create", &format!("{pool}/src@s")]);
+    d.ok(&["vdisk", "clone", &format!("{pool}/src"), "cl"]);
+    let by_reference = rados_written(&d, &pool) - before;
+    eprintln!(
+        "{test}: ODX, EXTENDED COPY, a snapshot and a clone of 32 MiB wrote {by_reference} bytes of data to RADOS"
+    );
+    assert_eq!(by_reference, 0, "copies by reference wrote data to the cluster");
+
+    let before = rados_written(&d, &pool);
+    let r = d.json(&[
+        "copy",
+        &src,
+        "0",
+        &format!("iscsi://{portal}/{b}/1"),
+        "0",
+        &blocks,
+        "--method",
+        "host",
+    ]);
+    assert_eq!(r["bytes"], 32u64 << 20, "{r}");
+    let by_host = rados_written(&d, &pool) - before;
+    eprintln!("{test}: a host copy of 32 MiB wrote {by_host} bytes of data to RADOS");
+    assert!(
+        by_host >= 32 << 20,
+        "the counter missed the host copy's writes: {by_host}"
+    );
+
+    for v in ["odx", "xcopy", "cl", "host", "src@s"] {
+        let back = t.path().join(format!("{v}.img"));
+        d.ok(&["vdisk", "export", &format!("{pool}/{v}"), back.to_str().unwrap()]);
+        assert!(read_back_matches(&img, &back), "{v} differs from the source");
+    }
+    for v in ["odx", "xcopy", "cl"] {
+        let s = d.json(&["vdisk", "show", &format!("{pool}/{v}")]);
+        // Everything it holds is shared with the source (the image has holes, which hold
+        // nothing on either side).
+        assert!(s["allocated_bytes"].as_u64().unwrap() > 16 << 20, "{v}: {s}");
+        assert_eq!(s["shared_bytes"], s["allocated_bytes"], "{v}: {s}");
+    }
+    let check = d.json(&["pool", "check", &pool]);
+    assert!(check["problems"].as_array().unwrap().is_empty(), "{check}");
+}

@@ -1,0 +1,177 @@
+#!/usr/bin/env bash
+# Tessera serving a pool on Ceph RADOS against librbd on an RBD image of the same RADOS pool,
+# in one run, on a loopback cluster that this script starts (scripts/ceph-dev.sh: one
+# monitor, one manager, OSDS BlueStore OSDs on sparse files, and etcd).
+#
+# Both sides hold SIZE of data in the same RADOS pool: an RBD image filled by `rbd bench`
+# (sequential 4M writes), and a Tessera vdisk (layout simple on the pool's one disk in the
+# cluster, 4 KiB blocks) filled by fio over NBD the same way, so no read lands on unwritten
+# space. Then RUNS times, for each workload, DURATION seconds each:
+#
+#   fio's rbd engine on the image (librbd in fio's process: no network hop of its own),
+#   fio's nbd engine on Tessera over NBD on 127.0.0.1 (the same client, one hop more),
+#   `tessera bench` on Tessera over iSCSI on 127.0.0.1 (fio has no iSCSI engine here),
+#   `rbd bench` on the image (the reference the Ceph project ships), same size and depth,
+#
+#   4K random read QD32, 4K random write QD32, 256K sequential read QD8, 256K sequential
+#   write QD8.
+#
+# Prints a markdown table of medians (IOPS for 4K, MiB/s for 256K) and Tessera / fio-rbd.
+#
+# Needs: ceph-mon, ceph-osd, ceph-mgr, ceph-common (rbd), etcd, fio (with its rbd and nbd
+# engines), python3. The tessera binary needs the `rados` feature: by default the test
+# suite's build is reused (PROFILE=test, the features of `make test`); TESSERA_BIN=path
+# skips the build. KEEP=1 keeps DIR.
+#
+# Usage: bench/rados.sh   (RUNS=3 SIZE=2G DURATION=10 OSDS=1 DIR=/var/tmp/tessera-bench-rados
+#          PROFILE=test TESSERA_BIN= KEEP=0 TESSERA_PORT=13819)
+set -euo pipefail
+shopt -s inherit_errexit
+cd "$(dirname "$0")/.."
+RUNS=${RUNS:-3}
+SIZE=${SIZE:-2G}
+DURATION=${DURATION:-10}
+OSDS=${OSDS:-1}
+DIR=${DIR:-/var/tmp/tessera-bench-rados}
+TESSERA_PORT=${TESSERA_PORT:-13819}
+KEEP=${KEEP:-0}
+RPOOL=bench
+
+source bench/lib.sh
+require fio rbd ceph python3 numfmt etcd
+fio --enghelp 2>/dev/null | grep -qw rbd || { echo "this fio has no rbd engine" >&2; exit 1; }
+fio --enghelp 2>/dev/null | grep -qw nbd || { echo "this fio has no nbd engine" >&2; exit 1; }
+
+if [ -n "${TESSERA_BIN:-}" ]; then
+  T=$TESSERA_BIN
+else
+  export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/tessera/target}
+  PROFILE=${PROFILE:-test}
+  # The workspace with the features `make test` builds it with: no second build of RocksDB.
+  cargo build --workspace --tests --profile "$PROFILE" -q \
+    --features tessera-rados/librados,tessera-ownership/fencing,tessera-cli/rados
+  T=$CARGO_TARGET_DIR/$(profile_dir)/tessera
+fi
+
+SIZE_B=$(numfmt --from=iec "$SIZE")
+T_URI=nbd://127.0.0.1:$TESSERA_PORT/vol
+IQN=iqn.2026-11.io.tessera:bench-rados
+
+cleanup() {
+  set +e
+  if [ -f "$DIR/tessera.pid" ]; then kill "$(cat "$DIR/tessera.pid")" 2>/dev/null; wait "$(cat "$DIR/tessera.pid")" 2>/dev/null; fi
+  scripts/ceph-dev.sh down "$DIR/cluster" > /dev/null 2>&1
+  if [ "$KEEP" = 1 ]; then echo "kept $DIR" >&2; else rm -rf "$DIR"; fi
+}
+ports_free "$TESSERA_PORT"
+[ ! -e "$DIR/cluster/ceph.conf" ] || scripts/ceph-dev.sh down "$DIR/cluster" > /dev/null 2>&1 || true
+rm -rf "$DIR"; mkdir -p "$DIR/logs"
+trap cleanup EXIT
+
+echo "starting a Ceph cluster of $OSDS OSD(s) and etcd" >&2
+logged cluster.log scripts/ceph-dev.sh up "$DIR/cluster" "$OSDS"
+CONF=$DIR/cluster/ceph.conf
+ETCD=$(sed -n 's/^ETCD_ENDPOINTS=//p' "$DIR/cluster/env")
+logged cluster.log timeout 120 ceph -c "$CONF" osd pool create "$RPOOL"
+logged cluster.log timeout 120 rbd -c "$CONF" pool init "$RPOOL"
+logged cluster.log timeout 120 rbd -c "$CONF" create "$RPOOL/img" --size "$((SIZE_B >> 20))M"
+
+cat > "$DIR/tessera.toml" <<EOF
+[gateway]
+name = "bench"
+etcd = ["$ETCD"]
+EOF
+# Plain NBD on loopback: TLS would measure OpenSSL, not the server.
+start_tessera --config "$DIR/tessera.toml" --iscsi-listen 127.0.0.1:0 \
+  --nbd-listen "127.0.0.1:$TESSERA_PORT" --nbd-insecure
+PORTAL=$(sed -n 's/^ *iSCSI portal: //p' "$DIR/logs/tessera.out" | head -1)
+logged tessera-setup.log "$T" pool create tb --rados "$RPOOL" --ceph-conf "$CONF" \
+  --capacity "$((SIZE_B * 2 + (1 << 30)))"
+logged tessera-setup.log "$T" vdisk create tb/vol --size "$SIZE_B" --layout simple --block-size 4096
+logged tessera-setup.log "$T" nbd export tb/vol
+logged tessera-setup.log "$T" target create "$IQN" --allow-any-initiator
+logged tessera-setup.log "$T" target lun add "$IQN" tb/vol
+
+echo "filling both sides with $SIZE" >&2
+logged fill.log timeout 1800 rbd -c "$CONF" bench --io-type write --io-pattern seq --io-size 4M \
+  --io-threads 8 --io-total "$SIZE_B" "$RPOOL/img"
+logged fill.log fio --name=fill --ioengine=nbd --uri="$T_URI" --rw=write --bs=4M --iodepth=8 \
+  --size="$SIZE_B" --buffer_pattern=0xa5
+
+fio_run() { # log rw bs qd engine -> IOPS
+  local log=$DIR/logs/$run-$1.json rw=$2 bs=$3 qd=$4 engine=$5 target
+  case $engine in
+    rbd) target=(--ioengine=rbd --clientname=admin --pool="$RPOOL" --rbdname=img);;
+    nbd) target=(--ioengine=nbd --uri="$T_URI");;
+  esac
+  CEPH_CONF=$CONF fio --name=b "${target[@]}" --rw="$rw" --bs="$bs" --iodepth="$qd" --numjobs=1 \
+      --size="$SIZE_B" --time_based --runtime="$DURATION" --buffer_pattern=0xa5 \
+      --output-format=json > "$log"
+  python3 -c 'import json,sys; t=open(sys.argv[1]).read(); j=json.loads(t[t.index("{"):])["jobs"][0]; print(j["read"]["iops"]+j["write"]["iops"])' "$log"
+}
+
+tessera_bench_run() { # log rw bs qd -> IOPS, over iSCSI
+  local log=$DIR/logs/$run-$1.json rw=$2 bs=$3 qd=$4 args
+  case $rw in
+    randread) args=(-r -w 0);; randwrite) args=(-r -w 100);;
+    read) args=(-s -w 0);; write) args=(-s -w 100);;
+  esac
+  "$T" --json bench "iscsi://$PORTAL/$IQN/0" "${args[@]}" -b "$bs" -o "$qd" -t 1 -d "$DURATION" > "$log"
+  python3 -c 'import json,sys; t=open(sys.argv[1]).read(); print(json.loads(t[t.index("{"):])["iops_mean"])' "$log"
+}
+
+rbd_bench_run() { # log rw bs qd -> IOPS
+  local log=$DIR/logs/$run-$1.txt rw=$2 bs=$3 qd=$4 type pattern
+  case $rw in
+    randread) type=read pattern=rand;; randwrite) type=write pattern=rand;;
+    read) type=read pattern=seq;; write) type=write pattern=seq;;
+  esac
+  # rbd bench runs for a total, not a time: as much as fio-rbd did in DURATION seconds.
+  local total=$(python3 -c "print(int(max(float('$6') * $DURATION * $bs, 64 * 1048576) // $bs * $bs))")
+  timeout 600 rbd -c "$CONF" bench --io-type "$type" --io-pattern "$pattern" --io-size "$bs" \
+    --io-threads "$qd" --io-total "$total" "$RPOOL/img" > "$log" 2>&1
+  sed -n 's/.*ops\/sec: *\([0-9.]*\).*/\1/p' "$log" | tail -1
+}
+
+declare -A res
+for run in $(seq "$RUNS"); do
+  echo "run $run/$RUNS" >&2
+  for w in "rr4k randread 4096 32" "rw4k randwrite 4096 32" "sr256k read 262144 8" "sw256k write 262144 8"; do
+    set -- $w
+    rbd_iops=$(fio_run "$1-fiorbd" "$2" "$3" "$4" rbd)
+    res[$1-fiorbd]+="$rbd_iops "
+    res[$1-nbd]+="$(fio_run "$1-nbd" "$2" "$3" "$4" nbd) "
+    res[$1-iscsi]+="$(tessera_bench_run "$1-iscsi" "$2" "$3" "$4") "
+    res[$1-rbdbench]+="$(rbd_bench_run "$1-rbdbench" "$2" "$3" "$4" x "$rbd_iops") "
+  done
+done
+
+echo "## A pool on Ceph RADOS: Tessera over NBD and iSCSI vs librbd on the same RADOS pool"
+echo
+echo "$(nproc) CPUs ($(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)), kernel $(uname -r);" \
+     "Ceph $(pkgver ceph-osd) with $OSDS BlueStore OSD(s) on sparse files (size $(ceph -c "$CONF" osd pool get "$RPOOL" size -f json | python3 -c 'import json,sys; print(json.load(sys.stdin)["size"])')), all on loopback;" \
+     "SIZE=$SIZE, ${DURATION}s per test, median of $RUNS runs; tessera $("$T" --version | awk '{print $2}'), fio $(fio --version | sed 's/^fio-//')"
+echo
+echo "| workload | rbd bench | fio rbd | Tessera NBD (fio) | Tessera iSCSI (tessera bench) | NBD / fio rbd | iSCSI / fio rbd |"
+echo "|---|---:|---:|---:|---:|---:|---:|"
+for w in rr4k rw4k sr256k sw256k; do
+  case $w in
+    rr4k) label="4K random read, QD32 (IOPS)"; scale=1;;
+    rw4k) label="4K random write, QD32 (IOPS)"; scale=1;;
+    sr256k) label="256K seq read, QD8 (MiB/s)"; scale=4;;
+    sw256k) label="256K seq write, QD8 (MiB/s)"; scale=4;;
+  esac
+  declare -A m=()
+  for who in rbdbench fiorbd nbd iscsi; do
+    m[$who]=$(echo "${res[$w-$who]}" | tr ' ' '\n' | grep . | median)
+    m[$who]=$(python3 -c "print(${m[$who]:-0} / $scale)")
+  done
+  printf '| %s | %.0f | %.0f | %.0f | %.0f | %.2f | %.2f |\n' "$label" "${m[rbdbench]}" "${m[fiorbd]}" \
+    "${m[nbd]}" "${m[iscsi]}" "$(python3 -c "print(${m[nbd]} / ${m[fiorbd]})")" \
+    "$(python3 -c "print(${m[iscsi]} / ${m[fiorbd]})")"
+done
+echo
+echo "Tessera NBD / fio rbd in each run (the spread shows how much the shared machine moves):"
+for w in rr4k rw4k sr256k sw256k; do
+  per_run_ratios "$w" "${res[$w-nbd]}" "${res[$w-fiorbd]}"
+done
