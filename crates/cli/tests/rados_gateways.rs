@@ -155,17 +155,23 @@ fn a_pool_on_rados_moves_to_the_other_gateway_when_its_owner_stalls_or_dies() {
         listed.contains(&format!("{pool}: in RADOS pool {RADOS_POOL}, owned by gateway gw-a")),
         "{listed}"
     );
+    // B gets its NBD export and its iSCSI LUN ready: offered once it takes the pool.
+    b.ok(&["nbd", "export", &vdisk]);
+    let listed = b.json(&["nbd", "list"]);
+    assert_eq!(listed[0]["online"], false, "{listed}");
+    let iqn = "iqn.2026-11.io.tessera:gw-b";
+    b.ok(&["target", "create", iqn, "--allow-any-initiator"]);
+    b.ok(&["target", "lun", "add", iqn, &vdisk]);
 
     // A stalls: B takes the pool over once A's lease lapses, and serves every block A wrote.
     signal(&a, libc::SIGSTOP);
     let took = until_served(&b, &pool, Duration::from_secs(15));
     eprintln!("{test}: taken over {took:?} after the owner stalled (lease 3 s)");
-    if std::env::var("TESSERA_SHOW_LOGS").is_ok() {
-        eprintln!("{}", b.logs());
-    }
-    b.ok(&["nbd", "export", &vdisk]);
     let (r, out) = qemu_io(&b, "v", "read -P 0xa1 0 4M");
     assert!(r, "{out}");
+    let lun = format!("iscsi://{}/{iqn}/0", b.iscsi_portal());
+    let (r, out) = run("qemu-io", &["-r", "-f", "raw", "-c", "read -P 0xa1 0 4M", &lun]);
+    assert!(r && !out.contains("failed"), "{out}");
     let (w, out) = qemu_io(&b, "v", "write -P 0xb2 0 1M");
     assert!(w, "{out}");
 
@@ -226,6 +232,7 @@ fn a_pool_on_rados_moves_to_the_other_gateway_when_its_owner_stalls_or_dies() {
 
     // Destroyed, the pool leaves nothing in the cluster.
     b.ok(&["nbd", "remove", "v"]);
+    b.ok(&["target", "lun", "remove", iqn, "0"]);
     b.ok(&["vdisk", "delete", &vdisk]);
     b.ok(&["pool", "destroy", &pool]);
     let left = ok("rados", &["-c", &conf, "-p", RADOS_POOL, "ls"]);

@@ -117,8 +117,20 @@ impl NbdExports {
     }
 
     pub fn add(&self, mut cfg: NbdExportConfig, v: Arc<Vdisk>) -> ApiResult<()> {
-        validate_export_name(&cfg.name).map_err(ApiError::invalid)?;
         cfg.read_only |= v.is_snapshot();
+        self.record(&cfg)?;
+        self.registry.add(self.export(&cfg, v));
+        Ok(())
+    }
+
+    /// Records an export of a vdisk that is not served here yet (its pool on RADOS owned by
+    /// another gateway): `present_missing` offers it once this gateway takes the pool.
+    pub fn add_waiting(&self, cfg: NbdExportConfig) -> ApiResult<()> {
+        self.record(&cfg)
+    }
+
+    fn record(&self, cfg: &NbdExportConfig) -> ApiResult<()> {
+        validate_export_name(&cfg.name).map_err(ApiError::invalid)?;
         let mut c = self.configs.lock();
         if let Some(old) = c.get(&cfg.name) {
             return Err(ApiError::exists(format!(
@@ -133,9 +145,7 @@ impl NbdExports {
                 Ok(())
             },
             |c| self.save(c),
-        )?;
-        self.registry.add(self.export(&cfg, v));
-        Ok(())
+        )
     }
 
     /// Stops offering an export; connections already open finish with it.

@@ -345,8 +345,16 @@ impl Targets {
         Ok(())
     }
 
-    /// Presents `vdisk` as LUN `lun` (the lowest free number if None).
-    pub fn add_lun(&self, iqn: &str, lun: Option<u64>, name: &str, e: Arc<Engine>, v: Arc<Vdisk>) -> ApiResult<u64> {
+    /// Presents `vdisk` as LUN `lun` (the lowest free number if None). Without the vdisk
+    /// (`served` None: its pool on RADOS is served by another gateway), the LUN is only
+    /// recorded, and presented by `present_missing` once this gateway takes the pool.
+    pub fn add_lun(
+        &self,
+        iqn: &str,
+        lun: Option<u64>,
+        name: &str,
+        served: Option<(Arc<Engine>, Arc<Vdisk>)>,
+    ) -> ApiResult<u64> {
         let mut c = self.configs.lock();
         let cfg = c
             .get_mut(iqn)
@@ -371,7 +379,10 @@ impl Targets {
                 "'{name}' is already LUN {m} of target '{iqn}'"
             )));
         }
-        let lun = self.logical_unit(&c, name, &e, v).map_err(ApiError::io)?;
+        let lun = match served {
+            Some((e, v)) => Some(self.logical_unit(&c, name, &e, v).map_err(ApiError::io)?),
+            None => None,
+        };
         change_saved(
             &mut *c,
             |c| {
@@ -380,7 +391,7 @@ impl Targets {
             },
             |c| self.save(c),
         )?;
-        if let Some(t) = self.registry.target(iqn) {
+        if let (Some(t), Some(lun)) = (self.registry.target(iqn), lun) {
             t.luns.write().insert(n, lun);
         }
         Ok(n)

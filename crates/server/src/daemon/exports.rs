@@ -75,11 +75,24 @@ impl Daemon {
             .vdisk
             .split_once('/')
             .ok_or_else(|| ApiError::invalid(format!("'{}' does not name a vdisk: write POOL/NAME", req.vdisk)))?;
-        let (e, v) = self.vdisk(p, n)?;
-        // A LUN of a replica's working copy would show cycles half applied: its snapshots are
-        // the consistent, read-only images.
-        self.refuse_if_replica(p, n, "presented as a LUN")?;
-        self.targets.add_lun(iqn, req.lun, &req.vdisk, e, v)?;
+        let served = match self.vdisk(p, n) {
+            Ok(served) => Some(served),
+            // A pool on RADOS that another gateway serves: the LUN is made ready here, for
+            // when this gateway takes the pool over.
+            Err(e) => match self.waiting_rados_pool(p) {
+                Some(owner) => {
+                    info!(target = %iqn, vdisk = %req.vdisk, owner = %owner, "LUN recorded; presented once this gateway takes the pool");
+                    None
+                }
+                None => return Err(e),
+            },
+        };
+        if served.is_some() {
+            // A LUN of a replica's working copy would show cycles half applied: its snapshots
+            // are the consistent, read-only images.
+            self.refuse_if_replica(p, n, "presented as a LUN")?;
+        }
+        self.targets.add_lun(iqn, req.lun, &req.vdisk, served)?;
         self.target_view(iqn)
     }
 
@@ -136,16 +149,28 @@ impl Daemon {
             .vdisk
             .split_once('/')
             .ok_or_else(|| ApiError::invalid(format!("'{}' does not name a vdisk: write POOL/NAME", req.vdisk)))?;
-        let (_, v) = self.vdisk(p, n)?;
-        if !req.read_only {
-            self.refuse_if_replica(p, n, "exported writable (export it read-only)")?;
-        }
         let cfg = NbdExportConfig {
             name: req.name.unwrap_or_else(|| n.to_string()),
-            vdisk: req.vdisk,
+            vdisk: req.vdisk.clone(),
             read_only: req.read_only,
         };
         let name = cfg.name.clone();
+        let v = match self.vdisk(p, n) {
+            Ok((_, v)) => v,
+            // A pool on RADOS that another gateway serves: the export is made ready here, for
+            // when this gateway takes the pool over.
+            Err(e) => match self.waiting_rados_pool(p) {
+                Some(owner) => {
+                    self.nbd.add_waiting(cfg)?;
+                    info!(export = %name, vdisk = %req.vdisk, owner = %owner, "NBD export recorded; offered once this gateway takes the pool");
+                    return self.show_nbd_export(&name);
+                }
+                None => return Err(e),
+            },
+        };
+        if !req.read_only {
+            self.refuse_if_replica(p, n, "exported writable (export it read-only)")?;
+        }
         self.nbd.add(cfg, v)?;
         self.show_nbd_export(&name)
     }

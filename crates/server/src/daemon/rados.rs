@@ -341,6 +341,21 @@ impl Daemon {
         }
     }
 
+    /// The owner of pool `name`, when it is a pool on RADOS that this gateway waits for
+    /// (another gateway serves it, or nobody yet).
+    pub(super) fn waiting_rados_pool(&self, name: &str) -> Option<String> {
+        let rados = self.rados.lock();
+        let p = rados.get(name)?;
+        if p.owned.is_some() {
+            return None;
+        }
+        Some(
+            p.elsewhere
+                .as_ref()
+                .map_or_else(|| "nobody yet".to_string(), |o| o.gateway.clone()),
+        )
+    }
+
     /// What `pool list` shows of a pool on RADOS.
     pub(super) fn rados_view(&self, name: &str) -> Option<RadosPoolView> {
         let rados = self.rados.lock();
