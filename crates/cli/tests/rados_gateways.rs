@@ -361,3 +361,196 @@ fn copies_snapshots_and_clones_on_a_pool_on_rados_are_made_by_reference() {
     let check = d.json(&["pool", "check", &pool]);
     assert!(check["problems"].as_array().unwrap().is_empty(), "{check}");
 }
+
+/// A verifying write load: 4 KiB blocks, each stamped with its number and a sequence number,
+/// written with FUA one at a time through one gateway's NBD export until the export fails.
+#[cfg(feature = "rados")]
+mod load {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    pub const BLOCK: usize = 4096;
+    pub const BLOCKS: u64 = 4096;
+
+    pub fn block(n: u64, seq: u64) -> Vec<u8> {
+        let mut b = vec![(seq % 251) as u8; BLOCK];
+        b[..8].copy_from_slice(&n.to_le_bytes());
+        b[8..16].copy_from_slice(&seq.to_le_bytes());
+        b
+    }
+
+    /// What the host was told: the last acknowledged sequence number of every block (0:
+    /// never written), and per block the write whose outcome it never learnt (its gateway
+    /// failed it), if no acknowledged write came after: the block may hold either.
+    #[derive(Default)]
+    pub struct Acked {
+        pub seq: Vec<u64>,
+        pub unknown: Vec<u64>,
+        pub next: u64,
+        pub writes: u64,
+    }
+
+    /// Writes through `addr` until its gateway fails a request or `stop` is set.
+    pub fn run(addr: String, acked: Arc<Mutex<Acked>>, stop: Arc<AtomicBool>) {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let Ok(c) = tessera_nbd::client::Client::connect(&addr, "v").await else {
+                return;
+            };
+            let mut x: u64 = 0x9E37_79B9_7F4A_7C15 ^ acked.lock().unwrap().next;
+            while !stop.load(Ordering::Relaxed) {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let n = x % BLOCKS;
+                let seq = {
+                    let mut a = acked.lock().unwrap();
+                    a.next += 1;
+                    a.next
+                };
+                let r = tokio::time::timeout(
+                    std::time::Duration::from_secs(60),
+                    c.write(n * BLOCK as u64, &block(n, seq), true),
+                )
+                .await;
+                let mut a = acked.lock().unwrap();
+                if !matches!(r, Ok(Ok(()))) {
+                    a.unknown[n as usize] = seq;
+                    return;
+                }
+                a.seq[n as usize] = seq;
+                a.unknown[n as usize] = 0;
+                a.writes += 1;
+            }
+        });
+    }
+
+    /// Reads every block through `addr` and checks it holds what was acknowledged last (or,
+    /// for the block of a write whose outcome is unknown, that write).
+    pub fn verify(addr: &str, acked: &Acked) {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let c = tessera_nbd::client::Client::connect(addr, "v").await.unwrap();
+            for n in 0..BLOCKS {
+                let got = c.read(n * BLOCK as u64, BLOCK as u32).await.unwrap();
+                let want = acked.seq[n as usize];
+                let seq = u64::from_le_bytes(got[8..16].try_into().unwrap());
+                let ok = |s: u64| {
+                    if s == 0 {
+                        got.iter().all(|&b| b == 0)
+                    } else {
+                        got == block(n, s)
+                    }
+                };
+                let maybe = acked.unknown[n as usize];
+                assert!(
+                    ok(want) || (maybe != 0 && ok(maybe)),
+                    "block {n}: acknowledged sequence {want} (outcome unknown: {maybe}), read sequence {seq}"
+                );
+            }
+        });
+    }
+}
+
+/// Acknowledged writes survive a failover under load: a host writes through gateway A until
+/// A is killed, then through B once B took the pool over, until B is stopped and A (started
+/// again) takes it; every block then holds what was acknowledged last, read through the
+/// gateway that serves it.
+#[cfg(feature = "rados")]
+#[test]
+fn acknowledged_writes_survive_failovers_under_a_verifying_load() {
+    use std::sync::atomic::AtomicBool;
+    use std::sync::{Arc, Mutex};
+
+    let test = "acknowledged_writes_survive_failovers_under_a_verifying_load";
+    let Some((conf, etcd)) = cluster(test) else { return };
+    ok("ceph", &["-c", &conf, "osd", "pool", "create", RADOS_POOL]);
+    let pid = std::process::id();
+    let pool = format!("load{pid}");
+    let prefix = format!("/tessera-load-{pid}");
+    let t = tempfile::tempdir().unwrap();
+    let cfg = |name: &str| gateway(name, &etcd, &prefix);
+    let mut a = Daemon::start_configured(&t.path().join("a"), &cfg("gw-a"));
+    a.ok(&[
+        "pool",
+        "create",
+        &pool,
+        "--rados",
+        RADOS_POOL,
+        "--ceph-conf",
+        &conf,
+        "--capacity",
+        "4G",
+        "--slab-size",
+        "64M",
+    ]);
+    let vdisk = format!("{pool}/v");
+    let size = (load::BLOCKS * load::BLOCK as u64).to_string();
+    a.ok(&[
+        "vdisk",
+        "create",
+        &vdisk,
+        "--size",
+        &size,
+        "--layout",
+        "simple",
+        "--block-size",
+        "4096",
+    ]);
+    a.ok(&["nbd", "export", &vdisk]);
+    let mut b = Daemon::start_configured(&t.path().join("b"), &cfg("gw-b"));
+    b.ok(&["pool", "import", &pool, "--rados", RADOS_POOL, "--ceph-conf", &conf]);
+    b.ok(&["nbd", "export", &vdisk]);
+
+    let acked = Arc::new(Mutex::new(load::Acked {
+        seq: vec![0; load::BLOCKS as usize],
+        unknown: vec![0; load::BLOCKS as usize],
+        ..Default::default()
+    }));
+    let loaded = |addr: String, stop: Arc<AtomicBool>| {
+        let acked = acked.clone();
+        std::thread::spawn(move || load::run(addr, acked, stop))
+    };
+
+    // Through A, which is killed under the load.
+    let writer = loaded(a.nbd_address(), Arc::new(AtomicBool::new(false)));
+    std::thread::sleep(Duration::from_secs(3));
+    a.kill9();
+    writer.join().unwrap();
+    let took = until_served(&b, &pool, Duration::from_secs(15));
+    let writes = acked.lock().unwrap().writes;
+    eprintln!("{test}: {writes} writes acknowledged through A before it was killed; B took over {took:?} after");
+    assert!(writes > 50, "the load hardly ran: {writes} writes");
+    load::verify(&b.nbd_address(), &acked.lock().unwrap());
+
+    // Through B, which is stopped under the load: A, started again, takes the pool over; B,
+    // resumed, writes nothing more.
+    let mut a = Daemon::start_configured(&t.path().join("a"), &cfg("gw-a"));
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = loaded(b.nbd_address(), stop.clone());
+    std::thread::sleep(Duration::from_secs(3));
+    signal(&b, libc::SIGSTOP);
+    let took = until_served(&a, &pool, Duration::from_secs(15));
+    let before = acked.lock().unwrap().writes;
+    signal(&b, libc::SIGCONT);
+    writer.join().unwrap();
+    let after = acked.lock().unwrap().writes;
+    eprintln!("{test}: {after} writes acknowledged in all; A took over {took:?} after B stalled");
+    // The one write B had in flight when it stopped may be answered late, if it reached the
+    // cluster before the takeover; nothing after it.
+    assert!(
+        after <= before + 1,
+        "B acknowledged writes after it was replaced: {before} then {after}"
+    );
+    load::verify(&a.nbd_address(), &acked.lock().unwrap());
+    let check = a.json(&["pool", "check", &pool]);
+    assert!(check["problems"].as_array().unwrap().is_empty(), "{check}");
+    a.stop();
+    b.kill9();
+}

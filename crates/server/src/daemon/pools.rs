@@ -30,18 +30,7 @@ impl Daemon {
         }
         let slab = req.slab_size.unwrap_or(DEFAULT_SLAB_SIZE);
         let _admin = self.admin.lock();
-        let dir = self.pool_dir(&req.name);
-        if self.pools.read().contains_key(&req.name) || self.unavailable.read().contains_key(&req.name) {
-            return Err(ApiError::exists(format!("pool '{}' already exists", req.name)));
-        }
-        if dir.exists() {
-            return Err(ApiError::exists(format!(
-                "pool '{}' already exists in {} but is not imported; 'tessera pool import {}' brings it back",
-                req.name,
-                dir.display(),
-                req.name
-            )));
-        }
+        let dir = self.new_pool_dir(&req.name)?;
         for p in &req.cache_disks {
             if !Path::new(p).is_absolute() {
                 return Err(ApiError::invalid(format!("cache disk path '{p}' must be absolute")));
@@ -81,6 +70,22 @@ impl Daemon {
             format!("pool {} created on {n} disk(s)", req.name),
         );
         self.pool_summary(&req.name)
+    }
+
+    /// The directory of a pool about to be made, refused if a pool of that name exists here
+    /// (imported or not). Call with the admin lock held.
+    pub(super) fn new_pool_dir(&self, name: &str) -> ApiResult<PathBuf> {
+        let dir = self.pool_dir(name);
+        if self.pools.read().contains_key(name) || self.unavailable.read().contains_key(name) {
+            return Err(ApiError::exists(format!("pool '{name}' already exists")));
+        }
+        if dir.exists() {
+            return Err(ApiError::exists(format!(
+                "pool '{name}' already exists in {} but is not imported; 'tessera pool import {name}' brings it back",
+                dir.display(),
+            )));
+        }
+        Ok(dir)
     }
 
     pub fn list_pools(&self) -> Vec<PoolSummary> {

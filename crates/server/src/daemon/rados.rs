@@ -49,18 +49,7 @@ impl Daemon {
         let placement = Placement::new(r).map_err(ApiError::invalid)?;
         let gw = self.membership()?;
         let _admin = self.admin.lock();
-        let dir = self.pool_dir(&req.name);
-        if self.pools.read().contains_key(&req.name) || self.unavailable.read().contains_key(&req.name) {
-            return Err(ApiError::exists(format!("pool '{}' already exists", req.name)));
-        }
-        if dir.exists() {
-            return Err(ApiError::exists(format!(
-                "pool '{}' already exists in {}; 'tessera pool import {}' brings it back",
-                req.name,
-                dir.display(),
-                req.name
-            )));
-        }
+        let dir = self.new_pool_dir(&req.name)?;
         let owned = match gw.take(&req.name, &placement).map_err(ApiError::unavailable)? {
             Taking::Mine(o) => o,
             Taking::Elsewhere(o) => {
@@ -140,17 +129,7 @@ impl Daemon {
                     placement.write(&dir).map_err(ApiError::internal)?;
                 }
             }
-            self.rados.lock().insert(
-                name.to_string(),
-                RadosPool {
-                    placement,
-                    owned: None,
-                    elsewhere: None,
-                },
-            );
-            self.unavailable
-                .write()
-                .insert(name.to_string(), "not taken yet".to_string());
+            self.wait_for(name, placement);
             self.persist()?;
         }
         self.bring_rados_pool(name);
@@ -168,18 +147,21 @@ impl Daemon {
                 return;
             }
         };
-        self.rados.lock().insert(
-            name.to_string(),
-            RadosPool {
-                placement,
-                owned: None,
-                elsewhere: None,
-            },
-        );
+        self.wait_for(name, placement);
+        self.bring_rados_pool(name);
+    }
+
+    /// Lists pool `name` as on RADOS and not served here yet.
+    fn wait_for(&self, name: &str, placement: Placement) {
+        let waiting = RadosPool {
+            placement,
+            owned: None,
+            elsewhere: None,
+        };
+        self.rados.lock().insert(name.to_string(), waiting);
         self.unavailable
             .write()
             .insert(name.to_string(), "not taken yet".to_string());
-        self.bring_rados_pool(name);
     }
 
     /// Whether pool `name` is on RADOS (its directory holds a placement).
