@@ -51,6 +51,7 @@ bench:
 	bench/nbd-vs-qemu-nbd.sh
 	bench/odx.sh
 	bench/dedup.sh
+	bench/rados.sh
 
 # Every fuzz target for FUZZ_SECONDS each (300 here), those that drive the engine included:
 # their RocksDB build alone takes many minutes, so `make test` leaves them out.

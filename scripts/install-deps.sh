@@ -13,7 +13,8 @@ case "${1:-build}" in
          want+=(ceph-mon ceph-osd ceph-mgr ceph-common librados-dev etcd-server etcd-client)  # scripts/test-scale-out.sh
          want+=(protobuf-compiler) ;;            # etcd-client's build (crates/ownership)
   bench) want+=(fio bc tgt libiscsi-bin libnbd-bin qemu-utils qemu-block-extra iproute2)
-         want+=(mmdebstrap e2fsprogs postgresql restic borgbackup) ;;  # bench/dedup-*.sh
+         want+=(mmdebstrap e2fsprogs postgresql restic borgbackup)    # bench/dedup-*.sh
+         want+=(ceph-mon ceph-osd ceph-mgr ceph-common librados-dev etcd-server etcd-client protobuf-compiler) ;;  # bench/rados.sh
   ceph)  want=(ceph-mon ceph-osd ceph-mgr ceph-common librados-dev etcd-server etcd-client python3) ;;  # scripts/ceph-dev.sh
 esac
 
