@@ -507,19 +507,7 @@ fn libiscsi_conformance_suite() {
     d.ok(&["target", "create", iqn, "--allow-any-initiator"]);
     d.ok(&["target", "lun", "add", iqn, "c/conf"]);
     let url = format!("iscsi://{}/{iqn}/0", d.iscsi_portal());
-    let (_, out) = run(
-        "iscsi-test-cu",
-        &[
-            "--test=ALL",
-            "--dataloss",
-            "-i",
-            "iqn.2007-10.com.github:sahlberg:libiscsi:iscsi-test",
-            "-I",
-            "iqn.2007-10.com.github:sahlberg:libiscsi:iscsi-test-2",
-            &url,
-            &url,
-        ],
-    );
+    let out = cunit::run_suite(&url);
     let failed = cunit::failures(&out);
     let ran = cunit::tests_ran(&out);
     eprintln!("libiscsi: {ran} tests ran; failed: {failed:?}");

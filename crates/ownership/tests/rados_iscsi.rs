@@ -50,28 +50,9 @@ async fn libiscsi_conformance_on_a_lun_of_a_pool_on_rados() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("iscsi://{}/{iqn}/0", listener.local_addr().unwrap());
     tokio::spawn(tessera_iscsi::serve(listener, reg.clone()));
-    let out = tokio::task::spawn_blocking(move || {
-        let o = std::process::Command::new("iscsi-test-cu")
-            .args([
-                "--test=ALL",
-                "--dataloss",
-                "-i",
-                "iqn.2007-10.com.github:sahlberg:libiscsi:iscsi-test",
-                "-I",
-                "iqn.2007-10.com.github:sahlberg:libiscsi:iscsi-test-2",
-                &url,
-                &url,
-            ])
-            .output()
-            .expect("iscsi-test-cu runs (Debian's libiscsi-bin)");
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        )
-    })
-    .await
-    .unwrap();
+    let out = tokio::task::spawn_blocking(move || cunit::run_suite(&url))
+        .await
+        .unwrap();
     let (ran, failed) = (cunit::tests_ran(&out), cunit::failures(&out));
     eprintln!("libiscsi on RADOS: {ran} tests ran; failed: {failed:?}");
     assert!(ran >= 200, "the suite did not run ({ran} tests):\n{out}");

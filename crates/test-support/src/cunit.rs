@@ -1,4 +1,31 @@
-//! Reading the output of libiscsi's conformance suite (`iscsi-test-cu`, a CUnit program).
+//! Running libiscsi's conformance suite (`iscsi-test-cu`, a CUnit program) and reading its
+//! output.
+
+/// Runs every test of the suite, data loss allowed, against the LUN at `url` (an
+/// `iscsi://HOST:PORT/IQN/LUN` URL; the suite's second session goes to the same LUN), as
+/// libiscsi's two test initiators. Returns its stdout and stderr together.
+pub fn run_suite(url: &str) -> String {
+    let o = std::process::Command::new("iscsi-test-cu")
+        .args([
+            "--test=ALL",
+            "--dataloss",
+            "-i",
+            "iqn.2007-10.com.github:sahlberg:libiscsi:iscsi-test",
+            "-I",
+            "iqn.2007-10.com.github:sahlberg:libiscsi:iscsi-test-2",
+            url,
+            url,
+        ])
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("iscsi-test-cu: {e} (Debian's libiscsi-bin; scripts/install-deps.sh test installs it)")
+        });
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
 
 /// The tests CUnit's output `out` says failed. A verdict ends a test: "passed" or "FAILED",
 /// after the "..." of its line or at the start of a later one. libiscsi's own "[FAILED]" log
