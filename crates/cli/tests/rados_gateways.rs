@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-/// The cluster's configuration file and etcd's endpoint, or None (the test then says it was
-/// skipped, and why).
+/// The cluster's configuration file and etcd's endpoint, with the test RADOS pool made if
+/// missing; or None (the test then says it was skipped, and why).
 #[cfg(feature = "rados")]
 fn cluster(test: &str) -> Option<(String, String)> {
     let conf = std::env::var("TESSERA_CEPH_CONF").unwrap_or_default();
@@ -21,7 +21,27 @@ fn cluster(test: &str) -> Option<(String, String)> {
         );
         return None;
     }
+    ok("ceph", &["-c", &conf, "osd", "pool", "create", RADOS_POOL]);
     Some((conf, etcd.split(',').next().unwrap().to_string()))
+}
+
+/// Creates pool `pool` in the test RADOS pool through daemon `d` (4 GiB, 64 MiB slabs); what
+/// the CLI said.
+#[cfg(feature = "rados")]
+fn create_rados_pool(d: &Daemon, pool: &str, conf: &str) -> String {
+    d.ok(&[
+        "pool",
+        "create",
+        pool,
+        "--rados",
+        RADOS_POOL,
+        "--ceph-conf",
+        conf,
+        "--capacity",
+        "4G",
+        "--slab-size",
+        "64M",
+    ])
 }
 
 const RADOS_POOL: &str = "tessera-gateways";
@@ -84,7 +104,6 @@ fn a_pool_on_rados_needs_a_gateway_and_says_so() {
 fn a_pool_on_rados_moves_to_the_other_gateway_when_its_owner_stalls_or_dies() {
     let test = "a_pool_on_rados_moves_to_the_other_gateway_when_its_owner_stalls_or_dies";
     let Some((conf, etcd)) = cluster(test) else { return };
-    ok("ceph", &["-c", &conf, "osd", "pool", "create", RADOS_POOL]);
     let pid = std::process::id();
     let pool = format!("gw{pid}");
     let prefix = format!("/tessera-test-{pid}");
@@ -107,19 +126,7 @@ fn a_pool_on_rados_moves_to_the_other_gateway_when_its_owner_stalls_or_dies() {
     let e = a.fails(&["pool", "create", &pool, "--rados", RADOS_POOL, "--ceph-conf", &conf]);
     assert!(e.contains("--capacity"), "{e}");
 
-    let out = a.ok(&[
-        "pool",
-        "create",
-        &pool,
-        "--rados",
-        RADOS_POOL,
-        "--ceph-conf",
-        &conf,
-        "--capacity",
-        "4G",
-        "--slab-size",
-        "64M",
-    ]);
+    let out = create_rados_pool(&a, &pool, &conf);
     assert!(out.contains("owned by gateway gw-a"), "{out}");
     let vdisk = format!("{pool}/v");
     a.ok(&["vdisk", "create", &vdisk, "--size", "64M", "--layout", "simple"]);
@@ -265,7 +272,6 @@ fn rados_written(d: &Daemon, pool: &str) -> u64 {
 fn copies_snapshots_and_clones_on_a_pool_on_rados_are_made_by_reference() {
     let test = "copies_snapshots_and_clones_on_a_pool_on_rados_are_made_by_reference";
     let Some((conf, etcd)) = cluster(test) else { return };
-    ok("ceph", &["-c", &conf, "osd", "pool", "create", RADOS_POOL]);
     let pid = std::process::id();
     let pool = format!("copies{pid}");
     let t = tempfile::tempdir().unwrap();
@@ -273,19 +279,7 @@ fn copies_snapshots_and_clones_on_a_pool_on_rados_are_made_by_reference() {
         &t.path().join("c"),
         &gateway("gw-c", &etcd, &format!("/tessera-copies-{pid}")),
     );
-    d.ok(&[
-        "pool",
-        "create",
-        &pool,
-        "--rados",
-        RADOS_POOL,
-        "--ceph-conf",
-        &conf,
-        "--capacity",
-        "4G",
-        "--slab-size",
-        "64M",
-    ]);
+    create_rados_pool(&d, &pool, &conf);
     for v in ["src", "odx", "xcopy", "host"] {
         d.ok(&[
             "vdisk",
@@ -470,26 +464,13 @@ fn acknowledged_writes_survive_failovers_under_a_verifying_load() {
 
     let test = "acknowledged_writes_survive_failovers_under_a_verifying_load";
     let Some((conf, etcd)) = cluster(test) else { return };
-    ok("ceph", &["-c", &conf, "osd", "pool", "create", RADOS_POOL]);
     let pid = std::process::id();
     let pool = format!("load{pid}");
     let prefix = format!("/tessera-load-{pid}");
     let t = tempfile::tempdir().unwrap();
     let cfg = |name: &str| gateway(name, &etcd, &prefix);
     let mut a = Daemon::start_configured(&t.path().join("a"), &cfg("gw-a"));
-    a.ok(&[
-        "pool",
-        "create",
-        &pool,
-        "--rados",
-        RADOS_POOL,
-        "--ceph-conf",
-        &conf,
-        "--capacity",
-        "4G",
-        "--slab-size",
-        "64M",
-    ]);
+    create_rados_pool(&a, &pool, &conf);
     let vdisk = format!("{pool}/v");
     let size = (load::BLOCKS * load::BLOCK as u64).to_string();
     a.ok(&[

@@ -285,18 +285,14 @@ impl Daemon {
     pub fn import_pool(&self, name: &str, rados: Option<&RadosPlacement>) -> ApiResult<PoolSummary> {
         validate_name("pool", name).map_err(ApiError::invalid)?;
         if let Some(r) = rados {
-            return self.import_rados_pool(name, r);
+            let placement = crate::rados_pools::Placement::new(r).map_err(ApiError::invalid)?;
+            return self.import_rados_pool(name, placement);
         }
         if self.is_rados_pool(name) && !self.pools.read().contains_key(name) {
-            let r = crate::rados_pools::Placement::read(&self.pool_dir(name))
-                .map_err(ApiError::invalid)?
-                .map(|p| RadosPlacement {
-                    pool: p.rados_pool,
-                    ceph_conf: Some(p.ceph_conf),
-                    client_name: Some(p.client_name),
-                });
-            if let Some(r) = r {
-                return self.import_rados_pool(name, &r);
+            // Exported here before: its directory says where it lives.
+            let recorded = crate::rados_pools::Placement::read(&self.pool_dir(name)).map_err(ApiError::invalid)?;
+            if let Some(placement) = recorded {
+                return self.import_rados_pool(name, placement);
             }
         }
         let _admin = self.admin.lock();

@@ -98,8 +98,7 @@ impl Daemon {
 
     /// Records where pool `name` lives in the cluster and serves it if nobody owns it; else it
     /// waits, listed as unavailable, until its owner lets go.
-    pub(super) fn import_rados_pool(&self, name: &str, r: &RadosPlacement) -> ApiResult<PoolSummary> {
-        let placement = Placement::new(r).map_err(ApiError::invalid)?;
+    pub(super) fn import_rados_pool(&self, name: &str, placement: Placement) -> ApiResult<PoolSummary> {
         self.membership()?;
         {
             let _admin = self.admin.lock();
