@@ -5,15 +5,16 @@
 //! cache (`DEDUP_INDEX_CACHE`) are all it holds in memory.
 //!
 //! The index is advisory. An entry may be stale (the slot rewritten in place, freed, or
-//! reused) or name data that merely collides: the volume layer compares the bytes before it
-//! shares anything and corrects the entry when they differ.
+//! reused) or name data that merely collides: the volume layer shares a grain only when the
+//! entry's vouch still holds (below) and the whole 256-bit hashes are equal, or after it
+//! compared the bytes, and corrects the entry when they differ.
 
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use tessera_pool::{MetaBatch, MetaStore, Result, CF_DEDUP};
 
-use crate::fingerprint::Fingerprint;
+use crate::fingerprint::{Fingerprint, HashTail};
 
 /// A class tag (4 bytes) then the fingerprint (16): the grains that may share a slot.
 pub type IndexKey = [u8; 20];
@@ -42,26 +43,54 @@ pub struct IndexEntry {
     pub loc: u64,
     pub vdisk: u64,
     pub grain: u64,
+    /// Set when the slot was known to hold the hashed bytes as the entry was made.
+    pub vouch: Option<Vouch>,
 }
+
+/// What lets a later run share with an entry's slot without reading it: the rest of the
+/// 256-bit hash of the bytes the slot held, and the change count of the owning vdisk (an
+/// epoch unique to the vdisk's opening, and how many changes it had admitted) when those
+/// bytes were read and nothing was changing it. While the owner has admitted no change
+/// since and its grain still points at the slot, the slot holds those bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Vouch {
+    pub tail: HashTail,
+    pub epoch: u64,
+    pub changes: u64,
+}
+
+/// Bytes of an entry without a vouch, and with one.
+const PLAIN_LEN: usize = 24;
+const VOUCHED_LEN: usize = PLAIN_LEN + 32;
 
 impl IndexEntry {
     pub fn to_bytes(self) -> Vec<u8> {
-        let mut v = Vec::with_capacity(24);
+        let mut v = Vec::with_capacity(VOUCHED_LEN);
         v.extend_from_slice(&self.loc.to_le_bytes());
         v.extend_from_slice(&self.vdisk.to_le_bytes());
         v.extend_from_slice(&self.grain.to_le_bytes());
+        if let Some(w) = self.vouch {
+            v.extend_from_slice(&w.tail);
+            v.extend_from_slice(&w.epoch.to_le_bytes());
+            v.extend_from_slice(&w.changes.to_le_bytes());
+        }
         v
     }
 
     pub fn parse(b: &[u8]) -> Option<IndexEntry> {
-        if b.len() != 24 {
+        if b.len() != PLAIN_LEN && b.len() != VOUCHED_LEN {
             return None;
         }
-        let word = |i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+        let word = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"));
         Some(IndexEntry {
             loc: word(0),
-            vdisk: word(1),
-            grain: word(2),
+            vdisk: word(8),
+            grain: word(16),
+            vouch: (b.len() == VOUCHED_LEN).then(|| Vouch {
+                tail: b[24..40].try_into().expect("16 bytes"),
+                epoch: word(40),
+                changes: word(48),
+            }),
         })
     }
 }
@@ -157,14 +186,23 @@ mod tests {
             loc: 0x1_0000_0007,
             vdisk: 3,
             grain: 99,
+            vouch: None,
         };
-        idx.put_many(&[(a, e)]).unwrap();
-        assert_eq!(idx.get_many(&[a, b]).unwrap(), vec![Some(e), None]);
+        let vouched = IndexEntry {
+            vouch: Some(Vouch {
+                tail: [5; 16],
+                epoch: 0xdead_beef_0000_0001,
+                changes: 42,
+            }),
+            ..e
+        };
+        idx.put_many(&[(a, e), (b, vouched)]).unwrap();
+        assert_eq!(idx.get_many(&[a, b]).unwrap(), vec![Some(e), Some(vouched)]);
         let mut seen = Vec::new();
         idx.for_each(|k, e| seen.push((k, e))).unwrap();
-        assert_eq!(seen, vec![(a, e)]);
-        idx.delete_many(&[a]).unwrap();
-        assert_eq!(idx.get_many(&[a]).unwrap(), vec![None]);
+        assert_eq!(seen, vec![(a, e), (b, vouched)]);
+        idx.delete_many(&[a, b]).unwrap();
+        assert_eq!(idx.get_many(&[a, b]).unwrap(), vec![None, None]);
     }
 
     #[test]

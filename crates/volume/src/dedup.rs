@@ -6,9 +6,17 @@
 //! cover it with nothing added. Grains of zeros are unmapped.
 //!
 //! Safety of the sharing itself:
-//! - A fingerprint only finds a candidate. The bytes of both slots are compared, under the
-//!   lock of the grain being changed, before it points anywhere new: a collision, or an index
-//!   entry left stale by a later write, is never shared.
+//! - A fingerprint only finds a candidate. A grain points somewhere new, under its lock,
+//!   only once both hold the same bytes: their whole 256-bit BLAKE3 hashes are equal and
+//!   neither slot can have changed since it was hashed (below), or else the bytes of both
+//!   slots were read again and compared. A collision, or an index entry left stale by a
+//!   later write, is never shared.
+//! - "Cannot have changed" is the vdisks' change counts (`change_count`): a batch's own
+//!   grains when no change of their vdisk entered between the read that hashed them and the
+//!   locks (and none was under way at that read); a candidate when the index entry was
+//!   vouched for that way, the grain it names still points at the slot, and its vdisk has
+//!   admitted no change since. Anything else is read and compared, as with a test
+//!   fingerprinter that forces collisions.
 //! - Nothing may overwrite the candidate slot between the compare and the commit. A slot is
 //!   overwritten in place only while it has one reference, by a writer holding the lock of the
 //!   grain that points at it. So the candidate is held by a reference taken first: under the
@@ -18,6 +26,7 @@
 //!   first: a grain never durably points at a slot whose data is not durable.
 
 use std::collections::{HashMap, HashSet};
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::sync_channel;
 use std::sync::Arc;
@@ -25,14 +34,15 @@ use std::time::Instant;
 
 use parking_lot::{Mutex, RwLock};
 use tessera_dedup::{
-    class_tag, Compression, DedupSettings, DedupStatus, FingerprintIndex, Fingerprinter, GcReport, IndexEntry,
-    IndexKey, Pace, PassOptions, PassReport, VdiskSavings,
+    class_tag, Compression, DedupSettings, DedupStatus, FingerprintIndex, Fingerprinter, GcReport, HashTail,
+    IndexEntry, IndexKey, Pace, PassOptions, PassReport, VdiskSavings, Vouch,
 };
 use tessera_disk::AlignedBuf;
-use tessera_layout::{LayoutError, Progress};
+use tessera_layout::{LayoutError, Progress, SetRead, SlabSet};
 use tessera_pool::{MetaBatch, MetaStore, CF_GRAINS, CF_POOL};
 use tracing::info;
 
+use crate::change_count::Mark;
 use crate::commit::Op;
 use crate::config::Provisioning;
 use crate::engine::Engine;
@@ -45,11 +55,16 @@ use crate::write_clock::{now_secs, REGION};
 
 /// Where a pool's dedup settings are kept (in its own column family).
 const SETTINGS_KEY: &[u8] = b"dedup";
+/// A batch's plain grains are read in runs of at most this many bytes.
+const MAX_RUN_BYTES: u64 = 1 << 20;
+/// Threads that fingerprint and compress batches, each one batch at a time: fingerprints and
+/// compression are the CPU of a run.
+const HASHERS: usize = 2;
 /// Bytes of a vdisk a run reads, fingerprints and remaps at a time, holding the locks of
 /// those grains (and of the grains their candidates belong to) only for the compare and the
 /// commit. Each batch that shares anything is one metadata commit, with its flush of the
 /// member disks: larger batches make fewer of them.
-const BATCH_BYTES: u64 = 4 << 20;
+const BATCH_BYTES: u64 = 16 << 20;
 /// A grain is kept compressed only if that saves at least 1/MIN_SAVING of it: a grain that
 /// barely compresses would cost every read a decompression for next to nothing.
 const MIN_SAVING: usize = 8;
@@ -89,11 +104,13 @@ fn tag(c: Class) -> u32 {
     ))
 }
 
-/// One mapped grain of a batch, as read before the locks were taken.
+/// One mapped grain of a batch, as read before the locks were taken: its index key (none
+/// for zeros) and the rest of its 256-bit hash.
 struct Seen {
     grain: u64,
     loc: Loc,
     key: Option<IndexKey>,
+    tail: Option<HashTail>,
 }
 
 /// What a batch decided for a grain, under the locks.
@@ -234,9 +251,11 @@ impl Engine {
     }
 
     /// Optimizes the regions of `v` written since a run last read them, and not after
-    /// `cutoff`. Two stages overlap: one thread reads, fingerprints and compresses the next
-    /// batch while this one compares and commits the last (under its locks, with its flush),
-    /// so neither the disks nor the cores wait for the other stage.
+    /// `cutoff`. Three stages overlap, so that neither the disks nor the cores wait for
+    /// another stage: one thread reads batches; `HASHERS` threads each fingerprint a batch,
+    /// look its fingerprints up and compress what looks new (each keeping its compression
+    /// context from batch to batch); this one shares, packs and commits them (under their
+    /// locks, with the commit's flush), in the order they come ready.
     #[allow(clippy::too_many_arguments)]
     fn optimize(
         &self,
@@ -249,14 +268,16 @@ impl Engine {
         progress: &Progress,
     ) -> Result<()> {
         let stop = AtomicBool::new(false);
+        // A batch waits between stages, at most: its regions are taken from the write clock,
+        // and a failure gives back those of every batch not committed.
+        let (read_tx, read_rx) = sync_channel::<Result<Prepared>>(1);
+        let read_rx = Mutex::new(read_rx);
         std::thread::scope(|scope| {
-            // One batch prepared ahead, at most: its regions are taken from the write clock,
-            // and a failure gives back those of every batch not committed.
-            let (tx, rx) = sync_channel::<Result<Prepared>>(1);
+            let (ready_tx, rx) = sync_channel::<Result<Prepared>>(1);
             let stop = &stop;
             scope.spawn(move || {
-                for batch in self.batches(v, cutoff, compression, pace, progress, stop) {
-                    if let Err(back) = tx.send(batch) {
+                for batch in self.batches(v, cutoff, pace, progress, stop) {
+                    if let Err(back) = read_tx.send(batch) {
                         if let Ok(p) = back.0 {
                             p.give_back(v);
                         }
@@ -264,6 +285,34 @@ impl Engine {
                     }
                 }
             });
+            for _ in 0..HASHERS {
+                let (read_rx, ready_tx) = (&read_rx, ready_tx.clone());
+                scope.spawn(move || loop {
+                    let Ok(batch) = read_rx.lock().recv() else {
+                        return;
+                    };
+                    let batch = batch.and_then(|mut p| match self.hash_batch(v, &mut p, compression) {
+                        Ok(()) => Ok(p),
+                        Err(e) => {
+                            p.give_back(v);
+                            Err(e)
+                        }
+                    });
+                    if let Err(back) = ready_tx.send(batch) {
+                        if let Ok(p) = back.0 {
+                            p.give_back(v);
+                        }
+                        // Drain the reader, giving back what it read.
+                        while let Ok(batch) = read_rx.lock().recv() {
+                            if let Ok(p) = batch {
+                                p.give_back(v);
+                            }
+                        }
+                        return;
+                    }
+                });
+            }
+            drop(ready_tx);
             let mut failed: Option<VolumeError> = None;
             for batch in rx.iter() {
                 if failed.is_some() {
@@ -307,13 +356,12 @@ impl Engine {
         })
     }
 
-    /// The batches of `v` to optimize, each read, fingerprinted and compressed; ends at the
-    /// first error (a cancel is `Cancelled`), when `v` is deleted, or when `stop` is set.
+    /// The batches of `v` to optimize, each read; ends at the first error (a cancel is
+    /// `Cancelled`), when `v` is deleted, or when `stop` is set.
     fn batches<'a>(
         &'a self,
         v: &'a Arc<Vdisk>,
         cutoff: u32,
-        compression: Compression,
         pace: &'a mut Pace,
         progress: &'a Progress,
         stop: &'a AtomicBool,
@@ -360,6 +408,7 @@ impl Engine {
                     grain: g,
                     loc: l,
                     key: None,
+                    tail: None,
                 });
             }
             // Before the read: a write after this marks the region again for the next run.
@@ -368,7 +417,7 @@ impl Engine {
             }
             first = end;
             if !p.seen.is_empty() {
-                if let Err(e) = self.prepare_batch(v, &mut p, compression, pace) {
+                if let Err(e) = self.read_batch(v, &mut p, pace) {
                     p.give_back(v);
                     done = true;
                     return Some(Err(e));
@@ -378,42 +427,98 @@ impl Engine {
         })
     }
 
-    /// Reads the grains of a batch, fingerprints the mapped ones in `p.seen`, and makes the
-    /// compressed forms of those that look new: no index entry yet (the entries the batch
-    /// before adds are looked up again under the locks), first of their content in the batch,
-    /// and not compressed already.
-    fn prepare_batch(&self, v: &Arc<Vdisk>, p: &mut Prepared, compression: Compression, pace: &mut Pace) -> Result<()> {
+    /// Reads the mapped grains of a batch (those in `p.seen`).
+    fn read_batch(&self, v: &Arc<Vdisk>, p: &mut Prepared, pace: &mut Pace) -> Result<()> {
         let s = self.shared();
         let grain = v.class.grain;
         let g = grain as usize;
         let first = p.first;
         let mut data = AlignedBuf::zeroed(((p.end - first) * grain) as usize);
+        // Before the read: if no change of the vdisk enters from now until the batch's locks
+        // are taken, what is read is what its slots hold then.
+        p.mark = v.changes.quiet();
         {
             // As a read does: under the grains' locks, so that no slot read is freed and
-            // taken for other data meanwhile. Neighbouring slots are read as one span.
+            // taken for other data meanwhile.
             let _locks = s.locks.read_many(p.seen.iter().map(|it| (v.id, it.grain)));
             for it in &mut p.seen {
                 it.loc = v.entry(it.grain);
             }
             p.seen.retain(|it| it.loc != 0);
-            let locs: Vec<Loc> = p.seen.iter().map(|it| it.loc).collect();
-            let (read, results) = read_grains_each(s, &locs, g);
-            for (k, (it, r)) in p.seen.iter().zip(results).enumerate() {
-                r?;
-                let at = ((it.grain - first) * grain) as usize;
-                data[at..at + g].copy_from_slice(&read[k * g..(k + 1) * g]);
+            // Plain grains straight into the batch's buffer, neighbouring grains in
+            // neighbouring slots as one read; compressed ones through their packs.
+            let mut runs: Vec<(Arc<SlabSet>, u64, Range<u64>)> = Vec::new(); // set, offset, grains
+            let mut packed: Vec<&Seen> = Vec::new();
+            for it in &p.seen {
+                if is_packed(it.loc) {
+                    packed.push(it);
+                    continue;
+                }
+                let (set, off) = s.space.locate(it.loc)?;
+                match runs.last_mut() {
+                    Some((rs, ro, gr))
+                        if Arc::ptr_eq(rs, &set)
+                            && gr.end == it.grain
+                            && *ro + (gr.end - gr.start) * grain == off
+                            && (gr.end - gr.start + 1) * grain <= MAX_RUN_BYTES =>
+                    {
+                        gr.end += 1
+                    }
+                    _ => runs.push((set, off, it.grain..it.grain + 1)),
+                }
+            }
+            {
+                let mut io: Vec<SetRead> = Vec::with_capacity(runs.len());
+                let mut rest: &mut [u8] = &mut data[..];
+                let mut at = first;
+                for (set, off, gr) in &runs {
+                    let (_, tail) = std::mem::take(&mut rest).split_at_mut(((gr.start - at) * grain) as usize);
+                    let (buf, tail) = tail.split_at_mut(((gr.end - gr.start) * grain) as usize);
+                    rest = tail;
+                    at = gr.end;
+                    io.push(SetRead { set, offset: *off, buf });
+                }
+                for r in s.cache.read_many(&mut io) {
+                    r?;
+                }
+            }
+            if !packed.is_empty() {
+                let locs: Vec<Loc> = packed.iter().map(|it| it.loc).collect();
+                let (read, results) = read_grains_each(s, &locs, g);
+                for (k, (it, r)) in packed.iter().zip(results).enumerate() {
+                    r?;
+                    let at = ((it.grain - first) * grain) as usize;
+                    data[at..at + g].copy_from_slice(&read[k * g..(k + 1) * g]);
+                }
             }
         }
         pace.step(p.seen.len() as u64 * grain);
+        p.data = Some(data);
+        Ok(())
+    }
+
+    /// Fingerprints the grains a batch read, and makes the compressed forms of those that
+    /// look new: no index entry yet (the entries a batch settled meanwhile adds are looked up
+    /// again under the locks), first of their content in the batch, and not compressed
+    /// already.
+    fn hash_batch(&self, v: &Arc<Vdisk>, p: &mut Prepared, compression: Compression) -> Result<()> {
+        let Some(data) = p.data.as_ref() else {
+            return Ok(());
+        };
+        let grain = v.class.grain;
+        let g = grain as usize;
+        let first = p.first;
         let class = tag(v.class);
         let fp = *self.dedup.fingerprinter.read();
-        in_parallel(&mut p.seen, |it| {
+        for it in &mut p.seen {
             let at = ((it.grain - first) * grain) as usize;
             let bytes = &data[at..at + g];
             if bytes.iter().any(|&b| b != 0) {
-                it.key = Some(tessera_dedup::index_key(class, &fp.of(bytes)));
+                let (f, tail) = fp.hash(bytes);
+                it.key = Some(tessera_dedup::index_key(class, &f));
+                it.tail = tail;
             }
-        });
+        }
         if compression != Compression::Off && grain <= MAX_PACKED_GRAIN {
             let keys: Vec<IndexKey> = p.seen.iter().filter_map(|it| it.key).collect();
             let known: HashSet<IndexKey> = keys
@@ -422,22 +527,18 @@ impl Engine {
                 .filter_map(|(k, e)| e.map(|_| *k))
                 .collect();
             let mut firsts = HashSet::new();
-            let mut todo: Vec<(u64, Option<Vec<u8>>)> = p
-                .seen
-                .iter()
-                .filter(|it| {
-                    it.key
-                        .is_some_and(|k| !known.contains(&k) && !is_packed(it.loc) && firsts.insert(k))
-                })
-                .map(|it| (it.grain, None))
-                .collect();
-            in_parallel(&mut todo, |(gi, form)| {
-                let at = ((*gi - first) * grain) as usize;
-                *form = compression.compress(&data[at..at + g], g - g / MIN_SAVING);
-            });
-            p.forms.extend(todo.into_iter().filter_map(|(gi, f)| Some((gi, f?))));
+            for it in &p.seen {
+                let new = it
+                    .key
+                    .is_some_and(|k| !known.contains(&k) && !is_packed(it.loc) && firsts.insert(k));
+                if new {
+                    let at = ((it.grain - first) * grain) as usize;
+                    if let Some(form) = compression.compress(&data[at..at + g], g - g / MIN_SAVING) {
+                        p.forms.insert(it.grain, form);
+                    }
+                }
+            }
         }
-        p.data = Some(data);
         Ok(())
     }
 
@@ -458,6 +559,7 @@ impl Engine {
             mut seen,
             data,
             mut forms,
+            mark,
             ..
         } = p;
         let data = data.expect("a batch with grains to look at was read");
@@ -477,24 +579,28 @@ impl Engine {
             }
         }
 
-        let _gate = v.enter_change()?;
+        let _gate = v.enter_remap()?;
         let mut held: Vec<(u64, u64)> = seen.iter().map(|it| (v.id, it.grain)).collect();
         held.extend(found.values().map(|e| (e.vdisk, e.grain)));
         let held_set: HashSet<(u64, u64)> = held.iter().copied().collect();
         let _locks = s.locks.lock_many(held);
         // Grains changed since they were read are left for the next run.
         seen.retain(|it| v.entry(it.grain) == it.loc);
+        // The batch's slots still hold what was read: nothing changed the vdisk since.
+        let unchanged = mark.filter(|&m| v.changes.unchanged_since(m));
         // Candidates we may hold: the grain the index names still points at the slot and is
-        // locked here, or the slot is shared already. One reference each, taken now.
+        // locked here, or the slot is shared already. One reference each, taken now. The
+        // hash tail of a candidate whose entry's vouch still holds comes along.
         let mut refs: HashMap<Loc, u32> = HashMap::new();
-        let mut usable: HashMap<IndexKey, Loc> = HashMap::new();
+        let mut usable: HashMap<IndexKey, (Loc, Option<HashTail>)> = HashMap::new();
         for (k, e) in &found {
             if s.space.class_of(e.loc) != Some(v.class) {
                 continue;
             }
-            let owned = held_set.contains(&(e.vdisk, e.grain))
-                && owners.get(&e.vdisk).map(|o| o.entry(e.grain) == e.loc).unwrap_or(false);
-            let taken = if owned {
+            let owner = owners
+                .get(&e.vdisk)
+                .filter(|o| held_set.contains(&(e.vdisk, e.grain)) && o.entry(e.grain) == e.loc);
+            let taken = if owner.is_some() {
                 s.space.incref(e.loc);
                 true
             } else {
@@ -502,7 +608,18 @@ impl Engine {
             };
             if taken {
                 *refs.entry(e.loc).or_default() += 1;
-                usable.insert(*k, e.loc);
+                let vouched = match (owner, e.vouch) {
+                    (Some(o), Some(w))
+                        if o.changes.unchanged_since(Mark {
+                            epoch: w.epoch,
+                            changes: w.changes,
+                        }) =>
+                    {
+                        Some(w.tail)
+                    }
+                    _ => None,
+                };
+                usable.insert(*k, (e.loc, vouched));
             }
         }
         let batch = Batch {
@@ -510,6 +627,7 @@ impl Engine {
             first,
             data: &data,
             forms: &forms,
+            unchanged,
         };
         let result = self.compare_and_commit(&batch, &seen, &usable, &mut refs, report);
         // References taken and not handed to a grain entry.
@@ -521,44 +639,63 @@ impl Engine {
         result
     }
 
-    /// Reads, under the locks, the grains of the batch that have a candidate (or read as
-    /// zeros, or are to be packed) and their candidates; shares each grain whose bytes equal
-    /// its candidate's (or that of a grain before it in the batch), unmaps grains of zeros,
-    /// packs the compressed forms of grains that still hold what was compressed, and commits
-    /// all that as one batch. A grain with no candidate and no form is only indexed, unread:
-    /// the index is advisory. References in `refs` that a new grain entry takes are removed
-    /// from it.
+    /// Shares each grain of the batch that holds the same bytes as its candidate (what the
+    /// index names, or a grain before it in the batch), unmaps grains of zeros, packs the
+    /// compressed forms of grains that still hold what was compressed, and commits all that
+    /// as one batch. Bytes are read again under the locks only where they may have changed
+    /// since they were hashed (the module's comment says when). A grain with no candidate
+    /// and no form is only indexed, unread: the index is advisory. References in `refs`
+    /// that a new grain entry takes are removed from it.
     fn compare_and_commit(
         &self,
         b: &Batch,
         seen: &[Seen],
-        usable: &HashMap<IndexKey, Loc>,
+        usable: &HashMap<IndexKey, (Loc, Option<HashTail>)>,
         refs: &mut HashMap<Loc, u32>,
         report: &mut PassReport,
     ) -> Result<()> {
         let s = self.shared();
         let v = b.v;
         let g = v.class.grain as usize;
+        let known = b.unchanged.is_some();
+        let prepared = |it: &Seen| -> &[u8] {
+            let at = ((it.grain - b.first) as usize) * g;
+            &b.data[at..at + g]
+        };
         // Each grain's candidate: what the index names, or the first grain before it in this
-        // batch with the same fingerprint (locked here too). The slots to compare are those
-        // grains and their candidates, once each, and the grains to pack.
+        // batch with the same fingerprint (locked here too). The slots to read are those
+        // grains, their candidates and the grains to pack, once each, unless their bytes are
+        // known: a batch's own when nothing changed its vdisk, a candidate whose entry's vouch
+        // holds when its whole hash is this grain's.
         let mut slots: Vec<Loc> = Vec::new();
-        let mut first_of: HashMap<IndexKey, Loc> = HashMap::new();
-        let mut candidates: Vec<Option<Loc>> = Vec::with_capacity(seen.len());
+        let mut first_of: HashMap<IndexKey, &Seen> = HashMap::new();
+        let mut candidates: Vec<Option<Candidate>> = Vec::with_capacity(seen.len());
         for it in seen {
-            let candidate = it
-                .key
-                .and_then(|k| usable.get(&k).or_else(|| first_of.get(&k)).copied());
-            match (it.key, candidate) {
+            let candidate = it.key.and_then(|k| match usable.get(&k) {
+                Some(&(loc, vouched)) => Some(Candidate {
+                    loc,
+                    earlier: None,
+                    vouched: known && vouched.is_some() && vouched == it.tail,
+                }),
+                None => first_of.get(&k).map(|e| Candidate {
+                    loc: e.loc,
+                    earlier: Some(e),
+                    vouched: false,
+                }),
+            });
+            let needed = match (it.key, &candidate) {
                 (Some(k), None) => {
-                    first_of.insert(k, it.loc);
-                    if b.forms.contains_key(&it.grain) {
-                        slots.push(it.loc);
-                    }
+                    first_of.insert(k, it);
+                    b.forms.contains_key(&it.grain)
                 }
-                _ => {
-                    slots.push(it.loc);
-                    slots.extend(candidate);
+                _ => true,
+            };
+            if needed && !known {
+                slots.push(it.loc);
+            }
+            if let Some(c) = &candidate {
+                if !c.vouched && !(known && c.earlier.is_some()) {
+                    slots.push(c.loc);
                 }
             }
             candidates.push(candidate);
@@ -572,6 +709,24 @@ impl Engine {
             let i = slots.binary_search(&l).expect("every slot compared was read");
             readable[i].is_ok().then(|| &buf[i * g..(i + 1) * g])
         };
+        // What a grain of the batch holds now.
+        let own = |it: &Seen| -> Option<&[u8]> {
+            if known {
+                Some(prepared(it))
+            } else {
+                content(it.loc)
+            }
+        };
+        let same = |it: &Seen, c: &Candidate| -> bool {
+            if c.vouched {
+                return true;
+            }
+            let theirs = match c.earlier {
+                Some(e) if known => Some(prepared(e)),
+                _ => content(c.loc),
+            };
+            theirs.is_some() && theirs == own(it)
+        };
 
         // The grains to pack, in grain order: new, still holding what was compressed, and
         // in a slot that only grains of this batch point at (packing a grain whose slot a
@@ -582,11 +737,12 @@ impl Engine {
         }
         let mut to_pack: Vec<&Seen> = Vec::new();
         for (it, candidate) in seen.iter().zip(&candidates) {
-            if candidate.is_none() && b.forms.contains_key(&it.grain) && s.space.refcount(it.loc) == holders[&it.loc] {
-                let at = ((it.grain - b.first) as usize) * g;
-                if content(it.loc) == Some(&b.data[at..at + g]) {
-                    to_pack.push(it);
-                }
+            if candidate.is_none()
+                && b.forms.contains_key(&it.grain)
+                && s.space.refcount(it.loc) == holders[&it.loc]
+                && own(it) == Some(prepared(it))
+            {
+                to_pack.push(it);
             }
         }
         let packs = self.write_packs(v, &to_pack, b.forms)?;
@@ -596,7 +752,7 @@ impl Engine {
         let mut inserts: Vec<(IndexKey, IndexEntry)> = Vec::new();
         for (it, candidate) in seen.iter().zip(candidates) {
             let Some(key) = it.key else {
-                if content(it.loc).is_some_and(|c| c.iter().all(|&b| b == 0)) {
+                if own(it).is_some_and(|c| c.iter().all(|&b| b == 0)) {
                     ops.push(Op::Delete(CF_GRAINS, grain_key(v.id, it.grain)));
                     ops.push(Op::count(it.loc, -1));
                     plans.push(Plan::Unmap {
@@ -606,9 +762,8 @@ impl Engine {
                 }
                 continue;
             };
-            let same = |to: Loc| content(to).is_some() && content(to) == content(it.loc);
             match candidate {
-                Some(to) if to == it.loc => {
+                Some(Candidate { loc: to, .. }) if to == it.loc => {
                     // Another grain of the batch holds the same slot; it follows it to its pack.
                     if let Some(&piece) = packs.moved.get(&to) {
                         ops.extend(repoint(v.id, it.grain, it.loc, piece));
@@ -619,7 +774,8 @@ impl Engine {
                         });
                     }
                 }
-                Some(to) if same(to) => {
+                Some(c) if same(it, &c) => {
+                    let to = c.loc;
                     let to = match packs.moved.get(&to) {
                         // Its candidate is packed in this batch: the pack's count takes it.
                         Some(&piece) => piece,
@@ -660,12 +816,22 @@ impl Engine {
                         }
                         None => it.loc,
                     };
+                    // Vouched for when the slot is known to hold the bytes hashed.
+                    let vouch = match (b.unchanged, it.tail) {
+                        (Some(m), Some(tail)) => Some(Vouch {
+                            tail,
+                            epoch: m.epoch,
+                            changes: m.changes,
+                        }),
+                        _ => None,
+                    };
                     inserts.push((
                         key,
                         IndexEntry {
                             loc,
                             vdisk: v.id,
                             grain: it.grain,
+                            vouch,
                         },
                     ));
                 }
@@ -812,6 +978,8 @@ struct Prepared {
     taken: Vec<u64>,
     mapped: u64,
     too_young: u64,
+    /// The vdisk's change count just before the read, if no change was under way.
+    mark: Option<Mark>,
 }
 
 impl Prepared {
@@ -829,12 +997,22 @@ fn give_back(v: &Vdisk, regions: &[u64]) {
 }
 
 /// A batch of one vdisk as read before its locks were taken, and the compressed forms made
-/// from it.
+/// from it; `unchanged` when the vdisk admitted no change since that read (its mark then).
 struct Batch<'a> {
     v: &'a Arc<Vdisk>,
     first: u64,
     data: &'a [u8],
     forms: &'a HashMap<u64, Vec<u8>>,
+    unchanged: Option<Mark>,
+}
+
+/// A grain's candidate: its slot, the grain of the batch it comes from (the first with the
+/// same fingerprint), if any, and whether its bytes are known to equal the grain's by hash.
+#[derive(Clone, Copy)]
+struct Candidate<'a> {
+    loc: Loc,
+    earlier: Option<&'a Seen>,
+    vouched: bool,
 }
 
 /// Pack slots written for a batch, and the piece each packed grain's old slot moves to.
@@ -842,22 +1020,6 @@ struct Batch<'a> {
 struct Packs {
     slots: Vec<Loc>,
     moved: HashMap<Loc, Loc>,
-}
-
-/// Runs `f` on every item, the items split between as many threads as the machine has
-/// cores (at most four): fingerprints and compression are the CPU of a run.
-fn in_parallel<T: Send>(items: &mut [T], f: impl Fn(&mut T) + Sync) {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(4);
-    if threads < 2 || items.len() < 64 {
-        items.iter_mut().for_each(f);
-        return;
-    }
-    let f = &f;
-    std::thread::scope(|s| {
-        for part in items.chunks_mut(items.len().div_ceil(threads)) {
-            s.spawn(move || part.iter_mut().for_each(f));
-        }
-    });
 }
 
 /// The ops that point grain `g` of vdisk `vdisk` at `to` instead of `from`, dropping its

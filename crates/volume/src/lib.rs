@@ -1,6 +1,7 @@
 //! Tessera virtual disks: the grain map, thin and fixed provisioning, reference-counted grains
 //! with copy-on-write, and clone_range, over the layout and pool layers.
 
+mod change_count;
 mod check;
 mod clone;
 mod commit;

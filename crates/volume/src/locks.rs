@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use parking_lot::{ArcRwLockReadGuard, RawRwLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-const GRAIN_LOCKS: usize = 8192;
+const GRAIN_LOCKS: usize = 65536;
 
 pub struct GrainLocks {
     /// Each in an Arc so that a read in flight on a caller's own io_uring can hold its

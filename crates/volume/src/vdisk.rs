@@ -11,6 +11,7 @@ use tessera_disk::{AlignedBuf, SECTOR};
 use tessera_layout::{SetRead, SlabSet};
 use tessera_pool::CF_GRAINS;
 
+use crate::change_count::ChangeCount;
 use crate::commit::Op;
 use crate::config::{Provisioning, VdiskConfig};
 use crate::error::{Result, VolumeError};
@@ -44,6 +45,23 @@ pub struct Vdisk {
     unsynced: Unsynced,
     /// When each region was last written, and whether dedup read it since.
     pub(crate) clock: WriteClock,
+    /// The changes admitted through the gate: what tells dedup that nothing changed.
+    pub(crate) changes: ChangeCount,
+}
+
+/// A change admitted through a vdisk's gate ([`Vdisk::enter_change`]), counted out when
+/// dropped.
+pub(crate) struct ChangeGuard<'a> {
+    _gate: RwLockReadGuard<'a, ()>,
+    counted: Option<&'a ChangeCount>,
+}
+
+impl Drop for ChangeGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(c) = self.counted {
+            c.leave();
+        }
+    }
 }
 
 /// A part of a request inside one grain.
@@ -168,6 +186,7 @@ impl Vdisk {
             read_only: c.snapshot_of.is_some(),
             unsynced: Unsynced::default(),
             clock: WriteClock::new(c.size),
+            changes: ChangeCount::new(),
             cfg: RwLock::new(c),
         }
     }
@@ -270,14 +289,30 @@ impl Vdisk {
         }
     }
 
-    /// Admits a change of the vdisk's data: holds the gate shared, and refuses a vdisk that
-    /// was deleted, which a request may have found alive before it got here.
-    pub(crate) fn enter_change(&self) -> Result<RwLockReadGuard<'_, ()>> {
+    /// Admits a change of the vdisk's data: holds the gate shared, refuses a vdisk that was
+    /// deleted (which a request may have found alive before it got here), and counts the
+    /// change in (and out when the guard is dropped).
+    pub(crate) fn enter_change(&self) -> Result<ChangeGuard<'_>> {
+        let g = self.enter(true)?;
+        self.changes.enter();
+        Ok(g)
+    }
+
+    /// Admits dedup's remapping, which points grains at slots holding the same bytes: as
+    /// `enter_change`, but not counted, since no grain's data changes.
+    pub(crate) fn enter_remap(&self) -> Result<ChangeGuard<'_>> {
+        self.enter(false)
+    }
+
+    fn enter(&self, counted: bool) -> Result<ChangeGuard<'_>> {
         let gate = self.gate.read();
         if self.deleted.load(Ordering::Acquire) {
             return Err(VolumeError::Deleted(self.name()));
         }
-        Ok(gate)
+        Ok(ChangeGuard {
+            _gate: gate,
+            counted: counted.then_some(&self.changes),
+        })
     }
 
     pub(crate) fn check_range(&self, offset: u64, len: u64) -> Result<()> {

@@ -215,8 +215,56 @@ fn scope_layouts_and_minimum_age_are_kept() {
     rig.assert_consistent();
 }
 
+/// A duplicate of data an earlier run indexed is shared on its whole 256-bit hash, without
+/// reading either slot again, while nothing changed the vdisk holding it. Once that vdisk is
+/// written (here in place, so its grain still points at the indexed slot), the entry is no
+/// longer trusted: the slot is read, found to hold other bytes, and nothing is shared.
+#[test]
+fn an_entry_is_trusted_on_its_hash_only_while_its_vdisk_is_unchanged() {
+    let rig = Rig::new(1, 64 * MIB, MIB);
+    let e = rig.engine();
+    enable_dedup(e, Compression::Off);
+    let (x, y) = (unique_block(1), unique_block(2));
+    for name in ["a", "b", "c", "d"] {
+        vdisk(e, name, MIB, LayoutKind::Simple);
+    }
+
+    e.vdisk("a").unwrap().write(0, &x, false).unwrap();
+    run_dedup(e);
+    e.vdisk("b").unwrap().write(0, &x, false).unwrap();
+    rig.disks[0].faults().reset_counters();
+    let r = run_dedup(e);
+    assert_eq!((r.grains_shared, r.mismatches), (1, 0));
+    // One read: b's grain, once. Neither it nor a's slot is read again to compare.
+    assert_eq!(rig.disks[0].faults().reads(), 1);
+    assert_eq!(read_all(e, "b", G as usize), x);
+
+    let z = unique_block(3);
+    e.vdisk("c").unwrap().write(0, &z, false).unwrap();
+    run_dedup(e);
+    e.vdisk("c").unwrap().write(0, &y, false).unwrap(); // in place: c's only reference
+    e.vdisk("d").unwrap().write(0, &z, false).unwrap();
+    let r = run_dedup(e);
+    assert_eq!(r.grains_shared, 0, "c's slot holds y now");
+    assert_eq!(r.mismatches, 1, "the stale entry was read and compared");
+    assert_eq!(read_all(e, "c", G as usize), y);
+    assert_eq!(read_all(e, "d", G as usize), z);
+    rig.assert_consistent();
+}
+
 #[test]
 fn writers_racing_a_run_read_their_own_data() {
+    race_writers_with_runs(false);
+}
+
+/// Writers that pause now and then, so that runs also read batches while no write is under
+/// way and then see writes land before their locks are taken.
+#[test]
+fn writers_pausing_between_bursts_while_runs_go_read_their_own_data() {
+    race_writers_with_runs(true);
+}
+
+fn race_writers_with_runs(pauses: bool) {
     let rig = Rig::new(4, 64 * MIB, MIB);
     let e = rig.engine();
     enable_dedup(e, Compression::default());
@@ -253,6 +301,10 @@ fn writers_racing_a_run_read_their_own_data() {
                     let mut l = last[i].lock();
                     v.write(block * G, &bytes, false).unwrap();
                     l[(block * G) as usize..((block + 1) * G) as usize].copy_from_slice(&bytes);
+                    drop(l);
+                    if pauses && n % 8 == 0 {
+                        std::thread::sleep(std::time::Duration::from_micros(300 * (n % 5)));
+                    }
                 }
             });
         }
