@@ -25,7 +25,7 @@
 //! - The batch that remaps grains is one metadata commit, which flushes the member disks
 //!   first: a grain never durably points at a slot whose data is not durable.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::sync_channel;
@@ -272,6 +272,7 @@ impl Engine {
         // and a failure gives back those of every batch not committed.
         let (read_tx, read_rx) = sync_channel::<Result<Prepared>>(1);
         let read_rx = Mutex::new(read_rx);
+        let recent = Recent::default();
         std::thread::scope(|scope| {
             let (ready_tx, rx) = sync_channel::<Result<Prepared>>(1);
             let stop = &stop;
@@ -286,12 +287,12 @@ impl Engine {
                 }
             });
             for _ in 0..HASHERS {
-                let (read_rx, ready_tx) = (&read_rx, ready_tx.clone());
+                let (read_rx, ready_tx, recent) = (&read_rx, ready_tx.clone(), &recent);
                 scope.spawn(move || loop {
                     let Ok(batch) = read_rx.lock().recv() else {
                         return;
                     };
-                    let batch = batch.and_then(|mut p| match self.hash_batch(v, &mut p, compression) {
+                    let batch = batch.and_then(|mut p| match self.hash_batch(v, &mut p, compression, recent) {
                         Ok(()) => Ok(p),
                         Err(e) => {
                             p.give_back(v);
@@ -329,7 +330,7 @@ impl Engine {
                         let r = if p.seen.is_empty() {
                             Ok(())
                         } else {
-                            self.settle_batch(v, p, owners, report)
+                            self.settle_batch(v, p, owners, &recent, report)
                         };
                         if r.is_ok() {
                             progress.done_bytes.fetch_add(mapped * v.class.grain, Ordering::Relaxed);
@@ -497,11 +498,11 @@ impl Engine {
         Ok(())
     }
 
-    /// Fingerprints the grains a batch read, and makes the compressed forms of those that
-    /// look new: no index entry yet (the entries a batch settled meanwhile adds are looked up
-    /// again under the locks), first of their content in the batch, and not compressed
-    /// already.
-    fn hash_batch(&self, v: &Arc<Vdisk>, p: &mut Prepared, compression: Compression) -> Result<()> {
+    /// Fingerprints the grains a batch read, looks them up in the index, and makes the
+    /// compressed forms of those that look new: no index entry yet (what batches settled
+    /// meanwhile add is known when this one is settled), first of their content in the
+    /// batch, and not compressed already.
+    fn hash_batch(&self, v: &Arc<Vdisk>, p: &mut Prepared, compression: Compression, recent: &Recent) -> Result<()> {
         let Some(data) = p.data.as_ref() else {
             return Ok(());
         };
@@ -519,18 +520,20 @@ impl Engine {
                 it.tail = tail;
             }
         }
+        // Whatever a batch settles after this is added to these when this one is settled.
+        p.looked_up_after = recent.settled();
+        let keys: Vec<IndexKey> = p.seen.iter().filter_map(|it| it.key).collect();
+        for (k, e) in keys.iter().zip(self.dedup.index.get_many(&keys)?) {
+            if let Some(e) = e {
+                p.found.insert(*k, e);
+            }
+        }
         if compression != Compression::Off && grain <= MAX_PACKED_GRAIN {
-            let keys: Vec<IndexKey> = p.seen.iter().filter_map(|it| it.key).collect();
-            let known: HashSet<IndexKey> = keys
-                .iter()
-                .zip(self.dedup.index.get_many(&keys)?)
-                .filter_map(|(k, e)| e.map(|_| *k))
-                .collect();
             let mut firsts = HashSet::new();
             for it in &p.seen {
                 let new = it
                     .key
-                    .is_some_and(|k| !known.contains(&k) && !is_packed(it.loc) && firsts.insert(k));
+                    .is_some_and(|k| !p.found.contains_key(&k) && !is_packed(it.loc) && firsts.insert(k));
                 if new {
                     let at = ((it.grain - first) * grain) as usize;
                     if let Some(form) = compression.compress(&data[at..at + g], g - g / MIN_SAVING) {
@@ -550,6 +553,7 @@ impl Engine {
         v: &Arc<Vdisk>,
         p: Prepared,
         owners: &HashMap<u64, Arc<Vdisk>>,
+        recent: &Recent,
         report: &mut PassReport,
     ) -> Result<()> {
         let s = self.shared();
@@ -560,19 +564,24 @@ impl Engine {
             data,
             mut forms,
             mark,
+            mut found,
+            looked_up_after,
             ..
         } = p;
         let data = data.expect("a batch with grains to look at was read");
         report.grains_scanned += seen.len() as u64;
         report.bytes_scanned += seen.len() as u64 * grain;
-        let keys: Vec<IndexKey> = seen.iter().filter_map(|it| it.key).collect();
-        let mut found: HashMap<IndexKey, IndexEntry> = HashMap::new();
-        for (k, e) in keys.iter().zip(self.dedup.index.get_many(&keys)?) {
-            if let Some(e) = e {
-                found.insert(*k, e);
+        let keys: HashSet<IndexKey> = seen.iter().filter_map(|it| it.key).collect();
+        if !recent.added_since(looked_up_after, &keys, &mut found) {
+            found.clear();
+            let keys: Vec<IndexKey> = keys.into_iter().collect();
+            for (k, e) in keys.iter().zip(self.dedup.index.get_many(&keys)?) {
+                if let Some(e) = e {
+                    found.insert(*k, e);
+                }
             }
         }
-        // A grain the batch before made findable is shared, not packed.
+        // A grain a batch settled since it was looked up made findable is shared, not packed.
         for it in &seen {
             if it.key.is_some_and(|k| found.contains_key(&k)) {
                 forms.remove(&it.grain);
@@ -629,7 +638,9 @@ impl Engine {
             forms: &forms,
             unchanged,
         };
-        let result = self.compare_and_commit(&batch, &seen, &usable, &mut refs, report);
+        let result = self
+            .compare_and_commit(&batch, &seen, &usable, &mut refs, report)
+            .map(|inserts| recent.add(inserts));
         // References taken and not handed to a grain entry.
         for (l, n) in refs {
             for _ in 0..n {
@@ -653,7 +664,7 @@ impl Engine {
         usable: &HashMap<IndexKey, (Loc, Option<HashTail>)>,
         refs: &mut HashMap<Loc, u32>,
         report: &mut PassReport,
-    ) -> Result<()> {
+    ) -> Result<Vec<(IndexKey, IndexEntry)>> {
         let s = self.shared();
         let v = b.v;
         let g = v.class.grain as usize;
@@ -897,7 +908,7 @@ impl Engine {
         }
         report.index_inserts += inserts.len() as u64;
         self.dedup.index.put_many(&inserts)?;
-        Ok(())
+        Ok(inserts)
     }
 
     /// Lays the compressed forms of `grains` out in pack slots and writes them (not yet
@@ -980,6 +991,55 @@ struct Prepared {
     too_young: u64,
     /// The vdisk's change count just before the read, if no change was under way.
     mark: Option<Mark>,
+    /// The index entries of its grains, as looked up after `looked_up_after` batches of the
+    /// vdisk were settled.
+    found: HashMap<IndexKey, IndexEntry>,
+    looked_up_after: u64,
+}
+
+/// The index entries that the last batches of a vdisk's run added, so that a batch looked
+/// up before they were settled need not be looked up again.
+#[derive(Default)]
+struct Recent {
+    /// Batches settled, and the entries each of the last `RECENT_BATCHES` added.
+    log: Mutex<(u64, VecDeque<Vec<(IndexKey, IndexEntry)>>)>,
+}
+
+/// Batches whose entries `Recent` keeps: more than can be between stages at once.
+const RECENT_BATCHES: usize = 16;
+
+impl Recent {
+    fn settled(&self) -> u64 {
+        self.log.lock().0
+    }
+
+    /// Notes the entries a batch added, once they are in the index.
+    fn add(&self, entries: Vec<(IndexKey, IndexEntry)>) {
+        let mut log = self.log.lock();
+        log.0 += 1;
+        log.1.push_back(entries);
+        if log.1.len() > RECENT_BATCHES {
+            log.1.pop_front();
+        }
+    }
+
+    /// Adds to `found` the entries of `keys` added by the batches settled after the first
+    /// `after`; false if some of those batches are no longer kept.
+    fn added_since(&self, after: u64, keys: &HashSet<IndexKey>, found: &mut HashMap<IndexKey, IndexEntry>) -> bool {
+        let log = self.log.lock();
+        let (settled, kept) = (log.0, &log.1);
+        if settled - after > kept.len() as u64 {
+            return false;
+        }
+        for entries in kept.iter().skip(kept.len() - (settled - after) as usize) {
+            for (k, e) in entries {
+                if keys.contains(k) {
+                    found.insert(*k, *e);
+                }
+            }
+        }
+        true
+    }
 }
 
 impl Prepared {
@@ -1136,5 +1196,43 @@ impl Engine {
         report.seconds = started.elapsed().as_secs_f64();
         info!(pool = %self.pool().name(), entries = report.entries, pruned = report.pruned, "dedup garbage collection finished");
         Ok(report)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(loc: u64) -> IndexEntry {
+        IndexEntry {
+            loc,
+            vdisk: 1,
+            grain: loc,
+            vouch: None,
+        }
+    }
+
+    #[test]
+    fn recent_entries_cover_the_batches_settled_since_a_lookup_while_they_are_kept() {
+        let r = Recent::default();
+        let (a, b) = ([1u8; 20], [2u8; 20]);
+        let keys: HashSet<IndexKey> = [a, b].into_iter().collect();
+        let looked_up = r.settled();
+        r.add(vec![(a, entry(10))]);
+        r.add(vec![([3u8; 20], entry(11)), (a, entry(12))]);
+        let mut found = HashMap::from([(b, entry(5))]);
+        assert!(r.added_since(looked_up, &keys, &mut found));
+        assert_eq!(
+            found,
+            HashMap::from([(a, entry(12)), (b, entry(5))]),
+            "the latest entry of a key wins"
+        );
+        let mut none = HashMap::new();
+        assert!(r.added_since(r.settled(), &keys, &mut none));
+        assert!(none.is_empty());
+        for n in 0..RECENT_BATCHES as u64 {
+            r.add(vec![(b, entry(100 + n))]);
+        }
+        assert!(!r.added_since(looked_up, &keys, &mut found), "batches no longer kept");
     }
 }
