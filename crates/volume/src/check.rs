@@ -10,7 +10,7 @@ use tessera_pool::{decode_refcount, CF_GRAINS, CF_POOL, CF_REFCOUNTS};
 use crate::engine::Engine;
 use crate::error::Result;
 use crate::keys::{parse_grain_key, parse_loc};
-use crate::space::{is_packed, loc_parts, slot_of};
+use crate::space::{is_packed, loc_parts, slots_of};
 
 /// What `pool check` found: the grain map and the reference counts agree, or the problems.
 #[derive(Debug, Default, Clone, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
@@ -50,7 +50,9 @@ impl Engine {
                 }
                 if l != 0 {
                     mapped += 1;
-                    *expected.entry(slot_of(l)).or_default() += 1;
+                    for slot in slots_of(l) {
+                        *expected.entry(slot).or_default() += 1;
+                    }
                     let (set, slot) = loc_parts(l);
                     if is_packed(l) && s.space.slots(set).is_some() && !s.space.is_slot(l) {
                         report
@@ -108,7 +110,9 @@ impl Engine {
         // only.
         let mut held: HashMap<u64, i64> = HashMap::new();
         for l in s.frozen.held() {
-            *held.entry(slot_of(l)).or_default() += 1;
+            for slot in slots_of(l) {
+                *held.entry(slot).or_default() += 1;
+            }
         }
         // Grain entries of vdisks that no longer exist would leak their slots.
         s.pool.meta().for_each_prefix(CF_GRAINS, &[], |k, _| {

@@ -9,10 +9,10 @@ use std::sync::{Arc, OnceLock};
 
 use parking_lot::{Condvar, Mutex};
 use tessera_cache::WriteCache;
-use tessera_pool::{MetaBatch, CF_REFCOUNTS};
+use tessera_pool::MetaBatch;
 
 use crate::error::{Result, VolumeError};
-use crate::keys::refcount_key;
+use crate::keys::count_refs;
 use crate::space::Loc;
 
 /// One metadata change, recorded so that queued changes can be merged into one batch.
@@ -20,14 +20,15 @@ use crate::space::Loc;
 pub enum Op {
     Put(&'static str, Vec<u8>, Vec<u8>),
     Delete(&'static str, Vec<u8>),
-    /// A reference count moved by a delta.
-    Count(&'static str, Vec<u8>, i64),
+    /// The reference counts of the slots a location holds moved by a delta.
+    Count(Loc, i64),
 }
 
 impl Op {
-    /// Moves the reference count of the slot `l` is in by `delta`.
+    /// Moves the reference count of the slot `l` is in (of each, for a piece that runs on
+    /// into a second slot) by `delta`.
     pub fn count(l: Loc, delta: i64) -> Op {
-        Op::Count(CF_REFCOUNTS, refcount_key(l), delta)
+        Op::Count(l, delta)
     }
 }
 
@@ -124,7 +125,7 @@ impl Committer {
             match op {
                 Op::Put(cf, k, v) => b.put(cf, k, v),
                 Op::Delete(cf, k) => b.delete(cf, k),
-                Op::Count(cf, k, d) => b.count(cf, k, d),
+                Op::Count(l, d) => count_refs(&mut b, l, d),
             }
         }
         meta.commit(b, true)?;

@@ -48,8 +48,8 @@ use crate::config::Provisioning;
 use crate::engine::Engine;
 use crate::error::{Result, VolumeError};
 use crate::keys::{grain_key, loc_value};
-use crate::packed::{lay_out, read_grains_each, MAX_PACKED_GRAIN};
-use crate::space::{is_packed, loc_parts, packed_loc, piece_of, slot_of, Class, Loc};
+use crate::packed::{lay_out, lay_out_end_to_end, read_grains_each, MAX_PACKED_GRAIN};
+use crate::space::{is_packed, loc_parts, packed_loc, piece_of, slot_of, slots_of, Class, Loc};
 use crate::vdisk::Vdisk;
 use crate::write_clock::{now_secs, REGION};
 
@@ -852,8 +852,10 @@ impl Engine {
         let mut per_pack: HashMap<Loc, u32> = HashMap::new();
         for p in &plans {
             if let Plan::Share { to, .. } | Plan::Pack { to, .. } = p {
-                if packs.slots.contains(&slot_of(*to)) {
-                    *per_pack.entry(slot_of(*to)).or_default() += 1;
+                for slot in slots_of(*to) {
+                    if packs.slots.contains(&slot) {
+                        *per_pack.entry(slot).or_default() += 1;
+                    }
                 }
             }
         }
@@ -923,11 +925,23 @@ impl Engine {
             return Ok(packs);
         }
         let bodies: Vec<&[u8]> = grains.iter().map(|it| &forms[&it.grain][..]).collect();
-        let (content, placed) = lay_out(&bodies, g);
-        let n = content.len() / g;
+        // End to end, into neighbouring slots, where the class has redundancy: on a class
+        // without, a hot slot's copy is of one slot, so each piece lies in one.
+        let end_to_end = v.class.layout.tolerance() > 0;
+        let (mut content, mut placed) = if end_to_end {
+            lay_out_end_to_end(&bodies, g)
+        } else {
+            lay_out(&bodies, g)
+        };
+        let mut n = content.len() / g;
         let slots = match s.space.allocate_run(v.class, n, false) {
             Some(run) => run,
             None => {
+                if end_to_end && n > 1 {
+                    // No run of neighbouring slots: packs that each hold whole pieces.
+                    (content, placed) = lay_out(&bodies, g);
+                    n = content.len() / g;
+                }
                 let mut taken = Vec::with_capacity(n);
                 for _ in 0..n {
                     match s.space.allocate(v.class, false) {
@@ -1133,7 +1147,7 @@ impl Engine {
             });
         }
         let size = |l: Loc| s.space.class_of(l).map(|c| c.grain).unwrap_or(0);
-        let slots: HashSet<Loc> = distinct.iter().map(|&l| slot_of(l)).collect();
+        let slots: HashSet<Loc> = distinct.iter().flat_map(|&l| slots_of(l)).collect();
         st.physical_bytes = slots.iter().map(|&l| size(l)).sum();
         st.compressed_bytes = distinct.iter().filter(|&&l| is_packed(l)).map(|&l| size(l)).sum();
         // Second copies of hot slots are stored bytes too.
@@ -1144,7 +1158,7 @@ impl Engine {
         st.packed_bytes = distinct
             .iter()
             .filter(|&&l| is_packed(l))
-            .map(|&l| slot_of(l))
+            .flat_map(|&l| slots_of(l))
             .collect::<HashSet<Loc>>()
             .into_iter()
             .map(size)

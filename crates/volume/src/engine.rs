@@ -22,7 +22,7 @@ use crate::dedup::DedupState;
 use crate::error::{Result, VolumeError};
 use crate::frozen_registry::FrozenRegistry;
 use crate::hot_copies::HotCopies;
-use crate::keys::{parse_grain_key, parse_loc, refcount_key, vdisk_key};
+use crate::keys::{count_refs, parse_grain_key, parse_loc, vdisk_key};
 use crate::locks::GrainLocks;
 use crate::shared::Shared;
 use crate::space::{loc_parts, Class, GrainSpace};
@@ -66,7 +66,7 @@ fn purge_orphan_grains(meta: &MetaStore) -> Result<()> {
         if let (Some((id, _)), Some(l)) = (parse_grain_key(k), parse_loc(v)) {
             if !ids.contains(&id) {
                 b.delete(CF_GRAINS, k);
-                b.count(CF_REFCOUNTS, refcount_key(l), -1);
+                count_refs(&mut b, l, -1);
                 orphans += 1;
             }
         }

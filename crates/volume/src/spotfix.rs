@@ -26,7 +26,7 @@ use crate::error::{Result, VolumeError};
 use crate::findings::{
     encode, finding_key, load_findings, load_report, save_report, Finding, FindingStatus, Repair, SpotfixReport,
 };
-use crate::keys::{grain_key, parse_grain_key, parse_loc, refcount_key, vdisk_key};
+use crate::keys::{count_refs, grain_key, parse_grain_key, parse_loc, refcount_key, vdisk_key};
 use crate::vdisk::{read_loc, Vdisk};
 
 /// Findings settled per batch of orphan and count repairs.
@@ -312,7 +312,7 @@ impl Engine {
         let counted = s.space.is_slot(slot);
         b.delete(CF_GRAINS, grain_key(vdisk, g));
         if counted {
-            b.count(CF_REFCOUNTS, refcount_key(slot), -1);
+            count_refs(&mut b, slot, -1);
         }
         b.delete(CF_FINDINGS, finding_key(f.id));
         meta.commit(b, true)?;
@@ -376,7 +376,7 @@ impl Engine {
             for (k, l) in part {
                 b.delete(CF_GRAINS, k);
                 if s.space.is_slot(*l) {
-                    b.count(CF_REFCOUNTS, refcount_key(*l), -1);
+                    count_refs(&mut b, *l, -1);
                 }
             }
             meta.commit(b, true)?;

@@ -471,3 +471,66 @@ fn compression_can_be_lz4_or_off_and_incompressible_grains_stay_plain() {
     assert_eq!(read_all(e, "off", MIB as usize), text);
     rig.assert_consistent();
 }
+
+/// A grain of `fill` random bytes then zeros: it compresses to a little more than `fill`.
+fn partly_random(seed: u64, fill: usize) -> Vec<u8> {
+    let mut g = unique_block(seed);
+    g[fill..].fill(0);
+    g
+}
+
+/// On a layout with redundancy, compressed grains are laid end to end: a piece that does not
+/// fit in what is left of a pack slot runs on into the next, and a grain pointing at it
+/// holds a reference on both. Grains that compress to a little over half a slot (which
+/// packs of whole pieces would store one per slot) take about their compressed size; reads,
+/// writes over them, a restart and deleting the vdisk keep every count right, and give
+/// every slot back.
+#[test]
+fn pieces_laid_end_to_end_run_on_into_the_next_slot_and_are_counted_on_both() {
+    let mut rig = Rig::new(4, 64 * MIB, MIB);
+    let grains = 256u64;
+    let data: Vec<u8> = (0..grains)
+        .flat_map(|i| partly_random(1000 + i, 2100 + (i as usize % 7) * 40))
+        .collect();
+    {
+        let e = rig.engine();
+        enable_dedup(e, Compression::Zstd);
+        vdisk(e, "a", grains * G, LayoutKind::Mirror);
+        e.vdisk("a").unwrap().write(0, &data, false).unwrap();
+        let r = run_dedup(e);
+        assert_eq!(r.grains_compressed, grains);
+        let st = e.dedup_status();
+        assert!(
+            st.packed_bytes <= r.compressed_bytes_out + G,
+            "packed {} for {} of pieces: laid end to end, only the last slot has room",
+            st.packed_bytes,
+            r.compressed_bytes_out
+        );
+        assert!(
+            r.compressed_bytes_out > grains * G / 2,
+            "each piece is over half a slot"
+        );
+        assert_eq!(read_all(e, "a", data.len()), data);
+        rig.assert_consistent();
+    }
+    // Writes over a third of them copy on write, dropping their pieces' references.
+    let mut now = data.clone();
+    {
+        let v = rig.engine().vdisk("a").unwrap();
+        for i in (0..grains).step_by(3) {
+            let b = unique_block(5000 + i);
+            v.write(i * G, &b, false).unwrap();
+            now[(i * G) as usize..((i + 1) * G) as usize].copy_from_slice(&b);
+        }
+    }
+    rig.assert_consistent();
+    rig.reopen();
+    let e = rig.engine();
+    assert_eq!(read_all(e, "a", now.len()), now);
+    rig.assert_consistent();
+    let scan = e.scan(&Progress::default()).unwrap();
+    assert_eq!(scan.findings, 0, "{scan:?}");
+    e.delete_vdisk("a").unwrap();
+    rig.assert_consistent();
+    assert_eq!(e.dedup_status().physical_bytes, 0);
+}
