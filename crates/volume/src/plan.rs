@@ -102,6 +102,11 @@ impl Vdisk {
                 }
                 let (set, off, len) = self.s.space.locate_piece(l).ok()?;
                 let (a, b) = sector_envelope(off, len);
+                if b - a > grain {
+                    // A piece that runs on into the next slot may take more sectors than
+                    // the grain's place holds.
+                    return None;
+                }
                 plan.packed.push(PackedRead {
                     loc: l,
                     buf_off: p.buf_off,
