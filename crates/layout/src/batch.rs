@@ -39,6 +39,9 @@ pub struct DiskRead {
     /// The checksum of each 4 KiB block the read brings (None: unknown), or nothing when the
     /// pool keeps no checksums.
     pub sums: Vec<Option<u32>>,
+    /// Set by a caller whose read goes to a scratch buffer of its own, not to the request's
+    /// buffer (`buf_off` is then an offset in that scratch buffer).
+    pub scratch: bool,
 }
 
 impl DiskRead {
@@ -127,6 +130,7 @@ impl Layouts {
                 buf_off: buf_off + piece.buf_off,
                 len: piece.len,
                 sums,
+                scratch: false,
             });
         }
         true

@@ -469,11 +469,18 @@ impl<S: Socket> Loop<S> {
         // Where each read goes: data parts and plans pair up in order.
         let mut reads = Vec::new();
         let data = parts.iter_mut().filter_map(|p| p.data.as_mut());
-        for (buf, plan) in data.zip(&plans) {
+        for (buf, plan) in data.zip(&mut plans) {
+            let scratch = plan.scratch_ptr();
             for r in &plan.reads {
                 reads.push(RingRead {
                     fd: r.fd,
-                    at: buf[r.buf_off..r.buf_off + r.len].as_mut_ptr(),
+                    // SAFETY (scratch): the plan made its scratch buffer for these reads;
+                    // it travels with the plan in the InFlight, as the parts' buffers do.
+                    at: if r.scratch {
+                        unsafe { scratch.add(r.buf_off) }
+                    } else {
+                        buf[r.buf_off..r.buf_off + r.len].as_mut_ptr()
+                    },
                     len: r.len as u32,
                     offset: r.offset,
                     io: r.disk.io().cloned(),

@@ -80,6 +80,9 @@ pub struct DirectRead {
     pub len: usize,
     /// Where the disk behind `fd` counts its I/O.
     pub io: Option<std::sync::Arc<tessera_disk::DiskIo>>,
+    /// The read goes to the plan's own scratch buffer ([`PlanHold::scratch`]), `buf_off`
+    /// into it, not to the command's buffer.
+    pub scratch: bool,
 }
 
 /// The disk reads that fill a READ's buffer, and what keeps them valid (the backend's
@@ -96,6 +99,10 @@ pub trait PlanHold: Send {
     /// data decompressed); false sends the READ down the ordinary path, which reads around
     /// the bad copy and repairs it.
     fn finish(&self, buf: &mut [u8]) -> bool;
+
+    /// The start of the plan's scratch buffer, for its reads marked `scratch`; it stays
+    /// where it is while the plan lives.
+    fn scratch(&mut self) -> *mut u8;
 }
 
 /// Writes `[from, from + len)` of `image` at `at` of `to`, a MiB at a time: a paste by

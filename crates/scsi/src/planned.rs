@@ -39,13 +39,15 @@ impl PlannedRead {
     /// or not (the buffer is on the heap); it may not be dropped while a read is in flight.
     pub fn submissions(&mut self) -> Vec<RingRead> {
         let base = self.buf.as_mut_ptr();
+        let scratch = self.plan.hold.scratch();
         self.plan
             .reads
             .iter()
             .map(|r| RingRead {
                 fd: r.fd,
-                // SAFETY: start_read checked that the plan's reads lie inside the buffer.
-                at: unsafe { base.add(r.buf_off) },
+                // SAFETY: start_read checked that the plan's reads lie inside the buffer;
+                // the plan made its scratch buffer for the reads marked so.
+                at: unsafe { (if r.scratch { scratch } else { base }).add(r.buf_off) },
                 len: r.len as u32,
                 offset: r.offset,
                 io: r.io.clone(),
@@ -92,7 +94,7 @@ impl Lun {
         if plan
             .reads
             .iter()
-            .any(|r| r.buf_off.checked_add(r.len).is_none_or(|end| end > len))
+            .any(|r| !r.scratch && r.buf_off.checked_add(r.len).is_none_or(|end| end > len))
         {
             return ReadStart::Execute;
         }

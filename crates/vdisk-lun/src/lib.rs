@@ -134,6 +134,7 @@ impl BlockBackend for VdiskBackend {
                 buf_off: r.buf_off,
                 len: r.len,
                 io: r.disk.io().cloned(),
+                scratch: r.scratch,
             })
             .collect();
         Some(ReadPlan {
@@ -149,6 +150,10 @@ struct HeldPlan(tessera_volume::ReadPlan);
 impl PlanHold for HeldPlan {
     fn finish(&self, buf: &mut [u8]) -> bool {
         self.0.finish(buf)
+    }
+
+    fn scratch(&mut self) -> *mut u8 {
+        self.0.scratch_ptr()
     }
 }
 

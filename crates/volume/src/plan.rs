@@ -6,6 +6,7 @@
 
 use std::ops::Range;
 
+use tessera_disk::AlignedBuf;
 use tessera_layout::{DiskRead, MembersGuard};
 
 use crate::locks::OwnedReadGuard;
@@ -21,9 +22,13 @@ pub struct ReadPlan {
     pub reads: Vec<DiskRead>,
     pub zeros: Vec<Range<usize>>,
     /// Compressed grains: their reads bring the sectors of the pack slot that hold the piece
-    /// into the grain's place in the buffer, and [`finish`](Self::finish) decompresses them
-    /// there.
+    /// into the grain's place in the buffer (or, for a piece that runs on into the next slot
+    /// and takes more sectors than that place, into `scratch`), and
+    /// [`finish`](Self::finish) decompresses them there.
     packed: Vec<PackedRead>,
+    /// Where the reads marked `scratch` go: the caller submits them to
+    /// [`scratch_ptr`](Self::scratch_ptr) plus their `buf_off`.
+    scratch: AlignedBuf,
     _grains: Vec<OwnedReadGuard>,
     /// The members of each set read from, by set id.
     _members: Vec<(u32, MembersGuard)>,
@@ -33,13 +38,15 @@ pub struct ReadPlan {
 const PLANNED_PACKED: usize = 4;
 
 /// A compressed grain of a plan: where its place in the buffer starts, the grain size, and
-/// where in that place the piece's stored form starts, and its length.
+/// where the piece's stored form starts (in that place, or at `from_scratch` in the scratch
+/// buffer), and its length.
 struct PackedRead {
     loc: Loc,
     buf_off: usize,
     grain: usize,
     skip: usize,
     len: usize,
+    from_scratch: Option<usize>,
 }
 
 impl ReadPlan {
@@ -48,13 +55,26 @@ impl ReadPlan {
     /// decompressed in place; if not, read again with [`Vdisk::read`] (which reports a
     /// grain that cannot be read back).
     pub fn finish(&self, buf: &mut [u8]) -> bool {
-        if !self.reads.iter().all(|r| r.verify(&buf[r.buf_off..r.buf_off + r.len])) {
+        let brought = |r: &DiskRead| {
+            let from: &[u8] = if r.scratch { &self.scratch } else { buf };
+            r.verify(&from[r.buf_off..r.buf_off + r.len])
+        };
+        if !self.reads.iter().all(brought) {
             return false;
         }
         self.packed.iter().all(|p| {
-            let stored = buf[p.buf_off + p.skip..p.buf_off + p.skip + p.len].to_vec();
+            let stored = match p.from_scratch {
+                Some(at) => self.scratch[at + p.skip..at + p.skip + p.len].to_vec(),
+                None => buf[p.buf_off + p.skip..p.buf_off + p.skip + p.len].to_vec(),
+            };
             unpack(p.loc, &stored, &mut buf[p.buf_off..p.buf_off + p.grain]).is_ok()
         })
+    }
+
+    /// The start of the scratch buffer that the reads marked `scratch` fill; it stays where
+    /// it is while the plan lives, moved or not.
+    pub fn scratch_ptr(&mut self) -> *mut u8 {
+        self.scratch.as_mut_ptr()
     }
 }
 
@@ -73,9 +93,11 @@ impl Vdisk {
             reads: Vec::with_capacity(pieces.len()),
             zeros: Vec::new(),
             packed: Vec::new(),
+            scratch: AlignedBuf::zeroed(0),
             _grains: grains,
             _members: Vec::new(),
         };
+        let mut scratch_len = 0usize;
         for p in pieces {
             let range = p.buf_off..p.buf_off + p.len;
             let l = self.entry(p.grain);
@@ -93,7 +115,7 @@ impl Vdisk {
             // Where on the set to read, and how much: the grain's part of its slot, or for a
             // compressed grain (read whole), the sectors of its pack slot that hold the piece,
             // which fit in the grain's place.
-            let (set, at, len) = if is_packed(l) {
+            let (set, at, len, into_scratch) = if is_packed(l) {
                 // Decompression runs on the caller's thread: a plan takes the few compressed
                 // grains of a small read; a large read goes the ordinary way, decompressed by
                 // the workers, one read per pack slot.
@@ -102,22 +124,24 @@ impl Vdisk {
                 }
                 let (set, off, len) = self.s.space.locate_piece(l).ok()?;
                 let (a, b) = sector_envelope(off, len);
-                if b - a > grain {
-                    // A piece that runs on into the next slot may take more sectors than
-                    // the grain's place holds.
-                    return None;
-                }
+                // A piece that runs on into the next slot may take more sectors than the
+                // grain's place holds: those are read into the scratch buffer.
+                let from_scratch = (b - a > grain).then(|| {
+                    scratch_len += (b - a) as usize;
+                    scratch_len - (b - a) as usize
+                });
                 plan.packed.push(PackedRead {
                     loc: l,
                     buf_off: p.buf_off,
                     grain: grain as usize,
                     skip: (off - a) as usize,
                     len,
+                    from_scratch,
                 });
-                (set, a, (b - a) as usize)
+                (set, a, (b - a) as usize, from_scratch)
             } else {
                 let (set, base) = self.s.space.locate(l).ok()?;
-                (set, base + p.off, p.len)
+                (set, base + p.off, p.len, None)
             };
             // Data the write-back log holds is not on the disks yet. The grain locks held keep
             // any write out until the plan is dropped; a destage meanwhile writes the same data.
@@ -132,13 +156,23 @@ impl Vdisk {
                 }
             };
             let members = &plan._members[held].1;
-            if !self
-                .s
-                .layouts
-                .plan_read(&set, members, at, len, p.buf_off, &mut plan.reads)
-            {
+            let first = plan.reads.len();
+            if !self.s.layouts.plan_read(
+                &set,
+                members,
+                at,
+                len,
+                into_scratch.unwrap_or(p.buf_off),
+                &mut plan.reads,
+            ) {
                 return None;
             }
+            if into_scratch.is_some() {
+                plan.reads[first..].iter_mut().for_each(|r| r.scratch = true);
+            }
+        }
+        if scratch_len > 0 {
+            plan.scratch = AlignedBuf::zeroed(scratch_len);
         }
         merge(&mut plan.reads);
         Some(plan)
@@ -151,6 +185,7 @@ fn merge(reads: &mut Vec<DiskRead>) {
     // dedup_by hands each read with the last one kept; a read merged into it is dropped.
     reads.dedup_by(|r, last| {
         let joins = last.fd == r.fd
+            && last.scratch == r.scratch
             && last.offset + last.len as u64 == r.offset
             && last.buf_off + last.len == r.buf_off
             && last.len + r.len <= MAX_MERGED;
