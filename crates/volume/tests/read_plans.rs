@@ -24,6 +24,18 @@ fn file_engine(dir: &tempfile::TempDir, disks: usize) -> Engine {
     Engine::create_pool(&dir.path().join("pool"), "p", refs, 4 * MIB).unwrap()
 }
 
+/// A file engine with dedup on for every vdisk, with no minimum age.
+fn dedup_engine(dir: &tempfile::TempDir) -> Engine {
+    let e = file_engine(dir, 2);
+    e.set_dedup_settings(tessera_volume::DedupSettings {
+        enabled: true,
+        min_age_secs: 0,
+        ..Default::default()
+    })
+    .unwrap();
+    e
+}
+
 /// A 16 MiB simple vdisk whose first grain is written.
 fn one_grain_vdisk(e: &Engine) -> Arc<Vdisk> {
     let v = e
@@ -199,13 +211,7 @@ fn a_plan_that_brings_rotten_bytes_fails_its_check() {
 #[test]
 fn compressed_grains_are_planned_and_decompressed_in_place() {
     let dir = tempfile::tempdir().unwrap();
-    let e = file_engine(&dir, 2);
-    e.set_dedup_settings(tessera_volume::DedupSettings {
-        enabled: true,
-        min_age_secs: 0,
-        ..Default::default()
-    })
-    .unwrap();
+    let e = dedup_engine(&dir);
     let v = e
         .create_vdisk(&VdiskSpec::new("c", 4 * MIB, LayoutKind::Mirror))
         .unwrap();
@@ -256,13 +262,7 @@ fn compressed_grains_are_planned_and_decompressed_in_place() {
 #[test]
 fn plans_of_compressed_grains_read_what_a_read_reads() {
     let dir = tempfile::tempdir().unwrap();
-    let e = file_engine(&dir, 2);
-    e.set_dedup_settings(tessera_volume::DedupSettings {
-        enabled: true,
-        min_age_secs: 0,
-        ..Default::default()
-    })
-    .unwrap();
+    let e = dedup_engine(&dir);
     let g = 4096usize;
     let mut spec = VdiskSpec::new("c", 256 * g as u64, LayoutKind::Mirror);
     spec.block_size = Some(4096);
