@@ -212,8 +212,8 @@ impl GrainSpace {
     pub fn incref(&self, l: Loc) {
         for l in slots_of(l) {
             let (set, slot) = loc_parts(l);
-            if let Some(s) = self.sets.read().get(&set) {
-                s.refs[slot as usize].fetch_add(1, Ordering::AcqRel);
+            if let Some(r) = self.sets.read().get(&set).and_then(|s| s.refs.get(slot as usize)) {
+                r.fetch_add(1, Ordering::AcqRel);
             }
         }
     }
@@ -251,8 +251,9 @@ impl GrainSpace {
         for l in slots_of(l) {
             let (set, slot) = loc_parts(l);
             let Some(s) = self.slots(set) else { return };
+            let Some(r) = s.refs.get(slot as usize) else { return };
             let mut a = self.alloc.lock();
-            if s.refs[slot as usize].fetch_sub(1, Ordering::AcqRel) == 1 {
+            if r.fetch_sub(1, Ordering::AcqRel) == 1 {
                 if let Some(sa) = a.per_set.get_mut(&set) {
                     sa.free += 1;
                 }
