@@ -307,7 +307,12 @@ impl Layouts {
     /// set is beyond its tolerance now, and one of the members it lost was lost after that.
     /// A flush that succeeded cannot vouch for such a write (the member went before it could
     /// flush it, perhaps failed by someone else's flush), so the writer's flush must fail.
+    /// A set freed since holds nothing of the writer's any more (a set is freed once nothing
+    /// above references its data), so it cannot have lost it.
     pub fn lost_since(&self, set: &SlabSet, noted: u64) -> bool {
+        if !self.set(set.id).is_ok_and(|live| std::ptr::eq(&*live, set)) {
+            return false;
+        }
         let members = set.members.read();
         self.unavailable(&members) > set.spec.tolerance() && members.iter().any(|m| self.pool.lost_since(m.disk, noted))
     }

@@ -463,3 +463,38 @@ cached_model_test!(mirror2_cached, LayoutKind::Mirror, Some(2));
 cached_model_test!(mirror3_cached, LayoutKind::Mirror, Some(3));
 cached_model_test!(parity_cached, LayoutKind::Parity, None);
 cached_model_test!(dual_parity_cached, LayoutKind::DualParity, None);
+
+/// A sequence the parity model found: a disk pulled, a block written (into a set on that
+/// disk), dedup moving it into a pack in a new set and freeing the old one, a repair, a
+/// second disk of the freed set pulled, and a write with FUA: its flush must not fail for
+/// the freed set, which holds nothing any more.
+#[test]
+fn parity_a_dedup_between_two_disk_failures_with_a_repair_between() {
+    for _ in 0..5 {
+        run(
+            LayoutKind::Parity,
+            None,
+            Provisioning::Thin,
+            vec![
+                Op::FailDisk { disk: 1, admin: false },
+                Op::Write {
+                    vd: 0,
+                    blk: 0,
+                    n: 1,
+                    seed: 0,
+                    fua: false,
+                },
+                Op::Dedup { weak: false },
+                Op::Repair,
+                Op::FailDisk { disk: 0, admin: false },
+                Op::Write {
+                    vd: 0,
+                    blk: 0,
+                    n: 1,
+                    seed: 0,
+                    fua: true,
+                },
+            ],
+        );
+    }
+}
