@@ -9,6 +9,7 @@
 //! entry's vouch still holds (below) and the whole 256-bit hashes are equal, or after it
 //! compared the bytes, and corrects the entry when they differ.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -124,6 +125,15 @@ impl FingerprintIndex {
             .multi_get(CF_DEDUP, &refs)?
             .into_iter()
             .map(|v| v.as_deref().and_then(IndexEntry::parse))
+            .collect())
+    }
+
+    /// The entries found for `keys`, by key (keys with none are left out).
+    pub fn found(&self, keys: &[IndexKey]) -> Result<HashMap<IndexKey, IndexEntry>> {
+        Ok(keys
+            .iter()
+            .zip(self.get_many(keys)?)
+            .filter_map(|(k, e)| Some((*k, e?)))
             .collect())
     }
 

@@ -523,11 +523,7 @@ impl Engine {
         // Whatever a batch settles after this is added to these when this one is settled.
         p.looked_up_after = recent.settled();
         let keys: Vec<IndexKey> = p.seen.iter().filter_map(|it| it.key).collect();
-        for (k, e) in keys.iter().zip(self.dedup.index.get_many(&keys)?) {
-            if let Some(e) = e {
-                p.found.insert(*k, e);
-            }
-        }
+        p.found = self.dedup.index.found(&keys)?;
         if compression != Compression::Off && grain <= MAX_PACKED_GRAIN {
             let mut firsts = HashSet::new();
             for it in &p.seen {
@@ -573,13 +569,8 @@ impl Engine {
         report.bytes_scanned += seen.len() as u64 * grain;
         let keys: HashSet<IndexKey> = seen.iter().filter_map(|it| it.key).collect();
         if !recent.added_since(looked_up_after, &keys, &mut found) {
-            found.clear();
             let keys: Vec<IndexKey> = keys.into_iter().collect();
-            for (k, e) in keys.iter().zip(self.dedup.index.get_many(&keys)?) {
-                if let Some(e) = e {
-                    found.insert(*k, e);
-                }
-            }
+            found = self.dedup.index.found(&keys)?;
         }
         // A grain a batch settled since it was looked up made findable is shared, not packed.
         for it in &seen {
