@@ -113,8 +113,9 @@ impl Vdisk {
                 return None;
             }
             // Where on the set to read, and how much: the grain's part of its slot, or for a
-            // compressed grain (read whole), the sectors of its pack slot that hold the piece,
-            // which fit in the grain's place.
+            // compressed grain (read whole), the sectors of its pack slot (or two) that hold
+            // the piece, into the grain's place or, where they do not fit there, the scratch
+            // buffer.
             let (set, at, len, into_scratch) = if is_packed(l) {
                 // Decompression runs on the caller's thread: a plan takes the few compressed
                 // grains of a small read; a large read goes the ordinary way, decompressed by
