@@ -251,11 +251,13 @@ impl Engine {
     }
 
     /// Optimizes the regions of `v` written since a run last read them, and not after
-    /// `cutoff`. Three stages overlap, so that neither the disks nor the cores wait for
+    /// `cutoff`. Four stages overlap, so that neither the disks nor the cores wait for
     /// another stage: one thread reads batches; `HASHERS` threads each fingerprint a batch,
     /// look its fingerprints up and compress what looks new (each keeping its compression
     /// context from batch to batch); this one shares, packs and commits them (under their
-    /// locks, with the commit's flush), in the order they come ready.
+    /// locks, with the commit's flush), in the order they come ready; one more puts the
+    /// entries each batch adds into the index (the index is advisory: a crash that loses
+    /// some loses only their finding; until they are in, `Recent` supplies them).
     #[allow(clippy::too_many_arguments)]
     fn optimize(
         &self,
@@ -273,11 +275,30 @@ impl Engine {
         let (read_tx, read_rx) = sync_channel::<Result<Prepared>>(1);
         let read_rx = Mutex::new(read_rx);
         let recent = Recent::default();
+        let spare = Spare::default();
         std::thread::scope(|scope| {
             let (ready_tx, rx) = sync_channel::<Result<Prepared>>(1);
-            let stop = &stop;
+            let (index_tx, index_rx) = sync_channel::<(Vec<(IndexKey, IndexEntry)>, Vec<u64>)>(2);
+            let (stop, spare, recent) = (&stop, &spare, &recent);
+            // A batch whose entries cannot be put is read again by the next run.
+            let indexer = scope.spawn(move || {
+                let mut failed: Option<VolumeError> = None;
+                for (entries, taken) in index_rx {
+                    if failed.is_none() {
+                        match self.dedup.index.put_many(&entries) {
+                            Ok(()) => {
+                                recent.indexed_one();
+                                continue;
+                            }
+                            Err(e) => failed = Some(e.into()),
+                        }
+                    }
+                    give_back(v, &taken);
+                }
+                failed.map_or(Ok(()), Err)
+            });
             scope.spawn(move || {
-                for batch in self.batches(v, cutoff, pace, progress, stop) {
+                for batch in self.batches(v, cutoff, pace, progress, stop, spare) {
                     if let Err(back) = read_tx.send(batch) {
                         if let Ok(p) = back.0 {
                             p.give_back(v);
@@ -287,7 +308,7 @@ impl Engine {
                 }
             });
             for _ in 0..HASHERS {
-                let (read_rx, ready_tx, recent) = (&read_rx, ready_tx.clone(), &recent);
+                let (read_rx, ready_tx) = (&read_rx, ready_tx.clone());
                 scope.spawn(move || loop {
                     let Ok(batch) = read_rx.lock().recv() else {
                         return;
@@ -324,14 +345,23 @@ impl Engine {
                 }
                 let outcome = match batch {
                     Err(e) => Err(e),
-                    Ok(p) => {
+                    Ok(mut p) => {
                         let (taken, mapped) = (p.taken.clone(), p.mapped);
+                        let data = p.data.take();
                         report.grains_too_young += p.too_young;
-                        let r = if p.seen.is_empty() {
-                            Ok(())
-                        } else {
-                            self.settle_batch(v, p, owners, &recent, report)
+                        let r = match &data {
+                            Some(data) if !p.seen.is_empty() => {
+                                self.settle_batch(v, p, data, owners, recent, report).map(|inserts| {
+                                    recent.add(inserts.clone());
+                                    // The indexer never stops taking while this stage sends.
+                                    let _ = index_tx.send((inserts, taken.clone()));
+                                })
+                            }
+                            _ => Ok(()),
                         };
+                        if let Some(data) = data {
+                            spare.give(data);
+                        }
                         if r.is_ok() {
                             progress.done_bytes.fetch_add(mapped * v.class.grain, Ordering::Relaxed);
                         } else if !matches!(r, Err(VolumeError::Deleted(_))) {
@@ -353,7 +383,9 @@ impl Engine {
                     }
                 }
             }
-            failed.map_or(Ok(()), Err)
+            drop(index_tx);
+            let indexed = indexer.join().expect("the indexing thread does not panic");
+            failed.map_or(indexed, Err)
         })
     }
 
@@ -366,6 +398,7 @@ impl Engine {
         pace: &'a mut Pace,
         progress: &'a Progress,
         stop: &'a AtomicBool,
+        spare: &'a Spare,
     ) -> impl Iterator<Item = Result<Prepared>> + 'a {
         let grain = v.class.grain;
         let per_batch = (BATCH_BYTES / grain).max(1);
@@ -418,7 +451,7 @@ impl Engine {
             }
             first = end;
             if !p.seen.is_empty() {
-                if let Err(e) = self.read_batch(v, &mut p, pace) {
+                if let Err(e) = self.read_batch(v, &mut p, pace, spare) {
                     p.give_back(v);
                     done = true;
                     return Some(Err(e));
@@ -429,12 +462,13 @@ impl Engine {
     }
 
     /// Reads the mapped grains of a batch (those in `p.seen`).
-    fn read_batch(&self, v: &Arc<Vdisk>, p: &mut Prepared, pace: &mut Pace) -> Result<()> {
+    fn read_batch(&self, v: &Arc<Vdisk>, p: &mut Prepared, pace: &mut Pace, spare: &Spare) -> Result<()> {
         let s = self.shared();
         let grain = v.class.grain;
         let g = grain as usize;
         let first = p.first;
-        let mut data = AlignedBuf::zeroed(((p.end - first) * grain) as usize);
+        // Every grain kept in `p.seen` is read into its part below; no stage reads another.
+        let mut data = spare.take(((p.end - first) * grain) as usize);
         // Before the read: if no change of the vdisk enters from now until the batch's locks
         // are taken, what is read is what its slots hold then.
         p.mark = v.changes.quiet();
@@ -520,8 +554,8 @@ impl Engine {
                 it.tail = tail;
             }
         }
-        // Whatever a batch settles after this is added to these when this one is settled.
-        p.looked_up_after = recent.settled();
+        // Whatever is not in the index yet is added to these when this one is settled.
+        p.looked_up_after = recent.indexed();
         let keys: Vec<IndexKey> = p.seen.iter().filter_map(|it| it.key).collect();
         p.found = self.dedup.index.found(&keys)?;
         if compression != Compression::Off && grain <= MAX_PACKED_GRAIN {
@@ -543,34 +577,35 @@ impl Engine {
 
     /// Shares or unmaps the grains of a prepared batch that it can, and packs the compressed
     /// forms of those it finds no duplicate for, under the locks of the batch's grains and of
-    /// the grains their candidates belong to.
+    /// the grains their candidates belong to. Gives the index entries it adds, for the index.
     fn settle_batch(
         &self,
         v: &Arc<Vdisk>,
         p: Prepared,
+        data: &[u8],
         owners: &HashMap<u64, Arc<Vdisk>>,
         recent: &Recent,
         report: &mut PassReport,
-    ) -> Result<()> {
+    ) -> Result<Vec<(IndexKey, IndexEntry)>> {
         let s = self.shared();
         let grain = v.class.grain;
         let Prepared {
             first,
             mut seen,
-            data,
             mut forms,
             mark,
             mut found,
             looked_up_after,
             ..
         } = p;
-        let data = data.expect("a batch with grains to look at was read");
         report.grains_scanned += seen.len() as u64;
         report.bytes_scanned += seen.len() as u64 * grain;
         let keys: HashSet<IndexKey> = seen.iter().filter_map(|it| it.key).collect();
         if !recent.added_since(looked_up_after, &keys, &mut found) {
-            let keys: Vec<IndexKey> = keys.into_iter().collect();
-            found = self.dedup.index.found(&keys)?;
+            let after = recent.indexed();
+            let listed: Vec<IndexKey> = keys.iter().copied().collect();
+            found = self.dedup.index.found(&listed)?;
+            recent.added_since(after, &keys, &mut found);
         }
         // A grain a batch settled since it was looked up made findable is shared, not packed.
         for it in &seen {
@@ -625,13 +660,11 @@ impl Engine {
         let batch = Batch {
             v,
             first,
-            data: &data,
+            data,
             forms: &forms,
             unchanged,
         };
-        let result = self
-            .compare_and_commit(&batch, &seen, &usable, &mut refs, report)
-            .map(|inserts| recent.add(inserts));
+        let result = self.compare_and_commit(&batch, &seen, &usable, &mut refs, report);
         // References taken and not handed to a grain entry.
         for (l, n) in refs {
             for _ in 0..n {
@@ -647,7 +680,7 @@ impl Engine {
     /// as one batch. Bytes are read again under the locks only where they may have changed
     /// since they were hashed (the module's comment says when). A grain with no candidate
     /// and no form is only indexed, unread: the index is advisory. References in `refs`
-    /// that a new grain entry takes are removed from it.
+    /// that a new grain entry takes are removed from it. Gives the index entries to add.
     fn compare_and_commit(
         &self,
         b: &Batch,
@@ -900,7 +933,6 @@ impl Engine {
             }
         }
         report.index_inserts += inserts.len() as u64;
-        self.dedup.index.put_many(&inserts)?;
         Ok(inserts)
     }
 
@@ -1002,37 +1034,85 @@ struct Prepared {
     looked_up_after: u64,
 }
 
+/// Batch buffers given back once their batch is settled, for the reader to fill again: a
+/// fresh 16 MiB buffer for every batch cost its page faults and zeroing, a tenth of a run's
+/// time. A buffer taken again holds what its last batch read.
+#[derive(Default)]
+struct Spare(Mutex<Vec<AlignedBuf>>);
+
+/// Buffers kept at most: as many as there are batches between stages.
+const SPARE_BUFFERS: usize = HASHERS + 3;
+
+impl Spare {
+    fn take(&self, len: usize) -> AlignedBuf {
+        let mut kept = self.0.lock();
+        match kept.iter().position(|b| b.len() == len) {
+            Some(i) => kept.swap_remove(i),
+            None => {
+                drop(kept);
+                AlignedBuf::zeroed(len)
+            }
+        }
+    }
+
+    fn give(&self, buf: AlignedBuf) {
+        let mut kept = self.0.lock();
+        if kept.len() < SPARE_BUFFERS {
+            kept.push(buf);
+        }
+    }
+}
+
 /// The index entries that the last batches of a vdisk's run added, so that a batch looked
-/// up before they were settled need not be looked up again.
+/// up before they were settled, or before they were put into the index, need not be looked
+/// up again.
 #[derive(Default)]
 struct Recent {
-    /// Batches settled, and the entries each of the last `RECENT_BATCHES` added.
-    log: Mutex<(u64, VecDeque<Vec<(IndexKey, IndexEntry)>>)>,
+    log: Mutex<RecentLog>,
+}
+
+#[derive(Default)]
+struct RecentLog {
+    /// Batches settled, in order.
+    settled: u64,
+    /// Batches whose entries are in the index: the first `indexed` settled (they are put in
+    /// the order they were settled).
+    indexed: u64,
+    /// The entries each of the last `RECENT_BATCHES` settled added.
+    kept: VecDeque<Vec<(IndexKey, IndexEntry)>>,
 }
 
 /// Batches whose entries `Recent` keeps: more than can be between stages at once.
 const RECENT_BATCHES: usize = 16;
 
 impl Recent {
-    fn settled(&self) -> u64 {
-        self.log.lock().0
+    /// Batches settled whose entries a lookup of the index from now on sees.
+    fn indexed(&self) -> u64 {
+        self.log.lock().indexed
     }
 
-    /// Notes the entries a batch added, once they are in the index.
+    /// Notes the entries a batch added, once it is committed.
     fn add(&self, entries: Vec<(IndexKey, IndexEntry)>) {
         let mut log = self.log.lock();
-        log.0 += 1;
-        log.1.push_back(entries);
-        if log.1.len() > RECENT_BATCHES {
-            log.1.pop_front();
+        log.settled += 1;
+        log.kept.push_back(entries);
+        if log.kept.len() > RECENT_BATCHES {
+            log.kept.pop_front();
         }
+    }
+
+    /// Notes that the entries of the next batch settled are in the index.
+    fn indexed_one(&self) {
+        let mut log = self.log.lock();
+        debug_assert!(log.indexed < log.settled, "a batch is indexed after it is settled");
+        log.indexed += 1;
     }
 
     /// Adds to `found` the entries of `keys` added by the batches settled after the first
     /// `after`; false if some of those batches are no longer kept.
     fn added_since(&self, after: u64, keys: &HashSet<IndexKey>, found: &mut HashMap<IndexKey, IndexEntry>) -> bool {
         let log = self.log.lock();
-        let (settled, kept) = (log.0, &log.1);
+        let (settled, kept) = (log.settled, &log.kept);
         if settled - after > kept.len() as u64 {
             return false;
         }
@@ -1222,7 +1302,7 @@ mod tests {
         let r = Recent::default();
         let (a, b) = ([1u8; 20], [2u8; 20]);
         let keys: HashSet<IndexKey> = [a, b].into_iter().collect();
-        let looked_up = r.settled();
+        let looked_up = r.indexed();
         r.add(vec![(a, entry(10))]);
         r.add(vec![([3u8; 20], entry(11)), (a, entry(12))]);
         let mut found = HashMap::from([(b, entry(5))]);
@@ -1232,11 +1312,22 @@ mod tests {
             HashMap::from([(a, entry(12)), (b, entry(5))]),
             "the latest entry of a key wins"
         );
+        // Settled but not yet in the index: still supplied.
+        r.indexed_one();
+        let mut pending = HashMap::new();
+        assert!(r.added_since(r.indexed(), &keys, &mut pending));
+        assert_eq!(
+            pending,
+            HashMap::from([(a, entry(12))]),
+            "the second batch is not indexed yet"
+        );
+        r.indexed_one();
         let mut none = HashMap::new();
-        assert!(r.added_since(r.settled(), &keys, &mut none));
+        assert!(r.added_since(r.indexed(), &keys, &mut none));
         assert!(none.is_empty());
         for n in 0..RECENT_BATCHES as u64 {
             r.add(vec![(b, entry(100 + n))]);
+            r.indexed_one();
         }
         assert!(!r.added_since(looked_up, &keys, &mut found), "batches no longer kept");
     }

@@ -319,6 +319,36 @@ fn race_writers_with_runs(pauses: bool) {
     rig.assert_consistent();
 }
 
+/// A run works on batches of 16 MiB in stages, and puts each batch's index entries in after
+/// it is committed: a batch looked up before the entries of the batches ahead of it are in
+/// the index still finds them, and they are all in once the run returns.
+#[test]
+fn duplicates_in_the_next_batches_are_found_while_their_entries_go_into_the_index() {
+    let rig = Rig::new(4, 64 * MIB, MIB);
+    let e = rig.engine();
+    enable_dedup(e, Compression::Off);
+    let batch = 16 * MIB;
+    let first: Vec<u8> = (0..batch / G).flat_map(unique_block).collect();
+    vdisk(e, "a", 3 * batch, LayoutKind::Mirror);
+    let a = e.vdisk("a").unwrap();
+    for k in 0..3 {
+        a.write(k * batch, &first, false).unwrap();
+    }
+    let r = run_dedup(e);
+    assert_eq!(r.grains_shared, 2 * batch / G, "{r:#?}");
+    assert_eq!(r.mismatches, 0);
+    assert_eq!(e.dedup_status().physical_bytes, batch);
+    // Another vdisk with the same data, in a run of its own, finds every entry.
+    vdisk(e, "b", batch, LayoutKind::Mirror);
+    e.vdisk("b").unwrap().write(0, &first, false).unwrap();
+    let r = run_dedup(e);
+    assert_eq!(r.grains_shared, batch / G, "{r:#?}");
+    assert_eq!(e.dedup_status().physical_bytes, batch);
+    assert_eq!(read_all(e, "a", (3 * batch) as usize), first.repeat(3));
+    assert_eq!(read_all(e, "b", batch as usize), first);
+    rig.assert_consistent();
+}
+
 #[test]
 fn a_cancelled_run_stops_and_keeps_what_it_did() {
     let rig = Rig::new(4, 64 * MIB, MIB);
