@@ -69,6 +69,11 @@ impl RocksMeta {
                 t.set_cache_index_and_filter_blocks(true);
                 t.set_pin_l0_filter_and_index_blocks_in_cache(true);
                 o.set_block_based_table_factory(&t);
+                // The same for the entries not flushed yet: without a filter, every lookup of
+                // new data walks the memtable's skip list (a tenth of an optimization run's
+                // time on data with few duplicates). 1.6 MiB per 16 MiB memtable.
+                o.set_memtable_whole_key_filtering(true);
+                o.set_memtable_prefix_bloom_ratio(0.1);
             }
             ColumnFamilyDescriptor::new(*name, o)
         });
