@@ -470,14 +470,27 @@ impl Layouts {
         }
         let took = self.write_members(set, members, &writes);
         for i in 0..pieces.len() {
-            if !of_piece.iter().zip(&took).any(|(&p, &t)| p == i && t) {
+            let copies: Vec<&Result<(), String>> = of_piece
+                .iter()
+                .zip(&took)
+                .filter(|(&p, _)| p == i)
+                .map(|(_, t)| t)
+                .collect();
+            if !copies.iter().any(|t| t.is_ok()) {
                 let unavailable = self.unavailable(members);
                 return Err(if unavailable > set.spec.tolerance() {
                     self.too_many(set, unavailable)
                 } else {
+                    // Why each copy failed: a disk's storage that refuses writes for now
+                    // (fenced off, unreachable) is not a failed disk, and says so.
+                    let why: Vec<&str> = copies
+                        .iter()
+                        .filter_map(|t| t.as_ref().err())
+                        .map(|s| s.as_str())
+                        .collect();
                     LayoutError::Io {
                         set: set.id,
-                        detail: "write failed on every copy".into(),
+                        detail: why.join("; "),
                     }
                 });
             }

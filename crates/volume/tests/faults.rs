@@ -353,7 +353,11 @@ fn a_disk_whose_storage_refuses_requests_for_a_while_is_not_failed() {
     rig.engine().flush().unwrap();
     rig.disks[0].faults().refuse(true);
     let v = rig.engine().vdisk("s").unwrap();
-    assert!(v.write(0, &pattern(2, 0, 4096), true).is_err());
+    let refused = v.write(0, &pattern(2, 0, 4096), true).unwrap_err().to_string();
+    assert!(
+        refused.contains("refuses requests for now"),
+        "the disk's reason is kept: {refused}"
+    );
     let mut b = vec![0u8; 4096];
     assert!(v.read(0, &mut b).is_err());
     assert!(rig.engine().flush().is_err());
