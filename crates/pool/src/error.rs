@@ -13,7 +13,9 @@ pub enum PoolError {
     Invalid(String),
     #[error("pool '{pool}' has no disk '{disk}'")]
     NoSuchDisk { pool: String, disk: String },
-    #[error("pool '{pool}' is out of space: {detail}; add a disk or free space")]
+    /// No slab can be placed: out of space, or too few disks outside those excluded (a
+    /// set's own members, for a repair); `detail` says which, and what to do.
+    #[error("pool '{pool}' {detail}")]
     NoSpace { pool: String, detail: String },
     #[error("{0} already exists")]
     Exists(String),

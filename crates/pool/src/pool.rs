@@ -677,11 +677,23 @@ impl Pool {
         let candidates = inner.slab_candidates(exclude);
         let Some(chosen) = choose_disks(candidates.clone(), count) else {
             let with_space = candidates.iter().filter(|c| c.1 > 0).count();
+            // A repair of a set that spans every other disk is not short of space.
+            let detail = if candidates.len() < count && !exclude.is_empty() {
+                format!(
+                    "has too few disks: the slab set needs {count} distinct disks besides the {} it \
+                     uses already, and only {} other disks can take slabs; add a disk",
+                    exclude.len(),
+                    candidates.len()
+                )
+            } else {
+                format!(
+                    "is out of space: a slab set needs {count} distinct disks with a free slab, and \
+                     only {with_space} have one; add a disk or free space"
+                )
+            };
             return Err(PoolError::NoSpace {
                 pool: inner.config.name.clone(),
-                detail: format!(
-                    "a slab set needs {count} distinct disks with a free slab, and only {with_space} have one"
-                ),
+                detail,
             });
         };
         Ok(chosen

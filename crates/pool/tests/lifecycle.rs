@@ -113,8 +113,17 @@ fn slabs_go_to_distinct_and_emptiest_disks() {
     assert_eq!(used, vec![5, 5, 5, 5], "balanced by free space");
     let e = pool.allocate_slabs(1, &[]).err().unwrap();
     assert!(matches!(e, PoolError::NoSpace { .. }), "{e}");
+    assert!(e.to_string().contains("is out of space"), "{e}");
     pool.release_slab(taken[0]);
-    assert!(pool.allocate_slabs(1, &[taken[0].disk]).is_err(), "excluded disk");
+    let e = pool.allocate_slabs(1, &[taken[0].disk]).err().unwrap();
+    assert!(e.to_string().contains("is out of space"), "excluded disk: {e}");
+    // A set on every disk already (a repair of a member of such a set): not a matter of space.
+    let e = pool.allocate_slabs(1, &[0, 1, 2, 3]).err().unwrap();
+    assert!(matches!(e, PoolError::NoSpace { .. }), "{e}");
+    assert!(
+        e.to_string().contains("has too few disks") && !e.to_string().contains("space"),
+        "{e}"
+    );
     assert_eq!(pool.allocate_slabs(1, &[]).unwrap()[0], taken[0]);
 }
 
