@@ -137,7 +137,13 @@ fn main() {
     println!("\n| grains stored with | stored | saved | µs to read a grain back, on average |");
     println!("|---|---:|---:|---:|");
     for c in &codecs {
-        report(&c.name, input, grains.len(), c.sizes.iter().copied(), c.decompress_ns.iter().sum());
+        report(
+            &c.name,
+            input,
+            grains.len(),
+            c.sizes.iter().copied(),
+            c.decompress_ns.iter().sum(),
+        );
     }
     // Each grain in whichever of zstd 1 and lz4 costs it less, counting a nanosecond of
     // decompression as `weight` bytes: the best a per-grain choice of the two can do.
