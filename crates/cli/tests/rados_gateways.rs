@@ -535,3 +535,95 @@ fn acknowledged_writes_survive_failovers_under_a_verifying_load() {
     a.stop();
     b.kill9();
 }
+
+/// Forwards every connection to `127.0.0.1:port` to `to` (etcd), from the moment it is
+/// called: until then nothing listens there and connections are refused.
+#[cfg(feature = "rados")]
+fn forward(port: u16, to: String) {
+    let listener = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+    std::thread::spawn(move || {
+        for client in listener.incoming().flatten() {
+            let Ok(server) = std::net::TcpStream::connect(&to) else {
+                continue;
+            };
+            for (mut from, mut into) in [
+                (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                (server, client),
+            ] {
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut from, &mut into);
+                    let _ = into.shutdown(std::net::Shutdown::Both);
+                });
+            }
+        }
+    });
+}
+
+/// A gateway whose etcd does not answer when it starts still starts and serves its local
+/// pools; pools on RADOS wait, saying why, and once etcd answers it joins by itself.
+#[cfg(feature = "rados")]
+#[test]
+fn a_gateway_starts_without_etcd_and_joins_once_it_answers() {
+    let test = "a_gateway_starts_without_etcd_and_joins_once_it_answers";
+    let Some((conf, etcd)) = cluster(test) else { return };
+    let pid = std::process::id();
+    let pool = format!("late{pid}");
+    let prefix = format!("/tessera-test-late-{pid}");
+    // A free port that nothing listens on yet.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let t = tempfile::tempdir().unwrap();
+    let mut d = Daemon::start_configured(
+        &t.path().join("a"),
+        &gateway("gw-late", &format!("127.0.0.1:{port}"), &prefix),
+    );
+    create_pool(&d, "local", &disks(&t.path().join("disks"), 2, 256 << 20));
+    d.ok(&["vdisk", "create", "local/v", "--size", "64M"]);
+    let e = d.fails(&[
+        "pool",
+        "create",
+        &pool,
+        "--rados",
+        RADOS_POOL,
+        "--ceph-conf",
+        &conf,
+        "--capacity",
+        "4G",
+    ]);
+    assert!(e.contains("has not joined the gateways yet"), "{e}");
+
+    forward(port, etcd.trim_start_matches("http://").to_string());
+    let t0 = Instant::now();
+    loop {
+        let out = d.cli(&[
+            "pool",
+            "create",
+            &pool,
+            "--rados",
+            RADOS_POOL,
+            "--ceph-conf",
+            &conf,
+            "--capacity",
+            "4G",
+            "--slab-size",
+            "64M",
+        ]);
+        if out.success {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "not joined 20 s after etcd answered: {}\n{}",
+            out.stderr,
+            d.logs()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(pool_entry(&d, &pool)["rados"]["here"], true);
+    assert!(d.logs().contains("joined the gateways"), "{}", d.logs());
+    d.ok(&["pool", "destroy", &pool]);
+    d.stop();
+}

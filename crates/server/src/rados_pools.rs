@@ -142,7 +142,19 @@ mod real {
     pub struct Membership {
         cfg: GatewayConfig,
         rt: Handle,
-        gateway: tokio::sync::Mutex<Gateway>,
+        /// None while this gateway has not joined: etcd did not answer when the daemon
+        /// started. The daemon serves its local pools meanwhile and tries again every tick.
+        gateway: tokio::sync::Mutex<Option<Gateway>>,
+    }
+
+    impl Membership {
+        /// What a call that needs the membership says before this gateway has joined.
+        fn not_joined(&self) -> String {
+            format!(
+                "this gateway has not joined the gateways yet: etcd at {} does not answer (it is tried again every second)",
+                self.cfg.etcd.join(", ")
+            )
+        }
     }
 
     /// The outcome of an attempt to take a pool.
@@ -174,37 +186,45 @@ mod real {
     }
 
     impl Membership {
-        /// Joins the gateways as `cfg.name`, with a lease of `cfg.lease_seconds`.
+        /// Joins the gateways as `cfg.name`, with a lease of `cfg.lease_seconds`; if etcd
+        /// does not answer, the membership waits to join (see [`rejoin`](Self::rejoin)), so
+        /// that the daemon still starts and serves its local pools.
         pub fn join(cfg: &GatewayConfig, rt: Handle) -> Result<Membership, String> {
-            let g = rt
-                .block_on(async {
-                    tokio::time::timeout(
-                        Duration::from_secs(10),
-                        Gateway::join(&cfg.etcd, &cfg.prefix, &cfg.name, cfg.lease_seconds),
-                    )
-                    .await
-                })
-                .map_err(|_| format!("etcd at {} did not answer within 10 s", cfg.etcd.join(", ")))?
-                .map_err(|e| format!("cannot join the gateways through etcd at {}: {e}", cfg.etcd.join(", ")))?;
-            Ok(Membership {
+            let m = Membership {
                 cfg: cfg.clone(),
                 rt,
-                gateway: tokio::sync::Mutex::new(g),
-            })
+                gateway: tokio::sync::Mutex::new(None),
+            };
+            if let Err(e) = m.rejoin() {
+                tracing::warn!(
+                    gateway = %cfg.name,
+                    error = %e,
+                    "cannot join the gateways at start; serving local pools and trying again every second"
+                );
+            }
+            Ok(m)
         }
 
         pub fn name(&self) -> &str {
             &self.cfg.name
         }
 
-        /// Whether the lease is still renewed; once false, whatever this gateway owned may
-        /// be another's already.
+        /// Whether this gateway has joined and its lease is still renewed; once false,
+        /// whatever it owned may be another's already.
         pub fn alive(&self) -> bool {
-            self.rt.block_on(async { self.gateway.lock().await.alive() })
+            self.rt
+                .block_on(async { self.gateway.lock().await.as_ref().is_some_and(|g| g.alive()) })
         }
 
-        /// A new lease after the last one was lost (the gateway stalled, or etcd went away).
+        /// Whether this gateway ever joined since the daemon started.
+        pub fn joined(&self) -> bool {
+            self.rt.block_on(async { self.gateway.lock().await.is_some() })
+        }
+
+        /// A new lease: at start, or after the last one was lost (the gateway stalled, or
+        /// etcd went away).
         pub fn rejoin(&self) -> Result<(), String> {
+            let etcd = self.cfg.etcd.join(", ");
             let fresh = self
                 .rt
                 .block_on(async {
@@ -214,9 +234,9 @@ mod real {
                     )
                     .await
                 })
-                .map_err(|_| "etcd did not answer within 10 s".to_string())?
-                .map_err(|e| e.to_string())?;
-            self.rt.block_on(async { *self.gateway.lock().await = fresh });
+                .map_err(|_| format!("etcd at {etcd} did not answer within 10 s"))?
+                .map_err(|e| format!("cannot join the gateways through etcd at {etcd}: {e}"))?;
+            self.rt.block_on(async { *self.gateway.lock().await = Some(fresh) });
             Ok(())
         }
 
@@ -225,14 +245,15 @@ mod real {
         pub fn take(&self, name: &str, placement: &Placement) -> Result<Taking, String> {
             // Cheap first: while another gateway holds the pool, nothing is asked of the
             // cluster. (The taking below is one etcd transaction all the same.)
-            let held = self
-                .rt
-                .block_on(async {
-                    let mut g = self.gateway.lock().await;
-                    let o = g.owner(&owner_key(name)).await;
-                    o.map(|o| o.filter(|o| !g.holds(o)))
-                })
-                .map_err(|e| format!("cannot learn the owner of pool {name}: {e}"))?;
+            let held = self.rt.block_on(async {
+                let mut g = self.gateway.lock().await;
+                let Some(g) = g.as_mut() else {
+                    return Err(self.not_joined());
+                };
+                let o = g.owner(&owner_key(name)).await;
+                o.map(|o| o.filter(|o| !g.holds(o)))
+                    .map_err(|e| format!("cannot learn the owner of pool {name}: {e}"))
+            })?;
             if let Some(o) = held {
                 return Ok(Taking::Elsewhere(elsewhere(o, &self.cfg.name)));
             }
@@ -257,17 +278,18 @@ mod real {
             Cluster::shared_pool(&cluster, &placement.rados_pool)
                 .map_err(|e| format!("cannot open the RADOS pool '{}': {e}", placement.rados_pool))?;
             let connected = started.elapsed();
-            let (owner, mine) = self
-                .rt
-                .block_on(async {
-                    let mut g = self.gateway.lock().await;
-                    let o = take_over(&mut g, &cluster, &owner_key(name)).await;
-                    o.map(|o| {
-                        let mine = g.holds(&o);
-                        (o, mine)
-                    })
+            let (owner, mine) = self.rt.block_on(async {
+                let mut g = self.gateway.lock().await;
+                let Some(g) = g.as_mut() else {
+                    return Err(self.not_joined());
+                };
+                let o = take_over(g, &cluster, &owner_key(name)).await;
+                o.map(|o| {
+                    let mine = g.holds(&o);
+                    (o, mine)
                 })
-                .map_err(|e| format!("cannot take pool {name}: {e}"))?;
+                .map_err(|e| format!("cannot take pool {name}: {e}"))
+            })?;
             if !mine {
                 return Ok(Taking::Elsewhere(elsewhere(owner, &self.cfg.name)));
             }
@@ -286,10 +308,16 @@ mod real {
 
         /// Gives pool `name` up, if this gateway owns it at `epoch`.
         pub fn release(&self, name: &str, epoch: i64) -> Result<(), String> {
-            self.rt
-                .block_on(async { self.gateway.lock().await.release(&owner_key(name), epoch).await })
-                .map(drop)
-                .map_err(|e| e.to_string())
+            self.rt.block_on(async {
+                match self.gateway.lock().await.as_mut() {
+                    Some(g) => g
+                        .release(&owner_key(name), epoch)
+                        .await
+                        .map(drop)
+                        .map_err(|e| e.to_string()),
+                    None => Err(self.not_joined()),
+                }
+            })
         }
     }
 
@@ -393,6 +421,9 @@ mod absent {
             match self.never {}
         }
         pub fn alive(&self) -> bool {
+            match self.never {}
+        }
+        pub fn joined(&self) -> bool {
             match self.never {}
         }
         pub fn rejoin(&self) -> Result<(), String> {

@@ -9,6 +9,7 @@
 
 use super::*;
 use crate::rados_pools::{Placement, PoolOwner, Taking, PLACEMENT_FILE};
+use tracing::debug;
 
 /// What this gateway knows of one pool on RADOS.
 pub(crate) struct RadosPool {
@@ -263,14 +264,23 @@ impl Daemon {
     pub fn rados_tick(&self) {
         let Some(gw) = &self.gateway else { return };
         if !gw.alive() {
-            self.lose_rados_pools(
-                "this gateway's lease in etcd lapsed (it stalled, or lost etcd): another gateway may own the pool now",
-            );
+            // Never joined (etcd did not answer at start): nothing to lose, and the failure
+            // was logged once then.
+            let joined_before = gw.joined();
+            if joined_before {
+                self.lose_rados_pools(
+                    "this gateway's lease in etcd lapsed (it stalled, or lost etcd): another gateway may own the pool now",
+                );
+            }
             if let Err(e) = gw.rejoin() {
-                warn!(error = %e, "cannot join the gateways again; retrying");
+                if joined_before {
+                    warn!(error = %e, "cannot join the gateways again; retrying");
+                } else {
+                    debug!(error = %e, "cannot join the gateways yet; retrying");
+                }
                 return;
             }
-            info!(gateway = gw.name(), "joined the gateways again");
+            info!(gateway = gw.name(), "joined the gateways");
         }
         let waiting: Vec<String> = self
             .rados
