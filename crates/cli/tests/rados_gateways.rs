@@ -624,6 +624,21 @@ fn a_gateway_starts_without_etcd_and_joins_once_it_answers() {
     }
     assert_eq!(pool_entry(&d, &pool)["rados"]["here"], true);
     assert!(d.logs().contains("joined the gateways"), "{}", d.logs());
+    // Exported, it is listed among the pools to import, and comes back by its name.
+    let importable = |d: &Daemon| -> Vec<String> {
+        d.json(&["pool", "import"])
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert!(!importable(&d).contains(&pool));
+    d.ok(&["pool", "export", &pool]);
+    assert_eq!(importable(&d), vec![pool.clone()]);
+    d.ok(&["pool", "import", &pool]);
+    assert!(importable(&d).is_empty());
+    assert_eq!(pool_entry(&d, &pool)["rados"]["here"], true);
     d.ok(&["pool", "destroy", &pool]);
     d.stop();
 }

@@ -263,15 +263,19 @@ impl Daemon {
         })
     }
 
-    /// Pools in the state directory that are not imported.
+    /// Pools in the state directory that are not imported: local ones (their metadata store is
+    /// there) and pools on RADOS exported here (only where they live is there).
     pub fn importable(&self) -> ApiResult<Vec<ImportablePool>> {
         let dir = self.cfg.pools_dir();
         let rd = std::fs::read_dir(&dir).map_err(|e| ApiError::io(format!("cannot list {}: {e}", dir.display())))?;
+        // A pool on RADOS that another gateway serves is imported here too, waiting.
+        let on_rados: BTreeSet<String> = self.rados.lock().keys().cloned().collect();
         let pools = self.pools.read();
         let mut out = Vec::new();
         for entry in rd.flatten() {
             let name = entry.file_name().to_string_lossy().to_string();
-            if !pools.contains_key(&name) && entry.path().join("meta").is_dir() {
+            let imported = pools.contains_key(&name) || on_rados.contains(&name);
+            if !imported && (entry.path().join("meta").is_dir() || self.is_rados_pool(&name)) {
                 out.push(ImportablePool {
                     name,
                     dir: entry.path().display().to_string(),
