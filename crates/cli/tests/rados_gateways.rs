@@ -25,11 +25,10 @@ fn cluster(test: &str) -> Option<(String, String)> {
     Some((conf, etcd.split(',').next().unwrap().to_string()))
 }
 
-/// Creates pool `pool` in the test RADOS pool through daemon `d` (4 GiB, 64 MiB slabs); what
-/// the CLI said.
+/// The command that creates pool `pool` in the test RADOS pool (4 GiB, 64 MiB slabs).
 #[cfg(feature = "rados")]
-fn create_rados_pool(d: &Daemon, pool: &str, conf: &str) -> String {
-    d.ok(&[
+fn create_rados_pool_args<'a>(pool: &'a str, conf: &'a str) -> [&'a str; 11] {
+    [
         "pool",
         "create",
         pool,
@@ -41,7 +40,13 @@ fn create_rados_pool(d: &Daemon, pool: &str, conf: &str) -> String {
         "4G",
         "--slab-size",
         "64M",
-    ])
+    ]
+}
+
+/// Creates pool `pool` in the test RADOS pool through daemon `d`; what the CLI said.
+#[cfg(feature = "rados")]
+fn create_rados_pool(d: &Daemon, pool: &str, conf: &str) -> String {
+    d.ok(&create_rados_pool_args(pool, conf))
 }
 
 const RADOS_POOL: &str = "tessera-gateways";
@@ -582,35 +587,13 @@ fn a_gateway_starts_without_etcd_and_joins_once_it_answers() {
     );
     create_pool(&d, "local", &disks(&t.path().join("disks"), 2, 256 << 20));
     d.ok(&["vdisk", "create", "local/v", "--size", "64M"]);
-    let e = d.fails(&[
-        "pool",
-        "create",
-        &pool,
-        "--rados",
-        RADOS_POOL,
-        "--ceph-conf",
-        &conf,
-        "--capacity",
-        "4G",
-    ]);
+    let e = d.fails(&create_rados_pool_args(&pool, &conf));
     assert!(e.contains("has not joined the gateways yet"), "{e}");
 
     forward(port, etcd.trim_start_matches("http://").to_string());
     let t0 = Instant::now();
     loop {
-        let out = d.cli(&[
-            "pool",
-            "create",
-            &pool,
-            "--rados",
-            RADOS_POOL,
-            "--ceph-conf",
-            &conf,
-            "--capacity",
-            "4G",
-            "--slab-size",
-            "64M",
-        ]);
+        let out = d.cli(&create_rados_pool_args(&pool, &conf));
         if out.success {
             break;
         }
