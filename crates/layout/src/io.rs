@@ -470,23 +470,29 @@ impl Layouts {
         }
         let took = self.write_members(set, members, &writes);
         for i in 0..pieces.len() {
-            let copies: Vec<&Result<(), String>> = of_piece
-                .iter()
-                .zip(&took)
-                .filter(|(&p, _)| p == i)
-                .map(|(_, t)| t)
-                .collect();
-            if !copies.iter().any(|t| t.is_ok()) {
+            let copies = || {
+                of_piece
+                    .iter()
+                    .zip(&writes)
+                    .zip(&took)
+                    .filter(move |((&p, _), _)| p == i)
+                    .map(|((_, w), t)| (w, t))
+            };
+            if !copies().any(|(_, t)| t.is_ok()) {
                 let unavailable = self.unavailable(members);
                 return Err(if unavailable > set.spec.tolerance() {
                     self.too_many(set, unavailable)
                 } else {
                     // Why each copy failed: a disk's storage that refuses writes for now
                     // (fenced off, unreachable) is not a failed disk, and says so.
-                    let why: Vec<&str> = copies
-                        .iter()
-                        .filter_map(|t| t.as_ref().err())
-                        .map(|s| s.as_str())
+                    let why: Vec<String> = copies()
+                        .filter_map(|(w, t)| match t {
+                            Ok(()) => None,
+                            Err(MemberFault::Unavailable) => {
+                                Some(format!("disk {} is not available", members[w.m].disk))
+                            }
+                            Err(MemberFault::Io(e)) => Some(e.clone()),
+                        })
                         .collect();
                     LayoutError::Io {
                         set: set.id,

@@ -588,13 +588,13 @@ impl Layouts {
     /// Writes several members of a set at once: each write to its member and, if that member
     /// is being rebuilt, to its replacement slab, with checksums recorded for what was
     /// written. All the disk writes are in flight together. For each write, whether the
-    /// member itself took it, or why not (the disk and its error), for the caller's error.
+    /// member itself took it, or why not (its disk not available, or the disk's error).
     pub(crate) fn write_members(
         &self,
         set: &SlabSet,
         members: &[SlabRef],
         writes: &[MemberWrite<'_>],
-    ) -> Vec<Result<(), String>> {
+    ) -> Vec<Result<(), MemberFault>> {
         let repl = *set.replacement.read();
         // Every slab each write goes to: (index in `writes`, slab, its disk, its checksums).
         let mut targets = Vec::with_capacity(writes.len() + 1);
@@ -621,16 +621,13 @@ impl Layouts {
             })
             .collect();
         let results = tessera_disk::write_many(&reqs);
-        let mut took: Vec<Result<(), String>> = writes
-            .iter()
-            .map(|w| Err(format!("disk {} is not available", members[w.m].disk)))
-            .collect();
+        let mut took: Vec<Result<(), MemberFault>> = writes.iter().map(|_| Err(MemberFault::Unavailable)).collect();
         for ((i, slab, _, sums), res) in targets.iter().zip(results) {
             match res {
                 Err(e) => {
-                    self.member_write_failed(*slab, &e);
+                    let fault = self.member_write_failed(*slab, &e);
                     if *slab == members[writes[*i].m] {
-                        took[*i] = Err(format!("disk {}: {e}", slab.disk));
+                        took[*i] = Err(fault);
                     }
                 }
                 Ok(()) => {
