@@ -147,16 +147,6 @@ mod real {
         gateway: tokio::sync::Mutex<Option<Gateway>>,
     }
 
-    impl Membership {
-        /// What a call that needs the membership says before this gateway has joined.
-        fn not_joined(&self) -> String {
-            format!(
-                "this gateway has not joined the gateways yet: etcd at {} does not answer (it is tried again every second)",
-                self.cfg.etcd.join(", ")
-            )
-        }
-    }
-
     /// The outcome of an attempt to take a pool.
     pub enum Taking {
         /// This gateway owns it now, and may serve it at this epoch.
@@ -207,6 +197,14 @@ mod real {
 
         pub fn name(&self) -> &str {
             &self.cfg.name
+        }
+
+        /// What a call that needs the membership says before this gateway has joined.
+        fn not_joined(&self) -> String {
+            format!(
+                "this gateway has not joined the gateways yet: etcd at {} does not answer (it is tried again every second)",
+                self.cfg.etcd.join(", ")
+            )
         }
 
         /// Whether this gateway has joined and its lease is still renewed; once false,
