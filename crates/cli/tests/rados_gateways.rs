@@ -255,6 +255,161 @@ fn a_pool_on_rados_moves_to_the_other_gateway_when_its_owner_stalls_or_dies() {
     b.stop();
 }
 
+/// One command from cluster node `node` (its own initiator port) to LUN 0 of `iqn` at
+/// `portal`, in a session of its own, as a node's occasional check would be; unit attentions
+/// waiting for the port (its last session ended, the LUN changed) are cleared first with
+/// TEST UNIT READY, and returned with the answer (ASC and ASCQ of each). None when the
+/// gateway does not serve the LUN (no login, no LUN).
+#[cfg(feature = "rados")]
+fn node_command(
+    rt: &tokio::runtime::Runtime,
+    portal: &str,
+    iqn: &str,
+    node: u8,
+    cdb: &[u8],
+    data: Vec<u8>,
+    read: usize,
+) -> Option<(tessera_iscsi::initiator::ScsiResult, Vec<(u8, u8)>)> {
+    use tessera_iscsi::initiator::{LoginConfig, Session};
+    let mut c = LoginConfig::new(&format!("iqn.2026-11.io.example:node{node}"), Some(iqn));
+    c.isid[5] = node;
+    rt.block_on(async {
+        let s = Session::login(portal, &c).await.ok()?;
+        let mut attentions = Vec::new();
+        for _ in 0..3 {
+            let r = s.command(0, &[0u8; 6], Vec::new(), 0).await.ok()?;
+            if r.status == 0 {
+                break;
+            }
+            // Sense key UNIT ATTENTION: cleared by reporting it; anything else (no such LUN)
+            // means the LUN is not served here.
+            if r.sense.get(2).map(|k| k & 0x0F) != Some(0x06) {
+                return None;
+            }
+            attentions.push((r.sense[12], r.sense[13]));
+        }
+        let r = s.command(0, cdb, data, read).await.ok();
+        let _ = s.logout().await;
+        Some((r?, attentions))
+    })
+}
+
+/// PERSISTENT RESERVE OUT with a basic parameter list.
+#[cfg(feature = "rados")]
+fn pr_out(sa: u8, kind: u8, key: u64, sa_key: u64) -> (Vec<u8>, Vec<u8>) {
+    let cdb = vec![0x5F, sa, kind, 0, 0, 0, 0, 0, 24, 0];
+    let mut d = vec![0u8; 24];
+    d[0..8].copy_from_slice(&key.to_be_bytes());
+    d[8..16].copy_from_slice(&sa_key.to_be_bytes());
+    (cdb, d)
+}
+
+/// A failover cluster's quorum disk on a pool on RADOS: a node registers and reserves it
+/// through the owner (APTPL off, as Windows and Pacemaker do), the owner dies, and at the
+/// gateway that takes the pool over the reservation still keeps the other node out, the
+/// keys and the mode settings are as they were, and the holder clears them. A replaced
+/// owner, resumed, cannot change them.
+#[cfg(feature = "rados")]
+#[test]
+fn persistent_reservations_follow_a_pool_on_rados_to_the_gateway_that_takes_it_over() {
+    let test = "persistent_reservations_follow_a_pool_on_rados_to_the_gateway_that_takes_it_over";
+    let Some((conf, etcd)) = cluster(test) else { return };
+    let pid = std::process::id();
+    let pool = format!("pr{pid}");
+    let prefix = format!("/tessera-test-pr-{pid}");
+    let t = tempfile::tempdir().unwrap();
+    let a = Daemon::start_configured(&t.path().join("a"), &gateway("gw-a", &etcd, &prefix));
+    create_rados_pool(&a, &pool, &conf);
+    let vdisk = format!("{pool}/quorum");
+    a.ok(&["vdisk", "create", &vdisk, "--size", "64M", "--layout", "simple"]);
+    let iqn = "iqn.2026-11.io.tessera:quorum";
+    a.ok(&["target", "create", iqn, "--allow-any-initiator"]);
+    a.ok(&["target", "lun", "add", iqn, &vdisk]);
+    let mut b = Daemon::start_configured(&t.path().join("b"), &gateway("gw-b", &etcd, &prefix));
+    b.ok(&["pool", "import", &pool, "--rados", RADOS_POOL, "--ceph-conf", &conf]);
+    b.ok(&["target", "create", iqn, "--allow-any-initiator"]);
+    b.ok(&["target", "lun", "add", iqn, &vdisk]);
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let read_keys = [0x5E, 0, 0, 0, 0, 0, 0, 0x10, 0, 0];
+    let read_reservation = [0x5E, 1, 0, 0, 0, 0, 0, 0x10, 0, 0];
+    let write1 = [0x2A, 0, 0, 0, 0, 0, 0, 0, 1, 0];
+    let caching_page = [0x1A, 0x08, 0x08, 0, 255, 0];
+    let (pa, pb) = (a.iscsi_portal(), b.iscsi_portal());
+    let at = |portal: &str, node: u8, cdb: &[u8], data: Vec<u8>, read: usize| {
+        node_command(&rt, portal, iqn, node, cdb, data, read)
+            .unwrap_or_else(|| panic!("{portal} does not serve the LUN"))
+            .0
+    };
+
+    // Node 1 registers and takes WRITE EXCLUSIVE - REGISTRANTS ONLY through A, and turns the
+    // LUN's write cache off.
+    let (cdb, p) = pr_out(6, 0, 0, 0x1111);
+    assert_eq!(at(&pa, 1, &cdb, p, 0).status, 0);
+    let (cdb, p) = pr_out(1, 5, 0x1111, 0);
+    assert_eq!(at(&pa, 1, &cdb, p, 0).status, 0);
+    assert_eq!(at(&pa, 2, &write1, vec![0; 512], 0).status, 0x18, "node 2 is kept out");
+    assert_eq!(at(&pa, 1, &write1, vec![1; 512], 0).status, 0);
+    let page = at(&pa, 1, &caching_page, Vec::new(), 255).data;
+    assert_eq!(page[4 + 2] & 0x04, 0x04, "the write cache starts on: {page:?}");
+    let mut select = vec![0u8; 4];
+    select.extend_from_slice(&page[4..]);
+    select[4 + 2] &= !0x04;
+    let cdb = [0x15, 0x10, 0, 0, select.len() as u8, 0];
+    assert_eq!(at(&pa, 1, &cdb, select, 0).status, 0);
+
+    // A stalls; B takes the pool over and presents the LUN as A left it.
+    signal(&a, libc::SIGSTOP);
+    let took = until_served(&b, &pool, Duration::from_secs(15));
+    eprintln!("{test}: taken over {took:?} after the owner stalled");
+    // Each host's first command at the new owner is told the logical unit was (re)started.
+    let (keys, told) = node_command(&rt, &pb, iqn, 2, &read_keys, Vec::new(), 4096).expect("B serves the LUN");
+    assert_eq!(told, [(0x29, 0x00)], "POWER ON OCCURRED first");
+    let keys = keys.data;
+    assert_eq!(&keys[4..8], &8u32.to_be_bytes(), "one key: {keys:?}");
+    assert_eq!(&keys[8..16], &0x1111u64.to_be_bytes());
+    let res = at(&pb, 2, &read_reservation, Vec::new(), 4096).data;
+    assert_eq!(
+        (res[4..8].to_vec(), res[21]),
+        (16u32.to_be_bytes().to_vec(), 5),
+        "{res:?}"
+    );
+    assert_eq!(
+        at(&pb, 2, &write1, vec![0; 512], 0).status,
+        0x18,
+        "the reservation still keeps node 2 out at the new owner"
+    );
+    assert_eq!(at(&pb, 1, &write1, vec![2; 512], 0).status, 0, "the holder writes");
+    let page = at(&pb, 1, &caching_page, Vec::new(), 255).data;
+    assert_eq!(page[4 + 2] & 0x04, 0, "the write cache stays off: {page:?}");
+    let shown = b.json(&["target", "show", iqn]);
+    let r = &shown["luns"][0]["reservations"];
+    assert_eq!(r["holder"], "iqn.2026-11.io.example:node1,i,0x800054530001", "{shown}");
+
+    // A resumes: whatever it still answers, it changes no reservation (its metadata writes
+    // are fenced, and it withdraws the LUN once it finds its lease gone).
+    signal(&a, libc::SIGCONT);
+    let (cdb, p) = pr_out(6, 0, 0, 0x3333);
+    let stale = node_command(&rt, &pa, iqn, 3, &cdb, p, 0);
+    assert!(
+        stale.as_ref().is_none_or(|(r, _)| r.status != 0),
+        "the replaced owner took a registration"
+    );
+    let keys = at(&pb, 2, &read_keys, Vec::new(), 4096).data;
+    assert_eq!(&keys[4..8], &8u32.to_be_bytes(), "still one key: {keys:?}");
+
+    // The holder clears everything at B; node 2 writes again.
+    let (cdb, p) = pr_out(3, 0, 0x1111, 0);
+    assert_eq!(at(&pb, 1, &cdb, p, 0).status, 0);
+    assert_eq!(at(&pb, 2, &write1, vec![3; 512], 0).status, 0);
+
+    b.ok(&["target", "lun", "remove", iqn, "0"]);
+    b.ok(&["vdisk", "delete", &vdisk]);
+    b.ok(&["pool", "destroy", &pool]);
+    b.stop();
+    drop(a);
+}
+
 /// Bytes the daemon has written to the data objects of pool `pool` (its one disk, in the
 /// cluster) since it took the pool.
 #[cfg(feature = "rados")]

@@ -215,6 +215,10 @@ impl MetaBackend for RadosMeta {
         format!("rados:{}/{}", self.pool.name(), self.oid)
     }
 
+    fn shared(&self) -> bool {
+        true
+    }
+
     fn commit(&self, batch: &MetaBatch, _sync: bool) -> Result<(), PoolError> {
         // The OSDs acknowledge a write once every replica holds it: every commit is durable.
         for _ in 0..MAX_TRIES {

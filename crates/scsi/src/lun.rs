@@ -91,8 +91,10 @@ pub type ModeStore = Box<dyn Fn(&ModeState) -> Result<(), String> + Send + Sync>
 /// reconnection). Two levels, so that a command finds its port without copying the name.
 type Ports = HashMap<String, HashMap<[u8; 6], NexusState>>;
 
-/// Saves the persistent reservation state when an initiator asked for APTPL (Some), or
-/// forgets it when the last APTPL bit received was zero (None).
+/// Saves the persistent reservation state (Some), or forgets it (None). A LUN of one daemon
+/// saves it when an initiator asked for APTPL and forgets it when the last APTPL bit received
+/// was zero; a LUN that several gateways present in turn saves every change
+/// ([`Lun::with_shared_reservations`]).
 pub type PrStore = Box<dyn Fn(Option<&PrState>) -> Result<(), String> + Send + Sync>;
 
 /// What the reservation commands share.
@@ -134,6 +136,12 @@ pub struct Lun {
     losses: AtomicU64,
     reservations: Mutex<Reservations>,
     pr_store: Option<PrStore>,
+    /// Every change of the persistent reservations is saved, whatever APTPL says: the LUN is
+    /// presented by several gateways in turn, and the next one must find them as they were.
+    pr_shared: bool,
+    /// The unit attention every nexus finds at its first command, if any: a LUN presented
+    /// by the gateway that took its pool over tells each host so.
+    first_contact: Option<Sense>,
     /// Commands hold it shared while they run; reservation changes take it exclusively, so
     /// that no command admitted under the old reservation is still running when PREEMPT (AND
     /// ABORT) completes. In an Arc so that a READ on a transport's ring holds it until its
@@ -193,6 +201,8 @@ impl Lun {
             losses: AtomicU64::new(0),
             reservations: Mutex::new(Reservations::default()),
             pr_store: None,
+            pr_shared: false,
+            first_contact: None,
             fence: Arc::new(RwLock::new(())),
             tpc: Arc::new(CopyManager::new()),
             alua: Arc::new(SinglePort),
@@ -245,6 +255,28 @@ impl Lun {
     pub fn with_persistent_reservations(mut self, state: PrState, store: PrStore) -> Lun {
         self.reservations.get_mut().pr = state;
         self.pr_store = Some(store);
+        self
+    }
+
+    /// Starts from `state` (as the last gateway to present the LUN left it) and saves every
+    /// change of the persistent reservations through `store` before the command that made it
+    /// completes: the gateway that presents the LUN next (after a takeover) goes on from
+    /// there. Losing the gateway is not a power loss of the logical unit, so the state is kept
+    /// whether or not APTPL was asked for.
+    pub fn with_shared_reservations(mut self, state: PrState, store: PrStore) -> Lun {
+        self = self.with_persistent_reservations(state, store);
+        self.pr_shared = true;
+        self
+    }
+
+    /// Every nexus's first command finds the unit attention `s` (then whatever follows). A
+    /// gateway that took a pool over presents its LUNs with POWER ON, RESET, OR BUS DEVICE
+    /// RESET OCCURRED: to a host this logical unit was just started here, and that unit
+    /// attention, above every other, tells it to read the reservations and the port states
+    /// again (it stands for the reservation unit attentions the last owner had queued for
+    /// its nexuses, which went with it).
+    pub fn with_first_contact_attention(mut self, s: Sense) -> Lun {
+        self.first_contact = Some(s);
         self
     }
 
@@ -422,7 +454,7 @@ impl Lun {
         let ports = all.get_mut(nexus.initiator.as_str()).expect("inserted above");
         let entry = ports.entry(nexus.isid).or_insert_with(|| NexusState {
             nexus: nexus.clone(),
-            ua: VecDeque::new(),
+            ua: self.first_contact.into_iter().collect(),
             lost: None,
         });
         if entry.nexus.id != nexus.id {
@@ -538,8 +570,8 @@ impl Lun {
             }
         }
         if let Some(store) = &self.pr_store {
-            if r.pr != before && (r.pr.aptpl || before.aptpl) {
-                if let Err(e) = store(r.pr.aptpl.then_some(&r.pr)) {
+            if r.pr != before && (self.pr_shared || r.pr.aptpl || before.aptpl) {
+                if let Err(e) = store((self.pr_shared || r.pr.aptpl).then_some(&r.pr)) {
                     warn!(lun = %self.backend.name(), error = %e, "cannot save persistent reservations");
                     r.pr = before;
                     return self.respond(Err(sense::INTERNAL_TARGET_FAILURE));

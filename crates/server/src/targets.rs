@@ -88,6 +88,56 @@ pub struct Targets {
 }
 
 /// A stable per-vdisk identifier for the LUN's NAA id and serial number.
+/// The records of a LUN kept in its pool's metadata.
+const RESERVATIONS_RECORD: &str = "reservations";
+const MODE_RECORD: &str = "mode";
+
+/// A LUN of a pool that several gateways serve in turn (a pool on RADOS) keeps its state in
+/// the pool's metadata, beside its vdisk: the gateway that takes the pool over presents its
+/// LUNs with the reservations and mode settings the last owner left, and a replaced owner
+/// cannot change them (its metadata writes are fenced). Every change of the reservations is
+/// kept, with or without APTPL: a gateway's end is not a power loss of the logical unit.
+/// Each host's first command finds POWER ON OCCURRED, which tells it to read them again.
+fn kept_in_pool(lun: Lun, e: &Arc<Engine>, v: &Arc<Vdisk>) -> Result<Lun, String> {
+    let read = |kind: &str| {
+        e.lun_state(v, kind)
+            .map_err(|err| format!("cannot read the {kind} of LUN {} from its pool: {err}", v.name()))
+    };
+    let undecodable = |kind: &str, err: serde_json::Error| {
+        format!(
+            "the {kind} of LUN {} kept in its pool cannot be read ({err}); clear them with PERSISTENT RESERVE OUT (CLEAR) or MODE SELECT",
+            v.name()
+        )
+    };
+    let saved: PrState = match read(RESERVATIONS_RECORD)? {
+        Some(b) => serde_json::from_slice(&b).map_err(|err| undecodable("persistent reservations", err))?,
+        None => PrState::default(),
+    };
+    let saved_mode: Option<ModeState> = match read(MODE_RECORD)? {
+        Some(b) => Some(serde_json::from_slice(&b).map_err(|err| undecodable("mode settings", err))?),
+        None => None,
+    };
+    // Weak: a LUN must not keep a pool open that was exported or given up.
+    let save = |kind: &'static str| {
+        let (e, v) = (Arc::downgrade(e), v.clone());
+        move |bytes: Option<Vec<u8>>| -> Result<(), String> {
+            let e = e
+                .upgrade()
+                .ok_or_else(|| format!("pool of {} is no longer open here", v.name()))?;
+            e.set_lun_state(&v, kind, bytes.as_deref())
+                .map_err(|err| format!("cannot keep the {kind} of LUN {} in its pool: {err}", v.name()))
+        }
+    };
+    let pr = save(RESERVATIONS_RECORD);
+    let store: PrStore = Box::new(move |state| pr(state.map(|s| serde_json::to_vec(s).expect("serialisable"))));
+    let mode = save(MODE_RECORD);
+    let mode_store: ModeStore = Box::new(move |m| mode(Some(serde_json::to_vec(m).expect("serialisable"))));
+    Ok(lun
+        .with_shared_reservations(saved, store)
+        .with_saved_mode(saved_mode, mode_store)
+        .with_first_contact_attention(tessera_scsi::sense::POWER_ON_OCCURRED))
+}
+
 pub fn lun_uid(e: &Engine, v: &Vdisk) -> u128 {
     e.pool().id().as_u128().rotate_left(40) ^ v.id() as u128
 }
@@ -196,12 +246,13 @@ impl Targets {
 
     /// The logical unit of vdisk `name`: the one already presented by another target if there
     /// is one (a vdisk is one device, whatever the path: reservations, unit attentions and
-    /// COMPARE AND WRITE are shared), else a new one with its saved persistent reservations.
+    /// COMPARE AND WRITE are shared), else a new one with its saved persistent reservations
+    /// and mode settings.
     fn logical_unit(
         &self,
         configs: &BTreeMap<String, TargetConfig>,
         name: &str,
-        e: &Engine,
+        e: &Arc<Engine>,
         v: Arc<Vdisk>,
     ) -> Result<Arc<Lun>, String> {
         for cfg in configs.values() {
@@ -214,6 +265,24 @@ impl Targets {
             }
         }
         let uid = lun_uid(e, &v);
+        // A snapshot is presented write-protected.
+        let read_only = v.is_snapshot();
+        let (pool, vdisk) = name.split_once('/').unwrap_or(("", name));
+        let lun = tessera_vdisk_lun::vdisk_lun(v.clone(), uid, read_only)
+            .with_meter(self.meters.meter("iscsi", pool, vdisk))
+            .with_copy_manager(self.copy.clone());
+        let lun = if e.metadata_shared() {
+            kept_in_pool(lun, e, &v)?
+        } else {
+            self.kept_here(lun, uid)?
+        };
+        Ok(Arc::new(lun))
+    }
+
+    /// A LUN of a pool on this daemon alone keeps its state in files of the state directory:
+    /// its persistent reservations while an initiator asked for APTPL (a restart of the
+    /// daemon is a power loss of its LUNs), its MODE SELECT settings always.
+    fn kept_here(&self, lun: Lun, uid: u128) -> Result<Lun, String> {
         let dir = self.file.with_file_name("reservations");
         let path = dir.join(format!("{uid:032x}.json"));
         let saved: PrState = statefile::read_json(
@@ -243,16 +312,9 @@ impl Targets {
             std::fs::create_dir_all(&mode_dir).map_err(|e| format!("cannot create {}: {e}", mode_dir.display()))?;
             statefile::write_json(&mode_path, m).map_err(|e| format!("cannot save {}: {e}", mode_path.display()))
         });
-        // A snapshot is presented write-protected.
-        let read_only = v.is_snapshot();
-        let (pool, vdisk) = name.split_once('/').unwrap_or(("", name));
-        Ok(Arc::new(
-            tessera_vdisk_lun::vdisk_lun(v, uid, read_only)
-                .with_meter(self.meters.meter("iscsi", pool, vdisk))
-                .with_persistent_reservations(saved, store)
-                .with_saved_mode(saved_mode, mode_store)
-                .with_copy_manager(self.copy.clone()),
-        ))
+        Ok(lun
+            .with_persistent_reservations(saved, store)
+            .with_saved_mode(saved_mode, mode_store))
     }
 
     /// Stops presenting the LUNs of pool `pool`, keeping their configuration: the pool is no

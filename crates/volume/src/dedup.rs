@@ -614,7 +614,7 @@ impl Engine {
             }
         }
 
-        let _gate = v.enter_remap()?;
+        let _gate = v.enter_unchanged()?;
         let mut held: Vec<(u64, u64)> = seen.iter().map(|it| (v.id, it.grain)).collect();
         held.extend(found.values().map(|e| (e.vdisk, e.grain)));
         let held_set: HashSet<(u64, u64)> = held.iter().copied().collect();

@@ -441,6 +441,7 @@ impl Engine {
         let meta = self.s.pool.meta();
         let mut b = MetaBatch::new();
         b.delete(CF_VDISKS, vdisk_key(v.id));
+        crate::lun_state::delete_all(&mut b, v.id);
         meta.commit(b, true)?;
         self.s.space.reclaim_empty()?;
         info!(vdisk = %v.name(), "vdisk deleted");

@@ -17,6 +17,7 @@ mod frozen_registry;
 mod hot_copies;
 mod keys;
 mod locks;
+mod lun_state;
 mod packed;
 mod plan;
 mod scan;

@@ -298,9 +298,10 @@ impl Vdisk {
         Ok(g)
     }
 
-    /// Admits dedup's remapping, which points grains at slots holding the same bytes: as
-    /// `enter_change`, but not counted, since no grain's data changes.
-    pub(crate) fn enter_remap(&self) -> Result<ChangeGuard<'_>> {
+    /// Admits a change that leaves every grain's data as it is (dedup's remapping, which
+    /// points grains at slots holding the same bytes; a record of the vdisk's logical unit):
+    /// as `enter_change`, but not counted.
+    pub(crate) fn enter_unchanged(&self) -> Result<ChangeGuard<'_>> {
         self.enter(false)
     }
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use common::{enable_dedup, pattern, run_dedup, MIB};
 use tessera_disk::{DiskError, DiskRef, MemDisk};
-use tessera_pool::{MemoryMeta, MetaStore, CF_GRAINS};
+use tessera_pool::{MemoryMeta, MetaStore, CF_GRAINS, CF_POOL};
 use tessera_volume::{Compression, Engine, LayoutKind, Progress, VdiskSpec};
 
 fn read_all(e: &Engine, name: &str, len: usize) -> Vec<u8> {
@@ -67,6 +67,18 @@ fn a_pool_on_a_memory_store_serves_every_service_and_opens_again_from_it() {
     }
     let grains = meta_keys(&meta);
     assert!(grains > 0, "the grain map is in the memory store");
+    // What a logical unit keeps beside its vdisk (reservations, mode settings) is in the
+    // store too; a memory store is this machine's alone.
+    assert!(!e.metadata_shared());
+    let p2 = e.vdisk("p2").unwrap();
+    assert_eq!(e.lun_state(&p2, "reservations").unwrap(), None);
+    e.set_lun_state(&p2, "reservations", Some(b"held by node 1")).unwrap();
+    e.set_lun_state(&p2, "mode", Some(b"wce")).unwrap();
+    e.set_lun_state(&e.vdisk("p").unwrap(), "mode", Some(b"p's own"))
+        .unwrap();
+    e.set_lun_state(&p2, "mode", None).unwrap();
+    assert_eq!(e.lun_state(&p2, "mode").unwrap(), None, "forgotten");
+    drop(p2);
     e.flush().unwrap();
     e.export().unwrap();
 
@@ -87,7 +99,35 @@ fn a_pool_on_a_memory_store_serves_every_service_and_opens_again_from_it() {
     let check = e.check().unwrap();
     assert!(check.problems.is_empty(), "{:?}", check.problems);
     assert_eq!(meta_keys(&meta), grains);
+    let p2 = e.vdisk("p2").unwrap();
+    assert_eq!(
+        e.lun_state(&p2, "reservations").unwrap().as_deref(),
+        Some(&b"held by node 1"[..]),
+        "a logical unit's record comes back with the pool"
+    );
+    let records = || {
+        let mut n = 0;
+        MetaStore::on(meta.clone())
+            .for_each_prefix(CF_POOL, b"lun-state", |_, _| {
+                n += 1;
+                Ok(())
+            })
+            .unwrap();
+        n
+    };
+    assert_eq!(records(), 2);
     e.delete_vdisk("p2").unwrap();
+    assert_eq!(
+        records(),
+        1,
+        "deleting a vdisk takes its logical unit's records, no other"
+    );
+    assert!(
+        e.set_lun_state(&p2, "reservations", Some(b"late")).is_err(),
+        "nothing is kept for a deleted vdisk"
+    );
+    assert_eq!(records(), 1);
+    drop(p2);
     assert!(
         meta_keys(&meta) < grains,
         "deleting a vdisk takes its grain map from the store"

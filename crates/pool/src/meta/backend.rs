@@ -12,6 +12,12 @@ pub type Visit<'f> = &'f mut dyn FnMut(&[u8], &[u8]) -> Result<bool>;
 pub trait MetaBackend: Send + Sync {
     /// Where the store is, for messages.
     fn location(&self) -> String;
+    /// Whether other machines open this store too, one at a time (a pool's gateways taking
+    /// it over from each other): what a logical unit must keep beside its vdisk then lives
+    /// here rather than beside one daemon.
+    fn shared(&self) -> bool {
+        false
+    }
     /// Applies every change of `batch`, or none. With `sync`, durable before it returns.
     fn commit(&self, batch: &MetaBatch, sync: bool) -> Result<()>;
     /// Makes every batch committed so far durable.

@@ -87,6 +87,11 @@ impl MetaStore {
         self.backend.location()
     }
 
+    /// Whether other machines open this store too (see [`MetaBackend::shared`]).
+    pub fn shared(&self) -> bool {
+        self.backend.shared()
+    }
+
     /// Commits one atomic batch. `sync` makes it durable before returning.
     pub fn commit(&self, batch: MetaBatch, sync: bool) -> Result<()> {
         match (batch.is_empty(), sync) {
