@@ -410,6 +410,187 @@ fn persistent_reservations_follow_a_pool_on_rados_to_the_gateway_that_takes_it_o
     drop(a);
 }
 
+/// The designators of VPD page 0x83, by type: NAA (3), relative target port (4), target
+/// port group (5).
+#[cfg(feature = "rados")]
+fn designators(page: &[u8]) -> std::collections::BTreeMap<u8, Vec<u8>> {
+    let mut out = std::collections::BTreeMap::new();
+    let end = 4 + u16::from_be_bytes([page[2], page[3]]) as usize;
+    let mut at = 4;
+    while at + 4 <= end.min(page.len()) {
+        let len = page[at + 3] as usize;
+        out.insert(page[at + 1] & 0x0F, page[at + 4..at + 4 + len].to_vec());
+        at += 4 + len;
+    }
+    out
+}
+
+/// A host with a path to each gateway, as iSCSI multipath with implicit ALUA has it: one
+/// logical unit (the same NAA id) through two target port groups, the owner's active and
+/// optimized, the other's standby (discovery and mode pages answer, the medium and the
+/// reservations do not). The owner is killed: the host, retrying on the standby path, finds
+/// it active once the other gateway took the pool over, within 15 s, and every block the
+/// owner acknowledged is there.
+#[cfg(feature = "rados")]
+#[test]
+fn a_host_with_a_path_to_each_gateway_goes_on_through_the_standby_when_the_owner_dies() {
+    use tessera_iscsi::initiator::{LoginConfig, ScsiResult, Session};
+    let test = "a_host_with_a_path_to_each_gateway_goes_on_through_the_standby_when_the_owner_dies";
+    let Some((conf, etcd)) = cluster(test) else { return };
+    let pid = std::process::id();
+    let pool = format!("mp{pid}");
+    let prefix = format!("/tessera-test-mp-{pid}");
+    let t = tempfile::tempdir().unwrap();
+    let mut a = Daemon::start_configured(&t.path().join("a"), &gateway("gw-a", &etcd, &prefix));
+    create_rados_pool(&a, &pool, &conf);
+    let vdisk = format!("{pool}/mp");
+    a.ok(&["vdisk", "create", &vdisk, "--size", "64M", "--layout", "simple"]);
+    let iqn = "iqn.2026-11.io.tessera:multipath";
+    a.ok(&["target", "create", iqn, "--allow-any-initiator"]);
+    a.ok(&["target", "lun", "add", iqn, &vdisk]);
+    let b = Daemon::start_configured(&t.path().join("b"), &gateway("gw-b", &etcd, &prefix));
+    b.ok(&["pool", "import", &pool, "--rados", RADOS_POOL, "--ceph-conf", &conf]);
+    b.ok(&["target", "create", iqn, "--allow-any-initiator"]);
+    b.ok(&["target", "lun", "add", iqn, &vdisk]);
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let host = LoginConfig::new("iqn.2026-11.io.example:host", Some(iqn));
+    let (path_a, path_b) = rt.block_on(async {
+        (
+            Session::login(&a.iscsi_portal(), &host).await.unwrap(),
+            Session::login(&b.iscsi_portal(), &host).await.unwrap(),
+        )
+    });
+    let cmd = |s: &Session, cdb: &[u8], data: Vec<u8>, read: usize| -> ScsiResult {
+        rt.block_on(s.command(0, cdb, data, read)).expect("the session answers")
+    };
+    let sense = |r: &ScsiResult| (r.status == 2).then(|| (r.sense[2] & 0x0F, r.sense[12], r.sense[13]));
+    // As a host does: a unit attention (the first command at a gateway finds POWER ON
+    // OCCURRED) is reported, then the command is sent again.
+    let settled = |s: &Session, cdb: &[u8], data: Vec<u8>, read: usize| -> ScsiResult {
+        for _ in 0..3 {
+            let r = cmd(s, cdb, data.clone(), read);
+            if sense(&r).is_none_or(|(k, _, _)| k != 0x6) {
+                return r;
+            }
+        }
+        panic!("unit attentions without end");
+    };
+    let vpd83 = [0x12, 0x01, 0x83, 0, 255, 0];
+    // B presents the LUN as a standby port once it has read the pool's records (a tick).
+    let t0 = Instant::now();
+    let at_b = loop {
+        let r = cmd(&path_b, &vpd83, Vec::new(), 255);
+        if r.status == 0 {
+            break designators(&r.data);
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "B presents no standby LUN: {:?}\n{}",
+            sense(&r),
+            b.logs()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let at_a = designators(&cmd(&path_a, &vpd83, Vec::new(), 255).data);
+    assert_eq!(
+        at_a[&3], at_b[&3],
+        "one logical unit: the same NAA id through both gateways"
+    );
+    assert_ne!(at_a[&5], at_b[&5], "a target port group per gateway");
+    assert_ne!(at_a[&4], at_b[&4], "a relative target port per gateway");
+    let group = |d: &std::collections::BTreeMap<u8, Vec<u8>>| u16::from_be_bytes([d[&5][2], d[&5][3]]);
+    let (ga, gb) = (group(&at_a), group(&at_b));
+    // REPORT TARGET PORT GROUPS, through either path: A's group active/optimized, B's standby.
+    let states = |s: &Session| {
+        let d = settled(s, &[0xA3, 0x0A, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0], Vec::new(), 1024).data;
+        let mut out = std::collections::BTreeMap::new();
+        let mut at = 4;
+        while at + 8 <= d.len() {
+            out.insert(u16::from_be_bytes([d[at + 2], d[at + 3]]), d[at] & 0x0F);
+            at += 8 + 4 * d[at + 7] as usize;
+        }
+        out
+    };
+    // The owner knows of no other gateway; the standby gateway knows the owner.
+    let st = states(&path_a);
+    assert_eq!((st.get(&ga), st.get(&gb)), (Some(&0), None), "at A: {st:?}");
+    let st = states(&path_b);
+    assert_eq!((st.get(&ga), st.get(&gb)), (Some(&0), Some(&2)), "at B: {st:?}");
+    // The standby path: the medium and the reservations are refused, mode pages answer.
+    let read1 = |lba: u32| {
+        let mut c = vec![0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0];
+        c[2..6].copy_from_slice(&lba.to_be_bytes());
+        c
+    };
+    let write1 = |lba: u32| {
+        let mut c = vec![0x2A, 0x08, 0, 0, 0, 0, 0, 0, 1, 0]; // FUA
+        c[2..6].copy_from_slice(&lba.to_be_bytes());
+        c
+    };
+    let block = |lba: u32, round: u8| vec![round ^ lba as u8; 512];
+    const STANDBY: Option<(u8, u8, u8)> = Some((0x2, 0x04, 0x0B));
+    assert_eq!(sense(&settled(&path_b, &read1(0), Vec::new(), 512)), STANDBY);
+    assert_eq!(sense(&cmd(&path_b, &write1(0), block(0, 9), 0)), STANDBY);
+    assert_eq!(
+        sense(&cmd(&path_b, &[0x5E, 0, 0, 0, 0, 0, 0, 0x10, 0, 0], Vec::new(), 16)),
+        STANDBY
+    );
+    assert_eq!(cmd(&path_b, &[0x1A, 0x08, 0x08, 0, 255, 0], Vec::new(), 255).status, 0);
+
+    // The host writes through the owner, then the owner dies.
+    for lba in 0..64 {
+        assert_eq!(settled(&path_a, &write1(lba), block(lba, 1), 0).status, 0);
+    }
+    a.kill9();
+    let killed = Instant::now();
+    // The host retries on the standby path until it answers: NOT READY (standby or
+    // transitioning) and unit attentions are what a multipath host retries on.
+    let mut seen = Vec::new();
+    loop {
+        let r = cmd(&path_b, &write1(64), block(64, 2), 0);
+        if r.status == 0 {
+            break;
+        }
+        let s = sense(&r).unwrap_or_else(|| panic!("status {}", r.status));
+        assert!(
+            matches!(s, (0x2, 0x04, 0x0B) | (0x2, 0x04, 0x0A) | (0x6, _, _)),
+            "{s:x?} is no answer to retry on"
+        );
+        if seen.last() != Some(&s) {
+            seen.push(s);
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(30),
+            "no failover after 30 s: {seen:x?}\n{}",
+            b.logs()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let failover = killed.elapsed();
+    eprintln!("{test}: first write through the other gateway completed {failover:?} after the owner was killed (lease 3 s); answers on the way: {seen:x?}");
+    assert!(failover < Duration::from_secs(15), "failover took {failover:?}");
+    assert!(
+        seen.contains(&(0x6, 0x29, 0x00)),
+        "the host was told the unit started here: {seen:x?}"
+    );
+    let st = states(&path_b);
+    assert_eq!(st.get(&gb), Some(&0), "B's group is active/optimized now: {st:?}");
+    for lba in 0..64 {
+        let r = cmd(&path_b, &read1(lba), Vec::new(), 512);
+        assert_eq!(r.status, 0);
+        assert!(r.data == block(lba, 1), "block {lba} differs after the failover");
+    }
+    assert!(cmd(&path_b, &read1(64), Vec::new(), 512).data == block(64, 2));
+    drop(path_a);
+    drop(path_b);
+    let mut b = b;
+    b.ok(&["target", "lun", "remove", iqn, "0"]);
+    b.ok(&["vdisk", "delete", &vdisk]);
+    b.ok(&["pool", "destroy", &pool]);
+    b.stop();
+}
+
 /// Bytes the daemon has written to the data objects of pool `pool` (its one disk, in the
 /// cluster) since it took the pool.
 #[cfg(feature = "rados")]

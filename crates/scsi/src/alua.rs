@@ -49,7 +49,7 @@ impl AccessState {
     }
 
     /// The sense a port in this state answers a command it does not let through with.
-    fn refusal(self) -> Sense {
+    pub(crate) fn refusal(self) -> Sense {
         match self {
             AccessState::Standby => sense::PORT_IN_STANDBY,
             AccessState::Unavailable => sense::PORT_UNAVAILABLE,

@@ -142,6 +142,9 @@ pub struct Lun {
     /// The unit attention every nexus finds at its first command, if any: a LUN presented
     /// by the gateway that took its pool over tells each host so.
     first_contact: Option<Sense>,
+    /// The reservations and mode settings are the owner gateway's: a port that is not active
+    /// refuses the commands that read or change them ([`Lun::with_state_at_owner`]).
+    state_at_owner: bool,
     /// Commands hold it shared while they run; reservation changes take it exclusively, so
     /// that no command admitted under the old reservation is still running when PREEMPT (AND
     /// ABORT) completes. In an Arc so that a READ on a transport's ring holds it until its
@@ -203,6 +206,7 @@ impl Lun {
             pr_store: None,
             pr_shared: false,
             first_contact: None,
+            state_at_owner: false,
             fence: Arc::new(RwLock::new(())),
             tpc: Arc::new(CopyManager::new()),
             alua: Arc::new(SinglePort),
@@ -226,6 +230,20 @@ impl Lun {
     /// when a command that reads or writes the medium arrives at a group that is not active.
     fn alua_admits(&self, cmd: &Command) -> Result<(), Sense> {
         let state = self.alua.local_state();
+        let owners = matches!(
+            cmd.op,
+            PERSISTENT_RESERVE_IN
+                | PERSISTENT_RESERVE_OUT
+                | RESERVE_6
+                | RESERVE_10
+                | RELEASE_6
+                | RELEASE_10
+                | MODE_SELECT_6
+                | MODE_SELECT_10
+        );
+        if self.state_at_owner && owners && !state.active() {
+            return Err(state.refusal());
+        }
         match alua::admits(state, cmd.op, cmd.sa) {
             Err(_) if cmd.access != Access::Always && state == AccessState::Standby => {
                 alua::admits(self.alua.request_access(), cmd.op, cmd.sa)
@@ -269,6 +287,16 @@ impl Lun {
         self
     }
 
+    /// For a LUN presented by a gateway that does not own it (a standby port): its
+    /// reservations and mode settings are kept by the owner, so while this port is not active
+    /// PERSISTENT RESERVE IN and OUT, RESERVE, RELEASE and MODE SELECT are answered with the
+    /// port's state (NOT READY, TARGET PORT IN STANDBY STATE) and go through an active path,
+    /// rather than answered from a copy that may be stale or changed where nobody keeps it.
+    pub fn with_state_at_owner(mut self) -> Lun {
+        self.state_at_owner = true;
+        self
+    }
+
     /// Every nexus's first command finds the unit attention `s` (then whatever follows). A
     /// gateway that took a pool over presents its LUNs with POWER ON, RESET, OR BUS DEVICE
     /// RESET OCCURRED: to a host this logical unit was just started here, and that unit
@@ -277,6 +305,12 @@ impl Lun {
     /// its nexuses, which went with it).
     pub fn with_first_contact_attention(mut self, s: Sense) -> Lun {
         self.first_contact = Some(s);
+        self
+    }
+
+    /// Starts from the mode settings `m`, saving no change (a standby port shows the owner's).
+    pub fn with_mode(mut self, m: ModeState) -> Lun {
+        *self.mode.get_mut() = m;
         self
     }
 

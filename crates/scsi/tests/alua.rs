@@ -209,3 +209,31 @@ fn a_change_of_state_reaches_every_nexus_once() {
         assert_eq!(sense_of(&l.execute_for(n, &read10(0), &[])), None);
     }
 }
+
+#[test]
+fn a_standby_port_whose_state_is_the_owners_refuses_reservations_and_mode_select_until_active() {
+    let g = TwoGateways::new(AccessState::Standby, AccessState::ActiveOptimized);
+    let l = lun(g.clone()).with_state_at_owner();
+    let n = nexus(1);
+    let mut register = vec![0u8; 24];
+    register[8..16].copy_from_slice(&0x1111u64.to_be_bytes());
+    let pr_out = [0x5F, 6, 0, 0, 0, 0, 0, 0, 24, 0];
+    let read_keys = [0x5E, 0, 0, 0, 0, 0, 0, 0x10, 0, 0];
+    let reserve6 = [0x16, 0, 0, 0, 0, 0];
+    assert_eq!(sense_of(&l.execute_for(&n, &pr_out, &register)), STANDBY);
+    assert_eq!(sense_of(&l.execute_for(&n, &read_keys, &[])), STANDBY);
+    assert_eq!(sense_of(&l.execute_for(&n, &reserve6, &[])), STANDBY);
+    // MODE SENSE still answers; MODE SELECT of the page as it is is refused.
+    let sensed = l.execute_for(&n, &[0x1A, 0x08, 0x08, 0, 255, 0], &[]);
+    assert_eq!(sense_of(&sensed), None);
+    let mut select = vec![0u8; 4];
+    select.extend_from_slice(&sensed.data[4..]);
+    let cdb = [0x15, 0x10, 0, 0, select.len() as u8, 0];
+    assert_eq!(sense_of(&l.execute_for(&n, &cdb, &select)), STANDBY);
+    assert_eq!(g.requests.load(Ordering::SeqCst), 0, "none of them asks for the LUN");
+    // Once the port is active (it took the LUN over), they run.
+    assert_eq!(sense_of(&l.execute_for(&n, &write10(1), &[0; 512])), None);
+    assert_eq!(sense_of(&l.execute_for(&n, &pr_out, &register)), None);
+    let keys = l.execute_for(&n, &read_keys, &[]);
+    assert_eq!(&keys.data[8..16], &0x1111u64.to_be_bytes());
+}

@@ -25,6 +25,7 @@ pub mod replication;
 pub mod scans;
 pub mod scrubs;
 pub mod serve;
+pub mod standby;
 pub mod statefile;
 pub mod targets;
 pub mod units;

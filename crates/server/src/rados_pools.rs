@@ -104,12 +104,15 @@ impl Placement {
 /// Who owns a pool, as a gateway learned it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PoolOwner {
+    /// The owner as shown (an earlier run of this gateway says so).
     pub gateway: String,
+    /// The owner's name among the gateways.
+    pub name: String,
     pub epoch: i64,
 }
 
 #[cfg(feature = "rados")]
-pub use real::{Membership, Owned, Taking};
+pub use real::{Membership, Owned, Reader, Taking};
 
 #[cfg(feature = "rados")]
 mod real {
@@ -127,6 +130,8 @@ mod real {
     use tokio::runtime::Handle;
 
     use super::*;
+    use crate::standby::StandbyUnit;
+    use crate::targets::lun_uid_of;
 
     /// The ownership key of pool `name` among the gateways.
     fn owner_key(name: &str) -> String {
@@ -136,6 +141,67 @@ mod real {
     /// Seconds a call to the cluster may take before it fails instead of hanging (an OSD or
     /// monitor gone away).
     const CLUSTER_TIMEOUT: &str = "30";
+
+    fn connect(placement: &Placement) -> Result<Arc<Cluster>, String> {
+        let cluster = Cluster::connect(
+            &placement.ceph_conf,
+            &placement.client_name,
+            &[
+                ("rados_osd_op_timeout", CLUSTER_TIMEOUT),
+                ("rados_mon_op_timeout", CLUSTER_TIMEOUT),
+            ],
+        )
+        .map_err(|e| {
+            format!(
+                "cannot connect to the Ceph cluster of {} as client.{}: {e}",
+                placement.ceph_conf, placement.client_name
+            )
+        })?;
+        Ok(Arc::new(cluster))
+    }
+
+    /// A connection that only reads a pool's metadata, at a gateway that does not own the
+    /// pool: what it presents of it as standby LUNs. It never writes, so its being fenced
+    /// off (or not) changes nothing; the owner's connection is another.
+    pub struct Reader {
+        cluster: Arc<Cluster>,
+        placement: Placement,
+    }
+
+    impl Reader {
+        pub fn connect(placement: &Placement) -> Result<Reader, String> {
+            Ok(Reader {
+                cluster: connect(placement)?,
+                placement: placement.clone(),
+            })
+        }
+
+        /// What the metadata of pool `name` records of the vdisks `wanted` ("pool/vdisk"):
+        /// those it holds, each with its logical unit's id and mode settings.
+        pub fn units(&self, name: &str, wanted: &[String]) -> Result<Vec<(String, StandbyUnit)>, String> {
+            let pool = Cluster::shared_pool(&self.cluster, &self.placement.rados_pool).map_err(|e| e.to_string())?;
+            // Epoch 0: nothing is written through it.
+            let meta = MetaStore::on(RadosMeta::new(pool, &Placement::meta_object(name), 0));
+            let id = Pool::recorded_config(&meta).map_err(|e| e.to_string())?.id.as_u128();
+            let mut out = Vec::new();
+            for config in Engine::recorded_vdisks(&meta).map_err(|e| e.to_string())? {
+                let full = format!("{name}/{}", config.name);
+                if !wanted.contains(&full) {
+                    continue;
+                }
+                let mode = Engine::recorded_lun_state(&meta, config.id, crate::targets::MODE_RECORD)
+                    .map_err(|e| e.to_string())?
+                    .and_then(|b| serde_json::from_slice(&b).ok());
+                let unit = StandbyUnit {
+                    uid: lun_uid_of(id, config.id),
+                    config,
+                    mode,
+                };
+                out.push((full, unit));
+            }
+            Ok(out)
+        }
+    }
 
     /// This daemon's membership among the gateways: its etcd lease, renewed in the
     /// background. Its methods block; call them from blocking threads.
@@ -166,6 +232,7 @@ mod real {
     /// gateway (restarted before its lease lapsed) says so.
     fn elsewhere(o: tessera_ownership::Owner, me: &str) -> PoolOwner {
         PoolOwner {
+            name: o.gateway.clone(),
             gateway: if o.gateway == me {
                 format!("{me} (an earlier run, until its lease lapses)")
             } else {
@@ -256,22 +323,7 @@ mod real {
                 return Ok(Taking::Elsewhere(elsewhere(o, &self.cfg.name)));
             }
             let started = std::time::Instant::now();
-            let cluster = Arc::new(
-                Cluster::connect(
-                    &placement.ceph_conf,
-                    &placement.client_name,
-                    &[
-                        ("rados_osd_op_timeout", CLUSTER_TIMEOUT),
-                        ("rados_mon_op_timeout", CLUSTER_TIMEOUT),
-                    ],
-                )
-                .map_err(|e| {
-                    format!(
-                        "cannot connect to the Ceph cluster of {} as client.{}: {e}",
-                        placement.ceph_conf, placement.client_name
-                    )
-                })?,
-            );
+            let cluster = connect(placement)?;
             // The RADOS pool must exist before anyone takes anything in it.
             Cluster::shared_pool(&cluster, &placement.rados_pool)
                 .map_err(|e| format!("cannot open the RADOS pool '{}': {e}", placement.rados_pool))?;
@@ -386,7 +438,7 @@ mod real {
 
 /// Without the `rados` feature: joining fails and says why, so nothing else is reachable.
 #[cfg(not(feature = "rados"))]
-pub use absent::{Membership, Owned, Taking};
+pub use absent::{Membership, Owned, Reader, Taking};
 
 #[cfg(not(feature = "rados"))]
 mod absent {
@@ -407,6 +459,19 @@ mod absent {
     pub struct Owned {
         never: std::convert::Infallible,
         pub epoch: i64,
+    }
+
+    pub struct Reader {
+        never: std::convert::Infallible,
+    }
+
+    impl Reader {
+        pub fn connect(_: &Placement) -> Result<Reader, String> {
+            Err(ABSENT.into())
+        }
+        pub fn units(&self, _: &str, _: &[String]) -> Result<Vec<(String, crate::standby::StandbyUnit)>, String> {
+            match self.never {}
+        }
     }
 
     const ABSENT: &str = "this tessera was built without pools on Ceph RADOS: build it with `cargo build --features tessera-cli/rados` (needs librados-dev and protobuf-compiler)";

@@ -8,13 +8,14 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use tessera_iscsi::{auth, Access, Chap, Registry, Target};
-use tessera_scsi::{CopyManager, Lun, ModeState, ModeStore, PrState, PrStore};
+use tessera_scsi::{AccessState, CopyManager, Lun, ModeState, ModeStore, PrState, PrStore};
 use tessera_volume::{Engine, Vdisk};
 use tracing::warn;
 
 use crate::error::{ApiError, ApiResult};
 use crate::metrics::IoMetrics;
 use crate::model::SetChap;
+use crate::standby::{standby_lun, PoolPorts, StandbyUnit};
 use crate::statefile::{self, change_saved};
 
 /// LUN numbers we hand out: single-level, flat space.
@@ -85,12 +86,15 @@ pub struct Targets {
     pub copy: Arc<CopyManager>,
     /// Where the LUNs report the commands they answer.
     meters: Arc<IoMetrics>,
+    /// This daemon's name among the gateways, if it is one: the LUNs of its pools on RADOS
+    /// report its target port group.
+    gateway: Mutex<Option<String>>,
 }
 
 /// A stable per-vdisk identifier for the LUN's NAA id and serial number.
 /// The records of a LUN kept in its pool's metadata.
 const RESERVATIONS_RECORD: &str = "reservations";
-const MODE_RECORD: &str = "mode";
+pub(crate) const MODE_RECORD: &str = "mode";
 
 /// A LUN of a pool that several gateways serve in turn (a pool on RADOS) keeps its state in
 /// the pool's metadata, beside its vdisk: the gateway that takes the pool over presents its
@@ -139,7 +143,12 @@ fn kept_in_pool(lun: Lun, e: &Arc<Engine>, v: &Arc<Vdisk>) -> Result<Lun, String
 }
 
 pub fn lun_uid(e: &Engine, v: &Vdisk) -> u128 {
-    e.pool().id().as_u128().rotate_left(40) ^ v.id() as u128
+    lun_uid_of(e.pool().id().as_u128(), v.id())
+}
+
+/// The id of the logical unit of vdisk `vdisk` of pool `pool`: the same at every gateway.
+pub fn lun_uid_of(pool: u128, vdisk: u64) -> u128 {
+    pool.rotate_left(40) ^ vdisk as u128
 }
 
 /// iSCSI names (RFC 3720 3.2.6): iqn.YYYY-MM.reversed.domain[:anything], eui.<16 hex>, naa.<16 or 32 hex>.
@@ -193,7 +202,13 @@ impl Targets {
             registry: Registry::new(),
             copy: Arc::new(CopyManager::new()),
             meters,
+            gateway: Mutex::new(None),
         })
+    }
+
+    /// Names this daemon among the gateways (`[gateway] name`).
+    pub fn set_gateway(&self, name: &str) {
+        *self.gateway.lock() = Some(name.to_string());
     }
 
     fn save(&self, configs: &BTreeMap<String, TargetConfig>) -> ApiResult<()> {
@@ -272,7 +287,11 @@ impl Targets {
             .with_meter(self.meters.meter("iscsi", pool, vdisk))
             .with_copy_manager(self.copy.clone());
         let lun = if e.metadata_shared() {
-            kept_in_pool(lun, e, &v)?
+            let lun = kept_in_pool(lun, e, &v)?;
+            match self.gateway.lock().as_deref() {
+                Some(me) => lun.with_port_groups(PoolPorts::new(me, AccessState::ActiveOptimized, Some(me.into()))),
+                None => lun,
+            }
         } else {
             self.kept_here(lun, uid)?
         };
@@ -328,6 +347,57 @@ impl Targets {
                 if vd.split_once('/').is_some_and(|(p, _)| p == pool) {
                     t.luns.write().remove(&n);
                 }
+            }
+        }
+    }
+
+    /// The vdisks of pool `pool` that configured LUNs present, and whether each is presented.
+    pub fn vdisks_of_pool(&self, pool: &str) -> Vec<(String, bool)> {
+        let mut out: Vec<(String, bool)> = Vec::new();
+        for cfg in self.configs.lock().values() {
+            let t = self.registry.target(&cfg.iqn);
+            for (&n, vd) in &cfg.luns {
+                if vd.split_once('/').is_some_and(|(p, _)| p == pool) {
+                    let presented = t.as_ref().is_some_and(|t| t.lun(n).is_some());
+                    match out.iter_mut().find(|(v, _)| v == vd) {
+                        Some(e) => e.1 &= presented,
+                        None => out.push((vd.clone(), presented)),
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Presents the configured LUNs of pool `pool` (on RADOS, owned by another gateway) that
+    /// are not presented, as standby ports behind `ports`; `unit` finds what the pool's
+    /// metadata records of a vdisk ("pool/name"). A vdisk is one logical unit whatever the
+    /// target, as for LUNs served here.
+    pub fn present_standby(&self, pool: &str, ports: &Arc<PoolPorts>, unit: &dyn Fn(&str) -> Option<StandbyUnit>) {
+        let configs = self.configs.lock();
+        let mut made: BTreeMap<String, Arc<Lun>> = BTreeMap::new();
+        for cfg in configs.values() {
+            let Some(t) = self.registry.target(&cfg.iqn) else {
+                continue;
+            };
+            for (&n, vd) in &cfg.luns {
+                if !vd.split_once('/').is_some_and(|(p, _)| p == pool) {
+                    continue;
+                }
+                if let Some(l) = t.lun(n) {
+                    made.insert(vd.clone(), l);
+                    continue;
+                }
+                let l = match made.get(vd) {
+                    Some(l) => l.clone(),
+                    None => {
+                        let Some(u) = unit(vd) else { continue };
+                        let l = Arc::new(standby_lun(&u, ports.clone()));
+                        made.insert(vd.clone(), l.clone());
+                        l
+                    }
+                };
+                t.luns.write().insert(n, l);
             }
         }
     }

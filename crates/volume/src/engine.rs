@@ -125,6 +125,22 @@ impl Engine {
         Self::open_pool(Pool::open(dir, opener)?)
     }
 
+    /// The vdisks (and snapshots) a pool's metadata records, read without opening the pool:
+    /// what a gateway that does not own a shared pool presents of it (standby LUNs). A vdisk
+    /// being deleted is left out.
+    pub fn recorded_vdisks(meta: &MetaStore) -> Result<Vec<VdiskConfig>> {
+        let mut configs = Vec::new();
+        meta.for_each_prefix(CF_VDISKS, &[], |_, v| {
+            let c: VdiskConfig =
+                serde_json::from_slice(v).map_err(|e| meta.error(format!("unreadable vdisk record: {e}")))?;
+            if c.state != VdiskState::Deleting {
+                configs.push(c);
+            }
+            Ok(())
+        })?;
+        Ok(configs)
+    }
+
     /// Imports the pool as [`open`](Self::open) does, from the metadata in `meta`.
     pub fn open_with_meta(dir: &Path, opener: DiskOpener, meta: MetaStore) -> Result<Engine> {
         Self::open_pool(Pool::open_with_meta(dir, opener, meta)?)

@@ -4,7 +4,7 @@
 //! the last owner left, and a replaced owner cannot change it (its metadata writes are
 //! fenced like its data writes). The records go with the vdisk when it is deleted.
 
-use tessera_pool::{MetaBatch, CF_POOL};
+use tessera_pool::{MetaBatch, MetaStore, CF_POOL};
 
 use crate::engine::Engine;
 use crate::error::Result;
@@ -37,6 +37,12 @@ impl Engine {
     /// take it over from each other): its logical units then keep their state in it.
     pub fn metadata_shared(&self) -> bool {
         self.pool().meta().shared()
+    }
+
+    /// The record `kind` of the logical unit of vdisk `vdisk` (its id) as `meta` holds it,
+    /// read without opening the pool (a gateway presenting a LUN it does not own).
+    pub fn recorded_lun_state(meta: &MetaStore, vdisk: u64, kind: &str) -> Result<Option<Vec<u8>>> {
+        Ok(meta.get(CF_POOL, &key_of(vdisk, kind))?)
     }
 
     /// The record `kind` of vdisk `v`'s logical unit, if one was saved.

@@ -6,9 +6,15 @@
 //! lease lapsed (it died, stalled or left): the pool is then opened here and its configured
 //! LUNs and exports presented. When this gateway's own lease is lost, it withdraws every pool
 //! on RADOS at once, since another may own them already, and joins again.
+//!
+//! While another gateway owns a pool, the LUNs configured here for its vdisks are presented
+//! as standby ports (crate::standby) from what its metadata records; when this gateway takes
+//! the pool, they are replaced by the real LUNs.
 
 use super::*;
-use crate::rados_pools::{Placement, PoolOwner, Taking, PLACEMENT_FILE};
+use crate::rados_pools::{Placement, PoolOwner, Reader, Taking, PLACEMENT_FILE};
+use crate::standby::PoolPorts;
+use tessera_scsi::AccessState;
 use tracing::debug;
 
 /// What this gateway knows of one pool on RADOS.
@@ -18,6 +24,27 @@ pub(crate) struct RadosPool {
     owned: Option<crate::rados_pools::Owned>,
     /// The owner last seen when this gateway could not take it.
     elsewhere: Option<PoolOwner>,
+    /// The port groups of its standby LUNs here, while another gateway owns it.
+    ports: Arc<PoolPorts>,
+    /// Reads its metadata for the standby LUNs; made when first needed.
+    reader: Option<Arc<Reader>>,
+}
+
+impl RadosPool {
+    fn new(placement: Placement, owned: Option<crate::rados_pools::Owned>, me: &str) -> RadosPool {
+        let state = if owned.is_some() {
+            AccessState::ActiveOptimized
+        } else {
+            AccessState::Standby
+        };
+        RadosPool {
+            placement,
+            owned,
+            elsewhere: None,
+            ports: PoolPorts::new(me, state, None),
+            reader: None,
+        }
+    }
 }
 
 impl Daemon {
@@ -73,14 +100,9 @@ impl Daemon {
             }
         };
         let epoch = owned.epoch;
-        self.rados.lock().insert(
-            req.name.clone(),
-            RadosPool {
-                placement,
-                owned: Some(owned),
-                elsewhere: None,
-            },
-        );
+        self.rados
+            .lock()
+            .insert(req.name.clone(), RadosPool::new(placement, Some(owned), gw.name()));
         self.pools.write().insert(req.name.clone(), Arc::new(engine));
         self.persist()?;
         self.changed(
@@ -153,11 +175,8 @@ impl Daemon {
 
     /// Lists pool `name` as on RADOS and not served here yet.
     fn wait_for(&self, name: &str, placement: Placement) {
-        let waiting = RadosPool {
-            placement,
-            owned: None,
-            elsewhere: None,
-        };
+        let me = self.gateway.as_ref().map(|g| g.name()).unwrap_or_default();
+        let waiting = RadosPool::new(placement, None, me);
         self.rados.lock().insert(name.to_string(), waiting);
         self.unavailable
             .write()
@@ -189,8 +208,9 @@ impl Daemon {
                         o.gateway, o.epoch
                     );
                     if let Some(p) = self.rados.lock().get_mut(name) {
-                        p.elsewhere = Some(o);
+                        p.elsewhere = Some(o.clone());
                     }
+                    self.present_standby(name, &o);
                     why
                 }
                 Ok(Taking::Mine(owned)) => match {
@@ -210,6 +230,8 @@ impl Daemon {
                         }
                         self.pools.write().insert(name.to_string(), Arc::new(engine));
                         self.unavailable.write().remove(name);
+                        // The standby LUNs go; the real ones take their place below.
+                        self.targets.withdraw_pool(name);
                         self.events.record(
                             NewEvent::new(
                                 Severity::Warning,
@@ -230,6 +252,59 @@ impl Daemon {
             },
         };
         self.unavailable.write().insert(name.to_string(), why);
+    }
+
+    /// Presents the configured LUNs of pool `name`, which gateway `owner` owns, as standby
+    /// ports here, from what the pool's metadata records (read afresh for LUNs not presented
+    /// yet, so that a vdisk made at the owner since appears). A failure is logged and tried
+    /// again at the next tick.
+    fn present_standby(&self, name: &str, owner: &PoolOwner) {
+        let Some((ports, placement, reader)) = self
+            .rados
+            .lock()
+            .get(name)
+            .map(|p| (p.ports.clone(), p.placement.clone(), p.reader.clone()))
+        else {
+            return;
+        };
+        if ports.set(AccessState::Standby, Some(owner.name.clone())) {
+            for lun in self.targets.luns_of_pool(name) {
+                lun.access_state_changed();
+            }
+        }
+        let wanted: Vec<String> = self
+            .targets
+            .vdisks_of_pool(name)
+            .into_iter()
+            .filter(|(_, presented)| !presented)
+            .map(|(v, _)| v)
+            .collect();
+        if wanted.is_empty() {
+            return;
+        }
+        let reader = match reader {
+            Some(r) => r,
+            None => match Reader::connect(&placement) {
+                Ok(r) => {
+                    let r = Arc::new(r);
+                    if let Some(p) = self.rados.lock().get_mut(name) {
+                        p.reader = Some(r.clone());
+                    }
+                    r
+                }
+                Err(e) => {
+                    debug!(pool = %name, error = %e, "cannot read the pool's records for its standby LUNs yet");
+                    return;
+                }
+            },
+        };
+        match reader.units(name, &wanted) {
+            Ok(units) => {
+                let find = |vd: &str| units.iter().find(|(v, _)| v == vd).map(|(_, u)| u.clone());
+                self.targets.present_standby(name, &ports, &find);
+            }
+            Err(e) => debug!(pool = %name, error = %e, "cannot read the pool's records for its standby LUNs yet"),
+        }
     }
 
     /// Stops serving every pool on RADOS this gateway owned: its lease is lost, so another
@@ -302,6 +377,8 @@ impl Daemon {
         let Some(p) = self.rados.lock().remove(name) else {
             return Ok(());
         };
+        // Its standby LUNs, if another gateway owned it (the configuration stays).
+        self.targets.withdraw_pool(name);
         let (Some(owned), Some(gw)) = (p.owned, &self.gateway) else {
             return Ok(());
         };
