@@ -8,10 +8,23 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-/// The cluster's configuration file and etcd's endpoint, with the test RADOS pool made if
-/// missing; or None (the test then says it was skipped, and why).
+/// Held shared by every test on the cluster, and alone by the one that kills its OSD: the
+/// tests of this file run side by side, and an OSD that is down stalls them all.
 #[cfg(feature = "rados")]
-fn cluster(test: &str) -> Option<(String, String)> {
+static OSD: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+/// The cluster's configuration file and etcd's endpoint, with the test RADOS pool made if
+/// missing, and a share of the cluster (see [`OSD`]); or None (the test then says it was
+/// skipped, and why).
+#[cfg(feature = "rados")]
+fn cluster(test: &str) -> Option<(String, String, std::sync::RwLockReadGuard<'static, ()>)> {
+    let shared = OSD.read().unwrap_or_else(|e| e.into_inner());
+    let (conf, etcd) = cluster_config(test)?;
+    Some((conf, etcd, shared))
+}
+
+#[cfg(feature = "rados")]
+fn cluster_config(test: &str) -> Option<(String, String)> {
     let conf = std::env::var("TESSERA_CEPH_CONF").unwrap_or_default();
     let etcd = std::env::var("TESSERA_ETCD_ENDPOINTS").unwrap_or_default();
     if conf.is_empty() || etcd.is_empty() {
@@ -108,7 +121,9 @@ fn a_pool_on_rados_needs_a_gateway_and_says_so() {
 #[test]
 fn a_pool_on_rados_moves_to_the_other_gateway_when_its_owner_stalls_or_dies() {
     let test = "a_pool_on_rados_moves_to_the_other_gateway_when_its_owner_stalls_or_dies";
-    let Some((conf, etcd)) = cluster(test) else { return };
+    let Some((conf, etcd, _cluster)) = cluster(test) else {
+        return;
+    };
     let pid = std::process::id();
     let pool = format!("gw{pid}");
     let prefix = format!("/tessera-test-{pid}");
@@ -313,7 +328,9 @@ fn pr_out(sa: u8, kind: u8, key: u64, sa_key: u64) -> (Vec<u8>, Vec<u8>) {
 #[test]
 fn persistent_reservations_follow_a_pool_on_rados_to_the_gateway_that_takes_it_over() {
     let test = "persistent_reservations_follow_a_pool_on_rados_to_the_gateway_that_takes_it_over";
-    let Some((conf, etcd)) = cluster(test) else { return };
+    let Some((conf, etcd, _cluster)) = cluster(test) else {
+        return;
+    };
     let pid = std::process::id();
     let pool = format!("pr{pid}");
     let prefix = format!("/tessera-test-pr-{pid}");
@@ -436,7 +453,9 @@ fn designators(page: &[u8]) -> std::collections::BTreeMap<u8, Vec<u8>> {
 fn a_host_with_a_path_to_each_gateway_goes_on_through_the_standby_when_the_owner_dies() {
     use tessera_iscsi::initiator::{LoginConfig, ScsiResult, Session};
     let test = "a_host_with_a_path_to_each_gateway_goes_on_through_the_standby_when_the_owner_dies";
-    let Some((conf, etcd)) = cluster(test) else { return };
+    let Some((conf, etcd, _cluster)) = cluster(test) else {
+        return;
+    };
     let pid = std::process::id();
     let pool = format!("mp{pid}");
     let prefix = format!("/tessera-test-mp-{pid}");
@@ -612,7 +631,9 @@ fn rados_written(d: &Daemon, pool: &str) -> u64 {
 #[test]
 fn copies_snapshots_and_clones_on_a_pool_on_rados_are_made_by_reference() {
     let test = "copies_snapshots_and_clones_on_a_pool_on_rados_are_made_by_reference";
-    let Some((conf, etcd)) = cluster(test) else { return };
+    let Some((conf, etcd, _cluster)) = cluster(test) else {
+        return;
+    };
     let pid = std::process::id();
     let pool = format!("copies{pid}");
     let t = tempfile::tempdir().unwrap();
@@ -793,6 +814,300 @@ mod load {
     }
 }
 
+/// A host with iSCSI multipath to two gateways, as the verifying load's writer: each write
+/// goes through the current path; NOT READY (a standby or transitioning port) and unit
+/// attentions mean the write was not done, and it is sent again (through the other path for
+/// NOT READY); a write with no answer (a gateway dead or stalled) may or may not have landed,
+/// and is sent again through the other path until one path acknowledges it.
+#[cfg(feature = "rados")]
+mod multipath {
+    use std::time::{Duration, Instant};
+
+    use tessera_iscsi::initiator::{LoginConfig, Session};
+
+    use super::load::{block, Acked, BLOCK, BLOCKS};
+
+    pub struct Host {
+        pub portals: [String; 2],
+        sessions: [Option<Session>; 2],
+        pub current: usize,
+        cfg: LoginConfig,
+        /// Path switches, for the test's report.
+        pub switches: u32,
+    }
+
+    fn cdb(op: u8, n: u64) -> Vec<u8> {
+        let mut c = vec![op, if op == 0x2A { 0x08 } else { 0 }, 0, 0, 0, 0, 0, 0, 1, 0]; // FUA on writes
+        c[2..6].copy_from_slice(&(n as u32).to_be_bytes());
+        c
+    }
+
+    impl Host {
+        pub fn new(iqn: &str, portals: [String; 2]) -> Host {
+            Host {
+                portals,
+                sessions: [None, None],
+                current: 0,
+                cfg: LoginConfig::new("iqn.2026-11.io.example:host", Some(iqn)),
+                switches: 0,
+            }
+        }
+
+        fn switch(&mut self) {
+            self.current ^= 1;
+            self.switches += 1;
+        }
+
+        /// One command through the current path: Ok(status, sense key, ASC, ASCQ, data), or
+        /// Err when the path gave no answer within `limit` (its session is dropped).
+        async fn command(
+            &mut self,
+            cdb: &[u8],
+            data: Vec<u8>,
+            read: usize,
+            limit: Duration,
+        ) -> Result<(u8, u8, u8, u8, Vec<u8>), ()> {
+            let k = self.current;
+            if self.sessions[k].is_none() {
+                let login = Session::login(&self.portals[k], &self.cfg);
+                match tokio::time::timeout(Duration::from_secs(2), login).await {
+                    Ok(Ok(s)) => self.sessions[k] = Some(s),
+                    _ => return Err(()),
+                }
+            }
+            let s = self.sessions[k].as_ref().expect("logged in");
+            match tokio::time::timeout(limit, s.command(0, cdb, data, read)).await {
+                Ok(Ok(r)) => {
+                    let sense = |i: usize| r.sense.get(i).copied().unwrap_or(0);
+                    Ok((r.status, sense(2) & 0x0F, sense(12), sense(13), r.data))
+                }
+                _ => {
+                    self.sessions[k] = None;
+                    Err(())
+                }
+            }
+        }
+
+        /// Writes block `n` with sequence `seq` until a path acknowledges it, recording in
+        /// `acked` a write whose outcome is unknown meanwhile; false if none did by `until`.
+        pub async fn write(&mut self, n: u64, seq: u64, acked: &std::sync::Mutex<Acked>, until: Instant) -> bool {
+            let data = block(n, seq);
+            while Instant::now() < until {
+                match self
+                    .command(&cdb(0x2A, n), data.clone(), 0, Duration::from_secs(5))
+                    .await
+                {
+                    Ok((0, ..)) => {
+                        let mut a = acked.lock().unwrap();
+                        a.seq[n as usize] = seq;
+                        a.unknown[n as usize] = 0;
+                        a.writes += 1;
+                        return true;
+                    }
+                    // A unit attention: not done; again through the same path.
+                    Ok((2, 0x6, ..)) => {}
+                    // NOT READY (standby, transitioning, unavailable): not done; the other
+                    // path may be the active one.
+                    Ok((2, 0x2, 0x04, ..)) => {
+                        self.switch();
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    // No answer, or a failure that may have come after the data reached the
+                    // cluster: the block may hold it.
+                    other => {
+                        if let Ok(r) = &other {
+                            eprintln!(
+                                "write of block {n} failed: status {} sense {:x}/{:x}/{:x}",
+                                r.0, r.1, r.2, r.3
+                            );
+                        }
+                        acked.lock().unwrap().unknown[n as usize] = seq;
+                        self.switch();
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }
+            }
+            false
+        }
+
+        /// Reads every block through whichever path answers, and checks it holds what was
+        /// acknowledged last (or the write whose outcome is unknown).
+        pub async fn verify(&mut self, acked: &Acked) {
+            for n in 0..BLOCKS {
+                let got = loop {
+                    match self
+                        .command(&cdb(0x28, n), Vec::new(), BLOCK, Duration::from_secs(5))
+                        .await
+                    {
+                        Ok((0, _, _, _, d)) => break d,
+                        Ok((2, 0x6, ..)) => {}
+                        _ => {
+                            self.switch();
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                    }
+                };
+                let want = acked.seq[n as usize];
+                let maybe = acked.unknown[n as usize];
+                let ok = |s: u64| {
+                    if s == 0 {
+                        got.iter().all(|&b| b == 0)
+                    } else {
+                        got == block(n, s)
+                    }
+                };
+                let seq = u64::from_le_bytes(got[8..16].try_into().unwrap());
+                assert!(
+                    ok(want) || (maybe != 0 && ok(maybe)),
+                    "block {n}: acknowledged sequence {want} (outcome unknown: {maybe}), read sequence {seq}"
+                );
+            }
+        }
+    }
+}
+
+/// The OSD of the test cluster (one): its process id, and the command that starts it again.
+#[cfg(feature = "rados")]
+fn osd_process(conf: &str) -> (i32, Vec<String>) {
+    let args = vec!["-c".to_string(), conf.to_string(), "-i".to_string(), "0".to_string()];
+    let (found, out) = run("pgrep", &["-f", &format!("ceph-osd -c {conf} -i 0")]);
+    assert!(found, "no OSD 0 of {conf} running: {out}");
+    (out.lines().next().unwrap().trim().parse().unwrap(), args)
+}
+
+/// The verifying load through iSCSI multipath: a host with a path to each gateway
+/// writes 4 KiB blocks stamped with their number and a sequence number, with FUA, through
+/// the owner A, while the cluster's OSD is killed and started again, then A is killed (the
+/// host goes on through B once B took the pool over), then A comes back as a standby and B
+/// is stopped with SIGSTOP (the host goes on through A once A took it over) and resumed.
+/// Every block then holds what was acknowledged last, and B, resumed, changed nothing.
+#[cfg(feature = "rados")]
+#[test]
+fn acknowledged_writes_survive_an_osd_and_gateway_failures_under_iscsi_multipath() {
+    use std::sync::Mutex;
+    let test = "acknowledged_writes_survive_an_osd_and_gateway_failures_under_iscsi_multipath";
+    // Alone on the cluster: its OSD goes down under the test.
+    let _alone = OSD.write().unwrap_or_else(|e| e.into_inner());
+    let Some((conf, etcd)) = cluster_config(test) else {
+        return;
+    };
+    let pid = std::process::id();
+    let pool = format!("mpl{pid}");
+    let prefix = format!("/tessera-mpl-{pid}");
+    let t = tempfile::tempdir().unwrap();
+    let cfg = |name: &str| gateway(name, &etcd, &prefix);
+    let mut a = Daemon::start_configured(&t.path().join("a"), &cfg("gw-a"));
+    create_rados_pool(&a, &pool, &conf);
+    let vdisk = format!("{pool}/v");
+    let size = (load::BLOCKS * load::BLOCK as u64).to_string();
+    a.ok(&[
+        "vdisk",
+        "create",
+        &vdisk,
+        "--size",
+        &size,
+        "--layout",
+        "simple",
+        "--block-size",
+        "4096",
+    ]);
+    let iqn = "iqn.2026-11.io.tessera:load";
+    let mut b = Daemon::start_configured(&t.path().join("b"), &cfg("gw-b"));
+    b.ok(&["pool", "import", &pool, "--rados", RADOS_POOL, "--ceph-conf", &conf]);
+    for d in [&a, &b] {
+        d.ok(&["target", "create", iqn, "--allow-any-initiator"]);
+        d.ok(&["target", "lun", "add", iqn, &vdisk]);
+    }
+    let acked = Mutex::new(load::Acked {
+        seq: vec![0; load::BLOCKS as usize],
+        unknown: vec![0; load::BLOCKS as usize],
+        ..Default::default()
+    });
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut host = multipath::Host::new(iqn, [a.iscsi_portal(), b.iscsi_portal()]);
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    // Writes for `secs` (at least `min` of them), or until `stop` says so; how many.
+    let mut write_for = |host: &mut multipath::Host, secs: f64, stop: &mut dyn FnMut(u64) -> bool| -> u64 {
+        let t0 = Instant::now();
+        let mut done = 0;
+        while t0.elapsed().as_secs_f64() < secs && !stop(done) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let n = x % load::BLOCKS;
+            let seq = {
+                let mut a = acked.lock().unwrap();
+                a.next += 1;
+                a.next
+            };
+            let until = Instant::now() + Duration::from_secs(40);
+            assert!(
+                rt.block_on(host.write(n, seq, &acked, until)),
+                "no path took a write for 40 s"
+            );
+            done += 1;
+        }
+        done
+    };
+
+    // Through A; the OSD is killed, and started again 2 s later.
+    let before = write_for(&mut host, 2.0, &mut |_| false);
+    assert!(before > 20, "the load hardly ran: {before} writes");
+    let (osd, args) = osd_process(&conf);
+    assert_eq!(unsafe { libc::kill(osd, libc::SIGKILL) }, 0);
+    let down = Instant::now();
+    let restarter = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(2));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        ok("ceph-osd", &args);
+    });
+    let mut first_after = None;
+    let during = write_for(&mut host, 60.0, &mut |done| {
+        if done > 0 && first_after.is_none() && down.elapsed() > Duration::from_secs(2) {
+            first_after = Some(down.elapsed());
+        }
+        first_after.is_some_and(|t| down.elapsed() > t + Duration::from_secs(2))
+    });
+    restarter.join().unwrap();
+    eprintln!("{test}: {before} writes through A, then the OSD killed; writes resumed {first_after:?} after ({during} in all around it)");
+
+    // A dies: the host goes on through B.
+    a.kill9();
+    drop(a);
+    let killed = Instant::now();
+    let switches = host.switches;
+    write_for(&mut host, 60.0, &mut |done| done > 0);
+    let failover = killed.elapsed();
+    assert_eq!(host.current, 1, "the host writes through B");
+    assert!(host.switches > switches);
+    write_for(&mut host, 2.0, &mut |_| false);
+    eprintln!("{test}: A killed; the first write through B completed {failover:?} after");
+    assert!(failover < Duration::from_secs(15), "failover took {failover:?}");
+
+    // A comes back (a standby now); B stalls: the host goes on through A.
+    let mut a = Daemon::start_configured(&t.path().join("a"), &cfg("gw-a"));
+    // Its portal is on another port in this test (a real one keeps its address).
+    host.portals[0] = a.iscsi_portal();
+    std::thread::sleep(Duration::from_secs(2));
+    signal(&b, libc::SIGSTOP);
+    let stalled = Instant::now();
+    write_for(&mut host, 60.0, &mut |done| done > 0);
+    let failover = stalled.elapsed();
+    assert_eq!(host.current, 0, "the host writes through A");
+    eprintln!("{test}: B stopped; the first write through A completed {failover:?} after");
+    assert!(failover < Duration::from_secs(20), "failover took {failover:?}");
+    let snapshot = acked.lock().unwrap().writes;
+    signal(&b, libc::SIGCONT);
+    write_for(&mut host, 2.0, &mut |_| false);
+    let writes = acked.lock().unwrap().writes;
+    eprintln!("{test}: {writes} writes acknowledged in all ({snapshot} before B resumed)");
+    rt.block_on(host.verify(&acked.lock().unwrap()));
+    let check = a.json(&["pool", "check", &pool]);
+    assert!(check["problems"].as_array().unwrap().is_empty(), "{check}");
+    a.stop();
+    b.kill9();
+}
+
 /// Acknowledged writes survive a failover under load: a host writes through gateway A until
 /// A is killed, then through B once B took the pool over, until B is stopped and A (started
 /// again) takes it; every block then holds what was acknowledged last, read through the
@@ -804,7 +1119,9 @@ fn acknowledged_writes_survive_failovers_under_a_verifying_load() {
     use std::sync::{Arc, Mutex};
 
     let test = "acknowledged_writes_survive_failovers_under_a_verifying_load";
-    let Some((conf, etcd)) = cluster(test) else { return };
+    let Some((conf, etcd, _cluster)) = cluster(test) else {
+        return;
+    };
     let pid = std::process::id();
     let pool = format!("load{pid}");
     let prefix = format!("/tessera-load-{pid}");
@@ -906,7 +1223,9 @@ fn forward(port: u16, to: String) {
 #[test]
 fn a_gateway_starts_without_etcd_and_joins_once_it_answers() {
     let test = "a_gateway_starts_without_etcd_and_joins_once_it_answers";
-    let Some((conf, etcd)) = cluster(test) else { return };
+    let Some((conf, etcd, _cluster)) = cluster(test) else {
+        return;
+    };
     let pid = std::process::id();
     let pool = format!("late{pid}");
     let prefix = format!("/tessera-test-late-{pid}");
