@@ -465,6 +465,27 @@ fn api_errors_are_json_with_stable_codes() {
     assert_eq!((r.status, r.code().as_str()), (405, "method_not_allowed"));
     let r = d.http("GET", "/api/jobs/abc", None);
     assert_eq!(r.code(), "invalid_argument");
+    // A request for a job may wait for its end: it answers once the job ended.
+    let image = t.path().join("image.raw");
+    std::fs::write(&image, vec![0x5Au8; 64 << 20]).unwrap();
+    let body = format!(
+        "{{\"path\": \"{}\", \"create\": {{\"name\": \"img\", \"size\": 67108864}}}}",
+        image.display()
+    );
+    let r = d.http("POST", "/api/pools/e/vdisks/img/import", Some(&body));
+    assert_eq!(r.status, 202, "{}", r.body);
+    let id = r.json()["id"].as_u64().unwrap();
+    let r = d.http("GET", &format!("/api/jobs/{id}?wait=30"), None);
+    assert_eq!(
+        r.json()["state"],
+        "succeeded",
+        "the answer came before the end: {}",
+        r.body
+    );
+    for bad in ["wait=-1", "wait=31", "wait=soon", "wait=NaN", "tail=1"] {
+        let r = d.http("GET", &format!("/api/jobs/{id}?{bad}"), None);
+        assert_eq!(r.code(), "invalid_argument", "{bad}: {}", r.body);
+    }
     let r = d.http("GET", "/api/pools/zzz", None);
     assert_eq!((r.status, r.code().as_str()), (404, "not_found"));
     let r = d.http(

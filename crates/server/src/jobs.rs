@@ -49,6 +49,8 @@ pub struct Job {
     started_at: u64,
     started: Instant,
     end: Mutex<Option<JobEnd>>,
+    /// True once the job ended: what a caller waiting for the end watches.
+    ended: tokio::sync::watch::Sender<bool>,
 }
 
 struct JobEnd {
@@ -116,6 +118,13 @@ impl Job {
     pub fn state(&self) -> JobState {
         self.end.lock().as_ref().map(|e| e.state).unwrap_or(JobState::Running)
     }
+
+    /// Returns once the job ended, or after `limit`, whichever comes first: a client that
+    /// waits for a job learns of its end at once instead of at its next poll.
+    pub async fn wait(&self, limit: std::time::Duration) {
+        let mut ended = self.ended.subscribe();
+        let _ = tokio::time::timeout(limit, ended.wait_for(|e| *e)).await;
+    }
 }
 
 /// How many finished jobs are remembered.
@@ -168,6 +177,7 @@ impl Jobs {
             started_at: unix_now(),
             started: Instant::now(),
             end: Mutex::new(None),
+            ended: tokio::sync::watch::Sender::new(false),
         });
         {
             let mut jobs = self.jobs.lock();
@@ -219,6 +229,7 @@ impl Jobs {
                     error,
                     result,
                 });
+                j.ended.send_replace(true);
                 // After the end is set: whoever reads the event finds the job ended.
                 Jobs::tell(&events, &j, told.0, told.1, told.2);
             })

@@ -1,6 +1,7 @@
 //! `tessera job`, and following a job's progress.
 
 use super::*;
+use std::time::Instant;
 
 pub(super) fn job(c: &Ctx, cmd: JobCmd) -> R {
     match cmd {
@@ -124,6 +125,9 @@ pub(super) fn follow(c: &Ctx, raw: Value, no_wait: bool) -> R {
     }
 }
 
+/// How long one request for a running job waits for its end.
+const POLL: Duration = Duration::from_millis(200);
+
 /// Polls a job until it ends, with a progress bar on a terminal. Returns its last view.
 pub(super) fn wait_for(c: &Ctx, mut raw: Value) -> Result<(JobView, Value), ClientError> {
     let mut job: JobView = read(raw.clone())?;
@@ -145,7 +149,6 @@ pub(super) fn wait_for(c: &Ctx, mut raw: Value) -> Result<(JobView, Value), Clie
     } else {
         None
     };
-    let mut polls = 0;
     loop {
         if let Some(b) = &bar {
             b.set_length(job.total_bytes);
@@ -154,12 +157,16 @@ pub(super) fn wait_for(c: &Ctx, mut raw: Value) -> Result<(JobView, Value), Clie
         if job.state != JobState::Running {
             break;
         }
-        // Often at first, so that a short job is seen to end soon after it does (and timed
-        // close to its length); then five times a second.
-        std::thread::sleep(Duration::from_millis(if polls < 50 { 20 } else { 200 }));
-        polls += 1;
-        raw = c.client.get(&format!("/api/jobs/{id}"))?;
+        // The daemon answers once the job ended or after POLL, whichever comes first: the
+        // progress moves five times a second, and the end is seen when it comes.
+        let asked = Instant::now();
+        raw = c.client.get(&format!("/api/jobs/{id}?wait={}", POLL.as_secs_f64()))?;
         job = read(raw.clone())?;
+        // A daemon that answered at once although the job runs on (one that does not wait)
+        // is asked again only after POLL.
+        if job.state == JobState::Running {
+            std::thread::sleep(POLL.saturating_sub(asked.elapsed()));
+        }
     }
     if let Some(b) = bar {
         b.finish_and_clear();

@@ -313,8 +313,37 @@ fn job_id(s: &str) -> ApiResult<u64> {
         .map_err(|_| ApiError::invalid(format!("'{s}' is not a job id: job ids are numbers")))
 }
 
-pub async fn show_job(State(d): D, Path(id): Path<String>) -> ApiResult<Json<JobView>> {
-    Ok(Json(d.jobs.get(job_id(&id)?)?.view()))
+/// The longest `?wait=SECONDS` a request for a job may hold.
+const MAX_JOB_WAIT: f64 = 30.0;
+
+/// `?wait=SECONDS`, optional: answers once the job ended or after that long, whichever
+/// comes first (a client following a job learns of its end at once).
+pub async fn show_job(
+    State(d): D,
+    Path(id): Path<String>,
+    axum::extract::RawQuery(q): axum::extract::RawQuery,
+) -> ApiResult<Json<JobView>> {
+    let mut wait = 0.0;
+    for pair in q.as_deref().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        match k {
+            "wait" => {
+                wait = v
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|w| w.is_finite() && (0.0..=MAX_JOB_WAIT).contains(w))
+                    .ok_or_else(|| {
+                        ApiError::invalid(format!("query parameter wait={v}: seconds from 0 to {MAX_JOB_WAIT}"))
+                    })?
+            }
+            _ => return Err(ApiError::invalid(format!("unknown query parameter '{k}' (wait)"))),
+        }
+    }
+    let job = d.jobs.get(job_id(&id)?)?;
+    if wait > 0.0 {
+        job.wait(std::time::Duration::from_secs_f64(wait)).await;
+    }
+    Ok(Json(job.view()))
 }
 
 pub async fn cancel_job(State(d): D, Path(id): Path<String>) -> ApiResult<Json<JobView>> {

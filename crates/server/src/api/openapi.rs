@@ -414,7 +414,7 @@ pub const ROUTES: &[RouteDoc] = &[
     r(
         "get",
         "/api/jobs/{id}",
-        "A job and its progress",
+        "A job and its progress; `?wait=SECONDS` (at most 30) answers once the job ended or after that long",
         None,
         Some((200, schema::<JobView>)),
     ),
