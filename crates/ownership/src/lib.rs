@@ -271,6 +271,43 @@ impl Gateway {
         Ok(self.client.txn(txn).await?.succeeded())
     }
 
+    fn presence_key(&self, what: &str) -> String {
+        format!("{}/presents/{what}/{}", self.prefix, self.name)
+    }
+
+    /// Says that this gateway presents `what` (the LUNs of a pool), on its lease: the word
+    /// goes with the lease when the gateway dies, stalls or leaves.
+    pub async fn announce(&mut self, what: &str) -> Result<()> {
+        let key = self.presence_key(what);
+        self.client
+            .put(key, "", Some(PutOptions::new().with_lease(self.lease)))
+            .await?;
+        Ok(())
+    }
+
+    /// Takes back [`announce`](Self::announce).
+    pub async fn unannounce(&mut self, what: &str) -> Result<()> {
+        let key = self.presence_key(what);
+        self.client.delete(key, None).await?;
+        Ok(())
+    }
+
+    /// The gateways that present `what` now (whose leases hold), in name order.
+    pub async fn presenting(&mut self, what: &str) -> Result<Vec<String>> {
+        let from = format!("{}/presents/{what}/", self.prefix);
+        let r = self
+            .client
+            .get(from.as_str(), Some(GetOptions::new().with_prefix().with_keys_only()))
+            .await?;
+        let mut names: Vec<String> = r
+            .kvs()
+            .iter()
+            .filter_map(|kv| kv.key_str().ok()?.strip_prefix(from.as_str()).map(String::from))
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
     /// Whether the lease is still being renewed (false once it was lost, or may have been: a
     /// gateway stops serving what it owned when this turns false).
     pub fn alive(&self) -> bool {

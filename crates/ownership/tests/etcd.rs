@@ -107,3 +107,36 @@ async fn leaving_gives_every_vdisk_up() {
         "a lease of 1 s is refused"
     );
 }
+
+#[tokio::test]
+async fn gateways_announce_what_they_present_until_their_lease_goes() {
+    let t = "gateways_announce_what_they_present_until_their_lease_goes";
+    let Some(ep) = endpoints(t) else { return };
+    let p = prefix(t);
+    let mut a = Gateway::join(&ep, &p, "gw-a", 3).await.unwrap();
+    let mut b = Gateway::join(&ep, &p, "gw-b", 3).await.unwrap();
+    assert!(a.presenting("pool.tank").await.unwrap().is_empty());
+    b.announce("pool.tank").await.unwrap();
+    a.announce("pool.tank").await.unwrap();
+    a.announce("pool.tank").await.unwrap();
+    a.announce("pool.other").await.unwrap();
+    assert_eq!(b.presenting("pool.tank").await.unwrap(), ["gw-a", "gw-b"]);
+    assert_eq!(b.presenting("pool.other").await.unwrap(), ["gw-a"]);
+    assert!(
+        b.presenting("pool.tan").await.unwrap().is_empty(),
+        "a prefix of a name is another name"
+    );
+    a.unannounce("pool.other").await.unwrap();
+    assert!(b.presenting("pool.other").await.unwrap().is_empty());
+    // B stalls: its word goes with its lease.
+    b.stall();
+    let t0 = Instant::now();
+    while a.presenting("pool.tank").await.unwrap() != ["gw-a"] {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "B's presence outlived its lease"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    a.leave().await.unwrap();
+}

@@ -356,6 +356,33 @@ mod real {
             }))
         }
 
+        /// This run's lease, once joined: what an announcement was made under.
+        pub fn lease(&self) -> Option<i64> {
+            self.rt
+                .block_on(async { self.gateway.lock().await.as_ref().map(|g| g.lease()) })
+        }
+
+        /// Says in etcd, on this gateway's lease, that it presents LUNs of pool `name`, so
+        /// that the owner lists this gateway's target port group too.
+        pub fn announce(&self, name: &str) -> Result<(), String> {
+            self.rt.block_on(async {
+                match self.gateway.lock().await.as_mut() {
+                    Some(g) => g.announce(&owner_key(name)).await.map_err(|e| e.to_string()),
+                    None => Err(self.not_joined()),
+                }
+            })
+        }
+
+        /// The gateways that present LUNs of pool `name` now.
+        pub fn presenting(&self, name: &str) -> Result<Vec<String>, String> {
+            self.rt.block_on(async {
+                match self.gateway.lock().await.as_mut() {
+                    Some(g) => g.presenting(&owner_key(name)).await.map_err(|e| e.to_string()),
+                    None => Err(self.not_joined()),
+                }
+            })
+        }
+
         /// Gives pool `name` up, if this gateway owns it at `epoch`.
         pub fn release(&self, name: &str, epoch: i64) -> Result<(), String> {
             self.rt.block_on(async {
@@ -496,6 +523,15 @@ mod absent {
             match self.never {}
         }
         pub fn release(&self, _: &str, _: i64) -> Result<(), String> {
+            match self.never {}
+        }
+        pub fn lease(&self) -> Option<i64> {
+            match self.never {}
+        }
+        pub fn announce(&self, _: &str) -> Result<(), String> {
+            match self.never {}
+        }
+        pub fn presenting(&self, _: &str) -> Result<Vec<String>, String> {
             match self.never {}
         }
     }

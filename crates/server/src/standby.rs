@@ -38,32 +38,55 @@ pub fn group_of(name: &str) -> u16 {
 }
 
 /// The target port groups of a pool's LUNs at this gateway: its own group, active/optimized
-/// while it owns the pool and standby while another does, and the owner's.
+/// while it owns the pool and standby while another does; the owner's; and those of the
+/// other gateways that present the pool's LUNs (standby).
 pub struct PoolPorts {
     me: String,
-    state: Mutex<(AccessState, Option<String>)>,
+    state: Mutex<Ports>,
+}
+
+#[derive(Clone)]
+struct Ports {
+    local: AccessState,
+    owner: Option<String>,
+    /// Every gateway that says it presents the pool's LUNs (etcd), this one included.
+    presenting: Vec<String>,
 }
 
 impl PoolPorts {
     pub fn new(me: &str, local: AccessState, owner: Option<String>) -> Arc<PoolPorts> {
         Arc::new(PoolPorts {
             me: me.to_string(),
-            state: Mutex::new((local, owner)),
+            state: Mutex::new(Ports {
+                local,
+                owner,
+                presenting: Vec::new(),
+            }),
         })
     }
 
     /// Records this gateway's state and the owner; true if either changed.
     pub fn set(&self, local: AccessState, owner: Option<String>) -> bool {
         let mut s = self.state.lock();
-        let changed = s.0 != local || s.1 != owner;
-        *s = (local, owner);
+        let changed = s.local != local || s.owner != owner;
+        s.local = local;
+        s.owner = owner;
         changed
+    }
+
+    /// Records the gateways that present the pool's LUNs now.
+    pub fn set_presenting(&self, gateways: Vec<String>) {
+        self.state.lock().presenting = gateways;
     }
 }
 
 impl PortGroups for PoolPorts {
     fn groups(&self) -> Vec<PortGroup> {
-        let (local, owner) = self.state.lock().clone();
+        let Ports {
+            local,
+            owner,
+            presenting,
+        } = self.state.lock().clone();
         let mine = group_of(&self.me);
         let mut groups = vec![PortGroup {
             id: mine,
@@ -71,16 +94,25 @@ impl PortGroups for PoolPorts {
             preferred: local.active(),
             ports: vec![mine],
         }];
-        if let Some(o) = owner.filter(|o| *o != self.me) {
-            let theirs = group_of(&o);
-            if theirs != mine {
-                groups.push(PortGroup {
-                    id: theirs,
-                    state: AccessState::ActiveOptimized,
-                    preferred: true,
-                    ports: vec![theirs],
-                });
+        // The owner first, so that a name whose group collides with another's reports it
+        // active.
+        let others = owner.iter().chain(presenting.iter()).filter(|g| **g != self.me);
+        for g in others {
+            let id = group_of(g);
+            if groups.iter().any(|x| x.id == id) {
+                continue;
             }
+            let active = owner.as_deref() == Some(g.as_str());
+            groups.push(PortGroup {
+                id,
+                state: if active {
+                    AccessState::ActiveOptimized
+                } else {
+                    AccessState::Standby
+                },
+                preferred: active,
+                ports: vec![id],
+            });
         }
         groups.sort_by_key(|g| g.id);
         groups
@@ -92,7 +124,7 @@ impl PortGroups for PoolPorts {
     }
 
     fn local_state(&self) -> AccessState {
-        self.state.lock().0
+        self.state.lock().local
     }
 
     /// A pool is never taken from a live owner (two hosts preferring different gateways
@@ -210,5 +242,17 @@ mod tests {
         let g = p.groups();
         assert_eq!(g.len(), 1);
         assert_eq!(g[0].state, AccessState::ActiveOptimized);
+        // The other gateways that present the pool are standby groups of the owner's LUNs.
+        p.set_presenting(vec!["gw-a".into(), "gw-b".into(), "gw-c".into()]);
+        let g = p.groups();
+        assert_eq!(g.len(), 3);
+        for (name, state) in [
+            ("gw-a", AccessState::Standby),
+            ("gw-b", AccessState::ActiveOptimized),
+            ("gw-c", AccessState::Standby),
+        ] {
+            let found = g.iter().find(|x| x.id == group_of(name)).unwrap();
+            assert_eq!((found.state, found.preferred), (state, state.active()), "{name}");
+        }
     }
 }

@@ -89,6 +89,8 @@ pub struct Targets {
     /// This daemon's name among the gateways, if it is one: the LUNs of its pools on RADOS
     /// report its target port group.
     gateway: Mutex<Option<String>>,
+    /// The target port groups of each pool on RADOS, shared by its LUNs here.
+    pool_ports: Mutex<BTreeMap<String, Arc<PoolPorts>>>,
 }
 
 /// A stable per-vdisk identifier for the LUN's NAA id and serial number.
@@ -203,12 +205,22 @@ impl Targets {
             copy: Arc::new(CopyManager::new()),
             meters,
             gateway: Mutex::new(None),
+            pool_ports: Mutex::new(BTreeMap::new()),
         })
     }
 
     /// Names this daemon among the gateways (`[gateway] name`).
     pub fn set_gateway(&self, name: &str) {
         *self.gateway.lock() = Some(name.to_string());
+    }
+
+    /// The target port groups the LUNs of pool `pool` (on RADOS) report here; None forgets
+    /// them.
+    pub fn set_pool_ports(&self, pool: &str, ports: Option<Arc<PoolPorts>>) {
+        match ports {
+            Some(p) => self.pool_ports.lock().insert(pool.to_string(), p),
+            None => self.pool_ports.lock().remove(pool),
+        };
     }
 
     fn save(&self, configs: &BTreeMap<String, TargetConfig>) -> ApiResult<()> {
@@ -288,9 +300,13 @@ impl Targets {
             .with_copy_manager(self.copy.clone());
         let lun = if e.metadata_shared() {
             let lun = kept_in_pool(lun, e, &v)?;
-            match self.gateway.lock().as_deref() {
-                Some(me) => lun.with_port_groups(PoolPorts::new(me, AccessState::ActiveOptimized, Some(me.into()))),
-                None => lun,
+            let ports = self.pool_ports.lock().get(pool).cloned();
+            match (ports, self.gateway.lock().as_deref()) {
+                (Some(p), _) => lun.with_port_groups(p),
+                (None, Some(me)) => {
+                    lun.with_port_groups(PoolPorts::new(me, AccessState::ActiveOptimized, Some(me.into())))
+                }
+                (None, None) => lun,
             }
         } else {
             self.kept_here(lun, uid)?

@@ -28,6 +28,8 @@ pub(crate) struct RadosPool {
     ports: Arc<PoolPorts>,
     /// Reads its metadata for the standby LUNs; made when first needed.
     reader: Option<Arc<Reader>>,
+    /// The lease under which this gateway last said it presents the pool's LUNs.
+    announced: Option<i64>,
 }
 
 impl RadosPool {
@@ -41,8 +43,9 @@ impl RadosPool {
             placement,
             owned,
             elsewhere: None,
-            ports: PoolPorts::new(me, state, None),
+            ports: PoolPorts::new(me, state, state.active().then(|| me.to_string())),
             reader: None,
+            announced: None,
         }
     }
 }
@@ -100,9 +103,9 @@ impl Daemon {
             }
         };
         let epoch = owned.epoch;
-        self.rados
-            .lock()
-            .insert(req.name.clone(), RadosPool::new(placement, Some(owned), gw.name()));
+        let p = RadosPool::new(placement, Some(owned), gw.name());
+        self.targets.set_pool_ports(&req.name, Some(p.ports.clone()));
+        self.rados.lock().insert(req.name.clone(), p);
         self.pools.write().insert(req.name.clone(), Arc::new(engine));
         self.persist()?;
         self.changed(
@@ -177,6 +180,7 @@ impl Daemon {
     fn wait_for(&self, name: &str, placement: Placement) {
         let me = self.gateway.as_ref().map(|g| g.name()).unwrap_or_default();
         let waiting = RadosPool::new(placement, None, me);
+        self.targets.set_pool_ports(name, Some(waiting.ports.clone()));
         self.rados.lock().insert(name.to_string(), waiting);
         self.unavailable
             .write()
@@ -227,6 +231,7 @@ impl Daemon {
                         if let Some(p) = self.rados.lock().get_mut(name) {
                             p.owned = Some(owned);
                             p.elsewhere = None;
+                            p.ports.set(AccessState::ActiveOptimized, Some(gw.name().to_string()));
                         }
                         self.pools.write().insert(name.to_string(), Arc::new(engine));
                         self.unavailable.write().remove(name);
@@ -369,6 +374,38 @@ impl Daemon {
                 self.bring_rados_pool(&name);
             }
         }
+        self.announce_presence(gw);
+    }
+
+    /// Says in etcd which pools this gateway presents LUNs of (once per lease), and learns
+    /// which gateways present each, for the target port groups its LUNs report.
+    fn announce_presence(&self, gw: &crate::rados_pools::Membership) {
+        let lease = gw.lease();
+        let pools: Vec<(String, Option<i64>, Arc<PoolPorts>)> = self
+            .rados
+            .lock()
+            .iter()
+            .map(|(n, p)| (n.clone(), p.announced, p.ports.clone()))
+            .collect();
+        for (name, announced, ports) in pools {
+            if self.targets.vdisks_of_pool(&name).is_empty() {
+                continue;
+            }
+            if announced != lease {
+                match gw.announce(&name) {
+                    Ok(()) => {
+                        if let Some(p) = self.rados.lock().get_mut(&name) {
+                            p.announced = lease;
+                        }
+                    }
+                    Err(e) => debug!(pool = %name, error = %e, "cannot say this gateway presents the pool yet"),
+                }
+            }
+            match gw.presenting(&name) {
+                Ok(list) => ports.set_presenting(list),
+                Err(e) => debug!(pool = %name, error = %e, "cannot learn which gateways present the pool"),
+            }
+        }
     }
 
     /// Gives up pool `name` after it was exported or destroyed here; for a destroyed pool,
@@ -379,6 +416,7 @@ impl Daemon {
         };
         // Its standby LUNs, if another gateway owned it (the configuration stays).
         self.targets.withdraw_pool(name);
+        self.targets.set_pool_ports(name, None);
         let (Some(owned), Some(gw)) = (p.owned, &self.gateway) else {
             return Ok(());
         };
