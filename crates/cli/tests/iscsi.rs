@@ -3,6 +3,7 @@
 mod common;
 
 use common::*;
+use tessera_test_support::cdbs::pr_out;
 use tessera_test_support::cunit;
 
 const IQN: &str = "iqn.2026-11.io.tessera:demo";
@@ -382,16 +383,6 @@ fn chap_and_acl_gate_logins_and_discovery() {
     assert_eq!(d.json(&["target", "show", secure])["allow_any_initiator"], true);
     d.ok(&["target", "acl", "allow-any", secure, "--off"]);
     assert!(!login(secure).0);
-}
-
-/// PERSISTENT RESERVE OUT with a basic parameter list.
-fn pr_out(sa: u8, kind: u8, key: u64, sa_key: u64, aptpl: bool) -> (Vec<u8>, Vec<u8>) {
-    let cdb = vec![0x5F, sa, kind, 0, 0, 0, 0, 0, 24, 0];
-    let mut d = vec![0u8; 24];
-    d[0..8].copy_from_slice(&key.to_be_bytes());
-    d[8..16].copy_from_slice(&sa_key.to_be_bytes());
-    d[20] = aptpl as u8;
-    (cdb, d)
 }
 
 #[test]

@@ -7,6 +7,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
+#[cfg(feature = "rados")]
+use tessera_test_support::cdbs::pr_out;
 
 /// Held shared by every test on the cluster, and alone by the one that kills its OSD: the
 /// tests of this file run side by side, and an OSD that is down stalls them all.
@@ -309,16 +311,6 @@ fn node_command(
     })
 }
 
-/// PERSISTENT RESERVE OUT with a basic parameter list.
-#[cfg(feature = "rados")]
-fn pr_out(sa: u8, kind: u8, key: u64, sa_key: u64) -> (Vec<u8>, Vec<u8>) {
-    let cdb = vec![0x5F, sa, kind, 0, 0, 0, 0, 0, 24, 0];
-    let mut d = vec![0u8; 24];
-    d[0..8].copy_from_slice(&key.to_be_bytes());
-    d[8..16].copy_from_slice(&sa_key.to_be_bytes());
-    (cdb, d)
-}
-
 /// A failover cluster's quorum disk on a pool on RADOS: a node registers and reserves it
 /// through the owner (APTPL off, as Windows and Pacemaker do), the owner dies, and at the
 /// gateway that takes the pool over the reservation still keeps the other node out, the
@@ -361,9 +353,9 @@ fn persistent_reservations_follow_a_pool_on_rados_to_the_gateway_that_takes_it_o
 
     // Node 1 registers and takes WRITE EXCLUSIVE - REGISTRANTS ONLY through A, and turns the
     // LUN's write cache off.
-    let (cdb, p) = pr_out(6, 0, 0, 0x1111);
+    let (cdb, p) = pr_out(6, 0, 0, 0x1111, false);
     assert_eq!(at(&pa, 1, &cdb, p, 0).status, 0);
-    let (cdb, p) = pr_out(1, 5, 0x1111, 0);
+    let (cdb, p) = pr_out(1, 5, 0x1111, 0, false);
     assert_eq!(at(&pa, 1, &cdb, p, 0).status, 0);
     assert_eq!(at(&pa, 2, &write1, vec![0; 512], 0).status, 0x18, "node 2 is kept out");
     assert_eq!(at(&pa, 1, &write1, vec![1; 512], 0).status, 0);
@@ -406,7 +398,7 @@ fn persistent_reservations_follow_a_pool_on_rados_to_the_gateway_that_takes_it_o
     // A resumes: whatever it still answers, it changes no reservation (its metadata writes
     // are fenced, and it withdraws the LUN once it finds its lease gone).
     signal(&a, libc::SIGCONT);
-    let (cdb, p) = pr_out(6, 0, 0, 0x3333);
+    let (cdb, p) = pr_out(6, 0, 0, 0x3333, false);
     let stale = node_command(&rt, &pa, iqn, 3, &cdb, p, 0);
     assert!(
         stale.as_ref().is_none_or(|(r, _)| r.status != 0),
@@ -416,7 +408,7 @@ fn persistent_reservations_follow_a_pool_on_rados_to_the_gateway_that_takes_it_o
     assert_eq!(&keys[4..8], &8u32.to_be_bytes(), "still one key: {keys:?}");
 
     // The holder clears everything at B; node 2 writes again.
-    let (cdb, p) = pr_out(3, 0, 0x1111, 0);
+    let (cdb, p) = pr_out(3, 0, 0x1111, 0, false);
     assert_eq!(at(&pb, 1, &cdb, p, 0).status, 0);
     assert_eq!(at(&pb, 2, &write1, vec![3; 512], 0).status, 0);
 
@@ -736,6 +728,45 @@ mod load {
     pub const BLOCK: usize = 4096;
     pub const BLOCKS: u64 = 4096;
 
+    /// Creates pool `pool` on RADOS through `d`, with the load's vdisk ("pool/v") in it.
+    pub fn create(d: &super::Daemon, pool: &str, conf: &str) -> String {
+        super::create_rados_pool(d, pool, conf);
+        let vdisk = format!("{pool}/v");
+        let size = (BLOCKS * BLOCK as u64).to_string();
+        let args = [
+            "vdisk",
+            "create",
+            &vdisk,
+            "--size",
+            &size,
+            "--layout",
+            "simple",
+            "--block-size",
+            "4096",
+        ];
+        d.ok(&args);
+        vdisk
+    }
+
+    /// Checks that block `n`, read as `got`, holds what was acknowledged last (or, for the
+    /// block of a write whose outcome is unknown, that write).
+    pub fn check(n: u64, got: &[u8], acked: &Acked) {
+        let want = acked.seq[n as usize];
+        let maybe = acked.unknown[n as usize];
+        let ok = |s: u64| {
+            if s == 0 {
+                got.iter().all(|&b| b == 0)
+            } else {
+                got == block(n, s)
+            }
+        };
+        let seq = u64::from_le_bytes(got[8..16].try_into().unwrap());
+        assert!(
+            ok(want) || (maybe != 0 && ok(maybe)),
+            "block {n}: acknowledged sequence {want} (outcome unknown: {maybe}), read sequence {seq}"
+        );
+    }
+
     pub fn block(n: u64, seq: u64) -> Vec<u8> {
         let mut b = vec![(seq % 251) as u8; BLOCK];
         b[..8].copy_from_slice(&n.to_le_bytes());
@@ -803,20 +834,7 @@ mod load {
             let c = tessera_nbd::client::Client::connect(addr, "v").await.unwrap();
             for n in 0..BLOCKS {
                 let got = c.read(n * BLOCK as u64, BLOCK as u32).await.unwrap();
-                let want = acked.seq[n as usize];
-                let seq = u64::from_le_bytes(got[8..16].try_into().unwrap());
-                let ok = |s: u64| {
-                    if s == 0 {
-                        got.iter().all(|&b| b == 0)
-                    } else {
-                        got == block(n, s)
-                    }
-                };
-                let maybe = acked.unknown[n as usize];
-                assert!(
-                    ok(want) || (maybe != 0 && ok(maybe)),
-                    "block {n}: acknowledged sequence {want} (outcome unknown: {maybe}), read sequence {seq}"
-                );
+                check(n, &got, acked);
             }
         });
     }
@@ -955,20 +973,7 @@ mod multipath {
                         }
                     }
                 };
-                let want = acked.seq[n as usize];
-                let maybe = acked.unknown[n as usize];
-                let ok = |s: u64| {
-                    if s == 0 {
-                        got.iter().all(|&b| b == 0)
-                    } else {
-                        got == block(n, s)
-                    }
-                };
-                let seq = u64::from_le_bytes(got[8..16].try_into().unwrap());
-                assert!(
-                    ok(want) || (maybe != 0 && ok(maybe)),
-                    "block {n}: acknowledged sequence {want} (outcome unknown: {maybe}), read sequence {seq}"
-                );
+                super::load::check(n, &got, acked);
             }
         }
     }
@@ -1005,20 +1010,7 @@ fn acknowledged_writes_survive_an_osd_and_gateway_failures_under_iscsi_multipath
     let t = tempfile::tempdir().unwrap();
     let cfg = |name: &str| gateway(name, &etcd, &prefix);
     let mut a = Daemon::start_configured(&t.path().join("a"), &cfg("gw-a"));
-    create_rados_pool(&a, &pool, &conf);
-    let vdisk = format!("{pool}/v");
-    let size = (load::BLOCKS * load::BLOCK as u64).to_string();
-    a.ok(&[
-        "vdisk",
-        "create",
-        &vdisk,
-        "--size",
-        &size,
-        "--layout",
-        "simple",
-        "--block-size",
-        "4096",
-    ]);
+    let vdisk = load::create(&a, &pool, &conf);
     let iqn = "iqn.2026-11.io.tessera:load";
     let mut b = Daemon::start_configured(&t.path().join("b"), &cfg("gw-b"));
     b.ok(&["pool", "import", &pool, "--rados", RADOS_POOL, "--ceph-conf", &conf]);
@@ -1136,20 +1128,7 @@ fn acknowledged_writes_survive_failovers_under_a_verifying_load() {
     let t = tempfile::tempdir().unwrap();
     let cfg = |name: &str| gateway(name, &etcd, &prefix);
     let mut a = Daemon::start_configured(&t.path().join("a"), &cfg("gw-a"));
-    create_rados_pool(&a, &pool, &conf);
-    let vdisk = format!("{pool}/v");
-    let size = (load::BLOCKS * load::BLOCK as u64).to_string();
-    a.ok(&[
-        "vdisk",
-        "create",
-        &vdisk,
-        "--size",
-        &size,
-        "--layout",
-        "simple",
-        "--block-size",
-        "4096",
-    ]);
+    let vdisk = load::create(&a, &pool, &conf);
     a.ok(&["nbd", "export", &vdisk]);
     let mut b = Daemon::start_configured(&t.path().join("b"), &cfg("gw-b"));
     b.ok(&["pool", "import", &pool, "--rados", RADOS_POOL, "--ceph-conf", &conf]);

@@ -4,6 +4,7 @@
 
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
+use tessera_test_support::cdbs::pr_out;
 
 use rand::{Rng, RngCore, SeedableRng};
 use tessera_iscsi::initiator::{discover, InitiatorError, LoginConfig, ScsiResult, Session};
@@ -217,14 +218,6 @@ async fn login_chap_acl_discovery_and_data() {
     assert!(r.reg.session_count() <= 1, "{} sessions left", r.reg.session_count());
 }
 
-fn pr_out(sa: u8, kind: u8, key: u64, sa_key: u64) -> (Vec<u8>, Vec<u8>) {
-    let cdb = vec![0x5F, sa, kind, 0, 0, 0, 0, 0, 24, 0];
-    let mut d = vec![0u8; 24];
-    d[0..8].copy_from_slice(&key.to_be_bytes());
-    d[8..16].copy_from_slice(&sa_key.to_be_bytes());
-    (cdb, d)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reservations_are_shared_by_the_paths_to_a_lun() {
     let r = rig().await;
@@ -235,10 +228,10 @@ async fn reservations_are_shared_by_the_paths_to_a_lun() {
     ca.chap = Some(("alice".into(), "alice-secret-1".into()));
     let a2 = Session::login(&r.addr, &ca).await.unwrap();
     for (s, key) in [(&a, 0xA), (&b, 0xB), (&a2, 0xA2)] {
-        let (cdb, d) = pr_out(6, 0, 0, key);
+        let (cdb, d) = pr_out(6, 0, 0, key, false);
         assert_eq!(s.command(0, &cdb, d, 0).await.unwrap().status, 0);
     }
-    let (cdb, d) = pr_out(1, 3, 0xA, 0); // EXCLUSIVE ACCESS
+    let (cdb, d) = pr_out(1, 3, 0xA, 0, false); // EXCLUSIVE ACCESS
     assert_eq!(a.command(0, &cdb, d, 0).await.unwrap().status, 0);
     assert_eq!(read(&a, 0, 8).await.status, 0);
     assert_eq!(read(&b, 0, 8).await.status, 0x18, "RESERVATION CONFLICT");
@@ -257,14 +250,14 @@ async fn reservations_are_shared_by_the_paths_to_a_lun() {
         "three keys, seen through either target"
     );
     // b preempts a: a's registration goes, and a learns of it by a unit attention.
-    let (cdb, d) = pr_out(5, 1, 0xB, 0xA);
+    let (cdb, d) = pr_out(5, 1, 0xB, 0xA, false);
     assert_eq!(b.command(0, &cdb, d, 0).await.unwrap().status, 0);
     let ua = read(&a, 0, 8).await;
     assert_eq!(ua.sense_key(), Some((6, 0x2A, 0x05)), "REGISTRATIONS PREEMPTED");
     assert_eq!(read(&a, 0, 8).await.status, 0, "WRITE EXCLUSIVE lets others read");
     assert_eq!(write(&a, 0, &[0u8; 512]).await.status, 0x18);
     assert_eq!(write(&b, 0, &[0u8; 512]).await.status, 0);
-    let (cdb, d) = pr_out(3, 0, 0xB, 0); // CLEAR
+    let (cdb, d) = pr_out(3, 0, 0xB, 0, false); // CLEAR
     assert_eq!(b.command(0, &cdb, d, 0).await.unwrap().status, 0);
     // a2 was still registered: it heard that the preempt changed the reservation's type, then
     // of the CLEAR; a, preempted before, hears of neither.
@@ -281,13 +274,13 @@ async fn a_reinstated_session_takes_over_its_nexus() {
     let a = Session::login(&r.addr, &cfg(HOST_A, OPEN, 1)).await.unwrap();
     let b = Session::login(&r.addr, &cfg(HOST_B, OPEN, 2)).await.unwrap();
     for (s, key) in [(&a, 0xA), (&b, 0xB)] {
-        let (cdb, d) = pr_out(6, 0, 0, key);
+        let (cdb, d) = pr_out(6, 0, 0, key, false);
         assert_eq!(s.command(0, &cdb, d, 0).await.unwrap().status, 0);
     }
     // b preempts a's registration; before a hears of it, a's host logs in again with the same
     // ISID (a reinstatement). The new session hears of the preemption, then of the loss of
     // the old session.
-    let (cdb, d) = pr_out(4, 1, 0xB, 0xA);
+    let (cdb, d) = pr_out(4, 1, 0xB, 0xA, false);
     assert_eq!(b.command(0, &cdb, d, 0).await.unwrap().status, 0);
     let a2 = Session::login(&r.addr, &cfg(HOST_A, OPEN, 1)).await.unwrap();
     let told = |r: ScsiResult| r.sense_key();
@@ -304,7 +297,7 @@ async fn a_reinstated_session_takes_over_its_nexus() {
     assert!(matches!(old, Ok(Err(_))), "the old session is closed: {old:?}");
     // An SPC-2 reservation belongs to the session that took it and ends with it. (None is
     // taken while a persistent registration exists: b unregisters.)
-    let (cdb, d) = pr_out(0, 0, 0xB, 0);
+    let (cdb, d) = pr_out(0, 0, 0xB, 0, false);
     assert_eq!(b.command(0, &cdb, d, 0).await.unwrap().status, 0);
     assert_eq!(
         a2.command(0, &[0x16, 0, 0, 0, 0, 0], Vec::new(), 0)

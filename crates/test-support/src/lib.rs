@@ -2,6 +2,7 @@
 //! rig of their own, with fault injection and restarts, in crates/volume/tests/common): a pool
 //! on memory or file disks in a temporary directory that lives as long as the pool.
 
+pub mod cdbs;
 pub mod cunit;
 
 use std::sync::{Arc, Mutex, Once, Weak};
