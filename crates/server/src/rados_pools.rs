@@ -373,6 +373,16 @@ mod real {
             })
         }
 
+        /// Takes back [`announce`](Self::announce).
+        pub fn unannounce(&self, name: &str) -> Result<(), String> {
+            self.rt.block_on(async {
+                match self.gateway.lock().await.as_mut() {
+                    Some(g) => g.unannounce(&owner_key(name)).await.map_err(|e| e.to_string()),
+                    None => Err(self.not_joined()),
+                }
+            })
+        }
+
         /// The gateways that present LUNs of pool `name` now.
         pub fn presenting(&self, name: &str) -> Result<Vec<String>, String> {
             self.rt.block_on(async {
@@ -529,6 +539,9 @@ mod absent {
             match self.never {}
         }
         pub fn announce(&self, _: &str) -> Result<(), String> {
+            match self.never {}
+        }
+        pub fn unannounce(&self, _: &str) -> Result<(), String> {
             match self.never {}
         }
         pub fn presenting(&self, _: &str) -> Result<Vec<String>, String> {

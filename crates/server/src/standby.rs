@@ -140,6 +140,49 @@ impl PortGroups for PoolPorts {
     }
 }
 
+/// The port groups a standby LUN reports: the pool's, except that its own port is never
+/// active. When this gateway takes the pool, the pool's groups turn active before the
+/// standby LUN is out of every path's hands; a command that reaches it then is told the
+/// port is transitioning (and sent again, to the real LUN), never let through to a backend
+/// with no data.
+struct StandbyPorts(Arc<PoolPorts>);
+
+fn never_active(s: AccessState) -> AccessState {
+    if s.active() {
+        AccessState::Transitioning
+    } else {
+        s
+    }
+}
+
+impl PortGroups for StandbyPorts {
+    fn groups(&self) -> Vec<PortGroup> {
+        let mine = self.0.local().0;
+        let mut groups = self.0.groups();
+        for g in groups.iter_mut().filter(|g| g.id == mine) {
+            g.state = never_active(g.state);
+            g.preferred = false;
+        }
+        groups
+    }
+
+    fn local(&self) -> (u16, u16) {
+        self.0.local()
+    }
+
+    fn local_state(&self) -> AccessState {
+        never_active(self.0.local_state())
+    }
+
+    fn request_access(&self) -> AccessState {
+        never_active(self.0.request_access())
+    }
+
+    fn transition_seconds(&self) -> u8 {
+        self.0.transition_seconds()
+    }
+}
+
 /// The block backend of a standby LUN: the vdisk's geometry as its record says, and no data
 /// (the port's state keeps every command that would reach it away).
 struct StandbyBackend(VdiskConfig);
@@ -209,7 +252,7 @@ pub struct StandbyUnit {
 pub fn standby_lun(unit: &StandbyUnit, ports: Arc<PoolPorts>) -> Lun {
     let read_only = unit.config.snapshot_of.is_some();
     Lun::new(Arc::new(StandbyBackend(unit.config.clone())), unit.uid, read_only)
-        .with_port_groups(ports)
+        .with_port_groups(Arc::new(StandbyPorts(ports)))
         .with_state_at_owner()
         .with_mode(unit.mode.unwrap_or_default())
 }
@@ -226,6 +269,8 @@ mod tests {
             .iter()
             .all(|n| group_of(n) != 0));
         let p = PoolPorts::new("gw-b", AccessState::Standby, Some("gw-a".into()));
+        let standby = StandbyPorts(p.clone());
+        assert_eq!(standby.local_state(), AccessState::Standby);
         let g = p.groups();
         assert_eq!(g.len(), 2);
         let a = g.iter().find(|g| g.id == group_of("gw-a")).unwrap();
@@ -239,6 +284,10 @@ mod tests {
         );
         assert!(p.set(AccessState::ActiveOptimized, Some("gw-b".into())));
         assert!(!p.set(AccessState::ActiveOptimized, Some("gw-b".into())));
+        // A standby LUN left behind by the taking never lets the medium through.
+        assert_eq!(standby.local_state(), AccessState::Transitioning);
+        assert_eq!(standby.request_access(), AccessState::Transitioning);
+        assert_eq!(standby.groups()[0].state, AccessState::Transitioning);
         let g = p.groups();
         assert_eq!(g.len(), 1);
         assert_eq!(g[0].state, AccessState::ActiveOptimized);

@@ -24,7 +24,8 @@ pub(crate) struct RadosPool {
     owned: Option<crate::rados_pools::Owned>,
     /// The owner last seen when this gateway could not take it.
     elsewhere: Option<PoolOwner>,
-    /// The port groups of its standby LUNs here, while another gateway owns it.
+    /// The target port groups its LUNs report here (active/optimized while this gateway owns
+    /// it, standby while another does).
     ports: Arc<PoolPorts>,
     /// Reads its metadata for the standby LUNs; made when first needed.
     reader: Option<Arc<Reader>>,
@@ -228,6 +229,8 @@ impl Daemon {
                     Ok(engine) => {
                         let epoch = owned.epoch;
                         info!(pool = %name, epoch, seconds = started.elapsed().as_secs_f64(), "pool opened");
+                        // The standby LUNs go; the real ones take their place below.
+                        self.targets.withdraw_pool(name);
                         if let Some(p) = self.rados.lock().get_mut(name) {
                             p.owned = Some(owned);
                             p.elsewhere = None;
@@ -235,8 +238,6 @@ impl Daemon {
                         }
                         self.pools.write().insert(name.to_string(), Arc::new(engine));
                         self.unavailable.write().remove(name);
-                        // The standby LUNs go; the real ones take their place below.
-                        self.targets.withdraw_pool(name);
                         self.events.record(
                             NewEvent::new(
                                 Severity::Warning,
@@ -389,6 +390,12 @@ impl Daemon {
             .collect();
         for (name, announced, ports) in pools {
             if self.targets.vdisks_of_pool(&name).is_empty() {
+                // No LUN of it here (any more): take the word back.
+                if announced.is_some() && gw.unannounce(&name).is_ok() {
+                    if let Some(p) = self.rados.lock().get_mut(&name) {
+                        p.announced = None;
+                    }
+                }
                 continue;
             }
             if announced != lease {
@@ -417,6 +424,11 @@ impl Daemon {
         // Its standby LUNs, if another gateway owned it (the configuration stays).
         self.targets.withdraw_pool(name);
         self.targets.set_pool_ports(name, None);
+        if let (Some(_), Some(gw)) = (p.announced, &self.gateway) {
+            if let Err(e) = gw.unannounce(name) {
+                debug!(pool = %name, error = %e, "cannot take back that this gateway presents the pool; its lease will");
+            }
+        }
         let (Some(owned), Some(gw)) = (p.owned, &self.gateway) else {
             return Ok(());
         };
