@@ -111,7 +111,7 @@ fn kept_in_pool(lun: Lun, e: &Arc<Engine>, v: &Arc<Vdisk>) -> Result<Lun, String
     };
     let undecodable = |kind: &str, err: serde_json::Error| {
         format!(
-            "the {kind} of LUN {} kept in its pool cannot be read ({err}); clear them with PERSISTENT RESERVE OUT (CLEAR) or MODE SELECT",
+            "the {kind} of LUN {} kept in its pool cannot be read ({err}): the LUN is not presented rather than presented without them (a newer Tessera may have written them)",
             v.name()
         )
     };
