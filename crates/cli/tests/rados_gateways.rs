@@ -557,6 +557,15 @@ fn a_host_with_a_path_to_each_gateway_goes_on_through_the_standby_when_the_owner
     );
     assert_eq!(cmd(&path_b, &[0x1A, 0x08, 0x08, 0, 255, 0], Vec::new(), 255).status, 0);
 
+    // The administrator sees each gateway's part.
+    assert_eq!(
+        a.json(&["target", "show", iqn])["luns"][0]["access"],
+        "active/optimized"
+    );
+    assert_eq!(b.json(&["target", "show", iqn])["luns"][0]["access"], "standby");
+    let shown = b.ok(&["target", "show", iqn]);
+    assert!(shown.contains("standby: another gateway owns the pool"), "{shown}");
+
     // The host writes through the owner, then the owner dies.
     for lba in 0..64 {
         assert_eq!(settled(&path_a, &write1(lba), block(lba, 1), 0).status, 0);
@@ -595,6 +604,10 @@ fn a_host_with_a_path_to_each_gateway_goes_on_through_the_standby_when_the_owner
     );
     let st = states(&path_b);
     assert_eq!(st.get(&gb), Some(&0), "B's group is active/optimized now: {st:?}");
+    assert_eq!(
+        b.json(&["target", "show", iqn])["luns"][0]["access"],
+        "active/optimized"
+    );
     for lba in 0..64 {
         let r = cmd(&path_b, &read1(lba), Vec::new(), 512);
         assert_eq!(r.status, 0);

@@ -322,6 +322,13 @@ impl Lun {
         self
     }
 
+    /// The access state of this daemon's port, for display; None for a LUN served by this
+    /// daemon alone (one group, 0, always active/optimized).
+    pub fn access(&self) -> Option<AccessState> {
+        let state = self.alua.local_state();
+        (self.alua.local().0 != 0 || state != AccessState::ActiveOptimized).then_some(state)
+    }
+
     /// The persistent reservation state, for display.
     pub fn reservations(&self) -> PrState {
         self.reservations.lock().pr.clone()

@@ -558,6 +558,10 @@ pub struct LunView {
     /// Persistent reservations, when an initiator has registered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reservations: Option<ReservationsView>,
+    /// The ALUA state of this daemon's port for the LUN, when gateways present it in turn (a
+    /// pool on RADOS): "active/optimized" at the pool's owner, "standby" elsewhere.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access: Option<String>,
 }
 
 /// A logical unit's persistent reservations, as an administrator wants to see them (the

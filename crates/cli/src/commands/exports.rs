@@ -38,7 +38,11 @@ pub(super) fn target_table(targets: &[TargetView]) {
                 l.lun.to_string(),
                 l.vdisk.clone(),
                 opt_size(l.size),
-                online(l.online),
+                match l.access.as_deref() {
+                    Some("standby") => "standby: another gateway owns the pool".into(),
+                    Some(a) if l.online => format!("online ({a})"),
+                    _ => online(l.online),
+                },
             ]);
         }
     }

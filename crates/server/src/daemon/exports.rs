@@ -18,12 +18,17 @@ impl Daemon {
             .map(|(&lun, vd)| {
                 let v = vd.split_once('/').and_then(|(p, n)| self.vdisk(p, n).ok());
                 let presented = self.targets.registry.target(iqn).and_then(|t| t.lun(lun));
+                let access = presented
+                    .as_ref()
+                    .and_then(|l| l.access())
+                    .map(|a| a.name().to_string());
                 LunView {
                     lun,
                     vdisk: vd.clone(),
                     online: v.is_some(),
                     size: v.map(|(_, v)| v.size()),
                     reservations: presented.map(|l| l.reservations()).and_then(reservations_view),
+                    access,
                 }
             })
             .collect();
