@@ -52,6 +52,18 @@ const NEXT_VDISK_ID_KEY: &[u8] = b"next_vdisk_id";
 /// Drops grain map entries of vdisks that have no record (left by a write that raced a delete
 /// before deletes waited for writes), with the references they held, so that their space
 /// comes back and no vdisk made later can ever be shown their data.
+/// Every vdisk record of the pool, in id order (those being deleted included).
+fn vdisk_records(meta: &MetaStore) -> Result<Vec<VdiskConfig>> {
+    let mut configs = Vec::new();
+    meta.for_each_prefix(CF_VDISKS, &[], |_, v| {
+        let c: VdiskConfig =
+            serde_json::from_slice(v).map_err(|e| meta.error(format!("unreadable vdisk record: {e}")))?;
+        configs.push(c);
+        Ok(())
+    })?;
+    Ok(configs)
+}
+
 fn purge_orphan_grains(meta: &MetaStore) -> Result<()> {
     let mut ids = std::collections::HashSet::new();
     meta.for_each_prefix(CF_VDISKS, &[], |k, _| {
@@ -129,15 +141,8 @@ impl Engine {
     /// what a gateway that does not own a shared pool presents of it (standby LUNs). A vdisk
     /// being deleted is left out.
     pub fn recorded_vdisks(meta: &MetaStore) -> Result<Vec<VdiskConfig>> {
-        let mut configs = Vec::new();
-        meta.for_each_prefix(CF_VDISKS, &[], |_, v| {
-            let c: VdiskConfig =
-                serde_json::from_slice(v).map_err(|e| meta.error(format!("unreadable vdisk record: {e}")))?;
-            if c.state != VdiskState::Deleting {
-                configs.push(c);
-            }
-            Ok(())
-        })?;
+        let mut configs = vdisk_records(meta)?;
+        configs.retain(|c| c.state != VdiskState::Deleting);
         Ok(configs)
     }
 
@@ -206,13 +211,7 @@ impl Engine {
         });
         let mut vdisks = BTreeMap::new();
 
-        let mut configs = Vec::new();
-        meta.for_each_prefix(CF_VDISKS, &[], |_, v| {
-            let c: VdiskConfig =
-                serde_json::from_slice(v).map_err(|e| meta.error(format!("unreadable vdisk record: {e}")))?;
-            configs.push(c);
-            Ok(())
-        })?;
+        let configs = vdisk_records(&meta)?;
         let mut max_id = 0;
         let mut deleting = Vec::new();
         for c in configs {

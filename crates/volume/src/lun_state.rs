@@ -21,7 +21,7 @@ fn key_of(vdisk: u64, kind: &str) -> Vec<u8> {
 }
 
 /// The keys of every record of a vdisk's logical unit: [start, end).
-pub(crate) fn range_of(vdisk: u64) -> (Vec<u8>, Vec<u8>) {
+fn range_of(vdisk: u64) -> (Vec<u8>, Vec<u8>) {
     let at = |id: u64| [PREFIX, &id.to_be_bytes()[..]].concat();
     (at(vdisk), at(vdisk + 1))
 }
@@ -47,7 +47,7 @@ impl Engine {
 
     /// The record `kind` of vdisk `v`'s logical unit, if one was saved.
     pub fn lun_state(&self, v: &Vdisk, kind: &str) -> Result<Option<Vec<u8>>> {
-        Ok(self.pool().meta().get(CF_POOL, &key_of(v.id(), kind))?)
+        Self::recorded_lun_state(self.pool().meta(), v.id(), kind)
     }
 
     /// Saves (or, with `None`, forgets) the record `kind` of vdisk `v`'s logical unit,
