@@ -131,7 +131,6 @@ impl Daemon {
             Some(g) => {
                 let rt = tokio::runtime::Handle::try_current()
                     .map_err(|_| "a gateway joins etcd from the daemon's runtime".to_string())?;
-                targets.set_gateway(&g.name);
                 Some(crate::rados_pools::Membership::join(g, rt)?)
             }
         };

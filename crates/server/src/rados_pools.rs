@@ -274,6 +274,16 @@ mod real {
             )
         }
 
+        /// Runs `f` on this gateway's membership, once joined (blocking).
+        fn with_gateway<T>(&self, f: impl AsyncFnOnce(&mut Gateway) -> Result<T, String>) -> Result<T, String> {
+            self.rt.block_on(async {
+                match self.gateway.lock().await.as_mut() {
+                    Some(g) => f(g).await,
+                    None => Err(self.not_joined()),
+                }
+            })
+        }
+
         /// Whether this gateway has joined and its lease is still renewed; once false,
         /// whatever it owned may be another's already.
         pub fn alive(&self) -> bool {
@@ -310,11 +320,7 @@ mod real {
         pub fn take(&self, name: &str, placement: &Placement) -> Result<Taking, String> {
             // Cheap first: while another gateway holds the pool, nothing is asked of the
             // cluster. (The taking below is one etcd transaction all the same.)
-            let held = self.rt.block_on(async {
-                let mut g = self.gateway.lock().await;
-                let Some(g) = g.as_mut() else {
-                    return Err(self.not_joined());
-                };
+            let held = self.with_gateway(async |g| {
                 let o = g.owner(&owner_key(name)).await;
                 o.map(|o| o.filter(|o| !g.holds(o)))
                     .map_err(|e| format!("cannot learn the owner of pool {name}: {e}"))
@@ -328,11 +334,7 @@ mod real {
             Cluster::shared_pool(&cluster, &placement.rados_pool)
                 .map_err(|e| format!("cannot open the RADOS pool '{}': {e}", placement.rados_pool))?;
             let connected = started.elapsed();
-            let (owner, mine) = self.rt.block_on(async {
-                let mut g = self.gateway.lock().await;
-                let Some(g) = g.as_mut() else {
-                    return Err(self.not_joined());
-                };
+            let (owner, mine) = self.with_gateway(async |g| {
                 let o = take_over(g, &cluster, &owner_key(name)).await;
                 o.map(|o| {
                     let mine = g.holds(&o);
@@ -365,45 +367,26 @@ mod real {
         /// Says in etcd, on this gateway's lease, that it presents LUNs of pool `name`, so
         /// that the owner lists this gateway's target port group too.
         pub fn announce(&self, name: &str) -> Result<(), String> {
-            self.rt.block_on(async {
-                match self.gateway.lock().await.as_mut() {
-                    Some(g) => g.announce(&owner_key(name)).await.map_err(|e| e.to_string()),
-                    None => Err(self.not_joined()),
-                }
-            })
+            self.with_gateway(async |g| g.announce(&owner_key(name)).await.map_err(|e| e.to_string()))
         }
 
         /// Takes back [`announce`](Self::announce).
         pub fn unannounce(&self, name: &str) -> Result<(), String> {
-            self.rt.block_on(async {
-                match self.gateway.lock().await.as_mut() {
-                    Some(g) => g.unannounce(&owner_key(name)).await.map_err(|e| e.to_string()),
-                    None => Err(self.not_joined()),
-                }
-            })
+            self.with_gateway(async |g| g.unannounce(&owner_key(name)).await.map_err(|e| e.to_string()))
         }
 
         /// The gateways that present LUNs of pool `name` now.
         pub fn presenting(&self, name: &str) -> Result<Vec<String>, String> {
-            self.rt.block_on(async {
-                match self.gateway.lock().await.as_mut() {
-                    Some(g) => g.presenting(&owner_key(name)).await.map_err(|e| e.to_string()),
-                    None => Err(self.not_joined()),
-                }
-            })
+            self.with_gateway(async |g| g.presenting(&owner_key(name)).await.map_err(|e| e.to_string()))
         }
 
         /// Gives pool `name` up, if this gateway owns it at `epoch`.
         pub fn release(&self, name: &str, epoch: i64) -> Result<(), String> {
-            self.rt.block_on(async {
-                match self.gateway.lock().await.as_mut() {
-                    Some(g) => g
-                        .release(&owner_key(name), epoch)
-                        .await
-                        .map(drop)
-                        .map_err(|e| e.to_string()),
-                    None => Err(self.not_joined()),
-                }
+            self.with_gateway(async |g| {
+                g.release(&owner_key(name), epoch)
+                    .await
+                    .map(drop)
+                    .map_err(|e| e.to_string())
             })
         }
     }

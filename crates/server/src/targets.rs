@@ -8,7 +8,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use tessera_iscsi::{auth, Access, Chap, Registry, Target};
-use tessera_scsi::{AccessState, CopyManager, Lun, ModeState, ModeStore, PrState, PrStore};
+use tessera_scsi::{CopyManager, Lun, ModeState, ModeStore, PrState, PrStore};
 use tessera_volume::{Engine, Vdisk};
 use tracing::warn;
 
@@ -86,9 +86,6 @@ pub struct Targets {
     pub copy: Arc<CopyManager>,
     /// Where the LUNs report the commands they answer.
     meters: Arc<IoMetrics>,
-    /// This daemon's name among the gateways, if it is one: the LUNs of its pools on RADOS
-    /// report its target port group.
-    gateway: Mutex<Option<String>>,
     /// The target port groups of each pool on RADOS, shared by its LUNs here.
     pool_ports: Mutex<BTreeMap<String, Arc<PoolPorts>>>,
 }
@@ -204,14 +201,8 @@ impl Targets {
             registry: Registry::new(),
             copy: Arc::new(CopyManager::new()),
             meters,
-            gateway: Mutex::new(None),
             pool_ports: Mutex::new(BTreeMap::new()),
         })
-    }
-
-    /// Names this daemon among the gateways (`[gateway] name`).
-    pub fn set_gateway(&self, name: &str) {
-        *self.gateway.lock() = Some(name.to_string());
     }
 
     /// The target port groups the LUNs of pool `pool` (on RADOS) report here; None forgets
@@ -282,14 +273,8 @@ impl Targets {
         e: &Arc<Engine>,
         v: Arc<Vdisk>,
     ) -> Result<Arc<Lun>, String> {
-        for cfg in configs.values() {
-            for (&n, vd) in &cfg.luns {
-                if vd == name {
-                    if let Some(l) = self.registry.target(&cfg.iqn).and_then(|t| t.lun(n)) {
-                        return Ok(l);
-                    }
-                }
-            }
+        if let Some(l) = self.presented(configs, name) {
+            return Ok(l);
         }
         let uid = lun_uid(e, &v);
         // A snapshot is presented write-protected.
@@ -300,13 +285,9 @@ impl Targets {
             .with_copy_manager(self.copy.clone());
         let lun = if e.metadata_shared() {
             let lun = kept_in_pool(lun, e, &v)?;
-            let ports = self.pool_ports.lock().get(pool).cloned();
-            match (ports, self.gateway.lock().as_deref()) {
-                (Some(p), _) => lun.with_port_groups(p),
-                (None, Some(me)) => {
-                    lun.with_port_groups(PoolPorts::new(me, AccessState::ActiveOptimized, Some(me.into())))
-                }
-                (None, None) => lun,
+            match self.pool_ports.lock().get(pool) {
+                Some(p) => lun.with_port_groups(p.clone()),
+                None => lun,
             }
         } else {
             self.kept_here(lun, uid)?
@@ -391,31 +372,35 @@ impl Targets {
     /// target, as for LUNs served here.
     pub fn present_standby(&self, pool: &str, ports: &Arc<PoolPorts>, unit: &dyn Fn(&str) -> Option<StandbyUnit>) {
         let configs = self.configs.lock();
-        let mut made: BTreeMap<String, Arc<Lun>> = BTreeMap::new();
         for cfg in configs.values() {
             let Some(t) = self.registry.target(&cfg.iqn) else {
                 continue;
             };
             for (&n, vd) in &cfg.luns {
-                if !vd.split_once('/').is_some_and(|(p, _)| p == pool) {
+                if !vd.split_once('/').is_some_and(|(p, _)| p == pool) || t.lun(n).is_some() {
                     continue;
                 }
-                if let Some(l) = t.lun(n) {
-                    made.insert(vd.clone(), l);
-                    continue;
-                }
-                let l = match made.get(vd) {
-                    Some(l) => l.clone(),
+                let l = match self.presented(&configs, vd) {
+                    Some(l) => l,
                     None => {
                         let Some(u) = unit(vd) else { continue };
-                        let l = Arc::new(standby_lun(&u, ports.clone()));
-                        made.insert(vd.clone(), l.clone());
-                        l
+                        Arc::new(standby_lun(&u, ports.clone()))
                     }
                 };
                 t.luns.write().insert(n, l);
             }
         }
+    }
+
+    /// The logical unit already presented for vdisk `name` by some target, if any.
+    fn presented(&self, configs: &BTreeMap<String, TargetConfig>, name: &str) -> Option<Arc<Lun>> {
+        configs.values().find_map(|cfg| {
+            let t = self.registry.target(&cfg.iqn)?;
+            cfg.luns
+                .iter()
+                .filter(|(_, vd)| *vd == name)
+                .find_map(|(&n, _)| t.lun(n))
+        })
     }
 
     /// The LUNs presented from vdisks of pool `pool`, once each.
