@@ -383,6 +383,14 @@ fn persistent_reservations_follow_a_pool_on_rados_to_the_gateway_that_takes_it_o
         (16u32.to_be_bytes().to_vec(), 5),
         "{res:?}"
     );
+    // The key registered through A holds at B: READ FULL STATUS says so with ALL_TG_PT.
+    let full = at(&pb, 2, &[0x5E, 3, 0, 0, 0, 0, 0, 0x10, 0, 0], Vec::new(), 4096).data;
+    assert_eq!(&full[8..16], &0x1111u64.to_be_bytes(), "{full:?}");
+    assert_eq!(
+        (full[20] & 3, &full[26..28]),
+        (3, &[0u8, 0][..]),
+        "ALL_TG_PT, R_HOLDER, port 0"
+    );
     assert_eq!(
         at(&pb, 2, &write1, vec![0; 512], 0).status,
         0x18,

@@ -16,7 +16,7 @@ use crate::commands::{self, Command, Handler, Request};
 use crate::data::Data;
 use crate::nexus::Nexus;
 use crate::opcodes::*;
-use crate::pr::{self, Access, Outcome, PrState};
+use crate::pr::{self, Access, Outcome, PrState, TargetPorts};
 use crate::sense::{self, Sense};
 use crate::tpc::CopyManager;
 
@@ -218,6 +218,20 @@ impl Lun {
     pub fn with_port_groups(mut self, groups: Arc<dyn PortGroups>) -> Lun {
         self.alua = groups;
         self
+    }
+
+    /// The relative target ports the LUN is reached through: its one port, or those of the
+    /// gateways that present it, as REPORT TARGET PORT GROUPS lists them.
+    fn relative_ports(&self) -> TargetPorts {
+        let (group, port) = self.alua.local();
+        if group == 0 {
+            return TargetPorts::One(port);
+        }
+        let mut ports: Vec<u16> = self.alua.groups().into_iter().flat_map(|g| g.ports).collect();
+        ports.push(port);
+        ports.sort_unstable();
+        ports.dedup();
+        TargetPorts::Gateways(ports)
     }
 
     /// The local target port group's state changed (a takeover, a release): every nexus
@@ -568,7 +582,7 @@ impl Lun {
         if cdb[0] == PERSISTENT_RESERVE_IN {
             let _fence = self.fence.read();
             let r = self.reservations.lock();
-            let mut data = match r.pr.pr_in(cdb) {
+            let mut data = match r.pr.pr_in(cdb, &self.relative_ports()) {
                 Ok(d) => d,
                 Err(s) => return self.respond(Err(s)),
             };
@@ -600,7 +614,7 @@ impl Lun {
         }
         let before = r.pr.clone();
         let mut notices = Vec::new();
-        match r.pr.pr_out(n, cdb, d, &mut notices) {
+        match r.pr.pr_out(n, cdb, d, &self.relative_ports(), &mut notices) {
             Outcome::Good => {}
             other => {
                 r.pr = before;

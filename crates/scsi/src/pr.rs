@@ -40,8 +40,28 @@ pub const INVALID_RELEASE: Sense = Sense::new(sense::key::ILLEGAL_REQUEST, 0x26,
 
 /// iSCSI's protocol identifier in TransportIDs.
 const PROTOCOL_ISCSI: u8 = 5;
-/// The one relative target port every LUN is reached through (VPD page 0x83 says so too).
+/// The relative target port of a LUN served by one daemon alone (VPD page 0x83 says so too).
 pub const RELATIVE_TARGET_PORT: u16 = 1;
+/// The target ports a LUN is reached through, as READ FULL STATUS and REGISTER AND MOVE
+/// name them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TargetPorts {
+    /// One port: a LUN served by one daemon alone.
+    One(u16),
+    /// The ports of the gateways known to present it now. A registration names the initiator
+    /// port only, so it holds through every gateway's port, as with ALL_TG_PT.
+    Gateways(Vec<u16>),
+}
+
+impl TargetPorts {
+    fn contains(&self, port: u16) -> bool {
+        match self {
+            TargetPorts::One(p) => *p == port,
+            TargetPorts::Gateways(ports) => ports.contains(&port),
+        }
+    }
+}
+
 /// Registrations a LUN keeps at most.
 const MAX_REGISTRATIONS: usize = 1024;
 
@@ -264,7 +284,8 @@ impl PrState {
     }
 
     /// PERSISTENT RESERVE IN.
-    pub(crate) fn pr_in(&self, cdb: &[u8]) -> Result<Vec<u8>, Sense> {
+    /// PERSISTENT RESERVE IN through a LUN reached through `ports`.
+    pub(crate) fn pr_in(&self, cdb: &[u8], ports: &TargetPorts) -> Result<Vec<u8>, Sense> {
         let sa = cdb[1] & 0x1F;
         let mut out = Vec::new();
         out.extend_from_slice(&self.generation.to_be_bytes());
@@ -310,10 +331,13 @@ impl PrState {
                     };
                     descs.extend_from_slice(&r.key.to_be_bytes());
                     descs.extend_from_slice(&[0; 4]);
-                    descs.push(((r.all_tg_pt as u8) << 1) | holder.is_some() as u8);
+                    let (all_ports, port) = match ports {
+                        TargetPorts::One(one) if !r.all_tg_pt => (false, *one),
+                        _ => (true, 0),
+                    };
+                    descs.push(((all_ports as u8) << 1) | holder.is_some() as u8);
                     descs.push(holder.unwrap_or(0));
                     descs.extend_from_slice(&[0; 4]);
-                    let port = if r.all_tg_pt { 0 } else { RELATIVE_TARGET_PORT };
                     descs.extend_from_slice(&port.to_be_bytes());
                     let tid = r.port.transport_id();
                     descs.extend_from_slice(&(tid.len() as u32).to_be_bytes());
@@ -328,7 +352,15 @@ impl PrState {
     }
 
     /// PERSISTENT RESERVE OUT from `n`. Changes the state only when it succeeds.
-    pub(crate) fn pr_out(&mut self, n: &Nexus, cdb: &[u8], d: &[u8], out: &mut Notices) -> Outcome {
+    /// `ports` as for [`PrState::pr_in`].
+    pub(crate) fn pr_out(
+        &mut self,
+        n: &Nexus,
+        cdb: &[u8],
+        d: &[u8],
+        ports: &TargetPorts,
+        out: &mut Notices,
+    ) -> Outcome {
         let sa = cdb[1] & 0x1F;
         let (scope, kind) = (cdb[2] >> 4, cdb[2] & 0x0F);
         let len = be32(&cdb[5..9]) as usize;
@@ -340,7 +372,7 @@ impl PrState {
         }
         let d = &d[..len];
         if sa == 7 {
-            return self.register_and_move(n, d);
+            return self.register_and_move(n, d, ports);
         }
         let (key, sa_key) = (be64(&d[0..8]), be64(&d[8..16]));
         let (spec_i_pt, all_tg_pt, aptpl) = (d[20] & 0x08 != 0, d[20] & 0x04 != 0, d[20] & 0x01 != 0);
@@ -532,7 +564,7 @@ impl PrState {
     }
 
     /// REGISTER AND MOVE: the holder hands its reservation to another port.
-    fn register_and_move(&mut self, n: &Nexus, d: &[u8]) -> Outcome {
+    fn register_and_move(&mut self, n: &Nexus, d: &[u8], ports: &TargetPorts) -> Outcome {
         let (key, sa_key) = (be64(&d[0..8]), be64(&d[8..16]));
         let (unreg, aptpl) = (d[17] & 0x02 != 0, d[17] & 0x01 != 0);
         let port = be16(&d[18..20]) as u16;
@@ -554,7 +586,7 @@ impl PrState {
             Ok((p, _)) => p,
             Err(s) => return Outcome::Check(s),
         };
-        if dest.same(&self.registrations[i].port) || dest.matches(n) || port != RELATIVE_TARGET_PORT {
+        if dest.same(&self.registrations[i].port) || dest.matches(n) || !ports.contains(port) {
             return Outcome::Check(sense::INVALID_FIELD_IN_PARAMETER_LIST);
         }
         match self.registrations.iter_mut().find(|g| g.port.same(&dest)) {

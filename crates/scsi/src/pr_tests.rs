@@ -2,6 +2,9 @@
 
 use super::*;
 
+/// A LUN served by one daemon: one target port.
+const ONE_PORT: &TargetPorts = &TargetPorts::One(RELATIVE_TARGET_PORT);
+
 fn nexus(id: u64, name: &str, isid: u8) -> Nexus {
     Nexus::new(id, name, [0x40, 0, 0, 0, 0, isid])
 }
@@ -20,7 +23,7 @@ fn params(key: u64, sa_key: u64, flags: u8) -> Vec<u8> {
 
 fn run(s: &mut PrState, n: &Nexus, sa: u8, kind: u8, key: u64, sa_key: u64) -> (Outcome, Notices) {
     let mut notes = Vec::new();
-    let o = s.pr_out(n, &out_cdb(sa, kind), &params(key, sa_key, 0), &mut notes);
+    let o = s.pr_out(n, &out_cdb(sa, kind), &params(key, sa_key, 0), ONE_PORT, &mut notes);
     (o, notes)
 }
 
@@ -149,20 +152,31 @@ fn read_keys_reservation_caps_and_full_status() {
     let mut s = PrState::default();
     run(&mut s, &a, 6, 0, 0, 0x1122);
     run(&mut s, &a, 1, EXCLUSIVE_ACCESS_REGISTRANTS_ONLY, 0x1122, 0);
-    let keys = s.pr_in(&[0x5E, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0]).unwrap();
+    let keys = s.pr_in(&[0x5E, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0], ONE_PORT).unwrap();
     assert_eq!(&keys[4..8], &8u32.to_be_bytes());
     assert_eq!(be64(&keys[8..16]), 0x1122);
-    let res = s.pr_in(&[0x5E, 1, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0]).unwrap();
+    let res = s.pr_in(&[0x5E, 1, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0], ONE_PORT).unwrap();
     assert_eq!(be64(&res[8..16]), 0x1122);
     assert_eq!(res[21], EXCLUSIVE_ACCESS_REGISTRANTS_ONLY);
-    let caps = s.pr_in(&[0x5E, 2, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0]).unwrap();
+    let caps = s.pr_in(&[0x5E, 2, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0], ONE_PORT).unwrap();
     assert_eq!(caps.len(), 8);
-    let full = s.pr_in(&[0x5E, 3, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0]).unwrap();
+    let full = s.pr_in(&[0x5E, 3, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0], ONE_PORT).unwrap();
     assert_eq!(full[8 + 12] & 1, 1, "R_HOLDER");
     let tid = &full[8 + 24..];
     let (port, _) = PortId::parse_transport_id(tid).unwrap();
     assert_eq!(port, PortId::of(&a));
-    assert!(s.pr_in(&[0x5E, 4, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0]).is_err());
+    assert_eq!(full[8 + 12] & 2, 0, "ALL_TG_PT: one target port");
+    assert_eq!(be16(&full[8 + 18..8 + 20]), RELATIVE_TARGET_PORT as u64);
+    // Through gateways the registration holds at each, even at a gateway that is alone
+    // now: reported as ALL_TG_PT.
+    for ports in [vec![0x11, 0x2345], vec![0x2345]] {
+        let full = s
+            .pr_in(&[0x5E, 3, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0], &TargetPorts::Gateways(ports))
+            .unwrap();
+        assert_eq!(full[8 + 12] & 3, 3, "ALL_TG_PT and R_HOLDER");
+        assert_eq!(be16(&full[8 + 18..8 + 20]), 0);
+    }
+    assert!(s.pr_in(&[0x5E, 4, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0], ONE_PORT).is_err());
 }
 
 #[test]
@@ -177,7 +191,7 @@ fn register_and_move_and_spec_i_pt() {
     let mut cdb = out_cdb(0, 0);
     cdb[5..9].copy_from_slice(&(d.len() as u32).to_be_bytes());
     let mut notes = Vec::new();
-    assert_eq!(s.pr_out(&a, &cdb, &d, &mut notes), Outcome::Good);
+    assert_eq!(s.pr_out(&a, &cdb, &d, ONE_PORT, &mut notes), Outcome::Good);
     assert_eq!(s.registrations.len(), 2);
     assert!(s.registration(&b).is_some());
     // a reserves, then moves the reservation to b with a new key, unregistering itself.
@@ -191,7 +205,19 @@ fn register_and_move_and_spec_i_pt() {
     m.extend_from_slice(&tid);
     let mut cdb = out_cdb(7, WRITE_EXCLUSIVE);
     cdb[5..9].copy_from_slice(&(m.len() as u32).to_be_bytes());
-    assert_eq!(s.pr_out(&a, &cdb, &m, &mut notes), Outcome::Good);
+    // The relative port must be one the LUN is reached through.
+    let gateways = &TargetPorts::Gateways(vec![0x11, 0x2345]);
+    assert_eq!(
+        s.pr_out(&a, &cdb, &m, gateways, &mut notes),
+        Outcome::Check(sense::INVALID_FIELD_IN_PARAMETER_LIST)
+    );
+    assert!(s.holds(&a));
+    m[18..20].copy_from_slice(&0x2345u16.to_be_bytes());
+    assert_eq!(
+        s.pr_out(&a, &cdb, &m, ONE_PORT, &mut notes),
+        Outcome::Check(sense::INVALID_FIELD_IN_PARAMETER_LIST)
+    );
+    assert_eq!(s.pr_out(&a, &cdb, &m, gateways, &mut notes), Outcome::Good);
     assert!(s.registration(&a).is_none());
     assert_eq!(s.registrations[s.registration(&b).unwrap()].key, 0x20);
     assert!(s.holds(&b) && !s.allows(&a, Access::Write));
@@ -205,11 +231,11 @@ fn malformed_parameter_lists_change_nothing() {
     let mut cdb = out_cdb(0, 0);
     cdb[8] = 16;
     assert_eq!(
-        s.pr_out(&a, &cdb, &[0; 16], &mut notes),
+        s.pr_out(&a, &cdb, &[0; 16], ONE_PORT, &mut notes),
         Outcome::Check(sense::PARAMETER_LIST_LENGTH_ERROR)
     );
     assert_eq!(
-        s.pr_out(&a, &out_cdb(9, 0), &params(0, 1, 0), &mut notes),
+        s.pr_out(&a, &out_cdb(9, 0), &params(0, 1, 0), ONE_PORT, &mut notes),
         Outcome::Check(sense::INVALID_FIELD_IN_CDB)
     );
     // SPEC_I_PT with a truncated TransportID.
@@ -217,7 +243,7 @@ fn malformed_parameter_lists_change_nothing() {
     d.extend_from_slice(&[0, 0, 0, 30, 0x45, 0, 0, 26]);
     let mut cdb = out_cdb(0, 0);
     cdb[8] = d.len() as u8;
-    assert_ne!(s.pr_out(&a, &cdb, &d, &mut notes), Outcome::Good);
+    assert_ne!(s.pr_out(&a, &cdb, &d, ONE_PORT, &mut notes), Outcome::Good);
     // A reservation with a bad scope or type.
     run(&mut s, &a, 6, 0, 0, 1);
     let gen = s.generation;
@@ -270,7 +296,7 @@ fn state_round_trips_through_json() {
     let a = nexus(1, "iqn.x:a", 1);
     let mut s = PrState::default();
     let mut notes = Vec::new();
-    s.pr_out(&a, &out_cdb(6, 0), &params(0, 7, 0x01), &mut notes);
+    s.pr_out(&a, &out_cdb(6, 0), &params(0, 7, 0x01), ONE_PORT, &mut notes);
     run(&mut s, &a, 1, EXCLUSIVE_ACCESS, 7, 0);
     let j = serde_json::to_string(&s).unwrap();
     assert_eq!(serde_json::from_str::<PrState>(&j).unwrap(), s);
