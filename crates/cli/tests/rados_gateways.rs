@@ -563,7 +563,22 @@ fn a_host_with_a_path_to_each_gateway_goes_on_through_the_standby_when_the_owner
         sense(&cmd(&path_b, &[0x5E, 0, 0, 0, 0, 0, 0, 0x10, 0, 0], Vec::new(), 16)),
         STANDBY
     );
-    assert_eq!(cmd(&path_b, &[0x1A, 0x08, 0x08, 0, 255, 0], Vec::new(), 255).status, 0);
+    let mode_sense = [0x1A, 0x08, 0x08, 0, 255, 0];
+    assert_eq!(cmd(&path_b, &mode_sense, Vec::new(), 255).status, 0);
+    // The owner grows the vdisk: the standby path tells the host too, within a tick or two.
+    a.ok(&["vdisk", "resize", &vdisk, "--size", "96M"]);
+    let t0 = Instant::now();
+    loop {
+        let told = sense(&cmd(&path_b, &mode_sense, Vec::new(), 255));
+        if told == Some((0x6, 0x2A, 0x09)) {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "no CAPACITY DATA HAS CHANGED at the standby port: {told:x?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 
     // The administrator sees each gateway's part.
     assert_eq!(
@@ -622,6 +637,12 @@ fn a_host_with_a_path_to_each_gateway_goes_on_through_the_standby_when_the_owner
         assert!(r.data == block(lba, 1), "block {lba} differs after the failover");
     }
     assert!(cmd(&path_b, &read1(64), Vec::new(), 512).data == block(64, 2));
+    let cap = cmd(&path_b, &[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0], Vec::new(), 8).data;
+    assert_eq!(
+        u32::from_be_bytes(cap[0..4].try_into().unwrap()),
+        (96 << 11) - 1,
+        "the grown size"
+    );
     drop(path_a);
     drop(path_b);
     let mut b = b;

@@ -328,6 +328,19 @@ impl Lun {
         self
     }
 
+    /// The mode settings became `m` elsewhere (at the gateway that owns the LUN's pool, for
+    /// a standby port that shows them): every nexus learns of it with MODE PARAMETERS
+    /// CHANGED, as the owner's nexuses did.
+    pub fn mode_changed_elsewhere(&self, m: ModeState) {
+        let mut mode = self.mode.lock();
+        if *mode == m {
+            return;
+        }
+        *mode = m;
+        drop(mode);
+        self.unit_attention(sense::MODE_PARAMETERS_CHANGED, None);
+    }
+
     /// Starts from the saved mode settings (the defaults when none were saved) and saves
     /// every change MODE SELECT makes through `store`.
     pub fn with_saved_mode(mut self, saved: Option<ModeState>, store: ModeStore) -> Lun {

@@ -54,6 +54,9 @@ pub struct Daemon {
     pub portals: Portals,
     /// Serializes changes to the set of pools.
     admin: Mutex<()>,
+    /// Serializes the taking of pools on RADOS (the tick's and an API call's), which holds
+    /// `admin` only to apply what it found; taken before `admin`, never after.
+    bringing: Mutex<()>,
     started: Instant,
     /// Pools past their thin provisioning threshold, whose LUNs have been told.
     thin_warned: Mutex<BTreeSet<String>>,
@@ -145,6 +148,7 @@ impl Daemon {
             nbd,
             portals,
             admin: Mutex::new(()),
+            bringing: Mutex::new(()),
             started: Instant::now(),
             thin_warned: Mutex::new(BTreeSet::new()),
             auto_repair,

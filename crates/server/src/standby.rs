@@ -16,7 +16,7 @@
 use std::any::Any;
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use tessera_scsi::{
     AccessState, BackendError, BackendErrorKind, BackendResult, BlockBackend, Extent, FrozenImage, Lun, ModeState,
     PortGroup, PortGroups,
@@ -183,9 +183,10 @@ impl PortGroups for StandbyPorts {
     }
 }
 
-/// The block backend of a standby LUN: the vdisk's geometry as its record says, and no data
-/// (the port's state keeps every command that would reach it away).
-struct StandbyBackend(VdiskConfig);
+/// The block backend of a standby LUN: the vdisk's geometry as its record says (read again
+/// every tick: the owner may resize it), and no data (the port's state keeps every command
+/// that would reach it away).
+struct StandbyBackend(RwLock<VdiskConfig>);
 
 fn not_here(c: &VdiskConfig) -> BackendError {
     BackendError::new(
@@ -196,46 +197,46 @@ fn not_here(c: &VdiskConfig) -> BackendError {
 
 impl BlockBackend for StandbyBackend {
     fn name(&self) -> String {
-        self.0.name.clone()
+        self.0.read().name.clone()
     }
     fn size(&self) -> u64 {
-        self.0.size
+        self.0.read().size
     }
     fn block_size(&self) -> u32 {
-        self.0.block_size
+        self.0.read().block_size
     }
     fn physical_block_size(&self) -> u32 {
-        self.0.physical_block_size
+        self.0.read().physical_block_size
     }
     fn grain_size(&self) -> u64 {
-        self.0.grain_size
+        self.0.read().grain_size
     }
     fn thin(&self) -> bool {
-        self.0.provisioning == Provisioning::Thin
+        self.0.read().provisioning == Provisioning::Thin
     }
     fn as_any(&self) -> &dyn Any {
         self
     }
     fn read(&self, _: u64, _: &mut [u8]) -> BackendResult<()> {
-        Err(not_here(&self.0))
+        Err(not_here(&self.0.read()))
     }
     fn write(&self, _: u64, _: &[u8], _: bool) -> BackendResult<()> {
-        Err(not_here(&self.0))
+        Err(not_here(&self.0.read()))
     }
     fn write_zeroes(&self, _: u64, _: u64, _: bool, _: bool) -> BackendResult<()> {
-        Err(not_here(&self.0))
+        Err(not_here(&self.0.read()))
     }
     fn trim(&self, _: u64, _: u64) -> BackendResult<()> {
-        Err(not_here(&self.0))
+        Err(not_here(&self.0.read()))
     }
     fn flush(&self) -> BackendResult<()> {
-        Err(not_here(&self.0))
+        Err(not_here(&self.0.read()))
     }
     fn extents(&self, _: u64, _: u64) -> BackendResult<Vec<Extent>> {
-        Err(not_here(&self.0))
+        Err(not_here(&self.0.read()))
     }
     fn freeze(&self, _: &[(u64, u64)]) -> BackendResult<Box<dyn FrozenImage>> {
-        Err(not_here(&self.0))
+        Err(not_here(&self.0.read()))
     }
 }
 
@@ -251,15 +252,101 @@ pub struct StandbyUnit {
 /// The standby LUN of `unit` behind `ports`.
 pub fn standby_lun(unit: &StandbyUnit, ports: Arc<PoolPorts>) -> Lun {
     let read_only = unit.config.snapshot_of.is_some();
-    Lun::new(Arc::new(StandbyBackend(unit.config.clone())), unit.uid, read_only)
-        .with_port_groups(Arc::new(StandbyPorts(ports)))
-        .with_state_at_owner()
-        .with_mode(unit.mode.unwrap_or_default())
+    Lun::new(
+        Arc::new(StandbyBackend(RwLock::new(unit.config.clone()))),
+        unit.uid,
+        read_only,
+    )
+    .with_port_groups(Arc::new(StandbyPorts(ports)))
+    .with_state_at_owner()
+    .with_mode(unit.mode.unwrap_or_default())
+}
+
+/// Brings standby LUN `lun` up to date with what the owner now records of its vdisk: a new
+/// size (CAPACITY DATA HAS CHANGED for every host) and new mode settings (MODE PARAMETERS
+/// CHANGED), as the owner's own hosts were told. False if `lun` is not a standby LUN.
+pub fn refresh_standby(lun: &Lun, unit: &StandbyUnit) -> bool {
+    let Some(backend) = lun.backend().as_any().downcast_ref::<StandbyBackend>() else {
+        return false;
+    };
+    let resized = {
+        let mut config = backend.0.write();
+        let resized = config.size != unit.config.size;
+        *config = unit.config.clone();
+        resized
+    };
+    if resized {
+        lun.capacity_changed();
+    }
+    lun.mode_changed_elsewhere(unit.mode.unwrap_or_default());
+    true
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tessera_layout::{LayoutKind, LayoutSpec};
+    use tessera_scsi::{ModeState, Nexus};
+    use tessera_volume::VdiskState;
+
+    fn unit(size: u64, mode: Option<ModeState>) -> StandbyUnit {
+        StandbyUnit {
+            uid: 0x1234,
+            config: VdiskConfig {
+                id: 7,
+                name: "vm".into(),
+                size,
+                block_size: 512,
+                physical_block_size: 4096,
+                grain_size: 64 << 10,
+                layout: LayoutSpec::with_defaults(LayoutKind::Simple, None, None, None, 1),
+                provisioning: Provisioning::Thin,
+                state: VdiskState::Online,
+                snapshot_of: None,
+                created: 0,
+                write_cache_size: None,
+            },
+            mode,
+        }
+    }
+
+    /// Sense key, ASC and ASCQ of a CHECK CONDITION (fixed format), None for GOOD.
+    fn sense_of(r: &tessera_scsi::Response) -> Option<(u8, u8, u8)> {
+        (r.status == 2).then(|| (r.sense[2] & 0x0F, r.sense[12], r.sense[13]))
+    }
+
+    #[test]
+    fn a_standby_lun_follows_what_the_owner_records() {
+        let ports = PoolPorts::new("gw-b", AccessState::Standby, Some("gw-a".into()));
+        let lun = standby_lun(&unit(1 << 30, None), ports);
+        let host = Nexus::new(1, "iqn.2026-01.test:host", [0x40, 0, 0, 0, 0, 1]);
+        let tur = [0u8; 6];
+        let mode_sense = [0x1A, 0x08, 0x08, 0, 0xFF, 0];
+        assert_eq!(
+            sense_of(&lun.execute_for(&host, &tur, &[])),
+            Some((2, 0x04, 0x0B)),
+            "standby"
+        );
+        // Nothing changed at the owner: nothing to tell.
+        assert!(refresh_standby(&lun, &unit(1 << 30, None)));
+        assert_eq!(sense_of(&lun.execute_for(&host, &mode_sense, &[])), None);
+        // The owner grew the vdisk and a host turned its write cache off there.
+        let off = ModeState {
+            wce: false,
+            ..ModeState::default()
+        };
+        assert!(refresh_standby(&lun, &unit(2 << 30, Some(off))));
+        assert_eq!(lun.backend().size(), 2 << 30);
+        assert_eq!(lun.mode(), off);
+        let told: Vec<_> = (0..2)
+            .map(|_| sense_of(&lun.execute_for(&host, &mode_sense, &[])).expect("a unit attention"))
+            .collect();
+        assert!(told.contains(&(6, 0x2A, 0x09)), "CAPACITY DATA HAS CHANGED: {told:?}");
+        assert!(told.contains(&(6, 0x2A, 0x01)), "MODE PARAMETERS CHANGED: {told:?}");
+        let page = lun.execute_for(&host, &mode_sense, &[]);
+        assert_eq!(sense_of(&page), None);
+        assert_eq!(page.data.to_vec()[4 + 2] & 0x04, 0, "WCE off in the caching page");
+    }
 
     #[test]
     fn gateways_have_groups_of_their_own_and_report_the_owners() {

@@ -15,7 +15,7 @@ use tracing::warn;
 use crate::error::{ApiError, ApiResult};
 use crate::metrics::IoMetrics;
 use crate::model::SetChap;
-use crate::standby::{standby_lun, PoolPorts, StandbyUnit};
+use crate::standby::{refresh_standby, standby_lun, PoolPorts, StandbyUnit};
 use crate::statefile::{self, change_saved};
 
 /// LUN numbers we hand out: single-level, flat space.
@@ -348,18 +348,13 @@ impl Targets {
         }
     }
 
-    /// The vdisks of pool `pool` that configured LUNs present, and whether each is presented.
-    pub fn vdisks_of_pool(&self, pool: &str) -> Vec<(String, bool)> {
-        let mut out: Vec<(String, bool)> = Vec::new();
+    /// The vdisks of pool `pool` that configured LUNs present ("pool/name"), once each.
+    pub fn vdisks_of_pool(&self, pool: &str) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
         for cfg in self.configs.lock().values() {
-            let t = self.registry.target(&cfg.iqn);
-            for (&n, vd) in &cfg.luns {
-                if vd.split_once('/').is_some_and(|(p, _)| p == pool) {
-                    let presented = t.as_ref().is_some_and(|t| t.lun(n).is_some());
-                    match out.iter_mut().find(|(v, _)| v == vd) {
-                        Some(e) => e.1 &= presented,
-                        None => out.push((vd.clone(), presented)),
-                    }
+            for vd in cfg.luns.values() {
+                if vd.split_once('/').is_some_and(|(p, _)| p == pool) && !out.contains(vd) {
+                    out.push(vd.clone());
                 }
             }
         }
@@ -367,9 +362,10 @@ impl Targets {
     }
 
     /// Presents the configured LUNs of pool `pool` (on RADOS, owned by another gateway) that
-    /// are not presented, as standby ports behind `ports`; `unit` finds what the pool's
-    /// metadata records of a vdisk ("pool/name"). A vdisk is one logical unit whatever the
-    /// target, as for LUNs served here.
+    /// are not presented, as standby ports behind `ports`, and brings the standby LUNs
+    /// presented already up to date; `unit` finds what the pool's metadata records of a
+    /// vdisk ("pool/name"). A vdisk is one logical unit whatever the target, as for LUNs
+    /// served here.
     pub fn present_standby(&self, pool: &str, ports: &Arc<PoolPorts>, unit: &dyn Fn(&str) -> Option<StandbyUnit>) {
         let configs = self.configs.lock();
         for cfg in configs.values() {
@@ -377,7 +373,13 @@ impl Targets {
                 continue;
             };
             for (&n, vd) in &cfg.luns {
-                if !vd.split_once('/').is_some_and(|(p, _)| p == pool) || t.lun(n).is_some() {
+                if !vd.split_once('/').is_some_and(|(p, _)| p == pool) {
+                    continue;
+                }
+                if let Some(l) = t.lun(n) {
+                    if let Some(u) = unit(vd) {
+                        refresh_standby(&l, &u);
+                    }
                     continue;
                 }
                 let l = match self.presented(&configs, vd) {

@@ -194,8 +194,12 @@ impl Daemon {
     }
 
     /// Takes pool `name` if nobody owns it and serves it; otherwise records who does.
+    ///
+    /// Taking and opening talk to etcd and Ceph, which may take seconds (or the cluster's
+    /// timeouts when it is down), so they run without the admin lock and the API answers
+    /// meanwhile; only the outcome is applied under it, if the pool is still known then.
     fn bring_rados_pool(&self, name: &str) {
-        let _admin = self.admin.lock();
+        let _bringing = self.bringing.lock();
         if self.pools.read().contains_key(name) {
             return;
         }
@@ -228,6 +232,13 @@ impl Daemon {
                     }
                     Ok(engine) => {
                         let epoch = owned.epoch;
+                        let _admin = self.admin.lock();
+                        if !self.rados.lock().contains_key(name) {
+                            // Exported or destroyed here while it was being opened.
+                            drop(engine);
+                            let _ = gw.release(name, epoch);
+                            return;
+                        }
                         info!(pool = %name, epoch, seconds = started.elapsed().as_secs_f64(), "pool opened");
                         // The standby LUNs go; the real ones take their place below.
                         self.targets.withdraw_pool(name);
@@ -257,13 +268,16 @@ impl Daemon {
                 },
             },
         };
-        self.unavailable.write().insert(name.to_string(), why);
+        let _admin = self.admin.lock();
+        if self.rados.lock().contains_key(name) {
+            self.unavailable.write().insert(name.to_string(), why);
+        }
     }
 
     /// Presents the configured LUNs of pool `name`, which gateway `owner` owns, as standby
-    /// ports here, from what the pool's metadata records (read afresh for LUNs not presented
-    /// yet, so that a vdisk made at the owner since appears). A failure is logged and tried
-    /// again at the next tick.
+    /// ports here, from what the pool's metadata records (read afresh every tick, so that a
+    /// vdisk made or resized at the owner since shows as it is). A failure is logged and
+    /// tried again at the next tick.
     fn present_standby(&self, name: &str, owner: &PoolOwner) {
         let Some((ports, placement, reader)) = self
             .rados
@@ -278,13 +292,9 @@ impl Daemon {
                 lun.access_state_changed();
             }
         }
-        let wanted: Vec<String> = self
-            .targets
-            .vdisks_of_pool(name)
-            .into_iter()
-            .filter(|(_, presented)| !presented)
-            .map(|(v, _)| v)
-            .collect();
+        // Every tick, the presented ones too: the owner may have resized a vdisk or a host
+        // changed its mode settings there.
+        let wanted: Vec<String> = self.targets.vdisks_of_pool(name);
         if wanted.is_empty() {
             return;
         }
@@ -306,6 +316,10 @@ impl Daemon {
         };
         match reader.units(name, &wanted) {
             Ok(units) => {
+                let _admin = self.admin.lock();
+                if !self.rados.lock().get(name).is_some_and(|p| p.owned.is_none()) {
+                    return; // exported, destroyed or taken here meanwhile
+                }
                 let find = |vd: &str| units.iter().find(|(v, _)| v == vd).map(|(_, u)| u.clone());
                 self.targets.present_standby(name, &ports, &find);
             }
