@@ -652,6 +652,152 @@ fn a_host_with_a_path_to_each_gateway_goes_on_through_the_standby_when_the_owner
     b.stop();
 }
 
+/// A host whose path to the owner is gone, while the owner lives: its I/O at the standby
+/// gateway has the pool handed over there once nobody used it at the owner for a while; and
+/// I/O at a standby port never takes the pool from an owner that hosts use.
+#[cfg(feature = "rados")]
+#[test]
+fn a_host_that_reaches_only_the_standby_gateway_has_the_pool_handed_over_without_bouncing() {
+    use tessera_iscsi::initiator::{LoginConfig, ScsiResult, Session};
+    let test = "a_host_that_reaches_only_the_standby_gateway_has_the_pool_handed_over_without_bouncing";
+    let Some((conf, etcd, _cluster)) = cluster(test) else {
+        return;
+    };
+    let pid = std::process::id();
+    let pool = format!("ho{pid}");
+    let prefix = format!("/tessera-test-ho-{pid}");
+    let t = tempfile::tempdir().unwrap();
+    let a = Daemon::start_configured(&t.path().join("a"), &gateway("gw-a", &etcd, &prefix));
+    create_rados_pool(&a, &pool, &conf);
+    let vdisk = format!("{pool}/ho");
+    a.ok(&["vdisk", "create", &vdisk, "--size", "64M", "--layout", "simple"]);
+    let iqn = "iqn.2026-11.io.tessera:handover";
+    a.ok(&["target", "create", iqn, "--allow-any-initiator"]);
+    a.ok(&["target", "lun", "add", iqn, &vdisk]);
+    let mut b = Daemon::start_configured(&t.path().join("b"), &gateway("gw-b", &etcd, &prefix));
+    b.ok(&["pool", "import", &pool, "--rados", RADOS_POOL, "--ceph-conf", &conf]);
+    b.ok(&["target", "create", iqn, "--allow-any-initiator"]);
+    b.ok(&["target", "lun", "add", iqn, &vdisk]);
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let host = LoginConfig::new("iqn.2026-11.io.example:host", Some(iqn));
+    let login = |d: &Daemon| rt.block_on(Session::login(&d.iscsi_portal(), &host)).unwrap();
+    let cmd = |s: &Session, cdb: &[u8], data: Vec<u8>, read: usize| -> ScsiResult {
+        rt.block_on(s.command(0, cdb, data, read)).expect("the session answers")
+    };
+    let sense = |r: &ScsiResult| (r.status == 2).then(|| (r.sense[2] & 0x0F, r.sense[12], r.sense[13]));
+    let read1 = |lba: u32| {
+        let mut c = vec![0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0];
+        c[2..6].copy_from_slice(&lba.to_be_bytes());
+        c
+    };
+    let write1 = |lba: u32| {
+        let mut c = vec![0x2A, 0x08, 0, 0, 0, 0, 0, 0, 1, 0]; // FUA
+        c[2..6].copy_from_slice(&lba.to_be_bytes());
+        c
+    };
+    let block = |lba: u32, round: u8| vec![round ^ lba as u8; 512];
+    // Until it succeeds, retrying on what a multipath host retries on: NOT READY (standby,
+    // transitioning) and unit attentions.
+    let until_done = |s: &Session, cdb: &[u8], data: Vec<u8>, read: usize, limit: Duration, d: &Daemon| {
+        let t0 = Instant::now();
+        let mut seen = Vec::new();
+        loop {
+            let r = cmd(s, cdb, data.clone(), read);
+            if r.status == 0 {
+                return (r, t0.elapsed(), seen);
+            }
+            let s = sense(&r).unwrap_or_else(|| panic!("status {}", r.status));
+            assert!(
+                matches!(s, (0x2, 0x04, 0x0B) | (0x2, 0x04, 0x0A) | (0x6, _, _)),
+                "{s:x?} is no answer to retry on"
+            );
+            if seen.last() != Some(&s) {
+                seen.push(s);
+            }
+            assert!(
+                t0.elapsed() < limit,
+                "not done after {limit:?}: {seen:x?}\n{}",
+                d.logs()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+
+    let (path_a, path_b) = (login(&a), login(&b));
+    // B presents the LUN as a standby port once it has read the pool's records (a tick).
+    let t0 = Instant::now();
+    while cmd(&path_b, &[0x12, 0x01, 0x83, 0, 255, 0], Vec::new(), 255).status != 0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "B presents no standby LUN\n{}",
+            b.logs()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for lba in 0..16 {
+        until_done(&path_a, &write1(lba), block(lba, 1), 0, Duration::from_secs(5), &a);
+    }
+    // The host's path to A goes (A lives on); it sends its writes to B, whose port is standby
+    // until A hands the pool over.
+    drop(path_a);
+    let (_, took, seen) = until_done(&path_b, &write1(16), block(16, 2), 0, Duration::from_secs(40), &b);
+    eprintln!(
+        "{test}: the first write through B completed {took:?} after the host left A; answers on the way: {seen:x?}"
+    );
+    assert!(seen.contains(&(0x2, 0x04, 0x0B)), "B was standby first: {seen:x?}");
+    assert_eq!(pool_entry(&b, &pool)["rados"]["here"], true);
+    let at_a = pool_entry(&a, &pool);
+    assert_eq!(at_a["health"], "unavailable", "{at_a}");
+    assert!(at_a.to_string().contains("gw-b"), "A says who has the pool: {at_a}");
+    for lba in 0..16 {
+        let r = cmd(&path_b, &read1(lba), Vec::new(), 512);
+        assert!(
+            r.status == 0 && r.data == block(lba, 1),
+            "block {lba} differs after the handover"
+        );
+    }
+    assert!(
+        a.json(&["events", "-n", "1000"])
+            .to_string()
+            .contains("pool.handed_over"),
+        "A records the handover"
+    );
+
+    // No bounce: the host writes through B while reads reach A's standby port (a path
+    // checker, a host that prefers A): B, in use, keeps the pool.
+    let path_a = login(&a);
+    let t0 = Instant::now();
+    let mut at_standby = 0;
+    let mut n = 0u32;
+    while t0.elapsed() < Duration::from_secs(12) {
+        let r = cmd(&path_b, &write1(17 + n % 32), block(17 + n % 32, 3), 0);
+        assert!(
+            r.status == 0 || sense(&r).is_some_and(|s| s.0 == 0x6),
+            "B keeps serving: {:?}",
+            sense(&r)
+        );
+        if sense(&cmd(&path_a, &read1(0), Vec::new(), 512)) == Some((0x2, 0x04, 0x0B)) {
+            at_standby += 1;
+        }
+        n += 1;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(at_standby > 50, "reads at A's standby port: {at_standby}");
+    assert_eq!(pool_entry(&b, &pool)["rados"]["here"], true, "B kept the pool");
+    assert_eq!(
+        b.json(&["target", "show", iqn])["luns"][0]["access"],
+        "active/optimized"
+    );
+    assert_eq!(a.json(&["target", "show", iqn])["luns"][0]["access"], "standby");
+    drop(path_a);
+    drop(path_b);
+    b.ok(&["target", "lun", "remove", iqn, "0"]);
+    b.ok(&["vdisk", "delete", &vdisk]);
+    b.ok(&["pool", "destroy", &pool]);
+    b.stop();
+}
+
 /// Bytes the daemon has written to the data objects of pool `pool` (its one disk, in the
 /// cluster) since it took the pool.
 #[cfg(feature = "rados")]

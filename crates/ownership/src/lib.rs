@@ -271,30 +271,29 @@ impl Gateway {
         Ok(self.client.txn(txn).await?.succeeded())
     }
 
-    fn presence_key(&self, what: &str) -> String {
-        format!("{}/presents/{what}/{}", self.prefix, self.name)
+    fn mark_key(&self, kind: &str, what: &str) -> String {
+        format!("{}/{kind}/{what}/{}", self.prefix, self.name)
     }
 
-    /// Says that this gateway presents `what` (the LUNs of a pool), on its lease: the word
-    /// goes with the lease when the gateway dies, stalls or leaves.
-    pub async fn announce(&mut self, what: &str) -> Result<()> {
-        let key = self.presence_key(what);
+    /// Puts this gateway's mark of `kind` on `what`, on its lease: it goes with the lease
+    /// when the gateway dies, stalls or leaves.
+    async fn mark(&mut self, kind: &str, what: &str) -> Result<()> {
+        let key = self.mark_key(kind, what);
         self.client
             .put(key, "", Some(PutOptions::new().with_lease(self.lease)))
             .await?;
         Ok(())
     }
 
-    /// Takes back [`announce`](Self::announce).
-    pub async fn unannounce(&mut self, what: &str) -> Result<()> {
-        let key = self.presence_key(what);
+    async fn unmark(&mut self, kind: &str, what: &str) -> Result<()> {
+        let key = self.mark_key(kind, what);
         self.client.delete(key, None).await?;
         Ok(())
     }
 
-    /// The gateways that present `what` now (whose leases hold), in name order.
-    pub async fn presenting(&mut self, what: &str) -> Result<Vec<String>> {
-        let from = format!("{}/presents/{what}/", self.prefix);
+    /// The gateways whose mark of `kind` is on `what` now (whose leases hold), in name order.
+    async fn marked(&mut self, kind: &str, what: &str) -> Result<Vec<String>> {
+        let from = format!("{}/{kind}/{what}/", self.prefix);
         let r = self
             .client
             .get(from.as_str(), Some(GetOptions::new().with_prefix().with_keys_only()))
@@ -306,6 +305,38 @@ impl Gateway {
             .collect();
         names.sort();
         Ok(names)
+    }
+
+    /// Says that this gateway presents `what` (the LUNs of a pool), on its lease: the word
+    /// goes with the lease when the gateway dies, stalls or leaves.
+    pub async fn announce(&mut self, what: &str) -> Result<()> {
+        self.mark("presents", what).await
+    }
+
+    /// Takes back [`announce`](Self::announce).
+    pub async fn unannounce(&mut self, what: &str) -> Result<()> {
+        self.unmark("presents", what).await
+    }
+
+    /// The gateways that present `what` now (whose leases hold), in name order.
+    pub async fn presenting(&mut self, what: &str) -> Result<Vec<String>> {
+        self.marked("presents", what).await
+    }
+
+    /// Asks the owner of `what` to hand it over (hosts reach this gateway and not the
+    /// owner), on this gateway's lease.
+    pub async fn ask_for(&mut self, what: &str) -> Result<()> {
+        self.mark("wants", what).await
+    }
+
+    /// Takes back [`ask_for`](Self::ask_for).
+    pub async fn stop_asking(&mut self, what: &str) -> Result<()> {
+        self.unmark("wants", what).await
+    }
+
+    /// The gateways that ask for `what` now, in name order.
+    pub async fn asking(&mut self, what: &str) -> Result<Vec<String>> {
+        self.marked("wants", what).await
     }
 
     /// Whether the lease is still being renewed (false once it was lost, or may have been: a

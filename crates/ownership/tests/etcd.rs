@@ -128,10 +128,18 @@ async fn gateways_announce_what_they_present_until_their_lease_goes() {
     );
     a.unannounce("pool.other").await.unwrap();
     assert!(b.presenting("pool.other").await.unwrap().is_empty());
+    // Asking for a pool is a word of its own, beside presenting it.
+    assert!(a.asking("pool.tank").await.unwrap().is_empty());
+    b.ask_for("pool.tank").await.unwrap();
+    assert_eq!(a.asking("pool.tank").await.unwrap(), ["gw-b"]);
+    assert_eq!(a.presenting("pool.tank").await.unwrap(), ["gw-a", "gw-b"]);
+    b.stop_asking("pool.tank").await.unwrap();
+    assert!(a.asking("pool.tank").await.unwrap().is_empty());
+    b.ask_for("pool.tank").await.unwrap();
     // B stalls: its word goes with its lease.
     b.stall();
     let t0 = Instant::now();
-    while a.presenting("pool.tank").await.unwrap() != ["gw-a"] {
+    while a.presenting("pool.tank").await.unwrap() != ["gw-a"] || !a.asking("pool.tank").await.unwrap().is_empty() {
         assert!(
             t0.elapsed() < Duration::from_secs(10),
             "B's presence outlived its lease"

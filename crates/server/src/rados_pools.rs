@@ -320,13 +320,8 @@ mod real {
         pub fn take(&self, name: &str, placement: &Placement) -> Result<Taking, String> {
             // Cheap first: while another gateway holds the pool, nothing is asked of the
             // cluster. (The taking below is one etcd transaction all the same.)
-            let held = self.with_gateway(async |g| {
-                let o = g.owner(&owner_key(name)).await;
-                o.map(|o| o.filter(|o| !g.holds(o)))
-                    .map_err(|e| format!("cannot learn the owner of pool {name}: {e}"))
-            })?;
-            if let Some(o) = held {
-                return Ok(Taking::Elsewhere(elsewhere(o, &self.cfg.name)));
+            if let Some(o) = self.other_owner(name)? {
+                return Ok(Taking::Elsewhere(o));
             }
             let started = std::time::Instant::now();
             let cluster = connect(placement)?;
@@ -378,6 +373,32 @@ mod real {
         /// The gateways that present LUNs of pool `name` now.
         pub fn presenting(&self, name: &str) -> Result<Vec<String>, String> {
             self.with_gateway(async |g| g.presenting(&owner_key(name)).await.map_err(|e| e.to_string()))
+        }
+
+        /// The gateway that owns pool `name` now, if another does (None: nobody, or this
+        /// run of this gateway). Asks etcd only, never the cluster.
+        pub fn other_owner(&self, name: &str) -> Result<Option<PoolOwner>, String> {
+            let o = self.with_gateway(async |g| {
+                let o = g.owner(&owner_key(name)).await;
+                o.map(|o| o.filter(|o| !g.holds(o)))
+                    .map_err(|e| format!("cannot learn the owner of pool {name}: {e}"))
+            })?;
+            Ok(o.map(|o| elsewhere(o, &self.cfg.name)))
+        }
+
+        /// Asks the owner of pool `name` to hand it over: hosts send their I/O here.
+        pub fn ask_for(&self, name: &str) -> Result<(), String> {
+            self.with_gateway(async |g| g.ask_for(&owner_key(name)).await.map_err(|e| e.to_string()))
+        }
+
+        /// Takes back [`ask_for`](Self::ask_for).
+        pub fn stop_asking(&self, name: &str) -> Result<(), String> {
+            self.with_gateway(async |g| g.stop_asking(&owner_key(name)).await.map_err(|e| e.to_string()))
+        }
+
+        /// The gateways that ask for pool `name` now.
+        pub fn asking(&self, name: &str) -> Result<Vec<String>, String> {
+            self.with_gateway(async |g| g.asking(&owner_key(name)).await.map_err(|e| e.to_string()))
         }
 
         /// Gives pool `name` up, if this gateway owns it at `epoch`.
@@ -528,6 +549,18 @@ mod absent {
             match self.never {}
         }
         pub fn presenting(&self, _: &str) -> Result<Vec<String>, String> {
+            match self.never {}
+        }
+        pub fn other_owner(&self, _: &str) -> Result<Option<PoolOwner>, String> {
+            match self.never {}
+        }
+        pub fn ask_for(&self, _: &str) -> Result<(), String> {
+            match self.never {}
+        }
+        pub fn stop_asking(&self, _: &str) -> Result<(), String> {
+            match self.never {}
+        }
+        pub fn asking(&self, _: &str) -> Result<Vec<String>, String> {
             match self.never {}
         }
     }

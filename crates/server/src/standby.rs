@@ -15,6 +15,7 @@
 
 use std::any::Any;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
 use tessera_scsi::{
@@ -51,6 +52,9 @@ struct Ports {
     owner: Option<String>,
     /// Every gateway that says it presents the pool's LUNs (etcd), this one included.
     presenting: Vec<String>,
+    /// When a host last sent a command that reads or writes the medium to a standby port
+    /// here: it wants the pool served here (its path to the owner may be gone).
+    asked: Option<Instant>,
 }
 
 impl PoolPorts {
@@ -61,6 +65,7 @@ impl PoolPorts {
                 local,
                 owner,
                 presenting: Vec::new(),
+                asked: None,
             }),
         })
     }
@@ -71,7 +76,15 @@ impl PoolPorts {
         let changed = s.local != local || s.owner != owner;
         s.local = local;
         s.owner = owner;
+        if local.active() {
+            s.asked = None;
+        }
         changed
+    }
+
+    /// Whether a host sent a command for the medium to a standby port here within `window`.
+    pub fn asked_within(&self, window: Duration) -> bool {
+        self.state.lock().asked.is_some_and(|t| t.elapsed() < window)
     }
 
     /// Records the gateways that present the pool's LUNs now.
@@ -86,6 +99,7 @@ impl PortGroups for PoolPorts {
             local,
             owner,
             presenting,
+            ..
         } = self.state.lock().clone();
         let mine = group_of(&self.me);
         let mut groups = vec![PortGroup {
@@ -127,11 +141,17 @@ impl PortGroups for PoolPorts {
         self.state.lock().local
     }
 
-    /// A pool is never taken from a live owner (two hosts preferring different gateways
-    /// would make it bounce); the gateway takes it within a second of the owner's lease
-    /// lapsing, without being asked.
+    /// A pool is never taken from a live owner at once (two hosts preferring different
+    /// gateways would make it bounce): the command is refused as at any standby port, and
+    /// the gateway asks the owner, at its next tick, to hand the pool over, which the owner
+    /// does once no host has used it for a while (daemon/rados.rs). The gateway takes it
+    /// without being asked within a second of the owner's lease lapsing.
     fn request_access(&self) -> AccessState {
-        self.local_state()
+        let mut s = self.state.lock();
+        if s.local == AccessState::Standby {
+            s.asked = Some(Instant::now());
+        }
+        s.local
     }
 
     fn transition_seconds(&self) -> u8 {
@@ -364,13 +384,16 @@ mod tests {
         let b = g.iter().find(|g| g.id == group_of("gw-b")).unwrap();
         assert_eq!((a.state, b.state), (AccessState::ActiveOptimized, AccessState::Standby));
         assert_eq!(p.local(), (group_of("gw-b"), group_of("gw-b")));
+        assert!(!p.asked_within(Duration::from_secs(10)));
         assert_eq!(
             p.request_access(),
             AccessState::Standby,
-            "never taken from a live owner"
+            "never taken from a live owner at once"
         );
+        assert!(p.asked_within(Duration::from_secs(10)), "but asked for");
         assert!(p.set(AccessState::ActiveOptimized, Some("gw-b".into())));
         assert!(!p.set(AccessState::ActiveOptimized, Some("gw-b".into())));
+        assert!(!p.asked_within(Duration::from_secs(10)), "served here now");
         // A standby LUN left behind by the taking never lets the medium through.
         assert_eq!(standby.local_state(), AccessState::Transitioning);
         assert_eq!(standby.request_access(), AccessState::Transitioning);

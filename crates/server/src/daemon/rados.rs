@@ -10,12 +10,29 @@
 //! While another gateway owns a pool, the LUNs configured here for its vdisks are presented
 //! as standby ports (crate::standby) from what its metadata records; when this gateway takes
 //! the pool, they are replaced by the real LUNs.
+//!
+//! A host whose path to the owner is gone sends its I/O to a standby port. That gateway then
+//! asks for the pool in etcd, and the owner hands it over (flushes, gives it up, presents
+//! standby LUNs) once no host has used it for `HANDOVER_IDLE`; the asking gateway takes it at
+//! its next tick. An owner that hosts use is never asked out, so two hosts that prefer
+//! different gateways cannot make the pool bounce between them.
 
 use super::*;
 use crate::rados_pools::{Placement, PoolOwner, Reader, Taking, PLACEMENT_FILE};
 use crate::standby::PoolPorts;
 use tessera_scsi::AccessState;
 use tracing::debug;
+
+/// How long no host may have used a pool at its owner before the owner hands it over to a
+/// gateway whose hosts ask for it: longer than the 5 s between a multipath path checker's
+/// reads (which keep a pool where they read it), short against the 15 s a failover may take.
+const HANDOVER_IDLE: Duration = Duration::from_secs(8);
+/// A standby gateway asks for a pool while a host sent a command for the medium to one of
+/// its standby ports within this (a host retries a failed path at its checker's period).
+const ASK_WINDOW: Duration = Duration::from_secs(10);
+/// After handing a pool over, how long this gateway leaves it to the one that asked before it
+/// takes it back itself (should that one never take it).
+const HANDOVER_GRACE: Duration = Duration::from_secs(10);
 
 /// What this gateway knows of one pool on RADOS.
 pub(crate) struct RadosPool {
@@ -31,6 +48,13 @@ pub(crate) struct RadosPool {
     reader: Option<Arc<Reader>>,
     /// The lease under which this gateway last said it presents the pool's LUNs.
     announced: Option<i64>,
+    /// While this gateway owns the pool: the requests its vdisks have answered here, and
+    /// when that count last moved (or the pool was taken): how long no host has used it.
+    activity: (u64, Instant),
+    /// When this gateway last handed the pool over to a gateway that asked for it.
+    handed_over: Option<Instant>,
+    /// Whether this gateway asks the owner for the pool (in etcd).
+    asking: bool,
 }
 
 impl RadosPool {
@@ -47,6 +71,9 @@ impl RadosPool {
             ports: PoolPorts::new(me, state, state.active().then(|| me.to_string())),
             reader: None,
             announced: None,
+            activity: (u64::MAX, Instant::now()),
+            handed_over: None,
+            asking: false,
         }
     }
 }
@@ -207,9 +234,27 @@ impl Daemon {
             return;
         };
         let started = Instant::now();
+        // Just handed over: the gateway that asked takes it; this one only looks, unless
+        // nobody took it within the grace.
+        let handed_over = self
+            .rados
+            .lock()
+            .get(name)
+            .and_then(|p| p.handed_over)
+            .filter(|t| t.elapsed() < HANDOVER_GRACE);
         let why = match &self.gateway {
             None => "the pool is on Ceph RADOS and this daemon is not a gateway: give it a [gateway] table in its configuration file".to_string(),
-            Some(gw) => match gw.take(name, &placement) {
+            Some(gw) => match match handed_over {
+                Some(t) => gw.other_owner(name).and_then(|o| {
+                    o.map(Taking::Elsewhere).ok_or_else(|| {
+                        format!(
+                            "handed over {:.0} s ago to a gateway whose hosts asked for it; waiting for it to take the pool",
+                            t.elapsed().as_secs_f64()
+                        )
+                    })
+                }),
+                None => gw.take(name, &placement),
+            } {
                 Err(e) => e,
                 Ok(Taking::Elsewhere(o)) => {
                     let why = format!(
@@ -245,6 +290,8 @@ impl Daemon {
                         if let Some(p) = self.rados.lock().get_mut(name) {
                             p.owned = Some(owned);
                             p.elsewhere = None;
+                            p.activity = (u64::MAX, Instant::now());
+                            p.handed_over = None;
                             p.ports.set(AccessState::ActiveOptimized, Some(gw.name().to_string()));
                         }
                         self.pools.write().insert(name.to_string(), Arc::new(engine));
@@ -389,7 +436,157 @@ impl Daemon {
                 self.bring_rados_pool(&name);
             }
         }
+        self.hand_over_asked_pools(gw);
+        self.ask_for_wanted_pools(gw);
         self.announce_presence(gw);
+    }
+
+    /// Asks in etcd for each pool that a host wants served here (it sent a command for the
+    /// medium to a standby port lately), and takes the word back once none does.
+    fn ask_for_wanted_pools(&self, gw: &crate::rados_pools::Membership) {
+        let changes: Vec<(String, bool)> = self
+            .rados
+            .lock()
+            .iter()
+            .filter_map(|(n, p)| {
+                let wanted = p.owned.is_none() && p.elsewhere.is_some() && p.ports.asked_within(ASK_WINDOW);
+                (wanted != p.asking).then(|| (n.clone(), wanted))
+            })
+            .collect();
+        for (name, wanted) in changes {
+            let done = if wanted {
+                gw.ask_for(&name)
+            } else {
+                gw.stop_asking(&name)
+            };
+            match done {
+                Ok(()) => {
+                    if wanted {
+                        info!(pool = %name, "a host sends its I/O to this gateway's standby port: asking the owner for the pool");
+                    }
+                    if let Some(p) = self.rados.lock().get_mut(&name) {
+                        p.asking = wanted;
+                    }
+                }
+                Err(e) => debug!(pool = %name, error = %e, "cannot say in etcd whether this gateway asks for the pool"),
+            }
+        }
+    }
+
+    /// Hands over each pool this gateway owns that no host has used here for
+    /// `HANDOVER_IDLE` while another gateway asks for it.
+    fn hand_over_asked_pools(&self, gw: &crate::rados_pools::Membership) {
+        let owned: Vec<String> = self
+            .rados
+            .lock()
+            .iter()
+            .filter(|(_, p)| p.owned.is_some())
+            .map(|(n, _)| n.clone())
+            .collect();
+        if owned.is_empty() {
+            return;
+        }
+        let totals = self.io_metrics.totals();
+        for name in owned {
+            let requests: u64 = totals
+                .iter()
+                .filter(|((pool, _), _)| *pool == name)
+                .map(|(_, t)| t.read_ops + t.write_ops)
+                .sum();
+            let idle = match self.rados.lock().get_mut(&name) {
+                Some(p) => {
+                    if p.activity.0 != requests {
+                        p.activity = (requests, Instant::now());
+                    }
+                    p.activity.1.elapsed()
+                }
+                None => continue,
+            };
+            if idle < HANDOVER_IDLE {
+                continue;
+            }
+            let to = match gw.asking(&name) {
+                Ok(asking) => asking.into_iter().find(|g| g != gw.name()),
+                Err(e) => {
+                    debug!(pool = %name, error = %e, "cannot learn whether a gateway asks for the pool");
+                    None
+                }
+            };
+            if let Some(to) = to {
+                self.hand_over(gw, &name, &to, idle);
+            }
+        }
+    }
+
+    /// Gives pool `name` up to gateway `to`, which asked for it: its LUNs and exports are
+    /// withdrawn (their configuration stays), the pool flushed with a checkpoint so that the
+    /// next owner has nothing to replay, and its ownership released in etcd; its LUNs are
+    /// then presented as standby ports. Not while a job runs on it.
+    fn hand_over(&self, gw: &crate::rados_pools::Membership, name: &str, to: &str, idle: Duration) {
+        {
+            let _admin = self.admin.lock();
+            let Some(epoch) = self
+                .rados
+                .lock()
+                .get(name)
+                .and_then(|p| p.owned.as_ref().map(|o| o.epoch))
+            else {
+                return;
+            };
+            let jobs = self.jobs.running_on(name);
+            if !jobs.is_empty() {
+                debug!(pool = %name, ?jobs, "gateway {to} asks for the pool; kept while jobs run on it");
+                return;
+            }
+            info!(pool = %name, to, idle_seconds = idle.as_secs(), "handing the pool over to the gateway that asks for it");
+            self.targets.withdraw_pool(name);
+            self.nbd.withdraw_pool(name);
+            self.targets.copy.revoke_pool(name);
+            if let Some(engine) = self.pools.write().remove(name) {
+                if let Err(e) = engine.checkpoint() {
+                    // What was acknowledged is in the journal all the same: the next owner
+                    // replays it.
+                    warn!(pool = %name, error = %e, "cannot checkpoint the pool before handing it over");
+                }
+            }
+            let owned = self.rados.lock().get_mut(name).and_then(|p| {
+                p.handed_over = Some(Instant::now());
+                p.elsewhere = None;
+                p.owned.take()
+            });
+            if let Err(e) = gw.release(name, epoch) {
+                warn!(pool = %name, error = %e, "cannot give the pool up in etcd; it is taken again here after the grace");
+            }
+            drop(owned);
+            self.unavailable.write().insert(
+                name.to_string(),
+                format!(
+                    "handed over to gateway {to}, whose hosts asked for it (none used it here for {} s)",
+                    idle.as_secs()
+                ),
+            );
+            self.events.record(
+                NewEvent::new(
+                    Severity::Warning,
+                    "pool.handed_over",
+                    format!(
+                        "pool {name} handed over to gateway {to}: hosts send their I/O there, and none used it here for {} s",
+                        idle.as_secs()
+                    ),
+                )
+                .pool(name),
+            );
+        }
+        // The standby LUNs, at once: a host's path checker here finds the LUN in standby
+        // rather than gone.
+        self.present_standby(
+            name,
+            &PoolOwner {
+                gateway: to.to_string(),
+                name: to.to_string(),
+                epoch: 0,
+            },
+        );
     }
 
     /// Says in etcd which pools this gateway presents LUNs of (once per lease), and learns
@@ -435,6 +632,9 @@ impl Daemon {
         let Some(p) = self.rados.lock().remove(name) else {
             return Ok(());
         };
+        if let (true, Some(gw)) = (p.asking, &self.gateway) {
+            let _ = gw.stop_asking(name);
+        }
         // Its standby LUNs, if another gateway owned it (the configuration stays).
         self.targets.withdraw_pool(name);
         self.targets.set_pool_ports(name, None);
