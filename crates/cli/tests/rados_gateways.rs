@@ -4,6 +4,7 @@
 
 mod common;
 
+#[cfg(feature = "rados")]
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -64,12 +65,15 @@ fn create_rados_pool(d: &Daemon, pool: &str, conf: &str) -> String {
     d.ok(&create_rados_pool_args(pool, conf))
 }
 
+#[cfg(feature = "rados")]
 const RADOS_POOL: &str = "tessera-gateways";
 
+#[cfg(feature = "rados")]
 fn gateway(name: &str, etcd: &str, prefix: &str) -> String {
     format!("[gateway]\nname = \"{name}\"\netcd = [\"{etcd}\"]\nlease_seconds = 3\nprefix = \"{prefix}\"\n")
 }
 
+#[cfg(feature = "rados")]
 /// The pool's entry in `pool list --json` at daemon `d`.
 fn pool_entry(d: &Daemon, pool: &str) -> serde_json::Value {
     let list = d.json(&["pool", "list"]);
@@ -81,6 +85,7 @@ fn pool_entry(d: &Daemon, pool: &str) -> serde_json::Value {
         .unwrap_or_else(|| panic!("no pool {pool} in {list}"))
 }
 
+#[cfg(feature = "rados")]
 /// Waits until daemon `d` serves `pool` (it took it over), up to `limit`; returns how long.
 fn until_served(d: &Daemon, pool: &str, limit: Duration) -> Duration {
     let t = Instant::now();
@@ -95,6 +100,7 @@ fn until_served(d: &Daemon, pool: &str, limit: Duration) -> Duration {
     }
 }
 
+#[cfg(feature = "rados")]
 fn qemu_io(d: &Daemon, export: &str, cmd: &str) -> (bool, String) {
     let uri = format!("nbd://{}/{export}", d.nbd_address());
     let (ok, out) = run("qemu-io", &["-f", "raw", "-c", cmd, &uri]);
@@ -102,6 +108,7 @@ fn qemu_io(d: &Daemon, export: &str, cmd: &str) -> (bool, String) {
     (ok && !out.contains("failed") && !out.contains("error"), out)
 }
 
+#[cfg(feature = "rados")]
 fn signal(d: &Daemon, sig: i32) {
     let pid = d.child.as_ref().unwrap().id() as i32;
     assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
@@ -311,6 +318,71 @@ fn node_command(
     })
 }
 
+/// Gateways A and B, with pool `{tag}{pid}` on RADOS made at A (which owns it), a 64 MiB
+/// vdisk `name` in it, and target `iqn` presenting it as LUN 0 at both.
+#[cfg(feature = "rados")]
+struct TwoGateways {
+    a: Daemon,
+    b: Daemon,
+    pool: String,
+    vdisk: String,
+    /// Their state directories, removed after the daemons stop (fields drop in order).
+    _dir: tempfile::TempDir,
+}
+
+#[cfg(feature = "rados")]
+fn two_gateways_presenting(conf: &str, etcd: &str, tag: &str, name: &str, iqn: &str) -> TwoGateways {
+    let pid = std::process::id();
+    let pool = format!("{tag}{pid}");
+    let prefix = format!("/tessera-test-{tag}-{pid}");
+    let dir = tempfile::tempdir().unwrap();
+    let a = Daemon::start_configured(&dir.path().join("a"), &gateway("gw-a", etcd, &prefix));
+    create_rados_pool(&a, &pool, conf);
+    let vdisk = format!("{pool}/{name}");
+    a.ok(&["vdisk", "create", &vdisk, "--size", "64M", "--layout", "simple"]);
+    a.ok(&["target", "create", iqn, "--allow-any-initiator"]);
+    a.ok(&["target", "lun", "add", iqn, &vdisk]);
+    let b = Daemon::start_configured(&dir.path().join("b"), &gateway("gw-b", etcd, &prefix));
+    b.ok(&["pool", "import", &pool, "--rados", RADOS_POOL, "--ceph-conf", conf]);
+    b.ok(&["target", "create", iqn, "--allow-any-initiator"]);
+    b.ok(&["target", "lun", "add", iqn, &vdisk]);
+    TwoGateways {
+        a,
+        b,
+        pool,
+        vdisk,
+        _dir: dir,
+    }
+}
+
+/// READ(10) of one 512-byte block.
+#[cfg(feature = "rados")]
+fn read1(lba: u32) -> Vec<u8> {
+    let mut c = vec![0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0];
+    c[2..6].copy_from_slice(&lba.to_be_bytes());
+    c
+}
+
+/// WRITE(10) of one 512-byte block, with FUA.
+#[cfg(feature = "rados")]
+fn write1(lba: u32) -> Vec<u8> {
+    let mut c = vec![0x2A, 0x08, 0, 0, 0, 0, 0, 0, 1, 0];
+    c[2..6].copy_from_slice(&lba.to_be_bytes());
+    c
+}
+
+/// What round `round` writes to block `lba`.
+#[cfg(feature = "rados")]
+fn block(lba: u32, round: u8) -> Vec<u8> {
+    vec![round ^ lba as u8; 512]
+}
+
+/// Sense key, ASC and ASCQ of a CHECK CONDITION (fixed format), None otherwise.
+#[cfg(feature = "rados")]
+fn sense_of(r: &tessera_iscsi::initiator::ScsiResult) -> Option<(u8, u8, u8)> {
+    (r.status == 2).then(|| (r.sense[2] & 0x0F, r.sense[12], r.sense[13]))
+}
+
 /// A failover cluster's quorum disk on a pool on RADOS: a node registers and reserves it
 /// through the owner (APTPL off, as Windows and Pacemaker do), the owner dies, and at the
 /// gateway that takes the pool over the reservation still keeps the other node out, the
@@ -323,21 +395,14 @@ fn persistent_reservations_follow_a_pool_on_rados_to_the_gateway_that_takes_it_o
     let Some((conf, etcd, _cluster)) = cluster(test) else {
         return;
     };
-    let pid = std::process::id();
-    let pool = format!("pr{pid}");
-    let prefix = format!("/tessera-test-pr-{pid}");
-    let t = tempfile::tempdir().unwrap();
-    let a = Daemon::start_configured(&t.path().join("a"), &gateway("gw-a", &etcd, &prefix));
-    create_rados_pool(&a, &pool, &conf);
-    let vdisk = format!("{pool}/quorum");
-    a.ok(&["vdisk", "create", &vdisk, "--size", "64M", "--layout", "simple"]);
     let iqn = "iqn.2026-11.io.tessera:quorum";
-    a.ok(&["target", "create", iqn, "--allow-any-initiator"]);
-    a.ok(&["target", "lun", "add", iqn, &vdisk]);
-    let mut b = Daemon::start_configured(&t.path().join("b"), &gateway("gw-b", &etcd, &prefix));
-    b.ok(&["pool", "import", &pool, "--rados", RADOS_POOL, "--ceph-conf", &conf]);
-    b.ok(&["target", "create", iqn, "--allow-any-initiator"]);
-    b.ok(&["target", "lun", "add", iqn, &vdisk]);
+    let TwoGateways {
+        a,
+        mut b,
+        pool,
+        vdisk,
+        _dir,
+    } = two_gateways_presenting(&conf, &etcd, "pr", "quorum", iqn);
 
     let rt = tokio::runtime::Runtime::new().unwrap();
     let read_keys = [0x5E, 0, 0, 0, 0, 0, 0, 0x10, 0, 0];
@@ -456,21 +521,14 @@ fn a_host_with_a_path_to_each_gateway_goes_on_through_the_standby_when_the_owner
     let Some((conf, etcd, _cluster)) = cluster(test) else {
         return;
     };
-    let pid = std::process::id();
-    let pool = format!("mp{pid}");
-    let prefix = format!("/tessera-test-mp-{pid}");
-    let t = tempfile::tempdir().unwrap();
-    let mut a = Daemon::start_configured(&t.path().join("a"), &gateway("gw-a", &etcd, &prefix));
-    create_rados_pool(&a, &pool, &conf);
-    let vdisk = format!("{pool}/mp");
-    a.ok(&["vdisk", "create", &vdisk, "--size", "64M", "--layout", "simple"]);
     let iqn = "iqn.2026-11.io.tessera:multipath";
-    a.ok(&["target", "create", iqn, "--allow-any-initiator"]);
-    a.ok(&["target", "lun", "add", iqn, &vdisk]);
-    let b = Daemon::start_configured(&t.path().join("b"), &gateway("gw-b", &etcd, &prefix));
-    b.ok(&["pool", "import", &pool, "--rados", RADOS_POOL, "--ceph-conf", &conf]);
-    b.ok(&["target", "create", iqn, "--allow-any-initiator"]);
-    b.ok(&["target", "lun", "add", iqn, &vdisk]);
+    let TwoGateways {
+        mut a,
+        b,
+        pool,
+        vdisk,
+        _dir,
+    } = two_gateways_presenting(&conf, &etcd, "mp", "mp", iqn);
 
     let rt = tokio::runtime::Runtime::new().unwrap();
     let host = LoginConfig::new("iqn.2026-11.io.example:host", Some(iqn));
@@ -483,7 +541,7 @@ fn a_host_with_a_path_to_each_gateway_goes_on_through_the_standby_when_the_owner
     let cmd = |s: &Session, cdb: &[u8], data: Vec<u8>, read: usize| -> ScsiResult {
         rt.block_on(s.command(0, cdb, data, read)).expect("the session answers")
     };
-    let sense = |r: &ScsiResult| (r.status == 2).then(|| (r.sense[2] & 0x0F, r.sense[12], r.sense[13]));
+    let sense = sense_of;
     // As a host does: a unit attention (the first command at a gateway finds POWER ON
     // OCCURRED) is reported, then the command is sent again.
     let settled = |s: &Session, cdb: &[u8], data: Vec<u8>, read: usize| -> ScsiResult {
@@ -545,17 +603,6 @@ fn a_host_with_a_path_to_each_gateway_goes_on_through_the_standby_when_the_owner
         }
     }
     // The standby path: the medium and the reservations are refused, mode pages answer.
-    let read1 = |lba: u32| {
-        let mut c = vec![0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0];
-        c[2..6].copy_from_slice(&lba.to_be_bytes());
-        c
-    };
-    let write1 = |lba: u32| {
-        let mut c = vec![0x2A, 0x08, 0, 0, 0, 0, 0, 0, 1, 0]; // FUA
-        c[2..6].copy_from_slice(&lba.to_be_bytes());
-        c
-    };
-    let block = |lba: u32, round: u8| vec![round ^ lba as u8; 512];
     const STANDBY: Option<(u8, u8, u8)> = Some((0x2, 0x04, 0x0B));
     assert_eq!(sense(&settled(&path_b, &read1(0), Vec::new(), 512)), STANDBY);
     assert_eq!(sense(&cmd(&path_b, &write1(0), block(0, 9), 0)), STANDBY);
@@ -663,21 +710,14 @@ fn a_host_that_reaches_only_the_standby_gateway_has_the_pool_handed_over_without
     let Some((conf, etcd, _cluster)) = cluster(test) else {
         return;
     };
-    let pid = std::process::id();
-    let pool = format!("ho{pid}");
-    let prefix = format!("/tessera-test-ho-{pid}");
-    let t = tempfile::tempdir().unwrap();
-    let a = Daemon::start_configured(&t.path().join("a"), &gateway("gw-a", &etcd, &prefix));
-    create_rados_pool(&a, &pool, &conf);
-    let vdisk = format!("{pool}/ho");
-    a.ok(&["vdisk", "create", &vdisk, "--size", "64M", "--layout", "simple"]);
     let iqn = "iqn.2026-11.io.tessera:handover";
-    a.ok(&["target", "create", iqn, "--allow-any-initiator"]);
-    a.ok(&["target", "lun", "add", iqn, &vdisk]);
-    let mut b = Daemon::start_configured(&t.path().join("b"), &gateway("gw-b", &etcd, &prefix));
-    b.ok(&["pool", "import", &pool, "--rados", RADOS_POOL, "--ceph-conf", &conf]);
-    b.ok(&["target", "create", iqn, "--allow-any-initiator"]);
-    b.ok(&["target", "lun", "add", iqn, &vdisk]);
+    let TwoGateways {
+        a,
+        mut b,
+        pool,
+        vdisk,
+        _dir,
+    } = two_gateways_presenting(&conf, &etcd, "ho", "ho", iqn);
 
     let rt = tokio::runtime::Runtime::new().unwrap();
     let host = LoginConfig::new("iqn.2026-11.io.example:host", Some(iqn));
@@ -685,18 +725,7 @@ fn a_host_that_reaches_only_the_standby_gateway_has_the_pool_handed_over_without
     let cmd = |s: &Session, cdb: &[u8], data: Vec<u8>, read: usize| -> ScsiResult {
         rt.block_on(s.command(0, cdb, data, read)).expect("the session answers")
     };
-    let sense = |r: &ScsiResult| (r.status == 2).then(|| (r.sense[2] & 0x0F, r.sense[12], r.sense[13]));
-    let read1 = |lba: u32| {
-        let mut c = vec![0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0];
-        c[2..6].copy_from_slice(&lba.to_be_bytes());
-        c
-    };
-    let write1 = |lba: u32| {
-        let mut c = vec![0x2A, 0x08, 0, 0, 0, 0, 0, 0, 1, 0]; // FUA
-        c[2..6].copy_from_slice(&lba.to_be_bytes());
-        c
-    };
-    let block = |lba: u32, round: u8| vec![round ^ lba as u8; 512];
+    let sense = sense_of;
     // Until it succeeds, retrying on what a multipath host retries on: NOT READY (standby,
     // transitioning) and unit attentions.
     let until_done = |s: &Session, cdb: &[u8], data: Vec<u8>, read: usize, limit: Duration, d: &Daemon| {
