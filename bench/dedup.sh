@@ -23,7 +23,7 @@
 # COMPRESSION=zstd|lz4|off sets how grains with no duplicate are stored.
 # TESSERA_BIN=path skips the cargo build. KEEP=1 keeps $DIR.
 # Usage: bench/dedup.sh   (SETS="os pgdump files" LAYOUT=mirror DIR=/var/tmp/tessera-bench-dedup
-#          DURATION=15 RUNS=3 COMPRESSION=zstd PROFILE=release TESSERA_BIN= KEEP=0)
+#          DURATION=15 RUNS=3 COMPRESSION=zstd PROFILE=release TESSERA_BIN= KEEP=0 PERF=)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SETS=${SETS:-"os pgdump files"}
@@ -61,12 +61,19 @@ fresh_pool() {
 
 import_file() { logged setup.log "$T" vdisk import "bench/$1" "$2" --layout "$LAYOUT"; }
 
-# Runs dedup; prints "SECONDS SCANNED_BYTES".
+# Runs dedup; prints "SECONDS SCANNED_BYTES". With PERF=PREFIX, `perf record` samples the
+# daemon during each run into PREFIX.SECONDS (for `perf report -i`; the run is a little slower).
 dedup_run() {
-  local t0 t1
+  local t0 t1 perf_pid=""
+  if [ -n "${PERF:-}" ]; then
+    perf record -q -o "$PERF.$(date +%s)" -p "$(cat "$DIR/tessera.pid")" >/dev/null 2>&1 &
+    perf_pid=$!
+    sleep 0.5
+  fi
   t0=$(date +%s.%N)
   logged run.log "$T" dedup run bench --all
   t1=$(date +%s.%N)
+  if [ -n "$perf_pid" ]; then kill -INT "$perf_pid"; wait "$perf_pid" || true; fi
   echo "$(echo "$t1 - $t0" | bc -l) $("$T" --json job list | python3 -c 'import json,sys
 j=[x for x in json.load(sys.stdin) if x["kind"]=="dedup"][-1]; print(j["result"]["bytes_scanned"])')"
 }
