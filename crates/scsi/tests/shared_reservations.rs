@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tessera_scsi::{sense, Lun, Nexus, PrState, PrStore, RamBackend};
+use tessera_test_support::cdbs::pr_out;
 
 const MIB: u64 = 1 << 20;
 
@@ -17,16 +18,6 @@ fn nexus(id: u64) -> Nexus {
         &format!("iqn.2026-11.io.example:node{id}"),
         [0x40, 0, 0, 0, 0, id as u8],
     )
-}
-
-/// PERSISTENT RESERVE OUT with a basic parameter list.
-fn pr_out(sa: u8, kind: u8, key: u64, sa_key: u64, aptpl: bool) -> (Vec<u8>, Vec<u8>) {
-    let cdb = vec![0x5F, sa, kind, 0, 0, 0, 0, 0, 24, 0];
-    let mut d = vec![0u8; 24];
-    d[0..8].copy_from_slice(&key.to_be_bytes());
-    d[8..16].copy_from_slice(&sa_key.to_be_bytes());
-    d[20] = aptpl as u8;
-    (cdb, d)
 }
 
 const REGISTER_AND_IGNORE: u8 = 6;
