@@ -383,6 +383,46 @@ fn sense_of(r: &tessera_iscsi::initiator::ScsiResult) -> Option<(u8, u8, u8)> {
     (r.status == 2).then(|| (r.sense[2] & 0x0F, r.sense[12], r.sense[13]))
 }
 
+/// Sends `cdb` through `s` until it succeeds, retrying on what a multipath host retries on:
+/// NOT READY (standby, transitioning) and unit attentions. Any other answer fails the test,
+/// and so does `limit` passing (with `d`'s log). Returns the answer, how long it took, and
+/// the distinct answers on the way.
+#[cfg(feature = "rados")]
+fn until_done(
+    rt: &tokio::runtime::Runtime,
+    s: &tessera_iscsi::initiator::Session,
+    cdb: &[u8],
+    data: Vec<u8>,
+    read: usize,
+    limit: Duration,
+    d: &Daemon,
+) -> (tessera_iscsi::initiator::ScsiResult, Duration, Vec<(u8, u8, u8)>) {
+    let t0 = Instant::now();
+    let mut seen = Vec::new();
+    loop {
+        let r = rt
+            .block_on(s.command(0, cdb, data.clone(), read))
+            .expect("the session answers");
+        if r.status == 0 {
+            return (r, t0.elapsed(), seen);
+        }
+        let s = sense_of(&r).unwrap_or_else(|| panic!("status {}", r.status));
+        assert!(
+            matches!(s, (0x2, 0x04, 0x0B) | (0x2, 0x04, 0x0A) | (0x6, _, _)),
+            "{s:x?} is no answer to retry on"
+        );
+        if seen.last() != Some(&s) {
+            seen.push(s);
+        }
+        assert!(
+            t0.elapsed() < limit,
+            "not done after {limit:?}: {seen:x?}\n{}",
+            d.logs()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// A failover cluster's quorum disk on a pool on RADOS: a node registers and reserves it
 /// through the owner (APTPL off, as Windows and Pacemaker do), the owner dies, and at the
 /// gateway that takes the pool over the reservation still keeps the other node out, the
@@ -641,31 +681,8 @@ fn a_host_with_a_path_to_each_gateway_goes_on_through_the_standby_when_the_owner
         assert_eq!(settled(&path_a, &write1(lba), block(lba, 1), 0).status, 0);
     }
     a.kill9();
-    let killed = Instant::now();
-    // The host retries on the standby path until it answers: NOT READY (standby or
-    // transitioning) and unit attentions are what a multipath host retries on.
-    let mut seen = Vec::new();
-    loop {
-        let r = cmd(&path_b, &write1(64), block(64, 2), 0);
-        if r.status == 0 {
-            break;
-        }
-        let s = sense(&r).unwrap_or_else(|| panic!("status {}", r.status));
-        assert!(
-            matches!(s, (0x2, 0x04, 0x0B) | (0x2, 0x04, 0x0A) | (0x6, _, _)),
-            "{s:x?} is no answer to retry on"
-        );
-        if seen.last() != Some(&s) {
-            seen.push(s);
-        }
-        assert!(
-            killed.elapsed() < Duration::from_secs(30),
-            "no failover after 30 s: {seen:x?}\n{}",
-            b.logs()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let failover = killed.elapsed();
+    // The host retries on the standby path until it answers.
+    let (_, failover, seen) = until_done(&rt, &path_b, &write1(64), block(64, 2), 0, Duration::from_secs(30), &b);
     eprintln!("{test}: first write through the other gateway completed {failover:?} after the owner was killed (lease 3 s); answers on the way: {seen:x?}");
     assert!(failover < Duration::from_secs(15), "failover took {failover:?}");
     assert!(
@@ -726,32 +743,6 @@ fn a_host_that_reaches_only_the_standby_gateway_has_the_pool_handed_over_without
         rt.block_on(s.command(0, cdb, data, read)).expect("the session answers")
     };
     let sense = sense_of;
-    // Until it succeeds, retrying on what a multipath host retries on: NOT READY (standby,
-    // transitioning) and unit attentions.
-    let until_done = |s: &Session, cdb: &[u8], data: Vec<u8>, read: usize, limit: Duration, d: &Daemon| {
-        let t0 = Instant::now();
-        let mut seen = Vec::new();
-        loop {
-            let r = cmd(s, cdb, data.clone(), read);
-            if r.status == 0 {
-                return (r, t0.elapsed(), seen);
-            }
-            let s = sense(&r).unwrap_or_else(|| panic!("status {}", r.status));
-            assert!(
-                matches!(s, (0x2, 0x04, 0x0B) | (0x2, 0x04, 0x0A) | (0x6, _, _)),
-                "{s:x?} is no answer to retry on"
-            );
-            if seen.last() != Some(&s) {
-                seen.push(s);
-            }
-            assert!(
-                t0.elapsed() < limit,
-                "not done after {limit:?}: {seen:x?}\n{}",
-                d.logs()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    };
 
     let (path_a, path_b) = (login(&a), login(&b));
     // B presents the LUN as a standby port once it has read the pool's records (a tick).
@@ -765,12 +756,12 @@ fn a_host_that_reaches_only_the_standby_gateway_has_the_pool_handed_over_without
         std::thread::sleep(Duration::from_millis(200));
     }
     for lba in 0..16 {
-        until_done(&path_a, &write1(lba), block(lba, 1), 0, Duration::from_secs(5), &a);
+        until_done(&rt, &path_a, &write1(lba), block(lba, 1), 0, Duration::from_secs(5), &a);
     }
     // The host's path to A goes (A lives on); it sends its writes to B, whose port is standby
     // until A hands the pool over.
     drop(path_a);
-    let (_, took, seen) = until_done(&path_b, &write1(16), block(16, 2), 0, Duration::from_secs(40), &b);
+    let (_, took, seen) = until_done(&rt, &path_b, &write1(16), block(16, 2), 0, Duration::from_secs(40), &b);
     eprintln!(
         "{test}: the first write through B completed {took:?} after the host left A; answers on the way: {seen:x?}"
     );

@@ -140,6 +140,17 @@ impl IoMetrics {
         out
     }
 
+    /// Reads and writes answered so far for the vdisks of `pool`, all protocols together:
+    /// its counters only, none of the histograms `totals` reads.
+    pub fn requests_of_pool(&self, pool: &str) -> u64 {
+        self.meters
+            .lock()
+            .iter()
+            .filter(|((_, p, _), _)| p == pool)
+            .map(|(_, m)| m.ops[IoOp::Read as usize].ops.get() + m.ops[IoOp::Write as usize].ops.get())
+            .sum()
+    }
+
     /// Forgets the series of a vdisk deleted (or renamed away), so a scrape stops showing it.
     pub fn forget_vdisk(&self, pool: &str, vdisk: &str) {
         let mut meters = self.meters.lock();

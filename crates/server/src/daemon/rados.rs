@@ -483,16 +483,8 @@ impl Daemon {
             .filter(|(_, p)| p.owned.is_some())
             .map(|(n, _)| n.clone())
             .collect();
-        if owned.is_empty() {
-            return;
-        }
-        let totals = self.io_metrics.totals();
         for name in owned {
-            let requests: u64 = totals
-                .iter()
-                .filter(|((pool, _), _)| *pool == name)
-                .map(|(_, t)| t.read_ops + t.write_ops)
-                .sum();
+            let requests = self.io_metrics.requests_of_pool(&name);
             let idle = match self.rados.lock().get_mut(&name) {
                 Some(p) => {
                     if p.activity.0 != requests {
