@@ -4,6 +4,7 @@
 //! read that way, take the worker threads' path, and one test runs there too.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use rand::{Rng, RngCore, SeedableRng};
 use tessera_nbd::client::{list, Client, ClientError};
@@ -21,6 +22,24 @@ struct Rig {
     _engine: Engine,
     addr: String,
     reg: Arc<Registry>,
+}
+
+/// Connections are served on threads of their own, and each holds its export's vdisk. The
+/// engine must close here, on the test's thread, and not on a connection's thread that is
+/// still letting go while the test process exits and tears down the statics RocksDB uses.
+impl Drop for Rig {
+    fn drop(&mut self) {
+        for e in self.reg.list() {
+            self.reg.remove(&e.name);
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for v in self._engine.vdisks() {
+            // One reference is the engine's, one is `v`: any other is a connection's.
+            while Arc::strong_count(&v) > 2 && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    }
 }
 
 /// Exports "rw" (a 64 MiB thin mirrored vdisk on two file disks) and "ro" (the same vdisk,
@@ -229,7 +248,7 @@ async fn option(s: &mut TcpStream, option: u32, data: &[u8]) -> (u32, Vec<u8>) {
 async fn closed(s: &mut TcpStream) -> bool {
     let mut b = [0u8; 1];
     matches!(
-        tokio::time::timeout(std::time::Duration::from_secs(5), s.read(&mut b)).await,
+        tokio::time::timeout(Duration::from_secs(5), s.read(&mut b)).await,
         Ok(Ok(0)) | Ok(Err(_))
     )
 }
@@ -410,9 +429,9 @@ async fn a_client_that_leaves_mid_burst_releases_its_connection() {
         assert_eq!(c.read(0, 4096).await.unwrap().len(), 4096, "round {round}");
         c.disconnect().await.unwrap();
     }
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while export.connections() > 0 && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(export.connections(), 0, "connections still held open");
 }
