@@ -840,6 +840,16 @@ impl Inner {
             if st.area < MIN_CACHE_AREA {
                 continue;
             }
+            // The ring is written all over, round after round: its space is taken now, so that
+            // a full file system under a sparse cache file refuses the disk here rather than
+            // fails a log write later.
+            if let Err(e) = d
+                .reserve(DATA_OFFSET, st.area)
+                .or_else(|e| if e.is_no_space() { Err(e) } else { Ok(()) })
+            {
+                warn!(pool = %self.pool.name(), disk = d.path(), error = %e, "cache disk cannot hold the write-back log: not used for it");
+                continue;
+            }
             if !st.batches.is_empty() {
                 // From the first copy that reads.
                 let mut copied = Err(CacheError::Log("no copy of the log is left to copy from".into()));

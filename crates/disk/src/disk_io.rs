@@ -190,6 +190,10 @@ impl BlockDevice for MeteredDisk {
         self.timed(DiskOp::Flush, 0, || self.inner.flush())
     }
 
+    fn reserve(&self, offset: u64, len: u64) -> Result<(), DiskError> {
+        self.inner.reserve(offset, len)
+    }
+
     fn read_many(&self, reqs: &mut [ReadReq<'_>]) -> Vec<Result<(), DiskError>> {
         let start = Instant::now();
         let results = self.inner.read_many(reqs);

@@ -74,6 +74,13 @@ impl DiskError {
         }
     }
 
+    /// Whether the storage behind the disk is full (ENOSPC, or EDQUOT for a quota): the disk
+    /// itself is not at fault, and a write refused for it has changed nothing.
+    pub fn is_no_space(&self) -> bool {
+        matches!(self, DiskError::Io { source, .. }
+            if matches!(source.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT)))
+    }
+
     /// Whether the error is the storage's momentary refusal rather than the disk's fault
     /// ([`DiskError::Unavailable`]).
     pub fn is_unavailable(&self) -> bool {

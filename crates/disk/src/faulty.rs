@@ -39,7 +39,13 @@ struct Plan {
     fail_flushes: bool,
     /// Every request is refused as the storage behind a disk refuses it for now.
     refusing: bool,
+    /// The file system behind the disk is full, as for a sparse file: what was reserved or
+    /// written before takes writes, the rest fails them (and its reservation) with ENOSPC.
+    full: bool,
 }
+
+/// What a full disk still takes writes to is tracked in pieces of this size.
+const HELD_CHUNK: u64 = 1 << 20;
 
 struct State {
     inner: DiskRef,
@@ -48,6 +54,8 @@ struct State {
     reads: AtomicU64,
     writes: AtomicU64,
     flushes: AtomicU64,
+    /// The [`HELD_CHUNK`]s reserved or written so far, which a full disk still writes to.
+    held: Mutex<std::collections::HashSet<u64>>,
 }
 
 /// Handle that controls the faults of one [`FaultyDisk`]. Clones control the same disk.
@@ -71,6 +79,7 @@ impl FaultyDisk {
             reads: AtomicU64::new(0),
             writes: AtomicU64::new(0),
             flushes: AtomicU64::new(0),
+            held: Mutex::new(Default::default()),
         };
         Arc::new(FaultyDisk {
             faults: Faults { state: Arc::new(state) },
@@ -101,6 +110,25 @@ impl FaultyDisk {
             len,
             reason: "injected: the storage refuses requests for now".into(),
         }
+    }
+
+    /// Takes up the space of `[offset, offset + len)`; with the disk full, fails with ENOSPC
+    /// (and takes nothing) unless all of it was taken before.
+    fn hold(&self, op: &'static str, offset: u64, len: u64) -> Result<(), DiskError> {
+        let s = &self.faults.state;
+        let chunks = offset / HELD_CHUNK..(offset + len).div_ceil(HELD_CHUNK);
+        let mut held = s.held.lock();
+        if s.plan.lock().full && chunks.clone().any(|c| !held.contains(&c)) {
+            return Err(DiskError::Io {
+                path: self.path().to_string(),
+                op,
+                offset,
+                len: len as usize,
+                source: std::io::Error::from_raw_os_error(libc::ENOSPC),
+            });
+        }
+        held.extend(chunks);
+        Ok(())
     }
 
     /// Decides the fate of one read or write. Ok(Some(n)) means a torn write of n bytes.
@@ -167,7 +195,9 @@ impl BlockDevice for FaultyDisk {
         let s = &self.faults.state;
         s.writes.fetch_add(1, Ordering::SeqCst);
         check_request(self.path(), "write", offset, buf.len(), self.size())?;
-        match self.admit(true, offset, buf.len())? {
+        let torn = self.admit(true, offset, buf.len())?;
+        self.hold("write", offset, buf.len() as u64)?;
+        match torn {
             None => s.inner.write_at(buf, offset),
             Some(keep) => {
                 let keep = (keep - keep % SECTOR).min(buf.len());
@@ -177,6 +207,14 @@ impl BlockDevice for FaultyDisk {
                 Err(self.injected(format!("torn write: {keep} of {} bytes reached the disk", buf.len())))
             }
         }
+    }
+
+    fn reserve(&self, offset: u64, len: u64) -> Result<(), DiskError> {
+        if self.faults.state.plan.lock().refusing {
+            return Err(self.refused("reserve", offset, len as usize));
+        }
+        self.hold("reserve", offset, len)?;
+        self.faults.state.inner.reserve(offset, len)
     }
 
     fn flush(&self) -> Result<(), DiskError> {
@@ -219,6 +257,13 @@ impl Faults {
     /// off; nothing reaches the disk.
     pub fn refuse(&self, on: bool) {
         self.state.plan.lock().refusing = on;
+    }
+
+    /// While on, the storage behind the disk is full, as a sparse file's file system is: the
+    /// ranges reserved or written before still take writes; a write or a reservation that
+    /// needs new space fails with ENOSPC ([`DiskError::is_no_space`]).
+    pub fn fill(&self, on: bool) {
+        self.state.plan.lock().full = on;
     }
 
     /// Sleeps this long before each read and write.
@@ -319,6 +364,30 @@ mod tests {
         let faulty = FaultyDisk::new(mem.clone());
         let faults = faulty.faults().clone();
         (mem, faulty, faults)
+    }
+
+    #[test]
+    fn a_full_disk_takes_writes_only_where_it_held_space_before() {
+        let (_mem, d, faults) = setup();
+        fill(&*d, 0, SECTOR, 1).unwrap();
+        d.reserve(2 * MIB, MIB).unwrap();
+        faults.fill(true);
+        fill(&*d, S, SECTOR, 2).unwrap();
+        fill(&*d, 2 * MIB + S, SECTOR, 3).unwrap();
+        let e = fill(&*d, MIB, SECTOR, 4).unwrap_err();
+        assert!(e.is_no_space(), "{e}");
+        assert!(d.reserve(MIB, S).unwrap_err().is_no_space());
+        // Nothing of a refused write reaches the disk.
+        assert_eq!(read(&*d, MIB, SECTOR).unwrap(), vec![0u8; SECTOR]);
+        faults.fill(false);
+        fill(&*d, MIB, SECTOR, 4).unwrap();
+        faults.fill(true);
+        fill(&*d, MIB, SECTOR, 5).unwrap();
+        assert!(!DiskError::Injected {
+            path: "x".into(),
+            what: "y".into()
+        }
+        .is_no_space());
     }
 
     fn fill(d: &dyn BlockDevice, offset: u64, len: usize, byte: u8) -> Result<(), DiskError> {

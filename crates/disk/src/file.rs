@@ -6,6 +6,7 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use tracing::warn;
 
@@ -16,6 +17,9 @@ use crate::{check_request, round_down_to_sector, AlignedBuf, BlockDevice, DiskEr
 const MIN_SIZE_EXCLUSIVE: u64 = DATA_OFFSET + (1 << 20);
 /// Unaligned caller buffers are copied through a bounce buffer of at most this size.
 const BOUNCE_CHUNK: usize = 1 << 20;
+/// A regular file is reserved (fallocate) in pieces of this size, the first time a write
+/// reaches each: small enough that a thin pool's files grow about as their data does.
+const RESERVE_CHUNK: u64 = 8 << 20;
 /// `_IOR(0x12, 114, u64)`: size of a block device in bytes.
 const BLKGETSIZE64: u64 = 0x8008_1272;
 /// `_IO(0x12, 104)`: logical sector size of a block device.
@@ -27,6 +31,10 @@ pub struct FileDisk {
     size: u64,
     direct: bool,
     block_device: bool,
+    /// One bit per [`RESERVE_CHUNK`] of a regular file: reserved since the disk was opened.
+    /// (After a restart the first reservation of each chunk asks the file system again,
+    /// which costs little where it is allocated already.)
+    reserved: Vec<AtomicU64>,
 }
 
 impl FileDisk {
@@ -113,12 +121,14 @@ impl FileDisk {
         };
         let size = round_down_to_sector(raw_size);
         check_min_size(&name, size)?;
+        let chunks = if block_device { 0 } else { size.div_ceil(RESERVE_CHUNK) };
         Ok(FileDisk {
             path: name,
             file,
             size,
             direct,
             block_device,
+            reserved: (0..chunks.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
         })
     }
 
@@ -192,6 +202,39 @@ impl BlockDevice for FileDisk {
 
     fn flush(&self) -> Result<(), DiskError> {
         self.file.sync_data().map_err(self.io_error("flush", 0, 0))
+    }
+
+    fn reserve(&self, offset: u64, len: u64) -> Result<(), DiskError> {
+        if self.block_device || len == 0 {
+            return Ok(());
+        }
+        let end = offset.saturating_add(len).min(self.size);
+        for chunk in offset / RESERVE_CHUNK..end.div_ceil(RESERVE_CHUNK) {
+            let (word, bit) = (&self.reserved[(chunk / 64) as usize], 1u64 << (chunk % 64));
+            if word.load(Ordering::Acquire) & bit != 0 {
+                continue;
+            }
+            let start = chunk * RESERVE_CHUNK;
+            let n = RESERVE_CHUNK.min(self.size - start);
+            loop {
+                // SAFETY: plain syscall on a descriptor we own; mode 0 allocates the range
+                // and leaves the file's size (which covers it) as it is.
+                let rc = unsafe { libc::fallocate(self.file.as_raw_fd(), 0, start as libc::off_t, n as libc::off_t) };
+                if rc == 0 {
+                    break;
+                }
+                let err = io::Error::last_os_error();
+                match err.raw_os_error() {
+                    Some(libc::EINTR) => continue,
+                    // A file system that cannot allocate ahead (or a copy-on-write one that
+                    // would not keep it): nothing to reserve, writes take their chances.
+                    Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) | Some(libc::EINVAL) => break,
+                    _ => return Err(self.io_error("reserve", start, n as usize)(err)),
+                }
+            }
+            word.fetch_or(bit, Ordering::AcqRel);
+        }
+        Ok(())
     }
 
     fn uring_fd(&self) -> Option<std::os::fd::RawFd> {
@@ -397,6 +440,34 @@ mod tests {
     /// Whether the filesystem under `path` accepts O_DIRECT, probed independently.
     fn accepts_direct(path: &Path) -> bool {
         open_rw(path, true).is_ok()
+    }
+
+    #[test]
+    fn reserving_allocates_a_sparse_file_s_blocks_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sparse.img");
+        let d = FileDisk::create_file(&path, 64 * MIB, false).unwrap();
+        let blocks = || std::fs::metadata(&path).unwrap().blocks() * 512;
+        let before = blocks();
+        // One sector at 20 MiB reserves the chunk around it, and only that.
+        d.reserve(20 * MIB, SECTOR as u64).unwrap();
+        let after = blocks();
+        assert!(
+            after >= before + RESERVE_CHUNK && after < before + 2 * RESERVE_CHUNK,
+            "{before} -> {after} bytes allocated"
+        );
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().len(),
+            64 * MIB,
+            "the size is unchanged"
+        );
+        // Reserved already: asked again, nothing more is allocated.
+        d.reserve(16 * MIB, RESERVE_CHUNK).unwrap();
+        assert_eq!(blocks(), after);
+        // Up to the end of the file, not past it.
+        d.reserve(63 * MIB, 8 * MIB).unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 64 * MIB);
+        d.reserve(0, 0).unwrap();
     }
 
     #[test]

@@ -58,6 +58,16 @@ pub trait BlockDevice: Send + Sync + 'static {
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DiskError>;
     /// Makes every completed write durable (fdatasync for files and block devices).
     fn flush(&self) -> Result<(), DiskError>;
+    /// Makes sure that writes to `[offset, offset + len)` will not fail for want of space in
+    /// the storage behind the disk. A sparse file takes its blocks only when written, so once
+    /// its file system is full a write to a range never written fails; a file disk has the
+    /// file system allocate the range now instead. An error for which
+    /// [`DiskError::is_no_space`] is true says the storage is full, not that the disk is
+    /// faulty. Disks with nothing to reserve (block devices, memory) do nothing.
+    fn reserve(&self, offset: u64, len: u64) -> Result<(), DiskError> {
+        let _ = (offset, len);
+        Ok(())
+    }
     /// Reads every request, as [`read_at`](Self::read_at) would, with one result per request
     /// in order. Backends that can have many reads in flight at once (io_uring) override
     /// this; the default reads one after the other.

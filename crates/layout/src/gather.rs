@@ -34,6 +34,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
+use tessera_pool::PoolError;
 
 use crate::error::{LayoutError, Result};
 use crate::geometry::Piece;
@@ -259,6 +260,11 @@ impl RowGather {
 /// one is `Clone`: a pool error is passed on as its message).
 fn duplicate(e: &LayoutError) -> LayoutError {
     match e {
+        // Out of space stays out of space: the host is told so, not of a failure.
+        LayoutError::Pool(PoolError::NoSpace { pool, detail }) => LayoutError::Pool(PoolError::NoSpace {
+            pool: pool.clone(),
+            detail: detail.clone(),
+        }),
         LayoutError::Pool(p) => LayoutError::Invalid(p.to_string()),
         LayoutError::Invalid(s) => LayoutError::Invalid(s.clone()),
         &LayoutError::TooManyFailures {

@@ -468,7 +468,7 @@ impl Layouts {
                 of_piece.push(i);
             }
         }
-        let took = self.write_members(set, members, &writes);
+        let took = self.write_members(set, members, &writes)?;
         for i in 0..pieces.len() {
             let copies = || {
                 of_piece
@@ -611,10 +611,12 @@ impl Layouts {
             buf: &p[..],
             sums: None,
         }));
-        self.write_members(set, members, &writes);
+        let wrote = self.write_members(set, members, &writes);
         if let Some(seq) = seq {
+            // Nothing was written if the space could not be had: the row is as it was.
             self.journal.done(seq);
         }
+        wrote?;
         let unavailable = self.unavailable(members);
         if unavailable > spec.tolerance() {
             return Err(self.too_many(set, unavailable));

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 use tessera_disk::{AlignedBuf, DiskRef};
-use tessera_pool::{DiskState, Pool, SlabRef};
+use tessera_pool::{DiskState, Pool, PoolError, SlabRef};
 use tracing::{info, warn};
 
 use crate::error::{LayoutError, Result};
@@ -104,6 +104,11 @@ pub struct Layouts {
     pub(crate) journal: StripeJournal,
     pub stats: IoStats,
     disk_errors: Mutex<BTreeMap<u32, DiskErrors>>,
+    /// When a write was last logged as refused for a full file system (whole seconds since
+    /// the pool opened, plus one): hosts retry such writes, and one line every ten seconds
+    /// says it.
+    full_logged: AtomicU64,
+    opened: std::time::Instant,
 }
 
 impl Layouts {
@@ -121,6 +126,8 @@ impl Layouts {
             journal,
             stats: IoStats::default(),
             disk_errors: Mutex::new(BTreeMap::new()),
+            full_logged: AtomicU64::new(0),
+            opened: std::time::Instant::now(),
         };
         if !replay.is_empty() {
             info!(records = replay.len(), "replaying the stripe journal");
@@ -510,6 +517,9 @@ impl Layouts {
         known: Option<&[Option<u32>]>,
     ) -> Result<(), MemberFault> {
         let dev = self.pool.readable_disk(slab.disk).ok_or(MemberFault::Unavailable)?;
+        // A repair that finds the file system full fails; the disk it writes to is not at fault.
+        self.reserve_one(&dev, slab, mo, buf.len())
+            .map_err(|e| MemberFault::Io(e.to_string()))?;
         let computed = match known {
             None if self.sums().enabled() => Some(self.sums_after_write(&dev, slab, mo, buf)),
             _ => None,
@@ -585,16 +595,51 @@ impl Layouts {
         MemberFault::Io(e.to_string())
     }
 
+    /// Reserves the space a write of `len` bytes at `mo` of `slab` needs on `dev`
+    /// ([`BlockDevice::reserve`](tessera_disk::BlockDevice::reserve)). Only a full file system
+    /// is an error (the pool's out-of-space error, which hosts see as a thin pool out of
+    /// space); any other failure to reserve is left for the write to find.
+    fn reserve_one(&self, dev: &DiskRef, slab: SlabRef, mo: u64, len: usize) -> Result<()> {
+        match dev.reserve(self.pool.slab_offset(slab) + mo, len as u64) {
+            Err(e) if e.is_no_space() => {
+                let now = self.opened.elapsed().as_secs() + 1;
+                let last = self.full_logged.load(Ordering::Relaxed);
+                if (last == 0 || now >= last + 10)
+                    && self
+                        .full_logged
+                        .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                        .is_ok()
+                {
+                    warn!(pool = %self.pool.name(), disk = %dev.path(), error = %e, "writes refused: the file system holding the disk is full");
+                }
+                Err(LayoutError::Pool(PoolError::NoSpace {
+                    pool: self.pool.name().to_string(),
+                    detail: format!(
+                        "the file system holding {} is full ({e}); free space there, or move the pool's \
+                         disks to a larger one",
+                        dev.path()
+                    ),
+                }))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Writes several members of a set at once: each write to its member and, if that member
     /// is being rebuilt, to its replacement slab, with checksums recorded for what was
     /// written. All the disk writes are in flight together. For each write, whether the
     /// member itself took it, or why not (its disk not available, or the disk's error).
+    ///
+    /// First the space of every write is reserved on its disk: if a disk's file system is
+    /// full, nothing is written and the pool's out-of-space error is returned, so that the
+    /// copies (or a row's data and parity) never differ for want of space, and no disk is
+    /// failed for it.
     pub(crate) fn write_members(
         &self,
         set: &SlabSet,
         members: &[SlabRef],
         writes: &[MemberWrite<'_>],
-    ) -> Vec<Result<(), MemberFault>> {
+    ) -> Result<Vec<Result<(), MemberFault>>> {
         let repl = *set.replacement.read();
         // Every slab each write goes to: (index in `writes`, slab, its disk, its checksums).
         let mut targets = Vec::with_capacity(writes.len() + 1);
@@ -611,6 +656,9 @@ impl Layouts {
                 };
                 targets.push((i, slab, dev, sums));
             }
+        }
+        for (i, slab, dev, _) in &targets {
+            self.reserve_one(dev, *slab, writes[*i].mo, writes[*i].buf.len())?;
         }
         let reqs: Vec<tessera_disk::WriteReq> = targets
             .iter()
@@ -642,7 +690,7 @@ impl Layouts {
                 }
             }
         }
-        took
+        Ok(took)
     }
 
     pub(crate) fn too_many(&self, set: &SlabSet, unavailable: usize) -> LayoutError {
