@@ -104,11 +104,9 @@ pub struct Layouts {
     pub(crate) journal: StripeJournal,
     pub stats: IoStats,
     disk_errors: Mutex<BTreeMap<u32, DiskErrors>>,
-    /// When a write was last logged as refused for a full file system (whole seconds since
-    /// the pool opened, plus one): hosts retry such writes, and one line every ten seconds
-    /// says it.
-    full_logged: AtomicU64,
-    opened: std::time::Instant,
+    /// When a write was last logged as refused for a full file system: hosts retry such
+    /// writes, and one line every ten seconds says it.
+    full_logged: Mutex<Option<std::time::Instant>>,
 }
 
 impl Layouts {
@@ -126,8 +124,7 @@ impl Layouts {
             journal,
             stats: IoStats::default(),
             disk_errors: Mutex::new(BTreeMap::new()),
-            full_logged: AtomicU64::new(0),
-            opened: std::time::Instant::now(),
+            full_logged: Mutex::new(None),
         };
         if !replay.is_empty() {
             info!(records = replay.len(), "replaying the stripe journal");
@@ -602,14 +599,9 @@ impl Layouts {
     fn reserve_one(&self, dev: &DiskRef, slab: SlabRef, mo: u64, len: usize) -> Result<()> {
         match dev.reserve(self.pool.slab_offset(slab) + mo, len as u64) {
             Err(e) if e.is_no_space() => {
-                let now = self.opened.elapsed().as_secs() + 1;
-                let last = self.full_logged.load(Ordering::Relaxed);
-                if (last == 0 || now >= last + 10)
-                    && self
-                        .full_logged
-                        .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                        .is_ok()
-                {
+                let mut logged = self.full_logged.lock();
+                if logged.is_none_or(|t| t.elapsed() >= std::time::Duration::from_secs(10)) {
+                    *logged = Some(std::time::Instant::now());
                     warn!(pool = %self.pool.name(), disk = %dev.path(), error = %e, "writes refused: the file system holding the disk is full");
                 }
                 Err(LayoutError::Pool(PoolError::NoSpace {
@@ -649,6 +641,8 @@ impl Layouts {
                 let Some(dev) = self.pool.readable_disk(slab.disk) else {
                     continue;
                 };
+                // Before anything is read or written for the write.
+                self.reserve_one(&dev, slab, w.mo, w.buf.len())?;
                 let sums = match w.sums {
                     Some(k) => Some((w.mo, k.to_vec())),
                     None if self.sums().enabled() => Some(self.sums_after_write(&dev, slab, w.mo, w.buf)),
@@ -656,9 +650,6 @@ impl Layouts {
                 };
                 targets.push((i, slab, dev, sums));
             }
-        }
-        for (i, slab, dev, _) in &targets {
-            self.reserve_one(dev, *slab, writes[*i].mo, writes[*i].buf.len())?;
         }
         let reqs: Vec<tessera_disk::WriteReq> = targets
             .iter()
