@@ -5,8 +5,9 @@
 #    seconds: without a cache, and with two cache disks (files in the same directory, so on
 #    the same file system and device as the data disks, not on a faster one) and the default
 #    1 GiB vdisk cache. With the cache, the rate while it had room and after it filled (the
-#    destage rate) are given apart. fio writes 4 KiB at random to the same data files at the
-#    same queue depth in the same run.
+#    destage rate) are given apart, with the 99.9th percentile and the longest write latency
+#    (a writer that waits for room waits for a destage round). fio writes 4 KiB at random to
+#    the same data files at the same queue depth in the same run.
 # 2. The seed's experiment (a 15-drive RAID 5 group, 64 KiB writes: 4.6 MB/s with the write
 #    cache off, 160.9 MB/s with it on): parity as wide as the bench has disks (WIDE disks,
 #    WIDE-1 data columns), 64 KiB sequential writes at queue depth QD (the seed does not give
@@ -29,6 +30,10 @@ QD=${QD:-4}
 DIR=${DIR:-/var/tmp/tessera-cachebench}
 source bench/lib.sh
 require fio
+# At most: 4 data disks written to 0.8 GiB each and 2 cache disks of 2 GiB taken whole, or the
+# seed's WIDE disks and cache disks, or fio's file of WIDE GiB.
+require_space "$DIR" $(( (WIDE > 8 ? WIDE : 8) + 2 ))
+[ -z "${FAST_DIR:-}" ] || require_space "$FAST_DIR" 5
 volume_example enginebench
 OUT=$(mktemp)
 FAST_DIR=${FAST_DIR:-}
@@ -49,7 +54,7 @@ for run in $(seq "$RUNS"); do
     rm -rf "$DIR"; mkdir -p "$DIR"
     line=$("$BIN" --dir "$DIR" --layout parity --disks 4 --seconds "$SECS" --workloads randwrite \
       --cache-disks "$cache" 2>/dev/null | grep '"randwrite"')
-    echo "rand4k cache=$cache $(field "$line" iops) $(field "$line" iops_room) $(field "$line" iops_full) $(field "$line" room_seconds)" >> "$OUT"
+    echo "rand4k cache=$cache $(field "$line" iops) $(field "$line" iops_room) $(field "$line" iops_full) $(field "$line" room_seconds) $(field "$line" p999_us) $(field "$line" max_us)" >> "$OUT"
     echo "run $run: parity 3+1 4K randwrite, $cache cache disks: $line" >&2
   done
   if [ -n "$FAST_CACHE" ]; then
@@ -57,7 +62,7 @@ for run in $(seq "$RUNS"); do
     line=$("$BIN" --dir "$DIR" --layout parity --disks 4 --seconds "$SECS" --workloads randwrite \
       --cache-disks 2 --cache-dir "$FAST_CACHE" 2>/dev/null | grep '"randwrite"')
     rm -rf "$FAST_CACHE"
-    echo "rand4k cache=fast $(field "$line" iops) $(field "$line" iops_room) $(field "$line" iops_full) $(field "$line" room_seconds)" >> "$OUT"
+    echo "rand4k cache=fast $(field "$line" iops) $(field "$line" iops_room) $(field "$line" iops_full) $(field "$line" room_seconds) $(field "$line" p999_us) $(field "$line" max_us)" >> "$OUT"
     echo "run $run: parity 3+1 4K randwrite, 2 cache disks in $FAST_DIR: $line" >&2
   fi
   files=$(ls "$DIR"/disk* | paste -sd: -)
@@ -96,12 +101,12 @@ n = len(rows[("rand4k", "fio")])
 wide, qd = int(sys.argv[2]), sys.argv[3]
 fio = med(("rand4k", "fio"), 0)
 print(f"parity 3+1, 4 KiB random writes, QD 32 (IOPS, median of {n} runs; fio on the data files: {fio:.0f})")
-print(f"{'':28} {'overall':>9} {'/fio':>6} {'room':>9} {'/fio':>6} {'full':>9} {'/fio':>6} {'room s':>7}")
+print(f"{'':28} {'overall':>9} {'/fio':>6} {'room':>9} {'/fio':>6} {'full':>9} {'/fio':>6} {'room s':>7} {'p99.9 ms':>9} {'max ms':>7}")
 for c, name in (("cache=0", "no cache"), ("cache=2", "write-back cache (2 files)"), ("cache=fast", "cache on the faster device")):
     if not rows[("rand4k", c)]:
         continue
-    o, r, f, s = (med(("rand4k", c), i) for i in range(4))
-    print(f"{name:28} {o:9.0f} {o/fio:6.2f} {r:9.0f} {r/fio:6.2f} {f:9.0f} {f/fio:6.2f} {s:7.0f}")
+    o, r, f, s, p999, mx = (med(("rand4k", c), i) for i in range(6))
+    print(f"{name:28} {o:9.0f} {o/fio:6.2f} {r:9.0f} {r/fio:6.2f} {f:9.0f} {f/fio:6.2f} {s:7.0f} {p999/1e3:9.1f} {mx/1e3:7.0f}")
 fio = med(("seed64k", "fio"), 0)
 print()
 print(f"the seed's experiment: parity {wide-1}+1, 64 KiB sequential writes, QD {qd} (MB/s, median of {n} runs; fio on one file: {fio:.0f})")

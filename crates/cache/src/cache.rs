@@ -33,10 +33,12 @@ const MAX_BATCH: usize = 8 << 20;
 /// The bounds of a destage round (one flush each), in data of the oldest batches, pieces
 /// written alone, and whole parity rows: writers that wait for room wait for a round, a round
 /// of scattered 4 KiB pieces is as many read-modify-writes, and a whole row reads and writes a
-/// full stripe.
+/// full stripe. Whole rows are the cheapest destage per byte: with 128 MiB of them instead of
+/// 64 a full cache on parity 3+1 took 4 KiB random writes 1.1x faster, and the longest wait
+/// for room went from about 0.2 s to 0.35 s (256 MiB: no faster again, 0.6 to 0.8 s).
 const ROUND_BYTES: u64 = 32 << 20;
 const ROUND_PIECES: usize = 2048;
-const ROUND_ROW_BYTES: u64 = 64 << 20;
+const ROUND_ROW_BYTES: u64 = 128 << 20;
 /// Data older than this is destaged even when the cache has room (unless set otherwise). While
 /// the cache has room, a destage only competes with the writes for the disks; data that waits
 /// longer is more likely to be overwritten or joined by its row's neighbours.
@@ -448,7 +450,7 @@ impl WriteCache {
     }
 
     /// Sets the bounds of a destage round: the oldest batches' data, the pieces written alone
-    /// and the whole rows (defaults 32 MiB, 2,048 and 64 MiB). Smaller rounds flush more often
+    /// and the whole rows (defaults 32 MiB, 2,048 and 128 MiB). Smaller rounds flush more often
     /// and let a waiting writer go sooner; tests make them small to see that they hold.
     pub fn set_round_bounds(&self, oldest_bytes: u64, pieces: usize, row_bytes: u64) {
         *self.inner.round_bounds.lock() = RoundBounds {

@@ -136,7 +136,7 @@ fn main() {
         );
         let opt = |x: Option<f64>| x.map(|x| format!("{x:.0}")).unwrap_or_else(|| "null".into());
         println!(
-            "{{\"layout\":\"{}\",\"workload\":\"{w}\",\"bs\":{bs},\"threads\":{},\"checksums\":{},\"cache_disks\":{},\"iops\":{:.0},\"mbs\":{:.1},\"iops_room\":{},\"iops_full\":{},\"room_seconds\":{},\"full_row_writes\":{full},\"partial_row_writes\":{partial}}}",
+            "{{\"layout\":\"{}\",\"workload\":\"{w}\",\"bs\":{bs},\"threads\":{},\"checksums\":{},\"cache_disks\":{},\"iops\":{:.0},\"mbs\":{:.1},\"iops_room\":{},\"iops_full\":{},\"room_seconds\":{},\"full_row_writes\":{full},\"partial_row_writes\":{partial},\"p99_us\":{},\"p999_us\":{},\"max_us\":{}}}",
             a.layout.as_str(),
             a.threads,
             a.checksums,
@@ -146,6 +146,9 @@ fn main() {
             opt(r.iops_room),
             opt(r.iops_full),
             opt(r.room_seconds),
+            r.latency_us[0],
+            r.latency_us[1],
+            r.latency_us[2],
         );
         if a.cache_disks > 0 {
             eprintln!("{w}: {:?}", engine.cache_status());
@@ -167,6 +170,8 @@ struct Rates {
     iops_room: Option<f64>,
     iops_full: Option<f64>,
     room_seconds: Option<f64>,
+    /// Request latency in microseconds: 99th and 99.9th percentiles, and the longest.
+    latency_us: [u64; 3],
 }
 
 /// Runs a workload for `seconds` (or, for "fill", once over the whole vdisk).
@@ -188,12 +193,15 @@ fn run(
     let stop = Arc::new(AtomicBool::new(false));
     let cursor = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
+    let latencies = std::sync::Mutex::new(Vec::<u32>::new());
     std::thread::scope(|s| {
         for t in 0..threads {
             let (ops, stop, cursor) = (ops.clone(), stop.clone(), cursor.clone());
             let v = v.clone();
             let w = w.to_string();
+            let latencies = &latencies;
             s.spawn(move || {
+                let mut took: Vec<u32> = Vec::new();
                 let mut rng = rand::rng();
                 let mut buf = AlignedBuf::zeroed(bs as usize);
                 rng.fill(&mut buf[..]);
@@ -210,13 +218,16 @@ fn run(
                             (c % blocks) * bs
                         }
                     };
+                    let began = Instant::now();
                     if w.ends_with("read") {
                         v.read(off, &mut buf).unwrap();
                     } else {
                         v.write(off, &buf, false).unwrap();
                     }
+                    took.push(began.elapsed().as_micros().min(u32::MAX as u128) as u32);
                     ops.fetch_add(1, Ordering::Relaxed);
                 }
+                latencies.lock().unwrap().extend(took);
             });
         }
         if seconds > 0 {
@@ -253,7 +264,14 @@ fn run(
         (true, None) => (Some(n as f64 / secs), None, None),
         (true, Some((t, k))) => (Some(k as f64 / t), Some((n - k) as f64 / (secs - t)), Some(t)),
     };
+    let mut took = latencies.into_inner().unwrap();
+    took.sort_unstable();
+    let at = |q: f64| {
+        took.get(((took.len() as f64 * q) as usize).min(took.len().saturating_sub(1)))
+            .copied()
+    };
     Rates {
+        latency_us: [at(0.99), at(0.999), took.last().copied()].map(|x| x.unwrap_or(0) as u64),
         iops: n as f64 / secs,
         mbs: n as f64 * bs as f64 / secs / 1e6,
         iops_room,
