@@ -44,6 +44,9 @@ trap 'stop_tessera; [ "${KEEP:-0}" = 1 ] || rm -rf "$DIR"' EXIT
 bench/dedup-data.sh > "$DIR/data.list"
 files_of() { awk -v s="$1" '$1 == s {print $2}' "$DIR/data.list"; }
 bytes_of() { awk -v s="$1" '$1 == s {n += $3} END {printf "%.0f\n", n}' "$DIR/data.list"; }
+# A set at a time: its files imported into mirrored vdisks (two copies of what is not zero
+# until the optimization), the restic and borg repositories, scratch.
+require_space "$DIR" $(( $(for set in $SETS; do bytes_of "$set"; done | sort -n | tail -1) * 3 / (1 << 30) + 1 ))
 json() { python3 -c 'import json,sys; d=json.load(sys.stdin)
 for k in sys.argv[1].split("."): d=d[k]
 print(d)' "$1"; }

@@ -66,6 +66,19 @@ print("- %s: %s" % (sys.argv[1], ", ".join("%.2f" % (float(x) / float(y)) for x,
 pkgver() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null || echo '?'; }
 
 # Fails unless every named command is installed.
+# Fails unless the file system that will hold DIR (the nearest existing directory above it is
+# asked) has NEED GiB free: a benchmark that fills the disk fails half way, and takes the
+# machine's other work down with it.
+require_space() {
+  local dir=$1 need=$2 at=$1 have
+  while [ ! -d "$at" ]; do at=$(dirname "$at"); done
+  have=$(( $(df --output=avail -B1 "$at" | tail -1) >> 30 ))
+  if [ "$have" -lt "$need" ]; then
+    echo "this benchmark needs about $need GiB free under $dir; that file system has $have GiB (free some, or set DIR elsewhere)" >&2
+    exit 1
+  fi
+}
+
 require() {
   local c
   for c in "$@"; do
