@@ -758,6 +758,23 @@ fn a_host_that_reaches_only_the_standby_gateway_has_the_pool_handed_over_without
     for lba in 0..16 {
         until_done(&rt, &path_a, &write1(lba), block(lba, 1), 0, Duration::from_secs(5), &a);
     }
+    // A slow scrub runs at A (16 MiB more data, read at 256 KiB/s): it stops for the handover
+    // rather than keep the host from its data until it ends, and B goes on with it.
+    for n in 0..64u32 {
+        let lba = 4096 + n * 512;
+        let mut c = vec![0x2A, 0, 0, 0, 0, 0, 0, 0x02, 0x00, 0];
+        c[2..6].copy_from_slice(&lba.to_be_bytes());
+        until_done(
+            &rt,
+            &path_a,
+            &c,
+            vec![n as u8 ^ 0x5a; 256 << 10],
+            0,
+            Duration::from_secs(10),
+            &a,
+        );
+    }
+    a.ok(&["pool", "scrub", &pool, "--rate", "256K", "--no-wait"]);
     // The host's path to A goes (A lives on); it sends its writes to B, whose port is standby
     // until A hands the pool over.
     drop(path_a);
@@ -783,6 +800,34 @@ fn a_host_that_reaches_only_the_standby_gateway_has_the_pool_handed_over_without
             .contains("pool.handed_over"),
         "A records the handover"
     );
+    let jobs = a.json(&["job", "list"]);
+    let scrub = jobs
+        .as_array()
+        .and_then(|js| js.iter().find(|j| j["kind"] == "scrub"))
+        .unwrap_or_else(|| panic!("no scrub job at A: {jobs}"));
+    assert_eq!(scrub["state"], "cancelled", "{scrub}");
+    assert!(
+        scrub["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("handed over to gateway gw-b")),
+        "the scrub says why it stopped: {scrub}"
+    );
+    // Stopped, not paused: B goes on with the pass and finishes it (at the configured rate).
+    let t0 = Instant::now();
+    loop {
+        let s = b.json(&["pool", "show", &pool])["scrub"].clone();
+        assert_ne!(s["state"], "paused", "the handover paused the scrub: {s}");
+        if s["last"]["finished_at"].is_u64() {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "B did not go on with the scrub: {s}\n{}",
+            b.logs()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(b.logs().contains("going on with the scrub"), "{}", b.logs());
 
     // No bounce: the host writes through B while reads reach A's standby port (a path
     // checker, a host that prefers A): B, in use, keeps the pool.

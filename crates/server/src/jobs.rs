@@ -49,6 +49,8 @@ pub struct Job {
     started_at: u64,
     started: Instant,
     end: Mutex<Option<JobEnd>>,
+    /// Why the daemon, not the administrator, cancelled it: said in its end.
+    cancelled_because: Mutex<Option<String>>,
     /// True once the job ended: what a caller waiting for the end watches.
     ended: tokio::sync::watch::Sender<bool>,
 }
@@ -177,6 +179,7 @@ impl Jobs {
             started_at: unix_now(),
             started: Instant::now(),
             end: Mutex::new(None),
+            cancelled_because: Mutex::new(None),
             ended: tokio::sync::watch::Sender::new(false),
         });
         {
@@ -208,7 +211,14 @@ impl Jobs {
                 let cancelled = j.progress.cancel.load(Ordering::Relaxed);
                 let (state, error, result) = match r {
                     Ok(v) => (JobState::Succeeded, None, Some(v)),
-                    Err(_) if cancelled => (JobState::Cancelled, Some("cancelled".to_string()), None),
+                    Err(_) if cancelled => (
+                        JobState::Cancelled,
+                        Some(match j.cancelled_because.lock().as_ref() {
+                            Some(why) => format!("cancelled: {why}"),
+                            None => "cancelled".to_string(),
+                        }),
+                        None,
+                    ),
                     Err(e) => (JobState::Failed, Some(e), None),
                 };
                 let took = crate::units::format_duration(j.started.elapsed());
@@ -216,6 +226,9 @@ impl Jobs {
                 let told = match (&error, state) {
                     (Some(e), JobState::Failed) => {
                         ("failed", Severity::Error, format!("{what} failed after {took}: {e}"))
+                    }
+                    (Some(e), JobState::Cancelled) if e != "cancelled" => {
+                        ("cancelled", Severity::Warning, format!("{what} {e} (after {took})"))
                     }
                     (_, JobState::Cancelled) => {
                         ("cancelled", Severity::Warning, format!("{what} cancelled after {took}"))
@@ -260,6 +273,22 @@ impl Jobs {
         j.progress.cancel.store(true, Ordering::Relaxed);
         info!(job = id, "cancel requested");
         Ok(j.view())
+    }
+
+    /// Cancels a running job for the daemon's own reason, which its end gives.
+    pub fn cancel_because(&self, id: u64, why: &str) {
+        if let Ok(j) = self.get(id) {
+            if !j.state().finished() {
+                *j.cancelled_because.lock() = Some(why.to_string());
+                j.progress.cancel.store(true, Ordering::Relaxed);
+                info!(job = id, reason = why, "job cancelled");
+            }
+        }
+    }
+
+    /// The kind of a job.
+    pub fn kind(&self, id: u64) -> Option<String> {
+        self.jobs.lock().get(&id).map(|j| j.kind.clone())
     }
 
     /// Running jobs that work on `target` or on something inside it.
@@ -357,5 +386,44 @@ mod tests {
 
         let boom = jobs.spawn("t", "p", |_| panic!("bug"));
         assert_eq!(wait(&boom).state, JobState::Failed);
+    }
+
+    #[test]
+    fn a_job_the_daemon_cancels_says_why() {
+        let events = Arc::new(EventLog::in_memory());
+        let jobs = Jobs::new(events.clone());
+        let slow = jobs.spawn("scrub", "p", |p| {
+            while !p.cancel.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err("paused".into())
+        });
+        assert_eq!(jobs.kind(slow.id).as_deref(), Some("scrub"));
+        jobs.cancel_because(slow.id, "pool p handed over to gateway gw-b");
+        let v = wait(&slow);
+        assert_eq!(v.state, JobState::Cancelled);
+        assert_eq!(
+            v.error.as_deref(),
+            Some("cancelled: pool p handed over to gateway gw-b")
+        );
+        // After the end is set, the event: wait for it briefly.
+        let told = (0..200).find_map(|_| {
+            let e = events
+                .list(&Default::default(), 100)
+                .into_iter()
+                .find(|e| e.kind == "scrub.cancelled");
+            if e.is_none() {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            e
+        });
+        let told = told.expect("the end is told");
+        assert!(told.message.contains("handed over to gateway gw-b"), "{}", told.message);
+        // Once ended, a second cancel changes nothing.
+        jobs.cancel_because(slow.id, "another reason");
+        assert_eq!(
+            slow.view().error.as_deref(),
+            Some("cancelled: pool p handed over to gateway gw-b")
+        );
     }
 }

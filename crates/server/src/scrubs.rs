@@ -82,10 +82,31 @@ fn found_errors(pool: &str, v: &ScrubPassView) -> Option<NewEvent> {
     Some(NewEvent::new(severity, "scrub.errors", message).pool(pool))
 }
 
-/// Scrub passes that failed, by pool: not tried again before [`RETRY_AFTER`].
+/// Scrub passes that failed, by pool: not tried again before [`RETRY_AFTER`]; and the pools
+/// whose scrub is stopped for a handover to another gateway, which goes on with it.
 #[derive(Default)]
 pub struct ScrubWatch {
     failed: std::sync::Arc<parking_lot::Mutex<BTreeMap<String, Instant>>>,
+    handing_over: std::sync::Arc<parking_lot::Mutex<std::collections::BTreeSet<String>>>,
+}
+
+impl ScrubWatch {
+    /// `pool` is being handed over to another gateway: its scrub, about to be cancelled, is
+    /// stopped rather than paused (the gateway that takes the pool goes on with it where it
+    /// stopped: the position is in the pool), and this daemon does not go on with it itself
+    /// meanwhile.
+    pub(crate) fn hold_for_handover(&self, pool: &str) {
+        self.handing_over.lock().insert(pool.to_string());
+    }
+
+    /// The handover of `pool` is done, or given up (the scrub then goes on here).
+    pub(crate) fn release_after_handover(&self, pool: &str) {
+        self.handing_over.lock().remove(pool);
+    }
+
+    fn held_for_handover(&self, pool: &str) -> bool {
+        self.handing_over.lock().contains(pool)
+    }
 }
 
 impl Daemon {
@@ -140,6 +161,7 @@ impl Daemon {
         };
         let stopping = self.stopping.clone();
         let failed = self.scrub_watch.failed.clone();
+        let handing_over = self.scrub_watch.handing_over.clone();
         let pool = name.to_string();
         let events = self.events.clone();
         let job = self.jobs.spawn("scrub", name, move |p| match e.scrub(&opts, p) {
@@ -152,8 +174,10 @@ impl Daemon {
             }
             Err(VolumeError::Layout(tessera_layout::LayoutError::Cancelled)) => {
                 // A job cancelled by the administrator is a pause; one cancelled by the
-                // daemon's shutdown goes on after the restart.
-                if !stopping.load(Ordering::Relaxed) {
+                // daemon's shutdown goes on after the restart, and one cancelled for a
+                // handover goes on at the gateway that takes the pool.
+                let handed_over = handing_over.lock().contains(&pool);
+                if !stopping.load(Ordering::Relaxed) && !handed_over {
                     let _ = e.set_scrub_paused(true);
                 }
                 Err("paused".into())
@@ -194,7 +218,10 @@ impl Daemon {
         }
         for (name, e) in self.engines() {
             self.watch_disk_errors(&name, &e);
-            if self.scrub_job(&name).is_some() || self.jobs.running("repair", &name).is_some() {
+            if self.scrub_job(&name).is_some()
+                || self.jobs.running("repair", &name).is_some()
+                || self.scrub_watch.held_for_handover(&name)
+            {
                 continue;
             }
             let Ok(state) = e.scrub_state() else { continue };

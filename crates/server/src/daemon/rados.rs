@@ -78,6 +78,14 @@ impl RadosPool {
     }
 }
 
+/// Jobs that stop for a handover of their pool to the gateway whose hosts ask for it,
+/// rather than keep those hosts from their data until they end: maintenance that loses
+/// nothing by stopping and that runs again at the next owner (a scrub goes on there where it
+/// stopped, a scan and a dedup run or collection start again on their schedule or when
+/// asked). An import, an export, a spot-fix or a repair keeps the pool until it ends: an
+/// operator waits for it, and stopping it would throw its work away.
+const YIELDS_TO_HOSTS: &[&str] = &["scrub", "scan", "dedup", "dedup-gc"];
+
 impl Daemon {
     fn membership(&self) -> ApiResult<&crate::rados_pools::Membership> {
         self.gateway.as_ref().ok_or_else(|| {
@@ -494,18 +502,22 @@ impl Daemon {
                 }
                 None => continue,
             };
-            if idle < HANDOVER_IDLE {
-                continue;
-            }
-            let to = match gw.asking(&name) {
-                Ok(asking) => asking.into_iter().find(|g| g != gw.name()),
-                Err(e) => {
-                    debug!(pool = %name, error = %e, "cannot learn whether a gateway asks for the pool");
-                    None
+            let to = if idle < HANDOVER_IDLE {
+                None
+            } else {
+                match gw.asking(&name) {
+                    Ok(asking) => asking.into_iter().find(|g| g != gw.name()),
+                    Err(e) => {
+                        debug!(pool = %name, error = %e, "cannot learn whether a gateway asks for the pool");
+                        None
+                    }
                 }
             };
-            if let Some(to) = to {
-                self.hand_over(gw, &name, &to, idle);
+            match to {
+                Some(to) => self.hand_over(gw, &name, &to, idle),
+                // Hosts came back here, or nobody asks any more: a scrub stopped for a
+                // handover goes on here.
+                None => self.scrub_watch.release_after_handover(&name),
             }
         }
     }
@@ -513,7 +525,8 @@ impl Daemon {
     /// Gives pool `name` up to gateway `to`, which asked for it: its LUNs and exports are
     /// withdrawn (their configuration stays), the pool flushed with a checkpoint so that the
     /// next owner has nothing to replay, and its ownership released in etcd; its LUNs are
-    /// then presented as standby ports. Not while a job runs on it.
+    /// then presented as standby ports. Maintenance jobs on it give way first (see
+    /// [`YIELDS_TO_HOSTS`]); any other job keeps the pool here until it ends.
     fn hand_over(&self, gw: &crate::rados_pools::Membership, name: &str, to: &str, idle: Duration) {
         {
             let _admin = self.admin.lock();
@@ -527,7 +540,23 @@ impl Daemon {
             };
             let jobs = self.jobs.running_on(name);
             if !jobs.is_empty() {
-                debug!(pool = %name, ?jobs, "gateway {to} asks for the pool; kept while jobs run on it");
+                let (yielding, kept): (Vec<u64>, Vec<u64>) = jobs.into_iter().partition(|id| {
+                    self.jobs
+                        .kind(*id)
+                        .is_some_and(|k| YIELDS_TO_HOSTS.contains(&k.as_str()))
+                });
+                if !kept.is_empty() {
+                    debug!(pool = %name, jobs = ?kept, "gateway {to} asks for the pool; kept while these jobs run on it");
+                    return;
+                }
+                let why = format!("pool {name} is handed over to gateway {to}, whose hosts asked for it");
+                for id in yielding {
+                    if self.jobs.kind(id).as_deref() == Some("scrub") {
+                        self.scrub_watch.hold_for_handover(name);
+                    }
+                    self.jobs.cancel_because(id, &why);
+                }
+                // Handed over at a later tick, once they have stopped.
                 return;
             }
             info!(pool = %name, to, idle_seconds = idle.as_secs(), "handing the pool over to the gateway that asks for it");
@@ -541,6 +570,8 @@ impl Daemon {
                     warn!(pool = %name, error = %e, "cannot checkpoint the pool before handing it over");
                 }
             }
+            // Only now: this daemon no longer has the pool to go on with its scrub.
+            self.scrub_watch.release_after_handover(name);
             let owned = self.rados.lock().get_mut(name).and_then(|p| {
                 p.handed_over = Some(Instant::now());
                 p.elsewhere = None;
