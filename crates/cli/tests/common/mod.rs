@@ -65,7 +65,7 @@ impl Daemon {
     }
 
     /// `wrapper` (a command that runs the one after it), then `tessera serve`.
-    fn start_wrapped(wrapper: &[&str], state: &Path, args: &[&str]) -> Result<Daemon, String> {
+    pub fn start_wrapped(wrapper: &[&str], state: &Path, args: &[&str]) -> Result<Daemon, String> {
         std::fs::create_dir_all(state).unwrap();
         let n = std::fs::read_dir(state).map(|d| d.count()).unwrap_or(0);
         let log = state.with_extension(format!("log{n}"));
