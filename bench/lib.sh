@@ -65,7 +65,6 @@ print("- %s: %s" % (sys.argv[1], ", ".join("%.2f" % (float(x) / float(y)) for x,
 
 pkgver() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null || echo '?'; }
 
-# Fails unless every named command is installed.
 # Fails unless the file system that will hold DIR (the nearest existing directory above it is
 # asked) has NEED GiB free: a benchmark that fills the disk fails half way, and takes the
 # machine's other work down with it.
@@ -79,6 +78,7 @@ require_space() {
   fi
 }
 
+# Fails unless every named command is installed.
 require() {
   local c
   for c in "$@"; do
