@@ -813,20 +813,10 @@ fn a_host_that_reaches_only_the_standby_gateway_has_the_pool_handed_over_without
         "the scrub says why it stopped: {scrub}"
     );
     // Stopped, not paused: B goes on with the pass and finishes it (at the configured rate).
-    let t0 = Instant::now();
-    loop {
-        let s = b.json(&["pool", "show", &pool])["scrub"].clone();
+    b.wait_for_scrub(&pool, "B did not go on with the scrub", Duration::from_secs(60), |s| {
         assert_ne!(s["state"], "paused", "the handover paused the scrub: {s}");
-        if s["last"]["finished_at"].is_u64() {
-            break;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "B did not go on with the scrub: {s}\n{}",
-            b.logs()
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
+        s["last"]["finished_at"].is_u64()
+    });
     assert!(b.logs().contains("going on with the scrub"), "{}", b.logs());
 
     // No bounce: the host writes through B while reads reach A's standby port (a path

@@ -93,16 +93,8 @@ fn scrub_view(d: &Daemon) -> Value {
     d.json(&["pool", "show", "s"])["scrub"].clone()
 }
 
-fn wait_for(d: &Daemon, what: &str, limit: Duration, mut f: impl FnMut(&Value) -> bool) -> Value {
-    let t = Instant::now();
-    loop {
-        let s = scrub_view(d);
-        if f(&s) {
-            return s;
-        }
-        assert!(t.elapsed() < limit, "{what}: {s}\n{}", d.logs());
-        std::thread::sleep(Duration::from_millis(100));
-    }
+fn wait_for(d: &Daemon, what: &str, limit: Duration, f: impl FnMut(&Value) -> bool) -> Value {
+    d.wait_for_scrub("s", what, limit, f)
 }
 
 fn exported_matches(d: &Daemon, t: &Path, img: &Path) -> bool {

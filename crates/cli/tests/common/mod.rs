@@ -218,6 +218,26 @@ impl Daemon {
         serde_json::from_str(&out).unwrap_or_else(|e| panic!("tessera {args:?} printed no JSON ({e}): {out}"))
     }
 
+    /// Polls the scrub view of `pool show POOL` until `f` holds of it, and returns it; after
+    /// `limit`, fails with `what`, the view and the daemon's log.
+    pub fn wait_for_scrub(
+        &self,
+        pool: &str,
+        what: &str,
+        limit: Duration,
+        mut f: impl FnMut(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        let t = Instant::now();
+        loop {
+            let s = self.json(&["pool", "show", pool])["scrub"].clone();
+            if f(&s) {
+                return s;
+            }
+            assert!(t.elapsed() < limit, "{what}: {s}\n{}", self.logs());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// Runs a command that must fail; returns its stderr.
     pub fn fails(&self, args: &[&str]) -> String {
         let o = self.cli(args);

@@ -540,18 +540,16 @@ impl Daemon {
             };
             let jobs = self.jobs.running_on(name);
             if !jobs.is_empty() {
-                let (yielding, kept): (Vec<u64>, Vec<u64>) = jobs.into_iter().partition(|id| {
-                    self.jobs
-                        .kind(*id)
-                        .is_some_and(|k| YIELDS_TO_HOSTS.contains(&k.as_str()))
-                });
+                let kinds = jobs.into_iter().map(|id| (id, self.jobs.kind(id).unwrap_or_default()));
+                let (yielding, kept): (Vec<_>, Vec<_>) =
+                    kinds.partition(|(_, kind)| YIELDS_TO_HOSTS.contains(&kind.as_str()));
                 if !kept.is_empty() {
                     debug!(pool = %name, jobs = ?kept, "gateway {to} asks for the pool; kept while these jobs run on it");
                     return;
                 }
                 let why = format!("pool {name} is handed over to gateway {to}, whose hosts asked for it");
-                for id in yielding {
-                    if self.jobs.kind(id).as_deref() == Some("scrub") {
+                for (id, kind) in yielding {
+                    if kind == "scrub" {
                         self.scrub_watch.hold_for_handover(name);
                     }
                     self.jobs.cancel_because(id, &why);
