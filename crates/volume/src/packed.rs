@@ -36,6 +36,15 @@ pub(crate) fn unpack(l: Loc, stored: &[u8], out: &mut [u8]) -> Result<()> {
 /// other are read as one span.
 pub(crate) fn read_grains_each(s: &Shared, locs: &[Loc], grain: usize) -> (AlignedBuf, Vec<Result<()>>) {
     let mut out = AlignedBuf::zeroed(locs.len() * grain);
+    let results = read_grains_into(s, locs, &mut out.chunks_mut(grain).collect::<Vec<_>>());
+    (out, results)
+}
+
+/// [`read_grains_each`] into the caller's buffers, one whole grain each: a read of
+/// compressed grains then decompresses each straight into its place.
+pub(crate) fn read_grains_into(s: &Shared, locs: &[Loc], outs: &mut [&mut [u8]]) -> Vec<Result<()>> {
+    debug_assert_eq!(locs.len(), outs.len());
+    let grain = outs.first().map_or(0, |o| o.len());
     let mut results: Vec<Result<()>> = Vec::with_capacity(locs.len());
     // Where each slot or piece lies, then the spans to read: those near each other in a set
     // (a batch's packs are neighbouring slots, filled in grain order; a vdisk written in order
@@ -90,7 +99,7 @@ pub(crate) fn read_grains_each(s: &Shared, locs: &[Loc], grain: usize) -> (Align
             .collect();
         s.cache.read_many(&mut io).into_iter().map(|r| r.is_ok()).collect()
     };
-    for (k, (chunk, p)) in out.chunks_mut(grain).zip(&parts).enumerate() {
+    for (k, (chunk, p)) in outs.iter_mut().zip(&parts).enumerate() {
         if let Some((i, skip, len)) = *p {
             let l = locs[k];
             results[k] = match (stored_ok[i], is_packed(l)) {
@@ -107,7 +116,7 @@ pub(crate) fn read_grains_each(s: &Shared, locs: &[Loc], grain: usize) -> (Align
         }
     }
     // A hot slot's second copy, for what could not be read from the first.
-    for (k, chunk) in out.chunks_mut(grain).enumerate() {
+    for (k, chunk) in outs.iter_mut().enumerate() {
         if let Err(e) = std::mem::replace(&mut results[k], Ok(())) {
             results[k] = fall_back(s, locs[k], e, |alt| {
                 let (again, r) = read_grains_each(s, &[alt], grain);
@@ -117,7 +126,7 @@ pub(crate) fn read_grains_each(s: &Shared, locs: &[Loc], grain: usize) -> (Align
             });
         }
     }
-    (out, results)
+    results
 }
 
 /// Reads a whole slot on its own.

@@ -17,7 +17,7 @@ use crate::config::{Provisioning, VdiskConfig};
 use crate::error::{Result, VolumeError};
 use crate::hot_copies::fall_back;
 use crate::keys::{grain_key, loc_value};
-use crate::packed::{read_grains, read_grains_each};
+use crate::packed::{read_grains, read_grains_into};
 use crate::shared::Shared;
 use crate::space::{is_packed, Class, Loc};
 use crate::unsynced::Unsynced;
@@ -438,11 +438,29 @@ impl Vdisk {
     fn read_packed(&self, packed: &mut [(usize, Loc, usize, &mut [u8])], results: &mut [Result<()>]) {
         let g = self.class.grain as usize;
         let locs: Vec<Loc> = packed.iter().map(|(_, l, ..)| *l).collect();
-        let (whole, done) = read_grains_each(&self.s, &locs, g);
-        for (k, ((i, _, off, out), r)) in packed.iter_mut().zip(done).enumerate() {
-            match r {
-                Ok(()) => out.copy_from_slice(&whole[k * g + *off..k * g + *off + out.len()]),
-                Err(e) => fail(&mut results[*i], e),
+        // A grain read whole is decompressed straight into the request's buffer; a part of
+        // one, into a grain of its own first.
+        let is_part = |off: usize, out: &[u8]| off != 0 || out.len() != g;
+        let parts = packed.iter().filter(|(_, _, off, out)| is_part(*off, out)).count();
+        let mut whole = AlignedBuf::zeroed(parts * g);
+        let done = {
+            let mut spare = whole.chunks_mut(g);
+            let mut outs: Vec<&mut [u8]> = packed
+                .iter_mut()
+                .map(|(_, _, off, out)| match is_part(*off, out) {
+                    true => spare.next().expect("a grain for each part"),
+                    false => &mut **out,
+                })
+                .collect();
+            read_grains_into(&self.s, &locs, &mut outs)
+        };
+        let mut spare = whole.chunks(g);
+        for ((i, _, off, out), r) in packed.iter_mut().zip(done) {
+            let from = is_part(*off, out).then(|| spare.next().expect("a grain for each part"));
+            match (r, from) {
+                (Ok(()), Some(grain)) => out.copy_from_slice(&grain[*off..*off + out.len()]),
+                (Ok(()), None) => {}
+                (Err(e), _) => fail(&mut results[*i], e),
             }
         }
     }

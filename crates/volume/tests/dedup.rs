@@ -424,6 +424,34 @@ fn new_grains_are_compressed_into_packs_and_read_back_after_writes_and_a_restart
     rig.assert_consistent();
 }
 
+/// A read of part of a compressed grain decompresses the grain aside and copies the part; a
+/// read of whole grains decompresses them in place; both in one queue.
+#[test]
+fn parts_of_compressed_grains_read_back_beside_whole_ones() {
+    let rig = Rig::new(4, 64 * MIB, MIB);
+    let e = rig.engine();
+    enable_dedup(e, Compression::default());
+    let (size, g) = (4 * MIB, 64 << 10);
+    let mut s = VdiskSpec::new("big", size, LayoutKind::Mirror);
+    s.grain_size = Some(g);
+    s.block_size = Some(512);
+    e.create_vdisk(&s).unwrap();
+    let v = e.vdisk("big").unwrap();
+    let want = compressible(7, 0, size as usize);
+    v.write(0, &want, false).unwrap();
+    assert_eq!(run_dedup(e).grains_compressed, size / g);
+    let (mut part, mut across, mut whole) = (vec![0u8; 512], vec![0u8; 3 * g as usize], vec![0u8; 2 * g as usize]);
+    let (p_at, x_at, w_at) = (5 * g + 1536, 20 * g + 4096, 40 * g);
+    for r in v.read_many(&mut [(p_at, &mut part[..]), (x_at, &mut across[..]), (w_at, &mut whole[..])]) {
+        r.unwrap();
+    }
+    for (at, got) in [(p_at, &part), (x_at, &across), (w_at, &whole)] {
+        assert!(got[..] == want[at as usize..at as usize + got.len()], "read at {at}");
+    }
+    assert_eq!(read_all(e, "big", size as usize), want);
+    rig.assert_consistent();
+}
+
 #[test]
 fn duplicates_of_compressed_grains_share_their_pieces() {
     let rig = Rig::new(4, 64 * MIB, MIB);
