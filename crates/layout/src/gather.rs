@@ -112,10 +112,30 @@ impl State {
     }
 }
 
-#[derive(Default)]
 pub(crate) struct RowGather {
     state: Mutex<State>,
     cv: Condvar,
+    /// [`MAX_WAIT`] and [`STREAM_WAIT`]; a test that must not depend on the scheduler's
+    /// timing waits longer.
+    max_wait: Duration,
+    stream_wait: Duration,
+}
+
+impl Default for RowGather {
+    fn default() -> Self {
+        Self::with_waits(MAX_WAIT, STREAM_WAIT)
+    }
+}
+
+impl RowGather {
+    fn with_waits(max_wait: Duration, stream_wait: Duration) -> Self {
+        RowGather {
+            state: Mutex::default(),
+            cv: Condvar::new(),
+            max_wait,
+            stream_wait,
+        }
+    }
 }
 
 /// A write under way in set `set`: the rows it has announced and not yet reached (dropping
@@ -203,7 +223,7 @@ impl RowGather {
         let key = (set, row);
         let outcome: Outcome = Arc::default();
         let now = Instant::now();
-        let (deadline, stream_deadline) = (now + MAX_WAIT, now + STREAM_WAIT);
+        let (deadline, stream_deadline) = (now + self.max_wait, now + self.stream_wait);
         let mut st = self.state.lock();
         let q = st.rows.get_mut(&key).expect("an announced row has a queue");
         q.coming -= 1;
@@ -387,7 +407,9 @@ mod tests {
     /// written once, with both.
     #[test]
     fn a_row_waits_for_a_write_announced_for_it() {
-        let g = RowGather::default();
+        // Waits long enough that a busy machine's scheduler cannot end them: what is tested is
+        // that the write waits, not for how long.
+        let g = RowGather::with_waits(Duration::from_secs(30), Duration::from_secs(30));
         let batches = Mutex::new(Vec::new());
         let mut late = g.announce(1, 0, 16, 0..1, 16);
         std::thread::scope(|s| {
@@ -396,7 +418,10 @@ mod tests {
                 g.write(&mut first, 0, piece(1, 16), |_| false, record(&batches))
                     .unwrap();
             });
-            std::thread::sleep(Duration::from_millis(2));
+            // The late write comes once the first one is queued and waiting for it.
+            while g.state.lock().rows.get(&(1, 0)).is_none_or(|q| q.waiting.is_empty()) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
             g.write(&mut late, 0, piece(0, 16), |_| false, record(&batches))
                 .unwrap();
         });
@@ -410,7 +435,7 @@ mod tests {
     /// set (a lone writer), nothing waits.
     #[test]
     fn a_stream_fills_its_row_before_it_is_written() {
-        let g = RowGather::default();
+        let g = RowGather::with_waits(Duration::from_secs(30), Duration::from_secs(30));
         let batches = Mutex::new(Vec::new());
         let whole = |ws: &[&RowWrite]| (0..3).all(|c| ws.iter().any(|w| w.pieces.iter().any(|p| p.data_col == c)));
         // Another writer keeps the set's traffic; a run of neighbouring writes makes it a stream.
@@ -431,10 +456,12 @@ mod tests {
         });
         assert_eq!(*batches.lock(), vec![3], "one batch of the row's three columns");
         drop(keep);
-        // A lone writer: returns at once, alone.
+        // A lone writer: returns at once (well before the 30 s it would wait), alone.
         batches.lock().clear();
+        let started = Instant::now();
         let mut a = g.announce(1, 0, 16, 0..1, 16);
         g.write(&mut a, 0, piece(0, 16), whole, record(&batches)).unwrap();
+        assert!(started.elapsed() < Duration::from_secs(15), "a lone writer waited");
         assert_eq!(*batches.lock(), vec![1]);
     }
 }
