@@ -16,7 +16,8 @@
 #   4K random read QD32, 4K random write QD32, 256K sequential read QD8, 256K sequential
 #   write QD8.
 #
-# Prints a markdown table of medians (IOPS for 4K, MiB/s for 256K) and Tessera / fio-rbd.
+# Prints a markdown table of medians (IOPS for 4K, MiB/s for 256K) and Tessera / fio-rbd,
+# and how many operations the OSDs did per I/O of each fio run (their perf counters).
 #
 # Needs: ceph-mon, ceph-osd, ceph-mgr, ceph-common (rbd), etcd, fio (with its rbd and nbd
 # engines), python3. The tessera binary needs the `rados` feature: by default the test
@@ -98,16 +99,31 @@ logged fill.log timeout 1800 rbd -c "$CONF" bench --io-type write --io-pattern s
 logged fill.log fio --name=fill --ioengine=nbd --uri="$T_URI" --rw=write --bs=4M --iodepth=8 \
   --size="$SIZE_B" --buffer_pattern=0xa5
 
-fio_run() { # log rw bs qd engine -> IOPS
-  local log=$DIR/logs/$run-$1.json rw=$2 bs=$3 qd=$4 engine=$5 target
+osd_ops() { # -> the client operations (reads, writes, read-modify-writes) the OSDs did so far
+  local id total=0 n
+  for id in $(timeout 60 ceph -c "$CONF" osd ls); do
+    n=$(timeout 60 ceph -c "$CONF" tell "osd.$id" perf dump 2>/dev/null |
+      python3 -c 'import json,sys; o=json.load(sys.stdin)["osd"]; print(o["op_r"] + o["op_w"] + o["op_rw"])') || n=0
+    total=$((total + n))
+  done
+  echo "$total"
+}
+
+fio_run() { # log rw bs qd engine -> IOPS; writes the OSD operations per I/O to log.ops
+  local log=$DIR/logs/$run-$1.json rw=$2 bs=$3 qd=$4 engine=$5 target ops
   case $engine in
     rbd) target=(--ioengine=rbd --clientname=admin --pool="$RPOOL" --rbdname=img);;
     nbd) target=(--ioengine=nbd --uri="$T_URI");;
   esac
+  ops=$(osd_ops)
   CEPH_CONF=$CONF fio --name=b "${target[@]}" --rw="$rw" --bs="$bs" --iodepth="$qd" --numjobs=1 \
       --size="$SIZE_B" --time_based --runtime="$DURATION" --buffer_pattern=0xa5 \
       --output-format=json > "$log"
-  python3 -c 'import json,sys; t=open(sys.argv[1]).read(); j=json.loads(t[t.index("{"):])["jobs"][0]; print(j["read"]["iops"]+j["write"]["iops"])' "$log"
+  ops=$(( $(osd_ops) - ops ))
+  python3 -c 'import json,sys; t=open(sys.argv[1]).read(); j=json.loads(t[t.index("{"):])["jobs"][0]
+ios = j["read"]["total_ios"] + j["write"]["total_ios"]
+open(sys.argv[1] + ".ops", "w").write("%.2f\n" % (int(sys.argv[2]) / max(ios, 1)))
+print(j["read"]["iops"] + j["write"]["iops"])' "$log" "$ops"
 }
 
 tessera_bench_run() { # log rw bs qd -> IOPS, over iSCSI
@@ -169,6 +185,16 @@ for w in rr4k rw4k sr256k sw256k; do
   printf '| %s | %.0f | %.0f | %.0f | %.0f | %.2f | %.2f |\n' "$label" "${m[rbdbench]}" "${m[fiorbd]}" \
     "${m[nbd]}" "${m[iscsi]}" "$(python3 -c "print(${m[nbd]} / ${m[fiorbd]})")" \
     "$(python3 -c "print(${m[iscsi]} / ${m[fiorbd]})")"
+done
+echo
+echo "Operations the OSDs did per I/O of fio (median; librbd's cache and Tessera's merging of a"
+echo "request's grains both show here):"
+echo
+echo "| workload | fio rbd | Tessera NBD (fio) |"
+echo "|---|---:|---:|"
+for w in rr4k rw4k sr256k sw256k; do
+  printf '| %s | %s | %s |\n' "$w" \
+    "$(cat "$DIR"/logs/*-"$w"-fiorbd.json.ops | median)" "$(cat "$DIR"/logs/*-"$w"-nbd.json.ops | median)"
 done
 echo
 echo "Tessera NBD / fio rbd in each run (the spread shows how much the shared machine moves):"

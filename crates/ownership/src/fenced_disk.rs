@@ -7,8 +7,8 @@
 //! written, or past the end of a shorter one, returns zeros. A write is acknowledged by the
 //! OSDs once every replica has it, so a flush has nothing left to do.
 
-use tessera_disk::{check_request, BlockDevice, DiskError};
-use tessera_rados::{Pool, RadosError};
+use tessera_disk::{check_request, BlockDevice, DiskError, ReadReq};
+use tessera_rados::{Pool, RadosError, ReadExtent};
 
 use crate::fence::FencedWriter;
 
@@ -132,6 +132,52 @@ impl BlockDevice for FencedDisk {
             part[got..].fill(0);
         }
         Ok(())
+    }
+
+    /// Every request's object pieces in flight at once, the pieces of one object in one
+    /// operation: a read spanning several grains, or a queue of them, costs one round trip.
+    fn read_many(&self, reqs: &mut [ReadReq<'_>]) -> Vec<Result<(), DiskError>> {
+        let mut results: Vec<Result<(), DiskError>> = reqs
+            .iter()
+            .map(|r| check_request(&self.path, "read", r.offset, r.buf.len(), self.size))
+            .collect();
+        let mut extents: Vec<ReadExtent<'_>> = Vec::new();
+        // Per extent: its request, and the request's offset and length (for an error).
+        let mut owners: Vec<(usize, u64, usize)> = Vec::new();
+        for (i, r) in reqs.iter_mut().enumerate() {
+            if results[i].is_err() {
+                continue;
+            }
+            let (offset, len) = (r.offset, r.buf.len());
+            let mut rest: &mut [u8] = r.buf;
+            for (index, in_obj, range) in Self::pieces(offset, len) {
+                let (part, tail) = std::mem::take(&mut rest).split_at_mut(range.len());
+                rest = tail;
+                extents.push(ReadExtent {
+                    oid: self.oid(index),
+                    offset: in_obj,
+                    buf: part,
+                });
+                owners.push((i, offset, len));
+            }
+        }
+        let got = self.pool.read_extents(&mut extents);
+        for ((extent, got), (i, offset, len)) in extents.iter_mut().zip(got).zip(owners) {
+            let n = match got {
+                Ok(n) => n,
+                // Never written: zeros.
+                Err(e) if e.errno() == Some(libc::ENOENT) => 0,
+                Err(e) => {
+                    if results[i].is_ok() {
+                        results[i] = Err(self.io_error("read", offset, len, e));
+                    }
+                    continue;
+                }
+            };
+            // Past the end of what was written: zeros too.
+            extent.buf[n..].fill(0);
+        }
+        results
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DiskError> {

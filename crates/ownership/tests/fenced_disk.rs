@@ -1,6 +1,6 @@
 //! A disk on RADOS, against the cluster `scripts/test-scale-out.sh` starts (TESSERA_CEPH_CONF):
-//! it reads back what was written across object boundaries and zeros where nothing was, it
-//! refuses bad requests, and a disk of a replaced owner cannot write where the new owner
+//! it reads back what was written across object boundaries and zeros where nothing was (one
+//! read at a time or a batch in flight together), it refuses bad requests, and a disk of a replaced owner cannot write where the new owner
 //! wrote.
 #![cfg(feature = "fencing")]
 
@@ -11,7 +11,7 @@ use std::sync::Arc;
 use common::{ceph, ceph_conf, TEST_POOL};
 
 use rand::{Rng, SeedableRng};
-use tessera_disk::{AlignedBuf, BlockDevice, DiskError};
+use tessera_disk::{AlignedBuf, BlockDevice, DiskError, ReadReq};
 use tessera_ownership::fenced_disk::{FencedDisk, OBJECT_BYTES};
 use tessera_rados::Cluster;
 
@@ -62,6 +62,76 @@ fn a_disk_on_rados_reads_back_what_was_written_and_zeros_elsewhere() {
     assert!(pool.size(&format!("{prefix}.{:016x}", 1)).unwrap().is_none());
     d.read_at(&mut back, at).unwrap();
     assert!(back.iter().all(|&b| b == 0));
+}
+
+/// A batch of reads (one operation per object, all in flight) returns what reads one at a
+/// time return: neighbouring pieces of one object, a read across objects, an object never
+/// written, a read past what an object holds; a bad request fails alone.
+#[test]
+fn a_batch_of_reads_matches_reads_one_at_a_time() {
+    let t = "a_batch_of_reads_matches_reads_one_at_a_time";
+    let Some(conf) = ceph_conf(t) else { return };
+    let c = ceph(&conf);
+    let prefix = format!("{t}-{}", std::process::id());
+    let d = disk(&c, &prefix, 64 * MIB, 1);
+    d.write_at(&random(10, 256 * 1024), 0).unwrap();
+    d.write_at(&random(11, 16384), OBJECT_BYTES - 8192).unwrap();
+    d.write_at(&random(12, 8192), 3 * OBJECT_BYTES + 4096).unwrap();
+    // (offset, length): neighbours in object 0, across objects 0 and 1, object 2 never
+    // written, past what object 3 holds, a piece of object 3, out of range, unaligned.
+    let asked: [(u64, usize); 9] = [
+        (0, 65536),
+        (65536, 65536),
+        (131072, 4096),
+        (OBJECT_BYTES - 12288, 24576),
+        (2 * OBJECT_BYTES + 8192, 8192),
+        (3 * OBJECT_BYTES, 65536),
+        (3 * OBJECT_BYTES + 8192, 4096),
+        (64 * MIB, 4096),
+        (4096 + 100, 4096),
+    ];
+    let mut bufs: Vec<AlignedBuf> = asked
+        .iter()
+        .map(|&(_, len)| {
+            let mut b = AlignedBuf::zeroed(len);
+            b.fill(0xAA);
+            b
+        })
+        .collect();
+    let mut reqs: Vec<ReadReq> = bufs
+        .iter_mut()
+        .zip(&asked)
+        .map(|(b, &(offset, _))| ReadReq {
+            buf: &mut b[..],
+            offset,
+        })
+        .collect();
+    let results = d.read_many(&mut reqs);
+    assert_eq!(results.len(), asked.len());
+    for (i, (&(offset, len), r)) in asked.iter().zip(&results).enumerate() {
+        let mut alone = AlignedBuf::zeroed(len);
+        match d.read_at(&mut alone, offset) {
+            Ok(()) => {
+                assert!(r.is_ok(), "request {i}: {r:?}");
+                assert!(bufs[i][..] == alone[..], "request {i} differs from a read of its own");
+            }
+            Err(e) => assert_eq!(
+                r.as_ref().map_err(|e| std::mem::discriminant(e)),
+                Err(std::mem::discriminant(&e)),
+                "request {i}"
+            ),
+        }
+    }
+    assert!(results[7].is_err() && results[8].is_err());
+    assert!(
+        bufs[4].iter().all(|&b| b == 0),
+        "an object never written reads as zeros"
+    );
+    assert!(
+        bufs[5][12288..].iter().all(|&b| b == 0),
+        "past an object's end reads as zeros"
+    );
+    d.remove_objects().unwrap();
 }
 
 #[test]

@@ -8,6 +8,8 @@ pub type rados_ioctx_t = *mut c_void;
 pub type rados_write_op_t = *mut c_void;
 pub type rados_read_op_t = *mut c_void;
 pub type rados_omap_iter_t = *mut c_void;
+pub type rados_completion_t = *mut c_void;
+pub type rados_callback_t = Option<unsafe extern "C" fn(cb: rados_completion_t, arg: *mut c_void)>;
 
 pub const LIBRADOS_CMPXATTR_OP_EQ: u8 = 1;
 pub const LIBRADOS_CMPXATTR_OP_NE: u8 = 2;
@@ -97,6 +99,29 @@ extern "C" {
         prval: *mut c_int,
     );
     pub fn rados_read_op_operate(op: rados_read_op_t, io: rados_ioctx_t, oid: *const c_char, flags: c_int) -> c_int;
+    pub fn rados_read_op_read(
+        op: rados_read_op_t,
+        offset: u64,
+        len: size_t,
+        buffer: *mut c_char,
+        bytes_read: *mut size_t,
+        prval: *mut c_int,
+    );
+    pub fn rados_aio_read_op_operate(
+        op: rados_read_op_t,
+        io: rados_ioctx_t,
+        completion: rados_completion_t,
+        oid: *const c_char,
+        flags: c_int,
+    ) -> c_int;
+    pub fn rados_aio_create_completion2(
+        cb_arg: *mut c_void,
+        cb_complete: rados_callback_t,
+        pc: *mut rados_completion_t,
+    ) -> c_int;
+    pub fn rados_aio_wait_for_complete(c: rados_completion_t) -> c_int;
+    pub fn rados_aio_get_return_value(c: rados_completion_t) -> c_int;
+    pub fn rados_aio_release(c: rados_completion_t);
     pub fn rados_omap_get_next2(
         iter: rados_omap_iter_t,
         key: *mut *mut c_char,

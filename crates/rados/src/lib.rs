@@ -12,10 +12,12 @@
 //! Built only with the `librados` feature.
 #![cfg(feature = "librados")]
 
+mod batch;
 mod error;
 mod ffi;
 mod ops;
 
+pub use batch::ReadExtent;
 pub use error::{RadosError, Result};
 pub use ops::{OmapPage, WriteOp, XattrCmp};
 
@@ -236,6 +238,14 @@ impl Pool<'_> {
             oid,
         )?;
         Ok(n as usize)
+    }
+
+    /// Reads every extent, all of them in flight at once (one compound operation per
+    /// object); returns for each how many bytes the object had there, or the error (an
+    /// object that does not exist fails each of its extents with `ENOENT`, as
+    /// [`read`](Self::read) does).
+    pub fn read_extents(&self, extents: &mut [ReadExtent<'_>]) -> Vec<Result<usize>> {
+        batch::read_extents(self.io, extents)
     }
 
     /// The object's size, or `None` if it does not exist.
