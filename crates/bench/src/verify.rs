@@ -100,6 +100,11 @@ impl Verifier {
         self.gens[block as usize].store(gen, Ordering::Release);
     }
 
+    /// How many blocks no write has been acknowledged for (what a read cannot verify yet).
+    pub fn unwritten(&self) -> u64 {
+        self.gens.iter().filter(|g| g.load(Ordering::Acquire) == 0).count() as u64
+    }
+
     /// A write that failed leaves the block's content unknown.
     pub fn write_failed(&self, block: u64) {
         self.gens[block as usize].store(0, Ordering::Release);

@@ -205,7 +205,8 @@ fn a_missing_disk_gets_its_delay_and_a_pool_switched_off_waits() {
     // The disk is gone at start: the pool waits for it, then repairs by itself.
     let moved = format!("{victim}.away");
     std::fs::rename(&victim, &moved).unwrap();
-    let mut d2 = start(t.path(), "4s");
+    // (Ten seconds: long enough that a busy machine's start and three commands fit in it.)
+    let mut d2 = start(t.path(), "10s");
     let p = d2.json(&["pool", "show", "b"]);
     assert_eq!(p["health"], "degraded", "{p}");
     let status = p["auto_repair"]["status"].as_str().unwrap_or_default().to_string();

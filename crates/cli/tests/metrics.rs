@@ -227,7 +227,7 @@ fn metrics_count_what_a_client_did_pass_promtool_and_need_the_token() {
     assert_eq!(conns(&iscsi), Some(0.0), "{iscsi}");
     let idle = std::net::TcpStream::connect(&portal).unwrap();
     let mut seen = None;
-    for _ in 0..100 {
+    for _ in 0..1500 {
         seen = conns(&scrape(&metrics));
         if seen == Some(1.0) {
             break;

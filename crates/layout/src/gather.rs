@@ -343,7 +343,7 @@ mod tests {
     /// batches hold several, and a failing batch fails exactly its own writers.
     #[test]
     fn every_write_is_written_once_in_some_batch_with_its_outcome() {
-        let g = RowGather::default();
+        let g = RowGather::with_waits(Duration::from_secs(30), Duration::from_secs(30));
         let written = AtomicUsize::new(0);
         let batches = AtomicUsize::new(0);
         let shared = AtomicUsize::new(0);

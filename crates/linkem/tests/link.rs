@@ -58,10 +58,25 @@ fn datagrams_are_lost_reordered_and_cut_as_asked() {
     shape.reorder = 0.1;
     let link = Link::start(&prefix("l"), shape, Shape::new(0, Duration::from_millis(10))).unwrap();
     let b = link.b.name.clone();
+    let (ready_tx, ready) = std::sync::mpsc::channel();
     let receiver = std::thread::spawn(move || {
         netns::enter(&b).unwrap();
         let s = UdpSocket::bind((B_ADDR, 9999)).unwrap();
         s.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+        // Room for every datagram of the test, so that a receiver the machine is slow to
+        // schedule loses none of them itself (root may exceed rmem_max; this test needs root).
+        let room: libc::c_int = 16 << 20;
+        // SAFETY: a valid socket and an int-sized option value.
+        unsafe {
+            libc::setsockopt(
+                std::os::fd::AsRawFd::as_raw_fd(&s),
+                libc::SOL_SOCKET,
+                libc::SO_RCVBUFFORCE,
+                (&room as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        ready_tx.send(()).unwrap();
         let mut got = Vec::new();
         let mut buf = [0u8; 64];
         while let Ok(n) = s.recv(&mut buf) {
@@ -74,12 +89,21 @@ fn datagrams_are_lost_reordered_and_cut_as_asked() {
     });
     netns::enter(&link.a.name).unwrap();
     let s = UdpSocket::bind(("0.0.0.0", 0)).unwrap();
-    std::thread::sleep(Duration::from_millis(100));
+    ready.recv().unwrap();
+    // Waits until the link has read `count` packets from the sender's side (the link drops
+    // what its device queue cannot hold, which a busy machine would turn into extra loss).
+    let read_from_a = |count: u64| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while link.stats()[0].packets < count && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+    let base = link.stats()[0].packets;
     let n = 4000u32;
     for k in 0..n {
         s.send_to(&k.to_be_bytes(), (B_ADDR, 9999)).unwrap();
         if k % 100 == 99 {
-            std::thread::sleep(Duration::from_millis(2));
+            read_from_a(base + k as u64 + 1);
         }
     }
     std::thread::sleep(Duration::from_millis(100));
@@ -88,7 +112,10 @@ fn datagrams_are_lost_reordered_and_cut_as_asked() {
     for k in 0..100u32 {
         s.send_to(&(1_000_000 + k).to_be_bytes(), (B_ADDR, 9999)).unwrap();
     }
-    std::thread::sleep(Duration::from_millis(50));
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while link.stats()[0].cut < 100 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
     link.set_cut(false);
     for _ in 0..50 {
         s.send_to(b"stop", (B_ADDR, 9999)).unwrap();

@@ -345,15 +345,20 @@ async fn a_listener_serves_a_bounded_number_of_connections() {
         .expect("closed, not left hanging")
         .unwrap_or(0);
     assert_eq!(n, 0);
+    // Greeted once there is room (the server notices the close when it is next scheduled: a
+    // connection closed at once is tried again, for 10 s at most).
     drop(open.pop());
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let mut again = TcpStream::connect(&addr).await.unwrap();
-    assert_eq!(
-        tokio::time::timeout(Duration::from_secs(5), again.read(&mut b))
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut again = TcpStream::connect(&addr).await.unwrap();
+        let n = tokio::time::timeout(Duration::from_secs(5), again.read_exact(&mut b))
             .await
-            .unwrap()
-            .unwrap(),
-        18,
-        "greeted once there is room"
-    );
+            .expect("closed or greeted, not left hanging")
+            .map_or(0, |_| b.len());
+        if n == 18 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "not greeted once there is room");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

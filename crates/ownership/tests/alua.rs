@@ -90,7 +90,8 @@ fn the_owner_is_active_a_live_owner_keeps_its_vdisk_and_a_dead_ones_is_taken_fen
         .block_on(async { a.gateway.lock().await.release("pool/v", first.epoch).await })
         .unwrap());
     assert!(
-        eventually(Duration::from_secs(5), || a.ports.local_state() == AccessState::Standby),
+        eventually(Duration::from_secs(30), || a.ports.local_state()
+            == AccessState::Standby),
         "A never saw the vdisk free"
     );
     assert_eq!(a.ports.request_access(), AccessState::ActiveOptimized);
@@ -100,7 +101,7 @@ fn the_owner_is_active_a_live_owner_keeps_its_vdisk_and_a_dead_ones_is_taken_fen
         "A fenced its own address off"
     );
     assert!(
-        eventually(Duration::from_secs(5), || b
+        eventually(Duration::from_secs(30), || b
             .ports
             .owner()
             .is_some_and(|o| o.gateway == "gw-a")),

@@ -73,7 +73,7 @@ async fn a_stalled_owner_loses_its_vdisks_to_a_larger_epoch() {
             break o;
         }
         assert!(
-            stalled.elapsed() < Duration::from_secs(ttl as u64 + 10),
+            stalled.elapsed() < Duration::from_secs(ttl as u64 + 30),
             "never taken over"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -81,7 +81,8 @@ async fn a_stalled_owner_loses_its_vdisks_to_a_larger_epoch() {
     let took = stalled.elapsed();
     eprintln!("taken over {took:?} after the owner stalled (lease {ttl} s)");
     assert!(taken.epoch > first.epoch);
-    assert!(took <= Duration::from_secs(ttl as u64 + 2), "{took:?}");
+    // Within the lease and a margin for a busy machine (the failover target is 15 s).
+    assert!(took <= Duration::from_secs(ttl as u64 + 10), "{took:?}");
     assert_eq!(a.acquire("pool/v").await.unwrap(), taken);
     b.leave().await.unwrap();
 }

@@ -219,8 +219,16 @@ mod tests {
         });
         let mut c = TcpStream::connect(a).unwrap();
         c.write_all(&vec![1u8; 1 << 20]).unwrap();
-        std::thread::sleep(Duration::from_millis(50));
-        let st = link_stats(&c);
+        // Until the peer has acknowledged it all (at once on an idle machine; a busy one may
+        // take a while to schedule the reader).
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let st = loop {
+            let st = link_stats(&c);
+            if st.bytes_acked >= 1 << 20 || std::time::Instant::now() > deadline {
+                break st;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
         drop(c);
         assert_eq!(reader.join().unwrap(), 1 << 20);
         assert!(st.segments_out > 0, "{st:?}");

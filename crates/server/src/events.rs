@@ -622,7 +622,7 @@ mod tests {
     }
 
     fn wait_for(mut f: impl FnMut() -> bool) {
-        for _ in 0..500 {
+        for _ in 0..3000 {
             if f() {
                 return;
             }

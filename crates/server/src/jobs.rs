@@ -340,7 +340,7 @@ mod tests {
     use std::time::Duration;
 
     fn wait(j: &Job) -> JobView {
-        for _ in 0..500 {
+        for _ in 0..3000 {
             if j.state().finished() {
                 return j.view();
             }
@@ -407,7 +407,7 @@ mod tests {
             Some("cancelled: pool p handed over to gateway gw-b")
         );
         // After the end is set, the event: wait for it briefly.
-        let told = (0..200).find_map(|_| {
+        let told = (0..3000).find_map(|_| {
             let e = events
                 .list(&Default::default(), 100)
                 .into_iter()

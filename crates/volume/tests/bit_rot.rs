@@ -266,9 +266,9 @@ fn a_scrub_stopped_part_way_goes_on_where_it_stopped_after_a_restart() {
         let p = progress.clone();
         let engine = rig.engine();
         let job = s.spawn(move || {
-            // Slow enough to be stopped part way.
+            // Slow enough to be stopped part way, however late the machine schedules the stop.
             let opts = tessera_volume::ScrubOptions {
-                rate_limit: Some(4 * MIB),
+                rate_limit: Some(256 << 10),
             };
             engine.scrub(&opts, &p)
         });

@@ -220,13 +220,26 @@ fn crash_recovery() {
             .spawn()
             .unwrap();
         let stdout = child.stdout.take().unwrap();
+        let (began_tx, began) = std::sync::mpsc::channel();
         let lines = std::thread::spawn(move || {
-            BufReader::new(stdout)
-                .lines()
-                .map_while(Result::ok)
-                .collect::<Vec<String>>()
+            let mut lines = Vec::new();
+            for l in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if l.contains("BEGIN ") {
+                    let _ = began_tx.send(());
+                }
+                lines.push(l);
+            }
+            lines
         });
-        std::thread::sleep(Duration::from_millis(rng.random_range(150..700)));
+        // Most rounds cut the child while it acts: the time is counted from its first action,
+        // so that a machine slow to start it still has it act before the cut. Every fifth
+        // round counts from the start, and may cut it while it opens and recovers the pool.
+        if round % 5 != 4 {
+            let _ = began.recv_timeout(Duration::from_secs(60));
+            std::thread::sleep(Duration::from_millis(rng.random_range(0..550)));
+        } else {
+            std::thread::sleep(Duration::from_millis(rng.random_range(150..700)));
+        }
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();
         let lines = lines.join().unwrap();

@@ -332,6 +332,7 @@ fn snapshots_taken_together_keep_the_order_of_writes_across_vdisks() {
             .unwrap();
     }
     let stop = AtomicBool::new(false);
+    let written = std::sync::atomic::AtomicU64::new(0);
     // Stops the writer however the checks end, so that a failed one fails, not hangs.
     struct StopOnDrop<'a>(&'a AtomicBool);
     impl Drop for StopOnDrop<'_> {
@@ -341,7 +342,7 @@ fn snapshots_taken_together_keep_the_order_of_writes_across_vdisks() {
     }
     std::thread::scope(|scope| {
         let writer = {
-            let stop = &stop;
+            let (stop, written) = (&stop, &written);
             scope.spawn(move || {
                 let (log, data) = (e.vdisk("log").unwrap(), e.vdisk("data").unwrap());
                 let mut k = 1u64;
@@ -354,6 +355,7 @@ fn snapshots_taken_together_keep_the_order_of_writes_across_vdisks() {
                     let at = (k % 256) * 4096;
                     log.write(at, &block(k), false).unwrap();
                     data.write(at, &block(k), false).unwrap();
+                    written.store(k, Ordering::Relaxed);
                     k += 1;
                 }
                 k
@@ -369,7 +371,17 @@ fn snapshots_taken_together_keep_the_order_of_writes_across_vdisks() {
         };
         let stopper = StopOnDrop(&stop);
         let mut taken = 0;
-        for i in 0..40 {
+        // Groups while the writer writes: 40 at least, and until ten of them hold records and
+        // the writer wrote a hundred (a busy machine may schedule it late), a minute at most.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while written.load(Ordering::Relaxed) < 20 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let mut i = 0;
+        while i < 40
+            || ((taken <= 10 || written.load(Ordering::Relaxed) <= 100) && std::time::Instant::now() < deadline)
+        {
+            i += 1;
             let (a, b) = (format!("g{i}"), format!("g{i}"));
             let snaps = e.snapshot_group(&[("data", &a), ("log", &b)]).unwrap();
             let (d, l) = (newest(&snaps[0]), newest(&snaps[1]));
