@@ -35,16 +35,22 @@ impl<'p, 'c> FencedWriter<'p, 'c> {
         FencedWriter { pool, epoch }
     }
 
+    /// The guarded write of `data` at `offset` of an object that exists (one that does not
+    /// fails with `ENOENT`: [`write`](Self::write) makes it), as a compound operation.
+    pub fn guarded(&self, offset: u64, data: &[u8]) -> WriteOp {
+        let mine = epoch_text(self.epoch);
+        WriteOp::new()
+            .guard_xattr(EPOCH_ATTR, XattrCmp::Lte, &mine)
+            .write(offset, data)
+            .set_xattr(EPOCH_ATTR, &mine)
+    }
+
     /// Writes `data` at `offset` of `oid`, unless an owner with a later epoch wrote the object
     /// (`RadosError::is_guard_failure`) or this client was fenced off (`is_fenced`).
     pub fn write(&self, oid: &str, offset: u64, data: &[u8]) -> std::result::Result<(), RadosError> {
         let mine = epoch_text(self.epoch);
         loop {
-            let guarded = WriteOp::new()
-                .guard_xattr(EPOCH_ATTR, XattrCmp::Lte, &mine)
-                .write(offset, data)
-                .set_xattr(EPOCH_ATTR, &mine);
-            match self.pool.operate(oid, &guarded) {
+            match self.pool.operate(oid, &self.guarded(offset, data)) {
                 Err(e) if e.errno() == Some(libc::ENOENT) => {}
                 r => return r,
             }

@@ -12,7 +12,7 @@ use common::{ceph, ceph_conf, TEST_POOL};
 
 use rand::{Rng, SeedableRng};
 use tessera_disk::{AlignedBuf, BlockDevice, DiskError, ReadReq};
-use tessera_ownership::fenced_disk::{FencedDisk, OBJECT_BYTES};
+use tessera_ownership::fenced_disk::{FencedDisk, MAX_BEHIND, OBJECT_BYTES};
 use tessera_rados::Cluster;
 
 const MIB: u64 = 1 << 20;
@@ -143,10 +143,15 @@ fn a_replaced_owners_disk_cannot_write_where_the_new_owner_wrote() {
     let old = disk(&ca, &prefix, 16 * MIB, 5);
     let new = disk(&cb, &prefix, 16 * MIB, 7);
     old.write_at(&random(2, 4096), 0).unwrap();
+    old.flush().unwrap();
     let theirs = random(3, 4096);
     new.write_at(&theirs, 0).unwrap();
+    new.flush().unwrap();
+    // The old owner's write to an object it made is sent and not waited for: refused by
+    // the OSD, it fails the flush that follows (and every later one), never applied.
     let e = old
         .write_at(&random(4, 4096), 0)
+        .and_then(|()| old.flush())
         .expect_err("the old owner wrote over the new one");
     assert!(e.to_string().contains("rados:"), "{e}");
     // Refused for now, not a fault of the disk: the engine does not fail it for that.
@@ -154,9 +159,66 @@ fn a_replaced_owners_disk_cannot_write_where_the_new_owner_wrote() {
         e.is_unavailable() && e.to_string().contains("a newer owner wrote here"),
         "{e}"
     );
+    assert!(old.flush().is_err(), "a later flush forgot the refused write");
+    // To an object it never wrote (the write that makes it waits): refused at once.
+    new.write_at(&theirs, 8 * MIB).unwrap();
+    new.flush().unwrap();
+    let e = old
+        .write_at(&random(5, 4096), 8 * MIB)
+        .expect_err("the old owner wrote over the new one");
+    assert!(e.to_string().contains("a newer owner wrote here"), "{e}");
     let mut back = AlignedBuf::zeroed(4096);
-    new.read_at(&mut back, 0).unwrap();
-    assert!(back[..] == theirs[..], "the refused write changed the block");
+    for at in [0, 8 * MIB] {
+        new.read_at(&mut back, at).unwrap();
+        assert!(back[..] == theirs[..], "a refused write changed the block at {at}");
+    }
+}
+
+/// Writes not waited for: thousands of small writes to objects that exist, read back before
+/// any flush (a read sees every write sent before it), a flush, then read back through
+/// another connection; more than [`MAX_BEHIND`] of them in flight at once makes writers wait
+/// for the oldest, not fail.
+#[test]
+fn writes_sent_ahead_read_back_before_and_after_a_flush() {
+    let t = "writes_sent_ahead_read_back_before_and_after_a_flush";
+    let Some(conf) = ceph_conf(t) else { return };
+    let prefix = format!("{t}-{}", std::process::id());
+    let (ca, cb) = (ceph(&conf), ceph(&conf));
+    let d = disk(&ca, &prefix, 16 * MIB, 1);
+    let size = 16 * MIB as usize;
+    // Made (and waited for) by a first write of each object.
+    let mut model = random(20, size);
+    d.write_at(&model, 0).unwrap();
+    // Then overwritten many times over from four threads, each its own quarter, in blocks of
+    // 4 KiB to 256 KiB: 64 MiB sent in all, more than may be in flight.
+    let quarter = size / 4;
+    assert!(64 * MIB as usize > MAX_BEHIND);
+    std::thread::scope(|s| {
+        for (q, part) in model.chunks_mut(quarter).enumerate() {
+            let d = &d;
+            s.spawn(move || {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(30 + q as u64);
+                let mut sent = 0;
+                while sent < 16 * MIB as usize {
+                    let len = 4096 << rng.random_range(0..7u32);
+                    let at = rng.random_range(0..(quarter - len) / 4096) * 4096;
+                    rng.fill(&mut part[at..at + len]);
+                    let buf = AlignedBuf::from_slice(&part[at..at + len]);
+                    d.write_at(&buf, (q * quarter + at) as u64).unwrap();
+                    sent += len;
+                }
+            });
+        }
+    });
+    let mut back = AlignedBuf::zeroed(size);
+    d.read_at(&mut back, 0).unwrap();
+    assert!(back[..] == model[..], "a read missed a write sent before it");
+    d.flush().unwrap();
+    let other = disk(&cb, &prefix, 16 * MIB, 1);
+    back.fill(0);
+    other.read_at(&mut back, 0).unwrap();
+    assert!(back[..] == model[..], "a flushed write is not in the cluster");
+    d.remove_objects().unwrap();
 }
 
 /// The engine unchanged on a disk on RADOS: a pool with the `simple` layout (redundancy is

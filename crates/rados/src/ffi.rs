@@ -120,6 +120,15 @@ extern "C" {
         pc: *mut rados_completion_t,
     ) -> c_int;
     pub fn rados_aio_wait_for_complete(c: rados_completion_t) -> c_int;
+    pub fn rados_aio_is_complete(c: rados_completion_t) -> c_int;
+    pub fn rados_aio_write_op_operate(
+        op: rados_write_op_t,
+        io: rados_ioctx_t,
+        completion: rados_completion_t,
+        oid: *const c_char,
+        mtime: *mut time_t,
+        flags: c_int,
+    ) -> c_int;
     pub fn rados_aio_get_return_value(c: rados_completion_t) -> c_int;
     pub fn rados_aio_release(c: rados_completion_t);
     pub fn rados_omap_get_next2(

@@ -19,7 +19,7 @@ mod ops;
 
 pub use batch::ReadExtent;
 pub use error::{RadosError, Result};
-pub use ops::{OmapPage, WriteOp, XattrCmp};
+pub use ops::{OmapPage, PendingWrite, WriteOp, XattrCmp};
 
 use ops::ReadOmap;
 
@@ -297,6 +297,13 @@ impl Pool<'_> {
     /// Applies a compound write: all of it or nothing.
     pub fn operate(&self, oid: &str, op: &WriteOp) -> Result<()> {
         op.operate(self.io, oid)
+    }
+
+    /// Sends a compound write and returns without waiting for it; the [`PendingWrite`]
+    /// tells how it ended. Writes this client sends to one object are applied in the order
+    /// sent, and a read sent after them sees them.
+    pub fn operate_async(&self, oid: &str, op: WriteOp) -> Result<PendingWrite> {
+        op.operate_async(self.io, oid)
     }
 
     /// The object's omap keys and values (all of them, in key order).

@@ -116,14 +116,77 @@ impl WriteOp {
         let o = cstr("object", oid)?;
         // Every string handed over lives here until the operation has run.
         let mut names: Vec<CString> = Vec::new();
-        // SAFETY: creates an operation we release below on every path.
-        let op = unsafe { rados_create_write_op() };
-        if op.is_null() {
-            return Err(RadosError::Invalid(
-                "librados could not allocate a write operation".into(),
-            ));
+        let op = new_write_op()?;
+        let built = self.build(op, &mut names).and_then(|()| {
+            // SAFETY: a built operation, a live context, a NUL-terminated object name.
+            let rc = unsafe { rados_write_op_operate(op, io, o.as_ptr(), ptr::null_mut(), LIBRADOS_OPERATION_NOFLAG) };
+            check(rc, "compound write", oid).map(drop)
+        });
+        // SAFETY: ours, and not used after this.
+        unsafe { rados_release_write_op(op) };
+        built
+    }
+
+    /// Sends the operation and returns at once; [`PendingWrite::wait`] tells how it ended.
+    pub(crate) fn operate_async(self, io: rados_ioctx_t, oid: &str) -> Result<PendingWrite> {
+        let o = cstr("object", oid)?;
+        let mut names: Vec<CString> = Vec::new();
+        let op = new_write_op()?;
+        if let Err(e) = self.build(op, &mut names) {
+            // SAFETY: ours, never sent.
+            unsafe { rados_release_write_op(op) };
+            return Err(e);
         }
-        let built = (|| -> Result<()> {
+        let mut completion: rados_completion_t = ptr::null_mut();
+        // SAFETY: no callback; the completion is released by the PendingWrite, or below.
+        let rc = unsafe { rados_aio_create_completion2(ptr::null_mut(), None, &mut completion) };
+        if rc < 0 {
+            // SAFETY: ours, never sent.
+            unsafe { rados_release_write_op(op) };
+            return Err(RadosError::Call {
+                op: "compound write".into(),
+                on: oid.to_string(),
+                errno: -rc,
+            });
+        }
+        // SAFETY: a built operation, a live context and completion, a NUL-terminated name;
+        // what the operation points at (the steps' data and names) moves into the
+        // PendingWrite, which keeps it until the operation completed.
+        let rc = unsafe {
+            rados_aio_write_op_operate(
+                op,
+                io,
+                completion,
+                o.as_ptr(),
+                ptr::null_mut(),
+                LIBRADOS_OPERATION_NOFLAG,
+            )
+        };
+        if rc < 0 {
+            // Refused before it was sent: nothing will complete, nothing to wait for.
+            // SAFETY: ours, never sent.
+            unsafe {
+                rados_aio_release(completion);
+                rados_release_write_op(op);
+            }
+            return Err(RadosError::Call {
+                op: "compound write".into(),
+                on: oid.to_string(),
+                errno: -rc,
+            });
+        }
+        Ok(PendingWrite {
+            op,
+            completion,
+            oid: oid.to_string(),
+            _keep: (self, names),
+            waited: false,
+        })
+    }
+
+    /// Adds the steps to `op`; the attribute names handed over are kept in `names`.
+    fn build(&self, op: rados_write_op_t, names: &mut Vec<CString>) -> Result<()> {
+        {
             for step in &self.steps {
                 // SAFETY (each call): a live operation; pointers into buffers and strings that
                 // outlive `rados_write_op_operate` below; lengths that match them.
@@ -173,13 +236,67 @@ impl WriteOp {
                     }
                 }
             }
-            // SAFETY: a built operation, a live context, a NUL-terminated object name.
-            let rc = unsafe { rados_write_op_operate(op, io, o.as_ptr(), ptr::null_mut(), LIBRADOS_OPERATION_NOFLAG) };
-            check(rc, "compound write", oid).map(drop)
-        })();
-        // SAFETY: ours, and not used after this.
-        unsafe { rados_release_write_op(op) };
-        built
+            Ok(())
+        }
+    }
+}
+
+fn new_write_op() -> Result<rados_write_op_t> {
+    // SAFETY: creates an operation the caller releases.
+    let op = unsafe { rados_create_write_op() };
+    if op.is_null() {
+        return Err(RadosError::Invalid(
+            "librados could not allocate a write operation".into(),
+        ));
+    }
+    Ok(op)
+}
+
+/// A compound write sent and not waited for yet ([`Pool::operate_async`](crate::Pool::operate_async)).
+/// Dropping it waits for it: librados may use what it points at until it completed.
+pub struct PendingWrite {
+    op: rados_write_op_t,
+    completion: rados_completion_t,
+    oid: String,
+    /// The operation's data and names, for as long as librados may read them.
+    _keep: (WriteOp, Vec<CString>),
+    waited: bool,
+}
+
+// librados' completions may be waited for from any thread.
+unsafe impl Send for PendingWrite {}
+
+impl PendingWrite {
+    /// Whether the OSDs have answered (a wait would return at once).
+    pub fn is_complete(&self) -> bool {
+        // SAFETY: a live completion.
+        unsafe { rados_aio_is_complete(self.completion) != 0 }
+    }
+
+    /// Waits until the OSDs have applied the write (on every replica) or refused it.
+    pub fn wait(mut self) -> Result<()> {
+        let rc = self.finish();
+        check(rc, "compound write", &self.oid).map(drop)
+    }
+
+    fn finish(&mut self) -> c_int {
+        self.waited = true;
+        // SAFETY: a completion and an operation of ours, released once, after completion.
+        unsafe {
+            rados_aio_wait_for_complete(self.completion);
+            let rc = rados_aio_get_return_value(self.completion);
+            rados_aio_release(self.completion);
+            rados_release_write_op(self.op);
+            rc
+        }
+    }
+}
+
+impl Drop for PendingWrite {
+    fn drop(&mut self) {
+        if !self.waited {
+            self.finish();
+        }
     }
 }
 
