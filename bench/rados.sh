@@ -24,7 +24,7 @@
 # suite's build is reused (PROFILE=test, the features of `make test`); TESSERA_BIN=path
 # skips the build. KEEP=1 keeps DIR.
 #
-# Usage: bench/rados.sh   (RUNS=3 SIZE=2G DURATION=10 OSDS=1 DIR=/var/tmp/tessera-bench-rados
+# Usage: bench/rados.sh   (RUNS=3 SIZE=2G DURATION=10 OSDS=1 OSD_SIZE=20G DIR=/var/tmp/tessera-bench-rados
 #          PROFILE=test TESSERA_BIN= KEEP=0 TESSERA_PORT=13819)
 set -euo pipefail
 shopt -s inherit_errexit
@@ -68,6 +68,15 @@ ports_free "$TESSERA_PORT"
 [ ! -e "$DIR/cluster/ceph.conf" ] || scripts/ceph-dev.sh down "$DIR/cluster" > /dev/null 2>&1 || true
 rm -rf "$DIR"; mkdir -p "$DIR/logs"
 trap cleanup EXIT
+# Each OSD's sparse block file (scripts/ceph-dev.sh, OSD_SIZE) grows as BlueStore writes and
+# does not shrink when it frees: a run of this bench can fill all of it. A full disk under the
+# OSD aborts it and hangs every client, so the room is checked first.
+osd_bytes=$(numfmt --from=iec "${OSD_SIZE:-20G}")
+avail=$(df --output=avail -B1 "$DIR" | tail -1)
+if [ "$avail" -lt $((OSDS * osd_bytes)) ]; then
+  echo "bench/rados.sh: $OSDS OSD(s) of OSD_SIZE=${OSD_SIZE:-20G} each need $(numfmt --to=iec $((OSDS * osd_bytes))) free under $DIR, which has $(numfmt --to=iec "$avail"); free some, set DIR elsewhere, or set a smaller OSD_SIZE (a few times SIZE)" >&2
+  exit 1
+fi
 
 echo "starting a Ceph cluster of $OSDS OSD(s) and etcd" >&2
 logged cluster.log scripts/ceph-dev.sh up "$DIR/cluster" "$OSDS"
