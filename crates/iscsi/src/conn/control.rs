@@ -66,11 +66,24 @@ impl Session {
         };
         let response = match function {
             // ABORT TASK: a write still waiting for data is dropped; a running command
-            // finishes (it is short), and the initiator ignores its answer.
+            // finishes (it is short) and its answer is not sent. A task already answered (or
+            // never received) does not exist: its answer stands.
             1 => {
                 let tag = p.ttt();
+                let waiting = rs.writes.len();
                 self.drop_writes(rs, |itt| itt == tag);
-                0
+                let dropped = rs.writes.len() < waiting;
+                let running = self
+                    .running
+                    .lock()
+                    .get_mut(&tag)
+                    .map(|aborted| *aborted = true)
+                    .is_some();
+                if dropped || running {
+                    0
+                } else {
+                    1
+                }
             }
             2 | 4 => {
                 self.drop_writes(rs, |_| true);

@@ -50,6 +50,7 @@ impl Session {
                 match self.take(rs, pdu)? {
                     Some(Next::Run(jobs)) => {
                         for job in jobs {
+                            self.running.lock().insert(job.itt, false);
                             if let Some(job) = self.start_on_ring(rs, job) {
                                 batch.push(job);
                             }

@@ -190,11 +190,16 @@ pub(super) fn response_pdus<'a>(
 
 impl Session {
     /// Sends the commands' data and status, all in one write; they are no longer outstanding.
+    /// A command an ABORT TASK took gets no answer.
     pub(super) fn respond(&self, jobs: &[Job], resps: &[Response]) {
         self.writer
             .seq
             .outstanding
             .fetch_sub(jobs.len() as u32, Ordering::AcqRel);
+        let aborted: Vec<bool> = {
+            let mut running = self.running.lock();
+            jobs.iter().map(|j| running.remove(&j.itt).unwrap_or(false)).collect()
+        };
         let senses: Vec<Vec<u8>> = resps.iter().map(|r| sense_segment(&r.sense)).collect();
         let max_seg = self.ctx.params.max_xmit_data_segment as usize;
         let mut pdus = Vec::with_capacity(jobs.len());
@@ -209,7 +214,7 @@ impl Session {
                 m.done(io_op(&job.cdb), bytes, job.arrived.elapsed(), ok);
             }
         }
-        for ((job, resp), sense) in jobs.iter().zip(resps).zip(&senses) {
+        for (((job, resp), sense), _) in jobs.iter().zip(resps).zip(&senses).zip(&aborted).filter(|(_, &a)| !a) {
             // What the CDB asks to move, for the residual of a write.
             let wanted = if job.read {
                 None
@@ -229,6 +234,9 @@ impl Session {
                 wanted,
                 max_seg,
             ));
+        }
+        if pdus.is_empty() {
+            return;
         }
         if let Err(e) = self.writer.send(&mut pdus) {
             // The initiator is gone; ending the socket ends the reader's wait too.
