@@ -45,6 +45,17 @@ impl<'p, 'c> FencedWriter<'p, 'c> {
             .set_xattr(EPOCH_ATTR, &mine)
     }
 
+    /// One guarded write of several pieces of an object that exists, applied in the order
+    /// given (a later piece over an earlier one wins), as one compound operation.
+    pub fn guarded_pieces(&self, pieces: Vec<(u64, Vec<u8>)>) -> WriteOp {
+        let mine = epoch_text(self.epoch);
+        let mut op = WriteOp::new().guard_xattr(EPOCH_ATTR, XattrCmp::Lte, &mine);
+        for (offset, data) in pieces {
+            op = op.write_owned(offset, data);
+        }
+        op.set_xattr(EPOCH_ATTR, &mine)
+    }
+
     /// Writes `data` at `offset` of `oid`, unless an owner with a later epoch wrote the object
     /// (`RadosError::is_guard_failure`) or this client was fenced off (`is_fenced`).
     pub fn write(&self, oid: &str, offset: u64, data: &[u8]) -> std::result::Result<(), RadosError> {

@@ -14,11 +14,20 @@
 //! the OSDs refuse (a newer owner's guard, a blocklist, a timeout) fails that flush and
 //! every later one: the data it held is lost, and which flush it was under cannot be told.
 //! The first write to an object (which makes it) is waited for.
+//!
+//! A write to an object that has writes on their way is held back, and the writes that
+//! follow it to that object join it, until those on their way settled: then they go as one
+//! operation (one guard, the pieces in the order they came, adjacent ones joined). A stream
+//! of writes thus costs the OSDs one operation per round trip, not one per write, as
+//! librbd's I/O scheduler does. A read of the object, a flush, or a held write grown to an
+//! object's worth sends what is held at once.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use tessera_disk::{check_request, BlockDevice, DiskError, ReadReq};
 use tessera_rados::{PendingWrite, Pool, RadosError, ReadExtent};
 
@@ -32,11 +41,25 @@ pub const OBJECT_BYTES: u64 = 4 << 20;
 /// (`rbd_cache_max_dirty`): past it, a write waits for the oldest.
 pub const MAX_BEHIND: usize = 24 << 20;
 
+/// The most a write held back for an object gathers before it goes anyway (bytes, pieces):
+/// one object's worth, and few enough pieces that the OSD's transaction stays small.
+const HELD_BYTES: usize = OBJECT_BYTES as usize;
+const HELD_PIECES: usize = 64;
+
 pub struct FencedDisk {
+    inner: Arc<Inner>,
+    /// Sends the writes held back for an object once the writes on their way to it settled,
+    /// when no write, read or flush comes to do it.
+    gatherer: Option<JoinHandle<()>>,
+}
+
+struct Inner {
     /// First, so that the writes in flight are waited for before the pool's context goes.
     behind: Mutex<Behind>,
     /// Told whenever a write is settled, for a flush waiting on one another thread waits for.
     settled: Condvar,
+    /// Told the gatherer: a write was held back, or the disk closes.
+    held_one: Condvar,
     /// The objects known to exist (written, or read, by this disk).
     exists: Vec<AtomicBool>,
     pool: Pool<'static>,
@@ -46,26 +69,60 @@ pub struct FencedDisk {
     path: String,
 }
 
-/// Writes sent and not yet known applied.
+/// Writes sent and not yet known applied, and writes held back to go together.
 #[derive(Default)]
 struct Behind {
     /// Not waited for yet, oldest first.
     sent: VecDeque<Sent>,
     /// Taken out of `sent` by a thread that waits for them and has not settled them yet.
     in_hand: BTreeSet<u64>,
-    /// Of every write not settled yet.
+    /// Of every write not settled yet, held back or sent.
     bytes: usize,
     next: u64,
+    /// Per object, its writes sent and not settled.
+    flying: HashMap<u64, usize>,
+    /// Per object with writes on their way: the writes that came since, to go as one
+    /// operation once those settled (as librbd's scheduler merges a stream's writes). An
+    /// object has writes held only while it has writes flying.
+    held: HashMap<u64, Held>,
     /// The first write the OSDs refused (offset, length, why): every flush from then on
     /// fails with it.
     failed: Option<(u64, usize, String)>,
+    closed: bool,
 }
 
 struct Sent {
     seq: u64,
     write: PendingWrite,
+    object: u64,
     offset: u64,
     len: usize,
+}
+
+/// Writes to one object, in the order they came: each piece at its offset in the object.
+struct Held {
+    pieces: Vec<(u64, Vec<u8>)>,
+    bytes: usize,
+    /// Where the first piece was on the disk, for a refusal's report.
+    offset: u64,
+}
+
+impl Held {
+    /// Adds a write, onto the end of the last piece where it follows it.
+    fn add(&mut self, in_obj: u64, data: &[u8]) {
+        self.bytes += data.len();
+        if let Some((at, last)) = self.pieces.last_mut() {
+            if *at + last.len() as u64 == in_obj {
+                last.extend_from_slice(data);
+                return;
+            }
+        }
+        self.pieces.push((in_obj, data.to_vec()));
+    }
+
+    fn full(&self) -> bool {
+        self.bytes >= HELD_BYTES || self.pieces.len() >= HELD_PIECES
+    }
 }
 
 impl Behind {
@@ -78,15 +135,6 @@ impl Behind {
         self.in_hand.insert(s.seq);
         Some(s)
     }
-
-    /// Counts a write that completed out, keeping the first refusal.
-    fn settle(&mut self, seq: u64, offset: u64, len: usize, outcome: Result<(), RadosError>) {
-        self.in_hand.remove(&seq);
-        self.bytes -= len;
-        if let Err(e) = outcome {
-            self.failed.get_or_insert((offset, len, describe(&e)));
-        }
-    }
 }
 
 /// What the cluster's refusal means for this gateway.
@@ -98,6 +146,24 @@ fn describe(e: &RadosError) -> String {
     } else {
         e.to_string()
     }
+}
+
+/// The object pieces of [offset, offset + len): (object index, offset in it, range of the
+/// request's buffer).
+fn pieces(offset: u64, len: usize) -> impl Iterator<Item = (u64, u64, std::ops::Range<usize>)> {
+    let end = offset + len as u64;
+    let mut at = offset;
+    std::iter::from_fn(move || {
+        if at >= end {
+            return None;
+        }
+        let index = at / OBJECT_BYTES;
+        let in_obj = at % OBJECT_BYTES;
+        let n = (OBJECT_BYTES - in_obj).min(end - at);
+        let r = (at - offset) as usize..(at - offset + n) as usize;
+        at += n;
+        Some((index, in_obj, r))
+    })
 }
 
 impl FencedDisk {
@@ -117,9 +183,10 @@ impl FencedDisk {
                 reason: "an object prefix must be a non-empty name".into(),
             });
         }
-        Ok(FencedDisk {
+        let inner = Arc::new(Inner {
             behind: Mutex::new(Behind::default()),
             settled: Condvar::new(),
+            held_one: Condvar::new(),
             exists: (0..size.div_ceil(OBJECT_BYTES))
                 .map(|_| AtomicBool::new(false))
                 .collect(),
@@ -127,49 +194,67 @@ impl FencedDisk {
             prefix: prefix.to_string(),
             size,
             epoch,
-            path,
+            path: path.clone(),
+        });
+        let gatherer = {
+            let inner = inner.clone();
+            std::thread::Builder::new()
+                .name("rados-gather".into())
+                .spawn(move || inner.gather())
+                .map_err(|e| DiskError::Unusable {
+                    path,
+                    reason: format!("cannot start the thread that sends held writes: {e}"),
+                })?
+        };
+        Ok(FencedDisk {
+            inner,
+            gatherer: Some(gatherer),
         })
     }
 
     pub fn epoch(&self) -> i64 {
-        self.epoch
+        self.inner.epoch
+    }
+
+    /// How many operations the writes sent ahead took so far (writes held back for an
+    /// object go in one).
+    pub fn writes_sent_ahead(&self) -> u64 {
+        self.inner.behind.lock().next
     }
 
     /// Removes every object of the disk (what a destroyed pool leaves in the cluster); the
     /// objects never written are skipped.
     pub fn remove_objects(&self) -> Result<(), RadosError> {
+        let inner = &self.inner;
         // Nothing of this disk may land after its objects went.
-        let _ = self.flush();
-        for index in 0..self.size.div_ceil(OBJECT_BYTES) {
-            self.exists[index as usize].store(false, Ordering::Release);
-            match self.pool.remove(&self.oid(index)) {
+        let _ = inner.flush();
+        for index in 0..inner.size.div_ceil(OBJECT_BYTES) {
+            inner.exists[index as usize].store(false, Ordering::Release);
+            match inner.pool.remove(&inner.oid(index)) {
                 Err(e) if e.errno() != Some(libc::ENOENT) => return Err(e),
                 _ => {}
             }
         }
         Ok(())
     }
+}
 
+impl Drop for FencedDisk {
+    fn drop(&mut self) {
+        self.inner.behind.lock().closed = true;
+        self.inner.held_one.notify_all();
+        if let Some(g) = self.gatherer.take() {
+            let _ = g.join();
+        }
+        // What was held is sent, and what was sent waited for, before the context it was
+        // sent on goes.
+        let _ = self.inner.flush();
+    }
+}
+
+impl Inner {
     fn oid(&self, index: u64) -> String {
         format!("{}.{index:016x}", self.prefix)
-    }
-
-    /// The object pieces of [offset, offset + len): (object index, offset in it, range of the
-    /// request's buffer).
-    fn pieces(offset: u64, len: usize) -> impl Iterator<Item = (u64, u64, std::ops::Range<usize>)> {
-        let end = offset + len as u64;
-        let mut at = offset;
-        std::iter::from_fn(move || {
-            if at >= end {
-                return None;
-            }
-            let index = at / OBJECT_BYTES;
-            let in_obj = at % OBJECT_BYTES;
-            let n = (OBJECT_BYTES - in_obj).min(end - at);
-            let r = (at - offset) as usize..(at - offset + n) as usize;
-            at += n;
-            Some((index, in_obj, r))
-        })
     }
 
     /// Every error of the cluster is a refusal of this request, not a fault of the disk:
@@ -189,89 +274,230 @@ impl FencedDisk {
         }
     }
 
-    /// Sends the guarded write of a piece of an object that exists, without waiting for it,
-    /// and settles the writes that completed meanwhile; while more than [`MAX_BEHIND`] bytes
-    /// are on their way, waits for the oldest.
-    fn send(&self, oid: &str, in_obj: u64, data: &[u8], offset: u64) -> Result<(), DiskError> {
-        let op = FencedWriter::new(&self.pool, self.epoch).guarded(in_obj, data);
-        let write = self
-            .pool
-            .operate_async(oid, op)
-            .map_err(|e| self.io_error("write", offset, data.len(), e))?;
+    /// Writes a piece of an object that exists without waiting for the OSDs: sent at once if
+    /// nothing is on its way to the object, else held back to go with the writes that follow
+    /// it there. Settles the writes that completed meanwhile; while more than [`MAX_BEHIND`]
+    /// bytes are unsettled, waits for the oldest.
+    fn write_behind(&self, index: u64, in_obj: u64, data: &[u8], offset: u64) -> Result<(), DiskError> {
         let mut b = self.behind.lock();
-        let seq = b.next;
-        b.next += 1;
-        b.bytes += data.len();
-        b.sent.push_back(Sent {
-            seq,
-            write,
-            offset,
-            len: data.len(),
-        });
+        if b.flying.contains_key(&index) {
+            let h = b.held.entry(index).or_insert_with(|| Held {
+                pieces: Vec::new(),
+                bytes: 0,
+                offset,
+            });
+            h.add(in_obj, data);
+            let full = h.full();
+            b.bytes += data.len();
+            if full {
+                let h = b.held.remove(&index).expect("held");
+                self.send_held(&mut b, index, h);
+            } else {
+                self.held_one.notify_one();
+            }
+        } else {
+            // Sent under the lock, so that a flush that finds no write held finds this one
+            // sent: sending does not wait for the OSDs.
+            let op = FencedWriter::new(&self.pool, self.epoch).guarded(in_obj, data);
+            let write = self
+                .pool
+                .operate_async(&self.oid(index), op)
+                .map_err(|e| self.io_error("write", offset, data.len(), e))?;
+            b.bytes += data.len();
+            self.sent(&mut b, index, write, offset, data.len());
+        }
         // Those that completed, under the lock: a flush that finds the queue past its
         // writes finds their refusals too.
         while b.sent.front().is_some_and(|s| s.write.is_complete()) {
             let s = b.sent.pop_front().expect("a front");
-            let (seq, offset, len) = (s.seq, s.offset, s.len);
-            b.settle(seq, offset, len, s.write.wait());
+            self.settle(&mut b, s);
         }
         while b.bytes > MAX_BEHIND {
-            let Some(s) = b.take_oldest(u64::MAX) else {
+            if let Some(s) = b.take_oldest(u64::MAX) {
+                b = self.wait_for(b, s);
+            } else if b.in_hand.is_empty() {
+                // Nothing sent to wait for: what is held goes (never so while the rule that
+                // an object holds writes only while it has some flying stands).
+                self.send_all_held(&mut b);
+                if b.sent.is_empty() {
+                    break;
+                }
+            } else {
                 // All in other threads' hands: theirs to wait for.
                 self.settled.wait(&mut b);
-                continue;
-            };
-            b = self.wait_for(b, s);
+            }
         }
         Ok(())
     }
 
+    /// Counts a write sent.
+    fn sent(&self, b: &mut Behind, object: u64, write: PendingWrite, offset: u64, len: usize) {
+        let seq = b.next;
+        b.next += 1;
+        *b.flying.entry(object).or_default() += 1;
+        b.sent.push_back(Sent {
+            seq,
+            write,
+            object,
+            offset,
+            len,
+        });
+    }
+
+    /// Sends the writes held for `object` as one operation. They were answered already: if
+    /// it cannot be sent, the flushes fail.
+    fn send_held(&self, b: &mut Behind, object: u64, h: Held) {
+        let op = FencedWriter::new(&self.pool, self.epoch).guarded_pieces(h.pieces);
+        match self.pool.operate_async(&self.oid(object), op) {
+            Ok(write) => self.sent(b, object, write, h.offset, h.bytes),
+            Err(e) => {
+                b.bytes -= h.bytes;
+                b.failed.get_or_insert((h.offset, h.bytes, describe(&e)));
+            }
+        }
+    }
+
+    fn send_all_held(&self, b: &mut Behind) {
+        let held: Vec<(u64, Held)> = b.held.drain().collect();
+        for (object, h) in held {
+            self.send_held(b, object, h);
+        }
+    }
+
+    /// Sends what is held for the objects a read is about to read: the read then comes after
+    /// it (the OSDs apply one client's operations on an object in the order sent).
+    fn release_held_for(&self, objects: impl Iterator<Item = u64>) {
+        let mut b = self.behind.lock();
+        if b.held.is_empty() {
+            return;
+        }
+        for object in objects {
+            if let Some(h) = b.held.remove(&object) {
+                self.send_held(&mut b, object, h);
+            }
+        }
+    }
+
+    /// Counts a write that completed out (waiting for it if need be), keeping the first
+    /// refusal; the last write flying to an object sends what was held for it.
+    fn settle(&self, b: &mut Behind, s: Sent) {
+        let (seq, object, offset, len) = (s.seq, s.object, s.offset, s.len);
+        let outcome = s.write.wait();
+        self.settled_out(b, seq, object, offset, len, outcome);
+    }
+
+    fn settled_out(
+        &self,
+        b: &mut Behind,
+        seq: u64,
+        object: u64,
+        offset: u64,
+        len: usize,
+        outcome: Result<(), RadosError>,
+    ) {
+        b.in_hand.remove(&seq);
+        b.bytes -= len;
+        if let Err(e) = outcome {
+            b.failed.get_or_insert((offset, len, describe(&e)));
+        }
+        let flying = b.flying.get_mut(&object).expect("a write sent is counted flying");
+        *flying -= 1;
+        if *flying == 0 {
+            b.flying.remove(&object);
+            if let Some(h) = b.held.remove(&object) {
+                self.send_held(b, object, h);
+            }
+        }
+    }
+
     /// Waits for a write taken out of the queue, without the lock, and settles it.
-    fn wait_for<'a>(&'a self, b: parking_lot::MutexGuard<'a, Behind>, s: Sent) -> parking_lot::MutexGuard<'a, Behind> {
+    fn wait_for<'a>(&'a self, b: MutexGuard<'a, Behind>, s: Sent) -> MutexGuard<'a, Behind> {
         drop(b);
-        let (seq, offset, len) = (s.seq, s.offset, s.len);
+        let (seq, object, offset, len) = (s.seq, s.object, s.offset, s.len);
         let outcome = s.write.wait();
         let mut b = self.behind.lock();
-        b.settle(seq, offset, len, outcome);
+        self.settled_out(&mut b, seq, object, offset, len, outcome);
         self.settled.notify_all();
         b
     }
-}
 
-impl Drop for FencedDisk {
-    fn drop(&mut self) {
-        // What was sent is waited for (dropping each write waits for it) before the
-        // context it was sent on goes.
-        self.behind.get_mut().sent.clear();
+    /// The gatherer's loop: while writes are held, waits for the oldest write sent, whose
+    /// settling sends what was held behind it.
+    fn gather(&self) {
+        let mut b = self.behind.lock();
+        while !b.closed {
+            if b.held.is_empty() {
+                self.held_one.wait(&mut b);
+            } else if let Some(s) = b.take_oldest(u64::MAX) {
+                b = self.wait_for(b, s);
+            } else if b.in_hand.is_empty() {
+                self.send_all_held(&mut b);
+            } else {
+                self.settled.wait(&mut b);
+            }
+        }
+    }
+
+    /// Sends what is held, then waits until the OSDs applied every write sent before; fails
+    /// if they refused any write since the disk was opened.
+    fn flush(&self) -> Result<(), DiskError> {
+        let mut b = self.behind.lock();
+        self.send_all_held(&mut b);
+        let before = b.next;
+        loop {
+            if let Some(s) = b.take_oldest(before) {
+                b = self.wait_for(b, s);
+            } else if b.in_hand.first().is_some_and(|&seq| seq < before) {
+                // Another thread waits for it: until it has settled it.
+                self.settled.wait(&mut b);
+            } else {
+                break;
+            }
+        }
+        match &b.failed {
+            Some((offset, len, why)) => Err(self.unavailable(
+                "flush",
+                *offset,
+                *len,
+                format!("a write sent earlier was refused: {why}"),
+            )),
+            None => Ok(()),
+        }
     }
 }
 
 impl BlockDevice for FencedDisk {
     fn path(&self) -> &str {
-        &self.path
+        &self.inner.path
     }
 
     fn size(&self) -> u64 {
-        self.size
+        self.inner.size
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DiskError> {
-        check_request(&self.path, "read", offset, buf.len(), self.size)?;
-        for (index, in_obj, r) in Self::pieces(offset, buf.len()) {
-            let part = &mut buf[r];
-            let got = match self.pool.read(&self.oid(index), in_obj, part) {
-                Ok(n) => {
-                    self.exists[index as usize].store(true, Ordering::Release);
-                    n
-                }
-                // Never written: zeros.
-                Err(e) if e.errno() == Some(libc::ENOENT) => 0,
-                Err(e) => return Err(self.io_error("read", offset, part.len(), e)),
-            };
-            // Past the end of what was written: zeros too.
-            part[got..].fill(0);
-        }
-        Ok(())
+        self.inner.read_at(buf, offset)
+    }
+
+    fn read_many(&self, reqs: &mut [ReadReq<'_>]) -> Vec<Result<(), DiskError>> {
+        self.inner.read_many(reqs)
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DiskError> {
+        self.inner.write_at(buf, offset)
+    }
+
+    /// Sends what is held, then waits until the OSDs applied every write sent before it;
+    /// fails if they refused any write since the disk was opened.
+    fn flush(&self) -> Result<(), DiskError> {
+        self.inner.flush()
+    }
+}
+
+impl Inner {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DiskError> {
+        let mut one = [ReadReq { offset, buf }];
+        self.read_many(&mut one).pop().expect("one request, one result")
     }
 
     /// Every request's object pieces in flight at once, the pieces of one object in one
@@ -291,7 +517,7 @@ impl BlockDevice for FencedDisk {
             }
             let (offset, len) = (r.offset, r.buf.len());
             let mut rest: &mut [u8] = r.buf;
-            for (index, in_obj, range) in Self::pieces(offset, len) {
+            for (index, in_obj, range) in pieces(offset, len) {
                 let (part, tail) = std::mem::take(&mut rest).split_at_mut(range.len());
                 rest = tail;
                 extents.push(ReadExtent {
@@ -302,6 +528,7 @@ impl BlockDevice for FencedDisk {
                 owners.push((index, i, offset, len));
             }
         }
+        self.release_held_for(owners.iter().map(|&(index, ..)| index));
         let got = self.pool.read_extents(&mut extents);
         for ((extent, got), (index, i, offset, len)) in extents.iter_mut().zip(got).zip(owners) {
             let n = match got {
@@ -326,12 +553,13 @@ impl BlockDevice for FencedDisk {
 
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DiskError> {
         check_request(&self.path, "write", offset, buf.len(), self.size)?;
-        for (index, in_obj, r) in Self::pieces(offset, buf.len()) {
-            let (oid, at) = (self.oid(index), offset + r.start as u64);
+        for (index, in_obj, r) in pieces(offset, buf.len()) {
+            let at = offset + r.start as u64;
             if self.exists[index as usize].load(Ordering::Acquire) {
-                self.send(&oid, in_obj, &buf[r], at)?;
+                self.write_behind(index, in_obj, &buf[r], at)?;
                 continue;
             }
+            let oid = self.oid(index);
             // The object may not exist: written (made) and waited for.
             FencedWriter::new(&self.pool, self.epoch)
                 .write(&oid, in_obj, &buf[r.clone()])
@@ -339,32 +567,6 @@ impl BlockDevice for FencedDisk {
             self.exists[index as usize].store(true, Ordering::Release);
         }
         Ok(())
-    }
-
-    /// Waits until the OSDs applied every write sent before it; fails if they refused any
-    /// write since the disk was opened.
-    fn flush(&self) -> Result<(), DiskError> {
-        let mut b = self.behind.lock();
-        let before = b.next;
-        loop {
-            if let Some(s) = b.take_oldest(before) {
-                b = self.wait_for(b, s);
-            } else if b.in_hand.first().is_some_and(|&seq| seq < before) {
-                // Another thread waits for it: until it has settled it.
-                self.settled.wait(&mut b);
-            } else {
-                break;
-            }
-        }
-        match &b.failed {
-            Some((offset, len, why)) => Err(self.unavailable(
-                "flush",
-                *offset,
-                *len,
-                format!("a write sent earlier was refused: {why}"),
-            )),
-            None => Ok(()),
-        }
     }
 }
 
@@ -374,9 +576,9 @@ mod tests {
 
     #[test]
     fn a_request_is_cut_at_object_boundaries() {
-        let got: Vec<_> = FencedDisk::pieces(OBJECT_BYTES - 4096, 3 * 4096).collect();
+        let got: Vec<_> = pieces(OBJECT_BYTES - 4096, 3 * 4096).collect();
         assert_eq!(got, vec![(0, OBJECT_BYTES - 4096, 0..4096), (1, 0, 4096..3 * 4096),]);
-        let whole: Vec<_> = FencedDisk::pieces(2 * OBJECT_BYTES, OBJECT_BYTES as usize).collect();
+        let whole: Vec<_> = pieces(2 * OBJECT_BYTES, OBJECT_BYTES as usize).collect();
         assert_eq!(whole, vec![(2, 0, 0..OBJECT_BYTES as usize)]);
     }
 }

@@ -1,7 +1,8 @@
 //! A disk on RADOS, against the cluster `scripts/test-scale-out.sh` starts (TESSERA_CEPH_CONF):
 //! it reads back what was written across object boundaries and zeros where nothing was (one
-//! read at a time or a batch in flight together), it refuses bad requests, and a disk of a replaced owner cannot write where the new owner
-//! wrote.
+//! read at a time or a batch in flight together), it refuses bad requests, writes held back
+//! for an object go together in their order, and a disk of a replaced owner cannot write
+//! where the new owner wrote.
 #![cfg(feature = "fencing")]
 
 mod common;
@@ -218,6 +219,59 @@ fn writes_sent_ahead_read_back_before_and_after_a_flush() {
     back.fill(0);
     other.read_at(&mut back, 0).unwrap();
     assert!(back[..] == model[..], "a flushed write is not in the cluster");
+    d.remove_objects().unwrap();
+}
+
+/// Writes to an object that has writes on their way are held and go together: overlapping
+/// writes to one object, and runs of them across the next, read back as the last write of
+/// each block left them (before the flush, from the held writes; after it, through another
+/// connection), in far fewer operations than writes.
+#[test]
+fn writes_held_for_an_object_go_together_in_the_order_they_came() {
+    let t = "writes_held_for_an_object_go_together_in_the_order_they_came";
+    let Some(conf) = ceph_conf(t) else { return };
+    let prefix = format!("{t}-{}", std::process::id());
+    let (ca, cb) = (ceph(&conf), ceph(&conf));
+    let size = 2 * OBJECT_BYTES as usize;
+    let d = disk(&ca, &prefix, size as u64, 1);
+    let mut model = random(40, size);
+    d.write_at(&model, 0).unwrap();
+    d.flush().unwrap();
+    let before = d.writes_sent_ahead();
+    // 600 writes of 4 to 16 KiB, landing again and again on the same 64 blocks of the first
+    // object, every tenth a run that starts near its end and goes on into the second.
+    let mut rng = rand::rngs::StdRng::seed_from_u64(41);
+    let blocks = 64;
+    let mut check = |d: &FencedDisk, model: &[u8], what: &str| {
+        let mut back = AlignedBuf::zeroed(size);
+        d.read_at(&mut back, 0).unwrap();
+        assert!(back[..] == model[..], "{what}");
+    };
+    for i in 0..600 {
+        let (at, len) = if i % 10 == 9 {
+            (OBJECT_BYTES as usize - 8192, 32768)
+        } else {
+            (rng.random_range(0..blocks) * 4096, 4096 << rng.random_range(0..3u32))
+        };
+        rng.fill(&mut model[at..at + len]);
+        d.write_at(&AlignedBuf::from_slice(&model[at..at + len]), at as u64)
+            .unwrap();
+        if i == 300 {
+            check(&d, &model, "a read missed a held write");
+        }
+    }
+    check(&d, &model, "a read missed a held write");
+    d.flush().unwrap();
+    check(
+        &disk(&cb, &prefix, size as u64, 1),
+        &model,
+        "a flushed write is not in the cluster",
+    );
+    let sent = d.writes_sent_ahead() - before;
+    assert!(
+        sent < 300,
+        "660 object writes went as {sent} operations: none were held together"
+    );
     d.remove_objects().unwrap();
 }
 

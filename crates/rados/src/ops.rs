@@ -76,6 +76,12 @@ impl WriteOp {
         self
     }
 
+    /// As [`write`](Self::write), with data the operation takes (no copy).
+    pub fn write_owned(mut self, offset: u64, data: Vec<u8>) -> Self {
+        self.steps.push(Step::Write { offset, data });
+        self
+    }
+
     pub fn write_full(mut self, data: &[u8]) -> Self {
         self.steps.push(Step::WriteFull(data.to_vec()));
         self
@@ -186,58 +192,54 @@ impl WriteOp {
 
     /// Adds the steps to `op`; the attribute names handed over are kept in `names`.
     fn build(&self, op: rados_write_op_t, names: &mut Vec<CString>) -> Result<()> {
-        {
-            for step in &self.steps {
-                // SAFETY (each call): a live operation; pointers into buffers and strings that
-                // outlive `rados_write_op_operate` below; lengths that match them.
-                match step {
-                    Step::Create { exclusive } => unsafe {
-                        rados_write_op_create(op, *exclusive as c_int, ptr::null())
-                    },
-                    Step::Write { offset, data } => unsafe {
-                        rados_write_op_write(op, data.as_ptr() as *const c_char, data.len(), *offset)
-                    },
-                    Step::WriteFull(data) => unsafe {
-                        rados_write_op_write_full(op, data.as_ptr() as *const c_char, data.len())
-                    },
-                    Step::SetXattr(name, value) => {
-                        names.push(cstr("attribute", name)?);
-                        let n = names.last().expect("pushed").as_ptr();
-                        unsafe { rados_write_op_setxattr(op, n, value.as_ptr() as *const c_char, value.len()) }
-                    }
-                    Step::GuardXattr(name, cmp, value) => {
-                        names.push(cstr("attribute", name)?);
-                        let n = names.last().expect("pushed").as_ptr();
-                        unsafe {
-                            rados_write_op_cmpxattr(op, n, cmp.librados(), value.as_ptr() as *const c_char, value.len())
-                        }
-                    }
-                    Step::OmapSet(pairs) => {
-                        let keys: Vec<*const c_char> = pairs.iter().map(|(k, _)| k.as_ptr() as *const c_char).collect();
-                        let vals: Vec<*const c_char> = pairs.iter().map(|(_, v)| v.as_ptr() as *const c_char).collect();
-                        let klens: Vec<usize> = pairs.iter().map(|(k, _)| k.len()).collect();
-                        let vlens: Vec<usize> = pairs.iter().map(|(_, v)| v.len()).collect();
-                        // librados copies the keys and values into the operation.
-                        unsafe {
-                            rados_write_op_omap_set2(
-                                op,
-                                keys.as_ptr(),
-                                vals.as_ptr(),
-                                klens.as_ptr(),
-                                vlens.as_ptr(),
-                                pairs.len(),
-                            )
-                        }
-                    }
-                    Step::OmapRemove(keys) => {
-                        let ks: Vec<*const c_char> = keys.iter().map(|k| k.as_ptr() as *const c_char).collect();
-                        let lens: Vec<usize> = keys.iter().map(|k| k.len()).collect();
-                        unsafe { rados_write_op_omap_rm_keys2(op, ks.as_ptr(), lens.as_ptr(), keys.len()) }
+        for step in &self.steps {
+            // SAFETY (each call): a live operation; pointers into buffers and strings that
+            // outlive the operation (kept by the caller until it ran); lengths that match them.
+            match step {
+                Step::Create { exclusive } => unsafe { rados_write_op_create(op, *exclusive as c_int, ptr::null()) },
+                Step::Write { offset, data } => unsafe {
+                    rados_write_op_write(op, data.as_ptr() as *const c_char, data.len(), *offset)
+                },
+                Step::WriteFull(data) => unsafe {
+                    rados_write_op_write_full(op, data.as_ptr() as *const c_char, data.len())
+                },
+                Step::SetXattr(name, value) => {
+                    names.push(cstr("attribute", name)?);
+                    let n = names.last().expect("pushed").as_ptr();
+                    unsafe { rados_write_op_setxattr(op, n, value.as_ptr() as *const c_char, value.len()) }
+                }
+                Step::GuardXattr(name, cmp, value) => {
+                    names.push(cstr("attribute", name)?);
+                    let n = names.last().expect("pushed").as_ptr();
+                    unsafe {
+                        rados_write_op_cmpxattr(op, n, cmp.librados(), value.as_ptr() as *const c_char, value.len())
                     }
                 }
+                Step::OmapSet(pairs) => {
+                    let keys: Vec<*const c_char> = pairs.iter().map(|(k, _)| k.as_ptr() as *const c_char).collect();
+                    let vals: Vec<*const c_char> = pairs.iter().map(|(_, v)| v.as_ptr() as *const c_char).collect();
+                    let klens: Vec<usize> = pairs.iter().map(|(k, _)| k.len()).collect();
+                    let vlens: Vec<usize> = pairs.iter().map(|(_, v)| v.len()).collect();
+                    // librados copies the keys and values into the operation.
+                    unsafe {
+                        rados_write_op_omap_set2(
+                            op,
+                            keys.as_ptr(),
+                            vals.as_ptr(),
+                            klens.as_ptr(),
+                            vlens.as_ptr(),
+                            pairs.len(),
+                        )
+                    }
+                }
+                Step::OmapRemove(keys) => {
+                    let ks: Vec<*const c_char> = keys.iter().map(|k| k.as_ptr() as *const c_char).collect();
+                    let lens: Vec<usize> = keys.iter().map(|k| k.len()).collect();
+                    unsafe { rados_write_op_omap_rm_keys2(op, ks.as_ptr(), lens.as_ptr(), keys.len()) }
+                }
             }
-            Ok(())
         }
+        Ok(())
     }
 }
 
