@@ -78,15 +78,18 @@ fn a_batch_of_reads_matches_reads_one_at_a_time() {
     d.write_at(&random(10, 256 * 1024), 0).unwrap();
     d.write_at(&random(11, 16384), OBJECT_BYTES - 8192).unwrap();
     d.write_at(&random(12, 8192), 3 * OBJECT_BYTES + 4096).unwrap();
-    // (offset, length): neighbours in object 0, across objects 0 and 1, object 2 never
-    // written, past what object 3 holds, a piece of object 3, out of range, unaligned.
-    let asked: [(u64, usize); 9] = [
+    // (offset, length): neighbours in object 0 (read as one extent), across objects 0 and
+    // 1, neighbours in object 2 never written, neighbours that run past what object 3 holds,
+    // a piece of object 3 read again, out of range, unaligned.
+    let asked: [(u64, usize); 11] = [
         (0, 65536),
         (65536, 65536),
         (131072, 4096),
         (OBJECT_BYTES - 12288, 24576),
         (2 * OBJECT_BYTES + 8192, 8192),
+        (2 * OBJECT_BYTES + 16384, 4096),
         (3 * OBJECT_BYTES, 65536),
+        (3 * OBJECT_BYTES + 65536, 4096),
         (3 * OBJECT_BYTES + 8192, 4096),
         (64 * MIB, 4096),
         (4096 + 100, 4096),
@@ -123,15 +126,16 @@ fn a_batch_of_reads_matches_reads_one_at_a_time() {
             ),
         }
     }
-    assert!(results[7].is_err() && results[8].is_err());
+    assert!(results[9].is_err() && results[10].is_err());
     assert!(
-        bufs[4].iter().all(|&b| b == 0),
+        bufs[4].iter().chain(bufs[5].iter()).all(|&b| b == 0),
         "an object never written reads as zeros"
     );
     assert!(
-        bufs[5][12288..].iter().all(|&b| b == 0),
+        bufs[6][12288..].iter().chain(bufs[7].iter()).all(|&b| b == 0),
         "past an object's end reads as zeros"
     );
+    assert!(bufs[8][..] == bufs[6][8192..12288], "a piece read twice reads the same");
     d.remove_objects().unwrap();
 }
 
@@ -242,7 +246,7 @@ fn writes_held_for_an_object_go_together_in_the_order_they_came() {
     // object, every tenth a run that starts near its end and goes on into the second.
     let mut rng = rand::rngs::StdRng::seed_from_u64(41);
     let blocks = 64;
-    let mut check = |d: &FencedDisk, model: &[u8], what: &str| {
+    let check = |d: &FencedDisk, model: &[u8], what: &str| {
         let mut back = AlignedBuf::zeroed(size);
         d.read_at(&mut back, 0).unwrap();
         assert!(back[..] == model[..], "{what}");
