@@ -38,11 +38,7 @@ impl<'p, 'c> FencedWriter<'p, 'c> {
     /// The guarded write of `data` at `offset` of an object that exists (one that does not
     /// fails with `ENOENT`: [`write`](Self::write) makes it), as a compound operation.
     pub fn guarded(&self, offset: u64, data: &[u8]) -> WriteOp {
-        let mine = epoch_text(self.epoch);
-        WriteOp::new()
-            .guard_xattr(EPOCH_ATTR, XattrCmp::Lte, &mine)
-            .write(offset, data)
-            .set_xattr(EPOCH_ATTR, &mine)
+        self.guarded_pieces(vec![(offset, data.to_vec())])
     }
 
     /// One guarded write of several pieces of an object that exists, applied in the order

@@ -92,9 +92,16 @@ struct Behind {
 }
 
 struct Sent {
-    seq: u64,
     write: PendingWrite,
+    ticket: Ticket,
+}
+
+/// What settling a write sent needs to know of it.
+#[derive(Clone, Copy)]
+struct Ticket {
+    seq: u64,
     object: u64,
+    /// Where it starts on the disk and how long it is, for a refusal's report.
     offset: u64,
     len: usize,
 }
@@ -128,11 +135,11 @@ impl Held {
 impl Behind {
     /// The oldest write sent before `before`, taken out to be waited for.
     fn take_oldest(&mut self, before: u64) -> Option<Sent> {
-        if self.sent.front()?.seq >= before {
+        if self.sent.front()?.ticket.seq >= before {
             return None;
         }
         let s = self.sent.pop_front()?;
-        self.in_hand.insert(s.seq);
+        self.in_hand.insert(s.ticket.seq);
         Some(s)
     }
 }
@@ -310,7 +317,7 @@ impl Inner {
         // writes finds their refusals too.
         while b.sent.front().is_some_and(|s| s.write.is_complete()) {
             let s = b.sent.pop_front().expect("a front");
-            self.settle(&mut b, s);
+            self.settle(&mut b, s.ticket, s.write.wait());
         }
         while b.bytes > MAX_BEHIND {
             if let Some(s) = b.take_oldest(u64::MAX) {
@@ -336,11 +343,13 @@ impl Inner {
         b.next += 1;
         *b.flying.entry(object).or_default() += 1;
         b.sent.push_back(Sent {
-            seq,
             write,
-            object,
-            offset,
-            len,
+            ticket: Ticket {
+                seq,
+                object,
+                offset,
+                len,
+            },
         });
     }
 
@@ -378,34 +387,20 @@ impl Inner {
         }
     }
 
-    /// Counts a write that completed out (waiting for it if need be), keeping the first
-    /// refusal; the last write flying to an object sends what was held for it.
-    fn settle(&self, b: &mut Behind, s: Sent) {
-        let (seq, object, offset, len) = (s.seq, s.object, s.offset, s.len);
-        let outcome = s.write.wait();
-        self.settled_out(b, seq, object, offset, len, outcome);
-    }
-
-    fn settled_out(
-        &self,
-        b: &mut Behind,
-        seq: u64,
-        object: u64,
-        offset: u64,
-        len: usize,
-        outcome: Result<(), RadosError>,
-    ) {
-        b.in_hand.remove(&seq);
-        b.bytes -= len;
+    /// Counts a write that completed out, keeping the first refusal; the last write flying
+    /// to an object sends what was held for it.
+    fn settle(&self, b: &mut Behind, t: Ticket, outcome: Result<(), RadosError>) {
+        b.in_hand.remove(&t.seq);
+        b.bytes -= t.len;
         if let Err(e) = outcome {
-            b.failed.get_or_insert((offset, len, describe(&e)));
+            b.failed.get_or_insert((t.offset, t.len, describe(&e)));
         }
-        let flying = b.flying.get_mut(&object).expect("a write sent is counted flying");
+        let flying = b.flying.get_mut(&t.object).expect("a write sent is counted flying");
         *flying -= 1;
         if *flying == 0 {
-            b.flying.remove(&object);
-            if let Some(h) = b.held.remove(&object) {
-                self.send_held(b, object, h);
+            b.flying.remove(&t.object);
+            if let Some(h) = b.held.remove(&t.object) {
+                self.send_held(b, t.object, h);
             }
         }
     }
@@ -413,10 +408,9 @@ impl Inner {
     /// Waits for a write taken out of the queue, without the lock, and settles it.
     fn wait_for<'a>(&'a self, b: MutexGuard<'a, Behind>, s: Sent) -> MutexGuard<'a, Behind> {
         drop(b);
-        let (seq, object, offset, len) = (s.seq, s.object, s.offset, s.len);
         let outcome = s.write.wait();
         let mut b = self.behind.lock();
-        self.settled_out(&mut b, seq, object, offset, len, outcome);
+        self.settle(&mut b, s.ticket, outcome);
         self.settled.notify_all();
         b
     }
@@ -527,15 +521,12 @@ impl Inner {
         // Runs of pieces that follow one another in one object.
         let mut runs: Vec<std::ops::Range<usize>> = Vec::new();
         for i in 0..parts.len() {
+            let follows = i > 0 && {
+                let (index, in_obj, part, _) = &parts[i - 1];
+                parts[i].0 == *index && parts[i].1 == in_obj + part.len() as u64
+            };
             match runs.last_mut() {
-                Some(run)
-                    if {
-                        let (index, in_obj, part, _) = &parts[i - 1];
-                        parts[i].0 == *index && parts[i].1 == in_obj + part.len() as u64
-                    } =>
-                {
-                    run.end = i + 1
-                }
+                Some(run) if follows => run.end = i + 1,
                 _ => runs.push(i..i + 1),
             }
         }
