@@ -209,6 +209,10 @@ impl BlockDevice for MeteredDisk {
         self.inner.uring_fd()
     }
 
+    fn read_via(&self) -> Option<crate::ReadVia> {
+        self.inner.read_via()
+    }
+
     fn io(&self) -> Option<&Arc<DiskIo>> {
         Some(&self.io)
     }

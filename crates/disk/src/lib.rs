@@ -16,6 +16,7 @@ mod mem;
 mod meter;
 mod read_ring;
 mod read_spread;
+mod read_via;
 mod skip;
 mod uring;
 mod volatile;
@@ -34,6 +35,7 @@ pub use mem::MemDisk;
 pub use meter::{IoMeter, IoOp};
 pub use read_ring::{ReadRing, RingRead};
 pub use read_spread::{read_spread, SpreadRead};
+pub use read_via::{AsyncReader, ReadDone, ReadVia};
 pub use skip::{io_uring_available, skip};
 pub use volatile::{CutReport, PowerSupply, VolatileDisk};
 pub use write_many::{write_many, WriteReq};
@@ -80,6 +82,12 @@ pub trait BlockDevice: Send + Sync + 'static {
     /// whose I/O is not plain I/O on a descriptor (in memory, fault injection).
     fn uring_fd(&self) -> Option<std::os::fd::RawFd> {
         None
+    }
+    /// How a caller with a [`ReadRing`] of its own reads the disk without waiting: on its
+    /// [`uring_fd`](Self::uring_fd) by default, or by starting reads with the disk. None for
+    /// disks that take no reads but their own calls.
+    fn read_via(&self) -> Option<ReadVia> {
+        self.uring_fd().map(ReadVia::Uring)
     }
     /// Where the disk's I/O is counted, for callers that do I/O on its
     /// [`uring_fd`](Self::uring_fd) themselves. None for a disk nobody counts.

@@ -4,6 +4,10 @@
 //! receiving and sending, and gets the request back, tagged as it was submitted, once all its
 //! reads have completed. Unlike [`read_many`](crate::BlockDevice::read_many), nothing here
 //! waits unless asked to.
+//!
+//! A disk with no descriptor may read in the background instead ([`ReadVia::Async`]): its
+//! completions are posted to a mailbox whose eventfd the ring polls, so the caller learns of
+//! them from the same ring, as of its own reads.
 
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
@@ -13,12 +17,13 @@ use std::time::Instant;
 use io_uring::{opcode, squeue, types, IoUring};
 use tracing::warn;
 
-use crate::{DiskIo, DiskOp};
+use crate::read_via::Mailbox;
+use crate::{AsyncReader, DiskIo, DiskOp, ReadVia};
 
-/// One read of a request: `len` bytes at `offset` of `fd` into `at`.
+/// One read of a request: `len` bytes at `offset` of the disk `via` reaches, into `at`.
 #[derive(Clone)]
 pub struct RingRead {
-    pub fd: RawFd,
+    pub via: ReadVia,
     pub at: *mut u8,
     pub len: u32,
     pub offset: u64,
@@ -32,6 +37,8 @@ struct OnRing<T> {
     /// Bytes each read must return, and where it is counted, by its index in the user data.
     lens: Vec<u32>,
     ios: Vec<Option<Arc<DiskIo>>>,
+    /// The disks reading in the background for it, kept until their reads are done.
+    _readers: Vec<Arc<dyn AsyncReader>>,
     started: Instant,
     pending: usize,
     failed: bool,
@@ -49,7 +56,17 @@ pub struct ReadRing<T> {
     sqes: usize,
     /// Requests completed while the ring made room for a submission, for the next `reap`.
     ready: Vec<(T, bool)>,
+    /// Where background reads post their completions (made by the first), how many of them
+    /// are not yet taken, and whether the ring polls the mailbox's eventfd.
+    mailbox: Option<Arc<Mailbox>>,
+    in_background: usize,
+    polling: bool,
+    /// The completion queue's entries being taken (kept to reuse its memory).
+    completed: Vec<(u64, i32)>,
 }
+
+/// The user data of the poll on the mailbox; a read's is its slot and index, below 2^63.
+const MAILBOX: u64 = u64::MAX;
 
 impl<T> ReadRing<T> {
     /// A ring with `entries` submission queue entries; Err where io_uring is unavailable (an
@@ -62,6 +79,10 @@ impl<T> ReadRing<T> {
             in_flight: 0,
             sqes: 0,
             ready: Vec::new(),
+            mailbox: None,
+            in_background: 0,
+            polling: false,
+            completed: Vec::new(),
         })
     }
 
@@ -96,18 +117,73 @@ impl<T> ReadRing<T> {
             tag,
             lens: reads.iter().map(|r| r.len).collect(),
             ios: reads.iter().map(|r| r.io.clone()).collect(),
+            _readers: reads
+                .iter()
+                .filter_map(|r| match &r.via {
+                    ReadVia::Async(d) => Some(d.clone()),
+                    ReadVia::Uring(_) => None,
+                })
+                .collect(),
             started: Instant::now(),
             pending: reads.len(),
             failed: false,
         });
         self.in_flight += 1;
         for (i, r) in reads.iter().enumerate() {
-            let e = opcode::Read::new(types::Fd(r.fd), r.at, r.len)
-                .offset(r.offset)
-                .build()
-                .user_data(((slot as u64) << 32) | i as u64);
-            self.push(e);
+            let ud = ((slot as u64) << 32) | i as u64;
+            match &r.via {
+                ReadVia::Uring(fd) => {
+                    let e = opcode::Read::new(types::Fd(*fd), r.at, r.len)
+                        .offset(r.offset)
+                        .build()
+                        .user_data(ud);
+                    self.push(e);
+                }
+                ReadVia::Async(disk) => match self.mailbox() {
+                    Some(m) => {
+                        self.in_background += 1;
+                        // SAFETY: the caller keeps the target valid until the request comes
+                        // back, which waits for this completion (drop waits for it too).
+                        unsafe { disk.start_read(r.at, r.len, r.offset, m.done(ud)) };
+                    }
+                    // No eventfd to be told on: the read fails, and is done another way.
+                    None => {
+                        let mut done = std::mem::take(&mut self.ready);
+                        self.ready_one(ud, false, &mut done);
+                        self.ready = done;
+                    }
+                },
+            }
         }
+        if self.in_background > 0 && !self.polling {
+            self.poll_mailbox();
+        }
+    }
+
+    /// The mailbox, made on first use; None if no eventfd can be had.
+    fn mailbox(&mut self) -> Option<Arc<Mailbox>> {
+        if self.mailbox.is_none() {
+            match Mailbox::new() {
+                Ok(m) => self.mailbox = Some(m),
+                Err(e) => warn!(error = %e, "no eventfd for background disk reads"),
+            }
+        }
+        self.mailbox.clone()
+    }
+
+    /// Polls the mailbox's eventfd once, submitted at once: the caller may poll the ring's
+    /// descriptor next without submitting.
+    fn poll_mailbox(&mut self) {
+        let Some(fd) = self.mailbox.as_ref().map(|m| m.fd()) else {
+            return;
+        };
+        let e = opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as u32)
+            .build()
+            .user_data(MAILBOX);
+        self.polling = true;
+        self.push(e);
+        self.sqes -= 1; // `push` counted it as a read
+        let _ = self.ring.submit();
     }
 
     /// Queues a submission. When the queue is full, submits what it holds first, and takes
@@ -157,7 +233,7 @@ impl<T> ReadRing<T> {
     pub fn reap(&mut self, done: &mut Vec<(T, bool)>) -> bool {
         let before = done.len();
         done.append(&mut self.ready);
-        if !self.take_completions(done) && self.sqes > 0 && self.ring.submission().cq_overflow() {
+        if !self.take_completions(done) && (self.sqes > 0 || self.polling) && self.ring.submission().cq_overflow() {
             // More reads completed than the completion queue holds: the kernel keeps the rest
             // back, and the ring's descriptor polls readable, until the ring is entered again.
             // Without this, a caller that polls would spin with nothing to reap.
@@ -168,36 +244,67 @@ impl<T> ReadRing<T> {
     }
 
     fn take_completions(&mut self, done: &mut Vec<(T, bool)>) -> bool {
-        let mut any = false;
-        // Straight from the completion queue: the ring and the slots are separate fields.
-        for c in self.ring.completion() {
-            any = true;
+        let before = done.len();
+        let mut mail = false;
+        let mut completed = std::mem::take(&mut self.completed);
+        completed.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
+        for &(ud, res) in &completed {
+            if ud == MAILBOX {
+                self.polling = false;
+                mail = true;
+                continue;
+            }
             self.sqes -= 1;
-            let (ud, res) = (c.user_data(), c.result());
             let (slot, i) = ((ud >> 32) as usize, (ud & 0xffff_ffff) as usize);
-            let r = self.slots[slot].as_mut().expect("a completion for a request in flight");
-            let whole = res >= 0 && res as u32 == r.lens[i];
-            if !whole {
-                r.failed = true;
+            let len = self.slots[slot]
+                .as_ref()
+                .expect("a completion for a request in flight")
+                .lens[i];
+            self.ready_one(ud, res >= 0 && res as u32 == len, done);
+        }
+        completed.clear();
+        self.completed = completed;
+        if mail {
+            // The eventfd is cleared before the list is taken, and a poll armed on a readable
+            // eventfd fires at once: no completion posted meanwhile is left waiting.
+            let mut posted = Vec::new();
+            if let Some(m) = &self.mailbox {
+                m.take(&mut posted);
             }
-            if let Some(io) = &r.ios[i] {
-                io.record(DiskOp::Read, r.lens[i] as u64, r.started.elapsed(), whole);
+            self.in_background -= posted.len();
+            for (ud, whole) in posted {
+                self.ready_one(ud, whole, done);
             }
-            r.pending -= 1;
-            if r.pending == 0 {
-                let r = self.slots[slot].take().expect("checked above");
-                self.free.push(slot);
-                self.in_flight -= 1;
-                done.push((r.tag, !r.failed));
+            if self.in_background > 0 && !self.polling {
+                self.poll_mailbox();
             }
         }
-        any
+        mail || done.len() > before
+    }
+
+    /// Counts read `ud` done; its request goes to `done` once all its reads are.
+    fn ready_one(&mut self, ud: u64, whole: bool, done: &mut Vec<(T, bool)>) {
+        let (slot, i) = ((ud >> 32) as usize, (ud & 0xffff_ffff) as usize);
+        let r = self.slots[slot].as_mut().expect("a completion for a request in flight");
+        if !whole {
+            r.failed = true;
+        }
+        if let Some(io) = &r.ios[i] {
+            io.record(DiskOp::Read, r.lens[i] as u64, r.started.elapsed(), whole);
+        }
+        r.pending -= 1;
+        if r.pending == 0 {
+            let r = self.slots[slot].take().expect("checked above");
+            self.free.push(slot);
+            self.in_flight -= 1;
+            done.push((r.tag, !r.failed));
+        }
     }
 
     /// Submits what is queued and sleeps until at least one read completes (at once if none
     /// is in flight).
     pub fn wait(&mut self) {
-        if self.sqes == 0 {
+        if self.sqes == 0 && self.in_background == 0 {
             return;
         }
         match self.ring.submit_and_wait(1) {
@@ -223,7 +330,23 @@ impl<T> Drop for ReadRing<T> {
                     return;
                 }
             }
-            self.sqes -= self.ring.completion().count();
+            self.sqes -= self.ring.completion().filter(|c| c.user_data() != MAILBOX).count();
+        }
+        // Background reads write into the tags' buffers until they post their completion.
+        if let Some(m) = self.mailbox.clone() {
+            let mut posted = Vec::new();
+            while self.in_background > 0 {
+                let mut pfd = libc::pollfd {
+                    fd: m.fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd.
+                unsafe { libc::poll(&mut pfd, 1, 100) };
+                m.take(&mut posted);
+                self.in_background -= posted.len();
+                posted.clear();
+            }
         }
     }
 }
@@ -259,7 +382,7 @@ mod tests {
             let mut buf = AlignedBuf::zeroed(16 << 10);
             let reads: Vec<RingRead> = (0..4)
                 .map(|i| RingRead {
-                    fd: f.as_raw_fd(),
+                    via: ReadVia::Uring(f.as_raw_fd()),
                     // SAFETY: inside the 16 KiB buffer.
                     at: unsafe { buf.as_mut_ptr().add(i * 4096) },
                     len: 4096,
@@ -312,7 +435,7 @@ mod tests {
             let mut buf = AlignedBuf::zeroed(64 * 4096);
             let reads: Vec<RingRead> = (0..64)
                 .map(|i| RingRead {
-                    fd: f.as_raw_fd(),
+                    via: ReadVia::Uring(f.as_raw_fd()),
                     // SAFETY: inside the buffer.
                     at: unsafe { buf.as_mut_ptr().add(i * 4096) },
                     len: 4096,
@@ -362,14 +485,14 @@ mod tests {
         let mut past_end = AlignedBuf::zeroed(4096);
         let mut bad_fd = AlignedBuf::zeroed(4096);
         let short = RingRead {
-            fd: f.as_raw_fd(),
+            via: ReadVia::Uring(f.as_raw_fd()),
             at: past_end.as_mut_ptr(),
             len: 4096,
             offset: 4096,
             io: None,
         };
         let failing = RingRead {
-            fd: -1,
+            via: ReadVia::Uring(-1),
             at: bad_fd.as_mut_ptr(),
             len: 4096,
             offset: 0,
@@ -416,7 +539,7 @@ mod tests {
         for _ in 0..8 {
             let mut buf = AlignedBuf::zeroed(1 << 20);
             let r = RingRead {
-                fd: f.as_raw_fd(),
+                via: ReadVia::Uring(f.as_raw_fd()),
                 at: buf.as_mut_ptr(),
                 len: 1 << 20,
                 offset: 0,
@@ -432,6 +555,138 @@ mod tests {
         // Dropped with 8 MiB in flight: the buffers go only after the kernel is done with
         // them, so every one is full when it is dropped (a ring that did not wait would drop
         // some half read, or be a use after free under a sanitizer).
+        drop(ring);
+        assert_eq!(filled.load(Ordering::SeqCst), 8);
+    }
+
+    /// A disk that reads in the background, as a disk on RADOS does: each read is filled with
+    /// its offset's byte by a thread of its own after a delay, then completed from there; a
+    /// read at `FAIL_AT` is dropped uncompleted (the disk lost it), one at `REFUSE_AT`
+    /// completed as failed.
+    struct Background;
+    const FAIL_AT: u64 = 1 << 30;
+    const REFUSE_AT: u64 = 2 << 30;
+
+    struct Target(*mut u8);
+    // SAFETY: the test keeps the memory valid until the read completes.
+    unsafe impl Send for Target {}
+
+    impl AsyncReader for Background {
+        unsafe fn start_read(&self, at: *mut u8, len: u32, offset: u64, done: crate::ReadDone) {
+            let target = Target(at);
+            std::thread::spawn(move || {
+                let target = target;
+                std::thread::sleep(std::time::Duration::from_millis(1 + offset % 7));
+                match offset {
+                    FAIL_AT => drop(done),
+                    REFUSE_AT => done.complete(false),
+                    _ => {
+                        // SAFETY: the caller's memory until `done` is completed.
+                        unsafe { std::ptr::write_bytes(target.0, (offset >> 12) as u8, len as usize) };
+                        done.complete(true);
+                    }
+                }
+            });
+        }
+    }
+
+    #[test]
+    fn reads_completed_elsewhere_come_back_through_the_ring_with_its_own() {
+        let data: Vec<u8> = (0..256 << 10).map(|i| (i * 7 % 251) as u8).collect();
+        let f = file_of(&data);
+        let Ok(mut ring) = ReadRing::<(usize, AlignedBuf)>::new(4) else {
+            crate::skip(
+                "read_ring::tests::reads_completed_elsewhere_come_back_through_the_ring_with_its_own",
+                "io_uring unavailable",
+            );
+            return;
+        };
+        let bg: Arc<dyn AsyncReader> = Arc::new(Background);
+        let io = DiskIo::new();
+        // Each request: a read from the file and three from the background disk.
+        for req in 0..16usize {
+            let mut buf = AlignedBuf::zeroed(4 * 4096);
+            let reads: Vec<RingRead> = (0..4)
+                .map(|i| RingRead {
+                    via: if i == 0 {
+                        ReadVia::Uring(f.as_raw_fd())
+                    } else {
+                        ReadVia::Async(bg.clone())
+                    },
+                    // SAFETY: inside the buffer.
+                    at: unsafe { buf.as_mut_ptr().add(i * 4096) },
+                    len: 4096,
+                    offset: match (req, i) {
+                        (5, 2) => FAIL_AT,
+                        (9, 3) => REFUSE_AT,
+                        _ => (req * 16384 + i * 4096) as u64,
+                    },
+                    io: Some(io.clone()),
+                })
+                .collect();
+            // SAFETY: the buffer moves into the tag; its heap memory stays put.
+            unsafe { ring.start((req, buf), &reads) };
+        }
+        // As a connection loop does: poll the ring's descriptor, reap.
+        let mut done = Vec::new();
+        let t0 = Instant::now();
+        while ring.in_flight() > 0 {
+            let waited = t0.elapsed();
+            assert!(waited.as_secs() < 10, "the ring never told of the background reads");
+            ring.submit();
+            let mut pfd = libc::pollfd {
+                fd: ring.fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            unsafe { libc::poll(&mut pfd, 1, 100) };
+            ring.reap(&mut done);
+        }
+        done.sort_by_key(|((req, _), _)| *req);
+        assert_eq!(done.len(), 16);
+        for ((req, buf), ok) in &done {
+            assert_eq!(*ok, !matches!(req, 5 | 9), "request {req}");
+            if !ok {
+                continue;
+            }
+            let from = req * 16384;
+            assert_eq!(&buf[..4096], &data[from..from + 4096], "request {req}");
+            for i in 1..4 {
+                let want = ((req * 16384 + i * 4096) >> 12) as u8;
+                assert!(
+                    buf[i * 4096..(i + 1) * 4096].iter().all(|&b| b == want),
+                    "request {req}, read {i}"
+                );
+            }
+        }
+        let counted = io.figures(DiskOp::Read);
+        assert_eq!((counted.ops, counted.errors), (64, 2));
+        // Dropped with background reads in flight: the drop waits for them to complete.
+        let filled = Arc::new(AtomicUsize::new(0));
+        struct Watched(AlignedBuf, Arc<AtomicUsize>);
+        impl Drop for Watched {
+            fn drop(&mut self) {
+                if self.0.iter().all(|&b| b == 3) {
+                    self.1.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        }
+        let Ok(mut ring) = ReadRing::<Watched>::new(4) else {
+            return;
+        };
+        for _ in 0..8 {
+            let mut buf = AlignedBuf::zeroed(4096);
+            let r = RingRead {
+                via: ReadVia::Async(bg.clone()),
+                at: buf.as_mut_ptr(),
+                len: 4096,
+                offset: 3 << 12,
+                io: None,
+            };
+            // SAFETY: as above.
+            unsafe { ring.start(Watched(buf, filled.clone()), &[r]) };
+        }
         drop(ring);
         assert_eq!(filled.load(Ordering::SeqCst), 8);
     }

@@ -8,10 +8,9 @@
 //! ([`Layouts::plan_read`]) and submit the disk reads itself, so that it is not blocked while
 //! they are in flight.
 
-use std::os::fd::RawFd;
 use std::sync::Arc;
 
-use tessera_disk::{DiskRef, ReadReq};
+use tessera_disk::{DiskRef, ReadReq, ReadVia};
 use tessera_pool::SlabRef;
 
 use crate::error::Result;
@@ -27,12 +26,12 @@ pub struct SetRead<'a> {
     pub buf: &'a mut [u8],
 }
 
-/// A disk read of a planned request: `len` bytes at `offset` of `disk` (through `fd`, its
-/// [`uring_fd`](tessera_disk::BlockDevice::uring_fd)) into the request's buffer at `buf_off`.
-/// Holding `disk` keeps the descriptor open.
+/// A disk read of a planned request: `len` bytes at `offset` of `disk` (the way `via`, its
+/// [`read_via`](tessera_disk::BlockDevice::read_via)) into the request's buffer at `buf_off`.
+/// Holding `disk` keeps its descriptor open.
 pub struct DiskRead {
     pub disk: DiskRef,
-    pub fd: RawFd,
+    pub via: ReadVia,
     pub offset: u64,
     pub buf_off: usize,
     pub len: usize,
@@ -115,17 +114,17 @@ impl Layouts {
             } else {
                 Vec::new()
             };
-            let Some((disk, fd)) = self
+            let Some((disk, via)) = self
                 .pool
                 .readable_disk(slab.disk)
-                .and_then(|d| d.uring_fd().map(|fd| (d, fd)))
+                .and_then(|d| d.read_via().map(|via| (d, via)))
             else {
                 out.truncate(start);
                 return false;
             };
             out.push(DiskRead {
                 disk,
-                fd,
+                via,
                 offset: self.pool.slab_offset(slab) + mo,
                 buf_off: buf_off + piece.buf_off,
                 len: piece.len,

@@ -473,7 +473,7 @@ impl<S: Socket> Loop<S> {
             let scratch = plan.scratch_ptr();
             for r in &plan.reads {
                 reads.push(RingRead {
-                    fd: r.fd,
+                    via: r.via.clone(),
                     // SAFETY (scratch): the plan made its scratch buffer for these reads;
                     // it travels with the plan in the InFlight, as the parts' buffers do.
                     at: if r.scratch {

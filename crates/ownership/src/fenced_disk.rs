@@ -23,12 +23,12 @@
 //! object's worth sends what is held at once.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
-use tessera_disk::{check_request, BlockDevice, DiskError, ReadReq};
+use tessera_disk::{check_request, AsyncReader, BlockDevice, DiskError, ReadDone, ReadReq, ReadVia};
 use tessera_rados::{PendingWrite, Pool, RadosError, ReadExtent};
 
 use crate::fence::FencedWriter;
@@ -481,10 +481,82 @@ impl BlockDevice for FencedDisk {
         self.inner.write_at(buf, offset)
     }
 
+    /// Reads started here and completed from librados' thread: a connection's ring is told
+    /// of them with no worker thread between it and the cluster.
+    fn read_via(&self) -> Option<ReadVia> {
+        Some(ReadVia::Async(self.inner.clone()))
+    }
+
     /// Sends what is held, then waits until the OSDs applied every write sent before it;
     /// fails if they refused any write since the disk was opened.
     fn flush(&self) -> Result<(), DiskError> {
         self.inner.flush()
+    }
+}
+
+/// The pieces of one read started in the background: the last to complete completes it.
+struct Joint {
+    left: AtomicUsize,
+    failed: AtomicBool,
+    done: Mutex<Option<ReadDone>>,
+}
+
+impl Joint {
+    fn piece_done(&self, whole: bool) {
+        if !whole {
+            self.failed.store(true, Ordering::Release);
+        }
+        if self.left.fetch_sub(1, Ordering::AcqRel) == 1 {
+            if let Some(done) = self.done.lock().take() {
+                done.complete(!self.failed.load(Ordering::Acquire));
+            }
+        }
+    }
+}
+
+/// Where a piece's bytes go, handed to librados' thread with the piece.
+struct Target(*mut u8);
+// SAFETY: the memory is the caller's until the read completes, and only the read touches it.
+unsafe impl Send for Target {}
+
+impl AsyncReader for Inner {
+    /// One read per object piece, each completed from librados' thread; a piece of an
+    /// object never written, or past the end of a shorter one, reads as zeros, as in
+    /// [`read_many`](Inner::read_many). What is held for those objects is sent first.
+    unsafe fn start_read(&self, at: *mut u8, len: u32, offset: u64, done: ReadDone) {
+        if check_request(&self.path, "read", offset, len as usize, self.size).is_err() {
+            return done.complete(false);
+        }
+        let parts: Vec<_> = pieces(offset, len as usize).collect();
+        self.release_held_for(parts.iter().map(|p| p.0));
+        let joint = Arc::new(Joint {
+            left: AtomicUsize::new(parts.len()),
+            failed: AtomicBool::new(false),
+            done: Mutex::new(Some(done)),
+        });
+        for (index, in_obj, range) in parts {
+            let n = range.len();
+            // SAFETY: inside the caller's `len` bytes.
+            let piece_at = unsafe { at.add(range.start) };
+            let target = Target(piece_at);
+            let joint = joint.clone();
+            let then = Box::new(move |got: Result<usize, RadosError>| {
+                let target = target;
+                let filled = match got {
+                    Ok(had) => Some(had.min(n)),
+                    Err(e) if e.errno() == Some(libc::ENOENT) => Some(0),
+                    Err(_) => None,
+                };
+                if let Some(had) = filled {
+                    // SAFETY: the caller's memory until the read is completed, below.
+                    unsafe { std::ptr::write_bytes(target.0.add(had), 0, n - had) };
+                }
+                joint.piece_done(filled.is_some());
+            });
+            // SAFETY: the caller keeps the memory valid until `done` is completed, which
+            // waits for every piece, and keeps `self` (and so the pool) alive until then.
+            unsafe { self.pool.read_then(&self.oid(index), in_obj, piece_at, n, then) };
+        }
     }
 }
 

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use common::{ceph, ceph_conf, TEST_POOL};
 
 use rand::{Rng, SeedableRng};
-use tessera_disk::{AlignedBuf, BlockDevice, DiskError, ReadReq};
+use tessera_disk::{AlignedBuf, BlockDevice, DiskError, ReadReq, ReadRing, ReadVia, RingRead};
 use tessera_ownership::fenced_disk::{FencedDisk, MAX_BEHIND, OBJECT_BYTES};
 use tessera_rados::Cluster;
 
@@ -136,6 +136,93 @@ fn a_batch_of_reads_matches_reads_one_at_a_time() {
         "past an object's end reads as zeros"
     );
     assert!(bufs[8][..] == bufs[6][8192..12288], "a piece read twice reads the same");
+    d.remove_objects().unwrap();
+}
+
+/// Reads started on a connection's ring (completed from librados' thread, no worker between)
+/// return what reads one at a time return, while writes are on their way and held back for
+/// the objects read: across objects, never written, past an object's end; a bad request
+/// fails alone. Dropping the ring with reads in flight waits for them.
+#[test]
+fn reads_on_a_ring_match_reads_one_at_a_time() {
+    let t = "reads_on_a_ring_match_reads_one_at_a_time";
+    let Some(conf) = ceph_conf(t) else { return };
+    let Ok(mut ring) = ReadRing::<(usize, AlignedBuf)>::new(8) else {
+        tessera_disk::skip(t, "io_uring unavailable");
+        return;
+    };
+    let c = ceph(&conf);
+    let prefix = format!("{t}-{}", std::process::id());
+    let d = disk(&c, &prefix, 64 * MIB, 1);
+    let via = d.read_via().expect("a disk on RADOS reads in the background");
+    assert!(matches!(via, ReadVia::Async(_)));
+    // Made (waited for), then written again and again without a flush: writes sent ahead and
+    // held back for objects 0 and 1.
+    d.write_at(&random(20, 256 * 1024), 0).unwrap();
+    d.write_at(&random(21, 16384), OBJECT_BYTES - 8192).unwrap();
+    for i in 0..16u64 {
+        d.write_at(&random(30 + i, 8192), i * 16384).unwrap();
+        d.write_at(&random(50 + i, 4096), OBJECT_BYTES + i * 8192).unwrap();
+    }
+    let asked: [(u64, usize); 7] = [
+        (0, 65536),
+        (4096, 4096),
+        (OBJECT_BYTES - 12288, 24576),
+        (2 * OBJECT_BYTES + 8192, 8192),
+        (OBJECT_BYTES + 65536, 8192),
+        (64 * MIB, 4096),
+        (4096 + 100, 4096),
+    ];
+    for (i, &(offset, len)) in asked.iter().enumerate() {
+        let mut buf = AlignedBuf::zeroed(len);
+        buf.fill(0xAA);
+        let read = RingRead {
+            via: via.clone(),
+            at: buf.as_mut_ptr(),
+            len: len as u32,
+            offset,
+            io: None,
+        };
+        // SAFETY: the buffer moves into the tag; its heap memory stays put.
+        unsafe { ring.start((i, buf), &[read]) };
+    }
+    let mut done = Vec::new();
+    while ring.in_flight() > 0 {
+        ring.submit();
+        if !ring.reap(&mut done) {
+            ring.wait();
+        }
+    }
+    assert_eq!(done.len(), asked.len());
+    for ((i, buf), ok) in done {
+        let (offset, len) = asked[i];
+        let mut alone = AlignedBuf::zeroed(len);
+        match d.read_at(&mut alone, offset) {
+            Ok(()) => {
+                assert!(ok, "request {i} failed on the ring");
+                assert!(buf[..] == alone[..], "request {i} differs from a read of its own");
+            }
+            Err(_) => assert!(!ok, "request {i} passed on the ring"),
+        }
+        if i == 3 {
+            assert!(buf.iter().all(|&b| b == 0), "an object never written reads as zeros");
+        }
+    }
+    // Dropped with reads in flight: the drop waits for them.
+    for i in 0..32usize {
+        let mut buf = AlignedBuf::zeroed(65536);
+        let read = RingRead {
+            via: via.clone(),
+            at: buf.as_mut_ptr(),
+            len: 65536,
+            offset: (i as u64 % 4) * OBJECT_BYTES,
+            io: None,
+        };
+        // SAFETY: as above.
+        unsafe { ring.start((i, buf), &[read]) };
+    }
+    drop(ring);
+    d.flush().unwrap();
     d.remove_objects().unwrap();
 }
 

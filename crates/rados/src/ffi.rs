@@ -119,6 +119,14 @@ extern "C" {
         cb_complete: rados_callback_t,
         pc: *mut rados_completion_t,
     ) -> c_int;
+    pub fn rados_aio_read(
+        io: rados_ioctx_t,
+        oid: *const c_char,
+        completion: rados_completion_t,
+        buf: *mut c_char,
+        len: size_t,
+        off: u64,
+    ) -> c_int;
     pub fn rados_aio_wait_for_complete(c: rados_completion_t) -> c_int;
     pub fn rados_aio_is_complete(c: rados_completion_t) -> c_int;
     pub fn rados_aio_write_op_operate(

@@ -12,11 +12,13 @@
 //! Built only with the `librados` feature.
 #![cfg(feature = "librados")]
 
+mod background;
 mod batch;
 mod error;
 mod ffi;
 mod ops;
 
+pub use background::ReadCallback;
 pub use batch::ReadExtent;
 pub use error::{RadosError, Result};
 pub use ops::{OmapPage, PendingWrite, WriteOp, XattrCmp};
@@ -246,6 +248,19 @@ impl Pool<'_> {
     /// [`read`](Self::read) does).
     pub fn read_extents(&self, extents: &mut [ReadExtent<'_>]) -> Vec<Result<usize>> {
         batch::read_extents(self.io, extents)
+    }
+
+    /// Starts reading `len` bytes at `offset` of `oid` into `buf` and returns; `then` gets
+    /// how many bytes the object had there, or the error (`ENOENT` for an object that does
+    /// not exist), once, from librados' thread (or from this one if the read could not
+    /// start). A read sent after writes of this client to the object sees them.
+    ///
+    /// # Safety
+    /// `buf` must be valid for `len` bytes, and nothing else may read or write them, until
+    /// `then` is called; the pool must stay open until then.
+    pub unsafe fn read_then(&self, oid: &str, offset: u64, buf: *mut u8, len: usize, then: ReadCallback) {
+        // SAFETY: passed on to the caller.
+        unsafe { background::read_then(self.io, oid, offset, buf, len, then) }
     }
 
     /// The object's size, or `None` if it does not exist.

@@ -4,7 +4,6 @@
 //! so that it builds, is tested and is fuzzed without the engine and its metadata store.
 
 use std::any::Any;
-use std::os::fd::RawFd;
 
 /// What a backend error means to the initiator: the sense a command gets follows from it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,15 +69,15 @@ pub trait FrozenImage: Send + Sync + std::fmt::Debug {
     fn as_any(&self) -> &dyn Any;
 }
 
-/// One read a transport submits to its own ring: `len` bytes at `offset` of the file `fd`
-/// into the command's buffer at `buf_off`.
+/// One read a transport submits to its own ring: `len` bytes at `offset` of the disk `via`
+/// reaches, into the command's buffer at `buf_off`.
 #[derive(Clone)]
 pub struct DirectRead {
-    pub fd: RawFd,
+    pub via: tessera_disk::ReadVia,
     pub offset: u64,
     pub buf_off: usize,
     pub len: usize,
-    /// Where the disk behind `fd` counts its I/O.
+    /// Where the disk counts its I/O.
     pub io: Option<std::sync::Arc<tessera_disk::DiskIo>>,
     /// The read goes to the plan's own scratch buffer ([`PlanHold::scratch`]), `buf_off`
     /// into it, not to the command's buffer.

@@ -44,7 +44,7 @@ impl PlannedRead {
             .reads
             .iter()
             .map(|r| RingRead {
-                fd: r.fd,
+                via: r.via.clone(),
                 // SAFETY: start_read checked that the plan's reads lie inside the buffer;
                 // the plan made its scratch buffer for the reads marked so.
                 at: unsafe { (if r.scratch { scratch } else { base }).add(r.buf_off) },

@@ -129,7 +129,7 @@ impl BlockBackend for VdiskBackend {
             .reads
             .iter()
             .map(|r| DirectRead {
-                fd: r.fd,
+                via: r.via.clone(),
                 offset: r.offset,
                 buf_off: r.buf_off,
                 len: r.len,

@@ -185,7 +185,7 @@ impl Vdisk {
 fn merge(reads: &mut Vec<DiskRead>) {
     // dedup_by hands each read with the last one kept; a read merged into it is dropped.
     reads.dedup_by(|r, last| {
-        let joins = last.fd == r.fd
+        let joins = last.via.same(&r.via)
             && last.scratch == r.scratch
             && last.offset + last.len as u64 == r.offset
             && last.buf_off + last.len == r.buf_off

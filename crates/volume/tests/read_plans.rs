@@ -53,7 +53,7 @@ fn run_plan(v: &Vdisk, offset: u64, len: usize) -> Option<Vec<u8>> {
     buf.fill(0xee);
     let scratch = plan.scratch_ptr();
     for r in &plan.reads {
-        assert_eq!(r.disk.uring_fd(), Some(r.fd));
+        assert!(matches!(r.via, tessera_disk::ReadVia::Uring(fd) if r.disk.uring_fd() == Some(fd)));
         let into = if r.scratch {
             // SAFETY: the plan made its scratch buffer for this read, and lives.
             unsafe { std::slice::from_raw_parts_mut(scratch.add(r.buf_off), r.len) }
