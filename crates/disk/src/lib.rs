@@ -18,6 +18,7 @@ mod read_ring;
 mod read_spread;
 mod read_via;
 mod skip;
+mod unit_pieces;
 mod uring;
 mod volatile;
 mod write_many;
@@ -37,6 +38,7 @@ pub use read_ring::{ReadRing, RingRead};
 pub use read_spread::{read_spread, SpreadRead};
 pub use read_via::{AsyncReader, ReadDone, ReadVia};
 pub use skip::{io_uring_available, skip};
+pub use unit_pieces::{unit_pieces, UnitPiece};
 pub use volatile::{CutReport, PowerSupply, VolatileDisk};
 pub use write_many::{write_many, WriteReq};
 

@@ -53,19 +53,7 @@ impl MemDisk {
     /// Splits `[offset, offset + len)` into per-chunk pieces: (chunk index, offset within the
     /// chunk, offset within the caller's buffer, length).
     fn pieces(offset: u64, len: usize) -> impl Iterator<Item = (u64, usize, usize, usize)> {
-        let mut done = 0usize;
-        std::iter::from_fn(move || {
-            if done == len {
-                return None;
-            }
-            let pos = offset + done as u64;
-            let idx = pos / CHUNK as u64;
-            let within = (pos % CHUNK as u64) as usize;
-            let n = (CHUNK - within).min(len - done);
-            let piece = (idx, within, done, n);
-            done += n;
-            Some(piece)
-        })
+        crate::unit_pieces(CHUNK as u64, offset, len as u64).map(|p| (p.unit, p.off as usize, p.buf_off, p.len))
     }
 }
 

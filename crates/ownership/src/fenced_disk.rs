@@ -28,7 +28,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
-use tessera_disk::{check_request, AsyncReader, BlockDevice, DiskError, ReadDone, ReadReq, ReadVia};
+use tessera_disk::{
+    check_request, unit_pieces, AsyncReader, BlockDevice, DiskError, ReadDone, ReadReq, ReadVia, UnitPiece,
+};
 use tessera_rados::{PendingWrite, Pool, RadosError, ReadExtent};
 
 use crate::fence::FencedWriter;
@@ -155,22 +157,9 @@ fn describe(e: &RadosError) -> String {
     }
 }
 
-/// The object pieces of [offset, offset + len): (object index, offset in it, range of the
-/// request's buffer).
-fn pieces(offset: u64, len: usize) -> impl Iterator<Item = (u64, u64, std::ops::Range<usize>)> {
-    let end = offset + len as u64;
-    let mut at = offset;
-    std::iter::from_fn(move || {
-        if at >= end {
-            return None;
-        }
-        let index = at / OBJECT_BYTES;
-        let in_obj = at % OBJECT_BYTES;
-        let n = (OBJECT_BYTES - in_obj).min(end - at);
-        let r = (at - offset) as usize..(at - offset + n) as usize;
-        at += n;
-        Some((index, in_obj, r))
-    })
+/// The object pieces of [offset, offset + len): each piece's `unit` is its object's index.
+fn pieces(offset: u64, len: usize) -> impl Iterator<Item = UnitPiece> {
+    unit_pieces(OBJECT_BYTES, offset, len as u64)
 }
 
 impl FencedDisk {
@@ -528,16 +517,16 @@ impl AsyncReader for Inner {
             return done.complete(false);
         }
         let parts: Vec<_> = pieces(offset, len as usize).collect();
-        self.release_held_for(parts.iter().map(|p| p.0));
+        self.release_held_for(parts.iter().map(|p| p.unit));
         let joint = Arc::new(Joint {
             left: AtomicUsize::new(parts.len()),
             failed: AtomicBool::new(false),
             done: Mutex::new(Some(done)),
         });
-        for (index, in_obj, range) in parts {
-            let n = range.len();
+        for p in parts {
+            let n = p.len;
             // SAFETY: inside the caller's `len` bytes.
-            let piece_at = unsafe { at.add(range.start) };
+            let piece_at = unsafe { at.add(p.buf_off) };
             let target = Target(piece_at);
             let joint = joint.clone();
             let then = Box::new(move |got: Result<usize, RadosError>| {
@@ -555,7 +544,7 @@ impl AsyncReader for Inner {
             });
             // SAFETY: the caller keeps the memory valid until `done` is completed, which
             // waits for every piece, and keeps `self` (and so the pool) alive until then.
-            unsafe { self.pool.read_then(&self.oid(index), in_obj, piece_at, n, then) };
+            unsafe { self.pool.read_then(&self.oid(p.unit), p.off, piece_at, n, then) };
         }
     }
 }
@@ -584,10 +573,10 @@ impl Inner {
                 continue;
             }
             let mut rest: &mut [u8] = r.buf;
-            for (index, in_obj, range) in pieces(r.offset, rest.len()) {
-                let (part, tail) = std::mem::take(&mut rest).split_at_mut(range.len());
+            for p in pieces(r.offset, rest.len()) {
+                let (part, tail) = std::mem::take(&mut rest).split_at_mut(p.len);
                 rest = tail;
-                parts.push((index, in_obj, part, i));
+                parts.push((p.unit, p.off, part, i));
             }
         }
         // Runs of pieces that follow one another in one object.
@@ -663,18 +652,19 @@ impl Inner {
 
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DiskError> {
         check_request(&self.path, "write", offset, buf.len(), self.size)?;
-        for (index, in_obj, r) in pieces(offset, buf.len()) {
-            let at = offset + r.start as u64;
-            if self.exists[index as usize].load(Ordering::Acquire) {
-                self.write_behind(index, in_obj, &buf[r], at)?;
+        for p in pieces(offset, buf.len()) {
+            let at = offset + p.buf_off as u64;
+            let data = &buf[p.buf_off..p.buf_off + p.len];
+            if self.exists[p.unit as usize].load(Ordering::Acquire) {
+                self.write_behind(p.unit, p.off, data, at)?;
                 continue;
             }
-            let oid = self.oid(index);
+            let oid = self.oid(p.unit);
             // The object may not exist: written (made) and waited for.
             FencedWriter::new(&self.pool, self.epoch)
-                .write(&oid, in_obj, &buf[r.clone()])
-                .map_err(|e| self.io_error("write", at, r.len(), e))?;
-            self.exists[index as usize].store(true, Ordering::Release);
+                .write(&oid, p.off, data)
+                .map_err(|e| self.io_error("write", at, p.len, e))?;
+            self.exists[p.unit as usize].store(true, Ordering::Release);
         }
         Ok(())
     }
@@ -686,9 +676,13 @@ mod tests {
 
     #[test]
     fn a_request_is_cut_at_object_boundaries() {
-        let got: Vec<_> = pieces(OBJECT_BYTES - 4096, 3 * 4096).collect();
+        let got: Vec<_> = pieces(OBJECT_BYTES - 4096, 3 * 4096)
+            .map(|p| (p.unit, p.off, p.buf_off..p.buf_off + p.len))
+            .collect();
         assert_eq!(got, vec![(0, OBJECT_BYTES - 4096, 0..4096), (1, 0, 4096..3 * 4096),]);
-        let whole: Vec<_> = pieces(2 * OBJECT_BYTES, OBJECT_BYTES as usize).collect();
+        let whole: Vec<_> = pieces(2 * OBJECT_BYTES, OBJECT_BYTES as usize)
+            .map(|p| (p.unit, p.off, p.buf_off..p.buf_off + p.len))
+            .collect();
         assert_eq!(whole, vec![(2, 0, 0..OBJECT_BYTES as usize)]);
     }
 }

@@ -60,13 +60,8 @@ impl RamBackend {
 
     /// Runs `f` on each (grain index, offset in grain, offset in the request, length).
     fn pieces(&self, offset: u64, len: u64, mut f: impl FnMut(u64, usize, usize, usize)) {
-        let mut done = 0;
-        while done < len {
-            let at = offset + done;
-            let (g, in_g) = (at / self.grain, (at % self.grain) as usize);
-            let n = (self.grain as usize - in_g).min((len - done) as usize);
-            f(g, in_g, done as usize, n);
-            done += n as u64;
+        for p in tessera_disk::unit_pieces(self.grain, offset, len) {
+            f(p.unit, p.off as usize, p.buf_off, p.len);
         }
     }
 

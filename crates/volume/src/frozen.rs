@@ -377,7 +377,7 @@ impl Frozen {
             let src = p.src_off + (from - p.at);
             let base = (from - off) as usize;
             for gp in grain_pieces(g, src, n) {
-                let l = p.locs[(gp.grain - p.first_grain) as usize];
+                let l = p.locs[(gp.unit - p.first_grain) as usize];
                 let o = &mut out[base + gp.buf_off..base + gp.buf_off + gp.len];
                 if l == 0 {
                     o.fill(0);

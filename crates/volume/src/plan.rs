@@ -88,7 +88,7 @@ impl Vdisk {
         self.check_range(offset, len as u64).ok()?;
         let grain = self.class.grain;
         let pieces: Vec<_> = grain_pieces(grain, offset, len as u64).collect();
-        let grains = self.s.locks.try_read_owned(pieces.iter().map(|p| (self.id, p.grain)))?;
+        let grains = self.s.locks.try_read_owned(pieces.iter().map(|p| (self.id, p.unit)))?;
         let mut plan = ReadPlan {
             reads: Vec::with_capacity(pieces.len()),
             zeros: Vec::new(),
@@ -100,7 +100,7 @@ impl Vdisk {
         let mut scratch_len = 0usize;
         for p in pieces {
             let range = p.buf_off..p.buf_off + p.len;
-            let l = self.entry(p.grain);
+            let l = self.entry(p.unit);
             if l == 0 {
                 match plan.zeros.last_mut() {
                     Some(z) if z.end == range.start => z.end = range.end,

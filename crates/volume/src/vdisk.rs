@@ -64,35 +64,8 @@ impl Drop for ChangeGuard<'_> {
     }
 }
 
-/// A part of a request inside one grain.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct GrainPiece {
-    pub grain: u64,
-    pub off: u64,
-    pub len: usize,
-    pub buf_off: usize,
-}
-
-pub(crate) fn grain_pieces(grain_size: u64, offset: u64, len: u64) -> impl Iterator<Item = GrainPiece> {
-    let end = offset + len;
-    let mut pos = offset;
-    std::iter::from_fn(move || {
-        if pos >= end {
-            return None;
-        }
-        let g = pos / grain_size;
-        let off = pos % grain_size;
-        let n = (grain_size - off).min(end - pos);
-        let p = GrainPiece {
-            grain: g,
-            off,
-            len: n as usize,
-            buf_off: (pos - offset) as usize,
-        };
-        pos += n;
-        Some(p)
-    })
-}
+/// A part of a request inside one grain (its `unit` is the grain's index).
+pub(crate) use tessera_disk::{unit_pieces as grain_pieces, UnitPiece as GrainPiece};
 
 /// The whole sectors [a, b) that contain [off, off + len).
 pub(crate) fn sector_envelope(off: u64, len: usize) -> (u64, u64) {
@@ -369,7 +342,7 @@ impl Vdisk {
             .zip(&results)
             .filter(|(_, r)| r.is_ok())
             .flat_map(|((offset, buf), _)| grain_pieces(grain, *offset, buf.len() as u64))
-            .map(|p| (self.id, p.grain))
+            .map(|p| (self.id, p.unit))
             .collect();
         let _locks = self.s.locks.read_many(grains);
         // Each mapped, whole-sector piece of each request, where it lies.
@@ -384,7 +357,7 @@ impl Vdisk {
             for p in grain_pieces(grain, *offset, rest.len() as u64) {
                 let (out, tail) = std::mem::take(&mut rest).split_at_mut(p.len);
                 rest = tail;
-                let l = self.entry(p.grain);
+                let l = self.entry(p.unit);
                 if l == 0 {
                     out.fill(0);
                     continue;
@@ -490,7 +463,7 @@ impl Vdisk {
     /// together. When none of its grains is mapped, they are written together
     /// (`write_fresh`); otherwise grain by grain.
     fn write_allocating(&self, pieces: &[GrainPiece], data: &[u8]) -> Result<()> {
-        let unmapped = pieces.iter().filter(|p| self.entry(p.grain) == 0).count();
+        let unmapped = pieces.iter().filter(|p| self.entry(p.unit) == 0).count();
         let mut run = self
             .s
             .space
@@ -508,7 +481,7 @@ impl Vdisk {
                 run.reverse();
                 pieces
                     .iter()
-                    .map(|p| self.write_grain(p.grain, p.off, &data[p.buf_off..p.buf_off + p.len], &mut run))
+                    .map(|p| self.write_grain(p.unit, p.off, &data[p.buf_off..p.buf_off + p.len], &mut run))
                     .collect::<Result<()>>()
             }
         };
@@ -525,10 +498,10 @@ impl Vdisk {
     /// neighbouring 64 KiB grains is one disk write, not four in a row. False, having written
     /// nothing, when a grain needs more (a new slot, a copy, a read-modify-write).
     fn overwrite_in_place(&self, pieces: &[GrainPiece], data: &[u8]) -> Result<bool> {
-        let _locks = self.s.locks.lock_many(pieces.iter().map(|p| (self.id, p.grain)));
+        let _locks = self.s.locks.lock_many(pieces.iter().map(|p| (self.id, p.unit)));
         let mut located = Vec::with_capacity(pieces.len());
         for p in pieces {
-            let l = self.entry(p.grain);
+            let l = self.entry(p.unit);
             let (a, b) = sector_envelope(p.off, p.len);
             if l == 0 || is_packed(l) || self.s.space.refcount(l) != 1 || a != p.off || b != p.off + p.len as u64 {
                 return Ok(false);
@@ -547,8 +520,8 @@ impl Vdisk {
     /// another. As for a single grain, the commit flushes the data before it writes the
     /// entries. False, having written nothing, when another writer mapped a grain first.
     fn write_fresh(&self, pieces: &[GrainPiece], data: &[u8], slots: &[Loc]) -> Result<bool> {
-        let _locks = self.s.locks.lock_many(pieces.iter().map(|p| (self.id, p.grain)));
-        if pieces.iter().any(|p| self.entry(p.grain) != 0) {
+        let _locks = self.s.locks.lock_many(pieces.iter().map(|p| (self.id, p.unit)));
+        if pieces.iter().any(|p| self.entry(p.unit) != 0) {
             return Ok(false);
         }
         let grain = self.class.grain as usize;
@@ -575,12 +548,12 @@ impl Vdisk {
         self.write_merged(content, located)?;
         let mut ops = Vec::with_capacity(2 * pieces.len());
         for (p, &l) in pieces.iter().zip(slots) {
-            ops.push(Op::Put(CF_GRAINS, grain_key(self.id, p.grain), loc_value(l)));
+            ops.push(Op::Put(CF_GRAINS, grain_key(self.id, p.unit), loc_value(l)));
             ops.push(Op::count(l, 1));
         }
         self.s.committer.commit(ops)?;
         for (p, &l) in pieces.iter().zip(slots) {
-            self.set_entry(p.grain, l);
+            self.set_entry(p.unit, l);
         }
         Ok(true)
     }
@@ -684,12 +657,12 @@ impl Vdisk {
         let grain = self.class.grain;
         let mut whole = Vec::new();
         for p in grain_pieces(grain, offset, len) {
-            let last_grain_end = self.size().min((p.grain + 1) * grain) - p.grain * grain;
+            let last_grain_end = self.size().min((p.unit + 1) * grain) - p.unit * grain;
             if p.off == 0 && (p.len as u64 == grain || p.len as u64 == last_grain_end) {
-                whole.push(p.grain);
-            } else if self.entry(p.grain) != 0 {
+                whole.push(p.unit);
+            } else if self.entry(p.unit) != 0 {
                 let zeros = vec![0u8; p.len];
-                self.write_grain(p.grain, p.off, &zeros, &mut Vec::new())?;
+                self.write_grain(p.unit, p.off, &zeros, &mut Vec::new())?;
             }
         }
         for chunk in whole.chunks(BATCH_GRAINS as usize) {
@@ -743,7 +716,7 @@ impl Vdisk {
             self.clock.touch(offset, len);
             let zeros = AlignedBuf::zeroed(self.class.grain as usize);
             for p in grain_pieces(self.class.grain, offset, len) {
-                self.write_grain(p.grain, p.off, &zeros[..p.len], &mut Vec::new())?;
+                self.write_grain(p.unit, p.off, &zeros[..p.len], &mut Vec::new())?;
             }
         }
         if fua {
@@ -776,7 +749,7 @@ impl Vdisk {
         self.check_range(offset, len)?;
         let mut out: Vec<Extent> = Vec::new();
         for p in grain_pieces(self.class.grain, offset, len) {
-            let mapped = self.entry(p.grain) != 0;
+            let mapped = self.entry(p.unit) != 0;
             match out.last_mut() {
                 Some(e) if e.mapped == mapped => e.len += p.len as u64,
                 _ => out.push(Extent {
