@@ -62,8 +62,9 @@ struct Inner {
     settled: Condvar,
     /// Told the gatherer: a write was held back, or the disk closes.
     held_one: Condvar,
-    /// The objects known to exist (written, or read, by this disk).
-    exists: Vec<AtomicBool>,
+    /// The objects known to exist (written, or read, by this disk); shared with the reads
+    /// completed on librados' thread.
+    exists: Arc<[AtomicBool]>,
     pool: Pool<'static>,
     prefix: String,
     size: u64,
@@ -529,10 +530,14 @@ impl AsyncReader for Inner {
             let piece_at = unsafe { at.add(p.buf_off) };
             let target = Target(piece_at);
             let joint = joint.clone();
+            let (exists, object) = (self.exists.clone(), p.unit as usize);
             let then = Box::new(move |got: Result<usize, RadosError>| {
                 let target = target;
                 let filled = match got {
-                    Ok(had) => Some(had.min(n)),
+                    Ok(had) => {
+                        exists[object].store(true, Ordering::Release);
+                        Some(had.min(n))
+                    }
                     Err(e) if e.errno() == Some(libc::ENOENT) => Some(0),
                     Err(_) => None,
                 };

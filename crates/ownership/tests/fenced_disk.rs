@@ -208,6 +208,36 @@ fn reads_on_a_ring_match_reads_one_at_a_time() {
             assert!(buf.iter().all(|&b| b == 0), "an object never written reads as zeros");
         }
     }
+    // A read on the ring tells the disk that the object exists: another disk on the same
+    // objects, having read one on the ring, then writes to it without waiting (sent ahead).
+    let d2 = disk(&c, &prefix, 64 * MIB, 1);
+    let mut buf = AlignedBuf::zeroed(4096);
+    let read = RingRead {
+        via: d2.read_via().expect("a disk on RADOS reads in the background"),
+        at: buf.as_mut_ptr(),
+        len: 4096,
+        offset: OBJECT_BYTES,
+        io: None,
+    };
+    // SAFETY: as above.
+    unsafe { ring.start((0, buf), &[read]) };
+    let mut done = Vec::new();
+    while ring.in_flight() > 0 {
+        ring.submit();
+        if !ring.reap(&mut done) {
+            ring.wait();
+        }
+    }
+    assert!(done[0].1, "the read on the ring failed");
+    let before = d2.writes_sent_ahead();
+    d2.write_at(&random(70, 4096), OBJECT_BYTES).unwrap();
+    assert_eq!(
+        d2.writes_sent_ahead(),
+        before + 1,
+        "a write to an object read on the ring waited for its creation"
+    );
+    d2.flush().unwrap();
+    drop(d2);
     // Dropped with reads in flight: the drop waits for them.
     for i in 0..32usize {
         let mut buf = AlignedBuf::zeroed(65536);
