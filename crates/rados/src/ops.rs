@@ -13,6 +13,7 @@ use crate::{check, cstr};
 #[derive(Debug, Clone)]
 enum Step {
     Create { exclusive: bool },
+    AssertExists,
     Write { offset: u64, data: Vec<u8> },
     WriteFull(Vec<u8>),
     SetXattr(String, Vec<u8>),
@@ -49,9 +50,10 @@ impl XattrCmp {
     }
 }
 
-/// A write of one object that the object's primary OSD applies all at once or not at all:
-/// guards first (any that fails refuses the whole operation with `ECANCELED`), then data,
-/// attributes and omap keys.
+/// A write of one object that the object's primary OSD applies all at once or not at all,
+/// its steps in the order given: a guard that fails, wherever it stands, refuses the whole
+/// operation with `ECANCELED` (the OSD builds the transaction first and drops it on any
+/// error).
 #[derive(Debug, Clone, Default)]
 pub struct WriteOp {
     steps: Vec<Step>,
@@ -65,6 +67,13 @@ impl WriteOp {
     /// Creates the object; with `exclusive`, fails (`EEXIST`) if it exists.
     pub fn create(mut self, exclusive: bool) -> Self {
         self.steps.push(Step::Create { exclusive });
+        self
+    }
+
+    /// Fails the operation with `ENOENT` if the object does not exist (a write alone would
+    /// make it).
+    pub fn assert_exists(mut self) -> Self {
+        self.steps.push(Step::AssertExists);
         self
     }
 
@@ -197,6 +206,7 @@ impl WriteOp {
             // outlive the operation (kept by the caller until it ran); lengths that match them.
             match step {
                 Step::Create { exclusive } => unsafe { rados_write_op_create(op, *exclusive as c_int, ptr::null()) },
+                Step::AssertExists => unsafe { rados_write_op_assert_exists(op) },
                 Step::Write { offset, data } => unsafe {
                     rados_write_op_write(op, data.as_ptr() as *const c_char, data.len(), *offset)
                 },

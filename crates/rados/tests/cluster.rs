@@ -117,6 +117,29 @@ fn a_compound_write_applies_data_attributes_and_omap_together_or_not_at_all() {
     assert_eq!(&buf[..n], b"grain data");
     assert_eq!(p.xattr(&o, "epoch").unwrap().as_deref(), Some(&b"1"[..]));
     assert_eq!(p.omap(&o).unwrap().len(), 2);
+    // So does one standing after the data (as a fenced write orders them).
+    let e = p
+        .operate(
+            &o,
+            &WriteOp::new()
+                .assert_exists()
+                .write(0, b"GRAIN")
+                .guard_xattr_eq("epoch", b"2")
+                .set_xattr("epoch", b"3"),
+        )
+        .unwrap_err();
+    assert!(e.is_guard_failure(), "{e}");
+    let n = p.read(&o, 0, &mut buf).unwrap();
+    assert_eq!(&buf[..n], b"grain data");
+    assert_eq!(p.xattr(&o, "epoch").unwrap().as_deref(), Some(&b"1"[..]));
+    // A write asserting that its object exists makes none.
+    let missing = oid("compound-missing");
+    let e = p
+        .operate(&missing, &WriteOp::new().assert_exists().write(0, b"GRAIN"))
+        .unwrap_err();
+    assert_eq!(e.errno(), Some(libc::ENOENT), "{e}");
+    let e = p.read(&missing, 0, &mut buf).unwrap_err();
+    assert_eq!(e.errno(), Some(libc::ENOENT), "{e}");
 
     // The same with the guard holding: all of it.
     p.operate(
