@@ -397,8 +397,10 @@ impl Daemon {
             self.targets.withdraw_pool(&name);
             self.nbd.withdraw_pool(&name);
             self.targets.copy.revoke_pool(&name);
-            self.pools.write().remove(&name);
+            // Listed as unavailable before it leaves the served pools: `pool list` never
+            // misses it in between.
             self.unavailable.write().insert(name.clone(), why.to_string());
+            self.pools.write().remove(&name);
             self.events.record(
                 NewEvent::new(
                     Severity::Critical,
@@ -561,6 +563,15 @@ impl Daemon {
             self.targets.withdraw_pool(name);
             self.nbd.withdraw_pool(name);
             self.targets.copy.revoke_pool(name);
+            // Listed as unavailable before it leaves the served pools: `pool list` never
+            // misses it while it is checkpointed and given up.
+            self.unavailable.write().insert(
+                name.to_string(),
+                format!(
+                    "handed over to gateway {to}, whose hosts asked for it (none used it here for {} s)",
+                    idle.as_secs()
+                ),
+            );
             if let Some(engine) = self.pools.write().remove(name) {
                 if let Err(e) = engine.checkpoint() {
                     // What was acknowledged is in the journal all the same: the next owner
@@ -579,13 +590,6 @@ impl Daemon {
                 warn!(pool = %name, error = %e, "cannot give the pool up in etcd; it is taken again here after the grace");
             }
             drop(owned);
-            self.unavailable.write().insert(
-                name.to_string(),
-                format!(
-                    "handed over to gateway {to}, whose hosts asked for it (none used it here for {} s)",
-                    idle.as_secs()
-                ),
-            );
             self.events.record(
                 NewEvent::new(
                     Severity::Warning,
