@@ -48,7 +48,7 @@ impl<'p, 'c> FencedWriter<'p, 'c> {
     /// whichever step fails): the message's data then starts with the first piece's bytes,
     /// which the OSD receives aligned as their place in the object and writes without
     /// copying them. Behind the guard's few bytes, every piece had to be copied to realign
-    /// it (the OSD's CPU per 256 KiB write fell by about a seventh).
+    /// it (the OSD's CPU per 256 KiB write fell by a tenth).
     pub fn guarded_pieces(&self, pieces: Vec<(u64, Vec<u8>)>) -> WriteOp {
         let mine = epoch_text(self.epoch);
         let mut op = WriteOp::new().assert_exists();
