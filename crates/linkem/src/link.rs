@@ -31,6 +31,9 @@ pub struct DirCounters {
     /// Dropped while the link was cut.
     pub cut: AtomicU64,
     pub delivered: AtomicU64,
+    /// The most a packet was delivered after its time (µs): a delivering thread the
+    /// scheduler held back hands over a burst of late packets at once.
+    pub late_us: AtomicU64,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -41,6 +44,7 @@ pub struct DirStats {
     pub overflow: u64,
     pub cut: u64,
     pub delivered: u64,
+    pub late_us: u64,
 }
 
 impl DirCounters {
@@ -53,6 +57,7 @@ impl DirCounters {
             overflow: l(&self.overflow),
             cut: l(&self.cut),
             delivered: l(&self.delivered),
+            late_us: l(&self.late_us),
         }
     }
 }
@@ -240,6 +245,7 @@ fn deliver(fd: RawFd, flight: &InFlight, c: &DirCounters, stop: &AtomicBool) {
             Some(d) if d.at <= now => {
                 let d = q.pop().expect("peeked");
                 drop(q);
+                c.late_us.fetch_max((now - d.at).as_micros() as u64, Ordering::Relaxed);
                 // SAFETY: writes one whole packet from its buffer.
                 if unsafe { libc::write(fd, d.packet.as_ptr().cast(), d.packet.len()) } > 0 {
                     c.delivered.fetch_add(1, Ordering::Relaxed);

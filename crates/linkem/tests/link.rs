@@ -28,22 +28,29 @@ fn a_tcp_copy_gets_the_rate_and_the_delay_and_no_more() {
     }
     let shape = Shape::new(20_000_000, Duration::from_millis(40));
     let link = Link::start(&prefix("r"), shape, shape).unwrap();
+    let window = Duration::from_secs(2);
     let r = measure(
         &link,
         &Transfer {
             streams: 1,
             congestion: "cubic".into(),
             warmup: Duration::from_secs(1),
-            window: Duration::from_secs(2),
+            window,
         },
     )
     .unwrap();
     let ratio = r.goodput_bps / 20e6;
-    // Payload only: headers take ~3.5 % of the link's bits.
-    assert!(ratio <= 0.99, "faster than the link: {r:?}");
+    let [ab, ba] = link.stats();
+    // Payload only: headers take ~3.5 % of the link's bits. Packets delivered late (the
+    // delivering thread held back by a busy machine) arrive together: those due before the
+    // window may land in it, as much as the link carries in the longest lateness.
+    let late = ab.late_us as f64 / 1e6;
+    assert!(
+        ratio <= 0.99 * (1.0 + late / window.as_secs_f64()),
+        "faster than the link: {r:?}, packets up to {late} s late"
+    );
     assert!(ratio >= 0.5, "the link carries far less than its rate: {r:?}");
     assert!(r.per_stream[0].rtt_ms >= 40.0, "{r:?}");
-    let [ab, ba] = link.stats();
     assert!(ab.delivered > 1000 && ba.delivered > 100, "{ab:?} {ba:?}");
     assert_eq!((ab.lost, ab.cut), (0, 0));
 }
