@@ -301,6 +301,24 @@ impl<T> ReadRing<T> {
         }
     }
 
+    /// Submits what is queued and reaps; sleeps until a read completes if none had. True if
+    /// any request was appended to `done`.
+    pub fn reap_or_wait(&mut self, done: &mut Vec<(T, bool)>) -> bool {
+        self.submit();
+        if self.reap(done) {
+            return true;
+        }
+        self.wait();
+        false
+    }
+
+    /// Waits for every request in flight, appending each to `done` as [`ReadRing::reap`] does.
+    pub fn drain(&mut self, done: &mut Vec<(T, bool)>) {
+        while self.in_flight() > 0 {
+            self.reap_or_wait(done);
+        }
+    }
+
     /// Submits what is queued and sleeps until at least one read completes (at once if none
     /// is in flight).
     pub fn wait(&mut self) {
@@ -395,12 +413,7 @@ mod tests {
         }
         unsafe { ring.start((99, AlignedBuf::zeroed(0)), &[]) };
         let mut done = Vec::new();
-        while ring.in_flight() > 0 {
-            ring.submit();
-            if !ring.reap(&mut done) {
-                ring.wait();
-            }
-        }
+        ring.drain(&mut done);
         done.sort_by_key(|((req, _), _)| *req);
         assert_eq!(done.len(), 5);
         for ((req, buf), ok) in &done[..4] {
@@ -503,12 +516,7 @@ mod tests {
             ring.start(bad_fd, &[failing]);
         }
         let mut done = Vec::new();
-        while ring.in_flight() > 0 {
-            ring.submit();
-            if !ring.reap(&mut done) {
-                ring.wait();
-            }
-        }
+        ring.drain(&mut done);
         assert_eq!(done.len(), 2);
         assert!(done.iter().all(|(_, ok)| !ok));
     }

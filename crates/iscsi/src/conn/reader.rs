@@ -179,10 +179,7 @@ impl Session {
         let Some(ring) = rs.ring.as_mut() else { return };
         let mut done = Vec::new();
         while ring.in_flight() > 0 {
-            ring.submit();
-            if !ring.reap(&mut done) {
-                ring.wait();
-            }
+            ring.reap_or_wait(&mut done);
             rs.ring_bytes -= done.iter().map(|((j, _), _)| j.edtl).sum::<usize>();
             batch.extend(self.answer_reads(&mut done));
         }

@@ -382,6 +382,18 @@ impl Daemon {
         }
     }
 
+    /// Stops serving pool `name` here: its LUNs, exports and copy tokens are withdrawn (their
+    /// configuration stays), and it is listed as unavailable for `why` before it leaves the
+    /// served pools, so that `pool list` never misses it in between (while a pool handed over
+    /// is checkpointed and given up in etcd, for one). Returns its engine, if it was served.
+    fn stop_serving(&self, name: &str, why: String) -> Option<Arc<Engine>> {
+        self.targets.withdraw_pool(name);
+        self.nbd.withdraw_pool(name);
+        self.targets.copy.revoke_pool(name);
+        self.unavailable.write().insert(name.to_string(), why);
+        self.pools.write().remove(name)
+    }
+
     /// Stops serving every pool on RADOS this gateway owned: its lease is lost, so another
     /// gateway may own them already. Their LUNs and exports are withdrawn (their
     /// configuration stays, for when the pool is taken again).
@@ -394,13 +406,7 @@ impl Daemon {
             .filter_map(|(n, p)| p.owned.take().map(|_| n.clone()))
             .collect();
         for name in lost {
-            self.targets.withdraw_pool(&name);
-            self.nbd.withdraw_pool(&name);
-            self.targets.copy.revoke_pool(&name);
-            // Listed as unavailable before it leaves the served pools: `pool list` never
-            // misses it in between.
-            self.unavailable.write().insert(name.clone(), why.to_string());
-            self.pools.write().remove(&name);
+            drop(self.stop_serving(&name, why.to_string()));
             self.events.record(
                 NewEvent::new(
                     Severity::Critical,
@@ -560,19 +566,11 @@ impl Daemon {
                 return;
             }
             info!(pool = %name, to, idle_seconds = idle.as_secs(), "handing the pool over to the gateway that asks for it");
-            self.targets.withdraw_pool(name);
-            self.nbd.withdraw_pool(name);
-            self.targets.copy.revoke_pool(name);
-            // Listed as unavailable before it leaves the served pools: `pool list` never
-            // misses it while it is checkpointed and given up.
-            self.unavailable.write().insert(
-                name.to_string(),
-                format!(
-                    "handed over to gateway {to}, whose hosts asked for it (none used it here for {} s)",
-                    idle.as_secs()
-                ),
+            let why = format!(
+                "handed over to gateway {to}, whose hosts asked for it (none used it here for {} s)",
+                idle.as_secs()
             );
-            if let Some(engine) = self.pools.write().remove(name) {
+            if let Some(engine) = self.stop_serving(name, why) {
                 if let Err(e) = engine.checkpoint() {
                     // What was acknowledged is in the journal all the same: the next owner
                     // replays it.
