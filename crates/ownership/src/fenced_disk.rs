@@ -120,9 +120,17 @@ struct Held {
 impl Held {
     /// Adds a write, onto the end of the last piece where it follows it.
     fn add(&mut self, in_obj: u64, data: &[u8]) {
+        let room = HELD_BYTES.saturating_sub(self.bytes).max(data.len());
         self.bytes += data.len();
         if let Some((at, last)) = self.pieces.last_mut() {
             if *at + last.len() as u64 == in_obj {
+                if last.capacity() - last.len() < data.len() {
+                    // A stream: room for sixteen more such writes at once (at least double,
+                    // at most what the piece may still gather). Grown by doubling from one
+                    // write, a piece of 4 MiB gathered from 256 KiB writes was copied about
+                    // once more as it grew (5 % of the gateway's CPU per write).
+                    last.reserve_exact(room.min((16 * data.len()).max(last.len())));
+                }
                 last.extend_from_slice(data);
                 return;
             }
@@ -689,5 +697,68 @@ mod tests {
             .map(|p| (p.unit, p.off, p.buf_off..p.buf_off + p.len))
             .collect();
         assert_eq!(whole, vec![(2, 0, 0..OBJECT_BYTES as usize)]);
+    }
+
+    fn held() -> Held {
+        Held {
+            pieces: Vec::new(),
+            bytes: 0,
+            offset: 0,
+        }
+    }
+
+    #[test]
+    fn held_writes_join_where_they_follow_and_keep_their_bytes() {
+        let mut h = held();
+        h.add(8192, &[1; 4096]);
+        h.add(12288, &[2; 4096]);
+        h.add(0, &[3; 4096]);
+        h.add(4096, &[4; 100]);
+        assert_eq!(h.bytes, 3 * 4096 + 100);
+        assert_eq!(h.pieces.len(), 2);
+        let (at, first) = &h.pieces[0];
+        assert_eq!((*at, first.len()), (8192, 8192));
+        assert!(first[..4096].iter().all(|&b| b == 1) && first[4096..].iter().all(|&b| b == 2));
+        let (at, second) = &h.pieces[1];
+        assert_eq!((*at, second.len()), (0, 4196));
+        assert!(second[..4096].iter().all(|&b| b == 3) && second[4096..].iter().all(|&b| b == 4));
+    }
+
+    #[test]
+    fn a_stream_of_large_writes_grows_its_piece_once_and_small_ones_geometrically() {
+        // 256 KiB writes: the second makes room for the rest of the object's worth at once.
+        let mut h = held();
+        let w = vec![7u8; 256 << 10];
+        let mut grown = 0;
+        for i in 0..16u64 {
+            let before = h.pieces.first().map(|(_, p)| p.capacity());
+            h.add(i * w.len() as u64, &w);
+            let after = h.pieces[0].1.capacity();
+            grown += usize::from(before.is_some_and(|b| b != after));
+        }
+        assert_eq!(grown, 1, "the piece grew more than once");
+        assert_eq!(h.pieces[0].1.len(), HELD_BYTES);
+        assert!(
+            h.pieces[0].1.capacity() <= HELD_BYTES,
+            "reserved past what a piece holds"
+        );
+        assert!(h.full());
+        // 4 KiB writes: room for sixteen more at a time, doubling past that; never far
+        // past what was written.
+        let mut h = held();
+        let mut grown = 0;
+        for i in 0..256u64 {
+            let before = h.pieces.first().map(|(_, p)| p.capacity());
+            h.add(i * 4096, &[9; 4096]);
+            let p = &h.pieces[0].1;
+            grown += usize::from(before.is_some_and(|b| b != p.capacity()));
+            assert!(
+                p.capacity() <= (2 * p.len()).max(17 * 4096),
+                "{} reserved for {}",
+                p.capacity(),
+                p.len()
+            );
+        }
+        assert!(grown <= 5, "a stream of 1 MiB grew its piece {grown} times");
     }
 }
