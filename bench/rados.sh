@@ -10,22 +10,26 @@
 #
 #   fio's rbd engine on the image (librbd in fio's process: no network hop of its own),
 #   fio's nbd engine on Tessera over NBD on 127.0.0.1 (the same client, one hop more),
+#   fio's nbd engine on qemu-nbd serving the RBD image through librbd (the same hop, a peer
+#   gateway: what the hop itself costs), started for its run only, on the image fio rbd
+#   used just before (one client at a time holds its exclusive lock),
 #   `tessera bench` on Tessera over iSCSI on 127.0.0.1 (fio has no iSCSI engine here),
 #   `rbd bench` on the image (the reference the Ceph project ships), same size and depth,
 #
 #   4K random read QD32, 4K random write QD32, 256K sequential read QD8, 256K sequential
 #   write QD8.
 #
-# Prints a markdown table of medians (IOPS for 4K, MiB/s for 256K) and Tessera / fio-rbd,
-# and how many operations the OSDs did per I/O of each fio run (their perf counters).
+# Prints a markdown table of medians (IOPS for 4K, MiB/s for 256K) and Tessera / fio-rbd and
+# Tessera / qemu-nbd, and how many operations the OSDs did per I/O of each fio run (their
+# perf counters).
 #
 # Needs: ceph-mon, ceph-osd, ceph-mgr, ceph-common (rbd), etcd, fio (with its rbd and nbd
-# engines), python3. The tessera binary needs the `rados` feature: by default the test
+# engines), qemu-nbd with qemu-block-extra (its rbd driver), python3. The tessera binary needs the `rados` feature: by default the test
 # suite's build is reused (PROFILE=test, the features of `make test`); TESSERA_BIN=path
 # skips the build. KEEP=1 keeps DIR.
 #
 # Usage: bench/rados.sh   (RUNS=3 SIZE=2G DURATION=10 OSDS=1 OSD_SIZE=20G DIR=/var/tmp/tessera-bench-rados
-#          PROFILE=test TESSERA_BIN= KEEP=0 TESSERA_PORT=13819)
+#          PROFILE=test TESSERA_BIN= KEEP=0 TESSERA_PORT=13819 QEMU_NBD_PORT=13820)
 set -euo pipefail
 shopt -s inherit_errexit
 cd "$(dirname "$0")/.."
@@ -35,11 +39,14 @@ DURATION=${DURATION:-10}
 OSDS=${OSDS:-1}
 DIR=${DIR:-/var/tmp/tessera-bench-rados}
 TESSERA_PORT=${TESSERA_PORT:-13819}
+QEMU_NBD_PORT=${QEMU_NBD_PORT:-13820}
 KEEP=${KEEP:-0}
 RPOOL=bench
 
 source bench/lib.sh
-require fio rbd ceph python3 numfmt etcd
+require fio rbd ceph python3 numfmt etcd qemu-nbd
+[ -e /usr/lib/x86_64-linux-gnu/qemu/block-rbd.so ] || ls /usr/lib/*/qemu/block-rbd.so > /dev/null 2>&1 ||
+  { echo "qemu-nbd has no rbd driver: install qemu-block-extra" >&2; exit 1; }
 fio --enghelp 2>/dev/null | grep -qw rbd || { echo "this fio has no rbd engine" >&2; exit 1; }
 fio --enghelp 2>/dev/null | grep -qw nbd || { echo "this fio has no nbd engine" >&2; exit 1; }
 
@@ -56,15 +63,24 @@ fi
 
 SIZE_B=$(numfmt --from=iec "$SIZE")
 T_URI=nbd://127.0.0.1:$TESSERA_PORT/vol
+Q_URI=nbd://127.0.0.1:$QEMU_NBD_PORT/img
 IQN=iqn.2026-11.io.tessera:bench-rados
 
 cleanup() {
   set +e
+  stop_qemu_nbd
   if [ -f "$DIR/tessera.pid" ]; then kill "$(cat "$DIR/tessera.pid")" 2>/dev/null; wait "$(cat "$DIR/tessera.pid")" 2>/dev/null; fi
   scripts/ceph-dev.sh down "$DIR/cluster" > /dev/null 2>&1
   if [ "$KEEP" = 1 ]; then echo "kept $DIR" >&2; else rm -rf "$DIR"; fi
 }
-ports_free "$TESSERA_PORT"
+stop_qemu_nbd() {
+  [ -f "$DIR/qemu-nbd.pid" ] || return 0
+  local pid; pid=$(cat "$DIR/qemu-nbd.pid")
+  kill "$pid" 2>/dev/null
+  while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
+  rm -f "$DIR/qemu-nbd.pid"
+}
+ports_free "$TESSERA_PORT" "$QEMU_NBD_PORT"
 [ ! -e "$DIR/cluster/ceph.conf" ] || scripts/ceph-dev.sh down "$DIR/cluster" > /dev/null 2>&1 || true
 rm -rf "$DIR"; mkdir -p "$DIR/logs"
 trap cleanup EXIT
@@ -123,12 +139,21 @@ fio_run() { # log rw bs qd engine -> IOPS; writes the OSD operations per I/O to 
   case $engine in
     rbd) target=(--ioengine=rbd --clientname=admin --pool="$RPOOL" --rbdname=img);;
     nbd) target=(--ioengine=nbd --uri="$T_URI");;
+    qemu-nbd) target=(--ioengine=nbd --uri="$Q_URI");;
   esac
+  if [ "$engine" = qemu-nbd ]; then
+    # qemu-nbd at its defaults (cache=writeback: librbd's cache on, as fio rbd has it),
+    # serving the image through its rbd driver; --fork returns once it listens.
+    qemu-nbd --fork --pid-file="$DIR/qemu-nbd.pid" --persistent --shared=4 -b 127.0.0.1 \
+      -p "$QEMU_NBD_PORT" -x img -f raw "rbd:$RPOOL/img:conf=$CONF:id=admin" \
+      >> "$DIR/logs/qemu-nbd.log" 2>&1 || { echo "qemu-nbd did not start: $DIR/logs/qemu-nbd.log" >&2; exit 1; }
+  fi
   ops=$(osd_ops)
   CEPH_CONF=$CONF fio --name=b "${target[@]}" --rw="$rw" --bs="$bs" --iodepth="$qd" --numjobs=1 \
       --size="$SIZE_B" --time_based --runtime="$DURATION" --buffer_pattern=0xa5 \
       --output-format=json > "$log"
   ops=$(( $(osd_ops) - ops ))
+  [ "$engine" != qemu-nbd ] || stop_qemu_nbd
   python3 -c 'import json,sys; t=open(sys.argv[1]).read(); j=json.loads(t[t.index("{"):])["jobs"][0]
 ios = j["read"]["total_ios"] + j["write"]["total_ios"]
 open(sys.argv[1] + ".ops", "w").write("%.2f\n" % (int(sys.argv[2]) / max(ios, 1)))
@@ -165,6 +190,7 @@ for run in $(seq "$RUNS"); do
     set -- $w
     rbd_iops=$(fio_run "$1-fiorbd" "$2" "$3" "$4" rbd)
     res[$1-fiorbd]+="$rbd_iops "
+    res[$1-qemunbd]+="$(fio_run "$1-qemunbd" "$2" "$3" "$4" qemu-nbd) "
     res[$1-nbd]+="$(fio_run "$1-nbd" "$2" "$3" "$4" nbd) "
     res[$1-iscsi]+="$(tessera_bench_run "$1-iscsi" "$2" "$3" "$4") "
     res[$1-rbdbench]+="$(rbd_bench_run "$1-rbdbench" "$2" "$3" "$4" x "$rbd_iops") "
@@ -177,8 +203,8 @@ echo "$(nproc) CPUs ($(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | h
      "Ceph $(pkgver ceph-osd) with $OSDS BlueStore OSD(s) on sparse files (size $(ceph -c "$CONF" osd pool get "$RPOOL" size -f json | python3 -c 'import json,sys; print(json.load(sys.stdin)["size"])')), all on loopback;" \
      "SIZE=$SIZE, ${DURATION}s per test, median of $RUNS runs; tessera $("$T" --version | awk '{print $2}'), fio $(fio --version | sed 's/^fio-//')"
 echo
-echo "| workload | rbd bench | fio rbd | Tessera NBD (fio) | Tessera iSCSI (tessera bench) | NBD / fio rbd | iSCSI / fio rbd |"
-echo "|---|---:|---:|---:|---:|---:|---:|"
+echo "| workload | rbd bench | fio rbd | qemu-nbd on rbd (fio) | Tessera NBD (fio) | Tessera iSCSI (tessera bench) | NBD / fio rbd | iSCSI / fio rbd | NBD / qemu-nbd |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
 for w in rr4k rw4k sr256k sw256k; do
   case $w in
     rr4k) label="4K random read, QD32 (IOPS)"; scale=1;;
@@ -187,26 +213,31 @@ for w in rr4k rw4k sr256k sw256k; do
     sw256k) label="256K seq write, QD8 (MiB/s)"; scale=4;;
   esac
   declare -A m=()
-  for who in rbdbench fiorbd nbd iscsi; do
+  for who in rbdbench fiorbd qemunbd nbd iscsi; do
     m[$who]=$(echo "${res[$w-$who]}" | tr ' ' '\n' | grep . | median)
     m[$who]=$(python3 -c "print(${m[$who]:-0} / $scale)")
   done
-  printf '| %s | %.0f | %.0f | %.0f | %.0f | %.2f | %.2f |\n' "$label" "${m[rbdbench]}" "${m[fiorbd]}" \
-    "${m[nbd]}" "${m[iscsi]}" "$(python3 -c "print(${m[nbd]} / ${m[fiorbd]})")" \
-    "$(python3 -c "print(${m[iscsi]} / ${m[fiorbd]})")"
+  printf '| %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.2f | %.2f | %.2f |\n' "$label" "${m[rbdbench]}" \
+    "${m[fiorbd]}" "${m[qemunbd]}" "${m[nbd]}" "${m[iscsi]}" "$(python3 -c "print(${m[nbd]} / ${m[fiorbd]})")" \
+    "$(python3 -c "print(${m[iscsi]} / ${m[fiorbd]})")" "$(python3 -c "print(${m[nbd]} / ${m[qemunbd]})")"
 done
 echo
 echo "Operations the OSDs did per I/O of fio (median; librbd's cache and Tessera's merging of a"
 echo "request's grains both show here):"
 echo
-echo "| workload | fio rbd | Tessera NBD (fio) |"
-echo "|---|---:|---:|"
+echo "| workload | fio rbd | qemu-nbd on rbd (fio) | Tessera NBD (fio) |"
+echo "|---|---:|---:|---:|"
 for w in rr4k rw4k sr256k sw256k; do
-  printf '| %s | %s | %s |\n' "$w" \
-    "$(cat "$DIR"/logs/*-"$w"-fiorbd.json.ops | median)" "$(cat "$DIR"/logs/*-"$w"-nbd.json.ops | median)"
+  printf '| %s | %s | %s | %s |\n' "$w" "$(cat "$DIR"/logs/*-"$w"-fiorbd.json.ops | median)" \
+    "$(cat "$DIR"/logs/*-"$w"-qemunbd.json.ops | median)" "$(cat "$DIR"/logs/*-"$w"-nbd.json.ops | median)"
 done
 echo
 echo "Tessera NBD / fio rbd in each run (the spread shows how much the shared machine moves):"
 for w in rr4k rw4k sr256k sw256k; do
   per_run_ratios "$w" "${res[$w-nbd]}" "${res[$w-fiorbd]}"
+done
+echo
+echo "qemu-nbd on rbd / fio rbd in each run (what the hop costs a peer gateway):"
+for w in rr4k rw4k sr256k sw256k; do
+  per_run_ratios "$w" "${res[$w-qemunbd]}" "${res[$w-fiorbd]}"
 done
