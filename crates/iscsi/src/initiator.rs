@@ -3,11 +3,12 @@
 //! any iSCSI target, Tessera's or another's.
 
 use std::collections::HashMap;
+use std::io::IoSlice;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::{oneshot, Mutex, Notify, Semaphore};
@@ -244,7 +245,6 @@ impl Session {
             if write { data_out.len() } else { read_len } as u32,
         );
         p.bhs[32..32 + cdb.len()].copy_from_slice(cdb);
-        p.data = data_out[..immediate].to_vec();
         let mut w = s.writer.lock().await;
         // Wait for room in the target's command window.
         loop {
@@ -259,13 +259,21 @@ impl Session {
         let sn = s.cmd_sn.fetch_add(1, Ordering::AcqRel);
         put32(&mut p.bhs, at::CMD_SN, sn);
         put32(&mut p.bhs, at::EXP_STAT_SN, s.exp_stat_sn.load(Ordering::Acquire));
-        let mut bytes = p.encode(s.neg.header_digest, s.neg.data_digest);
+        // The immediate data goes from the caller's buffer, framed, not copied into the PDU.
+        let (head, head_len, trailer) = p.frame(&data_out[..immediate], s.neg.header_digest, s.neg.data_digest);
+        let mut unsolicited = Vec::new();
         if !s.neg.initial_r2t && immediate < data_out.len() {
             // Unsolicited Data-Out up to FirstBurstLength.
             let end = data_out.len().min(s.neg.first_burst as usize);
-            bytes.extend(data_out_pdus(&s.neg, lun_field, itt, NO_TAG, &data_out, immediate, end));
+            unsolicited = data_out_pdus(&s.neg, lun_field, itt, NO_TAG, &data_out, immediate, end);
         }
-        if let Err(e) = w.write_all(&bytes).await {
+        let mut parts = [
+            IoSlice::new(&head[..head_len]),
+            IoSlice::new(&data_out[..immediate]),
+            IoSlice::new(trailer.as_slice()),
+            IoSlice::new(&unsolicited),
+        ];
+        if let Err(e) = write_all_vectored(&mut *w, &mut parts).await {
             s.pending.lock().remove(&itt);
             return Err(e.into());
         }
@@ -351,6 +359,19 @@ fn lun_bytes(lun: u64) -> [u8; 8] {
 }
 
 /// Data-Out PDUs carrying `data[from..to]` in segments the target accepts.
+/// Writes all of `bufs`, in as few system calls as the socket takes them.
+async fn write_all_vectored<W: AsyncWrite + Unpin>(w: &mut W, mut bufs: &mut [IoSlice<'_>]) -> std::io::Result<()> {
+    IoSlice::advance_slices(&mut bufs, 0);
+    while !bufs.is_empty() {
+        let n = w.write_vectored(bufs).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        IoSlice::advance_slices(&mut bufs, n);
+    }
+    Ok(())
+}
+
 fn data_out_pdus(neg: &Negotiated, lun: [u8; 8], itt: u32, ttt: u32, data: &[u8], from: usize, to: usize) -> Vec<u8> {
     let mut out = Vec::new();
     let mut off = from;

@@ -253,9 +253,61 @@ impl Pdu {
         }
     }
 
+    /// The bytes around a data segment `data` that the PDU does not hold: the header (BHS,
+    /// AHS, header digest) with the segment's length, and what follows the segment (its
+    /// padding and data digest). Sent as header, `data`, trailer, they are the PDU that
+    /// [`encode`](Self::encode) makes with `data` as its segment, without copying it.
+    pub fn frame(
+        &mut self,
+        data: &[u8],
+        header_digest: bool,
+        data_digest: bool,
+    ) -> ([u8; BHS_LEN + 4], usize, Trailer) {
+        debug_assert!(
+            self.data.is_empty() && self.ahs.is_empty(),
+            "frame is for a PDU whose segment is given apart"
+        );
+        let n = data.len();
+        self.bhs[4] = 0;
+        self.bhs[5] = (n >> 16) as u8;
+        self.bhs[6] = (n >> 8) as u8;
+        self.bhs[7] = n as u8;
+        let mut head = [0u8; BHS_LEN + 4];
+        head[..BHS_LEN].copy_from_slice(&self.bhs);
+        let mut head_len = BHS_LEN;
+        if header_digest {
+            head[BHS_LEN..].copy_from_slice(&crc32c::crc32c(&self.bhs).to_le_bytes());
+            head_len += 4;
+        }
+        let pad = n.div_ceil(4) * 4 - n;
+        let mut trailer = Trailer {
+            bytes: [0; 8],
+            len: pad,
+        };
+        if data_digest && n > 0 {
+            let crc = crc32c::crc32c_append(crc32c::crc32c(data), &[0u8; 3][..pad]);
+            trailer.bytes[pad..pad + 4].copy_from_slice(&crc.to_le_bytes());
+            trailer.len += 4;
+        }
+        (head, head_len, trailer)
+    }
+
     pub async fn write<W: AsyncWrite + Unpin>(&mut self, w: &mut W, hd: bool, dd: bool) -> std::io::Result<()> {
         let bytes = self.encode(hd, dd);
         w.write_all(&bytes).await
+    }
+}
+
+/// What follows a data segment sent apart from its PDU ([`Pdu::frame`]): its padding and
+/// data digest, if any.
+pub struct Trailer {
+    bytes: [u8; 8],
+    len: usize,
+}
+
+impl Trailer {
+    pub fn as_slice(&self) -> &[u8] {
+        &self.bytes[..self.len]
     }
 }
 
@@ -329,6 +381,23 @@ mod tests {
             let q = Pdu::read(&mut &bytes[..], hd, dd, 1024).await.unwrap();
             assert_eq!(q.data, b"hello");
             assert_eq!(q.itt(), 0xABCD);
+        }
+    }
+
+    #[test]
+    fn a_framed_segment_is_the_encoded_pdu_byte_for_byte() {
+        for len in [0usize, 1, 2, 3, 4, 5, 4096, 4099, 262_144] {
+            let data: Vec<u8> = (0..len).map(|i| (i * 7 + 3) as u8).collect();
+            for (hd, dd) in [(false, false), (true, false), (false, true), (true, true)] {
+                let mut whole = Pdu::new(op::SCSI_CMD);
+                whole.set(16, 0x1234);
+                let mut framed = whole.clone();
+                whole.data = data.clone();
+                let want = whole.encode(hd, dd);
+                let (head, head_len, trailer) = framed.frame(&data, hd, dd);
+                let got = [&head[..head_len], &data[..], trailer.as_slice()].concat();
+                assert_eq!(got, want, "segment of {len} bytes, digests {hd}/{dd}");
+            }
         }
     }
 
