@@ -358,7 +358,6 @@ fn lun_bytes(lun: u64) -> [u8; 8] {
     b
 }
 
-/// Data-Out PDUs carrying `data[from..to]` in segments the target accepts.
 /// Writes all of `bufs`, in as few system calls as the socket takes them.
 async fn write_all_vectored<W: AsyncWrite + Unpin>(w: &mut W, mut bufs: &mut [IoSlice<'_>]) -> std::io::Result<()> {
     IoSlice::advance_slices(&mut bufs, 0);
@@ -372,6 +371,7 @@ async fn write_all_vectored<W: AsyncWrite + Unpin>(w: &mut W, mut bufs: &mut [Io
     Ok(())
 }
 
+/// Data-Out PDUs carrying `data[from..to]` in segments the target accepts.
 fn data_out_pdus(neg: &Negotiated, lun: [u8; 8], itt: u32, ttt: u32, data: &[u8], from: usize, to: usize) -> Vec<u8> {
     let mut out = Vec::new();
     let mut off = from;
