@@ -140,6 +140,8 @@ struct Pending {
     done: oneshot::Sender<Result<ScsiResult, InitiatorError>>,
     data_out: Arc<Vec<u8>>,
     lun: [u8; 8],
+    /// The bytes the command may read (its expected data transfer length).
+    read_len: usize,
     data_in: Vec<u8>,
 }
 
@@ -220,6 +222,7 @@ impl Session {
                     done: tx,
                     data_out: data_out.clone(),
                     lun: lun_field,
+                    read_len,
                     data_in: Vec::new(),
                 },
             );
@@ -403,7 +406,7 @@ async fn read_loop(mut r: OwnedReadHalf, s: Arc<Shared>) {
         }
     };
     loop {
-        let p = match Pdu::read(&mut r, s.neg.header_digest, s.neg.data_digest, OUR_MRDSL as usize).await {
+        let mut p = match Pdu::read(&mut r, s.neg.header_digest, s.neg.data_digest, OUR_MRDSL as usize).await {
             Ok(p) => p,
             Err(_) => break,
         };
@@ -431,10 +434,27 @@ async fn read_loop(mut r: OwnedReadHalf, s: Arc<Shared>) {
                 let offset = p.buffer_offset() as usize;
                 let mut pending = s.pending.lock();
                 if let Some(c) = pending.get_mut(&itt) {
-                    if c.data_in.len() < offset + p.data.len() {
-                        c.data_in.resize(offset + p.data.len(), 0);
+                    let end = offset.saturating_add(p.data.len());
+                    if end > c.read_len {
+                        // More than the command asked for: a target's error, never kept.
+                        let c = pending.remove(&itt).expect("present");
+                        let _ = c.done.send(Err(InitiatorError::Protocol(format!(
+                            "Data-In for bytes {offset}..{end} of a command that reads {}",
+                            c.read_len
+                        ))));
+                        continue;
                     }
-                    c.data_in[offset..offset + p.data.len()].copy_from_slice(&p.data);
+                    if c.data_in.is_empty() && offset == 0 {
+                        // The first segment (often the only one) is the answer's start: kept
+                        // as it was received, not copied.
+                        c.data_in = std::mem::take(&mut p.data);
+                    } else {
+                        if c.data_in.len() < end {
+                            c.data_in.reserve_exact(c.read_len - c.data_in.len());
+                            c.data_in.resize(end, 0);
+                        }
+                        c.data_in[offset..end].copy_from_slice(&p.data);
+                    }
                     if p.bhs[1] & 0x01 != 0 {
                         let c = pending.remove(&itt).expect("present");
                         let res = ScsiResult {
