@@ -276,6 +276,12 @@ impl Targets {
         if let Some(l) = self.presented(configs, name) {
             return Ok(l);
         }
+        self.new_logical_unit(name, e, v)
+    }
+
+    /// A new logical unit for vdisk `name`, with its saved persistent reservations and mode
+    /// settings.
+    fn new_logical_unit(&self, name: &str, e: &Arc<Engine>, v: Arc<Vdisk>) -> Result<Arc<Lun>, String> {
         let uid = lun_uid(e, &v);
         // A snapshot is presented write-protected.
         let read_only = v.is_snapshot();
@@ -344,6 +350,42 @@ impl Targets {
                 if vd.split_once('/').is_some_and(|(p, _)| p == pool) {
                     t.luns.write().remove(&n);
                 }
+            }
+        }
+    }
+
+    /// Presents the configured LUNs of pool `pool` from its vdisks (`resolve`), now served
+    /// here, in place of whatever presented them (the standby LUNs while another gateway
+    /// owned the pool): each LUN changes what answers behind it in one step, so that a host
+    /// retrying on this path finds it in standby or served, never missing. A LUN whose vdisk
+    /// `resolve` does not find, or that cannot be made, is withdrawn.
+    pub fn serve_pool(&self, pool: &str, resolve: &dyn Fn(&str) -> Option<(Arc<Engine>, Arc<Vdisk>)>) {
+        let configs = self.configs.lock();
+        // One logical unit per vdisk, whatever the target.
+        let mut made: BTreeMap<String, Option<Arc<Lun>>> = BTreeMap::new();
+        for cfg in configs.values() {
+            let Some(t) = self.registry.target(&cfg.iqn) else {
+                continue;
+            };
+            for (&n, vd) in &cfg.luns {
+                if !vd.split_once('/').is_some_and(|(p, _)| p == pool) {
+                    continue;
+                }
+                let lun = made.entry(vd.clone()).or_insert_with(|| {
+                    let Some((e, v)) = resolve(vd) else {
+                        warn!(target = %cfg.iqn, lun = n, vdisk = %vd, "LUN's vdisk is not available; not presented");
+                        return None;
+                    };
+                    self.new_logical_unit(vd, &e, v)
+                        .map_err(
+                            |err| warn!(target = %cfg.iqn, lun = n, vdisk = %vd, error = %err, "LUN not presented"),
+                        )
+                        .ok()
+                });
+                match lun {
+                    Some(l) => t.luns.write().insert(n, l.clone()),
+                    None => t.luns.write().remove(&n),
+                };
             }
         }
     }
@@ -652,6 +694,77 @@ impl Targets {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Taking a pool over: each of its LUNs is served by its vdisk in place of the standby
+    /// LUN, in one step (a host polling the LUN never finds it missing); one vdisk behind two
+    /// targets stays one logical unit; a LUN whose vdisk is gone is withdrawn, and LUNs of
+    /// other pools are left as they were.
+    #[test]
+    fn serving_a_pool_puts_its_vdisks_in_place_of_its_standby_luns() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use tessera_scsi::AccessState;
+        use tessera_volume::{LayoutKind, VdiskSpec};
+        const MIB: u64 = 1 << 20;
+        let (a, b) = ("iqn.2026-11.io.tessera:a", "iqn.2026-11.io.tessera:b");
+        let dir = tempfile::tempdir().unwrap();
+        let targets = Targets::load(dir.path().join("targets.json"), Arc::new(IoMetrics::default())).unwrap();
+        let disk: tessera_disk::DiskRef = Arc::new(tessera_disk::MemDisk::new("m0", 64 * MIB));
+        let engine = Arc::new(Engine::create_pool(&dir.path().join("pool"), "p", vec![disk], 16 * MIB).unwrap());
+        let vm = engine
+            .create_vdisk(&VdiskSpec::new("vm", 8 * MIB, LayoutKind::Simple))
+            .unwrap();
+        for iqn in [a, b] {
+            targets.create(iqn, true).unwrap();
+        }
+        targets.add_lun(a, Some(0), "p/vm", None).unwrap();
+        targets.add_lun(a, Some(1), "p/gone", None).unwrap();
+        targets.add_lun(b, Some(3), "p/vm", None).unwrap();
+        targets.add_lun(b, Some(0), "q/elsewhere", None).unwrap();
+
+        // Another gateway owns pool p: its LUNs are standby ones.
+        let ports = PoolPorts::new("gw-b", AccessState::Standby, Some("gw-a".into()));
+        let unit = |vd: &str| {
+            (vd == "p/vm" || vd == "p/gone").then(|| StandbyUnit {
+                uid: 0x1234,
+                config: vm.config(),
+                mode: None,
+            })
+        };
+        targets.present_standby("p", &ports, &unit);
+        let lun = |iqn: &str, n: u64| targets.registry.target(iqn).unwrap().lun(n);
+        let standby = lun(a, 0).unwrap();
+        assert!(refresh_standby(&standby, &unit("p/vm").unwrap()));
+        assert!(Arc::ptr_eq(&standby, &lun(b, 3).unwrap()), "one logical unit");
+        assert!(lun(a, 1).is_some() && lun(b, 0).is_none());
+
+        // This gateway takes the pool, while a host keeps asking for LUN 0.
+        let resolve = |vd: &str| (vd == "p/vm").then(|| (engine.clone(), vm.clone()));
+        let done = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let watcher = s.spawn(|| {
+                let mut looks = 0u64;
+                while !done.load(Ordering::Acquire) {
+                    assert!(lun(a, 0).is_some(), "LUN 0 went missing while the pool was taken");
+                    looks += 1;
+                }
+                looks
+            });
+            targets.serve_pool("p", &resolve);
+            done.store(true, Ordering::Release);
+            assert!(watcher.join().unwrap() > 0);
+        });
+        let served = lun(a, 0).unwrap();
+        assert!(!Arc::ptr_eq(&served, &standby));
+        assert!(
+            !refresh_standby(&served, &unit("p/vm").unwrap()),
+            "the real LUN, not a standby one"
+        );
+        assert_eq!(served.backend().size(), 8 * MIB);
+        assert!(Arc::ptr_eq(&served, &lun(b, 3).unwrap()), "still one logical unit");
+        assert!(lun(a, 1).is_none(), "the LUN of a vdisk that is gone is withdrawn");
+        assert!(lun(b, 0).is_none(), "another pool's LUN is left as it was");
+        assert_eq!(targets.get(a).unwrap().luns.len(), 2, "the configuration stays");
+    }
 
     #[test]
     fn chap_rules() {

@@ -293,8 +293,6 @@ impl Daemon {
                             return;
                         }
                         info!(pool = %name, epoch, seconds = started.elapsed().as_secs_f64(), "pool opened");
-                        // The standby LUNs go; the real ones take their place below.
-                        self.targets.withdraw_pool(name);
                         if let Some(p) = self.rados.lock().get_mut(name) {
                             p.owned = Some(owned);
                             p.elsewhere = None;
@@ -316,7 +314,8 @@ impl Daemon {
                             let (p, v) = vd.split_once('/')?;
                             self.vdisk(p, v).ok()
                         };
-                        self.targets.present_missing(&resolve);
+                        // The real LUNs take the standby ones' places.
+                        self.targets.serve_pool(name, &resolve);
                         self.nbd.present_missing(&resolve);
                         return;
                     }
