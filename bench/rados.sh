@@ -24,9 +24,9 @@
 # perf counters).
 #
 # Needs: ceph-mon, ceph-osd, ceph-mgr, ceph-common (rbd), etcd, fio (with its rbd and nbd
-# engines), qemu-nbd with qemu-block-extra (its rbd driver), python3. The tessera binary needs the `rados` feature: by default the test
-# suite's build is reused (PROFILE=test, the features of `make test`); TESSERA_BIN=path
-# skips the build. KEEP=1 keeps DIR.
+# engines), qemu-nbd with qemu-block-extra (its rbd driver), python3. The tessera binary
+# needs the `rados` feature: by default the test suite's build is reused (PROFILE=test, the
+# features of `make test`); TESSERA_BIN=path skips the build. KEEP=1 keeps DIR.
 #
 # Usage: bench/rados.sh   (RUNS=3 SIZE=2G DURATION=10 OSDS=1 OSD_SIZE=20G DIR=/var/tmp/tessera-bench-rados
 #          PROFILE=test TESSERA_BIN= KEEP=0 TESSERA_PORT=13819 QEMU_NBD_PORT=13820)
@@ -45,7 +45,7 @@ RPOOL=bench
 
 source bench/lib.sh
 require fio rbd ceph python3 numfmt etcd qemu-nbd
-[ -e /usr/lib/x86_64-linux-gnu/qemu/block-rbd.so ] || ls /usr/lib/*/qemu/block-rbd.so > /dev/null 2>&1 ||
+ls /usr/lib/*/qemu/block-rbd.so > /dev/null 2>&1 ||
   { echo "qemu-nbd has no rbd driver: install qemu-block-extra" >&2; exit 1; }
 fio --enghelp 2>/dev/null | grep -qw rbd || { echo "this fio has no rbd engine" >&2; exit 1; }
 fio --enghelp 2>/dev/null | grep -qw nbd || { echo "this fio has no nbd engine" >&2; exit 1; }

@@ -228,13 +228,9 @@ impl Pdu {
 
     /// Appends the serialized PDU to `out` (a batch of PDUs to send in one write).
     pub fn encode_into(&mut self, out: &mut Vec<u8>, header_digest: bool, data_digest: bool) {
-        self.bhs[4] = (self.ahs.len() / 4) as u8;
         let n = self.data.len();
-        self.bhs[5] = (n >> 16) as u8;
-        self.bhs[6] = (n >> 8) as u8;
-        self.bhs[7] = n as u8;
-        let padded = n.div_ceil(4) * 4;
-        out.reserve(BHS_LEN + self.ahs.len() + padded + 8);
+        self.set_lengths(n);
+        out.reserve(BHS_LEN + self.ahs.len() + n.div_ceil(4) * 4 + 8);
         let head = out.len();
         out.extend_from_slice(&self.bhs);
         out.extend_from_slice(&self.ahs);
@@ -242,15 +238,14 @@ impl Pdu {
             let crc = crc32c::crc32c(&out[head..]);
             out.extend_from_slice(&crc.to_le_bytes());
         }
-        if n > 0 {
-            let start = out.len();
-            out.extend_from_slice(&self.data);
-            out.resize(start + padded, 0);
-            if data_digest {
-                let crc = crc32c::crc32c(&out[start..]);
-                out.extend_from_slice(&crc.to_le_bytes());
-            }
-        }
+        out.extend_from_slice(&self.data);
+        out.extend_from_slice(Trailer::of(&self.data, data_digest).as_slice());
+    }
+
+    /// Sets the header's TotalAHSLength and DataSegmentLength (`n` bytes, without padding).
+    fn set_lengths(&mut self, n: usize) {
+        self.bhs[4] = (self.ahs.len() / 4) as u8;
+        self.bhs[5..8].copy_from_slice(&(n as u32).to_be_bytes()[1..]);
     }
 
     /// The bytes around a data segment `data` that the PDU does not hold: the header (BHS,
@@ -267,11 +262,7 @@ impl Pdu {
             self.data.is_empty() && self.ahs.is_empty(),
             "frame is for a PDU whose segment is given apart"
         );
-        let n = data.len();
-        self.bhs[4] = 0;
-        self.bhs[5] = (n >> 16) as u8;
-        self.bhs[6] = (n >> 8) as u8;
-        self.bhs[7] = n as u8;
+        self.set_lengths(data.len());
         let mut head = [0u8; BHS_LEN + 4];
         head[..BHS_LEN].copy_from_slice(&self.bhs);
         let mut head_len = BHS_LEN;
@@ -279,17 +270,7 @@ impl Pdu {
             head[BHS_LEN..].copy_from_slice(&crc32c::crc32c(&self.bhs).to_le_bytes());
             head_len += 4;
         }
-        let pad = n.div_ceil(4) * 4 - n;
-        let mut trailer = Trailer {
-            bytes: [0; 8],
-            len: pad,
-        };
-        if data_digest && n > 0 {
-            let crc = crc32c::crc32c_append(crc32c::crc32c(data), &[0u8; 3][..pad]);
-            trailer.bytes[pad..pad + 4].copy_from_slice(&crc.to_le_bytes());
-            trailer.len += 4;
-        }
-        (head, head_len, trailer)
+        (head, head_len, Trailer::of(data, data_digest))
     }
 
     pub async fn write<W: AsyncWrite + Unpin>(&mut self, w: &mut W, hd: bool, dd: bool) -> std::io::Result<()> {
@@ -306,14 +287,28 @@ pub struct Trailer {
 }
 
 impl Trailer {
+    /// The padding of segment `data` to four bytes and, with `data_digest`, its CRC32C (of
+    /// the data and padding); nothing after an empty segment.
+    fn of(data: &[u8], data_digest: bool) -> Trailer {
+        let n = data.len();
+        let pad = n.div_ceil(4) * 4 - n;
+        let mut trailer = Trailer {
+            bytes: [0; 8],
+            len: pad,
+        };
+        if data_digest && n > 0 {
+            let crc = crc32c::crc32c_append(crc32c::crc32c(data), &[0u8; 3][..pad]);
+            trailer.bytes[pad..pad + 4].copy_from_slice(&crc.to_le_bytes());
+            trailer.len += 4;
+        }
+        trailer
+    }
+
     pub fn as_slice(&self) -> &[u8] {
         &self.bytes[..self.len]
     }
 }
 
-/// Buffers for the AHS and the padded data segment a header announces, and the data length.
-/// A data segment over `max_data` gets no buffer: it is refused once the header digest (if
-/// any) has shown the length can be trusted.
 /// The DataSegmentLength a header announces (without padding).
 pub fn data_segment_length(bhs: &[u8; BHS_LEN]) -> usize {
     ((bhs[5] as usize) << 16) | ((bhs[6] as usize) << 8) | bhs[7] as usize
@@ -328,6 +323,9 @@ pub fn wire_len(buf: &[u8], header_digest: bool, data_digest: bool) -> Option<us
     Some(BHS_LEN + bhs[4] as usize * 4 + digest(header_digest) + data.div_ceil(4) * 4 + digest(data_digest && data > 0))
 }
 
+/// Buffers for the AHS and the padded data segment a header announces, and the data length.
+/// A data segment over `max_data` gets no buffer: it is refused once the header digest (if
+/// any) has shown the length can be trusted.
 fn segments(bhs: &[u8; BHS_LEN], max_data: usize) -> (Vec<u8>, Vec<u8>, usize) {
     let ahs_len = bhs[4] as usize * 4;
     let data_len = data_segment_length(bhs);
