@@ -282,6 +282,11 @@ pub fn standby_lun(unit: &StandbyUnit, ports: Arc<PoolPorts>) -> Lun {
     .with_mode(unit.mode.unwrap_or_default())
 }
 
+/// Whether `lun` is a standby LUN (its pool served by another gateway).
+pub fn is_standby(lun: &Lun) -> bool {
+    lun.backend().as_any().is::<StandbyBackend>()
+}
+
 /// Brings standby LUN `lun` up to date with what the owner now records of its vdisk: a new
 /// size (CAPACITY DATA HAS CHANGED for every host) and new mode settings (MODE PARAMETERS
 /// CHANGED), as the owner's own hosts were told. False if `lun` is not a standby LUN.

@@ -15,7 +15,7 @@ use tracing::warn;
 use crate::error::{ApiError, ApiResult};
 use crate::metrics::IoMetrics;
 use crate::model::SetChap;
-use crate::standby::{refresh_standby, standby_lun, PoolPorts, StandbyUnit};
+use crate::standby::{is_standby, refresh_standby, standby_lun, PoolPorts, StandbyUnit};
 use crate::statefile::{self, change_saved};
 
 /// LUN numbers we hand out: single-level, flat space.
@@ -342,12 +342,22 @@ impl Targets {
     /// Stops presenting the LUNs of pool `pool`, keeping their configuration: the pool is no
     /// longer served here (another gateway took it), and comes back with `present_missing`.
     pub fn withdraw_pool(&self, pool: &str) {
+        self.withdraw(pool, &|_| true);
+    }
+
+    /// Stops presenting the LUNs that serve pool `pool` here, keeping their configuration and
+    /// any standby LUN that took a real one's place already (a pool handed over).
+    pub fn withdraw_served(&self, pool: &str) {
+        self.withdraw(pool, &|l| !is_standby(l));
+    }
+
+    fn withdraw(&self, pool: &str, which: &dyn Fn(&Lun) -> bool) {
         for cfg in self.configs.lock().values() {
             let Some(t) = self.registry.target(&cfg.iqn) else {
                 continue;
             };
             for (&n, vd) in &cfg.luns {
-                if vd.split_once('/').is_some_and(|(p, _)| p == pool) {
+                if vd.split_once('/').is_some_and(|(p, _)| p == pool) && t.lun(n).is_some_and(|l| which(&l)) {
                     t.luns.write().remove(&n);
                 }
             }
@@ -403,13 +413,16 @@ impl Targets {
         out
     }
 
-    /// Presents the configured LUNs of pool `pool` (on RADOS, owned by another gateway) that
-    /// are not presented, as standby ports behind `ports`, and brings the standby LUNs
-    /// presented already up to date; `unit` finds what the pool's metadata records of a
-    /// vdisk ("pool/name"). A vdisk is one logical unit whatever the target, as for LUNs
-    /// served here.
+    /// Presents the configured LUNs of pool `pool` (on RADOS, owned by another gateway) as
+    /// standby ports behind `ports`; `unit` finds what the pool's metadata records of a vdisk
+    /// ("pool/name"). A standby LUN presented already is brought up to date; any other LUN
+    /// (none yet, or the real one of a pool being handed over) is replaced in one step, so
+    /// that a host never finds it missing in between. A vdisk is one logical unit whatever
+    /// the target, as for LUNs served here. A LUN whose vdisk `unit` does not find is left as
+    /// it is.
     pub fn present_standby(&self, pool: &str, ports: &Arc<PoolPorts>, unit: &dyn Fn(&str) -> Option<StandbyUnit>) {
         let configs = self.configs.lock();
+        let mut made: BTreeMap<&str, Option<Arc<Lun>>> = BTreeMap::new();
         for cfg in configs.values() {
             let Some(t) = self.registry.target(&cfg.iqn) else {
                 continue;
@@ -418,20 +431,18 @@ impl Targets {
                 if !vd.split_once('/').is_some_and(|(p, _)| p == pool) {
                     continue;
                 }
-                if let Some(l) = t.lun(n) {
-                    if let Some(u) = unit(vd) {
-                        refresh_standby(&l, &u);
+                let standby = made.entry(vd.as_str()).or_insert_with(|| {
+                    let u = unit(vd)?;
+                    match self.presented(&configs, vd) {
+                        Some(l) if refresh_standby(&l, &u) => Some(l),
+                        _ => Some(Arc::new(standby_lun(&u, ports.clone()))),
                     }
-                    continue;
+                });
+                if let Some(l) = standby {
+                    if !t.lun(n).is_some_and(|c| Arc::ptr_eq(&c, l)) {
+                        t.luns.write().insert(n, l.clone());
+                    }
                 }
-                let l = match self.presented(&configs, vd) {
-                    Some(l) => l,
-                    None => {
-                        let Some(u) = unit(vd) else { continue };
-                        Arc::new(standby_lun(&u, ports.clone()))
-                    }
-                };
-                t.luns.write().insert(n, l);
             }
         }
     }
@@ -698,9 +709,9 @@ mod tests {
     /// Taking a pool over: each of its LUNs is served by its vdisk in place of the standby
     /// LUN, in one step (a host polling the LUN never finds it missing); one vdisk behind two
     /// targets stays one logical unit; a LUN whose vdisk is gone is withdrawn, and LUNs of
-    /// other pools are left as they were.
+    /// other pools are left as they were. Handing it over swaps them back the same way.
     #[test]
-    fn serving_a_pool_puts_its_vdisks_in_place_of_its_standby_luns() {
+    fn serving_a_pool_and_handing_it_over_swap_its_luns_in_one_step() {
         use std::sync::atomic::{AtomicBool, Ordering};
         use tessera_scsi::AccessState;
         use tessera_volume::{LayoutKind, VdiskSpec};
@@ -739,20 +750,28 @@ mod tests {
 
         // This gateway takes the pool, while a host keeps asking for LUN 0.
         let resolve = |vd: &str| (vd == "p/vm").then(|| (engine.clone(), vm.clone()));
-        let done = AtomicBool::new(false);
-        std::thread::scope(|s| {
-            let watcher = s.spawn(|| {
-                let mut looks = 0u64;
-                while !done.load(Ordering::Acquire) {
-                    assert!(lun(a, 0).is_some(), "LUN 0 went missing while the pool was taken");
-                    looks += 1;
+        // `watching` runs `look` until `change` is done, from before it starts.
+        let watching = |look: &(dyn Fn() + Sync), change: &dyn Fn()| {
+            let (started, done) = (AtomicBool::new(false), AtomicBool::new(false));
+            std::thread::scope(|s| {
+                let watcher = s.spawn(|| {
+                    while !done.load(Ordering::Acquire) {
+                        look();
+                        started.store(true, Ordering::Release);
+                    }
+                });
+                while !started.load(Ordering::Acquire) {
+                    std::thread::yield_now();
                 }
-                looks
+                change();
+                done.store(true, Ordering::Release);
+                watcher.join().unwrap();
             });
-            targets.serve_pool("p", &resolve);
-            done.store(true, Ordering::Release);
-            assert!(watcher.join().unwrap() > 0);
-        });
+        };
+        watching(
+            &|| assert!(lun(a, 0).is_some(), "LUN 0 went missing while the pool was taken"),
+            &|| targets.serve_pool("p", &resolve),
+        );
         let served = lun(a, 0).unwrap();
         assert!(!Arc::ptr_eq(&served, &standby));
         assert!(
@@ -764,6 +783,25 @@ mod tests {
         assert!(lun(a, 1).is_none(), "the LUN of a vdisk that is gone is withdrawn");
         assert!(lun(b, 0).is_none(), "another pool's LUN is left as it was");
         assert_eq!(targets.get(a).unwrap().luns.len(), 2, "the configuration stays");
+
+        // Handed over to another gateway: standby LUNs in the real ones' places, in one step
+        // again; withdrawing what served the pool leaves them.
+        watching(
+            &|| assert!(lun(b, 3).is_some(), "LUN 3 went missing while the pool was handed over"),
+            &|| {
+                targets.present_standby("p", &ports, &unit);
+                targets.withdraw_served("p");
+            },
+        );
+        let standby = lun(b, 3).unwrap();
+        assert!(refresh_standby(&standby, &unit("p/vm").unwrap()), "a standby LUN again");
+        assert!(Arc::ptr_eq(&standby, &lun(a, 0).unwrap()), "one logical unit");
+        assert!(
+            lun(a, 1).is_some(),
+            "the vdisk the records have gets its standby LUN again"
+        );
+        targets.withdraw_pool("p");
+        assert!(lun(a, 0).is_none() && lun(b, 3).is_none());
     }
 
     #[test]

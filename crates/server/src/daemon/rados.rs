@@ -9,17 +9,18 @@
 //!
 //! While another gateway owns a pool, the LUNs configured here for its vdisks are presented
 //! as standby ports (crate::standby) from what its metadata records; when this gateway takes
-//! the pool, they are replaced by the real LUNs.
+//! the pool, the real LUNs take their places, and when it hands the pool over, standby LUNs
+//! take the real ones' places: each LUN in one step, so that a host never finds it missing.
 //!
 //! A host whose path to the owner is gone sends its I/O to a standby port. That gateway then
-//! asks for the pool in etcd, and the owner hands it over (flushes, gives it up, presents
-//! standby LUNs) once no host has used it for `HANDOVER_IDLE`; the asking gateway takes it at
+//! asks for the pool in etcd, and the owner hands it over (presents standby LUNs, flushes,
+//! gives it up) once no host has used it for `HANDOVER_IDLE`; the asking gateway takes it at
 //! its next tick. An owner that hosts use is never asked out, so two hosts that prefer
 //! different gateways cannot make the pool bounce between them.
 
 use super::*;
 use crate::rados_pools::{Placement, PoolOwner, Reader, Taking, PLACEMENT_FILE};
-use crate::standby::PoolPorts;
+use crate::standby::{PoolPorts, StandbyUnit};
 use tessera_scsi::AccessState;
 use tracing::debug;
 
@@ -333,12 +334,7 @@ impl Daemon {
     /// vdisk made or resized at the owner since shows as it is). A failure is logged and
     /// tried again at the next tick.
     fn present_standby(&self, name: &str, owner: &PoolOwner) {
-        let Some((ports, placement, reader)) = self
-            .rados
-            .lock()
-            .get(name)
-            .map(|p| (p.ports.clone(), p.placement.clone(), p.reader.clone()))
-        else {
+        let Some(ports) = self.rados.lock().get(name).map(|p| p.ports.clone()) else {
             return;
         };
         if ports.set(AccessState::Standby, Some(owner.name.clone())) {
@@ -348,9 +344,28 @@ impl Daemon {
         }
         // Every tick, the presented ones too: the owner may have resized a vdisk or a host
         // changed its mode settings there.
+        let Some(units) = self.standby_units(name) else {
+            return;
+        };
+        let _admin = self.admin.lock();
+        if !self.rados.lock().get(name).is_some_and(|p| p.owned.is_none()) {
+            return; // exported, destroyed or taken here meanwhile
+        }
+        self.targets.present_standby(name, &ports, &|vd| unit_of(&units, vd));
+    }
+
+    /// What the metadata of pool `name` records of the vdisks its configured LUNs present,
+    /// for their standby LUNs; None (logged, tried again at the next tick) while it cannot be
+    /// read.
+    fn standby_units(&self, name: &str) -> Option<Vec<(String, StandbyUnit)>> {
+        let (placement, reader) = self
+            .rados
+            .lock()
+            .get(name)
+            .map(|p| (p.placement.clone(), p.reader.clone()))?;
         let wanted: Vec<String> = self.targets.vdisks_of_pool(name);
         if wanted.is_empty() {
-            return;
+            return Some(Vec::new());
         }
         let reader = match reader {
             Some(r) => r,
@@ -364,21 +379,14 @@ impl Daemon {
                 }
                 Err(e) => {
                     debug!(pool = %name, error = %e, "cannot read the pool's records for its standby LUNs yet");
-                    return;
+                    return None;
                 }
             },
         };
-        match reader.units(name, &wanted) {
-            Ok(units) => {
-                let _admin = self.admin.lock();
-                if !self.rados.lock().get(name).is_some_and(|p| p.owned.is_none()) {
-                    return; // exported, destroyed or taken here meanwhile
-                }
-                let find = |vd: &str| units.iter().find(|(v, _)| v == vd).map(|(_, u)| u.clone());
-                self.targets.present_standby(name, &ports, &find);
-            }
-            Err(e) => debug!(pool = %name, error = %e, "cannot read the pool's records for its standby LUNs yet"),
-        }
+        reader
+            .units(name, &wanted)
+            .map_err(|e| debug!(pool = %name, error = %e, "cannot read the pool's records for its standby LUNs yet"))
+            .ok()
     }
 
     /// Stops serving pool `name` here: its LUNs, exports and copy tokens are withdrawn (their
@@ -386,7 +394,7 @@ impl Daemon {
     /// served pools, so that `pool list` never misses it in between (while a pool handed over
     /// is checkpointed and given up in etcd, for one). Returns its engine, if it was served.
     fn stop_serving(&self, name: &str, why: String) -> Option<Arc<Engine>> {
-        self.targets.withdraw_pool(name);
+        self.targets.withdraw_served(name);
         self.nbd.withdraw_pool(name);
         self.targets.copy.revoke_pool(name);
         self.unavailable.write().insert(name.to_string(), why);
@@ -565,6 +573,16 @@ impl Daemon {
                 return;
             }
             info!(pool = %name, to, idle_seconds = idle.as_secs(), "handing the pool over to the gateway that asks for it");
+            // The standby LUNs take the real ones' places first, each in one step, so that a
+            // host's path checker here finds the LUN in standby rather than gone. Those whose
+            // records cannot be read now come at the end, or at the next tick.
+            let ports = self.rados.lock().get(name).map(|p| p.ports.clone());
+            if let Some(ports) = ports {
+                ports.set(AccessState::Standby, Some(to.to_string()));
+                if let Some(units) = self.standby_units(name) {
+                    self.targets.present_standby(name, &ports, &|vd| unit_of(&units, vd));
+                }
+            }
             let why = format!(
                 "handed over to gateway {to}, whose hosts asked for it (none used it here for {} s)",
                 idle.as_secs()
@@ -599,8 +617,7 @@ impl Daemon {
                 .pool(name),
             );
         }
-        // The standby LUNs, at once: a host's path checker here finds the LUN in standby
-        // rather than gone.
+        // Any standby LUN not presented yet, at once.
         self.present_standby(
             name,
             &PoolOwner {
@@ -726,4 +743,9 @@ impl Daemon {
             here,
         })
     }
+}
+
+/// The record of vdisk `vd` ("pool/name") among `units`.
+fn unit_of(units: &[(String, StandbyUnit)], vd: &str) -> Option<StandbyUnit> {
+    units.iter().find(|(v, _)| v == vd).map(|(_, u)| u.clone())
 }
