@@ -279,6 +279,95 @@ fn a_pool_on_rados_moves_to_the_other_gateway_when_its_owner_stalls_or_dies() {
     b.stop();
 }
 
+/// A pool whose writes the cluster refused (here its gateway's client is blocklisted, as a
+/// timeout or an operator could have it) is opened again by that gateway, through a fresh
+/// client at a new epoch: the host's flush fails once, then writes and flushes go on, and what
+/// was flushed before is there.
+#[cfg(feature = "rados")]
+#[test]
+fn a_pool_whose_writes_were_refused_is_opened_again_and_goes_on() {
+    let test = "a_pool_whose_writes_were_refused_is_opened_again_and_goes_on";
+    let Some((conf, etcd, _cluster)) = cluster(test) else {
+        return;
+    };
+    let pid = std::process::id();
+    let pool = format!("ro{pid}");
+    let t = tempfile::tempdir().unwrap();
+    let mut a = Daemon::start_configured(
+        &t.path().join("a"),
+        &gateway("gw-a", &etcd, &format!("/tessera-test-{pid}-reopen")),
+    );
+    create_rados_pool(&a, &pool, &conf);
+    let vdisk = format!("{pool}/v");
+    a.ok(&["vdisk", "create", &vdisk, "--size", "64M", "--layout", "simple"]);
+    a.ok(&["nbd", "export", &vdisk]);
+    let uri = format!("nbd://{}/v", a.nbd_address());
+    let write_and_flush = |pattern: &str| {
+        let (ok, out) = run(
+            "qemu-io",
+            &[
+                "-f",
+                "raw",
+                "-c",
+                &format!("write -P {pattern} 0 1M"),
+                "-c",
+                "flush",
+                &uri,
+            ],
+        );
+        (ok && !out.contains("failed") && !out.contains("error"), out)
+    };
+    let (w, out) = qemu_io(&a, "v", "write -P 0xa1 0 4M");
+    assert!(w, "{out}");
+    let (w, out) = write_and_flush("0xa2");
+    assert!(w, "{out}");
+    let before = pool_entry(&a, &pool);
+    let client = before["rados"]["client"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no client address: {before}"))
+        .to_string();
+    let epoch = before["rados"]["epoch"].as_i64().unwrap();
+
+    ok("ceph", &["-c", &conf, "osd", "blocklist", "add", &client]);
+    let (w, out) = write_and_flush("0xb3");
+    assert!(
+        !w,
+        "a flush said durable after the cluster refused the pool's writes: {out}"
+    );
+    // Opened again within a tick or two (and the lease's check, were it another gateway's).
+    let t0 = Instant::now();
+    loop {
+        let (w, out) = write_and_flush("0xc4");
+        if w {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the pool does not take writes again: {out}\n{}",
+            a.logs()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    eprintln!("{test}: writes and flushes go on {:?} after the refusal", t0.elapsed());
+    let (r, out) = qemu_io(&a, "v", "read -P 0xc4 0 1M");
+    assert!(r, "{out}");
+    let (r, out) = qemu_io(&a, "v", "read -P 0xa1 1M 3M");
+    assert!(r, "what was flushed before the refusal is lost: {out}");
+    let after = pool_entry(&a, &pool);
+    assert_eq!(after["rados"]["here"], true, "{after}");
+    assert!(after["rados"]["epoch"].as_i64().unwrap() > epoch, "{after}");
+    assert_ne!(after["rados"]["client"], before["rados"]["client"], "{after}");
+    let events = a.ok(&["events", "--pool", &pool, "-n", "1000"]);
+    assert!(events.contains("opened again"), "{events}");
+    let check = a.json(&["pool", "check", &pool]);
+    assert!(check["problems"].as_array().unwrap().is_empty(), "{check}");
+
+    a.ok(&["nbd", "remove", "v"]);
+    a.ok(&["vdisk", "delete", &vdisk]);
+    a.ok(&["pool", "destroy", &pool]);
+    a.stop();
+}
+
 /// One command from cluster node `node` (its own initiator port) to LUN 0 of `iqn` at
 /// `portal`, in a session of its own, as a node's occasional check would be; unit attentions
 /// waiting for the port (its last session ended, the LUN changed) are cleared first with

@@ -221,6 +221,16 @@ impl FencedDisk {
         self.inner.epoch
     }
 
+    /// The first write sent ahead that the OSDs refused since the disk was opened (a newer
+    /// owner's guard, the blocklist, a timeout), described. From then on every flush fails:
+    /// only the disk opened again, by a client that fences this one off, can say "durable"
+    /// again.
+    pub fn refused(&self) -> Option<String> {
+        let b = self.inner.behind.lock();
+        let (offset, len, why) = b.failed.as_ref()?;
+        Some(format!("a write of {len} bytes at byte {offset} was refused: {why}"))
+    }
+
     /// How many operations the writes sent ahead took so far (writes held back for an
     /// object go in one).
     pub fn writes_sent_ahead(&self) -> u64 {

@@ -272,6 +272,12 @@ fn a_replaced_owners_disk_cannot_write_where_the_new_owner_wrote() {
         "{e}"
     );
     assert!(old.flush().is_err(), "a later flush forgot the refused write");
+    let refused = old.refused().expect("the disk says a write was refused");
+    assert!(
+        refused.contains("4096 bytes at byte 0") && refused.contains("a newer owner wrote here"),
+        "{refused}"
+    );
+    assert_eq!(new.refused(), None);
     // To an object it never wrote (the write that makes it waits): refused at once.
     new.write_at(&theirs, 8 * MIB).unwrap();
     new.flush().unwrap();

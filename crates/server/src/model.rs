@@ -215,6 +215,10 @@ pub struct RadosPoolView {
     pub epoch: Option<i64>,
     /// Whether this daemon is the owner.
     pub here: bool,
+    /// This gateway's client address in the cluster while it owns the pool (what a gateway
+    /// that takes the pool over blocklists; `ceph osd blocklist ls` lists it then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client: Option<String>,
 }
 
 /// The last metadata scan of a pool: its report and a page of its findings.

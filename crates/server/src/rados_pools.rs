@@ -226,6 +226,8 @@ mod real {
         cluster: Arc<Cluster>,
         placement: Placement,
         pub epoch: i64,
+        /// The disks opened through it, to learn whether the OSDs refused a write.
+        disks: parking_lot::Mutex<Vec<std::sync::Weak<FencedDisk>>>,
     }
 
     /// Another gateway's ownership as this one reports it; an earlier run of this very
@@ -350,6 +352,7 @@ mod real {
                 cluster,
                 placement: placement.clone(),
                 epoch: owner.epoch,
+                disks: Default::default(),
             }))
         }
 
@@ -422,16 +425,31 @@ mod real {
             )))
         }
 
-        fn disk(&self, name: &str, size: u64) -> Result<FencedDisk, String> {
+        fn disk(&self, name: &str, size: u64) -> Result<Arc<FencedDisk>, String> {
             let pool = Cluster::shared_pool(&self.cluster, &self.placement.rados_pool).map_err(|e| e.to_string())?;
-            FencedDisk::new(pool, &Placement::data_prefix(name), size, self.epoch).map_err(|e| e.to_string())
+            let disk = FencedDisk::new(pool, &Placement::data_prefix(name), size, self.epoch)
+                .map(Arc::new)
+                .map_err(|e| e.to_string())?;
+            self.disks.lock().push(Arc::downgrade(&disk));
+            Ok(disk)
+        }
+
+        /// The first write the OSDs refused on a disk opened through this connection, if any:
+        /// no flush there can say "durable" again.
+        pub fn refused(&self) -> Option<String> {
+            self.disks.lock().iter().filter_map(|d| d.upgrade()?.refused()).next()
+        }
+
+        /// This connection's address in the cluster (what a newer owner blocklists).
+        pub fn client_address(&self) -> Option<String> {
+            self.cluster.address().ok()
         }
 
         /// Makes pool `name` of `capacity` bytes in the cluster (refused if the cluster holds
         /// one of that name already) and opens an engine on it, with `dir` for what stays
         /// local.
         pub fn create(&self, dir: &Path, name: &str, capacity: u64, slab_size: u64) -> Result<Engine, String> {
-            let disk: DiskRef = Arc::new(self.disk(name, capacity)?);
+            let disk: DiskRef = self.disk(name, capacity)?;
             Engine::create_pool_with_meta(dir, name, vec![disk], slab_size, self.meta(name)?, false)
                 .map_err(|e| e.to_string())
         }
@@ -456,7 +474,7 @@ mod real {
                         reason: format!("not the disk of pool {name} on RADOS ({path})"),
                     })?;
                 self.disk(name, info.size)
-                    .map(|d| Arc::new(d) as DiskRef)
+                    .map(|d| d as DiskRef)
                     .map_err(|reason| tessera_disk::DiskError::Unusable {
                         path: p.to_string(),
                         reason,
@@ -573,6 +591,12 @@ mod absent {
             match self.never {}
         }
         pub fn remove_objects(&self, _: &str, _: u64) -> Result<(), String> {
+            match self.never {}
+        }
+        pub fn refused(&self) -> Option<String> {
+            match self.never {}
+        }
+        pub fn client_address(&self) -> Option<String> {
             match self.never {}
         }
     }

@@ -35,6 +35,10 @@ const ASK_WINDOW: Duration = Duration::from_secs(10);
 /// takes it back itself (should that one never take it).
 const HANDOVER_GRACE: Duration = Duration::from_secs(10);
 
+/// A pool whose disk had a write refused is opened again at most this often: a cluster that
+/// refuses every write would otherwise have it opened again at every tick.
+const REOPEN_EVERY: Duration = Duration::from_secs(30);
+
 /// What this gateway knows of one pool on RADOS.
 pub(crate) struct RadosPool {
     placement: Placement,
@@ -56,6 +60,8 @@ pub(crate) struct RadosPool {
     handed_over: Option<Instant>,
     /// Whether this gateway asks the owner for the pool (in etcd).
     asking: bool,
+    /// When this gateway last gave the pool up to open it again, a write having been refused.
+    reopened: Option<Instant>,
 }
 
 impl RadosPool {
@@ -75,6 +81,7 @@ impl RadosPool {
             activity: (u64::MAX, Instant::now()),
             handed_over: None,
             asking: false,
+            reopened: None,
         }
     }
 }
@@ -459,9 +466,66 @@ impl Daemon {
                 self.bring_rados_pool(&name);
             }
         }
+        self.reopen_refused_pools(gw);
         self.hand_over_asked_pools(gw);
         self.ask_for_wanted_pools(gw);
         self.announce_presence(gw);
+    }
+
+    /// Opens again each pool served here whose disk had a write refused by the OSDs (a
+    /// timeout, a blocklist) while this gateway still owns it: no flush on that opening can
+    /// say "durable" again. The pool is given up and taken again at the next tick by a fresh
+    /// connection that fences the old one off (or by another gateway), and served from what
+    /// the cluster holds, its journal replayed; hosts find its LUNs transitioning meanwhile.
+    /// A pool that another gateway took is left to the lease's check.
+    fn reopen_refused_pools(&self, gw: &crate::rados_pools::Membership) {
+        let refused: Vec<(String, String)> = self
+            .rados
+            .lock()
+            .iter()
+            .filter(|(_, p)| p.reopened.is_none_or(|t| t.elapsed() >= REOPEN_EVERY))
+            .filter_map(|(n, p)| Some((n.clone(), p.owned.as_ref()?.refused()?)))
+            .collect();
+        for (name, why) in refused {
+            match gw.other_owner(&name) {
+                Ok(None) => self.reopen(gw, &name, &why),
+                Ok(Some(_)) => {}
+                Err(e) => {
+                    debug!(pool = %name, error = %e, "cannot learn who owns the pool; it is opened again at a later tick")
+                }
+            }
+        }
+    }
+
+    fn reopen(&self, gw: &crate::rados_pools::Membership, name: &str, why: &str) {
+        let _admin = self.admin.lock();
+        let Some((epoch, ports)) = self
+            .rados
+            .lock()
+            .get(name)
+            .and_then(|p| Some((p.owned.as_ref()?.epoch, p.ports.clone())))
+        else {
+            return;
+        };
+        warn!(pool = %name, why, "the cluster refused a write to the pool: opening it again");
+        // Standby LUNs in the real ones' places, each in one step, transitioning until the
+        // pool is served again.
+        ports.set(AccessState::Transitioning, None);
+        if let Some(units) = self.standby_units(name) {
+            self.targets.present_standby(name, &ports, &|vd| unit_of(&units, vd));
+        }
+        let why = format!("being opened again, the cluster having refused a write ({why})");
+        drop(self.stop_serving(name, why.clone()));
+        let owned = self.rados.lock().get_mut(name).and_then(|p| {
+            p.reopened = Some(Instant::now());
+            p.owned.take()
+        });
+        if let Err(e) = gw.release(name, epoch) {
+            warn!(pool = %name, error = %e, "cannot give the pool up in etcd; it is taken again once the lease lapses");
+        }
+        drop(owned);
+        self.events
+            .record(NewEvent::new(Severity::Warning, "pool.reopened", format!("pool {name} {why}")).pool(name));
     }
 
     /// Asks in etcd for each pool that a host wants served here (it sent a command for the
@@ -741,6 +805,7 @@ impl Daemon {
             owner,
             epoch,
             here,
+            client: p.owned.as_ref().and_then(|o| o.client_address()),
         })
     }
 }
