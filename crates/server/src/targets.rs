@@ -352,13 +352,28 @@ impl Targets {
     }
 
     fn withdraw(&self, pool: &str, which: &dyn Fn(&Lun) -> bool) {
-        for cfg in self.configs.lock().values() {
+        self.for_luns_of_pool(&self.configs.lock(), pool, |_, t, n, _| {
+            if t.lun(n).is_some_and(|l| which(&l)) {
+                t.luns.write().remove(&n);
+            }
+        });
+    }
+
+    /// Calls `f` with each configured LUN of pool `pool` whose target is registered: the
+    /// target's configuration, the target, the LUN's number and its vdisk ("pool/name").
+    fn for_luns_of_pool<'c>(
+        &self,
+        configs: &'c BTreeMap<String, TargetConfig>,
+        pool: &str,
+        mut f: impl FnMut(&'c TargetConfig, &Target, u64, &'c str),
+    ) {
+        for cfg in configs.values() {
             let Some(t) = self.registry.target(&cfg.iqn) else {
                 continue;
             };
             for (&n, vd) in &cfg.luns {
-                if vd.split_once('/').is_some_and(|(p, _)| p == pool) && t.lun(n).is_some_and(|l| which(&l)) {
-                    t.luns.write().remove(&n);
+                if vd.split_once('/').is_some_and(|(p, _)| p == pool) {
+                    f(cfg, &t, n, vd);
                 }
             }
         }
@@ -372,32 +387,22 @@ impl Targets {
     pub fn serve_pool(&self, pool: &str, resolve: &dyn Fn(&str) -> Option<(Arc<Engine>, Arc<Vdisk>)>) {
         let configs = self.configs.lock();
         // One logical unit per vdisk, whatever the target.
-        let mut made: BTreeMap<String, Option<Arc<Lun>>> = BTreeMap::new();
-        for cfg in configs.values() {
-            let Some(t) = self.registry.target(&cfg.iqn) else {
-                continue;
-            };
-            for (&n, vd) in &cfg.luns {
-                if !vd.split_once('/').is_some_and(|(p, _)| p == pool) {
-                    continue;
-                }
-                let lun = made.entry(vd.clone()).or_insert_with(|| {
-                    let Some((e, v)) = resolve(vd) else {
-                        warn!(target = %cfg.iqn, lun = n, vdisk = %vd, "LUN's vdisk is not available; not presented");
-                        return None;
-                    };
-                    self.new_logical_unit(vd, &e, v)
-                        .map_err(
-                            |err| warn!(target = %cfg.iqn, lun = n, vdisk = %vd, error = %err, "LUN not presented"),
-                        )
-                        .ok()
-                });
-                match lun {
-                    Some(l) => t.luns.write().insert(n, l.clone()),
-                    None => t.luns.write().remove(&n),
+        let mut made: BTreeMap<&str, Option<Arc<Lun>>> = BTreeMap::new();
+        self.for_luns_of_pool(&configs, pool, |cfg, t, n, vd| {
+            let lun = made.entry(vd).or_insert_with(|| {
+                let Some((e, v)) = resolve(vd) else {
+                    warn!(target = %cfg.iqn, lun = n, vdisk = %vd, "LUN's vdisk is not available; not presented");
+                    return None;
                 };
-            }
-        }
+                self.new_logical_unit(vd, &e, v)
+                    .map_err(|err| warn!(target = %cfg.iqn, lun = n, vdisk = %vd, error = %err, "LUN not presented"))
+                    .ok()
+            });
+            match lun {
+                Some(l) => t.luns.write().insert(n, l.clone()),
+                None => t.luns.write().remove(&n),
+            };
+        });
     }
 
     /// The vdisks of pool `pool` that configured LUNs present ("pool/name"), once each.
@@ -423,28 +428,20 @@ impl Targets {
     pub fn present_standby(&self, pool: &str, ports: &Arc<PoolPorts>, unit: &dyn Fn(&str) -> Option<StandbyUnit>) {
         let configs = self.configs.lock();
         let mut made: BTreeMap<&str, Option<Arc<Lun>>> = BTreeMap::new();
-        for cfg in configs.values() {
-            let Some(t) = self.registry.target(&cfg.iqn) else {
-                continue;
-            };
-            for (&n, vd) in &cfg.luns {
-                if !vd.split_once('/').is_some_and(|(p, _)| p == pool) {
-                    continue;
+        self.for_luns_of_pool(&configs, pool, |_, t, n, vd| {
+            let standby = made.entry(vd).or_insert_with(|| {
+                let u = unit(vd)?;
+                match self.presented(&configs, vd) {
+                    Some(l) if refresh_standby(&l, &u) => Some(l),
+                    _ => Some(Arc::new(standby_lun(&u, ports.clone()))),
                 }
-                let standby = made.entry(vd.as_str()).or_insert_with(|| {
-                    let u = unit(vd)?;
-                    match self.presented(&configs, vd) {
-                        Some(l) if refresh_standby(&l, &u) => Some(l),
-                        _ => Some(Arc::new(standby_lun(&u, ports.clone()))),
-                    }
-                });
-                if let Some(l) = standby {
-                    if !t.lun(n).is_some_and(|c| Arc::ptr_eq(&c, l)) {
-                        t.luns.write().insert(n, l.clone());
-                    }
+            });
+            if let Some(l) = standby {
+                if !t.lun(n).is_some_and(|c| Arc::ptr_eq(&c, l)) {
+                    t.luns.write().insert(n, l.clone());
                 }
             }
-        }
+        });
     }
 
     /// The logical unit already presented for vdisk `name` by some target, if any.
@@ -461,17 +458,13 @@ impl Targets {
     /// The LUNs presented from vdisks of pool `pool`, once each.
     pub fn luns_of_pool(&self, pool: &str) -> Vec<Arc<Lun>> {
         let mut out: Vec<Arc<Lun>> = Vec::new();
-        for cfg in self.configs.lock().values() {
-            for (&n, vd) in &cfg.luns {
-                if vd.split_once('/').is_some_and(|(p, _)| p == pool) {
-                    if let Some(l) = self.registry.target(&cfg.iqn).and_then(|t| t.lun(n)) {
-                        if !out.iter().any(|o| Arc::ptr_eq(o, &l)) {
-                            out.push(l);
-                        }
-                    }
+        self.for_luns_of_pool(&self.configs.lock(), pool, |_, t, n, _| {
+            if let Some(l) = t.lun(n) {
+                if !out.iter().any(|o| Arc::ptr_eq(o, &l)) {
+                    out.push(l);
                 }
             }
-        }
+        });
         out
     }
 
