@@ -498,7 +498,9 @@ impl Daemon {
     }
 
     fn reopen(&self, gw: &crate::rados_pools::Membership, name: &str, why: &str) {
-        let _admin = self.admin.lock();
+        // Read before the administration waits on this: the cluster may be slow to answer now.
+        let units = self.standby_units(name);
+        let admin = self.admin.lock();
         let Some((epoch, ports)) = self
             .rados
             .lock()
@@ -511,11 +513,11 @@ impl Daemon {
         // Standby LUNs in the real ones' places, each in one step, transitioning until the
         // pool is served again.
         ports.set(AccessState::Transitioning, None);
-        if let Some(units) = self.standby_units(name) {
+        if let Some(units) = units {
             self.targets.present_standby(name, &ports, &|vd| unit_of(&units, vd));
         }
         let why = format!("being opened again, the cluster having refused a write ({why})");
-        drop(self.stop_serving(name, why.clone()));
+        let engine = self.stop_serving(name, why.clone());
         let owned = self.rados.lock().get_mut(name).and_then(|p| {
             p.reopened = Some(Instant::now());
             p.owned.take()
@@ -523,9 +525,13 @@ impl Daemon {
         if let Err(e) = gw.release(name, epoch) {
             warn!(pool = %name, error = %e, "cannot give the pool up in etcd; it is taken again once the lease lapses");
         }
-        drop(owned);
         self.events
             .record(NewEvent::new(Severity::Warning, "pool.reopened", format!("pool {name} {why}")).pool(name));
+        // Its disk waits for the writes it sent when it goes: not while the administration
+        // waits.
+        drop(admin);
+        drop(engine);
+        drop(owned);
     }
 
     /// Asks in etcd for each pool that a host wants served here (it sent a command for the
