@@ -102,8 +102,19 @@ fn until_served(d: &Daemon, pool: &str, limit: Duration) -> Duration {
 
 #[cfg(feature = "rados")]
 fn qemu_io(d: &Daemon, export: &str, cmd: &str) -> (bool, String) {
+    qemu_io_all(d, export, &[cmd])
+}
+
+/// Runs `cmds` in one qemu-io, one connection, in order.
+#[cfg(feature = "rados")]
+fn qemu_io_all(d: &Daemon, export: &str, cmds: &[&str]) -> (bool, String) {
     let uri = format!("nbd://{}/{export}", d.nbd_address());
-    let (ok, out) = run("qemu-io", &["-f", "raw", "-c", cmd, &uri]);
+    let mut args = vec!["-f", "raw"];
+    for &c in cmds {
+        args.extend(["-c", c]);
+    }
+    args.push(&uri);
+    let (ok, out) = run("qemu-io", &args);
     // qemu-io reports a failed request on its output and may still exit 0.
     (ok && !out.contains("failed") && !out.contains("error"), out)
 }
@@ -301,22 +312,7 @@ fn a_pool_whose_writes_were_refused_is_opened_again_and_goes_on() {
     let vdisk = format!("{pool}/v");
     a.ok(&["vdisk", "create", &vdisk, "--size", "64M", "--layout", "simple"]);
     a.ok(&["nbd", "export", &vdisk]);
-    let uri = format!("nbd://{}/v", a.nbd_address());
-    let write_and_flush = |pattern: &str| {
-        let (ok, out) = run(
-            "qemu-io",
-            &[
-                "-f",
-                "raw",
-                "-c",
-                &format!("write -P {pattern} 0 1M"),
-                "-c",
-                "flush",
-                &uri,
-            ],
-        );
-        (ok && !out.contains("failed") && !out.contains("error"), out)
-    };
+    let write_and_flush = |pattern: &str| qemu_io_all(&a, "v", &[&format!("write -P {pattern} 0 1M"), "flush"]);
     let (w, out) = qemu_io(&a, "v", "write -P 0xa1 0 4M");
     assert!(w, "{out}");
     let (w, out) = write_and_flush("0xa2");

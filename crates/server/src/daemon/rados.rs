@@ -408,6 +408,38 @@ impl Daemon {
         self.pools.write().remove(name)
     }
 
+    /// Gives up pool `name`, owned here at `epoch`, as a handover and a reopening do: the
+    /// pool's ports take the state given, standby LUNs take the real ones' places (each in
+    /// one step, so that a host's path checker finds the LUN in standby or transitioning,
+    /// never gone), the pool stops being served, `settle` runs on its engine (before etcd
+    /// hears of it: a checkpoint, say), `mark` notes why on its entry, and its ownership is
+    /// released in etcd. Returns its engine and its owned connection, for the caller to let
+    /// go of once the administration no longer waits on it.
+    fn give_up(
+        &self,
+        g: GivingUp<'_>,
+        settle: impl FnOnce(&Engine),
+        mark: impl FnOnce(&mut RadosPool),
+    ) -> (Option<Arc<Engine>>, Option<crate::rados_pools::Owned>) {
+        let (state, owner) = g.access;
+        g.ports.set(state, owner);
+        if let Some(units) = g.units {
+            self.targets.present_standby(g.name, g.ports, &|vd| unit_of(&units, vd));
+        }
+        let engine = self.stop_serving(g.name, g.why);
+        if let Some(engine) = &engine {
+            settle(engine);
+        }
+        let owned = self.rados.lock().get_mut(g.name).and_then(|p| {
+            mark(p);
+            p.owned.take()
+        });
+        if let Err(e) = g.gw.release(g.name, g.epoch) {
+            warn!(pool = %g.name, error = %e, "cannot give the pool up in etcd; it stays owned here until the lease lapses");
+        }
+        (engine, owned)
+    }
+
     /// Stops serving every pool on RADOS this gateway owned: its lease is lost, so another
     /// gateway may own them already. Their LUNs and exports are withdrawn (their
     /// configuration stays, for when the pool is taken again).
@@ -510,21 +542,22 @@ impl Daemon {
             return;
         };
         warn!(pool = %name, why, "the cluster refused a write to the pool: opening it again");
-        // Standby LUNs in the real ones' places, each in one step, transitioning until the
-        // pool is served again.
-        ports.set(AccessState::Transitioning, None);
-        if let Some(units) = units {
-            self.targets.present_standby(name, &ports, &|vd| unit_of(&units, vd));
-        }
+        // Transitioning until the pool is served again. Nothing to settle: the disk's
+        // writes are refused.
         let why = format!("being opened again, the cluster having refused a write ({why})");
-        let engine = self.stop_serving(name, why.clone());
-        let owned = self.rados.lock().get_mut(name).and_then(|p| {
-            p.reopened = Some(Instant::now());
-            p.owned.take()
-        });
-        if let Err(e) = gw.release(name, epoch) {
-            warn!(pool = %name, error = %e, "cannot give the pool up in etcd; it is taken again once the lease lapses");
-        }
+        let (engine, owned) = self.give_up(
+            GivingUp {
+                gw,
+                name,
+                epoch,
+                ports: &ports,
+                units,
+                access: (AccessState::Transitioning, None),
+                why: why.clone(),
+            },
+            |_| {},
+            |p| p.reopened = Some(Instant::now()),
+        );
         self.events
             .record(NewEvent::new(Severity::Warning, "pool.reopened", format!("pool {name} {why}")).pool(name));
         // Its disk waits for the writes it sent when it goes: not while the administration
@@ -607,19 +640,19 @@ impl Daemon {
         }
     }
 
-    /// Gives pool `name` up to gateway `to`, which asked for it: its LUNs and exports are
-    /// withdrawn (their configuration stays), the pool flushed with a checkpoint so that the
-    /// next owner has nothing to replay, and its ownership released in etcd; its LUNs are
-    /// then presented as standby ports. Maintenance jobs on it give way first (see
+    /// Gives pool `name` up to gateway `to`, which asked for it: standby LUNs take its LUNs'
+    /// places, its exports are withdrawn (their configuration stays), the pool is flushed
+    /// with a checkpoint so that the next owner has nothing to replay, and its ownership is
+    /// released in etcd. Maintenance jobs on it give way first (see
     /// [`YIELDS_TO_HOSTS`]); any other job keeps the pool here until it ends.
     fn hand_over(&self, gw: &crate::rados_pools::Membership, name: &str, to: &str, idle: Duration) {
         {
             let _admin = self.admin.lock();
-            let Some(epoch) = self
+            let Some((epoch, ports)) = self
                 .rados
                 .lock()
                 .get(name)
-                .and_then(|p| p.owned.as_ref().map(|o| o.epoch))
+                .and_then(|p| Some((p.owned.as_ref()?.epoch, p.ports.clone())))
             else {
                 return;
             };
@@ -643,37 +676,37 @@ impl Daemon {
                 return;
             }
             info!(pool = %name, to, idle_seconds = idle.as_secs(), "handing the pool over to the gateway that asks for it");
-            // The standby LUNs take the real ones' places first, each in one step, so that a
-            // host's path checker here finds the LUN in standby rather than gone. Those whose
-            // records cannot be read now come at the end, or at the next tick.
-            let ports = self.rados.lock().get(name).map(|p| p.ports.clone());
-            if let Some(ports) = ports {
-                ports.set(AccessState::Standby, Some(to.to_string()));
-                if let Some(units) = self.standby_units(name) {
-                    self.targets.present_standby(name, &ports, &|vd| unit_of(&units, vd));
-                }
-            }
+            // Those LUNs whose records cannot be read now come at the end, or at the next tick.
+            let units = self.standby_units(name);
             let why = format!(
                 "handed over to gateway {to}, whose hosts asked for it (none used it here for {} s)",
                 idle.as_secs()
             );
-            if let Some(engine) = self.stop_serving(name, why) {
-                if let Err(e) = engine.checkpoint() {
-                    // What was acknowledged is in the journal all the same: the next owner
-                    // replays it.
-                    warn!(pool = %name, error = %e, "cannot checkpoint the pool before handing it over");
-                }
-            }
+            let (engine, owned) = self.give_up(
+                GivingUp {
+                    gw,
+                    name,
+                    epoch,
+                    ports: &ports,
+                    units,
+                    access: (AccessState::Standby, Some(to.to_string())),
+                    why,
+                },
+                |engine| {
+                    if let Err(e) = engine.checkpoint() {
+                        // What was acknowledged is in the journal all the same: the next
+                        // owner replays it.
+                        warn!(pool = %name, error = %e, "cannot checkpoint the pool before handing it over");
+                    }
+                },
+                |p| {
+                    p.handed_over = Some(Instant::now());
+                    p.elsewhere = None;
+                },
+            );
             // Only now: this daemon no longer has the pool to go on with its scrub.
             self.scrub_watch.release_after_handover(name);
-            let owned = self.rados.lock().get_mut(name).and_then(|p| {
-                p.handed_over = Some(Instant::now());
-                p.elsewhere = None;
-                p.owned.take()
-            });
-            if let Err(e) = gw.release(name, epoch) {
-                warn!(pool = %name, error = %e, "cannot give the pool up in etcd; it is taken again here after the grace");
-            }
+            drop(engine);
             drop(owned);
             self.events.record(
                 NewEvent::new(
@@ -814,6 +847,20 @@ impl Daemon {
             client: p.owned.as_ref().and_then(|o| o.client_address()),
         })
     }
+}
+
+/// What [`Daemon::give_up`] gives up, and how the pool's ports say so.
+struct GivingUp<'a> {
+    gw: &'a crate::rados_pools::Membership,
+    name: &'a str,
+    epoch: i64,
+    ports: &'a Arc<PoolPorts>,
+    /// The records of the standby LUNs to present; None when they could not be read (the
+    /// next tick presents them).
+    units: Option<Vec<(String, StandbyUnit)>>,
+    access: (AccessState, Option<String>),
+    /// Why the pool is listed as unavailable here meanwhile.
+    why: String,
 }
 
 /// The record of vdisk `vd` ("pool/name") among `units`.
