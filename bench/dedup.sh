@@ -20,7 +20,7 @@
 # layout and grain size), and fio (nbd engine) reads 256 KiB sequentially and 4 KiB at random
 # from both over NBD: optimized / not.
 #
-# COMPRESSION=zstd|lz4|off sets how grains with no duplicate are stored.
+# COMPRESSION=zstd|lz4|balanced|off sets how grains with no duplicate are stored.
 # TESSERA_BIN=path skips the cargo build. KEEP=1 keeps $DIR.
 # Usage: bench/dedup.sh   (SETS="os pgdump files" LAYOUT=mirror DIR=/var/tmp/tessera-bench-dedup
 #          DURATION=15 RUNS=3 COMPRESSION=zstd PROFILE=release TESSERA_BIN= KEEP=0 PERF=)

@@ -735,7 +735,7 @@ pub struct SetDedup {
     pub schedule_secs: Option<u64>,
     /// Bytes per second a background run reads.
     pub background_rate: Option<u64>,
-    /// How grains with no duplicate are compressed: zstd, lz4 or off.
+    /// How grains with no duplicate are compressed: zstd, lz4, balanced or off.
     pub compression: Option<Compression>,
     /// A slot on a layout with no redundancy that more grains than this share is kept in a
     /// second copy; 0: none (default 100).

@@ -505,7 +505,7 @@ fn a_grain_that_a_snapshot_holds_too_stays_plain_and_the_snapshot_reads_it() {
 }
 
 #[test]
-fn compression_can_be_lz4_or_off_and_incompressible_grains_stay_plain() {
+fn compression_can_be_lz4_balanced_or_off_and_incompressible_grains_stay_plain() {
     let rig = Rig::new(4, 64 * MIB, MIB);
     let e = rig.engine();
     enable_dedup(e, Compression::Off);
@@ -527,6 +527,24 @@ fn compression_can_be_lz4_or_off_and_incompressible_grains_stay_plain() {
     assert_eq!(read_all(e, "lz4", MIB as usize), compressible(12, 0, MIB as usize));
     assert_eq!(read_all(e, "noise", MIB as usize), noise);
     assert_eq!(read_all(e, "off", MIB as usize), text);
+    // Balanced: hex digits, which lz4 cannot shrink by an eighth, go to zstd; text stays
+    // in lz4; both read back from one pool.
+    enable_dedup(e, Compression::Balanced);
+    vdisk(e, "balanced", MIB, LayoutKind::Mirror);
+    let half = MIB as usize / 2;
+    let hex: Vec<u8> = (0..half as u64 / G)
+        .flat_map(|b| unique_block(9000 + b))
+        .map(|x| b"0123456789abcdef"[(x & 15) as usize])
+        .collect();
+    let mixed: Vec<u8> = hex.into_iter().chain(compressible(13, 0, half)).collect();
+    e.vdisk("balanced").unwrap().write(0, &mixed, false).unwrap();
+    let r = run_dedup(e);
+    assert_eq!(
+        r.grains_compressed,
+        MIB / G,
+        "every grain, in one codec or the other: {r:?}"
+    );
+    assert_eq!(read_all(e, "balanced", MIB as usize), mixed);
     rig.assert_consistent();
 }
 

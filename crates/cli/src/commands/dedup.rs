@@ -27,6 +27,7 @@ pub(super) fn dedup(c: &Ctx, cmd: DedupCmd) -> R {
                 compression: compression.map(|c| match c {
                     CompressionArg::Zstd => Compression::Zstd,
                     CompressionArg::Lz4 => Compression::Lz4,
+                    CompressionArg::Balanced => Compression::Balanced,
                     CompressionArg::Off => Compression::Off,
                 }),
                 hot_copy_refs,
