@@ -34,7 +34,7 @@ use std::time::Instant;
 
 use parking_lot::{Mutex, RwLock};
 use tessera_dedup::{
-    class_tag, Compression, DedupSettings, DedupStatus, FingerprintIndex, Fingerprinter, GcReport, HashTail,
+    class_tag, Compression, DedupMode, DedupSettings, DedupStatus, FingerprintIndex, Fingerprinter, GcReport, HashTail,
     IndexEntry, IndexKey, Pace, PassOptions, PassReport, VdiskSavings, Vouch,
 };
 use tessera_disk::AlignedBuf;
@@ -57,9 +57,22 @@ use crate::write_clock::{now_secs, REGION};
 const SETTINGS_KEY: &[u8] = b"dedup";
 /// A batch's plain grains are read in runs of at most this many bytes.
 const MAX_RUN_BYTES: u64 = 1 << 20;
-/// Threads that fingerprint and compress batches, each one batch at a time: fingerprints and
-/// compression are the CPU of a run.
-const HASHERS: usize = 2;
+/// Threads that fingerprint and compress batches in a throughput run, each one batch at a
+/// time (fingerprints and compression are the CPU of a run), at most: one per core, as a
+/// run asked for at full speed should use the machine. Past four, the stage that shares and
+/// commits (one thread) is the one that waits; a background run takes one, as it should
+/// stay out of the way of the vdisks' I/O.
+const MAX_HASHERS: usize = 4;
+
+/// How many threads fingerprint and compress in a run of this mode.
+fn hashers(mode: DedupMode) -> usize {
+    match mode {
+        DedupMode::Background => 1,
+        DedupMode::Throughput => std::thread::available_parallelism()
+            .map_or(2, |n| n.get())
+            .clamp(1, MAX_HASHERS),
+    }
+}
 /// Bytes of a vdisk a run reads, fingerprints and remaps at a time, holding the locks of
 /// those grains (and of the grains their candidates belong to) only for the compare and the
 /// commit. Each batch that shares anything is one metadata commit, with its flush of the
@@ -223,6 +236,7 @@ impl Engine {
                 cutoff,
                 &owners,
                 settings.compression,
+                hashers(opts.mode),
                 &mut pace,
                 &mut report,
                 progress,
@@ -252,7 +266,7 @@ impl Engine {
 
     /// Optimizes the regions of `v` written since a run last read them, and not after
     /// `cutoff`. Four stages overlap, so that neither the disks nor the cores wait for
-    /// another stage: one thread reads batches; `HASHERS` threads each fingerprint a batch,
+    /// another stage: one thread reads batches; `hashers` threads each fingerprint a batch,
     /// look its fingerprints up and compress what looks new (each keeping its compression
     /// context from batch to batch); this one shares, packs and commits them (under their
     /// locks, with the commit's flush), in the order they come ready; one more puts the
@@ -265,6 +279,7 @@ impl Engine {
         cutoff: u32,
         owners: &HashMap<u64, Arc<Vdisk>>,
         compression: Compression,
+        hashers: usize,
         pace: &mut Pace,
         report: &mut PassReport,
         progress: &Progress,
@@ -275,7 +290,8 @@ impl Engine {
         let (read_tx, read_rx) = sync_channel::<Result<Prepared>>(1);
         let read_rx = Mutex::new(read_rx);
         let recent = Recent::default();
-        let spare = Spare::default();
+        // Buffers kept at most: as many as there are batches between stages.
+        let spare = Spare::keeping(hashers + 3);
         std::thread::scope(|scope| {
             let (ready_tx, rx) = sync_channel::<Result<Prepared>>(1);
             let (index_tx, index_rx) = sync_channel::<(Vec<(IndexKey, IndexEntry)>, Vec<u64>)>(2);
@@ -307,7 +323,7 @@ impl Engine {
                     }
                 }
             });
-            for _ in 0..HASHERS {
+            for _ in 0..hashers {
                 let (read_rx, ready_tx) = (&read_rx, ready_tx.clone());
                 scope.spawn(move || loop {
                     let Ok(batch) = read_rx.lock().recv() else {
@@ -1037,15 +1053,21 @@ struct Prepared {
 /// Batch buffers given back once their batch is settled, for the reader to fill again: a
 /// fresh 16 MiB buffer for every batch cost its page faults and zeroing, a tenth of a run's
 /// time. A buffer taken again holds what its last batch read.
-#[derive(Default)]
-struct Spare(Mutex<Vec<AlignedBuf>>);
-
-/// Buffers kept at most: as many as there are batches between stages.
-const SPARE_BUFFERS: usize = HASHERS + 3;
+struct Spare {
+    kept: Mutex<Vec<AlignedBuf>>,
+    most: usize,
+}
 
 impl Spare {
+    fn keeping(most: usize) -> Spare {
+        Spare {
+            kept: Mutex::new(Vec::with_capacity(most)),
+            most,
+        }
+    }
+
     fn take(&self, len: usize) -> AlignedBuf {
-        let mut kept = self.0.lock();
+        let mut kept = self.kept.lock();
         match kept.iter().position(|b| b.len() == len) {
             Some(i) => kept.swap_remove(i),
             None => {
@@ -1056,8 +1078,8 @@ impl Spare {
     }
 
     fn give(&self, buf: AlignedBuf) {
-        let mut kept = self.0.lock();
-        if kept.len() < SPARE_BUFFERS {
+        let mut kept = self.kept.lock();
+        if kept.len() < self.most {
             kept.push(buf);
         }
     }

@@ -52,6 +52,7 @@ enum Op {
     },
     Dedup {
         weak: bool,
+        background: bool,
     },
     Flush,
     Clone {
@@ -106,7 +107,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0..2usize, range.clone(), any::<bool>()).prop_map(|(vd, (blk, n), unmap)| Op::Zero { vd, blk, n, unmap }),
         2 => (0..2usize, range.clone()).prop_map(|(vd, (blk, n))| Op::Trim { vd, blk, n }),
         3 => (0..2usize, 0..BLOCKS / GRAIN_BLOCKS, 1u64..6, 0..4u64).prop_map(|(vd, grain, grains, content)| Op::WriteCommon { vd, grain, grains, content }),
-        2 => any::<bool>().prop_map(|weak| Op::Dedup { weak }),
+        2 => (any::<bool>(), any::<bool>()).prop_map(|(weak, background)| Op::Dedup { weak, background }),
         1 => Just(Op::Flush),
         // Half of the clones grain-aligned, so that sharing (not copying) is exercised.
         3 => (0..2usize, 0..2usize, 0..BLOCKS, 0..BLOCKS, 1u64..300, any::<bool>()).prop_map(|(src, dst, s, d, n, aligned)| {
@@ -202,16 +203,22 @@ fn run_with(kind: LayoutKind, copies: Option<u8>, prov: Provisioning, ops: Vec<O
                 m.data[vd][off as usize..off as usize + len].copy_from_slice(&bytes);
                 wrote = true;
             }
-            Op::Dedup { weak } => {
+            Op::Dedup { weak, background } => {
                 e.set_fingerprinter(if weak {
                     Fingerprinter::Weak { bits: 2 }
                 } else {
                     Fingerprinter::Blake3
                 });
+                // A background run fingerprints on one thread, a throughput run on up to one
+                // per core; both unpaced here.
                 let opts = PassOptions {
-                    mode: DedupMode::Throughput,
+                    mode: if background {
+                        DedupMode::Background
+                    } else {
+                        DedupMode::Throughput
+                    },
+                    rate: Some(0),
                     ignore_min_age: true,
-                    ..Default::default()
                 };
                 e.dedup_run(&opts, &Progress::default()).unwrap();
             }
@@ -484,7 +491,10 @@ fn parity_a_dedup_between_two_disk_failures_with_a_repair_between() {
                     seed: 0,
                     fua: false,
                 },
-                Op::Dedup { weak: false },
+                Op::Dedup {
+                    weak: false,
+                    background: false,
+                },
                 Op::Repair,
                 Op::FailDisk { disk: 0, admin: false },
                 Op::Write {
