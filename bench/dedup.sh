@@ -18,26 +18,29 @@
 #
 # Then rehydration: the first OS image is imported again into a vdisk left out of dedup (same
 # layout and grain size), and fio (nbd engine) reads 256 KiB sequentially and 4 KiB at random
-# from both over NBD: optimized / not.
+# from both over NBD: optimized / not, in RH_PAIRS pairs of RH_SECONDS-second runs, with the
+# daemon's CPU time per request beside each.
 #
 # COMPRESSION=zstd|lz4|balanced|off sets how grains with no duplicate are stored.
 # TESSERA_BIN=path skips the cargo build. KEEP=1 keeps $DIR.
 # Usage: bench/dedup.sh   (SETS="os pgdump files" LAYOUT=mirror DIR=/var/tmp/tessera-bench-dedup
-#          DURATION=15 RUNS=3 COMPRESSION=zstd PROFILE=release TESSERA_BIN= KEEP=0 PERF=)
+#          COMPRESSION=zstd RH_PAIRS=9 RH_SECONDS=3 PROFILE=release TESSERA_BIN= KEEP=0 PERF=)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SETS=${SETS:-"os pgdump files"}
 LAYOUT=${LAYOUT:-mirror}
 DIR=${DIR:-/var/tmp/tessera-bench-dedup}
-DURATION=${DURATION:-15}
-RUNS=${RUNS:-3}
 COMPRESSION=${COMPRESSION:-zstd}
+RH_PAIRS=${RH_PAIRS:-9}
+RH_SECONDS=${RH_SECONDS:-3}
 NBD_PORT=${NBD_PORT:-10829}
 source bench/lib.sh
 require fio python3 restic borg
 fio --enghelp 2>/dev/null | grep -qw nbd || { echo "this fio has no nbd engine" >&2; exit 1; }
 tessera_binary
 mkdir -p "$DIR"
+# The daemon's user and system CPU time so far, in clock ticks.
+daemon_cpu_ticks() { awk '{print $14 + $15}' "/proc/$(cat "$DIR/tessera.pid")/stat"; }
 stop_tessera() { kill "$(cat "$DIR/tessera.pid" 2>/dev/null)" 2>/dev/null || true; sleep 1; }
 trap 'stop_tessera; [ "${KEEP:-0}" = 1 ] || rm -rf "$DIR"' EXIT
 
@@ -122,15 +125,20 @@ for set in $SETS; do
     logged setup.log "$T" vdisk import bench/plain "$first" --layout "$LAYOUT" --grain 4K
     logged setup.log "$T" nbd export bench/os1
     logged setup.log "$T" nbd export bench/plain
-    for run in $(seq "$RUNS"); do
-      for v in os1 plain; do
-        for w in "read 256k 8" "randread 4k 32"; do
-          set -- $w
+    # Pairs of short runs, the two vdisks one right after the other and in turn first, so that
+    # a change in the machine's speed (it is shared) falls on both sides of a pair; each line
+    # also has the daemon's CPU time per request, which such changes move far less than IOPS.
+    for pair in $(seq "$RH_PAIRS"); do
+      order="os1 plain"; [ $((pair % 2)) = 0 ] && order="plain os1"
+      for w in "read 256k 8" "randread 4k 32"; do
+        set -- $w
+        for v in $order; do
+          c0=$(daemon_cpu_ticks)
           r=$(fio --name=r --ioengine=nbd --uri="nbd://127.0.0.1:$NBD_PORT/$v" --rw="$1" --bs="$2" \
-                --iodepth="$3" --time_based --runtime="$DURATION" --output-format=json \
+                --iodepth="$3" --time_based --runtime="$RH_SECONDS" --output-format=json \
             | python3 -c 'import json,sys; t=sys.stdin.read(); r=json.loads(t[t.index("{"):])["jobs"][0]["read"]
-print(r["bw_bytes"]/1e6, r["iops"])')
-          RESULT[rh-$v-$1]+="$r"$'\n'
+print(r["bw_bytes"]/1e6, r["iops"], r["total_ios"])')
+          RESULT[rh-$v-$1]+="$r $(( $(daemon_cpu_ticks) - c0 ))"$'\n'
         done
       done
     done
@@ -180,11 +188,18 @@ try:
 except FileNotFoundError:
     pass
 if "rh-os1-read" in res:
-    print("\n| rehydration (fio over NBD) | optimized | not deduplicated | ratio |")
-    print("|---|---:|---:|---:|")
+    tick_us = 1e6 / __import__("os").sysconf("SC_CLK_TCK")
+    print("\n| rehydration (fio over NBD) | optimized | not deduplicated | ratio, median of the pairs (range) "
+          "| daemon CPU per request, optimized / not (µs) |")
+    print("|---|---:|---:|---:|---:|")
     for w, col, unit in [("read", 0, "MB/s"), ("randread", 1, "IOPS")]:
-        a = statistics.median(float(l.split()[col]) for l in res[f"rh-os1-{w}"].strip().split("\n"))
-        b = statistics.median(float(l.split()[col]) for l in res[f"rh-plain-{w}"].strip().split("\n"))
+        runs = {v: [[float(x) for x in l.split()] for l in res[f"rh-{v}-{w}"].strip().split("\n")]
+                for v in ["os1", "plain"]}
+        a = statistics.median(r[col] for r in runs["os1"])
+        b = statistics.median(r[col] for r in runs["plain"])
+        ratios = [x[col] / y[col] for x, y in zip(runs["os1"], runs["plain"])]
+        cpu = {v: statistics.median(r[3] * tick_us / r[2] for r in runs[v]) for v in runs}
         label = "256K sequential read" if w == "read" else "4K random read"
-        print(f"| {label} ({unit}) | {a:.0f} | {b:.0f} | {a/b:.2f} |")
+        print(f"| {label} ({unit}) | {a:.0f} | {b:.0f} | {statistics.median(ratios):.2f} "
+              f"({min(ratios):.2f} to {max(ratios):.2f}) | {cpu['os1']:.1f} / {cpu['plain']:.1f} |")
 EOF
