@@ -24,13 +24,13 @@
 # COMPRESSION=zstd|lz4|balanced|off sets how grains with no duplicate are stored.
 # TESSERA_BIN=path skips the cargo build. KEEP=1 keeps $DIR.
 # Usage: bench/dedup.sh   (SETS="os pgdump files" LAYOUT=mirror DIR=/var/tmp/tessera-bench-dedup
-#          COMPRESSION=zstd RH_PAIRS=9 RH_SECONDS=3 PROFILE=release TESSERA_BIN= KEEP=0 PERF=)
+#          COMPRESSION=balanced RH_PAIRS=9 RH_SECONDS=3 PROFILE=release TESSERA_BIN= KEEP=0 PERF=)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SETS=${SETS:-"os pgdump files"}
 LAYOUT=${LAYOUT:-mirror}
 DIR=${DIR:-/var/tmp/tessera-bench-dedup}
-COMPRESSION=${COMPRESSION:-zstd}
+COMPRESSION=${COMPRESSION:-balanced}
 RH_PAIRS=${RH_PAIRS:-9}
 RH_SECONDS=${RH_SECONDS:-3}
 NBD_PORT=${NBD_PORT:-10829}

@@ -340,8 +340,8 @@ pub enum CompressionArg {
     Zstd,
     /// lz4: faster to read back, less saved.
     Lz4,
-    /// lz4, or zstd where it saves an eighth of a grain more: most of zstd's savings, about
-    /// half the grains read back at lz4's speed.
+    /// lz4, or zstd where lz4 saves less than half the grain and zstd a sixteenth more: most
+    /// of zstd's savings, about half the grains read back at lz4's speed.
     Balanced,
     /// Grains are shared only, never compressed.
     Off,
@@ -368,7 +368,7 @@ pub enum DedupCmd {
         /// Read rate of background runs, e.g. 64M (per second).
         #[arg(long, value_parser = parse_size)]
         background_rate: Option<u64>,
-        /// How grains with no duplicate are compressed (default zstd; only where it saves
+        /// How grains with no duplicate are compressed (default balanced; only where it saves
         /// an eighth of the grain or more).
         #[arg(long, value_enum)]
         compression: Option<CompressionArg>,

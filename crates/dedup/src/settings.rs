@@ -27,7 +27,7 @@ pub struct DedupSettings {
     pub background_rate: u64,
     /// How the grains a run finds no duplicate for are compressed (only where that saves
     /// a sector).
-    #[serde(default)]
+    #[serde(default = "compression_of_older_records")]
     pub compression: Compression,
     /// A slot on a layout with no redundancy that more grains than this share (dedup, clones,
     /// snapshots) is kept in a second copy, as Windows' ChunkRedundancyThreshold; 0: none.
@@ -37,6 +37,12 @@ pub struct DedupSettings {
 
 /// Windows deduplication's rule: a chunk referenced more than 100 times is kept twice.
 pub const DEFAULT_HOT_COPY_REFS: u32 = 100;
+
+/// A record written before the codec was kept in it is a pool that has compressed with
+/// zstd since: it goes on doing so (a pool whose dedup is first enabled gets the default).
+fn compression_of_older_records() -> Compression {
+    Compression::Zstd
+}
 
 fn default_hot_copy_refs() -> u32 {
     DEFAULT_HOT_COPY_REFS
@@ -148,5 +154,6 @@ mod tests {
         assert_eq!(s.min_age_secs, 3600);
         assert!(s.vdisks.is_empty());
         assert_eq!(s.compression, Compression::Zstd);
+        assert_eq!(DedupSettings::default().compression, Compression::Balanced);
     }
 }
