@@ -58,10 +58,10 @@ const SETTINGS_KEY: &[u8] = b"dedup";
 /// A batch's plain grains are read in runs of at most this many bytes.
 const MAX_RUN_BYTES: u64 = 1 << 20;
 /// Threads that fingerprint and compress batches in a throughput run, each one batch at a
-/// time (fingerprints and compression are the CPU of a run), at most: one per core, as a
-/// run asked for at full speed should use the machine. Past four, the stage that shares and
-/// commits (one thread) is the one that waits; a background run takes one, as it should
-/// stay out of the way of the vdisks' I/O.
+/// time (fingerprints and compression are the CPU of a run): one per core, as a run asked
+/// for at full speed should use the machine, and four at most, as each holds a 16 MiB batch
+/// and the one thread that shares and commits would soon be what the others wait for. A
+/// background run takes one, to stay out of the way of the vdisks' I/O.
 const MAX_HASHERS: usize = 4;
 
 /// How many threads fingerprint and compress in a run of this mode.
