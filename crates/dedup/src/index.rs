@@ -138,13 +138,17 @@ impl FingerprintIndex {
     }
 
     /// Writes entries without waiting for them to be durable: the index is advisory, and an
-    /// entry lost in a crash is a duplicate found at the next run instead of this one.
+    /// entry lost in a crash is a duplicate found at the next run instead of this one. In key
+    /// order: fingerprints come in no order, and the store's in-memory table inserts each key
+    /// from where the last one went, which for keys in order is a short walk.
     pub fn put_many(&self, entries: &[(IndexKey, IndexEntry)]) -> Result<()> {
         if entries.is_empty() {
             return Ok(());
         }
+        let mut sorted: Vec<&(IndexKey, IndexEntry)> = entries.iter().collect();
+        sorted.sort_unstable_by_key(|(k, _)| *k);
         let mut b = MetaBatch::new();
-        for (k, e) in entries {
+        for (k, e) in sorted {
             b.put(CF_DEDUP, k, e.to_bytes());
         }
         self.meta.commit(b, false)
