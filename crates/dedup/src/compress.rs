@@ -30,8 +30,25 @@ pub enum Compression {
 const MAGIC: u8 = 0xc7;
 const HEADER: usize = 6;
 const ZSTD_LEVEL: i32 = 1;
+/// The byte of a stored form's header that names its codec.
 const CODEC_ZSTD: u8 = 1;
 const CODEC_LZ4: u8 = 2;
+
+/// A codec a form is made with.
+#[derive(Debug, Clone, Copy)]
+enum Codec {
+    Zstd,
+    Lz4,
+}
+
+impl Codec {
+    fn byte(self) -> u8 {
+        match self {
+            Codec::Zstd => CODEC_ZSTD,
+            Codec::Lz4 => CODEC_LZ4,
+        }
+    }
+}
 /// `Balanced` tries zstd only where lz4's form is longer than this share of the grain
 /// (1/2: 2 KiB of 4): where lz4 saves more than half, zstd's few hundred bytes more are not
 /// worth compressing the grain twice, nor its slower reads.
@@ -70,10 +87,10 @@ impl Compression {
     pub fn compress(self, grain: &[u8], limit: usize) -> Option<Vec<u8>> {
         match self {
             Compression::Off => None,
-            Compression::Zstd => form(CODEC_ZSTD, grain, limit),
-            Compression::Lz4 => form(CODEC_LZ4, grain, limit),
+            Compression::Zstd => form(Codec::Zstd, grain, limit),
+            Compression::Lz4 => form(Codec::Lz4, grain, limit),
             Compression::Balanced => {
-                let lz4 = form(CODEC_LZ4, grain, limit);
+                let lz4 = form(Codec::Lz4, grain, limit);
                 let lz4_len = lz4.as_ref().map(|f| f.len());
                 if lz4_len.is_some_and(|n| n <= grain.len() / BALANCED_TRY_OVER) {
                     return lz4;
@@ -82,31 +99,31 @@ impl Compression {
                     Some(n) => n.saturating_sub(grain.len() / BALANCED_GAIN),
                     None => limit,
                 };
-                form(CODEC_ZSTD, grain, zstd_limit).or(lz4)
+                form(Codec::Zstd, grain, zstd_limit).or(lz4)
             }
         }
     }
 }
 
 /// The stored form of `grain` in `codec` when it takes `limit` bytes at most.
-fn form(codec: u8, grain: &[u8], limit: usize) -> Option<Vec<u8>> {
+fn form(codec: Codec, grain: &[u8], limit: usize) -> Option<Vec<u8>> {
     if limit <= HEADER {
         return None;
     }
     // Room for the longest form allowed; a codec that needs more fails.
     let mut out = vec![0u8; limit];
     let n = match codec {
-        CODEC_ZSTD => ZSTD_C.with(|c| {
+        Codec::Zstd => ZSTD_C.with(|c| {
             let mut c = c.borrow_mut();
             if c.is_none() {
                 *c = zstd::bulk::Compressor::new(ZSTD_LEVEL).ok();
             }
             c.as_mut()?.compress_to_buffer(grain, &mut out[HEADER..]).ok()
         })?,
-        _ => lz4_into(grain, &mut out[HEADER..])?,
+        Codec::Lz4 => lz4_into(grain, &mut out[HEADER..])?,
     };
     out[0] = MAGIC;
-    out[1] = codec;
+    out[1] = codec.byte();
     out[2..HEADER].copy_from_slice(&(n as u32).to_le_bytes());
     out.truncate(HEADER + n);
     Some(out)

@@ -230,13 +230,14 @@ impl Engine {
         };
         let mut pace = Pace::new(opts.rate(&settings));
         let owners: HashMap<u64, Arc<Vdisk>> = self.vdisks().into_iter().map(|v| (v.id, v)).collect();
+        let hashers = hashers(opts.mode);
         for v in &vdisks {
             self.optimize(
                 v,
                 cutoff,
                 &owners,
                 settings.compression,
-                hashers(opts.mode),
+                hashers,
                 &mut pace,
                 &mut report,
                 progress,
