@@ -49,6 +49,7 @@ impl Codec {
         }
     }
 }
+
 /// `Balanced` tries zstd only where lz4's form is longer than this share of the grain
 /// (1/2: 2 KiB of 4): where lz4 saves more than half, zstd's few hundred bytes more are not
 /// worth compressing the grain twice, nor its slower reads.

@@ -145,8 +145,9 @@ impl FingerprintIndex {
         if entries.is_empty() {
             return Ok(());
         }
+        // Stable: of two entries for one key, the later still goes in last.
         let mut sorted: Vec<&(IndexKey, IndexEntry)> = entries.iter().collect();
-        sorted.sort_unstable_by_key(|(k, _)| *k);
+        sorted.sort_by_key(|(k, _)| *k);
         let mut b = MetaBatch::new();
         for (k, e) in sorted {
             b.put(CF_DEDUP, k, e.to_bytes());
@@ -217,6 +218,37 @@ mod tests {
         assert_eq!(seen, vec![(a, e), (b, vouched)]);
         idx.delete_many(&[a, b]).unwrap();
         assert_eq!(idx.get_many(&[a, b]).unwrap(), vec![None, None]);
+    }
+
+    /// Entries go in in key order whatever order they come in, and of two for one key the
+    /// later is the one kept.
+    #[test]
+    fn entries_in_any_order_and_the_later_of_two_for_a_key_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let idx = FingerprintIndex::new(Arc::new(MetaStore::create(&dir.path().join("meta")).unwrap()));
+        let f = Fingerprinter::Blake3;
+        let entry = |grain| IndexEntry {
+            loc: 0x1_0000_0007,
+            vdisk: 3,
+            grain,
+            vouch: None,
+        };
+        let keys: Vec<IndexKey> = (0..50u32).map(|i| key(1, &f.of(&i.to_le_bytes()))).collect();
+        let mut entries: Vec<(IndexKey, IndexEntry)> =
+            keys.iter().enumerate().map(|(i, &k)| (k, entry(i as u64))).collect();
+        entries.insert(10, (keys[30], entry(1000)));
+        entries.push((keys[7], entry(2000)));
+        idx.put_many(&entries).unwrap();
+        let got = idx.get_many(&keys).unwrap();
+        for (i, e) in got.into_iter().enumerate() {
+            let want = match i {
+                7 => 2000,
+                // Put before keys[30]'s own entry, so that one is the later.
+                30 => 30,
+                _ => i as u64,
+            };
+            assert_eq!(e.map(|e| e.grain), Some(want), "key {i}");
+        }
     }
 
     #[test]
