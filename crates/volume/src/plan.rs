@@ -63,11 +63,17 @@ impl ReadPlan {
             return false;
         }
         self.packed.iter().all(|p| {
-            let stored = match p.from_scratch {
-                Some(at) => self.scratch[at + p.skip..at + p.skip + p.len].to_vec(),
-                None => buf[p.buf_off + p.skip..p.buf_off + p.skip + p.len].to_vec(),
-            };
-            unpack(p.loc, &stored, &mut buf[p.buf_off..p.buf_off + p.grain]).is_ok()
+            let out = p.buf_off..p.buf_off + p.grain;
+            match p.from_scratch {
+                // The scratch buffer is not the output: decompress straight from it.
+                Some(at) => unpack(p.loc, &self.scratch[at + p.skip..at + p.skip + p.len], &mut buf[out]).is_ok(),
+                // The stored form lies in the grain's own place, which it is decompressed
+                // over: copy it out first.
+                None => {
+                    let stored = buf[p.buf_off + p.skip..p.buf_off + p.skip + p.len].to_vec();
+                    unpack(p.loc, &stored, &mut buf[out]).is_ok()
+                }
+            }
         })
     }
 
