@@ -30,25 +30,17 @@ pub enum Compression {
 const MAGIC: u8 = 0xc7;
 const HEADER: usize = 6;
 const ZSTD_LEVEL: i32 = 1;
-/// The byte of a stored form's header that names its codec.
-const CODEC_ZSTD: u8 = 1;
-const CODEC_LZ4: u8 = 2;
 
-/// A codec a form is made with.
+/// A codec a form is made with; its value is the byte of the form's header that names it.
 #[derive(Debug, Clone, Copy)]
+#[repr(u8)]
 enum Codec {
-    Zstd,
-    Lz4,
+    Zstd = 1,
+    Lz4 = 2,
 }
 
-impl Codec {
-    fn byte(self) -> u8 {
-        match self {
-            Codec::Zstd => CODEC_ZSTD,
-            Codec::Lz4 => CODEC_LZ4,
-        }
-    }
-}
+const CODEC_ZSTD: u8 = Codec::Zstd as u8;
+const CODEC_LZ4: u8 = Codec::Lz4 as u8;
 
 /// `Balanced` tries zstd only where lz4's form is longer than this share of the grain
 /// (1/2: 2 KiB of 4): where lz4 saves more than half, zstd's few hundred bytes more are not
@@ -124,7 +116,7 @@ fn form(codec: Codec, grain: &[u8], limit: usize) -> Option<Vec<u8>> {
         Codec::Lz4 => lz4_into(grain, &mut out[HEADER..])?,
     };
     out[0] = MAGIC;
-    out[1] = codec.byte();
+    out[1] = codec as u8;
     out[2..HEADER].copy_from_slice(&(n as u32).to_le_bytes());
     out.truncate(HEADER + n);
     Some(out)
