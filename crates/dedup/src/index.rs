@@ -9,9 +9,9 @@
 //! entry's vouch still holds (below) and the whole 256-bit hashes are equal, or after it
 //! compared the bytes, and corrects the entry when they differ.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
+use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 use tessera_pool::{MetaBatch, MetaStore, Result, CF_DEDUP};
 
@@ -129,7 +129,7 @@ impl FingerprintIndex {
     }
 
     /// The entries found for `keys`, by key (keys with none are left out).
-    pub fn found(&self, keys: &[IndexKey]) -> Result<HashMap<IndexKey, IndexEntry>> {
+    pub fn found(&self, keys: &[IndexKey]) -> Result<FxHashMap<IndexKey, IndexEntry>> {
         Ok(keys
             .iter()
             .zip(self.get_many(keys)?)

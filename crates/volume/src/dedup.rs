@@ -25,7 +25,7 @@
 //! - The batch that remaps grains is one metadata commit, which flushes the member disks
 //!   first: a grain never durably points at a slot whose data is not durable.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::sync_channel;
@@ -33,6 +33,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use parking_lot::{Mutex, RwLock};
+use rustc_hash::{FxHashMap, FxHashSet};
 use tessera_dedup::{
     class_tag, Compression, DedupMode, DedupSettings, DedupStatus, FingerprintIndex, Fingerprinter, GcReport, HashTail,
     IndexEntry, IndexKey, Pace, PassOptions, PassReport, VdiskSavings, Vouch,
@@ -229,7 +230,7 @@ impl Engine {
             ..Default::default()
         };
         let mut pace = Pace::new(opts.rate(&settings));
-        let owners: HashMap<u64, Arc<Vdisk>> = self.vdisks().into_iter().map(|v| (v.id, v)).collect();
+        let owners: FxHashMap<u64, Arc<Vdisk>> = self.vdisks().into_iter().map(|v| (v.id, v)).collect();
         let hashers = hashers(opts.mode);
         for v in &vdisks {
             self.optimize(
@@ -278,7 +279,7 @@ impl Engine {
         &self,
         v: &Arc<Vdisk>,
         cutoff: u32,
-        owners: &HashMap<u64, Arc<Vdisk>>,
+        owners: &FxHashMap<u64, Arc<Vdisk>>,
         compression: Compression,
         hashers: usize,
         pace: &mut Pace,
@@ -576,16 +577,15 @@ impl Engine {
         let keys: Vec<IndexKey> = p.seen.iter().filter_map(|it| it.key).collect();
         p.found = self.dedup.index.found(&keys)?;
         if compression != Compression::Off && grain <= MAX_PACKED_GRAIN {
-            let mut firsts = HashSet::new();
+            let mut firsts = FxHashSet::default();
             for it in &p.seen {
                 let new = it
                     .key
                     .is_some_and(|k| !p.found.contains_key(&k) && !is_packed(it.loc) && firsts.insert(k));
                 if new {
                     let at = ((it.grain - first) * grain) as usize;
-                    if let Some(form) = compression.compress(&data[at..at + g], g - g / MIN_SAVING) {
-                        p.forms.insert(it.grain, form);
-                    }
+                    p.forms
+                        .make(it.grain, compression, &data[at..at + g], g - g / MIN_SAVING);
                 }
             }
         }
@@ -600,7 +600,7 @@ impl Engine {
         v: &Arc<Vdisk>,
         p: Prepared,
         data: &[u8],
-        owners: &HashMap<u64, Arc<Vdisk>>,
+        owners: &FxHashMap<u64, Arc<Vdisk>>,
         recent: &Recent,
         report: &mut PassReport,
     ) -> Result<Vec<(IndexKey, IndexEntry)>> {
@@ -617,7 +617,7 @@ impl Engine {
         } = p;
         report.grains_scanned += seen.len() as u64;
         report.bytes_scanned += seen.len() as u64 * grain;
-        let keys: HashSet<IndexKey> = seen.iter().filter_map(|it| it.key).collect();
+        let keys: FxHashSet<IndexKey> = seen.iter().filter_map(|it| it.key).collect();
         if !recent.added_since(looked_up_after, &keys, &mut found) {
             let after = recent.indexed();
             let listed: Vec<IndexKey> = keys.iter().copied().collect();
@@ -627,14 +627,14 @@ impl Engine {
         // A grain a batch settled since it was looked up made findable is shared, not packed.
         for it in &seen {
             if it.key.is_some_and(|k| found.contains_key(&k)) {
-                forms.remove(&it.grain);
+                forms.remove(it.grain);
             }
         }
 
         let _gate = v.enter_unchanged()?;
         let mut held: Vec<(u64, u64)> = seen.iter().map(|it| (v.id, it.grain)).collect();
         held.extend(found.values().map(|e| (e.vdisk, e.grain)));
-        let held_set: HashSet<(u64, u64)> = held.iter().copied().collect();
+        let held_set: FxHashSet<(u64, u64)> = held.iter().copied().collect();
         let _locks = s.locks.lock_many(held);
         // Grains changed since they were read are left for the next run.
         seen.retain(|it| v.entry(it.grain) == it.loc);
@@ -643,8 +643,8 @@ impl Engine {
         // Candidates we may hold: the grain the index names still points at the slot and is
         // locked here, or the slot is shared already. One reference each, taken now. The
         // hash tail of a candidate whose entry's vouch still holds comes along.
-        let mut refs: HashMap<Loc, u32> = HashMap::new();
-        let mut usable: HashMap<IndexKey, (Loc, Option<HashTail>)> = HashMap::new();
+        let mut refs: FxHashMap<Loc, u32> = FxHashMap::default();
+        let mut usable: FxHashMap<IndexKey, (Loc, Option<HashTail>)> = FxHashMap::default();
         for (k, e) in &found {
             if s.space.class_of(e.loc) != Some(v.class) {
                 continue;
@@ -702,8 +702,8 @@ impl Engine {
         &self,
         b: &Batch,
         seen: &[Seen],
-        usable: &HashMap<IndexKey, (Loc, Option<HashTail>)>,
-        refs: &mut HashMap<Loc, u32>,
+        usable: &FxHashMap<IndexKey, (Loc, Option<HashTail>)>,
+        refs: &mut FxHashMap<Loc, u32>,
         report: &mut PassReport,
     ) -> Result<Vec<(IndexKey, IndexEntry)>> {
         let s = self.shared();
@@ -720,7 +720,7 @@ impl Engine {
         // known: a batch's own when nothing changed its vdisk, a candidate whose entry's vouch
         // holds when its whole hash is this grain's.
         let mut slots: Vec<Loc> = Vec::new();
-        let mut first_of: HashMap<IndexKey, &Seen> = HashMap::new();
+        let mut first_of: FxHashMap<IndexKey, &Seen> = FxHashMap::default();
         let mut candidates: Vec<Option<Candidate>> = Vec::with_capacity(seen.len());
         for it in seen {
             let candidate = it.key.and_then(|k| match usable.get(&k) {
@@ -738,7 +738,7 @@ impl Engine {
             let needed = match (it.key, &candidate) {
                 (Some(k), None) => {
                     first_of.insert(k, it);
-                    b.forms.contains_key(&it.grain)
+                    b.forms.contains(it.grain)
                 }
                 _ => true,
             };
@@ -783,16 +783,17 @@ impl Engine {
         // The grains to pack, in grain order: new, still holding what was compressed, and
         // in a slot that only grains of this batch point at (packing a grain whose slot a
         // snapshot, a clone or a copy in flight holds too would only add the packed copy).
-        let mut holders: HashMap<Loc, u32> = HashMap::new();
+        let mut holders: FxHashMap<Loc, u32> = FxHashMap::default();
         for it in seen {
             *holders.entry(it.loc).or_default() += 1;
         }
         let mut to_pack: Vec<&Seen> = Vec::new();
         for (it, candidate) in seen.iter().zip(&candidates) {
             if candidate.is_none()
-                && b.forms.contains_key(&it.grain)
+                && b.forms.contains(it.grain)
                 && s.space.refcount(it.loc) == holders[&it.loc]
-                && own(it) == Some(prepared(it))
+                // Known: what was compressed is what the slot holds, with nothing to compare.
+                && (known || own(it) == Some(prepared(it)))
             {
                 to_pack.push(it);
             }
@@ -890,11 +891,12 @@ impl Engine {
             }
         }
         // Each pack slot is counted once for every grain that now points into it.
-        let mut per_pack: HashMap<Loc, u32> = HashMap::new();
+        let pack_slots: FxHashSet<Loc> = packs.slots.iter().copied().collect();
+        let mut per_pack: FxHashMap<Loc, u32> = FxHashMap::default();
         for p in &plans {
             if let Plan::Share { to, .. } | Plan::Pack { to, .. } = p {
                 for slot in slots_of(*to) {
-                    if packs.slots.contains(&slot) {
+                    if pack_slots.contains(&slot) {
                         *per_pack.entry(slot).or_default() += 1;
                     }
                 }
@@ -957,14 +959,17 @@ impl Engine {
     /// pointed at: the batch's commit does that, after flushing them). Packs nothing, and
     /// says so in the log, when the class has no room for the packs; packs whose slots a
     /// piece's location cannot name are given back, their grains left plain.
-    fn write_packs(&self, v: &Arc<Vdisk>, grains: &[&Seen], forms: &HashMap<u64, Vec<u8>>) -> Result<Packs> {
+    fn write_packs(&self, v: &Arc<Vdisk>, grains: &[&Seen], forms: &Forms) -> Result<Packs> {
         let s = self.shared();
         let g = v.class.grain as usize;
         let mut packs = Packs::default();
         if grains.is_empty() {
             return Ok(packs);
         }
-        let bodies: Vec<&[u8]> = grains.iter().map(|it| &forms[&it.grain][..]).collect();
+        let bodies: Vec<&[u8]> = grains
+            .iter()
+            .map(|it| forms.get(it.grain).expect("a grain to pack has a form"))
+            .collect();
         // End to end, into neighbouring slots, where the class has redundancy: on a class
         // without, a hot slot's copy is of one slot, so each piece lies in one.
         let end_to_end = v.class.layout.tolerance() > 0;
@@ -1039,7 +1044,7 @@ struct Prepared {
     seen: Vec<Seen>,
     /// Read only when `seen` is not empty.
     data: Option<AlignedBuf>,
-    forms: HashMap<u64, Vec<u8>>,
+    forms: Forms,
     taken: Vec<u64>,
     mapped: u64,
     too_young: u64,
@@ -1047,8 +1052,39 @@ struct Prepared {
     mark: Option<Mark>,
     /// The index entries of its grains, as looked up after `looked_up_after` batches of the
     /// vdisk were settled.
-    found: HashMap<IndexKey, IndexEntry>,
+    found: FxHashMap<IndexKey, IndexEntry>,
     looked_up_after: u64,
+}
+
+/// The compressed forms of a batch's grains, end to end in one buffer, by grain: one
+/// allocation a batch rather than one a grain, and nothing zeroed before a codec writes.
+#[derive(Default)]
+struct Forms {
+    bytes: Vec<u8>,
+    at: FxHashMap<u64, Range<usize>>,
+}
+
+impl Forms {
+    /// Makes the stored form of `grain`'s bytes, if it takes `limit` bytes at most.
+    fn make(&mut self, grain: u64, compression: Compression, bytes: &[u8], limit: usize) {
+        let start = self.bytes.len();
+        if let Some(n) = compression.compress_into(bytes, limit, &mut self.bytes) {
+            self.at.insert(grain, start..start + n);
+        }
+    }
+
+    fn get(&self, grain: u64) -> Option<&[u8]> {
+        self.at.get(&grain).map(|r| &self.bytes[r.clone()])
+    }
+
+    fn contains(&self, grain: u64) -> bool {
+        self.at.contains_key(&grain)
+    }
+
+    /// Forgets `grain`'s form (its bytes stay until the batch is done).
+    fn remove(&mut self, grain: u64) {
+        self.at.remove(&grain);
+    }
 }
 
 /// Batch buffers given back once their batch is settled, for the reader to fill again: a
@@ -1133,7 +1169,7 @@ impl Recent {
 
     /// Adds to `found` the entries of `keys` added by the batches settled after the first
     /// `after`; false if some of those batches are no longer kept.
-    fn added_since(&self, after: u64, keys: &HashSet<IndexKey>, found: &mut HashMap<IndexKey, IndexEntry>) -> bool {
+    fn added_since(&self, after: u64, keys: &FxHashSet<IndexKey>, found: &mut FxHashMap<IndexKey, IndexEntry>) -> bool {
         let log = self.log.lock();
         let (settled, kept) = (log.settled, &log.kept);
         if settled - after > kept.len() as u64 {
@@ -1170,7 +1206,7 @@ struct Batch<'a> {
     v: &'a Arc<Vdisk>,
     first: u64,
     data: &'a [u8],
-    forms: &'a HashMap<u64, Vec<u8>>,
+    forms: &'a Forms,
     unchanged: Option<Mark>,
 }
 
@@ -1187,7 +1223,7 @@ struct Candidate<'a> {
 #[derive(Default)]
 struct Packs {
     slots: Vec<Loc>,
-    moved: HashMap<Loc, Loc>,
+    moved: FxHashMap<Loc, Loc>,
 }
 
 /// The ops that point grain `g` of vdisk `vdisk` at `to` instead of `from`, dropping its
@@ -1211,7 +1247,7 @@ impl Engine {
             last_run: self.dedup_last_run(),
             ..Default::default()
         };
-        let mut distinct: HashSet<Loc> = HashSet::new();
+        let mut distinct: FxHashSet<Loc> = FxHashSet::default();
         for v in self.vdisks() {
             let grain = v.class.grain;
             let in_scope = !v.is_snapshot() && !v.fixed() && settings.covers(&v.name());
@@ -1241,7 +1277,7 @@ impl Engine {
             });
         }
         let size = |l: Loc| s.space.class_of(l).map(|c| c.grain).unwrap_or(0);
-        let slots: HashSet<Loc> = distinct.iter().flat_map(|&l| slots_of(l)).collect();
+        let slots: FxHashSet<Loc> = distinct.iter().flat_map(|&l| slots_of(l)).collect();
         st.physical_bytes = slots.iter().map(|&l| size(l)).sum();
         st.compressed_bytes = distinct.iter().filter(|&&l| is_packed(l)).map(|&l| size(l)).sum();
         // Second copies of hot slots are stored bytes too.
@@ -1253,7 +1289,7 @@ impl Engine {
             .iter()
             .filter(|&&l| is_packed(l))
             .flat_map(|&l| slots_of(l))
-            .collect::<HashSet<Loc>>()
+            .collect::<FxHashSet<Loc>>()
             .into_iter()
             .map(size)
             .sum();
@@ -1324,28 +1360,28 @@ mod tests {
     fn recent_entries_cover_the_batches_settled_since_a_lookup_while_they_are_kept() {
         let r = Recent::default();
         let (a, b) = ([1u8; 20], [2u8; 20]);
-        let keys: HashSet<IndexKey> = [a, b].into_iter().collect();
+        let keys: FxHashSet<IndexKey> = [a, b].into_iter().collect();
         let looked_up = r.indexed();
         r.add(vec![(a, entry(10))]);
         r.add(vec![([3u8; 20], entry(11)), (a, entry(12))]);
-        let mut found = HashMap::from([(b, entry(5))]);
+        let mut found = FxHashMap::from_iter([(b, entry(5))]);
         assert!(r.added_since(looked_up, &keys, &mut found));
         assert_eq!(
             found,
-            HashMap::from([(a, entry(12)), (b, entry(5))]),
+            FxHashMap::from_iter([(a, entry(12)), (b, entry(5))]),
             "the latest entry of a key wins"
         );
         // Settled but not yet in the index: still supplied.
         r.indexed_one();
-        let mut pending = HashMap::new();
+        let mut pending = FxHashMap::default();
         assert!(r.added_since(r.indexed(), &keys, &mut pending));
         assert_eq!(
             pending,
-            HashMap::from([(a, entry(12))]),
+            FxHashMap::from_iter([(a, entry(12))]),
             "the second batch is not indexed yet"
         );
         r.indexed_one();
-        let mut none = HashMap::new();
+        let mut none = FxHashMap::default();
         assert!(r.added_since(r.indexed(), &keys, &mut none));
         assert!(none.is_empty());
         for n in 0..RECENT_BATCHES as u64 {
