@@ -466,8 +466,13 @@ fn destage_rounds_stay_within_their_bounds() {
     e.cache().drain().unwrap();
     let st = e.cache_status();
     let row = e.layouts().sets().iter().map(|s| s.spec.row_bytes()).max().unwrap();
-    // Whole rows up to the bound and the one that crossed it, and the pieces alone.
-    let bound = rows + row + pieces as u64 * 4096;
+    // Whole rows up to the bound and the one that crossed it, and the pieces alone: a piece
+    // is at most a grain, as the first write into a grain writes it whole (its 4 KiB and the
+    // zeros around them), and what later writes leave of it may go alone.
+    let grain = spec("v", size as u64, LayoutKind::Parity, Provisioning::Thin)
+        .grain_size
+        .unwrap();
+    let bound = rows + row + pieces as u64 * grain;
     assert!(
         st.largest_destage_round_bytes <= bound,
         "a round wrote {} bytes, more than {bound}: {st:?}",
