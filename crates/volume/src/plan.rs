@@ -4,6 +4,7 @@
 //! it is dropped, as a synchronous read holds them for its duration, so that no write,
 //! relocation or rebuild can change what it points at before the data has arrived.
 
+use std::cell::RefCell;
 use std::ops::Range;
 
 use tessera_disk::AlignedBuf;
@@ -32,6 +33,12 @@ pub struct ReadPlan {
     _grains: Vec<OwnedReadGuard>,
     /// The members of each set read from, by set id.
     _members: Vec<(u32, MembersGuard)>,
+}
+
+thread_local! {
+    /// Where [`ReadPlan::finish`] copies a stored form out of the place it is decompressed
+    /// over: kept per thread, as a connection's thread finishes one plan after another.
+    static STORED: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Compressed grains a plan takes at most.
@@ -69,10 +76,11 @@ impl ReadPlan {
                 Some(at) => unpack(p.loc, &self.scratch[at + p.skip..at + p.skip + p.len], &mut buf[out]).is_ok(),
                 // The stored form lies in the grain's own place, which it is decompressed
                 // over: copy it out first.
-                None => {
-                    let stored = buf[p.buf_off + p.skip..p.buf_off + p.skip + p.len].to_vec();
-                    unpack(p.loc, &stored, &mut buf[out]).is_ok()
-                }
+                None => STORED.with_borrow_mut(|stored| {
+                    stored.clear();
+                    stored.extend_from_slice(&buf[p.buf_off + p.skip..p.buf_off + p.skip + p.len]);
+                    unpack(p.loc, stored, &mut buf[out]).is_ok()
+                }),
             }
         })
     }
