@@ -124,13 +124,6 @@ fn form_into(codec: Codec, grain: &[u8], limit: usize, out: &mut Vec<u8>) -> Opt
         return None;
     }
     let start = out.len();
-    // zstd is given room for any form, so that a form is kept exactly when it fits in
-    // `limit`, whatever room `out` has past its end (with less, it may fail on a form that
-    // would have fitted); lz4 is told the room, and gives up as soon as the form outgrows it.
-    out.reserve(match codec {
-        Codec::Zstd => HEADER + zstd::zstd_safe::compress_bound(grain.len()),
-        Codec::Lz4 => limit,
-    });
     out.extend_from_slice(&[MAGIC, codec as u8, 0, 0, 0, 0]);
     let n = match codec {
         Codec::Zstd => zstd_into(grain, out),
@@ -148,9 +141,13 @@ fn form_into(codec: Codec, grain: &[u8], limit: usize, out: &mut Vec<u8>) -> Opt
     }
 }
 
-/// zstd's form of `grain` appended to `out`, in the room `out` has allocated past its end
-/// (the form may be longer than the caller allows, which the caller checks).
+/// zstd's form of `grain` appended to `out` (it may be longer than the caller allows, which
+/// the caller checks). zstd is given room for any form, so that a form is kept exactly when
+/// it fits the caller's limit, whatever room `out` had past its end (with less, it may fail
+/// on a form that would have fitted); lz4, below, is told the room and gives up as soon as
+/// the form outgrows it.
 fn zstd_into(grain: &[u8], out: &mut Vec<u8>) -> Option<usize> {
+    out.reserve(zstd::zstd_safe::compress_bound(grain.len()));
     ZSTD_C.with(|c| {
         let mut c = c.borrow_mut();
         if c.is_none() {
