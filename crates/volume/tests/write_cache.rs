@@ -445,8 +445,8 @@ fn destage_rounds_stay_within_their_bounds() {
     let e = rig.engine();
     e.cache().set_destage_delay(Duration::from_secs(3600));
     let size = 24 * MIB as usize;
-    e.create_vdisk(&spec("v", size as u64, LayoutKind::Parity, Provisioning::Thin))
-        .unwrap();
+    let vspec = spec("v", size as u64, LayoutKind::Parity, Provisioning::Thin);
+    e.create_vdisk(&vspec).unwrap();
     let v = e.vdisk("v").unwrap();
     // Before any write: the log half full starts a destage while the writes go on.
     let (oldest, pieces, rows) = (MIB, 64, 2 * MIB);
@@ -469,9 +469,7 @@ fn destage_rounds_stay_within_their_bounds() {
     // Whole rows up to the bound and the one that crossed it, and the pieces alone: a piece
     // is at most a grain, as the first write into a grain writes it whole (its 4 KiB and the
     // zeros around them), and what later writes leave of it may go alone.
-    let grain = spec("v", size as u64, LayoutKind::Parity, Provisioning::Thin)
-        .grain_size
-        .unwrap();
+    let grain = vspec.grain_size.unwrap();
     let bound = rows + row + pieces as u64 * grain;
     assert!(
         st.largest_destage_round_bytes <= bound,
