@@ -97,7 +97,10 @@ impl HotCopies {
     /// Runs `read` on the place in the copy that holds what `l` names, if `l`'s slot has a
     /// copy; the copy stays mapped until `read` returns.
     pub fn read_around<R>(&self, l: Loc, read: impl FnOnce(Loc) -> R) -> Option<R> {
-        let map = self.map.read();
+        // Recursive: a read of a copy that fails falls back in its turn (finding no copy of a
+        // copy), inside `read`; a plain shared lock taken again there would wait behind a
+        // writer (hot copies made or dropped) that waits for the first, for ever.
+        let map = self.map.read_recursive();
         let copy = *map.get(&slot_of(l))?;
         let alt = if is_packed(l) {
             let (set, slot) = loc_parts(copy);
@@ -369,5 +372,45 @@ impl Engine {
             warn!(pool = %self.pool().name(), pairs = check.pairs, repaired = check.repaired, lost = check.lost, "scrub checked the copies of hot slots");
         }
         check
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::space::loc;
+
+    #[test]
+    fn a_read_around_a_copy_inside_another_never_waits_behind_a_writer() {
+        let (p1, c1, p2, c2) = (loc(1, 1), loc(2, 1), loc(1, 2), loc(2, 2));
+        let hot = Arc::new(HotCopies {
+            map: RwLock::new([(p1, c1), (p2, c2)].into_iter().collect()),
+            upkeep: Mutex::new(()),
+        });
+        let (done, finished) = std::sync::mpsc::channel();
+        let reader = hot.clone();
+        // Off the test's thread, so that a deadlock fails the test rather than hangs it.
+        std::thread::spawn(move || {
+            let inner = reader.clone();
+            let r = reader.read_around(p1, |alt| {
+                let writer = inner.clone();
+                let w = std::thread::spawn(move || {
+                    writer.map.write().insert(loc(1, 3), loc(2, 3));
+                });
+                // Let the writer queue behind this read's lock.
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                let nested = inner.read_around(p2, |alt2| alt2);
+                (alt, nested, w)
+            });
+            let _ = done.send(r.map(|(alt, nested, w)| {
+                w.join().unwrap();
+                (alt, nested)
+            }));
+        });
+        let got = finished
+            .recv_timeout(std::time::Duration::from_secs(20))
+            .expect("a read around a copy inside another waited for ever behind a writer");
+        assert_eq!(got, Some((c1, Some(c2))));
+        assert_eq!(hot.map.read().get(&loc(1, 3)), Some(&loc(2, 3)));
     }
 }
