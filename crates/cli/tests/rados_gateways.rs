@@ -168,6 +168,17 @@ fn a_pool_on_rados_moves_to_the_other_gateway_when_its_owner_stalls_or_dies() {
 
     let out = create_rados_pool(&a, &pool, &conf);
     assert!(out.contains("owned by gateway gw-a"), "{out}");
+    // A disk of this machine would hold what the other gateways cannot read.
+    let local = t.path().join("local.img");
+    std::fs::File::create(&local).unwrap().set_len(256 << 20).unwrap();
+    let local = local.to_str().unwrap();
+    for extra in [
+        &["disk", "add", &pool, local][..],
+        &["disk", "add", &pool, local, "--usage", "cache"],
+    ] {
+        let e = a.fails(extra);
+        assert!(e.contains("lives in Ceph RADOS"), "{e}");
+    }
     let vdisk = format!("{pool}/v");
     a.ok(&["vdisk", "create", &vdisk, "--size", "64M", "--layout", "simple"]);
     a.ok(&["nbd", "export", &vdisk]);

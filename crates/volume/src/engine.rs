@@ -549,11 +549,19 @@ impl Engine {
         Ok(self.s.layouts.rebuild(opts, progress)?)
     }
 
-    /// Flushes everything and marks the pool cleanly exported.
-    pub fn export(self) -> Result<()> {
+    /// Drains the write-back cache into the layouts and checkpoints the metadata: what
+    /// `export` does first. It may fail (a disk that refuses writes) with the engine whole,
+    /// which an export that consumed the engine first could not give back.
+    pub fn quiesce(&self) -> Result<()> {
         // The layouts hold everything then: the disks can move without their cache.
         self.s.cache.drain()?;
         self.checkpoint()?;
+        Ok(())
+    }
+
+    /// Flushes everything and marks the pool cleanly exported.
+    pub fn export(self) -> Result<()> {
+        self.quiesce()?;
         self.s.pool.export()?;
         Ok(())
     }

@@ -370,7 +370,17 @@ impl Daemon {
             return self.persist();
         }
         let e = self.take_pool(name, "export")?;
-        e.export()?;
+        if let Err(err) = e.quiesce() {
+            // Nothing is marked yet: the pool stays served as it was.
+            self.pools.write().insert(name.to_string(), Arc::new(e));
+            return Err(err.into());
+        }
+        if let Err(err) = e.export() {
+            self.unavailable
+                .write()
+                .insert(name.to_string(), format!("its export failed half way: {err}; 'tessera pool import {name}' serves it again, 'tessera pool export {name}' forgets it here"));
+            return Err(err.into());
+        }
         self.persist()?;
         // On RADOS: another gateway may take it from now on.
         self.forget_rados_pool(name, None)?;
@@ -390,7 +400,18 @@ impl Daemon {
             )));
         }
         let capacity = e.pool().disks().first().map(|d| d.info.size);
-        e.destroy()?;
+        if let Err(err) = e.destroy() {
+            // Listed, not lost: the operator sees what is left of it.
+            let dir = self.pool_dir(name);
+            self.unavailable.write().insert(
+                name.to_string(),
+                format!(
+                    "its destruction failed half way: {err}; what is left of it is in {} ('tessera pool export {name}' forgets it here)",
+                    dir.display()
+                ),
+            );
+            return Err(err.into());
+        }
         self.auto_repair.forget(name)?;
         self.persist()?;
         if self.rados.lock().contains_key(name) {
@@ -455,6 +476,11 @@ impl Daemon {
             return Err(ApiError::invalid(format!("disk path '{path}' must be absolute")));
         }
         let e = self.engine(pool)?;
+        if self.is_rados_pool(pool) {
+            return Err(ApiError::invalid(format!(
+                "pool '{pool}' lives in Ceph RADOS, whose pool keeps its copies and its space: a disk of this machine would hold data (a cache disk, writes reported durable) that the other gateways cannot read when they take the pool over"
+            )));
+        }
         let dev = open_disk(path)?;
         let info = match (usage, spare) {
             (DiskUsage::Cache, true) => {
