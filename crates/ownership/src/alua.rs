@@ -156,7 +156,12 @@ impl VdiskPorts {
         let owner = self.rt.block_on(async {
             let mut g = self.gateway.lock().await;
             g.take_fenced(&self.vdisk, &self.fence_address, |previous| {
-                if (self.fencer)(previous) {
+                let fenced = if previous.is_empty() {
+                    (self.fencer)(None)
+                } else {
+                    previous.iter().all(|a| (self.fencer)(Some(a)))
+                };
+                if fenced {
                     Ok(())
                 } else {
                     Err("the fencer refused".into())

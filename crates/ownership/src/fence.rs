@@ -1,4 +1,5 @@
-//! Fencing on RADOS: what makes a replaced owner harmless, however long it stalled.
+//! Fencing on RADOS: what makes a replaced owner harmless when it resumes (within the 30 days
+//! a blocklist lasts).
 //!
 //! Two layers, because either alone leaves a hole:
 //! - every object a gateway writes carries the epoch it wrote under (attribute
@@ -82,17 +83,25 @@ impl<'p, 'c> FencedWriter<'p, 'c> {
     }
 }
 
-/// Takes `vdisk` for `gateway` if nobody owns it, fencing the previous owner's client off the
-/// cluster first (`Gateway::take_fenced`, with a blocklist of its address). Returns the owner
-/// afterwards: this gateway (ready to serve at its epoch) or the one that holds it.
+/// How long a fenced-off client stays blocklisted: 30 days. Ceph's default (0 asks for it)
+/// is an hour, after which a gateway that stalled longer (a paused virtual machine) could
+/// have its queued writes accepted again by objects the new owner has not written since,
+/// which the epoch guard alone does not refuse. Entries expire, so the cluster's map does
+/// not grow for ever with every takeover.
+pub const BLOCKLIST_SECONDS: u32 = 30 * 24 * 3600;
+
+/// Takes `vdisk` for `gateway` if nobody owns it, fencing the previous owners' clients off
+/// the cluster first (`Gateway::take_fenced`, with a blocklist of each address not known to
+/// be fenced off yet). Returns the owner afterwards: this gateway (ready to serve at its
+/// epoch) or the one that holds it.
 pub async fn take_over(gateway: &mut Gateway, cluster: &Cluster, vdisk: &str) -> Result<Owner> {
     let mine = cluster
         .address()
         .map_err(|e| OwnershipError(format!("cannot learn this client's address: {e}")))?;
     gateway
-        .take_fenced(vdisk, &mine, |old| match old {
-            Some(old) => cluster.blocklist(old, 0).map_err(|e| e.to_string()),
-            None => Ok(()),
+        .take_fenced(vdisk, &mine, |old| {
+            old.iter()
+                .try_for_each(|a| cluster.blocklist(a, BLOCKLIST_SECONDS).map_err(|e| format!("{a}: {e}")))
         })
         .await
 }

@@ -67,6 +67,17 @@ pub(crate) fn owner_of(kv: &etcd_client::KeyValue) -> Owner {
     }
 }
 
+/// The addresses a fence record holds, one per line (a record of one address, as an owner
+/// records it once it fenced the others off, is one line).
+fn fence_addresses(record: &[u8]) -> Vec<String> {
+    String::from_utf8_lossy(record)
+        .lines()
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .map(String::from)
+        .collect()
+}
+
 /// One gateway's membership: its lease, renewed in the background until `leave` (or until
 /// the process dies or stalls, which is the point).
 pub struct Gateway {
@@ -169,25 +180,43 @@ impl Gateway {
         Box::pin(self.acquire(vdisk)).await
     }
 
-    /// Takes `vdisk` if nobody owns it, as `acquire` does, and records `fence_address` (this
-    /// gateway's client address in the storage) as the one to fence off should another
-    /// gateway take the vdisk later. Returns the owner afterwards and, when this gateway took
-    /// it, the address the previous owner recorded (none for the first owner): the caller
-    /// fences that address off before it serves the vdisk.
-    pub async fn acquire_fencing(&mut self, vdisk: &str, fence_address: &str) -> Result<(Owner, Option<String>)> {
+    /// Takes `vdisk` if nobody owns it, as `acquire` does, and adds `fence_address` (this
+    /// gateway's client address in the storage) to the vdisk's fence record: the addresses
+    /// to fence off should another gateway take the vdisk later. Returns the owner afterwards
+    /// and, when this gateway took it, the addresses the record held before (none for the
+    /// first owner): the caller fences those off before it serves the vdisk, then calls
+    /// [`fenced`](Self::fenced).
+    ///
+    /// The record keeps every address until one taking has fenced them all: a taker whose
+    /// fencing failed (or that died before it ended) leaves them for the next, so that an
+    /// owner is never forgotten unfenced. A key this very run still holds (its release
+    /// failed earlier) is given up and taken afresh, at a new epoch, so that the connection
+    /// it was taken with before is fenced off like any other's.
+    pub async fn acquire_fencing(&mut self, vdisk: &str, fence_address: &str) -> Result<(Owner, Vec<String>)> {
         let key = self.key(vdisk);
-        let fence = format!("{}/fence/{vdisk}", self.prefix);
+        let fence = self.fence_key(vdisk);
+        let record = self.client.get(fence.as_str(), None).await?;
+        let (previous, changed) = match record.kvs().first() {
+            Some(kv) => (fence_addresses(kv.value()), kv.mod_revision()),
+            None => (Vec::new(), 0),
+        };
+        let mut after = previous.clone();
+        if !after.iter().any(|a| a == fence_address) {
+            after.push(fence_address.to_string());
+        }
         let txn = Txn::new()
-            .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+            .when([
+                Compare::create_revision(key.as_str(), CompareOp::Equal, 0),
+                Compare::mod_revision(fence.as_str(), CompareOp::Equal, changed),
+            ])
             .and_then([
                 TxnOp::put(
                     key.as_str(),
                     self.name.as_str(),
                     Some(PutOptions::new().with_lease(self.lease)),
                 ),
-                TxnOp::get(fence.as_str(), None),
-                // No lease: the address must outlive the lease it was recorded under.
-                TxnOp::put(fence.as_str(), fence_address, None),
+                // No lease: the addresses must outlive the lease they were recorded under.
+                TxnOp::put(fence.as_str(), after.join("\n"), None),
             ])
             .or_else([TxnOp::get(key.as_str(), None)]);
         let r = self.client.txn(txn).await?;
@@ -200,8 +229,13 @@ impl Gateway {
                 _ => None,
             });
             return match holder {
-                Some(o) => Ok((o, None)),
-                // Released between the compare and the read: try again.
+                Some(o) if self.holds(&o) => {
+                    self.release(vdisk, o.epoch).await?;
+                    Box::pin(self.acquire_fencing(vdisk, fence_address)).await
+                }
+                Some(o) => Ok((o, Vec::new())),
+                // Released between the compare and the read, or the record changed under
+                // another taker: try again.
                 None => Box::pin(self.acquire_fencing(vdisk, fence_address)).await,
             };
         }
@@ -209,13 +243,6 @@ impl Gateway {
             .header()
             .map(|h| h.revision())
             .ok_or_else(|| OwnershipError("etcd answered a transaction without a header".into()))?;
-        let previous = r.op_responses().into_iter().find_map(|op| match op {
-            TxnOpResponse::Get(g) => g
-                .kvs()
-                .first()
-                .map(|kv| String::from_utf8_lossy(kv.value()).into_owned()),
-            _ => None,
-        });
         Ok((
             Owner {
                 gateway: self.name.clone(),
@@ -226,30 +253,57 @@ impl Gateway {
         ))
     }
 
+    /// Says that every address the fence record of `vdisk` held before this gateway took it
+    /// at `epoch` is fenced off: the record keeps this gateway's `address` only. Does nothing
+    /// once the vdisk is no longer this gateway's at that epoch.
+    pub async fn fenced(&mut self, vdisk: &str, epoch: i64, address: &str) -> Result<()> {
+        let key = self.key(vdisk);
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(key.as_str(), CompareOp::Equal, epoch),
+                Compare::value(key.as_str(), CompareOp::Equal, self.name.as_str()),
+            ])
+            .and_then([TxnOp::put(self.fence_key(vdisk), address, None)]);
+        self.client.txn(txn).await?;
+        Ok(())
+    }
+
+    fn fence_key(&self, vdisk: &str) -> String {
+        format!("{}/fence/{vdisk}", self.prefix)
+    }
+
     /// Takes `vdisk` if nobody owns it, as `acquire_fencing` does with `address`, and when
-    /// this gateway took it, runs `fence` on the previous owner's address before returning
-    /// (None for the first owner, and for this gateway's own address: it has nothing to fence
-    /// off from itself). If `fence` fails the vdisk is given up again and the error returned:
-    /// serving before the old owner is fenced could let its writes land. Returns the owner
-    /// afterwards: this gateway, ready to serve at its epoch, or the one that holds it.
+    /// this gateway took it, runs `fence` on the addresses of the previous owners not known
+    /// to be fenced off yet (none for the first owner; never this gateway's own `address`)
+    /// before returning. If `fence` fails the vdisk is given up again, those addresses left
+    /// on record for the next taker, and the error returned: serving before the old owner
+    /// is fenced could let its writes land. Returns the owner afterwards: this gateway,
+    /// ready to serve at its epoch, or the one that holds it.
     pub async fn take_fenced(
         &mut self,
         vdisk: &str,
         address: &str,
-        fence: impl FnOnce(Option<&str>) -> std::result::Result<(), String>,
+        fence: impl FnOnce(&[String]) -> std::result::Result<(), String>,
     ) -> Result<Owner> {
         let (owner, previous) = self.acquire_fencing(vdisk, address).await?;
         if !self.holds(&owner) {
             return Ok(owner);
         }
-        let other = previous.as_deref().filter(|a| *a != address);
-        if let Err(e) = fence(other) {
+        let others: Vec<String> = previous.into_iter().filter(|a| a != address).collect();
+        if let Err(e) = fence(&others) {
             let _ = self.release(vdisk, owner.epoch).await;
             return Err(OwnershipError(format!(
                 "cannot fence the previous owner of {vdisk} ({}) off: {e}",
-                other.unwrap_or("none recorded")
+                if others.is_empty() {
+                    "none recorded".to_string()
+                } else {
+                    others.join(", ")
+                }
             )));
         }
+        // Those are fenced off now; should this fail, the next taker fences them again,
+        // which does no harm.
+        let _ = self.fenced(vdisk, owner.epoch, address).await;
         Ok(owner)
     }
 

@@ -149,3 +149,65 @@ async fn gateways_announce_what_they_present_until_their_lease_goes() {
     }
     a.leave().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_fence_record_keeps_every_owner_until_one_taking_fenced_them_all() {
+    let t = "a_fence_record_keeps_every_owner_until_one_taking_fenced_them_all";
+    let Some(ep) = endpoints(t) else { return };
+    let p = prefix(t);
+    let v = "pool.tank";
+    let fenced = std::sync::Mutex::new(Vec::<Vec<String>>::new());
+    let record = |list: &[String]| -> Result<(), String> {
+        fenced.lock().unwrap().push(list.to_vec());
+        Ok(())
+    };
+    let mut a = Gateway::join(&ep, &p, "gw-a", 2).await.unwrap();
+    let first = a.take_fenced(v, "addr-a1", record).await.unwrap();
+    assert!(a.holds(&first));
+    // A still holds the key but took it again with another connection (its release failed,
+    // say): it is taken afresh, at a larger epoch, and its first connection fenced off.
+    let again = a.take_fenced(v, "addr-a2", record).await.unwrap();
+    assert!(
+        a.holds(&again) && again.epoch > first.epoch,
+        "{again:?} after {first:?}"
+    );
+    assert_eq!(*fenced.lock().unwrap(), vec![vec![], vec!["addr-a1".to_string()]]);
+    // A stalls; B's fencing fails: B gives the vdisk up, and A's address stays on record.
+    a.stall();
+    let mut b = Gateway::join(&ep, &p, "gw-b", 2).await.unwrap();
+    let t0 = Instant::now();
+    loop {
+        match b
+            .take_fenced(v, "addr-b", |_| Err("the monitors did not answer".into()))
+            .await
+        {
+            Err(e) => {
+                assert!(e.to_string().contains("addr-a2"), "{e}");
+                break;
+            }
+            Ok(o) => {
+                assert_eq!(o.gateway, "gw-a");
+                assert!(t0.elapsed() < Duration::from_secs(10), "A's lease never lapsed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    assert_eq!(b.owner(v).await.unwrap(), None, "given up when the fence failed");
+    // C takes it and fences A's connection off (and B's, which never served: harmless).
+    let mut c = Gateway::join(&ep, &p, "gw-c", 2).await.unwrap();
+    fenced.lock().unwrap().clear();
+    let by_c = c.take_fenced(v, "addr-c", record).await.unwrap();
+    assert!(c.holds(&by_c));
+    assert_eq!(
+        *fenced.lock().unwrap(),
+        vec![vec!["addr-a2".to_string(), "addr-b".to_string()]]
+    );
+    // Those are fenced: the next taker has C's address alone to fence off.
+    c.release(v, by_c.epoch).await.unwrap();
+    fenced.lock().unwrap().clear();
+    let by_b = b.take_fenced(v, "addr-b2", record).await.unwrap();
+    assert!(b.holds(&by_b));
+    assert_eq!(*fenced.lock().unwrap(), vec![vec!["addr-c".to_string()]]);
+    b.leave().await.unwrap();
+    c.leave().await.unwrap();
+}
