@@ -205,8 +205,8 @@ impl PortGroups for StandbyPorts {
 
 /// The block backend of a standby LUN: the vdisk's geometry as its record says (read again
 /// every tick: the owner may resize it), and no data (the port's state keeps every command
-/// that would reach it away).
-struct StandbyBackend(RwLock<VdiskConfig>);
+/// that would reach it away); beside it, the logical unit's id the LUN was made with.
+struct StandbyBackend(RwLock<VdiskConfig>, u128);
 
 fn not_here(c: &VdiskConfig) -> BackendError {
     BackendError::new(
@@ -273,7 +273,7 @@ pub struct StandbyUnit {
 pub fn standby_lun(unit: &StandbyUnit, ports: Arc<PoolPorts>) -> Lun {
     let read_only = unit.config.snapshot_of.is_some();
     Lun::new(
-        Arc::new(StandbyBackend(RwLock::new(unit.config.clone()))),
+        Arc::new(StandbyBackend(RwLock::new(unit.config.clone()), unit.uid)),
         unit.uid,
         read_only,
     )
@@ -289,11 +289,16 @@ pub fn is_standby(lun: &Lun) -> bool {
 
 /// Brings standby LUN `lun` up to date with what the owner now records of its vdisk: a new
 /// size (CAPACITY DATA HAS CHANGED for every host) and new mode settings (MODE PARAMETERS
-/// CHANGED), as the owner's own hosts were told. False if `lun` is not a standby LUN.
+/// CHANGED), as the owner's own hosts were told. False if `lun` is not a standby LUN of that
+/// very logical unit: a vdisk deleted and made again under its name is another (another id,
+/// maybe read-only where the first was not), whose standby LUN replaces this one.
 pub fn refresh_standby(lun: &Lun, unit: &StandbyUnit) -> bool {
     let Some(backend) = lun.backend().as_any().downcast_ref::<StandbyBackend>() else {
         return false;
     };
+    if backend.1 != unit.uid || backend.0.read().snapshot_of.is_some() != unit.config.snapshot_of.is_some() {
+        return false;
+    }
     let resized = {
         let mut config = backend.0.write();
         let resized = config.size != unit.config.size;

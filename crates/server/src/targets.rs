@@ -423,8 +423,9 @@ impl Targets {
     /// ("pool/name"). A standby LUN presented already is brought up to date; any other LUN
     /// (none yet, or the real one of a pool being handed over) is replaced in one step, so
     /// that a host never finds it missing in between. A vdisk is one logical unit whatever
-    /// the target, as for LUNs served here. A LUN whose vdisk `unit` does not find is left as
-    /// it is.
+    /// the target, as for LUNs served here. A LUN whose vdisk `unit` does not find (deleted
+    /// at the owner, or not made yet) is not presented, as at the owner; any other LUN there
+    /// is left as it is.
     pub fn present_standby(&self, pool: &str, ports: &Arc<PoolPorts>, unit: &dyn Fn(&str) -> Option<StandbyUnit>) {
         let configs = self.configs.lock();
         let mut made: BTreeMap<&str, Option<Arc<Lun>>> = BTreeMap::new();
@@ -436,9 +437,16 @@ impl Targets {
                     _ => Some(Arc::new(standby_lun(&u, ports.clone()))),
                 }
             });
-            if let Some(l) = standby {
-                if !t.lun(n).is_some_and(|c| Arc::ptr_eq(&c, l)) {
-                    t.luns.write().insert(n, l.clone());
+            match standby {
+                Some(l) => {
+                    if !t.lun(n).is_some_and(|c| Arc::ptr_eq(&c, l)) {
+                        t.luns.write().insert(n, l.clone());
+                    }
+                }
+                None => {
+                    if t.lun(n).is_some_and(|c| is_standby(&c)) {
+                        t.luns.write().remove(&n);
+                    }
                 }
             }
         });
@@ -793,6 +801,28 @@ mod tests {
             lun(a, 1).is_some(),
             "the vdisk the records have gets its standby LUN again"
         );
+        // The owner deletes vm and makes another vdisk under its name: another logical unit,
+        // whose standby LUN replaces the first in one step; deleted for good, none is left.
+        let remade = |vd: &str| {
+            (vd == "p/vm").then(|| StandbyUnit {
+                uid: 0x5678,
+                config: vm.config(),
+                mode: None,
+            })
+        };
+        let before = lun(a, 0).unwrap();
+        targets.present_standby("p", &ports, &remade);
+        let after = lun(a, 0).unwrap();
+        assert!(!Arc::ptr_eq(&before, &after), "the old vdisk's LUN stayed");
+        assert_ne!(before.naa(), after.naa());
+        assert!(Arc::ptr_eq(&after, &lun(b, 3).unwrap()), "one logical unit");
+        assert!(
+            lun(a, 1).is_none(),
+            "the LUN of a vdisk the records no longer have is withdrawn"
+        );
+        targets.present_standby("p", &ports, &|_| None);
+        assert!(lun(a, 0).is_none() && lun(b, 3).is_none());
+        assert_eq!(targets.get(a).unwrap().luns.len(), 2, "the configuration stays");
         targets.withdraw_pool("p");
         assert!(lun(a, 0).is_none() && lun(b, 3).is_none());
     }
