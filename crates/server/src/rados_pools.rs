@@ -226,6 +226,8 @@ mod real {
         cluster: Arc<Cluster>,
         placement: Placement,
         pub epoch: i64,
+        /// The lease it was taken under: it is this gateway's only while that lease is.
+        pub lease: i64,
         /// The disks opened through it, to learn whether the OSDs refused a write.
         disks: parking_lot::Mutex<Vec<std::sync::Weak<FencedDisk>>>,
     }
@@ -352,6 +354,7 @@ mod real {
                 cluster,
                 placement: placement.clone(),
                 epoch: owner.epoch,
+                lease: owner.lease,
                 disks: Default::default(),
             }))
         }
@@ -518,6 +521,7 @@ mod absent {
     pub struct Owned {
         never: std::convert::Infallible,
         pub epoch: i64,
+        pub lease: i64,
     }
 
     pub struct Reader {

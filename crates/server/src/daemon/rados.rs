@@ -300,6 +300,14 @@ impl Daemon {
                             let _ = gw.release(name, epoch);
                             return;
                         }
+                        if gw.lease() != Some(owned.lease) || !gw.alive() {
+                            // The lease it was taken under lapsed while it was being opened
+                            // (the tick has joined again since, or will): another gateway
+                            // may own it already, and would fence this connection off.
+                            drop(engine);
+                            warn!(pool = %name, epoch, "this gateway's lease lapsed while the pool was being opened; it waits for the pool again");
+                            return;
+                        }
                         info!(pool = %name, epoch, seconds = started.elapsed().as_secs_f64(), "pool opened");
                         if let Some(p) = self.rados.lock().get_mut(name) {
                             p.owned = Some(owned);
