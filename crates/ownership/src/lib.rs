@@ -86,6 +86,16 @@ pub struct Gateway {
     prefix: String,
     lease: i64,
     keeper: JoinHandle<()>,
+    /// Follows the keys of every gateway, once asked to (`follow_changes`).
+    follower: Option<JoinHandle<()>>,
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        if let Some(f) = self.follower.take() {
+            f.abort();
+        }
+    }
 }
 
 impl Gateway {
@@ -122,6 +132,7 @@ impl Gateway {
             prefix: prefix.trim_end_matches('/').to_string(),
             lease,
             keeper,
+            follower: None,
         })
     }
 
@@ -391,6 +402,38 @@ impl Gateway {
     /// The gateways that ask for `what` now, in name order.
     pub async fn asking(&mut self, what: &str) -> Result<Vec<String>> {
         self.marked("wants", what).await
+    }
+
+    /// Calls `changed` whenever a key of any gateway changes: an owner taking something or
+    /// giving it up (or its lease lapsing, which deletes its keys), a gateway asking for
+    /// something or saying it presents it. A gateway that acts on these at once need not
+    /// wait for its next look. Follows until this gateway is dropped or the watch ends (etcd
+    /// went away: what the caller does at its own pace is then all there is); calling it
+    /// again starts afresh.
+    pub async fn follow_changes(&mut self, changed: impl Fn() + Send + 'static) -> Result<()> {
+        let (watcher, mut events) = self
+            .client
+            .watch(
+                format!("{}/", self.prefix),
+                Some(etcd_client::WatchOptions::new().with_prefix()),
+            )
+            .await?;
+        let follower = tokio::spawn(async move {
+            let _keep = watcher;
+            while let Ok(Some(r)) = events.message().await {
+                if r.canceled() {
+                    return;
+                }
+                // Progress notes carry no event.
+                if !r.events().is_empty() {
+                    changed();
+                }
+            }
+        });
+        if let Some(old) = self.follower.replace(follower) {
+            old.abort();
+        }
+        Ok(())
     }
 
     /// Whether the lease is still being renewed (false once it was lost, or may have been: a

@@ -151,6 +151,53 @@ async fn gateways_announce_what_they_present_until_their_lease_goes() {
 }
 
 #[tokio::test]
+async fn a_gateway_following_changes_is_told_of_takings_asks_and_lapsed_leases_only() {
+    let t = "a_gateway_following_changes_is_told_of_takings_asks_and_lapsed_leases_only";
+    let Some(ep) = endpoints(t) else { return };
+    let p = prefix(t);
+    let mut a = Gateway::join(&ep, &p, "gw-a", 3).await.unwrap();
+    let mut b = Gateway::join(&ep, &p, "gw-b", 3).await.unwrap();
+    // Another installation whose prefix begins with this one's.
+    let mut elsewhere = Gateway::join(&ep, &format!("{p}-other"), "gw-a", 3).await.unwrap();
+    let (tx, mut told) = tokio::sync::mpsc::unbounded_channel();
+    b.follow_changes(move || {
+        let _ = tx.send(());
+    })
+    .await
+    .unwrap();
+    let wait = Duration::from_secs(10);
+    let quiet = Duration::from_millis(500);
+    async fn drain(told: &mut tokio::sync::mpsc::UnboundedReceiver<()>) {
+        while tokio::time::timeout(Duration::from_millis(200), told.recv())
+            .await
+            .is_ok()
+        {}
+    }
+    // Nothing changes: nothing is told (renewing leases changes no key).
+    assert!(tokio::time::timeout(quiet, told.recv()).await.is_err());
+    a.acquire("pool.tank").await.unwrap();
+    assert_eq!(tokio::time::timeout(wait, told.recv()).await.unwrap(), Some(()));
+    drain(&mut told).await;
+    elsewhere.acquire("pool.tank").await.unwrap();
+    elsewhere.ask_for("pool.tank").await.unwrap();
+    assert!(
+        tokio::time::timeout(quiet, told.recv()).await.is_err(),
+        "told of another installation's keys"
+    );
+    a.ask_for("pool.other").await.unwrap();
+    assert_eq!(tokio::time::timeout(wait, told.recv()).await.unwrap(), Some(()));
+    drain(&mut told).await;
+    // A stalls: when its lease lapses its keys go, and B is told without asking.
+    a.stall();
+    assert_eq!(tokio::time::timeout(wait, told.recv()).await.unwrap(), Some(()));
+    assert_eq!(b.owner("pool.tank").await.unwrap(), None);
+    // Dropped, B follows nothing more.
+    drop(b);
+    assert_eq!(tokio::time::timeout(wait, told.recv()).await.unwrap(), None);
+    elsewhere.leave().await.unwrap();
+}
+
+#[tokio::test]
 async fn a_fence_record_keeps_every_owner_until_one_taking_fenced_them_all() {
     let t = "a_fence_record_keeps_every_owner_until_one_taking_fenced_them_all";
     let Some(ep) = endpoints(t) else { return };

@@ -211,6 +211,8 @@ mod real {
         /// None while this gateway has not joined: etcd did not answer when the daemon
         /// started. The daemon serves its local pools meanwhile and tries again every tick.
         gateway: tokio::sync::Mutex<Option<Gateway>>,
+        /// Notified when a gateway's key changes in etcd (see [`changes`](Self::changes)).
+        changes: Arc<tokio::sync::Notify>,
     }
 
     /// The outcome of an attempt to take a pool.
@@ -255,6 +257,7 @@ mod real {
                 cfg: cfg.clone(),
                 rt,
                 gateway: tokio::sync::Mutex::new(None),
+                changes: Arc::default(),
             };
             if let Err(e) = m.rejoin() {
                 tracing::warn!(
@@ -315,8 +318,24 @@ mod real {
                 })
                 .map_err(|_| format!("etcd at {etcd} did not answer within 10 s"))?
                 .map_err(|e| format!("cannot join the gateways through etcd at {etcd}: {e}"))?;
-            self.rt.block_on(async { *self.gateway.lock().await = Some(fresh) });
+            self.rt.block_on(async {
+                let mut fresh = fresh;
+                let changes = self.changes.clone();
+                if let Err(e) = fresh.follow_changes(move || changes.notify_one()).await {
+                    // The ticks still look every second.
+                    tracing::warn!(error = %e, "cannot follow the gateways' changes in etcd; looking once a second only");
+                }
+                *self.gateway.lock().await = Some(fresh)
+            });
             Ok(())
+        }
+
+        /// Notified when any gateway takes or gives up a pool (or its lease lapses), asks
+        /// for one or says it presents one, so that the daemon acts on it at once rather
+        /// than at its next tick. Notifications come together: one wakes a waiter once,
+        /// however many changes came since.
+        pub fn changes(&self) -> Arc<tokio::sync::Notify> {
+            self.changes.clone()
         }
 
         /// Takes pool `name` if nobody owns it, fencing its previous owner off the cluster
@@ -547,6 +566,9 @@ mod absent {
             match self.never {}
         }
         pub fn alive(&self) -> bool {
+            match self.never {}
+        }
+        pub fn changes(&self) -> std::sync::Arc<tokio::sync::Notify> {
             match self.never {}
         }
         pub fn joined(&self) -> bool {

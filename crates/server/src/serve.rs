@@ -185,14 +185,19 @@ async fn serve(cfg: ServerConfig) -> Result<(), String> {
             .await;
         }
     });
-    // As a gateway of pools on RADOS: keep the membership, take the pools nobody owns.
+    // As a gateway of pools on RADOS: keep the membership, take the pools nobody owns, once a
+    // second and at once when another gateway's keys change (an owner gone, a gateway asking).
     if daemon.cfg.gateway.is_some() {
         let gatewaying = daemon.clone();
+        let changes = daemon.gateway_changes();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(crate::rados_pools::TICK);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
-                tick.tick().await;
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = changes.notified() => {}
+                }
                 let d = gatewaying.clone();
                 let _ = tokio::task::spawn_blocking(move || d.rados_tick()).await;
             }

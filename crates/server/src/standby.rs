@@ -9,7 +9,7 @@
 //! SENSE from the records the owner keeps in the pool's metadata, and refuses everything else
 //! with NOT READY, TARGET PORT IN STANDBY STATE (04h/0Bh); reservations and mode settings are
 //! the owner's ([`Lun::with_state_at_owner`]). It never takes the pool from a live owner: the
-//! gateway takes it once the owner's lease lapsed (at its next tick), and then presents the
+//! gateway takes it as soon as the owner's lease lapsed (etcd tells it), and then presents the
 //! real LUN in place of the standby one; the host's next command finds POWER ON OCCURRED and
 //! an active/optimized port.
 
@@ -23,6 +23,11 @@ use tessera_scsi::{
     PortGroup, PortGroups,
 };
 use tessera_volume::{Provisioning, VdiskConfig};
+use tokio::sync::Notify;
+
+/// A host that keeps sending commands to a standby port wakes the gateway's tick at most
+/// this often: the tick is what it would have waited for.
+const ASKS_TOLD_EVERY: Duration = Duration::from_secs(1);
 
 /// The target port group (and relative target port) of gateway `name`: a 16-bit FNV-1a hash
 /// of its name, never 0 (the group of a LUN served by one daemon alone).
@@ -44,6 +49,9 @@ pub fn group_of(name: &str) -> u16 {
 pub struct PoolPorts {
     me: String,
     state: Mutex<Ports>,
+    /// Told when a host first asks for the pool here, so that the gateway asks the owner at
+    /// once rather than at its next tick.
+    asks: Arc<Notify>,
 }
 
 #[derive(Clone)]
@@ -58,7 +66,7 @@ struct Ports {
 }
 
 impl PoolPorts {
-    pub fn new(me: &str, local: AccessState, owner: Option<String>) -> Arc<PoolPorts> {
+    pub fn new(me: &str, local: AccessState, owner: Option<String>, asks: Arc<Notify>) -> Arc<PoolPorts> {
         Arc::new(PoolPorts {
             me: me.to_string(),
             state: Mutex::new(Ports {
@@ -67,6 +75,7 @@ impl PoolPorts {
                 presenting: Vec::new(),
                 asked: None,
             }),
+            asks,
         })
     }
 
@@ -143,13 +152,18 @@ impl PortGroups for PoolPorts {
 
     /// A pool is never taken from a live owner at once (two hosts preferring different
     /// gateways would make it bounce): the command is refused as at any standby port, and
-    /// the gateway asks the owner, at its next tick, to hand the pool over, which the owner
-    /// does once no host has used it for a while (daemon/rados.rs). The gateway takes it
-    /// without being asked within a second of the owner's lease lapsing.
+    /// the gateway asks the owner to hand the pool over (its tick is woken for that, at most
+    /// once a second however often hosts retry), which the owner does once no host has used
+    /// it for a while (daemon/rados.rs). The gateway takes it without being asked as soon as
+    /// the owner's lease lapses.
     fn request_access(&self) -> AccessState {
         let mut s = self.state.lock();
         if s.local == AccessState::Standby {
-            s.asked = Some(Instant::now());
+            let now = Instant::now();
+            if s.asked.is_none_or(|t| now.duration_since(t) >= ASKS_TOLD_EVERY) {
+                self.asks.notify_one();
+            }
+            s.asked = Some(now);
         }
         s.local
     }
@@ -347,7 +361,7 @@ mod tests {
 
     #[test]
     fn a_standby_lun_follows_what_the_owner_records() {
-        let ports = PoolPorts::new("gw-b", AccessState::Standby, Some("gw-a".into()));
+        let ports = PoolPorts::new("gw-b", AccessState::Standby, Some("gw-a".into()), Arc::default());
         let lun = standby_lun(&unit(1 << 30, None), ports);
         let host = Nexus::new(1, "iqn.2026-01.test:host", [0x40, 0, 0, 0, 0, 1]);
         let tur = [0u8; 6];
@@ -385,7 +399,7 @@ mod tests {
         assert!(["", "a", "gw-a", "gateway-with-a-long-name"]
             .iter()
             .all(|n| group_of(n) != 0));
-        let p = PoolPorts::new("gw-b", AccessState::Standby, Some("gw-a".into()));
+        let p = PoolPorts::new("gw-b", AccessState::Standby, Some("gw-a".into()), Arc::default());
         let standby = StandbyPorts(p.clone());
         assert_eq!(standby.local_state(), AccessState::Standby);
         let g = p.groups();
@@ -423,5 +437,28 @@ mod tests {
             let found = g.iter().find(|x| x.id == group_of(name)).unwrap();
             assert_eq!((found.state, found.preferred), (state, state.active()), "{name}");
         }
+    }
+
+    #[test]
+    fn a_host_asking_at_a_standby_port_wakes_the_gateway_once_not_at_every_retry() {
+        use futures_util::FutureExt;
+        let asks = Arc::new(Notify::new());
+        let told = || asks.notified().now_or_never().is_some();
+        let p = PoolPorts::new("gw-b", AccessState::Standby, Some("gw-a".into()), asks.clone());
+        assert!(!told());
+        assert_eq!(p.request_access(), AccessState::Standby);
+        assert!(told(), "the first ask wakes the gateway");
+        for _ in 0..100 {
+            assert_eq!(p.request_access(), AccessState::Standby);
+        }
+        assert!(!told(), "a host retrying at once wakes nothing more");
+        // An ask a while after the last one wakes it again.
+        p.state.lock().asked = Some(Instant::now() - ASKS_TOLD_EVERY);
+        p.request_access();
+        assert!(told());
+        // Served here: asking is moot.
+        p.set(AccessState::ActiveOptimized, Some("gw-b".into()));
+        assert_eq!(p.request_access(), AccessState::ActiveOptimized);
+        assert!(!told());
     }
 }

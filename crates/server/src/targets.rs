@@ -734,7 +734,7 @@ mod tests {
         targets.add_lun(b, Some(0), "q/elsewhere", None).unwrap();
 
         // Another gateway owns pool p: its LUNs are standby ones.
-        let ports = PoolPorts::new("gw-b", AccessState::Standby, Some("gw-a".into()));
+        let ports = PoolPorts::new("gw-b", AccessState::Standby, Some("gw-a".into()), Default::default());
         let unit = |vd: &str| {
             (vd == "p/vm" || vd == "p/gone").then(|| StandbyUnit {
                 uid: 0x1234,

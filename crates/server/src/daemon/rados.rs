@@ -2,8 +2,8 @@
 //! taken when nobody owns them, and let go of when this gateway's lease is lost.
 //!
 //! A pool on RADOS that another gateway owns stays in the list as unavailable, with its owner;
-//! every tick (`rados_tick`, once a second) tries to take it, which succeeds once the owner's
-//! lease lapsed (it died, stalled or left): the pool is then opened here and its configured
+//! every tick (`rados_tick`, once a second and whenever a gateway's keys change in etcd) tries
+//! to take it, which succeeds once the owner's lease lapsed (it died, stalled or left): the pool is then opened here and its configured
 //! LUNs and exports presented. When this gateway's own lease is lost, it withdraws every pool
 //! on RADOS at once, since another may own them already, and joins again.
 //!
@@ -14,8 +14,8 @@
 //!
 //! A host whose path to the owner is gone sends its I/O to a standby port. That gateway then
 //! asks for the pool in etcd, and the owner hands it over (presents standby LUNs, flushes,
-//! gives it up) once no host has used it for `HANDOVER_IDLE`; the asking gateway takes it at
-//! its next tick. An owner that hosts use is never asked out, so two hosts that prefer
+//! gives it up) once no host has used it for `HANDOVER_IDLE`; the asking gateway takes it as
+//! soon as etcd tells it the owner let go. An owner that hosts use is never asked out, so two hosts that prefer
 //! different gateways cannot make the pool bounce between them.
 
 use super::*;
@@ -65,7 +65,13 @@ pub(crate) struct RadosPool {
 }
 
 impl RadosPool {
-    fn new(placement: Placement, owned: Option<crate::rados_pools::Owned>, me: &str) -> RadosPool {
+    /// `asks` is told when a host first asks for the pool at one of its standby ports here.
+    fn new(
+        placement: Placement,
+        owned: Option<crate::rados_pools::Owned>,
+        me: &str,
+        asks: Arc<tokio::sync::Notify>,
+    ) -> RadosPool {
         let state = if owned.is_some() {
             AccessState::ActiveOptimized
         } else {
@@ -75,7 +81,7 @@ impl RadosPool {
             placement,
             owned,
             elsewhere: None,
-            ports: PoolPorts::new(me, state, state.active().then(|| me.to_string())),
+            ports: PoolPorts::new(me, state, state.active().then(|| me.to_string()), asks),
             reader: None,
             announced: None,
             activity: (u64::MAX, Instant::now()),
@@ -147,7 +153,7 @@ impl Daemon {
             }
         };
         let epoch = owned.epoch;
-        let p = RadosPool::new(placement, Some(owned), gw.name());
+        let p = RadosPool::new(placement, Some(owned), gw.name(), gw.changes());
         self.targets.set_pool_ports(&req.name, Some(p.ports.clone()));
         self.rados.lock().insert(req.name.clone(), p);
         self.pools.write().insert(req.name.clone(), Arc::new(engine));
@@ -223,7 +229,7 @@ impl Daemon {
     /// Lists pool `name` as on RADOS and not served here yet.
     fn wait_for(&self, name: &str, placement: Placement) {
         let me = self.gateway.as_ref().map(|g| g.name()).unwrap_or_default();
-        let waiting = RadosPool::new(placement, None, me);
+        let waiting = RadosPool::new(placement, None, me, self.gateway_changes());
         self.targets.set_pool_ports(name, Some(waiting.ports.clone()));
         self.rados.lock().insert(name.to_string(), waiting);
         self.unavailable
@@ -472,7 +478,13 @@ impl Daemon {
         }
     }
 
-    /// Once a second: keeps this gateway's membership and takes the pools nobody owns.
+    /// Notified when another gateway's keys change in etcd: the tick then runs at once.
+    pub fn gateway_changes(&self) -> Arc<tokio::sync::Notify> {
+        self.gateway.as_ref().map(|g| g.changes()).unwrap_or_default()
+    }
+
+    /// Once a second, and whenever a gateway's keys change: keeps this gateway's membership,
+    /// takes the pools nobody owns, hands over those asked for.
     pub fn rados_tick(&self) {
         let Some(gw) = &self.gateway else { return };
         if !gw.alive() {
