@@ -48,6 +48,11 @@ impl TlsServer {
         if c.is_empty() {
             return Err("TLS needs a pre-shared key file or a certificate and its key".into());
         }
+        if c.cert.is_some() && c.ca.is_none() {
+            // A client may then choose a certificate suite, which checks nobody: any client
+            // that completes TLS would be let in, a pre-shared key or not.
+            return Err("a TLS certificate needs a CA to check the clients' certificates by (without one, any client that completes TLS would be let in); a pre-shared key alone needs no certificate".into());
+        }
         let ssl = |what: &str, e: openssl::error::ErrorStack| format!("{what}: {e}");
         let mut b = SslAcceptor::mozilla_intermediate_v5(SslMethod::tls_server()).map_err(|e| ssl("TLS", e))?;
         b.set_min_proto_version(Some(SslVersion::TLS1_2))

@@ -198,18 +198,55 @@ async fn libnbd_over_tls_with_an_x509_certificate() {
         .output()
         .unwrap();
     assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
-    // libnbd trusts the CA in DIR/ca-cert.pem: the self-signed certificate is its own CA.
+    // libnbd trusts the CA in DIR/ca-cert.pem: the self-signed certificate is its own CA,
+    // and it signs the client's certificate, which libnbd shows from DIR/client-cert.pem.
     std::fs::copy(&cert, certs.join("ca-cert.pem")).unwrap();
-    let c = TlsConfig {
-        cert: Some(cert),
-        key: Some(key),
+    let sign_client = |dir: &Path, ca: &Path, ca_key: &Path| {
+        let (ck, csr) = (dir.join("client-key.pem"), dir.join("client.csr"));
+        let made = Command::new("openssl")
+            .args(["req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=client"])
+            .args(["-keyout", ck.to_str().unwrap(), "-out", csr.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+        let signed = Command::new("openssl")
+            .args(["x509", "-req", "-days", "1", "-in", csr.to_str().unwrap()])
+            .args([
+                "-CA",
+                ca.to_str().unwrap(),
+                "-CAkey",
+                ca_key.to_str().unwrap(),
+                "-CAcreateserial",
+            ])
+            .args(["-out", dir.join("client-cert.pem").to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(signed.status.success(), "{}", String::from_utf8_lossy(&signed.stderr));
+    };
+    // Without a CA for the clients, a certificate lets in anyone who completes TLS: refused.
+    let no_ca = TlsConfig {
+        cert: Some(cert.clone()),
+        key: Some(key.clone()),
         ..Default::default()
+    };
+    let e = TlsServer::new(&no_ca)
+        .err()
+        .expect("a certificate without a CA was taken");
+    assert!(e.contains("CA"), "{e}");
+    let c = TlsConfig {
+        ca: Some(cert.clone()),
+        ..no_ca
     };
     let addr = listen(&r.reg, tls_required(&c)).await;
     let uri = format!("nbds://{addr}/rw?tls-certificates={}", certs.display());
+    // A client with no certificate of its own: refused.
     let Some((ok, out)) = tool("nbdinfo", &["--json", &uri]) else {
         return;
     };
+    assert!(!ok, "a client without a certificate was let in: {out}");
+    // Then with one the CA signed.
+    sign_client(&certs, &cert, &key);
+    let (ok, out) = tool("nbdinfo", &["--json", &uri]).unwrap();
     assert!(ok, "{out}");
     assert!(out.contains(&(64 * MIB).to_string()), "{out}");
     // A client that trusts another CA refuses this server.

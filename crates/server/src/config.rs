@@ -12,7 +12,7 @@
 //! nbd_listen = "127.0.0.1:10809"  # "none" disables the NBD server; it requires TLS
 //! nbd_insecure = false             # true: plain NBD on nbd_listen
 //! nbd_tls_psk_file = "/etc/tessera/nbd.psk"  # default: <state_dir>/nbd-psk, made at start
-//! nbd_tls_cert = "/etc/tessera/nbd-cert.pem"  # with nbd_tls_key; nbd_tls_ca asks clients for one
+//! nbd_tls_cert = "/etc/tessera/nbd-cert.pem"  # with nbd_tls_key and nbd_tls_ca, which signs the clients' certificates
 //! nbd_unix_socket = "/run/tessera/nbd.sock"   # default: <state_dir>/nbd.sock; "none" disables
 //! pools = ["tank"]                # imported at start, in addition to those left imported
 //! log_format = "text"             # or "json"
@@ -305,6 +305,9 @@ impl ServerConfig {
         if nbd_tls.cert.is_some() != nbd_tls.key.is_some() {
             return Err("nbd_tls_cert and nbd_tls_key go together".into());
         }
+        if nbd_tls.cert.is_some() && nbd_tls.ca.is_none() {
+            return Err("nbd_tls_cert needs nbd_tls_ca, the CA that signs the clients' certificates: without it any client that completes TLS would be let in (a pre-shared key alone, nbd_tls_psk_file, needs no certificate)".into());
+        }
         if nbd_tls.ca.is_some() && nbd_tls.cert.is_none() {
             return Err("nbd_tls_ca needs nbd_tls_cert and nbd_tls_key: the server shows a certificate too".into());
         }
@@ -591,6 +594,27 @@ mod tests {
             let e = resolve(text, o()).unwrap_err();
             assert!(e.contains(why), "{text}: {e}");
         }
+    }
+
+    #[test]
+    fn nbd_certificates_need_a_ca_for_the_clients() {
+        let o = Overrides::default;
+        let cert = "nbd_tls_cert = \"/etc/t/c.pem\"\nnbd_tls_key = \"/etc/t/k.pem\"\n";
+        let e = resolve(cert, o()).unwrap_err();
+        assert!(e.contains("nbd_tls_ca"), "{e}");
+        let e = resolve(&format!("{cert}nbd_tls_psk_file = \"/etc/t/psk\"\n"), o()).unwrap_err();
+        assert!(
+            e.contains("nbd_tls_ca"),
+            "a pre-shared key beside it changes nothing: {e}"
+        );
+        let c = resolve(&format!("{cert}nbd_tls_ca = \"/etc/t/ca.pem\"\n"), o()).unwrap();
+        assert_eq!(c.nbd_tls.ca, Some(PathBuf::from("/etc/t/ca.pem")));
+        assert!(resolve("nbd_tls_cert = \"/etc/t/c.pem\"\n", o())
+            .unwrap_err()
+            .contains("go together"));
+        assert!(resolve("nbd_tls_ca = \"/etc/t/ca.pem\"\n", o())
+            .unwrap_err()
+            .contains("needs nbd_tls_cert"));
     }
 
     #[test]
