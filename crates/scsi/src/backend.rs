@@ -63,6 +63,11 @@ pub trait FrozenImage: Send + Sync + std::fmt::Debug {
     fn pool(&self) -> &str {
         ""
     }
+    /// The vdisk of that pool the image was frozen from ("" for none): its tokens end when
+    /// the vdisk is deleted.
+    fn vdisk(&self) -> &str {
+        ""
+    }
     /// Reads `out.len()` bytes of the image at `offset`.
     fn read(&self, offset: u64, out: &mut [u8]) -> BackendResult<()>;
     /// For a backend that recognises its own images (to share data instead of copying it).

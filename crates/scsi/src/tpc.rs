@@ -34,6 +34,11 @@ pub const MAX_INACTIVITY_TIMEOUT: u32 = 600;
 /// POPULATE TOKEN beyond either is refused.
 pub const MAX_TOKENS: usize = 4096;
 pub const MAX_LIVE_TOKEN_BYTES: u64 = 4 << 40;
+/// What one I_T nexus may hold of those: a quarter, so that one initiator cannot take the
+/// whole budget from the others (nor pin more of a pool's space with tokens of data it then
+/// overwrites than a quarter of it).
+pub const MAX_TOKENS_PER_NEXUS: usize = MAX_TOKENS / 4;
+pub const MAX_LIVE_TOKEN_BYTES_PER_NEXUS: u64 = MAX_LIVE_TOKEN_BYTES / 4;
 /// Results kept per I_T nexus for RECEIVE ROD TOKEN INFORMATION / COPY RESULTS.
 const MAX_RESULTS_PER_NEXUS: usize = 64;
 /// How long a token that ended (expired, deleted) is remembered, to say why it is refused.
@@ -138,7 +143,15 @@ impl CopyManager {
         self.expire();
         let mut tokens = self.tokens.lock();
         let live: u64 = tokens.values().map(|t| t.image.len()).sum();
-        if tokens.len() >= MAX_TOKENS || live + image.len() > MAX_LIVE_TOKEN_BYTES {
+        let (mine, mine_bytes) = tokens
+            .values()
+            .filter(|t| t.creator == nexus)
+            .fold((0, 0u64), |(n, b), t| (n + 1, b + t.image.len()));
+        if tokens.len() >= MAX_TOKENS
+            || live + image.len() > MAX_LIVE_TOKEN_BYTES
+            || mine >= MAX_TOKENS_PER_NEXUS
+            || mine_bytes + image.len() > MAX_LIVE_TOKEN_BYTES_PER_NEXUS
+        {
             return Err(sense::INSUFFICIENT_RESOURCES_TO_CREATE_ROD_TOKEN);
         }
         let mut b = Box::new([0u8; TOKEN_LEN]);
@@ -228,10 +241,21 @@ impl CopyManager {
     /// Ends every token whose image comes from pool `pool` (it is being exported): a token
     /// holds its grains, and the pool cannot close while it does.
     pub fn revoke_pool(&self, pool: &str) {
+        self.revoke_where(|image| image.pool() == pool);
+    }
+
+    /// Ends every token whose image comes from vdisk `vdisk` of pool `pool` (it is being
+    /// deleted): its blocks must not outlive it in another vdisk a token is written to, and
+    /// its grains return to the pool.
+    pub fn revoke_vdisk(&self, pool: &str, vdisk: &str) {
+        self.revoke_where(|image| image.pool() == pool && image.vdisk() == vdisk);
+    }
+
+    fn revoke_where(&self, ends: impl Fn(&dyn FrozenImage) -> bool) {
         let now = Instant::now();
         let mut revoked = Vec::new();
         self.tokens.lock().retain(|k, t| {
-            let keep = t.image.pool() != pool;
+            let keep = !ends(&*t.image);
             if !keep {
                 revoked.push(*k);
             }
@@ -287,12 +311,82 @@ impl CopyManager {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::BackendResult;
+    use std::any::Any;
 
     #[test]
     fn refusals_are_invalid_token_operation() {
         let s = TokenRefusal::Expired.sense();
         assert_eq!((s.key, s.asc, s.ascq), (sense::key::ILLEGAL_REQUEST, 0x23, 0x07));
         assert_eq!(TokenRefusal::InvalidLength.sense().ascq, 0x0A);
+    }
+
+    /// An image of `len` bytes frozen from vdisk `vdisk` of pool `pool`.
+    #[derive(Debug)]
+    struct Image {
+        pool: &'static str,
+        vdisk: &'static str,
+        len: u64,
+    }
+
+    impl FrozenImage for Image {
+        fn len(&self) -> u64 {
+            self.len
+        }
+        fn block_size(&self) -> u32 {
+            512
+        }
+        fn pool(&self) -> &str {
+            self.pool
+        }
+        fn vdisk(&self) -> &str {
+            self.vdisk
+        }
+        fn read(&self, _: u64, out: &mut [u8]) -> BackendResult<()> {
+            out.fill(0);
+            Ok(())
+        }
+        fn as_any(&self) -> &dyn Any {
+            self
+        }
+    }
+
+    fn image(pool: &'static str, vdisk: &'static str, len: u64) -> Arc<dyn FrozenImage> {
+        Arc::new(Image { pool, vdisk, len })
+    }
+
+    #[test]
+    fn a_deleted_vdisks_tokens_end_with_it_and_no_other() {
+        let cm = CopyManager::new();
+        let of_vm = cm.create_token([1; 32], 7, image("p", "vm", 4096), 30).unwrap();
+        let of_vm_snap = cm.create_token([1; 32], 7, image("p", "vm@s1", 4096), 30).unwrap();
+        let of_other_pool = cm.create_token([1; 32], 7, image("q", "vm", 4096), 30).unwrap();
+        cm.revoke_vdisk("p", "vm");
+        assert_eq!(cm.use_token(&of_vm[..], false).unwrap_err(), TokenRefusal::Revoked);
+        assert!(cm.use_token(&of_vm_snap[..], false).is_ok(), "its snapshot lives on");
+        assert!(cm.use_token(&of_other_pool[..], false).is_ok());
+        cm.revoke_pool("q");
+        assert_eq!(
+            cm.use_token(&of_other_pool[..], false).unwrap_err(),
+            TokenRefusal::Revoked
+        );
+        assert!(cm.use_token(&of_vm_snap[..], false).is_ok());
+    }
+
+    #[test]
+    fn one_nexus_cannot_take_the_whole_token_budget() {
+        let cm = CopyManager::new();
+        for _ in 0..MAX_TOKENS_PER_NEXUS {
+            cm.create_token([1; 32], 1, image("p", "vm", 512), 30).unwrap();
+        }
+        let refused = cm.create_token([1; 32], 1, image("p", "vm", 512), 30).unwrap_err();
+        assert_eq!(refused.asc, sense::INSUFFICIENT_RESOURCES_TO_CREATE_ROD_TOKEN.asc);
+        // Another nexus still gets its own, and bytes are bounded the same way.
+        cm.create_token([1; 32], 2, image("p", "vm", 512), 30).unwrap();
+        cm.create_token([1; 32], 3, image("p", "vm", MAX_LIVE_TOKEN_BYTES_PER_NEXUS), 30)
+            .unwrap();
+        assert!(cm.create_token([1; 32], 3, image("p", "vm", 512), 30).is_err());
+        cm.create_token([1; 32], 4, image("p", "vm", 512), 30).unwrap();
     }
 
     #[test]

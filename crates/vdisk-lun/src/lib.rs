@@ -110,6 +110,7 @@ impl BlockBackend for VdiskBackend {
         let image = self.0.freeze(ranges).map_err(backend_error)?;
         Ok(Box::new(FrozenVdisk {
             pool: image.pool(),
+            vdisk: self.0.name(),
             image,
         }))
     }
@@ -162,6 +163,7 @@ impl PlanHold for HeldPlan {
 struct FrozenVdisk {
     image: Frozen,
     pool: String,
+    vdisk: String,
 }
 
 impl FrozenImage for FrozenVdisk {
@@ -173,6 +175,9 @@ impl FrozenImage for FrozenVdisk {
     }
     fn pool(&self) -> &str {
         &self.pool
+    }
+    fn vdisk(&self) -> &str {
+        &self.vdisk
     }
     fn read(&self, offset: u64, out: &mut [u8]) -> BackendResult<()> {
         self.image.read(offset, out).map_err(backend_error)

@@ -176,6 +176,8 @@ impl Daemon {
                 users.join(", ")
             )));
         }
+        // ODX tokens of its data end with it (and give its grains back).
+        self.targets.copy.revoke_vdisk(pool, name);
         e.delete_vdisk(name)?;
         let (kind, what) = if name.contains('@') {
             ("snapshot.deleted", "snapshot")
