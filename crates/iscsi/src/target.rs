@@ -163,8 +163,16 @@ impl Registry {
         t
     }
 
+    /// Removes target `iqn` and ends the sessions logged in to it: a session keeps its own
+    /// reference to its target, and would otherwise go on reading and writing its LUNs.
     pub fn remove_target(&self, iqn: &str) -> Option<Arc<Target>> {
-        self.targets.write().remove(iqn)
+        let removed = self.targets.write().remove(iqn);
+        for ((_, _, target), e) in self.sessions.lock().iter() {
+            if target == iqn {
+                e.close.close();
+            }
+        }
+        removed
     }
 
     pub fn target(&self, iqn: &str) -> Option<Arc<Target>> {

@@ -327,6 +327,32 @@ async fn a_reinstated_session_takes_over_its_nexus() {
     b.logout().await.unwrap();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_a_target_ends_the_sessions_logged_in_to_it() {
+    let r = rig().await;
+    let a = Session::login(&r.addr, &cfg(HOST_A, OPEN, 1)).await.unwrap();
+    let other = Session::login(&r.addr, &cfg(HOST_B, OPEN, 2)).await.unwrap();
+    assert_eq!(read(&a, 0, 8).await.status, 0);
+    // Both hosts' sessions to OPEN end with it.
+    let kept = r.reg.remove_target(OPEN).expect("the target was there");
+    assert_eq!(kept.iqn, OPEN);
+    for s in [&a, &other] {
+        let after = tokio::time::timeout(
+            Duration::from_secs(10),
+            s.command(0, &rw16(0x88, 0, 8), Vec::new(), 8 * 512),
+        )
+        .await;
+        assert!(
+            matches!(after, Ok(Err(_))),
+            "a session of the removed target goes on: {after:?}"
+        );
+    }
+    assert!(
+        Session::login(&r.addr, &cfg(HOST_A, OPEN, 1)).await.is_err(),
+        "a removed target took a login"
+    );
+}
+
 /// An initiator that logs out and at once uses another path must find the reservation its
 /// session held already gone: the target answers the logout once the session has let go of
 /// its I_T nexus state, not before (libiscsi's Reserve6.Logout, which failed now and then).
