@@ -63,9 +63,20 @@ pub trait ReplicaSite {
     fn engine(&self, pool: &str) -> std::result::Result<Arc<Engine>, String>;
     /// Whether `pool/vdisk` may be written as a replica; `exists` says whether it exists.
     fn may_write(&self, pool: &str, vdisk: &str, exists: bool) -> std::result::Result<(), String>;
-    /// A cycle is about to write `pool/vdisk` (just created, or existing); an error ends the
-    /// cycle before anything is written.
-    fn writing(&self, _pool: &str, _vdisk: &str) -> std::result::Result<(), String> {
+    /// A cycle is about to write `pool/vdisk`, which `existed` says whether it found (else
+    /// it makes it next): the site claims it for the cycle, checking again, in the same step
+    /// as the claim, that an existing one is still a replica (not promoted, nor made here,
+    /// since `may_write`). An error ends the cycle before anything is written or made.
+    fn writing(&self, _pool: &str, _vdisk: &str, _existed: bool) -> std::result::Result<(), String> {
+        Ok(())
+    }
+    /// The last cycle committed into `pool/vdisk`, as `committed` recorded it.
+    fn last_committed(&self, _pool: &str, _vdisk: &str) -> Option<String> {
+        None
+    }
+    /// Records, durably, that the cycle of `snapshot` was committed into `pool/vdisk` (its
+    /// snapshot taken): a sender that asks again for it is then told it is done.
+    fn committed(&self, _pool: &str, _vdisk: &str, _snapshot: &str) -> std::result::Result<(), String> {
         Ok(())
     }
 }
@@ -167,8 +178,22 @@ fn run<S: Read + Write>(
     report.vdisk = begin.vdisk.clone();
     report.snapshot = begin.snapshot.clone();
     let snap_name = format!("{}@{}", begin.vdisk, begin.snapshot);
+    let marker_path = marker_path(&opts.cycles_dir, &begin.pool, &begin.vdisk);
+    let marker: Option<Marker> = std::fs::read(&marker_path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok());
     if engine.vdisk(&snap_name).is_ok() {
-        // The sender asks again for a cycle whose commit it did not hear of.
+        // The sender asks again for a cycle whose commit it did not hear of, if this site
+        // committed it: recorded so, or its snapshot taken and the marker not yet gone. Any
+        // other snapshot of that name is not this cycle's (a replication made before under
+        // the same name left it): answering done would make it the sender's base.
+        let ours = site.last_committed(&begin.pool, &begin.vdisk).as_deref() == Some(begin.snapshot.as_str())
+            || marker.as_ref().is_some_and(|m| m.snapshot == begin.snapshot);
+        if !ours {
+            return Err(ReplError::Invalid(format!(
+                "the replica holds a snapshot '{snap_name}' that no cycle of this replication committed (an earlier replication under the same name left it): delete it here, and the next cycle goes on"
+            )));
+        }
         report.complete = true;
         let ready = Ready {
             base_ok: false,
@@ -179,8 +204,11 @@ fn run<S: Read + Write>(
         info!(replica = %begin.vdisk, snapshot = %begin.snapshot, "replication cycle was already committed");
         return Ok(());
     }
-    let replica = match engine.vdisk(&begin.vdisk) {
-        Ok(v) => {
+    let existing = engine.vdisk(&begin.vdisk).ok();
+    site.writing(&begin.pool, &begin.vdisk, existing.is_some())
+        .map_err(ReplError::Invalid)?;
+    let replica = match existing {
+        Some(v) => {
             if v.is_snapshot() {
                 return Err(ReplError::Invalid(format!("'{}' is a snapshot", begin.vdisk)));
             }
@@ -204,7 +232,7 @@ fn run<S: Read + Write>(
             }
             v
         }
-        Err(_) => {
+        None => {
             let mut spec = VdiskSpec::new(&begin.vdisk, begin.size, opts.layout);
             spec.provisioning = Provisioning::Thin;
             spec.grain_size = Some(begin.grain);
@@ -212,7 +240,6 @@ fn run<S: Read + Write>(
             engine.create_vdisk(&spec)?
         }
     };
-    site.writing(&begin.pool, &begin.vdisk).map_err(ReplError::Invalid)?;
     let base = begin
         .base
         .as_ref()
@@ -221,10 +248,6 @@ fn run<S: Read + Write>(
         base: base.as_ref().and(begin.base.clone()),
         snapshot: begin.snapshot.clone(),
     };
-    let marker_path = marker_path(&opts.cycles_dir, &begin.pool, &begin.vdisk);
-    let marker: Option<Marker> = std::fs::read(&marker_path)
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok());
     report.resumed = marker.as_ref() == Some(&wanted);
     if let (Some(b), false) = (&base, report.resumed) {
         // Back to the base: the working copy may hold part of another cycle.
@@ -236,7 +259,7 @@ fn run<S: Read + Write>(
     if replica.size() < begin.size {
         engine.resize_vdisk(&begin.vdisk, begin.size)?;
     }
-    std::fs::create_dir_all(&opts.cycles_dir)?;
+    std::fs::create_dir_all(marker_path.parent().expect("in the cycles directory"))?;
     write_durably(&marker_path, &serde_json::to_vec(&wanted).expect("serializable"))?;
     // Extra streams join once the sender has read Ready: the cycle waits for them from now.
     let streams = begin.streams.max(1);
@@ -353,6 +376,9 @@ fn run<S: Read + Write>(
                     report.written_blocks = written.load(Ordering::Relaxed);
                     replica.flush()?;
                     engine.snapshot(&begin.vdisk, &begin.snapshot)?;
+                    // Recorded before the marker goes: either says the cycle is this site's.
+                    site.committed(&begin.pool, &begin.vdisk, &begin.snapshot)
+                        .map_err(ReplError::Invalid)?;
                     let _ = std::fs::remove_file(&marker_path);
                     wire::write_json(
                         w,
@@ -423,9 +449,10 @@ fn data_stream(
     }
 }
 
-/// The marker of a cycle being received into `pool/vdisk`.
+/// The marker of a cycle being received into `pool/vdisk`: a directory per pool, since
+/// names may hold dots (`dr` + `db.log` and `dr.db` + `log` must not share one).
 fn marker_path(cycles_dir: &std::path::Path, pool: &str, vdisk: &str) -> PathBuf {
-    cycles_dir.join(format!("{pool}.{vdisk}.cycle"))
+    cycles_dir.join(pool).join(format!("{vdisk}.cycle"))
 }
 
 /// Forgets the cycle that was being received into `pool/vdisk`, if any: the next one, from

@@ -70,7 +70,29 @@ impl Transport {
     /// is read from it.
     pub fn accept(&self, s: TcpStream) -> Result<SslStream<TcpStream>, String> {
         self.prepare(&s);
-        self.acceptor.accept(s).map_err(|e| format!("TLS handshake: {e}"))
+        // The whole handshake within the silence, however slowly a peer sends its bytes: the
+        // read timeout alone starts again with each one, and a few such peers would keep
+        // every place of the listener.
+        let done = std::sync::Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+        let watchdog = s.try_clone().ok().map(|sock| {
+            let (done, limit) = (done.clone(), self.silence);
+            std::thread::spawn(move || {
+                let (flag, told) = &*done;
+                let over = told
+                    .wait_timeout_while(flag.lock().expect("not poisoned"), limit, |d| !*d)
+                    .expect("not poisoned");
+                if !*over.0 {
+                    let _ = sock.shutdown(std::net::Shutdown::Both);
+                }
+            })
+        });
+        let r = self.acceptor.accept(s);
+        *done.0.lock().expect("not poisoned") = true;
+        done.1.notify_all();
+        if let Some(w) = watchdog {
+            let _ = w.join();
+        }
+        r.map_err(|e| format!("TLS handshake: {e}"))
     }
 
     fn prepare(&self, s: &TcpStream) {
@@ -194,6 +216,36 @@ impl<S: io::Write> io::Write for Paced<S> {
 mod tests {
     use super::*;
     use std::io::{Read, Write};
+
+    #[test]
+    fn a_handshake_sent_a_byte_at_a_time_ends_within_the_silence() {
+        let keys = HashMap::from([("site".to_string(), vec![7u8; 32])]);
+        let t = Transport::with_keys(keys, "cubic", Duration::from_secs(2)).unwrap();
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = l.local_addr().unwrap();
+        // A peer that begins a TLS record of 512 bytes, then sends them a byte a second,
+        // under the read timeout.
+        let dripping = std::thread::spawn(move || {
+            let mut c = TcpStream::connect(a).unwrap();
+            c.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01]).unwrap();
+            for _ in 0..30 {
+                if c.write_all(&[0]).is_err() {
+                    return true;
+                }
+                std::thread::sleep(Duration::from_secs(1));
+            }
+            false
+        });
+        let (s, _) = l.accept().unwrap();
+        let started = std::time::Instant::now();
+        assert!(t.accept(s).is_err());
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "the handshake went on for {:?}",
+            started.elapsed()
+        );
+        assert!(dripping.join().unwrap(), "the peer was never cut off");
+    }
 
     #[test]
     fn a_paced_stream_takes_at_least_its_rate() {

@@ -18,8 +18,8 @@ pub const HASH: usize = 32;
 /// Grains are offered by the fingerprints of their 4 KiB blocks, so that a 4 KiB write costs
 /// 4 KiB on the wire, not its grain (a file system's writes are of its blocks).
 pub const BLOCK: u64 = 4096;
-/// Most blocks a grain offered may have (a 1 MiB grain).
-pub const MAX_BLOCKS: usize = 256;
+/// Most blocks a grain offered may have: those of the largest grain a vdisk may have.
+pub const MAX_BLOCKS: usize = (tessera_volume::MAX_GRAIN / BLOCK) as usize;
 /// Most blocks a replica asks for and waits to receive at once: twice what a sender's window
 /// of offers can ask for, so that a sender that offers without ever sending cannot make the
 /// replica hold fingerprints without end.
@@ -390,6 +390,9 @@ mod tests {
         assert_eq!(offers[0].blocks.len(), 16);
         assert_eq!(offers[1].blocks.len(), 1);
         assert_eq!(decode_offer(&encode_offer(7, &offers)).unwrap(), (7, offers.clone()));
+        // The largest grain a vdisk may have is offered whole.
+        let largest = vec![Offered::of(0, &vec![3u8; tessera_volume::MAX_GRAIN as usize])];
+        assert_eq!(decode_offer(&encode_offer(8, &largest)).unwrap(), (8, largest.clone()));
         let want = vec![(0, vec![0b1000_0001, 0]), (1, vec![1])];
         assert_eq!(decode_want(&encode_want(9, &want)).unwrap(), (9, want.clone()));
         assert!(wanted(&want[0].1, 0) && wanted(&want[0].1, 7) && !wanted(&want[0].1, 1) && !wanted(&want[0].1, 99));

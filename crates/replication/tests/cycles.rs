@@ -147,6 +147,43 @@ fn cycles_send_only_what_changed_and_leave_bit_exact_replicas() {
     assert!(r.problems.is_empty(), "{:#?}", r.problems);
 }
 
+#[test]
+fn a_cycle_asked_again_is_done_and_a_snapshot_of_its_name_from_elsewhere_is_refused() {
+    let src = site(2, 128 * MIB);
+    let dst = site(2, 128 * MIB);
+    let mut spec = VdiskSpec::new("vol", 16 * MIB, LayoutKind::Mirror);
+    spec.provisioning = Provisioning::Thin;
+    spec.grain_size = Some(GRAIN);
+    let v = src.engine.create_vdisk(&spec).unwrap();
+    v.write(0, &noise(1, MIB as usize), false).unwrap();
+    src.engine.snapshot("vol", "s1").unwrap();
+    let (sent, got) = cycle(&src, &dst, "s1", None, None);
+    sent.unwrap();
+    assert!(!got.unwrap().complete);
+    // The sender did not hear of the commit and asks again: done, nothing sent.
+    let (sent, got) = cycle(&src, &dst, "s1", None, None);
+    assert_eq!(sent.unwrap().sent_bytes, 0);
+    assert!(got.unwrap().complete);
+    // The replica holds a snapshot of the next cycle's name that no cycle made (an earlier
+    // replication under the same name left it): refused, not taken for this cycle's.
+    v.write(MIB, &noise(2, MIB as usize), false).unwrap();
+    src.engine.snapshot("vol", "s2").unwrap();
+    dst.engine.snapshot("vol", "s2").unwrap();
+    let (sent, got) = cycle(&src, &dst, "s2", Some("s1"), None);
+    let e = got.unwrap_err().to_string();
+    assert!(e.contains("no cycle of this replication committed"), "{e}");
+    assert!(sent.is_err(), "the sender took a snapshot it never sent for its base");
+    // Deleted there, the next cycle goes on.
+    dst.engine.delete_vdisk("vol@s2").unwrap();
+    let (sent, got) = cycle(&src, &dst, "s2", Some("s1"), None);
+    sent.unwrap();
+    assert!(!got.unwrap().complete);
+    assert_eq!(
+        image(&dst.engine.vdisk("vol@s2").unwrap()),
+        image(&src.engine.vdisk("vol@s2").unwrap())
+    );
+}
+
 /// One cycle over `streams` connections: a listener takes each on a thread of its own, as
 /// the daemon's does, and the extra ones join the first.
 fn cycle_streams(
@@ -341,13 +378,18 @@ fn streams_that_lie_are_refused_with_a_reason() {
     tessera_replication::wire::write_frame(&mut b, tessera_replication::wire::Kind::Offer, &offer).unwrap();
     assert!(run(b).contains("range"));
     // Offers without end, and never a block of data: the replica stops holding fingerprints.
-    let big = ok.replace("1048576", &(2u64 << 30).to_string());
-    let mut b = begin(&big);
     let grains = tessera_replication::wire::MAX_WANTED_BLOCKS / 16 + 1;
+    let big = ok.replace("1048576", &(grains as u64 * GRAIN).to_string());
+    let mut b = begin(&big);
+    // The same bytes offered everywhere: each place lacks them all the same.
+    let one = tessera_replication::wire::Offered::of(0, &noise(1, GRAIN as usize));
     for (no, chunk) in (0..grains as u64).collect::<Vec<_>>().chunks(4096).enumerate() {
         let offers: Vec<_> = chunk
             .iter()
-            .map(|&g| tessera_replication::wire::Offered::of(g * GRAIN, &noise(g, GRAIN as usize)))
+            .map(|&g| tessera_replication::wire::Offered {
+                offset: g * GRAIN,
+                ..one.clone()
+            })
             .collect();
         let frame = tessera_replication::wire::encode_offer(no as u64, &offers);
         tessera_replication::wire::write_frame(&mut b, tessera_replication::wire::Kind::Offer, &frame).unwrap();

@@ -16,6 +16,8 @@ pub struct Site {
     pub engine: Arc<Engine>,
     /// Shared by every connection the site takes, as a daemon's listener shares it.
     pub joins: Arc<tessera_replication::Joins>,
+    /// The last cycle committed into each vdisk, as a daemon records it.
+    pub committed: std::sync::Mutex<std::collections::HashMap<String, String>>,
 }
 
 impl ReplicaSite for Site {
@@ -30,6 +32,16 @@ impl ReplicaSite for Site {
         }
         Ok(())
     }
+    fn last_committed(&self, pool: &str, vdisk: &str) -> Option<String> {
+        self.committed.lock().unwrap().get(&format!("{pool}/{vdisk}")).cloned()
+    }
+    fn committed(&self, pool: &str, vdisk: &str, snapshot: &str) -> Result<(), String> {
+        self.committed
+            .lock()
+            .unwrap()
+            .insert(format!("{pool}/{vdisk}"), snapshot.to_string());
+        Ok(())
+    }
 }
 
 pub fn site(disks: usize, disk_size: u64) -> Site {
@@ -42,6 +54,7 @@ pub fn site(disks: usize, disk_size: u64) -> Site {
         dir,
         engine: Arc::new(engine),
         joins: Default::default(),
+        committed: Default::default(),
     }
 }
 

@@ -93,14 +93,10 @@ fn take_cycle(d: &Arc<Daemon>, t: &Transport, s: TcpStream) {
         Ok(r) if r.joined => {} // an extra stream, handed to its cycle
         Ok(r) => {
             if let Some(key) = &claimed {
+                // The cycle itself was recorded at its commit (`committed`).
                 let recorded = d.replication.change(|s| {
                     if let Some(i) = s.incoming.get_mut(key) {
                         i.source = peer.clone();
-                        if !r.complete {
-                            i.cycles += 1;
-                            i.last_snapshot = Some(r.snapshot.clone());
-                            i.last_cycle_at = Some(now());
-                        }
                     }
                     Ok(())
                 });
@@ -143,23 +139,58 @@ impl ReplicaSite for Site {
         Ok(())
     }
 
-    fn writing(&self, pool: &str, vdisk: &str) -> Result<(), String> {
+    fn writing(&self, pool: &str, vdisk: &str, existed: bool) -> Result<(), String> {
         let key = format!("{pool}/{vdisk}");
+        // The claim, the check and the record under the live lock, as a promotion checks the
+        // claims and drops the record under it: neither can come between the other's steps.
         let mut live = self.d.replication.live.lock();
-        if !live.receiving.insert(key.clone()) {
+        if live.receiving.contains(&key) {
             return Err(format!("another cycle is writing '{key}'"));
         }
-        *self.claimed.lock() = Some(key.clone());
-        drop(live);
-        // Recorded before anything is written: from here on the vdisk is a replica.
+        // Recorded before anything is written or made: from here on the vdisk is a replica.
         self.d
             .replication
             .change(|s| {
+                if existed && !s.incoming.contains_key(&key) {
+                    return Err(ApiError::invalid(format!(
+                        "'{key}' is no longer a replica held here (promoted, or made here meanwhile): a peer never writes over it"
+                    )));
+                }
                 s.incoming.entry(key.clone()).or_insert_with(|| Incoming {
                     source: self.peer.clone(),
                     created_at: now(),
                     ..Default::default()
                 });
+                Ok(())
+            })
+            .map_err(|e| e.message)?;
+        live.receiving.insert(key.clone());
+        *self.claimed.lock() = Some(key);
+        Ok(())
+    }
+
+    fn last_committed(&self, pool: &str, vdisk: &str) -> Option<String> {
+        let key = format!("{pool}/{vdisk}");
+        self.d
+            .replication
+            .saved
+            .lock()
+            .incoming
+            .get(&key)?
+            .last_snapshot
+            .clone()
+    }
+
+    fn committed(&self, pool: &str, vdisk: &str, snapshot: &str) -> Result<(), String> {
+        let key = format!("{pool}/{vdisk}");
+        self.d
+            .replication
+            .change(|s| {
+                if let Some(i) = s.incoming.get_mut(&key) {
+                    i.cycles += 1;
+                    i.last_snapshot = Some(snapshot.to_string());
+                    i.last_cycle_at = Some(now());
+                }
                 Ok(())
             })
             .map_err(|e| e.message)
