@@ -422,13 +422,14 @@ impl Gateway {
             let _keep = watcher;
             while let Ok(Some(r)) = events.message().await {
                 if r.canceled() {
-                    return;
+                    break;
                 }
                 // Progress notes carry no event.
                 if !r.events().is_empty() {
                     changed();
                 }
             }
+            tracing::warn!("etcd ended the watch of the gateways' keys: changes are seen at the next look only, until the gateway joins again");
         });
         if let Some(old) = self.follower.replace(follower) {
             old.abort();

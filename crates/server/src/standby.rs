@@ -96,9 +96,27 @@ impl PoolPorts {
         self.state.lock().asked.is_some_and(|t| t.elapsed() < window)
     }
 
-    /// Records the gateways that present the pool's LUNs now.
-    pub fn set_presenting(&self, gateways: Vec<String>) {
-        self.state.lock().presenting = gateways;
+    /// Records the gateways that present the pool's LUNs now. Returns the pairs among them
+    /// and this gateway whose names give the same target port group, when the list changed:
+    /// hosts would see one group for the two, and could not tell the owner's (one of them
+    /// must be renamed).
+    pub fn set_presenting(&self, gateways: Vec<String>) -> Vec<(String, String)> {
+        let mut s = self.state.lock();
+        if s.presenting == gateways {
+            return Vec::new();
+        }
+        let mut names: Vec<&String> = gateways.iter().filter(|g| **g != self.me).collect();
+        names.insert(0, &self.me);
+        let mut collide = Vec::new();
+        for (i, a) in names.iter().enumerate() {
+            for b in &names[i + 1..] {
+                if group_of(a) == group_of(b) {
+                    collide.push((a.to_string(), b.to_string()));
+                }
+            }
+        }
+        s.presenting = gateways;
+        collide
     }
 }
 
@@ -437,6 +455,30 @@ mod tests {
             let found = g.iter().find(|x| x.id == group_of(name)).unwrap();
             assert_eq!((found.state, found.preferred), (state, state.active()), "{name}");
         }
+    }
+
+    #[test]
+    fn gateways_whose_names_give_one_port_group_are_told_once() {
+        // Two names with the same 16-bit group, found by search.
+        let (a, b) = (0..100_000)
+            .map(|i| format!("gw-{i}"))
+            .scan(std::collections::HashMap::new(), |seen, n| {
+                Some(seen.insert(group_of(&n), n.clone()).map(|first| (first, n)))
+            })
+            .flatten()
+            .next()
+            .unwrap();
+        assert_eq!(group_of(&a), group_of(&b));
+        let p = PoolPorts::new(&a, AccessState::Standby, Some("gw-a".into()), Arc::default());
+        assert!(p.set_presenting(vec!["gw-a".into(), a.clone()]).is_empty());
+        assert_eq!(
+            p.set_presenting(vec!["gw-a".into(), a.clone(), b.clone()]),
+            vec![(a.clone(), b.clone())]
+        );
+        assert!(
+            p.set_presenting(vec!["gw-a".into(), a.clone(), b.clone()]).is_empty(),
+            "told again while nothing changed"
+        );
     }
 
     #[test]

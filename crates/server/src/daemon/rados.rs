@@ -782,7 +782,11 @@ impl Daemon {
                 }
             }
             match gw.presenting(&name) {
-                Ok(list) => ports.set_presenting(list),
+                Ok(list) => {
+                    for (a, b) in ports.set_presenting(list) {
+                        warn!(pool = %name, "gateways {a} and {b} present the pool under the same target port group ({}): hosts cannot tell their paths apart; rename one of them", crate::standby::group_of(&a));
+                    }
+                }
                 Err(e) => debug!(pool = %name, error = %e, "cannot learn which gateways present the pool"),
             }
         }
