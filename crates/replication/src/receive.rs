@@ -187,12 +187,19 @@ fn run<S: Read + Write>(
         // committed it: recorded so, or its snapshot taken and the marker not yet gone. Any
         // other snapshot of that name is not this cycle's (a replication made before under
         // the same name left it): answering done would make it the sender's base.
-        let ours = site.last_committed(&begin.pool, &begin.vdisk).as_deref() == Some(begin.snapshot.as_str())
-            || marker.as_ref().is_some_and(|m| m.snapshot == begin.snapshot);
-        if !ours {
-            return Err(ReplError::Invalid(format!(
-                "the replica holds a snapshot '{snap_name}' that no cycle of this replication committed (an earlier replication under the same name left it): delete it here, and the next cycle goes on"
-            )));
+        let recorded = site.last_committed(&begin.pool, &begin.vdisk).as_deref() == Some(begin.snapshot.as_str());
+        if !recorded {
+            if !marker.as_ref().is_some_and(|m| m.snapshot == begin.snapshot) {
+                return Err(ReplError::Invalid(format!(
+                    "the replica holds a snapshot '{snap_name}' that no cycle of this replication committed (an earlier replication under the same name left it): delete it here, and the next cycle goes on"
+                )));
+            }
+            // Taken, and its record not made (the site could not write it): made now.
+            site.committed(&begin.pool, &begin.vdisk, &begin.snapshot)
+                .map_err(ReplError::Invalid)?;
+        }
+        if marker.as_ref().is_some_and(|m| m.snapshot == begin.snapshot) {
+            let _ = std::fs::remove_file(&marker_path);
         }
         report.complete = true;
         let ready = Ready {

@@ -164,6 +164,20 @@ fn a_cycle_asked_again_is_done_and_a_snapshot_of_its_name_from_elsewhere_is_refu
     let (sent, got) = cycle(&src, &dst, "s1", None, None);
     assert_eq!(sent.unwrap().sent_bytes, 0);
     assert!(got.unwrap().complete);
+    // Its snapshot taken, its record not made (the site died between): the marker still
+    // standing says the cycle was this site's, and the record is made then.
+    dst.committed.lock().unwrap().clear();
+    let marker = dst.dir.path().join("cycles").join("p").join("vol.cycle");
+    std::fs::create_dir_all(marker.parent().unwrap()).unwrap();
+    std::fs::write(&marker, br#"{"base":null,"snapshot":"s1"}"#).unwrap();
+    let (sent, got) = cycle(&src, &dst, "s1", None, None);
+    assert_eq!(sent.unwrap().sent_bytes, 0);
+    assert!(got.unwrap().complete);
+    assert_eq!(
+        dst.committed.lock().unwrap().get("p/vol").map(String::as_str),
+        Some("s1")
+    );
+    assert!(!marker.exists(), "the marker of a cycle done stays");
     // The replica holds a snapshot of the next cycle's name that no cycle made (an earlier
     // replication under the same name left it): refused, not taken for this cycle's.
     v.write(MIB, &noise(2, MIB as usize), false).unwrap();
