@@ -274,6 +274,16 @@ impl Portals {
         }
         info!(portal = %a, "iSCSI portal removed");
         self.publish(map);
+        drop(inner);
+        // The listener closes when its task is dropped, on a runtime thread: answered once
+        // it has (within a few seconds at most), so that whoever hears the portal is removed
+        // finds its address refusing connections.
+        if let State::Listening { task, .. } = &p.state {
+            let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            while !task.is_finished() && std::time::Instant::now() < until {
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+        }
         Ok(())
     }
 }
