@@ -1058,7 +1058,9 @@ fn copies_snapshots_and_clones_on_a_pool_on_rados_are_made_by_reference() {
 }
 
 /// A verifying write load: 4 KiB blocks, each stamped with its number and a sequence number,
-/// written with FUA one at a time through one gateway's NBD export until the export fails.
+/// written one at a time through one gateway's NBD export until the export fails, every other
+/// one without FUA and none followed by a flush: a write the gateway acknowledged must be in
+/// the cluster all the same, as the gateway that takes over finds it.
 #[cfg(feature = "rados")]
 mod load {
     use std::sync::atomic::{AtomicBool, Ordering};
@@ -1147,7 +1149,7 @@ mod load {
                 };
                 let r = tokio::time::timeout(
                     std::time::Duration::from_secs(60),
-                    c.write(n * BLOCK as u64, &block(n, seq), true),
+                    c.write(n * BLOCK as u64, &block(n, seq), seq % 2 == 0),
                 )
                 .await;
                 let mut a = acked.lock().unwrap();
@@ -1201,8 +1203,9 @@ mod multipath {
         pub switches: u32,
     }
 
-    fn cdb(op: u8, n: u64) -> Vec<u8> {
-        let mut c = vec![op, if op == 0x2A { 0x08 } else { 0 }, 0, 0, 0, 0, 0, 0, 1, 0]; // FUA on writes
+    /// READ(10) or WRITE(10) of block `n`; a write with FUA if `fua`.
+    fn cdb(op: u8, n: u64, fua: bool) -> Vec<u8> {
+        let mut c = vec![op, if fua { 0x08 } else { 0 }, 0, 0, 0, 0, 0, 0, 1, 0];
         c[2..6].copy_from_slice(&(n as u32).to_be_bytes());
         c
     }
@@ -1259,7 +1262,7 @@ mod multipath {
             let data = block(n, seq);
             while Instant::now() < until {
                 match self
-                    .command(&cdb(0x2A, n), data.clone(), 0, Duration::from_secs(5))
+                    .command(&cdb(0x2A, n, seq % 2 == 0), data.clone(), 0, Duration::from_secs(5))
                     .await
                 {
                     Ok((0, ..)) => {
@@ -1301,7 +1304,7 @@ mod multipath {
             for n in 0..BLOCKS {
                 let got = loop {
                     match self
-                        .command(&cdb(0x28, n), Vec::new(), BLOCK, Duration::from_secs(5))
+                        .command(&cdb(0x28, n, false), Vec::new(), BLOCK, Duration::from_secs(5))
                         .await
                     {
                         Ok((0, _, _, _, d)) => break d,
@@ -1328,8 +1331,9 @@ fn osd_process(conf: &str) -> (i32, Vec<String>) {
 }
 
 /// The verifying load through iSCSI multipath: a host with a path to each gateway
-/// writes 4 KiB blocks stamped with their number and a sequence number, with FUA, through
-/// the owner A, while the cluster's OSD is killed and started again, then A is killed (the
+/// writes 4 KiB blocks stamped with their number and a sequence number (every other one
+/// without FUA, none followed by a flush: acknowledged is durable) through the owner A,
+/// while the cluster's OSD is killed and started again, then A is killed (the
 /// host goes on through B once B took the pool over), then A comes back as a standby and B
 /// is stopped with SIGSTOP (the host goes on through A once A took it over) and resumed.
 /// Every block then holds what was acknowledged last, and B, resumed, changed nothing.
@@ -1518,6 +1522,82 @@ fn acknowledged_writes_survive_failovers_under_a_verifying_load() {
     assert!(check["problems"].as_array().unwrap().is_empty(), "{check}");
     a.stop();
     b.kill9();
+}
+
+/// A gateway answers a write only once the cluster applied it, FUA or not, flush or not:
+/// writes without FUA answered by A are all read back through B after A was killed without a
+/// flush; and with the cluster's OSD stopped (SIGSTOP) a write through A is not answered at
+/// all. A gateway that answered writes when it sent them, as a volatile cache, answered that
+/// one at once, lost it when it died, and the host's next flush, at B, said durable over it.
+#[cfg(feature = "rados")]
+#[test]
+fn a_gateway_answers_a_write_only_once_the_cluster_applied_it() {
+    let test = "a_gateway_answers_a_write_only_once_the_cluster_applied_it";
+    // Alone on the cluster: its OSD stops under the test.
+    let _alone = OSD.write().unwrap_or_else(|e| e.into_inner());
+    let Some((conf, etcd)) = cluster_config(test) else {
+        return;
+    };
+    let pid = std::process::id();
+    let pool = format!("wt{pid}");
+    let prefix = format!("/tessera-wt-{pid}");
+    let t = tempfile::tempdir().unwrap();
+    let cfg = |name: &str| gateway(name, &etcd, &prefix);
+    let mut a = Daemon::start_configured(&t.path().join("a"), &cfg("gw-a"));
+    create_rados_pool(&a, &pool, &conf);
+    let vdisk = format!("{pool}/v");
+    a.ok(&["vdisk", "create", &vdisk, "--size", "16M", "--layout", "simple"]);
+    a.ok(&["nbd", "export", &vdisk]);
+    let mut b = Daemon::start_configured(&t.path().join("b"), &cfg("gw-b"));
+    b.ok(&["pool", "import", &pool, "--rados", RADOS_POOL, "--ceph-conf", &conf]);
+    b.ok(&["nbd", "export", &vdisk]);
+    // Every object made first (a write that makes one was always waited for).
+    let (w, out) = qemu_io(&a, "v", "write -P 0x11 0 16M");
+    assert!(w, "{out}");
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let block = |i: u64| vec![(0x40 + i % 64) as u8; 4096];
+    let c = rt
+        .block_on(tessera_nbd::client::Client::connect(&a.nbd_address(), "v"))
+        .unwrap();
+    // 256 writes without FUA across the vdisk's four objects, all answered; no flush.
+    for i in 0..256u64 {
+        rt.block_on(c.write(i * 65536, &block(i), false)).unwrap();
+    }
+    // The OSD stopped: a write through A is not answered while the cluster cannot apply it.
+    let (osd, _) = osd_process(&conf);
+    assert_eq!(unsafe { libc::kill(osd, libc::SIGSTOP) }, 0);
+    let stalled =
+        rt.block_on(async { tokio::time::timeout(Duration::from_secs(3), c.write(8192, &[0x99; 4096], false)).await });
+    a.kill9();
+    assert_eq!(unsafe { libc::kill(osd, libc::SIGCONT) }, 0);
+    assert!(
+        stalled.is_err(),
+        "A answered a write while the cluster's OSD was stopped: {stalled:?}"
+    );
+    drop(c);
+    let took = until_served(&b, &pool, Duration::from_secs(30));
+    eprintln!("{test}: B took the pool over {took:?} after A was killed");
+    let c = rt
+        .block_on(tessera_nbd::client::Client::connect(&b.nbd_address(), "v"))
+        .unwrap();
+    for i in 0..256u64 {
+        let got = rt.block_on(c.read(i * 65536, 4096)).unwrap();
+        assert!(
+            got == block(i),
+            "a write A answered is not at B: block at {}",
+            i * 65536
+        );
+    }
+    // The write A never answered: either content, never anything else.
+    let got = rt.block_on(c.read(8192, 4096)).unwrap();
+    assert!(got.iter().all(|&x| x == 0x99) || got.iter().all(|&x| x == 0x11));
+    drop(c);
+    drop(a);
+    b.stop();
 }
 
 /// Forwards every connection to `127.0.0.1:port` to `to` (etcd), from the moment it is

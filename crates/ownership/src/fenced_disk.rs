@@ -6,21 +6,23 @@
 //! Objects are made by their first write, so the disk is thin: a read of an object never
 //! written, or past the end of a shorter one, returns zeros.
 //!
-//! Writes to objects that exist are sent and not waited for (a volatile write cache, as a
-//! disk's, and as librbd's): up to [`MAX_BEHIND`] bytes may be on their way, and a flush
-//! waits until the OSDs applied every write sent before it (on every replica). Writes this
-//! client sends to an object are applied in the order sent, and a read sees the writes sent
-//! before it, so nothing above the disk can tell, but for the speed and the flush. A write
-//! the OSDs refuse (a newer owner's guard, a blocklist, a timeout) fails that flush and
-//! every later one: the data it held is lost, and which flush it was under cannot be told.
-//! The first write to an object (which makes it) is waited for.
+//! Every write returns once the OSDs applied it (on every replica), as librbd writes through
+//! until its user's first flush and as tcmu-runner's gateway answers: the gateway has no
+//! volatile cache. A host's acknowledged write must outlive the gateway it went through,
+//! and the host does not go down with it: had the gateway answered writes it had only sent
+//! and then died, the host's next flush, at the gateway that took over, would succeed over
+//! writes that never landed. A write the OSDs refuse (a newer owner's guard, a blocklist, a
+//! timeout) fails, and every flush from then on fails too: only the disk opened again, by a
+//! client that fences this one off, may say "durable" again.
 //!
-//! A write to an object that has writes on their way is held back, and the writes that
-//! follow it to that object join it, until those on their way settled: then they go as one
-//! operation (one guard, the pieces in the order they came, adjacent ones joined). A stream
-//! of writes thus costs the OSDs one operation per round trip, not one per write, as
-//! librbd's I/O scheduler does. A read of the object, a flush, or a held write grown to an
-//! object's worth sends what is held at once.
+//! A write to an object that has writes on their way (other writers' at once) is held back,
+//! and the writes that follow it to that object join it, until those on their way settled:
+//! then they go as one operation (one guard, the pieces in the order they came, adjacent
+//! ones joined), and each returns when that operation is applied. Concurrent writes to an
+//! object (a stream with several writes in flight) thus cost the OSDs one operation per
+//! round trip, not one per write, as librbd's I/O scheduler does. A read of the object, a
+//! flush, or a held write grown to an object's worth sends what is held at once. The first
+//! write to an object (which makes it) is sent alone.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -39,8 +41,9 @@ use crate::fence::FencedWriter;
 /// operations, small enough that objects spread over the placement groups.
 pub const OBJECT_BYTES: u64 = 4 << 20;
 
-/// The most bytes of writes sent and not yet known applied, as librbd's cache holds dirty
-/// (`rbd_cache_max_dirty`): past it, a write waits for the oldest.
+/// The most bytes of writes sent and not yet known applied: past it, a write waits for the
+/// oldest before it is sent (as librbd's `rbd_cache_max_dirty` bounds its cache). Writers
+/// wait for their own writes anyway; this bounds what many at once keep in flight.
 pub const MAX_BEHIND: usize = 24 << 20;
 
 /// The most a write held back for an object gathers before it goes anyway (bytes, pieces):
@@ -92,6 +95,17 @@ struct Behind {
     /// fails with it.
     failed: Option<(u64, usize, String)>,
     closed: bool,
+    /// Numbers the writes (or groups of held writes) their writers wait for.
+    next_tag: u64,
+    /// Per write or group sent whose writers still wait: how many, and once settled how it
+    /// went.
+    waiting: HashMap<u64, Waiters>,
+}
+
+/// The writers of one operation, waiting for it to settle.
+struct Waiters {
+    left: usize,
+    outcome: Option<Result<(), String>>,
 }
 
 struct Sent {
@@ -107,6 +121,8 @@ struct Ticket {
     /// Where it starts on the disk and how long it is, for a refusal's report.
     offset: u64,
     len: usize,
+    /// Its writers' tag in `waiting`.
+    tag: u64,
 }
 
 /// Writes to one object, in the order they came: each piece at its offset in the object.
@@ -115,6 +131,9 @@ struct Held {
     bytes: usize,
     /// Where the first piece was on the disk, for a refusal's report.
     offset: u64,
+    /// The tag its writers wait on, and how many they are.
+    tag: u64,
+    writers: usize,
 }
 
 impl Held {
@@ -150,6 +169,15 @@ impl Behind {
             return None;
         }
         let s = self.sent.pop_front()?;
+        self.in_hand.insert(s.ticket.seq);
+        Some(s)
+    }
+
+    /// The write its writers wait on as `tag`, if sent and not taken yet, taken out to be
+    /// waited for.
+    fn take_tagged(&mut self, tag: u64) -> Option<Sent> {
+        let at = self.sent.iter().position(|s| s.ticket.tag == tag)?;
+        let s = self.sent.remove(at)?;
         self.in_hand.insert(s.ticket.seq);
         Some(s)
     }
@@ -221,19 +249,18 @@ impl FencedDisk {
         self.inner.epoch
     }
 
-    /// The first write sent ahead that the OSDs refused since the disk was opened (a newer
-    /// owner's guard, the blocklist, a timeout), described. From then on every flush fails:
-    /// only the disk opened again, by a client that fences this one off, can say "durable"
-    /// again.
+    /// The first write that the OSDs refused since the disk was opened (a newer owner's
+    /// guard, the blocklist, a timeout), described. From then on every flush fails: only the
+    /// disk opened again, by a client that fences this one off, can say "durable" again.
     pub fn refused(&self) -> Option<String> {
         let b = self.inner.behind.lock();
         let (offset, len, why) = b.failed.as_ref()?;
         Some(format!("a write of {len} bytes at byte {offset} was refused: {why}"))
     }
 
-    /// How many operations the writes sent ahead took so far (writes held back for an
-    /// object go in one).
-    pub fn writes_sent_ahead(&self) -> u64 {
+    /// How many operations the writes to objects that exist took so far (writes held back
+    /// for an object go in one).
+    pub fn writes_sent(&self) -> u64 {
         self.inner.behind.lock().next
     }
 
@@ -289,20 +316,28 @@ impl Inner {
         }
     }
 
-    /// Writes a piece of an object that exists without waiting for the OSDs: sent at once if
-    /// nothing is on its way to the object, else held back to go with the writes that follow
-    /// it there. Settles the writes that completed meanwhile; while more than [`MAX_BEHIND`]
-    /// bytes are unsettled, waits for the oldest.
-    fn write_behind(&self, index: u64, in_obj: u64, data: &[u8], offset: u64) -> Result<(), DiskError> {
+    /// Starts the write of a piece of an object that exists: sent at once if nothing is on
+    /// its way to the object, else held back to go with the writes that follow it there.
+    /// Returns the tag to wait on ([`wait_applied`](Self::wait_applied)). Settles the writes
+    /// that completed meanwhile; while more than [`MAX_BEHIND`] bytes are unsettled, waits for
+    /// the oldest.
+    fn start_write(&self, index: u64, in_obj: u64, data: &[u8], offset: u64) -> Result<u64, DiskError> {
         let mut b = self.behind.lock();
-        if b.flying.contains_key(&index) {
+        let tag = if b.flying.contains_key(&index) {
+            let fresh = b.next_tag;
             let h = b.held.entry(index).or_insert_with(|| Held {
                 pieces: Vec::new(),
                 bytes: 0,
                 offset,
+                tag: fresh,
+                writers: 0,
             });
             h.add(in_obj, data);
-            let full = h.full();
+            h.writers += 1;
+            let (tag, full) = (h.tag, h.full());
+            if tag == fresh {
+                b.next_tag += 1;
+            }
             b.bytes += data.len();
             if full {
                 let h = b.held.remove(&index).expect("held");
@@ -310,6 +345,7 @@ impl Inner {
             } else {
                 self.held_one.notify_one();
             }
+            tag
         } else {
             // Sent under the lock, so that a flush that finds no write held finds this one
             // sent: sending does not wait for the OSDs.
@@ -318,14 +354,23 @@ impl Inner {
                 .pool
                 .operate_async(&self.oid(index), op)
                 .map_err(|e| self.io_error("write", offset, data.len(), e))?;
+            let tag = b.next_tag;
+            b.next_tag += 1;
+            b.waiting.insert(tag, Waiters { left: 1, outcome: None });
             b.bytes += data.len();
-            self.sent(&mut b, index, write, offset, data.len());
-        }
+            self.sent(&mut b, index, write, offset, data.len(), tag);
+            tag
+        };
         // Those that completed, under the lock: a flush that finds the queue past its
         // writes finds their refusals too.
+        let mut any = false;
         while b.sent.front().is_some_and(|s| s.write.is_complete()) {
             let s = b.sent.pop_front().expect("a front");
             self.settle(&mut b, s.ticket, s.write.wait());
+            any = true;
+        }
+        if any {
+            self.settled.notify_all();
         }
         while b.bytes > MAX_BEHIND {
             if let Some(s) = b.take_oldest(u64::MAX) {
@@ -342,11 +387,44 @@ impl Inner {
                 self.settled.wait(&mut b);
             }
         }
-        Ok(())
+        Ok(tag)
     }
 
-    /// Counts a write sent.
-    fn sent(&self, b: &mut Behind, object: u64, write: PendingWrite, offset: u64, len: usize) {
+    /// Waits until the operation that carries the write tagged `tag` settled; its outcome,
+    /// or why the OSDs refused it. Waits for that operation itself when nobody else does;
+    /// when another thread does, or when it is held behind a write to its object (which the
+    /// gatherer, or that write's own writer, settles), waits to be told. It never waits for
+    /// another writer's operation: its own may be done first.
+    fn wait_applied(&self, tag: u64) -> Result<(), String> {
+        let mut b = self.behind.lock();
+        loop {
+            if let Some(w) = b.waiting.get_mut(&tag) {
+                if let Some(outcome) = &w.outcome {
+                    let outcome = outcome.clone();
+                    w.left -= 1;
+                    if w.left == 0 {
+                        b.waiting.remove(&tag);
+                    }
+                    return outcome;
+                }
+            }
+            if let Some(s) = b.take_tagged(tag) {
+                b = self.wait_for(b, s);
+            } else if b.in_hand.is_empty() && b.sent.is_empty() {
+                // Held with nothing on its way to its object (never so while the rule that an
+                // object holds writes only while it has some flying stands): sent now.
+                self.send_all_held(&mut b);
+                if b.sent.is_empty() && !b.waiting.get(&tag).is_some_and(|w| w.outcome.is_some()) {
+                    return Err("the write was lost from the disk's queue".into());
+                }
+            } else {
+                self.settled.wait(&mut b);
+            }
+        }
+    }
+
+    /// Counts a write sent, for its writers (tag) to wait on.
+    fn sent(&self, b: &mut Behind, object: u64, write: PendingWrite, offset: u64, len: usize, tag: u64) {
         let seq = b.next;
         b.next += 1;
         *b.flying.entry(object).or_default() += 1;
@@ -357,19 +435,38 @@ impl Inner {
                 object,
                 offset,
                 len,
+                tag,
             },
         });
     }
 
-    /// Sends the writes held for `object` as one operation. They were answered already: if
-    /// it cannot be sent, the flushes fail.
+    /// Sends the writes held for `object` as one operation, which their writers wait on; if
+    /// it cannot be sent, they fail, and so do the flushes.
     fn send_held(&self, b: &mut Behind, object: u64, h: Held) {
         let op = FencedWriter::new(&self.pool, self.epoch).guarded_pieces(h.pieces);
         match self.pool.operate_async(&self.oid(object), op) {
-            Ok(write) => self.sent(b, object, write, h.offset, h.bytes),
+            Ok(write) => {
+                b.waiting.insert(
+                    h.tag,
+                    Waiters {
+                        left: h.writers,
+                        outcome: None,
+                    },
+                );
+                self.sent(b, object, write, h.offset, h.bytes, h.tag);
+            }
             Err(e) => {
                 b.bytes -= h.bytes;
-                b.failed.get_or_insert((h.offset, h.bytes, describe(&e)));
+                let why = describe(&e);
+                b.waiting.insert(
+                    h.tag,
+                    Waiters {
+                        left: h.writers,
+                        outcome: Some(Err(why.clone())),
+                    },
+                );
+                b.failed.get_or_insert((h.offset, h.bytes, why));
+                self.settled.notify_all();
             }
         }
     }
@@ -400,8 +497,12 @@ impl Inner {
     fn settle(&self, b: &mut Behind, t: Ticket, outcome: Result<(), RadosError>) {
         b.in_hand.remove(&t.seq);
         b.bytes -= t.len;
-        if let Err(e) = outcome {
-            b.failed.get_or_insert((t.offset, t.len, describe(&e)));
+        let outcome = outcome.map_err(|e| describe(&e));
+        if let Err(why) = &outcome {
+            b.failed.get_or_insert((t.offset, t.len, why.clone()));
+        }
+        if let Some(w) = b.waiting.get_mut(&t.tag) {
+            w.outcome = Some(outcome);
         }
         let flying = b.flying.get_mut(&t.object).expect("a write sent is counted flying");
         *flying -= 1;
@@ -673,23 +774,46 @@ impl Inner {
         results
     }
 
+    /// Returns once the OSDs applied every piece: the pieces in objects that exist are sent
+    /// together (or held to go with other writers' to the same object) and waited for after.
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DiskError> {
         check_request(&self.path, "write", offset, buf.len(), self.size)?;
+        let mut started: Vec<(u64, usize, u64)> = Vec::new();
+        let waited = |started: Vec<(u64, usize, u64)>| -> Result<(), DiskError> {
+            let mut first = Ok(());
+            for (at, len, tag) in started {
+                if let Err(why) = self.wait_applied(tag) {
+                    if first.is_ok() {
+                        first = Err(self.unavailable("write", at, len, why));
+                    }
+                }
+            }
+            first
+        };
         for p in pieces(offset, buf.len()) {
             let at = offset + p.buf_off as u64;
             let data = &buf[p.buf_off..p.buf_off + p.len];
             if self.exists[p.unit as usize].load(Ordering::Acquire) {
-                self.write_behind(p.unit, p.off, data, at)?;
+                match self.start_write(p.unit, p.off, data, at) {
+                    Ok(tag) => started.push((at, p.len, tag)),
+                    Err(e) => {
+                        // What was started is waited for all the same: its writers' tags
+                        // must be collected.
+                        let _ = waited(started);
+                        return Err(e);
+                    }
+                }
                 continue;
             }
             let oid = self.oid(p.unit);
             // The object may not exist: written (made) and waited for.
-            FencedWriter::new(&self.pool, self.epoch)
-                .write(&oid, p.off, data)
-                .map_err(|e| self.io_error("write", at, p.len, e))?;
+            if let Err(e) = FencedWriter::new(&self.pool, self.epoch).write(&oid, p.off, data) {
+                let _ = waited(started);
+                return Err(self.io_error("write", at, p.len, e));
+            }
             self.exists[p.unit as usize].store(true, Ordering::Release);
         }
-        Ok(())
+        waited(started)
     }
 }
 
@@ -714,6 +838,8 @@ mod tests {
             pieces: Vec::new(),
             bytes: 0,
             offset: 0,
+            tag: 0,
+            writers: 0,
         }
     }
 

@@ -13,7 +13,7 @@ use common::{ceph, ceph_conf, TEST_POOL};
 
 use rand::{Rng, SeedableRng};
 use tessera_disk::{AlignedBuf, BlockDevice, DiskError, ReadReq, ReadRing, ReadVia, RingRead};
-use tessera_ownership::fenced_disk::{FencedDisk, MAX_BEHIND, OBJECT_BYTES};
+use tessera_ownership::fenced_disk::{FencedDisk, OBJECT_BYTES};
 use tessera_rados::Cluster;
 
 const MIB: u64 = 1 << 20;
@@ -156,8 +156,7 @@ fn reads_on_a_ring_match_reads_one_at_a_time() {
     let d = disk(&c, &prefix, 64 * MIB, 1);
     let via = d.read_via().expect("a disk on RADOS reads in the background");
     assert!(matches!(via, ReadVia::Async(_)));
-    // Made (waited for), then written again and again without a flush: writes sent ahead and
-    // held back for objects 0 and 1.
+    // Made, then written again and again without a flush.
     d.write_at(&random(20, 256 * 1024), 0).unwrap();
     d.write_at(&random(21, 16384), OBJECT_BYTES - 8192).unwrap();
     for i in 0..16u64 {
@@ -204,7 +203,8 @@ fn reads_on_a_ring_match_reads_one_at_a_time() {
         }
     }
     // A read on the ring tells the disk that the object exists: another disk on the same
-    // objects, having read one on the ring, then writes to it without waiting (sent ahead).
+    // objects, having read one on the ring, then writes to it with a guarded write (not
+    // the write that makes an object).
     let d2 = disk(&c, &prefix, 64 * MIB, 1);
     let mut buf = AlignedBuf::zeroed(4096);
     let read = RingRead {
@@ -219,10 +219,10 @@ fn reads_on_a_ring_match_reads_one_at_a_time() {
     let mut done = Vec::new();
     ring.drain(&mut done);
     assert!(done[0].1, "the read on the ring failed");
-    let before = d2.writes_sent_ahead();
+    let before = d2.writes_sent();
     d2.write_at(&random(70, 4096), OBJECT_BYTES).unwrap();
     assert_eq!(
-        d2.writes_sent_ahead(),
+        d2.writes_sent(),
         before + 1,
         "a write to an object read on the ring waited for its creation"
     );
@@ -259,18 +259,18 @@ fn a_replaced_owners_disk_cannot_write_where_the_new_owner_wrote() {
     let theirs = random(3, 4096);
     new.write_at(&theirs, 0).unwrap();
     new.flush().unwrap();
-    // The old owner's write to an object it made is sent and not waited for: refused by
-    // the OSD, it fails the flush that follows (and every later one), never applied.
+    // The old owner's write to an object it made: refused by the OSD, the write itself
+    // fails (it returns only once applied), and so does every flush after it.
     let e = old
         .write_at(&random(4, 4096), 0)
-        .and_then(|()| old.flush())
-        .expect_err("the old owner wrote over the new one");
+        .expect_err("the old owner's write returned before the OSD refused it");
     assert!(e.to_string().contains("rados:"), "{e}");
     // Refused for now, not a fault of the disk: the engine does not fail it for that.
     assert!(
         e.is_unavailable() && e.to_string().contains("a newer owner wrote here"),
         "{e}"
     );
+    assert!(old.flush().is_err(), "a flush forgot the refused write");
     assert!(old.flush().is_err(), "a later flush forgot the refused write");
     let refused = old.refused().expect("the disk says a write was refused");
     assert!(
@@ -292,13 +292,13 @@ fn a_replaced_owners_disk_cannot_write_where_the_new_owner_wrote() {
     }
 }
 
-/// Writes not waited for: thousands of small writes to objects that exist, read back before
-/// any flush (a read sees every write sent before it), a flush, then read back through
-/// another connection; more than [`MAX_BEHIND`] of them in flight at once makes writers wait
-/// for the oldest, not fail.
+/// A write returns once the OSDs applied it: thousands of small writes to objects that exist,
+/// from four threads at once, read back through another connection before any flush (as the
+/// gateway that takes the pool over would read them had this one died), and through the
+/// writing disk; a flush then has nothing to wait for and succeeds.
 #[test]
-fn writes_sent_ahead_read_back_before_and_after_a_flush() {
-    let t = "writes_sent_ahead_read_back_before_and_after_a_flush";
+fn writes_are_in_the_cluster_when_they_return_without_a_flush() {
+    let t = "writes_are_in_the_cluster_when_they_return_without_a_flush";
     let Some(conf) = ceph_conf(t) else { return };
     let prefix = format!("{t}-{}", std::process::id());
     let (ca, cb) = (ceph(&conf), ceph(&conf));
@@ -308,9 +308,8 @@ fn writes_sent_ahead_read_back_before_and_after_a_flush() {
     let mut model = random(20, size);
     d.write_at(&model, 0).unwrap();
     // Then overwritten many times over from four threads, each its own quarter, in blocks of
-    // 4 KiB to 256 KiB: 64 MiB sent in all, more than may be in flight.
+    // 4 KiB to 256 KiB: 64 MiB sent in all.
     let quarter = size / 4;
-    assert!(64 * MIB as usize > MAX_BEHIND);
     std::thread::scope(|s| {
         for (q, part) in model.chunks_mut(quarter).enumerate() {
             let d = &d;
@@ -329,23 +328,28 @@ fn writes_sent_ahead_read_back_before_and_after_a_flush() {
         }
     });
     let mut back = AlignedBuf::zeroed(size);
-    d.read_at(&mut back, 0).unwrap();
-    assert!(back[..] == model[..], "a read missed a write sent before it");
-    d.flush().unwrap();
     let other = disk(&cb, &prefix, 16 * MIB, 1);
-    back.fill(0);
     other.read_at(&mut back, 0).unwrap();
-    assert!(back[..] == model[..], "a flushed write is not in the cluster");
+    assert!(
+        back[..] == model[..],
+        "a write that returned is not in the cluster before a flush"
+    );
+    back.fill(0);
+    d.read_at(&mut back, 0).unwrap();
+    assert!(back[..] == model[..], "a read missed a write before it");
+    d.flush().unwrap();
     d.remove_objects().unwrap();
 }
 
-/// Writes to an object that has writes on their way are held and go together: overlapping
-/// writes to one object, and runs of them across the next, read back as the last write of
-/// each block left them (before the flush, from the held writes; after it, through another
-/// connection), in far fewer operations than writes.
+/// Writes to an object that has writes on their way are held and go together, and each
+/// returns once the operation that carried it was applied: eight threads write again and
+/// again over their own 16 blocks of one object (overlapping writes of 4 to 16 KiB, every
+/// tenth a run that starts near the object's end and goes on into the next); every block
+/// then reads back as its thread's last write left it, through the writing disk and
+/// through another connection (before any flush), in far fewer operations than writes.
 #[test]
-fn writes_held_for_an_object_go_together_in_the_order_they_came() {
-    let t = "writes_held_for_an_object_go_together_in_the_order_they_came";
+fn writes_held_for_an_object_go_together_and_return_once_applied() {
+    let t = "writes_held_for_an_object_go_together_and_return_once_applied";
     let Some(conf) = ceph_conf(t) else { return };
     let prefix = format!("{t}-{}", std::process::id());
     let (ca, cb) = (ceph(&conf), ceph(&conf));
@@ -354,41 +358,62 @@ fn writes_held_for_an_object_go_together_in_the_order_they_came() {
     let mut model = random(40, size);
     d.write_at(&model, 0).unwrap();
     d.flush().unwrap();
-    let before = d.writes_sent_ahead();
-    // 600 writes of 4 to 16 KiB, landing again and again on the same 64 blocks of the first
-    // object, every tenth a run that starts near its end and goes on into the second.
-    let mut rng = rand::rngs::StdRng::seed_from_u64(41);
-    let blocks = 64;
-    let check = |d: &FencedDisk, model: &[u8], what: &str| {
+    let before = d.writes_sent();
+    let threads = 8usize;
+    // Thread q's own: blocks 16q..16q+16 of the first object, and a run of 32 KiB at 4 MiB -
+    // 240 KiB + 32 KiB q (the last thread's runs cross into the second object).
+    let region = |q: usize| (q * 16 * 4096, 16 * 4096);
+    let run_at = |q: usize| OBJECT_BYTES as usize - 256 * 1024 + q * 32768 + 16384;
+    let writes = 150;
+    let models: Vec<AlignedBuf> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|q| {
+                let (d, mut mine) = (&d, model.clone());
+                s.spawn(move || {
+                    let mut rng = rand::rngs::StdRng::seed_from_u64(41 + q as u64);
+                    let (start, len) = region(q);
+                    for i in 0..writes {
+                        let (at, n) = if i % 10 == 9 {
+                            (run_at(q), 32768)
+                        } else {
+                            let n = 4096 << rng.random_range(0..3u32);
+                            (start + rng.random_range(0..(len - n) / 4096 + 1) * 4096, n)
+                        };
+                        rng.fill(&mut mine[at..at + n]);
+                        d.write_at(&AlignedBuf::from_slice(&mine[at..at + n]), at as u64)
+                            .unwrap();
+                    }
+                    mine
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (q, mine) in models.iter().enumerate() {
+        let (start, len) = region(q);
+        model[start..start + len].copy_from_slice(&mine[start..start + len]);
+        let at = run_at(q);
+        model[at..at + 32768].copy_from_slice(&mine[at..at + 32768]);
+    }
+    assert!(run_at(threads - 1) + 32768 > OBJECT_BYTES as usize);
+    let check = |d: &FencedDisk, what: &str| {
         let mut back = AlignedBuf::zeroed(size);
         d.read_at(&mut back, 0).unwrap();
         assert!(back[..] == model[..], "{what}");
     };
-    for i in 0..600 {
-        let (at, len) = if i % 10 == 9 {
-            (OBJECT_BYTES as usize - 8192, 32768)
-        } else {
-            (rng.random_range(0..blocks) * 4096, 4096 << rng.random_range(0..3u32))
-        };
-        rng.fill(&mut model[at..at + len]);
-        d.write_at(&AlignedBuf::from_slice(&model[at..at + len]), at as u64)
-            .unwrap();
-        if i == 300 {
-            check(&d, &model, "a read missed a held write");
-        }
-    }
-    check(&d, &model, "a read missed a held write");
-    d.flush().unwrap();
     check(
         &disk(&cb, &prefix, size as u64, 1),
-        &model,
-        "a flushed write is not in the cluster",
+        "a write that returned is not in the cluster",
     );
-    let sent = d.writes_sent_ahead() - before;
+    check(&d, "a read missed a write");
+    d.flush().unwrap();
+    let sent = d.writes_sent() - before;
+    let pieces = threads * writes + writes / 10;
     assert!(
-        sent < 300,
-        "660 object writes went as {sent} operations: none were held together"
+        (sent as usize) < pieces * 3 / 4,
+        "{pieces} object writes went as {sent} operations: few were held together"
     );
+    eprintln!("{t}: {pieces} object writes from {threads} threads went as {sent} operations");
     d.remove_objects().unwrap();
 }
 
