@@ -212,6 +212,22 @@ fn import_export_round_trip_is_bit_exact_and_sparse() {
         .contains("--overwrite"));
     let job = d.json(&["vdisk", "export", "p/img", out.to_str().unwrap(), "--overwrite"]);
     assert_eq!(job["state"], "succeeded");
+    // Nor, even with --overwrite, a disk of a pool (a wrong device name), nor a file of the
+    // daemon's own state: the pool reads back whole after the refusals.
+    let pool_disk = t.path().join("disks").join("d0.img");
+    let head = |p: &std::path::Path| {
+        let mut b = vec![0u8; 1 << 20];
+        std::os::unix::fs::FileExt::read_exact_at(&std::fs::File::open(p).unwrap(), &mut b, 0).unwrap();
+        b
+    };
+    let before = head(&pool_disk);
+    let e = d.fails(&["vdisk", "export", "p/img", pool_disk.to_str().unwrap(), "--overwrite"]);
+    assert!(e.contains("a disk of Tessera pool 'p'"), "{e}");
+    assert!(head(&pool_disk) == before, "the refusal changed the disk");
+    let inside = t.path().join("state").join("pools").join("x.img");
+    let e = d.fails(&["vdisk", "export", "p/img", inside.to_str().unwrap(), "--overwrite"]);
+    assert!(e.contains("inside the daemon's state directory"), "{e}");
+    assert!(!inside.exists());
 
     // Importing into an existing, smaller vdisk is refused; a missing image too.
     d.ok(&["vdisk", "create", "p/small", "--size", "1M"]);

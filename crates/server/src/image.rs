@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 
 use serde::{Deserialize, Serialize};
-use tessera_disk::AlignedBuf;
+use tessera_disk::{AlignedBuf, Label, LabelError};
 use tessera_volume::{Progress, Vdisk};
 
 /// Bytes moved per step; also how often cancel is checked.
@@ -201,12 +201,15 @@ fn is_zero(b: &[u8]) -> bool {
 }
 
 /// Opens the export destination: a new file (or, with `overwrite`, an existing one truncated),
-/// sized to the vdisk and sparse; or an existing block device at least that large.
+/// sized to the vdisk and sparse; or an existing block device at least that large. A file or
+/// device that carries a Tessera disk label (a disk of a pool, data or cache, here or
+/// elsewhere) is never written over, `overwrite` or not.
 pub fn create_target(path: &Path, overwrite: bool, size: u64) -> Result<File, String> {
     if let Ok(md) = std::fs::metadata(path) {
         if md.is_dir() {
             return Err(format!("{} is a directory", path.display()));
         }
+        refuse_pool_disk(path)?;
         if md.file_type().is_block_device() {
             if !overwrite {
                 return Err(format!(
@@ -246,6 +249,28 @@ pub fn create_target(path: &Path, overwrite: bool, size: u64) -> Result<File, St
     f.set_len(size)
         .map_err(|e| format!("cannot size {}: {e}", path.display()))?;
     Ok(f)
+}
+
+/// Refuses `path` if its first block carries a Tessera disk label, valid or not: an export
+/// over it would destroy a pool (a wrong device name is an easy mistake to make).
+fn refuse_pool_disk(path: &Path) -> Result<(), String> {
+    let mut first = vec![0u8; tessera_disk::LABEL_SIZE];
+    let read = File::open(path)
+        .and_then(|f| f.read_at(&mut first, 0))
+        .map_err(|e| format!("cannot read {} to check it is no pool's disk: {e}", path.display()))?;
+    first.truncate(read);
+    match Label::decode(&path.display().to_string(), &first) {
+        Err(LabelError::Missing { .. }) => Ok(()),
+        Ok(l) => Err(format!(
+            "{} is a disk of Tessera pool '{}': an export would destroy it; export elsewhere, or remove the disk from its pool first",
+            path.display(),
+            l.pool_name
+        )),
+        Err(e) => Err(format!(
+            "{} carries a Tessera disk label ({e}): it may be a pool's disk, and is not written over; wipe its first 4 KiB yourself if it is no longer one",
+            path.display()
+        )),
+    }
 }
 
 /// Writes the whole vdisk to `f`, a few chunks at a time. Unmapped grains and zero blocks are
@@ -404,5 +429,33 @@ mod tests {
         assert!(create_target(&p, false, 1 << 20).unwrap_err().contains("--overwrite"));
         create_target(&p, true, 2 << 20).unwrap();
         assert_eq!(std::fs::metadata(&p).unwrap().len(), 2 << 20);
+    }
+
+    #[test]
+    fn a_pool_disk_is_never_an_export_target_even_with_overwrite() {
+        let d = tempfile::tempdir().unwrap();
+        let disk = d.path().join("disk0.img");
+        std::fs::File::create(&disk).unwrap().set_len(256 << 20).unwrap();
+        let dev: tessera_disk::DiskRef = std::sync::Arc::new(tessera_disk::FileDisk::open(&disk).unwrap());
+        let dir = d.path().join("pool");
+        let e = tessera_volume::Engine::create_pool(&dir, "tank", vec![dev], 64 << 20).unwrap();
+        drop(e);
+        let before = std::fs::read(&disk).unwrap();
+        let err = create_target(&disk, true, 1 << 20).unwrap_err();
+        assert!(err.contains("a disk of Tessera pool 'tank'"), "{err}");
+        assert!(std::fs::read(&disk).unwrap() == before, "the refusal changed the disk");
+        // A label that no longer reads (its checksum broken) is refused all the same.
+        let mut bytes = before.clone();
+        bytes[100] ^= 0xFF;
+        std::fs::write(&disk, &bytes).unwrap();
+        let err = create_target(&disk, true, 1 << 20).unwrap_err();
+        assert!(err.contains("carries a Tessera disk label"), "{err}");
+        // A file of anything else is replaced, as asked.
+        let other = d.path().join("other.img");
+        std::fs::write(&other, vec![7u8; 8192]).unwrap();
+        create_target(&other, true, 1 << 20).unwrap();
+        // As is one shorter than a label.
+        std::fs::write(&other, b"x").unwrap();
+        create_target(&other, true, 1 << 20).unwrap();
     }
 }

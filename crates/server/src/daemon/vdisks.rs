@@ -235,6 +235,19 @@ impl Daemon {
         if !path.is_absolute() {
             return Err(ApiError::invalid(format!("image path '{}' must be absolute", req.path)));
         }
+        // The daemon's own files (pools' metadata, keys, configuration) are never a target.
+        let state = std::fs::canonicalize(&self.cfg.state_dir).unwrap_or_else(|_| self.cfg.state_dir.clone());
+        let within = path
+            .parent()
+            .and_then(|p| std::fs::canonicalize(p).ok())
+            .is_some_and(|p| p.starts_with(&state));
+        if within {
+            return Err(ApiError::invalid(format!(
+                "image path '{}' is inside the daemon's state directory {}: export elsewhere",
+                req.path,
+                state.display()
+            )));
+        }
         let file = image::create_target(&path, req.overwrite, v.size()).map_err(ApiError::invalid)?;
         let job = self.jobs.spawn("export", &format!("{pool}/{name}"), move |p| {
             let r = image::export(&v, file, &path, p)?;
