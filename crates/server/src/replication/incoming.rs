@@ -91,7 +91,7 @@ fn take_cycle(d: &Arc<Daemon>, t: &Transport, s: TcpStream) {
     let claimed = site.claimed.lock().take();
     match out {
         Ok(r) if r.joined => {} // an extra stream, handed to its cycle
-        Ok(r) => {
+        Ok(_) => {
             if let Some(key) = &claimed {
                 // The cycle itself was recorded at its commit (`committed`).
                 let recorded = d.replication.change(|s| {
