@@ -8,7 +8,11 @@
 # cluster, 4 KiB blocks) filled by fio over NBD the same way, so no read lands on unwritten
 # space. Then RUNS times, for each workload, DURATION seconds each:
 #
-#   fio's rbd engine on the image (librbd in fio's process: no network hop of its own),
+#   fio's rbd engine on the image (librbd in fio's process: no network hop of its own), at
+#   librbd's defaults (its cache on, policy writearound: a write is answered when sent),
+#   fio's rbd engine with `rbd_cache = false`, as tcmu-runner, the Ceph iSCSI gateway, runs
+#   librbd (a write is answered once the OSDs applied it, as Tessera answers it: a gateway
+#   that dies must not take answered writes with it; docs/scale-out.md),
 #   fio's nbd engine on Tessera over NBD on 127.0.0.1 (the same client, one hop more),
 #   fio's nbd engine on qemu-nbd serving the RBD image through librbd (the same hop, a peer
 #   gateway: what the hop itself costs), started for its run only, on the image fio rbd
@@ -19,8 +23,8 @@
 #   4K random read QD32, 4K random write QD32, 256K sequential read QD8, 256K sequential
 #   write QD8.
 #
-# Prints a markdown table of medians (IOPS for 4K, MiB/s for 256K) and Tessera / fio-rbd and
-# Tessera / qemu-nbd, and how many operations the OSDs did per I/O of each fio run (their
+# Prints a markdown table of medians (IOPS for 4K, MiB/s for 256K) and Tessera / fio-rbd (with
+# and without librbd's cache) and Tessera / qemu-nbd, and how many operations the OSDs did per I/O of each fio run (their
 # perf counters).
 #
 # Needs: ceph-mon, ceph-osd, ceph-mgr, ceph-common (rbd), etcd, fio (with its rbd and nbd
@@ -101,6 +105,9 @@ ETCD=$(sed -n 's/^ETCD_ENDPOINTS=//p' "$DIR/cluster/env")
 logged cluster.log timeout 120 ceph -c "$CONF" osd pool create "$RPOOL"
 logged cluster.log timeout 120 rbd -c "$CONF" pool init "$RPOOL"
 logged cluster.log timeout 120 rbd -c "$CONF" create "$RPOOL/img" --size "$((SIZE_B >> 20))M"
+# librbd as tcmu-runner runs it: without its cache.
+sed 's/^\[client\]$/[client]\nrbd_cache = false/' "$CONF" > "$DIR/nocache.conf"
+grep -q '^rbd_cache = false' "$DIR/nocache.conf" || { echo "cannot make $DIR/nocache.conf" >&2; exit 1; }
 
 cat > "$DIR/tessera.toml" <<EOF
 [gateway]
@@ -138,6 +145,7 @@ fio_run() { # log rw bs qd engine -> IOPS; writes the OSD operations per I/O to 
   local log=$DIR/logs/$run-$1.json rw=$2 bs=$3 qd=$4 engine=$5 target ops
   case $engine in
     rbd) target=(--ioengine=rbd --clientname=admin --pool="$RPOOL" --rbdname=img);;
+    rbd-nocache) target=(--ioengine=rbd --clientname=admin --pool="$RPOOL" --rbdname=img);;
     nbd) target=(--ioengine=nbd --uri="$T_URI");;
     qemu-nbd) target=(--ioengine=nbd --uri="$Q_URI");;
   esac
@@ -149,7 +157,9 @@ fio_run() { # log rw bs qd engine -> IOPS; writes the OSD operations per I/O to 
       >> "$DIR/logs/qemu-nbd.log" 2>&1 || { echo "qemu-nbd did not start: $DIR/logs/qemu-nbd.log" >&2; exit 1; }
   fi
   ops=$(osd_ops)
-  CEPH_CONF=$CONF fio --name=b "${target[@]}" --rw="$rw" --bs="$bs" --iodepth="$qd" --numjobs=1 \
+  local conf=$CONF
+  [ "$engine" != rbd-nocache ] || conf=$DIR/nocache.conf
+  CEPH_CONF=$conf fio --name=b "${target[@]}" --rw="$rw" --bs="$bs" --iodepth="$qd" --numjobs=1 \
       --size="$SIZE_B" --time_based --runtime="$DURATION" --buffer_pattern=0xa5 \
       --output-format=json > "$log"
   ops=$(( $(osd_ops) - ops ))
@@ -190,6 +200,7 @@ for run in $(seq "$RUNS"); do
     set -- $w
     rbd_iops=$(fio_run "$1-fiorbd" "$2" "$3" "$4" rbd)
     res[$1-fiorbd]+="$rbd_iops "
+    res[$1-fiorbdnc]+="$(fio_run "$1-fiorbdnc" "$2" "$3" "$4" rbd-nocache) "
     res[$1-qemunbd]+="$(fio_run "$1-qemunbd" "$2" "$3" "$4" qemu-nbd) "
     res[$1-nbd]+="$(fio_run "$1-nbd" "$2" "$3" "$4" nbd) "
     res[$1-iscsi]+="$(tessera_bench_run "$1-iscsi" "$2" "$3" "$4") "
@@ -203,8 +214,8 @@ echo "$(nproc) CPUs ($(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | h
      "Ceph $(pkgver ceph-osd) with $OSDS BlueStore OSD(s) on sparse files (size $(ceph -c "$CONF" osd pool get "$RPOOL" size -f json | python3 -c 'import json,sys; print(json.load(sys.stdin)["size"])')), all on loopback;" \
      "SIZE=$SIZE, ${DURATION}s per test, median of $RUNS runs; tessera $("$T" --version | awk '{print $2}'), fio $(fio --version | sed 's/^fio-//')"
 echo
-echo "| workload | rbd bench | fio rbd | qemu-nbd on rbd (fio) | Tessera NBD (fio) | Tessera iSCSI (tessera bench) | NBD / fio rbd | iSCSI / fio rbd | NBD / qemu-nbd |"
-echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+echo "| workload | rbd bench | fio rbd | fio rbd, no cache | qemu-nbd on rbd (fio) | Tessera NBD (fio) | Tessera iSCSI (tessera bench) | NBD / fio rbd | iSCSI / fio rbd | NBD / fio rbd no cache | iSCSI / fio rbd no cache | NBD / qemu-nbd |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 for w in rr4k rw4k sr256k sw256k; do
   case $w in
     rr4k) label="4K random read, QD32 (IOPS)"; scale=1;;
@@ -213,28 +224,35 @@ for w in rr4k rw4k sr256k sw256k; do
     sw256k) label="256K seq write, QD8 (MiB/s)"; scale=4;;
   esac
   declare -A m=()
-  for who in rbdbench fiorbd qemunbd nbd iscsi; do
+  for who in rbdbench fiorbd fiorbdnc qemunbd nbd iscsi; do
     m[$who]=$(echo "${res[$w-$who]}" | tr ' ' '\n' | grep . | median)
     m[$who]=$(python3 -c "print(${m[$who]:-0} / $scale)")
   done
-  printf '| %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.2f | %.2f | %.2f |\n' "$label" "${m[rbdbench]}" \
-    "${m[fiorbd]}" "${m[qemunbd]}" "${m[nbd]}" "${m[iscsi]}" "$(python3 -c "print(${m[nbd]} / ${m[fiorbd]})")" \
-    "$(python3 -c "print(${m[iscsi]} / ${m[fiorbd]})")" "$(python3 -c "print(${m[nbd]} / ${m[qemunbd]})")"
+  printf '| %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.2f | %.2f | %.2f | %.2f | %.2f |\n' "$label" "${m[rbdbench]}" \
+    "${m[fiorbd]}" "${m[fiorbdnc]}" "${m[qemunbd]}" "${m[nbd]}" "${m[iscsi]}" "$(python3 -c "print(${m[nbd]} / ${m[fiorbd]})")" \
+    "$(python3 -c "print(${m[iscsi]} / ${m[fiorbd]})")" "$(python3 -c "print(${m[nbd]} / ${m[fiorbdnc]})")" \
+    "$(python3 -c "print(${m[iscsi]} / ${m[fiorbdnc]})")" "$(python3 -c "print(${m[nbd]} / ${m[qemunbd]})")"
 done
 echo
 echo "Operations the OSDs did per I/O of fio (median; librbd's cache and Tessera's merging of a"
 echo "request's grains both show here):"
 echo
-echo "| workload | fio rbd | qemu-nbd on rbd (fio) | Tessera NBD (fio) |"
-echo "|---|---:|---:|---:|"
+echo "| workload | fio rbd | fio rbd, no cache | qemu-nbd on rbd (fio) | Tessera NBD (fio) |"
+echo "|---|---:|---:|---:|---:|"
 for w in rr4k rw4k sr256k sw256k; do
-  printf '| %s | %s | %s | %s |\n' "$w" "$(cat "$DIR"/logs/*-"$w"-fiorbd.json.ops | median)" \
+  printf '| %s | %s | %s | %s | %s |\n' "$w" "$(cat "$DIR"/logs/*-"$w"-fiorbd.json.ops | median)" \
+    "$(cat "$DIR"/logs/*-"$w"-fiorbdnc.json.ops | median)" \
     "$(cat "$DIR"/logs/*-"$w"-qemunbd.json.ops | median)" "$(cat "$DIR"/logs/*-"$w"-nbd.json.ops | median)"
 done
 echo
 echo "Tessera NBD / fio rbd in each run (the spread shows how much the shared machine moves):"
 for w in rr4k rw4k sr256k sw256k; do
   per_run_ratios "$w" "${res[$w-nbd]}" "${res[$w-fiorbd]}"
+done
+echo
+echo "Tessera NBD / fio rbd without its cache in each run:"
+for w in rr4k rw4k sr256k sw256k; do
+  per_run_ratios "$w" "${res[$w-nbd]}" "${res[$w-fiorbdnc]}"
 done
 echo
 echo "qemu-nbd on rbd / fio rbd in each run (what the hop costs a peer gateway):"
