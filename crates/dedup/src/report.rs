@@ -66,6 +66,10 @@ pub struct PassReport {
     pub zero_grains_unmapped: u64,
     /// Grains skipped because they were written within the minimum age.
     pub grains_too_young: u64,
+    /// Grains left as they were because no copy of them could be read (a scan or repair
+    /// is due); the next run tries them again.
+    #[serde(default)]
+    pub grains_unreadable: u64,
     /// Fingerprints that matched data that was not the same (a collision, or an index entry
     /// whose slot was rewritten since): never shared.
     pub mismatches: u64,

@@ -44,7 +44,7 @@ use tessera_dedup::{
 use tessera_disk::AlignedBuf;
 use tessera_layout::{LayoutError, Progress, SetRead, SlabSet};
 use tessera_pool::{MetaBatch, MetaStore, CF_GRAINS, CF_POOL};
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::change_count::Mark;
 use crate::commit::Op;
@@ -370,6 +370,7 @@ impl Engine {
                         let (taken, mapped) = (p.taken.clone(), p.mapped);
                         let data = p.data.take();
                         report.grains_too_young += p.too_young;
+                        report.grains_unreadable += p.unreadable;
                         let r = match &data {
                             Some(data) if !p.seen.is_empty() => {
                                 self.settle_batch(v, p, data, owners, recent, report).map(|inserts| {
@@ -523,7 +524,11 @@ impl Engine {
                     _ => runs.push((set, off, it.grain..it.grain + 1)),
                 }
             }
-            {
+            // A grain that cannot be read (every copy failing) is left as it is, counted and
+            // logged, and its region marked for the next run: one bad grain does not stop the
+            // run, nor every later run at the same place.
+            let mut unreadable: Vec<(u64, String)> = Vec::new();
+            let failed_runs: Vec<Range<u64>> = {
                 let mut io: Vec<SetRead> = Vec::with_capacity(runs.len());
                 let mut rest: &mut [u8] = &mut data[..];
                 let mut at = first;
@@ -534,18 +539,47 @@ impl Engine {
                     at = gr.end;
                     io.push(SetRead { set, offset: *off, buf });
                 }
-                for r in s.cache.read_many(&mut io) {
-                    r?;
+                let results = s.cache.read_many(&mut io);
+                runs.iter()
+                    .zip(results)
+                    .filter(|(_, r)| r.is_err())
+                    .map(|((_, _, gr), _)| gr.clone())
+                    .collect()
+            };
+            // A run that failed is read again grain by grain, so that only the grains that
+            // fail are left out.
+            let mut each: Vec<&Seen> = packed;
+            each.extend(
+                p.seen
+                    .iter()
+                    .filter(|it| failed_runs.iter().any(|gr| gr.contains(&it.grain))),
+            );
+            if !each.is_empty() {
+                let locs: Vec<Loc> = each.iter().map(|it| it.loc).collect();
+                let (read, results) = read_grains_each(s, &locs, g);
+                for (k, (it, r)) in each.iter().zip(results).enumerate() {
+                    match r {
+                        Ok(()) => {
+                            let at = ((it.grain - first) * grain) as usize;
+                            data[at..at + g].copy_from_slice(&read[k * g..(k + 1) * g]);
+                        }
+                        Err(e) => unreadable.push((it.grain, e.to_string())),
+                    }
                 }
             }
-            if !packed.is_empty() {
-                let locs: Vec<Loc> = packed.iter().map(|it| it.loc).collect();
-                let (read, results) = read_grains_each(s, &locs, g);
-                for (k, (it, r)) in packed.iter().zip(results).enumerate() {
-                    r?;
-                    let at = ((it.grain - first) * grain) as usize;
-                    data[at..at + g].copy_from_slice(&read[k * g..(k + 1) * g]);
-                }
+            if let Some((grain_at, why)) = unreadable.first() {
+                warn!(
+                    vdisk = %v.name(),
+                    grains = unreadable.len(),
+                    first = grain_at * grain,
+                    error = %why,
+                    "grains that cannot be read are left as they are by this optimization run"
+                );
+                let bad: FxHashSet<u64> = unreadable.iter().map(|(g, _)| *g).collect();
+                p.seen.retain(|it| !bad.contains(&it.grain));
+                let regions: FxHashSet<u64> = bad.iter().map(|g| g * grain / REGION).collect();
+                give_back(v, &regions.into_iter().collect::<Vec<_>>());
+                p.unreadable += bad.len() as u64;
             }
         }
         pace.step(p.seen.len() as u64 * grain);
@@ -1051,6 +1085,8 @@ struct Prepared {
     taken: Vec<u64>,
     mapped: u64,
     too_young: u64,
+    /// Grains left out because they could not be read.
+    unreadable: u64,
     /// The vdisk's change count just before the read, if no change was under way.
     mark: Option<Mark>,
     /// The index entries of its grains, as looked up after `looked_up_after` batches of the

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use common::{compressible, enable_dedup, pattern, run_dedup, Rig, MIB};
+use tessera_disk::{BlockDevice, FaultOp};
 use tessera_volume::{
     Compression, DedupSettings, Engine, Fingerprinter, LayoutKind, PassOptions, Progress, Provisioning, VdiskSpec,
 };
@@ -249,6 +250,45 @@ fn an_entry_is_trusted_on_its_hash_only_while_its_vdisk_is_unchanged() {
     assert_eq!(r.mismatches, 1, "the stale entry was read and compared");
     assert_eq!(read_all(e, "c", G as usize), y);
     assert_eq!(read_all(e, "d", G as usize), z);
+    rig.assert_consistent();
+}
+
+/// A grain no copy of which can be read is left as it is: the run goes on, shares what it
+/// can read, and counts it; a later run, once the disk reads again, takes it.
+#[test]
+fn a_grain_that_cannot_be_read_is_left_and_the_run_goes_on() {
+    let rig = Rig::new(1, 64 * MIB, MIB);
+    let e = rig.engine();
+    enable_dedup(e, Compression::Off);
+    let (x, y) = (unique_block(11), unique_block(12));
+    for name in ["a", "b"] {
+        vdisk(e, name, MIB, LayoutKind::Simple);
+        let v = e.vdisk(name).unwrap();
+        v.write(0, &x, false).unwrap();
+        v.write(G, &y, false).unwrap();
+    }
+    // The first place on the disk that holds x: one of the two vdisks' copy of it.
+    let disk = rig.disks[0].inner().clone();
+    let mut block = vec![0u8; G as usize];
+    let at = (0..disk.size() / G)
+        .map(|i| i * G)
+        .find(|&at| {
+            disk.read_at(&mut block, at).unwrap();
+            block == x
+        })
+        .expect("x is on the disk");
+    rig.disks[0].faults().fail_range(at, G, FaultOp::Read);
+    let r = run_dedup(e);
+    assert_eq!(r.grains_unreadable, 1, "{r:?}");
+    assert_eq!(r.grains_shared, 1, "y is shared, x not: {r:?}");
+    rig.disks[0].faults().clear();
+    let r = run_dedup(e);
+    assert_eq!((r.grains_unreadable, r.grains_shared), (0, 1), "x is shared now: {r:?}");
+    let mut both = x.clone();
+    both.extend_from_slice(&y);
+    for name in ["a", "b"] {
+        assert_eq!(read_all(e, name, 2 * G as usize), both, "{name}");
+    }
     rig.assert_consistent();
 }
 

@@ -106,6 +106,10 @@ fn follow_and_report(c: &Ctx, v: Value, no_wait: bool) -> R {
         ("shared", format!("{} grains", r.grains_shared)),
         ("zeros unmapped", format!("{} grains", r.zero_grains_unmapped)),
         ("too young", format!("{} grains", r.grains_too_young)),
+        (
+            "unreadable",
+            format!("{} grains (left as they are)", r.grains_unreadable),
+        ),
         ("mismatches", r.mismatches.to_string()),
         (
             "compressed",
