@@ -303,8 +303,9 @@ fn a_pool_on_rados_moves_to_the_other_gateway_when_its_owner_stalls_or_dies() {
 
 /// A pool whose writes the cluster refused (here its gateway's client is blocklisted, as a
 /// timeout or an operator could have it) is opened again by that gateway, through a fresh
-/// client at a new epoch: the host's flush fails once, then writes and flushes go on, and what
-/// was flushed before is there.
+/// client at a new epoch: the host's write fails (over iSCSI with NOT READY, ASYMMETRIC
+/// ACCESS STATE TRANSITION, which a host retries, never a medium error, which it would pass
+/// to its file system), then writes and flushes go on, and what was written before is there.
 #[cfg(feature = "rados")]
 #[test]
 fn a_pool_whose_writes_were_refused_is_opened_again_and_goes_on() {
@@ -323,6 +324,24 @@ fn a_pool_whose_writes_were_refused_is_opened_again_and_goes_on() {
     let vdisk = format!("{pool}/v");
     a.ok(&["vdisk", "create", &vdisk, "--size", "64M", "--layout", "simple"]);
     a.ok(&["nbd", "export", &vdisk]);
+    let iqn = "iqn.2026-11.io.tessera:reopen";
+    a.ok(&["target", "create", iqn, "--allow-any-initiator"]);
+    a.ok(&["target", "lun", "add", iqn, &vdisk]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let host = tessera_iscsi::initiator::LoginConfig::new("iqn.2026-11.io.example:host", Some(iqn));
+    let session = rt
+        .block_on(tessera_iscsi::initiator::Session::login(&a.iscsi_portal(), &host))
+        .unwrap();
+    let iscsi_write = |lba: u32, round: u8| {
+        let mut cdb = write1(lba);
+        cdb[1] = 0; // no FUA: answered once applied all the same
+        rt.block_on(session.command(0, &cdb, block(lba, round), 0))
+            .expect("the session answers")
+    };
+    // Past the first unit attention (the LUN's power on).
+    let _ = iscsi_write(8192, 1);
+    let r = iscsi_write(8192, 1);
+    assert_eq!(r.status, 0, "{:?}", sense_of(&r));
     let write_and_flush = |pattern: &str| qemu_io_all(&a, "v", &[&format!("write -P {pattern} 0 1M"), "flush"]);
     let (w, out) = qemu_io(&a, "v", "write -P 0xa1 0 4M");
     assert!(w, "{out}");
@@ -336,6 +355,14 @@ fn a_pool_whose_writes_were_refused_is_opened_again_and_goes_on() {
     let epoch = before["rados"]["epoch"].as_i64().unwrap();
 
     ok("ceph", &["-c", &conf, "osd", "blocklist", "add", &client]);
+    // Refused by the cluster: nothing written, and the host told to send it again.
+    let r = iscsi_write(8192, 2);
+    assert_eq!(
+        sense_of(&r),
+        Some((0x2, 0x04, 0x0A)),
+        "a write the cluster refused is not answered as one to send again: status {}",
+        r.status
+    );
     let (w, out) = write_and_flush("0xb3");
     assert!(
         !w,
@@ -360,6 +387,27 @@ fn a_pool_whose_writes_were_refused_is_opened_again_and_goes_on() {
     assert!(r, "{out}");
     let (r, out) = qemu_io(&a, "v", "read -P 0xa1 1M 3M");
     assert!(r, "what was flushed before the refusal is lost: {out}");
+    // The iSCSI host, sending its write again, gets it done: the refused one left nothing.
+    let (r, ..) = until_done(
+        &rt,
+        &session,
+        &write1(8192),
+        block(8192, 3),
+        0,
+        Duration::from_secs(30),
+        &a,
+    );
+    assert_eq!(r.status, 0);
+    let (r, ..) = until_done(
+        &rt,
+        &session,
+        &read1(8192),
+        Vec::new(),
+        512,
+        Duration::from_secs(30),
+        &a,
+    );
+    assert_eq!(r.data, block(8192, 3));
     let after = pool_entry(&a, &pool);
     assert_eq!(after["rados"]["here"], true, "{after}");
     assert!(after["rados"]["epoch"].as_i64().unwrap() > epoch, "{after}");
@@ -369,6 +417,8 @@ fn a_pool_whose_writes_were_refused_is_opened_again_and_goes_on() {
     let check = a.json(&["pool", "check", &pool]);
     assert!(check["problems"].as_array().unwrap().is_empty(), "{check}");
 
+    drop(session);
+    a.ok(&["target", "delete", iqn]);
     a.ok(&["nbd", "remove", "v"]);
     a.ok(&["vdisk", "delete", &vdisk]);
     a.ok(&["pool", "destroy", &pool]);

@@ -22,6 +22,10 @@ pub enum LayoutError {
     },
     #[error("slab set {set}: I/O failed on every copy: {detail}")]
     Io { set: u32, detail: String },
+    /// The storage behind every copy refused the request for now (this gateway fenced off
+    /// by a newer owner, its cluster unreachable): nothing was written.
+    #[error("slab set {set}: the storage refused the request for now, nothing was written: {detail}")]
+    Refused { set: u32, detail: String },
     #[error("stripe journal: {0}")]
     Journal(String),
     #[error("no slab set {0}")]

@@ -313,6 +313,10 @@ fn duplicate(e: &LayoutError) -> LayoutError {
             set: *set,
             detail: detail.clone(),
         },
+        LayoutError::Refused { set, detail } => LayoutError::Refused {
+            set: *set,
+            detail: detail.clone(),
+        },
         LayoutError::Journal(s) => LayoutError::Journal(s.clone()),
         LayoutError::NoSuchSet(s) => LayoutError::NoSuchSet(*s),
         LayoutError::Cancelled => LayoutError::Cancelled,

@@ -54,6 +54,9 @@ impl Layouts {
         let mo = p.member_offset(spec);
         let mut failed = Vec::new();
         let mut last_err = String::from("no member available");
+        // Whether every copy tried was refused by the storage behind it (none read, none
+        // failing of its own).
+        let mut refused = None;
         for m in read_order(spec, p.row, p.data_col) {
             match self.member_read(members[m], mo, out) {
                 Ok(()) => {
@@ -66,6 +69,12 @@ impl Layouts {
                 Err(MemberFault::Io(e)) => {
                     last_err = e;
                     failed.push(m);
+                    refused = Some(false);
+                }
+                // Nothing to repair: the storage refused, the copy is as it was.
+                Err(MemberFault::Refused(e)) => {
+                    last_err = e;
+                    refused.get_or_insert(true);
                 }
             }
         }
@@ -85,6 +94,12 @@ impl Layouts {
         let unavailable = self.unavailable(members);
         if unavailable > spec.tolerance() {
             return Err(self.too_many(set, unavailable));
+        }
+        if refused == Some(true) {
+            return Err(LayoutError::Refused {
+                set: set.id,
+                detail: last_err,
+            });
         }
         Err(LayoutError::Io {
             set: set.id,
@@ -491,12 +506,16 @@ impl Layouts {
                             Err(MemberFault::Unavailable) => {
                                 Some(format!("disk {} is not available", members[w.m].disk))
                             }
-                            Err(MemberFault::Io(e)) => Some(e.clone()),
+                            Err(MemberFault::Io(e) | MemberFault::Refused(e)) => Some(e.clone()),
                         })
                         .collect();
-                    LayoutError::Io {
-                        set: set.id,
-                        detail: why.join("; "),
+                    let detail = why.join("; ");
+                    // Refused everywhere: nothing was written, and the host may send it again
+                    // (through another gateway, or here once the pool is opened again).
+                    if copies().all(|(_, t)| matches!(t, Err(MemberFault::Refused(_)))) {
+                        LayoutError::Refused { set: set.id, detail }
+                    } else {
+                        LayoutError::Io { set: set.id, detail }
                     }
                 });
             }

@@ -93,6 +93,10 @@ pub(crate) struct MemberWrite<'a> {
 pub(crate) enum MemberFault {
     Unavailable,
     Io(String),
+    /// The storage behind the disk refused the request for now (this gateway fenced off by a
+    /// newer owner, its cluster unreachable): nothing was read or written, and the disk is
+    /// not at fault.
+    Refused(String),
 }
 
 pub struct Layouts {
@@ -456,7 +460,11 @@ impl Layouts {
         let dev = self.pool.readable_disk(slab.disk).ok_or(MemberFault::Unavailable)?;
         dev.read_at(buf, self.pool.slab_offset(slab) + mo).map_err(|e| {
             self.read_error(slab.disk, &e);
-            MemberFault::Io(e.to_string())
+            if e.is_unavailable() {
+                MemberFault::Refused(e.to_string())
+            } else {
+                MemberFault::Io(e.to_string())
+            }
         })
     }
 
@@ -580,7 +588,7 @@ impl Layouts {
         self.stats.write_errors.fetch_add(1, Ordering::Relaxed);
         if e.is_unavailable() {
             warn!(disk = slab.disk, error = %e, "write refused by the storage");
-            return MemberFault::Io(e.to_string());
+            return MemberFault::Refused(e.to_string());
         }
         self.member_lost();
         if let Err(pe) = self

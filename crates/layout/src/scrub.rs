@@ -156,7 +156,7 @@ impl Layouts {
                     bufs.push(Some(b));
                     verdicts.push(v);
                 }
-                Err(MemberFault::Unavailable | MemberFault::Io(_)) => {
+                Err(MemberFault::Unavailable | MemberFault::Io(_) | MemberFault::Refused(_)) => {
                     bufs.push(None);
                     verdicts.push(vec![Verdict::Bad; nb]);
                 }

@@ -13,6 +13,11 @@ pub enum BackendErrorKind {
     NoSpace,
     /// The medium failed (lost redundancy, a disk error): a read or write error.
     Medium,
+    /// The storage behind refused the command for now (this gateway fenced off by a newer
+    /// owner, its cluster unreachable) and nothing was done: NOT READY, ASYMMETRIC ACCESS
+    /// STATE TRANSITION, which a host retries (through another path, if it has one) rather
+    /// than fail to its file system as it would a medium error.
+    Refused,
     /// Anything else: INTERNAL TARGET FAILURE.
     Internal,
 }

@@ -723,6 +723,7 @@ impl Lun {
         }
         warn!(lun = %self.backend.name(), error = %e, "I/O failed");
         match e.kind {
+            BackendErrorKind::Refused => sense::ALUA_TRANSITION,
             BackendErrorKind::Medium if writing => sense::WRITE_ERROR,
             BackendErrorKind::Medium => sense::UNRECOVERED_READ_ERROR,
             _ => sense::INTERNAL_TARGET_FAILURE,

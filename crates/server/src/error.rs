@@ -160,7 +160,7 @@ impl From<LayoutError> for ApiError {
         match e {
             LayoutError::Pool(p) => p.into(),
             LayoutError::Invalid(_) => ApiError::invalid(e.to_string()),
-            LayoutError::TooManyFailures { .. } => {
+            LayoutError::TooManyFailures { .. } | LayoutError::Refused { .. } => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, code::DATA_UNAVAILABLE, e.to_string())
             }
             LayoutError::Io { .. } | LayoutError::FlushFailed { .. } | LayoutError::Journal(_) => {

@@ -34,6 +34,8 @@ pub fn vdisk_of(lun: &Lun) -> Option<&Arc<Vdisk>> {
 fn backend_error(e: VolumeError) -> BackendError {
     let kind = if e.is_no_space() {
         BackendErrorKind::NoSpace
+    } else if e.is_refused() {
+        BackendErrorKind::Refused
     } else {
         match e {
             VolumeError::Layout(_)

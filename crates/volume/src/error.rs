@@ -44,6 +44,12 @@ impl From<CacheError> for VolumeError {
 }
 
 impl VolumeError {
+    /// True when the storage refused a write for now and nothing was written: a host may
+    /// send it again (SCSI reports it as NOT READY, ASYMMETRIC ACCESS STATE TRANSITION).
+    pub fn is_refused(&self) -> bool {
+        matches!(self, VolumeError::Layout(LayoutError::Refused { .. }))
+    }
+
     /// True when the failure is a lack of pool space (SCSI reports it as SPACE ALLOCATION
     /// FAILED WRITE PROTECT).
     pub fn is_no_space(&self) -> bool {

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use common::{compressible, enable_dedup, pattern, run_dedup, Rig, MIB};
-use tessera_disk::{BlockDevice, FaultOp};
+use tessera_disk::FaultOp;
 use tessera_volume::{
     Compression, DedupSettings, Engine, Fingerprinter, LayoutKind, PassOptions, Progress, Provisioning, VdiskSpec,
 };

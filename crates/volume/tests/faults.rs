@@ -353,13 +353,21 @@ fn a_disk_whose_storage_refuses_requests_for_a_while_is_not_failed() {
     rig.engine().flush().unwrap();
     rig.disks[0].faults().refuse(true);
     let v = rig.engine().vdisk("s").unwrap();
-    let refused = v.write(0, &pattern(2, 0, 4096), true).unwrap_err().to_string();
+    let e = v.write(0, &pattern(2, 0, 4096), true).unwrap_err();
+    let refused = e.to_string();
     assert!(
         refused.contains("refuses requests for now"),
         "the disk's reason is kept: {refused}"
     );
+    // Told apart from a failed write: nothing was written, the host may send it again (a
+    // SCSI host hears NOT READY, ASYMMETRIC ACCESS STATE TRANSITION, not a medium error).
+    assert!(e.is_refused(), "{e}");
     let mut b = vec![0u8; 4096];
-    assert!(v.read(0, &mut b).is_err());
+    let e = v.read(0, &mut b).unwrap_err();
+    assert!(e.is_refused(), "{e}");
+    // Less than a block: read, changed, written; the read refused.
+    let e = v.write(512, &pattern(2, 0, 512), false).unwrap_err();
+    assert!(e.is_refused(), "{e}");
     assert!(rig.engine().flush().is_err());
     let disks = rig.engine().pool().disks();
     assert_eq!(disks[0].info.state, DiskState::Healthy, "{:?}", disks[0]);
