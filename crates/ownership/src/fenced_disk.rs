@@ -6,8 +6,8 @@
 //! Objects are made by their first write, so the disk is thin: a read of an object never
 //! written, or past the end of a shorter one, returns zeros.
 //!
-//! Every write returns once the OSDs applied it (on every replica), as librbd writes through
-//! until its user's first flush and as tcmu-runner's gateway answers: the gateway has no
+//! Every write returns once the OSDs applied it (on every replica), as tcmu-runner, the Ceph
+//! iSCSI gateway, has librbd answer (it turns librbd's cache off): the gateway has no
 //! volatile cache. A host's acknowledged write must outlive the gateway it went through,
 //! and the host does not go down with it: had the gateway answered writes it had only sent
 //! and then died, the host's next flush, at the gateway that took over, would succeed over
