@@ -144,8 +144,7 @@ osd_ops() { # -> the client operations (reads, writes, read-modify-writes) the O
 fio_run() { # log rw bs qd engine -> IOPS; writes the OSD operations per I/O to log.ops
   local log=$DIR/logs/$run-$1.json rw=$2 bs=$3 qd=$4 engine=$5 target ops
   case $engine in
-    rbd) target=(--ioengine=rbd --clientname=admin --pool="$RPOOL" --rbdname=img);;
-    rbd-nocache) target=(--ioengine=rbd --clientname=admin --pool="$RPOOL" --rbdname=img);;
+    rbd|rbd-nocache) target=(--ioengine=rbd --clientname=admin --pool="$RPOOL" --rbdname=img);;
     nbd) target=(--ioengine=nbd --uri="$T_URI");;
     qemu-nbd) target=(--ioengine=nbd --uri="$Q_URI");;
   esac

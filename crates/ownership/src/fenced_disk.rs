@@ -324,20 +324,20 @@ impl Inner {
     fn start_write(&self, index: u64, in_obj: u64, data: &[u8], offset: u64) -> Result<u64, DiskError> {
         let mut b = self.behind.lock();
         let tag = if b.flying.contains_key(&index) {
-            let fresh = b.next_tag;
-            let h = b.held.entry(index).or_insert_with(|| Held {
-                pieces: Vec::new(),
-                bytes: 0,
-                offset,
-                tag: fresh,
-                writers: 0,
+            let Behind { held, next_tag, .. } = &mut *b;
+            let h = held.entry(index).or_insert_with(|| {
+                *next_tag += 1;
+                Held {
+                    pieces: Vec::new(),
+                    bytes: 0,
+                    offset,
+                    tag: *next_tag - 1,
+                    writers: 0,
+                }
             });
             h.add(in_obj, data);
             h.writers += 1;
             let (tag, full) = (h.tag, h.full());
-            if tag == fresh {
-                b.next_tag += 1;
-            }
             b.bytes += data.len();
             if full {
                 let h = b.held.remove(&index).expect("held");
@@ -444,31 +444,27 @@ impl Inner {
     /// it cannot be sent, they fail, and so do the flushes.
     fn send_held(&self, b: &mut Behind, object: u64, h: Held) {
         let op = FencedWriter::new(&self.pool, self.epoch).guarded_pieces(h.pieces);
-        match self.pool.operate_async(&self.oid(object), op) {
+        let outcome = match self.pool.operate_async(&self.oid(object), op) {
             Ok(write) => {
-                b.waiting.insert(
-                    h.tag,
-                    Waiters {
-                        left: h.writers,
-                        outcome: None,
-                    },
-                );
                 self.sent(b, object, write, h.offset, h.bytes, h.tag);
+                None
             }
             Err(e) => {
                 b.bytes -= h.bytes;
                 let why = describe(&e);
-                b.waiting.insert(
-                    h.tag,
-                    Waiters {
-                        left: h.writers,
-                        outcome: Some(Err(why.clone())),
-                    },
-                );
-                b.failed.get_or_insert((h.offset, h.bytes, why));
+                b.failed.get_or_insert((h.offset, h.bytes, why.clone()));
                 self.settled.notify_all();
+                Some(Err(why))
             }
-        }
+        };
+        // Under the lock still: nothing settles the operation before its writers are known.
+        b.waiting.insert(
+            h.tag,
+            Waiters {
+                left: h.writers,
+                outcome,
+            },
+        );
     }
 
     fn send_all_held(&self, b: &mut Behind) {
