@@ -213,6 +213,10 @@ impl BlockDevice for MeteredDisk {
         self.inner.read_via()
     }
 
+    fn write_via(&self) -> Option<Arc<dyn crate::AsyncWriter>> {
+        self.inner.write_via()
+    }
+
     fn io(&self) -> Option<&Arc<DiskIo>> {
         Some(&self.io)
     }

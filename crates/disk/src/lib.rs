@@ -34,9 +34,9 @@ pub use label::{
 };
 pub use mem::MemDisk;
 pub use meter::{IoMeter, IoOp};
-pub use read_ring::{ReadRing, RingRead};
+pub use read_ring::{ReadRing, RingRead, RingWrite};
 pub use read_spread::{read_spread, SpreadRead};
-pub use read_via::{AsyncReader, ReadDone, ReadVia};
+pub use read_via::{AsyncReader, AsyncWriter, ReadDone, ReadVia};
 pub use skip::{io_uring_available, skip};
 pub use unit_pieces::{unit_pieces, UnitPiece};
 pub use volatile::{CutReport, PowerSupply, VolatileDisk};
@@ -90,6 +90,13 @@ pub trait BlockDevice: Send + Sync + 'static {
     /// disks that take no reads but their own calls.
     fn read_via(&self) -> Option<ReadVia> {
         self.uring_fd().map(ReadVia::Uring)
+    }
+    /// How a caller with a [`ReadRing`] of its own writes the disk without waiting: by
+    /// starting writes with the disk, which completes them once they are where a flush would
+    /// put them (so a write so completed needs no flush of its own). None (the default) for
+    /// disks that take no writes but their own calls.
+    fn write_via(&self) -> Option<std::sync::Arc<dyn AsyncWriter>> {
+        None
     }
     /// Where the disk's I/O is counted, for callers that do I/O on its
     /// [`uring_fd`](Self::uring_fd) themselves. None for a disk nobody counts.

@@ -18,7 +18,7 @@ use io_uring::{opcode, squeue, types, IoUring};
 use tracing::warn;
 
 use crate::read_via::Mailbox;
-use crate::{AsyncReader, DiskIo, DiskOp, ReadVia};
+use crate::{AsyncReader, AsyncWriter, DiskIo, DiskOp, ReadVia};
 
 /// One read of a request: `len` bytes at `offset` of the disk `via` reaches, into `at`.
 #[derive(Clone)]
@@ -31,14 +31,28 @@ pub struct RingRead {
     pub io: Option<Arc<DiskIo>>,
 }
 
-/// A request whose reads are in flight.
+/// One write of a request: `len` bytes from `at` to `offset` of a disk that writes in the
+/// background ([`BlockDevice::write_via`](crate::BlockDevice::write_via)).
+#[derive(Clone)]
+pub struct RingWrite {
+    pub disk: Arc<dyn AsyncWriter>,
+    pub at: *const u8,
+    pub len: u32,
+    pub offset: u64,
+    /// Where the disk counts its writes ([`BlockDevice::io`](crate::BlockDevice::io)).
+    pub io: Option<Arc<DiskIo>>,
+}
+
+/// A request whose reads (or writes) are in flight.
 struct OnRing<T> {
     tag: T,
+    op: DiskOp,
     /// Bytes each read must return, and where it is counted, by its index in the user data.
     lens: Vec<u32>,
     ios: Vec<Option<Arc<DiskIo>>>,
-    /// The disks reading in the background for it, kept until their reads are done.
+    /// The disks reading or writing in the background for it, kept until they are done.
     _readers: Vec<Arc<dyn AsyncReader>>,
+    _writers: Vec<Arc<dyn AsyncWriter>>,
     started: Instant,
     pending: usize,
     failed: bool,
@@ -115,6 +129,7 @@ impl<T> ReadRing<T> {
         });
         self.slots[slot] = Some(OnRing {
             tag,
+            op: DiskOp::Read,
             lens: reads.iter().map(|r| r.len).collect(),
             ios: reads.iter().map(|r| r.io.clone()).collect(),
             _readers: reads
@@ -124,6 +139,7 @@ impl<T> ReadRing<T> {
                     ReadVia::Uring(_) => None,
                 })
                 .collect(),
+            _writers: Vec::new(),
             started: Instant::now(),
             pending: reads.len(),
             failed: false,
@@ -213,6 +229,51 @@ impl<T> ReadRing<T> {
         }
     }
 
+    /// Starts the writes of one request on the disks that write in the background; the
+    /// request comes back from [`reap`](Self::reap) as a read's does, true if every write
+    /// was done whole (false: write it again the synchronous way, which tells why).
+    ///
+    /// # Safety
+    /// Every write must read memory that `tag` keeps valid and unchanged until `tag` comes
+    /// back from [`reap`](Self::reap) or the ring is dropped (drop waits for the writes).
+    pub unsafe fn start_writes(&mut self, tag: T, writes: &[RingWrite]) {
+        if writes.is_empty() {
+            self.ready.push((tag, true));
+            return;
+        }
+        let Some(m) = self.mailbox() else {
+            // No eventfd to be told on: written another way.
+            self.ready.push((tag, false));
+            return;
+        };
+        let slot = self.free.pop().unwrap_or_else(|| {
+            self.slots.push(None);
+            self.slots.len() - 1
+        });
+        self.slots[slot] = Some(OnRing {
+            tag,
+            op: DiskOp::Write,
+            lens: writes.iter().map(|w| w.len).collect(),
+            ios: writes.iter().map(|w| w.io.clone()).collect(),
+            _readers: Vec::new(),
+            _writers: writes.iter().map(|w| w.disk.clone()).collect(),
+            started: Instant::now(),
+            pending: writes.len(),
+            failed: false,
+        });
+        self.in_flight += 1;
+        for (i, w) in writes.iter().enumerate() {
+            let ud = ((slot as u64) << 32) | i as u64;
+            self.in_background += 1;
+            // SAFETY: the caller keeps the source valid until the request comes back, which
+            // waits for this completion (drop waits for it too).
+            unsafe { w.disk.start_write(w.at, w.len, w.offset, m.done(ud)) };
+        }
+        if !self.polling {
+            self.poll_mailbox();
+        }
+    }
+
     /// Hands the queued reads to the kernel; true if there were any.
     pub fn submit(&mut self) -> bool {
         if self.ring.submission().is_empty() {
@@ -290,7 +351,7 @@ impl<T> ReadRing<T> {
             r.failed = true;
         }
         if let Some(io) = &r.ios[i] {
-            io.record(DiskOp::Read, r.lens[i] as u64, r.started.elapsed(), whole);
+            io.record(r.op, r.lens[i] as u64, r.started.elapsed(), whole);
         }
         r.pending -= 1;
         if r.pending == 0 {

@@ -22,6 +22,20 @@ pub trait AsyncReader: Send + Sync {
     unsafe fn start_read(&self, at: *mut u8, len: u32, offset: u64, done: ReadDone);
 }
 
+/// A disk that writes in the background and says when it is done.
+pub trait AsyncWriter: Send + Sync {
+    /// Starts a write of the `len` bytes at `at` to `offset`, with the rules of
+    /// [`BlockDevice::write_at`](crate::BlockDevice::write_at), and returns without waiting;
+    /// `done` is completed exactly once, from any thread: whole once the bytes are as durable
+    /// as a flush would make them, failed if the write failed or was not started (the caller
+    /// then writes the synchronous way, which tells why).
+    ///
+    /// # Safety
+    /// `at` must be valid for `len` bytes, unchanged, until `done` is completed; the writer
+    /// must stay alive until then.
+    unsafe fn start_write(&self, at: *const u8, len: u32, offset: u64, done: ReadDone);
+}
+
 /// Where the reads of a planned request go.
 #[derive(Clone)]
 pub enum ReadVia {
@@ -51,8 +65,9 @@ impl std::fmt::Debug for ReadVia {
     }
 }
 
-/// The completion of one read started with [`AsyncReader::start_read`]: dropping it unused
-/// completes the read as failed, so that a ring never waits for a read nobody will finish.
+/// The completion of one read started with [`AsyncReader::start_read`] (or write started with
+/// [`AsyncWriter::start_write`]): dropping it unused completes it as failed, so that a ring
+/// never waits for an operation nobody will finish.
 pub struct ReadDone {
     mailbox: Option<Arc<Mailbox>>,
     tag: u64,

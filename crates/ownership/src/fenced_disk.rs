@@ -23,17 +23,22 @@
 //! round trip, not one per write, as librbd's I/O scheduler does. A read of the object, a
 //! flush, or a held write grown to an object's worth sends what is held at once. The first
 //! write to an object (which makes it) is sent alone.
+//!
+//! Every operation is settled by its completion, on librados' thread: its writers are told
+//! there (a writer waiting here is woken; a write started by a connection's ring
+//! ([`AsyncWriter`]) is completed to that ring, with no thread of the gateway between the
+//! cluster's answer and the connection), and what was held behind it is sent from there.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
+use std::time::Duration;
 
-use parking_lot::{Condvar, Mutex, MutexGuard};
+use parking_lot::{Condvar, Mutex};
 use tessera_disk::{
-    check_request, unit_pieces, AsyncReader, BlockDevice, DiskError, ReadDone, ReadReq, ReadVia, UnitPiece,
+    check_request, unit_pieces, AsyncReader, AsyncWriter, BlockDevice, DiskError, ReadDone, ReadReq, ReadVia, UnitPiece,
 };
-use tessera_rados::{PendingWrite, Pool, RadosError, ReadExtent};
+use tessera_rados::{Pool, RadosError, ReadExtent, WriteOp};
 
 use crate::fence::FencedWriter;
 
@@ -53,18 +58,17 @@ const HELD_PIECES: usize = 64;
 
 pub struct FencedDisk {
     inner: Arc<Inner>,
-    /// Sends the writes held back for an object once the writes on their way to it settled,
-    /// when no write, read or flush comes to do it.
-    gatherer: Option<JoinHandle<()>>,
 }
 
 struct Inner {
-    /// First, so that the writes in flight are waited for before the pool's context goes.
     behind: Mutex<Behind>,
-    /// Told whenever a write is settled, for a flush waiting on one another thread waits for.
+    /// Told whenever a write is settled, for the writers and flushes waiting here.
     settled: Condvar,
-    /// Told the gatherer: a write was held back, or the disk closes.
-    held_one: Condvar,
+    /// Completions of writes sent that have not returned yet. They reach the disk through a
+    /// plain pointer, not a reference: the last reference is then never dropped on
+    /// librados' thread (which must not close the context it runs for), and the disk waits
+    /// for them before it goes.
+    callbacks: AtomicUsize,
     /// The objects known to exist (written, or read, by this disk); shared with the reads
     /// completed on librados' thread.
     exists: Arc<[AtomicBool]>,
@@ -78,12 +82,11 @@ struct Inner {
 /// Writes sent and not yet known applied, and writes held back to go together.
 #[derive(Default)]
 struct Behind {
-    /// Not waited for yet, oldest first.
-    sent: VecDeque<Sent>,
-    /// Taken out of `sent` by a thread that waits for them and has not settled them yet.
-    in_hand: BTreeSet<u64>,
+    /// The operations sent and not settled yet, by sequence number.
+    in_flight: BTreeSet<u64>,
     /// Of every write not settled yet, held back or sent.
     bytes: usize,
+    /// Operations sent so far: the next one's sequence number.
     next: u64,
     /// Per object, its writes sent and not settled.
     flying: HashMap<u64, usize>,
@@ -94,23 +97,20 @@ struct Behind {
     /// The first write the OSDs refused (offset, length, why): every flush from then on
     /// fails with it.
     failed: Option<(u64, usize, String)>,
-    closed: bool,
     /// Numbers the writes (or groups of held writes) their writers wait for.
     next_tag: u64,
-    /// Per write or group sent whose writers still wait: how many, and once settled how it
-    /// went.
+    /// Per write or group whose writers were not all told yet: who they are, and once
+    /// settled how it went.
     waiting: HashMap<u64, Waiters>,
 }
 
-/// The writers of one operation, waiting for it to settle.
+/// The writers of one operation.
 struct Waiters {
+    /// Writers waiting here that have not taken the outcome yet.
     left: usize,
     outcome: Option<Result<(), String>>,
-}
-
-struct Sent {
-    write: PendingWrite,
-    ticket: Ticket,
+    /// Writes started from a ring: each told when the operation settles.
+    started: Vec<Arc<Joint>>,
 }
 
 /// What settling a write sent needs to know of it.
@@ -131,10 +131,17 @@ struct Held {
     bytes: usize,
     /// Where the first piece was on the disk, for a refusal's report.
     offset: u64,
-    /// The tag its writers wait on, and how many they are.
+    /// The tag its writers wait on, how many wait here, and the writes started from a ring.
     tag: u64,
     writers: usize,
+    started: Vec<Arc<Joint>>,
 }
+
+/// The disk as a write's completion reaches it on librados' thread.
+#[derive(Clone, Copy)]
+struct DiskPtr(*const Inner);
+// SAFETY: Inner is Sync, and outlives every completion (it waits for them when dropped).
+unsafe impl Send for DiskPtr {}
 
 impl Held {
     /// Adds a write, onto the end of the last piece where it follows it.
@@ -159,27 +166,6 @@ impl Held {
 
     fn full(&self) -> bool {
         self.bytes >= HELD_BYTES || self.pieces.len() >= HELD_PIECES
-    }
-}
-
-impl Behind {
-    /// The oldest write sent before `before`, taken out to be waited for.
-    fn take_oldest(&mut self, before: u64) -> Option<Sent> {
-        if self.sent.front()?.ticket.seq >= before {
-            return None;
-        }
-        let s = self.sent.pop_front()?;
-        self.in_hand.insert(s.ticket.seq);
-        Some(s)
-    }
-
-    /// The write its writers wait on as `tag`, if sent and not taken yet, taken out to be
-    /// waited for.
-    fn take_tagged(&mut self, tag: u64) -> Option<Sent> {
-        let at = self.sent.iter().position(|s| s.ticket.tag == tag)?;
-        let s = self.sent.remove(at)?;
-        self.in_hand.insert(s.ticket.seq);
-        Some(s)
     }
 }
 
@@ -219,7 +205,7 @@ impl FencedDisk {
         let inner = Arc::new(Inner {
             behind: Mutex::new(Behind::default()),
             settled: Condvar::new(),
-            held_one: Condvar::new(),
+            callbacks: AtomicUsize::new(0),
             exists: (0..size.div_ceil(OBJECT_BYTES))
                 .map(|_| AtomicBool::new(false))
                 .collect(),
@@ -227,22 +213,9 @@ impl FencedDisk {
             prefix: prefix.to_string(),
             size,
             epoch,
-            path: path.clone(),
+            path,
         });
-        let gatherer = {
-            let inner = inner.clone();
-            std::thread::Builder::new()
-                .name("rados-gather".into())
-                .spawn(move || inner.gather())
-                .map_err(|e| DiskError::Unusable {
-                    path,
-                    reason: format!("cannot start the thread that sends held writes: {e}"),
-                })?
-        };
-        Ok(FencedDisk {
-            inner,
-            gatherer: Some(gatherer),
-        })
+        Ok(FencedDisk { inner })
     }
 
     pub fn epoch(&self) -> i64 {
@@ -283,14 +256,20 @@ impl FencedDisk {
 
 impl Drop for FencedDisk {
     fn drop(&mut self) {
-        self.inner.behind.lock().closed = true;
-        self.inner.held_one.notify_all();
-        if let Some(g) = self.gatherer.take() {
-            let _ = g.join();
-        }
-        // What was held is sent, and what was sent waited for, before the context it was
-        // sent on goes.
+        // What was held is sent, and what was sent is applied (or refused), when the disk is
+        // closed, even while a connection's ring still holds it for a read.
         let _ = self.inner.flush();
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        let _ = self.flush();
+        // The last completions may still be returning: the context they ran for, and the
+        // state they settled, stay until they have.
+        while self.callbacks.load(Ordering::Acquire) > 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 }
 
@@ -318,13 +297,19 @@ impl Inner {
 
     /// Starts the write of a piece of an object that exists: sent at once if nothing is on
     /// its way to the object, else held back to go with the writes that follow it there.
-    /// Returns the tag to wait on ([`wait_applied`](Self::wait_applied)). Settles the writes
-    /// that completed meanwhile; while more than [`MAX_BEHIND`] bytes are unsettled, waits for
-    /// the oldest.
-    fn start_write(&self, index: u64, in_obj: u64, data: &[u8], offset: u64) -> Result<u64, DiskError> {
-        let mut b = self.behind.lock();
-        let tag = if b.flying.contains_key(&index) {
-            let Behind { held, next_tag, .. } = &mut *b;
+    /// Its writer is `started` (a write started from a ring, told when it settles) or, with
+    /// None, a thread that waits for the returned tag ([`wait_applied`](Self::wait_applied)).
+    fn start_piece(
+        &self,
+        b: &mut Behind,
+        index: u64,
+        in_obj: u64,
+        data: &[u8],
+        offset: u64,
+        started: Option<Arc<Joint>>,
+    ) -> Result<u64, DiskError> {
+        if b.flying.contains_key(&index) {
+            let Behind { held, next_tag, .. } = b;
             let h = held.entry(index).or_insert_with(|| {
                 *next_tag += 1;
                 Held {
@@ -333,68 +318,61 @@ impl Inner {
                     offset,
                     tag: *next_tag - 1,
                     writers: 0,
+                    started: Vec::new(),
                 }
             });
             h.add(in_obj, data);
-            h.writers += 1;
+            match started {
+                Some(j) => h.started.push(j),
+                None => h.writers += 1,
+            }
             let (tag, full) = (h.tag, h.full());
             b.bytes += data.len();
             if full {
                 let h = b.held.remove(&index).expect("held");
-                self.send_held(&mut b, index, h);
-            } else {
-                self.held_one.notify_one();
+                self.send_held(b, index, h);
             }
-            tag
-        } else {
-            // Sent under the lock, so that a flush that finds no write held finds this one
-            // sent: sending does not wait for the OSDs.
-            let op = FencedWriter::new(&self.pool, self.epoch).guarded(in_obj, data);
-            let write = self
-                .pool
-                .operate_async(&self.oid(index), op)
-                .map_err(|e| self.io_error("write", offset, data.len(), e))?;
-            let tag = b.next_tag;
-            b.next_tag += 1;
-            b.waiting.insert(tag, Waiters { left: 1, outcome: None });
-            b.bytes += data.len();
-            self.sent(&mut b, index, write, offset, data.len(), tag);
-            tag
-        };
-        // Those that completed, under the lock: a flush that finds the queue past its
-        // writes finds their refusals too.
-        let mut any = false;
-        while b.sent.front().is_some_and(|s| s.write.is_complete()) {
-            let s = b.sent.pop_front().expect("a front");
-            self.settle(&mut b, s.ticket, s.write.wait());
-            any = true;
+            return Ok(tag);
         }
-        if any {
-            self.settled.notify_all();
-        }
-        while b.bytes > MAX_BEHIND {
-            if let Some(s) = b.take_oldest(u64::MAX) {
-                b = self.wait_for(b, s);
-            } else if b.in_hand.is_empty() {
-                // Nothing sent to wait for: what is held goes (never so while the rule that
-                // an object holds writes only while it has some flying stands).
-                self.send_all_held(&mut b);
-                if b.sent.is_empty() {
-                    break;
-                }
-            } else {
-                // All in other threads' hands: theirs to wait for.
-                self.settled.wait(&mut b);
-            }
+        let op = FencedWriter::new(&self.pool, self.epoch).guarded(in_obj, data);
+        let tag = b.next_tag;
+        b.next_tag += 1;
+        let left = usize::from(started.is_none());
+        b.waiting.insert(
+            tag,
+            Waiters {
+                left,
+                outcome: None,
+                started: started.into_iter().collect(),
+            },
+        );
+        b.bytes += data.len();
+        if let Err(e) = self.send(b, index, op, offset, data.len(), tag) {
+            b.bytes -= data.len();
+            b.waiting.remove(&tag);
+            return Err(self.io_error("write", offset, data.len(), e));
         }
         Ok(tag)
     }
 
+    /// Waits until more than [`MAX_BEHIND`] bytes are no longer unsettled.
+    fn wait_for_room<'a>(&'a self, mut b: parking_lot::MutexGuard<'a, Behind>) {
+        while b.bytes > MAX_BEHIND {
+            if b.in_flight.is_empty() {
+                // Nothing sent to wait for: what is held goes (never so while the rule that
+                // an object holds writes only while it has some flying stands).
+                self.send_all_held(&mut b);
+                if b.in_flight.is_empty() {
+                    break;
+                }
+            } else {
+                self.settled.wait(&mut b);
+            }
+        }
+    }
+
     /// Waits until the operation that carries the write tagged `tag` settled; its outcome,
-    /// or why the OSDs refused it. Waits for that operation itself when nobody else does;
-    /// when another thread does, or when it is held behind a write to its object (which the
-    /// gatherer, or that write's own writer, settles), waits to be told. It never waits for
-    /// another writer's operation: its own may be done first.
+    /// or why the OSDs refused it.
     fn wait_applied(&self, tag: u64) -> Result<(), String> {
         let mut b = self.behind.lock();
         loop {
@@ -407,64 +385,89 @@ impl Inner {
                     }
                     return outcome;
                 }
+            } else if !b.held.values().any(|h| h.tag == tag) {
+                // Neither sent nor held behind a write to its object.
+                return Err("the write was lost from the disk's queue".into());
             }
-            if let Some(s) = b.take_tagged(tag) {
-                b = self.wait_for(b, s);
-            } else if b.in_hand.is_empty() && b.sent.is_empty() {
+            if b.in_flight.is_empty() {
                 // Held with nothing on its way to its object (never so while the rule that an
                 // object holds writes only while it has some flying stands): sent now.
                 self.send_all_held(&mut b);
-                if b.sent.is_empty() && !b.waiting.get(&tag).is_some_and(|w| w.outcome.is_some()) {
+                if b.in_flight.is_empty() && b.waiting.get(&tag).is_some_and(|w| w.outcome.is_none()) {
                     return Err("the write was lost from the disk's queue".into());
                 }
-            } else {
-                self.settled.wait(&mut b);
+                continue;
             }
+            self.settled.wait(&mut b);
         }
     }
 
-    /// Counts a write sent, for its writers (tag) to wait on.
-    fn sent(&self, b: &mut Behind, object: u64, write: PendingWrite, offset: u64, len: usize, tag: u64) {
-        let seq = b.next;
-        b.next += 1;
-        *b.flying.entry(object).or_default() += 1;
-        b.sent.push_back(Sent {
-            write,
-            ticket: Ticket {
-                seq,
-                object,
-                offset,
-                len,
-                tag,
-            },
+    /// Sends an operation carrying the writes tagged `tag`, to be settled by its completion.
+    /// Called under the lock, which the completion takes: it cannot settle before the
+    /// operation is counted here.
+    fn send(
+        &self,
+        b: &mut Behind,
+        object: u64,
+        op: WriteOp,
+        offset: u64,
+        len: usize,
+        tag: u64,
+    ) -> Result<(), RadosError> {
+        let ticket = Ticket {
+            seq: b.next,
+            object,
+            offset,
+            len,
+            tag,
+        };
+        let disk = DiskPtr(self);
+        self.callbacks.fetch_add(1, Ordering::AcqRel);
+        let then = Box::new(move |outcome: Result<(), RadosError>| {
+            let disk = disk;
+            // SAFETY: the disk waits for every completion before it goes (`callbacks`).
+            unsafe { (*disk.0).completed(ticket, outcome) }
         });
+        if let Err(e) = self.pool.operate_then(&self.oid(object), op, then) {
+            self.callbacks.fetch_sub(1, Ordering::AcqRel);
+            return Err(e);
+        }
+        b.next += 1;
+        b.in_flight.insert(ticket.seq);
+        *b.flying.entry(object).or_default() += 1;
+        Ok(())
+    }
+
+    /// An operation's completion, on librados' thread.
+    fn completed(&self, t: Ticket, outcome: Result<(), RadosError>) {
+        {
+            let mut b = self.behind.lock();
+            self.settle(&mut b, t, outcome);
+            self.settled.notify_all();
+        }
+        // The last thing done with the disk: it may go once this is seen.
+        self.callbacks.fetch_sub(1, Ordering::AcqRel);
     }
 
     /// Sends the writes held for `object` as one operation, which their writers wait on; if
     /// it cannot be sent, they fail, and so do the flushes.
     fn send_held(&self, b: &mut Behind, object: u64, h: Held) {
         let op = FencedWriter::new(&self.pool, self.epoch).guarded_pieces(h.pieces);
-        let outcome = match self.pool.operate_async(&self.oid(object), op) {
-            Ok(write) => {
-                self.sent(b, object, write, h.offset, h.bytes, h.tag);
-                None
-            }
-            Err(e) => {
-                b.bytes -= h.bytes;
-                let why = describe(&e);
-                b.failed.get_or_insert((h.offset, h.bytes, why.clone()));
-                self.settled.notify_all();
-                Some(Err(why))
-            }
-        };
-        // Under the lock still: nothing settles the operation before its writers are known.
         b.waiting.insert(
             h.tag,
             Waiters {
                 left: h.writers,
-                outcome,
+                outcome: None,
+                started: h.started,
             },
         );
+        if let Err(e) = self.send(b, object, op, h.offset, h.bytes, h.tag) {
+            b.bytes -= h.bytes;
+            let why = describe(&e);
+            b.failed.get_or_insert((h.offset, h.bytes, why.clone()));
+            Self::tell(b, h.tag, Err(why));
+            self.settled.notify_all();
+        }
     }
 
     fn send_all_held(&self, b: &mut Behind) {
@@ -488,18 +491,30 @@ impl Inner {
         }
     }
 
+    /// Tells the writers of `tag` how their operation went: those started from a ring at
+    /// once, those waiting here when they next look.
+    fn tell(b: &mut Behind, tag: u64, outcome: Result<(), String>) {
+        let Some(w) = b.waiting.get_mut(&tag) else { return };
+        for j in w.started.drain(..) {
+            j.piece_done(outcome.is_ok());
+        }
+        if w.left == 0 {
+            b.waiting.remove(&tag);
+        } else {
+            w.outcome = Some(outcome);
+        }
+    }
+
     /// Counts a write that completed out, keeping the first refusal; the last write flying
     /// to an object sends what was held for it.
     fn settle(&self, b: &mut Behind, t: Ticket, outcome: Result<(), RadosError>) {
-        b.in_hand.remove(&t.seq);
+        b.in_flight.remove(&t.seq);
         b.bytes -= t.len;
         let outcome = outcome.map_err(|e| describe(&e));
         if let Err(why) = &outcome {
             b.failed.get_or_insert((t.offset, t.len, why.clone()));
         }
-        if let Some(w) = b.waiting.get_mut(&t.tag) {
-            w.outcome = Some(outcome);
-        }
+        Self::tell(b, t.tag, outcome);
         let flying = b.flying.get_mut(&t.object).expect("a write sent is counted flying");
         *flying -= 1;
         if *flying == 0 {
@@ -510,48 +525,14 @@ impl Inner {
         }
     }
 
-    /// Waits for a write taken out of the queue, without the lock, and settles it.
-    fn wait_for<'a>(&'a self, b: MutexGuard<'a, Behind>, s: Sent) -> MutexGuard<'a, Behind> {
-        drop(b);
-        let outcome = s.write.wait();
-        let mut b = self.behind.lock();
-        self.settle(&mut b, s.ticket, outcome);
-        self.settled.notify_all();
-        b
-    }
-
-    /// The gatherer's loop: while writes are held, waits for the oldest write sent, whose
-    /// settling sends what was held behind it.
-    fn gather(&self) {
-        let mut b = self.behind.lock();
-        while !b.closed {
-            if b.held.is_empty() {
-                self.held_one.wait(&mut b);
-            } else if let Some(s) = b.take_oldest(u64::MAX) {
-                b = self.wait_for(b, s);
-            } else if b.in_hand.is_empty() {
-                self.send_all_held(&mut b);
-            } else {
-                self.settled.wait(&mut b);
-            }
-        }
-    }
-
     /// Sends what is held, then waits until the OSDs applied every write sent before; fails
     /// if they refused any write since the disk was opened.
     fn flush(&self) -> Result<(), DiskError> {
         let mut b = self.behind.lock();
         self.send_all_held(&mut b);
         let before = b.next;
-        loop {
-            if let Some(s) = b.take_oldest(before) {
-                b = self.wait_for(b, s);
-            } else if b.in_hand.first().is_some_and(|&seq| seq < before) {
-                // Another thread waits for it: until it has settled it.
-                self.settled.wait(&mut b);
-            } else {
-                break;
-            }
+        while b.in_flight.first().is_some_and(|&seq| seq < before) {
+            self.settled.wait(&mut b);
         }
         match &b.failed {
             Some((offset, len, why)) => Err(self.unavailable(
@@ -592,6 +573,11 @@ impl BlockDevice for FencedDisk {
         Some(ReadVia::Async(self.inner.clone()))
     }
 
+    /// Writes likewise, answered to the ring once the OSDs applied them.
+    fn write_via(&self) -> Option<Arc<dyn AsyncWriter>> {
+        Some(self.inner.clone())
+    }
+
     /// Sends what is held, then waits until the OSDs applied every write sent before it;
     /// fails if they refused any write since the disk was opened.
     fn flush(&self) -> Result<(), DiskError> {
@@ -599,7 +585,8 @@ impl BlockDevice for FencedDisk {
     }
 }
 
-/// The pieces of one read started in the background: the last to complete completes it.
+/// The pieces of one read or write started in the background: the last to complete
+/// completes it.
 struct Joint {
     left: AtomicUsize,
     failed: AtomicBool,
@@ -790,15 +777,18 @@ impl Inner {
             let at = offset + p.buf_off as u64;
             let data = &buf[p.buf_off..p.buf_off + p.len];
             if self.exists[p.unit as usize].load(Ordering::Acquire) {
-                match self.start_write(p.unit, p.off, data, at) {
+                let mut b = self.behind.lock();
+                match self.start_piece(&mut b, p.unit, p.off, data, at, None) {
                     Ok(tag) => started.push((at, p.len, tag)),
                     Err(e) => {
-                        // What was started is waited for all the same: its writers' tags
-                        // must be collected.
+                        drop(b);
+                        // What was started is waited for all the same: its writers must be
+                        // counted out.
                         let _ = waited(started);
                         return Err(e);
                     }
                 }
+                self.wait_for_room(b);
                 continue;
             }
             let oid = self.oid(p.unit);
@@ -810,6 +800,49 @@ impl Inner {
             self.exists[p.unit as usize].store(true, Ordering::Release);
         }
         waited(started)
+    }
+}
+
+impl AsyncWriter for Inner {
+    /// Writes to objects that exist, each piece started as [`write_at`](Inner::write_at)
+    /// starts it and completed from librados' thread once applied. A write that would make
+    /// an object, or that finds more than [`MAX_BEHIND`] bytes unsettled, is completed as
+    /// failed at once, having sent nothing: the caller writes it the synchronous way, which
+    /// makes the object or waits for room.
+    unsafe fn start_write(&self, at: *const u8, len: u32, offset: u64, done: ReadDone) {
+        if check_request(&self.path, "write", offset, len as usize, self.size).is_err() {
+            return done.complete(false);
+        }
+        let parts: Vec<_> = pieces(offset, len as usize).collect();
+        if parts
+            .iter()
+            .any(|p| !self.exists[p.unit as usize].load(Ordering::Acquire))
+        {
+            return done.complete(false);
+        }
+        // SAFETY: the caller keeps `len` bytes at `at` valid until `done` is completed; they
+        // are copied into the operations (or the held pieces) before this returns.
+        let buf = unsafe { std::slice::from_raw_parts(at, len as usize) };
+        let mut b = self.behind.lock();
+        if b.bytes > MAX_BEHIND {
+            drop(b);
+            return done.complete(false);
+        }
+        let joint = Arc::new(Joint {
+            left: AtomicUsize::new(parts.len()),
+            failed: AtomicBool::new(false),
+            done: Mutex::new(Some(done)),
+        });
+        for p in parts {
+            let data = &buf[p.buf_off..p.buf_off + p.len];
+            let at = offset + p.buf_off as u64;
+            if self
+                .start_piece(&mut b, p.unit, p.off, data, at, Some(joint.clone()))
+                .is_err()
+            {
+                joint.piece_done(false);
+            }
+        }
     }
 }
 
@@ -836,6 +869,7 @@ mod tests {
             offset: 0,
             tag: 0,
             writers: 0,
+            started: Vec::new(),
         }
     }
 

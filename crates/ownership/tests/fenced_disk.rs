@@ -12,7 +12,7 @@ use std::sync::Arc;
 use common::{ceph, ceph_conf, TEST_POOL};
 
 use rand::{Rng, SeedableRng};
-use tessera_disk::{AlignedBuf, BlockDevice, DiskError, ReadReq, ReadRing, ReadVia, RingRead};
+use tessera_disk::{AlignedBuf, BlockDevice, DiskError, ReadReq, ReadRing, ReadVia, RingRead, RingWrite};
 use tessera_ownership::fenced_disk::{FencedDisk, OBJECT_BYTES};
 use tessera_rados::Cluster;
 
@@ -244,6 +244,132 @@ fn reads_on_a_ring_match_reads_one_at_a_time() {
     drop(ring);
     d.flush().unwrap();
     d.remove_objects().unwrap();
+}
+
+/// Writes started on a ring complete there once the OSDs applied them: many at once, to
+/// objects that exist, some crossing from one object into the next and many to one object
+/// (held and sent together), read back through another connection before any flush. A
+/// write that would make an object is not started (the caller writes it the synchronous
+/// way); a write a newer owner's guard refuses completes as failed, and the flushes fail.
+#[test]
+fn writes_on_a_ring_complete_once_the_cluster_applied_them() {
+    let t = "writes_on_a_ring_complete_once_the_cluster_applied_them";
+    let Some(conf) = ceph_conf(t) else { return };
+    let Ok(mut ring) = ReadRing::<(usize, AlignedBuf)>::new(8) else {
+        tessera_disk::skip(t, "io_uring unavailable");
+        return;
+    };
+    let c = ceph(&conf);
+    let prefix = format!("{t}-{}", std::process::id());
+    let d = disk(&c, &prefix, 64 * MIB, 1);
+    let writer = d.write_via().expect("a disk on RADOS writes in the background");
+    for object in 0..4 {
+        d.write_at(&random(1, 4096), object * OBJECT_BYTES).unwrap();
+    }
+    let sent_before = d.writes_sent();
+    // 4 KiB writes all over the four objects, and 64 KiB ones across each boundary, none
+    // over another.
+    let mut asked: Vec<(u64, usize)> = (0..96u64)
+        .map(|i| (65536 + (i % 4) * OBJECT_BYTES + (i / 4) * 8192, 4096))
+        .collect();
+    asked.extend((1..4u64).map(|o| (o * OBJECT_BYTES - 32768, 65536)));
+    for (i, &(offset, len)) in asked.iter().enumerate() {
+        let buf = random(100 + i as u64, len);
+        let w = RingWrite {
+            disk: writer.clone(),
+            at: buf.as_ptr(),
+            len: len as u32,
+            offset,
+            io: None,
+        };
+        // SAFETY: the buffer moves into the tag; its heap memory stays put.
+        unsafe { ring.start_writes((i, buf), &[w]) };
+    }
+    let mut done = Vec::new();
+    ring.drain(&mut done);
+    assert_eq!(done.len(), asked.len());
+    assert!(done.iter().all(|(_, ok)| *ok), "a write on the ring failed");
+    let ops = d.writes_sent() - sent_before;
+    assert!(
+        ops < asked.len() as u64,
+        "{} writes took {ops} operations: none went together",
+        asked.len()
+    );
+    // Before any flush, through another connection, as a gateway taking the pool over.
+    let other = disk(&ceph(&conf), &prefix, 64 * MIB, 1);
+    for ((i, buf), _) in &done {
+        let (offset, len) = asked[*i];
+        let mut back = AlignedBuf::zeroed(len);
+        other.read_at(&mut back, offset).unwrap();
+        assert!(
+            back[..] == buf[..],
+            "write {i} ({len} bytes at {offset}) is not in the cluster"
+        );
+    }
+    // An object never written: not started, nothing written.
+    let buf = random(7, 4096);
+    let w = RingWrite {
+        disk: writer.clone(),
+        at: buf.as_ptr(),
+        len: 4096,
+        offset: 10 * OBJECT_BYTES,
+        io: None,
+    };
+    // SAFETY: as above.
+    unsafe { ring.start_writes((0, buf), &[w]) };
+    let mut done = Vec::new();
+    ring.drain(&mut done);
+    assert!(!done[0].1, "a write that makes an object completed on the ring");
+    let mut back = AlignedBuf::zeroed(4096);
+    other.read_at(&mut back, 10 * OBJECT_BYTES).unwrap();
+    assert!(back.iter().all(|&b| b == 0), "a write not started wrote");
+    d.flush().unwrap();
+    // Dropped with writes in flight: the drop waits for them, and they landed.
+    for i in 0..16usize {
+        let buf = random(300 + i as u64, 4096);
+        let w = RingWrite {
+            disk: writer.clone(),
+            at: buf.as_ptr(),
+            len: 4096,
+            offset: 2 * OBJECT_BYTES + 4096 * (64 + i as u64),
+            io: None,
+        };
+        // SAFETY: as above.
+        unsafe { ring.start_writes((i, buf), &[w]) };
+    }
+    drop(ring);
+    for i in 0..16u64 {
+        let mut back = AlignedBuf::zeroed(4096);
+        other.read_at(&mut back, 2 * OBJECT_BYTES + 4096 * (64 + i)).unwrap();
+        assert!(
+            back[..] == random(300 + i, 4096)[..],
+            "write {i} started before the drop was lost"
+        );
+    }
+    // A newer owner writes the first object: this disk's write there is refused.
+    let newer = disk(&ceph(&conf), &prefix, 64 * MIB, 2);
+    let theirs = random(8, 4096);
+    newer.write_at(&theirs, 0).unwrap();
+    let mut ring = ReadRing::<(usize, AlignedBuf)>::new(8).unwrap();
+    let buf = random(9, 4096);
+    let w = RingWrite {
+        disk: writer.clone(),
+        at: buf.as_ptr(),
+        len: 4096,
+        offset: 0,
+        io: None,
+    };
+    // SAFETY: as above.
+    unsafe { ring.start_writes((0, buf), &[w]) };
+    let mut done = Vec::new();
+    ring.drain(&mut done);
+    assert!(!done[0].1, "a write the newer owner's guard refused completed whole");
+    assert!(d.flush().is_err(), "a flush forgot the refused write");
+    other.read_at(&mut back, 0).unwrap();
+    assert!(back[..] == theirs[..], "the refused write changed the block");
+    drop(writer);
+    drop(d);
+    newer.remove_objects().unwrap();
 }
 
 #[test]

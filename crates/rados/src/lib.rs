@@ -21,7 +21,7 @@ mod ops;
 pub use background::ReadCallback;
 pub use batch::ReadExtent;
 pub use error::{RadosError, Result};
-pub use ops::{OmapPage, PendingWrite, WriteOp, XattrCmp};
+pub use ops::{OmapPage, PendingWrite, WriteCallback, WriteOp, XattrCmp};
 
 use ops::ReadOmap;
 
@@ -319,6 +319,14 @@ impl Pool<'_> {
     /// sent, and a read sent after them sees them.
     pub fn operate_async(&self, oid: &str, op: WriteOp) -> Result<PendingWrite> {
         op.operate_async(self.io, oid)
+    }
+
+    /// Sends a compound write and returns without waiting for it; `then` is called once
+    /// with its outcome, from librados' thread (it must not wait for other writes' callbacks,
+    /// which run on that thread too). An error means it was not sent, and `then` is not
+    /// called. The context must stay open until `then` was called.
+    pub fn operate_then(&self, oid: &str, op: WriteOp, then: WriteCallback) -> Result<()> {
+        op.operate_then(self.io, oid, then)
     }
 
     /// The object's omap keys and values (all of them, in key order).

@@ -1,7 +1,7 @@
 //! Compound operations. A `WriteOp` is built in Rust and handed to librados whole at
 //! `operate`, so that nothing it points at has to outlive a half-built librados operation.
 
-use std::ffi::CString;
+use std::ffi::{c_void, CString};
 use std::ptr;
 
 use libc::{c_char, c_int, c_uchar};
@@ -144,52 +144,15 @@ impl WriteOp {
 
     /// Sends the operation and returns at once; [`PendingWrite::wait`] tells how it ended.
     pub(crate) fn operate_async(self, io: rados_ioctx_t, oid: &str) -> Result<PendingWrite> {
-        let o = cstr("object", oid)?;
-        let mut names: Vec<CString> = Vec::new();
-        let op = new_write_op()?;
-        if let Err(e) = self.build(op, &mut names) {
+        let (op, names) = self.prepare()?;
+        // SAFETY: no callback; the completion is released by the PendingWrite, or by `send`.
+        let completion = unsafe { send(io, oid, op, ptr::null_mut(), None) }.inspect_err(|_| {
             // SAFETY: ours, never sent.
             unsafe { rados_release_write_op(op) };
-            return Err(e);
-        }
-        let mut completion: rados_completion_t = ptr::null_mut();
-        // SAFETY: no callback; the completion is released by the PendingWrite, or below.
-        let rc = unsafe { rados_aio_create_completion2(ptr::null_mut(), None, &mut completion) };
-        if rc < 0 {
-            // SAFETY: ours, never sent.
-            unsafe { rados_release_write_op(op) };
-            return Err(RadosError::Call {
-                op: "compound write".into(),
-                on: oid.to_string(),
-                errno: -rc,
-            });
-        }
-        // SAFETY: a built operation, a live context and completion, a NUL-terminated name;
-        // what the operation points at (the steps' data and names) moves into the
-        // PendingWrite, which keeps it until the operation completed.
-        let rc = unsafe {
-            rados_aio_write_op_operate(
-                op,
-                io,
-                completion,
-                o.as_ptr(),
-                ptr::null_mut(),
-                LIBRADOS_OPERATION_NOFLAG,
-            )
-        };
-        if rc < 0 {
-            // Refused before it was sent: nothing will complete, nothing to wait for.
-            // SAFETY: ours, never sent.
-            unsafe {
-                rados_aio_release(completion);
-                rados_release_write_op(op);
-            }
-            return Err(RadosError::Call {
-                op: "compound write".into(),
-                on: oid.to_string(),
-                errno: -rc,
-            });
-        }
+        })?;
+        // What the operation points at (the steps' data and names) moves into the
+        // PendingWrite, which keeps it until the operation completed; heap buffers do not
+        // move with their owners.
         Ok(PendingWrite {
             op,
             completion,
@@ -197,6 +160,45 @@ impl WriteOp {
             _keep: (self, names),
             waited: false,
         })
+    }
+
+    /// Sends the operation and returns at once; `then` is called once with its outcome, from
+    /// librados' thread, when the OSDs applied it (on every replica) or refused it. An error
+    /// here means it was not sent, and `then` is never called.
+    pub(crate) fn operate_then(self, io: rados_ioctx_t, oid: &str, then: WriteCallback) -> Result<()> {
+        let (op, names) = self.prepare()?;
+        // Everything the callback needs, set before the operation is sent.
+        let sent = Box::into_raw(Box::new(SentWrite {
+            op,
+            oid: oid.to_string(),
+            _keep: (self, names),
+            then,
+        }));
+        // SAFETY: the callback takes `sent` back once the operation completed; until then
+        // librados reads the steps' buffers, which `sent` keeps.
+        match unsafe { send(io, oid, op, sent as *mut c_void, Some(write_completed)) } {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                // SAFETY: not sent: the callback will not run, `sent` is ours again.
+                unsafe {
+                    drop(Box::from_raw(sent));
+                    rados_release_write_op(op);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// A librados operation with the steps added (and the names they point at).
+    fn prepare(&self) -> Result<(rados_write_op_t, Vec<CString>)> {
+        let mut names: Vec<CString> = Vec::new();
+        let op = new_write_op()?;
+        if let Err(e) = self.build(op, &mut names) {
+            // SAFETY: ours, never sent.
+            unsafe { rados_release_write_op(op) };
+            return Err(e);
+        }
+        Ok((op, names))
     }
 
     /// Adds the steps to `op`; the attribute names handed over are kept in `names`.
@@ -250,6 +252,84 @@ impl WriteOp {
             }
         }
         Ok(())
+    }
+}
+
+/// Sends a built operation with a new completion, which calls `callback` with `arg` (if
+/// any) once done. On an error nothing was sent and the completion is released; the
+/// operation is the caller's to release either way once done.
+///
+/// # Safety
+/// A live context and built operation; whatever the operation points at stays valid, and
+/// `arg` stays what `callback` expects, until the completion is done.
+unsafe fn send(
+    io: rados_ioctx_t,
+    oid: &str,
+    op: rados_write_op_t,
+    arg: *mut c_void,
+    callback: rados_callback_t,
+) -> Result<rados_completion_t> {
+    let o = cstr("object", oid)?;
+    let failed = |rc: c_int| RadosError::Call {
+        op: "compound write".into(),
+        on: oid.to_string(),
+        errno: -rc,
+    };
+    let mut completion: rados_completion_t = ptr::null_mut();
+    // SAFETY: an out-pointer we own; `arg` as the caller promises.
+    let rc = unsafe { rados_aio_create_completion2(arg, callback, &mut completion) };
+    if rc < 0 {
+        return Err(failed(rc));
+    }
+    // SAFETY: a built operation, a live context and completion, a NUL-terminated name.
+    let rc = unsafe {
+        rados_aio_write_op_operate(
+            op,
+            io,
+            completion,
+            o.as_ptr(),
+            ptr::null_mut(),
+            LIBRADOS_OPERATION_NOFLAG,
+        )
+    };
+    if rc < 0 {
+        // Refused before it was sent: nothing will complete.
+        // SAFETY: ours, never sent.
+        unsafe { rados_aio_release(completion) };
+        return Err(failed(rc));
+    }
+    Ok(completion)
+}
+
+/// What a write's callback is given: the outcome, as [`PendingWrite::wait`] would return it.
+pub type WriteCallback = Box<dyn FnOnce(Result<()>) + Send>;
+
+/// A write sent with a callback: what librados reads until it completed, and what to call.
+struct SentWrite {
+    op: rados_write_op_t,
+    oid: String,
+    _keep: (WriteOp, Vec<CString>),
+    then: WriteCallback,
+}
+
+/// Called by librados once a write sent by [`WriteOp::operate_then`] completed, on its
+/// finisher thread.
+unsafe extern "C" fn write_completed(c: rados_completion_t, arg: *mut c_void) {
+    // SAFETY: `arg` is the SentWrite boxed for this completion, taken once; librados keeps
+    // its own reference to the completion while it calls back, so releasing ours is allowed,
+    // and the operation is done with.
+    let (sent, rc) = unsafe {
+        let sent = Box::from_raw(arg as *mut SentWrite);
+        let rc = rados_aio_get_return_value(c);
+        rados_aio_release(c);
+        rados_release_write_op(sent.op);
+        (sent, rc)
+    };
+    let SentWrite { oid, then, .. } = *sent;
+    // A panic may not unwind into librados.
+    let run = std::panic::AssertUnwindSafe(move || then(check(rc, "compound write", &oid).map(drop)));
+    if std::panic::catch_unwind(run).is_err() {
+        tracing::error!("a write's callback panicked");
     }
 }
 
