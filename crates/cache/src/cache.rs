@@ -472,6 +472,22 @@ impl WriteCache {
                 .is_some_and(|ix| ix.overlapping(offset, offset + len).iter().any(|(_, p)| p.dirty))
     }
 
+    /// True if a write would go straight to the member disks with nothing of the cache to
+    /// do: no cache disk, and nothing in the log. A caller that then writes the disks itself
+    /// (a planned write) tells the cache with [`wrote_through`](Self::wrote_through).
+    pub fn passes_through(&self) -> bool {
+        let st = self.inner.state.lock();
+        st.devices.is_empty() && st.index.is_empty()
+    }
+
+    /// Records a write that went to the member disks past the cache (as
+    /// [`write`](Self::write) does for one it does not take), once it completed: the next
+    /// flush flushes them.
+    pub fn wrote_through(&self) {
+        self.inner.layout_dirty.store(true, Ordering::Release);
+        self.inner.counters.write_through.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Dirty bytes `vdisk` holds in the cache.
     pub fn dirty_bytes(&self, vdisk: u64) -> u64 {
         self.inner.state.lock().vdisk_dirty.get(&vdisk).copied().unwrap_or(0)

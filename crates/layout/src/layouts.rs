@@ -604,7 +604,7 @@ impl Layouts {
     /// ([`BlockDevice::reserve`](tessera_disk::BlockDevice::reserve)). Only a full file system
     /// is an error (the pool's out-of-space error, which hosts see as a thin pool out of
     /// space); any other failure to reserve is left for the write to find.
-    fn reserve_one(&self, dev: &DiskRef, slab: SlabRef, mo: u64, len: usize) -> Result<()> {
+    pub(crate) fn reserve_one(&self, dev: &DiskRef, slab: SlabRef, mo: u64, len: usize) -> Result<()> {
         match dev.reserve(self.pool.slab_offset(slab) + mo, len as u64) {
             Err(e) if e.is_no_space() => {
                 let mut logged = self.full_logged.lock();

@@ -16,6 +16,7 @@ mod scrub;
 mod slabset;
 mod spec;
 mod sums;
+mod write_plan;
 
 pub use audit::{LayoutFinding, LostMember};
 pub use batch::{DiskRead, SetRead};
@@ -25,3 +26,4 @@ pub use rebuild::{Progress, RebuildOptions, RebuildReport};
 pub use scrub::{Mismatch, ScrubTally, MAX_MISMATCHES};
 pub use slabset::{with_lost_disks, MembersGuard, SlabSet, SlabSetDesc};
 pub use spec::{LayoutKind, LayoutSpec, DEFAULT_INTERLEAVE, MAX_COLUMNS, MIN_INTERLEAVE};
+pub use write_plan::DiskWrite;

@@ -19,14 +19,16 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use tessera_disk::{AlignedBuf, ReadRing, RingRead};
-use tessera_volume::ReadPlan;
+use tessera_disk::{AlignedBuf, ReadRing, RingRead, RingWrite};
+use tessera_volume::{ReadPlan, WritePlan};
 use tracing::{debug, warn};
 
 use crate::export::MAX_PAYLOAD;
 use crate::handshake::Negotiated;
 use crate::proto::*;
-use crate::transmission::{charge, check, error_reply, read_reply, reply_parts, Buffers, Ctx, Part, Piece, Reply};
+use crate::transmission::{
+    charge, check, done, error_reply, read_reply, reply_parts, Buffers, Ctx, Part, Piece, Reply,
+};
 use crate::workers::{self, Job, Workers};
 
 /// Requests of one connection in flight at once (reads on the ring, jobs at the workers and
@@ -120,6 +122,20 @@ fn serve<S: Socket>(sock: S, n: Negotiated) -> io::Result<()> {
     }
 }
 
+/// A request whose disk I/O is on the ring.
+enum OnRing {
+    Read(InFlight),
+    Write(WriteInFlight),
+}
+
+/// A WRITE whose disk writes are on the ring: they read its payload, and the plan holds its
+/// grains until they have completed.
+struct WriteInFlight {
+    req: Request,
+    payload: AlignedBuf,
+    plan: WritePlan,
+}
+
 /// A READ whose disk reads are on the ring.
 struct InFlight {
     req: Request,
@@ -198,7 +214,7 @@ struct Loop<S> {
     ctx: Arc<Ctx>,
     sock: S,
     /// READs whose disk reads are in flight; None where io_uring is unavailable.
-    ring: Option<ReadRing<InFlight>>,
+    ring: Option<ReadRing<OnRing>>,
     workers: Workers,
     inbox: Inbox,
     at_workers: usize,
@@ -366,7 +382,7 @@ impl<S: Socket> Loop<S> {
         };
         if whole {
             match self.inbox.partial.take().expect("checked above") {
-                Partial::Payload { req, buf, .. } => self.to_workers(Job { req, payload: buf }),
+                Partial::Payload { req, buf, .. } => self.start_write(req, buf),
                 Partial::Discard { req, .. } => {
                     let msg = format!("a write of {} bytes exceeds the {MAX_PAYLOAD}-byte limit", req.length);
                     let reply = error_reply(&self.ctx, &req, errno::EOVERFLOW, &msg);
@@ -496,7 +512,7 @@ impl<S: Socket> Loop<S> {
         let ring = self.ring.as_mut().expect("checked above");
         // SAFETY: the reads fill the parts' buffers, which travel with the InFlight in the
         // ring until they have completed (dropping the ring waits for them).
-        unsafe { ring.start(InFlight { req, parts, plans }, &reads) };
+        unsafe { ring.start(OnRing::Read(InFlight { req, parts, plans }), &reads) };
     }
 
     /// Hands the queued reads to the kernel.
@@ -514,7 +530,10 @@ impl<S: Socket> Loop<S> {
             return false;
         }
         for (f, ok) in done {
-            self.finish(f, ok);
+            match f {
+                OnRing::Read(f) => self.finish(f, ok),
+                OnRing::Write(w) => self.finish_write(w, ok),
+            }
         }
         true
     }
@@ -539,6 +558,52 @@ impl<S: Socket> Loop<S> {
         }
         let reply = read_reply(&self.ctx, &f.req, f.parts);
         self.answer(&f.req, reply);
+    }
+
+    /// A WRITE whose payload has arrived: its disk writes go on the ring when the engine can
+    /// plan them (an overwrite in place on disks that write in the background, a pool on
+    /// RADOS); otherwise it goes to a worker. A write with FUA goes to a worker too, which
+    /// flushes after it as a flush would.
+    fn start_write(&mut self, req: Request, payload: AlignedBuf) {
+        let plan = match self.ring {
+            Some(_) if req.flags & cflag::FUA == 0 && check(&self.ctx, &req).is_ok() => {
+                self.ctx.export.vdisk.try_plan_write(req.offset, payload.len())
+            }
+            _ => None,
+        };
+        let Some(plan) = plan else {
+            return self.to_workers(Job { req, payload });
+        };
+        let writes: Vec<RingWrite> = plan
+            .writes
+            .iter()
+            .map(|w| RingWrite {
+                disk: w.writer.clone(),
+                at: payload[w.buf_off..w.buf_off + w.len].as_ptr(),
+                len: w.len as u32,
+                offset: w.offset,
+                io: w.disk.io().cloned(),
+            })
+            .collect();
+        let ring = self.ring.as_mut().expect("checked above");
+        // SAFETY: the writes read the payload, which travels with the request in the ring,
+        // unchanged, until they have completed (dropping the ring waits for them).
+        unsafe { ring.start_writes(OnRing::Write(WriteInFlight { req, payload, plan }), &writes) };
+    }
+
+    fn finish_write(&mut self, w: WriteInFlight, ok: bool) {
+        let WriteInFlight { req, payload, plan } = w;
+        if !ok {
+            // Nothing was answered: the synchronous path writes it again, and tells the
+            // client why it fails if it does.
+            drop(plan);
+            debug!(cookie = req.cookie, "a write on the ring failed; write again");
+            return self.to_workers(Job { req, payload });
+        }
+        plan.finish();
+        self.ctx.buffers.give_back(payload);
+        let reply = done(&self.ctx, &req);
+        self.answer(&req, reply);
     }
 
     /// Takes the replies the workers have finished.

@@ -250,7 +250,7 @@ fn try_execute(ctx: &Ctx, req: &Request, payload: &[u8]) -> Result<Reply, Failur
 }
 
 /// Success without payload.
-fn done(ctx: &Ctx, req: &Request) -> Reply {
+pub(crate) fn done(ctx: &Ctx, req: &Request) -> Reply {
     ctx.answered(req, true);
     if ctx.structured {
         vec![chunk_header(req.cookie, chunk::FLAG_DONE, chunk::NONE, 0).into()]

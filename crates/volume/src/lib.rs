@@ -28,6 +28,7 @@ mod spotfix;
 mod unsynced;
 mod vdisk;
 mod write_clock;
+mod write_plan;
 
 pub use check::CheckReport;
 pub use config::{Provisioning, VdiskConfig, VdiskSpec, VdiskState, DEFAULT_GRAIN, MAX_GRAIN, MIN_GRAIN};
@@ -42,6 +43,7 @@ pub use tessera_dedup::{
     Compression, DedupMode, DedupSettings, DedupStatus, Fingerprinter, GcReport, PassOptions, PassReport, VdiskSavings,
 };
 pub use vdisk::{Extent, SpaceUsage, Vdisk};
+pub use write_plan::WritePlan;
 
 pub use tessera_cache::{CacheStatus, DEFAULT_VDISK_CACHE};
 pub use tessera_layout::{

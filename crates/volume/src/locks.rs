@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use parking_lot::{ArcRwLockReadGuard, RawRwLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use parking_lot::{ArcRwLockReadGuard, ArcRwLockWriteGuard, RawRwLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 const GRAIN_LOCKS: usize = 65536;
 
@@ -17,6 +17,8 @@ pub struct GrainLocks {
 
 /// A grain held shared, owned.
 pub type OwnedReadGuard = ArcRwLockReadGuard<RawRwLock, ()>;
+/// A grain held exclusively, owned.
+pub type OwnedWriteGuard = ArcRwLockWriteGuard<RawRwLock, ()>;
 
 impl GrainLocks {
     pub fn new() -> GrainLocks {
@@ -59,6 +61,15 @@ impl GrainLocks {
         Self::slots(grains)
             .into_iter()
             .map(|i| self.table[i].try_read_arc())
+            .collect()
+    }
+
+    /// Exclusive locks on every listed grain, owned, or None when any is held: never
+    /// blocks (a caller that cannot block falls back to a path that may).
+    pub fn try_write_owned(&self, grains: impl IntoIterator<Item = (u64, u64)>) -> Option<Vec<OwnedWriteGuard>> {
+        Self::slots(grains)
+            .into_iter()
+            .map(|i| self.table[i].try_write_arc())
             .collect()
     }
 

@@ -38,11 +38,11 @@ pub struct Vdisk {
     /// Everything that changes the vdisk's data holds it shared ([`Vdisk::enter_change`]);
     /// freezing holds it exclusively, so that a frozen image is one instant of the vdisk, and
     /// so does a delete, so that no change is still under way when its grains go.
-    pub(crate) gate: RwLock<()>,
+    pub(crate) gate: Arc<RwLock<()>>,
     /// A snapshot: never changes.
     read_only: bool,
     /// The slab sets written since the last flush, which that flush must vouch for.
-    unsynced: Unsynced,
+    pub(crate) unsynced: Unsynced,
     /// When each region was last written, and whether dedup read it since.
     pub(crate) clock: WriteClock,
     /// The changes admitted through the gate: what tells dedup that nothing changed.
@@ -155,7 +155,7 @@ impl Vdisk {
             map: RwLock::new(map),
             mapped: AtomicU64::new(mapped),
             deleted: AtomicBool::new(false),
-            gate: RwLock::new(()),
+            gate: Arc::new(RwLock::new(())),
             read_only: c.snapshot_of.is_some(),
             unsynced: Unsynced::default(),
             clock: WriteClock::new(c.size),
