@@ -39,15 +39,47 @@ free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }
 
-# Waits until `$@` succeeds, up to WAIT seconds.
+# Waits until `$@` succeeds, up to WAIT seconds of the clock (however long each try takes).
 wait_for() {
-  local what=$1 i
+  local what=$1 deadline=$((SECONDS + WAIT))
   shift
-  for i in $(seq $((WAIT * 2))); do
+  while [ "$SECONDS" -lt "$deadline" ]; do
     if "$@" > /dev/null 2>&1; then return 0; fi
     sleep 0.5
   done
   echo "ceph-dev: $what did not happen within ${WAIT}s; logs in $DIR/log" >&2
+  return 1
+}
+
+etcd_health() {
+  ETCDCTL_API=3 etcdctl --dial-timeout=2s --command-timeout=3s --endpoints "127.0.0.1:$etcd_client" endpoint health
+}
+
+# Starts etcd on two free ports, chosen just before: the Ceph daemons started meanwhile bind
+# ports of their own, and one of them took the port etcd was to listen on. An etcd that
+# exits (a port taken all the same) is started again on others, up to five times.
+start_etcd() {
+  local try pid deadline
+  for try in 1 2 3 4 5; do
+    etcd_client=$(free_port)
+    etcd_peer=$(free_port)
+    rm -rf "$DIR/etcd"
+    mkdir -p "$DIR/etcd"
+    etcd --name dev --data-dir "$DIR/etcd" \
+      --listen-client-urls "http://127.0.0.1:$etcd_client" --advertise-client-urls "http://127.0.0.1:$etcd_client" \
+      --listen-peer-urls "http://127.0.0.1:$etcd_peer" --initial-advertise-peer-urls "http://127.0.0.1:$etcd_peer" \
+      --initial-cluster "dev=http://127.0.0.1:$etcd_peer" >> "$DIR/log/etcd.log" 2>&1 &
+    pid=$!
+    echo "$pid" > "$DIR/run/etcd.pid"
+    deadline=$((SECONDS + WAIT))
+    while [ "$SECONDS" -lt "$deadline" ] && kill -0 "$pid" 2> /dev/null; do
+      if etcd_health > /dev/null 2>&1; then return 0; fi
+      sleep 0.5
+    done
+    kill "$pid" 2> /dev/null || true
+    wait "$pid" 2> /dev/null || true
+    echo "ceph-dev: etcd did not start on ports $etcd_client/$etcd_peer (try $try); log in $DIR/log/etcd.log" >&2
+  done
   return 1
 }
 
@@ -66,8 +98,6 @@ up() {
   fsid=$(cat /proc/sys/kernel/random/uuid)
   mon1=$(free_port)
   mon2=$(free_port)
-  etcd_client=$(free_port)
-  etcd_peer=$(free_port)
   local pool_size=$((N < 3 ? N : 3))
   cat > "$CONF" <<EOF
 [global]
@@ -149,12 +179,7 @@ EOF
   done
   wait_for "$N OSDs up" osds_up
 
-  etcd --name dev --data-dir "$DIR/etcd" \
-    --listen-client-urls "http://127.0.0.1:$etcd_client" --advertise-client-urls "http://127.0.0.1:$etcd_client" \
-    --listen-peer-urls "http://127.0.0.1:$etcd_peer" --initial-advertise-peer-urls "http://127.0.0.1:$etcd_peer" \
-    --initial-cluster "dev=http://127.0.0.1:$etcd_peer" > "$DIR/log/etcd.log" 2>&1 &
-  echo $! > "$DIR/run/etcd.pid"
-  wait_for "etcd answering" env ETCDCTL_API=3 etcdctl --endpoints "127.0.0.1:$etcd_client" endpoint health
+  start_etcd
 
   cat > "$DIR/env" <<EOF
 CEPH_CONF=$CONF
