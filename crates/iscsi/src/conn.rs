@@ -28,8 +28,8 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use tessera_disk::ReadRing;
 use tessera_scsi::{
-    decode_lun, io_op, is_read, report_luns, sense, transfer_length, Data, Lun, Nexus, PlannedRead, ReadStart,
-    Response, Scope, REPORT_LUNS,
+    decode_lun, io_op, is_read, report_luns, sense, transfer_length, Data, Lun, Nexus, PlannedRead, PlannedWrite,
+    ReadStart, Response, Scope, WriteStart, REPORT_LUNS,
 };
 use tokio::io::AsyncWriteExt;
 use tracing::{debug, info, warn};
@@ -185,6 +185,20 @@ impl WriteTask {
     }
 }
 
+/// A command whose disk I/O is on the ring.
+enum OnRing {
+    Read(PlannedRead),
+    Write(PlannedWrite),
+}
+
+/// READ data the commands on the ring will return (their buffers are allocated up front).
+fn read_bytes(done: &[((Job, OnRing), bool)]) -> usize {
+    done.iter()
+        .filter(|((_, on), _)| matches!(on, OnRing::Read(_)))
+        .map(|((j, _), _)| j.edtl)
+        .sum()
+}
+
 /// A SCSI command with all its data, ready to run.
 struct Job {
     itt: u32,
@@ -219,8 +233,8 @@ struct Ctx {
 struct ReadSide {
     sock: TcpStream,
     inbox: Inbox,
-    /// READs whose disk reads are in flight; None where io_uring is unavailable.
-    ring: Option<ReadRing<(Job, PlannedRead)>>,
+    /// READs and WRITEs whose disk I/O is in flight; None where io_uring is unavailable.
+    ring: Option<ReadRing<(Job, OnRing)>>,
     /// Bytes the READs on the ring will return: their buffers are allocated up front.
     ring_bytes: usize,
     writes: HashMap<u32, WriteTask>,

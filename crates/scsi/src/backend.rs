@@ -94,6 +94,34 @@ pub struct DirectRead {
     pub scratch: bool,
 }
 
+/// One write a transport starts itself: `len` bytes of the command's data from `buf_off`, to
+/// `offset` of a disk that writes in the background
+/// ([`BlockDevice::write_via`](tessera_disk::BlockDevice::write_via)).
+#[derive(Clone)]
+pub struct DirectWrite {
+    pub writer: std::sync::Arc<dyn tessera_disk::AsyncWriter>,
+    pub offset: u64,
+    pub buf_off: usize,
+    pub len: usize,
+    /// Where the disk counts its I/O.
+    pub io: Option<std::sync::Arc<tessera_disk::DiskIo>>,
+}
+
+/// The disk writes that put a WRITE's data in place, and what keeps them valid (the
+/// backend's locks) until the plan is dropped.
+pub struct WritePlan {
+    pub writes: Vec<DirectWrite>,
+    pub hold: Box<dyn WriteHold>,
+}
+
+/// What keeps a write plan's writes valid, and records them once done.
+pub trait WriteHold: Send {
+    /// Once every write completed whole: records what the backend's own write records
+    /// after it. A plan dropped without this wrote nothing it vouches for: the WRITE then
+    /// runs the ordinary way.
+    fn finish(self: Box<Self>);
+}
+
 /// The disk reads that fill a READ's buffer, and what keeps them valid (the backend's
 /// locks) until the plan is dropped. Parts of the buffer no read covers read as zeros.
 pub struct ReadPlan {
@@ -179,6 +207,14 @@ pub trait BlockBackend: Send + Sync {
     /// its own; None when the read must go through [`read`](Self::read) (the default: a
     /// backend without files to read from). Must not block.
     fn try_plan_read(&self, _offset: u64, _len: usize) -> Option<ReadPlan> {
+        None
+    }
+
+    /// The disk writes of a WRITE of `len` bytes at `offset` that needs nothing but them (an
+    /// overwrite in place on disks that write in the background, and are durable when they
+    /// say done), for a transport with a ring of its own; None when it must go through
+    /// [`write`](Self::write) (the default). Must not block.
+    fn try_plan_write(&self, _offset: u64, _len: usize) -> Option<WritePlan> {
         None
     }
 }

@@ -23,8 +23,8 @@ mod xcopy;
 
 pub use alua::{AccessState, PortGroup, PortGroups, SinglePort};
 pub use backend::{
-    copy_image, BackendError, BackendErrorKind, BackendResult, BlockBackend, DirectRead, Extent, FrozenImage, PlanHold,
-    ReadPlan,
+    copy_image, BackendError, BackendErrorKind, BackendResult, BlockBackend, DirectRead, DirectWrite, Extent,
+    FrozenImage, PlanHold, ReadPlan, WriteHold, WritePlan,
 };
 pub use cdb::{io_op, transfer_length};
 pub use commands::{is_read, lookup, Command, COMMANDS};
@@ -32,7 +32,7 @@ pub use data::Data;
 pub use lun::{Lun, ModeState, ModeStore, PrStore, Response};
 pub use nexus::{LunScope, Nexus, Scope};
 pub use opcodes::{cdb_len, REPORT_LUNS};
-pub use planned::{PlannedRead, ReadStart};
+pub use planned::{PlannedRead, PlannedWrite, ReadStart, WriteStart};
 pub use pr::Access;
 pub use pr::PrState;
 pub use ram::RamBackend;

@@ -128,7 +128,7 @@ pub struct Lun {
     pub(crate) mode_store: Option<ModeStore>,
     /// Writes hold it shared; COMPARE AND WRITE holds it exclusively, so that no write to the
     /// LUN lands between its compare and its write.
-    pub(crate) atomic: RwLock<()>,
+    pub(crate) atomic: Arc<RwLock<()>>,
     /// Every I_T nexus that has used the LUN, by initiator port, with the unit attentions
     /// waiting for it; those whose session ended are kept (MAX_LOST_NEXUSES, at most).
     nexuses: Mutex<Ports>,
@@ -199,7 +199,7 @@ impl Lun {
             read_only,
             mode: Mutex::new(ModeState::default()),
             mode_store: None,
-            atomic: RwLock::new(()),
+            atomic: Arc::new(RwLock::new(())),
             nexuses: Mutex::new(HashMap::new()),
             losses: AtomicU64::new(0),
             reservations: Mutex::new(Reservations::default()),
@@ -509,6 +509,31 @@ impl Lun {
             return Some(Err(Response::reservation_conflict()));
         }
         Some(self.plan_read(cdb).map_err(|s| self.respond(Err(s))))
+    }
+
+    /// What execute_for checks before it runs a WRITE, for a transport that starts its disk
+    /// writes itself: the blocks to write, or None when the command must run the ordinary way
+    /// (a unit attention to report, a port not active here or a refusal to answer, a
+    /// reservation in the way, a write-protected LUN, a range to refuse, or a write that must
+    /// be durable when answered: FUA, or the write cache off). The caller holds the fence.
+    pub(crate) fn admit_write(&self, nexus: &Nexus, cdb: &[u8]) -> Option<(u64, u64)> {
+        if !matches!(cdb.first(), Some(&(WRITE_10 | WRITE_12 | WRITE_16))) {
+            return None;
+        }
+        if self.unit_attentions(nexus, |q| !q.is_empty()) {
+            return None;
+        }
+        let cmd = command_of(cdb).ok()?;
+        // Never asks for access: a standby port's takeover runs on the ordinary path.
+        alua::admits(self.alua.local_state(), cmd.op, cmd.sa).ok()?;
+        if self.reservation_conflict(nexus, cmd) || self.write_protected() {
+            return None;
+        }
+        let r = self.checked_range(cdb, true).ok()?;
+        if r.blocks == 0 || r.fua || !self.mode().wce {
+            return None;
+        }
+        Some((r.lba, r.blocks))
     }
 
     /// Runs `f` on the unit attentions waiting for `nexus`, registering the nexus first so

@@ -1,17 +1,20 @@
-//! READs for a transport that submits disk reads to an io_uring of its own (the iSCSI
+//! READs and WRITEs for a transport that starts disk I/O on an io_uring of its own (the iSCSI
 //! connection's reader): the command is admitted as [`Lun::execute_for`] would admit it, then
-//! the backend plans its disk reads ([`BlockBackend::try_plan_read`](crate::BlockBackend::try_plan_read)). The transport submits them,
-//! goes on with other commands, and answers once they have completed. Nothing here blocks:
-//! whatever would wait (a unit attention to report, a reservation change under way, a grain
-//! being written) sends the command down the ordinary path instead.
+//! the backend plans its disk reads ([`BlockBackend::try_plan_read`](crate::BlockBackend::try_plan_read))
+//! or writes ([`BlockBackend::try_plan_write`](crate::BlockBackend::try_plan_write)). The
+//! transport starts them, goes on with other commands, and answers once they have completed.
+//! Nothing here blocks: whatever would wait (a unit attention to report, a reservation change
+//! under way, a grain in use, a COMPARE AND WRITE holding the LUN) sends the command down the
+//! ordinary path instead.
 
 use parking_lot::{ArcRwLockReadGuard, RawRwLock};
-use tessera_disk::{AlignedBuf, RingRead};
+use tessera_disk::{AlignedBuf, RingRead, RingWrite};
 
-use crate::backend::ReadPlan;
+use crate::backend::{ReadPlan, WritePlan};
 use crate::data::Data;
 use crate::lun::{Lun, Response};
 use crate::nexus::Nexus;
+use crate::opcodes::{WRITE_10, WRITE_12, WRITE_16};
 
 type FenceGuard = ArcRwLockReadGuard<RawRwLock, ()>;
 
@@ -106,6 +109,94 @@ impl Lun {
         ReadStart::Planned(PlannedRead {
             buf,
             plan,
+            _fence: fence,
+        })
+    }
+}
+
+/// How a WRITE starts.
+pub enum WriteStart {
+    /// Start its disk writes, then answer with [`PlannedWrite::into_response`] once they all
+    /// completed whole; if one did not, drop it and run the command the ordinary way (which
+    /// writes it again, and reports why it fails if it does).
+    Planned(PlannedWrite),
+    /// Run it with [`Lun::execute_for`].
+    Execute,
+}
+
+/// A WRITE admitted and planned: the disk writes that put its data in place, and what keeps
+/// them valid (the plan's grain and set locks, the LUN's fence, and the hold that COMPARE AND
+/// WRITE waits for) until it is dropped.
+pub struct PlannedWrite {
+    plan: WritePlan,
+    _atomic: FenceGuard,
+    _fence: FenceGuard,
+}
+
+impl PlannedWrite {
+    /// The disk writes to start, reading `data`, the command's data that the plan was made
+    /// for: it must stay where it is, unchanged, until they have completed.
+    pub fn submissions(&self, data: &[u8]) -> Vec<RingWrite> {
+        self.plan
+            .writes
+            .iter()
+            .map(|w| RingWrite {
+                disk: w.writer.clone(),
+                at: data[w.buf_off..w.buf_off + w.len].as_ptr(),
+                len: w.len as u32,
+                offset: w.offset,
+                io: w.io.clone(),
+            })
+            .collect()
+    }
+
+    /// GOOD, once every submission has completed whole: the data is where a flush puts it.
+    pub fn into_response(self) -> Response {
+        self.plan.hold.finish();
+        Response {
+            status: crate::sense::GOOD,
+            data: Data::default(),
+            sense: Vec::new(),
+        }
+    }
+}
+
+impl Lun {
+    /// Admits and plans a WRITE of `data` for `nexus` without blocking.
+    pub fn start_write(&self, nexus: &Nexus, cdb: &[u8], data: &[u8]) -> WriteStart {
+        if !matches!(cdb.first(), Some(&(WRITE_10 | WRITE_12 | WRITE_16))) {
+            return WriteStart::Execute;
+        }
+        let Some(fence) = self.fence.try_read_arc() else {
+            return WriteStart::Execute;
+        };
+        let Some((lba, blocks)) = self.admit_write(nexus, cdb) else {
+            return WriteStart::Execute;
+        };
+        let bs = self.block_size();
+        let len = (blocks * bs) as usize;
+        // Less data than the CDB asks: the ordinary path writes what came and reports the
+        // residual.
+        if data.len() != len {
+            return WriteStart::Execute;
+        }
+        let Some(atomic) = self.atomic.try_read_arc() else {
+            return WriteStart::Execute;
+        };
+        let Some(plan) = self.backend.try_plan_write(lba * bs, len) else {
+            return WriteStart::Execute;
+        };
+        // The submissions read the data: a plan that strays outside it is not used.
+        if plan
+            .writes
+            .iter()
+            .any(|w| w.buf_off.checked_add(w.len).is_none_or(|end| end > len))
+        {
+            return WriteStart::Execute;
+        }
+        WriteStart::Planned(PlannedWrite {
+            plan,
+            _atomic: atomic,
             _fence: fence,
         })
     }

@@ -6,13 +6,22 @@ use std::any::Any;
 use std::sync::Arc;
 
 use tessera_scsi::{
-    copy_image, BackendError, BackendErrorKind, BackendResult, BlockBackend, DirectRead, Extent, FrozenImage, Lun,
-    PlanHold, ReadPlan,
+    copy_image, BackendError, BackendErrorKind, BackendResult, BlockBackend, DirectRead, DirectWrite, Extent,
+    FrozenImage, Lun, PlanHold, ReadPlan, WriteHold,
 };
 use tessera_volume::{Frozen, Provisioning, Vdisk, VolumeError};
 
 /// A vdisk serving a LUN.
 pub struct VdiskBackend(Arc<Vdisk>);
+
+/// A vdisk's write plan, held for the transport until its writes completed.
+struct WriteHeld(tessera_volume::WritePlan);
+
+impl WriteHold for WriteHeld {
+    fn finish(self: Box<Self>) {
+        self.0.finish();
+    }
+}
 
 impl VdiskBackend {
     pub fn new(vdisk: Arc<Vdisk>) -> Arc<dyn BlockBackend> {
@@ -124,6 +133,25 @@ impl BlockBackend for VdiskBackend {
             Some(f) => self.0.paste(at, &f.image, from, len).map(|_| ()).map_err(backend_error),
             None => copy_image(self, at, image, from, len),
         }
+    }
+
+    fn try_plan_write(&self, offset: u64, len: usize) -> Option<tessera_scsi::WritePlan> {
+        let plan = self.0.try_plan_write(offset, len)?;
+        let writes = plan
+            .writes
+            .iter()
+            .map(|w| DirectWrite {
+                writer: w.writer.clone(),
+                offset: w.offset,
+                buf_off: w.buf_off,
+                len: w.len,
+                io: w.disk.io().cloned(),
+            })
+            .collect();
+        Some(tessera_scsi::WritePlan {
+            writes,
+            hold: Box::new(WriteHeld(plan)),
+        })
     }
 
     fn try_plan_read(&self, offset: u64, len: usize) -> Option<ReadPlan> {

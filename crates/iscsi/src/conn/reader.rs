@@ -39,8 +39,8 @@ impl Session {
             if let Some(ring) = rs.ring.as_mut() {
                 if ring.reap(&mut done) {
                     progress = true;
-                    rs.ring_bytes -= done.iter().map(|((j, _), _)| j.edtl).sum::<usize>();
-                    batch.extend(self.answer_reads(&mut done));
+                    rs.ring_bytes -= read_bytes(&done);
+                    batch.extend(self.answer_ring(&mut done));
                 }
             }
             if !batch.is_empty() && !self.batch_grows(rs, &batch) {
@@ -110,12 +110,31 @@ impl Session {
         }
     }
 
-    /// Starts a command's disk reads on the ring if it is a READ the LUN can plan, or answers
-    /// it if it needs none; the command back if it must run the ordinary way.
+    /// Starts a command's disk I/O on the ring if it is a READ or a WRITE the LUN can plan,
+    /// or answers it if it needs none; the command back if it must run the ordinary way.
     pub(super) fn start_on_ring(&self, rs: &mut ReadSide, job: Job) -> Option<Job> {
         let Some(ring) = rs.ring.as_mut() else {
             return Some(job);
         };
+        if let Some(lun) = job.lun.as_ref().filter(|_| !job.read && job.fail.is_none()) {
+            let start = catch_unwind(AssertUnwindSafe(|| {
+                lun.start_write(&self.ctx.nexus, &job.cdb, &job.data_out)
+            }))
+            .unwrap_or_else(|_| {
+                warn!(opcode = job.cdb[0], "command panicked");
+                WriteStart::Execute
+            });
+            return match start {
+                WriteStart::Execute => Some(job),
+                WriteStart::Planned(write) => {
+                    let writes = write.submissions(&job.data_out);
+                    // SAFETY: the writes read the job's data, which travels with it in the
+                    // ring, unchanged, until they have completed.
+                    unsafe { ring.start_writes((job, OnRing::Write(write)), &writes) };
+                    None
+                }
+            };
+        }
         let lun = match &job.lun {
             Some(l) if job.read && job.fail.is_none() && is_read(job.cdb[0]) => l,
             _ => return Some(job),
@@ -142,20 +161,35 @@ impl Session {
                 // SAFETY: the reads fill the PlannedRead's own buffer, which travels with it
                 // in the ring until they have completed.
                 rs.ring_bytes += job.edtl;
-                unsafe { ring.start((job, read), &reads) };
+                unsafe { ring.start((job, OnRing::Read(read)), &reads) };
                 None
             }
         }
     }
 
-    /// Answers the READs whose disk reads have completed; those with a read that failed or
+    /// Answers the commands whose disk I/O has completed; those with a read that failed or
     /// came back short are returned, to run the ordinary way, which reads around a failing
-    /// member and repairs it.
-    pub(super) fn answer_reads(&self, done: &mut Vec<((Job, PlannedRead), bool)>) -> Vec<Job> {
+    /// member and repairs it, and so are those with a write that failed (nothing was
+    /// answered: the ordinary way writes them again, and reports why they fail if they do).
+    pub(super) fn answer_ring(&self, done: &mut Vec<((Job, OnRing), bool)>) -> Vec<Job> {
         let mut jobs = Vec::with_capacity(done.len());
         let mut resps = Vec::with_capacity(done.len());
         let mut failed = Vec::new();
-        for ((job, mut read), ok) in done.drain(..) {
+        for ((job, on), ok) in done.drain(..) {
+            let mut read = match on {
+                OnRing::Read(read) => read,
+                OnRing::Write(write) if ok => {
+                    resps.push(write.into_response());
+                    jobs.push(job);
+                    continue;
+                }
+                OnRing::Write(write) => {
+                    debug!(itt = job.itt, "a write on the ring failed; write again");
+                    drop(write);
+                    failed.push(job);
+                    continue;
+                }
+            };
             if ok && read.verified() {
                 resps.push(read.into_response());
                 jobs.push(job);
@@ -180,8 +214,8 @@ impl Session {
         let mut done = Vec::new();
         while ring.in_flight() > 0 {
             ring.reap_or_wait(&mut done);
-            rs.ring_bytes -= done.iter().map(|((j, _), _)| j.edtl).sum::<usize>();
-            batch.extend(self.answer_reads(&mut done));
+            rs.ring_bytes -= read_bytes(&done);
+            batch.extend(self.answer_ring(&mut done));
         }
     }
 
