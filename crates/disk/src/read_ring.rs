@@ -7,7 +7,9 @@
 //!
 //! A disk with no descriptor may read in the background instead ([`ReadVia::Async`]): its
 //! completions are posted to a mailbox whose eventfd the ring polls, so the caller learns of
-//! them from the same ring, as of its own reads.
+//! them from the same ring, as of its own reads. Such a disk may take writes the same way
+//! ([`start_writes`](ReadRing::start_writes)): a request whose writes are started comes back
+//! like one whose reads are.
 
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
@@ -123,11 +125,7 @@ impl<T> ReadRing<T> {
             self.ready.push((tag, true));
             return;
         }
-        let slot = self.free.pop().unwrap_or_else(|| {
-            self.slots.push(None);
-            self.slots.len() - 1
-        });
-        self.slots[slot] = Some(OnRing {
+        let slot = self.occupy(OnRing {
             tag,
             op: DiskOp::Read,
             lens: reads.iter().map(|r| r.len).collect(),
@@ -144,7 +142,6 @@ impl<T> ReadRing<T> {
             pending: reads.len(),
             failed: false,
         });
-        self.in_flight += 1;
         for (i, r) in reads.iter().enumerate() {
             let ud = ((slot as u64) << 32) | i as u64;
             match &r.via {
@@ -229,6 +226,18 @@ impl<T> ReadRing<T> {
         }
     }
 
+    /// Puts a request in a free slot (its index is the high half of its operations' user
+    /// data) and counts it in flight.
+    fn occupy(&mut self, r: OnRing<T>) -> usize {
+        let slot = self.free.pop().unwrap_or_else(|| {
+            self.slots.push(None);
+            self.slots.len() - 1
+        });
+        self.slots[slot] = Some(r);
+        self.in_flight += 1;
+        slot
+    }
+
     /// Starts the writes of one request on the disks that write in the background; the
     /// request comes back from [`reap`](Self::reap) as a read's does, true if every write
     /// was done whole (false: write it again the synchronous way, which tells why).
@@ -246,11 +255,7 @@ impl<T> ReadRing<T> {
             self.ready.push((tag, false));
             return;
         };
-        let slot = self.free.pop().unwrap_or_else(|| {
-            self.slots.push(None);
-            self.slots.len() - 1
-        });
-        self.slots[slot] = Some(OnRing {
+        let slot = self.occupy(OnRing {
             tag,
             op: DiskOp::Write,
             lens: writes.iter().map(|w| w.len).collect(),
@@ -261,7 +266,6 @@ impl<T> ReadRing<T> {
             pending: writes.len(),
             failed: false,
         });
-        self.in_flight += 1;
         for (i, w) in writes.iter().enumerate() {
             let ud = ((slot as u64) << 32) | i as u64;
             self.in_background += 1;
