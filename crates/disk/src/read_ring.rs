@@ -19,7 +19,7 @@ use std::time::Instant;
 use io_uring::{opcode, squeue, types, IoUring};
 use tracing::warn;
 
-use crate::read_via::Mailbox;
+use crate::read_via::{Mailbox, Outcome};
 use crate::{AsyncReader, AsyncWriter, DiskIo, DiskOp, ReadVia};
 
 /// One read of a request: `len` bytes at `offset` of the disk `via` reaches, into `at`.
@@ -162,7 +162,7 @@ impl<T> ReadRing<T> {
                     // No eventfd to be told on: the read fails, and is done another way.
                     None => {
                         let mut done = std::mem::take(&mut self.ready);
-                        self.ready_one(ud, false, &mut done);
+                        self.ready_one(ud, Outcome::Declined, &mut done);
                         self.ready = done;
                     }
                 },
@@ -325,7 +325,8 @@ impl<T> ReadRing<T> {
                 .as_ref()
                 .expect("a completion for a request in flight")
                 .lens[i];
-            self.ready_one(ud, res >= 0 && res as u32 == len, done);
+            let whole = res >= 0 && res as u32 == len;
+            self.ready_one(ud, if whole { Outcome::Whole } else { Outcome::Failed }, done);
         }
         completed.clear();
         self.completed = completed;
@@ -337,8 +338,8 @@ impl<T> ReadRing<T> {
                 m.take(&mut posted);
             }
             self.in_background -= posted.len();
-            for (ud, whole) in posted {
-                self.ready_one(ud, whole, done);
+            for (ud, outcome) in posted {
+                self.ready_one(ud, outcome, done);
             }
             if self.in_background > 0 && !self.polling {
                 self.poll_mailbox();
@@ -347,15 +348,16 @@ impl<T> ReadRing<T> {
         mail || done.len() > before
     }
 
-    /// Counts read `ud` done; its request goes to `done` once all its reads are.
-    fn ready_one(&mut self, ud: u64, whole: bool, done: &mut Vec<(T, bool)>) {
+    /// Counts operation `ud` done; its request goes to `done` once all its operations are,
+    /// as failed if one was not whole. One the disk declined is not counted as its I/O.
+    fn ready_one(&mut self, ud: u64, outcome: Outcome, done: &mut Vec<(T, bool)>) {
         let (slot, i) = ((ud >> 32) as usize, (ud & 0xffff_ffff) as usize);
         let r = self.slots[slot].as_mut().expect("a completion for a request in flight");
-        if !whole {
+        if outcome != Outcome::Whole {
             r.failed = true;
         }
-        if let Some(io) = &r.ios[i] {
-            io.record(r.op, r.lens[i] as u64, r.started.elapsed(), whole);
+        if let (Some(io), false) = (&r.ios[i], outcome == Outcome::Declined) {
+            io.record(r.op, r.lens[i] as u64, r.started.elapsed(), outcome == Outcome::Whole);
         }
         r.pending -= 1;
         if r.pending == 0 {

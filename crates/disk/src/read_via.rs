@@ -27,8 +27,8 @@ pub trait AsyncWriter: Send + Sync {
     /// Starts a write of the `len` bytes at `at` to `offset`, with the rules of
     /// [`BlockDevice::write_at`](crate::BlockDevice::write_at), and returns without waiting;
     /// `done` is completed exactly once, from any thread: whole once the bytes are as durable
-    /// as a flush would make them, failed if the write failed or was not started (the caller
-    /// then writes the synchronous way, which tells why).
+    /// as a flush would make them, failed if the write failed, or declined if the disk did
+    /// not start it (either way the caller then writes the synchronous way, which tells why).
     ///
     /// # Safety
     /// `at` must be valid for `len` bytes, unchanged, until `done` is completed; the writer
@@ -77,7 +77,15 @@ impl ReadDone {
     /// Says the read is done: `whole` if every byte asked for is in place.
     pub fn complete(mut self, whole: bool) {
         if let Some(m) = self.mailbox.take() {
-            m.post(self.tag, whole);
+            m.post(self.tag, if whole { Outcome::Whole } else { Outcome::Failed });
+        }
+    }
+
+    /// Says the operation was not started: the disk declines it (the caller does it another
+    /// way), which is not a failure of the disk and is not counted as one.
+    pub fn decline(mut self) {
+        if let Some(m) = self.mailbox.take() {
+            m.post(self.tag, Outcome::Declined);
         }
     }
 }
@@ -85,16 +93,25 @@ impl ReadDone {
 impl Drop for ReadDone {
     fn drop(&mut self) {
         if let Some(m) = self.mailbox.take() {
-            m.post(self.tag, false);
+            m.post(self.tag, Outcome::Failed);
         }
     }
+}
+
+/// How an operation started in the background ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Whole,
+    Failed,
+    /// Not started: done another way by the caller.
+    Declined,
 }
 
 /// Completions posted from other threads for one ring, and an eventfd that polls readable
 /// while any wait to be taken. The descriptor lives as long as the last completion that may
 /// post to it, not only as long as the ring.
 pub(crate) struct Mailbox {
-    posted: Mutex<Vec<(u64, bool)>>,
+    posted: Mutex<Vec<(u64, Outcome)>>,
     ready: OwnedFd,
 }
 
@@ -126,10 +143,10 @@ impl Mailbox {
     /// Posts a completion. The eventfd is written only when the list was empty: the ring
     /// clears the eventfd before it takes the list, so a completion that finds the list
     /// non-empty is taken with the ones before it.
-    fn post(&self, tag: u64, whole: bool) {
+    fn post(&self, tag: u64, outcome: Outcome) {
         let was_empty = {
             let mut p = self.posted.lock();
-            p.push((tag, whole));
+            p.push((tag, outcome));
             p.len() == 1
         };
         if was_empty {
@@ -141,7 +158,7 @@ impl Mailbox {
     }
 
     /// Clears the eventfd, then takes what was posted (in that order: see `post`).
-    pub(crate) fn take(&self, into: &mut Vec<(u64, bool)>) {
+    pub(crate) fn take(&self, into: &mut Vec<(u64, Outcome)>) {
         let mut count: u64 = 0;
         // SAFETY: reads 8 bytes into a live u64 from our non-blocking eventfd.
         unsafe { libc::read(self.fd(), &mut count as *mut u64 as *mut libc::c_void, 8) };

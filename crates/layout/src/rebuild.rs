@@ -135,6 +135,11 @@ impl Layouts {
             };
             let new = self.pool.allocate_replacement(&exclude)?;
             *set.replacement.write() = Some((m, new));
+            // Writes planned before this (a connection's own, in flight with the members held
+            // shared: write_plan.rs) saw no replacement and write the old slab alone: the
+            // copy starts once they are done. Those planned after see it, and go the ordinary
+            // way, which writes the new slab too.
+            drop(set.members.write());
             let copied = (|| -> Result<()> {
                 let mut mo = 0;
                 while mo < slab_size {

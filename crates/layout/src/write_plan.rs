@@ -53,6 +53,8 @@ impl Layouts {
         if self.check(set, offset, len).is_err() {
             return false;
         }
+        // A rebuild sets the replacement, then waits for the members held (this plan's
+        // caller holds them until its writes are done) before it copies.
         match set.replacement.try_read() {
             Some(r) if r.is_none() => {}
             _ => return false,

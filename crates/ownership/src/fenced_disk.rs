@@ -806,9 +806,9 @@ impl Inner {
 impl AsyncWriter for Inner {
     /// Writes to objects that exist, each piece started as [`write_at`](Inner::write_at)
     /// starts it and completed from librados' thread once applied. A write that would make
-    /// an object, or that finds more than [`MAX_BEHIND`] bytes unsettled, is completed as
-    /// failed at once, having sent nothing: the caller writes it the synchronous way, which
-    /// makes the object or waits for room.
+    /// an object, or that finds more than [`MAX_BEHIND`] bytes unsettled, is declined at
+    /// once, having sent nothing: the caller writes it the synchronous way, which makes the
+    /// object or waits for room.
     unsafe fn start_write(&self, at: *const u8, len: u32, offset: u64, done: ReadDone) {
         if check_request(&self.path, "write", offset, len as usize, self.size).is_err() {
             return done.complete(false);
@@ -818,7 +818,7 @@ impl AsyncWriter for Inner {
             .iter()
             .any(|p| !self.exists[p.unit as usize].load(Ordering::Acquire))
         {
-            return done.complete(false);
+            return done.decline();
         }
         // SAFETY: the caller keeps `len` bytes at `at` valid until `done` is completed; they
         // are copied into the operations (or the held pieces) before this returns.
@@ -826,7 +826,7 @@ impl AsyncWriter for Inner {
         let mut b = self.behind.lock();
         if b.bytes > MAX_BEHIND {
             drop(b);
-            return done.complete(false);
+            return done.decline();
         }
         let joint = Arc::new(Joint {
             left: AtomicUsize::new(parts.len()),

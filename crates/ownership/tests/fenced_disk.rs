@@ -306,20 +306,27 @@ fn writes_on_a_ring_complete_once_the_cluster_applied_them() {
             "write {i} ({len} bytes at {offset}) is not in the cluster"
         );
     }
-    // An object never written: not started, nothing written.
+    // An object never written: not started (declined, which the disk's figures do not count
+    // as a failed write), nothing written.
+    let io = tessera_disk::DiskIo::new();
     let buf = random(7, 4096);
     let w = RingWrite {
         disk: writer.clone(),
         at: buf.as_ptr(),
         len: 4096,
         offset: 10 * OBJECT_BYTES,
-        io: None,
+        io: Some(io.clone()),
     };
     // SAFETY: as above.
     unsafe { ring.start_writes((0, buf), &[w]) };
     let mut done = Vec::new();
     ring.drain(&mut done);
     assert!(!done[0].1, "a write that makes an object completed on the ring");
+    assert_eq!(
+        io.figures(tessera_disk::DiskOp::Write).ops,
+        0,
+        "a declined write was counted"
+    );
     let mut back = AlignedBuf::zeroed(4096);
     other.read_at(&mut back, 10 * OBJECT_BYTES).unwrap();
     assert!(back.iter().all(|&b| b == 0), "a write not started wrote");
@@ -357,13 +364,19 @@ fn writes_on_a_ring_complete_once_the_cluster_applied_them() {
         at: buf.as_ptr(),
         len: 4096,
         offset: 0,
-        io: None,
+        io: Some(io.clone()),
     };
     // SAFETY: as above.
     unsafe { ring.start_writes((0, buf), &[w]) };
     let mut done = Vec::new();
     ring.drain(&mut done);
     assert!(!done[0].1, "a write the newer owner's guard refused completed whole");
+    let counted = io.figures(tessera_disk::DiskOp::Write);
+    assert_eq!(
+        (counted.ops, counted.errors),
+        (1, 1),
+        "a refused write is counted, as failed"
+    );
     assert!(d.flush().is_err(), "a flush forgot the refused write");
     other.read_at(&mut back, 0).unwrap();
     assert!(back[..] == theirs[..], "the refused write changed the block");

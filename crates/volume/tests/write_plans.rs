@@ -186,3 +186,61 @@ fn a_plan_holds_off_writers_and_readers_of_its_grains() {
     e.delete_vdisk("v").unwrap();
     assert!(v.try_plan_write(GRAIN, 4096).is_none());
 }
+
+/// A rebuild that moves a set's slab while a planned write to it is in flight copies the slab
+/// only once that write is done: the write lands in the copy, not only in the slab left
+/// behind.
+#[test]
+fn a_rebuild_waits_for_the_planned_writes_in_flight_before_it_copies() {
+    let dir = tempfile::tempdir().unwrap();
+    let disks: Vec<DiskRef> = (0..2)
+        .map(|i| Arc::new(Background(Arc::new(MemDisk::new(&format!("m{i}"), 64 * MIB)))) as DiskRef)
+        .collect();
+    let e = Engine::create_pool_with_checksums(&dir.path().join("pool"), "p", disks, 4 * MIB, false).unwrap();
+    let v = written_vdisk(&e, "v");
+    // A disk for the slab to move to (the set spans the first two).
+    e.pool()
+        .add_disk(Arc::new(Background(Arc::new(MemDisk::new("m2", 64 * MIB)))))
+        .unwrap();
+    let plan = v.try_plan_write(0, 4096).unwrap();
+    let busiest = e.pool().disks().into_iter().max_by_key(|d| d.slabs_used).unwrap();
+    e.retire_disk(&busiest.info.path).unwrap();
+    let repaired = AtomicBool::new(false);
+    let progress = tessera_volume::Progress::default();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let opts = tessera_volume::RebuildOptions {
+                parallel: 1,
+                rate_limit: None,
+            };
+            e.repair(&opts, &progress).unwrap();
+            repaired.store(true, Ordering::SeqCst);
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(
+            !repaired.load(Ordering::SeqCst),
+            "the rebuild went ahead of a planned write in flight"
+        );
+        assert_eq!(
+            progress.done_bytes.load(Ordering::SeqCst),
+            0,
+            "the slab was copied under a write in flight"
+        );
+        let planned = pattern(9, 0, 4096);
+        for w in &plan.writes {
+            w.disk
+                .write_at(&planned[w.buf_off..w.buf_off + w.len], w.offset)
+                .unwrap();
+        }
+        plan.finish();
+    });
+    assert!(repaired.load(Ordering::SeqCst));
+    assert_eq!(e.pool().disks()[busiest.info.position as usize].slabs_used, 0);
+    let mut back = vec![0u8; 4096];
+    v.read(0, &mut back).unwrap();
+    assert_eq!(
+        back,
+        pattern(9, 0, 4096),
+        "the planned write was left behind on the retired disk"
+    );
+}
