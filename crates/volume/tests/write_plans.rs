@@ -70,11 +70,16 @@ fn written_vdisk(e: &Engine, name: &str) -> Arc<Vdisk> {
 fn run_plan(v: &Arc<Vdisk>, offset: u64, data: &[u8]) -> Option<usize> {
     let plan = v.try_plan_write(offset, data.len())?;
     let n = plan.writes.len();
+    complete(plan, data);
+    Some(n)
+}
+
+/// Writes a plan's disk writes from `data`, the bytes it was planned for, and finishes it.
+fn complete(plan: tessera_volume::WritePlan, data: &[u8]) {
     for w in &plan.writes {
         w.disk.write_at(&data[w.buf_off..w.buf_off + w.len], w.offset).unwrap();
     }
     plan.finish();
-    Some(n)
 }
 
 #[test]
@@ -165,12 +170,7 @@ fn a_plan_holds_off_writers_and_readers_of_its_grains() {
         "a write went ahead of a planned one in flight"
     );
     let planned = pattern(4, 0, 4096);
-    for w in &plan.writes {
-        w.disk
-            .write_at(&planned[w.buf_off..w.buf_off + w.len], w.offset)
-            .unwrap();
-    }
-    plan.finish();
+    complete(plan, &planned);
     let deadline = Instant::now() + Duration::from_secs(10);
     while !written.load(Ordering::SeqCst) {
         assert!(Instant::now() < deadline, "the write never followed the plan");
@@ -227,12 +227,7 @@ fn a_rebuild_waits_for_the_planned_writes_in_flight_before_it_copies() {
             "the slab was copied under a write in flight"
         );
         let planned = pattern(9, 0, 4096);
-        for w in &plan.writes {
-            w.disk
-                .write_at(&planned[w.buf_off..w.buf_off + w.len], w.offset)
-                .unwrap();
-        }
-        plan.finish();
+        complete(plan, &planned);
     });
     assert!(repaired.load(Ordering::SeqCst));
     assert_eq!(e.pool().disks()[busiest.info.position as usize].slabs_used, 0);
