@@ -385,6 +385,94 @@ fn chap_and_acl_gate_logins_and_discovery() {
     assert!(!login(secure).0);
 }
 
+/// Taking a host out of a target's ACL takes its access at once: its sessions to that
+/// target end, and the ROD tokens it made through them can no longer be written anywhere;
+/// its sessions to other targets, and their tokens, are kept.
+#[test]
+fn taking_a_host_out_of_the_acl_ends_its_sessions_and_their_tokens() {
+    use tessera_iscsi::initiator::{LoginConfig, Session};
+    use tessera_test_support::cdbs;
+    let t = tempfile::tempdir().unwrap();
+    let state = t.path().join("state");
+    let d = Daemon::start(&state);
+    create_pool(&d, "c", &disks(&t.path().join("disks"), 1, 1 << 30));
+    d.ok(&["vdisk", "create", "c/v", "--size", "64M", "--layout", "simple"]);
+    let (open, secure) = ("iqn.2026-11.io.tessera:open", "iqn.2026-11.io.tessera:secure");
+    let (host_a, host_b) = ("iqn.2026-11.io.example:host-a", "iqn.2026-11.io.example:host-b");
+    d.ok(&["target", "create", open, "--allow-any-initiator"]);
+    d.ok(&["target", "create", secure]);
+    d.ok(&["target", "acl", "add", secure, host_a]);
+    for iqn in [open, secure] {
+        d.ok(&["target", "lun", "add", iqn, "c/v"]);
+    }
+    let portal = d.iscsi_portal();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let login = |initiator: &str, iqn: &str, n: u8| {
+            let mut c = LoginConfig::new(initiator, Some(iqn));
+            c.isid[5] = n;
+            let portal = portal.clone();
+            async move {
+                let s = Session::login(&portal, &c).await.unwrap();
+                // Its first command may find a unit attention (the LUN's power on).
+                if s.command(0, &[0u8; 6], Vec::new(), 0).await.unwrap().status != 0 {
+                    assert_eq!(s.command(0, &[0u8; 6], Vec::new(), 0).await.unwrap().status, 0);
+                }
+                s
+            }
+        };
+        let a_secure = login(host_a, secure, 1).await;
+        let a_open = login(host_a, open, 2).await;
+        let b_open = login(host_b, open, 3).await;
+        async fn token(s: &Session, list_id: u32) -> Vec<u8> {
+            let (c, p) = cdbs::populate_token(list_id, 60, &[(0, 8)]);
+            assert_eq!(s.command(0, &c, p, 0).await.unwrap().status, 0);
+            let info = s
+                .command(0, &cdbs::receive_rod_token_information(list_id), Vec::new(), 4096)
+                .await
+                .unwrap();
+            cdbs::token_of(&info.data)
+        }
+        async fn write_with(s: &Session, tok: &[u8], list_id: u32) -> tessera_iscsi::initiator::ScsiResult {
+            let (c, p) = cdbs::write_using_token(list_id, tok, 0, false, &[(1024, 8)]);
+            s.command(0, &c, p, 0).await.unwrap()
+        }
+        let by_a_secure = token(&a_secure, 1).await;
+        let by_a_open = token(&a_open, 2).await;
+        assert_eq!(
+            write_with(&b_open, &by_a_secure, 10).await.status,
+            0,
+            "a token works before"
+        );
+
+        d.ok(&["target", "acl", "remove", secure, host_a]);
+        let after = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            a_secure.command(0, &[0u8; 6], Vec::new(), 0),
+        )
+        .await;
+        assert!(matches!(after, Ok(Err(_))), "host A's session goes on: {after:?}");
+        let refused = write_with(&b_open, &by_a_secure, 11).await;
+        assert_eq!(refused.status, 2, "a token of the ended session was written");
+        assert_eq!(
+            (refused.sense[2] & 0x0F, refused.sense[12], refused.sense[13]),
+            (5, 0x23, 0x06),
+            "refused as revoked"
+        );
+        assert_eq!(a_open.command(0, &[0u8; 6], Vec::new(), 0).await.unwrap().status, 0);
+        assert_eq!(
+            write_with(&b_open, &by_a_open, 12).await.status,
+            0,
+            "host A's other token works"
+        );
+        assert!(Session::login(&portal, &LoginConfig::new(host_a, Some(secure)))
+            .await
+            .is_err());
+    });
+    let logs = d.logs();
+    assert!(logs.contains("the ACL no longer admits the initiator"), "{logs}");
+}
+
 #[test]
 fn persistent_reservations_with_aptpl_survive_a_restart() {
     use tessera_iscsi::initiator::{LoginConfig, Session};

@@ -326,6 +326,7 @@ fn serve(sock: TcpStream, local: SocketAddr, reg: Arc<Registry>, li: LoggedIn) -
         initiator,
         isid,
         tsih,
+        nexus,
         target,
         authenticated,
         params,
@@ -369,8 +370,7 @@ fn serve(sock: TcpStream, local: SocketAddr, reg: Arc<Registry>, li: LoggedIn) -
             ctx: Ctx {
                 reg: reg.clone(),
                 nexus: Arc::new(
-                    Nexus::new(reg.new_nexus(), &initiator, isid)
-                        .with_scope(target.as_ref().map_or_else(Scope::none, Scope::of)),
+                    Nexus::new(nexus, &initiator, isid).with_scope(target.as_ref().map_or_else(Scope::none, Scope::of)),
                 ),
                 target: target.clone(),
                 initiator: initiator.clone(),

@@ -11,7 +11,7 @@ use crate::auth::{self, Chap};
 use crate::limits::MAX_LOGIN_TEXT;
 use crate::params::{Answer, Params, OUR_MAX_RECV_DATA_SEGMENT};
 use crate::pdu::{at, op, Pdu};
-use crate::target::{LoginRefusal, Registry, Target};
+use crate::target::{LoginRefusal, NotOpened, Opened, Registry, Target};
 use crate::text;
 
 /// Login status classes and details (RFC 7143 11.13.5).
@@ -35,6 +35,8 @@ pub struct LoggedIn {
     pub initiator: String,
     pub isid: [u8; 6],
     pub tsih: u16,
+    /// The session's I_T nexus identifier.
+    pub nexus: u64,
     /// None for a discovery session.
     pub target: Option<Arc<Target>>,
     /// The CHAP credentials the initiator proved it holds, if it used CHAP: a discovery
@@ -352,9 +354,12 @@ where
                 params.immediate_data = false;
             }
             let tname = target.as_ref().map(|t| t.iqn.clone()).unwrap_or_default();
-            let (tsih, close) = match reg.open_session(&name, isid, &tname) {
+            let Opened { tsih, nexus, close } = match reg.open_session(&name, isid, &tname) {
                 Ok(s) => s,
-                Err(why) => refuse!(status::OUT_OF_RESOURCES, why),
+                Err(NotOpened::Limit(why)) => refuse!(status::OUT_OF_RESOURCES, why),
+                Err(NotOpened::NotAdmitted) => {
+                    refuse!(status::FORBIDDEN, format!("{name} is not in the ACL of {tname}"))
+                }
             };
             let mut p = reply(status::SUCCESS, text::encode(&answers), true, stat_sn, tsih);
             p.write(w, false, false).await.map_err(|e| e.to_string())?;
@@ -363,6 +368,7 @@ where
                 initiator: name,
                 isid,
                 tsih,
+                nexus,
                 target,
                 authenticated,
                 params,

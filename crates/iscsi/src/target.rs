@@ -18,7 +18,8 @@ use tracing::{info, warn};
 pub struct Target {
     pub iqn: String,
     pub luns: RwLock<BTreeMap<u64, Arc<Lun>>>,
-    /// Who may log in; read at each login, so a change applies to the next one.
+    /// Who may log in; read at each login. [`Registry::set_access`] changes it for a target
+    /// that serves, and ends the sessions it no longer admits.
     access: RwLock<Access>,
 }
 
@@ -35,6 +36,7 @@ impl Target {
         self.access.read().clone()
     }
 
+    /// Sets the access rules of a target no session can be logged in to yet (one being made).
     pub fn set_access(&self, a: Access) {
         *self.access.write() = a;
     }
@@ -60,7 +62,24 @@ impl LunScope for Target {
 /// initiator, ISID and target) closes the old one.
 struct SessionEntry {
     tsih: u16,
+    /// Its I_T nexus identifier.
+    nexus: u64,
     close: Arc<Closer>,
+}
+
+/// A session registered at login.
+pub(crate) struct Opened {
+    pub tsih: u16,
+    pub nexus: u64,
+    pub close: Arc<Closer>,
+}
+
+/// Why a login's session was not registered.
+pub(crate) enum NotOpened {
+    /// Past the initiator's or the target's session limit (which, said here).
+    Limit(String),
+    /// The target's ACL changed during the login and no longer admits the initiator.
+    NotAdmitted,
 }
 
 /// Ends a session from outside (when a new login reinstates it) by shutting its socket down,
@@ -212,18 +231,18 @@ impl Registry {
         &self.write_total
     }
 
-    /// Registers a new session, closing one with the same identity; returns its TSIH and what
-    /// closes it. A normal session past the limit of its initiator or its target is refused
-    /// (Err says which); one that reinstates a session takes its place.
-    pub(crate) fn open_session(
-        &self,
-        initiator: &str,
-        isid: [u8; 6],
-        target: &str,
-    ) -> Result<(u16, Arc<Closer>), String> {
+    /// Registers a new session, closing one with the same identity; returns its TSIH, its
+    /// nexus and what closes it. A normal session past the limit of its initiator or its
+    /// target is refused (which, said); one that reinstates a session takes its place. The
+    /// target's ACL is checked again here, under the lock [`Registry::set_access`] takes: a
+    /// login that passed an ACL changed since is either refused here or ended there.
+    pub(crate) fn open_session(&self, initiator: &str, isid: [u8; 6], target: &str) -> Result<Opened, NotOpened> {
+        let mut sessions = self.sessions.lock();
         if !target.is_empty() {
+            if !self.target(target).is_some_and(|t| t.access().admits(initiator)) {
+                return Err(NotOpened::NotAdmitted);
+            }
             let limits = self.limits();
-            let sessions = self.sessions.lock();
             let reinstates = sessions.contains_key(&(initiator.to_string(), isid, target.to_string()));
             let of_initiator = sessions
                 .keys()
@@ -231,14 +250,14 @@ impl Registry {
                 .count();
             let of_target = sessions.keys().filter(|(_, _, t)| t == target).count();
             if !reinstates && of_initiator >= limits.sessions_per_initiator {
-                return Err(format!(
+                return Err(NotOpened::Limit(format!(
                     "the initiator has {of_initiator} sessions, its limit (iscsi_sessions_per_initiator)"
-                ));
+                )));
             }
             if !reinstates && of_target >= limits.sessions_per_target {
-                return Err(format!(
+                return Err(NotOpened::Limit(format!(
                     "the target has {of_target} sessions, its limit (iscsi_sessions_per_target)"
-                ));
+                )));
             }
         }
         let mut tsih = self.next_tsih.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
@@ -246,17 +265,41 @@ impl Registry {
             tsih = self.next_tsih.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
         }
         let close = Arc::new(Closer::default());
+        let nexus = self.new_nexus();
         let key = (initiator.to_string(), isid, target.to_string());
         let entry = SessionEntry {
             tsih,
+            nexus,
             close: close.clone(),
         };
-        if let Some(old) = self.sessions.lock().insert(key, entry) {
+        if let Some(old) = sessions.insert(key, entry) {
             info!(initiator, tsih = old.tsih, "session reinstated: closing the old one");
             old.close.close();
             *close.replaces.lock() = Some(old.close);
         }
-        Ok((tsih, close))
+        Ok(Opened { tsih, nexus, close })
+    }
+
+    /// Sets the access rules of target `iqn` and ends the sessions of the initiators they no
+    /// longer admit: an initiator taken out of the ACL (or out of demo mode) loses the target
+    /// now, not at its next login. A CHAP change applies from the next login, as a host that
+    /// is still admitted keeps its sessions through a change of secret. Returns the nexuses
+    /// of the sessions ended.
+    pub fn set_access(&self, iqn: &str, access: Access) -> Vec<u64> {
+        let Some(t) = self.target(iqn) else {
+            return Vec::new();
+        };
+        let sessions = self.sessions.lock();
+        let mut ended = Vec::new();
+        for ((initiator, _, target), e) in sessions.iter() {
+            if target == iqn && !access.admits(initiator) {
+                info!(%initiator, target = iqn, tsih = e.tsih, "the ACL no longer admits the initiator: session ended");
+                e.close.close();
+                ended.push(e.nexus);
+            }
+        }
+        t.set_access(access);
+        ended
     }
 
     pub(crate) fn close_session(&self, initiator: &str, isid: [u8; 6], target: &str, tsih: u16) {
@@ -268,7 +311,7 @@ impl Registry {
     }
 
     /// A new I_T nexus identifier, never reused while the daemon runs.
-    pub(crate) fn new_nexus(&self) -> u64 {
+    fn new_nexus(&self) -> u64 {
         self.next_nexus.fetch_add(1, Ordering::Relaxed) + 1
     }
 

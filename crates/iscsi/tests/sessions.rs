@@ -353,6 +353,63 @@ async fn removing_a_target_ends_the_sessions_logged_in_to_it() {
     );
 }
 
+/// Taking an initiator out of a target's ACL ends its sessions there at once (every one of
+/// them, whatever the case of its name), keeps the others', and refuses its next login; the
+/// nexuses ended are the ones its sessions had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn taking_an_initiator_out_of_the_acl_ends_its_sessions() {
+    let r = rig().await;
+    let both = Access {
+        acl: vec![HOST_A.into(), HOST_B.into()],
+        ..Access::default()
+    };
+    r.reg.set_access(OPEN, both);
+    let a1 = Session::login(&r.addr, &cfg(HOST_A, OPEN, 1)).await.unwrap();
+    let a2 = Session::login(&r.addr, &cfg(&HOST_A.to_uppercase(), OPEN, 2))
+        .await
+        .unwrap();
+    let b = Session::login(&r.addr, &cfg(HOST_B, OPEN, 3)).await.unwrap();
+    for s in [&a1, &a2, &b] {
+        assert_eq!(write(s, 0, &[7u8; 4096]).await.status, 0);
+    }
+    let only_b = Access {
+        acl: vec![HOST_B.into()],
+        ..Access::default()
+    };
+    let ended = r.reg.set_access(OPEN, only_b);
+    assert_eq!(ended.len(), 2, "both of host A's sessions end: {ended:?}");
+    assert_ne!(ended[0], ended[1]);
+    for s in [&a1, &a2] {
+        let after = tokio::time::timeout(
+            Duration::from_secs(10),
+            s.command(0, &rw16(0x88, 0, 8), Vec::new(), 8 * 512),
+        )
+        .await;
+        assert!(
+            matches!(after, Ok(Err(_))),
+            "a session of an initiator out of the ACL goes on: {after:?}"
+        );
+    }
+    assert_eq!(read(&b, 0, 8).await.data, vec![7u8; 4096], "host B's session is kept");
+    assert_eq!(
+        refused(Session::login(&r.addr, &cfg(HOST_A, OPEN, 1)).await),
+        (2, 2),
+        "host A logs in again"
+    );
+    // Nothing else ends: the same rules again, or rules that admit more.
+    let again = Access {
+        acl: vec![HOST_B.into()],
+        ..Access::default()
+    };
+    assert!(r.reg.set_access(OPEN, again).is_empty());
+    assert!(r.reg.set_access(OPEN, Access::open()).is_empty());
+    assert_eq!(read(&b, 0, 8).await.status, 0);
+    assert!(r
+        .reg
+        .set_access("iqn.2026-11.io.tessera:none", Access::default())
+        .is_empty());
+}
+
 /// An initiator that logs out and at once uses another path must find the reservation its
 /// session held already gone: the target answers the logout once the session has let go of
 /// its I_T nexus state, not before (libiscsi's Reserve6.Logout, which failed now and then).

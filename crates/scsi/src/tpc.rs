@@ -241,21 +241,28 @@ impl CopyManager {
     /// Ends every token whose image comes from pool `pool` (it is being exported): a token
     /// holds its grains, and the pool cannot close while it does.
     pub fn revoke_pool(&self, pool: &str) {
-        self.revoke_where(|image| image.pool() == pool);
+        self.revoke_where(|t| t.image.pool() == pool);
     }
 
     /// Ends every token whose image comes from vdisk `vdisk` of pool `pool` (it is being
     /// deleted): its blocks must not outlive it in another vdisk a token is written to, and
     /// its grains return to the pool.
     pub fn revoke_vdisk(&self, pool: &str, vdisk: &str) {
-        self.revoke_where(|image| image.pool() == pool && image.vdisk() == vdisk);
+        self.revoke_where(|t| t.image.pool() == pool && t.image.vdisk() == vdisk);
     }
 
-    fn revoke_where(&self, ends: impl Fn(&dyn FrozenImage) -> bool) {
+    /// Ends every token made through the I_T nexuses `nexuses` (their sessions were ended
+    /// because the initiator lost its access): what a host populated while it had access is
+    /// not written anywhere after it lost it, by that host or by whoever it gave the token to.
+    pub fn revoke_made_by(&self, nexuses: &[u64]) {
+        self.revoke_where(|t| nexuses.contains(&t.creator));
+    }
+
+    fn revoke_where(&self, ends: impl Fn(&Token) -> bool) {
         let now = Instant::now();
         let mut revoked = Vec::new();
         self.tokens.lock().retain(|k, t| {
-            let keep = !ends(&*t.image);
+            let keep = !ends(t);
             if !keep {
                 revoked.push(*k);
             }
@@ -371,6 +378,20 @@ mod tests {
             TokenRefusal::Revoked
         );
         assert!(cm.use_token(&of_vm_snap[..], false).is_ok());
+    }
+
+    #[test]
+    fn the_tokens_of_ended_nexuses_end_and_no_others() {
+        let cm = CopyManager::new();
+        let by_2 = cm.create_token([1; 32], 2, image("p", "vm", 4096), 30).unwrap();
+        let by_3 = cm.create_token([1; 32], 3, image("p", "vm", 4096), 30).unwrap();
+        let by_5 = cm.create_token([1; 32], 5, image("p", "vm", 4096), 30).unwrap();
+        cm.revoke_made_by(&[3, 5, 9]);
+        assert_eq!(cm.use_token(&by_3[..], false).unwrap_err(), TokenRefusal::Revoked);
+        assert_eq!(cm.use_token(&by_5[..], false).unwrap_err(), TokenRefusal::Revoked);
+        assert!(cm.use_token(&by_2[..], false).is_ok());
+        assert_eq!(cm.tokens_of(2).len(), 1);
+        assert!(cm.tokens_of(3).is_empty());
     }
 
     #[test]

@@ -608,7 +608,9 @@ impl Targets {
     }
 
     /// Changes a target's configuration with `change`, saves it (or undoes the change when the
-    /// save fails) and applies the access rules to the next logins.
+    /// save fails) and applies the access rules: to the next logins, and to the sessions
+    /// logged in, which end if the initiator is no longer admitted (the ROD tokens they made
+    /// with them).
     fn update_access(&self, iqn: &str, change: impl FnOnce(&mut TargetConfig) -> ApiResult<()>) -> ApiResult<()> {
         let mut c = self.configs.lock();
         let access = change_saved(
@@ -622,8 +624,9 @@ impl Targets {
             },
             |c| self.save(c),
         )?;
-        if let Some(t) = self.registry.target(iqn) {
-            t.set_access(access);
+        let ended = self.registry.set_access(iqn, access);
+        if !ended.is_empty() {
+            self.copy.revoke_made_by(&ended);
         }
         Ok(())
     }

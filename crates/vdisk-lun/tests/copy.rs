@@ -8,6 +8,7 @@ use parking_lot::Mutex;
 use tessera_disk::{DiskRef, MemDisk};
 use tessera_scsi::sense::{self, key};
 use tessera_scsi::{CopyManager, Lun, LunScope, Nexus, Response, Scope};
+use tessera_test_support::cdbs;
 use tessera_vdisk_lun::{vdisk_lun, vdisk_of};
 use tessera_volume::{Engine, LayoutKind, VdiskSpec};
 
@@ -105,76 +106,31 @@ fn read(l: &Lun, lba: u64, blocks: u32) -> Vec<u8> {
     ok(l.execute(&c, &[]))
 }
 
-fn ranges(list: &[(u64, u32)]) -> Vec<u8> {
-    let mut b = Vec::new();
-    for &(lba, n) in list {
-        b.extend_from_slice(&lba.to_be_bytes());
-        b.extend_from_slice(&n.to_be_bytes());
-        b.extend_from_slice(&[0; 4]);
-    }
-    b
-}
-
 fn tpc_out(sa: u8, list_id: u32, params: &[u8]) -> Vec<u8> {
-    let mut c = vec![0u8; 16];
-    c[0] = 0x83;
-    c[1] = sa;
-    c[6..10].copy_from_slice(&list_id.to_be_bytes());
-    c[10..14].copy_from_slice(&(params.len() as u32).to_be_bytes());
-    c
+    cdbs::tpc_out(sa, list_id, params.len())
 }
 
 fn populate(l: &Lun, list_id: u32, timeout: u32, list: &[(u64, u32)]) -> Response {
-    let r = ranges(list);
-    let mut p = vec![0u8; 16];
-    p[0..2].copy_from_slice(&((14 + r.len()) as u16).to_be_bytes());
-    p[4..8].copy_from_slice(&timeout.to_be_bytes());
-    p[14..16].copy_from_slice(&(r.len() as u16).to_be_bytes());
-    p.extend_from_slice(&r);
-    l.execute(&tpc_out(0x10, list_id, &p), &p)
-}
-
-fn wut_params(token: &[u8], offset: u64, delete: bool, list: &[(u64, u32)]) -> Vec<u8> {
-    let r = ranges(list);
-    let mut p = vec![0u8; 536];
-    p[0..2].copy_from_slice(&((534 + r.len()) as u16).to_be_bytes());
-    p[2] = if delete { 0x02 } else { 0 };
-    p[8..16].copy_from_slice(&offset.to_be_bytes());
-    p[16..16 + token.len().min(512)].copy_from_slice(&token[..token.len().min(512)]);
-    p[534..536].copy_from_slice(&(r.len() as u16).to_be_bytes());
-    p.extend_from_slice(&r);
-    p
+    let (c, p) = cdbs::populate_token(list_id, timeout, list);
+    l.execute(&c, &p)
 }
 
 fn write_using_token(l: &Lun, list_id: u32, token: &[u8], offset: u64, delete: bool, list: &[(u64, u32)]) -> Response {
-    let p = wut_params(token, offset, delete, list);
-    l.execute(&tpc_out(0x11, list_id, &p), &p)
+    let (c, p) = cdbs::write_using_token(list_id, token, offset, delete, list);
+    l.execute(&c, &p)
 }
 
 fn rrti(l: &Lun, list_id: u32) -> Vec<u8> {
-    let mut c = vec![0u8; 16];
-    c[0] = 0x84;
-    c[1] = 0x07;
-    c[2..6].copy_from_slice(&list_id.to_be_bytes());
-    c[10..14].copy_from_slice(&4096u32.to_be_bytes());
-    ok(l.execute(&c, &[]))
+    ok(l.execute(&cdbs::receive_rod_token_information(list_id), &[]))
 }
 
 /// POPULATE TOKEN, then the token from RECEIVE ROD TOKEN INFORMATION.
 fn token(l: &Lun, list_id: u32, timeout: u32, list: &[(u64, u32)]) -> Vec<u8> {
     ok(populate(l, list_id, timeout, list));
     let info = rrti(l, list_id);
-    assert_eq!(info[4] & 0x1F, 0x10, "answers POPULATE TOKEN");
-    assert_eq!(info[5], 0x01, "completed without errors");
     let blocks: u64 = list.iter().map(|r| r.1 as u64).sum();
     assert_eq!(u64::from_be_bytes(info[16..24].try_into().unwrap()), blocks);
-    let sense_len = info[13] as usize;
-    let at = 32 + sense_len;
-    let tlen = u32::from_be_bytes(info[at..at + 4].try_into().unwrap()) as usize;
-    assert_eq!(tlen, 514);
-    let t = info[at + 6..at + 6 + 512].to_vec();
-    assert_eq!(u32::from_be_bytes(t[0..4].try_into().unwrap()), 0x0080_0000);
-    t
+    cdbs::token_of(&info)
 }
 
 #[test]
@@ -285,7 +241,7 @@ fn zero_token_deleted_expired_forged_and_truncated_tokens() {
     f[7] = 0x10;
     assert_eq!(invalid(write_using_token(&b, 3, &f, 0, false, &[(0, 8)])), 0x0A);
     // Truncated parameter lists.
-    let p = wut_params(&t, 0, false, &[(0, 8)]);
+    let p = cdbs::write_using_token_params(&t, 0, false, &[(0, 8)]);
     assert_eq!(
         check(b.execute(&tpc_out(0x11, 3, &p[..300]), &p[..300])),
         (key::ILLEGAL_REQUEST, 0x1A, 0)
