@@ -397,6 +397,13 @@ impl<S: Socket> Loop<S> {
     fn start(&mut self, req: Request) {
         self.ctx.arrived(&req);
         self.charge(charge(&req));
+        if self.ctx.export.withdrawn() && req.kind != cmd::DISC {
+            // Refused, and the connection ends once what it sent before is answered (a
+            // WRITE's payload is not read: nothing after it will be).
+            let reply = error_reply(&self.ctx, &req, errno::ESHUTDOWN, "the export was removed");
+            self.answer(&req, reply);
+            return self.stop(None);
+        }
         match req.kind {
             cmd::DISC => self.stop(None),
             cmd::READ => self.start_read(req),
@@ -424,6 +431,9 @@ impl<S: Socket> Loop<S> {
     fn to_workers(&mut self, job: Job) {
         self.at_workers += 1;
         if let Some(job) = self.workers.submit(job) {
+            // No worker can take it: it runs here, once what is on the ring is done. Those
+            // requests' plans may hold grains it needs, and only this thread reaps them.
+            self.drain_ring();
             self.at_workers -= 1;
             let charged = charge(&job.req);
             let reply = workers::run(&self.ctx, job);
@@ -529,13 +539,28 @@ impl<S: Socket> Loop<S> {
         if !ring.reap(&mut done) {
             return false;
         }
+        self.settle(done);
+        true
+    }
+
+    /// Waits for every request on the ring and answers them.
+    fn drain_ring(&mut self) {
+        let Some(ring) = self.ring.as_mut() else {
+            return;
+        };
+        let mut done = Vec::new();
+        ring.drain(&mut done);
+        self.settle(done);
+    }
+
+    /// Answers the requests whose disk I/O on the ring completed.
+    fn settle(&mut self, done: Vec<(OnRing, bool)>) {
         for (f, ok) in done {
             match f {
                 OnRing::Read(f) => self.finish(f, ok),
                 OnRing::Write(w) => self.finish_write(w, ok),
             }
         }
-        true
     }
 
     fn finish(&mut self, mut f: InFlight, ok: bool) {

@@ -1,7 +1,7 @@
 //! What the NBD server offers: named exports, each a vdisk, read-write or read-only.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
@@ -18,6 +18,8 @@ pub struct Export {
     pub read_only: bool,
     /// Open connections to this export.
     pub(crate) connections: AtomicUsize,
+    /// No longer offered: its connections' requests are refused from now on.
+    withdrawn: AtomicBool,
     /// Bytes of request data its connections hold now: READ buffers and WRITE payloads of
     /// requests not yet answered, and replies not yet sent.
     pub(crate) held: AtomicUsize,
@@ -33,6 +35,7 @@ impl Export {
             vdisk,
             read_only,
             connections: AtomicUsize::new(0),
+            withdrawn: AtomicBool::new(false),
             held: AtomicUsize::new(0),
             meter: None,
         }
@@ -51,6 +54,11 @@ impl Export {
 
     pub fn connections(&self) -> usize {
         self.connections.load(Ordering::Relaxed)
+    }
+
+    /// Whether it was removed from the exports offered (see [`Registry::remove`]).
+    pub fn withdrawn(&self) -> bool {
+        self.withdrawn.load(Ordering::Acquire)
     }
 
     /// Minimum block size: the vdisk's logical block; smaller or unaligned requests are refused
@@ -94,9 +102,16 @@ impl Registry {
         e
     }
 
-    /// Stops offering an export. Connections already open to it keep it until they close.
+    /// Stops offering an export, and ends its use by the connections open to it: a request
+    /// they send from now on is refused with ESHUTDOWN and the connection closes once the
+    /// requests it had sent before are answered. An export taken away (or made read-only by
+    /// adding it again) is not written through a connection made before.
     pub fn remove(&self, name: &str) -> Option<Arc<Export>> {
-        self.exports.write().remove(name)
+        let e = self.exports.write().remove(name);
+        if let Some(e) = &e {
+            e.withdrawn.store(true, Ordering::Release);
+        }
+        e
     }
 
     pub fn get(&self, name: &str) -> Option<Arc<Export>> {

@@ -160,6 +160,9 @@ pub(crate) fn volume_error(e: VolumeError) -> Failure {
 /// write goes to a writable export.
 pub(crate) fn check(ctx: &Ctx, req: &Request) -> Result<(), Failure> {
     let e = &ctx.export;
+    if e.withdrawn() {
+        return Err((errno::ESHUTDOWN, format!("export '{}' was removed", e.name)));
+    }
     let v = &e.vdisk;
     let ranged = matches!(
         req.kind,

@@ -213,6 +213,48 @@ async fn bad_requests_get_errors_and_the_connection_goes_on() {
 }
 
 /// Raw handshake up to the options phase.
+/// Removing an export ends its use by the connections open to it: their next request is
+/// refused with ESHUTDOWN and the connection closes, even when an export of the same name,
+/// read-only this time, took its place; the other exports' connections go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_export_is_not_used_by_the_connections_made_before() {
+    let rig = rig().await;
+    let rw = Client::connect(&rig.addr, "rw").await.unwrap();
+    let ro = Client::connect(&rig.addr, "ro").await.unwrap();
+    rw.write(0, &pattern(1, 4096), false).await.unwrap();
+    let v = rig.reg.get("rw").unwrap().vdisk.clone();
+    let gone = rig.reg.remove("rw").expect("it was offered");
+    assert!(gone.withdrawn());
+    rig.reg.add(Export::new("rw", "p/v read-only now", v, true));
+    for attempt in [
+        rw.write(0, &pattern(2, 4096), false).await,
+        rw.read(0, 4096).await.map(drop),
+        rw.flush().await,
+    ] {
+        match attempt {
+            Err(ClientError::Nbd { code, .. }) => assert_eq!(code, errno::ESHUTDOWN),
+            // The first refusal ends the connection.
+            Err(ClientError::Closed | ClientError::Io(_)) => {}
+            other => panic!("a request to a removed export was served: {other:?}"),
+        }
+    }
+    assert!(
+        matches!(rw.read(0, 4096).await, Err(ClientError::Closed | ClientError::Io(_))),
+        "the connection stays open"
+    );
+    assert_eq!(
+        ro.read(0, 4096).await.unwrap(),
+        pattern(1, 4096),
+        "the write before is kept, the one after refused"
+    );
+    let again = Client::connect(&rig.addr, "rw").await.unwrap();
+    assert!(again.info.read_only());
+    assert_eq!(
+        code(again.write(0, &pattern(3, 4096), false).await.unwrap_err()),
+        errno::EPERM
+    );
+}
+
 async fn greet(addr: &str) -> TcpStream {
     let mut s = TcpStream::connect(addr).await.unwrap();
     let mut hello = [0u8; 18];

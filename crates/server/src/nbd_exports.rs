@@ -148,7 +148,8 @@ impl NbdExports {
         )
     }
 
-    /// Stops offering an export; connections already open finish with it.
+    /// Stops offering an export; the connections open to it end (their next request is
+    /// refused with ESHUTDOWN).
     pub fn remove(&self, name: &str) -> ApiResult<()> {
         let mut c = self.configs.lock();
         change_saved(
@@ -165,7 +166,7 @@ impl NbdExports {
     }
 
     /// Stops offering the exports of pool `pool`, keeping their configuration: the pool is no
-    /// longer served here, and they come back with `present_missing`.
+    /// longer served here (their connections end), and they come back with `present_missing`.
     pub fn withdraw_pool(&self, pool: &str) {
         for c in self.configs.lock().values() {
             if c.vdisk.split_once('/').is_some_and(|(p, _)| p == pool) {
