@@ -419,6 +419,90 @@ fn peers_without_the_key_get_nothing_and_a_full_replica_pool_leaves_the_source_w
     assert!(check["problems"].as_array().unwrap().is_empty(), "{check}");
 }
 
+/// A connection from the loopback address `from` (a stranger), held open without a handshake.
+fn stranger(to: &str, from: &str) -> std::net::TcpStream {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let s = tokio::net::TcpSocket::new_v4().unwrap();
+        s.bind(format!("{from}:0").parse().unwrap()).unwrap();
+        s.connect(to.parse().unwrap()).await.unwrap().into_std().unwrap()
+    })
+}
+
+/// Whether the listener closed the connection within `within` (it reads nothing from a
+/// connection before its handshake, so an open one times out here).
+fn closed_within(s: &mut std::net::TcpStream, within: Duration) -> bool {
+    use std::io::Read;
+    s.set_nonblocking(false).unwrap();
+    s.set_read_timeout(Some(within)).unwrap();
+    let mut buf = [0u8; 16];
+    match s.read(&mut buf) {
+        Ok(0) => true,
+        Ok(_) => panic!("the listener answered a connection that sent nothing"),
+        Err(e) => !matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut),
+    }
+}
+
+/// A stranger that opens connections and never finishes a handshake holds at most 16 of the
+/// listener's places (as many streams as a cycle may use): the next one from its address is
+/// closed at once, while other addresses are still taken and a peer with the key replicates;
+/// the places come back when its connections go.
+#[test]
+fn one_address_cannot_hold_every_place_of_the_replication_listener() {
+    let t = tempfile::tempdir().unwrap();
+    let key = t.path().join("replication.psk");
+    let b = Site::start(&t.path().join("b"), &key, "q", 1 << 30);
+    let a = Site::start(&t.path().join("a"), &key, "p", 1 << 30);
+    let to = b.listen();
+    let held: Vec<_> = (0..16).map(|_| stranger(&to, "127.0.0.2")).collect();
+    let mut one_more = stranger(&to, "127.0.0.2");
+    assert!(
+        closed_within(&mut one_more, Duration::from_secs(10)),
+        "a 17th handshake from one address was taken"
+    );
+    let mut elsewhere = stranger(&to, "127.0.0.3");
+    assert!(
+        !closed_within(&mut elsewhere, Duration::from_secs(1)),
+        "another address was refused"
+    );
+    a.d.ok(&["vdisk", "create", "p/x", "--size", "8M"]);
+    write_image(&a, "p/x", 4 << 20, 5);
+    a.d.ok(&[
+        "replica",
+        "create",
+        "p/x",
+        "--to",
+        &to,
+        "--target-pool",
+        "q",
+        "--name",
+        "x",
+        "--interval",
+        "0",
+    ]);
+    a.d.ok(&["replica", "sync", "x"]);
+    assert!(same_file(
+        &a.export("p/x@repl-x-1", "a.img"),
+        &b.export("q/x@repl-x-1", "b.img")
+    ));
+    assert!(b.d.logs().contains("handshakes from this address are under way"));
+    drop(held);
+    let t0 = Instant::now();
+    loop {
+        let mut again = stranger(&to, "127.0.0.2");
+        if !closed_within(&mut again, Duration::from_millis(500)) {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the address never got its places back"
+        );
+    }
+}
+
 #[test]
 fn a_consistency_group_is_replicated_and_promoted_at_one_instant() {
     let t = tempfile::tempdir().unwrap();

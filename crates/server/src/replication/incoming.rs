@@ -2,11 +2,12 @@
 //! peer may write (replicas it made, never another vdisk), the replicas' snapshots kept, and
 //! promotion (a replica made a writable vdisk at its last consistent snapshot).
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use tessera_replication::{receive, ReceiveOptions, ReplicaSite, Transport};
+use tessera_replication::{receive, wire, ReceiveOptions, ReplicaSite, Transport};
 use tessera_volume::{Engine, LayoutKind};
 use tracing::{info, warn};
 
@@ -18,6 +19,36 @@ use crate::Daemon;
 
 /// Connections taken at once (a cycle may use up to 16); a peer past it waits for its retry.
 const MAX_STREAMS: usize = 64;
+/// Handshakes under way at once from one address: a cycle's streams may all start at once,
+/// and a stranger who cannot finish one holds no more than this of the places above.
+const MAX_HANDSHAKES_PER_ADDRESS: usize = wire::MAX_STREAMS as usize;
+
+/// The handshakes under way, by the address they come from.
+#[derive(Default)]
+struct Handshakes(parking_lot::Mutex<HashMap<IpAddr, usize>>);
+
+impl Handshakes {
+    /// Counts one more from `ip`, unless it has its share under way already.
+    fn begin(&self, ip: IpAddr) -> bool {
+        let mut m = self.0.lock();
+        let n = m.entry(ip).or_default();
+        if *n >= MAX_HANDSHAKES_PER_ADDRESS {
+            return false;
+        }
+        *n += 1;
+        true
+    }
+
+    fn end(&self, ip: IpAddr) {
+        let mut m = self.0.lock();
+        if let Some(n) = m.get_mut(&ip) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&ip);
+            }
+        }
+    }
+}
 
 /// Binds `replication_listen` and takes peers' cycles on threads of their own. The key file
 /// is made when it does not exist: copy it to the peers.
@@ -36,23 +67,31 @@ pub fn start_listener(d: &Arc<Daemon>) -> Result<Option<SocketAddr>, String> {
     *d.replication.listening.lock() = Some(bound);
     let d = d.clone();
     let streams = Arc::new(AtomicUsize::new(0));
+    let handshakes = Arc::new(Handshakes::default());
     std::thread::Builder::new()
         .name("repl-listen".into())
         .spawn(move || {
             for s in l.incoming() {
                 let Ok(s) = s else { continue };
+                let Ok(peer) = s.peer_addr().map(|a| a.ip()) else { continue };
                 if streams.load(Ordering::Relaxed) >= MAX_STREAMS {
                     drop(s);
                     continue;
                 }
+                if !handshakes.begin(peer) {
+                    warn!(%peer, "replication connection refused: {MAX_HANDSHAKES_PER_ADDRESS} handshakes from this address are under way");
+                    drop(s);
+                    continue;
+                }
                 streams.fetch_add(1, Ordering::Relaxed);
-                let (d, t, n) = (d.clone(), transport.clone(), streams.clone());
+                let (d, t, n, h) = (d.clone(), transport.clone(), streams.clone(), handshakes.clone());
                 let spawned = std::thread::Builder::new().name("repl-recv".into()).spawn(move || {
-                    take_cycle(&d, &t, s);
+                    take_cycle(&d, &t, s, || h.end(peer));
                     n.fetch_sub(1, Ordering::Relaxed);
                 });
                 if spawned.is_err() {
                     streams.fetch_sub(1, Ordering::Relaxed);
+                    handshakes.end(peer);
                 }
             }
         })
@@ -60,9 +99,13 @@ pub fn start_listener(d: &Arc<Daemon>) -> Result<Option<SocketAddr>, String> {
     Ok(Some(bound))
 }
 
-fn take_cycle(d: &Arc<Daemon>, t: &Transport, s: TcpStream) {
+/// Takes a peer's connection: the handshake (`shaken` is called once it is over, whichever
+/// way), then the cycle or the stream it brings.
+fn take_cycle(d: &Arc<Daemon>, t: &Transport, s: TcpStream, shaken: impl FnOnce()) {
     let peer = s.peer_addr().map(|a| a.ip().to_string()).unwrap_or_default();
-    let conn = match t.accept(s) {
+    let accepted = t.accept(s);
+    shaken();
+    let conn = match accepted {
         Ok(c) => c,
         Err(e) => {
             // Someone without the key: nothing was read from them.
