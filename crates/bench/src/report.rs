@@ -70,7 +70,11 @@ pub fn describe(w: &Workload) -> String {
             format!(" after {}s warm-up", w.warmup.as_secs_f64())
         },
         if w.verify { ", verified" } else { "" }
-    )
+    ) + if w.write_through && w.write_percent > 0 {
+        ", writes through"
+    } else {
+        ""
+    }
 }
 
 fn lat_row(name: &str, o: &OpStats) -> Option<Vec<String>> {

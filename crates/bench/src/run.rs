@@ -12,7 +12,7 @@ use rand::{Rng, RngCore, SeedableRng};
 use serde::Serialize;
 use tessera_disk::AlignedBuf;
 
-use crate::target::{rw16, Opened, Target, UNIT_ATTENTION_RETRIES};
+use crate::target::{rw16, Opened, Target, FUA, UNIT_ATTENTION_RETRIES};
 use crate::verify::{Verifier, VerifyStats};
 
 /// SCSI status CHECK CONDITION, and the sense key of a unit attention.
@@ -282,6 +282,7 @@ pub fn run(
     });
     let mut threads = Vec::new();
     let mut tasks = Vec::new();
+    let through = w.write_through;
     for th in 0..w.threads {
         for o in 0..w.outstanding {
             let mut slot = Slot::new(s.clone(), th, (th * w.outstanding + o) as u64);
@@ -295,7 +296,7 @@ pub fn run(
                                 while let Some(x) = slot.next() {
                                     let t0 = Instant::now();
                                     let r = if x.write {
-                                        io.write(x.offset, &slot.buf)
+                                        io.write(x.offset, &slot.buf, through)
                                     } else {
                                         io.read(x.offset, &mut slot.buf)
                                     };
@@ -314,7 +315,7 @@ pub fn run(
                         while let Some(x) = slot.next() {
                             let t0 = Instant::now();
                             let r = if x.write {
-                                c.write(x.offset, &slot.buf, false).await
+                                c.write(x.offset, &slot.buf, through).await
                             } else {
                                 c.read(x.offset, slot.buf.len() as u32).await.map(|d| {
                                     slot.buf.copy_from_slice(&d);
@@ -334,7 +335,10 @@ pub fn run(
                         while let Some(x) = slot.next() {
                             let t0 = Instant::now();
                             let len = slot.buf.len();
-                            let cdb = rw16(x.write, x.offset, len, block);
+                            let mut cdb = rw16(x.write, x.offset, len, block);
+                            if x.write && through {
+                                cdb[1] |= FUA;
+                            }
                             // A unit attention (the I_T nexus loss that a session with this
                             // initiator name left, a capacity change) answers a command once
                             // and is gone: as an initiator does, ask again.

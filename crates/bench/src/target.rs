@@ -95,7 +95,8 @@ impl std::fmt::Display for TargetSpec {
 /// Blocking I/O on a target served in this process.
 pub trait SyncIo: Send + Sync {
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), String>;
-    fn write(&self, offset: u64, data: &[u8]) -> Result<(), String>;
+    /// With `through`, the data is on stable media when this returns.
+    fn write(&self, offset: u64, data: &[u8], through: bool) -> Result<(), String>;
     fn flush(&self) -> Result<(), String>;
 }
 
@@ -103,8 +104,8 @@ impl SyncIo for Vdisk {
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), String> {
         Vdisk::read(self, offset, buf).map_err(|e| e.to_string())
     }
-    fn write(&self, offset: u64, data: &[u8]) -> Result<(), String> {
-        Vdisk::write(self, offset, data, false).map_err(|e| e.to_string())
+    fn write(&self, offset: u64, data: &[u8], through: bool) -> Result<(), String> {
+        Vdisk::write(self, offset, data, through).map_err(|e| e.to_string())
     }
     fn flush(&self) -> Result<(), String> {
         Vdisk::flush(self).map_err(|e| e.to_string())
@@ -115,8 +116,13 @@ impl SyncIo for FileDisk {
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), String> {
         self.read_at(buf, offset).map_err(|e| e.to_string())
     }
-    fn write(&self, offset: u64, data: &[u8]) -> Result<(), String> {
-        self.write_at(data, offset).map_err(|e| e.to_string())
+    fn write(&self, offset: u64, data: &[u8], through: bool) -> Result<(), String> {
+        self.write_at(data, offset).map_err(|e| e.to_string())?;
+        if through {
+            // Direct I/O skips the page cache, not the device's: what O_DSYNC would do.
+            BlockDevice::flush(self).map_err(|e| e.to_string())?;
+        }
+        Ok(())
     }
     fn flush(&self) -> Result<(), String> {
         BlockDevice::flush(self).map_err(|e| e.to_string())
@@ -296,6 +302,9 @@ pub async fn iscsi_capacity(s: &Session, lun: u64) -> Result<(u64, u32), String>
 }
 
 /// READ(16) or WRITE(16) of `len` bytes at byte `offset`.
+/// With FUA set on a WRITE(16): the data on stable media before the command completes.
+pub const FUA: u8 = 0x08;
+
 pub fn rw16(write: bool, offset: u64, len: usize, block: u32) -> [u8; 16] {
     let mut c = [0u8; 16];
     c[0] = if write { 0x8A } else { 0x88 };

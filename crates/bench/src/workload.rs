@@ -26,6 +26,9 @@ pub struct Workload {
     pub size: Option<u64>,
     /// Write self-describing blocks and check every read.
     pub verify: bool,
+    /// Every write on stable media before it completes, as diskspd's -Sh (-h) asks with
+    /// write-through: FUA over iSCSI and NBD, a write and a flush in this process.
+    pub write_through: bool,
 }
 
 mod secs {
@@ -49,6 +52,7 @@ impl Default for Workload {
             offset: 0,
             size: None,
             verify: false,
+            write_through: false,
         }
     }
 }
@@ -57,10 +61,16 @@ impl Default for Workload {
 pub const PROFILES: &[(&str, &str)] = &[
     (
         "4k-read",
-        "4K random, 100% read, 32 threads x 16 outstanding (diskspd -b4K -t32 -o16 -r)",
+        "4K random, 100% read, 32 threads x 16 outstanding (diskspd -b4K -t32 -o16 -r -Sh)",
     ),
-    ("4k-90-10", "4K random, 90% read, 32 threads x 16 outstanding"),
-    ("4k-70-30", "4K random, 70% read, 32 threads x 16 outstanding"),
+    (
+        "4k-90-10",
+        "4K random, 90% read, 32 threads x 16 outstanding, writes through (-Sh)",
+    ),
+    (
+        "4k-70-30",
+        "4K random, 70% read, 32 threads x 16 outstanding, writes through (-Sh)",
+    ),
     (
         "oltp-8k",
         "8K random, 67% read (vdbench OLTP), 8 threads x 8 outstanding",
@@ -83,6 +93,8 @@ impl Workload {
                     _ => 30,
                 },
                 random: true,
+                // The seeds ran them with -h (-Sh): no cache between the writes and media.
+                write_through: true,
                 ..d
             },
             "oltp-8k" => Workload {

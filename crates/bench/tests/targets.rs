@@ -224,6 +224,74 @@ fn network_targets_count_and_verify() {
     assert!(e.contains("nope"), "{e}");
 }
 
+/// Writes through (diskspd -Sh) reach stable media before they complete, on every kind of
+/// target: FUA over NBD and iSCSI, a flush after the write in this process; the disk sees
+/// about a flush per write. Without, the writes are cached and the disk is not flushed.
+#[test]
+fn writes_through_flush_the_disk_and_cached_ones_do_not() {
+    let rt = runtime();
+    let p = pool();
+    let v = p.engine.vdisk("v").unwrap();
+    let nreg = tessera_nbd::Registry::new();
+    nreg.add(tessera_nbd::Export::new("v", "p/v", v.clone(), false));
+    let nbd = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
+    let nbd_addr = nbd.local_addr().unwrap();
+    rt.spawn(tessera_nbd::serve(nbd, nreg));
+    let ireg = tessera_iscsi::Registry::new();
+    let t = ireg.add_target(tessera_iscsi::Target::new("iqn.2026-11.io.tessera:b"));
+    t.set_access(tessera_iscsi::Access::open());
+    t.luns
+        .write()
+        .insert(0, Arc::new(tessera_vdisk_lun::vdisk_lun(v.clone(), 7, false)));
+    let iscsi = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
+    let iscsi_addr = iscsi.local_addr().unwrap();
+    rt.spawn(tessera_iscsi::serve(iscsi, ireg));
+    // Every grain written once first: the runs below only overwrite, with nothing to commit.
+    v.write(0, &vec![1u8; 4 * MIB as usize], true).unwrap();
+
+    for url in [
+        "vdisk".to_string(),
+        format!("nbd://{nbd_addr}/v"),
+        format!("iscsi://{iscsi_addr}/iqn.2026-11.io.tessera:b/0"),
+    ] {
+        let target = || match url.as_str() {
+            "vdisk" => Target::vdisk("vdisk:p/v", v.clone()),
+            _ => rt
+                .block_on(Target::connect(
+                    &TargetSpec::parse(&url).unwrap(),
+                    2,
+                    &Connect::default(),
+                ))
+                .unwrap(),
+        };
+        let mut flushes = Vec::new();
+        for through in [true, false] {
+            let w = Workload {
+                write_through: through,
+                ..workload(100, true, false, 4 * MIB)
+            };
+            let t = target();
+            p.disk.faults().reset_counters();
+            let r = run(&t, &w, None, rt.handle(), &quiet).unwrap();
+            assert_counts_add_up(&r, &w);
+            flushes.push((r.write.ops, p.disk.faults().flushes()));
+            rt.block_on(t.close());
+        }
+        let [(through_writes, through_flushes), (cached_writes, cached_flushes)] = flushes[..] else {
+            unreachable!()
+        };
+        // Up to 8 writes in flight may share a flush.
+        assert!(
+            through_flushes * 8 >= through_writes && through_writes > 0,
+            "{url}: {through_flushes} flushes for {through_writes} writes through"
+        );
+        assert!(
+            cached_flushes <= 2 && cached_writes > 0,
+            "{url}: {cached_flushes} flushes for {cached_writes} cached writes"
+        );
+    }
+}
+
 #[test]
 fn with_block_checksums_rot_ends_the_run_instead_of_reaching_the_reader() {
     let rt = runtime();

@@ -69,6 +69,9 @@ fn workload(a: &BenchArgs) -> Result<Workload, String> {
     w.offset = a.offset;
     w.size = a.size;
     w.verify = a.verify;
+    if let Some(through) = a.caching {
+        w.write_through = through;
+    }
     if !(a.duration > 0.0) || a.warmup < 0.0 {
         return Err("the duration must be positive and the warm-up not negative".into());
     }

@@ -290,6 +290,11 @@ pub struct BenchArgs {
     /// Write self-describing blocks and check every read of them; fails on any mismatch.
     #[arg(long)]
     pub verify: bool,
+    /// Caching, as diskspd's -S: h (or w, uw, wu) writes through, each write on stable media
+    /// before it completes (FUA); u (unbuffered, as every I/O here is) or none writes back.
+    /// diskspd's -h is -Sh. Profiles 4k-90-10 and 4k-70-30 write through, as the seeds ran them.
+    #[arg(short = 'S', long = "caching", value_name = "MODE", value_parser = parse_caching, num_args = 0..=1, default_missing_value = "u")]
+    pub caching: Option<bool>,
     /// Runs (with --until-rsd: at least this many).
     #[arg(long, default_value_t = 1)]
     pub runs: u32,
@@ -320,6 +325,18 @@ pub struct BenchArgs {
     /// No progress line.
     #[arg(long, short = 'q')]
     pub quiet: bool,
+}
+
+/// diskspd's -S modes: whether writes go through (true) or may be cached (false).
+fn parse_caching(s: &str) -> Result<bool, String> {
+    match s {
+        "h" | "w" | "uw" | "wu" => Ok(true),
+        "u" | "" => Ok(false),
+        "b" | "r" | "m" => Err(format!(
+            "-S{s}: buffered, random-access and sequential hints of the Windows cache have no meaning here (every I/O is unbuffered); use -Sh or -Su"
+        )),
+        _ => Err(format!("-S{s}: the modes are h (write through), w, uw and u")),
+    }
 }
 
 fn parse_secs(s: &str) -> Result<u64, String> {
