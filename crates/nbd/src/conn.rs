@@ -587,11 +587,11 @@ impl<S: Socket> Loop<S> {
 
     /// A WRITE whose payload has arrived: its disk writes go on the ring when the engine can
     /// plan them (an overwrite in place on disks that write in the background, a pool on
-    /// RADOS); otherwise it goes to a worker. A write with FUA goes to a worker too, which
-    /// flushes after it as a flush would.
+    /// RADOS); otherwise it goes to a worker. FUA needs nothing more: the disks complete a
+    /// planned write once it is as durable as a flush makes it.
     fn start_write(&mut self, req: Request, payload: AlignedBuf) {
         let plan = match self.ring {
-            Some(_) if req.flags & cflag::FUA == 0 && check(&self.ctx, &req).is_ok() => {
+            Some(_) if check(&self.ctx, &req).is_ok() => {
                 self.ctx.export.vdisk.try_plan_write(req.offset, payload.len())
             }
             _ => None,

@@ -514,8 +514,10 @@ impl Lun {
     /// What execute_for checks before it runs a WRITE, for a transport that starts its disk
     /// writes itself: the blocks to write, or None when the command must run the ordinary way
     /// (a unit attention to report, a port not active here or a refusal to answer, a
-    /// reservation in the way, a write-protected LUN, a range to refuse, or a write that must
-    /// be durable when answered: FUA, or the write cache off). The caller holds the fence.
+    /// reservation in the way, a write-protected LUN, a range to refuse). FUA, and the write
+    /// cache off, need nothing more: a planned write is answered once its disks say it is as
+    /// durable as a flush makes it ([`BlockBackend::try_plan_write`]). The caller holds the
+    /// fence.
     pub(crate) fn admit_write(&self, nexus: &Nexus, cdb: &[u8]) -> Option<(u64, u64)> {
         if !matches!(cdb.first(), Some(&(WRITE_10 | WRITE_12 | WRITE_16))) {
             return None;
@@ -530,7 +532,7 @@ impl Lun {
             return None;
         }
         let r = self.checked_range(cdb, true).ok()?;
-        if r.blocks == 0 || r.fua || !self.mode().wce {
+        if r.blocks == 0 {
             return None;
         }
         Some((r.lba, r.blocks))

@@ -1,9 +1,10 @@
 //! WRITEs a transport starts on its own ring (`Lun::start_write`): a plain WRITE the backend
 //! can plan is admitted without blocking and answered GOOD once its disk writes are done;
 //! everything the ordinary path must decide (a unit attention to report, a reservation in
-//! the way, a write-protected LUN, a standby port's takeover, FUA, data short of the CDB, a
+//! the way, a write-protected LUN, a standby port's takeover, data short of the CDB, a
 //! backend that cannot plan) runs the ordinary way, with nothing written and no takeover
-//! asked for.
+//! asked for. A write that must be durable when answered (FUA, the write cache off) is
+//! planned too: the backend's disks complete a planned write once it is.
 
 use std::any::Any;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -165,16 +166,44 @@ fn a_plain_write_is_planned_and_answered_once_its_disk_writes_are_done() {
     assert_eq!(back.data.to_vec(), d);
 }
 
+/// FUA, and every WRITE while the write cache is off, must be durable when answered: a
+/// planned write is answered once its disk writes complete, which a backend plans only on
+/// disks whose completions say the data is as durable as a flush makes it.
+#[test]
+fn writes_that_must_be_durable_when_answered_are_planned_too() {
+    let (l, finished, ram) = lun(false);
+    let n = Nexus::new(7, "iqn.2026-11.test:host", [0, 2, 0, 0, 0, 1]);
+    let d = data(4, 8);
+    let start = |l: &Lun, cdb: &[u8]| match l.start_write(&n, cdb, &d) {
+        WriteStart::Planned(w) => w,
+        WriteStart::Execute => panic!("not planned: {cdb:02x?}"),
+    };
+    let w = start(&l, &write10(16, 8, true));
+    run(&w, &d, &ram);
+    assert_eq!(w.into_response().status, sense::GOOD);
+    // The caching page with WCE off (MODE SELECT(6), from the page MODE SENSE gives).
+    let page = l.execute_for(&n, &[0x1A, 0x08, 0x08, 0, 255, 0], &[]);
+    assert_eq!(page.status, sense::GOOD);
+    let mut list = vec![0u8; 4];
+    list.extend_from_slice(&page.data.to_vec()[4..]);
+    list[4] &= 0x3F;
+    list[6] &= !0x04;
+    let set = l.execute_for(&n, &[0x15, 0x10, 0, 0, list.len() as u8, 0], &list);
+    assert_eq!(set.status, sense::GOOD);
+    assert!(!l.mode().wce);
+    let w = start(&l, &write10(32, 8, false));
+    run(&w, &d, &ram);
+    assert_eq!(w.into_response().status, sense::GOOD);
+    assert_eq!(finished.load(Ordering::SeqCst), 2);
+    assert_eq!(l.execute(&read10(32, 8), &[]).data.to_vec(), d);
+}
+
 #[test]
 fn what_the_ordinary_path_must_decide_is_not_planned() {
     let n = Nexus::new(7, "iqn.2026-11.test:host", [0, 2, 0, 0, 0, 1]);
     let d = data(2, 8);
     let execute = |l: &Lun, cdb: &[u8], d: &[u8]| matches!(l.start_write(&n, cdb, d), WriteStart::Execute);
     let (l, _, _) = lun(false);
-    assert!(
-        execute(&l, &write10(16, 8, true), &d),
-        "FUA must be durable when answered"
-    );
     assert!(
         execute(&l, &write10(16, 8, false), &d[..4 * BS]),
         "data short of the CDB"
