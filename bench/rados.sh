@@ -21,7 +21,11 @@
 #   `rbd bench` on the image (the reference the Ceph project ships), same size and depth,
 #
 #   4K random read QD32, 4K random write QD32, 256K sequential read QD8, 256K sequential
-#   write QD8.
+#   write QD8;
+#
+# and `tessera bench` with 4K random writes through (-Sh, the seeds' diskspd -h: FUA), QD32,
+# over iSCSI and NBD, beside the same over NBD written back (-Su), against fio rbd without
+# librbd's cache (which answers a write once the OSDs have it: the same promise).
 #
 # Prints a markdown table of medians (IOPS for 4K, MiB/s for 256K) and Tessera / fio-rbd (with
 # and without librbd's cache) and Tessera / qemu-nbd, and how many operations the OSDs did per I/O of each fio run (their
@@ -169,13 +173,13 @@ open(sys.argv[1] + ".ops", "w").write("%.2f\n" % (int(sys.argv[2]) / max(ios, 1)
 print(j["read"]["iops"] + j["write"]["iops"])' "$log" "$ops"
 }
 
-tessera_bench_run() { # log rw bs qd -> IOPS, over iSCSI
-  local log=$DIR/logs/$run-$1.json rw=$2 bs=$3 qd=$4 args
+tessera_bench_run() { # log rw bs qd [url [caching]] -> IOPS, over iSCSI unless told
+  local log=$DIR/logs/$run-$1.json rw=$2 bs=$3 qd=$4 url=${5:-iscsi://$PORTAL/$IQN/0} args
   case $rw in
     randread) args=(-r -w 0);; randwrite) args=(-r -w 100);;
     read) args=(-s -w 0);; write) args=(-s -w 100);;
   esac
-  "$T" --json bench "iscsi://$PORTAL/$IQN/0" "${args[@]}" -b "$bs" -o "$qd" -t 1 -d "$DURATION" > "$log"
+  "$T" --json bench "$url" "${args[@]}" -S"${6:-u}" -b "$bs" -o "$qd" -t 1 -d "$DURATION" > "$log"
   python3 -c 'import json,sys; t=open(sys.argv[1]).read(); print(json.loads(t[t.index("{"):])["iops_mean"])' "$log"
 }
 
@@ -205,6 +209,11 @@ for run in $(seq "$RUNS"); do
     res[$1-iscsi]+="$(tessera_bench_run "$1-iscsi" "$2" "$3" "$4") "
     res[$1-rbdbench]+="$(rbd_bench_run "$1-rbdbench" "$2" "$3" "$4" x "$rbd_iops") "
   done
+  # Writes through (diskspd -Sh, the seeds' -h): each durable when answered. librbd without
+  # its cache answers a write once the OSDs have it, which is the same promise (rw4k above).
+  res[wt-iscsi]+="$(tessera_bench_run wt-iscsi randwrite 4096 32 "iscsi://$PORTAL/$IQN/0" h) "
+  res[wt-nbd]+="$(tessera_bench_run wt-nbd randwrite 4096 32 "$T_URI" h) "
+  res[wb-nbd]+="$(tessera_bench_run wb-nbd randwrite 4096 32 "$T_URI" u) "
 done
 
 echo "## A pool on Ceph RADOS: Tessera over NBD and iSCSI vs librbd on the same RADOS pool"
@@ -232,6 +241,20 @@ for w in rr4k rw4k sr256k sw256k; do
     "$(python3 -c "print(${m[iscsi]} / ${m[fiorbd]})")" "$(python3 -c "print(${m[nbd]} / ${m[fiorbdnc]})")" \
     "$(python3 -c "print(${m[iscsi]} / ${m[fiorbdnc]})")" "$(python3 -c "print(${m[nbd]} / ${m[qemunbd]})")"
 done
+echo
+echo "4K random writes through (FUA; diskspd -Sh), QD32, IOPS, against librbd without its cache"
+echo "(fio), whose writes are durable when answered too (medians; Tessera with its own bench,"
+echo "whose NBD client is not fio's):"
+echo
+echo "| fio rbd, no cache | Tessera iSCSI -Sh | Tessera NBD -Sh | Tessera NBD -Su | iSCSI -Sh / no cache | NBD -Sh / no cache |"
+echo "|---:|---:|---:|---:|---:|---:|"
+declare -A m=()
+m[nc]=$(echo "${res[rw4k-fiorbdnc]}" | tr ' ' '\n' | grep . | median)
+for who in wt-iscsi wt-nbd wb-nbd; do
+  m[$who]=$(echo "${res[$who]}" | tr ' ' '\n' | grep . | median)
+done
+printf '| %.0f | %.0f | %.0f | %.0f | %.2f | %.2f |\n' "${m[nc]}" "${m[wt-iscsi]}" "${m[wt-nbd]}" "${m[wb-nbd]}" \
+  "$(python3 -c "print(${m[wt-iscsi]} / ${m[nc]})")" "$(python3 -c "print(${m[wt-nbd]} / ${m[nc]})")"
 echo
 echo "Operations the OSDs did per I/O of fio (median; librbd's cache and Tessera's merging of a"
 echo "request's grains both show here):"
