@@ -386,8 +386,9 @@ fn chap_and_acl_gate_logins_and_discovery() {
 }
 
 /// Taking a host out of a target's ACL takes its access at once: its sessions to that
-/// target end, and the ROD tokens it made through them can no longer be written anywhere;
-/// its sessions to other targets, and their tokens, are kept.
+/// target end, and the ROD tokens it made on the target's LUNs (through those sessions or
+/// one that ended before) can no longer be written anywhere; its sessions to other targets,
+/// and the tokens it made on their LUNs, are kept.
 #[test]
 fn taking_a_host_out_of_the_acl_ends_its_sessions_and_their_tokens() {
     use tessera_iscsi::initiator::{LoginConfig, Session};
@@ -397,14 +398,15 @@ fn taking_a_host_out_of_the_acl_ends_its_sessions_and_their_tokens() {
     let d = Daemon::start(&state);
     create_pool(&d, "c", &disks(&t.path().join("disks"), 1, 1 << 30));
     d.ok(&["vdisk", "create", "c/v", "--size", "64M", "--layout", "simple"]);
+    d.ok(&["vdisk", "create", "c/w", "--size", "64M", "--layout", "simple"]);
     let (open, secure) = ("iqn.2026-11.io.tessera:open", "iqn.2026-11.io.tessera:secure");
     let (host_a, host_b) = ("iqn.2026-11.io.example:host-a", "iqn.2026-11.io.example:host-b");
     d.ok(&["target", "create", open, "--allow-any-initiator"]);
     d.ok(&["target", "create", secure]);
     d.ok(&["target", "acl", "add", secure, host_a]);
-    for iqn in [open, secure] {
-        d.ok(&["target", "lun", "add", iqn, "c/v"]);
-    }
+    // Each its own LUN: a LUN host A still reaches through another target keeps its tokens.
+    d.ok(&["target", "lun", "add", secure, "c/v"]);
+    d.ok(&["target", "lun", "add", open, "c/w"]);
     let portal = d.iscsi_portal();
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
@@ -439,6 +441,10 @@ fn taking_a_host_out_of_the_acl_ends_its_sessions_and_their_tokens() {
         }
         let by_a_secure = token(&a_secure, 1).await;
         let by_a_open = token(&a_open, 2).await;
+        // Through a session of its own that ended before its access did.
+        let earlier = login(host_a, secure, 4).await;
+        let by_a_earlier = token(&earlier, 3).await;
+        earlier.logout().await.unwrap();
         assert_eq!(
             write_with(&b_open, &by_a_secure, 10).await.status,
             0,
@@ -452,13 +458,15 @@ fn taking_a_host_out_of_the_acl_ends_its_sessions_and_their_tokens() {
         )
         .await;
         assert!(matches!(after, Ok(Err(_))), "host A's session goes on: {after:?}");
-        let refused = write_with(&b_open, &by_a_secure, 11).await;
-        assert_eq!(refused.status, 2, "a token of the ended session was written");
-        assert_eq!(
-            (refused.sense[2] & 0x0F, refused.sense[12], refused.sense[13]),
-            (5, 0x23, 0x06),
-            "refused as revoked"
-        );
+        for (tok, list_id) in [(&by_a_secure, 11), (&by_a_earlier, 13)] {
+            let refused = write_with(&b_open, tok, list_id).await;
+            assert_eq!(refused.status, 2, "a token host A made on the target was written");
+            assert_eq!(
+                (refused.sense[2] & 0x0F, refused.sense[12], refused.sense[13]),
+                (5, 0x23, 0x06),
+                "refused as revoked"
+            );
+        }
         assert_eq!(a_open.command(0, &[0u8; 6], Vec::new(), 0).await.unwrap().status, 0);
         assert_eq!(
             write_with(&b_open, &by_a_open, 12).await.status,

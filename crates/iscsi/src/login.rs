@@ -354,12 +354,13 @@ where
                 params.immediate_data = false;
             }
             let tname = target.as_ref().map(|t| t.iqn.clone()).unwrap_or_default();
-            let Opened { tsih, nexus, close } = match reg.open_session(&name, isid, &tname) {
+            let Opened { tsih, nexus, close } = match reg.open_session(&name, isid, target.as_ref()) {
                 Ok(s) => s,
                 Err(NotOpened::Limit(why)) => refuse!(status::OUT_OF_RESOURCES, why),
                 Err(NotOpened::NotAdmitted) => {
                     refuse!(status::FORBIDDEN, format!("{name} is not in the ACL of {tname}"))
                 }
+                Err(NotOpened::Gone) => refuse!(status::NOT_FOUND, format!("no target {tname}")),
             };
             let mut p = reply(status::SUCCESS, text::encode(&answers), true, stat_sn, tsih);
             p.write(w, false, false).await.map_err(|e| e.to_string())?;

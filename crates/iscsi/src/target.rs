@@ -80,6 +80,8 @@ pub(crate) enum NotOpened {
     Limit(String),
     /// The target's ACL changed during the login and no longer admits the initiator.
     NotAdmitted,
+    /// The target was removed during the login.
+    Gone,
 }
 
 /// Ends a session from outside (when a new login reinstates it) by shutting its socket down,
@@ -185,8 +187,9 @@ impl Registry {
     /// Removes target `iqn` and ends the sessions logged in to it: a session keeps its own
     /// reference to its target, and would otherwise go on reading and writing its LUNs.
     pub fn remove_target(&self, iqn: &str) -> Option<Arc<Target>> {
+        let sessions = self.sessions.lock();
         let removed = self.targets.write().remove(iqn);
-        for ((_, _, target), e) in self.sessions.lock().iter() {
+        for ((_, _, target), e) in sessions.iter() {
             if target == iqn {
                 e.close.close();
             }
@@ -234,12 +237,23 @@ impl Registry {
     /// Registers a new session, closing one with the same identity; returns its TSIH, its
     /// nexus and what closes it. A normal session past the limit of its initiator or its
     /// target is refused (which, said); one that reinstates a session takes its place. The
-    /// target's ACL is checked again here, under the lock [`Registry::set_access`] takes: a
-    /// login that passed an ACL changed since is either refused here or ended there.
-    pub(crate) fn open_session(&self, initiator: &str, isid: [u8; 6], target: &str) -> Result<Opened, NotOpened> {
+    /// target (None: a discovery session) is checked again here, under the lock that
+    /// [`Registry::set_access`] and [`Registry::remove_target`] take: a login that passed an
+    /// ACL changed since, or whose target was removed (or replaced by one of the same name),
+    /// is either refused here or ended there.
+    pub(crate) fn open_session(
+        &self,
+        initiator: &str,
+        isid: [u8; 6],
+        login_target: Option<&Arc<Target>>,
+    ) -> Result<Opened, NotOpened> {
+        let target = login_target.map_or("", |t| t.iqn.as_str());
         let mut sessions = self.sessions.lock();
-        if !target.is_empty() {
-            if !self.target(target).is_some_and(|t| t.access().admits(initiator)) {
+        if let Some(t) = login_target {
+            if !self.target(target).is_some_and(|now| Arc::ptr_eq(&now, t)) {
+                return Err(NotOpened::Gone);
+            }
+            if !t.access().admits(initiator) {
                 return Err(NotOpened::NotAdmitted);
             }
             let limits = self.limits();
@@ -292,7 +306,8 @@ impl Registry {
         let sessions = self.sessions.lock();
         let mut ended = Vec::new();
         for ((initiator, _, target), e) in sessions.iter() {
-            if target == iqn && !access.admits(initiator) {
+            // A session closed already (by an earlier change, a reinstatement) is ending.
+            if target == iqn && !access.admits(initiator) && !e.close.closed.load(Ordering::SeqCst) {
                 info!(%initiator, target = iqn, tsih = e.tsih, "the ACL no longer admits the initiator: session ended");
                 e.close.close();
                 ended.push(e.nexus);

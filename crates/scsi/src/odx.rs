@@ -12,6 +12,7 @@ use crate::backend::FrozenImage;
 use crate::bytes::{alloc, be16, be32, be64};
 use crate::commands::COMMANDS;
 use crate::lun::{CmdResult, Lun};
+use crate::nexus::Nexus;
 use crate::opcodes::*;
 use crate::sense::{self, Sense};
 use crate::tpc::{
@@ -53,7 +54,7 @@ impl Lun {
         Ok(out)
     }
 
-    pub(crate) fn populate_token(&self, nexus: u64, cdb: &[u8], d: &[u8]) -> CmdResult {
+    pub(crate) fn populate_token(&self, nexus: &Nexus, cdb: &[u8], d: &[u8]) -> CmdResult {
         let list_id = be32(&cdb[6..10]) as u32;
         let d = &d[..(be32(&cdb[10..14]) as usize).min(d.len())];
         if d.len() < 16 {
@@ -85,6 +86,7 @@ impl Lun {
         let token = self
             .tpc
             .create_token(self.identification_cscd(), nexus, image, timeout)?;
+        let nexus = nexus.id;
         self.tpc.record(
             nexus,
             list_id,

@@ -13,6 +13,7 @@ use parking_lot::Mutex;
 use rand::Rng;
 
 use crate::backend::FrozenImage;
+use crate::nexus::Nexus;
 use crate::sense::{self, Sense};
 
 /// Copy operation status values of RECEIVE COPY STATUS and RECEIVE ROD TOKEN INFORMATION.
@@ -80,6 +81,8 @@ struct Token {
     /// The I_T nexus that made it: the only one REPORT ALL ROD TOKENS shows it to. A token is
     /// a bearer secret; whoever holds it may write its data.
     creator: u64,
+    /// The name of the initiator that made it, lower case (iSCSI names compare so).
+    made_by: String,
     image: Arc<dyn FrozenImage>,
     timeout: Duration,
     last_used: Instant,
@@ -131,15 +134,16 @@ impl CopyManager {
         }
     }
 
-    /// Makes a token representing `image`, created by the I_T nexus `nexus` on the LUN that
+    /// Makes a token representing `image`, created by the I_T nexus `by` on the LUN that
     /// `creator` (its identification CSCD descriptor) names.
     pub fn create_token(
         &self,
         creator: [u8; 32],
-        nexus: u64,
+        by: &Nexus,
         image: Arc<dyn FrozenImage>,
         timeout_s: u32,
     ) -> Result<Box<[u8; TOKEN_LEN]>, Sense> {
+        let nexus = by.id;
         self.expire();
         let mut tokens = self.tokens.lock();
         let live: u64 = tokens.values().map(|t| t.image.len()).sum();
@@ -172,6 +176,7 @@ impl CopyManager {
             Token {
                 bytes: b.clone(),
                 creator: nexus,
+                made_by: by.initiator.to_ascii_lowercase(),
                 image,
                 timeout: Duration::from_secs(timeout_s as u64),
                 last_used: Instant::now(),
@@ -251,11 +256,16 @@ impl CopyManager {
         self.revoke_where(|t| t.image.pool() == pool && t.image.vdisk() == vdisk);
     }
 
-    /// Ends every token made through the I_T nexuses `nexuses` (their sessions were ended
-    /// because the initiator lost its access): what a host populated while it had access is
-    /// not written anywhere after it lost it, by that host or by whoever it gave the token to.
-    pub fn revoke_made_by(&self, nexuses: &[u64]) {
-        self.revoke_where(|t| nexuses.contains(&t.creator));
+    /// Ends every token made on one of the LUNs `luns` (identification CSCD descriptors) by
+    /// an initiator that `lost(initiator, lun)` says lost its access to that LUN, through any
+    /// of its sessions, those ended and those still going: what a host populated while it
+    /// had access is not written anywhere after it lost it, by that host or by whoever it
+    /// gave the token to.
+    pub fn revoke_made_on(&self, luns: &[[u8; 32]], lost: impl Fn(&str, &[u8; 32]) -> bool) {
+        self.revoke_where(|t| {
+            let on: &[u8; 32] = t.bytes[T_CREATOR..T_CREATOR + 32].try_into().expect("32 bytes");
+            luns.contains(on) && lost(&t.made_by, on)
+        });
     }
 
     fn revoke_where(&self, ends: impl Fn(&Token) -> bool) {
@@ -365,9 +375,9 @@ mod tests {
     #[test]
     fn a_deleted_vdisks_tokens_end_with_it_and_no_other() {
         let cm = CopyManager::new();
-        let of_vm = cm.create_token([1; 32], 7, image("p", "vm", 4096), 30).unwrap();
-        let of_vm_snap = cm.create_token([1; 32], 7, image("p", "vm@s1", 4096), 30).unwrap();
-        let of_other_pool = cm.create_token([1; 32], 7, image("q", "vm", 4096), 30).unwrap();
+        let of_vm = cm.create_token([1; 32], &nx(7), image("p", "vm", 4096), 30).unwrap();
+        let of_vm_snap = cm.create_token([1; 32], &nx(7), image("p", "vm@s1", 4096), 30).unwrap();
+        let of_other_pool = cm.create_token([1; 32], &nx(7), image("q", "vm", 4096), 30).unwrap();
         cm.revoke_vdisk("p", "vm");
         assert_eq!(cm.use_token(&of_vm[..], false).unwrap_err(), TokenRefusal::Revoked);
         assert!(cm.use_token(&of_vm_snap[..], false).is_ok(), "its snapshot lives on");
@@ -380,34 +390,57 @@ mod tests {
         assert!(cm.use_token(&of_vm_snap[..], false).is_ok());
     }
 
+    fn nx(id: u64) -> Nexus {
+        Nexus::new(id, "iqn.2026-11.test:host", [0, 2, 0, 0, 0, id as u8])
+    }
+
+    /// An initiator that lost access to some LUNs loses the tokens it made on them, through
+    /// every one of its sessions (case aside), and keeps those made on LUNs it still reaches;
+    /// another initiator's tokens on the same LUNs are kept.
     #[test]
-    fn the_tokens_of_ended_nexuses_end_and_no_others() {
+    fn the_tokens_an_initiator_made_on_luns_it_lost_end_and_no_others() {
         let cm = CopyManager::new();
-        let by_2 = cm.create_token([1; 32], 2, image("p", "vm", 4096), 30).unwrap();
-        let by_3 = cm.create_token([1; 32], 3, image("p", "vm", 4096), 30).unwrap();
-        let by_5 = cm.create_token([1; 32], 5, image("p", "vm", 4096), 30).unwrap();
-        cm.revoke_made_by(&[3, 5, 9]);
-        assert_eq!(cm.use_token(&by_3[..], false).unwrap_err(), TokenRefusal::Revoked);
-        assert_eq!(cm.use_token(&by_5[..], false).unwrap_err(), TokenRefusal::Revoked);
-        assert!(cm.use_token(&by_2[..], false).is_ok());
-        assert_eq!(cm.tokens_of(2).len(), 1);
-        assert!(cm.tokens_of(3).is_empty());
+        let (a, b, c) = ([1u8; 32], [2u8; 32], [3u8; 32]);
+        let host = |id, name: &str| Nexus::new(id, name, [0; 6]);
+        let on_a = cm
+            .create_token(a, &host(2, "iqn.2026-11.test:X"), image("p", "vm", 4096), 30)
+            .unwrap();
+        let on_b = cm
+            .create_token(b, &host(3, "iqn.2026-11.test:x"), image("p", "vm", 4096), 30)
+            .unwrap();
+        let on_c = cm
+            .create_token(c, &host(4, "iqn.2026-11.test:x"), image("p", "vm", 4096), 30)
+            .unwrap();
+        let other = cm
+            .create_token(a, &host(5, "iqn.2026-11.test:y"), image("p", "vm", 4096), 30)
+            .unwrap();
+        // Still reaching LUN a another way: only the token on b ends.
+        cm.revoke_made_on(&[a, b], |i, lun| i == "iqn.2026-11.test:x" && *lun != [1u8; 32]);
+        assert!(cm.use_token(&on_a[..], false).is_ok(), "a LUN it still reaches");
+        assert_eq!(cm.use_token(&on_b[..], false).unwrap_err(), TokenRefusal::Revoked);
+        cm.revoke_made_on(&[a, b], |i, _| i == "iqn.2026-11.test:x");
+        assert_eq!(cm.use_token(&on_a[..], false).unwrap_err(), TokenRefusal::Revoked);
+        assert_eq!(cm.use_token(&on_b[..], false).unwrap_err(), TokenRefusal::Revoked);
+        assert!(cm.use_token(&on_c[..], false).is_ok(), "a LUN it did not lose");
+        assert!(cm.use_token(&other[..], false).is_ok(), "another initiator's token");
+        assert!(cm.tokens_of(2).is_empty());
+        assert_eq!(cm.tokens_of(5).len(), 1);
     }
 
     #[test]
     fn one_nexus_cannot_take_the_whole_token_budget() {
         let cm = CopyManager::new();
         for _ in 0..MAX_TOKENS_PER_NEXUS {
-            cm.create_token([1; 32], 1, image("p", "vm", 512), 30).unwrap();
+            cm.create_token([1; 32], &nx(1), image("p", "vm", 512), 30).unwrap();
         }
-        let refused = cm.create_token([1; 32], 1, image("p", "vm", 512), 30).unwrap_err();
+        let refused = cm.create_token([1; 32], &nx(1), image("p", "vm", 512), 30).unwrap_err();
         assert_eq!(refused.asc, sense::INSUFFICIENT_RESOURCES_TO_CREATE_ROD_TOKEN.asc);
         // Another nexus still gets its own, and bytes are bounded the same way.
-        cm.create_token([1; 32], 2, image("p", "vm", 512), 30).unwrap();
-        cm.create_token([1; 32], 3, image("p", "vm", MAX_LIVE_TOKEN_BYTES_PER_NEXUS), 30)
+        cm.create_token([1; 32], &nx(2), image("p", "vm", 512), 30).unwrap();
+        cm.create_token([1; 32], &nx(3), image("p", "vm", MAX_LIVE_TOKEN_BYTES_PER_NEXUS), 30)
             .unwrap();
-        assert!(cm.create_token([1; 32], 3, image("p", "vm", 512), 30).is_err());
-        cm.create_token([1; 32], 4, image("p", "vm", 512), 30).unwrap();
+        assert!(cm.create_token([1; 32], &nx(3), image("p", "vm", 512), 30).is_err());
+        cm.create_token([1; 32], &nx(4), image("p", "vm", 512), 30).unwrap();
     }
 
     #[test]

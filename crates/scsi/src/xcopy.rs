@@ -38,7 +38,7 @@ struct Segment {
 impl Lun {
     /// This LUN as an identification CSCD descriptor: what EXTENDED COPY parameter lists and
     /// our ROD tokens name it by.
-    pub(crate) fn identification_cscd(&self) -> [u8; 32] {
+    pub fn identification_cscd(&self) -> [u8; 32] {
         let mut d = [0u8; 32];
         d[0] = CSCD_IDENTIFICATION;
         d[1] = 0x00; // direct access block device

@@ -609,8 +609,8 @@ impl Targets {
 
     /// Changes a target's configuration with `change`, saves it (or undoes the change when the
     /// save fails) and applies the access rules: to the next logins, and to the sessions
-    /// logged in, which end if the initiator is no longer admitted (the ROD tokens they made
-    /// with them).
+    /// logged in, which end if the initiator is no longer admitted, and so do the ROD tokens
+    /// it made on the target's LUNs.
     fn update_access(&self, iqn: &str, change: impl FnOnce(&mut TargetConfig) -> ApiResult<()>) -> ApiResult<()> {
         let mut c = self.configs.lock();
         let access = change_saved(
@@ -624,9 +624,19 @@ impl Targets {
             },
             |c| self.save(c),
         )?;
-        let ended = self.registry.set_access(iqn, access);
-        if !ended.is_empty() {
-            self.copy.revoke_made_by(&ended);
+        self.registry.set_access(iqn, access);
+        if let Some(t) = self.registry.target(iqn) {
+            // A LUN can be presented by several targets: an initiator keeps its tokens on one
+            // that another target still lets it reach.
+            let luns: Vec<[u8; 32]> = t.luns.read().values().map(|l| l.identification_cscd()).collect();
+            let targets = self.registry.targets();
+            let reaches = |initiator: &str, lun: &[u8; 32]| {
+                targets.iter().any(|t| {
+                    t.access().admits(initiator) && t.luns.read().values().any(|l| l.identification_cscd() == *lun)
+                })
+            };
+            self.copy
+                .revoke_made_on(&luns, |initiator, lun| !reaches(initiator, lun));
         }
         Ok(())
     }
