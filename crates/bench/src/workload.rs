@@ -61,7 +61,7 @@ impl Default for Workload {
 pub const PROFILES: &[(&str, &str)] = &[
     (
         "4k-read",
-        "4K random, 100% read, 32 threads x 16 outstanding (diskspd -b4K -t32 -o16 -r -Sh)",
+        "4K random, 100% read, 32 threads x 16 outstanding (diskspd -b4K -t32 -o16 -r -h)",
     ),
     (
         "4k-90-10",

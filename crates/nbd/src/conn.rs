@@ -144,6 +144,15 @@ struct InFlight {
     plans: Vec<ReadPlan>,
 }
 
+/// Why a request is refused before it runs.
+#[derive(Clone, Copy, PartialEq)]
+enum Refusal {
+    /// A WRITE larger than the protocol's portable maximum.
+    TooLarge,
+    /// Its export was removed.
+    Withdrawn,
+}
+
 /// What the bytes after the last whole request belong to.
 enum Partial {
     /// A WRITE's payload, `filled` bytes of it received.
@@ -152,8 +161,9 @@ enum Partial {
         buf: AlignedBuf,
         filled: usize,
     },
-    /// The payload of a WRITE refused as too large, `left` bytes of it still to skip.
-    Discard { req: Request, left: usize },
+    /// The payload of a WRITE refused (too large, or its export removed), `left` bytes of it
+    /// still to skip before the refusal is answered.
+    Discard { req: Request, left: usize, why: Refusal },
 }
 
 struct Inbox {
@@ -383,11 +393,7 @@ impl<S: Socket> Loop<S> {
         if whole {
             match self.inbox.partial.take().expect("checked above") {
                 Partial::Payload { req, buf, .. } => self.start_write(req, buf),
-                Partial::Discard { req, .. } => {
-                    let msg = format!("a write of {} bytes exceeds the {MAX_PAYLOAD}-byte limit", req.length);
-                    let reply = error_reply(&self.ctx, &req, errno::EOVERFLOW, &msg);
-                    self.answer(&req, reply);
-                }
+                Partial::Discard { req, why, .. } => self.refuse(&req, why),
             }
         }
         Ok(Received::More)
@@ -397,23 +403,24 @@ impl<S: Socket> Loop<S> {
     fn start(&mut self, req: Request) {
         self.ctx.arrived(&req);
         self.charge(charge(&req));
-        if self.ctx.export.withdrawn() && req.kind != cmd::DISC {
-            // Refused, and the connection ends once what it sent before is answered (a
-            // WRITE's payload is not read: nothing after it will be).
-            let reply = error_reply(&self.ctx, &req, errno::ESHUTDOWN, "the export was removed");
-            self.answer(&req, reply);
-            return self.stop(None);
-        }
+        let withdrawn = self.ctx.export.withdrawn() && req.kind != cmd::DISC;
         match req.kind {
-            cmd::DISC => self.stop(None),
-            cmd::READ => self.start_read(req),
-            cmd::WRITE if req.length > MAX_PAYLOAD => {
-                // Stay in step: skip the data, then refuse.
+            // Stay in step: skip the data, then refuse (the refused write's payload read
+            // whole, so that closing the connection does not reset it under the reply).
+            cmd::WRITE if req.length > 0 && (withdrawn || req.length > MAX_PAYLOAD) => {
                 self.inbox.partial = Some(Partial::Discard {
                     req,
                     left: req.length as usize,
+                    why: if withdrawn {
+                        Refusal::Withdrawn
+                    } else {
+                        Refusal::TooLarge
+                    },
                 });
             }
+            _ if withdrawn => self.refuse(&req, Refusal::Withdrawn),
+            cmd::DISC => self.stop(None),
+            cmd::READ => self.start_read(req),
             cmd::WRITE if req.length > 0 => {
                 self.inbox.partial = Some(Partial::Payload {
                     req,
@@ -425,6 +432,22 @@ impl<S: Socket> Loop<S> {
                 req,
                 payload: AlignedBuf::zeroed(0),
             }),
+        }
+    }
+
+    /// Answers a request refused before it ran. Once its export is removed, the connection
+    /// ends after what it sent before is answered.
+    fn refuse(&mut self, req: &Request, why: Refusal) {
+        let reply = match why {
+            Refusal::TooLarge => {
+                let msg = format!("a write of {} bytes exceeds the {MAX_PAYLOAD}-byte limit", req.length);
+                error_reply(&self.ctx, req, errno::EOVERFLOW, &msg)
+            }
+            Refusal::Withdrawn => error_reply(&self.ctx, req, errno::ESHUTDOWN, "the export was removed"),
+        };
+        self.answer(req, reply);
+        if why == Refusal::Withdrawn {
+            self.stop(None);
         }
     }
 

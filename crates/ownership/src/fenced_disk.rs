@@ -806,9 +806,10 @@ impl Inner {
 impl AsyncWriter for Inner {
     /// Writes to objects that exist, each piece started as [`write_at`](Inner::write_at)
     /// starts it and completed from librados' thread once applied. A write that would make
-    /// an object, or that finds more than [`MAX_BEHIND`] bytes unsettled, is declined at
-    /// once, having sent nothing: the caller writes it the synchronous way, which makes the
-    /// object or waits for room.
+    /// an object, that finds more than [`MAX_BEHIND`] bytes unsettled, or that comes after
+    /// the OSDs refused a write of this disk, is declined at once, having sent nothing: the
+    /// caller writes it the synchronous way, which makes the object, waits for room, or
+    /// (with FUA) fails in the flush after it.
     unsafe fn start_write(&self, at: *const u8, len: u32, offset: u64, done: ReadDone) {
         if check_request(&self.path, "write", offset, len as usize, self.size).is_err() {
             return done.complete(false);
@@ -824,7 +825,9 @@ impl AsyncWriter for Inner {
         // are copied into the operations (or the held pieces) before this returns.
         let buf = unsafe { std::slice::from_raw_parts(at, len as usize) };
         let mut b = self.behind.lock();
-        if b.bytes > MAX_BEHIND {
+        // After a refusal the disk vouches for nothing (every flush fails): a write that must
+        // be durable when answered goes the synchronous way, whose flush says so.
+        if b.bytes > MAX_BEHIND || b.failed.is_some() {
             drop(b);
             return done.decline();
         }

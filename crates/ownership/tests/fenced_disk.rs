@@ -250,7 +250,8 @@ fn reads_on_a_ring_match_reads_one_at_a_time() {
 /// objects that exist, some crossing from one object into the next and many to one object
 /// (held and sent together), read back through another connection before any flush. A
 /// write that would make an object is not started (the caller writes it the synchronous
-/// way); a write a newer owner's guard refuses completes as failed, and the flushes fail.
+/// way); a write a newer owner's guard refuses completes as failed, the flushes fail, and
+/// the writes after it are not started.
 #[test]
 fn writes_on_a_ring_complete_once_the_cluster_applied_them() {
     let t = "writes_on_a_ring_complete_once_the_cluster_applied_them";
@@ -380,6 +381,27 @@ fn writes_on_a_ring_complete_once_the_cluster_applied_them() {
     assert!(d.flush().is_err(), "a flush forgot the refused write");
     other.read_at(&mut back, 0).unwrap();
     assert!(back[..] == theirs[..], "the refused write changed the block");
+    // From then on the disk vouches for nothing: a write to an object it wrote before (and
+    // the newer owner did not) is declined, not started, for the synchronous way and its
+    // failing flush to answer (a FUA write must not be answered durable by the ring).
+    let buf = random(10, 4096);
+    let w = RingWrite {
+        disk: writer.clone(),
+        at: buf.as_ptr(),
+        len: 4096,
+        offset: OBJECT_BYTES,
+        io: Some(io.clone()),
+    };
+    // SAFETY: as above.
+    unsafe { ring.start_writes((0, buf), &[w]) };
+    let mut done = Vec::new();
+    ring.drain(&mut done);
+    assert!(!done[0].1, "a write after a refusal completed on the ring");
+    assert_eq!(
+        io.figures(tessera_disk::DiskOp::Write).ops,
+        1,
+        "a write after a refusal was started"
+    );
     drop(writer);
     drop(d);
     newer.remove_objects().unwrap();

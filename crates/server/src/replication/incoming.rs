@@ -7,7 +7,7 @@ use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use tessera_replication::{receive, wire, ReceiveOptions, ReplicaSite, Transport};
+use tessera_replication::{receive, ReceiveOptions, ReplicaSite, Transport};
 use tessera_volume::{Engine, LayoutKind};
 use tracing::{info, warn};
 
@@ -19,9 +19,11 @@ use crate::Daemon;
 
 /// Connections taken at once (a cycle may use up to 16); a peer past it waits for its retry.
 const MAX_STREAMS: usize = 64;
-/// Handshakes under way at once from one address: a cycle's streams may all start at once,
-/// and a stranger who cannot finish one holds no more than this of the places above.
-const MAX_HANDSHAKES_PER_ADDRESS: usize = wire::MAX_STREAMS as usize;
+/// Handshakes under way at once from one address. A cycle opens its streams one after
+/// another (one handshake at a time), so this leaves room for a site's cycles of several
+/// replicas at once, and a stranger who cannot finish a handshake holds no more than this of
+/// the places above.
+const MAX_HANDSHAKES_PER_ADDRESS: usize = 8;
 
 /// The handshakes under way, by the address they come from.
 #[derive(Default)]
