@@ -154,27 +154,32 @@ fn vdisk_counts_add_up_and_verify_finds_damage() {
     );
 }
 
-#[test]
-fn network_targets_count_and_verify() {
-    let rt = runtime();
-    let p = pool();
-    let v = p.engine.vdisk("v").unwrap();
-    // NBD.
+/// Serves `v` over NBD (export "v") and iSCSI (LUN 0 of "iqn.2026-11.io.tessera:b", open to
+/// any initiator) on loopback; their addresses.
+fn serve(rt: &tokio::runtime::Runtime, v: &Arc<tessera_volume::Vdisk>) -> (std::net::SocketAddr, std::net::SocketAddr) {
     let nreg = tessera_nbd::Registry::new();
     nreg.add(tessera_nbd::Export::new("v", "p/v", v.clone(), false));
     let nbd = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
     let nbd_addr = nbd.local_addr().unwrap();
     rt.spawn(tessera_nbd::serve(nbd, nreg));
-    // iSCSI.
     let ireg = tessera_iscsi::Registry::new();
     let t = ireg.add_target(tessera_iscsi::Target::new("iqn.2026-11.io.tessera:b"));
     t.set_access(tessera_iscsi::Access::open());
     t.luns
         .write()
-        .insert(0, Arc::new(tessera_vdisk_lun::vdisk_lun(v, 7, false)));
+        .insert(0, Arc::new(tessera_vdisk_lun::vdisk_lun(v.clone(), 7, false)));
     let iscsi = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
     let iscsi_addr = iscsi.local_addr().unwrap();
     rt.spawn(tessera_iscsi::serve(iscsi, ireg));
+    (nbd_addr, iscsi_addr)
+}
+
+#[test]
+fn network_targets_count_and_verify() {
+    let rt = runtime();
+    let p = pool();
+    let v = p.engine.vdisk("v").unwrap();
+    let (nbd_addr, iscsi_addr) = serve(&rt, &v);
 
     for url in [
         format!("nbd://{nbd_addr}/v"),
@@ -232,20 +237,7 @@ fn writes_through_flush_the_disk_and_cached_ones_do_not() {
     let rt = runtime();
     let p = pool();
     let v = p.engine.vdisk("v").unwrap();
-    let nreg = tessera_nbd::Registry::new();
-    nreg.add(tessera_nbd::Export::new("v", "p/v", v.clone(), false));
-    let nbd = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
-    let nbd_addr = nbd.local_addr().unwrap();
-    rt.spawn(tessera_nbd::serve(nbd, nreg));
-    let ireg = tessera_iscsi::Registry::new();
-    let t = ireg.add_target(tessera_iscsi::Target::new("iqn.2026-11.io.tessera:b"));
-    t.set_access(tessera_iscsi::Access::open());
-    t.luns
-        .write()
-        .insert(0, Arc::new(tessera_vdisk_lun::vdisk_lun(v.clone(), 7, false)));
-    let iscsi = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
-    let iscsi_addr = iscsi.local_addr().unwrap();
-    rt.spawn(tessera_iscsi::serve(iscsi, ireg));
+    let (nbd_addr, iscsi_addr) = serve(&rt, &v);
     // Every grain written once first: the runs below only overwrite, with nothing to commit.
     v.write(0, &vec![1u8; 4 * MIB as usize], true).unwrap();
 
