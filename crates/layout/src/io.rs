@@ -510,9 +510,12 @@ impl Layouts {
                         })
                         .collect();
                     let detail = why.join("; ");
-                    // Refused everywhere: nothing was written, and the host may send it again
-                    // (through another gateway, or here once the pool is opened again).
-                    if copies().all(|(_, t)| matches!(t, Err(MemberFault::Refused(_)))) {
+                    // Refused wherever it could go (a copy on a disk not available counts
+                    // neither way, as for a read): nothing was written, and the host may send
+                    // it again (through another gateway, or here once the pool is opened
+                    // again).
+                    let refused = copies().any(|(_, t)| matches!(t, Err(MemberFault::Refused(_))));
+                    if refused && !copies().any(|(_, t)| matches!(t, Err(MemberFault::Io(_)))) {
                         LayoutError::Refused { set: set.id, detail }
                     } else {
                         LayoutError::Io { set: set.id, detail }

@@ -382,3 +382,35 @@ fn a_disk_whose_storage_refuses_requests_for_a_while_is_not_failed() {
     assert_eq!(b, pattern(3, 0, 4096));
     assert!(rig.engine().check().unwrap().problems.is_empty());
 }
+
+/// A mirror with one copy on a failed disk and the other on storage that refuses requests
+/// for now: a write (and a read) is refused, as when every copy refuses, not failed as a
+/// medium error: nothing was written, and the host may send it again. Reads and writes
+/// judge it alike.
+#[test]
+fn a_copy_lost_and_the_other_refused_is_a_refusal_not_a_medium_error() {
+    let rig = Rig::new(2, 64 * MIB, MIB);
+    rig.engine()
+        .create_vdisk(&tessera_volume::VdiskSpec::new("m", SIZE, LayoutKind::Mirror))
+        .unwrap();
+    fill(&rig, "m", 1);
+    rig.engine().flush().unwrap();
+    let v = rig.engine().vdisk("m").unwrap();
+    // Disk 0 fails under a write, which lands on disk 1 alone.
+    rig.disks[0].faults().pull();
+    v.write(0, &pattern(2, 0, 4096), true).unwrap();
+    assert_eq!(rig.engine().pool().disks()[0].info.state, DiskState::Failed);
+    rig.disks[1].faults().refuse(true);
+    let e = v.write(0, &pattern(3, 0, 4096), true).unwrap_err();
+    assert!(
+        e.is_refused(),
+        "a write refused where it could go is not a medium error: {e}"
+    );
+    let mut b = vec![0u8; 4096];
+    let e = v.read(0, &mut b).unwrap_err();
+    assert!(e.is_refused(), "{e}");
+    rig.disks[1].faults().refuse(false);
+    v.read(0, &mut b).unwrap();
+    assert_eq!(b, pattern(2, 0, 4096), "the refused write changed nothing");
+    assert_eq!(rig.engine().pool().disks()[1].info.state, DiskState::Healthy);
+}
