@@ -335,6 +335,9 @@ fn parse_caching(s: &str) -> Result<bool, String> {
         "b" | "r" | "m" => Err(format!(
             "-S{s}: buffered, random-access and sequential hints of the Windows cache have no meaning here (every I/O is unbuffered); use -Sh or -Su"
         )),
+        _ if s.contains('/') || s.contains(':') => Err(format!(
+            "'{s}' is not a caching mode: it looks like the target, taken as -S's value; write the mode right after -S (-Sh, -Su)"
+        )),
         _ => Err(format!("-S{s}: the modes are h (write through), w, uw and u")),
     }
 }

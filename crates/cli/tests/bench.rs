@@ -237,3 +237,28 @@ fn bench_threads_share_the_sessions_a_target_limits() {
     assert_eq!(s["runs"][0]["verify"]["corrupt"], 0, "{s}");
     assert_eq!(s["workload"]["threads"], 5, "{s}");
 }
+
+/// diskspd's -S modes: -Sh (and -Sw, -Suw) write through and say so, -Su writes back; hints
+/// of the Windows cache, an unknown mode, and a target taken for the mode are refused with
+/// the reason, before anything is opened.
+#[test]
+fn caching_modes_are_read_as_diskspd_writes_them() {
+    let t = tempfile::tempdir().unwrap();
+    let f = t.path().join("f.img");
+    std::fs::File::create(&f).unwrap().set_len(16 << 20).unwrap();
+    let f = f.to_str().unwrap();
+    for (mode, through) in [("-Sh", true), ("-Sw", true), ("-Suw", true), ("-Su", false)] {
+        let o = bench(&[f, mode, "-w", "100", "-o", "2", "-d", "0.2"]);
+        assert!(o.success, "{mode}: {}", o.stderr);
+        assert_eq!(o.stdout.contains("writes through"), through, "{mode}: {}", o.stdout);
+    }
+    for (mode, says) in [
+        ("-Sb", "no meaning here"),
+        ("-Sq", "the modes are"),
+        ("-S", "looks like the target"),
+    ] {
+        let args = if mode == "-S" { vec![mode, f] } else { vec![f, mode] };
+        let o = bench(&args);
+        assert!(!o.success && o.stderr.contains(says), "{mode}: {}", o.stderr);
+    }
+}
