@@ -34,7 +34,7 @@ pub use label::{
 };
 pub use mem::MemDisk;
 pub use meter::{IoMeter, IoOp};
-pub use read_ring::{ReadRing, RingRead, RingWrite};
+pub use read_ring::{DirectWrite, ReadRing, RingRead, RingWrite};
 pub use read_spread::{read_spread, SpreadRead};
 pub use read_via::{AsyncReader, AsyncWriter, ReadDone, ReadVia};
 pub use skip::{io_uring_available, skip};

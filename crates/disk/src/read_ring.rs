@@ -45,6 +45,32 @@ pub struct RingWrite {
     pub io: Option<Arc<DiskIo>>,
 }
 
+/// One disk write planned for a request, before its data is at hand: `len` bytes of the
+/// request's data from `buf_off`, to `offset` of a disk that writes in the background.
+#[derive(Clone)]
+pub struct DirectWrite {
+    pub writer: Arc<dyn AsyncWriter>,
+    pub offset: u64,
+    pub buf_off: usize,
+    pub len: usize,
+    /// Where the disk counts its writes.
+    pub io: Option<Arc<DiskIo>>,
+}
+
+impl DirectWrite {
+    /// The ring write that puts its part of `data` (the request's data) in place; `data`
+    /// must stay where it is, unchanged, until the write has completed.
+    pub fn on(&self, data: &[u8]) -> RingWrite {
+        RingWrite {
+            disk: self.writer.clone(),
+            at: data[self.buf_off..self.buf_off + self.len].as_ptr(),
+            len: self.len as u32,
+            offset: self.offset,
+            io: self.io.clone(),
+        }
+    }
+}
+
 /// A request whose reads (or writes) are in flight.
 struct OnRing<T> {
     tag: T,

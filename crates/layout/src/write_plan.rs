@@ -10,9 +10,7 @@
 //! journal (nothing to resync from), and rebuild, scrub and spot repair have no other copy to
 //! act from. Everything else goes through [`Layouts::write`].
 
-use std::sync::Arc;
-
-use tessera_disk::{AsyncWriter, DiskRef};
+use tessera_disk::{DirectWrite, DiskRef};
 use tessera_pool::SlabRef;
 
 use crate::geometry::{data_members, split};
@@ -20,14 +18,10 @@ use crate::layouts::Layouts;
 use crate::slabset::SlabSet;
 use crate::spec::LayoutKind;
 
-/// A disk write of a planned request: `len` bytes of the request's data from `buf_off`, to
-/// `offset` of `disk`, started with `writer` (its `write_via`).
+/// A disk write of a planned request, on `disk` (started with its `write_via`).
 pub struct DiskWrite {
     pub disk: DiskRef,
-    pub writer: Arc<dyn AsyncWriter>,
-    pub offset: u64,
-    pub buf_off: usize,
-    pub len: usize,
+    pub write: DirectWrite,
 }
 
 impl Layouts {
@@ -69,11 +63,14 @@ impl Layouts {
                 // Space first, as a synchronous write reserves it.
                 self.reserve_one(&disk, slab, mo, piece.len).ok()?;
                 Some(DiskWrite {
-                    offset: self.pool.slab_offset(slab) + mo,
+                    write: DirectWrite {
+                        writer,
+                        offset: self.pool.slab_offset(slab) + mo,
+                        buf_off: buf_off + piece.buf_off,
+                        len: piece.len,
+                        io: disk.io().cloned(),
+                    },
                     disk,
-                    writer,
-                    buf_off: buf_off + piece.buf_off,
-                    len: piece.len,
                 })
             });
             match planned {

@@ -622,17 +622,7 @@ impl<S: Socket> Loop<S> {
         let Some(plan) = plan else {
             return self.to_workers(Job { req, payload });
         };
-        let writes: Vec<RingWrite> = plan
-            .writes
-            .iter()
-            .map(|w| RingWrite {
-                disk: w.writer.clone(),
-                at: payload[w.buf_off..w.buf_off + w.len].as_ptr(),
-                len: w.len as u32,
-                offset: w.offset,
-                io: w.disk.io().cloned(),
-            })
-            .collect();
+        let writes: Vec<RingWrite> = plan.writes.iter().map(|w| w.write.on(&payload)).collect();
         let ring = self.ring.as_mut().expect("checked above");
         // SAFETY: the writes read the payload, which travels with the request in the ring,
         // unchanged, until they have completed (dropping the ring waits for them).

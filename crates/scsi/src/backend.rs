@@ -94,18 +94,9 @@ pub struct DirectRead {
     pub scratch: bool,
 }
 
-/// One write a transport starts itself: `len` bytes of the command's data from `buf_off`, to
-/// `offset` of a disk that writes in the background
-/// ([`BlockDevice::write_via`](tessera_disk::BlockDevice::write_via)).
-#[derive(Clone)]
-pub struct DirectWrite {
-    pub writer: std::sync::Arc<dyn tessera_disk::AsyncWriter>,
-    pub offset: u64,
-    pub buf_off: usize,
-    pub len: usize,
-    /// Where the disk counts its I/O.
-    pub io: Option<std::sync::Arc<tessera_disk::DiskIo>>,
-}
+/// One write a transport starts itself (on a disk that writes in the background,
+/// [`BlockDevice::write_via`](tessera_disk::BlockDevice::write_via)).
+pub use tessera_disk::DirectWrite;
 
 /// The disk writes that put a WRITE's data in place, and what keeps them valid (the
 /// backend's locks) until the plan is dropped.

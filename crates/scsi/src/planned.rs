@@ -137,17 +137,7 @@ impl PlannedWrite {
     /// The disk writes to start, reading `data`, the command's data that the plan was made
     /// for: it must stay where it is, unchanged, until they have completed.
     pub fn submissions(&self, data: &[u8]) -> Vec<RingWrite> {
-        self.plan
-            .writes
-            .iter()
-            .map(|w| RingWrite {
-                disk: w.writer.clone(),
-                at: data[w.buf_off..w.buf_off + w.len].as_ptr(),
-                len: w.len as u32,
-                offset: w.offset,
-                io: w.io.clone(),
-            })
-            .collect()
+        self.plan.writes.iter().map(|w| w.on(data)).collect()
     }
 
     /// GOOD, once every submission has completed whole: the data is where a flush puts it.

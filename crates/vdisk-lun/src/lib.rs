@@ -6,8 +6,8 @@ use std::any::Any;
 use std::sync::Arc;
 
 use tessera_scsi::{
-    copy_image, BackendError, BackendErrorKind, BackendResult, BlockBackend, DirectRead, DirectWrite, Extent,
-    FrozenImage, Lun, PlanHold, ReadPlan, WriteHold,
+    copy_image, BackendError, BackendErrorKind, BackendResult, BlockBackend, DirectRead, Extent, FrozenImage, Lun,
+    PlanHold, ReadPlan, WriteHold,
 };
 use tessera_volume::{Frozen, Provisioning, Vdisk, VolumeError};
 
@@ -137,17 +137,7 @@ impl BlockBackend for VdiskBackend {
 
     fn try_plan_write(&self, offset: u64, len: usize) -> Option<tessera_scsi::WritePlan> {
         let plan = self.0.try_plan_write(offset, len)?;
-        let writes = plan
-            .writes
-            .iter()
-            .map(|w| DirectWrite {
-                writer: w.writer.clone(),
-                offset: w.offset,
-                buf_off: w.buf_off,
-                len: w.len,
-                io: w.disk.io().cloned(),
-            })
-            .collect();
+        let writes = plan.writes.iter().map(|w| w.write.clone()).collect();
         Some(tessera_scsi::WritePlan {
             writes,
             hold: Box::new(WriteHeld(plan)),

@@ -116,11 +116,12 @@ impl Vdisk {
 /// of a large write are usually neighbours on the disk.
 fn merge(writes: &mut Vec<DiskWrite>) {
     writes.dedup_by(|w, last| {
+        let (last_w, w_w) = (&mut last.write, &w.write);
         let joins = Arc::ptr_eq(&last.disk, &w.disk)
-            && last.offset + last.len as u64 == w.offset
-            && last.buf_off + last.len == w.buf_off;
+            && last_w.offset + last_w.len as u64 == w_w.offset
+            && last_w.buf_off + last_w.len == w_w.buf_off;
         if joins {
-            last.len += w.len;
+            last_w.len += w_w.len;
         }
         joins
     });

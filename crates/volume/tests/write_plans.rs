@@ -77,7 +77,8 @@ fn run_plan(v: &Arc<Vdisk>, offset: u64, data: &[u8]) -> Option<usize> {
 /// Writes a plan's disk writes from `data`, the bytes it was planned for, and finishes it.
 fn complete(plan: tessera_volume::WritePlan, data: &[u8]) {
     for w in &plan.writes {
-        w.disk.write_at(&data[w.buf_off..w.buf_off + w.len], w.offset).unwrap();
+        let d = &w.write;
+        w.disk.write_at(&data[d.buf_off..d.buf_off + d.len], d.offset).unwrap();
     }
     plan.finish();
 }
