@@ -19,22 +19,36 @@ use crate::Daemon;
 
 /// Connections taken at once (a cycle may use up to 16); a peer past it waits for its retry.
 const MAX_STREAMS: usize = 64;
-/// Handshakes under way at once from one address. A cycle opens its streams one after
+/// Handshakes under way at once from one source (an IPv4 address, an IPv6 /64). A cycle opens its streams one after
 /// another (one handshake at a time), so this leaves room for a site's cycles of several
 /// replicas at once, and a stranger who cannot finish a handshake holds no more than this of
 /// the places above.
-const MAX_HANDSHAKES_PER_ADDRESS: usize = 8;
+const MAX_HANDSHAKES_PER_SOURCE: usize = 8;
 
-/// The handshakes under way, by the address they come from.
+/// The handshakes under way, by the source they come from (`source_of`).
 #[derive(Default)]
 struct Handshakes(parking_lot::Mutex<HashMap<IpAddr, usize>>);
 
+/// Whom a connection from `ip` is counted against: an IPv4 address is one source, but an IPv6
+/// host is usually given a whole /64 (SLAAC, privacy addresses) and could take a new address
+/// per connection, so an IPv6 address counts as its /64. An IPv4 address written as IPv6
+/// (`::ffff:a.b.c.d`, from a dual-stack socket) is the IPv4 address.
+fn source_of(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(std::net::Ipv6Addr::from(u128::from(v6) & !((1u128 << 64) - 1))),
+        },
+    }
+}
+
 impl Handshakes {
-    /// Counts one more from `ip`, unless it has its share under way already.
+    /// Counts one more from `ip`, unless its source has its share under way already.
     fn begin(&self, ip: IpAddr) -> bool {
         let mut m = self.0.lock();
-        let n = m.entry(ip).or_default();
-        if *n >= MAX_HANDSHAKES_PER_ADDRESS {
+        let n = m.entry(source_of(ip)).or_default();
+        if *n >= MAX_HANDSHAKES_PER_SOURCE {
             return false;
         }
         *n += 1;
@@ -43,10 +57,11 @@ impl Handshakes {
 
     fn end(&self, ip: IpAddr) {
         let mut m = self.0.lock();
-        if let Some(n) = m.get_mut(&ip) {
+        let source = source_of(ip);
+        if let Some(n) = m.get_mut(&source) {
             *n -= 1;
             if *n == 0 {
-                m.remove(&ip);
+                m.remove(&source);
             }
         }
     }
@@ -81,7 +96,7 @@ pub fn start_listener(d: &Arc<Daemon>) -> Result<Option<SocketAddr>, String> {
                     continue;
                 }
                 if !handshakes.begin(peer) {
-                    warn!(%peer, "replication connection refused: {MAX_HANDSHAKES_PER_ADDRESS} handshakes from this address are under way");
+                    warn!(%peer, "replication connection refused: {MAX_HANDSHAKES_PER_SOURCE} handshakes from this address (or its IPv6 /64) are under way");
                     drop(s);
                     continue;
                 }
@@ -390,5 +405,42 @@ impl Daemon {
             )));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn an_ipv6_host_is_counted_by_its_64_and_an_ipv4_one_by_its_address() {
+        let h = Handshakes::default();
+        // Eight handshakes from eight addresses of one /64 take its share...
+        for i in 1..=MAX_HANDSHAKES_PER_SOURCE {
+            assert!(h.begin(ip(&format!("2001:db8:1:2::{i:x}"))));
+        }
+        assert!(
+            !h.begin(ip("2001:db8:1:2:ffff:ffff:ffff:ffff")),
+            "a ninth address of the /64"
+        );
+        // ...and no other /64's, nor an IPv4 host's.
+        assert!(h.begin(ip("2001:db8:1:3::1")));
+        for _ in 0..MAX_HANDSHAKES_PER_SOURCE {
+            assert!(h.begin(ip("192.0.2.7")));
+        }
+        assert!(!h.begin(ip("192.0.2.7")));
+        // The same IPv4 host seen through a dual-stack socket is the same source.
+        assert!(!h.begin(ip("::ffff:192.0.2.7")));
+        assert!(h.begin(ip("192.0.2.8")));
+        // A handshake over, from any address of the /64, gives a place back.
+        h.end(ip("2001:db8:1:2::3"));
+        assert!(h.begin(ip("2001:db8:1:2::abcd")));
+        assert!(!h.begin(ip("2001:db8:1:2::abce")));
+        h.end(ip("::ffff:192.0.2.7"));
+        assert!(h.begin(ip("192.0.2.7")));
     }
 }
