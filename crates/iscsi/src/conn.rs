@@ -370,7 +370,9 @@ fn serve(sock: TcpStream, local: SocketAddr, reg: Arc<Registry>, li: LoggedIn) -
             ctx: Ctx {
                 reg: reg.clone(),
                 nexus: Arc::new(
-                    Nexus::new(nexus, &initiator, isid).with_scope(target.as_ref().map_or_else(Scope::none, Scope::of)),
+                    Nexus::new(nexus, &initiator, isid)
+                        .with_scope(target.as_ref().map_or_else(Scope::none, Scope::of))
+                        .ended_by(close.flag()),
                 ),
                 target: target.clone(),
                 initiator: initiator.clone(),

@@ -89,7 +89,8 @@ pub(crate) enum NotOpened {
 /// reinstated it wait until it has finished.
 #[derive(Default)]
 pub struct Closer {
-    closed: AtomicBool,
+    /// Shared with the session's nexus (`Nexus::ended_by`).
+    closed: Arc<AtomicBool>,
     sock: Mutex<Option<TcpStream>>,
     /// The session is over: its commands have returned and its LUNs know the nexus is lost.
     finished: Mutex<bool>,
@@ -109,6 +110,11 @@ impl Closer {
         if let Some(s) = self.sock.lock().as_ref() {
             let _ = s.shutdown(Shutdown::Both);
         }
+    }
+
+    /// The flag `close` sets, for the session's nexus.
+    pub fn flag(&self) -> Arc<AtomicBool> {
+        self.closed.clone()
     }
 
     /// Hands over the session's socket; false if the session was closed before it arrived.
@@ -354,5 +360,22 @@ impl Registry {
             .collect();
         v.sort();
         v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_scsi::Nexus;
+
+    /// What ends a session from outside also tells its nexus, so that a copy operation still
+    /// running in it makes no token that outlives it (tessera-scsi's `create_token`).
+    #[test]
+    fn closing_a_session_marks_its_nexus_ended() {
+        let close = Closer::default();
+        let nexus = Nexus::new(1, "iqn.2026-11.test:a", [0; 6]).ended_by(close.flag());
+        assert!(!nexus.ended());
+        close.close();
+        assert!(nexus.ended());
     }
 }

@@ -1,5 +1,6 @@
 //! The I_T nexus a command arrives on, and the LUNs it can address through its target.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 
 use crate::lun::Lun;
@@ -17,6 +18,10 @@ pub struct Nexus {
     pub isid: [u8; 6],
     /// The other LUNs this nexus can address: what an EXTENDED COPY it issues may name.
     pub scope: Scope,
+    /// Set when the session is ended from outside (its initiator taken out of the ACL, a
+    /// reinstatement): a copy operation of it still running then makes nothing that outlives
+    /// it, such as a ROD token no session could ask for.
+    ended: Arc<AtomicBool>,
 }
 
 /// The logical units an I_T nexus can address through its target port, after the target's
@@ -67,12 +72,24 @@ impl Nexus {
             initiator: initiator.to_string(),
             isid,
             scope: Scope::none(),
+            ended: Arc::default(),
         }
     }
 
     pub fn with_scope(mut self, scope: Scope) -> Nexus {
         self.scope = scope;
         self
+    }
+
+    /// Shares `ended` with whoever ends the session from outside (see [`ended`](Self::ended)).
+    pub fn ended_by(mut self, ended: Arc<AtomicBool>) -> Nexus {
+        self.ended = ended;
+        self
+    }
+
+    /// Whether the session was ended from outside.
+    pub fn ended(&self) -> bool {
+        self.ended.load(Ordering::SeqCst)
     }
 
     /// The nexus of callers that are not a transport session (tests, tools).

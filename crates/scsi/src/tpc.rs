@@ -135,7 +135,8 @@ impl CopyManager {
     }
 
     /// Makes a token representing `image`, created by the I_T nexus `by` on the LUN that
-    /// `creator` (its identification CSCD descriptor) names.
+    /// `creator` (its identification CSCD descriptor) names. Refused (COPY ABORTED, copy
+    /// target device not reachable) once the session of `by` was ended from outside.
     pub fn create_token(
         &self,
         creator: [u8; 32],
@@ -146,6 +147,12 @@ impl CopyManager {
         let nexus = by.id;
         self.expire();
         let mut tokens = self.tokens.lock();
+        // Under the lock: whoever ends a session from outside closes it before revoking what
+        // it made, so a POPULATE TOKEN that was running meanwhile either finds it ended here
+        // or made its token before the revocation, which then ends it.
+        if by.ended() {
+            return Err(sense::COPY_TARGET_DEVICE_NOT_REACHABLE);
+        }
         let live: u64 = tokens.values().map(|t| t.image.len()).sum();
         let (mine, mine_bytes) = tokens
             .values()
@@ -425,6 +432,28 @@ mod tests {
         assert!(cm.use_token(&other[..], false).is_ok(), "another initiator's token");
         assert!(cm.tokens_of(2).is_empty());
         assert_eq!(cm.tokens_of(5).len(), 1);
+    }
+
+    /// A POPULATE TOKEN that finishes after its session was ended from outside (its host
+    /// taken out of the ACL) makes no token: no session could ask for it, and the revocation
+    /// that followed the end has already run.
+    #[test]
+    fn a_session_ended_from_outside_makes_no_more_tokens() {
+        let cm = CopyManager::new();
+        let ended = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let n = nx(9).ended_by(ended.clone());
+        assert!(!n.ended());
+        cm.create_token([1; 32], &n, image("p", "vm", 4096), 30).unwrap();
+        ended.store(true, Ordering::SeqCst);
+        assert!(n.clone().ended(), "its clones share the flag");
+        let refused = cm.create_token([1; 32], &n, image("p", "vm", 4096), 30).unwrap_err();
+        assert_eq!(refused, sense::COPY_TARGET_DEVICE_NOT_REACHABLE);
+        assert_eq!(
+            cm.tokens_of(9).len(),
+            1,
+            "the token made before is revoked or kept by its own rules"
+        );
+        assert!(cm.create_token([1; 32], &nx(10), image("p", "vm", 4096), 30).is_ok());
     }
 
     #[test]
