@@ -20,6 +20,9 @@ mod transmission;
 #[cfg(feature = "server")]
 mod workers;
 
+#[cfg(all(test, feature = "server"))]
+mod inline_tests;
+
 #[cfg(feature = "server")]
 pub use export::{Export, Registry};
 #[cfg(feature = "server")]

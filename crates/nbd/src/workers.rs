@@ -92,11 +92,7 @@ impl Workers {
         if st.waiting > st.wakeups {
             st.wakeups += 1;
         } else if st.threads < MAX_WORKERS {
-            let shared = self.shared.clone();
-            match std::thread::Builder::new()
-                .name("nbd-worker".into())
-                .spawn(move || work(&shared))
-            {
+            match start_worker(self.shared.clone()) {
                 Ok(h) => {
                     st.threads += 1;
                     self.handles.push(h);
@@ -134,6 +130,21 @@ impl Drop for Workers {
             let _ = h.join();
         }
     }
+}
+
+/// Makes starting a worker fail, as on a machine out of threads, for this crate's tests of
+/// what a connection does then (inline_tests.rs).
+#[cfg(test)]
+pub(crate) static NO_WORKER_THREADS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn start_worker(shared: Arc<Shared>) -> io::Result<JoinHandle<()>> {
+    #[cfg(test)]
+    if NO_WORKER_THREADS.load(std::sync::atomic::Ordering::SeqCst) {
+        return Err(io::Error::from_raw_os_error(libc::EAGAIN));
+    }
+    std::thread::Builder::new()
+        .name("nbd-worker".into())
+        .spawn(move || work(&shared))
 }
 
 fn work(shared: &Shared) {
