@@ -106,6 +106,7 @@ fn serve<S: Socket>(sock: S, n: Negotiated) -> io::Result<()> {
         sock,
         ring,
         inbox: Inbox::new(),
+        inline: VecDeque::new(),
         at_workers: 0,
         outbox: Outbox::default(),
         receiving: true,
@@ -226,7 +227,11 @@ struct Loop<S> {
     /// READs whose disk reads are in flight; None where io_uring is unavailable.
     ring: Option<ReadRing<OnRing>>,
     workers: Workers,
+    /// Requests no worker could take (none could be started), to run on this thread from the
+    /// top of the loop, where it holds no plan (`run_inline`).
+    inline: VecDeque<Job>,
     inbox: Inbox,
+    /// Requests at the workers or waiting in `inline`.
     at_workers: usize,
     outbox: Outbox,
     /// False after NBD_CMD_DISC, the end of the stream or a broken stream.
@@ -259,6 +264,7 @@ impl<S: Socket> Loop<S> {
             let mut progress = self.receive();
             progress |= self.submit();
             progress |= self.reap();
+            progress |= self.run_inline();
             progress |= self.collect();
             progress |= self.send();
             let idle = self.on_ring() == 0 && self.at_workers == 0;
@@ -454,15 +460,29 @@ impl<S: Socket> Loop<S> {
     fn to_workers(&mut self, job: Job) {
         self.at_workers += 1;
         if let Some(job) = self.workers.submit(job) {
-            // No worker can take it: it runs here, once what is on the ring is done. Those
-            // requests' plans may hold grains it needs, and only this thread reaps them.
-            self.drain_ring();
+            // No worker can take it: it runs on this thread, but not here, where plans of
+            // this thread may still be held (a read's first parts, the requests settled
+            // after this one): the engine's locks they hold may be the ones it needs.
+            self.inline.push_back(job);
+        }
+    }
+
+    /// Runs the requests no worker could take, once what is on the ring is done: the plans
+    /// of those requests may hold grains they need, and only this thread lets them go.
+    fn run_inline(&mut self) -> bool {
+        if self.inline.is_empty() {
+            return false;
+        }
+        // Ring I/O that failed comes back here to be run again.
+        self.drain_ring();
+        while let Some(job) = self.inline.pop_front() {
             self.at_workers -= 1;
             let charged = charge(&job.req);
             let reply = workers::run(&self.ctx, job);
             self.release(charged);
             self.reply(reply);
         }
+        true
     }
 
     /// Queues a reply to send; it holds its own bytes until sent. The request it answers has

@@ -124,6 +124,16 @@ async fn a_request_run_inline_waits_for_the_ring_that_holds_its_grains() {
     let mut want = a;
     want[512..1536].fill(0);
     assert_eq!(c.read(0, 4096).await.unwrap(), want);
-    drop(c);
+    let Ok(c) = Arc::try_unwrap(c) else {
+        panic!("the client is still shared")
+    };
+    c.disconnect().await.unwrap();
     reg.remove("v");
+    // The engine closes here, on the test's thread, once the connection's thread has let go
+    // of the vdisk (the engine's reference and `v` remain), not while the process exits.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while Arc::strong_count(&v) > 2 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    drop(engine);
 }

@@ -13,8 +13,8 @@ use std::thread::JoinHandle;
 use tessera_disk::AlignedBuf;
 use tracing::warn;
 
-use crate::proto::{cmd, Request};
-use crate::transmission::{execute, read_batch, Ctx, Reply};
+use crate::proto::{cmd, errno, Request};
+use crate::transmission::{error_reply, execute, read_batch, Ctx, Reply};
 
 /// Worker threads per connection, at most: enough for a client's queue of large writes to be
 /// in flight together.
@@ -165,7 +165,11 @@ fn work(shared: &Shared) {
             }
         };
         let charged = crate::transmission::charge(&job.req);
-        let reply = run(&shared.ctx, job);
+        let req = job.req;
+        // A request that panics is answered with an error; the connection goes on (the
+        // engine's locks are let go as the panic unwinds).
+        let reply = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&shared.ctx, job)))
+            .unwrap_or_else(|_| error_reply(&shared.ctx, &req, errno::EIO, "the request failed inside the server"));
         lock(&shared.done).push((reply, charged));
         let one = 1u64;
         // SAFETY: writes 8 bytes from a u64 we own to our eventfd (open while the Workers
