@@ -350,6 +350,7 @@ impl Inner {
         if let Err(e) = self.send(b, index, op, offset, data.len(), tag) {
             b.bytes -= data.len();
             b.waiting.remove(&tag);
+            b.failed.get_or_insert((offset, data.len(), describe(&e)));
             return Err(self.io_error("write", offset, data.len(), e));
         }
         Ok(tag)
@@ -426,7 +427,7 @@ impl Inner {
         let then = Box::new(move |outcome: Result<(), RadosError>| {
             let disk = disk;
             // SAFETY: the disk waits for every completion before it goes (`callbacks`).
-            unsafe { (*disk.0).completed(ticket, outcome) }
+            unsafe { Inner::completed(disk.0, ticket, outcome) }
         });
         if let Err(e) = self.pool.operate_then(&self.oid(object), op, then) {
             self.callbacks.fetch_sub(1, Ordering::AcqRel);
@@ -438,15 +439,23 @@ impl Inner {
         Ok(())
     }
 
-    /// An operation's completion, on librados' thread.
-    fn completed(&self, t: Ticket, outcome: Result<(), RadosError>) {
+    /// An operation's completion, on librados' thread. Takes the disk by pointer, not as
+    /// `&self`: a reference argument is assumed valid until the function returns, and the
+    /// disk may go as soon as the count below is seen.
+    ///
+    /// # Safety
+    /// `this` points to a disk that waits for this completion before it goes (`callbacks`).
+    unsafe fn completed(this: *const Inner, t: Ticket, outcome: Result<(), RadosError>) {
         {
-            let mut b = self.behind.lock();
-            self.settle(&mut b, t, outcome);
-            self.settled.notify_all();
+            // SAFETY: alive until the count is taken down below.
+            let disk = unsafe { &*this };
+            let mut b = disk.behind.lock();
+            disk.settle(&mut b, t, outcome);
+            disk.settled.notify_all();
         }
         // The last thing done with the disk: it may go once this is seen.
-        self.callbacks.fetch_sub(1, Ordering::AcqRel);
+        // SAFETY: as above; nothing of the disk is used after it.
+        unsafe { (*this).callbacks.fetch_sub(1, Ordering::AcqRel) };
     }
 
     /// Sends the writes held for `object` as one operation, which their writers wait on; if
@@ -492,11 +501,15 @@ impl Inner {
     }
 
     /// Tells the writers of `tag` how their operation went: those started from a ring at
-    /// once, those waiting here when they next look.
+    /// once, those waiting here when they next look. A write started from a ring completes
+    /// whole only while no write of the disk was refused: its completion stands for a flush
+    /// (a FUA write is answered on it), and after a refusal every flush fails; it is then
+    /// written again the synchronous way, whose flush says so.
     fn tell(b: &mut Behind, tag: u64, outcome: Result<(), String>) {
+        let whole = outcome.is_ok() && b.failed.is_none();
         let Some(w) = b.waiting.get_mut(&tag) else { return };
         for j in w.started.drain(..) {
-            j.piece_done(outcome.is_ok());
+            j.piece_done(whole);
         }
         if w.left == 0 {
             b.waiting.remove(&tag);
@@ -794,6 +807,8 @@ impl Inner {
             let oid = self.oid(p.unit);
             // The object may not exist: written (made) and waited for.
             if let Err(e) = FencedWriter::new(&self.pool, self.epoch).write(&oid, p.off, data) {
+                // Refused as a write sent in the background is: every flush from now on fails.
+                self.behind.lock().failed.get_or_insert((at, p.len, describe(&e)));
                 let _ = waited(started);
                 return Err(self.io_error("write", at, p.len, e));
             }

@@ -446,6 +446,20 @@ fn a_replaced_owners_disk_cannot_write_where_the_new_owner_wrote() {
         .write_at(&random(5, 4096), 8 * MIB)
         .expect_err("the old owner wrote over the new one");
     assert!(e.to_string().contains("a newer owner wrote here"), "{e}");
+    // A disk of the old owner that wrote nothing yet: its first write, to an object the new
+    // owner made (sent the synchronous way, as it may have to make it), is refused, and from
+    // then on its flushes fail too.
+    let stale = disk(&ca, &prefix, 16 * MIB, 5);
+    let e = stale
+        .write_at(&random(6, 4096), 8 * MIB)
+        .expect_err("the old owner wrote over the new one");
+    assert!(e.to_string().contains("a newer owner wrote here"), "{e}");
+    assert!(
+        stale.flush().is_err(),
+        "a flush forgot a refused write that was to make its object"
+    );
+    assert!(stale.refused().is_some_and(|r| r.contains("a newer owner wrote here")));
+    drop(stale);
     let mut back = AlignedBuf::zeroed(4096);
     for at in [0, 8 * MIB] {
         new.read_at(&mut back, at).unwrap();
