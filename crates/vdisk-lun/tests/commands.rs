@@ -459,7 +459,7 @@ fn unit_attentions_reach_the_other_nexuses_once() {
 
 /// Another session of the port `n` (same initiator name and ISID, new session id).
 fn next_session(n: &Nexus, id: u64) -> Nexus {
-    Nexus { id, ..n.clone() }
+    Nexus::new(id, &n.initiator, n.isid).with_scope(n.scope.clone())
 }
 
 #[test]
