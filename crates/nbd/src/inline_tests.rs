@@ -6,8 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::Mutex;
-use tessera_disk::{AsyncWriter, BlockDevice, DiskError, DiskRef, MemDisk, ReadDone};
+use tessera_test_support::held::HeldWrites;
 use tessera_volume::{Engine, LayoutKind, VdiskSpec};
 use tokio::net::TcpListener;
 
@@ -16,41 +15,6 @@ use crate::workers::NO_WORKER_THREADS;
 use crate::{Export, Registry};
 
 const MIB: u64 = 1 << 20;
-
-/// A disk in memory whose background writes complete only when the test lets them.
-struct Held {
-    disk: Arc<MemDisk>,
-    started: Arc<Mutex<Vec<(usize, u32, u64, ReadDone)>>>,
-}
-
-impl BlockDevice for Held {
-    fn path(&self) -> &str {
-        self.disk.path()
-    }
-    fn size(&self) -> u64 {
-        self.disk.size()
-    }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DiskError> {
-        self.disk.read_at(buf, offset)
-    }
-    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DiskError> {
-        self.disk.write_at(buf, offset)
-    }
-    fn flush(&self) -> Result<(), DiskError> {
-        self.disk.flush()
-    }
-    fn write_via(&self) -> Option<Arc<dyn AsyncWriter>> {
-        Some(Arc::new(HeldWriter(self.started.clone())))
-    }
-}
-
-struct HeldWriter(Arc<Mutex<Vec<(usize, u32, u64, ReadDone)>>>);
-
-impl AsyncWriter for HeldWriter {
-    unsafe fn start_write(&self, at: *const u8, len: u32, offset: u64, done: ReadDone) {
-        self.0.lock().push((at as usize, len, offset, done));
-    }
-}
 
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len)
@@ -61,12 +25,7 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_run_inline_waits_for_the_ring_that_holds_its_grains() {
     let dir = tempfile::tempdir().unwrap();
-    let mem = Arc::new(MemDisk::new("m", 64 * MIB));
-    let started = Arc::new(Mutex::new(Vec::new()));
-    let disk: DiskRef = Arc::new(Held {
-        disk: mem.clone(),
-        started: started.clone(),
-    });
+    let (disk, held) = HeldWrites::new("m", 64 * MIB);
     let engine = Engine::create_pool_with_checksums(&dir.path().join("pool"), "p", vec![disk], 4 * MIB, false).unwrap();
     let v = engine
         .create_vdisk(&VdiskSpec::new("v", 16 * MIB, LayoutKind::Simple))
@@ -88,12 +47,12 @@ async fn a_request_run_inline_waits_for_the_ring_that_holds_its_grains() {
         async move { c.write(0, &a, false).await }
     });
     for _ in 0..500 {
-        if !started.lock().is_empty() {
+        if held.started() > 0 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    assert_eq!(started.lock().len(), 1, "the 4 KiB overwrite was not planned");
+    assert_eq!(held.started(), 1, "the 4 KiB overwrite was not planned");
     // ...while WRITE ZEROES in the same grain (never planned) must run on the connection's
     // thread, no worker being had.
     let second = tokio::spawn({
@@ -103,12 +62,7 @@ async fn a_request_run_inline_waits_for_the_ring_that_holds_its_grains() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(!first.is_finished() && !second.is_finished());
     // The disk completes the held write: the connection reaps it, then runs the second.
-    for (at, len, offset, done) in started.lock().drain(..) {
-        // SAFETY: the ring keeps the request's payload until its write is completed.
-        let data = unsafe { std::slice::from_raw_parts(at as *const u8, len as usize) };
-        mem.write_at(data, offset).unwrap();
-        done.complete(true);
-    }
+    held.release();
     let within = Duration::from_secs(10);
     tokio::time::timeout(within, first)
         .await

@@ -4,6 +4,7 @@
 
 pub mod cdbs;
 pub mod cunit;
+pub mod held;
 
 use std::sync::{Arc, Mutex, Once, Weak};
 
