@@ -284,8 +284,9 @@ impl Session {
         rx.await.map_err(|_| InitiatorError::SessionEnded)?
     }
 
-    /// Logs out and closes the connection.
-    pub async fn logout(mut self) -> Result<(), InitiatorError> {
+    /// Logs out and closes the connection; commands still running are answered first (or
+    /// fail if the target ends the session without answering them).
+    pub async fn logout(&self) -> Result<(), InitiatorError> {
         let s = &self.shared;
         let mut p = Pdu::new(op::LOGOUT_REQ);
         p.bhs[0] |= 0x40;
@@ -297,7 +298,12 @@ impl Session {
         let bytes = p.encode(s.neg.header_digest, s.neg.data_digest);
         s.writer.lock().await.write_all(&bytes).await?;
         // The target answers and closes; the reader ends with the connection.
-        let _ = tokio::time::timeout(Duration::from_secs(5), &mut self.reader).await;
+        let _ = tokio::time::timeout(Duration::from_secs(5), async {
+            while !s.ended.load(Ordering::Acquire) {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+        .await;
         Ok(())
     }
 }

@@ -435,6 +435,57 @@ async fn a_logout_is_answered_after_the_session_lets_go_of_its_reservation() {
     b.logout().await.unwrap();
 }
 
+/// A logout while a WRITE is on the session's ring (planned, its disk write not completed):
+/// the WRITE is answered, GOOD, once its write completes, and only then the logout.
+#[test]
+fn a_logout_answers_the_writes_on_the_ring_first() {
+    closing_the_pool(async {
+        let dir = tempfile::tempdir().unwrap();
+        let (disk, held) = tessera_test_support::held::HeldWrites::new("m", 64 * MIB);
+        let engine =
+            Engine::create_pool_with_checksums(&dir.path().join("pool"), "p", vec![disk], 4 * MIB, false).unwrap();
+        let v = engine
+            .create_vdisk(&VdiskSpec::new("v", 16 * MIB, LayoutKind::Simple))
+            .unwrap();
+        // Mapped first, so that an overwrite is planned.
+        v.write(0, &vec![7u8; 64 << 10], false).unwrap();
+        let reg = Registry::new();
+        let t = reg.add_target(Target::new(OPEN));
+        t.luns.write().insert(0, Arc::new(vdisk_lun(v, 0x56, false)));
+        t.set_access(Access::open());
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(tessera_iscsi::serve(listener, reg.clone()));
+        let s = Session::login(&addr, &cfg(HOST_A, OPEN, 1)).await.unwrap();
+        let data = vec![9u8; 4096];
+        let written = async { s.command(0, &rw16(0x8A, 0, 8), data.clone(), 0).await };
+        let logout = async {
+            for _ in 0..1000 {
+                if held.started() > 0 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            assert_eq!(held.started(), 1, "the WRITE was not planned");
+            s.logout().await.unwrap();
+        };
+        let release = async {
+            // The logout is on its way when the disk completes the write.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            held.release();
+        };
+        let (written, (), ()) = tokio::join!(written, logout, release);
+        let r = written.expect("the WRITE on the ring was not answered before the logout");
+        assert_eq!(r.status, 0);
+        let mut back = vec![0u8; 4096];
+        engine.vdisks()[0].read(0, &mut back).unwrap();
+        assert_eq!(back, data);
+        drop(s);
+        reg.remove_target(OPEN);
+        Arc::downgrade(engine.pool())
+    });
+}
+
 /// Sends `bytes` on a fresh connection, then reads until the target closes it; returns whether
 /// it did within the timeout.
 async fn poke(addr: &str, bytes: &[u8]) -> bool {

@@ -56,7 +56,17 @@ impl Session {
                             }
                         }
                     }
-                    Some(Next::Stop) => return Ok(Next::Stop),
+                    Some(Next::Stop) => {
+                        // The commands on the ring are answered before the logout is (serve
+                        // answers it once every command has): their I/O completes anyway, and
+                        // the initiator is owed their status. Those that must run again the
+                        // ordinary way run here, where no plan is held any more.
+                        self.drain(rs, &mut batch);
+                        if !batch.is_empty() {
+                            self.run_jobs(std::mem::take(&mut batch));
+                        }
+                        return Ok(Next::Stop);
+                    }
                     None => {}
                 }
                 continue;
