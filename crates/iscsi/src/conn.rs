@@ -437,14 +437,18 @@ fn serve_thread(s: &Arc<Session>) {
     loop {
         s.idle.fetch_add(1, Ordering::AcqRel);
         let jobs = {
-            // A thread that panicked holding it left the read side consistent: PDUs are
-            // handled whole or the connection ends.
+            // A panic below ends the session before the lock is let go (poisoned or not).
             let mut guard = s.reader.lock().unwrap_or_else(|e| e.into_inner());
             s.idle.fetch_sub(1, Ordering::AcqRel);
             let Some(rs) = guard.as_mut() else {
                 return;
             };
-            match s.next_jobs(rs) {
+            // A failure inside the target (a panic: commands it had taken dropped, the read
+            // side's counts off) ends the session as a broken connection would, and the
+            // initiator sends its commands again, where they would otherwise wait for ever.
+            let next = catch_unwind(AssertUnwindSafe(|| s.next_jobs(rs)))
+                .unwrap_or_else(|_| Err("a failure inside the target's read side".to_string()));
+            match next {
                 Ok(Next::Run(jobs)) => jobs,
                 Ok(Next::Stop) => {
                     *guard = None;
@@ -459,6 +463,14 @@ fn serve_thread(s: &Arc<Session>) {
                 }
             }
         };
-        s.run_jobs(jobs);
+        // Each command's own failure is answered (execute); a failure answering them ends the
+        // session, as above: the reader finds the socket shut.
+        if catch_unwind(AssertUnwindSafe(|| s.run_jobs(jobs))).is_err() {
+            s.ended
+                .lock()
+                .get_or_insert_with(|| "a failure inside the target answering commands".to_string());
+            s.writer.abort();
+            return;
+        }
     }
 }
