@@ -498,6 +498,11 @@ impl Lun {
         if self.unit_attentions(nexus, |q| !q.is_empty()) {
             return None;
         }
+        // Never asks for access here, on a transport's receiving thread: a standby port's
+        // takeover may wait on the cluster, and runs on the ordinary path.
+        if !self.alua.local_state().active() {
+            return None;
+        }
         let cmd = match command_of(cdb) {
             Ok(cmd) => cmd,
             Err(s) => return Some(Err(self.respond(Err(s)))),

@@ -144,6 +144,23 @@ fn a_write_at_a_standby_port_takes_the_lun_over_and_runs() {
     assert_eq!(g.requests.load(Ordering::SeqCst), 1, "an active port asks for nothing");
 }
 
+/// A READ a transport would start on its ring at a standby port is left to the ordinary
+/// path, which may wait for the takeover: the receiving thread never asks for access itself.
+#[test]
+fn a_read_started_at_a_standby_port_asks_for_nothing_and_runs_the_ordinary_way() {
+    let g = TwoGateways::new(AccessState::Standby, AccessState::ActiveOptimized);
+    let l = lun(g.clone());
+    let n = nexus(1);
+    assert!(matches!(l.start_read(&n, &read10(9)), tessera_scsi::ReadStart::Execute));
+    assert_eq!(
+        g.requests.load(Ordering::SeqCst),
+        0,
+        "the receiving thread asked for access"
+    );
+    assert_eq!(sense_of(&l.execute_for(&n, &read10(9), &[])), None);
+    assert_eq!(g.requests.load(Ordering::SeqCst), 1);
+}
+
 #[test]
 fn while_the_takeover_is_under_way_the_medium_is_refused_and_left_unchanged() {
     let g = TwoGateways::new(AccessState::Standby, AccessState::Transitioning);
