@@ -433,7 +433,8 @@ impl<T> Drop for ReadRing<T> {
         while self.sqes > 0 {
             match self.ring.submit_and_wait(1) {
                 Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                // EBUSY: the completion queue is full; taking its entries below makes room.
+                Err(e) if e.kind() == io::ErrorKind::Interrupted || e.raw_os_error() == Some(libc::EBUSY) => {}
                 Err(e) => {
                     // Not waiting could let the kernel write into freed memory: leak instead.
                     warn!(error = %e, "cannot wait for disk reads in flight; their buffers are kept");
