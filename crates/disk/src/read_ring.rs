@@ -661,6 +661,47 @@ mod tests {
         assert_eq!(filled.load(Ordering::SeqCst), 8);
     }
 
+    /// Dropped with far more reads in flight than its completion queue holds, none reaped:
+    /// the ring takes the completions as it waits, and lets every request go once its reads
+    /// are done, rather than keep them (and what their plans hold) for ever.
+    #[test]
+    fn dropping_a_ring_with_its_completion_queue_overflowing_lets_every_request_go() {
+        struct Counted(#[allow(dead_code)] AlignedBuf, Arc<AtomicUsize>);
+        impl Drop for Counted {
+            fn drop(&mut self) {
+                self.1.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let f = file_of(&vec![5u8; 256 << 10]);
+        let Ok(mut ring) = ReadRing::<Counted>::new(4) else {
+            crate::skip(
+                "read_ring::tests::dropping_a_ring_with_its_completion_queue_overflowing_lets_every_request_go",
+                "io_uring unavailable",
+            );
+            return;
+        };
+        let dropped = Arc::new(AtomicUsize::new(0));
+        for _ in 0..8 {
+            let mut buf = AlignedBuf::zeroed(64 * 4096);
+            let reads: Vec<RingRead> = (0..64)
+                .map(|i| RingRead {
+                    via: ReadVia::Uring(f.as_raw_fd()),
+                    // SAFETY: inside the buffer.
+                    at: unsafe { buf.as_mut_ptr().add(i * 4096) },
+                    len: 4096,
+                    offset: (i * 4096) as u64,
+                    io: None,
+                })
+                .collect();
+            // SAFETY: the buffer moves into the tag; its heap memory stays put.
+            unsafe { ring.start(Counted(buf, dropped.clone()), &reads) };
+        }
+        ring.submit();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        drop(ring);
+        assert_eq!(dropped.load(Ordering::SeqCst), 8);
+    }
+
     /// A disk that reads in the background, as a disk on RADOS does: each read is filled with
     /// its offset's byte by a thread of its own after a delay, then completed from there; a
     /// read at `FAIL_AT` is dropped uncompleted (the disk lost it), one at `REFUSE_AT`
