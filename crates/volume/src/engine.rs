@@ -21,6 +21,7 @@ use crate::config::{physical_block_size, validate, VdiskConfig, VdiskSpec, Vdisk
 use crate::dedup::DedupState;
 use crate::error::{Result, VolumeError};
 use crate::frozen_registry::FrozenRegistry;
+use crate::grain_map::GrainMap;
 use crate::hot_copies::HotCopies;
 use crate::keys::{count_refs, parse_grain_key, parse_loc, vdisk_key};
 use crate::locks::GrainLocks;
@@ -217,7 +218,7 @@ impl Engine {
         for c in configs {
             max_id = max_id.max(c.id);
             let grains = c.grains();
-            let map: Vec<AtomicU64> = (0..grains).map(|_| AtomicU64::new(0)).collect();
+            let map = GrainMap::new(grains, &|| format!("vdisk '{}' of {} bytes", c.name, c.size))?;
             let mut mapped = 0;
             meta.for_each_prefix(CF_GRAINS, &c.id.to_be_bytes(), |k, v| {
                 if let (Some((_, g)), Some(l)) = (parse_grain_key(k), parse_loc(v)) {
@@ -333,18 +334,24 @@ impl Engine {
                 e => e,
             })?;
         }
+        // Made before anything is recorded: a map this machine cannot hold is refused here,
+        // not at every start after.
+        let map = match GrainMap::new(c.grains(), &|| format!("vdisk '{}' of {} bytes", c.name, c.size)) {
+            Ok(map) => map,
+            Err(e) => {
+                if fixed {
+                    self.s.space.unreserve(class, c.grains());
+                }
+                return Err(e);
+            }
+        };
         if let Err(e) = self.save_config(&c) {
             if fixed {
                 self.s.space.unreserve(class, c.grains());
             }
             return Err(e);
         }
-        let v = Arc::new(Vdisk::new(
-            self.s.clone(),
-            c.clone(),
-            (0..c.grains()).map(|_| AtomicU64::new(0)).collect(),
-            0,
-        ));
+        let v = Arc::new(Vdisk::new(self.s.clone(), c.clone(), map, 0));
         self.s.cache.set_budget(c.id, c.write_cache());
         self.vdisks.write().insert(c.name.clone(), v.clone());
         info!(vdisk = %c.name, size = c.size, layout = %layout.describe(), "vdisk created");
@@ -403,13 +410,16 @@ impl Engine {
         let old_grains = c.grains();
         c.size = size;
         let added = c.grains() - old_grains;
+        // The map grows first: refused here if this machine cannot hold it. Entries past the
+        // size are unused until the size is recorded.
+        v.map
+            .write()
+            .grow(added, &|| format!("vdisk '{name}' grown to {size} bytes"))?;
         if v.fixed() && added > 0 {
             self.s.space.reserve(v.class, added)?;
         }
         self.save_config(&c)?;
         {
-            let mut map = v.map.write();
-            map.extend((0..added).map(|_| AtomicU64::new(0)));
             v.clock.grow(size);
             *v.cfg.write() = c;
         }

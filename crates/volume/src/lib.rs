@@ -14,6 +14,7 @@ mod error;
 mod findings;
 mod frozen;
 mod frozen_registry;
+mod grain_map;
 mod hot_copies;
 mod keys;
 mod locks;

@@ -2,6 +2,7 @@
 //! grain slot. I/O on an exclusively owned slot goes straight to the layout with no metadata
 //! write; a first write allocates, a write to a shared slot copies on write.
 
+use crate::grain_map::GrainMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -31,7 +32,7 @@ pub struct Vdisk {
     pub(crate) id: u64,
     pub(crate) class: Class,
     pub(crate) cfg: RwLock<VdiskConfig>,
-    pub(crate) map: RwLock<Vec<AtomicU64>>,
+    pub(crate) map: RwLock<GrainMap>,
     /// Grains that point at a slot.
     pub(crate) mapped: AtomicU64,
     pub(crate) deleted: AtomicBool,
@@ -144,7 +145,7 @@ impl std::fmt::Debug for Vdisk {
 }
 
 impl Vdisk {
-    pub(crate) fn new(s: Arc<Shared>, c: VdiskConfig, map: Vec<AtomicU64>, mapped: u64) -> Vdisk {
+    pub(crate) fn new(s: Arc<Shared>, c: VdiskConfig, map: GrainMap, mapped: u64) -> Vdisk {
         Vdisk {
             s,
             id: c.id,

@@ -214,3 +214,30 @@ fn full_pool_is_a_clear_error_that_corrupts_nothing() {
     v.write(written, &pattern(1, written, MIB as usize), false).unwrap();
     rig.assert_consistent();
 }
+
+/// A thin vdisk whose grain map this machine cannot hold in memory (1 PiB in 16 KiB grains:
+/// 512 GiB of map) is refused when asked for, and when grown to, with what it would take;
+/// nothing is recorded, and the pool opens again as it was (it would otherwise abort the
+/// daemon at every start).
+#[test]
+fn a_vdisk_whose_map_cannot_be_held_in_memory_is_refused_and_recorded_nowhere() {
+    let mut rig = Rig::new(3, 32 * MIB, MIB);
+    let huge = spec("huge", 1 << 50, LayoutKind::Mirror, Provisioning::Thin);
+    let e = rig.engine().create_vdisk(&huge).unwrap_err();
+    assert!(matches!(e, VolumeError::Invalid(_)), "{e}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("vdisk 'huge'") && msg.contains("512.0 GiB of grain map") && msg.contains("larger grains"),
+        "{msg}"
+    );
+    rig.engine()
+        .create_vdisk(&spec("v", 2 * MIB, LayoutKind::Mirror, Provisioning::Thin))
+        .unwrap();
+    let e = rig.engine().resize_vdisk("v", 1 << 50).unwrap_err();
+    assert!(e.to_string().contains("grown to"), "{e}");
+    assert_eq!(rig.engine().vdisk("v").unwrap().size(), 2 * MIB);
+    rig.reopen();
+    let names: Vec<String> = rig.engine().vdisks().iter().map(|v| v.name()).collect();
+    assert_eq!(names, vec!["v".to_string()]);
+    assert_eq!(rig.engine().vdisk("v").unwrap().size(), 2 * MIB);
+}
