@@ -279,6 +279,20 @@ impl Inner {
             }
             (last, rec)
         };
+        // A batch passed here may hold nothing dirty because a newer write cut its pieces,
+        // and that write's batch may be written and not yet flushed: a power cut would then
+        // take the newer copy while the log's start no longer covers the older one, and the
+        // block would read as it was before both. Every installed batch is written, so a
+        // flush of the log's disks now makes the newer copies durable before the older go.
+        let devices = self.state.lock().devices.clone();
+        for (p, d) in &devices {
+            if let Err(e) = d.flush() {
+                self.lose_device(*p, &format!("flush failed: {e}"));
+                return Err(CacheError::Log(format!(
+                    "a disk of the write-back log failed its flush; its start stays where it is: {e}"
+                )));
+            }
+        }
         log::save_record(&self.pool, &rec)?;
         let _reuse = self.reuse.write();
         let mut st = self.state.lock();
