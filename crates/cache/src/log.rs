@@ -178,9 +178,11 @@ pub(crate) fn replay(devices: &[(u32, DiskRef)], rec: &LogRecord, pool: [u8; 16]
 }
 
 /// Copies the live part of the ring, `[tail, head)` (wrapping), from one disk to another.
+/// Called only while batches are live: `tail == head` is then a full ring (a batch may end
+/// exactly at the tail), the whole of it.
 pub(crate) fn copy_live(from: &DiskRef, to: &DiskRef, area: u64, tail: u64, head: u64) -> Result<()> {
     const CHUNK: u64 = 4 << 20;
-    let ranges = if tail <= head {
+    let ranges = if tail < head {
         vec![(tail, head)]
     } else {
         vec![(tail, area), (0, head)]
@@ -204,6 +206,7 @@ pub(crate) fn copy_live(from: &DiskRef, to: &DiskRef, area: u64, tail: u64, head
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     #[test]
     fn a_batch_goes_at_the_head_or_wraps_to_the_start() {
@@ -220,5 +223,31 @@ mod tests {
         assert_eq!(place(100, 30, 70, false, 41), None);
         // Full.
         assert_eq!(place(100, 50, 50, false, 1), None);
+    }
+
+    /// A full ring (its head back at its tail) is copied whole to a disk that joins the log;
+    /// a wrapped one from the tail to the end, then from the start to the head.
+    #[test]
+    fn the_live_ring_is_copied_whole_when_full() {
+        let area = 64 * 1024u64;
+        let size = DATA_OFFSET + area;
+        let from: DiskRef = Arc::new(tessera_disk::MemDisk::new("from", size));
+        let ring: Vec<u8> = (0..area).map(|i| (i % 251) as u8 + 1).collect();
+        from.write_at(&ring, DATA_OFFSET).unwrap();
+        let copied = |tail, head| {
+            let to: DiskRef = Arc::new(tessera_disk::MemDisk::new("to", size));
+            copy_live(&from, &to, area, tail, head).unwrap();
+            let mut got = vec![0u8; area as usize];
+            to.read_at(&mut got, DATA_OFFSET).unwrap();
+            got
+        };
+        assert_eq!(copied(16384, 16384), ring, "a full ring");
+        let wrapped = copied(49152, 8192);
+        assert_eq!(&wrapped[49152..], &ring[49152..]);
+        assert_eq!(&wrapped[..8192], &ring[..8192]);
+        assert!(wrapped[8192..49152].iter().all(|&b| b == 0));
+        let plain = copied(4096, 12288);
+        assert_eq!(&plain[4096..12288], &ring[4096..12288]);
+        assert!(plain[..4096].iter().chain(&plain[12288..]).all(|&b| b == 0));
     }
 }
