@@ -70,6 +70,10 @@ pub trait ReplicaSite {
     fn writing(&self, _pool: &str, _vdisk: &str, _existed: bool) -> std::result::Result<(), String> {
         Ok(())
     }
+    /// The replica `writing` was told would be made could not be made (a size this site
+    /// cannot hold, a full pool): the site forgets what it recorded for it, so that a vdisk
+    /// made here later under that name is not taken for a replica.
+    fn not_made(&self, _pool: &str, _vdisk: &str) {}
     /// The last cycle committed into `pool/vdisk`, as `committed` recorded it.
     fn last_committed(&self, _pool: &str, _vdisk: &str) -> Option<String> {
         None
@@ -244,7 +248,13 @@ fn run<S: Read + Write>(
             spec.provisioning = Provisioning::Thin;
             spec.grain_size = Some(begin.grain);
             spec.block_size = Some(begin.block_size);
-            engine.create_vdisk(&spec)?
+            match engine.create_vdisk(&spec) {
+                Ok(v) => v,
+                Err(e) => {
+                    site.not_made(&begin.pool, &begin.vdisk);
+                    return Err(e.into());
+                }
+            }
         }
     };
     let base = begin

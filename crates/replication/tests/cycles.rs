@@ -372,6 +372,14 @@ fn streams_that_lie_are_refused_with_a_reason() {
     assert!(run(begin(&ok.replace("\"vol\"", "\"../etc\""))).contains("vdisk name"));
     assert!(run(begin(&ok.replace("65536", "65535"))).contains("grains"));
     assert!(run(begin(&ok.replace("\"p\"", "\"q\""))).contains("no pool 'q'"));
+    // A replica too large for this site to hold its map (1 PiB in 4 KiB grains): refused
+    // before anything is made, and the site is told the replica was not made.
+    let huge = ok
+        .replace("1048576", &(1u64 << 50).to_string())
+        .replace("65536", "4096");
+    assert!(run(begin(&huge)).contains("grain map"));
+    assert_eq!(*dst.not_made.lock().unwrap(), vec!["p/vol".to_string()]);
+    assert!(dst.engine.vdisk("vol").is_err());
     // A peer may not write over a vdisk that is not a replica.
     let mut spec = VdiskSpec::new("precious", MIB, LayoutKind::Mirror);
     spec.grain_size = Some(GRAIN);

@@ -18,6 +18,8 @@ pub struct Site {
     pub joins: Arc<tessera_replication::Joins>,
     /// The last cycle committed into each vdisk, as a daemon records it.
     pub committed: std::sync::Mutex<std::collections::HashMap<String, String>>,
+    /// The replicas a cycle was to make and could not, as the site was told.
+    pub not_made: std::sync::Mutex<Vec<String>>,
 }
 
 impl ReplicaSite for Site {
@@ -31,6 +33,9 @@ impl ReplicaSite for Site {
             return Err(format!("'{vdisk}' is not a replica"));
         }
         Ok(())
+    }
+    fn not_made(&self, pool: &str, vdisk: &str) {
+        self.not_made.lock().unwrap().push(format!("{pool}/{vdisk}"));
     }
     fn last_committed(&self, pool: &str, vdisk: &str) -> Option<String> {
         self.committed.lock().unwrap().get(&format!("{pool}/{vdisk}")).cloned()
@@ -55,6 +60,7 @@ pub fn site(disks: usize, disk_size: u64) -> Site {
         engine: Arc::new(engine),
         joins: Default::default(),
         committed: Default::default(),
+        not_made: Default::default(),
     }
 }
 

@@ -229,6 +229,25 @@ impl ReplicaSite for Site {
         Ok(())
     }
 
+    fn not_made(&self, pool: &str, vdisk: &str) {
+        let key = format!("{pool}/{vdisk}");
+        let missing = self.d.engine(pool).map_or(true, |e| e.vdisk(vdisk).is_err());
+        let forgotten = self.d.replication.change(|s| {
+            // Only a record this cycle made, for a vdisk that never came to be.
+            if missing
+                && s.incoming
+                    .get(&key)
+                    .is_some_and(|i| i.cycles == 0 && i.last_snapshot.is_none())
+            {
+                s.incoming.remove(&key);
+            }
+            Ok(())
+        });
+        if let Err(e) = forgotten {
+            warn!(replica = %key, error = %e.message, "cannot forget the record of a replica not made");
+        }
+    }
+
     fn last_committed(&self, pool: &str, vdisk: &str) -> Option<String> {
         let key = format!("{pool}/{vdisk}");
         self.d
