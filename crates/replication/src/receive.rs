@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use serde::{Deserialize, Serialize};
 use tessera_pool::validate_name;
 use tessera_volume::{Engine, LayoutKind, Provisioning, VdiskSpec};
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::error::{ReplError, Result};
 use crate::wire::{self, Begin, Done, Join, Kind, Offered, Ready, Refusal, BLOCK, HASH, MAGIC};
@@ -322,7 +322,19 @@ fn run<S: Read + Write>(
         };
         loop {
             while let Ok(s) = joined.try_recv() {
+                // No more than the cycle said it would open (each a thread and a frame's
+                // buffer here); once all have joined, the token admits no other.
+                if readers.len() + 1 >= streams as usize {
+                    warn!(replica = %begin.vdisk, streams, "a stream past the cycle's count joined it: closed");
+                    drop(s);
+                    continue;
+                }
                 take_joined(&mut readers, s);
+                if readers.len() + 1 == streams as usize {
+                    if let Some(t) = &begin.token {
+                        opts.joins.waiting.lock().expect("not poisoned").remove(t);
+                    }
+                }
             }
             let f = frame(w.get_mut())?;
             match f.kind {

@@ -440,3 +440,60 @@ impl Write for Duplex {
         Ok(())
     }
 }
+
+/// A cycle takes no more streams than it said it would open (each is a thread and a frame's
+/// buffer here): one joining past its count is closed, and the token then admits no other.
+#[test]
+fn a_cycle_takes_no_more_streams_than_it_said_it_opens() {
+    use tessera_replication::wire::{self, Kind};
+    let dst = site(2, 64 * MIB);
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let token = "00112233445566778899aabbccddeeff";
+    let framed = |kind, body: &[u8], magic: bool| {
+        let mut b = if magic { MAGIC.to_vec() } else { Vec::new() };
+        wire::write_frame(&mut b, kind, body).unwrap();
+        b
+    };
+    let join = format!(r#"{{"token":"{token}","stream":1}}"#);
+    std::thread::scope(|sc| {
+        let (dst, l) = (&dst, &l);
+        let connect = || {
+            let c = TcpStream::connect(addr).unwrap();
+            let (s, _) = l.accept().unwrap();
+            c.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+            (
+                c,
+                sc.spawn(move || receive(s, dst, &options(dst)).map_err(|e| e.to_string())),
+            )
+        };
+        let (mut main, cycle) = connect();
+        let begin = format!(
+            r#"{{"pool":"p","vdisk":"vol","size":1048576,"grain":65536,"block_size":512,"snapshot":"s1","base":null,"streams":2,"token":"{token}"}}"#
+        );
+        main.write_all(&framed(Kind::Begin, begin.as_bytes(), true)).unwrap();
+        let mut ready = [0u8; 64];
+        assert!(main.read(&mut ready).unwrap() > 0, "no Ready");
+        // Two streams join a cycle of two: both are handed over before it looks.
+        let mut joined = Vec::new();
+        for _ in 0..2 {
+            let (mut c, handed) = connect();
+            c.write_all(&framed(Kind::Join, join.as_bytes(), true)).unwrap();
+            assert!(handed.join().unwrap().is_ok_and(|r| r.joined));
+            joined.push(c);
+        }
+        // The cycle looks before its next frame: it takes one and closes the other.
+        main.write_all(&framed(Kind::Offer, &wire::encode_offer(0, &[]), false))
+            .unwrap();
+        let mut b = [0u8; 16];
+        assert_eq!(joined[1].read(&mut b).unwrap(), 0, "a stream past the count was kept");
+        // And its token admits no other.
+        let (mut late, refused) = connect();
+        late.write_all(&framed(Kind::Join, join.as_bytes(), true)).unwrap();
+        assert!(refused.join().unwrap().unwrap_err().contains("not waiting"));
+        // The sender goes away: the cycle ends, uncommitted, its joined stream with it.
+        joined[0].shutdown(Shutdown::Both).unwrap();
+        main.shutdown(Shutdown::Both).unwrap();
+        assert!(cycle.join().unwrap().is_err());
+    });
+}
