@@ -237,6 +237,16 @@ fn import_export_round_trip_is_bit_exact_and_sparse() {
     assert!(d
         .fails(&["vdisk", "import", "p/small", "/no/such.img"])
         .contains("/no/such.img"));
+    // Nor is a file of the daemon's own state read into a vdisk (its keys, its pools'
+    // metadata), named as it is or through a link.
+    let own = t.path().join("state").join("own.bin");
+    std::fs::write(&own, vec![1u8; 4096]).unwrap();
+    let link = t.path().join("own-link.img");
+    std::os::unix::fs::symlink(&own, &link).unwrap();
+    for p in [&own, &link] {
+        let e = d.fails(&["vdisk", "import", "p/small", p.to_str().unwrap()]);
+        assert!(e.contains("inside the daemon's state directory"), "{e}");
+    }
 
     // Import over existing data: zero runs in the image must read back as zeros.
     let job = d.json(&["vdisk", "import", "p/img", img.to_str().unwrap()]);

@@ -197,6 +197,13 @@ impl Daemon {
             return Err(ApiError::invalid(format!("image path '{}' must be absolute", req.path)));
         }
         self.refuse_if_replica(pool, name, "imported into")?;
+        // The daemon's own files (keys, pools' metadata) are never read into a vdisk, whatever
+        // link leads to them.
+        let state = std::fs::canonicalize(&self.cfg.state_dir).unwrap_or_else(|_| self.cfg.state_dir.clone());
+        let opened =
+            std::fs::File::open(&path).map_err(|e| ApiError::invalid(format!("cannot open {}: {e}", req.path)))?;
+        image::refuse_within(&opened, &path, &state).map_err(ApiError::invalid)?;
+        drop(opened);
         let image_size = image::image_size(&path).map_err(ApiError::invalid)?;
         let v = match e.vdisk(name) {
             Ok(v) => v,
@@ -248,7 +255,7 @@ impl Daemon {
                 state.display()
             )));
         }
-        let file = image::create_target(&path, req.overwrite, v.size()).map_err(ApiError::invalid)?;
+        let file = image::create_target(&path, req.overwrite, v.size(), &state).map_err(ApiError::invalid)?;
         let job = self.jobs.spawn("export", &format!("{pool}/{name}"), move |p| {
             let r = image::export(&v, file, &path, p)?;
             Ok(serde_json::to_value(r).expect("serializable"))
