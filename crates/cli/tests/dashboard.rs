@@ -260,6 +260,40 @@ fn the_dashboard_makes_a_pool_and_a_vdisk_presents_it_and_watches_a_failure_and_
     b.type_in("#token", TOKEN);
     b.click("#login");
     b.find("#health");
+    // The session's cookie alone, as a page on another port of this host would receive it,
+    // shows the pages but not the API: that wants the key only the page that logged in has.
+    let cookies = b.cmd("GET", "/cookie", None);
+    let session = cookies
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "tessera_session")
+        .map(|c| c["value"].as_str().unwrap().to_string())
+        .expect("a session cookie");
+    let cookie = format!("tessera_session={session}");
+    assert_eq!(
+        http_tcp(&api, "GET", "/", None, &[("Cookie", &cookie)]).unwrap().status,
+        200
+    );
+    for path in ["/api/pools", "/api/events/stream?after=0"] {
+        let r = http_tcp(&api, "GET", path, None, &[("Cookie", &cookie)]).unwrap();
+        assert_eq!(r.status, 401, "{path} with the cookie alone: {}", r.body);
+    }
+    let key = b.script("return localStorage.getItem('tessera-key')");
+    let key = key.as_str().expect("the page keeps its session key");
+    assert!(
+        !b.script("return location.href").as_str().unwrap().contains(key),
+        "the key stays in the address"
+    );
+    let r = http_tcp(
+        &api,
+        "GET",
+        "/api/pools",
+        None,
+        &[("Cookie", &cookie), ("x-tessera-key", key)],
+    )
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
 
     // A pool through the wizard, on file disks made here.
     let paths = disks(&t.path().join("disks"), 3, 1 << 30);

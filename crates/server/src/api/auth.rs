@@ -38,6 +38,8 @@ pub const SESSION_LIFETIME: Duration = Duration::from_secs(12 * 3600);
 /// Logins kept at once; the oldest goes first.
 const MAX_SESSIONS: usize = 64;
 const SESSION_COOKIE: &str = "tessera_session";
+/// The header the dashboard's API requests carry the session's key in.
+const SESSION_KEY_HEADER: &str = "x-tessera-key";
 
 /// What a TCP listener checks.
 pub struct Guard {
@@ -46,8 +48,9 @@ pub struct Guard {
     pub listen: SocketAddr,
     /// Other names the API may be reached by (api_allowed_hosts), lowercase.
     pub names: Vec<String>,
-    /// Dashboard logins: session id → when it was made.
-    pub sessions: Mutex<HashMap<String, Instant>>,
+    /// Dashboard logins: session id (the cookie) → when it was made, and the key that only
+    /// the page that logged in was given.
+    pub sessions: Mutex<HashMap<String, (Instant, String)>>,
     /// Whether this listener serves the dashboard (and its login); not `metrics_listen`.
     pub dashboard: bool,
 }
@@ -69,23 +72,27 @@ impl Guard {
         self
     }
 
-    fn session_valid(&self, id: &str) -> bool {
+    /// The key of the live session `id`, if there is one.
+    fn session_key(&self, id: &str) -> Option<String> {
         let mut s = self.sessions.lock();
-        s.retain(|_, made| made.elapsed() < SESSION_LIFETIME);
+        s.retain(|_, (made, _)| made.elapsed() < SESSION_LIFETIME);
         // Compared in constant time, as the token is.
-        s.keys().any(|k| constant_time_eq(k.as_bytes(), id.as_bytes()))
+        s.iter()
+            .find(|(k, _)| constant_time_eq(k.as_bytes(), id.as_bytes()))
+            .map(|(_, (_, key))| key.clone())
     }
 
-    fn new_session(&self) -> Result<String, String> {
-        let id = random_hex(32)?;
+    /// A new session: its id (the cookie) and its key (for the page's API requests).
+    fn new_session(&self) -> Result<(String, String), String> {
+        let (id, key) = (random_hex(32)?, random_hex(32)?);
         let mut s = self.sessions.lock();
         if s.len() >= MAX_SESSIONS {
-            if let Some(oldest) = s.iter().min_by_key(|(_, t)| **t).map(|(k, _)| k.clone()) {
+            if let Some(oldest) = s.iter().min_by_key(|(_, (t, _))| *t).map(|(k, _)| k.clone()) {
                 s.remove(&oldest);
             }
         }
-        s.insert(id.clone(), Instant::now());
-        Ok(id)
+        s.insert(id.clone(), (Instant::now(), key.clone()));
+        Ok((id, key))
     }
 
     /// Whether a browser's `Origin` is this listener: its scheme's port (80, 443) when it
@@ -176,7 +183,13 @@ pub async fn check(State(g): State<Arc<Guard>>, req: Request, next: Next) -> Res
     let session = session_cookie(headers).filter(|_| g.dashboard);
     let admitted = match (given, &session) {
         (Some(t), _) => constant_time_eq(t.as_bytes(), g.token.as_bytes()),
-        (None, Some(id)) => g.session_valid(id),
+        // The cookie alone admits the dashboard's pages. A browser sends it to every port of
+        // this host, so a page served on another port would receive it: the API also wants
+        // the session's key, given only to the page that logged in (browsers keep it apart
+        // by origin, port included).
+        (None, Some(id)) => g.session_key(id).is_some_and(|key| {
+            is_page(&path) || session_key_of(&req).is_some_and(|k| constant_time_eq(k.as_bytes(), key.as_bytes()))
+        }),
         (None, None) => false,
     };
     if admitted {
@@ -199,6 +212,19 @@ pub async fn check(State(g): State<Arc<Guard>>, req: Request, next: Next) -> Res
 /// Paths a browser navigates to (the dashboard), as opposed to the API and the metrics.
 fn is_page(path: &str) -> bool {
     path == "/" || path.starts_with("/ui/")
+}
+
+/// The session key a dashboard request shows: the `x-tessera-key` header, or a `key` query
+/// parameter (an EventSource sets no headers).
+fn session_key_of(req: &Request) -> Option<String> {
+    if let Some(k) = req.headers().get(SESSION_KEY_HEADER).and_then(|v| v.to_str().ok()) {
+        return Some(k.to_string());
+    }
+    req.uri()
+        .query()?
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("key="))
+        .map(str::to_string)
 }
 
 fn session_cookie(headers: &axum::http::HeaderMap) -> Option<String> {
@@ -231,18 +257,27 @@ async fn login(g: &Guard, req: Request) -> Response {
         return login_page(StatusCode::UNAUTHORIZED, Some("That is not the API token."));
     }
     match g.new_session() {
-        Ok(id) => redirect_home(Some(format!(
-            "{SESSION_COOKIE}={id}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}",
-            SESSION_LIFETIME.as_secs()
-        ))),
+        // The key goes in the address's fragment, which the page reads and no request carries.
+        Ok((id, key)) => redirect(
+            &format!("/#key={key}"),
+            Some(format!(
+                "{SESSION_COOKIE}={id}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}",
+                SESSION_LIFETIME.as_secs()
+            )),
+        ),
         Err(e) => ApiError::io(e).into_response(),
     }
 }
 
 fn redirect_home(cookie: Option<String>) -> Response {
+    redirect("/", cookie)
+}
+
+fn redirect(to: &str, cookie: Option<String>) -> Response {
     let mut r = StatusCode::SEE_OTHER.into_response();
-    r.headers_mut()
-        .insert(LOCATION, axum::http::HeaderValue::from_static("/"));
+    if let Ok(to) = axum::http::HeaderValue::from_str(to) {
+        r.headers_mut().insert(LOCATION, to);
+    }
     if let Some(c) = cookie.and_then(|c| axum::http::HeaderValue::from_str(&c).ok()) {
         r.headers_mut().insert(SET_COOKIE, c);
     }
@@ -403,14 +438,15 @@ mod tests {
         assert_eq!(form_value("token=x%4", "token").unwrap(), "x%4");
         assert_eq!(form_value("nothing", "token"), None);
         let g = guard("127.0.0.1:8484", &[]);
-        let id = g.new_session().unwrap();
-        assert_eq!(id.len(), 64);
-        assert!(g.session_valid(&id));
-        assert!(!g.session_valid("0000"));
+        let (id, key) = g.new_session().unwrap();
+        assert_eq!((id.len(), key.len()), (64, 64));
+        assert_ne!(id, key);
+        assert_eq!(g.session_key(&id), Some(key));
+        assert_eq!(g.session_key("0000"), None);
         for _ in 0..MAX_SESSIONS {
             g.new_session().unwrap();
         }
-        assert!(!g.session_valid(&id), "the oldest goes first");
+        assert_eq!(g.session_key(&id), None, "the oldest goes first");
         assert_eq!(g.sessions.lock().len(), MAX_SESSIONS);
         let mut h = axum::http::HeaderMap::new();
         h.insert(COOKIE, "a=b; tessera_session=abc".parse().unwrap());

@@ -44,6 +44,8 @@ fn parse(q: Option<&str>, with_limit: bool) -> ApiResult<(Filter, usize)> {
                 }
             }
             "severity" => f.min_severity = Some(Severity::parse(v).map_err(|e| bad(&e))?),
+            // The dashboard's session key, for the guard (an EventSource sets no headers).
+            "key" => {}
             "pool" => {
                 tessera_pool::validate_name("pool", v).map_err(|e| bad(&e))?;
                 f.pool = Some(v.to_string());

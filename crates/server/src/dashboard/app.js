@@ -23,15 +23,30 @@ function h(tag, attrs, ...children) {
   return el;
 }
 
+// The session's key: given once, in the address's fragment, to the page the login led to.
+// The API wants it besides the cookie, which the browser would also send to a page served
+// on another port of this host; the key stays with this origin.
+(function takeKey() {
+  const m = location.hash.match(/^#key=([0-9a-f]{64})$/);
+  if (m) {
+    localStorage.setItem('tessera-key', m[1]);
+    history.replaceState(null, '', location.pathname + location.search);
+  }
+})();
+const sessionKey = () => localStorage.getItem('tessera-key') || '';
+
 async function api(method, path, body) {
-  const opts = { method, credentials: 'same-origin', headers: {} };
+  const opts = { method, credentials: 'same-origin', headers: { 'x-tessera-key': sessionKey() } };
   if (body !== undefined) {
     opts.headers['content-type'] = 'application/json';
     opts.body = JSON.stringify(body);
   }
   const r = await fetch(path, opts);
   if (r.status === 401) {
-    // The session ended: the page itself now answers with the login form.
+    // The session ended, or this page lacks its key: log out, and the page answers with the
+    // login form.
+    localStorage.removeItem('tessera-key');
+    await fetch('/ui/logout', { method: 'POST', credentials: 'same-origin' }).catch(() => {});
     location.reload();
     throw new Error('logged out');
   }
@@ -420,7 +435,7 @@ async function events() {
   const holder = h('section', { id: 'event-list' }, eventTable(list.events.slice().reverse()));
   if (stream) stream.close();
   const after = list.events.length ? list.events[list.events.length - 1].seq : list.next_seq - 1;
-  stream = new EventSource(`/api/events/stream?after=${after}`);
+  stream = new EventSource(`/api/events/stream?after=${after}&key=${enc(sessionKey())}`);
   stream.onmessage = (m) => {
     const e = JSON.parse(m.data);
     const t = holder.querySelector('table');
@@ -602,5 +617,6 @@ function route() {
 }
 
 document.getElementById('modal').addEventListener('click', (e) => { if (e.target.id === 'modal') closeDialog(); });
+document.getElementById('logout').addEventListener('click', () => localStorage.removeItem('tessera-key'));
 window.addEventListener('hashchange', route);
 route();
