@@ -80,6 +80,9 @@ impl Daemon {
             .vdisk
             .split_once('/')
             .ok_or_else(|| ApiError::invalid(format!("'{}' does not name a vdisk: write POOL/NAME", req.vdisk)))?;
+        // A LUN of a replica's working copy would show cycles half applied: its snapshots are
+        // the consistent, read-only images. Checked whether the pool is served here or not.
+        self.refuse_if_replica(p, n, "presented as a LUN")?;
         let served = match self.vdisk(p, n) {
             Ok(served) => Some(served),
             // A pool on RADOS that another gateway serves: the LUN is made ready here, for
@@ -92,11 +95,6 @@ impl Daemon {
                 None => return Err(e),
             },
         };
-        if served.is_some() {
-            // A LUN of a replica's working copy would show cycles half applied: its snapshots
-            // are the consistent, read-only images.
-            self.refuse_if_replica(p, n, "presented as a LUN")?;
-        }
         self.targets.add_lun(iqn, req.lun, &req.vdisk, served)?;
         self.target_view(iqn)
     }
@@ -160,6 +158,9 @@ impl Daemon {
             read_only: req.read_only,
         };
         let name = cfg.name.clone();
+        if !req.read_only {
+            self.refuse_if_replica(p, n, "exported writable (export it read-only)")?;
+        }
         let v = match self.vdisk(p, n) {
             Ok((_, v)) => v,
             // A pool on RADOS that another gateway serves: the export is made ready here, for
@@ -173,9 +174,6 @@ impl Daemon {
                 None => return Err(e),
             },
         };
-        if !req.read_only {
-            self.refuse_if_replica(p, n, "exported writable (export it read-only)")?;
-        }
         self.nbd.add(cfg, v)?;
         self.show_nbd_export(&name)
     }
