@@ -266,6 +266,13 @@ fn run<S: Read + Write>(
         snapshot: begin.snapshot.clone(),
     };
     report.resumed = marker.as_ref() == Some(&wanted);
+    if marker.is_some() && !report.resumed {
+        // The other cycle's marker goes first, durably: once the working copy is changed
+        // below, it no longer holds part of that cycle, and a refusal or a crash before the
+        // new marker is written must not leave one that a later cycle of that name would
+        // take for its own (and not reset the copy it then finishes and commits).
+        remove_durably(&marker_path)?;
+    }
     if let (Some(b), false) = (&base, report.resumed) {
         // Back to the base: the working copy may hold part of another cycle.
         if replica.size() > b.size() {
@@ -542,6 +549,19 @@ fn lacking(replica: &tessera_volume::Vdisk, o: &Offered) -> Result<Vec<usize>> {
         .filter(|(_, (b, h))| blake3::hash(b).as_bytes() != *h)
         .map(|(k, _)| k)
         .collect())
+}
+
+/// Removes `path` and makes its removal durable (its directory synced).
+fn remove_durably(path: &std::path::Path) -> Result<()> {
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e.into()),
+    }
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
 }
 
 /// Writes a small file so that a crash leaves the old one or the new one.

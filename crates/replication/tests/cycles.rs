@@ -497,3 +497,47 @@ fn a_cycle_takes_no_more_streams_than_it_said_it_opens() {
         assert!(cycle.join().unwrap().is_err());
     });
 }
+
+/// A cycle that is not the one a cut cycle left its marker for takes that marker away before
+/// it changes the working copy: refused after its reset (a size the replica cannot take), it
+/// leaves no marker by which the cut cycle, sent again, would skip its own reset and commit a
+/// copy that still holds the other base's data.
+#[test]
+fn a_cycle_refused_after_resetting_the_copy_leaves_no_marker_behind() {
+    let src = site(2, 256 * MIB);
+    let dst = site(2, 256 * MIB);
+    let mut spec = VdiskSpec::new("vol", 32 * MIB, LayoutKind::Mirror);
+    spec.grain_size = Some(GRAIN);
+    let v = src.engine.create_vdisk(&spec).unwrap();
+    v.write(0, &noise(1, (16 * MIB) as usize), false).unwrap();
+    src.engine.snapshot("vol", "s0").unwrap();
+    let (sent, got) = cycle(&src, &dst, "s0", None, None);
+    (sent.unwrap(), got.unwrap());
+    // s1 changes the first 8 MiB; s2 the next 8.
+    v.write(0, &noise(2, (8 * MIB) as usize), false).unwrap();
+    src.engine.snapshot("vol", "s1").unwrap();
+    let (sent, got) = cycle(&src, &dst, "s1", Some("s0"), None);
+    (sent.unwrap(), got.unwrap());
+    v.write(8 * MIB, &noise(3, (8 * MIB) as usize), false).unwrap();
+    let s2 = src.engine.snapshot("vol", "s2").unwrap();
+    let (sent, _) = cycle(&src, &dst, "s2", Some("s1"), Some((2 * MIB) as usize));
+    assert!(sent.is_err(), "the cycle was to be cut");
+    // Another sender's cycle on base s0, refused once it has reset the copy to s0.
+    let begin = format!(
+        r#"{{"pool":"p","vdisk":"vol","size":{},"grain":65536,"block_size":512,"snapshot":"sx","base":"s0"}}"#,
+        32 * MIB + 1
+    );
+    let mut bytes = MAGIC.to_vec();
+    tessera_replication::wire::write_frame(&mut bytes, tessera_replication::wire::Kind::Begin, begin.as_bytes())
+        .unwrap();
+    let conn = Duplex {
+        input: io::Cursor::new(bytes),
+        output: Default::default(),
+    };
+    assert!(receive(conn, &dst, &options(&dst)).is_err());
+    // The cut cycle again: it starts over from its base, and the replica is exact.
+    let (sent, got) = cycle(&src, &dst, "s2", Some("s1"), None);
+    sent.unwrap();
+    assert!(!got.unwrap().resumed, "taken for the cut cycle resumed");
+    assert_eq!(image(&dst.engine.vdisk("vol@s2").unwrap()), image(&s2));
+}
