@@ -231,13 +231,12 @@ impl ReplicaSite for Site {
 
     fn not_made(&self, pool: &str, vdisk: &str) {
         let key = format!("{pool}/{vdisk}");
-        let missing = self.d.engine(pool).map_or(true, |e| e.vdisk(vdisk).is_err());
         let forgotten = self.d.replication.change(|s| {
-            // Only a record this cycle made, for a vdisk that never came to be.
-            if missing
-                && s.incoming
-                    .get(&key)
-                    .is_some_and(|i| i.cycles == 0 && i.last_snapshot.is_none())
+            // Only a record of a replica never committed: this cycle's (a vdisk of the name
+            // found meanwhile is one made here, which the peer must never write).
+            if s.incoming
+                .get(&key)
+                .is_some_and(|i| i.cycles == 0 && i.last_snapshot.is_none())
             {
                 s.incoming.remove(&key);
             }
