@@ -218,7 +218,8 @@ impl Engine {
         for c in configs {
             max_id = max_id.max(c.id);
             let grains = c.grains();
-            let map = GrainMap::new(grains, &|| format!("vdisk '{}' of {} bytes", c.name, c.size))?;
+            // Counted, not refused: what opened before opens again, whatever else is open.
+            let map = GrainMap::loaded(grains, &|| format!("vdisk '{}' of {} bytes", c.name, c.size))?;
             let mut mapped = 0;
             meta.for_each_prefix(CF_GRAINS, &c.id.to_be_bytes(), |k, v| {
                 if let (Some((_, g)), Some(l)) = (parse_grain_key(k), parse_loc(v)) {
@@ -410,15 +411,32 @@ impl Engine {
         let old_grains = c.grains();
         c.size = size;
         let added = c.grains() - old_grains;
-        // The map grows first: refused here if this machine cannot hold it. Entries past the
-        // size are unused until the size is recorded.
-        v.map
-            .write()
-            .grow(added, &|| format!("vdisk '{name}' grown to {size} bytes"))?;
         if v.fixed() && added > 0 {
             self.s.space.reserve(v.class, added)?;
         }
-        self.save_config(&c)?;
+        let undo = |grown: bool| {
+            if grown {
+                v.map.write().shrink(old_grains);
+            }
+            if v.fixed() && added > 0 {
+                self.s.space.unreserve(v.class, added);
+            }
+        };
+        // The map grows before the size is recorded (refused if this machine cannot hold it);
+        // its new entries are unused until then, and dropped again if that fails: a map
+        // longer than the vdisk would count reserved grains it does not hold.
+        if let Err(e) = v
+            .map
+            .write()
+            .grow(added, &|| format!("vdisk '{name}' grown to {size} bytes"))
+        {
+            undo(false);
+            return Err(e);
+        }
+        if let Err(e) = self.save_config(&c) {
+            undo(true);
+            return Err(e);
+        }
         {
             v.clock.grow(size);
             *v.cfg.write() = c;

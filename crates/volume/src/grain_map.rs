@@ -27,8 +27,11 @@ fn gib(bytes: u64) -> String {
 
 /// Counts `grains` more map entries for `what` against the budget, or says why not.
 fn admit(grains: u64, what: &dyn Fn() -> String) -> Result<u64> {
+    admit_within(grains, budget(), what)
+}
+
+fn admit_within(grains: u64, limit: u64, what: &dyn Fn() -> String) -> Result<u64> {
     let bytes = grains.saturating_mul(8);
-    let limit = budget();
     IN_USE
         .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
             used.checked_add(bytes).filter(|&after| after <= limit)
@@ -53,7 +56,17 @@ impl GrainMap {
     /// A map of `grains` unmapped entries, counted against the budget; `what` names the
     /// vdisk and its size for the refusal.
     pub(crate) fn new(grains: u64, what: &dyn Fn() -> String) -> Result<GrainMap> {
-        let bytes = admit(grains, what)?;
+        Self::made(grains, admit(grains, what)?, what)
+    }
+
+    /// The map of a vdisk that exists (a pool opening): counted, not refused for the budget
+    /// (it was admitted when made; refusing it now would depend on what else is open), but
+    /// an allocation that fails is still an error, not an abort.
+    pub(crate) fn loaded(grains: u64, what: &dyn Fn() -> String) -> Result<GrainMap> {
+        Self::made(grains, admit_within(grains, u64::MAX, what)?, what)
+    }
+
+    fn made(grains: u64, bytes: u64, what: &dyn Fn() -> String) -> Result<GrainMap> {
         let mut v = Vec::new();
         if v.try_reserve_exact(grains as usize).is_err() {
             IN_USE.fetch_sub(bytes, Ordering::AcqRel);
@@ -81,6 +94,17 @@ impl GrainMap {
         let len = self.0.len() + added as usize;
         self.0.resize_with(len, || AtomicU64::new(0));
         Ok(())
+    }
+}
+
+impl GrainMap {
+    /// Back to `grains` entries (a growth whose size could not be recorded).
+    pub(crate) fn shrink(&mut self, grains: u64) {
+        let len = self.0.len();
+        if (grains as usize) < len {
+            self.0.truncate(grains as usize);
+            IN_USE.fetch_sub((len - grains as usize) as u64 * 8, Ordering::AcqRel);
+        }
     }
 }
 
@@ -116,6 +140,12 @@ mod tests {
         assert!(m.grow(budget() / 8, &what).is_err());
         m.grow(24, &what).unwrap();
         assert_eq!(m.len(), 1024);
+        m.shrink(1000);
+        assert_eq!(m.len(), 1000);
+        m.grow(24, &what).unwrap();
+        // A map that exists is counted, never refused for the budget.
+        let loaded = GrainMap::loaded(16, &what).unwrap();
+        assert_eq!(loaded.len(), 16);
         // Other tests of this crate make and drop maps meanwhile: only this one's share
         // is certain.
         assert!(IN_USE.load(Ordering::Acquire) >= 1024 * 8);
