@@ -936,7 +936,9 @@ impl Inner {
         let mut counted = false;
         loop {
             let d = st.vdisk_dirty.get(&vdisk).copied().unwrap_or(0);
-            if d == 0 || d + len <= st.budget(vdisk) || self.stop.load(Ordering::Acquire) {
+            // With no log disk left, nothing will be destaged to make room (what was dirty is
+            // lost): the write goes on, to be refused by the log.
+            if d == 0 || d + len <= st.budget(vdisk) || self.stop.load(Ordering::Acquire) || st.devices.is_empty() {
                 return;
             }
             self.wait_for_room(&mut st, &mut counted);
