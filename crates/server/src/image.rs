@@ -261,6 +261,7 @@ pub fn create_target(path: &Path, overwrite: bool, size: u64, forbidden: &Path) 
             ));
         }
     }
+    let existed = std::fs::symlink_metadata(path).is_ok();
     let mut o = OpenOptions::new();
     // Truncated only once it is known to be no file of the daemon's.
     o.write(true).mode(0o600).custom_flags(libc::O_NOFOLLOW);
@@ -282,7 +283,13 @@ pub fn create_target(path: &Path, overwrite: bool, size: u64, forbidden: &Path) 
     if !f.metadata().is_ok_and(|m| m.is_file()) {
         return Err(format!("{} is not a regular file", path.display()));
     }
-    refuse_within(&f, path, forbidden)?;
+    if let Err(e) = refuse_within(&f, path, forbidden) {
+        // Made by this call: not left behind.
+        if !existed {
+            let _ = std::fs::remove_file(path);
+        }
+        return Err(e);
+    }
     f.set_len(0)
         .and_then(|()| f.set_len(size))
         .map_err(|e| format!("cannot size {}: {e}", path.display()))?;
@@ -492,6 +499,7 @@ mod tests {
         assert!(e.contains("symbolic link") || e.contains("state directory"), "{e}");
         let e = create_target(&state.join("new.img"), false, 1 << 20, &state).unwrap_err();
         assert!(e.contains("inside the daemon's state directory"), "{e}");
+        assert!(!state.join("new.img").exists(), "the refused file was left behind");
         assert_eq!(std::fs::read(&precious).unwrap(), b"the daemon's own");
         // A plain file elsewhere is made as asked.
         create_target(&d.path().join("plain.img"), false, 1 << 20, &state).unwrap();

@@ -36,7 +36,8 @@ function h(tag, attrs, ...children) {
 const sessionKey = () => localStorage.getItem('tessera-key') || '';
 
 async function api(method, path, body) {
-  const opts = { method, credentials: 'same-origin', headers: { 'x-tessera-key': sessionKey() } };
+  const sent = sessionKey();
+  const opts = { method, credentials: 'same-origin', headers: { 'x-tessera-key': sent } };
   if (body !== undefined) {
     opts.headers['content-type'] = 'application/json';
     opts.body = JSON.stringify(body);
@@ -44,9 +45,11 @@ async function api(method, path, body) {
   const r = await fetch(path, opts);
   if (r.status === 401) {
     // The session ended, or this page lacks its key: log out, and the page answers with the
-    // login form.
-    localStorage.removeItem('tessera-key');
-    await fetch('/ui/logout', { method: 'POST', credentials: 'same-origin' }).catch(() => {});
+    // login form. Unless a login in another tab gave a new key meanwhile: then only again.
+    if (sessionKey() === sent) {
+      localStorage.removeItem('tessera-key');
+      await fetch('/ui/logout', { method: 'POST', credentials: 'same-origin' }).catch(() => {});
+    }
     location.reload();
     throw new Error('logged out');
   }
