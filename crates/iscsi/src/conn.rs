@@ -455,7 +455,7 @@ fn serve_thread(s: &Arc<Session>) {
                     return;
                 }
                 Err(e) => {
-                    *s.ended.lock() = Some(e);
+                    s.ended.lock().get_or_insert(e);
                     *guard = None;
                     // Threads running commands find the socket closed when they answer.
                     s.writer.abort();

@@ -24,6 +24,13 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_run_inline_waits_for_the_ring_that_holds_its_grains() {
+    if !tessera_disk::io_uring_available() {
+        tessera_disk::skip(
+            "inline_tests::a_request_run_inline_waits_for_the_ring_that_holds_its_grains",
+            "io_uring unavailable: no ring to plan writes on",
+        );
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let (disk, held) = HeldWrites::new("m", 64 * MIB);
     let engine = Engine::create_pool_with_checksums(&dir.path().join("pool"), "p", vec![disk], 4 * MIB, false).unwrap();

@@ -492,7 +492,8 @@ impl Lun {
     }
 
     /// What execute_for checks before it runs a READ, for a batch: None if a unit attention
-    /// waits for the nexus, else the blocks to read (None for none) or the answer instead.
+    /// waits for the nexus or this port is not active (execute_for then runs it, asking for
+    /// access), else the blocks to read (None for none) or the answer instead.
     /// The caller holds the fence.
     pub(crate) fn admit_read(&self, nexus: &Nexus, cdb: &[u8]) -> Option<Result<Option<(u64, u64)>, Response>> {
         if self.unit_attentions(nexus, |q| !q.is_empty()) {
