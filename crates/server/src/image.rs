@@ -32,6 +32,11 @@ pub struct ImageReport {
 /// The size of an image file or block device.
 pub fn image_size(path: &Path) -> Result<u64, String> {
     let f = File::open(path).map_err(|e| format!("cannot open the image {}: {e}", path.display()))?;
+    size_of(&f, path)
+}
+
+/// The size of the image open as `f` (opened from `path`, which names it in errors).
+pub fn size_of(f: &File, path: &Path) -> Result<u64, String> {
     let md = f.metadata().map_err(|e| format!("{}: {e}", path.display()))?;
     if md.is_dir() {
         return Err(format!("{} is a directory, not an image", path.display()));
@@ -101,10 +106,11 @@ fn cancelled(p: &Progress) -> Result<(), String> {
     }
 }
 
-/// Copies the image at `path` into `v` from byte 0. A last partial block is padded with zeros.
-pub fn import(v: &Vdisk, path: &Path, p: &Progress) -> Result<ImageReport, String> {
-    let f = File::open(path).map_err(|e| format!("cannot open the image {}: {e}", path.display()))?;
-    let size = image_size(path)?;
+/// Copies the image open as `f` (from `path`, which names it in errors) into `v` from byte 0:
+/// the file that was checked, not whatever the path names by then. A last partial block is
+/// padded with zeros.
+pub fn import(v: &Vdisk, f: File, path: &Path, p: &Progress) -> Result<ImageReport, String> {
+    let size = size_of(&f, path)?;
     let bs = v.block_size() as u64;
     let padded = size.div_ceil(bs) * bs;
     if padded > v.size() {

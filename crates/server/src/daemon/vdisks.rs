@@ -200,11 +200,11 @@ impl Daemon {
         // The daemon's own files (keys, pools' metadata) are never read into a vdisk, whatever
         // link leads to them.
         let state = std::fs::canonicalize(&self.cfg.state_dir).unwrap_or_else(|_| self.cfg.state_dir.clone());
+        // The file checked is the one read: the job takes it, not the path again.
         let opened =
             std::fs::File::open(&path).map_err(|e| ApiError::invalid(format!("cannot open {}: {e}", req.path)))?;
         image::refuse_within(&opened, &path, &state).map_err(ApiError::invalid)?;
-        drop(opened);
-        let image_size = image::image_size(&path).map_err(ApiError::invalid)?;
+        let image_size = image::size_of(&opened, &path).map_err(ApiError::invalid)?;
         let v = match e.vdisk(name) {
             Ok(v) => v,
             Err(_) => {
@@ -230,7 +230,7 @@ impl Daemon {
         }
         self.busy_vdisk_check(pool, name)?;
         let job = self.jobs.spawn("import", &format!("{pool}/{name}"), move |p| {
-            let r = image::import(&v, &path, p)?;
+            let r = image::import(&v, opened, &path, p)?;
             Ok(serde_json::to_value(r).expect("serializable"))
         });
         Ok(job.view())
