@@ -199,7 +199,7 @@ impl Daemon {
         self.refuse_if_replica(pool, name, "imported into")?;
         // The daemon's own files (keys, pools' metadata) are never read into a vdisk, whatever
         // link leads to them.
-        let state = std::fs::canonicalize(&self.cfg.state_dir).unwrap_or_else(|_| self.cfg.state_dir.clone());
+        let state = self.own_files();
         // The file checked is the one read: the job takes it, not the path again.
         let opened =
             std::fs::File::open(&path).map_err(|e| ApiError::invalid(format!("cannot open {}: {e}", req.path)))?;
@@ -242,25 +242,21 @@ impl Daemon {
         if !path.is_absolute() {
             return Err(ApiError::invalid(format!("image path '{}' must be absolute", req.path)));
         }
-        // The daemon's own files (pools' metadata, keys, configuration) are never a target.
-        let state = std::fs::canonicalize(&self.cfg.state_dir).unwrap_or_else(|_| self.cfg.state_dir.clone());
-        let within = path
-            .parent()
-            .and_then(|p| std::fs::canonicalize(p).ok())
-            .is_some_and(|p| p.starts_with(&state));
-        if within {
-            return Err(ApiError::invalid(format!(
-                "image path '{}' is inside the daemon's state directory {}: export elsewhere",
-                req.path,
-                state.display()
-            )));
-        }
-        let file = image::create_target(&path, req.overwrite, v.size(), &state).map_err(ApiError::invalid)?;
+        // The daemon's own files (pools' metadata, keys, configuration) are never a target:
+        // checked on the file opened, whatever link or directory leads there.
+        let file =
+            image::create_target(&path, req.overwrite, v.size(), &self.own_files()).map_err(ApiError::invalid)?;
         let job = self.jobs.spawn("export", &format!("{pool}/{name}"), move |p| {
             let r = image::export(&v, file, &path, p)?;
             Ok(serde_json::to_value(r).expect("serializable"))
         });
         Ok(job.view())
+    }
+
+    /// The state directory as the kernel names it (links resolved), for checks of where an
+    /// opened image file really is.
+    fn own_files(&self) -> PathBuf {
+        std::fs::canonicalize(&self.cfg.state_dir).unwrap_or_else(|_| self.cfg.state_dir.clone())
     }
 
     fn busy_vdisk_check(&self, pool: &str, name: &str) -> ApiResult<()> {
