@@ -19,6 +19,7 @@ use crate::error::{CacheError, Result};
 use crate::format::{block_crcs, entry_crc, Entry, Header, BLOCK, MAX_ENTRIES};
 use crate::index::{Piece, SetIndex};
 use crate::log::{self, LogRecord};
+use crate::lost::LostRanges;
 
 mod destage;
 
@@ -92,6 +93,10 @@ pub struct CacheStatus {
     /// writer waiting for room may have to wait for.
     pub destage_rounds: u64,
     pub largest_destage_round_bytes: u64,
+    /// Data lost with the log's last disk before it was destaged: reads of it fail until it
+    /// is written again.
+    #[serde(default)]
+    pub lost_bytes: u64,
 }
 
 #[derive(Default)]
@@ -162,6 +167,16 @@ struct State {
     waiting: usize,
     /// Callers that want everything destaged.
     draining: usize,
+    /// Data lost with the log's last disk (lost.rs): refused to readers until written again.
+    lost: LostRanges,
+    /// What the pool's metadata holds of it: a loss is recorded there at once, a range written
+    /// again is cut from it only once that write is durable (by the next flush).
+    lost_saved: LostRanges,
+    /// Lost ranges written again since the last flush took them.
+    lost_cuts: Vec<(u32, u64, u64)>,
+    /// Losses of the log's last disk: cuts taken before one are not applied after it (they
+    /// may cover ranges it lost again).
+    lost_epoch: u64,
 }
 
 impl State {
@@ -303,6 +318,11 @@ struct Inner {
     /// The pool's loss count just after the log lost its last disk (0 if it never did): what
     /// the log held then, and had not destaged, is gone.
     wiped_at: AtomicU64,
+    /// `State::lost` is not empty: writes must tell it what they replace.
+    any_lost: AtomicBool,
+    /// One save of `State::lost_saved` at a time, each of it as it is then: a save never
+    /// goes back to an older copy.
+    lost_saving: Mutex<()>,
     /// One flush at a time: a flush that finds nothing new to flush must still not answer
     /// before the flush in flight, which may cover its writes, has completed.
     flushing: Mutex<()>,
@@ -344,7 +364,16 @@ impl WriteCache {
             budgets: HashMap::new(),
             waiting: 0,
             draining: 0,
+            lost: LostRanges::load(&pool)?,
+            lost_saved: LostRanges::default(),
+            lost_cuts: Vec::new(),
+            lost_epoch: 0,
         };
+        st.lost_saved = st.lost.clone();
+        if !st.lost.is_empty() {
+            warn!(pool = %pool.name(), bytes = st.lost.bytes(), "data lost with the write-back log's disks is still unwritten: reads of it fail until it is written again");
+        }
+        let any_lost = !st.lost.is_empty();
         let mut replayed = Vec::new();
         if let Some(rec) = &record {
             st.area = rec.area;
@@ -378,6 +407,8 @@ impl WriteCache {
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             layout_dirty: AtomicBool::new(false),
             wiped_at: AtomicU64::new(0),
+            any_lost: AtomicBool::new(any_lost),
+            lost_saving: Mutex::new(()),
             flushing: Mutex::new(()),
             stop: AtomicBool::new(false),
             counters: Counters::default(),
@@ -391,16 +422,29 @@ impl WriteCache {
         if !replayed.is_empty() {
             let bytes: u64 = replayed.iter().map(|f| f.header.data_len as u64).sum();
             info!(pool = %pool.name(), batches = replayed.len(), bytes, "replaying the write-back log");
+            let mut rewritten = false;
             {
                 let mut st = inner.state.lock();
                 for f in replayed {
                     let seq = f.header.seq;
+                    for e in &f.header.entries {
+                        let (a, b) = (e.offset, e.offset + e.len as u64);
+                        rewritten |= st.lost.cut(e.set, a, b);
+                        st.lost_saved.cut(e.set, a, b);
+                    }
                     inner.install(&mut st, seq, f.pos, &f.header.entries, f.crcs);
                 }
             }
             // Everything the log held goes to the layouts now, so the new generation starts
             // from an empty log.
             inner.destage_all()?;
+            // Lost ranges the log wrote again after the loss: durable there, destaged now.
+            if rewritten {
+                inner.save_lost()?;
+            }
+            inner
+                .any_lost
+                .store(!inner.state.lock().lost.is_empty(), Ordering::Release);
         }
         {
             let mut st = inner.state.lock();
@@ -465,11 +509,13 @@ impl WriteCache {
     /// the member disks.
     pub fn holds_dirty(&self, set: u32, offset: u64, len: u64) -> bool {
         let st = self.inner.state.lock();
-        st.dirty > 0
-            && st
-                .index
-                .get(&set)
-                .is_some_and(|ix| ix.overlapping(offset, offset + len).iter().any(|(_, p)| p.dirty))
+        // Lost data must be refused by `read_many`, not read as the disks hold it.
+        st.lost.overlaps(set, offset, offset + len)
+            || st.dirty > 0
+                && st
+                    .index
+                    .get(&set)
+                    .is_some_and(|ix| ix.overlapping(offset, offset + len).iter().any(|(_, p)| p.dirty))
     }
 
     /// True if a write would go straight to the member disks with nothing of the cache to
@@ -498,7 +544,7 @@ impl WriteCache {
     pub fn write(&self, vdisk: u64, set: &SlabSet, offset: u64, data: &[u8]) -> Result<()> {
         let i = &self.inner;
         let end = offset + data.len() as u64;
-        let (cached, active, replaces_lost) = {
+        let (cached, active) = {
             let st = i.state.lock();
             let takes = !st.devices.is_empty()
                 && (set.spec.tolerance() == 0 || st.devices.len() >= COPIES)
@@ -506,10 +552,7 @@ impl WriteCache {
             // A range the log still holds must go through the log, even when this write
             // would bypass it: the replay would otherwise bring the older copy back.
             let cached = takes || (!st.devices.is_empty() && st.overlaps(set.id, offset, end));
-            // With no disk left, what the index holds of the range was lost with the log
-            // (reads of it fail rather than return older data): this write replaces it.
-            let replaces_lost = st.devices.is_empty() && st.overlaps(set.id, offset, end);
-            (cached, !st.devices.is_empty() || !st.index.is_empty(), replaces_lost)
+            (cached, !st.devices.is_empty() || !st.index.is_empty())
         };
         if !cached {
             // Not between a whole-row destage's read of the row and its write back.
@@ -526,21 +569,8 @@ impl WriteCache {
             }
             let _held: Vec<_> = stripes.iter().map(|&k| i.stripes[k].lock()).collect();
             i.layouts.write(set, offset, data)?;
-            if replaces_lost {
-                let mut st = i.state.lock();
-                let cut = st
-                    .index
-                    .get_mut(&set.id)
-                    .map(|ix| ix.cut(offset, end))
-                    .unwrap_or_default();
-                for (_, p) in &cut {
-                    st.undirty(p);
-                }
-                if st.index.get(&set.id).is_some_and(|ix| ix.is_empty()) {
-                    st.index.remove(&set.id);
-                }
-            }
             i.layout_dirty.store(true, Ordering::Release);
+            i.written_again(set.id, offset, end);
             i.counters.write_through.fetch_add(1, Ordering::Relaxed);
             return Ok(());
         }
@@ -548,9 +578,16 @@ impl WriteCache {
             i.wait_for_budget(vdisk, chunk.len() as u64);
             i.append(set.id, offset + (n * MAX_BATCH) as u64, vdisk, chunk)?;
         }
+        i.written_again(set.id, offset, end);
         i.counters.cached_writes.fetch_add(1, Ordering::Relaxed);
         i.counters.cached_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// True if `[offset, offset + len)` of `set` holds data lost with the log's last disk: a
+    /// write of it must come through [`write`](Self::write), which records that it replaced it.
+    pub fn holds_lost(&self, set: u32, offset: u64, len: u64) -> bool {
+        self.inner.any_lost.load(Ordering::Acquire) && self.inner.state.lock().lost.overlaps(set, offset, offset + len)
     }
 
     pub fn read(&self, set: &SlabSet, offset: u64, buf: &mut [u8]) -> Result<()> {
@@ -564,9 +601,18 @@ impl WriteCache {
         let i = &self.inner;
         let _reuse = i.reuse.read();
         // Per request: the dirty pieces over it, with their blocks' checksums.
+        let mut lost = Vec::new();
         let plan: Vec<Vec<(u64, Piece, Vec<u32>)>> = {
             let st = i.state.lock();
-            if st.dirty == 0 {
+            if !st.lost.is_empty() {
+                lost = reqs
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, r)| st.lost.overlaps(r.set.id, r.offset, r.offset + r.buf.len() as u64))
+                    .map(|(n, _)| n)
+                    .collect();
+            }
+            if st.dirty == 0 && lost.is_empty() {
                 drop(st);
                 return i
                     .layouts
@@ -624,6 +670,14 @@ impl WriteCache {
                 }
             }
         }
+        for n in lost {
+            results[n] = Err(CacheError::Lost(format!(
+                "the data at bytes {}..{} of slab set {} was lost with the write-back log's disks before it reached the pool's disks; it reads again once written again",
+                reqs[n].offset,
+                reqs[n].offset + reqs[n].buf.len() as u64,
+                reqs[n].set.id
+            )));
+        }
         results
     }
 
@@ -632,6 +686,39 @@ impl WriteCache {
     pub fn flush(&self) -> Result<()> {
         let i = &self.inner;
         let _one = i.flushing.lock();
+        // Lost ranges written again before this flush: durable once it succeeds.
+        let (cuts, epoch) = {
+            let mut st = i.state.lock();
+            (std::mem::take(&mut st.lost_cuts), st.lost_epoch)
+        };
+        let r = self.flush_disks();
+        if !cuts.is_empty() {
+            let mut st = i.state.lock();
+            if st.lost_epoch == epoch {
+                if r.is_ok() {
+                    for &(set, a, b) in &cuts {
+                        st.lost_saved.cut(set, a, b);
+                    }
+                } else {
+                    st.lost_cuts.extend(cuts);
+                }
+            }
+            drop(st);
+            if r.is_ok() {
+                i.save_lost()?;
+            }
+        }
+        drop(_one);
+        if r? {
+            self.refresh_devices()?;
+        }
+        Ok(())
+    }
+
+    /// Flushes the layouts if written past the cache, and every disk of the log; true if a
+    /// disk of the log failed (and left it) while another held it.
+    fn flush_disks(&self) -> Result<bool> {
+        let i = &self.inner;
         if i.layout_dirty.swap(false, Ordering::AcqRel) {
             if let Err(e) = i.layouts.flush() {
                 i.layout_dirty.store(true, Ordering::Release);
@@ -640,7 +727,7 @@ impl WriteCache {
         }
         let devices = i.state.lock().devices.clone();
         if devices.is_empty() {
-            return Ok(());
+            return Ok(false);
         }
         let mut flushed = 0;
         for (p, d) in &devices {
@@ -654,11 +741,7 @@ impl WriteCache {
                 "every disk of the write-back log failed its flush: cached writes may be lost".into(),
             ));
         }
-        drop(_one);
-        if flushed < devices.len() {
-            self.refresh_devices()?;
-        }
-        Ok(())
+        Ok(flushed < devices.len())
     }
 
     /// Whether a write into `set` begun when the pool's loss count was `noted` (see
@@ -685,8 +768,16 @@ impl WriteCache {
                 st.undirty(&p);
             }
         }
+        // What it lost is no one's any more; a set made later under its number starts clean.
+        let had_lost = st.lost_saved.remove_set(set) | st.lost.remove_set(set);
+        st.lost_cuts.retain(|c| c.0 != set);
         drop(st);
         i.room.notify_all();
+        if had_lost {
+            if let Err(e) = i.save_lost() {
+                error!(pool = %i.pool.name(), set, error = %e, "cannot record that a freed slab set holds no lost data");
+            }
+        }
     }
 
     /// Takes in changes of the pool's cache disks: a log disk that failed or was retired
@@ -745,6 +836,7 @@ impl WriteCache {
             destage_errors: c.destage_errors.load(Ordering::Relaxed),
             destage_rounds: c.destage_rounds.load(Ordering::Relaxed),
             largest_destage_round_bytes: c.largest_round.load(Ordering::Relaxed),
+            lost_bytes: st.lost.bytes(),
         }
     }
 
@@ -775,6 +867,31 @@ fn piece_crcs(st: &State, p: &Piece) -> Vec<u32> {
     let b = &st.batches[&p.seq];
     let first = ((p.log - b.data_pos()) / BLOCK as u64) as usize;
     b.crcs[first..first + (p.len / BLOCK as u64) as usize].to_vec()
+}
+
+/// The log lost its last disk: every dirty range it held becomes lost (in memory and in the
+/// record to save), the index and the sealed batches go (nothing is left to read them from;
+/// batches still in flight fail when they finish). Returns the bytes lost.
+fn take_lost(st: &mut State) -> u64 {
+    let mut bytes = 0;
+    let index = std::mem::take(&mut st.index);
+    for (set, ix) in index {
+        for (at, p) in ix.overlapping(0, u64::MAX) {
+            if p.dirty {
+                st.lost.insert(set, at, at + p.len);
+                st.lost_saved.insert(set, at, at + p.len);
+                bytes += p.len;
+            }
+        }
+    }
+    st.dirty = 0;
+    st.vdisk_dirty.clear();
+    st.batches.retain(|_, b| !b.sealed);
+    st.used = st.batches.values().map(|b| b.len).sum();
+    // Cuts taken before now may cover ranges lost again just now.
+    st.lost_cuts.clear();
+    st.lost_epoch += 1;
+    bytes
 }
 
 impl Inner {
@@ -887,15 +1004,20 @@ impl Inner {
 
     /// A log disk failed: it leaves the log, and the pool records it failed.
     fn lose_device(&self, pos: u32, why: &str) {
-        let wiped = {
+        let (wiped, lost) = {
             let mut st = self.state.lock();
             if !st.devices.iter().any(|(p, _)| *p == pos) {
                 return;
             }
             st.devices.retain(|(p, _)| *p != pos);
             // The last copy of data not destaged yet.
-            st.devices.is_empty() && (st.dirty > 0 || !st.batches.is_empty())
+            let wiped = st.devices.is_empty() && (st.dirty > 0 || !st.batches.is_empty());
+            let lost = if st.devices.is_empty() { take_lost(&mut st) } else { 0 };
+            (wiped, lost)
         };
+        if lost > 0 {
+            self.any_lost.store(true, Ordering::Release);
+        }
         if let Err(e) = self.save_log_record() {
             error!(error = %e, "cannot record the write-back log's disks");
         }
@@ -907,7 +1029,36 @@ impl Inner {
             // After the state change, whose count a write that reached this disk noted below.
             self.wiped_at.store(self.pool.losses().max(1), Ordering::SeqCst);
         }
+        if lost > 0 {
+            error!(pool = %self.pool.name(), bytes = lost, "the write-back log lost its last disk holding data not yet destaged: reads of that data fail until it is written again");
+            if let Err(e) = self.save_lost() {
+                error!(pool = %self.pool.name(), error = %e, "cannot record the data lost with the write-back log: after a restart it would read as it was before");
+            }
+        }
+        self.room.notify_all();
         self.work.notify_all();
+    }
+
+    /// Records that lost ranges were written again (after the write completed); the record
+    /// in the metadata follows at the next flush, when the write is durable.
+    fn written_again(&self, set: u32, a: u64, b: u64) {
+        if !self.any_lost.load(Ordering::Acquire) {
+            return;
+        }
+        let mut st = self.state.lock();
+        if st.lost.cut(set, a, b) {
+            st.lost_cuts.push((set, a, b));
+        }
+        if st.lost.is_empty() {
+            self.any_lost.store(false, Ordering::Release);
+        }
+    }
+
+    /// Saves `lost_saved` to the pool's metadata, as it is now.
+    fn save_lost(&self) -> Result<()> {
+        let _one = self.lost_saving.lock();
+        let saved = self.state.lock().lost_saved.clone();
+        saved.save(&self.pool)
     }
 
     /// After a log disk was lost: another cache disk takes its place, with a copy of the live
@@ -1115,7 +1266,11 @@ impl Inner {
         while st.in_flight.first() != Some(&seq) {
             self.in_order.wait(&mut st);
         }
-        let failed = if written == 0 {
+        let failed = if written > 0 && st.devices.is_empty() {
+            // Written, and then the log's last disk failed under someone else's flush: the
+            // batch is gone with it.
+            Some("the write-back log lost its last disk before the write was held".to_string())
+        } else if written == 0 {
             Some(format!(
                 "the write failed on every disk of the write-back log: {}",
                 results

@@ -9,6 +9,9 @@ pub enum CacheError {
     Pool(#[from] PoolError),
     #[error("write-back cache: {0}")]
     Log(String),
+    /// The range read was lost with the write-back log's last disk, before it was destaged.
+    #[error("{0}")]
+    Lost(String),
 }
 
 pub type Result<T, E = CacheError> = std::result::Result<T, E>;

@@ -18,6 +18,7 @@ mod error;
 mod format;
 mod index;
 mod log;
+mod lost;
 
 pub use cache::{CacheStatus, WriteCache, DEFAULT_VDISK_CACHE};
 pub use error::{CacheError, Result};

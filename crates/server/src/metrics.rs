@@ -462,6 +462,11 @@ fn collect_state(d: &Daemon, r: &Registry) -> prometheus::proto::MetricFamily {
         &["pool"],
     );
     let cache_log = s.gauge("tessera_cache_log_bytes", "Size of the write-back cache log", &["pool"]);
+    let cache_lost = s.gauge(
+        "tessera_cache_lost_bytes",
+        "Bytes lost with the write-back log's disks before they were destaged: reads of them fail until written again",
+        &["pool"],
+    );
     let cache_cached = s.counter(
         "tessera_cache_written_bytes_total",
         "Bytes written into the write-back cache",
@@ -549,6 +554,7 @@ fn collect_state(d: &Daemon, r: &Registry) -> prometheus::proto::MetricFamily {
         if let Some(c) = &p.cache {
             cache_dirty.with_label_values(&[name]).set(i(c.dirty_bytes));
             cache_log.with_label_values(&[name]).set(i(c.log_bytes));
+            cache_lost.with_label_values(&[name]).set(i(c.lost_bytes));
             cache_cached.with_label_values(&[name]).inc_by(c.cached_bytes);
             cache_hits.with_label_values(&[name]).inc_by(c.read_hit_bytes);
             cache_destaged.with_label_values(&[name]).inc_by(c.destaged_bytes);

@@ -39,6 +39,7 @@ impl From<CacheError> for VolumeError {
             CacheError::Layout(l) => VolumeError::Layout(l),
             CacheError::Pool(p) => VolumeError::Pool(p),
             e @ CacheError::Log(_) => VolumeError::Cache(e.to_string()),
+            CacheError::Lost(why) => VolumeError::Lost(why),
         }
     }
 }

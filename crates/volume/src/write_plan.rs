@@ -80,6 +80,10 @@ impl Vdisk {
                 return None;
             }
             let (set, base) = self.s.space.locate(l).ok()?;
+            // Data lost with the write-back log: the cache must learn that this write replaces it.
+            if self.s.cache.holds_lost(set.id, base + p.off, p.len as u64) {
+                return None;
+            }
             let held = match members.iter().position(|(id, _)| *id == set.id) {
                 Some(i) => i,
                 None => {

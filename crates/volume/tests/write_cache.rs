@@ -522,3 +522,89 @@ fn destaging_reads_around_a_rotten_log_copy() {
     );
     rig.assert_consistent();
 }
+
+/// Data the write-back log held, flushed (so durable there, with the grain maps pointing at
+/// it committed) and not destaged, when the log lost its only disk: it never reads as what the
+/// pool's disks held before, neither before a restart nor after one (the ranges lost are kept
+/// in the pool's metadata); a write over part of it makes that part readable, durably; once
+/// all of it is written again, nothing is refused. The destager does not retry data that is
+/// gone. (That a planned write never goes around this: crates/volume/tests/write_plans.rs.)
+#[test]
+fn data_lost_with_the_logs_only_disk_stays_refused_across_restarts_until_written_again() {
+    const G: u64 = 64 << 10;
+    let mut rig = Rig::with_cache(2, 64 * MIB, MIB, 1);
+    let log = rig.disks.len() - 1;
+    rig.engine().cache().set_destage_delay(Duration::from_secs(3600));
+    let mut s = spec("v", 4 * MIB, LayoutKind::Simple, Provisioning::Thin);
+    s.columns = Some(1);
+    let v = rig.engine().create_vdisk(&s).unwrap();
+    // On the pool's disks: the first four grains.
+    v.write(0, &pattern(1, 0, 4 * G as usize), true).unwrap();
+    rig.engine().cache().drain().unwrap();
+    // In the log only: an overwrite of the first grain, and a grain not written before.
+    v.write(0, &pattern(2, 0, G as usize), true).unwrap();
+    v.write(MIB, &pattern(3, MIB, G as usize), true).unwrap();
+    assert_eq!(rig.engine().cache_status().dirty_bytes, 2 * G);
+    rig.disks[log].faults().pull();
+    assert!(
+        rig.engine().flush().is_err(),
+        "the flush that found the log gone says so"
+    );
+    assert!(rig.engine().cache_status().devices.is_empty());
+    drop(v);
+
+    let refused = |rig: &Rig, at: u64, len: u64, when: &str| {
+        let v = rig.engine().vdisk("v").unwrap();
+        let mut buf = vec![0u8; len as usize];
+        match v.read(at, &mut buf) {
+            Ok(()) => panic!("{when}: {len} bytes at {at}, lost with the log, were read"),
+            Err(e) => assert!(e.to_string().contains("lost with the write-back log"), "{when}: {e}"),
+        }
+    };
+    let reads = |rig: &Rig, at: u64, want: &[u8], when: &str| {
+        let mut got = vec![0u8; want.len()];
+        rig.engine().vdisk("v").unwrap().read(at, &mut got).unwrap();
+        assert_same(&got, want, when);
+    };
+    for when in ["after the loss", "after a restart"] {
+        refused(&rig, 0, 4096, when);
+        refused(&rig, G - 512, 1024, when);
+        refused(&rig, MIB + G / 2, 4096, when);
+        reads(&rig, G, &pattern(1, G, 3 * G as usize), when);
+        assert_eq!(rig.engine().cache_status().lost_bytes, 2 * G, "{when}");
+        if when == "after the loss" {
+            let errors = rig.engine().cache_status().destage_errors;
+            std::thread::sleep(Duration::from_millis(600));
+            assert_eq!(
+                rig.engine().cache_status().destage_errors,
+                errors,
+                "the destager retries lost data"
+            );
+            rig.reopen();
+        }
+    }
+    let v = rig.engine().vdisk("v").unwrap();
+    // Part of the first grain written again, and flushed: it reads, the rest stays refused.
+    v.write(4096, &pattern(4, 4096, 8192), false).unwrap();
+    reads(&rig, 4096, &pattern(4, 4096, 8192), "written again");
+    refused(&rig, 0, 4096, "beside what was written again");
+    v.flush().unwrap();
+    drop(v);
+    rig.reopen();
+    reads(&rig, 4096, &pattern(4, 4096, 8192), "written again, after a restart");
+    refused(&rig, 0, 512, "beside what was written again, after a restart");
+    refused(&rig, 12288, 4096, "after what was written again, after a restart");
+    assert_eq!(rig.engine().cache_status().lost_bytes, 2 * G - 8192);
+
+    // All of it written again: nothing is refused, before a restart or after.
+    let v = rig.engine().vdisk("v").unwrap();
+    v.write(0, &pattern(5, 0, G as usize), false).unwrap();
+    v.write(MIB, &pattern(6, MIB, G as usize), true).unwrap();
+    assert_eq!(rig.engine().cache_status().lost_bytes, 0);
+    drop(v);
+    rig.reopen();
+    assert_eq!(rig.engine().cache_status().lost_bytes, 0);
+    reads(&rig, 0, &pattern(5, 0, G as usize), "the first grain");
+    reads(&rig, MIB, &pattern(6, MIB, G as usize), "the new grain");
+    rig.assert_consistent();
+}

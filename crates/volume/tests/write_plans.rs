@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{pattern, MIB};
-use tessera_disk::{AsyncWriter, BlockDevice, DiskError, DiskRef, MemDisk, ReadDone};
+use tessera_disk::{AsyncWriter, BlockDevice, DiskError, DiskRef, FaultyDisk, MemDisk, ReadDone};
 use tessera_volume::{Engine, LayoutKind, Vdisk, VdiskSpec};
 
 const GRAIN: u64 = 64 << 10;
@@ -142,6 +142,37 @@ fn writes_that_cannot_be_planned_say_so() {
             "planned with background writes {background}, checksums {checksums}"
         );
     }
+}
+
+/// Data the write-back log held when it lost its only disk reads as an error until written
+/// again (crates/volume/tests/write_cache.rs). A planned write goes past the cache, which
+/// would not learn that the data is there again: a write over lost data is never planned.
+#[test]
+fn a_write_over_data_lost_with_the_write_back_log_is_not_planned() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = engine(&dir, true, false);
+    let v = written_vdisk(&e, "v");
+    let cache = FaultyDisk::new(Arc::new(MemDisk::new("cache", 66 * MIB)) as DiskRef);
+    e.add_cache_disk(cache.clone() as DiskRef).unwrap();
+    e.cache().set_destage_delay(Duration::from_secs(3600));
+    v.write(GRAIN, &pattern(2, GRAIN, 4096), true).unwrap();
+    cache.faults().pull();
+    assert!(e.flush().is_err(), "the log's only disk is gone");
+    assert!(
+        v.try_plan_write(0, 4096).is_some(),
+        "where nothing was lost, writes are planned"
+    );
+    assert!(v.try_plan_write(GRAIN, 4096).is_none(), "a plan over lost data");
+    assert!(
+        v.try_plan_write(GRAIN - 4096, 8192).is_none(),
+        "a plan that reaches lost data"
+    );
+    // Written again the ordinary way: planned again.
+    v.write(GRAIN, &pattern(3, GRAIN, 4096), false).unwrap();
+    assert!(
+        v.try_plan_write(GRAIN, 4096).is_some(),
+        "written again, and still not planned"
+    );
 }
 
 #[test]

@@ -312,8 +312,16 @@ pub(super) fn show_pool(p: &PoolDetail) {
 
 /// "log on disks 4, 5 (2.0 GiB each): 12.0 MiB dirty, 40.0 MiB used; ..." and what to do.
 fn cache_line(c: &tessera_volume::CacheStatus) -> String {
+    let lost = if c.lost_bytes > 0 {
+        format!(
+            "; DATA LOST: {} the log held were lost with its disks before reaching the pool's disks: reads of it fail until the host writes it again (restore it from a backup or a replica)",
+            size(c.lost_bytes)
+        )
+    } else {
+        String::new()
+    };
     if c.devices.is_empty() {
-        return "off: no healthy cache disk (add one with 'disk add POOL PATH --usage cache')".into();
+        return format!("off: no healthy cache disk (add one with 'disk add POOL PATH --usage cache'){lost}");
     }
     let disks: Vec<String> = c.devices.iter().map(|d| d.to_string()).collect();
     let mut line = format!(
@@ -329,7 +337,7 @@ fn cache_line(c: &tessera_volume::CacheStatus) -> String {
     if !c.redundant {
         line += "; NOT redundant (one cache disk): vdisks that tolerate a failure write through until a second cache disk is added";
     }
-    line
+    line + &lost
 }
 
 pub(super) fn disk_table(disks: &[DiskView]) {

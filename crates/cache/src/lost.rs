@@ -1,0 +1,175 @@
+//! Ranges whose data was lost with the write-back log's last disk: the log held them, not
+//! destaged, and grain maps committed while the log held them point at slots that still hold
+//! whatever was there before. Reads of them fail until a write replaces them; the ranges are
+//! kept in the pool's metadata, so that a restart fails them too rather than read stale data.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::{Deserialize, Serialize};
+use tessera_pool::{Pool, CF_POOL};
+
+use crate::error::{CacheError, Result};
+
+const LOST_KEY: &[u8] = b"write-back-lost";
+
+/// Byte ranges per slab set, kept merged: start -> end.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct LostRanges {
+    sets: HashMap<u32, BTreeMap<u64, u64>>,
+}
+
+impl LostRanges {
+    pub fn is_empty(&self) -> bool {
+        self.sets.is_empty()
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.sets.values().flat_map(|m| m.iter().map(|(a, b)| b - a)).sum()
+    }
+
+    /// Adds `[a, b)` of `set`, merged with the ranges it touches.
+    pub fn insert(&mut self, set: u32, a: u64, b: u64) {
+        if a >= b {
+            return;
+        }
+        let m = self.sets.entry(set).or_default();
+        let (mut a, mut b) = (a, b);
+        // A range that starts before `a` and reaches it.
+        if let Some((&s, &e)) = m.range(..=a).next_back() {
+            if e >= a {
+                a = s;
+                b = b.max(e);
+            }
+        }
+        let touched: Vec<u64> = m.range(a..=b).map(|(&s, _)| s).collect();
+        for s in touched {
+            let e = m.remove(&s).expect("listed");
+            b = b.max(e);
+        }
+        m.insert(a, b);
+    }
+
+    /// Removes `[a, b)` of `set`; true if anything was there.
+    pub fn cut(&mut self, set: u32, a: u64, b: u64) -> bool {
+        let Some(m) = self.sets.get_mut(&set) else { return false };
+        if a >= b {
+            return false;
+        }
+        let mut hit: Vec<(u64, u64)> = m.range(a..b).map(|(&s, &e)| (s, e)).collect();
+        if let Some((&s, &e)) = m.range(..a).next_back() {
+            if e > a {
+                hit.push((s, e));
+            }
+        }
+        for &(s, e) in &hit {
+            m.remove(&s);
+            if s < a {
+                m.insert(s, a);
+            }
+            if e > b {
+                m.insert(b, e);
+            }
+        }
+        if m.is_empty() {
+            self.sets.remove(&set);
+        }
+        !hit.is_empty()
+    }
+
+    pub fn overlaps(&self, set: u32, a: u64, b: u64) -> bool {
+        let Some(m) = self.sets.get(&set) else { return false };
+        a < b && m.range(..b).next_back().is_some_and(|(_, &e)| e > a)
+    }
+
+    /// Forgets a slab set; true if it had ranges.
+    pub fn remove_set(&mut self, set: u32) -> bool {
+        self.sets.remove(&set).is_some()
+    }
+
+    pub fn load(pool: &Pool) -> Result<LostRanges> {
+        match pool.meta().get(CF_POOL, LOST_KEY)? {
+            None => Ok(LostRanges::default()),
+            Some(v) => serde_json::from_slice(&v)
+                .map_err(|e| CacheError::Log(format!("unreadable record of data lost with the log: {e}"))),
+        }
+    }
+
+    /// Writes the ranges to the pool's metadata, synchronously.
+    pub fn save(&self, pool: &Pool) -> Result<()> {
+        let mut b = tessera_pool::MetaBatch::new();
+        if self.is_empty() {
+            b.delete(CF_POOL, LOST_KEY);
+        } else {
+            b.put(CF_POOL, LOST_KEY, serde_json::to_vec(self).expect("serialisable"));
+        }
+        pool.meta().commit(b, true)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Insert(u32, u64, u64),
+        Cut(u32, u64, u64),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        (any::<bool>(), 0u32..2, 0u64..64, 0u64..16).prop_map(|(ins, set, a, len)| {
+            if ins {
+                Op::Insert(set, a, a + len)
+            } else {
+                Op::Cut(set, a, a + len)
+            }
+        })
+    }
+
+    proptest! {
+        /// Against a map of every byte: the same bytes lost, ranges never overlapping nor
+        /// touching (kept merged), and the record read back equal.
+        #[test]
+        fn ranges_match_a_map_of_every_byte(ops in proptest::collection::vec(op(), 0..40)) {
+            let mut r = LostRanges::default();
+            let mut bytes = [[false; 80]; 2];
+            for o in &ops {
+                match *o {
+                    Op::Insert(s, a, b) => {
+                        r.insert(s, a, b);
+                        for x in a..b { bytes[s as usize][x as usize] = true; }
+                    }
+                    Op::Cut(s, a, b) => {
+                        let had = (a..b).any(|x| bytes[s as usize][x as usize]);
+                        prop_assert_eq!(r.cut(s, a, b), had);
+                        for x in a..b { bytes[s as usize][x as usize] = false; }
+                    }
+                }
+            }
+            for s in 0..2u32 {
+                for a in 0..80u64 {
+                    for len in 1..6u64 {
+                        let b = (a + len).min(80);
+                        let want = (a..b).any(|x| bytes[s as usize][x as usize]);
+                        prop_assert_eq!(r.overlaps(s, a, b), want, "set {} [{}, {})", s, a, b);
+                    }
+                }
+                if let Some(m) = r.sets.get(&s) {
+                    let v: Vec<_> = m.iter().collect();
+                    for w in v.windows(2) {
+                        prop_assert!(w[0].1 < w[1].0, "kept apart: {:?}", v);
+                    }
+                    prop_assert!(m.iter().all(|(a, b)| a < b));
+                }
+            }
+            let total: usize = bytes.iter().map(|s| s.iter().filter(|x| **x).count()).sum();
+            prop_assert_eq!(r.bytes(), total as u64);
+            prop_assert_eq!(r.is_empty(), total == 0);
+            let back: LostRanges = serde_json::from_slice(&serde_json::to_vec(&r).unwrap()).unwrap();
+            prop_assert_eq!(back, r);
+        }
+    }
+}
