@@ -544,7 +544,7 @@ impl WriteCache {
     pub fn write(&self, vdisk: u64, set: &SlabSet, offset: u64, data: &[u8]) -> Result<()> {
         let i = &self.inner;
         let end = offset + data.len() as u64;
-        let (cached, active) = {
+        let (cached, one_copy, active) = {
             let st = i.state.lock();
             let takes = !st.devices.is_empty()
                 && (set.spec.tolerance() == 0 || st.devices.len() >= COPIES)
@@ -552,7 +552,9 @@ impl WriteCache {
             // A range the log still holds must go through the log, even when this write
             // would bypass it: the replay would otherwise bring the older copy back.
             let cached = takes || (!st.devices.is_empty() && st.overlaps(set.id, offset, end));
-            (cached, !st.devices.is_empty() || !st.index.is_empty())
+            // Forced into a log of one copy, which is less than the set tolerates losing.
+            let one_copy = cached && set.spec.tolerance() > 0 && st.devices.len() < COPIES;
+            (cached, one_copy, !st.devices.is_empty() || !st.index.is_empty())
         };
         if !cached {
             // Not between a whole-row destage's read of the row and its write back.
@@ -577,6 +579,9 @@ impl WriteCache {
         for (n, chunk) in data.chunks(MAX_BATCH).enumerate() {
             i.wait_for_budget(vdisk, chunk.len() as u64);
             i.append(set.id, offset + (n * MAX_BATCH) as u64, vdisk, chunk)?;
+        }
+        if one_copy {
+            i.write_behind_the_log(set, offset, data)?;
         }
         i.written_again(set.id, offset, end);
         i.counters.cached_writes.fetch_add(1, Ordering::Relaxed);
@@ -1037,6 +1042,42 @@ impl Inner {
         }
         self.room.notify_all();
         self.work.notify_all();
+    }
+
+    /// A write went into the log, of one copy, only because the log held its range (a replay
+    /// would otherwise bring the older copy back over it), while its set tolerates a failure:
+    /// one copy is not enough to answer it. It goes to the layouts too, and its pieces in the
+    /// log become clean: the log's copy now only keeps a replay from going back to older data.
+    /// Under `destaging`: a round that picked an older piece of the range is over, and the
+    /// next can only write this data.
+    fn write_behind_the_log(&self, set: &SlabSet, offset: u64, data: &[u8]) -> Result<()> {
+        let _d = self.destaging.lock();
+        self.layouts.write(set, offset, data)?;
+        self.layout_dirty.store(true, Ordering::Release);
+        let end = offset + data.len() as u64;
+        let mut st = self.state.lock();
+        let mine: Vec<(u64, Piece)> = st
+            .index
+            .get(&set.id)
+            .map(|ix| {
+                ix.overlapping(offset, end)
+                    .into_iter()
+                    .filter(|(_, p)| p.dirty)
+                    .collect()
+            })
+            .unwrap_or_default();
+        for (at, p) in mine {
+            let cleaned = match st.index.get_mut(&set.id) {
+                Some(ix) => ix.mark_clean(at, at + p.len, p.seq),
+                None => Vec::new(),
+            };
+            for (_, c) in cleaned {
+                st.undirty(&c);
+            }
+        }
+        drop(st);
+        self.room.notify_all();
+        Ok(())
     }
 
     /// Records that lost ranges were written again (after the write completed); the record

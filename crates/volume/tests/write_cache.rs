@@ -608,3 +608,50 @@ fn data_lost_with_the_logs_only_disk_stays_refused_across_restarts_until_written
     reads(&rig, MIB, &pattern(6, MIB, G as usize), "the new grain");
     rig.assert_consistent();
 }
+
+/// Once the log is down to one disk, a vdisk that tolerates a failure writes past it; but a
+/// write over a range the log still holds must go through the log (a replay would otherwise
+/// bring the older copy back). Answered with that one copy alone, it would be lost with the
+/// next cache disk: it goes to the layouts as well, and survives the log's last disk.
+#[test]
+fn a_write_forced_into_a_log_of_one_copy_survives_that_copy() {
+    let rig = rig(2);
+    let e = rig.engine();
+    e.cache().set_destage_delay(Duration::from_secs(3600));
+    let v = e
+        .create_vdisk(&spec("v", 4 * MIB, LayoutKind::Mirror, Provisioning::Thin))
+        .unwrap();
+    let (first, second) = (DATA_DISKS, DATA_DISKS + 1);
+    let want = pattern(2, 0, 4096);
+    // The destager, woken by the loss, writes the older copy slowly: the range stays in the
+    // log while the next write comes. Tried again should the destager win the race anyway.
+    let mut forced = false;
+    for round in 0..5u64 {
+        v.write(0, &pattern(1 + round * 10, 0, 64 << 10), true).unwrap();
+        if round == 0 {
+            for d in &rig.disks[..DATA_DISKS] {
+                d.faults().set_latency(Duration::from_millis(300));
+            }
+            rig.disks[first].faults().pull();
+            e.flush().unwrap();
+            assert_eq!(e.cache_status().devices.len(), 1, "the log is down to one disk");
+        }
+        let cached = e.cache_status().cached_writes;
+        v.write(0, &want, true).unwrap();
+        if e.cache_status().cached_writes > cached {
+            forced = true;
+            break;
+        }
+    }
+    assert!(forced, "no write was ever forced into the log of one copy");
+    for d in &rig.disks[..DATA_DISKS] {
+        d.faults().set_latency(Duration::ZERO);
+    }
+    rig.disks[second].faults().pull();
+    assert!(e.flush().is_err(), "the log's last disk is gone");
+    let mut got = vec![0u8; 4096];
+    v.read(0, &mut got).unwrap_or_else(|e| {
+        panic!("a write answered durable on a vdisk that tolerates a failure was lost with one cache disk: {e}")
+    });
+    assert_same(&got, &want, "the write forced into the log");
+}
