@@ -53,6 +53,10 @@ const DESTAGE_THREADS: usize = 16;
 /// room ahead of need, and sixteen threads of read-modify-writes would take the disks from the
 /// writes the cache is there to absorb.
 const BACKGROUND_DESTAGE_THREADS: usize = 2;
+/// How long the destager may fail every round before writers waiting for room are failed
+/// rather than kept waiting (unless set otherwise): an initiator gives up on a command after
+/// about 30 s, and an answer it can act on (a medium error, another path) beats a hang.
+const STALL_LIMIT: Duration = Duration::from_secs(20);
 /// Copies the log keeps when the pool has the disks for them.
 const COPIES: usize = 2;
 /// Batches written at once. One at a time leaves the disks idle while a batch's writers are
@@ -320,6 +324,9 @@ struct Inner {
     wiped_at: AtomicU64,
     /// `State::lost` is not empty: writes must tell it what they replace.
     any_lost: AtomicBool,
+    /// The log lost its last disk, and a destage round begun before may still write what it
+    /// read of the log then: the next write past the cache waits for that round first.
+    wipe_fence: AtomicBool,
     /// One save of `State::lost_saved` at a time, each of it as it is then: a save never
     /// goes back to an older copy.
     lost_saving: Mutex<()>,
@@ -330,6 +337,11 @@ struct Inner {
     counters: Counters,
     /// Data older than this is destaged even when the cache has room, in milliseconds.
     max_age_ms: AtomicU64,
+    /// Since when every destage round failed, and the first failure (None: the last round
+    /// made progress).
+    stalled: Mutex<Option<(Instant, String)>>,
+    /// How long `stalled` may last before writers waiting for room fail, in milliseconds.
+    stall_limit_ms: AtomicU64,
     round_bounds: Mutex<RoundBounds>,
 }
 
@@ -408,11 +420,14 @@ impl WriteCache {
             layout_dirty: AtomicBool::new(false),
             wiped_at: AtomicU64::new(0),
             any_lost: AtomicBool::new(any_lost),
+            wipe_fence: AtomicBool::new(false),
             lost_saving: Mutex::new(()),
             flushing: Mutex::new(()),
             stop: AtomicBool::new(false),
             counters: Counters::default(),
             max_age_ms: AtomicU64::new(MAX_AGE.as_millis() as u64),
+            stalled: Mutex::new(None),
+            stall_limit_ms: AtomicU64::new(STALL_LIMIT.as_millis() as u64),
             round_bounds: Mutex::new(RoundBounds {
                 oldest_bytes: ROUND_BYTES,
                 pieces: ROUND_PIECES,
@@ -493,6 +508,12 @@ impl WriteCache {
         self.inner.work.notify_all();
     }
 
+    /// How long the destager may fail every round before writers waiting for room (log space
+    /// or their vdisk's budget) are failed instead (default 20 s).
+    pub fn set_stall_limit(&self, d: Duration) {
+        self.inner.stall_limit_ms.store(d.as_millis() as u64, Ordering::Relaxed);
+    }
+
     /// Sets the bounds of a destage round: the oldest batches' data, the pieces written alone
     /// and the whole rows (defaults 32 MiB, 2,048 and 128 MiB). Smaller rounds flush more often
     /// and let a waiting writer go sooner; tests make them small to see that they hold.
@@ -522,8 +543,17 @@ impl WriteCache {
     /// do: no cache disk, and nothing in the log. A caller that then writes the disks itself
     /// (a planned write) tells the cache with [`wrote_through`](Self::wrote_through).
     pub fn passes_through(&self) -> bool {
-        let st = self.inner.state.lock();
-        st.devices.is_empty() && st.index.is_empty()
+        let i = &self.inner;
+        let st = i.state.lock();
+        st.devices.is_empty() && st.index.is_empty() && {
+            drop(st);
+            // After a loss of the log, only once the destage round in flight then is over.
+            !i.wipe_fence.load(Ordering::Acquire)
+                || i.destaging.try_lock().is_some_and(|_d| {
+                    i.wipe_fence.store(false, Ordering::Release);
+                    true
+                })
+        }
     }
 
     /// Records a write that went to the member disks past the cache (as
@@ -557,6 +587,11 @@ impl WriteCache {
             (cached, one_copy, !st.devices.is_empty() || !st.index.is_empty())
         };
         if !cached {
+            if i.wipe_fence.load(Ordering::Acquire) {
+                // Not under a destage round that read the lost log before it went.
+                let _d = i.destaging.lock();
+                i.wipe_fence.store(false, Ordering::Release);
+            }
             // Not between a whole-row destage's read of the row and its write back.
             let mut stripes: Vec<usize> = Vec::new();
             if active && set.spec.parity_columns() > 0 {
@@ -577,7 +612,7 @@ impl WriteCache {
             return Ok(());
         }
         for (n, chunk) in data.chunks(MAX_BATCH).enumerate() {
-            i.wait_for_budget(vdisk, chunk.len() as u64);
+            i.wait_for_budget(vdisk, chunk.len() as u64)?;
             i.append(set.id, offset + (n * MAX_BATCH) as u64, vdisk, chunk)?;
         }
         if one_copy {
@@ -1017,7 +1052,13 @@ impl Inner {
             st.devices.retain(|(p, _)| *p != pos);
             // The last copy of data not destaged yet.
             let wiped = st.devices.is_empty() && (st.dirty > 0 || !st.batches.is_empty());
-            let lost = if st.devices.is_empty() { take_lost(&mut st) } else { 0 };
+            let lost = if st.devices.is_empty() {
+                // Set under the lock a writer decides under whether its write goes past the log.
+                self.wipe_fence.store(true, Ordering::Release);
+                take_lost(&mut st)
+            } else {
+                0
+            };
             (wiped, lost)
         };
         if lost > 0 {
@@ -1123,17 +1164,37 @@ impl Inner {
         log::save_record(&self.pool, &rec)
     }
 
-    fn wait_for_budget(&self, vdisk: u64, len: u64) {
+    fn wait_for_budget(&self, vdisk: u64, len: u64) -> Result<()> {
         let mut st = self.state.lock();
         let mut counted = false;
+        let began = Instant::now();
         loop {
             let d = st.vdisk_dirty.get(&vdisk).copied().unwrap_or(0);
             // With no log disk left, nothing will be destaged to make room (what was dirty is
             // lost): the write goes on, to be refused by the log.
             if d == 0 || d + len <= st.budget(vdisk) || self.stop.load(Ordering::Acquire) || st.devices.is_empty() {
-                return;
+                return Ok(());
             }
             self.wait_for_room(&mut st, &mut counted);
+            self.check_stall(began)?;
+        }
+    }
+
+    /// Fails a writer that has waited for room (since `began`) as long as the stall limit,
+    /// while the destager has failed every round for at least as long: no room is coming. A
+    /// writer that came later waits that long too, for a destager that may just have
+    /// recovered to show it.
+    fn check_stall(&self, began: Instant) -> Result<()> {
+        let limit = Duration::from_millis(self.stall_limit_ms.load(Ordering::Relaxed));
+        if began.elapsed() < limit {
+            return Ok(());
+        }
+        match &*self.stalled.lock() {
+            Some((since, why)) if since.elapsed() >= limit => Err(CacheError::Log(format!(
+                "the write-back log has no room for this write and its data cannot be destaged (for {} s now: {why})",
+                since.elapsed().as_secs()
+            ))),
+            _ => Ok(()),
         }
     }
 
@@ -1226,6 +1287,7 @@ impl Inner {
         let (pos, seq, generation, pool_id, devices) = {
             let mut st = self.state.lock();
             let mut counted = false;
+            let began = Instant::now();
             loop {
                 if st.devices.is_empty() {
                     return (
@@ -1263,6 +1325,9 @@ impl Inner {
                     break (pos, seq, st.generation, st.pool_id, st.devices.clone());
                 }
                 self.wait_for_room(&mut st, &mut counted);
+                if let Err(e) = self.check_stall(began) {
+                    return (Err(e), false);
+                }
             }
         };
         if buf.len() < size as usize {

@@ -107,6 +107,38 @@ pub(crate) fn read_verified(devices: &[(u32, DiskRef)], pos: u64, crcs: &[u32]) 
     )))
 }
 
+/// Reads `crcs.len()` blocks at `pos` one by one, each from the first copy that holds it
+/// intact; returns the data (zeros where no copy does) and the blocks that every copy read
+/// and none holds intact: rotten, so lost. A block that some copy could not read at all is
+/// not known to be lost: that fails the call.
+pub(crate) fn read_salvaging(devices: &[(u32, DiskRef)], pos: u64, crcs: &[u32]) -> Result<(AlignedBuf, Vec<usize>)> {
+    let mut buf = AlignedBuf::zeroed(crcs.len() * BLOCK);
+    let mut one = AlignedBuf::zeroed(BLOCK);
+    let mut bad = Vec::new();
+    'blocks: for (n, want) in crcs.iter().enumerate() {
+        let at = DATA_OFFSET + pos + (n * BLOCK) as u64;
+        let mut unreadable = None;
+        for (p, d) in devices {
+            match d.read_at(&mut one, at) {
+                Ok(()) if block_crcs(&one)[..] == [*want] => {
+                    buf[n * BLOCK..(n + 1) * BLOCK].copy_from_slice(&one);
+                    continue 'blocks;
+                }
+                Ok(()) => {}
+                Err(e) => unreadable = Some(format!("disk {p}: {e}")),
+            }
+        }
+        if let Some(why) = unreadable {
+            return Err(CacheError::Log(format!(
+                "log block at position {} is rotten or unreadable on every copy ({why})",
+                at - DATA_OFFSET
+            )));
+        }
+        bad.push(n);
+    }
+    Ok((buf, bad))
+}
+
 /// A whole batch found by the replay.
 pub(crate) struct Found {
     pub header: Header,

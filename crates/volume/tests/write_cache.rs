@@ -655,3 +655,112 @@ fn a_write_forced_into_a_log_of_one_copy_survives_that_copy() {
     });
     assert_same(&got, &want, "the write forced into the log");
 }
+
+/// A block of the log that no copy holds intact (bits flipped on the only cache disk) does not
+/// keep the destager from the rest: the round goes on, that block is lost (its reads fail
+/// until it is written again, after a restart too), and every other block reads as written.
+#[test]
+fn a_log_block_rotten_on_every_copy_is_lost_alone() {
+    let mut rig = Rig::with_cache(2, 64 * MIB, MIB, 1);
+    let log = rig.disks.len() - 1;
+    rig.engine().cache().set_destage_delay(Duration::from_secs(3600));
+    let mut s = spec("v", 4 * MIB, LayoutKind::Simple, Provisioning::Thin);
+    s.columns = Some(1);
+    let v = rig.engine().create_vdisk(&s).unwrap();
+    let size = MIB as usize;
+    let model = pattern(7, 0, size);
+    v.write(0, &model, false).unwrap();
+    drop(v);
+    // Every other 4 KiB block of the ring: headers and data alike.
+    let used = rig.engine().cache_status().log_used_bytes;
+    for at in (0..used).step_by(8192) {
+        rig.disks[log]
+            .faults()
+            .flip_bit(tessera_disk::DATA_OFFSET + at + 100, 3)
+            .unwrap();
+    }
+    rig.engine().cache().drain().unwrap();
+    assert_eq!(rig.engine().cache_status().dirty_bytes, 0);
+    let lost = rig.engine().cache_status().lost_bytes;
+    let check = |rig: &Rig, when: &str| {
+        let v = rig.engine().vdisk("v").unwrap();
+        let mut refused = 0;
+        for at in (0..size).step_by(4096) {
+            let mut got = vec![0u8; 4096];
+            match v.read(at as u64, &mut got) {
+                Ok(()) => assert_same(&got, &model[at..at + 4096], &format!("{when}: block at {at}")),
+                Err(e) => {
+                    assert!(e.to_string().contains("lost with the write-back log"), "{when}: {e}");
+                    refused += 1;
+                }
+            }
+        }
+        assert_eq!(refused * 4096, lost, "{when}: the blocks refused are the blocks lost");
+        assert!(
+            refused > 0 && refused < size as u64 / 4096,
+            "{when}: {refused} blocks refused"
+        );
+    };
+    check(&rig, "after the destage");
+    rig.reopen();
+    check(&rig, "after a restart");
+    let v = rig.engine().vdisk("v").unwrap();
+    let again = pattern(8, 0, size);
+    v.write(0, &again, true).unwrap();
+    drop(v);
+    rig.reopen();
+    assert_eq!(rig.engine().cache_status().lost_bytes, 0);
+    let mut got = vec![0u8; size];
+    rig.engine().vdisk("v").unwrap().read(0, &mut got).unwrap();
+    assert_same(&got, &again, "written again");
+    rig.assert_consistent();
+}
+
+/// Slab sets that refuse every write (their storage fenced off, say) keep their data in the
+/// log. A writer over its budget, which waits for the destager, is failed once the destager
+/// has failed for longer than the stall limit, instead of waiting for ever; once the disks
+/// take writes again, everything is destaged and reads back.
+#[test]
+fn a_writer_waiting_for_a_destager_that_cannot_write_is_failed_after_the_stall_limit() {
+    let mut rig = Rig::with_cache(2, 64 * MIB, MIB, 1);
+    let e = rig.engine();
+    e.cache().set_destage_delay(Duration::from_secs(3600));
+    e.cache().set_stall_limit(Duration::from_secs(1));
+    let mut s = spec("v", 4 * MIB, LayoutKind::Simple, Provisioning::Thin);
+    s.columns = Some(1);
+    let v = e.create_vdisk(&s).unwrap();
+    // Grains allocated first, so that the writes below change no metadata.
+    v.write(0, &pattern(1, 0, 512 << 10), true).unwrap();
+    e.cache().drain().unwrap();
+    e.set_write_cache("v", 256 << 10).unwrap();
+    let first = pattern(2, 0, 256 << 10);
+    v.write(0, &first, true).unwrap();
+    for d in &rig.disks[..2] {
+        d.faults().refuse(true);
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let writer = {
+        let v = v.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(v.write(256 << 10, &pattern(3, 256 << 10, 64 << 10), false));
+        })
+    };
+    let r = rx
+        .recv_timeout(Duration::from_secs(120))
+        .expect("the writer still waits for a destager that cannot write");
+    writer.join().unwrap();
+    let err = r.expect_err("a write over the budget went on while nothing could be destaged");
+    assert!(err.to_string().contains("cannot be destaged"), "{err}");
+    for d in &rig.disks[..2] {
+        d.faults().refuse(false);
+    }
+    let last = pattern(4, 256 << 10, 64 << 10);
+    v.write(256 << 10, &last, true).unwrap();
+    e.cache().drain().unwrap();
+    drop(v);
+    rig.reopen();
+    let mut got = vec![0u8; 320 << 10];
+    rig.engine().vdisk("v").unwrap().read(0, &mut got).unwrap();
+    assert_same(&got[..256 << 10], &first, "the data the log kept");
+    assert_same(&got[256 << 10..], &last, "the write after");
+}

@@ -4,15 +4,16 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use tessera_disk::{AlignedBuf, DiskRef};
 use tessera_layout::LayoutError;
-use tracing::warn;
+use tracing::{error, warn};
 
 use super::{piece_crcs, Inner, BACKGROUND_DESTAGE_THREADS, DESTAGE_THREADS, MAX_BATCH, STRIPES};
 use crate::error::{CacheError, Result};
+use crate::format::BLOCK;
 use crate::index::Piece;
 use crate::log;
 
@@ -25,6 +26,10 @@ impl Inner {
             let due = {
                 let max_age = Duration::from_millis(self.max_age_ms.load(Ordering::Relaxed));
                 let mut st = self.state.lock();
+                if st.dirty == 0 {
+                    // Nothing left that could not be destaged (written again, freed, lost).
+                    *self.stalled.lock() = None;
+                }
                 if !st.due(max_age) {
                     self.work.wait_for(
                         &mut st,
@@ -36,10 +41,16 @@ impl Inner {
             if !due || self.stop.load(Ordering::Acquire) {
                 continue;
             }
-            if let Err(e) = self.destage_round() {
-                self.counters.destage_errors.fetch_add(1, Ordering::Relaxed);
-                warn!(pool = %self.pool.name(), error = %e, "destage failed; retrying");
-                std::thread::sleep(Duration::from_millis(200));
+            match self.destage_round() {
+                Ok(_) => *self.stalled.lock() = None,
+                Err(e) => {
+                    self.counters.destage_errors.fetch_add(1, Ordering::Relaxed);
+                    warn!(pool = %self.pool.name(), error = %e, "destage failed; retrying");
+                    self.stalled
+                        .lock()
+                        .get_or_insert_with(|| (Instant::now(), e.to_string()));
+                    std::thread::sleep(Duration::from_millis(200));
+                }
             }
         }
     }
@@ -61,7 +72,9 @@ impl Inner {
     /// whole, with every dirty piece the log holds in it and its clean parts read from the
     /// layout, so that its parity comes from the new data alone: a full-stripe write instead
     /// of a read-modify-write per piece. The rest goes in runs of neighbouring pieces. The
-    /// writes are flushed, then the pieces marked clean. Returns the bytes it destaged.
+    /// writes are flushed, then the pieces of the jobs that succeeded marked clean: a job that
+    /// fails (a slab set that refuses writes) keeps its pieces dirty for the next round, and
+    /// the others go on. Returns the bytes it destaged, or the first failure if nothing was.
     fn destage_round(&self) -> Result<u64> {
         let _d = self.destaging.lock();
         let (picked, rows) = self.pick();
@@ -78,13 +91,14 @@ impl Inner {
         let next = AtomicU64::new(0);
         let bytes = AtomicU64::new(0);
         let failed: Mutex<Option<CacheError>> = Mutex::new(None);
+        let done: Vec<AtomicBool> = jobs.iter().map(|_| AtomicBool::new(false)).collect();
         // Once urgent, the round stays so: the threads past the background ones join for good.
         let urgent = AtomicBool::new(false);
         let _reuse = self.reuse.read();
         std::thread::scope(|sc| {
             for t in 0..DESTAGE_THREADS.min(jobs.len()) {
-                let (next, jobs, bytes, failed, picked, devices, urgent) =
-                    (&next, &jobs, &bytes, &failed, &picked, &devices, &urgent);
+                let (next, jobs, bytes, failed, picked, devices, urgent, done) =
+                    (&next, &jobs, &bytes, &failed, &picked, &devices, &urgent, &done);
                 sc.spawn(move || loop {
                     if t >= BACKGROUND_DESTAGE_THREADS && !urgent.load(Ordering::Relaxed) {
                         if self.state.lock().urgent() {
@@ -101,30 +115,34 @@ impl Inner {
                     }
                     let k = next.fetch_add(1, Ordering::Relaxed) as usize;
                     let Some(job) = jobs.get(k) else { return };
-                    if failed.lock().is_some() {
-                        return;
-                    }
                     match self.run_job(job, picked, devices) {
                         Ok(n) => {
                             bytes.fetch_add(n, Ordering::Relaxed);
+                            done[k].store(true, Ordering::Relaxed);
                         }
                         Err(e) => {
                             failed.lock().get_or_insert(e);
-                            return;
                         }
                     }
                 });
             }
         });
         drop(_reuse);
-        if let Some(e) = failed.into_inner() {
-            return Err(e);
-        }
+        let failed = failed.into_inner();
         let bytes = bytes.into_inner();
+        let succeeded: Vec<&Job> = jobs
+            .iter()
+            .zip(&done)
+            .filter(|(_, d)| d.load(Ordering::Relaxed))
+            .map(|(j, _)| j)
+            .collect();
+        if succeeded.is_empty() {
+            return Err(failed.expect("a job that did not succeed failed"));
+        }
         self.layouts.flush()?;
         {
             let mut st = self.state.lock();
-            for (set, s, p, _) in &picked {
+            for (set, s, p, _) in succeeded.iter().flat_map(|j| &picked[j.pieces.clone()]) {
                 let cleaned = match st.index.get_mut(set) {
                     Some(ix) => ix.mark_clean(*s, s + p.len, p.seq),
                     None => Vec::new(),
@@ -137,6 +155,10 @@ impl Inner {
         self.counters.destaged_bytes.fetch_add(bytes, Ordering::Relaxed);
         self.room.notify_all();
         self.advance_tail()?;
+        if let Some(e) = failed {
+            self.counters.destage_errors.fetch_add(1, Ordering::Relaxed);
+            warn!(pool = %self.pool.name(), error = %e, "part of a destage round failed; it is tried again");
+        }
         Ok(bytes.max(1))
     }
 
@@ -239,13 +261,58 @@ impl Inner {
         }
         let mut dirty = 0;
         for (_, s, p, crcs) in pieces {
-            let piece = log::read_verified(devices, p.log, crcs)?;
+            let piece = match log::read_verified(devices, p.log, crcs) {
+                Ok(piece) => piece,
+                Err(e) if devices.is_empty() => return Err(e),
+                Err(e) => {
+                    // No copy holds the whole piece intact: what every copy holds rotten is
+                    // lost (recorded before the layout is written over), the rest goes on.
+                    let (piece, bad) = log::read_salvaging(devices, p.log, crcs)?;
+                    self.lose_blocks(set, *s, p.seq, &bad, &e)?;
+                    piece
+                }
+            };
             let o = (s - at) as usize;
             data[o..o + piece.len()].copy_from_slice(&piece);
             dirty += p.len;
         }
         self.layouts.write(&slabset, at, &data)?;
         Ok(dirty)
+    }
+
+    /// Blocks of a piece that no copy of the log holds intact are lost: recorded (for the
+    /// parts the piece's batch still holds; a newer write may have replaced the rest) and
+    /// saved before the destage writes the layout over them.
+    fn lose_blocks(&self, set: u32, at: u64, seq: u64, bad: &[usize], why: &CacheError) -> Result<()> {
+        let mut lost = 0;
+        {
+            let mut st = self.state.lock();
+            for &b in bad {
+                let a = at + (b * BLOCK) as u64;
+                let held: Vec<(u64, u64)> = st
+                    .index
+                    .get(&set)
+                    .map(|ix| {
+                        ix.overlapping(a, a + BLOCK as u64)
+                            .into_iter()
+                            .filter(|(_, q)| q.seq == seq && q.dirty)
+                            .map(|(s, q)| (s, s + q.len))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                for (x, y) in held {
+                    st.lost.insert(set, x, y);
+                    st.lost_saved.insert(set, x, y);
+                    lost += y - x;
+                }
+            }
+        }
+        if lost == 0 {
+            return Ok(());
+        }
+        self.any_lost.store(true, Ordering::Release);
+        error!(pool = %self.pool.name(), set, offset = at, bytes = lost, error = %why, "data in the write-back log is unreadable on every copy: it is lost, and reads of it fail until it is written again");
+        self.save_lost()
     }
 
     /// The lock of a stripe row, shared by a whole-row destage and writes that bypass the cache.
