@@ -177,10 +177,7 @@ struct State {
     /// again is cut from it only once that write is durable (by the next flush).
     lost_saved: LostRanges,
     /// Lost ranges written again since the last flush took them.
-    lost_cuts: Vec<(u32, u64, u64)>,
-    /// Losses of the log's last disk: cuts taken before one are not applied after it (they
-    /// may cover ranges it lost again).
-    lost_epoch: u64,
+    lost_cuts: LostRanges,
 }
 
 impl State {
@@ -262,17 +259,18 @@ struct Pending {
 /// wakes its own writers only, not every writer queued for the batches after it.
 #[derive(Default)]
 struct Completion {
-    result: Mutex<Option<Result<(), String>>>,
+    /// The sequence number of the batch that holds the write, or why it failed.
+    result: Mutex<Option<Result<u64, String>>>,
     cv: Condvar,
 }
 
 impl Completion {
-    fn set(&self, r: Result<(), String>) {
+    fn set(&self, r: Result<u64, String>) {
         *self.result.lock() = Some(r);
         self.cv.notify_one();
     }
 
-    fn wait(&self) -> Result<(), String> {
+    fn wait(&self) -> Result<u64, String> {
         let mut r = self.result.lock();
         loop {
             if let Some(x) = r.take() {
@@ -337,10 +335,10 @@ struct Inner {
     counters: Counters,
     /// Data older than this is destaged even when the cache has room, in milliseconds.
     max_age_ms: AtomicU64,
-    /// Since when every destage round failed, and the first failure (None: the last round
-    /// made progress).
-    stalled: Mutex<Option<(Instant, String)>>,
-    /// How long `stalled` may last before writers waiting for room fail, in milliseconds.
+    /// When a destage job last failed, and why.
+    last_failure: Mutex<Option<(Instant, String)>>,
+    /// How long a writer may wait for room with no progress made for it, while destage
+    /// jobs fail, before it is failed, in milliseconds.
     stall_limit_ms: AtomicU64,
     round_bounds: Mutex<RoundBounds>,
 }
@@ -378,8 +376,7 @@ impl WriteCache {
             draining: 0,
             lost: LostRanges::load(&pool)?,
             lost_saved: LostRanges::default(),
-            lost_cuts: Vec::new(),
-            lost_epoch: 0,
+            lost_cuts: LostRanges::default(),
         };
         st.lost_saved = st.lost.clone();
         if !st.lost.is_empty() {
@@ -426,7 +423,7 @@ impl WriteCache {
             stop: AtomicBool::new(false),
             counters: Counters::default(),
             max_age_ms: AtomicU64::new(MAX_AGE.as_millis() as u64),
-            stalled: Mutex::new(None),
+            last_failure: Mutex::new(None),
             stall_limit_ms: AtomicU64::new(STALL_LIMIT.as_millis() as u64),
             round_bounds: Mutex::new(RoundBounds {
                 oldest_bytes: ROUND_BYTES,
@@ -611,14 +608,14 @@ impl WriteCache {
             i.counters.write_through.fetch_add(1, Ordering::Relaxed);
             return Ok(());
         }
+        let mut seqs = Vec::new();
         for (n, chunk) in data.chunks(MAX_BATCH).enumerate() {
             i.wait_for_budget(vdisk, chunk.len() as u64)?;
-            i.append(set.id, offset + (n * MAX_BATCH) as u64, vdisk, chunk)?;
+            seqs.push(i.append(set.id, offset + (n * MAX_BATCH) as u64, vdisk, chunk)?);
         }
         if one_copy {
-            i.write_behind_the_log(set, offset, data)?;
+            i.write_behind_the_log(set, offset, data, &seqs)?;
         }
-        i.written_again(set.id, offset, end);
         i.counters.cached_writes.fetch_add(1, Ordering::Relaxed);
         i.counters.cached_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
         Ok(())
@@ -712,7 +709,7 @@ impl WriteCache {
         }
         for n in lost {
             results[n] = Err(CacheError::Lost(format!(
-                "the data at bytes {}..{} of slab set {} was lost with the write-back log's disks before it reached the pool's disks; it reads again once written again",
+                "the data at bytes {}..{} of slab set {} was lost in the write-back log (its disks failed, or every copy of it rotted) before it reached the pool's disks; it reads again once written again",
                 reqs[n].offset,
                 reqs[n].offset + reqs[n].buf.len() as u64,
                 reqs[n].set.id
@@ -727,32 +724,35 @@ impl WriteCache {
         let i = &self.inner;
         let _one = i.flushing.lock();
         // Lost ranges written again before this flush: durable once it succeeds.
-        let (cuts, epoch) = {
-            let mut st = i.state.lock();
-            (std::mem::take(&mut st.lost_cuts), st.lost_epoch)
-        };
+        let cuts = std::mem::take(&mut i.state.lock().lost_cuts);
         let r = self.flush_disks();
+        let mut saved = Ok(());
         if !cuts.is_empty() {
             let mut st = i.state.lock();
-            if st.lost_epoch == epoch {
-                if r.is_ok() {
-                    for &(set, a, b) in &cuts {
-                        st.lost_saved.cut(set, a, b);
+            if r.is_ok() {
+                // Except what is lost again by now (the log lost since, a block rotten).
+                for (set, a, b) in cuts.ranges() {
+                    st.lost_saved.cut(set, a, b);
+                    for (x, y) in st.lost.within(set, a, b) {
+                        st.lost_saved.insert(set, x, y);
                     }
-                } else {
-                    st.lost_cuts.extend(cuts);
+                }
+            } else {
+                for (set, a, b) in cuts.ranges() {
+                    st.lost_cuts.insert(set, a, b);
                 }
             }
             drop(st);
             if r.is_ok() {
-                i.save_lost()?;
+                saved = i.save_lost();
             }
         }
         drop(_one);
-        if r? {
+        let refresh = r?;
+        if refresh {
             self.refresh_devices()?;
         }
-        Ok(())
+        saved
     }
 
     /// Flushes the layouts if written past the cache, and every disk of the log; true if a
@@ -810,7 +810,7 @@ impl WriteCache {
         }
         // What it lost is no one's any more; a set made later under its number starts clean.
         let had_lost = st.lost_saved.remove_set(set) | st.lost.remove_set(set);
-        st.lost_cuts.retain(|c| c.0 != set);
+        st.lost_cuts.remove_set(set);
         drop(st);
         i.room.notify_all();
         if had_lost {
@@ -928,9 +928,6 @@ fn take_lost(st: &mut State) -> u64 {
     st.vdisk_dirty.clear();
     st.batches.retain(|_, b| !b.sealed);
     st.used = st.batches.values().map(|b| b.len).sum();
-    // Cuts taken before now may cover ranges lost again just now.
-    st.lost_cuts.clear();
-    st.lost_epoch += 1;
     bytes
 }
 
@@ -958,6 +955,14 @@ impl Inner {
         st.batches.get_mut(&seq).expect("inserted").crcs = crcs;
         for e in entries {
             let len = e.len as u64;
+            // Lost data written again: readable from the log from now on. Under the lock a
+            // loss of the log's last disk takes it under, which then makes it lost again.
+            if st.lost.cut(e.set, e.offset, e.offset + len) {
+                st.lost_cuts.insert(e.set, e.offset, e.offset + len);
+                if st.lost.is_empty() {
+                    self.any_lost.store(false, Ordering::Release);
+                }
+            }
             let replaced = st.index.entry(e.set).or_default().insert(
                 e.offset,
                 Piece {
@@ -1061,8 +1066,13 @@ impl Inner {
             };
             (wiped, lost)
         };
+        // First: a crash after the log's new record must still find what was lost.
         if lost > 0 {
             self.any_lost.store(true, Ordering::Release);
+            error!(pool = %self.pool.name(), bytes = lost, "the write-back log lost its last disk holding data not yet destaged: reads of that data fail until it is written again");
+            if let Err(e) = self.save_lost() {
+                error!(pool = %self.pool.name(), error = %e, "cannot record the data lost with the write-back log: after a restart it would read as it was before");
+            }
         }
         if let Err(e) = self.save_log_record() {
             error!(error = %e, "cannot record the write-back log's disks");
@@ -1075,12 +1085,6 @@ impl Inner {
             // After the state change, whose count a write that reached this disk noted below.
             self.wiped_at.store(self.pool.losses().max(1), Ordering::SeqCst);
         }
-        if lost > 0 {
-            error!(pool = %self.pool.name(), bytes = lost, "the write-back log lost its last disk holding data not yet destaged: reads of that data fail until it is written again");
-            if let Err(e) = self.save_lost() {
-                error!(pool = %self.pool.name(), error = %e, "cannot record the data lost with the write-back log: after a restart it would read as it was before");
-            }
-        }
         self.room.notify_all();
         self.work.notify_all();
     }
@@ -1091,7 +1095,7 @@ impl Inner {
     /// log become clean: the log's copy now only keeps a replay from going back to older data.
     /// Under `destaging`: a round that picked an older piece of the range is over, and the
     /// next can only write this data.
-    fn write_behind_the_log(&self, set: &SlabSet, offset: u64, data: &[u8]) -> Result<()> {
+    fn write_behind_the_log(&self, set: &SlabSet, offset: u64, data: &[u8], seqs: &[u64]) -> Result<()> {
         let _d = self.destaging.lock();
         self.layouts.write(set, offset, data)?;
         self.layout_dirty.store(true, Ordering::Release);
@@ -1103,7 +1107,7 @@ impl Inner {
             .map(|ix| {
                 ix.overlapping(offset, end)
                     .into_iter()
-                    .filter(|(_, p)| p.dirty)
+                    .filter(|(_, p)| p.dirty && seqs.contains(&p.seq))
                     .collect()
             })
             .unwrap_or_default();
@@ -1129,7 +1133,7 @@ impl Inner {
         }
         let mut st = self.state.lock();
         if st.lost.cut(set, a, b) {
-            st.lost_cuts.push((set, a, b));
+            st.lost_cuts.insert(set, a, b);
         }
         if st.lost.is_empty() {
             self.any_lost.store(false, Ordering::Release);
@@ -1167,7 +1171,8 @@ impl Inner {
     fn wait_for_budget(&self, vdisk: u64, len: u64) -> Result<()> {
         let mut st = self.state.lock();
         let mut counted = false;
-        let began = Instant::now();
+        // The last time this vdisk's dirty data went down.
+        let (mut before, mut moved) = (u64::MAX, Instant::now());
         loop {
             let d = st.vdisk_dirty.get(&vdisk).copied().unwrap_or(0);
             // With no log disk left, nothing will be destaged to make room (what was dirty is
@@ -1175,24 +1180,28 @@ impl Inner {
             if d == 0 || d + len <= st.budget(vdisk) || self.stop.load(Ordering::Acquire) || st.devices.is_empty() {
                 return Ok(());
             }
+            if d < before {
+                moved = Instant::now();
+            }
+            before = d;
             self.wait_for_room(&mut st, &mut counted);
-            self.check_stall(began)?;
+            self.check_stall(moved, "its virtual disk's share of the write-back cache")?;
         }
     }
 
-    /// Fails a writer that has waited for room (since `began`) as long as the stall limit,
-    /// while the destager has failed every round for at least as long: no room is coming. A
-    /// writer that came later waits that long too, for a destager that may just have
-    /// recovered to show it.
-    fn check_stall(&self, began: Instant) -> Result<()> {
+    /// Fails a writer waiting for room once nothing was made for it (`moved`: the last time
+    /// what it waits on went down) for the stall limit, while destage jobs fail: the room is
+    /// not coming, and an answer the initiator can act on (a medium error, another path)
+    /// beats a wait past its command timeout. A destager that is only slow fails no one.
+    fn check_stall(&self, moved: Instant, waits_for: &str) -> Result<()> {
         let limit = Duration::from_millis(self.stall_limit_ms.load(Ordering::Relaxed));
-        if began.elapsed() < limit {
+        if moved.elapsed() < limit {
             return Ok(());
         }
-        match &*self.stalled.lock() {
-            Some((since, why)) if since.elapsed() >= limit => Err(CacheError::Log(format!(
-                "the write-back log has no room for this write and its data cannot be destaged (for {} s now: {why})",
-                since.elapsed().as_secs()
+        match &*self.last_failure.lock() {
+            Some((at, why)) if *at >= moved => Err(CacheError::Log(format!(
+                "this write waited {} s for room in {waits_for}, and the destager cannot make it: {why}",
+                moved.elapsed().as_secs()
             ))),
             _ => Ok(()),
         }
@@ -1211,8 +1220,9 @@ impl Inner {
         st.waiting -= 1;
     }
 
-    /// Appends one write to the log, in the next batch; returns when the batch is written.
-    fn append(&self, set: u32, offset: u64, vdisk: u64, data: &[u8]) -> Result<()> {
+    /// Appends one write to the log, in the next batch; returns when the batch is written,
+    /// with its sequence number.
+    fn append(&self, set: u32, offset: u64, vdisk: u64, data: &[u8]) -> Result<u64> {
         let done = Arc::new(Completion::default());
         let mut q = self.appender.lock();
         q.queue.push(Pending {
@@ -1256,7 +1266,7 @@ impl Inner {
     }
 
     /// Writes one batch to every disk of the log and adds it to the index.
-    fn write_batch(&self, reqs: &[Pending]) -> Result<()> {
+    fn write_batch(&self, reqs: &[Pending]) -> Result<u64> {
         let log = self.log_lock.read();
         let mut buf = self.buffers.lock().pop().unwrap_or_else(|| AlignedBuf::zeroed(0));
         let result = self.write_batch_in(reqs, &mut buf);
@@ -1274,7 +1284,7 @@ impl Inner {
 
     /// Writes and indexes one batch, built in `buf`; and whether a disk of the log was lost
     /// on the way while another still holds the batch.
-    fn write_batch_in(&self, reqs: &[Pending], buf: &mut AlignedBuf) -> (Result<()>, bool) {
+    fn write_batch_in(&self, reqs: &[Pending], buf: &mut AlignedBuf) -> (Result<u64>, bool) {
         let mut entries = Vec::new();
         for r in reqs {
             for (n, c) in r.data.chunks(MAX_ENTRY).enumerate() {
@@ -1287,7 +1297,8 @@ impl Inner {
         let (pos, seq, generation, pool_id, devices) = {
             let mut st = self.state.lock();
             let mut counted = false;
-            let began = Instant::now();
+            // The last time the log's space in use went down.
+            let (mut before, mut moved) = (u64::MAX, Instant::now());
             loop {
                 if st.devices.is_empty() {
                     return (
@@ -1324,8 +1335,12 @@ impl Inner {
                     );
                     break (pos, seq, st.generation, st.pool_id, st.devices.clone());
                 }
+                if st.used < before {
+                    moved = Instant::now();
+                }
+                before = st.used;
                 self.wait_for_room(&mut st, &mut counted);
-                if let Err(e) = self.check_stall(began) {
+                if let Err(e) = self.check_stall(moved, "the write-back log") {
                     return (Err(e), false);
                 }
             }
@@ -1407,7 +1422,7 @@ impl Inner {
             None => {
                 self.install(&mut st, seq, pos, &header_entries, crcs);
                 self.counters.log_batches.fetch_add(1, Ordering::Relaxed);
-                Ok(())
+                Ok(seq)
             }
         };
         drop(st);

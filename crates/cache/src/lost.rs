@@ -81,6 +81,28 @@ impl LostRanges {
         a < b && m.range(..b).next_back().is_some_and(|(_, &e)| e > a)
     }
 
+    /// Every range: (set, start, end).
+    pub fn ranges(&self) -> Vec<(u32, u64, u64)> {
+        self.sets
+            .iter()
+            .flat_map(|(&set, m)| m.iter().map(move |(&a, &b)| (set, a, b)))
+            .collect()
+    }
+
+    /// The parts of `[a, b)` of `set` that are held.
+    pub fn within(&self, set: u32, a: u64, b: u64) -> Vec<(u64, u64)> {
+        let Some(m) = self.sets.get(&set) else {
+            return Vec::new();
+        };
+        let first = m.range(..a).next_back().filter(|(_, &e)| e > a).map(|(&s, &e)| (s, e));
+        first
+            .into_iter()
+            .chain(m.range(a..b).map(|(&s, &e)| (s, e)))
+            .map(|(s, e)| (s.max(a), e.min(b)))
+            .filter(|(s, e)| s < e)
+            .collect()
+    }
+
     /// Forgets a slab set; true if it had ranges.
     pub fn remove_set(&mut self, set: u32) -> bool {
         self.sets.remove(&set).is_some()
@@ -165,6 +187,20 @@ mod tests {
                     prop_assert!(m.iter().all(|(a, b)| a < b));
                 }
             }
+            for s in 0..2u32 {
+                for (a, b) in [(0u64, 80u64), (3, 17), (40, 41)] {
+                    let mut got = [false; 80];
+                    for (x, y) in r.within(s, a, b) {
+                        prop_assert!(a <= x && x < y && y <= b);
+                        for k in x..y { got[k as usize] = true; }
+                    }
+                    for k in a..b {
+                        prop_assert_eq!(got[k as usize], bytes[s as usize][k as usize]);
+                    }
+                }
+            }
+            let listed: u64 = r.ranges().iter().map(|(_, a, b)| b - a).sum();
+            prop_assert_eq!(listed, r.bytes());
             let total: usize = bytes.iter().map(|s| s.iter().filter(|x| **x).count()).sum();
             prop_assert_eq!(r.bytes(), total as u64);
             prop_assert_eq!(r.is_empty(), total == 0);

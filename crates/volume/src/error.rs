@@ -20,11 +20,13 @@ pub enum VolumeError {
     ReadOnly(String),
     #[error("virtual disk '{0}' was deleted")]
     Deleted(String),
-    /// The write-back log failed (every cache disk lost).
+    /// The write-back log failed (every cache disk lost), or a writer waited for room in it
+    /// that the destager cannot make.
     #[error("{0}")]
     Cache(String),
     /// A flush found that data written since the caller's last flush may be gone: disks of
     /// a slab set it wrote were lost, beyond what the set tolerates, before they flushed it.
+    /// Or a read of data lost in the write-back log before it was destaged.
     #[error("{0}")]
     Lost(String),
     /// Stored data that passed its checksums and still cannot be what it claims (a

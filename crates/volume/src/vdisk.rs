@@ -592,7 +592,9 @@ impl Vdisk {
         // then the new data.
         let grain = self.class.grain as usize;
         let mut buf = AlignedBuf::zeroed(grain);
-        if old != 0 {
+        // Not for a write of the whole grain: nothing of the old one is kept (and an old one
+        // that cannot be read, lost in the write-back log, is replaced rather than in the way).
+        if old != 0 && data.len() < grain {
             read_loc(&self.s, old, 0, &mut buf)?;
         }
         buf[off as usize..off as usize + data.len()].copy_from_slice(data);

@@ -26,10 +26,6 @@ impl Inner {
             let due = {
                 let max_age = Duration::from_millis(self.max_age_ms.load(Ordering::Relaxed));
                 let mut st = self.state.lock();
-                if st.dirty == 0 {
-                    // Nothing left that could not be destaged (written again, freed, lost).
-                    *self.stalled.lock() = None;
-                }
                 if !st.due(max_age) {
                     self.work.wait_for(
                         &mut st,
@@ -41,16 +37,11 @@ impl Inner {
             if !due || self.stop.load(Ordering::Acquire) {
                 continue;
             }
-            match self.destage_round() {
-                Ok(_) => *self.stalled.lock() = None,
-                Err(e) => {
-                    self.counters.destage_errors.fetch_add(1, Ordering::Relaxed);
-                    warn!(pool = %self.pool.name(), error = %e, "destage failed; retrying");
-                    self.stalled
-                        .lock()
-                        .get_or_insert_with(|| (Instant::now(), e.to_string()));
-                    std::thread::sleep(Duration::from_millis(200));
-                }
+            if let Err(e) = self.destage_round() {
+                self.counters.destage_errors.fetch_add(1, Ordering::Relaxed);
+                warn!(pool = %self.pool.name(), error = %e, "destage failed; retrying");
+                *self.last_failure.lock() = Some((Instant::now(), e.to_string()));
+                std::thread::sleep(Duration::from_millis(200));
             }
         }
     }
@@ -157,6 +148,7 @@ impl Inner {
         self.advance_tail()?;
         if let Some(e) = failed {
             self.counters.destage_errors.fetch_add(1, Ordering::Relaxed);
+            *self.last_failure.lock() = Some((Instant::now(), e.to_string()));
             warn!(pool = %self.pool.name(), error = %e, "part of a destage round failed; it is tried again");
         }
         Ok(bytes.max(1))
@@ -354,6 +346,8 @@ impl Inner {
         let devices = self.state.lock().devices.clone();
         for (p, d) in &devices {
             if let Err(e) = d.flush() {
+                // Not under `advancing`: losing a disk saves the log's record, which takes it.
+                drop(_one);
                 self.lose_device(*p, &format!("flush failed: {e}"));
                 return Err(CacheError::Log(format!(
                     "a disk of the write-back log failed its flush; its start stays where it is: {e}"

@@ -314,7 +314,7 @@ pub(super) fn show_pool(p: &PoolDetail) {
 fn cache_line(c: &tessera_volume::CacheStatus) -> String {
     let lost = if c.lost_bytes > 0 {
         format!(
-            "; DATA LOST: {} the log held were lost with its disks before reaching the pool's disks: reads of it fail until the host writes it again (restore it from a backup or a replica)",
+            "; DATA LOST: {} the log held were lost (its disks failed, or every copy rotted) before reaching the pool's disks: reads of it fail until the host writes it again (restore it from a backup or a replica)",
             size(c.lost_bytes)
         )
     } else {
