@@ -322,6 +322,60 @@ fn cycles_cut_by_sigkill_go_on_where_they_stopped() {
     );
 }
 
+/// A promotion while the source is sending a cycle (slowly: a source that trickles its bytes
+/// would hold a cycle open for as long as it likes) cuts that cycle, on every one of its
+/// streams, and promotes the replica at its last consistent snapshot; the source's next
+/// cycles are refused.
+#[test]
+fn a_promotion_cuts_the_cycle_under_way() {
+    let t = tempfile::tempdir().unwrap();
+    let key = t.path().join("replication.psk");
+    let a = Site::start(&t.path().join("a"), &key, "p", 1 << 30);
+    let b = Site::start(&t.path().join("b"), &key, "q", 1 << 30);
+    a.d.ok(&["vdisk", "create", "p/db", "--size", "64M", "--layout", "mirror"]);
+    write_image(&a, "p/db", 2 << 20, 21);
+    a.d.ok(&[
+        "replica",
+        "create",
+        "p/db",
+        "--to",
+        &b.listen(),
+        "--target-pool",
+        "q",
+        "--name",
+        "dr",
+        "--interval",
+        "0",
+        "--bandwidth",
+        "1M",
+        "--streams",
+        "2",
+    ]);
+    a.d.ok(&["replica", "sync", "dr"]);
+    let first = a.export("p/db@repl-dr-1", "a1.img");
+    // The next cycle carries 40 MiB at 1 MiB/s: under way for about forty seconds.
+    write_image(&a, "p/db", 40 << 20, 22);
+    a.d.ok(&["replica", "sync", "dr", "--no-wait"]);
+    wait_progress(&a, "p/db", 2 << 20);
+    assert_eq!(b.d.json(&["replica", "show", "q/db"])["receiving"], true);
+    let out = b.d.ok(&["replica", "promote", "q/db"]);
+    assert!(out.contains("promoted") && out.contains("repl-dr-1"), "{out}");
+    assert!(
+        same_file(&b.export("q/db", "b1.img"), &first),
+        "promoted at the last cycle"
+    );
+    let events = b.d.ok(&["events", "-n", "20"]);
+    assert!(events.contains("the cycle it was receiving was cut"), "{events}");
+    // The source hears of it: its cycle failed, and the next is refused.
+    let t = Instant::now();
+    while a.replica("dr")["state"] != "failing" {
+        assert!(t.elapsed() < Duration::from_secs(90), "{}", a.replica("dr"));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let e = a.d.fails(&["replica", "sync", "dr"]);
+    assert!(e.contains("is not a replica"), "{e}");
+}
+
 /// Waits until a replication job of `target` has offered `bytes`.
 fn wait_progress(s: &Site, target: &str, bytes: u64) {
     let t = Instant::now();

@@ -40,7 +40,8 @@ impl<T: Read + Write + Send> Stream for T {}
 /// Where a cycle of several streams waits for the others, by the token its Begin carried.
 #[derive(Default)]
 pub struct Joins {
-    waiting: Mutex<HashMap<String, SyncSender<Box<dyn Stream>>>>,
+    /// Token -> where its cycle takes streams, and the replica (pool, vdisk) it writes.
+    waiting: Mutex<HashMap<String, (SyncSender<Box<dyn Stream>>, (String, String))>>,
 }
 
 /// A cycle's place in [`Joins`], given up when the cycle ends.
@@ -74,6 +75,11 @@ pub trait ReplicaSite {
     /// cannot hold, a full pool): the site forgets what it recorded for it, so that a vdisk
     /// made here later under that name is not taken for a replica.
     fn not_made(&self, _pool: &str, _vdisk: &str) {}
+    /// This connection joins, as an extra stream, the cycle writing `pool/vdisk` (so that
+    /// the site can cut it with the cycle's others). An error refuses the stream.
+    fn joining(&self, _pool: &str, _vdisk: &str) -> std::result::Result<(), String> {
+        Ok(())
+    }
     /// The last cycle committed into `pool/vdisk`, as `committed` recorded it.
     fn last_committed(&self, _pool: &str, _vdisk: &str) -> Option<String> {
         None
@@ -117,7 +123,9 @@ pub fn receive<S: Read + Write + Send + 'static>(
     let mut w = BufWriter::with_capacity(1 << 16, conn);
     let mut report = ReceiveReport::default();
     let out = match opening(w.get_mut()) {
-        Ok(f) if f.kind == Kind::Join => return join(w, &f, opts).map(|()| ReceiveReport { joined: true, ..report }),
+        Ok(f) if f.kind == Kind::Join => {
+            return join(w, &f, site, opts).map(|()| ReceiveReport { joined: true, ..report })
+        }
         Ok(f) => run(&mut w, f, site, opts, &mut report),
         Err(e) => Err(e),
     };
@@ -150,9 +158,14 @@ fn opening<R: Read>(r: &mut R) -> Result<wire::Frame> {
 }
 
 /// Hands an extra data stream to the cycle waiting for it.
-fn join<S: Stream + 'static>(w: BufWriter<S>, f: &wire::Frame, opts: &ReceiveOptions) -> Result<()> {
+fn join<S: Stream + 'static>(
+    w: BufWriter<S>,
+    f: &wire::Frame,
+    site: &dyn ReplicaSite,
+    opts: &ReceiveOptions,
+) -> Result<()> {
     let j: Join = f.json(Kind::Join)?;
-    let tx = opts
+    let (tx, (pool, vdisk)) = opts
         .joins
         .waiting
         .lock()
@@ -160,6 +173,7 @@ fn join<S: Stream + 'static>(w: BufWriter<S>, f: &wire::Frame, opts: &ReceiveOpt
         .get(&j.token)
         .cloned()
         .ok_or_else(|| ReplError::Protocol("a stream joins a cycle that is not waiting for it".into()))?;
+    site.joining(&pool, &vdisk).map_err(ReplError::Invalid)?;
     let conn = w.into_inner().map_err(|e| ReplError::Io(e.into_error()))?;
     tx.send(Box::new(conn))
         .map_err(|_| ReplError::Protocol("the cycle the stream joins has ended".into()))
@@ -291,7 +305,11 @@ fn run<S: Read + Write>(
     let _waiting = match (&begin.token, streams) {
         (_, 1) => None,
         (Some(t), _) => {
-            opts.joins.waiting.lock().expect("not poisoned").insert(t.clone(), tx);
+            opts.joins
+                .waiting
+                .lock()
+                .expect("not poisoned")
+                .insert(t.clone(), (tx, (begin.pool.clone(), begin.vdisk.clone())));
             Some(Waiting {
                 joins: &opts.joins,
                 token: t.clone(),

@@ -24,6 +24,9 @@ const MAX_STREAMS: usize = 64;
 /// replicas at once, and a stranger who cannot finish a handshake holds no more than this of
 /// the places above.
 const MAX_HANDSHAKES_PER_SOURCE: usize = 8;
+/// How long a promotion waits for a cycle it cut to end (the receiving threads to see their
+/// connections closed and let the replica go).
+const CUT_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The handshakes under way, by the source they come from (`source_of`).
 #[derive(Default)]
@@ -119,7 +122,9 @@ pub fn start_listener(d: &Arc<Daemon>) -> Result<Option<SocketAddr>, String> {
 /// Takes a peer's connection: the handshake (`shaken` is called once it is over, whichever
 /// way), then the cycle or the stream it brings.
 fn take_cycle(d: &Arc<Daemon>, t: &Transport, s: TcpStream, shaken: impl FnOnce()) {
+    static CONNECTIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let peer = s.peer_addr().map(|a| a.ip().to_string()).unwrap_or_default();
+    let sock = s.try_clone().ok();
     let accepted = t.accept(s);
     shaken();
     let conn = match accepted {
@@ -141,6 +146,9 @@ fn take_cycle(d: &Arc<Daemon>, t: &Transport, s: TcpStream, shaken: impl FnOnce(
         d: d.clone(),
         peer: peer.clone(),
         claimed: parking_lot::Mutex::new(None),
+        sock,
+        id: CONNECTIONS.fetch_add(1, Ordering::Relaxed),
+        registered: parking_lot::Mutex::new(None),
     };
     let opts = ReceiveOptions {
         layout: LayoutKind::Mirror,
@@ -170,8 +178,17 @@ fn take_cycle(d: &Arc<Daemon>, t: &Transport, s: TcpStream, shaken: impl FnOnce(
         }
         Err(e) => warn!(peer = %peer, error = %e, "replication cycle from a peer failed"),
     }
+    let mut live = d.replication.live.lock();
+    if let Some(key) = site.registered.lock().take() {
+        if let Some(v) = live.streams.get_mut(&key) {
+            v.retain(|(id, _)| *id != site.id);
+            if v.is_empty() {
+                live.streams.remove(&key);
+            }
+        }
+    }
     if let Some(key) = claimed {
-        d.replication.live.lock().receiving.remove(&key);
+        live.receiving.remove(&key);
     }
 }
 
@@ -181,6 +198,21 @@ struct Site {
     peer: String,
     /// The replica this cycle writes, once claimed.
     claimed: parking_lot::Mutex<Option<String>>,
+    /// The connection, for a promotion to cut; its number; the replica it is listed under.
+    sock: Option<TcpStream>,
+    id: u64,
+    registered: parking_lot::Mutex<Option<String>>,
+}
+
+impl Site {
+    /// Lists this connection under the replica its cycle writes (the caller holds the live
+    /// lock, and the replica is being received).
+    fn register(&self, live: &mut super::Live, key: &str) {
+        if let Some(s) = self.sock.as_ref().and_then(|s| s.try_clone().ok()) {
+            live.streams.entry(key.to_string()).or_default().push((self.id, s));
+            *self.registered.lock() = Some(key.to_string());
+        }
+    }
 }
 
 impl ReplicaSite for Site {
@@ -225,7 +257,18 @@ impl ReplicaSite for Site {
             })
             .map_err(|e| e.message)?;
         live.receiving.insert(key.clone());
+        self.register(&mut live, &key);
         *self.claimed.lock() = Some(key);
+        Ok(())
+    }
+
+    fn joining(&self, pool: &str, vdisk: &str) -> Result<(), String> {
+        let key = format!("{pool}/{vdisk}");
+        let mut live = self.d.replication.live.lock();
+        if !live.receiving.contains(&key) {
+            return Err(format!("the cycle writing '{key}' has ended"));
+        }
+        self.register(&mut live, &key);
         Ok(())
     }
 
@@ -352,26 +395,47 @@ impl Daemon {
                 if vdisks.len() > 1 { "them together" } else { "it" }
             )));
         };
-        {
+        // A cycle under way is cut (its connections shut), as a network failure would cut it:
+        // the replica goes back to its last consistent snapshot below all the same, and a
+        // source, however slowly it sends, cannot hold off a failover.
+        let deadline = std::time::Instant::now() + CUT_WAIT;
+        let mut cut = Vec::new();
+        loop {
             // Under the live lock, so that no cycle can claim one between the check and the
             // removal.
             let live = self.replication.live.lock();
-            for vdisk in vdisks {
-                let key = format!("{pool}/{vdisk}");
-                if live.receiving.contains(&key) {
-                    return Err(ApiError::busy(format!(
-                        "a cycle from the source is writing '{key}'; pause the replica at the source, or wait: \
-                         a source that went silent is given up within {} s",
-                        tessera_replication::transport::SILENCE.as_secs()
-                    )));
+            let busy: Vec<String> = vdisks
+                .iter()
+                .map(|v| format!("{pool}/{v}"))
+                .filter(|k| live.receiving.contains(k))
+                .collect();
+            if busy.is_empty() {
+                self.replication.change(|s| {
+                    for vdisk in vdisks {
+                        s.incoming.remove(&format!("{pool}/{vdisk}"));
+                    }
+                    Ok(())
+                })?;
+                break;
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(ApiError::busy(format!(
+                    "a cycle from the source is writing {} and did not end within {} s of being cut; try again",
+                    busy.join(", "),
+                    CUT_WAIT.as_secs()
+                )));
+            }
+            for key in &busy {
+                for (_, s) in live.streams.get(key).into_iter().flatten() {
+                    let _ = s.shutdown(std::net::Shutdown::Both);
+                }
+                if !cut.contains(key) {
+                    warn!(replica = %key, "promotion cuts the replication cycle under way");
+                    cut.push(key.clone());
                 }
             }
-            self.replication.change(|s| {
-                for vdisk in vdisks {
-                    s.incoming.remove(&format!("{pool}/{vdisk}"));
-                }
-                Ok(())
-            })?;
+            drop(live);
+            std::thread::sleep(std::time::Duration::from_millis(50));
         }
         let mut out = Vec::new();
         for vdisk in vdisks {
@@ -390,7 +454,14 @@ impl Daemon {
                 NewEvent::new(
                     Severity::Warning,
                     "replica.promoted",
-                    format!("replica {key} promoted at {last}: writable, and no longer kept by its source"),
+                    format!(
+                        "replica {key} promoted at {last}: writable, and no longer kept by its source{}",
+                        if cut.contains(&key) {
+                            " (the cycle it was receiving was cut)"
+                        } else {
+                            ""
+                        }
+                    ),
                 )
                 .pool(pool)
                 .subject(&key),

@@ -130,6 +130,9 @@ pub(crate) struct Live {
     pub running: BTreeMap<String, u64>,
     /// Incoming replicas (`pool/vdisk`) a cycle is writing.
     pub receiving: BTreeSet<String>,
+    /// The connections of those cycles (the first and those that joined it), by the number
+    /// of the connection: a promotion cuts them.
+    pub streams: BTreeMap<String, Vec<(u64, std::net::TcpStream)>>,
     /// Outgoing replicas past their RPO, and those whose last cycle failed (told once each).
     pub rpo_exceeded: BTreeSet<String>,
     pub failing: BTreeSet<String>,
