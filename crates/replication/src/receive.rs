@@ -341,9 +341,14 @@ fn run<S: Read + Write>(
     let replica = &*replica;
     std::thread::scope(|sc| -> Result<()> {
         let mut readers = Vec::new();
-        let take_joined = |readers: &mut Vec<_>, s: Box<dyn Stream>| {
+        let take_joined = |readers: &mut Vec<_>, s: Box<dyn Stream>| -> Result<()> {
             let (expected, written) = (&expected, &written);
-            readers.push(sc.spawn(move || data_stream(s, expected, replica, written)));
+            let reader = std::thread::Builder::new()
+                .name("repl-stream".into())
+                .spawn_scoped(sc, move || data_stream(s, expected, replica, written))
+                .map_err(|e| ReplError::Protocol(format!("cannot take a stream of the cycle: {e}")))?;
+            readers.push(reader);
+            Ok(())
         };
         loop {
             while let Ok(s) = joined.try_recv() {
@@ -354,7 +359,7 @@ fn run<S: Read + Write>(
                     drop(s);
                     continue;
                 }
-                take_joined(&mut readers, s);
+                take_joined(&mut readers, s)?;
                 if readers.len() + 1 == streams as usize {
                     if let Some(t) = &begin.token {
                         opts.joins.waiting.lock().expect("not poisoned").remove(t);
@@ -408,7 +413,7 @@ fn run<S: Read + Write>(
                     // Every extra stream joins, sends its End, and is done.
                     while readers.len() + 1 < streams as usize {
                         match joined.recv_timeout(crate::transport::SILENCE) {
-                            Ok(s) => take_joined(&mut readers, s),
+                            Ok(s) => take_joined(&mut readers, s)?,
                             Err(_) => {
                                 return Err(ReplError::Protocol(format!(
                                     "commit with {} of {streams} streams joined",

@@ -261,12 +261,24 @@ fn run<S: Read + Write, X: Write + Send>(
             next: 0,
         };
         let mut writers = Vec::new();
+        let mut started = Ok(());
         for x in extra {
             let (tx, rx) = sync_channel(4);
-            sink.extra.push(tx);
-            writers.push(sc.spawn(move || write_stream(x, rx)));
+            match std::thread::Builder::new()
+                .name("repl-stream".into())
+                .spawn_scoped(sc, move || write_stream(x, rx))
+            {
+                Ok(w) => {
+                    sink.extra.push(tx);
+                    writers.push(w);
+                }
+                Err(e) => {
+                    started = Err(ReplError::Protocol(format!("cannot start a stream's writer: {e}")));
+                    break;
+                }
+            }
         }
-        let sent = send_data(c, cy, ready.base_ok, &mut sink, report);
+        let sent = started.and_then(|()| send_data(c, cy, ready.base_ok, &mut sink, report));
         // Closing the channels ends each writer with its End.
         drop(sink);
         let mut ended = Ok(());

@@ -74,10 +74,13 @@ impl Transport {
         // read timeout alone starts again with each one, and a few such peers would keep
         // every place of the listener.
         let done = std::sync::Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
-        let watchdog = s.try_clone().ok().map(|sock| {
-            let (done, limit) = (done.clone(), self.silence);
-            std::thread::spawn(move || {
-                let (flag, told) = &*done;
+        let sock = s.try_clone().map_err(|e| format!("cannot watch the handshake: {e}"))?;
+        let (done2, limit) = (done.clone(), self.silence);
+        // Without the watchdog a slow peer could hold the place for ever: refused instead.
+        let watchdog = std::thread::Builder::new()
+            .name("repl-handshake".into())
+            .spawn(move || {
+                let (flag, told) = &*done2;
                 let over = told
                     .wait_timeout_while(flag.lock().expect("not poisoned"), limit, |d| !*d)
                     .expect("not poisoned");
@@ -85,13 +88,11 @@ impl Transport {
                     let _ = sock.shutdown(std::net::Shutdown::Both);
                 }
             })
-        });
+            .map_err(|e| format!("cannot watch the handshake: {e}"))?;
         let r = self.acceptor.accept(s);
         *done.0.lock().expect("not poisoned") = true;
         done.1.notify_all();
-        if let Some(w) = watchdog {
-            let _ = w.join();
-        }
+        let _ = watchdog.join();
         r.map_err(|e| format!("TLS handshake: {e}"))
     }
 
