@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::io::{BufWriter, Read, Write};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::{Arc, Mutex};
 
@@ -37,11 +37,56 @@ pub struct ReceiveOptions {
 pub trait Stream: Read + Write + Send {}
 impl<T: Read + Write + Send> Stream for T {}
 
-/// Where a cycle of several streams waits for the others, by the token its Begin carried.
-#[derive(Default)]
+/// What the cycles a site takes share: where a cycle of several streams waits for the others,
+/// by the token its Begin carried, and the blocks asked for and not yet received across them.
 pub struct Joins {
     /// Token -> where its cycle takes streams, and the replica (pool, vdisk) it writes.
     waiting: Mutex<HashMap<String, (SyncSender<Box<dyn Stream>>, (String, String))>>,
+    /// Fingerprints the site's cycles hold, and how many they may hold together.
+    wanted: AtomicUsize,
+    wanted_cap: AtomicUsize,
+}
+
+impl Default for Joins {
+    fn default() -> Joins {
+        Joins {
+            waiting: Mutex::default(),
+            wanted: AtomicUsize::new(0),
+            wanted_cap: AtomicUsize::new(wire::MAX_SITE_WANTED_BLOCKS),
+        }
+    }
+}
+
+impl Joins {
+    /// Blocks the site's cycles asked for and have not received yet.
+    pub fn wanted(&self) -> usize {
+        self.wanted.load(Ordering::SeqCst)
+    }
+
+    /// How many blocks the site's cycles may ask for and wait for together (default
+    /// `wire::MAX_SITE_WANTED_BLOCKS`).
+    pub fn set_wanted_cap(&self, blocks: usize) {
+        self.wanted_cap.store(blocks, Ordering::SeqCst);
+    }
+}
+
+/// Fingerprints of the blocks a cycle asked for, by offset, until their data arrives (over any
+/// of the cycle's streams); counted into the site's total, and out of it when they arrive or
+/// the cycle ends.
+struct Expected<'a> {
+    map: Mutex<HashMap<u64, [u8; HASH]>>,
+    site: &'a Joins,
+}
+
+impl Drop for Expected<'_> {
+    fn drop(&mut self) {
+        let left = self
+            .map
+            .get_mut()
+            .map(|m| m.len())
+            .unwrap_or_else(|e| e.into_inner().len());
+        self.site.wanted.fetch_sub(left, Ordering::SeqCst);
+    }
 }
 
 /// A cycle's place in [`Joins`], given up when the cycle ends.
@@ -333,9 +378,10 @@ fn run<S: Read + Write>(
     w.flush()?;
     info!(replica = %begin.vdisk, snapshot = %begin.snapshot, base = ?wanted.base, resumed = report.resumed, streams, "replication cycle begins");
 
-    // Fingerprints of the blocks asked for, by offset, until their data arrives (over any of
-    // the cycle's streams).
-    let expected: Mutex<HashMap<u64, [u8; HASH]>> = Mutex::new(HashMap::new());
+    let expected = Expected {
+        map: Mutex::new(HashMap::new()),
+        site: &*opts.joins,
+    };
     let written = AtomicU64::new(0);
     let size = begin.size;
     let replica = &*replica;
@@ -371,7 +417,7 @@ fn run<S: Read + Write>(
                 Kind::Offer => {
                     let (no, offers) = wire::decode_offer(&f.body)?;
                     let mut want = Vec::new();
-                    let mut exp = expected.lock().expect("not poisoned");
+                    let mut exp = expected.map.lock().expect("not poisoned");
                     for (i, o) in offers.iter().enumerate() {
                         check_range(o.offset, o.len as u64, size, begin.grain)?;
                         if o.len as u64 > begin.grain || o.blocks.len() != wire::blocks_in(o.len) {
@@ -384,18 +430,28 @@ fn run<S: Read + Write>(
                         if lacking.is_empty() {
                             continue;
                         }
+                        // Bounded before anything is held: the cycle's, then the site's.
+                        if exp.len() + lacking.len() > wire::MAX_WANTED_BLOCKS {
+                            return Err(ReplError::Protocol(format!(
+                                "more than {} blocks offered and not sent",
+                                wire::MAX_WANTED_BLOCKS
+                            )));
+                        }
+                        let site = &opts.joins;
+                        if site.wanted.load(Ordering::SeqCst) + lacking.len() > site.wanted_cap.load(Ordering::SeqCst) {
+                            return Err(ReplError::Invalid(format!(
+                                "this site's cycles wait for {} blocks asked for and not yet sent, as many as it holds at once: the cycle is refused for now",
+                                site.wanted.load(Ordering::SeqCst)
+                            )));
+                        }
+                        let before = exp.len();
                         let mut bits = vec![0u8; o.blocks.len().div_ceil(8)];
                         for k in lacking {
                             bits[k / 8] |= 1 << (k % 8);
                             exp.insert(o.offset + k as u64 * BLOCK, o.blocks[k]);
                         }
+                        site.wanted.fetch_add(exp.len() - before, Ordering::SeqCst);
                         want.push((i as u32, bits));
-                    }
-                    if exp.len() > wire::MAX_WANTED_BLOCKS {
-                        return Err(ReplError::Protocol(format!(
-                            "more than {} blocks offered and not sent",
-                            wire::MAX_WANTED_BLOCKS
-                        )));
                     }
                     drop(exp);
                     report.offered_grains += offers.len() as u64;
@@ -426,7 +482,7 @@ fn run<S: Read + Write>(
                         r.join()
                             .map_err(|_| ReplError::Protocol("a data stream's reader failed".into()))??;
                     }
-                    let left = expected.lock().expect("not poisoned").len();
+                    let left = expected.map.lock().expect("not poisoned").len();
                     if left > 0 {
                         return Err(ReplError::Protocol(format!(
                             "commit with {left} blocks asked for and not sent"
@@ -460,7 +516,7 @@ fn run<S: Read + Write>(
 /// Checks blocks that arrived against the fingerprints asked for, and writes them.
 fn apply_data(
     body: &[u8],
-    expected: &Mutex<HashMap<u64, [u8; HASH]>>,
+    expected: &Expected<'_>,
     replica: &tessera_volume::Vdisk,
     written: &AtomicU64,
 ) -> Result<()> {
@@ -469,7 +525,7 @@ fn apply_data(
         return Err(ReplError::Protocol(format!("data at {offset} is not whole blocks")));
     }
     {
-        let mut exp = expected.lock().expect("not poisoned");
+        let mut exp = expected.map.lock().expect("not poisoned");
         for (k, block) in data.chunks(BLOCK as usize).enumerate() {
             let at = offset + k as u64 * BLOCK;
             let hash = exp
@@ -481,9 +537,11 @@ fn apply_data(
                 )));
             }
         }
+        let before = exp.len();
         for k in 0..data.len().div_ceil(BLOCK as usize) {
             exp.remove(&(offset + k as u64 * BLOCK));
         }
+        expected.site.wanted.fetch_sub(before - exp.len(), Ordering::SeqCst);
     }
     replica.write(offset, &data, false)?;
     written.fetch_add(data.len().div_ceil(BLOCK as usize) as u64, Ordering::Relaxed);
@@ -493,7 +551,7 @@ fn apply_data(
 /// An extra stream of a cycle: data frames until its End.
 fn data_stream(
     mut s: Box<dyn Stream>,
-    expected: &Mutex<HashMap<u64, [u8; HASH]>>,
+    expected: &Expected<'_>,
     replica: &tessera_volume::Vdisk,
     written: &AtomicU64,
 ) -> Result<()> {

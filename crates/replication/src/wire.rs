@@ -24,6 +24,10 @@ pub const MAX_BLOCKS: usize = (tessera_volume::MAX_GRAIN / BLOCK) as usize;
 /// of offers can ask for, so that a sender that offers without ever sending cannot make the
 /// replica hold fingerprints without end.
 pub const MAX_WANTED_BLOCKS: usize = 2 * 16 * 32 * MAX_BLOCKS;
+/// Most blocks the replica asks for and waits to receive across all the cycles it takes at
+/// once (each fingerprint held costs about 50 bytes: some 200 MiB): a few peers each at their
+/// cycle's bound cannot make the site hold them without end.
+pub const MAX_SITE_WANTED_BLOCKS: usize = 4 * MAX_WANTED_BLOCKS;
 /// Most connections one cycle may use.
 pub const MAX_STREAMS: u32 = 16;
 

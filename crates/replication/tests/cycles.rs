@@ -266,6 +266,7 @@ fn a_cycle_over_several_streams_is_exact_and_a_stranger_cannot_join_one() {
     assert!(!sent.full);
     assert_eq!(sent.sent_bytes, 3 * MIB, "{sent:?}");
     assert_eq!(image(&dst.engine.vdisk("vol@s2").unwrap()), image(&s2));
+    assert_eq!(dst.joins.wanted(), 0, "every block asked for arrived, over any stream");
 
     // A connection that claims to join a cycle nobody began is refused.
     let join = br#"{"token":"00112233445566778899aabbccddeeff","stream":1}"#;
@@ -297,6 +298,7 @@ fn a_cycle_cut_mid_way_carries_on_where_it_stopped() {
     // The link drops after about 10 MiB.
     let (sent, got) = cycle(&src, &dst, "s1", None, Some((10 * MIB) as usize));
     assert!(sent.is_err() && got.is_err(), "{sent:?} {got:?}");
+    assert_eq!(dst.joins.wanted(), 0, "a cycle cut short gives back what it waited for");
     assert!(dst.engine.vdisk("vol@s1").is_err(), "no snapshot of a cycle cut short");
 
     let (sent, got) = cycle(&src, &dst, "s1", None, None);
@@ -417,6 +419,23 @@ fn streams_that_lie_are_refused_with_a_reason() {
         tessera_replication::wire::write_frame(&mut b, tessera_replication::wire::Kind::Offer, &frame).unwrap();
     }
     assert!(run(b).contains("offered and not sent"));
+    assert_eq!(dst.joins.wanted(), 0, "the refused cycle gave its fingerprints back");
+    // The bound across the site's cycles: a cycle that would pass it is refused, before the
+    // fingerprints that would pass it are held.
+    dst.joins.set_wanted_cap(100);
+    let mut b = begin(&big);
+    let offers: Vec<_> = (0..64u64)
+        .map(|g| tessera_replication::wire::Offered {
+            offset: g * GRAIN,
+            ..one.clone()
+        })
+        .collect();
+    let frame = tessera_replication::wire::encode_offer(0, &offers);
+    tessera_replication::wire::write_frame(&mut b, tessera_replication::wire::Kind::Offer, &frame).unwrap();
+    assert!(run(b).contains("as many as it holds at once"));
+    assert_eq!(dst.joins.wanted(), 0, "given back");
+    dst.joins
+        .set_wanted_cap(tessera_replication::wire::MAX_SITE_WANTED_BLOCKS);
 }
 
 /// A connection made of bytes to read and a buffer that takes what is written.

@@ -25,8 +25,10 @@ const MAX_STREAMS: usize = 64;
 /// the places above.
 const MAX_HANDSHAKES_PER_SOURCE: usize = 8;
 /// How long a promotion waits for a cycle it cut to end (the receiving threads to see their
-/// connections closed and let the replica go).
-const CUT_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+/// connections closed and let the replica go): past the silence after which a cycle waiting
+/// at its commit for a stream that never joins gives up.
+const CUT_WAIT: std::time::Duration =
+    tessera_replication::transport::SILENCE.saturating_add(std::time::Duration::from_secs(15));
 
 /// The handshakes under way, by the source they come from (`source_of`).
 #[derive(Default)]
@@ -124,13 +126,22 @@ pub fn start_listener(d: &Arc<Daemon>) -> Result<Option<SocketAddr>, String> {
 fn take_cycle(d: &Arc<Daemon>, t: &Transport, s: TcpStream, shaken: impl FnOnce()) {
     static CONNECTIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let peer = s.peer_addr().map(|a| a.ip().to_string()).unwrap_or_default();
-    let sock = s.try_clone().ok();
+    // A connection a promotion could not cut is not taken.
+    let sock = match s.try_clone() {
+        Ok(c) => c,
+        Err(e) => {
+            warn!(peer = %peer, error = %e, "replication connection refused: cannot keep a handle to cut it by");
+            shaken();
+            return;
+        }
+    };
     let accepted = t.accept(s);
     shaken();
     let conn = match accepted {
         Ok(c) => c,
         Err(e) => {
-            // Someone without the key: nothing was read from them.
+            // Someone without the key (nothing was read from them), or a handshake this side
+            // could not watch.
             d.events.record(
                 NewEvent::new(
                     Severity::Warning,
@@ -157,6 +168,9 @@ fn take_cycle(d: &Arc<Daemon>, t: &Transport, s: TcpStream, shaken: impl FnOnce(
     };
     let out = receive(conn, &site, &opts);
     let claimed = site.claimed.lock().take();
+    // An extra stream handed to its cycle is read on by that cycle, which may outlive this
+    // thread: it stays listed under the replica until the cycle's own connection ends.
+    let handed_over = matches!(&out, Ok(r) if r.joined);
     match out {
         Ok(r) if r.joined => {} // an extra stream, handed to its cycle
         Ok(_) => {
@@ -179,7 +193,7 @@ fn take_cycle(d: &Arc<Daemon>, t: &Transport, s: TcpStream, shaken: impl FnOnce(
         Err(e) => warn!(peer = %peer, error = %e, "replication cycle from a peer failed"),
     }
     let mut live = d.replication.live.lock();
-    if let Some(key) = site.registered.lock().take() {
+    if let Some(key) = site.registered.lock().take().filter(|_| !handed_over) {
         if let Some(v) = live.streams.get_mut(&key) {
             v.retain(|(id, _)| *id != site.id);
             if v.is_empty() {
@@ -188,6 +202,9 @@ fn take_cycle(d: &Arc<Daemon>, t: &Transport, s: TcpStream, shaken: impl FnOnce(
         }
     }
     if let Some(key) = claimed {
+        // The cycle is over, with every stream that joined it (its readers were joined
+        // before `receive` returned).
+        live.streams.remove(&key);
         live.receiving.remove(&key);
     }
 }
@@ -199,7 +216,7 @@ struct Site {
     /// The replica this cycle writes, once claimed.
     claimed: parking_lot::Mutex<Option<String>>,
     /// The connection, for a promotion to cut; its number; the replica it is listed under.
-    sock: Option<TcpStream>,
+    sock: TcpStream,
     id: u64,
     registered: parking_lot::Mutex<Option<String>>,
 }
@@ -207,11 +224,14 @@ struct Site {
 impl Site {
     /// Lists this connection under the replica its cycle writes (the caller holds the live
     /// lock, and the replica is being received).
-    fn register(&self, live: &mut super::Live, key: &str) {
-        if let Some(s) = self.sock.as_ref().and_then(|s| s.try_clone().ok()) {
-            live.streams.entry(key.to_string()).or_default().push((self.id, s));
-            *self.registered.lock() = Some(key.to_string());
-        }
+    fn register(&self, live: &mut super::Live, key: &str) -> Result<(), String> {
+        let s = self
+            .sock
+            .try_clone()
+            .map_err(|e| format!("cannot keep a handle on the connection to cut it by: {e}"))?;
+        live.streams.entry(key.to_string()).or_default().push((self.id, s));
+        *self.registered.lock() = Some(key.to_string());
+        Ok(())
     }
 }
 
@@ -239,6 +259,9 @@ impl ReplicaSite for Site {
         if live.receiving.contains(&key) {
             return Err(format!("another cycle is writing '{key}'"));
         }
+        if live.promoting.contains(&key) {
+            return Err(format!("'{key}' is being promoted here: a peer never writes it again"));
+        }
         // Recorded before anything is written or made: from here on the vdisk is a replica.
         self.d
             .replication
@@ -256,8 +279,8 @@ impl ReplicaSite for Site {
                 Ok(())
             })
             .map_err(|e| e.message)?;
+        self.register(&mut live, &key)?;
         live.receiving.insert(key.clone());
-        self.register(&mut live, &key);
         *self.claimed.lock() = Some(key);
         Ok(())
     }
@@ -268,8 +291,7 @@ impl ReplicaSite for Site {
         if !live.receiving.contains(&key) {
             return Err(format!("the cycle writing '{key}' has ended"));
         }
-        self.register(&mut live, &key);
-        Ok(())
+        self.register(&mut live, &key)
     }
 
     fn not_made(&self, pool: &str, vdisk: &str) {
@@ -376,56 +398,58 @@ impl Daemon {
             return Err(ApiError::invalid("name the replicas to promote"));
         }
         let e = self.engine(pool)?;
-        let mut held: Option<Vec<String>> = None;
-        for vdisk in vdisks {
-            let key = format!("{pool}/{vdisk}");
-            if !self.replication.is_incoming(pool, vdisk) {
-                return Err(ApiError::not_found(format!("'{key}' is not a replica held here")));
+        // Checked first, so that a promotion that cannot be made cuts nothing; and again
+        // below, under the live lock, once no cycle writes them.
+        self.promotion_point(&e, pool, vdisks)?;
+        let keys: Vec<String> = vdisks.iter().map(|v| format!("{pool}/{v}")).collect();
+        // No cycle may claim them while the promotion waits for the one it cut to let go.
+        struct Promoting<'a>(&'a super::Replication, &'a [String]);
+        impl Drop for Promoting<'_> {
+            fn drop(&mut self) {
+                let mut live = self.0.live.lock();
+                for k in self.1 {
+                    live.promoting.remove(k);
+                }
             }
-            let snaps = replication_snapshots(&e, vdisk);
-            held = Some(match held {
-                None => snaps,
-                Some(h) => h.into_iter().filter(|s| snaps.contains(s)).collect(),
-            });
         }
-        let Some(last) = held.and_then(|mut h| h.pop()) else {
-            return Err(ApiError::invalid(format!(
-                "{} hold no consistent snapshot in common: no cycle of {} ended here",
-                vdisks.join(", "),
-                if vdisks.len() > 1 { "them together" } else { "it" }
-            )));
-        };
-        // A cycle under way is cut (its connections shut), as a network failure would cut it:
-        // the replica goes back to its last consistent snapshot below all the same, and a
-        // source, however slowly it sends, cannot hold off a failover.
+        {
+            let mut live = self.replication.live.lock();
+            if let Some(k) = keys.iter().find(|k| live.promoting.contains(*k)) {
+                return Err(ApiError::busy(format!("'{k}' is being promoted already")));
+            }
+            live.promoting.extend(keys.iter().cloned());
+        }
+        let _promoting = Promoting(&self.replication, &keys);
+        // A cycle under way is cut (its connections shut, every stream of it), as a network
+        // failure would cut it: the replica goes back to its last consistent snapshot below
+        // all the same, and a source, however slowly it sends, cannot hold off a failover.
         let deadline = std::time::Instant::now() + CUT_WAIT;
         let mut cut = Vec::new();
-        loop {
+        let last = loop {
             // Under the live lock, so that no cycle can claim one between the check and the
             // removal.
             let live = self.replication.live.lock();
-            let busy: Vec<String> = vdisks
-                .iter()
-                .map(|v| format!("{pool}/{v}"))
-                .filter(|k| live.receiving.contains(k))
-                .collect();
+            let busy: Vec<&String> = keys.iter().filter(|k| live.receiving.contains(*k)).collect();
             if busy.is_empty() {
+                // The snapshot to go back to, now that no cycle can add one (a cut cycle may
+                // have committed one before it ended).
+                let last = self.promotion_point(&e, pool, vdisks)?;
                 self.replication.change(|s| {
-                    for vdisk in vdisks {
-                        s.incoming.remove(&format!("{pool}/{vdisk}"));
+                    for k in &keys {
+                        s.incoming.remove(k);
                     }
                     Ok(())
                 })?;
-                break;
+                break last;
             }
             if std::time::Instant::now() > deadline {
                 return Err(ApiError::busy(format!(
                     "a cycle from the source is writing {} and did not end within {} s of being cut; try again",
-                    busy.join(", "),
+                    busy.iter().map(|k| k.as_str()).collect::<Vec<_>>().join(", "),
                     CUT_WAIT.as_secs()
                 )));
             }
-            for key in &busy {
+            for key in busy {
                 for (_, s) in live.streams.get(key).into_iter().flatten() {
                     let _ = s.shutdown(std::net::Shutdown::Both);
                 }
@@ -436,7 +460,7 @@ impl Daemon {
             }
             drop(live);
             std::thread::sleep(std::time::Duration::from_millis(50));
-        }
+        };
         let mut out = Vec::new();
         for vdisk in vdisks {
             let key = format!("{pool}/{vdisk}");
@@ -473,6 +497,30 @@ impl Daemon {
             });
         }
         Ok(out)
+    }
+
+    /// The newest snapshot every replica named holds (the last instant of the group that
+    /// reached this site whole), once each is checked to be a replica held here.
+    fn promotion_point(&self, e: &Engine, pool: &str, vdisks: &[String]) -> ApiResult<String> {
+        let mut held: Option<Vec<String>> = None;
+        for vdisk in vdisks {
+            let key = format!("{pool}/{vdisk}");
+            if !self.replication.is_incoming(pool, vdisk) {
+                return Err(ApiError::not_found(format!("'{key}' is not a replica held here")));
+            }
+            let snaps = replication_snapshots(e, vdisk);
+            held = Some(match held {
+                None => snaps,
+                Some(h) => h.into_iter().filter(|s| snaps.contains(s)).collect(),
+            });
+        }
+        held.and_then(|mut h| h.pop()).ok_or_else(|| {
+            ApiError::invalid(format!(
+                "{} hold no consistent snapshot in common: no cycle of {} ended here",
+                vdisks.join(", "),
+                if vdisks.len() > 1 { "them together" } else { "it" }
+            ))
+        })
     }
 
     /// Deletes a replica's consistent snapshots beyond the newest few, unless presented.

@@ -133,6 +133,8 @@ pub(crate) struct Live {
     /// The connections of those cycles (the first and those that joined it), by the number
     /// of the connection: a promotion cuts them.
     pub streams: BTreeMap<String, Vec<(u64, std::net::TcpStream)>>,
+    /// Incoming replicas a promotion is taking over: no cycle may claim them meanwhile.
+    pub promoting: BTreeSet<String>,
     /// Outgoing replicas past their RPO, and those whose last cycle failed (told once each).
     pub rpo_exceeded: BTreeSet<String>,
     pub failing: BTreeSet<String>,
