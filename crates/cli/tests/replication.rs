@@ -376,6 +376,98 @@ fn a_promotion_cuts_the_cycle_under_way() {
     assert!(e.contains("is not a replica"), "{e}");
 }
 
+/// A source that holds the key may keep its cycle's extra stream open by sending a byte now
+/// and then, its first connection silent: the promotion cuts that stream too, and does not
+/// wait for it.
+#[test]
+fn a_promotion_cuts_a_trickling_extra_stream() {
+    use std::io::Write;
+    use tessera_replication::wire::{self, Kind};
+    let t = tempfile::tempdir().unwrap();
+    let key = t.path().join("replication.psk");
+    let a = Site::start(&t.path().join("a"), &key, "p", 1 << 30);
+    let b = Site::start(&t.path().join("b"), &key, "q", 1 << 30);
+    a.d.ok(&["vdisk", "create", "p/db", "--size", "16M", "--layout", "mirror"]);
+    write_image(&a, "p/db", 1 << 20, 31);
+    let to = b.listen();
+    a.d.ok(&[
+        "replica",
+        "create",
+        "p/db",
+        "--to",
+        &to,
+        "--target-pool",
+        "q",
+        "--name",
+        "dr",
+        "--interval",
+        "0",
+    ]);
+    a.d.ok(&["replica", "sync", "dr"]);
+    let v = b.d.json(&["vdisk", "show", "q/db"]);
+    // The next cycle, from a sender of this test's own: two streams, then nothing but a byte
+    // every second on the second one (each resets its read timeout).
+    let tr = tessera_replication::Transport::from_psk_file(&key, "cubic").unwrap();
+    let token = "0123456789abcdef0123456789abcdef";
+    let begin = serde_json::json!({
+        "pool": "q", "vdisk": "db", "size": n(&v, "size"), "grain": n(&v, "grain_size"),
+        "block_size": n(&v, "block_size"), "snapshot": "repl-dr-2", "base": "repl-dr-1",
+        "streams": 2, "token": token,
+    });
+    let mut first = tr.connect(&to).unwrap();
+    first.write_all(wire::MAGIC).unwrap();
+    wire::write_frame(&mut first, Kind::Begin, begin.to_string().as_bytes()).unwrap();
+    first.flush().unwrap();
+    let ready = wire::read_frame(&mut first).unwrap().unwrap();
+    assert!(
+        matches!(ready.kind, Kind::Ready),
+        "{:?}",
+        String::from_utf8_lossy(&ready.body)
+    );
+    let mut extra = tr.connect(&to).unwrap();
+    extra.write_all(wire::MAGIC).unwrap();
+    let join = serde_json::json!({ "token": token, "stream": 1 });
+    wire::write_frame(&mut extra, Kind::Join, join.to_string().as_bytes()).unwrap();
+    // A data frame of 1 MiB announced, its bytes sent one a second.
+    let mut head = vec![Kind::Data as u8];
+    head.extend_from_slice(&(1u32 << 20).to_be_bytes());
+    extra.write_all(&head).unwrap();
+    extra.flush().unwrap();
+    // The cycle takes the joined stream between two frames of its first connection: empty
+    // offers, each answered, once the join has had time to arrive.
+    std::thread::sleep(Duration::from_secs(1));
+    for no in 0..2 {
+        wire::write_frame(&mut first, Kind::Offer, &wire::encode_offer(no, &[])).unwrap();
+        first.flush().unwrap();
+        let want = wire::read_frame(&mut first).unwrap().unwrap();
+        assert!(
+            matches!(want.kind, Kind::Want),
+            "{:?}",
+            String::from_utf8_lossy(&want.body)
+        );
+    }
+    // Dripping until the receiver cuts the stream (a write then fails), for at most 120 s.
+    let dripping = std::thread::spawn(move || {
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(120) {
+            if extra.write_all(&[7]).and_then(|()| extra.flush()).is_err() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        }
+        false
+    });
+    let began = Instant::now();
+    while b.d.json(&["replica", "show", "q/db"])["receiving"] != true {
+        assert!(began.elapsed() < Duration::from_secs(30), "the cycle never began");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = b.d.ok(&["replica", "promote", "q/db"]);
+    assert!(out.contains("promoted") && out.contains("repl-dr-1"), "{out}");
+    assert!(dripping.join().unwrap(), "the extra stream was never cut");
+    drop(first);
+}
+
 /// Waits until a replication job of `target` has offered `bytes`.
 fn wait_progress(s: &Site, target: &str, bytes: u64) {
     let t = Instant::now();
