@@ -53,9 +53,10 @@ const DESTAGE_THREADS: usize = 16;
 /// room ahead of need, and sixteen threads of read-modify-writes would take the disks from the
 /// writes the cache is there to absorb.
 const BACKGROUND_DESTAGE_THREADS: usize = 2;
-/// How long the destager may fail every round before writers waiting for room are failed
-/// rather than kept waiting (unless set otherwise): an initiator gives up on a command after
-/// about 30 s, and an answer it can act on (a medium error, another path) beats a hang.
+/// How long a writer waits for room with nothing made for it, while destage jobs fail, before
+/// it is failed rather than kept waiting (unless set otherwise): an initiator gives up on a
+/// command after about 30 s, and an answer it can act on (a medium error, another path)
+/// beats a hang.
 const STALL_LIMIT: Duration = Duration::from_secs(20);
 /// Copies the log keeps when the pool has the disks for them.
 const COPIES: usize = 2;
@@ -97,8 +98,8 @@ pub struct CacheStatus {
     /// writer waiting for room may have to wait for.
     pub destage_rounds: u64,
     pub largest_destage_round_bytes: u64,
-    /// Data lost with the log's last disk before it was destaged: reads of it fail until it
-    /// is written again.
+    /// Data lost in the log before it was destaged (its last disk failed, or every copy of a
+    /// block rotted): reads of it fail until it is written again.
     #[serde(default)]
     pub lost_bytes: u64,
 }
@@ -505,8 +506,8 @@ impl WriteCache {
         self.inner.work.notify_all();
     }
 
-    /// How long the destager may fail every round before writers waiting for room (log space
-    /// or their vdisk's budget) are failed instead (default 20 s).
+    /// How long a writer waiting for room (log space, or its vdisk's budget) may see nothing
+    /// made for it, while destage jobs fail, before it is failed instead (default 20 s).
     pub fn set_stall_limit(&self, d: Duration) {
         self.inner.stall_limit_ms.store(d.as_millis() as u64, Ordering::Relaxed);
     }

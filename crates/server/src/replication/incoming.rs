@@ -222,16 +222,18 @@ struct Site {
 }
 
 impl Site {
+    /// A handle on this connection, for a promotion to cut it by.
+    fn handle(&self) -> Result<TcpStream, String> {
+        self.sock
+            .try_clone()
+            .map_err(|e| format!("cannot keep a handle on the connection to cut it by: {e}"))
+    }
+
     /// Lists this connection under the replica its cycle writes (the caller holds the live
     /// lock, and the replica is being received).
-    fn register(&self, live: &mut super::Live, key: &str) -> Result<(), String> {
-        let s = self
-            .sock
-            .try_clone()
-            .map_err(|e| format!("cannot keep a handle on the connection to cut it by: {e}"))?;
-        live.streams.entry(key.to_string()).or_default().push((self.id, s));
+    fn register(&self, live: &mut super::Live, key: &str, handle: TcpStream) {
+        live.streams.entry(key.to_string()).or_default().push((self.id, handle));
         *self.registered.lock() = Some(key.to_string());
-        Ok(())
     }
 }
 
@@ -262,6 +264,7 @@ impl ReplicaSite for Site {
         if live.promoting.contains(&key) {
             return Err(format!("'{key}' is being promoted here: a peer never writes it again"));
         }
+        let handle = self.handle()?;
         // Recorded before anything is written or made: from here on the vdisk is a replica.
         self.d
             .replication
@@ -279,7 +282,7 @@ impl ReplicaSite for Site {
                 Ok(())
             })
             .map_err(|e| e.message)?;
-        self.register(&mut live, &key)?;
+        self.register(&mut live, &key, handle);
         live.receiving.insert(key.clone());
         *self.claimed.lock() = Some(key);
         Ok(())
@@ -287,11 +290,13 @@ impl ReplicaSite for Site {
 
     fn joining(&self, pool: &str, vdisk: &str) -> Result<(), String> {
         let key = format!("{pool}/{vdisk}");
+        let handle = self.handle()?;
         let mut live = self.d.replication.live.lock();
         if !live.receiving.contains(&key) {
             return Err(format!("the cycle writing '{key}' has ended"));
         }
-        self.register(&mut live, &key)
+        self.register(&mut live, &key, handle);
+        Ok(())
     }
 
     fn not_made(&self, pool: &str, vdisk: &str) {
