@@ -182,6 +182,12 @@ struct State {
 }
 
 impl State {
+    /// `[a, b)` of `set` is lost: refused to readers, and recorded in the record to save.
+    fn lose(&mut self, set: u32, a: u64, b: u64) {
+        self.lost.insert(set, a, b);
+        self.lost_saved.insert(set, a, b);
+    }
+
     fn used(&self) -> u64 {
         self.used
     }
@@ -435,29 +441,22 @@ impl WriteCache {
         if !replayed.is_empty() {
             let bytes: u64 = replayed.iter().map(|f| f.header.data_len as u64).sum();
             info!(pool = %pool.name(), batches = replayed.len(), bytes, "replaying the write-back log");
-            let mut rewritten = false;
             {
                 let mut st = inner.state.lock();
                 for f in replayed {
                     let seq = f.header.seq;
-                    for e in &f.header.entries {
-                        let (a, b) = (e.offset, e.offset + e.len as u64);
-                        rewritten |= st.lost.cut(e.set, a, b);
-                        st.lost_saved.cut(e.set, a, b);
-                    }
                     inner.install(&mut st, seq, f.pos, &f.header.entries, f.crcs);
                 }
             }
             // Everything the log held goes to the layouts now, so the new generation starts
             // from an empty log.
             inner.destage_all()?;
-            // Lost ranges the log wrote again after the loss: durable there, destaged now.
-            if rewritten {
-                inner.save_lost()?;
+            // Lost ranges the log wrote again after the loss (cut as they were indexed):
+            // durable there, and destaged and flushed now.
+            let cuts = std::mem::take(&mut inner.state.lock().lost_cuts);
+            if !cuts.is_empty() {
+                inner.save_cuts(&cuts)?;
             }
-            inner
-                .any_lost
-                .store(!inner.state.lock().lost.is_empty(), Ordering::Release);
         }
         {
             let mut st = inner.state.lock();
@@ -729,23 +728,13 @@ impl WriteCache {
         let r = self.flush_disks();
         let mut saved = Ok(());
         if !cuts.is_empty() {
-            let mut st = i.state.lock();
             if r.is_ok() {
-                // Except what is lost again by now (the log lost since, a block rotten).
-                for (set, a, b) in cuts.ranges() {
-                    st.lost_saved.cut(set, a, b);
-                    for (x, y) in st.lost.within(set, a, b) {
-                        st.lost_saved.insert(set, x, y);
-                    }
-                }
+                saved = i.save_cuts(&cuts);
             } else {
+                let mut st = i.state.lock();
                 for (set, a, b) in cuts.ranges() {
                     st.lost_cuts.insert(set, a, b);
                 }
-            }
-            drop(st);
-            if r.is_ok() {
-                saved = i.save_lost();
             }
         }
         drop(_one);
@@ -919,8 +908,7 @@ fn take_lost(st: &mut State) -> u64 {
     for (set, ix) in index {
         for (at, p) in ix.overlapping(0, u64::MAX) {
             if p.dirty {
-                st.lost.insert(set, at, at + p.len);
-                st.lost_saved.insert(set, at, at + p.len);
+                st.lose(set, at, at + p.len);
                 bytes += p.len;
             }
         }
@@ -958,12 +946,7 @@ impl Inner {
             let len = e.len as u64;
             // Lost data written again: readable from the log from now on. Under the lock a
             // loss of the log's last disk takes it under, which then makes it lost again.
-            if st.lost.cut(e.set, e.offset, e.offset + len) {
-                st.lost_cuts.insert(e.set, e.offset, e.offset + len);
-                if st.lost.is_empty() {
-                    self.any_lost.store(false, Ordering::Release);
-                }
-            }
+            self.cut_lost(st, e.set, e.offset, e.offset + len);
             let replaced = st.index.entry(e.set).or_default().insert(
                 e.offset,
                 Piece {
@@ -1132,13 +1115,33 @@ impl Inner {
         if !self.any_lost.load(Ordering::Acquire) {
             return;
         }
-        let mut st = self.state.lock();
+        self.cut_lost(&mut self.state.lock(), set, a, b);
+    }
+
+    /// Lost data of `[a, b)` of `set` was written again: readable now, and recorded so in the
+    /// metadata by the next flush (`save_cuts`).
+    fn cut_lost(&self, st: &mut State, set: u32, a: u64, b: u64) {
         if st.lost.cut(set, a, b) {
             st.lost_cuts.insert(set, a, b);
+            if st.lost.is_empty() {
+                self.any_lost.store(false, Ordering::Release);
+            }
         }
-        if st.lost.is_empty() {
-            self.any_lost.store(false, Ordering::Release);
+    }
+
+    /// Makes durable that `cuts` were written again (their writes are durable now), except
+    /// what is lost again by then (the log lost since, a block rotten).
+    fn save_cuts(&self, cuts: &LostRanges) -> Result<()> {
+        {
+            let mut st = self.state.lock();
+            for (set, a, b) in cuts.ranges() {
+                st.lost_saved.cut(set, a, b);
+                for (x, y) in st.lost.within(set, a, b) {
+                    st.lost_saved.insert(set, x, y);
+                }
+            }
         }
+        self.save_lost()
     }
 
     /// Saves `lost_saved` to the pool's metadata, as it is now.

@@ -293,8 +293,7 @@ impl Inner {
                     })
                     .unwrap_or_default();
                 for (x, y) in held {
-                    st.lost.insert(set, x, y);
-                    st.lost_saved.insert(set, x, y);
+                    st.lose(set, x, y);
                     lost += y - x;
                 }
             }
