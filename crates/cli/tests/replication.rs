@@ -62,6 +62,19 @@ impl Site {
         self.d.json(&["replica", "show", name])
     }
 
+    /// Waits until the replica's state is `state`.
+    fn wait_state(&self, name: &str, state: &str) -> Value {
+        let t = Instant::now();
+        loop {
+            let r = self.replica(name);
+            if r["state"] == state {
+                return r;
+            }
+            assert!(t.elapsed() < Duration::from_secs(90), "not {state}: {r}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
     /// Waits until the replica has done `cycles` cycles.
     fn wait_cycles(&self, name: &str, cycles: u64) -> Value {
         let t = Instant::now();
@@ -291,17 +304,7 @@ fn cycles_cut_by_sigkill_go_on_where_they_stopped() {
     a.d.ok(&["replica", "sync", "dr", "--no-wait"]);
     wait_progress(&a, "p/db", 8 << 20);
     b.d.kill9();
-    let r = {
-        let t = Instant::now();
-        loop {
-            let r = a.replica("dr");
-            if r["state"] == "failing" {
-                break r;
-            }
-            assert!(t.elapsed() < Duration::from_secs(90), "{r}");
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    };
+    let r = a.wait_state("dr", "failing");
     assert_eq!(r["pending_snapshot"], "repl-dr-2", "{r}");
     b.restart(&key, &b_listen);
     // The next retry (every 10 s) finds the replica where it was.
@@ -367,11 +370,7 @@ fn a_promotion_cuts_the_cycle_under_way() {
     let events = b.d.ok(&["events", "-n", "20"]);
     assert!(events.contains("the cycle it was receiving was cut"), "{events}");
     // The source hears of it: its cycle failed, and the next is refused.
-    let t = Instant::now();
-    while a.replica("dr")["state"] != "failing" {
-        assert!(t.elapsed() < Duration::from_secs(90), "{}", a.replica("dr"));
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    a.wait_state("dr", "failing");
     let e = a.d.fails(&["replica", "sync", "dr"]);
     assert!(e.contains("is not a replica"), "{e}");
 }

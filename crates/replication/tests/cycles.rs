@@ -246,9 +246,7 @@ fn cycle_streams(
 fn a_cycle_over_several_streams_is_exact_and_a_stranger_cannot_join_one() {
     let src = site(2, 256 * MIB);
     let dst = site(2, 256 * MIB);
-    let mut spec = VdiskSpec::new("vol", 64 * MIB, LayoutKind::Mirror);
-    spec.grain_size = Some(GRAIN);
-    let v = src.engine.create_vdisk(&spec).unwrap();
+    let v = source_vdisk(&src, 64 * MIB);
     v.write(0, &noise(1, (24 * MIB) as usize), false).unwrap();
     let s1 = src.engine.snapshot("vol", "s1").unwrap();
     let (sent, got) = cycle_streams(&src, &dst, "s1", None, 4);
@@ -289,9 +287,7 @@ fn a_cycle_over_several_streams_is_exact_and_a_stranger_cannot_join_one() {
 fn a_cycle_cut_mid_way_carries_on_where_it_stopped() {
     let src = site(2, 256 * MIB);
     let dst = site(2, 256 * MIB);
-    let mut spec = VdiskSpec::new("vol", 32 * MIB, LayoutKind::Mirror);
-    spec.grain_size = Some(GRAIN);
-    let v = src.engine.create_vdisk(&spec).unwrap();
+    let v = source_vdisk(&src, 32 * MIB);
     v.write(0, &noise(1, (16 * MIB) as usize), false).unwrap();
     let s1 = src.engine.snapshot("vol", "s1").unwrap();
 
@@ -329,9 +325,7 @@ fn a_cycle_cut_mid_way_carries_on_where_it_stopped() {
 fn a_full_replica_pool_says_so_and_the_source_is_unharmed() {
     let src = site(2, 256 * MIB);
     let dst = site(2, 24 * MIB);
-    let mut spec = VdiskSpec::new("vol", 64 * MIB, LayoutKind::Mirror);
-    spec.grain_size = Some(GRAIN);
-    let v = src.engine.create_vdisk(&spec).unwrap();
+    let v = source_vdisk(&src, 64 * MIB);
     let data = noise(5, (48 * MIB) as usize);
     v.write(0, &data, false).unwrap();
     let s1 = src.engine.snapshot("vol", "s1").unwrap();
@@ -407,16 +401,20 @@ fn streams_that_lie_are_refused_with_a_reason() {
     let mut b = begin(&big);
     // The same bytes offered everywhere: each place lacks them all the same.
     let one = tessera_replication::wire::Offered::of(0, &noise(1, GRAIN as usize));
-    for (no, chunk) in (0..grains as u64).collect::<Vec<_>>().chunks(4096).enumerate() {
-        let offers: Vec<_> = chunk
+    // An Offer frame of those bytes at each of `grains`.
+    let offer = |b: &mut Vec<u8>, no: u64, grains: &[u64]| {
+        let offers: Vec<_> = grains
             .iter()
             .map(|&g| tessera_replication::wire::Offered {
                 offset: g * GRAIN,
                 ..one.clone()
             })
             .collect();
-        let frame = tessera_replication::wire::encode_offer(no as u64, &offers);
-        tessera_replication::wire::write_frame(&mut b, tessera_replication::wire::Kind::Offer, &frame).unwrap();
+        let frame = tessera_replication::wire::encode_offer(no, &offers);
+        tessera_replication::wire::write_frame(b, tessera_replication::wire::Kind::Offer, &frame).unwrap();
+    };
+    for (no, chunk) in (0..grains as u64).collect::<Vec<_>>().chunks(4096).enumerate() {
+        offer(&mut b, no as u64, chunk);
     }
     assert!(run(b).contains("offered and not sent"));
     assert_eq!(dst.joins.wanted(), 0, "the refused cycle gave its fingerprints back");
@@ -424,18 +422,18 @@ fn streams_that_lie_are_refused_with_a_reason() {
     // fingerprints that would pass it are held.
     dst.joins.set_wanted_cap(100);
     let mut b = begin(&big);
-    let offers: Vec<_> = (0..64u64)
-        .map(|g| tessera_replication::wire::Offered {
-            offset: g * GRAIN,
-            ..one.clone()
-        })
-        .collect();
-    let frame = tessera_replication::wire::encode_offer(0, &offers);
-    tessera_replication::wire::write_frame(&mut b, tessera_replication::wire::Kind::Offer, &frame).unwrap();
+    offer(&mut b, 0, &(0..64).collect::<Vec<_>>());
     assert!(run(b).contains("as many as it holds at once"));
     assert_eq!(dst.joins.wanted(), 0, "given back");
     dst.joins
         .set_wanted_cap(tessera_replication::wire::MAX_SITE_WANTED_BLOCKS);
+}
+
+/// The source vdisk "vol" of `size` bytes: a mirror in `GRAIN` grains.
+fn source_vdisk(src: &Site, size: u64) -> std::sync::Arc<tessera_volume::Vdisk> {
+    let mut spec = VdiskSpec::new("vol", size, LayoutKind::Mirror);
+    spec.grain_size = Some(GRAIN);
+    src.engine.create_vdisk(&spec).unwrap()
 }
 
 /// A connection made of bytes to read and a buffer that takes what is written.
@@ -525,9 +523,7 @@ fn a_cycle_takes_no_more_streams_than_it_said_it_opens() {
 fn a_cycle_refused_after_resetting_the_copy_leaves_no_marker_behind() {
     let src = site(2, 256 * MIB);
     let dst = site(2, 256 * MIB);
-    let mut spec = VdiskSpec::new("vol", 32 * MIB, LayoutKind::Mirror);
-    spec.grain_size = Some(GRAIN);
-    let v = src.engine.create_vdisk(&spec).unwrap();
+    let v = source_vdisk(&src, 32 * MIB);
     v.write(0, &noise(1, (16 * MIB) as usize), false).unwrap();
     src.engine.snapshot("vol", "s0").unwrap();
     let (sent, got) = cycle(&src, &dst, "s0", None, None);

@@ -9,12 +9,26 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{pattern, spec, Rig, MIB};
-use tessera_volume::{DiskState, LayoutKind, Provisioning};
+use std::sync::Arc;
+
+use tessera_volume::{DiskState, LayoutKind, Provisioning, Vdisk};
 
 const DATA_DISKS: usize = 5;
 
 fn rig(cache: usize) -> Rig {
     Rig::with_cache(DATA_DISKS, 64 * MIB, MIB, cache)
+}
+
+/// Two data disks and one cache disk whose data waits in the log (none destaged for its age),
+/// and a 4 MiB vdisk "v" of one column, which that one log takes: where the tests of a lost or
+/// stuck log start.
+fn one_log_disk() -> (Rig, Arc<Vdisk>) {
+    let rig = Rig::with_cache(2, 64 * MIB, MIB, 1);
+    rig.engine().cache().set_destage_delay(Duration::from_secs(3600));
+    let mut s = spec("v", 4 * MIB, LayoutKind::Simple, Provisioning::Thin);
+    s.columns = Some(1);
+    let v = rig.engine().create_vdisk(&s).unwrap();
+    (rig, v)
 }
 
 fn read_all(rig: &Rig, name: &str, size: usize) -> Vec<u8> {
@@ -532,12 +546,8 @@ fn destaging_reads_around_a_rotten_log_copy() {
 #[test]
 fn data_lost_with_the_logs_only_disk_stays_refused_across_restarts_until_written_again() {
     const G: u64 = 64 << 10;
-    let mut rig = Rig::with_cache(2, 64 * MIB, MIB, 1);
+    let (mut rig, v) = one_log_disk();
     let log = rig.disks.len() - 1;
-    rig.engine().cache().set_destage_delay(Duration::from_secs(3600));
-    let mut s = spec("v", 4 * MIB, LayoutKind::Simple, Provisioning::Thin);
-    s.columns = Some(1);
-    let v = rig.engine().create_vdisk(&s).unwrap();
     // On the pool's disks: the first four grains.
     v.write(0, &pattern(1, 0, 4 * G as usize), true).unwrap();
     rig.engine().cache().drain().unwrap();
@@ -661,12 +671,8 @@ fn a_write_forced_into_a_log_of_one_copy_survives_that_copy() {
 /// until it is written again, after a restart too), and every other block reads as written.
 #[test]
 fn a_log_block_rotten_on_every_copy_is_lost_alone() {
-    let mut rig = Rig::with_cache(2, 64 * MIB, MIB, 1);
+    let (mut rig, v) = one_log_disk();
     let log = rig.disks.len() - 1;
-    rig.engine().cache().set_destage_delay(Duration::from_secs(3600));
-    let mut s = spec("v", 4 * MIB, LayoutKind::Simple, Provisioning::Thin);
-    s.columns = Some(1);
-    let v = rig.engine().create_vdisk(&s).unwrap();
     let size = MIB as usize;
     let model = pattern(7, 0, size);
     v.write(0, &model, false).unwrap();
@@ -722,13 +728,9 @@ fn a_log_block_rotten_on_every_copy_is_lost_alone() {
 /// take writes again, everything is destaged and reads back.
 #[test]
 fn a_writer_waiting_for_a_destager_that_cannot_write_is_failed_after_the_stall_limit() {
-    let mut rig = Rig::with_cache(2, 64 * MIB, MIB, 1);
+    let (mut rig, v) = one_log_disk();
     let e = rig.engine();
-    e.cache().set_destage_delay(Duration::from_secs(3600));
     e.cache().set_stall_limit(Duration::from_secs(1));
-    let mut s = spec("v", 4 * MIB, LayoutKind::Simple, Provisioning::Thin);
-    s.columns = Some(1);
-    let v = e.create_vdisk(&s).unwrap();
     // Grains allocated first, so that the writes below change no metadata.
     v.write(0, &pattern(1, 0, 512 << 10), true).unwrap();
     e.cache().drain().unwrap();
@@ -771,11 +773,7 @@ fn a_writer_waiting_for_a_destager_that_cannot_write_is_failed_after_the_stall_l
 #[test]
 fn data_written_again_into_a_new_log_and_lost_again_stays_refused() {
     const G: u64 = 64 << 10;
-    let mut rig = Rig::with_cache(2, 64 * MIB, MIB, 1);
-    rig.engine().cache().set_destage_delay(Duration::from_secs(3600));
-    let mut s = spec("v", 4 * MIB, LayoutKind::Simple, Provisioning::Thin);
-    s.columns = Some(1);
-    let v = rig.engine().create_vdisk(&s).unwrap();
+    let (mut rig, v) = one_log_disk();
     v.write(0, &pattern(1, 0, 2 * G as usize), true).unwrap();
     rig.engine().cache().drain().unwrap();
     v.write(0, &pattern(2, 0, G as usize), true).unwrap();
@@ -822,13 +820,10 @@ fn data_written_again_into_a_new_log_and_lost_again_stays_refused() {
 #[test]
 fn a_log_disk_failing_its_flush_as_the_logs_start_moves_hangs_nothing() {
     // Kept for the process's life: a drain that hangs must not keep the test from failing.
-    let rig: &'static Rig = Box::leak(Box::new(Rig::with_cache(2, 64 * MIB, MIB, 1)));
+    let (rig, v) = one_log_disk();
+    let rig: &'static Rig = Box::leak(Box::new(rig));
     let log = rig.disks.len() - 1;
     let e = rig.engine();
-    e.cache().set_destage_delay(Duration::from_secs(3600));
-    let mut s = spec("v", 4 * MIB, LayoutKind::Simple, Provisioning::Thin);
-    s.columns = Some(1);
-    let v = e.create_vdisk(&s).unwrap();
     let want = pattern(5, 0, 256 << 10);
     v.write(0, &want, true).unwrap();
     rig.disks[log].faults().fail_flushes(true);
