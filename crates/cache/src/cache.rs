@@ -17,6 +17,7 @@ use tracing::{error, info, warn};
 
 use crate::error::{CacheError, Result};
 use crate::format::{block_crcs, entry_crc, Entry, Header, BLOCK, MAX_ENTRIES};
+use crate::held::{self, Held};
 use crate::index::{Piece, SetIndex};
 use crate::log::{self, LogRecord};
 use crate::lost::LostRanges;
@@ -179,6 +180,8 @@ struct State {
     lost_saved: LostRanges,
     /// Lost ranges written again since the last flush took them.
     lost_cuts: LostRanges,
+    /// The writes the live log holds, and which of them the metadata records (held.rs).
+    held: Held,
 }
 
 impl State {
@@ -335,6 +338,9 @@ struct Inner {
     /// One save of `State::lost_saved` at a time, each of it as it is then: a save never
     /// goes back to an older copy.
     lost_saving: Mutex<()>,
+    /// One change of the metadata's record of the writes the log holds at a time: a write
+    /// recorded by a flush is never deleted by a change computed before it.
+    held_saving: Mutex<()>,
     /// One flush at a time: a flush that finds nothing new to flush must still not answer
     /// before the flush in flight, which may cover its writes, has completed.
     flushing: Mutex<()>,
@@ -362,7 +368,7 @@ impl WriteCache {
     pub fn open(layouts: Arc<Layouts>) -> Result<WriteCache> {
         let pool = layouts.pool().clone();
         let pool_id = *pool.id().as_bytes();
-        let healthy = pool.cache_disks();
+        let mut healthy = pool.cache_disks();
         let record = log::load_record(&pool)?;
         let mut st = State {
             devices: Vec::new(),
@@ -384,13 +390,15 @@ impl WriteCache {
             lost: LostRanges::load(&pool)?,
             lost_saved: LostRanges::default(),
             lost_cuts: LostRanges::default(),
+            held: Held::default(),
         };
         st.lost_saved = st.lost.clone();
         if !st.lost.is_empty() {
             warn!(pool = %pool.name(), bytes = st.lost.bytes(), "data lost with the write-back log's disks is still unwritten: reads of it fail until it is written again");
         }
-        let any_lost = !st.lost.is_empty();
+        let recorded = held::load(&pool)?;
         let mut replayed = Vec::new();
+        let mut log_unreadable = false;
         if let Some(rec) = &record {
             st.area = rec.area;
             st.generation = rec.generation;
@@ -402,11 +410,30 @@ impl WriteCache {
             if st.devices.is_empty() && !rec.devices.is_empty() {
                 error!(pool = %pool.name(), disks = ?rec.devices, "no disk of the write-back log is readable: writes it held and had not destaged are lost");
             }
-            let (found, head) = log::replay(&st.devices, rec, pool_id);
-            st.head = head;
-            st.next_seq = rec.seq + found.len() as u64;
-            replayed = found;
+            let r = log::replay(&st.devices, rec, pool_id);
+            st.head = r.head;
+            st.next_seq = rec.seq + r.found.len() as u64;
+            log_unreadable = r.unreadable;
+            replayed = r.found;
         }
+        for f in &replayed {
+            for e in &f.header.entries {
+                st.held.wrote((e.set, e.offset, e.len as u64), f.header.seq);
+            }
+        }
+        if log_unreadable {
+            // What the metadata says the log held and the replay could not read is lost: the
+            // pool's disks hold what was there before it.
+            let missing: Vec<_> = recorded.iter().filter(|w| !st.held.holds(w)).copied().collect();
+            if !missing.is_empty() {
+                for &(set, at, len) in &missing {
+                    st.lose(set, at, at + len);
+                }
+                error!(pool = %pool.name(), writes = missing.len(), bytes = st.lost.bytes(), "the write-back log held writes that no disk of it can give back: reads of them fail until they are written again");
+                st.lost_saved.save(&pool)?;
+            }
+        }
+        let any_lost = !st.lost.is_empty();
         let inner = Arc::new(Inner {
             layouts,
             pool: pool.clone(),
@@ -426,6 +453,7 @@ impl WriteCache {
             any_lost: AtomicBool::new(any_lost),
             wipe_fence: AtomicBool::new(false),
             lost_saving: Mutex::new(()),
+            held_saving: Mutex::new(()),
             flushing: Mutex::new(()),
             stop: AtomicBool::new(false),
             counters: Counters::default(),
@@ -458,16 +486,36 @@ impl WriteCache {
                 inner.save_cuts(&cuts)?;
             }
         }
+        if log_unreadable {
+            // Found, and failing the replay's reads: not disks for the next log (what was
+            // replayed before is destaged).
+            let unreadable = std::mem::take(&mut inner.state.lock().devices);
+            for (p, d) in &unreadable {
+                error!(pool = %pool.name(), disk = d.path(), "the write-back log cannot be read from this disk: it is failed");
+                pool.set_disk_state(
+                    *p,
+                    DiskState::Failed,
+                    Some("the write-back log cannot be read from it".into()),
+                )?;
+            }
+            if !unreadable.is_empty() {
+                healthy = pool.cache_disks();
+            }
+        }
         {
             let mut st = inner.state.lock();
             st.batches.clear();
             st.used = 0;
             st.index.clear();
+            st.held.clear();
             st.generation += 1;
             inner.choose_devices(&mut st, &healthy)?;
-            // A pool that never had a cache disk has nothing to record.
-            if record.is_some() || !st.devices.is_empty() {
-                log::save_record(&pool, &st.record())?;
+            // A pool that never had a cache disk has nothing to record. The new generation
+            // holds nothing: what the old one held is destaged, or recorded lost.
+            if record.is_some() || !st.devices.is_empty() || !recorded.is_empty() {
+                let mut b = tessera_pool::MetaBatch::new();
+                held::delete_all(&mut b);
+                log::save_record_with(&pool, &st.record(), b)?;
             }
         }
         let cache = WriteCache {
@@ -725,7 +773,26 @@ impl WriteCache {
         let _one = i.flushing.lock();
         // Lost ranges written again before this flush: durable once it succeeds.
         let cuts = std::mem::take(&mut i.state.lock().lost_cuts);
-        let r = self.flush_disks();
+        // What the log took since the last flush is recorded as the disks flush (were the
+        // log's disks all gone at the next open, the record would say what they held): the
+        // flush answers once both are durable, in the time of the slower.
+        let (held, r) = if i.state.lock().held.has_unsaved() {
+            std::thread::scope(|sc| {
+                match std::thread::Builder::new().spawn_scoped(sc, || i.save_held()) {
+                    Ok(held) => {
+                        let r = self.flush_disks();
+                        (held.join().expect("the record of the log's writes saved"), r)
+                    }
+                    // No thread to spare: one after the other.
+                    Err(_) => (i.save_held(), self.flush_disks()),
+                }
+            })
+        } else {
+            (Ok(()), self.flush_disks())
+        };
+        // A disk of the log failed: another takes its place, whatever else failed.
+        let refresh = matches!(r, Ok(true));
+        let r = held.and(r);
         let mut saved = Ok(());
         if !cuts.is_empty() {
             if r.is_ok() {
@@ -738,10 +805,10 @@ impl WriteCache {
             }
         }
         drop(_one);
-        let refresh = r?;
         if refresh {
             self.refresh_devices()?;
         }
+        r?;
         saved
     }
 
@@ -803,6 +870,15 @@ impl WriteCache {
         st.lost_cuts.remove_set(set);
         drop(st);
         i.room.notify_all();
+        {
+            let _held = i.held_saving.lock();
+            i.state.lock().held.forget_set(set);
+            let mut b = tessera_pool::MetaBatch::new();
+            held::delete_set(&mut b, set);
+            if let Err(e) = i.pool.meta().commit(b, true) {
+                warn!(pool = %i.pool.name(), set, error = %e, "cannot delete the record of a freed slab set's writes in the write-back log");
+            }
+        }
         if had_lost {
             if let Err(e) = i.save_lost() {
                 error!(pool = %i.pool.name(), set, error = %e, "cannot record that a freed slab set holds no lost data");
@@ -915,6 +991,7 @@ fn take_lost(st: &mut State) -> u64 {
     }
     st.dirty = 0;
     st.vdisk_dirty.clear();
+    st.held.clear();
     st.batches.retain(|_, b| !b.sealed);
     st.used = st.batches.values().map(|b| b.len).sum();
     bytes
@@ -964,6 +1041,7 @@ impl Inner {
                 st.undirty(&p);
             }
             st.batches.get_mut(&seq).expect("inserted").dirty += len;
+            st.held.wrote((e.set, e.offset, len), seq);
             *st.vdisk_dirty.entry(e.vdisk).or_default() += len;
             st.dirty += len;
             listed.push((e.set, e.offset, len));
@@ -1033,7 +1111,9 @@ impl Inner {
 
     /// A log disk failed: it leaves the log, and the pool records it failed.
     fn lose_device(&self, pos: u32, why: &str) {
-        let (wiped, lost) = {
+        // Until the record of what the log held goes: no flush records a write meanwhile.
+        let held_saving = self.held_saving.lock();
+        let (wiped, lost, emptied) = {
             let mut st = self.state.lock();
             if !st.devices.iter().any(|(p, _)| *p == pos) {
                 return;
@@ -1041,14 +1121,15 @@ impl Inner {
             st.devices.retain(|(p, _)| *p != pos);
             // The last copy of data not destaged yet.
             let wiped = st.devices.is_empty() && (st.dirty > 0 || !st.batches.is_empty());
-            let lost = if st.devices.is_empty() {
+            let emptied = st.devices.is_empty();
+            let lost = if emptied {
                 // Set under the lock a writer decides under whether its write goes past the log.
                 self.wipe_fence.store(true, Ordering::Release);
                 take_lost(&mut st)
             } else {
                 0
             };
-            (wiped, lost)
+            (wiped, lost, emptied)
         };
         // First: a crash after the log's new record must still find what was lost.
         if lost > 0 {
@@ -1058,6 +1139,15 @@ impl Inner {
                 error!(pool = %self.pool.name(), error = %e, "cannot record the data lost with the write-back log: after a restart it would read as it was before");
             }
         }
+        if emptied {
+            // What it held is recorded lost now, as precisely as the index knew it.
+            let mut b = tessera_pool::MetaBatch::new();
+            held::delete_all(&mut b);
+            if let Err(e) = self.pool.meta().commit(b, false) {
+                warn!(pool = %self.pool.name(), error = %e, "cannot delete the record of the writes the lost write-back log held");
+            }
+        }
+        drop(held_saving);
         if let Err(e) = self.save_log_record() {
             error!(error = %e, "cannot record the write-back log's disks");
         }
@@ -1142,6 +1232,23 @@ impl Inner {
             }
         }
         self.save_lost()
+    }
+
+    /// Records in the pool's metadata the writes the log took since the last time, before a
+    /// flush answers for them.
+    fn save_held(&self) -> Result<()> {
+        let _one = self.held_saving.lock();
+        let writes = self.state.lock().held.take_unsaved();
+        if writes.is_empty() {
+            return Ok(());
+        }
+        let mut b = tessera_pool::MetaBatch::new();
+        held::put(&mut b, &writes);
+        if let Err(e) = self.pool.meta().commit(b, true) {
+            self.state.lock().held.unsave(&writes);
+            return Err(e.into());
+        }
+        Ok(())
     }
 
     /// Saves `lost_saved` to the pool's metadata, as it is now.

@@ -16,6 +16,7 @@
 mod cache;
 mod error;
 mod format;
+mod held;
 mod index;
 mod log;
 mod lost;

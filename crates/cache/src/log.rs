@@ -37,10 +37,13 @@ pub(crate) fn load_record(pool: &Pool) -> Result<Option<LogRecord>> {
 }
 
 pub(crate) fn save_record(pool: &Pool, rec: &LogRecord) -> Result<()> {
-    let meta = pool.meta();
-    let mut b = tessera_pool::MetaBatch::new();
+    save_record_with(pool, rec, tessera_pool::MetaBatch::new())
+}
+
+/// Saves the record in one commit with the changes in `b`.
+pub(crate) fn save_record_with(pool: &Pool, rec: &LogRecord, mut b: tessera_pool::MetaBatch) -> Result<()> {
     b.put(CF_POOL, RECORD_KEY, serde_json::to_vec(rec).expect("serialisable"));
-    meta.commit(b, true)?;
+    pool.meta().commit(b, true)?;
     Ok(())
 }
 
@@ -147,14 +150,24 @@ pub(crate) struct Found {
     pub crcs: Vec<u32>,
 }
 
-/// The batch at `pos` if one disk holds it whole, with the expected generation and sequence.
-fn batch_at(devices: &[(u32, DiskRef)], area: u64, pool: [u8; 16], gen: u64, seq: u64, pos: u64) -> Option<Found> {
+/// The batch at `pos` if one disk holds it whole, with the expected generation and sequence;
+/// else whether every disk failed to read it (rather than held something else there).
+fn batch_at(
+    devices: &[(u32, DiskRef)],
+    area: u64,
+    pool: [u8; 16],
+    gen: u64,
+    seq: u64,
+    pos: u64,
+) -> Result<Found, bool> {
     if pos + BLOCK as u64 > area {
-        return None;
+        return Err(false);
     }
+    let mut unreadable = 0;
     for (_, d) in devices {
         let mut hb = AlignedBuf::zeroed(BLOCK);
         if d.read_at(&mut hb, DATA_OFFSET + pos).is_err() {
+            unreadable += 1;
             continue;
         }
         let Some(h) = Header::decode(&hb) else { continue };
@@ -167,6 +180,7 @@ fn batch_at(devices: &[(u32, DiskRef)], area: u64, pool: [u8; 16], gen: u64, seq
         }
         let mut data = AlignedBuf::zeroed(h.data_len as usize);
         if !data.is_empty() && d.read_at(&mut data, DATA_OFFSET + pos + BLOCK as u64).is_err() {
+            unreadable += 1;
             continue;
         }
         let crcs = block_crcs(&data);
@@ -178,35 +192,53 @@ fn batch_at(devices: &[(u32, DiskRef)], area: u64, pool: [u8; 16], gen: u64, seq
             ok
         });
         if whole {
-            return Some(Found { header: h, pos, crcs });
+            return Ok(Found { header: h, pos, crcs });
         }
     }
-    None
+    Err(unreadable == devices.len())
+}
+
+/// What the replay found.
+pub(crate) struct Replayed {
+    pub found: Vec<Found>,
+    /// Where the next batch goes.
+    pub head: u64,
+    /// The replay stopped where no disk of the log could be read (or the log has no disk):
+    /// what the log held from there on is unknown.
+    pub unreadable: bool,
 }
 
 /// Follows the log from the record's tail: each batch at the end of the one before, or at
 /// the start of the ring, until the first one that no disk holds whole. A batch torn by a
 /// crash was never acknowledged as durable: every batch before a durable one was flushed with
-/// it. Returns the batches and where the next one goes.
-pub(crate) fn replay(devices: &[(u32, DiskRef)], rec: &LogRecord, pool: [u8; 16]) -> (Vec<Found>, u64) {
+/// it.
+pub(crate) fn replay(devices: &[(u32, DiskRef)], rec: &LogRecord, pool: [u8; 16]) -> Replayed {
     let mut found = Vec::new();
     let (mut pos, mut seq) = (rec.tail, rec.seq);
-    loop {
-        let next = batch_at(devices, rec.area, pool, rec.generation, seq, pos).or_else(|| {
-            (pos != 0)
-                .then(|| batch_at(devices, rec.area, pool, rec.generation, seq, 0))
-                .flatten()
+    let unreadable = loop {
+        let next = batch_at(devices, rec.area, pool, rec.generation, seq, pos).or_else(|here| {
+            if pos == 0 {
+                return Err(here);
+            }
+            batch_at(devices, rec.area, pool, rec.generation, seq, 0).map_err(|start| here && start)
         });
-        let Some(f) = next else { break };
+        let f = match next {
+            Ok(f) => f,
+            Err(unreadable) => break unreadable,
+        };
         pos = f.pos + BLOCK as u64 + f.header.data_len as u64;
         seq += 1;
         found.push(f);
         if found.len() as u64 > rec.area / BLOCK as u64 {
             warn!("the write-back log loops on itself; its replay stops here");
-            break;
+            break false;
         }
+    };
+    Replayed {
+        found,
+        head: pos,
+        unreadable,
     }
-    (found, pos)
 }
 
 /// Copies the live part of the ring, `[tail, head)` (wrapping), from one disk to another.

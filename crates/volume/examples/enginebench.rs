@@ -8,7 +8,8 @@
 //! the vdisk a write-back cache; a write workload then
 //! also reports its rate while the cache had room and after it filled (the destage rate).
 //! `--trace-ms 500` prints the rate and the cache's state every half second, to see when the
-//! destager starts and whether writers stall.
+//! destager starts and whether writers stall. `--fua on` forces every write to stable storage
+//! before it is answered (a flush each), the cost of flushes through the cache.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -38,6 +39,9 @@ struct Args {
     write_cache_size: Option<u64>,
     /// Print the rate and the cache's state to stderr every this many milliseconds (0: never).
     trace_ms: u64,
+    /// Every write is forced to stable storage before it is answered (FUA), as a database's
+    /// log writes or a VM's flushes ask: the cost of a flush through the cache.
+    fua: bool,
 }
 
 fn parse() -> Args {
@@ -63,6 +67,7 @@ fn parse() -> Args {
         cache_disk_size: 2 << 30,
         write_cache_size: None,
         trace_ms: 0,
+        fua: false,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -85,6 +90,7 @@ fn parse() -> Args {
             "--cache-disk-size" => a.cache_disk_size = v.parse().unwrap(),
             "--write-cache-size" => a.write_cache_size = Some(v.parse().unwrap()),
             "--trace-ms" => a.trace_ms = v.parse().unwrap(),
+            "--fua" => a.fua = v == "on",
             other => panic!("unknown option {other}"),
         }
         i += 2;
@@ -118,7 +124,7 @@ fn main() {
     spec.block_size = Some(4096);
     let v = engine.create_vdisk(&spec).unwrap();
     eprintln!("{}: filling {} bytes", v.config().layout.describe(), a.size);
-    run(&engine, &v, "fill", 256 << 10, a.threads.min(8), 0, a.size, 0);
+    run(&engine, &v, "fill", 256 << 10, a.threads.min(8), 0, a.size, 0, false);
     v.flush().unwrap();
     // Every workload starts with an empty cache.
     engine.cache().drain().unwrap();
@@ -129,16 +135,17 @@ fn main() {
             stats.full_row_writes.load(Ordering::Relaxed),
             stats.partial_row_writes.load(Ordering::Relaxed),
         );
-        let r = run(&engine, &v, w, bs, a.threads, a.seconds, a.size, a.trace_ms);
+        let r = run(&engine, &v, w, bs, a.threads, a.seconds, a.size, a.trace_ms, a.fua);
         let (full, partial) = (
             stats.full_row_writes.load(Ordering::Relaxed) - rows_before.0,
             stats.partial_row_writes.load(Ordering::Relaxed) - rows_before.1,
         );
         let opt = |x: Option<f64>| x.map(|x| format!("{x:.0}")).unwrap_or_else(|| "null".into());
         println!(
-            "{{\"layout\":\"{}\",\"workload\":\"{w}\",\"bs\":{bs},\"threads\":{},\"checksums\":{},\"cache_disks\":{},\"iops\":{:.0},\"mbs\":{:.1},\"iops_room\":{},\"iops_full\":{},\"room_seconds\":{},\"full_row_writes\":{full},\"partial_row_writes\":{partial},\"p99_us\":{},\"p999_us\":{},\"max_us\":{}}}",
+            "{{\"layout\":\"{}\",\"workload\":\"{w}\",\"bs\":{bs},\"threads\":{},\"fua\":{},\"checksums\":{},\"cache_disks\":{},\"iops\":{:.0},\"mbs\":{:.1},\"iops_room\":{},\"iops_full\":{},\"room_seconds\":{},\"full_row_writes\":{full},\"partial_row_writes\":{partial},\"p99_us\":{},\"p999_us\":{},\"max_us\":{}}}",
             a.layout.as_str(),
             a.threads,
+            a.fua,
             a.checksums,
             a.cache_disks,
             r.iops,
@@ -185,6 +192,7 @@ fn run(
     seconds: u64,
     size: u64,
     trace_ms: u64,
+    fua: bool,
 ) -> Rates {
     let ops = Arc::new(AtomicU64::new(0));
     let throttled_at_start = engine.cache_status().throttled_writes;
@@ -222,7 +230,7 @@ fn run(
                     if w.ends_with("read") {
                         v.read(off, &mut buf).unwrap();
                     } else {
-                        v.write(off, &buf, false).unwrap();
+                        v.write(off, &buf, fua).unwrap();
                     }
                     took.push(began.elapsed().as_micros().min(u32::MAX as u128) as u32);
                     ops.fetch_add(1, Ordering::Relaxed);

@@ -619,6 +619,80 @@ fn data_lost_with_the_logs_only_disk_stays_refused_across_restarts_until_written
     rig.assert_consistent();
 }
 
+/// A log whose disks are all gone at open (not found, pulled, or found with their ring
+/// unreadable) cannot be replayed: the writes it held and had not destaged, each recorded in
+/// the pool's metadata before a flush answered for it, are refused to readers from then on,
+/// across restarts, until written again. What it held and destaged, and what it never held,
+/// read as before.
+#[test]
+fn writes_held_by_a_log_whose_disks_are_all_gone_at_open_are_refused() {
+    const G: u64 = 64 << 10;
+    for how in ["not found", "pulled", "unreadable"] {
+        let (mut rig, v) = one_log_disk();
+        // On the pool's disks: the first four grains, through the log and destaged.
+        v.write(0, &pattern(1, 0, 4 * G as usize), true).unwrap();
+        rig.engine().cache().drain().unwrap();
+        // Through the log again and destaged: its batch is freed, so it is not held.
+        v.write(2 * MIB, &pattern(7, 2 * MIB, G as usize), false).unwrap();
+        v.flush().unwrap();
+        rig.engine().cache().drain().unwrap();
+        // In the log only, flushed: an overwrite of the first grain and a new grain.
+        v.write(0, &pattern(2, 0, G as usize), false).unwrap();
+        v.write(MIB, &pattern(3, MIB, G as usize), false).unwrap();
+        v.flush().unwrap();
+        assert_eq!(rig.engine().cache_status().dirty_bytes, 2 * G);
+        drop(v);
+        // A crash, and the log's disk gone at the next start.
+        let cache = rig.disks.len() - 1;
+        rig.engine = None;
+        match how {
+            "not found" => drop(rig.disks.remove(cache)),
+            "pulled" => rig.disks[cache].faults().pull(),
+            _ => rig.disks[cache]
+                .faults()
+                .fail_range(tessera_disk::DATA_OFFSET, 64 * MIB, tessera_disk::FaultOp::Read),
+        }
+        rig.reopen();
+
+        let refused = |rig: &Rig, at: u64, len: u64, when: &str| {
+            let v = rig.engine().vdisk("v").unwrap();
+            let mut buf = vec![0u8; len as usize];
+            match v.read(at, &mut buf) {
+                Ok(()) => panic!("{how}, {when}: {len} bytes at {at}, held by the log only, were read"),
+                Err(e) => assert!(
+                    e.to_string().contains("lost in the write-back log"),
+                    "{how}, {when}: {e}"
+                ),
+            }
+        };
+        let reads = |rig: &Rig, at: u64, want: &[u8], when: &str| {
+            let mut got = vec![0u8; want.len()];
+            rig.engine().vdisk("v").unwrap().read(at, &mut got).unwrap();
+            assert_same(&got, want, &format!("{how}, {when}"));
+        };
+        for when in ["at the first open", "after another restart"] {
+            refused(&rig, 0, 4096, when);
+            refused(&rig, G - 512, 512, when);
+            refused(&rig, MIB, 4096, when);
+            reads(&rig, G, &pattern(1, G, 3 * G as usize), when);
+            reads(&rig, 2 * MIB, &pattern(7, 2 * MIB, G as usize), when);
+            assert_eq!(rig.engine().cache_status().lost_bytes, 2 * G, "{how}, {when}");
+            rig.reopen();
+        }
+        // Written again: read again, and nothing is lost any more after a restart.
+        let v = rig.engine().vdisk("v").unwrap();
+        v.write(0, &pattern(4, 0, G as usize), false).unwrap();
+        v.write(MIB, &pattern(5, MIB, G as usize), false).unwrap();
+        v.flush().unwrap();
+        drop(v);
+        rig.reopen();
+        assert_eq!(rig.engine().cache_status().lost_bytes, 0, "{how}");
+        reads(&rig, 0, &pattern(4, 0, G as usize), "written again");
+        reads(&rig, MIB, &pattern(5, MIB, G as usize), "written again");
+        rig.assert_consistent();
+    }
+}
+
 /// Once the log is down to one disk, a vdisk that tolerates a failure writes past it; but a
 /// write over a range the log still holds must go through the log (a replay would otherwise
 /// bring the older copy back). Answered with that one copy alone, it would be lost with the

@@ -14,6 +14,7 @@ use tracing::{error, warn};
 use super::{piece_crcs, Inner, BACKGROUND_DESTAGE_THREADS, DESTAGE_THREADS, MAX_BATCH, STRIPES};
 use crate::error::{CacheError, Result};
 use crate::format::BLOCK;
+use crate::held;
 use crate::index::Piece;
 use crate::log;
 
@@ -353,7 +354,26 @@ impl Inner {
                 )));
             }
         }
-        log::save_record(&self.pool, &rec)?;
+        // The record of the writes only these batches hold goes in the same commit as the
+        // log's new start: the metadata never says the log holds a write it no longer covers,
+        // nor forgets one it covers.
+        let held_saving = self.held_saving.lock();
+        let freed = {
+            let mut st = self.state.lock();
+            let st = &mut *st;
+            let mut freed = Vec::new();
+            for (&seq, b) in st.batches.range(..=upto) {
+                freed.extend(st.held.freed(seq, &b.entries).into_iter().map(|w| (w, seq)));
+            }
+            freed
+        };
+        let mut b = tessera_pool::MetaBatch::new();
+        held::delete(&mut b, &freed.iter().map(|(w, _)| *w).collect::<Vec<_>>());
+        if let Err(e) = log::save_record_with(&self.pool, &rec, b) {
+            self.state.lock().held.restore(&freed);
+            return Err(e);
+        }
+        drop(held_saving);
         let _reuse = self.reuse.write();
         let mut st = self.state.lock();
         while let Some((&seq, _)) = st.batches.first_key_value() {
