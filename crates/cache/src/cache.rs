@@ -17,7 +17,7 @@ use tracing::{error, info, warn};
 
 use crate::error::{CacheError, Result};
 use crate::format::{block_crcs, entry_crc, Entry, Header, BLOCK, MAX_ENTRIES};
-use crate::held::{self, Held};
+use crate::held::{self, Held, Write};
 use crate::index::{Piece, SetIndex};
 use crate::log::{self, LogRecord};
 use crate::lost::LostRanges;
@@ -396,16 +396,17 @@ impl WriteCache {
         if !st.lost.is_empty() {
             warn!(pool = %pool.name(), bytes = st.lost.bytes(), "data lost with the write-back log's disks is still unwritten: reads of it fail until it is written again");
         }
-        let recorded = held::load(&pool)?;
         let mut replayed = Vec::new();
-        let mut log_unreadable = false;
+        // The log could not be read past the batches replayed, from this sequence number on.
+        let mut unread_from = None;
         if let Some(rec) = &record {
             st.area = rec.area;
             st.generation = rec.generation;
-            st.devices = healthy
+            // A retired disk still reads: the last copy of a log being retired.
+            st.devices = rec
+                .devices
                 .iter()
-                .filter(|(p, _)| rec.devices.contains(p))
-                .cloned()
+                .filter_map(|&p| pool.readable_disk(p).map(|d| (p, d)))
                 .collect();
             if st.devices.is_empty() && !rec.devices.is_empty() {
                 error!(pool = %pool.name(), disks = ?rec.devices, "no disk of the write-back log is readable: writes it held and had not destaged are lost");
@@ -413,25 +414,11 @@ impl WriteCache {
             let r = log::replay(&st.devices, rec, pool_id);
             st.head = r.head;
             st.next_seq = rec.seq + r.found.len() as u64;
-            log_unreadable = r.unreadable;
+            // A log that lost its disks while the pool ran recorded what it lost then.
+            if r.unreadable && !rec.devices.is_empty() {
+                unread_from = Some(st.next_seq);
+            }
             replayed = r.found;
-        }
-        for f in &replayed {
-            for e in &f.header.entries {
-                st.held.wrote((e.set, e.offset, e.len as u64), f.header.seq);
-            }
-        }
-        if log_unreadable {
-            // What the metadata says the log held and the replay could not read is lost: the
-            // pool's disks hold what was there before it.
-            let missing: Vec<_> = recorded.iter().filter(|w| !st.held.holds(w)).copied().collect();
-            if !missing.is_empty() {
-                for &(set, at, len) in &missing {
-                    st.lose(set, at, at + len);
-                }
-                error!(pool = %pool.name(), writes = missing.len(), bytes = st.lost.bytes(), "the write-back log held writes that no disk of it can give back: reads of them fail until they are written again");
-                st.lost_saved.save(&pool)?;
-            }
         }
         let any_lost = !st.lost.is_empty();
         let inner = Arc::new(Inner {
@@ -466,16 +453,39 @@ impl WriteCache {
                 row_bytes: ROUND_ROW_BYTES,
             }),
         });
-        if !replayed.is_empty() {
+        let replaying = !replayed.is_empty();
+        if replaying {
             let bytes: u64 = replayed.iter().map(|f| f.header.data_len as u64).sum();
             info!(pool = %pool.name(), batches = replayed.len(), bytes, "replaying the write-back log");
-            {
-                let mut st = inner.state.lock();
-                for f in replayed {
-                    let seq = f.header.seq;
-                    inner.install(&mut st, seq, f.pos, &f.header.entries, f.crcs);
-                }
+            let mut st = inner.state.lock();
+            for f in replayed {
+                let seq = f.header.seq;
+                inner.install(&mut st, seq, f.pos, &f.header.entries, f.crcs);
             }
+        }
+        if let Some(from) = unread_from {
+            // The writes the metadata says batches past the replay took are lost: the pool's
+            // disks hold what was there before them. Marked once the replayed batches are
+            // indexed, so that an older write among them does not count as writing them again.
+            let lost: Vec<Write> = held::load(&pool)?
+                .into_iter()
+                .filter(|&(_, seq)| seq >= from)
+                .map(|(w, _)| w)
+                .collect();
+            if !lost.is_empty() {
+                let bytes = {
+                    let mut st = inner.state.lock();
+                    for &(set, at, len) in &lost {
+                        st.lose(set, at, at + len);
+                    }
+                    st.lost.bytes()
+                };
+                inner.any_lost.store(true, Ordering::Release);
+                error!(pool = %pool.name(), writes = lost.len(), bytes, "the write-back log held writes that no disk of it can give back: reads of them fail until they are written again");
+                inner.save_lost()?;
+            }
+        }
+        if replaying {
             // Everything the log held goes to the layouts now, so the new generation starts
             // from an empty log.
             inner.destage_all()?;
@@ -486,7 +496,7 @@ impl WriteCache {
                 inner.save_cuts(&cuts)?;
             }
         }
-        if log_unreadable {
+        if unread_from.is_some() {
             // Found, and failing the replay's reads: not disks for the next log (what was
             // replayed before is destaged).
             let unreadable = std::mem::take(&mut inner.state.lock().devices);
@@ -509,10 +519,12 @@ impl WriteCache {
             st.index.clear();
             st.held.clear();
             st.generation += 1;
+            // A retired disk that held the log's last copy leaves it now.
+            st.devices.retain(|(p, _)| healthy.iter().any(|(h, _)| h == p));
             inner.choose_devices(&mut st, &healthy)?;
             // A pool that never had a cache disk has nothing to record. The new generation
             // holds nothing: what the old one held is destaged, or recorded lost.
-            if record.is_some() || !st.devices.is_empty() || !recorded.is_empty() {
+            if record.is_some() || !st.devices.is_empty() {
                 let mut b = tessera_pool::MetaBatch::new();
                 held::delete_all(&mut b);
                 log::save_record_with(&pool, &st.record(), b)?;
@@ -1143,7 +1155,7 @@ impl Inner {
             // What it held is recorded lost now, as precisely as the index knew it.
             let mut b = tessera_pool::MetaBatch::new();
             held::delete_all(&mut b);
-            if let Err(e) = self.pool.meta().commit(b, false) {
+            if let Err(e) = self.pool.meta().commit(b, true) {
                 warn!(pool = %self.pool.name(), error = %e, "cannot delete the record of the writes the lost write-back log held");
             }
         }

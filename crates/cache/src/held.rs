@@ -1,13 +1,15 @@
 //! What the log holds, kept in the pool's metadata: every write the log took, by slab set,
-//! offset and length, recorded before a flush answers for it and dropped in the same commit
-//! as the record of the log's start that frees the batch holding it. A log whose disks are
-//! all missing (or unreadable) at open cannot say what it held; this record can: each write
-//! in it is lost, and reads of it fail rather than return what the pool's disks held before.
+//! offset and length, with the sequence number of the last batch that took it, recorded
+//! before a flush answers for it (again when a later batch takes it again) and dropped in the
+//! same commit as the record of the log's start that frees that batch. A log whose disks are
+//! missing or unreadable at open cannot say what it held past the point its replay reached;
+//! this record can: each write in it from a batch the replay did not reach is lost, and reads
+//! of it fail rather than return what the pool's disks held before.
 //!
-//! A write the log took again after its first batch was freed keeps its record (the newer
-//! copy may already be durable through it), so a record can outlive the data it stood for:
-//! with the log gone, such a range is taken for lost though the pool's disks hold its last
-//! destaged copy. The error is on the safe side, and only with the log's disks gone.
+//! A record can outlive the data it stood for: a batch destaged while an older one is not is
+//! freed only with it, and a write forced into a log of one copy is on the pool's disks too.
+//! With the log gone, such a range is taken for lost though the pool's disks hold it. The
+//! error is on the safe side, and only with the log's disks gone.
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
@@ -37,7 +39,14 @@ impl Held {
         match self.writes.entry(w) {
             Entry::Occupied(mut e) => {
                 let held = e.get_mut();
-                held.0 = held.0.max(seq);
+                if seq > held.0 {
+                    held.0 = seq;
+                    // Recorded again with its new batch.
+                    if held.1 {
+                        held.1 = false;
+                        self.unsaved.push(w);
+                    }
+                }
             }
             Entry::Vacant(e) => {
                 e.insert((seq, false));
@@ -46,15 +55,15 @@ impl Held {
         }
     }
 
-    /// The writes to record now; counted as recorded from here (`unsave` gives back those of
-    /// a save that failed).
-    pub fn take_unsaved(&mut self) -> Vec<Write> {
+    /// The writes to record now, with their batches; counted as recorded from here
+    /// (`unsave` gives back those of a save that failed).
+    pub fn take_unsaved(&mut self) -> Vec<(Write, u64)> {
         let mut out = Vec::new();
         for w in std::mem::take(&mut self.unsaved) {
             if let Some(h) = self.writes.get_mut(&w) {
                 if !h.1 {
                     h.1 = true;
-                    out.push(w);
+                    out.push((w, h.0));
                 }
             }
         }
@@ -62,8 +71,8 @@ impl Held {
     }
 
     /// A save of `ws` failed: they are to be recorded again, those still held.
-    pub fn unsave(&mut self, ws: &[Write]) {
-        for w in ws {
+    pub fn unsave(&mut self, ws: &[(Write, u64)]) {
+        for (w, _) in ws {
             if let Some(h) = self.writes.get_mut(w) {
                 if h.1 {
                     h.1 = false;
@@ -113,6 +122,7 @@ impl Held {
         !self.unsaved.is_empty()
     }
 
+    #[cfg(test)]
     pub fn holds(&self, w: &Write) -> bool {
         self.writes.contains_key(w)
     }
@@ -132,26 +142,29 @@ fn key(w: &Write) -> Vec<u8> {
     k
 }
 
-/// Every write the metadata records as held by the log.
-pub(crate) fn load(pool: &Pool) -> Result<Vec<Write>> {
+/// Every write the metadata records as held by the log, with the last batch that took it
+/// (a record whose batch cannot be read counts as of the newest batch: taken for lost).
+pub(crate) fn load(pool: &Pool) -> Result<Vec<(Write, u64)>> {
     let mut out = Vec::new();
-    pool.meta().for_each_prefix(CF_POOL, PREFIX, |k, _| {
+    pool.meta().for_each_prefix(CF_POOL, PREFIX, |k, v| {
         let k = &k[PREFIX.len()..];
         if k.len() == 20 {
-            out.push((
+            let w = (
                 u32::from_be_bytes(k[..4].try_into().expect("4 bytes")),
                 u64::from_be_bytes(k[4..12].try_into().expect("8 bytes")),
                 u64::from_be_bytes(k[12..].try_into().expect("8 bytes")),
-            ));
+            );
+            let seq = v.try_into().map(u64::from_be_bytes).unwrap_or(u64::MAX);
+            out.push((w, seq));
         }
         Ok(())
     })?;
     Ok(out)
 }
 
-pub(crate) fn put(b: &mut MetaBatch, ws: &[Write]) {
-    for w in ws {
-        b.put(CF_POOL, key(w), []);
+pub(crate) fn put(b: &mut MetaBatch, ws: &[(Write, u64)]) {
+    for (w, seq) in ws {
+        b.put(CF_POOL, key(w), seq.to_be_bytes());
     }
 }
 
@@ -187,7 +200,9 @@ mod tests {
         let mut h = Held::default();
         let w = (3, 4096, 8192);
         h.wrote(w, 10);
-        assert_eq!(h.take_unsaved(), vec![w]);
+        assert_eq!(h.take_unsaved(), vec![(w, 10)]);
+        h.wrote(w, 20);
+        assert_eq!(h.take_unsaved(), vec![(w, 20)], "recorded again with its new batch");
         h.wrote(w, 20);
         assert!(h.take_unsaved().is_empty(), "already recorded");
         assert!(h.freed(10, &[w]).is_empty(), "batch 20 holds it still");
@@ -207,7 +222,7 @@ mod tests {
         h.unsave(&taken);
         h.unsave(&taken);
         assert_eq!(h.take_unsaved().len(), 2, "each given back once");
-        h.unsave(&[a]);
+        h.unsave(&[(a, 1)]);
         assert_eq!(h.freed(1, &[a, b]), vec![b], "only what the metadata has is deleted");
         assert!(h.take_unsaved().is_empty(), "a write that left is not recorded");
         assert_eq!(h.len(), 0);

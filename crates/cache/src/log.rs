@@ -220,7 +220,8 @@ pub(crate) fn replay(devices: &[(u32, DiskRef)], rec: &LogRecord, pool: [u8; 16]
             if pos == 0 {
                 return Err(here);
             }
-            batch_at(devices, rec.area, pool, rec.generation, seq, 0).map_err(|start| here && start)
+            // Unknown if either place could not be read: the next batch may be there.
+            batch_at(devices, rec.area, pool, rec.generation, seq, 0).map_err(|start| here || start)
         });
         let f = match next {
             Ok(f) => f,
