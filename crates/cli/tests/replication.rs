@@ -257,6 +257,66 @@ fn replicas_follow_their_source_and_fail_over_and_back() {
     assert!(events.contains("replica.promoted"), "{events}");
 }
 
+/// A gateway that opens a replica's pool without the record of the daemon that received it
+/// (a pool on RADOS taken over by another gateway; here the same daemon with its replication
+/// record set aside) knows the replica by the mark in the pool's metadata: it refuses to
+/// present it writable, and can promote it. The first daemon, back with its old record, then
+/// has its source's cycles refused rather than write over what the hosts wrote since.
+#[test]
+fn a_replica_is_known_by_its_pool_not_only_by_the_daemon_that_received_it() {
+    let t = tempfile::tempdir().unwrap();
+    let key = t.path().join("replication.psk");
+    let a = Site::start(&t.path().join("a"), &key, "p", 1 << 30);
+    let mut b = Site::start(&t.path().join("b"), &key, "q", 1 << 30);
+    let b_listen = b.listen();
+    a.d.ok(&["vdisk", "create", "p/db", "--size", "32M", "--layout", "simple"]);
+    write_image(&a, "p/db", 8 << 20, 1);
+    a.d.ok(&[
+        "replica",
+        "create",
+        "p/db",
+        "--to",
+        &b_listen,
+        "--target-pool",
+        "q",
+        "--name",
+        "dr",
+        "--interval",
+        "0",
+    ]);
+    a.d.ok(&["replica", "sync", "dr"]);
+    assert_eq!(b.replica("q/db")["cycles"], 1);
+
+    // Another gateway: the pool, without this daemon's record of what it received.
+    let record = b.dir.join("state").join("replication.json");
+    let kept = b.dir.join("replication.json.kept");
+    b.d.stop();
+    std::fs::rename(&record, &kept).unwrap();
+    b.restart(&key, &b_listen);
+    for (args, what) in [
+        (vec!["nbd", "export", "q/db"], "exported writable"),
+        (vec!["vdisk", "delete", "q/db"], "deleted"),
+    ] {
+        let e = b.d.fails(&args);
+        assert!(e.contains("is a replica") && e.contains(what), "{args:?}: {e}");
+    }
+    let out = b.d.ok(&["replica", "promote", "q/db"]);
+    assert!(out.contains("promoted"), "{out}");
+    b.d.ok(&["nbd", "export", "q/db"]);
+    b.d.ok(&["nbd", "remove", "db"]);
+    write_image(&b, "q/db", 4 << 20, 2);
+    let promoted = b.export("q/db", "promoted.img");
+
+    // The first gateway again, with its old record: the source's next cycle is refused.
+    b.d.stop();
+    std::fs::rename(&kept, &record).unwrap();
+    b.restart(&key, &b_listen);
+    write_image(&a, "p/db", 1 << 20, 3);
+    let e = a.d.fails(&["replica", "sync", "dr"]);
+    assert!(e.contains("no longer a replica"), "{e}");
+    assert!(same_file(&promoted, &b.export("q/db", "after.img")));
+}
+
 #[test]
 fn cycles_cut_by_sigkill_go_on_where_they_stopped() {
     let t = tempfile::tempdir().unwrap();

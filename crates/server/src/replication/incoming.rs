@@ -237,6 +237,11 @@ impl Site {
     }
 }
 
+/// The record, beside a vdisk in its pool's metadata, that marks it a replica (its value: the
+/// source's address). Kept with the vdisk's logical unit records, which a gateway that takes
+/// a pool on RADOS over finds as the last owner left them, and which go with the vdisk.
+const REPLICA_MARK: &str = "replica-of";
+
 impl ReplicaSite for Site {
     fn engine(&self, pool: &str) -> Result<Arc<Engine>, String> {
         self.d.engine(pool).map_err(|e| e.message)
@@ -244,10 +249,15 @@ impl ReplicaSite for Site {
 
     fn may_write(&self, pool: &str, vdisk: &str, exists: bool) -> Result<(), String> {
         let key = format!("{pool}/{vdisk}");
-        let held = self.d.replication.saved.lock().incoming.contains_key(&key);
-        if exists && !held {
+        let held = self.d.replication.saved.lock().incoming.get(&key).cloned();
+        if exists && held.is_none() {
             return Err(format!(
                 "'{key}' exists here and is not a replica: a peer never writes over it"
+            ));
+        }
+        if exists && held.is_some_and(|i| i.marked) && !self.d.replica_marked(pool, vdisk).map_err(|e| e.message)? {
+            return Err(format!(
+                "'{key}' is no longer a replica: it was promoted through another gateway of its pool, and a peer never writes over it"
             ));
         }
         Ok(())
@@ -331,6 +341,10 @@ impl ReplicaSite for Site {
 
     fn committed(&self, pool: &str, vdisk: &str, snapshot: &str) -> Result<(), String> {
         let key = format!("{pool}/{vdisk}");
+        // In the pool's metadata first, for every gateway that opens the pool.
+        self.d
+            .mark_replica(pool, vdisk, Some(&self.peer))
+            .map_err(|e| e.message)?;
         self.d
             .replication
             .change(|s| {
@@ -338,6 +352,7 @@ impl ReplicaSite for Site {
                     i.cycles += 1;
                     i.last_snapshot = Some(snapshot.to_string());
                     i.last_cycle_at = Some(now());
+                    i.marked = true;
                 }
                 Ok(())
             })
@@ -469,6 +484,9 @@ impl Daemon {
         let mut out = Vec::new();
         for vdisk in vdisks {
             let key = format!("{pool}/{vdisk}");
+            // Every gateway of the pool knows it is no replica now (a failure here leaves
+            // the mark, and the promotion can be made again).
+            self.mark_replica(pool, vdisk, None)?;
             let v = e.vdisk(vdisk)?;
             let snap = e.vdisk(&format!("{vdisk}@{last}"))?;
             if v.size() > snap.size() {
@@ -510,7 +528,7 @@ impl Daemon {
         let mut held: Option<Vec<String>> = None;
         for vdisk in vdisks {
             let key = format!("{pool}/{vdisk}");
-            if !self.replication.is_incoming(pool, vdisk) {
+            if !self.replication.is_incoming(pool, vdisk) && !self.replica_marked(pool, vdisk)? {
                 return Err(ApiError::not_found(format!("'{key}' is not a replica held here")));
             }
             let snaps = replication_snapshots(e, vdisk);
@@ -538,9 +556,27 @@ impl Daemon {
         }
     }
 
+    /// Whether the pool's metadata marks `pool/vdisk` a replica: a gateway that opens the
+    /// pool after the one that received it (a pool on RADOS taken over) knows it by the mark.
+    pub(crate) fn replica_marked(&self, pool: &str, vdisk: &str) -> ApiResult<bool> {
+        let Ok(e) = self.engine(pool) else { return Ok(false) };
+        let Ok(v) = e.vdisk(vdisk) else { return Ok(false) };
+        Ok(e.lun_state(&v, REPLICA_MARK)?.is_some())
+    }
+
+    /// Marks `pool/vdisk` a replica of `source` in the pool's metadata, or (`None`) no longer.
+    pub(crate) fn mark_replica(&self, pool: &str, vdisk: &str, source: Option<&str>) -> ApiResult<()> {
+        let e = self.engine(pool)?;
+        let v = e.vdisk(vdisk)?;
+        if source.is_some() && e.lun_state(&v, REPLICA_MARK)?.is_some() {
+            return Ok(());
+        }
+        Ok(e.set_lun_state(&v, REPLICA_MARK, source.map(str::as_bytes))?)
+    }
+
     /// Refuses what would change a replica held for a peer: only its peer's cycles write it.
     pub(crate) fn refuse_if_replica(&self, pool: &str, vdisk: &str, what: &str) -> ApiResult<()> {
-        if self.replication.is_incoming(pool, vdisk) {
+        if self.replication.is_incoming(pool, vdisk) || self.replica_marked(pool, vdisk)? {
             return Err(ApiError::invalid(format!(
                 "'{pool}/{vdisk}' is a replica kept by its source's cycles: it cannot be {what}; \
                  present or clone one of its snapshots, or promote it ('tessera replica promote {pool}/{vdisk}')"

@@ -114,6 +114,11 @@ pub(crate) struct Incoming {
     pub last_snapshot: Option<String>,
     pub last_cycle_at: Option<u64>,
     pub cycles: u64,
+    /// The pool's metadata marks the vdisk a replica (`incoming.rs`): a mark gone since was
+    /// cleared by a promotion at another gateway of the pool. (Records saved before there
+    /// were marks have none yet; their next cycle makes it.)
+    #[serde(default)]
+    pub marked: bool,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

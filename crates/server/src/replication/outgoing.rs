@@ -311,6 +311,8 @@ impl Daemon {
                 users.join(", ")
             )));
         }
+        // Marked in the pool's metadata first, for every gateway that opens the pool.
+        self.mark_replica(&o.pool, &o.vdisk, Some(&o.to))?;
         self.replication.change(|s| {
             s.outgoing.remove(name).ok_or_else(|| no_replica(name))?;
             s.incoming.insert(
@@ -321,6 +323,7 @@ impl Daemon {
                     last_snapshot: Some(base.clone()),
                     last_cycle_at: o.base_at,
                     cycles: 0,
+                    marked: true,
                 },
             );
             Ok(())
