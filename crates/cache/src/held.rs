@@ -97,12 +97,20 @@ impl Held {
     }
 
     /// A change that let `writes` leave (with the sequence numbers of their batches) was not
-    /// saved: they are held again, as the metadata still has them.
+    /// saved: they are held again, as the metadata still has them. One taken again meanwhile
+    /// by a newer batch stays to be recorded with that batch.
     pub fn restore(&mut self, writes: &[(Write, u64)]) {
         for &(w, seq) in writes {
-            let h = self.writes.entry(w).or_insert((seq, true));
-            h.0 = h.0.max(seq);
-            h.1 = true;
+            match self.writes.entry(w) {
+                Entry::Vacant(e) => {
+                    e.insert((seq, true));
+                }
+                Entry::Occupied(mut e) => {
+                    if e.get().0 <= seq {
+                        e.get_mut().1 = true;
+                    }
+                }
+            }
         }
     }
 
@@ -209,6 +217,28 @@ mod tests {
         assert!(h.holds(&w));
         assert_eq!(h.freed(20, &[w]), vec![w]);
         assert!(!h.holds(&w));
+    }
+
+    /// A freed write whose deletion could not be saved is held again as recorded; but if a
+    /// newer batch took it meanwhile, it must still be recorded with that batch, or a flush
+    /// would answer for the newer copy with the record of the older.
+    #[test]
+    fn a_write_taken_again_while_its_deletion_failed_is_recorded_with_its_new_batch() {
+        let mut h = Held::default();
+        let (w, v) = ((2, 0, 4096), (2, 8192, 4096));
+        h.wrote(w, 8);
+        h.wrote(v, 8);
+        assert_eq!(h.take_unsaved().len(), 2);
+        let freed = h.freed(8, &[w, v]);
+        assert_eq!(freed.len(), 2);
+        h.wrote(w, 12);
+        h.restore(&freed.iter().map(|&x| (x, 8)).collect::<Vec<_>>());
+        assert_eq!(
+            h.take_unsaved(),
+            vec![(w, 12)],
+            "only the write taken again is recorded anew"
+        );
+        assert!(h.holds(&v));
     }
 
     #[test]

@@ -89,6 +89,16 @@ impl Site {
     }
 }
 
+/// Where most tests start: site A with pool "p" and site B with pool "q", each on 1 GiB
+/// disks, sharing the key file in the returned directory.
+fn two_sites() -> (tempfile::TempDir, PathBuf, Site, Site) {
+    let t = tempfile::tempdir().unwrap();
+    let key = t.path().join("replication.psk");
+    let a = Site::start(&t.path().join("a"), &key, "p", 1 << 30);
+    let b = Site::start(&t.path().join("b"), &key, "q", 1 << 30);
+    (t, key, a, b)
+}
+
 fn write_image(site: &Site, vdisk: &str, size: u64, seed: u64) {
     let img = site.dir.join(format!("w{seed}.img"));
     random_image(&img, size, seed);
@@ -101,10 +111,7 @@ fn n(v: &Value, k: &str) -> u64 {
 
 #[test]
 fn replicas_follow_their_source_and_fail_over_and_back() {
-    let t = tempfile::tempdir().unwrap();
-    let key = t.path().join("replication.psk");
-    let a = Site::start(&t.path().join("a"), &key, "p", 1 << 30);
-    let b = Site::start(&t.path().join("b"), &key, "q", 1 << 30);
+    let (_t, key, a, b) = two_sites();
     let key_text = std::fs::read_to_string(&key).unwrap();
     assert!(key_text.starts_with("tessera:"), "a psktool key file: {key_text}");
 
@@ -264,10 +271,7 @@ fn replicas_follow_their_source_and_fail_over_and_back() {
 /// has its source's cycles refused rather than write over what the hosts wrote since.
 #[test]
 fn a_replica_is_known_by_its_pool_not_only_by_the_daemon_that_received_it() {
-    let t = tempfile::tempdir().unwrap();
-    let key = t.path().join("replication.psk");
-    let a = Site::start(&t.path().join("a"), &key, "p", 1 << 30);
-    let mut b = Site::start(&t.path().join("b"), &key, "q", 1 << 30);
+    let (_t, key, a, mut b) = two_sites();
     let b_listen = b.listen();
     a.d.ok(&["vdisk", "create", "p/db", "--size", "32M", "--layout", "simple"]);
     write_image(&a, "p/db", 8 << 20, 1);
@@ -293,9 +297,12 @@ fn a_replica_is_known_by_its_pool_not_only_by_the_daemon_that_received_it() {
     b.d.stop();
     std::fs::rename(&record, &kept).unwrap();
     b.restart(&key, &b_listen);
+    let iqn = "iqn.2026-11.test.replication:b";
+    b.d.ok(&["target", "create", iqn]);
     for (args, what) in [
         (vec!["nbd", "export", "q/db"], "exported writable"),
         (vec!["vdisk", "delete", "q/db"], "deleted"),
+        (vec!["target", "lun", "add", iqn, "q/db"], "presented as a LUN"),
     ] {
         let e = b.d.fails(&args);
         assert!(e.contains("is a replica") && e.contains(what), "{args:?}: {e}");
@@ -313,16 +320,13 @@ fn a_replica_is_known_by_its_pool_not_only_by_the_daemon_that_received_it() {
     b.restart(&key, &b_listen);
     write_image(&a, "p/db", 1 << 20, 3);
     let e = a.d.fails(&["replica", "sync", "dr"]);
-    assert!(e.contains("no longer a replica"), "{e}");
+    assert!(e.contains("promoted through another gateway"), "{e}");
     assert!(same_file(&promoted, &b.export("q/db", "after.img")));
 }
 
 #[test]
 fn cycles_cut_by_sigkill_go_on_where_they_stopped() {
-    let t = tempfile::tempdir().unwrap();
-    let key = t.path().join("replication.psk");
-    let mut a = Site::start(&t.path().join("a"), &key, "p", 1 << 30);
-    let mut b = Site::start(&t.path().join("b"), &key, "q", 1 << 30);
+    let (_t, key, mut a, mut b) = two_sites();
     let b_listen = b.listen();
     a.d.ok(&["vdisk", "create", "p/db", "--size", "64M", "--layout", "mirror"]);
     write_image(&a, "p/db", 48 << 20, 11);
@@ -391,10 +395,7 @@ fn cycles_cut_by_sigkill_go_on_where_they_stopped() {
 /// cycles are refused.
 #[test]
 fn a_promotion_cuts_the_cycle_under_way() {
-    let t = tempfile::tempdir().unwrap();
-    let key = t.path().join("replication.psk");
-    let a = Site::start(&t.path().join("a"), &key, "p", 1 << 30);
-    let b = Site::start(&t.path().join("b"), &key, "q", 1 << 30);
+    let (_t, _key, a, b) = two_sites();
     a.d.ok(&["vdisk", "create", "p/db", "--size", "64M", "--layout", "mirror"]);
     write_image(&a, "p/db", 2 << 20, 21);
     a.d.ok(&[
@@ -442,10 +443,7 @@ fn a_promotion_cuts_the_cycle_under_way() {
 fn a_promotion_cuts_a_trickling_extra_stream() {
     use std::io::Write;
     use tessera_replication::wire::{self, Kind};
-    let t = tempfile::tempdir().unwrap();
-    let key = t.path().join("replication.psk");
-    let a = Site::start(&t.path().join("a"), &key, "p", 1 << 30);
-    let b = Site::start(&t.path().join("b"), &key, "q", 1 << 30);
+    let (_t, key, a, b) = two_sites();
     a.d.ok(&["vdisk", "create", "p/db", "--size", "16M", "--layout", "mirror"]);
     write_image(&a, "p/db", 1 << 20, 31);
     let to = b.listen();
@@ -713,10 +711,7 @@ fn one_address_cannot_hold_every_place_of_the_replication_listener() {
 
 #[test]
 fn a_consistency_group_is_replicated_and_promoted_at_one_instant() {
-    let t = tempfile::tempdir().unwrap();
-    let key = t.path().join("replication.psk");
-    let mut a = Site::start(&t.path().join("a"), &key, "p", 1 << 30);
-    let b = Site::start(&t.path().join("b"), &key, "q", 1 << 30);
+    let (_t, key, mut a, b) = two_sites();
     for v in ["p/data", "p/log"] {
         a.d.ok(&["vdisk", "create", v, "--size", "64M", "--layout", "mirror"]);
     }
@@ -865,10 +860,7 @@ fn replication_across_a_lossy_long_link_between_two_namespaces() {
 /// cycle past its RPO raises an event, and one when it is back within it.
 #[test]
 fn replicas_stay_exact_under_steady_writes_and_an_rpo_is_watched() {
-    let t = tempfile::tempdir().unwrap();
-    let key = t.path().join("replication.psk");
-    let a = Site::start(&t.path().join("a"), &key, "p", 1 << 30);
-    let b = Site::start(&t.path().join("b"), &key, "q", 1 << 30);
+    let (_t, _key, a, b) = two_sites();
     a.d.ok(&["vdisk", "create", "p/db", "--size", "64M", "--layout", "mirror"]);
     a.d.ok(&["nbd", "export", "p/db"]);
     let uri = format!("nbd://{}/db", a.d.nbd_address());

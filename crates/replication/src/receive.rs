@@ -120,6 +120,12 @@ pub trait ReplicaSite {
     /// cannot hold, a full pool): the site forgets what it recorded for it, so that a vdisk
     /// made here later under that name is not taken for a replica.
     fn not_made(&self, _pool: &str, _vdisk: &str) {}
+    /// The replica `writing` was told would be made was made, before anything is written to
+    /// it: the site may mark it a replica where others that open its pool see it. An error
+    /// ends the cycle.
+    fn made(&self, _pool: &str, _vdisk: &str) -> std::result::Result<(), String> {
+        Ok(())
+    }
     /// This connection joins, as an extra stream, the cycle writing `pool/vdisk` (so that
     /// the site can cut it with the cycle's others). An error refuses the stream.
     fn joining(&self, _pool: &str, _vdisk: &str) -> std::result::Result<(), String> {
@@ -308,7 +314,10 @@ fn run<S: Read + Write>(
             spec.grain_size = Some(begin.grain);
             spec.block_size = Some(begin.block_size);
             match engine.create_vdisk(&spec) {
-                Ok(v) => v,
+                Ok(v) => {
+                    site.made(&begin.pool, &begin.vdisk).map_err(ReplError::Invalid)?;
+                    v
+                }
                 Err(e) => {
                     site.not_made(&begin.pool, &begin.vdisk);
                     return Err(e.into());

@@ -242,6 +242,31 @@ impl Site {
 /// a pool on RADOS over finds as the last owner left them, and which go with the vdisk.
 const REPLICA_MARK: &str = "replica-of";
 
+impl Site {
+    /// Marks `pool/vdisk` a replica in its pool's metadata, for every gateway that opens the
+    /// pool, while this daemon holds it as one: under the live lock a promotion drops the
+    /// record under, so that a promotion's clearing of the mark always comes after.
+    fn mark(&self, pool: &str, vdisk: &str) -> Result<(), String> {
+        let key = format!("{pool}/{vdisk}");
+        let _live = self.d.replication.live.lock();
+        if !self.d.replication.is_incoming(pool, vdisk) {
+            return Err(format!("'{key}' is no longer a replica held here"));
+        }
+        self.d
+            .mark_replica(pool, vdisk, Some(&self.peer))
+            .map_err(|e| e.message)?;
+        self.d
+            .replication
+            .change(|s| {
+                if let Some(i) = s.incoming.get_mut(&key) {
+                    i.marked = true;
+                }
+                Ok(())
+            })
+            .map_err(|e| e.message)
+    }
+}
+
 impl ReplicaSite for Site {
     fn engine(&self, pool: &str) -> Result<Arc<Engine>, String> {
         self.d.engine(pool).map_err(|e| e.message)
@@ -339,12 +364,14 @@ impl ReplicaSite for Site {
             .clone()
     }
 
+    fn made(&self, pool: &str, vdisk: &str) -> Result<(), String> {
+        self.mark(pool, vdisk)
+    }
+
     fn committed(&self, pool: &str, vdisk: &str, snapshot: &str) -> Result<(), String> {
         let key = format!("{pool}/{vdisk}");
-        // In the pool's metadata first, for every gateway that opens the pool.
-        self.d
-            .mark_replica(pool, vdisk, Some(&self.peer))
-            .map_err(|e| e.message)?;
+        // (A replica made before there were marks has its mark made here.)
+        self.mark(pool, vdisk)?;
         self.d
             .replication
             .change(|s| {
@@ -352,7 +379,6 @@ impl ReplicaSite for Site {
                     i.cycles += 1;
                     i.last_snapshot = Some(snapshot.to_string());
                     i.last_cycle_at = Some(now());
-                    i.marked = true;
                 }
                 Ok(())
             })
@@ -484,9 +510,6 @@ impl Daemon {
         let mut out = Vec::new();
         for vdisk in vdisks {
             let key = format!("{pool}/{vdisk}");
-            // Every gateway of the pool knows it is no replica now (a failure here leaves
-            // the mark, and the promotion can be made again).
-            self.mark_replica(pool, vdisk, None)?;
             let v = e.vdisk(vdisk)?;
             let snap = e.vdisk(&format!("{vdisk}@{last}"))?;
             if v.size() > snap.size() {
@@ -518,6 +541,12 @@ impl Daemon {
                 vdisk: vdisk.clone(),
                 snapshot: last.clone(),
             });
+        }
+        // Once all are put back: every gateway of the pool knows they are no replicas now.
+        // Until then (a failure above, or here) the marks stay, and the promotion can be made
+        // again, of the same snapshot.
+        for vdisk in vdisks {
+            self.mark_replica(pool, vdisk, None)?;
         }
         Ok(out)
     }
