@@ -322,6 +322,12 @@ fn a_replica_is_known_by_its_pool_not_only_by_the_daemon_that_received_it() {
     let e = a.d.fails(&["replica", "sync", "dr"]);
     assert!(e.contains("promoted through another gateway"), "{e}");
     assert!(same_file(&promoted, &b.export("q/db", "after.img")));
+    // Its old record is stale: the vdisk is no replica here either, and cannot be promoted
+    // again (which would put it back to a cycle's snapshot, over what the hosts wrote).
+    let e = b.d.fails(&["replica", "promote", "q/db"]);
+    assert!(e.contains("not a replica"), "{e}");
+    b.d.ok(&["nbd", "export", "q/db"]);
+    assert!(same_file(&promoted, &b.export("q/db", "after2.img")));
 }
 
 #[test]

@@ -209,8 +209,8 @@ impl Daemon {
             let (p, v) = name.split_once('/')?;
             d.vdisk(p, v).ok()
         };
-        d.targets.apply_all(&resolve);
-        d.nbd.present_missing(&resolve);
+        d.targets.apply_all(&|vd| d.resolve_lun(vd));
+        d.nbd.present_missing(&resolve, &|vd| d.may_export_writable(vd));
         Ok(d)
     }
 

@@ -89,11 +89,19 @@ impl NbdExports {
     }
 
     /// Offers every configured export that is not offered yet and whose vdisk `resolve` finds:
-    /// after a pool is imported, its exports come back.
-    pub fn present_missing(&self, resolve: Resolve) {
+    /// after a pool is imported, its exports come back; a writable one only if `writable`
+    /// admits its vdisk (not a replica's working copy, which another gateway of the pool may
+    /// have marked so since the export was made).
+    pub fn present_missing(&self, resolve: Resolve, writable: &dyn Fn(&str) -> Result<(), String>) {
         for c in self.configs.lock().values() {
             if self.registry.get(&c.name).is_some() {
                 continue;
+            }
+            if !c.read_only {
+                if let Err(why) = writable(&c.vdisk) {
+                    warn!(export = %c.name, vdisk = %c.vdisk, reason = %why, "NBD export not offered");
+                    continue;
+                }
             }
             match resolve(&c.vdisk) {
                 Some((_, v)) => {

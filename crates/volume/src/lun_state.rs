@@ -54,11 +54,22 @@ impl Engine {
     /// durably before it returns. Refused once the vdisk is being deleted, so that no record
     /// outlives it.
     pub fn set_lun_state(&self, v: &Vdisk, kind: &str, value: Option<&[u8]>) -> Result<()> {
-        let _alive = v.enter_unchanged()?;
+        self.set_lun_states(&[(v, kind, value)])
+    }
+
+    /// Saves (or forgets) records of several vdisks' logical units in one commit: all of them
+    /// or none.
+    pub fn set_lun_states(&self, changes: &[(&Vdisk, &str, Option<&[u8]>)]) -> Result<()> {
+        let _alive = changes
+            .iter()
+            .map(|(v, _, _)| v.enter_unchanged())
+            .collect::<Result<Vec<_>>>()?;
         let mut b = MetaBatch::new();
-        match value {
-            Some(bytes) => b.put(CF_POOL, key_of(v.id(), kind), bytes),
-            None => b.delete(CF_POOL, key_of(v.id(), kind)),
+        for (v, kind, value) in changes {
+            match value {
+                Some(bytes) => b.put(CF_POOL, key_of(v.id(), kind), bytes),
+                None => b.delete(CF_POOL, key_of(v.id(), kind)),
+            }
         }
         Ok(self.pool().meta().commit(b, true)?)
     }

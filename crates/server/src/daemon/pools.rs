@@ -319,8 +319,8 @@ impl Daemon {
             let (p, v) = vd.split_once('/')?;
             self.vdisk(p, v).ok()
         };
-        self.targets.present_missing(&resolve);
-        self.nbd.present_missing(&resolve);
+        self.targets.present_missing(&|vd| self.resolve_lun(vd));
+        self.nbd.present_missing(&resolve, &|vd| self.may_export_writable(vd));
         self.pool_summary(name)
     }
 

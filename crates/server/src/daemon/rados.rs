@@ -339,16 +339,8 @@ impl Daemon {
                         // The real LUNs take the standby ones' places; but not a replica's
                         // working copy, which the gateway that received it may have left
                         // marked so after the LUN was set up here.
-                        let resolve_lun = |vd: &str| {
-                            let (p, v) = vd.split_once('/')?;
-                            if let Err(e) = self.refuse_if_replica(p, v, "presented as a LUN") {
-                                warn!(vdisk = %vd, error = %e.message, "LUN not presented");
-                                return None;
-                            }
-                            resolve(vd)
-                        };
-                        self.targets.serve_pool(name, &resolve_lun);
-                        self.nbd.present_missing(&resolve);
+                        self.targets.serve_pool(name, &|vd| self.resolve_lun(vd));
+                        self.nbd.present_missing(&resolve, &|vd| self.may_export_writable(vd));
                         return;
                     }
                 },

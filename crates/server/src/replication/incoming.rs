@@ -244,17 +244,20 @@ const REPLICA_MARK: &str = "replica-of";
 
 impl Site {
     /// Marks `pool/vdisk` a replica in its pool's metadata, for every gateway that opens the
-    /// pool, while this daemon holds it as one: under the live lock a promotion drops the
-    /// record under, so that a promotion's clearing of the mark always comes after.
+    /// pool, while this daemon holds it as one: under the lock a promotion drops the record
+    /// under, so that a promotion's clearing of the mark always comes after.
     fn mark(&self, pool: &str, vdisk: &str) -> Result<(), String> {
         let key = format!("{pool}/{vdisk}");
-        let _live = self.d.replication.live.lock();
-        if !self.d.replication.is_incoming(pool, vdisk) {
+        let _marks = self.d.replication.marks.lock();
+        let Some(made_mark) = self.d.replication.saved.lock().incoming.get(&key).map(|i| i.marked) else {
             return Err(format!("'{key}' is no longer a replica held here"));
-        }
+        };
         self.d
             .mark_replica(pool, vdisk, Some(&self.peer))
             .map_err(|e| e.message)?;
+        if made_mark {
+            return Ok(());
+        }
         self.d
             .replication
             .change(|s| {
@@ -320,6 +323,12 @@ impl ReplicaSite for Site {
         self.register(&mut live, &key, handle);
         live.receiving.insert(key.clone());
         *self.claimed.lock() = Some(key);
+        drop(live);
+        // An existing replica is marked before it is written (one made, or found unmarked
+        // because its making ended before its mark, is marked before anything is written).
+        if existed {
+            self.mark(pool, vdisk)?;
+        }
         Ok(())
     }
 
@@ -473,7 +482,8 @@ impl Daemon {
         let mut cut = Vec::new();
         let last = loop {
             // Under the live lock, so that no cycle can claim one between the check and the
-            // removal.
+            // removal; and the marks' lock, so that no mark is made after it.
+            let marks = self.replication.marks.lock();
             let live = self.replication.live.lock();
             let busy: Vec<&String> = keys.iter().filter(|k| live.receiving.contains(*k)).collect();
             if busy.is_empty() {
@@ -505,6 +515,7 @@ impl Daemon {
                 }
             }
             drop(live);
+            drop(marks);
             std::thread::sleep(std::time::Duration::from_millis(50));
         };
         let mut out = Vec::new();
@@ -542,12 +553,17 @@ impl Daemon {
                 snapshot: last.clone(),
             });
         }
-        // Once all are put back: every gateway of the pool knows they are no replicas now.
-        // Until then (a failure above, or here) the marks stay, and the promotion can be made
-        // again, of the same snapshot.
-        for vdisk in vdisks {
-            self.mark_replica(pool, vdisk, None)?;
-        }
+        // Once all are put back: every gateway of the pool knows they are no replicas now, all
+        // in one commit. Until then (a failure above, or here) the marks stay, and the
+        // promotion can be made again, of the same snapshot.
+        let vs = vdisks.iter().map(|v| e.vdisk(v)).collect::<Result<Vec<_>, _>>()?;
+        let changes: Vec<_> = vs.iter().map(|v| (&**v, REPLICA_MARK, None)).collect();
+        e.set_lun_states(&changes)?;
+        // The LUNs and exports a gateway that took the pool over did not present while they
+        // were replicas.
+        let resolve = |vd: &str| self.resolve_lun(vd);
+        self.targets.present_missing(&resolve);
+        self.nbd.present_missing(&resolve, &|vd| self.may_export_writable(vd));
         Ok(out)
     }
 
@@ -557,7 +573,7 @@ impl Daemon {
         let mut held: Option<Vec<String>> = None;
         for vdisk in vdisks {
             let key = format!("{pool}/{vdisk}");
-            if !self.replication.is_incoming(pool, vdisk) && !self.replica_marked(pool, vdisk)? {
+            if !self.is_replica(pool, vdisk)? {
                 return Err(ApiError::not_found(format!("'{key}' is not a replica held here")));
             }
             let snaps = replication_snapshots(e, vdisk);
@@ -603,9 +619,47 @@ impl Daemon {
         Ok(e.set_lun_state(&v, REPLICA_MARK, source.map(str::as_bytes))?)
     }
 
+    /// Whether `pool/vdisk` is a replica held for a peer: recorded so here (unless the record
+    /// is stale: made by this daemon, and its mark since cleared by a promotion through
+    /// another gateway of the pool), or marked so in its pool's metadata.
+    pub(crate) fn is_replica(&self, pool: &str, vdisk: &str) -> ApiResult<bool> {
+        let record = self
+            .replication
+            .saved
+            .lock()
+            .incoming
+            .get(&format!("{pool}/{vdisk}"))
+            .map(|i| i.marked);
+        let marked = self.replica_marked(pool, vdisk)?;
+        Ok(match record {
+            Some(made_mark) => marked || !made_mark,
+            None => marked,
+        })
+    }
+
+    /// The vdisk a configured LUN presents, unless it is a replica's working copy (which
+    /// another gateway of the pool may have marked so since the LUN was set up).
+    pub(crate) fn resolve_lun(&self, vd: &str) -> Option<(Arc<Engine>, Arc<tessera_volume::Vdisk>)> {
+        let (p, v) = vd.split_once('/')?;
+        if let Err(e) = self.refuse_if_replica(p, v, "presented as a LUN") {
+            warn!(vdisk = %vd, error = %e.message, "LUN not presented");
+            return None;
+        }
+        self.vdisk(p, v).ok()
+    }
+
+    /// Whether `pool/vdisk` may be offered writable over NBD: not a replica's working copy.
+    pub(crate) fn may_export_writable(&self, vd: &str) -> Result<(), String> {
+        let Some((p, n)) = vd.split_once('/') else {
+            return Ok(());
+        };
+        self.refuse_if_replica(p, n, "exported writable (export it read-only)")
+            .map_err(|e| e.message)
+    }
+
     /// Refuses what would change a replica held for a peer: only its peer's cycles write it.
     pub(crate) fn refuse_if_replica(&self, pool: &str, vdisk: &str, what: &str) -> ApiResult<()> {
-        if self.replication.is_incoming(pool, vdisk) || self.replica_marked(pool, vdisk)? {
+        if self.is_replica(pool, vdisk)? {
             return Err(ApiError::invalid(format!(
                 "'{pool}/{vdisk}' is a replica kept by its source's cycles: it cannot be {what}; \
                  present or clone one of its snapshots, or promote it ('tessera replica promote {pool}/{vdisk}')"

@@ -149,6 +149,11 @@ pub struct Replication {
     path: PathBuf,
     pub(crate) saved: Mutex<Saved>,
     pub(crate) live: Mutex<Live>,
+    /// Held while a replica's mark in its pool's metadata is made (incoming.rs), and by a
+    /// promotion while it drops the replicas' records: a mark is made only while its record
+    /// exists, and a promotion's clearing of it comes after. Apart from `live`, so that a
+    /// slow metadata write holds up no cycle, listing or promotion of another replica.
+    pub(crate) marks: Mutex<()>,
     /// Where the listener took its address (port 0 resolved).
     pub(crate) listening: Mutex<Option<std::net::SocketAddr>>,
     /// Cycles of several streams waiting for their extra streams.
@@ -162,6 +167,7 @@ impl Replication {
             path,
             saved: Mutex::new(saved),
             live: Default::default(),
+            marks: Mutex::new(()),
             listening: Mutex::new(None),
             joins: Default::default(),
         })
