@@ -745,6 +745,57 @@ fn writes_past_where_the_logs_replay_stops_on_read_errors_are_refused() {
     rig.assert_consistent();
 }
 
+/// A vdisk without redundancy loses its disk while the log holds its writes: they can never
+/// be destaged. The log must still go round for the pool's other vdisks: their writers are
+/// neither held up nor failed, however much they write through it.
+#[test]
+fn a_vdisk_that_lost_its_disk_does_not_hold_the_log_up_for_the_others() {
+    let (rig, v) = one_log_disk();
+    let e = rig.engine();
+    v.write(0, &pattern(1, 0, MIB as usize), false).unwrap();
+    v.flush().unwrap();
+    let used: Vec<String> = e
+        .pool()
+        .disks()
+        .iter()
+        .filter(|d| d.used_bytes > 0 && d.info.usage == tessera_volume::DiskUsage::Data)
+        .map(|d| d.info.path.clone())
+        .collect();
+    assert_eq!(used.len(), 1, "{used:?}");
+    e.fail_disk(&used[0]).unwrap();
+    e.cache().set_destage_delay(Duration::from_millis(10));
+    e.cache().set_stall_limit(Duration::from_secs(3));
+    let mut s = spec("w", 40 * MIB, LayoutKind::Simple, Provisioning::Thin);
+    s.columns = Some(1);
+    let w = e.create_vdisk(&s).unwrap();
+    let log = e.cache_status().log_bytes;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let w2 = w.clone();
+    std::thread::spawn(move || {
+        let chunk = pattern(2, 0, MIB as usize);
+        let mut written = 0;
+        let r = (|| {
+            while written < 3 * log {
+                w2.write(written % (40 * MIB), &chunk, false)?;
+                written += MIB;
+            }
+            w2.flush()
+        })();
+        let _ = tx.send(r.map(|()| written));
+    });
+    match rx.recv_timeout(Duration::from_secs(120)) {
+        Ok(Ok(n)) => assert!(n >= 3 * log),
+        Ok(Err(err)) => panic!("a writer of another vdisk failed: {err}"),
+        Err(_) => panic!("a writer of another vdisk is held up"),
+    }
+    let mut got = vec![0u8; MIB as usize];
+    w.read(0, &mut got).unwrap();
+    assert_same(&got, &pattern(2, 0, MIB as usize), "the other vdisk");
+    // What the log held for the lost vdisk is lost with it, and said so.
+    assert_eq!(e.cache_status().lost_bytes, MIB);
+    assert!(v.read(0, &mut got).is_err());
+}
+
 /// Once the log is down to one disk, a vdisk that tolerates a failure writes past it; but a
 /// write over a range the log still holds must go through the log (a replay would otherwise
 /// bring the older copy back). Answered with that one copy alone, it would be lost with the

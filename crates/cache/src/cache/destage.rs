@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use tessera_disk::{AlignedBuf, DiskRef};
 use tessera_layout::LayoutError;
+use tessera_pool::DiskState;
 use tracing::{error, warn};
 
 use super::{piece_crcs, Inner, BACKGROUND_DESTAGE_THREADS, DESTAGE_THREADS, MAX_BATCH, STRIPES};
@@ -120,30 +121,34 @@ impl Inner {
             }
         });
         drop(_reuse);
-        let failed = failed.into_inner();
+        let mut failed = failed.into_inner();
         let bytes = bytes.into_inner();
-        let succeeded: Vec<&Job> = jobs
-            .iter()
-            .zip(&done)
-            .filter(|(_, d)| d.load(Ordering::Relaxed))
-            .map(|(j, _)| j)
-            .collect();
-        if succeeded.is_empty() {
-            return Err(failed.expect("a job that did not succeed failed"));
-        }
-        self.layouts.flush()?;
-        {
-            let mut st = self.state.lock();
-            for (set, s, p, _) in succeeded.iter().flat_map(|j| &picked[j.pieces.clone()]) {
-                let cleaned = match st.index.get_mut(set) {
-                    Some(ix) => ix.mark_clean(*s, s + p.len, p.seq),
-                    None => Vec::new(),
-                };
-                for (_, c) in cleaned {
-                    st.undirty(&c);
-                }
+        let (mut succeeded, mut not_done): (Vec<&Job>, Vec<&Job>) = (Vec::new(), Vec::new());
+        for (j, d) in jobs.iter().zip(&done) {
+            if d.load(Ordering::Relaxed) {
+                succeeded.push(j);
+            } else {
+                not_done.push(j);
             }
         }
+        // A set that lost more members than it tolerates, for good (failed disks, which never
+        // come back), can never take what the log holds for it: that is lost with the set,
+        // and kept in the log it would hold the log's start where it is, and every other
+        // vdisk's writers would wait for room that never comes.
+        let hopeless: Vec<&Job> = not_done.iter().copied().filter(|j| self.lost_for_good(j.set)).collect();
+        if hopeless.len() == not_done.len() {
+            failed = None;
+        }
+        if !hopeless.is_empty() {
+            self.lose_jobs(&hopeless, &picked)?;
+        }
+        if succeeded.is_empty() && hopeless.is_empty() {
+            return Err(failed.expect("a job that did not succeed failed"));
+        }
+        if !succeeded.is_empty() {
+            self.layouts.flush()?;
+        }
+        self.mark_clean(&succeeded, &picked);
         self.counters.destaged_bytes.fetch_add(bytes, Ordering::Relaxed);
         self.room.notify_all();
         self.advance_tail()?;
@@ -271,6 +276,66 @@ impl Inner {
         }
         self.layouts.write(&slabset, at, &data)?;
         Ok(dirty)
+    }
+
+    /// Marks the pieces of `jobs` clean (destaged, or lost).
+    fn mark_clean(&self, jobs: &[&Job], picked: &[(u32, u64, Piece, Vec<u32>)]) {
+        let mut st = self.state.lock();
+        for (set, s, p, _) in jobs.iter().flat_map(|j| &picked[j.pieces.clone()]) {
+            let cleaned = match st.index.get_mut(set) {
+                Some(ix) => ix.mark_clean(*s, s + p.len, p.seq),
+                None => Vec::new(),
+            };
+            for (_, c) in cleaned {
+                st.undirty(&c);
+            }
+        }
+    }
+
+    /// Whether slab set `set` lost more members than it tolerates to failed disks: its data
+    /// is gone for good.
+    fn lost_for_good(&self, set: u32) -> bool {
+        let Ok(s) = self.layouts.set(set) else { return false };
+        let h = self.layouts.health(&s);
+        let failed = h
+            .members
+            .iter()
+            .filter(|m| self.pool.disk_state(m.disk) == DiskState::Failed)
+            .count();
+        failed > h.tolerance
+    }
+
+    /// The pieces of `jobs`, whose sets are lost for good, are lost with them: recorded (the
+    /// parts their batches still hold), saved, then dropped from what the log must destage.
+    fn lose_jobs(&self, jobs: &[&Job], picked: &[(u32, u64, Piece, Vec<u32>)]) -> Result<()> {
+        let mut lost = 0;
+        {
+            let mut st = self.state.lock();
+            for (set, s, p, _) in jobs.iter().flat_map(|j| &picked[j.pieces.clone()]) {
+                let held: Vec<(u64, u64)> = st
+                    .index
+                    .get(set)
+                    .map(|ix| {
+                        ix.overlapping(*s, s + p.len)
+                            .into_iter()
+                            .filter(|(_, q)| q.seq == p.seq && q.dirty)
+                            .map(|(x, q)| (x, x + q.len))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                for (x, y) in held {
+                    st.lose(*set, x, y);
+                    lost += y - x;
+                }
+            }
+        }
+        if lost > 0 {
+            self.any_lost.store(true, Ordering::Release);
+            error!(pool = %self.pool.name(), bytes = lost, "writes in the write-back log for slab sets lost with their failed disks are lost with them");
+            self.save_lost()?;
+        }
+        self.mark_clean(jobs, picked);
+        Ok(())
     }
 
     /// Blocks of a piece that no copy of the log holds intact are lost: recorded (for the
