@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use common::{pattern, spec, Rig, MIB};
 use std::sync::Arc;
 
+use tessera_disk::BlockDevice;
 use tessera_volume::{DiskState, LayoutKind, Provisioning, Vdisk};
 
 const DATA_DISKS: usize = 5;
@@ -794,6 +795,50 @@ fn a_vdisk_that_lost_its_disk_does_not_hold_the_log_up_for_the_others() {
     // What the log held for the lost vdisk is lost with it, and said so.
     assert_eq!(e.cache_status().lost_bytes, MIB);
     assert!(v.read(0, &mut got).is_err());
+}
+
+/// A restart after a crash with the disk of a vdisk without redundancy missing, while the log
+/// held writes for it: the pool opens (before, the replay's destage failed and so did the
+/// open), its other vdisks serve what the log held for them, and the writes the new log cannot
+/// carry are recorded lost, so that they are refused, not read as the disk held them before,
+/// should it come back.
+#[test]
+fn a_disk_missing_at_the_restart_with_writes_for_it_in_the_log_keeps_the_pool_from_nothing() {
+    let (mut rig, v) = one_log_disk();
+    let e = rig.engine();
+    let m = e
+        .create_vdisk(&spec("m", 4 * MIB, LayoutKind::Mirror, Provisioning::Thin))
+        .unwrap();
+    v.write(0, &pattern(1, 0, MIB as usize), false).unwrap();
+    e.cache().drain().unwrap();
+    let used: Vec<String> = e
+        .pool()
+        .disks()
+        .iter()
+        .filter(|d| d.used_bytes > 0 && d.info.usage == tessera_volume::DiskUsage::Data)
+        .map(|d| d.info.path.clone())
+        .collect();
+    assert_eq!(used.len(), 1, "{used:?}");
+    // In the log only: a write for the simple vdisk and one for the mirror.
+    v.write(0, &pattern(2, 0, 64 << 10), false).unwrap();
+    m.write(0, &pattern(3, 0, MIB as usize), false).unwrap();
+    v.flush().unwrap();
+    m.flush().unwrap();
+    drop((v, m));
+    let at = rig.disks.iter().position(|d| d.path() == used[0]).unwrap();
+    rig.engine = None;
+    rig.disks.remove(at);
+    rig.reopen();
+    assert_eq!(rig.engine().cache_status().lost_bytes, 64 << 10);
+    let mut got = vec![0u8; MIB as usize];
+    rig.engine().vdisk("m").unwrap().read(0, &mut got).unwrap();
+    assert_same(&got, &pattern(3, 0, MIB as usize), "the mirror, one copy missing");
+    rig.reopen();
+    assert_eq!(
+        rig.engine().cache_status().lost_bytes,
+        64 << 10,
+        "after another restart"
+    );
 }
 
 /// Once the log is down to one disk, a vdisk that tolerates a failure writes past it; but a

@@ -292,17 +292,19 @@ impl Inner {
         }
     }
 
-    /// Whether slab set `set` lost more members than it tolerates to failed disks: its data
-    /// is gone for good.
+    /// Whether slab set `set` lost more members than it tolerates to failed disks, or to
+    /// disks missing at the pool's start (only a start makes a disk missing; a new log is
+    /// begun then, which cannot carry what the old one held): its data in the log can never
+    /// be destaged.
     fn lost_for_good(&self, set: u32) -> bool {
         let Ok(s) = self.layouts.set(set) else { return false };
         let h = self.layouts.health(&s);
-        let failed = h
+        let gone = h
             .members
             .iter()
-            .filter(|m| self.pool.disk_state(m.disk) == DiskState::Failed)
+            .filter(|m| matches!(self.pool.disk_state(m.disk), DiskState::Failed | DiskState::Missing))
             .count();
-        failed > h.tolerance
+        gone > h.tolerance
     }
 
     /// The pieces of `jobs`, whose sets are lost for good, are lost with them: recorded (the
