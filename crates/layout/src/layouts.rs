@@ -337,6 +337,26 @@ impl Layouts {
         }
     }
 
+    /// Whether the data of `set` can be neither read nor rebuilt: a mirror column with no
+    /// copy left, or more members of another layout unavailable than it tolerates (members
+    /// on failed or missing disks, which stay so until the pool is imported again). A
+    /// striped mirror short of one copy in each column is not: a repair makes it whole.
+    pub fn unrecoverable(&self, set: &SlabSet) -> bool {
+        let members = set.members.read();
+        let gone: Vec<bool> = members
+            .iter()
+            .map(|m| self.pool.readable_disk(m.disk).is_none())
+            .collect();
+        match set.spec.kind {
+            crate::spec::LayoutKind::Mirror => (0..set.spec.columns as usize).any(|d| {
+                crate::geometry::data_members(&set.spec, 0, d)
+                    .into_iter()
+                    .all(|m| gone[m])
+            }),
+            _ => gone.iter().filter(|g| **g).count() > set.spec.tolerance(),
+        }
+    }
+
     /// Where new data may go, judged from the members' disks. Never blocks: a set whose
     /// members a rebuild is swapping counts as degraded (it has a member to rebuild).
     pub fn placement(&self, set: &SlabSet) -> Placement {

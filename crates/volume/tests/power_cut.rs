@@ -625,37 +625,50 @@ fn cut_rounds(cache: bool) {
     );
 }
 
+/// Rounds of the tests that restart once after a cut with something missing.
+fn restart_rounds() -> u64 {
+    std::env::var("TESSERA_POWER_CUT_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(10, |r: u64| (r / 2).max(1))
+}
+
+/// A new pool (with the write-back cache if `cache`) in a directory of its own, one child run
+/// on it up to a cut after `cut_after` I/Os of its writers, and the writers' models as the
+/// cut left them.
+fn one_cut(cache: bool, seed: u64, cut_after: u64) -> (tempfile::TempDir, Vec<Model>) {
+    let tmp = tempfile::tempdir_in(
+        std::env::var("TESSERA_TEST_DIR").unwrap_or_else(|_| std::env::temp_dir().display().to_string()),
+    )
+    .unwrap();
+    let content = setup(tmp.path(), cache);
+    let bases: Vec<Vec<u64>> = (0..LAYOUTS.len()).map(|t| content[2 * t + 1].clone()).collect();
+    let mut models: Vec<Model> = (0..LAYOUTS.len()).map(|t| Model::new(content[2 * t].clone())).collect();
+    let r = run_child(tmp.path(), seed, cut_after, true);
+    assert!(r.ready_ops.is_some(), "seed {seed}: the cut came before the writers");
+    for (t, actions) in r.actions.iter().enumerate() {
+        for (a, ok) in actions {
+            models[t].begin(a, &bases[t]);
+            if *ok {
+                models[t].ack(a);
+            }
+        }
+    }
+    (tmp, models)
+}
+
 /// A cut, then a restart with one disk missing: regions that were being written cannot be
 /// resynced, so a parity row torn by the cut may hold parity that matches neither the old nor
 /// the new data. Reading what lived on the missing disk must then fail, never return what
 /// such parity rebuilds; mirrors resync from the copy left and read whole.
 #[test]
 fn a_disk_missing_at_the_restart_after_a_cut_never_yields_wrong_data() {
-    let rounds: u64 = std::env::var("TESSERA_POWER_CUT_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .map_or(10, |r: u64| (r / 2).max(1));
+    let rounds = restart_rounds();
     let mut rng = rand::rngs::StdRng::seed_from_u64(0xd15c_90e5);
     let (mut refused, mut checked, mut repaired) = (0u64, 0u64, 0u64);
     for round in 0..rounds {
-        let tmp = tempfile::tempdir_in(
-            std::env::var("TESSERA_TEST_DIR").unwrap_or_else(|_| std::env::temp_dir().display().to_string()),
-        )
-        .unwrap();
+        let (tmp, models) = one_cut(false, 1000 + round, rng.random_range(1..=3000));
         let dir = tmp.path();
-        let content = setup(dir, false);
-        let bases: Vec<Vec<u64>> = (0..LAYOUTS.len()).map(|t| content[2 * t + 1].clone()).collect();
-        let mut models: Vec<Model> = (0..LAYOUTS.len()).map(|t| Model::new(content[2 * t].clone())).collect();
-        let r = run_child(dir, 1000 + round, rng.random_range(1..=3000), true);
-        assert!(r.ready_ops.is_some(), "round {round}: the cut came before the writers");
-        for (t, actions) in r.actions.iter().enumerate() {
-            for (a, ok) in actions {
-                models[t].begin(a, &bases[t]);
-                if *ok {
-                    models[t].ack(a);
-                }
-            }
-        }
         let missing = dir.join(format!("disk{}", round % 5)).display().to_string();
         let opener = |path: &str| -> Result<DiskRef, DiskError> {
             if path == missing {
@@ -726,32 +739,13 @@ fn a_disk_missing_at_the_restart_after_a_cut_never_yields_wrong_data() {
 /// never an older content (a write the log had acknowledged as durable, read as before it).
 #[test]
 fn the_write_back_log_missing_at_the_restart_after_a_cut_never_yields_older_data() {
-    let rounds: u64 = std::env::var("TESSERA_POWER_CUT_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .map_or(10, |r: u64| (r / 2).max(1));
+    let rounds = restart_rounds();
     let mut rng = rand::rngs::StdRng::seed_from_u64(0x106_90e5);
     let (mut refused, mut checked) = (0u64, 0u64);
     for round in 0..rounds {
-        let tmp = tempfile::tempdir_in(
-            std::env::var("TESSERA_TEST_DIR").unwrap_or_else(|_| std::env::temp_dir().display().to_string()),
-        )
-        .unwrap();
-        let dir = tmp.path();
-        let content = setup(dir, true);
-        let bases: Vec<Vec<u64>> = (0..LAYOUTS.len()).map(|t| content[2 * t + 1].clone()).collect();
-        let mut models: Vec<Model> = (0..LAYOUTS.len()).map(|t| Model::new(content[2 * t].clone())).collect();
         // Odd seeds: data waits a second in the log before it is destaged; even: 5 ms.
-        let r = run_child(dir, 2000 + round, rng.random_range(1..=3000), true);
-        assert!(r.ready_ops.is_some(), "round {round}: the cut came before the writers");
-        for (t, actions) in r.actions.iter().enumerate() {
-            for (a, ok) in actions {
-                models[t].begin(a, &bases[t]);
-                if *ok {
-                    models[t].ack(a);
-                }
-            }
-        }
+        let (tmp, models) = one_cut(true, 2000 + round, rng.random_range(1..=3000));
+        let dir = tmp.path();
         let opener = |path: &str| -> Result<DiskRef, DiskError> {
             if path.contains("/cache") {
                 return Err(DiskError::Open {

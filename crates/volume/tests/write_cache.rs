@@ -32,6 +32,30 @@ fn one_log_disk() -> (Rig, Arc<Vdisk>) {
     (rig, v)
 }
 
+/// Two data disks and two cache disks whose data waits in the log (none destaged for its age;
+/// with two log disks nothing else forces it out), and a 4 MiB simple vdisk "v" of one column.
+fn two_data_disks_two_log_disks() -> (Rig, Arc<Vdisk>) {
+    let rig = Rig::with_cache(2, 64 * MIB, MIB, 2);
+    rig.engine().cache().set_destage_delay(Duration::from_secs(3600));
+    let mut s = spec("v", 4 * MIB, LayoutKind::Simple, Provisioning::Thin);
+    s.columns = Some(1);
+    let v = rig.engine().create_vdisk(&s).unwrap();
+    (rig, v)
+}
+
+/// The path of the one data disk that holds slabs.
+fn only_data_disk_in_use(e: &tessera_volume::Engine) -> String {
+    let used: Vec<String> = e
+        .pool()
+        .disks()
+        .iter()
+        .filter(|d| d.used_bytes > 0 && d.info.usage == tessera_volume::DiskUsage::Data)
+        .map(|d| d.info.path.clone())
+        .collect();
+    assert_eq!(used.len(), 1, "{used:?}");
+    used.into_iter().next().expect("one")
+}
+
 fn read_all(rig: &Rig, name: &str, size: usize) -> Vec<u8> {
     let mut got = vec![0u8; size];
     rig.engine().vdisk(name).unwrap().read(0, &mut got).unwrap();
@@ -751,19 +775,14 @@ fn writes_past_where_the_logs_replay_stops_on_read_errors_are_refused() {
 /// neither held up nor failed, however much they write through it.
 #[test]
 fn a_vdisk_that_lost_its_disk_does_not_hold_the_log_up_for_the_others() {
-    let (rig, v) = one_log_disk();
+    let (rig, v) = two_data_disks_two_log_disks();
     let e = rig.engine();
     v.write(0, &pattern(1, 0, MIB as usize), false).unwrap();
     v.flush().unwrap();
-    let used: Vec<String> = e
-        .pool()
-        .disks()
-        .iter()
-        .filter(|d| d.used_bytes > 0 && d.info.usage == tessera_volume::DiskUsage::Data)
-        .map(|d| d.info.path.clone())
-        .collect();
-    assert_eq!(used.len(), 1, "{used:?}");
-    e.fail_disk(&used[0]).unwrap();
+    let used = only_data_disk_in_use(e);
+    e.fail_disk(&used).unwrap();
+    // The log takes nothing more for it: it could never destage it.
+    assert!(v.write(0, &pattern(3, 0, 4096), false).is_err());
     e.cache().set_destage_delay(Duration::from_millis(10));
     e.cache().set_stall_limit(Duration::from_secs(3));
     let mut s = spec("w", 40 * MIB, LayoutKind::Simple, Provisioning::Thin);
@@ -804,28 +823,22 @@ fn a_vdisk_that_lost_its_disk_does_not_hold_the_log_up_for_the_others() {
 /// should it come back.
 #[test]
 fn a_disk_missing_at_the_restart_with_writes_for_it_in_the_log_keeps_the_pool_from_nothing() {
-    let (mut rig, v) = one_log_disk();
+    let (mut rig, v) = two_data_disks_two_log_disks();
     let e = rig.engine();
     let m = e
         .create_vdisk(&spec("m", 4 * MIB, LayoutKind::Mirror, Provisioning::Thin))
         .unwrap();
     v.write(0, &pattern(1, 0, MIB as usize), false).unwrap();
     e.cache().drain().unwrap();
-    let used: Vec<String> = e
-        .pool()
-        .disks()
-        .iter()
-        .filter(|d| d.used_bytes > 0 && d.info.usage == tessera_volume::DiskUsage::Data)
-        .map(|d| d.info.path.clone())
-        .collect();
-    assert_eq!(used.len(), 1, "{used:?}");
+    let used = only_data_disk_in_use(e);
     // In the log only: a write for the simple vdisk and one for the mirror.
     v.write(0, &pattern(2, 0, 64 << 10), false).unwrap();
     m.write(0, &pattern(3, 0, MIB as usize), false).unwrap();
     v.flush().unwrap();
     m.flush().unwrap();
+    assert_eq!(e.cache_status().dirty_bytes, MIB + (64 << 10), "not all in the log");
     drop((v, m));
-    let at = rig.disks.iter().position(|d| d.path() == used[0]).unwrap();
+    let at = rig.disks.iter().position(|d| d.path() == used).unwrap();
     rig.engine = None;
     rig.disks.remove(at);
     rig.reopen();
@@ -833,6 +846,7 @@ fn a_disk_missing_at_the_restart_with_writes_for_it_in_the_log_keeps_the_pool_fr
     let mut got = vec![0u8; MIB as usize];
     rig.engine().vdisk("m").unwrap().read(0, &mut got).unwrap();
     assert_same(&got, &pattern(3, 0, MIB as usize), "the mirror, one copy missing");
+    assert!(rig.engine().vdisk("v").unwrap().read(0, &mut got).is_err());
     rig.reopen();
     assert_eq!(
         rig.engine().cache_status().lost_bytes,

@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use tessera_disk::{AlignedBuf, DiskRef};
 use tessera_layout::LayoutError;
-use tessera_pool::DiskState;
 use tracing::{error, warn};
 
 use super::{piece_crcs, Inner, BACKGROUND_DESTAGE_THREADS, DESTAGE_THREADS, MAX_BATCH, STRIPES};
@@ -292,19 +291,11 @@ impl Inner {
         }
     }
 
-    /// Whether slab set `set` lost more members than it tolerates to failed disks, or to
-    /// disks missing at the pool's start (only a start makes a disk missing; a new log is
-    /// begun then, which cannot carry what the old one held): its data in the log can never
-    /// be destaged.
+    /// Whether slab set `set` lost its data for good to failed disks, or to disks missing
+    /// at the pool's start (only a start makes a disk missing; a new log is begun then, which
+    /// cannot carry what the old one held): what the log holds for it can never be destaged.
     fn lost_for_good(&self, set: u32) -> bool {
-        let Ok(s) = self.layouts.set(set) else { return false };
-        let h = self.layouts.health(&s);
-        let gone = h
-            .members
-            .iter()
-            .filter(|m| matches!(self.pool.disk_state(m.disk), DiskState::Failed | DiskState::Missing))
-            .count();
-        gone > h.tolerance
+        self.layouts.set(set).is_ok_and(|s| self.layouts.unrecoverable(&s))
     }
 
     /// The pieces of `jobs`, whose sets are lost for good, are lost with them: recorded (the
