@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex, RwLock};
 use serde::Serialize;
 use tessera_disk::{AlignedBuf, DiskRef, DATA_OFFSET};
-use tessera_layout::{Layouts, Placement, SetRead, SlabSet};
+use tessera_layout::{Layouts, SetRead, SlabSet};
 use tessera_pool::{DiskState, Pool, MIN_CACHE_AREA};
 use tracing::{error, info, warn};
 
@@ -631,7 +631,7 @@ impl WriteCache {
     pub fn write(&self, vdisk: u64, set: &SlabSet, offset: u64, data: &[u8]) -> Result<()> {
         let i = &self.inner;
         let end = offset + data.len() as u64;
-        if i.layouts.placement(set) == Placement::Lost {
+        if i.layouts.refuses_writes(set) {
             // The layout refuses it: the log, which could never destage it, must not answer
             // for it.
             i.layouts.write(set, offset, data)?;

@@ -337,6 +337,13 @@ impl Layouts {
         }
     }
 
+    /// Whether a write to `set` is refused: more of its members are unavailable than its
+    /// layout tolerates (the check every write makes).
+    pub fn refuses_writes(&self, set: &SlabSet) -> bool {
+        let members = set.members.read();
+        self.unavailable(&members) > set.spec.tolerance()
+    }
+
     /// Whether the data of `set` can be neither read nor rebuilt: a mirror column with no
     /// copy left, or more members of another layout unavailable than it tolerates (members
     /// on failed or missing disks, which stay so until the pool is imported again). A
