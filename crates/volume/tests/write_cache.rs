@@ -653,7 +653,7 @@ fn data_lost_with_the_logs_only_disk_stays_refused_across_restarts_until_written
 fn writes_held_by_a_log_whose_disks_are_all_gone_at_open_are_refused() {
     const G: u64 = 64 << 10;
     for how in ["not found", "pulled", "unreadable"] {
-        let (mut rig, v) = one_log_disk();
+        let (mut rig, v) = two_data_disks_two_log_disks();
         // On the pool's disks: the first four grains, through the log and destaged.
         v.write(0, &pattern(1, 0, 4 * G as usize), true).unwrap();
         rig.engine().cache().drain().unwrap();
@@ -667,15 +667,16 @@ fn writes_held_by_a_log_whose_disks_are_all_gone_at_open_are_refused() {
         v.flush().unwrap();
         assert_eq!(rig.engine().cache_status().dirty_bytes, 2 * G);
         drop(v);
-        // A crash, and the log's disk gone at the next start.
-        let cache = rig.disks.len() - 1;
+        // A crash, and both disks of the log gone at the next start.
         rig.engine = None;
+        let caches = rig.disks.len() - 2;
         match how {
-            "not found" => drop(rig.disks.remove(cache)),
-            "pulled" => rig.disks[cache].faults().pull(),
-            _ => rig.disks[cache]
-                .faults()
-                .fail_range(tessera_disk::DATA_OFFSET, 64 * MIB, tessera_disk::FaultOp::Read),
+            "not found" => rig.disks.truncate(caches),
+            "pulled" => rig.disks[caches..].iter().for_each(|d| d.faults().pull()),
+            _ => rig.disks[caches..].iter().for_each(|d| {
+                d.faults()
+                    .fail_range(tessera_disk::DATA_OFFSET, 64 * MIB, tessera_disk::FaultOp::Read)
+            }),
         }
         rig.reopen();
 
@@ -726,7 +727,7 @@ fn writes_held_by_a_log_whose_disks_are_all_gone_at_open_are_refused() {
 #[test]
 fn writes_past_where_the_logs_replay_stops_on_read_errors_are_refused() {
     const K: u64 = 4096;
-    let (mut rig, v) = one_log_disk();
+    let (mut rig, v) = two_data_disks_two_log_disks();
     // On the pool's disks, past the log: the first grain.
     rig.engine().set_write_cache("v", 0).unwrap();
     v.write(0, &pattern(1, 0, 16 * K as usize), true).unwrap();
@@ -744,11 +745,13 @@ fn writes_past_where_the_logs_replay_stops_on_read_errors_are_refused() {
         "the batches are not where the test reads them"
     );
     drop(v);
-    let cache = rig.disks.len() - 1;
     rig.engine = None;
-    rig.disks[cache]
-        .faults()
-        .fail_range(tessera_disk::DATA_OFFSET + 7 * K, 64 * MIB, tessera_disk::FaultOp::Read);
+    // Both copies of the log, at the same place.
+    for cache in [rig.disks.len() - 2, rig.disks.len() - 1] {
+        rig.disks[cache]
+            .faults()
+            .fail_range(tessera_disk::DATA_OFFSET + 7 * K, 64 * MIB, tessera_disk::FaultOp::Read);
+    }
     rig.reopen();
 
     let v = rig.engine().vdisk("v").unwrap();
