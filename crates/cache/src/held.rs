@@ -12,7 +12,7 @@
 //! error is on the safe side, and only with the log's disks gone.
 
 use std::collections::hash_map::Entry;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use tessera_pool::{MetaBatch, Pool, CF_POOL};
 
@@ -29,8 +29,9 @@ pub(crate) struct Held {
     /// Each write: the sequence number of the last batch that holds it, and whether the
     /// metadata has it (or a save of it is under way).
     writes: HashMap<Write, (u64, bool)>,
-    /// Writes the metadata does not have yet (some may have left since).
-    unsaved: Vec<Write>,
+    /// Writes the metadata does not have yet: no more than the live log holds, however long
+    /// no flush comes.
+    unsaved: HashSet<Write>,
 }
 
 impl Held {
@@ -44,13 +45,13 @@ impl Held {
                     // Recorded again with its new batch.
                     if held.1 {
                         held.1 = false;
-                        self.unsaved.push(w);
+                        self.unsaved.insert(w);
                     }
                 }
             }
             Entry::Vacant(e) => {
                 e.insert((seq, false));
-                self.unsaved.push(w);
+                self.unsaved.insert(w);
             }
         }
     }
@@ -76,7 +77,7 @@ impl Held {
             if let Some(h) = self.writes.get_mut(w) {
                 if h.1 {
                     h.1 = false;
-                    self.unsaved.push(*w);
+                    self.unsaved.insert(*w);
                 }
             }
         }
@@ -88,8 +89,11 @@ impl Held {
         let mut out = Vec::new();
         for w in writes {
             if self.writes.get(w).is_some_and(|h| h.0 == seq) {
-                if let Some((_, true)) = self.writes.remove(w) {
-                    out.push(*w);
+                match self.writes.remove(w) {
+                    Some((_, true)) => out.push(*w),
+                    _ => {
+                        self.unsaved.remove(w);
+                    }
                 }
             }
         }
@@ -123,6 +127,7 @@ impl Held {
     /// A slab set is freed: its writes leave.
     pub fn forget_set(&mut self, set: u32) {
         self.writes.retain(|w, _| w.0 != set);
+        self.unsaved.retain(|w| w.0 != set);
     }
 
     /// Whether some write may be left to record.
@@ -239,6 +244,19 @@ mod tests {
             "only the write taken again is recorded anew"
         );
         assert!(h.holds(&v));
+    }
+
+    /// Without a flush, what waits to be recorded is no more than the live log holds.
+    #[test]
+    fn writes_freed_before_any_flush_leave_nothing_to_record() {
+        let mut h = Held::default();
+        for seq in 1..=1000u64 {
+            let w = (1, seq * 4096, 4096);
+            h.wrote(w, seq);
+            assert!(h.freed(seq, &[w]).is_empty(), "never recorded");
+        }
+        assert!(!h.has_unsaved());
+        assert_eq!(h.len(), 0);
     }
 
     #[test]
