@@ -314,9 +314,15 @@ fn a_replica_is_known_by_its_pool_not_only_by_the_daemon_that_received_it() {
     write_image(&b, "q/db", 4 << 20, 2);
     let promoted = b.export("q/db", "promoted.img");
 
-    // The first gateway again, with its old record: the source's next cycle is refused.
+    // The first gateway again, with its old record: the source's next cycle is refused. The
+    // record is made to lack its note of having marked the vdisk (as a daemon's whose state
+    // file could not be written then): the promotion's own record tells all the same.
     b.d.stop();
     std::fs::rename(&kept, &record).unwrap();
+    let mut saved: serde_json::Value = serde_json::from_slice(&std::fs::read(&record).unwrap()).unwrap();
+    assert_eq!(saved["incoming"]["q/db"]["marked"], true, "{saved}");
+    saved["incoming"]["q/db"]["marked"] = false.into();
+    std::fs::write(&record, serde_json::to_vec(&saved).unwrap()).unwrap();
     b.restart(&key, &b_listen);
     write_image(&a, "p/db", 1 << 20, 3);
     let e = a.d.fails(&["replica", "sync", "dr"]);

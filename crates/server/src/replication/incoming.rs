@@ -242,6 +242,12 @@ impl Site {
 /// a pool on RADOS over finds as the last owner left them, and which go with the vdisk.
 const REPLICA_MARK: &str = "replica-of";
 
+/// The record a promotion leaves where it clears a replica's mark (its value: when, in
+/// seconds since the epoch), so that a gateway still holding its record of the replica never
+/// takes the vdisk for one again, even one that could not save its note of having marked it.
+/// A demotion, which makes the vdisk a replica again, removes it.
+const REPLICA_PROMOTED: &str = "replica-promoted";
+
 impl Site {
     /// Marks `pool/vdisk` a replica in its pool's metadata, for every gateway that opens the
     /// pool, while this daemon holds it as one: under the lock a promotion drops the record
@@ -253,7 +259,7 @@ impl Site {
             return Err(format!("'{key}' is no longer a replica held here"));
         };
         self.d
-            .mark_replica(pool, vdisk, Some(&self.peer))
+            .mark_replica(pool, vdisk, &self.peer, false)
             .map_err(|e| e.message)?;
         if made_mark {
             return Ok(());
@@ -283,7 +289,13 @@ impl ReplicaSite for Site {
                 "'{key}' exists here and is not a replica: a peer never writes over it"
             ));
         }
-        if exists && held.is_some_and(|i| i.marked) && !self.d.replica_marked(pool, vdisk).map_err(|e| e.message)? {
+        if exists
+            && held.is_some()
+            && self
+                .d
+                .record_is_stale(pool, vdisk, held.is_some_and(|i| i.marked))
+                .map_err(|e| e.message)?
+        {
             return Err(format!(
                 "'{key}' is no longer a replica: it was promoted through another gateway of its pool, and a peer never writes over it"
             ));
@@ -557,7 +569,16 @@ impl Daemon {
         // in one commit. Until then (a failure above, or here) the marks stay, and the
         // promotion can be made again, of the same snapshot.
         let vs = vdisks.iter().map(|v| e.vdisk(v)).collect::<Result<Vec<_>, _>>()?;
-        let changes: Vec<_> = vs.iter().map(|v| (&**v, REPLICA_MARK, None)).collect();
+        let when = now().to_string();
+        let changes: Vec<_> = vs
+            .iter()
+            .flat_map(|v| {
+                [
+                    (&**v, REPLICA_MARK, None),
+                    (&**v, REPLICA_PROMOTED, Some(when.as_bytes())),
+                ]
+            })
+            .collect();
         e.set_lun_states(&changes)?;
         // The LUNs and exports a gateway that took the pool over did not present while they
         // were replicas.
@@ -609,19 +630,41 @@ impl Daemon {
         Ok(e.lun_state(&v, REPLICA_MARK)?.is_some())
     }
 
-    /// Marks `pool/vdisk` a replica of `source` in the pool's metadata, or (`None`) no longer.
-    pub(crate) fn mark_replica(&self, pool: &str, vdisk: &str, source: Option<&str>) -> ApiResult<()> {
+    /// Marks `pool/vdisk` a replica of `source` in the pool's metadata. Refused where a
+    /// promotion left its record, unless `demoting` (a demotion makes a promoted vdisk a
+    /// replica again, and removes that record in the same commit).
+    pub(crate) fn mark_replica(&self, pool: &str, vdisk: &str, source: &str, demoting: bool) -> ApiResult<()> {
         let e = self.engine(pool)?;
         let v = e.vdisk(vdisk)?;
-        if source.is_some() && e.lun_state(&v, REPLICA_MARK)?.is_some() {
+        if demoting {
+            return Ok(e.set_lun_states(&[
+                (&v, REPLICA_MARK, Some(source.as_bytes())),
+                (&v, REPLICA_PROMOTED, None),
+            ])?);
+        }
+        if e.lun_state(&v, REPLICA_PROMOTED)?.is_some() {
+            return Err(ApiError::invalid(format!(
+                "'{pool}/{vdisk}' is no longer a replica: it was promoted through another gateway of its pool"
+            )));
+        }
+        if e.lun_state(&v, REPLICA_MARK)?.is_some() {
             return Ok(());
         }
-        Ok(e.set_lun_state(&v, REPLICA_MARK, source.map(str::as_bytes))?)
+        Ok(e.set_lun_state(&v, REPLICA_MARK, Some(source.as_bytes()))?)
+    }
+
+    /// Whether this daemon's record of the replica `pool/vdisk` is stale: the pool's metadata
+    /// holds a promotion's record, or (for a promotion made before those were kept) the mark
+    /// this daemon made (`made_mark`) is gone.
+    fn record_is_stale(&self, pool: &str, vdisk: &str, made_mark: bool) -> ApiResult<bool> {
+        let Ok(e) = self.engine(pool) else { return Ok(false) };
+        let Ok(v) = e.vdisk(vdisk) else { return Ok(false) };
+        Ok(e.lun_state(&v, REPLICA_PROMOTED)?.is_some() || (made_mark && e.lun_state(&v, REPLICA_MARK)?.is_none()))
     }
 
     /// Whether `pool/vdisk` is a replica held for a peer: recorded so here (unless the record
-    /// is stale: made by this daemon, and its mark since cleared by a promotion through
-    /// another gateway of the pool), or marked so in its pool's metadata.
+    /// is stale: the vdisk was promoted through another gateway of the pool since), or marked
+    /// so in its pool's metadata.
     pub(crate) fn is_replica(&self, pool: &str, vdisk: &str) -> ApiResult<bool> {
         let record = self
             .replication
@@ -630,10 +673,9 @@ impl Daemon {
             .incoming
             .get(&format!("{pool}/{vdisk}"))
             .map(|i| i.marked);
-        let marked = self.replica_marked(pool, vdisk)?;
         Ok(match record {
-            Some(made_mark) => marked || !made_mark,
-            None => marked,
+            Some(made_mark) => !self.record_is_stale(pool, vdisk, made_mark)?,
+            None => self.replica_marked(pool, vdisk)?,
         })
     }
 
