@@ -397,8 +397,10 @@ impl WriteCache {
             warn!(pool = %pool.name(), bytes = st.lost.bytes(), "data lost with the write-back log's disks is still unwritten: reads of it fail until it is written again");
         }
         let mut replayed = Vec::new();
-        // The log could not be read past the batches replayed, from this sequence number on.
+        // The log could not be read past the batches replayed, from this sequence number on,
+        // and the disks whose reads failed there.
         let mut unread_from = None;
+        let mut failed_reads = Vec::new();
         if let Some(rec) = &record {
             st.area = rec.area;
             st.generation = rec.generation;
@@ -417,6 +419,7 @@ impl WriteCache {
             // A log that lost its disks while the pool ran recorded what it lost then.
             if r.unreadable && !rec.devices.is_empty() {
                 unread_from = Some(st.next_seq);
+                failed_reads = r.failed_reads;
             }
             replayed = r.found;
         }
@@ -498,8 +501,15 @@ impl WriteCache {
         }
         if unread_from.is_some() {
             // Found, and failing the replay's reads: not disks for the next log (what was
-            // replayed before is destaged).
-            let unreadable = std::mem::take(&mut inner.state.lock().devices);
+            // replayed before is destaged). A copy that read is kept.
+            let unreadable: Vec<(u32, DiskRef)> = {
+                let mut st = inner.state.lock();
+                let (failed, kept) = std::mem::take(&mut st.devices)
+                    .into_iter()
+                    .partition(|(p, _)| failed_reads.contains(p));
+                st.devices = kept;
+                failed
+            };
             for (p, d) in &unreadable {
                 error!(pool = %pool.name(), disk = d.path(), "the write-back log cannot be read from this disk: it is failed");
                 pool.set_disk_state(

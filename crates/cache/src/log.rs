@@ -151,7 +151,9 @@ pub(crate) struct Found {
 }
 
 /// The batch at `pos` if one disk holds it whole, with the expected generation and sequence;
-/// else whether every disk failed to read it (rather than held something else there).
+/// else the disks that failed to read it (if any did, it may be there: a batch not whole on
+/// one copy while another cannot be read is no log's end, for an acknowledged batch was made
+/// whole on every copy, and that copy may have lost it to rot since).
 fn batch_at(
     devices: &[(u32, DiskRef)],
     area: u64,
@@ -159,15 +161,15 @@ fn batch_at(
     gen: u64,
     seq: u64,
     pos: u64,
-) -> Result<Found, bool> {
+) -> Result<Found, Vec<u32>> {
     if pos + BLOCK as u64 > area {
-        return Err(false);
+        return Err(Vec::new());
     }
-    let mut unreadable = 0;
-    for (_, d) in devices {
+    let mut unreadable = Vec::new();
+    for (p, d) in devices {
         let mut hb = AlignedBuf::zeroed(BLOCK);
         if d.read_at(&mut hb, DATA_OFFSET + pos).is_err() {
-            unreadable += 1;
+            unreadable.push(*p);
             continue;
         }
         let Some(h) = Header::decode(&hb) else { continue };
@@ -180,7 +182,7 @@ fn batch_at(
         }
         let mut data = AlignedBuf::zeroed(h.data_len as usize);
         if !data.is_empty() && d.read_at(&mut data, DATA_OFFSET + pos + BLOCK as u64).is_err() {
-            unreadable += 1;
+            unreadable.push(*p);
             continue;
         }
         let crcs = block_crcs(&data);
@@ -195,7 +197,7 @@ fn batch_at(
             return Ok(Found { header: h, pos, crcs });
         }
     }
-    Err(unreadable == devices.len())
+    Err(unreadable)
 }
 
 /// What the replay found.
@@ -203,9 +205,12 @@ pub(crate) struct Replayed {
     pub found: Vec<Found>,
     /// Where the next batch goes.
     pub head: u64,
-    /// The replay stopped where no disk of the log could be read (or the log has no disk):
-    /// what the log held from there on is unknown.
+    /// The replay stopped where a disk of the log could not be read (or the log has no
+    /// disk), and no other held the next batch whole: what the log held from there on is
+    /// unknown.
     pub unreadable: bool,
+    /// The disks whose reads failed where the replay stopped.
+    pub failed_reads: Vec<u32>,
 }
 
 /// Follows the log from the record's tail: each batch at the end of the one before, or at
@@ -215,30 +220,38 @@ pub(crate) struct Replayed {
 pub(crate) fn replay(devices: &[(u32, DiskRef)], rec: &LogRecord, pool: [u8; 16]) -> Replayed {
     let mut found = Vec::new();
     let (mut pos, mut seq) = (rec.tail, rec.seq);
-    let unreadable = loop {
-        let next = batch_at(devices, rec.area, pool, rec.generation, seq, pos).or_else(|here| {
+    let failed_reads = loop {
+        let next = batch_at(devices, rec.area, pool, rec.generation, seq, pos).or_else(|mut here| {
             if pos == 0 {
                 return Err(here);
             }
             // Unknown if either place could not be read: the next batch may be there.
-            batch_at(devices, rec.area, pool, rec.generation, seq, 0).map_err(|start| here || start)
+            batch_at(devices, rec.area, pool, rec.generation, seq, 0).map_err(|start| {
+                for p in start {
+                    if !here.contains(&p) {
+                        here.push(p);
+                    }
+                }
+                here
+            })
         });
         let f = match next {
             Ok(f) => f,
-            Err(unreadable) => break unreadable,
+            Err(failed) => break failed,
         };
         pos = f.pos + BLOCK as u64 + f.header.data_len as u64;
         seq += 1;
         found.push(f);
         if found.len() as u64 > rec.area / BLOCK as u64 {
             warn!("the write-back log loops on itself; its replay stops here");
-            break false;
+            break Vec::new();
         }
     };
     Replayed {
         found,
         head: pos,
-        unreadable,
+        unreadable: devices.is_empty() || !failed_reads.is_empty(),
+        failed_reads,
     }
 }
 

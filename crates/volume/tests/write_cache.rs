@@ -723,54 +723,85 @@ fn writes_held_by_a_log_whose_disks_are_all_gone_at_open_are_refused() {
 /// metadata says later batches took are lost, though an older batch the replay read took the
 /// same range (the same write taken again, or a larger write around it), and whether the
 /// next batch would have been at the replay's stop or at the start of the ring, where an older
-/// batch lies. What the replayed batches hold alone reads.
+/// batch lies. What the replayed batches hold alone reads. The same when only one copy cannot
+/// be read there and the other's batch is not whole (a double fault): that is no log's end.
 #[test]
 fn writes_past_where_the_logs_replay_stops_on_read_errors_are_refused() {
     const K: u64 = 4096;
-    let (mut rig, v) = two_data_disks_two_log_disks();
-    // On the pool's disks, past the log: the first grain.
-    rig.engine().set_write_cache("v", 0).unwrap();
-    v.write(0, &pattern(1, 0, 16 * K as usize), true).unwrap();
-    rig.engine().set_write_cache("v", 1 << 30).unwrap();
-    // One batch each, from the start of the ring: a header block and the data.
-    v.write(0, &pattern(2, 0, K as usize), false).unwrap(); // [0, 8 KiB)
-    v.write(4 * K, &pattern(3, 4 * K, 4 * K as usize), false).unwrap(); // [8, 28 KiB)
-    v.flush().unwrap();
-    v.write(0, &pattern(4, 0, K as usize), false).unwrap(); // [28, 36 KiB): the same write again
-    v.write(5 * K, &pattern(5, 5 * K, K as usize), false).unwrap(); // [36, 44 KiB): inside the second
-    v.flush().unwrap();
-    assert_eq!(
-        rig.engine().cache_status().log_used_bytes,
-        11 * K,
-        "the batches are not where the test reads them"
-    );
-    drop(v);
-    rig.engine = None;
-    // Both copies of the log, at the same place.
-    for cache in [rig.disks.len() - 2, rig.disks.len() - 1] {
-        rig.disks[cache]
-            .faults()
-            .fail_range(tessera_disk::DATA_OFFSET + 7 * K, 64 * MIB, tessera_disk::FaultOp::Read);
-    }
-    rig.reopen();
-
-    let v = rig.engine().vdisk("v").unwrap();
-    let mut buf = vec![0u8; K as usize];
-    for at in [0, 5 * K] {
-        match v.read(at, &mut buf) {
-            Ok(()) => panic!("{K} bytes at {at}, written by a batch past the replay's reach, were read"),
-            Err(e) => assert!(e.to_string().contains("lost in the write-back log"), "{e}"),
+    for other_copy_rotten in [false, true] {
+        let (mut rig, v) = two_data_disks_two_log_disks();
+        // On the pool's disks, past the log: the first grain.
+        rig.engine().set_write_cache("v", 0).unwrap();
+        v.write(0, &pattern(1, 0, 16 * K as usize), true).unwrap();
+        rig.engine().set_write_cache("v", 1 << 30).unwrap();
+        // One batch each, from the start of the ring: a header block and the data.
+        v.write(0, &pattern(2, 0, K as usize), false).unwrap(); // [0, 8 KiB)
+        v.write(4 * K, &pattern(3, 4 * K, 4 * K as usize), false).unwrap(); // [8, 28 KiB)
+        v.flush().unwrap();
+        v.write(0, &pattern(4, 0, K as usize), false).unwrap(); // [28, 36 KiB): the same write again
+        v.write(5 * K, &pattern(5, 5 * K, K as usize), false).unwrap(); // [36, 44 KiB): inside the second
+        v.flush().unwrap();
+        assert_eq!(
+            rig.engine().cache_status().log_used_bytes,
+            11 * K,
+            "the batches are not where the test reads them"
+        );
+        drop(v);
+        rig.engine = None;
+        // The first copy of the log cannot be read from the third batch on; nor the second,
+        // or else the third batch's data there has a bit flipped.
+        let (first, second) = (rig.disks.len() - 2, rig.disks.len() - 1);
+        let unreadable = |d: usize| {
+            rig.disks[d]
+                .faults()
+                .fail_range(tessera_disk::DATA_OFFSET + 7 * K, 64 * MIB, tessera_disk::FaultOp::Read)
+        };
+        unreadable(first);
+        if other_copy_rotten {
+            rig.disks[second]
+                .faults()
+                .flip_bit(tessera_disk::DATA_OFFSET + 8 * K + 100, 3)
+                .unwrap();
+        } else {
+            unreadable(second);
         }
+        rig.reopen();
+
+        let how = if other_copy_rotten {
+            "one copy unreadable, the other rotten"
+        } else {
+            "both copies unreadable"
+        };
+        let v = rig.engine().vdisk("v").unwrap();
+        let mut buf = vec![0u8; K as usize];
+        for at in [0, 5 * K] {
+            match v.read(at, &mut buf) {
+                Ok(()) => panic!("{how}: {K} bytes at {at}, written by a batch past the replay's reach, were read"),
+                Err(e) => assert!(e.to_string().contains("lost in the write-back log"), "{how}: {e}"),
+            }
+        }
+        for (at, seed) in [(4 * K, 3), (6 * K, 3), (7 * K, 3), (K, 1), (8 * K, 1)] {
+            v.read(at, &mut buf).unwrap();
+            assert_same(
+                &buf,
+                &pattern(seed, at, K as usize),
+                &format!("{how}: {K} bytes at {at}"),
+            );
+        }
+        assert_eq!(rig.engine().cache_status().lost_bytes, 2 * K, "{how}");
+        // A disk whose reads failed is failed; a copy that read is not.
+        let state = |d: usize| rig.engine().pool().disk_state(d as u32);
+        assert_eq!(state(first), DiskState::Failed, "{how}");
+        assert_eq!(state(second) == DiskState::Failed, !other_copy_rotten, "{how}");
+        drop(v);
+        rig.reopen();
+        assert_eq!(
+            rig.engine().cache_status().lost_bytes,
+            2 * K,
+            "{how}, after another restart"
+        );
+        rig.assert_consistent();
     }
-    for (at, seed) in [(4 * K, 3), (6 * K, 3), (7 * K, 3), (K, 1), (8 * K, 1)] {
-        v.read(at, &mut buf).unwrap();
-        assert_same(&buf, &pattern(seed, at, K as usize), &format!("{K} bytes at {at}"));
-    }
-    assert_eq!(rig.engine().cache_status().lost_bytes, 2 * K);
-    drop(v);
-    rig.reopen();
-    assert_eq!(rig.engine().cache_status().lost_bytes, 2 * K, "after another restart");
-    rig.assert_consistent();
 }
 
 /// A vdisk without redundancy loses its disk while the log holds its writes: they can never
