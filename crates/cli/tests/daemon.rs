@@ -276,6 +276,76 @@ fn import_export_round_trip_is_bit_exact_and_sparse() {
         .is_empty());
 }
 
+/// With `data_paths` configured, the API makes pools' disks of, and reads and writes images
+/// in, those places only, checked on the file opened (a link inside leads nowhere outside);
+/// the daemon's own state is never a disk nor an image. A refusal changes nothing.
+#[test]
+fn the_api_names_data_only_where_the_configuration_lets_it() {
+    let t = tempfile::tempdir().unwrap();
+    let san = t.path().join("san");
+    let inside = disks(&san, 4, 256 << 20);
+    let outside = disks(&t.path().join("elsewhere"), 1, 256 << 20);
+    let state = t.path().join("state");
+    let d = Daemon::start_configured(&state, &format!("data_paths = [\"{}\"]\n", san.display()));
+    let head = |p: &str| {
+        let mut b = vec![0u8; 1 << 20];
+        std::os::unix::fs::FileExt::read_exact_at(&std::fs::File::open(p).unwrap(), &mut b, 0).unwrap();
+        b
+    };
+    let link = san.join("link.img");
+    std::os::unix::fs::symlink(&outside[0], &link).unwrap();
+    let link = link.display().to_string();
+    let own = state.join("pools").join("big.img");
+    std::fs::File::create(&own).unwrap().set_len(256 << 20).unwrap();
+    let own = own.display().to_string();
+    let before = head(&outside[0]);
+    for (bad, why) in [
+        (&outside[0], "outside the places"),
+        (&link, "outside the places"),
+        (&own, "inside the daemon's state directory"),
+    ] {
+        let e = d.fails(&["pool", "create", "p", "--disk", &inside[0], "--disk", bad]);
+        assert!(
+            e.contains(why) && e.contains("data_paths") == (why != "inside the daemon's state directory"),
+            "{bad}: {e}"
+        );
+        let e = d.fails(&["pool", "create", "p", "--disk", &inside[0], "--cache-disk", bad]);
+        assert!(e.contains(why), "{bad}: {e}");
+    }
+    assert!(head(&outside[0]) == before, "a refusal changed the disk");
+    assert!(d.json(&["pool", "list"]).as_array().unwrap().is_empty());
+
+    create_pool(&d, "p", &inside[..2]);
+    for bad in [&outside[0], &link, &own] {
+        let e = d.fails(&["disk", "add", "p", bad]);
+        assert!(
+            e.contains("outside the places") || e.contains("state directory"),
+            "{bad}: {e}"
+        );
+    }
+    d.ok(&["disk", "add", "p", &inside[2]]);
+    assert!(head(&outside[0]) == before, "a refusal changed the disk");
+
+    // Images: nothing read from outside (a file any local user could not read), nothing
+    // written there.
+    let e = d.fails(&["vdisk", "import", "p/x", "/etc/shadow", "--layout", "simple"]);
+    assert!(e.contains("outside the places"), "{e}");
+    let e = d.fails(&["vdisk", "import", "p/x", &link, "--layout", "simple"]);
+    assert!(e.contains("outside the places"), "{e}");
+    let img = san.join("in.img");
+    random_image(&img, 4 << 20, 5);
+    let job = d.json(&["vdisk", "import", "p/x", img.to_str().unwrap(), "--layout", "simple"]);
+    assert_eq!(job["state"], "succeeded", "{job}");
+    let out = t.path().join("elsewhere").join("out.img");
+    let e = d.fails(&["vdisk", "export", "p/x", out.to_str().unwrap()]);
+    assert!(e.contains("outside the places"), "{e}");
+    assert!(!out.exists(), "the refused export left a file");
+    let out = san.join("out.img");
+    let job = d.json(&["vdisk", "export", "p/x", out.to_str().unwrap()]);
+    assert_eq!(job["state"], "succeeded", "{job}");
+    assert!(same_file(&img, &out));
+}
+
 #[test]
 fn failed_disk_is_repaired_by_a_job_with_data_intact() {
     let t = tempfile::tempdir().unwrap();

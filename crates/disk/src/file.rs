@@ -296,6 +296,13 @@ impl BlockDevice for FileDisk {
     }
 }
 
+/// The open file, for callers that check where it really is (the name the kernel keeps for it).
+impl std::os::fd::AsFd for FileDisk {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.file.as_fd()
+    }
+}
+
 impl std::fmt::Debug for FileDisk {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FileDisk")

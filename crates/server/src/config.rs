@@ -5,6 +5,7 @@
 //! api_listen = "127.0.0.1:8484"   # "" disables the TCP listener; the unix socket stays
 //! api_token_file = "/etc/tessera/api-token"  # default: <state_dir>/api-token, made at first start
 //! api_allowed_hosts = ["san1.example.com"]  # names the TCP API may be reached by
+//! data_paths = ["/srv/tessera", "/dev/sdb"]  # all the API may make disks of, or read or write images in; default anywhere
 //! metrics_listen = "0.0.0.0:9484"  # GET /metrics only, for a scraper (token required); default none
 //! iscsi_listen = "0.0.0.0:3260"    # "none": no portal from here (those added by API stay)
 //! iscsi_send_buffer = "4M"        # iSCSI sockets' SO_SNDBUF; unset: kernel autotuning
@@ -69,6 +70,8 @@ pub struct ConfigFile {
     pub api_token_file: Option<PathBuf>,
     #[serde(default)]
     pub api_allowed_hosts: Vec<String>,
+    #[serde(default)]
+    pub data_paths: Vec<PathBuf>,
     pub metrics_listen: Option<String>,
     pub iscsi_listen: Option<String>,
     pub iscsi_send_buffer: Option<Size>,
@@ -189,6 +192,9 @@ pub struct ServerConfig {
     pub api_token: Option<String>,
     /// Host names (lowercase) the TCP listener answers to, beyond its address.
     pub api_allowed_hosts: Vec<String>,
+    /// The directories (or devices, or files) inside which a request may name a pool's disk
+    /// or an image; empty: anywhere but the state directory (`data_paths.rs`).
+    pub data_paths: Vec<PathBuf>,
     /// The configured iSCSI portal; None when disabled.
     pub iscsi_listen: Option<SocketAddr>,
     /// Socket buffers of every iSCSI portal.
@@ -287,6 +293,14 @@ impl ServerConfig {
                 return Err(format!("api_allowed_hosts: '{h}' is not a host name"));
             }
             api_allowed_hosts.push(h.to_ascii_lowercase());
+        }
+        for p in &f.data_paths {
+            if !p.is_absolute() || p.components().any(|c| c == std::path::Component::ParentDir) {
+                return Err(format!(
+                    "data_paths: '{}' must be an absolute path without '..'",
+                    p.display()
+                ));
+            }
         }
         let iscsi_listen = listen_addr("iscsi_listen", o.iscsi_listen.or(f.iscsi_listen), DEFAULT_ISCSI_LISTEN)?;
         let iscsi_buffers = tessera_iscsi::SocketBuffers {
@@ -399,6 +413,7 @@ impl ServerConfig {
             metrics_listen,
             api_token,
             api_allowed_hosts,
+            data_paths: f.data_paths,
             iscsi_listen,
             iscsi_buffers,
             iscsi_limits,
@@ -615,6 +630,20 @@ mod tests {
         assert!(resolve("nbd_tls_ca = \"/etc/t/ca.pem\"\n", o())
             .unwrap_err()
             .contains("needs nbd_tls_cert"));
+    }
+
+    #[test]
+    fn data_paths_are_absolute() {
+        let c = resolve("data_paths = [\"/srv/tessera\", \"/dev/sdb\"]\n", Overrides::default()).unwrap();
+        assert_eq!(
+            c.data_paths,
+            vec![PathBuf::from("/srv/tessera"), PathBuf::from("/dev/sdb")]
+        );
+        assert!(resolve("", Overrides::default()).unwrap().data_paths.is_empty());
+        for bad in ["srv", "/srv/../etc"] {
+            let e = resolve(&format!("data_paths = [\"{bad}\"]\n"), Overrides::default()).unwrap_err();
+            assert!(e.contains("data_paths") && e.contains(bad), "{e}");
+        }
     }
 
     #[test]

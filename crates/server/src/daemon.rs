@@ -25,6 +25,7 @@ use tracing::{error, info, warn};
 
 use crate::auto_repair::AutoRepair;
 use crate::config::ServerConfig;
+use crate::data_paths::{DataPaths, DataUse};
 use crate::error::{ApiError, ApiResult};
 use crate::events::{EventLog, NewEvent, Severity};
 use crate::image;
@@ -91,6 +92,23 @@ struct ImportedList {
 /// Opens a member disk by the path recorded in its pool.
 pub fn open_disk(path: &str) -> Result<DiskRef, tessera_disk::DiskError> {
     Ok(Arc::new(FileDisk::open(path)?))
+}
+
+impl Daemon {
+    /// Where a request may point the daemon at data (`data_paths.rs`).
+    pub(crate) fn data_paths(&self) -> DataPaths {
+        DataPaths::new(&self.cfg.state_dir, &self.cfg.data_paths)
+    }
+
+    /// Opens a disk a request names for a pool (a new member, data or cache), refused where
+    /// the request may not point the daemon (checked on the file opened).
+    pub(crate) fn open_new_disk(&self, path: &str) -> ApiResult<DiskRef> {
+        let disk = FileDisk::open(path)?;
+        self.data_paths()
+            .check(&disk, Path::new(path), DataUse::Disk)
+            .map_err(ApiError::invalid)?;
+        Ok(Arc::new(disk))
+    }
 }
 
 impl Daemon {

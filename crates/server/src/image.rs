@@ -11,6 +11,8 @@ use serde::{Deserialize, Serialize};
 use tessera_disk::{AlignedBuf, Label, LabelError};
 use tessera_volume::{Progress, Vdisk};
 
+use crate::data_paths::{DataPaths, DataUse};
+
 /// Bytes moved per step; also how often cancel is checked.
 const CHUNK: usize = 4 << 20;
 /// Unit of zero detection: a run of zeros this long or longer is a hole.
@@ -206,34 +208,13 @@ fn is_zero(b: &[u8]) -> bool {
     pre.iter().all(|&x| x == 0) && words.iter().all(|&x| x == 0) && post.iter().all(|&x| x == 0)
 }
 
-/// Where an open file really is (the link the kernel keeps for its descriptor): whatever
-/// names led to it, symbolic links, `/proc/self/fd/N` or a directory renamed meanwhile.
-pub fn real_path(f: &File) -> Option<std::path::PathBuf> {
-    std::fs::read_link(format!("/proc/self/fd/{}", f.as_raw_fd())).ok()
-}
-
-/// Refuses a file opened for an image if it is inside `forbidden` (the daemon's state
-/// directory: pools' metadata, keys, configuration), however its path reached it.
-pub fn refuse_within(f: &File, path: &Path, forbidden: &Path) -> Result<(), String> {
-    match real_path(f) {
-        Some(real) if !real.starts_with(forbidden) => Ok(()),
-        Some(real) => Err(format!(
-            "{} is {}, inside the daemon's state directory {}: use a file elsewhere",
-            path.display(),
-            real.display(),
-            forbidden.display()
-        )),
-        None => Err(format!("cannot tell where {} is", path.display())),
-    }
-}
-
 /// Opens the export destination: a new file (or, with `overwrite`, an existing one truncated),
 /// sized to the vdisk and sparse; or an existing block device at least that large. A file or
 /// device that carries a Tessera disk label (a disk of a pool, data or cache, here or
-/// elsewhere) is never written over, `overwrite` or not; nor is anything inside `forbidden`
-/// (checked on the file opened, so no link leads there), and a regular file is never reached
+/// elsewhere) is never written over, `overwrite` or not; nor is anything `paths` refuses for
+/// an image (checked on the file opened, so no link leads there), and a regular file is never reached
 /// through a symbolic link (a device may be: /dev/disk/by-id names are links).
-pub fn create_target(path: &Path, overwrite: bool, size: u64, forbidden: &Path) -> Result<File, String> {
+pub fn create_target(path: &Path, overwrite: bool, size: u64, paths: &DataPaths) -> Result<File, String> {
     if let Ok(md) = std::fs::metadata(path) {
         if md.is_dir() {
             return Err(format!("{} is a directory", path.display()));
@@ -257,7 +238,7 @@ pub fn create_target(path: &Path, overwrite: bool, size: u64, forbidden: &Path) 
                 .write(true)
                 .open(path)
                 .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
-            refuse_within(&f, path, forbidden)?;
+            paths.check(&f, path, DataUse::Image)?;
             return Ok(f);
         }
         if !overwrite {
@@ -289,7 +270,7 @@ pub fn create_target(path: &Path, overwrite: bool, size: u64, forbidden: &Path) 
     if !f.metadata().is_ok_and(|m| m.is_file()) {
         return Err(format!("{} is not a regular file", path.display()));
     }
-    if let Err(e) = refuse_within(&f, path, forbidden) {
+    if let Err(e) = paths.check(&f, path, DataUse::Image) {
         // Made by this call: not left behind.
         if !existed {
             let _ = std::fs::remove_file(path);
@@ -476,11 +457,22 @@ mod tests {
     fn export_target_is_never_overwritten_by_accident() {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("out.img");
-        create_target(&p, false, 1 << 20, Path::new("/nonexistent-state")).unwrap();
-        assert!(create_target(&p, false, 1 << 20, Path::new("/nonexistent-state"))
-            .unwrap_err()
-            .contains("--overwrite"));
-        create_target(&p, true, 2 << 20, Path::new("/nonexistent-state")).unwrap();
+        create_target(
+            &p,
+            false,
+            1 << 20,
+            &DataPaths::new(Path::new("/nonexistent-state"), &[]),
+        )
+        .unwrap();
+        assert!(create_target(
+            &p,
+            false,
+            1 << 20,
+            &DataPaths::new(Path::new("/nonexistent-state"), &[])
+        )
+        .unwrap_err()
+        .contains("--overwrite"));
+        create_target(&p, true, 2 << 20, &DataPaths::new(Path::new("/nonexistent-state"), &[])).unwrap();
         assert_eq!(std::fs::metadata(&p).unwrap().len(), 2 << 20);
     }
 
@@ -493,22 +485,23 @@ mod tests {
         let state = d.path().join("state");
         std::fs::create_dir(&state).unwrap();
         let state = std::fs::canonicalize(&state).unwrap();
+        let paths = DataPaths::new(&state, &[]);
         let precious = state.join("events.jsonl");
         std::fs::write(&precious, b"the daemon's own").unwrap();
         let link = d.path().join("out.img");
         std::os::unix::fs::symlink(&precious, &link).unwrap();
-        let e = create_target(&link, true, 1 << 20, &state).unwrap_err();
+        let e = create_target(&link, true, 1 << 20, &paths).unwrap_err();
         assert!(e.contains("symbolic link"), "{e}");
         let held = std::fs::File::open(&precious).unwrap();
         let magic = Path::new("/proc/self/fd").join(held.as_raw_fd().to_string());
-        let e = create_target(&magic, true, 1 << 20, &state).unwrap_err();
+        let e = create_target(&magic, true, 1 << 20, &paths).unwrap_err();
         assert!(e.contains("symbolic link") || e.contains("state directory"), "{e}");
-        let e = create_target(&state.join("new.img"), false, 1 << 20, &state).unwrap_err();
+        let e = create_target(&state.join("new.img"), false, 1 << 20, &paths).unwrap_err();
         assert!(e.contains("inside the daemon's state directory"), "{e}");
         assert!(!state.join("new.img").exists(), "the refused file was left behind");
         assert_eq!(std::fs::read(&precious).unwrap(), b"the daemon's own");
         // A plain file elsewhere is made as asked.
-        create_target(&d.path().join("plain.img"), false, 1 << 20, &state).unwrap();
+        create_target(&d.path().join("plain.img"), false, 1 << 20, &paths).unwrap();
     }
 
     #[test]
@@ -521,21 +514,45 @@ mod tests {
         let e = tessera_volume::Engine::create_pool(&dir, "tank", vec![dev], 64 << 20).unwrap();
         drop(e);
         let before = std::fs::read(&disk).unwrap();
-        let err = create_target(&disk, true, 1 << 20, Path::new("/nonexistent-state")).unwrap_err();
+        let err = create_target(
+            &disk,
+            true,
+            1 << 20,
+            &DataPaths::new(Path::new("/nonexistent-state"), &[]),
+        )
+        .unwrap_err();
         assert!(err.contains("a disk of Tessera pool 'tank'"), "{err}");
         assert!(std::fs::read(&disk).unwrap() == before, "the refusal changed the disk");
         // A label that no longer reads (its checksum broken) is refused all the same.
         let mut bytes = before.clone();
         bytes[100] ^= 0xFF;
         std::fs::write(&disk, &bytes).unwrap();
-        let err = create_target(&disk, true, 1 << 20, Path::new("/nonexistent-state")).unwrap_err();
+        let err = create_target(
+            &disk,
+            true,
+            1 << 20,
+            &DataPaths::new(Path::new("/nonexistent-state"), &[]),
+        )
+        .unwrap_err();
         assert!(err.contains("carries a Tessera disk label"), "{err}");
         // A file of anything else is replaced, as asked.
         let other = d.path().join("other.img");
         std::fs::write(&other, vec![7u8; 8192]).unwrap();
-        create_target(&other, true, 1 << 20, Path::new("/nonexistent-state")).unwrap();
+        create_target(
+            &other,
+            true,
+            1 << 20,
+            &DataPaths::new(Path::new("/nonexistent-state"), &[]),
+        )
+        .unwrap();
         // As is one shorter than a label.
         std::fs::write(&other, b"x").unwrap();
-        create_target(&other, true, 1 << 20, Path::new("/nonexistent-state")).unwrap();
+        create_target(
+            &other,
+            true,
+            1 << 20,
+            &DataPaths::new(Path::new("/nonexistent-state"), &[]),
+        )
+        .unwrap();
     }
 }

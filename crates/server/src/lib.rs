@@ -6,6 +6,7 @@ pub mod api;
 pub mod auto_repair;
 pub mod config;
 pub mod daemon;
+pub mod data_paths;
 pub mod dedup;
 pub mod demo;
 pub mod error;

@@ -41,11 +41,11 @@ impl Daemon {
         }
         let mut disks = Vec::new();
         for p in &req.disks {
-            disks.push(open_disk(p)?);
+            disks.push(self.open_new_disk(p)?);
         }
         let mut cache_disks = Vec::new();
         for p in &req.cache_disks {
-            cache_disks.push(open_disk(p)?);
+            cache_disks.push(self.open_new_disk(p)?);
         }
         let engine = Engine::create_pool(&dir, &req.name, disks, slab).inspect_err(|_| {
             // Pool::create leaves nothing behind on the disks it refused; the directory it made
@@ -481,7 +481,7 @@ impl Daemon {
                 "pool '{pool}' lives in Ceph RADOS, whose pool keeps its copies and its space: a disk of this machine would hold data (a cache disk, writes reported durable) that the other gateways cannot read when they take the pool over"
             )));
         }
-        let dev = open_disk(path)?;
+        let dev = self.open_new_disk(path)?;
         let info = match (usage, spare) {
             (DiskUsage::Cache, true) => {
                 return Err(ApiError::invalid(

@@ -198,12 +198,13 @@ impl Daemon {
         }
         self.refuse_if_replica(pool, name, "imported into")?;
         // The daemon's own files (keys, pools' metadata) are never read into a vdisk, whatever
-        // link leads to them.
-        let state = self.own_files();
-        // The file checked is the one read: the job takes it, not the path again.
+        // link leads to them, nor anything outside `data_paths` where they are configured. The
+        // file checked is the one read: the job takes it, not the path again.
         let opened =
             std::fs::File::open(&path).map_err(|e| ApiError::invalid(format!("cannot open {}: {e}", req.path)))?;
-        image::refuse_within(&opened, &path, &state).map_err(ApiError::invalid)?;
+        self.data_paths()
+            .check(&opened, &path, DataUse::Image)
+            .map_err(ApiError::invalid)?;
         let image_size = image::size_of(&opened, &path).map_err(ApiError::invalid)?;
         let v = match e.vdisk(name) {
             Ok(v) => v,
@@ -242,21 +243,16 @@ impl Daemon {
         if !path.is_absolute() {
             return Err(ApiError::invalid(format!("image path '{}' must be absolute", req.path)));
         }
-        // The daemon's own files (pools' metadata, keys, configuration) are never a target:
-        // checked on the file opened, whatever link or directory leads there.
+        // The daemon's own files (pools' metadata, keys, configuration) are never a target, nor
+        // anything outside `data_paths` where they are configured: checked on the file opened,
+        // whatever link or directory leads there.
         let file =
-            image::create_target(&path, req.overwrite, v.size(), &self.own_files()).map_err(ApiError::invalid)?;
+            image::create_target(&path, req.overwrite, v.size(), &self.data_paths()).map_err(ApiError::invalid)?;
         let job = self.jobs.spawn("export", &format!("{pool}/{name}"), move |p| {
             let r = image::export(&v, file, &path, p)?;
             Ok(serde_json::to_value(r).expect("serializable"))
         });
         Ok(job.view())
-    }
-
-    /// The state directory as the kernel names it (links resolved), for checks of where an
-    /// opened image file really is.
-    fn own_files(&self) -> PathBuf {
-        std::fs::canonicalize(&self.cfg.state_dir).unwrap_or_else(|_| self.cfg.state_dir.clone())
     }
 
     fn busy_vdisk_check(&self, pool: &str, name: &str) -> ApiResult<()> {
