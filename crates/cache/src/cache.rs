@@ -641,11 +641,6 @@ impl WriteCache {
     pub fn write(&self, vdisk: u64, set: &SlabSet, offset: u64, data: &[u8]) -> Result<()> {
         let i = &self.inner;
         let end = offset + data.len() as u64;
-        if i.layouts.refuses_writes(set) {
-            // The layout refuses it: the log, which could never destage it, must not answer
-            // for it.
-            i.layouts.write(set, offset, data)?;
-        }
         let (cached, one_copy, active) = {
             let st = i.state.lock();
             let takes = !st.devices.is_empty()
@@ -682,6 +677,11 @@ impl WriteCache {
             i.written_again(set.id, offset, end);
             i.counters.write_through.fetch_add(1, Ordering::Relaxed);
             return Ok(());
+        }
+        if i.layouts.refuses_writes(set) {
+            // The layout refuses it (the write says why): the log, which could never destage
+            // it, must not answer for it.
+            i.layouts.write(set, offset, data)?;
         }
         let mut seqs = Vec::new();
         for (n, chunk) in data.chunks(MAX_BATCH).enumerate() {

@@ -43,6 +43,23 @@ impl Site {
         self.d = Site::daemon(&self.dir, key, listen);
     }
 
+    /// `replica create VDISK --to TO --target-pool POOL --name NAME EXTRA...` at this site.
+    fn replicate(&self, vdisk: &str, to: &str, pool: &str, name: &str, extra: &[&str]) -> String {
+        let mut args = vec![
+            "replica",
+            "create",
+            vdisk,
+            "--to",
+            to,
+            "--target-pool",
+            pool,
+            "--name",
+            name,
+        ];
+        args.extend_from_slice(extra);
+        self.d.ok(&args)
+    }
+
     fn listen(&self) -> String {
         self.d.json(&["replica", "list"])["listen"]
             .as_str()
@@ -117,19 +134,7 @@ fn replicas_follow_their_source_and_fail_over_and_back() {
 
     a.d.ok(&["vdisk", "create", "p/db", "--size", "96M", "--layout", "mirror"]);
     write_image(&a, "p/db", 40 << 20, 1);
-    let out = a.d.ok(&[
-        "replica",
-        "create",
-        "p/db",
-        "--to",
-        &b.listen(),
-        "--target-pool",
-        "q",
-        "--name",
-        "dr",
-        "--interval",
-        "0",
-    ]);
+    let out = a.replicate("p/db", &b.listen(), "q", "dr", &["--interval", "0"]);
     assert!(out.contains("replica dr: p/db to q/db"), "{out}");
 
     // The first cycle: only allocated data crosses (the image has holes; the rest of the
@@ -275,19 +280,7 @@ fn a_replica_is_known_by_its_pool_not_only_by_the_daemon_that_received_it() {
     let b_listen = b.listen();
     a.d.ok(&["vdisk", "create", "p/db", "--size", "32M", "--layout", "simple"]);
     write_image(&a, "p/db", 8 << 20, 1);
-    a.d.ok(&[
-        "replica",
-        "create",
-        "p/db",
-        "--to",
-        &b_listen,
-        "--target-pool",
-        "q",
-        "--name",
-        "dr",
-        "--interval",
-        "0",
-    ]);
+    a.replicate("p/db", &b_listen, "q", "dr", &["--interval", "0"]);
     a.d.ok(&["replica", "sync", "dr"]);
     assert_eq!(b.replica("q/db")["cycles"], 1);
 
@@ -343,21 +336,7 @@ fn cycles_cut_by_sigkill_go_on_where_they_stopped() {
     a.d.ok(&["vdisk", "create", "p/db", "--size", "64M", "--layout", "mirror"]);
     write_image(&a, "p/db", 48 << 20, 11);
     // 4 MiB/s: the first cycle takes about ten seconds, time to cut it.
-    a.d.ok(&[
-        "replica",
-        "create",
-        "p/db",
-        "--to",
-        &b_listen,
-        "--target-pool",
-        "q",
-        "--name",
-        "dr",
-        "--interval",
-        "0",
-        "--bandwidth",
-        "4M",
-    ]);
+    a.replicate("p/db", &b_listen, "q", "dr", &["--interval", "0", "--bandwidth", "4M"]);
     a.d.ok(&["replica", "sync", "dr", "--no-wait"]);
     wait_progress(&a, "p/db", 8 << 20);
     a.d.kill9();
@@ -410,23 +389,13 @@ fn a_promotion_cuts_the_cycle_under_way() {
     let (_t, _key, a, b) = two_sites();
     a.d.ok(&["vdisk", "create", "p/db", "--size", "64M", "--layout", "mirror"]);
     write_image(&a, "p/db", 2 << 20, 21);
-    a.d.ok(&[
-        "replica",
-        "create",
+    a.replicate(
         "p/db",
-        "--to",
         &b.listen(),
-        "--target-pool",
         "q",
-        "--name",
         "dr",
-        "--interval",
-        "0",
-        "--bandwidth",
-        "1M",
-        "--streams",
-        "2",
-    ]);
+        &["--interval", "0", "--bandwidth", "1M", "--streams", "2"],
+    );
     a.d.ok(&["replica", "sync", "dr"]);
     let first = a.export("p/db@repl-dr-1", "a1.img");
     // The next cycle carries 40 MiB at 1 MiB/s: under way for about forty seconds.
@@ -459,19 +428,7 @@ fn a_promotion_cuts_a_trickling_extra_stream() {
     a.d.ok(&["vdisk", "create", "p/db", "--size", "16M", "--layout", "mirror"]);
     write_image(&a, "p/db", 1 << 20, 31);
     let to = b.listen();
-    a.d.ok(&[
-        "replica",
-        "create",
-        "p/db",
-        "--to",
-        &to,
-        "--target-pool",
-        "q",
-        "--name",
-        "dr",
-        "--interval",
-        "0",
-    ]);
+    a.replicate("p/db", &to, "q", "dr", &["--interval", "0"]);
     a.d.ok(&["replica", "sync", "dr"]);
     let v = b.d.json(&["vdisk", "show", "q/db"]);
     // The next cycle, from a sender of this test's own: two streams, then nothing but a byte
@@ -572,19 +529,7 @@ fn peers_without_the_key_get_nothing_and_a_full_replica_pool_leaves_the_source_w
     );
 
     c.d.ok(&["vdisk", "create", "r/x", "--size", "8M"]);
-    c.d.ok(&[
-        "replica",
-        "create",
-        "r/x",
-        "--to",
-        &b.listen(),
-        "--target-pool",
-        "q",
-        "--name",
-        "x",
-        "--interval",
-        "0",
-    ]);
+    c.replicate("r/x", &b.listen(), "q", "x", &["--interval", "0"]);
     let e = c.d.fails(&["replica", "sync", "x"]);
     assert!(
         e.to_lowercase().contains("tls") || e.contains("handshake") || e.contains("alert"),
@@ -608,19 +553,7 @@ fn peers_without_the_key_get_nothing_and_a_full_replica_pool_leaves_the_source_w
     // A replica larger than its pool: the cycle fails with the pool's reason.
     a.d.ok(&["vdisk", "create", "p/big", "--size", "512M", "--layout", "simple"]);
     write_image(&a, "p/big", 300 << 20, 21);
-    a.d.ok(&[
-        "replica",
-        "create",
-        "p/big",
-        "--to",
-        &b.listen(),
-        "--target-pool",
-        "q",
-        "--name",
-        "big",
-        "--interval",
-        "0",
-    ]);
+    a.replicate("p/big", &b.listen(), "q", "big", &["--interval", "0"]);
     let e = a.d.fails(&["replica", "sync", "big"]);
     assert!(e.contains("space") || e.contains("full"), "{e}");
     let r = a.replica("big");
@@ -685,19 +618,7 @@ fn one_address_cannot_hold_every_place_of_the_replication_listener() {
     );
     a.d.ok(&["vdisk", "create", "p/x", "--size", "8M"]);
     write_image(&a, "p/x", 4 << 20, 5);
-    a.d.ok(&[
-        "replica",
-        "create",
-        "p/x",
-        "--to",
-        &to,
-        "--target-pool",
-        "q",
-        "--name",
-        "x",
-        "--interval",
-        "0",
-    ]);
+    a.replicate("p/x", &to, "q", "x", &["--interval", "0"]);
     a.d.ok(&["replica", "sync", "x"]);
     assert!(same_file(
         &a.export("p/x@repl-x-1", "a.img"),
@@ -730,21 +651,7 @@ fn a_consistency_group_is_replicated_and_promoted_at_one_instant() {
     write_image(&a, "p/data", 8 << 20, 31);
     write_image(&a, "p/log", 8 << 20, 32);
     for (v, name) in [("p/data", "d"), ("p/log", "l")] {
-        a.d.ok(&[
-            "replica",
-            "create",
-            v,
-            "--to",
-            &b.listen(),
-            "--target-pool",
-            "q",
-            "--name",
-            name,
-            "--group",
-            "db",
-            "--interval",
-            "0",
-        ]);
+        a.replicate(v, &b.listen(), "q", name, &["--group", "db", "--interval", "0"]);
     }
     // One sync runs the group's round: both snapshots taken at one instant, both sent.
     let job = a.d.json(&["replica", "sync", "l"]);
@@ -821,21 +728,7 @@ fn replication_across_a_lossy_long_link_between_two_namespaces() {
     a.d.ok(&["vdisk", "create", "p/db", "--size", "64M", "--layout", "mirror"]);
     write_image(&a, "p/db", 40 << 20, 41);
     let to = format!("{}:3262", tessera_linkem::B_ADDR);
-    a.d.ok(&[
-        "replica",
-        "create",
-        "p/db",
-        "--to",
-        &to,
-        "--target-pool",
-        "q",
-        "--name",
-        "wan",
-        "--interval",
-        "0",
-        "--streams",
-        "3",
-    ]);
+    a.replicate("p/db", &to, "q", "wan", &["--interval", "0", "--streams", "3"]);
     a.d.ok(&["replica", "sync", "wan", "--no-wait"]);
     wait_progress(&a, "p/db", 8 << 20);
     link.set_cut(true);
@@ -876,21 +769,7 @@ fn replicas_stay_exact_under_steady_writes_and_an_rpo_is_watched() {
     a.d.ok(&["vdisk", "create", "p/db", "--size", "64M", "--layout", "mirror"]);
     a.d.ok(&["nbd", "export", "p/db"]);
     let uri = format!("nbd://{}/db", a.d.nbd_address());
-    a.d.ok(&[
-        "replica",
-        "create",
-        "p/db",
-        "--to",
-        &b.listen(),
-        "--target-pool",
-        "q",
-        "--name",
-        "dr",
-        "--interval",
-        "1s",
-        "--rpo",
-        "1h",
-    ]);
+    a.replicate("p/db", &b.listen(), "q", "dr", &["--interval", "1s", "--rpo", "1h"]);
     let writes = |from: u64, to: u64| {
         for k in from..to {
             // A 64 KiB write of its own pattern somewhere in the first 48 MiB, 4 KiB aligned.

@@ -657,6 +657,40 @@ fn one_cut(cache: bool, seed: u64, cut_after: u64) -> (tempfile::TempDir, Vec<Mo
     (tmp, models)
 }
 
+/// Reads every block of the work vdisks from the `first` layout on: each must read as its
+/// model allows (its last durable content or something written since, never an older one),
+/// or be refused, which `refusal(layout, error)` checks. Returns the blocks read and refused.
+fn read_every_block(
+    e: &Engine,
+    models: &[Model],
+    first: usize,
+    what: &str,
+    refusal: impl Fn(usize, &str),
+) -> (u64, u64) {
+    let (mut read, mut refused) = (0, 0);
+    for t in first..LAYOUTS.len() {
+        let v = e.vdisk(&work_name(t)).unwrap();
+        for b in 0..BLOCKS {
+            let mut buf = vec![0u8; BLOCK as usize];
+            match v.read(b as u64 * BLOCK, &mut buf) {
+                Ok(()) => {
+                    read += 1;
+                    assert!(
+                        models[t].allowed[b].contains(&block_hash(&buf)),
+                        "{what}: {} block {b} reads data it may not hold (older, or never written)",
+                        work_name(t)
+                    );
+                }
+                Err(err) => {
+                    refusal(t, &err.to_string());
+                    refused += 1;
+                }
+            }
+        }
+    }
+    (read, refused)
+}
+
 /// A cut, then a restart with one disk missing: regions that were being written cannot be
 /// resynced, so a parity row torn by the cut may hold parity that matches neither the old nor
 /// the new data. Reading what lived on the missing disk must then fail, never return what
@@ -681,35 +715,21 @@ fn a_disk_missing_at_the_restart_after_a_cut_never_yields_wrong_data() {
         };
         let e = Engine::open(&dir.join("pool"), &opener).unwrap();
         let mut check_reads = |stage: &str| {
+            let what = format!("round {round}, {stage}, {missing} missing");
             // The simple layout has nothing to read around a missing disk.
-            for t in 1..LAYOUTS.len() {
-                let v = e.vdisk(&work_name(t)).unwrap();
-                for b in 0..BLOCKS {
-                    let mut buf = vec![0u8; BLOCK as usize];
-                    match v.read(b as u64 * BLOCK, &mut buf) {
-                        Ok(()) => {
-                            checked += 1;
-                            assert!(
-                                models[t].allowed[b].contains(&block_hash(&buf)),
-                                "round {round}, {stage}: {} block {b} read wrong data with {missing} missing",
-                                work_name(t)
-                            );
-                        }
-                        Err(err) => {
-                            assert_ne!(
-                                LAYOUTS[t].1,
-                                LayoutKind::Mirror,
-                                "round {round}, {stage}: a mirror reads around a missing disk: {err}"
-                            );
-                            assert!(
-                                err.to_string().contains("could not be made consistent at the restart"),
-                                "round {round}, {stage}: {err}"
-                            );
-                            refused += 1;
-                        }
-                    }
-                }
-            }
+            let (read, not) = read_every_block(&e, &models, 1, &what, |t, err| {
+                assert_ne!(
+                    LAYOUTS[t].1,
+                    LayoutKind::Mirror,
+                    "{what}: a mirror reads around a missing disk: {err}"
+                );
+                assert!(
+                    err.contains("could not be made consistent at the restart"),
+                    "{what}: {err}"
+                );
+            });
+            checked += read;
+            refused += not;
         };
         check_reads("before the repair");
         // A repair rebuilds what it can onto the disk left (never from unsynced parity): what
@@ -760,30 +780,16 @@ fn the_write_back_log_missing_at_the_restart_after_a_cut_never_yields_older_data
             e.cache_status().devices.is_empty(),
             "round {round}: the log found its disks"
         );
-        for t in 0..LAYOUTS.len() {
-            let v = e.vdisk(&work_name(t)).unwrap();
-            for b in 0..BLOCKS {
-                let mut buf = vec![0u8; BLOCK as usize];
-                match v.read(b as u64 * BLOCK, &mut buf) {
-                    Ok(()) => {
-                        checked += 1;
-                        assert!(
-                            models[t].allowed[b].contains(&block_hash(&buf)),
-                            "round {round}: {} block {b} reads older data with the write-back log missing",
-                            work_name(t)
-                        );
-                    }
-                    Err(err) => {
-                        assert!(
-                            err.to_string().contains("lost in the write-back log"),
-                            "round {round}: {} block {b}: {err}",
-                            work_name(t)
-                        );
-                        refused += 1;
-                    }
-                }
-            }
-        }
+        let what = format!("round {round}, the write-back log missing");
+        let (read, not) = read_every_block(&e, &models, 0, &what, |t, err| {
+            assert!(
+                err.contains("lost in the write-back log"),
+                "{what}: {}: {err}",
+                work_name(t)
+            );
+        });
+        checked += read;
+        refused += not;
         let p = problems(&e);
         assert!(p.is_empty(), "round {round}: {p:#?}");
     }
