@@ -300,6 +300,21 @@ fn a_replica_is_known_by_its_pool_not_only_by_the_daemon_that_received_it() {
         let e = b.d.fails(&args);
         assert!(e.contains("is a replica") && e.contains(what), "{args:?}: {e}");
     }
+    // It takes the replica on, by its mark: listed, at the last snapshot a cycle made, and
+    // kept by the source's next cycle, which sends only what changed.
+    let r = b.replica("q/db");
+    assert_eq!(r["last_snapshot"], "repl-dr-1", "{r}");
+    let events = b.d.ok(&["events", "-n", "20"]);
+    assert!(events.contains("replica.adopted"), "{events}");
+    write_image(&a, "p/db", 1 << 20, 5);
+    a.d.ok(&["replica", "sync", "dr"]);
+    let r = a.replica("dr");
+    assert!(n(&r["last_cycle"], "sent_bytes") <= 2 << 20, "{r}");
+    assert!(same_file(
+        &a.export("p/db@repl-dr-2", "a2.img"),
+        &b.export("q/db@repl-dr-2", "b2.img")
+    ));
+    assert_eq!(b.replica("q/db")["cycles"], 1);
     let out = b.d.ok(&["replica", "promote", "q/db"]);
     assert!(out.contains("promoted"), "{out}");
     b.d.ok(&["nbd", "export", "q/db"]);

@@ -622,6 +622,58 @@ impl Daemon {
         }
     }
 
+    /// Takes on the replicas the metadata of `pool` marks and this daemon holds no record of
+    /// (a pool on RADOS taken over from the gateway that received them, or a pool imported
+    /// here): listed, kept by their source's cycles and promotable here as where they were
+    /// made. Each is recorded at the newest snapshot of its cycles (one is taken only once a
+    /// cycle's data is all in); its next cycle puts the working copy back there first, as no
+    /// marker of a cycle under way is here.
+    pub(crate) fn adopt_replicas(&self, pool: &str) {
+        let Ok(e) = self.engine(pool) else { return };
+        for v in e.vdisks().into_iter().filter(|v| !v.is_snapshot()) {
+            let name = v.name();
+            let key = format!("{pool}/{name}");
+            if self.replication.saved.lock().incoming.contains_key(&key) {
+                continue;
+            }
+            let source = match e.lun_state(&v, REPLICA_MARK) {
+                Ok(Some(source)) => String::from_utf8_lossy(&source).into_owned(),
+                Ok(None) => continue,
+                Err(err) => {
+                    warn!(replica = %key, error = %err, "cannot read whether the vdisk is a replica");
+                    continue;
+                }
+            };
+            let last = replication_snapshots(&e, &name).pop();
+            let adopted = self.replication.change(|s| {
+                s.incoming.entry(key.clone()).or_insert_with(|| Incoming {
+                    source: source.clone(),
+                    created_at: now(),
+                    last_snapshot: last.clone(),
+                    last_cycle_at: None,
+                    cycles: 0,
+                    marked: true,
+                });
+                Ok(())
+            });
+            match adopted {
+                Ok(()) => _ = self.events.record(
+                    NewEvent::new(
+                        Severity::Info,
+                        "replica.adopted",
+                        format!(
+                            "replica {key} of {source}, marked so in its pool, is kept here from now on (last snapshot: {})",
+                            last.as_deref().unwrap_or("none")
+                        ),
+                    )
+                    .pool(pool)
+                    .subject(&key),
+                ),
+                Err(err) => warn!(replica = %key, error = %err.message, "cannot record a replica marked in its pool"),
+            }
+        }
+    }
+
     /// Whether the pool's metadata marks `pool/vdisk` a replica: a gateway that opens the
     /// pool after the one that received it (a pool on RADOS taken over) knows it by the mark.
     pub(crate) fn replica_marked(&self, pool: &str, vdisk: &str) -> ApiResult<bool> {
