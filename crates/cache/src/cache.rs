@@ -173,6 +173,8 @@ struct State {
     waiting: usize,
     /// Callers that want everything destaged.
     draining: usize,
+    /// The destager goes only for room (`WriteCache::hold_destage`).
+    held_back: bool,
     /// Data lost with the log's last disk (lost.rs): refused to readers until written again.
     lost: LostRanges,
     /// What the pool's metadata holds of it: a loss is recorded there at once, a range written
@@ -241,12 +243,16 @@ impl State {
         if self.dirty == 0 {
             return false;
         }
-        self.waiting > 0
+        let for_room = self.waiting > 0
             || self.draining > 0
             || self.dirty >= self.area / 2
             || self.used() >= self.area / 2
             // A vdisk three quarters through its budget: destaging now keeps it from waiting.
-            || self.vdisk_dirty.iter().any(|(v, d)| *d >= self.budget(*v) / 4 * 3)
+            || self.vdisk_dirty.iter().any(|(v, d)| *d >= self.budget(*v) / 4 * 3);
+        if self.held_back {
+            return for_room;
+        }
+        for_room
             || self.devices.len() < COPIES
             || self
                 .batches
@@ -387,6 +393,7 @@ impl WriteCache {
             budgets: HashMap::new(),
             waiting: 0,
             draining: 0,
+            held_back: false,
             lost: LostRanges::load(&pool)?,
             lost_saved: LostRanges::default(),
             lost_cuts: LostRanges::default(),
@@ -572,6 +579,15 @@ impl WriteCache {
     /// to replay after a crash; longer: more overwrites merged and more rows gathered.
     pub fn set_destage_delay(&self, d: Duration) {
         self.inner.max_age_ms.store(d.as_millis() as u64, Ordering::Relaxed);
+        self.inner.work.notify_all();
+    }
+
+    /// Holds the destager (or lets it go again) to what room requires: writers waiting, a
+    /// drain, the log half full, a vdisk near its budget. Meanwhile data stays in the log
+    /// whatever its age, also in a log of one copy (which is otherwise destaged at once): for
+    /// tests of what the log holds.
+    pub fn hold_destage(&self, held: bool) {
+        self.inner.state.lock().held_back = held;
         self.inner.work.notify_all();
     }
 

@@ -25,11 +25,33 @@ fn rig(cache: usize) -> Rig {
 /// stuck log start.
 fn one_log_disk() -> (Rig, Arc<Vdisk>) {
     let rig = Rig::with_cache(2, 64 * MIB, MIB, 1);
-    rig.engine().cache().set_destage_delay(Duration::from_secs(3600));
+    // Held: a log of one copy is otherwise destaged at once.
+    rig.engine().cache().hold_destage(true);
     let mut s = spec("v", 4 * MIB, LayoutKind::Simple, Provisioning::Thin);
     s.columns = Some(1);
     let v = rig.engine().create_vdisk(&s).unwrap();
     (rig, v)
+}
+
+/// A log of one copy is destaged at once, unless the destager is held; then its data waits
+/// until the destager is let go again (what the tests built on `one_log_disk` rely on).
+#[test]
+fn a_held_destager_leaves_a_log_of_one_copy_alone_until_let_go() {
+    let (rig, v) = one_log_disk();
+    let e = rig.engine();
+    v.write(0, &pattern(1, 0, 256 << 10), true).unwrap();
+    // Several of the destager's 100 ms ticks.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(e.cache_status().dirty_bytes, 256 << 10, "destaged while held");
+    e.cache().hold_destage(false);
+    let t = std::time::Instant::now();
+    while e.cache_status().dirty_bytes > 0 {
+        assert!(t.elapsed() < Duration::from_secs(30), "not destaged once let go");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut got = vec![0u8; 256 << 10];
+    v.read(0, &mut got).unwrap();
+    assert_same(&got, &pattern(1, 0, 256 << 10), "after the destage");
 }
 
 /// Two data disks and two cache disks whose data waits in the log (none destaged for its age;
