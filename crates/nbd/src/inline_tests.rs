@@ -16,6 +16,9 @@ use crate::{Export, Registry};
 
 const MIB: u64 = 1 << 20;
 
+/// `NO_WORKER_THREADS` is the process's: one of these tests at a time.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
@@ -45,6 +48,7 @@ async fn a_request_run_inline_waits_for_the_ring_that_holds_its_grains() {
     let addr = listener.local_addr().unwrap().to_string();
     tokio::spawn(crate::serve(listener, reg.clone()));
 
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     NO_WORKER_THREADS.store(true, Ordering::SeqCst);
     let c = Arc::new(Client::connect(&addr, "v").await.unwrap());
     // A whole-block overwrite goes on the ring, and its disk write is held...
@@ -92,6 +96,88 @@ async fn a_request_run_inline_waits_for_the_ring_that_holds_its_grains() {
     reg.remove("v");
     // The engine closes here, on the test's thread, once the connection's thread has let go
     // of the vdisk (the engine's reference and `v` remain), not while the process exits.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while Arc::strong_count(&v) > 2 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    drop(engine);
+}
+
+/// A READ whose first part is planned and whose last part is not (its grain held by a write
+/// on the ring) goes whole to a worker; with none to be had it runs on the connection's
+/// thread once the ring's write is done, and reads what that write left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_planned_in_part_runs_inline_after_the_ring_that_holds_its_last_grain() {
+    if !tessera_disk::io_uring_available() {
+        tessera_disk::skip(
+            "inline_tests::a_read_planned_in_part_runs_inline_after_the_ring_that_holds_its_last_grain",
+            "io_uring unavailable: no ring to plan reads and writes on",
+        );
+        return;
+    }
+    const G: u64 = 64 << 10;
+    let dir = tempfile::tempdir().unwrap();
+    let (disk, held) = HeldWrites::new("m", 64 * MIB);
+    let engine = Engine::create_pool_with_checksums(&dir.path().join("pool"), "p", vec![disk], 4 * MIB, false).unwrap();
+    let mut spec = VdiskSpec::new("v", 16 * MIB, LayoutKind::Simple);
+    spec.grain_size = Some(G);
+    let v = engine.create_vdisk(&spec).unwrap();
+    // Grains 0 and 2 mapped, grain 1 a hole: a structured READ of the three has two data parts.
+    v.write(0, &pattern(1, G as usize), false).unwrap();
+    v.write(2 * G, &pattern(3, G as usize), false).unwrap();
+    let reg = Registry::new();
+    reg.add(Export::new("v", "p/v", v.clone(), false));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(crate::serve(listener, reg.clone()));
+
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    NO_WORKER_THREADS.store(true, Ordering::SeqCst);
+    let c = Arc::new(Client::connect(&addr, "v").await.unwrap());
+    assert!(c.info.structured, "structured replies were not negotiated");
+    // An overwrite in grain 2 goes on the ring, its disk write held...
+    let new = pattern(4, 4096);
+    let write = tokio::spawn({
+        let (c, new) = (c.clone(), new.clone());
+        async move { c.write(2 * G + 8192, &new, false).await }
+    });
+    for _ in 0..500 {
+        if held.started() > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert_eq!(held.started(), 1, "the 4 KiB overwrite was not planned");
+    // ...so a READ of grains 0 to 2 plans its first part and not its last.
+    let read = tokio::spawn({
+        let c = c.clone();
+        async move { c.read(0, 3 * G as u32).await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!write.is_finished() && !read.is_finished());
+    held.release();
+    let within = Duration::from_secs(10);
+    tokio::time::timeout(within, write)
+        .await
+        .expect("the ring's write answered")
+        .unwrap()
+        .unwrap();
+    let got = tokio::time::timeout(within, read)
+        .await
+        .expect("the inline read answered")
+        .unwrap()
+        .unwrap();
+    NO_WORKER_THREADS.store(false, Ordering::SeqCst);
+    let mut want = pattern(1, G as usize);
+    want.extend(vec![0u8; G as usize]);
+    want.extend(pattern(3, G as usize));
+    want[2 * G as usize + 8192..2 * G as usize + 8192 + 4096].copy_from_slice(&new);
+    assert!(got == want, "the read does not hold what the write left");
+    let Ok(c) = Arc::try_unwrap(c) else {
+        panic!("the client is still shared")
+    };
+    c.disconnect().await.unwrap();
+    reg.remove("v");
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while Arc::strong_count(&v) > 2 && std::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(5)).await;
