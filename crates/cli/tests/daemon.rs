@@ -344,6 +344,41 @@ fn the_api_names_data_only_where_the_configuration_lets_it() {
     let job = d.json(&["vdisk", "export", "p/x", out.to_str().unwrap()]);
     assert_eq!(job["state"], "succeeded", "{job}");
     assert!(same_file(&img, &out));
+
+    // Nor is a file outside read as a pool's Ceph configuration (librados would tell what is
+    // in it), whether the pool is made or imported.
+    let conf = state.join("events.jsonl").display().to_string();
+    for args in [
+        vec![
+            "pool",
+            "create",
+            "r",
+            "--rados",
+            "rbd",
+            "--capacity",
+            "1G",
+            "--ceph-conf",
+            "/etc/shadow",
+        ],
+        vec!["pool", "import", "r", "--rados", "rbd", "--ceph-conf", "/etc/shadow"],
+        vec![
+            "pool",
+            "create",
+            "r",
+            "--rados",
+            "rbd",
+            "--capacity",
+            "1G",
+            "--ceph-conf",
+            &conf,
+        ],
+    ] {
+        let e = d.fails(&args);
+        assert!(
+            e.contains("outside the places") || e.contains("inside the daemon's state directory"),
+            "{args:?}: {e}"
+        );
+    }
 }
 
 #[test]

@@ -100,6 +100,23 @@ impl Daemon {
         DataPaths::new(&self.cfg.state_dir, &self.cfg.data_paths)
     }
 
+    /// Refuses the Ceph configuration file a request names for a pool on RADOS outside
+    /// `data_paths`, where they are configured (the default, /etc/ceph/ceph.conf, always
+    /// may be): librados reads it, and its errors would tell what it holds.
+    pub(crate) fn check_ceph_conf(&self, rados: &crate::model::RadosPlacement) -> ApiResult<()> {
+        let paths = self.data_paths();
+        let Some(conf) = rados.ceph_conf.as_deref() else {
+            return Ok(());
+        };
+        if !paths.confined() || conf == crate::rados_pools::DEFAULT_CEPH_CONF {
+            return Ok(());
+        }
+        let f = std::fs::File::open(conf).map_err(|e| ApiError::invalid(format!("cannot open {conf}: {e}")))?;
+        paths
+            .check(&f, Path::new(conf), DataUse::CephConf)
+            .map_err(ApiError::invalid)
+    }
+
     /// Opens a disk a request names for a pool (a new member, data or cache), refused where
     /// the request may not point the daemon (checked on the file opened).
     pub(crate) fn open_new_disk(&self, path: &str) -> ApiResult<DiskRef> {

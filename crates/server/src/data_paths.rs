@@ -18,6 +18,8 @@ pub enum DataUse {
     Disk,
     /// An image read into a vdisk or written from one.
     Image,
+    /// The Ceph configuration file of a pool on RADOS (read by librados).
+    CephConf,
 }
 
 impl DataUse {
@@ -25,6 +27,7 @@ impl DataUse {
         match self {
             DataUse::Disk => "a pool's disk",
             DataUse::Image => "an image",
+            DataUse::CephConf => "a Ceph configuration file",
         }
     }
 }
@@ -43,6 +46,11 @@ impl DataPaths {
             state_dir: state_dir.to_path_buf(),
             allowed: allowed.to_vec(),
         }
+    }
+
+    /// Whether anything outside the state directory is refused too.
+    pub fn confined(&self) -> bool {
+        !self.allowed.is_empty()
     }
 
     /// Refuses the open file `f`, which the caller named `named`, for `what`.
