@@ -347,37 +347,27 @@ fn the_api_names_data_only_where_the_configuration_lets_it() {
 
     // Nor is a file outside read as a pool's Ceph configuration (librados would tell what is
     // in it), whether the pool is made or imported.
-    let conf = state.join("events.jsonl").display().to_string();
-    for args in [
-        vec![
-            "pool",
-            "create",
-            "r",
-            "--rados",
-            "rbd",
-            "--capacity",
-            "1G",
-            "--ceph-conf",
-            "/etc/shadow",
-        ],
-        vec!["pool", "import", "r", "--rados", "rbd", "--ceph-conf", "/etc/shadow"],
-        vec![
-            "pool",
-            "create",
-            "r",
-            "--rados",
-            "rbd",
-            "--capacity",
-            "1G",
-            "--ceph-conf",
-            &conf,
-        ],
+    let own = state.join("events.jsonl").display().to_string();
+    for (conf, why) in [
+        ("/etc/shadow", "outside the places"),
+        (&own, "inside the daemon's state directory"),
     ] {
-        let e = d.fails(&args);
-        assert!(
-            e.contains("outside the places") || e.contains("inside the daemon's state directory"),
-            "{args:?}: {e}"
-        );
+        let create = [
+            "pool",
+            "create",
+            "r",
+            "--rados",
+            "rbd",
+            "--capacity",
+            "1G",
+            "--ceph-conf",
+            conf,
+        ];
+        let import = ["pool", "import", "r", "--rados", "rbd", "--ceph-conf", conf];
+        for args in [&create[..], &import[..]] {
+            let e = d.fails(args);
+            assert!(e.contains(why), "{args:?}: {e}");
+        }
     }
 }
 

@@ -453,26 +453,20 @@ mod tests {
         assert!(image_size(d.path()).unwrap_err().contains("directory"));
     }
 
+    /// The rules of a daemon whose state directory is elsewhere and that sets no data_paths.
+    fn anywhere() -> DataPaths {
+        DataPaths::new(Path::new("/nonexistent-state"), &[])
+    }
+
     #[test]
     fn export_target_is_never_overwritten_by_accident() {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("out.img");
-        create_target(
-            &p,
-            false,
-            1 << 20,
-            &DataPaths::new(Path::new("/nonexistent-state"), &[]),
-        )
-        .unwrap();
-        assert!(create_target(
-            &p,
-            false,
-            1 << 20,
-            &DataPaths::new(Path::new("/nonexistent-state"), &[])
-        )
-        .unwrap_err()
-        .contains("--overwrite"));
-        create_target(&p, true, 2 << 20, &DataPaths::new(Path::new("/nonexistent-state"), &[])).unwrap();
+        create_target(&p, false, 1 << 20, &anywhere()).unwrap();
+        assert!(create_target(&p, false, 1 << 20, &anywhere())
+            .unwrap_err()
+            .contains("--overwrite"));
+        create_target(&p, true, 2 << 20, &anywhere()).unwrap();
         assert_eq!(std::fs::metadata(&p).unwrap().len(), 2 << 20);
     }
 
@@ -514,45 +508,21 @@ mod tests {
         let e = tessera_volume::Engine::create_pool(&dir, "tank", vec![dev], 64 << 20).unwrap();
         drop(e);
         let before = std::fs::read(&disk).unwrap();
-        let err = create_target(
-            &disk,
-            true,
-            1 << 20,
-            &DataPaths::new(Path::new("/nonexistent-state"), &[]),
-        )
-        .unwrap_err();
+        let err = create_target(&disk, true, 1 << 20, &anywhere()).unwrap_err();
         assert!(err.contains("a disk of Tessera pool 'tank'"), "{err}");
         assert!(std::fs::read(&disk).unwrap() == before, "the refusal changed the disk");
         // A label that no longer reads (its checksum broken) is refused all the same.
         let mut bytes = before.clone();
         bytes[100] ^= 0xFF;
         std::fs::write(&disk, &bytes).unwrap();
-        let err = create_target(
-            &disk,
-            true,
-            1 << 20,
-            &DataPaths::new(Path::new("/nonexistent-state"), &[]),
-        )
-        .unwrap_err();
+        let err = create_target(&disk, true, 1 << 20, &anywhere()).unwrap_err();
         assert!(err.contains("carries a Tessera disk label"), "{err}");
         // A file of anything else is replaced, as asked.
         let other = d.path().join("other.img");
         std::fs::write(&other, vec![7u8; 8192]).unwrap();
-        create_target(
-            &other,
-            true,
-            1 << 20,
-            &DataPaths::new(Path::new("/nonexistent-state"), &[]),
-        )
-        .unwrap();
+        create_target(&other, true, 1 << 20, &anywhere()).unwrap();
         // As is one shorter than a label.
         std::fs::write(&other, b"x").unwrap();
-        create_target(
-            &other,
-            true,
-            1 << 20,
-            &DataPaths::new(Path::new("/nonexistent-state"), &[]),
-        )
-        .unwrap();
+        create_target(&other, true, 1 << 20, &anywhere()).unwrap();
     }
 }
