@@ -322,26 +322,44 @@ fn a_replica_is_known_by_its_pool_not_only_by_the_daemon_that_received_it() {
     write_image(&b, "q/db", 4 << 20, 2);
     let promoted = b.export("q/db", "promoted.img");
 
-    // The first gateway again, with its old record: the source's next cycle is refused. The
-    // record is made to lack its note of having marked the vdisk (as a daemon's whose state
-    // file could not be written then): the promotion's own record tells all the same.
-    b.d.stop();
-    std::fs::rename(&kept, &record).unwrap();
-    let mut saved: serde_json::Value = serde_json::from_slice(&std::fs::read(&record).unwrap()).unwrap();
-    assert_eq!(saved["incoming"]["q/db"]["marked"], true, "{saved}");
-    saved["incoming"]["q/db"]["marked"] = false.into();
-    std::fs::write(&record, serde_json::to_vec(&saved).unwrap()).unwrap();
-    b.restart(&key, &b_listen);
+    // The first gateway again, with its old record, which it drops as it opens the pool: the
+    // source's next cycle is refused. The record is made to lack its note of having marked
+    // the vdisk (as a daemon's whose state file could not be written then): the promotion's
+    // own record tells all the same.
+    let old_record = |b: &mut Site| {
+        b.d.stop();
+        let mut saved: serde_json::Value = serde_json::from_slice(&std::fs::read(&kept).unwrap()).unwrap();
+        assert_eq!(saved["incoming"]["q/db"]["marked"], true, "{saved}");
+        saved["incoming"]["q/db"]["marked"] = false.into();
+        std::fs::write(&record, serde_json::to_vec(&saved).unwrap()).unwrap();
+        b.restart(&key, &b_listen);
+        let events = b.d.ok(&["events", "-n", "20"]);
+        assert!(events.contains("replica.forgotten"), "{events}");
+        assert!(b.d.fails(&["replica", "show", "q/db"]).contains("not a replica"));
+    };
+    old_record(&mut b);
     write_image(&a, "p/db", 1 << 20, 3);
     let e = a.d.fails(&["replica", "sync", "dr"]);
-    assert!(e.contains("promoted through another gateway"), "{e}");
+    assert!(e.contains("is not a replica"), "{e}");
     assert!(same_file(&promoted, &b.export("q/db", "after.img")));
-    // Its old record is stale: the vdisk is no replica here either, and cannot be promoted
-    // again (which would put it back to a cycle's snapshot, over what the hosts wrote).
+    // It is no replica here either, and cannot be promoted again (which would put it back to
+    // a cycle's snapshot, over what the hosts wrote).
     let e = b.d.fails(&["replica", "promote", "q/db"]);
     assert!(e.contains("not a replica"), "{e}");
     b.d.ok(&["nbd", "export", "q/db"]);
     assert!(same_file(&promoted, &b.export("q/db", "after2.img")));
+    b.d.ok(&["nbd", "remove", "db"]);
+
+    // The same when the promoted vdisk was deleted and one of its name made since, which
+    // carries no record of a promotion: the old record names another vdisk.
+    b.d.ok(&["vdisk", "delete", "q/db"]);
+    b.d.ok(&["vdisk", "create", "q/db", "--size", "32M", "--layout", "simple"]);
+    write_image(&b, "q/db", 2 << 20, 6);
+    let made_again = b.export("q/db", "made-again.img");
+    old_record(&mut b);
+    let e = a.d.fails(&["replica", "sync", "dr"]);
+    assert!(e.contains("is not a replica"), "{e}");
+    assert!(same_file(&made_again, &b.export("q/db", "after3.img")));
 }
 
 #[test]

@@ -242,7 +242,7 @@ impl Daemon {
         d.write_imported()?;
         let opened: Vec<String> = d.pools.read().keys().cloned().collect();
         for pool in opened {
-            d.adopt_replicas(&pool);
+            d.settle_replicas(&pool);
         }
         let resolve = |name: &str| {
             let (p, v) = name.split_once('/')?;

@@ -317,7 +317,7 @@ impl Daemon {
         self.unavailable.write().remove(name);
         self.persist()?;
         self.changed("pool.imported", name, None, format!("pool {name} imported"));
-        self.adopt_replicas(name);
+        self.settle_replicas(name);
         let resolve = |vd: &str| {
             let (p, v) = vd.split_once('/')?;
             self.vdisk(p, v).ok()

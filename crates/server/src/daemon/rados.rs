@@ -336,7 +336,7 @@ impl Daemon {
                             let (p, v) = vd.split_once('/')?;
                             self.vdisk(p, v).ok()
                         };
-                        self.adopt_replicas(name);
+                        self.settle_replicas(name);
                         // The real LUNs take the standby ones' places; but not a replica's
                         // working copy, which the gateway that received it may have left
                         // marked so after the LUN was set up here.

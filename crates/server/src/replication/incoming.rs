@@ -248,6 +248,12 @@ const REPLICA_MARK: &str = "replica-of";
 /// A demotion, which makes the vdisk a replica again, removes it.
 const REPLICA_PROMOTED: &str = "replica-promoted";
 
+/// The record a promotion makes before it drops this daemon's record of a replica, and
+/// clears with the mark once it is done: until then the source's cycles are refused, and no
+/// gateway that opens the pool takes the vdisk on again as a replica; the promotion can be
+/// made again.
+const REPLICA_PROMOTING: &str = "replica-promoting";
+
 impl Site {
     /// Marks `pool/vdisk` a replica in its pool's metadata, for every gateway that opens the
     /// pool, while this daemon holds it as one: under the lock a promotion drops the record
@@ -255,13 +261,19 @@ impl Site {
     fn mark(&self, pool: &str, vdisk: &str) -> Result<(), String> {
         let key = format!("{pool}/{vdisk}");
         let _marks = self.d.replication.marks.lock();
-        let Some(made_mark) = self.d.replication.saved.lock().incoming.get(&key).map(|i| i.marked) else {
+        let Some(rec) = self.d.replication.saved.lock().incoming.get(&key).cloned() else {
             return Err(format!("'{key}' is no longer a replica held here"));
         };
+        let id = self.d.vdisk(pool, vdisk).map_err(|e| e.message)?.1.id();
+        if rec.vdisk_id.is_some_and(|was| was != id) {
+            return Err(format!(
+                "'{key}' is no longer the replica held here: it was made again through another gateway of its pool"
+            ));
+        }
         self.d
             .mark_replica(pool, vdisk, &self.peer, false)
             .map_err(|e| e.message)?;
-        if made_mark {
+        if rec.marked && rec.vdisk_id == Some(id) {
             return Ok(());
         }
         self.d
@@ -269,6 +281,7 @@ impl Site {
             .change(|s| {
                 if let Some(i) = s.incoming.get_mut(&key) {
                     i.marked = true;
+                    i.vdisk_id = Some(id);
                 }
                 Ok(())
             })
@@ -289,15 +302,15 @@ impl ReplicaSite for Site {
                 "'{key}' exists here and is not a replica: a peer never writes over it"
             ));
         }
-        if exists
-            && held.is_some()
-            && self
-                .d
-                .record_is_stale(pool, vdisk, held.is_some_and(|i| i.marked))
-                .map_err(|e| e.message)?
-        {
+        let Some(rec) = held.filter(|_| exists) else {
+            return Ok(());
+        };
+        if self.d.promoting(pool, vdisk).map_err(|e| e.message)? {
+            return Err(format!("'{key}' is being promoted: a peer never writes it again"));
+        }
+        if self.d.record_is_stale(pool, vdisk, &rec).map_err(|e| e.message)? {
             return Err(format!(
-                "'{key}' is no longer a replica: it was promoted through another gateway of its pool, and a peer never writes over it"
+                "'{key}' is no longer a replica: it was promoted (or made again) through another gateway of its pool, and a peer never writes over it"
             ));
         }
         Ok(())
@@ -502,6 +515,16 @@ impl Daemon {
                 // The snapshot to go back to, now that no cycle can add one (a cut cycle may
                 // have committed one before it ended).
                 let last = self.promotion_point(&e, pool, vdisks)?;
+                // Made before the records go: a promotion cut from here on (a failure, the
+                // daemon's end) leaves the vdisks refusing cycles, and taken on again as
+                // replicas by no gateway; it can be made again.
+                let vs = vdisks.iter().map(|v| e.vdisk(v)).collect::<Result<Vec<_>, _>>()?;
+                let when = now().to_string();
+                let changes: Vec<_> = vs
+                    .iter()
+                    .map(|v| (&**v, REPLICA_PROMOTING, Some(when.as_bytes())))
+                    .collect();
+                e.set_lun_states(&changes)?;
                 self.replication.change(|s| {
                     for k in &keys {
                         s.incoming.remove(k);
@@ -575,6 +598,7 @@ impl Daemon {
             .flat_map(|v| {
                 [
                     (&**v, REPLICA_MARK, None),
+                    (&**v, REPLICA_PROMOTING, None),
                     (&**v, REPLICA_PROMOTED, Some(when.as_bytes())),
                 ]
             })
@@ -622,54 +646,84 @@ impl Daemon {
         }
     }
 
-    /// Takes on the replicas the metadata of `pool` marks and this daemon holds no record of
-    /// (a pool on RADOS taken over from the gateway that received them, or a pool imported
-    /// here): listed, kept by their source's cycles and promotable here as where they were
-    /// made. Each is recorded at the newest snapshot of its cycles (one is taken only once a
-    /// cycle's data is all in); its next cycle puts the working copy back there first, as no
-    /// marker of a cycle under way is here.
-    pub(crate) fn adopt_replicas(&self, pool: &str) {
+    /// Brings this daemon's records of the replicas of `pool` in line with the pool's
+    /// metadata, as it opens the pool (at start, at `pool import`, when it takes a pool on
+    /// RADOS over). A record made stale through another gateway of the pool (the replica
+    /// promoted, or made again, there) is dropped. A replica the metadata marks and no record
+    /// here holds (received through another gateway) is taken on: listed, kept by its
+    /// source's cycles and promotable here as where it was made; it is recorded at the newest
+    /// snapshot of its cycles (one is taken only once a cycle's data is all in), and its next
+    /// cycle puts the working copy back there first, as no marker of a cycle under way is
+    /// here. Never one a promotion is under way for, here or left cut (`REPLICA_PROMOTING`).
+    /// Under the marks' lock, which a promotion holds while it drops records.
+    pub(crate) fn settle_replicas(&self, pool: &str) {
         let Ok(e) = self.engine(pool) else { return };
+        let _marks = self.replication.marks.lock();
         for v in e.vdisks().into_iter().filter(|v| !v.is_snapshot()) {
             let name = v.name();
             let key = format!("{pool}/{name}");
-            if self.replication.saved.lock().incoming.contains_key(&key) {
+            if self.replication.live.lock().promoting.contains(&key) {
                 continue;
             }
-            let source = match e.lun_state(&v, REPLICA_MARK) {
-                Ok(Some(source)) => String::from_utf8_lossy(&source).into_owned(),
-                Ok(None) => continue,
-                Err(err) => {
-                    warn!(replica = %key, error = %err, "cannot read whether the vdisk is a replica");
-                    continue;
-                }
+            let record = self.replication.saved.lock().incoming.get(&key).cloned();
+            let state = |kind| e.lun_state(&v, kind);
+            let settled = match record {
+                Some(rec) => match self.record_is_stale(pool, &name, &rec) {
+                    Ok(true) => self
+                        .replication
+                        .change(|s| {
+                            s.incoming.remove(&key);
+                            Ok(())
+                        })
+                        .map(|()| {
+                            NewEvent::new(
+                                Severity::Warning,
+                                "replica.forgotten",
+                                format!(
+                                    "replica {key} is no longer kept here: it was promoted (or made again) through another gateway of its pool"
+                                ),
+                            )
+                        }),
+                    Ok(false) => continue,
+                    Err(err) => Err(err),
+                },
+                None => match (state(REPLICA_MARK), state(REPLICA_PROMOTED), state(REPLICA_PROMOTING)) {
+                    (Ok(Some(source)), Ok(None), Ok(None)) => {
+                        let source = String::from_utf8_lossy(&source).into_owned();
+                        let last = replication_snapshots(&e, &name).pop();
+                        self.replication
+                            .change(|s| {
+                                s.incoming.entry(key.clone()).or_insert_with(|| Incoming {
+                                    source: source.clone(),
+                                    created_at: now(),
+                                    last_snapshot: last.clone(),
+                                    last_cycle_at: None,
+                                    cycles: 0,
+                                    marked: true,
+                                    vdisk_id: Some(v.id()),
+                                });
+                                Ok(())
+                            })
+                            .map(|()| {
+                                NewEvent::new(
+                                    Severity::Info,
+                                    "replica.adopted",
+                                    format!(
+                                        "replica {key} of {source}, marked so in its pool, is kept here from now on (last snapshot: {})",
+                                        last.as_deref().unwrap_or("none")
+                                    ),
+                                )
+                            })
+                    }
+                    (Err(err), _, _) | (_, Err(err), _) | (_, _, Err(err)) => Err(err.into()),
+                    _ => continue,
+                },
             };
-            let last = replication_snapshots(&e, &name).pop();
-            let adopted = self.replication.change(|s| {
-                s.incoming.entry(key.clone()).or_insert_with(|| Incoming {
-                    source: source.clone(),
-                    created_at: now(),
-                    last_snapshot: last.clone(),
-                    last_cycle_at: None,
-                    cycles: 0,
-                    marked: true,
-                });
-                Ok(())
-            });
-            match adopted {
-                Ok(()) => _ = self.events.record(
-                    NewEvent::new(
-                        Severity::Info,
-                        "replica.adopted",
-                        format!(
-                            "replica {key} of {source}, marked so in its pool, is kept here from now on (last snapshot: {})",
-                            last.as_deref().unwrap_or("none")
-                        ),
-                    )
-                    .pool(pool)
-                    .subject(&key),
-                ),
-                Err(err) => warn!(replica = %key, error = %err.message, "cannot record a replica marked in its pool"),
+            match settled {
+                Ok(event) => _ = self.events.record(event.pool(pool).subject(&key)),
+                Err(err) => {
+                    warn!(replica = %key, error = %err.message, "cannot settle the record of a replica with its pool")
+                }
             }
         }
     }
@@ -691,6 +745,7 @@ impl Daemon {
         if demoting {
             return Ok(e.set_lun_states(&[
                 (&v, REPLICA_MARK, Some(source.as_bytes())),
+                (&v, REPLICA_PROMOTING, None),
                 (&v, REPLICA_PROMOTED, None),
             ])?);
         }
@@ -699,19 +754,34 @@ impl Daemon {
                 "'{pool}/{vdisk}' is no longer a replica: it was promoted through another gateway of its pool"
             )));
         }
+        if e.lun_state(&v, REPLICA_PROMOTING)?.is_some() {
+            return Err(ApiError::invalid(format!(
+                "'{pool}/{vdisk}' is being promoted: a peer never writes it again"
+            )));
+        }
         if e.lun_state(&v, REPLICA_MARK)?.is_some() {
             return Ok(());
         }
         Ok(e.set_lun_state(&v, REPLICA_MARK, Some(source.as_bytes()))?)
     }
 
-    /// Whether this daemon's record of the replica `pool/vdisk` is stale: the pool's metadata
-    /// holds a promotion's record, or (for a promotion made before those were kept) the mark
-    /// this daemon made (`made_mark`) is gone.
-    fn record_is_stale(&self, pool: &str, vdisk: &str, made_mark: bool) -> ApiResult<bool> {
+    /// Whether this daemon's record `rec` of the replica `pool/vdisk` is stale: the pool's
+    /// metadata holds a promotion's record, or the vdisk of that name is another one (made
+    /// again since), or (for a promotion made before those records were kept) the mark this
+    /// daemon made is gone.
+    fn record_is_stale(&self, pool: &str, vdisk: &str, rec: &Incoming) -> ApiResult<bool> {
         let Ok(e) = self.engine(pool) else { return Ok(false) };
         let Ok(v) = e.vdisk(vdisk) else { return Ok(false) };
-        Ok(e.lun_state(&v, REPLICA_PROMOTED)?.is_some() || (made_mark && e.lun_state(&v, REPLICA_MARK)?.is_none()))
+        Ok(e.lun_state(&v, REPLICA_PROMOTED)?.is_some()
+            || rec.vdisk_id.is_some_and(|id| id != v.id())
+            || (rec.marked && e.lun_state(&v, REPLICA_MARK)?.is_none()))
+    }
+
+    /// Whether a promotion of `pool/vdisk` began and has not ended (`REPLICA_PROMOTING`).
+    fn promoting(&self, pool: &str, vdisk: &str) -> ApiResult<bool> {
+        let Ok(e) = self.engine(pool) else { return Ok(false) };
+        let Ok(v) = e.vdisk(vdisk) else { return Ok(false) };
+        Ok(e.lun_state(&v, REPLICA_PROMOTING)?.is_some())
     }
 
     /// Whether `pool/vdisk` is a replica held for a peer: recorded so here (unless the record
@@ -724,9 +794,9 @@ impl Daemon {
             .lock()
             .incoming
             .get(&format!("{pool}/{vdisk}"))
-            .map(|i| i.marked);
+            .cloned();
         Ok(match record {
-            Some(made_mark) => !self.record_is_stale(pool, vdisk, made_mark)?,
+            Some(rec) => !self.record_is_stale(pool, vdisk, &rec)?,
             None => self.replica_marked(pool, vdisk)?,
         })
     }

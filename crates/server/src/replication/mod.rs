@@ -119,6 +119,11 @@ pub(crate) struct Incoming {
     /// were marks have none yet; their next cycle makes it.)
     #[serde(default)]
     pub marked: bool,
+    /// The id of the vdisk the cycles wrote: a vdisk of the name with another id (the
+    /// replica promoted, deleted and made again through another gateway) is not this one.
+    /// (None in records saved before ids were kept, and before the first cycle made it.)
+    #[serde(default)]
+    pub vdisk_id: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

@@ -22,7 +22,7 @@ impl Daemon {
                 req.vdisk
             )));
         }
-        if self.replication.is_incoming(&req.pool, &req.vdisk) {
+        if self.is_replica(&req.pool, &req.vdisk)? {
             return Err(ApiError::invalid(format!(
                 "'{}/{}' is a replica held for a peer; promote it before replicating it",
                 req.pool, req.vdisk
@@ -313,6 +313,7 @@ impl Daemon {
         }
         // Marked in the pool's metadata first, for every gateway that opens the pool.
         self.mark_replica(&o.pool, &o.vdisk, &o.to, true)?;
+        let v = self.vdisk(&o.pool, &o.vdisk)?.1;
         self.replication.change(|s| {
             s.outgoing.remove(name).ok_or_else(|| no_replica(name))?;
             s.incoming.insert(
@@ -324,6 +325,7 @@ impl Daemon {
                     last_cycle_at: o.base_at,
                     cycles: 0,
                     marked: true,
+                    vdisk_id: Some(v.id()),
                 },
             );
             Ok(())
