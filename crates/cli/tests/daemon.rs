@@ -286,7 +286,11 @@ fn the_api_names_data_only_where_the_configuration_lets_it() {
     let inside = disks(&san, 4, 256 << 20);
     let outside = disks(&t.path().join("elsewhere"), 1, 256 << 20);
     let state = t.path().join("state");
-    let d = Daemon::start_configured(&state, &format!("data_paths = [\"{}\"]\n", san.display()));
+    // The state directory listed too, by mistake: its files are refused all the same.
+    let d = Daemon::start_configured(
+        &state,
+        &format!("data_paths = [\"{}\", \"{}\"]\n", san.display(), state.display()),
+    );
     let head = |p: &str| {
         let mut b = vec![0u8; 1 << 20];
         std::os::unix::fs::FileExt::read_exact_at(&std::fs::File::open(p).unwrap(), &mut b, 0).unwrap();

@@ -111,17 +111,23 @@ impl Daemon {
         if !paths.confined() || conf == crate::rados_pools::DEFAULT_CEPH_CONF {
             return Ok(());
         }
-        let f = std::fs::File::open(conf).map_err(|e| ApiError::invalid(format!("cannot open {conf}: {e}")))?;
         paths
-            .check(&f, Path::new(conf), DataUse::CephConf)
+            .locate(Path::new(conf), DataUse::CephConf)
+            .map(drop)
             .map_err(ApiError::invalid)
     }
 
     /// Opens a disk a request names for a pool (a new member, data or cache), refused where
     /// the request may not point the daemon (checked on the file opened).
     pub(crate) fn open_new_disk(&self, path: &str) -> ApiResult<DiskRef> {
+        let paths = self.data_paths();
+        // Found and checked before it is opened for I/O; and the disk opened checked again
+        // (it keeps the name given, which the pool records).
+        paths
+            .locate(Path::new(path), DataUse::Disk)
+            .map_err(ApiError::invalid)?;
         let disk = FileDisk::open(path)?;
-        self.data_paths()
+        paths
             .check(&disk, Path::new(path), DataUse::Disk)
             .map_err(ApiError::invalid)?;
         Ok(Arc::new(disk))

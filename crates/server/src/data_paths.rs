@@ -8,8 +8,10 @@
 //! configuration lists `data_paths`, nothing outside those is either, so that the API's token
 //! no longer reaches every file the daemon could open.
 
-use std::os::fd::{AsFd, AsRawFd};
-use std::path::{Path, PathBuf};
+use std::fs::{File, OpenOptions};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::path::{Component, Path, PathBuf};
 
 /// What a path is named for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,12 +55,101 @@ impl DataPaths {
         !self.allowed.is_empty()
     }
 
-    /// Refuses the open file `f`, which the caller named `named`, for `what`.
+    /// Refuses the open file `f`, which the caller named `named`, for `what`. Where the
+    /// kernel says it is must be that very file (the same device and inode): a name seen from
+    /// another mount namespace (`/proc/PID/root/...`), or a file deleted since, is refused.
     pub fn check(&self, f: &impl AsFd, named: &Path, what: DataUse) -> Result<(), String> {
-        let Some(real) = real_path(f) else {
-            return Err(format!("cannot tell where {} is", named.display()));
-        };
+        let unknown = || format!("cannot tell where {} is", named.display());
+        let real = real_path(f).ok_or_else(unknown)?;
+        let opened = File::from(f.as_fd().try_clone_to_owned().map_err(|_| unknown())?)
+            .metadata()
+            .map_err(|_| unknown())?;
+        match std::fs::metadata(&real) {
+            Ok(m) if (m.dev(), m.ino()) == (opened.dev(), opened.ino()) => {}
+            _ => {
+                return Err(format!(
+                    "{} is not where the kernel names it ({}): give a path this daemon sees",
+                    named.display(),
+                    real.display()
+                ))
+            }
+        }
         self.check_real(&real, named, what)
+    }
+
+    /// Finds `named` without opening it for I/O (`O_PATH`: no device is woken, no FIFO
+    /// waited on) and checks it for `what`: with `data_paths`, as named inside them first, so
+    /// that nothing outside is even looked at; then the file found as `check` does, and its
+    /// kind (a regular file or, for a disk or an image, a block device). The caller opens
+    /// the file for I/O through the descriptor (`through`), so that no name leads elsewhere
+    /// in between.
+    pub fn locate(&self, named: &Path, what: DataUse) -> Result<OwnedFd, String> {
+        self.check_named(named, what)?;
+        let f = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH | libc::O_CLOEXEC)
+            .open(named)
+            .map_err(|e| format!("cannot open {}: {e}", named.display()))?;
+        let kind = f
+            .metadata()
+            .map_err(|e| format!("cannot read what {} is: {e}", named.display()))?
+            .file_type();
+        let device = what != DataUse::CephConf && kind.is_block_device();
+        if !kind.is_file() && !device {
+            return Err(format!(
+                "{} is not a regular file{}",
+                named.display(),
+                if what == DataUse::CephConf {
+                    ""
+                } else {
+                    " or a block device"
+                }
+            ));
+        }
+        self.check(&f, named, what)?;
+        Ok(f.into())
+    }
+
+    /// For a file to be made at `named`: its directory found (`O_PATH`) and checked as
+    /// `locate` checks a file, and the path to create it by, through that directory's
+    /// descriptor (kept alive by the one returned), so that no link or rename between the
+    /// check and the creation leads elsewhere.
+    pub fn locate_new(&self, named: &Path, what: DataUse) -> Result<(OwnedFd, PathBuf), String> {
+        self.check_named(named, what)?;
+        let (Some(dir), Some(name)) = (named.parent(), named.file_name()) else {
+            return Err(format!("{} names no file", named.display()));
+        };
+        let d = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
+            .open(dir)
+            .map_err(|e| format!("cannot open the directory {}: {e}", dir.display()))?;
+        let unknown = || format!("cannot tell where {} is", dir.display());
+        let real = real_path(&d).ok_or_else(unknown)?;
+        let opened = d.metadata().map_err(|_| unknown())?;
+        match std::fs::metadata(&real) {
+            Ok(m) if (m.dev(), m.ino()) == (opened.dev(), opened.ino()) => {}
+            _ => return Err(unknown()),
+        }
+        self.check_real(&real.join(name), named, what)?;
+        let through = through(&d).join(name);
+        Ok((d.into(), through))
+    }
+
+    /// With `data_paths`, `named` as given (absolute, no `..`) must be inside one of them.
+    fn check_named(&self, named: &Path, what: DataUse) -> Result<(), String> {
+        if !named.is_absolute() || named.components().any(|c| c == Component::ParentDir) {
+            return Err(format!("{} must be an absolute path without '..'", named.display()));
+        }
+        if !self.confined()
+            || self
+                .allowed
+                .iter()
+                .any(|a| named.starts_with(a) || named.starts_with(canonical(a)))
+        {
+            return Ok(());
+        }
+        Err(self.outside(named, named, what))
     }
 
     fn check_real(&self, real: &Path, named: &Path, what: DataUse) -> Result<(), String> {
@@ -75,25 +166,38 @@ impl DataPaths {
         if self.allowed.is_empty() || self.allowed.iter().any(|a| real.starts_with(canonical(a))) {
             return Ok(());
         }
-        Err(format!(
-            "{} is {}, outside the places this daemon's configuration lets the API name as {} \
+        Err(self.outside(named, real, what))
+    }
+
+    fn outside(&self, named: &Path, real: &Path, what: DataUse) -> String {
+        let is = if named == real {
+            " is".to_string()
+        } else {
+            format!(" is {},", real.display())
+        };
+        format!(
+            "{}{is} outside the places this daemon's configuration lets the API name as {} \
              (data_paths: {}); a block device counts by its kernel name, whatever link named it",
             named.display(),
-            real.display(),
             what.noun(),
             self.allowed
                 .iter()
                 .map(|a| a.display().to_string())
                 .collect::<Vec<_>>()
                 .join(", ")
-        ))
+        )
     }
+}
+
+/// The name through which an open descriptor (an `O_PATH` one included) reaches its file.
+pub fn through(f: &impl AsFd) -> PathBuf {
+    PathBuf::from(format!("/proc/self/fd/{}", f.as_fd().as_raw_fd()))
 }
 
 /// Where an open file really is (the link the kernel keeps for its descriptor): whatever
 /// names led to it, symbolic links, `/proc/self/fd/N` or a directory renamed meanwhile.
 pub fn real_path(f: &impl AsFd) -> Option<PathBuf> {
-    std::fs::read_link(format!("/proc/self/fd/{}", f.as_fd().as_raw_fd())).ok()
+    std::fs::read_link(through(f)).ok()
 }
 
 /// A configured directory as the kernel names it (links resolved); as given if it cannot be
@@ -135,6 +239,58 @@ mod tests {
         std::os::unix::fs::symlink(&meta, &link).unwrap();
         let e = paths.check(&open(&link), &link, DataUse::Disk).unwrap_err();
         assert!(e.contains("inside the daemon's state directory"), "{e}");
+    }
+
+    /// Finding a file opens it for no I/O: a FIFO is refused without waiting for a writer,
+    /// and with data_paths, a name outside them is refused before it is even looked up.
+    #[test]
+    fn locating_opens_nothing_and_looks_nowhere_outside() {
+        let t = tempfile::tempdir().unwrap();
+        let san = t.path().join("san");
+        std::fs::create_dir_all(&san).unwrap();
+        let fifo = san.join("fifo");
+        let name = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a valid C string.
+        assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0);
+        let paths = DataPaths::new(&t.path().join("state"), &[san.clone()]);
+        for what in [DataUse::Disk, DataUse::Image, DataUse::CephConf] {
+            let e = paths.locate(&fifo, what).unwrap_err();
+            assert!(e.contains("is not a regular file"), "{e}");
+        }
+        // Missing or not, a name outside is refused the same way: nothing is told of it.
+        for outside in ["/etc/shadow", "/no/such/file"] {
+            let e = paths.locate(Path::new(outside), DataUse::Image).unwrap_err();
+            assert!(e.contains("outside the places"), "{e}");
+        }
+        let e = paths.locate(&san.join("../state/x"), DataUse::Image).unwrap_err();
+        assert!(e.contains("without '..'"), "{e}");
+        // A file made inside, through its directory; not one outside, nor through a link
+        // inside to a directory outside.
+        let (_d, by) = paths.locate_new(&san.join("new.img"), DataUse::Image).unwrap();
+        std::fs::write(&by, b"x").unwrap();
+        assert!(san.join("new.img").exists());
+        let elsewhere = t.path().join("elsewhere");
+        std::fs::create_dir_all(&elsewhere).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, san.join("out")).unwrap();
+        let e = paths
+            .locate_new(&san.join("out").join("x.img"), DataUse::Image)
+            .unwrap_err();
+        assert!(e.contains("outside the places"), "{e}");
+    }
+
+    /// A file whose name the kernel gives is not that file (deleted since; or seen from
+    /// another mount namespace) is refused.
+    #[test]
+    fn a_file_not_where_the_kernel_names_it_is_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let f = t.path().join("gone.img");
+        std::fs::write(&f, b"x").unwrap();
+        let open = std::fs::File::open(&f).unwrap();
+        std::fs::remove_file(&f).unwrap();
+        let e = DataPaths::new(&t.path().join("state"), &[])
+            .check(&open, &f, DataUse::Image)
+            .unwrap_err();
+        assert!(e.contains("is not where the kernel names it"), "{e}");
     }
 
     #[test]

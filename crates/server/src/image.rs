@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use tessera_disk::{AlignedBuf, Label, LabelError};
 use tessera_volume::{Progress, Vdisk};
 
-use crate::data_paths::{DataPaths, DataUse};
+use crate::data_paths::{through, DataPaths, DataUse};
 
 /// Bytes moved per step; also how often cancel is checked.
 const CHUNK: usize = 4 << 20;
@@ -212,33 +212,36 @@ fn is_zero(b: &[u8]) -> bool {
 /// sized to the vdisk and sparse; or an existing block device at least that large. A file or
 /// device that carries a Tessera disk label (a disk of a pool, data or cache, here or
 /// elsewhere) is never written over, `overwrite` or not; nor is anything `paths` refuses for
-/// an image (checked on the file opened, so no link leads there), and a regular file is never reached
+/// an image, found and checked before anything opens it for I/O (a FIFO would hang, a device
+/// be woken) and checked again on the file opened; and a regular file is never reached
 /// through a symbolic link (a device may be: /dev/disk/by-id names are links).
 pub fn create_target(path: &Path, overwrite: bool, size: u64, paths: &DataPaths) -> Result<File, String> {
-    if let Ok(md) = std::fs::metadata(path) {
-        if md.is_dir() {
+    if std::fs::symlink_metadata(path).is_ok() {
+        if std::fs::metadata(path).is_ok_and(|m| m.is_dir()) {
             return Err(format!("{} is a directory", path.display()));
         }
-        refuse_pool_disk(path)?;
-        if md.file_type().is_block_device() {
+        let found = paths.locate(path, DataUse::Image)?;
+        let by = through(&found);
+        refuse_pool_disk(&by, path)?;
+        let device = std::fs::metadata(&by).is_ok_and(|m| m.file_type().is_block_device());
+        if device {
             if !overwrite {
                 return Err(format!(
                     "{} is a block device; pass --overwrite to write over it",
                     path.display()
                 ));
             }
-            let have = image_size(path)?;
+            let f = OpenOptions::new()
+                .write(true)
+                .open(&by)
+                .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+            let have = size_of(&f, path)?;
             if have < size {
                 return Err(format!(
                     "{} holds {have} bytes, less than the vdisk's {size}",
                     path.display()
                 ));
             }
-            let f = OpenOptions::new()
-                .write(true)
-                .open(path)
-                .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
-            paths.check(&f, path, DataUse::Image)?;
             return Ok(f);
         }
         if !overwrite {
@@ -248,7 +251,10 @@ pub fn create_target(path: &Path, overwrite: bool, size: u64, paths: &DataPaths)
             ));
         }
     }
-    let existed = std::fs::symlink_metadata(path).is_ok();
+    // Made through its directory's descriptor, checked first: no link or rename in between
+    // leads elsewhere, and nothing is made where it would be refused.
+    let (_dir, by) = paths.locate_new(path, DataUse::Image)?;
+    let existed = std::fs::symlink_metadata(&by).is_ok();
     let mut o = OpenOptions::new();
     // Truncated only once it is known to be no file of the daemon's.
     o.write(true).mode(0o600).custom_flags(libc::O_NOFOLLOW);
@@ -257,7 +263,7 @@ pub fn create_target(path: &Path, overwrite: bool, size: u64, paths: &DataPaths)
     } else {
         o.create_new(true);
     }
-    let f = o.open(path).map_err(|e| {
+    let f = o.open(&by).map_err(|e| {
         if e.raw_os_error() == Some(libc::ELOOP) {
             format!(
                 "{} is a symbolic link: give the path of the file itself",
@@ -267,13 +273,16 @@ pub fn create_target(path: &Path, overwrite: bool, size: u64, paths: &DataPaths)
             format!("cannot create {}: {e}", path.display())
         }
     })?;
-    if !f.metadata().is_ok_and(|m| m.is_file()) {
-        return Err(format!("{} is not a regular file", path.display()));
-    }
-    if let Err(e) = paths.check(&f, path, DataUse::Image) {
+    let made = || {
+        if !f.metadata().is_ok_and(|m| m.is_file()) {
+            return Err(format!("{} is not a regular file", path.display()));
+        }
+        paths.check(&f, path, DataUse::Image)
+    };
+    if let Err(e) = made() {
         // Made by this call: not left behind.
         if !existed {
-            let _ = std::fs::remove_file(path);
+            let _ = std::fs::remove_file(&by);
         }
         return Err(e);
     }
@@ -285,9 +294,9 @@ pub fn create_target(path: &Path, overwrite: bool, size: u64, paths: &DataPaths)
 
 /// Refuses `path` if its first block carries a Tessera disk label, valid or not: an export
 /// over it would destroy a pool (a wrong device name is an easy mistake to make).
-fn refuse_pool_disk(path: &Path) -> Result<(), String> {
+fn refuse_pool_disk(by: &Path, path: &Path) -> Result<(), String> {
     let mut first = vec![0u8; tessera_disk::LABEL_SIZE];
-    let read = File::open(path)
+    let read = File::open(by)
         .and_then(|f| f.read_at(&mut first, 0))
         .map_err(|e| format!("cannot read {} to check it is no pool's disk: {e}", path.display()))?;
     first.truncate(read);
@@ -485,7 +494,7 @@ mod tests {
         let link = d.path().join("out.img");
         std::os::unix::fs::symlink(&precious, &link).unwrap();
         let e = create_target(&link, true, 1 << 20, &paths).unwrap_err();
-        assert!(e.contains("symbolic link"), "{e}");
+        assert!(e.contains("symbolic link") || e.contains("state directory"), "{e}");
         let held = std::fs::File::open(&precious).unwrap();
         let magic = Path::new("/proc/self/fd").join(held.as_raw_fd().to_string());
         let e = create_target(&magic, true, 1 << 20, &paths).unwrap_err();
@@ -496,6 +505,27 @@ mod tests {
         assert_eq!(std::fs::read(&precious).unwrap(), b"the daemon's own");
         // A plain file elsewhere is made as asked.
         create_target(&d.path().join("plain.img"), false, 1 << 20, &paths).unwrap();
+    }
+
+    /// A FIFO (or anything but a regular file or a block device) is refused before anything
+    /// opens it: opening a FIFO to write would wait for a reader for ever.
+    #[test]
+    fn an_export_never_opens_a_fifo() {
+        let d = tempfile::tempdir().unwrap();
+        let fifo = d.path().join("fifo");
+        let name = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a valid C string.
+        assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let at = fifo.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(create_target(&at, true, 1 << 20, &anywhere()).map(drop));
+        });
+        let e = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the export waits on the FIFO")
+            .unwrap_err();
+        assert!(e.contains("not a regular file or a block device"), "{e}");
     }
 
     #[test]

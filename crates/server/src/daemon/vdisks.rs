@@ -198,13 +198,15 @@ impl Daemon {
         }
         self.refuse_if_replica(pool, name, "imported into")?;
         // The daemon's own files (keys, pools' metadata) are never read into a vdisk, whatever
-        // link leads to them, nor anything outside `data_paths` where they are configured. The
-        // file checked is the one read: the job takes it, not the path again.
-        let opened =
-            std::fs::File::open(&path).map_err(|e| ApiError::invalid(format!("cannot open {}: {e}", req.path)))?;
-        self.data_paths()
-            .check(&opened, &path, DataUse::Image)
+        // link leads to them, nor anything outside `data_paths` where they are configured:
+        // found and checked before it is opened for reading, and opened through what was
+        // found. The file checked is the one read: the job takes it, not the path again.
+        let found = self
+            .data_paths()
+            .locate(&path, DataUse::Image)
             .map_err(ApiError::invalid)?;
+        let opened = std::fs::File::open(crate::data_paths::through(&found))
+            .map_err(|e| ApiError::invalid(format!("cannot open {}: {e}", req.path)))?;
         let image_size = image::size_of(&opened, &path).map_err(ApiError::invalid)?;
         let v = match e.vdisk(name) {
             Ok(v) => v,
