@@ -151,9 +151,13 @@ pub(crate) struct Found {
 }
 
 /// The batch at `pos` if one disk holds it whole, with the expected generation and sequence;
-/// else the disks that failed to read it (if any did, it may be there: a batch not whole on
-/// one copy while another cannot be read is no log's end, for an acknowledged batch was made
-/// whole on every copy, and that copy may have lost it to rot since).
+/// else, if it may be there all the same, the disks that failed to read it (none: it is not
+/// there). It may be where every disk failed to read; or where one did and another holds
+/// the batch's header but not the whole batch, which is no log's end: an acknowledged batch
+/// was made whole on every copy, and that copy may have lost it to rot since (a batch a
+/// crash tore on the way is taken for lost too then: its writes are refused, not read as
+/// older data). A copy that holds nothing of this batch there says it never was written,
+/// so never acknowledged, whatever another could not read.
 fn batch_at(
     devices: &[(u32, DiskRef)],
     area: u64,
@@ -166,6 +170,8 @@ fn batch_at(
         return Err(Vec::new());
     }
     let mut unreadable = Vec::new();
+    // Some copy holds this batch's header, and not the whole batch.
+    let mut partial = false;
     for (p, d) in devices {
         let mut hb = AlignedBuf::zeroed(BLOCK);
         if d.read_at(&mut hb, DATA_OFFSET + pos).is_err() {
@@ -176,6 +182,7 @@ fn batch_at(
         if h.pool != pool || h.generation != gen || h.seq != seq {
             continue;
         }
+        partial = true;
         let end = pos + BLOCK as u64 + h.data_len as u64;
         if end > area {
             continue;
@@ -197,7 +204,11 @@ fn batch_at(
             return Ok(Found { header: h, pos, crcs });
         }
     }
-    Err(unreadable)
+    if unreadable.len() == devices.len() || partial {
+        Err(unreadable)
+    } else {
+        Err(Vec::new())
+    }
 }
 
 /// What the replay found.
@@ -205,9 +216,8 @@ pub(crate) struct Replayed {
     pub found: Vec<Found>,
     /// Where the next batch goes.
     pub head: u64,
-    /// The replay stopped where a disk of the log could not be read (or the log has no
-    /// disk), and no other held the next batch whole: what the log held from there on is
-    /// unknown.
+    /// The replay stopped where the next batch may be all the same (`batch_at`), or the log
+    /// has no disk: what the log held from there on is unknown.
     pub unreadable: bool,
     /// The disks whose reads failed where the replay stopped.
     pub failed_reads: Vec<u32>,
