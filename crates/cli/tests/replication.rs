@@ -360,6 +360,14 @@ fn a_replica_is_known_by_its_pool_not_only_by_the_daemon_that_received_it() {
     let e = a.d.fails(&["replica", "sync", "dr"]);
     assert!(e.contains("is not a replica"), "{e}");
     assert!(same_file(&made_again, &b.export("q/db", "after3.img")));
+
+    // And when the vdisk is gone (deleted through another gateway), the old record is
+    // dropped, and the source's next cycle makes the replica again, whole.
+    b.d.ok(&["vdisk", "delete", "q/db"]);
+    old_record(&mut b);
+    a.d.ok(&["replica", "sync", "dr"]);
+    assert_eq!(b.replica("q/db")["cycles"], 1);
+    assert!(same_file(&a.export("p/db", "a-last.img"), &b.export("q/db", "b-last.img")));
 }
 
 #[test]

@@ -337,11 +337,18 @@ impl ReplicaSite for Site {
                         "'{key}' is no longer a replica held here (promoted, or made here meanwhile): a peer never writes over it"
                     )));
                 }
-                s.incoming.entry(key.clone()).or_insert_with(|| Incoming {
+                let fresh = || Incoming {
                     source: self.peer.clone(),
                     created_at: now(),
                     ..Default::default()
-                });
+                };
+                if existed {
+                    s.incoming.entry(key.clone()).or_insert_with(fresh);
+                } else {
+                    // A record of a vdisk of that name that is gone (deleted through another
+                    // gateway of the pool) is of no use to the replica made now.
+                    s.incoming.insert(key.clone(), fresh());
+                }
                 Ok(())
             })
             .map_err(|e| e.message)?;
@@ -517,13 +524,26 @@ impl Daemon {
                 let last = self.promotion_point(&e, pool, vdisks)?;
                 // Made before the records go: a promotion cut from here on (a failure, the
                 // daemon's end) leaves the vdisks refusing cycles, and taken on again as
-                // replicas by no gateway; it can be made again.
+                // replicas by no gateway; it can be made again, by their marks (made here for
+                // a replica from before there were marks, which has none yet).
                 let vs = vdisks.iter().map(|v| e.vdisk(v)).collect::<Result<Vec<_>, _>>()?;
                 let when = now().to_string();
-                let changes: Vec<_> = vs
+                let mut unmarked = Vec::new();
+                for (v, k) in vs.iter().zip(&keys) {
+                    if e.lun_state(v, REPLICA_MARK)?.is_none() {
+                        let source = self.replication.saved.lock().incoming.get(k).map(|i| i.source.clone());
+                        unmarked.push((v, source.unwrap_or_default()));
+                    }
+                }
+                let mut changes: Vec<_> = vs
                     .iter()
                     .map(|v| (&**v, REPLICA_PROMOTING, Some(when.as_bytes())))
                     .collect();
+                changes.extend(
+                    unmarked
+                        .iter()
+                        .map(|(v, src)| (&***v, REPLICA_MARK, Some(src.as_bytes()))),
+                );
                 e.set_lun_states(&changes)?;
                 self.replication.change(|s| {
                     for k in &keys {
@@ -659,72 +679,93 @@ impl Daemon {
     pub(crate) fn settle_replicas(&self, pool: &str) {
         let Ok(e) = self.engine(pool) else { return };
         let _marks = self.replication.marks.lock();
+        let record = |key: &str| self.replication.saved.lock().incoming.get(key).cloned();
+        let report = |key: &str, r: ApiResult<NewEvent>| match r {
+            Ok(event) => _ = self.events.record(event.pool(pool).subject(key)),
+            Err(err) => {
+                warn!(replica = %key, error = %err.message, "cannot settle the record of a replica with its pool")
+            }
+        };
+        let forget = |key: &str, why: &str| {
+            let dropped = self.replication.change(|s| {
+                s.incoming.remove(key);
+                Ok(())
+            });
+            report(
+                key,
+                dropped.map(|()| {
+                    NewEvent::new(
+                        Severity::Warning,
+                        "replica.forgotten",
+                        format!("replica {key} is no longer kept here: {why}"),
+                    )
+                }),
+            );
+        };
+        // Records of vdisks gone from the pool (deleted through another gateway).
+        let held: Vec<String> = self.replication.saved.lock().incoming.keys().cloned().collect();
+        for key in held {
+            let Some((p, name)) = key.split_once('/') else { continue };
+            if p == pool && e.vdisk(name).is_err() && !self.replication.live.lock().promoting.contains(&key) {
+                forget(&key, "its vdisk was deleted through another gateway of its pool");
+            }
+        }
         for v in e.vdisks().into_iter().filter(|v| !v.is_snapshot()) {
             let name = v.name();
             let key = format!("{pool}/{name}");
             if self.replication.live.lock().promoting.contains(&key) {
                 continue;
             }
-            let record = self.replication.saved.lock().incoming.get(&key).cloned();
-            let state = |kind| e.lun_state(&v, kind);
-            let settled = match record {
-                Some(rec) => match self.record_is_stale(pool, &name, &rec) {
-                    Ok(true) => self
-                        .replication
-                        .change(|s| {
-                            s.incoming.remove(&key);
-                            Ok(())
-                        })
-                        .map(|()| {
-                            NewEvent::new(
-                                Severity::Warning,
-                                "replica.forgotten",
-                                format!(
-                                    "replica {key} is no longer kept here: it was promoted (or made again) through another gateway of its pool"
-                                ),
-                            )
-                        }),
+            if let Some(rec) = record(&key) {
+                match self.record_is_stale(pool, &name, &rec) {
+                    Ok(true) => forget(
+                        &key,
+                        "it was promoted (or made again) through another gateway of its pool",
+                    ),
                     Ok(false) => continue,
-                    Err(err) => Err(err),
-                },
-                None => match (state(REPLICA_MARK), state(REPLICA_PROMOTED), state(REPLICA_PROMOTING)) {
-                    (Ok(Some(source)), Ok(None), Ok(None)) => {
-                        let source = String::from_utf8_lossy(&source).into_owned();
-                        let last = replication_snapshots(&e, &name).pop();
-                        self.replication
-                            .change(|s| {
-                                s.incoming.entry(key.clone()).or_insert_with(|| Incoming {
-                                    source: source.clone(),
-                                    created_at: now(),
-                                    last_snapshot: last.clone(),
-                                    last_cycle_at: None,
-                                    cycles: 0,
-                                    marked: true,
-                                    vdisk_id: Some(v.id()),
-                                });
-                                Ok(())
-                            })
-                            .map(|()| {
-                                NewEvent::new(
-                                    Severity::Info,
-                                    "replica.adopted",
-                                    format!(
-                                        "replica {key} of {source}, marked so in its pool, is kept here from now on (last snapshot: {})",
-                                        last.as_deref().unwrap_or("none")
-                                    ),
-                                )
-                            })
+                    Err(err) => {
+                        report(&key, Err(err));
+                        continue;
                     }
-                    (Err(err), _, _) | (_, Err(err), _) | (_, _, Err(err)) => Err(err.into()),
-                    _ => continue,
-                },
-            };
-            match settled {
-                Ok(event) => _ = self.events.record(event.pool(pool).subject(&key)),
-                Err(err) => {
-                    warn!(replica = %key, error = %err.message, "cannot settle the record of a replica with its pool")
                 }
             }
+            // No record (or a stale one, just dropped): taken on if the pool marks it a
+            // replica that no promotion began with.
+            let state = |kind| e.lun_state(&v, kind);
+            let source = match (state(REPLICA_MARK), state(REPLICA_PROMOTED), state(REPLICA_PROMOTING)) {
+                (Ok(Some(source)), Ok(None), Ok(None)) => String::from_utf8_lossy(&source).into_owned(),
+                (Err(err), _, _) | (_, Err(err), _) | (_, _, Err(err)) => {
+                    report(&key, Err(err.into()));
+                    continue;
+                }
+                _ => continue,
+            };
+            let last = replication_snapshots(&e, &name).pop();
+            let adopted = self.replication.change(|s| {
+                s.incoming.entry(key.clone()).or_insert_with(|| Incoming {
+                    source: source.clone(),
+                    created_at: now(),
+                    last_snapshot: last.clone(),
+                    last_cycle_at: None,
+                    cycles: 0,
+                    marked: true,
+                    vdisk_id: Some(v.id()),
+                });
+                Ok(())
+            });
+            report(
+                &key,
+                adopted.map(|()| {
+                    NewEvent::new(
+                        Severity::Info,
+                        "replica.adopted",
+                        format!(
+                            "replica {key} of {source}, marked so in its pool, is kept here from now on (last snapshot: {})",
+                            last.as_deref().unwrap_or("none")
+                        ),
+                    )
+                }),
+            );
         }
     }
 
