@@ -136,12 +136,24 @@ impl DataPaths {
         Ok((d.into(), through))
     }
 
-    /// With `data_paths`, `named` as given (absolute, no `..`) must be inside one of them.
-    fn check_named(&self, named: &Path, what: DataUse) -> Result<(), String> {
-        if !named.is_absolute() || named.components().any(|c| c == Component::ParentDir) {
-            return Err(format!("{} must be an absolute path without '..'", named.display()));
+    /// `named` must be absolute; with `data_paths`, as given (without `..`) inside one of
+    /// them, or a name of a device (under /dev, whose names say nothing one could not list;
+    /// the device it leads to must then be inside them).
+    pub fn check_named(&self, named: &Path, what: DataUse) -> Result<(), String> {
+        if !named.is_absolute() {
+            return Err(format!("{} must be an absolute path", named.display()));
         }
-        if !self.confined()
+        if !self.confined() {
+            return Ok(());
+        }
+        if named.components().any(|c| c == Component::ParentDir) {
+            return Err(format!(
+                "{} must be a path without '..' where data_paths are configured",
+                named.display()
+            ));
+        }
+        let device = what != DataUse::CephConf && named.starts_with("/dev");
+        if device
             || self
                 .allowed
                 .iter()
@@ -264,6 +276,17 @@ mod tests {
         }
         let e = paths.locate(&san.join("../state/x"), DataUse::Image).unwrap_err();
         assert!(e.contains("without '..'"), "{e}");
+        // Without data_paths, '..' is the kernel's business (the checks follow the file).
+        let anywhere = DataPaths::new(&t.path().join("state"), &[]);
+        let up = san.join("../san/new.img");
+        assert!(anywhere.locate_new(&up, DataUse::Image).is_ok());
+        // A device is named as the system names it (/dev/disk/by-id links): the name passes,
+        // and the device it leads to is checked; a Ceph configuration is never one.
+        paths.check_named(Path::new("/dev/disk/by-id/wwn-0x5000c500a1b2c3d4"), DataUse::Disk).unwrap();
+        assert!(paths
+            .check_named(Path::new("/dev/disk/by-id/x"), DataUse::CephConf)
+            .unwrap_err()
+            .contains("outside the places"));
         // A file made inside, through its directory; not one outside, nor through a link
         // inside to a directory outside.
         let (_d, by) = paths.locate_new(&san.join("new.img"), DataUse::Image).unwrap();

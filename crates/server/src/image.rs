@@ -3,7 +3,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::atomic::Ordering;
 
@@ -216,6 +216,10 @@ fn is_zero(b: &[u8]) -> bool {
 /// be woken) and checked again on the file opened; and a regular file is never reached
 /// through a symbolic link (a device may be: /dev/disk/by-id names are links).
 pub fn create_target(path: &Path, overwrite: bool, size: u64, paths: &DataPaths) -> Result<File, String> {
+    // Nothing is looked up where it would be refused.
+    paths.check_named(path, DataUse::Image)?;
+    // The file found, when there is one: the one opened must be it.
+    let mut was = None;
     if std::fs::symlink_metadata(path).is_ok() {
         if std::fs::metadata(path).is_ok_and(|m| m.is_dir()) {
             return Err(format!("{} is a directory", path.display()));
@@ -223,6 +227,7 @@ pub fn create_target(path: &Path, overwrite: bool, size: u64, paths: &DataPaths)
         let found = paths.locate(path, DataUse::Image)?;
         let by = through(&found);
         refuse_pool_disk(&by, path)?;
+        was = std::fs::metadata(&by).ok().map(|m| (m.dev(), m.ino()));
         let device = std::fs::metadata(&by).is_ok_and(|m| m.file_type().is_block_device());
         if device {
             if !overwrite {
@@ -274,8 +279,17 @@ pub fn create_target(path: &Path, overwrite: bool, size: u64, paths: &DataPaths)
         }
     })?;
     let made = || {
-        if !f.metadata().is_ok_and(|m| m.is_file()) {
+        let md = f
+            .metadata()
+            .map_err(|e| format!("cannot read what {} is: {e}", path.display()))?;
+        if !md.is_file() {
             return Err(format!("{} is not a regular file", path.display()));
+        }
+        if was.is_some_and(|w| w != (md.dev(), md.ino())) {
+            return Err(format!(
+                "{} was replaced while it was checked; nothing was written",
+                path.display()
+            ));
         }
         paths.check(&f, path, DataUse::Image)
     };
@@ -505,6 +519,21 @@ mod tests {
         assert_eq!(std::fs::read(&precious).unwrap(), b"the daemon's own");
         // A plain file elsewhere is made as asked.
         create_target(&d.path().join("plain.img"), false, 1 << 20, &paths).unwrap();
+    }
+
+    /// With data_paths, a name outside them is refused as given: nothing there is looked at
+    /// (a directory is not told from a file).
+    #[test]
+    fn an_export_outside_the_data_paths_looks_at_nothing_there() {
+        let d = tempfile::tempdir().unwrap();
+        let san = d.path().join("san");
+        std::fs::create_dir_all(&san).unwrap();
+        let paths = DataPaths::new(&d.path().join("state"), &[san.clone()]);
+        for outside in [d.path().to_path_buf(), d.path().join("x.img")] {
+            let e = create_target(&outside, true, 1 << 20, &paths).unwrap_err();
+            assert!(e.contains("outside the places"), "{e}");
+        }
+        create_target(&san.join("x.img"), false, 1 << 20, &paths).unwrap();
     }
 
     /// A FIFO (or anything but a regular file or a block device) is refused before anything
