@@ -153,7 +153,8 @@ pub(crate) struct Found {
 /// The batch at `pos` if one disk holds it whole, with the expected generation and sequence;
 /// else, if it may be there all the same, the disks that failed to read it (none: it is not
 /// there). It may be where every disk failed to read; or where one did and another holds
-/// the batch's header but not the whole batch, which is no log's end: an acknowledged batch
+/// the batch's header (or a header that does not read whole, which may be it) but not the
+/// whole batch, which is no log's end: an acknowledged batch
 /// was made whole on every copy, and that copy may have lost it to rot since (a batch a
 /// crash tore on the way is taken for lost too then: its writes are refused, not read as
 /// older data). A copy that holds nothing of this batch there says it never was written,
@@ -178,7 +179,11 @@ fn batch_at(
             unreadable.push(*p);
             continue;
         }
-        let Some(h) = Header::decode(&hb) else { continue };
+        let Some(h) = Header::decode(&hb) else {
+            // A header that does not read whole may be this batch's, rotten since.
+            partial |= Header::looks_like(&hb);
+            continue;
+        };
         if h.pool != pool || h.generation != gen || h.seq != seq {
             continue;
         }

@@ -755,6 +755,7 @@ fn writes_past_where_the_logs_replay_stops_on_read_errors_are_refused() {
     for case in [
         "both copies unreadable",
         "one copy unreadable, the other rotten",
+        "one copy unreadable, the other's header rotten",
         "one copy unreadable at the log's end",
     ] {
         let (mut rig, v) = two_data_disks_two_log_disks();
@@ -795,6 +796,13 @@ fn writes_past_where_the_logs_replay_stops_on_read_errors_are_refused() {
                 rig.disks[second]
                     .faults()
                     .flip_bit(tessera_disk::DATA_OFFSET + 8 * K + 100, 3)
+                    .unwrap();
+            }
+            "one copy unreadable, the other's header rotten" => {
+                unreadable(first, 7 * K);
+                rig.disks[second]
+                    .faults()
+                    .flip_bit(tessera_disk::DATA_OFFSET + 7 * K + 100, 3)
                     .unwrap();
             }
             _ => unreadable(first, 11 * K),
