@@ -367,7 +367,10 @@ fn a_replica_is_known_by_its_pool_not_only_by_the_daemon_that_received_it() {
     old_record(&mut b);
     a.d.ok(&["replica", "sync", "dr"]);
     assert_eq!(b.replica("q/db")["cycles"], 1);
-    assert!(same_file(&a.export("p/db", "a-last.img"), &b.export("q/db", "b-last.img")));
+    assert!(same_file(
+        &a.export("p/db", "a-last.img"),
+        &b.export("q/db", "b-last.img")
+    ));
 }
 
 #[test]

@@ -137,8 +137,9 @@ impl DataPaths {
     }
 
     /// `named` must be absolute; with `data_paths`, as given (without `..`) inside one of
-    /// them, or a name of a device (under /dev, whose names say nothing one could not list;
-    /// the device it leads to must then be inside them).
+    /// them, or a name the system gives a device (`/dev/disk/...`, `/dev/mapper/...`, whose
+    /// names say nothing one could not list; the device it leads to must then be inside
+    /// them). Not any name under /dev: `/dev/fd/N` leads to the daemon's own open files.
     pub fn check_named(&self, named: &Path, what: DataUse) -> Result<(), String> {
         if !named.is_absolute() {
             return Err(format!("{} must be an absolute path", named.display()));
@@ -152,7 +153,7 @@ impl DataPaths {
                 named.display()
             ));
         }
-        let device = what != DataUse::CephConf && named.starts_with("/dev");
+        let device = what != DataUse::CephConf && (named.starts_with("/dev/disk") || named.starts_with("/dev/mapper"));
         if device
             || self
                 .allowed
@@ -282,9 +283,16 @@ mod tests {
         assert!(anywhere.locate_new(&up, DataUse::Image).is_ok());
         // A device is named as the system names it (/dev/disk/by-id links): the name passes,
         // and the device it leads to is checked; a Ceph configuration is never one.
-        paths.check_named(Path::new("/dev/disk/by-id/wwn-0x5000c500a1b2c3d4"), DataUse::Disk).unwrap();
+        paths
+            .check_named(Path::new("/dev/disk/by-id/wwn-0x5000c500a1b2c3d4"), DataUse::Disk)
+            .unwrap();
         assert!(paths
             .check_named(Path::new("/dev/disk/by-id/x"), DataUse::CephConf)
+            .unwrap_err()
+            .contains("outside the places"));
+        // Nor does any other name under /dev: /dev/fd/N is one of the daemon's own files.
+        assert!(paths
+            .check_named(Path::new("/dev/fd/3"), DataUse::Image)
             .unwrap_err()
             .contains("outside the places"));
         // A file made inside, through its directory; not one outside, nor through a link
