@@ -41,7 +41,15 @@ impl FileDisk {
     /// Opens an existing regular file or block device read-write with O_DIRECT, falling
     /// back to buffered I/O if the filesystem refuses O_DIRECT.
     pub fn open(path: impl AsRef<Path>) -> Result<FileDisk, DiskError> {
-        Self::open_with(path.as_ref(), open_rw)
+        let path = path.as_ref();
+        Self::open_with(path, &path.display().to_string(), open_rw)
+    }
+
+    /// Opens the file or device that `open` reaches (a `/proc/self/fd/N` link to one found
+    /// and checked before, say) as [`open`](Self::open) does, known by `name` (the name the
+    /// caller gave, which a pool records).
+    pub fn open_as(open: &Path, name: &str) -> Result<FileDisk, DiskError> {
+        Self::open_with(open, name, open_rw)
     }
 
     /// Creates a new file of `size` bytes and opens it like [`open`](Self::open). Fails if
@@ -83,8 +91,12 @@ impl FileDisk {
 
     /// The open path, with `opener(path, direct)` producing the file so that tests can
     /// simulate a filesystem that refuses O_DIRECT.
-    fn open_with(path: &Path, opener: impl Fn(&Path, bool) -> io::Result<File>) -> Result<FileDisk, DiskError> {
-        let name = path.display().to_string();
+    fn open_with(
+        path: &Path,
+        name: &str,
+        opener: impl Fn(&Path, bool) -> io::Result<File>,
+    ) -> Result<FileDisk, DiskError> {
+        let name = name.to_string();
         // Classify before opening: opening a directory or a character device read-write
         // fails oddly or has side effects.
         let meta = std::fs::metadata(path).map_err(|source| DiskError::Open {
@@ -769,7 +781,7 @@ mod tests {
                 open_rw(p, false)
             }
         };
-        let d = FileDisk::open_with(&path, opener).unwrap();
+        let d = FileDisk::open_with(&path, "d", opener).unwrap();
         assert_eq!(attempts.take(), vec![true, false]);
         assert!(!d.is_direct());
         // Unaligned pointers need no bounce here and must still work.
@@ -788,7 +800,7 @@ mod tests {
         let path = dir.path().join("d0.img");
         drop(FileDisk::create_file(&path, 4 * MIB, false).unwrap());
         let calls = Cell::new(0);
-        let r = FileDisk::open_with(&path, |_, _| {
+        let r = FileDisk::open_with(&path, "d", |_, _| {
             calls.set(calls.get() + 1);
             Err(io::Error::from_raw_os_error(libc::EACCES))
         });

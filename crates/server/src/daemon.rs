@@ -121,12 +121,12 @@ impl Daemon {
     /// the request may not point the daemon (checked on the file opened).
     pub(crate) fn open_new_disk(&self, path: &str) -> ApiResult<DiskRef> {
         let paths = self.data_paths();
-        // Found and checked before it is opened for I/O; and the disk opened checked again
-        // (it keeps the name given, which the pool records).
-        paths
+        // Found and checked before it is opened for I/O, and opened through what was found:
+        // it keeps the name given, which the pool records.
+        let found = paths
             .locate(Path::new(path), DataUse::Disk)
             .map_err(ApiError::invalid)?;
-        let disk = FileDisk::open(path)?;
+        let disk = FileDisk::open_as(&crate::data_paths::through(&found), path)?;
         paths
             .check(&disk, Path::new(path), DataUse::Disk)
             .map_err(ApiError::invalid)?;
