@@ -281,7 +281,8 @@ fn run<S: Read + Write>(
         return Ok(());
     }
     let existing = engine.vdisk(&begin.vdisk).ok();
-    site.writing(&begin.pool, &begin.vdisk, existing.is_some())
+    let existed = existing.is_some();
+    site.writing(&begin.pool, &begin.vdisk, existed)
         .map_err(ReplError::Invalid)?;
     let replica = match existing {
         Some(v) => {
@@ -333,7 +334,9 @@ fn run<S: Read + Write>(
         base: base.as_ref().and(begin.base.clone()),
         snapshot: begin.snapshot.clone(),
     };
-    report.resumed = marker.as_ref() == Some(&wanted);
+    // Only a working copy that was there can hold part of the cycle its marker names (one
+    // made now holds nothing, whatever marker a vdisk of that name left).
+    report.resumed = existed && marker.as_ref() == Some(&wanted);
     if marker.is_some() && !report.resumed {
         // The other cycle's marker goes first, durably: once the working copy is changed
         // below, it no longer holds part of that cycle, and a refusal or a crash before the

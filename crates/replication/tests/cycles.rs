@@ -321,6 +321,32 @@ fn a_cycle_cut_mid_way_carries_on_where_it_stopped() {
     assert_eq!(image(&dst.engine.vdisk("vol@s3").unwrap()), image(&s3));
 }
 
+/// A cut cycle's marker names its base and snapshot; a replica deleted since (through
+/// another gateway of its pool, its snapshots left) is made anew by that cycle sent again,
+/// which must not take the new, empty working copy for the one the cut cycle had half
+/// written: it is put back to its base first, and the replica is exact.
+#[test]
+fn a_working_copy_made_anew_is_not_the_one_a_cut_cycle_left() {
+    let src = site(2, 256 * MIB);
+    let dst = site(2, 256 * MIB);
+    let v = source_vdisk(&src, 32 * MIB);
+    v.write(0, &noise(1, (16 * MIB) as usize), false).unwrap();
+    src.engine.snapshot("vol", "s1").unwrap();
+    let (sent, got) = cycle(&src, &dst, "s1", None, None);
+    sent.unwrap();
+    got.unwrap();
+    v.write(0, &noise(2, (4 * MIB) as usize), false).unwrap();
+    let s2 = src.engine.snapshot("vol", "s2").unwrap();
+    let (sent, _) = cycle(&src, &dst, "s2", Some("s1"), Some((2 * MIB) as usize));
+    assert!(sent.is_err());
+    dst.engine.delete_vdisk("vol").unwrap();
+    assert!(dst.engine.vdisk("vol@s1").is_ok(), "the base went with its vdisk");
+    let (sent, got) = cycle(&src, &dst, "s2", Some("s1"), None);
+    sent.unwrap();
+    assert!(!got.unwrap().resumed, "a working copy made now resumed a cut cycle");
+    assert_eq!(image(&dst.engine.vdisk("vol@s2").unwrap()), image(&s2));
+}
+
 #[test]
 fn a_full_replica_pool_says_so_and_the_source_is_unharmed() {
     let src = site(2, 256 * MIB);
