@@ -395,14 +395,14 @@ impl ReplicaSite for Site {
 
     fn last_committed(&self, pool: &str, vdisk: &str) -> Option<String> {
         let key = format!("{pool}/{vdisk}");
-        self.d
-            .replication
-            .saved
-            .lock()
-            .incoming
-            .get(&key)?
-            .last_snapshot
-            .clone()
+        let rec = self.d.replication.saved.lock().incoming.get(&key).cloned()?;
+        // Only of the vdisk the record was made of: a snapshot left by one deleted since is
+        // not this replication's commit.
+        let id = self.d.vdisk(pool, vdisk).ok()?.1.id();
+        if rec.vdisk_id.is_some_and(|was| was != id) {
+            return None;
+        }
+        rec.last_snapshot
     }
 
     fn made(&self, pool: &str, vdisk: &str) -> Result<(), String> {
@@ -686,11 +686,12 @@ impl Daemon {
                 warn!(replica = %key, error = %err.message, "cannot settle the record of a replica with its pool")
             }
         };
-        let forget = |key: &str, why: &str| {
+        let forget = |key: &str, name: &str, why: &str| {
             let dropped = self.replication.change(|s| {
                 s.incoming.remove(key);
                 Ok(())
             });
+            self.forget_cycle_marker(pool, name);
             report(
                 key,
                 dropped.map(|()| {
@@ -702,24 +703,51 @@ impl Daemon {
                 }),
             );
         };
-        // Records of vdisks gone from the pool (deleted through another gateway).
+        // Records of vdisks gone from the pool (deleted through another gateway); not one a
+        // cycle is making the vdisk for (checked and dropped under the live lock, as a cycle
+        // records and claims under it).
         let held: Vec<String> = self.replication.saved.lock().incoming.keys().cloned().collect();
         for key in held {
             let Some((p, name)) = key.split_once('/') else { continue };
-            if p == pool && e.vdisk(name).is_err() && !self.replication.live.lock().promoting.contains(&key) {
-                forget(&key, "its vdisk was deleted through another gateway of its pool");
+            if p != pool {
+                continue;
             }
+            let dropped = {
+                let live = self.replication.live.lock();
+                if live.receiving.contains(&key) || live.promoting.contains(&key) || e.vdisk(name).is_ok() {
+                    continue;
+                }
+                self.replication.change(|s| {
+                    s.incoming.remove(&key);
+                    Ok(())
+                })
+            };
+            self.forget_cycle_marker(pool, name);
+            report(
+                &key,
+                dropped.map(|()| {
+                    NewEvent::new(
+                        Severity::Warning,
+                        "replica.forgotten",
+                        format!("replica {key} is no longer kept here: its vdisk was deleted through another gateway of its pool"),
+                    )
+                }),
+            );
         }
         for v in e.vdisks().into_iter().filter(|v| !v.is_snapshot()) {
             let name = v.name();
             let key = format!("{pool}/{name}");
-            if self.replication.live.lock().promoting.contains(&key) {
-                continue;
+            {
+                let live = self.replication.live.lock();
+                if live.promoting.contains(&key) || live.receiving.contains(&key) {
+                    continue;
+                }
             }
             if let Some(rec) = record(&key) {
                 match self.record_is_stale(pool, &name, &rec) {
                     Ok(true) => forget(
                         &key,
+                        &name,
                         "it was promoted (or made again) through another gateway of its pool",
                     ),
                     Ok(false) => continue,
@@ -741,6 +769,9 @@ impl Daemon {
                 _ => continue,
             };
             let last = replication_snapshots(&e, &name).pop();
+            // A marker of a cycle cut here before is of no use to the source's next cycle,
+            // which puts the working copy back to that snapshot.
+            self.forget_cycle_marker(pool, &name);
             let adopted = self.replication.change(|s| {
                 s.incoming.entry(key.clone()).or_insert_with(|| Incoming {
                     source: source.clone(),
@@ -766,6 +797,14 @@ impl Daemon {
                     )
                 }),
             );
+        }
+    }
+
+    /// Removes the marker of a cycle cut short into `pool/vdisk`, if any: its record is gone
+    /// or made anew, and the working copy is put back to its base by the next cycle.
+    fn forget_cycle_marker(&self, pool: &str, vdisk: &str) {
+        if let Err(e) = tessera_replication::forget_cycle(&super::cycles_dir(&self.cfg.state_dir), pool, vdisk) {
+            warn!(replica = %format!("{pool}/{vdisk}"), error = %e, "cannot remove the marker of a cycle cut short");
         }
     }
 
