@@ -60,12 +60,12 @@ impl Header {
         out[BLOCK - 4..].copy_from_slice(&crc.to_le_bytes());
     }
 
-    /// The header in `b`, if `b` holds a whole, consistent one.
     /// Whether `b` begins as a batch header does (whether or not the rest of it is whole).
     pub fn looks_like(b: &[u8]) -> bool {
         b.len() >= 8 && b[0..8] == MAGIC
     }
 
+    /// The header in `b`, if `b` holds a whole, consistent one.
     pub fn decode(b: &[u8]) -> Option<Header> {
         if b.len() < BLOCK || b[0..8] != MAGIC {
             return None;

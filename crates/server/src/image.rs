@@ -285,7 +285,7 @@ pub fn create_target(path: &Path, overwrite: bool, size: u64, paths: &DataPaths)
         if !md.is_file() {
             return Err(format!("{} is not a regular file", path.display()));
         }
-        if was.is_some_and(|w| w != (md.dev(), md.ino())) {
+        if (existed && was.is_none()) || was.is_some_and(|w| w != (md.dev(), md.ino())) {
             return Err(format!(
                 "{} was replaced while it was checked; nothing was written",
                 path.display()
