@@ -1,9 +1,10 @@
 //! Where a caller of the API may point the daemon at data: the files and block devices it
-//! makes pools' disks of, and the images it reads into vdisks or writes them to.
+//! makes pools' disks of, the images it reads into vdisks or writes them to, and the Ceph
+//! configuration file of a pool on RADOS.
 //!
-//! Checked on the file opened (the name the kernel keeps for its descriptor), which is the
-//! one then used: no symbolic link, `/proc/self/fd/N` or directory renamed meanwhile leads
-//! anywhere else. The daemon's own state (pools' metadata, keys, configuration) is never one
+//! Found without being opened for I/O, then checked on the file found (the name the kernel
+//! keeps for its descriptor), which is the one then used: no symbolic link,
+//! `/proc/self/fd/N` or directory renamed meanwhile leads anywhere else. The daemon's own state (pools' metadata, keys, configuration) is never one
 //! of them, except `<state dir>/disks`, where the demo makes its disks; and where the
 //! configuration lists `data_paths`, nothing outside those is either, so that the API's token
 //! no longer reaches every file the daemon could open.
