@@ -60,21 +60,7 @@ impl DataPaths {
     /// kernel says it is must be that very file (the same device and inode): a name seen from
     /// another mount namespace (`/proc/PID/root/...`), or a file deleted since, is refused.
     pub fn check(&self, f: &impl AsFd, named: &Path, what: DataUse) -> Result<(), String> {
-        let unknown = || format!("cannot tell where {} is", named.display());
-        let real = real_path(f).ok_or_else(unknown)?;
-        let opened = File::from(f.as_fd().try_clone_to_owned().map_err(|_| unknown())?)
-            .metadata()
-            .map_err(|_| unknown())?;
-        match std::fs::metadata(&real) {
-            Ok(m) if (m.dev(), m.ino()) == (opened.dev(), opened.ino()) => {}
-            _ => {
-                return Err(format!(
-                    "{} is not where the kernel names it ({}): give a path this daemon sees",
-                    named.display(),
-                    real.display()
-                ))
-            }
-        }
+        let real = where_is(f, named)?;
         self.check_real(&real, named, what)
     }
 
@@ -125,13 +111,7 @@ impl DataPaths {
             .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
             .open(dir)
             .map_err(|e| format!("cannot open the directory {}: {e}", dir.display()))?;
-        let unknown = || format!("cannot tell where {} is", dir.display());
-        let real = real_path(&d).ok_or_else(unknown)?;
-        let opened = d.metadata().map_err(|_| unknown())?;
-        match std::fs::metadata(&real) {
-            Ok(m) if (m.dev(), m.ino()) == (opened.dev(), opened.ino()) => {}
-            _ => return Err(unknown()),
-        }
+        let real = where_is(&d, dir)?;
         self.check_real(&real.join(name), named, what)?;
         let through = through(&d).join(name);
         Ok((d.into(), through))
@@ -200,6 +180,25 @@ impl DataPaths {
                 .collect::<Vec<_>>()
                 .join(", ")
         )
+    }
+}
+
+/// Where the open file `f` (named `named`) is, as the kernel names it, once that name is
+/// known to lead to this very file (the same device and inode): not a name seen from another
+/// mount namespace (`/proc/PID/root/...`), nor one of a file deleted since.
+fn where_is(f: &impl AsFd, named: &Path) -> Result<PathBuf, String> {
+    let unknown = || format!("cannot tell where {} is", named.display());
+    let real = real_path(f).ok_or_else(unknown)?;
+    let opened = File::from(f.as_fd().try_clone_to_owned().map_err(|_| unknown())?)
+        .metadata()
+        .map_err(|_| unknown())?;
+    match std::fs::metadata(&real) {
+        Ok(m) if (m.dev(), m.ino()) == (opened.dev(), opened.ino()) => Ok(real),
+        _ => Err(format!(
+            "{} is not where the kernel names it ({}): give a path this daemon sees",
+            named.display(),
+            real.display()
+        )),
     }
 }
 
