@@ -686,11 +686,19 @@ impl Daemon {
                 warn!(replica = %key, error = %err.message, "cannot settle the record of a replica with its pool")
             }
         };
-        let forget = |key: &str, name: &str, why: &str| {
-            let dropped = self.replication.change(|s| {
-                s.incoming.remove(key);
-                Ok(())
-            });
+        // Drops the record of `key` if `still()` holds and no cycle or promotion has it,
+        // checked and dropped under the live lock, as a cycle records and claims under it.
+        let forget = |key: &str, name: &str, why: &str, still: &dyn Fn() -> bool| {
+            let dropped = {
+                let live = self.replication.live.lock();
+                if live.receiving.contains(key) || live.promoting.contains(key) || !still() {
+                    return;
+                }
+                self.replication.change(|s| {
+                    s.incoming.remove(key);
+                    Ok(())
+                })
+            };
             self.forget_cycle_marker(pool, name);
             report(
                 key,
@@ -704,35 +712,17 @@ impl Daemon {
             );
         };
         // Records of vdisks gone from the pool (deleted through another gateway); not one a
-        // cycle is making the vdisk for (checked and dropped under the live lock, as a cycle
-        // records and claims under it).
+        // cycle is making the vdisk for.
         let held: Vec<String> = self.replication.saved.lock().incoming.keys().cloned().collect();
         for key in held {
-            let Some((p, name)) = key.split_once('/') else { continue };
-            if p != pool {
-                continue;
+            if let Some((_, name)) = key.split_once('/').filter(|(p, _)| *p == pool) {
+                forget(
+                    &key,
+                    name,
+                    "its vdisk was deleted through another gateway of its pool",
+                    &|| e.vdisk(name).is_err(),
+                );
             }
-            let dropped = {
-                let live = self.replication.live.lock();
-                if live.receiving.contains(&key) || live.promoting.contains(&key) || e.vdisk(name).is_ok() {
-                    continue;
-                }
-                self.replication.change(|s| {
-                    s.incoming.remove(&key);
-                    Ok(())
-                })
-            };
-            self.forget_cycle_marker(pool, name);
-            report(
-                &key,
-                dropped.map(|()| {
-                    NewEvent::new(
-                        Severity::Warning,
-                        "replica.forgotten",
-                        format!("replica {key} is no longer kept here: its vdisk was deleted through another gateway of its pool"),
-                    )
-                }),
-            );
         }
         for v in e.vdisks().into_iter().filter(|v| !v.is_snapshot()) {
             let name = v.name();
@@ -749,6 +739,7 @@ impl Daemon {
                         &key,
                         &name,
                         "it was promoted (or made again) through another gateway of its pool",
+                        &|| true,
                     ),
                     Ok(false) => continue,
                     Err(err) => {

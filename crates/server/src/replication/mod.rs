@@ -195,11 +195,6 @@ impl Replication {
             .cloned()
             .ok_or_else(|| no_replica(name))
     }
-
-    /// Whether `pool/vdisk` is a replica held for a peer.
-    pub fn is_incoming(&self, pool: &str, vdisk: &str) -> bool {
-        self.saved.lock().incoming.contains_key(&format!("{pool}/{vdisk}"))
-    }
 }
 
 /// The names of a vdisk's replication snapshots, oldest first.
