@@ -31,12 +31,6 @@ pub struct ImageReport {
     pub zero_bytes: u64,
 }
 
-/// The size of an image file or block device.
-pub fn image_size(path: &Path) -> Result<u64, String> {
-    let f = File::open(path).map_err(|e| format!("cannot open the image {}: {e}", path.display()))?;
-    size_of(&f, path)
-}
-
 /// The size of the image open as `f` (opened from `path`, which names it in errors).
 pub fn size_of(f: &File, path: &Path) -> Result<u64, String> {
     let md = f.metadata().map_err(|e| format!("{}: {e}", path.display()))?;
@@ -472,8 +466,9 @@ mod tests {
         // file is not.
         assert!(segs.iter().any(|&(a, b)| a <= 16 << 20 && b >= (16 << 20) + 4096));
         assert!(segs.iter().map(|(a, b)| b - a).sum::<u64>() < 32 << 20);
-        assert_eq!(image_size(&p).unwrap(), 64 << 20);
-        assert!(image_size(d.path()).unwrap_err().contains("directory"));
+        let size = |p: &Path| size_of(&File::open(p).unwrap(), p);
+        assert_eq!(size(&p).unwrap(), 64 << 20);
+        assert!(size(d.path()).unwrap_err().contains("directory"));
     }
 
     /// The rules of a daemon whose state directory is elsewhere and that sets no data_paths.
