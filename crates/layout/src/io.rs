@@ -91,9 +91,8 @@ impl Layouts {
             }
             return Ok(());
         }
-        let unavailable = self.unavailable(members);
-        if unavailable > spec.tolerance() {
-            return Err(self.too_many(set, unavailable));
+        if self.beyond_tolerance(spec, members) {
+            return Err(self.too_many(set, members));
         }
         if refused == Some(true) {
             return Err(LayoutError::Refused {
@@ -219,9 +218,8 @@ impl Layouts {
     ) -> Result<Vec<u8>> {
         let (mut data, parity) = self.read_row_shards(members, &set.spec, row, mo, len, Some(col), true);
         codec::reconstruct(&mut data, &parity).map_err(|_| {
-            let unavailable = self.unavailable(members);
-            if unavailable > set.spec.tolerance() {
-                self.too_many(set, unavailable)
+            if self.beyond_tolerance(&set.spec, members) {
+                self.too_many(set, members)
             } else {
                 LayoutError::Io {
                     set: set.id,
@@ -390,8 +388,8 @@ impl Layouts {
         self.check(set, offset, data.len())?;
         let members = set.members.read();
         let unavailable = self.unavailable(&members);
-        if unavailable > set.spec.tolerance() {
-            return Err(self.too_many(set, unavailable));
+        if self.beyond_tolerance(&set.spec, &members) {
+            return Err(self.too_many(set, &members));
         }
         let pieces = split(&set.spec, offset, data.len());
         let epoch = self.journal.enter();
@@ -494,9 +492,8 @@ impl Layouts {
                     .map(|((_, w), t)| (w, t))
             };
             if !copies().any(|(_, t)| t.is_ok()) {
-                let unavailable = self.unavailable(members);
-                return Err(if unavailable > set.spec.tolerance() {
-                    self.too_many(set, unavailable)
+                return Err(if self.beyond_tolerance(&set.spec, members) {
+                    self.too_many(set, members)
                 } else {
                     // Why each copy failed: a disk's storage that refuses writes for now
                     // (fenced off, unreachable) is not a failed disk, and says so.
@@ -639,9 +636,8 @@ impl Layouts {
             self.journal.done(seq);
         }
         wrote?;
-        let unavailable = self.unavailable(members);
-        if unavailable > spec.tolerance() {
-            return Err(self.too_many(set, unavailable));
+        if self.beyond_tolerance(spec, members) {
+            return Err(self.too_many(set, members));
         }
         Ok(())
     }

@@ -14,7 +14,7 @@ use crate::error::{LayoutError, Result};
 use crate::gather::RowGather;
 use crate::journal::{RecordBody, StripeJournal};
 use crate::slabset::{Registry, SlabSet};
-use crate::spec::LayoutSpec;
+use crate::spec::{LayoutKind, LayoutSpec};
 use crate::sums::{block_sum, sums_of, Sums, BLOCK};
 
 const ROW_LOCKS: usize = 4096;
@@ -52,7 +52,11 @@ pub struct SetHealth {
     pub layout: String,
     pub width: usize,
     pub unavailable: usize,
+    /// Members it may lose, per column for a striped mirror (`per_column`).
     pub tolerance: usize,
+    pub per_column: bool,
+    /// It has lost more than that: its data can be neither written nor wholly read.
+    pub beyond_tolerance: bool,
     pub members: Vec<SlabRef>,
 }
 
@@ -60,7 +64,7 @@ impl SetHealth {
     pub fn state(&self) -> &'static str {
         if self.unavailable == 0 {
             "healthy"
-        } else if self.unavailable <= self.tolerance {
+        } else if !self.beyond_tolerance {
             "degraded"
         } else {
             "failed"
@@ -296,11 +300,10 @@ impl Layouts {
             if !members.iter().any(|m| failed.contains(&m.disk)) {
                 continue;
             }
-            let unavailable = self.unavailable(&members);
-            if unavailable > set.spec.tolerance() {
+            if self.beyond_tolerance(&set.spec, &members) {
                 return Err(LayoutError::FlushFailed {
                     set: set.id,
-                    unavailable,
+                    unavailable: self.unavailable(&members),
                     width: set.spec.width(),
                     tolerance: set.spec.tolerance(),
                 });
@@ -322,7 +325,7 @@ impl Layouts {
             return false;
         }
         let members = set.members.read();
-        self.unavailable(&members) > set.spec.tolerance() && members.iter().any(|m| self.pool.lost_since(m.disk, noted))
+        self.beyond_tolerance(&set.spec, &members) && members.iter().any(|m| self.pool.lost_since(m.disk, noted))
     }
 
     pub fn health(&self, set: &SlabSet) -> SetHealth {
@@ -333,34 +336,40 @@ impl Layouts {
             width: set.spec.width(),
             unavailable: self.unavailable(&members),
             tolerance: set.spec.tolerance(),
+            per_column: set.spec.kind == LayoutKind::Mirror && set.spec.columns > 1,
+            beyond_tolerance: self.beyond_tolerance(&set.spec, &members),
             members,
         }
     }
 
-    /// Whether a write to `set` is refused: more of its members are unavailable than its
-    /// layout tolerates (the check every write makes).
+    /// Whether a write to `set` is refused: it has lost more than its layout tolerates (the
+    /// check every write makes).
     pub fn refuses_writes(&self, set: &SlabSet) -> bool {
         let members = set.members.read();
-        self.unavailable(&members) > set.spec.tolerance()
+        self.beyond_tolerance(&set.spec, &members)
     }
 
-    /// Whether the data of `set` can be neither read nor rebuilt: a mirror column with no
-    /// copy left, or more members of another layout unavailable than it tolerates (members
-    /// on failed or missing disks, which stay so until the pool is imported again). A
-    /// striped mirror short of one copy in each column is not: a repair makes it whole.
+    /// Whether the data of `set` can be neither read nor rebuilt: it has lost more than its
+    /// layout tolerates (`beyond_tolerance`) to members on failed or missing disks, which stay
+    /// so until the pool is imported again.
     pub fn unrecoverable(&self, set: &SlabSet) -> bool {
         let members = set.members.read();
-        let gone: Vec<bool> = members
-            .iter()
-            .map(|m| self.pool.readable_disk(m.disk).is_none())
-            .collect();
-        match set.spec.kind {
-            crate::spec::LayoutKind::Mirror => (0..set.spec.columns as usize).any(|d| {
-                crate::geometry::data_members(&set.spec, 0, d)
-                    .into_iter()
-                    .all(|m| gone[m])
-            }),
-            _ => gone.iter().filter(|g| **g).count() > set.spec.tolerance(),
+        self.beyond_tolerance(&set.spec, &members)
+    }
+
+    /// Whether a set has lost more than its layout tolerates: a mirror column with no copy
+    /// left, or more unavailable members of another layout than it has parity columns. A
+    /// mirror tolerates its losses per column: a striped mirror short of one copy in every
+    /// column still reads and writes everything from the copies it has, and a repair makes it
+    /// whole. Never below the count: a column with no copy has lost more members than the
+    /// layout's tolerance.
+    pub(crate) fn beyond_tolerance(&self, spec: &LayoutSpec, members: &[SlabRef]) -> bool {
+        let gone = |m: usize| self.pool.readable_disk(members[m].disk).is_none();
+        match spec.kind {
+            LayoutKind::Mirror => {
+                (0..spec.columns as usize).any(|d| crate::geometry::data_members(spec, 0, d).into_iter().all(gone))
+            }
+            _ => (0..members.len()).filter(|&m| gone(m)).count() > spec.tolerance(),
         }
     }
 
@@ -370,7 +379,7 @@ impl Layouts {
         let Some(members) = set.try_members() else {
             return Placement::Degraded;
         };
-        if self.unavailable(&members) > set.spec.tolerance() {
+        if self.beyond_tolerance(&set.spec, &members) {
             Placement::Lost
         } else if self.needs_move(&members).is_empty() && set.replacement.read().is_none() {
             Placement::Whole
@@ -719,10 +728,10 @@ impl Layouts {
         Ok(took)
     }
 
-    pub(crate) fn too_many(&self, set: &SlabSet, unavailable: usize) -> LayoutError {
+    pub(crate) fn too_many(&self, set: &SlabSet, members: &[SlabRef]) -> LayoutError {
         LayoutError::TooManyFailures {
             set: set.id,
-            unavailable,
+            unavailable: self.unavailable(members),
             width: set.spec.width(),
             tolerance: set.spec.tolerance(),
         }

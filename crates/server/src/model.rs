@@ -254,7 +254,10 @@ pub struct SetHealthView {
     pub layout: String,
     pub state: String,
     pub unavailable: usize,
+    /// Members it may lose; for a striped mirror, in each column (`per_column`).
     pub tolerance: usize,
+    #[serde(default)]
+    pub per_column: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]

@@ -119,6 +119,72 @@ fn new_grains_go_to_whole_sets_while_the_pool_can_make_them() {
     assert!(b == third, "degraded write");
 }
 
+/// A striped mirror tolerates its losses per column: short of one copy in every column, it
+/// still reads and writes everything from the copies it has (a RAID 10 that lost one disk of
+/// each pair), is degraded, not failed, and a repair makes it whole; a column with no copy
+/// left refuses writes, and reads of it, clearly.
+#[test]
+fn a_striped_mirror_short_of_a_copy_in_every_column_still_serves() {
+    let rig = Rig::new(6, 64 * MIB, MIB);
+    let mut s = spec("v", SIZE, LayoutKind::Mirror, Provisioning::Thin);
+    (s.copies, s.columns) = (Some(2), Some(2));
+    let v = rig.engine().create_vdisk(&s).unwrap();
+    // Two columns of 1 MiB slabs: the first 2 MiB fill one slab set.
+    let half = 2 * MIB as usize;
+    let mut want = pattern(1, 0, half);
+    v.write(0, &want, true).unwrap();
+    let sets = rig.engine().layouts().sets();
+    assert_eq!(sets.len(), 1);
+    // Member c * columns + d holds copy c of column d.
+    let members: Vec<u32> = sets[0].desc().members.iter().map(|m| m.disk).collect();
+    let layouts = rig.engine().layouts();
+    rig.engine().fail_disk(&format!("mem{}", members[0])).unwrap();
+    rig.engine().fail_disk(&format!("mem{}", members[3])).unwrap();
+    let health = layouts.health(&sets[0]);
+    assert_eq!((health.unavailable, health.state()), (2, "degraded"), "{health:?}");
+    assert!(!layouts.refuses_writes(&sets[0]) && !layouts.unrecoverable(&sets[0]));
+    let mut b = vec![0u8; half];
+    v.read(0, &mut b).unwrap();
+    assert!(b == want, "read with a copy lost in each column");
+    // Overwrites in both columns, across the interleave, land on the copies left.
+    let more = pattern(2, 4096, half - 8192);
+    v.write(4096, &more, true).unwrap();
+    want[4096..half - 4096].copy_from_slice(&more);
+    v.read(0, &mut b).unwrap();
+    assert!(b == want, "written with a copy lost in each column");
+    rig.engine().flush().unwrap();
+    repair(&rig);
+    let set = &rig.engine().layouts().sets()[0];
+    assert_eq!(rig.engine().layouts().health(set).state(), "healthy");
+    v.read(0, &mut b).unwrap();
+    assert!(b == want, "after the repair");
+    // The repaired set holds the new data on every copy: the copies written while degraded
+    // alone are lost now, one per column, and everything still reads.
+    let members: Vec<u32> = set.desc().members.iter().map(|m| m.disk).collect();
+    rig.engine().fail_disk(&format!("mem{}", members[2])).unwrap();
+    rig.engine().fail_disk(&format!("mem{}", members[1])).unwrap();
+    v.read(0, &mut b).unwrap();
+    assert!(b == want, "the repaired copies hold what was written while degraded");
+    rig.assert_consistent();
+
+    // Both copies of a column gone: that column's data can be neither read nor written.
+    let rig = Rig::new(4, 64 * MIB, MIB);
+    let v = rig.engine().create_vdisk(&s).unwrap();
+    let data = pattern(3, 0, half);
+    v.write(0, &data, true).unwrap();
+    let set = &rig.engine().layouts().sets()[0];
+    let members: Vec<u32> = set.desc().members.iter().map(|m| m.disk).collect();
+    rig.engine().fail_disk(&format!("mem{}", members[0])).unwrap();
+    rig.engine().fail_disk(&format!("mem{}", members[2])).unwrap();
+    let health = rig.engine().layouts().health(set);
+    assert_eq!(health.state(), "failed", "{health:?}");
+    assert!(rig.engine().layouts().refuses_writes(set));
+    let e = v.write(0, &pattern(4, 0, 4096), true).unwrap_err().to_string();
+    assert!(e.contains("unavailable"), "{e}");
+    let mut b = vec![0u8; 4096];
+    assert!(v.read(0, &mut b).is_err(), "column 0 has no copy left");
+}
+
 #[test]
 fn dual_parity_survives_two_and_refuses_three() {
     let rig = Rig::new(6, 64 * MIB, MIB);

@@ -910,6 +910,50 @@ fn a_vdisk_that_lost_its_disk_does_not_hold_the_log_up_for_the_others() {
     assert!(v.read(0, &mut got).is_err());
 }
 
+/// A striped mirror short of one copy in every column still takes writes, so the log goes
+/// on taking them for it and destages what it holds to the copies left (before, the layout
+/// counted its losses over all members, refused writes past one, and the log kept what it
+/// held for the set until a repair, while the ring filled).
+#[test]
+fn a_striped_mirror_short_of_a_copy_in_every_column_is_destaged() {
+    let mut rig = Rig::with_cache(4, 64 * MIB, MIB, 2);
+    let e = rig.engine();
+    e.cache().set_destage_delay(Duration::from_secs(3600));
+    let mut s = spec("v", 4 * MIB, LayoutKind::Mirror, Provisioning::Thin);
+    (s.copies, s.columns) = (Some(2), Some(2));
+    let v = e.create_vdisk(&s).unwrap();
+    let half = 2 * MIB as usize;
+    let mut want = pattern(1, 0, half);
+    v.write(0, &want, false).unwrap();
+    v.flush().unwrap();
+    assert!(e.cache_status().dirty_bytes > 0, "{:?}", e.cache_status());
+    let sets = e.layouts().sets();
+    assert_eq!(sets.len(), 1);
+    // Member c * columns + d holds copy c of column d.
+    let members: Vec<u32> = sets[0].desc().members.iter().map(|m| m.disk).collect();
+    e.fail_disk(&format!("mem{}", members[0])).unwrap();
+    e.fail_disk(&format!("mem{}", members[3])).unwrap();
+    let more = pattern(2, 4096, half - 8192);
+    v.write(4096, &more, false).unwrap();
+    v.flush().unwrap();
+    want[4096..half - 4096].copy_from_slice(&more);
+    e.cache().set_destage_delay(Duration::from_millis(10));
+    let t = std::time::Instant::now();
+    while e.cache_status().dirty_bytes > 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "not destaged: {:?}",
+            e.cache_status()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(e.cache_status().lost_bytes, 0);
+    assert_same(&read_all(&rig, "v", half), &want, "destaged to the copies left");
+    drop(v);
+    rig.reopen();
+    assert_same(&read_all(&rig, "v", half), &want, "after a restart");
+}
+
 /// A restart after a crash with the disk of a vdisk without redundancy missing, while the log
 /// held writes for it: the pool opens (before, the replay's destage failed and so did the
 /// open), its other vdisks serve what the log held for them, and the writes the new log cannot

@@ -301,7 +301,12 @@ pub(super) fn show_pool(p: &PoolDetail) {
                 vec![
                     x.id.to_string(),
                     x.state.clone(),
-                    format!("{}/{}", x.unavailable, x.tolerance),
+                    format!(
+                        "{}/{}{}",
+                        x.unavailable,
+                        x.tolerance,
+                        if x.per_column { " per column" } else { "" }
+                    ),
                     x.layout.clone(),
                 ]
             })

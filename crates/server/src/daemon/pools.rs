@@ -573,6 +573,7 @@ fn unhealthy_sets(e: &Engine) -> Vec<SetHealthView> {
             state: h.state().to_string(),
             unavailable: h.unavailable,
             tolerance: h.tolerance,
+            per_column: h.per_column,
         })
         .collect()
 }
