@@ -481,6 +481,77 @@ fn taking_a_host_out_of_the_acl_ends_its_sessions_and_their_tokens() {
     assert!(logs.contains("the ACL no longer admits the initiator"), "{logs}");
 }
 
+/// A LUN taken out of a target, or the target deleted, ends the ROD tokens made on that LUN
+/// by hosts that no other target lets reach it: what a host populated while it had access is
+/// not written anywhere after it lost it.
+#[test]
+fn taking_a_lun_out_or_deleting_its_target_ends_the_tokens_made_on_it() {
+    use tessera_iscsi::initiator::{LoginConfig, Session};
+    use tessera_test_support::cdbs;
+    let t = tempfile::tempdir().unwrap();
+    let d = Daemon::start(&t.path().join("state"));
+    create_pool(&d, "c", &disks(&t.path().join("disks"), 1, 1 << 30));
+    d.ok(&["vdisk", "create", "c/v", "--size", "64M", "--layout", "simple"]);
+    d.ok(&["vdisk", "create", "c/w", "--size", "64M", "--layout", "simple"]);
+    let (src, dst) = ("iqn.2026-11.io.tessera:src", "iqn.2026-11.io.tessera:dst");
+    let (host_a, host_b) = ("iqn.2026-11.io.example:host-a", "iqn.2026-11.io.example:host-b");
+    for iqn in [src, dst] {
+        d.ok(&["target", "create", iqn, "--allow-any-initiator"]);
+    }
+    d.ok(&["target", "lun", "add", src, "c/v"]);
+    d.ok(&["target", "lun", "add", dst, "c/w"]);
+    let portal = d.iscsi_portal();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let login = |initiator: &str, iqn: &str, n: u8| {
+            let mut c = LoginConfig::new(initiator, Some(iqn));
+            c.isid[5] = n;
+            let portal = portal.clone();
+            async move {
+                let s = Session::login(&portal, &c).await.unwrap();
+                // Its first command may find a unit attention (the LUN's power on).
+                if s.command(0, &[0u8; 6], Vec::new(), 0).await.unwrap().status != 0 {
+                    assert_eq!(s.command(0, &[0u8; 6], Vec::new(), 0).await.unwrap().status, 0);
+                }
+                s
+            }
+        };
+        async fn token(s: &Session, list_id: u32) -> Vec<u8> {
+            let (c, p) = cdbs::populate_token(list_id, 60, &[(0, 8)]);
+            assert_eq!(s.command(0, &c, p, 0).await.unwrap().status, 0);
+            let info = s
+                .command(0, &cdbs::receive_rod_token_information(list_id), Vec::new(), 4096)
+                .await
+                .unwrap();
+            cdbs::token_of(&info.data)
+        }
+        let b = login(host_b, dst, 9).await;
+        let write_with = |tok: Vec<u8>, list_id: u32| {
+            let b = &b;
+            async move {
+                let (c, p) = cdbs::write_using_token(list_id, &tok, 0, false, &[(1024, 8)]);
+                b.command(0, &c, p, 0).await.unwrap()
+            }
+        };
+        let revoked = |r: &tessera_iscsi::initiator::ScsiResult, what: &str| {
+            assert_eq!(r.status, 2, "{what}: the token was written");
+            assert_eq!((r.sense[2] & 0x0F, r.sense[12], r.sense[13]), (5, 0x23, 0x06), "{what}");
+        };
+        let a = login(host_a, src, 1).await;
+        let first = token(&a, 1).await;
+        assert_eq!(write_with(first.clone(), 10).await.status, 0, "a token works before");
+        d.ok(&["target", "lun", "remove", src, "0"]);
+        revoked(&write_with(first, 11).await, "the LUN taken out");
+
+        d.ok(&["target", "lun", "add", src, "c/v"]);
+        let a = login(host_a, src, 2).await;
+        let second = token(&a, 2).await;
+        assert_eq!(write_with(second.clone(), 12).await.status, 0);
+        d.ok(&["target", "delete", src]);
+        revoked(&write_with(second, 13).await, "the target deleted");
+    });
+}
+
 #[test]
 fn persistent_reservations_with_aptpl_survive_a_restart() {
     use tessera_iscsi::initiator::{LoginConfig, Session};

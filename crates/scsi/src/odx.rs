@@ -17,7 +17,7 @@ use crate::opcodes::*;
 use crate::sense::{self, Sense};
 use crate::tpc::{
     OpResult, TokenRefusal, COPY_COMPLETED, COPY_COMPLETED_WITH_ERRORS, DEFAULT_INACTIVITY_TIMEOUT,
-    MAX_INACTIVITY_TIMEOUT, ROD_TYPE_BLOCK_ZERO, ROD_TYPE_PIT_DEFAULT, TOKEN_LEN,
+    MAX_INACTIVITY_TIMEOUT, MAX_TOKEN_LIFETIME, ROD_TYPE_BLOCK_ZERO, ROD_TYPE_PIT_DEFAULT, TOKEN_LEN,
 };
 
 /// Block device range descriptors one POPULATE TOKEN or WRITE USING TOKEN may carry.
@@ -303,10 +303,10 @@ impl Lun {
         // Supported CSCD Descriptor IDs: none besides list indexes.
         desc(0x000C, vec![0, 0, 0, 0]);
         // ROD Token Features: remote tokens neither made nor used; tokens end by inactivity
-        // only; then the block device's features.
+        // or at the end of their lifetime; then the block device's features.
         let mut b = vec![0u8; 92];
         b[12..16].copy_from_slice(&1u32.to_be_bytes()); // minimum token lifetime
-        b[16..20].copy_from_slice(&u32::MAX.to_be_bytes()); // maximum token lifetime
+        b[16..20].copy_from_slice(&(MAX_TOKEN_LIFETIME.as_secs() as u32).to_be_bytes()); // maximum
         b[20..24].copy_from_slice(&MAX_INACTIVITY_TIMEOUT.to_be_bytes());
         b[42..44].copy_from_slice(&48u16.to_be_bytes());
         let f = &mut b[44..92];

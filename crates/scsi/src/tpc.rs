@@ -35,15 +35,23 @@ pub const MAX_INACTIVITY_TIMEOUT: u32 = 600;
 /// POPULATE TOKEN beyond either is refused.
 pub const MAX_TOKENS: usize = 4096;
 pub const MAX_LIVE_TOKEN_BYTES: u64 = 4 << 40;
-/// What one I_T nexus may hold of those: a quarter, so that one initiator cannot take the
-/// whole budget from the others (nor pin more of a pool's space with tokens of data it then
-/// overwrites than a quarter of it).
-pub const MAX_TOKENS_PER_NEXUS: usize = MAX_TOKENS / 4;
-pub const MAX_LIVE_TOKEN_BYTES_PER_NEXUS: u64 = MAX_LIVE_TOKEN_BYTES / 4;
+/// What one initiator may hold of those, through all its sessions together (a session
+/// logged in again, or several at once, gets no more): a quarter, so that one initiator
+/// cannot take the whole budget from the others (nor pin more of a pool's space with tokens
+/// of data it then overwrites than a quarter of it).
+pub const MAX_TOKENS_PER_INITIATOR: usize = MAX_TOKENS / 4;
+pub const MAX_LIVE_TOKEN_BYTES_PER_INITIATOR: u64 = MAX_LIVE_TOKEN_BYTES / 4;
+/// How long a token lives at most, used or not (VPD page 0x8F says so): a token kept alive by
+/// use would otherwise hold the grains of data overwritten since for as long as its holder
+/// likes. Windows uses a token within seconds of making it.
+pub const MAX_TOKEN_LIFETIME: Duration = Duration::from_secs(3600);
 /// Results kept per I_T nexus for RECEIVE ROD TOKEN INFORMATION / COPY RESULTS.
 const MAX_RESULTS_PER_NEXUS: usize = 64;
-/// How long a token that ended (expired, deleted) is remembered, to say why it is refused.
+/// How long a token that ended (expired, deleted) is remembered, to say why it is refused,
+/// and how many such are remembered at most (the oldest forgotten first: a refusal then says
+/// "unknown" rather than why).
 const TOMBSTONE_TIME: Duration = Duration::from_secs(3600);
+const MAX_TOMBSTONES: usize = 4 * MAX_TOKENS;
 
 // Token layout (SPC-4 ROD token format, with the body ours).
 const T_TYPE: usize = 0; // 4 bytes, ROD type
@@ -86,6 +94,47 @@ struct Token {
     image: Arc<dyn FrozenImage>,
     timeout: Duration,
     last_used: Instant,
+    made: Instant,
+}
+
+/// Tokens that ended, with why and when, oldest first: bounded in number and in time, and
+/// forgotten from the front, so that no command scans them all.
+#[derive(Default)]
+struct Ended {
+    why: HashMap<[u8; 32], (TokenRefusal, Instant)>,
+    order: VecDeque<([u8; 32], Instant)>,
+}
+
+impl Ended {
+    fn insert(&mut self, secret: [u8; 32], why: TokenRefusal, at: Instant) {
+        self.why.insert(secret, (why, at));
+        self.order.push_back((secret, at));
+        while self.order.len() > MAX_TOMBSTONES {
+            self.pop_oldest();
+        }
+    }
+
+    fn forget_before(&mut self, now: Instant) {
+        while self
+            .order
+            .front()
+            .is_some_and(|(_, at)| now.saturating_duration_since(*at) >= TOMBSTONE_TIME)
+        {
+            self.pop_oldest();
+        }
+    }
+
+    fn pop_oldest(&mut self) {
+        if let Some((k, at)) = self.order.pop_front() {
+            if self.why.get(&k).is_some_and(|(_, when)| *when == at) {
+                self.why.remove(&k);
+            }
+        }
+    }
+
+    fn get(&self, secret: &[u8; 32]) -> Option<TokenRefusal> {
+        self.why.get(secret).map(|(why, _)| *why)
+    }
 }
 
 /// What a finished copy operation leaves for the initiator to read.
@@ -109,7 +158,7 @@ pub struct CopyManager {
     instance: [u8; 16],
     tokens: Mutex<HashMap<[u8; 32], Token>>,
     /// Tokens that ended, with why and when.
-    ended: Mutex<HashMap<[u8; 32], (TokenRefusal, Instant)>>,
+    ended: Mutex<Ended>,
     next_id: AtomicU64,
     /// (nexus, list identifier) → result, oldest first per nexus.
     results: Mutex<HashMap<u64, VecDeque<(u32, OpResult)>>>,
@@ -128,7 +177,7 @@ impl CopyManager {
         CopyManager {
             instance,
             tokens: Mutex::new(HashMap::new()),
-            ended: Mutex::new(HashMap::new()),
+            ended: Mutex::new(Ended::default()),
             next_id: AtomicU64::new(1),
             results: Mutex::new(HashMap::new()),
         }
@@ -153,15 +202,16 @@ impl CopyManager {
         if by.ended() {
             return Err(sense::COPY_TARGET_DEVICE_NOT_REACHABLE);
         }
+        let made_by = by.initiator.to_ascii_lowercase();
         let live: u64 = tokens.values().map(|t| t.image.len()).sum();
         let (mine, mine_bytes) = tokens
             .values()
-            .filter(|t| t.creator == nexus)
+            .filter(|t| t.made_by == made_by)
             .fold((0, 0u64), |(n, b), t| (n + 1, b + t.image.len()));
         if tokens.len() >= MAX_TOKENS
             || live + image.len() > MAX_LIVE_TOKEN_BYTES
-            || mine >= MAX_TOKENS_PER_NEXUS
-            || mine_bytes + image.len() > MAX_LIVE_TOKEN_BYTES_PER_NEXUS
+            || mine >= MAX_TOKENS_PER_INITIATOR
+            || mine_bytes + image.len() > MAX_LIVE_TOKEN_BYTES_PER_INITIATOR
         {
             return Err(sense::INSUFFICIENT_RESOURCES_TO_CREATE_ROD_TOKEN);
         }
@@ -183,10 +233,11 @@ impl CopyManager {
             Token {
                 bytes: b.clone(),
                 creator: nexus,
-                made_by: by.initiator.to_ascii_lowercase(),
+                made_by,
                 image,
                 timeout: Duration::from_secs(timeout_s as u64),
                 last_used: Instant::now(),
+                made: Instant::now(),
             },
         );
         Ok(b)
@@ -209,8 +260,8 @@ impl CopyManager {
         let secret: [u8; 32] = t[T_SECRET..T_SECRET + 32].try_into().expect("32 bytes");
         let mut tokens = self.tokens.lock();
         let Some(tok) = tokens.get_mut(&secret) else {
-            if let Some((why, _)) = self.ended.lock().get(&secret) {
-                return Err(*why);
+            if let Some(why) = self.ended.lock().get(&secret) {
+                return Err(why);
             }
             if t[T_INSTANCE..T_INSTANCE + 16] != self.instance {
                 // Made by another copy manager (or this daemon before a restart).
@@ -225,28 +276,30 @@ impl CopyManager {
         let image = tok.image.clone();
         if delete {
             tokens.remove(&secret);
-            self.ended
-                .lock()
-                .insert(secret, (TokenRefusal::Deleted, Instant::now()));
+            self.ended.lock().insert(secret, TokenRefusal::Deleted, Instant::now());
         }
         Ok(image)
     }
 
-    /// Ends tokens whose inactivity timeout has passed; forgets old tombstones.
+    /// Ends tokens whose inactivity timeout or lifetime has passed; forgets old tombstones.
     fn expire(&self) {
-        let now = Instant::now();
+        self.expire_at(Instant::now())
+    }
+
+    fn expire_at(&self, now: Instant) {
         let mut gone = Vec::new();
         self.tokens.lock().retain(|k, t| {
-            let live = now.duration_since(t.last_used) < t.timeout;
+            let live = now.saturating_duration_since(t.last_used) < t.timeout
+                && now.saturating_duration_since(t.made) < MAX_TOKEN_LIFETIME;
             if !live {
                 gone.push(*k);
             }
             live
         });
         let mut ended = self.ended.lock();
-        ended.retain(|_, (_, at)| now.duration_since(*at) < TOMBSTONE_TIME);
+        ended.forget_before(now);
         for k in gone {
-            ended.insert(k, (TokenRefusal::Expired, now));
+            ended.insert(k, TokenRefusal::Expired, now);
         }
     }
 
@@ -287,7 +340,7 @@ impl CopyManager {
         });
         let mut ended = self.ended.lock();
         for k in revoked {
-            ended.insert(k, (TokenRefusal::Revoked, now));
+            ended.insert(k, TokenRefusal::Revoked, now);
         }
     }
 
@@ -302,7 +355,8 @@ impl CopyManager {
             .values()
             .filter(|t| t.creator == nexus)
             .map(|t| {
-                let left = t.timeout.saturating_sub(now.duration_since(t.last_used));
+                let idle = t.timeout.saturating_sub(now.saturating_duration_since(t.last_used));
+                let left = idle.min(MAX_TOKEN_LIFETIME.saturating_sub(now.saturating_duration_since(t.made)));
                 (t.bytes.clone(), t.image.len(), left.as_secs())
             })
             .collect()
@@ -456,20 +510,70 @@ mod tests {
         assert!(cm.create_token([1; 32], &nx(10), image("p", "vm", 4096), 30).is_ok());
     }
 
+    /// The budget is the initiator's, over all its sessions: sessions of one host, at once or
+    /// one after the other (a new login is a new nexus), share one quarter of it.
     #[test]
-    fn one_nexus_cannot_take_the_whole_token_budget() {
+    fn one_initiator_cannot_take_the_whole_token_budget() {
         let cm = CopyManager::new();
-        for _ in 0..MAX_TOKENS_PER_NEXUS {
-            cm.create_token([1; 32], &nx(1), image("p", "vm", 512), 30).unwrap();
+        let host = |id, name: &str| Nexus::new(id, name, [0, 2, 0, 0, 0, id as u8]);
+        for n in 0..MAX_TOKENS_PER_INITIATOR {
+            let session = host(1 + (n % 4) as u64, "iqn.2026-11.test:a");
+            cm.create_token([1; 32], &session, image("p", "vm", 512), 30).unwrap();
         }
-        let refused = cm.create_token([1; 32], &nx(1), image("p", "vm", 512), 30).unwrap_err();
-        assert_eq!(refused.asc, sense::INSUFFICIENT_RESOURCES_TO_CREATE_ROD_TOKEN.asc);
-        // Another nexus still gets its own, and bytes are bounded the same way.
-        cm.create_token([1; 32], &nx(2), image("p", "vm", 512), 30).unwrap();
-        cm.create_token([1; 32], &nx(3), image("p", "vm", MAX_LIVE_TOKEN_BYTES_PER_NEXUS), 30)
+        for session in [host(1, "iqn.2026-11.test:a"), host(99, "IQN.2026-11.TEST:A")] {
+            let refused = cm
+                .create_token([1; 32], &session, image("p", "vm", 512), 30)
+                .unwrap_err();
+            assert_eq!(refused.asc, sense::INSUFFICIENT_RESOURCES_TO_CREATE_ROD_TOKEN.asc);
+        }
+        // Another initiator still gets its own, and bytes are bounded the same way.
+        cm.create_token([1; 32], &host(5, "iqn.2026-11.test:b"), image("p", "vm", 512), 30)
             .unwrap();
-        assert!(cm.create_token([1; 32], &nx(3), image("p", "vm", 512), 30).is_err());
-        cm.create_token([1; 32], &nx(4), image("p", "vm", 512), 30).unwrap();
+        let c = |id| host(id, "iqn.2026-11.test:c");
+        cm.create_token([1; 32], &c(6), image("p", "vm", MAX_LIVE_TOKEN_BYTES_PER_INITIATOR), 30)
+            .unwrap();
+        assert!(cm.create_token([1; 32], &c(7), image("p", "vm", 512), 30).is_err());
+        cm.create_token([1; 32], &host(8, "iqn.2026-11.test:d"), image("p", "vm", 512), 30)
+            .unwrap();
+    }
+
+    /// A token kept in use ends all the same once its lifetime is over: it cannot hold the
+    /// grains of overwritten data for as long as its holder likes.
+    #[test]
+    fn a_token_in_use_ends_at_its_lifetime() {
+        let cm = CopyManager::new();
+        let t = cm.create_token([1; 32], &nx(1), image("p", "vm", 4096), 600).unwrap();
+        assert!(cm.tokens_of(1)[0].2 <= 600);
+        // As if used all along: its inactivity never ends it.
+        for tok in cm.tokens.lock().values_mut() {
+            tok.timeout = 2 * MAX_TOKEN_LIFETIME;
+        }
+        cm.expire_at(Instant::now() + MAX_TOKEN_LIFETIME / 2);
+        assert!(cm.use_token(&t[..], false).is_ok(), "used within its lifetime");
+        let left = cm.tokens_of(1)[0].2;
+        assert!(left <= MAX_TOKEN_LIFETIME.as_secs(), "{left} s left");
+        cm.expire_at(Instant::now() + MAX_TOKEN_LIFETIME);
+        assert_eq!(cm.use_token(&t[..], false).unwrap_err(), TokenRefusal::Expired);
+        assert!(cm.tokens_of(1).is_empty());
+    }
+
+    /// Ended tokens are remembered in bounded number, the oldest forgotten first.
+    #[test]
+    fn the_record_of_ended_tokens_is_bounded() {
+        let cm = CopyManager::new();
+        let first = cm.create_token([1; 32], &nx(1), image("p", "vm", 512), 30).unwrap();
+        cm.use_token(&first[..], true).unwrap();
+        assert_eq!(cm.use_token(&first[..], false).unwrap_err(), TokenRefusal::Deleted);
+        for _ in 0..MAX_TOMBSTONES {
+            let t = cm.create_token([1; 32], &nx(1), image("p", "vm", 512), 30).unwrap();
+            cm.use_token(&t[..], true).unwrap();
+        }
+        let ended = cm.ended.lock();
+        assert_eq!((ended.why.len(), ended.order.len()), (MAX_TOMBSTONES, MAX_TOMBSTONES));
+        drop(ended);
+        assert_eq!(cm.use_token(&first[..], false).unwrap_err(), TokenRefusal::Unknown);
+        cm.ended.lock().forget_before(Instant::now() + TOMBSTONE_TIME);
+        assert!(cm.ended.lock().why.is_empty());
     }
 
     #[test]

@@ -530,7 +530,10 @@ impl Targets {
             },
             |c| self.save(c),
         )?;
-        self.registry.remove_target(iqn);
+        if let Some(t) = self.registry.remove_target(iqn) {
+            let luns: Vec<[u8; 32]> = t.luns.read().values().map(|l| l.identification_cscd()).collect();
+            self.revoke_unreachable(&luns);
+        }
         Ok(())
     }
 
@@ -601,8 +604,9 @@ impl Targets {
             },
             |c| self.save(c),
         )?;
-        if let Some(t) = self.registry.target(iqn) {
-            t.luns.write().remove(&lun);
+        let removed = self.registry.target(iqn).and_then(|t| t.luns.write().remove(&lun));
+        if let Some(l) = removed {
+            self.revoke_unreachable(&[l.identification_cscd()]);
         }
         Ok(())
     }
@@ -626,19 +630,29 @@ impl Targets {
         )?;
         self.registry.set_access(iqn, access);
         if let Some(t) = self.registry.target(iqn) {
-            // A LUN can be presented by several targets: an initiator keeps its tokens on one
-            // that another target still lets it reach.
             let luns: Vec<[u8; 32]> = t.luns.read().values().map(|l| l.identification_cscd()).collect();
-            let targets = self.registry.targets();
-            let reaches = |initiator: &str, lun: &[u8; 32]| {
-                targets.iter().any(|t| {
-                    t.access().admits(initiator) && t.luns.read().values().any(|l| l.identification_cscd() == *lun)
-                })
-            };
-            self.copy
-                .revoke_made_on(&luns, |initiator, lun| !reaches(initiator, lun));
+            self.revoke_unreachable(&luns);
         }
         Ok(())
+    }
+
+    /// Ends the ROD tokens made on `luns` by initiators that no target lets reach them any
+    /// more (its ACL changed, the LUN was taken out of it, the target deleted): what a host
+    /// populated while it had access is not written anywhere after it lost it. A LUN can be
+    /// presented by several targets: an initiator keeps its tokens on one that another target
+    /// still lets it reach.
+    fn revoke_unreachable(&self, luns: &[[u8; 32]]) {
+        if luns.is_empty() {
+            return;
+        }
+        let targets = self.registry.targets();
+        let reaches = |initiator: &str, lun: &[u8; 32]| {
+            targets.iter().any(|t| {
+                t.access().admits(initiator) && t.luns.read().values().any(|l| l.identification_cscd() == *lun)
+            })
+        };
+        self.copy
+            .revoke_made_on(luns, |initiator, lun| !reaches(initiator, lun));
     }
 
     pub fn acl_add(&self, iqn: &str, initiator: &str) -> ApiResult<()> {
