@@ -523,9 +523,14 @@ pub enum AclCmd {
 #[derive(Subcommand)]
 pub enum ChapCmd {
     /// Require CHAP for logins to the target. Secrets are 12 to 255 characters; prefer the
-    /// environment variables to flags, which other users can see in the process list.
+    /// environment variables to flags, which other users can see in the process list. With
+    /// --initiator, the credentials that initiator alone logs in with, in place of the
+    /// target's: hosts that share one secret can each log in under the other's name.
     Set {
         iqn: String,
+        /// The initiator (iSCSI name) these credentials are for; the target's when absent.
+        #[arg(long)]
+        initiator: Option<String>,
         /// The user name initiators log in with.
         #[arg(long)]
         user: String,
@@ -544,8 +549,13 @@ pub enum ChapCmd {
         )]
         mutual_secret: Option<String>,
     },
-    /// Stop requiring CHAP.
-    Clear { iqn: String },
+    /// Stop requiring CHAP; with --initiator, that initiator logs in with the target's
+    /// credentials again (or none).
+    Clear {
+        iqn: String,
+        #[arg(long)]
+        initiator: Option<String>,
+    },
 }
 
 #[derive(Subcommand)]

@@ -385,6 +385,103 @@ fn chap_and_acl_gate_logins_and_discovery() {
     assert!(!login(secure).0);
 }
 
+/// Hosts of one target with a shared CHAP secret can each log in under the other's name (and
+/// so reinstate its sessions and take its reservations over); an initiator given credentials
+/// of its own logs in with those alone, in discovery too, and the others go on with the
+/// target's. Kept across a restart; cleared, the target's credentials serve it again.
+#[test]
+fn an_initiator_with_its_own_chap_secret_cannot_be_impersonated() {
+    let t = tempfile::tempdir().unwrap();
+    let state = t.path().join("state");
+    let mut d = Daemon::start(&state);
+    create_pool(&d, "c", &disks(&t.path().join("disks"), 1, 1 << 30));
+    d.ok(&["vdisk", "create", "c/v", "--size", "64M", "--layout", "simple"]);
+    let iqn = "iqn.2026-11.io.tessera:cluster";
+    let (host_a, host_b) = ("iqn.2026-11.io.example:host-a", "iqn.2026-11.io.example:host-b");
+    d.ok(&["target", "create", iqn]);
+    d.ok(&["target", "lun", "add", iqn, "c/v"]);
+    for h in [host_a, host_b] {
+        d.ok(&["target", "acl", "add", iqn, h]);
+    }
+    let set = [
+        "target",
+        "chap",
+        "set",
+        iqn,
+        "--user",
+        "shared",
+        "--secret",
+        "shared-secret-1",
+    ];
+    d.ok(&set);
+    let (shared, own) = ("shared%shared-secret-1@", "alice%alice-secret-1@");
+    let inq = |d: &Daemon, cred: &str, initiator: &str| {
+        let url = format!("iscsi://{cred}{}/{iqn}/0", d.iscsi_portal());
+        run("iscsi-inq", &["-i", initiator, &url])
+    };
+    let discover = |d: &Daemon, cred: &str, initiator: &str| {
+        let url = format!("iscsi://{cred}{}", d.iscsi_portal());
+        run("iscsi-ls", &["-i", initiator, "--url", &url])
+    };
+    assert!(inq(&d, shared, host_a).0, "host B, as host A, with the shared secret");
+
+    let e = d.fails(&[
+        "target",
+        "chap",
+        "set",
+        iqn,
+        "--initiator",
+        "not a name",
+        "--user",
+        "a",
+        "--secret",
+        "alice-secret-1",
+    ]);
+    assert!(e.contains("iSCSI name") || e.contains("iqn"), "{e}");
+    d.ok(&[
+        "target",
+        "chap",
+        "set",
+        iqn,
+        "--initiator",
+        "IQN.2026-11.io.example:HOST-A",
+        "--user",
+        "alice",
+        "--secret",
+        "alice-secret-1",
+    ]);
+    let shown = d.json(&["target", "show", iqn]);
+    assert_eq!(shown["initiator_chap"][host_a]["user"], "alice", "{shown}");
+    assert!(
+        !shown.to_string().contains("alice-secret-1"),
+        "secrets are never shown: {shown}"
+    );
+    assert!(d
+        .ok(&["target", "show", iqn])
+        .contains("logs in with its own CHAP user alice"));
+    let check = |d: &Daemon| {
+        let (success, out) = inq(d, shared, host_a);
+        assert!(!success, "host A's name with the shared secret logged in: {out}");
+        let (_, seen) = discover(d, shared, host_a);
+        assert!(!seen.contains(iqn), "{seen}");
+        let (success, out) = inq(d, own, host_a);
+        assert!(success, "{out}");
+        let (success, seen) = discover(d, own, host_a);
+        assert!(success && seen.contains(iqn), "{seen}");
+        assert!(!inq(d, own, host_b).0, "host A's credentials under host B's name");
+        assert!(inq(d, shared, host_b).0, "host B with the target's secret");
+        assert!(!inq(d, "", host_a).0, "host A without CHAP");
+    };
+    check(&d);
+    d.stop();
+    d = Daemon::start(&state);
+    check(&d);
+    d.ok(&["target", "chap", "clear", iqn, "--initiator", host_a]);
+    assert!(inq(&d, shared, host_a).0);
+    let e = d.fails(&["target", "chap", "clear", iqn, "--initiator", host_a]);
+    assert!(e.contains("no CHAP secret of its own"), "{e}");
+}
+
 /// Taking a host out of a target's ACL takes its access at once: its sessions to that
 /// target end, and the ROD tokens it made on the target's LUNs (through those sessions or
 /// one that ended before) can no longer be written anywhere; its sessions to other targets,

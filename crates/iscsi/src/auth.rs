@@ -25,6 +25,11 @@ pub struct Access {
     pub allow_any: bool,
     /// When set, logins must authenticate with CHAP.
     pub chap: Option<Chap>,
+    /// CHAP credentials of one initiator (its name in lower case), which it alone may log in
+    /// with, in place of `chap`: with one secret per target, every host that knows it can
+    /// log in under the name of any other the ACL admits, reinstate that host's sessions and
+    /// take over its persistent reservations.
+    pub initiator_chap: Vec<(String, Chap)>,
 }
 
 impl Access {
@@ -41,10 +46,20 @@ impl Access {
         self.allow_any || self.acl.iter().any(|a| a.eq_ignore_ascii_case(initiator))
     }
 
+    /// The CHAP credentials `initiator` must log in with: its own, else the target's; None
+    /// when it needs none.
+    pub fn chap_for(&self, initiator: &str) -> Option<&Chap> {
+        self.initiator_chap
+            .iter()
+            .find(|(name, _)| name.eq_ignore_ascii_case(initiator))
+            .map(|(_, c)| c)
+            .or(self.chap.as_ref())
+    }
+
     /// Whether a session that authenticated as `who` (None: no CHAP) may see this target.
     pub fn visible_to(&self, initiator: &str, who: Option<&Chap>) -> bool {
         self.admits(initiator)
-            && match (&self.chap, who) {
+            && match (self.chap_for(initiator), who) {
                 (None, _) => true,
                 (Some(c), Some(w)) => c.user == w.user && c.secret == w.secret,
                 (Some(_), None) => false,
@@ -183,9 +198,21 @@ mod tests {
         assert!(!a.visible_to("iqn.2026-11.x:b", Some(&chap)));
         let other = Chap {
             secret: "t".repeat(12),
-            ..chap
+            ..chap.clone()
         };
         assert!(!a.visible_to("iqn.2026-11.x:a", Some(&other)));
+        // An initiator of its own secret logs in with it alone; the others with the target's.
+        a.acl.push("iqn.2026-11.x:b".into());
+        a.initiator_chap = vec![("iqn.2026-11.x:a".into(), other.clone())];
+        assert_eq!(a.chap_for("IQN.2026-11.X:A"), Some(&other));
+        assert_eq!(a.chap_for("iqn.2026-11.x:b"), Some(&chap));
+        assert!(a.visible_to("iqn.2026-11.x:a", Some(&other)));
+        assert!(!a.visible_to("iqn.2026-11.x:a", Some(&chap)), "the target's secret");
+        assert!(a.visible_to("iqn.2026-11.x:b", Some(&chap)));
+        a.chap = None;
+        assert_eq!(a.chap_for("iqn.2026-11.x:b"), None);
+        assert!(a.visible_to("iqn.2026-11.x:b", None));
+        assert!(!a.visible_to("iqn.2026-11.x:a", None));
     }
 
     #[test]

@@ -65,17 +65,18 @@ fn key<'a>(keys: &'a [(String, String)], key: &str) -> Option<&'a str> {
     keys.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
 }
 
-/// The CHAP credentials that may authenticate this login: the target's, or for a discovery
-/// session those of every target the initiator's name is allowed to.
+/// The CHAP credentials that may authenticate this login: those the target asks of this
+/// initiator (its own, else the target's), or for a discovery session those of every target
+/// the initiator's name is allowed to.
 fn chap_candidates(reg: &Registry, target: Option<&Arc<Target>>, initiator: &str) -> Vec<Chap> {
     match target {
-        Some(t) => t.access().chap.into_iter().collect(),
+        Some(t) => t.access().chap_for(initiator).cloned().into_iter().collect(),
         None => reg
             .targets()
             .iter()
             .map(|t| t.access())
             .filter(|a| a.admits(initiator))
-            .filter_map(|a| a.chap)
+            .filter_map(|a| a.chap_for(initiator).cloned())
             .collect(),
     }
 }
@@ -242,7 +243,7 @@ where
             first = false;
         }
         let name = initiator.clone().expect("set at the first PDU");
-        let chap_required = target.as_ref().is_some_and(|t| t.access().chap.is_some());
+        let chap_required = target.as_ref().is_some_and(|t| t.access().chap_for(&name).is_some());
         if csg != 0 && matches!(auth_state, Auth::Pending) {
             if chap_required {
                 refuse!(

@@ -62,6 +62,7 @@ async fn rig_on(kind: Disks) -> Rig {
             secret: "alice-secret-1".into(),
             mutual: Some(("tgt".into(), "target-secret-9".into())),
         }),
+        initiator_chap: Vec::new(),
     });
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();

@@ -3,6 +3,8 @@
 //! three cannot disagree. Doc comments here are the document's descriptions; `#[schemars]`
 //! attributes carry the limits the daemon enforces.
 
+use std::collections::BTreeMap;
+
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use tessera_pool::{Capacity, DiskState, DiskStatus, DiskUsage};
@@ -597,6 +599,9 @@ pub struct TargetView {
     pub allow_any_initiator: bool,
     /// CHAP user names; the secrets are never shown.
     pub chap: Option<ChapView>,
+    /// The CHAP user names of initiators that log in with credentials of their own.
+    #[serde(default)]
+    pub initiator_chap: BTreeMap<String, ChapView>,
     /// The sessions logged in to it now.
     #[serde(default)]
     pub sessions: Vec<SessionView>,

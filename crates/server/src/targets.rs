@@ -36,6 +36,10 @@ pub struct TargetConfig {
     pub allow_any_initiator: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chap: Option<SetChap>,
+    /// CHAP credentials of single initiators (their names in lower case), which they log in
+    /// with in place of `chap`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub initiator_chap: BTreeMap<String, SetChap>,
 }
 
 impl TargetConfig {
@@ -44,12 +48,21 @@ impl TargetConfig {
         Access {
             acl: self.acl.clone(),
             allow_any: self.allow_any_initiator,
-            chap: self.chap.as_ref().map(|c| Chap {
-                user: c.user.clone(),
-                secret: c.secret.clone(),
-                mutual: c.mutual_user.clone().zip(c.mutual_secret.clone()),
-            }),
+            chap: self.chap.as_ref().map(chap_of),
+            initiator_chap: self
+                .initiator_chap
+                .iter()
+                .map(|(i, c)| (i.clone(), chap_of(c)))
+                .collect(),
         }
+    }
+}
+
+fn chap_of(c: &SetChap) -> Chap {
+    Chap {
+        user: c.user.clone(),
+        secret: c.secret.clone(),
+        mutual: c.mutual_user.clone().zip(c.mutual_secret.clone()),
     }
 }
 
@@ -681,18 +694,37 @@ impl Targets {
         })
     }
 
-    pub fn chap_set(&self, iqn: &str, chap: SetChap) -> ApiResult<()> {
+    /// Sets the CHAP credentials of the target, or with `initiator` those that initiator alone
+    /// logs in with (for the next logins).
+    pub fn chap_set(&self, iqn: &str, initiator: Option<&str>, chap: SetChap) -> ApiResult<()> {
         validate_chap(&chap).map_err(ApiError::invalid)?;
+        // iSCSI names compare case-insensitively (RFC 3722): kept in lower case.
+        let initiator = initiator.map(str::to_ascii_lowercase);
+        if let Some(i) = &initiator {
+            validate_iqn(i).map_err(ApiError::invalid)?;
+        }
         self.update_access(iqn, |cfg| {
-            cfg.chap = Some(chap);
+            match initiator {
+                Some(i) => {
+                    cfg.initiator_chap.insert(i, chap);
+                }
+                None => cfg.chap = Some(chap),
+            }
             Ok(())
         })
     }
 
-    pub fn chap_clear(&self, iqn: &str) -> ApiResult<()> {
+    pub fn chap_clear(&self, iqn: &str, initiator: Option<&str>) -> ApiResult<()> {
         self.update_access(iqn, |cfg| {
-            if cfg.chap.take().is_none() {
-                return Err(ApiError::not_found(format!("target '{iqn}' has no CHAP secret")));
+            let had = match initiator {
+                Some(i) => cfg.initiator_chap.remove(&i.to_ascii_lowercase()).is_some(),
+                None => cfg.chap.take().is_some(),
+            };
+            if !had {
+                return Err(ApiError::not_found(match initiator {
+                    Some(i) => format!("target '{iqn}' has no CHAP secret of its own for '{i}'"),
+                    None => format!("target '{iqn}' has no CHAP secret"),
+                }));
             }
             Ok(())
         })

@@ -55,16 +55,12 @@ pub(super) fn target_table(targets: &[TargetView]) {
         };
         let chap = match &t.chap {
             None => "no CHAP".to_string(),
-            Some(ChapView {
-                user,
-                mutual_user: None,
-            }) => format!("CHAP user {user}"),
-            Some(ChapView {
-                user,
-                mutual_user: Some(m),
-            }) => format!("mutual CHAP, user {user}, target user {m}"),
+            Some(c) => chap_words(c),
         };
         println!("{}: {who}; {chap}", t.iqn);
+        for (initiator, c) in &t.initiator_chap {
+            println!("  {initiator} logs in with its own {}", chap_words(c));
+        }
         for l in &t.luns {
             let Some(r) = &l.reservations else { continue };
             let held = match &r.holder {
@@ -165,12 +161,13 @@ pub(super) fn target(c: &Ctx, cmd: TargetCmd) -> R {
         }
         TargetCmd::Chap(ChapCmd::Set {
             iqn,
+            initiator,
             user,
             secret,
             mutual_user,
             mutual_secret,
         }) => c.client.put(
-            &format!("{}/chap", path(&iqn)),
+            &chap_path(&iqn, initiator.as_deref()),
             body(&SetChap {
                 user,
                 secret,
@@ -178,13 +175,30 @@ pub(super) fn target(c: &Ctx, cmd: TargetCmd) -> R {
                 mutual_secret,
             }),
         )?,
-        TargetCmd::Chap(ChapCmd::Clear { iqn }) => c.client.delete(&format!("{}/chap", path(&iqn)))?,
+        TargetCmd::Chap(ChapCmd::Clear { iqn, initiator }) => {
+            c.client.delete(&chap_path(&iqn, initiator.as_deref()))?
+        }
         TargetCmd::Portal(p) => return portal(c, p),
     };
     c.answer(v, |v: Value| {
         target_table(&one_or_many(v)?);
         Ok(())
     })
+}
+
+/// The API path of a target's CHAP credentials, or of one initiator's.
+fn chap_path(iqn: &str, initiator: Option<&str>) -> String {
+    match initiator {
+        Some(i) => format!("/api/targets/{}/acl/{}/chap", encode_segment(iqn), encode_segment(i)),
+        None => format!("/api/targets/{}/chap", encode_segment(iqn)),
+    }
+}
+
+fn chap_words(c: &ChapView) -> String {
+    match &c.mutual_user {
+        None => format!("CHAP user {}", c.user),
+        Some(m) => format!("mutual CHAP, user {}, target user {m}", c.user),
+    }
 }
 
 pub(super) fn nbd_table(exports: &[NbdExportView]) {

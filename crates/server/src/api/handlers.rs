@@ -395,11 +395,26 @@ pub async fn acl_remove(State(d): D, Path((iqn, initiator)): Path<(String, Strin
 }
 
 pub async fn chap_set(State(d): D, Path(iqn): Path<String>, Body(req): Body<SetChap>) -> ApiResult<Json<TargetView>> {
-    json(move || d.chap_set(&iqn, req)).await
+    json(move || d.chap_set(&iqn, None, req)).await
+}
+
+pub async fn initiator_chap_set(
+    State(d): D,
+    Path((iqn, initiator)): Path<(String, String)>,
+    Body(req): Body<SetChap>,
+) -> ApiResult<Json<TargetView>> {
+    json(move || d.chap_set(&iqn, Some(&initiator), req)).await
+}
+
+pub async fn initiator_chap_clear(
+    State(d): D,
+    Path((iqn, initiator)): Path<(String, String)>,
+) -> ApiResult<Json<TargetView>> {
+    json(move || d.chap_clear(&iqn, Some(&initiator))).await
 }
 
 pub async fn chap_clear(State(d): D, Path(iqn): Path<String>) -> ApiResult<Json<TargetView>> {
-    json(move || d.chap_clear(&iqn)).await
+    json(move || d.chap_clear(&iqn, None)).await
 }
 
 pub async fn remove_lun(State(d): D, Path((iqn, lun)): Path<(String, String)>) -> ApiResult<Json<TargetView>> {

@@ -72,6 +72,10 @@ pub fn router(daemon: Arc<Daemon>, guard: Option<Arc<auth::Guard>>) -> Router {
         .route("/api/targets/{iqn}/luns/{lun}", delete(remove_lun))
         .route("/api/targets/{iqn}/acl", post(acl_add))
         .route("/api/targets/{iqn}/acl/{initiator}", delete(acl_remove))
+        .route(
+            "/api/targets/{iqn}/acl/{initiator}/chap",
+            put(initiator_chap_set).delete(initiator_chap_clear),
+        )
         .route("/api/targets/{iqn}/chap", put(chap_set).delete(chap_clear))
         .route("/api/targets/{iqn}/allow-any-initiator", put(set_allow_any_initiator))
         .route("/api/iscsi/portals", get(list_portals).post(add_portal))

@@ -497,6 +497,20 @@ pub const ROUTES: &[RouteDoc] = &[
         Some((200, schema::<TargetView>)),
     ),
     r(
+        "put",
+        "/api/targets/{iqn}/acl/{initiator}/chap",
+        "CHAP credentials this initiator alone logs in with, in place of the target's",
+        Some(schema::<SetChap>),
+        Some((200, schema::<TargetView>)),
+    ),
+    r(
+        "delete",
+        "/api/targets/{iqn}/acl/{initiator}/chap",
+        "The initiator logs in with the target's CHAP credentials again (or none)",
+        None,
+        Some((200, schema::<TargetView>)),
+    ),
+    r(
         "get",
         "/api/iscsi/portals",
         "List iSCSI portals: the configured one and those added",

@@ -50,6 +50,17 @@ impl Daemon {
                 user: c.user,
                 mutual_user: c.mutual_user,
             }),
+            initiator_chap: cfg
+                .initiator_chap
+                .into_iter()
+                .map(|(i, c)| {
+                    let view = ChapView {
+                        user: c.user,
+                        mutual_user: c.mutual_user,
+                    };
+                    (i, view)
+                })
+                .collect(),
         })
     }
 
@@ -114,13 +125,13 @@ impl Daemon {
         self.target_view(iqn)
     }
 
-    pub fn chap_set(&self, iqn: &str, chap: SetChap) -> ApiResult<TargetView> {
-        self.targets.chap_set(iqn, chap)?;
+    pub fn chap_set(&self, iqn: &str, initiator: Option<&str>, chap: SetChap) -> ApiResult<TargetView> {
+        self.targets.chap_set(iqn, initiator, chap)?;
         self.target_view(iqn)
     }
 
-    pub fn chap_clear(&self, iqn: &str) -> ApiResult<TargetView> {
-        self.targets.chap_clear(iqn)?;
+    pub fn chap_clear(&self, iqn: &str, initiator: Option<&str>) -> ApiResult<TargetView> {
+        self.targets.chap_clear(iqn, initiator)?;
         self.target_view(iqn)
     }
 
