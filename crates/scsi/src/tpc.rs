@@ -193,13 +193,27 @@ impl CopyManager {
         image: Arc<dyn FrozenImage>,
         timeout_s: u32,
     ) -> Result<Box<[u8; TOKEN_LEN]>, Sense> {
+        self.create_token_unless(creator, by, image, timeout_s, || false)
+    }
+
+    /// [`create_token`](Self::create_token), refused as well if `withdrawn()` says the LUN
+    /// was taken out of a target since the command began (asked under the tokens' lock).
+    pub fn create_token_unless(
+        &self,
+        creator: [u8; 32],
+        by: &Nexus,
+        image: Arc<dyn FrozenImage>,
+        timeout_s: u32,
+        withdrawn: impl Fn() -> bool,
+    ) -> Result<Box<[u8; TOKEN_LEN]>, Sense> {
         let nexus = by.id;
         self.expire();
         let mut tokens = self.tokens.lock();
-        // Under the lock: whoever ends a session from outside closes it before revoking what
-        // it made, so a POPULATE TOKEN that was running meanwhile either finds it ended here
-        // or made its token before the revocation, which then ends it.
-        if by.ended() {
+        // Under the lock: whoever ends a session from outside (or takes a LUN out of a
+        // target) closes it (marks the LUN) before revoking what it made, so a POPULATE TOKEN
+        // that was running meanwhile either finds it ended here or made its token before the
+        // revocation, which then ends it.
+        if by.ended() || withdrawn() {
             return Err(sense::COPY_TARGET_DEVICE_NOT_REACHABLE);
         }
         let made_by = by.initiator.to_ascii_lowercase();
@@ -574,6 +588,20 @@ mod tests {
         assert_eq!(cm.use_token(&first[..], false).unwrap_err(), TokenRefusal::Unknown);
         cm.ended.lock().forget_before(Instant::now() + TOMBSTONE_TIME);
         assert!(cm.ended.lock().why.is_empty());
+    }
+
+    /// A POPULATE TOKEN on a LUN taken out of a target while it ran makes no token: the
+    /// revocation that followed the removal has already run.
+    #[test]
+    fn a_lun_withdrawn_meanwhile_makes_no_token() {
+        let cm = CopyManager::new();
+        let refused = cm
+            .create_token_unless([1; 32], &nx(1), image("p", "vm", 4096), 30, || true)
+            .unwrap_err();
+        assert_eq!(refused, sense::COPY_TARGET_DEVICE_NOT_REACHABLE);
+        assert!(cm.tokens_of(1).is_empty());
+        cm.create_token_unless([1; 32], &nx(1), image("p", "vm", 4096), 30, || false)
+            .unwrap();
     }
 
     #[test]
