@@ -6,6 +6,7 @@
 //! Every copy runs to its end inside the command (with IMMED too): a RECEIVE ROD TOKEN
 //! INFORMATION that follows always finds the operation finished.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::backend::FrozenImage;
@@ -82,10 +83,13 @@ impl Lun {
         if ranges.is_empty() {
             return Err(sense::INVALID_FIELD_IN_PARAMETER_LIST);
         }
+        let withdrawals = self.withdrawals.load(Ordering::SeqCst);
         let image = Arc::from(self.backend.freeze(&ranges).map_err(|e| self.io_sense(e, false))?);
         let token = self
             .tpc
-            .create_token(self.identification_cscd(), nexus, image, timeout)?;
+            .create_token_unless(self.identification_cscd(), nexus, image, timeout, || {
+                self.withdrawals.load(Ordering::SeqCst) != withdrawals
+            })?;
         let nexus = nexus.id;
         self.tpc.record(
             nexus,
@@ -140,9 +144,21 @@ impl Lun {
             }
             self.paste_ranges(image.as_ref(), offset, &ranges)
         };
-        let (done, failure) = match r {
+        let (done, mut failure) = match r {
             Ok(done) => (done, None),
             Err((done, s)) => (done, Some(s)),
+        };
+        // With the write cache off the data is written once flushed: a flush that fails
+        // leaves nothing transferred that the result could vouch for.
+        let done = match failure {
+            None if !self.mode().wce => match self.backend.flush() {
+                Ok(()) => done,
+                Err(e) => {
+                    failure = Some(self.io_sense(e, true));
+                    0
+                }
+            },
+            _ => done,
         };
         self.tpc.record(
             nexus,
@@ -162,12 +178,7 @@ impl Lun {
         );
         match failure {
             Some(s) => Err(s),
-            None => {
-                if !self.mode().wce {
-                    self.backend.flush().map_err(|e| self.io_sense(e, true))?;
-                }
-                Ok(Vec::new())
-            }
+            None => Ok(Vec::new()),
         }
     }
 

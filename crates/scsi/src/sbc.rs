@@ -304,6 +304,11 @@ impl Lun {
                     .map_err(|e| self.io_sense(e, true))?;
             }
         }
+        // Parts of grains are zeroed in place: with the write cache off they read as zeros
+        // (LBPRZ) after a power cut too, as a WRITE SAME with UNMAP's would.
+        if !self.mode().wce {
+            self.backend.flush().map_err(|e| self.io_sense(e, true))?;
+        }
         Ok(Vec::new())
     }
 

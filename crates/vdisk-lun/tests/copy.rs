@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use tessera_disk::{DiskRef, MemDisk};
+use tessera_disk::{DiskRef, FaultyDisk, MemDisk};
 use tessera_scsi::sense::{self, key};
 use tessera_scsi::{CopyManager, Lun, LunScope, Nexus, Response, Scope};
 use tessera_test_support::cdbs;
@@ -517,6 +517,73 @@ fn extended_copy_into_a_lun_with_its_write_cache_off_is_flushed_before_it_comple
         "with the write cache off, the copy is durable when it completes"
     );
     assert_eq!(read(&b, 13, 8), &pattern(1, MIB as usize)[3 * 512..11 * 512]);
+}
+
+/// WRITE USING TOKEN into a LUN whose write cache is off, whose flush fails: the command
+/// fails, and RECEIVE ROD TOKEN INFORMATION says so too, with nothing transferred (before,
+/// the result was recorded as completed, whole, ahead of the flush).
+#[test]
+fn a_write_using_token_whose_flush_fails_is_reported_with_nothing_transferred() {
+    let dir = tempfile::tempdir().unwrap();
+    let disks: Vec<Arc<FaultyDisk>> = (0..2)
+        .map(|i| FaultyDisk::new(Arc::new(MemDisk::new(&format!("f{i}"), 128 * MIB)) as DiskRef))
+        .collect();
+    let refs = disks.iter().map(|d| d.clone() as DiskRef).collect();
+    let engine = Engine::create_pool(&dir.path().join("p"), "p", refs, MIB).unwrap();
+    let cm = Arc::new(CopyManager::new());
+    let lun = |name: &str, layout, uid| {
+        let mut spec = VdiskSpec::new(name, 16 * MIB, layout);
+        spec.grain_size = Some(64 << 10);
+        let v = engine.create_vdisk(&spec).unwrap();
+        vdisk_lun(v, uid, false).with_copy_manager(cm.clone())
+    };
+    // Between layouts into allocated grains: written in place, no metadata commit (which
+    // would flush, and fail, on its own).
+    let a = lun("a", LayoutKind::Simple, 1);
+    let b = lun("b", LayoutKind::Mirror, 2);
+    write(&a, 0, &pattern(1, MIB as usize));
+    write(&b, 0, &pattern(2, MIB as usize));
+    engine.flush().unwrap();
+    let t = token(&a, 1, 30, &[(0, 8)]);
+    write_cache_off(&b);
+    for d in &disks {
+        d.faults().fail_flushes(true);
+    }
+    let r = write_using_token(&b, 2, &t, 0, false, &[(16, 8)]);
+    assert_eq!(r.status, sense::CHECK_CONDITION, "a copy whose flush failed was GOOD");
+    let info = rrti(&b, 2);
+    assert_eq!((info[4] & 0x1F, info[5]), (0x11, 0x02), "completed with errors");
+    assert_eq!(u64::from_be_bytes(info[16..24].try_into().unwrap()), 0);
+}
+
+/// UNMAP zeroes parts of grains in place; with the write cache off it is flushed before it
+/// completes, so that the blocks read as zeros (LBPRZ) after a power cut too.
+#[test]
+fn an_unmap_into_a_lun_with_its_write_cache_off_is_flushed_before_it_completes() {
+    let rig = Rig::new();
+    let a = rig.lun("a", LayoutKind::Mirror, 1);
+    write(&a, 0, &pattern(1, MIB as usize));
+    rig.engine.flush().unwrap();
+    let unmap = |lba: u64, n: u32| {
+        let mut p = vec![0u8; 24];
+        p[1] = 22;
+        p[3] = 16;
+        p[8..16].copy_from_slice(&lba.to_be_bytes());
+        p[16..20].copy_from_slice(&n.to_be_bytes());
+        ok(a.execute(&[0x42, 0, 0, 0, 0, 0, 0, 0, 24, 0], &p));
+    };
+    // Within one 64 KiB grain: zeroed in place, no metadata commit.
+    let before = rig.flushes();
+    unmap(3, 5);
+    assert_eq!(rig.flushes(), before, "with the write cache on, no flush is owed");
+    write_cache_off(&a);
+    let before = rig.flushes();
+    unmap(13, 5);
+    assert!(
+        rig.flushes() > before,
+        "with the write cache off, the UNMAP is durable when it completes"
+    );
+    assert_eq!(read(&a, 13, 5), vec![0u8; 5 * 512]);
 }
 
 /// An identification CSCD descriptor naming a LUN by its NAA designator (VPD page 0x83).
