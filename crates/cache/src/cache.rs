@@ -840,7 +840,9 @@ impl WriteCache {
         if !cuts.is_empty() {
             if r.is_ok() {
                 saved = i.save_cuts(&cuts);
-            } else {
+            }
+            // Not recorded: the next flush tries again (and fails while it cannot).
+            if r.is_err() || saved.is_err() {
                 let mut st = i.state.lock();
                 for (set, a, b) in cuts.ranges() {
                     st.lost_cuts.insert(set, a, b);
