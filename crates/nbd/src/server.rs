@@ -89,8 +89,7 @@ pub async fn serve_tcp(listener: TcpListener, reg: Arc<Registry>, policy: Policy
                 let _ = sock.set_nodelay(true);
                 let (reg, policy) = (reg.clone(), policy.clone());
                 tokio::spawn(async move {
-                    let _slot = slot;
-                    connection(sock, peer.to_string(), &reg, &policy).await;
+                    connection(sock, peer.to_string(), &reg, &policy, slot).await;
                 });
             }
             Err(e) => {
@@ -120,8 +119,7 @@ pub async fn serve_unix(listener: UnixListener, reg: Arc<Registry>, max_connecti
                 };
                 let (reg, policy) = (reg.clone(), policy.clone());
                 tokio::spawn(async move {
-                    let _slot = slot;
-                    connection(sock, "unix socket".into(), &reg, &policy).await;
+                    connection(sock, "unix socket".into(), &reg, &policy, slot).await;
                 });
             }
             Err(e) => {
@@ -164,7 +162,9 @@ impl Accepted for tokio::net::UnixStream {
     }
 }
 
-async fn connection<S: Accepted>(mut sock: S, peer: String, reg: &Arc<Registry>, policy: &Policy) {
+/// One connection, from its negotiation to its end: its `slot` of the listener's limit goes
+/// with it to the thread that serves it, and is given back only when the connection ends.
+async fn connection<S: Accepted>(mut sock: S, peer: String, reg: &Arc<Registry>, policy: &Policy, slot: Slot) {
     let outcome = match tokio::time::timeout(HANDSHAKE_TIMEOUT, negotiate(&mut sock, reg, policy.tls_state())).await {
         Ok(Ok(h)) => h,
         Ok(Err(e)) => {
@@ -190,6 +190,7 @@ async fn connection<S: Accepted>(mut sock: S, peer: String, reg: &Arc<Registry>,
                 }
             };
             let spawned = std::thread::Builder::new().name("nbd-conn".into()).spawn(move || {
+                let _slot = slot;
                 if let Err(e) = crate::conn::run(sock, n) {
                     info!(%peer, %export, error = %e, "NBD connection ended");
                 }
@@ -204,9 +205,10 @@ async fn connection<S: Accepted>(mut sock: S, peer: String, reg: &Arc<Registry>,
                 return;
             };
             let reg = reg.clone();
-            let spawned = std::thread::Builder::new()
-                .name("nbd-tls".into())
-                .spawn(move || tls_connection(tcp, peer, &reg, &tls, fixed, no_zeroes));
+            let spawned = std::thread::Builder::new().name("nbd-tls".into()).spawn(move || {
+                let _slot = slot;
+                tls_connection(tcp, peer, &reg, &tls, fixed, no_zeroes)
+            });
             if let Err(e) = spawned {
                 warn!(error = %e, "cannot start a thread for the NBD connection");
             }
@@ -223,9 +225,18 @@ fn tls_connection(
     fixed: bool,
     no_zeroes: bool,
 ) {
-    // The negotiation's deadline goes on through the TLS handshake and the options after it.
+    // The negotiation's deadline goes on through the TLS handshake and the options after it:
+    // a whole deadline, not only one on each read, so that a client sending a byte now and
+    // then cannot keep the connection negotiating (and its place) for ever.
     let _ = tcp.set_read_timeout(Some(HANDSHAKE_TIMEOUT));
     let _ = tcp.set_write_timeout(Some(HANDSHAKE_TIMEOUT));
+    let deadline = match tessera_psk::Deadline::start(&tcp, HANDSHAKE_TIMEOUT) {
+        Ok(d) => d,
+        Err(e) => {
+            warn!(%peer, error = %e, "NBD TLS refused");
+            return;
+        }
+    };
     let raw = match tcp.try_clone() {
         Ok(r) => r,
         Err(e) => {
@@ -248,6 +259,7 @@ fn tls_connection(
             return;
         }
     };
+    deadline.met();
     let _ = raw.set_read_timeout(None);
     let _ = raw.set_write_timeout(None);
     let export = n.export.name.clone();

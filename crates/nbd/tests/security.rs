@@ -399,3 +399,63 @@ async fn a_listener_serves_a_bounded_number_of_connections() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Is a connection to `addr` greeted, or closed at once (the listener at its limit)?
+async fn greeted(addr: &str) -> bool {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let mut b = [0u8; 18];
+    tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut b))
+        .await
+        .expect("closed or greeted, not left hanging")
+        .is_ok()
+}
+
+/// A connection keeps its place of the listener's limit past the negotiation: served by a
+/// thread of its own (a client connected to an export, one that asked for TLS and sends
+/// nothing more), it counts until it ends. Before, it was counted only while it negotiated,
+/// and any number of connections that had sent STARTTLS held a thread and a descriptor each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_past_their_negotiation_keep_their_place() {
+    let r = rig();
+    let c = TlsConfig {
+        psk_file: Some(psk(r.dir.path(), "alice", KEY)),
+        ..Default::default()
+    };
+    let policy = Policy {
+        max_connections: 2,
+        tls: Some(TlsServer::new(&c).unwrap()),
+        ..Policy::plain()
+    };
+    let addr = listen(&r.reg, policy).await;
+    let client = Client::connect(&addr, "rw").await.unwrap();
+    assert_eq!(client.read(0, 4096).await.unwrap().len(), 4096);
+    let mut starttls = TcpStream::connect(&addr).await.unwrap();
+    let mut hello = [0u8; 18];
+    starttls.read_exact(&mut hello).await.unwrap();
+    starttls
+        .write_all(&proto::FLAG_C_FIXED_NEWSTYLE.to_be_bytes())
+        .await
+        .unwrap();
+    let mut o = Vec::new();
+    o.extend_from_slice(&proto::IHAVEOPT.to_be_bytes());
+    o.extend_from_slice(&opt::STARTTLS.to_be_bytes());
+    o.extend_from_slice(&0u32.to_be_bytes());
+    starttls.write_all(&o).await.unwrap();
+    let mut ack = [0u8; 20];
+    starttls.read_exact(&mut ack).await.unwrap();
+    assert_eq!(u32::from_be_bytes(ack[12..16].try_into().unwrap()), rep::ACK);
+    // Both past their negotiation's async part: the listener is full.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !greeted(&addr).await,
+        "a third connection was served past the limit of 2"
+    );
+    // Each gives its place back when it ends.
+    client.disconnect().await.unwrap();
+    drop(starttls);
+    let deadline = std::time::Instant::now() + Duration::from_secs(40);
+    while !greeted(&addr).await {
+        assert!(std::time::Instant::now() < deadline, "places not given back");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -128,9 +128,104 @@ pub fn connect(c: &SslConnector, s: TcpStream) -> Result<SslStream<TcpStream>, S
     cfg.connect("tessera", s).map_err(|e| format!("TLS handshake: {e}"))
 }
 
+/// A deadline on the whole of a handshake, however slowly a peer sends its bytes (a read
+/// timeout starts again with each one, so a peer sending a byte now and then would hold its
+/// connection, and a place of the listener, for ever): past it, the socket is shut down and
+/// whatever reads it fails. `met` (or dropping it) calls it off.
+pub struct Deadline {
+    done: std::sync::Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
+    watchdog: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Deadline {
+    pub fn start(s: &TcpStream, limit: std::time::Duration) -> Result<Deadline, String> {
+        let done = std::sync::Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+        let sock = s.try_clone().map_err(|e| format!("cannot watch the handshake: {e}"))?;
+        let watched = done.clone();
+        let watchdog = std::thread::Builder::new()
+            .name("handshake-deadline".into())
+            .spawn(move || {
+                let (flag, told) = &*watched;
+                let over = told
+                    .wait_timeout_while(flag.lock().expect("not poisoned"), limit, |d| !*d)
+                    .expect("not poisoned");
+                if !*over.0 {
+                    let _ = sock.shutdown(std::net::Shutdown::Both);
+                }
+            })
+            .map_err(|e| format!("cannot watch the handshake: {e}"))?;
+        Ok(Deadline {
+            done,
+            watchdog: Some(watchdog),
+        })
+    }
+
+    /// The handshake is over in time: the socket is left alone.
+    pub fn met(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        *self.done.0.lock().expect("not poisoned") = true;
+        self.done.1.notify_all();
+        if let Some(w) = self.watchdog.take() {
+            let _ = w.join();
+        }
+    }
+}
+
+impl Drop for Deadline {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A peer that sends a byte now and then is cut at the deadline; one met leaves the
+    /// socket open.
+    #[test]
+    fn a_deadline_cuts_a_slow_handshake_and_leaves_a_finished_one() {
+        use std::io::Read;
+        use std::time::{Duration, Instant};
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let peer = std::thread::spawn(move || {
+            let mut c = TcpStream::connect(addr).unwrap();
+            for _ in 0..40 {
+                if c.write_all(b"x").is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        let (mut s, _) = l.accept().unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+        let t = Instant::now();
+        let d = Deadline::start(&s, Duration::from_millis(300)).unwrap();
+        let mut b = [0u8; 1];
+        while matches!(s.read(&mut b), Ok(1)) {}
+        let cut = t.elapsed();
+        assert!(cut < Duration::from_millis(1500), "read on for {cut:?}");
+        d.met();
+        peer.join().unwrap();
+
+        let peer = std::thread::spawn(move || TcpStream::connect(addr).unwrap());
+        let (s, _) = l.accept().unwrap();
+        let mut c = peer.join().unwrap();
+        Deadline::start(&s, Duration::from_millis(100)).unwrap().met();
+        std::thread::sleep(Duration::from_millis(300));
+        c.write_all(b"y").unwrap();
+        let mut s = s;
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        assert_eq!(
+            s.read(&mut b).unwrap(),
+            1,
+            "the socket was cut after the deadline was met"
+        );
+    }
 
     #[test]
     fn psk_files() {

@@ -72,27 +72,11 @@ impl Transport {
         self.prepare(&s);
         // The whole handshake within the silence, however slowly a peer sends its bytes: the
         // read timeout alone starts again with each one, and a few such peers would keep
-        // every place of the listener.
-        let done = std::sync::Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
-        let sock = s.try_clone().map_err(|e| format!("cannot watch the handshake: {e}"))?;
-        let (done2, limit) = (done.clone(), self.silence);
-        // Without the watchdog a slow peer could hold the place for ever: refused instead.
-        let watchdog = std::thread::Builder::new()
-            .name("repl-handshake".into())
-            .spawn(move || {
-                let (flag, told) = &*done2;
-                let over = told
-                    .wait_timeout_while(flag.lock().expect("not poisoned"), limit, |d| !*d)
-                    .expect("not poisoned");
-                if !*over.0 {
-                    let _ = sock.shutdown(std::net::Shutdown::Both);
-                }
-            })
-            .map_err(|e| format!("cannot watch the handshake: {e}"))?;
+        // every place of the listener. Without the watchdog a slow peer could hold the place
+        // for ever: refused instead.
+        let deadline = tessera_psk::Deadline::start(&s, self.silence)?;
         let r = self.acceptor.accept(s);
-        *done.0.lock().expect("not poisoned") = true;
-        done.1.notify_all();
-        let _ = watchdog.join();
+        deadline.met();
         r.map_err(|e| format!("TLS handshake: {e}"))
     }
 
