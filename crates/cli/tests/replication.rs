@@ -611,6 +611,71 @@ fn peers_without_the_key_get_nothing_and_a_full_replica_pool_leaves_the_source_w
     assert!(check["problems"].as_array().unwrap().is_empty(), "{check}");
 }
 
+/// A site that takes replicas from several sources, each with a key of its own in its key
+/// file: a source writes only the replicas made with its key. Another source naming one of
+/// them (as if it were its own) is refused, and the replica is left as it was; its own
+/// replicas it writes as before.
+#[test]
+fn a_source_writes_only_the_replicas_made_with_its_own_key() {
+    let t = tempfile::tempdir().unwrap();
+    let (key_a, key_c, key_b) = (t.path().join("a.psk"), t.path().join("c.psk"), t.path().join("b.psk"));
+    let (line_a, line_c) = (
+        format!("site-a:{}\n", "a1".repeat(32)),
+        format!("site-c:{}\n", "c3".repeat(32)),
+    );
+    std::fs::write(&key_a, &line_a).unwrap();
+    std::fs::write(&key_c, &line_c).unwrap();
+    std::fs::write(&key_b, format!("{line_a}{line_c}")).unwrap();
+    let b = Site::start(&t.path().join("b"), &key_b, "q", 1 << 30);
+    let a = Site::start(&t.path().join("a"), &key_a, "p", 1 << 30);
+    let c = Site::start(&t.path().join("c"), &key_c, "r", 1 << 30);
+    a.d.ok(&["vdisk", "create", "p/db", "--size", "8M", "--layout", "simple"]);
+    write_image(&a, "p/db", 4 << 20, 31);
+    a.replicate("p/db", &b.listen(), "q", "db", &["--interval", "0"]);
+    a.d.ok(&["replica", "sync", "db"]);
+    let before = b.d.json(&["replica", "show", "q/db"]);
+    let held = b.export("q/db", "db-before.img");
+
+    // C names A's replica as its own.
+    c.d.ok(&["vdisk", "create", "r/db", "--size", "8M", "--layout", "simple"]);
+    write_image(&c, "r/db", 4 << 20, 32);
+    c.replicate("r/db", &b.listen(), "q", "db", &["--interval", "0"]);
+    let e = c.d.fails(&["replica", "sync", "db"]);
+    assert!(e.contains("another replication key"), "{e}");
+    let after = b.d.json(&["replica", "show", "q/db"]);
+    assert_eq!(before["snapshots"], after["snapshots"], "{after}");
+    assert!(read_back_matches(&held, &b.export("q/db", "db-after.img")));
+
+    // Each source goes on with its own.
+    c.d.ok(&["vdisk", "create", "r/mine", "--size", "8M", "--layout", "simple"]);
+    c.replicate("r/mine", &b.listen(), "q", "mine", &["--interval", "0"]);
+    c.d.ok(&["replica", "sync", "mine"]);
+    assert_eq!(n(&b.d.json(&["replica", "show", "q/mine"]), "cycles"), 1);
+    // A cycle leaves only snapshots the site prunes: one named otherwise is refused.
+    {
+        use std::io::Write;
+        use tessera_replication::wire::{self, Kind};
+        let v = b.d.json(&["vdisk", "show", "q/mine"]);
+        let tr = tessera_replication::Transport::from_psk_file(&key_c, "cubic").unwrap();
+        let begin = serde_json::json!({
+            "pool": "q", "vdisk": "mine", "size": n(&v, "size"), "grain": n(&v, "grain_size"),
+            "block_size": n(&v, "block_size"), "snapshot": "keep-me-1", "base": null,
+            "streams": 1, "token": "0123456789abcdef0123456789abcdef",
+        });
+        let mut s = tr.connect(&b.listen()).unwrap();
+        s.write_all(wire::MAGIC).unwrap();
+        wire::write_frame(&mut s, Kind::Begin, begin.to_string().as_bytes()).unwrap();
+        s.flush().unwrap();
+        let answer = wire::read_frame(&mut s).unwrap().unwrap();
+        let body = String::from_utf8_lossy(&answer.body).into_owned();
+        assert!(!matches!(answer.kind, Kind::Ready) && body.contains("prunes"), "{body}");
+        assert!(b.d.fails(&["vdisk", "show", "q/mine@keep-me-1"]).contains("keep-me-1"));
+    }
+    write_image(&a, "p/db", 1 << 20, 33);
+    a.d.ok(&["replica", "sync", "db"]);
+    assert_eq!(n(&b.d.json(&["replica", "show", "q/db"]), "cycles"), 2);
+}
+
 /// A connection from the loopback address `from` (a stranger), held open without a handshake.
 fn stranger(to: &str, from: &str) -> std::net::TcpStream {
     let rt = tokio::runtime::Builder::new_current_thread()

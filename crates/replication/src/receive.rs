@@ -109,6 +109,11 @@ pub trait ReplicaSite {
     fn engine(&self, pool: &str) -> std::result::Result<Arc<Engine>, String>;
     /// Whether `pool/vdisk` may be written as a replica; `exists` says whether it exists.
     fn may_write(&self, pool: &str, vdisk: &str, exists: bool) -> std::result::Result<(), String>;
+    /// Whether a cycle may leave a snapshot of this name (the site keeps only those it
+    /// prunes, so that a peer cannot pile up snapshots it never deletes).
+    fn may_name(&self, _snapshot: &str) -> std::result::Result<(), String> {
+        Ok(())
+    }
     /// A cycle is about to write `pool/vdisk`, which `existed` says whether it found (else
     /// it makes it next): the site claims it for the cycle, checking again, in the same step
     /// as the claim, that an existing one is still a replica (not promoted, nor made here,
@@ -240,6 +245,7 @@ fn run<S: Read + Write>(
     // Every write is flushed before the next read: reads go straight to the connection.
     let begin: Begin = first.json(Kind::Begin)?;
     check_begin(&begin)?;
+    site.may_name(&begin.snapshot).map_err(ReplError::Invalid)?;
     let engine = site.engine(&begin.pool).map_err(ReplError::Invalid)?;
     let engine = &*engine;
     site.may_write(&begin.pool, &begin.vdisk, engine.vdisk(&begin.vdisk).is_ok())

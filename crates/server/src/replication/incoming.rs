@@ -153,9 +153,16 @@ fn take_cycle(d: &Arc<Daemon>, t: &Transport, s: TcpStream, shaken: impl FnOnce(
             return;
         }
     };
+    // The key the peer proved: the replicas it may write are those made with it.
+    let key = conn
+        .ssl()
+        .psk_identity()
+        .map(|i| String::from_utf8_lossy(i).into_owned())
+        .unwrap_or_default();
     let site = Site {
         d: d.clone(),
         peer: peer.clone(),
+        key,
         claimed: parking_lot::Mutex::new(None),
         sock,
         id: CONNECTIONS.fetch_add(1, Ordering::Relaxed),
@@ -213,6 +220,8 @@ fn take_cycle(d: &Arc<Daemon>, t: &Transport, s: TcpStream, shaken: impl FnOnce(
 struct Site {
     d: Arc<Daemon>,
     peer: String,
+    /// The identity of the replication key the peer proved.
+    key: String,
     /// The replica this cycle writes, once claimed.
     claimed: parking_lot::Mutex<Option<String>>,
     /// The connection, for a promotion to cut; its number; the replica it is listed under.
@@ -222,6 +231,16 @@ struct Site {
 }
 
 impl Site {
+    /// Refuses a replica made with another key than the one this peer proved.
+    fn own(&self, replica: &str, rec: &super::Incoming) -> Result<(), String> {
+        match &rec.key {
+            Some(k) if *k != self.key => Err(format!(
+                "'{replica}' is the replica of a source with another replication key: a peer writes only the replicas made with its own"
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// A handle on this connection, for a promotion to cut it by.
     fn handle(&self) -> Result<TcpStream, String> {
         self.sock
@@ -305,6 +324,7 @@ impl ReplicaSite for Site {
         let Some(rec) = held.filter(|_| exists) else {
             return Ok(());
         };
+        self.own(&key, &rec)?;
         if self.d.promoting(pool, vdisk).map_err(|e| e.message)? {
             return Err(format!("'{key}' is being promoted: a peer never writes it again"));
         }
@@ -314,6 +334,17 @@ impl ReplicaSite for Site {
             ));
         }
         Ok(())
+    }
+
+    fn may_name(&self, snapshot: &str) -> Result<(), String> {
+        if snapshot.starts_with(super::SNAPSHOT_PREFIX) {
+            Ok(())
+        } else {
+            Err(format!(
+                "a cycle's snapshot is named '{}…' (this one: '{snapshot}'): this site prunes those, and keeps no other",
+                super::SNAPSHOT_PREFIX
+            ))
+        }
     }
 
     fn writing(&self, pool: &str, vdisk: &str, existed: bool) -> Result<(), String> {
@@ -340,10 +371,13 @@ impl ReplicaSite for Site {
                 let fresh = || Incoming {
                     source: self.peer.clone(),
                     created_at: now(),
+                    key: Some(self.key.clone()),
                     ..Default::default()
                 };
                 if existed {
-                    s.incoming.entry(key.clone()).or_insert_with(fresh);
+                    let rec = s.incoming.entry(key.clone()).or_insert_with(fresh);
+                    self.own(&key, rec).map_err(ApiError::invalid)?;
+                    rec.key.get_or_insert_with(|| self.key.clone());
                 } else {
                     // A record of a vdisk of that name that is gone (deleted through another
                     // gateway of the pool) is of no use to the replica made now.
@@ -367,6 +401,9 @@ impl ReplicaSite for Site {
     fn joining(&self, pool: &str, vdisk: &str) -> Result<(), String> {
         let key = format!("{pool}/{vdisk}");
         let handle = self.handle()?;
+        if let Some(rec) = self.d.replication.saved.lock().incoming.get(&key) {
+            self.own(&key, rec)?;
+        }
         let mut live = self.d.replication.live.lock();
         if !live.receiving.contains(&key) {
             return Err(format!("the cycle writing '{key}' has ended"));
@@ -772,6 +809,8 @@ impl Daemon {
                     cycles: 0,
                     marked: true,
                     vdisk_id: Some(v.id()),
+                    // Not in the pool's mark: the next cycle's key is kept.
+                    key: None,
                 });
                 Ok(())
             });

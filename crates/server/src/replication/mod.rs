@@ -124,6 +124,12 @@ pub(crate) struct Incoming {
     /// (None in records saved before ids were kept, and before the first cycle made it.)
     #[serde(default)]
     pub vdisk_id: Option<u64>,
+    /// The identity of the replication key the source proved when it made the replica: a
+    /// peer holding another key of the file never writes it. (None in records saved before
+    /// keys were kept, and in those a gateway took on from its pool's marks: the next cycle's
+    /// key is kept.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

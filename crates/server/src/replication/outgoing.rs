@@ -326,6 +326,8 @@ impl Daemon {
                     cycles: 0,
                     marked: true,
                     vdisk_id: Some(v.id()),
+                    // The peer's cycles back bring its key; the first one's is kept.
+                    key: None,
                 },
             );
             Ok(())
