@@ -154,9 +154,6 @@ pub struct Lun {
     pub(crate) tpc: Arc<CopyManager>,
     /// The target port groups the LUN is reached through and their access states.
     pub(crate) alua: Arc<dyn PortGroups>,
-    /// Times the LUN was taken out of a target: a POPULATE TOKEN that saw another count at
-    /// its start makes no token (its maker may have lost access meanwhile).
-    pub(crate) withdrawals: AtomicU64,
 }
 
 /// Unit attentions kept per nexus, at most; older ones give way.
@@ -213,15 +210,7 @@ impl Lun {
             fence: Arc::new(RwLock::new(())),
             tpc: Arc::new(CopyManager::new()),
             alua: Arc::new(SinglePort),
-            withdrawals: AtomicU64::new(0),
         }
-    }
-
-    /// Says the LUN was taken out of a target (or the target deleted), before the tokens made
-    /// on it by hosts that lost it are revoked: a POPULATE TOKEN running on it meanwhile then
-    /// makes no token that would escape the revocation.
-    pub fn withdrawn(&self) {
-        self.withdrawals.fetch_add(1, Ordering::SeqCst);
     }
 
     /// Reached through the target port groups `groups` reports (several gateways presenting

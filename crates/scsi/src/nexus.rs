@@ -52,6 +52,13 @@ impl Scope {
     pub(crate) fn lun_by_naa(&self, naa: &[u8; 16]) -> Option<Arc<Lun>> {
         self.0.as_ref()?.upgrade()?.lun_by_naa(naa)
     }
+
+    /// Whether the LUN of designator `naa` is (still) one this nexus addresses: always, for
+    /// a nexus without a target; no longer, once the LUN was taken out of the target or the
+    /// target is gone.
+    pub(crate) fn presents(&self, naa: &[u8; 16]) -> bool {
+        self.0.is_none() || self.lun_by_naa(naa).is_some()
+    }
 }
 
 impl std::fmt::Debug for Scope {

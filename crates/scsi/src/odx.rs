@@ -6,7 +6,6 @@
 //! Every copy runs to its end inside the command (with IMMED too): a RECEIVE ROD TOKEN
 //! INFORMATION that follows always finds the operation finished.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::backend::FrozenImage;
@@ -83,12 +82,14 @@ impl Lun {
         if ranges.is_empty() {
             return Err(sense::INVALID_FIELD_IN_PARAMETER_LIST);
         }
-        let withdrawals = self.withdrawals.load(Ordering::SeqCst);
         let image = Arc::from(self.backend.freeze(&ranges).map_err(|e| self.io_sense(e, false))?);
+        // Asked under the tokens' lock: a LUN taken out of the nexus's target since it was
+        // looked up (the command held back its data meanwhile, or waited its turn) makes no
+        // token, and one made before is revoked with the others after the removal.
         let token = self
             .tpc
             .create_token_unless(self.identification_cscd(), nexus, image, timeout, || {
-                self.withdrawals.load(Ordering::SeqCst) != withdrawals
+                !nexus.scope.presents(&self.naa)
             })?;
         let nexus = nexus.id;
         self.tpc.record(
@@ -148,17 +149,18 @@ impl Lun {
             Ok(done) => (done, None),
             Err((done, s)) => (done, Some(s)),
         };
-        // With the write cache off the data is written once flushed: a flush that fails
-        // leaves nothing transferred that the result could vouch for.
-        let done = match failure {
-            None if !self.mode().wce => match self.backend.flush() {
+        // With the write cache off the data is written once flushed (what was pasted before
+        // a failure too): a flush that fails leaves nothing transferred that the result
+        // could vouch for.
+        let done = match self.mode().wce || done == 0 {
+            true => done,
+            false => match self.backend.flush() {
                 Ok(()) => done,
                 Err(e) => {
-                    failure = Some(self.io_sense(e, true));
+                    failure.get_or_insert(self.io_sense(e, true));
                     0
                 }
             },
-            _ => done,
         };
         self.tpc.record(
             nexus,

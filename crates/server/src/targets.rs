@@ -544,15 +544,7 @@ impl Targets {
             |c| self.save(c),
         )?;
         if let Some(t) = self.registry.remove_target(iqn) {
-            let luns: Vec<[u8; 32]> = t
-                .luns
-                .read()
-                .values()
-                .map(|l| {
-                    l.withdrawn();
-                    l.identification_cscd()
-                })
-                .collect();
+            let luns: Vec<[u8; 32]> = t.luns.read().values().map(|l| l.identification_cscd()).collect();
             self.revoke_unreachable(&luns);
         }
         Ok(())
@@ -627,7 +619,6 @@ impl Targets {
         )?;
         let removed = self.registry.target(iqn).and_then(|t| t.luns.write().remove(&lun));
         if let Some(l) = removed {
-            l.withdrawn();
             self.revoke_unreachable(&[l.identification_cscd()]);
         }
         Ok(())

@@ -586,6 +586,31 @@ fn an_unmap_into_a_lun_with_its_write_cache_off_is_flushed_before_it_completes()
     assert_eq!(read(&a, 13, 5), vec![0u8; 5 * 512]);
 }
 
+/// A POPULATE TOKEN on a LUN its nexus's target no longer presents (taken out after the
+/// command looked it up: its data held back meanwhile) makes no token: the revocation that
+/// followed the removal has already run.
+#[test]
+fn a_populate_token_on_a_lun_taken_out_of_its_target_makes_no_token() {
+    let rig = Rig::new();
+    let a = rig.lun("a", LayoutKind::Mirror, 1);
+    write(&a, 0, &pattern(1, MIB as usize));
+    let n = rig.nexus();
+    let (c, p) = cdbs::populate_token(1, 30, &[(0, 8)]);
+    ok(a.execute_for(&n, &c, &p));
+    rig.target.0.lock().clear();
+    let (c, p) = cdbs::populate_token(2, 30, &[(0, 8)]);
+    let r = a.execute_for(&n, &c, &p);
+    assert_eq!(
+        (r.sense[2] & 0x0F, r.sense[12], r.sense[13]),
+        (
+            sense::COPY_TARGET_DEVICE_NOT_REACHABLE.key,
+            sense::COPY_TARGET_DEVICE_NOT_REACHABLE.asc,
+            sense::COPY_TARGET_DEVICE_NOT_REACHABLE.ascq
+        )
+    );
+    assert_eq!(rig.cm.tokens_of(n.id).len(), 1, "only the token made while presented");
+}
+
 /// An identification CSCD descriptor naming a LUN by its NAA designator (VPD page 0x83).
 fn cscd(l: &Lun) -> Vec<u8> {
     let id = ok(l.execute(&[0x12, 1, 0x83, 0, 255, 0], &[]));
