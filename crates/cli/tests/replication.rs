@@ -671,6 +671,12 @@ fn a_source_writes_only_the_replicas_made_with_its_own_key() {
         assert!(!matches!(answer.kind, Kind::Ready) && body.contains("prunes"), "{body}");
         assert!(b.d.fails(&["vdisk", "show", "q/mine@keep-me-1"]).contains("keep-me-1"));
     }
+    // B, which holds both keys, reaches each source with the key that source names: C's
+    // (not the first of B's file, which C does not hold).
+    b.d.ok(&["vdisk", "create", "q/back", "--size", "8M", "--layout", "simple"]);
+    b.replicate("q/back", &c.listen(), "r", "back", &["--interval", "0"]);
+    b.d.ok(&["replica", "sync", "back"]);
+    assert_eq!(n(&c.d.json(&["replica", "show", "r/back"]), "cycles"), 1);
     write_image(&a, "p/db", 1 << 20, 33);
     a.d.ok(&["replica", "sync", "db"]);
     assert_eq!(n(&b.d.json(&["replica", "show", "q/db"]), "cycles"), 2);

@@ -84,7 +84,9 @@ pub fn set_server_keys(b: &mut SslAcceptorBuilder, keys: HashMap<String, Vec<u8>
 }
 
 /// A TLS server that accepts a client holding any of `keys` (by identity), and nothing else.
-pub fn psk_acceptor(keys: HashMap<String, Vec<u8>>) -> Result<SslAcceptor, String> {
+/// With `hint`, it names that identity in the handshake (OpenSSL's PSK identity hint): a
+/// client that holds several keys answers with that one ([`psk_connector_choosing`]).
+pub fn psk_acceptor(keys: HashMap<String, Vec<u8>>, hint: Option<&str>) -> Result<SslAcceptor, String> {
     let ssl = |e: openssl::error::ErrorStack| format!("TLS: {e}");
     let mut b = SslAcceptor::mozilla_intermediate_v5(SslMethod::tls_server()).map_err(ssl)?;
     // TLS 1.3 takes external keys only through session callbacks: 1.2 with ECDHE-PSK.
@@ -92,12 +94,37 @@ pub fn psk_acceptor(keys: HashMap<String, Vec<u8>>) -> Result<SslAcceptor, Strin
     b.set_max_proto_version(Some(SslVersion::TLS1_2)).map_err(ssl)?;
     b.set_cipher_list("ECDHE-PSK-CHACHA20-POLY1305").map_err(ssl)?;
     set_server_keys(&mut b, keys);
+    if let Some(h) = hint {
+        set_identity_hint(&mut b, h)?;
+    }
     Ok(b.build())
 }
 
-/// A TLS client that proves it holds `key` under `identity` (and so checks that the server
-/// holds it too: a server without it cannot finish the handshake).
-pub fn psk_connector(identity: &str, key: &[u8]) -> Result<SslConnector, String> {
+/// Sends `hint` to clients in the handshake (the identity a server names; not a secret: a
+/// client sends its own identity in clear).
+fn set_identity_hint(b: &mut SslAcceptorBuilder, hint: &str) -> Result<(), String> {
+    // Not bound by the openssl crate; in libssl since OpenSSL 1.0.
+    extern "C" {
+        fn SSL_CTX_use_psk_identity_hint(ctx: *mut std::ffi::c_void, hint: *const std::ffi::c_char) -> std::ffi::c_int;
+    }
+    let c = std::ffi::CString::new(hint).map_err(|_| format!("a key identity with a zero byte: {hint:?}"))?;
+    // SAFETY: the builder owns a live context; OpenSSL copies the string.
+    let ok = unsafe { SSL_CTX_use_psk_identity_hint(b.as_ptr().cast(), c.as_ptr()) };
+    if ok == 1 {
+        Ok(())
+    } else {
+        Err(format!("TLS: cannot name the key identity {hint:?}"))
+    }
+}
+
+/// A TLS client holding several `keys`: it proves the one the server names in its hint, if
+/// it holds it, else the one of identity `default`. A site that takes replicas from several
+/// sources, each with a key of its own, so reaches each with that source's key.
+pub fn psk_connector_choosing(keys: HashMap<String, Vec<u8>>, default: &str) -> Result<SslConnector, String> {
+    let fallback = keys
+        .get(default)
+        .map(|k| (default.as_bytes().to_vec(), k.clone()))
+        .ok_or_else(|| format!("no key of identity {default:?}"))?;
     let ssl = |e: openssl::error::ErrorStack| format!("TLS: {e}");
     let mut b = SslConnector::builder(SslMethod::tls_client()).map_err(ssl)?;
     b.set_min_proto_version(Some(SslVersion::TLS1_2)).map_err(ssl)?;
@@ -105,17 +132,26 @@ pub fn psk_connector(identity: &str, key: &[u8]) -> Result<SslConnector, String>
     b.set_cipher_list("ECDHE-PSK-CHACHA20-POLY1305").map_err(ssl)?;
     // No certificates: the key authenticates the server.
     b.set_verify(SslVerifyMode::NONE);
-    let (identity, key) = (identity.as_bytes().to_vec(), key.to_vec());
-    b.set_psk_client_callback(move |_ssl, _hint, id_out, key_out| {
+    b.set_psk_client_callback(move |_ssl, hint, id_out, key_out| {
+        let named = hint
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| keys.get(h).map(|k| (h.as_bytes().to_vec(), k.clone())));
+        let (identity, key) = named.as_ref().unwrap_or(&fallback);
         if identity.len() >= id_out.len() || key.len() > key_out.len() {
             return Ok(0);
         }
-        id_out[..identity.len()].copy_from_slice(&identity);
+        id_out[..identity.len()].copy_from_slice(identity);
         id_out[identity.len()] = 0;
-        key_out[..key.len()].copy_from_slice(&key);
+        key_out[..key.len()].copy_from_slice(key);
         Ok(key.len())
     });
     Ok(b.build())
+}
+
+/// A TLS client that proves it holds `key` under `identity` (and so checks that the server
+/// holds it too: a server without it cannot finish the handshake).
+pub fn psk_connector(identity: &str, key: &[u8]) -> Result<SslConnector, String> {
+    psk_connector_choosing(HashMap::from([(identity.to_string(), key.to_vec())]), identity)
 }
 
 /// The client side of the handshake on `s`.
@@ -183,6 +219,31 @@ impl Drop for Deadline {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A client holding several keys proves the one the server names; without a name, its
+    /// default (which a server without it refuses).
+    #[test]
+    fn a_client_of_several_keys_proves_the_one_the_server_names() {
+        let keys = |ids: &[&str]| -> HashMap<String, Vec<u8>> {
+            ids.iter().map(|i| (i.to_string(), i.as_bytes().repeat(8))).collect()
+        };
+        let serve = |acceptor: SslAcceptor| {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = listener.local_addr().unwrap();
+            let server = std::thread::spawn(move || {
+                let (s, _) = listener.accept().unwrap();
+                acceptor.accept(s).map(|t| t.ssl().psk_identity().map(|i| i.to_vec()))
+            });
+            (addr, server)
+        };
+        let hub = psk_connector_choosing(keys(&["site-a", "site-c"]), "site-a").unwrap();
+        let (addr, server) = serve(psk_acceptor(keys(&["site-c"]), Some("site-c")).unwrap());
+        assert!(connect(&hub, TcpStream::connect(addr).unwrap()).is_ok());
+        assert_eq!(server.join().unwrap().unwrap().as_deref(), Some(&b"site-c"[..]));
+        let (addr, server) = serve(psk_acceptor(keys(&["site-c"]), None).unwrap());
+        assert!(connect(&hub, TcpStream::connect(addr).unwrap()).is_err());
+        assert!(server.join().unwrap().is_err(), "no name: the default, which it lacks");
+    }
 
     /// A peer that sends a byte now and then is cut at the deadline; one met leaves the
     /// socket open.
@@ -255,7 +316,7 @@ mod tests {
     fn only_a_peer_with_the_key_gets_through() {
         let key = vec![7u8; 32];
         let keys: HashMap<String, Vec<u8>> = [("site-a".to_string(), key.clone())].into();
-        let acceptor = psk_acceptor(keys).unwrap();
+        let acceptor = psk_acceptor(keys, Some("site-a")).unwrap();
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let server = std::thread::spawn(move || {

@@ -27,22 +27,19 @@ pub struct Transport {
 
 impl Transport {
     /// Keys from a psktool file shared by the sites: a peer holding any of them is let in;
-    /// this site connects with the first by name. `congestion` is set on every socket
-    /// ("bbr"; the kernel's default where it lacks it).
+    /// this site connects with the key the peer names (the first of its own file by name),
+    /// if it holds it, else with the first of its file, and names that one to its peers.
+    /// `congestion` is set on every socket ("bbr"; the kernel's default where it lacks it).
     pub fn from_psk_file(path: &Path, congestion: &str) -> Result<Transport, String> {
         let keys = tessera_psk::read_psk_file(path)?;
         Transport::with_keys(keys, congestion, SILENCE)
     }
 
     pub fn with_keys(keys: HashMap<String, Vec<u8>>, congestion: &str, silence: Duration) -> Result<Transport, String> {
-        let (identity, key) = keys
-            .iter()
-            .min_by(|a, b| a.0.cmp(b.0))
-            .map(|(i, k)| (i.clone(), k.clone()))
-            .ok_or("no replication key")?;
+        let identity = keys.keys().min().cloned().ok_or("no replication key")?;
         Ok(Transport {
-            connector: tessera_psk::psk_connector(&identity, &key)?,
-            acceptor: tessera_psk::psk_acceptor(keys)?,
+            connector: tessera_psk::psk_connector_choosing(keys.clone(), &identity)?,
+            acceptor: tessera_psk::psk_acceptor(keys, Some(&identity))?,
             identity,
             congestion: congestion.to_string(),
             silence,
