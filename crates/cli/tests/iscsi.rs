@@ -482,6 +482,30 @@ fn an_initiator_with_its_own_chap_secret_cannot_be_impersonated() {
     assert!(e.contains("no CHAP secret of its own"), "{e}");
 }
 
+/// A session of `initiator` (ISID ending in `n`) to target `iqn`, past the unit attention its
+/// first command may find (the LUN's power on).
+async fn logged_in(portal: String, initiator: &str, iqn: &str, n: u8) -> tessera_iscsi::initiator::Session {
+    let mut c = tessera_iscsi::initiator::LoginConfig::new(initiator, Some(iqn));
+    c.isid[5] = n;
+    let s = tessera_iscsi::initiator::Session::login(&portal, &c).await.unwrap();
+    if s.command(0, &[0u8; 6], Vec::new(), 0).await.unwrap().status != 0 {
+        assert_eq!(s.command(0, &[0u8; 6], Vec::new(), 0).await.unwrap().status, 0);
+    }
+    s
+}
+
+/// POPULATE TOKEN over LUN 0's first 8 blocks, then the token.
+async fn rod_token(s: &tessera_iscsi::initiator::Session, list_id: u32) -> Vec<u8> {
+    use tessera_test_support::cdbs;
+    let (c, p) = cdbs::populate_token(list_id, 60, &[(0, 8)]);
+    assert_eq!(s.command(0, &c, p, 0).await.unwrap().status, 0);
+    let info = s
+        .command(0, &cdbs::receive_rod_token_information(list_id), Vec::new(), 4096)
+        .await
+        .unwrap();
+    cdbs::token_of(&info.data)
+}
+
 /// Taking a host out of a target's ACL takes its access at once: its sessions to that
 /// target end, and the ROD tokens it made on the target's LUNs (through those sessions or
 /// one that ended before) can no longer be written anywhere; its sessions to other targets,
@@ -507,40 +531,18 @@ fn taking_a_host_out_of_the_acl_ends_its_sessions_and_their_tokens() {
     let portal = d.iscsi_portal();
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let login = |initiator: &str, iqn: &str, n: u8| {
-            let mut c = LoginConfig::new(initiator, Some(iqn));
-            c.isid[5] = n;
-            let portal = portal.clone();
-            async move {
-                let s = Session::login(&portal, &c).await.unwrap();
-                // Its first command may find a unit attention (the LUN's power on).
-                if s.command(0, &[0u8; 6], Vec::new(), 0).await.unwrap().status != 0 {
-                    assert_eq!(s.command(0, &[0u8; 6], Vec::new(), 0).await.unwrap().status, 0);
-                }
-                s
-            }
-        };
-        let a_secure = login(host_a, secure, 1).await;
-        let a_open = login(host_a, open, 2).await;
-        let b_open = login(host_b, open, 3).await;
-        async fn token(s: &Session, list_id: u32) -> Vec<u8> {
-            let (c, p) = cdbs::populate_token(list_id, 60, &[(0, 8)]);
-            assert_eq!(s.command(0, &c, p, 0).await.unwrap().status, 0);
-            let info = s
-                .command(0, &cdbs::receive_rod_token_information(list_id), Vec::new(), 4096)
-                .await
-                .unwrap();
-            cdbs::token_of(&info.data)
-        }
+        let a_secure = logged_in(portal.clone(), host_a, secure, 1).await;
+        let a_open = logged_in(portal.clone(), host_a, open, 2).await;
+        let b_open = logged_in(portal.clone(), host_b, open, 3).await;
         async fn write_with(s: &Session, tok: &[u8], list_id: u32) -> tessera_iscsi::initiator::ScsiResult {
             let (c, p) = cdbs::write_using_token(list_id, tok, 0, false, &[(1024, 8)]);
             s.command(0, &c, p, 0).await.unwrap()
         }
-        let by_a_secure = token(&a_secure, 1).await;
-        let by_a_open = token(&a_open, 2).await;
+        let by_a_secure = rod_token(&a_secure, 1).await;
+        let by_a_open = rod_token(&a_open, 2).await;
         // Through a session of its own that ended before its access did.
-        let earlier = login(host_a, secure, 4).await;
-        let by_a_earlier = token(&earlier, 3).await;
+        let earlier = logged_in(portal.clone(), host_a, secure, 4).await;
+        let by_a_earlier = rod_token(&earlier, 3).await;
         earlier.logout().await.unwrap();
         assert_eq!(
             write_with(&b_open, &by_a_secure, 10).await.status,
@@ -583,7 +585,7 @@ fn taking_a_host_out_of_the_acl_ends_its_sessions_and_their_tokens() {
 /// not written anywhere after it lost it.
 #[test]
 fn taking_a_lun_out_or_deleting_its_target_ends_the_tokens_made_on_it() {
-    use tessera_iscsi::initiator::{LoginConfig, Session};
+    use tessera_iscsi::initiator::ScsiResult;
     use tessera_test_support::cdbs;
     let t = tempfile::tempdir().unwrap();
     let d = Daemon::start(&t.path().join("state"));
@@ -600,29 +602,7 @@ fn taking_a_lun_out_or_deleting_its_target_ends_the_tokens_made_on_it() {
     let portal = d.iscsi_portal();
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let login = |initiator: &str, iqn: &str, n: u8| {
-            let mut c = LoginConfig::new(initiator, Some(iqn));
-            c.isid[5] = n;
-            let portal = portal.clone();
-            async move {
-                let s = Session::login(&portal, &c).await.unwrap();
-                // Its first command may find a unit attention (the LUN's power on).
-                if s.command(0, &[0u8; 6], Vec::new(), 0).await.unwrap().status != 0 {
-                    assert_eq!(s.command(0, &[0u8; 6], Vec::new(), 0).await.unwrap().status, 0);
-                }
-                s
-            }
-        };
-        async fn token(s: &Session, list_id: u32) -> Vec<u8> {
-            let (c, p) = cdbs::populate_token(list_id, 60, &[(0, 8)]);
-            assert_eq!(s.command(0, &c, p, 0).await.unwrap().status, 0);
-            let info = s
-                .command(0, &cdbs::receive_rod_token_information(list_id), Vec::new(), 4096)
-                .await
-                .unwrap();
-            cdbs::token_of(&info.data)
-        }
-        let b = login(host_b, dst, 9).await;
+        let b = logged_in(portal.clone(), host_b, dst, 9).await;
         let write_with = |tok: Vec<u8>, list_id: u32| {
             let b = &b;
             async move {
@@ -630,19 +610,19 @@ fn taking_a_lun_out_or_deleting_its_target_ends_the_tokens_made_on_it() {
                 b.command(0, &c, p, 0).await.unwrap()
             }
         };
-        let revoked = |r: &tessera_iscsi::initiator::ScsiResult, what: &str| {
+        let revoked = |r: &ScsiResult, what: &str| {
             assert_eq!(r.status, 2, "{what}: the token was written");
             assert_eq!((r.sense[2] & 0x0F, r.sense[12], r.sense[13]), (5, 0x23, 0x06), "{what}");
         };
-        let a = login(host_a, src, 1).await;
-        let first = token(&a, 1).await;
+        let a = logged_in(portal.clone(), host_a, src, 1).await;
+        let first = rod_token(&a, 1).await;
         assert_eq!(write_with(first.clone(), 10).await.status, 0, "a token works before");
         d.ok(&["target", "lun", "remove", src, "0"]);
         revoked(&write_with(first, 11).await, "the LUN taken out");
 
         d.ok(&["target", "lun", "add", src, "c/v"]);
-        let a = login(host_a, src, 2).await;
-        let second = token(&a, 2).await;
+        let a = logged_in(portal.clone(), host_a, src, 2).await;
+        let second = rod_token(&a, 2).await;
         assert_eq!(write_with(second.clone(), 12).await.status, 0);
         d.ok(&["target", "delete", src]);
         revoked(&write_with(second, 13).await, "the target deleted");
