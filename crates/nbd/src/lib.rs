@@ -29,3 +29,5 @@ pub use export::{Export, Registry};
 pub use server::{serve, serve_tcp, serve_unix, Policy};
 #[cfg(feature = "server")]
 pub use tls::{TlsConfig, TlsServer};
+#[cfg(feature = "server")]
+pub use transmission::MAX_BLOCK_STATUS_SPAN;

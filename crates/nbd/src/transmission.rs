@@ -387,6 +387,12 @@ pub(crate) fn read_batch(ctx: &Ctx, reqs: &[Request]) -> Reply {
     reply
 }
 
+/// The most of a vdisk one BLOCK_STATUS answers for: the extents of a longer request are
+/// given for its start only (the protocol lets a reply cover less than asked; clients ask
+/// again from where it ends), so that a request costs a bounded amount of memory whatever
+/// the vdisk's grains (4 GiB of 4 KiB grains written one in two would be a million extents).
+pub const MAX_BLOCK_STATUS_SPAN: u64 = 256 << 20;
+
 fn block_status(ctx: &Ctx, req: &Request) -> Result<Reply, Failure> {
     let Some(id) = ctx.allocation_context.filter(|_| ctx.structured) else {
         return Err((
@@ -400,7 +406,7 @@ fn block_status(ctx: &Ctx, req: &Request) -> Result<Reply, Failure> {
     let extents = ctx
         .export
         .vdisk
-        .extents(req.offset, req.length as u64)
+        .extents(req.offset, (req.length as u64).min(MAX_BLOCK_STATUS_SPAN))
         .map_err(volume_error)?;
     let take = if req.flags & cflag::REQ_ONE != 0 {
         1

@@ -136,6 +136,27 @@ async fn negotiation_reports_the_export() {
     assert_eq!((n.info.min_block, n.info.preferred_block), (512, 512));
 }
 
+/// A BLOCK_STATUS over more than the span one reply answers for covers its start, and the
+/// client asks again from where it ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_block_status_is_answered_for_its_start() {
+    let rig = rig().await;
+    let big = rig
+        ._engine
+        .create_vdisk(&VdiskSpec::new("big", 1 << 30, LayoutKind::Mirror))
+        .unwrap();
+    rig.reg.add(Export::new("big", "p/big", big, false));
+    let c = Client::connect(&rig.addr, "big").await.unwrap();
+    let span = tessera_nbd::MAX_BLOCK_STATUS_SPAN;
+    c.write(span + MIB, &pattern(3, 64 << 10), false).await.unwrap();
+    let ext = c.block_status(0, (1u64 << 30) as u32 - 512).await.unwrap();
+    let covered: u64 = ext.iter().map(|e| e.0 as u64).sum();
+    assert_eq!(covered, span, "{ext:?}");
+    let ext = c.block_status(span, MIB as u32 * 2).await.unwrap();
+    assert_eq!(ext[0], (MIB as u32, proto::STATE_HOLE | proto::STATE_ZERO), "{ext:?}");
+    assert_eq!(ext[1].1, 0, "{ext:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn data_holes_and_block_status() {
     let rig = rig().await;
