@@ -388,7 +388,9 @@ impl Layouts {
         self.check(set, offset, data.len())?;
         let members = set.members.read();
         let unavailable = self.unavailable(&members);
-        if self.beyond_tolerance(&set.spec, &members) {
+        // A set with every member is within its tolerance: the count, already taken, spares
+        // every write the second look at its members.
+        if unavailable > 0 && self.beyond_tolerance(&set.spec, &members) {
             return Err(self.too_many(set, &members));
         }
         let pieces = split(&set.spec, offset, data.len());

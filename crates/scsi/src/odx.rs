@@ -152,15 +152,16 @@ impl Lun {
         // With the write cache off the data is written once flushed (what was pasted before
         // a failure too): a flush that fails leaves nothing transferred that the result
         // could vouch for.
-        let done = match self.mode().wce || done == 0 {
-            true => done,
-            false => match self.backend.flush() {
+        let done = if self.mode().wce || done == 0 {
+            done
+        } else {
+            match self.backend.flush() {
                 Ok(()) => done,
                 Err(e) => {
                     failure.get_or_insert(self.io_sense(e, true));
                     0
                 }
-            },
+            }
         };
         self.tpc.record(
             nexus,

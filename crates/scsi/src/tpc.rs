@@ -183,10 +183,9 @@ impl CopyManager {
         }
     }
 
-    /// Makes a token representing `image`, created by the I_T nexus `by` on the LUN that
-    /// `creator` (its identification CSCD descriptor) names. Refused (COPY ABORTED, copy
-    /// target device not reachable) once the session of `by` was ended from outside.
-    pub fn create_token(
+    /// [`create_token_unless`](Self::create_token_unless) for a LUN that stays presented.
+    #[cfg(test)]
+    pub(crate) fn create_token(
         &self,
         creator: [u8; 32],
         by: &Nexus,
@@ -196,8 +195,11 @@ impl CopyManager {
         self.create_token_unless(creator, by, image, timeout_s, || false)
     }
 
-    /// [`create_token`](Self::create_token), refused as well if `withdrawn()` says the LUN
-    /// was taken out of a target since the command began (asked under the tokens' lock).
+    /// Makes a token representing `image`, created by the I_T nexus `by` on the LUN that
+    /// `creator` (its identification CSCD descriptor) names. Refused (COPY ABORTED, copy
+    /// target device not reachable) once the session of `by` was ended from outside, or when
+    /// `withdrawn()` says the LUN is no longer one its target presents (asked under the
+    /// tokens' lock).
     pub fn create_token_unless(
         &self,
         creator: [u8; 32],
@@ -209,9 +211,9 @@ impl CopyManager {
         let nexus = by.id;
         self.expire();
         let mut tokens = self.tokens.lock();
-        // Under the lock: whoever ends a session from outside (or takes a LUN out of a
-        // target) closes it (marks the LUN) before revoking what it made, so a POPULATE TOKEN
-        // that was running meanwhile either finds it ended here or made its token before the
+        // Under the lock: whoever ends a session from outside closes it (takes a LUN out of
+        // the target) before revoking what it made, so a POPULATE TOKEN that was running
+        // meanwhile either finds it ended (the LUN gone) here or made its token before the
         // revocation, which then ends it.
         if by.ended() || withdrawn() {
             return Err(sense::COPY_TARGET_DEVICE_NOT_REACHABLE);

@@ -2,6 +2,14 @@
 
 use super::*;
 
+/// CHAP credentials as the API shows them: the user names, never the secrets.
+fn chap_view(c: SetChap) -> ChapView {
+    ChapView {
+        user: c.user,
+        mutual_user: c.mutual_user,
+    }
+}
+
 impl Daemon {
     /// Where a vdisk (or, with a trailing '/', any vdisk of a pool) is served: LUNs and exports.
     pub(crate) fn users_of(&self, prefix_or_name: &str) -> Vec<String> {
@@ -46,21 +54,8 @@ impl Daemon {
             luns,
             acl: cfg.acl,
             allow_any_initiator: cfg.allow_any_initiator,
-            chap: cfg.chap.map(|c| ChapView {
-                user: c.user,
-                mutual_user: c.mutual_user,
-            }),
-            initiator_chap: cfg
-                .initiator_chap
-                .into_iter()
-                .map(|(i, c)| {
-                    let view = ChapView {
-                        user: c.user,
-                        mutual_user: c.mutual_user,
-                    };
-                    (i, view)
-                })
-                .collect(),
+            chap: cfg.chap.map(chap_view),
+            initiator_chap: cfg.initiator_chap.into_iter().map(|(i, c)| (i, chap_view(c))).collect(),
         })
     }
 
