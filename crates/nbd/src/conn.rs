@@ -20,7 +20,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use tessera_disk::{AlignedBuf, ReadRing, RingRead, RingWrite};
-use tessera_volume::{ReadPlan, WritePlan};
+use tessera_volume::{as_writer, ReadPlan, WritePlan, Writer};
 use tracing::{debug, warn};
 
 use crate::export::MAX_PAYLOAD;
@@ -92,6 +92,7 @@ fn serve<S: Socket>(sock: S, n: Negotiated) -> io::Result<()> {
         allocation_context: n.allocation_context,
         buffers: Buffers::default(),
         arrivals: Default::default(),
+        writer: Writer::unique(),
     });
     let ring = match ReadRing::new(RING_ENTRIES) {
         Ok(r) => Some(r),
@@ -635,7 +636,10 @@ impl<S: Socket> Loop<S> {
     fn start_write(&mut self, req: Request, payload: AlignedBuf) {
         let plan = match self.ring {
             Some(_) if check(&self.ctx, &req).is_ok() => {
-                self.ctx.export.vdisk.try_plan_write(req.offset, payload.len())
+                // The plan finishes on this thread, but notes the writer it was made for.
+                as_writer(self.ctx.writer, || {
+                    self.ctx.export.vdisk.try_plan_write(req.offset, payload.len())
+                })
             }
             _ => None,
         };

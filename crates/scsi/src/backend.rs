@@ -201,6 +201,14 @@ pub trait BlockBackend: Send + Sync {
         None
     }
 
+    /// Runs `run` for the host named `initiator` (an iSCSI initiator's name, which all its
+    /// sessions share): a write of it whose data is lost before a flush is then reported at
+    /// that host's next flush, even if another host's flush found the loss first. By default,
+    /// `run` runs as it is (a backend that loses nothing a flush vouched for).
+    fn as_writer(&self, _initiator: &str, run: &mut dyn FnMut()) {
+        run()
+    }
+
     /// The disk writes of a WRITE of `len` bytes at `offset` that needs nothing but them (an
     /// overwrite in place on disks that write in the background, and are durable when they
     /// say done), for a transport with a ring of its own; None when it must go through

@@ -449,7 +449,10 @@ impl Lun {
         if self.reservation_conflict(nexus, cmd) {
             return Response::reservation_conflict();
         }
-        self.respond_data(self.run(cmd, &req))
+        let mut ran = None;
+        self.backend
+            .as_writer(&nexus.initiator, &mut || ran = Some(self.run(cmd, &req)));
+        self.respond_data(ran.expect("run"))
     }
 
     /// Runs `(cdb, data_out)` commands of one nexus as [`execute_for`](Self::execute_for)

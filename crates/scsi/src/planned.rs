@@ -173,7 +173,12 @@ impl Lun {
         let Some(atomic) = self.atomic.try_read_arc() else {
             return WriteStart::Execute;
         };
-        let Some(plan) = self.backend.try_plan_write(lba * bs, len) else {
+        // The plan finishes on the transport's ring, but notes the host it was made for.
+        let mut plan = None;
+        self.backend.as_writer(&nexus.initiator, &mut || {
+            plan = self.backend.try_plan_write(lba * bs, len)
+        });
+        let Some(plan) = plan else {
             return WriteStart::Execute;
         };
         // The submissions read the data: a plan that strays outside it is not used.

@@ -135,6 +135,10 @@ impl BlockBackend for VdiskBackend {
         }
     }
 
+    fn as_writer(&self, initiator: &str, run: &mut dyn FnMut()) {
+        tessera_volume::as_writer(tessera_volume::Writer::named(initiator), run)
+    }
+
     fn try_plan_write(&self, offset: u64, len: usize) -> Option<tessera_scsi::WritePlan> {
         let plan = self.0.try_plan_write(offset, len)?;
         let writes = plan.writes.iter().map(|w| w.write.clone()).collect();

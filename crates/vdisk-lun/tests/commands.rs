@@ -707,3 +707,49 @@ fn mode_settings_are_saved_and_come_back() {
     assert_eq!(check(set_write_cache(&failing, &nx(1), false)).0, key::HARDWARE_ERROR);
     assert!(failing.mode().wce);
 }
+
+/// Two hosts write one LUN (a cluster's shared volume). Host A's WRITE, in place and not yet
+/// flushed, is lost with its disk, and host B's SYNCHRONIZE CACHE is the one that finds it:
+/// B is told, and A's next SYNCHRONIZE CACHE fails too, on whichever of its paths it comes,
+/// since the data was A's. Each is told once.
+#[test]
+fn a_write_lost_before_another_hosts_synchronize_cache_fails_the_writers_own() {
+    use tessera_disk::{DiskRef, FaultyDisk, MemDisk};
+    let dir = tempfile::tempdir().unwrap();
+    let disks: Vec<Arc<FaultyDisk>> = (0..2)
+        .map(|i| FaultyDisk::new(Arc::new(MemDisk::new(&format!("f{i}"), 128 * MIB)) as DiskRef))
+        .collect();
+    let refs = disks.iter().map(|d| d.clone() as DiskRef).collect();
+    let engine = Engine::create_pool(&dir.path().join("p"), "p", refs, MIB).unwrap();
+    let mut spec = VdiskSpec::new("shared", 16 * MIB, LayoutKind::Simple);
+    spec.grain_size = Some(64 << 10);
+    let lun = vdisk_lun(engine.create_vdisk(&spec).unwrap(), 1, false);
+    let host_a = "iqn.2026-12.io.example:host-a";
+    let a = Nexus::new(1, host_a, [0x80, 0, 0, 0, 0, 1]);
+    let a_other_path = Nexus::new(3, host_a, [0x80, 0, 0, 0, 0, 3]);
+    let b = Nexus::new(2, "iqn.2026-12.io.example:host-b", [0x80, 0, 0, 0, 0, 2]);
+    let sync = cdb10(0x35, 0, 0, 0);
+    let write = |n: &Nexus, fill: u8| ok(lun.execute_for(n, &cdb16(0x8A, 0, 0, 128), &vec![fill; 128 * 512]));
+    write(&a, 1);
+    ok(lun.execute_for(&a, &sync, &[]));
+    // Allocated now: the next write goes in place, with no metadata commit to flush it.
+    write(&a, 2);
+    for d in &disks {
+        d.faults().fail_flushes(true);
+    }
+    assert_eq!(
+        lun.execute_for(&b, &sync, &[]).status,
+        sense::CHECK_CONDITION,
+        "B's flush covered the lost data"
+    );
+    for d in &disks {
+        d.faults().fail_flushes(false);
+    }
+    assert_eq!(
+        lun.execute_for(&a_other_path, &sync, &[]).status,
+        sense::CHECK_CONDITION,
+        "host A's lost write was called durable at A's SYNCHRONIZE CACHE"
+    );
+    ok(lun.execute_for(&a, &sync, &[]));
+    ok(lun.execute_for(&b, &sync, &[]));
+}

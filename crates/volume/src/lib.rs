@@ -30,6 +30,7 @@ mod unsynced;
 mod vdisk;
 mod write_clock;
 mod write_plan;
+mod writer;
 
 pub use check::CheckReport;
 pub use config::{Provisioning, VdiskConfig, VdiskSpec, VdiskState, DEFAULT_GRAIN, MAX_GRAIN, MIN_GRAIN};
@@ -45,6 +46,7 @@ pub use tessera_dedup::{
 };
 pub use vdisk::{Extent, SpaceUsage, Vdisk};
 pub use write_plan::WritePlan;
+pub use writer::{as_writer, Writer};
 
 pub use tessera_cache::{CacheStatus, DEFAULT_VDISK_CACHE};
 pub use tessera_layout::{

@@ -23,6 +23,7 @@ use crate::shared::Shared;
 use crate::space::{is_packed, Class, Loc};
 use crate::unsynced::Unsynced;
 use crate::write_clock::WriteClock;
+use crate::writer::Writer;
 
 /// Grains whose map entries one batch changes, at most (trim, delete, clone).
 pub(crate) const BATCH_GRAINS: u64 = 512;
@@ -732,6 +733,7 @@ impl Vdisk {
     /// it went to was lost, beyond what its slab set tolerates, before it was flushed).
     pub fn flush(&self) -> Result<()> {
         self.unsynced.flush(
+            Writer::current(),
             || Ok(self.s.cache.flush()?),
             |set, noted| self.s.cache.lost_since(set, noted),
         )
@@ -743,7 +745,7 @@ impl Vdisk {
         // Taken before the write reaches any disk: a disk lost after this may have taken it.
         let noted = self.s.pool.losses();
         self.s.cache.write(self.id, set, offset, data)?;
-        self.unsynced.note(set.id, set, noted);
+        self.unsynced.note(Writer::current(), set.id, set, noted);
         Ok(())
     }
 

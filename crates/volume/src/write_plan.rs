@@ -17,6 +17,7 @@ use tessera_layout::{DiskWrite, MembersGuard, SlabSet};
 use crate::locks::OwnedWriteGuard;
 use crate::space::is_packed;
 use crate::vdisk::{grain_pieces, sector_envelope, Vdisk};
+use crate::writer::Writer;
 
 /// The disk writes that put a request's data (`len` bytes at the offset it was planned for)
 /// in place: start every one, then [`finish`](Self::finish) the plan if all completed
@@ -28,6 +29,8 @@ pub struct WritePlan {
     /// The sets written, and the pool's loss count taken before any write started.
     sets: Vec<Arc<SlabSet>>,
     noted: u64,
+    /// Whose write it is: a plan may finish on another thread than the one that made it.
+    writer: Writer,
     _grains: Vec<OwnedWriteGuard>,
     _members: Vec<(u32, MembersGuard)>,
     _gate: ArcRwLockReadGuard<RawRwLock, ()>,
@@ -39,7 +42,7 @@ impl WritePlan {
     pub fn finish(self) {
         self.vdisk.s.cache.wrote_through();
         for set in &self.sets {
-            self.vdisk.unsynced.note(set.id, set, self.noted);
+            self.vdisk.unsynced.note(self.writer, set.id, set, self.noted);
         }
     }
 }
@@ -109,6 +112,7 @@ impl Vdisk {
             vdisk: self.clone(),
             sets,
             noted,
+            writer: Writer::current(),
             _grains: grains,
             _members: members,
             _gate: gate,

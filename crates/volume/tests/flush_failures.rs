@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{pattern, spec, Rig, MIB};
-use tessera_volume::{DiskState, LayoutKind, Provisioning};
+use tessera_volume::{as_writer, DiskState, LayoutKind, Provisioning, Writer};
 
 const SIZE: u64 = 4 * MIB;
 
@@ -111,6 +111,41 @@ fn a_write_lost_to_someone_elses_failed_flush_fails_the_writers_flush() {
     let b = rig.engine().create_vdisk(&s).unwrap();
     b.write(0, &pattern(3, 0, 64 << 10), true).unwrap();
     b.flush().unwrap();
+}
+
+/// On a LUN two hosts write: host A's write reaches a disk, the disk fails a flush, and
+/// host B's flush is the first to find that the write is lost. B is told (its flush covered
+/// that data), and so is A at its own next flush, whose data it was: once each.
+#[test]
+fn a_write_lost_before_another_hosts_flush_fails_the_writers_next_flush() {
+    let rig = Rig::new(2, 64 * MIB, MIB);
+    let mut s = spec("shared", SIZE, LayoutKind::Simple, Provisioning::Thin);
+    s.columns = Some(1);
+    let v = rig.engine().create_vdisk(&s).unwrap();
+    let (a, b) = (
+        Writer::named("iqn.2026-12.example:a"),
+        Writer::named("iqn.2026-12.example:b"),
+    );
+    as_writer(a, || v.write(0, &pattern(1, 0, 64 << 10), true)).unwrap();
+    as_writer(b, || v.write(MIB, &pattern(3, 0, 4096), true)).unwrap();
+    let on = rig
+        .engine()
+        .pool()
+        .disks()
+        .iter()
+        .position(|d| d.slabs_used > 0)
+        .unwrap();
+    // Overwrites in place by A and B (no metadata commit flushes them): durable only at the
+    // next flush; then a flush of the disks fails the one A wrote to.
+    as_writer(a, || v.write(0, &pattern(2, 0, 64 << 10), false)).unwrap();
+    as_writer(b, || v.write(MIB, &pattern(4, 0, 4096), false)).unwrap();
+    rig.disks[on].faults().fail_flushes(true);
+    assert!(as_writer(b, || v.flush()).is_err(), "B's flush covered the lost data");
+    rig.disks[on].faults().fail_flushes(false);
+    let e = as_writer(a, || v.flush()).expect_err("A's lost write was called durable at A's flush");
+    assert!(e.to_string().contains("may be lost"), "{e}");
+    assert!(as_writer(a, || v.flush()).is_ok(), "A is told once");
+    assert!(as_writer(b, || v.flush()).is_ok(), "B is told once");
 }
 
 /// The same with the write-back log: a write the log took, then the log's only disk fails
