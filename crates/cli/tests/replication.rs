@@ -467,55 +467,21 @@ fn a_promotion_cuts_the_cycle_under_way() {
 #[test]
 fn a_promotion_cuts_a_trickling_extra_stream() {
     use std::io::Write;
-    use tessera_replication::wire::{self, Kind};
+    use tessera_replication::wire::Kind;
     let (_t, key, a, b) = two_sites();
     a.d.ok(&["vdisk", "create", "p/db", "--size", "16M", "--layout", "mirror"]);
     write_image(&a, "p/db", 1 << 20, 31);
     let to = b.listen();
     a.replicate("p/db", &to, "q", "dr", &["--interval", "0"]);
     a.d.ok(&["replica", "sync", "dr"]);
-    let v = b.d.json(&["vdisk", "show", "q/db"]);
     // The next cycle, from a sender of this test's own: two streams, then nothing but a byte
     // every second on the second one (each resets its read timeout).
-    let tr = tessera_replication::Transport::from_psk_file(&key, "cubic").unwrap();
-    let token = "0123456789abcdef0123456789abcdef";
-    let begin = serde_json::json!({
-        "pool": "q", "vdisk": "db", "size": n(&v, "size"), "grain": n(&v, "grain_size"),
-        "block_size": n(&v, "block_size"), "snapshot": "repl-dr-2", "base": "repl-dr-1",
-        "streams": 2, "token": token,
+    let (first, mut extra) = raw_cycle_of_two_streams(&b, &key, &to, |extra| {
+        // A data frame of 1 MiB announced, its bytes sent one a second.
+        let mut head = vec![Kind::Data as u8];
+        head.extend_from_slice(&(1u32 << 20).to_be_bytes());
+        extra.write_all(&head).unwrap();
     });
-    let mut first = tr.connect(&to).unwrap();
-    first.write_all(wire::MAGIC).unwrap();
-    wire::write_frame(&mut first, Kind::Begin, begin.to_string().as_bytes()).unwrap();
-    first.flush().unwrap();
-    let ready = wire::read_frame(&mut first).unwrap().unwrap();
-    assert!(
-        matches!(ready.kind, Kind::Ready),
-        "{:?}",
-        String::from_utf8_lossy(&ready.body)
-    );
-    let mut extra = tr.connect(&to).unwrap();
-    extra.write_all(wire::MAGIC).unwrap();
-    let join = serde_json::json!({ "token": token, "stream": 1 });
-    wire::write_frame(&mut extra, Kind::Join, join.to_string().as_bytes()).unwrap();
-    // A data frame of 1 MiB announced, its bytes sent one a second.
-    let mut head = vec![Kind::Data as u8];
-    head.extend_from_slice(&(1u32 << 20).to_be_bytes());
-    extra.write_all(&head).unwrap();
-    extra.flush().unwrap();
-    // The cycle takes the joined stream between two frames of its first connection: empty
-    // offers, each answered, once the join has had time to arrive.
-    std::thread::sleep(Duration::from_secs(1));
-    for no in 0..2 {
-        wire::write_frame(&mut first, Kind::Offer, &wire::encode_offer(no, &[])).unwrap();
-        first.flush().unwrap();
-        let want = wire::read_frame(&mut first).unwrap().unwrap();
-        assert!(
-            matches!(want.kind, Kind::Want),
-            "{:?}",
-            String::from_utf8_lossy(&want.body)
-        );
-    }
     // Dripping until the receiver cuts the stream (a write then fails), for at most 120 s.
     let dripping = std::thread::spawn(move || {
         let t = Instant::now();
@@ -536,6 +502,101 @@ fn a_promotion_cuts_a_trickling_extra_stream() {
     assert!(out.contains("promoted") && out.contains("repl-dr-1"), "{out}");
     assert!(dripping.join().unwrap(), "the extra stream was never cut");
     drop(first);
+}
+
+/// Opens, from a sender of the test's own with `key`, the next cycle of the replica `q/db`
+/// (made by `dr`) at `to` (site `b`) with two streams: the first and an extra one it joins,
+/// which `then` writes more to. Returns both once the cycle took the extra stream (it does so
+/// between two frames of its first connection: empty offers, each answered).
+fn raw_cycle_of_two_streams(
+    b: &Site,
+    key: &Path,
+    to: &str,
+    then: impl FnOnce(&mut dyn std::io::Write),
+) -> (
+    impl std::io::Read + std::io::Write + Send,
+    impl std::io::Read + std::io::Write + Send,
+) {
+    use std::io::Write;
+    use tessera_replication::wire::{self, Kind};
+    let v = b.d.json(&["vdisk", "show", "q/db"]);
+    let tr = tessera_replication::Transport::from_psk_file(key, "cubic").unwrap();
+    let token = "0123456789abcdef0123456789abcdef";
+    let begin = serde_json::json!({
+        "pool": "q", "vdisk": "db", "size": n(&v, "size"), "grain": n(&v, "grain_size"),
+        "block_size": n(&v, "block_size"), "snapshot": "repl-dr-2", "base": "repl-dr-1",
+        "streams": 2, "token": token,
+    });
+    let mut first = tr.connect(to).unwrap();
+    first.write_all(wire::MAGIC).unwrap();
+    wire::write_frame(&mut first, Kind::Begin, begin.to_string().as_bytes()).unwrap();
+    first.flush().unwrap();
+    let ready = wire::read_frame(&mut first).unwrap().unwrap();
+    assert!(
+        matches!(ready.kind, Kind::Ready),
+        "{:?}",
+        String::from_utf8_lossy(&ready.body)
+    );
+    let mut extra = tr.connect(to).unwrap();
+    extra.write_all(wire::MAGIC).unwrap();
+    let join = serde_json::json!({ "token": token, "stream": 1 });
+    wire::write_frame(&mut extra, Kind::Join, join.to_string().as_bytes()).unwrap();
+    then(&mut extra);
+    extra.flush().unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    for no in 0..2 {
+        wire::write_frame(&mut first, Kind::Offer, &wire::encode_offer(no, &[])).unwrap();
+        first.flush().unwrap();
+        let want = wire::read_frame(&mut first).unwrap().unwrap();
+        assert!(
+            matches!(want.kind, Kind::Want),
+            "{:?}",
+            String::from_utf8_lossy(&want.body)
+        );
+    }
+    (first, extra)
+}
+
+/// The replication listener's count of the connections it holds, from site `s`'s metrics.
+fn listener_connections(s: &Site) -> u64 {
+    let m = s.d.http("GET", "/metrics", None).body;
+    let line = m
+        .lines()
+        .find(|l| l.starts_with("tessera_replication_connections{"))
+        .unwrap_or_else(|| panic!("no tessera_replication_connections in {m}"));
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+/// A cycle's extra streams are read by the cycle's own thread once handed to it; they keep
+/// their places at the listener (64 in all) as long as that, not only while they were being
+/// handed over: a key holder cannot open connections past the limit by joining them.
+#[test]
+fn the_extra_streams_of_a_cycle_keep_their_place_at_the_listener() {
+    let (_t, key, a, b) = two_sites();
+    a.d.ok(&["vdisk", "create", "p/db", "--size", "16M", "--layout", "mirror"]);
+    write_image(&a, "p/db", 1 << 20, 32);
+    let to = b.listen();
+    a.replicate("p/db", &to, "q", "dr", &["--interval", "0"]);
+    a.d.ok(&["replica", "sync", "dr"]);
+    let settle = |want: u64| {
+        let t = Instant::now();
+        while listener_connections(&b) != want && t.elapsed() < Duration::from_secs(60) {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        listener_connections(&b)
+    };
+    assert_eq!(settle(0), 0, "the source's cycle ended with its connections");
+    let (first, extra) = raw_cycle_of_two_streams(&b, &key, &to, |_| {});
+    // The extra stream's own thread has handed it over and ended by now.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        listener_connections(&b),
+        2,
+        "a stream handed to its cycle left the listener's count"
+    );
+    drop(extra);
+    drop(first);
+    assert_eq!(settle(0), 0, "the places are given back when the cycle ends");
 }
 
 /// Waits until a replication job of `target` has offered `bytes`.
@@ -626,7 +687,7 @@ fn a_source_writes_only_the_replicas_made_with_its_own_key() {
     std::fs::write(&key_a, &line_a).unwrap();
     std::fs::write(&key_c, &line_c).unwrap();
     std::fs::write(&key_b, format!("{line_a}{line_c}")).unwrap();
-    let b = Site::start(&t.path().join("b"), &key_b, "q", 1 << 30);
+    let mut b = Site::start(&t.path().join("b"), &key_b, "q", 1 << 30);
     let a = Site::start(&t.path().join("a"), &key_a, "p", 1 << 30);
     let c = Site::start(&t.path().join("c"), &key_c, "r", 1 << 30);
     a.d.ok(&["vdisk", "create", "p/db", "--size", "8M", "--layout", "simple"]);
@@ -680,6 +741,20 @@ fn a_source_writes_only_the_replicas_made_with_its_own_key() {
     write_image(&a, "p/db", 1 << 20, 33);
     a.d.ok(&["replica", "sync", "db"]);
     assert_eq!(n(&b.d.json(&["replica", "show", "q/db"]), "cycles"), 2);
+
+    // Another gateway of B's pool, which knows the replicas by their marks in the pool alone
+    // (this daemon without its record of them): each stays bound to its source's key.
+    let listen = b.listen();
+    b.d.stop();
+    std::fs::remove_file(b.dir.join("state").join("replication.json")).unwrap();
+    b.restart(&key_b, &listen);
+    assert_eq!(b.replica("q/db")["last_snapshot"], "repl-db-2");
+    let e = c.d.fails(&["replica", "sync", "db"]);
+    assert!(e.contains("another replication key"), "taken on from its mark: {e}");
+    write_image(&a, "p/db", 1 << 20, 34);
+    a.d.ok(&["replica", "sync", "db"]);
+    assert_eq!(b.replica("q/db")["last_snapshot"], "repl-db-3");
+    c.d.ok(&["replica", "sync", "mine"]);
 }
 
 /// A connection from the loopback address `from` (a stranger), held open without a handshake.

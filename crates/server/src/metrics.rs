@@ -784,6 +784,15 @@ fn replicas(d: &Daemon, s: &Scrape) {
             goodput.with_label_values(&v).set(c.link.goodput);
         }
     }
+    if let Some(addr) = *d.replication.listening.lock() {
+        s.gauge(
+            "tessera_replication_connections",
+            "Connections from peer sites held by the replication listener (every stream of every cycle), at most 64",
+            &["listen"],
+        )
+        .with_label_values(&[addr.to_string().as_str()])
+        .set(d.replication.connections.load(std::sync::atomic::Ordering::Relaxed) as i64);
+    }
     let held = s.gauge(
         "tessera_replica_incoming_age_seconds",
         "Seconds since a replica held here for a peer last completed a cycle",

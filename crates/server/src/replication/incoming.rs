@@ -88,7 +88,7 @@ pub fn start_listener(d: &Arc<Daemon>) -> Result<Option<SocketAddr>, String> {
     let bound = l.local_addr().map_err(|e| e.to_string())?;
     *d.replication.listening.lock() = Some(bound);
     let d = d.clone();
-    let streams = Arc::new(AtomicUsize::new(0));
+    let streams = d.replication.connections.clone();
     let handshakes = Arc::new(Handshakes::default());
     std::thread::Builder::new()
         .name("repl-listen".into())
@@ -105,14 +105,13 @@ pub fn start_listener(d: &Arc<Daemon>) -> Result<Option<SocketAddr>, String> {
                     drop(s);
                     continue;
                 }
-                streams.fetch_add(1, Ordering::Relaxed);
-                let (d, t, n, h) = (d.clone(), transport.clone(), streams.clone(), handshakes.clone());
-                let spawned = std::thread::Builder::new().name("repl-recv".into()).spawn(move || {
-                    take_cycle(&d, &t, s, || h.end(peer));
-                    n.fetch_sub(1, Ordering::Relaxed);
-                });
+                let place = Place::take(&streams);
+                let (d, t, h) = (d.clone(), transport.clone(), handshakes.clone());
+                // Not spawned: the closure, and the place with it, is dropped.
+                let spawned = std::thread::Builder::new()
+                    .name("repl-recv".into())
+                    .spawn(move || take_cycle(&d, &t, s, place, || h.end(peer)));
                 if spawned.is_err() {
-                    streams.fetch_sub(1, Ordering::Relaxed);
                     handshakes.end(peer);
                 }
             }
@@ -121,9 +120,35 @@ pub fn start_listener(d: &Arc<Daemon>) -> Result<Option<SocketAddr>, String> {
     Ok(Some(bound))
 }
 
+/// One of the listener's `MAX_STREAMS` places, given back when dropped: when the connection's
+/// thread ends, or, for an extra stream handed to its cycle (and read by that cycle's
+/// thread), when the cycle ends.
+pub(crate) struct Place(Arc<AtomicUsize>);
+
+impl Place {
+    fn take(count: &Arc<AtomicUsize>) -> Place {
+        count.fetch_add(1, Ordering::Relaxed);
+        Place(count.clone())
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A connection listed under the replica its cycle writes: its number, a handle a promotion
+/// cuts it by, and its place at the listener, kept as long as it is listed.
+pub(crate) struct Listed {
+    id: u64,
+    sock: TcpStream,
+    _place: Option<Place>,
+}
+
 /// Takes a peer's connection: the handshake (`shaken` is called once it is over, whichever
-/// way), then the cycle or the stream it brings.
-fn take_cycle(d: &Arc<Daemon>, t: &Transport, s: TcpStream, shaken: impl FnOnce()) {
+/// way), then the cycle or the stream it brings. Its `place` goes with it.
+fn take_cycle(d: &Arc<Daemon>, t: &Transport, s: TcpStream, place: Place, shaken: impl FnOnce()) {
     static CONNECTIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let peer = s.peer_addr().map(|a| a.ip().to_string()).unwrap_or_default();
     // A connection a promotion could not cut is not taken.
@@ -167,6 +192,7 @@ fn take_cycle(d: &Arc<Daemon>, t: &Transport, s: TcpStream, shaken: impl FnOnce(
         sock,
         id: CONNECTIONS.fetch_add(1, Ordering::Relaxed),
         registered: parking_lot::Mutex::new(None),
+        place: parking_lot::Mutex::new(Some(place)),
     };
     let opts = ReceiveOptions {
         layout: LayoutKind::Mirror,
@@ -176,7 +202,8 @@ fn take_cycle(d: &Arc<Daemon>, t: &Transport, s: TcpStream, shaken: impl FnOnce(
     let out = receive(conn, &site, &opts);
     let claimed = site.claimed.lock().take();
     // An extra stream handed to its cycle is read on by that cycle, which may outlive this
-    // thread: it stays listed under the replica until the cycle's own connection ends.
+    // thread: it stays listed under the replica, and keeps its place at the listener, until
+    // the cycle's own connection ends.
     let handed_over = matches!(&out, Ok(r) if r.joined);
     match out {
         Ok(r) if r.joined => {} // an extra stream, handed to its cycle
@@ -202,7 +229,7 @@ fn take_cycle(d: &Arc<Daemon>, t: &Transport, s: TcpStream, shaken: impl FnOnce(
     let mut live = d.replication.live.lock();
     if let Some(key) = site.registered.lock().take().filter(|_| !handed_over) {
         if let Some(v) = live.streams.get_mut(&key) {
-            v.retain(|(id, _)| *id != site.id);
+            v.retain(|l| l.id != site.id);
             if v.is_empty() {
                 live.streams.remove(&key);
             }
@@ -228,6 +255,8 @@ struct Site {
     sock: TcpStream,
     id: u64,
     registered: parking_lot::Mutex<Option<String>>,
+    /// Its place at the listener, until it is listed under a replica (which then keeps it).
+    place: parking_lot::Mutex<Option<Place>>,
 }
 
 impl Site {
@@ -251,7 +280,11 @@ impl Site {
     /// Lists this connection under the replica its cycle writes (the caller holds the live
     /// lock, and the replica is being received).
     fn register(&self, live: &mut super::Live, key: &str, handle: TcpStream) {
-        live.streams.entry(key.to_string()).or_default().push((self.id, handle));
+        live.streams.entry(key.to_string()).or_default().push(Listed {
+            id: self.id,
+            sock: handle,
+            _place: self.place.lock().take(),
+        });
         *self.registered.lock() = Some(key.to_string());
     }
 }
@@ -260,6 +293,13 @@ impl Site {
 /// source's address). Kept with the vdisk's logical unit records, which a gateway that takes
 /// a pool on RADOS over finds as the last owner left them, and which go with the vdisk.
 const REPLICA_MARK: &str = "replica-of";
+
+/// The record beside the mark of the identity of the replication key the replica's source
+/// proved (its value): a gateway that takes the replica on from its pool binds it to that
+/// key, as the gateway that received it had, so that no holder of another key of the site's
+/// file can take it over by writing it first. None: bound to the next cycle's key (a replica
+/// marked before keys were kept, or made one again by a demotion).
+const REPLICA_KEY: &str = "replica-key";
 
 /// The record a promotion leaves where it clears a replica's mark (its value: when, in
 /// seconds since the epoch), so that a gateway still holding its record of the replica never
@@ -290,7 +330,7 @@ impl Site {
             ));
         }
         self.d
-            .mark_replica(pool, vdisk, &self.peer, false)
+            .mark_replica(pool, vdisk, &self.peer, rec.key.as_deref(), false)
             .map_err(|e| e.message)?;
         if rec.marked && rec.vdisk_id == Some(id) {
             return Ok(());
@@ -598,8 +638,8 @@ impl Daemon {
                 )));
             }
             for key in busy {
-                for (_, s) in live.streams.get(key).into_iter().flatten() {
-                    let _ = s.shutdown(std::net::Shutdown::Both);
+                for l in live.streams.get(key).into_iter().flatten() {
+                    let _ = l.sock.shutdown(std::net::Shutdown::Both);
                 }
                 if !cut.contains(key) {
                     warn!(replica = %key, "promotion cuts the replication cycle under way");
@@ -655,6 +695,7 @@ impl Daemon {
             .flat_map(|v| {
                 [
                     (&**v, REPLICA_MARK, None),
+                    (&**v, REPLICA_KEY, None),
                     (&**v, REPLICA_PROMOTING, None),
                     (&**v, REPLICA_PROMOTED, Some(when.as_bytes())),
                 ]
@@ -796,6 +837,13 @@ impl Daemon {
                 }
                 _ => continue,
             };
+            let key_of_source = match state(REPLICA_KEY) {
+                Ok(k) => k.map(|k| String::from_utf8_lossy(&k).into_owned()),
+                Err(err) => {
+                    report(&key, Err(err.into()));
+                    continue;
+                }
+            };
             let last = replication_snapshots(&e, &name).pop();
             // A marker of a cycle cut here before is of no use to the source's next cycle,
             // which puts the working copy back to that snapshot.
@@ -809,8 +857,7 @@ impl Daemon {
                     cycles: 0,
                     marked: true,
                     vdisk_id: Some(v.id()),
-                    // Not in the pool's mark: the next cycle's key is kept.
-                    key: None,
+                    key: key_of_source.clone(),
                 });
                 Ok(())
             });
@@ -846,15 +893,24 @@ impl Daemon {
         Ok(e.lun_state(&v, REPLICA_MARK)?.is_some())
     }
 
-    /// Marks `pool/vdisk` a replica of `source` in the pool's metadata. Refused where a
-    /// promotion left its record, unless `demoting` (a demotion makes a promoted vdisk a
-    /// replica again, and removes that record in the same commit).
-    pub(crate) fn mark_replica(&self, pool: &str, vdisk: &str, source: &str, demoting: bool) -> ApiResult<()> {
+    /// Marks `pool/vdisk` a replica of `source`, written with the replication key `key`
+    /// (its identity), in the pool's metadata. Refused where a promotion left its record,
+    /// unless `demoting` (a demotion makes a promoted vdisk a replica again, bound to the key
+    /// of its next cycle, and removes that record in the same commit).
+    pub(crate) fn mark_replica(
+        &self,
+        pool: &str,
+        vdisk: &str,
+        source: &str,
+        key: Option<&str>,
+        demoting: bool,
+    ) -> ApiResult<()> {
         let e = self.engine(pool)?;
         let v = e.vdisk(vdisk)?;
         if demoting {
             return Ok(e.set_lun_states(&[
                 (&v, REPLICA_MARK, Some(source.as_bytes())),
+                (&v, REPLICA_KEY, None),
                 (&v, REPLICA_PROMOTING, None),
                 (&v, REPLICA_PROMOTED, None),
             ])?);
@@ -869,10 +925,15 @@ impl Daemon {
                 "'{pool}/{vdisk}' is being promoted: a peer never writes it again"
             )));
         }
+        let key = key.map(str::as_bytes);
         if e.lun_state(&v, REPLICA_MARK)?.is_some() {
+            // Marked before keys were kept: the key is added.
+            if key.is_some() && e.lun_state(&v, REPLICA_KEY)?.as_deref() != key {
+                e.set_lun_state(&v, REPLICA_KEY, key)?;
+            }
             return Ok(());
         }
-        Ok(e.set_lun_state(&v, REPLICA_MARK, Some(source.as_bytes()))?)
+        Ok(e.set_lun_states(&[(&v, REPLICA_MARK, Some(source.as_bytes())), (&v, REPLICA_KEY, key)])?)
     }
 
     /// Whether this daemon's record `rec` of the replica `pool/vdisk` is stale: the pool's

@@ -146,9 +146,9 @@ pub(crate) struct Live {
     pub running: BTreeMap<String, u64>,
     /// Incoming replicas (`pool/vdisk`) a cycle is writing.
     pub receiving: BTreeSet<String>,
-    /// The connections of those cycles (the first and those that joined it), by the number
-    /// of the connection: a promotion cuts them.
-    pub streams: BTreeMap<String, Vec<(u64, std::net::TcpStream)>>,
+    /// The connections of those cycles (the first and those that joined it): a promotion
+    /// cuts them.
+    pub streams: BTreeMap<String, Vec<incoming::Listed>>,
     /// Incoming replicas a promotion is taking over: no cycle may claim them meanwhile.
     pub promoting: BTreeSet<String>,
     /// Outgoing replicas past their RPO, and those whose last cycle failed (told once each).
@@ -169,6 +169,8 @@ pub struct Replication {
     pub(crate) listening: Mutex<Option<std::net::SocketAddr>>,
     /// Cycles of several streams waiting for their extra streams.
     pub(crate) joins: std::sync::Arc<tessera_replication::Joins>,
+    /// Connections from peers held now, every stream of every cycle (`MAX_STREAMS` at most).
+    pub(crate) connections: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Replication {
@@ -181,6 +183,7 @@ impl Replication {
             marks: Mutex::new(()),
             listening: Mutex::new(None),
             joins: Default::default(),
+            connections: Default::default(),
         })
     }
 

@@ -312,7 +312,7 @@ impl Daemon {
             )));
         }
         // Marked in the pool's metadata first, for every gateway that opens the pool.
-        self.mark_replica(&o.pool, &o.vdisk, &o.to, true)?;
+        self.mark_replica(&o.pool, &o.vdisk, &o.to, None, true)?;
         let v = self.vdisk(&o.pool, &o.vdisk)?.1;
         self.replication.change(|s| {
             s.outgoing.remove(name).ok_or_else(|| no_replica(name))?;
