@@ -133,6 +133,26 @@ fn a_failed_disk_a_refused_login_and_a_repair_are_told_followed_hooked_and_kept(
         "{}",
         refused[0]
     );
+    // Intruders of new names each time, from the one address: nothing folds, but no more
+    // than ten a minute are recorded one by one (the rest are said when the minute ends).
+    for i in 0..12 {
+        let name = format!("iqn.2026-11.io.tessera:intruder-{i}");
+        let (success, out) = run("iscsi-inq", &["-i", &name, &url]);
+        assert!(!success, "{out}");
+    }
+    let t0 = Instant::now();
+    let refused = loop {
+        let events = d.json(&["events", "-n", "1000"]);
+        let refused = kinds(&events["events"])
+            .iter()
+            .filter(|k| *k == "iscsi.login_refused")
+            .count();
+        if refused >= 10 || t0.elapsed() > Duration::from_secs(10) {
+            break refused;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(refused, 10, "refusals past the budget were recorded one by one");
 
     // The repair: its start, its end, the pool healthy again.
     d.ok(&["pool", "repair", "p"]);

@@ -81,6 +81,32 @@ fn chap_candidates(reg: &Registry, target: Option<&Arc<Target>>, initiator: &str
     }
 }
 
+/// Longest reason for a refusal that is logged and recorded, in characters.
+const MAX_REASON_CHARS: usize = 256;
+
+/// A refusal's reason made safe to log and record: it may quote what the initiator sent
+/// before anyone knew who it was (a target name, a key's value: up to 64 KiB of any text),
+/// which must not start a forged line in the journal nor reach a terminal as escapes.
+fn loggable(why: &str) -> String {
+    // Control characters, and the invisible ones that reorder or hide text, written escaped.
+    let hidden = |c: char| {
+        c.is_control()
+            || matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2060}'..='\u{206f}' | '\u{feff}')
+    };
+    let mut s = String::new();
+    for c in why.chars().take(MAX_REASON_CHARS) {
+        if hidden(c) {
+            s.extend(c.escape_default());
+        } else {
+            s.push(c);
+        }
+    }
+    if why.chars().nth(MAX_REASON_CHARS).is_some() {
+        s.push('…');
+    }
+    s
+}
+
 /// Checks the initiator's CHAP answer and, for mutual CHAP, computes ours. On success returns
 /// the credentials that matched and the keys to send back.
 fn chap_verify(
@@ -171,7 +197,7 @@ where
         };
         macro_rules! refuse {
             ($code:expr, $why:expr) => {{
-                let why = $why.to_string();
+                let why = loggable(&$why.to_string());
                 info!(initiator = ?initiator, reason = %why, "login refused");
                 if matches!($code, status::FORBIDDEN | status::AUTH_FAILED) {
                     reg.refused(&LoginRefusal {
@@ -217,7 +243,7 @@ where
             };
             // RFC 7143 4.2.7.1: a name is at most 223 bytes of printable characters. Anything
             // else is refused before the name reaches a log, an ACL or an event.
-            if name.len() > 223 || name.is_empty() || name.chars().any(|c| c.is_control() || c.is_whitespace()) {
+            if !tessera_scsi::is_iscsi_name(&name) {
                 initiator = Some(name.escape_debug().take(240).collect());
                 refuse!(status::INITIATOR_ERROR, "InitiatorName is not a valid iSCSI name")
             }
@@ -382,5 +408,23 @@ where
         let mut p = reply(status::SUCCESS, text::encode(&answers), transit, stat_sn, 0);
         p.write(w, false, false).await.map_err(|e| e.to_string())?;
         stat_sn = stat_sn.wrapping_add(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_quoting_the_initiator_is_one_bounded_line_of_printable_text() {
+        let why = loggable("no target iqn.x\ninfo forged: login of admin accepted\x1b[2J\u{202e}");
+        assert!(
+            !why.contains('\n') && !why.contains('\x1b') && !why.contains('\u{202e}'),
+            "{why}"
+        );
+        assert!(why.starts_with("no target iqn.x\\ninfo forged"), "{why}");
+        let long = loggable(&"t".repeat(64 << 10));
+        assert_eq!(long.chars().count(), MAX_REASON_CHARS + 1);
+        assert_eq!(loggable("a plain reason: 'name'"), "a plain reason: 'name'");
     }
 }

@@ -296,7 +296,7 @@ fn run<S: Read + Write, X: Write + Send>(
     if done.snapshot != snapshot {
         return Err(ReplError::Protocol(format!(
             "the replica made snapshot '{}', not '{snapshot}'",
-            done.snapshot
+            wire::peer_text(&done.snapshot)
         )));
     }
     Ok(())

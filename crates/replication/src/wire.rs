@@ -217,13 +217,34 @@ impl Frame {
             let r: Refusal = serde_json::from_slice(&self.body).unwrap_or_else(|_| Refusal {
                 message: String::from_utf8_lossy(&self.body).into_owned(),
             });
-            return Err(ReplError::Refused(r.message));
+            return Err(ReplError::Refused(peer_text(&r.message)));
         }
         Err(ReplError::Protocol(format!(
             "expected a {kind:?} frame, got {:?}",
             self.kind
         )))
     }
+}
+
+/// Longest text of the peer's (a refusal's message, a name it sent) kept, in characters.
+pub const MAX_PEER_TEXT: usize = 1024;
+
+/// Text the peer sent, made fit to keep and show: a replica's last error is saved, listed by
+/// the API and printed by the CLI, and an error frame may carry 8 MiB of anything. Control
+/// characters are written escaped, and the text cut to [`MAX_PEER_TEXT`] characters.
+pub fn peer_text(text: &str) -> String {
+    let mut s = String::new();
+    for c in text.chars().take(MAX_PEER_TEXT) {
+        if c.is_control() {
+            s.extend(c.escape_default());
+        } else {
+            s.push(c);
+        }
+    }
+    if text.chars().nth(MAX_PEER_TEXT).is_some() {
+        s.push('…');
+    }
+    s
 }
 
 /// A batch of offers: its number, then each grain with its blocks' fingerprints.
@@ -439,5 +460,20 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("pool full"));
+        // A peer's refusal is kept as one bounded line.
+        let flood = Frame {
+            kind: Kind::Error,
+            body: serde_json::to_vec(&Refusal {
+                message: format!("full\n\x1b[2J{}", "x".repeat(MAX_FRAME / 2)),
+            })
+            .unwrap(),
+        };
+        let e = flood.expect(Kind::Done).unwrap_err().to_string();
+        assert!(e.len() < MAX_PEER_TEXT + 100, "{} bytes", e.len());
+        assert!(
+            !e.contains('\n') && !e.contains('\x1b') && e.contains("full\\n"),
+            "{}",
+            &e[..40]
+        );
     }
 }

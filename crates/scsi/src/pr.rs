@@ -65,6 +65,24 @@ impl TargetPorts {
 /// Registrations a LUN keeps at most.
 const MAX_REGISTRATIONS: usize = 1024;
 
+/// Whether `name` may be an iSCSI name (RFC 7143 4.2.7.1): 1 to 223 bytes, none of them a
+/// character RFC 3722's profile prohibits that could mislead whoever reads the name in a
+/// listing or an event: a control character, white space, one that is invisible or changes
+/// the direction of the text around it (so that a name looks like another host's), a private
+/// use or tagging one. A login is refused a name that is not, and so is a TransportID naming
+/// one.
+pub fn is_iscsi_name(name: &str) -> bool {
+    let prohibited = |c: char| {
+        c.is_control()
+            || c.is_whitespace()
+            || matches!(c,
+                '\u{0340}' | '\u{0341}' | '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}'
+                | '\u{2060}'..='\u{206f}' | '\u{feff}' | '\u{e000}'..='\u{f8ff}'
+                | '\u{e0000}'..='\u{e007f}' | '\u{f0000}'..='\u{10ffff}')
+    };
+    !name.is_empty() && name.len() <= 223 && !name.chars().any(prohibited)
+}
+
 /// An initiator port as reservations know it: the initiator's name and, unless the
 /// registration was made by device name (TransportID format 0), the ISID of one port.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -154,7 +172,8 @@ impl PortId {
             }
             _ => return Err(bad),
         };
-        if port.initiator.is_empty() {
+        // A name no login could have: refused before it reaches a listing or a saved record.
+        if !is_iscsi_name(&port.initiator) {
             return Err(bad);
         }
         Ok((port, total))

@@ -180,6 +180,27 @@ fn read_keys_reservation_caps_and_full_status() {
 }
 
 #[test]
+fn iscsi_names_that_could_mislead_are_not_names() {
+    assert!(is_iscsi_name("iqn.2026-12.io.example:host-a"));
+    assert!(is_iscsi_name("eui.02004567A425678D"));
+    assert!(
+        is_iscsi_name("iqn.2026-12.jp.example:ホスト"),
+        "other scripts are names"
+    );
+    for bad in [
+        "",
+        "iqn.x:a b",
+        "iqn.x:a\tb",
+        "iqn.x:\u{200b}a",
+        "iqn.x:\u{2066}a",
+        "iqn.x:\u{feff}",
+    ] {
+        assert!(!is_iscsi_name(bad), "{bad:?}");
+    }
+    assert!(!is_iscsi_name(&"n".repeat(224)));
+}
+
+#[test]
 fn register_and_move_and_spec_i_pt() {
     let (a, b) = (nexus(1, "iqn.x:a", 1), nexus(2, "iqn.x:b", 2));
     let mut s = PrState::default();
@@ -238,6 +259,28 @@ fn malformed_parameter_lists_change_nothing() {
         s.pr_out(&a, &out_cdb(9, 0), &params(0, 1, 0), ONE_PORT, &mut notes),
         Outcome::Check(sense::INVALID_FIELD_IN_CDB)
     );
+    // SPEC_I_PT naming ports no login could have: a name too long, with a line break, empty,
+    // one written right to left from its middle (to look like another).
+    for name in [
+        "iqn.x:".to_string() + &"n".repeat(300),
+        "iqn.x:b\nforged".into(),
+        String::new(),
+        "iqn.x:\u{202e}a:x.nqi".into(),
+    ] {
+        let b = Nexus::new(2, &name, [0x40, 0, 0, 0, 0, 2]);
+        let mut d = params(0, 0x10, 0x08);
+        let tid = PortId::of(&b).transport_id();
+        d.extend_from_slice(&(tid.len() as u32).to_be_bytes());
+        d.extend_from_slice(&tid);
+        let mut cdb = out_cdb(0, 0);
+        cdb[5..9].copy_from_slice(&(d.len() as u32).to_be_bytes());
+        assert_eq!(
+            s.pr_out(&a, &cdb, &d, ONE_PORT, &mut notes),
+            Outcome::Check(sense::INVALID_FIELD_IN_PARAMETER_LIST),
+            "{name:?}"
+        );
+        assert!(s.registrations.is_empty());
+    }
     // SPEC_I_PT with a truncated TransportID.
     let mut d = params(0, 1, 0x08);
     d.extend_from_slice(&[0, 0, 0, 30, 0x45, 0, 0, 26]);

@@ -160,14 +160,16 @@ impl Daemon {
             .on_refusal(Arc::new(move |r: &tessera_iscsi::LoginRefusal| {
                 let who = r.initiator.as_deref().unwrap_or("an unnamed initiator");
                 let to = r.target.as_deref().unwrap_or("the target");
-                // The address without the port: retries from one host fold into one event.
-                told.record(
+                // The address without the port: retries from one host fold into one event, and
+                // a flood of new names is held to the budget of refusals.
+                told.record_refusal(
                     NewEvent::new(
                         Severity::Warning,
                         "iscsi.login_refused",
                         format!("login of {who} from {} to {to} refused: {}", r.peer.ip(), r.reason),
                     )
                     .subject(who),
+                    &r.peer.ip().to_string(),
                 );
             }));
         let gateway = match &cfg.gateway {

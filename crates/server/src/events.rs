@@ -36,6 +36,13 @@ pub const MAX_FILE_BYTES: u64 = 8 << 20;
 pub const REPEAT_WINDOW: Duration = Duration::from_secs(60);
 /// How long a hook command or webhook may take before it is abandoned.
 pub const HOOK_TIMEOUT: Duration = Duration::from_secs(30);
+/// Refusals of peers nobody authenticated (a refused iSCSI login, a replication handshake
+/// without the key) recorded one by one within a [`REPEAT_WINDOW`], per kind from one source,
+/// and per kind in all: past them they are counted, and said in one event when the window
+/// ends, so that a flood of them (new names, new addresses) cannot push the other events out
+/// of the log, nor fill the hook's queue.
+pub const REFUSALS_PER_SOURCE: u64 = 10;
+pub const REFUSALS_PER_KIND: u64 = 100;
 /// Events waiting for the hook beyond this are dropped (and counted): a hook that hangs must
 /// not hold the daemon's memory.
 const HOOK_QUEUE: usize = 1024;
@@ -234,6 +241,18 @@ impl Webhook {
     }
 }
 
+/// The refusals recorded in the current window, and those past the budget.
+#[derive(Default)]
+struct Refusals {
+    since: Option<Instant>,
+    /// Recorded, per (kind, source), and per kind; a source is counted only while its kind
+    /// is within its budget, so the map holds at most that many sources per kind.
+    by_source: HashMap<(String, String), u64>,
+    by_kind: HashMap<String, u64>,
+    /// Not recorded one by one, per kind and severity.
+    held_back: HashMap<String, (Severity, u64)>,
+}
+
 struct Memory {
     recent: VecDeque<Event>,
     next_seq: u64,
@@ -244,6 +263,7 @@ struct Memory {
 
 pub struct EventLog {
     memory: Mutex<Memory>,
+    refusals: Mutex<Refusals>,
     followers: tokio::sync::broadcast::Sender<Event>,
     /// Set when the daemon stops: followers' streams end.
     closing: tokio::sync::watch::Sender<bool>,
@@ -303,6 +323,7 @@ impl EventLog {
             (hook.min_severity, tx)
         });
         EventLog {
+            refusals: Default::default(),
             memory: Mutex::new(Memory {
                 recent,
                 next_seq,
@@ -323,7 +344,69 @@ impl EventLog {
         self.record_at(new, Instant::now())
     }
 
+    /// Records the refusal of a peer nobody authenticated, from `source` (its address), within
+    /// the budget of such events ([`REFUSALS_PER_SOURCE`], [`REFUSALS_PER_KIND`]); past it,
+    /// the refusal is counted, and the count said in one event when the minute ends.
+    pub fn record_refusal(&self, new: NewEvent, source: &str) -> Option<Event> {
+        self.record_refusal_at(new, source, Instant::now())
+    }
+
+    fn record_refusal_at(&self, new: NewEvent, source: &str, now: Instant) -> Option<Event> {
+        self.end_refusal_window(now);
+        let key = (new.kind.clone(), source.to_string());
+        {
+            let mut r = self.refusals.lock();
+            r.since.get_or_insert(now);
+            let in_kind = r.by_kind.get(&new.kind).copied().unwrap_or(0);
+            let from_source = r.by_source.get(&key).copied().unwrap_or(0);
+            if in_kind >= REFUSALS_PER_KIND || from_source >= REFUSALS_PER_SOURCE {
+                self.counts[new.severity as usize].fetch_add(1, Ordering::Relaxed);
+                let held = r.held_back.entry(new.kind).or_insert((new.severity, 0));
+                held.0 = held.0.max(new.severity);
+                held.1 += 1;
+                return None;
+            }
+        }
+        // Only what is recorded counts against the budget: a repeat folded into an event
+        // costs nothing.
+        let recorded = self.record_at(new, now)?;
+        let mut r = self.refusals.lock();
+        *r.by_kind.entry(key.0.clone()).or_default() += 1;
+        *r.by_source.entry(key).or_default() += 1;
+        Some(recorded)
+    }
+
+    /// Once a window of refusals is over: a new one begins, and what the last held back is
+    /// said, an event per kind.
+    fn end_refusal_window(&self, now: Instant) {
+        let held_back = {
+            let mut r = self.refusals.lock();
+            match r.since {
+                Some(since) if now.duration_since(since) >= REPEAT_WINDOW => {
+                    let held = std::mem::take(&mut r.held_back);
+                    *r = Refusals::default();
+                    held
+                }
+                _ => return,
+            }
+        };
+        for (kind, (severity, n)) in held_back {
+            self.record_at(
+                NewEvent::new(
+                    severity,
+                    &kind,
+                    format!(
+                        "{n} more refusals of this kind in the last minute were not recorded one by one \
+                         (past {REFUSALS_PER_SOURCE} from one address, {REFUSALS_PER_KIND} in all, a minute)"
+                    ),
+                ),
+                now,
+            );
+        }
+    }
+
     fn record_at(&self, new: NewEvent, now: Instant) -> Option<Event> {
+        self.end_refusal_window(now);
         let new = new.printable();
         self.counts[new.severity as usize].fetch_add(1, Ordering::Relaxed);
         let mut m = self.memory.lock();
@@ -740,6 +823,53 @@ mod tests {
             log.record_at(ev("iscsi.login_refused", &format!("name {i}")), t0);
         }
         assert!(log.memory.lock().folded.len() <= MAX_FOLDED + 1);
+    }
+
+    /// A flood of refusals from peers nobody authenticated, each with a name of its own (so
+    /// that nothing folds), from one address and from many: at most the budget is recorded
+    /// one by one, the rest said in one event when the minute ends, and the events recorded
+    /// before are still in memory.
+    #[test]
+    fn a_flood_of_refusals_is_held_to_its_budget() {
+        let log = EventLog::in_memory();
+        let t0 = Instant::now();
+        let before = log.record_at(ev("disk.failed", "the disk that matters"), t0).unwrap();
+        let refused = |i: usize| ev("iscsi.login_refused", &format!("login of iqn.x:{i} refused"));
+        let mut recorded = 0;
+        for i in 0..1000 {
+            recorded += log.record_refusal_at(refused(i), "192.0.2.1", t0).is_some() as u64;
+        }
+        assert_eq!(recorded, REFUSALS_PER_SOURCE, "one address");
+        for i in 0..KEEP_IN_MEMORY * 2 {
+            let from = format!("2001:db8:{:x}::", i);
+            recorded += log.record_refusal_at(refused(1000 + i), &from, t0).is_some() as u64;
+        }
+        assert_eq!(recorded, REFUSALS_PER_KIND, "every address");
+        // Other kinds have budgets of their own.
+        assert!(log
+            .record_refusal_at(ev("replica.peer_refused", "no key"), "192.0.2.1", t0)
+            .is_some());
+        assert!(log.list(&Filter::default(), KEEP_IN_MEMORY).contains(&before));
+        // The minute over, the next event (of whatever kind) comes after one that says how
+        // many were held back; then the budgets start again.
+        let later = t0 + REPEAT_WINDOW;
+        log.record_at(ev("pool.degraded", "later"), later).unwrap();
+        let all = log.list(&Filter::default(), 5);
+        let said = &all[all.len() - 2];
+        assert_eq!(said.kind, "iscsi.login_refused");
+        let held = (1000 + KEEP_IN_MEMORY * 2) as u64 - REFUSALS_PER_KIND;
+        assert!(
+            said.message.starts_with(&format!("{held} more refusals")),
+            "{}",
+            said.message
+        );
+        assert!(log.record_refusal_at(refused(0), "192.0.2.1", later).is_some());
+        let total = (1000 + KEEP_IN_MEMORY * 2 + 1 + 1 + 1 + 1 + 1) as u64;
+        assert_eq!(
+            log.counts().iter().map(|(_, n)| n).sum::<u64>(),
+            total,
+            "every one counted"
+        );
     }
 
     #[test]

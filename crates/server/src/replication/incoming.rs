@@ -166,14 +166,16 @@ fn take_cycle(d: &Arc<Daemon>, t: &Transport, s: TcpStream, place: Place, shaken
         Ok(c) => c,
         Err(e) => {
             // Someone without the key (nothing was read from them), or a handshake this side
-            // could not watch.
-            d.events.record(
+            // could not watch. Counted against its source (an IPv6 host's /64).
+            let source = peer.parse().map(|ip| source_of(ip).to_string()).unwrap_or_default();
+            d.events.record_refusal(
                 NewEvent::new(
                     Severity::Warning,
                     "replica.peer_refused",
                     format!("replication from {peer} refused: {e}"),
                 )
                 .subject(&peer),
+                &source,
             );
             return;
         }
@@ -224,7 +226,12 @@ fn take_cycle(d: &Arc<Daemon>, t: &Transport, s: TcpStream, place: Place, shaken
                 }
             }
         }
-        Err(e) => warn!(peer = %peer, error = %e, "replication cycle from a peer failed"),
+        // The error may quote what the peer sent (a name it failed to pass).
+        Err(e) => warn!(
+            peer = %peer,
+            error = %tessera_replication::wire::peer_text(&e.to_string()),
+            "replication cycle from a peer failed"
+        ),
     }
     let mut live = d.replication.live.lock();
     if let Some(key) = site.registered.lock().take().filter(|_| !handed_over) {
