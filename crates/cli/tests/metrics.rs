@@ -101,6 +101,18 @@ fn metrics_count_what_a_client_did_pass_promtool_and_need_the_token() {
     )
     .unwrap();
     assert_eq!(r.status, 404, "{}", r.body);
+    // The scrape token the daemon made reads the metrics on either listener, and nothing else.
+    let scraper = std::fs::read_to_string(state.join("metrics-token")).unwrap();
+    let with_scraper = [("Authorization", format!("Bearer {}", scraper.trim()))];
+    let with_scraper: Vec<(&str, &str)> = with_scraper.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    for addr in [&api, &metrics] {
+        let r = http_tcp(addr, "GET", "/metrics", None, &with_scraper).unwrap();
+        assert_eq!(r.status, 200, "{addr}: {}", r.body);
+    }
+    for (method, path) in [("GET", "/api/pools"), ("GET", "/api/targets"), ("POST", "/api/pools")] {
+        let r = http_tcp(&api, method, path, Some("{}"), &with_scraper).unwrap();
+        assert_eq!(r.status, 401, "{method} {path} with the scrape token: {}", r.body);
+    }
 
     let before = scrape(&metrics);
     promtool_accepts(&before);

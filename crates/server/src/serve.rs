@@ -129,12 +129,14 @@ async fn serve(cfg: ServerConfig) -> Result<(), String> {
         Some(t) => Ok(t),
         None => crate::api::auth::load_or_create_token(&daemon.cfg.state_dir),
     };
+    let scrape_token = || crate::api::auth::load_or_create_scrape_token(&daemon.cfg.state_dir);
     if let Some(t) = tcp {
         let guard = crate::api::auth::Guard::new(
             token()?,
             t.local_addr().map_err(|e| e.to_string())?,
             daemon.cfg.api_allowed_hosts.clone(),
-        );
+        )
+        .with_scrape_token(scrape_token()?);
         let r = crate::api::router(daemon.clone(), Some(Arc::new(guard)));
         servers.push(tokio::spawn(
             axum::serve(t, r.into_make_service())
@@ -148,6 +150,7 @@ async fn serve(cfg: ServerConfig) -> Result<(), String> {
             m.local_addr().map_err(|e| e.to_string())?,
             daemon.cfg.api_allowed_hosts.clone(),
         )
+        .with_scrape_token(scrape_token()?)
         .without_dashboard();
         let r = crate::api::metrics_router(daemon.clone(), Arc::new(guard));
         servers.push(tokio::spawn(
@@ -307,7 +310,10 @@ fn banner(
         s += &format!("  dashboard: http://{addr}/ (log in with the API's bearer token)\n");
     }
     if let Some(m) = metrics {
-        s += &format!("  metrics: http://{m}/metrics (the API's bearer token)\n");
+        s += &format!(
+            "  metrics: http://{m}/metrics (bearer token in {}, or the API's)\n",
+            crate::api::auth::scrape_token_path(&d.cfg.state_dir).display()
+        );
     }
     let pools = d.list_pools();
     if pools.is_empty() {

@@ -32,6 +32,9 @@ use crate::error::{code, ApiError};
 
 /// The file in the state directory that holds the token the daemon made for itself.
 pub const TOKEN_FILE: &str = "api-token";
+/// The file in the state directory that holds the token a scraper reads `GET /metrics` with,
+/// and nothing else: a monitoring host that holds it cannot change the SAN.
+pub const SCRAPE_TOKEN_FILE: &str = "metrics-token";
 
 /// How long a dashboard login lasts.
 pub const SESSION_LIFETIME: Duration = Duration::from_secs(12 * 3600);
@@ -53,6 +56,8 @@ pub struct Guard {
     pub sessions: Mutex<HashMap<String, (Instant, String)>>,
     /// Whether this listener serves the dashboard (and its login); not `metrics_listen`.
     pub dashboard: bool,
+    /// A bearer token that admits `GET /metrics` only.
+    pub scrape_token: Option<String>,
 }
 
 impl Guard {
@@ -63,7 +68,14 @@ impl Guard {
             names,
             sessions: Mutex::new(HashMap::new()),
             dashboard: true,
+            scrape_token: None,
         }
+    }
+
+    /// Also admits `GET /metrics` with `token`, and nothing else with it.
+    pub fn with_scrape_token(mut self, token: String) -> Guard {
+        self.scrape_token = Some(token);
+        self
     }
 
     /// For a listener that serves no pages: the bearer token only.
@@ -181,8 +193,15 @@ pub async fn check(State(g): State<Arc<Guard>>, req: Request, next: Next) -> Res
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
     let session = session_cookie(headers).filter(|_| g.dashboard);
+    let scrape = req.method() == Method::GET && path == "/metrics";
     let admitted = match (given, &session) {
-        (Some(t), _) => constant_time_eq(t.as_bytes(), g.token.as_bytes()),
+        (Some(t), _) => {
+            constant_time_eq(t.as_bytes(), g.token.as_bytes())
+                || (scrape
+                    && g.scrape_token
+                        .as_ref()
+                        .is_some_and(|s| constant_time_eq(t.as_bytes(), s.as_bytes())))
+        }
         // The cookie alone admits the dashboard's pages. A browser sends it to every port of
         // this host, so a page served on another port would receive it: the API also wants
         // the session's key, given only to the page that logged in (browsers keep it apart
@@ -359,15 +378,28 @@ pub fn token_path(state_dir: &Path) -> PathBuf {
     state_dir.join(TOKEN_FILE)
 }
 
-/// The token in the state directory, made (random, owner-only) at the first start. A token
-/// file that others could read is made owner-only again, with a warning.
+pub fn scrape_token_path(state_dir: &Path) -> PathBuf {
+    state_dir.join(SCRAPE_TOKEN_FILE)
+}
+
+/// The API token in the state directory, made (random, owner-only) at the first start. A
+/// token file that others could read is made owner-only again, with a warning.
 pub fn load_or_create_token(state_dir: &Path) -> Result<String, String> {
-    let path = token_path(state_dir);
+    load_or_create(&token_path(state_dir), "API token")
+}
+
+/// The scrape token in the state directory, made as the API token is.
+pub fn load_or_create_scrape_token(state_dir: &Path) -> Result<String, String> {
+    load_or_create(&scrape_token_path(state_dir), "metrics token")
+}
+
+fn load_or_create(path: &Path, what: &str) -> Result<String, String> {
+    let path = path.to_path_buf();
     match std::fs::read_to_string(&path) {
         Ok(t) => {
             let meta = std::fs::metadata(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
             if meta.permissions().mode() & 0o077 != 0 {
-                warn!(path = %path.display(), "the API token file was readable by others; it is owner-only now, but the token should be replaced (delete the file and restart)");
+                warn!(path = %path.display(), "the {what} file was readable by others; it is owner-only now, but the token should be replaced (delete the file and restart)");
                 std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
                     .map_err(|e| format!("cannot restrict {}: {e}", path.display()))?;
             }
@@ -381,7 +413,7 @@ pub fn load_or_create_token(state_dir: &Path) -> Result<String, String> {
             Ok(t)
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let token = random_hex(32).map_err(|e| format!("no API token made: {e}"))?;
+            let token = random_hex(32).map_err(|e| format!("no {what} made: {e}"))?;
             let mut f = std::fs::OpenOptions::new()
                 .write(true)
                 .create_new(true)
@@ -391,7 +423,7 @@ pub fn load_or_create_token(state_dir: &Path) -> Result<String, String> {
             f.write_all(format!("{token}\n").as_bytes())
                 .and_then(|_| f.sync_all())
                 .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-            info!(path = %path.display(), "made an API token for the TCP listener");
+            info!(path = %path.display(), "made a {what} for the TCP listeners");
             Ok(token)
         }
         Err(e) => Err(format!("cannot read {}: {e}", path.display())),
