@@ -590,7 +590,7 @@ let rendering = false;
 
 function page() {
   const p = location.hash.slice(1);
-  return PAGES[p] ? p : 'overview';
+  return Object.hasOwn(PAGES, p) ? p : 'overview';
 }
 
 async function refresh() {
