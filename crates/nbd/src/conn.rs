@@ -20,7 +20,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use tessera_disk::{AlignedBuf, ReadRing, RingRead, RingWrite};
-use tessera_volume::{as_writer, ReadPlan, WritePlan, Writer};
+use tessera_volume::{as_writer, ReadPlan, WritePlan};
 use tracing::{debug, warn};
 
 use crate::export::MAX_PAYLOAD;
@@ -92,7 +92,6 @@ fn serve<S: Socket>(sock: S, n: Negotiated) -> io::Result<()> {
         allocation_context: n.allocation_context,
         buffers: Buffers::default(),
         arrivals: Default::default(),
-        writer: Writer::unique(),
     });
     let ring = match ReadRing::new(RING_ENTRIES) {
         Ok(r) => Some(r),
@@ -637,7 +636,7 @@ impl<S: Socket> Loop<S> {
         let plan = match self.ring {
             Some(_) if check(&self.ctx, &req).is_ok() => {
                 // The plan finishes on this thread, but notes the writer it was made for.
-                as_writer(self.ctx.writer, || {
+                as_writer(self.ctx.export.writer, || {
                     self.ctx.export.vdisk.try_plan_write(req.offset, payload.len())
                 })
             }

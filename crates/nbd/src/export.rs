@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 use tessera_disk::IoMeter;
-use tessera_volume::Vdisk;
+use tessera_volume::{Vdisk, Writer};
 
 /// Largest READ or WRITE payload we accept (the protocol's portable maximum).
 pub const MAX_PAYLOAD: u32 = 32 << 20;
@@ -25,6 +25,10 @@ pub struct Export {
     pub(crate) held: AtomicUsize,
     /// Where each request answered is reported, if anywhere.
     pub meter: Option<Arc<dyn IoMeter>>,
+    /// Whose writes its connections' are, all of them together: NBD names no host, and a
+    /// client of several connections (multi-conn) may flush on one what it wrote on another,
+    /// so data written and lost before a flush is reported at the next flush on any of them.
+    pub(crate) writer: Writer,
 }
 
 impl Export {
@@ -38,6 +42,7 @@ impl Export {
             withdrawn: AtomicBool::new(false),
             held: AtomicUsize::new(0),
             meter: None,
+            writer: Writer::unique(),
         }
     }
 

@@ -67,7 +67,6 @@ pub(crate) fn serve<S: Read + Write>(mut s: S, n: Negotiated) -> io::Result<()> 
         allocation_context: n.allocation_context,
         buffers: Buffers::default(),
         arrivals: Default::default(),
-        writer: tessera_volume::Writer::unique(),
     });
     let r = requests(&mut s, &ctx);
     export.connections.fetch_sub(1, Ordering::Relaxed);

@@ -8,7 +8,7 @@ use std::time::Instant;
 use parking_lot::Mutex;
 use tessera_disk::AlignedBuf;
 use tessera_disk::IoOp;
-use tessera_volume::{as_writer, VolumeError, Writer};
+use tessera_volume::{as_writer, VolumeError};
 use tracing::{debug, warn};
 
 use crate::export::{Export, MAX_PAYLOAD};
@@ -53,9 +53,6 @@ pub(crate) struct Ctx {
     pub buffers: Buffers,
     /// When each request in flight arrived, by cookie, while the export is metered.
     pub arrivals: Mutex<HashMap<u64, Instant>>,
-    /// Whose writes this connection's are (its own: NBD names no host), so that data it
-    /// wrote and lost before a flush is reported at its own next flush.
-    pub writer: Writer,
 }
 
 impl Ctx {
@@ -135,7 +132,7 @@ pub(crate) fn charge(req: &Request) -> usize {
 
 /// Runs one request and builds its reply.
 pub(crate) fn execute(ctx: &Ctx, req: &Request, payload: &[u8]) -> Reply {
-    match as_writer(ctx.writer, || try_execute(ctx, req, payload)) {
+    match as_writer(ctx.export.writer, || try_execute(ctx, req, payload)) {
         Ok(reply) => reply,
         Err((code, msg)) => error_reply(ctx, req, code, &msg),
     }

@@ -22,7 +22,7 @@ use crate::error::{Result, VolumeError};
 use crate::writer::Writer;
 
 /// Writers told of a loss at their next flush, at most: the oldest give way (a host that
-/// never flushes again, an NBD connection gone).
+/// never flushes again, an NBD export removed).
 const MAX_OWED: usize = 1024;
 
 /// Per slab set id written since the last flush took them: the set and the smallest loss
@@ -107,14 +107,21 @@ impl<S: Clone> Unsynced<S> {
             found.get_or_insert(why);
         }
         let owed = self.take_owed(writer);
-        let result = flushed.and_then(|()| match found.or(owed) {
+        let failed = match (flushed, found) {
+            (Err(e), _) => Some(e),
+            (Ok(()), Some(why)) => Some(VolumeError::Lost(why)),
+            (Ok(()), None) => None,
+        };
+        if let Some(e) = failed {
+            *turn = Some((self.begun.load(Ordering::SeqCst), e.to_string()));
+            return Err(e);
+        }
+        // Found by an earlier flush of another's: this writer's alone, not shared with the
+        // flushes waiting meanwhile (whose own writes were not lost).
+        match owed {
             Some(why) => Err(VolumeError::Lost(why)),
             None => Ok(()),
-        });
-        if let Err(e) = &result {
-            *turn = Some((self.begun.load(Ordering::SeqCst), e.to_string()));
         }
-        result
     }
 
     fn owe(&self, writer: Writer, why: String) {
@@ -226,6 +233,38 @@ mod tests {
             assert!(second.join().unwrap().is_err());
         });
         assert!(u.flush(a, || Ok(()), |_, _| false).is_ok());
+    }
+
+    /// A writer told what it is owed does not fail the flushes of others that waited for it.
+    #[test]
+    fn what_is_owed_is_told_to_its_writer_alone() {
+        let u = Ids::default();
+        let (a, b, c) = (Writer::named("a"), Writer::named("b"), Writer::named("c"));
+        u.note(a, 1, &1, 0);
+        assert!(u.flush(b, || Ok(()), |_, _| true).is_err(), "B finds A's loss");
+        let inside = Barrier::new(2);
+        let release = Barrier::new(2);
+        std::thread::scope(|s| {
+            let owed = s.spawn(|| {
+                u.flush(
+                    a,
+                    || {
+                        inside.wait();
+                        release.wait();
+                        Ok(())
+                    },
+                    |_, _| false,
+                )
+            });
+            inside.wait();
+            let other = s.spawn(|| u.flush(c, || Ok(()), |_, _| false));
+            while u.begun.load(Ordering::SeqCst) < 3 {
+                std::thread::yield_now();
+            }
+            release.wait();
+            assert!(owed.join().unwrap().is_err(), "A is told");
+            assert!(other.join().unwrap().is_ok(), "C lost nothing");
+        });
     }
 
     #[test]

@@ -38,8 +38,8 @@ impl Writer {
         Writer((h.finish() & !UNIQUE).max(1))
     }
 
-    /// A writer of its own, unlike any other while the daemon runs: an NBD connection,
-    /// which names no host.
+    /// A writer of its own, unlike any other while the daemon runs: an NBD export's
+    /// connections, which name no host.
     pub fn unique() -> Writer {
         Writer(UNIQUE | NEXT_UNIQUE.fetch_add(1, Ordering::Relaxed))
     }
