@@ -121,7 +121,20 @@ impl Layouts {
     /// Loads the slab sets of a pool and replays the stripe journal left by a crash.
     pub fn open(pool: Arc<Pool>) -> Result<Layouts> {
         let registry = Registry::load(&pool)?;
-        let (journal, replay) = StripeJournal::open(&pool.dir().join("journal"), pool.checksums())?;
+        let journal_dir = pool.dir().join("journal");
+        // The journal holds the regions a crash may have left half written and the blocks'
+        // checksums: made anew for a pool that holds data, those regions would never be made
+        // consistent and its blocks would read unverified, without a word.
+        if !registry.all().is_empty() && !journal_dir.exists() {
+            return Err(LayoutError::Journal(format!(
+                "the stripe journal {} of pool '{}' is missing: restore it; or, to open the pool without it \
+                 (the blocks' checksums are then gone, and a row a crash left half written is not made \
+                 consistent), create it as an empty directory",
+                journal_dir.display(),
+                pool.name()
+            )));
+        }
+        let (journal, replay) = StripeJournal::open(&journal_dir, pool.checksums())?;
         let live: HashSet<SlabRef> = registry.all().iter().flat_map(|s| s.members.read().clone()).collect();
         journal.sums.keep_only(&live)?;
         let layouts = Layouts {

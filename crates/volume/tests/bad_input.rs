@@ -91,6 +91,34 @@ fn missing_disk_at_import_opens_degraded() {
     assert_eq!(&b[..4096], &pattern(3, 0, 4096)[..]);
 }
 
+/// The stripe journal holds the regions a crash may have left half written and the blocks'
+/// checksums: a pool that holds data whose journal is gone is refused with why, not opened
+/// with an empty one; created empty on purpose, it opens.
+#[test]
+fn a_pool_whose_stripe_journal_is_gone_is_refused() {
+    let mut rig = Rig::new(3, 32 * MIB, MIB);
+    let data = pattern(4, 0, MIB as usize);
+    rig.engine()
+        .create_vdisk(&spec("v", 2 * MIB, LayoutKind::Parity, Provisioning::Thin))
+        .unwrap()
+        .write(0, &data, true)
+        .unwrap();
+    rig.engine = None;
+    let journal = rig.dir.path().join("pool").join("journal");
+    std::fs::rename(&journal, rig.dir.path().join("journal.moved")).unwrap();
+    let e = Engine::open(&rig.dir.path().join("pool"), &rig.opener()).err().unwrap();
+    assert!(
+        e.to_string().contains("stripe journal") && e.to_string().contains("missing"),
+        "{e}"
+    );
+    assert!(!journal.exists(), "nothing made in its place");
+    std::fs::create_dir(&journal).unwrap();
+    rig.reopen();
+    let mut got = vec![0u8; MIB as usize];
+    rig.engine().vdisk("v").unwrap().read(0, &mut got).unwrap();
+    assert!(got == data);
+}
+
 #[test]
 fn bad_requests_get_clear_errors() {
     let rig = Rig::new(2, 32 * MIB, MIB);
