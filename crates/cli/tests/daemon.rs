@@ -861,6 +861,69 @@ fn bad_configuration_is_refused_with_the_reason() {
     let pools = d.json(&["pool", "list"]);
     assert_eq!(pools[0]["health"], "unavailable");
     assert!(d.fails(&["vdisk", "list", "ghost"]).contains("could not be imported"));
+    drop(d);
+
+    // What the configuration names that cannot be had (an address another program holds, a
+    // certificate that is not there) refuses the start before the pools are imported: the
+    // pool's metadata, the state files and the event log are as they were.
+    let state = t.path().join("s4");
+    let mut d = Daemon::start(&state);
+    create_pool(&d, "p", &disks(&t.path().join("disks"), 3, 256 << 20));
+    d.stop();
+    // Every state file, and the start of every disk (where its label is).
+    let snapshot = |dir: &std::path::Path| {
+        let mut files: Vec<(std::path::PathBuf, Vec<u8>)> = walk(dir)
+            .into_iter()
+            .chain(walk(&t.path().join("disks")))
+            .filter(|p| !p.ends_with("tessera.lock"))
+            .map(|p| {
+                let mut head = vec![0u8; 1 << 20];
+                let n = std::io::Read::read(&mut std::fs::File::open(&p).unwrap(), &mut head).unwrap();
+                head.truncate(n);
+                (p, head)
+            })
+            .collect();
+        files.sort();
+        files
+    };
+    let before = snapshot(&state);
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let e = Daemon::refused(&state, &["--api-listen", &addr]);
+    assert!(e.contains("cannot listen") && e.contains(&addr), "{e}");
+    std::fs::write(
+        &cfg,
+        "nbd_tls_cert = \"/no/such/cert.pem\"\nnbd_tls_key = \"/no/such/key.pem\"\nnbd_tls_ca = \"/no/such/ca.pem\"\n",
+    )
+    .unwrap();
+    let e = Daemon::refused(
+        &state,
+        &[
+            "--config",
+            cfg.to_str().unwrap(),
+            "--api-listen",
+            "none",
+            "--nbd-listen",
+            "127.0.0.1:0",
+        ],
+    );
+    assert!(e.contains("/no/such/"), "{e}");
+    assert!(snapshot(&state) == before, "the state changed at a refused start");
+}
+
+/// Every regular file under `dir`.
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else if p.is_file() {
+            // Not the sockets.
+            out.push(p);
+        }
+    }
+    out
 }
 
 #[test]

@@ -231,11 +231,16 @@ pub const MAX_PEER_TEXT: usize = 1024;
 
 /// Text the peer sent, made fit to keep and show: a replica's last error is saved, listed by
 /// the API and printed by the CLI, and an error frame may carry 8 MiB of anything. Control
-/// characters are written escaped, and the text cut to [`MAX_PEER_TEXT`] characters.
+/// characters, and the invisible ones that reorder or hide text, are written escaped, and the
+/// text cut to [`MAX_PEER_TEXT`] characters.
 pub fn peer_text(text: &str) -> String {
+    let hidden = |c: char| {
+        c.is_control()
+            || matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2060}'..='\u{206f}' | '\u{feff}')
+    };
     let mut s = String::new();
     for c in text.chars().take(MAX_PEER_TEXT) {
-        if c.is_control() {
+        if hidden(c) {
             s.extend(c.escape_default());
         } else {
             s.push(c);
@@ -464,14 +469,14 @@ mod tests {
         let flood = Frame {
             kind: Kind::Error,
             body: serde_json::to_vec(&Refusal {
-                message: format!("full\n\x1b[2J{}", "x".repeat(MAX_FRAME / 2)),
+                message: format!("full\n\x1b[2J\u{202e}{}", "x".repeat(MAX_FRAME / 2)),
             })
             .unwrap(),
         };
         let e = flood.expect(Kind::Done).unwrap_err().to_string();
         assert!(e.len() < MAX_PEER_TEXT + 100, "{} bytes", e.len());
         assert!(
-            !e.contains('\n') && !e.contains('\x1b') && e.contains("full\\n"),
+            !e.contains('\n') && !e.contains('\x1b') && !e.contains('\u{202e}') && e.contains("full\\n"),
             "{}",
             &e[..40]
         );

@@ -256,20 +256,35 @@ impl ServerConfig {
     pub fn resolve(f: ConfigFile, o: Overrides) -> Result<ServerConfig, String> {
         let iscsi_limits = iscsi_limits(&f)?;
         let default_state = if o.demo { "tessera-demo" } else { "/var/lib/tessera" };
+        // A relative path in the file would depend on where the daemon happens to start (the
+        // root directory, under systemd); on the command line it is the caller's.
+        if f.state_dir.as_ref().is_some_and(|p| !p.is_absolute()) {
+            return Err("state_dir in the configuration file must be an absolute path".into());
+        }
         let state_dir = o
             .state_dir
             .or(f.state_dir)
             .unwrap_or_else(|| PathBuf::from(default_state));
+        if state_dir.as_os_str().is_empty() {
+            return Err("state_dir is empty: name the directory the daemon keeps its state in".into());
+        }
         let state_dir = absolute(&state_dir)?;
         let api_listen = listen_addr("api_listen", o.api_listen.or(f.api_listen), DEFAULT_API_LISTEN)?;
         let metrics_listen = listen_addr("metrics_listen", f.metrics_listen.clone(), "none")?;
+        if f.api_token.is_some() && f.api_token_file.is_some() {
+            return Err("api_token and api_token_file are both set: keep one".into());
+        }
         let token_from_file = match &f.api_token_file {
-            Some(p) => Some(
-                std::fs::read_to_string(p)
+            Some(p) => {
+                let t = std::fs::read_to_string(p)
                     .map_err(|e| format!("cannot read api_token_file {}: {e}", p.display()))?
                     .trim()
-                    .to_string(),
-            ),
+                    .to_string();
+                if t.is_empty() {
+                    return Err(format!("api_token_file {} is empty", p.display()));
+                }
+                Some(t)
+            }
             None => None,
         };
         let api_token = o
@@ -663,6 +678,26 @@ mod tests {
         assert!(resolve("api_token = \"short\"\n", Overrides::default())
             .unwrap_err()
             .contains("16 characters"));
+        // A token file that holds nothing is an error, not a silent fall back to another token.
+        let dir = tempfile::tempdir().unwrap();
+        let empty = dir.path().join("token");
+        std::fs::write(&empty, "\n").unwrap();
+        let file = format!("api_token_file = \"{}\"\n", empty.display());
+        assert!(resolve(&file, Overrides::default()).unwrap_err().contains("is empty"));
+        let both = format!("{file}api_token = \"0123456789abcdef0123\"\n");
+        assert!(resolve(&both, Overrides::default()).unwrap_err().contains("both set"));
+    }
+
+    #[test]
+    fn the_state_directory_is_named_absolutely_in_the_file() {
+        for bad in ["state_dir = \"\"\n", "state_dir = \"var/lib/tessera\"\n"] {
+            assert!(resolve(bad, Overrides::default()).is_err(), "{bad}");
+        }
+        let empty = Overrides {
+            state_dir: Some(PathBuf::new()),
+            ..Default::default()
+        };
+        assert!(resolve("", empty).unwrap_err().contains("empty"));
     }
 
     #[test]

@@ -169,7 +169,7 @@ impl Daemon {
                         format!("login of {who} from {} to {to} refused: {}", r.peer.ip(), r.reason),
                     )
                     .subject(who),
-                    &r.peer.ip().to_string(),
+                    r.peer.ip(),
                 );
             }));
         let gateway = match &cfg.gateway {
@@ -205,7 +205,8 @@ impl Daemon {
             health_watch: Default::default(),
             replication,
         };
-        let mut wanted = d.read_imported()?.pools;
+        let recorded = d.read_imported()?.pools;
+        let mut wanted = recorded.clone();
         wanted.extend(d.cfg.pools.iter().cloned());
         for name in wanted {
             let dir = d.pool_dir(&name);
@@ -247,7 +248,11 @@ impl Daemon {
                 }
             }
         }
-        d.write_imported()?;
+        // Written only when the list changed: a state file system that is full (or read-only)
+        // does not keep a daemon with nothing new to record from starting.
+        if d.imported_names() != recorded {
+            d.write_imported()?;
+        }
         let opened: Vec<String> = d.pools.read().keys().cloned().collect();
         for pool in opened {
             d.settle_replicas(&pool);
@@ -280,21 +285,37 @@ impl Daemon {
     }
 
     fn read_imported(&self) -> Result<ImportedList, String> {
-        statefile::read_json(
+        let list: ImportedList = statefile::read_json(
             &self.imported_path(),
             "fix or remove it, then import pools with 'tessera pool import'",
-        )
+        )?;
+        // A name is a directory under pools/: one the API would refuse could lead out of it.
+        for name in &list.pools {
+            validate_name("pool", name).map_err(|e| {
+                format!(
+                    "{}: {e}; fix or remove it, then import pools with 'tessera pool import'",
+                    self.imported_path().display()
+                )
+            })?;
+        }
+        Ok(list)
     }
 
     /// Records the imported pools, crash-safely.
     fn write_imported(&self) -> Result<(), String> {
-        let mut list = ImportedList {
-            pools: self.pools.read().keys().cloned().collect(),
+        let list = ImportedList {
+            pools: self.imported_names(),
         };
-        list.pools.extend(self.unavailable.read().keys().cloned());
         let p = self.imported_path();
         statefile::write_json(&p, &list)
             .map_err(|e| format!("cannot record the imported pools in {}: {e}", p.display()))
+    }
+
+    /// The pools imported here, served or not.
+    fn imported_names(&self) -> BTreeSet<String> {
+        let mut names: BTreeSet<String> = self.pools.read().keys().cloned().collect();
+        names.extend(self.unavailable.read().keys().cloned());
+        names
     }
 
     fn persist(&self) -> ApiResult<()> {

@@ -18,6 +18,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{BufRead, Write};
+use std::net::{IpAddr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
@@ -43,6 +44,21 @@ pub const HOOK_TIMEOUT: Duration = Duration::from_secs(30);
 /// of the log, nor fill the hook's queue.
 pub const REFUSALS_PER_SOURCE: u64 = 10;
 pub const REFUSALS_PER_KIND: u64 = 100;
+
+/// Whom a connection from `ip` (and a refusal of it) is counted against: an IPv4 address is
+/// one source, but an IPv6 host is usually given a whole /64 (SLAAC, privacy addresses) and
+/// could take a new address per connection, so an IPv6 address counts as its /64. An IPv4
+/// address written as IPv6 (`::ffff:a.b.c.d`, from a dual-stack socket) is the IPv4 address.
+pub fn source_of(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !((1u128 << 64) - 1))),
+        },
+    }
+}
+
 /// Events waiting for the hook beyond this are dropped (and counted): a hook that hangs must
 /// not hold the daemon's memory.
 const HOOK_QUEUE: usize = 1024;
@@ -292,9 +308,19 @@ impl EventLog {
             .append(true)
             .open(path)
             .map_err(cannot)?;
-        // A line torn by a crash is cut off, so that the next event starts a line of its own.
-        let size = whole_lines(path).map_err(cannot)?;
-        file.set_len(size).map_err(cannot)?;
+        // A line torn by a crash is cut off, so that the next event starts a line of its own;
+        // a whole event that only lacks its line's end (written by hand, or by another tool)
+        // is kept, and its line ended.
+        let text = std::fs::read(path).map_err(cannot)?;
+        let whole = text.iter().rposition(|&b| b == b'\n').map_or(0, |i| i as u64 + 1);
+        let tail = &text[whole as usize..];
+        let size = if !tail.is_empty() && serde_json::from_slice::<Event>(tail).is_ok() {
+            (&file).write_all(b"\n").map_err(cannot)?;
+            text.len() as u64 + 1
+        } else {
+            file.set_len(whole).map_err(cannot)?;
+            whole
+        };
         Ok(EventLog::with(old, Some((path.to_path_buf(), file, size)), hook))
     }
 
@@ -344,11 +370,12 @@ impl EventLog {
         self.record_at(new, Instant::now())
     }
 
-    /// Records the refusal of a peer nobody authenticated, from `source` (its address), within
-    /// the budget of such events ([`REFUSALS_PER_SOURCE`], [`REFUSALS_PER_KIND`]); past it,
-    /// the refusal is counted, and the count said in one event when the minute ends.
-    pub fn record_refusal(&self, new: NewEvent, source: &str) -> Option<Event> {
-        self.record_refusal_at(new, source, Instant::now())
+    /// Records the refusal of a peer nobody authenticated, from `from` (counted against its
+    /// [`source_of`]), within the budget of such events ([`REFUSALS_PER_SOURCE`],
+    /// [`REFUSALS_PER_KIND`]); past it, the refusal is counted, and the count said in one event
+    /// when the minute ends.
+    pub fn record_refusal(&self, new: NewEvent, from: IpAddr) -> Option<Event> {
+        self.record_refusal_at(new, &source_of(from).to_string(), Instant::now())
     }
 
     fn record_refusal_at(&self, new: NewEvent, source: &str, now: Instant) -> Option<Event> {
@@ -376,28 +403,36 @@ impl EventLog {
         Some(recorded)
     }
 
+    /// Called every few seconds: says what a window of refusals that is over held back,
+    /// even when nothing else happens after it.
+    pub fn tick(&self) {
+        self.end_refusal_window(Instant::now());
+    }
+
     /// Once a window of refusals is over: a new one begins, and what the last held back is
     /// said, an event per kind.
     fn end_refusal_window(&self, now: Instant) {
-        let held_back = {
+        let (since, held_back) = {
             let mut r = self.refusals.lock();
             match r.since {
                 Some(since) if now.duration_since(since) >= REPEAT_WINDOW => {
                     let held = std::mem::take(&mut r.held_back);
                     *r = Refusals::default();
-                    held
+                    (since, held)
                 }
                 _ => return,
             }
         };
+        let secs = now.duration_since(since).as_secs();
         for (kind, (severity, n)) in held_back {
             self.record_at(
                 NewEvent::new(
                     severity,
                     &kind,
                     format!(
-                        "{n} more refusals of this kind in the last minute were not recorded one by one \
-                         (past {REFUSALS_PER_SOURCE} from one address, {REFUSALS_PER_KIND} in all, a minute)"
+                        "{n} more refusals of this kind in the {secs} s before this event were not recorded \
+                         one by one (past {REFUSALS_PER_SOURCE} from one address, {REFUSALS_PER_KIND} in all, \
+                         a minute)"
                     ),
                 ),
                 now,
@@ -523,6 +558,9 @@ fn log(e: &Event) {
     }
 }
 
+/// The largest event number read back from the file: 2^53.
+const MAX_SEQ: u64 = 1 << 53;
+
 /// Reads the events in `path`, skipping lines that do not parse (a torn last line).
 fn read_file(path: &Path) -> Result<Vec<Event>, String> {
     let f = match std::fs::File::open(path) {
@@ -538,8 +576,9 @@ fn read_file(path: &Path) -> Result<Vec<Event>, String> {
             continue;
         }
         match serde_json::from_slice::<Event>(&line) {
-            // Numbers only go up: a line out of order is not trusted either.
-            Ok(e) if events.last().is_none_or(|l| e.seq > l.seq) => events.push(e),
+            // Numbers only go up: a line out of order is not trusted either, nor one whose
+            // number no log reaches (past what a web page's numbers hold exactly).
+            Ok(e) if e.seq <= MAX_SEQ && events.last().is_none_or(|l| e.seq > l.seq) => events.push(e),
             _ => skipped += 1,
         }
     }
@@ -547,16 +586,6 @@ fn read_file(path: &Path) -> Result<Vec<Event>, String> {
         warn!(file = %path.display(), skipped, "event log lines that could not be read were skipped");
     }
     Ok(events)
-}
-
-/// The length of `path` up to the end of its last whole line.
-fn whole_lines(path: &Path) -> std::io::Result<u64> {
-    let text = std::fs::read(path)?;
-    Ok(text
-        .iter()
-        .rposition(|&b| b == b'\n')
-        .map(|i| i as u64 + 1)
-        .unwrap_or(0))
 }
 
 /// The writer thread: appends what arrives, syncs once per batch, and cuts the file to its
@@ -792,6 +821,36 @@ mod tests {
         let log = EventLog::open(&path, &HookConfig::default()).unwrap();
         assert_eq!(log.list(&Filter::default(), 10).last().unwrap().seq, 3);
         assert_eq!(log.next_seq(), 4);
+        drop(log);
+
+        // A whole event whose line lacks its end is kept, and the next one starts a line of
+        // its own; one numbered past what a log reaches is not read.
+        let mut f = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
+        f.write_all(b"{\"seq\":4,\"time\":1.0,\"severity\":\"info\",\"kind\":\"x.y\",\"message\":\"m\"}")
+            .unwrap();
+        drop(f);
+        let log = EventLog::open(&path, &HookConfig::default()).unwrap();
+        assert_eq!(log.list(&Filter::default(), 10).last().unwrap().seq, 4);
+        log.record(ev("pool.healthy", "healthy")).unwrap();
+        wait_for(|| std::fs::read_to_string(&path).unwrap().contains("pool.healthy"));
+        drop(log);
+        let mut f = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
+        f.write_all(
+            b"{\"seq\":18446744073709551615,\"time\":1.0,\"severity\":\"info\",\"kind\":\"x.y\",\"message\":\"m\"}\n",
+        )
+        .unwrap();
+        drop(f);
+        let log = EventLog::open(&path, &HookConfig::default()).unwrap();
+        assert_eq!(log.next_seq(), 6);
+        let lines: Vec<Event> = std::fs::read_to_string(&path)
+            .unwrap()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        assert_eq!(
+            lines.iter().map(|e| e.seq).take(5).collect::<Vec<_>>(),
+            vec![1, 2, 3, 4, 5]
+        );
     }
 
     #[test]
@@ -850,21 +909,27 @@ mod tests {
             .record_refusal_at(ev("replica.peer_refused", "no key"), "192.0.2.1", t0)
             .is_some());
         assert!(log.list(&Filter::default(), KEEP_IN_MEMORY).contains(&before));
-        // The minute over, the next event (of whatever kind) comes after one that says how
-        // many were held back; then the budgets start again.
+        // The minute over, the next event (of whatever kind), or the daemon's tick, comes after
+        // one that says how many were held back; then the budgets start again.
         let later = t0 + REPEAT_WINDOW;
-        log.record_at(ev("pool.degraded", "later"), later).unwrap();
-        let all = log.list(&Filter::default(), 5);
-        let said = &all[all.len() - 2];
+        log.end_refusal_window(later - Duration::from_secs(1));
+        assert_eq!(
+            log.list(&Filter::default(), 1)[0].kind,
+            "replica.peer_refused",
+            "not yet"
+        );
+        log.end_refusal_window(later);
+        let said = log.list(&Filter::default(), 1).remove(0);
         assert_eq!(said.kind, "iscsi.login_refused");
         let held = (1000 + KEEP_IN_MEMORY * 2) as u64 - REFUSALS_PER_KIND;
         assert!(
-            said.message.starts_with(&format!("{held} more refusals")),
+            said.message
+                .starts_with(&format!("{held} more refusals of this kind in the 60 s")),
             "{}",
             said.message
         );
         assert!(log.record_refusal_at(refused(0), "192.0.2.1", later).is_some());
-        let total = (1000 + KEEP_IN_MEMORY * 2 + 1 + 1 + 1 + 1 + 1) as u64;
+        let total = (1000 + KEEP_IN_MEMORY * 2 + 1 + 1 + 1 + 1) as u64;
         assert_eq!(
             log.counts().iter().map(|(_, n)| n).sum::<u64>(),
             total,

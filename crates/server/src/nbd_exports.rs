@@ -62,6 +62,13 @@ impl NbdExports {
         let mut configs = BTreeMap::new();
         for c in list.exports {
             validate_export_name(&c.name).map_err(|e| format!("{}: {e}", file.display()))?;
+            if configs.contains_key(&c.name) {
+                return Err(format!(
+                    "{}: export '{}' is listed twice; fix it or move the file away",
+                    file.display(),
+                    c.name
+                ));
+            }
             configs.insert(c.name.clone(), c);
         }
         Ok(NbdExports {

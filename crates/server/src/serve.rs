@@ -44,6 +44,16 @@ pub fn run(cfg: ServerConfig) -> Result<(), String> {
 
 async fn serve(cfg: ServerConfig) -> Result<(), String> {
     let demo = cfg.demo;
+    // What the configuration names that may be wrong (an address taken, a certificate
+    // missing) is found before the daemon imports its pools and records anything.
+    let tcp = bind(cfg.api_listen, "", "daemon", "--api-listen").await?;
+    let metrics = bind(cfg.metrics_listen, " for metrics", "daemon", "metrics_listen").await?;
+    let nbd = bind(cfg.nbd_listen, " for NBD", "server", "--nbd-listen").await?;
+    let configured_tls = match cfg.nbd_tls.is_empty() {
+        false => Some(nbd_tls(&cfg)?),
+        // The default key is made in the state directory, once the daemon holds it.
+        true => None,
+    };
     let daemon = tokio::task::spawn_blocking(move || Daemon::start(cfg))
         .await
         .map_err(|e| e.to_string())??;
@@ -66,10 +76,7 @@ async fn serve(cfg: ServerConfig) -> Result<(), String> {
     let unix = unix.map_err(|e| format!("cannot listen on {}: {e}", sock.display()))?;
     std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600))
         .map_err(|e| format!("cannot restrict {}: {e}", sock.display()))?;
-    let tcp = bind(daemon.cfg.api_listen, "", "daemon", "--api-listen").await?;
-    let metrics = bind(daemon.cfg.metrics_listen, " for metrics", "daemon", "metrics_listen").await?;
     daemon.portals.start()?;
-    let nbd = bind(daemon.cfg.nbd_listen, " for NBD", "server", "--nbd-listen").await?;
     let nbd_addr = nbd.as_ref().and_then(|l| l.local_addr().ok());
     let repl = {
         let d = daemon.clone();
@@ -77,7 +84,10 @@ async fn serve(cfg: ServerConfig) -> Result<(), String> {
             .await
             .map_err(|e| e.to_string())??
     };
-    let nbd_tls = nbd_tls(&daemon.cfg)?;
+    let nbd_tls = match configured_tls {
+        Some(t) => t,
+        None => nbd_tls(&daemon.cfg)?,
+    };
     if let Some(l) = nbd {
         let policy = tessera_nbd::Policy {
             tls: nbd_tls.as_ref().map(|(t, _)| t.clone()),
@@ -180,6 +190,7 @@ async fn serve(cfg: ServerConfig) -> Result<(), String> {
             let d = repairing.clone();
             let _ = tokio::task::spawn_blocking(move || {
                 d.health_events_tick();
+                d.events.tick();
                 d.auto_repair_tick();
                 d.scrub_tick();
                 d.dedup_tick();

@@ -207,7 +207,32 @@ pub fn validate_iqn(s: &str) -> Result<(), String> {
 impl Targets {
     pub fn load(file: PathBuf, meters: Arc<IoMetrics>) -> Result<Targets, String> {
         let list: TargetsFile = statefile::read_json(&file, "fix it or move it away")?;
-        let configs = list.targets.into_iter().map(|t| (t.iqn.clone(), t)).collect();
+        // Checked as the API checks what it takes, so that a file edited by hand is refused
+        // with why, rather than served in part and then saved without what was wrong in it.
+        let mut configs = BTreeMap::new();
+        for t in list.targets {
+            let bad = |why: String| {
+                format!(
+                    "{}: target '{}': {why}; fix it or move the file away",
+                    file.display(),
+                    t.iqn
+                )
+            };
+            validate_iqn(&t.iqn).map_err(bad)?;
+            if let Some(n) = t.luns.keys().find(|n| **n > MAX_LUN) {
+                return Err(bad(format!("LUN {n} is above the highest, {MAX_LUN}")));
+            }
+            for name in t.acl.iter().chain(t.initiator_chap.keys()) {
+                validate_iqn(name).map_err(bad)?;
+            }
+            for c in t.chap.iter().chain(t.initiator_chap.values()) {
+                validate_chap(c).map_err(bad)?;
+            }
+            if configs.contains_key(&t.iqn) {
+                return Err(bad("it is listed twice".into()));
+            }
+            configs.insert(t.iqn.clone(), t);
+        }
         Ok(Targets {
             file,
             configs: Mutex::new(configs),
@@ -884,6 +909,42 @@ mod tests {
         assert_eq!(targets.get(a).unwrap().luns.len(), 2, "the configuration stays");
         targets.withdraw_pool("p");
         assert!(lun(a, 0).is_none() && lun(b, 3).is_none());
+    }
+
+    /// A targets file edited by hand is checked as the API checks what it takes: a target
+    /// listed twice, a name that is not an iSCSI name, a LUN number past the highest or a CHAP
+    /// secret the API refuses stop the daemon with why, rather than being served in part and
+    /// then saved without the rest.
+    #[test]
+    fn a_targets_file_edited_by_hand_is_checked_as_the_api_checks() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("targets.json");
+        let load = |json: &str| {
+            std::fs::write(&file, json).unwrap();
+            Targets::load(file.clone(), Arc::new(IoMetrics::default())).map(|_| ())
+        };
+        let t = |iqn: &str, extra: &str| format!(r#"{{"iqn":"{iqn}"{extra}}}"#);
+        let ok = t("iqn.2026-12.io.example:a", "");
+        assert!(load(&format!(r#"{{"targets":[{ok}]}}"#)).is_ok());
+        for (bad, why) in [
+            (format!("{ok},{ok}"), "listed twice"),
+            (t("not a name", ""), "not an iSCSI name"),
+            (
+                t("iqn.2026-12.io.example:b", r#","luns":{"99999":"p/v"}"#),
+                "above the highest",
+            ),
+            (
+                t("iqn.2026-12.io.example:c", r#","acl":["bad name"]"#),
+                "not an iSCSI name",
+            ),
+            (
+                t("iqn.2026-12.io.example:d", r#","chap":{"user":"u","secret":"short"}"#),
+                "secret",
+            ),
+        ] {
+            let e = load(&format!(r#"{{"targets":[{bad}]}}"#)).unwrap_err();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
     }
 
     #[test]

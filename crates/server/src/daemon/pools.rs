@@ -314,8 +314,15 @@ impl Daemon {
         }
         let engine = Engine::open(&dir, &|p| open_disk(p))?;
         self.pools.write().insert(name.to_string(), Arc::new(engine));
-        self.unavailable.write().remove(name);
-        self.persist()?;
+        let was_unavailable = self.unavailable.write().remove(name);
+        if let Err(e) = self.persist() {
+            // Not recorded: not imported either (the engine closes with its last reference).
+            self.pools.write().remove(name);
+            if let Some(why) = was_unavailable {
+                self.unavailable.write().insert(name.to_string(), why);
+            }
+            return Err(e);
+        }
         self.changed("pool.imported", name, None, format!("pool {name} imported"));
         self.settle_replicas(name);
         let resolve = |vd: &str| {

@@ -13,7 +13,7 @@ use tracing::{info, warn};
 
 use super::{now, replication_snapshots, Incoming, KEEP_REPLICA_SNAPSHOTS};
 use crate::error::{ApiError, ApiResult};
-use crate::events::{NewEvent, Severity};
+use crate::events::{source_of, NewEvent, Severity};
 use crate::model::{IncomingReplicaView, PromotedView, ReplicaList};
 use crate::Daemon;
 
@@ -33,20 +33,6 @@ const CUT_WAIT: std::time::Duration =
 /// The handshakes under way, by the source they come from (`source_of`).
 #[derive(Default)]
 struct Handshakes(parking_lot::Mutex<HashMap<IpAddr, usize>>);
-
-/// Whom a connection from `ip` is counted against: an IPv4 address is one source, but an IPv6
-/// host is usually given a whole /64 (SLAAC, privacy addresses) and could take a new address
-/// per connection, so an IPv6 address counts as its /64. An IPv4 address written as IPv6
-/// (`::ffff:a.b.c.d`, from a dual-stack socket) is the IPv4 address.
-fn source_of(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V4(_) => ip,
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => IpAddr::V6(std::net::Ipv6Addr::from(u128::from(v6) & !((1u128 << 64) - 1))),
-        },
-    }
-}
 
 impl Handshakes {
     /// Counts one more from `ip`, unless its source has its share under way already.
@@ -166,8 +152,8 @@ fn take_cycle(d: &Arc<Daemon>, t: &Transport, s: TcpStream, place: Place, shaken
         Ok(c) => c,
         Err(e) => {
             // Someone without the key (nothing was read from them), or a handshake this side
-            // could not watch. Counted against its source (an IPv6 host's /64).
-            let source = peer.parse().map(|ip| source_of(ip).to_string()).unwrap_or_default();
+            // could not watch.
+            let from = peer.parse().unwrap_or(IpAddr::from([0, 0, 0, 0]));
             d.events.record_refusal(
                 NewEvent::new(
                     Severity::Warning,
@@ -175,7 +161,7 @@ fn take_cycle(d: &Arc<Daemon>, t: &Transport, s: TcpStream, place: Place, shaken
                     format!("replication from {peer} refused: {e}"),
                 )
                 .subject(&peer),
-                &source,
+                from,
             );
             return;
         }
@@ -396,6 +382,12 @@ impl ReplicaSite for Site {
 
     fn writing(&self, pool: &str, vdisk: &str, existed: bool) -> Result<(), String> {
         let key = format!("{pool}/{vdisk}");
+        // The key the pool's mark binds the replica to, read before the lock (a metadata read
+        // may go to the cluster): it binds a record of this daemon's that has none.
+        let marked_key = match existed {
+            true => self.d.replica_key(pool, vdisk).map_err(|e| e.message)?,
+            false => None,
+        };
         // The claim, the check and the record under the live lock, as a promotion checks the
         // claims and drops the record under it: neither can come between the other's steps.
         let mut live = self.d.replication.live.lock();
@@ -423,6 +415,9 @@ impl ReplicaSite for Site {
                 };
                 if existed {
                     let rec = s.incoming.entry(key.clone()).or_insert_with(fresh);
+                    if rec.key.is_none() {
+                        rec.key = marked_key.clone();
+                    }
                     self.own(&key, rec).map_err(ApiError::invalid)?;
                     rec.key.get_or_insert_with(|| self.key.clone());
                 } else {
@@ -900,6 +895,14 @@ impl Daemon {
         Ok(e.lun_state(&v, REPLICA_MARK)?.is_some())
     }
 
+    /// The identity of the key the pool's metadata binds the replica `pool/vdisk` to, if any.
+    pub(crate) fn replica_key(&self, pool: &str, vdisk: &str) -> ApiResult<Option<String>> {
+        let Ok(e) = self.engine(pool) else { return Ok(None) };
+        let Ok(v) = e.vdisk(vdisk) else { return Ok(None) };
+        Ok(e.lun_state(&v, REPLICA_KEY)?
+            .map(|k| String::from_utf8_lossy(&k).into_owned()))
+    }
+
     /// Marks `pool/vdisk` a replica of `source`, written with the replication key `key`
     /// (its identity), in the pool's metadata. Refused where a promotion left its record,
     /// unless `demoting` (a demotion makes a promoted vdisk a replica again, bound to the key
@@ -934,9 +937,16 @@ impl Daemon {
         }
         let key = key.map(str::as_bytes);
         if e.lun_state(&v, REPLICA_MARK)?.is_some() {
-            // Marked before keys were kept: the key is added.
-            if key.is_some() && e.lun_state(&v, REPLICA_KEY)?.as_deref() != key {
-                e.set_lun_state(&v, REPLICA_KEY, key)?;
+            match (e.lun_state(&v, REPLICA_KEY)?, key) {
+                // Bound to another source's key (through another gateway of the pool).
+                (Some(was), Some(k)) if was != k => {
+                    return Err(ApiError::invalid(format!(
+                        "'{pool}/{vdisk}' is the replica of a source with another replication key: a peer writes only the replicas made with its own"
+                    )))
+                }
+                // Marked before keys were kept: the key is added.
+                (None, Some(_)) => e.set_lun_state(&v, REPLICA_KEY, key)?,
+                _ => {}
             }
             return Ok(());
         }
