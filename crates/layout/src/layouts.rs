@@ -124,8 +124,10 @@ impl Layouts {
         let journal_dir = pool.dir().join("journal");
         // The journal holds the regions a crash may have left half written and the blocks'
         // checksums: made anew for a pool that holds data, those regions would never be made
-        // consistent and its blocks would read unverified, without a word.
-        if !registry.all().is_empty() && !journal_dir.exists() {
+        // consistent and its blocks would read unverified, without a word. Not so for a pool
+        // whose metadata several gateways share (on RADOS): each keeps a journal of its own,
+        // and one that takes the pool over starts with none.
+        if !pool.meta().shared() && !registry.all().is_empty() && !journal_dir.exists() {
             return Err(LayoutError::Journal(format!(
                 "the stripe journal {} of pool '{}' is missing: restore it; or, to open the pool without it \
                  (the blocks' checksums are then gone, and a row a crash left half written is not made \
