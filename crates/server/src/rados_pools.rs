@@ -68,17 +68,11 @@ impl Placement {
     }
 
     pub fn read(dir: &Path) -> Result<Option<Placement>, String> {
-        let p = dir.join(PLACEMENT_FILE);
-        if !p.exists() {
-            return Ok(None);
-        }
-        let text = std::fs::read(&p).map_err(|e| format!("cannot read {}: {e}", p.display()))?;
-        serde_json::from_slice(&text).map(Some).map_err(|e| {
-            format!(
-                "{} is unreadable ({e}): fix it, or import the pool again with --rados",
-                p.display()
-            )
-        })
+        // Written as every state file is (statefile), with the format it was written in.
+        crate::statefile::read_json(
+            &dir.join(PLACEMENT_FILE),
+            "fix it, or import the pool again with --rados",
+        )
     }
 
     pub fn write(&self, dir: &Path) -> Result<(), String> {

@@ -256,7 +256,8 @@ impl Targets {
         let list = TargetsFile {
             targets: configs.values().cloned().collect(),
         };
-        statefile::write_json(&self.file, &list)
+        // Format 1: per-initiator CHAP, which a daemon that does not know it would drop.
+        statefile::write_json_as(&self.file, &list, 1)
             .map_err(|e| ApiError::io(format!("cannot save {}: {e}", self.file.display())))
     }
 
