@@ -20,8 +20,8 @@ use std::collections::{HashMap, VecDeque};
 use std::io::{BufRead, Write};
 use std::net::{IpAddr, Ipv6Addr};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -62,6 +62,10 @@ pub fn source_of(ip: IpAddr) -> IpAddr {
 /// Events waiting for the hook beyond this are dropped (and counted): a hook that hangs must
 /// not hold the daemon's memory.
 const HOOK_QUEUE: usize = 1024;
+/// Events below `error` are dropped once this many wait, so that the last quarter of the
+/// queue is kept for errors and critical events, which a hook that falls behind under a burst
+/// of warnings must still be handed.
+const HOOK_QUEUE_BELOW_ERROR: usize = HOOK_QUEUE * 3 / 4;
 const WRITER_QUEUE: usize = 4096;
 /// Distinct recent events remembered for folding repeats.
 const MAX_FOLDED: usize = 4096;
@@ -284,7 +288,8 @@ pub struct EventLog {
     /// Set when the daemon stops: followers' streams end.
     closing: tokio::sync::watch::Sender<bool>,
     writer: Option<SyncSender<Event>>,
-    hook: Option<(Severity, SyncSender<Event>)>,
+    /// The least severity handed to the hook, its queue, and how many wait in it.
+    hook: Option<(Severity, SyncSender<Event>, Arc<AtomicUsize>)>,
     counts: [AtomicU64; 4],
     /// Events the writer could not keep up with or could not write.
     pub unwritten: Arc<AtomicU64>,
@@ -341,12 +346,13 @@ impl EventLog {
         });
         let hook = (hook.command.is_some() || hook.webhook.is_some()).then(|| {
             let (tx, rx) = sync_channel(HOOK_QUEUE);
-            let (cfg, failures) = (hook.clone(), hook_failures.clone());
+            let waiting: Arc<AtomicUsize> = Default::default();
+            let (cfg, failures, left) = (hook.clone(), hook_failures.clone(), waiting.clone());
             std::thread::Builder::new()
                 .name("event-hook".into())
-                .spawn(move || run_hooks(rx, cfg, &failures))
+                .spawn(move || run_hooks(rx, cfg, &failures, &left))
                 .expect("spawn the event hook thread");
-            (hook.min_severity, tx)
+            (hook.min_severity, tx, waiting)
         });
         EventLog {
             refusals: Default::default(),
@@ -494,9 +500,14 @@ impl EventLog {
         }
         drop(m);
         log(&e);
-        if let Some((min, tx)) = &self.hook {
+        if let Some((min, tx, waiting)) = &self.hook {
             if e.severity >= *min {
-                if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) = tx.try_send(e.clone()) {
+                let room = e.severity >= Severity::Error || waiting.load(Ordering::Relaxed) < HOOK_QUEUE_BELOW_ERROR;
+                // Counted before it is sent: the hook thread may take it at once.
+                waiting.fetch_add(1, Ordering::Relaxed);
+                let sent = room && tx.try_send(e.clone()).is_ok();
+                if !sent {
+                    waiting.fetch_sub(1, Ordering::Relaxed);
                     self.hook_failures.fetch_add(1, Ordering::Relaxed);
                     warn!(seq = e.seq, "event hook queue full: event not handed to the hook");
                 }
@@ -641,9 +652,10 @@ fn cut_to_newest_half(path: &Path) -> std::io::Result<(std::fs::File, u64)> {
 }
 
 /// The hook thread: runs the command and posts to the webhook for each event, in order.
-fn run_hooks(rx: Receiver<Event>, cfg: HookConfig, failures: &AtomicU64) {
+fn run_hooks(rx: Receiver<Event>, cfg: HookConfig, failures: &AtomicU64, waiting: &AtomicUsize) {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build();
     while let Ok(e) = rx.recv() {
+        waiting.fetch_sub(1, Ordering::Relaxed);
         let json = serde_json::to_vec(&e).expect("serializable");
         if let Some(cmd) = &cfg.command {
             if let Err(why) = run_command(cmd, &e, &json) {
@@ -977,6 +989,48 @@ mod tests {
         assert!(kept.len() >= 499 && kept.len() <= 501, "{}", kept.len());
         assert_eq!(kept.last().unwrap().seq, 1000);
         assert_eq!(kept[0].seq, 1001 - kept.len() as u64, "whole lines, no gap");
+    }
+
+    /// A hook that falls behind under a burst of warnings drops warnings past three quarters
+    /// of its queue, and is still handed the error that comes after them.
+    #[test]
+    fn a_hook_that_falls_behind_drops_warnings_before_errors() {
+        let d = tempfile::tempdir().unwrap();
+        let script = d.path().join("hook.sh");
+        // Held while the gate is there; every waiting run passes at once after.
+        let gate = d.path().join("gate");
+        std::fs::write(&gate, "").unwrap();
+        std::fs::write(
+            &script,
+            format!("#!/bin/sh\nwhile [ -e {} ]; do sleep 0.05; done\n", gate.display()),
+        )
+        .unwrap();
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let hook = HookConfig {
+            command: Some(script),
+            webhook: None,
+            min_severity: Severity::Info,
+        };
+        let log = EventLog::with(Vec::new(), None, &hook);
+        for i in 0..HOOK_QUEUE {
+            log.record(ev("pool.degraded", &format!("warning {i}")));
+        }
+        let dropped = log.hook_failures.load(Ordering::Relaxed);
+        assert!(
+            dropped as usize >= HOOK_QUEUE - HOOK_QUEUE_BELOW_ERROR - 1,
+            "{dropped} warnings dropped"
+        );
+        log.record(NewEvent::new(
+            Severity::Critical,
+            "disk.failed",
+            "the disk that matters",
+        ));
+        assert_eq!(
+            log.hook_failures.load(Ordering::Relaxed),
+            dropped,
+            "the critical event was dropped"
+        );
+        std::fs::remove_file(&gate).unwrap();
     }
 
     #[test]

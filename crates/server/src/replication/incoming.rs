@@ -187,7 +187,14 @@ fn take_cycle(d: &Arc<Daemon>, t: &Transport, s: TcpStream, place: Place, shaken
         cycles_dir: super::cycles_dir(&d.cfg.state_dir),
         joins: d.replication.joins.clone(),
     };
-    let out = receive(conn, &site, &opts);
+    // A bug in the receiver fails this cycle, not the listing of its streams and places
+    // below (the replica would stay "being written" and the places taken for good).
+    let out =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| receive(conn, &site, &opts))).unwrap_or_else(|_| {
+            Err(tessera_replication::ReplError::Invalid(
+                "the receiver of the cycle failed; the cycle is given up".into(),
+            ))
+        });
     let claimed = site.claimed.lock().take();
     // An extra stream handed to its cycle is read on by that cycle, which may outlive this
     // thread: it stays listed under the replica, and keeps its place at the listener, until
