@@ -258,7 +258,7 @@ impl ServerConfig {
         let default_state = if o.demo { "tessera-demo" } else { "/var/lib/tessera" };
         // A relative path in the file would depend on where the daemon happens to start (the
         // root directory, under systemd); on the command line it is the caller's.
-        if f.state_dir.as_ref().is_some_and(|p| !p.is_absolute()) {
+        if o.state_dir.is_none() && f.state_dir.as_ref().is_some_and(|p| !p.is_absolute()) {
             return Err("state_dir in the configuration file must be an absolute path".into());
         }
         let state_dir = o

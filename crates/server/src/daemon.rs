@@ -303,16 +303,18 @@ impl Daemon {
 
     /// Records the imported pools, crash-safely.
     fn write_imported(&self) -> Result<(), String> {
-        let list = ImportedList {
-            pools: self.imported_names(),
-        };
+        self.write_imported_list(self.imported_names())
+    }
+
+    pub(crate) fn write_imported_list(&self, pools: BTreeSet<String>) -> Result<(), String> {
+        let list = ImportedList { pools };
         let p = self.imported_path();
         statefile::write_json(&p, &list)
             .map_err(|e| format!("cannot record the imported pools in {}: {e}", p.display()))
     }
 
     /// The pools imported here, served or not.
-    fn imported_names(&self) -> BTreeSet<String> {
+    pub(crate) fn imported_names(&self) -> BTreeSet<String> {
         let mut names: BTreeSet<String> = self.pools.read().keys().cloned().collect();
         names.extend(self.unavailable.read().keys().cloned());
         names

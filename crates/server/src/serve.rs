@@ -44,11 +44,24 @@ pub fn run(cfg: ServerConfig) -> Result<(), String> {
 
 async fn serve(cfg: ServerConfig) -> Result<(), String> {
     let demo = cfg.demo;
-    // What the configuration names that may be wrong (an address taken, a certificate
-    // missing) is found before the daemon imports its pools and records anything.
-    let tcp = bind(cfg.api_listen, "", "daemon", "--api-listen").await?;
-    let metrics = bind(cfg.metrics_listen, " for metrics", "daemon", "metrics_listen").await?;
-    let nbd = bind(cfg.nbd_listen, " for NBD", "server", "--nbd-listen").await?;
+    // What the configuration names that may be wrong (an address another program holds, a
+    // certificate missing) is found before the daemon imports its pools and records anything.
+    // The addresses are only tried here (bound and let go), so that no client connects
+    // before the daemon answers.
+    for (addr, what, who, flag) in [
+        (cfg.api_listen, "", "daemon", "--api-listen"),
+        (cfg.metrics_listen, " for metrics", "daemon", "metrics_listen"),
+        (cfg.nbd_listen, " for NBD", "server", "--nbd-listen"),
+        (cfg.iscsi_listen, " for iSCSI", "target", "--iscsi-listen"),
+        (
+            cfg.replication_listen,
+            " for replication",
+            "daemon",
+            "replication_listen",
+        ),
+    ] {
+        drop(bind(addr, what, who, flag).await?);
+    }
     let configured_tls = match cfg.nbd_tls.is_empty() {
         false => Some(nbd_tls(&cfg)?),
         // The default key is made in the state directory, once the daemon holds it.
@@ -76,7 +89,10 @@ async fn serve(cfg: ServerConfig) -> Result<(), String> {
     let unix = unix.map_err(|e| format!("cannot listen on {}: {e}", sock.display()))?;
     std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600))
         .map_err(|e| format!("cannot restrict {}: {e}", sock.display()))?;
+    let tcp = bind(daemon.cfg.api_listen, "", "daemon", "--api-listen").await?;
+    let metrics = bind(daemon.cfg.metrics_listen, " for metrics", "daemon", "metrics_listen").await?;
     daemon.portals.start()?;
+    let nbd = bind(daemon.cfg.nbd_listen, " for NBD", "server", "--nbd-listen").await?;
     let nbd_addr = nbd.as_ref().and_then(|l| l.local_addr().ok());
     let repl = {
         let d = daemon.clone();

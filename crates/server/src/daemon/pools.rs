@@ -313,16 +313,13 @@ impl Daemon {
             )));
         }
         let engine = Engine::open(&dir, &|p| open_disk(p))?;
+        // Recorded before it is served: an import that cannot be recorded is not served
+        // (nothing, not a scrub nor a repair, has started on it), and the engine closes here.
+        let mut names = self.imported_names();
+        names.insert(name.to_string());
+        self.write_imported_list(names).map_err(ApiError::io)?;
         self.pools.write().insert(name.to_string(), Arc::new(engine));
-        let was_unavailable = self.unavailable.write().remove(name);
-        if let Err(e) = self.persist() {
-            // Not recorded: not imported either (the engine closes with its last reference).
-            self.pools.write().remove(name);
-            if let Some(why) = was_unavailable {
-                self.unavailable.write().insert(name.to_string(), why);
-            }
-            return Err(e);
-        }
+        self.unavailable.write().remove(name);
         self.changed("pool.imported", name, None, format!("pool {name} imported"));
         self.settle_replicas(name);
         let resolve = |vd: &str| {
