@@ -154,6 +154,36 @@ mod tests {
         u.note(Writer::ANY, id, &id, noted)
     }
 
+    /// A flush by `first` (whose sets are all lost if `first_finds`) that holds its turn
+    /// until a flush by `second` (which finds nothing) has taken its ticket behind it: their
+    /// answers.
+    fn one_behind_another(u: &Ids, first: Writer, first_finds: bool, second: Writer) -> (Result<()>, Result<()>) {
+        let inside = Barrier::new(2);
+        let release = Barrier::new(2);
+        let begun = u.begun.load(Ordering::SeqCst);
+        std::thread::scope(|s| {
+            let one = s.spawn(|| {
+                u.flush(
+                    first,
+                    || {
+                        inside.wait();
+                        release.wait();
+                        Ok(())
+                    },
+                    |_, _| first_finds,
+                )
+            });
+            inside.wait();
+            let two = s.spawn(|| u.flush(second, || Ok(()), |_, _| false));
+            // The second has its ticket once `begun` moves; then the first may finish.
+            while u.begun.load(Ordering::SeqCst) < begun + 2 {
+                std::thread::yield_now();
+            }
+            release.wait();
+            (one.join().unwrap(), two.join().unwrap())
+        })
+    }
+
     #[test]
     fn a_set_lost_after_its_write_fails_the_flush_once() {
         let u = Ids::default();
@@ -209,29 +239,8 @@ mod tests {
         let u = Ids::default();
         let (a, b) = (Writer::named("a"), Writer::named("b"));
         u.note(a, 1, &1, 0);
-        let inside = Barrier::new(2);
-        let release = Barrier::new(2);
-        std::thread::scope(|s| {
-            let first = s.spawn(|| {
-                u.flush(
-                    b,
-                    || {
-                        inside.wait();
-                        release.wait();
-                        Ok(())
-                    },
-                    |_, _| true,
-                )
-            });
-            inside.wait();
-            let second = s.spawn(|| u.flush(a, || Ok(()), |_, _| false));
-            while u.begun.load(Ordering::SeqCst) < 2 {
-                std::thread::yield_now();
-            }
-            release.wait();
-            assert!(first.join().unwrap().is_err());
-            assert!(second.join().unwrap().is_err());
-        });
+        let (found, told) = one_behind_another(&u, b, true, a);
+        assert!(found.is_err() && told.is_err());
         assert!(u.flush(a, || Ok(()), |_, _| false).is_ok());
     }
 
@@ -242,29 +251,9 @@ mod tests {
         let (a, b, c) = (Writer::named("a"), Writer::named("b"), Writer::named("c"));
         u.note(a, 1, &1, 0);
         assert!(u.flush(b, || Ok(()), |_, _| true).is_err(), "B finds A's loss");
-        let inside = Barrier::new(2);
-        let release = Barrier::new(2);
-        std::thread::scope(|s| {
-            let owed = s.spawn(|| {
-                u.flush(
-                    a,
-                    || {
-                        inside.wait();
-                        release.wait();
-                        Ok(())
-                    },
-                    |_, _| false,
-                )
-            });
-            inside.wait();
-            let other = s.spawn(|| u.flush(c, || Ok(()), |_, _| false));
-            while u.begun.load(Ordering::SeqCst) < 3 {
-                std::thread::yield_now();
-            }
-            release.wait();
-            assert!(owed.join().unwrap().is_err(), "A is told");
-            assert!(other.join().unwrap().is_ok(), "C lost nothing");
-        });
+        let (owed, other) = one_behind_another(&u, a, false, c);
+        assert!(owed.is_err(), "A is told");
+        assert!(other.is_ok(), "C lost nothing");
     }
 
     #[test]
@@ -304,30 +293,9 @@ mod tests {
     fn a_flush_waiting_behind_a_failing_one_fails_too() {
         let u = Ids::default();
         note(&u, 7, 0);
-        let inside = Barrier::new(2);
-        let release = Barrier::new(2);
-        std::thread::scope(|s| {
-            let first = s.spawn(|| {
-                u.flush(
-                    Writer::ANY,
-                    || {
-                        inside.wait();
-                        release.wait();
-                        Ok(())
-                    },
-                    |_, _| true,
-                )
-            });
-            inside.wait();
-            let second = s.spawn(|| u.flush(Writer::ANY, || Ok(()), |_, _| false));
-            // The second has its ticket once `begun` moves; then the first may finish.
-            while u.begun.load(Ordering::SeqCst) < 2 {
-                std::thread::yield_now();
-            }
-            release.wait();
-            assert!(first.join().unwrap().is_err());
-            assert!(matches!(second.join().unwrap(), Err(VolumeError::Lost(_))));
-        });
+        let (first, second) = one_behind_another(&u, Writer::ANY, true, Writer::ANY);
+        assert!(first.is_err());
+        assert!(matches!(second, Err(VolumeError::Lost(_))));
         // One begun after the failure was found succeeds.
         assert!(u.flush(Writer::ANY, || Ok(()), |_, _| true).is_ok());
     }
