@@ -255,3 +255,90 @@ fn a_missing_disk_gets_its_delay_and_a_pool_switched_off_waits() {
     assert!(d.fails(&["pool", "auto-repair", "nopool", "on"]).contains("nopool"));
     assert!(d.fails(&["pool", "auto-repair", "b", "maybe"]).contains("maybe"));
 }
+
+/// A disk absent at one start and back at the next is taken back as it was: the slab sets
+/// written around it meanwhile are resynced where they are, at once and by themselves (no
+/// delay to wait, no free space needed), and the rest is as current as the day it left.
+#[test]
+fn a_disk_back_is_resynced_where_it_missed_writes_with_no_command_typed() {
+    let t = tempfile::tempdir().unwrap();
+    let mut d = start(t.path(), "5m");
+    create_pool(&d, "c", &disks(&t.path().join("disks"), 3, 512 * MIB));
+    let img = t.path().join("in.img");
+    random_image(&img, VDISK, 9);
+    d.ok(&[
+        "vdisk",
+        "import",
+        "c/m",
+        img.to_str().unwrap(),
+        "--layout",
+        "mirror",
+        "--columns",
+        "1",
+    ]);
+    let iqn = "iqn.2026-12.io.tessera:back";
+    d.ok(&["target", "create", iqn, "--allow-any-initiator"]);
+    d.ok(&["target", "lun", "add", iqn, "c/m", "--lun", "0"]);
+    let victim = busiest_disk(&d, "c");
+    d.stop();
+
+    let moved = format!("{victim}.away");
+    std::fs::rename(&victim, &moved).unwrap();
+    let mut d = start(t.path(), "5m");
+    assert_eq!(d.json(&["pool", "show", "c"])["health"], "degraded");
+    // Blocks written all over the vdisk while the disk is away.
+    let mut model = std::fs::read(&img).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let s = rt
+        .block_on(Session::login(
+            &d.iscsi_portal(),
+            &LoginConfig::new("iqn.2026-12.io.example:host", Some(iqn)),
+        ))
+        .unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+    for i in 0..16u64 {
+        let at = i * (VDISK / 16) + rng.random_range(0..16) * BLOCK as u64;
+        let mut data = vec![0u8; BLOCK];
+        rng.fill(&mut data[..]);
+        let r = rt
+            .block_on(s.command(0, &rw16(true, at, BLOCK, 512), data.clone(), 0))
+            .unwrap();
+        assert_eq!(r.status, 0, "write at {at}: sense {:02x?}", r.sense);
+        model[at as usize..at as usize + BLOCK].copy_from_slice(&data);
+    }
+    drop(s);
+    drop(rt);
+    d.stop();
+
+    std::fs::rename(&moved, &victim).unwrap();
+    let d = start(t.path(), "5m");
+    let back = d.json(&["disk", "list", "c"]);
+    let back = back
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["path"] == victim.as_str())
+        .unwrap();
+    assert_eq!(back["state"], "healthy", "{back}");
+    wait_healthy(&d, "c", Duration::from_secs(120));
+    let jobs = repair_jobs(&d);
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+    assert!(
+        d.logs().contains("missed writes while their disk was away"),
+        "{}",
+        d.logs()
+    );
+    let out = t.path().join("out.img");
+    d.ok(&["vdisk", "export", "c/m", out.to_str().unwrap()]);
+    assert!(
+        std::fs::read(&out).unwrap() == model,
+        "the vdisk differs after the resync"
+    );
+    assert!(d.json(&["pool", "check", "c"])["problems"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+}

@@ -49,7 +49,12 @@ impl Layouts {
                 .map(|m| LostMember {
                     member: m as u16,
                     disk: members[m].disk,
-                    state: state_name(self.pool.disk_state(members[m].disk)).to_string(),
+                    state: match self.pool.disk_state(members[m].disk) {
+                        // Its disk is back, but it missed writes while it was away.
+                        DiskState::Healthy if self.is_missed(members[m]) => "stale",
+                        s => state_name(s),
+                    }
+                    .to_string(),
                 })
                 .collect();
             if !lost.is_empty() {

@@ -114,11 +114,7 @@ impl Layouts {
             } else {
                 Vec::new()
             };
-            let Some((disk, via)) = self
-                .pool
-                .readable_disk(slab.disk)
-                .and_then(|d| d.read_via().map(|via| (d, via)))
-            else {
+            let Some((disk, via)) = self.member_dev(slab).and_then(|d| d.read_via().map(|via| (d, via))) else {
                 out.truncate(start);
                 return false;
             };
@@ -166,7 +162,7 @@ impl Layouts {
                     slab,
                     offset,
                 };
-                match self.pool.readable_disk(slab.disk).filter(|_| whole_blocks) {
+                match self.member_dev(slab).filter(|_| whole_blocks) {
                     Some(dev) => match by_disk.iter_mut().find(|(d, _)| Arc::ptr_eq(d, &dev)) {
                         Some((_, list)) => list.push(p),
                         None => by_disk.push((dev, vec![p])),

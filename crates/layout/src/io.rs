@@ -273,6 +273,17 @@ impl Layouts {
         let spec = &set.spec;
         let il = spec.interleave;
         let end = ((region + 1) * REGION_BYTES).min(self.pool.slab_size());
+        if self.unavailable(members) > 0 {
+            // Nothing to make consistent from; the region waits for its members.
+            if self.beyond_tolerance(spec, members) {
+                return Err(self.too_many(set, members));
+            }
+            // Copies called equal without one that may be back later holding another version
+            // of what a crash tore (a parity row waits for its members: `resync_row`).
+            if spec.parity_columns() == 0 {
+                self.note_missed(set, members)?;
+            }
+        }
         let mut failed = Vec::new();
         for row in (region * REGION_BYTES) / il..end.div_ceil(il) {
             let _g = self.row_lock(set.id, row).write();
@@ -374,6 +385,14 @@ impl Layouts {
                 set: set.id,
                 detail: format!("row {row}: a data member is unreadable"),
             })?;
+        // A parity member away is not written around: the row waits for it (the region stays
+        // recorded), so that it is settled with it when it is back rather than be stale there.
+        if self.unavailable(members) > 0 {
+            return Err(LayoutError::Io {
+                set: set.id,
+                detail: format!("row {row}: a parity member is unavailable"),
+            });
+        }
         let refs: Vec<&[u8]> = data.iter().map(|d| d.as_slice()).collect();
         let parity = codec::encode(spec.parity_columns(), &refs)?;
         for (i, pm) in parity_members(spec, row).into_iter().enumerate() {
@@ -390,8 +409,12 @@ impl Layouts {
         let unavailable = self.unavailable(&members);
         // A set with every member is within its tolerance: the count, already taken, spares
         // every write the second look at its members.
-        if unavailable > 0 && self.beyond_tolerance(&set.spec, &members) {
-            return Err(self.too_many(set, &members));
+        if unavailable > 0 {
+            if self.beyond_tolerance(&set.spec, &members) {
+                return Err(self.too_many(set, &members));
+            }
+            // Should a missing member's disk come back, it must be known stale here.
+            self.note_missed(set, &members)?;
         }
         let pieces = split(&set.spec, offset, data.len());
         let epoch = self.journal.enter();

@@ -2,7 +2,7 @@
 //! stripe journal, and turns a (slab set, offset) request into member I/O.
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
@@ -13,7 +13,7 @@ use tracing::{info, warn};
 use crate::error::{LayoutError, Result};
 use crate::gather::RowGather;
 use crate::journal::{RecordBody, StripeJournal};
-use crate::slabset::{Registry, SlabSet};
+use crate::slabset::{Registry, SlabSet, SlabSetDesc};
 use crate::spec::{LayoutKind, LayoutSpec};
 use crate::sums::{block_sum, sums_of, Sums, BLOCK};
 
@@ -115,6 +115,14 @@ pub struct Layouts {
     /// When a write was last logged as refused for a full file system: hosts retry such
     /// writes, and one line every ten seconds says it.
     full_logged: Mutex<Option<std::time::Instant>>,
+    /// Every set's `missed` members (slabs that missed writes while their disk was away),
+    /// for the checks of every I/O, which know a slab but not its set.
+    missed: RwLock<HashSet<SlabRef>>,
+    /// Whether `missed` holds anything: most pools never have one, and their I/O skips the
+    /// lookup.
+    any_missed: AtomicBool,
+    /// Held while a set's `missed` record is saved, so that two writers save in turn.
+    marking: Mutex<()>,
 }
 
 impl Layouts {
@@ -139,6 +147,10 @@ impl Layouts {
         let (journal, replay) = StripeJournal::open(&journal_dir, pool.checksums())?;
         let live: HashSet<SlabRef> = registry.all().iter().flat_map(|s| s.members.read().clone()).collect();
         journal.sums.keep_only(&live)?;
+        let missed: HashSet<SlabRef> = registry.all().iter().flat_map(|s| s.missed.lock().clone()).collect();
+        if !missed.is_empty() {
+            info!(pool = %pool.name(), slabs = missed.len(), "slabs that missed writes while their disk was away are read around until a repair resyncs them");
+        }
         let layouts = Layouts {
             pool,
             registry,
@@ -148,6 +160,9 @@ impl Layouts {
             stats: IoStats::default(),
             disk_errors: Mutex::new(BTreeMap::new()),
             full_logged: Mutex::new(None),
+            any_missed: AtomicBool::new(!missed.is_empty()),
+            missed: RwLock::new(missed),
+            marking: Mutex::new(()),
         };
         if !replay.is_empty() {
             info!(records = replay.len(), "replaying the stripe journal");
@@ -171,7 +186,19 @@ impl Layouts {
             return true;
         };
         let members = set.members.read();
+        // Kept until the members are back (`retry_pinned`): replayed now, the record would
+        // reach too few of them to be read back, and those away would be stale for good.
+        if self.unavailable(&members) > 0 && self.beyond_tolerance(&set.spec, &members) {
+            return false;
+        }
         match &rec.body {
+            RecordBody::Update { .. } if self.note_missed(&set, &members).is_err() => {
+                warn!(
+                    set = rec.set,
+                    "cannot record the members a replayed update goes around; the record stays"
+                );
+                false
+            }
             RecordBody::Update { offset, writes } => {
                 // A member that cannot take its bytes is failed by the write: the set is
                 // read around it from then on, and the other members hold the update.
@@ -234,10 +261,13 @@ impl Layouts {
     /// slabs' checksums are forgotten before another set can take them.
     pub fn free_set(&self, id: u32) -> Result<()> {
         self.journal.checkpoint(|| self.flush_members(), true)?;
-        for slab in self.registry.get(id)?.members.read().iter() {
+        let set = self.registry.get(id)?;
+        for slab in set.members.read().iter() {
             self.sums().forget_slab(*slab)?;
         }
-        self.registry.remove(&self.pool, id)
+        self.registry.remove(&self.pool, id)?;
+        self.forget_missed(&set.missed.lock());
+        Ok(())
     }
 
     /// Gives a slab back to the pool, its checksums forgotten first.
@@ -248,6 +278,70 @@ impl Layouts {
             return;
         }
         self.pool.release_slab(slab);
+    }
+
+    /// The disk of a set's member if the member may be read and written: its disk readable,
+    /// and the member not one that missed writes while its disk was away.
+    pub(crate) fn member_dev(&self, slab: SlabRef) -> Option<DiskRef> {
+        if self.any_missed.load(Ordering::Acquire) && self.missed.read().contains(&slab) {
+            return None;
+        }
+        self.pool.readable_disk(slab.disk)
+    }
+
+    /// Whether `slab` missed writes while its disk was away and is not resynced yet.
+    pub(crate) fn is_missed(&self, slab: SlabRef) -> bool {
+        self.any_missed.load(Ordering::Acquire) && self.missed.read().contains(&slab)
+    }
+
+    /// Records durably, before a write that goes around them reaches any disk, the members
+    /// of `set` whose disk is missing: such a disk may be back at the next import, and then
+    /// only the members recorded here are stale (the pool takes it back, `returns_as`). The
+    /// caller holds `members` (the set's, shared) for the whole write. Nothing to do, and
+    /// no lock taken, when no member's disk is missing.
+    pub(crate) fn note_missed(&self, set: &SlabSet, members: &[SlabRef]) -> Result<()> {
+        let away = |s: &SlabRef| self.pool.disk_state(s.disk) == DiskState::Missing;
+        if !members.iter().any(away) {
+            return Ok(());
+        }
+        let _turn = self.marking.lock();
+        let mut missed = set.missed.lock();
+        let new: Vec<SlabRef> = members
+            .iter()
+            .filter(|s| away(s) && !missed.contains(s))
+            .copied()
+            .collect();
+        if new.is_empty() {
+            return Ok(());
+        }
+        let mut all = missed.clone();
+        all.extend(&new);
+        Registry::persist(
+            &self.pool,
+            &SlabSetDesc {
+                id: set.id,
+                spec: set.spec,
+                members: members.to_vec(),
+                missed: all.clone(),
+            },
+        )?;
+        *missed = all;
+        self.missed.write().extend(new);
+        self.any_missed.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// Forgets slabs that are no longer missed members (resynced, moved away, or freed with
+    /// their set); their descriptors are saved without them already.
+    pub(crate) fn forget_missed(&self, slabs: &[SlabRef]) {
+        if slabs.is_empty() {
+            return;
+        }
+        let mut missed = self.missed.write();
+        for s in slabs {
+            missed.remove(s);
+        }
+        self.any_missed.store(!missed.is_empty(), Ordering::Release);
     }
 
     pub(crate) fn sums(&self) -> &Sums {
@@ -379,7 +473,7 @@ impl Layouts {
     /// whole. Never below the count: a column with no copy has lost more members than the
     /// layout's tolerance.
     pub(crate) fn beyond_tolerance(&self, spec: &LayoutSpec, members: &[SlabRef]) -> bool {
-        let gone = |m: usize| self.pool.readable_disk(members[m].disk).is_none();
+        let gone = |m: usize| self.member_dev(members[m]).is_none();
         match spec.kind {
             LayoutKind::Mirror => {
                 (0..spec.columns as usize).any(|d| crate::geometry::data_members(spec, 0, d).into_iter().all(gone))
@@ -404,16 +498,14 @@ impl Layouts {
     }
 
     pub(crate) fn unavailable(&self, members: &[SlabRef]) -> usize {
-        members
-            .iter()
-            .filter(|s| self.pool.readable_disk(s.disk).is_none())
-            .count()
+        members.iter().filter(|s| self.member_dev(**s).is_none()).count()
     }
 
-    /// Members that a repair must move: on failed, missing or retired disks.
+    /// Members that a repair must move (on failed, missing or retired disks) or resync where
+    /// they are (missed writes while their disk was away).
     pub(crate) fn needs_move(&self, members: &[SlabRef]) -> Vec<usize> {
         (0..members.len())
-            .filter(|&m| self.pool.disk_state(members[m].disk) != DiskState::Healthy)
+            .filter(|&m| self.pool.disk_state(members[m].disk) != DiskState::Healthy || self.is_missed(members[m]))
             .collect()
     }
 
@@ -477,7 +569,7 @@ impl Layouts {
             .iter()
             .enumerate()
             .filter(|(_, (_, mo, buf))| !sums || (mo % BLOCK == 0 && (buf.len() as u64).is_multiple_of(BLOCK)))
-            .filter_map(|(i, (slab, _, _))| Some((i, self.pool.readable_disk(slab.disk)?)))
+            .filter_map(|(i, (slab, _, _))| Some((i, self.member_dev(*slab)?)))
             .collect();
         if spread.len() < 2 {
             return ok;
@@ -508,7 +600,7 @@ impl Layouts {
 
     /// Reads member bytes as the disk returns them.
     pub(crate) fn member_read_raw(&self, slab: SlabRef, mo: u64, buf: &mut [u8]) -> Result<(), MemberFault> {
-        let dev = self.pool.readable_disk(slab.disk).ok_or(MemberFault::Unavailable)?;
+        let dev = self.member_dev(slab).ok_or(MemberFault::Unavailable)?;
         dev.read_at(buf, self.pool.slab_offset(slab) + mo).map_err(|e| {
             self.read_error(slab.disk, &e);
             if e.is_unavailable() {
@@ -557,6 +649,13 @@ impl Layouts {
         self.member_write_summed(slab, mo, buf, None)
     }
 
+    /// Writes the slab a repair fills: written even while it is a member that missed writes
+    /// (resynced where it is), which no other write reaches.
+    pub(crate) fn replacement_write(&self, slab: SlabRef, mo: u64, buf: &[u8]) -> Result<(), MemberFault> {
+        let dev = self.pool.readable_disk(slab.disk).ok_or(MemberFault::Unavailable)?;
+        self.slab_write(dev, slab, mo, buf, None)
+    }
+
     /// The checksums a write of whole blocks will record, computed once for every copy it
     /// goes to; None when the pool keeps none or the write covers part of a block.
     pub(crate) fn sums_for(&self, mo: u64, buf: &[u8]) -> Option<Vec<Option<u32>>> {
@@ -572,7 +671,18 @@ impl Layouts {
         buf: &[u8],
         known: Option<&[Option<u32>]>,
     ) -> Result<(), MemberFault> {
-        let dev = self.pool.readable_disk(slab.disk).ok_or(MemberFault::Unavailable)?;
+        let dev = self.member_dev(slab).ok_or(MemberFault::Unavailable)?;
+        self.slab_write(dev, slab, mo, buf, known)
+    }
+
+    fn slab_write(
+        &self,
+        dev: DiskRef,
+        slab: SlabRef,
+        mo: u64,
+        buf: &[u8],
+        known: Option<&[Option<u32>]>,
+    ) -> Result<(), MemberFault> {
         // A repair that finds the file system full fails; the disk it writes to is not at fault.
         self.reserve_one(&dev, slab, mo, buf.len())
             .map_err(|e| MemberFault::Io(e.to_string()))?;
@@ -694,10 +804,15 @@ impl Layouts {
         let repl = *set.replacement.read();
         // Every slab each write goes to: (index in `writes`, slab, its disk, its checksums).
         let mut targets = Vec::with_capacity(writes.len() + 1);
+        let mut around = false;
         for (i, w) in writes.iter().enumerate() {
             let extra = repl.filter(|(idx, _)| *idx == w.m).map(|(_, slab)| slab);
-            for slab in std::iter::once(members[w.m]).chain(extra) {
-                let Some(dev) = self.pool.readable_disk(slab.disk) else {
+            // The member as a member; the slab a repair fills whatever it is (it may be the
+            // member itself, resynced where it is).
+            let member = std::iter::once((members[w.m], self.member_dev(members[w.m])));
+            for (slab, dev) in member.chain(extra.map(|s| (s, self.pool.readable_disk(s.disk)))) {
+                let Some(dev) = dev else {
+                    around |= slab == members[w.m];
                     continue;
                 };
                 // Before anything is read or written for the write.
@@ -709,6 +824,10 @@ impl Layouts {
                 };
                 targets.push((i, slab, dev, sums));
             }
+        }
+        if around {
+            // Before any disk has a byte of it.
+            self.note_missed(set, members)?;
         }
         let reqs: Vec<tessera_disk::WriteReq> = targets
             .iter()

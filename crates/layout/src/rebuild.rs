@@ -61,6 +61,38 @@ impl Layouts {
         (ids, bytes)
     }
 
+    /// What a repair needs of the pool's free space: the members it moves to new slabs (a
+    /// member that missed writes while its disk was away is resynced where it is, once the
+    /// disk is back, and needs none).
+    pub fn repair_space_needed(&self) -> u64 {
+        let mut slabs = 0;
+        for set in self.registry.all() {
+            let members = set.members.read();
+            slabs += self
+                .needs_move(&members)
+                .into_iter()
+                .filter(|&m| self.pool.disk_state(members[m].disk) != tessera_pool::DiskState::Healthy)
+                .count() as u64;
+        }
+        slabs * self.pool.slab_size()
+    }
+
+    /// How many members missed writes while their disk was away and, their disk back, wait
+    /// for a repair to resync them.
+    pub fn stale_members(&self) -> usize {
+        self.registry
+            .all()
+            .iter()
+            .map(|set| {
+                let members = set.members.read();
+                members
+                    .iter()
+                    .filter(|s| self.is_missed(**s) && self.pool.disk_state(s.disk) == tessera_pool::DiskState::Healthy)
+                    .count()
+            })
+            .sum()
+    }
+
     pub fn rebuild(&self, opts: &RebuildOptions, progress: &Progress) -> Result<RebuildReport> {
         let (ids, _) = self.repair_needed();
         self.rebuild_only(ids, opts, progress)
@@ -120,20 +152,33 @@ impl Layouts {
         Ok(report)
     }
 
-    /// Moves every member of `set` that sits on a disk that is not healthy. Returns how many.
+    /// Moves every member of `set` that sits on a disk that is not healthy, and resyncs where
+    /// it is every member that missed writes while its disk was away. Returns how many.
     fn rebuild_set(&self, set: &SlabSet, opts: &RebuildOptions, progress: &Progress, start: Instant) -> Result<usize> {
         let slab_size = self.pool.slab_size();
         let chunk = set.spec.interleave.min(1 << 20);
         let mut moved = 0;
         loop {
-            let (m, exclude) = {
+            let (m, old, exclude) = {
                 let members = set.members.read();
                 let Some(&m) = self.needs_move(&members).first() else {
                     return Ok(moved);
                 };
-                (m, members.iter().map(|s| s.disk).collect::<Vec<u32>>())
+                (m, members[m], members.iter().map(|s| s.disk).collect::<Vec<u32>>())
             };
-            let new = self.pool.allocate_replacement(&exclude)?;
+            // A member on a healthy disk needs no new place: it is written over where it is
+            // (as md resyncs a member its write-intent bitmap names), needing no free slab.
+            let in_place = self.pool.disk_state(old.disk) == tessera_pool::DiskState::Healthy;
+            let new = if in_place {
+                old
+            } else {
+                self.pool.allocate_replacement(&exclude)?
+            };
+            let give_back = |slab| {
+                if !in_place {
+                    self.release_slab(slab)
+                }
+            };
             *set.replacement.write() = Some((m, new));
             // Writes planned before this (a connection's own, in flight with the members held
             // shared: write_plan.rs) saw no replacement and write the old slab alone: the
@@ -150,7 +195,7 @@ impl Layouts {
                     let row = mo / set.spec.interleave;
                     let _g = self.row_lock(set.id, row).write();
                     let content = self.member_content(set, &members, m, mo, chunk as usize)?;
-                    self.member_write(new, mo, &content).map_err(|_| LayoutError::Io {
+                    self.replacement_write(new, mo, &content).map_err(|_| LayoutError::Io {
                         set: set.id,
                         detail: format!("the replacement slab on disk {} failed", new.disk),
                     })?;
@@ -181,33 +226,38 @@ impl Layouts {
             })();
             if let Err(e) = copied {
                 *set.replacement.write() = None;
-                self.release_slab(new);
+                give_back(new);
                 return Err(e);
             }
-            let old = {
+            {
                 let mut members = set.members.write();
-                let old = members[m];
+                debug_assert_eq!(members[m], old, "only a repair changes a set's members");
                 members[m] = new;
+                let mut missed = set.missed.lock();
+                let kept: Vec<_> = missed.iter().copied().filter(|s| *s != old).collect();
                 let desc = crate::slabset::SlabSetDesc {
                     id: set.id,
                     spec: set.spec,
                     members: members.clone(),
+                    missed: kept.clone(),
                 };
                 if let Err(e) = Registry::persist(&self.pool, &desc) {
                     members[m] = old;
                     *set.replacement.write() = None;
-                    self.release_slab(new);
+                    give_back(new);
                     return Err(e);
                 }
+                *missed = kept;
+                drop(missed);
+                self.forget_missed(&[old]);
                 *set.replacement.write() = None;
                 // Update records written while the set was degraded must not outlive it:
                 // writes to the repaired set are covered by Dirty records only, and replaying
                 // an older Update over them would bring old data back. No I/O of this set is
                 // in flight (the member lock is held), so a checkpoint retires them all.
                 self.journal.checkpoint(|| self.flush_members(), true)?;
-                old
-            };
-            self.release_slab(old);
+            }
+            give_back(old);
             moved += 1;
         }
     }

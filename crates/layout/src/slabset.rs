@@ -17,6 +17,11 @@ pub struct SlabSetDesc {
     pub id: u32,
     pub spec: LayoutSpec,
     pub members: Vec<SlabRef>,
+    /// Members a write went around while their disk was missing: stale should that disk come
+    /// back, neither read nor written until a repair resyncs them. Recorded before the first
+    /// such write reaches any disk.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub missed: Vec<SlabRef>,
 }
 
 pub struct SlabSet {
@@ -29,6 +34,9 @@ pub struct SlabSet {
     pub(crate) members: Arc<RwLock<Vec<SlabRef>>>,
     /// The member being rebuilt and the slab it is rebuilt onto: writes go to both.
     pub(crate) replacement: RwLock<Option<(usize, SlabRef)>>,
+    /// What the descriptor's `missed` holds (see [`SlabSetDesc::missed`]); changed with the
+    /// descriptor saved first.
+    pub(crate) missed: parking_lot::Mutex<Vec<SlabRef>>,
 }
 
 /// A set's members held shared, owned, for as long as reads planned against them are in
@@ -47,6 +55,7 @@ impl SlabSet {
             id: self.id,
             spec: self.spec,
             members: self.members.read().clone(),
+            missed: self.missed.lock().clone(),
         }
     }
 }
@@ -77,6 +86,7 @@ impl Registry {
                 }
             }
             max_id = max_id.max(d.id);
+            let missed = d.missed.into_iter().filter(|s| d.members.contains(s)).collect();
             sets.insert(
                 d.id,
                 Arc::new(SlabSet {
@@ -84,6 +94,7 @@ impl Registry {
                     spec: d.spec,
                     members: Arc::new(RwLock::new(d.members)),
                     replacement: RwLock::new(None),
+                    missed: parking_lot::Mutex::new(missed),
                 }),
             );
             Ok(())
@@ -124,6 +135,7 @@ impl Registry {
             id,
             spec,
             members: members.clone(),
+            missed: Vec::new(),
         };
         if let Err(e) = Self::persist(pool, &desc) {
             for s in members {
@@ -136,6 +148,7 @@ impl Registry {
             spec,
             members: Arc::new(RwLock::new(members)),
             replacement: RwLock::new(None),
+            missed: parking_lot::Mutex::new(Vec::new()),
         });
         self.sets.write().insert(id, set.clone());
         Ok(set)

@@ -58,7 +58,7 @@ impl Layouts {
             let m = data_members(spec, piece.row, piece.data_col);
             let slab = members[m[0]];
             let mo = piece.member_offset(spec);
-            let planned = self.pool.readable_disk(slab.disk).and_then(|disk| {
+            let planned = self.member_dev(slab).and_then(|disk| {
                 let writer = disk.write_via()?;
                 // Space first, as a synchronous write reserves it.
                 self.reserve_one(&disk, slab, mo, piece.len).ok()?;

@@ -76,6 +76,12 @@ pub struct DiskInfo {
     pub state: DiskState,
     #[serde(default)]
     pub usage: DiskUsage,
+    /// For a missing data disk, the state it takes again when it is back. Set only by a
+    /// daemon that records every slab set a write goes around while the disk is away (the
+    /// layout's `missed` members): a disk without it (recorded missing by an older daemon,
+    /// whose writes kept no such record) is failed when it is back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub returns_as: Option<DiskState>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

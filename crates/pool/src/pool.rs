@@ -206,6 +206,7 @@ impl Pool {
                 slabs: slabs_on(d.size(), slab_size),
                 state: DiskState::Healthy,
                 usage: DiskUsage::Data,
+                returns_as: None,
             };
             let label = label_for(&config, &info, false);
             if let Err(e) = write_new_label(d.as_ref(), &label) {
@@ -292,19 +293,34 @@ impl Pool {
                 Ok(dev)
             });
             match opened {
-                Ok(dev) if info.state == DiskState::Missing => {
-                    // It missed every write made while it was away: its data is stale, and
-                    // only a repair (rebuilding its slabs elsewhere) makes the pool whole.
-                    warn!(disk = %info.path, "disk is back, but it was missing while the pool ran; treating it as failed");
-                    info.state = DiskState::Failed;
-                    member.problem = Some("was missing while the pool ran: its data is stale; run a repair".into());
-                    drop(dev);
-                }
+                Ok(dev) if info.state == DiskState::Missing => match info.returns_as.take() {
+                    // Every slab set a write went around while it was away says so (the
+                    // layout's `missed` members): those of its slabs are stale until a repair
+                    // resyncs them, and the rest are as current as the day it left.
+                    Some(state) if info.usage == DiskUsage::Data => {
+                        info!(disk = %info.path, "disk is back; the slabs that missed writes while it was away are resynced by a repair");
+                        info.state = state;
+                        member.dev = Some(MeteredDisk::wrap(dev));
+                    }
+                    // Missing since before writes around it were recorded, or a write-back
+                    // cache disk (whose log the pool went on without): it may have missed
+                    // anything, and only a repair makes the pool whole.
+                    _ => {
+                        warn!(disk = %info.path, "disk is back, but what it missed while it was away is not known; treating it as failed");
+                        info.state = DiskState::Failed;
+                        member.problem =
+                            Some("was missing while the pool ran: its data may be stale; run a repair".into());
+                        drop(dev);
+                    }
+                },
                 Ok(dev) => member.dev = Some(MeteredDisk::wrap(dev)),
                 Err(e) => {
                     warn!(disk = %info.path, error = %e, "pool member refused or missing");
                     member.problem = Some(e.to_string());
-                    if matches!(info.state, DiskState::Healthy | DiskState::Spare) {
+                    // A retired disk is still written until a repair empties it: missing, it
+                    // is written around as any other, and stale where it was when it is back.
+                    if matches!(info.state, DiskState::Healthy | DiskState::Spare | DiskState::Retired) {
+                        info.returns_as = Some(info.state);
                         info.state = DiskState::Missing;
                     }
                 }
@@ -516,6 +532,7 @@ impl Pool {
             slabs,
             state,
             usage,
+            returns_as: None,
         };
         write_new_label(dev.as_ref(), &label_for(&inner.config, &info, false))?;
         inner.config.disks.push(info.clone());

@@ -186,7 +186,8 @@ impl Daemon {
             }
             w.job = None;
         }
-        let (_, needed) = e.layouts().repair_needed();
+        let (_, work) = e.layouts().repair_needed();
+        let needed = e.layouts().repair_space_needed();
         let disks = e.pool().disks();
         let out: Vec<_> = disks
             .iter()
@@ -194,7 +195,7 @@ impl Daemon {
             .collect();
         w.out_since
             .retain(|id, _| out.iter().any(|d| d.info.id.to_string() == *id));
-        if needed == 0 {
+        if work == 0 {
             w.out_since.clear();
             w.status = None;
             return;
@@ -230,6 +231,14 @@ impl Daemon {
                     }
                 }
                 DiskState::Healthy | DiskState::Spare => {}
+            }
+        }
+        if reason.is_none() {
+            // A disk that is back has members that missed writes while it was away: they are
+            // read around until resynced, which needs no free space and waits for nothing.
+            let stale = e.layouts().stale_members();
+            if stale > 0 {
+                reason = Some(format!("{stale} slab(s) missed writes while their disk was away"));
             }
         }
         let Some(reason) = reason else {

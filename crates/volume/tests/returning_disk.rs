@@ -1,0 +1,265 @@
+//! A disk absent when the pool is imported, and back at a later import: current wherever no
+//! write went around it, stale (read around, then resynced where it is) in the slab sets a
+//! write did go around it, and failed when what it missed is not known.
+
+mod common;
+
+use common::{pattern, spec, Rig, MIB};
+use tessera_pool::{MetaBatch, MetaStore, CF_POOL};
+use tessera_volume::{DiskState, LayoutKind, Progress, Provisioning, RebuildOptions};
+
+const SIZE: u64 = 4 * MIB;
+
+fn read_all(rig: &Rig) -> Vec<u8> {
+    let mut b = vec![0u8; SIZE as usize];
+    rig.engine().vdisk("v").unwrap().read(0, &mut b).unwrap();
+    b
+}
+
+fn repair(rig: &Rig) -> usize {
+    let r = rig
+        .engine()
+        .repair(
+            &RebuildOptions {
+                parallel: 2,
+                rate_limit: None,
+            },
+            &Progress::default(),
+        )
+        .unwrap();
+    assert!(r.failures.is_empty(), "{:?}", r.failures);
+    assert!(rig.engine().layouts().repair_needed().0.is_empty());
+    r.slabs_rebuilt
+}
+
+/// A two-disk mirror of four slab sets, written whole: every set has a member on each disk.
+fn mirrored_pair() -> (Rig, Vec<u8>) {
+    let rig = Rig::new(2, 32 * MIB, MIB);
+    let data = pattern(1, 0, SIZE as usize);
+    rig.engine()
+        .create_vdisk(&spec("v", SIZE, LayoutKind::Mirror, Provisioning::Thin))
+        .unwrap()
+        .write(0, &data, true)
+        .unwrap();
+    assert!(rig.engine().layouts().sets().len() >= 4);
+    (rig, data)
+}
+
+/// Stops the pool cleanly (nothing left to resync), as a daemon stopped for maintenance.
+fn stop(rig: &mut Rig) {
+    rig.engine.take().unwrap().export().unwrap();
+}
+
+fn state(rig: &Rig, disk: usize) -> DiskState {
+    rig.engine().pool().disks()[disk].info.state
+}
+
+#[test]
+fn a_disk_back_that_missed_no_write_is_current() {
+    let (mut rig, data) = mirrored_pair();
+    stop(&mut rig);
+    let away = rig.disks.remove(1);
+    rig.reopen();
+    assert_eq!(state(&rig, 1), DiskState::Missing);
+    assert_eq!(read_all(&rig), data, "read without it");
+    stop(&mut rig);
+    rig.disks.insert(1, away);
+    rig.reopen();
+    assert_eq!(state(&rig, 1), DiskState::Healthy, "nothing went around it");
+    assert!(rig.engine().layouts().repair_needed().0.is_empty());
+    // It holds the data: the other disk failed, everything reads from it alone.
+    rig.engine().fail_disk("mem0").unwrap();
+    assert_eq!(read_all(&rig), data);
+}
+
+#[test]
+fn a_disk_back_is_stale_only_in_the_slab_sets_written_around_it_and_resynced_where_it_is() {
+    let (mut rig, mut data) = mirrored_pair();
+    let sets = rig.engine().layouts().sets().len();
+    stop(&mut rig);
+    let away = rig.disks.remove(1);
+    rig.reopen();
+    // One block written while the disk is away: one set goes around it.
+    let new = pattern(2, 0, 4096);
+    rig.engine().vdisk("v").unwrap().write(0, &new, true).unwrap();
+    data[..4096].copy_from_slice(&new);
+    // Closed as a crash would: the record of it must be durable already.
+    rig.engine = None;
+    rig.disks.insert(1, away);
+    rig.reopen();
+    assert_eq!(state(&rig, 1), DiskState::Healthy);
+    let layouts = rig.engine().layouts();
+    assert_eq!(
+        layouts.stale_members(),
+        1,
+        "one set of {sets} was written around the disk"
+    );
+    assert_eq!(layouts.repair_needed().0.len(), 1);
+    assert_eq!(layouts.repair_space_needed(), 0, "resynced where it is");
+    let stale: Vec<_> = layouts
+        .audit()
+        .unwrap()
+        .into_iter()
+        .filter(|f| format!("{f:?}").contains("\"stale\""))
+        .collect();
+    assert_eq!(stale.len(), 1, "{stale:?}");
+    // Read around the stale member meanwhile.
+    for _ in 0..8 {
+        assert_eq!(read_all(&rig), data);
+    }
+    let free = rig.engine().pool().capacity().free_bytes;
+    assert_eq!(repair(&rig), 1);
+    assert_eq!(rig.engine().pool().capacity().free_bytes, free, "no new slab taken");
+    assert_eq!(rig.engine().layouts().stale_members(), 0);
+    // The resynced disk alone holds the data, the block written while it was away included.
+    rig.engine().fail_disk("mem0").unwrap();
+    assert_eq!(read_all(&rig), data);
+    rig.reopen();
+    assert_eq!(read_all(&rig), data, "the resync outlives a restart");
+    rig.assert_consistent();
+}
+
+/// A write is refused by a set that lost more members than it tolerates: when those come
+/// back, the set is whole again (before, each was failed and the set's data lost).
+#[test]
+fn disks_back_make_whole_again_the_sets_they_were_beyond_tolerance_of() {
+    let mut rig = Rig::new(3, 32 * MIB, MIB);
+    let size = 8 * MIB;
+    let old = pattern(3, 0, size as usize);
+    rig.engine()
+        .create_vdisk(&spec("v", size, LayoutKind::Mirror, Provisioning::Thin))
+        .unwrap()
+        .write(0, &old, true)
+        .unwrap();
+    rig.engine = None;
+    let away: Vec<_> = rig.disks.drain(..2).collect();
+    rig.reopen();
+    let chunk = 256 * 1024;
+    let new = pattern(4, 0, size as usize);
+    let mut want = old.clone();
+    let (mut written, mut refused) = (0, 0);
+    for at in (0..size as usize).step_by(chunk) {
+        let v = rig.engine().vdisk("v").unwrap();
+        match v.write(at as u64, &new[at..at + chunk], true) {
+            Ok(()) => {
+                want[at..at + chunk].copy_from_slice(&new[at..at + chunk]);
+                written += 1;
+            }
+            Err(_) => refused += 1,
+        }
+    }
+    assert!(
+        written > 0 && refused > 0,
+        "placement gave no set on both absent disks ({written} written, {refused} refused)"
+    );
+    rig.engine = None;
+    for (i, d) in away.into_iter().enumerate() {
+        rig.disks.insert(i, d);
+    }
+    rig.reopen();
+    assert_eq!(
+        (state(&rig, 0), state(&rig, 1)),
+        (DiskState::Healthy, DiskState::Healthy)
+    );
+    let mut b = vec![0u8; size as usize];
+    rig.engine().vdisk("v").unwrap().read(0, &mut b).unwrap();
+    assert!(b == want, "every block reads as last written");
+    repair(&rig);
+    // Disks 0 and 1 alone hold everything, as last written.
+    rig.engine().fail_disk("mem2").unwrap();
+    rig.engine().vdisk("v").unwrap().read(0, &mut b).unwrap();
+    assert!(b == want, "the disks that came back hold every block as last written");
+    rig.assert_consistent();
+}
+
+/// A retired disk is still written until a repair empties it: missing at a start, then back,
+/// it is stale where a write went around it (before, it was taken back as it was and read).
+#[test]
+fn a_retired_disk_back_is_stale_where_a_write_went_around_it() {
+    let (mut rig, mut data) = mirrored_pair();
+    rig.engine().retire_disk("mem1").unwrap();
+    stop(&mut rig);
+    let away = rig.disks.remove(1);
+    rig.reopen();
+    assert_eq!(state(&rig, 1), DiskState::Missing);
+    let new = pattern(5, 0, 4096);
+    rig.engine().vdisk("v").unwrap().write(0, &new, true).unwrap();
+    data[..4096].copy_from_slice(&new);
+    stop(&mut rig);
+    rig.disks.insert(1, away);
+    rig.reopen();
+    assert_eq!(state(&rig, 1), DiskState::Retired);
+    assert_eq!(
+        rig.engine().layouts().stale_members(),
+        0,
+        "a retired disk's members move"
+    );
+    // The stale member is not read: with the other disk failed, the set written around it
+    // has no copy to read, and the others read from the retired disk.
+    rig.engine().fail_disk("mem0").unwrap();
+    let mut b = vec![0u8; 4096];
+    assert!(
+        rig.engine().vdisk("v").unwrap().read(0, &mut b).is_err(),
+        "read from a member that missed the write (the data before it: {})",
+        b == pattern(1, 0, 4096)
+    );
+    let mut rest = vec![0u8; (SIZE - MIB) as usize];
+    let v = rig.engine().vdisk("v").unwrap();
+    let whole: Vec<u64> = (0..SIZE / MIB)
+        .filter(|i| v.read(i * MIB, &mut rest[..MIB as usize]).is_ok())
+        .collect();
+    assert_eq!(
+        whole.len() as u64,
+        SIZE / MIB - 1,
+        "only the set written around it is unreadable"
+    );
+    for i in whole {
+        v.read(i * MIB, &mut rest[..MIB as usize]).unwrap();
+        assert!(rest[..MIB as usize] == data[(i * MIB) as usize..((i + 1) * MIB) as usize]);
+    }
+}
+
+/// A disk recorded missing by a daemon that did not record the sets written around it: what
+/// it missed is not known, and it is failed when it is back, as before.
+#[test]
+fn a_disk_missing_since_before_such_records_is_failed_when_back() {
+    let (mut rig, data) = mirrored_pair();
+    rig.engine = None;
+    let away = rig.disks.remove(1);
+    rig.reopen();
+    rig.engine = None;
+    // The pool's configuration as that daemon saved it: the disk missing, nothing more.
+    let meta_dir = rig.dir.path().join("pool").join("meta");
+    {
+        let meta = MetaStore::open(&meta_dir).unwrap();
+        let mut config: serde_json::Value =
+            serde_json::from_slice(&meta.get(CF_POOL, b"config").unwrap().unwrap()).unwrap();
+        let disk = &mut config["disks"][1];
+        assert_eq!(disk["state"], "missing");
+        assert_eq!(disk["returns_as"], "healthy");
+        disk.as_object_mut().unwrap().remove("returns_as");
+        let mut b = MetaBatch::new();
+        b.put(CF_POOL, b"config", serde_json::to_vec(&config).unwrap());
+        meta.commit(b, true).unwrap();
+    }
+    rig.disks.insert(1, away);
+    rig.reopen();
+    assert_eq!(state(&rig, 1), DiskState::Failed);
+    assert_eq!(read_all(&rig), data);
+}
+
+/// A write-back cache disk back after a start without it is failed: the log went on without
+/// it, and its records are not the log's any more.
+#[test]
+fn a_cache_disk_back_is_failed() {
+    let mut rig = Rig::with_cache(2, 32 * MIB, MIB, 2);
+    let cache = rig.disks.len() - 1;
+    rig.engine = None;
+    let away = rig.disks.remove(cache);
+    rig.reopen();
+    assert_eq!(state(&rig, cache), DiskState::Missing);
+    rig.engine = None;
+    rig.disks.push(away);
+    rig.reopen();
+    assert_eq!(state(&rig, cache), DiskState::Failed);
+}
