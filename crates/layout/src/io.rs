@@ -385,12 +385,13 @@ impl Layouts {
                 set: set.id,
                 detail: format!("row {row}: a data member is unreadable"),
             })?;
-        // A parity member away is not written around: the row waits for it (the region stays
-        // recorded), so that it is settled with it when it is back rather than be stale there.
-        if self.unavailable(members) > 0 {
+        // A parity member whose disk is away is not written around: the row waits for it (the
+        // region stays recorded), and is settled with it when it is back rather than leave it
+        // stale. One on a failed disk, or stale already, is written around as ever.
+        if members.iter().any(|s| self.pool.may_return(s.disk)) {
             return Err(LayoutError::Io {
                 set: set.id,
-                detail: format!("row {row}: a parity member is unavailable"),
+                detail: format!("row {row}: a parity member's disk is missing"),
             });
         }
         let refs: Vec<&[u8]> = data.iter().map(|d| d.as_slice()).collect();

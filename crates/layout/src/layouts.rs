@@ -167,7 +167,7 @@ impl Layouts {
         if !replay.is_empty() {
             info!(records = replay.len(), "replaying the stripe journal");
             for (seq, rec) in replay {
-                if !layouts.replay(&rec) {
+                if !layouts.replay(&rec)? {
                     layouts.journal.pin(seq, rec);
                 }
             }
@@ -176,30 +176,23 @@ impl Layouts {
         Ok(layouts)
     }
 
-    /// Applies one record; false if its work could not be finished, so the record must stay.
-    fn replay(&self, rec: &crate::journal::Record) -> bool {
+    /// Applies one record; false if its work could not be finished, so the record must stay
+    /// (only a region's: an update is applied or the pool is not opened). An error when what
+    /// the update goes around cannot be recorded.
+    fn replay(&self, rec: &crate::journal::Record) -> Result<bool> {
         let Ok(set) = self.registry.get(rec.set) else {
             warn!(
                 set = rec.set,
                 "journal record for a slab set that no longer exists; skipped"
             );
-            return true;
+            return Ok(true);
         };
         let members = set.members.read();
-        // Kept until the members are back (`retry_pinned`): replayed now, the record would
-        // reach too few of them to be read back, and those away would be stale for good.
-        if self.unavailable(&members) > 0 && self.beyond_tolerance(&set.spec, &members) {
-            return false;
-        }
         match &rec.body {
-            RecordBody::Update { .. } if self.note_missed(&set, &members).is_err() => {
-                warn!(
-                    set = rec.set,
-                    "cannot record the members a replayed update goes around; the record stays"
-                );
-                false
-            }
             RecordBody::Update { offset, writes } => {
+                // Written around a member whose disk is away, which is stale should it be
+                // back: recorded first.
+                self.note_missed(&set, &members)?;
                 // A member that cannot take its bytes is failed by the write: the set is
                 // read around it from then on, and the other members hold the update.
                 for (m, bytes) in writes {
@@ -207,13 +200,13 @@ impl Layouts {
                         let _ = self.member_write(*slab, *offset, bytes);
                     }
                 }
-                true
+                Ok(true)
             }
             RecordBody::Dirty => match self.resync_region(&set, &members, rec.row) {
-                Ok(()) => true,
+                Ok(()) => Ok(true),
                 Err(e) => {
                     warn!(set = rec.set, region = rec.row, error = %e, "a region written when the pool stopped is not consistent yet; its journal record stays until it is");
-                    false
+                    Ok(false)
                 }
             },
         }
@@ -222,7 +215,7 @@ impl Layouts {
     /// Tries again the records replay could not finish; those that now succeed may go.
     fn retry_pinned(&self) {
         for (seq, rec) in self.journal.pinned() {
-            if self.replay(&rec) {
+            if self.replay(&rec).unwrap_or(false) {
                 info!(
                     set = rec.set,
                     region = rec.row,
@@ -266,7 +259,12 @@ impl Layouts {
             self.sums().forget_slab(*slab)?;
         }
         self.registry.remove(&self.pool, id)?;
+        // Before its slabs can go to another set: a slab still listed would be read and
+        // written around there, and the record of that would be nowhere.
         self.forget_missed(&set.missed.lock());
+        for s in set.members.read().iter() {
+            self.pool.release_slab(*s);
+        }
         Ok(())
     }
 
@@ -300,7 +298,7 @@ impl Layouts {
     /// caller holds `members` (the set's, shared) for the whole write. Nothing to do, and
     /// no lock taken, when no member's disk is missing.
     pub(crate) fn note_missed(&self, set: &SlabSet, members: &[SlabRef]) -> Result<()> {
-        let away = |s: &SlabRef| self.pool.disk_state(s.disk) == DiskState::Missing;
+        let away = |s: &SlabRef| self.pool.may_return(s.disk);
         if !members.iter().any(away) {
             return Ok(());
         }

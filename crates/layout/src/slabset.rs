@@ -154,15 +154,12 @@ impl Registry {
         Ok(set)
     }
 
+    /// Deletes a set's descriptor and forgets it; its slabs are the caller's to give back.
     pub fn remove(&self, pool: &Pool, id: u32) -> Result<()> {
-        let set = self.get(id)?;
         let mut b = MetaBatch::new();
         b.delete(CF_SLABSETS, set_key(id));
         pool.meta().commit(b, true)?;
         self.sets.write().remove(&id);
-        for s in set.members.read().iter() {
-            pool.release_slab(*s);
-        }
         Ok(())
     }
 }

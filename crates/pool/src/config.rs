@@ -82,6 +82,10 @@ pub struct DiskInfo {
     /// whose writes kept no such record) is failed when it is back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub returns_as: Option<DiskState>,
+    /// With `returns_as`: the label generation the disk held when it went missing. One back
+    /// with an older label is an older copy of it (a restored image, a snapshot), failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub left_at: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -207,6 +207,7 @@ impl Pool {
                 state: DiskState::Healthy,
                 usage: DiskUsage::Data,
                 returns_as: None,
+                left_at: None,
             };
             let label = label_for(&config, &info, false);
             if let Err(e) = write_new_label(d.as_ref(), &label) {
@@ -267,6 +268,9 @@ impl Pool {
         })?;
         let meta = Arc::new(meta);
         let mut config = Self::recorded_config(&meta)?;
+        // Every disk that was there when the configuration was last saved carries this
+        // generation in its label (labels are written before the configuration is saved).
+        let last_saved = config.generation;
         config.generation += 1;
         let mut members = Vec::new();
         for info in config.disks.iter_mut() {
@@ -281,7 +285,10 @@ impl Pool {
                 continue;
             }
             let opened = opener(&info.path).map_err(PoolError::from).and_then(|dev| {
-                verify_label(dev.as_ref(), config.id, info.id)?;
+                let label = verify_label(dev.as_ref(), config.id, info.id)?;
+                if info.state == DiskState::Missing && info.left_at.is_some_and(|g| label.generation < g) {
+                    return Ok((dev, Some(label.generation)));
+                }
                 if dev.size() < info.size {
                     return Err(PoolError::Invalid(format!(
                         "{}: disk shrank from {} to {} bytes",
@@ -290,30 +297,42 @@ impl Pool {
                         dev.size()
                     )));
                 }
-                Ok(dev)
+                Ok((dev, None))
             });
             match opened {
-                Ok(dev) if info.state == DiskState::Missing => match info.returns_as.take() {
-                    // Every slab set a write went around while it was away says so (the
-                    // layout's `missed` members): those of its slabs are stale until a repair
-                    // resyncs them, and the rest are as current as the day it left.
-                    Some(state) if info.usage == DiskUsage::Data => {
-                        info!(disk = %info.path, "disk is back; the slabs that missed writes while it was away are resynced by a repair");
-                        info.state = state;
-                        member.dev = Some(MeteredDisk::wrap(dev));
+                Ok((dev, Some(older))) => {
+                    warn!(disk = %info.path, label_generation = older, left_at = ?info.left_at, "the disk back is an older copy of the one that went missing; treating it as failed");
+                    info.state = DiskState::Failed;
+                    member.problem = Some(format!(
+                        "an older copy of the disk came back (label generation {older}, {} when it went missing); run a repair",
+                        info.left_at.unwrap_or_default()
+                    ));
+                    (info.returns_as, info.left_at) = (None, None);
+                    drop(dev);
+                }
+                Ok((dev, None)) if info.state == DiskState::Missing => {
+                    match (info.returns_as.take(), info.left_at.take()) {
+                        // Every slab set a write went around while it was away says so (the
+                        // layout's `missed` members): those of its slabs are stale until a repair
+                        // resyncs them, and the rest are as current as the day it left.
+                        (Some(state), _) if info.usage == DiskUsage::Data => {
+                            info!(disk = %info.path, "disk is back; the slabs that missed writes while it was away are resynced by a repair");
+                            info.state = state;
+                            member.dev = Some(MeteredDisk::wrap(dev));
+                        }
+                        // Missing since before writes around it were recorded, or a write-back
+                        // cache disk (whose log the pool went on without): it may have missed
+                        // anything, and only a repair makes the pool whole.
+                        _ => {
+                            warn!(disk = %info.path, "disk is back, but what it missed while it was away is not known; treating it as failed");
+                            info.state = DiskState::Failed;
+                            member.problem =
+                                Some("was missing while the pool ran: its data may be stale; run a repair".into());
+                            drop(dev);
+                        }
                     }
-                    // Missing since before writes around it were recorded, or a write-back
-                    // cache disk (whose log the pool went on without): it may have missed
-                    // anything, and only a repair makes the pool whole.
-                    _ => {
-                        warn!(disk = %info.path, "disk is back, but what it missed while it was away is not known; treating it as failed");
-                        info.state = DiskState::Failed;
-                        member.problem =
-                            Some("was missing while the pool ran: its data may be stale; run a repair".into());
-                        drop(dev);
-                    }
-                },
-                Ok(dev) => member.dev = Some(MeteredDisk::wrap(dev)),
+                }
+                Ok((dev, None)) => member.dev = Some(MeteredDisk::wrap(dev)),
                 Err(e) => {
                     warn!(disk = %info.path, error = %e, "pool member refused or missing");
                     member.problem = Some(e.to_string());
@@ -321,6 +340,7 @@ impl Pool {
                     // is written around as any other, and stale where it was when it is back.
                     if matches!(info.state, DiskState::Healthy | DiskState::Spare | DiskState::Retired) {
                         info.returns_as = Some(info.state);
+                        info.left_at = Some(last_saved);
                         info.state = DiskState::Missing;
                     }
                 }
@@ -533,6 +553,7 @@ impl Pool {
             state,
             usage,
             returns_as: None,
+            left_at: None,
         };
         write_new_label(dev.as_ref(), &label_for(&inner.config, &info, false))?;
         inner.config.disks.push(info.clone());
@@ -586,6 +607,15 @@ impl Pool {
                 inner.config.disks[idx].path, name
             )));
         }
+        // A missing disk is known by what it missed only while it is `missing`: retired (say),
+        // writes that go around it would not be recorded, and it would come back current.
+        if inner.config.disks[idx].state == DiskState::Missing && state != DiskState::Failed {
+            return Err(PoolError::Invalid(format!(
+                "disk {} of pool '{}' is missing; a missing disk can only be failed (a repair rebuilds its \
+                 slabs elsewhere either way)",
+                inner.config.disks[idx].path, name
+            )));
+        }
         warn!(pool = %name, disk = %inner.config.disks[idx].path, state = state.as_str(), reason = why.as_deref().unwrap_or(""), "disk state change");
         inner.config.disks[idx].state = state;
         if state == DiskState::Failed || state == DiskState::Missing {
@@ -598,6 +628,16 @@ impl Pool {
         let config = inner.config.clone();
         drop(inner);
         self.save_config(&config)
+    }
+
+    /// Whether the member at `position` is away but may be back at a later import (no device,
+    /// not failed): a write that goes around it must say so first.
+    pub fn may_return(&self, position: u32) -> bool {
+        let inner = self.inner.read();
+        let idx = position as usize;
+        idx < inner.members.len()
+            && inner.members[idx].dev.is_none()
+            && inner.config.disks[idx].state != DiskState::Failed
     }
 
     /// The count of members lost so far: a writer notes it before it writes.

@@ -4,7 +4,10 @@
 
 mod common;
 
+use std::sync::Arc;
+
 use common::{pattern, spec, Rig, MIB};
+use tessera_disk::{BlockDevice, DiskRef, FaultyDisk, MemDisk};
 use tessera_pool::{MetaBatch, MetaStore, CF_POOL};
 use tessera_volume::{DiskState, LayoutKind, Progress, Provisioning, RebuildOptions};
 
@@ -217,6 +220,55 @@ fn a_retired_disk_back_is_stale_where_a_write_went_around_it() {
         v.read(i * MIB, &mut rest[..MIB as usize]).unwrap();
         assert!(rest[..MIB as usize] == data[(i * MIB) as usize..((i + 1) * MIB) as usize]);
     }
+}
+
+/// A missing disk can only be failed: retired, say, the writes that go around it would not be
+/// recorded, and it would come back current.
+#[test]
+fn a_missing_disk_can_only_be_failed() {
+    let (mut rig, _) = mirrored_pair();
+    stop(&mut rig);
+    let away = rig.disks.remove(1);
+    rig.reopen();
+    let e = rig.engine().retire_disk("mem1").unwrap_err().to_string();
+    assert!(e.contains("missing") && e.contains("can only be failed"), "{e}");
+    assert_eq!(state(&rig, 1), DiskState::Missing);
+    rig.engine().fail_disk("mem1").unwrap();
+    stop(&mut rig);
+    rig.disks.insert(1, away);
+    rig.reopen();
+    assert_eq!(state(&rig, 1), DiskState::Failed);
+}
+
+/// What comes back in a missing disk's place with its label but an older generation (an image
+/// restored from a backup, a snapshot of a virtual disk) is an older copy of it, whatever it
+/// missed while away: failed, never read.
+#[test]
+fn an_older_copy_of_a_missing_disk_is_failed() {
+    let (mut rig, data) = mirrored_pair();
+    let size = rig.disks[1].size();
+    let mut image = vec![0u8; size as usize];
+    rig.disks[1].read_at(&mut image, 0).unwrap();
+    // Two restarts later the disk is gone; its old copy is put in its place.
+    rig.reopen();
+    rig.reopen();
+    stop(&mut rig);
+    rig.disks.remove(1);
+    rig.reopen();
+    assert_eq!(state(&rig, 1), DiskState::Missing);
+    stop(&mut rig);
+    let old = FaultyDisk::new(Arc::new(MemDisk::new("mem1", size)) as DiskRef);
+    old.write_at(&image, 0).unwrap();
+    rig.disks.insert(1, old);
+    rig.reopen();
+    let d = &rig.engine().pool().disks()[1];
+    assert_eq!(d.info.state, DiskState::Failed);
+    assert!(
+        d.problem.as_deref().unwrap_or("").contains("older copy"),
+        "{:?}",
+        d.problem
+    );
+    assert_eq!(read_all(&rig), data);
 }
 
 /// A disk recorded missing by a daemon that did not record the sets written around it: what
