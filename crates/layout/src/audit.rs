@@ -74,7 +74,7 @@ impl Layouts {
                     row: rec.row,
                     why,
                 });
-            } else if pinned.contains(&seq) {
+            } else if pinned.contains(&seq) && rec.body == RecordBody::Dirty {
                 found.push(LayoutFinding::RegionUnsynced {
                     seq,
                     set: rec.set,
@@ -132,6 +132,14 @@ impl Layouts {
         let Some((_, rec)) = self.journal.pinned().into_iter().find(|(s, _)| *s == seq) else {
             return Ok(false);
         };
+        if rec.body != RecordBody::Dirty {
+            // An update kept for a set beyond its tolerance: applied once enough is back.
+            if self.replay(&rec)? {
+                self.journal.unpin(seq);
+                return Ok(true);
+            }
+            return Ok(false);
+        }
         let set = self.registry.get(rec.set)?;
         let members = set.members.read();
         self.resync_region(&set, &members, rec.row)?;

@@ -176,10 +176,11 @@ impl Layouts {
         Ok(layouts)
     }
 
-    /// Applies one record; false if its work could not be finished, so the record must stay
-    /// (only a region's: an update is applied or the pool is not opened). An error when what
-    /// the update goes around cannot be recorded.
-    fn replay(&self, rec: &crate::journal::Record) -> Result<bool> {
+    /// Applies one record; false if its work could not be finished, so the record must stay:
+    /// a region that cannot be made consistent yet, an update to a set that has lost more
+    /// members than it tolerates. An error when what an update goes around cannot be recorded
+    /// (the pool is not opened).
+    pub(crate) fn replay(&self, rec: &crate::journal::Record) -> Result<bool> {
         let Ok(set) = self.registry.get(rec.set) else {
             warn!(
                 set = rec.set,
@@ -190,6 +191,12 @@ impl Layouts {
         let members = set.members.read();
         match &rec.body {
             RecordBody::Update { offset, writes } => {
+                // Kept until enough members are back (`retry_pinned`, the next import): applied
+                // now, it would reach too few of them to be read back, and those away would be
+                // stale for good.
+                if self.unavailable(&members) > 0 && self.beyond_tolerance(&set.spec, &members) {
+                    return Ok(false);
+                }
                 // Written around a member whose disk is away, which is stale should it be
                 // back: recorded first.
                 self.note_missed(&set, &members)?;

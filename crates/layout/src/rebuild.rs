@@ -83,19 +83,36 @@ impl Layouts {
         self.registry
             .all()
             .iter()
-            .map(|set| {
-                let members = set.members.read();
-                members
-                    .iter()
-                    .filter(|s| self.is_missed(**s) && self.pool.disk_state(s.disk) == tessera_pool::DiskState::Healthy)
-                    .count()
-            })
+            .map(|set| self.repair_work(&set.members.read(), true).len())
             .sum()
     }
 
     pub fn rebuild(&self, opts: &RebuildOptions, progress: &Progress) -> Result<RebuildReport> {
         let (ids, _) = self.repair_needed();
         self.rebuild_only(ids, opts, progress)
+    }
+
+    /// Resyncs where they are the members that missed writes while their disk was away, and
+    /// nothing else: no free space needed, and the members of disks still missing (which may
+    /// yet come back) left where they are.
+    pub fn resync_stale(&self, opts: &RebuildOptions, progress: &Progress) -> Result<RebuildReport> {
+        let ids = self
+            .registry
+            .all()
+            .iter()
+            .filter(|set| !self.repair_work(&set.members.read(), true).is_empty())
+            .map(|set| set.id)
+            .collect();
+        self.repair_sets(ids, opts, progress, true)
+    }
+
+    /// The members of a set a repair works on: every one that needs moving or resyncing
+    /// (`needs_move`), or with `stale_only` those resynced where they are.
+    fn repair_work(&self, members: &[tessera_pool::SlabRef], stale_only: bool) -> Vec<usize> {
+        self.needs_move(members)
+            .into_iter()
+            .filter(|&m| !stale_only || self.pool.disk_state(members[m].disk) == tessera_pool::DiskState::Healthy)
+            .collect()
     }
 
     /// Rebuilds the members that need moving of the listed sets.
@@ -105,11 +122,21 @@ impl Layouts {
         opts: &RebuildOptions,
         progress: &Progress,
     ) -> Result<RebuildReport> {
+        self.repair_sets(ids, opts, progress, false)
+    }
+
+    fn repair_sets(
+        &self,
+        ids: Vec<u32>,
+        opts: &RebuildOptions,
+        progress: &Progress,
+        stale_only: bool,
+    ) -> Result<RebuildReport> {
         let slab = self.pool.slab_size();
         let bytes: u64 = ids
             .iter()
             .filter_map(|&id| self.registry.get(id).ok())
-            .map(|set| self.needs_move(&set.members.read()).len() as u64 * slab)
+            .map(|set| self.repair_work(&set.members.read(), stale_only).len() as u64 * slab)
             .sum();
         progress.total_bytes.store(bytes, Ordering::Relaxed);
         progress.done_bytes.store(0, Ordering::Relaxed);
@@ -125,7 +152,7 @@ impl Layouts {
                         break;
                     }
                     let Ok(set) = self.registry.get(id) else { continue };
-                    match self.rebuild_set(&set, opts, progress, start) {
+                    match self.rebuild_set(&set, opts, progress, start, stale_only) {
                         Ok(n) => {
                             let mut r = report.lock();
                             r.slabs_rebuilt += n;
@@ -154,14 +181,21 @@ impl Layouts {
 
     /// Moves every member of `set` that sits on a disk that is not healthy, and resyncs where
     /// it is every member that missed writes while its disk was away. Returns how many.
-    fn rebuild_set(&self, set: &SlabSet, opts: &RebuildOptions, progress: &Progress, start: Instant) -> Result<usize> {
+    fn rebuild_set(
+        &self,
+        set: &SlabSet,
+        opts: &RebuildOptions,
+        progress: &Progress,
+        start: Instant,
+        stale_only: bool,
+    ) -> Result<usize> {
         let slab_size = self.pool.slab_size();
         let chunk = set.spec.interleave.min(1 << 20);
         let mut moved = 0;
         loop {
             let (m, old, exclude) = {
                 let members = set.members.read();
-                let Some(&m) = self.needs_move(&members).first() else {
+                let Some(&m) = self.repair_work(&members, stale_only).first() else {
                     return Ok(moved);
                 };
                 (m, members[m], members.iter().map(|s| s.disk).collect::<Vec<u32>>())

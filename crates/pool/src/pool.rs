@@ -286,8 +286,17 @@ impl Pool {
             }
             let opened = opener(&info.path).map_err(PoolError::from).and_then(|dev| {
                 let label = verify_label(dev.as_ref(), config.id, info.id)?;
-                if info.state == DiskState::Missing && info.left_at.is_some_and(|g| label.generation < g) {
-                    return Ok((dev, Some(label.generation)));
+                // The generation its label has at least: the configuration's when last saved,
+                // or for a missing disk, when it went missing. An older one is an older copy
+                // of the disk (an image restored from a backup, a virtual disk's snapshot),
+                // which missed what was written since.
+                let expected = if info.state == DiskState::Missing {
+                    info.left_at
+                } else {
+                    Some(last_saved)
+                };
+                if let Some(g) = expected.filter(|&g| label.generation < g) {
+                    return Ok((dev, Some((label.generation, g))));
                 }
                 if dev.size() < info.size {
                     return Err(PoolError::Invalid(format!(
@@ -300,12 +309,12 @@ impl Pool {
                 Ok((dev, None))
             });
             match opened {
-                Ok((dev, Some(older))) => {
-                    warn!(disk = %info.path, label_generation = older, left_at = ?info.left_at, "the disk back is an older copy of the one that went missing; treating it as failed");
+                Ok((dev, Some((older, expected)))) => {
+                    warn!(disk = %info.path, label_generation = older, expected, "the disk is an older copy of the pool's member; treating it as failed");
                     info.state = DiskState::Failed;
                     member.problem = Some(format!(
-                        "an older copy of the disk came back (label generation {older}, {} when it went missing); run a repair",
-                        info.left_at.unwrap_or_default()
+                        "an older copy of the disk is in its place (label generation {older}, {expected} expected): \
+                         it missed what was written since; run a repair"
                     ));
                     (info.returns_as, info.left_at) = (None, None);
                     drop(dev);

@@ -233,13 +233,13 @@ impl Daemon {
                 DiskState::Healthy | DiskState::Spare => {}
             }
         }
-        if reason.is_none() {
-            // A disk that is back has members that missed writes while it was away: they are
-            // read around until resynced, which needs no free space and waits for nothing.
-            let stale = e.layouts().stale_members();
-            if stale > 0 {
-                reason = Some(format!("{stale} slab(s) missed writes while their disk was away"));
-            }
+        // A disk that is back has members that missed writes while it was away: they are read
+        // around until resynced where they are, which needs no free space and waits for
+        // nothing (and leaves alone the members of a disk still within its delay).
+        let stale = e.layouts().stale_members();
+        let resync_only = reason.is_none() && stale > 0;
+        if resync_only {
+            reason = Some(format!("{stale} slab(s) missed writes while their disk was away"));
         }
         let Some(reason) = reason else {
             w.status = waiting.map(|(left, path)| {
@@ -262,7 +262,7 @@ impl Daemon {
         }
         let capacity = e.pool().capacity();
         let free = capacity.free_bytes + capacity.spare_bytes;
-        if free < needed {
+        if !resync_only && free < needed {
             let status = format!(
                 "{reason}, but the repair needs {} and the pool has {} free: add a disk",
                 format_size(needed),
@@ -277,7 +277,12 @@ impl Daemon {
             w.status = Some(status);
             return;
         }
-        match self.repair_pool(name, RepairPool::default()) {
+        let started = if resync_only {
+            self.resync_stale_members(name)
+        } else {
+            self.repair_pool(name, RepairPool::default())
+        };
+        match started {
             Ok(job) => {
                 info!(pool = name, job = job.id, reason = %reason, needed, "repair started by itself");
                 w.job = Some(job.id);

@@ -577,6 +577,12 @@ impl Engine {
         Ok(self.s.layouts.rebuild(opts, progress)?)
     }
 
+    /// Only the part of a repair that resyncs, where they are, the members that missed
+    /// writes while their disk was away (`Layouts::resync_stale`).
+    pub fn resync_stale(&self, opts: &RebuildOptions, progress: &Progress) -> Result<RebuildReport> {
+        Ok(self.s.layouts.resync_stale(opts, progress)?)
+    }
+
     /// Drains the write-back cache into the layouts and checkpoints the metadata: what
     /// `export` does first. It may fail (a disk that refuses writes) with the engine whole,
     /// which an export that consumed the engine first could not give back.

@@ -175,6 +175,55 @@ fn disks_back_make_whole_again_the_sets_they_were_beyond_tolerance_of() {
     rig.assert_consistent();
 }
 
+/// The daemon's own resync of a disk back touches its stale members alone: the members of a
+/// disk still missing (which may yet come back within its delay) stay where they are.
+#[test]
+fn resyncing_the_stale_members_leaves_a_missing_disks_members_alone() {
+    let mut rig = Rig::new(3, 32 * MIB, MIB);
+    let size = 8 * MIB;
+    let mut data = pattern(7, 0, size as usize);
+    rig.engine()
+        .create_vdisk(&spec("v", size, LayoutKind::Mirror, Provisioning::Thin))
+        .unwrap()
+        .write(0, &data, true)
+        .unwrap();
+    stop(&mut rig);
+    let one = rig.disks.remove(1);
+    rig.reopen();
+    let new = pattern(8, 0, size as usize);
+    rig.engine().vdisk("v").unwrap().write(0, &new, true).unwrap();
+    data.copy_from_slice(&new);
+    stop(&mut rig);
+    // Disk 1 is back, disk 2 (now at index 1 of the rig's list) is away.
+    let two = rig.disks.remove(1);
+    rig.disks.insert(1, one);
+    rig.reopen();
+    let e = rig.engine();
+    assert_eq!(e.pool().disks()[2].info.state, DiskState::Missing);
+    let on_two = e.pool().disks()[2].slabs_used;
+    assert!(on_two > 0);
+    let stale = e.layouts().stale_members();
+    assert!(stale > 0);
+    let report = e
+        .resync_stale(&RebuildOptions::default(), &Progress::default())
+        .unwrap();
+    assert_eq!(
+        e.pool().disks()[2].slabs_used,
+        on_two,
+        "a missing disk's members stayed"
+    );
+    // Every set with no member on disk 2 is whole; those with one failed (their other member
+    // is the stale one: nothing to resync from) or wait for disk 2's delay.
+    for set in e.layouts().sets() {
+        let on_disk_two = set.desc().members.iter().any(|m| m.disk == 2);
+        if !on_disk_two {
+            assert_eq!(e.layouts().health(&set).state(), "healthy", "set {}", set.id);
+        }
+    }
+    assert!(report.slabs_rebuilt > 0 && report.slabs_rebuilt <= stale, "{report:?}");
+    drop(two);
+}
+
 /// A retired disk is still written until a repair empties it: missing at a start, then back,
 /// it is stale where a write went around it (before, it was taken back as it was and read).
 #[test]
@@ -271,6 +320,35 @@ fn an_older_copy_of_a_missing_disk_is_failed() {
     assert_eq!(read_all(&rig), data);
 }
 
+/// The same for a disk that was there at the last start: an older copy of it put in its place
+/// while the daemon was stopped is failed, not read as current.
+#[test]
+fn an_older_copy_in_a_present_disks_place_is_failed() {
+    let (mut rig, data) = mirrored_pair();
+    let size = rig.disks[1].size();
+    let mut image = vec![0u8; size as usize];
+    rig.disks[1].read_at(&mut image, 0).unwrap();
+    let mut now = data.clone();
+    let new = pattern(6, 0, 4096);
+    rig.engine().vdisk("v").unwrap().write(0, &new, true).unwrap();
+    now[..4096].copy_from_slice(&new);
+    stop(&mut rig);
+    let old = FaultyDisk::new(Arc::new(MemDisk::new("mem1", size)) as DiskRef);
+    old.write_at(&image, 0).unwrap();
+    rig.disks[1] = old;
+    rig.reopen();
+    let d = &rig.engine().pool().disks()[1];
+    assert_eq!(d.info.state, DiskState::Failed);
+    assert!(
+        d.problem.as_deref().unwrap_or("").contains("older copy"),
+        "{:?}",
+        d.problem
+    );
+    for _ in 0..4 {
+        assert_eq!(read_all(&rig), now);
+    }
+}
+
 /// A disk recorded missing by a daemon that did not record the sets written around it: what
 /// it missed is not known, and it is failed when it is back, as before.
 #[test]
@@ -314,4 +392,38 @@ fn a_cache_disk_back_is_failed() {
     rig.disks.push(away);
     rig.reopen();
     assert_eq!(state(&rig, cache), DiskState::Failed);
+}
+
+/// A crash leaves the update of a degraded parity set in the stripe journal, and at the next
+/// start one more of its disks is missing: the set is beyond its tolerance, and the update is
+/// kept, neither applied to the one member left nor recorded as gone around the missing one.
+/// When that disk is back, the update is applied and the set reads as last written (had it
+/// been applied around the disk, the disk would be stale and the set lost for good).
+#[test]
+fn an_update_kept_while_its_set_is_beyond_tolerance_is_applied_when_its_disk_is_back() {
+    let mut rig = Rig::new(3, 32 * MIB, MIB);
+    let size = 2 * MIB;
+    let mut data = pattern(9, 0, size as usize);
+    rig.engine()
+        .create_vdisk(&spec("v", size, LayoutKind::Parity, Provisioning::Thin))
+        .unwrap()
+        .write(0, &data, true)
+        .unwrap();
+    rig.engine().fail_disk("mem0").unwrap();
+    let new = pattern(10, 0, 64 << 10);
+    rig.engine().vdisk("v").unwrap().write(0, &new, true).unwrap();
+    data[..new.len()].copy_from_slice(&new);
+    // A crash, and disk 1 missing at the start after.
+    rig.engine = None;
+    let away = rig.disks.remove(1);
+    rig.reopen();
+    assert_eq!(state(&rig, 1), DiskState::Missing);
+    rig.engine = None;
+    rig.disks.insert(1, away);
+    rig.reopen();
+    assert_eq!(state(&rig, 1), DiskState::Healthy);
+    assert_eq!(rig.engine().layouts().stale_members(), 0);
+    let mut b = vec![0u8; size as usize];
+    rig.engine().vdisk("v").unwrap().read(0, &mut b).unwrap();
+    assert!(b == data, "the set reads as last written");
 }

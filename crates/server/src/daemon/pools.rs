@@ -440,17 +440,33 @@ impl Daemon {
                 "a rate limit of 0 would never finish; leave it out for no limit",
             ));
         }
+        let opts = RebuildOptions {
+            parallel: req.parallel.unwrap_or(4),
+            rate_limit: req.rate_limit,
+        };
+        self.spawn_repair(name, e, opts, false)
+    }
+
+    /// The daemon's own repair when all there is to do is resync the members a disk back
+    /// missed while it was away: the members of disks still missing wait for their delay.
+    pub(crate) fn resync_stale_members(&self, name: &str) -> ApiResult<JobView> {
+        let e = self.engine(name)?;
+        self.spawn_repair(name, e, RebuildOptions::default(), true)
+    }
+
+    fn spawn_repair(&self, name: &str, e: Arc<Engine>, opts: RebuildOptions, stale_only: bool) -> ApiResult<JobView> {
         if let Some(j) = self.jobs.running("repair", name) {
             return Err(ApiError::busy(format!(
                 "a repair of pool '{name}' is already running as job {j}"
             )));
         }
-        let opts = RebuildOptions {
-            parallel: req.parallel.unwrap_or(4),
-            rate_limit: req.rate_limit,
-        };
         let job = self.jobs.spawn("repair", name, move |p| {
-            let r = e.repair(&opts, p).map_err(|e| e.to_string())?;
+            let r = if stale_only {
+                e.resync_stale(&opts, p)
+            } else {
+                e.repair(&opts, p)
+            }
+            .map_err(|e| e.to_string())?;
             if !r.failures.is_empty() {
                 let why: Vec<String> = r.failures.iter().map(|(s, m)| format!("slab set {s}: {m}")).collect();
                 return Err(format!(
