@@ -357,7 +357,7 @@ impl Daemon {
         self.jobs.cancel_all();
         self.jobs.wait_idle(Duration::from_secs(30));
         for (name, e) in self.pools.read().iter() {
-            match e.checkpoint() {
+            match e.checkpoint().and_then(|()| e.seal()) {
                 Ok(()) => info!(pool = %name, "pool flushed"),
                 Err(err) => error!(pool = %name, error = %err, "flush at shutdown failed"),
             }

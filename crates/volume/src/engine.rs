@@ -559,6 +559,12 @@ impl Engine {
         Ok(())
     }
 
+    /// A clean stop's last word: every member's label and the configuration a generation on
+    /// (`Pool::seal`), so that a copy of a disk taken until now is known as older.
+    pub fn seal(&self) -> Result<()> {
+        Ok(self.s.pool.seal()?)
+    }
+
     /// Retiring a disk: still read, no new slabs; a repair moves its slabs away.
     pub fn retire_disk(&self, disk: &str) -> Result<()> {
         let pos = self.s.pool.find_disk(disk)?;

@@ -349,6 +349,31 @@ fn an_older_copy_in_a_present_disks_place_is_failed() {
     }
 }
 
+/// A copy taken while the pool runs, put back after a clean stop (which seals the pool: every
+/// label a generation on), is as old: failed, not read.
+#[test]
+fn a_copy_taken_while_the_pool_ran_is_older_after_a_clean_stop() {
+    let (mut rig, data) = mirrored_pair();
+    let size = rig.disks[1].size();
+    let mut image = vec![0u8; size as usize];
+    rig.disks[1].read_at(&mut image, 0).unwrap();
+    let mut now = data.clone();
+    let new = pattern(11, 0, 4096);
+    rig.engine().vdisk("v").unwrap().write(0, &new, true).unwrap();
+    now[..4096].copy_from_slice(&new);
+    rig.engine().checkpoint().unwrap();
+    rig.engine().seal().unwrap();
+    rig.engine = None;
+    let old = FaultyDisk::new(Arc::new(MemDisk::new("mem1", size)) as DiskRef);
+    old.write_at(&image, 0).unwrap();
+    rig.disks[1] = old;
+    rig.reopen();
+    assert_eq!(state(&rig, 1), DiskState::Failed);
+    for _ in 0..4 {
+        assert_eq!(read_all(&rig), now);
+    }
+}
+
 /// A disk recorded missing by a daemon that did not record the sets written around it: what
 /// it missed is not known, and it is failed when it is back, as before.
 #[test]
