@@ -191,15 +191,16 @@ impl Layouts {
         let members = set.members.read();
         match &rec.body {
             RecordBody::Update { offset, writes } => {
-                // Kept until enough members are back (`retry_pinned`, the next import): applied
-                // now, it would reach too few of them to be read back, and those away would be
-                // stale for good.
-                if self.unavailable(&members) > 0 && self.beyond_tolerance(&set.spec, &members) {
-                    return Ok(false);
+                // A set beyond its tolerance takes no write meanwhile: the update goes to the
+                // members here (their bytes and checksums as written) and is kept for those
+                // away, applied to every member at the next import that finds enough of them.
+                // Recorded as gone around them instead, they would be stale and the set lost.
+                let kept = self.unavailable(&members) > 0 && self.beyond_tolerance(&set.spec, &members);
+                if !kept {
+                    // Written around a member whose disk is away, which is stale should it be
+                    // back: recorded first.
+                    self.note_missed(&set, &members)?;
                 }
-                // Written around a member whose disk is away, which is stale should it be
-                // back: recorded first.
-                self.note_missed(&set, &members)?;
                 // A member that cannot take its bytes is failed by the write: the set is
                 // read around it from then on, and the other members hold the update.
                 for (m, bytes) in writes {
@@ -207,7 +208,7 @@ impl Layouts {
                         let _ = self.member_write(*slab, *offset, bytes);
                     }
                 }
-                Ok(true)
+                Ok(!kept)
             }
             RecordBody::Dirty => match self.resync_region(&set, &members, rec.row) {
                 Ok(()) => Ok(true),

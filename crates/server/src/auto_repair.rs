@@ -43,10 +43,13 @@ struct Settings {
 struct PoolWatch {
     /// When each out-of-service disk (by id) was first seen out of service.
     out_since: BTreeMap<String, Instant>,
-    /// The automatic repair running now.
-    job: Option<u64>,
+    /// The automatic repair running now, and whether it only resyncs stale members.
+    job: Option<(u64, bool)>,
     /// When the last automatic repair failed, and why.
     failed: Option<(Instant, String)>,
+    /// The same for the last resync of stale members alone: apart, so that one that cannot
+    /// finish (a set whose other member is still away) holds back no repair a disk needs.
+    resync_failed: Option<(Instant, String)>,
     /// What the daemon waits for, for `pool show`.
     status: Option<String>,
 }
@@ -154,7 +157,8 @@ impl Daemon {
     /// Looks at every pool once and starts the repairs that are due. Called every
     /// [`CHECK_INTERVAL`] by the daemon.
     pub fn auto_repair_tick(&self) {
-        if !self.cfg.auto_repair {
+        // Nothing new starts while the daemon stops: its last checkpoint and seal run then.
+        if !self.cfg.auto_repair || self.stopping.load(std::sync::atomic::Ordering::Relaxed) {
             return;
         }
         for (name, e) in self.engines() {
@@ -170,17 +174,18 @@ impl Daemon {
     fn watch(&self, name: &str, e: &Engine, w: &mut PoolWatch) {
         let now = Instant::now();
         // The last automatic repair: still running, or how it ended.
-        if let Some(id) = w.job {
+        if let Some((id, resync)) = w.job {
+            let failed = if resync { &mut w.resync_failed } else { &mut w.failed };
             match self.jobs.get(id).map(|j| j.view()) {
                 Ok(j) if j.state == JobState::Running => return,
                 Ok(j) if j.state == JobState::Failed => {
                     let why = j.error.unwrap_or_default();
                     warn!(pool = name, job = id, error = %why, "automatic repair failed; trying again later");
-                    w.failed = Some((now, why));
+                    *failed = Some((now, why));
                 }
                 Ok(j) if j.state == JobState::Succeeded => {
                     info!(pool = name, job = id, "automatic repair finished");
-                    w.failed = None;
+                    *failed = None;
                 }
                 _ => {}
             }
@@ -237,11 +242,12 @@ impl Daemon {
         // around until resynced where they are, which needs no free space and waits for
         // nothing (and leaves alone the members of a disk still within its delay).
         let stale = e.layouts().stale_members();
-        let resync_only = reason.is_none() && stale > 0;
+        let stale_reason = format!("{stale} slab(s) missed writes while their disk was away");
+        let mut resync_only = reason.is_none() && stale > 0;
         if resync_only {
-            reason = Some(format!("{stale} slab(s) missed writes while their disk was away"));
+            reason = Some(stale_reason.clone());
         }
-        let Some(reason) = reason else {
+        let Some(mut reason) = reason else {
             w.status = waiting.map(|(left, path)| {
                 format!(
                     "disk {path} is missing; repair starts by itself in {} unless it comes back",
@@ -250,7 +256,30 @@ impl Daemon {
             });
             return;
         };
-        if let Some((at, why)) = &w.failed {
+        let capacity = e.pool().capacity();
+        let free = capacity.free_bytes + capacity.spare_bytes;
+        let mut short = None;
+        if !resync_only && free < needed {
+            let status = format!(
+                "{reason}, but the repair needs {} and the pool has {} free: add a disk",
+                format_size(needed),
+                format_size(free)
+            );
+            if w.status.as_deref().is_none_or(|s| !s.starts_with(status.as_str())) {
+                warn!(
+                    pool = name,
+                    needed, free, "cannot repair by itself: not enough free space"
+                );
+            }
+            if stale == 0 {
+                w.status = Some(status);
+                return;
+            }
+            // The stale members need no space: they are resynced meanwhile.
+            (resync_only, reason, short) = (true, stale_reason, Some(status));
+        }
+        let last_failed = if resync_only { &w.resync_failed } else { &w.failed };
+        if let Some((at, why)) = last_failed {
             let since = now.duration_since(*at);
             if since < RETRY_AFTER {
                 w.status = Some(format!(
@@ -260,23 +289,6 @@ impl Daemon {
                 return;
             }
         }
-        let capacity = e.pool().capacity();
-        let free = capacity.free_bytes + capacity.spare_bytes;
-        if !resync_only && free < needed {
-            let status = format!(
-                "{reason}, but the repair needs {} and the pool has {} free: add a disk",
-                format_size(needed),
-                format_size(free)
-            );
-            if w.status.as_deref() != Some(status.as_str()) {
-                warn!(
-                    pool = name,
-                    needed, free, "cannot repair by itself: not enough free space"
-                );
-            }
-            w.status = Some(status);
-            return;
-        }
         let started = if resync_only {
             self.resync_stale_members(name)
         } else {
@@ -285,12 +297,21 @@ impl Daemon {
         match started {
             Ok(job) => {
                 info!(pool = name, job = job.id, reason = %reason, needed, "repair started by itself");
-                w.job = Some(job.id);
-                w.status = Some(format!("{reason}: repair job {} started by itself", job.id));
+                w.job = Some((job.id, resync_only));
+                let started = format!("{reason}: repair job {} started by itself", job.id);
+                w.status = Some(match short {
+                    Some(s) => format!("{s}; meanwhile {started}"),
+                    None => started,
+                });
             }
             Err(err) => {
                 warn!(pool = name, error = %err.message, "cannot start an automatic repair");
-                w.failed = Some((now, err.message));
+                let failed = if resync_only {
+                    &mut w.resync_failed
+                } else {
+                    &mut w.failed
+                };
+                *failed = Some((now, err.message));
             }
         }
     }
