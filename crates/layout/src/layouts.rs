@@ -123,6 +123,9 @@ pub struct Layouts {
     any_missed: AtomicBool,
     /// Held while a set's `missed` record is saved, so that two writers save in turn.
     marking: Mutex<()>,
+    /// The slab sets a repair works on now: one repair per set at a time (a set has one
+    /// replacement slab, and two copies of a member would each think theirs the one).
+    pub(crate) rebuilding: Mutex<HashSet<u32>>,
 }
 
 impl Layouts {
@@ -163,6 +166,7 @@ impl Layouts {
             any_missed: AtomicBool::new(!missed.is_empty()),
             missed: RwLock::new(missed),
             marking: Mutex::new(()),
+            rebuilding: Mutex::new(HashSet::new()),
         };
         if !replay.is_empty() {
             info!(records = replay.len(), "replaying the stripe journal");

@@ -152,7 +152,17 @@ impl Layouts {
                         break;
                     }
                     let Ok(set) = self.registry.get(id) else { continue };
-                    match self.rebuild_set(&set, opts, progress, start, stale_only) {
+                    if !self.rebuilding.lock().insert(id) {
+                        // A repair and a scan's spot fix may both reach a set.
+                        report
+                            .lock()
+                            .failures
+                            .push((id, "another repair of this slab set is running".into()));
+                        continue;
+                    }
+                    let result = self.rebuild_set(&set, opts, progress, start, stale_only);
+                    self.rebuilding.lock().remove(&id);
+                    match result {
                         Ok(n) => {
                             let mut r = report.lock();
                             r.slabs_rebuilt += n;
@@ -265,7 +275,8 @@ impl Layouts {
             }
             {
                 let mut members = set.members.write();
-                debug_assert_eq!(members[m], old, "only a repair changes a set's members");
+                // One repair per set at a time (`rebuilding`): nobody moved it meanwhile.
+                debug_assert_eq!(members[m], old);
                 members[m] = new;
                 let mut missed = set.missed.lock();
                 let kept: Vec<_> = missed.iter().copied().filter(|s| *s != old).collect();

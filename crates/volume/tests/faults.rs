@@ -480,3 +480,47 @@ fn a_copy_lost_and_the_other_refused_is_a_refusal_not_a_medium_error() {
     assert_eq!(b, pattern(2, 0, 4096), "the refused write changed nothing");
     assert_eq!(rig.engine().pool().disks()[1].info.state, DiskState::Healthy);
 }
+
+/// Two repairs at once (the administrator's, and a scan's spot fix, say) take one slab set
+/// each at a time: the second is told the set is being repaired, and the set comes out whole
+/// with one copy of its member, not two half-made ones.
+#[test]
+fn two_repairs_at_once_take_a_slab_set_one_at_a_time() {
+    let rig = Rig::new(3, 32 * MIB, MIB);
+    rig.engine()
+        .create_vdisk(&spec("m", MIB, LayoutKind::Mirror, Provisioning::Thin))
+        .unwrap();
+    let data = pattern(21, 0, MIB as usize);
+    rig.engine().vdisk("m").unwrap().write(0, &data, true).unwrap();
+    let lost = rig.engine().layouts().sets()[0].desc().members[0].disk;
+    rig.engine().fail_disk(&format!("mem{lost}")).unwrap();
+    let free = rig.engine().pool().capacity().free_bytes;
+    let slow = RebuildOptions {
+        parallel: 1,
+        rate_limit: Some(2 * MIB),
+    };
+    let (first, second) = std::thread::scope(|s| {
+        let first = s.spawn(|| rig.engine().repair(&slow, &Progress::default()).unwrap());
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let second = rig
+            .engine()
+            .repair(&RebuildOptions::default(), &Progress::default())
+            .unwrap();
+        (first.join().unwrap(), second)
+    });
+    assert_eq!(first.slabs_rebuilt + second.slabs_rebuilt, 1, "{first:?} {second:?}");
+    assert!(
+        second.failures.iter().any(|(_, why)| why.contains("another repair")),
+        "{second:?}"
+    );
+    assert!(rig.engine().layouts().repair_needed().0.is_empty());
+    assert_eq!(
+        rig.engine().pool().capacity().free_bytes,
+        free - MIB,
+        "one replacement slab taken, no more"
+    );
+    let mut b = vec![0u8; MIB as usize];
+    rig.engine().vdisk("m").unwrap().read(0, &mut b).unwrap();
+    assert!(b == data);
+    rig.assert_consistent();
+}
