@@ -53,6 +53,20 @@ fn stop(rig: &mut Rig) {
     rig.engine.take().unwrap().export().unwrap();
 }
 
+/// The bytes of disk `i` as they are now: what a backup or a snapshot of it would keep.
+fn image_of(rig: &Rig, i: usize) -> Vec<u8> {
+    let mut image = vec![0u8; rig.disks[i].size() as usize];
+    rig.disks[i].read_at(&mut image, 0).unwrap();
+    image
+}
+
+/// A disk named `path` holding `image`: a copy put back in the place of the disk it was taken of.
+fn copy_of(path: &str, image: &[u8]) -> Arc<FaultyDisk> {
+    let d = FaultyDisk::new(Arc::new(MemDisk::new(path, image.len() as u64)) as DiskRef);
+    d.write_at(image, 0).unwrap();
+    d
+}
+
 fn state(rig: &Rig, disk: usize) -> DiskState {
     rig.engine().pool().disks()[disk].info.state
 }
@@ -295,9 +309,7 @@ fn a_missing_disk_can_only_be_failed() {
 #[test]
 fn an_older_copy_of_a_missing_disk_is_failed() {
     let (mut rig, data) = mirrored_pair();
-    let size = rig.disks[1].size();
-    let mut image = vec![0u8; size as usize];
-    rig.disks[1].read_at(&mut image, 0).unwrap();
+    let image = image_of(&rig, 1);
     // Two restarts later the disk is gone; its old copy is put in its place.
     rig.reopen();
     rig.reopen();
@@ -306,9 +318,7 @@ fn an_older_copy_of_a_missing_disk_is_failed() {
     rig.reopen();
     assert_eq!(state(&rig, 1), DiskState::Missing);
     stop(&mut rig);
-    let old = FaultyDisk::new(Arc::new(MemDisk::new("mem1", size)) as DiskRef);
-    old.write_at(&image, 0).unwrap();
-    rig.disks.insert(1, old);
+    rig.disks.insert(1, copy_of("mem1", &image));
     rig.reopen();
     let d = &rig.engine().pool().disks()[1];
     assert_eq!(d.info.state, DiskState::Failed);
@@ -325,17 +335,13 @@ fn an_older_copy_of_a_missing_disk_is_failed() {
 #[test]
 fn an_older_copy_in_a_present_disks_place_is_failed() {
     let (mut rig, data) = mirrored_pair();
-    let size = rig.disks[1].size();
-    let mut image = vec![0u8; size as usize];
-    rig.disks[1].read_at(&mut image, 0).unwrap();
+    let image = image_of(&rig, 1);
     let mut now = data.clone();
     let new = pattern(6, 0, 4096);
     rig.engine().vdisk("v").unwrap().write(0, &new, true).unwrap();
     now[..4096].copy_from_slice(&new);
     stop(&mut rig);
-    let old = FaultyDisk::new(Arc::new(MemDisk::new("mem1", size)) as DiskRef);
-    old.write_at(&image, 0).unwrap();
-    rig.disks[1] = old;
+    rig.disks[1] = copy_of("mem1", &image);
     rig.reopen();
     let d = &rig.engine().pool().disks()[1];
     assert_eq!(d.info.state, DiskState::Failed);
@@ -354,9 +360,7 @@ fn an_older_copy_in_a_present_disks_place_is_failed() {
 #[test]
 fn a_copy_taken_while_the_pool_ran_is_older_after_a_clean_stop() {
     let (mut rig, data) = mirrored_pair();
-    let size = rig.disks[1].size();
-    let mut image = vec![0u8; size as usize];
-    rig.disks[1].read_at(&mut image, 0).unwrap();
+    let image = image_of(&rig, 1);
     let mut now = data.clone();
     let new = pattern(11, 0, 4096);
     rig.engine().vdisk("v").unwrap().write(0, &new, true).unwrap();
@@ -364,9 +368,7 @@ fn a_copy_taken_while_the_pool_ran_is_older_after_a_clean_stop() {
     rig.engine().checkpoint().unwrap();
     rig.engine().seal().unwrap();
     rig.engine = None;
-    let old = FaultyDisk::new(Arc::new(MemDisk::new("mem1", size)) as DiskRef);
-    old.write_at(&image, 0).unwrap();
-    rig.disks[1] = old;
+    rig.disks[1] = copy_of("mem1", &image);
     rig.reopen();
     assert_eq!(state(&rig, 1), DiskState::Failed);
     for _ in 0..4 {
