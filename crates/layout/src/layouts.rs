@@ -293,7 +293,7 @@ impl Layouts {
     /// The disk of a set's member if the member may be read and written: its disk readable,
     /// and the member not one that missed writes while its disk was away.
     pub(crate) fn member_dev(&self, slab: SlabRef) -> Option<DiskRef> {
-        if self.any_missed.load(Ordering::Acquire) && self.missed.read().contains(&slab) {
+        if self.is_missed(slab) {
             return None;
         }
         self.pool.readable_disk(slab.disk)

@@ -22,7 +22,7 @@ pub use audit::{LayoutFinding, LostMember};
 pub use batch::{DiskRead, SetRead};
 pub use error::{LayoutError, Result};
 pub use layouts::{DiskErrors, IoStats, Layouts, Placement, SetHealth};
-pub use rebuild::{Progress, RebuildOptions, RebuildReport};
+pub use rebuild::{Progress, RebuildOptions, RebuildReport, RepairCounts};
 pub use scrub::{Mismatch, ScrubTally, MAX_MISMATCHES};
 pub use slabset::{with_lost_disks, MembersGuard, SlabSet, SlabSetDesc};
 pub use spec::{LayoutKind, LayoutSpec, DEFAULT_INTERLEAVE, MAX_COLUMNS, MIN_INTERLEAVE};

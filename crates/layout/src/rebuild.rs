@@ -29,6 +29,15 @@ impl Default for RebuildOptions {
     }
 }
 
+/// What a repair has to do ([`Layouts::repair_counts`]), in set members.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RepairCounts {
+    /// Members moved to a new slab: on failed, missing or retired disks.
+    pub moves: usize,
+    /// Members resynced where they are: they missed writes while their disk was away.
+    pub stale: usize,
+}
+
 /// Shared with whoever watches the repair (a job, a progress bar).
 #[derive(Debug, Default)]
 pub struct Progress {
@@ -61,30 +70,39 @@ impl Layouts {
         (ids, bytes)
     }
 
-    /// What a repair needs of the pool's free space: the members it moves to new slabs (a
-    /// member that missed writes while its disk was away is resynced where it is, once the
-    /// disk is back, and needs none).
-    pub fn repair_space_needed(&self) -> u64 {
-        let mut slabs = 0;
+    /// What a repair has to do, in one pass over the sets: the members it moves to new slabs
+    /// (which take free space), and those it resyncs where they are (which missed writes
+    /// while their disk was away; their disk is back, and they need none).
+    pub fn repair_counts(&self) -> RepairCounts {
+        let mut counts = RepairCounts::default();
         for set in self.registry.all() {
             let members = set.members.read();
-            slabs += self
-                .needs_move(&members)
-                .into_iter()
-                .filter(|&m| self.pool.disk_state(members[m].disk) != tessera_pool::DiskState::Healthy)
-                .count() as u64;
+            for m in self.needs_move(&members) {
+                if self.in_place(members[m]) {
+                    counts.stale += 1;
+                } else {
+                    counts.moves += 1;
+                }
+            }
         }
-        slabs * self.pool.slab_size()
+        counts
     }
 
-    /// How many members missed writes while their disk was away and, their disk back, wait
-    /// for a repair to resync them.
+    /// What a repair needs of the pool's free space ([`repair_counts`](Self::repair_counts)).
+    pub fn repair_space_needed(&self) -> u64 {
+        self.repair_counts().moves as u64 * self.pool.slab_size()
+    }
+
+    /// How many members wait for a repair to resync them where they are
+    /// ([`repair_counts`](Self::repair_counts)).
     pub fn stale_members(&self) -> usize {
-        self.registry
-            .all()
-            .iter()
-            .map(|set| self.repair_work(&set.members.read(), true).len())
-            .sum()
+        self.repair_counts().stale
+    }
+
+    /// Whether a member a repair works on is resynced where it is: it sits on a healthy disk
+    /// (so it is there because it missed writes while that disk was away).
+    fn in_place(&self, member: tessera_pool::SlabRef) -> bool {
+        self.pool.disk_state(member.disk) == tessera_pool::DiskState::Healthy
     }
 
     pub fn rebuild(&self, opts: &RebuildOptions, progress: &Progress) -> Result<RebuildReport> {
@@ -111,7 +129,7 @@ impl Layouts {
     fn repair_work(&self, members: &[tessera_pool::SlabRef], stale_only: bool) -> Vec<usize> {
         self.needs_move(members)
             .into_iter()
-            .filter(|&m| !stale_only || self.pool.disk_state(members[m].disk) == tessera_pool::DiskState::Healthy)
+            .filter(|&m| !stale_only || self.in_place(members[m]))
             .collect()
     }
 
@@ -212,7 +230,7 @@ impl Layouts {
             };
             // A member on a healthy disk needs no new place: it is written over where it is
             // (as md resyncs a member its write-intent bitmap names), needing no free slab.
-            let in_place = self.pool.disk_state(old.disk) == tessera_pool::DiskState::Healthy;
+            let in_place = self.in_place(old);
             let new = if in_place {
                 old
             } else {

@@ -54,6 +54,18 @@ struct PoolWatch {
     status: Option<String>,
 }
 
+impl PoolWatch {
+    /// When the last repair of the kind failed, and why: a resync of stale members alone, or
+    /// a whole repair.
+    fn failed_of(&mut self, resync: bool) -> &mut Option<(Instant, String)> {
+        if resync {
+            &mut self.resync_failed
+        } else {
+            &mut self.failed
+        }
+    }
+}
+
 pub struct AutoRepair {
     path: PathBuf,
     settings: Mutex<Settings>,
@@ -175,7 +187,7 @@ impl Daemon {
         let now = Instant::now();
         // The last automatic repair: still running, or how it ended.
         if let Some((id, resync)) = w.job {
-            let failed = if resync { &mut w.resync_failed } else { &mut w.failed };
+            let failed = w.failed_of(resync);
             match self.jobs.get(id).map(|j| j.view()) {
                 Ok(j) if j.state == JobState::Running => return,
                 Ok(j) if j.state == JobState::Failed => {
@@ -191,8 +203,8 @@ impl Daemon {
             }
             w.job = None;
         }
-        let (_, work) = e.layouts().repair_needed();
-        let needed = e.layouts().repair_space_needed();
+        let counts = e.layouts().repair_counts();
+        let needed = counts.moves as u64 * e.pool().slab_size();
         let disks = e.pool().disks();
         let out: Vec<_> = disks
             .iter()
@@ -200,7 +212,7 @@ impl Daemon {
             .collect();
         w.out_since
             .retain(|id, _| out.iter().any(|d| d.info.id.to_string() == *id));
-        if work == 0 {
+        if counts.moves + counts.stale == 0 {
             w.out_since.clear();
             w.status = None;
             return;
@@ -241,7 +253,7 @@ impl Daemon {
         // A disk that is back has members that missed writes while it was away: they are read
         // around until resynced where they are, which needs no free space and waits for
         // nothing (and leaves alone the members of a disk still within its delay).
-        let stale = e.layouts().stale_members();
+        let stale = counts.stale;
         let stale_reason = format!("{stale} slab(s) missed writes while their disk was away");
         let mut resync_only = reason.is_none() && stale > 0;
         if resync_only {
@@ -278,9 +290,8 @@ impl Daemon {
             // The stale members need no space: they are resynced meanwhile.
             (resync_only, reason, short) = (true, stale_reason, Some(status));
         }
-        let last_failed = if resync_only { &w.resync_failed } else { &w.failed };
-        if let Some((at, why)) = last_failed {
-            let since = now.duration_since(*at);
+        if let Some((at, why)) = w.failed_of(resync_only).clone() {
+            let since = now.duration_since(at);
             if since < RETRY_AFTER {
                 w.status = Some(format!(
                     "the last automatic repair failed ({why}); the next starts in {}",
@@ -306,12 +317,7 @@ impl Daemon {
             }
             Err(err) => {
                 warn!(pool = name, error = %err.message, "cannot start an automatic repair");
-                let failed = if resync_only {
-                    &mut w.resync_failed
-                } else {
-                    &mut w.failed
-                };
-                *failed = Some((now, err.message));
+                *w.failed_of(resync_only) = Some((now, err.message));
             }
         }
     }
