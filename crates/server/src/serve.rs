@@ -48,19 +48,14 @@ async fn serve(cfg: ServerConfig) -> Result<(), String> {
     // certificate missing) is found before the daemon imports its pools and records anything.
     // The addresses are only tried here (bound and let go), so that no client connects
     // before the daemon answers.
-    for (addr, what, who, flag) in [
-        (cfg.api_listen, "", "daemon", "--api-listen"),
-        (cfg.metrics_listen, " for metrics", "daemon", "metrics_listen"),
-        (cfg.nbd_listen, " for NBD", "server", "--nbd-listen"),
-        (cfg.iscsi_listen, " for iSCSI", "target", "--iscsi-listen"),
-        (
-            cfg.replication_listen,
-            " for replication",
-            "daemon",
-            "replication_listen",
-        ),
+    for (addr, naming) in [
+        (cfg.api_listen, API),
+        (cfg.metrics_listen, METRICS),
+        (cfg.nbd_listen, NBD),
+        (cfg.iscsi_listen, ISCSI),
+        (cfg.replication_listen, REPLICATION),
     ] {
-        drop(bind(addr, what, who, flag).await?);
+        drop(bind(addr, naming).await?);
     }
     let configured_tls = match cfg.nbd_tls.is_empty() {
         false => Some(nbd_tls(&cfg)?),
@@ -89,10 +84,10 @@ async fn serve(cfg: ServerConfig) -> Result<(), String> {
     let unix = unix.map_err(|e| format!("cannot listen on {}: {e}", sock.display()))?;
     std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600))
         .map_err(|e| format!("cannot restrict {}: {e}", sock.display()))?;
-    let tcp = bind(daemon.cfg.api_listen, "", "daemon", "--api-listen").await?;
-    let metrics = bind(daemon.cfg.metrics_listen, " for metrics", "daemon", "metrics_listen").await?;
+    let tcp = bind(daemon.cfg.api_listen, API).await?;
+    let metrics = bind(daemon.cfg.metrics_listen, METRICS).await?;
     daemon.portals.start()?;
-    let nbd = bind(daemon.cfg.nbd_listen, " for NBD", "server", "--nbd-listen").await?;
+    let nbd = bind(daemon.cfg.nbd_listen, NBD).await?;
     let nbd_addr = nbd.as_ref().and_then(|l| l.local_addr().ok());
     let repl = {
         let d = daemon.clone();
@@ -290,7 +285,16 @@ fn nbd_tls(cfg: &ServerConfig) -> Result<Option<(Arc<tessera_nbd::TlsServer>, Op
 }
 
 /// Binds a configured listener (None: it is off), with an error that says what to change.
-async fn bind(addr: Option<SocketAddr>, what: &str, who: &str, flag: &str) -> Result<Option<TcpListener>, String> {
+/// How a listener is named when its address cannot be had: what it listens for, who else
+/// might hold the address, and the setting that chooses another.
+type Naming = (&'static str, &'static str, &'static str);
+const API: Naming = ("", "daemon", "--api-listen");
+const METRICS: Naming = (" for metrics", "daemon", "metrics_listen");
+const NBD: Naming = (" for NBD", "server", "--nbd-listen");
+const ISCSI: Naming = (" for iSCSI", "target", "--iscsi-listen");
+const REPLICATION: Naming = (" for replication", "daemon", "replication_listen");
+
+async fn bind(addr: Option<SocketAddr>, (what, who, flag): Naming) -> Result<Option<TcpListener>, String> {
     let Some(a) = addr else {
         return Ok(None);
     };
