@@ -67,6 +67,23 @@ fn copy_of(path: &str, image: &[u8]) -> Arc<FaultyDisk> {
     d
 }
 
+/// Writes the vdisk's first 4 KiB block with pattern `seed`, and into `model`.
+fn write_first_block(rig: &Rig, model: &mut [u8], seed: u64) {
+    let new = pattern(seed, 0, 4096);
+    rig.engine().vdisk("v").unwrap().write(0, &new, true).unwrap();
+    model[..4096].copy_from_slice(&new);
+}
+
+fn assert_failed_as_an_older_copy(rig: &Rig, disk: usize) {
+    let d = &rig.engine().pool().disks()[disk];
+    assert_eq!(d.info.state, DiskState::Failed);
+    assert!(
+        d.problem.as_deref().unwrap_or("").contains("older copy"),
+        "{:?}",
+        d.problem
+    );
+}
+
 fn state(rig: &Rig, disk: usize) -> DiskState {
     rig.engine().pool().disks()[disk].info.state
 }
@@ -97,9 +114,7 @@ fn a_disk_back_is_stale_only_in_the_slab_sets_written_around_it_and_resynced_whe
     let away = rig.disks.remove(1);
     rig.reopen();
     // One block written while the disk is away: one set goes around it.
-    let new = pattern(2, 0, 4096);
-    rig.engine().vdisk("v").unwrap().write(0, &new, true).unwrap();
-    data[..4096].copy_from_slice(&new);
+    write_first_block(&rig, &mut data, 2);
     // Closed as a crash would: the record of it must be durable already.
     rig.engine = None;
     rig.disks.insert(1, away);
@@ -248,9 +263,7 @@ fn a_retired_disk_back_is_stale_where_a_write_went_around_it() {
     let away = rig.disks.remove(1);
     rig.reopen();
     assert_eq!(state(&rig, 1), DiskState::Missing);
-    let new = pattern(5, 0, 4096);
-    rig.engine().vdisk("v").unwrap().write(0, &new, true).unwrap();
-    data[..4096].copy_from_slice(&new);
+    write_first_block(&rig, &mut data, 5);
     stop(&mut rig);
     rig.disks.insert(1, away);
     rig.reopen();
@@ -320,13 +333,7 @@ fn an_older_copy_of_a_missing_disk_is_failed() {
     stop(&mut rig);
     rig.disks.insert(1, copy_of("mem1", &image));
     rig.reopen();
-    let d = &rig.engine().pool().disks()[1];
-    assert_eq!(d.info.state, DiskState::Failed);
-    assert!(
-        d.problem.as_deref().unwrap_or("").contains("older copy"),
-        "{:?}",
-        d.problem
-    );
+    assert_failed_as_an_older_copy(&rig, 1);
     assert_eq!(read_all(&rig), data);
 }
 
@@ -337,19 +344,11 @@ fn an_older_copy_in_a_present_disks_place_is_failed() {
     let (mut rig, data) = mirrored_pair();
     let image = image_of(&rig, 1);
     let mut now = data.clone();
-    let new = pattern(6, 0, 4096);
-    rig.engine().vdisk("v").unwrap().write(0, &new, true).unwrap();
-    now[..4096].copy_from_slice(&new);
+    write_first_block(&rig, &mut now, 6);
     stop(&mut rig);
     rig.disks[1] = copy_of("mem1", &image);
     rig.reopen();
-    let d = &rig.engine().pool().disks()[1];
-    assert_eq!(d.info.state, DiskState::Failed);
-    assert!(
-        d.problem.as_deref().unwrap_or("").contains("older copy"),
-        "{:?}",
-        d.problem
-    );
+    assert_failed_as_an_older_copy(&rig, 1);
     for _ in 0..4 {
         assert_eq!(read_all(&rig), now);
     }
@@ -362,9 +361,7 @@ fn a_copy_taken_while_the_pool_ran_is_older_after_a_clean_stop() {
     let (mut rig, data) = mirrored_pair();
     let image = image_of(&rig, 1);
     let mut now = data.clone();
-    let new = pattern(11, 0, 4096);
-    rig.engine().vdisk("v").unwrap().write(0, &new, true).unwrap();
-    now[..4096].copy_from_slice(&new);
+    write_first_block(&rig, &mut now, 11);
     rig.engine().checkpoint().unwrap();
     rig.engine().seal().unwrap();
     rig.engine = None;
