@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 use tessera_disk::{AlignedBuf, DiskRef};
-use tessera_pool::{DiskState, Pool, PoolError, SlabRef};
+use tessera_pool::{DiskState, MetaBatch, Pool, PoolError, SlabRef};
 use tracing::{info, warn};
 
 use crate::error::{LayoutError, Result};
@@ -259,6 +259,13 @@ impl Layouts {
 
     pub fn sets(&self) -> Vec<Arc<SlabSet>> {
         self.registry.all()
+    }
+
+    /// Writes slab set `id`'s descriptor again from what the running pool holds (where the
+    /// stored one cannot be read), with the caller's records of the set in `also`, in one
+    /// batch. False if the set is gone.
+    pub fn rewrite_set_records(&self, id: u32, also: MetaBatch) -> Result<bool> {
+        self.registry.rewrite(&self.pool, id, also)
     }
 
     /// Frees a slab set whose data nobody references any more. The journal is checkpointed

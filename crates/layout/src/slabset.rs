@@ -68,6 +68,9 @@ pub(crate) fn set_key(id: u32) -> [u8; 4] {
 pub(crate) struct Registry {
     pub sets: RwLock<BTreeMap<u32, Arc<SlabSet>>>,
     next_id: AtomicU32,
+    /// Held by a removal and a rewrite of a descriptor: a rewrite never brings back the
+    /// record of a set removed meanwhile.
+    records: parking_lot::Mutex<()>,
 }
 
 impl Registry {
@@ -102,6 +105,7 @@ impl Registry {
         Ok(Registry {
             sets: RwLock::new(sets),
             next_id: AtomicU32::new(max_id + 1),
+            records: parking_lot::Mutex::new(()),
         })
     }
 
@@ -156,11 +160,38 @@ impl Registry {
 
     /// Deletes a set's descriptor and forgets it; its slabs are the caller's to give back.
     pub fn remove(&self, pool: &Pool, id: u32) -> Result<()> {
+        let _records = self.records.lock();
         let mut b = MetaBatch::new();
         b.delete(CF_SLABSETS, set_key(id));
         pool.meta().commit(b, true)?;
         self.sets.write().remove(&id);
         Ok(())
+    }
+
+    /// Writes a set's descriptor again from memory, with `also` in the same batch, unless
+    /// the set is gone: false then. Its members are held meanwhile, so that no repair moves
+    /// one and has its own descriptor overwritten by this older one.
+    pub fn rewrite(&self, pool: &Pool, id: u32, also: MetaBatch) -> Result<bool> {
+        let _records = self.records.lock();
+        let Some(set) = self.sets.read().get(&id).cloned() else {
+            return Ok(false);
+        };
+        let members = set.members.read();
+        let missed = set.missed.lock();
+        let desc = SlabSetDesc {
+            id,
+            spec: set.spec,
+            members: members.clone(),
+            missed: missed.clone(),
+        };
+        let mut b = also;
+        b.put(
+            CF_SLABSETS,
+            set_key(id),
+            serde_json::to_vec(&desc).expect("serializable"),
+        );
+        pool.meta().commit(b, true)?;
+        Ok(true)
     }
 }
 

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
-use tessera_pool::{decode_refcount, CF_GRAINS, CF_POOL, CF_REFCOUNTS};
+use tessera_pool::{decode_refcount, CF_GRAINS, CF_GRAINSETS, CF_POOL, CF_REFCOUNTS, CF_SLABSETS};
 
 use crate::engine::Engine;
 use crate::error::Result;
@@ -30,14 +30,25 @@ impl Engine {
             live_ids.push(v.id);
             let map = v.map.read();
             let mut stored: HashMap<u64, u64> = HashMap::new();
+            let mut unreadable = 0u64;
             s.pool
                 .meta()
                 .for_each_prefix(CF_GRAINS, &v.id.to_be_bytes(), |k, val| {
-                    if let (Some((_, g)), Some(l)) = (parse_grain_key(k), parse_loc(val)) {
-                        stored.insert(g, l);
+                    match (parse_grain_key(k), parse_loc(val)) {
+                        (Some((_, g)), Some(l)) => {
+                            stored.insert(g, l);
+                        }
+                        // A key of the wrong length is named below, with every such key.
+                        (Some(_), None) => unreadable += 1,
+                        (None, _) => {}
                     }
                     Ok(())
                 })?;
+            if unreadable > 0 {
+                report
+                    .problems
+                    .push(format!("{}: {unreadable} grain map record(s) cannot be read", v.name()));
+            }
             let mut mapped = 0;
             for (g, e) in map.iter().enumerate() {
                 let l = e.load(Ordering::Acquire);
@@ -116,22 +127,52 @@ impl Engine {
         }
         // Grain entries of vdisks that no longer exist would leak their slots.
         s.pool.meta().for_each_prefix(CF_GRAINS, &[], |k, _| {
-            if let Some((id, g)) = parse_grain_key(k) {
-                if !live_ids.contains(&id) {
-                    report
-                        .problems
-                        .push(format!("grain entry {g} of vdisk id {id}, which does not exist"));
-                }
+            match parse_grain_key(k) {
+                Some((id, g)) if !live_ids.contains(&id) => report
+                    .problems
+                    .push(format!("grain entry {g} of vdisk id {id}, which does not exist")),
+                Some(_) => {}
+                None => report
+                    .problems
+                    .push(format!("a grain map record under a key of {} bytes", k.len())),
             }
             Ok(())
         })?;
         let mut stored_counts: HashMap<u64, i64> = HashMap::new();
         s.pool.meta().for_each_prefix(CF_REFCOUNTS, &[], |k, v| {
-            if let Ok(k) = <[u8; 8]>::try_from(k) {
-                let c = decode_refcount(v);
-                if c != 0 {
-                    stored_counts.insert(u64::from_be_bytes(k), c);
+            match <[u8; 8]>::try_from(k) {
+                Ok(k) if v.len() != 8 => report.problems.push(format!(
+                    "the count record of slot {:#x} cannot be read ({} bytes)",
+                    u64::from_be_bytes(k),
+                    v.len()
+                )),
+                Ok(k) => {
+                    let c = decode_refcount(v);
+                    if c != 0 {
+                        stored_counts.insert(u64::from_be_bytes(k), c);
+                    }
                 }
+                Err(_) => report
+                    .problems
+                    .push(format!("a count record under a key of {} bytes", k.len())),
+            }
+            Ok(())
+        })?;
+        // The records of the slab sets themselves: one that cannot be read stops the next
+        // import or would free its set.
+        s.pool.meta().for_each_prefix(CF_GRAINSETS, &[], |k, v| {
+            if k.len() != 4 || v.len() != 8 || v.iter().all(|&b| b == 0) {
+                report
+                    .problems
+                    .push(format!("the grain size record {k:02x?} cannot be read: {v:02x?}"));
+            }
+            Ok(())
+        })?;
+        s.pool.meta().for_each_prefix(CF_SLABSETS, &[], |k, v| {
+            if serde_json::from_slice::<tessera_layout::SlabSetDesc>(v).is_err() {
+                report
+                    .problems
+                    .push(format!("the slab set descriptor {k:02x?} cannot be read"));
             }
             Ok(())
         })?;

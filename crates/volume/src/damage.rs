@@ -8,7 +8,7 @@
 use std::ops::Range;
 use std::sync::atomic::Ordering;
 
-use tessera_pool::{MetaBatch, CF_GRAINS, CF_REFCOUNTS};
+use tessera_pool::{MetaBatch, CF_GRAINS, CF_GRAINSETS, CF_REFCOUNTS, CF_SLABSETS};
 
 use crate::engine::Engine;
 use crate::error::{Result, VolumeError};
@@ -19,7 +19,43 @@ use crate::vdisk::Vdisk;
 /// Grains (or slots) per batch.
 const BATCH: u64 = 4096;
 
+/// A record [`Engine::damage_unreadable`] makes unreadable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unreadable {
+    /// The grain map entry of a vdisk's grain: its value cut short.
+    GrainEntry,
+    /// A record under a grain map key of the wrong length (the grain's own entry stays).
+    GrainKey,
+    /// The reference count of the slot under the grain.
+    Count,
+    /// A record under a count key of the wrong length.
+    CountKey,
+    /// The grain size record of the slab set under the grain.
+    GrainSize,
+    /// The descriptor of the slab set under the grain.
+    SetDescriptor,
+}
+
 impl Engine {
+    /// Makes a record about `vdisk`'s (mapped) grain unreadable, in the store only: memory
+    /// keeps what it had, as when a store is damaged under a running pool, and an import
+    /// reads what is left.
+    pub fn damage_unreadable(&self, vdisk: &str, grain: u64, what: Unreadable) -> Result<()> {
+        let v = self.vdisk(vdisk)?;
+        let l = self.mapped_slot(&v, grain)?;
+        let set = crate::space::loc_parts(l).0;
+        let mut b = MetaBatch::new();
+        match what {
+            Unreadable::GrainEntry => b.put(CF_GRAINS, grain_key(v.id, grain), &loc_value(l)[..5]),
+            Unreadable::GrainKey => b.put(CF_GRAINS, &grain_key(v.id, grain)[..12], loc_value(l)),
+            Unreadable::Count => b.put(CF_REFCOUNTS, refcount_key(l), [1u8, 2, 3]),
+            Unreadable::CountKey => b.put(CF_REFCOUNTS, [0xffu8; 5], 1i64.to_le_bytes()),
+            Unreadable::GrainSize => b.put(CF_GRAINSETS, set.to_be_bytes(), [7u8, 7, 7]),
+            Unreadable::SetDescriptor => b.put(CF_SLABSETS, set.to_be_bytes(), &b"{\"id\": "[..]),
+        }
+        self.damage_commit(b)
+    }
+
     fn mapped_slot(&self, v: &Vdisk, grain: u64) -> Result<Loc> {
         match v.entry(grain) {
             0 => Err(VolumeError::Invalid(format!(

@@ -11,8 +11,8 @@ use tessera_cache::{CacheStatus, WriteCache};
 use tessera_disk::DiskRef;
 use tessera_layout::{LayoutSpec, Layouts, Progress, RebuildOptions, RebuildReport};
 use tessera_pool::{
-    decode_refcount, validate_name, DiskOpener, DiskState, DiskUsage, MetaBatch, MetaStore, Pool, CF_GRAINS,
-    CF_GRAINSETS, CF_POOL, CF_REFCOUNTS, CF_VDISKS,
+    validate_name, DiskOpener, DiskState, DiskUsage, MetaBatch, MetaStore, Pool, CF_GRAINS, CF_GRAINSETS, CF_POOL,
+    CF_VDISKS,
 };
 use tracing::{info, warn};
 
@@ -26,7 +26,7 @@ use crate::hot_copies::HotCopies;
 use crate::keys::{count_refs, parse_grain_key, parse_loc, vdisk_key};
 use crate::locks::GrainLocks;
 use crate::shared::Shared;
-use crate::space::{loc_parts, Class, GrainSpace};
+use crate::space::{Class, GrainSpace};
 use crate::vdisk::{Vdisk, BATCH_GRAINS};
 
 /// The engine owns the pool's vdisks by name; each vdisk holds only what vdisks share (the
@@ -159,28 +159,13 @@ impl Engine {
         let space = GrainSpace::new(cache.clone());
         let meta = pool.meta().clone();
 
+        crate::records::mend_counts(&meta)?;
         purge_orphan_grains(&meta)?;
-        // Reference counts, per slab set.
-        let mut counts: HashMap<u32, HashMap<u32, i64>> = HashMap::new();
-        meta.for_each_prefix(CF_REFCOUNTS, &[], |k, v| {
-            if let Ok(k) = <[u8; 8]>::try_from(k) {
-                let (set, slot) = loc_parts(u64::from_be_bytes(k));
-                counts.entry(set).or_default().insert(slot, decode_refcount(v));
-            }
-            Ok(())
-        })?;
+        let configs = vdisk_records(&meta)?;
+        let counts = crate::records::load_counts(&meta)?;
         // Slab sets that hold grains; a set without a grain record was made by a crashed
         // allocation and holds nothing: give it back.
-        let mut grainsets = HashMap::new();
-        meta.for_each_prefix(CF_GRAINSETS, &[], |k, v| {
-            if let (Ok(id), Ok(g)) = (
-                k.try_into().map(u32::from_be_bytes),
-                v.try_into().map(u64::from_le_bytes),
-            ) {
-                grainsets.insert(id, g);
-            }
-            Ok(())
-        })?;
+        let mut grainsets = crate::records::load_grainsets(&meta, &configs, &counts)?;
         for set in layouts.sets() {
             match grainsets.remove(&set.id) {
                 Some(g) => space.load_set(set.clone(), g, counts.get(&set.id).unwrap_or(&HashMap::new())),
@@ -212,7 +197,6 @@ impl Engine {
         });
         let mut vdisks = BTreeMap::new();
 
-        let configs = vdisk_records(&meta)?;
         let mut max_id = 0;
         let mut deleting = Vec::new();
         for c in configs {
@@ -221,15 +205,21 @@ impl Engine {
             // Counted, not refused: what opened before opens again, whatever else is open.
             let map = GrainMap::loaded(grains, &|| format!("vdisk '{}' of {} bytes", c.name, c.size))?;
             let mut mapped = 0;
+            let mut unreadable = 0u64;
             meta.for_each_prefix(CF_GRAINS, &c.id.to_be_bytes(), |k, v| {
-                if let (Some((_, g)), Some(l)) = (parse_grain_key(k), parse_loc(v)) {
-                    if g < grains {
+                match (parse_grain_key(k), parse_loc(v)) {
+                    (Some((_, g)), Some(l)) if g < grains => {
                         map[g as usize].store(l, Ordering::Relaxed);
                         mapped += 1;
                     }
+                    (Some(_), Some(_)) => {}
+                    _ => unreadable += 1,
                 }
                 Ok(())
             })?;
+            if unreadable > 0 {
+                warn!(vdisk = %c.name, records = unreadable, "grain map records that cannot be read: the grains they name read as zeros until written; 'tessera pool scan' names them");
+            }
             let v = Arc::new(Vdisk::new(s.clone(), c.clone(), map, mapped));
             if c.state != VdiskState::Online {
                 deleting.push(v);

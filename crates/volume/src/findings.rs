@@ -33,6 +33,10 @@ pub enum FindingKind {
     JournalStale,
     /// A region a crash left inconsistent that replay could not settle.
     RegionUnsynced,
+    /// A record of the grain map, the reference counts or the slab sets that cannot be read
+    /// (a key or value of the wrong length, a descriptor that does not parse): a damaged
+    /// store. Never taken for "nothing": the set it describes is judged from memory.
+    RecordMalformed,
 }
 
 /// The repair a finding calls for, with what the scan saw, so that spot-fix can tell whether
@@ -56,6 +60,14 @@ pub enum Repair {
     DropEntries { vdisk: u64, entries: u64 },
     /// A repair of the layout layer.
     Layout { finding: LayoutFinding },
+    /// Remove a record that cannot be read and says nothing one can use: a grain map entry
+    /// whose key or value has the wrong length (no slot is known, so no count moves), a
+    /// count under a key of the wrong length. `key` and `found` (its bytes as the scan saw
+    /// them) in hex; the record is removed only if it still holds them.
+    DropRecord { family: String, key: String, found: String },
+    /// Write the slab set's records (its descriptor and its grain size) again from what the
+    /// running pool holds, where one could not be read.
+    RewriteSet { set: u32 },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema)]
@@ -114,12 +126,16 @@ impl Finding {
                 ..
             } => (
                 slot_name(*slot),
-                if *references == 0 {
+                if self.kind == FindingKind::RecordMalformed {
+                    format!("its count record cannot be read (the store sums it as 0); {references} grain(s) refer to it")
+                } else if *references == 0 {
                     format!("counted as used {stored} time(s), but nothing refers to it")
                 } else {
                     format!("{references} grain(s) refer to it, but its count is {stored}")
                 },
-                if *references == 0 {
+                if *references == 0 && self.kind == FindingKind::RecordMalformed {
+                    "write its count again as 0".to_string()
+                } else if *references == 0 {
                     "set its count to 0: the slot is free again".to_string()
                 } else {
                     format!("set its count to {references}")
@@ -149,6 +165,21 @@ impl Finding {
                 format!("vdisk id {v}"),
                 format!("{entries} grain map entries of a vdisk that has no record"),
                 "remove them and the references they hold".to_string(),
+            ),
+            Repair::DropRecord { family, key, found } => (
+                format!("{family} record {key}"),
+                format!("cannot be read: {found:?} (hex) is no {family} record"),
+                match family.as_str() {
+                    "grains" => "write it again from memory if the running vdisk maps its grain; else remove it (the grain reads as zeros, as it has since the pool opened)"
+                        .to_string(),
+                    _ => "remove it".to_string(),
+                },
+            ),
+            Repair::RewriteSet { set } => (
+                format!("slab set {set}"),
+                "a record of the set (its descriptor or its grain size) cannot be read; the running pool knows it"
+                    .to_string(),
+                "write the set's records again from what the running pool holds".to_string(),
             ),
             Repair::Layout { finding } => match finding {
                 LayoutFinding::MemberLost { set, members } => (

@@ -21,6 +21,7 @@ mod locks;
 mod lun_state;
 mod packed;
 mod plan;
+mod records;
 mod scan;
 mod scrub;
 mod shared;
@@ -34,6 +35,7 @@ mod writer;
 
 pub use check::CheckReport;
 pub use config::{Provisioning, VdiskConfig, VdiskSpec, VdiskState, DEFAULT_GRAIN, MAX_GRAIN, MIN_GRAIN};
+pub use damage::Unreadable;
 pub use engine::Engine;
 pub use error::{Result, VolumeError};
 pub use findings::{FindingKind, FindingStatus, FindingView, Repair, ScanReport, SpotfixReport};

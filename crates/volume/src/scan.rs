@@ -24,7 +24,7 @@ use crate::config::VdiskConfig;
 use crate::engine::Engine;
 use crate::error::{Result, VolumeError};
 use crate::findings::{encode, finding_key, save_report, Finding, FindingKind, FindingStatus, Repair, ScanReport};
-use crate::keys::{parse_grain_key, parse_loc};
+use crate::keys::{hex, parse_grain_key, parse_loc};
 use crate::space::{loc_parts, slots_of, Class};
 
 /// Grains named per wrong count, at most: enough for spot-fix to check that they still point
@@ -89,6 +89,18 @@ impl Tally {
             .filter(|s| (slot as usize) < s.refs.len())
             .map(|s| s.class)
     }
+}
+
+/// A record nothing can be made of, and its repair: removed if it still holds what was seen.
+fn drop_record(family: &str, key: &[u8], found: &[u8]) -> (FindingKind, Repair) {
+    (
+        FindingKind::RecordMalformed,
+        Repair::DropRecord {
+            family: family.to_string(),
+            key: hex(key),
+            found: hex(found),
+        },
+    )
 }
 
 /// Counts `n` more records done; an error once the job is cancelled (which the caller turns
@@ -186,32 +198,62 @@ impl Engine {
     /// The slab sets that hold grains and the vdisks, as of the snapshot.
     fn load_space(&self, snap: &MetaSnapshot) -> Result<Tally> {
         let slab = self.pool().slab_size();
+        let mut findings = Vec::new();
+        // Sets with a record that cannot be read: judged from memory, never as absent (their
+        // grains would be taken for dangling references and unmapped).
+        let mut unreadable = std::collections::BTreeSet::new();
         let mut specs: HashMap<u32, LayoutSpec> = HashMap::new();
-        snap.for_each_prefix(CF_SLABSETS, &[], |_, v| {
-            if let Ok(d) = serde_json::from_slice::<SlabSetDesc>(v) {
-                specs.insert(d.id, d.spec);
+        snap.for_each_prefix(CF_SLABSETS, &[], |k, v| {
+            match serde_json::from_slice::<SlabSetDesc>(v) {
+                Ok(d) => {
+                    specs.insert(d.id, d.spec);
+                }
+                Err(_) => match <[u8; 4]>::try_from(k) {
+                    Ok(id) => {
+                        unreadable.insert(u32::from_be_bytes(id));
+                    }
+                    Err(_) => findings.push(drop_record(CF_SLABSETS, k, v)),
+                },
             }
             Ok(())
         })?;
         let mut sets = HashMap::new();
         snap.for_each_prefix(CF_GRAINSETS, &[], |k, v| {
-            if let (Ok(id), Ok(grain)) = (
-                k.try_into().map(u32::from_be_bytes),
-                v.try_into().map(u64::from_le_bytes),
-            ) {
-                if let Some(&layout) = specs.get(&id).filter(|_| grain > 0) {
-                    let slots = (layout.set_capacity(slab) / grain) as usize;
-                    sets.insert(
-                        id,
-                        SetInfo {
-                            class: Class { layout, grain },
-                            refs: vec![0; slots],
-                        },
-                    );
+            let Ok(id) = k.try_into().map(u32::from_be_bytes) else {
+                findings.push(drop_record(CF_GRAINSETS, k, v));
+                return Ok(());
+            };
+            match v.try_into().map(u64::from_le_bytes) {
+                Ok(grain) if grain > 0 => {
+                    if let Some(&layout) = specs.get(&id) {
+                        let slots = (layout.set_capacity(slab) / grain) as usize;
+                        sets.insert(
+                            id,
+                            SetInfo {
+                                class: Class { layout, grain },
+                                refs: vec![0; slots],
+                            },
+                        );
+                    }
+                }
+                _ => {
+                    unreadable.insert(id);
                 }
             }
             Ok(())
         })?;
+        for id in unreadable {
+            if let Some(ss) = self.shared().space.slots(id) {
+                sets.insert(
+                    id,
+                    SetInfo {
+                        class: ss.class,
+                        refs: vec![0; ss.refs.len()],
+                    },
+                );
+            }
+            findings.push((FindingKind::RecordMalformed, Repair::RewriteSet { set: id }));
+        }
         let mut vdisks = HashMap::new();
         snap.for_each_prefix(CF_VDISKS, &[], |_, v| {
             // An unreadable record stops the pool's import with its own error; here its
@@ -234,7 +276,7 @@ impl Engine {
             sets,
             vdisks,
             dangling: BTreeMap::new(),
-            findings: Vec::new(),
+            findings,
             grains: 0,
             counted: 0,
         })
@@ -249,6 +291,16 @@ impl Engine {
                 tick(progress, 65536)?;
             }
             let (Some((vdisk, grain)), Some(slot)) = (parse_grain_key(k), parse_loc(v)) else {
+                // A running vdisk that maps the grain holds its reference (the record was
+                // damaged under it; spot-fix writes it again from memory): counted, or its
+                // slot would be judged free.
+                if let Some(l) = parse_grain_key(k)
+                    .and_then(|(id, g)| Some(self.vdisk_by_id(id)?.entry(g)))
+                    .filter(|&l| l != 0)
+                {
+                    t.count(l);
+                }
+                t.findings.push(drop_record(CF_GRAINS, k, v));
                 return Ok(());
             };
             t.grains += 1;
@@ -283,19 +335,25 @@ impl Engine {
                 tick(progress, 65536)?;
             }
             let Ok(slot) = <[u8; 8]>::try_from(k).map(u64::from_be_bytes) else {
+                t.findings.push(drop_record(CF_REFCOUNTS, k, v));
                 return Ok(());
             };
+            // A value of the wrong length counts as 0, as the store's sum reads it: a repair
+            // by a delta of what the grains hold rewrites it whole.
+            let malformed = v.len() != 8;
             let stored = decode_refcount(v);
             let references = t.take(slot);
             if stored != 0 {
                 t.counted += 1;
             }
-            if stored != references as i64 {
+            if stored != references as i64 || malformed {
                 if references > 0 {
                     wrong_with_refs.insert(slot, t.findings.len());
                 }
                 t.findings.push((
-                    if references == 0 {
+                    if malformed {
+                        FindingKind::RecordMalformed
+                    } else if references == 0 {
                         FindingKind::OrphanSlot
                     } else {
                         FindingKind::RefcountWrong

@@ -18,15 +18,18 @@ use std::time::Instant;
 
 use tessera_disk::AlignedBuf;
 use tessera_layout::{LayoutFinding, Progress, RebuildOptions};
-use tessera_pool::{decode_refcount, MetaBatch, CF_FINDINGS, CF_GRAINS, CF_REFCOUNTS, CF_VDISKS};
+use tessera_pool::{
+    decode_refcount, MetaBatch, CF_FINDINGS, CF_GRAINS, CF_GRAINSETS, CF_REFCOUNTS, CF_SLABSETS, CF_VDISKS,
+};
 use tracing::{info, warn};
 
 use crate::engine::Engine;
 use crate::error::{Result, VolumeError};
 use crate::findings::{
-    encode, finding_key, load_findings, load_report, save_report, Finding, FindingStatus, Repair, SpotfixReport,
+    encode, finding_key, load_findings, load_report, save_report, Finding, FindingKind, FindingStatus, Repair,
+    SpotfixReport,
 };
-use crate::keys::{count_refs, grain_key, parse_grain_key, parse_loc, refcount_key, vdisk_key};
+use crate::keys::{count_refs, grain_key, loc_value, parse_grain_key, parse_hex, parse_loc, refcount_key, vdisk_key};
 use crate::vdisk::{read_loc, Vdisk};
 
 /// Findings settled per batch of orphan and count repairs.
@@ -172,8 +175,12 @@ impl Engine {
                 );
                 continue;
             }
-            // A negative stored count was loaded as 0: memory has nothing to give back.
-            let mem = stored.max(0);
+            // A negative stored count was loaded as 0: memory has nothing to give back; nor
+            // where the record cannot be read (memory was counted again at import).
+            let mem = match f.kind {
+                FindingKind::RecordMalformed => 0,
+                _ => stored.max(0),
+            };
             b.count(CF_REFCOUNTS, refcount_key(slot), -stored);
             Self::settle_in(&mut b, f, Outcome::Fixed, report);
             release.push((slot, mem));
@@ -186,7 +193,7 @@ impl Engine {
         Ok(())
     }
 
-    fn vdisk_by_id(&self, id: u64) -> Option<Arc<Vdisk>> {
+    pub(crate) fn vdisk_by_id(&self, id: u64) -> Option<Arc<Vdisk>> {
         self.vdisks().into_iter().find(|v| v.id == id)
     }
 
@@ -202,6 +209,8 @@ impl Engine {
             Repair::Recopy { vdisk, grain, slot } => self.fix_recopy(*vdisk, *grain, *slot),
             Repair::DropEntries { vdisk, .. } => self.fix_dangling(*vdisk),
             Repair::Layout { finding } => self.fix_layout(finding),
+            Repair::DropRecord { family, key, found } => self.fix_record(family, key, found),
+            Repair::RewriteSet { set } => self.fix_set_records(*set),
         };
         r.unwrap_or_else(|e| Outcome::Failed(e.to_string()))
     }
@@ -268,7 +277,13 @@ impl Engine {
             )));
         }
         let delta = references as i64 - stored;
-        let mem_delta = references as i64 - stored.max(0);
+        // Memory was loaded from the record, or counted again at import where the record
+        // could not be read, and moved with it since: it is right where the store's record
+        // cannot be read (and sums as 0).
+        let mem_delta = match f.kind {
+            FindingKind::RecordMalformed => 0,
+            _ => references as i64 - stored.max(0),
+        };
         // Counted in memory before the store counts, uncounted after: never handed out while
         // a durable entry points at it.
         if mem_delta > 0 {
@@ -385,6 +400,62 @@ impl Engine {
             }
         }
         Ok(Outcome::Fixed)
+    }
+
+    /// A record that cannot be read, if it still holds what the scan saw: removed; but a
+    /// grain map entry of a grain that the running vdisk maps (its record was damaged under
+    /// it) is written again from memory, under the grain's lock, as a write would.
+    fn fix_record(&self, family: &str, key: &str, found: &str) -> Result<Outcome> {
+        let Some(cf) = [CF_GRAINS, CF_REFCOUNTS, CF_GRAINSETS, CF_SLABSETS]
+            .into_iter()
+            .find(|cf| *cf == family)
+        else {
+            return Ok(Outcome::Failed(format!("spot-fix removes no {family:?} record")));
+        };
+        let (Some(key), Some(found)) = (parse_hex(key), parse_hex(found)) else {
+            return Ok(Outcome::Failed("the finding's key or bytes are not hex".into()));
+        };
+        let s = self.shared();
+        let grain = (cf == CF_GRAINS)
+            .then(|| parse_grain_key(&key))
+            .flatten()
+            .and_then(|(id, g)| Some((self.vdisk_by_id(id)?, g)));
+        let _gate = match &grain {
+            Some((v, _)) => match v.enter_change() {
+                Ok(g) => Some(g),
+                Err(_) => return Ok(Outcome::Changed(format!("{} is being deleted", v.name()))),
+            },
+            None => None,
+        };
+        let _lock = grain.as_ref().map(|(v, g)| s.locks.write(v.id, *g));
+        let meta = s.pool.meta();
+        if meta.get(cf, &key)?.as_deref() != Some(found.as_slice()) {
+            return Ok(Outcome::Changed("the record changed or is gone".into()));
+        }
+        let mut b = MetaBatch::new();
+        match grain.as_ref().map(|(v, g)| v.entry(*g)) {
+            Some(l) if l != 0 => b.put(CF_GRAINS, &key, loc_value(l)),
+            _ => b.delete(cf, &key),
+        }
+        meta.commit(b, true)?;
+        Ok(Outcome::Fixed)
+    }
+
+    /// A slab set whose descriptor or grain size could not be read: both written again from
+    /// the running pool.
+    fn fix_set_records(&self, set: u32) -> Result<Outcome> {
+        let s = self.shared();
+        let Some(slots) = s.space.slots(set) else {
+            return Ok(Outcome::Failed(format!(
+                "slab set {set} is not in the running pool: nothing to write its records from"
+            )));
+        };
+        let mut also = MetaBatch::new();
+        also.put(CF_GRAINSETS, set.to_be_bytes(), slots.class.grain.to_le_bytes());
+        Ok(match s.layouts.rewrite_set_records(set, also)? {
+            true => Outcome::Fixed,
+            false => Outcome::Changed(format!("slab set {set} was freed meanwhile")),
+        })
     }
 
     fn fix_layout(&self, finding: &LayoutFinding) -> Result<Outcome> {

@@ -617,5 +617,6 @@ fn finding_kind(k: tessera_volume::FindingKind) -> &'static str {
         SetMemberLost => "set member lost",
         JournalStale => "stale journal record",
         RegionUnsynced => "unsynced region",
+        RecordMalformed => "unreadable record",
     }
 }

@@ -1,0 +1,161 @@
+//! The space records read at import: each slot's reference count and each slab set's grain
+//! size. A record that cannot be read (a key or value of the wrong length: a damaged store)
+//! is never taken for "nothing", which would hand out slots that grains use or free a set
+//! that holds data: a count is counted again from the grain map, a set's grain size is
+//! taken from the vdisks whose grains lie in it, and what cannot be known stops the import
+//! with the record named.
+
+use std::collections::{BTreeMap, HashMap};
+
+use tessera_pool::{decode_refcount, MetaBatch, MetaStore, CF_GRAINS, CF_GRAINSETS, CF_POOL, CF_REFCOUNTS};
+use tracing::warn;
+
+use crate::config::VdiskConfig;
+use crate::error::{Result, VolumeError};
+use crate::keys::{hex, parse_grain_key, parse_loc, refcount_key};
+use crate::space::{loc_parts, slots_of, Loc};
+
+/// Reference counts by slab set and slot.
+pub type Counts = HashMap<u32, HashMap<u32, i64>>;
+
+/// Counts again, and writes back whole, every reference count whose record cannot be read
+/// (the grain map's references and the hot copies'). First thing at import: a count moved
+/// by a delta before (the store sums an unreadable record as 0) would read as a number.
+pub fn mend_counts(meta: &MetaStore) -> Result<()> {
+    let mut unreadable: HashMap<Loc, i64> = HashMap::new();
+    meta.for_each_prefix(CF_REFCOUNTS, &[], |k, v| {
+        if let (Ok(k), false) = (<[u8; 8]>::try_from(k), v.len() == 8) {
+            unreadable.insert(u64::from_be_bytes(k), 0);
+        }
+        Ok(())
+    })?;
+    if unreadable.is_empty() {
+        return Ok(());
+    }
+    meta.for_each_prefix(CF_GRAINS, &[], |k, v| {
+        if let (Some(_), Some(l)) = (parse_grain_key(k), parse_loc(v)) {
+            for s in slots_of(l) {
+                if let Some(n) = unreadable.get_mut(&s) {
+                    *n += 1;
+                }
+            }
+        }
+        Ok(())
+    })?;
+    for (p, c) in crate::hot_copies::stored_pairs(|prefix, f| meta.for_each_prefix(CF_POOL, prefix, f))? {
+        for s in [p, c] {
+            if let Some(n) = unreadable.get_mut(&s) {
+                *n += 1;
+            }
+        }
+    }
+    let mut b = MetaBatch::new();
+    for (&slot, &n) in &unreadable {
+        b.delete(CF_REFCOUNTS, refcount_key(slot));
+        if n != 0 {
+            b.count(CF_REFCOUNTS, refcount_key(slot), n);
+        }
+    }
+    meta.commit(b, true)?;
+    warn!(
+        records = unreadable.len(),
+        "reference count records that could not be read were counted again from the grain map and written back"
+    );
+    Ok(())
+}
+
+/// Every slot's reference count, once [`mend_counts`] made each readable.
+pub fn load_counts(meta: &MetaStore) -> Result<Counts> {
+    let mut counts: Counts = HashMap::new();
+    let mut bad_keys = 0u64;
+    meta.for_each_prefix(CF_REFCOUNTS, &[], |k, v| {
+        match <[u8; 8]>::try_from(k) {
+            Ok(k) => {
+                let (set, slot) = loc_parts(u64::from_be_bytes(k));
+                counts.entry(set).or_default().insert(slot, decode_refcount(v));
+            }
+            Err(_) => bad_keys += 1,
+        }
+        Ok(())
+    })?;
+    if bad_keys > 0 {
+        warn!(
+            records = bad_keys,
+            "reference count records under keys of the wrong length: they count for nothing; 'tessera pool scan' names them, spot-fix removes them"
+        );
+    }
+    Ok(counts)
+}
+
+/// Each slab set's grain size. A set whose record cannot be read takes the grain size of
+/// the vdisks whose grains lie in it, written back; a set nothing lies in nor counts a
+/// reference in is left without one (the import frees it, as a set an interrupted
+/// allocation made). Grain sizes that disagree, or a set with counted slots and no grain to
+/// say its size, stop the import.
+pub fn load_grainsets(meta: &MetaStore, vdisks: &[VdiskConfig], counts: &Counts) -> Result<HashMap<u32, u64>> {
+    let mut sets = HashMap::new();
+    let mut unreadable: BTreeMap<u32, Vec<u8>> = BTreeMap::new();
+    let mut drop = MetaBatch::new();
+    meta.for_each_prefix(CF_GRAINSETS, &[], |k, v| {
+        match (<[u8; 4]>::try_from(k), <[u8; 8]>::try_from(v)) {
+            (Ok(id), Ok(g)) if u64::from_le_bytes(g) > 0 => {
+                sets.insert(u32::from_be_bytes(id), u64::from_le_bytes(g));
+            }
+            (Ok(id), _) => {
+                unreadable.insert(u32::from_be_bytes(id), v.to_vec());
+            }
+            // Under no set's key: it names nothing.
+            (Err(_), _) => drop.delete(CF_GRAINSETS, k),
+        }
+        Ok(())
+    })?;
+    if !drop.is_empty() {
+        warn!(
+            records = drop.len(),
+            "grain size records under keys of the wrong length removed"
+        );
+        meta.commit(drop, true)?;
+    }
+    if unreadable.is_empty() {
+        return Ok(sets);
+    }
+    let grain_of: HashMap<u64, u64> = vdisks.iter().map(|c| (c.id, c.grain_size)).collect();
+    let mut seen: BTreeMap<u32, Vec<u64>> = unreadable.keys().map(|&id| (id, Vec::new())).collect();
+    meta.for_each_prefix(CF_GRAINS, &[], |k, v| {
+        if let (Some((vdisk, _)), Some(l)) = (parse_grain_key(k), parse_loc(v)) {
+            if let (Some(sizes), Some(&g)) = (seen.get_mut(&loc_parts(l).0), grain_of.get(&vdisk)) {
+                if !sizes.contains(&g) {
+                    sizes.push(g);
+                }
+            }
+        }
+        Ok(())
+    })?;
+    let mut b = MetaBatch::new();
+    for (id, sizes) in seen {
+        let found = hex(&unreadable[&id]);
+        match sizes[..] {
+            [g] => {
+                warn!(set = id, grain = g, found = %found, "a slab set's grain size record could not be read; taken from the vdisks whose grains lie in it");
+                b.put(CF_GRAINSETS, id.to_be_bytes(), g.to_le_bytes());
+                sets.insert(id, g);
+            }
+            [] if counts.get(&id).is_none_or(|c| c.values().all(|&n| n == 0)) => {
+                warn!(set = id, found = %found, "a slab set's grain size record could not be read, and nothing lies in the set: it is freed");
+                b.delete(CF_GRAINSETS, id.to_be_bytes());
+            }
+            [] => {
+                return Err(VolumeError::Invalid(format!(
+                    "slab set {id}: its grain size record ({found}, hex) cannot be read, and no grain map entry lies in it to tell it, though its slots are counted as used; the pool is not opened, so that nothing is freed or overwritten"
+                )))
+            }
+            _ => {
+                return Err(VolumeError::Invalid(format!(
+                    "slab set {id}: its grain size record ({found}, hex) cannot be read, and the vdisks whose grains lie in it have grain sizes {sizes:?}; the pool is not opened, so that nothing is freed or overwritten"
+                )))
+            }
+        }
+    }
+    meta.commit(b, true)?;
+    Ok(sets)
+}

@@ -1,0 +1,159 @@
+//! Records of the grain map, the reference counts and the slab sets that cannot be read (a
+//! damaged store): never taken for "nothing". The check names them, the scan finds them
+//! without taking the grains they concern for dangling, spot-fix mends them from what the
+//! running pool holds, and an import counts again or infers what it cannot read before it
+//! hands out a slot or frees a set.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::{pattern, spec, Rig, MIB};
+use tessera_volume::{Engine, FindingKind, LayoutKind, Progress, Provisioning, Unreadable};
+
+const GRAIN: u64 = 16 << 10;
+
+/// Every vdisk's whole content, by name.
+fn contents(e: &Engine) -> BTreeMap<String, Vec<u8>> {
+    e.vdisks()
+        .iter()
+        .map(|v| {
+            let mut buf = vec![0u8; v.size() as usize];
+            v.read(0, &mut buf).unwrap();
+            (v.name(), buf)
+        })
+        .collect()
+}
+
+fn assert_same(got: &BTreeMap<String, Vec<u8>>, want: &BTreeMap<String, Vec<u8>>) {
+    for (name, data) in want {
+        let at = got[name].iter().zip(data).position(|(x, y)| x != y);
+        assert!(at.is_none(), "{name} differs at byte {at:?}");
+    }
+}
+
+/// A mirror vdisk with a snapshot (grains 0 to 63 shared with it) and a parity vdisk.
+fn populated() -> Rig {
+    let rig = Rig::new(5, 64 * MIB, MIB);
+    let e = rig.engine();
+    let a = e
+        .create_vdisk(&spec("a", 4 * MIB, LayoutKind::Mirror, Provisioning::Thin))
+        .unwrap();
+    a.write(0, &pattern(1, 0, (2 * MIB) as usize), false).unwrap();
+    e.snapshot("a", "s1").unwrap();
+    a.write(MIB, &pattern(2, MIB, MIB as usize), false).unwrap();
+    let b = e
+        .create_vdisk(&spec("b", 4 * MIB, LayoutKind::Parity, Provisioning::Thin))
+        .unwrap();
+    b.write(0, &pattern(3, 0, (3 * MIB) as usize), false).unwrap();
+    rig
+}
+
+fn kinds(e: &Engine) -> BTreeMap<FindingKind, u64> {
+    e.scan(&Progress::default()).unwrap().by_kind
+}
+
+#[test]
+fn unreadable_records_under_a_running_pool_are_found_and_mended_from_memory() {
+    let mut rig = populated();
+    {
+        let e = rig.engine();
+        let before = contents(e);
+        e.damage_unreadable("a", 3, Unreadable::Count).unwrap(); // shared with a@s1
+        e.damage_unreadable("a", 0, Unreadable::GrainSize).unwrap();
+        e.damage_unreadable("b", 0, Unreadable::SetDescriptor).unwrap();
+        e.damage_unreadable("b", 5, Unreadable::GrainEntry).unwrap();
+        e.damage_unreadable("a", 10, Unreadable::GrainKey).unwrap();
+        e.damage_unreadable("a", 10, Unreadable::CountKey).unwrap();
+        let problems = e.check().unwrap().problems;
+        for named in [
+            "the count record of slot",
+            "the grain size record",
+            "the slab set descriptor",
+            "b: 1 grain map record(s) cannot be read",
+            "a grain map record under a key of 12 bytes",
+            "a count record under a key of 5 bytes",
+        ] {
+            assert!(
+                problems.iter().any(|p| p.starts_with(named)),
+                "{named:?} is not among {problems:#?}"
+            );
+        }
+
+        // Nothing else: the grains of the sets whose records cannot be read are judged by
+        // what memory holds, not unmapped as pointing nowhere.
+        assert_eq!(kinds(e), [(FindingKind::RecordMalformed, 6)].into_iter().collect());
+        let fixed = e.spotfix(&Progress::default()).unwrap();
+        assert_eq!((fixed.fixed, fixed.changed, fixed.failed), (6, 0, 0));
+        rig.assert_consistent();
+        assert_same(&contents(e), &before);
+    }
+    rig.reopen();
+    rig.assert_consistent();
+    assert!(kinds(rig.engine()).is_empty());
+}
+
+#[test]
+fn an_import_counts_again_and_infers_what_it_cannot_read_before_it_hands_out_a_slot() {
+    let mut rig = populated();
+    let mut want = {
+        let e = rig.engine();
+        e.damage_unreadable("a", 3, Unreadable::Count).unwrap();
+        e.damage_unreadable("b", 0, Unreadable::GrainSize).unwrap();
+        e.damage_unreadable("b", 5, Unreadable::GrainEntry).unwrap();
+        contents(e)
+    };
+    // Its place in the map is lost with the record: the grain reads as zeros.
+    want.get_mut("b").unwrap()[(5 * GRAIN) as usize..(6 * GRAIN) as usize].fill(0);
+    rig.reopen();
+    let e = rig.engine();
+    assert_same(&contents(e), &want);
+
+    // New writes take the pool's free slots; none may be one that a grain still uses.
+    let c = e
+        .create_vdisk(&spec("c", 16 * MIB, LayoutKind::Mirror, Provisioning::Thin))
+        .unwrap();
+    c.write(0, &pattern(7, 0, (16 * MIB) as usize), false).unwrap();
+    let d = e
+        .create_vdisk(&spec("d", 16 * MIB, LayoutKind::Parity, Provisioning::Thin))
+        .unwrap();
+    d.write(0, &pattern(8, 0, (16 * MIB) as usize), false).unwrap();
+    assert_same(&contents(e), &want);
+
+    // What is left: b's unreadable entry, and the count its slot kept.
+    assert_eq!(
+        kinds(e),
+        [(FindingKind::OrphanSlot, 1), (FindingKind::RecordMalformed, 1)]
+            .into_iter()
+            .collect()
+    );
+    let fixed = e.spotfix(&Progress::default()).unwrap();
+    assert_eq!((fixed.fixed, fixed.changed, fixed.failed), (2, 0, 0));
+    rig.assert_consistent();
+    drop((c, d));
+    rig.reopen();
+    rig.assert_consistent();
+    assert_same(&contents(rig.engine()), &want);
+}
+
+#[test]
+fn an_import_that_cannot_tell_a_used_sets_grain_size_is_refused() {
+    let mut rig = Rig::new(3, 64 * MIB, MIB);
+    {
+        let e = rig.engine();
+        let x = e
+            .create_vdisk(&spec("x", 4 * MIB, LayoutKind::Mirror, Provisioning::Thin))
+            .unwrap();
+        x.write(0, &pattern(1, 0, GRAIN as usize), false).unwrap();
+        // The only grain in the set loses its entry, and the set its grain size; its slot
+        // stays counted.
+        e.damage_unreadable("x", 0, Unreadable::GrainSize).unwrap();
+        e.damage_unreadable("x", 0, Unreadable::GrainEntry).unwrap();
+    }
+    rig.engine = None;
+    let err = Engine::open(&rig.dir.path().join("pool"), &rig.opener())
+        .err()
+        .expect("the import is refused")
+        .to_string();
+    assert!(err.contains("grain size record") && err.contains("not opened"), "{err}");
+}
