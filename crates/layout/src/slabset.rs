@@ -118,7 +118,12 @@ impl Registry {
     }
 
     pub fn persist(pool: &Pool, desc: &SlabSetDesc) -> Result<()> {
-        let mut b = MetaBatch::new();
+        Self::persist_with(pool, desc, MetaBatch::new())
+    }
+
+    /// Records `desc` durably, with `also` in the same batch.
+    fn persist_with(pool: &Pool, desc: &SlabSetDesc, also: MetaBatch) -> Result<()> {
+        let mut b = also;
         b.put(
             CF_SLABSETS,
             set_key(desc.id),
@@ -184,13 +189,7 @@ impl Registry {
             members: members.clone(),
             missed: missed.clone(),
         };
-        let mut b = also;
-        b.put(
-            CF_SLABSETS,
-            set_key(id),
-            serde_json::to_vec(&desc).expect("serializable"),
-        );
-        pool.meta().commit(b, true)?;
+        Self::persist_with(pool, &desc, also)?;
         Ok(true)
     }
 }

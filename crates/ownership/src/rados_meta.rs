@@ -19,9 +19,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use tessera_pool::{
-    decode_refcount, refcount_delta, MemoryMeta, MetaBackend, MetaBatch, MetaOp, MetaView, PoolError, Visit,
-};
+use tessera_pool::{counted, hex, unhex, MemoryMeta, MetaBackend, MetaBatch, MetaOp, MetaView, PoolError, Visit};
 use tessera_rados::{Pool, RadosError, WriteOp, XattrCmp};
 
 use crate::fence::{epoch_text, EPOCH_ATTR};
@@ -39,19 +37,6 @@ pub struct RadosMeta {
     pool: Pool<'static>,
     oid: String,
     epoch: i64,
-}
-
-fn hex(key: &[u8]) -> String {
-    key.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(s: &[u8]) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) {
-        return None;
-    }
-    s.chunks(2)
-        .map(|p| std::str::from_utf8(p).ok().and_then(|p| u8::from_str_radix(p, 16).ok()))
-        .collect()
 }
 
 fn family(cf: &str) -> Vec<u8> {
@@ -157,7 +142,7 @@ impl RadosMeta {
     /// What `batch` leaves in the omap, as of `version`: each omap key it touches, set or
     /// removed, in the order of its ops.
     fn outcome(&self, batch: &MetaBatch) -> Result<BTreeMap<Vec<u8>, Option<Vec<u8>>>, PoolError> {
-        let counted: Vec<Vec<u8>> = batch
+        let counts: Vec<Vec<u8>> = batch
             .ops()
             .iter()
             .filter_map(|op| match op {
@@ -165,7 +150,7 @@ impl RadosMeta {
                 _ => None,
             })
             .collect();
-        let stored = self.read(&counted)?;
+        let stored = self.read(&counts)?;
         let mut out: BTreeMap<Vec<u8>, Option<Vec<u8>>> = BTreeMap::new();
         for op in batch.ops() {
             match op {
@@ -193,10 +178,10 @@ impl RadosMeta {
                 MetaOp::Count(cf, k, d) => {
                     let key = omap_key(cf, k);
                     let before = match out.get(&key) {
-                        Some(v) => v.as_deref().map(decode_refcount).unwrap_or(0),
-                        None => stored.get(&key).map(|v| decode_refcount(v)).unwrap_or(0),
+                        Some(v) => v.clone(),
+                        None => stored.get(&key).cloned(),
                     };
-                    out.insert(key, Some(refcount_delta(before + d).to_vec()));
+                    out.insert(key, Some(counted(before.as_deref(), *d)));
                 }
             }
         }

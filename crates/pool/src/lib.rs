@@ -13,8 +13,8 @@ pub use config::{
 };
 pub use error::{PoolError, Result};
 pub use meta::{
-    conformance, decode_refcount, refcount_delta, MemoryMeta, MetaBackend, MetaBatch, MetaOp, MetaSnapshot, MetaStore,
-    MetaView, RocksMeta, Visit, CF_DEDUP, CF_FINDINGS, CF_GRAINS, CF_GRAINSETS, CF_POOL, CF_REFCOUNTS, CF_SLABSETS,
-    CF_VDISKS, DEDUP_INDEX_CACHE,
+    conformance, counted, decode_refcount, hex, refcount_delta, unhex, MemoryMeta, MetaBackend, MetaBatch, MetaOp,
+    MetaSnapshot, MetaStore, MetaView, RocksMeta, Visit, CF_DEDUP, CF_FINDINGS, CF_GRAINS, CF_GRAINSETS, CF_POOL,
+    CF_REFCOUNTS, CF_SLABSETS, CF_VDISKS, DEDUP_INDEX_CACHE,
 };
 pub use pool::{Capacity, DiskOpener, DiskStatus, Pool};

@@ -9,7 +9,7 @@ use tessera_pool::{decode_refcount, CF_GRAINS, CF_GRAINSETS, CF_POOL, CF_REFCOUN
 
 use crate::engine::Engine;
 use crate::error::Result;
-use crate::keys::{parse_grain_key, parse_loc};
+use crate::keys::{parse_grain_key, parse_grain_size, parse_loc};
 use crate::space::{is_packed, loc_parts, slots_of};
 
 /// What `pool check` found: the grain map and the reference counts agree, or the problems.
@@ -161,10 +161,18 @@ impl Engine {
         // The records of the slab sets themselves: one that cannot be read stops the next
         // import or would free its set.
         s.pool.meta().for_each_prefix(CF_GRAINSETS, &[], |k, v| {
-            if k.len() != 4 || v.len() != 8 || v.iter().all(|&b| b == 0) {
-                report
+            let running = <[u8; 4]>::try_from(k)
+                .ok()
+                .and_then(|id| s.space.slots(u32::from_be_bytes(id)))
+                .map(|ss| ss.class.grain);
+            match (parse_grain_size(v), running) {
+                (None, _) => report
                     .problems
-                    .push(format!("the grain size record {k:02x?} cannot be read: {v:02x?}"));
+                    .push(format!("the grain size record {k:02x?} cannot be read: {v:02x?}")),
+                (Some(g), Some(r)) if g != r => report
+                    .problems
+                    .push(format!("the grain size record {k:02x?} says {g}, the running pool {r}")),
+                _ => {}
             }
             Ok(())
         })?;

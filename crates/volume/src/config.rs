@@ -128,12 +128,17 @@ impl VdiskSpec {
     }
 }
 
+/// Whether `grain` is a grain size a vdisk (and so a slab set) can have.
+pub fn grain_size_ok(grain: u64) -> bool {
+    grain.is_power_of_two() && (MIN_GRAIN..=MAX_GRAIN).contains(&grain)
+}
+
 /// Checks what only the vdisk itself determines.
 pub fn validate(size: u64, block_size: u32, grain: u64, layout: &LayoutSpec) -> Result<(), String> {
     if block_size != 512 && block_size != 4096 {
         return Err(format!("logical block size must be 512 or 4096, not {block_size}"));
     }
-    if !grain.is_power_of_two() || !(MIN_GRAIN..=MAX_GRAIN).contains(&grain) {
+    if !grain_size_ok(grain) {
         return Err(format!(
             "grain size {grain} must be a power of two between {MIN_GRAIN} and {MAX_GRAIN}"
         ));

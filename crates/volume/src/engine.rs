@@ -212,8 +212,10 @@ impl Engine {
                         map[g as usize].store(l, Ordering::Relaxed);
                         mapped += 1;
                     }
-                    (Some(_), Some(_)) => {}
-                    _ => unreadable += 1,
+                    (Some(_), None) => unreadable += 1,
+                    // Past the end, or a key cut short (which names no grain): the scan
+                    // names both.
+                    _ => {}
                 }
                 Ok(())
             })?;

@@ -68,6 +68,10 @@ pub enum Repair {
     /// Write the slab set's records (its descriptor and its grain size) again from what the
     /// running pool holds, where one could not be read.
     RewriteSet { set: u32 },
+    /// A count whose record cannot be read: counted again from the grain map at the pool's
+    /// next import, before any slot is handed out (while it runs, nothing stops the grains
+    /// from changing under a recount; memory holds the count right meanwhile).
+    Recount { slot: u64 },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema)]
@@ -126,16 +130,12 @@ impl Finding {
                 ..
             } => (
                 slot_name(*slot),
-                if self.kind == FindingKind::RecordMalformed {
-                    format!("its count record cannot be read (the store sums it as 0); {references} grain(s) refer to it")
-                } else if *references == 0 {
+                if *references == 0 {
                     format!("counted as used {stored} time(s), but nothing refers to it")
                 } else {
                     format!("{references} grain(s) refer to it, but its count is {stored}")
                 },
-                if *references == 0 && self.kind == FindingKind::RecordMalformed {
-                    "write its count again as 0".to_string()
-                } else if *references == 0 {
+                if *references == 0 {
                     "set its count to 0: the slot is free again".to_string()
                 } else {
                     format!("set its count to {references}")
@@ -174,6 +174,12 @@ impl Finding {
                         .to_string(),
                     _ => "remove it".to_string(),
                 },
+            ),
+            Repair::Recount { slot } => (
+                slot_name(*slot),
+                "its count record cannot be read; the running pool holds the count in memory".to_string(),
+                "none while the pool runs: its next import (a restart, an export and import) counts it again from the grain map"
+                    .to_string(),
             ),
             Repair::RewriteSet { set } => (
                 format!("slab set {set}"),

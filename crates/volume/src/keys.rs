@@ -48,17 +48,8 @@ pub fn count_refs(b: &mut MetaBatch, l: Loc, delta: i64) {
     }
 }
 
-/// A record's bytes as an operator reads them (and a finding keeps them).
-pub fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-pub fn parse_hex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 {
-        return None;
-    }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
-        .collect()
+/// A slab set's grain size record, if it holds one a set can have.
+pub fn parse_grain_size(v: &[u8]) -> Option<u64> {
+    let g = u64::from_le_bytes(v.try_into().ok()?);
+    crate::config::grain_size_ok(g).then_some(g)
 }

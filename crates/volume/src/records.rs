@@ -1,26 +1,28 @@
 //! The space records read at import: each slot's reference count and each slab set's grain
-//! size. A record that cannot be read (a key or value of the wrong length: a damaged store)
-//! is never taken for "nothing", which would hand out slots that grains use or free a set
-//! that holds data: a count is counted again from the grain map, a set's grain size is
-//! taken from the vdisks whose grains lie in it, and what cannot be known stops the import
-//! with the record named.
+//! size. A record that cannot be read (a key or value of the wrong length, a grain size no
+//! set can have: a damaged store) is never taken for "nothing", which would hand out slots
+//! that grains use or free a set that holds data: a count is counted again from the grain
+//! map, a set's grain size is taken from the grains (and hot copies) that lie in it, and
+//! what cannot be known stops the import with the record named.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use tessera_pool::{decode_refcount, MetaBatch, MetaStore, CF_GRAINS, CF_GRAINSETS, CF_POOL, CF_REFCOUNTS};
+use tessera_pool::{
+    decode_refcount, hex, refcount_delta, MetaBatch, MetaStore, CF_GRAINS, CF_GRAINSETS, CF_POOL, CF_REFCOUNTS,
+};
 use tracing::warn;
 
 use crate::config::VdiskConfig;
 use crate::error::{Result, VolumeError};
-use crate::keys::{hex, parse_grain_key, parse_loc, refcount_key};
-use crate::space::{loc_parts, slots_of, Loc};
+use crate::keys::{parse_grain_key, parse_grain_size, parse_loc, refcount_key};
+use crate::space::{loc, loc_parts, slots_of, Loc};
 
 /// Reference counts by slab set and slot.
 pub type Counts = HashMap<u32, HashMap<u32, i64>>;
 
 /// Counts again, and writes back whole, every reference count whose record cannot be read
-/// (the grain map's references and the hot copies'). First thing at import: a count moved
-/// by a delta before (the store sums an unreadable record as 0) would read as a number.
+/// (the grain map's references and the hot copies'). First thing at import, before anything
+/// moves a count.
 pub fn mend_counts(meta: &MetaStore) -> Result<()> {
     let mut unreadable: HashMap<Loc, i64> = HashMap::new();
     meta.for_each_prefix(CF_REFCOUNTS, &[], |k, v| {
@@ -42,7 +44,7 @@ pub fn mend_counts(meta: &MetaStore) -> Result<()> {
         }
         Ok(())
     })?;
-    for (p, c) in crate::hot_copies::stored_pairs(|prefix, f| meta.for_each_prefix(CF_POOL, prefix, f))? {
+    for (p, c) in hot_pairs(meta)? {
         for s in [p, c] {
             if let Some(n) = unreadable.get_mut(&s) {
                 *n += 1;
@@ -51,10 +53,7 @@ pub fn mend_counts(meta: &MetaStore) -> Result<()> {
     }
     let mut b = MetaBatch::new();
     for (&slot, &n) in &unreadable {
-        b.delete(CF_REFCOUNTS, refcount_key(slot));
-        if n != 0 {
-            b.count(CF_REFCOUNTS, refcount_key(slot), n);
-        }
+        b.put(CF_REFCOUNTS, refcount_key(slot), refcount_delta(n));
     }
     meta.commit(b, true)?;
     warn!(
@@ -62,6 +61,10 @@ pub fn mend_counts(meta: &MetaStore) -> Result<()> {
         "reference count records that could not be read were counted again from the grain map and written back"
     );
     Ok(())
+}
+
+fn hot_pairs(meta: &MetaStore) -> Result<Vec<(Loc, Loc)>> {
+    crate::hot_copies::stored_pairs(|prefix, f| meta.for_each_prefix(CF_POOL, prefix, f))
 }
 
 /// Every slot's reference count, once [`mend_counts`] made each readable.
@@ -88,20 +91,20 @@ pub fn load_counts(meta: &MetaStore) -> Result<Counts> {
 }
 
 /// Each slab set's grain size. A set whose record cannot be read takes the grain size of
-/// the vdisks whose grains lie in it, written back; a set nothing lies in nor counts a
-/// reference in is left without one (the import frees it, as a set an interrupted
-/// allocation made). Grain sizes that disagree, or a set with counted slots and no grain to
-/// say its size, stop the import.
+/// the grains that lie in it (their vdisks') or of the grains its hot copies copy, written
+/// back. A set in which nothing lies holds no data: its counts, if any, are orphans, and it
+/// is left without a record (the import frees it, as a set an interrupted allocation made).
+/// Grain sizes that disagree stop the import.
 pub fn load_grainsets(meta: &MetaStore, vdisks: &[VdiskConfig], counts: &Counts) -> Result<HashMap<u32, u64>> {
     let mut sets = HashMap::new();
     let mut unreadable: BTreeMap<u32, Vec<u8>> = BTreeMap::new();
     let mut drop = MetaBatch::new();
     meta.for_each_prefix(CF_GRAINSETS, &[], |k, v| {
-        match (<[u8; 4]>::try_from(k), <[u8; 8]>::try_from(v)) {
-            (Ok(id), Ok(g)) if u64::from_le_bytes(g) > 0 => {
-                sets.insert(u32::from_be_bytes(id), u64::from_le_bytes(g));
+        match (<[u8; 4]>::try_from(k), parse_grain_size(v)) {
+            (Ok(id), Some(g)) => {
+                sets.insert(u32::from_be_bytes(id), g);
             }
-            (Ok(id), _) => {
+            (Ok(id), None) => {
                 unreadable.insert(u32::from_be_bytes(id), v.to_vec());
             }
             // Under no set's key: it names nothing.
@@ -120,38 +123,41 @@ pub fn load_grainsets(meta: &MetaStore, vdisks: &[VdiskConfig], counts: &Counts)
         return Ok(sets);
     }
     let grain_of: HashMap<u64, u64> = vdisks.iter().map(|c| (c.id, c.grain_size)).collect();
-    let mut seen: BTreeMap<u32, Vec<u64>> = unreadable.keys().map(|&id| (id, Vec::new())).collect();
+    let mut seen: BTreeMap<u32, BTreeSet<u64>> = unreadable.keys().map(|&id| (id, BTreeSet::new())).collect();
     meta.for_each_prefix(CF_GRAINS, &[], |k, v| {
         if let (Some((vdisk, _)), Some(l)) = (parse_grain_key(k), parse_loc(v)) {
             if let (Some(sizes), Some(&g)) = (seen.get_mut(&loc_parts(l).0), grain_of.get(&vdisk)) {
-                if !sizes.contains(&g) {
-                    sizes.push(g);
-                }
+                sizes.insert(g);
             }
         }
         Ok(())
     })?;
+    // A hot copy is a slot of its primary's class.
+    for (p, c) in hot_pairs(meta)? {
+        if let (Some(sizes), Some(&g)) = (seen.get_mut(&loc_parts(c).0), sets.get(&loc_parts(p).0)) {
+            sizes.insert(g);
+        }
+    }
     let mut b = MetaBatch::new();
     for (id, sizes) in seen {
         let found = hex(&unreadable[&id]);
-        match sizes[..] {
+        match sizes.into_iter().collect::<Vec<_>>()[..] {
             [g] => {
-                warn!(set = id, grain = g, found = %found, "a slab set's grain size record could not be read; taken from the vdisks whose grains lie in it");
+                warn!(set = id, grain = g, found = %found, "a slab set's grain size record could not be read; taken from the grains that lie in it");
                 b.put(CF_GRAINSETS, id.to_be_bytes(), g.to_le_bytes());
                 sets.insert(id, g);
             }
-            [] if counts.get(&id).is_none_or(|c| c.values().all(|&n| n == 0)) => {
-                warn!(set = id, found = %found, "a slab set's grain size record could not be read, and nothing lies in the set: it is freed");
-                b.delete(CF_GRAINSETS, id.to_be_bytes());
-            }
             [] => {
-                return Err(VolumeError::Invalid(format!(
-                    "slab set {id}: its grain size record ({found}, hex) cannot be read, and no grain map entry lies in it to tell it, though its slots are counted as used; the pool is not opened, so that nothing is freed or overwritten"
-                )))
+                let orphans = counts.get(&id).map(|c| c.values().filter(|&&n| n != 0).count()).unwrap_or(0);
+                warn!(set = id, found = %found, counted_slots = orphans, "a slab set's grain size record could not be read, and no grain lies in it: it holds no data and is freed");
+                b.delete(CF_GRAINSETS, id.to_be_bytes());
+                for &slot in counts.get(&id).into_iter().flat_map(|c| c.keys()) {
+                    b.delete(CF_REFCOUNTS, refcount_key(loc(id, slot)));
+                }
             }
-            _ => {
+            ref sizes => {
                 return Err(VolumeError::Invalid(format!(
-                    "slab set {id}: its grain size record ({found}, hex) cannot be read, and the vdisks whose grains lie in it have grain sizes {sizes:?}; the pool is not opened, so that nothing is freed or overwritten"
+                    "slab set {id}: its grain size record ({found}, hex) cannot be read, and the grains that lie in it have sizes {sizes:?} (grains in the wrong set besides); the pool is not opened, so that nothing is freed or overwritten"
                 )))
             }
         }

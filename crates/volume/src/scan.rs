@@ -15,8 +15,8 @@ use std::time::Instant;
 
 use tessera_layout::{LayoutSpec, Progress, SlabSetDesc};
 use tessera_pool::{
-    decode_refcount, MetaBatch, MetaSnapshot, CF_FINDINGS, CF_GRAINS, CF_GRAINSETS, CF_POOL, CF_REFCOUNTS, CF_SLABSETS,
-    CF_VDISKS,
+    decode_refcount, hex, MetaBatch, MetaSnapshot, CF_FINDINGS, CF_GRAINS, CF_GRAINSETS, CF_POOL, CF_REFCOUNTS,
+    CF_SLABSETS, CF_VDISKS,
 };
 use tracing::{info, warn};
 
@@ -24,7 +24,7 @@ use crate::config::VdiskConfig;
 use crate::engine::Engine;
 use crate::error::{Result, VolumeError};
 use crate::findings::{encode, finding_key, save_report, Finding, FindingKind, FindingStatus, Repair, ScanReport};
-use crate::keys::{hex, parse_grain_key, parse_loc};
+use crate::keys::{parse_grain_key, parse_grain_size, parse_loc};
 use crate::space::{loc_parts, slots_of, Class};
 
 /// Grains named per wrong count, at most: enough for spot-fix to check that they still point
@@ -51,6 +51,8 @@ struct Tally {
     findings: Vec<(FindingKind, Repair)>,
     grains: u64,
     counted: u64,
+    /// Grain map records that cannot be read and name no grain of a running vdisk.
+    unresolved: u64,
 }
 
 impl Tally {
@@ -158,6 +160,15 @@ impl Engine {
         if !wrong_with_refs.is_empty() {
             Self::name_referrers(&snap, &mut t, wrong_with_refs)?;
         }
+        if t.unresolved > 0 {
+            // A count lowered to what the readable records give could free a slot that an
+            // unreadable one still names: only raising is safe until those are removed.
+            let before = t.findings.len();
+            t.findings.retain(
+                |(_, r)| !matches!(r, Repair::SetCount { stored, references, .. } if (*references as i64) < *stored),
+            );
+            warn!(pool = %s.pool.name(), unreadable = t.unresolved, withheld = before - t.findings.len(), "grain map records that name no running vdisk's grain cannot be read; findings that would lower a count are withheld until spot-fix removed them and a scan runs again");
+        }
         for (vdisk, entries) in std::mem::take(&mut t.dangling) {
             t.findings
                 .push((FindingKind::DanglingGrains, Repair::DropEntries { vdisk, entries }));
@@ -223,8 +234,9 @@ impl Engine {
                 findings.push(drop_record(CF_GRAINSETS, k, v));
                 return Ok(());
             };
-            match v.try_into().map(u64::from_le_bytes) {
-                Ok(grain) if grain > 0 => {
+            let running = self.shared().space.slots(id).map(|ss| ss.class.grain);
+            match parse_grain_size(v).filter(|&g| running.is_none_or(|r| r == g)) {
+                Some(grain) => {
                     if let Some(&layout) = specs.get(&id) {
                         let slots = (layout.set_capacity(slab) / grain) as usize;
                         sets.insert(
@@ -236,7 +248,8 @@ impl Engine {
                         );
                     }
                 }
-                _ => {
+                // Unreadable, or not what the running pool holds for the set.
+                None => {
                     unreadable.insert(id);
                 }
             }
@@ -279,6 +292,7 @@ impl Engine {
             findings,
             grains: 0,
             counted: 0,
+            unresolved: 0,
         })
     }
 
@@ -293,12 +307,14 @@ impl Engine {
             let (Some((vdisk, grain)), Some(slot)) = (parse_grain_key(k), parse_loc(v)) else {
                 // A running vdisk that maps the grain holds its reference (the record was
                 // damaged under it; spot-fix writes it again from memory): counted, or its
-                // slot would be judged free.
-                if let Some(l) = parse_grain_key(k)
-                    .and_then(|(id, g)| Some(self.vdisk_by_id(id)?.entry(g)))
-                    .filter(|&l| l != 0)
-                {
-                    t.count(l);
+                // slot would be judged free. One that names no grain of a running vdisk (a
+                // key cut short, a vdisk being deleted) may hold a reference nobody can tell.
+                match parse_grain_key(k).and_then(|(id, g)| Some(self.vdisk_by_id(id)?.entry(g))) {
+                    Some(0) => {}
+                    Some(l) => {
+                        t.count(l);
+                    }
+                    None => t.unresolved += 1,
                 }
                 t.findings.push(drop_record(CF_GRAINS, k, v));
                 return Ok(());
@@ -338,22 +354,24 @@ impl Engine {
                 t.findings.push(drop_record(CF_REFCOUNTS, k, v));
                 return Ok(());
             };
-            // A value of the wrong length counts as 0, as the store's sum reads it: a repair
-            // by a delta of what the grains hold rewrites it whole.
-            let malformed = v.len() != 8;
-            let stored = decode_refcount(v);
             let references = t.take(slot);
+            // Kept as it is by every change (`tessera_pool::counted`) until the next import
+            // counts it again; memory, moved by every change, holds it right meanwhile.
+            if v.len() != 8 {
+                t.findings
+                    .push((FindingKind::RecordMalformed, Repair::Recount { slot }));
+                return Ok(());
+            }
+            let stored = decode_refcount(v);
             if stored != 0 {
                 t.counted += 1;
             }
-            if stored != references as i64 || malformed {
+            if stored != references as i64 {
                 if references > 0 {
                     wrong_with_refs.insert(slot, t.findings.len());
                 }
                 t.findings.push((
-                    if malformed {
-                        FindingKind::RecordMalformed
-                    } else if references == 0 {
+                    if references == 0 {
                         FindingKind::OrphanSlot
                     } else {
                         FindingKind::RefcountWrong

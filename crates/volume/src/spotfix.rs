@@ -19,17 +19,16 @@ use std::time::Instant;
 use tessera_disk::AlignedBuf;
 use tessera_layout::{LayoutFinding, Progress, RebuildOptions};
 use tessera_pool::{
-    decode_refcount, MetaBatch, CF_FINDINGS, CF_GRAINS, CF_GRAINSETS, CF_REFCOUNTS, CF_SLABSETS, CF_VDISKS,
+    decode_refcount, unhex, MetaBatch, CF_FINDINGS, CF_GRAINS, CF_GRAINSETS, CF_REFCOUNTS, CF_SLABSETS, CF_VDISKS,
 };
 use tracing::{info, warn};
 
 use crate::engine::Engine;
 use crate::error::{Result, VolumeError};
 use crate::findings::{
-    encode, finding_key, load_findings, load_report, save_report, Finding, FindingKind, FindingStatus, Repair,
-    SpotfixReport,
+    encode, finding_key, load_findings, load_report, save_report, Finding, FindingStatus, Repair, SpotfixReport,
 };
-use crate::keys::{count_refs, grain_key, loc_value, parse_grain_key, parse_hex, parse_loc, refcount_key, vdisk_key};
+use crate::keys::{count_refs, grain_key, loc_value, parse_grain_key, parse_loc, refcount_key, vdisk_key};
 use crate::vdisk::{read_loc, Vdisk};
 
 /// Findings settled per batch of orphan and count repairs.
@@ -175,12 +174,8 @@ impl Engine {
                 );
                 continue;
             }
-            // A negative stored count was loaded as 0: memory has nothing to give back; nor
-            // where the record cannot be read (memory was counted again at import).
-            let mem = match f.kind {
-                FindingKind::RecordMalformed => 0,
-                _ => stored.max(0),
-            };
+            // A negative stored count was loaded as 0: memory has nothing to give back.
+            let mem = stored.max(0);
             b.count(CF_REFCOUNTS, refcount_key(slot), -stored);
             Self::settle_in(&mut b, f, Outcome::Fixed, report);
             release.push((slot, mem));
@@ -211,6 +206,10 @@ impl Engine {
             Repair::Layout { finding } => self.fix_layout(finding),
             Repair::DropRecord { family, key, found } => self.fix_record(family, key, found),
             Repair::RewriteSet { set } => self.fix_set_records(*set),
+            Repair::Recount { .. } => Ok(Outcome::Failed(
+                "counted again at the pool's next import (a restart, or an export and import); memory holds it right meanwhile"
+                    .into(),
+            )),
         };
         r.unwrap_or_else(|e| Outcome::Failed(e.to_string()))
     }
@@ -277,13 +276,7 @@ impl Engine {
             )));
         }
         let delta = references as i64 - stored;
-        // Memory was loaded from the record, or counted again at import where the record
-        // could not be read, and moved with it since: it is right where the store's record
-        // cannot be read (and sums as 0).
-        let mem_delta = match f.kind {
-            FindingKind::RecordMalformed => 0,
-            _ => references as i64 - stored.max(0),
-        };
+        let mem_delta = references as i64 - stored.max(0);
         // Counted in memory before the store counts, uncounted after: never handed out while
         // a durable entry points at it.
         if mem_delta > 0 {
@@ -412,7 +405,7 @@ impl Engine {
         else {
             return Ok(Outcome::Failed(format!("spot-fix removes no {family:?} record")));
         };
-        let (Some(key), Some(found)) = (parse_hex(key), parse_hex(found)) else {
+        let (Some(key), Some(found)) = (unhex(key.as_bytes()), unhex(found.as_bytes())) else {
             return Ok(Outcome::Failed("the finding's key or bytes are not hex".into()));
         };
         let s = self.shared();

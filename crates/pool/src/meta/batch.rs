@@ -75,8 +75,13 @@ impl FromIterator<MetaOp> for MetaBatch {
     }
 }
 
-/// The value a count holds after `delta` moved it from `before`.
-pub(crate) fn counted(before: Option<&[u8]>, delta: i64) -> Vec<u8> {
-    let v = before.map(crate::meta::decode_refcount).unwrap_or(0);
-    refcount_delta(v + delta).to_vec()
+/// The value a count holds after `delta` moved it from `before`. A count whose record
+/// cannot be read (not 8 bytes: a damaged store) stays as it is: moved from 0, it would read
+/// as a number, and a wrong one, that nothing could tell from a right one; left unreadable,
+/// the pool's next import counts it again from the grain map.
+pub fn counted(before: Option<&[u8]>, delta: i64) -> Vec<u8> {
+    match before {
+        Some(b) if b.len() != 8 => b.to_vec(),
+        _ => refcount_delta(before.map(crate::meta::decode_refcount).unwrap_or(0) + delta).to_vec(),
+    }
 }

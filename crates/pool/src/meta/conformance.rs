@@ -86,6 +86,25 @@ fn a_batch_applies_in_order(s: &MetaStore) {
     );
     let n = s.get(CF_REFCOUNTS, b"n").unwrap().map(|v| crate::decode_refcount(&v));
     assert_eq!(n, Some(3), "counts of one batch add up");
+
+    // A count whose record cannot be read stays so when moved: read as 0 and moved, it
+    // would be a wrong number that looks right.
+    s.commit(batch(|b| b.put(CF_REFCOUNTS, b"bad", [1u8, 2, 3])), true)
+        .unwrap();
+    s.commit(batch(|b| b.count(CF_REFCOUNTS, b"bad", -1)), true).unwrap();
+    s.commit(
+        batch(|b| {
+            b.count(CF_REFCOUNTS, b"bad", 2);
+            b.count(CF_REFCOUNTS, b"bad", 5);
+        }),
+        true,
+    )
+    .unwrap();
+    assert_eq!(
+        s.get(CF_REFCOUNTS, b"bad").unwrap().as_deref(),
+        Some(&[1u8, 2, 3][..]),
+        "an unreadable count is kept as it is"
+    );
 }
 
 fn counts_add_up_under_concurrency(s: Arc<MetaStore>) {

@@ -11,7 +11,7 @@ mod rocks;
 use std::path::Path;
 
 pub use backend::{MetaBackend, MetaView, Visit};
-pub use batch::{MetaBatch, MetaOp};
+pub use batch::{counted, MetaBatch, MetaOp};
 pub use memory::MemoryMeta;
 pub use rocks::RocksMeta;
 
@@ -58,6 +58,21 @@ pub fn refcount_delta(d: i64) -> [u8; 8] {
 
 pub fn decode_refcount(b: &[u8]) -> i64 {
     b.try_into().map(i64::from_le_bytes).unwrap_or(0)
+}
+
+/// A record's key or bytes in hex: how a store that takes only text keeps them, and how an
+/// operator reads one.
+pub fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+pub fn unhex(s: &[u8]) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    s.chunks(2)
+        .map(|p| std::str::from_utf8(p).ok().and_then(|p| u8::from_str_radix(p, 16).ok()))
+        .collect()
 }
 
 pub struct MetaStore {

@@ -7,16 +7,16 @@ use rocksdb::{ColumnFamily, ColumnFamilyDescriptor, Options, WriteBatch, WriteOp
 
 use crate::error::{PoolError, Result};
 use crate::meta::backend::{MetaBackend, MetaView, Visit};
-use crate::meta::{refcount_delta, MetaBatch, MetaOp, ALL_CFS, CF_DEDUP, CF_REFCOUNTS, DEDUP_INDEX_CACHE};
+use crate::meta::{counted, refcount_delta, MetaBatch, MetaOp, ALL_CFS, CF_DEDUP, CF_REFCOUNTS, DEDUP_INDEX_CACHE};
 
-/// Sums little-endian i64 deltas: the refcount merge operator.
+/// Sums little-endian i64 deltas: the refcount merge operator (`counted`: an unreadable
+/// count stays as it is).
 fn sum_i64(_key: &[u8], existing: Option<&[u8]>, operands: &rocksdb::MergeOperands) -> Option<Vec<u8>> {
-    let read = |b: &[u8]| b.try_into().map(i64::from_le_bytes).unwrap_or(0);
-    let mut v = existing.map(read).unwrap_or(0);
+    let mut v = existing.map(|b| b.to_vec());
     for op in operands {
-        v += read(op);
+        v = Some(counted(v.as_deref(), crate::decode_refcount(op)));
     }
-    Some(v.to_le_bytes().to_vec())
+    v.or_else(|| Some(refcount_delta(0).to_vec()))
 }
 
 pub struct RocksMeta {
