@@ -14,7 +14,8 @@
 //! |     60 |    8 | generation, bumped on every rewrite                     |
 //! |     68 |    8 | disk size in bytes when labelled                        |
 //! |     76 |    8 | slab size in bytes (power of two, at least 1 MiB)       |
-//! |     84 |    4 | flags: bit 0 = pool cleanly exported; others must be 0  |
+//! |     84 |    4 | flags: bit 0 = pool cleanly exported, bit 1 = members   |
+//! |        |      | stale until resynced; others must be 0                  |
 //! |     88 |    2 | pool name length (at most 64)                           |
 //! |     90 |   64 | pool name, UTF-8, zero padded                           |
 //! |    154 | 3938 | zero                                                    |
@@ -37,6 +38,10 @@ const MAGIC: &[u8; 16] = b"TESSERA-DISKLBL\0";
 const HEADER_LEN: usize = 154;
 const CRC_AT: usize = LABEL_SIZE - 4;
 const FLAG_EXPORTED: u32 = 1;
+/// Some member of the pool missed writes while its disk was away and is not resynced yet:
+/// only the slab sets' records say which, and a daemon that does not know them would read
+/// those members as current. Such a daemon finds an unknown flag and refuses the label.
+const FLAG_RESYNC_PENDING: u32 = 2;
 const MIN_SLAB_SIZE: u64 = 1 << 20;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,6 +59,8 @@ pub struct Label {
     pub slab_size: u64,
     /// The pool was cleanly exported.
     pub exported: bool,
+    /// Members of the pool are stale until resynced (see `FLAG_RESYNC_PENDING`).
+    pub resync_pending: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -133,7 +140,8 @@ impl Label {
         b[60..68].copy_from_slice(&self.generation.to_le_bytes());
         b[68..76].copy_from_slice(&self.disk_size.to_le_bytes());
         b[76..84].copy_from_slice(&self.slab_size.to_le_bytes());
-        let flags = if self.exported { FLAG_EXPORTED } else { 0 };
+        let flags =
+            if self.exported { FLAG_EXPORTED } else { 0 } | if self.resync_pending { FLAG_RESYNC_PENDING } else { 0 };
         b[84..88].copy_from_slice(&flags.to_le_bytes());
         b[88..90].copy_from_slice(&(name.len() as u16).to_le_bytes());
         b[90..90 + name.len()].copy_from_slice(name);
@@ -181,8 +189,10 @@ impl Label {
             )));
         }
         let flags = u32_at(84);
-        if flags & !FLAG_EXPORTED != 0 {
-            return Err(corrupt(format!("unknown flag bits {flags:#x}")));
+        if flags & !(FLAG_EXPORTED | FLAG_RESYNC_PENDING) != 0 {
+            return Err(corrupt(format!(
+                "unknown flag bits {flags:#x} (a newer release of Tessera may have written them)"
+            )));
         }
         let name_len = u16_at(88) as usize;
         if name_len > MAX_POOL_NAME {
@@ -206,6 +216,7 @@ impl Label {
             disk_size: u64_at(68),
             slab_size,
             exported: flags & FLAG_EXPORTED != 0,
+            resync_pending: flags & FLAG_RESYNC_PENDING != 0,
         })
     }
 }
@@ -305,6 +316,7 @@ mod tests {
             disk_size: 64 * MIB,
             slab_size: 4 * MIB,
             exported: true,
+            resync_pending: false,
         }
     }
 
@@ -337,6 +349,12 @@ mod tests {
         other.pool_name = "x".repeat(MAX_POOL_NAME);
         other.generation = u64::MAX;
         assert_eq!(Label::decode("d", &other.encode()).unwrap(), other);
+
+        // Members stale until resynced: bit 1, which a daemon that knows only bit 0 refuses.
+        other.resync_pending = true;
+        let b = other.encode();
+        assert_eq!(u32::from_le_bytes(b[84..88].try_into().unwrap()), 2);
+        assert_eq!(Label::decode("d", &b).unwrap(), other);
     }
 
     #[test]
@@ -419,7 +437,7 @@ mod tests {
                 "slab size",
                 Box::new(|b| b[76..84].copy_from_slice(&(MIB / 2).to_le_bytes())),
             ),
-            ("flag", Box::new(|b| b[84..88].copy_from_slice(&0x3u32.to_le_bytes()))),
+            ("flag", Box::new(|b| b[84..88].copy_from_slice(&0x5u32.to_le_bytes()))),
             (
                 "header length",
                 Box::new(|b| b[20..24].copy_from_slice(&10u32.to_le_bytes())),

@@ -154,6 +154,7 @@ impl Layouts {
         if !missed.is_empty() {
             info!(pool = %pool.name(), slabs = missed.len(), "slabs that missed writes while their disk was away are read around until a repair resyncs them");
         }
+        pool.set_resync_pending(stale_present(&pool, &missed))?;
         let layouts = Layouts {
             pool,
             registry,
@@ -359,6 +360,11 @@ impl Layouts {
             missed.remove(s);
         }
         self.any_missed.store(!missed.is_empty(), Ordering::Release);
+        let pending = stale_present(&self.pool, &missed);
+        drop(missed);
+        if let Err(e) = self.pool.set_resync_pending(pending) {
+            warn!(pool = %self.pool.name(), error = %e, "cannot write the disk labels; they still say members await a resync");
+        }
     }
 
     pub(crate) fn sums(&self) -> &Sums {
@@ -887,4 +893,10 @@ impl Layouts {
             tolerance: set.spec.tolerance(),
         }
     }
+}
+
+/// Whether a member that missed writes sits on a disk that is open: read as current by a
+/// daemon that does not know the record, so the labels must say so.
+fn stale_present(pool: &Pool, missed: &HashSet<SlabRef>) -> bool {
+    missed.iter().any(|s| pool.is_present(s.disk))
 }

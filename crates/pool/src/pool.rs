@@ -1,7 +1,7 @@
 //! A pool: member disks with labels, their states, the slab allocator and the metadata store.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
@@ -71,6 +71,8 @@ pub struct Pool {
     /// writer notes it before it writes, and a flush asks whether a member of what it wrote
     /// was lost after that (`lost_since`).
     losses: AtomicU64,
+    /// Members of the pool are stale until resynced: every label says so (`set_resync_pending`).
+    resync_pending: AtomicBool,
 }
 
 impl Inner {
@@ -209,7 +211,7 @@ impl Pool {
                 returns_as: None,
                 left_at: None,
             };
-            let label = label_for(&config, &info, false);
+            let label = label_for(&config, &info, false, false);
             if let Err(e) = write_new_label(d.as_ref(), &label) {
                 // Undo the labels written so far: they name a pool that will not exist.
                 for m in &members {
@@ -237,6 +239,7 @@ impl Pool {
             inner: RwLock::new(Inner { config, members }),
             saving: parking_lot::Mutex::new(()),
             losses: AtomicU64::new(0),
+            resync_pending: AtomicBool::new(false),
         };
         pool.save_config(&pool.inner.read().config)?;
         info!(pool = name, disks = pool.inner.read().members.len(), "pool created");
@@ -272,6 +275,9 @@ impl Pool {
         // generation in its label (labels are written before the configuration is saved).
         let last_saved = config.generation;
         config.generation += 1;
+        // Stale members: of a disk back now, or still unresynced since an earlier import
+        // (its labels say so). The layout layer, which knows which, settles it once open.
+        let mut resync_pending = false;
         let mut members = Vec::new();
         for info in config.disks.iter_mut() {
             let mut member = Member {
@@ -286,6 +292,7 @@ impl Pool {
             }
             let opened = opener(&info.path).map_err(PoolError::from).and_then(|dev| {
                 let label = verify_label(dev.as_ref(), config.id, info.id)?;
+                resync_pending |= label.resync_pending;
                 // The generation its label has at least: the configuration's when last saved,
                 // or for a missing disk, when it went missing. An older one is an older copy
                 // of the disk (an image restored from a backup, a virtual disk's snapshot),
@@ -327,6 +334,7 @@ impl Pool {
                         (Some(state), _) if info.usage == DiskUsage::Data => {
                             info!(disk = %info.path, "disk is back; the slabs that missed writes while it was away are resynced by a repair");
                             info.state = state;
+                            resync_pending = true;
                             member.dev = Some(MeteredDisk::wrap(dev));
                         }
                         // Missing since before writes around it were recorded, or a write-back
@@ -370,6 +378,7 @@ impl Pool {
             inner: RwLock::new(Inner { config, members }),
             saving: parking_lot::Mutex::new(()),
             losses: AtomicU64::new(0),
+            resync_pending: AtomicBool::new(resync_pending),
         };
         pool.write_labels(false)?;
         pool.save_config(&pool.inner.read().config)?;
@@ -441,7 +450,15 @@ impl Pool {
         let inner = self.inner.read();
         for (info, m) in inner.config.disks.iter().zip(&inner.members) {
             if let Some(dev) = &m.dev {
-                rewrite_label(dev.as_ref(), &label_for(&inner.config, info, exported))?;
+                rewrite_label(
+                    dev.as_ref(),
+                    &label_for(
+                        &inner.config,
+                        info,
+                        exported,
+                        self.resync_pending.load(Ordering::SeqCst),
+                    ),
+                )?;
             }
         }
         Ok(())
@@ -580,7 +597,10 @@ impl Pool {
             returns_as: None,
             left_at: None,
         };
-        write_new_label(dev.as_ref(), &label_for(&inner.config, &info, false))?;
+        write_new_label(
+            dev.as_ref(),
+            &label_for(&inner.config, &info, false, self.resync_pending.load(Ordering::SeqCst)),
+        )?;
         inner.config.disks.push(info.clone());
         inner.members.push(Member {
             dev: Some(MeteredDisk::wrap(dev)),
@@ -657,6 +677,26 @@ impl Pool {
 
     /// Whether the member at `position` is away but may be back at a later import (no device,
     /// not failed): a write that goes around it must say so first.
+    /// Says in every label whether members of the pool are stale until resynced (the layout
+    /// layer knows which): a daemon that does not know the flag refuses such labels, and so
+    /// the pool, rather than read those members as current. Labels are written only when it
+    /// changes; if that fails, the flag stays raised in memory, so that the next labels
+    /// written carry it.
+    pub fn set_resync_pending(&self, on: bool) -> Result<()> {
+        let _saving = self.saving.lock();
+        if self.resync_pending.swap(on, Ordering::SeqCst) == on {
+            return Ok(());
+        }
+        self.write_labels(false)
+            .inspect_err(|_| self.resync_pending.store(true, Ordering::SeqCst))
+    }
+
+    /// Whether the disk at `position` is open: its members are read and written.
+    pub fn is_present(&self, position: u32) -> bool {
+        let inner = self.inner.read();
+        inner.members.get(position as usize).is_some_and(|m| m.dev.is_some())
+    }
+
     pub fn may_return(&self, position: u32) -> bool {
         let inner = self.inner.read();
         let idx = position as usize;
@@ -872,7 +912,7 @@ impl Pool {
     }
 }
 
-fn label_for(config: &PoolConfig, info: &DiskInfo, exported: bool) -> Label {
+fn label_for(config: &PoolConfig, info: &DiskInfo, exported: bool, resync_pending: bool) -> Label {
     Label {
         pool_id: config.id,
         pool_name: config.name.clone(),
@@ -882,5 +922,6 @@ fn label_for(config: &PoolConfig, info: &DiskInfo, exported: bool) -> Label {
         disk_size: info.size,
         slab_size: config.slab_size,
         exported,
+        resync_pending,
     }
 }

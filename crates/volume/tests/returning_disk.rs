@@ -7,7 +7,7 @@ mod common;
 use std::sync::Arc;
 
 use common::{pattern, spec, Rig, MIB};
-use tessera_disk::{BlockDevice, DiskRef, FaultyDisk, MemDisk};
+use tessera_disk::{read_label, BlockDevice, DiskRef, FaultyDisk, MemDisk};
 use tessera_pool::{MetaBatch, MetaStore, CF_POOL};
 use tessera_volume::{DiskState, LayoutKind, Progress, Provisioning, RebuildOptions};
 
@@ -149,6 +149,49 @@ fn a_disk_back_is_stale_only_in_the_slab_sets_written_around_it_and_resynced_whe
     rig.reopen();
     assert_eq!(read_all(&rig), data, "the resync outlives a restart");
     rig.assert_consistent();
+}
+
+/// Labels of the disks of a pool whose members await a resync say so, with a flag that a
+/// daemon which does not know such members (and would read them as current) refuses: a
+/// downgrade meanwhile finds no disk it can take. The flag goes once the resync is done.
+#[test]
+fn while_members_await_a_resync_every_label_says_so() {
+    let pending = |rig: &Rig| -> Vec<bool> {
+        rig.disks
+            .iter()
+            .map(|d| {
+                let mut raw = vec![0u8; 4096];
+                d.read_at(&mut raw, 0).unwrap();
+                let flags = u32::from_le_bytes(raw[84..88].try_into().unwrap());
+                let label = read_label(d.as_ref()).unwrap();
+                assert_eq!(label.resync_pending, flags & 2 != 0);
+                // What a daemon that knows only the export flag accepts.
+                assert_eq!(flags & !1 != 0, label.resync_pending);
+                label.resync_pending
+            })
+            .collect()
+    };
+    let (mut rig, mut data) = mirrored_pair();
+    assert_eq!(pending(&rig), [false, false]);
+    stop(&mut rig);
+    let away = rig.disks.remove(1);
+    rig.reopen();
+    write_first_block(&rig, &mut data, 2);
+    assert_eq!(pending(&rig), [false], "a member on a missing disk is read by nobody");
+    rig.engine = None;
+    rig.disks.insert(1, away);
+    rig.reopen();
+    assert_eq!(rig.engine().layouts().stale_members(), 1);
+    assert_eq!(pending(&rig), [true, true]);
+    // A crash keeps it: the labels say so until the resync is done.
+    rig.engine = None;
+    rig.reopen();
+    assert_eq!(pending(&rig), [true, true]);
+    assert_eq!(repair(&rig), 1);
+    assert_eq!(pending(&rig), [false, false]);
+    rig.reopen();
+    assert_eq!(pending(&rig), [false, false]);
+    assert_eq!(read_all(&rig), data);
 }
 
 /// A write is refused by a set that lost more members than it tolerates: when those come

@@ -59,8 +59,8 @@ fn unreadable_records_under_a_running_pool_are_found_and_mended_from_memory() {
     let before = {
         let e = rig.engine();
         e.damage_unreadable("a", 3, Unreadable::Count).unwrap(); // shared with a@s1
-        // A change of the damaged count (a's copy on write drops a reference) keeps it
-        // unreadable: read as 0 and moved, it would be a wrong number that looks right.
+                                                                 // A change of the damaged count (a's copy on write drops a reference) keeps it
+                                                                 // unreadable: read as 0 and moved, it would be a wrong number that looks right.
         e.vdisk("a")
             .unwrap()
             .write(3 * GRAIN, &pattern(4, 3 * GRAIN, GRAIN as usize), false)
