@@ -11,7 +11,7 @@
 //! |     24 |   16 | pool id (UUID bytes)                                    |
 //! |     40 |   16 | disk id (UUID bytes)                                    |
 //! |     56 |    4 | position of the disk in the pool                        |
-//! |     60 |    8 | generation, bumped on every rewrite                     |
+//! |     60 |    8 | generation, bumped at import, export and clean stop     |
 //! |     68 |    8 | disk size in bytes when labelled                        |
 //! |     76 |    8 | slab size in bytes (power of two, at least 1 MiB)       |
 //! |     84 |    4 | flags: bit 0 = pool cleanly exported, bit 1 = members   |
@@ -52,7 +52,7 @@ pub struct Label {
     pub disk_id: Uuid,
     /// The disk's index in the pool.
     pub position: u32,
-    /// Bumped on every label rewrite (import/export).
+    /// Bumped at every import, export and clean stop (a flag changed meanwhile keeps it).
     pub generation: u64,
     /// Bytes, as seen when labelled.
     pub disk_size: u64,

@@ -154,7 +154,15 @@ impl Layouts {
         if !missed.is_empty() {
             info!(pool = %pool.name(), slabs = missed.len(), "slabs that missed writes while their disk was away are read around until a repair resyncs them");
         }
-        pool.set_resync_pending(stale_present(&pool, &missed))?;
+        // Raised, it must be on every label before anything is served; cleared, a failure
+        // only makes an older daemon refuse a pool it could read.
+        let pending = stale_present(&pool, &missed);
+        if let Err(e) = pool.set_resync_pending(pending) {
+            if pending {
+                return Err(e.into());
+            }
+            warn!(pool = %pool.name(), error = %e, "cannot write the disk labels; they still say members await a resync");
+        }
         let layouts = Layouts {
             pool,
             registry,
@@ -360,8 +368,11 @@ impl Layouts {
             missed.remove(s);
         }
         self.any_missed.store(!missed.is_empty(), Ordering::Release);
-        let pending = stale_present(&self.pool, &missed);
         drop(missed);
+        // Judged and written in one turn (as records are made, `marking`), so that two
+        // calls cannot write their verdicts in the wrong order.
+        let _turn = self.marking.lock();
+        let pending = stale_present(&self.pool, &self.missed.read());
         if let Err(e) = self.pool.set_resync_pending(pending) {
             warn!(pool = %self.pool.name(), error = %e, "cannot write the disk labels; they still say members await a resync");
         }

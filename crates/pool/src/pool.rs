@@ -675,8 +675,6 @@ impl Pool {
         self.save_config(&config)
     }
 
-    /// Whether the member at `position` is away but may be back at a later import (no device,
-    /// not failed): a write that goes around it must say so first.
     /// Says in every label whether members of the pool are stale until resynced (the layout
     /// layer knows which): a daemon that does not know the flag refuses such labels, and so
     /// the pool, rather than read those members as current. Labels are written only when it
@@ -697,6 +695,8 @@ impl Pool {
         inner.members.get(position as usize).is_some_and(|m| m.dev.is_some())
     }
 
+    /// Whether the member at `position` is away but may be back at a later import (no device,
+    /// not failed): a write that goes around it must say so first.
     pub fn may_return(&self, position: u32) -> bool {
         let inner = self.inner.read();
         let idx = position as usize;

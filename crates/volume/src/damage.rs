@@ -34,6 +34,11 @@ pub enum Unreadable {
     GrainSize,
     /// The descriptor of the slab set under the grain.
     SetDescriptor,
+    /// The grain size record of the slab set under the grain, holding another size a set
+    /// can have (readable, and wrong).
+    WrongGrainSize,
+    /// The grain size record of the slab set that holds the hot copy of the grain's slot.
+    HotCopyGrainSize,
 }
 
 impl Engine {
@@ -52,6 +57,31 @@ impl Engine {
             Unreadable::CountKey => b.put(CF_REFCOUNTS, [0xffu8; 5], 1i64.to_le_bytes()),
             Unreadable::GrainSize => b.put(CF_GRAINSETS, set.to_be_bytes(), [7u8, 7, 7]),
             Unreadable::SetDescriptor => b.put(CF_SLABSETS, set.to_be_bytes(), &b"{\"id\": "[..]),
+            Unreadable::WrongGrainSize => {
+                let g = self
+                    .shared()
+                    .space
+                    .slots(set)
+                    .expect("a mapped grain's set")
+                    .class
+                    .grain;
+                let other = if g * 2 <= crate::config::MAX_GRAIN {
+                    g * 2
+                } else {
+                    g / 2
+                };
+                b.put(CF_GRAINSETS, set.to_be_bytes(), other.to_le_bytes())
+            }
+            Unreadable::HotCopyGrainSize => {
+                let slot = crate::space::slot_of(l);
+                let Some((_, copy)) = self.shared().hot.pairs().into_iter().find(|&(p, _)| p == slot) else {
+                    return Err(VolumeError::Invalid(format!(
+                        "{vdisk} grain {grain}'s slot has no hot copy"
+                    )));
+                };
+                let set = crate::space::loc_parts(copy).0;
+                b.put(CF_GRAINSETS, set.to_be_bytes(), [7u8, 7, 7])
+            }
         }
         self.damage_commit(b)
     }

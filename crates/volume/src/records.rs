@@ -132,10 +132,28 @@ pub fn load_grainsets(meta: &MetaStore, vdisks: &[VdiskConfig], counts: &Counts)
         }
         Ok(())
     })?;
-    // A hot copy is a slot of its primary's class.
-    for (p, c) in hot_pairs(meta)? {
-        if let (Some(sizes), Some(&g)) = (seen.get_mut(&loc_parts(c).0), sets.get(&loc_parts(p).0)) {
-            sizes.insert(g);
+    // A hot copy is a slot of its primary's class, whose size may itself have been learnt
+    // from its grains just now: pairs are gone through again until nothing more is learnt.
+    let pairs: Vec<(u32, u32)> = hot_pairs(meta)?
+        .into_iter()
+        .map(|(p, c)| (loc_parts(p).0, loc_parts(c).0))
+        .collect();
+    loop {
+        let known = |set: u32, seen: &BTreeMap<u32, BTreeSet<u64>>| match seen.get(&set) {
+            Some(sizes) if sizes.len() == 1 => sizes.first().copied(),
+            Some(_) => None,
+            None => sets.get(&set).copied(),
+        };
+        let mut learnt = false;
+        for &(p, c) in &pairs {
+            for (from, to) in [(p, c), (c, p)] {
+                if let (Some(g), true) = (known(from, &seen), seen.contains_key(&to)) {
+                    learnt |= seen.get_mut(&to).expect("checked").insert(g);
+                }
+            }
+        }
+        if !learnt {
+            break;
         }
     }
     let mut b = MetaBatch::new();
@@ -146,6 +164,12 @@ pub fn load_grainsets(meta: &MetaStore, vdisks: &[VdiskConfig], counts: &Counts)
                 warn!(set = id, grain = g, found = %found, "a slab set's grain size record could not be read; taken from the grains that lie in it");
                 b.put(CF_GRAINSETS, id.to_be_bytes(), g.to_le_bytes());
                 sets.insert(id, g);
+            }
+            // Named by a hot copy whose other slot's size is not known either: it holds data.
+            [] if pairs.iter().any(|&(p, c)| p == id || c == id) => {
+                return Err(VolumeError::Invalid(format!(
+                    "slab set {id}: its grain size record ({found}, hex) cannot be read, and only a hot copy, whose other set's size is not known either, lies in it; the pool is not opened, so that nothing is freed or overwritten"
+                )))
             }
             [] => {
                 let orphans = counts.get(&id).map(|c| c.values().filter(|&&n| n != 0).count()).unwrap_or(0);

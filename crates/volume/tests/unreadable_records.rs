@@ -8,8 +8,11 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use common::{pattern, spec, Rig, MIB};
-use tessera_volume::{Engine, FindingKind, LayoutKind, Progress, Provisioning, Unreadable};
+use common::{enable_dedup, pattern, run_dedup, spec, Rig, MIB};
+use tessera_pool::{MetaBatch, CF_VDISKS};
+use tessera_volume::{
+    Compression, Engine, FindingKind, LayoutKind, Progress, Provisioning, Repair, Unreadable, VdiskSpec, HOT_REFS,
+};
 
 const GRAIN: u64 = 16 << 10;
 
@@ -216,7 +219,7 @@ fn scan_and_fix(e: &Engine, case: u64) {
             .findings(0, 10_000)
             .unwrap()
             .iter()
-            .filter(|f| matches!(f.action, tessera_volume::Repair::Recount { .. }))
+            .filter(|f| matches!(f.action, Repair::Recount { .. }))
             .count() as u64;
         if found.values().sum::<u64>() == recounts {
             return;
@@ -240,6 +243,7 @@ fn random_unreadable_records_never_cost_another_grains_data() {
         Unreadable::CountKey,
         Unreadable::GrainSize,
         Unreadable::SetDescriptor,
+        Unreadable::WrongGrainSize,
     ];
     let cases: u64 = std::env::var("TESSERA_DAMAGE_CASES")
         .ok()
@@ -257,8 +261,9 @@ fn random_unreadable_records_never_cost_another_grains_data() {
                 let g = rng.random_range(0..grains);
                 let what = kinds_all[rng.random_range(0..kinds_all.len())];
                 // An unreadable slab set descriptor stops an import (it alone says where the
-                // set's members are): only the running pool's spot-fix mends it.
-                if across_import && what == Unreadable::SetDescriptor {
+                // set's members are), and a grain size that is wrong but one a set can have is
+                // believed by one: only the running pool's spot-fix mends them.
+                if across_import && matches!(what, Unreadable::SetDescriptor | Unreadable::WrongGrainSize) {
                     continue;
                 }
                 e.damage_unreadable(name, g, what).unwrap();
@@ -303,4 +308,94 @@ fn random_unreadable_records_never_cost_another_grains_data() {
         rig.assert_consistent();
         assert_model(rig.engine(), &want, &lost, case);
     }
+}
+
+/// A set that holds nothing but a hot copy takes its grain size from the copy's primary,
+/// whose own size the import learns from its grains.
+#[test]
+fn an_import_learns_a_hot_copys_set_from_its_primary() {
+    let mut rig = Rig::new(3, 64 * MIB, MIB);
+    let (blocks, hot, block) = (256u64, HOT_REFS as u64 + 20, 4096u64);
+    let want: Vec<u8> = (0..blocks)
+        .flat_map(|b| {
+            if b < hot {
+                pattern(1, 0, block as usize)
+            } else {
+                pattern(2, b * block, block as usize)
+            }
+        })
+        .collect();
+    let pairs = {
+        let e = rig.engine();
+        enable_dedup(e, Compression::Off);
+        let mut s = VdiskSpec::new("v", blocks * block, LayoutKind::Simple);
+        s.block_size = Some(4096);
+        s.columns = Some(1);
+        e.create_vdisk(&s).unwrap();
+        e.vdisk("v").unwrap().write(0, &want, true).unwrap();
+        assert_eq!(run_dedup(e).hot_copies_made, 1);
+        e.damage_unreadable("v", 0, Unreadable::GrainSize).unwrap();
+        e.damage_unreadable("v", 0, Unreadable::HotCopyGrainSize).unwrap();
+        e.hot_copies()
+    };
+    rig.reopen();
+    let e = rig.engine();
+    assert_eq!(e.hot_copies(), pairs, "the copy is kept");
+    // The check compares the copy with its slot, and every count with its references.
+    rig.assert_consistent();
+    let mut got = vec![0u8; want.len()];
+    e.vdisk("v").unwrap().read(0, &mut got).unwrap();
+    assert!(got == want);
+}
+
+/// A vdisk record that cannot be read leaves that vdisk out, not the pool: the rest is
+/// served, its grains and their space are kept (never dangling, never handed out), and the
+/// record put back brings it back whole.
+#[test]
+fn a_vdisk_whose_record_cannot_be_read_is_left_out_and_its_data_kept() {
+    let mut rig = populated();
+    let (want, id, record) = {
+        let e = rig.engine();
+        let id = e.vdisk("b").unwrap().config().id;
+        let record = e.pool().meta().get(CF_VDISKS, &id.to_be_bytes()).unwrap().unwrap();
+        let mut b = MetaBatch::new();
+        b.put(CF_VDISKS, id.to_be_bytes(), &b"{\"name\": \"b\""[..]);
+        e.pool().meta().commit(b, true).unwrap();
+        (contents(e), id, record)
+    };
+    rig.reopen();
+    {
+        let e = rig.engine();
+        assert!(e.vdisk("b").is_err(), "left out");
+        assert_eq!(e.unreadable_vdisks().iter().map(|u| u.id).collect::<Vec<_>>(), [id]);
+        let mut rest = want.clone();
+        rest.remove("b");
+        assert_same(&contents(e), &rest);
+        let problems = e.check().unwrap().problems;
+        assert!(
+            problems.len() == 1 && problems[0].starts_with(&format!("the record of vdisk id {id} cannot be read")),
+            "its grains are counted as any others: {problems:#?}"
+        );
+        // Named, not taken for entries of no vdisk; spot-fix leaves its grains alone.
+        assert_eq!(kinds(e), [(FindingKind::RecordMalformed, 1)].into_iter().collect());
+        let found = e.findings(0, 10).unwrap();
+        assert!(matches!(found[0].action, Repair::VdiskRecord { vdisk, grains: 192 } if vdisk == id));
+        let r = e.spotfix(&Progress::default()).unwrap();
+        assert_eq!((r.fixed, r.changed, r.failed), (0, 0, 1));
+        // A new vdisk takes neither its id nor its slots.
+        let c = e
+            .create_vdisk(&spec("c", 16 * MIB, LayoutKind::Parity, Provisioning::Thin))
+            .unwrap();
+        assert!(c.config().id > id);
+        c.write(0, &pattern(7, 0, (16 * MIB) as usize), false).unwrap();
+        assert_same(&contents(e), &rest);
+        drop(c);
+        let mut b = MetaBatch::new();
+        b.put(CF_VDISKS, id.to_be_bytes(), record);
+        e.pool().meta().commit(b, true).unwrap();
+    }
+    rig.reopen();
+    assert!(rig.engine().unreadable_vdisks().is_empty());
+    assert_same(&contents(rig.engine()), &want);
+    rig.assert_consistent();
 }
