@@ -125,9 +125,22 @@ impl Engine {
                 *held.entry(slot).or_default() += 1;
             }
         }
+        // Vdisks left out because their record cannot be read: their grains are kept.
+        let left_out: Vec<u64> = self.unreadable_vdisks().iter().map(|u| u.id).collect();
+        for u in self.unreadable_vdisks() {
+            report
+                .problems
+                .push(format!("the record of vdisk id {} cannot be read: {}", u.id, u.error));
+        }
         // Grain entries of vdisks that no longer exist would leak their slots.
-        s.pool.meta().for_each_prefix(CF_GRAINS, &[], |k, _| {
+        s.pool.meta().for_each_prefix(CF_GRAINS, &[], |k, v| {
             match parse_grain_key(k) {
+                // Their references are counted as any others.
+                Some((id, _)) if left_out.contains(&id) => {
+                    for slot in parse_loc(v).into_iter().flat_map(slots_of) {
+                        *expected.entry(slot).or_default() += 1;
+                    }
+                }
                 Some((id, g)) if !live_ids.contains(&id) => report
                     .problems
                     .push(format!("grain entry {g} of vdisk id {id}, which does not exist")),

@@ -45,26 +45,44 @@ pub struct Engine {
     pub(crate) metadata_job: Mutex<()>,
     /// Dedup settings, fingerprint index and the run under way.
     pub(crate) dedup: DedupState,
+    /// Vdisk records the import could not read: those vdisks are left out.
+    unreadable: Vec<UnreadableVdisk>,
 }
 
 /// Where the next vdisk id is kept (in the pool's own column family).
 const NEXT_VDISK_ID_KEY: &[u8] = b"next_vdisk_id";
 
+/// A vdisk record that cannot be read: its id (its key) and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnreadableVdisk {
+    pub id: u64,
+    pub error: String,
+}
+
+/// Every vdisk record of the pool, in id order (those being deleted included), and those
+/// that cannot be read. Such a vdisk is left out, not the pool: its grains and the space
+/// they hold are kept, the rest is served, and the record put right brings it back.
+fn vdisk_records(meta: &MetaStore) -> Result<(Vec<VdiskConfig>, Vec<UnreadableVdisk>)> {
+    let (mut configs, mut unreadable) = (Vec::new(), Vec::new());
+    meta.for_each_prefix(CF_VDISKS, &[], |k, v| {
+        let Ok(id) = <[u8; 8]>::try_from(k).map(u64::from_be_bytes) else {
+            warn!(key = %tessera_pool::hex(k), "a vdisk record under a key of the wrong length names no vdisk; left alone");
+            return Ok(());
+        };
+        match serde_json::from_slice::<VdiskConfig>(v).map_err(|e| e.to_string()).and_then(|c| {
+            (c.id == id).then_some(c).ok_or_else(|| "its id differs from its key's".to_string())
+        }) {
+            Ok(c) => configs.push(c),
+            Err(error) => unreadable.push(UnreadableVdisk { id, error }),
+        }
+        Ok(())
+    })?;
+    Ok((configs, unreadable))
+}
+
 /// Drops grain map entries of vdisks that have no record (left by a write that raced a delete
 /// before deletes waited for writes), with the references they held, so that their space
 /// comes back and no vdisk made later can ever be shown their data.
-/// Every vdisk record of the pool, in id order (those being deleted included).
-fn vdisk_records(meta: &MetaStore) -> Result<Vec<VdiskConfig>> {
-    let mut configs = Vec::new();
-    meta.for_each_prefix(CF_VDISKS, &[], |_, v| {
-        let c: VdiskConfig =
-            serde_json::from_slice(v).map_err(|e| meta.error(format!("unreadable vdisk record: {e}")))?;
-        configs.push(c);
-        Ok(())
-    })?;
-    Ok(configs)
-}
-
 fn purge_orphan_grains(meta: &MetaStore) -> Result<()> {
     let mut ids = std::collections::HashSet::new();
     meta.for_each_prefix(CF_VDISKS, &[], |k, _| {
@@ -142,7 +160,7 @@ impl Engine {
     /// what a gateway that does not own a shared pool presents of it (standby LUNs). A vdisk
     /// being deleted is left out.
     pub fn recorded_vdisks(meta: &MetaStore) -> Result<Vec<VdiskConfig>> {
-        let mut configs = vdisk_records(meta)?;
+        let (mut configs, _) = vdisk_records(meta)?;
         configs.retain(|c| c.state != VdiskState::Deleting);
         Ok(configs)
     }
@@ -161,7 +179,10 @@ impl Engine {
 
         crate::records::mend_counts(&meta)?;
         purge_orphan_grains(&meta)?;
-        let configs = vdisk_records(&meta)?;
+        let (configs, unreadable) = vdisk_records(&meta)?;
+        for u in &unreadable {
+            warn!(pool = %pool.name(), vdisk_id = u.id, error = %u.error, "a vdisk record cannot be read: that vdisk is left out (its grains and the space they hold are kept); the rest of the pool is served");
+        }
         let counts = crate::records::load_counts(&meta)?;
         // Slab sets that hold grains; a set without a grain record was made by a crashed
         // allocation and holds nothing: give it back.
@@ -197,7 +218,8 @@ impl Engine {
         });
         let mut vdisks = BTreeMap::new();
 
-        let mut max_id = 0;
+        // An unreadable record's id is never given to a new vdisk: its grains are under it.
+        let mut max_id = unreadable.iter().map(|u| u.id).max().unwrap_or(0);
         let mut deleting = Vec::new();
         for c in configs {
             max_id = max_id.max(c.id);
@@ -245,6 +267,7 @@ impl Engine {
             scrubbing: Mutex::new(()),
             metadata_job: Mutex::new(()),
             dedup: DedupState::load(&meta)?,
+            unreadable,
         };
         for v in deleting {
             info!(vdisk = %v.name(), "finishing an interrupted delete, or removing a half-made snapshot or clone");
@@ -256,6 +279,12 @@ impl Engine {
 
     pub fn pool(&self) -> &Arc<Pool> {
         &self.s.pool
+    }
+
+    /// The vdisk records the import could not read (those vdisks are left out; their grains
+    /// and space are kept).
+    pub fn unreadable_vdisks(&self) -> &[UnreadableVdisk] {
+        &self.unreadable
     }
 
     pub fn layouts(&self) -> &Arc<Layouts> {

@@ -72,6 +72,11 @@ pub enum Repair {
     /// next import, before any slot is handed out (while it runs, nothing stops the grains
     /// from changing under a recount; memory holds the count right meanwhile).
     Recount { slot: u64 },
+    /// A vdisk record that cannot be read: the vdisk is left out of the pool, its `grains`
+    /// map entries and their space kept. Nothing else says its name, size or layout, so
+    /// spot-fix cannot write it again: put right (or restored), it brings the vdisk back at
+    /// the next import.
+    VdiskRecord { vdisk: u64, grains: u64 },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema)]
@@ -179,6 +184,12 @@ impl Finding {
                 slot_name(*slot),
                 "its count record cannot be read; the running pool holds the count in memory".to_string(),
                 "none while the pool runs: its next import (a restart, an export and import) counts it again from the grain map"
+                    .to_string(),
+            ),
+            Repair::VdiskRecord { vdisk: v, grains } => (
+                format!("vdisk id {v}"),
+                format!("its record cannot be read: the vdisk is left out of the pool; its {grains} grain map entries and their space are kept"),
+                "none by spot-fix (the record alone says the vdisk's name, size and layout): put the record right or restore it, and import the pool again"
                     .to_string(),
             ),
             Repair::RewriteSet { set } => (

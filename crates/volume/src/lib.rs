@@ -36,7 +36,7 @@ mod writer;
 pub use check::CheckReport;
 pub use config::{Provisioning, VdiskConfig, VdiskSpec, VdiskState, DEFAULT_GRAIN, MAX_GRAIN, MIN_GRAIN};
 pub use damage::Unreadable;
-pub use engine::Engine;
+pub use engine::{Engine, UnreadableVdisk};
 pub use error::{Result, VolumeError};
 pub use findings::{FindingKind, FindingStatus, FindingView, Repair, ScanReport, SpotfixReport};
 pub use frozen::{CloneStats, Frozen};

@@ -48,6 +48,8 @@ struct Tally {
     sets: HashMap<u32, SetInfo>,
     vdisks: HashMap<u64, VdiskInfo>,
     dangling: BTreeMap<u64, u64>,
+    /// Vdisk ids whose record cannot be read, and their grain map entries.
+    unreadable_vdisks: BTreeMap<u64, u64>,
     findings: Vec<(FindingKind, Repair)>,
     grains: u64,
     counted: u64,
@@ -173,6 +175,10 @@ impl Engine {
             t.findings
                 .push((FindingKind::DanglingGrains, Repair::DropEntries { vdisk, entries }));
         }
+        for (vdisk, grains) in std::mem::take(&mut t.unreadable_vdisks) {
+            t.findings
+                .push((FindingKind::RecordMalformed, Repair::VdiskRecord { vdisk, grains }));
+        }
         for finding in layout {
             let kind = match &finding {
                 tessera_layout::LayoutFinding::MemberLost { .. } => FindingKind::SetMemberLost,
@@ -268,20 +274,29 @@ impl Engine {
             findings.push((FindingKind::RecordMalformed, Repair::RewriteSet { set: id }));
         }
         let mut vdisks = HashMap::new();
-        snap.for_each_prefix(CF_VDISKS, &[], |_, v| {
-            // An unreadable record stops the pool's import with its own error; here its
-            // grains show up as dangling.
-            if let Ok(c) = serde_json::from_slice::<VdiskConfig>(v) {
-                vdisks.insert(
-                    c.id,
-                    VdiskInfo {
-                        class: Class {
-                            layout: c.layout,
-                            grain: c.grain_size,
+        let mut unreadable_vdisks = BTreeMap::new();
+        snap.for_each_prefix(CF_VDISKS, &[], |k, v| {
+            let Ok(id) = <[u8; 8]>::try_from(k).map(u64::from_be_bytes) else {
+                return Ok(());
+            };
+            // A record that cannot be read leaves its vdisk out of the pool, not its grains:
+            // they are kept (counted, never dangling) until the record is put right.
+            match serde_json::from_slice::<VdiskConfig>(v).ok().filter(|c| c.id == id) {
+                None => {
+                    unreadable_vdisks.insert(id, 0);
+                }
+                Some(c) => {
+                    vdisks.insert(
+                        c.id,
+                        VdiskInfo {
+                            class: Class {
+                                layout: c.layout,
+                                grain: c.grain_size,
+                            },
+                            grains: c.grains(),
                         },
-                        grains: c.grains(),
-                    },
-                );
+                    );
+                }
             }
             Ok(())
         })?;
@@ -289,6 +304,7 @@ impl Engine {
             sets,
             vdisks,
             dangling: BTreeMap::new(),
+            unreadable_vdisks,
             findings,
             grains: 0,
             counted: 0,
@@ -322,7 +338,10 @@ impl Engine {
             t.grains += 1;
             let in_space = t.count(slot);
             let Some(vi) = t.vdisks.get(&vdisk) else {
-                *t.dangling.entry(vdisk).or_default() += 1;
+                match t.unreadable_vdisks.get_mut(&vdisk) {
+                    Some(n) => *n += 1,
+                    None => *t.dangling.entry(vdisk).or_default() += 1,
+                }
                 return Ok(());
             };
             let unmap = Repair::Unmap { vdisk, grain, slot };

@@ -206,6 +206,10 @@ impl Engine {
             Repair::Layout { finding } => self.fix_layout(finding),
             Repair::DropRecord { family, key, found } => self.fix_record(family, key, found),
             Repair::RewriteSet { set } => self.fix_set_records(*set),
+            Repair::VdiskRecord { .. } => Ok(Outcome::Failed(
+                "a vdisk record cannot be written again from anything else; put it right or restore it, and import the pool again"
+                    .into(),
+            )),
             Repair::Recount { .. } => Ok(Outcome::Failed(
                 "counted again at the pool's next import (a restart, or an export and import); memory holds it right meanwhile"
                     .into(),
