@@ -506,6 +506,70 @@ fn sigkill_and_restart_keep_state_and_data() {
     assert_eq!(d.json(&["vdisk", "list"]).as_array().unwrap().len(), 1);
 }
 
+/// A vdisk record the store cannot read (a damaged store) leaves that vdisk out of the pool,
+/// which the daemon imports and serves all the same, and says so in `pool show`; the record
+/// put back brings the vdisk back with its data.
+#[test]
+fn a_vdisk_whose_record_cannot_be_read_is_left_out_and_named() {
+    use tessera_pool::{MetaBatch, MetaStore, CF_VDISKS};
+    let t = tempfile::tempdir().unwrap();
+    let state = t.path().join("state");
+    let mut d = Daemon::start(&state);
+    create_pool(&d, "k", &disks(&t.path().join("disks"), 3, 1 << 30));
+    let img = t.path().join("in.img");
+    random_image(&img, 16 << 20, 5);
+    d.ok(&["vdisk", "import", "k/a", img.to_str().unwrap(), "--layout", "mirror"]);
+    d.ok(&["vdisk", "import", "k/b", img.to_str().unwrap(), "--layout", "mirror"]);
+    d.stop();
+
+    let meta_dir = state.join("pools/k/meta");
+    let (key, record) = {
+        let meta = MetaStore::open(&meta_dir).unwrap();
+        let mut found = None;
+        meta.for_each_prefix(CF_VDISKS, &[], |k, v| {
+            let c: serde_json::Value = serde_json::from_slice(v).unwrap();
+            if c["name"] == "b" {
+                found = Some((k.to_vec(), v.to_vec()));
+            }
+            Ok(())
+        })
+        .unwrap();
+        let (key, record) = found.unwrap();
+        let mut batch = MetaBatch::new();
+        batch.put(CF_VDISKS, &key, &b"{\"name\": \"b\", \"si"[..]);
+        meta.commit(batch, true).unwrap();
+        (key, record)
+    };
+    let mut d = Daemon::start(&state);
+    let names: Vec<String> = d
+        .json(&["vdisk", "list"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(names, ["a"]);
+    let show = d.ok(&["pool", "show", "k"]);
+    assert!(show.contains("cannot be read") && show.contains("left out"), "{show}");
+    let out = t.path().join("out.img");
+    d.ok(&["vdisk", "export", "k/a", out.to_str().unwrap()]);
+    assert!(same_file(&img, &out));
+    d.stop();
+
+    let meta = MetaStore::open(&meta_dir).unwrap();
+    let mut batch = MetaBatch::new();
+    batch.put(CF_VDISKS, &key, record);
+    meta.commit(batch, true).unwrap();
+    drop(meta);
+    let d = Daemon::start(&state);
+    d.ok(&["vdisk", "export", "k/b", out.to_str().unwrap(), "--overwrite"]);
+    assert!(same_file(&img, &out));
+    assert!(d.json(&["pool", "check", "k"])["problems"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+}
+
 #[test]
 fn concurrent_clients() {
     let t = tempfile::tempdir().unwrap();

@@ -166,7 +166,16 @@ impl Daemon {
             vdisks: e.vdisks().len(),
             repair_needed_bytes: repair,
             jobs_running: self.jobs.running_on(name),
-            warnings: self.thin_warning(&e).into_iter().collect(),
+            warnings: self
+                .thin_warning(&e)
+                .into_iter()
+                .chain(e.unreadable_vdisks().iter().map(|u| {
+                    format!(
+                        "the record of vdisk id {} cannot be read ({}): that vdisk is left out, its data and space kept; put the record right or restore it, and import the pool again",
+                        u.id, u.error
+                    )
+                }))
+                .collect(),
             auto_repair: self.auto_repair.view(self.cfg.auto_repair, name),
             scrub: self.scrub_view(name, &e),
             scan: e.scan_report().ok().flatten(),
