@@ -742,6 +742,9 @@ pub enum DiskCmd {
     Retire { pool: String, disk: String },
     /// Fail a disk, as a drill: it is never used again.
     Fail { pool: String, disk: String },
+    /// Take back a disk missing since the pool was imported, now reachable again where the
+    /// pool recorded it: only what was written around it is resynced.
+    Online { pool: String, disk: String },
 }
 
 #[derive(Args, Default, Clone)]

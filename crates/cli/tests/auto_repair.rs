@@ -342,3 +342,82 @@ fn a_disk_back_is_resynced_where_it_missed_writes_with_no_command_typed() {
         .unwrap()
         .is_empty());
 }
+
+/// The same disk back while the daemon runs: one command takes it back (no restart, no
+/// outage of the pool), and the daemon resyncs by itself only what was written around it.
+#[test]
+fn a_disk_back_while_the_daemon_runs_is_taken_back_with_one_command() {
+    let t = tempfile::tempdir().unwrap();
+    let mut d = start(t.path(), "5m");
+    create_pool(&d, "c", &disks(&t.path().join("disks"), 3, 512 * MIB));
+    let img = t.path().join("in.img");
+    random_image(&img, VDISK, 10);
+    d.ok(&[
+        "vdisk",
+        "import",
+        "c/m",
+        img.to_str().unwrap(),
+        "--layout",
+        "mirror",
+        "--columns",
+        "1",
+    ]);
+    let iqn = "iqn.2026-12.io.tessera:online";
+    d.ok(&["target", "create", iqn, "--allow-any-initiator"]);
+    d.ok(&["target", "lun", "add", iqn, "c/m", "--lun", "0"]);
+    let victim = busiest_disk(&d, "c");
+    d.stop();
+
+    let moved = format!("{victim}.away");
+    std::fs::rename(&victim, &moved).unwrap();
+    let d = start(t.path(), "5m");
+    let err = d.fails(&["disk", "online", "c", &victim]);
+    assert!(err.contains("cannot open disk"), "{err}");
+    let mut model = std::fs::read(&img).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let s = rt
+        .block_on(Session::login(
+            &d.iscsi_portal(),
+            &LoginConfig::new("iqn.2026-12.io.example:host", Some(iqn)),
+        ))
+        .unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(10);
+    let mut write = |model: &mut Vec<u8>, i: u64| {
+        let at = i * (VDISK / 16) + rng.random_range(0..16) * BLOCK as u64;
+        let mut data = vec![0u8; BLOCK];
+        rng.fill(&mut data[..]);
+        let r = rt
+            .block_on(s.command(0, &rw16(true, at, BLOCK, 512), data.clone(), 0))
+            .unwrap();
+        assert_eq!(r.status, 0, "write at {at}: sense {:02x?}", r.sense);
+        model[at as usize..at as usize + BLOCK].copy_from_slice(&data);
+    };
+    for i in 0..16u64 {
+        write(&mut model, i);
+    }
+    std::fs::rename(&moved, &victim).unwrap();
+    let out = d.ok(&["disk", "online", "c", &victim]);
+    assert!(out.contains("taken back") && out.contains("healthy"), "{out}");
+    // The host goes on writing meanwhile.
+    for i in 0..16u64 {
+        write(&mut model, i);
+    }
+    drop(s);
+    drop(rt);
+    wait_healthy(&d, "c", Duration::from_secs(120));
+    let jobs = repair_jobs(&d);
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+    let out = t.path().join("out.img");
+    d.ok(&["vdisk", "export", "c/m", out.to_str().unwrap()]);
+    assert!(
+        std::fs::read(&out).unwrap() == model,
+        "the vdisk differs after the resync"
+    );
+    assert!(d.json(&["pool", "check", "c"])["problems"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+}

@@ -281,7 +281,7 @@ impl Layouts {
             // Copies called equal without one that may be back later holding another version
             // of what a crash tore (a parity row waits for its members: `resync_row`).
             if spec.parity_columns() == 0 {
-                self.note_missed(set, members)?;
+                self.note_missed(set, members, &[])?;
             }
         }
         let mut failed = Vec::new();
@@ -415,7 +415,7 @@ impl Layouts {
                 return Err(self.too_many(set, &members));
             }
             // Should a missing member's disk come back, it must be known stale here.
-            self.note_missed(set, &members)?;
+            self.note_missed(set, &members, &[])?;
         }
         let pieces = split(&set.spec, offset, data.len());
         let epoch = self.journal.enter();

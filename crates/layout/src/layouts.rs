@@ -212,7 +212,7 @@ impl Layouts {
                 if !kept {
                     // Written around a member whose disk is away, which is stale should it be
                     // back: recorded first.
-                    self.note_missed(&set, &members)?;
+                    self.note_missed(&set, &members, &[])?;
                 }
                 // A member that cannot take its bytes is failed by the write: the set is
                 // read around it from then on, and the other members hold the update.
@@ -315,6 +315,20 @@ impl Layouts {
         self.pool.readable_disk(slab.disk)
     }
 
+    /// Takes back, while the pool runs, a data disk missing since the import (`Pool::bring_back`):
+    /// its slabs recorded as having missed writes stay unread and unwritten until a repair
+    /// resyncs them (the labels say so before the disk is back); the others are current.
+    /// In one turn with the records (`marking`), so that no verdict on the labels' flag is
+    /// written out of order with it.
+    pub fn bring_back_disk(&self, position: u32, dev: DiskRef) -> Result<()> {
+        let _turn = self.marking.lock();
+        if self.missed.read().iter().any(|s| s.disk == position) {
+            self.pool.set_resync_pending(true)?;
+        }
+        self.pool.bring_back(position, dev)?;
+        Ok(())
+    }
+
     /// Whether `slab` missed writes while its disk was away and is not resynced yet.
     pub(crate) fn is_missed(&self, slab: SlabRef) -> bool {
         self.any_missed.load(Ordering::Acquire) && self.missed.read().contains(&slab)
@@ -325,8 +339,15 @@ impl Layouts {
     /// only the members recorded here are stale (the pool takes it back, `returns_as`). The
     /// caller holds `members` (the set's, shared) for the whole write. Nothing to do, and
     /// no lock taken, when no member's disk is missing.
-    pub(crate) fn note_missed(&self, set: &SlabSet, members: &[SlabRef]) -> Result<()> {
-        let away = |s: &SlabRef| self.pool.may_return(s.disk);
+    ///
+    /// `went_around`: members the write found unavailable and went around, recorded too
+    /// unless their disk failed (which never comes back): their disk may have come back
+    /// since it was found away (`bring_back_disk`), and the write still missed them.
+    pub(crate) fn note_missed(&self, set: &SlabSet, members: &[SlabRef], went_around: &[SlabRef]) -> Result<()> {
+        let away = |s: &SlabRef| {
+            self.pool.may_return(s.disk)
+                || (went_around.contains(s) && self.pool.disk_state(s.disk) != DiskState::Failed)
+        };
         if !members.iter().any(away) {
             return Ok(());
         }
@@ -838,7 +859,7 @@ impl Layouts {
         let repl = *set.replacement.read();
         // Every slab each write goes to: (index in `writes`, slab, its disk, its checksums).
         let mut targets = Vec::with_capacity(writes.len() + 1);
-        let mut around = false;
+        let mut around = Vec::new();
         for (i, w) in writes.iter().enumerate() {
             let extra = repl.filter(|(idx, _)| *idx == w.m).map(|(_, slab)| slab);
             // The member as a member; the slab a repair fills whatever it is (it may be the
@@ -846,7 +867,9 @@ impl Layouts {
             let member = std::iter::once((members[w.m], self.member_dev(members[w.m])));
             for (slab, dev) in member.chain(extra.map(|s| (s, self.pool.readable_disk(s.disk)))) {
                 let Some(dev) = dev else {
-                    around |= slab == members[w.m];
+                    if slab == members[w.m] {
+                        around.push(slab);
+                    }
                     continue;
                 };
                 // Before anything is read or written for the write.
@@ -859,9 +882,9 @@ impl Layouts {
                 targets.push((i, slab, dev, sums));
             }
         }
-        if around {
+        if !around.is_empty() {
             // Before any disk has a byte of it.
-            self.note_missed(set, members)?;
+            self.note_missed(set, members, &around)?;
         }
         let reqs: Vec<tessera_disk::WriteReq> = targets
             .iter()

@@ -675,6 +675,79 @@ impl Pool {
         self.save_config(&config)
     }
 
+    /// Takes back, while the pool runs, a data disk that was missing when the pool was
+    /// imported and may come back (`may_return`), now opened as `dev`, as an import that
+    /// found it would: its label must name this pool's disk, of the generation it had when
+    /// it went missing or later (an older copy is refused), and it takes back the state it
+    /// had. Which of its slabs missed writes meanwhile is in the slab sets' records (the
+    /// layout layer, which says so in the labels first). Its label is written at the pool's
+    /// generation before the configuration says it is back: a crash between the two finds
+    /// it missing, and back, at the next import.
+    pub fn bring_back(&self, position: u32, dev: DiskRef) -> Result<()> {
+        let _saving = self.saving.lock();
+        let (config, info) = {
+            let inner = self.inner.read();
+            let info = inner
+                .config
+                .disks
+                .get(position as usize)
+                .cloned()
+                .ok_or_else(|| PoolError::NoSuchDisk {
+                    pool: inner.config.name.clone(),
+                    disk: position.to_string(),
+                })?;
+            (inner.config.clone(), info)
+        };
+        let refuse = |why: String| {
+            Err(PoolError::Invalid(format!(
+                "disk {} of pool '{}' {why}",
+                info.path, config.name
+            )))
+        };
+        if info.state != DiskState::Missing {
+            return refuse(format!("is not missing (it is {})", info.state.as_str()));
+        }
+        if info.usage != DiskUsage::Data {
+            return refuse(
+                "is a write-back cache disk: the log went on without it, so it cannot be taken back; fail it, and add it again"
+                    .into(),
+            );
+        }
+        let Some(state) = info.returns_as else {
+            return refuse(
+                "went missing before what it misses was recorded: what it holds may be stale; fail it, and repair the pool"
+                    .into(),
+            );
+        };
+        let label = verify_label(dev.as_ref(), config.id, info.id)?;
+        if let Some(expected) = info.left_at.filter(|&g| label.generation < g) {
+            return refuse(format!(
+                "is an older copy (label generation {}, {expected} expected): it missed what was written since; \
+                 fail it, and repair the pool",
+                label.generation
+            ));
+        }
+        if dev.size() < info.size {
+            return refuse(format!("shrank from {} to {} bytes", info.size, dev.size()));
+        }
+        rewrite_label(
+            dev.as_ref(),
+            &label_for(&config, &info, false, self.resync_pending.load(Ordering::SeqCst)),
+        )?;
+        let mut inner = self.inner.write();
+        let idx = position as usize;
+        inner.members[idx].dev = Some(MeteredDisk::wrap(dev));
+        inner.members[idx].problem = None;
+        inner.members[idx].lost_at = 0;
+        let disk = &mut inner.config.disks[idx];
+        disk.state = state;
+        (disk.returns_as, disk.left_at) = (None, None);
+        info!(pool = %config.name, disk = %info.path, state = state.as_str(), "disk is back; the slabs that missed writes while it was away are resynced by a repair");
+        let config = inner.config.clone();
+        drop(inner);
+        self.save_config(&config)
+    }
+
     /// Says in every label whether members of the pool are stale until resynced (the layout
     /// layer knows which): a daemon that does not know the flag refuses such labels, and so
     /// the pool, rather than read those members as current. Labels are written only when it

@@ -570,6 +570,15 @@ impl Engine {
         Ok(())
     }
 
+    /// Takes back, while the pool runs, a data disk that was missing when the pool was
+    /// imported, now opened as `dev` (`Layouts::bring_back_disk`): current where no write
+    /// went around it, and stale (read around) where one did, until a repair resyncs it.
+    pub fn bring_back_disk(&self, disk: &str, dev: DiskRef) -> Result<()> {
+        let pos = self.s.pool.find_disk(disk)?;
+        self.s.layouts.bring_back_disk(pos, dev)?;
+        Ok(())
+    }
+
     /// Makes every completed write durable and leaves the stripe journal with nothing to
     /// replay (but regions still to be made consistent), as a clean stop should: a start
     /// that then finds a disk missing has no region it cannot resync.

@@ -194,6 +194,75 @@ fn while_members_await_a_resync_every_label_says_so() {
     assert_eq!(read_all(&rig), data);
 }
 
+/// A disk missing since the import and reachable again while the pool runs is taken back
+/// without a restart, as an import would take it: current where no write went around it,
+/// stale (read around, then resynced where it is) where one did, with writers going on
+/// throughout; an older copy, a disk that is not missing and a cache disk are refused.
+#[test]
+fn a_disk_back_while_the_pool_runs_is_taken_back_as_an_import_would() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let (mut rig, data) = mirrored_pair();
+    let older = image_of(&rig, 1);
+    stop(&mut rig);
+    let away = rig.disks.remove(1);
+    rig.reopen();
+    assert_eq!(state(&rig, 1), DiskState::Missing);
+    let e = rig.engine();
+    // Refused: an image of it from before the last stop, and a disk that is there.
+    let err = e
+        .bring_back_disk("mem1", copy_of("mem1", &older) as DiskRef)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("older copy"), "{err}");
+    let err = e
+        .bring_back_disk("mem0", rig.disks[0].clone() as DiskRef)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("is not missing"), "{err}");
+
+    // Writers on four quarters of the vdisk, 4 KiB blocks stamped with their writer's
+    // count, before, while and after the disk comes back.
+    let v = e.vdisk("v").unwrap();
+    let stop_writing = AtomicBool::new(false);
+    let quarter = SIZE / 4;
+    let model = std::sync::Mutex::new(data.clone());
+    std::thread::scope(|sc| {
+        for t in 0..4u64 {
+            let (v, model, stop_writing) = (&v, &model, &stop_writing);
+            sc.spawn(move || {
+                let mut n = 0u64;
+                while !stop_writing.load(Ordering::Relaxed) || n < 8 {
+                    let at = t * quarter + (n * 7919 * 4096) % quarter;
+                    let block = pattern(1000 * t + n, at, 4096);
+                    v.write(at, &block, n % 3 == 0).unwrap();
+                    model.lock().unwrap()[at as usize..at as usize + 4096].copy_from_slice(&block);
+                    n += 1;
+                }
+            });
+        }
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        e.bring_back_disk("mem1", away.clone() as DiskRef).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        stop_writing.store(true, Ordering::Relaxed);
+    });
+    drop(v);
+    let data = model.into_inner().unwrap();
+    rig.disks.insert(1, away);
+    assert_eq!(state(&rig, 1), DiskState::Healthy);
+    let stale = rig.engine().layouts().stale_members();
+    assert!(stale > 0, "writes went around it");
+    assert_eq!(read_all(&rig), data, "read around what it missed");
+    let free = rig.engine().pool().capacity().free_bytes;
+    assert_eq!(repair(&rig), stale);
+    assert_eq!(rig.engine().pool().capacity().free_bytes, free, "resynced where it is");
+    // The disk taken back alone holds everything, the writes made around it included.
+    rig.engine().fail_disk("mem0").unwrap();
+    assert_eq!(read_all(&rig), data);
+    rig.reopen();
+    assert_eq!(read_all(&rig), data);
+    rig.assert_consistent();
+}
+
 /// A write is refused by a set that lost more members than it tolerates: when those come
 /// back, the set is whole again (before, each was failed and the set's data lost).
 #[test]

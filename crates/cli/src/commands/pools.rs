@@ -417,6 +417,7 @@ pub(super) fn disk(c: &Ctx, cmd: DiskCmd) -> R {
         }
         DiskCmd::Retire { pool, disk } => (disk_action(c, &pool, &disk, "retire")?, "retired"),
         DiskCmd::Fail { pool, disk } => (disk_action(c, &pool, &disk, "fail")?, "failed"),
+        DiskCmd::Online { pool, disk } => (disk_action(c, &pool, &disk, "online")?, "taken back"),
     };
     c.answer(v, |d: DiskView| {
         println!(
@@ -425,7 +426,9 @@ pub(super) fn disk(c: &Ctx, cmd: DiskCmd) -> R {
             d.id,
             d.state.as_str()
         );
-        if !what.starts_with("added") {
+        if what == "taken back" {
+            println!("what was written around it while it was away is resynced by a repair (the daemon's own, if automatic repair is on)");
+        } else if !what.starts_with("added") {
             println!("'tessera pool repair POOL' rebuilds what it held onto the other disks");
         }
         Ok(())

@@ -536,9 +536,16 @@ impl Daemon {
         match action {
             "fail" => e.fail_disk(disk)?,
             "retire" => e.retire_disk(disk)?,
+            // Opened where the pool recorded it, as an import would.
+            "online" => {
+                let path = e.pool().disks()[pos as usize].info.path.clone();
+                let dev = crate::daemon::open_disk(&path)
+                    .map_err(|e| ApiError::invalid(format!("cannot open disk {path}: {e}")))?;
+                e.bring_back_disk(disk, dev)?;
+            }
             _ => {
                 return Err(ApiError::not_found(format!(
-                    "no disk action '{action}'; use fail or retire"
+                    "no disk action '{action}'; use fail, retire or online"
                 )))
             }
         }
