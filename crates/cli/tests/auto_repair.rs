@@ -256,16 +256,14 @@ fn a_missing_disk_gets_its_delay_and_a_pool_switched_off_waits() {
     assert!(d.fails(&["pool", "auto-repair", "b", "maybe"]).contains("maybe"));
 }
 
-/// A disk absent at one start and back at the next is taken back as it was: the slab sets
-/// written around it meanwhile are resynced where they are, at once and by themselves (no
-/// delay to wait, no free space needed), and the rest is as current as the day it left.
-#[test]
-fn a_disk_back_is_resynced_where_it_missed_writes_with_no_command_typed() {
-    let t = tempfile::tempdir().unwrap();
-    let mut d = start(t.path(), "5m");
-    create_pool(&d, "c", &disks(&t.path().join("disks"), 3, 512 * MIB));
-    let img = t.path().join("in.img");
-    random_image(&img, VDISK, 9);
+/// Pool `c` on three disks, the mirror vdisk `c/m` imported from a random image (`seed`) and
+/// presented as LUN 0 of target `iqn`, the daemon stopped: the image, and the disk that holds
+/// the most of it.
+fn mirror_behind_a_lun(dir: &std::path::Path, seed: u64, iqn: &str) -> (std::path::PathBuf, String) {
+    let mut d = start(dir, "5m");
+    create_pool(&d, "c", &disks(&dir.join("disks"), 3, 512 * MIB));
+    let img = dir.join("in.img");
+    random_image(&img, VDISK, seed);
     d.ok(&[
         "vdisk",
         "import",
@@ -276,11 +274,21 @@ fn a_disk_back_is_resynced_where_it_missed_writes_with_no_command_typed() {
         "--columns",
         "1",
     ]);
-    let iqn = "iqn.2026-12.io.tessera:back";
     d.ok(&["target", "create", iqn, "--allow-any-initiator"]);
     d.ok(&["target", "lun", "add", iqn, "c/m", "--lun", "0"]);
     let victim = busiest_disk(&d, "c");
     d.stop();
+    (img, victim)
+}
+
+/// A disk absent at one start and back at the next is taken back as it was: the slab sets
+/// written around it meanwhile are resynced where they are, at once and by themselves (no
+/// delay to wait, no free space needed), and the rest is as current as the day it left.
+#[test]
+fn a_disk_back_is_resynced_where_it_missed_writes_with_no_command_typed() {
+    let t = tempfile::tempdir().unwrap();
+    let iqn = "iqn.2026-12.io.tessera:back";
+    let (img, victim) = mirror_behind_a_lun(t.path(), 9, iqn);
 
     let moved = format!("{victim}.away");
     std::fs::rename(&victim, &moved).unwrap();
@@ -348,25 +356,8 @@ fn a_disk_back_is_resynced_where_it_missed_writes_with_no_command_typed() {
 #[test]
 fn a_disk_back_while_the_daemon_runs_is_taken_back_with_one_command() {
     let t = tempfile::tempdir().unwrap();
-    let mut d = start(t.path(), "5m");
-    create_pool(&d, "c", &disks(&t.path().join("disks"), 3, 512 * MIB));
-    let img = t.path().join("in.img");
-    random_image(&img, VDISK, 10);
-    d.ok(&[
-        "vdisk",
-        "import",
-        "c/m",
-        img.to_str().unwrap(),
-        "--layout",
-        "mirror",
-        "--columns",
-        "1",
-    ]);
     let iqn = "iqn.2026-12.io.tessera:online";
-    d.ok(&["target", "create", iqn, "--allow-any-initiator"]);
-    d.ok(&["target", "lun", "add", iqn, "c/m", "--lun", "0"]);
-    let victim = busiest_disk(&d, "c");
-    d.stop();
+    let (img, victim) = mirror_behind_a_lun(t.path(), 10, iqn);
 
     let moved = format!("{victim}.away");
     std::fs::rename(&victim, &moved).unwrap();

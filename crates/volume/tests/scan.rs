@@ -7,7 +7,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use common::{pattern, spec, Rig, MIB};
+use common::{contents, pattern, populated, spec, Rig, MIB};
 use tessera_disk::FaultOp;
 use tessera_volume::{Engine, FindingKind, FindingStatus, LayoutKind, Progress, Provisioning, ScanReport};
 
@@ -19,41 +19,11 @@ fn kinds(r: &ScanReport) -> BTreeMap<FindingKind, u64> {
     r.by_kind.clone()
 }
 
-/// Every vdisk's whole content, by name.
-fn contents(e: &Engine) -> BTreeMap<String, Vec<u8>> {
-    e.vdisks()
-        .iter()
-        .map(|v| {
-            let mut buf = vec![0u8; v.size() as usize];
-            v.read(0, &mut buf).unwrap();
-            (v.name(), buf)
-        })
-        .collect()
-}
-
 fn first_difference(a: &[u8], b: &[u8]) -> Option<usize> {
     a.iter()
         .zip(b)
         .position(|(x, y)| x != y)
         .or((a.len() != b.len()).then_some(a.len().min(b.len())))
-}
-
-/// A pool with a mirror vdisk, its snapshot (then partly overwritten, so that both hold
-/// exclusive and shared grains) and a parity vdisk.
-fn populated() -> Rig {
-    let rig = Rig::new(5, 64 * MIB, MIB);
-    let e = rig.engine();
-    let a = e
-        .create_vdisk(&spec("a", 4 * MIB, LayoutKind::Mirror, Provisioning::Thin))
-        .unwrap();
-    a.write(0, &pattern(1, 0, (2 * MIB) as usize), false).unwrap();
-    e.snapshot("a", "s1").unwrap();
-    a.write(MIB, &pattern(2, MIB, MIB as usize), false).unwrap();
-    let b = e
-        .create_vdisk(&spec("b", 4 * MIB, LayoutKind::Parity, Provisioning::Thin))
-        .unwrap();
-    b.write(0, &pattern(3, 0, (3 * MIB) as usize), false).unwrap();
-    rig
 }
 
 #[test]

@@ -8,25 +8,13 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use common::{enable_dedup, pattern, run_dedup, spec, Rig, MIB};
+use common::{contents, enable_dedup, pattern, populated, run_dedup, spec, Rig, MIB};
 use tessera_pool::{MetaBatch, CF_VDISKS};
 use tessera_volume::{
     Compression, Engine, FindingKind, LayoutKind, Progress, Provisioning, Repair, Unreadable, VdiskSpec, HOT_REFS,
 };
 
 const GRAIN: u64 = 16 << 10;
-
-/// Every vdisk's whole content, by name.
-fn contents(e: &Engine) -> BTreeMap<String, Vec<u8>> {
-    e.vdisks()
-        .iter()
-        .map(|v| {
-            let mut buf = vec![0u8; v.size() as usize];
-            v.read(0, &mut buf).unwrap();
-            (v.name(), buf)
-        })
-        .collect()
-}
 
 fn assert_same(got: &BTreeMap<String, Vec<u8>>, want: &BTreeMap<String, Vec<u8>>) {
     for (name, data) in want {
@@ -35,21 +23,15 @@ fn assert_same(got: &BTreeMap<String, Vec<u8>>, want: &BTreeMap<String, Vec<u8>>
     }
 }
 
-/// A mirror vdisk with a snapshot (grains 0 to 63 shared with it) and a parity vdisk.
-fn populated() -> Rig {
-    let rig = Rig::new(5, 64 * MIB, MIB);
-    let e = rig.engine();
-    let a = e
-        .create_vdisk(&spec("a", 4 * MIB, LayoutKind::Mirror, Provisioning::Thin))
-        .unwrap();
-    a.write(0, &pattern(1, 0, (2 * MIB) as usize), false).unwrap();
-    e.snapshot("a", "s1").unwrap();
-    a.write(MIB, &pattern(2, MIB, MIB as usize), false).unwrap();
-    let b = e
-        .create_vdisk(&spec("b", 4 * MIB, LayoutKind::Parity, Provisioning::Thin))
-        .unwrap();
-    b.write(0, &pattern(3, 0, (3 * MIB) as usize), false).unwrap();
-    rig
+/// New vdisks `c` (mirror) and `d` (parity) written whole, which takes the pool's free slots
+/// of both classes.
+fn fill_free_space(e: &Engine) {
+    for (name, kind, seed) in [("c", LayoutKind::Mirror, 7), ("d", LayoutKind::Parity, 8)] {
+        e.create_vdisk(&spec(name, 16 * MIB, kind, Provisioning::Thin))
+            .unwrap()
+            .write(0, &pattern(seed, 0, (16 * MIB) as usize), false)
+            .unwrap();
+    }
 }
 
 fn kinds(e: &Engine) -> BTreeMap<FindingKind, u64> {
@@ -131,14 +113,7 @@ fn an_import_counts_again_and_infers_what_it_cannot_read_before_it_hands_out_a_s
     assert_same(&contents(e), &want);
 
     // New writes take the pool's free slots; none may be one that a grain still uses.
-    let c = e
-        .create_vdisk(&spec("c", 16 * MIB, LayoutKind::Mirror, Provisioning::Thin))
-        .unwrap();
-    c.write(0, &pattern(7, 0, (16 * MIB) as usize), false).unwrap();
-    let d = e
-        .create_vdisk(&spec("d", 16 * MIB, LayoutKind::Parity, Provisioning::Thin))
-        .unwrap();
-    d.write(0, &pattern(8, 0, (16 * MIB) as usize), false).unwrap();
+    fill_free_space(e);
     assert_same(&contents(e), &want);
 
     // What is left: b's unreadable entry, and the count its slot kept.
@@ -151,7 +126,6 @@ fn an_import_counts_again_and_infers_what_it_cannot_read_before_it_hands_out_a_s
     let fixed = e.spotfix(&Progress::default()).unwrap();
     assert_eq!((fixed.fixed, fixed.changed, fixed.failed), (2, 0, 0));
     rig.assert_consistent();
-    drop((c, d));
     rig.reopen();
     rig.assert_consistent();
     assert_same(&contents(rig.engine()), &want);
@@ -291,17 +265,7 @@ fn random_unreadable_records_never_cost_another_grains_data() {
         scan_and_fix(rig.engine(), case);
         assert_model(rig.engine(), &want, &lost, case);
         // New data takes the free slots: none may be one a grain still holds.
-        {
-            let e = rig.engine();
-            let c = e
-                .create_vdisk(&spec("c", 16 * MIB, LayoutKind::Mirror, Provisioning::Thin))
-                .unwrap();
-            c.write(0, &pattern(7, 0, (16 * MIB) as usize), false).unwrap();
-            let d = e
-                .create_vdisk(&spec("d", 16 * MIB, LayoutKind::Parity, Provisioning::Thin))
-                .unwrap();
-            d.write(0, &pattern(8, 0, (16 * MIB) as usize), false).unwrap();
-        }
+        fill_free_space(rig.engine());
         assert_model(rig.engine(), &want, &lost, case);
         rig.reopen();
         scan_and_fix(rig.engine(), case);

@@ -91,6 +91,36 @@ pub fn spec(name: &str, size: u64, kind: LayoutKind, prov: Provisioning) -> Vdis
     s
 }
 
+/// A pool with a mirror vdisk `a`, its snapshot `a@s1` (then partly overwritten, so that both
+/// hold exclusive and shared grains) and a parity vdisk `b`; 16 KiB grains.
+pub fn populated() -> Rig {
+    let rig = Rig::new(5, 64 * MIB, MIB);
+    let e = rig.engine();
+    let a = e
+        .create_vdisk(&spec("a", 4 * MIB, LayoutKind::Mirror, Provisioning::Thin))
+        .unwrap();
+    a.write(0, &pattern(1, 0, (2 * MIB) as usize), false).unwrap();
+    e.snapshot("a", "s1").unwrap();
+    a.write(MIB, &pattern(2, MIB, MIB as usize), false).unwrap();
+    let b = e
+        .create_vdisk(&spec("b", 4 * MIB, LayoutKind::Parity, Provisioning::Thin))
+        .unwrap();
+    b.write(0, &pattern(3, 0, (3 * MIB) as usize), false).unwrap();
+    rig
+}
+
+/// Every vdisk's whole content, by name.
+pub fn contents(e: &Engine) -> std::collections::BTreeMap<String, Vec<u8>> {
+    e.vdisks()
+        .iter()
+        .map(|v| {
+            let mut buf = vec![0u8; v.size() as usize];
+            v.read(0, &mut buf).unwrap();
+            (v.name(), buf)
+        })
+        .collect()
+}
+
 /// Deterministic, position-dependent bytes, so that misplaced data never compares equal.
 /// Lines of text, numbered from `offset / 64`: each 4 KiB block differs from every other, and
 /// compresses to a fraction of its size.
