@@ -273,7 +273,8 @@ impl Layouts {
         let spec = &set.spec;
         let il = spec.interleave;
         let end = ((region + 1) * REGION_BYTES).min(self.pool.slab_size());
-        if self.unavailable(members) > 0 {
+        let gone = self.unavailable_members(members);
+        if !gone.is_empty() {
             // Nothing to make consistent from; the region waits for its members.
             if self.beyond_tolerance(spec, members) {
                 return Err(self.too_many(set, members));
@@ -281,7 +282,7 @@ impl Layouts {
             // Copies called equal without one that may be back later holding another version
             // of what a crash tore (a parity row waits for its members: `resync_row`).
             if spec.parity_columns() == 0 {
-                self.note_missed(set, members, &[])?;
+                self.note_missed(set, members, &gone)?;
             }
         }
         let mut failed = Vec::new();
@@ -407,15 +408,19 @@ impl Layouts {
     pub fn write(&self, set: &SlabSet, offset: u64, data: &[u8]) -> Result<()> {
         self.check(set, offset, data.len())?;
         let members = set.members.read();
-        let unavailable = self.unavailable(&members);
+        // One look at the members decides how the write goes (journaled rows when degraded):
+        // a member found away here is gone around to the end, its disk back meanwhile or not.
+        let gone = self.unavailable_members(&members);
+        let unavailable = gone.len();
         // A set with every member is within its tolerance: the count, already taken, spares
         // every write the second look at its members.
         if unavailable > 0 {
             if self.beyond_tolerance(&set.spec, &members) {
                 return Err(self.too_many(set, &members));
             }
-            // Should a missing member's disk come back, it must be known stale here.
-            self.note_missed(set, &members, &[])?;
+            // Should a missing member's disk come back, it must be known stale here (recorded
+            // even if it came back since the look above).
+            self.note_missed(set, &members, &gone)?;
         }
         let pieces = split(&set.spec, offset, data.len());
         let epoch = self.journal.enter();

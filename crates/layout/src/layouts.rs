@@ -212,7 +212,7 @@ impl Layouts {
                 if !kept {
                     // Written around a member whose disk is away, which is stale should it be
                     // back: recorded first.
-                    self.note_missed(&set, &members, &[])?;
+                    self.note_missed(&set, &members, &self.unavailable_members(&members))?;
                 }
                 // A member that cannot take its bytes is failed by the write: the set is
                 // read around it from then on, and the other members hold the update.
@@ -320,7 +320,25 @@ impl Layouts {
     /// resyncs them (the labels say so before the disk is back); the others are current.
     /// In one turn with the records (`marking`), so that no verdict on the labels' flag is
     /// written out of order with it.
+    ///
+    /// Refused while a journal update kept at the import for a set beyond its tolerance
+    /// waits for the disk (the import that finds it applies the update to every member):
+    /// taken back without it, the disk would be read as holding what it never got.
     pub fn bring_back_disk(&self, position: u32, dev: DiskRef) -> Result<()> {
+        for (_, rec) in self.journal.pinned() {
+            let waits = matches!(rec.body, crate::journal::RecordBody::Update { .. })
+                && self
+                    .registry
+                    .get(rec.set)
+                    .is_ok_and(|set| set.members.read().iter().any(|s| s.disk == position));
+            if waits {
+                return Err(LayoutError::Invalid(format!(
+                    "a write to slab set {} that was under way when the pool last stopped waits in the journal for this disk: \
+                     it is taken back by the pool's next import (restart the daemon, or export and import the pool)",
+                    rec.set
+                )));
+            }
+        }
         let _turn = self.marking.lock();
         if self.missed.read().iter().any(|s| s.disk == position) {
             self.pool.set_resync_pending(true)?;
@@ -372,10 +390,26 @@ impl Layouts {
                 missed: all.clone(),
             },
         )?;
+        // A member of a disk back since the write found it away: stale on a disk that is
+        // there, which the labels must say before any byte of the write is on a disk.
+        let present = new.iter().any(|s| self.pool.is_present(s.disk));
         *missed = all;
         self.missed.write().extend(new);
         self.any_missed.store(true, Ordering::Release);
+        if present {
+            self.pool.set_resync_pending(true)?;
+        }
         Ok(())
+    }
+
+    /// The members of a set that are not read nor written now (their disk failed or is
+    /// away, or they missed writes while it was): what a write goes around.
+    pub(crate) fn unavailable_members(&self, members: &[SlabRef]) -> Vec<SlabRef> {
+        members
+            .iter()
+            .filter(|s| self.member_dev(**s).is_none())
+            .copied()
+            .collect()
     }
 
     /// Forgets slabs that are no longer missed members (resynced, moved away, or freed with

@@ -554,6 +554,14 @@ fn an_update_kept_while_its_set_is_beyond_tolerance_is_applied_when_its_disk_is_
     let away = rig.disks.remove(1);
     rig.reopen();
     assert_eq!(state(&rig, 1), DiskState::Missing);
+    // Not while the pool runs: the update the import kept waits for the disk.
+    let err = rig
+        .engine()
+        .bring_back_disk("mem1", away.clone() as DiskRef)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("waits in the journal"), "{err}");
+    assert_eq!(state(&rig, 1), DiskState::Missing);
     rig.engine = None;
     rig.disks.insert(1, away);
     rig.reopen();
