@@ -339,12 +339,16 @@ impl Layouts {
                 )));
             }
         }
-        let _turn = self.marking.lock();
-        if self.missed.read().iter().any(|s| s.disk == position) {
-            self.pool.set_resync_pending(true)?;
+        {
+            let _turn = self.marking.lock();
+            if self.missed.read().iter().any(|s| s.disk == position) {
+                self.pool.set_resync_pending(true)?;
+            }
+            self.pool.bring_back(position, dev)?;
         }
-        self.pool.bring_back(position, dev)?;
-        Ok(())
+        // The regions a crash left unsynced that waited for it are settled with it now, as
+        // the import's replay would settle them.
+        self.checkpoint()
     }
 
     /// Whether `slab` missed writes while its disk was away and is not resynced yet.
