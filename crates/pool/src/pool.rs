@@ -734,18 +734,21 @@ impl Pool {
             dev.as_ref(),
             &label_for(&config, &info, false, self.resync_pending.load(Ordering::SeqCst)),
         )?;
-        let mut inner = self.inner.write();
+        // Saved before the pool uses it: if that fails, nothing changed (the disk stays
+        // missing, and is back at the next import).
         let idx = position as usize;
+        let mut saved = self.inner.read().config.clone();
+        let disk = &mut saved.disks[idx];
+        disk.state = state;
+        (disk.returns_as, disk.left_at) = (None, None);
+        self.save_config(&saved)?;
+        let mut inner = self.inner.write();
+        inner.config = saved;
         inner.members[idx].dev = Some(MeteredDisk::wrap(dev));
         inner.members[idx].problem = None;
         inner.members[idx].lost_at = 0;
-        let disk = &mut inner.config.disks[idx];
-        disk.state = state;
-        (disk.returns_as, disk.left_at) = (None, None);
         info!(pool = %config.name, disk = %info.path, state = state.as_str(), "disk is back; the slabs that missed writes while it was away are resynced by a repair");
-        let config = inner.config.clone();
-        drop(inner);
-        self.save_config(&config)
+        Ok(())
     }
 
     /// Says in every label whether members of the pool are stale until resynced (the layout
