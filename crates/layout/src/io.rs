@@ -273,8 +273,7 @@ impl Layouts {
         let spec = &set.spec;
         let il = spec.interleave;
         let end = ((region + 1) * REGION_BYTES).min(self.pool.slab_size());
-        let gone = self.unavailable_members(members);
-        if !gone.is_empty() {
+        if self.unavailable(members) > 0 {
             // Nothing to make consistent from; the region waits for its members.
             if self.beyond_tolerance(spec, members) {
                 return Err(self.too_many(set, members));
@@ -282,7 +281,7 @@ impl Layouts {
             // Copies called equal without one that may be back later holding another version
             // of what a crash tore (a parity row waits for its members: `resync_row`).
             if spec.parity_columns() == 0 {
-                self.note_missed(set, members, &gone)?;
+                self.note_missed(set, members)?;
             }
         }
         let mut failed = Vec::new();
@@ -408,19 +407,15 @@ impl Layouts {
     pub fn write(&self, set: &SlabSet, offset: u64, data: &[u8]) -> Result<()> {
         self.check(set, offset, data.len())?;
         let members = set.members.read();
-        // One look at the members decides how the write goes (journaled rows when degraded):
-        // a member found away here is gone around to the end, its disk back meanwhile or not.
-        let gone = self.unavailable_members(&members);
-        let unavailable = gone.len();
+        let unavailable = self.unavailable(&members);
         // A set with every member is within its tolerance: the count, already taken, spares
         // every write the second look at its members.
         if unavailable > 0 {
             if self.beyond_tolerance(&set.spec, &members) {
                 return Err(self.too_many(set, &members));
             }
-            // Should a missing member's disk come back, it must be known stale here (recorded
-            // even if it came back since the look above).
-            self.note_missed(set, &members, &gone)?;
+            // Should a missing member's disk come back, it must be known stale here.
+            self.note_missed(set, &members)?;
         }
         let pieces = split(&set.spec, offset, data.len());
         let epoch = self.journal.enter();
@@ -624,7 +619,10 @@ impl Layouts {
         let mo = row * il + lo;
         // A healthy set is covered by the region's Dirty record (a resync fixes the row after
         // a crash). A degraded one cannot be resynced: journal the new contents of the range.
-        let seq = if self.unavailable(members) > 0 {
+        // So is a row whose writes found the set degraded and made no Dirty record, whose
+        // missing member's disk came back since (`bring_back_disk`): the row takes every
+        // member now, and nothing else would cover it.
+        let seq = if self.unavailable(members) > 0 || !self.journal.is_dirty(set.id, mo / REGION_BYTES) {
             let mut writes: Vec<(u16, Vec<u8>)> = (0..dc)
                 .map(|d| (data_members(spec, row, d)[0] as u16, cols[d].to_vec()))
                 .collect();

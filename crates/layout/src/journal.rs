@@ -267,6 +267,12 @@ impl StripeJournal {
         self.pinned.lock().iter().map(|(k, r)| (*k, r.clone())).collect()
     }
 
+    /// True if a `Dirty` record of the region was made in this epoch: a write under way
+    /// (which holds the epoch) that relies on one finds it still there.
+    pub fn is_dirty(&self, set: u32, region: u64) -> bool {
+        self.dirty.read().contains(&(set, region))
+    }
+
     /// True if a `Dirty` record of the region is pinned: the region was being written when the
     /// pool stopped and some row of it may still have redundancy that disagrees with its data.
     pub fn is_unsynced(&self, set: u32, region: u64) -> bool {

@@ -212,7 +212,7 @@ impl Layouts {
                 if !kept {
                     // Written around a member whose disk is away, which is stale should it be
                     // back: recorded first.
-                    self.note_missed(&set, &members, &self.unavailable_members(&members))?;
+                    self.note_missed(&set, &members)?;
                 }
                 // A member that cannot take its bytes is failed by the write: the set is
                 // read around it from then on, and the other members hold the update.
@@ -362,14 +362,12 @@ impl Layouts {
     /// caller holds `members` (the set's, shared) for the whole write. Nothing to do, and
     /// no lock taken, when no member's disk is missing.
     ///
-    /// `went_around`: members the write found unavailable and went around, recorded too
-    /// unless their disk failed (which never comes back): their disk may have come back
-    /// since it was found away (`bring_back_disk`), and the write still missed them.
-    pub(crate) fn note_missed(&self, set: &SlabSet, members: &[SlabRef], went_around: &[SlabRef]) -> Result<()> {
-        let away = |s: &SlabRef| {
-            self.pool.may_return(s.disk)
-                || (went_around.contains(s) && self.pool.disk_state(s.disk) != DiskState::Failed)
-        };
+    /// Only members of disks away now are recorded: one whose disk came back since the
+    /// caller looked (`bring_back_disk`, which holds `marking` for the change) is not, and
+    /// the caller writes to it (`write_members` looks again), so that no member present turns
+    /// stale under another write.
+    pub(crate) fn note_missed(&self, set: &SlabSet, members: &[SlabRef]) -> Result<()> {
+        let away = |s: &SlabRef| self.pool.may_return(s.disk);
         if !members.iter().any(away) {
             return Ok(());
         }
@@ -394,26 +392,10 @@ impl Layouts {
                 missed: all.clone(),
             },
         )?;
-        // A member of a disk back since the write found it away: stale on a disk that is
-        // there, which the labels must say before any byte of the write is on a disk.
-        let present = new.iter().any(|s| self.pool.is_present(s.disk));
         *missed = all;
         self.missed.write().extend(new);
         self.any_missed.store(true, Ordering::Release);
-        if present {
-            self.pool.set_resync_pending(true)?;
-        }
         Ok(())
-    }
-
-    /// The members of a set that are not read nor written now (their disk failed or is
-    /// away, or they missed writes while it was): what a write goes around.
-    pub(crate) fn unavailable_members(&self, members: &[SlabRef]) -> Vec<SlabRef> {
-        members
-            .iter()
-            .filter(|s| self.member_dev(**s).is_none())
-            .copied()
-            .collect()
     }
 
     /// Forgets slabs that are no longer missed members (resynced, moved away, or freed with
@@ -879,23 +861,19 @@ impl Layouts {
         }
     }
 
-    /// Writes several members of a set at once: each write to its member and, if that member
-    /// is being rebuilt, to its replacement slab, with checksums recorded for what was
-    /// written. All the disk writes are in flight together. For each write, whether the
-    /// member itself took it, or why not (its disk not available, or the disk's error).
-    ///
-    /// First the space of every write is reserved on its disk: if a disk's file system is
-    /// full, nothing is written and the pool's out-of-space error is returned, so that the
-    /// copies (or a row's data and parity) never differ for want of space, and no disk is
-    /// failed for it.
-    pub(crate) fn write_members(
+    /// Every slab each write goes to (index in `writes`, slab, its disk, its checksums after
+    /// the write), its space reserved; and the members it goes around (their disk not
+    /// available, or they missed writes while it was away).
+    #[allow(clippy::type_complexity)]
+    fn write_targets(
         &self,
-        set: &SlabSet,
         members: &[SlabRef],
         writes: &[MemberWrite<'_>],
-    ) -> Result<Vec<Result<(), MemberFault>>> {
-        let repl = *set.replacement.read();
-        // Every slab each write goes to: (index in `writes`, slab, its disk, its checksums).
+        repl: Option<(usize, SlabRef)>,
+    ) -> Result<(
+        Vec<(usize, SlabRef, DiskRef, Option<(u64, Vec<Option<u32>>)>)>,
+        Vec<SlabRef>,
+    )> {
         let mut targets = Vec::with_capacity(writes.len() + 1);
         let mut around = Vec::new();
         for (i, w) in writes.iter().enumerate() {
@@ -920,10 +898,51 @@ impl Layouts {
                 targets.push((i, slab, dev, sums));
             }
         }
-        if !around.is_empty() {
+        Ok((targets, around))
+    }
+
+    /// Writes several members of a set at once: each write to its member and, if that member
+    /// is being rebuilt, to its replacement slab, with checksums recorded for what was
+    /// written. All the disk writes are in flight together. For each write, whether the
+    /// member itself took it, or why not (its disk not available, or the disk's error).
+    ///
+    /// First the space of every write is reserved on its disk: if a disk's file system is
+    /// full, nothing is written and the pool's out-of-space error is returned, so that the
+    /// copies (or a row's data and parity) never differ for want of space, and no disk is
+    /// failed for it.
+    pub(crate) fn write_members(
+        &self,
+        set: &SlabSet,
+        members: &[SlabRef],
+        writes: &[MemberWrite<'_>],
+    ) -> Result<Vec<Result<(), MemberFault>>> {
+        let repl = *set.replacement.read();
+        let mut looks = 0;
+        let targets = loop {
+            looks += 1;
+            let (targets, around) = self.write_targets(members, writes, repl)?;
+            if around.is_empty() {
+                break targets;
+            }
             // Before any disk has a byte of it.
-            self.note_missed(set, members, &around)?;
-        }
+            self.note_missed(set, members)?;
+            // Every member gone around is now recorded (its disk away) or failed for good;
+            // one whose disk came back since the look (`bring_back_disk`) takes the write:
+            // looked at again.
+            if around
+                .iter()
+                .all(|s| self.is_missed(*s) || self.pool.disk_state(s.disk) == DiskState::Failed)
+            {
+                break targets;
+            }
+            // Disks come back one command at a time: a few looks settle it.
+            if looks == 8 {
+                return Err(LayoutError::Io {
+                    set: set.id,
+                    detail: "its members' disks kept changing while a write looked at them; nothing was written".into(),
+                });
+            }
+        };
         let reqs: Vec<tessera_disk::WriteReq> = targets
             .iter()
             .map(|(i, slab, dev, _)| tessera_disk::WriteReq {
