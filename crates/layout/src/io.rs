@@ -619,10 +619,15 @@ impl Layouts {
         let mo = row * il + lo;
         // A healthy set is covered by the region's Dirty record (a resync fixes the row after
         // a crash). A degraded one cannot be resynced: journal the new contents of the range.
-        // So is a row whose writes found the set degraded and made no Dirty record, whose
-        // missing member's disk came back since (`bring_back_disk`): the row takes every
-        // member now, and nothing else would cover it.
-        let seq = if self.unavailable(members) > 0 || !self.journal.is_dirty(set.id, mo / REGION_BYTES) {
+        let degraded = self.unavailable(members) > 0;
+        if !degraded && !self.journal.is_dirty(set.id, mo / REGION_BYTES) {
+            // Writes that found the set degraded made no Dirty record, and its missing
+            // member's disk came back since (`bring_back_disk`): the row takes every member,
+            // covered as a healthy write's (an Update record here would be replayed over later
+            // writes to the row, which only Dirty records cover).
+            self.journal.ensure_dirty(set.id, mo / REGION_BYTES)?;
+        }
+        let seq = if degraded {
             let mut writes: Vec<(u16, Vec<u8>)> = (0..dc)
                 .map(|d| (data_members(spec, row, d)[0] as u16, cols[d].to_vec()))
                 .collect();

@@ -335,6 +335,23 @@ impl StripeJournal {
         self.checkpoint_locked(flush, sync)
     }
 
+    /// Holds off every other checkpoint, for a caller that must take a lock a checkpoint's
+    /// flush may need (a set's members) after this one, as every other path does, and then
+    /// checkpoint itself ([`checkpoint_under`](Self::checkpoint_under)).
+    pub fn checkpoints(&self) -> parking_lot::MutexGuard<'_, ()> {
+        self.checkpointing.lock()
+    }
+
+    /// [`checkpoint`](Self::checkpoint) by the holder of [`checkpoints`](Self::checkpoints).
+    pub fn checkpoint_under(
+        &self,
+        _one: &parking_lot::MutexGuard<'_, ()>,
+        flush: impl FnOnce() -> Result<()>,
+        sync: bool,
+    ) -> Result<()> {
+        self.checkpoint_locked(flush, sync)
+    }
+
     /// A checkpoint if one is due and none is under way: writers call it in passing, and
     /// only one of them should pay for it.
     pub fn checkpoint_if_due(&self, flush: impl FnOnce() -> Result<()>) -> Result<()> {

@@ -289,7 +289,10 @@ impl Layouts {
         self.registry.remove(&self.pool, id)?;
         // Before its slabs can go to another set: a slab still listed would be read and
         // written around there, and the record of that would be nowhere.
-        self.forget_missed(&set.missed.lock());
+        // Taken out of the set's lock first: forgetting takes `marking`, which a record
+        // takes before the set's (`note_missed`).
+        let missed = set.missed.lock().clone();
+        self.forget_missed(&missed);
         for s in set.members.read().iter() {
             self.pool.release_slab(*s);
         }
@@ -344,11 +347,23 @@ impl Layouts {
             if self.missed.read().iter().any(|s| s.disk == position) {
                 self.pool.set_resync_pending(true)?;
             }
-            self.pool.bring_back(position, dev)?;
+            if let Err(e) = self.pool.bring_back(position, dev) {
+                // Refused (an older copy, say): the flag says what the records say again.
+                let pending = stale_present(&self.pool, &self.missed.read());
+                if let Err(w) = self.pool.set_resync_pending(pending) {
+                    warn!(pool = %self.pool.name(), error = %w, "cannot write the disk labels; they still say members await a resync");
+                }
+                return Err(e.into());
+            }
         }
         // The regions a crash left unsynced that waited for it are settled with it now, as
-        // the import's replay would settle them.
-        self.checkpoint()
+        // the import's replay would settle them, and the journal checkpointed; if that
+        // fails, the next write or flush checkpoints, and the disk is back either way.
+        if let Err(e) = self.checkpoint() {
+            self.journal.request_checkpoint();
+            warn!(pool = %self.pool.name(), error = %e, "the disk is back, but the checkpoint after it failed; the next write or flush tries again");
+        }
+        Ok(())
     }
 
     /// Whether `slab` missed writes while its disk was away and is not resynced yet.
@@ -475,19 +490,32 @@ impl Layouts {
     /// enough members, all flushed, to serve it. If one has not, the flush fails: a write
     /// behind it must never be reported durable.
     pub(crate) fn flush_members(&self) -> Result<()> {
+        self.flush_members_holding(None)
+    }
+
+    /// [`flush_members`](Self::flush_members) for a caller that holds one set's members
+    /// (`held`: its id and members), which are not locked again (a repair swapping a member).
+    pub(crate) fn flush_members_holding(&self, held: Option<(u32, &[SlabRef])>) -> Result<()> {
         let failed = self.pool.flush_all()?;
         if failed.is_empty() {
             return Ok(());
         }
         for set in self.registry.all() {
-            let members = set.members.read();
+            let guard;
+            let members: &[SlabRef] = match held {
+                Some((id, members)) if id == set.id => members,
+                _ => {
+                    guard = set.members.read();
+                    &guard
+                }
+            };
             if !members.iter().any(|m| failed.contains(&m.disk)) {
                 continue;
             }
-            if self.beyond_tolerance(&set.spec, &members) {
+            if self.beyond_tolerance(&set.spec, members) {
                 return Err(LayoutError::FlushFailed {
                     set: set.id,
-                    unavailable: self.unavailable(&members),
+                    unavailable: self.unavailable(members),
                     width: set.spec.width(),
                     tolerance: set.spec.tolerance(),
                 });

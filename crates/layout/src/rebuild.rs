@@ -292,6 +292,9 @@ impl Layouts {
                 return Err(e);
             }
             {
+                // Checkpoints first, then the members, as every other path takes them: a
+                // checkpoint whose flush fails reads every set's members.
+                let one = self.journal.checkpoints();
                 let mut members = set.members.write();
                 // One repair per set at a time (`rebuilding`): nobody moved it meanwhile.
                 debug_assert_eq!(members[m], old);
@@ -318,7 +321,11 @@ impl Layouts {
                 // writes to the repaired set are covered by Dirty records only, and replaying
                 // an older Update over them would bring old data back. No I/O of this set is
                 // in flight (the member lock is held), so a checkpoint retires them all.
-                self.journal.checkpoint(|| self.flush_members(), true)?;
+                self.journal.checkpoint_under(
+                    &one,
+                    || self.flush_members_holding(Some((set.id, &members[..]))),
+                    true,
+                )?;
             }
             give_back(old);
             moved += 1;

@@ -73,6 +73,8 @@ pub struct Pool {
     losses: AtomicU64,
     /// Members of the pool are stale until resynced: every label says so (`set_resync_pending`).
     resync_pending: AtomicBool,
+    /// The last labels written for that flag failed: some may not say it.
+    labels_behind: AtomicBool,
 }
 
 impl Inner {
@@ -240,6 +242,7 @@ impl Pool {
             saving: parking_lot::Mutex::new(()),
             losses: AtomicU64::new(0),
             resync_pending: AtomicBool::new(false),
+            labels_behind: AtomicBool::new(false),
         };
         pool.save_config(&pool.inner.read().config)?;
         info!(pool = name, disks = pool.inner.read().members.len(), "pool created");
@@ -379,6 +382,7 @@ impl Pool {
             saving: parking_lot::Mutex::new(()),
             losses: AtomicU64::new(0),
             resync_pending: AtomicBool::new(resync_pending),
+            labels_behind: AtomicBool::new(false),
         };
         pool.write_labels(false)?;
         pool.save_config(&pool.inner.read().config)?;
@@ -758,11 +762,16 @@ impl Pool {
     /// written carry it.
     pub fn set_resync_pending(&self, on: bool) -> Result<()> {
         let _saving = self.saving.lock();
-        if self.resync_pending.swap(on, Ordering::SeqCst) == on {
+        // Written again after a failure, even with the flag unchanged: some labels may lack it.
+        if self.resync_pending.swap(on, Ordering::SeqCst) == on && !self.labels_behind.load(Ordering::SeqCst) {
             return Ok(());
         }
-        self.write_labels(false)
-            .inspect_err(|_| self.resync_pending.store(true, Ordering::SeqCst))
+        let written = self.write_labels(false);
+        if written.is_err() {
+            self.resync_pending.store(true, Ordering::SeqCst);
+        }
+        self.labels_behind.store(written.is_err(), Ordering::SeqCst);
+        written
     }
 
     /// Whether the disk at `position` is open: its members are read and written.
