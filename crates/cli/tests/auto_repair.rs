@@ -256,6 +256,37 @@ fn a_missing_disk_gets_its_delay_and_a_pool_switched_off_waits() {
     assert!(d.fails(&["pool", "auto-repair", "b", "maybe"]).contains("maybe"));
 }
 
+/// A host's iSCSI session to target `iqn`, with the runtime it runs on.
+fn host(d: &Daemon, iqn: &str) -> (tokio::runtime::Runtime, Session) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let s = rt
+        .block_on(Session::login(
+            &d.iscsi_portal(),
+            &LoginConfig::new("iqn.2026-12.io.example:host", Some(iqn)),
+        ))
+        .unwrap();
+    (rt, s)
+}
+
+/// 16 random 4 KiB blocks, one in each sixteenth of the vdisk, written by `host` to LUN 0,
+/// and into `model`.
+fn write_all_over(host: &(tokio::runtime::Runtime, Session), model: &mut [u8], rng: &mut rand::rngs::StdRng) {
+    let (rt, s) = host;
+    for i in 0..16u64 {
+        let at = i * (VDISK / 16) + rng.random_range(0..16) * BLOCK as u64;
+        let mut data = vec![0u8; BLOCK];
+        rng.fill(&mut data[..]);
+        let r = rt
+            .block_on(s.command(0, &rw16(true, at, BLOCK, 512), data.clone(), 0))
+            .unwrap();
+        assert_eq!(r.status, 0, "write at {at}: sense {:02x?}", r.sense);
+        model[at as usize..at as usize + BLOCK].copy_from_slice(&data);
+    }
+}
+
 /// Pool `c` on three disks, the mirror vdisk `c/m` imported from a random image (`seed`) and
 /// presented as LUN 0 of target `iqn`, the daemon stopped: the image, and the disk that holds
 /// the most of it.
@@ -296,29 +327,8 @@ fn a_disk_back_is_resynced_where_it_missed_writes_with_no_command_typed() {
     assert_eq!(d.json(&["pool", "show", "c"])["health"], "degraded");
     // Blocks written all over the vdisk while the disk is away.
     let mut model = std::fs::read(&img).unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let s = rt
-        .block_on(Session::login(
-            &d.iscsi_portal(),
-            &LoginConfig::new("iqn.2026-12.io.example:host", Some(iqn)),
-        ))
-        .unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(9);
-    for i in 0..16u64 {
-        let at = i * (VDISK / 16) + rng.random_range(0..16) * BLOCK as u64;
-        let mut data = vec![0u8; BLOCK];
-        rng.fill(&mut data[..]);
-        let r = rt
-            .block_on(s.command(0, &rw16(true, at, BLOCK, 512), data.clone(), 0))
-            .unwrap();
-        assert_eq!(r.status, 0, "write at {at}: sense {:02x?}", r.sense);
-        model[at as usize..at as usize + BLOCK].copy_from_slice(&data);
-    }
-    drop(s);
-    drop(rt);
+    write_all_over(&host(&d, iqn), &mut model, &mut rng);
     d.stop();
 
     std::fs::rename(&moved, &victim).unwrap();
@@ -365,39 +375,15 @@ fn a_disk_back_while_the_daemon_runs_is_taken_back_with_one_command() {
     let err = d.fails(&["disk", "online", "c", &victim]);
     assert!(err.contains("cannot open disk"), "{err}");
     let mut model = std::fs::read(&img).unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let s = rt
-        .block_on(Session::login(
-            &d.iscsi_portal(),
-            &LoginConfig::new("iqn.2026-12.io.example:host", Some(iqn)),
-        ))
-        .unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(10);
-    let mut write = |model: &mut Vec<u8>, i: u64| {
-        let at = i * (VDISK / 16) + rng.random_range(0..16) * BLOCK as u64;
-        let mut data = vec![0u8; BLOCK];
-        rng.fill(&mut data[..]);
-        let r = rt
-            .block_on(s.command(0, &rw16(true, at, BLOCK, 512), data.clone(), 0))
-            .unwrap();
-        assert_eq!(r.status, 0, "write at {at}: sense {:02x?}", r.sense);
-        model[at as usize..at as usize + BLOCK].copy_from_slice(&data);
-    };
-    for i in 0..16u64 {
-        write(&mut model, i);
-    }
+    let h = host(&d, iqn);
+    write_all_over(&h, &mut model, &mut rng);
     std::fs::rename(&moved, &victim).unwrap();
     let out = d.ok(&["disk", "online", "c", &victim]);
     assert!(out.contains("taken back") && out.contains("healthy"), "{out}");
     // The host goes on writing meanwhile.
-    for i in 0..16u64 {
-        write(&mut model, i);
-    }
-    drop(s);
-    drop(rt);
+    write_all_over(&h, &mut model, &mut rng);
+    drop(h);
     wait_healthy(&d, "c", Duration::from_secs(120));
     let jobs = repair_jobs(&d);
     assert_eq!(jobs.len(), 1, "{jobs:?}");
