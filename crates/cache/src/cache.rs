@@ -21,6 +21,7 @@ use crate::held::{self, Held, Write};
 use crate::index::{Piece, SetIndex};
 use crate::log::{self, LogRecord};
 use crate::lost::LostRanges;
+use crate::parked;
 
 mod destage;
 
@@ -103,6 +104,11 @@ pub struct CacheStatus {
     /// block rotted): reads of it fail until it is written again.
     #[serde(default)]
     pub lost_bytes: u64,
+    /// Writes the log held for slab sets that only disks missing since the import can take,
+    /// parked in the pool's metadata: reads and writes of them are refused until those disks
+    /// are back (`disk online`), when they are written to their sets.
+    #[serde(default)]
+    pub parked_bytes: u64,
 }
 
 #[derive(Default)]
@@ -184,6 +190,9 @@ struct State {
     lost_cuts: LostRanges,
     /// The writes the live log holds, and which of them the metadata records (held.rs).
     held: Held,
+    /// Ranges of writes parked in the metadata until missing disks are back (parked.rs):
+    /// refused to readers and writers until written to their sets.
+    parked: LostRanges,
 }
 
 impl State {
@@ -338,6 +347,11 @@ struct Inner {
     wiped_at: AtomicU64,
     /// `State::lost` is not empty: writes must tell it what they replace.
     any_lost: AtomicBool,
+    /// `State::parked` is not empty: reads and writes must look at it.
+    any_parked: AtomicBool,
+    /// The open's destage: what sets waiting for missing disks cannot take is parked (no
+    /// writer runs yet; while the pool runs, a disk is never missing, only failed).
+    parking: AtomicBool,
     /// The log lost its last disk, and a destage round begun before may still write what it
     /// read of the log then: the next write past the cache waits for that round first.
     wipe_fence: AtomicBool,
@@ -398,7 +412,17 @@ impl WriteCache {
             lost_saved: LostRanges::default(),
             lost_cuts: LostRanges::default(),
             held: Held::default(),
+            parked: LostRanges::default(),
         };
+        let (parked_ranges, unreadable_parked) = parked::load_ranges(&pool)?;
+        st.parked = parked_ranges;
+        for set in unreadable_parked {
+            error!(pool = %pool.name(), set, "a record of the writes parked for a slab set cannot be read: the whole set is refused until it is mended");
+            st.parked.insert(set, 0, u64::MAX);
+        }
+        if !st.parked.is_empty() {
+            warn!(pool = %pool.name(), bytes = st.parked.bytes(), "writes the write-back log held for slab sets beyond their tolerance wait for missing disks: reads and writes of them are refused until those disks are back");
+        }
         st.lost_saved = st.lost.clone();
         if !st.lost.is_empty() {
             warn!(pool = %pool.name(), bytes = st.lost.bytes(), "data lost with the write-back log's disks is still unwritten: reads of it fail until it is written again");
@@ -431,6 +455,7 @@ impl WriteCache {
             replayed = r.found;
         }
         let any_lost = !st.lost.is_empty();
+        let any_parked = !st.parked.is_empty();
         let inner = Arc::new(Inner {
             layouts,
             pool: pool.clone(),
@@ -448,6 +473,8 @@ impl WriteCache {
             layout_dirty: AtomicBool::new(false),
             wiped_at: AtomicU64::new(0),
             any_lost: AtomicBool::new(any_lost),
+            any_parked: AtomicBool::new(any_parked),
+            parking: AtomicBool::new(false),
             wipe_fence: AtomicBool::new(false),
             lost_saving: Mutex::new(()),
             held_saving: Mutex::new(()),
@@ -497,8 +524,11 @@ impl WriteCache {
         }
         if replaying {
             // Everything the log held goes to the layouts now, so the new generation starts
-            // from an empty log.
-            inner.destage_all()?;
+            // from an empty log; what sets waiting for missing disks cannot take is parked.
+            inner.parking.store(true, Ordering::Release);
+            let r = inner.destage_all();
+            inner.parking.store(false, Ordering::Release);
+            r?;
             // Lost ranges the log wrote again after the loss (cut as they were indexed):
             // durable there, and destaged and flushed now.
             let cuts = std::mem::take(&mut inner.state.lock().lost_cuts);
@@ -551,6 +581,8 @@ impl WriteCache {
             inner: inner.clone(),
             destager: Mutex::new(None),
         };
+        // Writes parked at an earlier open whose disks are back.
+        inner.settle_parked();
         let worker = inner.clone();
         let h = std::thread::Builder::new()
             .name("tessera-destage".into())
@@ -657,6 +689,10 @@ impl WriteCache {
     pub fn write(&self, vdisk: u64, set: &SlabSet, offset: u64, data: &[u8]) -> Result<()> {
         let i = &self.inner;
         let end = offset + data.len() as u64;
+        if i.any_parked.load(Ordering::Acquire) && i.state.lock().parked.overlaps(set.id, offset, end) {
+            // Written before the parked data, it would be undone when that is written.
+            return Err(waiting(set.id, offset, end));
+        }
         let (cached, one_copy, active) = {
             let st = i.state.lock();
             let takes = !st.devices.is_empty()
@@ -730,8 +766,17 @@ impl WriteCache {
         let _reuse = i.reuse.read();
         // Per request: the dirty pieces over it, with their blocks' checksums.
         let mut lost = Vec::new();
+        let mut parked = Vec::new();
         let plan: Vec<Vec<(u64, Piece, Vec<u32>)>> = {
             let st = i.state.lock();
+            if !st.parked.is_empty() {
+                parked = reqs
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, r)| st.parked.overlaps(r.set.id, r.offset, r.offset + r.buf.len() as u64))
+                    .map(|(n, _)| n)
+                    .collect();
+            }
             if !st.lost.is_empty() {
                 lost = reqs
                     .iter()
@@ -740,7 +785,7 @@ impl WriteCache {
                     .map(|(n, _)| n)
                     .collect();
             }
-            if st.dirty == 0 && lost.is_empty() {
+            if st.dirty == 0 && lost.is_empty() && parked.is_empty() {
                 drop(st);
                 return i
                     .layouts
@@ -805,6 +850,10 @@ impl WriteCache {
                 reqs[n].offset + reqs[n].buf.len() as u64,
                 reqs[n].set.id
             )));
+        }
+        for n in parked {
+            let r = &reqs[n];
+            results[n] = Err(waiting(r.set.id, r.offset, r.offset + r.buf.len() as u64));
         }
         results
     }
@@ -913,7 +962,15 @@ impl WriteCache {
         // What it lost is no one's any more; a set made later under its number starts clean.
         let had_lost = st.lost_saved.remove_set(set) | st.lost.remove_set(set);
         st.lost_cuts.remove_set(set);
+        let had_parked = st.parked.remove_set(set);
         drop(st);
+        if had_parked {
+            let mut b = tessera_pool::MetaBatch::new();
+            parked::delete_set(&mut b, set);
+            if let Err(e) = i.pool.meta().commit(b, true) {
+                warn!(pool = %i.pool.name(), set, error = %e, "cannot delete the writes parked for a freed slab set");
+            }
+        }
         i.room.notify_all();
         {
             let _held = i.held_saving.lock();
@@ -929,6 +986,12 @@ impl WriteCache {
                 error!(pool = %i.pool.name(), set, error = %e, "cannot record that a freed slab set holds no lost data");
             }
         }
+    }
+
+    /// Writes the parked writes (parked.rs) of sets whose disks are back, and records lost
+    /// those of sets whose disks failed instead; called when a disk comes back or fails.
+    pub fn settle_parked(&self) {
+        self.inner.settle_parked();
     }
 
     /// Takes in changes of the pool's cache disks: a log disk that failed or was retired
@@ -988,6 +1051,7 @@ impl WriteCache {
             destage_rounds: c.destage_rounds.load(Ordering::Relaxed),
             largest_destage_round_bytes: c.largest_round.load(Ordering::Relaxed),
             lost_bytes: st.lost.bytes(),
+            parked_bytes: st.parked.bytes(),
         }
     }
 
@@ -1009,6 +1073,13 @@ impl Drop for WriteCache {
 }
 
 /// The space a disk offers the ring: what lies past its label area, in whole blocks.
+/// What a read or write of a range parked for missing disks gets.
+fn waiting(set: u32, a: u64, b: u64) -> CacheError {
+    CacheError::Waiting(format!(
+        "bytes {a}..{b} of slab set {set} hold writes the write-back log kept for disks missing since the pool's import; they are refused until those disks are back ('tessera disk online')"
+    ))
+}
+
 fn ring_room(d: &DiskRef) -> u64 {
     d.size().saturating_sub(DATA_OFFSET) / BLOCK as u64 * BLOCK as u64
 }

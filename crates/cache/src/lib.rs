@@ -20,6 +20,7 @@ mod held;
 mod index;
 mod log;
 mod lost;
+mod parked;
 
 pub use cache::{CacheStatus, WriteCache, DEFAULT_VDISK_CACHE};
 pub use error::{CacheError, Result};

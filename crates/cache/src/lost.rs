@@ -104,6 +104,13 @@ impl LostRanges {
     }
 
     /// Forgets a slab set; true if it had ranges.
+    /// The sets that have a range.
+    pub fn sets(&self) -> Vec<u32> {
+        let mut sets: Vec<u32> = self.sets.keys().copied().collect();
+        sets.sort_unstable();
+        sets
+    }
+
     pub fn remove_set(&mut self, set: u32) -> bool {
         self.sets.remove(&set).is_some()
     }

@@ -576,13 +576,23 @@ impl Layouts {
     /// whole. Never below the count: a column with no copy has lost more members than the
     /// layout's tolerance.
     pub(crate) fn beyond_tolerance(&self, spec: &LayoutSpec, members: &[SlabRef]) -> bool {
-        let gone = |m: usize| self.member_dev(members[m]).is_none();
-        match spec.kind {
-            LayoutKind::Mirror => {
-                (0..spec.columns as usize).any(|d| crate::geometry::data_members(spec, 0, d).into_iter().all(gone))
-            }
-            _ => (0..members.len()).filter(|&m| gone(m)).count() > spec.tolerance(),
+        loses_more_than_tolerated(spec, members.len(), |m| self.member_dev(members[m]).is_none())
+    }
+
+    /// Whether `set` is beyond its tolerance now (`unrecoverable`) only because of disks
+    /// missing since the import, which may come back (`disk online`, a later import): with
+    /// them back, and current, it would be read and written again. A member that missed
+    /// writes, or is on a failed disk, counts as gone either way.
+    pub fn waits_for_missing_disks(&self, set: &SlabSet) -> bool {
+        let members = set.members.read();
+        if !self.beyond_tolerance(&set.spec, &members) {
+            return false;
         }
+        let gone_for_good = |m: usize| {
+            let slab = members[m];
+            self.is_missed(slab) || (self.pool.readable_disk(slab.disk).is_none() && !self.pool.may_return(slab.disk))
+        };
+        !loses_more_than_tolerated(&set.spec, members.len(), gone_for_good)
     }
 
     /// Where new data may go, judged from the members' disks. Never blocks: a set whose
@@ -1018,4 +1028,15 @@ impl Layouts {
 /// daemon that does not know the record, so the labels must say so.
 fn stale_present(pool: &Pool, missed: &HashSet<SlabRef>) -> bool {
     missed.iter().any(|s| pool.is_present(s.disk))
+}
+
+/// Whether a set of `width` members, of which `gone` says which are unavailable, has lost
+/// more than its layout tolerates (`Layouts::beyond_tolerance`).
+fn loses_more_than_tolerated(spec: &LayoutSpec, width: usize, gone: impl Fn(usize) -> bool) -> bool {
+    match spec.kind {
+        LayoutKind::Mirror => {
+            (0..spec.columns as usize).any(|d| crate::geometry::data_members(spec, 0, d).into_iter().all(&gone))
+        }
+        _ => (0..width).filter(|&m| gone(m)).count() > spec.tolerance(),
+    }
 }

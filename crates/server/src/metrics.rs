@@ -467,6 +467,11 @@ fn collect_state(d: &Daemon, r: &Registry) -> prometheus::proto::MetricFamily {
         "Bytes lost in the write-back log (its disks failed, or every copy rotted) before they were destaged: reads of them fail until written again",
         &["pool"],
     );
+    let cache_parked = s.gauge(
+        "tessera_cache_parked_bytes",
+        "Bytes the write-back log held for slab sets beyond their tolerance, kept for disks missing since the import: reads and writes of them are refused until those disks are back",
+        &["pool"],
+    );
     let cache_cached = s.counter(
         "tessera_cache_written_bytes_total",
         "Bytes written into the write-back cache",
@@ -555,6 +560,7 @@ fn collect_state(d: &Daemon, r: &Registry) -> prometheus::proto::MetricFamily {
             cache_dirty.with_label_values(&[name]).set(i(c.dirty_bytes));
             cache_log.with_label_values(&[name]).set(i(c.log_bytes));
             cache_lost.with_label_values(&[name]).set(i(c.lost_bytes));
+            cache_parked.with_label_values(&[name]).set(i(c.parked_bytes));
             cache_cached.with_label_values(&[name]).inc_by(c.cached_bytes);
             cache_hits.with_label_values(&[name]).inc_by(c.read_hit_bytes);
             cache_destaged.with_label_values(&[name]).inc_by(c.destaged_bytes);

@@ -567,6 +567,8 @@ impl Engine {
         // crash after this answer leaves no region a restart without the disk cannot resync.
         self.s.layouts.member_lost();
         self.s.layouts.checkpoint()?;
+        // Writes parked for a set that waited for this disk, missing, are lost with it.
+        self.s.cache.settle_parked();
         Ok(())
     }
 
@@ -576,6 +578,8 @@ impl Engine {
     pub fn bring_back_disk(&self, disk: &str, dev: DiskRef) -> Result<()> {
         let pos = self.s.pool.find_disk(disk)?;
         self.s.layouts.bring_back_disk(pos, dev)?;
+        // What the write-back log kept for sets that waited for it goes to them now.
+        self.s.cache.settle_parked();
         Ok(())
     }
 

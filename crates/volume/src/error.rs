@@ -42,6 +42,7 @@ impl From<CacheError> for VolumeError {
             CacheError::Pool(p) => VolumeError::Pool(p),
             e @ CacheError::Log(_) => VolumeError::Cache(e.to_string()),
             CacheError::Lost(why) => VolumeError::Lost(why),
+            CacheError::Waiting(why) => VolumeError::Cache(why),
         }
     }
 }

@@ -954,13 +954,11 @@ fn a_striped_mirror_short_of_a_copy_in_every_column_is_destaged() {
     assert_same(&read_all(&rig, "v", half), &want, "after a restart");
 }
 
-/// A restart after a crash with the disk of a vdisk without redundancy missing, while the log
-/// held writes for it: the pool opens (before, the replay's destage failed and so did the
-/// open), its other vdisks serve what the log held for them, and the writes the new log cannot
-/// carry are recorded lost, so that they are refused, not read as the disk held them before,
-/// should it come back.
-#[test]
-fn a_disk_missing_at_the_restart_with_writes_for_it_in_the_log_keeps_the_pool_from_nothing() {
+/// The log holds writes for a vdisk without redundancy and one with, and the pool stops with
+/// them there; `v`'s disk is missing at the restart. The pool opens and the mirror reads what
+/// the log held for it; what the new log cannot carry for `v` is parked, neither read as the
+/// disk held it before nor lost: refused until the disk is back.
+fn parked_for_a_missing_disk() -> (Rig, Arc<tessera_disk::FaultyDisk>) {
     let (mut rig, v) = two_data_disks_two_log_disks();
     let e = rig.engine();
     let m = e
@@ -978,19 +976,74 @@ fn a_disk_missing_at_the_restart_with_writes_for_it_in_the_log_keeps_the_pool_fr
     drop((v, m));
     let at = rig.disks.iter().position(|d| d.path() == used).unwrap();
     rig.engine = None;
-    rig.disks.remove(at);
+    let away = rig.disks.remove(at);
     rig.reopen();
-    assert_eq!(rig.engine().cache_status().lost_bytes, 64 << 10);
+    let status = rig.engine().cache_status();
+    assert_eq!((status.lost_bytes, status.parked_bytes), (0, 64 << 10), "{status:?}");
     let mut got = vec![0u8; MIB as usize];
     rig.engine().vdisk("m").unwrap().read(0, &mut got).unwrap();
     assert_same(&got, &pattern(3, 0, MIB as usize), "the mirror, one copy missing");
-    assert!(rig.engine().vdisk("v").unwrap().read(0, &mut got).is_err());
+    let v = rig.engine().vdisk("v").unwrap();
+    let err = v.read(0, &mut got[..4096]).unwrap_err().to_string();
+    assert!(err.contains("disk online"), "{err}");
+    (rig, away)
+}
+
+/// ... and stays parked across restarts without the disk; `disk online` writes it to `v`.
+#[test]
+fn writes_the_log_held_for_a_disk_missing_at_the_restart_wait_for_it() {
+    let (mut rig, away) = parked_for_a_missing_disk();
     rig.reopen();
     assert_eq!(
-        rig.engine().cache_status().lost_bytes,
+        rig.engine().cache_status().parked_bytes,
         64 << 10,
         "after another restart"
     );
+    assert_eq!(rig.engine().cache_status().lost_bytes, 0);
+    rig.engine()
+        .bring_back_disk(away.path(), away.clone() as tessera_disk::DiskRef)
+        .unwrap();
+    rig.disks.push(away);
+    assert_eq!(rig.engine().cache_status().parked_bytes, 0);
+    let mut want = pattern(1, 0, MIB as usize);
+    want[..64 << 10].copy_from_slice(&pattern(2, 0, 64 << 10));
+    assert_same(
+        &read_all(&rig, "v", MIB as usize),
+        &want,
+        "the parked write, once the disk is back",
+    );
+    // Writes go on over it, and a restart keeps them.
+    let v = rig.engine().vdisk("v").unwrap();
+    v.write(4096, &pattern(4, 0, 4096), true).unwrap();
+    want[4096..8192].copy_from_slice(&pattern(4, 0, 4096));
+    drop(v);
+    rig.reopen();
+    assert_eq!(rig.engine().cache_status().parked_bytes, 0);
+    assert_same(&read_all(&rig, "v", MIB as usize), &want, "after a restart");
+    rig.assert_consistent();
+}
+
+/// ... a restart with the disk back writes it at the open; a disk failed instead loses it,
+/// said so and refused, as the log's data would have been.
+#[test]
+fn writes_parked_for_a_missing_disk_go_to_it_at_the_next_import_or_are_lost_with_it() {
+    let (mut rig, away) = parked_for_a_missing_disk();
+    rig.disks.push(away.clone());
+    rig.reopen();
+    assert_eq!(rig.engine().cache_status().parked_bytes, 0);
+    let mut want = pattern(1, 0, MIB as usize);
+    want[..64 << 10].copy_from_slice(&pattern(2, 0, 64 << 10));
+    assert_same(
+        &read_all(&rig, "v", MIB as usize),
+        &want,
+        "written at the import with the disk",
+    );
+
+    let (rig, away) = parked_for_a_missing_disk();
+    let e = rig.engine();
+    e.fail_disk(away.path()).unwrap();
+    let status = e.cache_status();
+    assert_eq!((status.lost_bytes, status.parked_bytes), (64 << 10, 0), "{status:?}");
 }
 
 /// Once the log is down to one disk, a vdisk that tolerates a failure writes past it; but a

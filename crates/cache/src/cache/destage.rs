@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use tessera_disk::{AlignedBuf, DiskRef};
 use tessera_layout::LayoutError;
-use tracing::{error, warn};
+use tessera_pool::MetaBatch;
+use tracing::{error, info, warn};
 
 use super::{piece_crcs, Inner, BACKGROUND_DESTAGE_THREADS, DESTAGE_THREADS, MAX_BATCH, STRIPES};
 use crate::error::{CacheError, Result};
@@ -17,12 +18,19 @@ use crate::format::BLOCK;
 use crate::held;
 use crate::index::Piece;
 use crate::log;
+use crate::parked::{self, Parked};
 
 impl Inner {
     pub(super) fn destage_loop(self: Arc<Self>) {
+        let mut settled = Instant::now();
         loop {
             if self.stop.load(Ordering::Acquire) {
                 return;
+            }
+            // Parked writes whose disks came back (or failed) by a way that did not say so.
+            if self.any_parked.load(Ordering::Acquire) && settled.elapsed() >= Duration::from_secs(1) {
+                self.settle_parked();
+                settled = Instant::now();
             }
             let due = {
                 let max_age = Duration::from_millis(self.max_age_ms.load(Ordering::Relaxed));
@@ -133,15 +141,33 @@ impl Inner {
         // A set that lost more members than it tolerates, for good (failed disks, which never
         // come back), can never take what the log holds for it: that is lost with the set,
         // and kept in the log it would hold the log's start where it is, and every other
-        // vdisk's writers would wait for room that never comes.
-        let hopeless: Vec<&Job> = not_done.iter().copied().filter(|j| self.lost_for_good(j.set)).collect();
-        if hopeless.len() == not_done.len() {
+        // vdisk's writers would wait for room that never comes. At the open, a set that only
+        // disks missing since the import keep from it has what the log holds for it parked
+        // until they are back (parked.rs).
+        let parking = self.parking.load(Ordering::Acquire);
+        let (mut hopeless, mut waiting): (Vec<&Job>, Vec<&Job>) = (Vec::new(), Vec::new());
+        for j in &not_done {
+            match self.layouts.set(j.set) {
+                Ok(s) if self.layouts.unrecoverable(&s) => {
+                    if parking && self.layouts.waits_for_missing_disks(&s) {
+                        waiting.push(j);
+                    } else {
+                        hopeless.push(j);
+                    }
+                }
+                _ => {}
+            }
+        }
+        if hopeless.len() + waiting.len() == not_done.len() {
             failed = None;
+        }
+        if !waiting.is_empty() {
+            self.park_jobs(&waiting, &picked, &devices)?;
         }
         if !hopeless.is_empty() {
             self.lose_jobs(&hopeless, &picked)?;
         }
-        if succeeded.is_empty() && hopeless.is_empty() {
+        if succeeded.is_empty() && hopeless.is_empty() && waiting.is_empty() {
             return Err(failed.expect("a job that did not succeed failed"));
         }
         if !succeeded.is_empty() {
@@ -291,11 +317,126 @@ impl Inner {
         }
     }
 
-    /// Whether slab set `set` lost its data for good to failed disks, or to disks missing
-    /// at the pool's start (only a start makes a disk missing; a new log is begun then, which
-    /// cannot carry what the old one held): what the log holds for it can never be destaged.
-    fn lost_for_good(&self, set: u32) -> bool {
-        self.layouts.set(set).is_ok_and(|s| self.layouts.unrecoverable(&s))
+    /// The pieces of `jobs`, whose sets wait for disks missing since the import, are parked
+    /// in the pool's metadata (read from the log, saved, then refused to readers and
+    /// writers), then dropped from what the log must destage. Only at the open, before any
+    /// writer: a write cannot come between the pieces read here and the ranges refused.
+    fn park_jobs(
+        &self,
+        jobs: &[&Job],
+        picked: &[(u32, u64, Piece, Vec<u32>)],
+        devices: &[(u32, DiskRef)],
+    ) -> Result<()> {
+        let mut parked = Vec::new();
+        for (set, s, p, crcs) in jobs.iter().flat_map(|j| &picked[j.pieces.clone()]) {
+            let data = match log::read_verified(devices, p.log, crcs) {
+                Ok(data) => data,
+                Err(e) if devices.is_empty() => return Err(e),
+                Err(e) => {
+                    let (data, bad) = log::read_salvaging(devices, p.log, crcs)?;
+                    self.lose_blocks(*set, *s, p.seq, &bad, &e)?;
+                    data
+                }
+            };
+            parked.push(Parked {
+                set: *set,
+                seq: p.seq,
+                at: *s,
+                data: data.to_vec(),
+            });
+        }
+        let mut b = MetaBatch::new();
+        for p in &parked {
+            parked::put(&mut b, p);
+        }
+        self.pool.meta().commit(b, true)?;
+        let bytes: u64 = parked.iter().map(|p| p.data.len() as u64).sum();
+        {
+            let mut st = self.state.lock();
+            for p in &parked {
+                st.parked.insert(p.set, p.at, p.at + p.data.len() as u64);
+            }
+        }
+        self.any_parked.store(true, Ordering::Release);
+        warn!(pool = %self.pool.name(), bytes, "writes in the write-back log for slab sets beyond their tolerance wait for disks missing since the import: parked in the pool's metadata until those disks are back");
+        self.mark_clean(jobs, picked);
+        Ok(())
+    }
+
+    /// Settles the parked writes (parked.rs) of every set that no longer waits: written to
+    /// the set, oldest batch first, flushed, then their records deleted and their ranges given
+    /// back to readers and writers, for a set whose disks are back; recorded lost for one
+    /// whose disks failed instead; dropped for a set freed. A set that still waits keeps
+    /// them, and one whose writes fail keeps them for the next try (said in the log).
+    pub(crate) fn settle_parked(&self) {
+        if !self.any_parked.load(Ordering::Acquire) {
+            return;
+        }
+        // Not under a destage round, whose whole-row writes read the rows first.
+        let _d = self.destaging.lock();
+        let sets = self.state.lock().parked.sets();
+        for set in sets {
+            if let Err(e) = self.settle_parked_set(set) {
+                warn!(pool = %self.pool.name(), set, error = %e, "the writes parked for a slab set cannot be written to it yet; tried again later");
+            }
+        }
+        if self.state.lock().parked.is_empty() {
+            self.any_parked.store(false, Ordering::Release);
+        }
+    }
+
+    fn settle_parked_set(&self, set: u32) -> Result<()> {
+        let slabset = match self.layouts.set(set) {
+            Ok(s) => Some(s),
+            Err(LayoutError::NoSuchSet(_)) => None,
+            Err(e) => return Err(e.into()),
+        };
+        let mut lost = Vec::new();
+        match &slabset {
+            Some(s) if self.layouts.unrecoverable(s) => {
+                if self.layouts.waits_for_missing_disks(s) {
+                    return Ok(());
+                }
+                lost = self.state.lock().parked.within(set, 0, u64::MAX);
+            }
+            Some(s) => {
+                for p in parked::load_set(&self.pool, set)? {
+                    self.layouts.write(s, p.at, &p.data)?;
+                }
+                self.layouts.flush()?;
+            }
+            // Freed: nothing references the data any more.
+            None => {}
+        }
+        if !lost.is_empty() {
+            {
+                let mut st = self.state.lock();
+                for &(a, b) in &lost {
+                    st.lose(set, a, b);
+                }
+            }
+            self.any_lost.store(true, Ordering::Release);
+            self.save_lost()?;
+            error!(pool = %self.pool.name(), set, bytes = lost.iter().map(|(a, b)| b - a).sum::<u64>(), "writes parked for a slab set whose disks failed instead of coming back are lost with it");
+        }
+        let mut b = MetaBatch::new();
+        parked::delete_set(&mut b, set);
+        self.pool.meta().commit(b, true)?;
+        let bytes = {
+            let mut st = self.state.lock();
+            let bytes = st
+                .parked
+                .within(set, 0, u64::MAX)
+                .iter()
+                .map(|(a, b)| b - a)
+                .sum::<u64>();
+            st.parked.remove_set(set);
+            bytes
+        };
+        if slabset.is_some() && lost.is_empty() {
+            info!(pool = %self.pool.name(), set, bytes, "writes parked for a slab set until its disks were back are written to it");
+        }
+        Ok(())
     }
 
     /// The pieces of `jobs`, whose sets are lost for good, are lost with them: recorded (the

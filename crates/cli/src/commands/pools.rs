@@ -325,6 +325,15 @@ fn cache_line(c: &tessera_volume::CacheStatus) -> String {
     } else {
         String::new()
     };
+    let parked = if c.parked_bytes > 0 {
+        format!(
+            "; WAITING: {} the log held for slab sets beyond their tolerance is kept for the disks missing since the import: reads and writes of it are refused until they are back ('disk online POOL DISK'); failing such a disk loses it",
+            size(c.parked_bytes)
+        )
+    } else {
+        String::new()
+    };
+    let lost = format!("{parked}{lost}");
     if c.devices.is_empty() {
         return format!("off: no healthy cache disk (add one with 'disk add POOL PATH --usage cache'){lost}");
     }
