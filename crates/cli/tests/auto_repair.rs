@@ -398,3 +398,99 @@ fn a_disk_back_while_the_daemon_runs_is_taken_back_with_one_command() {
         .unwrap()
         .is_empty());
 }
+
+/// What the write-back log held for a vdisk without redundancy when the daemon died, its disk
+/// missing at the next start: kept (not lost, not read as the disk held it before), said so by
+/// `pool show`, refused to the host, and written to the vdisk by `disk online`.
+#[test]
+fn writes_the_log_held_for_a_disk_missing_at_the_start_wait_for_disk_online() {
+    let t = tempfile::tempdir().unwrap();
+    let iqn = "iqn.2026-12.io.tessera:parked";
+    let mut d = start(t.path(), "5m");
+    let all = disks(&t.path().join("disks"), 4, 512 * MIB);
+    create_pool(&d, "c", &all[..2]);
+    // Two copies of the log: a log of one is destaged at once.
+    for cache in &all[2..] {
+        d.ok(&["disk", "add", "c", cache, "--usage", "cache"]);
+    }
+    let img = t.path().join("in.img");
+    random_image(&img, VDISK, 11);
+    d.ok(&[
+        "vdisk",
+        "import",
+        "c/s",
+        img.to_str().unwrap(),
+        "--layout",
+        "simple",
+        "--columns",
+        "1",
+    ]);
+    d.ok(&["target", "create", iqn, "--allow-any-initiator"]);
+    d.ok(&["target", "lun", "add", iqn, "c/s", "--lun", "0"]);
+    let dirty = |d: &Daemon| d.json(&["pool", "show", "c"])["cache"]["dirty_bytes"].as_u64().unwrap();
+    // The import destaged first: the log then holds only the host's writes.
+    let waited = Instant::now();
+    while dirty(&d) > 0 {
+        assert!(
+            waited.elapsed() < Duration::from_secs(120),
+            "the import's data is not destaged"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let victim = busiest_disk(&d, "c");
+    let mut model = std::fs::read(&img).unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let h = host(&d, iqn);
+    write_all_over(&h, &mut model, &mut rng);
+    let sync = [0x35u8, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    assert_eq!(h.0.block_on(h.1.command(0, &sync, Vec::new(), 0)).unwrap().status, 0);
+    drop(h);
+    // In the log only (destaged after ten seconds): the power goes now.
+    assert_eq!(dirty(&d), 16 * BLOCK as u64, "the writes are no longer only in the log");
+    d.kill9();
+
+    let moved = format!("{victim}.away");
+    std::fs::rename(&victim, &moved).unwrap();
+    let d = start(t.path(), "5m");
+    let show = d.json(&["pool", "show", "c"]);
+    assert_eq!(show["cache"]["parked_bytes"], 16 * BLOCK as u64, "{show}");
+    assert_eq!(show["cache"]["lost_bytes"], 0, "{show}");
+    let text = d.ok(&["pool", "show", "c"]);
+    assert!(text.contains("WAITING") && text.contains("disk online"), "{text}");
+    let h = host(&d, iqn);
+    let read = |h: &(tokio::runtime::Runtime, Session), at: u64| {
+        h.0.block_on(h.1.command(0, &rw16(false, at, BLOCK, 512), Vec::new(), BLOCK))
+            .unwrap()
+    };
+    // Refused, never the data the disk held before (the first command meets the restart's
+    // unit attention).
+    let _ = read(&h, 0);
+    for i in 0..16u64 {
+        let r = read(&h, i * (VDISK / 16));
+        assert_ne!(
+            r.status, 0,
+            "sixteenth {i} of the vdisk was read while its disk is away"
+        );
+    }
+    std::fs::rename(&moved, &victim).unwrap();
+    let out = d.ok(&["disk", "online", "c", &victim]);
+    assert!(out.contains("taken back"), "{out}");
+    let show = d.json(&["pool", "show", "c"]);
+    assert_eq!(show["cache"]["parked_bytes"], 0, "{show}");
+    for i in 0..16u64 {
+        let at = i * (VDISK / 16);
+        let r = read(&h, at);
+        assert_eq!(r.status, 0, "sixteenth {i}: sense {:02x?}", r.sense);
+    }
+    drop(h);
+    let out = t.path().join("out.img");
+    d.ok(&["vdisk", "export", "c/s", out.to_str().unwrap()]);
+    assert!(
+        std::fs::read(&out).unwrap() == model,
+        "the vdisk differs from what the host wrote"
+    );
+    assert!(d.json(&["pool", "check", "c"])["problems"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+}
