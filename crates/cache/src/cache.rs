@@ -416,9 +416,30 @@ impl WriteCache {
         };
         let (parked_ranges, unreadable_parked) = parked::load_ranges(&pool)?;
         st.parked = parked_ranges;
+        // Records of a set freed since (whose deletion failed then) go before a new set can
+        // take its number: they would be written into it.
+        let mut freed: Vec<u32> = st
+            .parked
+            .sets()
+            .into_iter()
+            .filter(|&s| layouts.set(s).is_err())
+            .collect();
         for set in unreadable_parked {
-            error!(pool = %pool.name(), set, "a record of the writes parked for a slab set cannot be read: the whole set is refused until it is mended");
-            st.parked.insert(set, 0, u64::MAX);
+            match layouts.set(set) {
+                Ok(s) => {
+                    error!(pool = %pool.name(), set, "a record of the writes parked for a slab set cannot be read: the whole set is refused until it is mended");
+                    st.parked.insert(set, 0, s.spec.set_capacity(pool.slab_size()));
+                }
+                Err(_) => freed.push(set),
+            }
+        }
+        if !freed.is_empty() {
+            let mut b = tessera_pool::MetaBatch::new();
+            for &set in &freed {
+                parked::delete_set(&mut b, set);
+                st.parked.remove_set(set);
+            }
+            pool.meta().commit(b, true)?;
         }
         if !st.parked.is_empty() {
             warn!(pool = %pool.name(), bytes = st.parked.bytes(), "writes the write-back log held for slab sets beyond their tolerance wait for missing disks: reads and writes of them are refused until those disks are back");
@@ -645,8 +666,9 @@ impl WriteCache {
     /// the member disks.
     pub fn holds_dirty(&self, set: u32, offset: u64, len: u64) -> bool {
         let st = self.inner.state.lock();
-        // Lost data must be refused by `read_many`, not read as the disks hold it.
+        // Lost and parked data must be refused by `read_many`, not read as the disks hold it.
         st.lost.overlaps(set, offset, offset + len)
+            || st.parked.overlaps(set, offset, offset + len)
             || st.dirty > 0
                 && st
                     .index
@@ -655,12 +677,13 @@ impl WriteCache {
     }
 
     /// True if a write would go straight to the member disks with nothing of the cache to
-    /// do: no cache disk, and nothing in the log. A caller that then writes the disks itself
+    /// do: no cache disk, nothing in the log, and nothing parked (a write over parked data
+    /// must be refused by [`write`](Self::write)). A caller that then writes the disks itself
     /// (a planned write) tells the cache with [`wrote_through`](Self::wrote_through).
     pub fn passes_through(&self) -> bool {
         let i = &self.inner;
         let st = i.state.lock();
-        st.devices.is_empty() && st.index.is_empty() && {
+        st.devices.is_empty() && st.index.is_empty() && st.parked.is_empty() && {
             drop(st);
             // After a loss of the log, only once the destage round in flight then is over.
             !i.wipe_fence.load(Ordering::Acquire)
@@ -1072,14 +1095,14 @@ impl Drop for WriteCache {
     }
 }
 
-/// The space a disk offers the ring: what lies past its label area, in whole blocks.
 /// What a read or write of a range parked for missing disks gets.
 fn waiting(set: u32, a: u64, b: u64) -> CacheError {
     CacheError::Waiting(format!(
-        "bytes {a}..{b} of slab set {set} hold writes the write-back log kept for disks missing since the pool's import; they are refused until those disks are back ('tessera disk online')"
+        "bytes {a}..{b} of slab set {set} hold writes the write-back log kept for disks missing since the pool's import; they are refused until those disks are back ('tessera disk online', or an import that finds them)"
     ))
 }
 
+/// The space a disk offers the ring: what lies past its label area, in whole blocks.
 fn ring_room(d: &DiskRef) -> u64 {
     d.size().saturating_sub(DATA_OFFSET) / BLOCK as u64 * BLOCK as u64
 }

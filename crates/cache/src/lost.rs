@@ -103,7 +103,6 @@ impl LostRanges {
             .collect()
     }
 
-    /// Forgets a slab set; true if it had ranges.
     /// The sets that have a range.
     pub fn sets(&self) -> Vec<u32> {
         let mut sets: Vec<u32> = self.sets.keys().copied().collect();
@@ -111,6 +110,7 @@ impl LostRanges {
         sets
     }
 
+    /// Forgets a slab set; true if it had ranges.
     pub fn remove_set(&mut self, set: u32) -> bool {
         self.sets.remove(&set).is_some()
     }

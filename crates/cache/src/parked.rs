@@ -20,6 +20,7 @@ use crate::lost::LostRanges;
 const PREFIX: &[u8] = b"write-back-parked/";
 
 /// One parked piece: slab set, batch sequence number, offset, data.
+#[derive(Debug)]
 pub(crate) struct Parked {
     pub set: u32,
     pub seq: u64,
@@ -55,20 +56,15 @@ pub(crate) fn delete_set(b: &mut MetaBatch, set: u32) {
     b.delete_range(CF_POOL, from, to);
 }
 
-/// The records of `set`, oldest batch first. A record whose key cannot be read stops the
-/// caller: its data would be written at a guess.
-pub(crate) fn load_set(pool: &Pool, set: u32) -> Result<Vec<Parked>> {
+/// The keys of `set`'s records, oldest batch first, as (sequence number, offset): a set's
+/// data is read one record at a time. A key that cannot be read stops the caller: its data
+/// would be written at a guess.
+pub(crate) fn keys_of(pool: &Pool, set: u32) -> Result<Vec<(u64, u64)>> {
     let mut out = Vec::new();
-    let prefix = set_prefix(set);
     let mut bad = None;
-    pool.meta().for_each_prefix(CF_POOL, &prefix, |k, v| {
+    pool.meta().for_each_prefix(CF_POOL, &set_prefix(set), |k, v| {
         match parse(k) {
-            Some((set, seq, at)) if !v.is_empty() => out.push(Parked {
-                set,
-                seq,
-                at,
-                data: v.to_vec(),
-            }),
+            Some((_, seq, at)) if !v.is_empty() => out.push((seq, at)),
             _ => bad = Some(tessera_pool::hex(k)),
         }
         Ok(())
@@ -79,6 +75,11 @@ pub(crate) fn load_set(pool: &Pool, set: u32) -> Result<Vec<Parked>> {
         )));
     }
     Ok(out)
+}
+
+/// The data of one record, if it is still there.
+pub(crate) fn get(pool: &Pool, set: u32, seq: u64, at: u64) -> Result<Option<Vec<u8>>> {
+    Ok(pool.meta().get(CF_POOL, &key(set, seq, at))?)
 }
 
 /// The ranges every record covers, per set (what reads and writes are refused over), and

@@ -580,19 +580,25 @@ impl Layouts {
     }
 
     /// Whether `set` is beyond its tolerance now (`unrecoverable`) only because of disks
-    /// missing since the import, which may come back (`disk online`, a later import): with
-    /// them back, and current, it would be read and written again. A member that missed
-    /// writes, or is on a failed disk, counts as gone either way.
+    /// missing since the import that can come back as they were (`disk online`, a later
+    /// import): with them back it would be read and written again.
     pub fn waits_for_missing_disks(&self, set: &SlabSet) -> bool {
+        self.unrecoverable(set) && !self.lost_for_good(set)
+    }
+
+    /// Whether `set` has lost more than its tolerance even with every disk missing since the
+    /// import that can come back as it was back: a member that missed writes, or whose disk
+    /// failed, counts as gone. A disk coming back meanwhile never turns the answer to true
+    /// (which a judgement of `unrecoverable` then of `waits_for_missing_disks` could).
+    pub fn lost_for_good(&self, set: &SlabSet) -> bool {
         let members = set.members.read();
-        if !self.beyond_tolerance(&set.spec, &members) {
-            return false;
-        }
         let gone_for_good = |m: usize| {
             let slab = members[m];
-            self.is_missed(slab) || (self.pool.readable_disk(slab.disk).is_none() && !self.pool.may_return(slab.disk))
+            // Asked in this order, a disk taken back between the two questions is never gone.
+            self.is_missed(slab)
+                || (!self.pool.can_come_back(slab.disk) && self.pool.readable_disk(slab.disk).is_none())
         };
-        !loses_more_than_tolerated(&set.spec, members.len(), gone_for_good)
+        loses_more_than_tolerated(&set.spec, members.len(), gone_for_good)
     }
 
     /// Where new data may go, judged from the members' disks. Never blocks: a set whose

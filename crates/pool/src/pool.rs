@@ -790,6 +790,19 @@ impl Pool {
             && inner.config.disks[idx].state != DiskState::Failed
     }
 
+    /// Whether the data disk at `position`, missing, can be taken back as it was (by
+    /// [`bring_back`](Self::bring_back) or an import that finds it): away since writes around
+    /// it were recorded, and not failed.
+    pub fn can_come_back(&self, position: u32) -> bool {
+        let inner = self.inner.read();
+        let idx = position as usize;
+        idx < inner.members.len()
+            && inner.members[idx].dev.is_none()
+            && inner.config.disks[idx].state == DiskState::Missing
+            && inner.config.disks[idx].usage == DiskUsage::Data
+            && inner.config.disks[idx].returns_as.is_some()
+    }
+
     /// The count of members lost so far: a writer notes it before it writes.
     pub fn losses(&self) -> u64 {
         self.losses.load(Ordering::SeqCst)

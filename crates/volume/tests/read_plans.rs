@@ -309,3 +309,51 @@ fn plans_of_compressed_grains_read_what_a_read_reads() {
     v.read(0, &mut back).unwrap();
     assert_eq!(back, data);
 }
+
+/// A read planned straight to the disks must not find there the older data under writes the
+/// write-back log kept for a disk missing at the import (parked): half of a vdisk striped over
+/// two disks lies on the one that is there, and its checksums still match what it holds.
+#[test]
+fn no_read_is_planned_over_writes_parked_for_a_missing_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = file_engine(&dir, 2);
+    for i in 0..2 {
+        let path = dir.path().join(format!("cache{i}.img"));
+        e.add_cache_disk(Arc::new(FileDisk::create_file(&path, 80 * MIB, false).unwrap()) as DiskRef)
+            .unwrap();
+    }
+    let mut spec = VdiskSpec::new("w", 16 * MIB, LayoutKind::Simple);
+    spec.columns = Some(2);
+    let w = e.create_vdisk(&spec).unwrap();
+    w.write(0, &pattern(1, 0, 2 * MIB as usize), false).unwrap();
+    e.cache().drain().unwrap();
+    assert!(
+        run_plan(&w, 0, MIB as usize).is_some(),
+        "reads of it are planned at all"
+    );
+    // In the log only when the pool stops.
+    w.write(0, &pattern(2, 0, MIB as usize), false).unwrap();
+    w.flush().unwrap();
+    assert_eq!(e.cache_status().dirty_bytes, MIB);
+    drop(w);
+    drop(e);
+    std::fs::rename(dir.path().join("d1.img"), dir.path().join("d1.away")).unwrap();
+    let opener = |p: &str| -> Result<DiskRef, tessera_disk::DiskError> { Ok(Arc::new(FileDisk::open(p)?) as DiskRef) };
+    let e = Engine::open(&dir.path().join("pool"), &opener).unwrap();
+    assert_eq!(e.cache_status().parked_bytes, MIB);
+    let w = e.vdisk("w").unwrap();
+    // Reads of what is not parked, beside it, on the disk that is there, load the
+    // checksums a plan needs.
+    let mut buf = vec![0u8; GRAIN as usize];
+    let read = (MIB..2 * MIB)
+        .step_by(GRAIN as usize)
+        .filter(|&at| w.read(at, &mut buf).is_ok())
+        .count();
+    assert!(read > 0, "nothing beside the parked data reads");
+    for at in (0..MIB).step_by(GRAIN as usize) {
+        assert!(
+            w.try_plan_read(at, GRAIN as usize).is_none(),
+            "a read of parked data at {at} was planned to the disks"
+        );
+    }
+}

@@ -957,7 +957,9 @@ fn a_striped_mirror_short_of_a_copy_in_every_column_is_destaged() {
 /// The log holds writes for a vdisk without redundancy and one with, and the pool stops with
 /// them there; `v`'s disk is missing at the restart. The pool opens and the mirror reads what
 /// the log held for it; what the new log cannot carry for `v` is parked, neither read as the
-/// disk held it before nor lost: refused until the disk is back.
+/// disk held it before nor lost: refused until the disk is back. So is what it held for `w`,
+/// striped over both disks: half of it lies on the disk that is there, and a read planned
+/// straight to the disks must not find it there either.
 fn parked_for_a_missing_disk() -> (Rig, Arc<tessera_disk::FaultyDisk>) {
     let (mut rig, v) = two_data_disks_two_log_disks();
     let e = rig.engine();
@@ -967,26 +969,55 @@ fn parked_for_a_missing_disk() -> (Rig, Arc<tessera_disk::FaultyDisk>) {
     v.write(0, &pattern(1, 0, MIB as usize), false).unwrap();
     e.cache().drain().unwrap();
     let used = only_data_disk_in_use(e);
-    // In the log only: a write for the simple vdisk and one for the mirror.
+    let mut s = spec("w", 4 * MIB, LayoutKind::Simple, Provisioning::Thin);
+    s.columns = Some(2);
+    let w = e.create_vdisk(&s).unwrap();
+    w.write(0, &pattern(5, 0, MIB as usize), false).unwrap();
+    e.cache().drain().unwrap();
+    // In the log only: a write for each simple vdisk and one for the mirror.
     v.write(0, &pattern(2, 0, 64 << 10), false).unwrap();
+    w.write(0, &pattern(6, 0, MIB as usize), false).unwrap();
     m.write(0, &pattern(3, 0, MIB as usize), false).unwrap();
     v.flush().unwrap();
     m.flush().unwrap();
-    assert_eq!(e.cache_status().dirty_bytes, MIB + (64 << 10), "not all in the log");
-    drop((v, m));
+    w.flush().unwrap();
+    assert_eq!(e.cache_status().dirty_bytes, 2 * MIB + (64 << 10), "not all in the log");
+    drop((v, m, w));
     let at = rig.disks.iter().position(|d| d.path() == used).unwrap();
     rig.engine = None;
     let away = rig.disks.remove(at);
     rig.reopen();
     let status = rig.engine().cache_status();
-    assert_eq!((status.lost_bytes, status.parked_bytes), (0, 64 << 10), "{status:?}");
+    assert_eq!(
+        (status.lost_bytes, status.parked_bytes),
+        (0, MIB + (64 << 10)),
+        "{status:?}"
+    );
     let mut got = vec![0u8; MIB as usize];
     rig.engine().vdisk("m").unwrap().read(0, &mut got).unwrap();
     assert_same(&got, &pattern(3, 0, MIB as usize), "the mirror, one copy missing");
     let v = rig.engine().vdisk("v").unwrap();
     let err = v.read(0, &mut got[..4096]).unwrap_err().to_string();
     assert!(err.contains("disk online"), "{err}");
+    let w = rig.engine().vdisk("w").unwrap();
+    for at in (0..MIB).step_by(64 << 10) {
+        assert!(
+            w.try_plan_read(at, 64 << 10).is_none(),
+            "a read of parked data at {at} was planned to the disks"
+        );
+        assert!(
+            w.read(at, &mut got[..64 << 10]).is_err(),
+            "parked data at {at} was read"
+        );
+    }
     (rig, away)
+}
+
+/// `v` as it was written, and `w`.
+fn written() -> (Vec<u8>, Vec<u8>) {
+    let mut v = pattern(1, 0, MIB as usize);
+    v[..64 << 10].copy_from_slice(&pattern(2, 0, 64 << 10));
+    (v, pattern(6, 0, MIB as usize))
 }
 
 /// ... and stays parked across restarts without the disk; `disk online` writes it to `v`.
@@ -996,7 +1027,7 @@ fn writes_the_log_held_for_a_disk_missing_at_the_restart_wait_for_it() {
     rig.reopen();
     assert_eq!(
         rig.engine().cache_status().parked_bytes,
-        64 << 10,
+        MIB + (64 << 10),
         "after another restart"
     );
     assert_eq!(rig.engine().cache_status().lost_bytes, 0);
@@ -1005,12 +1036,16 @@ fn writes_the_log_held_for_a_disk_missing_at_the_restart_wait_for_it() {
         .unwrap();
     rig.disks.push(away);
     assert_eq!(rig.engine().cache_status().parked_bytes, 0);
-    let mut want = pattern(1, 0, MIB as usize);
-    want[..64 << 10].copy_from_slice(&pattern(2, 0, 64 << 10));
+    let (mut want, want_w) = written();
     assert_same(
         &read_all(&rig, "v", MIB as usize),
         &want,
         "the parked write, once the disk is back",
+    );
+    assert_same(
+        &read_all(&rig, "w", MIB as usize),
+        &want_w,
+        "the striped vdisk, once the disk is back",
     );
     // Writes go on over it, and a restart keeps them.
     let v = rig.engine().vdisk("v").unwrap();
@@ -1031,19 +1066,34 @@ fn writes_parked_for_a_missing_disk_go_to_it_at_the_next_import_or_are_lost_with
     rig.disks.push(away.clone());
     rig.reopen();
     assert_eq!(rig.engine().cache_status().parked_bytes, 0);
-    let mut want = pattern(1, 0, MIB as usize);
-    want[..64 << 10].copy_from_slice(&pattern(2, 0, 64 << 10));
+    let (want, want_w) = written();
     assert_same(
         &read_all(&rig, "v", MIB as usize),
         &want,
         "written at the import with the disk",
     );
+    assert_same(&read_all(&rig, "w", MIB as usize), &want_w, "the striped vdisk");
+    rig.assert_consistent();
 
-    let (rig, away) = parked_for_a_missing_disk();
-    let e = rig.engine();
-    e.fail_disk(away.path()).unwrap();
-    let status = e.cache_status();
-    assert_eq!((status.lost_bytes, status.parked_bytes), (64 << 10, 0), "{status:?}");
+    let (mut rig, away) = parked_for_a_missing_disk();
+    rig.engine().fail_disk(away.path()).unwrap();
+    for restarted in [false, true] {
+        let status = rig.engine().cache_status();
+        assert_eq!(
+            (status.lost_bytes, status.parked_bytes),
+            (MIB + (64 << 10), 0),
+            "restarted: {restarted}, {status:?}"
+        );
+        // Refused as lost now, not read as the disk that is there holds it.
+        let w = rig.engine().vdisk("w").unwrap();
+        let mut got = vec![0u8; 64 << 10];
+        for at in (0..MIB).step_by(64 << 10) {
+            let err = w.read(at, &mut got).unwrap_err().to_string();
+            assert!(err.contains("lost"), "{err}");
+        }
+        drop(w);
+        rig.reopen();
+    }
 }
 
 /// Once the log is down to one disk, a vdisk that tolerates a failure writes past it; but a

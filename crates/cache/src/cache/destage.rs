@@ -149,7 +149,7 @@ impl Inner {
         for j in &not_done {
             match self.layouts.set(j.set) {
                 Ok(s) if self.layouts.unrecoverable(&s) => {
-                    if parking && self.layouts.waits_for_missing_disks(&s) {
+                    if parking && !self.layouts.lost_for_good(&s) {
                         waiting.push(j);
                     } else {
                         hopeless.push(j);
@@ -372,8 +372,6 @@ impl Inner {
         if !self.any_parked.load(Ordering::Acquire) {
             return;
         }
-        // Not under a destage round, whose whole-row writes read the rows first.
-        let _d = self.destaging.lock();
         let sets = self.state.lock().parked.sets();
         for set in sets {
             if let Err(e) = self.settle_parked_set(set) {
@@ -393,21 +391,28 @@ impl Inner {
         };
         let mut lost = Vec::new();
         match &slabset {
-            Some(s) if self.layouts.unrecoverable(s) => {
-                if self.layouts.waits_for_missing_disks(s) {
-                    return Ok(());
-                }
-                lost = self.state.lock().parked.within(set, 0, u64::MAX);
-            }
+            // Asked first: a disk back meanwhile never makes a set lost for good.
+            Some(s) if self.layouts.lost_for_good(s) => lost = self.state.lock().parked.within(set, 0, u64::MAX),
+            Some(s) if self.layouts.unrecoverable(s) => return Ok(()),
             Some(s) => {
-                for p in parked::load_set(&self.pool, set)? {
-                    self.layouts.write(s, p.at, &p.data)?;
+                for (seq, at) in parked::keys_of(&self.pool, set)? {
+                    // One piece at a time under the destager's lock: not between a destage
+                    // round's read of a whole row and its write back, nor into a set that
+                    // `forget_set` (which takes it too) has dropped for freeing.
+                    let _d = self.destaging.lock();
+                    if self.state.lock().parked.within(set, 0, u64::MAX).is_empty() {
+                        return Ok(());
+                    }
+                    if let Some(data) = parked::get(&self.pool, set, seq, at)? {
+                        self.layouts.write(s, at, &data)?;
+                    }
                 }
                 self.layouts.flush()?;
             }
             // Freed: nothing references the data any more.
             None => {}
         }
+        let _d = self.destaging.lock();
         if !lost.is_empty() {
             {
                 let mut st = self.state.lock();
@@ -433,7 +438,7 @@ impl Inner {
             st.parked.remove_set(set);
             bytes
         };
-        if slabset.is_some() && lost.is_empty() {
+        if slabset.is_some() && lost.is_empty() && bytes > 0 {
             info!(pool = %self.pool.name(), set, bytes, "writes parked for a slab set until its disks were back are written to it");
         }
         Ok(())
