@@ -349,6 +349,8 @@ struct Inner {
     any_lost: AtomicBool,
     /// `State::parked` is not empty: reads and writes must look at it.
     any_parked: AtomicBool,
+    /// One settle of the parked writes at a time.
+    settling: Mutex<()>,
     /// The open's destage: what sets waiting for missing disks cannot take is parked (no
     /// writer runs yet; while the pool runs, a disk is never missing, only failed).
     parking: AtomicBool,
@@ -495,6 +497,7 @@ impl WriteCache {
             wiped_at: AtomicU64::new(0),
             any_lost: AtomicBool::new(any_lost),
             any_parked: AtomicBool::new(any_parked),
+            settling: Mutex::new(()),
             parking: AtomicBool::new(false),
             wipe_fence: AtomicBool::new(false),
             lost_saving: Mutex::new(()),
@@ -602,8 +605,9 @@ impl WriteCache {
             inner: inner.clone(),
             destager: Mutex::new(None),
         };
-        // Writes parked at an earlier open whose disks are back.
-        inner.settle_parked();
+        // Parked writes whose disks are back: those of an earlier open, with what this one
+        // parked after them for the same sets.
+        inner.settle_parked(true);
         let worker = inner.clone();
         let h = std::thread::Builder::new()
             .name("tessera-destage".into())
@@ -1013,8 +1017,9 @@ impl WriteCache {
 
     /// Writes the parked writes (parked.rs) of sets whose disks are back, and records lost
     /// those of sets whose disks failed instead; called when a disk comes back or fails.
-    pub fn settle_parked(&self) {
-        self.inner.settle_parked();
+    /// Returns the bytes still parked.
+    pub fn settle_parked(&self) -> u64 {
+        self.inner.settle_parked(true)
     }
 
     /// Takes in changes of the pool's cache disks: a log disk that failed or was retired
@@ -1086,6 +1091,8 @@ impl WriteCache {
         if let Some(h) = self.destager.lock().take() {
             let _ = h.join();
         }
+        // A settle under way (on a thread of its own) writes nothing past the stop.
+        drop(self.inner.settling.lock());
     }
 }
 

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 
 use tessera_pool::{MetaBatch, Pool, CF_POOL};
 
-use crate::error::{CacheError, Result};
+use crate::error::Result;
 use crate::lost::LostRanges;
 
 const PREFIX: &[u8] = b"write-back-parked/";
@@ -57,24 +57,21 @@ pub(crate) fn delete_set(b: &mut MetaBatch, set: u32) {
 }
 
 /// The keys of `set`'s records, oldest batch first, as (sequence number, offset): a set's
-/// data is read one record at a time. A key that cannot be read stops the caller: its data
-/// would be written at a guess.
-pub(crate) fn keys_of(pool: &Pool, set: u32) -> Result<Vec<(u64, u64)>> {
-    let mut out = Vec::new();
-    let mut bad = None;
+/// data is read one record at a time. And how many records cannot be read (their data
+/// cannot be placed).
+pub(crate) fn keys_of(pool: &Pool, set: u32) -> Result<(Vec<(u64, u64)>, usize)> {
+    let (mut out, mut bad) = (Vec::new(), 0);
     pool.meta().for_each_prefix(CF_POOL, &set_prefix(set), |k, v| {
         match parse(k) {
             Some((_, seq, at)) if !v.is_empty() => out.push((seq, at)),
-            _ => bad = Some(tessera_pool::hex(k)),
+            _ => {
+                tracing::error!(set, key = %tessera_pool::hex(k), "a record of the writes parked for a slab set cannot be read");
+                bad += 1;
+            }
         }
         Ok(())
     })?;
-    if let Some(k) = bad {
-        return Err(CacheError::Log(format!(
-            "a record of the writes parked for slab set {set} cannot be read (key {k})"
-        )));
-    }
-    Ok(out)
+    Ok((out, bad))
 }
 
 /// The data of one record, if it is still there.
@@ -83,7 +80,8 @@ pub(crate) fn get(pool: &Pool, set: u32, seq: u64, at: u64) -> Result<Option<Vec
 }
 
 /// The ranges every record covers, per set (what reads and writes are refused over), and
-/// the sets whose records cannot all be read (refused whole).
+/// the sets whose records cannot all be read (refused whole, until the settle makes them
+/// lost).
 pub(crate) fn load_ranges(pool: &Pool) -> Result<(LostRanges, Vec<u32>)> {
     let mut ranges = LostRanges::default();
     let mut unreadable: BTreeMap<u32, ()> = BTreeMap::new();

@@ -399,9 +399,10 @@ fn a_disk_back_while_the_daemon_runs_is_taken_back_with_one_command() {
         .is_empty());
 }
 
-/// What the write-back log held for a vdisk without redundancy when the daemon died, its disk
-/// missing at the next start: kept (not lost, not read as the disk held it before), said so by
-/// `pool show`, refused to the host, and written to the vdisk by `disk online`.
+/// What the write-back log held for a vdisk without redundancy when the daemon died, one of
+/// its two disks missing at the next start: kept (not lost, nor read as the disk that is there
+/// holds it: half of it lies there), said so by `pool show`, refused to the host, and written
+/// to the vdisk by `disk online`.
 #[test]
 fn writes_the_log_held_for_a_disk_missing_at_the_start_wait_for_disk_online() {
     let t = tempfile::tempdir().unwrap();
@@ -423,7 +424,7 @@ fn writes_the_log_held_for_a_disk_missing_at_the_start_wait_for_disk_online() {
         "--layout",
         "simple",
         "--columns",
-        "1",
+        "2",
     ]);
     d.ok(&["target", "create", iqn, "--allow-any-initiator"]);
     d.ok(&["target", "lun", "add", iqn, "c/s", "--lun", "0"]);
@@ -462,25 +463,29 @@ fn writes_the_log_held_for_a_disk_missing_at_the_start_wait_for_disk_online() {
         h.0.block_on(h.1.command(0, &rw16(false, at, BLOCK, 512), Vec::new(), BLOCK))
             .unwrap()
     };
-    // Refused, never the data the disk held before (the first command meets the restart's
-    // unit attention).
+    // The blocks the host wrote: refused, never the data the disks hold from before, on the
+    // disk that is there as on the other (the first command meets the restart's unit
+    // attention).
+    let image = std::fs::read(&img).unwrap();
+    let written: Vec<u64> = (0..VDISK / BLOCK as u64)
+        .map(|b| b * BLOCK as u64)
+        .filter(|&at| model[at as usize..][..BLOCK] != image[at as usize..][..BLOCK])
+        .collect();
+    assert_eq!(written.len(), 16);
     let _ = read(&h, 0);
-    for i in 0..16u64 {
-        let r = read(&h, i * (VDISK / 16));
-        assert_ne!(
-            r.status, 0,
-            "sixteenth {i} of the vdisk was read while its disk is away"
-        );
+    for &at in &written {
+        let r = read(&h, at);
+        assert_ne!(r.status, 0, "the block at {at} was read while its disk is away");
     }
     std::fs::rename(&moved, &victim).unwrap();
     let out = d.ok(&["disk", "online", "c", &victim]);
     assert!(out.contains("taken back"), "{out}");
     let show = d.json(&["pool", "show", "c"]);
     assert_eq!(show["cache"]["parked_bytes"], 0, "{show}");
-    for i in 0..16u64 {
-        let at = i * (VDISK / 16);
+    for &at in &written {
         let r = read(&h, at);
-        assert_eq!(r.status, 0, "sixteenth {i}: sense {:02x?}", r.sense);
+        assert_eq!(r.status, 0, "the block at {at}: sense {:02x?}", r.sense);
+        assert!(r.data[..] == model[at as usize..][..BLOCK], "the block at {at}");
     }
     drop(h);
     let out = t.path().join("out.img");

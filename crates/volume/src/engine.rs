@@ -579,7 +579,10 @@ impl Engine {
         let pos = self.s.pool.find_disk(disk)?;
         self.s.layouts.bring_back_disk(pos, dev)?;
         // What the write-back log kept for sets that waited for it goes to them now.
-        self.s.cache.settle_parked();
+        let waiting = self.s.cache.settle_parked();
+        if waiting > 0 {
+            warn!(pool = %self.s.pool.name(), disk, bytes = waiting, "writes the write-back log kept for missing disks still wait (their sets still lack disks, or their writes failed; tried again)");
+        }
         Ok(())
     }
 

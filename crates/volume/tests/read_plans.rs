@@ -356,4 +356,10 @@ fn no_read_is_planned_over_writes_parked_for_a_missing_disk() {
             "a read of parked data at {at} was planned to the disks"
         );
     }
+    // Beside it, on the disk that is there, reads are still planned.
+    let planned = (MIB..2 * MIB)
+        .step_by(GRAIN as usize)
+        .filter(|&at| w.try_plan_read(at, GRAIN as usize).is_some())
+        .count();
+    assert_eq!(planned, read, "reads beside the parked data");
 }

@@ -20,6 +20,9 @@ use crate::index::Piece;
 use crate::log;
 use crate::parked::{self, Parked};
 
+/// How often parked writes a settle could not write are tried again.
+const SETTLE_RETRY: Duration = Duration::from_secs(30);
+
 impl Inner {
     pub(super) fn destage_loop(self: Arc<Self>) {
         let mut settled = Instant::now();
@@ -27,10 +30,14 @@ impl Inner {
             if self.stop.load(Ordering::Acquire) {
                 return;
             }
-            // Parked writes whose disks came back (or failed) by a way that did not say so.
-            if self.any_parked.load(Ordering::Acquire) && settled.elapsed() >= Duration::from_secs(1) {
-                self.settle_parked();
+            // Parked writes a settle could not write yet are tried again now and then, on a
+            // thread of their own: the destager goes on meanwhile.
+            if self.any_parked.load(Ordering::Acquire) && settled.elapsed() >= SETTLE_RETRY {
                 settled = Instant::now();
+                let me = self.clone();
+                let _ = std::thread::Builder::new()
+                    .name("tessera-settle".into())
+                    .spawn(move || me.settle_parked(false));
             }
             let due = {
                 let max_age = Duration::from_millis(self.max_age_ms.load(Ordering::Relaxed));
@@ -147,15 +154,12 @@ impl Inner {
         let parking = self.parking.load(Ordering::Acquire);
         let (mut hopeless, mut waiting): (Vec<&Job>, Vec<&Job>) = (Vec::new(), Vec::new());
         for j in &not_done {
-            match self.layouts.set(j.set) {
-                Ok(s) if self.layouts.unrecoverable(&s) => {
-                    if parking && !self.layouts.lost_for_good(&s) {
-                        waiting.push(j);
-                    } else {
-                        hopeless.push(j);
-                    }
-                }
-                _ => {}
+            let Ok(s) = self.layouts.set(j.set) else { continue };
+            let unrecoverable = self.layouts.unrecoverable(&s);
+            if parking && !self.layouts.lost_for_good(&s) && (unrecoverable || self.has_parked(j.set)) {
+                waiting.push(j);
+            } else if unrecoverable {
+                hopeless.push(j);
             }
         }
         if hopeless.len() + waiting.len() == not_done.len() {
@@ -272,6 +276,12 @@ impl Inner {
             Err(LayoutError::NoSuchSet(_)) => return Ok(0),
             Err(e) => return Err(e.into()),
         };
+        if self.parking.load(Ordering::Acquire) && self.has_parked(set) {
+            // Parked too, after what an earlier open parked (older), so that the settle
+            // writes both in order: written now, before those records, this newer data
+            // would be undone by them.
+            return Err(CacheError::Waiting(format!("slab set {set} has parked writes")));
+        }
         let mut data = AlignedBuf::zeroed(len as usize);
         // A row's clean parts come from the layout, under the row's stripe lock, so that a
         // write that bypasses the cache cannot land between this read and the write back.
@@ -363,24 +373,41 @@ impl Inner {
         Ok(())
     }
 
+    /// Whether `set` has writes parked (parked.rs).
+    fn has_parked(&self, set: u32) -> bool {
+        self.any_parked.load(Ordering::Acquire) && !self.state.lock().parked.within(set, 0, u64::MAX).is_empty()
+    }
+
     /// Settles the parked writes (parked.rs) of every set that no longer waits: written to
     /// the set, oldest batch first, flushed, then their records deleted and their ranges given
     /// back to readers and writers, for a set whose disks are back; recorded lost for one
     /// whose disks failed instead; dropped for a set freed. A set that still waits keeps
     /// them, and one whose writes fail keeps them for the next try (said in the log).
-    pub(crate) fn settle_parked(&self) {
+    /// One settle at a time; with `wait` false, none if one is under way. Returns the bytes
+    /// still parked.
+    pub(crate) fn settle_parked(&self, wait: bool) -> u64 {
         if !self.any_parked.load(Ordering::Acquire) {
-            return;
+            return 0;
         }
+        let _one = if wait {
+            self.settling.lock()
+        } else {
+            match self.settling.try_lock() {
+                Some(g) => g,
+                None => return self.state.lock().parked.bytes(),
+            }
+        };
         let sets = self.state.lock().parked.sets();
         for set in sets {
             if let Err(e) = self.settle_parked_set(set) {
                 warn!(pool = %self.pool.name(), set, error = %e, "the writes parked for a slab set cannot be written to it yet; tried again later");
             }
         }
-        if self.state.lock().parked.is_empty() {
+        let st = self.state.lock();
+        if st.parked.is_empty() {
             self.any_parked.store(false, Ordering::Release);
         }
+        st.parked.bytes()
     }
 
     fn settle_parked_set(&self, set: u32) -> Result<()> {
@@ -395,7 +422,8 @@ impl Inner {
             Some(s) if self.layouts.lost_for_good(s) => lost = self.state.lock().parked.within(set, 0, u64::MAX),
             Some(s) if self.layouts.unrecoverable(s) => return Ok(()),
             Some(s) => {
-                for (seq, at) in parked::keys_of(&self.pool, set)? {
+                let (keys, unreadable) = parked::keys_of(&self.pool, set)?;
+                for (seq, at) in keys {
                     // One piece at a time under the destager's lock: not between a destage
                     // round's read of a whole row and its write back, nor into a set that
                     // `forget_set` (which takes it too) has dropped for freeing.
@@ -403,11 +431,20 @@ impl Inner {
                     if self.state.lock().parked.within(set, 0, u64::MAX).is_empty() {
                         return Ok(());
                     }
+                    if self.stop.load(Ordering::Acquire) {
+                        return Err(CacheError::Log("the cache is stopping".into()));
+                    }
                     if let Some(data) = parked::get(&self.pool, set, seq, at)? {
                         self.layouts.write(s, at, &data)?;
                     }
                 }
                 self.layouts.flush()?;
+                if unreadable > 0 {
+                    // Where their data goes is not known: the set's parked range (all of it,
+                    // for such a record) is lost, refused until written again, rather than
+                    // refused for ever or read as the disks hold it.
+                    lost = self.state.lock().parked.within(set, 0, u64::MAX);
+                }
             }
             // Freed: nothing references the data any more.
             None => {}
