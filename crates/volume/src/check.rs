@@ -130,7 +130,7 @@ impl Engine {
         for u in self.unreadable_vdisks() {
             report
                 .problems
-                .push(format!("the record of vdisk id {} cannot be read: {}", u.id, u.error));
+                .push(format!("vdisk id {} is left out: {}", u.id, u.error));
         }
         // Grain entries of vdisks that no longer exist would leak their slots.
         s.pool.meta().for_each_prefix(CF_GRAINS, &[], |k, v| {

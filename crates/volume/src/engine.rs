@@ -52,7 +52,8 @@ pub struct Engine {
 /// Where the next vdisk id is kept (in the pool's own column family).
 const NEXT_VDISK_ID_KEY: &[u8] = b"next_vdisk_id";
 
-/// A vdisk record that cannot be read: its id (its key) and why.
+/// A vdisk left out of the import: its id (its record's key) and why (its record cannot be
+/// read, or another vdisk has its name).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UnreadableVdisk {
     pub id: u64,
@@ -73,11 +74,37 @@ fn vdisk_records(meta: &MetaStore) -> Result<(Vec<VdiskConfig>, Vec<UnreadableVd
             (c.id == id).then_some(c).ok_or_else(|| "its id differs from its key's".to_string())
         }) {
             Ok(c) => configs.push(c),
-            Err(error) => unreadable.push(UnreadableVdisk { id, error }),
+            Err(error) => unreadable.push(UnreadableVdisk {
+                id,
+                error: format!("its record cannot be read ({error})"),
+            }),
         }
         Ok(())
     })?;
     Ok((configs, unreadable))
+}
+
+/// Two vdisks of one name (a record put back after a vdisk was made under its name while it
+/// was left out): the one made last keeps the name, which the hosts used meanwhile; the
+/// others are left out as an unreadable record's vdisk is, their grains and space kept.
+fn same_names_left_out(configs: &mut Vec<VdiskConfig>, unreadable: &mut Vec<UnreadableVdisk>) {
+    let mut newest: HashMap<String, u64> = HashMap::new();
+    for c in configs.iter().filter(|c| c.state == VdiskState::Online) {
+        let id = newest.entry(c.name.clone()).or_insert(c.id);
+        *id = (*id).max(c.id);
+    }
+    configs.retain(|c| {
+        let keeps = c.state != VdiskState::Online || newest[&c.name] == c.id;
+        if !keeps {
+            let error = format!(
+                "its name '{}' is that of vdisk id {} too, made later, which keeps it; delete that one to have this one back",
+                c.name, newest[&c.name]
+            );
+            warn!(vdisk = %c.name, id = c.id, kept = newest[&c.name], "two vdisks have the same name: the older is left out, its data kept");
+            unreadable.push(UnreadableVdisk { id: c.id, error });
+        }
+        keeps
+    });
 }
 
 /// Drops grain map entries of vdisks that have no record (left by a write that raced a delete
@@ -179,9 +206,10 @@ impl Engine {
 
         crate::records::mend_counts(&meta)?;
         purge_orphan_grains(&meta)?;
-        let (configs, unreadable) = vdisk_records(&meta)?;
+        let (mut configs, mut unreadable) = vdisk_records(&meta)?;
+        same_names_left_out(&mut configs, &mut unreadable);
         for u in &unreadable {
-            warn!(pool = %pool.name(), vdisk_id = u.id, error = %u.error, "a vdisk record cannot be read: that vdisk is left out (its grains and the space they hold are kept); the rest of the pool is served");
+            warn!(pool = %pool.name(), vdisk_id = u.id, why = %u.error, "a vdisk is left out (its grains and the space they hold are kept); the rest of the pool is served");
         }
         let counts = crate::records::load_counts(&meta)?;
         // Slab sets that hold grains; a set without a grain record was made by a crashed
@@ -639,6 +667,9 @@ impl Engine {
     /// Flushes everything and marks the pool cleanly exported.
     pub fn export(self) -> Result<()> {
         self.quiesce()?;
+        // Nothing of the cache writes past this (a settle of parked writes): the disks may
+        // be another host's once they say the pool was exported.
+        self.s.cache.stop();
         self.s.pool.export()?;
         Ok(())
     }

@@ -337,7 +337,8 @@ fn a_vdisk_whose_record_cannot_be_read_is_left_out_and_its_data_kept() {
         assert_same(&contents(e), &rest);
         let problems = e.check().unwrap().problems;
         assert!(
-            problems.len() == 1 && problems[0].starts_with(&format!("the record of vdisk id {id} cannot be read")),
+            problems.len() == 1
+                && problems[0].starts_with(&format!("vdisk id {id} is left out: its record cannot be read")),
             "its grains are counted as any others: {problems:#?}"
         );
         // Named, not taken for entries of no vdisk; spot-fix leaves its grains alone.
@@ -357,6 +358,66 @@ fn a_vdisk_whose_record_cannot_be_read_is_left_out_and_its_data_kept() {
         let mut b = MetaBatch::new();
         b.put(CF_VDISKS, id.to_be_bytes(), record);
         e.pool().meta().commit(b, true).unwrap();
+    }
+    rig.reopen();
+    assert!(rig.engine().unreadable_vdisks().is_empty());
+    assert_same(&contents(rig.engine()), &want);
+    rig.assert_consistent();
+}
+
+/// A vdisk made under the name of one left out for its unreadable record, and the record put
+/// back: the one made last keeps the name (the hosts used it meanwhile), the other is left
+/// out as before, its data kept, and named; once the newer one is deleted, it is back whole.
+#[test]
+fn a_record_put_back_under_a_name_taken_meanwhile_leaves_the_older_vdisk_out() {
+    let mut rig = populated();
+    let (want, id, record) = {
+        let e = rig.engine();
+        let id = e.vdisk("b").unwrap().config().id;
+        let record = e.pool().meta().get(CF_VDISKS, &id.to_be_bytes()).unwrap().unwrap();
+        let mut b = MetaBatch::new();
+        b.put(CF_VDISKS, id.to_be_bytes(), &b"{\"name\": \"b\""[..]);
+        e.pool().meta().commit(b, true).unwrap();
+        (contents(e), id, record)
+    };
+    rig.reopen();
+    let newer = {
+        let e = rig.engine();
+        let b = e
+            .create_vdisk(&spec("b", 4 * MIB, LayoutKind::Mirror, Provisioning::Thin))
+            .unwrap();
+        b.write(0, &pattern(9, 0, (4 * MIB) as usize), false).unwrap();
+        b.flush().unwrap();
+        let mut batch = MetaBatch::new();
+        batch.put(CF_VDISKS, id.to_be_bytes(), record);
+        e.pool().meta().commit(batch, true).unwrap();
+        b.config().id
+    };
+    rig.reopen();
+    {
+        let e = rig.engine();
+        assert_eq!(
+            e.vdisk("b").unwrap().config().id,
+            newer,
+            "the one made last keeps the name"
+        );
+        let mut now = want.clone();
+        now.insert("b".into(), pattern(9, 0, (4 * MIB) as usize));
+        assert_same(&contents(e), &now);
+        let left: Vec<_> = e.unreadable_vdisks().iter().map(|u| (u.id, u.error.clone())).collect();
+        assert_eq!(left.len(), 1, "{left:?}");
+        assert_eq!(left[0].0, id);
+        assert!(left[0].1.contains(&format!("vdisk id {newer}")), "{left:?}");
+        let problems = e.check().unwrap().problems;
+        assert!(
+            problems.len() == 1 && problems[0].starts_with(&format!("vdisk id {id} is left out: its name 'b'")),
+            "{problems:#?}"
+        );
+        // Its grains are counted, never spot-fixed away.
+        assert!(kinds(e).is_empty(), "{:?}", kinds(e));
+        let r = e.spotfix(&Progress::default()).unwrap();
+        assert_eq!(r.changed, 0);
+        e.delete_vdisk("b").unwrap();
     }
     rig.reopen();
     assert!(rig.engine().unreadable_vdisks().is_empty());

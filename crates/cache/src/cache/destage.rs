@@ -397,6 +397,10 @@ impl Inner {
                 None => return self.state.lock().parked.bytes(),
             }
         };
+        // A settle that came after the stop writes nothing (the pool may be exported).
+        if self.stop.load(Ordering::Acquire) {
+            return self.state.lock().parked.bytes();
+        }
         let sets = self.state.lock().parked.sets();
         for set in sets {
             if let Err(e) = self.settle_parked_set(set) {
@@ -411,15 +415,23 @@ impl Inner {
     }
 
     fn settle_parked_set(&self, set: u32) -> Result<()> {
+        let stopping = || -> Result<()> {
+            match self.stop.load(Ordering::Acquire) {
+                true => Err(CacheError::Log("the cache is stopping".into())),
+                false => Ok(()),
+            }
+        };
         let slabset = match self.layouts.set(set) {
             Ok(s) => Some(s),
             Err(LayoutError::NoSuchSet(_)) => None,
             Err(e) => return Err(e.into()),
         };
-        let mut lost = Vec::new();
+        // Whether what is parked for the set is lost now (judged here, taken below under the
+        // destager's lock, where `forget_set` cannot drop it meanwhile).
+        let mut loses = false;
         match &slabset {
             // Asked first: a disk back meanwhile never makes a set lost for good.
-            Some(s) if self.layouts.lost_for_good(s) => lost = self.state.lock().parked.within(set, 0, u64::MAX),
+            Some(s) if self.layouts.lost_for_good(s) => loses = true,
             Some(s) if self.layouts.unrecoverable(s) => return Ok(()),
             Some(s) => {
                 let (keys, unreadable) = parked::keys_of(&self.pool, set)?;
@@ -428,28 +440,34 @@ impl Inner {
                     // round's read of a whole row and its write back, nor into a set that
                     // `forget_set` (which takes it too) has dropped for freeing.
                     let _d = self.destaging.lock();
-                    if self.state.lock().parked.within(set, 0, u64::MAX).is_empty() {
+                    if !self.has_parked(set) {
                         return Ok(());
                     }
-                    if self.stop.load(Ordering::Acquire) {
-                        return Err(CacheError::Log("the cache is stopping".into()));
-                    }
+                    stopping()?;
                     if let Some(data) = parked::get(&self.pool, set, seq, at)? {
                         self.layouts.write(s, at, &data)?;
                     }
                 }
                 self.layouts.flush()?;
-                if unreadable > 0 {
-                    // Where their data goes is not known: the set's parked range (all of it,
-                    // for such a record) is lost, refused until written again, rather than
-                    // refused for ever or read as the disks hold it.
-                    lost = self.state.lock().parked.within(set, 0, u64::MAX);
-                }
+                // Where the data of a record that cannot be read goes is not known: the
+                // set's parked range (all of it, for such a record) is lost, refused until
+                // written again, rather than refused for ever or read as the disks hold it.
+                loses = unreadable > 0;
             }
             // Freed: nothing references the data any more.
             None => {}
         }
         let _d = self.destaging.lock();
+        // Dropped meanwhile by `forget_set` (the set freed): nothing left to do.
+        if !self.has_parked(set) {
+            return Ok(());
+        }
+        stopping()?;
+        let lost = if loses {
+            self.state.lock().parked.within(set, 0, u64::MAX)
+        } else {
+            Vec::new()
+        };
         if !lost.is_empty() {
             {
                 let mut st = self.state.lock();
@@ -459,7 +477,7 @@ impl Inner {
             }
             self.any_lost.store(true, Ordering::Release);
             self.save_lost()?;
-            error!(pool = %self.pool.name(), set, bytes = lost.iter().map(|(a, b)| b - a).sum::<u64>(), "writes parked for a slab set whose disks failed instead of coming back are lost with it");
+            error!(pool = %self.pool.name(), set, bytes = lost.iter().map(|(a, b)| b - a).sum::<u64>(), "writes parked for a slab set that cannot take them are lost (its disks failed instead of coming back, or the record of where they go cannot be read)");
         }
         let mut b = MetaBatch::new();
         parked::delete_set(&mut b, set);
@@ -475,7 +493,7 @@ impl Inner {
             st.parked.remove_set(set);
             bytes
         };
-        if slabset.is_some() && lost.is_empty() && bytes > 0 {
+        if slabset.is_some() && lost.is_empty() {
             info!(pool = %self.pool.name(), set, bytes, "writes parked for a slab set until its disks were back are written to it");
         }
         Ok(())

@@ -171,7 +171,7 @@ impl Daemon {
                 .into_iter()
                 .chain(e.unreadable_vdisks().iter().map(|u| {
                     format!(
-                        "the record of vdisk id {} cannot be read ({}): that vdisk is left out, its data and space kept; put the record right or restore it, and import the pool again",
+                        "vdisk id {} is left out, its data and space kept: {}; once that is put right, import the pool again",
                         u.id, u.error
                     )
                 }))
