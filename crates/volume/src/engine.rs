@@ -187,7 +187,9 @@ impl Engine {
     /// what a gateway that does not own a shared pool presents of it (standby LUNs). A vdisk
     /// being deleted is left out.
     pub fn recorded_vdisks(meta: &MetaStore) -> Result<Vec<VdiskConfig>> {
-        let (mut configs, _) = vdisk_records(meta)?;
+        let (mut configs, mut left_out) = vdisk_records(meta)?;
+        // The one an import would serve under each name.
+        same_names_left_out(&mut configs, &mut left_out);
         configs.retain(|c| c.state != VdiskState::Deleting);
         Ok(configs)
     }
@@ -206,7 +208,8 @@ impl Engine {
 
         crate::records::mend_counts(&meta)?;
         purge_orphan_grains(&meta)?;
-        let (mut configs, mut unreadable) = vdisk_records(&meta)?;
+        let (all_configs, mut unreadable) = vdisk_records(&meta)?;
+        let mut configs = all_configs.clone();
         same_names_left_out(&mut configs, &mut unreadable);
         for u in &unreadable {
             warn!(pool = %pool.name(), vdisk_id = u.id, why = %u.error, "a vdisk is left out (its grains and the space they hold are kept); the rest of the pool is served");
@@ -214,7 +217,9 @@ impl Engine {
         let counts = crate::records::load_counts(&meta)?;
         // Slab sets that hold grains; a set without a grain record was made by a crashed
         // allocation and holds nothing: give it back.
-        let mut grainsets = crate::records::load_grainsets(&meta, &configs, &counts)?;
+        // Every vdisk whose record reads, left out or not, says the size of the sets its grains
+        // lie in.
+        let mut grainsets = crate::records::load_grainsets(&meta, &all_configs, &counts)?;
         for set in layouts.sets() {
             match grainsets.remove(&set.id) {
                 Some(g) => space.load_set(set.clone(), g, counts.get(&set.id).unwrap_or(&HashMap::new())),

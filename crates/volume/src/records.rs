@@ -124,10 +124,21 @@ pub fn load_grainsets(meta: &MetaStore, vdisks: &[VdiskConfig], counts: &Counts)
     }
     let grain_of: HashMap<u64, u64> = vdisks.iter().map(|c| (c.id, c.grain_size)).collect();
     let mut seen: BTreeMap<u32, BTreeSet<u64>> = unreadable.keys().map(|&id| (id, BTreeSet::new())).collect();
+    // Sets that hold grains of a vdisk whose record cannot be read (whose size is not known):
+    // never taken for empty.
+    let mut unknown: BTreeSet<u32> = BTreeSet::new();
     meta.for_each_prefix(CF_GRAINS, &[], |k, v| {
         if let (Some((vdisk, _)), Some(l)) = (parse_grain_key(k), parse_loc(v)) {
-            if let (Some(sizes), Some(&g)) = (seen.get_mut(&loc_parts(l).0), grain_of.get(&vdisk)) {
-                sizes.insert(g);
+            let set = loc_parts(l).0;
+            if let Some(sizes) = seen.get_mut(&set) {
+                match grain_of.get(&vdisk) {
+                    Some(&g) => {
+                        sizes.insert(g);
+                    }
+                    None => {
+                        unknown.insert(set);
+                    }
+                }
             }
         }
         Ok(())
@@ -164,6 +175,12 @@ pub fn load_grainsets(meta: &MetaStore, vdisks: &[VdiskConfig], counts: &Counts)
                 warn!(set = id, grain = g, found = %found, "a slab set's grain size record could not be read; taken from the grains that lie in it");
                 b.put(CF_GRAINSETS, id.to_be_bytes(), g.to_le_bytes());
                 sets.insert(id, g);
+            }
+            // Grains of a vdisk left out for its unreadable record lie in it: it holds data.
+            [] if unknown.contains(&id) => {
+                return Err(VolumeError::Invalid(format!(
+                    "slab set {id}: its grain size record ({found}, hex) cannot be read, and only grains of vdisks whose records cannot be read either lie in it; the pool is not opened, so that nothing is freed or overwritten"
+                )))
             }
             // Named by a hot copy whose other slot's size is not known either: it holds data.
             [] if pairs.iter().any(|&(p, c)| p == id || c == id) => {

@@ -401,6 +401,14 @@ fn a_record_put_back_under_a_name_taken_meanwhile_leaves_the_older_vdisk_out() {
             newer,
             "the one made last keeps the name"
         );
+        // And what a gateway that does not own the pool presents of it.
+        let recorded: Vec<u64> = Engine::recorded_vdisks(e.pool().meta())
+            .unwrap()
+            .iter()
+            .filter(|c| c.name == "b")
+            .map(|c| c.id)
+            .collect();
+        assert_eq!(recorded, [newer]);
         let mut now = want.clone();
         now.insert("b".into(), pattern(9, 0, (4 * MIB) as usize));
         assert_same(&contents(e), &now);
@@ -423,4 +431,30 @@ fn a_record_put_back_under_a_name_taken_meanwhile_leaves_the_older_vdisk_out() {
     assert!(rig.engine().unreadable_vdisks().is_empty());
     assert_same(&contents(rig.engine()), &want);
     rig.assert_consistent();
+}
+
+/// Two records that cannot be read: a vdisk's, and the grain size of a slab set in which only
+/// that vdisk's grains lie. Nothing says the set holds data but those grains: the import
+/// refuses rather than free the set (its slots would go to other vdisks, under the grains of
+/// the vdisk once its record is put right).
+#[test]
+fn a_set_of_unknown_size_that_only_a_left_out_vdisk_uses_is_never_freed() {
+    let mut rig = populated();
+    {
+        let e = rig.engine();
+        let id = e.vdisk("b").unwrap().config().id;
+        e.damage_unreadable("b", 0, Unreadable::GrainSize).unwrap();
+        let mut b = MetaBatch::new();
+        b.put(CF_VDISKS, id.to_be_bytes(), &b"{\"name\": \"b\""[..]);
+        e.pool().meta().commit(b, true).unwrap();
+    }
+    rig.engine = None;
+    let err = Engine::open(&rig.dir.path().join("pool"), &rig.opener())
+        .err()
+        .expect("the pool opened, with a set it cannot size")
+        .to_string();
+    assert!(
+        err.contains("only grains of vdisks whose records cannot be read"),
+        "{err}"
+    );
 }
