@@ -429,7 +429,7 @@ impl WriteCache {
         for set in unreadable_parked {
             match layouts.set(set) {
                 Ok(s) => {
-                    error!(pool = %pool.name(), set, "a record of the writes parked for a slab set cannot be read: the whole set is refused until it is mended");
+                    error!(pool = %pool.name(), set, "a record of the writes parked for a slab set cannot be read: the set's whole capacity is refused, and recorded lost once its disks are back and the records that read are written");
                     st.parked.insert(set, 0, s.spec.set_capacity(pool.slab_size()));
                 }
                 Err(_) => freed.push(set),

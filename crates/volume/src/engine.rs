@@ -100,7 +100,6 @@ fn same_names_left_out(configs: &mut Vec<VdiskConfig>, unreadable: &mut Vec<Unre
                 "its name '{}' is that of vdisk id {} too, made later, which keeps it; delete that one to have this one back",
                 c.name, newest[&c.name]
             );
-            warn!(vdisk = %c.name, id = c.id, kept = newest[&c.name], "two vdisks have the same name: the older is left out, its data kept");
             unreadable.push(UnreadableVdisk { id: c.id, error });
         }
         keeps
