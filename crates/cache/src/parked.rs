@@ -1,5 +1,5 @@
 //! Writes the log held for slab sets that only disks missing since the pool's import keep
-//! from being written (`Layouts::waits_for_missing_disks`), parked in the pool's metadata.
+//! from being written (`Layouts::unrecoverable` but not `lost_for_good`), parked in the pool's metadata.
 //!
 //! The open destages everything the log holds and begins a new log, which cannot carry the
 //! old one's data; a set beyond its tolerance cannot take its share. Dropped, those writes,

@@ -579,17 +579,10 @@ impl Layouts {
         loses_more_than_tolerated(spec, members.len(), |m| self.member_dev(members[m]).is_none())
     }
 
-    /// Whether `set` is beyond its tolerance now (`unrecoverable`) only because of disks
-    /// missing since the import that can come back as they were (`disk online`, a later
-    /// import): with them back it would be read and written again.
-    pub fn waits_for_missing_disks(&self, set: &SlabSet) -> bool {
-        self.unrecoverable(set) && !self.lost_for_good(set)
-    }
-
     /// Whether `set` has lost more than its tolerance even with every disk missing since the
     /// import that can come back as it was back: a member that missed writes, or whose disk
     /// failed, counts as gone. A disk coming back meanwhile never turns the answer to true
-    /// (which a judgement of `unrecoverable` then of `waits_for_missing_disks` could).
+    /// (which judging `unrecoverable`, then this with the disk counted, could).
     pub fn lost_for_good(&self, set: &SlabSet) -> bool {
         let members = set.members.read();
         let gone_for_good = |m: usize| {
