@@ -148,6 +148,8 @@ impl Layouts {
             )));
         }
         let (journal, replay) = StripeJournal::open(&journal_dir, pool.checksums())?;
+        // Before anything reads a disk an I/O error took out, which may be back now.
+        record_stale_slabs(&pool, &registry, None)?;
         let live: HashSet<SlabRef> = registry.all().iter().flat_map(|s| s.members.read().clone()).collect();
         journal.sums.keep_only(&live)?;
         let missed: HashSet<SlabRef> = registry.all().iter().flat_map(|s| s.missed.lock().clone()).collect();
@@ -318,9 +320,10 @@ impl Layouts {
         self.pool.readable_disk(slab.disk)
     }
 
-    /// Takes back, while the pool runs, a data disk missing since the import (`Pool::bring_back`):
-    /// its slabs recorded as having missed writes stay unread and unwritten until a repair
-    /// resyncs them (the labels say so before the disk is back); the others are current.
+    /// Takes back, while the pool runs, a data disk missing since the import, or taken out by
+    /// an I/O error (`Pool::bring_back`): its slabs recorded as having missed writes, and
+    /// those the error may have left stale, stay unread and unwritten until a repair resyncs
+    /// them (the labels say so before the disk is back); the others are current.
     /// In one turn with the records (`marking`), so that no verdict on the labels' flag is
     /// written out of order with it.
     ///
@@ -341,6 +344,13 @@ impl Layouts {
                     rec.set
                 )));
             }
+        }
+        // What an I/O error may have left stale on it, recorded while it is still away
+        // (outside `marking`, which a writer takes while it holds a set's members).
+        let stale = record_stale_slabs(&self.pool, &self.registry, Some(position))?;
+        if !stale.is_empty() {
+            self.missed.write().extend(stale);
+            self.any_missed.store(true, Ordering::Release);
         }
         {
             let _turn = self.marking.lock();
@@ -764,6 +774,7 @@ impl Layouts {
     /// Writes the slab a repair fills: written even while it is a member that missed writes
     /// (resynced where it is), which no other write reaches.
     pub(crate) fn replacement_write(&self, slab: SlabRef, mo: u64, buf: &[u8]) -> Result<(), MemberFault> {
+        let _mark = self.pool.mark_write(slab);
         let dev = self.pool.readable_disk(slab.disk).ok_or(MemberFault::Unavailable)?;
         self.slab_write(dev, slab, mo, buf, None)
     }
@@ -783,6 +794,8 @@ impl Layouts {
         buf: &[u8],
         known: Option<&[Option<u32>]>,
     ) -> Result<(), MemberFault> {
+        // Marked before the disk is looked for (`Pool::mark_write`), until it answered.
+        let _mark = self.pool.mark_write(slab);
         let dev = self.member_dev(slab).ok_or(MemberFault::Unavailable)?;
         self.slab_write(dev, slab, mo, buf, known)
     }
@@ -854,9 +867,10 @@ impl Layouts {
             .map_err(|e| self.member_write_failed(slab, &e))
     }
 
-    /// A member that failed a write leaves the set: counted, and its disk marked failed;
-    /// unless the storage behind it only could not take the write now (then the write fails
-    /// and the disk stays).
+    /// A member that failed a write leaves the set: counted, and its disk taken out (failed,
+    /// able to come back with what may be stale on it recorded: `Pool::lose_disk`); unless
+    /// the storage behind it only could not take the write now (then the write fails and the
+    /// disk stays).
     fn member_write_failed(&self, slab: SlabRef, e: &tessera_disk::DiskError) -> MemberFault {
         self.stats.write_errors.fetch_add(1, Ordering::Relaxed);
         if e.is_unavailable() {
@@ -864,10 +878,7 @@ impl Layouts {
             return MemberFault::Refused(e.to_string());
         }
         self.member_lost();
-        if let Err(pe) = self
-            .pool
-            .set_disk_state(slab.disk, DiskState::Failed, Some(format!("write error: {e}")))
-        {
+        if let Err(pe) = self.pool.lose_disk(slab.disk, format!("write error: {e}")) {
             warn!(error = %pe, "cannot record a disk failure");
         }
         MemberFault::Io(e.to_string())
@@ -954,6 +965,14 @@ impl Layouts {
         writes: &[MemberWrite<'_>],
     ) -> Result<Vec<Result<(), MemberFault>>> {
         let repl = *set.replacement.read();
+        // Every slab the write may reach, marked before its disk is looked for and until the
+        // disk answered (`Pool::mark_write`).
+        let _marks: Vec<_> = writes
+            .iter()
+            .map(|w| members[w.m])
+            .chain(repl.map(|(_, slab)| slab))
+            .map(|slab| self.pool.mark_write(slab))
+            .collect();
         let mut looks = 0;
         let targets = loop {
             looks += 1;
@@ -1021,6 +1040,26 @@ impl Layouts {
             tolerance: set.spec.tolerance(),
         }
     }
+}
+
+/// Records with their slab sets, as members that missed writes, the slabs that I/O errors
+/// may have left stale on the disks they took out (`Pool::stale_slabs`; of disk `only`, if
+/// given), then lets the pool forget its lists. Their disks are away meanwhile (or the pool
+/// is being opened): nothing reads or writes those slabs. Returns the slabs recorded.
+fn record_stale_slabs(pool: &Pool, registry: &Registry, only: Option<u32>) -> Result<Vec<SlabRef>> {
+    let mut recorded = Vec::new();
+    for (disk, slabs) in pool.stale_slabs() {
+        if only.is_some_and(|d| d != disk) {
+            continue;
+        }
+        let stale: HashSet<SlabRef> = slabs.iter().map(|&slab| SlabRef { disk, slab }).collect();
+        for set in registry.all() {
+            recorded.extend(registry.add_missed(pool, set.id, |s| stale.contains(s))?);
+        }
+        info!(pool = %pool.name(), disk, slabs = slabs.len(), "slabs written since the last flush of a disk an I/O error took out are stale until resynced");
+        pool.forget_stale_slabs(disk)?;
+    }
+    Ok(recorded)
 }
 
 /// Whether a member that missed writes sits on a disk that is open: read as current by a

@@ -194,6 +194,40 @@ impl Registry {
     }
 }
 
+impl Registry {
+    /// Records durably, as members of set `id` that missed writes, those of its members
+    /// `stale` picks (and not recorded yet), unless the set is gone. Returns them.
+    pub fn add_missed(&self, pool: &Pool, id: u32, stale: impl Fn(&SlabRef) -> bool) -> Result<Vec<SlabRef>> {
+        let _records = self.records.lock();
+        let Some(set) = self.sets.read().get(&id).cloned() else {
+            return Ok(Vec::new());
+        };
+        let members = set.members.read();
+        let mut missed = set.missed.lock();
+        let new: Vec<SlabRef> = members
+            .iter()
+            .filter(|s| stale(s) && !missed.contains(s))
+            .copied()
+            .collect();
+        if new.is_empty() {
+            return Ok(new);
+        }
+        let mut all = missed.clone();
+        all.extend(&new);
+        Self::persist(
+            pool,
+            &SlabSetDesc {
+                id,
+                spec: set.spec,
+                members: members.clone(),
+                missed: all.clone(),
+            },
+        )?;
+        *missed = all;
+        Ok(new)
+    }
+}
+
 /// `why` a layout cannot be placed, with the data disks the pool lost and why: "the pool has
 /// 2" alone does not say that two of its four disks failed a moment ago (a full file system
 /// under sparse file disks, say).

@@ -76,16 +76,33 @@ pub struct DiskInfo {
     pub state: DiskState,
     #[serde(default)]
     pub usage: DiskUsage,
-    /// For a missing data disk, the state it takes again when it is back. Set only by a
-    /// daemon that records every slab set a write goes around while the disk is away (the
-    /// layout's `missed` members): a disk without it (recorded missing by an older daemon,
-    /// whose writes kept no such record) is failed when it is back.
+    /// For a missing data disk, or one failed by an I/O error while the pool ran, the state
+    /// it takes again when it is back. Set only by a daemon that records every slab set a
+    /// write goes around while the disk is away (the layout's `missed` members): a disk
+    /// without it (recorded missing by an older daemon, whose writes kept no such record, or
+    /// failed by the administrator) is failed for good.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub returns_as: Option<DiskState>,
-    /// With `returns_as`: the label generation the disk held when it went missing. One back
+    /// With `returns_as`: the label generation the disk held when it went away. One back
     /// with an older label is an older copy of it (a restored image, a snapshot), failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub left_at: Option<u64>,
+    /// For a disk an I/O error took out while the pool ran: its slabs written since its last
+    /// successful flush, which its medium may lack (its volatile cache lost, a write that
+    /// failed half done). Stale should it come back, until the layout layer has recorded
+    /// them with their slab sets' members that missed writes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stale_slabs: Vec<u32>,
+}
+
+impl DiskInfo {
+    /// Whether the disk, away (missing, or failed by an I/O error), can be taken back as it
+    /// was: what it missed meanwhile is recorded.
+    pub fn may_come_back(&self) -> bool {
+        matches!(self.state, DiskState::Missing | DiskState::Failed)
+            && self.usage == DiskUsage::Data
+            && self.returns_as.is_some()
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -6,6 +6,7 @@ mod config;
 mod error;
 mod meta;
 mod pool;
+mod write_marks;
 
 pub use alloc::{SlabMap, SlabRef};
 pub use config::{
@@ -18,3 +19,4 @@ pub use meta::{
     CF_REFCOUNTS, CF_SLABSETS, CF_VDISKS, DEDUP_INDEX_CACHE,
 };
 pub use pool::{Capacity, DiskOpener, DiskStatus, Pool};
+pub use write_marks::WriteMark;

@@ -16,6 +16,7 @@ use crate::alloc::{choose_disks, SlabMap, SlabRef};
 use crate::config::{validate_name, DiskInfo, DiskState, DiskUsage, PoolConfig, MIN_CACHE_AREA, MIN_SLAB_SIZE};
 use crate::error::{PoolError, Result};
 use crate::meta::{MetaBatch, MetaStore, CF_POOL};
+use crate::write_marks::{new_clock, FlushClock, WriteMark, WriteMarks};
 
 const CONFIG_KEY: &[u8] = b"config";
 
@@ -51,6 +52,8 @@ struct Member {
     /// The loss count (`Pool::losses`) at which this member was failed or went missing; 0
     /// while it is open.
     lost_at: u64,
+    /// Which of its slabs its medium may lack writes of (`Pool::mark_write`).
+    marks: Arc<WriteMarks>,
 }
 
 struct Inner {
@@ -75,6 +78,8 @@ pub struct Pool {
     resync_pending: AtomicBool,
     /// The last labels written for that flag failed: some may not say it.
     labels_behind: AtomicBool,
+    /// Numbers the flushes of every member ([`WriteMarks`]).
+    clock: FlushClock,
 }
 
 impl Inner {
@@ -201,6 +206,7 @@ impl Pool {
             checksums: true,
         };
         let mut members: Vec<Member> = Vec::new();
+        let clock = new_clock();
         for (pos, d) in disks.into_iter().enumerate() {
             let info = DiskInfo {
                 id: Uuid::new_v4(),
@@ -212,6 +218,7 @@ impl Pool {
                 usage: DiskUsage::Data,
                 returns_as: None,
                 left_at: None,
+                stale_slabs: Vec::new(),
             };
             let label = label_for(&config, &info, false, false);
             if let Err(e) = write_new_label(d.as_ref(), &label) {
@@ -232,6 +239,7 @@ impl Pool {
                 slabs: SlabMap::new(info.slabs),
                 problem: None,
                 lost_at: 0,
+                marks: WriteMarks::new(info.slabs, &clock),
             });
             config.disks.push(info);
         }
@@ -243,6 +251,7 @@ impl Pool {
             losses: AtomicU64::new(0),
             resync_pending: AtomicBool::new(false),
             labels_behind: AtomicBool::new(false),
+            clock,
         };
         pool.save_config(&pool.inner.read().config)?;
         info!(pool = name, disks = pool.inner.read().members.len(), "pool created");
@@ -282,14 +291,18 @@ impl Pool {
         // (its labels say so). The layout layer, which knows which, settles it once open.
         let mut resync_pending = false;
         let mut members = Vec::new();
+        let clock = new_clock();
         for info in config.disks.iter_mut() {
             let mut member = Member {
                 dev: None,
                 slabs: SlabMap::new(info.slabs),
                 problem: None,
                 lost_at: 0,
+                marks: WriteMarks::new(info.slabs, &clock),
             };
-            if info.state == DiskState::Failed {
+            // A disk an I/O error took out, which may be back: opened as a missing one is.
+            let failed_away = info.state == DiskState::Failed && info.may_come_back();
+            if info.state == DiskState::Failed && !failed_away {
                 members.push(member);
                 continue;
             }
@@ -300,7 +313,7 @@ impl Pool {
                 // or for a missing disk, when it went missing. An older one is an older copy
                 // of the disk (an image restored from a backup, a virtual disk's snapshot),
                 // which missed what was written since.
-                let expected = if info.state == DiskState::Missing {
+                let expected = if info.state == DiskState::Missing || failed_away {
                     info.left_at
                 } else {
                     Some(last_saved)
@@ -327,14 +340,17 @@ impl Pool {
                          it missed what was written since; run a repair"
                     ));
                     (info.returns_as, info.left_at) = (None, None);
+                    info.stale_slabs.clear();
                     drop(dev);
                 }
-                Ok((dev, None)) if info.state == DiskState::Missing => {
+                Ok((dev, None)) if info.state == DiskState::Missing || failed_away => {
                     match (info.returns_as.take(), info.left_at.take()) {
                         // Every slab set a write went around while it was away says so (the
                         // layout's `missed` members): those of its slabs are stale until a repair
                         // resyncs them, and the rest are as current as the day it left.
                         (Some(state), _) if info.usage == DiskUsage::Data => {
+                            // Its slabs the error may have left stale (`stale_slabs`) stay listed
+                            // until the layout layer records them with the rest.
                             info!(disk = %info.path, "disk is back; the slabs that missed writes while it was away are resynced by a repair");
                             info.state = state;
                             resync_pending = true;
@@ -353,6 +369,13 @@ impl Pool {
                     }
                 }
                 Ok((dev, None)) => member.dev = Some(MeteredDisk::wrap(dev)),
+                Err(e) if failed_away => {
+                    warn!(disk = %info.path, error = %e, "a disk an I/O error took out is still away");
+                    member.problem = Some(format!(
+                        "an I/O error took it out while the pool ran, and it cannot be opened now ({e}); {}",
+                        away_after_error()
+                    ));
+                }
                 Err(e) => {
                     warn!(disk = %info.path, error = %e, "pool member refused or missing");
                     member.problem = Some(e.to_string());
@@ -383,6 +406,7 @@ impl Pool {
             losses: AtomicU64::new(0),
             resync_pending: AtomicBool::new(resync_pending),
             labels_behind: AtomicBool::new(false),
+            clock,
         };
         pool.write_labels(false)?;
         pool.save_config(&pool.inner.read().config)?;
@@ -600,6 +624,7 @@ impl Pool {
             usage,
             returns_as: None,
             left_at: None,
+            stale_slabs: Vec::new(),
         };
         write_new_label(
             dev.as_ref(),
@@ -611,6 +636,7 @@ impl Pool {
             slabs: SlabMap::new(slabs),
             problem: None,
             lost_at: 0,
+            marks: WriteMarks::new(slabs, &self.clock),
         });
         let config = inner.config.clone();
         drop(inner);
@@ -634,8 +660,9 @@ impl Pool {
             })
     }
 
-    /// Changes a member's state durably. A failed disk is closed and never used again; a
-    /// retired one stays readable but takes no new slabs.
+    /// Changes a member's state durably. A failed disk is closed and never used again (one
+    /// an I/O error took out, which could come back, is given up); a retired one stays
+    /// readable but takes no new slabs.
     pub fn set_disk_state(&self, position: u32, state: DiskState, why: Option<String>) -> Result<()> {
         let _saving = self.saving.lock();
         let mut inner = self.inner.write();
@@ -646,6 +673,23 @@ impl Pool {
                 pool: name,
                 disk: position.to_string(),
             });
+        }
+        if state == DiskState::Failed {
+            // Failed for good: whatever it was waited for as is gone with it.
+            let disk = &mut inner.config.disks[idx];
+            let gives_up = disk.returns_as.is_some() || !disk.stale_slabs.is_empty();
+            (disk.returns_as, disk.left_at) = (None, None);
+            disk.stale_slabs.clear();
+            if disk.state == DiskState::Failed {
+                if !gives_up {
+                    return Ok(());
+                }
+                warn!(pool = %name, disk = %disk.path, reason = why.as_deref().unwrap_or(""), "a disk an I/O error took out is given up: it can no longer come back");
+                inner.members[idx].problem = why;
+                let config = inner.config.clone();
+                drop(inner);
+                return self.save_config(&config);
+            }
         }
         if inner.config.disks[idx].state == state {
             return Ok(());
@@ -679,14 +723,105 @@ impl Pool {
         self.save_config(&config)
     }
 
+    /// Takes out a data disk that an I/O error (`why`) failed while the pool runs, so that
+    /// it can come back as a missing disk does: failed, with the state it returns to, the
+    /// label generation it holds and its slabs whose medium may lack writes
+    /// ([`WriteMarks::unflushed`], stale should it be back), all in one save of the
+    /// configuration, which comes before the caller answers anything the failure decides.
+    /// Writes that go around it from now on are recorded by the layout layer
+    /// ([`may_return`](Self::may_return)). A disk already out is left as it is; a disk that
+    /// cannot come back (a cache disk, whose log goes on without it) is failed for good.
+    pub fn lose_disk(&self, position: u32, why: String) -> Result<()> {
+        let _saving = self.saving.lock();
+        let mut inner = self.inner.write();
+        let idx = position as usize;
+        let Some(info) = inner.config.disks.get(idx) else {
+            return Err(PoolError::NoSuchDisk {
+                pool: inner.config.name.clone(),
+                disk: position.to_string(),
+            });
+        };
+        if inner.members[idx].dev.is_none() || info.state == DiskState::Failed {
+            return Ok(());
+        }
+        let returns = info.usage == DiskUsage::Data
+            && matches!(info.state, DiskState::Healthy | DiskState::Spare | DiskState::Retired);
+        warn!(pool = %inner.config.name, disk = %info.path, reason = %why, may_come_back = returns, "disk failed by an I/O error");
+        let generation = inner.config.generation;
+        let member = &mut inner.members[idx];
+        member.dev = None;
+        // Under the write lock, as in `set_disk_state`.
+        member.lost_at = self.losses.fetch_add(1, Ordering::SeqCst) + 1;
+        // Its device gone first: a write that may have reached it marked its slab before it
+        // looked for the device, and is counted here.
+        let stale = member.marks.unflushed();
+        member.problem = Some(if returns {
+            format!("{why}; {}", away_after_error())
+        } else {
+            why
+        });
+        let disk = &mut inner.config.disks[idx];
+        if returns {
+            disk.returns_as = Some(disk.state);
+            disk.left_at = Some(generation);
+            disk.stale_slabs = stale;
+        }
+        disk.state = DiskState::Failed;
+        let config = inner.config.clone();
+        drop(inner);
+        self.save_config(&config)
+    }
+
+    /// Marks a write of `slab` under way until the returned mark is dropped, once its disk
+    /// answered it. Made before the writer looks for the slab's disk, so that a disk an I/O
+    /// error takes out meanwhile counts the slab among those it may lack writes of
+    /// ([`lose_disk`](Self::lose_disk)).
+    pub fn mark_write(&self, slab: SlabRef) -> WriteMark {
+        let inner = self.inner.read();
+        match inner.members.get(slab.disk as usize) {
+            Some(m) => m.marks.begin(slab.slab),
+            None => WriteMark::none(),
+        }
+    }
+
+    /// The disks whose slabs an I/O error may have left stale ([`DiskInfo::stale_slabs`]):
+    /// (position, slabs), for the layout layer to record with its slab sets.
+    pub fn stale_slabs(&self) -> Vec<(u32, Vec<u32>)> {
+        self.inner
+            .read()
+            .config
+            .disks
+            .iter()
+            .filter(|d| !d.stale_slabs.is_empty())
+            .map(|d| (d.position, d.stale_slabs.clone()))
+            .collect()
+    }
+
+    /// The layout layer recorded the disk's stale slabs with its slab sets: the list goes.
+    pub fn forget_stale_slabs(&self, position: u32) -> Result<()> {
+        let _saving = self.saving.lock();
+        let mut inner = self.inner.write();
+        let Some(disk) = inner.config.disks.get_mut(position as usize) else {
+            return Ok(());
+        };
+        if disk.stale_slabs.is_empty() {
+            return Ok(());
+        }
+        disk.stale_slabs.clear();
+        let config = inner.config.clone();
+        drop(inner);
+        self.save_config(&config)
+    }
+
     /// Takes back, while the pool runs, a data disk that was missing when the pool was
-    /// imported and may come back (`may_return`), now opened as `dev`, as an import that
-    /// found it would: its label must name this pool's disk, of the generation it had when
-    /// it went missing or later (an older copy is refused), and it takes back the state it
-    /// had. Which of its slabs missed writes meanwhile is in the slab sets' records (the
-    /// layout layer, which says so in the labels first). Its label is written at the pool's
-    /// generation before the configuration says it is back: a crash between the two finds
-    /// it missing, and back, at the next import.
+    /// imported, or that an I/O error took out ([`lose_disk`](Self::lose_disk)), and may
+    /// come back (`may_return`), now opened as `dev`, as an import that found it would: its
+    /// label must name this pool's disk, of the generation it had when it went away or
+    /// later (an older copy is refused), and it takes back the state it had. Which of its
+    /// slabs missed writes meanwhile is in the slab sets' records (the layout layer, which
+    /// says so in the labels first, and records the disk's stale slabs before this). Its
+    /// label is written at the pool's generation before the configuration says it is back:
+    /// a crash between the two finds it away, and back, at the next import.
     pub fn bring_back(&self, position: u32, dev: DiskRef) -> Result<()> {
         let _saving = self.saving.lock();
         let (config, info) = {
@@ -708,8 +843,18 @@ impl Pool {
                 info.path, config.name
             )))
         };
-        if info.state != DiskState::Missing {
+        if info.state == DiskState::Failed && info.returns_as.is_none() {
+            return refuse(
+                "has failed for good (failed by the administrator, or found an older copy): repair the pool, \
+                 and add it again as a new disk if it is sound"
+                    .into(),
+            );
+        }
+        if !matches!(info.state, DiskState::Missing | DiskState::Failed) {
             return refuse(format!("is not missing (it is {})", info.state.as_str()));
+        }
+        if !info.stale_slabs.is_empty() {
+            return refuse("has slabs an I/O error may have left stale that are not recorded yet".into());
         }
         if info.usage != DiskUsage::Data {
             return refuse(
@@ -745,6 +890,7 @@ impl Pool {
         let disk = &mut saved.disks[idx];
         disk.state = state;
         (disk.returns_as, disk.left_at) = (None, None);
+        disk.stale_slabs.clear();
         self.save_config(&saved)?;
         let mut inner = self.inner.write();
         inner.config = saved;
@@ -780,27 +926,24 @@ impl Pool {
         inner.members.get(position as usize).is_some_and(|m| m.dev.is_some())
     }
 
-    /// Whether the member at `position` is away but may be back at a later import (no device,
-    /// not failed): a write that goes around it must say so first.
+    /// Whether the member at `position` is away but may be back (no device; missing, or
+    /// failed by an I/O error that left it able to come back): a write that goes around it
+    /// must say so first.
     pub fn may_return(&self, position: u32) -> bool {
         let inner = self.inner.read();
         let idx = position as usize;
         idx < inner.members.len()
             && inner.members[idx].dev.is_none()
-            && inner.config.disks[idx].state != DiskState::Failed
+            && (inner.config.disks[idx].state != DiskState::Failed || inner.config.disks[idx].returns_as.is_some())
     }
 
-    /// Whether the data disk at `position`, missing, can be taken back as it was (by
+    /// Whether the data disk at `position`, away, can be taken back as it was (by
     /// [`bring_back`](Self::bring_back) or an import that finds it): away since writes around
-    /// it were recorded, and not failed.
+    /// it were recorded, and not failed for good ([`DiskInfo::may_come_back`]).
     pub fn can_come_back(&self, position: u32) -> bool {
         let inner = self.inner.read();
         let idx = position as usize;
-        idx < inner.members.len()
-            && inner.members[idx].dev.is_none()
-            && inner.config.disks[idx].state == DiskState::Missing
-            && inner.config.disks[idx].usage == DiskUsage::Data
-            && inner.config.disks[idx].returns_as.is_some()
+        idx < inner.members.len() && inner.members[idx].dev.is_none() && inner.config.disks[idx].may_come_back()
     }
 
     /// The count of members lost so far: a writer notes it before it writes.
@@ -984,7 +1127,7 @@ impl Pool {
     /// caller decides whether the layouts still hold the data elsewhere, because the flush of
     /// those members did not make anything durable.
     pub fn flush_all(&self) -> Result<Vec<u32>> {
-        let devs: Vec<(u32, DiskRef)> = {
+        let devs: Vec<(u32, DiskRef, Arc<WriteMarks>)> = {
             let inner = self.inner.read();
             inner
                 .members
@@ -993,21 +1136,29 @@ impl Pool {
                 .enumerate()
                 // The write-back cache flushes its own disks.
                 .filter(|(_, (_, info))| info.usage == DiskUsage::Data)
-                .filter_map(|(i, (m, _))| m.dev.clone().map(|d| (i as u32, d)))
+                .filter_map(|(i, (m, _))| m.dev.clone().map(|d| (i as u32, d, m.marks.clone())))
                 .collect()
         };
         let mut failed = Vec::new();
-        for (pos, dev) in devs {
-            if let Err(e) = dev.flush() {
-                if e.is_unavailable() {
-                    return Err(e.into());
+        for (pos, dev, marks) in devs {
+            let number = marks.flush_number();
+            match dev.flush() {
+                Ok(()) => marks.flushed(number),
+                Err(e) if e.is_unavailable() => return Err(e.into()),
+                Err(e) => {
+                    self.lose_disk(pos, format!("flush failed: {e}"))?;
+                    failed.push(pos);
                 }
-                self.set_disk_state(pos, DiskState::Failed, Some(format!("flush failed: {e}")))?;
-                failed.push(pos);
             }
         }
         Ok(failed)
     }
+}
+
+/// What becomes of a disk an I/O error took out.
+fn away_after_error() -> &'static str {
+    "what it holds is kept: once the cause is mended (a cable, an enclosure's power), 'tessera disk online' \
+     takes it back, its slabs written since its last flush resynced by a repair; 'tessera disk fail' gives it up"
 }
 
 fn label_for(config: &PoolConfig, info: &DiskInfo, exported: bool, resync_pending: bool) -> Label {

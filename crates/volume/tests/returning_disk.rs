@@ -7,7 +7,7 @@ mod common;
 use std::sync::Arc;
 
 use common::{pattern, spec, Rig, MIB};
-use tessera_disk::{read_label, BlockDevice, DiskRef, FaultyDisk, MemDisk};
+use tessera_disk::{read_label, BlockDevice, DiskRef, FaultyDisk, MemDisk, PowerSupply, VolatileDisk};
 use tessera_pool::{MetaBatch, MetaStore, CF_POOL};
 use tessera_volume::{DiskState, LayoutKind, Progress, Provisioning, RebuildOptions};
 
@@ -570,4 +570,132 @@ fn an_update_kept_while_its_set_is_beyond_tolerance_is_applied_when_its_disk_is_
     let mut b = vec![0u8; size as usize];
     rig.engine().vdisk("v").unwrap().read(0, &mut b).unwrap();
     assert!(b == data, "the set reads as last written");
+}
+
+/// A two-disk mirror like [`mirrored_pair`] whose disk 1 has a volatile write cache (behind
+/// its fault injector), and the power supply of that cache alone.
+fn mirrored_pair_with_a_cache_on_disk_1() -> (Rig, Vec<u8>, Arc<PowerSupply>, DiskRef) {
+    let dir = tempfile::tempdir().unwrap();
+    let supply = PowerSupply::new();
+    let medium: DiskRef = Arc::new(MemDisk::new("mem1", 32 * MIB));
+    let disks = vec![
+        FaultyDisk::new(Arc::new(MemDisk::new("mem0", 32 * MIB)) as DiskRef),
+        FaultyDisk::new(VolatileDisk::new(medium.clone(), &supply) as DiskRef),
+    ];
+    let refs: Vec<DiskRef> = disks.iter().map(|d| d.clone() as DiskRef).collect();
+    let engine = tessera_volume::Engine::create_pool(&dir.path().join("pool"), "test", refs, MIB).unwrap();
+    let data = pattern(1, 0, SIZE as usize);
+    // Written whole and flushed: on both media.
+    engine
+        .create_vdisk(&spec("v", SIZE, LayoutKind::Mirror, Provisioning::Thin))
+        .unwrap()
+        .write(0, &data, true)
+        .unwrap();
+    assert_eq!(engine.layouts().sets().len(), 4);
+    let rig = Rig {
+        dir,
+        disks,
+        engine: Some(engine),
+    };
+    (rig, data, supply, medium)
+}
+
+/// Writes `len` bytes of pattern `seed` at `at`, and into `model`.
+fn write_at(rig: &Rig, model: &mut [u8], seed: u64, at: u64, len: usize) {
+    let new = pattern(seed, at, len);
+    rig.engine().vdisk("v").unwrap().write(at, &new, false).unwrap();
+    model[at as usize..at as usize + len].copy_from_slice(&new);
+}
+
+/// A disk that an I/O error takes out while the pool runs (here its enclosure's power blinks:
+/// its cache loses what it held, and its I/O fails meanwhile) keeps everything it had at its
+/// last flush. Taken back with `disk online`, it is stale only in the slab sets written since
+/// that flush, or around it after, and resynced there; before, such a disk was failed for good.
+#[test]
+fn a_disk_an_error_took_out_comes_back_stale_only_where_written_since_its_last_flush() {
+    let (mut rig, mut data, supply, medium) = mirrored_pair_with_a_cache_on_disk_1();
+    // Set 0 written, not flushed: disk 1 has it in its cache only.
+    write_at(&rig, &mut data, 2, 0, 8192);
+    rig.disks[1].faults().pull();
+    let cut = supply.cut(7);
+    assert_eq!(cut[0].torn, 1, "{cut:?}");
+    // A write to set 2 finds the error: the disk is out, able to come back.
+    write_at(&rig, &mut data, 3, 2 * MIB, 4096);
+    assert_eq!(state(&rig, 1), DiskState::Failed);
+    let problem = rig.engine().pool().disks()[1].problem.clone().unwrap_or_default();
+    assert!(problem.contains("disk online"), "{problem}");
+    // Set 3 written around it.
+    write_at(&rig, &mut data, 4, 3 * MIB, 4096);
+    assert_eq!(read_all(&rig), data, "read without it");
+
+    // Its medium holds what reached it; powered again.
+    let back = FaultyDisk::new(VolatileDisk::new(medium, &PowerSupply::new()) as DiskRef);
+    rig.engine().bring_back_disk("mem1", back.clone() as DiskRef).unwrap();
+    rig.disks[1] = back;
+    assert_eq!(state(&rig, 1), DiskState::Healthy);
+    assert_eq!(
+        rig.engine().layouts().stale_members(),
+        3,
+        "sets 0 (in its lost cache), 2 (the write that failed) and 3 (written around it); set 1 is current"
+    );
+    assert_eq!(read_all(&rig), data, "read around what is stale");
+    let free = rig.engine().pool().capacity().free_bytes;
+    assert_eq!(repair(&rig), 3);
+    assert_eq!(rig.engine().pool().capacity().free_bytes, free, "resynced where it is");
+    // It alone holds everything now.
+    rig.engine().fail_disk("mem0").unwrap();
+    assert_eq!(read_all(&rig), data);
+    rig.reopen();
+    assert_eq!(read_all(&rig), data);
+    rig.assert_consistent();
+}
+
+/// The same blip with a crash before the disk is back: the configuration saved at the error
+/// says which of its slabs are stale, and the import that finds it answering again takes it
+/// back with them stale.
+#[test]
+fn a_disk_an_error_took_out_is_back_at_the_next_import_stale_where_it_was_written_since_its_flush() {
+    let (mut rig, mut data, supply, medium) = mirrored_pair_with_a_cache_on_disk_1();
+    write_at(&rig, &mut data, 2, MIB, 8192);
+    rig.disks[1].faults().pull();
+    supply.cut(11);
+    write_at(&rig, &mut data, 3, 2 * MIB, 4096);
+    assert_eq!(state(&rig, 1), DiskState::Failed);
+    // A crash; at the start after it the disk answers again.
+    rig.engine = None;
+    rig.disks[1] = FaultyDisk::new(VolatileDisk::new(medium, &PowerSupply::new()) as DiskRef);
+    rig.reopen();
+    assert_eq!(state(&rig, 1), DiskState::Healthy);
+    assert_eq!(rig.engine().layouts().stale_members(), 2, "sets 1 and 2");
+    assert!(rig.engine().pool().disks()[1].info.stale_slabs.is_empty(), "recorded with the sets");
+    assert_eq!(read_all(&rig), data);
+    assert_eq!(repair(&rig), 2);
+    rig.engine().fail_disk("mem0").unwrap();
+    assert_eq!(read_all(&rig), data);
+}
+
+/// A disk an error took out that does not answer at the next import stays out, able to come
+/// back; `disk fail` gives it up for good, and then neither `disk online` nor an import takes
+/// it back.
+#[test]
+fn disk_fail_gives_up_a_disk_an_error_took_out() {
+    let (mut rig, mut data) = mirrored_pair();
+    rig.disks[1].faults().pull();
+    write_at(&rig, &mut data, 2, 0, 4096);
+    assert_eq!(state(&rig, 1), DiskState::Failed);
+    rig.reopen();
+    assert_eq!(state(&rig, 1), DiskState::Failed);
+    let problem = rig.engine().pool().disks()[1].problem.clone().unwrap_or_default();
+    assert!(problem.contains("cannot be opened now") && problem.contains("disk online"), "{problem}");
+    rig.engine().fail_disk("mem1").unwrap();
+    rig.disks[1].faults().reinsert();
+    let err = rig
+        .engine()
+        .bring_back_disk("mem1", rig.disks[1].clone() as DiskRef)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("failed for good"), "{err}");
+    rig.reopen();
+    assert_eq!(state(&rig, 1), DiskState::Failed);
+    assert_eq!(read_all(&rig), data);
 }

@@ -1,0 +1,153 @@
+//! Which slabs of a disk may hold writes its medium does not have yet: written since the
+//! disk's last successful flush, or being written now.
+//!
+//! A disk that an I/O error takes out while the pool runs keeps what it held at its last
+//! successful flush, and no more is sure: its volatile cache may have lost the rest (a power
+//! blip of its enclosure, a cable pulled), and a write that failed may have left anything
+//! behind. Those slabs are stale should the disk come back; every other slab of it is as
+//! current as the day it left (writes that go around it after that are recorded by the
+//! layout layer, as for a missing disk).
+//!
+//! A write marks its slab before it looks for the disk and stamps it when done; a flush
+//! takes a number before it starts, and once it succeeds every slab stamped before that
+//! number is on the medium. A write that completes after the flush began may not be, and is
+//! stamped at or after the number.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// The count flushes take their number from, shared by every disk of a pool.
+pub(crate) type FlushClock = Arc<AtomicU64>;
+
+pub(crate) fn new_clock() -> FlushClock {
+    // Stamps start at 0 (never written), below the first flush's number.
+    Arc::new(AtomicU64::new(1))
+}
+
+#[derive(Default)]
+struct SlabMark {
+    in_flight: AtomicU32,
+    /// The clock when its last write completed; 0 if never written since the pool opened.
+    stamp: AtomicU64,
+}
+
+/// The marks of one disk's slabs.
+pub(crate) struct WriteMarks {
+    slabs: Vec<SlabMark>,
+    clock: FlushClock,
+    /// The number of the last flush of this disk that succeeded.
+    flushed_from: AtomicU64,
+}
+
+impl WriteMarks {
+    pub(crate) fn new(slabs: u32, clock: &FlushClock) -> Arc<WriteMarks> {
+        Arc::new(WriteMarks {
+            slabs: (0..slabs).map(|_| SlabMark::default()).collect(),
+            clock: clock.clone(),
+            flushed_from: AtomicU64::new(1),
+        })
+    }
+
+    /// Marks `slab` written from now until the returned mark is dropped.
+    pub(crate) fn begin(self: &Arc<Self>, slab: u32) -> WriteMark {
+        if let Some(m) = self.slabs.get(slab as usize) {
+            m.in_flight.fetch_add(1, Ordering::SeqCst);
+        }
+        WriteMark {
+            marks: Some(self.clone()),
+            slab,
+        }
+    }
+
+    /// Taken before a flush of the disk is issued.
+    pub(crate) fn flush_number(&self) -> u64 {
+        self.clock.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    /// The flush numbered `n` succeeded: what was stamped before it is on the medium.
+    pub(crate) fn flushed(&self, n: u64) {
+        self.flushed_from.fetch_max(n, Ordering::SeqCst);
+    }
+
+    /// The slabs whose medium may lack writes: being written, or written since the last
+    /// successful flush began.
+    pub(crate) fn unflushed(&self) -> Vec<u32> {
+        let from = self.flushed_from.load(Ordering::SeqCst);
+        self.slabs
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| {
+                m.in_flight.load(Ordering::SeqCst) > 0 || m.stamp.load(Ordering::SeqCst) >= from
+            })
+            .map(|(i, _)| i as u32)
+            .collect()
+    }
+}
+
+/// A write of one slab under way; dropped once the disk answered it.
+pub struct WriteMark {
+    marks: Option<Arc<WriteMarks>>,
+    slab: u32,
+}
+
+impl WriteMark {
+    /// A mark that marks nothing: a disk the pool does not hold.
+    pub(crate) fn none() -> WriteMark {
+        WriteMark { marks: None, slab: 0 }
+    }
+}
+
+impl Drop for WriteMark {
+    fn drop(&mut self) {
+        let Some(marks) = &self.marks else { return };
+        if let Some(m) = marks.slabs.get(self.slab as usize) {
+            // Stamped before it stops counting as in flight, so that it is never neither.
+            m.stamp.store(marks.clock.load(Ordering::SeqCst), Ordering::SeqCst);
+            m.in_flight.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slab_is_unflushed_from_its_write_until_a_flush_begun_after_it_succeeds() {
+        let clock = new_clock();
+        let marks = WriteMarks::new(4, &clock);
+        assert!(marks.unflushed().is_empty(), "nothing written");
+        let w = marks.begin(1);
+        assert_eq!(marks.unflushed(), vec![1], "in flight");
+        // A flush begun while the write is in flight does not cover it.
+        let early = marks.flush_number();
+        drop(w);
+        marks.flushed(early);
+        assert_eq!(marks.unflushed(), vec![1], "completed after the flush began");
+        let later = marks.flush_number();
+        assert_eq!(marks.unflushed(), vec![1], "until that flush succeeds");
+        marks.flushed(later);
+        assert!(marks.unflushed().is_empty());
+        // A flush that failed covers nothing.
+        drop(marks.begin(2));
+        let _failed = marks.flush_number();
+        assert_eq!(marks.unflushed(), vec![2]);
+        // An older flush answering late does not undo a newer one.
+        let a = marks.flush_number();
+        let b = marks.flush_number();
+        marks.flushed(b);
+        marks.flushed(a);
+        assert!(marks.unflushed().is_empty());
+    }
+
+    #[test]
+    fn flushes_of_other_disks_do_not_cover_a_disk() {
+        let clock = new_clock();
+        let (one, two) = (WriteMarks::new(2, &clock), WriteMarks::new(2, &clock));
+        drop(one.begin(0));
+        let n = two.flush_number();
+        two.flushed(n);
+        assert_eq!(one.unflushed(), vec![0]);
+        drop(one.begin(7)); // past its end: not tracked, no panic
+    }
+}
