@@ -76,9 +76,7 @@ impl WriteMarks {
         self.slabs
             .iter()
             .enumerate()
-            .filter(|(_, m)| {
-                m.in_flight.load(Ordering::SeqCst) > 0 || m.stamp.load(Ordering::SeqCst) >= from
-            })
+            .filter(|(_, m)| m.in_flight.load(Ordering::SeqCst) > 0 || m.stamp.load(Ordering::SeqCst) >= from)
             .map(|(i, _)| i as u32)
             .collect()
     }

@@ -259,7 +259,10 @@ fn write_error_fails_the_disk_and_loses_nothing() {
     let failed = &rig.engine().pool().disks()[2];
     assert_eq!(failed.info.state, DiskState::Failed);
     let problem = failed.problem.clone().unwrap_or_default();
-    assert!(problem.contains("write error") && problem.contains("disk online"), "{problem}");
+    assert!(
+        problem.contains("write error") && problem.contains("disk online"),
+        "{problem}"
+    );
     assert_eq!(read(&rig, "v"), more);
     // Answering again at the restart, it is back: stale where it was written since its last
     // flush (it failed in the middle of the write) or written around, read around meanwhile.

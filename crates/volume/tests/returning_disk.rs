@@ -667,7 +667,10 @@ fn a_disk_an_error_took_out_is_back_at_the_next_import_stale_where_it_was_writte
     rig.reopen();
     assert_eq!(state(&rig, 1), DiskState::Healthy);
     assert_eq!(rig.engine().layouts().stale_members(), 2, "sets 1 and 2");
-    assert!(rig.engine().pool().disks()[1].info.stale_slabs.is_empty(), "recorded with the sets");
+    assert!(
+        rig.engine().pool().disks()[1].info.stale_slabs.is_empty(),
+        "recorded with the sets"
+    );
     assert_eq!(read_all(&rig), data);
     assert_eq!(repair(&rig), 2);
     rig.engine().fail_disk("mem0").unwrap();
@@ -686,7 +689,10 @@ fn disk_fail_gives_up_a_disk_an_error_took_out() {
     rig.reopen();
     assert_eq!(state(&rig, 1), DiskState::Failed);
     let problem = rig.engine().pool().disks()[1].problem.clone().unwrap_or_default();
-    assert!(problem.contains("cannot be opened now") && problem.contains("disk online"), "{problem}");
+    assert!(
+        problem.contains("cannot be opened now") && problem.contains("disk online"),
+        "{problem}"
+    );
     rig.engine().fail_disk("mem1").unwrap();
     rig.disks[1].faults().reinsert();
     let err = rig
