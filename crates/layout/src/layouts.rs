@@ -148,8 +148,9 @@ impl Layouts {
             )));
         }
         let (journal, replay) = StripeJournal::open(&journal_dir, pool.checksums())?;
-        // Before anything reads a disk an I/O error took out, which may be back now.
-        record_stale_slabs(&pool, &registry, None)?;
+        // What an I/O error may have left stale on a disk it took out, recorded with the sets
+        // (the disk is away, and comes back only by `disk online`).
+        record_stale_slabs(&pool, &registry, None, |_| {})?;
         let live: HashSet<SlabRef> = registry.all().iter().flat_map(|s| s.members.read().clone()).collect();
         journal.sums.keep_only(&live)?;
         let missed: HashSet<SlabRef> = registry.all().iter().flat_map(|s| s.missed.lock().clone()).collect();
@@ -347,11 +348,10 @@ impl Layouts {
         }
         // What an I/O error may have left stale on it, recorded while it is still away
         // (outside `marking`, which a writer takes while it holds a set's members).
-        let stale = record_stale_slabs(&self.pool, &self.registry, Some(position))?;
-        if !stale.is_empty() {
-            self.missed.write().extend(stale);
+        record_stale_slabs(&self.pool, &self.registry, Some(position), |new| {
+            self.missed.write().extend(new.iter().copied());
             self.any_missed.store(true, Ordering::Release);
-        }
+        })?;
         {
             let _turn = self.marking.lock();
             if self.missed.read().iter().any(|s| s.disk == position) {
@@ -590,8 +590,8 @@ impl Layouts {
     }
 
     /// Whether `set` has lost more than its tolerance even with every disk missing since the
-    /// import that can come back as it was back: a member that missed writes, or whose disk
-    /// failed, counts as gone. A disk coming back meanwhile never turns the answer to true
+    /// import that can come back as it was back: a member that missed writes (or that an I/O
+    /// error may have left stale), or whose disk failed for good, counts as gone. A disk coming back meanwhile never turns the answer to true
     /// (which judging `unrecoverable`, then this with the disk counted, could).
     pub fn lost_for_good(&self, set: &SlabSet) -> bool {
         let members = set.members.read();
@@ -599,6 +599,7 @@ impl Layouts {
             let slab = members[m];
             // Asked in this order, a disk taken back between the two questions is never gone.
             self.is_missed(slab)
+                || self.pool.is_stale(slab)
                 || (!self.pool.can_come_back(slab.disk) && self.pool.readable_disk(slab.disk).is_none())
         };
         loses_more_than_tolerated(&set.spec, members.len(), gone_for_good)
@@ -864,24 +865,32 @@ impl Layouts {
 
     fn member_write_raw(&self, dev: &DiskRef, slab: SlabRef, mo: u64, buf: &[u8]) -> Result<(), MemberFault> {
         dev.write_at(buf, self.pool.slab_offset(slab) + mo)
-            .map_err(|e| self.member_write_failed(slab, &e))
+            .map_err(|e| self.member_write_failed(slab, &e).0)
     }
 
     /// A member that failed a write leaves the set: counted, and its disk taken out (failed,
     /// able to come back with what may be stale on it recorded: `Pool::lose_disk`); unless
     /// the storage behind it only could not take the write now (then the write fails and the
     /// disk stays).
-    fn member_write_failed(&self, slab: SlabRef, e: &tessera_disk::DiskError) -> MemberFault {
+    /// With the fault, why the disk's failure could not be recorded, if it could not: then
+    /// what it may lack is not known durably, and a write must not be answered as written
+    /// around it.
+    fn member_write_failed(&self, slab: SlabRef, e: &tessera_disk::DiskError) -> (MemberFault, Option<String>) {
         self.stats.write_errors.fetch_add(1, Ordering::Relaxed);
         if e.is_unavailable() {
             warn!(disk = slab.disk, error = %e, "write refused by the storage");
-            return MemberFault::Refused(e.to_string());
+            return (MemberFault::Refused(e.to_string()), None);
         }
         self.member_lost();
-        if let Err(pe) = self.pool.lose_disk(slab.disk, format!("write error: {e}")) {
-            warn!(error = %pe, "cannot record a disk failure");
-        }
-        MemberFault::Io(e.to_string())
+        let unrecorded = self
+            .pool
+            .lose_disk(slab.disk, format!("write error: {e}"))
+            .err()
+            .map(|pe| {
+                warn!(error = %pe, "cannot record a disk failure");
+                pe.to_string()
+            });
+        (MemberFault::Io(e.to_string()), unrecorded)
     }
 
     /// Reserves the space a write of `len` bytes at `mo` of `slab` needs on `dev`
@@ -1009,10 +1018,12 @@ impl Layouts {
             .collect();
         let results = tessera_disk::write_many(&reqs);
         let mut took: Vec<Result<(), MemberFault>> = writes.iter().map(|_| Err(MemberFault::Unavailable)).collect();
+        let mut unrecorded = None;
         for ((i, slab, _, sums), res) in targets.iter().zip(results) {
             match res {
                 Err(e) => {
-                    let fault = self.member_write_failed(*slab, &e);
+                    let (fault, why) = self.member_write_failed(*slab, &e);
+                    unrecorded = unrecorded.or(why);
                     if *slab == members[writes[*i].m] {
                         took[*i] = Err(fault);
                     }
@@ -1028,6 +1039,13 @@ impl Layouts {
                     }
                 }
             }
+        }
+        // Every result handled first (the checksums of what the others took are recorded).
+        if let Some(why) = unrecorded {
+            return Err(LayoutError::Io {
+                set: set.id,
+                detail: format!("a member's disk failed the write, and its failure could not be recorded: {why}"),
+            });
         }
         Ok(took)
     }
@@ -1045,21 +1063,26 @@ impl Layouts {
 /// Records with their slab sets, as members that missed writes, the slabs that I/O errors
 /// may have left stale on the disks they took out (`Pool::stale_slabs`; of disk `only`, if
 /// given), then lets the pool forget its lists. Their disks are away meanwhile (or the pool
-/// is being opened): nothing reads or writes those slabs. Returns the slabs recorded.
-fn record_stale_slabs(pool: &Pool, registry: &Registry, only: Option<u32>) -> Result<Vec<SlabRef>> {
-    let mut recorded = Vec::new();
+/// is being opened): nothing reads or writes those slabs.
+/// `recorded` is told of each set's, under the set's records (`Registry::add_missed`).
+fn record_stale_slabs(
+    pool: &Pool,
+    registry: &Registry,
+    only: Option<u32>,
+    recorded: impl Fn(&[SlabRef]),
+) -> Result<()> {
     for (disk, slabs) in pool.stale_slabs() {
         if only.is_some_and(|d| d != disk) {
             continue;
         }
         let stale: HashSet<SlabRef> = slabs.iter().map(|&slab| SlabRef { disk, slab }).collect();
         for set in registry.all() {
-            recorded.extend(registry.add_missed(pool, set.id, |s| stale.contains(s))?);
+            registry.add_missed(pool, set.id, |s| stale.contains(s), &recorded)?;
         }
         info!(pool = %pool.name(), disk, slabs = slabs.len(), "slabs written since the last flush of a disk an I/O error took out are stale until resynced");
         pool.forget_stale_slabs(disk)?;
     }
-    Ok(recorded)
+    Ok(())
 }
 
 /// Whether a member that missed writes sits on a disk that is open: read as current by a

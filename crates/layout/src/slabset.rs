@@ -196,8 +196,16 @@ impl Registry {
 
 impl Registry {
     /// Records durably, as members of set `id` that missed writes, those of its members
-    /// `stale` picks (and not recorded yet), unless the set is gone. Returns them.
-    pub fn add_missed(&self, pool: &Pool, id: u32, stale: impl Fn(&SlabRef) -> bool) -> Result<Vec<SlabRef>> {
+    /// `stale` picks (and not recorded yet), unless the set is gone; `recorded` is told of
+    /// them while the set's records are still held, so that no repair of the set can forget
+    /// them in between. Returns them.
+    pub fn add_missed(
+        &self,
+        pool: &Pool,
+        id: u32,
+        stale: impl Fn(&SlabRef) -> bool,
+        recorded: impl FnOnce(&[SlabRef]),
+    ) -> Result<Vec<SlabRef>> {
         let _records = self.records.lock();
         let Some(set) = self.sets.read().get(&id).cloned() else {
             return Ok(Vec::new());
@@ -224,6 +232,7 @@ impl Registry {
             },
         )?;
         *missed = all;
+        recorded(&new);
         Ok(new)
     }
 }

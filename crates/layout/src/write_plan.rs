@@ -18,6 +18,10 @@ use crate::layouts::Layouts;
 use crate::slabset::SlabSet;
 use crate::spec::LayoutKind;
 
+// A planned write marks no slab (`Pool::mark_write`): its disk's completion means durable,
+// so once answered nothing of it waits for a flush, and one in flight when the disk is lost
+// either lands whole or fails to its writer, who writes it again the other way.
+
 /// A disk write of a planned request, on `disk` (started with its `write_via`).
 pub struct DiskWrite {
     pub disk: DiskRef,

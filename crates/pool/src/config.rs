@@ -13,7 +13,9 @@ pub const MIN_CACHE_AREA: u64 = 64 << 20;
 pub enum DiskState {
     /// In service.
     Healthy,
-    /// Failed (an I/O error on write, or an administrative failure): never read or written again.
+    /// Failed (an I/O error on write or flush, or an administrative failure): neither read nor
+    /// written. One an I/O error took out may be taken back by `disk online`
+    /// (`DiskInfo::back_after_error`); any other, never.
     Failed,
     /// Being emptied: still readable, no new slabs; repair moves its slabs away.
     Retired,
@@ -76,11 +78,11 @@ pub struct DiskInfo {
     pub state: DiskState,
     #[serde(default)]
     pub usage: DiskUsage,
-    /// For a missing data disk, or one failed by an I/O error while the pool ran, the state
-    /// it takes again when it is back. Set only by a daemon that records every slab set a
-    /// write goes around while the disk is away (the layout's `missed` members): a disk
-    /// without it (recorded missing by an older daemon, whose writes kept no such record, or
-    /// failed by the administrator) is failed for good.
+    /// For a missing data disk, or one failed by an I/O error while the pool ran
+    /// (`back_after_error`), the state it takes again when it is back. Set only by a daemon
+    /// that records every slab set a write goes around while the disk is away (the layout's
+    /// `missed` members): a disk without it (recorded missing by an older daemon, whose
+    /// writes kept no such record, or failed by the administrator) is failed for good.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub returns_as: Option<DiskState>,
     /// With `returns_as`: the label generation the disk held when it went away. One back
@@ -93,15 +95,31 @@ pub struct DiskInfo {
     /// them with their slab sets' members that missed writes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stale_slabs: Vec<u32>,
+    /// A failed disk that an I/O error took out, which `tessera disk online` may take back
+    /// (with `returns_as` and `left_at`). A field of its own, which a daemon older than it
+    /// drops when it saves the configuration: such a daemon writes around a failed disk
+    /// without a record, so after it the disk is failed for good.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub back_after_error: bool,
 }
 
 impl DiskInfo {
     /// Whether the disk, away (missing, or failed by an I/O error), can be taken back as it
     /// was: what it missed meanwhile is recorded.
     pub fn may_come_back(&self) -> bool {
-        matches!(self.state, DiskState::Missing | DiskState::Failed)
-            && self.usage == DiskUsage::Data
-            && self.returns_as.is_some()
+        let away = match self.state {
+            DiskState::Missing => true,
+            DiskState::Failed => self.back_after_error,
+            _ => false,
+        };
+        away && self.usage == DiskUsage::Data && self.returns_as.is_some()
+    }
+
+    /// Gives up what the disk was waited for with: failed for good.
+    pub(crate) fn forget_return(&mut self) {
+        (self.returns_as, self.left_at) = (None, None);
+        self.stale_slabs.clear();
+        self.back_after_error = false;
     }
 }
 

@@ -219,6 +219,7 @@ impl Pool {
                 returns_as: None,
                 left_at: None,
                 stale_slabs: Vec::new(),
+                back_after_error: false,
             };
             let label = label_for(&config, &info, false, false);
             if let Err(e) = write_new_label(d.as_ref(), &label) {
@@ -300,9 +301,15 @@ impl Pool {
                 lost_at: 0,
                 marks: WriteMarks::new(info.slabs, &clock),
             };
-            // A disk an I/O error took out, which may be back: opened as a missing one is.
-            let failed_away = info.state == DiskState::Failed && info.may_come_back();
-            if info.state == DiskState::Failed && !failed_away {
+            if info.state == DiskState::Failed {
+                // One an I/O error took out waits for `disk online` even if it answers now:
+                // a disk that fails writes often still reads its label.
+                if info.may_come_back() {
+                    member.problem = Some(format!(
+                        "an I/O error took it out while the pool ran; {}",
+                        away_after_error()
+                    ));
+                }
                 members.push(member);
                 continue;
             }
@@ -313,7 +320,7 @@ impl Pool {
                 // or for a missing disk, when it went missing. An older one is an older copy
                 // of the disk (an image restored from a backup, a virtual disk's snapshot),
                 // which missed what was written since.
-                let expected = if info.state == DiskState::Missing || failed_away {
+                let expected = if info.state == DiskState::Missing {
                     info.left_at
                 } else {
                     Some(last_saved)
@@ -339,18 +346,15 @@ impl Pool {
                         "an older copy of the disk is in its place (label generation {older}, {expected} expected): \
                          it missed what was written since; run a repair"
                     ));
-                    (info.returns_as, info.left_at) = (None, None);
-                    info.stale_slabs.clear();
+                    info.forget_return();
                     drop(dev);
                 }
-                Ok((dev, None)) if info.state == DiskState::Missing || failed_away => {
+                Ok((dev, None)) if info.state == DiskState::Missing => {
                     match (info.returns_as.take(), info.left_at.take()) {
                         // Every slab set a write went around while it was away says so (the
                         // layout's `missed` members): those of its slabs are stale until a repair
                         // resyncs them, and the rest are as current as the day it left.
                         (Some(state), _) if info.usage == DiskUsage::Data => {
-                            // Its slabs the error may have left stale (`stale_slabs`) stay listed
-                            // until the layout layer records them with the rest.
                             info!(disk = %info.path, "disk is back; the slabs that missed writes while it was away are resynced by a repair");
                             info.state = state;
                             resync_pending = true;
@@ -369,13 +373,6 @@ impl Pool {
                     }
                 }
                 Ok((dev, None)) => member.dev = Some(MeteredDisk::wrap(dev)),
-                Err(e) if failed_away => {
-                    warn!(disk = %info.path, error = %e, "a disk an I/O error took out is still away");
-                    member.problem = Some(format!(
-                        "an I/O error took it out while the pool ran, and it cannot be opened now ({e}); {}",
-                        away_after_error()
-                    ));
-                }
                 Err(e) => {
                     warn!(disk = %info.path, error = %e, "pool member refused or missing");
                     member.problem = Some(e.to_string());
@@ -594,7 +591,7 @@ impl Pool {
             .config
             .disks
             .iter()
-            .any(|d| d.path == dev.path() && d.state != DiskState::Failed)
+            .any(|d| d.path == dev.path() && (d.state != DiskState::Failed || d.may_come_back()))
         {
             return Err(PoolError::Exists(format!(
                 "disk {} in pool '{}'",
@@ -625,6 +622,7 @@ impl Pool {
             returns_as: None,
             left_at: None,
             stale_slabs: Vec::new(),
+            back_after_error: false,
         };
         write_new_label(
             dev.as_ref(),
@@ -677,9 +675,8 @@ impl Pool {
         if state == DiskState::Failed {
             // Failed for good: whatever it was waited for as is gone with it.
             let disk = &mut inner.config.disks[idx];
-            let gives_up = disk.returns_as.is_some() || !disk.stale_slabs.is_empty();
-            (disk.returns_as, disk.left_at) = (None, None);
-            disk.stale_slabs.clear();
+            let gives_up = disk.returns_as.is_some() || disk.back_after_error || !disk.stale_slabs.is_empty();
+            disk.forget_return();
             if disk.state == DiskState::Failed {
                 if !gives_up {
                     return Ok(());
@@ -765,6 +762,7 @@ impl Pool {
             disk.returns_as = Some(disk.state);
             disk.left_at = Some(generation);
             disk.stale_slabs = stale;
+            disk.back_after_error = true;
         }
         disk.state = DiskState::Failed;
         let config = inner.config.clone();
@@ -782,6 +780,17 @@ impl Pool {
             Some(m) => m.marks.begin(slab.slab),
             None => WriteMark::none(),
         }
+    }
+
+    /// Whether an I/O error may have left `slab` stale on the disk it took out, not recorded
+    /// with its slab set yet ([`DiskInfo::stale_slabs`]).
+    pub fn is_stale(&self, slab: SlabRef) -> bool {
+        self.inner
+            .read()
+            .config
+            .disks
+            .get(slab.disk as usize)
+            .is_some_and(|d| d.stale_slabs.contains(&slab.slab))
     }
 
     /// The disks whose slabs an I/O error may have left stale ([`DiskInfo::stale_slabs`]):
@@ -843,7 +852,7 @@ impl Pool {
                 info.path, config.name
             )))
         };
-        if info.state == DiskState::Failed && info.returns_as.is_none() {
+        if info.state == DiskState::Failed && !info.may_come_back() {
             return refuse(
                 "has failed for good (failed by the administrator, or found an older copy): repair the pool, \
                  and add it again as a new disk if it is sound"
@@ -889,8 +898,7 @@ impl Pool {
         let mut saved = self.inner.read().config.clone();
         let disk = &mut saved.disks[idx];
         disk.state = state;
-        (disk.returns_as, disk.left_at) = (None, None);
-        disk.stale_slabs.clear();
+        disk.forget_return();
         self.save_config(&saved)?;
         let mut inner = self.inner.write();
         inner.config = saved;
@@ -934,7 +942,7 @@ impl Pool {
         let idx = position as usize;
         idx < inner.members.len()
             && inner.members[idx].dev.is_none()
-            && (inner.config.disks[idx].state != DiskState::Failed || inner.config.disks[idx].returns_as.is_some())
+            && (inner.config.disks[idx].state != DiskState::Failed || inner.config.disks[idx].may_come_back())
     }
 
     /// Whether the data disk at `position`, away, can be taken back as it was (by
@@ -1127,6 +1135,9 @@ impl Pool {
     /// caller decides whether the layouts still hold the data elsewhere, because the flush of
     /// those members did not make anything durable.
     pub fn flush_all(&self) -> Result<Vec<u32>> {
+        // A disk being taken out (`lose_disk`) is saved as such before a flush can skip it:
+        // the flush's answer must not come before the record of what the disk may lack.
+        drop(self.saving.lock());
         let devs: Vec<(u32, DiskRef, Arc<WriteMarks>)> = {
             let inner = self.inner.read();
             inner

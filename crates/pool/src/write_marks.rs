@@ -95,13 +95,23 @@ impl WriteMark {
     }
 }
 
+impl WriteMarks {
+    /// A write of `slab` completed when the clock read `at`.
+    fn done(&self, slab: u32, at: u64) {
+        if let Some(m) = self.slabs.get(slab as usize) {
+            // Stamped before it stops counting as in flight, so that it is never neither; and
+            // never lowered: another write of the slab may have completed after a flush began
+            // and stamped it so, before this one (which read the clock earlier) got here.
+            m.stamp.fetch_max(at, Ordering::SeqCst);
+            m.in_flight.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
 impl Drop for WriteMark {
     fn drop(&mut self) {
-        let Some(marks) = &self.marks else { return };
-        if let Some(m) = marks.slabs.get(self.slab as usize) {
-            // Stamped before it stops counting as in flight, so that it is never neither.
-            m.stamp.store(marks.clock.load(Ordering::SeqCst), Ordering::SeqCst);
-            m.in_flight.fetch_sub(1, Ordering::SeqCst);
+        if let Some(marks) = &self.marks {
+            marks.done(self.slab, marks.clock.load(Ordering::SeqCst));
         }
     }
 }
@@ -136,6 +146,22 @@ mod tests {
         marks.flushed(b);
         marks.flushed(a);
         assert!(marks.unflushed().is_empty());
+    }
+
+    #[test]
+    fn a_write_that_read_the_clock_earlier_does_not_lower_the_stamp_of_a_later_one() {
+        let clock = new_clock();
+        let marks = WriteMarks::new(1, &clock);
+        let (_a, _b) = (marks.begin(0), marks.begin(0));
+        let before = clock.load(Ordering::SeqCst);
+        let flush = marks.flush_number();
+        // B completes after the flush began; A, which read the clock before it, lands last.
+        marks.done(0, clock.load(Ordering::SeqCst));
+        marks.done(0, before);
+        std::mem::forget(_a);
+        std::mem::forget(_b);
+        marks.flushed(flush);
+        assert_eq!(marks.unflushed(), vec![0], "B is not covered by that flush");
     }
 
     #[test]

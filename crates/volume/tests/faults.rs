@@ -264,10 +264,16 @@ fn write_error_fails_the_disk_and_loses_nothing() {
         "{problem}"
     );
     assert_eq!(read(&rig, "v"), more);
-    // Answering again at the restart, it is back: stale where it was written since its last
+    // Answering again, it stays out across a restart (a disk that fails writes may well read
+    // its label) until `disk online` takes it back: stale where it was written since its last
     // flush (it failed in the middle of the write) or written around, read around meanwhile.
     rig.disks[2].faults().clear();
     rig.reopen();
+    assert_eq!(rig.engine().pool().disks()[2].info.state, DiskState::Failed);
+    assert_eq!(read(&rig, "v"), more);
+    rig.engine()
+        .bring_back_disk("mem2", rig.disks[2].clone() as tessera_disk::DiskRef)
+        .unwrap();
     assert_eq!(rig.engine().pool().disks()[2].info.state, DiskState::Healthy);
     assert!(rig.engine().layouts().stale_members() > 0);
     assert_eq!(read(&rig, "v"), more);

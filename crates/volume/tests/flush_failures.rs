@@ -56,9 +56,17 @@ fn a_failed_flush_inside_the_tolerance_is_durable_on_the_other_copies() {
         let mut got = vec![0u8; SIZE as usize];
         rig.engine().vdisk("v").unwrap().read(0, &mut got).unwrap();
         assert!(got == want, "{kind:?}: acknowledged data read back after a restart");
-        // It answers again, and is back: what it took since its last good flush (if the
-        // write went to it) is stale, read around, then resynced, after which it holds the
-        // data without disk 0.
+        assert_eq!(
+            rig.engine().pool().disk_state(1),
+            DiskState::Failed,
+            "{kind:?}: remembered"
+        );
+        // It answers again, and is taken back: what it took since its last good flush (if
+        // the write went to it) is stale, read around, then resynced, after which it holds
+        // the data without disk 0.
+        rig.engine()
+            .bring_back_disk("mem1", rig.disks[1].clone() as tessera_disk::DiskRef)
+            .unwrap();
         assert_eq!(rig.engine().pool().disk_state(1), DiskState::Healthy, "{kind:?}");
         let r = rig
             .engine()

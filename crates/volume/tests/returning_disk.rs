@@ -651,10 +651,11 @@ fn a_disk_an_error_took_out_comes_back_stale_only_where_written_since_its_last_f
 }
 
 /// The same blip with a crash before the disk is back: the configuration saved at the error
-/// says which of its slabs are stale, and the import that finds it answering again takes it
-/// back with them stale.
+/// says which of its slabs are stale, the import records them with their sets (the disk
+/// answers again, but waits for `disk online`: a disk that fails writes may well read its
+/// label), and `disk online` takes it back with them stale.
 #[test]
-fn a_disk_an_error_took_out_is_back_at_the_next_import_stale_where_it_was_written_since_its_flush() {
+fn a_disk_an_error_took_out_keeps_its_stale_slabs_across_a_crash() {
     let (mut rig, mut data, supply, medium) = mirrored_pair_with_a_cache_on_disk_1();
     write_at(&rig, &mut data, 2, MIB, 8192);
     rig.disks[1].faults().pull();
@@ -665,12 +666,17 @@ fn a_disk_an_error_took_out_is_back_at_the_next_import_stale_where_it_was_writte
     rig.engine = None;
     rig.disks[1] = FaultyDisk::new(VolatileDisk::new(medium, &PowerSupply::new()) as DiskRef);
     rig.reopen();
-    assert_eq!(state(&rig, 1), DiskState::Healthy);
-    assert_eq!(rig.engine().layouts().stale_members(), 2, "sets 1 and 2");
+    assert_eq!(state(&rig, 1), DiskState::Failed, "not taken back by the import");
     assert!(
         rig.engine().pool().disks()[1].info.stale_slabs.is_empty(),
         "recorded with the sets"
     );
+    assert_eq!(read_all(&rig), data);
+    rig.engine()
+        .bring_back_disk("mem1", rig.disks[1].clone() as DiskRef)
+        .unwrap();
+    assert_eq!(state(&rig, 1), DiskState::Healthy);
+    assert_eq!(rig.engine().layouts().stale_members(), 2, "sets 1 and 2");
     assert_eq!(read_all(&rig), data);
     assert_eq!(repair(&rig), 2);
     rig.engine().fail_disk("mem0").unwrap();
@@ -690,9 +696,17 @@ fn disk_fail_gives_up_a_disk_an_error_took_out() {
     assert_eq!(state(&rig, 1), DiskState::Failed);
     let problem = rig.engine().pool().disks()[1].problem.clone().unwrap_or_default();
     assert!(
-        problem.contains("cannot be opened now") && problem.contains("disk online"),
+        problem.contains("took it out") && problem.contains("disk online"),
         "{problem}"
     );
+    // Its place is not free for another disk meanwhile.
+    let err = rig
+        .engine()
+        .pool()
+        .add_disk(FaultyDisk::new(Arc::new(MemDisk::new("mem1", 32 * MIB)) as DiskRef) as DiskRef)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("mem1"), "{err}");
     rig.engine().fail_disk("mem1").unwrap();
     rig.disks[1].faults().reinsert();
     let err = rig
@@ -702,6 +716,40 @@ fn disk_fail_gives_up_a_disk_an_error_took_out() {
         .to_string();
     assert!(err.contains("failed for good"), "{err}");
     rig.reopen();
+    assert_eq!(state(&rig, 1), DiskState::Failed);
+    assert_eq!(read_all(&rig), data);
+}
+
+/// A daemon older than these records keeps a failed disk's configuration but drops what it
+/// does not know (`back_after_error`), and writes around the disk without a record: after
+/// it, the disk is failed for good, and `disk online` refuses it.
+#[test]
+fn a_disk_an_error_took_out_is_failed_for_good_after_a_daemon_that_does_not_know_it() {
+    let (mut rig, mut data) = mirrored_pair();
+    rig.disks[1].faults().pull();
+    write_at(&rig, &mut data, 2, 0, 4096);
+    rig.engine = None;
+    let meta_dir = rig.dir.path().join("pool").join("meta");
+    {
+        let meta = MetaStore::open(&meta_dir).unwrap();
+        let mut config: serde_json::Value =
+            serde_json::from_slice(&meta.get(CF_POOL, b"config").unwrap().unwrap()).unwrap();
+        let disk = &mut config["disks"][1];
+        assert_eq!(disk["state"], "failed");
+        assert_eq!(disk["back_after_error"], true);
+        disk.as_object_mut().unwrap().remove("back_after_error");
+        let mut b = MetaBatch::new();
+        b.put(CF_POOL, b"config", serde_json::to_vec(&config).unwrap());
+        meta.commit(b, true).unwrap();
+    }
+    rig.disks[1].faults().reinsert();
+    rig.reopen();
+    let err = rig
+        .engine()
+        .bring_back_disk("mem1", rig.disks[1].clone() as DiskRef)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("failed for good"), "{err}");
     assert_eq!(state(&rig, 1), DiskState::Failed);
     assert_eq!(read_all(&rig), data);
 }
