@@ -38,6 +38,17 @@ fn wait_healthy(d: &Daemon, pool: &str, limit: Duration) -> Value {
     }
 }
 
+/// Exports `vdisk` and asserts it holds `model` (else fails with `what`), and that its pool's
+/// metadata check finds nothing.
+fn assert_exported_as(d: &Daemon, dir: &std::path::Path, vdisk: &str, model: &[u8], what: &str) {
+    let out = dir.join("out.img");
+    d.ok(&["vdisk", "export", vdisk, out.to_str().unwrap(), "--overwrite"]);
+    assert!(std::fs::read(&out).unwrap() == model, "{what}");
+    let pool = vdisk.split('/').next().unwrap();
+    let check = d.json(&["pool", "check", pool]);
+    assert!(check["problems"].as_array().unwrap().is_empty(), "{check}");
+}
+
 fn repair_jobs(d: &Daemon) -> Vec<Value> {
     d.json(&["job", "list"])
         .as_array()
@@ -349,16 +360,7 @@ fn a_disk_back_is_resynced_where_it_missed_writes_with_no_command_typed() {
         "{}",
         d.logs()
     );
-    let out = t.path().join("out.img");
-    d.ok(&["vdisk", "export", "c/m", out.to_str().unwrap()]);
-    assert!(
-        std::fs::read(&out).unwrap() == model,
-        "the vdisk differs after the resync"
-    );
-    assert!(d.json(&["pool", "check", "c"])["problems"]
-        .as_array()
-        .unwrap()
-        .is_empty());
+    assert_exported_as(&d, t.path(), "c/m", &model, "the vdisk differs after the resync");
 }
 
 /// The same disk back while the daemon runs: one command takes it back (no restart, no
@@ -387,16 +389,7 @@ fn a_disk_back_while_the_daemon_runs_is_taken_back_with_one_command() {
     wait_healthy(&d, "c", Duration::from_secs(120));
     let jobs = repair_jobs(&d);
     assert_eq!(jobs.len(), 1, "{jobs:?}");
-    let out = t.path().join("out.img");
-    d.ok(&["vdisk", "export", "c/m", out.to_str().unwrap()]);
-    assert!(
-        std::fs::read(&out).unwrap() == model,
-        "the vdisk differs after the resync"
-    );
-    assert!(d.json(&["pool", "check", "c"])["problems"]
-        .as_array()
-        .unwrap()
-        .is_empty());
+    assert_exported_as(&d, t.path(), "c/m", &model, "the vdisk differs after the resync");
 }
 
 /// What the write-back log held for a vdisk without redundancy when the daemon died, one of
@@ -488,14 +481,11 @@ fn writes_the_log_held_for_a_disk_missing_at_the_start_wait_for_disk_online() {
         assert!(r.data[..] == model[at as usize..][..BLOCK], "the block at {at}");
     }
     drop(h);
-    let out = t.path().join("out.img");
-    d.ok(&["vdisk", "export", "c/s", out.to_str().unwrap()]);
-    assert!(
-        std::fs::read(&out).unwrap() == model,
-        "the vdisk differs from what the host wrote"
+    assert_exported_as(
+        &d,
+        t.path(),
+        "c/s",
+        &model,
+        "the vdisk differs from what the host wrote",
     );
-    assert!(d.json(&["pool", "check", "c"])["problems"]
-        .as_array()
-        .unwrap()
-        .is_empty());
 }

@@ -315,16 +315,22 @@ fn an_import_learns_a_hot_copys_set_from_its_primary() {
 /// A vdisk record that cannot be read leaves that vdisk out, not the pool: the rest is
 /// served, its grains and their space are kept (never dangling, never handed out), and the
 /// record put back brings it back whole.
+/// Makes vdisk b's record unreadable (cut short); returns b's id and the record as it was.
+fn break_record_of_b(e: &Engine) -> (u64, Vec<u8>) {
+    let id = e.vdisk("b").unwrap().config().id;
+    let record = e.pool().meta().get(CF_VDISKS, &id.to_be_bytes()).unwrap().unwrap();
+    let mut b = MetaBatch::new();
+    b.put(CF_VDISKS, id.to_be_bytes(), &b"{\"name\": \"b\""[..]);
+    e.pool().meta().commit(b, true).unwrap();
+    (id, record)
+}
+
 #[test]
 fn a_vdisk_whose_record_cannot_be_read_is_left_out_and_its_data_kept() {
     let mut rig = populated();
     let (want, id, record) = {
         let e = rig.engine();
-        let id = e.vdisk("b").unwrap().config().id;
-        let record = e.pool().meta().get(CF_VDISKS, &id.to_be_bytes()).unwrap().unwrap();
-        let mut b = MetaBatch::new();
-        b.put(CF_VDISKS, id.to_be_bytes(), &b"{\"name\": \"b\""[..]);
-        e.pool().meta().commit(b, true).unwrap();
+        let (id, record) = break_record_of_b(e);
         (contents(e), id, record)
     };
     rig.reopen();
@@ -373,11 +379,7 @@ fn a_record_put_back_under_a_name_taken_meanwhile_leaves_the_older_vdisk_out() {
     let mut rig = populated();
     let (want, id, record) = {
         let e = rig.engine();
-        let id = e.vdisk("b").unwrap().config().id;
-        let record = e.pool().meta().get(CF_VDISKS, &id.to_be_bytes()).unwrap().unwrap();
-        let mut b = MetaBatch::new();
-        b.put(CF_VDISKS, id.to_be_bytes(), &b"{\"name\": \"b\""[..]);
-        e.pool().meta().commit(b, true).unwrap();
+        let (id, record) = break_record_of_b(e);
         (contents(e), id, record)
     };
     rig.reopen();
@@ -442,11 +444,8 @@ fn a_set_of_unknown_size_that_only_a_left_out_vdisk_uses_is_never_freed() {
     let mut rig = populated();
     {
         let e = rig.engine();
-        let id = e.vdisk("b").unwrap().config().id;
         e.damage_unreadable("b", 0, Unreadable::GrainSize).unwrap();
-        let mut b = MetaBatch::new();
-        b.put(CF_VDISKS, id.to_be_bytes(), &b"{\"name\": \"b\""[..]);
-        e.pool().meta().commit(b, true).unwrap();
+        break_record_of_b(e);
     }
     rig.engine = None;
     let err = Engine::open(&rig.dir.path().join("pool"), &rig.opener())
