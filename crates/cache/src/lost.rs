@@ -103,6 +103,16 @@ impl LostRanges {
             .collect()
     }
 
+    /// Whether `set` has a range.
+    pub fn has_set(&self, set: u32) -> bool {
+        self.sets.get(&set).is_some_and(|m| !m.is_empty())
+    }
+
+    /// The bytes `set`'s ranges hold.
+    pub fn set_bytes(&self, set: u32) -> u64 {
+        self.sets.get(&set).map_or(0, |m| m.iter().map(|(a, b)| b - a).sum())
+    }
+
     /// The sets that have a range.
     pub fn sets(&self) -> Vec<u32> {
         let mut sets: Vec<u32> = self.sets.keys().copied().collect();
@@ -179,6 +189,9 @@ mod tests {
                 }
             }
             for s in 0..2u32 {
+                let held = bytes[s as usize].iter().filter(|&&b| b).count() as u64;
+                prop_assert_eq!(r.set_bytes(s), held);
+                prop_assert_eq!(r.has_set(s), held > 0);
                 for a in 0..80u64 {
                     for len in 1..6u64 {
                         let b = (a + len).min(80);

@@ -740,10 +740,11 @@ pub enum DiskCmd {
     },
     /// Retire a disk: no new data on it; a repair moves its data away.
     Retire { pool: String, disk: String },
-    /// Fail a disk, as a drill: it is never used again.
+    /// Fail a disk, as a drill, or give up one an I/O error failed: it is never used again.
     Fail { pool: String, disk: String },
-    /// Take back a disk missing since the pool was imported, now reachable again where the
-    /// pool recorded it: only what was written around it is resynced.
+    /// Take back a disk missing since the pool was imported, or failed by an I/O error, now
+    /// reachable again where the pool recorded it: only what was written around it (or, after
+    /// an error, to it since its last flush) is resynced.
     Online { pool: String, disk: String },
 }
 

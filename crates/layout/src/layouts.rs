@@ -338,6 +338,14 @@ impl Layouts {
                     .registry
                     .get(rec.set)
                     .is_ok_and(|set| set.members.read().iter().any(|s| s.disk == position));
+            if waits && self.pool.disk_state(position) == DiskState::Failed {
+                return Err(LayoutError::Invalid(format!(
+                    "a write to slab set {} that was under way when the pool last stopped waits in the journal for this disk, \
+                     which an I/O error took out: only an import applies it, and an import does not take back such a disk, \
+                     so it cannot come back ('tessera disk fail' gives it up)",
+                    rec.set
+                )));
+            }
             if waits {
                 return Err(LayoutError::Invalid(format!(
                     "a write to slab set {} that was under way when the pool last stopped waits in the journal for this disk: \
@@ -598,8 +606,9 @@ impl Layouts {
         let gone_for_good = |m: usize| {
             let slab = members[m];
             // Asked in this order, a disk taken back between the two questions is never gone.
-            self.is_missed(slab)
-                || self.pool.is_stale(slab)
+            // Stale before missed: recording moves a slab from the one to the other.
+            self.pool.is_stale(slab)
+                || self.is_missed(slab)
                 || (!self.pool.can_come_back(slab.disk) && self.pool.readable_disk(slab.disk).is_none())
         };
         loses_more_than_tolerated(&set.spec, members.len(), gone_for_good)

@@ -241,6 +241,9 @@ impl Layouts {
                     self.release_slab(slab)
                 }
             };
+            // A disk lost from here on (and perhaps back before the swap) may have had writes
+            // go around the new slab unrecorded, or left it without its copy: no swap then.
+            let losses = self.pool.losses();
             *set.replacement.write() = Some((m, new));
             // Writes planned before this (a connection's own, in flight with the members held
             // shared: write_plan.rs) saw no replacement and write the old slab alone: the
@@ -274,14 +277,14 @@ impl Layouts {
                     }
                 }
                 // The copy must be durable before the descriptor points at it.
-                self.pool
-                    .readable_disk(new.disk)
-                    .map(|d| d.flush())
-                    .transpose()
-                    .map_err(|e| LayoutError::Io {
-                        set: set.id,
-                        detail: format!("flush of the replacement slab: {e}"),
-                    })?;
+                let dev = self.pool.readable_disk(new.disk).ok_or_else(|| LayoutError::Io {
+                    set: set.id,
+                    detail: format!("the replacement slab's disk {} is gone", new.disk),
+                })?;
+                dev.flush().map_err(|e| LayoutError::Io {
+                    set: set.id,
+                    detail: format!("flush of the replacement slab: {e}"),
+                })?;
                 // And its checksums, before a descriptor names it.
                 self.journal.checkpoint(|| self.flush_members(), true)?;
                 Ok(())
@@ -296,6 +299,17 @@ impl Layouts {
                 // checkpoint whose flush fails reads every set's members.
                 let one = self.journal.checkpoints();
                 let mut members = set.members.write();
+                // No write is in flight now (the members are held); one that went around the
+                // new slab while its disk was away left no record of it.
+                if self.pool.losses() != losses || self.pool.readable_disk(new.disk).is_none() {
+                    drop(members);
+                    *set.replacement.write() = None;
+                    give_back(new);
+                    return Err(LayoutError::Io {
+                        set: set.id,
+                        detail: "a disk was lost while the slab was copied; the repair is to be run again".into(),
+                    });
+                }
                 // One repair per set at a time (`rebuilding`): nobody moved it meanwhile.
                 debug_assert_eq!(members[m], old);
                 members[m] = new;

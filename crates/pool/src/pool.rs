@@ -80,6 +80,8 @@ pub struct Pool {
     labels_behind: AtomicBool,
     /// Numbers the flushes of every member ([`WriteMarks`]).
     clock: FlushClock,
+    /// A disk's loss is in memory but its save failed (`lose_disk`).
+    loss_unsaved: AtomicBool,
 }
 
 impl Inner {
@@ -253,6 +255,7 @@ impl Pool {
             resync_pending: AtomicBool::new(false),
             labels_behind: AtomicBool::new(false),
             clock,
+            loss_unsaved: AtomicBool::new(false),
         };
         pool.save_config(&pool.inner.read().config)?;
         info!(pool = name, disks = pool.inner.read().members.len(), "pool created");
@@ -404,6 +407,7 @@ impl Pool {
             resync_pending: AtomicBool::new(resync_pending),
             labels_behind: AtomicBool::new(false),
             clock,
+            loss_unsaved: AtomicBool::new(false),
         };
         pool.write_labels(false)?;
         pool.save_config(&pool.inner.read().config)?;
@@ -739,7 +743,10 @@ impl Pool {
             });
         };
         if inner.members[idx].dev.is_none() || info.state == DiskState::Failed {
-            return Ok(());
+            drop(inner);
+            // Out already; if its record could not be saved, this caller may not answer
+            // before it is.
+            return self.save_unsaved_loss();
         }
         let returns = info.usage == DiskUsage::Data
             && matches!(info.state, DiskState::Healthy | DiskState::Spare | DiskState::Retired);
@@ -767,7 +774,22 @@ impl Pool {
         disk.state = DiskState::Failed;
         let config = inner.config.clone();
         drop(inner);
-        self.save_config(&config)
+        let saved = self.save_config(&config);
+        self.loss_unsaved.store(saved.is_err(), Ordering::SeqCst);
+        saved
+    }
+
+    /// Saves the configuration again if a disk's loss could not be saved (`lose_disk`); the
+    /// caller holds `saving`. Until it is saved, every flush fails: the disk is out in memory
+    /// and skipped, while the saved configuration would have it read as current.
+    fn save_unsaved_loss(&self) -> Result<()> {
+        if !self.loss_unsaved.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        let config = self.inner.read().config.clone();
+        self.save_config(&config)?;
+        self.loss_unsaved.store(false, Ordering::SeqCst);
+        Ok(())
     }
 
     /// Marks a write of `slab` under way until the returned mark is dropped, once its disk
@@ -1135,10 +1157,12 @@ impl Pool {
     /// caller decides whether the layouts still hold the data elsewhere, because the flush of
     /// those members did not make anything durable.
     pub fn flush_all(&self) -> Result<Vec<u32>> {
-        // A disk being taken out (`lose_disk`) is saved as such before a flush can skip it:
-        // the flush's answer must not come before the record of what the disk may lack.
-        drop(self.saving.lock());
         let devs: Vec<(u32, DiskRef, Arc<WriteMarks>)> = {
+            // A disk being taken out (`lose_disk`) is saved as such before a flush can skip
+            // it: the flush's answer must not come before the record of what the disk may
+            // lack. One whose save failed is saved now, or the flush fails.
+            let _saving = self.saving.lock();
+            self.save_unsaved_loss()?;
             let inner = self.inner.read();
             inner
                 .members

@@ -44,7 +44,9 @@ impl WriteMarks {
         Arc::new(WriteMarks {
             slabs: (0..slabs).map(|_| SlabMark::default()).collect(),
             clock: clock.clone(),
-            flushed_from: AtomicU64::new(1),
+            // Until a flush of it succeeds, every slab: what the disk's cache holds from
+            // before the pool was opened is not known.
+            flushed_from: AtomicU64::new(0),
         })
     }
 
@@ -124,7 +126,14 @@ mod tests {
     fn a_slab_is_unflushed_from_its_write_until_a_flush_begun_after_it_succeeds() {
         let clock = new_clock();
         let marks = WriteMarks::new(4, &clock);
-        assert!(marks.unflushed().is_empty(), "nothing written");
+        assert_eq!(
+            marks.unflushed(),
+            vec![0, 1, 2, 3],
+            "no flush yet: its cache may hold anything"
+        );
+        let n = marks.flush_number();
+        marks.flushed(n);
+        assert!(marks.unflushed().is_empty(), "nothing written since a flush");
         let w = marks.begin(1);
         assert_eq!(marks.unflushed(), vec![1], "in flight");
         // A flush begun while the write is in flight does not cover it.
@@ -152,6 +161,8 @@ mod tests {
     fn a_write_that_read_the_clock_earlier_does_not_lower_the_stamp_of_a_later_one() {
         let clock = new_clock();
         let marks = WriteMarks::new(1, &clock);
+        let n = marks.flush_number();
+        marks.flushed(n);
         let (_a, _b) = (marks.begin(0), marks.begin(0));
         let before = clock.load(Ordering::SeqCst);
         let flush = marks.flush_number();
@@ -168,6 +179,8 @@ mod tests {
     fn flushes_of_other_disks_do_not_cover_a_disk() {
         let clock = new_clock();
         let (one, two) = (WriteMarks::new(2, &clock), WriteMarks::new(2, &clock));
+        let n = one.flush_number();
+        one.flushed(n);
         drop(one.begin(0));
         let n = two.flush_number();
         two.flushed(n);

@@ -469,7 +469,7 @@ fn collect_state(d: &Daemon, r: &Registry) -> prometheus::proto::MetricFamily {
     );
     let cache_parked = s.gauge(
         "tessera_cache_parked_bytes",
-        "Bytes the write-back log held for slab sets beyond their tolerance, kept for disks missing since the import: reads and writes of them are refused until those disks are back",
+        "Bytes the write-back log held for slab sets beyond their tolerance, kept for disks that are away and may come back: reads and writes of them are refused until those disks are back",
         &["pool"],
     );
     let cache_cached = s.counter(

@@ -605,8 +605,9 @@ impl Engine {
     }
 
     /// Takes back, while the pool runs, a data disk that was missing when the pool was
-    /// imported, now opened as `dev` (`Layouts::bring_back_disk`): current where no write
-    /// went around it, and stale (read around) where one did, until a repair resyncs it.
+    /// imported, or that an I/O error took out, now opened as `dev` (`Layouts::bring_back_disk`):
+    /// current where no write went around it (nor, after an error, was written since its last
+    /// flush), and stale (read around) elsewhere, until a repair resyncs it.
     pub fn bring_back_disk(&self, disk: &str, dev: DiskRef) -> Result<()> {
         let pos = self.s.pool.find_disk(disk)?;
         self.s.layouts.bring_back_disk(pos, dev)?;

@@ -375,7 +375,7 @@ impl Inner {
 
     /// Whether `set` has writes parked (parked.rs).
     fn has_parked(&self, set: u32) -> bool {
-        self.any_parked.load(Ordering::Acquire) && !self.state.lock().parked.within(set, 0, u64::MAX).is_empty()
+        self.any_parked.load(Ordering::Acquire) && self.state.lock().parked.has_set(set)
     }
 
     /// Settles the parked writes (parked.rs) of every set that no longer waits: written to
@@ -484,12 +484,7 @@ impl Inner {
         self.pool.meta().commit(b, true)?;
         let bytes = {
             let mut st = self.state.lock();
-            let bytes = st
-                .parked
-                .within(set, 0, u64::MAX)
-                .iter()
-                .map(|(a, b)| b - a)
-                .sum::<u64>();
+            let bytes = st.parked.set_bytes(set);
             st.parked.remove_set(set);
             bytes
         };

@@ -327,7 +327,7 @@ fn cache_line(c: &tessera_volume::CacheStatus) -> String {
     };
     let parked = if c.parked_bytes > 0 {
         format!(
-            "; WAITING: {} the log held for slab sets beyond their tolerance is kept in the pool's metadata for the disks missing since the import, and written to those sets once they are back ('disk online POOL DISK'); reads and writes of it are refused until then; failing such a disk loses it",
+            "; WAITING: {} the log held for slab sets beyond their tolerance is kept in the pool's metadata for disks that are away and may come back, and written to those sets once they are back ('disk online POOL DISK'); reads and writes of it are refused until then; failing such a disk loses it",
             size(c.parked_bytes)
         )
     } else {

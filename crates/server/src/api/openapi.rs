@@ -203,7 +203,7 @@ pub const ROUTES: &[RouteDoc] = &[
     r(
         "post",
         "/api/pools/{pool}/disks/{disk}/{action}",
-        "fail or retire a disk, or take back (online) one missing since the import; {disk} is its id or its percent-encoded path",
+        "fail or retire a disk, or take back (online) one missing since the import or failed by an I/O error; {disk} is its id or its percent-encoded path",
         None,
         Some((200, schema::<DiskView>)),
     ),

@@ -148,8 +148,13 @@ impl Daemon {
         let problem = match health {
             PoolHealth::Failed => Some("some slab sets lost more disks than their layout tolerates: their data is unreadable until a disk comes back".to_string()),
             _ if repair > 0 => Some(format!(
-                "{} to rebuild or move off failed, missing or retired disks: 'tessera pool repair {name}' starts it now",
-                crate::units::format_size(repair)
+                "{} to rebuild or move off failed, missing or retired disks: 'tessera pool repair {name}' starts it now{}",
+                crate::units::format_size(repair),
+                if disks.iter().any(|d| d.info.may_come_back()) {
+                    " (or, for a disk that may come back, 'tessera disk online' once it is mended)"
+                } else {
+                    ""
+                }
             )),
             _ if !idle.is_empty() => Some(format!("disk(s) {} are out of service and hold no data", idle.join(", "))),
             _ => None,
