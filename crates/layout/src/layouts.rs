@@ -597,10 +597,11 @@ impl Layouts {
         loses_more_than_tolerated(spec, members.len(), |m| self.member_dev(members[m]).is_none())
     }
 
-    /// Whether `set` has lost more than its tolerance even with every disk missing since the
-    /// import that can come back as it was back: a member that missed writes (or that an I/O
-    /// error may have left stale), or whose disk failed for good, counts as gone. A disk coming back meanwhile never turns the answer to true
-    /// (which judging `unrecoverable`, then this with the disk counted, could).
+    /// Whether `set` has lost more than its tolerance even with every disk away that can come
+    /// back as it was back: a member that missed writes (or that an I/O error may have left
+    /// stale), or whose disk failed for good, counts as gone. A disk coming back meanwhile
+    /// never turns the answer to true (which judging `unrecoverable`, then this with the disk
+    /// counted, could).
     pub fn lost_for_good(&self, set: &SlabSet) -> bool {
         let members = set.members.read();
         let gone_for_good = |m: usize| {
