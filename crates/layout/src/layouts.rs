@@ -13,7 +13,7 @@ use tracing::{info, warn};
 use crate::error::{LayoutError, Result};
 use crate::gather::RowGather;
 use crate::journal::{RecordBody, StripeJournal};
-use crate::slabset::{Registry, SlabSet, SlabSetDesc};
+use crate::slabset::{Registry, SlabSet};
 use crate::spec::{LayoutKind, LayoutSpec};
 use crate::sums::{block_sum, sums_of, Sums, BLOCK};
 
@@ -406,28 +406,11 @@ impl Layouts {
         }
         let _turn = self.marking.lock();
         let mut missed = set.missed.lock();
-        let new: Vec<SlabRef> = members
-            .iter()
-            .filter(|s| away(s) && !missed.contains(s))
-            .copied()
-            .collect();
-        if new.is_empty() {
-            return Ok(());
+        let new = Registry::persist_missed(&self.pool, set, members, &mut missed, away)?;
+        if !new.is_empty() {
+            self.missed.write().extend(new);
+            self.any_missed.store(true, Ordering::Release);
         }
-        let mut all = missed.clone();
-        all.extend(&new);
-        Registry::persist(
-            &self.pool,
-            &SlabSetDesc {
-                id: set.id,
-                spec: set.spec,
-                members: members.to_vec(),
-                missed: all.clone(),
-            },
-        )?;
-        *missed = all;
-        self.missed.write().extend(new);
-        self.any_missed.store(true, Ordering::Release);
         Ok(())
     }
 

@@ -195,6 +195,39 @@ impl Registry {
 }
 
 impl Registry {
+    /// Records durably, as members of `set` that missed writes, those of `members` that
+    /// `pick` picks and `missed` (the set's record, held by the caller) lacks, and adds them
+    /// to it. Returns them.
+    pub(crate) fn persist_missed(
+        pool: &Pool,
+        set: &SlabSet,
+        members: &[SlabRef],
+        missed: &mut Vec<SlabRef>,
+        pick: impl Fn(&SlabRef) -> bool,
+    ) -> Result<Vec<SlabRef>> {
+        let new: Vec<SlabRef> = members
+            .iter()
+            .filter(|s| pick(s) && !missed.contains(s))
+            .copied()
+            .collect();
+        if new.is_empty() {
+            return Ok(new);
+        }
+        let mut all = missed.clone();
+        all.extend(&new);
+        Self::persist(
+            pool,
+            &SlabSetDesc {
+                id: set.id,
+                spec: set.spec,
+                members: members.to_vec(),
+                missed: all.clone(),
+            },
+        )?;
+        *missed = all;
+        Ok(new)
+    }
+
     /// Records durably, as members of set `id` that missed writes, those of its members
     /// `stale` picks (and not recorded yet), unless the set is gone; `recorded` is told of
     /// them while the set's records are still held, so that no repair of the set can forget
@@ -212,27 +245,10 @@ impl Registry {
         };
         let members = set.members.read();
         let mut missed = set.missed.lock();
-        let new: Vec<SlabRef> = members
-            .iter()
-            .filter(|s| stale(s) && !missed.contains(s))
-            .copied()
-            .collect();
-        if new.is_empty() {
-            return Ok(new);
+        let new = Self::persist_missed(pool, &set, &members, &mut missed, stale)?;
+        if !new.is_empty() {
+            recorded(&new);
         }
-        let mut all = missed.clone();
-        all.extend(&new);
-        Self::persist(
-            pool,
-            &SlabSetDesc {
-                id,
-                spec: set.spec,
-                members: members.clone(),
-                missed: all.clone(),
-            },
-        )?;
-        *missed = all;
-        recorded(&new);
         Ok(new)
     }
 }

@@ -35,6 +35,16 @@ fn repair(rig: &Rig) -> usize {
     r.slabs_rebuilt
 }
 
+/// A repair resyncs `stale` members where they are (no free space taken); then disk 0 is
+/// failed, and the vdisk reads as `data` from what is left.
+fn resync_in_place_then_read_without_disk_0(rig: &Rig, data: &[u8], stale: usize) {
+    let free = rig.engine().pool().capacity().free_bytes;
+    assert_eq!(repair(rig), stale);
+    assert_eq!(rig.engine().pool().capacity().free_bytes, free, "resynced where it is");
+    rig.engine().fail_disk("mem0").unwrap();
+    assert_eq!(read_all(rig), data);
+}
+
 /// A two-disk mirror of four slab sets, written whole: every set has a member on each disk.
 fn mirrored_pair() -> (Rig, Vec<u8>) {
     let rig = Rig::new(2, 32 * MIB, MIB);
@@ -139,13 +149,9 @@ fn a_disk_back_is_stale_only_in_the_slab_sets_written_around_it_and_resynced_whe
     for _ in 0..8 {
         assert_eq!(read_all(&rig), data);
     }
-    let free = rig.engine().pool().capacity().free_bytes;
-    assert_eq!(repair(&rig), 1);
-    assert_eq!(rig.engine().pool().capacity().free_bytes, free, "no new slab taken");
-    assert_eq!(rig.engine().layouts().stale_members(), 0);
     // The resynced disk alone holds the data, the block written while it was away included.
-    rig.engine().fail_disk("mem0").unwrap();
-    assert_eq!(read_all(&rig), data);
+    resync_in_place_then_read_without_disk_0(&rig, &data, 1);
+    assert_eq!(rig.engine().layouts().stale_members(), 0);
     rig.reopen();
     assert_eq!(read_all(&rig), data, "the resync outlives a restart");
     rig.assert_consistent();
@@ -252,12 +258,8 @@ fn a_disk_back_while_the_pool_runs_is_taken_back_as_an_import_would() {
     let stale = rig.engine().layouts().stale_members();
     assert!(stale > 0, "writes went around it");
     assert_eq!(read_all(&rig), data, "read around what it missed");
-    let free = rig.engine().pool().capacity().free_bytes;
-    assert_eq!(repair(&rig), stale);
-    assert_eq!(rig.engine().pool().capacity().free_bytes, free, "resynced where it is");
     // The disk taken back alone holds everything, the writes made around it included.
-    rig.engine().fail_disk("mem0").unwrap();
-    assert_eq!(read_all(&rig), data);
+    resync_in_place_then_read_without_disk_0(&rig, &data, stale);
     rig.reopen();
     assert_eq!(read_all(&rig), data);
     rig.assert_consistent();
@@ -639,12 +641,8 @@ fn a_disk_an_error_took_out_comes_back_stale_only_where_written_since_its_last_f
         "sets 0 (in its lost cache), 2 (the write that failed) and 3 (written around it); set 1 is current"
     );
     assert_eq!(read_all(&rig), data, "read around what is stale");
-    let free = rig.engine().pool().capacity().free_bytes;
-    assert_eq!(repair(&rig), 3);
-    assert_eq!(rig.engine().pool().capacity().free_bytes, free, "resynced where it is");
     // It alone holds everything now.
-    rig.engine().fail_disk("mem0").unwrap();
-    assert_eq!(read_all(&rig), data);
+    resync_in_place_then_read_without_disk_0(&rig, &data, 3);
     rig.reopen();
     assert_eq!(read_all(&rig), data);
     rig.assert_consistent();
@@ -678,9 +676,7 @@ fn a_disk_an_error_took_out_keeps_its_stale_slabs_across_a_crash() {
     assert_eq!(state(&rig, 1), DiskState::Healthy);
     assert_eq!(rig.engine().layouts().stale_members(), 2, "sets 1 and 2");
     assert_eq!(read_all(&rig), data);
-    assert_eq!(repair(&rig), 2);
-    rig.engine().fail_disk("mem0").unwrap();
-    assert_eq!(read_all(&rig), data);
+    resync_in_place_then_read_without_disk_0(&rig, &data, 2);
 }
 
 /// A disk an error took out that does not answer at the next import stays out, able to come
