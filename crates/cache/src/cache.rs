@@ -104,7 +104,8 @@ pub struct CacheStatus {
     /// block rotted): reads of it fail until it is written again.
     #[serde(default)]
     pub lost_bytes: u64,
-    /// Writes the log held for slab sets that only disks missing since the import can take,
+    /// Writes the log held for slab sets that only disks able to come back can take (missing
+    /// since the import, or taken out by an I/O error while the pool ran),
     /// parked in the pool's metadata: reads and writes of them are refused until those disks
     /// are back (`disk online`), when they are written to their sets.
     #[serde(default)]
@@ -190,7 +191,7 @@ struct State {
     lost_cuts: LostRanges,
     /// The writes the live log holds, and which of them the metadata records (held.rs).
     held: Held,
-    /// Ranges of writes parked in the metadata until missing disks are back (parked.rs):
+    /// Ranges of writes parked in the metadata until disks that are away are back (parked.rs):
     /// refused to readers and writers until written to their sets.
     parked: LostRanges,
 }
@@ -351,9 +352,6 @@ struct Inner {
     any_parked: AtomicBool,
     /// One settle of the parked writes at a time.
     settling: Mutex<()>,
-    /// The open's destage: what sets waiting for missing disks cannot take is parked (no
-    /// writer runs yet; while the pool runs, a disk is never missing, only failed).
-    parking: AtomicBool,
     /// The log lost its last disk, and a destage round begun before may still write what it
     /// read of the log then: the next write past the cache waits for that round first.
     wipe_fence: AtomicBool,
@@ -498,7 +496,6 @@ impl WriteCache {
             any_lost: AtomicBool::new(any_lost),
             any_parked: AtomicBool::new(any_parked),
             settling: Mutex::new(()),
-            parking: AtomicBool::new(false),
             wipe_fence: AtomicBool::new(false),
             lost_saving: Mutex::new(()),
             held_saving: Mutex::new(()),
@@ -549,10 +546,7 @@ impl WriteCache {
         if replaying {
             // Everything the log held goes to the layouts now, so the new generation starts
             // from an empty log; what sets waiting for missing disks cannot take is parked.
-            inner.parking.store(true, Ordering::Release);
-            let r = inner.destage_all();
-            inner.parking.store(false, Ordering::Release);
-            r?;
+            inner.destage_all()?;
             // Lost ranges the log wrote again after the loss (cut as they were indexed):
             // durable there, and destaged and flushed now.
             let cuts = std::mem::take(&mut inner.state.lock().lost_cuts);
@@ -1102,10 +1096,10 @@ impl Drop for WriteCache {
     }
 }
 
-/// What a read or write of a range parked for missing disks gets.
+/// What a read or write of a range parked for disks that are away gets.
 fn waiting(set: u32, a: u64, b: u64) -> CacheError {
     CacheError::Waiting(format!(
-        "bytes {a}..{b} of slab set {set} hold writes the write-back log kept for disks missing since the pool's import; they are refused until those disks are back ('tessera disk online', or an import that finds them)"
+        "bytes {a}..{b} of slab set {set} hold writes the write-back log kept for disks that are away (missing since the pool's import, or taken out by an I/O error); they are refused until those disks are back ('tessera disk online', or for a missing disk an import that finds it)"
     ))
 }
 

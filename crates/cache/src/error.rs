@@ -12,7 +12,7 @@ pub enum CacheError {
     /// The range read was lost with the write-back log's last disk, before it was destaged.
     #[error("{0}")]
     Lost(String),
-    /// The range holds writes parked for disks missing since the import (parked.rs).
+    /// The range holds writes parked for disks that can come back (parked.rs).
     #[error("{0}")]
     Waiting(String),
 }

@@ -1,12 +1,14 @@
-//! Writes the log held for slab sets that only disks missing since the pool's import keep
-//! from being written (`Layouts::unrecoverable` but not `lost_for_good`), parked in the pool's metadata.
+//! Writes the log held for slab sets that only disks able to come back keep from being
+//! written (`Layouts::unrecoverable` but not `lost_for_good`: disks missing since the pool's
+//! import, or taken out by an I/O error while it runs), parked in the pool's metadata.
 //!
 //! The open destages everything the log holds and begins a new log, which cannot carry the
-//! old one's data; a set beyond its tolerance cannot take its share. Dropped, those writes,
-//! answered as durable, would be lost for a disk that was only late (a cable, an enclosure
-//! powered on after the server), so the open parks them instead: each piece, with the
-//! sequence number of the batch that held it, in a record of its own, saved before the new log
-//! begins. Reads and writes of a parked range are refused (the set's disks hold older data)
+//! old one's data; a set beyond its tolerance cannot take its share. While the pool runs, such
+//! a set cannot take it either, and kept in the log it would hold the log's start back.
+//! Dropped, those writes, answered as durable, would be lost for a disk that was only late or
+//! blinked (a cable, an enclosure's power), so the destage parks them instead: each piece,
+//! with the sequence number of the batch that held it, in a record of its own, saved before
+//! the log's start moves past it. Reads and writes of a parked range are refused (the set's disks hold older data)
 //! until the disks are back and the pieces written to the set, oldest batch first; if a disk
 //! is failed instead, they are recorded lost (lost.rs) as the log's data would have been.
 

@@ -590,8 +590,9 @@ impl Layouts {
         let gone_for_good = |m: usize| {
             let slab = members[m];
             // Asked in this order, a disk taken back between the two questions is never gone.
-            // Stale before missed: recording moves a slab from the one to the other.
-            self.pool.is_stale(slab)
+            // Stale before missed: recording moves a slab from the one to the other. A set
+            // without redundancy takes its stale members back as they are (`record_stale_slabs`).
+            (self.pool.is_stale(slab) && set.spec.tolerance() > 0)
                 || self.is_missed(slab)
                 || (!self.pool.can_come_back(slab.disk) && self.pool.readable_disk(slab.disk).is_none())
         };
@@ -1058,6 +1059,14 @@ impl Layouts {
 /// given), then lets the pool forget its lists. Their disks are away meanwhile (or the pool
 /// is being opened): nothing reads or writes those slabs.
 /// `recorded` is told of each set's, under the set's records (`Registry::add_missed`).
+///
+/// A set without redundancy (simple) has no other member to resync its stale member from:
+/// recorded, the member would stay unreadable for good. It is taken back as the disk holds
+/// it instead, as a power cut of that disk alone would leave it: every write to it since the
+/// disk's last successful flush was answered with an error or followed by a flush that
+/// failed (`lost_since`), so none was promised durable, and with block checksums a block
+/// that did not reach the medium, or reached it torn, does not match the checksum of what
+/// was written and is reported unreadable rather than returned.
 fn record_stale_slabs(
     pool: &Pool,
     registry: &Registry,
@@ -1069,10 +1078,17 @@ fn record_stale_slabs(
             continue;
         }
         let stale: HashSet<SlabRef> = slabs.iter().map(|&slab| SlabRef { disk, slab }).collect();
+        let (mut resynced, mut as_held) = (0, 0);
         for set in registry.all() {
-            registry.add_missed(pool, set.id, |s| stale.contains(s), &recorded)?;
+            if set.spec.tolerance() == 0 {
+                as_held += set.members.read().iter().filter(|s| stale.contains(s)).count();
+                continue;
+            }
+            resynced += registry
+                .add_missed(pool, set.id, |s| stale.contains(s), &recorded)?
+                .len();
         }
-        info!(pool = %pool.name(), disk, slabs = slabs.len(), "slabs written since the last flush of a disk an I/O error took out are stale until resynced");
+        info!(pool = %pool.name(), disk, slabs = slabs.len(), resynced, as_held, "slabs written since the last flush of a disk an I/O error took out: those of sets with redundancy are stale until resynced, those of simple sets are taken as the disk holds them");
         pool.forget_stale_slabs(disk)?;
     }
     Ok(())

@@ -1193,7 +1193,8 @@ impl Pool {
 /// What becomes of a disk an I/O error took out.
 fn away_after_error() -> &'static str {
     "what it holds is kept: once the cause is mended (a cable, an enclosure's power), 'tessera disk online' \
-     takes it back, its slabs written since its last flush resynced by a repair; 'tessera disk fail' gives it up"
+     takes it back, its slabs written since its last flush resynced by a repair (a simple vdisk's taken as the disk holds \
+     them); 'tessera disk fail' gives it up"
 }
 
 fn label_for(config: &PoolConfig, info: &DiskInfo, exported: bool, resync_pending: bool) -> Label {

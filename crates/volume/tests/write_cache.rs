@@ -1373,3 +1373,52 @@ fn parked_writes_stay_refused_until_settled_though_their_disk_is_back() {
         }
     }
 }
+
+/// A vdisk without redundancy whose disk an I/O error takes out while the log holds writes for
+/// it: they were answered as durable (the log was flushed), and the disk can come back (`disk
+/// online`), so they are parked rather than lost, refused meanwhile, kept across a restart,
+/// and written to the vdisk once the disk is back. Before, only an open parked: while the
+/// pool ran, a disk was never missing, only failed for good, and the log's data for it lost.
+#[test]
+fn writes_the_log_held_for_a_disk_an_error_took_out_wait_for_it() {
+    for restart in [false, true] {
+        let (mut rig, v) = two_data_disks_two_log_disks();
+        let first = pattern(1, 0, MIB as usize);
+        v.write(0, &first, false).unwrap();
+        rig.engine().cache().drain().unwrap();
+        let used = only_data_disk_in_use(rig.engine());
+        let at = rig.disks.iter().position(|d| d.path() == used).unwrap();
+        let (mut want, new) = (first, pattern(2, 0, 256 << 10));
+        v.write(64 << 10, &new, false).unwrap();
+        v.flush().unwrap();
+        want[64 << 10..320 << 10].copy_from_slice(&new);
+        // The destage meets the error.
+        rig.disks[at].faults().pull();
+        rig.engine().cache().drain().unwrap();
+        assert_eq!(rig.engine().pool().disks()[at].info.state, DiskState::Failed);
+        let status = rig.engine().cache_status();
+        assert_eq!(
+            (status.lost_bytes, status.parked_bytes, status.dirty_bytes),
+            (0, 256 << 10, 0),
+            "restart: {restart}, {status:?}"
+        );
+        let mut got = vec![0u8; 4096];
+        assert!(v.read(64 << 10, &mut got).is_err(), "parked data was read");
+        drop(v);
+        if restart {
+            rig.reopen();
+            assert_eq!(rig.engine().cache_status().parked_bytes, 256 << 10);
+            assert_eq!(rig.engine().pool().disks()[at].info.state, DiskState::Failed);
+        }
+        rig.disks[at].faults().reinsert();
+        rig.engine()
+            .bring_back_disk(&used, rig.disks[at].clone() as tessera_disk::DiskRef)
+            .unwrap();
+        let status = rig.engine().cache_status();
+        assert_eq!((status.lost_bytes, status.parked_bytes), (0, 0), "{status:?}");
+        assert_same(&read_all(&rig, "v", MIB as usize), &want, "once the disk is back");
+        rig.reopen();
+        assert_same(&read_all(&rig, "v", MIB as usize), &want, "after a restart");
+        rig.assert_consistent();
+    }
+}

@@ -148,15 +148,15 @@ impl Inner {
         // A set that lost more members than it tolerates, for good (failed disks, which never
         // come back), can never take what the log holds for it: that is lost with the set,
         // and kept in the log it would hold the log's start where it is, and every other
-        // vdisk's writers would wait for room that never comes. At the open, a set that only
-        // disks missing since the import keep from it has what the log holds for it parked
-        // until they are back (parked.rs).
-        let parking = self.parking.load(Ordering::Acquire);
+        // vdisk's writers would wait for room that never comes. A set that only disks able
+        // to come back keep from it (missing since the import, or taken out by an I/O error
+        // while the pool runs) has what the log holds for it parked until they are back
+        // (parked.rs), and so has a set with writes parked already (after them, in order).
         let (mut hopeless, mut waiting): (Vec<&Job>, Vec<&Job>) = (Vec::new(), Vec::new());
         for j in &not_done {
             let Ok(s) = self.layouts.set(j.set) else { continue };
             let unrecoverable = self.layouts.unrecoverable(&s);
-            if parking && !self.layouts.lost_for_good(&s) && (unrecoverable || self.has_parked(j.set)) {
+            if !self.layouts.lost_for_good(&s) && (unrecoverable || self.has_parked(j.set)) {
                 waiting.push(j);
             } else if unrecoverable {
                 hopeless.push(j);
@@ -276,10 +276,10 @@ impl Inner {
             Err(LayoutError::NoSuchSet(_)) => return Ok(0),
             Err(e) => return Err(e.into()),
         };
-        if self.parking.load(Ordering::Acquire) && self.has_parked(set) {
-            // Parked too, after what an earlier open parked (older), so that the settle
-            // writes both in order: written now, before those records, this newer data
-            // would be undone by them.
+        if self.has_parked(set) {
+            // Parked too, after what was parked before (older), so that the settle writes
+            // both in order: written now, before those records, this newer data would be
+            // undone by them.
             return Err(CacheError::Waiting(format!("slab set {set} has parked writes")));
         }
         let mut data = AlignedBuf::zeroed(len as usize);
@@ -327,10 +327,12 @@ impl Inner {
         }
     }
 
-    /// The pieces of `jobs`, whose sets wait for disks missing since the import, are parked
-    /// in the pool's metadata (read from the log, saved, then refused to readers and
-    /// writers), then dropped from what the log must destage. Only at the open, before any
-    /// writer: a write cannot come between the pieces read here and the ranges refused.
+    /// The pieces of `jobs`, whose sets wait for disks that can come back (or have writes
+    /// parked already), are parked in the pool's metadata (read from the log, saved, then
+    /// refused to readers and writers), then dropped from what the log must destage. A write
+    /// that reaches the log between the read here and the ranges refused is a newer piece,
+    /// left dirty (`mark_clean` takes only these), and parked after these by a later round;
+    /// a reader sees the ranges refused and the pieces clean in one look at the state.
     fn park_jobs(
         &self,
         jobs: &[&Job],
@@ -368,7 +370,7 @@ impl Inner {
             }
         }
         self.any_parked.store(true, Ordering::Release);
-        warn!(pool = %self.pool.name(), bytes, "writes in the write-back log for slab sets beyond their tolerance wait for disks missing since the import: parked in the pool's metadata until those disks are back");
+        warn!(pool = %self.pool.name(), bytes, "writes in the write-back log for slab sets beyond their tolerance wait for disks that can come back (missing, or taken out by an I/O error): parked in the pool's metadata until those disks are back");
         self.mark_clean(jobs, picked);
         Ok(())
     }
@@ -429,35 +431,50 @@ impl Inner {
         // Whether what is parked for the set is lost now (judged here, taken below under the
         // destager's lock, where `forget_set` cannot drop it meanwhile).
         let mut loses = false;
-        match &slabset {
+        let _d = match &slabset {
             // Asked first: a disk back meanwhile never makes a set lost for good.
-            Some(s) if self.layouts.lost_for_good(s) => loses = true,
+            Some(s) if self.layouts.lost_for_good(s) => {
+                loses = true;
+                self.destaging.lock()
+            }
             Some(s) if self.layouts.unrecoverable(s) => return Ok(()),
             Some(s) => {
-                let (keys, unreadable) = parked::keys_of(&self.pool, set)?;
-                for (seq, at) in keys {
-                    // One piece at a time under the destager's lock: not between a destage
-                    // round's read of a whole row and its write back, nor into a set that
-                    // `forget_set` (which takes it too) has dropped for freeing.
-                    let _d = self.destaging.lock();
-                    if !self.has_parked(set) {
-                        return Ok(());
+                let mut written = HashSet::new();
+                loop {
+                    let (keys, unreadable) = parked::keys_of(&self.pool, set)?;
+                    let new: Vec<_> = keys.into_iter().filter(|k| !written.contains(k)).collect();
+                    for (seq, at) in new {
+                        // One piece at a time under the destager's lock: not between a destage
+                        // round's read of a whole row and its write back, nor into a set that
+                        // `forget_set` (which takes it too) has dropped for freeing.
+                        let _d = self.destaging.lock();
+                        if !self.has_parked(set) {
+                            return Ok(());
+                        }
+                        stopping()?;
+                        if let Some(data) = parked::get(&self.pool, set, seq, at)? {
+                            self.layouts.write(s, at, &data)?;
+                        }
+                        written.insert((seq, at));
                     }
-                    stopping()?;
-                    if let Some(data) = parked::get(&self.pool, set, seq, at)? {
-                        self.layouts.write(s, at, &data)?;
+                    self.layouts.flush()?;
+                    // Where the data of a record that cannot be read goes is not known: the
+                    // set's parked range (all of it, for such a record) is lost, refused until
+                    // written again, rather than refused for ever or read as the disks hold it.
+                    loses = unreadable > 0;
+                    // A destage round parks under the destager's lock, and may have parked
+                    // newer pieces for the set while these were written: written too before
+                    // the set's records go (all of them, below).
+                    let d = self.destaging.lock();
+                    let (keys, _) = parked::keys_of(&self.pool, set)?;
+                    if keys.iter().all(|k| written.contains(k)) {
+                        break d;
                     }
                 }
-                self.layouts.flush()?;
-                // Where the data of a record that cannot be read goes is not known: the
-                // set's parked range (all of it, for such a record) is lost, refused until
-                // written again, rather than refused for ever or read as the disks hold it.
-                loses = unreadable > 0;
             }
             // Freed: nothing references the data any more.
-            None => {}
-        }
-        let _d = self.destaging.lock();
+            None => self.destaging.lock(),
+        };
         // Dropped meanwhile by `forget_set` (the set freed): nothing left to do.
         if !self.has_parked(set) {
             return Ok(());
