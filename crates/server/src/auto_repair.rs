@@ -1,6 +1,6 @@
 //! Repair that starts by itself. Now and then the daemon looks at every imported pool: when a
-//! disk has failed, or has stayed missing longer than `auto_repair_delay` (a cable pulled and
-//! put back must not start a rebuild), and the pool has the free space the repair needs, it
+//! disk has failed for good, or has stayed away longer than `auto_repair_delay` (missing, or
+//! taken out by an I/O error: a cable pulled and put back must not start a rebuild), and the pool has the free space the repair needs, it
 //! starts the same repair job `tessera pool repair` starts. A repair that fails is tried again
 //! after [`RETRY_AFTER`], not in a loop. Hot spares count as free space here, and the repair
 //! puts its replacement slabs on them first. Retired disks are the administrator's to empty: their
@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
-use tessera_pool::DiskState;
+use tessera_pool::{DiskInfo, DiskState};
 use tessera_volume::Engine;
 use tracing::{info, warn};
 
@@ -224,30 +224,18 @@ impl Daemon {
         }
         let delay = self.cfg.auto_repair_delay;
         let mut reason = None;
-        let mut waiting: Option<(Duration, &str)> = None;
+        let mut waiting: Option<(Duration, String)> = None;
         for d in &out {
             let since = *w.out_since.entry(d.info.id.to_string()).or_insert(now);
-            match d.info.state {
-                DiskState::Failed => reason = Some(format!("disk {} failed", d.info.path)),
-                DiskState::Missing if now.duration_since(since) >= delay => {
-                    reason = Some(format!(
-                        "disk {} has been missing for {}",
-                        d.info.path,
-                        format_duration(delay)
-                    ))
-                }
-                DiskState::Missing => {
-                    let left = delay - now.duration_since(since);
-                    if waiting.is_none_or(|(l, _)| left < l) {
-                        waiting = Some((left, d.info.path.as_str()));
+            let failing = self.auto_repair.failing_reason(name, &d.info.id.to_string());
+            match disk_call(&d.info, now.duration_since(since), delay, failing) {
+                DiskCall::Repair(why) => reason = Some(why),
+                DiskCall::Wait(left, status) => {
+                    if waiting.as_ref().is_none_or(|(l, _)| left < *l) {
+                        waiting = Some((left, status));
                     }
                 }
-                DiskState::Retired => {
-                    if let Some(why) = self.auto_repair.failing_reason(name, &d.info.id.to_string()) {
-                        reason = Some(format!("disk {} is {why}", d.info.path));
-                    }
-                }
-                DiskState::Healthy | DiskState::Spare => {}
+                DiskCall::Nothing => {}
             }
         }
         // A disk that is back has members that missed writes while it was away: they are read
@@ -260,12 +248,7 @@ impl Daemon {
             reason = Some(stale_reason.clone());
         }
         let Some(mut reason) = reason else {
-            w.status = waiting.map(|(left, path)| {
-                format!(
-                    "disk {path} is missing; repair starts by itself in {} unless it comes back",
-                    format_duration(left)
-                )
-            });
+            w.status = waiting.map(|(_, status)| status);
             return;
         };
         let capacity = e.pool().capacity();
@@ -319,6 +302,122 @@ impl Daemon {
                 warn!(pool = name, error = %err.message, "cannot start an automatic repair");
                 *w.failed_of(resync_only) = Some((now, err.message));
             }
+        }
+    }
+}
+
+/// What one disk out of service asks of the automatic repair.
+#[derive(Debug, PartialEq)]
+enum DiskCall {
+    /// A repair, for this reason.
+    Repair(String),
+    /// Nothing yet: a repair is due in this long unless the disk comes back (what `pool show`
+    /// says meanwhile).
+    Wait(Duration, String),
+    /// Nothing: the administrator's to act on (a disk they retired).
+    Nothing,
+}
+
+/// The call for a disk `out_for` out of service, with the pool's `delay`, and why the daemon
+/// retired it as failing (if it did). A disk that may come back as it was waits the delay, so
+/// that a cable pulled and put back, or an enclosure that blinked, does not start a rebuild:
+/// one missing since the import, and one an I/O error took out while the pool ran (which is
+/// how a pulled cable shows then). A disk failed for good (`disk fail`, an older copy) is
+/// repaired at once: it never comes back.
+fn disk_call(info: &DiskInfo, out_for: Duration, delay: Duration, failing: Option<String>) -> DiskCall {
+    let path = &info.path;
+    let (away, back) = match info.state {
+        DiskState::Missing => ("is missing", "it comes back"),
+        DiskState::Failed if info.may_come_back() => (
+            "failed on an I/O error",
+            "it is taken back ('tessera disk online' once the cause is mended)",
+        ),
+        DiskState::Failed => return DiskCall::Repair(format!("disk {path} failed")),
+        DiskState::Retired => {
+            return match failing {
+                Some(why) => DiskCall::Repair(format!("disk {path} is {why}")),
+                None => DiskCall::Nothing,
+            }
+        }
+        DiskState::Healthy | DiskState::Spare => return DiskCall::Nothing,
+    };
+    if out_for >= delay {
+        return DiskCall::Repair(match info.state {
+            DiskState::Missing => format!("disk {path} has been missing for {}", format_duration(delay)),
+            _ => format!("disk {path} failed on an I/O error {} ago", format_duration(delay)),
+        });
+    }
+    let left = delay - out_for;
+    DiskCall::Wait(
+        left,
+        format!(
+            "disk {path} {away}; repair starts by itself in {} unless {back}",
+            format_duration(left)
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_pool::{DiskInfo, DiskUsage};
+
+    fn disk(state: DiskState, back_after_error: bool) -> DiskInfo {
+        let mut info: DiskInfo = serde_json::from_value(serde_json::json!({
+            "id": "00000000-0000-0000-0000-000000000001",
+            "path": "/dev/sdb",
+            "position": 1,
+            "size": 1u64 << 30,
+            "slabs": 16,
+            "state": "healthy",
+        }))
+        .expect("a disk record");
+        info.state = state;
+        info.usage = DiskUsage::Data;
+        info.back_after_error = back_after_error;
+        info.returns_as = (state == DiskState::Missing || back_after_error).then_some(DiskState::Healthy);
+        info
+    }
+
+    const DELAY: Duration = Duration::from_secs(300);
+
+    #[test]
+    fn a_disk_an_error_took_out_waits_the_delay_like_a_missing_one() {
+        for state in [DiskState::Missing, DiskState::Failed] {
+            let d = disk(state, state == DiskState::Failed);
+            let DiskCall::Wait(left, status) = disk_call(&d, Duration::from_secs(60), DELAY, None) else {
+                panic!("{state:?} did not wait");
+            };
+            assert_eq!(left, Duration::from_secs(240));
+            assert!(status.contains("/dev/sdb") && status.contains("4 min"), "{status}");
+            if state == DiskState::Failed {
+                assert!(
+                    status.contains("I/O error") && status.contains("disk online"),
+                    "{status}"
+                );
+            }
+            let DiskCall::Repair(why) = disk_call(&d, DELAY, DELAY, None) else {
+                panic!("{state:?} not repaired after the delay");
+            };
+            assert!(why.contains("/dev/sdb"), "{why}");
+        }
+    }
+
+    #[test]
+    fn a_disk_failed_for_good_is_repaired_at_once_and_a_retired_one_only_if_failing() {
+        let failed = disk(DiskState::Failed, false);
+        assert_eq!(
+            disk_call(&failed, Duration::ZERO, DELAY, None),
+            DiskCall::Repair("disk /dev/sdb failed".into())
+        );
+        let retired = disk(DiskState::Retired, false);
+        assert_eq!(disk_call(&retired, DELAY, DELAY, None), DiskCall::Nothing);
+        assert_eq!(
+            disk_call(&retired, Duration::ZERO, DELAY, Some("failing".into())),
+            DiskCall::Repair("disk /dev/sdb is failing".into())
+        );
+        for state in [DiskState::Healthy, DiskState::Spare] {
+            assert_eq!(disk_call(&disk(state, false), DELAY, DELAY, None), DiskCall::Nothing);
         }
     }
 }

@@ -18,7 +18,7 @@
 //! pools = ["tank"]                # imported at start, in addition to those left imported
 //! log_format = "text"             # or "json"
 //! auto_repair = true              # repair a pool by itself when a disk fails or stays missing
-//! auto_repair_delay = "5m"        # how long a missing disk may stay away before that
+//! auto_repair_delay = "5m"        # how long a disk may stay away (missing, or out on an I/O error) before that
 //! scrub_interval = "30d"          # a scrub of every pool this often; "off": only when asked
 //! scrub_rate = "200M"             # bytes per second a scheduled scrub reads; "off": no limit
 //! disk_error_limit = 100          # read or checksum errors after which a disk is failing
@@ -216,8 +216,9 @@ pub struct ServerConfig {
     /// Allocated share of a pool past which its thin LUNs raise THIN PROVISIONING SOFT
     /// THRESHOLD REACHED and the pool carries a warning.
     pub thin_threshold_percent: u8,
-    /// Start a pool's repair without being asked when a disk fails, or stays missing for
-    /// `auto_repair_delay` (so that a cable pulled and put back does not start a rebuild).
+    /// Start a pool's repair without being asked when a disk fails for good, or stays away
+    /// (missing, or taken out by an I/O error) for `auto_repair_delay` (so that a cable pulled
+    /// and put back does not start a rebuild).
     pub auto_repair: bool,
     pub auto_repair_delay: Duration,
     /// How often each pool is scrubbed; None: only when asked.
