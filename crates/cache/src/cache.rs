@@ -442,7 +442,7 @@ impl WriteCache {
             pool.meta().commit(b, true)?;
         }
         if !st.parked.is_empty() {
-            warn!(pool = %pool.name(), bytes = st.parked.bytes(), "writes the write-back log held for slab sets beyond their tolerance wait for missing disks: reads and writes of them are refused until those disks are back");
+            warn!(pool = %pool.name(), bytes = st.parked.bytes(), "writes the write-back log held for slab sets beyond their tolerance wait for disks that are away: reads and writes of them are refused until those disks are back");
         }
         st.lost_saved = st.lost.clone();
         if !st.lost.is_empty() {
@@ -710,12 +710,14 @@ impl WriteCache {
     pub fn write(&self, vdisk: u64, set: &SlabSet, offset: u64, data: &[u8]) -> Result<()> {
         let i = &self.inner;
         let end = offset + data.len() as u64;
-        if i.any_parked.load(Ordering::Acquire) && i.state.lock().parked.overlaps(set.id, offset, end) {
-            // Written before the parked data, it would be undone when that is written.
-            return Err(waiting(set.id, offset, end));
-        }
         let (cached, one_copy, active) = {
             let st = i.state.lock();
+            // Written before the parked data, it would be undone when that is written. Asked
+            // in the same look as the log's pieces: a destage round parks only what the log
+            // holds, so a write that finds neither here can go past the log.
+            if i.any_parked.load(Ordering::Acquire) && st.parked.overlaps(set.id, offset, end) {
+                return Err(waiting(set.id, offset, end));
+            }
             let takes = !st.devices.is_empty()
                 && (set.spec.tolerance() == 0 || st.devices.len() >= COPIES)
                 && st.budget(vdisk) > 0;

@@ -323,8 +323,9 @@ impl Layouts {
 
     /// Takes back, while the pool runs, a data disk missing since the import, or taken out by
     /// an I/O error (`Pool::bring_back`): its slabs recorded as having missed writes, and
-    /// those the error may have left stale, stay unread and unwritten until a repair resyncs
-    /// them (the labels say so before the disk is back); the others are current.
+    /// those the error may have left stale in sets with redundancy, stay unread and unwritten
+    /// until a repair resyncs them (the labels say so before the disk is back); the others are
+    /// current (those of sets without redundancy as the disk holds them, `record_stale_slabs`).
     /// In one turn with the records (`marking`), so that no verdict on the labels' flag is
     /// written out of order with it.
     ///
@@ -533,12 +534,17 @@ impl Layouts {
     /// flush it, perhaps failed by someone else's flush), so the writer's flush must fail.
     /// A set freed since holds nothing of the writer's any more (a set is freed once nothing
     /// above references its data), so it cannot have lost it.
+    ///
+    /// A set without redundancy asks only whether a member was lost since: such a member
+    /// comes back as its disk holds it (`record_stale_slabs`), so the set may be whole again
+    /// by the writer's flush and still lack the write.
     pub fn lost_since(&self, set: &SlabSet, noted: u64) -> bool {
         if !self.set(set.id).is_ok_and(|live| std::ptr::eq(&*live, set)) {
             return false;
         }
         let members = set.members.read();
-        self.beyond_tolerance(&set.spec, &members) && members.iter().any(|m| self.pool.lost_since(m.disk, noted))
+        let lost = members.iter().any(|m| self.pool.lost_since(m.disk, noted));
+        lost && (set.spec.tolerance() == 0 || self.beyond_tolerance(&set.spec, &members))
     }
 
     pub fn health(&self, set: &SlabSet) -> SetHealth {
@@ -582,7 +588,7 @@ impl Layouts {
 
     /// Whether `set` has lost more than its tolerance even with every disk away that can come
     /// back as it was back: a member that missed writes (or that an I/O error may have left
-    /// stale), or whose disk failed for good, counts as gone. A disk coming back meanwhile
+    /// stale, in a set with redundancy), or whose disk failed for good, counts as gone. A disk coming back meanwhile
     /// never turns the answer to true (which judging `unrecoverable`, then this with the disk
     /// counted, could).
     pub fn lost_for_good(&self, set: &SlabSet) -> bool {

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 use tessera_disk::{
-    read_label, rewrite_label, verify_label, wipe_label, write_new_label, DiskError, DiskRef, Label, MeteredDisk,
-    DATA_OFFSET,
+    read_label, rewrite_label, verify_label, wipe_label, write_new_label, DiskError, DiskRef, Label, LabelError,
+    MeteredDisk, DATA_OFFSET,
 };
 use tracing::{info, warn};
 use uuid::Uuid;
@@ -291,6 +291,16 @@ impl Pool {
         // generation in its label (labels are written before the configuration is saved).
         let last_saved = config.generation;
         config.generation += 1;
+        // The generation each disk's label has at least (`left_at` for a missing one), kept
+        // for a disk whose label cannot be written below (`write_labels_at_import`).
+        let label_at_least: Vec<u64> = config
+            .disks
+            .iter()
+            .map(|d| match d.state {
+                DiskState::Missing => d.left_at.unwrap_or(last_saved),
+                _ => last_saved,
+            })
+            .collect();
         // Stale members: of a disk back now, or still unresynced since an earlier import
         // (its labels say so). The layout layer, which knows which, settles it once open.
         let mut resync_pending = false;
@@ -409,7 +419,7 @@ impl Pool {
             clock,
             loss_unsaved: AtomicBool::new(false),
         };
-        pool.write_labels(false)?;
+        pool.write_labels_at_import(&label_at_least)?;
         pool.save_config(&pool.inner.read().config)?;
         info!(pool = %pool.name(), "pool imported");
         Ok(Arc::new(pool))
@@ -472,6 +482,63 @@ impl Pool {
             }
         }
         let _ = std::fs::remove_dir(&path);
+        Ok(())
+    }
+
+    /// Writes every opened member's label at an import. A disk that answered but cannot take
+    /// its label (a write, flush or read back that fails) is left out as a disk missing at the
+    /// import would be, rather than keep the whole pool from opening: its data is as current
+    /// as the day the pool last stopped (or it left, for one missing until now), and `disk
+    /// online` (or the next import that can write its label) takes it back, stale only where a
+    /// write went around it. Its label then has this import's generation or the one it had,
+    /// `label_at_least` (per disk), never an older one. A refusal of the storage itself
+    /// (`DiskError::Unavailable`, a cluster) still fails the import.
+    fn write_labels_at_import(&self, label_at_least: &[u64]) -> Result<()> {
+        let failed: Vec<(usize, LabelError)> = {
+            let inner = self.inner.read();
+            let resync_pending = self.resync_pending.load(Ordering::SeqCst);
+            let mut failed = Vec::new();
+            for (i, (info, m)) in inner.config.disks.iter().zip(&inner.members).enumerate() {
+                let Some(dev) = &m.dev else { continue };
+                match rewrite_label(dev.as_ref(), &label_for(&inner.config, info, false, resync_pending)) {
+                    Ok(()) => {}
+                    Err(LabelError::Disk(e)) if e.is_unavailable() => return Err(PoolError::Disk(*e)),
+                    Err(e) => failed.push((i, e)),
+                }
+            }
+            failed
+        };
+        if failed.is_empty() {
+            return Ok(());
+        }
+        let mut inner = self.inner.write();
+        let inner = &mut *inner;
+        for (i, e) in failed {
+            let (info, m) = (&mut inner.config.disks[i], &mut inner.members[i]);
+            warn!(disk = %info.path, error = %e, "cannot write the disk's label at the import; the pool opens without it, as without a missing disk");
+            m.dev = None;
+            m.problem = Some(format!(
+                "its label could not be written at the import ({e}); once the cause is mended, 'tessera disk online' \
+                 takes it back"
+            ));
+            if matches!(info.state, DiskState::Healthy | DiskState::Spare | DiskState::Retired) {
+                info.returns_as = Some(info.state);
+                info.left_at = Some(label_at_least[i]);
+                info.state = DiskState::Missing;
+            }
+        }
+        if inner.members.iter().all(|m| m.dev.is_none()) {
+            return Err(PoolError::Invalid(format!(
+                "none of the disks of pool '{}' could be opened: {}",
+                inner.config.name,
+                inner
+                    .members
+                    .iter()
+                    .filter_map(|m| m.problem.clone())
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            )));
+        }
         Ok(())
     }
 
@@ -926,7 +993,9 @@ impl Pool {
         inner.config = saved;
         inner.members[idx].dev = Some(MeteredDisk::wrap(dev));
         inner.members[idx].problem = None;
-        inner.members[idx].lost_at = 0;
+        // `lost_at` stays: a writer that noted the count before the loss must still hear that
+        // what it wrote to this disk may be gone (a member of a set without redundancy comes
+        // back as the disk holds it, not stale), and one that notes it from now on does not.
         info!(pool = %config.name, disk = %info.path, state = state.as_str(), "disk is back; the slabs that missed writes while it was away are resynced by a repair");
         Ok(())
     }

@@ -607,14 +607,15 @@ impl Engine {
     /// Takes back, while the pool runs, a data disk that was missing when the pool was
     /// imported, or that an I/O error took out, now opened as `dev` (`Layouts::bring_back_disk`):
     /// current where no write went around it (nor, after an error, was written since its last
-    /// flush), and stale (read around) elsewhere, until a repair resyncs it.
+    /// flush), and stale (read around) elsewhere, until a repair resyncs it; a member of a set
+    /// without redundancy, which nothing could resync, is taken as the disk holds it.
     pub fn bring_back_disk(&self, disk: &str, dev: DiskRef) -> Result<()> {
         let pos = self.s.pool.find_disk(disk)?;
         self.s.layouts.bring_back_disk(pos, dev)?;
         // What the write-back log kept for sets that waited for it goes to them now.
         let waiting = self.s.cache.settle_parked();
         if waiting > 0 {
-            warn!(pool = %self.s.pool.name(), disk, bytes = waiting, "writes the write-back log kept for missing disks still wait (their sets still lack disks, or their writes failed; tried again)");
+            warn!(pool = %self.s.pool.name(), disk, bytes = waiting, "writes the write-back log kept for disks that were away still wait (their sets still lack disks, or their writes failed; tried again)");
         }
         Ok(())
     }

@@ -769,26 +769,28 @@ fn read_blocks(rig: &Rig) -> Vec<Result<Vec<u8>, String>> {
 }
 
 /// A simple vdisk has nothing to resync a stale slab from: when the disk an error took out is
-/// back (at once, or after a crash and an import), its slabs written since its last flush are
-/// taken as the disk holds them, as a power cut of that disk would leave them. The writes the
-/// disk's cache lost were not promised durable (the flush after them failed), and a block
+/// back, its slabs written since its last flush are taken as the disk holds them, as a power
+/// cut of that disk would leave them. None of the writes the disk's cache lost was promised
+/// durable: the vdisk's flush fails, even once the disk is back. While the pool runs, a block
 /// that never reached the medium, or reached it torn, does not match its checksum: it is
-/// refused, never returned, until written again. Everything else reads as it was. Before,
+/// refused, never returned, until written again. After a crash, the regions the journal
+/// recorded as being written are settled as any crash's replay settles them: each block as
+/// the disk holds it, sector by sector old or new. Everything else reads as it was. Before,
 /// those slabs stayed unreadable for good (1 MiB each here).
 fn a_simple_vdisk_takes_back_what_the_disk_holds(crash: bool) {
-    // Striped over both disks, 16 KiB to each in turn.
+    // Striped over both disks, 16 KiB to each in turn: blocks 4, 12 and 20 are on disk 1.
     let (mut rig, mut data, supply, medium) = pair_with_a_cache_on_disk_1(LayoutKind::Simple, 2);
-    // Two blocks of set 0 on disk 1 written, not flushed: in its cache only.
-    write_at(&rig, &mut data, 2, 16 * 1024, 4096);
-    write_at(&rig, &mut data, 3, 48 * 1024, 4096);
+    let old = data.clone();
+    let blocks_written = [4usize, 12, 20];
+    for (k, b) in blocks_written.iter().enumerate() {
+        write_at(&rig, &mut data, 2 + k as u64, *b as u64 * 4096, 4096);
+    }
     rig.disks[1].faults().pull();
-    let cut = supply.cut(2);
-    assert_eq!((cut[0].kept, cut[0].torn), (1, 1), "{cut:?}");
-    // A write to set 2 finds the error; the vdisk's flush then fails: what the disk's cache
-    // held is not durable, and the host is told.
+    let cut = supply.cut(SEED);
+    assert_eq!((cut[0].kept, cut[0].torn, cut[0].dropped), (1, 1, 1), "{cut:?}");
+    // A write to set 1 finds the error: the disk is out.
     let v = rig.engine().vdisk("v").unwrap();
-    assert!(v.write(2 * MIB + 16 * 1024, &pattern(4, 2 * MIB, 4096), false).is_err());
-    assert!(v.flush().is_err());
+    assert!(v.write(2 * MIB + 16 * 1024, &pattern(9, 2 * MIB, 4096), false).is_err());
     drop(v);
     assert_eq!(state(&rig, 1), DiskState::Failed);
     let back = FaultyDisk::new(VolatileDisk::new(medium, &PowerSupply::new()) as DiskRef);
@@ -803,29 +805,64 @@ fn a_simple_vdisk_takes_back_what_the_disk_holds(crash: bool) {
     assert_eq!(state(&rig, 1), DiskState::Healthy);
     assert_eq!(rig.engine().layouts().stale_members(), 0, "nothing to resync from");
     assert!(rig.engine().layouts().repair_needed().0.is_empty());
+    if !crash {
+        // The disk is whole again, but it may lack what the vdisk wrote before the error.
+        let err = rig.engine().vdisk("v").unwrap().flush().unwrap_err().to_string();
+        assert!(err.contains("may be lost"), "{err}");
+    }
 
     let blocks = read_blocks(&rig);
-    let mut refused = Vec::new();
+    let (mut new, mut refused, mut torn) = (Vec::new(), Vec::new(), Vec::new());
     for (b, got) in blocks.iter().enumerate() {
-        let want = &data[b * 4096..(b + 1) * 4096];
+        let (want, was) = (&data[b * 4096..(b + 1) * 4096], &old[b * 4096..(b + 1) * 4096]);
         match got {
-            Ok(bytes) => assert!(bytes == want, "block {b} reads other bytes than were written"),
+            Ok(bytes) if bytes == want && want != was => new.push(b),
+            Ok(bytes) if bytes == was => {}
+            Ok(bytes) => {
+                // Sector by sector old or new, never anything else.
+                for s in 0..8 {
+                    let r = s * 512..(s + 1) * 512;
+                    assert!(
+                        bytes[r.clone()] == want[r.clone()] || bytes[r.clone()] == was[r],
+                        "block {b}, sector {s}: neither old nor new"
+                    );
+                }
+                torn.push(b);
+            }
             Err(e) => {
                 assert!(e.contains("checksum"), "block {b}: {e}");
                 refused.push(b);
             }
         }
+        if !blocks_written.contains(&b) {
+            assert!(
+                got.as_ref().is_ok_and(|bytes| bytes == was),
+                "block {b} was not written"
+            );
+        }
     }
-    // With this cut, the write to block 12 reached the medium and the one to block 4 was torn.
-    assert_eq!(refused, vec![4], "only the block the disk's cache did not keep whole");
-    // Written again, it reads again; so does everything after a restart.
-    write_at(&rig, &mut data, 5, 16 * 1024, 4096);
+    assert_eq!(new.len(), 1, "the write the disk's cache kept reads back: {new:?}");
+    if crash {
+        assert!(refused.is_empty(), "{refused:?}");
+        assert!(torn.len() <= 1, "{torn:?}");
+    } else {
+        // The one it dropped and the one it tore.
+        assert_eq!(refused.len(), 2, "{refused:?}");
+        assert!(torn.is_empty(), "{torn:?}");
+    }
+    // Written again, every block reads again; so does everything after a restart.
+    for b in blocks_written {
+        write_at(&rig, &mut data, 40 + b as u64, b as u64 * 4096, 4096);
+    }
     rig.engine().vdisk("v").unwrap().flush().unwrap();
     assert_eq!(read_all(&rig), data);
     rig.reopen();
     assert_eq!(read_all(&rig), data);
     rig.assert_consistent();
 }
+
+/// A cut that keeps one of the three cached writes whole, tears one and drops one.
+const SEED: u64 = 2;
 
 #[test]
 fn a_simple_vdisk_takes_back_as_the_disk_holds_them_the_slabs_an_error_left_stale() {
@@ -835,4 +872,33 @@ fn a_simple_vdisk_takes_back_as_the_disk_holds_them_the_slabs_an_error_left_stal
 #[test]
 fn a_simple_vdisk_takes_back_as_the_disk_holds_them_the_slabs_an_error_left_stale_after_a_crash() {
     a_simple_vdisk_takes_back_what_the_disk_holds(true);
+}
+
+/// A disk that answers at an import but cannot take its label (its flush fails) no longer
+/// keeps the whole pool from opening: it is left out as a missing disk would be, the pool
+/// serves from the others, and `disk online` takes it back once it works, stale only where
+/// writes went around it.
+#[test]
+fn a_disk_whose_label_cannot_be_written_at_the_import_is_left_out_and_comes_back() {
+    let (mut rig, mut data) = mirrored_pair();
+    stop(&mut rig);
+    rig.disks[1].faults().fail_flushes(true);
+    rig.reopen();
+    assert_eq!(state(&rig, 1), DiskState::Missing);
+    let problem = rig.engine().pool().disks()[1].problem.clone().unwrap_or_default();
+    assert!(
+        problem.contains("label could not be written") && problem.contains("disk online"),
+        "{problem}"
+    );
+    assert_eq!(read_all(&rig), data);
+    // Set 1 written around it.
+    write_at(&rig, &mut data, 2, MIB, 4096);
+    rig.engine().vdisk("v").unwrap().flush().unwrap();
+    rig.disks[1].faults().fail_flushes(false);
+    rig.engine()
+        .bring_back_disk("mem1", rig.disks[1].clone() as DiskRef)
+        .unwrap();
+    assert_eq!(state(&rig, 1), DiskState::Healthy);
+    assert_eq!(rig.engine().layouts().stale_members(), 1, "set 1");
+    resync_in_place_then_read_without_disk_0(&rig, &data, 1);
 }

@@ -93,6 +93,9 @@ impl Inner {
         self.counters.destage_rounds.fetch_add(1, Ordering::Relaxed);
         self.counters.largest_round.fetch_max(work, Ordering::Relaxed);
         let devices = self.state.lock().devices.clone();
+        // A member lost from here on may have lost what the jobs write to it, whatever the
+        // round's flush says (it skips a disk already out).
+        let noted = self.pool.losses();
         // Written by several threads at once: scattered pieces are as many read-modify-writes,
         // which the disks serve best together.
         let next = AtomicU64::new(0);
@@ -145,18 +148,35 @@ impl Inner {
                 not_done.push(j);
             }
         }
+        if !succeeded.is_empty() {
+            self.layouts.flush()?;
+            // A job whose set lost a member since the writes began, and may lack them for it,
+            // is not done: the log still holds its pieces, and what becomes of them is judged
+            // below with the jobs that failed.
+            let lost_meanwhile = |j: &&Job| {
+                self.layouts
+                    .set(j.set)
+                    .is_ok_and(|s| self.layouts.lost_since(&s, noted))
+            };
+            let (lost, kept): (Vec<&Job>, Vec<&Job>) = succeeded.into_iter().partition(lost_meanwhile);
+            if !lost.is_empty() {
+                warn!(pool = %self.pool.name(), jobs = lost.len(), "destaged writes may be gone with a disk lost meanwhile; the log keeps them");
+            }
+            succeeded = kept;
+            not_done.extend(lost);
+        }
         // A set that lost more members than it tolerates, for good (failed disks, which never
         // come back), can never take what the log holds for it: that is lost with the set,
         // and kept in the log it would hold the log's start where it is, and every other
         // vdisk's writers would wait for room that never comes. A set that only disks able
         // to come back keep from it (missing since the import, or taken out by an I/O error
         // while the pool runs) has what the log holds for it parked until they are back
-        // (parked.rs), and so has a set with writes parked already (after them, in order).
+        // (parked.rs), and so has a job over a range parked already (after it, in order).
         let (mut hopeless, mut waiting): (Vec<&Job>, Vec<&Job>) = (Vec::new(), Vec::new());
         for j in &not_done {
             let Ok(s) = self.layouts.set(j.set) else { continue };
             let unrecoverable = self.layouts.unrecoverable(&s);
-            if !self.layouts.lost_for_good(&s) && (unrecoverable || self.has_parked(j.set)) {
+            if !self.layouts.lost_for_good(&s) && (unrecoverable || self.parked_over(j.set, j.at, j.at + j.len)) {
                 waiting.push(j);
             } else if unrecoverable {
                 hopeless.push(j);
@@ -172,10 +192,9 @@ impl Inner {
             self.lose_jobs(&hopeless, &picked)?;
         }
         if succeeded.is_empty() && hopeless.is_empty() && waiting.is_empty() {
-            return Err(failed.expect("a job that did not succeed failed"));
-        }
-        if !succeeded.is_empty() {
-            self.layouts.flush()?;
+            return Err(failed.unwrap_or_else(|| {
+                CacheError::Log("a disk was lost while the destage wrote to it; tried again".into())
+            }));
         }
         self.mark_clean(&succeeded, &picked);
         self.counters.destaged_bytes.fetch_add(bytes, Ordering::Relaxed);
@@ -276,11 +295,15 @@ impl Inner {
             Err(LayoutError::NoSuchSet(_)) => return Ok(0),
             Err(e) => return Err(e.into()),
         };
-        if self.has_parked(set) {
-            // Parked too, after what was parked before (older), so that the settle writes
-            // both in order: written now, before those records, this newer data would be
-            // undone by them.
-            return Err(CacheError::Waiting(format!("slab set {set} has parked writes")));
+        if self.parked_over(set, at, at + len) {
+            // Parked too, after what was parked there before (older), so that the settle
+            // writes both in order: written now, before those records, this newer data would
+            // be undone by them. (Writers are refused there; a piece the log took before its
+            // range was parked is such newer data.)
+            return Err(CacheError::Waiting(format!(
+                "slab set {set} has writes parked over {at}..{}",
+                at + len
+            )));
         }
         let mut data = AlignedBuf::zeroed(len as usize);
         // A row's clean parts come from the layout, under the row's stripe lock, so that a
@@ -380,6 +403,11 @@ impl Inner {
         self.any_parked.load(Ordering::Acquire) && self.state.lock().parked.has_set(set)
     }
 
+    /// Whether `set` has writes parked over `[a, b)`.
+    fn parked_over(&self, set: u32, a: u64, b: u64) -> bool {
+        self.any_parked.load(Ordering::Acquire) && self.state.lock().parked.overlaps(set, a, b)
+    }
+
     /// Settles the parked writes (parked.rs) of every set that no longer waits: written to
     /// the set, oldest batch first, flushed, then their records deleted and their ranges given
     /// back to readers and writers, for a set whose disks are back; recorded lost for one
@@ -440,6 +468,9 @@ impl Inner {
             Some(s) if self.layouts.unrecoverable(s) => return Ok(()),
             Some(s) => {
                 let mut written = HashSet::new();
+                // A member lost while the records are written may lack them (the flush below
+                // skips a disk already out): they are kept for the next settle.
+                let noted = self.pool.losses();
                 loop {
                     let (keys, unreadable) = parked::keys_of(&self.pool, set)?;
                     let new: Vec<_> = keys.into_iter().filter(|k| !written.contains(k)).collect();
@@ -458,6 +489,11 @@ impl Inner {
                         written.insert((seq, at));
                     }
                     self.layouts.flush()?;
+                    if self.layouts.lost_since(s, noted) {
+                        return Err(CacheError::Log(format!(
+                            "slab set {set} lost a disk while its parked writes were written to it; they stay parked"
+                        )));
+                    }
                     // Where the data of a record that cannot be read goes is not known: the
                     // set's parked range (all of it, for such a record) is lost, refused until
                     // written again, rather than refused for ever or read as the disks hold it.
