@@ -1417,8 +1417,50 @@ fn writes_the_log_held_for_a_disk_an_error_took_out_wait_for_it() {
         let status = rig.engine().cache_status();
         assert_eq!((status.lost_bytes, status.parked_bytes), (0, 0), "{status:?}");
         assert_same(&read_all(&rig, "v", MIB as usize), &want, "once the disk is back");
+        // Writes go on over it through the log, and destage to it.
+        let more = pattern(3, 0, 128 << 10);
+        rig.engine().vdisk("v").unwrap().write(128 << 10, &more, false).unwrap();
+        want[128 << 10..256 << 10].copy_from_slice(&more);
+        rig.engine().cache().drain().unwrap();
+        assert_eq!(rig.engine().cache_status().parked_bytes, 0);
         rig.reopen();
         assert_same(&read_all(&rig, "v", MIB as usize), &want, "after a restart");
         rig.assert_consistent();
+    }
+}
+
+/// ... and given up with `disk fail` instead, what was parked for it is lost with it: said so,
+/// and refused to readers, not read as the disk held it before.
+#[test]
+fn writes_the_log_parked_for_a_disk_an_error_took_out_are_lost_with_it_when_it_is_failed() {
+    let (mut rig, v) = two_data_disks_two_log_disks();
+    v.write(0, &pattern(1, 0, MIB as usize), false).unwrap();
+    rig.engine().cache().drain().unwrap();
+    let used = only_data_disk_in_use(rig.engine());
+    let at = rig.disks.iter().position(|d| d.path() == used).unwrap();
+    v.write(64 << 10, &pattern(2, 0, 256 << 10), false).unwrap();
+    v.flush().unwrap();
+    rig.disks[at].faults().pull();
+    rig.engine().cache().drain().unwrap();
+    assert_eq!(rig.engine().cache_status().parked_bytes, 256 << 10);
+    rig.engine().fail_disk(&used).unwrap();
+    drop(v);
+    for restarted in [false, true] {
+        let status = rig.engine().cache_status();
+        assert_eq!(
+            (status.lost_bytes, status.parked_bytes),
+            (256 << 10, 0),
+            "restarted: {restarted}, {status:?}"
+        );
+        let mut got = vec![0u8; 4096];
+        let err = rig
+            .engine()
+            .vdisk("v")
+            .unwrap()
+            .read(64 << 10, &mut got)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("lost"), "{err}");
+        rig.reopen();
     }
 }
