@@ -960,8 +960,9 @@ impl WriteCache {
 
     /// Whether a write into `set` begun when the pool's loss count was `noted` (see
     /// `Pool::losses`) may have been lost since, though a flush succeeded after it: the set
-    /// lost more members than it tolerates, or the log lost its last disk, after the write
-    /// began. A caller's flush asks this of every set it wrote since its last flush.
+    /// lost more members than it tolerates (a set without redundancy: any member, even one
+    /// back by now), or the log lost its last disk, after the write began. A caller's flush
+    /// asks this of every set it wrote since its last flush.
     pub fn lost_since(&self, set: &SlabSet, noted: u64) -> bool {
         self.inner.wiped_at.load(Ordering::SeqCst) > noted || self.inner.layouts.lost_since(set, noted)
     }

@@ -49,8 +49,8 @@ struct Member {
     dev: Option<DiskRef>,
     slabs: SlabMap,
     problem: Option<String>,
-    /// The loss count (`Pool::losses`) at which this member was failed or went missing; 0
-    /// while it is open.
+    /// The loss count (`Pool::losses`) at which this member was last failed or went missing
+    /// while the pool ran; 0 if it never was (kept once it is back, `bring_back`).
     lost_at: u64,
     /// Which of its slabs its medium may lack writes of (`Pool::mark_write`).
     marks: Arc<WriteMarks>,
@@ -291,22 +291,15 @@ impl Pool {
         // generation in its label (labels are written before the configuration is saved).
         let last_saved = config.generation;
         config.generation += 1;
-        // The generation each disk's label has at least (`left_at` for a missing one), kept
-        // for a disk whose label cannot be written below (`write_labels_at_import`).
-        let label_at_least: Vec<u64> = config
-            .disks
-            .iter()
-            .map(|d| match d.state {
-                DiskState::Missing => d.left_at.unwrap_or(last_saved),
-                _ => last_saved,
-            })
-            .collect();
+        // The generation each opened disk's label has, kept for a disk whose label cannot be
+        // written below (`write_labels_at_import`).
+        let mut label_generation = vec![last_saved; config.disks.len()];
         // Stale members: of a disk back now, or still unresynced since an earlier import
         // (its labels say so). The layout layer, which knows which, settles it once open.
         let mut resync_pending = false;
         let mut members = Vec::new();
         let clock = new_clock();
-        for info in config.disks.iter_mut() {
+        for (i, info) in config.disks.iter_mut().enumerate() {
             let mut member = Member {
                 dev: None,
                 slabs: SlabMap::new(info.slabs),
@@ -329,6 +322,7 @@ impl Pool {
             let opened = opener(&info.path).map_err(PoolError::from).and_then(|dev| {
                 let label = verify_label(dev.as_ref(), config.id, info.id)?;
                 resync_pending |= label.resync_pending;
+                label_generation[i] = label.generation;
                 // The generation its label has at least: the configuration's when last saved,
                 // or for a missing disk, when it went missing. An older one is an older copy
                 // of the disk (an image restored from a backup, a virtual disk's snapshot),
@@ -419,7 +413,7 @@ impl Pool {
             clock,
             loss_unsaved: AtomicBool::new(false),
         };
-        pool.write_labels_at_import(&label_at_least)?;
+        pool.write_labels_at_import(&label_generation)?;
         pool.save_config(&pool.inner.read().config)?;
         info!(pool = %pool.name(), "pool imported");
         Ok(Arc::new(pool))
@@ -485,15 +479,17 @@ impl Pool {
         Ok(())
     }
 
-    /// Writes every opened member's label at an import. A disk that answered but cannot take
-    /// its label (a write, flush or read back that fails) is left out as a disk missing at the
-    /// import would be, rather than keep the whole pool from opening: its data is as current
-    /// as the day the pool last stopped (or it left, for one missing until now), and `disk
-    /// online` (or the next import that can write its label) takes it back, stale only where a
-    /// write went around it. Its label then has this import's generation or the one it had,
-    /// `label_at_least` (per disk), never an older one. A refusal of the storage itself
-    /// (`DiskError::Unavailable`, a cluster) still fails the import.
-    fn write_labels_at_import(&self, label_at_least: &[u64]) -> Result<()> {
+    /// Writes every opened member's label at an import. A data disk that answered but cannot
+    /// take its label (a write, flush or read back that fails) is left out as a disk missing
+    /// at the import would be, rather than keep the whole pool from opening: its data is as
+    /// current as the day the pool last stopped (or it left, for one missing until now), and
+    /// `disk online` (or the next import that can write its label) takes it back, stale only
+    /// where a write went around it. Its label then has this import's generation or the one it
+    /// was found with (`label_generation`, per disk), never an older one. A cache disk's
+    /// failure, or a refusal of the storage itself (`DiskError::Unavailable`, a cluster),
+    /// still fails the import: the write-back log would be lost without the disk, which
+    /// cannot come back to it, and an import tried again loses nothing.
+    fn write_labels_at_import(&self, label_generation: &[u64]) -> Result<()> {
         let failed: Vec<(usize, LabelError)> = {
             let inner = self.inner.read();
             let resync_pending = self.resync_pending.load(Ordering::SeqCst);
@@ -503,6 +499,7 @@ impl Pool {
                 match rewrite_label(dev.as_ref(), &label_for(&inner.config, info, false, resync_pending)) {
                     Ok(()) => {}
                     Err(LabelError::Disk(e)) if e.is_unavailable() => return Err(PoolError::Disk(*e)),
+                    Err(e) if info.usage != DiskUsage::Data => return Err(e.into()),
                     Err(e) => failed.push((i, e)),
                 }
             }
@@ -523,7 +520,7 @@ impl Pool {
             ));
             if matches!(info.state, DiskState::Healthy | DiskState::Spare | DiskState::Retired) {
                 info.returns_as = Some(info.state);
-                info.left_at = Some(label_at_least[i]);
+                info.left_at = Some(label_generation[i]);
                 info.state = DiskState::Missing;
             }
         }

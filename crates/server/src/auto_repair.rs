@@ -328,7 +328,8 @@ fn disk_call(info: &DiskInfo, out_for: Duration, delay: Duration, failing: Optio
     let path = &info.path;
     let (away, back) = match info.state {
         DiskState::Missing => ("is missing", "it comes back"),
-        DiskState::Failed if info.may_come_back() => (
+        // One the daemon retired as failing before the error is not waited for.
+        DiskState::Failed if info.may_come_back() && failing.is_none() => (
             "failed on an I/O error",
             "it is taken back ('tessera disk online' once the cause is mended)",
         ),
@@ -344,7 +345,10 @@ fn disk_call(info: &DiskInfo, out_for: Duration, delay: Duration, failing: Optio
     if out_for >= delay {
         return DiskCall::Repair(match info.state {
             DiskState::Missing => format!("disk {path} has been missing for {}", format_duration(delay)),
-            _ => format!("disk {path} failed on an I/O error {} ago", format_duration(delay)),
+            _ => format!(
+                "disk {path} has been out after an I/O error for {}",
+                format_duration(delay)
+            ),
         });
     }
     let left = delay - out_for;
@@ -416,6 +420,12 @@ mod tests {
             disk_call(&retired, Duration::ZERO, DELAY, Some("failing".into())),
             DiskCall::Repair("disk /dev/sdb is failing".into())
         );
+        // Retired by the daemon as failing, then taken out by an I/O error: not waited for.
+        let failing = disk(DiskState::Failed, true);
+        assert!(matches!(
+            disk_call(&failing, Duration::ZERO, DELAY, Some("failing".into())),
+            DiskCall::Repair(_)
+        ));
         for state in [DiskState::Healthy, DiskState::Spare] {
             assert_eq!(disk_call(&disk(state, false), DELAY, DELAY, None), DiskCall::Nothing);
         }

@@ -17,7 +17,7 @@
 //! nbd_unix_socket = "/run/tessera/nbd.sock"   # default: <state_dir>/nbd.sock; "none" disables
 //! pools = ["tank"]                # imported at start, in addition to those left imported
 //! log_format = "text"             # or "json"
-//! auto_repair = true              # repair a pool by itself when a disk fails or stays missing
+//! auto_repair = true              # repair a pool by itself when a disk fails or stays away
 //! auto_repair_delay = "5m"        # how long a disk may stay away (missing, or out on an I/O error) before that
 //! scrub_interval = "30d"          # a scrub of every pool this often; "off": only when asked
 //! scrub_rate = "200M"             # bytes per second a scheduled scrub reads; "off": no limit

@@ -902,3 +902,28 @@ fn a_disk_whose_label_cannot_be_written_at_the_import_is_left_out_and_comes_back
     assert_eq!(rig.engine().layouts().stale_members(), 1, "set 1");
     resync_in_place_then_read_without_disk_0(&rig, &data, 1);
 }
+
+/// ... but a cache disk that cannot take its label still fails the import: left out, it would
+/// take the write-back log's writes with it (the log goes on without it, and it never comes
+/// back to it), where an import tried again loses nothing.
+#[test]
+fn a_cache_disk_whose_label_cannot_be_written_fails_the_import() {
+    let mut rig = Rig::with_cache(2, 32 * MIB, MIB, 1);
+    let data = pattern(1, 0, SIZE as usize);
+    rig.engine()
+        .create_vdisk(&spec("v", SIZE, LayoutKind::Mirror, Provisioning::Thin))
+        .unwrap()
+        .write(0, &data, true)
+        .unwrap();
+    rig.engine = None;
+    rig.disks[2].faults().fail_flushes(true);
+    let err = tessera_volume::Engine::open(&rig.dir.path().join("pool"), &rig.opener())
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(err.contains("cache0"), "{err}");
+    rig.disks[2].faults().fail_flushes(false);
+    rig.reopen();
+    assert_eq!(state(&rig, 2), DiskState::Healthy);
+    assert_eq!(read_all(&rig), data);
+}
