@@ -17,8 +17,8 @@ use crate::Daemon;
 #[derive(Debug, Clone, PartialEq)]
 struct Seen {
     health: PoolHealth,
-    /// Per disk id: its path and state.
-    disks: BTreeMap<String, (String, DiskState)>,
+    /// Per disk id: its path and state, and why it is out of service if it is.
+    disks: BTreeMap<String, (String, DiskState, Option<String>)>,
 }
 
 #[derive(Default)]
@@ -36,16 +36,19 @@ fn state_name(s: DiskState) -> &'static str {
     }
 }
 
-/// The event of a disk entering `now` from `before` (None: a disk just added).
-fn disk_event(path: &str, before: Option<DiskState>, now: DiskState) -> NewEvent {
+/// The event of a disk entering `now` from `before` (None: a disk just added), with the
+/// pool's reason for a disk out of service (`problem`): an alert that a disk failed says
+/// whether it may come back, and how.
+fn disk_event(path: &str, before: Option<DiskState>, now: DiskState, problem: Option<&str>) -> NewEvent {
+    let why = problem.map(|p| format!(": {p}")).unwrap_or_default();
     let (severity, kind, message) = match (before, now) {
         (None, _) => (
             Severity::Info,
             "disk.added",
             format!("disk {path} joined the pool as {}", state_name(now)),
         ),
-        (_, DiskState::Failed) => (Severity::Error, "disk.failed", format!("disk {path} failed")),
-        (_, DiskState::Missing) => (Severity::Error, "disk.missing", format!("disk {path} is missing")),
+        (_, DiskState::Failed) => (Severity::Error, "disk.failed", format!("disk {path} failed{why}")),
+        (_, DiskState::Missing) => (Severity::Error, "disk.missing", format!("disk {path} is missing{why}")),
         (_, DiskState::Retired) => (
             Severity::Warning,
             "disk.retired",
@@ -95,30 +98,31 @@ impl Daemon {
         seen.retain(|name, _| engines.iter().any(|(n, _)| n == name));
         for (name, e) in engines {
             let (health, repair) = pool_health(&e);
-            let disks: BTreeMap<String, (String, DiskState)> = e
+            let disks: BTreeMap<String, (String, DiskState, Option<String>)> = e
                 .pool()
                 .disks()
-                .iter()
-                .map(|d| (d.info.id.to_string(), (d.info.path.clone(), d.info.state)))
+                .into_iter()
+                .map(|d| (d.info.id.to_string(), (d.info.path, d.info.state, d.problem)))
                 .collect();
             let before = seen.get(&name);
-            for (id, (path, state)) in &disks {
-                let was = before.map(|b| b.disks.get(id).map(|(_, s)| *s));
+            for (id, (path, state, problem)) in &disks {
+                let was = before.map(|b| b.disks.get(id).map(|(_, s, _)| *s));
+                let problem = problem.as_deref();
                 match was {
                     // First look at the pool: only what is out of service.
                     None if matches!(state, DiskState::Healthy | DiskState::Spare) => {}
                     None => {
                         self.events
-                            .record(disk_event(path, Some(DiskState::Healthy), *state).pool(&name));
+                            .record(disk_event(path, Some(DiskState::Healthy), *state, problem).pool(&name));
                     }
                     Some(w) if w == Some(*state) => {}
                     Some(w) => {
-                        self.events.record(disk_event(path, w, *state).pool(&name));
+                        self.events.record(disk_event(path, w, *state, problem).pool(&name));
                     }
                 }
             }
             if let Some(b) = before {
-                for (id, (path, _)) in &b.disks {
+                for (id, (path, _, _)) in &b.disks {
                     if !disks.contains_key(id) {
                         self.events.record(
                             NewEvent::new(Severity::Info, "disk.removed", format!("disk {path} left the pool"))
@@ -144,12 +148,24 @@ mod tests {
 
     #[test]
     fn events_name_the_change() {
-        let e = disk_event("/d/1", Some(DiskState::Healthy), DiskState::Failed);
+        let e = disk_event("/d/1", Some(DiskState::Healthy), DiskState::Failed, None);
         assert_eq!((e.kind.as_str(), e.severity), ("disk.failed", Severity::Error));
-        let e = disk_event("/d/1", Some(DiskState::Missing), DiskState::Healthy);
+        assert_eq!(e.message, "disk /d/1 failed");
+        // Why, and whether it may come back, as the pool says it.
+        let e = disk_event(
+            "/d/1",
+            Some(DiskState::Healthy),
+            DiskState::Failed,
+            Some("write error: EIO; 'tessera disk online' takes it back"),
+        );
+        assert_eq!(
+            e.message,
+            "disk /d/1 failed: write error: EIO; 'tessera disk online' takes it back"
+        );
+        let e = disk_event("/d/1", Some(DiskState::Missing), DiskState::Healthy, None);
         assert_eq!(e.kind, "disk.back");
         assert!(e.message.contains("was missing"), "{}", e.message);
-        assert_eq!(disk_event("/d/2", None, DiskState::Spare).kind, "disk.added");
+        assert_eq!(disk_event("/d/2", None, DiskState::Spare, None).kind, "disk.added");
         assert!(pool_event("p", None, PoolHealth::Healthy, 0).is_none());
         let e = pool_event("p", Some(PoolHealth::Healthy), PoolHealth::Degraded, 1 << 30).unwrap();
         assert_eq!((e.kind.as_str(), e.severity), ("pool.degraded", Severity::Error));
