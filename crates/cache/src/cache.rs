@@ -1102,7 +1102,7 @@ impl Drop for WriteCache {
 /// What a read or write of a range parked for disks that are away gets.
 fn waiting(set: u32, a: u64, b: u64) -> CacheError {
     CacheError::Waiting(format!(
-        "bytes {a}..{b} of slab set {set} hold writes the write-back log kept for disks that are away (missing since the pool's import, or taken out by an I/O error); they are refused until those disks are back ('tessera disk online', or for a missing disk an import that finds it)"
+        "bytes {a}..{b} of slab set {set} hold writes the write-back log kept for disks that are away (missing since the pool's import, or taken out by an I/O error); they are refused until those disks are back ('tessera disk online', or for a missing disk an import that finds it) and the writes written to them"
     ))
 }
 

@@ -8,9 +8,10 @@
 //! Dropped, those writes, answered as durable, would be lost for a disk that was only late or
 //! blinked (a cable, an enclosure's power), so the destage parks them instead: each piece,
 //! with the sequence number of the batch that held it, in a record of its own, saved before
-//! the log's start moves past it. Reads and writes of a parked range are refused (the set's disks hold older data)
-//! until the disks are back and the pieces written to the set, oldest batch first; if a disk
-//! is failed instead, they are recorded lost (lost.rs) as the log's data would have been.
+//! the log's start moves past it. Reads and writes of a parked range are refused (the set's
+//! disks hold older data) until the disks are back and the pieces written to the set, oldest
+//! batch first; if a disk is failed instead, they are recorded lost (lost.rs) as the log's
+//! data would have been.
 
 use std::collections::BTreeMap;
 

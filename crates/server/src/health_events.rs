@@ -115,7 +115,14 @@ impl Daemon {
                         self.events
                             .record(disk_event(path, Some(DiskState::Healthy), *state, problem).pool(&name));
                     }
-                    Some(w) if w == Some(*state) => {}
+                    // The same state (out of service, for the same reason): nothing new. A disk
+                    // an error took out that is then given up with `disk fail` is told again,
+                    // with why: the first event said it could come back.
+                    Some(w)
+                        if w == Some(*state)
+                            && (!matches!(state, DiskState::Failed | DiskState::Missing)
+                                || before.and_then(|b| b.disks.get(id)).map(|(_, _, p)| p.as_deref())
+                                    == Some(problem)) => {}
                     Some(w) => {
                         self.events.record(disk_event(path, w, *state, problem).pool(&name));
                     }
