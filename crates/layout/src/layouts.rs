@@ -121,6 +121,10 @@ pub struct Layouts {
     /// Whether `missed` holds anything: most pools never have one, and their I/O skips the
     /// lookup.
     any_missed: AtomicBool,
+    /// Members of sets without redundancy taken back as their disk held them after an I/O
+    /// error took it out (`record_stale_slabs`), since the pool was opened: their checksum
+    /// mismatches are not counted against the disk (`count_against_disk`).
+    held_as_is: RwLock<HashSet<SlabRef>>,
     /// Held while a set's `missed` record is saved, so that two writers save in turn.
     marking: Mutex<()>,
     /// The slab sets a repair works on now: one repair per set at a time (a set has one
@@ -150,7 +154,7 @@ impl Layouts {
         let (journal, replay) = StripeJournal::open(&journal_dir, pool.checksums())?;
         // What an I/O error may have left stale on a disk it took out, recorded with the sets
         // (the disk is away, and comes back only by `disk online`).
-        record_stale_slabs(&pool, &registry, None, |_| {})?;
+        let held = record_stale_slabs(&pool, &registry, None, |_| {})?;
         let live: HashSet<SlabRef> = registry.all().iter().flat_map(|s| s.members.read().clone()).collect();
         journal.sums.keep_only(&live)?;
         let missed: HashSet<SlabRef> = registry.all().iter().flat_map(|s| s.missed.lock().clone()).collect();
@@ -179,6 +183,7 @@ impl Layouts {
             missed: RwLock::new(missed),
             marking: Mutex::new(()),
             rebuilding: Mutex::new(HashSet::new()),
+            held_as_is: RwLock::new(held.into_iter().collect()),
         };
         if !replay.is_empty() {
             info!(records = replay.len(), "replaying the stripe journal");
@@ -297,6 +302,7 @@ impl Layouts {
         let missed = set.missed.lock().clone();
         self.forget_missed(&missed);
         for s in set.members.read().iter() {
+            self.held_as_is.write().remove(s);
             self.pool.release_slab(*s);
         }
         Ok(())
@@ -309,6 +315,7 @@ impl Layouts {
             warn!(disk = slab.disk, slab = slab.slab, error = %e, "cannot forget a slab's checksums; the slab stays in use until the next import");
             return;
         }
+        self.held_as_is.write().remove(&slab);
         self.pool.release_slab(slab);
     }
 
@@ -357,10 +364,11 @@ impl Layouts {
         }
         // What an I/O error may have left stale on it, recorded while it is still away
         // (outside `marking`, which a writer takes while it holds a set's members).
-        record_stale_slabs(&self.pool, &self.registry, Some(position), |new| {
+        let held = record_stale_slabs(&self.pool, &self.registry, Some(position), |new| {
             self.missed.write().extend(new.iter().copied());
             self.any_missed.store(true, Ordering::Release);
         })?;
+        self.held_as_is.write().extend(held);
         {
             let _turn = self.marking.lock();
             if self.missed.read().iter().any(|s| s.disk == position) {
@@ -449,6 +457,15 @@ impl Layouts {
     /// was opened.
     pub fn disk_errors(&self) -> BTreeMap<u32, DiskErrors> {
         self.disk_errors.lock().clone()
+    }
+
+    /// Counts checksum mismatches of `slab` against its disk (what retires a failing disk),
+    /// but those of a member taken back as the disk holds it (`held_as_is`): blocks its
+    /// volatile cache lost when an error took it out are not rot of its medium.
+    pub(crate) fn count_against_disk(&self, slab: SlabRef, blocks: u64) {
+        if !self.held_as_is.read().contains(&slab) {
+            self.count_for(slab.disk, |c| c.checksum += blocks);
+        }
     }
 
     pub(crate) fn count_for(&self, disk: u32, f: impl FnOnce(&mut DiskErrors)) {
@@ -749,7 +766,7 @@ impl Layouts {
         self.stats
             .checksum_errors
             .fetch_add(bad.len() as u64, Ordering::Relaxed);
-        self.count_for(slab.disk, |c| c.checksum += bad.len() as u64);
+        self.count_against_disk(slab, bad.len() as u64);
         warn!(
             disk = slab.disk,
             slab = slab.slab,
@@ -1073,12 +1090,15 @@ impl Layouts {
 /// failed (`lost_since`), so none was promised durable, and with block checksums a block
 /// that did not reach the medium, or reached it torn, does not match the checksum of what
 /// was written and is reported unreadable rather than returned.
+///
+/// Returns the members taken as the disk holds them.
 fn record_stale_slabs(
     pool: &Pool,
     registry: &Registry,
     only: Option<u32>,
     recorded: impl Fn(&[SlabRef]),
-) -> Result<()> {
+) -> Result<Vec<SlabRef>> {
+    let mut held = Vec::new();
     for (disk, slabs) in pool.stale_slabs() {
         if only.is_some_and(|d| d != disk) {
             continue;
@@ -1087,7 +1107,10 @@ fn record_stale_slabs(
         let (mut resynced, mut as_held) = (0, 0);
         for set in registry.all() {
             if set.spec.tolerance() == 0 {
-                as_held += set.members.read().iter().filter(|s| stale.contains(s)).count();
+                let members = set.members.read();
+                let taken: Vec<SlabRef> = members.iter().filter(|s| stale.contains(s)).copied().collect();
+                as_held += taken.len();
+                held.extend(taken);
                 continue;
             }
             resynced += registry
@@ -1097,7 +1120,7 @@ fn record_stale_slabs(
         info!(pool = %pool.name(), disk, slabs = slabs.len(), resynced, as_held, "slabs written since the last flush of a disk an I/O error took out: those of sets with redundancy are stale until resynced, those of simple sets are taken as the disk holds them");
         pool.forget_stale_slabs(disk)?;
     }
-    Ok(())
+    Ok(held)
 }
 
 /// Whether a member that missed writes sits on a disk that is open: read as current by a

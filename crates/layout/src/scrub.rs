@@ -207,7 +207,7 @@ impl Layouts {
                 self.stats
                     .checksum_errors
                     .fetch_add(bad as u64, std::sync::atomic::Ordering::Relaxed);
-                self.count_for(members[m].disk, |c| c.checksum += bad as u64);
+                self.count_against_disk(members[m], bad as u64);
             }
             if bad > 0 {
                 note(format!(

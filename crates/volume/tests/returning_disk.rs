@@ -849,6 +849,10 @@ fn a_simple_vdisk_takes_back_what_the_disk_holds(crash: bool) {
         // The one it dropped and the one it tore.
         assert_eq!(refused.len(), 2, "{refused:?}");
         assert!(torn.is_empty(), "{torn:?}");
+        // Not counted against the disk (past `disk_error_limit`, the daemon would retire a
+        // sound disk as failing): its cache lost them, its medium did not rot.
+        let errors = rig.engine().layouts().disk_errors();
+        assert_eq!(errors.get(&1).map_or(0, |e| e.checksum), 0, "{errors:?}");
     }
     // Written again, every block reads again; so does everything after a restart.
     for b in blocks_written {
