@@ -1104,19 +1104,17 @@ fn record_stale_slabs(
             continue;
         }
         let stale: HashSet<SlabRef> = slabs.iter().map(|&slab| SlabRef { disk, slab }).collect();
-        let (mut resynced, mut as_held) = (0, 0);
+        let (mut resynced, held_before) = (0, held.len());
         for set in registry.all() {
             if set.spec.tolerance() == 0 {
-                let members = set.members.read();
-                let taken: Vec<SlabRef> = members.iter().filter(|s| stale.contains(s)).copied().collect();
-                as_held += taken.len();
-                held.extend(taken);
+                held.extend(set.members.read().iter().filter(|s| stale.contains(s)).copied());
                 continue;
             }
             resynced += registry
                 .add_missed(pool, set.id, |s| stale.contains(s), &recorded)?
                 .len();
         }
+        let as_held = held.len() - held_before;
         info!(pool = %pool.name(), disk, slabs = slabs.len(), resynced, as_held, "slabs written since the last flush of a disk an I/O error took out: those of sets with redundancy are stale until resynced, those of simple sets are taken as the disk holds them");
         pool.forget_stale_slabs(disk)?;
     }

@@ -115,6 +115,18 @@ impl DiskInfo {
         away && self.usage == DiskUsage::Data && self.returns_as.is_some()
     }
 
+    /// Marks the disk missing at an import, as it returns (`returns_as`) with a label of at
+    /// least `generation` (`left_at`). A retired disk is still written until a repair empties
+    /// it: missing, it is written around as any other, and stale where it was when it is back.
+    /// A disk failed or missing already stays as it is.
+    pub(crate) fn missing_at_import(&mut self, generation: u64) {
+        if matches!(self.state, DiskState::Healthy | DiskState::Spare | DiskState::Retired) {
+            self.returns_as = Some(self.state);
+            self.left_at = Some(generation);
+            self.state = DiskState::Missing;
+        }
+    }
+
     /// Gives up what the disk was waited for with: failed for good.
     pub(crate) fn forget_return(&mut self) {
         (self.returns_as, self.left_at) = (None, None);

@@ -383,25 +383,12 @@ impl Pool {
                 Err(e) => {
                     warn!(disk = %info.path, error = %e, "pool member refused or missing");
                     member.problem = Some(e.to_string());
-                    // A retired disk is still written until a repair empties it: missing, it
-                    // is written around as any other, and stale where it was when it is back.
-                    if matches!(info.state, DiskState::Healthy | DiskState::Spare | DiskState::Retired) {
-                        info.returns_as = Some(info.state);
-                        info.left_at = Some(last_saved);
-                        info.state = DiskState::Missing;
-                    }
+                    info.missing_at_import(last_saved);
                 }
             }
             members.push(member);
         }
-        if members.iter().all(|m| m.dev.is_none()) {
-            let why: Vec<String> = members.iter().filter_map(|m| m.problem.clone()).collect();
-            return Err(PoolError::Invalid(format!(
-                "none of the disks of pool '{}' could be opened: {}",
-                config.name,
-                why.join("; ")
-            )));
-        }
+        some_disk_opened(&config.name, &members)?;
         let pool = Pool {
             meta,
             dir: dir.to_path_buf(),
@@ -518,25 +505,9 @@ impl Pool {
                 "its label could not be written at the import ({e}); once the cause is mended, 'tessera disk online' \
                  takes it back"
             ));
-            if matches!(info.state, DiskState::Healthy | DiskState::Spare | DiskState::Retired) {
-                info.returns_as = Some(info.state);
-                info.left_at = Some(label_generation[i]);
-                info.state = DiskState::Missing;
-            }
+            info.missing_at_import(label_generation[i]);
         }
-        if inner.members.iter().all(|m| m.dev.is_none()) {
-            return Err(PoolError::Invalid(format!(
-                "none of the disks of pool '{}' could be opened: {}",
-                inner.config.name,
-                inner
-                    .members
-                    .iter()
-                    .filter_map(|m| m.problem.clone())
-                    .collect::<Vec<_>>()
-                    .join("; ")
-            )));
-        }
-        Ok(())
+        some_disk_opened(&inner.config.name, &inner.members)
     }
 
     fn write_labels(&self, exported: bool) -> Result<()> {
@@ -1254,6 +1225,18 @@ impl Pool {
         }
         Ok(failed)
     }
+}
+
+/// Fails an import that could open none of the pool's disks, with each one's reason.
+fn some_disk_opened(pool: &str, members: &[Member]) -> Result<()> {
+    if members.iter().any(|m| m.dev.is_some()) {
+        return Ok(());
+    }
+    let why: Vec<String> = members.iter().filter_map(|m| m.problem.clone()).collect();
+    Err(PoolError::Invalid(format!(
+        "none of the disks of pool '{pool}' could be opened: {}",
+        why.join("; ")
+    )))
 }
 
 /// What becomes of a disk an I/O error took out.

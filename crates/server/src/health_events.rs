@@ -106,7 +106,8 @@ impl Daemon {
                 .collect();
             let before = seen.get(&name);
             for (id, (path, state, problem)) in &disks {
-                let was = before.map(|b| b.disks.get(id).map(|(_, s, _)| *s));
+                let prev = before.map(|b| b.disks.get(id));
+                let was = prev.map(|p| p.map(|(_, s, _)| *s));
                 let problem = problem.as_deref();
                 match was {
                     // First look at the pool: only what is out of service.
@@ -121,8 +122,7 @@ impl Daemon {
                     Some(w)
                         if w == Some(*state)
                             && (!matches!(state, DiskState::Failed | DiskState::Missing)
-                                || before.and_then(|b| b.disks.get(id)).map(|(_, _, p)| p.as_deref())
-                                    == Some(problem)) => {}
+                                || prev.flatten().map(|(_, _, p)| p.as_deref()) == Some(problem)) => {}
                     Some(w) => {
                         self.events.record(disk_event(path, w, *state, problem).pool(&name));
                     }

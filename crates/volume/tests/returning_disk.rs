@@ -47,14 +47,19 @@ fn resync_in_place_then_read_without_disk_0(rig: &Rig, data: &[u8], stale: usize
 
 /// A two-disk mirror of four slab sets, written whole: every set has a member on each disk.
 fn mirrored_pair() -> (Rig, Vec<u8>) {
-    let rig = Rig::new(2, 32 * MIB, MIB);
+    let (rig, data) = with_mirror_written(Rig::new(2, 32 * MIB, MIB));
+    assert!(rig.engine().layouts().sets().len() >= 4);
+    (rig, data)
+}
+
+/// `rig` with a mirror vdisk "v" of `SIZE` bytes, written whole and flushed, and what it holds.
+fn with_mirror_written(rig: Rig) -> (Rig, Vec<u8>) {
     let data = pattern(1, 0, SIZE as usize);
     rig.engine()
         .create_vdisk(&spec("v", SIZE, LayoutKind::Mirror, Provisioning::Thin))
         .unwrap()
         .write(0, &data, true)
         .unwrap();
-    assert!(rig.engine().layouts().sets().len() >= 4);
     (rig, data)
 }
 
@@ -912,13 +917,7 @@ fn a_disk_whose_label_cannot_be_written_at_the_import_is_left_out_and_comes_back
 /// back to it), where an import tried again loses nothing.
 #[test]
 fn a_cache_disk_whose_label_cannot_be_written_fails_the_import() {
-    let mut rig = Rig::with_cache(2, 32 * MIB, MIB, 1);
-    let data = pattern(1, 0, SIZE as usize);
-    rig.engine()
-        .create_vdisk(&spec("v", SIZE, LayoutKind::Mirror, Provisioning::Thin))
-        .unwrap()
-        .write(0, &data, true)
-        .unwrap();
+    let (mut rig, data) = with_mirror_written(Rig::with_cache(2, 32 * MIB, MIB, 1));
     rig.engine = None;
     rig.disks[2].faults().fail_flushes(true);
     let err = tessera_volume::Engine::open(&rig.dir.path().join("pool"), &rig.opener())

@@ -474,9 +474,9 @@ impl Inner {
                 // A member lost while the records are written may lack them (the flush below
                 // skips a disk already out): they are kept for the next settle.
                 let noted = self.pool.losses();
+                let mut keys = parked::keys_of(&self.pool, set)?.0;
                 loop {
-                    let (keys, unreadable) = parked::keys_of(&self.pool, set)?;
-                    let new: Vec<_> = keys.into_iter().filter(|k| !written.contains(k)).collect();
+                    let new: Vec<_> = keys.iter().filter(|k| !written.contains(*k)).copied().collect();
                     for (seq, at) in new {
                         // One piece at a time under the destager's lock: not between a destage
                         // round's read of a whole row and its write back, nor into a set that
@@ -497,16 +497,18 @@ impl Inner {
                             "slab set {set} lost a disk while its parked writes were written to it; they stay parked"
                         )));
                     }
-                    // Where the data of a record that cannot be read goes is not known: the
-                    // set's parked range (all of it, for such a record) is lost, refused until
-                    // written again, rather than refused for ever or read as the disks hold it.
-                    loses = unreadable > 0;
                     // A destage round parks under the destager's lock, and may have parked
-                    // newer pieces for the set while these were written: written too before
-                    // the set's records go (all of them, below).
+                    // newer pieces for the set while these were written: written too (the next
+                    // turn) before the set's records go (all of them, below).
                     let d = self.destaging.lock();
-                    let (keys, _) = parked::keys_of(&self.pool, set)?;
+                    let unreadable;
+                    (keys, unreadable) = parked::keys_of(&self.pool, set)?;
                     if keys.iter().all(|k| written.contains(k)) {
+                        // Where the data of a record that cannot be read goes is not known:
+                        // the set's parked range (all of it, for such a record) is lost,
+                        // refused until written again, rather than refused for ever or read
+                        // as the disks hold it.
+                        loses = unreadable > 0;
                         break d;
                     }
                 }
