@@ -37,6 +37,8 @@ struct Plan {
     latency: Duration,
     tear_next: Option<usize>,
     fail_flushes: bool,
+    /// Flushes still allowed before every flush fails.
+    flush_budget: Option<u64>,
     /// Every request is refused as the storage behind a disk refuses it for now.
     refusing: bool,
     /// The file system behind the disk is full, as for a sparse file: what was reserved or
@@ -224,12 +226,15 @@ impl BlockDevice for FaultyDisk {
             return Err(self.injected("disk pulled"));
         }
         {
-            let plan = s.plan.lock();
+            let mut plan = s.plan.lock();
             if plan.refusing {
                 return Err(self.refused("flush", 0, 0));
             }
-            if plan.fail_flushes {
+            if plan.fail_flushes || plan.flush_budget == Some(0) {
                 return Err(self.injected("flush fails"));
+            }
+            if let Some(n) = plan.flush_budget.as_mut() {
+                *n -= 1;
             }
             // A disk that has stopped doing I/O cannot make anything durable either.
             if plan.budget == Some(0) {
@@ -280,6 +285,12 @@ impl Faults {
     /// Flushes fail while set.
     pub fn fail_flushes(&self, on: bool) {
         self.state.plan.lock().fail_flushes = on;
+    }
+
+    /// The next `n` flushes go through (unless another fault stops them); every one after
+    /// that fails, until [`clear`](Self::clear).
+    pub fn fail_flushes_after(&self, n: u64) {
+        self.state.plan.lock().flush_budget = Some(n);
     }
 
     /// Flips bit `bit` (0..8) of the byte at `offset` in the inner disk, right now, so that
@@ -577,6 +588,13 @@ mod tests {
         f.fail_flushes(false);
         d.flush().unwrap();
         assert_eq!(mem.flush_count(), 1);
+        f.fail_flushes_after(1);
+        d.flush().unwrap();
+        assert!(is_injected(d.flush(), "flush"));
+        assert!(is_injected(d.flush(), "flush"));
+        assert_eq!(mem.flush_count(), 2);
+        f.clear();
+        d.flush().unwrap();
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! `Layouts`: the layout layer of one pool. It owns the slab sets, the row locks and the
 //! stripe journal, and turns a (slab set, offset) request into member I/O.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -121,10 +121,17 @@ pub struct Layouts {
     /// Whether `missed` holds anything: most pools never have one, and their I/O skips the
     /// lookup.
     any_missed: AtomicBool,
-    /// Members of sets without redundancy taken back as their disk held them after an I/O
-    /// error took it out (`record_stale_slabs`), since the pool was opened: their checksum
-    /// mismatches are not counted against the disk (`count_against_disk`).
-    held_as_is: RwLock<HashSet<SlabRef>>,
+    /// Members taken back as their disk held them after an I/O error took it out (those of
+    /// sets without redundancy, and mirror copies no other copy could resync:
+    /// `record_stale_slabs`), since the pool was opened: their checksum mismatches are not
+    /// counted against the disk (`count_against_disk`), and a writer's flush fails while
+    /// one lost since its write is back (`lost_since`). With the disk's count of losses
+    /// (`Pool::lost_at`) when it was taken: a later loss is not that one.
+    held_as_is: RwLock<HashMap<SlabRef, u64>>,
+    /// Held while a disk is taken back or given up: whether a mirror copy is taken as its
+    /// disk holds it depends on what the other copies' disks are (`taken_as_held`), which
+    /// another disk's return must not change under it.
+    returning: Mutex<()>,
     /// Held while a set's `missed` record is saved, so that two writers save in turn.
     marking: Mutex<()>,
     /// The slab sets a repair works on now: one repair per set at a time (a set has one
@@ -152,9 +159,12 @@ impl Layouts {
             )));
         }
         let (journal, replay) = StripeJournal::open(&journal_dir, pool.checksums())?;
-        // What an I/O error may have left stale on a disk it took out, recorded with the sets
-        // (the disk is away, and comes back only by `disk online`).
-        let held = record_stale_slabs(&pool, &registry, None, |_| {})?;
+        // What an I/O error may have left stale on a disk it took out stays on the pool's
+        // list while the disk is away (it comes back only by `disk online`, which records it,
+        // or is given up by `disk fail`): recorded now, whether a mirror copy is taken as its
+        // disk holds it would be decided by the disks' order, not by which comes back first.
+        // A disk on the list that is open (none should be) is recorded.
+        let held = record_stale_slabs(&pool, &registry, |d| pool.readable_disk(d).is_some(), |_| {})?;
         let live: HashSet<SlabRef> = registry.all().iter().flat_map(|s| s.members.read().clone()).collect();
         journal.sums.keep_only(&live)?;
         let missed: HashSet<SlabRef> = registry.all().iter().flat_map(|s| s.missed.lock().clone()).collect();
@@ -183,7 +193,8 @@ impl Layouts {
             missed: RwLock::new(missed),
             marking: Mutex::new(()),
             rebuilding: Mutex::new(HashSet::new()),
-            held_as_is: RwLock::new(held.into_iter().collect()),
+            held_as_is: RwLock::new(held.into_iter().map(|s| (s, 0)).collect()),
+            returning: Mutex::new(()),
         };
         if !replay.is_empty() {
             info!(records = replay.len(), "replaying the stripe journal");
@@ -330,9 +341,10 @@ impl Layouts {
 
     /// Takes back, while the pool runs, a data disk missing since the import, or taken out by
     /// an I/O error (`Pool::bring_back`): its slabs recorded as having missed writes, and
-    /// those the error may have left stale in sets with redundancy, stay unread and unwritten
-    /// until a repair resyncs them (the labels say so before the disk is back); the others are
-    /// current (those of sets without redundancy as the disk holds them, `record_stale_slabs`).
+    /// those the error may have left stale where another member can resync them, stay unread
+    /// and unwritten until a repair resyncs them (the labels say so before the disk is back);
+    /// the others are current (those the error left stale with nothing to resync them from as
+    /// the disk holds them, `record_stale_slabs`).
     /// In one turn with the records (`marking`), so that no verdict on the labels' flag is
     /// written out of order with it.
     ///
@@ -364,11 +376,18 @@ impl Layouts {
         }
         // What an I/O error may have left stale on it, recorded while it is still away
         // (outside `marking`, which a writer takes while it holds a set's members).
-        let held = record_stale_slabs(&self.pool, &self.registry, Some(position), |new| {
-            self.missed.write().extend(new.iter().copied());
-            self.any_missed.store(true, Ordering::Release);
-        })?;
-        self.held_as_is.write().extend(held);
+        let _returning = self.returning.lock();
+        let held = record_stale_slabs(
+            &self.pool,
+            &self.registry,
+            |d| d == position,
+            |new| {
+                self.missed.write().extend(new.iter().copied());
+                self.any_missed.store(true, Ordering::Release);
+            },
+        )?;
+        let lost_at = self.pool.lost_at(position);
+        self.held_as_is.write().extend(held.into_iter().map(|s| (s, lost_at)));
         {
             let _turn = self.marking.lock();
             if self.missed.read().iter().any(|s| s.disk == position) {
@@ -391,6 +410,33 @@ impl Layouts {
             warn!(pool = %self.pool.name(), error = %e, "the disk is back, but the checkpoint after it failed; the next write or flush tries again");
         }
         Ok(())
+    }
+
+    /// Before a disk an I/O error took out is given up (`disk fail`): the slabs it may lack
+    /// writes of (written since its last flush) are recorded with their sets as members that
+    /// missed writes, as `disk online` would have recorded them. Forgotten instead, such a
+    /// member would count as current, and a mirror's other copy, stale after the same
+    /// error (an enclosure that blinked), would wait for it for good rather than be taken
+    /// back as its disk holds it (`taken_as_held`).
+    pub fn record_stale_of_given_up(&self, position: u32) -> Result<()> {
+        let _returning = self.returning.lock();
+        let Some((_, slabs)) = self.pool.stale_slabs().into_iter().find(|(d, _)| *d == position) else {
+            return Ok(());
+        };
+        let stale: HashSet<SlabRef> = slabs.iter().map(|&slab| SlabRef { disk: position, slab }).collect();
+        // A set without redundancy has nothing to wait for it with: what it held is lost.
+        for set in self.registry.all().into_iter().filter(|s| s.spec.tolerance() > 0) {
+            self.registry.add_missed(
+                &self.pool,
+                set.id,
+                |s| stale.contains(s),
+                |new| {
+                    self.missed.write().extend(new.iter().copied());
+                    self.any_missed.store(true, Ordering::Release);
+                },
+            )?;
+        }
+        Ok(self.pool.forget_stale_slabs(position)?)
     }
 
     /// Whether `slab` missed writes while its disk was away and is not resynced yet.
@@ -463,7 +509,7 @@ impl Layouts {
     /// but those of a member taken back as the disk holds it (`held_as_is`): blocks its
     /// volatile cache lost when an error took it out are not rot of its medium.
     pub(crate) fn count_against_disk(&self, slab: SlabRef, blocks: u64) {
-        if !self.held_as_is.read().contains(&slab) {
+        if !self.held_as_is.read().contains_key(&slab) {
             self.count_for(slab.disk, |c| c.checksum += blocks);
         }
     }
@@ -554,14 +600,20 @@ impl Layouts {
     ///
     /// A set without redundancy asks only whether a member was lost since: such a member
     /// comes back as its disk holds it (`record_stale_slabs`), so the set may be whole again
-    /// by the writer's flush and still lack the write.
+    /// by the writer's flush and still lack the write. So does a set with a member lost
+    /// since that came back that way (a mirror whose copies all went out on errors).
     pub fn lost_since(&self, set: &SlabSet, noted: u64) -> bool {
         if !self.set(set.id).is_ok_and(|live| std::ptr::eq(&*live, set)) {
             return false;
         }
         let members = set.members.read();
-        let lost = members.iter().any(|m| self.pool.lost_since(m.disk, noted));
-        lost && (set.spec.tolerance() == 0 || self.beyond_tolerance(&set.spec, &members))
+        let lost: Vec<&SlabRef> = members.iter().filter(|m| self.pool.lost_since(m.disk, noted)).collect();
+        !lost.is_empty()
+            && (set.spec.tolerance() == 0
+                || self.beyond_tolerance(&set.spec, &members)
+                || lost
+                    .iter()
+                    .any(|m| self.held_as_is.read().get(m) == Some(&self.pool.lost_at(m.disk))))
     }
 
     pub fn health(&self, set: &SlabSet) -> SetHealth {
@@ -610,12 +662,15 @@ impl Layouts {
     /// counted, could).
     pub fn lost_for_good(&self, set: &SlabSet) -> bool {
         let members = set.members.read();
+        // Stale before missed: recording moves a slab from the one to the other.
+        let lacks = |slab: SlabRef| self.pool.is_stale(slab) || self.is_missed(slab);
         let gone_for_good = |m: usize| {
             let slab = members[m];
             // Asked in this order, a disk taken back between the two questions is never gone.
-            // Stale before missed: recording moves a slab from the one to the other. A set
-            // without redundancy takes its stale members back as they are (`record_stale_slabs`).
-            (self.pool.is_stale(slab) && set.spec.tolerance() > 0)
+            // A stale member that nothing could resync is taken back as it is
+            // (`record_stale_slabs`).
+            (self.pool.is_stale(slab)
+                && !taken_as_held(&set.spec, &members, m, lacks, |s| self.pool.last_flush(s.disk)))
                 || self.is_missed(slab)
                 || (!self.pool.can_come_back(slab.disk) && self.pool.readable_disk(slab.disk).is_none())
         };
@@ -1078,16 +1133,17 @@ impl Layouts {
 }
 
 /// Records with their slab sets, as members that missed writes, the slabs that I/O errors
-/// may have left stale on the disks they took out (`Pool::stale_slabs`; of disk `only`, if
-/// given), then lets the pool forget its lists. Their disks are away meanwhile (or the pool
+/// may have left stale on the disks they took out (`Pool::stale_slabs`, of the disks `which`
+/// picks), then lets the pool forget its lists. Their disks are away meanwhile (or the pool
 /// is being opened): nothing reads or writes those slabs.
 /// `recorded` is told of each set's, under the set's records (`Registry::add_missed`).
 ///
-/// A set without redundancy (simple) has no other member to resync its stale member from:
-/// recorded, the member would stay unreadable for good. It is taken back as the disk holds
-/// it instead, as a power cut of that disk alone would leave it: every write to it since the
-/// disk's last successful flush was answered with an error or followed by a flush that
-/// failed (`lost_since`), so none was promised durable, and with block checksums a block
+/// A set without redundancy (simple) has no other member to resync its stale member from,
+/// and a mirror whose other copies all lack writes too has none that could: recorded, the
+/// member would stay unreadable for good. It is taken back as the disk holds it instead
+/// (`taken_as_held`), as a power cut of that disk alone would leave it: every write to it
+/// since the disk's last successful flush was answered with an error or followed by a flush
+/// that failed (`lost_since`), so none was promised durable, and with block checksums a block
 /// that did not reach the medium, or reached it torn, does not match the checksum of what
 /// was written and is reported unreadable rather than returned.
 ///
@@ -1095,30 +1151,81 @@ impl Layouts {
 fn record_stale_slabs(
     pool: &Pool,
     registry: &Registry,
-    only: Option<u32>,
+    which: impl Fn(u32) -> bool,
     recorded: impl Fn(&[SlabRef]),
 ) -> Result<Vec<SlabRef>> {
     let mut held = Vec::new();
     for (disk, slabs) in pool.stale_slabs() {
-        if only.is_some_and(|d| d != disk) {
+        if !which(disk) {
             continue;
         }
         let stale: HashSet<SlabRef> = slabs.iter().map(|&slab| SlabRef { disk, slab }).collect();
         let (mut resynced, held_before) = (0, held.len());
         for set in registry.all() {
-            if set.spec.tolerance() == 0 {
-                held.extend(set.members.read().iter().filter(|s| stale.contains(s)).copied());
-                continue;
-            }
+            let here: Vec<SlabRef> = {
+                let members = set.members.read();
+                let missed = set.missed.lock();
+                // Stale on its own disk (not recorded with the set yet), or missed writes.
+                let lacks = |s: SlabRef| missed.contains(&s) || pool.is_stale(s);
+                (0..members.len())
+                    .filter(|&m| {
+                        stale.contains(&members[m])
+                            && !missed.contains(&members[m])
+                            && taken_as_held(&set.spec, &members, m, lacks, |s| pool.last_flush(s.disk))
+                    })
+                    .map(|m| members[m])
+                    .collect()
+            };
+            held.extend(here.iter().copied());
             resynced += registry
-                .add_missed(pool, set.id, |s| stale.contains(s), &recorded)?
+                .add_missed(pool, set.id, |s| stale.contains(s) && !here.contains(s), &recorded)?
                 .len();
         }
         let as_held = held.len() - held_before;
-        info!(pool = %pool.name(), disk, slabs = slabs.len(), resynced, as_held, "slabs written since the last flush of a disk an I/O error took out: those of sets with redundancy are stale until resynced, those of simple sets are taken as the disk holds them");
+        info!(pool = %pool.name(), disk, slabs = slabs.len(), resynced, as_held, "slabs written since the last flush of a disk an I/O error took out: those another member can resync are stale until resynced, the others are taken as the disk holds them");
         pool.forget_stale_slabs(disk)?;
     }
     Ok(held)
+}
+
+/// Whether member `m` of a set, which an I/O error may have left stale (written since its
+/// disk's last successful flush), is taken back as its disk holds it rather than resynced:
+/// no other member can hold in its place what a flush vouched for. A set without redundancy
+/// has no other member. In a mirror, every other copy of its column must
+/// - lack writes itself (`lacks`: missed while its disk was away, or stale after an error
+///   of its own), or it holds more and the copy is resynced from it; and
+/// - have flushed last, before its disk went away, no later than this copy's disk did
+///   (`Pool::last_flush`, known for each). What this copy may lack was written after its
+///   disk's last successful flush round began; a flush that vouched for it was a later
+///   round, which another copy came through while it was written, and whose last flush
+///   before it went away is then later. None did, so nothing this copy lacks was promised
+///   durable (copies whose last flush was the same round lack the same writes).
+///
+/// What its disk's cache lost is then refused by the block checksums, or read as the disk
+/// holds it, as after a power cut of that disk.
+/// A parity set's stale member is always recorded to be resynced: taken as held, a block
+/// its disk's cache lost would enter every rebuild of its stripe, and turn another member's
+/// flushed data, rebuilt from it, into something nobody wrote.
+fn taken_as_held(
+    spec: &LayoutSpec,
+    members: &[SlabRef],
+    m: usize,
+    lacks: impl Fn(SlabRef) -> bool,
+    last_flush: impl Fn(SlabRef) -> Option<(u64, u64)>,
+) -> bool {
+    match spec.kind {
+        _ if spec.tolerance() == 0 => true,
+        LayoutKind::Mirror => {
+            let Some(mine) = last_flush(members[m]) else {
+                return false;
+            };
+            crate::geometry::data_members(spec, 0, m % spec.columns as usize)
+                .into_iter()
+                .filter(|&c| c != m)
+                .all(|c| lacks(members[c]) && last_flush(members[c]).is_some_and(|theirs| theirs <= mine))
+        }
+        _ => false,
+    }
 }
 
 /// Whether a member that missed writes sits on a disk that is open: read as current by a
@@ -1135,5 +1242,80 @@ fn loses_more_than_tolerated(spec: &LayoutSpec, width: usize, gone: impl Fn(usiz
             (0..spec.columns as usize).any(|d| crate::geometry::data_members(spec, 0, d).into_iter().all(&gone))
         }
         _ => (0..width).filter(|&m| gone(m)).count() > spec.tolerance(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(kind: LayoutKind, copies: u8, columns: u32) -> LayoutSpec {
+        LayoutSpec {
+            kind,
+            copies,
+            columns,
+            interleave: 64 << 10,
+        }
+    }
+
+    fn members(n: u32) -> Vec<SlabRef> {
+        (0..n).map(|disk| SlabRef { disk, slab: 7 }).collect()
+    }
+
+    /// Whether member `m` is taken as held, with `lacking` the disks whose members lack
+    /// writes and `flushed` each disk's last flush (None: not known).
+    fn held(spec: &LayoutSpec, m: usize, lacking: &[u32], flushed: &[Option<(u64, u64)>]) -> bool {
+        let members = members(spec.width() as u32);
+        taken_as_held(
+            spec,
+            &members,
+            m,
+            |s| lacking.contains(&s.disk),
+            |s| flushed[s.disk as usize],
+        )
+    }
+
+    #[test]
+    fn a_member_with_nothing_to_resync_it_from_is_taken_as_held() {
+        // Without redundancy: always.
+        assert!(held(&spec(LayoutKind::Simple, 1, 2), 1, &[], &[None, None]));
+        let two_way = spec(LayoutKind::Mirror, 2, 1);
+        let same_round = [Some((3, 10)), Some((3, 10))];
+        // The other copy lacks writes too, and flushed last in the same round, or before.
+        assert!(held(&two_way, 0, &[1], &same_round));
+        assert!(held(&two_way, 0, &[1], &[Some((3, 10)), Some((3, 9))]));
+        assert!(held(&two_way, 0, &[1], &[Some((3, 1)), Some((2, u64::MAX))]));
+        // It holds more: resynced from it.
+        assert!(!held(&two_way, 0, &[], &same_round));
+        // It flushed after this copy's disk went: it may have vouched for what this one lacks.
+        assert!(!held(&two_way, 0, &[1], &[Some((3, 10)), Some((3, 11))]));
+        assert!(!held(&two_way, 0, &[1], &[Some((3, 10)), Some((4, 0))]));
+        // Not known when either flushed last.
+        assert!(!held(&two_way, 0, &[1], &[None, Some((3, 10))]));
+        assert!(!held(&two_way, 0, &[1], &[Some((3, 10)), None]));
+    }
+
+    #[test]
+    fn a_mirror_asks_every_other_copy_of_its_column_and_no_other() {
+        let f = [Some((1, 5)); 6];
+        // Three copies: both others must lack writes.
+        let three_way = spec(LayoutKind::Mirror, 3, 1);
+        assert!(held(&three_way, 2, &[0, 1], &f));
+        assert!(!held(&three_way, 2, &[0], &f));
+        // Two columns of two copies: members 0 and 2 hold column 0, 1 and 3 column 1.
+        let striped = spec(LayoutKind::Mirror, 2, 2);
+        assert!(held(&striped, 0, &[2], &f[..4]));
+        assert!(
+            !held(&striped, 0, &[1, 3], &f[..4]),
+            "the other column's copies are not its own"
+        );
+        assert!(held(&striped, 3, &[1], &f[..4]));
+    }
+
+    #[test]
+    fn a_parity_member_is_never_taken_as_held() {
+        let f = [Some((1, 5)); 4];
+        assert!(!held(&spec(LayoutKind::Parity, 1, 3), 0, &[1, 2], &f[..3]));
+        assert!(!held(&spec(LayoutKind::DualParity, 1, 4), 0, &[1, 2, 3], &f));
     }
 }

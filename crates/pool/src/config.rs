@@ -101,6 +101,15 @@ pub struct DiskInfo {
     /// without a record, so after it the disk is failed for good.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub back_after_error: bool,
+    /// When the disk last went away (an I/O error took it out, or an import did not find it):
+    /// when its last successful flush before that was, as (the generation of the run, the
+    /// flush round's number in that run), which orders the flushes of different disks across
+    /// restarts (`Pool::last_flush`). For a disk an import did not find, (the generation the
+    /// pool last saved, the largest number): some time in an earlier run, no later than its
+    /// end. Kept when the disk is back or given up: which copy of a mirror could hold the
+    /// most of what its members missed since depends on it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flushed_through: Option<(u64, u64)>,
 }
 
 impl DiskInfo {
@@ -118,11 +127,13 @@ impl DiskInfo {
     /// Marks the disk missing at an import, as it returns (`returns_as`) with a label of at
     /// least `generation` (`left_at`). A retired disk is still written until a repair empties
     /// it: missing, it is written around as any other, and stale where it was when it is back.
-    /// A disk failed or missing already stays as it is.
+    /// Its last flush was some time before: `flushed_through`. A disk failed or missing
+    /// already stays as it is.
     pub(crate) fn missing_at_import(&mut self, generation: u64) {
         if matches!(self.state, DiskState::Healthy | DiskState::Spare | DiskState::Retired) {
             self.returns_as = Some(self.state);
             self.left_at = Some(generation);
+            self.flushed_through = Some((generation, u64::MAX));
             self.state = DiskState::Missing;
         }
     }

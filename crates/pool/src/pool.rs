@@ -16,7 +16,7 @@ use crate::alloc::{choose_disks, SlabMap, SlabRef};
 use crate::config::{validate_name, DiskInfo, DiskState, DiskUsage, PoolConfig, MIN_CACHE_AREA, MIN_SLAB_SIZE};
 use crate::error::{PoolError, Result};
 use crate::meta::{MetaBatch, MetaStore, CF_POOL};
-use crate::write_marks::{new_clock, FlushClock, WriteMark, WriteMarks};
+use crate::write_marks::{flush_round, new_clock, FlushClock, WriteMark, WriteMarks};
 
 const CONFIG_KEY: &[u8] = b"config";
 
@@ -82,6 +82,9 @@ pub struct Pool {
     clock: FlushClock,
     /// A disk's loss is in memory but its save failed (`lose_disk`).
     loss_unsaved: AtomicBool,
+    /// The configuration's generation when the pool was opened (or created): a number no
+    /// earlier opening had, which orders the flushes of different runs (`last_flush`).
+    run: u64,
 }
 
 impl Inner {
@@ -222,6 +225,7 @@ impl Pool {
                 left_at: None,
                 stale_slabs: Vec::new(),
                 back_after_error: false,
+                flushed_through: None,
             };
             let label = label_for(&config, &info, false, false);
             if let Err(e) = write_new_label(d.as_ref(), &label) {
@@ -256,6 +260,7 @@ impl Pool {
             labels_behind: AtomicBool::new(false),
             clock,
             loss_unsaved: AtomicBool::new(false),
+            run: 1,
         };
         pool.save_config(&pool.inner.read().config)?;
         info!(pool = name, disks = pool.inner.read().members.len(), "pool created");
@@ -291,6 +296,7 @@ impl Pool {
         // generation in its label (labels are written before the configuration is saved).
         let last_saved = config.generation;
         config.generation += 1;
+        let run = config.generation;
         // The generation each opened disk's label has, kept for a disk whose label cannot be
         // written below (`write_labels_at_import`).
         let mut label_generation = vec![last_saved; config.disks.len()];
@@ -388,7 +394,7 @@ impl Pool {
             }
             members.push(member);
         }
-        some_disk_opened(&config.name, &members)?;
+        some_disk_opened(&config.name, &config.disks, &members)?;
         let pool = Pool {
             meta,
             dir: dir.to_path_buf(),
@@ -399,6 +405,7 @@ impl Pool {
             labels_behind: AtomicBool::new(false),
             clock,
             loss_unsaved: AtomicBool::new(false),
+            run,
         };
         pool.write_labels_at_import(&label_generation)?;
         pool.save_config(&pool.inner.read().config)?;
@@ -507,7 +514,7 @@ impl Pool {
             ));
             info.missing_at_import(label_generation[i]);
         }
-        some_disk_opened(&inner.config.name, &inner.members)
+        some_disk_opened(&inner.config.name, &inner.config.disks, &inner.members)
     }
 
     fn write_labels(&self, exported: bool) -> Result<()> {
@@ -662,6 +669,7 @@ impl Pool {
             left_at: None,
             stale_slabs: Vec::new(),
             back_after_error: false,
+            flushed_through: None,
         };
         write_new_label(
             dev.as_ref(),
@@ -794,12 +802,14 @@ impl Pool {
         // Its device gone first: a write that may have reached it marked its slab before it
         // looked for the device, and is counted here.
         let stale = member.marks.unflushed();
+        let flushed_through = (self.run, member.marks.flushed_from());
         member.problem = Some(if returns {
             format!("{why}; {}", away_after_error())
         } else {
             why
         });
         let disk = &mut inner.config.disks[idx];
+        disk.flushed_through = Some(flushed_through);
         if returns {
             disk.returns_as = Some(disk.state);
             disk.left_at = Some(generation);
@@ -1020,6 +1030,23 @@ impl Pool {
 
     /// Whether the member at `position` was lost after the count was `noted`: what was
     /// written to it since then, and not flushed before, may be gone.
+    /// When disk `position`'s last successful flush before it last went away was
+    /// ([`DiskInfo::flushed_through`]): what a flush of it vouched for, written to a member
+    /// that has missed writes since, or may have lost them. None if it never went away.
+    pub fn last_flush(&self, position: u32) -> Option<(u64, u64)> {
+        self.inner.read().config.disks.get(position as usize)?.flushed_through
+    }
+
+    /// The count of losses when disk `position` was last lost (0 if not since the pool was
+    /// opened): see [`lost_since`](Self::lost_since).
+    pub fn lost_at(&self, position: u32) -> u64 {
+        self.inner
+            .read()
+            .members
+            .get(position as usize)
+            .map_or(0, |m| m.lost_at)
+    }
+
     pub fn lost_since(&self, position: u32, noted: u64) -> bool {
         self.inner
             .read()
@@ -1212,8 +1239,10 @@ impl Pool {
                 .collect()
         };
         let mut failed = Vec::new();
+        // One number for the round, taken before any disk's flush: the disks that come
+        // through it have the same last flush (`last_flush`), none later than another.
+        let number = flush_round(&self.clock);
         for (pos, dev, marks) in devs {
-            let number = marks.flush_number();
             match dev.flush() {
                 Ok(()) => marks.flushed(number),
                 Err(e) if e.is_unavailable() => return Err(e.into()),
@@ -1227,9 +1256,15 @@ impl Pool {
     }
 }
 
-/// Fails an import that could open none of the pool's disks, with each one's reason.
-fn some_disk_opened(pool: &str, members: &[Member]) -> Result<()> {
+/// Fails an import that could open none of the pool's disks, with each one's reason; unless
+/// one is a disk an I/O error took out, which no import opens (only `disk online` takes it
+/// back): failed, the import would fail for good, and the disk could never come back.
+fn some_disk_opened(pool: &str, disks: &[DiskInfo], members: &[Member]) -> Result<()> {
     if members.iter().any(|m| m.dev.is_some()) {
+        return Ok(());
+    }
+    if disks.iter().any(|d| d.state == DiskState::Failed && d.may_come_back()) {
+        warn!(pool, "no disk of the pool is open: it opens for 'tessera disk online' to take back the disks I/O errors took out");
         return Ok(());
     }
     let why: Vec<String> = members.iter().filter_map(|m| m.problem.clone()).collect();
@@ -1242,8 +1277,8 @@ fn some_disk_opened(pool: &str, members: &[Member]) -> Result<()> {
 /// What becomes of a disk an I/O error took out.
 fn away_after_error() -> &'static str {
     "what it holds is kept: once the cause is mended (a cable, an enclosure's power), 'tessera disk online' \
-     takes it back, its slabs written since its last flush resynced by a repair (a simple vdisk's taken as the disk holds \
-     them); 'tessera disk fail' gives it up"
+     takes it back, its slabs written since its last flush resynced by a repair (a simple vdisk's, and a mirror's \
+     whose other copies went out on errors too, taken as the disk holds them); 'tessera disk fail' gives it up"
 }
 
 fn label_for(config: &PoolConfig, info: &DiskInfo, exported: bool, resync_pending: bool) -> Label {

@@ -24,6 +24,11 @@ pub(crate) fn new_clock() -> FlushClock {
     Arc::new(AtomicU64::new(1))
 }
 
+/// The number of a round of flushes, taken before any of its disks' flushes is issued.
+pub(crate) fn flush_round(clock: &FlushClock) -> u64 {
+    clock.fetch_add(1, Ordering::SeqCst) + 1
+}
+
 #[derive(Default)]
 struct SlabMark {
     in_flight: AtomicU32,
@@ -61,14 +66,20 @@ impl WriteMarks {
         }
     }
 
-    /// Taken before a flush of the disk is issued.
+    /// Taken before a flush of the disk alone is issued.
+    #[cfg(test)]
     pub(crate) fn flush_number(&self) -> u64 {
-        self.clock.fetch_add(1, Ordering::SeqCst) + 1
+        flush_round(&self.clock)
     }
 
     /// The flush numbered `n` succeeded: what was stamped before it is on the medium.
     pub(crate) fn flushed(&self, n: u64) {
         self.flushed_from.fetch_max(n, Ordering::SeqCst);
+    }
+
+    /// The number of the last flush of this disk that succeeded (0: none yet).
+    pub(crate) fn flushed_from(&self) -> u64 {
+        self.flushed_from.load(Ordering::SeqCst)
     }
 
     /// The slabs whose medium may lack writes: being written, or written since the last

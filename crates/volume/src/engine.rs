@@ -587,6 +587,7 @@ impl Engine {
     /// An administrative failure, for drills: the disk is never used again.
     pub fn fail_disk(&self, disk: &str) -> Result<()> {
         let pos = self.s.pool.find_disk(disk)?;
+        self.s.layouts.record_stale_of_given_up(pos)?;
         self.s
             .pool
             .set_disk_state(pos, DiskState::Failed, Some("failed by the administrator".into()))?;
@@ -607,8 +608,9 @@ impl Engine {
     /// Takes back, while the pool runs, a data disk that was missing when the pool was
     /// imported, or that an I/O error took out, now opened as `dev` (`Layouts::bring_back_disk`):
     /// current where no write went around it (nor, after an error, was written since its last
-    /// flush), and stale (read around) elsewhere, until a repair resyncs it; a member of a set
-    /// without redundancy, which nothing could resync, is taken as the disk holds it.
+    /// flush), and stale (read around) elsewhere, until a repair resyncs it; a member that
+    /// nothing could resync (of a set without redundancy, or a mirror whose other copies lack
+    /// writes too) is taken as the disk holds it.
     pub fn bring_back_disk(&self, disk: &str, dev: DiskRef) -> Result<()> {
         let pos = self.s.pool.find_disk(disk)?;
         self.s.layouts.bring_back_disk(pos, dev)?;

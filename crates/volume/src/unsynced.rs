@@ -98,8 +98,9 @@ impl<S: Clone> Unsynced<S> {
                 continue;
             };
             let why = format!(
-                "slab set {id} lost more disks than it tolerates (or, without redundancy, a disk, even if it is back) \
-                 after it was written: data written since the last flush may be lost"
+                "slab set {id} lost more disks than it tolerates (or, without redundancy, a disk, even if it is back; \
+                 or a mirror copy taken back as its disk held it) after it was written: data written since the last \
+                 flush may be lost"
             );
             if *by != writer && *by != Writer::ANY {
                 self.owe(*by, why.clone());

@@ -661,9 +661,9 @@ fn a_disk_an_error_took_out_comes_back_stale_only_where_written_since_its_last_f
 }
 
 /// The same blip with a crash before the disk is back: the configuration saved at the error
-/// says which of its slabs are stale, the import records them with their sets (the disk
-/// answers again, but waits for `disk online`: a disk that fails writes may well read its
-/// label), and `disk online` takes it back with them stale.
+/// says which of its slabs are stale, the import keeps that list (the disk answers again, but
+/// waits for `disk online`: a disk that fails writes may well read its label), and `disk
+/// online` records them with their sets and takes the disk back with them stale.
 #[test]
 fn a_disk_an_error_took_out_keeps_its_stale_slabs_across_a_crash() {
     let (mut rig, mut data, supply, medium) = mirrored_pair_with_a_cache_on_disk_1();
@@ -677,9 +677,10 @@ fn a_disk_an_error_took_out_keeps_its_stale_slabs_across_a_crash() {
     rig.disks[1] = FaultyDisk::new(VolatileDisk::new(medium, &PowerSupply::new()) as DiskRef);
     rig.reopen();
     assert_eq!(state(&rig, 1), DiskState::Failed, "not taken back by the import");
-    assert!(
-        rig.engine().pool().disks()[1].info.stale_slabs.is_empty(),
-        "recorded with the sets"
+    assert_eq!(
+        rig.engine().pool().disks()[1].info.stale_slabs.len(),
+        2,
+        "kept until the disk is back"
     );
     assert_eq!(read_all(&rig), data);
     rig.engine()
@@ -929,4 +930,349 @@ fn a_cache_disk_whose_label_cannot_be_written_fails_the_import() {
     rig.reopen();
     assert_eq!(state(&rig, 2), DiskState::Healthy);
     assert_eq!(read_all(&rig), data);
+}
+
+/// Two disks, each with a volatile write cache of its own power supply (behind its fault
+/// injector), and a mirror vdisk on them in four slab sets, written whole and flushed; the
+/// supplies and the media.
+fn mirror_with_caches_on_both() -> (Rig, Vec<u8>, [Arc<PowerSupply>; 2], [DiskRef; 2]) {
+    let dir = tempfile::tempdir().unwrap();
+    let supplies = [PowerSupply::new(), PowerSupply::new()];
+    let media: [DiskRef; 2] = [
+        Arc::new(MemDisk::new("mem0", 32 * MIB)),
+        Arc::new(MemDisk::new("mem1", 32 * MIB)),
+    ];
+    let disks: Vec<Arc<FaultyDisk>> = (0..2)
+        .map(|i| FaultyDisk::new(VolatileDisk::new(media[i].clone(), &supplies[i]) as DiskRef))
+        .collect();
+    let refs: Vec<DiskRef> = disks.iter().map(|d| d.clone() as DiskRef).collect();
+    let engine = tessera_volume::Engine::create_pool(&dir.path().join("pool"), "test", refs, MIB).unwrap();
+    let data = pattern(1, 0, SIZE as usize);
+    engine
+        .create_vdisk(&spec("v", SIZE, LayoutKind::Mirror, Provisioning::Thin))
+        .unwrap()
+        .write(0, &data, true)
+        .unwrap();
+    assert_eq!(engine.layouts().sets().len(), 4);
+    let rig = Rig {
+        dir,
+        disks,
+        engine: Some(engine),
+    };
+    (rig, data, supplies, media)
+}
+
+/// Disk `i`'s medium, powered again behind a new fault injector.
+fn powered_again(medium: &DiskRef) -> Arc<FaultyDisk> {
+    FaultyDisk::new(VolatileDisk::new(medium.clone(), &PowerSupply::new()) as DiskRef)
+}
+
+/// Sorts the vdisk's blocks into those that read `data` where it differs from `old` (new),
+/// those refused with a checksum error, and those torn (sector by sector old or new); every
+/// other block must read as `old`, and every block outside `written` as it was.
+fn sort_blocks(rig: &Rig, data: &[u8], old: &[u8], written: &[usize]) -> (Vec<usize>, Vec<usize>, Vec<usize>) {
+    let (mut new, mut refused, mut torn) = (Vec::new(), Vec::new(), Vec::new());
+    for (b, got) in read_blocks(rig).iter().enumerate() {
+        let (want, was) = (&data[b * 4096..(b + 1) * 4096], &old[b * 4096..(b + 1) * 4096]);
+        if !written.contains(&b) {
+            assert!(
+                got.as_ref().is_ok_and(|bytes| bytes == want),
+                "block {b}: {:?}",
+                got.as_ref().err()
+            );
+            continue;
+        }
+        match got {
+            Ok(bytes) if bytes == want && want != was => new.push(b),
+            Ok(bytes) if bytes == was => {}
+            Ok(bytes) => {
+                for s in 0..8 {
+                    let r = s * 512..(s + 1) * 512;
+                    assert!(
+                        bytes[r.clone()] == want[r.clone()] || bytes[r.clone()] == was[r],
+                        "block {b}, sector {s}: neither old nor new"
+                    );
+                }
+                torn.push(b);
+            }
+            Err(e) => {
+                assert!(e.contains("checksum"), "block {b}: {e}");
+                refused.push(b);
+            }
+        }
+    }
+    (new, refused, torn)
+}
+
+/// A mirror whose copies an I/O error took out one after the other: disk 0 first, then,
+/// after writes went around it and a flush vouched for them on disk 1 alone, disk 1 (its
+/// cache lost). The set is beyond its tolerance; before, the copy on disk 1 came back stale
+/// with nothing to resync it from, and the slab (1 MiB here, 256 MiB by default) stayed
+/// unreadable for good. Now the copy on disk 1 is taken back as its disk holds it: no other
+/// copy could hold what a flush vouched for (disk 0's missed writes since it went out), so
+/// none of what disk 1's cache lost was promised durable. Disk 0, back, is resynced from it.
+#[test]
+fn a_mirror_whose_copies_an_error_took_out_in_turn_takes_back_the_last_as_its_disk_holds_it() {
+    let (mut rig, mut data, supplies, media) = mirror_with_caches_on_both();
+    // Set 0 written, not flushed; then disk 0 out, on a write to set 1.
+    write_at(&rig, &mut data, 2, 0, 8192);
+    rig.disks[0].faults().pull();
+    supplies[0].cut(3);
+    write_at(&rig, &mut data, 3, MIB, 4096);
+    assert_eq!(state(&rig, 0), DiskState::Failed);
+    // Set 2 written around it, and flushed: on disk 1 alone, promised durable.
+    write_at(&rig, &mut data, 4, 2 * MIB, 4096);
+    rig.engine().vdisk("v").unwrap().flush().unwrap();
+    // Set 3 written around it, not flushed; then disk 1 out too, its cache lost.
+    let blocks_written: Vec<usize> = vec![768, 772, 776];
+    for (k, b) in blocks_written.iter().enumerate() {
+        write_at(&rig, &mut data, 5 + k as u64, *b as u64 * 4096, 4096);
+    }
+    let old = {
+        let mut o = data.clone();
+        let before = pattern(1, 0, SIZE as usize);
+        for b in &blocks_written {
+            o[b * 4096..(b + 1) * 4096].copy_from_slice(&before[b * 4096..(b + 1) * 4096]);
+        }
+        o
+    };
+    rig.disks[1].faults().pull();
+    let cut = supplies[1].cut(SEED);
+    assert_eq!((cut[0].kept, cut[0].torn, cut[0].dropped), (1, 1, 1), "{cut:?}");
+    let v = rig.engine().vdisk("v").unwrap();
+    assert!(v.write(3 * MIB + 64 * 1024, &pattern(9, 0, 4096), false).is_err());
+    let mut b = vec![0u8; 4096];
+    assert!(v.read(3 * MIB, &mut b).is_err(), "beyond its tolerance");
+    drop(v);
+    assert_eq!(state(&rig, 1), DiskState::Failed);
+
+    // Disk 1 back first: taken as its disk holds it where disk 0 missed writes.
+    let back1 = powered_again(&media[1]);
+    rig.engine().bring_back_disk("mem1", back1.clone() as DiskRef).unwrap();
+    rig.disks[1] = back1;
+    assert_eq!(state(&rig, 1), DiskState::Healthy);
+    let err = rig.engine().vdisk("v").unwrap().flush().unwrap_err().to_string();
+    assert!(err.contains("may be lost"), "{err}");
+    let (new, refused, torn) = sort_blocks(&rig, &data, &old, &blocks_written);
+    assert_eq!(new.len(), 1, "the write disk 1's cache kept: {new:?}");
+    assert_eq!(refused.len(), 2, "the one it dropped and the one it tore: {refused:?}");
+    assert!(torn.is_empty(), "{torn:?}");
+
+    // Disk 0 back: stale where it missed writes or may lack them, and resynced from disk 1.
+    rig.disks[0].faults().reinsert();
+    let back0 = powered_again(&media[0]);
+    rig.engine().bring_back_disk("mem0", back0.clone() as DiskRef).unwrap();
+    rig.disks[0] = back0;
+    assert_eq!(rig.engine().layouts().stale_members(), 4, "every set's copy on disk 0");
+    for b in &blocks_written {
+        write_at(&rig, &mut data, 40 + *b as u64, *b as u64 * 4096, 4096);
+    }
+    rig.engine().vdisk("v").unwrap().flush().unwrap();
+    assert_eq!(repair(&rig), 4);
+    // Disk 0 alone reads everything.
+    rig.engine().fail_disk("mem1").unwrap();
+    assert_eq!(read_all(&rig), data);
+    rig.reopen();
+    assert_eq!(read_all(&rig), data);
+    rig.assert_consistent();
+}
+
+/// Both copies of a mirror taken out by the same blink (an enclosure's power): both may lack
+/// what was written since the last flush, and no flush vouched for it. Taken back with
+/// `disk online`, the first copy back is taken as its disk holds it and the other is
+/// resynced from it; if one never comes back (`disk fail`), the other is taken as its disk
+/// holds it. Before, those slabs waited for a copy that could not hold more, and stayed
+/// unreadable for good when it was given up.
+fn a_mirror_blinked_whole_comes_back(give_up_disk_0: bool, restart: bool) {
+    let (mut rig, mut data, supplies, media) = mirror_with_caches_on_both();
+    let old = data.clone();
+    let blocks_written: Vec<usize> = vec![4, 12, 20];
+    for (k, b) in blocks_written.iter().enumerate() {
+        write_at(&rig, &mut data, 2 + k as u64, *b as u64 * 4096, 4096);
+    }
+    for (i, supply) in supplies.iter().enumerate() {
+        rig.disks[i].faults().pull();
+        supply.cut(SEED);
+    }
+    let v = rig.engine().vdisk("v").unwrap();
+    assert!(v.write(MIB, &pattern(9, 0, 4096), false).is_err());
+    drop(v);
+    assert_eq!((state(&rig, 0), state(&rig, 1)), (DiskState::Failed, DiskState::Failed));
+    if restart {
+        // Which copy comes back as its disk holds it is not decided by the import, while
+        // both are away, but by the order they come back in (or disk 0 given up first).
+        rig.engine = None;
+        rig.disks = media.iter().map(powered_again).collect();
+        rig.reopen();
+        assert_eq!((state(&rig, 0), state(&rig, 1)), (DiskState::Failed, DiskState::Failed));
+    }
+    let back1 = powered_again(&media[1]);
+    if give_up_disk_0 {
+        rig.engine().fail_disk("mem0").unwrap();
+        rig.engine().bring_back_disk("mem1", back1.clone() as DiskRef).unwrap();
+        rig.disks[1] = back1;
+    } else {
+        let back0 = powered_again(&media[0]);
+        rig.engine().bring_back_disk("mem0", back0.clone() as DiskRef).unwrap();
+        rig.disks[0] = back0;
+        rig.engine().bring_back_disk("mem1", back1.clone() as DiskRef).unwrap();
+        rig.disks[1] = back1;
+        // After a restart, the regions the crash left unsynced are settled from disk 0 too,
+        // around disk 1.
+        let stale = rig.engine().layouts().stale_members();
+        assert!(stale == 2 || restart && stale == 4, "sets 0 and 1 on disk 1: {stale}");
+    }
+    if !restart {
+        let err = rig.engine().vdisk("v").unwrap().flush().unwrap_err().to_string();
+        assert!(err.contains("may be lost"), "{err}");
+    }
+    let (new, refused, torn) = sort_blocks(&rig, &data, &old, &blocks_written);
+    assert_eq!(new.len(), 1, "the write the disk's cache kept: {new:?}");
+    if restart {
+        // The crash's replay settled them as the disk holds them, sector by sector.
+        assert!(refused.is_empty() && torn.len() <= 1, "{refused:?} {torn:?}");
+    } else {
+        assert_eq!((refused.len(), torn.len()), (2, 0), "{refused:?} {torn:?}");
+    }
+    for b in &blocks_written {
+        write_at(&rig, &mut data, 40 + *b as u64, *b as u64 * 4096, 4096);
+    }
+    rig.engine().vdisk("v").unwrap().flush().unwrap();
+    if !give_up_disk_0 {
+        let stale = rig.engine().layouts().stale_members();
+        assert_eq!(repair(&rig), stale);
+        // Whole again, a later error of disk 0 (its copies taken as held above) is an
+        // ordinary loss, which disk 1 covers: the writer's flush succeeds.
+        rig.disks[0].faults().pull();
+        write_at(&rig, &mut data, 60, 0, 4096);
+        assert_eq!(state(&rig, 0), DiskState::Failed);
+        rig.engine().vdisk("v").unwrap().flush().unwrap();
+        rig.engine().fail_disk("mem0").unwrap();
+    }
+    assert_eq!(read_all(&rig), data);
+    rig.reopen();
+    assert_eq!(read_all(&rig), data);
+    rig.assert_consistent();
+}
+
+#[test]
+fn a_mirror_blinked_whole_takes_back_the_first_copy_back_as_its_disk_holds_it() {
+    a_mirror_blinked_whole_comes_back(false, false);
+}
+
+#[test]
+fn a_mirror_blinked_whole_with_one_copy_given_up_takes_back_the_other_as_its_disk_holds_it() {
+    a_mirror_blinked_whole_comes_back(true, false);
+}
+
+#[test]
+fn a_mirror_blinked_whole_takes_back_the_first_copy_back_as_its_disk_holds_it_after_a_restart() {
+    a_mirror_blinked_whole_comes_back(false, true);
+}
+
+#[test]
+fn a_mirror_blinked_whole_with_one_copy_given_up_takes_back_the_other_after_a_restart() {
+    a_mirror_blinked_whole_comes_back(true, true);
+}
+
+/// An import that opens none of the pool's disks fails, naming why (a wrong path, an
+/// enclosure still off: an import tried later finds them), unless a disk is one an I/O error
+/// took out, which no import opens: the pool then opens without a disk, so that `disk online`
+/// can take its disks back. Before, such a pool could never be imported again.
+#[test]
+fn a_pool_whose_every_disk_an_error_took_out_opens_for_disk_online() {
+    let (mut rig, data) = mirrored_pair();
+    stop(&mut rig);
+    let away = std::mem::take(&mut rig.disks);
+    let err = tessera_volume::Engine::open(&rig.dir.path().join("pool"), &rig.opener())
+        .err()
+        .expect("no disk to open")
+        .to_string();
+    assert!(err.contains("none of the disks") && err.contains("mem0"), "{err}");
+    rig.disks = away;
+    rig.reopen();
+    for d in &rig.disks {
+        d.faults().pull();
+    }
+    let v = rig.engine().vdisk("v").unwrap();
+    assert!(v.write(0, &pattern(9, 0, 4096), false).is_err());
+    assert!(v.write(MIB, &pattern(9, 0, 4096), false).is_err());
+    drop(v);
+    assert_eq!((state(&rig, 0), state(&rig, 1)), (DiskState::Failed, DiskState::Failed));
+    rig.reopen();
+    assert_eq!((state(&rig, 0), state(&rig, 1)), (DiskState::Failed, DiskState::Failed));
+    for (i, d) in rig.disks.clone().iter().enumerate() {
+        d.faults().reinsert();
+        rig.engine()
+            .bring_back_disk(&format!("mem{i}"), d.clone() as DiskRef)
+            .unwrap();
+    }
+    let stale = rig.engine().layouts().stale_members();
+    assert_eq!(repair(&rig), stale);
+    assert_eq!(read_all(&rig), data);
+    rig.reopen();
+    assert_eq!(read_all(&rig), data);
+    rig.assert_consistent();
+}
+
+/// A copy that an error took out is not taken as its disk holds it when another copy, stale
+/// too, flushed after it went: that flush may have vouched for what the first copy's cache
+/// lost. Here disk 0 loses writes with its cache and goes out; the vdisk's flush makes them
+/// durable on disk 1 alone. After a restart, disk 1 fails its first flush (so that nothing
+/// of it is known flushed in this run: every slab of it is stale). Back first, disk 0 must
+/// not be taken as its disk holds it (it lacks what the flush vouched for); disk 1, back
+/// second, is, and disk 0 is resynced from it. Taken the other way, the vouched writes
+/// would read as a checksum error, or as the old data without checksums.
+#[test]
+fn a_mirror_copy_is_not_taken_as_held_when_another_flushed_after_it_went() {
+    let (mut rig, mut data, supplies, media) = mirror_with_caches_on_both();
+    let blocks_written: Vec<usize> = vec![4, 12, 20];
+    for (k, b) in blocks_written.iter().enumerate() {
+        write_at(&rig, &mut data, 2 + k as u64, *b as u64 * 4096, 4096);
+    }
+    rig.disks[0].faults().pull();
+    let cut = supplies[0].cut(SEED);
+    assert_eq!((cut[0].kept, cut[0].torn, cut[0].dropped), (1, 1, 1), "{cut:?}");
+    write_at(&rig, &mut data, 9, MIB, 4096);
+    assert_eq!(state(&rig, 0), DiskState::Failed);
+    // Durable on disk 1 alone.
+    rig.engine().vdisk("v").unwrap().flush().unwrap();
+
+    // A restart whose first flush of disk 1 fails (its label's goes through): the import
+    // cannot open the pool without disk 1's copies, and one more finds both disks away.
+    rig.engine = None;
+    rig.disks[1].faults().fail_flushes_after(1);
+    let err = tessera_volume::Engine::open(&rig.dir.path().join("pool"), &rig.opener())
+        .err()
+        .map(|e| e.to_string());
+    assert!(err.is_some(), "the pool opened without a copy of its data");
+    rig.reopen();
+    assert_eq!((state(&rig, 0), state(&rig, 1)), (DiskState::Failed, DiskState::Failed));
+    assert_eq!(
+        rig.engine().pool().disks()[1].info.stale_slabs.len(),
+        rig.engine().pool().disks()[1].info.slabs as usize,
+        "nothing of disk 1 flushed in this run"
+    );
+
+    // Disk 0 back first: it lacks what disk 1's flush vouched for.
+    let back0 = powered_again(&media[0]);
+    rig.engine().bring_back_disk("mem0", back0.clone() as DiskRef).unwrap();
+    rig.disks[0] = back0;
+    let mut b = vec![0u8; 4096];
+    assert!(
+        rig.engine().vdisk("v").unwrap().read(0, &mut b).is_err(),
+        "set 0 read from disk 0 alone"
+    );
+    // Disk 1 back: taken as its disk holds it, and disk 0 resynced from it.
+    let back1 = powered_again(&media[1]);
+    rig.engine().bring_back_disk("mem1", back1.clone() as DiskRef).unwrap();
+    rig.disks[1] = back1;
+    assert_eq!(read_all(&rig), data);
+    let stale = rig.engine().layouts().stale_members();
+    assert_eq!(repair(&rig), stale);
+    rig.engine().fail_disk("mem1").unwrap();
+    assert_eq!(read_all(&rig), data, "disk 0 alone, resynced");
+    rig.reopen();
+    assert_eq!(read_all(&rig), data);
+    rig.assert_consistent();
 }
