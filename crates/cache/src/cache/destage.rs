@@ -99,16 +99,16 @@ impl Inner {
         // Written by several threads at once: scattered pieces are as many read-modify-writes,
         // which the disks serve best together.
         let next = AtomicU64::new(0);
-        let bytes = AtomicU64::new(0);
         let failed: Mutex<Option<CacheError>> = Mutex::new(None);
-        let done: Vec<AtomicBool> = jobs.iter().map(|_| AtomicBool::new(false)).collect();
+        // What each job wrote, once done (None until then).
+        let done: Vec<Mutex<Option<u64>>> = jobs.iter().map(|_| Mutex::new(None)).collect();
         // Once urgent, the round stays so: the threads past the background ones join for good.
         let urgent = AtomicBool::new(false);
         let _reuse = self.reuse.read();
         std::thread::scope(|sc| {
             for t in 0..DESTAGE_THREADS.min(jobs.len()) {
-                let (next, jobs, bytes, failed, picked, devices, urgent, done) =
-                    (&next, &jobs, &bytes, &failed, &picked, &devices, &urgent, &done);
+                let (next, jobs, failed, picked, devices, urgent, done) =
+                    (&next, &jobs, &failed, &picked, &devices, &urgent, &done);
                 sc.spawn(move || loop {
                     if t >= BACKGROUND_DESTAGE_THREADS && !urgent.load(Ordering::Relaxed) {
                         if self.state.lock().urgent() {
@@ -126,10 +126,7 @@ impl Inner {
                     let k = next.fetch_add(1, Ordering::Relaxed) as usize;
                     let Some(job) = jobs.get(k) else { return };
                     match self.run_job(job, picked, devices) {
-                        Ok(n) => {
-                            bytes.fetch_add(n, Ordering::Relaxed);
-                            done[k].store(true, Ordering::Relaxed);
-                        }
+                        Ok(n) => *done[k].lock() = Some(n),
                         Err(e) => {
                             failed.lock().get_or_insert(e);
                         }
@@ -139,13 +136,11 @@ impl Inner {
         });
         drop(_reuse);
         let mut failed = failed.into_inner();
-        let bytes = bytes.into_inner();
-        let (mut succeeded, mut not_done): (Vec<&Job>, Vec<&Job>) = (Vec::new(), Vec::new());
-        for (j, d) in jobs.iter().zip(&done) {
-            if d.load(Ordering::Relaxed) {
-                succeeded.push(j);
-            } else {
-                not_done.push(j);
+        let (mut succeeded, mut not_done): (Vec<(&Job, u64)>, Vec<&Job>) = (Vec::new(), Vec::new());
+        for (j, d) in jobs.iter().zip(done) {
+            match d.into_inner() {
+                Some(n) => succeeded.push((j, n)),
+                None => not_done.push(j),
             }
         }
         if !succeeded.is_empty() {
@@ -153,17 +148,17 @@ impl Inner {
             // A job whose set lost a member since the writes began, and may lack them for it,
             // is not done: the log still holds its pieces, and what becomes of them is judged
             // below with the jobs that failed.
-            let lost_meanwhile = |j: &&Job| {
+            let lost_meanwhile = |(j, _): &(&Job, u64)| {
                 self.layouts
                     .set(j.set)
                     .is_ok_and(|s| self.layouts.lost_since(&s, noted))
             };
-            let (lost, kept): (Vec<&Job>, Vec<&Job>) = succeeded.into_iter().partition(lost_meanwhile);
+            let (lost, kept): (Vec<(&Job, u64)>, Vec<(&Job, u64)>) = succeeded.into_iter().partition(lost_meanwhile);
             if !lost.is_empty() {
                 warn!(pool = %self.pool.name(), jobs = lost.len(), "destaged writes may be gone with a disk lost meanwhile; the log keeps them");
             }
             succeeded = kept;
-            not_done.extend(lost);
+            not_done.extend(lost.into_iter().map(|(j, _)| j));
         }
         // A set that lost more members than it tolerates, for good (failed disks, which never
         // come back), can never take what the log holds for it: that is lost with the set,
@@ -199,6 +194,9 @@ impl Inner {
                 None => Ok(1),
             };
         }
+        // Only what is destaged for good counts; the others are written again, or parked.
+        let bytes: u64 = succeeded.iter().map(|(_, n)| n).sum();
+        let succeeded: Vec<&Job> = succeeded.into_iter().map(|(j, _)| j).collect();
         self.mark_clean(&succeeded, &picked);
         self.counters.destaged_bytes.fetch_add(bytes, Ordering::Relaxed);
         self.room.notify_all();
