@@ -736,7 +736,8 @@ impl Layouts {
     }
 
     /// The content member `m` should hold over [mo, mo + len), computed from the others
-    /// (for a rebuild). The caller holds the row lock.
+    /// (for a rebuild), with the checksums to record for blocks copied as they are although
+    /// they do not match theirs (`copy_around_refused`). The caller holds the row lock.
     pub(crate) fn member_content(
         &self,
         set: &SlabSet,
@@ -744,20 +745,28 @@ impl Layouts {
         m: usize,
         mo: u64,
         len: usize,
-    ) -> Result<Vec<u8>> {
+    ) -> Result<(Vec<u8>, Vec<(u64, u32)>)> {
         let spec = &set.spec;
         let row = mo / spec.interleave;
         let mut buf = vec![0u8; len];
         if self.member_read(members[m], mo, &mut buf).is_ok() {
-            return Ok(buf);
+            return Ok((buf, Vec::new()));
         }
         match role_of(spec, row, m) {
             Role::Data(d) => {
                 if spec.kind == LayoutKind::Mirror {
-                    for other in data_members(spec, row, d) {
-                        if other != m && self.member_read(members[other], mo, &mut buf).is_ok() {
-                            return Ok(buf);
+                    let others: Vec<SlabRef> = data_members(spec, row, d)
+                        .into_iter()
+                        .filter(|&o| o != m)
+                        .map(|o| members[o])
+                        .collect();
+                    for &other in &others {
+                        if self.member_read(other, mo, &mut buf).is_ok() {
+                            return Ok((buf, Vec::new()));
                         }
+                    }
+                    if let Some(kept) = self.copy_around_refused(&others, mo, &mut buf) {
+                        return Ok((buf, kept));
                     }
                     return Err(LayoutError::Io {
                         set: set.id,
@@ -770,7 +779,7 @@ impl Layouts {
                         detail: "a simple layout has no redundancy to rebuild from".into(),
                     });
                 }
-                self.reconstruct_column(set, members, row, d, mo, len)
+                Ok((self.reconstruct_column(set, members, row, d, mo, len)?, Vec::new()))
             }
             Role::Parity(i) => {
                 let (mut data, parity) = self.read_row_shards(members, spec, row, mo, len, None, true);
@@ -784,9 +793,36 @@ impl Layouts {
                 })?;
                 let data: Vec<Vec<u8>> = data.into_iter().map(|d| d.expect("reconstructed")).collect();
                 let refs: Vec<&[u8]> = data.iter().map(|d| d.as_slice()).collect();
-                Ok(codec::encode(spec.parity_columns(), &refs)?.swap_remove(i))
+                Ok((codec::encode(spec.parity_columns(), &refs)?.swap_remove(i), Vec::new()))
             }
         }
+    }
+
+    /// A mirror's copies over [mo, mo + buf.len()) block by block, where no copy reads whole:
+    /// each block from a copy that matches its checksum, and a block no copy matches (one a
+    /// copy taken back as its disk held it lost with the disk's cache) as a copy holds it,
+    /// with the checksum it must match, returned to be recorded for the rebuilt member, so
+    /// that the block stays refused there too until written again (recorded from what is
+    /// copied, the checksum would vouch for what nobody wrote). None if a block cannot be
+    /// read from any copy, or without checksums (nothing was refused then).
+    fn copy_around_refused(&self, others: &[SlabRef], mo: u64, buf: &mut [u8]) -> Option<Vec<(u64, u32)>> {
+        if !self.sums().enabled() || mo % BLOCK != 0 || buf.len() as u64 % BLOCK != 0 {
+            return None;
+        }
+        let mut kept = Vec::new();
+        for (i, block) in buf.chunks_mut(BLOCK as usize).enumerate() {
+            let at = mo + i as u64 * BLOCK;
+            if others.iter().any(|&o| self.member_read(o, at, block).is_ok()) {
+                continue;
+            }
+            let sum = others.iter().find_map(|&o| {
+                let want = self.sums().get(o, at).ok().flatten()?;
+                self.member_read_raw(o, at, block).ok()?;
+                Some(want)
+            })?;
+            kept.push((at, sum));
+        }
+        Some(kept)
     }
 }
 

@@ -124,10 +124,14 @@ pub struct Layouts {
     /// Members taken back as their disk held them after an I/O error took it out (those of
     /// sets without redundancy, and mirror copies no other copy could resync:
     /// `record_stale_slabs`), since the pool was opened: their checksum mismatches are not
-    /// counted against the disk (`count_against_disk`), and a writer's flush fails while
-    /// one lost since its write is back (`lost_since`). With the disk's count of losses
-    /// (`Pool::lost_at`) when it was taken: a later loss is not that one.
-    held_as_is: RwLock<HashMap<SlabRef, u64>>,
+    /// counted against the disk (`count_against_disk`).
+    held_as_is: RwLock<HashSet<SlabRef>>,
+    /// The sets with a member taken as its disk held it since the pool was opened, with the
+    /// pool's count of losses (`Pool::lost_at`) of the latest disk whose loss it was: a
+    /// writer that noted the count before that loss may have lost its writes with that
+    /// disk's cache, whatever became of the member since (resynced over, moved, lost again),
+    /// so its flush fails (`lost_since`).
+    held_since: RwLock<HashMap<u32, u64>>,
     /// Held while a disk is taken back or given up: whether a mirror copy is taken as its
     /// disk holds it depends on what the other copies' disks are (`taken_as_held`), which
     /// another disk's return must not change under it.
@@ -193,7 +197,8 @@ impl Layouts {
             missed: RwLock::new(missed),
             marking: Mutex::new(()),
             rebuilding: Mutex::new(HashSet::new()),
-            held_as_is: RwLock::new(held.into_iter().map(|s| (s, 0)).collect()),
+            held_as_is: RwLock::new(held.into_iter().map(|(_, s)| s).collect()),
+            held_since: RwLock::new(HashMap::new()),
             returning: Mutex::new(()),
         };
         if !replay.is_empty() {
@@ -387,7 +392,12 @@ impl Layouts {
             },
         )?;
         let lost_at = self.pool.lost_at(position);
-        self.held_as_is.write().extend(held.into_iter().map(|s| (s, lost_at)));
+        for (set, slab) in held {
+            self.held_as_is.write().insert(slab);
+            let mut since = self.held_since.write();
+            let at = since.entry(set).or_default();
+            *at = (*at).max(lost_at);
+        }
         {
             let _turn = self.marking.lock();
             if self.missed.read().iter().any(|s| s.disk == position) {
@@ -509,7 +519,7 @@ impl Layouts {
     /// but those of a member taken back as the disk holds it (`held_as_is`): blocks its
     /// volatile cache lost when an error took it out are not rot of its medium.
     pub(crate) fn count_against_disk(&self, slab: SlabRef, blocks: u64) {
-        if !self.held_as_is.read().contains_key(&slab) {
+        if !self.held_as_is.read().contains(&slab) {
             self.count_for(slab.disk, |c| c.checksum += blocks);
         }
     }
@@ -600,20 +610,19 @@ impl Layouts {
     ///
     /// A set without redundancy asks only whether a member was lost since: such a member
     /// comes back as its disk holds it (`record_stale_slabs`), so the set may be whole again
-    /// by the writer's flush and still lack the write. So does a set with a member lost
-    /// since that came back that way (a mirror whose copies all went out on errors).
+    /// by the writer's flush and still lack the write. Any set that had a member taken back
+    /// that way for a loss after `noted` (a mirror whose copies all went out on errors) may
+    /// lack it too, whatever became of that member since (`held_since`).
     pub fn lost_since(&self, set: &SlabSet, noted: u64) -> bool {
         if !self.set(set.id).is_ok_and(|live| std::ptr::eq(&*live, set)) {
             return false;
         }
+        if self.held_since.read().get(&set.id).is_some_and(|&at| at > noted) {
+            return true;
+        }
         let members = set.members.read();
-        let lost: Vec<&SlabRef> = members.iter().filter(|m| self.pool.lost_since(m.disk, noted)).collect();
-        !lost.is_empty()
-            && (set.spec.tolerance() == 0
-                || self.beyond_tolerance(&set.spec, &members)
-                || lost
-                    .iter()
-                    .any(|m| self.held_as_is.read().get(m) == Some(&self.pool.lost_at(m.disk))))
+        let lost = members.iter().any(|m| self.pool.lost_since(m.disk, noted));
+        lost && (set.spec.tolerance() == 0 || self.beyond_tolerance(&set.spec, &members))
     }
 
     pub fn health(&self, set: &SlabSet) -> SetHealth {
@@ -1147,13 +1156,13 @@ impl Layouts {
 /// that did not reach the medium, or reached it torn, does not match the checksum of what
 /// was written and is reported unreadable rather than returned.
 ///
-/// Returns the members taken as the disk holds them.
+/// Returns the members taken as the disk holds them, with their sets.
 fn record_stale_slabs(
     pool: &Pool,
     registry: &Registry,
     which: impl Fn(u32) -> bool,
     recorded: impl Fn(&[SlabRef]),
-) -> Result<Vec<SlabRef>> {
+) -> Result<Vec<(u32, SlabRef)>> {
     let mut held = Vec::new();
     for (disk, slabs) in pool.stale_slabs() {
         if !which(disk) {
@@ -1176,7 +1185,7 @@ fn record_stale_slabs(
                     .map(|m| members[m])
                     .collect()
             };
-            held.extend(here.iter().copied());
+            held.extend(here.iter().map(|&s| (set.id, s)));
             resynced += registry
                 .add_missed(pool, set.id, |s| stale.contains(s) && !here.contains(s), &recorded)?
                 .len();

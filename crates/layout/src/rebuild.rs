@@ -259,11 +259,15 @@ impl Layouts {
                     let members = set.members.read();
                     let row = mo / set.spec.interleave;
                     let _g = self.row_lock(set.id, row).write();
-                    let content = self.member_content(set, &members, m, mo, chunk as usize)?;
+                    let (content, refused) = self.member_content(set, &members, m, mo, chunk as usize)?;
                     self.replacement_write(new, mo, &content).map_err(|_| LayoutError::Io {
                         set: set.id,
                         detail: format!("the replacement slab on disk {} failed", new.disk),
                     })?;
+                    // Copied as held, refused as there: not vouched for by checksums of the copy.
+                    for (at, sum) in refused {
+                        self.sums().record(new, at, &[Some(sum)])?;
+                    }
                     drop(_g);
                     drop(members);
                     mo += chunk;
