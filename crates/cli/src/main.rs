@@ -657,6 +657,11 @@ pub enum PoolCmd {
         name: Option<String>,
         #[command(flatten)]
         rados: RadosArgs,
+        /// Import the pool although none of its write-back cache disks is found, giving them
+        /// up: the writes their log held and had not destaged are lost. For cache disks that
+        /// are gone for good (without it, such an import is refused and loses nothing).
+        #[arg(long, requires = "name")]
+        without_log: bool,
     },
     /// Flush a pool and stop serving it; 'pool import' brings it back.
     Export { name: String },

@@ -18,5 +18,5 @@ pub use meta::{
     MetaSnapshot, MetaStore, MetaView, RocksMeta, Visit, CF_DEDUP, CF_FINDINGS, CF_GRAINS, CF_GRAINSETS, CF_POOL,
     CF_REFCOUNTS, CF_SLABSETS, CF_VDISKS, DEDUP_INDEX_CACHE,
 };
-pub use pool::{Capacity, DiskOpener, DiskStatus, Pool};
+pub use pool::{Capacity, DiskOpener, DiskStatus, ImportOptions, Pool};
 pub use write_marks::WriteMark;

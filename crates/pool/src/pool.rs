@@ -286,6 +286,16 @@ impl Pool {
     }
 
     pub fn open_with_meta(dir: &Path, opener: DiskOpener, meta: MetaStore) -> Result<Arc<Pool>> {
+        Self::open_with_options(dir, opener, meta, ImportOptions::default())
+    }
+
+    /// Imports a pool as [`open_with_meta`](Self::open_with_meta) does, as `options` say.
+    pub fn open_with_options(
+        dir: &Path,
+        opener: DiskOpener,
+        meta: MetaStore,
+        options: ImportOptions,
+    ) -> Result<Arc<Pool>> {
         std::fs::create_dir_all(dir).map_err(|e| PoolError::Meta {
             path: dir.display().to_string(),
             message: format!("cannot create the pool directory: {e}"),
@@ -394,6 +404,7 @@ impl Pool {
             }
             members.push(member);
         }
+        log_disk_found(&mut config, &mut members, options)?;
         some_disk_opened(&config.name, &config.disks, &members)?;
         let pool = Pool {
             meta,
@@ -1277,6 +1288,59 @@ fn some_disk_opened(pool: &str, disks: &[DiskInfo], members: &[Member]) -> Resul
         "none of the disks of pool '{pool}' could be opened: {}",
         why.join("; ")
     )))
+}
+
+/// What an import may do that it does not by itself.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ImportOptions {
+    /// Open the pool although none of its write-back cache disks is found, giving them up:
+    /// the writes the log held and had not destaged are lost (reads of them fail until they
+    /// are written again). For cache disks that are gone for good.
+    pub without_log: bool,
+}
+
+/// Fails an import that found none of the pool's write-back cache disks (those not failed),
+/// before anything is saved: the log's writes, answered as durable and perhaps not destaged
+/// yet, are on them, and a pool opened without them would record those writes lost, and
+/// fail the disks for good when they are back (the log went on without them). An import
+/// tried again once they answer loses nothing. With `without_log`, they are given up
+/// (failed for good) and the pool opens without its log.
+fn log_disk_found(config: &mut PoolConfig, members: &mut [Member], options: ImportOptions) -> Result<()> {
+    let away: Vec<usize> = (0..config.disks.len())
+        .filter(|&i| config.disks[i].usage == DiskUsage::Cache && config.disks[i].state != DiskState::Failed)
+        .collect();
+    if away.is_empty() || away.iter().any(|&i| members[i].dev.is_some()) {
+        return Ok(());
+    }
+    let paths: Vec<String> = away.iter().map(|&i| config.disks[i].path.clone()).collect();
+    if !options.without_log {
+        let why: Vec<String> = away
+            .iter()
+            .map(|&i| {
+                format!(
+                    "{}: {}",
+                    config.disks[i].path,
+                    members[i].problem.as_deref().unwrap_or("not found")
+                )
+            })
+            .collect();
+        return Err(PoolError::Invalid(format!(
+            "none of the write-back cache disks of pool '{}' was found ({}): the pool is not imported, so that the \
+             writes its log holds are not lost; import it again once they answer, or, if they are gone for good, \
+             import it without them ('tessera pool import {} --without-log': the writes the log held and had not \
+             destaged are then lost)",
+            config.name,
+            why.join("; "),
+            config.name
+        )));
+    }
+    warn!(pool = %config.name, disks = ?paths, "imported without its write-back cache disks, given up: the writes their log held and had not destaged are lost");
+    for i in away {
+        config.disks[i].state = DiskState::Failed;
+        config.disks[i].forget_return();
+        members[i].problem = Some("given up by an import without the write-back log ('--without-log')".into());
+    }
+    Ok(())
 }
 
 /// What becomes of a disk an I/O error took out.

@@ -22,7 +22,7 @@ const VDISK_SIZE: u64 = 16 << 30;
 pub fn prepare(d: &Daemon) -> Result<(), String> {
     if d.engine(POOL).is_err() {
         if d.cfg.pools_dir().join(POOL).join("meta").is_dir() {
-            d.import_pool(POOL, None)
+            d.import_pool(POOL, None, false)
                 .map_err(|e| format!("cannot reopen the demo pool: {}", e.message))?;
         } else {
             let dir = d.cfg.state_dir.join("disks");

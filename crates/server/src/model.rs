@@ -52,6 +52,12 @@ pub struct ImportPool {
     /// serves it once it owns it (at once if nobody does, else when its owner goes away).
     #[serde(default)]
     pub rados: Option<RadosPlacement>,
+    /// Import the pool although none of its write-back cache disks is found, giving them up
+    /// for good: the writes their log held and had not destaged are lost (reads of them fail
+    /// until they are written again). Without it such an import is refused, and loses
+    /// nothing; for cache disks that are gone for good.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub without_log: bool,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]

@@ -182,6 +182,13 @@ impl Engine {
         Self::open_pool(Pool::open(dir, opener)?)
     }
 
+    /// Imports the pool in `dir` as [`open`](Self::open) does, as `options` say (without its
+    /// write-back cache disks, given up: `ImportOptions::without_log`).
+    pub fn open_with_options(dir: &Path, opener: DiskOpener, options: tessera_pool::ImportOptions) -> Result<Engine> {
+        let meta = MetaStore::open(&dir.join("meta"))?;
+        Self::open_pool(Pool::open_with_options(dir, opener, meta, options)?)
+    }
+
     /// The vdisks (and snapshots) a pool's metadata records, read without opening the pool:
     /// what a gateway that does not own a shared pool presents of it (standby LUNs). A vdisk
     /// being deleted is left out.

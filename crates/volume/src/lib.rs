@@ -55,4 +55,4 @@ pub use tessera_layout::{
     DiskErrors, LayoutFinding, LayoutKind, LayoutSpec, Layouts, LostMember, Progress, RebuildOptions, RebuildReport,
     ScrubTally,
 };
-pub use tessera_pool::{DiskState, DiskUsage, Pool, SlabRef};
+pub use tessera_pool::{DiskState, DiskUsage, ImportOptions, Pool, SlabRef};

@@ -1540,3 +1540,66 @@ fn writes_the_log_held_for_a_mirror_whose_copies_an_error_took_out_wait_for_them
     assert_same(&read_all(&rig, "v", MIB as usize), &want, "after a restart");
     rig.assert_consistent();
 }
+
+/// An import that finds none of the pool's write-back cache disks (an enclosure of SSDs
+/// still off when the daemon starts) is refused, and loses nothing: before, the pool opened
+/// without its log, recorded the writes the log held as lost, and failed the cache disks
+/// for good when they were back. `without_log` gives them up, for
+/// disks that are gone for good: the writes the log held are then lost, and said so.
+#[test]
+fn an_import_that_finds_none_of_the_cache_disks_is_refused_and_loses_nothing() {
+    let mut rig = Rig::with_cache(2, 64 * MIB, MIB, 2);
+    rig.engine().cache().set_destage_delay(Duration::from_secs(3600));
+    let v = rig
+        .engine()
+        .create_vdisk(&spec("v", MIB, LayoutKind::Mirror, Provisioning::Thin))
+        .unwrap();
+    let want = pattern(1, 0, MIB as usize);
+    v.write(0, &want, false).unwrap();
+    v.flush().unwrap();
+    drop(v);
+    assert!(rig.engine().cache_status().dirty_bytes > 0, "in the log only");
+    rig.engine = None;
+    let cache: Vec<_> = rig.disks.drain(2..).collect();
+    let dir = rig.dir.path().join("pool");
+    let err = tessera_volume::Engine::open(&dir, &rig.opener())
+        .err()
+        .expect("opened without its log")
+        .to_string();
+    assert!(
+        err.contains("cache0") && err.contains("cache1") && err.contains("--without-log"),
+        "{err}"
+    );
+    rig.disks.extend(cache);
+    rig.reopen();
+    assert_same(&read_all(&rig, "v", MIB as usize), &want, "both back");
+    // Gone for good: given up, and what the log held is lost, and said so.
+    rig.engine().cache().set_destage_delay(Duration::from_secs(3600));
+    let more = pattern(2, 0, 64 << 10);
+    rig.engine().vdisk("v").unwrap().write(0, &more, false).unwrap();
+    rig.engine().vdisk("v").unwrap().flush().unwrap();
+    let status = rig.engine().cache_status();
+    assert!(status.dirty_bytes > 0, "{status:?}");
+    rig.engine = None;
+    rig.disks.truncate(2);
+    let options = tessera_volume::ImportOptions { without_log: true };
+    let opened = tessera_volume::Engine::open_with_options(&dir, &rig.opener(), options).unwrap();
+    rig.engine = Some(opened);
+    for i in 2..4 {
+        assert_eq!(rig.engine().pool().disks()[i].info.state, DiskState::Failed);
+    }
+    let status = rig.engine().cache_status();
+    assert!(status.lost_bytes > 0, "{status:?}");
+    let mut got = vec![0u8; 4096];
+    assert!(
+        rig.engine().vdisk("v").unwrap().read(0, &mut got).is_err(),
+        "lost, refused"
+    );
+    // Later imports do not ask again.
+    rig.reopen();
+    assert!(
+        rig.engine().vdisk("v").unwrap().read(0, &mut got).is_err(),
+        "lost, refused"
+    );
+    rig.assert_consistent();
+}

@@ -72,10 +72,12 @@ pub(super) fn pool(c: &Ctx, cmd: PoolCmd) -> R {
         PoolCmd::Import {
             name: Some(name),
             rados,
+            without_log,
         } => {
             let req = ImportPool {
                 name: name.clone(),
                 rados: placement(&rados)?,
+                without_log,
             };
             let v = c.client.post("/api/pools/import", body(&req))?;
             c.answer(v, |p: PoolSummary| {

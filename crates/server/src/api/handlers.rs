@@ -70,7 +70,7 @@ pub async fn importable_pools(State(d): D) -> ApiResult<Json<Vec<ImportablePool>
 }
 
 pub async fn import_pool(State(d): D, Body(req): Body<ImportPool>) -> ApiResult<Json<PoolSummary>> {
-    json(move || d.import_pool(&req.name, req.rados.as_ref())).await
+    json(move || d.import_pool(&req.name, req.rados.as_ref(), req.without_log)).await
 }
 
 pub async fn show_pool(State(d): D, Path(pool): Path<String>) -> ApiResult<Json<PoolDetail>> {

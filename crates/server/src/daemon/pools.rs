@@ -301,8 +301,13 @@ impl Daemon {
         Ok(out)
     }
 
-    pub fn import_pool(&self, name: &str, rados: Option<&RadosPlacement>) -> ApiResult<PoolSummary> {
+    pub fn import_pool(&self, name: &str, rados: Option<&RadosPlacement>, without_log: bool) -> ApiResult<PoolSummary> {
         validate_name("pool", name).map_err(ApiError::invalid)?;
+        if without_log && (rados.is_some() || self.is_rados_pool(name)) {
+            return Err(ApiError::invalid(
+                "a pool on RADOS has no write-back cache disks to import it without",
+            ));
+        }
         if let Some(r) = rados {
             self.check_ceph_conf(r)?;
             let placement = crate::rados_pools::Placement::new(r).map_err(ApiError::invalid)?;
@@ -326,7 +331,8 @@ impl Daemon {
                 self.cfg.pools_dir().display()
             )));
         }
-        let engine = Engine::open(&dir, &|p| open_disk(p))?;
+        let options = tessera_volume::ImportOptions { without_log };
+        let engine = Engine::open_with_options(&dir, &|p| open_disk(p), options)?;
         // Recorded before it is served: an import that cannot be recorded is not served
         // (nothing, not a scrub nor a repair, has started on it), and the engine closes here.
         let mut names = self.imported_names();
