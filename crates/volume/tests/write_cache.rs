@@ -666,11 +666,11 @@ fn data_lost_with_the_logs_only_disk_stays_refused_across_restarts_until_written
     rig.assert_consistent();
 }
 
-/// A log whose disks are all gone at open (not found, pulled, or found with their ring
-/// unreadable) cannot be replayed: the writes it held and had not destaged, each recorded in
-/// the pool's metadata before a flush answered for it, are refused to readers from then on,
-/// across restarts, until written again. What it held and destaged, and what it never held,
-/// read as before.
+/// A log whose disks are all gone at open (found with their ring unreadable, or not found or
+/// pulled and given up with `without_log`: without it, that import is refused) cannot be
+/// replayed: the writes it held and had not destaged, each recorded in the pool's metadata
+/// before a flush answered for it, are refused to readers from then on, across restarts,
+/// until written again. What it held and destaged, and what it never held, read as before.
 #[test]
 fn writes_held_by_a_log_whose_disks_are_all_gone_at_open_are_refused() {
     const G: u64 = 64 << 10;
@@ -700,7 +700,18 @@ fn writes_held_by_a_log_whose_disks_are_all_gone_at_open_are_refused() {
                     .fail_range(tessera_disk::DATA_OFFSET, 64 * MIB, tessera_disk::FaultOp::Read)
             }),
         }
-        rig.reopen();
+        if how == "unreadable" {
+            rig.reopen();
+        } else {
+            let dir = rig.dir.path().join("pool");
+            let err = tessera_volume::Engine::open(&dir, &rig.opener())
+                .err()
+                .expect("opened without its log");
+            assert!(err.to_string().contains("--without-log"), "{how}: {err}");
+            let options = tessera_volume::ImportOptions { without_log: true };
+            let opened = tessera_volume::Engine::open_with_options(&dir, &rig.opener(), options).unwrap();
+            rig.engine = Some(opened);
+        }
 
         let refused = |rig: &Rig, at: u64, len: u64, when: &str| {
             let v = rig.engine().vdisk("v").unwrap();
