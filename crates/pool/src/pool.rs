@@ -1269,17 +1269,13 @@ impl Pool {
 
 /// Fails an import that could open none of the pool's disks, with each one's reason; unless
 /// one is a disk an I/O error took out, which no import opens (only `disk online` takes it
-/// back): failed, the import would fail for good, and the disk could never come back. Not
-/// if a cache disk is among those not opened: the write-back log cannot come back to a pool
-/// that went on without it, and an import tried once it answers loses nothing.
+/// back): failed, the import would fail for good, and the disk could never come back. (A
+/// cache disk not opened has failed the import already: `log_disk_found`.)
 fn some_disk_opened(pool: &str, disks: &[DiskInfo], members: &[Member]) -> Result<()> {
     if members.iter().any(|m| m.dev.is_some()) {
         return Ok(());
     }
-    let log_away = disks
-        .iter()
-        .any(|d| d.usage == DiskUsage::Cache && d.state != DiskState::Failed);
-    if !log_away && disks.iter().any(|d| d.state == DiskState::Failed && d.may_come_back()) {
+    if disks.iter().any(|d| d.state == DiskState::Failed && d.may_come_back()) {
         warn!(pool, "no disk of the pool is open: it opens for 'tessera disk online' to take back the disks I/O errors took out");
         return Ok(());
     }
