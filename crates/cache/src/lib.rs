@@ -24,3 +24,4 @@ mod parked;
 
 pub use cache::{CacheStatus, WriteCache, DEFAULT_VDISK_CACHE};
 pub use error::{CacheError, Result};
+pub use log::log_disks;

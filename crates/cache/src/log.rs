@@ -27,6 +27,17 @@ pub(crate) struct LogRecord {
     pub area: u64,
 }
 
+/// The pool positions of the disks that hold the write-back log, as the record in `meta`
+/// says, read before the pool is opened (`ImportOptions::log_disks`); none without a log.
+pub fn log_disks(meta: &tessera_pool::MetaStore) -> Result<Vec<u32>> {
+    match meta.get(CF_POOL, RECORD_KEY)? {
+        None => Ok(Vec::new()),
+        Some(v) => serde_json::from_slice::<LogRecord>(&v)
+            .map(|r| r.devices)
+            .map_err(|e| CacheError::Log(format!("unreadable log record: {e}"))),
+    }
+}
+
 pub(crate) fn load_record(pool: &Pool) -> Result<Option<LogRecord>> {
     match pool.meta().get(CF_POOL, RECORD_KEY)? {
         None => Ok(None),

@@ -765,7 +765,10 @@ impl Layouts {
                             return Ok((buf, Vec::new()));
                         }
                     }
-                    if let Some(kept) = self.copy_around_refused(&others, mo, &mut buf) {
+                    // Block by block, the member itself first: one moved off a retired disk
+                    // may hold right what the others do not.
+                    let all: Vec<SlabRef> = std::iter::once(members[m]).chain(others).collect();
+                    if let Some(kept) = self.copy_around_refused(&all, mo, &mut buf) {
                         return Ok((buf, kept));
                     }
                     return Err(LayoutError::Io {
@@ -798,24 +801,25 @@ impl Layouts {
         }
     }
 
-    /// A mirror's copies over [mo, mo + buf.len()) block by block, where no copy reads whole:
+    /// A mirror's copies (`copies`, in the order tried) over [mo, mo + buf.len()) block by
+    /// block, where no copy reads whole:
     /// each block from a copy that matches its checksum, and a block no copy matches (one a
     /// copy taken back as its disk held it lost with the disk's cache) as a copy holds it,
     /// with the checksum it must match, returned to be recorded for the rebuilt member, so
     /// that the block stays refused there too until written again (recorded from what is
     /// copied, the checksum would vouch for what nobody wrote). None if a block cannot be
     /// read from any copy, or without checksums (nothing was refused then).
-    fn copy_around_refused(&self, others: &[SlabRef], mo: u64, buf: &mut [u8]) -> Option<Vec<(u64, u32)>> {
+    fn copy_around_refused(&self, copies: &[SlabRef], mo: u64, buf: &mut [u8]) -> Option<Vec<(u64, u32)>> {
         if !self.sums().enabled() || mo % BLOCK != 0 || buf.len() as u64 % BLOCK != 0 {
             return None;
         }
         let mut kept = Vec::new();
         for (i, block) in buf.chunks_mut(BLOCK as usize).enumerate() {
             let at = mo + i as u64 * BLOCK;
-            if others.iter().any(|&o| self.member_read(o, at, block).is_ok()) {
+            if copies.iter().any(|&o| self.member_read(o, at, block).is_ok()) {
                 continue;
             }
-            let sum = others.iter().find_map(|&o| {
+            let sum = copies.iter().find_map(|&o| {
                 let want = self.sums().get(o, at).ok().flatten()?;
                 self.member_read_raw(o, at, block).ok()?;
                 Some(want)

@@ -404,7 +404,7 @@ impl Pool {
             }
             members.push(member);
         }
-        log_disk_found(&mut config, &mut members, options)?;
+        log_disk_found(&mut config, &mut members, &options)?;
         some_disk_opened(&config.name, &config.disks, &members)?;
         let pool = Pool {
             meta,
@@ -1286,24 +1286,31 @@ fn some_disk_opened(pool: &str, disks: &[DiskInfo], members: &[Member]) -> Resul
     )))
 }
 
-/// What an import may do that it does not by itself.
-#[derive(Debug, Clone, Copy, Default)]
+/// What an import may do that it does not by itself, and what it cannot know itself.
+#[derive(Debug, Clone, Default)]
 pub struct ImportOptions {
-    /// Open the pool although none of its write-back cache disks is found, giving them up:
-    /// the writes the log held and had not destaged are lost (reads of them fail until they
-    /// are written again). For cache disks that are gone for good.
+    /// Open the pool although none of the disks that hold its write-back log is found,
+    /// giving them up: the writes the log held and had not destaged are lost (reads of them
+    /// fail until they are written again). For cache disks that are gone for good.
     pub without_log: bool,
+    /// The positions of the disks that hold the write-back log (its record, which the cache
+    /// layer keeps in the metadata): one of them must be found.
+    pub log_disks: Vec<u32>,
 }
 
-/// Fails an import that found none of the pool's write-back cache disks (those not failed),
-/// before anything is saved: the log's writes, answered as durable and perhaps not destaged
-/// yet, are on them, and a pool opened without them would record those writes lost, and
-/// fail the disks for good when they are back (the log went on without them). An import
-/// tried again once they answer loses nothing. With `without_log`, they are given up
-/// (failed for good) and the pool opens without its log.
-fn log_disk_found(config: &mut PoolConfig, members: &mut [Member], options: ImportOptions) -> Result<()> {
-    let away: Vec<usize> = (0..config.disks.len())
-        .filter(|&i| config.disks[i].usage == DiskUsage::Cache && config.disks[i].state != DiskState::Failed)
+/// Fails an import that found none of the disks holding the pool's write-back log, before
+/// anything is saved: the log's writes, answered as durable and perhaps not destaged yet,
+/// are on them, and a pool opened without them would record those writes lost, and fail the
+/// disks for good when they are back (the log went on without them). An import tried again
+/// once they answer loses nothing. With `without_log`, they are given up (failed for good)
+/// and the pool opens without its log. Cache disks that hold no part of the log (idle, or
+/// retired with the log destaged) are not waited for.
+fn log_disk_found(config: &mut PoolConfig, members: &mut [Member], options: &ImportOptions) -> Result<()> {
+    let away: Vec<usize> = options
+        .log_disks
+        .iter()
+        .map(|&p| p as usize)
+        .filter(|&i| i < config.disks.len() && config.disks[i].state != DiskState::Failed)
         .collect();
     if away.is_empty() || away.iter().any(|&i| members[i].dev.is_some()) {
         return Ok(());
@@ -1321,7 +1328,7 @@ fn log_disk_found(config: &mut PoolConfig, members: &mut [Member], options: Impo
             })
             .collect();
         return Err(PoolError::Invalid(format!(
-            "none of the write-back cache disks of pool '{}' was found ({}): the pool is not imported, so that the \
+            "none of the write-back cache disks that hold the log of pool '{}' was found ({}): the pool is not imported, so that the \
              writes its log holds are not lost; import it again once they answer, or, if they are gone for good, \
              import it without them ('tessera pool import {} --without-log': the writes the log held and had not \
              destaged are then lost)",

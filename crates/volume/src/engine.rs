@@ -179,13 +179,18 @@ impl Engine {
     /// Imports the pool in `dir`, opening its disks with `opener`, replays the stripe journal
     /// and loads every vdisk.
     pub fn open(dir: &Path, opener: DiskOpener) -> Result<Engine> {
-        Self::open_pool(Pool::open(dir, opener)?)
+        Self::open_with_options(dir, opener, tessera_pool::ImportOptions::default())
     }
 
     /// Imports the pool in `dir` as [`open`](Self::open) does, as `options` say (without its
     /// write-back cache disks, given up: `ImportOptions::without_log`).
-    pub fn open_with_options(dir: &Path, opener: DiskOpener, options: tessera_pool::ImportOptions) -> Result<Engine> {
+    pub fn open_with_options(
+        dir: &Path,
+        opener: DiskOpener,
+        mut options: tessera_pool::ImportOptions,
+    ) -> Result<Engine> {
         let meta = MetaStore::open(&dir.join("meta"))?;
+        options.log_disks = tessera_cache::log_disks(&meta)?;
         Self::open_pool(Pool::open_with_options(dir, opener, meta, options)?)
     }
 

@@ -797,10 +797,11 @@ fn a_disk_missing_at_the_restart_after_a_cut_never_yields_wrong_data() {
     );
 }
 
-/// A cut, then a restart with both disks of the write-back log missing: what the log held is
-/// gone, and the pool's record of it says which writes those were. Every block must read as
-/// its last durable content or something written since, or be refused as lost with the log;
-/// never an older content (a write the log had acknowledged as durable, read as before it).
+/// A cut, then a restart with both disks of the write-back log missing, given up (an import
+/// without them is refused unless told to, `without_log`): what the log held is gone, and
+/// the pool's record of it says which writes those were. Every block must read as its last
+/// durable content or something written since, or be refused as lost with the log; never an
+/// older content (a write the log had acknowledged as durable, read as before it).
 #[test]
 fn the_write_back_log_missing_at_the_restart_after_a_cut_never_yields_older_data() {
     let rounds = restart_rounds();
@@ -819,7 +820,15 @@ fn the_write_back_log_missing_at_the_restart_after_a_cut_never_yields_older_data
             }
             file_opener(path)
         };
-        let e = Engine::open(&dir.join("pool"), &opener).unwrap();
+        let err = Engine::open(&dir.join("pool"), &opener)
+            .err()
+            .expect("opened without its log");
+        assert!(err.to_string().contains("--without-log"), "round {round}: {err}");
+        let options = tessera_volume::ImportOptions {
+            without_log: true,
+            ..Default::default()
+        };
+        let e = Engine::open_with_options(&dir.join("pool"), &opener, options).unwrap();
         assert!(
             e.cache_status().devices.is_empty(),
             "round {round}: the log found its disks"

@@ -1369,3 +1369,31 @@ fn a_pool_without_a_disk_open_does_not_open_without_its_cache_disk() {
     rig.reopen();
     assert_eq!(read_all(&rig), data);
 }
+
+/// A repair that moves a mirror copy off a retired disk reads, block by block where a chunk
+/// does not read whole, the copy it moves first: a block the other copy holds rotten is taken
+/// right from it, not copied rotten (nor is the move stopped by it).
+#[test]
+fn moving_a_copy_off_a_retired_disk_keeps_what_only_it_holds_right() {
+    let (rig, data) = with_mirror_written(Rig::new(3, 32 * MIB, MIB));
+    let set = rig.engine().layouts().sets()[0].clone();
+    let (a, b) = (set.desc().members[0], set.desc().members[1]);
+    const BLOCK: u64 = 4096;
+    // The copy to move cannot read one block, the other holds its neighbour rotten: in
+    // one chunk of the copy.
+    let at_a = rig.engine().pool().slab_offset(a);
+    rig.disks[a.disk as usize]
+        .faults()
+        .fail_range(at_a, BLOCK, tessera_disk::FaultOp::Read);
+    let at_b = rig.engine().pool().slab_offset(b) + BLOCK;
+    rig.disks[b.disk as usize].faults().flip_bit(at_b + 10, 3).unwrap();
+    let path = rig.disks[a.disk as usize].path().to_string();
+    rig.engine().retire_disk(&path).unwrap();
+    repair(&rig);
+    assert!(
+        !rig.engine().layouts().sets()[0].desc().members.contains(&a),
+        "moved off"
+    );
+    assert_eq!(read_all(&rig), data);
+    rig.assert_consistent();
+}

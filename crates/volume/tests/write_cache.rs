@@ -708,7 +708,10 @@ fn writes_held_by_a_log_whose_disks_are_all_gone_at_open_are_refused() {
                 .err()
                 .expect("opened without its log");
             assert!(err.to_string().contains("--without-log"), "{how}: {err}");
-            let options = tessera_volume::ImportOptions { without_log: true };
+            let options = tessera_volume::ImportOptions {
+                without_log: true,
+                ..Default::default()
+            };
             let opened = tessera_volume::Engine::open_with_options(&dir, &rig.opener(), options).unwrap();
             rig.engine = Some(opened);
         }
@@ -1593,7 +1596,10 @@ fn an_import_that_finds_none_of_the_cache_disks_is_refused_and_loses_nothing() {
     assert!(status.dirty_bytes > 0, "{status:?}");
     rig.engine = None;
     rig.disks.truncate(2);
-    let options = tessera_volume::ImportOptions { without_log: true };
+    let options = tessera_volume::ImportOptions {
+        without_log: true,
+        ..Default::default()
+    };
     let opened = tessera_volume::Engine::open_with_options(&dir, &rig.opener(), options).unwrap();
     rig.engine = Some(opened);
     for i in 2..4 {
@@ -1613,4 +1619,55 @@ fn an_import_that_finds_none_of_the_cache_disks_is_refused_and_loses_nothing() {
         "lost, refused"
     );
     rig.assert_consistent();
+}
+
+/// The disks an import must find are those the log is on, not any cache disk: one outside
+/// the log (a third cache disk, idle) found alone does not let the pool open without its
+/// log; and cache disks that hold no log any more (retired, the log destaged) are not
+/// waited for.
+#[test]
+fn an_import_waits_for_the_disks_the_log_is_on_and_no_other() {
+    let mut rig = Rig::with_cache(2, 64 * MIB, MIB, 3);
+    rig.engine().cache().set_destage_delay(Duration::from_secs(3600));
+    let v = rig
+        .engine()
+        .create_vdisk(&spec("v", MIB, LayoutKind::Mirror, Provisioning::Thin))
+        .unwrap();
+    let want = pattern(1, 0, MIB as usize);
+    v.write(0, &want, false).unwrap();
+    v.flush().unwrap();
+    drop(v);
+    let on: Vec<usize> = rig
+        .engine()
+        .cache_status()
+        .devices
+        .iter()
+        .map(|&p| p as usize)
+        .collect();
+    assert_eq!(on.len(), 2);
+    let dir = rig.dir.path().join("pool");
+    rig.engine = None;
+    let all = rig.disks.clone();
+    rig.disks = (0..all.len())
+        .filter(|i| !on.contains(i))
+        .map(|i| all[i].clone())
+        .collect();
+    let err = tessera_volume::Engine::open(&dir, &rig.opener())
+        .err()
+        .expect("opened without its log")
+        .to_string();
+    assert!(err.contains("--without-log"), "{err}");
+    rig.disks = all.clone();
+    rig.reopen();
+    assert_same(&read_all(&rig, "v", MIB as usize), &want, "the log whole");
+    // Retired, every cache disk leaves the log (destaged first); gone, none is waited for.
+    for i in 2..5 {
+        let path = rig.disks[i].path().to_string();
+        rig.engine().retire_disk(&path).unwrap();
+    }
+    assert!(rig.engine().cache_status().devices.is_empty());
+    rig.engine = None;
+    rig.disks.truncate(2);
+    rig.reopen();
+    assert_same(&read_all(&rig, "v", MIB as usize), &want, "destaged");
 }

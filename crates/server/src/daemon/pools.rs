@@ -331,7 +331,10 @@ impl Daemon {
                 self.cfg.pools_dir().display()
             )));
         }
-        let options = tessera_volume::ImportOptions { without_log };
+        let options = tessera_volume::ImportOptions {
+            without_log,
+            ..Default::default()
+        };
         let engine = Engine::open_with_options(&dir, &|p| open_disk(p), options)?;
         // Recorded before it is served: an import that cannot be recorded is not served
         // (nothing, not a scrub nor a repair, has started on it), and the engine closes here.
