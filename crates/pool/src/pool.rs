@@ -1039,8 +1039,6 @@ impl Pool {
         self.losses.load(Ordering::SeqCst)
     }
 
-    /// Whether the member at `position` was lost after the count was `noted`: what was
-    /// written to it since then, and not flushed before, may be gone.
     /// When disk `position`'s last successful flush before it last went away was
     /// ([`DiskInfo::flushed_through`]): what a flush of it vouched for, written to a member
     /// that has missed writes since, or may have lost them. None if it never went away.
@@ -1058,6 +1056,8 @@ impl Pool {
             .map_or(0, |m| m.lost_at)
     }
 
+    /// Whether the member at `position` was lost after the count was `noted`: what was
+    /// written to it since then, and not flushed before, may be gone.
     pub fn lost_since(&self, position: u32, noted: u64) -> bool {
         self.inner
             .read()

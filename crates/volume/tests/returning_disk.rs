@@ -817,36 +817,7 @@ fn a_simple_vdisk_takes_back_what_the_disk_holds(crash: bool) {
         assert!(err.contains("may be lost"), "{err}");
     }
 
-    let blocks = read_blocks(&rig);
-    let (mut new, mut refused, mut torn) = (Vec::new(), Vec::new(), Vec::new());
-    for (b, got) in blocks.iter().enumerate() {
-        let (want, was) = (&data[b * 4096..(b + 1) * 4096], &old[b * 4096..(b + 1) * 4096]);
-        match got {
-            Ok(bytes) if bytes == want && want != was => new.push(b),
-            Ok(bytes) if bytes == was => {}
-            Ok(bytes) => {
-                // Sector by sector old or new, never anything else.
-                for s in 0..8 {
-                    let r = s * 512..(s + 1) * 512;
-                    assert!(
-                        bytes[r.clone()] == want[r.clone()] || bytes[r.clone()] == was[r],
-                        "block {b}, sector {s}: neither old nor new"
-                    );
-                }
-                torn.push(b);
-            }
-            Err(e) => {
-                assert!(e.contains("checksum"), "block {b}: {e}");
-                refused.push(b);
-            }
-        }
-        if !blocks_written.contains(&b) {
-            assert!(
-                got.as_ref().is_ok_and(|bytes| bytes == was),
-                "block {b} was not written"
-            );
-        }
-    }
+    let (new, refused, torn) = sort_blocks(&rig, &data, &old, &blocks_written);
     assert_eq!(new.len(), 1, "the write the disk's cache kept reads back: {new:?}");
     if crash {
         assert!(refused.is_empty(), "{refused:?}");

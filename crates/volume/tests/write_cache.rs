@@ -1555,14 +1555,10 @@ fn writes_the_log_held_for_a_mirror_whose_copies_an_error_took_out_wait_for_them
     rig.assert_consistent();
 }
 
-/// An import that finds none of the pool's write-back cache disks (an enclosure of SSDs
-/// still off when the daemon starts) is refused, and loses nothing: before, the pool opened
-/// without its log, recorded the writes the log held as lost, and failed the cache disks
-/// for good when they were back. `without_log` gives them up, for
-/// disks that are gone for good: the writes the log held are then lost, and said so.
-#[test]
-fn an_import_that_finds_none_of_the_cache_disks_is_refused_and_loses_nothing() {
-    let mut rig = Rig::with_cache(2, 64 * MIB, MIB, 2);
+/// Two data disks and `cache` cache disks, and a mirror vdisk "v" of 1 MiB written whole and
+/// flushed, in the log only (destaged in an hour); what it holds.
+fn mirror_in_the_log(cache: usize) -> (Rig, Vec<u8>) {
+    let rig = Rig::with_cache(2, 64 * MIB, MIB, cache);
     rig.engine().cache().set_destage_delay(Duration::from_secs(3600));
     let v = rig
         .engine()
@@ -1571,8 +1567,18 @@ fn an_import_that_finds_none_of_the_cache_disks_is_refused_and_loses_nothing() {
     let want = pattern(1, 0, MIB as usize);
     v.write(0, &want, false).unwrap();
     v.flush().unwrap();
-    drop(v);
     assert!(rig.engine().cache_status().dirty_bytes > 0, "in the log only");
+    (rig, want)
+}
+
+/// An import that finds none of the pool's write-back cache disks (an enclosure of SSDs
+/// still off when the daemon starts) is refused, and loses nothing: before, the pool opened
+/// without its log, recorded the writes the log held as lost, and failed the cache disks
+/// for good when they were back. `without_log` gives them up, for
+/// disks that are gone for good: the writes the log held are then lost, and said so.
+#[test]
+fn an_import_that_finds_none_of_the_cache_disks_is_refused_and_loses_nothing() {
+    let (mut rig, want) = mirror_in_the_log(2);
     rig.engine = None;
     let cache: Vec<_> = rig.disks.drain(2..).collect();
     let dir = rig.dir.path().join("pool");
@@ -1627,16 +1633,7 @@ fn an_import_that_finds_none_of_the_cache_disks_is_refused_and_loses_nothing() {
 /// waited for.
 #[test]
 fn an_import_waits_for_the_disks_the_log_is_on_and_no_other() {
-    let mut rig = Rig::with_cache(2, 64 * MIB, MIB, 3);
-    rig.engine().cache().set_destage_delay(Duration::from_secs(3600));
-    let v = rig
-        .engine()
-        .create_vdisk(&spec("v", MIB, LayoutKind::Mirror, Provisioning::Thin))
-        .unwrap();
-    let want = pattern(1, 0, MIB as usize);
-    v.write(0, &want, false).unwrap();
-    v.flush().unwrap();
-    drop(v);
+    let (mut rig, want) = mirror_in_the_log(3);
     let on: Vec<usize> = rig
         .engine()
         .cache_status()
