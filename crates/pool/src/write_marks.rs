@@ -66,12 +66,6 @@ impl WriteMarks {
         }
     }
 
-    /// Taken before a flush of the disk alone is issued.
-    #[cfg(test)]
-    pub(crate) fn flush_number(&self) -> u64 {
-        flush_round(&self.clock)
-    }
-
     /// The flush numbered `n` succeeded: what was stamped before it is on the medium.
     pub(crate) fn flushed(&self, n: u64) {
         self.flushed_from.fetch_max(n, Ordering::SeqCst);
@@ -142,27 +136,27 @@ mod tests {
             vec![0, 1, 2, 3],
             "no flush yet: its cache may hold anything"
         );
-        let n = marks.flush_number();
+        let n = flush_round(&clock);
         marks.flushed(n);
         assert!(marks.unflushed().is_empty(), "nothing written since a flush");
         let w = marks.begin(1);
         assert_eq!(marks.unflushed(), vec![1], "in flight");
         // A flush begun while the write is in flight does not cover it.
-        let early = marks.flush_number();
+        let early = flush_round(&clock);
         drop(w);
         marks.flushed(early);
         assert_eq!(marks.unflushed(), vec![1], "completed after the flush began");
-        let later = marks.flush_number();
+        let later = flush_round(&clock);
         assert_eq!(marks.unflushed(), vec![1], "until that flush succeeds");
         marks.flushed(later);
         assert!(marks.unflushed().is_empty());
         // A flush that failed covers nothing.
         drop(marks.begin(2));
-        let _failed = marks.flush_number();
+        let _failed = flush_round(&clock);
         assert_eq!(marks.unflushed(), vec![2]);
         // An older flush answering late does not undo a newer one.
-        let a = marks.flush_number();
-        let b = marks.flush_number();
+        let a = flush_round(&clock);
+        let b = flush_round(&clock);
         marks.flushed(b);
         marks.flushed(a);
         assert!(marks.unflushed().is_empty());
@@ -172,11 +166,11 @@ mod tests {
     fn a_write_that_read_the_clock_earlier_does_not_lower_the_stamp_of_a_later_one() {
         let clock = new_clock();
         let marks = WriteMarks::new(1, &clock);
-        let n = marks.flush_number();
+        let n = flush_round(&clock);
         marks.flushed(n);
         let (_a, _b) = (marks.begin(0), marks.begin(0));
         let before = clock.load(Ordering::SeqCst);
-        let flush = marks.flush_number();
+        let flush = flush_round(&clock);
         // B completes after the flush began; A, which read the clock before it, lands last.
         marks.done(0, clock.load(Ordering::SeqCst));
         marks.done(0, before);
@@ -190,10 +184,10 @@ mod tests {
     fn flushes_of_other_disks_do_not_cover_a_disk() {
         let clock = new_clock();
         let (one, two) = (WriteMarks::new(2, &clock), WriteMarks::new(2, &clock));
-        let n = one.flush_number();
+        let n = flush_round(&clock);
         one.flushed(n);
         drop(one.begin(0));
-        let n = two.flush_number();
+        let n = flush_round(&clock);
         two.flushed(n);
         assert_eq!(one.unflushed(), vec![0]);
         drop(one.begin(7)); // past its end: not tracked, no panic

@@ -68,17 +68,7 @@ fn a_failed_flush_inside_the_tolerance_is_durable_on_the_other_copies() {
             .bring_back_disk("mem1", rig.disks[1].clone() as tessera_disk::DiskRef)
             .unwrap();
         assert_eq!(rig.engine().pool().disk_state(1), DiskState::Healthy, "{kind:?}");
-        let r = rig
-            .engine()
-            .repair(
-                &tessera_volume::RebuildOptions {
-                    parallel: 2,
-                    rate_limit: None,
-                },
-                &tessera_volume::Progress::default(),
-            )
-            .unwrap();
-        assert!(r.failures.is_empty(), "{kind:?}: {:?}", r.failures);
+        rig.repair();
         rig.engine().fail_disk("mem0").unwrap();
         rig.engine().vdisk("v").unwrap().read(0, &mut got).unwrap();
         assert!(got == want, "{kind:?}: read without disk 0");

@@ -19,27 +19,11 @@ fn read_all(rig: &Rig) -> Vec<u8> {
     b
 }
 
-fn repair(rig: &Rig) -> usize {
-    let r = rig
-        .engine()
-        .repair(
-            &RebuildOptions {
-                parallel: 2,
-                rate_limit: None,
-            },
-            &Progress::default(),
-        )
-        .unwrap();
-    assert!(r.failures.is_empty(), "{:?}", r.failures);
-    assert!(rig.engine().layouts().repair_needed().0.is_empty());
-    r.slabs_rebuilt
-}
-
 /// A repair resyncs `stale` members where they are (no free space taken); then disk 0 is
 /// failed, and the vdisk reads as `data` from what is left.
 fn resync_in_place_then_read_without_disk_0(rig: &Rig, data: &[u8], stale: usize) {
     let free = rig.engine().pool().capacity().free_bytes;
-    assert_eq!(repair(rig), stale);
+    assert_eq!(rig.repair(), stale);
     assert_eq!(rig.engine().pool().capacity().free_bytes, free, "resynced where it is");
     rig.engine().fail_disk("mem0").unwrap();
     assert_eq!(read_all(rig), data);
@@ -198,7 +182,7 @@ fn while_members_await_a_resync_every_label_says_so() {
     rig.engine = None;
     rig.reopen();
     assert_eq!(pending(&rig), [true, true]);
-    assert_eq!(repair(&rig), 1);
+    assert_eq!(rig.repair(), 1);
     assert_eq!(pending(&rig), [false, false]);
     rig.reopen();
     assert_eq!(pending(&rig), [false, false]);
@@ -315,7 +299,7 @@ fn disks_back_make_whole_again_the_sets_they_were_beyond_tolerance_of() {
     let mut b = vec![0u8; size as usize];
     rig.engine().vdisk("v").unwrap().read(0, &mut b).unwrap();
     assert!(b == want, "every block reads as last written");
-    repair(&rig);
+    rig.repair();
     // Disks 0 and 1 alone hold everything, as last written.
     rig.engine().fail_disk("mem2").unwrap();
     rig.engine().vdisk("v").unwrap().read(0, &mut b).unwrap();
@@ -1036,7 +1020,7 @@ fn a_mirror_whose_copies_an_error_took_out_in_turn_takes_back_the_last_as_its_di
     rig.disks[0] = back0;
     assert_eq!(rig.engine().layouts().stale_members(), 4, "every set's copy on disk 0");
     // Resynced as disk 1 holds it: the blocks its cache lost are copied and stay refused.
-    assert_eq!(repair(&rig), 4);
+    assert_eq!(rig.repair(), 4);
     rig.engine().fail_disk("mem1").unwrap();
     let (new, refused, torn) = sort_blocks(&rig, &data, &old, &blocks_written);
     assert_eq!((new.len(), refused.len(), torn.len()), (1, 2, 0), "disk 0 alone");
@@ -1112,7 +1096,7 @@ fn a_mirror_blinked_whole_comes_back(give_up_disk_0: bool, restart: bool) {
     if !give_up_disk_0 {
         // The copy resynced from the one taken as held refuses what it refuses.
         let stale = rig.engine().layouts().stale_members();
-        assert_eq!(repair(&rig), stale);
+        assert_eq!(rig.repair(), stale);
         assert_eq!(sort_blocks(&rig, &data, &old, &blocks_written), sorted);
     }
     for b in &blocks_written {
@@ -1187,7 +1171,7 @@ fn a_pool_whose_every_disk_an_error_took_out_opens_for_disk_online() {
             .unwrap();
     }
     let stale = rig.engine().layouts().stale_members();
-    assert_eq!(repair(&rig), stale);
+    assert_eq!(rig.repair(), stale);
     assert_eq!(read_all(&rig), data);
     rig.reopen();
     assert_eq!(read_all(&rig), data);
@@ -1248,7 +1232,7 @@ fn a_mirror_copy_is_not_taken_as_held_when_another_flushed_after_it_went() {
     rig.disks[1] = back1;
     assert_eq!(read_all(&rig), data);
     let stale = rig.engine().layouts().stale_members();
-    assert_eq!(repair(&rig), stale);
+    assert_eq!(rig.repair(), stale);
     rig.engine().fail_disk("mem1").unwrap();
     assert_eq!(read_all(&rig), data, "disk 0 alone, resynced");
     rig.reopen();
@@ -1284,7 +1268,7 @@ fn a_flush_fails_for_what_a_copy_taken_as_held_may_have_lost_whatever_became_of_
         rig.disks[i] = back;
     }
     let stale = rig.engine().layouts().stale_members();
-    assert_eq!(repair(&rig), stale);
+    assert_eq!(rig.repair(), stale);
     // Disk 0, whose copies were taken as held, out again; disk 1 holds everything it held.
     rig.disks[0].faults().pull();
     write_at(&rig, &mut data, 30, 2 * MIB, 4096);
@@ -1360,7 +1344,7 @@ fn moving_a_copy_off_a_retired_disk_keeps_what_only_it_holds_right() {
     rig.disks[b.disk as usize].faults().flip_bit(at_b + 10, 3).unwrap();
     let path = rig.disks[a.disk as usize].path().to_string();
     rig.engine().retire_disk(&path).unwrap();
-    repair(&rig);
+    rig.repair();
     assert!(
         !rig.engine().layouts().sets()[0].desc().members.contains(&a),
         "moved off"

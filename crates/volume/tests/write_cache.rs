@@ -1534,17 +1534,7 @@ fn writes_the_log_held_for_a_mirror_whose_copies_an_error_took_out_wait_for_them
         assert_same(&read_all(&rig, "v", MIB as usize), &want, "once a copy is back");
     }
     assert_eq!(rig.engine().layouts().stale_members(), 1, "the copy back second");
-    let r = rig
-        .engine()
-        .repair(
-            &tessera_volume::RebuildOptions {
-                parallel: 2,
-                rate_limit: None,
-            },
-            &tessera_volume::Progress::default(),
-        )
-        .unwrap();
-    assert!(r.failures.is_empty(), "{:?}", r.failures);
+    rig.repair();
     // The copy back first alone reads everything, then the other alone.
     let mut rig = rig;
     let second = rig.disks[data[1]].path().to_string();

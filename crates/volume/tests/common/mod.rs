@@ -8,7 +8,7 @@ use std::sync::Arc;
 use tessera_disk::{BlockDevice, DiskError, DiskRef, FaultyDisk, MemDisk};
 use tessera_volume::{
     Compression, DedupMode, DedupSettings, Engine, LayoutKind, PassOptions, PassReport, Progress, Provisioning,
-    VdiskSpec,
+    RebuildOptions, VdiskSpec,
 };
 
 pub const MIB: u64 = 1 << 20;
@@ -68,6 +68,25 @@ impl Rig {
         self.engine = None;
         let e = Engine::open(&self.dir.path().join("pool"), &self.opener()).unwrap();
         self.engine = Some(e);
+    }
+
+    /// Runs a repair (two slabs at a time, no rate limit), asserts that every slab it took
+    /// was mended and that no repair is left needed, and returns how many slabs it rebuilt.
+    pub fn repair(&self) -> usize {
+        let r = self
+            .engine()
+            .repair(
+                &RebuildOptions {
+                    parallel: 2,
+                    rate_limit: None,
+                },
+                &Progress::default(),
+            )
+            .unwrap();
+        assert!(r.failures.is_empty(), "{:?}", r.failures);
+        let (left, _) = self.engine().layouts().repair_needed();
+        assert!(left.is_empty(), "a repair is still needed: {left:?}");
+        r.slabs_rebuilt
     }
 
     pub fn assert_consistent(&self) {
