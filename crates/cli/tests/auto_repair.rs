@@ -267,6 +267,69 @@ fn a_missing_disk_gets_its_delay_and_a_pool_switched_off_waits() {
     assert!(d.fails(&["pool", "auto-repair", "b", "maybe"]).contains("maybe"));
 }
 
+/// How long `pool show` says the automatic repair of `pool` waits for a disk, once it says so.
+fn repair_starts_in(d: &Daemon, pool: &str) -> Duration {
+    let t = Instant::now();
+    loop {
+        let p = d.json(&["pool", "show", pool]);
+        let status = p["auto_repair"]["status"].as_str().unwrap_or_default().to_string();
+        if let Some((_, rest)) = status.split_once("repair starts by itself in ") {
+            let (left, _) = rest.split_once(" unless").expect("a status with its condition");
+            let words: Vec<&str> = left.split(' ').collect();
+            return words.chunks(2).fold(Duration::ZERO, |sum, w| {
+                let n: u64 = w[0].parse().unwrap_or_else(|_| panic!("{status}"));
+                sum + Duration::from_secs(match w[1] {
+                    "h" => n * 3600,
+                    "min" => n * 60,
+                    "s" => n,
+                    _ => panic!("{status}"),
+                })
+            });
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "no delay shown: {p}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The delay a missing disk waits counts from when it first went out, across restarts of the
+/// daemon: one restarted more often than the delay (a crash loop, upgrades) still repairs.
+#[test]
+fn a_restart_goes_on_counting_a_missing_disks_delay() {
+    let t = tempfile::tempdir().unwrap();
+    let mut d = start(t.path(), "10m");
+    let members = disks(&t.path().join("disks"), 3, 512 * MIB);
+    create_pool(&d, "b", &members);
+    let img = t.path().join("in.img");
+    random_image(&img, VDISK, 9);
+    d.ok(&[
+        "vdisk",
+        "import",
+        "b/m",
+        img.to_str().unwrap(),
+        "--layout",
+        "mirror",
+        "--columns",
+        "1",
+    ]);
+    let victim = busiest_disk(&d, "b");
+    d.stop();
+    std::fs::rename(&victim, format!("{victim}.away")).unwrap();
+
+    let mut d = start(t.path(), "10m");
+    let first = repair_starts_in(&d, "b");
+    assert!(first <= Duration::from_secs(600), "{first:?}");
+    std::thread::sleep(Duration::from_secs(8));
+    d.stop();
+    let d = start(t.path(), "10m");
+    let after_restart = repair_starts_in(&d, "b");
+    // Eight seconds and more went by; the status rounds down, and the record keeps seconds.
+    assert!(
+        after_restart + Duration::from_secs(4) <= first,
+        "the delay started again at the restart: {first:?}, then {after_restart:?}"
+    );
+    assert!(repair_jobs(&d).is_empty(), "a repair started before the delay");
+}
+
 /// A host's iSCSI session to target `iqn`, with the runtime it runs on.
 fn host(d: &Daemon, iqn: &str) -> (tokio::runtime::Runtime, Session) {
     let rt = tokio::runtime::Builder::new_current_thread()

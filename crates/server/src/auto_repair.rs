@@ -6,11 +6,12 @@
 //! puts its replacement slabs on them first. Retired disks are the administrator's to empty: their
 //! data moves when they run the repair; but a disk the daemon itself retired as failing (past
 //! `disk_error_limit` read or checksum errors) is emptied by itself too, after a restart as
-//! well. The switch per pool and the disks retired as failing are kept in `auto-repair.json`.
+//! well. The switch per pool, the disks retired as failing and since when each disk has been
+//! away (a restart goes on counting its delay) are kept in `auto-repair.json`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
@@ -37,12 +38,19 @@ struct Settings {
     /// Disks the daemon retired as failing, by pool and disk id, and why.
     #[serde(default)]
     failing: BTreeMap<String, BTreeMap<String, String>>,
+    /// When each disk out of service (by pool and disk id) was first seen so, in seconds since
+    /// the Unix epoch: a restart goes on counting the disk's delay rather than starting it
+    /// again, so that a daemon restarted more often than the delay still repairs.
+    #[serde(default)]
+    out_since: BTreeMap<String, BTreeMap<String, u64>>,
 }
 
 #[derive(Default)]
 struct PoolWatch {
-    /// When each out-of-service disk (by id) was first seen out of service.
-    out_since: BTreeMap<String, Instant>,
+    /// When each out-of-service disk (by id) was first seen out of service, by the wall
+    /// clock: it is kept across restarts (`Settings::out_since`), which a monotonic clock
+    /// does not survive.
+    out_since: BTreeMap<String, SystemTime>,
     /// The automatic repair running now, and whether it only resyncs stale members.
     job: Option<(u64, bool)>,
     /// When the last automatic repair failed, and why.
@@ -115,6 +123,45 @@ impl AutoRepair {
             .cloned()
     }
 
+    /// When the daemon first saw `disk` of `pool` out of service, if it kept that.
+    fn saved_out_since(&self, pool: &str, disk: &str) -> Option<SystemTime> {
+        let secs = *self.settings.lock().out_since.get(pool)?.get(disk)?;
+        UNIX_EPOCH.checked_add(Duration::from_secs(secs))
+    }
+
+    /// Keeps `since` as what the pool's disks out of service are (saved when it changed).
+    /// Kept in memory if it cannot be saved (and said so): a restart then counts the delays
+    /// from the start.
+    fn keep_out_since(&self, pool: &str, since: &BTreeMap<String, SystemTime>) {
+        let secs: BTreeMap<String, u64> = since
+            .iter()
+            .map(|(id, at)| (id.clone(), at.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs()))
+            .collect();
+        let apply = |s: &mut Settings| {
+            if secs.is_empty() {
+                s.out_since.remove(pool);
+            } else {
+                s.out_since.insert(pool.to_string(), secs.clone());
+            }
+        };
+        let same = self
+            .settings
+            .lock()
+            .out_since
+            .get(pool)
+            .map_or(secs.is_empty(), |kept| *kept == secs);
+        if same {
+            return;
+        }
+        if let Err(e) = self.change(|s| {
+            apply(s);
+            Ok(())
+        }) {
+            warn!(pool, error = %e.message, "cannot save since when disks are out of service; a restart starts their delays again");
+            apply(&mut self.settings.lock());
+        }
+    }
+
     /// Changes the settings and saves them; on failure they stay as they were.
     fn change(&self, f: impl FnOnce(&mut Settings) -> ApiResult<()>) -> ApiResult<()> {
         let mut s = self.settings.lock();
@@ -146,6 +193,7 @@ impl AutoRepair {
         self.change(|s| {
             s.off.remove(pool);
             s.failing.remove(pool);
+            s.out_since.remove(pool);
             Ok(())
         })
     }
@@ -214,9 +262,19 @@ impl Daemon {
             .retain(|id, _| out.iter().any(|d| d.info.id.to_string() == *id));
         if counts.moves + counts.stale == 0 {
             w.out_since.clear();
+            self.auto_repair.keep_out_since(name, &w.out_since);
             w.status = None;
             return;
         }
+        let wall = SystemTime::now();
+        for d in &out {
+            let id = d.info.id.to_string();
+            if !w.out_since.contains_key(&id) {
+                let since = self.auto_repair.saved_out_since(name, &id).unwrap_or(wall);
+                w.out_since.insert(id, since);
+            }
+        }
+        self.auto_repair.keep_out_since(name, &w.out_since);
         // A repair the administrator started does the work.
         if self.jobs.running("repair", name).is_some() {
             w.status = None;
@@ -226,9 +284,11 @@ impl Daemon {
         let mut reason = None;
         let mut waiting: Option<(Duration, String)> = None;
         for d in &out {
-            let since = *w.out_since.entry(d.info.id.to_string()).or_insert(now);
+            let since = w.out_since.get(&d.info.id.to_string()).copied().unwrap_or(wall);
+            // A clock set back counts from now (the delay starts again), never a negative time.
+            let out_for = wall.duration_since(since).unwrap_or_default();
             let failing = self.auto_repair.failing_reason(name, &d.info.id.to_string());
-            match disk_call(&d.info, now.duration_since(since), delay, failing) {
+            match disk_call(&d.info, out_for, delay, failing) {
                 DiskCall::Repair(why) => reason = Some(why),
                 DiskCall::Wait(left, status) => {
                     if waiting.as_ref().is_none_or(|(l, _)| left < *l) {
@@ -429,5 +489,33 @@ mod tests {
         for state in [DiskState::Healthy, DiskState::Spare] {
             assert_eq!(disk_call(&disk(state, false), DELAY, DELAY, None), DiskCall::Nothing);
         }
+    }
+
+    #[test]
+    fn since_when_a_disk_is_out_is_kept_across_a_restart_and_dropped_once_it_is_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("auto-repair.json");
+        let first = AutoRepair::load(path.clone()).unwrap();
+        let long_ago = SystemTime::now() - Duration::from_secs(250);
+        let mut since = BTreeMap::from([("d1".to_string(), long_ago)]);
+        first.keep_out_since("p", &since);
+        first.set("q", false).unwrap();
+
+        let again = AutoRepair::load(path.clone()).unwrap();
+        let kept = again.saved_out_since("p", "d1").expect("kept across the restart");
+        let out_for = SystemTime::now().duration_since(kept).unwrap();
+        assert!(out_for >= Duration::from_secs(249), "{out_for:?}");
+        assert_eq!(again.saved_out_since("p", "d2"), None);
+        assert_eq!(again.saved_out_since("q", "d1"), None);
+        assert!(!again.enabled("q"), "the other settings are kept beside it");
+
+        // Back (or repaired): dropped, so that the next time out counts from then.
+        since.clear();
+        again.keep_out_since("p", &since);
+        assert_eq!(AutoRepair::load(path.clone()).unwrap().saved_out_since("p", "d1"), None);
+        // A destroyed pool's disks are forgotten with it.
+        again.keep_out_since("p", &BTreeMap::from([("d3".to_string(), long_ago)]));
+        again.forget("p").unwrap();
+        assert_eq!(AutoRepair::load(path).unwrap().saved_out_since("p", "d3"), None);
     }
 }
