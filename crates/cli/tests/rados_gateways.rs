@@ -425,6 +425,104 @@ fn a_pool_whose_writes_were_refused_is_opened_again_and_goes_on() {
     a.stop();
 }
 
+/// Makes the OSDs refuse (`on`) or take again every write that sets an attribute (EFBIG:
+/// `osd_max_attr_size` of one byte), while reads go on; returns once a write to the test
+/// RADOS pool shows it.
+#[cfg(feature = "rados")]
+fn refuse_attribute_writes(conf: &str, on: bool) {
+    if on {
+        ok("ceph", &["-c", conf, "config", "set", "osd", "osd_max_attr_size", "1"]);
+    } else {
+        ok("ceph", &["-c", conf, "config", "rm", "osd", "osd_max_attr_size"]);
+    }
+    let t = Instant::now();
+    let probe = [
+        "-c",
+        conf,
+        "-p",
+        RADOS_POOL,
+        "setxattr",
+        "tessera-attribute-probe",
+        "probe",
+        "value",
+    ];
+    while run("rados", &probe).0 == on {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the OSDs did not take the setting"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    if !on {
+        ok(
+            "rados",
+            &["-c", conf, "-p", RADOS_POOL, "rm", "tessera-attribute-probe"],
+        );
+    }
+}
+
+/// A change of a pool's metadata whose write failed other than by a guard (a timeout, a
+/// blocklist: the cluster may apply it still) leaves what the gateway holds in memory
+/// unlike what the cluster may hold: the pool is opened again from the cluster, though no
+/// data write was refused, and no flush says "durable" meanwhile. Before, only a refused
+/// data write opened it again: an overwrite in place of a grain whose unmapping had timed
+/// out was answered, flushed, and lost at the next opening.
+#[cfg(feature = "rados")]
+#[test]
+fn a_metadata_change_of_unknown_outcome_opens_the_pool_again() {
+    let test = "a_metadata_change_of_unknown_outcome_opens_the_pool_again";
+    // The OSDs are made to refuse writes (below): the other tests of this file wait.
+    let _alone = OSD.write().unwrap_or_else(|e| e.into_inner());
+    let Some((conf, etcd)) = cluster_config(test) else {
+        return;
+    };
+    let pid = std::process::id();
+    let pool = format!("mu{pid}");
+    let t = tempfile::tempdir().unwrap();
+    let mut a = Daemon::start_configured(
+        &t.path().join("a"),
+        &gateway("gw-a", &etcd, &format!("/tessera-test-{pid}-meta-unknown")),
+    );
+    create_rados_pool(&a, &pool, &conf);
+    let vdisk = format!("{pool}/v");
+    a.ok(&["vdisk", "create", &vdisk, "--size", "64M", "--layout", "simple"]);
+    let before = pool_entry(&a, &pool);
+    let epoch = before["rados"]["epoch"].as_i64().unwrap();
+
+    // The OSDs refuse writes that set an attribute (as every metadata batch does), while
+    // reads go on. Metadata alone: no data write is refused.
+    refuse_attribute_writes(&conf, true);
+    let second = format!("{pool}/w");
+    let failed = a.cli(&["vdisk", "create", &second, "--size", "16M", "--layout", "simple"]);
+    refuse_attribute_writes(&conf, false);
+    assert!(!failed.success, "a vdisk made while the cluster held writes back");
+    assert!(failed.stderr.contains("may or may not be applied"), "{}", failed.stderr);
+    let t0 = Instant::now();
+    let after = loop {
+        let p = pool_entry(&a, &pool);
+        if p["rados"]["here"] == true && p["rados"]["epoch"].as_i64().is_some_and(|e| e > epoch) {
+            break p;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the pool was not opened again: {p}\n{}",
+            a.logs()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    eprintln!("{test}: opened again {:?} after the refusal", t0.elapsed());
+    assert_ne!(after["rados"]["client"], before["rados"]["client"], "{after}");
+    // Opened from what the cluster holds: the refused change is not there, and the vdisk
+    // is made now.
+    a.ok(&["vdisk", "create", &second, "--size", "16M", "--layout", "simple"]);
+    let check = a.json(&["pool", "check", &pool]);
+    assert!(check["problems"].as_array().unwrap().is_empty(), "{check}");
+    a.ok(&["vdisk", "delete", &second]);
+    a.ok(&["vdisk", "delete", &vdisk]);
+    a.ok(&["pool", "destroy", &pool]);
+    a.stop();
+}
+
 /// One command from cluster node `node` (its own initiator port) to LUN 0 of `iqn` at
 /// `portal`, in a session of its own, as a node's occasional check would be; unit attentions
 /// waiting for the port (its last session ended, the LUN changed) are cleared first with

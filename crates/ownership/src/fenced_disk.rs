@@ -94,8 +94,9 @@ struct Behind {
     /// operation once those settled (as librbd's scheduler merges a stream's writes). An
     /// object has writes held only while it has writes flying.
     held: HashMap<u64, Held>,
-    /// The first write the OSDs refused (offset, length, why): every flush from then on
-    /// fails with it.
+    /// The first write the OSDs refused (where it starts, how long it is, described), or
+    /// what else made this opening of the pool vouch for nothing more ([`FencedDisk::refuse`]):
+    /// every flush from then on fails with it.
     failed: Option<(u64, usize, String)>,
     /// Numbers the writes (or groups of held writes) their writers wait for.
     next_tag: u64,
@@ -170,6 +171,15 @@ impl Held {
 }
 
 /// What the cluster's refusal means for this gateway.
+/// What `failed` keeps of a write the OSDs refused.
+fn refused_write(offset: u64, len: usize, e: &RadosError) -> (u64, usize, String) {
+    (
+        offset,
+        len,
+        format!("a write of {len} bytes at byte {offset} was refused: {}", describe(e)),
+    )
+}
+
 fn describe(e: &RadosError) -> String {
     if e.is_fenced() {
         format!("this gateway was fenced off by a newer owner ({e})")
@@ -226,9 +236,23 @@ impl FencedDisk {
     /// guard, the blocklist, a timeout), described. From then on every flush fails: only the
     /// disk opened again, by a client that fences this one off, can say "durable" again.
     pub fn refused(&self) -> Option<String> {
-        let b = self.inner.behind.lock();
-        let (offset, len, why) = b.failed.as_ref()?;
-        Some(format!("a write of {len} bytes at byte {offset} was refused: {why}"))
+        self.inner
+            .behind
+            .lock()
+            .failed
+            .as_ref()
+            .map(|(_, _, what)| what.clone())
+    }
+
+    /// From now on this disk vouches for nothing, as after a write the OSDs refused: every
+    /// flush fails with `why`, and [`refused`](Self::refused) says it, so that the pool is
+    /// opened again from what the cluster holds. For a change of the pool's metadata whose
+    /// outcome is not known (a commit that timed out may still be applied): what this
+    /// gateway holds in memory may then differ from what the cluster holds, and a write
+    /// answered from it (an overwrite in place of a grain the cluster has unmapped) would be
+    /// lost at the next opening.
+    pub fn refuse(&self, why: &str) {
+        self.inner.behind.lock().failed.get_or_insert((0, 0, why.to_string()));
     }
 
     /// How many operations the writes to objects that exist took so far (writes held back
@@ -350,7 +374,7 @@ impl Inner {
         if let Err(e) = self.send(b, index, op, offset, data.len(), tag) {
             b.bytes -= data.len();
             b.waiting.remove(&tag);
-            b.failed.get_or_insert((offset, data.len(), describe(&e)));
+            b.failed.get_or_insert_with(|| refused_write(offset, data.len(), &e));
             return Err(self.io_error("write", offset, data.len(), e));
         }
         Ok(tag)
@@ -472,9 +496,8 @@ impl Inner {
         );
         if let Err(e) = self.send(b, object, op, h.offset, h.bytes, h.tag) {
             b.bytes -= h.bytes;
-            let why = describe(&e);
-            b.failed.get_or_insert((h.offset, h.bytes, why.clone()));
-            Self::tell(b, h.tag, Err(why));
+            b.failed.get_or_insert_with(|| refused_write(h.offset, h.bytes, &e));
+            Self::tell(b, h.tag, Err(describe(&e)));
             self.settled.notify_all();
         }
     }
@@ -523,11 +546,10 @@ impl Inner {
     fn settle(&self, b: &mut Behind, t: Ticket, outcome: Result<(), RadosError>) {
         b.in_flight.remove(&t.seq);
         b.bytes -= t.len;
-        let outcome = outcome.map_err(|e| describe(&e));
-        if let Err(why) = &outcome {
-            b.failed.get_or_insert((t.offset, t.len, why.clone()));
+        if let Err(e) = &outcome {
+            b.failed.get_or_insert_with(|| refused_write(t.offset, t.len, e));
         }
-        Self::tell(b, t.tag, outcome);
+        Self::tell(b, t.tag, outcome.map_err(|e| describe(&e)));
         let flying = b.flying.get_mut(&t.object).expect("a write sent is counted flying");
         *flying -= 1;
         if *flying == 0 {
@@ -548,12 +570,7 @@ impl Inner {
             self.settled.wait(&mut b);
         }
         match &b.failed {
-            Some((offset, len, why)) => Err(self.unavailable(
-                "flush",
-                *offset,
-                *len,
-                format!("a write sent earlier was refused: {why}"),
-            )),
+            Some((offset, len, what)) => Err(self.unavailable("flush", *offset, *len, format!("earlier, {what}"))),
             None => Ok(()),
         }
     }
@@ -808,7 +825,10 @@ impl Inner {
             // The object may not exist: written (made) and waited for.
             if let Err(e) = FencedWriter::new(&self.pool, self.epoch).write(&oid, p.off, data) {
                 // Refused as a write sent in the background is: every flush from now on fails.
-                self.behind.lock().failed.get_or_insert((at, p.len, describe(&e)));
+                self.behind
+                    .lock()
+                    .failed
+                    .get_or_insert_with(|| refused_write(at, p.len, &e));
                 let _ = waited(started);
                 return Err(self.io_error("write", at, p.len, e));
             }

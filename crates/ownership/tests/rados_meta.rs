@@ -26,6 +26,7 @@ fn meta(c: &Arc<Cluster>, oid: &str, epoch: i64) -> RadosMeta {
 
 #[test]
 fn a_store_on_rados_keeps_the_contract() {
+    let _shared = shared();
     let t = "a_store_on_rados_keeps_the_contract";
     let Some(conf) = ceph_conf(t) else { return };
     let c = ceph(&conf);
@@ -38,6 +39,7 @@ fn a_store_on_rados_keeps_the_contract() {
 
 #[test]
 fn a_replaced_owner_commits_nothing() {
+    let _shared = shared();
     let t = "a_replaced_owner_commits_nothing";
     let Some(conf) = ceph_conf(t) else { return };
     let oid = format!("{t}-{}", std::process::id());
@@ -72,12 +74,98 @@ fn a_replaced_owner_commits_nothing() {
     );
 }
 
+/// Held by every test of this file, and alone by one that makes the OSDs refuse writes.
+static CLUSTER: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+fn shared() -> std::sync::RwLockReadGuard<'static, ()> {
+    CLUSTER.read().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Makes the OSDs refuse (`on`) or take again every write that sets an attribute, as every
+/// batch of a `RadosMeta` does (EFBIG: `osd_max_attr_size` of one byte), while reads go on;
+/// returns once a write of test pool `pool` shows it.
+fn refuse_attribute_writes(conf: &str, pool: &str, on: bool) {
+    let ceph = |args: &[&str]| {
+        std::process::Command::new(args[0])
+            .args(["-c", conf])
+            .args(&args[1..])
+            .output()
+            .expect("the ceph tools")
+    };
+    let out = if on {
+        ceph(&["ceph", "config", "set", "osd", "osd_max_attr_size", "1"])
+    } else {
+        ceph(&["ceph", "config", "rm", "osd", "osd_max_attr_size"])
+    };
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let t = std::time::Instant::now();
+    while ceph(&[
+        "rados",
+        "-p",
+        pool,
+        "setxattr",
+        "tessera-attribute-probe",
+        "probe",
+        "value",
+    ])
+    .status
+    .success()
+        == on
+    {
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(30),
+            "the OSDs did not take the setting"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    if !on {
+        ceph(&["rados", "-p", pool, "rm", "tessera-attribute-probe"]);
+    }
+}
+
+/// A batch whose write fails other than by a guard (here the OSDs refuse it; one that timed
+/// out may still be applied, now or later) leaves what the engine holds unlike what the
+/// cluster may hold: the store tells its owner once, and commits and syncs nothing more, so
+/// that they can differ no further.
+#[test]
+fn a_batch_whose_outcome_is_unknown_stops_the_store_and_tells_its_owner() {
+    let t = "a_batch_whose_outcome_is_unknown_stops_the_store_and_tells_its_owner";
+    let _alone = CLUSTER.write().unwrap_or_else(|e| e.into_inner());
+    let Some(conf) = ceph_conf(t) else { return };
+    let oid = format!("{t}-{}", std::process::id());
+    let owner = ceph(&conf);
+    let told = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let tell = told.clone();
+    let store = MetaStore::on(meta(&owner, &oid, 3)).on_unknown(move |why| tell.lock().unwrap().push(why.to_string()));
+    let put = |k: &str| {
+        let mut b = MetaBatch::new();
+        b.put(CF_POOL, k, "v");
+        b
+    };
+    store.commit(put("a"), true).unwrap();
+    store.sync().unwrap();
+    refuse_attribute_writes(&conf, TEST_POOL, true);
+    let refused = store.commit(put("b"), true);
+    refuse_attribute_writes(&conf, TEST_POOL, false);
+    let e = refused.expect_err("a commit the OSDs refused");
+    assert!(e.to_string().contains("may or may not be applied"), "{e}");
+    assert_eq!(told.lock().unwrap().len(), 1, "told once");
+    let again = store
+        .commit(put("c"), true)
+        .expect_err("a commit after one of unknown outcome");
+    assert!(again.to_string().contains("opened again"), "{again}");
+    assert!(store.sync().is_err(), "a sync after a commit of unknown outcome");
+    assert_eq!(told.lock().unwrap().len(), 1, "told once only");
+    Cluster::shared_pool(&owner, TEST_POOL).unwrap().remove(&oid).unwrap();
+}
+
 /// A pool wholly in the cluster: its disk a `FencedDisk`, its metadata a `RadosMeta`. Another
 /// gateway, through its own connection and with an empty directory of its own, opens it at a
 /// later epoch and finds every vdisk, snapshot and clone whole; the first, replaced, can
 /// write no more metadata.
 #[test]
 fn a_pool_wholly_on_rados_opens_from_another_gateway() {
+    let _shared = shared();
     let t = "a_pool_wholly_on_rados_opens_from_another_gateway";
     let Some(conf) = ceph_conf(t) else { return };
     let id = format!("{t}-{}", std::process::id());

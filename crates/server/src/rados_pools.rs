@@ -225,7 +225,10 @@ mod real {
         /// The lease it was taken under: it is this gateway's only while that lease is.
         pub lease: i64,
         /// The disks opened through it, to learn whether the OSDs refused a write.
-        disks: parking_lot::Mutex<Vec<std::sync::Weak<FencedDisk>>>,
+        disks: Arc<parking_lot::Mutex<Vec<std::sync::Weak<FencedDisk>>>>,
+        /// A change of the metadata through it whose outcome is not known, described: its
+        /// disks vouch for nothing from then on (`RadosMeta::on_unknown`).
+        meta_unknown: Arc<parking_lot::Mutex<Option<String>>>,
     }
 
     /// Another gateway's ownership as this one reports it; an earlier run of this very
@@ -369,6 +372,7 @@ mod real {
                 epoch: owner.epoch,
                 lease: owner.lease,
                 disks: Default::default(),
+                meta_unknown: Default::default(),
             }))
         }
 
@@ -434,11 +438,21 @@ mod real {
     impl Owned {
         fn meta(&self, name: &str) -> Result<MetaStore, String> {
             let pool = Cluster::shared_pool(&self.cluster, &self.placement.rados_pool).map_err(|e| e.to_string())?;
-            Ok(MetaStore::on(RadosMeta::new(
-                pool,
-                &Placement::meta_object(name),
-                self.epoch,
-            )))
+            let (disks, unknown) = (self.disks.clone(), self.meta_unknown.clone());
+            let meta =
+                MetaStore::on(RadosMeta::new(pool, &Placement::meta_object(name), self.epoch)).on_unknown(move |why| {
+                    // What this gateway holds may differ from the cluster's records: no flush
+                    // through this connection says "durable" again, and the pool is opened anew.
+                    tracing::warn!(
+                        error = why,
+                        "a metadata change may or may not be applied; the pool is opened again"
+                    );
+                    unknown.lock().get_or_insert_with(|| why.to_string());
+                    for d in disks.lock().iter().filter_map(|d| d.upgrade()) {
+                        d.refuse(why);
+                    }
+                });
+            Ok(meta)
         }
 
         fn disk(&self, name: &str, size: u64) -> Result<Arc<FencedDisk>, String> {
@@ -446,14 +460,21 @@ mod real {
             let disk = FencedDisk::new(pool, &Placement::data_prefix(name), size, self.epoch)
                 .map(Arc::new)
                 .map_err(|e| e.to_string())?;
-            self.disks.lock().push(Arc::downgrade(&disk));
+            let mut disks = self.disks.lock();
+            if let Some(why) = &*self.meta_unknown.lock() {
+                disk.refuse(why);
+            }
+            disks.push(Arc::downgrade(&disk));
             Ok(disk)
         }
 
-        /// The first write the OSDs refused on a disk opened through this connection, if any:
-        /// no flush there can say "durable" again.
+        /// The first write the OSDs refused on a disk opened through this connection, or a
+        /// change of the metadata whose outcome is not known, if any: no flush there can say
+        /// "durable" again.
         pub fn refused(&self) -> Option<String> {
-            self.disks.lock().iter().filter_map(|d| d.upgrade()?.refused()).next()
+            let disks = self.disks.lock();
+            let on_disk = disks.iter().filter_map(|d| d.upgrade()?.refused()).next();
+            on_disk.or_else(|| self.meta_unknown.lock().clone())
         }
 
         /// This connection's address in the cluster (what a newer owner blocklists).
@@ -499,14 +520,32 @@ mod real {
             Engine::open_with_meta(dir, &opener, meta).map_err(|e| e.to_string())
         }
 
-        /// Removes the objects of the destroyed pool `name` of `capacity` bytes.
+        /// Removes the objects of the destroyed pool `name` of `capacity` bytes: its metadata
+        /// first, so that a removal that stops halfway leaves objects nobody reads, never a
+        /// pool another gateway would open with part of its data gone (read as zeros).
         pub fn remove_objects(&self, name: &str, capacity: u64) -> Result<(), String> {
-            self.disk(name, capacity)?.remove_objects().map_err(|e| e.to_string())?;
+            let disk = self.disk(name, capacity)?;
             let pool = Cluster::shared_pool(&self.cluster, &self.placement.rados_pool).map_err(|e| e.to_string())?;
             match pool.remove(&Placement::meta_object(name)) {
-                Err(e) if e.errno() != Some(libc::ENOENT) => Err(e.to_string()),
-                _ => Ok(()),
+                Err(e) if e.errno() != Some(libc::ENOENT) => {
+                    return Err(format!(
+                        "its metadata object {} could not be removed ({e}); it and the data objects {}.* stay \
+                         in RADOS pool '{}' ('rados rm' removes them)",
+                        Placement::meta_object(name),
+                        Placement::data_prefix(name),
+                        self.placement.rados_pool
+                    ))
+                }
+                _ => {}
             }
+            disk.remove_objects()
+                .map_err(|e| {
+                    format!(
+                        "its metadata is gone, but data objects {}.* stay in RADOS pool '{}' ('rados rm' removes them): {e}",
+                        Placement::data_prefix(name),
+                        self.placement.rados_pool
+                    )
+                })
         }
     }
 }

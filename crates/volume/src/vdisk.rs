@@ -734,7 +734,13 @@ impl Vdisk {
     pub fn flush(&self) -> Result<()> {
         self.unsynced.flush(
             Writer::current(),
-            || Ok(self.s.cache.flush()?),
+            || {
+                self.s.cache.flush()?;
+                // A change of the metadata whose outcome is not known: what this vdisk's
+                // writes relied on in memory may not be what the records say.
+                self.s.pool.meta().whole()?;
+                Ok(())
+            },
             |set, noted| self.s.cache.lost_since(set, noted),
         )
     }

@@ -69,6 +69,9 @@ impl Vdisk {
         if self.deleted.load(std::sync::atomic::Ordering::Acquire) || !self.s.cache.passes_through() {
             return None;
         }
+        // Its completion may answer a write through (FUA): never once the records may differ
+        // from memory (`MetaStore::whole`).
+        self.s.pool.meta().whole().ok()?;
         let pieces: Vec<_> = grain_pieces(self.class.grain, offset, len as u64).collect();
         let grains = self.s.locks.try_write_owned(pieces.iter().map(|p| (self.id, p.unit)))?;
         // Taken before any write starts: a disk lost after this may have taken it.

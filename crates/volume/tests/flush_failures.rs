@@ -287,3 +287,117 @@ fn writes_acknowledged_while_other_disks_fail_their_flushes_survive() {
         "only {checked} acknowledged writes could be checked"
     );
 }
+
+/// A metadata store that applies a batch, then says the commit failed, while `armed`: the
+/// worst case of a commit whose outcome is not known (a write in the store's log before its
+/// sync failed, a compound write to RADOS that timed out and was applied after all).
+struct AppliedThenFailed {
+    inner: tessera_pool::MemoryMeta,
+    armed: std::sync::Arc<AtomicBool>,
+}
+
+impl tessera_pool::MetaBackend for AppliedThenFailed {
+    fn location(&self) -> String {
+        "memory, failing".into()
+    }
+    fn commit(&self, batch: &tessera_pool::MetaBatch, sync: bool) -> Result<(), tessera_pool::PoolError> {
+        self.inner.commit(batch, sync)?;
+        if self.armed.load(Ordering::SeqCst) {
+            return Err(tessera_pool::PoolError::Invalid("the store's sync failed".into()));
+        }
+        Ok(())
+    }
+    fn sync(&self) -> Result<(), tessera_pool::PoolError> {
+        self.inner.sync()
+    }
+    fn get(&self, cf: &str, key: &[u8]) -> Result<Option<Vec<u8>>, tessera_pool::PoolError> {
+        self.inner.get(cf, key)
+    }
+    fn scan(&self, cf: &str, from: &[u8], visit: tessera_pool::Visit) -> Result<(), tessera_pool::PoolError> {
+        self.inner.scan(cf, from, visit)
+    }
+    fn snapshot(&self) -> Box<dyn tessera_pool::MetaView + '_> {
+        self.inner.snapshot()
+    }
+    fn estimate_keys(&self, cf: &str) -> u64 {
+        self.inner.estimate_keys(cf)
+    }
+}
+
+/// A trim whose metadata commit failed may still be applied: the engine must then vouch for
+/// nothing it answered from memory. Memory still maps the grain, so the host's rewrite of it
+/// goes in place and is answered; its flush, and a write through, must fail, as every change
+/// of metadata must, until the pool is opened again, where the records have the grain
+/// unmapped. Before, the flush succeeded over a write the next opening loses.
+#[test]
+fn a_metadata_change_of_unknown_outcome_fails_every_flush_until_the_pool_is_opened_again() {
+    use std::sync::Arc;
+    use tessera_disk::{DiskRef, MemDisk};
+    use tessera_pool::{MemoryMeta, MetaStore};
+    use tessera_volume::Engine;
+
+    let dir = tempfile::tempdir().unwrap();
+    let disks: Vec<DiskRef> = (0..2)
+        .map(|i| Arc::new(MemDisk::new(&format!("mem{i}"), 64 * MIB)) as DiskRef)
+        .collect();
+    let records = MemoryMeta::new();
+    let armed = Arc::new(AtomicBool::new(false));
+    let store = |armed: &Arc<AtomicBool>| {
+        MetaStore::on(AppliedThenFailed {
+            inner: records.clone(),
+            armed: armed.clone(),
+        })
+    };
+    let e = Engine::create_pool_with_meta(dir.path(), "t", disks.clone(), MIB, store(&armed), true).unwrap();
+    let v = e
+        .create_vdisk(&spec("v", SIZE, LayoutKind::Simple, Provisioning::Thin))
+        .unwrap();
+    let grain = 16 << 10;
+    v.write(0, &pattern(1, 0, 4 * grain), false).unwrap();
+    v.flush().unwrap();
+
+    armed.store(true, Ordering::SeqCst);
+    let trimmed = v.trim(0, grain as u64).expect_err("the store said the trim failed");
+    assert!(trimmed.to_string().contains("may or may not be applied"), "{trimmed}");
+    armed.store(false, Ordering::SeqCst);
+    // In place, from memory: answered, but never vouched for.
+    v.write(0, &pattern(2, 0, grain), false).unwrap();
+    let flush = v
+        .flush()
+        .expect_err("a flush vouched for a write the records may not map");
+    assert!(flush.to_string().contains("opened again"), "{flush}");
+    assert!(
+        v.write(0, &pattern(3, 0, grain), true).is_err(),
+        "a write through was answered"
+    );
+    assert!(e.flush().is_err(), "the engine's flush");
+    assert!(
+        e.create_vdisk(&spec("w", SIZE, LayoutKind::Simple, Provisioning::Thin))
+            .is_err(),
+        "a change of metadata after one of unknown outcome"
+    );
+    drop(v);
+    drop(e);
+
+    // Opened again from the records: the trim was applied, and the pool goes on.
+    let opener = |p: &str| -> Result<DiskRef, tessera_disk::DiskError> {
+        Ok(disks
+            .iter()
+            .find(|d| d.path() == p)
+            .expect("a disk of the pool")
+            .clone())
+    };
+    let e = Engine::open_with_meta(dir.path(), &opener, store(&armed)).unwrap();
+    let v = e.vdisk("v").unwrap();
+    let mut got = vec![0u8; 4 * grain];
+    v.read(0, &mut got).unwrap();
+    assert!(
+        got[..grain].iter().all(|&b| b == 0),
+        "the records have the grain unmapped"
+    );
+    assert_eq!(&got[grain..], &pattern(1, grain as u64, 3 * grain)[..]);
+    v.write(0, &pattern(4, 0, grain), true).unwrap();
+    v.flush().unwrap();
+    let r = e.check().unwrap();
+    assert!(r.problems.is_empty(), "{:#?}", r.problems);
+}

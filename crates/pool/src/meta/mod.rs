@@ -77,6 +77,16 @@ pub fn unhex(s: &[u8]) -> Option<Vec<u8>> {
 
 pub struct MetaStore {
     backend: Box<dyn MetaBackend>,
+    /// The first change whose commit (or sync) failed, described. A failed commit may still
+    /// be applied, now or later (a write that reached the store's log before its sync
+    /// failed, a compound write to RADOS that timed out): what the layers hold in memory
+    /// may then differ from the records. From then on nothing commits or syncs, and every
+    /// flush of the pool fails ([`whole`](Self::whole)), until the pool is opened again
+    /// from its records: a write answered from memory (an overwrite in place of a grain
+    /// whose unmapping may be applied) would otherwise be vouched for, and lost then.
+    unknown: parking_lot::Mutex<Option<String>>,
+    /// Told of that change, once.
+    on_unknown: Option<Box<dyn Fn(&str) + Send + Sync>>,
 }
 
 impl MetaStore {
@@ -94,6 +104,50 @@ impl MetaStore {
     pub fn on(backend: impl MetaBackend + 'static) -> MetaStore {
         MetaStore {
             backend: Box::new(backend),
+            unknown: parking_lot::Mutex::new(None),
+            on_unknown: None,
+        }
+    }
+
+    /// Calls `tell` with the reason once a change's outcome is not known (see `unknown`):
+    /// the owner of a pool on RADOS opens it again from the cluster.
+    pub fn on_unknown(mut self, tell: impl Fn(&str) + Send + Sync + 'static) -> MetaStore {
+        self.on_unknown = Some(Box::new(tell));
+        self
+    }
+
+    /// Fails once a change's outcome is not known: nothing this store holds in memory may
+    /// be vouched for until the pool is opened again from its records.
+    pub fn whole(&self) -> Result<()> {
+        match &*self.unknown.lock() {
+            Some(why) => Err(PoolError::Meta {
+                path: self.location(),
+                message: format!(
+                    "refused: {why}, and what the pool holds in memory may differ from its records; \
+                     it must be opened again from them (a pool on RADOS is, by its gateway; a local \
+                     pool when the daemon restarts)"
+                ),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Keeps the failure `e` of a commit or sync as the change whose outcome is not known
+    /// (the first one), tells the owner, and returns the error to give the caller.
+    fn failed(&self, what: &str, e: PoolError) -> PoolError {
+        let why = format!("{what} failed and may or may not be applied ({e})");
+        let first = {
+            let mut unknown = self.unknown.lock();
+            let first = unknown.is_none();
+            unknown.get_or_insert_with(|| why.clone());
+            first
+        };
+        if let (true, Some(tell)) = (first, &self.on_unknown) {
+            tell(&why);
+        }
+        PoolError::Meta {
+            path: self.location(),
+            message: format!("{why}; nothing more is committed until the pool is opened again"),
         }
     }
 
@@ -109,16 +163,23 @@ impl MetaStore {
 
     /// Commits one atomic batch. `sync` makes it durable before returning.
     pub fn commit(&self, batch: MetaBatch, sync: bool) -> Result<()> {
+        self.whole()?;
         match (batch.is_empty(), sync) {
             (true, false) => Ok(()),
-            (true, true) => self.backend.sync(),
-            _ => self.backend.commit(&batch, sync),
+            (true, true) => self.sync(),
+            _ => self
+                .backend
+                .commit(&batch, sync)
+                .map_err(|e| self.failed("a change of the pool's metadata", e)),
         }
     }
 
     /// Makes every batch committed so far durable.
     pub fn sync(&self) -> Result<()> {
-        self.backend.sync()
+        self.whole()?;
+        self.backend
+            .sync()
+            .map_err(|e| self.failed("making the pool's metadata durable", e))
     }
 
     pub fn get(&self, cf: &str, key: &[u8]) -> Result<Option<Vec<u8>>> {

@@ -180,6 +180,7 @@ impl Daemon {
                         u.id, u.error
                     )
                 }))
+                .chain(pool.meta().whole().err().map(|e| e.to_string()))
                 .collect(),
             auto_repair: self.auto_repair.view(self.cfg.auto_repair, name),
             scrub: self.scrub_view(name, &e),

@@ -717,8 +717,9 @@ impl Daemon {
                 },
                 |engine| {
                     if let Err(e) = engine.checkpoint() {
-                        // What was acknowledged is in the journal all the same: the next
-                        // owner replays it.
+                        // Nothing acknowledged waits on it: a write on RADOS is answered once
+                        // the OSDs applied it (the stripe journal is this gateway's, and the
+                        // next owner starts without it).
                         warn!(pool = %name, error = %e, "cannot checkpoint the pool before handing it over");
                     }
                 },
@@ -815,15 +816,21 @@ impl Daemon {
         let (Some(owned), Some(gw)) = (p.owned, &self.gateway) else {
             return Ok(());
         };
-        if let Some(capacity) = capacity {
-            owned.remove_objects(name, capacity).map_err(|e| {
-                ApiError::internal(format!(
-                    "pool {name} destroyed, but its objects stay in the cluster: {e}"
-                ))
-            })?;
-            let _ = std::fs::remove_dir_all(self.pool_dir(name));
-        }
-        gw.release(name, owned.epoch).map_err(ApiError::unavailable)
+        let removed = match capacity {
+            Some(capacity) => owned.remove_objects(name, capacity).map(|()| {
+                let _ = std::fs::remove_dir_all(self.pool_dir(name));
+            }),
+            None => Ok(()),
+        };
+        // Given up whatever became of its objects: this gateway no longer serves the pool,
+        // and kept, its key would say so to the other gateways for as long as it runs.
+        let released = gw.release(name, owned.epoch).map_err(ApiError::unavailable);
+        removed.map_err(|e| {
+            ApiError::internal(format!(
+                "pool {name} is no longer served here, but not all of it was removed from the cluster: {e}"
+            ))
+        })?;
+        released
     }
 
     /// At shutdown, after the pools were flushed: gives up what this gateway owns, so that
