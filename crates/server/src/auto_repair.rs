@@ -6,12 +6,12 @@
 //! puts its replacement slabs on them first. Retired disks are the administrator's to empty: their
 //! data moves when they run the repair; but a disk the daemon itself retired as failing (past
 //! `disk_error_limit` read or checksum errors) is emptied by itself too, after a restart as
-//! well. The switch per pool, the disks retired as failing and since when each disk has been
-//! away (a restart goes on counting its delay) are kept in `auto-repair.json`.
+//! well. The switch per pool, the disks retired as failing and how long each disk has been
+//! seen away (a restart goes on counting its delay) are kept in `auto-repair.json`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
@@ -38,19 +38,24 @@ struct Settings {
     /// Disks the daemon retired as failing, by pool and disk id, and why.
     #[serde(default)]
     failing: BTreeMap<String, BTreeMap<String, String>>,
-    /// When each disk out of service (by pool and disk id) was first seen so, in seconds since
-    /// the Unix epoch: a restart goes on counting the disk's delay rather than starting it
-    /// again, so that a daemon restarted more often than the delay still repairs.
+    /// How long each disk out of service (by pool and disk id) has been seen so by the
+    /// daemon, in seconds, as of the last save (every [`OUT_FOR_STEP`]): a restart goes on
+    /// counting the disk's delay rather than starting it again, so that a daemon restarted
+    /// more often than the delay still repairs. Only time the daemon watched counts (not
+    /// the time it was stopped, while an enclosure was mended, say), and no wall clock:
+    /// one set wrong at a boot would start a rebuild at once or put it off for good.
     #[serde(default)]
-    out_since: BTreeMap<String, BTreeMap<String, u64>>,
+    out_for: BTreeMap<String, BTreeMap<String, u64>>,
 }
+
+/// How often the time a disk has been out of service is saved while it stays out.
+const OUT_FOR_STEP: u64 = 10;
 
 #[derive(Default)]
 struct PoolWatch {
-    /// When each out-of-service disk (by id) was first seen out of service, by the wall
-    /// clock: it is kept across restarts (`Settings::out_since`), which a monotonic clock
-    /// does not survive.
-    out_since: BTreeMap<String, SystemTime>,
+    /// Each out-of-service disk (by id): when this run first saw it out, and how long
+    /// earlier runs had (`Settings::out_for`).
+    out_since: BTreeMap<String, (Instant, Duration)>,
     /// The automatic repair running now, and whether it only resyncs stale members.
     job: Option<(u64, bool)>,
     /// When the last automatic repair failed, and why.
@@ -123,31 +128,37 @@ impl AutoRepair {
             .cloned()
     }
 
-    /// When the daemon first saw `disk` of `pool` out of service, if it kept that.
-    fn saved_out_since(&self, pool: &str, disk: &str) -> Option<SystemTime> {
-        let secs = *self.settings.lock().out_since.get(pool)?.get(disk)?;
-        UNIX_EPOCH.checked_add(Duration::from_secs(secs))
+    /// How long earlier runs had seen `disk` of `pool` out of service.
+    fn saved_out_for(&self, pool: &str, disk: &str) -> Duration {
+        let secs = self
+            .settings
+            .lock()
+            .out_for
+            .get(pool)
+            .and_then(|d| d.get(disk))
+            .copied();
+        Duration::from_secs(secs.unwrap_or(0))
     }
 
-    /// Keeps `since` as what the pool's disks out of service are (saved when it changed).
-    /// Kept in memory if it cannot be saved (and said so): a restart then counts the delays
-    /// from the start.
-    fn keep_out_since(&self, pool: &str, since: &BTreeMap<String, SystemTime>) {
-        let secs: BTreeMap<String, u64> = since
+    /// Keeps how long each of the pool's disks has been out of service (in steps of
+    /// [`OUT_FOR_STEP`], saved when that changed). Kept in memory if it cannot be saved (and
+    /// said so): a restart then counts the delays from the start.
+    fn keep_out_for(&self, pool: &str, out_for: &BTreeMap<String, Duration>) {
+        let secs: BTreeMap<String, u64> = out_for
             .iter()
-            .map(|(id, at)| (id.clone(), at.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs()))
+            .map(|(id, d)| (id.clone(), d.as_secs() / OUT_FOR_STEP * OUT_FOR_STEP))
             .collect();
         let apply = |s: &mut Settings| {
             if secs.is_empty() {
-                s.out_since.remove(pool);
+                s.out_for.remove(pool);
             } else {
-                s.out_since.insert(pool.to_string(), secs.clone());
+                s.out_for.insert(pool.to_string(), secs.clone());
             }
         };
         let same = self
             .settings
             .lock()
-            .out_since
+            .out_for
             .get(pool)
             .map_or(secs.is_empty(), |kept| *kept == secs);
         if same {
@@ -157,7 +168,7 @@ impl AutoRepair {
             apply(s);
             Ok(())
         }) {
-            warn!(pool, error = %e.message, "cannot save since when disks are out of service; a restart starts their delays again");
+            warn!(pool, error = %e.message, "cannot save how long disks are out of service; a restart starts their delays again");
             apply(&mut self.settings.lock());
         }
     }
@@ -176,6 +187,9 @@ impl AutoRepair {
     }
 
     /// Switches automatic repair on or off for one pool, persisted.
+    /// A disk's delay counts only while repair is on for its pool: switched back on, it
+    /// starts again (a disk that came back and went out meanwhile is not taken as out all
+    /// that time).
     pub fn set(&self, pool: &str, on: bool) -> ApiResult<()> {
         self.change(|s| {
             if on {
@@ -183,8 +197,13 @@ impl AutoRepair {
             } else {
                 s.off.insert(pool.to_string());
             }
+            s.out_for.remove(pool);
             Ok(())
-        })
+        })?;
+        if let Some(w) = self.pools.lock().get_mut(pool) {
+            w.out_since.clear();
+        }
+        Ok(())
     }
 
     /// A destroyed pool's name may be used again: it starts with the defaults.
@@ -193,7 +212,7 @@ impl AutoRepair {
         self.change(|s| {
             s.off.remove(pool);
             s.failing.remove(pool);
-            s.out_since.remove(pool);
+            s.out_for.remove(pool);
             Ok(())
         })
     }
@@ -262,19 +281,23 @@ impl Daemon {
             .retain(|id, _| out.iter().any(|d| d.info.id.to_string() == *id));
         if counts.moves + counts.stale == 0 {
             w.out_since.clear();
-            self.auto_repair.keep_out_since(name, &w.out_since);
+            self.auto_repair.keep_out_for(name, &BTreeMap::new());
             w.status = None;
             return;
         }
-        let wall = SystemTime::now();
         for d in &out {
             let id = d.info.id.to_string();
             if !w.out_since.contains_key(&id) {
-                let since = self.auto_repair.saved_out_since(name, &id).unwrap_or(wall);
-                w.out_since.insert(id, since);
+                let before = self.auto_repair.saved_out_for(name, &id);
+                w.out_since.insert(id, (now, before));
             }
         }
-        self.auto_repair.keep_out_since(name, &w.out_since);
+        let out_for: BTreeMap<String, Duration> = w
+            .out_since
+            .iter()
+            .map(|(id, (first, before))| (id.clone(), *before + now.duration_since(*first)))
+            .collect();
+        self.auto_repair.keep_out_for(name, &out_for);
         // A repair the administrator started does the work.
         if self.jobs.running("repair", name).is_some() {
             w.status = None;
@@ -284,9 +307,7 @@ impl Daemon {
         let mut reason = None;
         let mut waiting: Option<(Duration, String)> = None;
         for d in &out {
-            let since = w.out_since.get(&d.info.id.to_string()).copied().unwrap_or(wall);
-            // A clock set back counts from now (the delay starts again), never a negative time.
-            let out_for = wall.duration_since(since).unwrap_or_default();
+            let out_for = out_for.get(&d.info.id.to_string()).copied().unwrap_or_default();
             let failing = self.auto_repair.failing_reason(name, &d.info.id.to_string());
             match disk_call(&d.info, out_for, delay, failing) {
                 DiskCall::Repair(why) => reason = Some(why),
@@ -492,30 +513,43 @@ mod tests {
     }
 
     #[test]
-    fn since_when_a_disk_is_out_is_kept_across_a_restart_and_dropped_once_it_is_back() {
+    fn how_long_a_disk_is_out_is_kept_across_a_restart_and_dropped_once_it_is_back() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("auto-repair.json");
         let first = AutoRepair::load(path.clone()).unwrap();
-        let long_ago = SystemTime::now() - Duration::from_secs(250);
-        let mut since = BTreeMap::from([("d1".to_string(), long_ago)]);
-        first.keep_out_since("p", &since);
+        let four_min = Duration::from_secs(247);
+        let mut out = BTreeMap::from([("d1".to_string(), four_min)]);
+        first.keep_out_for("p", &out);
         first.set("q", false).unwrap();
 
         let again = AutoRepair::load(path.clone()).unwrap();
-        let kept = again.saved_out_since("p", "d1").expect("kept across the restart");
-        let out_for = SystemTime::now().duration_since(kept).unwrap();
-        assert!(out_for >= Duration::from_secs(249), "{out_for:?}");
-        assert_eq!(again.saved_out_since("p", "d2"), None);
-        assert_eq!(again.saved_out_since("q", "d1"), None);
+        assert_eq!(
+            again.saved_out_for("p", "d1"),
+            Duration::from_secs(240),
+            "kept across the restart, in steps"
+        );
+        assert_eq!(again.saved_out_for("p", "d2"), Duration::ZERO);
+        assert_eq!(again.saved_out_for("q", "d1"), Duration::ZERO);
         assert!(!again.enabled("q"), "the other settings are kept beside it");
 
         // Back (or repaired): dropped, so that the next time out counts from then.
-        since.clear();
-        again.keep_out_since("p", &since);
-        assert_eq!(AutoRepair::load(path.clone()).unwrap().saved_out_since("p", "d1"), None);
+        out.clear();
+        again.keep_out_for("p", &out);
+        assert_eq!(
+            AutoRepair::load(path.clone()).unwrap().saved_out_for("p", "d1"),
+            Duration::ZERO
+        );
+        // Repair switched off and on: counted again from then.
+        again.keep_out_for("p", &BTreeMap::from([("d3".to_string(), four_min)]));
+        again.set("p", false).unwrap();
+        again.set("p", true).unwrap();
+        assert_eq!(
+            AutoRepair::load(path.clone()).unwrap().saved_out_for("p", "d3"),
+            Duration::ZERO
+        );
         // A destroyed pool's disks are forgotten with it.
-        again.keep_out_since("p", &BTreeMap::from([("d3".to_string(), long_ago)]));
+        again.keep_out_for("p", &BTreeMap::from([("d4".to_string(), four_min)]));
         again.forget("p").unwrap();
-        assert_eq!(AutoRepair::load(path).unwrap().saved_out_since("p", "d3"), None);
+        assert_eq!(AutoRepair::load(path).unwrap().saved_out_for("p", "d4"), Duration::ZERO);
     }
 }

@@ -329,6 +329,7 @@ impl GrainSpace {
     /// spending one of its reserved slots; otherwise reserved slots are off limits and a new
     /// slab set is made when the class is full.
     pub fn allocate(&self, class: Class, from_reservation: bool) -> Result<Loc> {
+        self.records_whole()?;
         // A new slab set made for this call may be raced away by other allocations; try
         // again for as long as the class can grow. Each round either takes a slot, adds a set,
         // or finds that other callers took the slots a set added, so it ends when the pool is
@@ -381,6 +382,7 @@ impl GrainSpace {
     /// (a second copy of a slot there, which a failed disk should not take with the first),
     /// or, when no such set has room, wherever [`allocate`](Self::allocate) would.
     pub fn allocate_apart(&self, class: Class, away: u32) -> Result<Loc> {
+        self.records_whole()?;
         let avoid: Vec<u32> = match self.slots(away) {
             Some(s) => s.set.desc().members.iter().map(|m| m.disk).collect(),
             None => Vec::new(),
@@ -431,7 +433,7 @@ impl GrainSpace {
     pub fn allocate_run(&self, class: Class, n: usize, from_reservation: bool) -> Option<Vec<Loc>> {
         /// Slots looked at past the cursor, at most: the search stays cheap on a full set.
         const SEARCH: u32 = 4096;
-        if n < 2 {
+        if n < 2 || self.records_whole().is_err() {
             return None;
         }
         let mut a = self.alloc.lock();
@@ -558,6 +560,14 @@ impl GrainSpace {
     }
 
     /// Makes a new slab set for the class and records its grain size.
+    /// No slot is handed out once a change of the metadata may or may not be applied
+    /// (`MetaStore::whole`): a slot its failed allocation gave back is free in memory, but
+    /// the records may give it to that grain, and data written to it now would be read there
+    /// (another vdisk's, perhaps) once the pool is opened again from them.
+    fn records_whole(&self) -> Result<()> {
+        Ok(self.layouts.pool().meta().whole()?)
+    }
+
     fn add_set(&self, class: Class) -> Result<()> {
         let set = self.layouts.create_set(class.layout).map_err(|e| match e {
             tessera_layout::LayoutError::Pool(p @ tessera_pool::PoolError::NoSpace { .. }) => {

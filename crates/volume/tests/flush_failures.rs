@@ -401,3 +401,61 @@ fn a_metadata_change_of_unknown_outcome_fails_every_flush_until_the_pool_is_open
     let r = e.check().unwrap();
     assert!(r.problems.is_empty(), "{:#?}", r.problems);
 }
+
+/// A grain's first write whose commit failed but was applied gives its slot back in memory,
+/// while the records give it to the grain: no slot is handed out after such a commit, or
+/// another grain's data would be read there once the pool is opened again from the records.
+#[test]
+fn no_slot_is_handed_out_after_a_metadata_change_of_unknown_outcome() {
+    use std::sync::Arc;
+    use tessera_disk::{DiskRef, MemDisk};
+    use tessera_pool::{MemoryMeta, MetaStore};
+    use tessera_volume::Engine;
+
+    let dir = tempfile::tempdir().unwrap();
+    let disks: Vec<DiskRef> = (0..2)
+        .map(|i| Arc::new(MemDisk::new(&format!("mem{i}"), 64 * MIB)) as DiskRef)
+        .collect();
+    let records = MemoryMeta::new();
+    let armed = Arc::new(AtomicBool::new(false));
+    let store = || {
+        MetaStore::on(AppliedThenFailed {
+            inner: records.clone(),
+            armed: armed.clone(),
+        })
+    };
+    let e = Engine::create_pool_with_meta(dir.path(), "t", disks.clone(), MIB, store(), true).unwrap();
+    let grain = 16 << 10;
+    // One slab set of 128 slots (two columns of 1 MiB): v takes all but one.
+    let v = e
+        .create_vdisk(&spec("v", 128 * grain as u64, LayoutKind::Simple, Provisioning::Thin))
+        .unwrap();
+    let w = e
+        .create_vdisk(&spec("w", 4 * grain as u64, LayoutKind::Simple, Provisioning::Thin))
+        .unwrap();
+    v.write(0, &pattern(1, 0, 127 * grain), false).unwrap();
+    v.flush().unwrap();
+
+    armed.store(true, Ordering::SeqCst);
+    let mine = pattern(2, 127 * grain as u64, grain);
+    assert!(v.write(127 * grain as u64, &mine, false).is_err());
+    armed.store(false, Ordering::SeqCst);
+    // w's first write would take the one free slot: the one the records give to v's grain.
+    assert!(w.write(0, &pattern(3, 0, grain), false).is_err());
+    drop((v, w));
+    drop(e);
+
+    let opener = |p: &str| -> Result<DiskRef, tessera_disk::DiskError> {
+        Ok(disks
+            .iter()
+            .find(|d| d.path() == p)
+            .expect("a disk of the pool")
+            .clone())
+    };
+    let e = Engine::open_with_meta(dir.path(), &opener, store()).unwrap();
+    let mut got = vec![0u8; grain];
+    e.vdisk("v").unwrap().read(127 * grain as u64, &mut got).unwrap();
+    assert!(got == mine, "v's grain reads another grain's data");
+    e.vdisk("w").unwrap().read(0, &mut got).unwrap();
+    assert!(got.iter().all(|&b| b == 0), "w's write was refused");
+}

@@ -142,8 +142,11 @@ impl MetaStore {
             unknown.get_or_insert_with(|| why.clone());
             first
         };
-        if let (true, Some(tell)) = (first, &self.on_unknown) {
-            tell(&why);
+        if first {
+            tracing::error!(store = %self.location(), error = %why, "the pool's metadata may differ from what it holds in memory: no change is committed and no flush succeeds until it is opened again");
+            if let Some(tell) = &self.on_unknown {
+                tell(&why);
+            }
         }
         PoolError::Meta {
             path: self.location(),

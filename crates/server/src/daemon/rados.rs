@@ -564,10 +564,10 @@ impl Daemon {
         else {
             return;
         };
-        warn!(pool = %name, why, "the cluster refused a write to the pool: opening it again");
+        warn!(pool = %name, why, "this opening of the pool vouches for nothing more: opening it again");
         // Transitioning until the pool is served again. Nothing to settle: the disk's
         // writes are refused.
-        let why = format!("being opened again, the cluster having refused a write ({why})");
+        let why = format!("being opened again: {why}");
         let (engine, owned) = self.give_up(
             GivingUp {
                 gw,
