@@ -192,14 +192,14 @@ fn a_disk_failed_under_load_is_rebuilt_with_no_command_typed() {
         .is_empty());
 }
 
-#[test]
-fn a_missing_disk_gets_its_delay_and_a_pool_switched_off_waits() {
-    let t = tempfile::tempdir().unwrap();
-    let mut d = start(t.path(), "4s");
-    let members = disks(&t.path().join("disks"), 4, 512 * MIB);
+/// A daemon in `t` with pool `b` on `n` disks and a mirror vdisk `b/m` imported from a random
+/// image (`seed`), stopped: the daemon, the image, and the disk holding the most.
+fn mirror_pool_stopped(t: &std::path::Path, delay: &str, n: usize, seed: u64) -> (Daemon, std::path::PathBuf, String) {
+    let mut d = start(t, delay);
+    let members = disks(&t.join("disks"), n, 512 * MIB);
     create_pool(&d, "b", &members);
-    let img = t.path().join("in.img");
-    random_image(&img, VDISK, 8);
+    let img = t.join("in.img");
+    random_image(&img, VDISK, seed);
     d.ok(&[
         "vdisk",
         "import",
@@ -212,6 +212,13 @@ fn a_missing_disk_gets_its_delay_and_a_pool_switched_off_waits() {
     ]);
     let victim = busiest_disk(&d, "b");
     d.stop();
+    (d, img, victim)
+}
+
+#[test]
+fn a_missing_disk_gets_its_delay_and_a_pool_switched_off_waits() {
+    let t = tempfile::tempdir().unwrap();
+    let (_, img, victim) = mirror_pool_stopped(t.path(), "4s", 4, 8);
 
     // The disk is gone at start: the pool waits for it, then repairs by itself.
     let moved = format!("{victim}.away");
@@ -233,7 +240,7 @@ fn a_missing_disk_gets_its_delay_and_a_pool_switched_off_waits() {
     let shown = d2.ok(&["pool", "auto-repair", "b", "off"]);
     assert!(shown.contains("automatic repair off"), "{shown}");
     d2.stop();
-    d = start(t.path(), "4s");
+    let mut d = start(t.path(), "4s");
     assert_eq!(d.json(&["pool", "show", "b"])["auto_repair"]["enabled"], false);
     let next = busiest_disk(&d, "b");
     d.ok(&["disk", "fail", "b", &next]);
@@ -296,23 +303,7 @@ fn repair_starts_in(d: &Daemon, pool: &str) -> Duration {
 #[test]
 fn a_restart_goes_on_counting_a_missing_disks_delay() {
     let t = tempfile::tempdir().unwrap();
-    let mut d = start(t.path(), "10m");
-    let members = disks(&t.path().join("disks"), 3, 512 * MIB);
-    create_pool(&d, "b", &members);
-    let img = t.path().join("in.img");
-    random_image(&img, VDISK, 9);
-    d.ok(&[
-        "vdisk",
-        "import",
-        "b/m",
-        img.to_str().unwrap(),
-        "--layout",
-        "mirror",
-        "--columns",
-        "1",
-    ]);
-    let victim = busiest_disk(&d, "b");
-    d.stop();
+    let (_, _, victim) = mirror_pool_stopped(t.path(), "10m", 3, 9);
     std::fs::rename(&victim, format!("{victim}.away")).unwrap();
 
     let mut d = start(t.path(), "10m");

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 use tessera_pool::validate_name;
-use tessera_volume::{Engine, LayoutKind, Provisioning, VdiskSpec};
+use tessera_volume::{Engine, LayoutKind, Provisioning, VdiskSpec, VdiskState};
 use tracing::{info, warn};
 
 use crate::error::{ReplError, Result};
@@ -257,11 +257,22 @@ fn run<S: Read + Write>(
     let marker: Option<Marker> = std::fs::read(&marker_path)
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok());
-    if engine.vdisk(&snap_name).is_ok() {
+    if let Ok(snap) = engine.vdisk(&snap_name) {
         // The sender asks again for a cycle whose commit it did not hear of, if this site
         // committed it: recorded so, or its snapshot taken and the marker not yet gone. Any
         // other snapshot of that name is not this cycle's (a replication made before under
         // the same name left it): answering done would make it the sender's base.
+        //
+        // Only a snapshot made whole, and durable now, is an answer: one still being made
+        // (the first try's commit goes on here after the connection was cut) or left half
+        // made by a failed commit is deleted by a restart, and the sender, told done, would
+        // drop the base the next cycle needs and keep a cycle this site does not hold.
+        if snap.config().state != VdiskState::Online {
+            return Err(ReplError::Invalid(format!(
+                "the snapshot '{snap_name}' of this cycle is still being made here (or was left half made, which a restart of this daemon clears): try again later"
+            )));
+        }
+        engine.flush()?;
         let recorded = site.last_committed(&begin.pool, &begin.vdisk).as_deref() == Some(begin.snapshot.as_str());
         if !recorded {
             if !marker.as_ref().is_some_and(|m| m.snapshot == begin.snapshot) {

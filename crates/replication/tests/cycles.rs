@@ -147,6 +147,48 @@ fn cycles_send_only_what_changed_and_leave_bit_exact_replicas() {
     assert!(r.problems.is_empty(), "{:#?}", r.problems);
 }
 
+/// A cycle asked again while its snapshot is still being made here, or was left half made,
+/// is not answered done: the sender would make it its base and drop the one before, and a
+/// restart here deletes a half-made snapshot. Made whole, the next try is done.
+#[test]
+fn a_cycle_asked_again_while_its_snapshot_is_half_made_is_not_done() {
+    let src = site(2, 128 * MIB);
+    let dst = site(2, 128 * MIB);
+    let mut spec = VdiskSpec::new("vol", 16 * MIB, LayoutKind::Mirror);
+    spec.provisioning = Provisioning::Thin;
+    spec.grain_size = Some(GRAIN);
+    let v = src.engine.create_vdisk(&spec).unwrap();
+    v.write(0, &noise(1, MIB as usize), false).unwrap();
+    src.engine.snapshot("vol", "s1").unwrap();
+    let (sent, _) = cycle(&src, &dst, "s1", None, None);
+    sent.unwrap();
+    v.write(MIB, &noise(2, MIB as usize), false).unwrap();
+    src.engine.snapshot("vol", "s2").unwrap();
+    // The first try's data went in, and its snapshot was left half made.
+    let marker = dst.dir.path().join("cycles").join("p").join("vol.cycle");
+    std::fs::create_dir_all(marker.parent().unwrap()).unwrap();
+    std::fs::write(&marker, br#"{"base":"s1","snapshot":"s2"}"#).unwrap();
+    dst.engine.damage_half_made_snapshot("vol", "s2").unwrap();
+    let (sent, got) = cycle(&src, &dst, "s2", Some("s1"), None);
+    let e = got.unwrap_err().to_string();
+    assert!(e.contains("still being made"), "{e}");
+    assert!(sent.is_err(), "the sender was told done for a half-made snapshot");
+    assert_ne!(
+        dst.committed.lock().unwrap().get("p/vol").map(String::as_str),
+        Some("s2"),
+        "recorded as committed"
+    );
+    // What a restart does with it; then the cycle goes on.
+    dst.engine.delete_vdisk("vol@s2").unwrap();
+    let (sent, got) = cycle(&src, &dst, "s2", Some("s1"), None);
+    sent.unwrap();
+    got.unwrap();
+    assert_eq!(
+        image(&dst.engine.vdisk("vol@s2").unwrap()),
+        image(&src.engine.vdisk("vol@s2").unwrap())
+    );
+}
+
 #[test]
 fn a_cycle_asked_again_is_done_and_a_snapshot_of_its_name_from_elsewhere_is_refused() {
     let src = site(2, 128 * MIB);

@@ -85,7 +85,7 @@ impl Engine {
 
     /// A thin vdisk with the layout, grain and block sizes of `s`: what its grains can be
     /// shared with.
-    fn thin_spec_like(s: &Vdisk, name: &str) -> VdiskSpec {
+    pub(crate) fn thin_spec_like(s: &Vdisk, name: &str) -> VdiskSpec {
         let c = s.config();
         let mut spec = VdiskSpec::new(name, c.size, c.layout.kind);
         spec.copies = Some(c.layout.copies);

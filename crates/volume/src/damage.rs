@@ -7,6 +7,7 @@
 
 use std::ops::Range;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use tessera_pool::{MetaBatch, CF_GRAINS, CF_GRAINSETS, CF_REFCOUNTS, CF_SLABSETS};
 
@@ -42,6 +43,15 @@ pub enum Unreadable {
 }
 
 impl Engine {
+    /// Leaves snapshot `snapshot` of `vdisk` half made, as a snapshot whose fill stopped
+    /// (a crash, a commit that failed) leaves it until the next start deletes it: its record
+    /// marked `Creating`, nothing of the image in it.
+    pub fn damage_half_made_snapshot(&self, vdisk: &str, snapshot: &str) -> Result<Arc<Vdisk>> {
+        let s = self.vdisk(vdisk)?;
+        let spec = Self::thin_spec_like(&s, &format!("{vdisk}@{snapshot}"));
+        self.create_with(&spec, Some(vdisk.to_string()), crate::config::VdiskState::Creating)
+    }
+
     /// Makes a record about `vdisk`'s (mapped) grain unreadable, in the store only: memory
     /// keeps what it had, as when a store is damaged under a running pool, and an import
     /// reads what is left.

@@ -324,6 +324,60 @@ impl tessera_pool::MetaBackend for AppliedThenFailed {
     }
 }
 
+/// A pool of two in-memory disks whose records are kept by an [`AppliedThenFailed`] store.
+struct OnFailingStore {
+    dir: tempfile::TempDir,
+    disks: Vec<tessera_disk::DiskRef>,
+    records: tessera_pool::MemoryMeta,
+    armed: std::sync::Arc<AtomicBool>,
+}
+
+impl OnFailingStore {
+    fn new() -> OnFailingStore {
+        OnFailingStore {
+            dir: tempfile::tempdir().unwrap(),
+            disks: (0..2)
+                .map(|i| {
+                    std::sync::Arc::new(tessera_disk::MemDisk::new(&format!("mem{i}"), 64 * MIB))
+                        as tessera_disk::DiskRef
+                })
+                .collect(),
+            records: tessera_pool::MemoryMeta::new(),
+            armed: Default::default(),
+        }
+    }
+
+    fn store(&self) -> tessera_pool::MetaStore {
+        tessera_pool::MetaStore::on(AppliedThenFailed {
+            inner: self.records.clone(),
+            armed: self.armed.clone(),
+        })
+    }
+
+    /// The pool made (slabs of 1 MiB, checksums on).
+    fn create(&self) -> tessera_volume::Engine {
+        tessera_volume::Engine::create_pool_with_meta(self.dir.path(), "t", self.disks.clone(), MIB, self.store(), true)
+            .unwrap()
+    }
+
+    /// The pool opened again from the records, as a restart would.
+    fn reopen(&self) -> tessera_volume::Engine {
+        let opener = |p: &str| -> Result<tessera_disk::DiskRef, tessera_disk::DiskError> {
+            Ok(self
+                .disks
+                .iter()
+                .find(|d| d.path() == p)
+                .expect("a disk of the pool")
+                .clone())
+        };
+        tessera_volume::Engine::open_with_meta(self.dir.path(), &opener, self.store()).unwrap()
+    }
+
+    fn arm(&self, on: bool) {
+        self.armed.store(on, Ordering::SeqCst);
+    }
+}
+
 /// A trim whose metadata commit failed may still be applied: the engine must then vouch for
 /// nothing it answered from memory. Memory still maps the grain, so the host's rewrite of it
 /// goes in place and is answered; its flush, and a write through, must fail, as every change
@@ -331,24 +385,8 @@ impl tessera_pool::MetaBackend for AppliedThenFailed {
 /// unmapped. Before, the flush succeeded over a write the next opening loses.
 #[test]
 fn a_metadata_change_of_unknown_outcome_fails_every_flush_until_the_pool_is_opened_again() {
-    use std::sync::Arc;
-    use tessera_disk::{DiskRef, MemDisk};
-    use tessera_pool::{MemoryMeta, MetaStore};
-    use tessera_volume::Engine;
-
-    let dir = tempfile::tempdir().unwrap();
-    let disks: Vec<DiskRef> = (0..2)
-        .map(|i| Arc::new(MemDisk::new(&format!("mem{i}"), 64 * MIB)) as DiskRef)
-        .collect();
-    let records = MemoryMeta::new();
-    let armed = Arc::new(AtomicBool::new(false));
-    let store = |armed: &Arc<AtomicBool>| {
-        MetaStore::on(AppliedThenFailed {
-            inner: records.clone(),
-            armed: armed.clone(),
-        })
-    };
-    let e = Engine::create_pool_with_meta(dir.path(), "t", disks.clone(), MIB, store(&armed), true).unwrap();
+    let pool = OnFailingStore::new();
+    let e = pool.create();
     let v = e
         .create_vdisk(&spec("v", SIZE, LayoutKind::Simple, Provisioning::Thin))
         .unwrap();
@@ -356,10 +394,10 @@ fn a_metadata_change_of_unknown_outcome_fails_every_flush_until_the_pool_is_open
     v.write(0, &pattern(1, 0, 4 * grain), false).unwrap();
     v.flush().unwrap();
 
-    armed.store(true, Ordering::SeqCst);
+    pool.arm(true);
     let trimmed = v.trim(0, grain as u64).expect_err("the store said the trim failed");
     assert!(trimmed.to_string().contains("may or may not be applied"), "{trimmed}");
-    armed.store(false, Ordering::SeqCst);
+    pool.arm(false);
     // In place, from memory: answered, but never vouched for.
     v.write(0, &pattern(2, 0, grain), false).unwrap();
     let flush = v
@@ -380,14 +418,7 @@ fn a_metadata_change_of_unknown_outcome_fails_every_flush_until_the_pool_is_open
     drop(e);
 
     // Opened again from the records: the trim was applied, and the pool goes on.
-    let opener = |p: &str| -> Result<DiskRef, tessera_disk::DiskError> {
-        Ok(disks
-            .iter()
-            .find(|d| d.path() == p)
-            .expect("a disk of the pool")
-            .clone())
-    };
-    let e = Engine::open_with_meta(dir.path(), &opener, store(&armed)).unwrap();
+    let e = pool.reopen();
     let v = e.vdisk("v").unwrap();
     let mut got = vec![0u8; 4 * grain];
     v.read(0, &mut got).unwrap();
@@ -407,24 +438,8 @@ fn a_metadata_change_of_unknown_outcome_fails_every_flush_until_the_pool_is_open
 /// another grain's data would be read there once the pool is opened again from the records.
 #[test]
 fn no_slot_is_handed_out_after_a_metadata_change_of_unknown_outcome() {
-    use std::sync::Arc;
-    use tessera_disk::{DiskRef, MemDisk};
-    use tessera_pool::{MemoryMeta, MetaStore};
-    use tessera_volume::Engine;
-
-    let dir = tempfile::tempdir().unwrap();
-    let disks: Vec<DiskRef> = (0..2)
-        .map(|i| Arc::new(MemDisk::new(&format!("mem{i}"), 64 * MIB)) as DiskRef)
-        .collect();
-    let records = MemoryMeta::new();
-    let armed = Arc::new(AtomicBool::new(false));
-    let store = || {
-        MetaStore::on(AppliedThenFailed {
-            inner: records.clone(),
-            armed: armed.clone(),
-        })
-    };
-    let e = Engine::create_pool_with_meta(dir.path(), "t", disks.clone(), MIB, store(), true).unwrap();
+    let pool = OnFailingStore::new();
+    let e = pool.create();
     let grain = 16 << 10;
     // One slab set of 128 slots (two columns of 1 MiB): v takes all but one.
     let v = e
@@ -436,23 +451,16 @@ fn no_slot_is_handed_out_after_a_metadata_change_of_unknown_outcome() {
     v.write(0, &pattern(1, 0, 127 * grain), false).unwrap();
     v.flush().unwrap();
 
-    armed.store(true, Ordering::SeqCst);
+    pool.arm(true);
     let mine = pattern(2, 127 * grain as u64, grain);
     assert!(v.write(127 * grain as u64, &mine, false).is_err());
-    armed.store(false, Ordering::SeqCst);
+    pool.arm(false);
     // w's first write would take the one free slot: the one the records give to v's grain.
     assert!(w.write(0, &pattern(3, 0, grain), false).is_err());
     drop((v, w));
     drop(e);
 
-    let opener = |p: &str| -> Result<DiskRef, tessera_disk::DiskError> {
-        Ok(disks
-            .iter()
-            .find(|d| d.path() == p)
-            .expect("a disk of the pool")
-            .clone())
-    };
-    let e = Engine::open_with_meta(dir.path(), &opener, store()).unwrap();
+    let e = pool.reopen();
     let mut got = vec![0u8; grain];
     e.vdisk("v").unwrap().read(127 * grain as u64, &mut got).unwrap();
     assert!(got == mine, "v's grain reads another grain's data");
