@@ -240,7 +240,7 @@ fn a_missing_disk_gets_its_delay_and_a_pool_switched_off_waits() {
     let shown = d2.ok(&["pool", "auto-repair", "b", "off"]);
     assert!(shown.contains("automatic repair off"), "{shown}");
     d2.stop();
-    let mut d = start(t.path(), "4s");
+    let d = start(t.path(), "4s");
     assert_eq!(d.json(&["pool", "show", "b"])["auto_repair"]["enabled"], false);
     let next = busiest_disk(&d, "b");
     d.ok(&["disk", "fail", "b", &next]);

@@ -601,6 +601,12 @@ fn marker_path(cycles_dir: &std::path::Path, pool: &str, vdisk: &str) -> PathBuf
     cycles_dir.join(pool).join(format!("{vdisk}.cycle"))
 }
 
+/// Whether a cycle into `pool/vdisk` was cut short (its marker stands): the replica's working
+/// copy then holds part of two cycles until the next cycle puts it back to its base.
+pub fn cycle_cut(cycles_dir: &std::path::Path, pool: &str, vdisk: &str) -> bool {
+    marker_path(cycles_dir, pool, vdisk).exists()
+}
+
 /// Forgets the cycle that was being received into `pool/vdisk`, if any: the next one, from
 /// whichever sender, starts by putting the replica back to its base.
 pub fn forget_cycle(cycles_dir: &std::path::Path, pool: &str, vdisk: &str) -> std::io::Result<()> {

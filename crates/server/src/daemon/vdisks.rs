@@ -31,7 +31,9 @@ impl Daemon {
                 "vdisk '{pool}/{src}' is in use by job(s) {jobs:?}; clone it when they end"
             )));
         }
-        let (v, stats) = e.clone_vdisk(src, &req.name)?;
+        // A clone of a replica's working copy taken while a cycle writes it would keep two
+        // cycles' data mixed for good.
+        let (v, stats) = self.with_replica_at_rest(pool, src, "cloned", || Ok(e.clone_vdisk(src, &req.name)?))?;
         self.changed(
             "vdisk.cloned",
             pool,
@@ -248,12 +250,16 @@ impl Daemon {
         // The daemon's own files (pools' metadata, keys, configuration) are never a target, nor
         // anything outside `data_paths` where they are configured: checked on the file opened,
         // whatever link or directory leads there.
-        let file =
-            image::create_target(&path, req.overwrite, v.size(), &self.data_paths()).map_err(ApiError::invalid)?;
-        let job = self.jobs.spawn("export", &format!("{pool}/{name}"), move |p| {
-            let r = image::export(&v, file, &path, p)?;
-            Ok(serde_json::to_value(r).expect("serializable"))
-        });
+        // Started while no cycle writes a replica's working copy (and its file made only
+        // then); a cycle then waits for it.
+        let job = self.with_replica_at_rest(pool, name, "exported to an image", || {
+            let file =
+                image::create_target(&path, req.overwrite, v.size(), &self.data_paths()).map_err(ApiError::invalid)?;
+            Ok(self.jobs.spawn("export", &format!("{pool}/{name}"), move |p| {
+                let r = image::export(&v, file, &path, p)?;
+                Ok(serde_json::to_value(r).expect("serializable"))
+            }))
+        })?;
         Ok(job.view())
     }
 

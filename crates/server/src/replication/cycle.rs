@@ -137,15 +137,65 @@ impl Daemon {
             })
             .map_err(|e| e.message)?;
         // Pending snapshots that do not exist yet: a new round, or one whose snapshots a
-        // crash kept from being taken (all or none of a round are).
-        let mut by_pool: std::collections::BTreeMap<String, Vec<(String, String)>> = Default::default();
+        // crash kept from being taken (a round's are taken together).
+        let (mut missing, mut present, mut done) = (Vec::new(), Vec::new(), false);
         for m in members {
             let Ok(o) = self.replication.outgoing(m) else { continue };
-            let Some(p) = o.pending else { continue };
+            let Some(p) = o.pending else {
+                done = true; // its cycle of this round is over
+                continue;
+            };
             let e = self.engine(&o.pool).map_err(|e| e.message)?;
+            let pair = (o.pool.clone(), o.vdisk.clone(), p.clone());
             if e.vdisk(&format!("{}@{p}", o.vdisk)).is_err() {
-                by_pool.entry(o.pool.clone()).or_default().push((o.vdisk.clone(), p));
+                missing.push(pair);
+            } else {
+                present.push(pair);
             }
+        }
+        // A round torn (some of its snapshots there, some not: a crash between the members'
+        // fills, or a rollback that could not delete): taken now, the missing ones would be
+        // of a later instant than the others under the same name, and a promotion at the
+        // replica would put the two instants together. The round is given up and taken
+        // again whole under a new number.
+        if !missing.is_empty() && (!present.is_empty() || done) {
+            for (pool, vdisk, p) in &present {
+                let e = self.engine(pool).map_err(|e| e.message)?;
+                e.delete_vdisk(&format!("{vdisk}@{p}")).map_err(|e| e.to_string())?;
+            }
+            let at = now();
+            self.replication
+                .change(|s| {
+                    let seq = members
+                        .iter()
+                        .filter_map(|m| s.outgoing.get(m))
+                        .map(|o| o.seq)
+                        .max()
+                        .unwrap_or(0)
+                        + 1;
+                    for m in members {
+                        if let Some(x) = s.outgoing.get_mut(m) {
+                            let key = x.group.clone().unwrap_or_else(|| m.clone());
+                            x.seq = seq;
+                            x.pending = Some(format!("{SNAPSHOT_PREFIX}{key}-{seq}"));
+                            x.pending_at = Some(at);
+                        }
+                    }
+                    Ok(())
+                })
+                .map_err(|e| e.message)?;
+            warn!(members = ?members, "a round of a consistency group lacked some of its snapshots: taken again whole, under a new number");
+            missing.clear();
+            for m in members {
+                let Ok(o) = self.replication.outgoing(m) else { continue };
+                if let Some(p) = o.pending {
+                    missing.push((o.pool.clone(), o.vdisk.clone(), p));
+                }
+            }
+        }
+        let mut by_pool: std::collections::BTreeMap<String, Vec<(String, String)>> = Default::default();
+        for (pool, vdisk, p) in missing {
+            by_pool.entry(pool).or_default().push((vdisk, p));
         }
         for (pool, pairs) in by_pool {
             let e = self.engine(&pool).map_err(|e| e.message)?;

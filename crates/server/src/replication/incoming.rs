@@ -404,6 +404,12 @@ impl ReplicaSite for Site {
         if live.promoting.contains(&key) {
             return Err(format!("'{key}' is being promoted here: a peer never writes it again"));
         }
+        // An image being written from the working copy would take part of two cycles.
+        if let Some(job) = self.d.jobs.running("export", &key) {
+            return Err(format!(
+                "'{key}' is being exported to an image (job {job}): the cycle waits for it"
+            ));
+        }
         let handle = self.handle()?;
         // Recorded before anything is written or made: from here on the vdisk is a replica.
         self.d
@@ -1017,6 +1023,36 @@ impl Daemon {
     }
 
     /// Refuses what would change a replica held for a peer: only its peer's cycles write it.
+    /// Runs `f` with no cycle writing replica `pool/vdisk` nor starting meanwhile (under the
+    /// live lock: a cycle also waits for an export job of it, `ReceiverSite::writing`);
+    /// refused while a cycle is under way, or was cut short and left part of two cycles in the
+    /// working copy. Anything but a replica runs `f` as it is.
+    pub(crate) fn with_replica_at_rest<T>(
+        &self,
+        pool: &str,
+        vdisk: &str,
+        what: &str,
+        f: impl FnOnce() -> ApiResult<T>,
+    ) -> ApiResult<T> {
+        if !self.is_replica(pool, vdisk)? {
+            return f();
+        }
+        let key = format!("{pool}/{vdisk}");
+        let live = self.replication.live.lock();
+        if live.receiving.contains(&key)
+            || live.promoting.contains(&key)
+            || tessera_replication::cycle_cut(&super::cycles_dir(&self.cfg.state_dir), pool, vdisk)
+        {
+            return Err(ApiError::busy(format!(
+                "'{key}' is a replica, and a cycle is writing it (or was cut short, leaving part of two cycles in \
+                 it until the next one): it cannot be {what} now; its snapshots are the consistent points"
+            )));
+        }
+        let r = f();
+        drop(live);
+        r
+    }
+
     pub(crate) fn refuse_if_replica(&self, pool: &str, vdisk: &str, what: &str) -> ApiResult<()> {
         if self.is_replica(pool, vdisk)? {
             return Err(ApiError::invalid(format!(
