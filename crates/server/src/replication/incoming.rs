@@ -1022,9 +1022,8 @@ impl Daemon {
             .map_err(|e| e.message)
     }
 
-    /// Refuses what would change a replica held for a peer: only its peer's cycles write it.
     /// Runs `f` with no cycle writing replica `pool/vdisk` nor starting meanwhile (under the
-    /// live lock: a cycle also waits for an export job of it, `ReceiverSite::writing`);
+    /// live lock: a cycle also waits for an export job of it, `Site::writing`);
     /// refused while a cycle is under way, or was cut short and left part of two cycles in the
     /// working copy. Anything but a replica runs `f` as it is.
     pub(crate) fn with_replica_at_rest<T>(
@@ -1053,6 +1052,7 @@ impl Daemon {
         r
     }
 
+    /// Refuses what would change a replica held for a peer: only its peer's cycles write it.
     pub(crate) fn refuse_if_replica(&self, pool: &str, vdisk: &str, what: &str) -> ApiResult<()> {
         if self.is_replica(pool, vdisk)? {
             return Err(ApiError::invalid(format!(
