@@ -269,7 +269,7 @@ fn run<S: Read + Write>(
         // drop the base the next cycle needs and keep a cycle this site does not hold.
         if snap.config().state != VdiskState::Online {
             return Err(ReplError::Invalid(format!(
-                "the snapshot '{snap_name}' of this cycle is still being made here (or was left half made, which a restart of this daemon clears): try again later"
+                "the snapshot '{snap_name}' of this cycle is still being made here (or was left half made, which a restart of this daemon, or deleting that snapshot, clears): try again later"
             )));
         }
         engine.flush()?;

@@ -82,7 +82,17 @@ impl Daemon {
             }
         })?;
         let mut views = Vec::new();
-        for m in members {
+        // Those whose last delivered round is older go first: a round stops at its first
+        // failure, so a member never gets two rounds ahead of another at the replica, whose
+        // pruning would then leave the group no snapshot in common to promote to.
+        let mut order: Vec<&String> = members.iter().collect();
+        order.sort_by_key(|m| {
+            self.replication
+                .outgoing(m)
+                .ok()
+                .and_then(|o| o.base.as_deref().and_then(round_number))
+        });
+        for m in order {
             let started_at = now();
             let Ok(o) = self.replication.outgoing(m) else { continue };
             if o.pending.is_none() {
@@ -159,10 +169,8 @@ impl Daemon {
         // replica would put the two instants together. The round is given up and taken
         // again whole under a new number.
         if !missing.is_empty() && (!present.is_empty() || done) {
-            for (pool, vdisk, p) in &present {
-                let e = self.engine(pool).map_err(|e| e.message)?;
-                e.delete_vdisk(&format!("{vdisk}@{p}")).map_err(|e| e.to_string())?;
-            }
+            // Numbered anew before anything goes: a failure between leaves a snapshot of the
+            // old number behind (deleted by hand), never a round whose number is taken twice.
             let at = now();
             self.replication
                 .change(|s| {
@@ -185,6 +193,9 @@ impl Daemon {
                 })
                 .map_err(|e| e.message)?;
             warn!(members = ?members, "a round of a consistency group lacked some of its snapshots: taken again whole, under a new number");
+            for (pool, vdisk, p) in &present {
+                self.drop_replication_snapshot(pool, vdisk, p);
+            }
             missing.clear();
             for m in members {
                 let Ok(o) = self.replication.outgoing(m) else { continue };
@@ -383,6 +394,11 @@ impl Daemon {
             warn!(pool, snapshot = %full, error = %err, "cannot delete an old replication snapshot");
         }
     }
+}
+
+/// The round number of a replication snapshot's name (`repl-KEY-N`).
+fn round_number(snapshot: &str) -> Option<u64> {
+    snapshot.rsplit_once('-')?.1.parse().ok()
 }
 
 fn link_view(rtt_ms: f64, retransmits: u64, segments_out: u64, goodput: f64, delivery_rate: u64) -> LinkView {

@@ -404,7 +404,10 @@ impl ReplicaSite for Site {
         if live.promoting.contains(&key) {
             return Err(format!("'{key}' is being promoted here: a peer never writes it again"));
         }
-        // An image being written from the working copy would take part of two cycles.
+        // A clone or an image being made of the working copy would take part of two cycles.
+        if live.copying.contains(&key) {
+            return Err(format!("'{key}' is being cloned here: the cycle waits for it"));
+        }
         if let Some(job) = self.d.jobs.running("export", &key) {
             return Err(format!(
                 "'{key}' is being exported to an image (job {job}): the cycle waits for it"
@@ -599,6 +602,16 @@ impl Daemon {
             live.promoting.extend(keys.iter().cloned());
         }
         let _promoting = Promoting(&self.replication, &keys);
+        // An image being made of a working copy would read it put back under it: cut, as the
+        // cycle is (a failover is not held off by an export).
+        for k in &keys {
+            if let Some(job) = self.jobs.running("export", k) {
+                self.jobs.cancel_because(
+                    job,
+                    &format!("'{k}' is being promoted: its image would mix two instants"),
+                );
+            }
+        }
         // A cycle under way is cut (its connections shut, every stream of it), as a network
         // failure would cut it: the replica goes back to its last consistent snapshot below
         // all the same, and a source, however slowly it sends, cannot hold off a failover.
@@ -1037,9 +1050,10 @@ impl Daemon {
             return f();
         }
         let key = format!("{pool}/{vdisk}");
-        let live = self.replication.live.lock();
+        let mut live = self.replication.live.lock();
         if live.receiving.contains(&key)
             || live.promoting.contains(&key)
+            || live.copying.contains(&key)
             || tessera_replication::cycle_cut(&super::cycles_dir(&self.cfg.state_dir), pool, vdisk)
         {
             return Err(ApiError::busy(format!(
@@ -1047,8 +1061,12 @@ impl Daemon {
                  it until the next one): it cannot be {what} now; its snapshots are the consistent points"
             )));
         }
-        let r = f();
+        // Claimed, and the lock let go: a clone takes as long as the vdisk has grains, and
+        // every other replica's cycles take the lock meanwhile.
+        live.copying.insert(key.clone());
         drop(live);
+        let r = f();
+        self.replication.live.lock().copying.remove(&key);
         r
     }
 

@@ -151,6 +151,9 @@ pub(crate) struct Live {
     pub streams: BTreeMap<String, Vec<incoming::Listed>>,
     /// Incoming replicas a promotion is taking over: no cycle may claim them meanwhile.
     pub promoting: BTreeSet<String>,
+    /// Incoming replicas whose working copy is being cloned here (at rest): no cycle may
+    /// claim them meanwhile (`Daemon::with_replica_at_rest`).
+    pub copying: BTreeSet<String>,
     /// Outgoing replicas past their RPO, and those whose last cycle failed (told once each).
     pub rpo_exceeded: BTreeSet<String>,
     pub failing: BTreeSet<String>,
