@@ -10,7 +10,7 @@ use tessera_replication::{send_streams, ReplError, Target, Transport};
 use tessera_volume::Progress;
 use tracing::{info, warn};
 
-use super::{no_replica, now, Outgoing, SNAPSHOT_PREFIX};
+use super::{no_replica, now, Outgoing, Saved, SNAPSHOT_PREFIX};
 use crate::error::{ApiError, ApiResult};
 use crate::events::{NewEvent, Severity};
 use crate::jobs::JobView;
@@ -134,15 +134,7 @@ impl Daemon {
                 if all.iter().any(|o| o.pending.is_some()) {
                     return Ok(());
                 }
-                let seq = all.iter().map(|o| o.seq).max().unwrap_or(0) + 1;
-                for m in members {
-                    if let Some(x) = s.outgoing.get_mut(m) {
-                        let key = x.group.clone().unwrap_or_else(|| m.clone());
-                        x.seq = seq;
-                        x.pending = Some(format!("{SNAPSHOT_PREFIX}{key}-{seq}"));
-                        x.pending_at = Some(at);
-                    }
-                }
+                number_new_round(s, members, at);
                 Ok(())
             })
             .map_err(|e| e.message)?;
@@ -174,21 +166,7 @@ impl Daemon {
             let at = now();
             self.replication
                 .change(|s| {
-                    let seq = members
-                        .iter()
-                        .filter_map(|m| s.outgoing.get(m))
-                        .map(|o| o.seq)
-                        .max()
-                        .unwrap_or(0)
-                        + 1;
-                    for m in members {
-                        if let Some(x) = s.outgoing.get_mut(m) {
-                            let key = x.group.clone().unwrap_or_else(|| m.clone());
-                            x.seq = seq;
-                            x.pending = Some(format!("{SNAPSHOT_PREFIX}{key}-{seq}"));
-                            x.pending_at = Some(at);
-                        }
-                    }
+                    number_new_round(s, members, at);
                     Ok(())
                 })
                 .map_err(|e| e.message)?;
@@ -392,6 +370,26 @@ impl Daemon {
         }
         if let Err(err) = e.delete_vdisk(&full) {
             warn!(pool, snapshot = %full, error = %err, "cannot delete an old replication snapshot");
+        }
+    }
+}
+
+/// Gives every member of a round the next round number (after the highest any of them had)
+/// and its snapshot's name, pending since `at`.
+fn number_new_round(s: &mut Saved, members: &[String], at: u64) {
+    let seq = members
+        .iter()
+        .filter_map(|m| s.outgoing.get(m))
+        .map(|o| o.seq)
+        .max()
+        .unwrap_or(0)
+        + 1;
+    for m in members {
+        if let Some(x) = s.outgoing.get_mut(m) {
+            let key = x.group.clone().unwrap_or_else(|| m.clone());
+            x.seq = seq;
+            x.pending = Some(format!("{SNAPSHOT_PREFIX}{key}-{seq}"));
+            x.pending_at = Some(at);
         }
     }
 }
