@@ -147,11 +147,10 @@ fn cycles_send_only_what_changed_and_leave_bit_exact_replicas() {
     assert!(r.problems.is_empty(), "{:#?}", r.problems);
 }
 
-/// A cycle asked again while its snapshot is still being made here, or was left half made,
-/// is not answered done: the sender would make it its base and drop the one before, and a
-/// restart here deletes a half-made snapshot. Made whole, the next try is done.
-#[test]
-fn a_cycle_asked_again_while_its_snapshot_is_half_made_is_not_done() {
+/// A source with a thin mirrored vdisk `vol`, its first MiB written and snapshot as `s1`,
+/// and a replica that `s1`'s cycle reached: the two sites, the vdisk, and what the replica
+/// reported of that cycle.
+fn pair_after_first_cycle() -> (Site, Site, std::sync::Arc<tessera_volume::Vdisk>, ReceiveReport) {
     let src = site(2, 128 * MIB);
     let dst = site(2, 128 * MIB);
     let mut spec = VdiskSpec::new("vol", 16 * MIB, LayoutKind::Mirror);
@@ -160,8 +159,17 @@ fn a_cycle_asked_again_while_its_snapshot_is_half_made_is_not_done() {
     let v = src.engine.create_vdisk(&spec).unwrap();
     v.write(0, &noise(1, MIB as usize), false).unwrap();
     src.engine.snapshot("vol", "s1").unwrap();
-    let (sent, _) = cycle(&src, &dst, "s1", None, None);
+    let (sent, got) = cycle(&src, &dst, "s1", None, None);
     sent.unwrap();
+    (src, dst, v, got.unwrap())
+}
+
+/// A cycle asked again while its snapshot is still being made here, or was left half made,
+/// is not answered done: the sender would make it its base and drop the one before, and a
+/// restart here deletes a half-made snapshot. Made whole, the next try is done.
+#[test]
+fn a_cycle_asked_again_while_its_snapshot_is_half_made_is_not_done() {
+    let (src, dst, v, _) = pair_after_first_cycle();
     v.write(MIB, &noise(2, MIB as usize), false).unwrap();
     src.engine.snapshot("vol", "s2").unwrap();
     // The first try's data went in, and its snapshot was left half made.
@@ -191,17 +199,8 @@ fn a_cycle_asked_again_while_its_snapshot_is_half_made_is_not_done() {
 
 #[test]
 fn a_cycle_asked_again_is_done_and_a_snapshot_of_its_name_from_elsewhere_is_refused() {
-    let src = site(2, 128 * MIB);
-    let dst = site(2, 128 * MIB);
-    let mut spec = VdiskSpec::new("vol", 16 * MIB, LayoutKind::Mirror);
-    spec.provisioning = Provisioning::Thin;
-    spec.grain_size = Some(GRAIN);
-    let v = src.engine.create_vdisk(&spec).unwrap();
-    v.write(0, &noise(1, MIB as usize), false).unwrap();
-    src.engine.snapshot("vol", "s1").unwrap();
-    let (sent, got) = cycle(&src, &dst, "s1", None, None);
-    sent.unwrap();
-    assert!(!got.unwrap().complete);
+    let (src, dst, v, got) = pair_after_first_cycle();
+    assert!(!got.complete);
     // The sender did not hear of the commit and asks again: done, nothing sent.
     let (sent, got) = cycle(&src, &dst, "s1", None, None);
     assert_eq!(sent.unwrap().sent_bytes, 0);

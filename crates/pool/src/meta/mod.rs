@@ -84,7 +84,8 @@ pub struct MetaStore {
     /// flush of the pool fails ([`whole`](Self::whole)), until the pool is opened again
     /// from its records: a write answered from memory (an overwrite in place of a grain
     /// whose unmapping may be applied) would otherwise be vouched for, and lost then.
-    unknown: parking_lot::Mutex<Option<String>>,
+    /// Set once, then only read: a flush, an allocation and a planned write each ask it.
+    unknown: std::sync::OnceLock<String>,
     /// Told of that change, once.
     on_unknown: Option<Box<dyn Fn(&str) + Send + Sync>>,
 }
@@ -104,7 +105,7 @@ impl MetaStore {
     pub fn on(backend: impl MetaBackend + 'static) -> MetaStore {
         MetaStore {
             backend: Box::new(backend),
-            unknown: parking_lot::Mutex::new(None),
+            unknown: std::sync::OnceLock::new(),
             on_unknown: None,
         }
     }
@@ -119,7 +120,7 @@ impl MetaStore {
     /// Fails once a change's outcome is not known: nothing this store holds in memory may
     /// be vouched for until the pool is opened again from its records.
     pub fn whole(&self) -> Result<()> {
-        match &*self.unknown.lock() {
+        match self.unknown.get() {
             Some(why) => Err(PoolError::Meta {
                 path: self.location(),
                 message: format!(
@@ -136,12 +137,7 @@ impl MetaStore {
     /// (the first one), tells the owner, and returns the error to give the caller.
     fn failed(&self, what: &str, e: PoolError) -> PoolError {
         let why = format!("{what} failed and may or may not be applied ({e})");
-        let first = {
-            let mut unknown = self.unknown.lock();
-            let first = unknown.is_none();
-            unknown.get_or_insert_with(|| why.clone());
-            first
-        };
+        let first = self.unknown.set(why.clone()).is_ok();
         if first {
             tracing::error!(store = %self.location(), error = %why, "the pool's metadata may differ from what it holds in memory: no change is committed and no flush succeeds until it is opened again");
             if let Some(tell) = &self.on_unknown {
