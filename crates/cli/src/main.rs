@@ -846,6 +846,9 @@ pub enum VdiskCmd {
         /// Replace IMAGE if it exists.
         #[arg(long)]
         overwrite: bool,
+        /// Maximum read rate of the vdisk's data per second, e.g. 200M.
+        #[arg(long, value_parser = parse_size)]
+        rate: Option<u64>,
         #[arg(long)]
         no_wait: bool,
     },

@@ -254,6 +254,16 @@ fn import_export_round_trip_is_bit_exact_and_sparse() {
     d.ok(&["vdisk", "export", "p/img", out.to_str().unwrap(), "--overwrite"]);
     assert!(read_back_matches(&img, &out));
 
+    let e = d.fails(&[
+        "vdisk",
+        "export",
+        "p/img",
+        out.to_str().unwrap(),
+        "--overwrite",
+        "--rate",
+        "0",
+    ]);
+    assert!(e.contains("a rate limit of 0 would never finish"), "{e}");
     // --no-wait returns a running (or finished) job at once; job wait follows it.
     let job = d.json(&[
         "vdisk",

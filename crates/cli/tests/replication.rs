@@ -484,6 +484,44 @@ fn a_promotion_cuts_the_cycle_under_way() {
     assert!(e.contains("is not a replica"), "{e}");
 }
 
+/// An image being made of a replica's working copy holds the next cycle off (the image would
+/// take part of two cycles), and a promotion does not wait for it: the export is cut.
+#[test]
+fn an_export_of_a_working_copy_holds_cycles_off_and_a_promotion_cuts_it() {
+    let (_t, _key, a, b) = two_sites();
+    a.d.ok(&["vdisk", "create", "p/db", "--size", "64M", "--layout", "mirror"]);
+    write_image(&a, "p/db", 16 << 20, 31);
+    a.replicate("p/db", &b.listen(), "q", "dr", &["--interval", "0"]);
+    a.d.ok(&["replica", "sync", "dr"]);
+    // 16 MiB of data read at 1 MiB/s: under way for about twelve seconds.
+    let img = b.dir.join("slow.img");
+    let job = b.d.json(&[
+        "vdisk",
+        "export",
+        "q/db",
+        img.to_str().unwrap(),
+        "--rate",
+        "1M",
+        "--no-wait",
+    ]);
+    let id = job["id"].as_u64().unwrap().to_string();
+    write_image(&a, "p/db", 1 << 20, 32);
+    let e = a.d.fails(&["replica", "sync", "dr"]);
+    assert!(e.contains("exported to an image"), "{e}");
+    let running = b.d.json(&["job", "show", &id]);
+    assert_eq!(
+        running["state"], "running",
+        "the export ended before the cycle was asked: {running}"
+    );
+    assert_eq!(b.d.json(&["replica", "show", "q/db"])["last_snapshot"], "repl-dr-1");
+    let out = b.d.ok(&["replica", "promote", "q/db"]);
+    assert!(out.contains("promoted"), "{out}");
+    let e = b.d.fails(&["job", "wait", &id]);
+    assert!(e.contains("export of q/db) cancelled: 'q/db' is being promoted"), "{e}");
+    let done = b.d.json(&["job", "show", &id]);
+    assert_eq!(done["state"], "cancelled", "{done}");
+}
+
 /// A source that holds the key may keep its cycle's extra stream open by sending a byte now
 /// and then, its first connection silent: the promotion cuts that stream too, and does not
 /// wait for it.

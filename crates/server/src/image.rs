@@ -94,6 +94,35 @@ fn zero_range(v: &Vdisk, off: u64, len: u64) -> Result<(), String> {
     Ok(())
 }
 
+/// Holds reads to a rate: before each read, its reader waits until the bytes read before it
+/// are due (the first read goes at once), in short naps so that a cancel is seen at once.
+struct Pace {
+    rate: Option<u64>,
+    start: std::time::Instant,
+    read: std::sync::atomic::AtomicU64,
+}
+
+impl Pace {
+    fn new(rate: Option<u64>) -> Pace {
+        Pace {
+            rate: rate.filter(|&r| r > 0),
+            start: std::time::Instant::now(),
+            read: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    fn take(&self, bytes: u64, p: &Progress) -> Result<(), String> {
+        let Some(rate) = self.rate else { return Ok(()) };
+        let before = self.read.fetch_add(bytes, Ordering::Relaxed);
+        let due = std::time::Duration::from_secs_f64(before as f64 / rate as f64);
+        while let Some(wait) = due.checked_sub(self.start.elapsed()) {
+            cancelled(p)?;
+            std::thread::sleep(wait.min(std::time::Duration::from_millis(100)));
+        }
+        Ok(())
+    }
+}
+
 fn cancelled(p: &Progress) -> Result<(), String> {
     if p.cancel.load(Ordering::Relaxed) {
         Err("cancelled".into())
@@ -324,8 +353,10 @@ fn refuse_pool_disk(by: &Path, path: &Path) -> Result<(), String> {
 
 /// Writes the whole vdisk to `f`, a few chunks at a time. Unmapped grains and zero blocks are
 /// skipped: in a fresh regular file they are holes. A block device gets them written as zeros.
-pub fn export(v: &Vdisk, f: File, path: &Path, p: &Progress) -> Result<ImageReport, String> {
+/// With `rate`, the vdisk's data is read at that many bytes per second at most.
+pub fn export(v: &Vdisk, f: File, path: &Path, rate: Option<u64>, p: &Progress) -> Result<ImageReport, String> {
     let size = v.size();
+    let pace = Pace::new(rate);
     let sparse_ok = f.metadata().map(|m| m.is_file()).unwrap_or(false);
     p.total_bytes.store(size, Ordering::Relaxed);
     let chunks = size.div_ceil(CHUNK as u64) as usize;
@@ -361,6 +392,7 @@ pub fn export(v: &Vdisk, f: File, path: &Path, p: &Progress) -> Result<ImageRepo
                 }
                 continue;
             }
+            pace.take(n as u64, p)?;
             v.read(o, &mut buf[..n]).map_err(|e| e.to_string())?;
             for (a, b, zero) in zero_runs(&buf[..n], ZERO_UNIT) {
                 let at = o + a as u64;

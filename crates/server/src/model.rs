@@ -519,6 +519,10 @@ pub struct ExportImage {
     /// Replace an existing file.
     #[serde(default)]
     pub overwrite: bool,
+    /// Bytes of the vdisk's data read per second, at most (unmapped ranges cost nothing):
+    /// an export from a pool in use leaves its disks to the hosts. None: as fast as it goes.
+    #[serde(default)]
+    pub rate_limit: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]

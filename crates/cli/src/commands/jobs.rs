@@ -115,13 +115,18 @@ pub(super) fn follow(c: &Ctx, raw: Value, no_wait: bool) -> R {
             }
             Ok(())
         }
-        s => Err(ClientError::Transport(format!(
-            "job {id} ({} of {}) {}: {}",
-            job.kind,
-            job.target,
-            s.as_str(),
-            job.error.as_deref().unwrap_or("no reason given")
-        ))),
+        s => {
+            let why = job.error.as_deref().unwrap_or("no reason given");
+            // A job the daemon cancelled says so in its reason ("cancelled: ...").
+            let told = match why.strip_prefix(s.as_str()) {
+                Some(rest) if rest.is_empty() || rest.starts_with(':') => why.to_string(),
+                _ => format!("{}: {why}", s.as_str()),
+            };
+            Err(ClientError::Transport(format!(
+                "job {id} ({} of {}) {told}",
+                job.kind, job.target
+            )))
+        }
     }
 }
 

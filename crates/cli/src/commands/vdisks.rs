@@ -307,6 +307,7 @@ pub(super) fn vdisk(c: &Ctx, cmd: VdiskCmd) -> R {
             vdisk,
             image,
             overwrite,
+            rate,
             no_wait,
         } => {
             let (p, n) = pool_vdisk(&vdisk)?;
@@ -315,6 +316,7 @@ pub(super) fn vdisk(c: &Ctx, cmd: VdiskCmd) -> R {
                 body(&ExportImage {
                     path: abs(&image)?,
                     overwrite,
+                    rate_limit: rate,
                 }),
             )?;
             follow(c, v, no_wait)?;

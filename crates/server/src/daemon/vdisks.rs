@@ -247,6 +247,12 @@ impl Daemon {
         if !path.is_absolute() {
             return Err(ApiError::invalid(format!("image path '{}' must be absolute", req.path)));
         }
+        if req.rate_limit == Some(0) {
+            return Err(ApiError::invalid(
+                "a rate limit of 0 would never finish; leave it out for no limit",
+            ));
+        }
+        let rate = req.rate_limit;
         // The daemon's own files (pools' metadata, keys, configuration) are never a target, nor
         // anything outside `data_paths` where they are configured: checked on the file opened,
         // whatever link or directory leads there.
@@ -256,7 +262,7 @@ impl Daemon {
             let file =
                 image::create_target(&path, req.overwrite, v.size(), &self.data_paths()).map_err(ApiError::invalid)?;
             Ok(self.jobs.spawn("export", &format!("{pool}/{name}"), move |p| {
-                let r = image::export(&v, file, &path, p)?;
+                let r = image::export(&v, file, &path, rate, p)?;
                 Ok(serde_json::to_value(r).expect("serializable"))
             }))
         })?;
