@@ -54,6 +54,9 @@ pub const MAX_BEHIND: usize = 24 << 20;
 /// The most a write held back for an object gathers before it goes anyway (bytes, pieces):
 /// one object's worth, and few enough pieces that the OSD's transaction stays small.
 const HELD_BYTES: usize = OBJECT_BYTES as usize;
+
+/// Removals of a destroyed disk's objects on their way at once.
+const REMOVING: usize = 64;
 const HELD_PIECES: usize = 64;
 
 pub struct FencedDisk {
@@ -262,19 +265,37 @@ impl FencedDisk {
     }
 
     /// Removes every object of the disk (what a destroyed pool leaves in the cluster); the
-    /// objects never written are skipped.
+    /// objects never written are skipped. [`REMOVING`] removals are on their way at a time:
+    /// one after the other, a disk of 10 TiB (2.6 million objects, written or not) took a
+    /// round trip each, most of an hour on a cluster answering in a millisecond.
     pub fn remove_objects(&self) -> Result<(), RadosError> {
         let inner = &self.inner;
         // Nothing of this disk may land after its objects went.
         let _ = inner.flush();
+        let gone = |sent: tessera_rados::PendingWrite| match sent.wait() {
+            Err(e) if e.errno() != Some(libc::ENOENT) => Err(e),
+            _ => Ok(()),
+        };
+        let mut sent = std::collections::VecDeque::with_capacity(REMOVING);
+        let mut first = Ok(());
         for index in 0..inner.size.div_ceil(OBJECT_BYTES) {
+            if sent.len() == REMOVING {
+                first = first.and(gone(sent.pop_front().expect("full")));
+            }
+            if first.is_err() {
+                break;
+            }
             inner.exists[index as usize].store(false, Ordering::Release);
-            match inner.pool.remove(&inner.oid(index)) {
-                Err(e) if e.errno() != Some(libc::ENOENT) => return Err(e),
-                _ => {}
+            match inner.pool.operate_async(&inner.oid(index), WriteOp::new().remove()) {
+                Ok(s) => sent.push_back(s),
+                Err(e) => first = first.and(Err(e)),
             }
         }
-        Ok(())
+        // Those on their way are waited for, whatever became of the others.
+        for s in sent {
+            first = first.and(gone(s));
+        }
+        first
     }
 }
 

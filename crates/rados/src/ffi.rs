@@ -49,6 +49,7 @@ extern "C" {
     pub fn rados_release_write_op(op: rados_write_op_t);
     pub fn rados_write_op_create(op: rados_write_op_t, exclusive: c_int, category: *const c_char);
     pub fn rados_write_op_assert_exists(op: rados_write_op_t);
+    pub fn rados_write_op_remove(op: rados_write_op_t);
     pub fn rados_write_op_write(op: rados_write_op_t, buffer: *const c_char, len: size_t, offset: u64);
     pub fn rados_write_op_write_full(op: rados_write_op_t, buffer: *const c_char, len: size_t);
     pub fn rados_write_op_setxattr(op: rados_write_op_t, name: *const c_char, value: *const c_char, value_len: size_t);

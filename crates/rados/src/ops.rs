@@ -20,6 +20,7 @@ enum Step {
     GuardXattr(String, XattrCmp, Vec<u8>),
     OmapSet(Vec<(Vec<u8>, Vec<u8>)>),
     OmapRemove(Vec<Vec<u8>>),
+    Remove,
 }
 
 /// How a guard compares an object's attribute with a value: `Lte` holds when the attribute is
@@ -74,6 +75,12 @@ impl WriteOp {
     /// make it).
     pub fn assert_exists(mut self) -> Self {
         self.steps.push(Step::AssertExists);
+        self
+    }
+
+    /// Removes the object; fails with `ENOENT` if there is none.
+    pub fn remove(mut self) -> Self {
+        self.steps.push(Step::Remove);
         self
     }
 
@@ -209,6 +216,7 @@ impl WriteOp {
             match step {
                 Step::Create { exclusive } => unsafe { rados_write_op_create(op, *exclusive as c_int, ptr::null()) },
                 Step::AssertExists => unsafe { rados_write_op_assert_exists(op) },
+                Step::Remove => unsafe { rados_write_op_remove(op) },
                 Step::Write { offset, data } => unsafe {
                     rados_write_op_write(op, data.as_ptr() as *const c_char, data.len(), *offset)
                 },
