@@ -321,6 +321,9 @@ impl Layouts {
             self.held_as_is.write().remove(s);
             self.pool.release_slab(*s);
         }
+        // A freed set holds nothing of any writer's (`lost_since` answers no for it): what
+        // it lost goes with it, rather than stay in memory until the pool is opened again.
+        self.held_since.write().remove(&id);
         Ok(())
     }
 
