@@ -28,8 +28,10 @@
 # librbd's cache (which answers a write once the OSDs have it: the same promise).
 #
 # Prints a markdown table of medians (IOPS for 4K, MiB/s for 256K) and Tessera / fio-rbd (with
-# and without librbd's cache) and Tessera / qemu-nbd, and how many operations the OSDs did per I/O of each fio run (their
-# perf counters).
+# and without librbd's cache) and Tessera / qemu-nbd, how many operations the OSDs did per I/O of each fio run (their
+# perf counters), and the CPU time each 4K I/O cost the OSDs, the gateway (Tessera's daemon,
+# qemu-nbd; none for librbd in fio's process) and the client (fio, `tessera bench`): what the
+# hop costs, on a machine whose cores all of them share.
 #
 # Needs: ceph-mon, ceph-osd, ceph-mgr, ceph-common (rbd), etcd, fio (with its rbd and nbd
 # engines), qemu-nbd with qemu-block-extra (its rbd driver), python3. The tessera binary
@@ -130,6 +132,7 @@ EOF
 start_tessera --config "$DIR/tessera.toml" --iscsi-listen 127.0.0.1:0 \
   --nbd-listen "127.0.0.1:$TESSERA_PORT" --nbd-insecure
 PORTAL=$(sed -n 's/^ *iSCSI portal: //p' "$DIR/logs/tessera.out" | head -1)
+TPID=$(cat "$DIR/tessera.pid")
 logged tessera-setup.log "$T" pool create tb --rados "$RPOOL" --ceph-conf "$CONF" \
   --capacity "$((SIZE_B * 2 + (1 << 30)))"
 logged tessera-setup.log "$T" vdisk create tb/vol --size "$SIZE_B" --layout simple --block-size 4096
@@ -142,6 +145,29 @@ logged fill.log timeout 1800 rbd -c "$CONF" bench --io-type write --io-pattern s
   --io-threads 8 --io-total "$SIZE_B" "$RPOOL/img"
 logged fill.log fio --name=fill --ioengine=nbd --uri="$T_URI" --rw=write --bs=4M --iodepth=8 \
   --size="$SIZE_B" --buffer_pattern=0xa5
+
+TICK=$(getconf CLK_TCK)
+ticks() { # PID... -> the CPU time (user + system, clock ticks) those processes used so far
+  local p t=0 n
+  for p in "$@"; do
+    n=$(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null) || n=0
+    t=$((t + ${n:-0}))
+  done
+  echo "$t"
+}
+osd_pids() { cat "$DIR"/cluster/run/osd.*.pid; }
+# run_timed OUT COMMAND...: runs COMMAND with its output in OUT; prints the CPU seconds (user +
+# system) it used, every thread of it (fio reports only its job thread's, not librbd's).
+run_timed() {
+  local out=$1; shift
+  { "$@" > "$out"; times; } | tail -1 | awk '{ split($1, u, "m"); split($2, s, "m"); print u[1] * 60 + u[2] + s[1] * 60 + s[2] }'
+}
+# cpu_per_io LOG OSD_TICKS GATEWAY_TICKS CLIENT_SECONDS IOS: writes "osd gateway client" (µs of
+# CPU per I/O) to LOG.cpu
+cpu_per_io() {
+  python3 -c 'import sys; log, o, g, c, n, tick = sys.argv[1:]; n = max(float(n), 1)
+open(log + ".cpu", "w").write("%.0f %.0f %.0f\n" % (int(o) / float(tick) / n * 1e6, int(g) / float(tick) / n * 1e6, float(c) / n * 1e6))' "$@" "$TICK"
+}
 
 osd_ops() { # -> the client operations (reads, writes, read-modify-writes) the OSDs did so far
   local id total=0 n
@@ -168,17 +194,24 @@ fio_run() { # log rw bs qd engine -> IOPS; writes the OSD operations per I/O to 
       >> "$DIR/logs/qemu-nbd.log" 2>&1 || { echo "qemu-nbd did not start: $DIR/logs/qemu-nbd.log" >&2; exit 1; }
   fi
   ops=$(osd_ops)
-  local conf=$CONF
+  local conf=$CONF gw=()
   [ "$engine" != rbd-nocache ] || conf=$DIR/nocache.conf
-  CEPH_CONF=$conf fio --name=b "${target[@]}" --rw="$rw" --bs="$bs" --iodepth="$qd" --numjobs=1 \
-      --size="$SIZE_B" --time_based --runtime="$DURATION" --buffer_pattern=0xa5 \
-      --output-format=json > "$log"
+  case $engine in nbd) gw=("$TPID");; qemu-nbd) gw=("$(cat "$DIR/qemu-nbd.pid")");; esac
+  local osd0 gw0
+  local client
+  osd0=$(ticks $(osd_pids)); gw0=$(ticks "${gw[@]}")
+  client=$(run_timed "$log" env CEPH_CONF="$conf" fio --name=b "${target[@]}" --rw="$rw" --bs="$bs" \
+      --iodepth="$qd" --numjobs=1 --size="$SIZE_B" --time_based --runtime="$DURATION" \
+      --buffer_pattern=0xa5 --output-format=json)
+  osd0=$(( $(ticks $(osd_pids)) - osd0 )); gw0=$(( $(ticks "${gw[@]}") - gw0 ))
   ops=$(( $(osd_ops) - ops ))
   [ "$engine" != qemu-nbd ] || stop_qemu_nbd
   python3 -c 'import json,sys; t=open(sys.argv[1]).read(); j=json.loads(t[t.index("{"):])["jobs"][0]
 ios = j["read"]["total_ios"] + j["write"]["total_ios"]
 open(sys.argv[1] + ".ops", "w").write("%.2f\n" % (int(sys.argv[2]) / max(ios, 1)))
+open(sys.argv[1] + ".ios", "w").write("%d\n" % ios)
 print(j["read"]["iops"] + j["write"]["iops"])' "$log" "$ops"
+  cpu_per_io "$log" "$osd0" "$gw0" "$client" "$(cat "$log.ios")"
 }
 
 tessera_bench_run() { # log rw bs qd [url [caching]] -> IOPS, over iSCSI unless told
@@ -187,8 +220,14 @@ tessera_bench_run() { # log rw bs qd [url [caching]] -> IOPS, over iSCSI unless 
     randread) args=(-r -w 0);; randwrite) args=(-r -w 100);;
     read) args=(-s -w 0);; write) args=(-s -w 100);;
   esac
-  "$T" --json bench "$url" "${args[@]}" -S"${6:-u}" -b "$bs" -o "$qd" -t 1 -d "$DURATION" > "$log"
-  python3 -c 'import json,sys; t=open(sys.argv[1]).read(); print(json.loads(t[t.index("{"):])["iops_mean"])' "$log"
+  local osd0 gw0 client
+  osd0=$(ticks $(osd_pids)); gw0=$(ticks "$TPID")
+  client=$(run_timed "$log" "$T" --json bench "$url" "${args[@]}" -S"${6:-u}" -b "$bs" -o "$qd" -t 1 -d "$DURATION")
+  osd0=$(( $(ticks $(osd_pids)) - osd0 )); gw0=$(( $(ticks "$TPID") - gw0 ))
+  python3 -c 'import json,sys; t=open(sys.argv[1]).read(); j=json.loads(t[t.index("{"):]); r=j["runs"][0]
+open(sys.argv[1] + ".ios", "w").write("%f\n" % (r["total"]["iops"] * r["seconds"]))
+print(j["iops_mean"])' "$log"
+  cpu_per_io "$log" "$osd0" "$gw0" "$client" "$(cat "$log.ios")"
 }
 
 rbd_bench_run() { # log rw bs qd -> IOPS
@@ -273,6 +312,23 @@ for w in rr4k rw4k sr256k sw256k; do
   printf '| %s | %s | %s | %s | %s |\n' "$w" "$(cat "$DIR"/logs/*-"$w"-fiorbd.json.ops | median)" \
     "$(cat "$DIR"/logs/*-"$w"-fiorbdnc.json.ops | median)" \
     "$(cat "$DIR"/logs/*-"$w"-qemunbd.json.ops | median)" "$(cat "$DIR"/logs/*-"$w"-nbd.json.ops | median)"
+done
+echo
+echo "CPU time per 4K I/O, µs (median): the OSDs / the gateway (Tessera's daemon; qemu-nbd) / the"
+echo "client (fio; \`tessera bench\` for iSCSI). librbd works in fio's process, the client there:"
+echo
+echo "| workload | fio rbd | fio rbd, no cache | qemu-nbd on rbd (fio) | Tessera NBD (fio) | Tessera iSCSI |"
+echo "|---|---|---|---|---|---|"
+cpu_median() { # WORKLOAD WHO -> "osd / gateway / client (total)", each the median over the runs
+  python3 -c 'import sys, glob, statistics as s
+rows = [list(map(float, open(f).read().split())) for f in sorted(glob.glob(sys.argv[1]))]
+if not rows: print("-"); sys.exit()
+m = [s.median(c) for c in zip(*rows)]
+print("%.0f / %.0f / %.0f (%.0f)" % (m[0], m[1], m[2], sum(m)))' "$DIR/logs/*-$1-$2.json.cpu"
+}
+for w in rr4k rw4k; do
+  printf '| %s | %s | %s | %s | %s | %s |\n' "$w" "$(cpu_median "$w" fiorbd)" "$(cpu_median "$w" fiorbdnc)" \
+    "$(cpu_median "$w" qemunbd)" "$(cpu_median "$w" nbd)" "$(cpu_median "$w" iscsi)"
 done
 echo
 echo "Tessera NBD / fio rbd in each run (the spread shows how much the shared machine moves):"
