@@ -264,6 +264,21 @@ fn import_export_round_trip_is_bit_exact_and_sparse() {
         "0",
     ]);
     assert!(e.contains("a rate limit of 0 would never finish"), "{e}");
+    // Held to its rate: 14 MiB of data at 8 MiB/s take more than a second (the first read
+    // goes at once), and the image is the vdisk all the same.
+    let small = t.path().join("paced.img");
+    random_image(&small, 16 << 20, 7);
+    d.json(&["vdisk", "import", "p/paced", small.to_str().unwrap()]);
+    let paced = t.path().join("paced-out.img");
+    let started = std::time::Instant::now();
+    d.ok(&["vdisk", "export", "p/paced", paced.to_str().unwrap(), "--rate", "8M"]);
+    let took = started.elapsed();
+    assert!(
+        took >= std::time::Duration::from_secs(1),
+        "not held to its rate: {took:?}"
+    );
+    assert!(read_back_matches(&small, &paced));
+    d.ok(&["vdisk", "delete", "p/paced"]);
     // --no-wait returns a running (or finished) job at once; job wait follows it.
     let job = d.json(&[
         "vdisk",

@@ -493,7 +493,7 @@ fn an_export_of_a_working_copy_holds_cycles_off_and_a_promotion_cuts_it() {
     write_image(&a, "p/db", 16 << 20, 31);
     a.replicate("p/db", &b.listen(), "q", "dr", &["--interval", "0"]);
     a.d.ok(&["replica", "sync", "dr"]);
-    // 16 MiB of data read at 1 MiB/s: under way for about twelve seconds.
+    // 14 MiB of data read at 256 KiB/s: under way for most of a minute.
     let img = b.dir.join("slow.img");
     let job = b.d.json(&[
         "vdisk",
@@ -501,7 +501,7 @@ fn an_export_of_a_working_copy_holds_cycles_off_and_a_promotion_cuts_it() {
         "q/db",
         img.to_str().unwrap(),
         "--rate",
-        "1M",
+        "256K",
         "--no-wait",
     ]);
     let id = job["id"].as_u64().unwrap().to_string();
@@ -516,7 +516,14 @@ fn an_export_of_a_working_copy_holds_cycles_off_and_a_promotion_cuts_it() {
     assert_eq!(b.d.json(&["replica", "show", "q/db"])["last_snapshot"], "repl-dr-1");
     let out = b.d.ok(&["replica", "promote", "q/db"]);
     assert!(out.contains("promoted"), "{out}");
+    // Cut at once, not when its next read is due.
+    let t = Instant::now();
     let e = b.d.fails(&["job", "wait", &id]);
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "the export went on {:?} after the promotion",
+        t.elapsed()
+    );
     assert!(e.contains("export of q/db) cancelled: 'q/db' is being promoted"), "{e}");
     let done = b.d.json(&["job", "show", &id]);
     assert_eq!(done["state"], "cancelled", "{done}");

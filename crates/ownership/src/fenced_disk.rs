@@ -55,9 +55,10 @@ pub const MAX_BEHIND: usize = 24 << 20;
 /// one object's worth, and few enough pieces that the OSD's transaction stays small.
 const HELD_BYTES: usize = OBJECT_BYTES as usize;
 
+const HELD_PIECES: usize = 64;
+
 /// Removals of a destroyed disk's objects on their way at once.
 const REMOVING: usize = 64;
-const HELD_PIECES: usize = 64;
 
 pub struct FencedDisk {
     inner: Arc<Inner>,
@@ -264,8 +265,8 @@ impl FencedDisk {
         self.inner.behind.lock().next
     }
 
-    /// Removes every object of the disk (what a destroyed pool leaves in the cluster); the
-    /// objects never written are skipped. [`REMOVING`] removals are on their way at a time:
+    /// Removes every object of the disk (what a destroyed pool leaves in the cluster), every
+    /// index the disk spans, written or not (those never written answer `ENOENT`). [`REMOVING`] removals are on their way at a time:
     /// one after the other, a disk of 10 TiB (2.6 million objects, written or not) took a
     /// round trip each, most of an hour on a cluster answering in a millisecond.
     pub fn remove_objects(&self) -> Result<(), RadosError> {

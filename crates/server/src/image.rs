@@ -6,6 +6,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use tessera_disk::{AlignedBuf, Label, LabelError};
@@ -94,32 +95,52 @@ fn zero_range(v: &Vdisk, off: u64, len: u64) -> Result<(), String> {
     Ok(())
 }
 
-/// Holds reads to a rate: before each read, its reader waits until the bytes read before it
-/// are due (the first read goes at once), in short naps so that a cancel is seen at once.
+/// Holds reads to a rate: each read is given its turn after the one before it has had its
+/// time (bytes / rate), and waits for it, in short naps so that a cancel (or another worker's
+/// failure) is seen at once. Time spent not reading (a slow target, zeros written to a
+/// device) is no credit beyond [`PACE_CREDIT`]: the rate holds at every moment, not only on
+/// average since the start.
 struct Pace {
     rate: Option<u64>,
-    start: std::time::Instant,
-    read: std::sync::atomic::AtomicU64,
+    /// When the next read may start.
+    next: parking_lot::Mutex<Instant>,
+    /// Set when a worker failed: the others stop waiting.
+    stopped: std::sync::atomic::AtomicBool,
 }
+
+/// The most idle time a paced reader may catch up on at once.
+const PACE_CREDIT: Duration = Duration::from_secs(1);
 
 impl Pace {
     fn new(rate: Option<u64>) -> Pace {
         Pace {
             rate: rate.filter(|&r| r > 0),
-            start: std::time::Instant::now(),
-            read: std::sync::atomic::AtomicU64::new(0),
+            next: parking_lot::Mutex::new(Instant::now()),
+            stopped: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
     fn take(&self, bytes: u64, p: &Progress) -> Result<(), String> {
         let Some(rate) = self.rate else { return Ok(()) };
-        let before = self.read.fetch_add(bytes, Ordering::Relaxed);
-        let due = std::time::Duration::from_secs_f64(before as f64 / rate as f64);
-        while let Some(wait) = due.checked_sub(self.start.elapsed()) {
+        let at = {
+            let mut next = self.next.lock();
+            let now = Instant::now();
+            let at = (*next).max(now.checked_sub(PACE_CREDIT).unwrap_or(now));
+            *next = at + Duration::from_secs_f64(bytes as f64 / rate as f64);
+            at
+        };
+        while let Some(wait) = at.checked_duration_since(Instant::now()) {
             cancelled(p)?;
-            std::thread::sleep(wait.min(std::time::Duration::from_millis(100)));
+            if self.stopped.load(Ordering::Relaxed) {
+                return Err("stopped: another part of the job failed".into());
+            }
+            std::thread::sleep(wait.min(Duration::from_millis(100)));
         }
         Ok(())
+    }
+
+    fn stop(&self) {
+        self.stopped.store(true, Ordering::Relaxed);
     }
 }
 
@@ -410,7 +431,10 @@ pub fn export(v: &Vdisk, f: File, path: &Path, rate: Option<u64>, p: &Progress) 
         p.done_bytes.fetch_add(len, Ordering::Relaxed);
         Ok(())
     };
-    let (data_bytes, zero_bytes) = on_workers(chunks, |buf, r, i| chunk(buf, r, i as u64 * CHUNK as u64))?;
+    let (data_bytes, zero_bytes) = on_workers(chunks, |buf, r, i| {
+        // The other workers, waiting for their turn to read, stop too.
+        chunk(buf, r, i as u64 * CHUNK as u64).inspect_err(|_| pace.stop())
+    })?;
     f.sync_all().map_err(|e| format!("syncing {}: {e}", path.display()))?;
     p.done_bytes.store(size, Ordering::Relaxed);
     Ok(ImageReport {

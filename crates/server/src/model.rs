@@ -521,7 +521,8 @@ pub struct ExportImage {
     pub overwrite: bool,
     /// Bytes of the vdisk's data read per second, at most (unmapped ranges cost nothing):
     /// an export from a pool in use leaves its disks to the hosts. None: as fast as it goes.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
     pub rate_limit: Option<u64>,
 }
 
