@@ -54,7 +54,6 @@ pub const MAX_BEHIND: usize = 24 << 20;
 /// The most a write held back for an object gathers before it goes anyway (bytes, pieces):
 /// one object's worth, and few enough pieces that the OSD's transaction stays small.
 const HELD_BYTES: usize = OBJECT_BYTES as usize;
-
 const HELD_PIECES: usize = 64;
 
 /// Removals of a destroyed disk's objects on their way at once.
@@ -265,10 +264,11 @@ impl FencedDisk {
         self.inner.behind.lock().next
     }
 
-    /// Removes every object of the disk (what a destroyed pool leaves in the cluster), every
-    /// index the disk spans, written or not (those never written answer `ENOENT`). [`REMOVING`] removals are on their way at a time:
-    /// one after the other, a disk of 10 TiB (2.6 million objects, written or not) took a
-    /// round trip each, most of an hour on a cluster answering in a millisecond.
+    /// Removes every object of the disk (what a destroyed pool leaves in the cluster): every
+    /// index the disk spans, written or not (those never written answer `ENOENT`), with
+    /// [`REMOVING`] removals on their way at a time. One after the other, a disk of 10 TiB
+    /// (2.6 million objects) took a round trip each: most of an hour on a cluster that
+    /// answers in a millisecond.
     pub fn remove_objects(&self) -> Result<(), RadosError> {
         let inner = &self.inner;
         // Nothing of this disk may land after its objects went.
