@@ -160,7 +160,9 @@ osd_pids() { cat "$DIR"/cluster/run/osd.*.pid; }
 # system) it used, every thread of it (fio reports only its job thread's, not librbd's).
 run_timed() {
   local out=$1; shift
-  { "$@" > "$out"; times; } | tail -1 | awk '{ split($1, u, "m"); split($2, s, "m"); print u[1] * 60 + u[2] + s[1] * 60 + s[2] }'
+  # `times` writes the locale's decimal mark: a comma is made a point for awk.
+  { "$@" > "$out"; times; } | tail -1 | tr , . |
+    awk '{ split($1, u, "m"); split($2, s, "m"); print u[1] * 60 + u[2] + s[1] * 60 + s[2] }'
 }
 # cpu_per_io LOG OSD_TICKS GATEWAY_TICKS CLIENT_SECONDS IOS: writes "osd gateway client" (µs of
 # CPU per I/O) to LOG.cpu

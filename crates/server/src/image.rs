@@ -104,8 +104,9 @@ struct Pace {
     rate: Option<u64>,
     /// When the next read may start.
     next: parking_lot::Mutex<Instant>,
-    /// Set when a worker failed: the others stop waiting.
-    stopped: std::sync::atomic::AtomicBool,
+    /// Why a worker failed: the others stop waiting, and say the same (whichever of them
+    /// the job's report takes).
+    stopped: parking_lot::Mutex<Option<String>>,
 }
 
 /// The most idle time a paced reader may catch up on at once.
@@ -116,7 +117,7 @@ impl Pace {
         Pace {
             rate: rate.filter(|&r| r > 0),
             next: parking_lot::Mutex::new(Instant::now()),
-            stopped: std::sync::atomic::AtomicBool::new(false),
+            stopped: parking_lot::Mutex::new(None),
         }
     }
 
@@ -131,16 +132,16 @@ impl Pace {
         };
         while let Some(wait) = at.checked_duration_since(Instant::now()) {
             cancelled(p)?;
-            if self.stopped.load(Ordering::Relaxed) {
-                return Err("stopped: another part of the job failed".into());
+            if let Some(why) = self.stopped.lock().clone() {
+                return Err(why);
             }
             std::thread::sleep(wait.min(Duration::from_millis(100)));
         }
         Ok(())
     }
 
-    fn stop(&self) {
-        self.stopped.store(true, Ordering::Relaxed);
+    fn stop(&self, why: &str) {
+        self.stopped.lock().get_or_insert_with(|| why.to_string());
     }
 }
 
@@ -433,7 +434,7 @@ pub fn export(v: &Vdisk, f: File, path: &Path, rate: Option<u64>, p: &Progress) 
     };
     let (data_bytes, zero_bytes) = on_workers(chunks, |buf, r, i| {
         // The other workers, waiting for their turn to read, stop too.
-        chunk(buf, r, i as u64 * CHUNK as u64).inspect_err(|_| pace.stop())
+        chunk(buf, r, i as u64 * CHUNK as u64).inspect_err(|e| pace.stop(e))
     })?;
     f.sync_all().map_err(|e| format!("syncing {}: {e}", path.display()))?;
     p.done_bytes.store(size, Ordering::Relaxed);
