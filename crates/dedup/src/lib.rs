@@ -6,13 +6,11 @@
 mod compress;
 mod fingerprint;
 mod index;
-mod rate;
 mod report;
 mod settings;
 
 pub use compress::{decompress, Compression};
 pub use fingerprint::{Fingerprint, Fingerprinter, HashTail};
 pub use index::{class_tag, key as index_key, FingerprintIndex, IndexEntry, IndexKey, IndexStats, Vouch};
-pub use rate::Pace;
 pub use report::{DedupStatus, GcReport, PassReport, VdiskSavings};
 pub use settings::{DedupMode, DedupSettings, PassOptions, DEFAULT_HOT_COPY_REFS};

@@ -14,6 +14,7 @@ mod file;
 mod label;
 mod mem;
 mod meter;
+mod pace;
 mod read_ring;
 mod read_spread;
 mod read_via;
@@ -34,6 +35,7 @@ pub use label::{
 };
 pub use mem::MemDisk;
 pub use meter::{IoMeter, IoOp};
+pub use pace::Pace;
 pub use read_ring::{DirectWrite, ReadRing, RingRead, RingWrite};
 pub use read_spread::{read_spread, SpreadRead};
 pub use read_via::{AsyncReader, AsyncWriter, ReadDone, ReadVia};

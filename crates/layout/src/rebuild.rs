@@ -3,9 +3,10 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use parking_lot::Mutex;
+use tessera_disk::Pace;
 use tracing::{info, warn};
 
 use crate::error::{LayoutError, Result};
@@ -161,6 +162,8 @@ impl Layouts {
         let queue = Mutex::new(ids.into_iter().collect::<VecDeque<u32>>());
         let report = Mutex::new(RebuildReport::default());
         let start = Instant::now();
+        // One rate for the whole repair, however many sets are copied at once.
+        let pace = Pace::new(opts.rate_limit);
         info!(bytes, "repair started");
         std::thread::scope(|s| {
             for _ in 0..opts.parallel.max(1) {
@@ -178,7 +181,7 @@ impl Layouts {
                             .push((id, "another repair of this slab set is running".into()));
                         continue;
                     }
-                    let result = self.rebuild_set(&set, opts, progress, start, stale_only);
+                    let result = self.rebuild_set(&set, &pace, progress, stale_only);
                     self.rebuilding.lock().remove(&id);
                     match result {
                         Ok(n) => {
@@ -209,14 +212,7 @@ impl Layouts {
 
     /// Moves every member of `set` that sits on a disk that is not healthy, and resyncs where
     /// it is every member that missed writes while its disk was away. Returns how many.
-    fn rebuild_set(
-        &self,
-        set: &SlabSet,
-        opts: &RebuildOptions,
-        progress: &Progress,
-        start: Instant,
-        stale_only: bool,
-    ) -> Result<usize> {
+    fn rebuild_set(&self, set: &SlabSet, pace: &Pace, progress: &Progress, stale_only: bool) -> Result<usize> {
         let slab_size = self.pool.slab_size();
         let chunk = set.spec.interleave.min(1 << 20);
         let mut moved = 0;
@@ -253,7 +249,7 @@ impl Layouts {
             let copied = (|| -> Result<()> {
                 let mut mo = 0;
                 while mo < slab_size {
-                    if progress.cancel.load(Ordering::Relaxed) {
+                    if !pace.take_unless(chunk, &progress.cancel) {
                         return Err(LayoutError::Cancelled);
                     }
                     let members = set.members.read();
@@ -271,14 +267,7 @@ impl Layouts {
                     drop(_g);
                     drop(members);
                     mo += chunk;
-                    let done = progress.done_bytes.fetch_add(chunk, Ordering::Relaxed) + chunk;
-                    if let Some(rate) = opts.rate_limit.filter(|&r| r > 0) {
-                        let due = Duration::from_secs_f64(done as f64 / rate as f64);
-                        let elapsed = start.elapsed();
-                        if due > elapsed {
-                            std::thread::sleep(due - elapsed);
-                        }
-                    }
+                    progress.done_bytes.fetch_add(chunk, Ordering::Relaxed);
                 }
                 // The copy must be durable before the descriptor points at it.
                 let dev = self.pool.readable_disk(new.disk).ok_or_else(|| LayoutError::Io {

@@ -6,10 +6,9 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use tessera_disk::{AlignedBuf, Label, LabelError};
+use tessera_disk::{AlignedBuf, Label, LabelError, Pace};
 use tessera_volume::{Progress, Vdisk};
 
 use crate::data_paths::{through, DataPaths, DataUse};
@@ -95,49 +94,27 @@ fn zero_range(v: &Vdisk, off: u64, len: u64) -> Result<(), String> {
     Ok(())
 }
 
-/// Holds reads to a rate: each read is given its turn after the one before it has had its
-/// time (bytes / rate), and waits for it, in short naps so that a cancel (or another worker's
-/// failure) is seen at once. Time spent not reading (a slow target, zeros written to a
-/// device) is no credit beyond [`PACE_CREDIT`]: the rate holds at every moment, not only on
-/// average since the start.
-struct Pace {
-    rate: Option<u64>,
-    /// When the next read may start.
-    next: parking_lot::Mutex<Instant>,
-    /// Why a worker failed: the others stop waiting, and say the same (whichever of them
-    /// the job's report takes).
+/// An export's pace ([`Pace`]: its rate at every moment, shared by its workers) and why a
+/// worker failed: the others stop waiting for their turn, and say the same (whichever of
+/// them the job's report takes).
+struct ExportPace {
+    pace: Pace,
     stopped: parking_lot::Mutex<Option<String>>,
 }
 
-/// The most idle time a paced reader may catch up on at once.
-const PACE_CREDIT: Duration = Duration::from_secs(1);
-
-impl Pace {
-    fn new(rate: Option<u64>) -> Pace {
-        Pace {
-            rate: rate.filter(|&r| r > 0),
-            next: parking_lot::Mutex::new(Instant::now()),
+impl ExportPace {
+    fn new(rate: Option<u64>) -> ExportPace {
+        ExportPace {
+            pace: Pace::new(rate),
             stopped: parking_lot::Mutex::new(None),
         }
     }
 
     fn take(&self, bytes: u64, p: &Progress) -> Result<(), String> {
-        let Some(rate) = self.rate else { return Ok(()) };
-        let at = {
-            let mut next = self.next.lock();
-            let now = Instant::now();
-            let at = (*next).max(now.checked_sub(PACE_CREDIT).unwrap_or(now));
-            *next = at + Duration::from_secs_f64(bytes as f64 / rate as f64);
-            at
-        };
-        while let Some(wait) = at.checked_duration_since(Instant::now()) {
+        self.pace.take(bytes, || {
             cancelled(p)?;
-            if let Some(why) = self.stopped.lock().clone() {
-                return Err(why);
-            }
-            std::thread::sleep(wait.min(Duration::from_millis(100)));
-        }
-        Ok(())
+            self.stopped.lock().clone().map_or(Ok(()), Err)
+        })
     }
 
     fn stop(&self, why: &str) {
@@ -378,7 +355,7 @@ fn refuse_pool_disk(by: &Path, path: &Path) -> Result<(), String> {
 /// With `rate`, the vdisk's data is read at that many bytes per second at most.
 pub fn export(v: &Vdisk, f: File, path: &Path, rate: Option<u64>, p: &Progress) -> Result<ImageReport, String> {
     let size = v.size();
-    let pace = Pace::new(rate);
+    let pace = ExportPace::new(rate);
     let sparse_ok = f.metadata().map(|m| m.is_file()).unwrap_or(false);
     p.total_bytes.store(size, Ordering::Relaxed);
     let chunks = size.div_ceil(CHUNK as u64) as usize;

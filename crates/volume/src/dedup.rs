@@ -39,9 +39,9 @@ use parking_lot::{Mutex, RwLock};
 use rustc_hash::{FxHashMap, FxHashSet};
 use tessera_dedup::{
     class_tag, Compression, DedupMode, DedupSettings, DedupStatus, FingerprintIndex, Fingerprinter, GcReport, HashTail,
-    IndexEntry, IndexKey, Pace, PassOptions, PassReport, VdiskSavings, Vouch,
+    IndexEntry, IndexKey, PassOptions, PassReport, VdiskSavings, Vouch,
 };
-use tessera_disk::AlignedBuf;
+use tessera_disk::{AlignedBuf, Pace};
 use tessera_layout::{LayoutError, Progress, SetRead, SlabSet};
 use tessera_pool::{MetaBatch, MetaStore, CF_GRAINS, CF_POOL};
 use tracing::{info, warn};
@@ -232,7 +232,7 @@ impl Engine {
             vdisks: vdisks.len() as u64,
             ..Default::default()
         };
-        let mut pace = Pace::new(opts.rate(&settings));
+        let pace = Pace::new(Some(opts.rate(&settings)));
         let owners: FxHashMap<u64, Arc<Vdisk>> = self.vdisks().into_iter().map(|v| (v.id, v)).collect();
         let hashers = hashers(opts.mode);
         for v in &vdisks {
@@ -242,7 +242,7 @@ impl Engine {
                 &owners,
                 settings.compression,
                 hashers,
-                &mut pace,
+                &pace,
                 &mut report,
                 progress,
             )?;
@@ -285,7 +285,7 @@ impl Engine {
         owners: &FxHashMap<u64, Arc<Vdisk>>,
         compression: Compression,
         hashers: usize,
-        pace: &mut Pace,
+        pace: &Pace,
         report: &mut PassReport,
         progress: &Progress,
     ) -> Result<()> {
@@ -417,7 +417,7 @@ impl Engine {
         &'a self,
         v: &'a Arc<Vdisk>,
         cutoff: u32,
-        pace: &'a mut Pace,
+        pace: &'a Pace,
         progress: &'a Progress,
         stop: &'a AtomicBool,
         spare: &'a Spare,
@@ -473,7 +473,24 @@ impl Engine {
             }
             first = end;
             if !p.seen.is_empty() {
-                if let Err(e) = self.read_batch(v, &mut p, pace, spare) {
+                // The batch's turn at the run's rate, before its read. A cancel or a stop
+                // while waiting ends the run as one before the batch would, with its regions
+                // given back.
+                let mut cancelled = false;
+                let go_on = || {
+                    cancelled = progress.cancel.load(Ordering::Relaxed);
+                    if cancelled || stop.load(Ordering::Relaxed) {
+                        Err(())
+                    } else {
+                        Ok(())
+                    }
+                };
+                if pace.take(p.seen.len() as u64 * grain, go_on).is_err() {
+                    p.give_back(v);
+                    done = true;
+                    return cancelled.then_some(Err(VolumeError::Layout(LayoutError::Cancelled)));
+                }
+                if let Err(e) = self.read_batch(v, &mut p, spare) {
                     p.give_back(v);
                     done = true;
                     return Some(Err(e));
@@ -484,7 +501,7 @@ impl Engine {
     }
 
     /// Reads the mapped grains of a batch (those in `p.seen`).
-    fn read_batch(&self, v: &Arc<Vdisk>, p: &mut Prepared, pace: &mut Pace, spare: &Spare) -> Result<()> {
+    fn read_batch(&self, v: &Arc<Vdisk>, p: &mut Prepared, spare: &Spare) -> Result<()> {
         let s = self.shared();
         let grain = v.class.grain;
         let g = grain as usize;
@@ -582,7 +599,6 @@ impl Engine {
                 p.unreadable += bad.len() as u64;
             }
         }
-        pace.step(p.seen.len() as u64 * grain);
         p.data = Some(data);
         Ok(())
     }

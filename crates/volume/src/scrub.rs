@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
+use tessera_disk::Pace;
 use tessera_layout::{LayoutError, Progress, ScrubTally};
 use tessera_pool::{MetaBatch, CF_POOL};
 use tracing::{info, warn};
@@ -148,8 +149,7 @@ impl Engine {
         } else {
             info!(pool = %self.pool().name(), set = pass.next.0, row = pass.next.1, "scrub goes on where it stopped");
         }
-        let start = Instant::now();
-        let mut read_here = 0u64;
+        let pace = Pace::new(opts.rate_limit);
         let mut saved = Instant::now();
         let from = pass.next;
         for set in sets.iter().filter(|s| s.id >= from.0) {
@@ -164,6 +164,11 @@ impl Engine {
                     return Err(LayoutError::Cancelled.into());
                 }
                 let end = (row + ROWS_PER_STEP).min(rows);
+                let step = bytes_of(set, end - row);
+                // A cancel seen while waiting is handled above, as any other.
+                if !pace.take_unless(step, &progress.cancel) {
+                    continue;
+                }
                 let t = match layouts.scrub_rows(set, row..end, true) {
                     Ok(t) => t,
                     // Freed meanwhile: nothing left to check there.
@@ -174,8 +179,6 @@ impl Engine {
                     warn!(pool = %self.pool().name(), set = set.id, rows = ?(row..end), repaired = t.repaired_total(), unrecoverable = t.unrecoverable_total(), "scrub found damage");
                 }
                 pass.tally.add(t);
-                let step = bytes_of(set, end - row);
-                read_here += step;
                 progress.done_bytes.fetch_add(step, Ordering::Relaxed);
                 row = end;
                 pass.next = (set.id, row);
@@ -183,16 +186,6 @@ impl Engine {
                     state.current = Some(pass.clone());
                     self.save_scrub_state(&state, false)?;
                     saved = Instant::now();
-                }
-                if let Some(rate) = opts.rate_limit.filter(|&r| r > 0) {
-                    let due = Duration::from_secs_f64(read_here as f64 / rate as f64);
-                    // In short naps, so that a cancel is seen at once.
-                    while let Some(wait) = due.checked_sub(start.elapsed()) {
-                        if progress.cancel.load(Ordering::Relaxed) {
-                            break;
-                        }
-                        std::thread::sleep(wait.min(Duration::from_millis(100)));
-                    }
                 }
             }
             pass.next = (set.id + 1, 0);

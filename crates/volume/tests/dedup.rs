@@ -410,6 +410,42 @@ fn a_cancelled_run_stops_and_keeps_what_it_did() {
     rig.assert_consistent();
 }
 
+/// A run held to a low rate stops when cancelled, not when its next batch's turn comes
+/// (here sixteen seconds after the first).
+#[test]
+fn a_slow_run_stops_at_once_when_cancelled() {
+    let rig = Rig::new(4, 64 * MIB, MIB);
+    let e = rig.engine();
+    enable_dedup(e, Compression::default());
+    let data = pattern(3, 0, MIB as usize);
+    vdisk(e, "a", MIB, LayoutKind::Mirror);
+    vdisk(e, "b", MIB, LayoutKind::Mirror);
+    e.vdisk("a").unwrap().write(0, &data, false).unwrap();
+    e.vdisk("b").unwrap().write(0, &data, false).unwrap();
+    let p = Progress::default();
+    let opts = PassOptions {
+        ignore_min_age: true,
+        rate: Some(64 << 10),
+        ..Default::default()
+    };
+    let (result, waited) = std::thread::scope(|s| {
+        let job = s.spawn(|| e.dedup_run(&opts, &p));
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        p.cancel.store(true, Ordering::Relaxed);
+        let t = std::time::Instant::now();
+        (job.join().unwrap(), t.elapsed())
+    });
+    assert!(result.is_err(), "{result:?}");
+    assert!(waited < std::time::Duration::from_secs(3), "the cancel took {waited:?}");
+    assert_eq!(read_all(e, "a", MIB as usize), data);
+    assert_eq!(read_all(e, "b", MIB as usize), data);
+    rig.assert_consistent();
+    // What was left is found by the next run.
+    let r = run_dedup(e);
+    assert_eq!(r.grains_shared, MIB / G, "{r:#?}");
+    assert_eq!(read_all(e, "b", MIB as usize), data);
+}
+
 #[test]
 fn new_grains_are_compressed_into_packs_and_read_back_after_writes_and_a_restart() {
     let mut rig = Rig::new(4, 64 * MIB, MIB);

@@ -363,6 +363,42 @@ fn retire_moves_every_slab_off_the_disk() {
     rig.assert_consistent();
 }
 
+/// A repair held to a low rate stops when cancelled, not when its next turn comes: a turn
+/// may be seconds away, and the administrator who cancels wants the disks back now.
+#[test]
+fn a_slow_repair_stops_at_once_when_cancelled() {
+    let rig = Rig::new(3, 32 * MIB, MIB);
+    rig.engine()
+        .create_vdisk(&spec("m", SIZE, LayoutKind::Mirror, Provisioning::Thin))
+        .unwrap();
+    let data = fill(&rig, "m", 22);
+    let lost = rig.engine().layouts().sets()[0].desc().members[0].disk;
+    rig.engine().fail_disk(&format!("mem{lost}")).unwrap();
+    // 16 KiB pieces at 4 KiB/s: four seconds between two pieces.
+    let slow = RebuildOptions {
+        parallel: 1,
+        rate_limit: Some(4 << 10),
+    };
+    let progress = Progress::default();
+    let (result, waited) = std::thread::scope(|s| {
+        let job = s.spawn(|| rig.engine().repair(&slow, &progress));
+        while progress.done_bytes.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        progress.cancel.store(true, std::sync::atomic::Ordering::Relaxed);
+        let t = std::time::Instant::now();
+        (job.join().unwrap(), t.elapsed())
+    });
+    assert!(result.is_err(), "{result:?}");
+    assert!(waited < std::time::Duration::from_secs(2), "the cancel took {waited:?}");
+    // Nothing half done: the set still waits for its repair, which then completes.
+    assert!(!rig.engine().layouts().repair_needed().0.is_empty());
+    repair(&rig);
+    assert!(rig.engine().layouts().repair_needed().0.is_empty());
+    assert_eq!(read(&rig, "m"), data);
+    rig.assert_consistent();
+}
+
 #[test]
 fn batched_reads_match_single_reads_through_faults() {
     for kind in [LayoutKind::Simple, LayoutKind::Mirror, LayoutKind::Parity] {
