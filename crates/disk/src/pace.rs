@@ -18,6 +18,9 @@ use parking_lot::Mutex;
 pub const CREDIT: Duration = Duration::from_secs(1);
 /// The longest sleep between two looks at whether to go on.
 const NAP: Duration = Duration::from_millis(100);
+/// The longest time one piece of work is given, so that no absurd size or rate overflows
+/// the clock (a year: no real piece comes near).
+const LONGEST_TURN: Duration = Duration::from_secs(365 * 24 * 3600);
 
 pub struct Pace {
     /// Bytes per second; None: as fast as it goes.
@@ -46,16 +49,19 @@ impl Pace {
         self.rate
     }
 
-    /// Takes the turn of `bytes` about to be read and waits for it. Between naps it calls
-    /// `go_on`, and returns its error at once if it has one (a cancel, another worker's
-    /// failure); an unpaced run never waits and never asks.
+    /// Takes the turn of `bytes` about to be read and waits for it. It calls `go_on` first
+    /// (paced or not, waiting or not: a stopped run takes no turn) and between naps, and
+    /// returns its error at once if it has one (a cancel, another worker's failure).
     pub fn take<E>(&self, bytes: u64, mut go_on: impl FnMut() -> Result<(), E>) -> Result<(), E> {
+        go_on()?;
         let Some(rate) = self.rate else { return Ok(()) };
         let at = {
             let mut next = self.next.lock();
             let now = Instant::now();
             let at = (*next).max(now.checked_sub(self.credit).unwrap_or(now));
-            *next = at + Duration::from_secs_f64(bytes as f64 / rate as f64);
+            let time =
+                Duration::try_from_secs_f64(bytes as f64 / rate as f64).map_or(LONGEST_TURN, |t| t.min(LONGEST_TURN));
+            *next = at + time;
             at
         };
         while let Some(wait) = at.checked_duration_since(Instant::now()).filter(|w| !w.is_zero()) {
@@ -124,12 +130,26 @@ mod tests {
         take(&p, 100 << 10);
         // Idle for three turns' time: only the cap of it may be caught up.
         std::thread::sleep(Duration::from_millis(300));
-        take(&p, 100 << 10);
         let t = Instant::now();
         take(&p, 100 << 10);
-        // Its turn begins 100 KiB / 1 MiB/s (about 98 ms) after the one before, which began
-        // at most 50 ms in the past: a run held only on average would not wait at all.
+        take(&p, 100 << 10);
+        // The third turn begins 100 KiB / 1 MiB/s (about 98 ms) after the second, which began
+        // at most 50 ms before the second was asked for: a run held only on average would
+        // not wait at all.
         assert!(t.elapsed() >= Duration::from_millis(40), "{:?}", t.elapsed());
+    }
+
+    #[test]
+    fn absurd_sizes_and_rates_do_not_overflow_the_clock() {
+        let p = Pace::new(Some(1));
+        take(&p, 1);
+        let stop = AtomicBool::new(true);
+        assert!(!p.take_unless(u64::MAX, &stop));
+        let r = p.take(u64::MAX, {
+            let mut first = true;
+            move || if std::mem::take(&mut first) { Ok(()) } else { Err(()) }
+        });
+        assert_eq!(r, Err(()));
     }
 
     #[test]
@@ -149,6 +169,10 @@ mod tests {
         // Its turn was a second away; the second look stops it, a nap after the first.
         assert!(t.elapsed() < Duration::from_millis(500), "{:?}", t.elapsed());
         assert_eq!(asked.load(Ordering::Relaxed), 2);
+        // A run stopped already takes no turn, paced or not.
+        for p in [Pace::new(Some(1 << 30)), Pace::new(None)] {
+            assert_eq!(p.take(1, || Err("stopped")), Err("stopped"));
+        }
 
         let p = Pace::new(Some(10));
         let cancel = AtomicBool::new(false);
@@ -161,12 +185,12 @@ mod tests {
     }
 
     #[test]
-    fn an_unpaced_run_never_waits_nor_asks() {
+    fn an_unpaced_run_never_waits() {
         for p in [Pace::new(None), Pace::new(Some(0))] {
             assert_eq!(p.rate(), None);
             let t = Instant::now();
             for _ in 0..1000 {
-                p.take(u64::MAX / 2, || Err("asked")).unwrap();
+                take(&p, u64::MAX / 2);
             }
             assert!(t.elapsed() < Duration::from_millis(100), "{:?}", t.elapsed());
         }
