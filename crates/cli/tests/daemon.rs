@@ -278,6 +278,38 @@ fn import_export_round_trip_is_bit_exact_and_sparse() {
         "not held to its rate: {took:?}"
     );
     assert!(read_back_matches(&small, &paced));
+    // An export cancelled part way leaves no file that looks like an image (a sparse file has
+    // its full size from the start), and the image it was to replace as it was.
+    let before = std::fs::read(&paced).unwrap();
+    let fresh = t.path().join("cancelled.img");
+    for (to, overwrite) in [(&paced, true), (&fresh, false)] {
+        let mut args = vec![
+            "vdisk",
+            "export",
+            "p/paced",
+            to.to_str().unwrap(),
+            "--rate",
+            "1M",
+            "--no-wait",
+        ];
+        if overwrite {
+            args.push("--overwrite");
+        }
+        let id = d.json(&args)["id"].as_u64().unwrap().to_string();
+        d.ok(&["job", "cancel", &id]);
+        assert!(d.fails(&["job", "wait", &id]).contains("cancelled"));
+    }
+    assert!(!fresh.exists(), "a cancelled export left a file at its name");
+    assert!(
+        std::fs::read(&paced).unwrap() == before,
+        "a cancelled export changed the image it was to replace"
+    );
+    let partial: Vec<_> = std::fs::read_dir(t.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n.to_string_lossy().starts_with(".tessera-partial-"))
+        .collect();
+    assert!(partial.is_empty(), "left behind: {partial:?}");
     d.ok(&["vdisk", "delete", "p/paced"]);
     // --no-wait returns a running (or finished) job at once; job wait follows it.
     let job = d.json(&[

@@ -3,7 +3,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::atomic::Ordering;
 
@@ -12,6 +12,7 @@ use tessera_disk::{AlignedBuf, Label, LabelError, Pace};
 use tessera_volume::{Progress, Vdisk};
 
 use crate::data_paths::{through, DataPaths, DataUse};
+use crate::staged_file::StagedFile;
 
 /// Bytes moved per step; also how often cancel is checked.
 const CHUNK: usize = 4 << 20;
@@ -230,17 +231,34 @@ fn is_zero(b: &[u8]) -> bool {
     pre.iter().all(|&x| x == 0) && words.iter().all(|&x| x == 0) && post.iter().all(|&x| x == 0)
 }
 
-/// Opens the export destination: a new file (or, with `overwrite`, an existing one truncated),
+/// Where an export writes: an existing block device, in place; or a new regular file, sparse
+/// and sized to the vdisk, made beside the name asked for and put there only once whole
+/// ([`StagedFile`]; with `overwrite`, over the file found there, which stays as it was until
+/// then).
+#[derive(Debug)]
+pub struct ExportTarget {
+    file: File,
+    staged: Option<StagedFile>,
+}
+
+impl ExportTarget {
+    /// Puts a finished image at its name (a device is written in place: nothing to do).
+    fn place(self, path: &Path) -> Result<(), String> {
+        self.staged.map_or(Ok(()), |s| s.place(path))
+    }
+}
+
+/// Opens the export destination: a new file (with `overwrite`, to replace an existing one),
 /// sized to the vdisk and sparse; or an existing block device at least that large. A file or
 /// device that carries a Tessera disk label (a disk of a pool, data or cache, here or
 /// elsewhere) is never written over, `overwrite` or not; nor is anything `paths` refuses for
 /// an image, found and checked before anything opens it for I/O (a FIFO would hang, a device
 /// be woken) and checked again on the file opened; and a regular file is never reached
 /// through a symbolic link (a device may be: /dev/disk/by-id names are links).
-pub fn create_target(path: &Path, overwrite: bool, size: u64, paths: &DataPaths) -> Result<File, String> {
+pub fn create_target(path: &Path, overwrite: bool, size: u64, paths: &DataPaths) -> Result<ExportTarget, String> {
     // Nothing is looked up where it would be refused.
     paths.check_named(path, DataUse::Image)?;
-    // The file found, when there is one: the one opened must be it.
+    // The file found, when there is one, held open: the only one an image may replace.
     let mut was = None;
     if std::fs::symlink_metadata(path).is_ok() {
         if std::fs::metadata(path).is_ok_and(|m| m.is_dir()) {
@@ -249,7 +267,6 @@ pub fn create_target(path: &Path, overwrite: bool, size: u64, paths: &DataPaths)
         let found = paths.locate(path, DataUse::Image)?;
         let by = through(&found);
         refuse_pool_disk(&by, path)?;
-        was = std::fs::metadata(&by).ok().map(|m| (m.dev(), m.ino()));
         let device = std::fs::metadata(&by).is_ok_and(|m| m.file_type().is_block_device());
         if device {
             if !overwrite {
@@ -269,7 +286,7 @@ pub fn create_target(path: &Path, overwrite: bool, size: u64, paths: &DataPaths)
                     path.display()
                 ));
             }
-            return Ok(f);
+            return Ok(ExportTarget { file: f, staged: None });
         }
         if !overwrite {
             return Err(format!(
@@ -277,55 +294,34 @@ pub fn create_target(path: &Path, overwrite: bool, size: u64, paths: &DataPaths)
                 path.display()
             ));
         }
-    }
-    // Made through its directory's descriptor, checked first: no link or rename in between
-    // leads elsewhere, and nothing is made where it would be refused.
-    let (_dir, by) = paths.locate_new(path, DataUse::Image)?;
-    let existed = std::fs::symlink_metadata(&by).is_ok();
-    let mut o = OpenOptions::new();
-    // Truncated only once it is known to be no file of the daemon's.
-    o.write(true).mode(0o600).custom_flags(libc::O_NOFOLLOW);
-    if overwrite {
-        o.create(true);
-    } else {
-        o.create_new(true);
-    }
-    let f = o.open(&by).map_err(|e| {
-        if e.raw_os_error() == Some(libc::ELOOP) {
-            format!(
-                "{} is a symbolic link: give the path of the file itself",
-                path.display()
-            )
-        } else {
-            format!("cannot create {}: {e}", path.display())
-        }
-    })?;
-    let made = || {
-        let md = f
-            .metadata()
-            .map_err(|e| format!("cannot read what {} is: {e}", path.display()))?;
-        if !md.is_file() {
-            return Err(format!("{} is not a regular file", path.display()));
-        }
-        if (existed && was.is_none()) || was.is_some_and(|w| w != (md.dev(), md.ino())) {
+        // A link to a file would be replaced by the image, not the file it leads to.
+        if std::fs::symlink_metadata(path).is_ok_and(|m| m.is_symlink()) {
             return Err(format!(
-                "{} was replaced while it was checked; nothing was written",
+                "{} is a symbolic link: give the path of the file itself",
                 path.display()
             ));
         }
-        paths.check(&f, path, DataUse::Image)
-    };
-    if let Err(e) = made() {
-        // Made by this call: not left behind.
-        if !existed {
-            let _ = std::fs::remove_file(&by);
-        }
-        return Err(e);
+        was = Some(found);
     }
-    f.set_len(0)
-        .and_then(|()| f.set_len(size))
+    // Made through its directory's descriptor, checked first: no link or rename in between
+    // leads elsewhere, and nothing is made where it would be refused.
+    let (dir, by) = paths.locate_new(path, DataUse::Image)?;
+    if was.is_none() && std::fs::symlink_metadata(&by).is_ok() {
+        return Err(format!(
+            "{} appeared while it was checked; nothing was written",
+            path.display()
+        ));
+    }
+    let name = path.file_name().expect("locate_new names a file");
+    let (f, staged) = StagedFile::create(dir, name, was, path)?;
+    // Checked again on the file made: it is where the name said.
+    paths.check(&f, path, DataUse::Image)?;
+    f.set_len(size)
         .map_err(|e| format!("cannot size {}: {e}", path.display()))?;
-    Ok(f)
+    Ok(ExportTarget {
+        file: f,
+        staged: Some(staged),
+    })
 }
 
 /// Refuses `path` if its first block carries a Tessera disk label, valid or not: an export
@@ -353,7 +349,14 @@ fn refuse_pool_disk(by: &Path, path: &Path) -> Result<(), String> {
 /// Writes the whole vdisk to `f`, a few chunks at a time. Unmapped grains and zero blocks are
 /// skipped: in a fresh regular file they are holes. A block device gets them written as zeros.
 /// With `rate`, the vdisk's data is read at that many bytes per second at most.
-pub fn export(v: &Vdisk, f: File, path: &Path, rate: Option<u64>, p: &Progress) -> Result<ImageReport, String> {
+pub fn export(
+    v: &Vdisk,
+    to: ExportTarget,
+    path: &Path,
+    rate: Option<u64>,
+    p: &Progress,
+) -> Result<ImageReport, String> {
+    let f = &to.file;
     let size = v.size();
     let pace = ExportPace::new(rate);
     let sparse_ok = f.metadata().map(|m| m.is_file()).unwrap_or(false);
@@ -372,7 +375,7 @@ pub fn export(v: &Vdisk, f: File, path: &Path, rate: Option<u64>, p: &Progress) 
         let aligned = |x: usize| x.is_multiple_of(DIRECT_ALIGN);
         let out = match &direct {
             Some(d) if aligned(at as usize) && aligned(bytes.len()) && aligned(bytes.as_ptr() as usize) => d,
-            _ => &f,
+            _ => f,
         };
         out.write_all_at(bytes, at)
             .map_err(|e| format!("writing {} at byte {at}: {e}", path.display()))
@@ -414,6 +417,7 @@ pub fn export(v: &Vdisk, f: File, path: &Path, rate: Option<u64>, p: &Progress) 
         chunk(buf, r, i as u64 * CHUNK as u64).inspect_err(|e| pace.stop(e))
     })?;
     f.sync_all().map_err(|e| format!("syncing {}: {e}", path.display()))?;
+    to.place(path)?;
     p.done_bytes.store(size, Ordering::Relaxed);
     Ok(ImageReport {
         bytes: size,
@@ -514,11 +518,24 @@ mod tests {
     fn export_target_is_never_overwritten_by_accident() {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("out.img");
-        create_target(&p, false, 1 << 20, &anywhere()).unwrap();
+        create_target(&p, false, 1 << 20, &anywhere())
+            .unwrap()
+            .place(&p)
+            .unwrap();
         assert!(create_target(&p, false, 1 << 20, &anywhere())
             .unwrap_err()
             .contains("--overwrite"));
-        create_target(&p, true, 2 << 20, &anywhere()).unwrap();
+        // Replaced only once the new image is whole.
+        let t = create_target(&p, true, 2 << 20, &anywhere()).unwrap();
+        assert_eq!(std::fs::metadata(&p).unwrap().len(), 1 << 20);
+        t.place(&p).unwrap();
+        assert_eq!(std::fs::metadata(&p).unwrap().len(), 2 << 20);
+        // A link to it is refused, not replaced by the image.
+        let link = d.path().join("link.img");
+        std::os::unix::fs::symlink(&p, &link).unwrap();
+        let e = create_target(&link, true, 1 << 20, &anywhere()).unwrap_err();
+        assert!(e.contains("symbolic link"), "{e}");
+        assert!(std::fs::symlink_metadata(&link).unwrap().is_symlink());
         assert_eq!(std::fs::metadata(&p).unwrap().len(), 2 << 20);
     }
 

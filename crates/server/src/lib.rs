@@ -26,6 +26,7 @@ pub mod replication;
 pub mod scans;
 pub mod scrubs;
 pub mod serve;
+pub mod staged_file;
 pub mod standby;
 pub mod statefile;
 pub mod targets;

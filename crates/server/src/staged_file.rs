@@ -1,0 +1,284 @@
+//! A file made under a temporary name beside the one asked for, and put at that name only
+//! once it is whole: an export that fails, is cancelled or dies with the daemon leaves no
+//! file at the name that looks like an image (a sparse file has its full size from the
+//! start), and an image it was to replace stays as it was until the new one is complete.
+//!
+//! Every name is looked up through the directory's descriptor, checked when the export
+//! began: no rename of a directory above leads elsewhere. The file the export was allowed to
+//! replace (checked then: no pool's disk, no file of the daemon's) is the only one it
+//! replaces: the two are exchanged in one step and, if what went out is not that file, put
+//! back.
+
+use std::ffi::{CStr, CString, OsStr};
+use std::fs::{File, OpenOptions};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::data_paths::through;
+
+/// The temporary names' prefix: hidden, and saying whose they are.
+pub const STAGED_PREFIX: &str = ".tessera-partial-";
+
+/// A device and inode number: which file a name leads to.
+pub type FileId = (u64, u64);
+
+#[derive(Debug)]
+pub struct StagedFile {
+    /// The directory, as checked when the export began (`O_PATH`).
+    dir: OwnedFd,
+    temp: CString,
+    name: CString,
+    /// The file found at the name when it was checked, which may be replaced (held open: its
+    /// inode number cannot be given to another file meanwhile); None: the name must still
+    /// be free.
+    replaces: Option<(OwnedFd, FileId)>,
+    /// The file made under the temporary name.
+    ours: FileId,
+    placed: bool,
+}
+
+impl StagedFile {
+    /// Makes a new file (mode 0600) under a temporary name in `dir`, to be put at `name`, in
+    /// place of `replaces` (the file found there, open) if given. `shown` names the target in
+    /// messages.
+    pub fn create(
+        dir: OwnedFd,
+        name: &OsStr,
+        replaces: Option<OwnedFd>,
+        shown: &Path,
+    ) -> Result<(File, StagedFile), String> {
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let temp = format!(
+            "{STAGED_PREFIX}{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        );
+        let f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(through(&dir).join(&temp))
+            .map_err(|e| format!("cannot create a file beside {}: {e}", shown.display()))?;
+        let id = |f: &File| {
+            use std::os::unix::fs::MetadataExt;
+            f.metadata()
+                .map(|m| (m.dev(), m.ino()))
+                .map_err(|e| format!("cannot read what is at {}: {e}", shown.display()))
+        };
+        let ours = id(&f)?;
+        let replaces = match replaces {
+            Some(fd) => {
+                let was = id(&File::from(fd.try_clone().map_err(|e| e.to_string())?))?;
+                Some((fd, was))
+            }
+            None => None,
+        };
+        let staged = StagedFile {
+            dir,
+            temp: CString::new(temp).expect("no NUL in a made-up name"),
+            name: CString::new(name.as_bytes()).map_err(|_| format!("{} holds a NUL byte", shown.display()))?,
+            replaces,
+            ours,
+            placed: false,
+        };
+        Ok((f, staged))
+    }
+
+    /// Puts the file (written and synced by the caller) at its name, durably: replacing only
+    /// the file that was there when checked, or taking a name still free.
+    pub fn place(mut self, shown: &Path) -> Result<(), String> {
+        let taken = match self.replaces.as_ref().map(|r| r.1) {
+            Some(was) => self.exchange(was, shown)?,
+            None => false,
+        };
+        if !taken {
+            self.rename(libc::RENAME_NOREPLACE).map_err(|e| {
+                if e.raw_os_error() == Some(libc::EEXIST) {
+                    format!(
+                        "{} appeared while the export ran and is left as it is; the image was not kept",
+                        shown.display()
+                    )
+                } else {
+                    format!("cannot put the image at {}: {e}", shown.display())
+                }
+            })?;
+        }
+        self.placed = true;
+        // The new name must survive a power cut as the data does.
+        OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+            .open(through(&self.dir))
+            .and_then(|d| d.sync_all())
+            .map_err(|e| format!("syncing the directory of {}: {e}", shown.display()))
+    }
+
+    /// Exchanges the file with the one at the name, which must be `was`; true once done,
+    /// false if the name is free by now.
+    fn exchange(&mut self, was: FileId, shown: &Path) -> Result<bool, String> {
+        match self.rename(libc::RENAME_EXCHANGE) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(false),
+            Err(e) => return Err(format!("cannot put the image at {}: {e}", shown.display())),
+        }
+        // What went out is under the temporary name now.
+        if self.id_of(&self.temp) == Some(was) {
+            self.ours = was;
+            return Ok(true);
+        }
+        // Not the file checked: it goes back, untouched.
+        let back = self.rename(libc::RENAME_EXCHANGE);
+        Err(match back {
+            Ok(()) => format!(
+                "{} was replaced by another file while the export ran; it is left as it is and the image was not kept",
+                shown.display()
+            ),
+            Err(e) => format!(
+                "{} was replaced by another file while the export ran, and putting it back failed ({e}): it is at {}",
+                shown.display(),
+                shown.with_file_name(self.temp.to_string_lossy().as_ref()).display()
+            ),
+        })
+    }
+
+    fn rename(&self, flags: libc::c_uint) -> std::io::Result<()> {
+        let d = self.dir.as_raw_fd();
+        // SAFETY: a live directory descriptor and NUL-terminated names.
+        let rc = unsafe { libc::renameat2(d, self.temp.as_ptr(), d, self.name.as_ptr(), flags) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    }
+
+    fn id_of(&self, name: &CStr) -> Option<FileId> {
+        // SAFETY: a zeroed stat is a valid out-parameter.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: a live directory descriptor, a NUL-terminated name, a valid out-pointer.
+        let rc = unsafe { libc::fstatat(self.dir.as_raw_fd(), name.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) };
+        (rc == 0).then_some((st.st_dev, st.st_ino))
+    }
+}
+
+impl Drop for StagedFile {
+    /// What is under the temporary name goes: a partial image not placed, or (once
+    /// placed over one) the image it replaced. Only the file known to be there.
+    fn drop(&mut self) {
+        if self.id_of(&self.temp) == Some(self.ours) {
+            // SAFETY: a live directory descriptor and a NUL-terminated name.
+            unsafe { libc::unlinkat(self.dir.as_raw_fd(), self.temp.as_ptr(), 0) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::MetadataExt;
+
+    use super::*;
+
+    fn dir_of(p: &Path) -> OwnedFd {
+        OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
+            .open(p)
+            .unwrap()
+            .into()
+    }
+
+    fn id(p: &Path) -> FileId {
+        let m = std::fs::symlink_metadata(p).unwrap();
+        (m.dev(), m.ino())
+    }
+
+    fn names(d: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    fn stage(d: &Path, name: &str, replaces: Option<&Path>, data: &[u8]) -> StagedFile {
+        let replaces = replaces.map(|p| {
+            OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_PATH | libc::O_NOFOLLOW)
+                .open(p)
+                .unwrap()
+                .into()
+        });
+        let (f, s) = StagedFile::create(dir_of(d), OsStr::new(name), replaces, &d.join(name)).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&f, data, 0).unwrap();
+        s
+    }
+
+    #[test]
+    fn nothing_is_at_the_name_until_placed_and_nothing_is_left_if_never() {
+        let d = tempfile::tempdir().unwrap();
+        let s = stage(d.path(), "new.img", None, b"image");
+        assert_eq!(names(d.path()).len(), 1);
+        assert!(names(d.path())[0].starts_with(STAGED_PREFIX));
+        assert!(!d.path().join("new.img").exists());
+        drop(s);
+        assert!(names(d.path()).is_empty(), "{:?}", names(d.path()));
+        stage(d.path(), "new.img", None, b"image")
+            .place(&d.path().join("new.img"))
+            .unwrap();
+        assert_eq!(names(d.path()), ["new.img"]);
+        assert_eq!(std::fs::read(d.path().join("new.img")).unwrap(), b"image");
+    }
+
+    #[test]
+    fn an_image_to_replace_stays_as_it_was_until_the_new_one_is_placed() {
+        let d = tempfile::tempdir().unwrap();
+        let old = d.path().join("old.img");
+        std::fs::write(&old, b"old image").unwrap();
+        drop(stage(d.path(), "old.img", Some(&old), b"new"));
+        assert_eq!(std::fs::read(&old).unwrap(), b"old image");
+        assert_eq!(names(d.path()), ["old.img"]);
+        stage(d.path(), "old.img", Some(&old), b"new image")
+            .place(&old)
+            .unwrap();
+        assert_eq!(std::fs::read(&old).unwrap(), b"new image");
+        assert_eq!(names(d.path()), ["old.img"], "the replaced image is gone");
+    }
+
+    #[test]
+    fn a_name_taken_meanwhile_is_never_replaced() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("x.img");
+        // Free when checked, a file there by the end.
+        let s = stage(d.path(), "x.img", None, b"image");
+        std::fs::write(&p, b"someone else's").unwrap();
+        let e = s.place(&p).unwrap_err();
+        assert!(e.contains("appeared while the export ran"), "{e}");
+        assert_eq!(std::fs::read(&p).unwrap(), b"someone else's");
+        assert_eq!(names(d.path()), ["x.img"]);
+        // Another file put in place of the one checked (a pool's disk, say): removed and made
+        // again, where a file system would give the new one the same inode number if the
+        // old one were not held.
+        let checked = id(&p);
+        let s = stage(d.path(), "x.img", Some(&p), b"image");
+        std::fs::remove_file(&p).unwrap();
+        std::fs::write(&p, b"a pool's disk").unwrap();
+        assert_ne!(id(&p), checked);
+        let e = s.place(&p).unwrap_err();
+        assert!(e.contains("replaced by another file"), "{e}");
+        assert_eq!(std::fs::read(&p).unwrap(), b"a pool's disk");
+        assert_eq!(names(d.path()), ["x.img"]);
+        // The file checked removed meanwhile: the name is free, and taken.
+        let y = d.path().join("y.img");
+        std::fs::write(&y, b"old").unwrap();
+        let s = stage(d.path(), "y.img", Some(&y), b"image");
+        std::fs::remove_file(&y).unwrap();
+        s.place(&y).unwrap();
+        assert_eq!(std::fs::read(d.path().join("y.img")).unwrap(), b"image");
+    }
+}
