@@ -12,7 +12,7 @@ use tessera_disk::{AlignedBuf, Label, LabelError, Pace};
 use tessera_volume::{Progress, Vdisk};
 
 use crate::data_paths::{through, DataPaths, DataUse};
-use crate::staged_file::StagedFile;
+use crate::staged_file::{StagedFile, STAGED_PREFIX};
 
 /// Bytes moved per step; also how often cancel is checked.
 const CHUNK: usize = 4 << 20;
@@ -242,9 +242,11 @@ pub struct ExportTarget {
 }
 
 impl ExportTarget {
-    /// Puts a finished image at its name (a device is written in place: nothing to do).
+    /// Puts a finished image at its name (a device is written in place: nothing to do),
+    /// over the file found there only if it is still no pool's disk.
     fn place(self, path: &Path) -> Result<(), String> {
-        self.staged.map_or(Ok(()), |s| s.place(path))
+        self.staged
+            .map_or(Ok(()), |s| s.place(path, |held| refuse_pool_disk(held, path)))
     }
 }
 
@@ -309,6 +311,16 @@ pub fn create_target(path: &Path, overwrite: bool, size: u64, paths: &DataPaths)
     if was.is_none() && std::fs::symlink_metadata(&by).is_ok() {
         return Err(format!(
             "{} appeared while it was checked; nothing was written",
+            path.display()
+        ));
+    }
+    // Written beside its name first: nothing is made where it would be refused.
+    if paths
+        .check_named(&path.with_file_name(STAGED_PREFIX), DataUse::Image)
+        .is_err()
+    {
+        return Err(format!(
+            "an image is written beside its name and put there once whole: the directory of {} must be inside data_paths, not only the file",
             path.display()
         ));
     }
@@ -564,7 +576,12 @@ mod tests {
         assert!(!state.join("new.img").exists(), "the refused file was left behind");
         assert_eq!(std::fs::read(&precious).unwrap(), b"the daemon's own");
         // A plain file elsewhere is made as asked.
-        create_target(&d.path().join("plain.img"), false, 1 << 20, &paths).unwrap();
+        let plain = d.path().join("plain.img");
+        create_target(&plain, false, 1 << 20, &paths)
+            .unwrap()
+            .place(&plain)
+            .unwrap();
+        assert_eq!(std::fs::metadata(&plain).unwrap().len(), 1 << 20);
     }
 
     /// With data_paths, a name outside them is refused as given: nothing there is looked at
@@ -579,7 +596,18 @@ mod tests {
             let e = create_target(&outside, true, 1 << 20, &paths).unwrap_err();
             assert!(e.contains("outside the places"), "{e}");
         }
-        create_target(&san.join("x.img"), false, 1 << 20, &paths).unwrap();
+        let x = san.join("x.img");
+        create_target(&x, false, 1 << 20, &paths).unwrap().place(&x).unwrap();
+        // A file allowed alone: the image is written beside it first, which is refused.
+        let alone = d.path().join("alone.img");
+        let only = DataPaths::new(&d.path().join("state"), &[alone.clone()]);
+        let e = create_target(&alone, false, 1 << 20, &only).unwrap_err();
+        assert!(e.contains("must be inside data_paths"), "{e}");
+        assert!(std::fs::read_dir(d.path()).unwrap().all(|e| !e
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .starts_with(STAGED_PREFIX)));
     }
 
     /// A FIFO (or anything but a regular file or a block device) is refused before anything
@@ -625,9 +653,24 @@ mod tests {
         // A file of anything else is replaced, as asked.
         let other = d.path().join("other.img");
         std::fs::write(&other, vec![7u8; 8192]).unwrap();
-        create_target(&other, true, 1 << 20, &anywhere()).unwrap();
+        create_target(&other, true, 1 << 20, &anywhere())
+            .unwrap()
+            .place(&other)
+            .unwrap();
+        assert_eq!(std::fs::metadata(&other).unwrap().len(), 1 << 20);
         // As is one shorter than a label.
         std::fs::write(&other, b"x").unwrap();
-        create_target(&other, true, 1 << 20, &anywhere()).unwrap();
+        create_target(&other, true, 1 << 20, &anywhere())
+            .unwrap()
+            .place(&other)
+            .unwrap();
+        assert_eq!(std::fs::metadata(&other).unwrap().len(), 1 << 20);
+        // But not one that became a pool's disk while the export ran.
+        let t = create_target(&other, true, 1 << 20, &anywhere()).unwrap();
+        std::fs::write(&other, &before[..8192]).unwrap();
+        let held = std::fs::read(&other).unwrap();
+        let err = t.place(&other).unwrap_err();
+        assert!(err.contains("a disk of Tessera pool 'tank'"), "{err}");
+        assert!(std::fs::read(&other).unwrap() == held, "the pool's disk was replaced");
     }
 }

@@ -37,7 +37,6 @@ pub struct StagedFile {
     replaces: Option<(OwnedFd, FileId)>,
     /// The file made under the temporary name.
     ours: FileId,
-    placed: bool,
 }
 
 impl StagedFile {
@@ -50,19 +49,31 @@ impl StagedFile {
         replaces: Option<OwnedFd>,
         shown: &Path,
     ) -> Result<(File, StagedFile), String> {
+        // A name nobody holds: one left by a daemon that died (same process number in a
+        // container after a restart) or made by someone else is passed over, never opened.
         static SEQ: AtomicU64 = AtomicU64::new(0);
-        let temp = format!(
-            "{STAGED_PREFIX}{}-{}",
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::Relaxed)
-        );
-        let f = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(through(&dir).join(&temp))
-            .map_err(|e| format!("cannot create a file beside {}: {e}", shown.display()))?;
+        let mut tries = 0;
+        let (f, temp) = loop {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos());
+            let temp = format!(
+                "{STAGED_PREFIX}{}-{nanos:09}-{}",
+                std::process::id(),
+                SEQ.fetch_add(1, Ordering::Relaxed)
+            );
+            let made = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(through(&dir).join(&temp));
+            match made {
+                Ok(f) => break (f, temp),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && tries < 16 => tries += 1,
+                Err(e) => return Err(format!("cannot create a file beside {}: {e}", shown.display())),
+            }
+        };
         let id = |f: &File| {
             use std::os::unix::fs::MetadataExt;
             f.metadata()
@@ -72,8 +83,14 @@ impl StagedFile {
         let ours = id(&f)?;
         let replaces = match replaces {
             Some(fd) => {
-                let was = id(&File::from(fd.try_clone().map_err(|e| e.to_string())?))?;
-                Some((fd, was))
+                let held = File::from(fd.try_clone().map_err(|e| e.to_string())?);
+                keep_access(&held, &f).map_err(|e| {
+                    format!(
+                        "cannot give the new image the owner and mode of {}: {e}",
+                        shown.display()
+                    )
+                })?;
+                Some((fd, id(&held)?))
             }
             None => None,
         };
@@ -83,20 +100,21 @@ impl StagedFile {
             name: CString::new(name.as_bytes()).map_err(|_| format!("{} holds a NUL byte", shown.display()))?,
             replaces,
             ours,
-            placed: false,
         };
         Ok((f, staged))
     }
 
     /// Puts the file (written and synced by the caller) at its name, durably: replacing only
-    /// the file that was there when checked, or taking a name still free.
-    pub fn place(mut self, shown: &Path) -> Result<(), String> {
-        let taken = match self.replaces.as_ref().map(|r| r.1) {
-            Some(was) => self.exchange(was, shown)?,
+    /// the file that was there when checked, and only if `replaceable` (given a path to that
+    /// file, through the descriptor held) still says so just before and just after; or
+    /// taking a name still free.
+    pub fn place(mut self, shown: &Path, replaceable: impl Fn(&Path) -> Result<(), String>) -> Result<(), String> {
+        let taken = match self.replaces.as_ref().map(|(fd, was)| (through(fd), *was)) {
+            Some((held, was)) => self.exchange(&held, was, shown, &replaceable)?,
             None => false,
         };
         if !taken {
-            self.rename(libc::RENAME_NOREPLACE).map_err(|e| {
+            self.take_free_name().map_err(|e| {
                 if e.raw_os_error() == Some(libc::EEXIST) {
                     format!(
                         "{} appeared while the export ran and is left as it is; the image was not kept",
@@ -107,42 +125,96 @@ impl StagedFile {
                 }
             })?;
         }
-        self.placed = true;
         // The new name must survive a power cut as the data does.
         OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
             .open(through(&self.dir))
             .and_then(|d| d.sync_all())
-            .map_err(|e| format!("syncing the directory of {}: {e}", shown.display()))
+            .map_err(|e| {
+                format!(
+                    "the image is at {}, but syncing its directory failed ({e}): the name may not survive a power cut",
+                    shown.display()
+                )
+            })
     }
 
-    /// Exchanges the file with the one at the name, which must be `was`; true once done,
-    /// false if the name is free by now.
-    fn exchange(&mut self, was: FileId, shown: &Path) -> Result<bool, String> {
+    /// Gives the file the name, which must be free (`EEXIST` if not). Where the file system
+    /// has no rename that refuses to replace (NFS), a hard link does the same.
+    fn take_free_name(&self) -> std::io::Result<()> {
+        match self.rename(libc::RENAME_NOREPLACE) {
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => self.link_in(),
+            done => done,
+        }
+    }
+
+    /// Links the file at the name (`EEXIST` if taken), then drops the temporary name.
+    fn link_in(&self) -> std::io::Result<()> {
+        let d = self.dir.as_raw_fd();
+        // SAFETY: a live directory descriptor and NUL-terminated names.
+        if unsafe { libc::linkat(d, self.temp.as_ptr(), d, self.name.as_ptr(), 0) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: as above; the file keeps its new name.
+        unsafe { libc::unlinkat(d, self.temp.as_ptr(), 0) };
+        Ok(())
+    }
+
+    /// Puts the file in place of the one at the name, which must be `was` (held open as
+    /// `held`) and still `replaceable`; true once done, false if the name is free by now.
+    fn exchange(
+        &mut self,
+        held: &Path,
+        was: FileId,
+        shown: &Path,
+        replaceable: &impl Fn(&Path) -> Result<(), String>,
+    ) -> Result<bool, String> {
+        replaceable(held)?;
         match self.rename(libc::RENAME_EXCHANGE) {
             Ok(()) => {}
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(false),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) && self.id_of(&self.temp) == Some(self.ours) => {
+                return Ok(false)
+            }
+            // No exchange on this file system (NFS): the name is checked, then replaced.
+            // Between the two, a file put there by someone with write access to the
+            // directory would be replaced; the exchange leaves no such moment.
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return self.replace_if_still(was, shown),
             Err(e) => return Err(format!("cannot put the image at {}: {e}", shown.display())),
         }
-        // What went out is under the temporary name now.
-        if self.id_of(&self.temp) == Some(was) {
+        // What went out is under the temporary name now, and goes when this is dropped,
+        // if it is the file checked and still may be replaced; else it goes back, untouched.
+        if self.id_of(&self.temp) == Some(was) && replaceable(held).is_ok() {
             self.ours = was;
             return Ok(true);
         }
-        // Not the file checked: it goes back, untouched.
         let back = self.rename(libc::RENAME_EXCHANGE);
         Err(match back {
-            Ok(()) => format!(
-                "{} was replaced by another file while the export ran; it is left as it is and the image was not kept",
-                shown.display()
-            ),
+            Ok(()) => self.not_kept(shown),
             Err(e) => format!(
                 "{} was replaced by another file while the export ran, and putting it back failed ({e}): it is at {}",
                 shown.display(),
                 shown.with_file_name(self.temp.to_string_lossy().as_ref()).display()
             ),
         })
+    }
+
+    /// Replaces the file at the name if it is `was`; false if the name is free.
+    fn replace_if_still(&self, was: FileId, shown: &Path) -> Result<bool, String> {
+        match self.id_of(&self.name) {
+            Some(at) if at == was => self
+                .rename(0)
+                .map(|()| true)
+                .map_err(|e| format!("cannot put the image at {}: {e}", shown.display())),
+            Some(_) => Err(self.not_kept(shown)),
+            None => Ok(false),
+        }
+    }
+
+    fn not_kept(&self, shown: &Path) -> String {
+        format!(
+            "{} was replaced by another file while the export ran (or may no longer be replaced); it is left as it is and the image was not kept",
+            shown.display()
+        )
     }
 
     fn rename(&self, flags: libc::c_uint) -> std::io::Result<()> {
@@ -163,6 +235,23 @@ impl StagedFile {
         let rc = unsafe { libc::fstatat(self.dir.as_raw_fd(), name.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) };
         (rc == 0).then_some((st.st_dev, st.st_ino))
     }
+}
+
+/// Gives `new` the owner and permission bits of `old` (the image it replaces): a host that
+/// could open the old image opens the new one.
+fn keep_access(old: &File, new: &File) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let m = old.metadata()?;
+    // SAFETY: a live descriptor.
+    if unsafe { libc::fchown(new.as_raw_fd(), m.uid(), m.gid()) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // After the owner: a change of owner clears set-user-ID bits.
+    // SAFETY: as above.
+    if unsafe { libc::fchmod(new.as_raw_fd(), m.mode() & 0o7777) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 impl Drop for StagedFile {
@@ -229,10 +318,47 @@ mod tests {
         drop(s);
         assert!(names(d.path()).is_empty(), "{:?}", names(d.path()));
         stage(d.path(), "new.img", None, b"image")
-            .place(&d.path().join("new.img"))
+            .place(&d.path().join("new.img"), |_| Ok(()))
             .unwrap();
         assert_eq!(names(d.path()), ["new.img"]);
         assert_eq!(std::fs::read(d.path().join("new.img")).unwrap(), b"image");
+    }
+
+    /// Where renames take no flags (NFS): a hard link takes a free name, and a name is
+    /// replaced only while it leads to the file checked.
+    #[test]
+    fn without_exchange_a_link_or_a_checked_rename_does_the_same() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("n.img");
+        let s = stage(d.path(), "n.img", None, b"image");
+        s.link_in().unwrap();
+        assert_eq!(names(d.path()), ["n.img"]);
+        assert_eq!(std::fs::read(&p).unwrap(), b"image");
+        drop(s);
+        assert_eq!(std::fs::read(&p).unwrap(), b"image", "dropped once placed");
+        let s = stage(d.path(), "n.img", None, b"other");
+        assert_eq!(s.link_in().unwrap_err().raw_os_error(), Some(libc::EEXIST));
+        drop(s);
+        assert_eq!(names(d.path()), ["n.img"]);
+        assert_eq!(std::fs::read(&p).unwrap(), b"image");
+        // Replaced while it is the file checked; not once it is another.
+        let s = stage(d.path(), "n.img", Some(&p), b"new");
+        let was = s.replaces.as_ref().unwrap().1;
+        assert!(s.replace_if_still(was, &p).unwrap());
+        drop(s);
+        assert_eq!(names(d.path()), ["n.img"]);
+        assert_eq!(std::fs::read(&p).unwrap(), b"new");
+        let s = stage(d.path(), "n.img", Some(&p), b"newer");
+        let was = s.replaces.as_ref().unwrap().1;
+        std::fs::remove_file(&p).unwrap();
+        std::fs::write(&p, b"someone else's").unwrap();
+        assert!(s
+            .replace_if_still(was, &p)
+            .unwrap_err()
+            .contains("replaced by another file"));
+        drop(s);
+        assert_eq!(names(d.path()), ["n.img"]);
+        assert_eq!(std::fs::read(&p).unwrap(), b"someone else's");
     }
 
     #[test]
@@ -240,14 +366,26 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let old = d.path().join("old.img");
         std::fs::write(&old, b"old image").unwrap();
+        // A host's user may open it: so may they the new one.
+        std::os::unix::fs::chown(&old, Some(4321), Some(4322)).unwrap();
+        std::fs::set_permissions(&old, std::os::unix::fs::PermissionsExt::from_mode(0o640)).unwrap();
         drop(stage(d.path(), "old.img", Some(&old), b"new"));
         assert_eq!(std::fs::read(&old).unwrap(), b"old image");
         assert_eq!(names(d.path()), ["old.img"]);
+        // One that may no longer be replaced (it became a pool's disk meanwhile) is not.
+        let e = stage(d.path(), "old.img", Some(&old), b"new image")
+            .place(&old, |_| Err("a disk of pool 'tank'".to_string()))
+            .unwrap_err();
+        assert!(e.contains("pool 'tank'"), "{e}");
+        assert_eq!(std::fs::read(&old).unwrap(), b"old image");
+        assert_eq!(names(d.path()), ["old.img"]);
         stage(d.path(), "old.img", Some(&old), b"new image")
-            .place(&old)
+            .place(&old, |_| Ok(()))
             .unwrap();
         assert_eq!(std::fs::read(&old).unwrap(), b"new image");
         assert_eq!(names(d.path()), ["old.img"], "the replaced image is gone");
+        let m = std::fs::metadata(&old).unwrap();
+        assert_eq!((m.uid(), m.gid(), m.mode() & 0o7777), (4321, 4322, 0o640));
     }
 
     #[test]
@@ -257,7 +395,7 @@ mod tests {
         // Free when checked, a file there by the end.
         let s = stage(d.path(), "x.img", None, b"image");
         std::fs::write(&p, b"someone else's").unwrap();
-        let e = s.place(&p).unwrap_err();
+        let e = s.place(&p, |_| Ok(())).unwrap_err();
         assert!(e.contains("appeared while the export ran"), "{e}");
         assert_eq!(std::fs::read(&p).unwrap(), b"someone else's");
         assert_eq!(names(d.path()), ["x.img"]);
@@ -269,7 +407,7 @@ mod tests {
         std::fs::remove_file(&p).unwrap();
         std::fs::write(&p, b"a pool's disk").unwrap();
         assert_ne!(id(&p), checked);
-        let e = s.place(&p).unwrap_err();
+        let e = s.place(&p, |_| Ok(())).unwrap_err();
         assert!(e.contains("replaced by another file"), "{e}");
         assert_eq!(std::fs::read(&p).unwrap(), b"a pool's disk");
         assert_eq!(names(d.path()), ["x.img"]);
@@ -278,7 +416,7 @@ mod tests {
         std::fs::write(&y, b"old").unwrap();
         let s = stage(d.path(), "y.img", Some(&y), b"image");
         std::fs::remove_file(&y).unwrap();
-        s.place(&y).unwrap();
+        s.place(&y, |_| Ok(())).unwrap();
         assert_eq!(std::fs::read(d.path().join("y.img")).unwrap(), b"image");
     }
 }
