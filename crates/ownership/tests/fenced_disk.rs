@@ -13,7 +13,7 @@ use common::{ceph, ceph_conf, TEST_POOL};
 
 use rand::{Rng, SeedableRng};
 use tessera_disk::{AlignedBuf, BlockDevice, DiskError, ReadReq, ReadRing, ReadVia, RingRead, RingWrite};
-use tessera_ownership::fenced_disk::{FencedDisk, OBJECT_BYTES};
+use tessera_ownership::fenced_disk::{FencedDisk, Walk, OBJECT_BYTES};
 use tessera_rados::Cluster;
 
 const MIB: u64 = 1 << 20;
@@ -62,6 +62,53 @@ fn a_disk_on_rados_reads_back_what_was_written_and_zeros_elsewhere() {
     assert!(pool.size(&format!("{prefix}.{:016x}", 0)).unwrap().is_none());
     assert!(pool.size(&format!("{prefix}.{:016x}", 1)).unwrap().is_none());
     d.read_at(&mut back, at).unwrap();
+    assert!(back.iter().all(|&b| b == 0));
+}
+
+/// A disk's objects are removed, wherever they are, and nothing of another disk whose
+/// objects' names look alike, whichever way they are found: by listing the pool (a large thin
+/// disk mostly unwritten, where the pool holds fewer objects than the disk spans) or by every
+/// index the disk spans.
+#[test]
+fn removing_a_disk_removes_its_objects_and_no_others() {
+    let t = "removing_a_disk_removes_its_objects_and_no_others";
+    let Some(conf) = ceph_conf(t) else { return };
+    let c = ceph(&conf);
+    // 1 TiB (262,144 indexes) listed; 64 MiB (16) walked index by index.
+    for (size, walk) in [(1u64 << 40, Walk::Listing), (64 * MIB, Walk::Indexes)] {
+        remove_and_check(&c, &format!("{t}-{}-{walk:?}", std::process::id()), size, walk);
+    }
+}
+
+fn remove_and_check(c: &Arc<Cluster>, prefix: &str, size: u64, walk: Walk) {
+    let d = disk(c, prefix, size, 1);
+    let block = random(3, 4096);
+    let written = [0, (size / OBJECT_BYTES / 3) * OBJECT_BYTES, size - OBJECT_BYTES];
+    for &at in &written {
+        d.write_at(&block, at).unwrap();
+    }
+    d.flush().unwrap();
+    let pool = c.pool(TEST_POOL).unwrap();
+    let others = [
+        format!("{prefix}x.{:016x}", 1),
+        format!("{prefix}.{:016x}", size / OBJECT_BYTES),
+        format!("{prefix}.data.{:016x}", 2),
+        format!("{prefix}.{:x}", 5),
+    ];
+    for o in &others {
+        pool.write_full(o, b"not the disk's").unwrap();
+    }
+    d.remove_objects_by(walk).unwrap();
+    for &at in &written {
+        let o = format!("{prefix}.{:016x}", at / OBJECT_BYTES);
+        assert!(pool.size(&o).unwrap().is_none(), "{o} stays");
+    }
+    for o in &others {
+        assert!(pool.size(o).unwrap().is_some(), "{o} was removed");
+        pool.remove(o).unwrap();
+    }
+    let mut back = AlignedBuf::zeroed(4096);
+    d.read_at(&mut back, written[1]).unwrap();
     assert!(back.iter().all(|&b| b == 0));
 }
 

@@ -9,6 +9,7 @@ pub type rados_write_op_t = *mut c_void;
 pub type rados_read_op_t = *mut c_void;
 pub type rados_omap_iter_t = *mut c_void;
 pub type rados_completion_t = *mut c_void;
+pub type rados_list_ctx_t = *mut c_void;
 pub type rados_callback_t = Option<unsafe extern "C" fn(cb: rados_completion_t, arg: *mut c_void)>;
 
 pub const LIBRADOS_CMPXATTR_OP_EQ: u8 = 1;
@@ -149,4 +150,18 @@ extern "C" {
         val_len: *mut size_t,
     ) -> c_int;
     pub fn rados_omap_get_end(iter: rados_omap_iter_t);
+    pub fn rados_nobjects_list_open(io: rados_ioctx_t, ctx: *mut rados_list_ctx_t) -> c_int;
+    pub fn rados_nobjects_list_next2(
+        ctx: rados_list_ctx_t,
+        entry: *mut *const c_char,
+        key: *mut *const c_char,
+        nspace: *mut *const c_char,
+        entry_size: *mut size_t,
+        key_size: *mut size_t,
+        nspace_size: *mut size_t,
+    ) -> c_int;
+    pub fn rados_nobjects_list_close(ctx: rados_list_ctx_t);
+    /// `stats` points at a `struct rados_pool_stat_t` (sixteen u64 fields in Ceph 16; the
+    /// caller gives room for more).
+    pub fn rados_ioctx_pool_stat(io: rados_ioctx_t, stats: *mut u64) -> c_int;
 }

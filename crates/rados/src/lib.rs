@@ -16,11 +16,13 @@ mod background;
 mod batch;
 mod error;
 mod ffi;
+mod listing;
 mod ops;
 
 pub use background::ReadCallback;
 pub use batch::ReadExtent;
 pub use error::{RadosError, Result};
+pub use listing::Objects;
 pub use ops::{OmapPage, PendingWrite, WriteCallback, WriteOp, XattrCmp};
 
 use ops::ReadOmap;

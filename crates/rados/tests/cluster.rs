@@ -67,6 +67,32 @@ fn objects_round_trip() {
 }
 
 #[test]
+fn a_listing_names_every_object_of_the_pool() {
+    let Some(conf) = conf("a_listing_names_every_object_of_the_pool") else {
+        return;
+    };
+    let c = connect(&conf);
+    let p = pool(&c);
+    let mine: Vec<String> = (0..5).map(|i| oid(&format!("listed-{i}"))).collect();
+    for o in &mine {
+        p.write_full(o, b"x").unwrap();
+    }
+    let listed: std::collections::HashSet<Vec<u8>> = p.objects().unwrap().map(|n| n.unwrap()).collect();
+    for o in &mine {
+        assert!(listed.contains(o.as_bytes()), "{o} not listed");
+    }
+    p.object_count().unwrap();
+    for o in &mine {
+        p.remove(o).unwrap();
+    }
+    let listed: std::collections::HashSet<Vec<u8>> = p.objects().unwrap().map(|n| n.unwrap()).collect();
+    assert!(
+        mine.iter().all(|o| !listed.contains(o.as_bytes())),
+        "a removed object is listed"
+    );
+}
+
+#[test]
 fn a_compound_write_applies_data_attributes_and_omap_together_or_not_at_all() {
     let Some(conf) = conf("a_compound_write_applies_data_attributes_and_omap_together_or_not_at_all") else {
         return;
