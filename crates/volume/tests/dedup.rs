@@ -389,16 +389,23 @@ fn duplicates_in_the_next_batches_are_found_while_their_entries_go_into_the_inde
     rig.assert_consistent();
 }
 
-#[test]
-fn a_cancelled_run_stops_and_keeps_what_it_did() {
+/// A pool with dedup on and two mirrored vdisks "a" and "b" of 1 MiB holding the same data.
+fn two_vdisks_alike(seed: u64) -> (Rig, Vec<u8>) {
     let rig = Rig::new(4, 64 * MIB, MIB);
     let e = rig.engine();
     enable_dedup(e, Compression::default());
-    let data = pattern(2, 0, MIB as usize);
-    vdisk(e, "a", MIB, LayoutKind::Mirror);
-    vdisk(e, "b", MIB, LayoutKind::Mirror);
-    e.vdisk("a").unwrap().write(0, &data, false).unwrap();
-    e.vdisk("b").unwrap().write(0, &data, false).unwrap();
+    let data = pattern(seed, 0, MIB as usize);
+    for name in ["a", "b"] {
+        vdisk(e, name, MIB, LayoutKind::Mirror);
+        e.vdisk(name).unwrap().write(0, &data, false).unwrap();
+    }
+    (rig, data)
+}
+
+#[test]
+fn a_cancelled_run_stops_and_keeps_what_it_did() {
+    let (rig, data) = two_vdisks_alike(2);
+    let e = rig.engine();
     let p = Progress::default();
     p.cancel.store(true, Ordering::Relaxed);
     let opts = PassOptions {
@@ -414,14 +421,8 @@ fn a_cancelled_run_stops_and_keeps_what_it_did() {
 /// (here sixteen seconds after the first).
 #[test]
 fn a_slow_run_stops_at_once_when_cancelled() {
-    let rig = Rig::new(4, 64 * MIB, MIB);
+    let (rig, data) = two_vdisks_alike(3);
     let e = rig.engine();
-    enable_dedup(e, Compression::default());
-    let data = pattern(3, 0, MIB as usize);
-    vdisk(e, "a", MIB, LayoutKind::Mirror);
-    vdisk(e, "b", MIB, LayoutKind::Mirror);
-    e.vdisk("a").unwrap().write(0, &data, false).unwrap();
-    e.vdisk("b").unwrap().write(0, &data, false).unwrap();
     let p = Progress::default();
     let opts = PassOptions {
         ignore_min_age: true,
