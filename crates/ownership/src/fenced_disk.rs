@@ -270,7 +270,7 @@ impl FencedDisk {
     /// objects are listed and this disk's removed; otherwise every index is removed, written
     /// or not (those never written answer `ENOENT`): a 10 TiB disk spans 2.6 million.
     pub fn remove_objects(&self) -> Result<(), RadosError> {
-        let indexes = self.inner.size.div_ceil(OBJECT_BYTES);
+        let indexes = self.inner.exists.len() as u64;
         // The count is an estimate (seconds old); either walk is exact.
         let walk = if self.inner.pool.object_count().is_ok_and(|n| n < indexes) {
             Walk::Listing
@@ -285,20 +285,15 @@ impl FencedDisk {
         let inner = &self.inner;
         // Nothing of this disk may land after its objects went.
         let _ = inner.flush();
-        let indexes = inner.size.div_ceil(OBJECT_BYTES);
+        let indexes = inner.exists.len() as u64;
         let mut removal = Removal::new(inner);
         if walk == Walk::Listing {
-            let ours = |name: &[u8]| -> Option<u64> {
-                let hex = name.strip_prefix(inner.prefix.as_bytes())?.strip_prefix(b".")?;
-                let hex = std::str::from_utf8(hex).ok().filter(|h| h.len() == 16)?;
-                u64::from_str_radix(hex, 16).ok().filter(|&i| i < indexes)
-            };
             // A listing that fails stops the removals, which are waited for all the same.
             match inner.pool.objects() {
                 Ok(names) => {
                     for name in names {
                         let index = match name {
-                            Ok(name) => ours(&name),
+                            Ok(name) => inner.index_of(&name),
                             Err(e) => {
                                 removal.fail(e);
                                 break;
@@ -413,6 +408,18 @@ impl Drop for Inner {
 impl Inner {
     fn oid(&self, index: u64) -> String {
         format!("{}.{index:016x}", self.prefix)
+    }
+
+    /// The index of the object named `name`, if it is one of this disk's ([`oid`](Self::oid)).
+    fn index_of(&self, name: &[u8]) -> Option<u64> {
+        let hex = name.strip_prefix(self.prefix.as_bytes())?.strip_prefix(b".")?;
+        let lower_hex = |b: &u8| b.is_ascii_digit() || (b'a'..=b'f').contains(b);
+        let hex = std::str::from_utf8(hex)
+            .ok()
+            .filter(|h| h.len() == 16 && h.as_bytes().iter().all(lower_hex))?;
+        u64::from_str_radix(hex, 16)
+            .ok()
+            .filter(|&i| i < self.exists.len() as u64)
     }
 
     /// Every error of the cluster is a refusal of this request, not a fault of the disk:

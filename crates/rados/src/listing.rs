@@ -71,6 +71,8 @@ impl Iterator for Objects<'_> {
                 ptr::null_mut(),
             )
         };
+        // The end of the listing (also what a pool deleted meanwhile answers: nothing is
+        // left in it either way).
         if rc == -libc::ENOENT {
             self.done = true;
             return None;

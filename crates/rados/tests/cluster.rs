@@ -81,7 +81,19 @@ fn a_listing_names_every_object_of_the_pool() {
     for o in &mine {
         assert!(listed.contains(o.as_bytes()), "{o} not listed");
     }
-    p.object_count().unwrap();
+    // The count is as the placement groups last reported it: seconds old. It must come to
+    // count these, and be a count of objects (not of bytes or kilobytes: they are larger).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let n = p.object_count().unwrap();
+        let listed = p.objects().unwrap().count() as u64;
+        if n >= mine.len() as u64 {
+            assert!(n <= 2 * listed + 16, "{n} objects counted, {listed} listed");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the count stays at {n}");
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
     for o in &mine {
         p.remove(o).unwrap();
     }
