@@ -170,6 +170,46 @@ fn pool_and_vdisk_lifecycle() {
     assert_eq!(d.json(&["pool", "list"])[0]["name"], "tank2");
 }
 
+/// A daemon killed during an export leaves no file behind, at the name or beside it, where
+/// the file system makes unnamed files (the test's temporary directory's does).
+#[test]
+fn a_daemon_killed_during_an_export_leaves_no_file_behind() {
+    let t = tempfile::tempdir().unwrap();
+    let mut d = Daemon::start(&t.path().join("state"));
+    create_pool(&d, "p", &disks(&t.path().join("disks"), 2, 256 << 20));
+    let img = t.path().join("in.img");
+    random_image(&img, 16 << 20, 9);
+    let job = d.json(&["vdisk", "import", "p/v", img.to_str().unwrap(), "--layout", "simple"]);
+    assert_eq!(job["state"], "succeeded", "{job}");
+    let dir = t.path().join("out");
+    std::fs::create_dir(&dir).unwrap();
+    let out = dir.join("v.img");
+    let job = d.json(&[
+        "vdisk",
+        "export",
+        "p/v",
+        out.to_str().unwrap(),
+        "--rate",
+        "1M",
+        "--no-wait",
+    ]);
+    let id = job["id"].as_u64().unwrap().to_string();
+    let started = std::time::Instant::now();
+    while d.json(&["job", "show", &id])["done_bytes"].as_u64().unwrap_or(0) == 0 {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "the export does not start"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    d.kill9();
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
 #[test]
 fn import_export_round_trip_is_bit_exact_and_sparse() {
     let t = tempfile::tempdir().unwrap();

@@ -326,8 +326,11 @@ pub fn create_target(path: &Path, overwrite: bool, size: u64, paths: &DataPaths)
     }
     let name = path.file_name().expect("locate_new names a file");
     let (f, staged) = StagedFile::create(dir, name, was, path)?;
-    // Checked again on the file made: it is where the name said.
-    paths.check(&f, path, DataUse::Image)?;
+    // A named file is checked again where the kernel says it is; an unnamed one is in the
+    // directory checked, by the way it was made.
+    if staged.named() {
+        paths.check(&f, path, DataUse::Image)?;
+    }
     f.set_len(size)
         .map_err(|e| format!("cannot size {}: {e}", path.display()))?;
     Ok(ExportTarget {

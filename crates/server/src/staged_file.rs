@@ -1,7 +1,12 @@
-//! A file made under a temporary name beside the one asked for, and put at that name only
-//! once it is whole: an export that fails, is cancelled or dies with the daemon leaves no
-//! file at the name that looks like an image (a sparse file has its full size from the
-//! start), and an image it was to replace stays as it was until the new one is complete.
+//! A file made beside the one asked for, and put at that name only once it is whole: an
+//! export that fails, is cancelled or dies with the daemon leaves no file at the name that
+//! looks like an image (a sparse file has its full size from the start), and an image it was
+//! to replace stays as it was until the new one is complete.
+//!
+//! The file is made without a name where the file system allows it (`O_TMPFILE`: ext4, XFS,
+//! Btrfs, tmpfs), so that nothing is left behind even by a daemon that dies; elsewhere (NFS)
+//! under a hidden temporary name, which a daemon that dies leaves. To replace a file it is
+//! given a hidden name just before the exchange.
 //!
 //! Every name is looked up through the directory's descriptor, checked when the export
 //! began: no rename of a directory above leads elsewhere. The file the export was allowed to
@@ -29,7 +34,11 @@ pub type FileId = (u64, u64);
 pub struct StagedFile {
     /// The directory, as checked when the export began (`O_PATH`).
     dir: OwnedFd,
+    /// The file made (a descriptor of its own: the caller's may be closed first).
+    file: OwnedFd,
+    /// Its hidden name in the directory, whether it has it yet or not (`named`).
     temp: CString,
+    named: bool,
     name: CString,
     /// The file found at the name when it was checked, which may be replaced (held open: its
     /// inode number cannot be given to another file meanwhile); None: the name must still
@@ -49,30 +58,43 @@ impl StagedFile {
         replaces: Option<OwnedFd>,
         shown: &Path,
     ) -> Result<(File, StagedFile), String> {
-        // A name nobody holds: one left by a daemon that died (same process number in a
-        // container after a restart) or made by someone else is passed over, never opened.
-        static SEQ: AtomicU64 = AtomicU64::new(0);
-        let mut tries = 0;
-        let (f, temp) = loop {
-            let nanos = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.subsec_nanos());
-            let temp = format!(
-                "{STAGED_PREFIX}{}-{nanos:09}-{}",
-                std::process::id(),
-                SEQ.fetch_add(1, Ordering::Relaxed)
-            );
-            let made = OpenOptions::new()
+        Self::create_as(dir, name, replaces, shown, true)
+    }
+
+    /// [`create`](Self::create), without a name first only if `unnamed`.
+    fn create_as(
+        dir: OwnedFd,
+        name: &OsStr,
+        replaces: Option<OwnedFd>,
+        shown: &Path,
+        unnamed: bool,
+    ) -> Result<(File, StagedFile), String> {
+        let made = |name: &CString| -> std::io::Result<File> {
+            OpenOptions::new()
                 .write(true)
                 .create_new(true)
                 .mode(0o600)
                 .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-                .open(through(&dir).join(&temp));
-            match made {
-                Ok(f) => break (f, temp),
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && tries < 16 => tries += 1,
-                Err(e) => return Err(format!("cannot create a file beside {}: {e}", shown.display())),
+                .open(through(&dir).join(OsStr::from_bytes(name.as_bytes())))
+        };
+        let unnamed = if unnamed {
+            OpenOptions::new()
+                .write(true)
+                .mode(0o600)
+                .custom_flags(libc::O_TMPFILE | libc::O_CLOEXEC)
+                .open(through(&dir))
+        } else {
+            Err(std::io::Error::from_raw_os_error(libc::EOPNOTSUPP))
+        };
+        let (f, temp, named) = match unnamed {
+            Ok(f) => (f, fresh_name(), false),
+            // No unnamed files on this file system (or this kernel): a hidden name.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::EISDIR | libc::EINVAL)) => {
+                let (f, temp) =
+                    at_fresh_name(made).map_err(|e| format!("cannot create a file beside {}: {e}", shown.display()))?;
+                (f, temp, true)
             }
+            Err(e) => return Err(format!("cannot create a file beside {}: {e}", shown.display())),
         };
         let id = |f: &File| {
             use std::os::unix::fs::MetadataExt;
@@ -96,12 +118,20 @@ impl StagedFile {
         };
         let staged = StagedFile {
             dir,
-            temp: CString::new(temp).expect("no NUL in a made-up name"),
+            file: f.try_clone().map_err(|e| e.to_string())?.into(),
+            temp,
+            named,
             name: CString::new(name.as_bytes()).map_err(|_| format!("{} holds a NUL byte", shown.display()))?,
             replaces,
             ours,
         };
         Ok((f, staged))
+    }
+
+    /// Whether the file has a name yet (its hidden one): an unnamed file is in the directory
+    /// by the way it was made, and the kernel names it nowhere.
+    pub fn named(&self) -> bool {
+        self.named
     }
 
     /// Puts the file (written and synced by the caller) at its name, durably: replacing only
@@ -110,7 +140,11 @@ impl StagedFile {
     /// taking a name still free.
     pub fn place(mut self, shown: &Path, replaceable: impl Fn(&Path) -> Result<(), String>) -> Result<(), String> {
         let taken = match self.replaces.as_ref().map(|(fd, was)| (through(fd), *was)) {
-            Some((held, was)) => self.exchange(&held, was, shown, &replaceable)?,
+            Some((held, was)) => {
+                self.name_it()
+                    .map_err(|e| format!("cannot name the image beside {}: {e}", shown.display()))?;
+                self.exchange(&held, was, shown, &replaceable)?
+            }
             None => false,
         };
         if !taken {
@@ -142,9 +176,43 @@ impl StagedFile {
     /// Gives the file the name, which must be free (`EEXIST` if not). Where the file system
     /// has no rename that refuses to replace (NFS), a hard link does the same.
     fn take_free_name(&self) -> std::io::Result<()> {
+        if !self.named {
+            return self.link_unnamed(&self.name);
+        }
         match self.rename(libc::RENAME_NOREPLACE) {
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => self.link_in(),
             done => done,
+        }
+    }
+
+    /// Gives the unnamed file its hidden name (another if one is taken).
+    fn name_it(&mut self) -> std::io::Result<()> {
+        if !self.named {
+            let ((), temp) = at_fresh_name(|temp| self.link_unnamed(temp))?;
+            self.temp = temp;
+            self.named = true;
+        }
+        Ok(())
+    }
+
+    /// Links the unnamed file at `name` in the directory (`EEXIST` if taken).
+    fn link_unnamed(&self, name: &CStr) -> std::io::Result<()> {
+        // Through /proc, which needs no capability (`AT_EMPTY_PATH` would).
+        let by = CString::new(format!("/proc/self/fd/{}", self.file.as_raw_fd())).expect("no NUL");
+        // SAFETY: NUL-terminated names and a live directory descriptor.
+        let rc = unsafe {
+            libc::linkat(
+                libc::AT_FDCWD,
+                by.as_ptr(),
+                self.dir.as_raw_fd(),
+                name.as_ptr(),
+                libc::AT_SYMLINK_FOLLOW,
+            )
+        };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
         }
     }
 
@@ -254,11 +322,41 @@ fn keep_access(old: &File, new: &File) -> std::io::Result<()> {
     Ok(())
 }
 
+/// A hidden name nobody is likely to hold.
+fn fresh_name() -> CString {
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let name = format!(
+        "{STAGED_PREFIX}{}-{nanos:09}-{}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    );
+    CString::new(name).expect("no NUL in a made-up name")
+}
+
+/// Runs `make` with fresh hidden names until one is not taken: one left by a daemon that
+/// died (the same process number in a container after a restart) or made by someone else is
+/// passed over, never opened.
+fn at_fresh_name<T>(mut make: impl FnMut(&CString) -> std::io::Result<T>) -> std::io::Result<(T, CString)> {
+    let mut tries = 0;
+    loop {
+        let name = fresh_name();
+        match make(&name) {
+            Ok(t) => return Ok((t, name)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && tries < 16 => tries += 1,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 impl Drop for StagedFile {
     /// What is under the temporary name goes: a partial image not placed, or (once
     /// placed over one) the image it replaced. Only the file known to be there.
     fn drop(&mut self) {
-        if self.id_of(&self.temp) == Some(self.ours) {
+        // An unnamed file goes with its last descriptor.
+        if self.named && self.id_of(&self.temp) == Some(self.ours) {
             // SAFETY: a live directory descriptor and a NUL-terminated name.
             unsafe { libc::unlinkat(self.dir.as_raw_fd(), self.temp.as_ptr(), 0) };
         }
@@ -295,6 +393,10 @@ mod tests {
     }
 
     fn stage(d: &Path, name: &str, replaces: Option<&Path>, data: &[u8]) -> StagedFile {
+        stage_as(d, name, replaces, data, true)
+    }
+
+    fn stage_as(d: &Path, name: &str, replaces: Option<&Path>, data: &[u8], unnamed: bool) -> StagedFile {
         let replaces = replaces.map(|p| {
             OpenOptions::new()
                 .read(true)
@@ -303,25 +405,42 @@ mod tests {
                 .unwrap()
                 .into()
         });
-        let (f, s) = StagedFile::create(dir_of(d), OsStr::new(name), replaces, &d.join(name)).unwrap();
+        let (f, s) = StagedFile::create_as(dir_of(d), OsStr::new(name), replaces, &d.join(name), unnamed).unwrap();
+        assert_eq!(s.named(), !unnamed, "this file system makes unnamed files");
         std::os::unix::fs::FileExt::write_all_at(&f, data, 0).unwrap();
         s
     }
 
     #[test]
     fn nothing_is_at_the_name_until_placed_and_nothing_is_left_if_never() {
-        let d = tempfile::tempdir().unwrap();
-        let s = stage(d.path(), "new.img", None, b"image");
-        assert_eq!(names(d.path()).len(), 1);
-        assert!(names(d.path())[0].starts_with(STAGED_PREFIX));
-        assert!(!d.path().join("new.img").exists());
-        drop(s);
-        assert!(names(d.path()).is_empty(), "{:?}", names(d.path()));
-        stage(d.path(), "new.img", None, b"image")
-            .place(&d.path().join("new.img"), |_| Ok(()))
-            .unwrap();
-        assert_eq!(names(d.path()), ["new.img"]);
-        assert_eq!(std::fs::read(d.path().join("new.img")).unwrap(), b"image");
+        for unnamed in [true, false] {
+            let d = tempfile::tempdir().unwrap();
+            let s = stage_as(d.path(), "new.img", None, b"image", unnamed);
+            // Unnamed: nothing in the directory at all (nothing for a daemon that dies to
+            // leave); else a hidden name.
+            if unnamed {
+                assert!(names(d.path()).is_empty(), "{:?}", names(d.path()));
+            } else {
+                assert_eq!(names(d.path()).len(), 1);
+                assert!(names(d.path())[0].starts_with(STAGED_PREFIX));
+            }
+            assert!(!d.path().join("new.img").exists());
+            drop(s);
+            assert!(names(d.path()).is_empty(), "{:?}", names(d.path()));
+            stage_as(d.path(), "new.img", None, b"image", unnamed)
+                .place(&d.path().join("new.img"), |_| Ok(()))
+                .unwrap();
+            assert_eq!(names(d.path()), ["new.img"]);
+            assert_eq!(std::fs::read(d.path().join("new.img")).unwrap(), b"image");
+            // A name taken by then is left as it is.
+            let s = stage_as(d.path(), "new.img", None, b"other", unnamed);
+            assert!(s
+                .place(&d.path().join("new.img"), |_| Ok(()))
+                .unwrap_err()
+                .contains("appeared"));
+            assert_eq!(names(d.path()), ["new.img"]);
+            assert_eq!(std::fs::read(d.path().join("new.img")).unwrap(), b"image");
+        }
     }
 
     /// Where renames take no flags (NFS): a hard link takes a free name, and a name is
@@ -330,25 +449,25 @@ mod tests {
     fn without_exchange_a_link_or_a_checked_rename_does_the_same() {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("n.img");
-        let s = stage(d.path(), "n.img", None, b"image");
+        let s = stage_as(d.path(), "n.img", None, b"image", false);
         s.link_in().unwrap();
         assert_eq!(names(d.path()), ["n.img"]);
         assert_eq!(std::fs::read(&p).unwrap(), b"image");
         drop(s);
         assert_eq!(std::fs::read(&p).unwrap(), b"image", "dropped once placed");
-        let s = stage(d.path(), "n.img", None, b"other");
+        let s = stage_as(d.path(), "n.img", None, b"other", false);
         assert_eq!(s.link_in().unwrap_err().raw_os_error(), Some(libc::EEXIST));
         drop(s);
         assert_eq!(names(d.path()), ["n.img"]);
         assert_eq!(std::fs::read(&p).unwrap(), b"image");
         // Replaced while it is the file checked; not once it is another.
-        let s = stage(d.path(), "n.img", Some(&p), b"new");
+        let s = stage_as(d.path(), "n.img", Some(&p), b"new", false);
         let was = s.replaces.as_ref().unwrap().1;
         assert!(s.replace_if_still(was, &p).unwrap());
         drop(s);
         assert_eq!(names(d.path()), ["n.img"]);
         assert_eq!(std::fs::read(&p).unwrap(), b"new");
-        let s = stage(d.path(), "n.img", Some(&p), b"newer");
+        let s = stage_as(d.path(), "n.img", Some(&p), b"newer", false);
         let was = s.replaces.as_ref().unwrap().1;
         std::fs::remove_file(&p).unwrap();
         std::fs::write(&p, b"someone else's").unwrap();
