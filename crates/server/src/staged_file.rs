@@ -393,7 +393,26 @@ mod tests {
     }
 
     fn stage(d: &Path, name: &str, replaces: Option<&Path>, data: &[u8]) -> StagedFile {
-        stage_as(d, name, replaces, data, true)
+        stage_as(d, name, replaces, data, unnamed_ways()[0])
+    }
+
+    /// Unnamed files where the test's temporary directory has them, and hidden names.
+    fn unnamed_ways() -> Vec<bool> {
+        let d = tempfile::tempdir().unwrap();
+        let probe = OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_TMPFILE)
+            .mode(0o600)
+            .open(d.path());
+        if probe.is_ok() {
+            vec![true, false]
+        } else {
+            tessera_disk::skip(
+                "unnamed staged files",
+                "this file system makes no unnamed files (O_TMPFILE)",
+            );
+            vec![false]
+        }
     }
 
     fn stage_as(d: &Path, name: &str, replaces: Option<&Path>, data: &[u8], unnamed: bool) -> StagedFile {
@@ -413,7 +432,7 @@ mod tests {
 
     #[test]
     fn nothing_is_at_the_name_until_placed_and_nothing_is_left_if_never() {
-        for unnamed in [true, false] {
+        for unnamed in unnamed_ways() {
             let d = tempfile::tempdir().unwrap();
             let s = stage_as(d.path(), "new.img", None, b"image", unnamed);
             // Unnamed: nothing in the directory at all (nothing for a daemon that dies to
@@ -482,29 +501,32 @@ mod tests {
 
     #[test]
     fn an_image_to_replace_stays_as_it_was_until_the_new_one_is_placed() {
-        let d = tempfile::tempdir().unwrap();
-        let old = d.path().join("old.img");
-        std::fs::write(&old, b"old image").unwrap();
-        // A host's user may open it: so may they the new one.
-        std::os::unix::fs::chown(&old, Some(4321), Some(4322)).unwrap();
-        std::fs::set_permissions(&old, std::os::unix::fs::PermissionsExt::from_mode(0o640)).unwrap();
-        drop(stage(d.path(), "old.img", Some(&old), b"new"));
-        assert_eq!(std::fs::read(&old).unwrap(), b"old image");
-        assert_eq!(names(d.path()), ["old.img"]);
-        // One that may no longer be replaced (it became a pool's disk meanwhile) is not.
-        let e = stage(d.path(), "old.img", Some(&old), b"new image")
-            .place(&old, |_| Err("a disk of pool 'tank'".to_string()))
-            .unwrap_err();
-        assert!(e.contains("pool 'tank'"), "{e}");
-        assert_eq!(std::fs::read(&old).unwrap(), b"old image");
-        assert_eq!(names(d.path()), ["old.img"]);
-        stage(d.path(), "old.img", Some(&old), b"new image")
-            .place(&old, |_| Ok(()))
-            .unwrap();
-        assert_eq!(std::fs::read(&old).unwrap(), b"new image");
-        assert_eq!(names(d.path()), ["old.img"], "the replaced image is gone");
-        let m = std::fs::metadata(&old).unwrap();
-        assert_eq!((m.uid(), m.gid(), m.mode() & 0o7777), (4321, 4322, 0o640));
+        // Made unnamed or under a hidden name: the same exchange either way.
+        for unnamed in unnamed_ways() {
+            let d = tempfile::tempdir().unwrap();
+            let old = d.path().join("old.img");
+            std::fs::write(&old, b"old image").unwrap();
+            // A host's user may open it: so may they the new one.
+            std::os::unix::fs::chown(&old, Some(4321), Some(4322)).unwrap();
+            std::fs::set_permissions(&old, std::os::unix::fs::PermissionsExt::from_mode(0o640)).unwrap();
+            drop(stage_as(d.path(), "old.img", Some(&old), b"new", unnamed));
+            assert_eq!(std::fs::read(&old).unwrap(), b"old image");
+            assert_eq!(names(d.path()), ["old.img"]);
+            // One that may no longer be replaced (it became a pool's disk meanwhile) is not.
+            let e = stage_as(d.path(), "old.img", Some(&old), b"new image", unnamed)
+                .place(&old, |_| Err("a disk of pool 'tank'".to_string()))
+                .unwrap_err();
+            assert!(e.contains("pool 'tank'"), "{e}");
+            assert_eq!(std::fs::read(&old).unwrap(), b"old image");
+            assert_eq!(names(d.path()), ["old.img"]);
+            stage_as(d.path(), "old.img", Some(&old), b"new image", unnamed)
+                .place(&old, |_| Ok(()))
+                .unwrap();
+            assert_eq!(std::fs::read(&old).unwrap(), b"new image");
+            assert_eq!(names(d.path()), ["old.img"], "the replaced image is gone");
+            let m = std::fs::metadata(&old).unwrap();
+            assert_eq!((m.uid(), m.gid(), m.mode() & 0o7777), (4321, 4322, 0o640));
+        }
     }
 
     #[test]
