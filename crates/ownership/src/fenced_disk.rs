@@ -285,32 +285,26 @@ impl FencedDisk {
         let inner = &self.inner;
         // Nothing of this disk may land after its objects went.
         let _ = inner.flush();
-        let indexes = inner.exists.len() as u64;
         let mut removal = Removal::new(inner);
-        if walk == Walk::Listing {
-            // A listing that fails stops the removals, which are waited for all the same.
-            match inner.pool.objects() {
-                Ok(names) => {
-                    for name in names {
-                        let index = match name {
-                            Ok(name) => inner.index_of(&name),
-                            Err(e) => {
-                                removal.fail(e);
-                                break;
-                            }
-                        };
-                        if index.is_some_and(|i| !removal.remove(i)) {
-                            break;
-                        }
-                    }
+        // The indexes of the objects to remove; a listing that fails ends them with its error.
+        let indexes: Box<dyn Iterator<Item = Result<u64, RadosError>>> = match walk {
+            Walk::Listing => match inner.pool.objects() {
+                Ok(names) => Box::new(names.filter_map(|name| name.map(|n| inner.index_of(&n)).transpose())),
+                Err(e) => Box::new(std::iter::once(Err(e))),
+            },
+            Walk::Indexes => Box::new((0..inner.exists.len() as u64).map(Ok)),
+        };
+        // The removals sent are waited for whatever stops the walk.
+        for index in indexes {
+            let going = match index {
+                Ok(i) => removal.remove(i),
+                Err(e) => {
+                    removal.fail(e);
+                    false
                 }
-                Err(e) => removal.fail(e),
-            }
-        } else {
-            for index in 0..indexes {
-                if !removal.remove(index) {
-                    break;
-                }
+            };
+            if !going {
+                break;
             }
         }
         removal.finish()

@@ -44,7 +44,8 @@ pub struct StagedFile {
     /// inode number cannot be given to another file meanwhile); None: the name must still
     /// be free.
     replaces: Option<(OwnedFd, FileId)>,
-    /// The file made under the temporary name.
+    /// The file that goes with the temporary name when this is dropped: the one made, or,
+    /// once exchanged, the one it replaced.
     ours: FileId,
 }
 

@@ -476,19 +476,15 @@ impl Engine {
                 // The batch's turn at the run's rate, before its read. A cancel or a stop
                 // while waiting ends the run as one before the batch would, with its regions
                 // given back.
-                let mut cancelled = false;
-                let go_on = || {
-                    cancelled = progress.cancel.load(Ordering::Relaxed);
-                    if cancelled || stop.load(Ordering::Relaxed) {
-                        Err(())
-                    } else {
-                        Ok(())
-                    }
+                let cancelled = || progress.cancel.load(Ordering::Relaxed);
+                let go_on = || match cancelled() || stop.load(Ordering::Relaxed) {
+                    true => Err(()),
+                    false => Ok(()),
                 };
                 if pace.take(p.seen.len() as u64 * grain, go_on).is_err() {
                     p.give_back(v);
                     done = true;
-                    return cancelled.then_some(Err(VolumeError::Layout(LayoutError::Cancelled)));
+                    return cancelled().then_some(Err(VolumeError::Layout(LayoutError::Cancelled)));
                 }
                 if let Err(e) = self.read_batch(v, &mut p, spare) {
                     p.give_back(v);
