@@ -40,7 +40,7 @@ use tessera_disk::{
 };
 use tessera_rados::{Pool, RadosError, ReadExtent, WriteOp};
 
-use crate::fence::FencedWriter;
+use crate::fence::{write_op, FencedWriter};
 
 /// Bytes per object, as librbd's default: large enough that a sequential stream costs few
 /// operations, small enough that objects spread over the placement groups.
@@ -186,7 +186,7 @@ fn refused_write(offset: u64, len: usize, e: &RadosError) -> (u64, usize, String
 fn describe(e: &RadosError) -> String {
     if e.is_fenced() {
         format!("this gateway was fenced off by a newer owner ({e})")
-    } else if e.is_guard_failure() {
+    } else if e.is_out_of_order() || e.is_guard_failure() {
         format!("a newer owner wrote here ({e})")
     } else {
         e.to_string()
@@ -215,6 +215,18 @@ impl FencedDisk {
                 reason: "an object prefix must be a non-empty name".into(),
             });
         }
+        // Every write through this context carries the epoch from now on.
+        FencedWriter::new(&pool, epoch).map_err(|e| DiskError::Unusable {
+            path: path.clone(),
+            reason: match e.errno() {
+                Some(libc::EINVAL) => format!(
+                    "RADOS pool {} has pool snapshots ('ceph osd pool mksnap'), whose OSDs would not \
+                     refuse a replaced owner's writes: use a pool without them ({e})",
+                    pool.name()
+                ),
+                _ => format!("cannot order its writes by the owner's epoch {epoch}: {e}"),
+            },
+        })?;
         let inner = Arc::new(Inner {
             behind: Mutex::new(Behind::default()),
             settled: Condvar::new(),
@@ -472,7 +484,7 @@ impl Inner {
             }
             return Ok(tag);
         }
-        let op = FencedWriter::new(&self.pool, self.epoch).guarded(in_obj, data);
+        let op = write_op(vec![(in_obj, data.to_vec())]);
         let tag = b.next_tag;
         b.next_tag += 1;
         let left = usize::from(started.is_none());
@@ -599,7 +611,7 @@ impl Inner {
     /// Sends the writes held for `object` as one operation, which their writers wait on; if
     /// it cannot be sent, they fail, and so do the flushes.
     fn send_held(&self, b: &mut Behind, object: u64, h: Held) {
-        let op = FencedWriter::new(&self.pool, self.epoch).guarded_pieces(h.pieces);
+        let op = write_op(h.pieces);
         b.waiting.insert(
             h.tag,
             Waiters {
@@ -937,7 +949,7 @@ impl Inner {
             }
             let oid = self.oid(p.unit);
             // The object may not exist: written (made) and waited for.
-            if let Err(e) = FencedWriter::new(&self.pool, self.epoch).write(&oid, p.off, data) {
+            if let Err(e) = self.pool.operate(&oid, &write_op(vec![(p.off, data.to_vec())])) {
                 // Refused as a write sent in the background is: every flush from now on fails.
                 self.behind
                     .lock()

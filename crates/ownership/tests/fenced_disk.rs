@@ -55,6 +55,18 @@ fn a_disk_on_rados_reads_back_what_was_written_and_zeros_elsewhere() {
     assert!(matches!(d.read_at(&mut odd, 100), Err(DiskError::Unaligned { .. })));
     assert!(matches!(d.write_at(&odd, 64 * MIB), Err(DiskError::OutOfRange { .. })));
     assert!(FencedDisk::new(Cluster::shared_pool(&c, TEST_POOL).unwrap(), &prefix, 1000, 1).is_err());
+    // A RADOS pool with pool snapshots, whose OSDs would not order writes by epoch.
+    let snapped = format!("{TEST_POOL}-snapped-{}", std::process::id());
+    c.create_pool(&snapped).unwrap();
+    c.pool(&snapped)
+        .unwrap()
+        .create_pool_snapshot("by-the-administrator")
+        .unwrap();
+    let e = FencedDisk::new(Cluster::shared_pool(&c, &snapped).unwrap(), &prefix, 64 * MIB, 1)
+        .err()
+        .expect("a disk in a pool with pool snapshots was opened");
+    assert!(e.to_string().contains("has pool snapshots"), "{e}");
+    c.delete_pool(&snapped).unwrap();
     // Removed, every object goes: the written range reads as zeros again.
     let pool = c.pool(TEST_POOL).unwrap();
     assert!(pool.size(&format!("{prefix}.{:016x}", 1)).unwrap().is_some());

@@ -69,7 +69,7 @@ async fn a_stalled_owner_that_resumes_writes_nothing() {
 
     let a = take_over(&mut ga, &ca, &v).await.unwrap();
     assert_eq!(a.gateway, "gw-a");
-    let wa = FencedWriter::new(&pa, a.epoch);
+    let wa = FencedWriter::new(&pa, a.epoch).unwrap();
     wa.write(&o0, 0, b"A1").unwrap();
     wa.write(&o1, 0, b"A1").unwrap();
     assert_eq!(take_over(&mut gb, &cb, &v).await.unwrap(), a, "B finds it owned");
@@ -92,7 +92,7 @@ async fn a_stalled_owner_that_resumes_writes_nothing() {
         stalled.elapsed()
     );
     assert!(b.epoch > a.epoch);
-    let wb = FencedWriter::new(&pb, b.epoch);
+    let wb = FencedWriter::new(&pb, b.epoch).unwrap();
     wb.write(&o0, 0, b"B2").unwrap();
     // B opens the rest of the vdisk: its operations bring each object's placement group to
     // the map that blocklists A.
@@ -102,7 +102,7 @@ async fn a_stalled_owner_that_resumes_writes_nothing() {
     // A resumes, unaware.
     for o in [&o0, &o1, &o2] {
         let e = wa.write(o, 0, b"A3").unwrap_err();
-        assert!(e.is_fenced() || e.is_guard_failure(), "{o}: {e}");
+        assert!(e.is_fenced() || e.is_out_of_order(), "{o}: {e}");
     }
     assert_eq!(content(&pb, &o0).as_deref(), Some(&b"B2"[..]));
     assert_eq!(content(&pb, &o1).as_deref(), Some(&b"A1"[..]));
@@ -117,16 +117,17 @@ async fn a_stalled_owner_that_resumes_writes_nothing() {
     gb.leave().await.unwrap();
 }
 
-/// The guard alone, on one client (no blocklist): an object written under a later epoch
-/// refuses an earlier one; an object nobody later wrote does not, which is why a takeover
-/// also blocklists.
+/// The epoch alone, on one client (no blocklist), each owner through a context of its own:
+/// an object written under a later epoch refuses an earlier one; an object nobody later
+/// wrote does not, which is why a takeover also blocklists.
 #[tokio::test]
-async fn the_epoch_guard_refuses_only_what_a_later_owner_wrote() {
-    let t = "the_epoch_guard_refuses_only_what_a_later_owner_wrote";
+async fn the_epoch_refuses_only_what_a_later_owner_wrote() {
+    let t = "the_epoch_refuses_only_what_a_later_owner_wrote";
     let Some((_, conf)) = cluster(t) else { return };
     let c = connect(&conf);
     let p = pool(&c);
-    let (old, new) = (FencedWriter::new(&p, 7), FencedWriter::new(&p, 9));
+    let (p7, p9, p99, p100) = (pool(&c), pool(&c), pool(&c), pool(&c));
+    let (old, new) = (FencedWriter::new(&p7, 7).unwrap(), FencedWriter::new(&p9, 9).unwrap());
     let (x, y) = (
         format!("guard-x-{}", std::process::id()),
         format!("guard-y-{}", std::process::id()),
@@ -134,14 +135,28 @@ async fn the_epoch_guard_refuses_only_what_a_later_owner_wrote() {
     old.write(&x, 0, b"7").unwrap();
     new.write(&x, 0, b"9").unwrap();
     let e = old.write(&x, 0, b"7!").unwrap_err();
-    assert!(e.is_guard_failure(), "{e}");
+    assert!(e.is_out_of_order(), "{e}");
     assert_eq!(content(&p, &x).as_deref(), Some(&b"9"[..]));
     new.write(&x, 1, b"9").unwrap();
     old.write(&y, 0, b"7").unwrap();
-    // Epochs compare as numbers, not as text of different lengths.
-    let (e99, e100) = (FencedWriter::new(&p, 99), FencedWriter::new(&p, 100));
+    // Epochs compare as numbers.
+    let (e99, e100) = (
+        FencedWriter::new(&p99, 99).unwrap(),
+        FencedWriter::new(&p100, 100).unwrap(),
+    );
     e100.write(&y, 0, b"100").unwrap();
-    assert!(e99.write(&y, 0, b"99").unwrap_err().is_guard_failure());
+    assert!(e99.write(&y, 0, b"99").unwrap_err().is_out_of_order());
+    // A pool with pool snapshots would ignore the epochs: it is refused.
+    let snapped = format!("{POOL}-snapped-{}", std::process::id());
+    c.create_pool(&snapped).unwrap();
+    let ps = c.pool(&snapped).unwrap();
+    ps.create_pool_snapshot("by-the-administrator").unwrap();
+    let e = FencedWriter::new(&ps, 7)
+        .err()
+        .expect("a pool with pool snapshots was taken");
+    assert_eq!(e.errno(), Some(libc::EINVAL), "{e}");
+    drop(ps);
+    c.delete_pool(&snapped).unwrap();
     p.remove(&x).unwrap();
     p.remove(&y).unwrap();
 }

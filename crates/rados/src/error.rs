@@ -22,6 +22,13 @@ impl RadosError {
         self.errno() == Some(libc::ECANCELED)
     }
 
+    /// A write carried a lower sequence than one already applied to the object
+    /// ([`Pool::order_writes`](crate::Pool::order_writes)): a newer owner wrote it. RADOS'
+    /// `EOLDSNAPC`, which is Linux's `ERESTART` (85).
+    pub fn is_out_of_order(&self) -> bool {
+        self.errno() == Some(85)
+    }
+
     /// This client was fenced off (blocklisted): nothing it sends is applied any more.
     pub fn is_fenced(&self) -> bool {
         // librados reports a blocklisted client's operations as ESHUTDOWN (EBLOCKLISTED).

@@ -19,6 +19,7 @@ pub const LIBRADOS_CMPXATTR_OP_GTE: u8 = 4;
 pub const LIBRADOS_CMPXATTR_OP_LT: u8 = 5;
 pub const LIBRADOS_CMPXATTR_OP_LTE: u8 = 6;
 pub const LIBRADOS_OPERATION_NOFLAG: c_int = 0;
+pub const LIBRADOS_OPERATION_ORDERSNAP: c_int = 512;
 
 #[link(name = "rados")]
 extern "C" {
@@ -163,5 +164,13 @@ extern "C" {
     pub fn rados_nobjects_list_close(ctx: rados_list_ctx_t);
     /// `stats` points at a `struct rados_pool_stat_t` (sixteen u64 fields in Ceph 16; the
     /// caller gives room for more).
+    pub fn rados_ioctx_snap_create(io: rados_ioctx_t, snapname: *const c_char) -> c_int;
+    pub fn rados_ioctx_selfmanaged_snap_create(io: rados_ioctx_t, snapid: *mut u64) -> c_int;
+    pub fn rados_ioctx_selfmanaged_snap_set_write_ctx(
+        io: rados_ioctx_t,
+        seq: u64,
+        snaps: *mut u64,
+        num_snaps: c_int,
+    ) -> c_int;
     pub fn rados_ioctx_pool_stat(io: rados_ioctx_t, stats: *mut u64) -> c_int;
 }

@@ -29,6 +29,7 @@ use ops::ReadOmap;
 
 use std::ffi::{CStr, CString};
 use std::ptr;
+use std::sync::atomic::{AtomicI32, Ordering};
 
 use ffi::*;
 
@@ -121,6 +122,7 @@ impl Cluster {
     pub fn pool(&self, pool: &str) -> Result<Pool<'_>> {
         Ok(Pool {
             io: self.open_io(pool)?,
+            write_flags: AtomicI32::new(LIBRADOS_OPERATION_NOFLAG),
             name: pool.to_string(),
             _cluster: Holds::Borrowed(self),
         })
@@ -131,6 +133,7 @@ impl Cluster {
     pub fn shared_pool(cluster: &std::sync::Arc<Cluster>, pool: &str) -> Result<Pool<'static>> {
         Ok(Pool {
             io: cluster.open_io(pool)?,
+            write_flags: AtomicI32::new(LIBRADOS_OPERATION_NOFLAG),
             name: pool.to_string(),
             _cluster: Holds::Shared(cluster.clone()),
         })
@@ -194,6 +197,9 @@ impl Drop for Cluster {
 /// An I/O context on one pool.
 pub struct Pool<'c> {
     io: rados_ioctx_t,
+    /// The flags every compound write through this context carries: `ORDERSNAP` once
+    /// [`order_writes`](Pool::order_writes) set a sequence.
+    write_flags: AtomicI32,
     name: String,
     _cluster: Holds<'c>,
 }
@@ -311,16 +317,55 @@ impl Pool<'_> {
         }
     }
 
+    /// From now on every compound write through this context carries `sequence`, and an
+    /// object refuses it (`RadosError::is_out_of_order`) once a write carrying a higher one
+    /// was applied to it: the OSD compares the two in the write itself, at no cost of its
+    /// own (the sequence is a snapshot context's, without snapshots, which RADOS keeps per
+    /// object and checks for writes flagged `ORDERSNAP`). The pool must use self-managed
+    /// snapshots ([`use_self_managed_snapshots`](Self::use_self_managed_snapshots)): in a
+    /// pool with pool snapshots the OSDs ignore a client's sequence.
+    pub fn order_writes(&self, sequence: u64) -> Result<()> {
+        // SAFETY: a live context; no snapshots, so no array is read.
+        let rc = unsafe { rados_ioctx_selfmanaged_snap_set_write_ctx(self.io, sequence, ptr::null_mut(), 0) };
+        check(rc, "set the write sequence of", &self.name)?;
+        self.write_flags.store(LIBRADOS_OPERATION_ORDERSNAP, Ordering::Release);
+        Ok(())
+    }
+
+    /// Puts the pool in the self-managed snapshot mode (as librbd does for its images), in
+    /// which the OSDs honour a client's write sequence ([`order_writes`](Self::order_writes))
+    /// and nobody can take a pool snapshot, which would make them ignore it. Takes (and
+    /// keeps) one snapshot id; harmless on a pool in that mode already.
+    pub fn use_self_managed_snapshots(&self) -> Result<()> {
+        let mut id = 0u64;
+        // SAFETY: a live context, an out-pointer we own.
+        let rc = unsafe { rados_ioctx_selfmanaged_snap_create(self.io, &mut id) };
+        check(rc, "use self-managed snapshots in", &self.name).map(drop)
+    }
+
+    /// Takes a pool snapshot named `name`, as `ceph osd pool mksnap` does: the pool's mode
+    /// then refuses self-managed snapshots ([`use_self_managed_snapshots`](Self::use_self_managed_snapshots)).
+    pub fn create_pool_snapshot(&self, name: &str) -> Result<()> {
+        let n = cstr("snapshot", name)?;
+        // SAFETY: a live context, a NUL-terminated name.
+        check(
+            unsafe { rados_ioctx_snap_create(self.io, n.as_ptr()) },
+            "take a pool snapshot of",
+            &self.name,
+        )
+        .map(drop)
+    }
+
     /// Applies a compound write: all of it or nothing.
     pub fn operate(&self, oid: &str, op: &WriteOp) -> Result<()> {
-        op.operate(self.io, oid)
+        op.operate(self.io, self.write_flags.load(Ordering::Acquire), oid)
     }
 
     /// Sends a compound write and returns without waiting for it; the [`PendingWrite`]
     /// tells how it ended. Writes this client sends to one object are applied in the order
     /// sent, and a read sent after them sees them.
     pub fn operate_async(&self, oid: &str, op: WriteOp) -> Result<PendingWrite> {
-        op.operate_async(self.io, oid)
+        op.operate_async(self.io, self.write_flags.load(Ordering::Acquire), oid)
     }
 
     /// Sends a compound write and returns without waiting for it; `then` is called once
@@ -328,7 +373,7 @@ impl Pool<'_> {
     /// which run on that thread too). An error means it was not sent, and `then` is not
     /// called. The context must stay open until `then` was called.
     pub fn operate_then(&self, oid: &str, op: WriteOp, then: WriteCallback) -> Result<()> {
-        op.operate_then(self.io, oid, then)
+        op.operate_then(self.io, self.write_flags.load(Ordering::Acquire), oid, then)
     }
 
     /// The object's omap keys and values (all of them, in key order).

@@ -134,14 +134,14 @@ impl WriteOp {
         self
     }
 
-    pub(crate) fn operate(&self, io: rados_ioctx_t, oid: &str) -> Result<()> {
+    pub(crate) fn operate(&self, io: rados_ioctx_t, flags: c_int, oid: &str) -> Result<()> {
         let o = cstr("object", oid)?;
         // Every string handed over lives here until the operation has run.
         let mut names: Vec<CString> = Vec::new();
         let op = new_write_op()?;
         let built = self.build(op, &mut names).and_then(|()| {
             // SAFETY: a built operation, a live context, a NUL-terminated object name.
-            let rc = unsafe { rados_write_op_operate(op, io, o.as_ptr(), ptr::null_mut(), LIBRADOS_OPERATION_NOFLAG) };
+            let rc = unsafe { rados_write_op_operate(op, io, o.as_ptr(), ptr::null_mut(), flags) };
             check(rc, "compound write", oid).map(drop)
         });
         // SAFETY: ours, and not used after this.
@@ -150,10 +150,10 @@ impl WriteOp {
     }
 
     /// Sends the operation and returns at once; [`PendingWrite::wait`] tells how it ended.
-    pub(crate) fn operate_async(self, io: rados_ioctx_t, oid: &str) -> Result<PendingWrite> {
+    pub(crate) fn operate_async(self, io: rados_ioctx_t, flags: c_int, oid: &str) -> Result<PendingWrite> {
         let (op, names) = self.prepare()?;
         // SAFETY: no callback; the completion is released by the PendingWrite, or by `send`.
-        let completion = unsafe { send(io, oid, op, ptr::null_mut(), None) }.inspect_err(|_| {
+        let completion = unsafe { send(io, flags, oid, op, ptr::null_mut(), None) }.inspect_err(|_| {
             // SAFETY: ours, never sent.
             unsafe { rados_release_write_op(op) };
         })?;
@@ -172,7 +172,7 @@ impl WriteOp {
     /// Sends the operation and returns at once; `then` is called once with its outcome, from
     /// librados' thread, when the OSDs applied it (on every replica) or refused it. An error
     /// here means it was not sent, and `then` is never called.
-    pub(crate) fn operate_then(self, io: rados_ioctx_t, oid: &str, then: WriteCallback) -> Result<()> {
+    pub(crate) fn operate_then(self, io: rados_ioctx_t, flags: c_int, oid: &str, then: WriteCallback) -> Result<()> {
         let (op, names) = self.prepare()?;
         // Everything the callback needs, set before the operation is sent.
         let sent = Box::into_raw(Box::new(SentWrite {
@@ -183,7 +183,7 @@ impl WriteOp {
         }));
         // SAFETY: the callback takes `sent` back once the operation completed; until then
         // librados reads the steps' buffers, which `sent` keeps.
-        match unsafe { send(io, oid, op, sent as *mut c_void, Some(write_completed)) } {
+        match unsafe { send(io, flags, oid, op, sent as *mut c_void, Some(write_completed)) } {
             Ok(_) => Ok(()),
             Err(e) => {
                 // SAFETY: not sent: the callback will not run, `sent` is ours again.
@@ -272,6 +272,7 @@ impl WriteOp {
 /// `arg` stays what `callback` expects, until the completion is done.
 unsafe fn send(
     io: rados_ioctx_t,
+    flags: c_int,
     oid: &str,
     op: rados_write_op_t,
     arg: *mut c_void,
@@ -290,16 +291,7 @@ unsafe fn send(
         return Err(failed(rc));
     }
     // SAFETY: a built operation, a live context and completion, a NUL-terminated name.
-    let rc = unsafe {
-        rados_aio_write_op_operate(
-            op,
-            io,
-            completion,
-            o.as_ptr(),
-            ptr::null_mut(),
-            LIBRADOS_OPERATION_NOFLAG,
-        )
-    };
+    let rc = unsafe { rados_aio_write_op_operate(op, io, completion, o.as_ptr(), ptr::null_mut(), flags) };
     if rc < 0 {
         // Refused before it was sent: nothing will complete.
         // SAFETY: ours, never sent.
