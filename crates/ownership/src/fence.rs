@@ -49,30 +49,19 @@ impl<'p, 'c> FencedWriter<'p, 'c> {
         Ok(FencedWriter { pool })
     }
 
-    /// The write of `data` at `offset` of an object, as a compound operation (the object
-    /// is made if it does not exist).
-    pub fn guarded(&self, offset: u64, data: &[u8]) -> WriteOp {
-        self.guarded_pieces(vec![(offset, data.to_vec())])
-    }
-
-    /// One write of several pieces of an object, applied in the order given (a later piece
-    /// over an earlier one wins), as one compound operation. Its only guard is the epoch it
-    /// carries: the data alone makes the message, which the OSD receives aligned as its
-    /// place in the object and writes without copying it.
-    pub fn guarded_pieces(&self, pieces: Vec<(u64, Vec<u8>)>) -> WriteOp {
-        write_op(pieces)
-    }
-
     /// Writes `data` at `offset` of `oid`, unless an owner with a later epoch wrote the object
     /// (`RadosError::is_out_of_order`) or this client was fenced off (`is_fenced`).
     pub fn write(&self, oid: &str, offset: u64, data: &[u8]) -> std::result::Result<(), RadosError> {
-        self.pool.operate(oid, &self.guarded(offset, data))
+        self.pool.operate(oid, &write_op(vec![(offset, data.to_vec())]))
     }
 }
 
-/// One write of several pieces of an object, in the order given, for a pool whose writes
-/// are ordered by an epoch already ([`FencedWriter::new`]).
-pub fn write_op(pieces: Vec<(u64, Vec<u8>)>) -> WriteOp {
+/// One write of several pieces of an object, applied in the order given (a later piece over
+/// an earlier one wins), as one compound operation, for a context whose writes are ordered
+/// by an epoch already ([`FencedWriter::new`]): the epoch is its only guard. The data alone
+/// makes the message, which the OSD receives aligned as its place in the object and writes
+/// without copying it (the object is made if it does not exist).
+pub(crate) fn write_op(pieces: Vec<(u64, Vec<u8>)>) -> WriteOp {
     let mut op = WriteOp::new();
     for (offset, data) in pieces {
         op = op.write_owned(offset, data);
@@ -83,7 +72,7 @@ pub fn write_op(pieces: Vec<(u64, Vec<u8>)>) -> WriteOp {
 /// How long a fenced-off client stays blocklisted: 30 days. Ceph's default (0 asks for it)
 /// is an hour, after which a gateway that stalled longer (a paused virtual machine) could
 /// have its queued writes accepted again by objects the new owner has not written since,
-/// which the epoch guard alone does not refuse. Entries expire, so the cluster's map does
+/// which the epoch alone does not refuse. Entries expire, so the cluster's map does
 /// not grow for ever with every takeover.
 pub const BLOCKLIST_SECONDS: u32 = 30 * 24 * 3600;
 

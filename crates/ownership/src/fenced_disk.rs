@@ -11,18 +11,17 @@
 //! volatile cache. A host's acknowledged write must outlive the gateway it went through,
 //! and the host does not go down with it: had the gateway answered writes it had only sent
 //! and then died, the host's next flush, at the gateway that took over, would succeed over
-//! writes that never landed. A write the OSDs refuse (a newer owner's guard, a blocklist, a
+//! writes that never landed. A write the OSDs refuse (a newer owner's epoch, a blocklist, a
 //! timeout) fails, and every flush from then on fails too: only the disk opened again, by a
 //! client that fences this one off, may say "durable" again.
 //!
 //! A write to an object that has writes on their way (other writers' at once) is held back,
 //! and the writes that follow it to that object join it, until those on their way settled:
-//! then they go as one operation (one guard, the pieces in the order they came, adjacent
+//! then they go as one operation (the pieces in the order they came, adjacent
 //! ones joined), and each returns when that operation is applied. Concurrent writes to an
 //! object (a stream with several writes in flight) thus cost the OSDs one operation per
 //! round trip, not one per write, as librbd's I/O scheduler does. A read of the object, a
-//! flush, or a held write grown to an object's worth sends what is held at once. The first
-//! write to an object (which makes it) is sent alone.
+//! flush, or a held write grown to an object's worth sends what is held at once.
 //!
 //! Every operation is settled by its completion, on librados' thread: its writers are told
 //! there (a writer waiting here is woken; a write started by a connection's ring
@@ -72,9 +71,8 @@ struct Inner {
     /// librados' thread (which must not close the context it runs for), and the disk waits
     /// for them before it goes.
     callbacks: AtomicUsize,
-    /// The objects known to exist (written, or read, by this disk); shared with the reads
-    /// completed on librados' thread.
-    exists: Arc<[AtomicBool]>,
+    /// How many objects the disk spans (indexes 0 to this, not included).
+    objects: u64,
     pool: Pool<'static>,
     prefix: String,
     size: u64,
@@ -186,7 +184,7 @@ fn refused_write(offset: u64, len: usize, e: &RadosError) -> (u64, usize, String
 fn describe(e: &RadosError) -> String {
     if e.is_fenced() {
         format!("this gateway was fenced off by a newer owner ({e})")
-    } else if e.is_out_of_order() || e.is_guard_failure() {
+    } else if e.is_out_of_order() {
         format!("a newer owner wrote here ({e})")
     } else {
         e.to_string()
@@ -220,7 +218,7 @@ impl FencedDisk {
             path: path.clone(),
             reason: match e.errno() {
                 Some(libc::EINVAL) => format!(
-                    "RADOS pool {} has pool snapshots ('ceph osd pool mksnap'), whose OSDs would not \
+                    "RADOS pool {} has (or had) pool snapshots ('ceph osd pool mksnap'), whose OSDs would not \
                      refuse a replaced owner's writes: use a pool without them ({e})",
                     pool.name()
                 ),
@@ -231,9 +229,7 @@ impl FencedDisk {
             behind: Mutex::new(Behind::default()),
             settled: Condvar::new(),
             callbacks: AtomicUsize::new(0),
-            exists: (0..size.div_ceil(OBJECT_BYTES))
-                .map(|_| AtomicBool::new(false))
-                .collect(),
+            objects: size.div_ceil(OBJECT_BYTES),
             pool,
             prefix: prefix.to_string(),
             size,
@@ -248,7 +244,7 @@ impl FencedDisk {
     }
 
     /// The first write that the OSDs refused since the disk was opened (a newer owner's
-    /// guard, the blocklist, a timeout), described. From then on every flush fails: only the
+    /// epoch, the blocklist, a timeout), described. From then on every flush fails: only the
     /// disk opened again, by a client that fences this one off, can say "durable" again.
     pub fn refused(&self) -> Option<String> {
         self.inner
@@ -270,8 +266,8 @@ impl FencedDisk {
         self.inner.behind.lock().failed.get_or_insert((0, 0, why.to_string()));
     }
 
-    /// How many operations the writes to objects that exist took so far (writes held back
-    /// for an object go in one).
+    /// How many operations the writes took so far (writes held back for an object go in
+    /// one).
     pub fn writes_sent(&self) -> u64 {
         self.inner.behind.lock().next
     }
@@ -282,7 +278,7 @@ impl FencedDisk {
     /// objects are listed and this disk's removed; otherwise every index is removed, written
     /// or not (those never written answer `ENOENT`): a 10 TiB disk spans 2.6 million.
     pub fn remove_objects(&self) -> Result<(), RadosError> {
-        let indexes = self.inner.exists.len() as u64;
+        let indexes = self.inner.objects;
         // The count is an estimate (seconds old); either walk is exact.
         let walk = if self.inner.pool.object_count().is_ok_and(|n| n < indexes) {
             Walk::Listing
@@ -304,7 +300,7 @@ impl FencedDisk {
                 Ok(names) => Box::new(names.filter_map(|name| name.map(|n| inner.index_of(&n)).transpose())),
                 Err(e) => Box::new(std::iter::once(Err(e))),
             },
-            Walk::Indexes => Box::new((0..inner.exists.len() as u64).map(Ok)),
+            Walk::Indexes => Box::new((0..inner.objects).map(Ok)),
         };
         // The removals sent are waited for whatever stops the walk.
         for index in indexes {
@@ -371,7 +367,6 @@ impl<'a> Removal<'a> {
         if self.first.is_err() {
             return false;
         }
-        self.inner.exists[index as usize].store(false, Ordering::Release);
         match self
             .inner
             .pool
@@ -423,9 +418,7 @@ impl Inner {
         let hex = std::str::from_utf8(hex)
             .ok()
             .filter(|h| h.len() == 16 && h.as_bytes().iter().all(lower_hex))?;
-        u64::from_str_radix(hex, 16)
-            .ok()
-            .filter(|&i| i < self.exists.len() as u64)
+        u64::from_str_radix(hex, 16).ok().filter(|&i| i < self.objects)
     }
 
     /// Every error of the cluster is a refusal of this request, not a fault of the disk:
@@ -445,7 +438,7 @@ impl Inner {
         }
     }
 
-    /// Starts the write of a piece of an object that exists: sent at once if nothing is on
+    /// Starts the write of a piece of an object: sent at once if nothing is on
     /// its way to the object, else held back to go with the writes that follow it there.
     /// Its writer is `started` (a write started from a ring, told when it settles) or, with
     /// None, a thread that waits for the returned tag ([`wait_applied`](Self::wait_applied)).
@@ -788,14 +781,10 @@ impl AsyncReader for Inner {
             let piece_at = unsafe { at.add(p.buf_off) };
             let target = Target(piece_at);
             let joint = joint.clone();
-            let (exists, object) = (self.exists.clone(), p.unit as usize);
             let then = Box::new(move |got: Result<usize, RadosError>| {
                 let target = target;
                 let filled = match got {
-                    Ok(had) => {
-                        exists[object].store(true, Ordering::Release);
-                        Some(had.min(n))
-                    }
+                    Ok(had) => Some(had.min(n)),
                     Err(e) if e.errno() == Some(libc::ENOENT) => Some(0),
                     Err(_) => None,
                 };
@@ -881,10 +870,7 @@ impl Inner {
         for ((run, scratch), got) in runs.into_iter().zip(scratch).zip(got) {
             let these = &mut parts[run];
             let n = match got {
-                Ok(n) => {
-                    self.exists[these[0].0 as usize].store(true, Ordering::Release);
-                    n
-                }
+                Ok(n) => n,
                 // Never written: zeros.
                 Err(e) if e.errno() == Some(libc::ENOENT) => 0,
                 Err(e) => {
@@ -913,8 +899,9 @@ impl Inner {
         results
     }
 
-    /// Returns once the OSDs applied every piece: the pieces in objects that exist are sent
-    /// together (or held to go with other writers' to the same object) and waited for after.
+    /// Returns once the OSDs applied every piece: the pieces are sent together (or held to
+    /// go with other writers' to the same object) and waited for after. A piece of an object
+    /// never written makes it.
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DiskError> {
         check_request(&self.path, "write", offset, buf.len(), self.size)?;
         let mut started: Vec<(u64, usize, u64)> = Vec::new();
@@ -932,56 +919,34 @@ impl Inner {
         for p in pieces(offset, buf.len()) {
             let at = offset + p.buf_off as u64;
             let data = &buf[p.buf_off..p.buf_off + p.len];
-            if self.exists[p.unit as usize].load(Ordering::Acquire) {
-                let mut b = self.behind.lock();
-                match self.start_piece(&mut b, p.unit, p.off, data, at, None) {
-                    Ok(tag) => started.push((at, p.len, tag)),
-                    Err(e) => {
-                        drop(b);
-                        // What was started is waited for all the same: its writers must be
-                        // counted out.
-                        let _ = waited(started);
-                        return Err(e);
-                    }
+            let mut b = self.behind.lock();
+            match self.start_piece(&mut b, p.unit, p.off, data, at, None) {
+                Ok(tag) => started.push((at, p.len, tag)),
+                Err(e) => {
+                    drop(b);
+                    // What was started is waited for all the same: its writers must be
+                    // counted out.
+                    let _ = waited(started);
+                    return Err(e);
                 }
-                self.wait_for_room(b);
-                continue;
             }
-            let oid = self.oid(p.unit);
-            // The object may not exist: written (made) and waited for.
-            if let Err(e) = self.pool.operate(&oid, &write_op(vec![(p.off, data.to_vec())])) {
-                // Refused as a write sent in the background is: every flush from now on fails.
-                self.behind
-                    .lock()
-                    .failed
-                    .get_or_insert_with(|| refused_write(at, p.len, &e));
-                let _ = waited(started);
-                return Err(self.io_error("write", at, p.len, e));
-            }
-            self.exists[p.unit as usize].store(true, Ordering::Release);
+            self.wait_for_room(b);
         }
         waited(started)
     }
 }
 
 impl AsyncWriter for Inner {
-    /// Writes to objects that exist, each piece started as [`write_at`](Inner::write_at)
-    /// starts it and completed from librados' thread once applied. A write that would make
-    /// an object, that finds more than [`MAX_BEHIND`] bytes unsettled, or that comes after
-    /// the OSDs refused a write of this disk, is declined at once, having sent nothing: the
-    /// caller writes it the synchronous way, which makes the object, waits for room, or
-    /// (with FUA) fails in the flush after it.
+    /// Writes, each piece started as [`write_at`](Inner::write_at) starts it and completed
+    /// from librados' thread once applied. A write that finds more than [`MAX_BEHIND`] bytes
+    /// unsettled, or that comes after the OSDs refused a write of this disk, is declined at
+    /// once, having sent nothing: the caller writes it the synchronous way, which waits for
+    /// room, or (with FUA) fails in the flush after it.
     unsafe fn start_write(&self, at: *const u8, len: u32, offset: u64, done: ReadDone) {
         if check_request(&self.path, "write", offset, len as usize, self.size).is_err() {
             return done.complete(false);
         }
         let parts: Vec<_> = pieces(offset, len as usize).collect();
-        if parts
-            .iter()
-            .any(|p| !self.exists[p.unit as usize].load(Ordering::Acquire))
-        {
-            return done.decline();
-        }
         // SAFETY: the caller keeps `len` bytes at `at` valid until `done` is completed; they
         // are copied into the operations (or the held pieces) before this returns.
         let buf = unsafe { std::slice::from_raw_parts(at, len as usize) };

@@ -6,9 +6,10 @@
 //! epoch: etcd's revisions only grow, so every takeover has a larger epoch than any owner
 //! before it. A gateway that dies or stalls stops renewing its lease; when the lease expires
 //! etcd deletes its keys and another gateway may take the vdisk, with a new epoch. The epoch
-//! is what the data path checks: a write guarded by an older epoch is refused by the storage
-//! itself (a RADOS compound write guarded by the vdisk's epoch attribute), so a stalled owner
-//! that resumes cannot write after the takeover.
+//! is what the data path checks: a write carrying an older epoch than one an object already
+//! took is refused by the storage itself (the epoch is the RADOS write's sequence; the
+//! metadata object's, a guarded attribute), so a stalled owner that resumes cannot write
+//! after the takeover.
 //!
 //! Built only with the `etcd` feature. Why etcd-client: it is the maintained Rust client of
 //! etcd's v3 API (leases, transactions), async on tokio like the daemon.

@@ -10,7 +10,8 @@
 //!   batch that moves counts (or deletes a range) reads what it changes, and a batch that
 //!   another gateway's commit overtook is refused (`ECANCELED`) and computed again.
 //! - Every batch is also fenced: guarded by "the object's epoch is at most mine" and stamped
-//!   with the writer's epoch, as data objects are ([`crate::fence`]), so a gateway that was
+//!   with the writer's epoch ([`crate::fence`]; data objects carry it otherwise, as their
+//!   writes' sequence), so a gateway that was
 //!   replaced as the pool's owner commits nothing more.
 //! - A snapshot reads the omap whole, between two reads of the version, again if it moved.
 //!

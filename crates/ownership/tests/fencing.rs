@@ -136,8 +136,22 @@ async fn the_epoch_refuses_only_what_a_later_owner_wrote() {
     new.write(&x, 0, b"9").unwrap();
     let e = old.write(&x, 0, b"7!").unwrap_err();
     assert!(e.is_out_of_order(), "{e}");
+    assert!(e.to_string().contains("EOLDSNAPC"), "{e}");
     assert_eq!(content(&p, &x).as_deref(), Some(&b"9"[..]));
     new.write(&x, 1, b"9").unwrap();
+    // A write that carries no order (another tool's) does not lower the object's: the old
+    // owner is still refused. Another context at the same epoch (the owner's pool opened
+    // again) writes on.
+    p.write_full(&x, b"99").unwrap();
+    assert!(old.write(&x, 0, b"7!").unwrap_err().is_out_of_order());
+    let p9b = pool(&c);
+    FencedWriter::new(&p9b, 9).unwrap().write(&x, 0, b"9").unwrap();
+    // A context serves one order: another epoch on it is refused, not taken.
+    assert!(FencedWriter::new(&p9b, 10).is_err());
+    FencedWriter::new(&p9b, 9).unwrap().write(&x, 0, b"9").unwrap();
+    // The pool is in the self-managed snapshot mode now: no pool snapshot can be taken,
+    // which would make its OSDs ignore the epochs.
+    assert!(p.create_pool_snapshot("by-the-administrator").is_err());
     old.write(&y, 0, b"7").unwrap();
     // Epochs compare as numbers.
     let (e99, e100) = (

@@ -1,5 +1,9 @@
 use std::fmt;
 
+/// RADOS' "write older than the object's sequence" (`EOLDSNAPC`), which Linux numbers
+/// `ERESTART`.
+const EOLDSNAPC: i32 = 85;
+
 /// What a librados call refused, with the call and the object or pool it was about.
 #[derive(Debug)]
 pub enum RadosError {
@@ -26,7 +30,7 @@ impl RadosError {
     /// ([`Pool::order_writes`](crate::Pool::order_writes)): a newer owner wrote it. RADOS'
     /// `EOLDSNAPC`, which is Linux's `ERESTART` (85).
     pub fn is_out_of_order(&self) -> bool {
-        self.errno() == Some(85)
+        self.errno() == Some(EOLDSNAPC)
     }
 
     /// This client was fenced off (blocklisted): nothing it sends is applied any more.
@@ -39,6 +43,14 @@ impl RadosError {
 impl fmt::Display for RadosError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            RadosError::Call {
+                op,
+                on,
+                errno: EOLDSNAPC,
+            } => write!(
+                f,
+                "RADOS {op} of {on} failed: the object took a write of a later sequence (EOLDSNAPC, errno 85)"
+            ),
             RadosError::Call { op, on, errno } => write!(
                 f,
                 "RADOS {op} of {on} failed: {} (errno {errno})",

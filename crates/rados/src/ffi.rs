@@ -35,9 +35,7 @@ extern "C" {
 
     pub fn rados_ioctx_create(cluster: rados_t, pool_name: *const c_char, ioctx: *mut rados_ioctx_t) -> c_int;
     pub fn rados_ioctx_destroy(io: rados_ioctx_t);
-    pub fn rados_write_full(io: rados_ioctx_t, oid: *const c_char, buf: *const c_char, len: size_t) -> c_int;
     pub fn rados_read(io: rados_ioctx_t, oid: *const c_char, buf: *mut c_char, len: size_t, off: u64) -> c_int;
-    pub fn rados_remove(io: rados_ioctx_t, oid: *const c_char) -> c_int;
     pub fn rados_stat(io: rados_ioctx_t, oid: *const c_char, psize: *mut u64, pmtime: *mut time_t) -> c_int;
     pub fn rados_getxattr(
         io: rados_ioctx_t,
@@ -162,9 +160,10 @@ extern "C" {
         nspace_size: *mut size_t,
     ) -> c_int;
     pub fn rados_nobjects_list_close(ctx: rados_list_ctx_t);
-    /// `stats` points at a `struct rados_pool_stat_t` (sixteen u64 fields in Ceph 16; the
-    /// caller gives room for more).
     pub fn rados_ioctx_snap_create(io: rados_ioctx_t, snapname: *const c_char) -> c_int;
+    pub fn rados_ioctx_get_id(io: rados_ioctx_t) -> i64;
+    pub fn rados_ioctx_get_cluster(io: rados_ioctx_t) -> rados_t;
+    pub fn rados_cluster_fsid(cluster: rados_t, buf: *mut c_char, len: size_t) -> c_int;
     pub fn rados_ioctx_selfmanaged_snap_create(io: rados_ioctx_t, snapid: *mut u64) -> c_int;
     pub fn rados_ioctx_selfmanaged_snap_set_write_ctx(
         io: rados_ioctx_t,
@@ -172,5 +171,7 @@ extern "C" {
         snaps: *mut u64,
         num_snaps: c_int,
     ) -> c_int;
+    /// `stats` points at a `struct rados_pool_stat_t` (sixteen u64 fields in Ceph 16; the
+    /// caller gives room for more).
     pub fn rados_ioctx_pool_stat(io: rados_ioctx_t, stats: *mut u64) -> c_int;
 }

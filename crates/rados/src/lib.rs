@@ -1,9 +1,10 @@
 //! Ceph RADOS through librados' C API: a cluster handle, a pool's I/O context, reads and
 //! writes of objects, and compound write operations that apply atomically on the object's
 //! primary OSD (data, extended attributes and omap keys together, guarded by a compare of an
-//! attribute). A pool on RADOS keeps its metadata beside its data this way, and a gateway's
-//! epoch in such a guard refuses a stale owner's writes; blocklisting the old owner's client
-//! address fences it off altogether.
+//! attribute), and writes ordered by a sequence the OSD checks. A pool on RADOS keeps its
+//! metadata beside its data this way, and a gateway's epoch (a guard's value, or its writes'
+//! sequence) refuses a stale owner's writes; blocklisting the old owner's client address
+//! fences it off altogether.
 //!
 //! Only the calls Tessera uses are bound, by hand: the `ceph` crate on crates.io binds all of
 //! librados but pins old dependencies (nom 5, nix 0.18) and is barely kept, and a dozen
@@ -27,9 +28,11 @@ pub use ops::{OmapPage, PendingWrite, WriteCallback, WriteOp, XattrCmp};
 
 use ops::ReadOmap;
 
+use std::collections::BTreeSet;
 use std::ffi::{CStr, CString};
 use std::ptr;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::Mutex;
 
 use ffi::*;
 
@@ -123,6 +126,7 @@ impl Cluster {
         Ok(Pool {
             io: self.open_io(pool)?,
             write_flags: AtomicI32::new(LIBRADOS_OPERATION_NOFLAG),
+            sequence: AtomicU64::new(0),
             name: pool.to_string(),
             _cluster: Holds::Borrowed(self),
         })
@@ -134,6 +138,7 @@ impl Cluster {
         Ok(Pool {
             io: cluster.open_io(pool)?,
             write_flags: AtomicI32::new(LIBRADOS_OPERATION_NOFLAG),
+            sequence: AtomicU64::new(0),
             name: pool.to_string(),
             _cluster: Holds::Shared(cluster.clone()),
         })
@@ -200,6 +205,8 @@ pub struct Pool<'c> {
     /// The flags every compound write through this context carries: `ORDERSNAP` once
     /// [`order_writes`](Pool::order_writes) set a sequence.
     write_flags: AtomicI32,
+    /// That sequence (0: none): a context serves one writer's order, set once.
+    sequence: AtomicU64,
     name: String,
     _cluster: Holds<'c>,
 }
@@ -218,16 +225,10 @@ impl Pool<'_> {
         &self.name
     }
 
-    /// Replaces the object's data with `data` (creating it).
+    /// Replaces the object's data with `data` (creating it). A compound write, so that it
+    /// is ordered as every other write through this context ([`order_writes`](Self::order_writes)).
     pub fn write_full(&self, oid: &str, data: &[u8]) -> Result<()> {
-        let o = cstr("object", oid)?;
-        // SAFETY: a live context, a NUL-terminated name, a buffer of `data.len()` bytes.
-        check(
-            unsafe { rados_write_full(self.io, o.as_ptr(), data.as_ptr() as *const libc::c_char, data.len()) },
-            "write",
-            oid,
-        )
-        .map(drop)
+        self.operate(oid, &WriteOp::new().write_full(data))
     }
 
     /// Reads up to `buf.len()` bytes at `offset`; returns how many there were.
@@ -287,10 +288,9 @@ impl Pool<'_> {
         }
     }
 
+    /// Removes the object; ordered as every other write through this context.
     pub fn remove(&self, oid: &str) -> Result<()> {
-        let o = cstr("object", oid)?;
-        // SAFETY: as above.
-        check(unsafe { rados_remove(self.io, o.as_ptr()) }, "remove", oid).map(drop)
+        self.operate(oid, &WriteOp::new().remove())
     }
 
     /// An extended attribute's value, or `None` if the object or the attribute is missing.
@@ -325,9 +325,29 @@ impl Pool<'_> {
     /// snapshots ([`use_self_managed_snapshots`](Self::use_self_managed_snapshots)): in a
     /// pool with pool snapshots the OSDs ignore a client's sequence.
     pub fn order_writes(&self, sequence: u64) -> Result<()> {
+        if sequence == 0 {
+            return Err(RadosError::Invalid("a write sequence starts at 1".into()));
+        }
+        match self
+            .sequence
+            .compare_exchange(0, sequence, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => {}
+            Err(same) if same == sequence => return Ok(()),
+            // Another writer's order on a shared context would be changed under it.
+            Err(other) => {
+                return Err(RadosError::Invalid(format!(
+                    "the writes through this context of pool {} are ordered by {other} already",
+                    self.name
+                )))
+            }
+        }
         // SAFETY: a live context; no snapshots, so no array is read.
         let rc = unsafe { rados_ioctx_selfmanaged_snap_set_write_ctx(self.io, sequence, ptr::null_mut(), 0) };
-        check(rc, "set the write sequence of", &self.name)?;
+        if let Err(e) = check(rc, "set the write sequence of", &self.name) {
+            self.sequence.store(0, Ordering::Release);
+            return Err(e);
+        }
         self.write_flags.store(LIBRADOS_OPERATION_ORDERSNAP, Ordering::Release);
         Ok(())
     }
@@ -335,12 +355,41 @@ impl Pool<'_> {
     /// Puts the pool in the self-managed snapshot mode (as librbd does for its images), in
     /// which the OSDs honour a client's write sequence ([`order_writes`](Self::order_writes))
     /// and nobody can take a pool snapshot, which would make them ignore it. Takes (and
-    /// keeps) one snapshot id; harmless on a pool in that mode already.
+    /// keeps) one snapshot id, the first time a process asks for a pool (a pool never leaves
+    /// the mode): fails with `EINVAL` for a pool that has (or had) pool snapshots.
     pub fn use_self_managed_snapshots(&self) -> Result<()> {
+        // The pools (cluster, pool id: ids are never reused) this process put in the mode.
+        static IN_MODE: Mutex<BTreeSet<(String, i64)>> = Mutex::new(BTreeSet::new());
+        let key = self.identity()?;
+        let mut in_mode = IN_MODE.lock().unwrap_or_else(|e| e.into_inner());
+        if in_mode.contains(&key) {
+            return Ok(());
+        }
         let mut id = 0u64;
         // SAFETY: a live context, an out-pointer we own.
         let rc = unsafe { rados_ioctx_selfmanaged_snap_create(self.io, &mut id) };
-        check(rc, "use self-managed snapshots in", &self.name).map(drop)
+        check(rc, "use self-managed snapshots in", &self.name)?;
+        in_mode.insert(key);
+        Ok(())
+    }
+
+    /// The cluster's id and the pool's.
+    fn identity(&self) -> Result<(String, i64)> {
+        let mut buf = [0u8; 64];
+        // SAFETY: a live context; its cluster handle lives as long; a buffer of that size.
+        let rc = unsafe {
+            rados_cluster_fsid(
+                rados_ioctx_get_cluster(self.io),
+                buf.as_mut_ptr() as *mut libc::c_char,
+                buf.len(),
+            )
+        };
+        let n = check(rc, "read the cluster id of", &self.name)? as usize;
+        let fsid = String::from_utf8_lossy(&buf[..n.min(buf.len())])
+            .trim_end_matches('\0')
+            .to_string();
+        // SAFETY: a live context.
+        Ok((fsid, unsafe { rados_ioctx_get_id(self.io) }))
     }
 
     /// Takes a pool snapshot named `name`, as `ceph osd pool mksnap` does: the pool's mode
