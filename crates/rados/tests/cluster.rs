@@ -269,6 +269,52 @@ fn an_epoch_guard_refuses_the_writes_of_an_owner_that_was_replaced() {
 }
 
 /// Fencing: once a client is blocklisted, nothing it sends is applied, guarded or not.
+/// Writes through a context ordered by a sequence: an object that took a higher one refuses
+/// a lower one (synchronous, in the background, a removal), whatever comes between without an
+/// order; the same sequence through another context goes on; a context keeps its order.
+#[test]
+fn writes_ordered_by_a_sequence_refuse_a_lower_one_where_a_higher_one_wrote() {
+    let Some(conf) = conf("writes_ordered_by_a_sequence_refuse_a_lower_one_where_a_higher_one_wrote") else {
+        return;
+    };
+    let c = connect(&conf);
+    let (plain, low, high, high_again) = (pool(&c), pool(&c), pool(&c), pool(&c));
+    plain.use_self_managed_snapshots().unwrap();
+    // Taken once per process and pool: asking again costs nothing and fails nothing.
+    plain.use_self_managed_snapshots().unwrap();
+    low.order_writes(10).unwrap();
+    high.order_writes(20).unwrap();
+    high_again.order_writes(20).unwrap();
+    let (x, y) = (oid("ordered-x"), oid("ordered-y"));
+    low.operate(&x, &WriteOp::new().write(0, b"low")).unwrap();
+    high.operate(&x, &WriteOp::new().write(0, b"HIGH")).unwrap();
+    let e = low.operate(&x, &WriteOp::new().write(0, b"low")).unwrap_err();
+    assert!(e.is_out_of_order() && !e.is_guard_failure(), "{e}");
+    assert!(e.to_string().contains("EOLDSNAPC"), "{e}");
+    let e = low
+        .operate_async(&x, WriteOp::new().write(0, b"low"))
+        .unwrap()
+        .wait()
+        .unwrap_err();
+    assert!(e.is_out_of_order(), "{e}");
+    // A write without an order does not lower the object's.
+    plain.write_full(&x, b"plain").unwrap();
+    assert!(low.write_full(&x, b"low").unwrap_err().is_out_of_order());
+    assert!(low.remove(&x).unwrap_err().is_out_of_order());
+    high_again.operate(&x, &WriteOp::new().write(0, b"AGAIN")).unwrap();
+    let mut buf = [0u8; 8];
+    let n = plain.read(&x, 0, &mut buf).unwrap();
+    assert_eq!(&buf[..n], b"AGAIN");
+    // An object the higher sequence never wrote takes the lower one.
+    low.operate(&y, &WriteOp::new().write(0, b"low")).unwrap();
+    // One order per context; none at 0.
+    assert!(low.order_writes(30).is_err());
+    low.order_writes(10).unwrap();
+    assert!(pool(&c).order_writes(0).is_err());
+    high.remove(&x).unwrap();
+    low.remove(&y).unwrap();
+}
+
 #[test]
 fn a_blocklisted_client_writes_nothing() {
     let Some(conf) = conf("a_blocklisted_client_writes_nothing") else {
