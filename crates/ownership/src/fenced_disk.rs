@@ -15,13 +15,15 @@
 //! timeout) fails, and every flush from then on fails too: only the disk opened again, by a
 //! client that fences this one off, may say "durable" again.
 //!
-//! A write to an object that has writes on their way (other writers' at once) is held back,
-//! and the writes that follow it to that object join it, until those on their way settled:
-//! then they go as one operation (the pieces in the order they came, adjacent
-//! ones joined), and each returns when that operation is applied. Concurrent writes to an
-//! object (a stream with several writes in flight) thus cost the OSDs one operation per
-//! round trip, not one per write, as librbd's I/O scheduler does. A read of the object, a
-//! flush, or a held write grown to an object's worth sends what is held at once.
+//! A write to an object that has [`FLYING_PER_OBJECT`] operations on their way (other
+//! writers' at once) is held back, and the writes that follow it to that object join it,
+//! until one of those on their way settled: then they go as one operation (the pieces in
+//! the order they came, adjacent ones joined), and each returns when that operation is
+//! applied. Concurrent writes to an object (a stream with several writes in flight) thus
+//! cost the OSDs about one operation per round trip, not one per write, as librbd's I/O
+//! scheduler does; one client's operations on an object are applied in the order sent. A
+//! read of the object, a flush, or a held write grown to an object's worth sends what is
+//! held at once.
 //!
 //! Every operation is settled by its completion, on librados' thread: its writers are told
 //! there (a writer waiting here is woken; a write started by a connection's ring
@@ -54,6 +56,12 @@ pub const MAX_BEHIND: usize = 24 << 20;
 /// one object's worth, and few enough pieces that the OSD's transaction stays small.
 const HELD_BYTES: usize = OBJECT_BYTES as usize;
 const HELD_PIECES: usize = 64;
+
+/// Operations on their way to one object at once; the writes that come for it meanwhile are
+/// held to go together. Two, not one: a stream of 256 KiB writes at QD8 then has the next
+/// operation at the OSD while one is applied (against librbd without its cache, ten runs
+/// each, 0.91 of it at the median instead of 0.83; docs/performance.md).
+const FLYING_PER_OBJECT: usize = 2;
 
 /// Removals of a destroyed disk's objects on their way at once.
 const REMOVING: usize = 64;
@@ -91,9 +99,10 @@ struct Behind {
     next: u64,
     /// Per object, its writes sent and not settled.
     flying: HashMap<u64, usize>,
-    /// Per object with writes on their way: the writes that came since, to go as one
-    /// operation once those settled (as librbd's scheduler merges a stream's writes). An
-    /// object has writes held only while it has writes flying.
+    /// Per object with [`FLYING_PER_OBJECT`] operations on their way: the writes that came
+    /// since, to go as one operation once one of those settled (as librbd's scheduler merges
+    /// a stream's writes). An object has writes held only while it has writes flying, and
+    /// every write that comes for it meanwhile joins them (none overtakes them).
     held: HashMap<u64, Held>,
     /// The first write the OSDs refused (where it starts, how long it is, described), or
     /// what else made this opening of the pool vouch for nothing more ([`FencedDisk::refuse`]):
@@ -438,8 +447,9 @@ impl Inner {
         }
     }
 
-    /// Starts the write of a piece of an object: sent at once if nothing is on
-    /// its way to the object, else held back to go with the writes that follow it there.
+    /// Starts the write of a piece of an object: sent at once if fewer than
+    /// [`FLYING_PER_OBJECT`] operations are on their way to the object and none is held for
+    /// it, else held back to go with the writes that follow it there.
     /// Its writer is `started` (a write started from a ring, told when it settles) or, with
     /// None, a thread that waits for the returned tag ([`wait_applied`](Self::wait_applied)).
     fn start_piece(
@@ -451,7 +461,7 @@ impl Inner {
         offset: u64,
         started: Option<Arc<Joint>>,
     ) -> Result<u64, DiskError> {
-        if b.flying.contains_key(&index) {
+        if b.held.contains_key(&index) || b.flying.get(&index).is_some_and(|&n| n >= FLYING_PER_OBJECT) {
             let Behind { held, next_tag, .. } = b;
             let h = held.entry(index).or_insert_with(|| {
                 *next_tag += 1;
@@ -660,8 +670,8 @@ impl Inner {
         }
     }
 
-    /// Counts a write that completed out, keeping the first refusal; the last write flying
-    /// to an object sends what was held for it.
+    /// Counts a write that completed out, keeping the first refusal; an object left with
+    /// fewer than [`FLYING_PER_OBJECT`] operations on their way sends what was held for it.
     fn settle(&self, b: &mut Behind, t: Ticket, outcome: Result<(), RadosError>) {
         b.in_flight.remove(&t.seq);
         b.bytes -= t.len;
@@ -671,8 +681,11 @@ impl Inner {
         Self::tell(b, t.tag, outcome.map_err(|e| describe(&e)));
         let flying = b.flying.get_mut(&t.object).expect("a write sent is counted flying");
         *flying -= 1;
-        if *flying == 0 {
+        let left = *flying;
+        if left == 0 {
             b.flying.remove(&t.object);
+        }
+        if left < FLYING_PER_OBJECT {
             if let Some(h) = b.held.remove(&t.object) {
                 self.send_held(b, t.object, h);
             }
