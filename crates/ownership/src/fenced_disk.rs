@@ -20,8 +20,8 @@
 //! until one of those on their way settled: then they go as one operation (the pieces in
 //! the order they came, adjacent ones joined), and each returns when that operation is
 //! applied. Concurrent writes to an object (a stream with several writes in flight) thus
-//! cost the OSDs about one operation per round trip, not one per write, as librbd's I/O
-//! scheduler does; one client's operations on an object are applied in the order sent. A
+//! cost the OSDs about two operations per round trip, not one per write, as librbd's I/O
+//! scheduler merges them; one client's operations on an object are applied in the order sent. A
 //! read of the object, a flush, or a held write grown to an object's worth sends what is
 //! held at once.
 //!
@@ -57,8 +57,9 @@ pub const MAX_BEHIND: usize = 24 << 20;
 const HELD_BYTES: usize = OBJECT_BYTES as usize;
 const HELD_PIECES: usize = 64;
 
-/// Operations on their way to one object at once; the writes that come for it meanwhile are
-/// held to go together. Two, not one: a stream of 256 KiB writes at QD8 then has the next
+/// Operations on their way to one object past which the writes that come for it are held to
+/// go together (a held group grown full, a read of the object or a flush sends it even so,
+/// beside them). Two, not one: a stream of 256 KiB writes at QD8 then has the next
 /// operation at the OSD while one is applied (against librbd without its cache, ten runs
 /// each, 0.91 of it at the median instead of 0.83; docs/performance.md).
 const FLYING_PER_OBJECT: usize = 2;
@@ -99,7 +100,7 @@ struct Behind {
     next: u64,
     /// Per object, its writes sent and not settled.
     flying: HashMap<u64, usize>,
-    /// Per object with [`FLYING_PER_OBJECT`] operations on their way: the writes that came
+    /// Per object with at least [`FLYING_PER_OBJECT`] operations on their way: the writes that came
     /// since, to go as one operation once one of those settled (as librbd's scheduler merges
     /// a stream's writes). An object has writes held only while it has writes flying, and
     /// every write that comes for it meanwhile joins them (none overtakes them).
@@ -180,7 +181,6 @@ impl Held {
     }
 }
 
-/// What the cluster's refusal means for this gateway.
 /// What `failed` keeps of a write the OSDs refused.
 fn refused_write(offset: u64, len: usize, e: &RadosError) -> (u64, usize, String) {
     (
@@ -544,7 +544,7 @@ impl Inner {
                 return Err("the write was lost from the disk's queue".into());
             }
             if b.in_flight.is_empty() {
-                // Held with nothing on its way to its object (never so while the rule that an
+                // Held with nothing of the disk's on its way (never so while the rule that an
                 // object holds writes only while it has some flying stands): sent now.
                 self.send_all_held(&mut b);
                 if b.in_flight.is_empty() && b.waiting.get(&tag).is_some_and(|w| w.outcome.is_none()) {
