@@ -31,7 +31,7 @@ use ops::ReadOmap;
 use std::collections::BTreeSet;
 use std::ffi::{CStr, CString};
 use std::ptr;
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use ffi::*;
@@ -125,8 +125,7 @@ impl Cluster {
     pub fn pool(&self, pool: &str) -> Result<Pool<'_>> {
         Ok(Pool {
             io: self.open_io(pool)?,
-            write_flags: AtomicI32::new(LIBRADOS_OPERATION_NOFLAG),
-            sequence: AtomicU64::new(0),
+            order: AtomicU64::new(0),
             name: pool.to_string(),
             _cluster: Holds::Borrowed(self),
         })
@@ -137,8 +136,7 @@ impl Cluster {
     pub fn shared_pool(cluster: &std::sync::Arc<Cluster>, pool: &str) -> Result<Pool<'static>> {
         Ok(Pool {
             io: cluster.open_io(pool)?,
-            write_flags: AtomicI32::new(LIBRADOS_OPERATION_NOFLAG),
-            sequence: AtomicU64::new(0),
+            order: AtomicU64::new(0),
             name: pool.to_string(),
             _cluster: Holds::Shared(cluster.clone()),
         })
@@ -199,14 +197,18 @@ impl Drop for Cluster {
     }
 }
 
+/// Marks a context's order while librados is being given it (`Pool::order`).
+const SETTING: u64 = 1 << 63;
+
 /// An I/O context on one pool.
 pub struct Pool<'c> {
     io: rados_ioctx_t,
-    /// The flags every compound write through this context carries: `ORDERSNAP` once
-    /// [`order_writes`](Pool::order_writes) set a sequence.
-    write_flags: AtomicI32,
-    /// That sequence (0: none): a context serves one writer's order, set once.
-    sequence: AtomicU64,
+    /// The sequence its writes are ordered by ([`order_writes`](Pool::order_writes)): 0 for
+    /// none, `SETTING | sequence` while librados is being given it (writes are not ordered
+    /// yet), the sequence once librados carries it (every compound write is then flagged
+    /// `ORDERSNAP`). One value, so that no write is flagged before its context carries the
+    /// sequence; a context serves one writer's order, set once.
+    order: AtomicU64,
     name: String,
     _cluster: Holds<'c>,
 }
@@ -325,31 +327,47 @@ impl Pool<'_> {
     /// snapshots ([`use_self_managed_snapshots`](Self::use_self_managed_snapshots)): in a
     /// pool with pool snapshots the OSDs ignore a client's sequence.
     pub fn order_writes(&self, sequence: u64) -> Result<()> {
-        if sequence == 0 {
-            return Err(RadosError::Invalid("a write sequence starts at 1".into()));
+        if sequence == 0 || sequence & SETTING != 0 {
+            return Err(RadosError::Invalid(format!(
+                "a write sequence is from 1 to {}, not {sequence}",
+                SETTING - 1
+            )));
         }
-        match self
-            .sequence
-            .compare_exchange(0, sequence, Ordering::AcqRel, Ordering::Acquire)
-        {
-            Ok(_) => {}
-            Err(same) if same == sequence => return Ok(()),
-            // Another writer's order on a shared context would be changed under it.
-            Err(other) => {
-                return Err(RadosError::Invalid(format!(
-                    "the writes through this context of pool {} are ordered by {other} already",
-                    self.name
-                )))
+        loop {
+            match self
+                .order
+                .compare_exchange(0, SETTING | sequence, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => break,
+                Err(same) if same == sequence => return Ok(()),
+                // Another caller is giving librados the same sequence: its outcome is ours.
+                Err(setting) if setting == SETTING | sequence => std::thread::yield_now(),
+                // Another writer's order on a shared context would be changed under it.
+                Err(other) => {
+                    return Err(RadosError::Invalid(format!(
+                        "the writes through this context of pool {} are ordered by {} already",
+                        self.name,
+                        other & !SETTING
+                    )))
+                }
             }
         }
         // SAFETY: a live context; no snapshots, so no array is read.
         let rc = unsafe { rados_ioctx_selfmanaged_snap_set_write_ctx(self.io, sequence, ptr::null_mut(), 0) };
-        if let Err(e) = check(rc, "set the write sequence of", &self.name) {
-            self.sequence.store(0, Ordering::Release);
-            return Err(e);
+        let set = check(rc, "set the write sequence of", &self.name);
+        self.order
+            .store(if set.is_ok() { sequence } else { 0 }, Ordering::Release);
+        set.map(drop)
+    }
+
+    /// The flags a compound write through this context carries: `ORDERSNAP` once its
+    /// context carries a sequence.
+    fn write_flags(&self) -> libc::c_int {
+        match self.order.load(Ordering::Acquire) {
+            0 => LIBRADOS_OPERATION_NOFLAG,
+            o if o & SETTING != 0 => LIBRADOS_OPERATION_NOFLAG,
+            _ => LIBRADOS_OPERATION_ORDERSNAP,
         }
-        self.write_flags.store(LIBRADOS_OPERATION_ORDERSNAP, Ordering::Release);
-        Ok(())
     }
 
     /// Puts the pool in the self-managed snapshot mode (as librbd does for its images), in
@@ -407,14 +425,14 @@ impl Pool<'_> {
 
     /// Applies a compound write: all of it or nothing.
     pub fn operate(&self, oid: &str, op: &WriteOp) -> Result<()> {
-        op.operate(self.io, self.write_flags.load(Ordering::Acquire), oid)
+        op.operate(self.io, self.write_flags(), oid)
     }
 
     /// Sends a compound write and returns without waiting for it; the [`PendingWrite`]
     /// tells how it ended. Writes this client sends to one object are applied in the order
     /// sent, and a read sent after them sees them.
     pub fn operate_async(&self, oid: &str, op: WriteOp) -> Result<PendingWrite> {
-        op.operate_async(self.io, self.write_flags.load(Ordering::Acquire), oid)
+        op.operate_async(self.io, self.write_flags(), oid)
     }
 
     /// Sends a compound write and returns without waiting for it; `then` is called once
@@ -422,7 +440,7 @@ impl Pool<'_> {
     /// which run on that thread too). An error means it was not sent, and `then` is not
     /// called. The context must stay open until `then` was called.
     pub fn operate_then(&self, oid: &str, op: WriteOp, then: WriteCallback) -> Result<()> {
-        op.operate_then(self.io, self.write_flags.load(Ordering::Acquire), oid, then)
+        op.operate_then(self.io, self.write_flags(), oid, then)
     }
 
     /// The object's omap keys and values (all of them, in key order).
