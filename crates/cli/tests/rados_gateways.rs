@@ -301,6 +301,164 @@ fn a_pool_on_rados_moves_to_the_other_gateway_when_its_owner_stalls_or_dies() {
     b.stop();
 }
 
+/// A Ceph client of its own for the gateways, with the caps docs/scale-out.md names (`mon
+/// 'profile rbd' osd 'profile rbd pool=P'`, librbd's), written to a keyring in `dir`, and a
+/// copy of the cluster's configuration file that names that keyring for it. Returns the
+/// client's name (without "client.") and that file.
+#[cfg(feature = "rados")]
+fn client_with_caps(conf: &str, dir: &std::path::Path, name: &str, mon: &str, osd: &str) -> (String, String) {
+    let keyring = dir.join(format!("{name}.keyring"));
+    let keyring = keyring.to_str().unwrap();
+    let entity = format!("client.{name}");
+    // Made afresh: caps left from an earlier run of the test would be tested instead.
+    let _ = run("ceph", &["-c", conf, "auth", "rm", &entity]);
+    ok(
+        "ceph",
+        &[
+            "-c",
+            conf,
+            "auth",
+            "get-or-create",
+            &entity,
+            "mon",
+            mon,
+            "osd",
+            osd,
+            "-o",
+            keyring,
+        ],
+    );
+    let own = dir.join(format!("{name}.conf"));
+    let text = std::fs::read_to_string(conf).unwrap();
+    std::fs::write(&own, format!("{text}\n[{entity}]\nkeyring = {keyring}\n")).unwrap();
+    (name.to_string(), own.to_str().unwrap().to_string())
+}
+
+/// The gateways need no more of Ceph than librbd does: running as a client with the caps
+/// the docs name (`profile rbd`, on the pool alone), they make a pool, put the RADOS pool in
+/// the self-managed snapshot mode, write ordered by their epoch, and the one that takes the
+/// pool over blocklists the stalled owner, whose writes then land nowhere. A client whose
+/// caps cannot fence (no blocklist) never serves a pool it took over: it gives it back.
+#[test]
+fn gateways_need_only_the_caps_of_librbd_and_one_that_cannot_fence_serves_nothing() {
+    let test = "gateways_need_only_the_caps_of_librbd_and_one_that_cannot_fence_serves_nothing";
+    let Some((admin_conf, etcd, _cluster)) = cluster(test) else {
+        return;
+    };
+    let pid = std::process::id();
+    let pool = format!("caps{pid}");
+    let prefix = format!("/tessera-test-caps-{pid}");
+    let t = tempfile::tempdir().unwrap();
+    let osd_caps = format!("profile rbd pool={RADOS_POOL}");
+    let (client, conf) = client_with_caps(
+        &admin_conf,
+        t.path(),
+        &format!("tessera-gw-{pid}"),
+        "profile rbd",
+        &osd_caps,
+    );
+
+    let mut a = Daemon::start_configured(&t.path().join("a"), &gateway("gw-a", &etcd, &prefix));
+    let mut create = create_rados_pool_args(&pool, &conf).to_vec();
+    create.extend(["--client-name", &client]);
+    let out = a.ok(&create);
+    assert!(out.contains("owned by gateway gw-a"), "{out}");
+    let vdisk = format!("{pool}/v");
+    a.ok(&["vdisk", "create", &vdisk, "--size", "64M", "--layout", "simple"]);
+    a.ok(&["nbd", "export", &vdisk]);
+    let (w, out) = qemu_io(&a, "v", "write -P 0xa1 0 4M");
+    assert!(w, "{out}");
+    let p = pool_entry(&a, &pool);
+    assert_eq!(p["rados"]["here"], true, "{p}");
+
+    let mut b = Daemon::start_configured(&t.path().join("b"), &gateway("gw-b", &etcd, &prefix));
+    b.ok(&[
+        "pool",
+        "import",
+        &pool,
+        "--rados",
+        RADOS_POOL,
+        "--ceph-conf",
+        &conf,
+        "--client-name",
+        &client,
+    ]);
+    b.ok(&["nbd", "export", &vdisk]);
+    signal(&a, libc::SIGSTOP);
+    let took = until_served(&b, &pool, Duration::from_secs(15));
+    eprintln!("{test}: taken over {took:?} after the owner stalled, with librbd's caps");
+    let (r, out) = qemu_io(&b, "v", "read -P 0xa1 0 4M");
+    assert!(r, "{out}");
+    let (w, out) = qemu_io(&b, "v", "write -P 0xb2 0 1M");
+    assert!(w, "{out}");
+    signal(&a, libc::SIGCONT);
+    let (w, out) = qemu_io(&a, "v", "write -P 0xee 0 1M");
+    assert!(!w, "the stalled owner's write was taken after the takeover: {out}");
+    let (r, out) = qemu_io(&b, "v", "read -P 0xb2 0 1M");
+    assert!(r, "the stalled owner's write changed the data: {out}");
+    a.stop();
+
+    // C may read and write the pool's objects but not blocklist anybody: when B stalls, C
+    // takes the pool in etcd, cannot fence B off, and gives it back rather than serve it.
+    let (weak, weak_conf) = client_with_caps(
+        &admin_conf,
+        t.path(),
+        &format!("tessera-nofence-{pid}"),
+        "allow r",
+        &osd_caps,
+    );
+    let mut c = Daemon::start_configured(&t.path().join("c"), &gateway("gw-c", &etcd, &prefix));
+    c.ok(&[
+        "pool",
+        "import",
+        &pool,
+        "--rados",
+        RADOS_POOL,
+        "--ceph-conf",
+        &weak_conf,
+        "--client-name",
+        &weak,
+    ]);
+    c.ok(&["nbd", "export", &vdisk]);
+    signal(&b, libc::SIGSTOP);
+    let t0 = Instant::now();
+    let mut seen = String::new();
+    while t0.elapsed() < Duration::from_secs(12) {
+        let p = pool_entry(&c, &pool);
+        assert_eq!(
+            p["health"], "unavailable",
+            "served without fencing the stalled owner: {p}"
+        );
+        seen = p["problem"].as_str().unwrap_or_default().to_string();
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    eprintln!("{test}: the gateway that cannot fence says: {seen}");
+    assert!(
+        seen.contains("cannot fence") && seen.contains("may not blocklist"),
+        "{seen}\n{}",
+        c.logs()
+    );
+    let (r, _) = qemu_io(&c, "v", "read 0 4k");
+    assert!(!r, "the gateway that cannot fence served a read");
+
+    // B resumes, finds its lease lost, and takes the pool again (fencing its own earlier
+    // connection off); nothing C could not fence was lost.
+    signal(&b, libc::SIGCONT);
+    until_served(&b, &pool, Duration::from_secs(20));
+    let (r, out) = qemu_io(&b, "v", "read -P 0xb2 0 1M");
+    assert!(r, "{out}");
+    let (r, out) = qemu_io(&b, "v", "read -P 0xa1 1M 3M");
+    assert!(r, "{out}");
+    c.stop();
+    b.ok(&["nbd", "remove", "v"]);
+    b.ok(&["vdisk", "delete", &vdisk]);
+    b.ok(&["pool", "destroy", &pool]);
+    b.stop();
+    for name in [client, weak] {
+        let _ = run("ceph", &["-c", &admin_conf, "auth", "rm", &format!("client.{name}")]);
+    }
+}
+
 /// A pool whose writes the cluster refused (here its gateway's client is blocklisted, as a
 /// timeout or an operator could have it) is opened again by that gateway, through a fresh
 /// client at a new epoch: the host's write fails (over iSCSI with NOT READY, ASYMMETRIC

@@ -86,8 +86,14 @@ pub async fn take_over(gateway: &mut Gateway, cluster: &Cluster, vdisk: &str) ->
         .map_err(|e| OwnershipError(format!("cannot learn this client's address: {e}")))?;
     gateway
         .take_fenced(vdisk, &mine, |old| {
-            old.iter()
-                .try_for_each(|a| cluster.blocklist(a, BLOCKLIST_SECONDS).map_err(|e| format!("{a}: {e}")))
+            old.iter().try_for_each(|a| {
+                cluster.blocklist(a, BLOCKLIST_SECONDS).map_err(|e| match e.errno() {
+                    Some(libc::EACCES) | Some(libc::EPERM) => format!(
+                        "{a}: {e}; this gateway's Ceph client may not blocklist: give it the monitor caps 'profile rbd'"
+                    ),
+                    _ => format!("{a}: {e}"),
+                })
+            })
         })
         .await
 }

@@ -39,6 +39,14 @@ const HANDOVER_GRACE: Duration = Duration::from_secs(10);
 /// refuses every write would otherwise have it opened again at every tick.
 const REOPEN_EVERY: Duration = Duration::from_secs(30);
 
+/// After a failed attempt to take or open a pool (the cluster refused to fence the previous
+/// owner, say: this gateway's Ceph client may not blocklist), the tick tries it again after
+/// this, doubling up to `RETRY_MOST` while it keeps failing. Without it, a gateway that
+/// cannot fence took the pool in etcd and gave it back as fast as etcd answered, woken by its
+/// own changes, and the gateways that could serve it rarely found it free.
+const RETRY_FIRST: Duration = Duration::from_secs(2);
+const RETRY_MOST: Duration = Duration::from_secs(30);
+
 /// What this gateway knows of one pool on RADOS.
 pub(crate) struct RadosPool {
     placement: Placement,
@@ -62,6 +70,9 @@ pub(crate) struct RadosPool {
     asking: bool,
     /// When this gateway last gave the pool up to open it again, a write having been refused.
     reopened: Option<Instant>,
+    /// After attempts to take or open the pool that failed: not before when, and the delay
+    /// that led there (`RETRY_FIRST`, doubled at each failure since the last success).
+    retry: Option<(Instant, Duration)>,
 }
 
 impl RadosPool {
@@ -88,6 +99,7 @@ impl RadosPool {
             handed_over: None,
             asking: false,
             reopened: None,
+            retry: None,
         }
     }
 }
@@ -264,6 +276,8 @@ impl Daemon {
             .get(name)
             .and_then(|p| p.handed_over)
             .filter(|t| t.elapsed() < HANDOVER_GRACE);
+        // Whether the attempt failed (rather than found the pool owned elsewhere).
+        let mut failed = false;
         let why = match &self.gateway {
             None => "the pool is on Ceph RADOS and this daemon is not a gateway: give it a [gateway] table in its configuration file".to_string(),
             Some(gw) => match match handed_over {
@@ -275,7 +289,7 @@ impl Daemon {
                         )
                     })
                 }),
-                None => gw.take(name, &placement),
+                None => gw.take(name, &placement).inspect_err(|_| failed = true),
             } {
                 Err(e) => e,
                 Ok(Taking::Elsewhere(o)) => {
@@ -285,6 +299,8 @@ impl Daemon {
                     );
                     if let Some(p) = self.rados.lock().get_mut(name) {
                         p.elsewhere = Some(o.clone());
+                        // A streak of failures ends where the pool is found served.
+                        p.retry = None;
                     }
                     self.present_standby(name, &o);
                     why
@@ -295,6 +311,7 @@ impl Daemon {
                 } {
                     Err(e) => {
                         let _ = gw.release(name, owned.epoch);
+                        failed = true;
                         e
                     }
                     Ok(engine) => {
@@ -317,6 +334,7 @@ impl Daemon {
                         info!(pool = %name, epoch, seconds = started.elapsed().as_secs_f64(), "pool opened");
                         if let Some(p) = self.rados.lock().get_mut(name) {
                             p.owned = Some(owned);
+                            p.retry = None;
                             p.elsewhere = None;
                             p.activity = (u64::MAX, Instant::now());
                             p.handed_over = None;
@@ -348,7 +366,12 @@ impl Daemon {
             },
         };
         let _admin = self.admin.lock();
-        if self.rados.lock().contains_key(name) {
+        if let Some(p) = self.rados.lock().get_mut(name) {
+            if failed {
+                let delay = p.retry.map_or(RETRY_FIRST, |(_, d)| (d * 2).min(RETRY_MOST));
+                p.retry = Some((Instant::now() + delay, delay));
+                warn!(pool = %name, why, retry_seconds = delay.as_secs(), "cannot take the pool; trying again later");
+            }
             self.unavailable.write().insert(name.to_string(), why);
         }
     }
@@ -509,11 +532,12 @@ impl Daemon {
             }
             info!(gateway = gw.name(), "joined the gateways");
         }
+        let now = Instant::now();
         let waiting: Vec<String> = self
             .rados
             .lock()
             .iter()
-            .filter(|(_, p)| p.owned.is_none())
+            .filter(|(_, p)| p.owned.is_none() && p.retry.is_none_or(|(at, _)| now >= at))
             .map(|(n, _)| n.clone())
             .collect();
         for name in waiting {
