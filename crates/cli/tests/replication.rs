@@ -447,6 +447,55 @@ fn cycles_cut_by_sigkill_go_on_where_they_stopped() {
     );
 }
 
+/// A cycle cut short leaves the working copy holding part of two cycles. A daemon that opens
+/// the pool afterwards without the receiving daemon's files (a pool on RADOS taken over by
+/// another gateway; here the same daemon with its replication record and its markers of
+/// cycles set aside) knows it from the pool's metadata: it refuses to clone the working copy
+/// or export it to an image until the source's next cycle has put it back and committed.
+#[test]
+fn a_working_copy_cut_mid_cycle_is_known_so_by_its_pool() {
+    let (_t, key, a, mut b) = two_sites();
+    let b_listen = b.listen();
+    a.d.ok(&["vdisk", "create", "p/db", "--size", "64M", "--layout", "simple"]);
+    write_image(&a, "p/db", 4 << 20, 21);
+    // 4 MiB/s: the second cycle takes about ten seconds, time to cut it.
+    a.replicate("p/db", &b_listen, "q", "dr", &["--interval", "0", "--bandwidth", "4M"]);
+    a.d.ok(&["replica", "sync", "dr"]);
+    write_image(&a, "p/db", 40 << 20, 22);
+    a.d.ok(&["replica", "sync", "dr", "--no-wait"]);
+    wait_progress(&a, "p/db", 8 << 20);
+    b.d.kill9();
+    let state = b.dir.join("state");
+    std::fs::rename(state.join("replication.json"), b.dir.join("replication.json.kept")).unwrap();
+    let cycles = state.join("replication-cycles");
+    assert!(
+        cycles.join("q").join("db.cycle").exists(),
+        "the cut cycle left no marker"
+    );
+    std::fs::remove_dir_all(&cycles).unwrap();
+    b.restart(&key, &b_listen);
+    let img = b.dir.join("mixed.img");
+    for (args, what) in [
+        (vec!["vdisk", "clone", "q/db", "copy"], "cloned"),
+        (
+            vec!["vdisk", "export", "q/db", img.to_str().unwrap()],
+            "exported to an image",
+        ),
+    ] {
+        let e = b.d.fails(&args);
+        assert!(e.contains("a cycle is writing it") && e.contains(what), "{args:?}: {e}");
+    }
+    assert!(!img.exists(), "an image was started");
+    // The source's next try puts the copy back to its base and commits: whole again.
+    let r = a.wait_cycles("dr", 2);
+    assert_eq!(r["last_snapshot"], "repl-dr-2", "{r}");
+    b.d.ok(&["vdisk", "clone", "q/db", "copy"]);
+    assert!(same_file(
+        &a.export("p/db@repl-dr-2", "a2.img"),
+        &b.export("q/copy", "b-copy.img")
+    ));
+}
+
 /// A promotion while the source is sending a cycle (slowly: a source that trickles its bytes
 /// would hold a cycle open for as long as it likes) cuts that cycle, on every one of its
 /// streams, and promotes the replica at its last consistent snapshot; the source's next

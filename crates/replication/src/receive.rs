@@ -131,6 +131,14 @@ pub trait ReplicaSite {
     fn made(&self, _pool: &str, _vdisk: &str) -> std::result::Result<(), String> {
         Ok(())
     }
+    /// The working copy `pool/vdisk` is about to change for the cycle of `snapshot`: from
+    /// here until `committed`, it may hold part of two cycles. The site records that durably
+    /// where every daemon that opens the pool sees it (this side's own marker, a file beside
+    /// the daemon, is not seen by another gateway of a pool on RADOS), so that none copies
+    /// the working copy meanwhile. An error ends the cycle before the copy changes.
+    fn changing(&self, _pool: &str, _vdisk: &str, _snapshot: &str) -> std::result::Result<(), String> {
+        Ok(())
+    }
     /// This connection joins, as an extra stream, the cycle writing `pool/vdisk` (so that
     /// the site can cut it with the cycle's others). An error refuses the stream.
     fn joining(&self, _pool: &str, _vdisk: &str) -> std::result::Result<(), String> {
@@ -141,7 +149,8 @@ pub trait ReplicaSite {
         None
     }
     /// Records, durably, that the cycle of `snapshot` was committed into `pool/vdisk` (its
-    /// snapshot taken): a sender that asks again for it is then told it is done.
+    /// snapshot taken): a sender that asks again for it is then told it is done, and the
+    /// working copy is whole again (what `changing` recorded is cleared).
     fn committed(&self, _pool: &str, _vdisk: &str, _snapshot: &str) -> std::result::Result<(), String> {
         Ok(())
     }
@@ -354,6 +363,8 @@ fn run<S: Read + Write>(
     // Only a working copy that was there can hold part of the cycle its marker names (one
     // made now holds nothing, whatever marker a vdisk of that name left).
     report.resumed = existed && marker.as_ref() == Some(&wanted);
+    site.changing(&begin.pool, &begin.vdisk, &begin.snapshot)
+        .map_err(ReplError::Invalid)?;
     if marker.is_some() && !report.resumed {
         // The other cycle's marker goes first, durably: once the working copy is changed
         // below, it no longer holds part of that cycle, and a refusal or a crash before the

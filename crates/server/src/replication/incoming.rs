@@ -313,6 +313,13 @@ const REPLICA_PROMOTED: &str = "replica-promoted";
 /// made again.
 const REPLICA_PROMOTING: &str = "replica-promoting";
 
+/// The record a cycle makes before it changes a replica's working copy, and clears once its
+/// snapshot is taken (its value: that snapshot's name), so that the copy, holding part of two
+/// cycles meanwhile, is copied by no daemon that opens the pool: the receiving daemon's
+/// marker of the cycle is a file beside it, which the gateway that takes a pool on RADOS over
+/// from it never sees. A promotion, which puts the copy back to a snapshot, clears it.
+const REPLICA_CYCLE: &str = "replica-cycle";
+
 impl Site {
     /// Marks `pool/vdisk` a replica in its pool's metadata, for every gateway that opens the
     /// pool, while this daemon holds it as one: under the lock a promotion drops the record
@@ -504,10 +511,20 @@ impl ReplicaSite for Site {
         self.mark(pool, vdisk)
     }
 
+    fn changing(&self, pool: &str, vdisk: &str, snapshot: &str) -> Result<(), String> {
+        let (e, v) = self.d.vdisk(pool, vdisk).map_err(|e| e.message)?;
+        e.set_lun_state(&v, REPLICA_CYCLE, Some(snapshot.as_bytes()))
+            .map_err(|e| format!("cannot record in its pool that a cycle changes '{pool}/{vdisk}': {e}"))
+    }
+
     fn committed(&self, pool: &str, vdisk: &str, snapshot: &str) -> Result<(), String> {
         let key = format!("{pool}/{vdisk}");
         // (A replica made before there were marks has its mark made here.)
         self.mark(pool, vdisk)?;
+        // The working copy is the snapshot just taken: whole, for every gateway of the pool.
+        let (e, v) = self.d.vdisk(pool, vdisk).map_err(|e| e.message)?;
+        e.set_lun_state(&v, REPLICA_CYCLE, None)
+            .map_err(|e| format!("cannot record in its pool that '{pool}/{vdisk}' is whole again: {e}"))?;
         self.d
             .replication
             .change(|s| {
@@ -726,6 +743,7 @@ impl Daemon {
                     (&**v, REPLICA_KEY, None),
                     (&**v, REPLICA_PROMOTING, None),
                     (&**v, REPLICA_PROMOTED, Some(when.as_bytes())),
+                    (&**v, REPLICA_CYCLE, None),
                 ]
             })
             .collect();
@@ -991,6 +1009,14 @@ impl Daemon {
             || (rec.marked && e.lun_state(&v, REPLICA_MARK)?.is_none()))
     }
 
+    /// Whether the pool records a cycle that changed the working copy `pool/vdisk` and did
+    /// not commit (`REPLICA_CYCLE`), through whichever gateway of the pool received it.
+    fn cycle_recorded(&self, pool: &str, vdisk: &str) -> ApiResult<bool> {
+        let Ok(e) = self.engine(pool) else { return Ok(false) };
+        let Ok(v) = e.vdisk(vdisk) else { return Ok(false) };
+        Ok(e.lun_state(&v, REPLICA_CYCLE)?.is_some())
+    }
+
     /// Whether a promotion of `pool/vdisk` began and has not ended (`REPLICA_PROMOTING`).
     fn promoting(&self, pool: &str, vdisk: &str) -> ApiResult<bool> {
         let Ok(e) = self.engine(pool) else { return Ok(false) };
@@ -1050,10 +1076,14 @@ impl Daemon {
             return f();
         }
         let key = format!("{pool}/{vdisk}");
+        // Read before the lock (a metadata read may go to the cluster). A cycle that begins
+        // after it is seen by the lock below (`receiving`).
+        let cut_anywhere = self.cycle_recorded(pool, vdisk)?;
         let mut live = self.replication.live.lock();
         if live.receiving.contains(&key)
             || live.promoting.contains(&key)
             || live.copying.contains(&key)
+            || cut_anywhere
             || tessera_replication::cycle_cut(&super::cycles_dir(&self.cfg.state_dir), pool, vdisk)
         {
             return Err(ApiError::busy(format!(
