@@ -465,6 +465,9 @@ fn a_working_copy_cut_mid_cycle_is_known_so_by_its_pool() {
     a.d.ok(&["replica", "sync", "dr", "--no-wait"]);
     wait_progress(&a, "p/db", 8 << 20);
     b.d.kill9();
+    // Held at the source meanwhile: a try of the source's could otherwise reach B first.
+    a.wait_state("dr", "failing");
+    a.d.ok(&["replica", "pause", "dr"]);
     let state = b.dir.join("state");
     std::fs::rename(state.join("replication.json"), b.dir.join("replication.json.kept")).unwrap();
     let cycles = state.join("replication-cycles");
@@ -487,6 +490,7 @@ fn a_working_copy_cut_mid_cycle_is_known_so_by_its_pool() {
     }
     assert!(!img.exists(), "an image was started");
     // The source's next try puts the copy back to its base and commits: whole again.
+    a.d.ok(&["replica", "resume", "dr"]);
     let r = a.wait_cycles("dr", 2);
     assert_eq!(r["last_snapshot"], "repl-dr-2", "{r}");
     b.d.ok(&["vdisk", "clone", "q/db", "copy"]);

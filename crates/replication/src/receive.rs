@@ -139,6 +139,12 @@ pub trait ReplicaSite {
     fn changing(&self, _pool: &str, _vdisk: &str, _snapshot: &str) -> std::result::Result<(), String> {
         Ok(())
     }
+    /// The cycle of `snapshot`, asked for again, was committed into `pool/vdisk` already:
+    /// what `changing` recorded for it, if still there (the daemon that committed it died
+    /// before clearing it), is cleared. An error ends the cycle.
+    fn settled(&self, _pool: &str, _vdisk: &str, _snapshot: &str) -> std::result::Result<(), String> {
+        Ok(())
+    }
     /// This connection joins, as an extra stream, the cycle writing `pool/vdisk` (so that
     /// the site can cut it with the cycle's others). An error refuses the stream.
     fn joining(&self, _pool: &str, _vdisk: &str) -> std::result::Result<(), String> {
@@ -293,6 +299,8 @@ fn run<S: Read + Write>(
             site.committed(&begin.pool, &begin.vdisk, &begin.snapshot)
                 .map_err(ReplError::Invalid)?;
         }
+        site.settled(&begin.pool, &begin.vdisk, &begin.snapshot)
+            .map_err(ReplError::Invalid)?;
         if marker.as_ref().is_some_and(|m| m.snapshot == begin.snapshot) {
             let _ = std::fs::remove_file(&marker_path);
         }

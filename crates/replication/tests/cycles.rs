@@ -219,6 +219,13 @@ fn a_cycle_asked_again_is_done_and_a_snapshot_of_its_name_from_elsewhere_is_refu
         Some("s1")
     );
     assert!(!marker.exists(), "the marker of a cycle done stays");
+    // Its snapshot taken and its record made, the site died before saying the working copy
+    // is whole again (another gateway of the pool took it over): asked again, it is said.
+    dst.changing.lock().unwrap().insert("p/vol".into(), "s1".into());
+    let (sent, got) = cycle(&src, &dst, "s1", None, None);
+    assert_eq!(sent.unwrap().sent_bytes, 0);
+    assert!(got.unwrap().complete);
+    assert!(dst.changing.lock().unwrap().is_empty(), "still holding part of a cycle");
     // The replica holds a snapshot of the next cycle's name that no cycle made (an earlier
     // replication under the same name left it): refused, not taken for this cycle's.
     v.write(MIB, &noise(2, MIB as usize), false).unwrap();
@@ -337,6 +344,9 @@ fn a_cycle_cut_mid_way_carries_on_where_it_stopped() {
     assert!(sent.is_err() && got.is_err(), "{sent:?} {got:?}");
     assert_eq!(dst.joins.wanted(), 0, "a cycle cut short gives back what it waited for");
     assert!(dst.engine.vdisk("vol@s1").is_err(), "no snapshot of a cycle cut short");
+    // The site was told the working copy holds part of that cycle, and not told otherwise.
+    let changing = |s: &Site| s.changing.lock().unwrap().get("p/vol").cloned();
+    assert_eq!(changing(&dst).as_deref(), Some("s1"));
 
     let (sent, got) = cycle(&src, &dst, "s1", None, None);
     let (sent, got) = (sent.unwrap(), got.unwrap());
@@ -347,6 +357,7 @@ fn a_cycle_cut_mid_way_carries_on_where_it_stopped() {
         sent.sent_bytes
     );
     assert_eq!(image(&dst.engine.vdisk("vol@s1").unwrap()), image(&s1));
+    assert_eq!(changing(&dst), None, "whole again once committed");
 
     // A cut incremental cycle, then a different cycle: the working copy goes back to its base
     // first, and the replica is still exact.
@@ -354,6 +365,7 @@ fn a_cycle_cut_mid_way_carries_on_where_it_stopped() {
     src.engine.snapshot("vol", "s2").unwrap();
     let (sent, _) = cycle(&src, &dst, "s2", Some("s1"), Some((2 * MIB) as usize));
     assert!(sent.is_err());
+    assert_eq!(changing(&dst).as_deref(), Some("s2"));
     v.write(8 * MIB, &noise(3, (MIB) as usize), false).unwrap();
     let s3 = src.engine.snapshot("vol", "s3").unwrap();
     let (sent, got) = cycle(&src, &dst, "s3", Some("s1"), None);

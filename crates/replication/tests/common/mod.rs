@@ -20,6 +20,9 @@ pub struct Site {
     pub committed: std::sync::Mutex<std::collections::HashMap<String, String>>,
     /// The replicas a cycle was to make and could not, as the site was told.
     pub not_made: std::sync::Mutex<Vec<String>>,
+    /// The cycle each working copy holds part of (set by `changing`, cleared by `committed`
+    /// and `settled`), as a daemon records it in the pool.
+    pub changing: std::sync::Mutex<std::collections::HashMap<String, String>>,
 }
 
 impl ReplicaSite for Site {
@@ -40,7 +43,23 @@ impl ReplicaSite for Site {
     fn last_committed(&self, pool: &str, vdisk: &str) -> Option<String> {
         self.committed.lock().unwrap().get(&format!("{pool}/{vdisk}")).cloned()
     }
+    fn changing(&self, pool: &str, vdisk: &str, snapshot: &str) -> Result<(), String> {
+        self.changing
+            .lock()
+            .unwrap()
+            .insert(format!("{pool}/{vdisk}"), snapshot.to_string());
+        Ok(())
+    }
+    fn settled(&self, pool: &str, vdisk: &str, snapshot: &str) -> Result<(), String> {
+        let mut changing = self.changing.lock().unwrap();
+        let key = format!("{pool}/{vdisk}");
+        if changing.get(&key).map(String::as_str) == Some(snapshot) {
+            changing.remove(&key);
+        }
+        Ok(())
+    }
     fn committed(&self, pool: &str, vdisk: &str, snapshot: &str) -> Result<(), String> {
+        self.changing.lock().unwrap().remove(&format!("{pool}/{vdisk}"));
         self.committed
             .lock()
             .unwrap()
@@ -61,6 +80,7 @@ pub fn site(disks: usize, disk_size: u64) -> Site {
         joins: Default::default(),
         committed: Default::default(),
         not_made: Default::default(),
+        changing: Default::default(),
     }
 }
 

@@ -517,6 +517,16 @@ impl ReplicaSite for Site {
             .map_err(|e| format!("cannot record in its pool that a cycle changes '{pool}/{vdisk}': {e}"))
     }
 
+    fn settled(&self, pool: &str, vdisk: &str, snapshot: &str) -> Result<(), String> {
+        let (e, v) = self.d.vdisk(pool, vdisk).map_err(|e| e.message)?;
+        let recorded = e.lun_state(&v, REPLICA_CYCLE).map_err(|e| e.to_string())?;
+        if recorded.as_deref() != Some(snapshot.as_bytes()) {
+            return Ok(());
+        }
+        e.set_lun_state(&v, REPLICA_CYCLE, None)
+            .map_err(|e| format!("cannot record in its pool that '{pool}/{vdisk}' is whole again: {e}"))
+    }
+
     fn committed(&self, pool: &str, vdisk: &str, snapshot: &str) -> Result<(), String> {
         let key = format!("{pool}/{vdisk}");
         // (A replica made before there were marks has its mark made here.)
