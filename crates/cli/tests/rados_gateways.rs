@@ -232,6 +232,22 @@ fn a_pool_on_rados_moves_to_the_other_gateway_when_its_owner_stalls_or_dies() {
     assert!(r && !out.contains("failed"), "{out}");
     let (w, out) = qemu_io(&b, "v", "write -P 0xb2 0 1M");
     assert!(w, "{out}");
+    // B's metrics and list say it serves the pool, taken over once.
+    let m = metrics(&b);
+    promtool_accepts(&m);
+    for (series, want) in [
+        ("tessera_gateway_joined".to_string(), 1.0),
+        (format!("tessera_pool_rados_served_here{{pool=\"{pool}\"}}"), 1.0),
+        (format!("tessera_pool_rados_takeovers_total{{pool=\"{pool}\"}}"), 1.0),
+        (format!("tessera_pool_rados_failed_takes_total{{pool=\"{pool}\"}}"), 0.0),
+        (
+            format!("tessera_pool_rados_owner_info{{owner=\"gw-b\",pool=\"{pool}\"}}"),
+            1.0,
+        ),
+    ] {
+        assert_eq!(sample(&m, &series), Some(want), "{series} in\n{m}");
+    }
+    assert_eq!(pool_entry(&b, &pool)["rados"]["takeovers"], 1);
 
     // A resumes: its writes land nowhere, and it lets the pool go.
     signal(&a, libc::SIGCONT);
@@ -250,6 +266,20 @@ fn a_pool_on_rados_moves_to_the_other_gateway_when_its_owner_stalls_or_dies() {
     }
     let events = a.ok(&["events", "--pool", &pool, "-n", "1000"]);
     assert!(events.contains("no longer served here"), "{events}");
+    let m = metrics(&a);
+    assert_eq!(
+        sample(&m, &format!("tessera_pool_rados_served_here{{pool=\"{pool}\"}}")),
+        Some(0.0),
+        "{m}"
+    );
+    assert_eq!(
+        sample(
+            &m,
+            &format!("tessera_pool_rados_owner_info{{owner=\"gw-b\",pool=\"{pool}\"}}")
+        ),
+        Some(1.0),
+        "{m}"
+    );
 
     // B dies: A takes the pool back, presents its export again by itself, and reads both.
     b.kill9();
@@ -299,6 +329,24 @@ fn a_pool_on_rados_moves_to_the_other_gateway_when_its_owner_stalls_or_dies() {
         "{left}"
     );
     b.stop();
+}
+
+/// What daemon `d` serves at `GET /metrics`.
+#[cfg(feature = "rados")]
+fn metrics(d: &Daemon) -> String {
+    let r = http(&d.sock, "GET", "/metrics", None).unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    r.body
+}
+
+/// The value of series `series` (its name and labels as the text format writes them, labels
+/// in name order) in the metrics `text`.
+#[cfg(feature = "rados")]
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .filter_map(|l| l.rsplit_once(' '))
+        .find(|(s, _)| *s == series)
+        .and_then(|(_, v)| v.parse().ok())
 }
 
 /// A Ceph client of its own for the gateways, with the caps docs/scale-out.md names (`mon
@@ -440,6 +488,12 @@ fn gateways_need_only_the_caps_of_librbd_and_one_that_cannot_fence_serves_nothin
     );
     let (r, _) = qemu_io(&c, "v", "read 0 4k");
     assert!(!r, "the gateway that cannot fence served a read");
+    let failed = pool_entry(&c, &pool)["rados"]["failed_takes"].as_u64().unwrap();
+    // Tried at 2, 4 s... after the lease lapsed: a few times in 12 s, not hundreds.
+    assert!((1..=6).contains(&failed), "{failed} failed attempts");
+    let m = metrics(&c);
+    let counted = sample(&m, &format!("tessera_pool_rados_failed_takes_total{{pool=\"{pool}\"}}"));
+    assert!(counted.is_some_and(|n| n >= failed as f64), "{m}");
 
     // B resumes, finds its lease lost, and takes the pool again (fencing its own earlier
     // connection off); nothing C could not fence was lost.

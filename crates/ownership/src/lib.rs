@@ -48,6 +48,18 @@ impl From<etcd_client::Error> for OwnershipError {
 
 pub type Result<T> = std::result::Result<T, OwnershipError>;
 
+/// How the error of a taking that could not fence the previous owner off (and gave the vdisk
+/// back) begins.
+const FENCE_REFUSED: &str = "cannot fence the previous owner of";
+
+impl OwnershipError {
+    /// Whether this is the error of a taking that took the vdisk, could not fence the
+    /// previous owner off, and gave it back ([`Gateway::take_fenced`]).
+    pub fn fence_refused(&self) -> bool {
+        self.0.starts_with(FENCE_REFUSED)
+    }
+}
+
 /// Who owns a vdisk, since which epoch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Owner {
@@ -288,8 +300,10 @@ impl Gateway {
     /// this gateway took it, runs `fence` on the addresses of the previous owners not known
     /// to be fenced off yet (none for the first owner; never this gateway's own `address`)
     /// before returning. If `fence` fails the vdisk is given up again, those addresses left
-    /// on record for the next taker, and the error returned: serving before the old owner
-    /// is fenced could let its writes land. Returns the owner afterwards: this gateway,
+    /// on record for the next taker (but not this gateway's `address`, whose connection only
+    /// tried to fence and never wrote: each failed taking would otherwise leave one more for
+    /// the next taker to fence, one monitor command each), and the error returned: serving
+    /// before the old owner is fenced could let its writes land. Returns the owner afterwards: this gateway,
     /// ready to serve at its epoch, or the one that holds it.
     pub async fn take_fenced(
         &mut self,
@@ -303,9 +317,9 @@ impl Gateway {
         }
         let others: Vec<String> = previous.into_iter().filter(|a| a != address).collect();
         if let Err(e) = fence(&others) {
-            let _ = self.release(vdisk, owner.epoch).await;
+            let _ = self.give_back(vdisk, owner.epoch, &others).await;
             return Err(OwnershipError(format!(
-                "cannot fence the previous owner of {vdisk} ({}) off: {e}",
+                "{FENCE_REFUSED} {vdisk} ({}) off: {e}",
                 if others.is_empty() {
                     "none recorded".to_string()
                 } else {
@@ -326,6 +340,25 @@ impl Gateway {
     }
 
     /// Gives `vdisk` up, if this gateway owns it at `epoch`.
+    /// Gives up `vdisk`, taken at `epoch` and never served, leaving `record` as its fence
+    /// record, in one transaction (nobody else changes the record while this gateway owns
+    /// the vdisk). False if this gateway did not own it at that epoch.
+    async fn give_back(&mut self, vdisk: &str, epoch: i64, record: &[String]) -> Result<bool> {
+        let key = self.key(vdisk);
+        let fence_key = self.fence_key(vdisk);
+        let restore = match record {
+            [] => TxnOp::delete(fence_key, None),
+            _ => TxnOp::put(fence_key, record.join("\n"), None),
+        };
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(key.as_str(), CompareOp::Equal, epoch),
+                Compare::value(key.as_str(), CompareOp::Equal, self.name.as_str()),
+            ])
+            .and_then([restore, TxnOp::delete(key.as_str(), None)]);
+        Ok(self.client.txn(txn).await?.succeeded())
+    }
+
     pub async fn release(&mut self, vdisk: &str, epoch: i64) -> Result<bool> {
         let key = self.key(vdisk);
         let txn = Txn::new()

@@ -216,7 +216,11 @@ pub fn render(d: &Daemon) -> String {
     let disk_latency = collect_state(d, &state);
     let mut families = d.io_metrics.registry.gather();
     families.extend(state.gather());
-    families.push(disk_latency);
+    // The text encoder refuses a family without samples: a daemon with no member disks (no
+    // pool yet, or only pools on RADOS) has no disk latencies.
+    if !disk_latency.get_metric().is_empty() {
+        families.push(disk_latency);
+    }
     families.sort_by(|a, b| a.name().cmp(b.name()));
     let mut out = Vec::new();
     TextEncoder::new()
@@ -535,9 +539,57 @@ fn collect_state(d: &Daemon, r: &Registry) -> prometheus::proto::MetricFamily {
         &["pool"],
     );
 
+    // Pools on Ceph RADOS: which gateway serves each, at which epoch, and how often this one
+    // took it over or failed to.
+    if let Some(joined) = d.gateway_joined() {
+        s.gauge(
+            "tessera_gateway_joined",
+            "1 while this gateway holds its lease in etcd (pools on RADOS are served only then), 0 otherwise",
+            &[],
+        )
+        .with_label_values(&[] as &[&str])
+        .set(joined as i64);
+    }
+    let rados_here = s.gauge(
+        "tessera_pool_rados_served_here",
+        "1 while this gateway owns and serves the pool on RADOS, 0 while another does or nobody yet",
+        &["pool"],
+    );
+    let rados_epoch = s.gauge(
+        "tessera_pool_rados_owner_epoch",
+        "The epoch (etcd revision) under which the pool's owner writes, where an owner is known",
+        &["pool"],
+    );
+    let rados_owner = s.gauge(
+        "tessera_pool_rados_owner_info",
+        "1 for the gateway that owns the pool on RADOS, where one is known",
+        &["pool", "owner"],
+    );
+    let rados_takeovers = s.counter(
+        "tessera_pool_rados_takeovers_total",
+        "Times this gateway took the pool on RADOS and served it, since the daemon started",
+        &["pool"],
+    );
+    let rados_failed = s.counter(
+        "tessera_pool_rados_failed_takes_total",
+        "Attempts of this gateway to take or open the pool on RADOS that failed, since the daemon started",
+        &["pool"],
+    );
+
     for detail in d.pool_details() {
         let p = &detail.summary;
         let name = p.name.as_str();
+        if let Some(r) = &p.rados {
+            rados_here.with_label_values(&[name]).set(r.here as i64);
+            if let Some(epoch) = r.epoch {
+                rados_epoch.with_label_values(&[name]).set(epoch);
+            }
+            if let Some(owner) = &r.owner {
+                rados_owner.with_label_values(&[name, owner]).set(1);
+            }
+            rados_takeovers.with_label_values(&[name]).inc_by(r.takeovers);
+            rados_failed.with_label_values(&[name]).inc_by(r.failed_takes);
+        }
         for st in [
             PoolHealth::Healthy,
             PoolHealth::Degraded,

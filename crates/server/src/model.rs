@@ -227,6 +227,13 @@ pub struct RadosPoolView {
     /// that takes the pool over blocklists; `ceph osd blocklist ls` lists it then).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client: Option<String>,
+    /// Times this gateway took the pool and served it, since the daemon started.
+    #[serde(default)]
+    pub takeovers: u64,
+    /// Attempts to take or open the pool that failed here since the daemon started (the
+    /// cluster refused to fence the previous owner, say), each followed by a longer wait.
+    #[serde(default)]
+    pub failed_takes: u64,
 }
 
 /// The last metadata scan of a pool: its report and a page of its findings.

@@ -215,6 +215,10 @@ mod real {
         Mine(Owned),
         /// Another gateway owns it.
         Elsewhere(PoolOwner),
+        /// This gateway took it, could not fence the previous owner off (this gateway's
+        /// Ceph client may not blocklist, the monitors did not answer), and gave it back:
+        /// why. Trying again at once would keep it from the gateways that could serve it.
+        GaveBack(String),
     }
 
     /// A pool this gateway took: its own connection to the cluster and its epoch.
@@ -349,14 +353,21 @@ mod real {
             Cluster::shared_pool(&cluster, &placement.rados_pool)
                 .map_err(|e| format!("cannot open the RADOS pool '{}': {e}", placement.rados_pool))?;
             let connected = started.elapsed();
-            let (owner, mine) = self.with_gateway(async |g| {
+            let taken = self.with_gateway(async |g| {
                 let o = take_over(g, &cluster, &owner_key(name)).await;
-                o.map(|o| {
-                    let mine = g.holds(&o);
-                    (o, mine)
+                Ok(match o {
+                    Ok(o) => {
+                        let mine = g.holds(&o);
+                        Ok((o, mine))
+                    }
+                    Err(e) if e.fence_refused() => Err(format!("cannot take pool {name}: {e}")),
+                    Err(e) => return Err(format!("cannot take pool {name}: {e}")),
                 })
-                .map_err(|e| format!("cannot take pool {name}: {e}"))
             })?;
+            let (owner, mine) = match taken {
+                Ok(t) => t,
+                Err(why) => return Ok(Taking::GaveBack(why)),
+            };
             if !mine {
                 return Ok(Taking::Elsewhere(elsewhere(owner, &self.cfg.name)));
             }
@@ -568,6 +579,7 @@ mod absent {
     pub enum Taking {
         Mine(Owned),
         Elsewhere(PoolOwner),
+        GaveBack(String),
     }
 
     pub struct Owned {

@@ -563,3 +563,22 @@ pub fn banner_addr(d: &Daemon, prefix: &str) -> String {
         .unwrap_or_else(|| panic!("no '{prefix}' address in the banner: {out}"))
         .to_string()
 }
+
+/// Fails unless `promtool check metrics` (Debian's prometheus) accepts `text`.
+pub fn promtool_accepts(text: &str) {
+    let mut c = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian prometheus) is installed by scripts/install-deps.sh test");
+    c.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let o = c.wait_with_output().unwrap();
+    assert!(
+        o.status.success(),
+        "promtool check metrics: {}{}\n{text}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}

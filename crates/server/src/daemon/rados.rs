@@ -39,11 +39,13 @@ const HANDOVER_GRACE: Duration = Duration::from_secs(10);
 /// refuses every write would otherwise have it opened again at every tick.
 const REOPEN_EVERY: Duration = Duration::from_secs(30);
 
-/// After a failed attempt to take or open a pool (the cluster refused to fence the previous
-/// owner, say: this gateway's Ceph client may not blocklist), the tick tries it again after
-/// this, doubling up to `RETRY_MOST` while it keeps failing. Without it, a gateway that
-/// cannot fence took the pool in etcd and gave it back as fast as etcd answered, woken by its
-/// own changes, and the gateways that could serve it rarely found it free.
+/// After an attempt that took a pool in etcd and gave it back (the previous owner could not
+/// be fenced off: this gateway's Ceph client may not blocklist, say; or the pool could not
+/// be opened), the tick tries it again after this, doubling up to `RETRY_MOST` while it
+/// keeps failing, and this gateway does not ask the owner for it meanwhile. Without it, a
+/// gateway that cannot fence took the pool and gave it back as fast as etcd answered, woken
+/// by its own changes, and the gateways that could serve it rarely found it free. Failures
+/// that take nothing (etcd or the cluster not answering) are tried again at every tick.
 const RETRY_FIRST: Duration = Duration::from_secs(2);
 const RETRY_MOST: Duration = Duration::from_secs(30);
 
@@ -73,6 +75,10 @@ pub(crate) struct RadosPool {
     /// After attempts to take or open the pool that failed: not before when, and the delay
     /// that led there (`RETRY_FIRST`, doubled at each failure since the last success).
     retry: Option<(Instant, Duration)>,
+    /// Times this gateway took the pool and served it, and attempts that failed, since the
+    /// daemon started (`pool list`, metrics).
+    takeovers: u64,
+    failed_takes: u64,
 }
 
 impl RadosPool {
@@ -100,6 +106,8 @@ impl RadosPool {
             asking: false,
             reopened: None,
             retry: None,
+            takeovers: 0,
+            failed_takes: 0,
         }
     }
 }
@@ -145,6 +153,7 @@ impl Daemon {
         let dir = self.new_pool_dir(&req.name)?;
         let owned = match gw.take(&req.name, &placement).map_err(ApiError::unavailable)? {
             Taking::Mine(o) => o,
+            Taking::GaveBack(why) => return Err(ApiError::unavailable(why)),
             Taking::Elsewhere(o) => {
                 return Err(ApiError::exists(format!(
                     "pool '{}' exists in the cluster and gateway {} owns it (epoch {}): 'tessera pool import {} --rados {}' serves it here too once it is free",
@@ -289,9 +298,13 @@ impl Daemon {
                         )
                     })
                 }),
-                None => gw.take(name, &placement).inspect_err(|_| failed = true),
+                None => gw.take(name, &placement),
             } {
                 Err(e) => e,
+                Ok(Taking::GaveBack(why)) => {
+                    failed = true;
+                    why
+                }
                 Ok(Taking::Elsewhere(o)) => {
                     let why = format!(
                         "owned by gateway {} (epoch {}); this gateway takes it over once that one's lease lapses",
@@ -299,8 +312,6 @@ impl Daemon {
                     );
                     if let Some(p) = self.rados.lock().get_mut(name) {
                         p.elsewhere = Some(o.clone());
-                        // A streak of failures ends where the pool is found served.
-                        p.retry = None;
                     }
                     self.present_standby(name, &o);
                     why
@@ -335,6 +346,7 @@ impl Daemon {
                         if let Some(p) = self.rados.lock().get_mut(name) {
                             p.owned = Some(owned);
                             p.retry = None;
+                            p.takeovers += 1;
                             p.elsewhere = None;
                             p.activity = (u64::MAX, Instant::now());
                             p.handed_over = None;
@@ -368,8 +380,13 @@ impl Daemon {
         let _admin = self.admin.lock();
         if let Some(p) = self.rados.lock().get_mut(name) {
             if failed {
-                let delay = p.retry.map_or(RETRY_FIRST, |(_, d)| (d * 2).min(RETRY_MOST));
+                // A streak: failures less than twice the longest wait apart.
+                let delay = match p.retry {
+                    Some((at, d)) if at.elapsed() < 2 * RETRY_MOST => (d * 2).min(RETRY_MOST),
+                    _ => RETRY_FIRST,
+                };
                 p.retry = Some((Instant::now() + delay, delay));
+                p.failed_takes += 1;
                 warn!(pool = %name, why, retry_seconds = delay.as_secs(), "cannot take the pool; trying again later");
             }
             self.unavailable.write().insert(name.to_string(), why);
@@ -622,7 +639,10 @@ impl Daemon {
             .lock()
             .iter()
             .filter_map(|(n, p)| {
-                let wanted = p.owned.is_none() && p.elsewhere.is_some() && p.ports.asked_within(ASK_WINDOW);
+                // Not while waiting after failed attempts: the owner would hand the pool over
+                // to a gateway that gives it back.
+                let waiting = p.retry.is_some_and(|(at, _)| Instant::now() < at);
+                let wanted = p.owned.is_none() && p.elsewhere.is_some() && !waiting && p.ports.asked_within(ASK_WINDOW);
                 (wanted != p.asking).then(|| (n.clone(), wanted))
             })
             .collect();
@@ -888,6 +908,11 @@ impl Daemon {
         )
     }
 
+    /// Whether this gateway holds its lease in etcd; None for a daemon that is no gateway.
+    pub(crate) fn gateway_joined(&self) -> Option<bool> {
+        self.gateway.as_ref().map(|g| g.alive())
+    }
+
     /// What `pool list` shows of a pool on RADOS.
     pub(super) fn rados_view(&self, name: &str) -> Option<RadosPoolView> {
         let rados = self.rados.lock();
@@ -903,6 +928,8 @@ impl Daemon {
             epoch,
             here,
             client: p.owned.as_ref().and_then(|o| o.client_address()),
+            takeovers: p.takeovers,
+            failed_takes: p.failed_takes,
         })
     }
 }

@@ -239,11 +239,29 @@ function ifItFails(d, pool) {
   return `${size(d.used_bytes)} to rebuild from the other copies; no data lost`;
 }
 
+// Where a pool on Ceph RADOS is served, in a sentence (null for a pool on local disks).
+function radosLine(p) {
+  const r = p.rados;
+  if (!r) return null;
+  const owner = r.here
+    ? `served here at epoch ${r.epoch}${r.client ? ` (client ${r.client})` : ''}`
+    : r.owner ? `served by gateway ${r.owner} at epoch ${r.epoch}; standby here` : 'served by no gateway yet';
+  const counts = `taken over here ${r.takeovers} time(s)${r.failed_takes ? `, ${r.failed_takes} failed attempt(s)` : ''} since this daemon started`;
+  return h('p', { class: 'muted rados' }, `In RADOS pool ${r.rados_pool}: ${owner}; ${counts}.`);
+}
+
 async function pools() {
   const list = await get('/api/pools');
   const details = await Promise.all(list.filter((p) => p.health !== 'unavailable').map((p) => get(`/api/pools/${enc(p.name)}`)));
   const out = [h('div', { class: 'actions' }, h('button', { class: 'primary', id: 'create-pool', onclick: poolWizard }, 'Create a pool…'))];
   if (!list.length) out.push(h('p', { class: 'muted' }, 'No pools yet.'));
+  // Pools on RADOS that another gateway serves: where they are, and who serves them.
+  for (const p of list.filter((p) => p.health === 'unavailable' && p.rados)) {
+    out.push(h('section', { id: `pool-${p.name}` },
+      h('h2', {}, p.name, h('span', { class: 'pool-health' }, badge(p.health))),
+      p.problem ? h('p', { class: 'problem' }, p.problem) : null,
+      radosLine(p)));
+  }
   for (const p of details) {
     out.push(h('section', { id: `pool-${p.name}` },
       h('h2', {}, p.name, h('span', { class: 'pool-health' }, badge(p.health)),
@@ -252,6 +270,7 @@ async function pools() {
           h('button', { onclick: () => act(`scrub of ${p.name} started`, () => api('POST', `/api/pools/${enc(p.name)}/scrub`, {})) }, 'Scrub'))),
       p.problem ? h('p', { class: 'problem' }, p.problem) : null,
       (p.warnings || []).map((w) => h('p', { class: 'problem' }, w)),
+      radosLine(p),
       h('p', { class: 'muted' }, p.capacity
         ? `${size(p.capacity.total_bytes)} raw, ${size(p.capacity.used_bytes)} used, ${size(p.capacity.free_bytes)} free, ${size(p.capacity.spare_bytes)} on spares; repair needed: ${size(p.repair_needed_bytes)}`
         : ''),
