@@ -7,6 +7,8 @@ mod common;
 #[cfg(feature = "rados")]
 use std::time::{Duration, Instant};
 
+#[cfg(feature = "rados")]
+use common::browser::Browser;
 use common::*;
 #[cfg(feature = "rados")]
 use tessera_test_support::cdbs::pr_out;
@@ -67,6 +69,10 @@ fn create_rados_pool(d: &Daemon, pool: &str, conf: &str) -> String {
 
 #[cfg(feature = "rados")]
 const RADOS_POOL: &str = "tessera-gateways";
+
+/// The API token of the daemons whose dashboard a test looks at.
+#[cfg(feature = "rados")]
+const TOKEN: &str = "gateway-token-0123456789abcdef";
 
 #[cfg(feature = "rados")]
 fn gateway(name: &str, etcd: &str, prefix: &str) -> String {
@@ -406,7 +412,7 @@ fn gateways_need_only_the_caps_of_librbd_and_one_that_cannot_fence_serves_nothin
         &osd_caps,
     );
 
-    let mut a = Daemon::start_configured(&t.path().join("a"), &gateway("gw-a", &etcd, &prefix));
+    let mut a = Daemon::start_on_tcp(&t.path().join("a"), &gateway("gw-a", &etcd, &prefix), TOKEN);
     let mut create = create_rados_pool_args(&pool, &conf).to_vec();
     create.extend(["--client-name", &client]);
     let out = a.ok(&create);
@@ -418,6 +424,19 @@ fn gateways_need_only_the_caps_of_librbd_and_one_that_cannot_fence_serves_nothin
     assert!(w, "{out}");
     let p = pool_entry(&a, &pool);
     assert_eq!(p["rados"]["here"], true, "{p}");
+    // The dashboard says where the pool is served.
+    let browser = Browser::start();
+    let api_a = banner_addr(&a, "dashboard:");
+    browser.log_in(&api_a, TOKEN);
+    browser.go(&format!("http://{api_a}/#pools"));
+    browser.wait_text(
+        &format!("#pool-{pool} .rados"),
+        &format!(
+            "In RADOS pool {RADOS_POOL}: served here at epoch {}",
+            p["rados"]["epoch"]
+        ),
+        20,
+    );
 
     let mut b = Daemon::start_configured(&t.path().join("b"), &gateway("gw-b", &etcd, &prefix));
     b.ok(&[
@@ -455,7 +474,7 @@ fn gateways_need_only_the_caps_of_librbd_and_one_that_cannot_fence_serves_nothin
         "allow r",
         &osd_caps,
     );
-    let mut c = Daemon::start_configured(&t.path().join("c"), &gateway("gw-c", &etcd, &prefix));
+    let mut c = Daemon::start_on_tcp(&t.path().join("c"), &gateway("gw-c", &etcd, &prefix), TOKEN);
     c.ok(&[
         "pool",
         "import",
@@ -503,6 +522,13 @@ fn gateways_need_only_the_caps_of_librbd_and_one_that_cannot_fence_serves_nothin
     assert!(r, "{out}");
     let (r, out) = qemu_io(&b, "v", "read -P 0xa1 1M 3M");
     assert!(r, "{out}");
+    // C's dashboard lists the pool another gateway serves, and C's failed attempts.
+    let api_c = banner_addr(&c, "dashboard:");
+    browser.log_in(&api_c, TOKEN);
+    browser.go(&format!("http://{api_c}/#pools"));
+    browser.wait_text(&format!("#pool-{pool} .rados"), "served by gateway gw-b at epoch", 20);
+    browser.wait_text(&format!("#pool-{pool} .rados"), "failed attempt(s)", 20);
+    drop(browser);
     c.stop();
     b.ok(&["nbd", "remove", "v"]);
     b.ok(&["vdisk", "delete", &vdisk]);

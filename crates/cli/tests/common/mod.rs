@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod browser;
+
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
