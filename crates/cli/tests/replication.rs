@@ -21,7 +21,7 @@ impl Site {
     /// A daemon taking replicas on a loopback port, with the key file `key` (made by the
     /// first site that starts with it), and a pool `pool` of three 1 GiB file disks.
     fn start(dir: &Path, key: &Path, pool: &str, disk_size: u64) -> Site {
-        let d = Site::daemon(dir, key, "127.0.0.1:0");
+        let d = Site::daemon(dir, key, &stable_listen());
         create_pool(&d, pool, &disks(&dir.join("disks"), 3, disk_size));
         Site {
             d,
@@ -104,6 +104,24 @@ impl Site {
             std::thread::sleep(Duration::from_millis(200));
         }
     }
+}
+
+/// A loopback address for a site's replication listener that stays free while its daemon
+/// is killed and started again on it: a port below the kernel's ephemeral range (32768 and
+/// up by default), which no socket bound to port 0 (every other listener of the tests that
+/// run beside) can take meanwhile, found free now. Once, a site restarted on a port of that
+/// range found it taken by another test's daemon.
+fn stable_listen() -> String {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let seed = std::process::id().wrapping_mul(7919);
+    for _ in 0..1000 {
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let port = 20000 + (seed.wrapping_add(n.wrapping_mul(104_729)) % 12000) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return format!("127.0.0.1:{port}");
+        }
+    }
+    panic!("no free port from 20000 to 31999 on 127.0.0.1");
 }
 
 /// Where most tests start: site A with pool "p" and site B with pool "q", each on 1 GiB
