@@ -526,7 +526,13 @@ fn gateways_need_only_the_caps_of_librbd_and_one_that_cannot_fence_serves_nothin
     let api_c = banner_addr(&c, "dashboard:");
     browser.log_in(&api_c, TOKEN);
     browser.go(&format!("http://{api_c}/#pools"));
-    browser.wait_text(&format!("#pool-{pool} .rados"), "served by gateway gw-b at epoch", 20);
+    // (C sees B's new epoch at its next attempt, after its wait: up to 30 s.)
+    let epoch = pool_entry(&b, &pool)["rados"]["epoch"].clone();
+    browser.wait_text(
+        &format!("#pool-{pool} .rados"),
+        &format!("served by gateway gw-b at epoch {epoch};"),
+        40,
+    );
     browser.wait_text(&format!("#pool-{pool} .rados"), "failed attempt(s)", 20);
     drop(browser);
     c.stop();

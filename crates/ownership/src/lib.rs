@@ -300,11 +300,12 @@ impl Gateway {
     /// this gateway took it, runs `fence` on the addresses of the previous owners not known
     /// to be fenced off yet (none for the first owner; never this gateway's own `address`)
     /// before returning. If `fence` fails the vdisk is given up again, those addresses left
-    /// on record for the next taker (but not this gateway's `address`, whose connection only
-    /// tried to fence and never wrote: each failed taking would otherwise leave one more for
-    /// the next taker to fence, one monitor command each), and the error returned: serving
-    /// before the old owner is fenced could let its writes land. Returns the owner afterwards: this gateway,
-    /// ready to serve at its epoch, or the one that holds it.
+    /// on record for the next taker as they were before this taking (not this gateway's
+    /// `address`, whose connection only tried to fence and never wrote: each failed taking
+    /// would otherwise leave one more for the next taker to fence, one monitor command
+    /// each), and the error returned: serving before the old owner is fenced could let its
+    /// writes land. Returns the owner afterwards: this gateway, ready to serve at its epoch,
+    /// or the one that holds it.
     pub async fn take_fenced(
         &mut self,
         vdisk: &str,
@@ -315,17 +316,21 @@ impl Gateway {
         if !self.holds(&owner) {
             return Ok(owner);
         }
-        let others: Vec<String> = previous.into_iter().filter(|a| a != address).collect();
+        let others: Vec<String> = previous.iter().filter(|a| *a != address).cloned().collect();
         if let Err(e) = fence(&others) {
-            let _ = self.give_back(vdisk, owner.epoch, &others).await;
-            return Err(OwnershipError(format!(
-                "{FENCE_REFUSED} {vdisk} ({}) off: {e}",
-                if others.is_empty() {
-                    "none recorded".to_string()
-                } else {
-                    others.join(", ")
-                }
-            )));
+            let fenced_off = if others.is_empty() {
+                "none recorded".to_string()
+            } else {
+                others.join(", ")
+            };
+            // The record as it was before this taking: the exact undo of `acquire_fencing`.
+            return Err(match self.give_back(vdisk, owner.epoch, &previous).await {
+                Ok(_) => OwnershipError(format!("{FENCE_REFUSED} {vdisk} ({fenced_off}) off: {e}")),
+                // Still held on this lease: not a taking that gave the vdisk back.
+                Err(g) => OwnershipError(format!(
+                    "could not give {vdisk} back after failing to fence its previous owner ({fenced_off}) off ({e}): {g}"
+                )),
+            });
         }
         // Those are fenced off now; should this fail, the next taker fences them again,
         // which does no harm.
@@ -339,7 +344,6 @@ impl Gateway {
         Ok(r.kvs().first().map(owner_of))
     }
 
-    /// Gives `vdisk` up, if this gateway owns it at `epoch`.
     /// Gives up `vdisk`, taken at `epoch` and never served, leaving `record` as its fence
     /// record, in one transaction (nobody else changes the record while this gateway owns
     /// the vdisk). False if this gateway did not own it at that epoch.
@@ -359,6 +363,7 @@ impl Gateway {
         Ok(self.client.txn(txn).await?.succeeded())
     }
 
+    /// Gives `vdisk` up, if this gateway owns it at `epoch`.
     pub async fn release(&mut self, vdisk: &str, epoch: i64) -> Result<bool> {
         let key = self.key(vdisk);
         let txn = Txn::new()

@@ -584,7 +584,7 @@ fn collect_state(d: &Daemon, r: &Registry) -> prometheus::proto::MetricFamily {
             if let Some(epoch) = r.epoch {
                 rados_epoch.with_label_values(&[name]).set(epoch);
             }
-            if let Some(owner) = &r.owner {
+            if let Some(owner) = &r.owner_name {
                 rados_owner.with_label_values(&[name, owner]).set(1);
             }
             rados_takeovers.with_label_values(&[name]).inc_by(r.takeovers);

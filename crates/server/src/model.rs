@@ -217,8 +217,12 @@ pub struct PoolSummary {
 pub struct RadosPoolView {
     /// The RADOS pool holding its objects.
     pub rados_pool: String,
-    /// The gateway that owns (serves) it, if any is known.
+    /// The gateway that owns (serves) it, if any is known, as shown (an earlier run of this
+    /// gateway says so).
     pub owner: Option<String>,
+    /// That gateway's name among the gateways.
+    #[serde(skip)]
+    pub owner_name: Option<String>,
     /// The owner's epoch: every write is guarded by it, so a replaced owner writes nothing.
     pub epoch: Option<i64>,
     /// Whether this daemon is the owner.

@@ -207,6 +207,9 @@ mod real {
         gateway: tokio::sync::Mutex<Option<Gateway>>,
         /// Notified when a gateway's key changes in etcd (see [`changes`](Self::changes)).
         changes: Arc<tokio::sync::Notify>,
+        /// What [`alive`](Self::alive) last found, for readers that must not wait for a
+        /// taking under way (which holds the gateway for as long as the cluster takes).
+        seen_alive: std::sync::atomic::AtomicBool,
     }
 
     /// The outcome of an attempt to take a pool.
@@ -259,6 +262,7 @@ mod real {
                 rt,
                 gateway: tokio::sync::Mutex::new(None),
                 changes: Arc::default(),
+                seen_alive: Default::default(),
             };
             if let Err(e) = m.rejoin() {
                 tracing::warn!(
@@ -295,8 +299,17 @@ mod real {
         /// Whether this gateway has joined and its lease is still renewed; once false,
         /// whatever it owned may be another's already.
         pub fn alive(&self) -> bool {
-            self.rt
-                .block_on(async { self.gateway.lock().await.as_ref().is_some_and(|g| g.alive()) })
+            let alive = self
+                .rt
+                .block_on(async { self.gateway.lock().await.as_ref().is_some_and(|g| g.alive()) });
+            self.seen_alive.store(alive, std::sync::atomic::Ordering::Relaxed);
+            alive
+        }
+
+        /// What [`alive`](Self::alive) found last (the tick asks every second), without
+        /// waiting.
+        pub fn seen_alive(&self) -> bool {
+            self.seen_alive.load(std::sync::atomic::Ordering::Relaxed)
         }
 
         /// Whether this gateway ever joined since the daemon started.
@@ -611,6 +624,9 @@ mod absent {
             match self.never {}
         }
         pub fn alive(&self) -> bool {
+            match self.never {}
+        }
+        pub fn seen_alive(&self) -> bool {
             match self.never {}
         }
         pub fn changes(&self) -> std::sync::Arc<tokio::sync::Notify> {

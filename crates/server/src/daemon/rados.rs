@@ -42,12 +42,17 @@ const REOPEN_EVERY: Duration = Duration::from_secs(30);
 /// After an attempt that took a pool in etcd and gave it back (the previous owner could not
 /// be fenced off: this gateway's Ceph client may not blocklist, say; or the pool could not
 /// be opened), the tick tries it again after this, doubling up to `RETRY_MOST` while it
-/// keeps failing, and this gateway does not ask the owner for it meanwhile. Without it, a
-/// gateway that cannot fence took the pool and gave it back as fast as etcd answered, woken
-/// by its own changes, and the gateways that could serve it rarely found it free. Failures
-/// that take nothing (etcd or the cluster not answering) are tried again at every tick.
+/// keeps failing (until it is found served), and this gateway does not ask the owner for it
+/// for `NO_ASK_AFTER_FAILURE`. Without it, a gateway that cannot fence took the pool and
+/// gave it back as fast as etcd answered, woken by its own changes, and the gateways that
+/// could serve it rarely found it free. Failures that take nothing (etcd or the cluster not
+/// answering) are tried again at every tick.
 const RETRY_FIRST: Duration = Duration::from_secs(2);
 const RETRY_MOST: Duration = Duration::from_secs(30);
+/// How long a gateway whose attempt gave a pool back does not ask the owner for it: long
+/// against the owner's `HANDOVER_IDLE` and `HANDOVER_GRACE`, so that a gateway that cannot
+/// fence does not have the pool handed over, left unserved and taken back, round after round.
+const NO_ASK_AFTER_FAILURE: Duration = Duration::from_secs(300);
 
 /// What this gateway knows of one pool on RADOS.
 pub(crate) struct RadosPool {
@@ -79,6 +84,9 @@ pub(crate) struct RadosPool {
     /// daemon started (`pool list`, metrics).
     takeovers: u64,
     failed_takes: u64,
+    /// When an attempt of this gateway last took the pool and gave it back (or could not
+    /// open it): it does not ask the owner for the pool for `NO_ASK_AFTER_FAILURE` after.
+    gave_back: Option<Instant>,
 }
 
 impl RadosPool {
@@ -108,6 +116,7 @@ impl RadosPool {
             retry: None,
             takeovers: 0,
             failed_takes: 0,
+            gave_back: None,
         }
     }
 }
@@ -303,6 +312,10 @@ impl Daemon {
                 Err(e) => e,
                 Ok(Taking::GaveBack(why)) => {
                     failed = true;
+                    // It was free: nobody owns it now.
+                    if let Some(p) = self.rados.lock().get_mut(name) {
+                        p.elsewhere = None;
+                    }
                     why
                 }
                 Ok(Taking::Elsewhere(o)) => {
@@ -312,6 +325,8 @@ impl Daemon {
                     );
                     if let Some(p) = self.rados.lock().get_mut(name) {
                         p.elsewhere = Some(o.clone());
+                        // A streak of failures ends where the pool is found served.
+                        p.retry = None;
                     }
                     self.present_standby(name, &o);
                     why
@@ -346,6 +361,7 @@ impl Daemon {
                         if let Some(p) = self.rados.lock().get_mut(name) {
                             p.owned = Some(owned);
                             p.retry = None;
+                            p.gave_back = None;
                             p.takeovers += 1;
                             p.elsewhere = None;
                             p.activity = (u64::MAX, Instant::now());
@@ -380,13 +396,10 @@ impl Daemon {
         let _admin = self.admin.lock();
         if let Some(p) = self.rados.lock().get_mut(name) {
             if failed {
-                // A streak: failures less than twice the longest wait apart.
-                let delay = match p.retry {
-                    Some((at, d)) if at.elapsed() < 2 * RETRY_MOST => (d * 2).min(RETRY_MOST),
-                    _ => RETRY_FIRST,
-                };
+                let delay = p.retry.map_or(RETRY_FIRST, |(_, d)| (d * 2).min(RETRY_MOST));
                 p.retry = Some((Instant::now() + delay, delay));
                 p.failed_takes += 1;
+                p.gave_back = Some(Instant::now());
                 warn!(pool = %name, why, retry_seconds = delay.as_secs(), "cannot take the pool; trying again later");
             }
             self.unavailable.write().insert(name.to_string(), why);
@@ -639,9 +652,9 @@ impl Daemon {
             .lock()
             .iter()
             .filter_map(|(n, p)| {
-                // Not while waiting after failed attempts: the owner would hand the pool over
-                // to a gateway that gives it back.
-                let waiting = p.retry.is_some_and(|(at, _)| Instant::now() < at);
+                // Not for a while after an attempt that gave the pool back: the owner would
+                // hand it over to a gateway that gives it back again.
+                let waiting = p.gave_back.is_some_and(|t| t.elapsed() < NO_ASK_AFTER_FAILURE);
                 let wanted = p.owned.is_none() && p.elsewhere.is_some() && !waiting && p.ports.asked_within(ASK_WINDOW);
                 (wanted != p.asking).then(|| (n.clone(), wanted))
             })
@@ -908,23 +921,30 @@ impl Daemon {
         )
     }
 
-    /// Whether this gateway holds its lease in etcd; None for a daemon that is no gateway.
+    /// Whether this gateway held its lease in etcd at the last tick; None for a daemon that
+    /// is no gateway. Never waits (a taking under way holds the gateway).
     pub(crate) fn gateway_joined(&self) -> Option<bool> {
-        self.gateway.as_ref().map(|g| g.alive())
+        self.gateway.as_ref().map(|g| g.seen_alive())
     }
 
     /// What `pool list` shows of a pool on RADOS.
     pub(super) fn rados_view(&self, name: &str) -> Option<RadosPoolView> {
         let rados = self.rados.lock();
         let p = rados.get(name)?;
-        let (owner, epoch, here) = match (&p.owned, &p.elsewhere, &self.gateway) {
-            (Some(o), _, Some(gw)) => (Some(gw.name().to_string()), Some(o.epoch), true),
-            (None, Some(o), _) => (Some(o.gateway.clone()), Some(o.epoch), false),
-            _ => (None, None, false),
+        let (owner, owner_name, epoch, here) = match (&p.owned, &p.elsewhere, &self.gateway) {
+            (Some(o), _, Some(gw)) => (
+                Some(gw.name().to_string()),
+                Some(gw.name().to_string()),
+                Some(o.epoch),
+                true,
+            ),
+            (None, Some(o), _) => (Some(o.gateway.clone()), Some(o.name.clone()), Some(o.epoch), false),
+            _ => (None, None, None, false),
         };
         Some(RadosPoolView {
             rados_pool: p.placement.rados_pool.clone(),
             owner,
+            owner_name,
             epoch,
             here,
             client: p.owned.as_ref().and_then(|o| o.client_address()),

@@ -523,8 +523,24 @@ impl ReplicaSite for Site {
         if recorded.as_deref() != Some(snapshot.as_bytes()) {
             return Ok(());
         }
+        // Cleared under the live lock, and not while a cycle writes the copy: a later cycle
+        // claims it there (`writing`) before it records its own (`changing`), which this
+        // must not clear. Rare (a daemon died between a commit and this record's clearing),
+        // so the commit under the lock costs the other replicas' cycles nothing in practice.
+        let live = self.d.replication.live.lock();
+        if live.receiving.contains(&format!("{pool}/{vdisk}")) {
+            return Ok(());
+        }
+        // Read again under the lock: a cycle may have claimed, changed and left the copy
+        // since.
+        let recorded = e.lun_state(&v, REPLICA_CYCLE).map_err(|e| e.to_string())?;
+        if recorded.as_deref() != Some(snapshot.as_bytes()) {
+            return Ok(());
+        }
         e.set_lun_state(&v, REPLICA_CYCLE, None)
-            .map_err(|e| format!("cannot record in its pool that '{pool}/{vdisk}' is whole again: {e}"))
+            .map_err(|e| format!("cannot record in its pool that '{pool}/{vdisk}' is whole again: {e}"))?;
+        drop(live);
+        Ok(())
     }
 
     fn committed(&self, pool: &str, vdisk: &str, snapshot: &str) -> Result<(), String> {
