@@ -124,6 +124,23 @@ fn stable_listen() -> String {
     panic!("no free port from 20000 to 31999 on 127.0.0.1");
 }
 
+/// Checks that site `s` refuses to clone the replica `vdisk` or export it to an image, as it
+/// holds part of two cycles, and starts no image.
+fn refuses_copies_of_a_torn_copy(s: &Site, vdisk: &str) {
+    let img = s.dir.join("mixed.img");
+    for (args, what) in [
+        (vec!["vdisk", "clone", vdisk, "copy"], "cloned"),
+        (
+            vec!["vdisk", "export", vdisk, img.to_str().unwrap()],
+            "exported to an image",
+        ),
+    ] {
+        let e = s.d.fails(&args);
+        assert!(e.contains("a cycle is writing it") && e.contains(what), "{args:?}: {e}");
+    }
+    assert!(!img.exists(), "an image was started");
+}
+
 /// Where most tests start: site A with pool "p" and site B with pool "q", each on 1 GiB
 /// disks, sharing the key file in the returned directory.
 fn two_sites() -> (tempfile::TempDir, PathBuf, Site, Site) {
@@ -195,18 +212,7 @@ fn replicas_follow_their_source_and_fail_over_and_back() {
         .join("db.cycle");
     std::fs::create_dir_all(marker.parent().unwrap()).unwrap();
     std::fs::write(&marker, br#"{"base":"repl-dr-1","snapshot":"repl-dr-2"}"#).unwrap();
-    let img = b.dir.join("mixed.img");
-    for (args, what) in [
-        (vec!["vdisk", "clone", "q/db", "copy"], "cloned"),
-        (
-            vec!["vdisk", "export", "q/db", img.to_str().unwrap()],
-            "exported to an image",
-        ),
-    ] {
-        let e = b.d.fails(&args);
-        assert!(e.contains("a cycle is writing it") && e.contains(what), "{args:?}: {e}");
-    }
-    assert!(!img.exists(), "an image was started");
+    refuses_copies_of_a_torn_copy(&b, "q/db");
     std::fs::remove_file(&marker).unwrap();
     b.d.ok(&["nbd", "export", "q/db", "--read-only"]);
     b.d.ok(&["nbd", "remove", "db"]);
@@ -495,18 +501,7 @@ fn a_working_copy_cut_mid_cycle_is_known_so_by_its_pool() {
     );
     std::fs::remove_dir_all(&cycles).unwrap();
     b.restart(&key, &b_listen);
-    let img = b.dir.join("mixed.img");
-    for (args, what) in [
-        (vec!["vdisk", "clone", "q/db", "copy"], "cloned"),
-        (
-            vec!["vdisk", "export", "q/db", img.to_str().unwrap()],
-            "exported to an image",
-        ),
-    ] {
-        let e = b.d.fails(&args);
-        assert!(e.contains("a cycle is writing it") && e.contains(what), "{args:?}: {e}");
-    }
-    assert!(!img.exists(), "an image was started");
+    refuses_copies_of_a_torn_copy(&b, "q/db");
     // The source's next try puts the copy back to its base and commits: whole again.
     a.d.ok(&["replica", "resume", "dr"]);
     let r = a.wait_cycles("dr", 2);
