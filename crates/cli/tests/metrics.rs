@@ -21,26 +21,6 @@ fn scrape(addr: &str) -> String {
     r.body
 }
 
-/// The values of the samples of `name` whose labels include every pair of `labels`.
-fn samples<'a>(text: &'a str, name: &'a str, labels: &'a [(&str, &str)]) -> impl Iterator<Item = f64> + 'a {
-    text.lines().filter(|l| !l.starts_with('#')).filter_map(move |l| {
-        let (series, value) = l.rsplit_once(' ')?;
-        let (n, rest) = series.split_once('{').unwrap_or((series, ""));
-        let all = labels.iter().all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")));
-        (n == name && all).then(|| value.parse().ok())?
-    })
-}
-
-/// The value of the first sample of `name` whose labels include every pair of `labels`.
-fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    samples(text, name, labels).next()
-}
-
-/// The sum of every sample of `name` whose labels include every pair of `labels`.
-fn total(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
-    samples(text, name, labels).sum()
-}
-
 #[test]
 fn metrics_count_what_a_client_did_pass_promtool_and_need_the_token() {
     let t = tempfile::tempdir().unwrap();

@@ -241,17 +241,16 @@ fn a_pool_on_rados_moves_to_the_other_gateway_when_its_owner_stalls_or_dies() {
     // B's metrics and list say it serves the pool, taken over once.
     let m = metrics(&b);
     promtool_accepts(&m);
-    for (series, want) in [
-        ("tessera_gateway_joined".to_string(), 1.0),
-        (format!("tessera_pool_rados_served_here{{pool=\"{pool}\"}}"), 1.0),
-        (format!("tessera_pool_rados_takeovers_total{{pool=\"{pool}\"}}"), 1.0),
-        (format!("tessera_pool_rados_failed_takes_total{{pool=\"{pool}\"}}"), 0.0),
-        (
-            format!("tessera_pool_rados_owner_info{{owner=\"gw-b\",pool=\"{pool}\"}}"),
-            1.0,
-        ),
+    let this = [("pool", pool.as_str())];
+    let this_at_b = [("owner", "gw-b"), ("pool", pool.as_str())];
+    for (name, labels, want) in [
+        ("tessera_gateway_joined", &[][..], 1.0),
+        ("tessera_pool_rados_served_here", &this, 1.0),
+        ("tessera_pool_rados_takeovers_total", &this, 1.0),
+        ("tessera_pool_rados_failed_takes_total", &this, 0.0),
+        ("tessera_pool_rados_owner_info", &this_at_b, 1.0),
     ] {
-        assert_eq!(sample(&m, &series), Some(want), "{series} in\n{m}");
+        assert_eq!(sample(&m, name, labels), Some(want), "{name} {labels:?} in\n{m}");
     }
     assert_eq!(pool_entry(&b, &pool)["rados"]["takeovers"], 1);
 
@@ -273,16 +272,9 @@ fn a_pool_on_rados_moves_to_the_other_gateway_when_its_owner_stalls_or_dies() {
     let events = a.ok(&["events", "--pool", &pool, "-n", "1000"]);
     assert!(events.contains("no longer served here"), "{events}");
     let m = metrics(&a);
+    assert_eq!(sample(&m, "tessera_pool_rados_served_here", &this), Some(0.0), "{m}");
     assert_eq!(
-        sample(&m, &format!("tessera_pool_rados_served_here{{pool=\"{pool}\"}}")),
-        Some(0.0),
-        "{m}"
-    );
-    assert_eq!(
-        sample(
-            &m,
-            &format!("tessera_pool_rados_owner_info{{owner=\"gw-b\",pool=\"{pool}\"}}")
-        ),
+        sample(&m, "tessera_pool_rados_owner_info", &this_at_b),
         Some(1.0),
         "{m}"
     );
@@ -343,16 +335,6 @@ fn metrics(d: &Daemon) -> String {
     let r = http(&d.sock, "GET", "/metrics", None).unwrap();
     assert_eq!(r.status, 200, "{}", r.body);
     r.body
-}
-
-/// The value of series `series` (its name and labels as the text format writes them, labels
-/// in name order) in the metrics `text`.
-#[cfg(feature = "rados")]
-fn sample(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .filter_map(|l| l.rsplit_once(' '))
-        .find(|(s, _)| *s == series)
-        .and_then(|(_, v)| v.parse().ok())
 }
 
 /// A Ceph client of its own for the gateways, with the caps docs/scale-out.md names (`mon
@@ -508,7 +490,7 @@ fn gateways_need_only_the_caps_of_librbd_and_one_that_cannot_fence_serves_nothin
     // Tried at 2, 4 s... after the lease lapsed: a few times in 12 s, not hundreds.
     assert!((1..=6).contains(&failed), "{failed} failed attempts");
     let m = metrics(&c);
-    let counted = sample(&m, &format!("tessera_pool_rados_failed_takes_total{{pool=\"{pool}\"}}"));
+    let counted = sample(&m, "tessera_pool_rados_failed_takes_total", &[("pool", &pool)]);
     assert!(counted.is_some_and(|n| n >= failed as f64), "{m}");
 
     // B resumes, finds its lease lost, and takes the pool again (fencing its own earlier
