@@ -543,6 +543,10 @@ impl Write for Duplex {
 fn a_cycle_takes_no_more_streams_than_it_said_it_opens() {
     use tessera_replication::wire::{self, Kind};
     let dst = site(2, 64 * MIB);
+    // Two streams join a cycle of one extra stream: both find it waiting before either is
+    // handed over (else the cycle, taking the first, could stop waiting before the second
+    // looks, and the second would be refused, not closed).
+    *dst.joins_meet.lock().unwrap() = Some(std::sync::Arc::new(std::sync::Barrier::new(2)));
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
     let token = "00112233445566778899aabbccddeeff";
@@ -570,25 +574,48 @@ fn a_cycle_takes_no_more_streams_than_it_said_it_opens() {
         main.write_all(&framed(Kind::Begin, begin.as_bytes(), true)).unwrap();
         let mut ready = [0u8; 64];
         assert!(main.read(&mut ready).unwrap() > 0, "no Ready");
-        // Two streams join a cycle of two: both are handed over before it looks.
         let mut joined = Vec::new();
+        let mut handed = Vec::new();
         for _ in 0..2 {
-            let (mut c, handed) = connect();
+            let (mut c, h) = connect();
             c.write_all(&framed(Kind::Join, join.as_bytes(), true)).unwrap();
-            assert!(handed.join().unwrap().is_ok_and(|r| r.joined));
             joined.push(c);
+            handed.push(h);
         }
-        // The cycle looks before its next frame: it takes one and closes the other.
+        for h in handed {
+            let r = h.join().unwrap();
+            assert!(r.as_ref().is_ok_and(|r| r.joined), "{r:?}");
+        }
+        *dst.joins_meet.lock().unwrap() = None;
+        // The cycle looks before its next frame (if not before): it takes one and closes the
+        // other, whichever was handed over second.
         main.write_all(&framed(Kind::Offer, &wire::encode_offer(0, &[]), false))
             .unwrap();
-        let mut b = [0u8; 16];
-        assert_eq!(joined[1].read(&mut b).unwrap(), 0, "a stream past the count was kept");
+        let open = |c: &mut TcpStream| {
+            c.set_read_timeout(Some(std::time::Duration::from_millis(100))).unwrap();
+            let mut b = [0u8; 16];
+            match c.read(&mut b) {
+                Ok(0) => false,
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => true,
+                other => panic!("a joined stream was sent {other:?}"),
+            }
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let kept = loop {
+            let states: Vec<bool> = joined.iter_mut().map(open).collect();
+            match states.iter().filter(|o| **o).count() {
+                1 => break states.iter().position(|o| *o).unwrap(),
+                0 => panic!("both streams were closed"),
+                _ => assert!(std::time::Instant::now() < deadline, "a stream past the count was kept"),
+            }
+        };
+        assert!(open(&mut joined[kept]), "the stream the cycle took was closed");
         // And its token admits no other.
         let (mut late, refused) = connect();
         late.write_all(&framed(Kind::Join, join.as_bytes(), true)).unwrap();
         assert!(refused.join().unwrap().unwrap_err().contains("not waiting"));
         // The sender goes away: the cycle ends, uncommitted, its joined stream with it.
-        joined[0].shutdown(Shutdown::Both).unwrap();
+        joined[kept].shutdown(Shutdown::Both).unwrap();
         main.shutdown(Shutdown::Both).unwrap();
         assert!(cycle.join().unwrap().is_err());
     });

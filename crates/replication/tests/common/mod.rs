@@ -23,6 +23,9 @@ pub struct Site {
     /// The cycle each working copy holds part of (set by `changing`, cleared by `committed`
     /// and `settled`), as a daemon records it in the pool.
     pub changing: std::sync::Mutex<std::collections::HashMap<String, String>>,
+    /// When set, each stream that joins a cycle waits here, its cycle found, before it is
+    /// handed over: so that a test can have several find the cycle before it takes any.
+    pub joins_meet: std::sync::Mutex<Option<Arc<std::sync::Barrier>>>,
 }
 
 impl ReplicaSite for Site {
@@ -42,6 +45,13 @@ impl ReplicaSite for Site {
     }
     fn last_committed(&self, pool: &str, vdisk: &str) -> Option<String> {
         self.committed.lock().unwrap().get(&format!("{pool}/{vdisk}")).cloned()
+    }
+    fn joining(&self, _pool: &str, _vdisk: &str) -> Result<(), String> {
+        let meet = self.joins_meet.lock().unwrap().clone();
+        if let Some(meet) = meet {
+            meet.wait();
+        }
+        Ok(())
     }
     fn changing(&self, pool: &str, vdisk: &str, snapshot: &str) -> Result<(), String> {
         self.changing
@@ -81,6 +91,7 @@ pub fn site(disks: usize, disk_size: u64) -> Site {
         committed: Default::default(),
         not_made: Default::default(),
         changing: Default::default(),
+        joins_meet: Default::default(),
     }
 }
 
