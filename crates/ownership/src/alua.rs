@@ -119,12 +119,12 @@ impl VdiskPorts {
             (g.name().to_string(), g.lease(), g.client.clone(), g.key(vdisk))
         });
         let index = gateways.iter().position(|g| *g == me).ok_or_else(|| {
-            OwnershipError(format!(
+            OwnershipError::new(format!(
                 "gateway {me} is not among the gateways of {vdisk}: {gateways:?}"
             ))
         })?;
         if gateways.len() > u16::MAX as usize - 1 {
-            return Err(OwnershipError(format!(
+            return Err(OwnershipError::new(format!(
                 "{} gateways are more than ALUA can number",
                 gateways.len()
             )));
@@ -164,7 +164,7 @@ impl VdiskPorts {
                 if fenced {
                     Ok(())
                 } else {
-                    Err("the fencer refused".into())
+                    Err(crate::FenceError::lasting("the fencer refused"))
                 }
             })
             .await

@@ -22,7 +22,7 @@
 
 use tessera_rados::{Cluster, Pool, RadosError, WriteOp};
 
-use crate::{Gateway, Owner, OwnershipError, Result};
+use crate::{FenceError, Gateway, Owner, OwnershipError, Result};
 
 /// The attribute that holds the epoch an object was last written under.
 pub const EPOCH_ATTR: &str = "tessera.epoch";
@@ -83,15 +83,18 @@ pub const BLOCKLIST_SECONDS: u32 = 30 * 24 * 3600;
 pub async fn take_over(gateway: &mut Gateway, cluster: &Cluster, vdisk: &str) -> Result<Owner> {
     let mine = cluster
         .address()
-        .map_err(|e| OwnershipError(format!("cannot learn this client's address: {e}")))?;
+        .map_err(|e| OwnershipError::new(format!("cannot learn this client's address: {e}")))?;
     gateway
         .take_fenced(vdisk, &mine, |old| {
             old.iter().try_for_each(|a| {
                 cluster.blocklist(a, BLOCKLIST_SECONDS).map_err(|e| match e.errno() {
-                    Some(libc::EACCES) | Some(libc::EPERM) => format!(
+                    Some(libc::EACCES) | Some(libc::EPERM) => FenceError::lasting(format!(
                         "{a}: {e}; this gateway's Ceph client may not blocklist: give it the monitor caps 'profile rbd'"
-                    ),
-                    _ => format!("{a}: {e}"),
+                    )),
+                    // An address the monitors cannot parse stays so.
+                    Some(libc::EINVAL) => FenceError::lasting(format!("{a}: {e}")),
+                    // A timeout, monitors electing a leader: the next try may succeed.
+                    _ => FenceError::passing(format!("{a}: {e}")),
                 })
             })
         })

@@ -28,13 +28,41 @@ use std::time::Duration;
 use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
 use tokio::task::JoinHandle;
 
-/// What went wrong talking to etcd.
+/// What went wrong talking to etcd, or taking a vdisk.
 #[derive(Debug)]
-pub struct OwnershipError(pub String);
+pub struct OwnershipError {
+    message: String,
+    /// Set when a taking took the vdisk, could not fence the previous owner off and gave it
+    /// back ([`Gateway::take_fenced`]): whether the fence's refusal lasts.
+    gave_back: Option<Lasting>,
+}
+
+/// Whether a failure lasts until someone changes something (a permission), or may pass by
+/// itself (monitors electing a leader, a timeout).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lasting {
+    Lasts,
+    MayPass,
+}
+
+impl OwnershipError {
+    pub fn new(message: impl Into<String>) -> OwnershipError {
+        OwnershipError {
+            message: message.into(),
+            gave_back: None,
+        }
+    }
+
+    /// For a taking that took the vdisk, could not fence the previous owner off, and gave
+    /// it back: whether the fence's refusal lasts. `None` for any other error.
+    pub fn gave_back(&self) -> Option<Lasting> {
+        self.gave_back
+    }
+}
 
 impl std::fmt::Display for OwnershipError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.0)
+        write!(f, "{}", self.message)
     }
 }
 
@@ -42,21 +70,34 @@ impl std::error::Error for OwnershipError {}
 
 impl From<etcd_client::Error> for OwnershipError {
     fn from(e: etcd_client::Error) -> Self {
-        OwnershipError(format!("etcd: {e}"))
+        OwnershipError::new(format!("etcd: {e}"))
     }
 }
 
 pub type Result<T> = std::result::Result<T, OwnershipError>;
 
-/// How the error of a taking that could not fence the previous owner off (and gave the vdisk
-/// back) begins.
-const FENCE_REFUSED: &str = "cannot fence the previous owner of";
+/// Why fencing the previous owners off failed (what [`Gateway::take_fenced`]'s `fence` returns).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FenceError {
+    pub message: String,
+    pub lasting: Lasting,
+}
 
-impl OwnershipError {
-    /// Whether this is the error of a taking that took the vdisk, could not fence the
-    /// previous owner off, and gave it back ([`Gateway::take_fenced`]).
-    pub fn fence_refused(&self) -> bool {
-        self.0.starts_with(FENCE_REFUSED)
+impl FenceError {
+    /// A refusal that lasts until someone changes something (this gateway's permissions).
+    pub fn lasting(message: impl Into<String>) -> FenceError {
+        FenceError {
+            message: message.into(),
+            lasting: Lasting::Lasts,
+        }
+    }
+
+    /// A failure that may pass by itself (the monitors did not answer in time).
+    pub fn passing(message: impl Into<String>) -> FenceError {
+        FenceError {
+            message: message.into(),
+            lasting: Lasting::MayPass,
+        }
     }
 }
 
@@ -115,7 +156,7 @@ impl Gateway {
     /// Joins as gateway `name` with a lease of `ttl` seconds, renewed every third of it.
     pub async fn join(endpoints: &[String], prefix: &str, name: &str, ttl: i64) -> Result<Gateway> {
         if ttl < 2 {
-            return Err(OwnershipError(format!(
+            return Err(OwnershipError::new(format!(
                 "a lease of {ttl} s is too short to be renewed in time"
             )));
         }
@@ -186,7 +227,7 @@ impl Gateway {
             let epoch = r
                 .header()
                 .map(|h| h.revision())
-                .ok_or_else(|| OwnershipError("etcd answered a transaction without a header".into()))?;
+                .ok_or_else(|| OwnershipError::new("etcd answered a transaction without a header"))?;
             return Ok(Owner {
                 gateway: self.name.clone(),
                 epoch,
@@ -266,7 +307,7 @@ impl Gateway {
         let epoch = r
             .header()
             .map(|h| h.revision())
-            .ok_or_else(|| OwnershipError("etcd answered a transaction without a header".into()))?;
+            .ok_or_else(|| OwnershipError::new("etcd answered a transaction without a header"))?;
         Ok((
             Owner {
                 gateway: self.name.clone(),
@@ -310,7 +351,7 @@ impl Gateway {
         &mut self,
         vdisk: &str,
         address: &str,
-        fence: impl FnOnce(&[String]) -> std::result::Result<(), String>,
+        fence: impl FnOnce(&[String]) -> std::result::Result<(), FenceError>,
     ) -> Result<Owner> {
         let (owner, previous) = self.acquire_fencing(vdisk, address).await?;
         if !self.holds(&owner) {
@@ -318,16 +359,21 @@ impl Gateway {
         }
         let others: Vec<String> = previous.iter().filter(|a| *a != address).cloned().collect();
         if let Err(e) = fence(&others) {
+            let lasting = e.lasting;
             let fenced_off = if others.is_empty() {
                 "none recorded".to_string()
             } else {
                 others.join(", ")
             };
             // The record as it was before this taking: the exact undo of `acquire_fencing`.
+            let e = e.message;
             return Err(match self.give_back(vdisk, owner.epoch, &previous).await {
-                Ok(_) => OwnershipError(format!("{FENCE_REFUSED} {vdisk} ({fenced_off}) off: {e}")),
+                Ok(_) => OwnershipError {
+                    message: format!("cannot fence the previous owner of {vdisk} ({fenced_off}) off: {e}"),
+                    gave_back: Some(lasting),
+                },
                 // Still held on this lease: not a taking that gave the vdisk back.
-                Err(g) => OwnershipError(format!(
+                Err(g) => OwnershipError::new(format!(
                     "could not give {vdisk} back after failing to fence its previous owner ({fenced_off}) off ({e}): {g}"
                 )),
             });

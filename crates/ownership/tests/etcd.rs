@@ -7,7 +7,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::endpoints;
-use tessera_ownership::{Gateway, Owner};
+use tessera_ownership::{FenceError, Gateway, Lasting, Owner};
 
 /// A key space of this test's own.
 fn prefix(test: &str) -> String {
@@ -204,7 +204,7 @@ async fn a_fence_record_keeps_every_owner_until_one_taking_fenced_them_all() {
     let p = prefix(t);
     let v = "pool.tank";
     let fenced = std::sync::Mutex::new(Vec::<Vec<String>>::new());
-    let record = |list: &[String]| -> Result<(), String> {
+    let record = |list: &[String]| -> Result<(), FenceError> {
         fenced.lock().unwrap().push(list.to_vec());
         Ok(())
     };
@@ -227,11 +227,12 @@ async fn a_fence_record_keeps_every_owner_until_one_taking_fenced_them_all() {
     let t0 = Instant::now();
     loop {
         match b
-            .take_fenced(v, "addr-b", |_| Err("the monitors did not answer".into()))
+            .take_fenced(v, "addr-b", |_| Err(FenceError::passing("the monitors did not answer")))
             .await
         {
             Err(e) => {
                 assert!(e.to_string().contains("addr-a2"), "{e}");
+                assert_eq!(e.gave_back(), Some(Lasting::MayPass), "{e}");
                 break;
             }
             Ok(o) => {
@@ -243,9 +244,10 @@ async fn a_fence_record_keeps_every_owner_until_one_taking_fenced_them_all() {
     }
     assert_eq!(b.owner(v).await.unwrap(), None, "given up when the fence failed");
     let again = b
-        .take_fenced(v, "addr-b-again", |_| Err("the monitors did not answer".into()))
+        .take_fenced(v, "addr-b-again", |_| Err(FenceError::lasting("permission denied")))
         .await
         .unwrap_err();
+    assert_eq!(again.gave_back(), Some(Lasting::Lasts), "{again}");
     assert!(
         again.to_string().contains("(addr-a2)"),
         "B's first try left its address: {again}"

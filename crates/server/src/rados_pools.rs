@@ -117,7 +117,7 @@ mod real {
     use tessera_ownership::fence::take_over;
     use tessera_ownership::fenced_disk::FencedDisk;
     use tessera_ownership::rados_meta::RadosMeta;
-    use tessera_ownership::Gateway;
+    use tessera_ownership::{Gateway, Lasting};
     use tessera_pool::{MetaStore, Pool};
     use tessera_rados::Cluster;
     use tessera_volume::Engine;
@@ -220,8 +220,9 @@ mod real {
         Elsewhere(PoolOwner),
         /// This gateway took it, could not fence the previous owner off (this gateway's
         /// Ceph client may not blocklist, the monitors did not answer), and gave it back:
-        /// why. Trying again at once would keep it from the gateways that could serve it.
-        GaveBack(String),
+        /// why, and whether the refusal lasts (a permission) or may pass by itself (a
+        /// timeout). Trying again at once would keep it from the gateways that could serve it.
+        GaveBack { why: String, lasting: bool },
     }
 
     /// A pool this gateway took: its own connection to the cluster and its epoch.
@@ -373,13 +374,15 @@ mod real {
                         let mine = g.holds(&o);
                         Ok((o, mine))
                     }
-                    Err(e) if e.fence_refused() => Err(format!("cannot take pool {name}: {e}")),
-                    Err(e) => return Err(format!("cannot take pool {name}: {e}")),
+                    Err(e) => match e.gave_back() {
+                        Some(lasting) => Err((format!("cannot take pool {name}: {e}"), lasting == Lasting::Lasts)),
+                        None => return Err(format!("cannot take pool {name}: {e}")),
+                    },
                 })
             })?;
             let (owner, mine) = match taken {
                 Ok(t) => t,
-                Err(why) => return Ok(Taking::GaveBack(why)),
+                Err((why, lasting)) => return Ok(Taking::GaveBack { why, lasting }),
             };
             if !mine {
                 return Ok(Taking::Elsewhere(elsewhere(owner, &self.cfg.name)));
@@ -592,7 +595,7 @@ mod absent {
     pub enum Taking {
         Mine(Owned),
         Elsewhere(PoolOwner),
-        GaveBack(String),
+        GaveBack { why: String, lasting: bool },
     }
 
     pub struct Owned {

@@ -39,16 +39,36 @@ const HANDOVER_GRACE: Duration = Duration::from_secs(10);
 /// refuses every write would otherwise have it opened again at every tick.
 const REOPEN_EVERY: Duration = Duration::from_secs(30);
 
-/// After an attempt that took a pool in etcd and gave it back (the previous owner could not
-/// be fenced off: this gateway's Ceph client may not blocklist, say; or the pool could not
-/// be opened), the tick tries it again after this, doubling up to `RETRY_MOST` while it
-/// keeps failing (until it is found served), and this gateway does not ask the owner for it
-/// for `NO_ASK_AFTER_FAILURE`. Without it, a gateway that cannot fence took the pool and
-/// gave it back as fast as etcd answered, woken by its own changes, and the gateways that
-/// could serve it rarely found it free. Failures that take nothing (etcd or the cluster not
-/// answering) are tried again at every tick.
+/// After an attempt that took a pool in etcd and gave it back for a reason that lasts (the
+/// previous owner could not be fenced off because this gateway's Ceph client may not
+/// blocklist; or the pool could not be opened), the tick tries it again after this, doubling
+/// up to `RETRY_MOST` while it keeps failing (until it is found served), and this gateway
+/// does not ask the owner for it for `NO_ASK_AFTER_FAILURE`. Without it, a gateway that
+/// cannot fence took the pool and gave it back as fast as etcd answered, woken by its own
+/// changes, and the gateways that could serve it rarely found it free. Failures that take
+/// nothing (etcd or the cluster not answering) are tried again at every tick.
 const RETRY_FIRST: Duration = Duration::from_secs(2);
 const RETRY_MOST: Duration = Duration::from_secs(30);
+/// After an attempt that gave the pool back because its fence failed in a way that may pass
+/// by itself (the monitors did not answer in time, or were electing a leader), the tick
+/// tries again after this, a tick, and the streak's wait is left as it was: a failover while
+/// the monitors are busy is not put off by seconds more, and a gateway woken by its own
+/// give-back does not try again at once.
+const RETRY_PASSING: Duration = Duration::from_secs(1);
+
+/// How long to wait after a failed attempt, and the streak's wait after it, from the
+/// streak's wait before it (zero for none) and whether the failure lasts.
+fn next_retry(streak: Duration, lasting: bool) -> (Duration, Duration) {
+    if !lasting {
+        return (RETRY_PASSING, streak);
+    }
+    let wait = if streak.is_zero() {
+        RETRY_FIRST
+    } else {
+        (streak * 2).min(RETRY_MOST)
+    };
+    (wait, wait)
+}
 /// How long a gateway whose attempt gave a pool back does not ask the owner for it: long
 /// against the owner's `HANDOVER_IDLE` and `HANDOVER_GRACE`, so that a gateway that cannot
 /// fence does not have the pool handed over, left unserved and taken back, round after round.
@@ -77,15 +97,17 @@ pub(crate) struct RadosPool {
     asking: bool,
     /// When this gateway last gave the pool up to open it again, a write having been refused.
     reopened: Option<Instant>,
-    /// After attempts to take or open the pool that failed: not before when, and the delay
-    /// that led there (`RETRY_FIRST`, doubled at each failure since the last success).
+    /// After attempts to take or open the pool that failed: not before when, and the
+    /// streak's wait (`RETRY_FIRST`, doubled at each lasting failure since the last success;
+    /// zero after passing ones alone: `next_retry`).
     retry: Option<(Instant, Duration)>,
     /// Times this gateway took the pool and served it, and attempts that failed, since the
     /// daemon started (`pool list`, metrics).
     takeovers: u64,
     failed_takes: u64,
-    /// When an attempt of this gateway last took the pool and gave it back (or could not
-    /// open it): it does not ask the owner for the pool for `NO_ASK_AFTER_FAILURE` after.
+    /// When an attempt of this gateway last took the pool and gave it back for a reason that
+    /// lasts (or could not open it): it does not ask the owner for the pool for
+    /// `NO_ASK_AFTER_FAILURE` after.
     gave_back: Option<Instant>,
 }
 
@@ -162,7 +184,7 @@ impl Daemon {
         let dir = self.new_pool_dir(&req.name)?;
         let owned = match gw.take(&req.name, &placement).map_err(ApiError::unavailable)? {
             Taking::Mine(o) => o,
-            Taking::GaveBack(why) => return Err(ApiError::unavailable(why)),
+            Taking::GaveBack { why, .. } => return Err(ApiError::unavailable(why)),
             Taking::Elsewhere(o) => {
                 return Err(ApiError::exists(format!(
                     "pool '{}' exists in the cluster and gateway {} owns it (epoch {}): 'tessera pool import {} --rados {}' serves it here too once it is free",
@@ -294,8 +316,9 @@ impl Daemon {
             .get(name)
             .and_then(|p| p.handed_over)
             .filter(|t| t.elapsed() < HANDOVER_GRACE);
-        // Whether the attempt failed (rather than found the pool owned elsewhere).
-        let mut failed = false;
+        // Whether the attempt failed (rather than found the pool owned elsewhere), and if so
+        // whether for a reason that lasts.
+        let mut failed = None;
         let why = match &self.gateway {
             None => "the pool is on Ceph RADOS and this daemon is not a gateway: give it a [gateway] table in its configuration file".to_string(),
             Some(gw) => match match handed_over {
@@ -310,8 +333,8 @@ impl Daemon {
                 None => gw.take(name, &placement),
             } {
                 Err(e) => e,
-                Ok(Taking::GaveBack(why)) => {
-                    failed = true;
+                Ok(Taking::GaveBack { why, lasting }) => {
+                    failed = Some(lasting);
                     // It was free: nobody owns it now.
                     if let Some(p) = self.rados.lock().get_mut(name) {
                         p.elsewhere = None;
@@ -337,7 +360,7 @@ impl Daemon {
                 } {
                     Err(e) => {
                         let _ = gw.release(name, owned.epoch);
-                        failed = true;
+                        failed = Some(true);
                         e
                     }
                     Ok(engine) => {
@@ -395,12 +418,14 @@ impl Daemon {
         };
         let _admin = self.admin.lock();
         if let Some(p) = self.rados.lock().get_mut(name) {
-            if failed {
-                let delay = p.retry.map_or(RETRY_FIRST, |(_, d)| (d * 2).min(RETRY_MOST));
-                p.retry = Some((Instant::now() + delay, delay));
+            if let Some(lasting) = failed {
+                let (wait, streak) = next_retry(p.retry.map_or(Duration::ZERO, |(_, d)| d), lasting);
+                p.retry = Some((Instant::now() + wait, streak));
                 p.failed_takes += 1;
-                p.gave_back = Some(Instant::now());
-                warn!(pool = %name, why, retry_seconds = delay.as_secs(), "cannot take the pool; trying again later");
+                if lasting {
+                    p.gave_back = Some(Instant::now());
+                }
+                warn!(pool = %name, why, lasting, retry_seconds = wait.as_secs(), "cannot take the pool; trying again later");
             }
             self.unavailable.write().insert(name.to_string(), why);
         }
@@ -971,4 +996,32 @@ struct GivingUp<'a> {
 /// The record of vdisk `vd` ("pool/name") among `units`.
 fn unit_of(units: &[(String, StandbyUnit)], vd: &str) -> Option<StandbyUnit> {
     units.iter().find(|(v, _)| v == vd).map(|(_, u)| u.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lasting_failures_wait_longer_each_time_and_passing_ones_a_tick() {
+        let (wait, streak) = next_retry(Duration::ZERO, true);
+        assert_eq!((wait, streak), (RETRY_FIRST, RETRY_FIRST));
+        // A passing failure within a streak waits a tick and leaves the streak's wait.
+        let (wait, streak) = next_retry(streak, false);
+        assert_eq!((wait, streak), (RETRY_PASSING, RETRY_FIRST));
+        let (wait, mut streak) = next_retry(streak, true);
+        assert_eq!(wait, RETRY_FIRST * 2);
+        for _ in 0..10 {
+            streak = next_retry(streak, true).1;
+        }
+        assert_eq!(streak, RETRY_MOST);
+        // Passing failures alone never lengthen the wait.
+        let mut streak = Duration::ZERO;
+        for _ in 0..10 {
+            let (wait, next) = next_retry(streak, false);
+            assert_eq!(wait, RETRY_PASSING);
+            streak = next;
+        }
+        assert_eq!(streak, Duration::ZERO);
+    }
 }
