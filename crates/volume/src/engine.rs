@@ -70,9 +70,17 @@ fn vdisk_records(meta: &MetaStore) -> Result<(Vec<VdiskConfig>, Vec<UnreadableVd
             warn!(key = %tessera_pool::hex(k), "a vdisk record under a key of the wrong length names no vdisk; left alone");
             return Ok(());
         };
-        match serde_json::from_slice::<VdiskConfig>(v).map_err(|e| e.to_string()).and_then(|c| {
-            (c.id == id).then_some(c).ok_or_else(|| "its id differs from its key's".to_string())
-        }) {
+        match serde_json::from_slice::<VdiskConfig>(v)
+            .map_err(|e| e.to_string())
+            .and_then(|c| (c.id == id).then_some(c).ok_or_else(|| "its id differs from its key's".to_string()))
+            .and_then(|c| {
+                // Values no vdisk is made with (a grain of 0 bytes would be divided by) are
+                // as unreadable as a record cut short.
+                validate(c.size, c.block_size, c.grain_size, &c.layout)
+                    .and_then(|()| physical_block_size(c.block_size, Some(c.physical_block_size)))
+                    .map_err(|e| format!("it holds values no vdisk has: {e}"))
+                    .map(|_| c)
+            }) {
             Ok(c) => configs.push(c),
             Err(error) => unreadable.push(UnreadableVdisk {
                 id,

@@ -371,6 +371,58 @@ fn a_vdisk_whose_record_cannot_be_read_is_left_out_and_its_data_kept() {
     rig.assert_consistent();
 }
 
+/// A vdisk record that reads as JSON but holds values no vdisk is made with (a grain of 0
+/// bytes, a block of 0, a physical block smaller than the logical one) leaves that vdisk out
+/// as an unreadable one is: the import does not divide by its grain, and the rest is served.
+#[test]
+fn a_vdisk_record_with_impossible_values_is_left_out_and_the_pool_imported() {
+    let mut rig = populated();
+    let (want, id, record) = {
+        let e = rig.engine();
+        let id = e.vdisk("b").unwrap().config().id;
+        let record = e.pool().meta().get(CF_VDISKS, &id.to_be_bytes()).unwrap().unwrap();
+        (contents(e), id, record)
+    };
+    let mut rest = want.clone();
+    rest.remove("b");
+    for (field, value) in [
+        ("grain_size", 0u64),
+        ("block_size", 0),
+        ("physical_block_size", 512),
+        ("size", 0),
+    ] {
+        {
+            let e = rig.engine();
+            let mut bad: serde_json::Value = serde_json::from_slice(&record).unwrap();
+            bad[field] = value.into();
+            if field == "physical_block_size" {
+                bad["block_size"] = 4096.into();
+            }
+            let mut b = MetaBatch::new();
+            b.put(CF_VDISKS, id.to_be_bytes(), serde_json::to_vec(&bad).unwrap());
+            e.pool().meta().commit(b, true).unwrap();
+        }
+        rig.reopen();
+        let e = rig.engine();
+        assert!(e.vdisk("b").is_err(), "{field}: left out");
+        let unreadable = e.unreadable_vdisks();
+        assert!(
+            unreadable.len() == 1 && unreadable[0].id == id && unreadable[0].error.contains("values no vdisk has"),
+            "{field}: {unreadable:?}"
+        );
+        assert_same(&contents(e), &rest);
+    }
+    {
+        let mut b = MetaBatch::new();
+        b.put(CF_VDISKS, id.to_be_bytes(), record);
+        rig.engine().pool().meta().commit(b, true).unwrap();
+    }
+    rig.reopen();
+    assert!(rig.engine().unreadable_vdisks().is_empty());
+    assert_same(&contents(rig.engine()), &want);
+    rig.assert_consistent();
+}
+
 /// A vdisk made under the name of one left out for its unreadable record, and the record put
 /// back: the one made last keeps the name (the hosts used it meanwhile), the other is left
 /// out as before, its data kept, and named; once the newer one is deleted, it is back whole.
