@@ -29,6 +29,11 @@ pub enum Unreadable {
     GrainKey,
     /// The reference count of the slot under the grain.
     Count,
+    /// The reference count of the slot under the grain, readable and impossible: below zero.
+    NegativeCount,
+    /// The reference count of the slot under the grain, readable and impossible: past what a
+    /// slot's count holds (2^32, which a count cut to 32 bits would read as 0).
+    HugeCount,
     /// A record under a count key of the wrong length.
     CountKey,
     /// The grain size record of the slab set under the grain.
@@ -64,6 +69,8 @@ impl Engine {
             Unreadable::GrainEntry => b.put(CF_GRAINS, grain_key(v.id, grain), &loc_value(l)[..5]),
             Unreadable::GrainKey => b.put(CF_GRAINS, &grain_key(v.id, grain)[..12], loc_value(l)),
             Unreadable::Count => b.put(CF_REFCOUNTS, refcount_key(l), [1u8, 2, 3]),
+            Unreadable::NegativeCount => b.put(CF_REFCOUNTS, refcount_key(l), (-1i64).to_le_bytes()),
+            Unreadable::HugeCount => b.put(CF_REFCOUNTS, refcount_key(l), (1i64 << 32).to_le_bytes()),
             Unreadable::CountKey => b.put(CF_REFCOUNTS, [0xffu8; 5], 1i64.to_le_bytes()),
             Unreadable::GrainSize => b.put(CF_GRAINSETS, set.to_be_bytes(), [7u8, 7, 7]),
             Unreadable::SetDescriptor => b.put(CF_SLABSETS, set.to_be_bytes(), &b"{\"id\": "[..]),

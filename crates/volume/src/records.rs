@@ -21,12 +21,14 @@ use crate::space::{loc, loc_parts, slots_of, Loc};
 pub type Counts = HashMap<u32, HashMap<u32, i64>>;
 
 /// Counts again, and writes back whole, every reference count whose record cannot be read
-/// (the grain map's references and the hot copies'). First thing at import, before anything
-/// moves a count.
+/// (the grain map's references and the hot copies'), or holds a count no slot can have (below
+/// zero, or past 32 bits: taken as it is, either would leave a slot that grains use free).
+/// First thing at import, before anything moves a count.
 pub fn mend_counts(meta: &MetaStore) -> Result<()> {
     let mut unreadable: HashMap<Loc, i64> = HashMap::new();
     meta.for_each_prefix(CF_REFCOUNTS, &[], |k, v| {
-        if let (Ok(k), false) = (<[u8; 8]>::try_from(k), v.len() == 8) {
+        let possible = v.len() == 8 && (0..=u32::MAX as i64).contains(&decode_refcount(v));
+        if let (Ok(k), false) = (<[u8; 8]>::try_from(k), possible) {
             unreadable.insert(u64::from_be_bytes(k), 0);
         }
         Ok(())
