@@ -1272,6 +1272,16 @@ fn bad_replica_requests_are_refused_with_their_reason() {
     assert!(r.body.contains("unknown field `color`"), "{}", r.body);
     let r = a.d.http("PUT", "/api/replicas/ghost", Some("{"));
     assert_eq!(r.code(), "malformed_request", "{}", r.body);
+    // Times past a year are refused, not summed into an overflow by the schedule.
+    for field in ["interval_secs", "rpo_secs"] {
+        let body =
+            format!(r#"{{"pool":"p","vdisk":"db","to":"{to}","target_pool":"q","{field}":18446744073709551615}}"#);
+        let r = a.d.http("POST", "/api/replicas", Some(&body));
+        assert!(r.body.contains("longer than a year"), "{field}: {}", r.body);
+        let body = format!(r#"{{"{field}":18446744073709551615}}"#);
+        let r = a.d.http("PUT", "/api/replicas/ghost", Some(&body));
+        assert!(r.body.contains("longer than a year"), "{field}: {}", r.body);
+    }
     // A replica made, then its vdisk: the vdisk cannot go while it is replicated.
     a.d.ok(&[
         "replica",

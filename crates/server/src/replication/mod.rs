@@ -45,6 +45,9 @@ pub const RETRY_SECS: u64 = 10;
 /// Longest replica name: its snapshots' names must fit in 64 characters.
 const MAX_NAME: usize = 40;
 
+/// The longest interval between cycles and recovery point objective a replica takes: a year.
+pub(crate) const MAX_SCHEDULE_SECS: u64 = 366 * 24 * 3600;
+
 /// A local vdisk replicated to a peer, as saved.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -91,7 +94,8 @@ fn one() -> u32 {
 
 impl Outgoing {
     pub fn rpo(&self) -> u64 {
-        self.rpo_secs.unwrap_or(3 * self.interval_secs)
+        // Saturating: a saved state edited by hand may hold any number.
+        self.rpo_secs.unwrap_or(self.interval_secs.saturating_mul(3))
     }
 
     /// Whether the last cycle tried ended in failure (a pause or a stop is no failure).

@@ -15,6 +15,7 @@ use crate::Daemon;
 
 impl Daemon {
     pub fn create_replica(self: &Arc<Self>, req: CreateReplica) -> ApiResult<ReplicaView> {
+        check_schedule(req.interval_secs, req.rpo_secs)?;
         let (e, v) = self.vdisk(&req.pool, &req.vdisk)?;
         if v.is_snapshot() {
             return Err(ApiError::invalid(format!(
@@ -200,6 +201,7 @@ impl Daemon {
 
     pub fn set_replica(&self, name: &str, req: SetReplica) -> ApiResult<ReplicaView> {
         check_streams(req.streams)?;
+        check_schedule(req.interval_secs, req.rpo_secs)?;
         if req.bandwidth.is_some_and(|b| b > 0 && b < 4096) {
             return Err(ApiError::invalid(
                 "bandwidth below 4 KiB per second would never end a cycle",
@@ -369,6 +371,21 @@ fn check_streams(streams: Option<u32>) -> ApiResult<()> {
         ))),
         _ => Ok(()),
     }
+}
+
+/// An interval between cycles and a recovery point objective of a year at most: longer ones
+/// mean nothing for a replica, and the sums of times the schedule makes must not overflow.
+fn check_schedule(interval: Option<u64>, rpo: Option<u64>) -> ApiResult<()> {
+    for (what, secs) in [("interval", interval), ("recovery point objective", rpo)] {
+        if secs.is_some_and(|s| s > super::MAX_SCHEDULE_SECS) {
+            return Err(ApiError::invalid(format!(
+                "a replica's {what} of {} s is longer than a year ({} s)",
+                secs.unwrap_or_default(),
+                super::MAX_SCHEDULE_SECS
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// HOST:PORT, as `to` must be.

@@ -36,11 +36,11 @@ impl Daemon {
                         0 => RETRY_SECS,
                         i => RETRY_SECS.min(i),
                     };
-                    t >= a + retry
+                    t >= a.saturating_add(retry)
                 }
                 // A cycle cut short by a restart goes on at once.
                 Some(_) if o.pending.is_some() => true,
-                Some(a) => t >= a + o.interval_secs,
+                Some(a) => t >= a.saturating_add(o.interval_secs),
             };
             if due {
                 if let Err(e) = self.start_cycle(&name, &o) {
