@@ -329,6 +329,56 @@ fn a_pool_on_rados_moves_to_the_other_gateway_when_its_owner_stalls_or_dies() {
     b.stop();
 }
 
+/// One name is one pool among the gateways of one etcd prefix: a pool of that name in another
+/// RADOS pool has the same ownership and fence record, and each gateway would fence the
+/// other pool's owners off instead of its own. Such a pool is refused, created or imported,
+/// with why (an import never presents standby LUNs from the other pool's records); once the
+/// first is destroyed, the name is free for the other.
+#[cfg(feature = "rados")]
+#[test]
+fn a_pool_name_is_one_pool_among_the_gateways_until_it_is_destroyed() {
+    let test = "a_pool_name_is_one_pool_among_the_gateways_until_it_is_destroyed";
+    let Some((conf, etcd, _cluster)) = cluster(test) else {
+        return;
+    };
+    let pid = std::process::id();
+    let pool = format!("same{pid}");
+    let prefix = format!("/tessera-test-same-{pid}");
+    let other = "tessera-gateways-other";
+    ok("ceph", &["-c", &conf, "osd", "pool", "create", other]);
+    let t = tempfile::tempdir().unwrap();
+    let mut a = Daemon::start_configured(&t.path().join("a"), &gateway("gw-a", &etcd, &prefix));
+    create_rados_pool(&a, &pool, &conf);
+    let mut b = Daemon::start_configured(&t.path().join("b"), &gateway("gw-b", &etcd, &prefix));
+    let mut elsewhere = create_rados_pool_args(&pool, &conf);
+    elsewhere[4] = other;
+    let e = b.fails(&elsewhere);
+    assert!(
+        e.contains(&format!("another pool named {pool} is served by these gateways")) && e.contains(other),
+        "{e}"
+    );
+    let mut c = Daemon::start_configured(&t.path().join("c"), &gateway("gw-c", &etcd, &prefix));
+    c.ok(&["pool", "import", &pool, "--rados", other, "--ceph-conf", &conf]);
+    let p = pool_entry(&c, &pool);
+    assert_eq!(p["health"], "unavailable", "{p}");
+    assert!(
+        p["problem"].as_str().unwrap_or_default().contains("another pool named"),
+        "{p}"
+    );
+    assert!(
+        p["rados"]["owner"].is_null(),
+        "no owner of the other pool is taken for its own: {p}"
+    );
+    c.stop();
+    // Destroyed at A, the name is B's to give.
+    a.ok(&["pool", "destroy", &pool]);
+    let out = b.ok(&elsewhere);
+    assert!(out.contains("owned by gateway gw-b"), "{out}");
+    b.ok(&["pool", "destroy", &pool]);
+    a.stop();
+    b.stop();
+}
+
 /// What daemon `d` serves at `GET /metrics`.
 #[cfg(feature = "rados")]
 fn metrics(d: &Daemon) -> String {

@@ -337,6 +337,52 @@ impl Gateway {
         format!("{}/fence/{vdisk}", self.prefix)
     }
 
+    fn place_key(&self, vdisk: &str) -> String {
+        format!("{}/place/{vdisk}", self.prefix)
+    }
+
+    /// Records `place` as where `vdisk` lives if nothing is recorded yet (without a lease: it
+    /// outlives every owner), and returns what is recorded then: `place`, or the place of
+    /// another vdisk of that name. One name is one ownership and one fence record among the
+    /// gateways: two things of one name in two places would share them, and each taker would
+    /// fence the other's owners rather than its own.
+    pub async fn claim_place(&mut self, vdisk: &str, place: &str) -> Result<String> {
+        let key = self.place_key(vdisk);
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(key.as_str(), place, None)])
+            .or_else([TxnOp::get(key.as_str(), None)]);
+        let r = self.client.txn(txn).await?;
+        if r.succeeded() {
+            return Ok(place.to_string());
+        }
+        r.op_responses()
+            .into_iter()
+            .find_map(|op| match op {
+                TxnOpResponse::Get(g) => g
+                    .kvs()
+                    .first()
+                    .map(|kv| String::from_utf8_lossy(kv.value()).into_owned()),
+                _ => None,
+            })
+            .ok_or_else(|| OwnershipError::new(format!("etcd holds a place of {vdisk} and did not give it")))
+    }
+
+    /// Forgets where `vdisk` lived and its fence record, once it is gone from there for good
+    /// (destroyed): only if the place recorded is `place`, so that a gateway never forgets
+    /// another's.
+    pub async fn forget_place(&mut self, vdisk: &str, place: &str) -> Result<()> {
+        let key = self.place_key(vdisk);
+        let txn = Txn::new()
+            .when([Compare::value(key.as_str(), CompareOp::Equal, place)])
+            .and_then([
+                TxnOp::delete(key.as_str(), None),
+                TxnOp::delete(self.fence_key(vdisk), None),
+            ]);
+        self.client.txn(txn).await?;
+        Ok(())
+    }
+
     /// Takes `vdisk` if nobody owns it, as `acquire_fencing` does with `address`, and when
     /// this gateway took it, runs `fence` on the addresses of the previous owners not known
     /// to be fenced off yet (none for the first owner; never this gateway's own `address`)

@@ -267,3 +267,39 @@ async fn a_fence_record_keeps_every_owner_until_one_taking_fenced_them_all() {
     b.leave().await.unwrap();
     c.leave().await.unwrap();
 }
+
+/// A name is claimed by the first place that records it; another place of that name is told
+/// the first's, until the first forgets it (destroyed), which takes the fence record along.
+#[tokio::test]
+async fn a_name_has_one_place_until_that_place_forgets_it() {
+    let t = "a_name_has_one_place_until_that_place_forgets_it";
+    let Some(ep) = endpoints(t) else { return };
+    let p = prefix(t);
+    let v = "pool.tank";
+    let mut a = Gateway::join(&ep, &p, "gw-a", 2).await.unwrap();
+    let mut b = Gateway::join(&ep, &p, "gw-b", 2).await.unwrap();
+    assert_eq!(a.claim_place(v, "fsid-1/3").await.unwrap(), "fsid-1/3");
+    assert_eq!(b.claim_place(v, "fsid-1/4").await.unwrap(), "fsid-1/3");
+    assert_eq!(b.claim_place(v, "fsid-1/3").await.unwrap(), "fsid-1/3");
+    let owner = a.take_fenced(v, "addr-a", |_| Ok(())).await.unwrap();
+    // Another place cannot forget the name's record, nor its fence record.
+    b.forget_place(v, "fsid-1/4").await.unwrap();
+    assert_eq!(b.claim_place(v, "fsid-1/4").await.unwrap(), "fsid-1/3");
+    a.forget_place(v, "fsid-1/3").await.unwrap();
+    a.release(v, owner.epoch).await.unwrap();
+    assert_eq!(b.claim_place(v, "fsid-1/4").await.unwrap(), "fsid-1/4");
+    let fenced = std::sync::Mutex::new(None);
+    b.take_fenced(v, "addr-b", |list| {
+        *fenced.lock().unwrap() = Some(list.to_vec());
+        Ok(())
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        *fenced.lock().unwrap(),
+        Some(vec![]),
+        "the destroyed pool's owners are not the new one's"
+    );
+    a.leave().await.unwrap();
+    b.leave().await.unwrap();
+}

@@ -391,8 +391,9 @@ impl Pool<'_> {
         Ok(())
     }
 
-    /// The cluster's id and the pool's.
-    fn identity(&self) -> Result<(String, i64)> {
+    /// The cluster's id and the pool's: which RADOS pool this is, wherever it is named from
+    /// (a pool renamed keeps its id).
+    pub fn identity(&self) -> Result<(String, i64)> {
         let mut buf = [0u8; 64];
         // SAFETY: a live context; its cluster handle lives as long; a buffer of that size.
         let rc = unsafe {

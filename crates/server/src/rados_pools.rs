@@ -210,6 +210,9 @@ mod real {
         /// What [`alive`](Self::alive) last found, for readers that must not wait for a
         /// taking under way (which holds the gateway for as long as the cluster takes).
         seen_alive: std::sync::atomic::AtomicBool,
+        /// The place of each pool this gateway looked for in etcd ([`check_place`](Self::check_place)),
+        /// and whether it found it recorded there as its own.
+        placed: std::sync::Mutex<std::collections::HashMap<String, (String, bool)>>,
     }
 
     /// The outcome of an attempt to take a pool.
@@ -264,6 +267,7 @@ mod real {
                 gateway: tokio::sync::Mutex::new(None),
                 changes: Arc::default(),
                 seen_alive: Default::default(),
+                placed: Default::default(),
             };
             if let Err(e) = m.rejoin() {
                 tracing::warn!(
@@ -353,9 +357,72 @@ mod real {
             self.changes.clone()
         }
 
+        /// Checks, once for each pool, that pool `name` is recorded among the gateways (in
+        /// etcd) as living where `placement` says, recording it so if nothing is: a pool of
+        /// that name in another RADOS pool or cluster has the same ownership and fence record,
+        /// and a gateway serving either would fence the other's owners off instead of its
+        /// own. A pool in another place is refused, and its gateway serves nothing of it.
+        fn check_place(&self, name: &str, placement: &Placement) -> Result<(), String> {
+            let known = self.placed.lock().expect("not poisoned").get(name).cloned();
+            let place = match known {
+                Some((_, true)) => return Ok(()),
+                Some((place, false)) => place,
+                None => {
+                    let cluster = connect(placement)?;
+                    let (fsid, id) = Cluster::shared_pool(&cluster, &placement.rados_pool)
+                        .and_then(|p| p.identity())
+                        .map_err(|e| format!("cannot open the RADOS pool '{}': {e}", placement.rados_pool))?;
+                    let place = format!("{fsid}/{id}");
+                    self.placed
+                        .lock()
+                        .expect("not poisoned")
+                        .insert(name.to_string(), (place.clone(), false));
+                    place
+                }
+            };
+            let recorded = self.with_gateway(async |g| {
+                g.claim_place(&owner_key(name), &place)
+                    .await
+                    .map_err(|e| format!("cannot record where pool {name} lives: {e}"))
+            })?;
+            if recorded != place {
+                let (their_fsid, their_id) = recorded.split_once('/').unwrap_or((&recorded, "?"));
+                let (fsid, id) = place.split_once('/').unwrap_or((&place, "?"));
+                return Err(format!(
+                    "another pool named {name} is served by these gateways, in RADOS pool id {their_id} of cluster {their_fsid}; this gateway has it in RADOS pool '{}' (id {id}) of cluster {fsid}: a name is one pool among the gateways of one etcd prefix (export this one here; if no pool of that name is left there, remove the record, etcdctl del {}/place/{})",
+                    placement.rados_pool,
+                    self.cfg.prefix,
+                    owner_key(name)
+                ));
+            }
+            self.placed
+                .lock()
+                .expect("not poisoned")
+                .insert(name.to_string(), (place, true));
+            Ok(())
+        }
+
+        /// Forgets where pool `name` lived among the gateways, and its fence record, once
+        /// it is destroyed; or only this gateway's note of it, once it is exported
+        /// (`destroyed` false).
+        pub fn forget_place(&self, name: &str, destroyed: bool) -> Result<(), String> {
+            let Some((place, true)) = self.placed.lock().expect("not poisoned").remove(name) else {
+                return Ok(());
+            };
+            if !destroyed {
+                return Ok(());
+            }
+            self.with_gateway(async |g| {
+                g.forget_place(&owner_key(name), &place)
+                    .await
+                    .map_err(|e| format!("cannot forget where pool {name} lived: {e}"))
+            })
+        }
+
         /// Takes pool `name` if nobody owns it, fencing its previous owner off the cluster
         /// first.
         pub fn take(&self, name: &str, placement: &Placement) -> Result<Taking, String> {
+            self.check_place(name, placement)?;
             // Cheap first: while another gateway holds the pool, nothing is asked of the
             // cluster. (The taking below is one etcd transaction all the same.)
             if let Some(o) = self.other_owner(name)? {
@@ -645,6 +712,9 @@ mod absent {
             match self.never {}
         }
         pub fn release(&self, _: &str, _: i64) -> Result<(), String> {
+            match self.never {}
+        }
+        pub fn forget_place(&self, _: &str, _: bool) -> Result<(), String> {
             match self.never {}
         }
         pub fn lease(&self) -> Option<i64> {

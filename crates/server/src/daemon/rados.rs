@@ -896,6 +896,9 @@ impl Daemon {
             }
         }
         let (Some(owned), Some(gw)) = (p.owned, &self.gateway) else {
+            if let Some(gw) = &self.gateway {
+                let _ = gw.forget_place(name, false);
+            }
             return Ok(());
         };
         let removed = match capacity {
@@ -904,6 +907,12 @@ impl Daemon {
             }),
             None => Ok(()),
         };
+        // Gone for good (destroyed): its name may be given to a pool elsewhere. While still
+        // owned here, so that no taker comes between.
+        let destroyed = capacity.is_some() && removed.is_ok();
+        if let Err(e) = gw.forget_place(name, destroyed) {
+            warn!(pool = %name, error = %e, "the gateways' record of where the destroyed pool lived stays in etcd");
+        }
         // Given up whatever became of its objects: this gateway no longer serves the pool,
         // and kept, its key would say so to the other gateways for as long as it runs.
         let released = gw.release(name, owned.epoch).map_err(ApiError::unavailable);
