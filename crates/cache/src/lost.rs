@@ -128,9 +128,27 @@ impl LostRanges {
     pub fn load(pool: &Pool) -> Result<LostRanges> {
         match pool.meta().get(CF_POOL, LOST_KEY)? {
             None => Ok(LostRanges::default()),
-            Some(v) => serde_json::from_slice(&v)
-                .map_err(|e| CacheError::Log(format!("unreadable record of data lost with the log: {e}"))),
+            Some(v) => Self::from_record(&v),
         }
+    }
+
+    /// The ranges a record holds, merged again as `insert` keeps them: a record whose ranges
+    /// overlap (written by hand, or damaged and still JSON) must still fail every read of
+    /// them, which `overlaps` finds only among merged ranges. A range that ends before it
+    /// starts names no bytes for sure: refused.
+    fn from_record(v: &[u8]) -> Result<LostRanges> {
+        let unreadable = |why: String| CacheError::Log(format!("unreadable record of data lost with the log: {why}"));
+        let raw: LostRanges = serde_json::from_slice(v).map_err(|e| unreadable(e.to_string()))?;
+        let mut out = LostRanges::default();
+        for (set, a, b) in raw.ranges() {
+            if a > b {
+                return Err(unreadable(format!(
+                    "a range of slab set {set} ends at {b}, before it starts at {a}"
+                )));
+            }
+            out.insert(set, a, b);
+        }
+        Ok(out)
     }
 
     /// Writes the ranges to the pool's metadata, synchronously.
@@ -224,8 +242,20 @@ mod tests {
             let total: usize = bytes.iter().map(|s| s.iter().filter(|x| **x).count()).sum();
             prop_assert_eq!(r.bytes(), total as u64);
             prop_assert_eq!(r.is_empty(), total == 0);
-            let back: LostRanges = serde_json::from_slice(&serde_json::to_vec(&r).unwrap()).unwrap();
+            let back = LostRanges::from_record(&serde_json::to_vec(&r).unwrap()).unwrap();
             prop_assert_eq!(back, r);
         }
+    }
+
+    /// A record whose ranges overlap is merged as it is read: every byte it names is still
+    /// found lost; one whose range ends before it starts is refused.
+    #[test]
+    fn a_record_of_overlapping_ranges_is_merged_and_a_backward_one_refused() {
+        let r = LostRanges::from_record(br#"{"sets":{"1":{"0":20000,"8192":16384}}}"#).unwrap();
+        assert!(r.overlaps(1, 17000, 18000));
+        assert_eq!(r.bytes(), 20000);
+        assert_eq!(r.ranges(), vec![(1, 0, 20000)]);
+        let e = LostRanges::from_record(br#"{"sets":{"1":{"100":50}}}"#).unwrap_err();
+        assert!(e.to_string().contains("ends at 50, before it starts at 100"), "{e}");
     }
 }
