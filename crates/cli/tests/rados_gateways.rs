@@ -379,6 +379,49 @@ fn a_pool_name_is_one_pool_among_the_gateways_until_it_is_destroyed() {
     b.stop();
 }
 
+/// A fence record etcd lost (restored from an older snapshot, keys deleted by hand) does not
+/// leave a stalled owner unfenced: the pool's metadata says which client its last owner wrote
+/// from, and the gateway that takes the pool over blocklists that one too.
+#[cfg(feature = "rados")]
+#[test]
+fn a_stalled_owner_is_fenced_off_even_when_etcd_lost_the_fence_record() {
+    let test = "a_stalled_owner_is_fenced_off_even_when_etcd_lost_the_fence_record";
+    let Some((conf, etcd, _cluster)) = cluster(test) else {
+        return;
+    };
+    let pid = std::process::id();
+    let pool = format!("lostfence{pid}");
+    let prefix = format!("/tessera-test-lostfence-{pid}");
+    let t = tempfile::tempdir().unwrap();
+    let mut a = Daemon::start_configured(&t.path().join("a"), &gateway("gw-a", &etcd, &prefix));
+    create_rados_pool(&a, &pool, &conf);
+    let vdisk = format!("{pool}/v");
+    a.ok(&["vdisk", "create", &vdisk, "--size", "16M", "--layout", "simple"]);
+    let client_a = pool_entry(&a, &pool)["rados"]["client"]
+        .as_str()
+        .expect("the owner's client address")
+        .to_string();
+    let mut b = Daemon::start_configured(&t.path().join("b"), &gateway("gw-b", &etcd, &prefix));
+    b.ok(&["pool", "import", &pool, "--rados", RADOS_POOL, "--ceph-conf", &conf]);
+    signal(&a, libc::SIGSTOP);
+    let fence_key = format!("{prefix}/fence/pool.{pool}");
+    let deleted = ok("etcdctl", &["--endpoints", &etcd, "del", &fence_key]);
+    assert_eq!(deleted.trim(), "1", "the fence record was there: {deleted}");
+    let took = until_served(&b, &pool, Duration::from_secs(20));
+    eprintln!("{test}: taken over {took:?} after the fence record was deleted");
+    let blocklist = ok("ceph", &["-c", &conf, "osd", "blocklist", "ls"]);
+    assert!(
+        blocklist.contains(&client_a),
+        "the stalled owner's client {client_a} is not blocklisted:\n{blocklist}\n{}",
+        b.logs()
+    );
+    signal(&a, libc::SIGCONT);
+    a.stop();
+    b.ok(&["vdisk", "delete", &vdisk]);
+    b.ok(&["pool", "destroy", &pool]);
+    b.stop();
+}
+
 /// What daemon `d` serves at `GET /metrics`.
 #[cfg(feature = "rados")]
 fn metrics(d: &Daemon) -> String {

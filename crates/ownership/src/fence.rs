@@ -76,17 +76,85 @@ pub(crate) fn write_op(pieces: Vec<(u64, Vec<u8>)>) -> WriteOp {
 /// not grow for ever with every takeover.
 pub const BLOCKLIST_SECONDS: u32 = 30 * 24 * 3600;
 
+/// At most this many addresses are fenced off in one taking: a fence record grows by one
+/// address per owner that was never fenced, a handful at worst; more is a damaged record,
+/// each entry of which would cost a monitor command and a blocklist entry for 30 days.
+pub const MOST_FENCED: usize = 64;
+
+/// Whether `address` is one client's address as librados gives it (`IP:PORT/NONCE`, the IP
+/// maybe bracketed, maybe after `v1:` or `v2:`; or a list of such in brackets), whose
+/// blocklisting fences that client off alone. A nonce of 0 names no client: the monitors take
+/// such an entry for every client of that host (this gateway too, if it is the same), so a
+/// fence record that holds one (or anything else) is refused, not obeyed.
+pub fn client_address(address: &str) -> std::result::Result<(), String> {
+    match address.strip_prefix('[').and_then(|a| a.strip_suffix(']')) {
+        // The addresses of one client, each of which must be one.
+        Some(list) if list.starts_with("v1:") || list.starts_with("v2:") => {
+            list.split(',').try_for_each(one_client_address)
+        }
+        _ => one_client_address(address),
+    }
+}
+
+fn one_client_address(address: &str) -> std::result::Result<(), String> {
+    let bare = address
+        .strip_prefix("v1:")
+        .or_else(|| address.strip_prefix("v2:"))
+        .unwrap_or(address);
+    let (host_port, nonce) = bare
+        .rsplit_once('/')
+        .ok_or_else(|| format!("'{address}' is no client's address (IP:PORT/NONCE)"))?;
+    let (host, port) = host_port
+        .rsplit_once(':')
+        .ok_or_else(|| format!("'{address}' is no client's address (IP:PORT/NONCE)"))?;
+    let host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+    if host.parse::<std::net::IpAddr>().is_err() || port.parse::<u16>().is_err() {
+        return Err(format!("'{address}' is no client's address (IP:PORT/NONCE)"));
+    }
+    match nonce.parse::<u32>() {
+        Ok(0) => Err(format!(
+            "'{address}' names every client of {host} (a nonce of 0), not one client"
+        )),
+        Ok(_) => Ok(()),
+        Err(_) => Err(format!("'{address}' is no client's address (IP:PORT/NONCE)")),
+    }
+}
+
 /// Takes `vdisk` for `gateway` if nobody owns it, fencing the previous owners' clients off
 /// the cluster first (`Gateway::take_fenced`, with a blocklist of each address not known to
-/// be fenced off yet). Returns the owner afterwards: this gateway (ready to serve at its
-/// epoch) or the one that holds it.
-pub async fn take_over(gateway: &mut Gateway, cluster: &Cluster, vdisk: &str) -> Result<Owner> {
+/// be fenced off yet, and of `last_writer` too unless it is among them: the address the
+/// vdisk's data last said its owner wrote from, which stands in for a fence record etcd
+/// lost). Returns the owner afterwards: this gateway (ready to serve at its epoch) or the
+/// one that holds it.
+pub async fn take_over(
+    gateway: &mut Gateway,
+    cluster: &Cluster,
+    vdisk: &str,
+    last_writer: Option<&str>,
+) -> Result<Owner> {
     let mine = cluster
         .address()
         .map_err(|e| OwnershipError::new(format!("cannot learn this client's address: {e}")))?;
     gateway
         .take_fenced(vdisk, &mine, |old| {
-            old.iter().try_for_each(|a| {
+            let mut targets = old.to_vec();
+            if let Some(w) = last_writer.filter(|w| *w != mine && !old.iter().any(|a| a == w)) {
+                targets.push(w.to_string());
+            }
+            // A damaged record is refused whole: fencing part of it could leave the owner
+            // it lost unfenced, and obeying it could fence whole hosts off.
+            if targets.len() > MOST_FENCED {
+                return Err(FenceError::lasting(format!(
+                    "the fence record holds {} addresses, more than {MOST_FENCED}: it is damaged; fence the previous owners off by hand and put the record right in etcd",
+                    targets.len()
+                )));
+            }
+            if let Err(e) = targets.iter().try_for_each(|a| client_address(a)) {
+                return Err(FenceError::lasting(format!(
+                    "the fence record or the pool's metadata holds {e}: it is damaged; fence the previous owners off by hand and put it right"
+                )));
+            }
+            targets.iter().try_for_each(|a| {
                 cluster.blocklist(a, BLOCKLIST_SECONDS).map_err(|e| match e.errno() {
                     Some(libc::EACCES) | Some(libc::EPERM) => FenceError::lasting(format!(
                         "{a}: {e}; this gateway's Ceph client may not blocklist: give it the monitor caps 'profile rbd'"
@@ -99,4 +167,36 @@ pub async fn take_over(gateway: &mut Gateway, cluster: &Cluster, vdisk: &str) ->
             })
         })
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::client_address;
+
+    #[test]
+    fn only_one_clients_address_is_fenced() {
+        for ok in [
+            "127.0.0.1:0/2847524692",
+            "v1:10.0.0.7:0/17",
+            "[v2:10.0.0.7:0/17,v1:10.0.0.7:0/17]",
+            "[::1]:0/99",
+            "v2:[fe80::1]:6800/3",
+        ] {
+            assert_eq!(client_address(ok), Ok(()), "{ok}");
+        }
+        for (bad, why) in [
+            ("10.0.0.7:0/0", "every client of 10.0.0.7"),
+            ("[v2:10.0.0.7:0/17,v1:10.0.0.7:0/0]", "every client"),
+            ("10.0.0.7", "no client's address"),
+            ("10.0.0.7:0", "no client's address"),
+            ("host.example:0/5", "no client's address"),
+            ("10.0.0.7:0/x", "no client's address"),
+            ("10.0.0.7:99999/5", "no client's address"),
+            ("", "no client's address"),
+            ("[]", "no client's address"),
+        ] {
+            let e = client_address(bad).unwrap_err();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+    }
 }

@@ -13,6 +13,9 @@
 //!   with the writer's epoch ([`crate::fence`]; data objects carry it otherwise, as their
 //!   writes' sequence), so a gateway that was
 //!   replaced as the pool's owner commits nothing more.
+//! - Every batch of an owner also says which client wrote it (attribute `tessera.owner`, its
+//!   address in the cluster): should etcd lose the fence record, the next owner still finds
+//!   whom to fence off ([`last_owner`]).
 //! - A snapshot reads the omap whole, between two reads of the version, again if it moved.
 //!
 //! One object serves all metadata, so one placement group does: the price of atomic batches
@@ -28,6 +31,18 @@ use crate::fence::{epoch_text, EPOCH_ATTR};
 /// The attribute every batch bumps.
 pub const VERSION_ATTR: &str = "tessera.meta.version";
 
+/// The attribute every batch of an owner sets to its client's address in the cluster.
+pub const OWNER_ATTR: &str = "tessera.owner";
+
+/// The client address the last owner to commit to the metadata object `oid` wrote from, if
+/// the object and the attribute exist.
+pub fn last_owner(pool: &Pool<'_>, oid: &str) -> Result<Option<String>, RadosError> {
+    Ok(pool
+        .xattr(oid, OWNER_ATTR)?
+        .map(|a| String::from_utf8_lossy(&a).into_owned())
+        .filter(|a| !a.is_empty()))
+}
+
 /// Records read per omap page.
 const PAGE: u64 = 1000;
 
@@ -38,6 +53,8 @@ pub struct RadosMeta {
     pool: Pool<'static>,
     oid: String,
     epoch: i64,
+    /// The writer's client address, stamped on every batch (`OWNER_ATTR`).
+    owner: Option<String>,
 }
 
 fn family(cf: &str) -> Vec<u8> {
@@ -60,7 +77,15 @@ impl RadosMeta {
             pool,
             oid: oid.to_string(),
             epoch,
+            owner: None,
         }
+    }
+
+    /// Stamps every batch with `address`, the writer's client address in the cluster: the
+    /// next owner fences it off even if the fence record in etcd is lost.
+    pub fn owned_by(mut self, address: String) -> RadosMeta {
+        self.owner = Some(address);
+        self
     }
 
     fn err(&self, e: RadosError) -> PoolError {
@@ -230,6 +255,9 @@ impl MetaBackend for RadosMeta {
             op = op
                 .set_xattr(VERSION_ATTR, &version_text(version + 1))
                 .set_xattr(EPOCH_ATTR, &mine);
+            if let Some(a) = &self.owner {
+                op = op.set_xattr(OWNER_ATTR, a.as_bytes());
+            }
             if !sets.is_empty() {
                 op = op.omap_set(&sets);
             }

@@ -67,17 +67,17 @@ async fn a_stalled_owner_that_resumes_writes_nothing() {
     let v = format!("v{}", std::process::id());
     let (o0, o1, o2) = (format!("{v}.0"), format!("{v}.1"), format!("{v}.2"));
 
-    let a = take_over(&mut ga, &ca, &v).await.unwrap();
+    let a = take_over(&mut ga, &ca, &v, None).await.unwrap();
     assert_eq!(a.gateway, "gw-a");
     let wa = FencedWriter::new(&pa, a.epoch).unwrap();
     wa.write(&o0, 0, b"A1").unwrap();
     wa.write(&o1, 0, b"A1").unwrap();
-    assert_eq!(take_over(&mut gb, &cb, &v).await.unwrap(), a, "B finds it owned");
+    assert_eq!(take_over(&mut gb, &cb, &v, None).await.unwrap(), a, "B finds it owned");
 
     ga.stall();
     let stalled = Instant::now();
     let b = loop {
-        let o = take_over(&mut gb, &cb, &v).await.unwrap();
+        let o = take_over(&mut gb, &cb, &v, None).await.unwrap();
         if o.gateway == "gw-b" {
             break o;
         }

@@ -116,7 +116,7 @@ mod real {
     use tessera_disk::DiskRef;
     use tessera_ownership::fence::take_over;
     use tessera_ownership::fenced_disk::FencedDisk;
-    use tessera_ownership::rados_meta::RadosMeta;
+    use tessera_ownership::rados_meta::{last_owner, RadosMeta};
     use tessera_ownership::{Gateway, Lasting};
     use tessera_pool::{MetaStore, Pool};
     use tessera_rados::Cluster;
@@ -431,11 +431,16 @@ mod real {
             let started = std::time::Instant::now();
             let cluster = connect(placement)?;
             // The RADOS pool must exist before anyone takes anything in it.
-            Cluster::shared_pool(&cluster, &placement.rados_pool)
+            let pool = Cluster::shared_pool(&cluster, &placement.rados_pool)
                 .map_err(|e| format!("cannot open the RADOS pool '{}': {e}", placement.rados_pool))?;
+            // Whom the pool's metadata says its last owner wrote from: fenced off too, should
+            // etcd have lost the fence record (restored from an older snapshot, keys deleted).
+            let last_writer = last_owner(&pool, &Placement::meta_object(name))
+                .map_err(|e| format!("cannot read the last owner of pool {name}: {e}"))?;
+            drop(pool);
             let connected = started.elapsed();
             let taken = self.with_gateway(async |g| {
-                let o = take_over(g, &cluster, &owner_key(name)).await;
+                let o = take_over(g, &cluster, &owner_key(name), last_writer.as_deref()).await;
                 Ok(match o {
                     Ok(o) => {
                         let mine = g.holds(&o);
@@ -532,9 +537,13 @@ mod real {
     impl Owned {
         fn meta(&self, name: &str) -> Result<MetaStore, String> {
             let pool = Cluster::shared_pool(&self.cluster, &self.placement.rados_pool).map_err(|e| e.to_string())?;
+            let address = self
+                .cluster
+                .address()
+                .map_err(|e| format!("cannot learn this client's address: {e}"))?;
             let (disks, unknown) = (self.disks.clone(), self.meta_unknown.clone());
-            let meta =
-                MetaStore::on(RadosMeta::new(pool, &Placement::meta_object(name), self.epoch)).on_unknown(move |why| {
+            let meta = MetaStore::on(RadosMeta::new(pool, &Placement::meta_object(name), self.epoch).owned_by(address))
+                .on_unknown(move |why| {
                     // What this gateway holds may differ from the cluster's records: no flush
                     // through this connection says "durable" again, and the pool is opened anew.
                     tracing::warn!(
