@@ -64,6 +64,25 @@ pub(crate) fn set_key(id: u32) -> [u8; 4] {
     id.to_be_bytes()
 }
 
+/// Whether descriptor `d`, kept under `key`, is one a set can have in a pool of `slab_size`
+/// byte slabs: its layout one that could be made, a member per column and copy, its key its
+/// own.
+fn sensible(d: &SlabSetDesc, key: &[u8], slab_size: u64) -> std::result::Result<(), String> {
+    if key != set_key(d.id) {
+        return Err(format!("it is kept under the key {key:02x?}, not its own"));
+    }
+    // Whether the pool has the disks is not asked here: a member's disk may be away.
+    d.spec.validate(slab_size, usize::MAX)?;
+    if d.members.len() != d.spec.width() {
+        return Err(format!(
+            "its layout needs {} members and it lists {}",
+            d.spec.width(),
+            d.members.len()
+        ));
+    }
+    Ok(())
+}
+
 /// Every slab set of a pool.
 pub(crate) struct Registry {
     pub sets: RwLock<BTreeMap<u32, Arc<SlabSet>>>,
@@ -77,13 +96,20 @@ impl Registry {
     pub fn load(pool: &Pool) -> Result<Registry> {
         let mut sets = BTreeMap::new();
         let mut max_id = 0;
-        pool.meta().for_each_prefix(CF_SLABSETS, &[], |_, v| {
+        pool.meta().for_each_prefix(CF_SLABSETS, &[], |k, v| {
             let d: SlabSetDesc = serde_json::from_slice(v)
                 .map_err(|e| pool.meta().error(format!("unreadable slab set descriptor: {e}")))?;
+            // One that reads but that no set can have (no columns, an interleave of 0, fewer
+            // members than its layout's width, under another set's key) is as unreadable:
+            // taken as it is, the first I/O on it divides by zero or indexes past its members.
+            sensible(&d, k, pool.slab_size()).map_err(|why| {
+                pool.meta()
+                    .error(format!("unreadable slab set descriptor (set {}): {why}", d.id))
+            })?;
             for s in &d.members {
                 if !pool.mark_slab_used(*s) {
                     return Err(pool.meta().error(format!(
-                        "slab {} of disk {} is claimed twice (slab set {})",
+                        "slab {} of disk {} is claimed twice or is no slab of the pool (slab set {})",
                         s.slab, s.disk, d.id
                     )));
                 }

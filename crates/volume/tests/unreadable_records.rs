@@ -9,7 +9,7 @@ mod common;
 use std::collections::BTreeMap;
 
 use common::{contents, enable_dedup, pattern, populated, run_dedup, spec, Rig, MIB};
-use tessera_pool::{MetaBatch, CF_VDISKS};
+use tessera_pool::{MetaBatch, CF_SLABSETS, CF_VDISKS};
 use tessera_volume::{
     Compression, Engine, FindingKind, LayoutKind, Progress, Provisioning, Repair, Unreadable, VdiskSpec, HOT_REFS,
 };
@@ -129,6 +129,67 @@ fn an_import_counts_again_and_infers_what_it_cannot_read_before_it_hands_out_a_s
     rig.reopen();
     rig.assert_consistent();
     assert_same(&contents(rig.engine()), &want);
+}
+
+/// A slab set descriptor that reads but that no set can have (an interleave or a column count
+/// of 0, fewer members than its layout's width, under another set's key) stops the import
+/// with the set named, as an unreadable one does, rather than divide by zero or index past
+/// its members at the first I/O; put back, the pool opens whole.
+#[test]
+fn a_slab_set_descriptor_no_set_can_have_stops_the_import_with_why() {
+    let mut rig = populated();
+    let (want, key, record) = {
+        let e = rig.engine();
+        let mut first = None;
+        e.pool()
+            .meta()
+            .for_each_prefix(CF_SLABSETS, &[], |k, v| {
+                first.get_or_insert((k.to_vec(), v.to_vec()));
+                Ok(())
+            })
+            .unwrap();
+        let (key, record) = first.expect("a slab set");
+        (contents(e), key, record)
+    };
+    let set: serde_json::Value = serde_json::from_slice(&record).unwrap();
+    let id = set["id"].as_u64().unwrap() as u32;
+    let mut cases: Vec<(serde_json::Value, Vec<u8>, &str)> = Vec::new();
+    let mut bad = set.clone();
+    bad["spec"]["interleave"] = 0.into();
+    cases.push((bad, key.clone(), "interleave 0"));
+    let mut bad = set.clone();
+    bad["spec"]["columns"] = 0.into();
+    cases.push((bad, key.clone(), "not 0"));
+    let mut bad = set.clone();
+    bad["members"].as_array_mut().unwrap().pop();
+    cases.push((bad, key.clone(), "members and it lists"));
+    cases.push((set.clone(), (id + 1000).to_be_bytes().to_vec(), "not its own"));
+    for (bad, at, why) in cases {
+        let e = rig.engine.take().unwrap();
+        let mut b = MetaBatch::new();
+        b.delete(CF_SLABSETS, &key);
+        b.put(CF_SLABSETS, at.clone(), serde_json::to_vec(&bad).unwrap());
+        e.pool().meta().commit(b, true).unwrap();
+        drop(e);
+        let err = match Engine::open(&rig.dir.path().join("pool"), &rig.opener()) {
+            Ok(_) => panic!("{why}: opened"),
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            err.contains("unreadable slab set descriptor") && err.contains(why),
+            "{why}: {err}"
+        );
+        // Put back, through the store alone.
+        let meta = tessera_pool::MetaStore::open(&rig.dir.path().join("pool").join("meta")).unwrap();
+        let mut b = MetaBatch::new();
+        b.delete(CF_SLABSETS, &at);
+        b.put(CF_SLABSETS, key.clone(), record.clone());
+        meta.commit(b, true).unwrap();
+        drop(meta);
+        rig.reopen();
+    }
+    assert_same(&contents(rig.engine()), &want);
+    rig.assert_consistent();
 }
 
 /// A count that reads and cannot be (below zero, past 32 bits) is counted again at import like
