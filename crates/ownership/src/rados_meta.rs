@@ -97,13 +97,26 @@ impl RadosMeta {
 
     /// The version the object is at; 0 before the first batch made it.
     fn version(&self) -> Result<u64, PoolError> {
+        self.version_read().map(|(v, _)| v)
+    }
+
+    /// The version the object is at, and the attribute's bytes as read (None before the first
+    /// batch made it): a batch is guarded by those bytes, not by the number written again,
+    /// which a value written otherwise ("5" for "000...05") would never equal.
+    fn version_read(&self) -> Result<(u64, Option<Vec<u8>>), PoolError> {
         let raw = self.pool.xattr(&self.oid, VERSION_ATTR).map_err(|e| self.err(e))?;
         match raw {
-            None => Ok(0),
+            None => Ok((0, None)),
             Some(v) => std::str::from_utf8(&v)
                 .ok()
-                .and_then(|v| v.parse().ok())
-                .ok_or_else(|| self.err(RadosError::Invalid(format!("unreadable {VERSION_ATTR}")))),
+                .and_then(|t| t.parse().ok())
+                .map(|n| (n, Some(v.clone())))
+                .ok_or_else(|| {
+                    self.err(RadosError::Invalid(format!(
+                        "unreadable {VERSION_ATTR} {:?}",
+                        String::from_utf8_lossy(&v)
+                    )))
+                }),
         }
     }
 
@@ -233,7 +246,10 @@ impl MetaBackend for RadosMeta {
     fn commit(&self, batch: &MetaBatch, _sync: bool) -> Result<(), PoolError> {
         // The OSDs acknowledge a write once every replica holds it: every commit is durable.
         for _ in 0..MAX_TRIES {
-            let version = self.version()?;
+            let (version, read) = self.version_read()?;
+            let next = version
+                .checked_add(1)
+                .ok_or_else(|| self.err(RadosError::Invalid(format!("{VERSION_ATTR} is at its largest value"))))?;
             let outcome = self.outcome(batch)?;
             let sets: Vec<(&[u8], &[u8])> = outcome
                 .iter()
@@ -245,15 +261,16 @@ impl MetaBackend for RadosMeta {
                 .map(|(k, _)| k.as_slice())
                 .collect();
             let mine = epoch_text(self.epoch);
-            let mut op = if version == 0 {
-                WriteOp::new().create(true)
-            } else {
-                WriteOp::new()
-                    .guard_xattr_eq(VERSION_ATTR, &version_text(version))
-                    .guard_xattr(EPOCH_ATTR, XattrCmp::Lte, &mine)
+            let mut op = match &read {
+                None => WriteOp::new().create(true),
+                Some(read) => {
+                    WriteOp::new()
+                        .guard_xattr_eq(VERSION_ATTR, read)
+                        .guard_xattr(EPOCH_ATTR, XattrCmp::Lte, &mine)
+                }
             };
             op = op
-                .set_xattr(VERSION_ATTR, &version_text(version + 1))
+                .set_xattr(VERSION_ATTR, &version_text(next))
                 .set_xattr(EPOCH_ATTR, &mine);
             if let Some(a) = &self.owner {
                 op = op.set_xattr(OWNER_ATTR, a.as_bytes());
@@ -273,6 +290,14 @@ impl MetaBackend for RadosMeta {
                         return Err(self.err(RadosError::Invalid(format!(
                             "fenced: a gateway with an epoch later than {} owns this pool's metadata",
                             self.epoch
+                        ))));
+                    }
+                    // Made by another commit since it was read: that one set the version.
+                    // An object there without it was made otherwise, and would refuse
+                    // every batch.
+                    if read.is_none() && self.version_read()?.1.is_none() {
+                        return Err(self.err(RadosError::Invalid(format!(
+                            "the metadata object exists without its {VERSION_ATTR}: it is not a pool's metadata, or it is damaged"
                         ))));
                     }
                 }

@@ -74,6 +74,52 @@ fn a_replaced_owner_commits_nothing() {
     );
 }
 
+/// A metadata object whose version is written otherwise than a commit writes it ("5", not
+/// zero-padded) still takes batches, guarded by the bytes read; an object there without a
+/// version at all (not a pool's, or damaged) is refused at once with why, not after ten
+/// thousand tries.
+#[test]
+fn a_version_written_otherwise_is_taken_and_an_object_without_one_refused() {
+    let _shared = shared();
+    let t = "a_version_written_otherwise_is_taken_and_an_object_without_one_refused";
+    let Some(conf) = ceph_conf(t) else { return };
+    let c = ceph(&conf);
+    let pool = Cluster::shared_pool(&c, TEST_POOL).unwrap();
+    let oid = format!("{t}-{}", std::process::id());
+    let store = MetaStore::on(meta(&c, &oid, 3));
+    let put = |k: &str, v: &str| {
+        let mut b = MetaBatch::new();
+        b.put(CF_POOL, k, v);
+        b
+    };
+    store.commit(put("a", "1"), true).unwrap();
+    pool.operate(
+        &oid,
+        &tessera_rados::WriteOp::new().set_xattr(tessera_ownership::rados_meta::VERSION_ATTR, b"5"),
+    )
+    .unwrap();
+    let started = std::time::Instant::now();
+    store.commit(put("b", "2"), true).unwrap();
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(store.get(CF_POOL, b"b").unwrap().as_deref(), Some(&b"2"[..]));
+
+    let bare = format!("{oid}-bare");
+    pool.write_full(&bare, b"not metadata").unwrap();
+    let store = MetaStore::on(meta(&c, &bare, 3));
+    let started = std::time::Instant::now();
+    let e = store.commit(put("a", "1"), true).unwrap_err();
+    assert!(e.to_string().contains("exists without its"), "{e}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
 /// Held by every test of this file, and alone by one that makes the OSDs refuse writes.
 static CLUSTER: std::sync::RwLock<()> = std::sync::RwLock::new(());
 
