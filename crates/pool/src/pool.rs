@@ -121,6 +121,37 @@ impl Inner {
     }
 }
 
+/// Whether a configuration read back is one a pool can have: a slab size it could be made
+/// with, each disk at its own position (slab references index the disks by it), and no more
+/// slabs on a disk than its size holds (each is a mark in memory, and a slab past the end
+/// would be handed out).
+fn sensible_config(config: &PoolConfig) -> std::result::Result<(), String> {
+    if !config.slab_size.is_power_of_two() || config.slab_size < MIN_SLAB_SIZE {
+        return Err(format!(
+            "a slab size of {} bytes, which no pool has (a power of two of at least {MIN_SLAB_SIZE})",
+            config.slab_size
+        ));
+    }
+    for (i, d) in config.disks.iter().enumerate() {
+        if d.position as usize != i {
+            return Err(format!(
+                "disk {} at position {}, in place {i} of the list",
+                d.path, d.position
+            ));
+        }
+        if d.slabs > slabs_on(d.size, config.slab_size) {
+            return Err(format!(
+                "{} slabs on disk {}, whose {} bytes hold {}",
+                d.slabs,
+                d.path,
+                d.size,
+                slabs_on(d.size, config.slab_size)
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn slabs_on(size: u64, slab_size: u64) -> u32 {
     (size.saturating_sub(DATA_OFFSET) / slab_size).min(u32::MAX as u64) as u32
 }
@@ -302,6 +333,7 @@ impl Pool {
         })?;
         let meta = Arc::new(meta);
         let mut config = Self::recorded_config(&meta)?;
+        sensible_config(&config).map_err(|why| meta.error(format!("pool configuration record holds {why}")))?;
         // Every disk that was there when the configuration was last saved carries this
         // generation in its label (labels are written before the configuration is saved).
         let last_saved = config.generation;
@@ -337,6 +369,12 @@ impl Pool {
             }
             let opened = opener(&info.path).map_err(PoolError::from).and_then(|dev| {
                 let label = verify_label(dev.as_ref(), config.id, info.id)?;
+                if label.position != info.position || label.slab_size != config.slab_size {
+                    return Err(PoolError::Invalid(format!(
+                        "{}: its label puts it at position {} with {} byte slabs, the pool's configuration at {} with {}",
+                        info.path, label.position, label.slab_size, info.position, config.slab_size
+                    )));
+                }
                 resync_pending |= label.resync_pending;
                 label_generation[i] = label.generation;
                 // The generation its label has at least: the configuration's when last saved,

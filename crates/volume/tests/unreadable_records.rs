@@ -192,6 +192,57 @@ fn a_slab_set_descriptor_no_set_can_have_stops_the_import_with_why() {
     rig.assert_consistent();
 }
 
+/// A pool configuration record that reads but that no pool can have (a disk listed out of its
+/// position, more slabs than its disk holds, a slab size no pool is made with) stops the
+/// import with why, rather than index past the disks or allocate a mark per impossible slab;
+/// put back, the pool opens whole.
+#[test]
+fn a_pool_configuration_no_pool_can_have_stops_the_import_with_why() {
+    let mut rig = populated();
+    let want = contents(rig.engine());
+    let record = rig
+        .engine()
+        .pool()
+        .meta()
+        .get(tessera_pool::CF_POOL, b"config")
+        .unwrap()
+        .unwrap();
+    let config: serde_json::Value = serde_json::from_slice(&record).unwrap();
+    let mut cases: Vec<(serde_json::Value, &str)> = Vec::new();
+    let mut bad = config.clone();
+    bad["disks"][1]["position"] = 0.into();
+    cases.push((bad, "at position 0, in place 1 of the list"));
+    let mut bad = config.clone();
+    bad["disks"][0]["slabs"] = u32::MAX.into();
+    cases.push((bad, "slabs on disk"));
+    let mut bad = config.clone();
+    bad["slab_size"] = 3_000_000.into();
+    cases.push((bad, "a slab size of 3000000 bytes"));
+    rig.engine = None;
+    let meta_dir = rig.dir.path().join("pool").join("meta");
+    let put = |v: &[u8]| {
+        let meta = tessera_pool::MetaStore::open(&meta_dir).unwrap();
+        let mut b = MetaBatch::new();
+        b.put(tessera_pool::CF_POOL, &b"config"[..], v);
+        meta.commit(b, true).unwrap();
+    };
+    for (bad, why) in cases {
+        put(&serde_json::to_vec(&bad).unwrap());
+        let err = match Engine::open(&rig.dir.path().join("pool"), &rig.opener()) {
+            Ok(_) => panic!("{why}: opened"),
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            err.contains("pool configuration record holds") && err.contains(why),
+            "{why}: {err}"
+        );
+    }
+    put(&record);
+    rig.reopen();
+    assert_same(&contents(rig.engine()), &want);
+    rig.assert_consistent();
+}
+
 /// A count that reads and cannot be (below zero, past 32 bits) is counted again at import like
 /// one that cannot be read: taken as it is, either left a slot that grains use free, and the
 /// next write there overwrote them.
