@@ -63,6 +63,21 @@ pub struct UnreadableVdisk {
 /// Every vdisk record of the pool, in id order (those being deleted included), and those
 /// that cannot be read. Such a vdisk is left out, not the pool: its grains and the space
 /// they hold are kept, the rest is served, and the record put right brings it back.
+/// The vdisk record `v` kept under id `id`, or why it cannot be read: not JSON of a record,
+/// another id, or values no vdisk is made with (a grain of 0 bytes would be divided by),
+/// which are as unreadable as a record cut short. The import and the metadata scan read
+/// records through this alone, so that they agree on which vdisks are left out.
+pub(crate) fn vdisk_record(id: u64, v: &[u8]) -> std::result::Result<VdiskConfig, String> {
+    let c = serde_json::from_slice::<VdiskConfig>(v).map_err(|e| e.to_string())?;
+    if c.id != id {
+        return Err("its id differs from its key's".to_string());
+    }
+    validate(c.size, c.block_size, c.grain_size, &c.layout)
+        .and_then(|()| physical_block_size(c.block_size, Some(c.physical_block_size)))
+        .map_err(|e| format!("it holds values no vdisk has: {e}"))?;
+    Ok(c)
+}
+
 fn vdisk_records(meta: &MetaStore) -> Result<(Vec<VdiskConfig>, Vec<UnreadableVdisk>)> {
     let (mut configs, mut unreadable) = (Vec::new(), Vec::new());
     meta.for_each_prefix(CF_VDISKS, &[], |k, v| {
@@ -70,17 +85,7 @@ fn vdisk_records(meta: &MetaStore) -> Result<(Vec<VdiskConfig>, Vec<UnreadableVd
             warn!(key = %tessera_pool::hex(k), "a vdisk record under a key of the wrong length names no vdisk; left alone");
             return Ok(());
         };
-        match serde_json::from_slice::<VdiskConfig>(v)
-            .map_err(|e| e.to_string())
-            .and_then(|c| (c.id == id).then_some(c).ok_or_else(|| "its id differs from its key's".to_string()))
-            .and_then(|c| {
-                // Values no vdisk is made with (a grain of 0 bytes would be divided by) are
-                // as unreadable as a record cut short.
-                validate(c.size, c.block_size, c.grain_size, &c.layout)
-                    .and_then(|()| physical_block_size(c.block_size, Some(c.physical_block_size)))
-                    .map_err(|e| format!("it holds values no vdisk has: {e}"))
-                    .map(|_| c)
-            }) {
+        match vdisk_record(id, v) {
             Ok(c) => configs.push(c),
             Err(error) => unreadable.push(UnreadableVdisk {
                 id,

@@ -20,7 +20,6 @@ use tessera_pool::{
 };
 use tracing::{info, warn};
 
-use crate::config::VdiskConfig;
 use crate::engine::Engine;
 use crate::error::{Result, VolumeError};
 use crate::findings::{encode, finding_key, save_report, Finding, FindingKind, FindingStatus, Repair, ScanReport};
@@ -281,7 +280,7 @@ impl Engine {
             };
             // A record that cannot be read leaves its vdisk out of the pool, not its grains:
             // they are kept (counted, never dangling) until the record is put right.
-            match serde_json::from_slice::<VdiskConfig>(v).ok().filter(|c| c.id == id) {
+            match crate::engine::vdisk_record(id, v).ok() {
                 None => {
                     unreadable_vdisks.insert(id, 0);
                 }

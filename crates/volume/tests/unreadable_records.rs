@@ -543,6 +543,12 @@ fn a_vdisk_record_with_impossible_values_is_left_out_and_the_pool_imported() {
             "{field}: {unreadable:?}"
         );
         assert_same(&contents(e), &rest);
+        // The scan reads the record as the import does: named, its grains kept.
+        assert_eq!(
+            kinds(e),
+            [(FindingKind::RecordMalformed, 1)].into_iter().collect(),
+            "{field}"
+        );
     }
     {
         let mut b = MetaBatch::new();
