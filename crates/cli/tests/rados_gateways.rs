@@ -347,6 +347,14 @@ fn a_pool_name_is_one_pool_among_the_gateways_until_it_is_destroyed() {
     let other = "tessera-gateways-other";
     ok("ceph", &["-c", &conf, "osd", "pool", "create", other]);
     let t = tempfile::tempdir().unwrap();
+    // An import of a place that holds no such pool claims nothing: the pool is made where
+    // it is asked for all the same.
+    let mut c = Daemon::start_configured(&t.path().join("c"), &gateway("gw-c", &etcd, &prefix));
+    c.ok(&["pool", "import", &pool, "--rados", other, "--ceph-conf", &conf]);
+    assert_eq!(pool_entry(&c, &pool)["health"], "unavailable");
+    std::thread::sleep(Duration::from_secs(2));
+    c.ok(&["pool", "export", &pool]);
+    c.stop();
     let mut a = Daemon::start_configured(&t.path().join("a"), &gateway("gw-a", &etcd, &prefix));
     create_rados_pool(&a, &pool, &conf);
     let mut b = Daemon::start_configured(&t.path().join("b"), &gateway("gw-b", &etcd, &prefix));
@@ -357,7 +365,7 @@ fn a_pool_name_is_one_pool_among_the_gateways_until_it_is_destroyed() {
         e.contains(&format!("another pool named {pool} is served by these gateways")) && e.contains(other),
         "{e}"
     );
-    let mut c = Daemon::start_configured(&t.path().join("c"), &gateway("gw-c", &etcd, &prefix));
+    let mut c = Daemon::start_configured(&t.path().join("c2"), &gateway("gw-c", &etcd, &prefix));
     c.ok(&["pool", "import", &pool, "--rados", other, "--ceph-conf", &conf]);
     let p = pool_entry(&c, &pool);
     assert_eq!(p["health"], "unavailable", "{p}");

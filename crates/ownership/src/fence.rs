@@ -149,9 +149,14 @@ pub async fn take_over(
                     targets.len()
                 )));
             }
-            if let Err(e) = targets.iter().try_for_each(|a| client_address(a)) {
+            if let Err(e) = old.iter().try_for_each(|a| client_address(a)) {
                 return Err(FenceError::lasting(format!(
-                    "the fence record or the pool's metadata holds {e}: it is damaged; fence the previous owners off by hand and put it right"
+                    "the fence record of {vdisk} in etcd holds {e}: it is damaged; fence the previous owners off by hand ('ceph osd blocklist add') and put the record right (one client address a line)"
+                )));
+            }
+            if let Some(Err(e)) = last_writer.map(client_address) {
+                return Err(FenceError::lasting(format!(
+                    "the attribute tessera.owner of the metadata object of {vdisk} holds {e}: it is damaged; fence its last owner off by hand and remove the attribute ('rados rmxattr')"
                 )));
             }
             targets.iter().try_for_each(|a| {

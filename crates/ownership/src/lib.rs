@@ -341,6 +341,14 @@ impl Gateway {
         format!("{}/place/{vdisk}", self.prefix)
     }
 
+    /// Where `vdisk` lives, as recorded ([`claim_place`](Self::claim_place)), if anywhere.
+    pub async fn place(&mut self, vdisk: &str) -> Result<Option<String>> {
+        let r = self.client.get(self.place_key(vdisk), None::<GetOptions>).await?;
+        Ok(r.kvs()
+            .first()
+            .map(|kv| String::from_utf8_lossy(kv.value()).into_owned()))
+    }
+
     /// Records `place` as where `vdisk` lives if nothing is recorded yet (without a lease: it
     /// outlives every owner), and returns what is recorded then: `place`, or the place of
     /// another vdisk of that name. One name is one ownership and one fence record among the

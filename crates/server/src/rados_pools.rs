@@ -116,7 +116,7 @@ mod real {
     use tessera_disk::DiskRef;
     use tessera_ownership::fence::take_over;
     use tessera_ownership::fenced_disk::FencedDisk;
-    use tessera_ownership::rados_meta::{last_owner, RadosMeta};
+    use tessera_ownership::rados_meta::{last_owner, RadosMeta, VERSION_ATTR};
     use tessera_ownership::{Gateway, Lasting};
     use tessera_pool::{MetaStore, Pool};
     use tessera_rados::Cluster;
@@ -210,9 +210,8 @@ mod real {
         /// What [`alive`](Self::alive) last found, for readers that must not wait for a
         /// taking under way (which holds the gateway for as long as the cluster takes).
         seen_alive: std::sync::atomic::AtomicBool,
-        /// The place of each pool this gateway looked for in etcd ([`check_place`](Self::check_place)),
-        /// and whether it found it recorded there as its own.
-        placed: std::sync::Mutex<std::collections::HashMap<String, (String, bool)>>,
+        /// The place of each pool this gateway looked for ([`place_of`](Self::place_of)).
+        places: std::sync::Mutex<std::collections::HashMap<String, String>>,
     }
 
     /// The outcome of an attempt to take a pool.
@@ -267,7 +266,7 @@ mod real {
                 gateway: tokio::sync::Mutex::new(None),
                 changes: Arc::default(),
                 seen_alive: Default::default(),
-                placed: Default::default(),
+                places: Default::default(),
             };
             if let Err(e) = m.rejoin() {
                 tracing::warn!(
@@ -357,34 +356,60 @@ mod real {
             self.changes.clone()
         }
 
-        /// Checks, once for each pool, that pool `name` is recorded among the gateways (in
-        /// etcd) as living where `placement` says, recording it so if nothing is: a pool of
-        /// that name in another RADOS pool or cluster has the same ownership and fence record,
-        /// and a gateway serving either would fence the other's owners off instead of its
-        /// own. A pool in another place is refused, and its gateway serves nothing of it.
-        fn check_place(&self, name: &str, placement: &Placement) -> Result<(), String> {
-            let known = self.placed.lock().expect("not poisoned").get(name).cloned();
-            let place = match known {
-                Some((_, true)) => return Ok(()),
-                Some((place, false)) => place,
-                None => {
-                    let cluster = connect(placement)?;
-                    let (fsid, id) = Cluster::shared_pool(&cluster, &placement.rados_pool)
-                        .and_then(|p| p.identity())
-                        .map_err(|e| format!("cannot open the RADOS pool '{}': {e}", placement.rados_pool))?;
-                    let place = format!("{fsid}/{id}");
-                    self.placed
-                        .lock()
-                        .expect("not poisoned")
-                        .insert(name.to_string(), (place.clone(), false));
-                    place
-                }
-            };
-            let recorded = self.with_gateway(async |g| {
-                g.claim_place(&owner_key(name), &place)
+        /// Where pool `name` lives, as the gateways record it: the cluster's id and the RADOS
+        /// pool's (`FSID/ID`), learned once through a connection of its own.
+        fn place_of(&self, name: &str, placement: &Placement) -> Result<String, String> {
+            if let Some(p) = self.places.lock().expect("not poisoned").get(name) {
+                return Ok(p.clone());
+            }
+            let cluster = connect(placement)?;
+            let (fsid, id) = Cluster::shared_pool(&cluster, &placement.rados_pool)
+                .and_then(|p| p.identity())
+                .map_err(|e| format!("cannot open the RADOS pool '{}': {e}", placement.rados_pool))?;
+            let place = format!("{fsid}/{id}");
+            self.places
+                .lock()
+                .expect("not poisoned")
+                .insert(name.to_string(), place.clone());
+            Ok(place)
+        }
+
+        /// Whether the metadata of a pool `name` is where `placement` says.
+        fn pool_is_at(name: &str, placement: &Placement) -> Result<bool, String> {
+            let cluster = connect(placement)?;
+            let pool = Cluster::shared_pool(&cluster, &placement.rados_pool)
+                .map_err(|e| format!("cannot open the RADOS pool '{}': {e}", placement.rados_pool))?;
+            let version = pool
+                .xattr(&Placement::meta_object(name), VERSION_ATTR)
+                .map_err(|e| format!("cannot read the metadata of pool {name}: {e}"))?;
+            Ok(version.is_some())
+        }
+
+        /// Checks that pool `name` is recorded among the gateways (in etcd) as living where
+        /// `placement` says: a pool of that name in another RADOS pool or cluster has the
+        /// same ownership and fence record, and a gateway serving either would fence the
+        /// other's owners off instead of its own. A pool recorded elsewhere is refused, and
+        /// this gateway serves nothing of it. Recorded nowhere yet (a pool made before the
+        /// record was kept), it is recorded as here once its metadata is found here: a create
+        /// that failed, or an import of a place that holds no such pool, claims nothing. Read
+        /// afresh at every attempt, never from memory: a record removed and claimed by
+        /// another place since is seen.
+        pub fn check_place(&self, name: &str, placement: &Placement) -> Result<(), String> {
+            let place = self.place_of(name, placement)?;
+            let key = owner_key(name);
+            let recorded = match self.with_gateway(async |g| {
+                g.place(&key)
                     .await
-                    .map_err(|e| format!("cannot record where pool {name} lives: {e}"))
-            })?;
+                    .map_err(|e| format!("cannot learn where pool {name} lives: {e}"))
+            })? {
+                Some(r) => r,
+                None if !Self::pool_is_at(name, placement)? => return Ok(()),
+                None => self.with_gateway(async |g| {
+                    g.claim_place(&key, &place)
+                        .await
+                        .map_err(|e| format!("cannot record where pool {name} lives: {e}"))
+                })?,
+            };
             if recorded != place {
                 let (their_fsid, their_id) = recorded.split_once('/').unwrap_or((&recorded, "?"));
                 let (fsid, id) = place.split_once('/').unwrap_or((&place, "?"));
@@ -392,13 +417,9 @@ mod real {
                     "another pool named {name} is served by these gateways, in RADOS pool id {their_id} of cluster {their_fsid}; this gateway has it in RADOS pool '{}' (id {id}) of cluster {fsid}: a name is one pool among the gateways of one etcd prefix (export this one here; if no pool of that name is left there, remove the record, etcdctl del {}/place/{})",
                     placement.rados_pool,
                     self.cfg.prefix,
-                    owner_key(name)
+                    key
                 ));
             }
-            self.placed
-                .lock()
-                .expect("not poisoned")
-                .insert(name.to_string(), (place, true));
             Ok(())
         }
 
@@ -406,7 +427,7 @@ mod real {
         /// it is destroyed; or only this gateway's note of it, once it is exported
         /// (`destroyed` false).
         pub fn forget_place(&self, name: &str, destroyed: bool) -> Result<(), String> {
-            let Some((place, true)) = self.placed.lock().expect("not poisoned").remove(name) else {
+            let Some(place) = self.places.lock().expect("not poisoned").remove(name) else {
                 return Ok(());
             };
             if !destroyed {
@@ -558,6 +579,21 @@ mod real {
             Ok(meta)
         }
 
+        /// Says in the metadata object of pool `name` that this connection owns it now, at
+        /// its epoch (`tessera.owner`, in a batch of no records), before the opening writes
+        /// anything else of the pool: should etcd lose the fence record, the next owner finds
+        /// this connection there to fence off, whatever it wrote since.
+        fn stamp(&self, name: &str) -> Result<(), String> {
+            let pool = Cluster::shared_pool(&self.cluster, &self.placement.rados_pool).map_err(|e| e.to_string())?;
+            let address = self
+                .cluster
+                .address()
+                .map_err(|e| format!("cannot learn this client's address: {e}"))?;
+            let meta = RadosMeta::new(pool, &Placement::meta_object(name), self.epoch).owned_by(address);
+            tessera_pool::MetaBackend::commit(&meta, &tessera_pool::MetaBatch::new(), true)
+                .map_err(|e| format!("cannot say in the metadata of pool {name} that this gateway owns it: {e}"))
+        }
+
         fn disk(&self, name: &str, size: u64) -> Result<Arc<FencedDisk>, String> {
             let pool = Cluster::shared_pool(&self.cluster, &self.placement.rados_pool).map_err(|e| e.to_string())?;
             let disk = FencedDisk::new(pool, &Placement::data_prefix(name), size, self.epoch)
@@ -603,6 +639,7 @@ mod real {
                     self.placement.rados_pool
                 )
             })?;
+            self.stamp(name)?;
             let path = self.placement.disk_path(name);
             let opener = |p: &str| -> Result<DiskRef, tessera_disk::DiskError> {
                 let info = recorded
@@ -724,6 +761,9 @@ mod absent {
             match self.never {}
         }
         pub fn forget_place(&self, _: &str, _: bool) -> Result<(), String> {
+            match self.never {}
+        }
+        pub fn check_place(&self, _: &str, _: &Placement) -> Result<(), String> {
             match self.never {}
         }
         pub fn lease(&self) -> Option<i64> {

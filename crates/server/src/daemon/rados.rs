@@ -55,6 +55,10 @@ const RETRY_MOST: Duration = Duration::from_secs(30);
 /// the monitors are busy is not put off by seconds more, and a gateway woken by its own
 /// give-back does not try again at once.
 const RETRY_PASSING: Duration = Duration::from_secs(1);
+/// Failures that may pass, in a row, after which the next are taken as lasting: a gateway
+/// whose monitor commands keep timing out would otherwise hold the pool for the timeout at
+/// every tick, and keep asking the owner for it.
+const PASSING_AT_MOST: u32 = 3;
 
 /// How long to wait after a failed attempt, and the streak's wait after it, from the
 /// streak's wait before it (zero for none) and whether the failure lasts.
@@ -101,6 +105,8 @@ pub(crate) struct RadosPool {
     /// streak's wait (`RETRY_FIRST`, doubled at each lasting failure since the last success;
     /// zero after passing ones alone: `next_retry`).
     retry: Option<(Instant, Duration)>,
+    /// Failures that may pass since the streak began (`PASSING_AT_MOST`).
+    passing_failures: u32,
     /// Times this gateway took the pool and served it, and attempts that failed, since the
     /// daemon started (`pool list`, metrics).
     takeovers: u64,
@@ -136,6 +142,7 @@ impl RadosPool {
             asking: false,
             reopened: None,
             retry: None,
+            passing_failures: 0,
             takeovers: 0,
             failed_takes: 0,
             gave_back: None,
@@ -204,6 +211,10 @@ impl Daemon {
                 return Err(ApiError::invalid(e));
             }
         };
+        // Made: from now on a pool of this name elsewhere is refused.
+        if let Err(e) = gw.check_place(&req.name, &placement) {
+            warn!(pool = %req.name, error = %e, "the pool was made, but another of its name was recorded elsewhere meanwhile");
+        }
         let epoch = owned.epoch;
         let p = RadosPool::new(placement, Some(owned), gw.name(), gw.changes());
         self.targets.set_pool_ports(&req.name, Some(p.ports.clone()));
@@ -350,6 +361,7 @@ impl Daemon {
                         p.elsewhere = Some(o.clone());
                         // A streak of failures ends where the pool is found served.
                         p.retry = None;
+                        p.passing_failures = 0;
                     }
                     self.present_standby(name, &o);
                     why
@@ -384,6 +396,7 @@ impl Daemon {
                         if let Some(p) = self.rados.lock().get_mut(name) {
                             p.owned = Some(owned);
                             p.retry = None;
+                        p.passing_failures = 0;
                             p.gave_back = None;
                             p.takeovers += 1;
                             p.elsewhere = None;
@@ -418,7 +431,11 @@ impl Daemon {
         };
         let _admin = self.admin.lock();
         if let Some(p) = self.rados.lock().get_mut(name) {
-            if let Some(lasting) = failed {
+            if let Some(mut lasting) = failed {
+                if !lasting {
+                    p.passing_failures += 1;
+                    lasting = p.passing_failures > PASSING_AT_MOST;
+                }
                 let (wait, streak) = next_retry(p.retry.map_or(Duration::ZERO, |(_, d)| d), lasting);
                 p.retry = Some((Instant::now() + wait, streak));
                 p.failed_takes += 1;
