@@ -86,7 +86,7 @@ impl Layouts {
     }
 
     /// Why a journal record matches no place of a set, or None when it does.
-    fn stale_because(&self, rec: &Record) -> Option<String> {
+    pub(crate) fn stale_because(&self, rec: &Record) -> Option<String> {
         if rec.set == u32::MAX && rec.row == u64::MAX {
             return Some("the record cannot be decoded".into());
         }
@@ -106,8 +106,12 @@ impl Layouts {
                     return Some(format!("member {m} of a set of {width}"));
                 }
                 let end = writes.iter().map(|(_, b)| b.len() as u64).max().unwrap_or(0);
-                (offset.saturating_add(end) > slab)
-                    .then(|| format!("bytes {offset}..{} lie past the end of the slabs", offset + end))
+                (offset.saturating_add(end) > slab).then(|| {
+                    format!(
+                        "bytes {offset}..{} lie past the end of the slabs",
+                        offset.saturating_add(end)
+                    )
+                })
             }
         }
     }
@@ -158,6 +162,21 @@ impl Layouts {
 impl Layouts {
     /// Damage on purpose, for drills and tests: a `Dirty` record of `region` of `set` kept as
     /// replay keeps a record whose region it could not make consistent. Returns its sequence.
+    /// Leaves in the journal, for the next import to replay, an update of `set` writing
+    /// `bytes` to its member `member` at `offset`, as a crash leaves a write's record: what a
+    /// damaged journal could hold, wherever it points.
+    pub fn damage_update_record(&self, set: u32, offset: u64, member: u16, bytes: Vec<u8>) -> Result<u64> {
+        let rec = Record {
+            set,
+            row: 0,
+            body: RecordBody::Update {
+                offset,
+                writes: vec![(member, bytes)],
+            },
+        };
+        self.journal.append(&rec)
+    }
+
     pub fn damage_pinned_record(&self, set: u32, region: u64) -> Result<u64> {
         let rec = Record {
             set,

@@ -225,6 +225,17 @@ impl Layouts {
             );
             return Ok(true);
         };
+        // A record that matches no place of its set (bytes past the end of its slabs, a
+        // member it does not have, a region past the end) would write into a neighbouring
+        // slab, another set's: it is not replayed, and goes as a record of a set that no
+        // longer exists does (nothing of the set lies where it points).
+        if let Some(why) = self.stale_because(rec) {
+            warn!(
+                set = rec.set,
+                why, "a journal record matches no place of its set; skipped"
+            );
+            return Ok(true);
+        }
         let members = set.members.read();
         match &rec.body {
             RecordBody::Update { offset, writes } => {
