@@ -546,7 +546,7 @@ fn a_cycle_takes_no_more_streams_than_it_said_it_opens() {
     // Two streams join a cycle of one extra stream: both find it waiting before either is
     // handed over (else the cycle, taking the first, could stop waiting before the second
     // looks, and the second would be refused, not closed).
-    *dst.joins_meet.lock().unwrap() = Some(std::sync::Arc::new(std::sync::Barrier::new(2)));
+    *dst.joins_meet.lock().unwrap() = Some(std::sync::Arc::new(Meet::new(2)));
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
     let token = "00112233445566778899aabbccddeeff";

@@ -25,7 +25,36 @@ pub struct Site {
     pub changing: std::sync::Mutex<std::collections::HashMap<String, String>>,
     /// When set, each stream that joins a cycle waits here, its cycle found, before it is
     /// handed over: so that a test can have several find the cycle before it takes any.
-    pub joins_meet: std::sync::Mutex<Option<Arc<std::sync::Barrier>>>,
+    pub joins_meet: std::sync::Mutex<Option<Arc<Meet>>>,
+}
+
+/// Where `n` threads wait for each other, for 10 s at most (a test whose threads never all
+/// come fails rather than hangs).
+pub struct Meet {
+    n: usize,
+    come: std::sync::Mutex<usize>,
+    all: std::sync::Condvar,
+}
+
+impl Meet {
+    pub fn new(n: usize) -> Meet {
+        Meet {
+            n,
+            come: std::sync::Mutex::new(0),
+            all: std::sync::Condvar::new(),
+        }
+    }
+
+    pub fn wait(&self) {
+        let mut come = self.come.lock().unwrap();
+        *come += 1;
+        self.all.notify_all();
+        let (come, t) = self
+            .all
+            .wait_timeout_while(come, std::time::Duration::from_secs(10), |c| *c < self.n)
+            .unwrap();
+        assert!(!t.timed_out(), "{} of {} came within 10 s", *come, self.n);
+    }
 }
 
 impl ReplicaSite for Site {
