@@ -410,17 +410,35 @@ mod real {
                         .map_err(|e| format!("cannot record where pool {name} lives: {e}"))
                 })?,
             };
-            if recorded != place {
-                let (their_fsid, their_id) = recorded.split_once('/').unwrap_or((&recorded, "?"));
-                let (fsid, id) = place.split_once('/').unwrap_or((&place, "?"));
-                return Err(format!(
-                    "another pool named {name} is served by these gateways, in RADOS pool id {their_id} of cluster {their_fsid}; this gateway has it in RADOS pool '{}' (id {id}) of cluster {fsid}: a name is one pool among the gateways of one etcd prefix (export this one here; if no pool of that name is left there, remove the record, etcdctl del {}/place/{})",
-                    placement.rados_pool,
-                    self.cfg.prefix,
-                    key
-                ));
+            self.same_place(name, placement, &place, &recorded)
+        }
+
+        /// Records that pool `name`, about to be made where `placement` says, lives there:
+        /// refused if a pool of that name is recorded elsewhere. A create that fails takes
+        /// the record back (`forget_place`).
+        pub fn claim_place(&self, name: &str, placement: &Placement) -> Result<(), String> {
+            let place = self.place_of(name, placement)?;
+            let recorded = self.with_gateway(async |g| {
+                g.claim_place(&owner_key(name), &place)
+                    .await
+                    .map_err(|e| format!("cannot record where pool {name} lives: {e}"))
+            })?;
+            self.same_place(name, placement, &place, &recorded)
+        }
+
+        /// Ok if `recorded`, where the gateways record pool `name` lives, is `place`.
+        fn same_place(&self, name: &str, placement: &Placement, place: &str, recorded: &str) -> Result<(), String> {
+            if recorded == place {
+                return Ok(());
             }
-            Ok(())
+            let (their_fsid, their_id) = recorded.split_once('/').unwrap_or((recorded, "?"));
+            let (fsid, id) = place.split_once('/').unwrap_or((place, "?"));
+            Err(format!(
+                "another pool named {name} is served by these gateways, in RADOS pool id {their_id} of cluster {their_fsid}; this gateway has it in RADOS pool '{}' (id {id}) of cluster {fsid}: a name is one pool among the gateways of one etcd prefix (export this one here; if no pool of that name is left there, remove the record, etcdctl del {}/place/{})",
+                placement.rados_pool,
+                self.cfg.prefix,
+                owner_key(name)
+            ))
         }
 
         /// Forgets where pool `name` lived among the gateways, and its fence record, once
@@ -443,12 +461,12 @@ mod real {
         /// Takes pool `name` if nobody owns it, fencing its previous owner off the cluster
         /// first.
         pub fn take(&self, name: &str, placement: &Placement) -> Result<Taking, String> {
-            self.check_place(name, placement)?;
             // Cheap first: while another gateway holds the pool, nothing is asked of the
             // cluster. (The taking below is one etcd transaction all the same.)
             if let Some(o) = self.other_owner(name)? {
                 return Ok(Taking::Elsewhere(o));
             }
+            self.check_place(name, placement)?;
             let started = std::time::Instant::now();
             let cluster = connect(placement)?;
             // The RADOS pool must exist before anyone takes anything in it.
@@ -589,6 +607,14 @@ mod real {
                 .cluster
                 .address()
                 .map_err(|e| format!("cannot learn this client's address: {e}"))?;
+            // A batch at version 0 would make the object: one gone since its records were
+            // read (removed by hand) is not made again, bare.
+            let there = pool
+                .xattr(&Placement::meta_object(name), VERSION_ATTR)
+                .map_err(|e| format!("cannot read the metadata of pool {name}: {e}"))?;
+            if there.is_none() {
+                return Err(format!("the metadata object of pool {name} is gone"));
+            }
             let meta = RadosMeta::new(pool, &Placement::meta_object(name), self.epoch).owned_by(address);
             tessera_pool::MetaBackend::commit(&meta, &tessera_pool::MetaBatch::new(), true)
                 .map_err(|e| format!("cannot say in the metadata of pool {name} that this gateway owns it: {e}"))
@@ -761,6 +787,9 @@ mod absent {
             match self.never {}
         }
         pub fn forget_place(&self, _: &str, _: bool) -> Result<(), String> {
+            match self.never {}
+        }
+        pub fn claim_place(&self, _: &str, _: &Placement) -> Result<(), String> {
             match self.never {}
         }
         pub fn check_place(&self, _: &str, _: &Placement) -> Result<(), String> {

@@ -60,9 +60,6 @@ pub struct UnreadableVdisk {
     pub error: String,
 }
 
-/// Every vdisk record of the pool, in id order (those being deleted included), and those
-/// that cannot be read. Such a vdisk is left out, not the pool: its grains and the space
-/// they hold are kept, the rest is served, and the record put right brings it back.
 /// The vdisk record `v` kept under id `id`, or why it cannot be read: not JSON of a record,
 /// another id, or values no vdisk is made with (a grain of 0 bytes would be divided by),
 /// which are as unreadable as a record cut short. The import and the metadata scan read
@@ -78,6 +75,9 @@ pub(crate) fn vdisk_record(id: u64, v: &[u8]) -> std::result::Result<VdiskConfig
     Ok(c)
 }
 
+/// Every vdisk record of the pool, in id order (those being deleted included), and those
+/// that cannot be read. Such a vdisk is left out, not the pool: its grains and the space
+/// they hold are kept, the rest is served, and the record put right brings it back.
 fn vdisk_records(meta: &MetaStore) -> Result<(Vec<VdiskConfig>, Vec<UnreadableVdisk>)> {
     let (mut configs, mut unreadable) = (Vec::new(), Vec::new());
     meta.for_each_prefix(CF_VDISKS, &[], |k, v| {

@@ -55,10 +55,11 @@ const RETRY_MOST: Duration = Duration::from_secs(30);
 /// the monitors are busy is not put off by seconds more, and a gateway woken by its own
 /// give-back does not try again at once.
 const RETRY_PASSING: Duration = Duration::from_secs(1);
-/// Failures that may pass, in a row, after which the next are taken as lasting: a gateway
-/// whose monitor commands keep timing out would otherwise hold the pool for the timeout at
-/// every tick, and keep asking the owner for it.
-const PASSING_AT_MOST: u32 = 3;
+/// How long failures that may pass are taken so, from the first of a streak: after it they
+/// are taken as lasting. A gateway whose monitor commands keep timing out would otherwise hold
+/// the pool for the timeout at every tick, and keep asking the owner for it; quick failures
+/// while the monitors elect a leader are tried again every tick meanwhile.
+const PASSING_AT_MOST: Duration = Duration::from_secs(10);
 
 /// How long to wait after a failed attempt, and the streak's wait after it, from the
 /// streak's wait before it (zero for none) and whether the failure lasts.
@@ -105,8 +106,8 @@ pub(crate) struct RadosPool {
     /// streak's wait (`RETRY_FIRST`, doubled at each lasting failure since the last success;
     /// zero after passing ones alone: `next_retry`).
     retry: Option<(Instant, Duration)>,
-    /// Failures that may pass since the streak began (`PASSING_AT_MOST`).
-    passing_failures: u32,
+    /// When the first failure that may pass of the streak came (`PASSING_AT_MOST`).
+    passing_since: Option<Instant>,
     /// Times this gateway took the pool and served it, and attempts that failed, since the
     /// daemon started (`pool list`, metrics).
     takeovers: u64,
@@ -142,7 +143,7 @@ impl RadosPool {
             asking: false,
             reopened: None,
             retry: None,
-            passing_failures: 0,
+            passing_since: None,
             takeovers: 0,
             failed_takes: 0,
             gave_back: None,
@@ -189,6 +190,9 @@ impl Daemon {
         let gw = self.membership()?;
         let _admin = self.admin.lock();
         let dir = self.new_pool_dir(&req.name)?;
+        // Its place first, so that a pool of this name elsewhere is refused (as such, not as
+        // one that exists) from now on; a create that fails below takes it back.
+        gw.claim_place(&req.name, &placement).map_err(ApiError::exists)?;
         let owned = match gw.take(&req.name, &placement).map_err(ApiError::unavailable)? {
             Taking::Mine(o) => o,
             Taking::GaveBack { why, .. } => return Err(ApiError::unavailable(why)),
@@ -207,14 +211,12 @@ impl Daemon {
             Ok(e) => e,
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&dir);
+                // Not made: the name claims no place (while still owned here).
+                let _ = gw.forget_place(&req.name, true);
                 let _ = gw.release(&req.name, owned.epoch);
                 return Err(ApiError::invalid(e));
             }
         };
-        // Made: from now on a pool of this name elsewhere is refused.
-        if let Err(e) = gw.check_place(&req.name, &placement) {
-            warn!(pool = %req.name, error = %e, "the pool was made, but another of its name was recorded elsewhere meanwhile");
-        }
         let epoch = owned.epoch;
         let p = RadosPool::new(placement, Some(owned), gw.name(), gw.changes());
         self.targets.set_pool_ports(&req.name, Some(p.ports.clone()));
@@ -238,7 +240,11 @@ impl Daemon {
     /// Records where pool `name` lives in the cluster and serves it if nobody owns it; else it
     /// waits, listed as unavailable, until its owner lets go.
     pub(super) fn import_rados_pool(&self, name: &str, placement: Placement) -> ApiResult<PoolSummary> {
-        self.membership()?;
+        // A pool of this name recorded elsewhere is refused here, once, as such: the ticks
+        // look at the record only when nobody owns the pool.
+        self.membership()?
+            .check_place(name, &placement)
+            .map_err(ApiError::exists)?;
         {
             let _admin = self.admin.lock();
             if self.pools.read().contains_key(name) || self.unavailable.read().contains_key(name) {
@@ -361,7 +367,7 @@ impl Daemon {
                         p.elsewhere = Some(o.clone());
                         // A streak of failures ends where the pool is found served.
                         p.retry = None;
-                        p.passing_failures = 0;
+                        p.passing_since = None;
                     }
                     self.present_standby(name, &o);
                     why
@@ -396,7 +402,7 @@ impl Daemon {
                         if let Some(p) = self.rados.lock().get_mut(name) {
                             p.owned = Some(owned);
                             p.retry = None;
-                        p.passing_failures = 0;
+                        p.passing_since = None;
                             p.gave_back = None;
                             p.takeovers += 1;
                             p.elsewhere = None;
@@ -433,8 +439,8 @@ impl Daemon {
         if let Some(p) = self.rados.lock().get_mut(name) {
             if let Some(mut lasting) = failed {
                 if !lasting {
-                    p.passing_failures += 1;
-                    lasting = p.passing_failures > PASSING_AT_MOST;
+                    let since = *p.passing_since.get_or_insert_with(Instant::now);
+                    lasting = since.elapsed() > PASSING_AT_MOST;
                 }
                 let (wait, streak) = next_retry(p.retry.map_or(Duration::ZERO, |(_, d)| d), lasting);
                 p.retry = Some((Instant::now() + wait, streak));
