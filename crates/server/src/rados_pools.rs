@@ -127,6 +127,15 @@ mod real {
     use crate::standby::StandbyUnit;
     use crate::targets::lun_uid_of;
 
+    /// Whether the metadata object of pool `name` is in `pool`: one a first batch made
+    /// carries its version.
+    fn metadata_is_there(pool: &tessera_rados::Pool<'_>, name: &str) -> Result<bool, String> {
+        let version = pool
+            .xattr(&Placement::meta_object(name), VERSION_ATTR)
+            .map_err(|e| format!("cannot read the metadata of pool {name}: {e}"))?;
+        Ok(version.is_some())
+    }
+
     /// The ownership key of pool `name` among the gateways.
     fn owner_key(name: &str) -> String {
         format!("pool.{name}")
@@ -379,10 +388,7 @@ mod real {
             let cluster = connect(placement)?;
             let pool = Cluster::shared_pool(&cluster, &placement.rados_pool)
                 .map_err(|e| format!("cannot open the RADOS pool '{}': {e}", placement.rados_pool))?;
-            let version = pool
-                .xattr(&Placement::meta_object(name), VERSION_ATTR)
-                .map_err(|e| format!("cannot read the metadata of pool {name}: {e}"))?;
-            Ok(version.is_some())
+            metadata_is_there(&pool, name)
         }
 
         /// Checks that pool `name` is recorded among the gateways (in etcd) as living where
@@ -574,26 +580,31 @@ mod real {
     }
 
     impl Owned {
-        fn meta(&self, name: &str) -> Result<MetaStore, String> {
+        /// The metadata of pool `name` as this connection writes it: at its epoch, each
+        /// batch stamped with its address.
+        fn rados_meta(&self, name: &str) -> Result<RadosMeta, String> {
             let pool = Cluster::shared_pool(&self.cluster, &self.placement.rados_pool).map_err(|e| e.to_string())?;
             let address = self
                 .cluster
                 .address()
                 .map_err(|e| format!("cannot learn this client's address: {e}"))?;
+            Ok(RadosMeta::new(pool, &Placement::meta_object(name), self.epoch).owned_by(address))
+        }
+
+        fn meta(&self, name: &str) -> Result<MetaStore, String> {
             let (disks, unknown) = (self.disks.clone(), self.meta_unknown.clone());
-            let meta = MetaStore::on(RadosMeta::new(pool, &Placement::meta_object(name), self.epoch).owned_by(address))
-                .on_unknown(move |why| {
-                    // What this gateway holds may differ from the cluster's records: no flush
-                    // through this connection says "durable" again, and the pool is opened anew.
-                    tracing::warn!(
-                        error = why,
-                        "a metadata change may or may not be applied; the pool is opened again"
-                    );
-                    unknown.lock().get_or_insert_with(|| why.to_string());
-                    for d in disks.lock().iter().filter_map(|d| d.upgrade()) {
-                        d.refuse(why);
-                    }
-                });
+            let meta = MetaStore::on(self.rados_meta(name)?).on_unknown(move |why| {
+                // What this gateway holds may differ from the cluster's records: no flush
+                // through this connection says "durable" again, and the pool is opened anew.
+                tracing::warn!(
+                    error = why,
+                    "a metadata change may or may not be applied; the pool is opened again"
+                );
+                unknown.lock().get_or_insert_with(|| why.to_string());
+                for d in disks.lock().iter().filter_map(|d| d.upgrade()) {
+                    d.refuse(why);
+                }
+            });
             Ok(meta)
         }
 
@@ -602,20 +613,13 @@ mod real {
         /// anything else of the pool: should etcd lose the fence record, the next owner finds
         /// this connection there to fence off, whatever it wrote since.
         fn stamp(&self, name: &str) -> Result<(), String> {
-            let pool = Cluster::shared_pool(&self.cluster, &self.placement.rados_pool).map_err(|e| e.to_string())?;
-            let address = self
-                .cluster
-                .address()
-                .map_err(|e| format!("cannot learn this client's address: {e}"))?;
             // A batch at version 0 would make the object: one gone since its records were
             // read (removed by hand) is not made again, bare.
-            let there = pool
-                .xattr(&Placement::meta_object(name), VERSION_ATTR)
-                .map_err(|e| format!("cannot read the metadata of pool {name}: {e}"))?;
-            if there.is_none() {
+            let pool = Cluster::shared_pool(&self.cluster, &self.placement.rados_pool).map_err(|e| e.to_string())?;
+            if !metadata_is_there(&pool, name)? {
                 return Err(format!("the metadata object of pool {name} is gone"));
             }
-            let meta = RadosMeta::new(pool, &Placement::meta_object(name), self.epoch).owned_by(address);
+            let meta = self.rados_meta(name)?;
             tessera_pool::MetaBackend::commit(&meta, &tessera_pool::MetaBatch::new(), true)
                 .map_err(|e| format!("cannot say in the metadata of pool {name} that this gateway owns it: {e}"))
         }
