@@ -34,22 +34,28 @@ fn mismatched_rows(rig: &Rig) -> Vec<u64> {
     rows
 }
 
+/// A pool of four disks with vdisk `v` of `kind` (a mirror of two columns), written whole with
+/// FUA: durable, and the region's Dirty record is left for the next checkpoint, which a
+/// "crash" (a reopen) never reaches.
+fn written(kind: LayoutKind) -> Rig {
+    let rig = Rig::new(4, 64 * MIB, MIB);
+    let mut s = spec("v", SIZE, kind, Provisioning::Thin);
+    if kind == LayoutKind::Mirror {
+        s.columns = Some(2);
+    }
+    rig.engine().create_vdisk(&s).unwrap();
+    rig.engine()
+        .vdisk("v")
+        .unwrap()
+        .write(0, &pattern(1, 0, SIZE as usize), true)
+        .unwrap();
+    rig
+}
+
 #[test]
 fn a_row_that_cannot_be_resynced_does_not_stop_the_region_nor_end_its_record() {
     for kind in [LayoutKind::Parity, LayoutKind::Mirror] {
-        let mut rig = Rig::new(4, 64 * MIB, MIB);
-        let mut s = spec("v", SIZE, kind, Provisioning::Thin);
-        if kind == LayoutKind::Mirror {
-            s.columns = Some(2);
-        }
-        rig.engine().create_vdisk(&s).unwrap();
-        // Written with FUA: durable, and the region's Dirty record is left for the next
-        // checkpoint, which the "crash" below never reaches.
-        rig.engine()
-            .vdisk("v")
-            .unwrap()
-            .write(0, &pattern(1, 0, SIZE as usize), true)
-            .unwrap();
+        let mut rig = written(kind);
         // Rows 1 and 5 torn on member 0; row 1 unreadable on every member at restart.
         let garbage = vec![0xA5u8; IL as usize];
         tear(&rig, 0, 1, &garbage);
@@ -86,15 +92,7 @@ fn a_row_that_cannot_be_resynced_does_not_stop_the_region_nor_end_its_record() {
 /// or another vdisk's data. It is skipped, and the neighbour is unharmed.
 #[test]
 fn a_journal_record_past_the_end_of_its_slabs_writes_nothing() {
-    let mut rig = Rig::new(4, 64 * MIB, MIB);
-    let mut s = spec("v", SIZE, LayoutKind::Mirror, Provisioning::Thin);
-    s.columns = Some(2);
-    rig.engine().create_vdisk(&s).unwrap();
-    rig.engine()
-        .vdisk("v")
-        .unwrap()
-        .write(0, &pattern(1, 0, SIZE as usize), true)
-        .unwrap();
+    let mut rig = written(LayoutKind::Mirror);
     let set = rig.engine().layouts().sets().pop().unwrap();
     let member = rig.engine().layouts().health(&set).members[0];
     let slab_size = rig.engine().pool().slab_size();

@@ -171,10 +171,7 @@ fn a_slab_set_descriptor_no_set_can_have_stops_the_import_with_why() {
         b.put(CF_SLABSETS, at.clone(), serde_json::to_vec(&bad).unwrap());
         e.pool().meta().commit(b, true).unwrap();
         drop(e);
-        let err = match Engine::open(&rig.dir.path().join("pool"), &rig.opener()) {
-            Ok(_) => panic!("{why}: opened"),
-            Err(e) => e.to_string(),
-        };
+        let err = rig.open_error().unwrap_or_else(|| panic!("{why}: opened"));
         assert!(
             err.contains("unreadable slab set descriptor") && err.contains(why),
             "{why}: {err}"
@@ -228,10 +225,7 @@ fn a_pool_configuration_no_pool_can_have_stops_the_import_with_why() {
     };
     for (bad, why) in cases {
         put(&serde_json::to_vec(&bad).unwrap());
-        let err = match Engine::open(&rig.dir.path().join("pool"), &rig.opener()) {
-            Ok(_) => panic!("{why}: opened"),
-            Err(e) => e.to_string(),
-        };
+        let err = rig.open_error().unwrap_or_else(|| panic!("{why}: opened"));
         assert!(
             err.contains("pool configuration record holds") && err.contains(why),
             "{why}: {err}"

@@ -64,6 +64,13 @@ impl Rig {
 
     /// Closes the engine without a flush (a process crash loses nothing an in-memory disk
     /// holds) and opens the pool again.
+    /// Why the pool cannot be opened again; None if it opens.
+    pub fn open_error(&self) -> Option<String> {
+        Engine::open(&self.dir.path().join("pool"), &self.opener())
+            .err()
+            .map(|e| e.to_string())
+    }
+
     pub fn reopen(&mut self) {
         self.engine = None;
         let e = Engine::open(&self.dir.path().join("pool"), &self.opener()).unwrap();
