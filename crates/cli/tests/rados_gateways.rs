@@ -425,6 +425,74 @@ fn a_stalled_owner_is_fenced_off_even_when_etcd_lost_the_fence_record() {
     b.stop();
 }
 
+/// Where `data_paths` confine what the API may name, a Ceph configuration file named through
+/// it must be inside them, and so must the files it has the daemon's client read or make:
+/// its keyring, its log and its admin socket. A refused one makes nothing.
+#[cfg(feature = "rados")]
+#[test]
+fn a_ceph_configuration_file_named_through_the_api_leads_nowhere_outside_the_data_paths() {
+    let test = "a_ceph_configuration_file_named_through_the_api_leads_nowhere_outside_the_data_paths";
+    let Some((conf, etcd, _cluster)) = cluster(test) else {
+        return;
+    };
+    let pid = std::process::id();
+    let pool = format!("confined{pid}");
+    let prefix = format!("/tessera-test-confined-{pid}");
+    let t = tempfile::tempdir().unwrap();
+    let (data, elsewhere) = (t.path().join("data"), t.path().join("elsewhere"));
+    for d in [data.join("run"), data.join("log"), elsewhere.clone()] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    let cluster_dir = std::path::Path::new(&conf).parent().unwrap();
+    std::fs::copy(cluster_dir.join("admin.keyring"), data.join("admin.keyring")).unwrap();
+    let text = std::fs::read_to_string(&conf).unwrap();
+    let moved = text.replace(cluster_dir.to_str().unwrap(), data.to_str().unwrap());
+    assert_ne!(moved, text, "the cluster's configuration names files in its directory");
+    let write = |name: &str, text: &str| {
+        let p = data.join(name);
+        std::fs::write(&p, text).unwrap();
+        p.display().to_string()
+    };
+    let as_is = write("as-is.conf", &text);
+    let socket_elsewhere = write(
+        "socket-elsewhere.conf",
+        &moved.replace(
+            &format!("{}/run/", data.display()),
+            &format!("{}/", elsewhere.display()),
+        ),
+    );
+    let inside = write("inside.conf", &moved);
+    let config = format!(
+        "data_paths = [\"{}\"]\n{}",
+        data.display(),
+        gateway("gw-a", &etcd, &prefix)
+    );
+    let mut a = Daemon::start_configured(&t.path().join("a"), &config);
+    let e = a.fails(&create_rados_pool_args(&pool, &conf));
+    assert!(e.contains("outside the places"), "the cluster's own file: {e}");
+    let e = a.fails(&create_rados_pool_args(&pool, &as_is));
+    assert!(e.contains("sets keyring") && e.contains("outside the places"), "{e}");
+    let e = a.fails(&create_rados_pool_args(&pool, &socket_elsewhere));
+    assert!(
+        e.contains("sets admin_socket") && e.contains("outside the places"),
+        "{e}"
+    );
+    assert!(a.json(&["pool", "list"]).as_array().unwrap().is_empty());
+    assert_eq!(
+        std::fs::read_dir(&elsewhere).unwrap().count(),
+        0,
+        "the refused client made nothing"
+    );
+    let out = create_rados_pool(&a, &pool, &inside);
+    assert!(out.contains("owned by gateway gw-a"), "{out}");
+    assert!(
+        data.join("log").join("client.admin.log").exists(),
+        "the client's log is where the file inside says"
+    );
+    a.ok(&["pool", "destroy", &pool]);
+    a.stop();
+}
+
 /// What daemon `d` serves at `GET /metrics`.
 #[cfg(feature = "rados")]
 fn metrics(d: &Daemon) -> String {

@@ -26,6 +26,7 @@ extern "C" {
     pub fn rados_create2(cluster: *mut rados_t, clustername: *const c_char, name: *const c_char, flags: u64) -> c_int;
     pub fn rados_conf_read_file(cluster: rados_t, path: *const c_char) -> c_int;
     pub fn rados_conf_set(cluster: rados_t, option: *const c_char, value: *const c_char) -> c_int;
+    pub fn rados_conf_get(cluster: rados_t, option: *const c_char, buf: *mut c_char, len: usize) -> c_int;
     pub fn rados_connect(cluster: rados_t) -> c_int;
     pub fn rados_shutdown(cluster: rados_t);
     pub fn rados_pool_create(cluster: rados_t, pool_name: *const c_char) -> c_int;

@@ -36,6 +36,19 @@ use std::sync::Mutex;
 
 use ffi::*;
 
+/// The options of a client's configuration that name files: those it reads (its keys),
+/// writes or makes (its log, its admin socket) and loads code from (plugins).
+pub const FILE_OPTIONS: &[&str] = &[
+    "keyring",
+    "keyfile",
+    "admin_socket",
+    "log_file",
+    "run_dir",
+    "crash_dir",
+    "plugin_dir",
+    "erasure_code_dir",
+];
+
 /// A connection to a Ceph cluster as one client (`client.NAME`).
 pub struct Cluster {
     handle: rados_t,
@@ -65,6 +78,19 @@ impl Cluster {
     /// Connects as `client.<client>` with the configuration file `conf` (its keyring, monitors
     /// and timeouts), then applies `options` (name, value) over it.
     pub fn connect(conf: &str, client: &str, options: &[(&str, &str)]) -> Result<Cluster> {
+        Self::connect_vetted(conf, client, options, |_| Ok(()))
+    }
+
+    /// As [`connect`](Self::connect), but `vet` first sees which of [`FILE_OPTIONS`] the file
+    /// changed, with the values the client would use (metavariables such as `$name`
+    /// expanded), and may refuse them: a configuration file someone else could write must not
+    /// lead the client to read, write or load files elsewhere.
+    pub fn connect_vetted(
+        conf: &str,
+        client: &str,
+        options: &[(&str, &str)],
+        vet: impl FnOnce(&[(&'static str, String)]) -> std::result::Result<(), String>,
+    ) -> Result<Cluster> {
         let name = cstr("client name", &format!("client.{client}"))?;
         let cluster = cstr("cluster name", "ceph")?;
         let mut handle: rados_t = ptr::null_mut();
@@ -77,12 +103,24 @@ impl Cluster {
         // From here on the handle is ours to shut down, whatever fails.
         let c = Cluster { handle };
         let path = cstr("configuration file", conf)?;
+        let defaults = FILE_OPTIONS
+            .iter()
+            .map(|o| c.conf_get(o))
+            .collect::<Result<Vec<String>>>()?;
         // SAFETY: a live handle and a NUL-terminated path.
         check(
             unsafe { rados_conf_read_file(c.handle, path.as_ptr()) },
             "read configuration",
             conf,
         )?;
+        let mut changed = Vec::new();
+        for (o, default) in FILE_OPTIONS.iter().zip(defaults) {
+            let value = c.conf_get(o)?;
+            if value != default {
+                changed.push((*o, value));
+            }
+        }
+        vet(&changed).map_err(RadosError::Invalid)?;
         for (k, v) in options {
             let (ck, cv) = (cstr("option", k)?, cstr("option value", v)?);
             // SAFETY: a live handle and NUL-terminated strings.
@@ -95,6 +133,24 @@ impl Cluster {
         // SAFETY: a configured handle.
         check(unsafe { rados_connect(c.handle) }, "connect", conf)?;
         Ok(c)
+    }
+
+    /// The value of a configuration option as the client would use it.
+    fn conf_get(&self, option: &str) -> Result<String> {
+        let o = cstr("option", option)?;
+        let mut len = 4096;
+        loop {
+            let mut buf = vec![0u8; len];
+            // SAFETY: a live handle, a NUL-terminated name and a buffer of `len` bytes.
+            let rc = unsafe { rados_conf_get(self.handle, o.as_ptr(), buf.as_mut_ptr().cast(), len) };
+            if rc == -libc::ENAMETOOLONG && len < 1 << 20 {
+                len *= 4;
+                continue;
+            }
+            check(rc, "get option", option)?;
+            let end = buf.iter().position(|&b| b == 0).unwrap_or(len);
+            return Ok(String::from_utf8_lossy(&buf[..end]).into_owned());
+        }
     }
 
     /// Creates a replicated pool with the cluster's defaults. An existing pool is an error

@@ -177,7 +177,11 @@ impl Daemon {
             Some(g) => {
                 let rt = tokio::runtime::Handle::try_current()
                     .map_err(|_| "a gateway joins etcd from the daemon's runtime".to_string())?;
-                Some(crate::rados_pools::Membership::join(g, rt)?)
+                Some(crate::rados_pools::Membership::join(
+                    g,
+                    DataPaths::new(&cfg.state_dir, &cfg.data_paths),
+                    rt,
+                )?)
             }
         };
         let d = Daemon {

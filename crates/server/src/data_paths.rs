@@ -146,6 +146,41 @@ impl DataPaths {
         Err(self.outside(named, named, what))
     }
 
+    /// Refuses what a Ceph configuration file the API named (`conf`) sets of the files its
+    /// client reads, writes or loads code from (`changed`: option, value as the client would
+    /// use it): keyrings must be where a configuration file may be, a log or an admin
+    /// socket be made there too, and where `data_paths` are configured, the places plugins
+    /// are loaded from are left as they are. Otherwise a file the token's holder can write
+    /// would have the daemon read, append to or load whatever it names.
+    pub fn vet_ceph_options(&self, conf: &str, changed: &[(&str, String)]) -> Result<(), String> {
+        for (option, value) in changed {
+            let why = |e: String| format!("the Ceph configuration file {conf} sets {option} = {value}: {e}");
+            match *option {
+                "keyring" | "keyfile" => {
+                    for p in value.split([',', ';', ' ', '\t']).filter(|p| !p.is_empty()) {
+                        let p = Path::new(p);
+                        self.check_named(p, DataUse::CephConf).map_err(why)?;
+                        if p.symlink_metadata().is_ok() {
+                            self.locate(p, DataUse::CephConf).map_err(why)?;
+                        }
+                    }
+                }
+                "plugin_dir" | "erasure_code_dir" if self.confined() => {
+                    return Err(why(format!(
+                        "the client loads code from there; where data_paths are configured, only {} may change it",
+                        crate::rados_pools::DEFAULT_CEPH_CONF
+                    )));
+                }
+                "plugin_dir" | "erasure_code_dir" => {}
+                _ if value.is_empty() => {}
+                _ => {
+                    self.locate_new(Path::new(value), DataUse::CephConf).map_err(why)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn check_real(&self, real: &Path, named: &Path, what: DataUse) -> Result<(), String> {
         let state = canonical(&self.state_dir);
         let own_disks = what == DataUse::Disk && real.starts_with(state.join("disks"));
@@ -225,6 +260,56 @@ mod tests {
 
     fn open(p: &Path) -> std::fs::File {
         std::fs::File::open(p).unwrap()
+    }
+
+    #[test]
+    fn a_ceph_configuration_file_may_name_files_only_where_it_may_be() {
+        let t = tempfile::tempdir().unwrap();
+        let state = t.path().join("state");
+        let data = t.path().join("data");
+        let elsewhere = t.path().join("elsewhere");
+        for d in [&state, &data, &elsewhere] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        let keyring = data.join("client.keyring");
+        std::fs::write(&keyring, b"[client.admin]").unwrap();
+        let secret = elsewhere.join("secret");
+        std::fs::write(&secret, b"x").unwrap();
+        let link = data.join("link.keyring");
+        std::os::unix::fs::symlink(&secret, &link).unwrap();
+        let paths = DataPaths::new(&state, std::slice::from_ref(&data));
+        let at = |p: &Path| p.display().to_string();
+        let vet = |o: &str, v: String| paths.vet_ceph_options("/data/ceph.conf", &[(o, v)]);
+
+        // Inside the data paths, or not there yet but for the places searched: taken.
+        vet("keyring", format!("{},{}", at(&keyring), at(&data.join("none")))).unwrap();
+        vet("admin_socket", at(&data.join("client.asok"))).unwrap();
+        vet("log_file", at(&data.join("client.log"))).unwrap();
+        vet("log_file", String::new()).unwrap();
+        // Elsewhere, through a link, in the daemon's state, or code: refused, saying which.
+        let e = vet("keyring", format!("{},{}", at(&keyring), at(&secret))).unwrap_err();
+        assert!(e.contains("sets keyring") && e.contains("outside the places"), "{e}");
+        let e = vet("keyfile", at(&link)).unwrap_err();
+        assert!(e.contains("outside the places"), "{e}");
+        let e = vet("admin_socket", at(&elsewhere.join("a.asok"))).unwrap_err();
+        assert!(e.contains("sets admin_socket"), "{e}");
+        let e = vet("log_file", "/etc/cron.d/tessera".into()).unwrap_err();
+        assert!(e.contains("outside the places"), "{e}");
+        let e = vet("log_file", at(&data.join("../elsewhere/x.log"))).unwrap_err();
+        assert!(e.contains("without '..'"), "{e}");
+        let e = vet("plugin_dir", at(&data)).unwrap_err();
+        assert!(e.contains("loads code"), "{e}");
+        let unconfined = DataPaths::new(&state, &[]);
+        let e = unconfined
+            .vet_ceph_options("/c", &[("log_file", at(&state.join("x.log")))])
+            .unwrap_err();
+        assert!(e.contains("inside the daemon's state directory"), "{e}");
+        unconfined
+            .vet_ceph_options(
+                "/c",
+                &[("plugin_dir", at(&elsewhere)), ("log_file", at(&elsewhere.join("x")))],
+            )
+            .unwrap();
     }
 
     #[test]

@@ -22,6 +22,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::config::GatewayConfig;
+use crate::data_paths::DataPaths;
 use crate::model::RadosPlacement;
 
 /// How often a gateway checks its lease and tries to take the pools nobody owns.
@@ -124,6 +125,7 @@ mod real {
     use tokio::runtime::Handle;
 
     use super::*;
+    use crate::data_paths::{through, DataUse};
     use crate::standby::StandbyUnit;
     use crate::targets::lun_uid_of;
 
@@ -145,14 +147,32 @@ mod real {
     /// monitor gone away).
     const CLUSTER_TIMEOUT: &str = "30";
 
-    fn connect(placement: &Placement) -> Result<Arc<Cluster>, String> {
-        let cluster = Cluster::connect(
-            &placement.ceph_conf,
+    /// Connects to the cluster of `placement`. A configuration file other than the system's
+    /// was named through the API: it is read through the file `paths` found and checked (no
+    /// link swapped in between leads elsewhere), at every connection, so that a change of
+    /// `data_paths` counts for pools made before it, and the files it names are vetted
+    /// ([`DataPaths::vet_ceph_options`]).
+    fn connect(placement: &Placement, paths: &DataPaths) -> Result<Arc<Cluster>, String> {
+        let named = placement.ceph_conf != DEFAULT_CEPH_CONF;
+        let found = match named {
+            true => Some(paths.locate(Path::new(&placement.ceph_conf), DataUse::CephConf)?),
+            false => None,
+        };
+        let conf = match &found {
+            Some(f) => through(f).display().to_string(),
+            None => placement.ceph_conf.clone(),
+        };
+        let cluster = Cluster::connect_vetted(
+            &conf,
             &placement.client_name,
             &[
                 ("rados_osd_op_timeout", CLUSTER_TIMEOUT),
                 ("rados_mon_op_timeout", CLUSTER_TIMEOUT),
             ],
+            |changed| match named {
+                true => paths.vet_ceph_options(&placement.ceph_conf, changed),
+                false => Ok(()),
+            },
         )
         .map_err(|e| {
             format!(
@@ -172,9 +192,9 @@ mod real {
     }
 
     impl Reader {
-        pub fn connect(placement: &Placement) -> Result<Reader, String> {
+        pub fn connect(placement: &Placement, paths: &DataPaths) -> Result<Reader, String> {
             Ok(Reader {
-                cluster: connect(placement)?,
+                cluster: connect(placement, paths)?,
                 placement: placement.clone(),
             })
         }
@@ -221,6 +241,8 @@ mod real {
         seen_alive: std::sync::atomic::AtomicBool,
         /// The place of each pool this gateway looked for ([`place_of`](Self::place_of)).
         places: std::sync::Mutex<std::collections::HashMap<String, String>>,
+        /// Where the API may point the daemon: the Ceph configuration files of pools.
+        paths: DataPaths,
     }
 
     /// The outcome of an attempt to take a pool.
@@ -268,8 +290,9 @@ mod real {
         /// Joins the gateways as `cfg.name`, with a lease of `cfg.lease_seconds`; if etcd
         /// does not answer, the membership waits to join (see [`rejoin`](Self::rejoin)), so
         /// that the daemon still starts and serves its local pools.
-        pub fn join(cfg: &GatewayConfig, rt: Handle) -> Result<Membership, String> {
+        pub fn join(cfg: &GatewayConfig, paths: DataPaths, rt: Handle) -> Result<Membership, String> {
             let m = Membership {
+                paths,
                 cfg: cfg.clone(),
                 rt,
                 gateway: tokio::sync::Mutex::new(None),
@@ -371,7 +394,7 @@ mod real {
             if let Some(p) = self.places.lock().expect("not poisoned").get(name) {
                 return Ok(p.clone());
             }
-            let cluster = connect(placement)?;
+            let cluster = connect(placement, &self.paths)?;
             let (fsid, id) = Cluster::shared_pool(&cluster, &placement.rados_pool)
                 .and_then(|p| p.identity())
                 .map_err(|e| format!("cannot open the RADOS pool '{}': {e}", placement.rados_pool))?;
@@ -384,8 +407,8 @@ mod real {
         }
 
         /// Whether the metadata of a pool `name` is where `placement` says.
-        fn pool_is_at(name: &str, placement: &Placement) -> Result<bool, String> {
-            let cluster = connect(placement)?;
+        fn pool_is_at(&self, name: &str, placement: &Placement) -> Result<bool, String> {
+            let cluster = connect(placement, &self.paths)?;
             let pool = Cluster::shared_pool(&cluster, &placement.rados_pool)
                 .map_err(|e| format!("cannot open the RADOS pool '{}': {e}", placement.rados_pool))?;
             metadata_is_there(&pool, name)
@@ -409,7 +432,7 @@ mod real {
                     .map_err(|e| format!("cannot learn where pool {name} lives: {e}"))
             })? {
                 Some(r) => r,
-                None if !Self::pool_is_at(name, placement)? => return Ok(()),
+                None if !self.pool_is_at(name, placement)? => return Ok(()),
                 None => self.with_gateway(async |g| {
                     g.claim_place(&key, &place)
                         .await
@@ -474,7 +497,7 @@ mod real {
             }
             self.check_place(name, placement)?;
             let started = std::time::Instant::now();
-            let cluster = connect(placement)?;
+            let cluster = connect(placement, &self.paths)?;
             // The RADOS pool must exist before anyone takes anything in it.
             let pool = Cluster::shared_pool(&cluster, &placement.rados_pool)
                 .map_err(|e| format!("cannot open the RADOS pool '{}': {e}", placement.rados_pool))?;
@@ -752,7 +775,7 @@ mod absent {
     }
 
     impl Reader {
-        pub fn connect(_: &Placement) -> Result<Reader, String> {
+        pub fn connect(_: &Placement, _: &DataPaths) -> Result<Reader, String> {
             Err(ABSENT.into())
         }
         pub fn units(&self, _: &str, _: &[String]) -> Result<Vec<(String, crate::standby::StandbyUnit)>, String> {
@@ -763,7 +786,7 @@ mod absent {
     const ABSENT: &str = "this tessera was built without pools on Ceph RADOS: build it with `cargo build --features tessera-cli/rados` (needs librados-dev and protobuf-compiler)";
 
     impl Membership {
-        pub fn join(_: &GatewayConfig, _: Handle) -> Result<Membership, String> {
+        pub fn join(_: &GatewayConfig, _: DataPaths, _: Handle) -> Result<Membership, String> {
             Err(ABSENT.into())
         }
         pub fn name(&self) -> &str {

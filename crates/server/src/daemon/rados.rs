@@ -494,7 +494,7 @@ impl Daemon {
         }
         let reader = match reader {
             Some(r) => r,
-            None => match Reader::connect(&placement) {
+            None => match Reader::connect(&placement, &self.data_paths()) {
                 Ok(r) => {
                     let r = Arc::new(r);
                     if let Some(p) = self.rados.lock().get_mut(name) {
