@@ -196,7 +196,12 @@ async fn follow(
     shared: Arc<Shared>,
     gateway: Arc<tokio::sync::Mutex<Gateway>>,
 ) -> Result<JoinHandle<()>> {
-    let seen = |kv: Option<&etcd_client::KeyValue>| kv.map(owner_of).map_or(Seen::Free, Seen::Owned);
+    // A key without a lease is nobody's (`Gateway::owner`): free, for a taking to delete.
+    let seen = |kv: Option<&etcd_client::KeyValue>| {
+        kv.filter(|kv| kv.lease() != 0)
+            .map(owner_of)
+            .map_or(Seen::Free, Seen::Owned)
+    };
     let now = client.get(key.as_str(), None).await?;
     shared.set(seen(now.kvs().first()));
     let from = now.header().map(|h| h.revision() + 1).unwrap_or(0);

@@ -236,8 +236,10 @@ impl Gateway {
         }
         for op in r.op_responses() {
             if let TxnOpResponse::Get(g) = op {
-                if let Some(kv) = g.kvs().first() {
-                    return Ok(owner_of(kv));
+                match g.kvs().first() {
+                    Some(kv) if kv.lease() == 0 => self.drop_leaseless(kv).await?,
+                    Some(kv) => return Ok(owner_of(kv)),
+                    None => {}
                 }
             }
         }
@@ -290,10 +292,14 @@ impl Gateway {
             // here once took the vdisk without recording this gateway's address or returning
             // the previous owner's, when the key went in between: that owner went unfenced.)
             let holder = r.op_responses().into_iter().find_map(|op| match op {
-                TxnOpResponse::Get(g) => g.kvs().first().map(owner_of),
+                TxnOpResponse::Get(g) => g.kvs().first().cloned(),
                 _ => None,
             });
-            return match holder {
+            if let Some(kv) = holder.as_ref().filter(|kv| kv.lease() == 0) {
+                self.drop_leaseless(kv).await?;
+                return Box::pin(self.acquire_fencing(vdisk, fence_address)).await;
+            }
+            return match holder.as_ref().map(owner_of) {
                 Some(o) if self.holds(&o) => {
                     self.release(vdisk, o.epoch).await?;
                     Box::pin(self.acquire_fencing(vdisk, fence_address)).await
@@ -438,10 +444,29 @@ impl Gateway {
         Ok(owner)
     }
 
-    /// The owner of `vdisk`, if any.
+    /// The owner of `vdisk`, if any. A key without a lease owns nothing (see
+    /// [`drop_leaseless`](Self::drop_leaseless)).
     pub async fn owner(&mut self, vdisk: &str) -> Result<Option<Owner>> {
         let r = self.client.get(self.key(vdisk), None::<GetOptions>).await?;
-        Ok(r.kvs().first().map(owner_of))
+        Ok(r.kvs().iter().find(|kv| kv.lease() != 0).map(owner_of))
+    }
+
+    /// Deletes an owner key written without a lease (by hand, or by something that does not
+    /// know the gateways' ways), if it is still as read: no gateway's run renews it, so it
+    /// would hold the vdisk for ever, and no run of a gateway holds what it names. A taking
+    /// then goes on as from any owner gone: it fences off what the fence record holds.
+    async fn drop_leaseless(&mut self, kv: &etcd_client::KeyValue) -> Result<()> {
+        let key = kv.key();
+        tracing::warn!(
+            key = %String::from_utf8_lossy(key),
+            gateway = %String::from_utf8_lossy(kv.value()),
+            "an owner key without a lease owns nothing: deleting it, and taking over as from an owner gone"
+        );
+        let txn = Txn::new()
+            .when([Compare::mod_revision(key, CompareOp::Equal, kv.mod_revision())])
+            .and_then([TxnOp::delete(key, None)]);
+        self.client.txn(txn).await?;
+        Ok(())
     }
 
     /// Gives up `vdisk`, taken at `epoch` and never served, leaving `record` as its fence
@@ -502,9 +527,12 @@ impl Gateway {
             .client
             .get(from.as_str(), Some(GetOptions::new().with_prefix().with_keys_only()))
             .await?;
+        // A mark without a lease (written by hand) is no gateway's word: nothing would ever
+        // take it back.
         let mut names: Vec<String> = r
             .kvs()
             .iter()
+            .filter(|kv| kv.lease() != 0)
             .filter_map(|kv| kv.key_str().ok()?.strip_prefix(from.as_str()).map(String::from))
             .collect();
         names.sort();

@@ -268,6 +268,51 @@ async fn a_fence_record_keeps_every_owner_until_one_taking_fenced_them_all() {
     c.leave().await.unwrap();
 }
 
+/// Keys under the gateways' prefix written without a lease (by hand, say) are no gateway's:
+/// nothing would renew them or ever take them back. An owner key of that kind owns nothing:
+/// a taking deletes it and fences off what the record holds, as from an owner gone; a mark
+/// of that kind neither asks for a vdisk nor presents it.
+#[tokio::test]
+async fn keys_without_a_lease_own_nothing_and_ask_for_nothing() {
+    let t = "keys_without_a_lease_own_nothing_and_ask_for_nothing";
+    let Some(ep) = endpoints(t) else { return };
+    let p = prefix(t);
+    let v = "pool.tank";
+    let mut etcd = etcd_client::Client::connect(&ep, None).await.unwrap();
+    for (key, value) in [
+        (format!("{p}/owner/{v}"), "gw-ghost"),
+        (format!("{p}/fence/{v}"), "10.0.0.9:6800/42"),
+        (format!("{p}/wants/{v}/gw-ghost"), ""),
+        (format!("{p}/presents/{v}/gw-ghost"), ""),
+    ] {
+        etcd.put(key, value, None).await.unwrap();
+    }
+    let mut a = Gateway::join(&ep, &p, "gw-a", 5).await.unwrap();
+    assert_eq!(a.owner(v).await.unwrap(), None);
+    assert!(a.asking(v).await.unwrap().is_empty());
+    assert!(a.presenting(v).await.unwrap().is_empty());
+    let fenced = std::sync::Mutex::new(Vec::<Vec<String>>::new());
+    let owner = a
+        .take_fenced(v, "addr-a", |list: &[String]| -> Result<(), FenceError> {
+            fenced.lock().unwrap().push(list.to_vec());
+            Ok(())
+        })
+        .await
+        .unwrap();
+    assert!(a.holds(&owner), "{owner:?}");
+    assert_eq!(*fenced.lock().unwrap(), vec![vec!["10.0.0.9:6800/42".to_string()]]);
+    // The plain taking too.
+    etcd.put(format!("{p}/owner/pool.other"), "gw-ghost", None)
+        .await
+        .unwrap();
+    let other = a.acquire("pool.other").await.unwrap();
+    assert!(a.holds(&other), "{other:?}");
+    a.leave().await.unwrap();
+    etcd.delete(format!("{p}/"), Some(etcd_client::DeleteOptions::new().with_prefix()))
+        .await
+        .unwrap();
+}
+
 /// A name is claimed by the first place that records it; another place of that name is told
 /// the first's, until the first forgets it (destroyed), which takes the fence record along.
 #[tokio::test]
