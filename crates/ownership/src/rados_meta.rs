@@ -65,6 +65,13 @@ fn omap_key(cf: &str, key: &[u8]) -> Vec<u8> {
     format!("{cf}/{}", hex(key)).into_bytes()
 }
 
+/// The record key an omap key's part after its family's name stands for, if a commit could
+/// have written it: lower-case hex only, so that no other spelling of a key (upper case)
+/// reads as a second record of the same key, out of the omap's order.
+fn record_key(hexed: &[u8]) -> Option<Vec<u8>> {
+    unhex(hexed).filter(|k| hex(k).as_bytes() == hexed)
+}
+
 fn version_text(v: u64) -> Vec<u8> {
     format!("{v:020}").into_bytes()
 }
@@ -165,17 +172,31 @@ impl RadosMeta {
     }
 
     /// Visits the records of family `cf` from key `from` on, with their keys as the engine
-    /// knows them.
+    /// knows them. An omap key that is not one a commit writes (not lower-case hex after the
+    /// family's name: put there by hand or by another program) is no record and is passed
+    /// over, as [`snapshot`](MetaBackend::snapshot) passes it over: one stray key must not
+    /// hide the family's records, nor the scan and the snapshot disagree.
     fn scan_family(&self, cf: &str, from: &[u8], visit: Visit) -> Result<(), PoolError> {
         let prefix = family(cf);
         self.walk(
             &prefix,
             &omap_key(cf, from),
-            &mut |k, v| match unhex(&k[prefix.len()..]) {
+            &mut |k, v| match record_key(&k[prefix.len()..]) {
                 Some(key) => visit(&key, v),
-                None => Err(self.err(RadosError::Invalid(format!("omap key {k:?} is not a record's")))),
+                None => {
+                    self.stray(k);
+                    Ok(true)
+                }
             },
         )
+    }
+
+    fn stray(&self, key: &[u8]) {
+        tracing::warn!(
+            object = %self.location(),
+            key = %String::from_utf8_lossy(key),
+            "an omap key of the pool's metadata object is not a record's: passed over"
+        );
     }
 
     /// What `batch` leaves in the omap, as of `version`: each omap key it touches, set or
@@ -334,10 +355,10 @@ impl MetaBackend for RadosMeta {
             let Ok(before) = self.version() else { break };
             let records = MemoryMeta::new();
             let read = self.walk(b"", b"", &mut |k, v| {
-                if let Some(at) = k.iter().position(|&b| b == b'/') {
-                    if let (Ok(cf), Some(key)) = (std::str::from_utf8(&k[..at]), unhex(&k[at + 1..])) {
-                        records.load(cf, key, v.to_vec());
-                    }
+                let at = k.iter().position(|&b| b == b'/');
+                match at.map(|at| (std::str::from_utf8(&k[..at]), record_key(&k[at + 1..]))) {
+                    Some((Ok(cf), Some(key))) => records.load(cf, key, v.to_vec()),
+                    _ => self.stray(k),
                 }
                 Ok(true)
             });
@@ -393,5 +414,8 @@ mod tests {
         );
         assert_eq!(unhex(b"abc"), None);
         assert_eq!(unhex(b"zz"), None);
+        assert_eq!(unhex(b"+f"), None, "no sign");
+        assert_eq!(record_key(b"0f"), Some(vec![15]));
+        assert_eq!(record_key(b"0F"), None, "a commit writes lower case only");
     }
 }

@@ -120,6 +120,58 @@ fn a_version_written_otherwise_is_taken_and_an_object_without_one_refused() {
     );
 }
 
+/// Omap keys of the metadata object that no commit writes (put there by hand or by another
+/// program: not hex, upper-case hex, a sign, no family) are no records: a scan passes them
+/// over and reads the family's records, in order, as the snapshot does, rather than failing
+/// on them or reading one key twice.
+#[test]
+fn stray_omap_keys_are_no_records_to_a_scan_or_a_snapshot() {
+    let _shared = shared();
+    let t = "stray_omap_keys_are_no_records_to_a_scan_or_a_snapshot";
+    let Some(conf) = ceph_conf(t) else { return };
+    let c = ceph(&conf);
+    let pool = Cluster::shared_pool(&c, TEST_POOL).unwrap();
+    let oid = format!("{t}-{}", std::process::id());
+    let store = MetaStore::on(meta(&c, &oid, 3));
+    let mut b = MetaBatch::new();
+    for (k, v) in [(&b"\x0f"[..], &b"1"[..]), (b"\xab", b"2"), (b"\xcd", b"3")] {
+        b.put(CF_POOL, k, v);
+    }
+    store.commit(b, true).unwrap();
+    let stray: [(&[u8], &[u8]); 5] = [
+        (b"pool/zz", b"x"),
+        (b"pool/AB", b"upper"),
+        (b"pool/+f", b"sign"),
+        (b"pool/abc", b"odd"),
+        (b"junk", b"no family"),
+    ];
+    pool.operate(&oid, &tessera_rados::WriteOp::new().omap_set(&stray))
+        .unwrap();
+    let expected: Vec<(Vec<u8>, Vec<u8>)> = vec![
+        (vec![0x0f], b"1".to_vec()),
+        (vec![0xab], b"2".to_vec()),
+        (vec![0xcd], b"3".to_vec()),
+    ];
+    let mut scanned = Vec::new();
+    store
+        .for_each_prefix(CF_POOL, b"", |k, v| {
+            scanned.push((k.to_vec(), v.to_vec()));
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(scanned, expected, "the scan");
+    let mut seen = Vec::new();
+    store
+        .snapshot()
+        .for_each_prefix(CF_POOL, b"", |k, v| {
+            seen.push((k.to_vec(), v.to_vec()));
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(seen, expected, "the snapshot");
+    assert_eq!(store.range_from(CF_POOL, &[0xab], 10).unwrap(), expected[1..]);
+}
+
 /// Held by every test of this file, and alone by one that makes the OSDs refuse writes.
 static CLUSTER: std::sync::RwLock<()> = std::sync::RwLock::new(());
 

@@ -66,8 +66,10 @@ pub fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
+/// The bytes `s` gives in hex (either case), or None if it is not hex: an odd length, or
+/// anything but hex digits (`from_str_radix` alone would take a sign, "+f").
 pub fn unhex(s: &[u8]) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) {
+    if !s.len().is_multiple_of(2) || !s.iter().all(u8::is_ascii_hexdigit) {
         return None;
     }
     s.chunks(2)
