@@ -24,6 +24,10 @@ pub struct VdiskSavings {
 pub struct DedupStatus {
     pub pool: String,
     pub settings: DedupSettings,
+    /// Why the pool's settings record could not be read, if it could not: the pool runs with
+    /// dedup off until settings are written again (`dedup enable` or `disable`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settings_unreadable: Option<String>,
     /// Over the vdisks in scope: bytes of mapped grains, and bytes of the distinct slots they
     /// point at (sharing by clones and snapshots counts too: it is the same mechanism).
     pub logical_bytes: u64,

@@ -132,6 +132,7 @@ impl Engine {
                 .problems
                 .push(format!("vdisk id {} is left out: {}", u.id, u.error));
         }
+        report.problems.extend(self.dedup_settings_unreadable());
         // Grain entries of vdisks that no longer exist would leak their slots.
         s.pool.meta().for_each_prefix(CF_GRAINS, &[], |k, v| {
             match parse_grain_key(k) {

@@ -89,6 +89,8 @@ const MIN_SAVING: usize = 8;
 /// A pool's dedup settings, its index, and the run under way.
 pub(crate) struct DedupState {
     settings: RwLock<DedupSettings>,
+    /// Why the settings record could not be read at import, until settings are written.
+    settings_unreadable: RwLock<Option<String>>,
     index: FingerprintIndex,
     fingerprinter: RwLock<Fingerprinter>,
     running: Mutex<()>,
@@ -96,14 +98,28 @@ pub(crate) struct DedupState {
 }
 
 impl DedupState {
+    /// The pool's settings as recorded. A record that cannot be read does not stop the
+    /// import: it holds a policy, not data, and every vdisk reads the same without it. The
+    /// pool runs with dedup off (nothing is shared anew, no run is scheduled), and says why,
+    /// until settings are written again.
     pub fn load(meta: &Arc<MetaStore>) -> Result<DedupState> {
-        let settings = match meta.get(CF_POOL, SETTINGS_KEY)? {
-            Some(v) => serde_json::from_slice(&v)
-                .map_err(|e| VolumeError::Invalid(format!("the pool's dedup settings are unreadable: {e}")))?,
-            None => DedupSettings::default(),
+        let (settings, unreadable) = match meta.get(CF_POOL, SETTINGS_KEY)? {
+            Some(v) => match serde_json::from_slice(&v) {
+                Ok(s) => (s, None),
+                Err(e) => {
+                    let why = format!(
+                        "the pool's dedup settings record cannot be read ({e}): dedup is off until \
+                         `tessera dedup enable` or `disable` writes it again"
+                    );
+                    tracing::error!(store = %meta.location(), "{why}");
+                    (DedupSettings::default(), Some(why))
+                }
+            },
+            None => (DedupSettings::default(), None),
         };
         Ok(DedupState {
             settings: RwLock::new(settings),
+            settings_unreadable: RwLock::new(unreadable),
             index: FingerprintIndex::new(meta.clone()),
             fingerprinter: RwLock::new(Fingerprinter::Blake3),
             running: Mutex::new(()),
@@ -178,7 +194,14 @@ impl Engine {
         meta.commit(b, true)?;
         info!(pool = %self.pool().name(), enabled = s.enabled, "dedup settings changed");
         *self.dedup.settings.write() = s;
+        *self.dedup.settings_unreadable.write() = None;
         Ok(())
+    }
+
+    /// Why the pool's dedup settings record could not be read at import, until settings
+    /// are written again.
+    pub fn dedup_settings_unreadable(&self) -> Option<String> {
+        self.dedup.settings_unreadable.read().clone()
     }
 
     /// The grain size a new vdisk gets when none is asked for: 4 KiB when dedup covers it,
@@ -1294,6 +1317,7 @@ impl Engine {
         let mut st = DedupStatus {
             pool: self.pool().name().to_string(),
             settings: settings.clone(),
+            settings_unreadable: self.dedup_settings_unreadable(),
             index: self.dedup.index.stats(),
             last_run: self.dedup_last_run(),
             ..Default::default()

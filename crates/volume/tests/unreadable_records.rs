@@ -9,7 +9,7 @@ mod common;
 use std::collections::BTreeMap;
 
 use common::{contents, enable_dedup, pattern, populated, run_dedup, spec, Rig, MIB};
-use tessera_pool::{MetaBatch, CF_SLABSETS, CF_VDISKS};
+use tessera_pool::{MetaBatch, CF_POOL, CF_SLABSETS, CF_VDISKS};
 use tessera_volume::{
     Compression, Engine, FindingKind, LayoutKind, Progress, Provisioning, Repair, Unreadable, VdiskSpec, HOT_REFS,
 };
@@ -552,6 +552,41 @@ fn a_vdisk_record_with_impossible_values_is_left_out_and_the_pool_imported() {
     rig.reopen();
     assert!(rig.engine().unreadable_vdisks().is_empty());
     assert_same(&contents(rig.engine()), &want);
+    rig.assert_consistent();
+}
+
+/// A dedup settings record that cannot be read holds a policy, not data: the pool is
+/// imported all the same, with dedup off, and says why (the check, the status) until
+/// settings are written again. The vdisks, deduplicated before, read the same.
+#[test]
+fn a_dedup_settings_record_that_cannot_be_read_turns_dedup_off_and_says_so() {
+    let mut rig = populated();
+    let want = {
+        let e = rig.engine();
+        enable_dedup(e, Compression::Zstd);
+        run_dedup(e);
+        let mut b = MetaBatch::new();
+        b.put(CF_POOL, b"dedup", b"{\"enabled\": tru");
+        e.pool().meta().commit(b, true).unwrap();
+        contents(e)
+    };
+    rig.reopen();
+    {
+        let e = rig.engine();
+        assert!(!e.dedup_settings().enabled);
+        let why = e.dedup_settings_unreadable().expect("the import says why dedup is off");
+        assert!(why.contains("dedup settings record cannot be read"), "{why}");
+        assert_eq!(e.dedup_status().settings_unreadable.as_deref(), Some(why.as_str()));
+        let problems = e.check().unwrap().problems;
+        assert!(problems.contains(&why), "{problems:#?}");
+        assert_same(&contents(e), &want);
+        enable_dedup(e, Compression::Zstd);
+        assert_eq!(e.dedup_settings_unreadable(), None);
+    }
+    rig.reopen();
+    let e = rig.engine();
+    assert!(e.dedup_settings().enabled && e.dedup_settings_unreadable().is_none());
+    assert!(e.check().unwrap().problems.is_empty());
     rig.assert_consistent();
 }
 

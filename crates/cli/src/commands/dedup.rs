@@ -138,7 +138,13 @@ fn print_settings(s: &DedupStatus) {
     };
     kv(&[
         ("pool", s.pool.clone()),
-        ("dedup", if st.enabled { "on" } else { "off" }.into()),
+        (
+            "dedup",
+            match &s.settings_unreadable {
+                Some(why) => format!("off: {why}"),
+                None => if st.enabled { "on" } else { "off" }.into(),
+            },
+        ),
         ("scope", scope),
         (
             "excluded",
