@@ -685,6 +685,25 @@ fn persistent_reservations_with_aptpl_survive_a_restart() {
 
     // A crash and a restart: the registration and the reservation are still there.
     d.kill9();
+    // But not a saved state no host could have made (a name past iSCSI's 223 bytes, which
+    // READ FULL STATUS would cut at 65,535): the LUN is not presented rather than with it.
+    let saved = std::fs::read_dir(&reservations_dir)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let good = std::fs::read_to_string(&saved).unwrap();
+    let node1 = "iqn.2026-11.io.example:node1";
+    let bad = good.replace(node1, &format!("{node1}{}", "n".repeat(70_000)));
+    assert_ne!(bad, good);
+    std::fs::write(&saved, bad).unwrap();
+    let mut d = Daemon::start(&state);
+    let shown = d.json(&["target", "show", iqn]);
+    assert_eq!(shown["luns"][0]["online"], false, "{shown}");
+    assert!(d.logs().contains("which is no iSCSI name"), "{}", d.logs());
+    d.stop();
+    std::fs::write(&saved, good).unwrap();
     let mut d = Daemon::start(&state);
     let portal = d.iscsi_portal();
     let (keys, _) = run(&portal, &node(2), read_keys.clone(), Vec::new(), 4096);

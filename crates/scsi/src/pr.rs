@@ -231,6 +231,44 @@ pub(crate) enum Outcome {
 pub(crate) type Notices = Vec<(PortId, Sense)>;
 
 impl PrState {
+    /// Refuses a state read back (saved by an earlier run, or by the last gateway) that no
+    /// sequence of commands makes: more registrations than are taken, a name no login could
+    /// have (longer than iSCSI's 223 bytes, which READ FULL STATUS would cut at 65,535), one
+    /// port registered twice, a reservation of no type, or one held by a port not
+    /// registered. Such a state would answer hosts with what none of them set up.
+    pub fn check(&self) -> Result<(), String> {
+        if self.registrations.len() > MAX_REGISTRATIONS {
+            return Err(format!(
+                "{} registrations, more than the {MAX_REGISTRATIONS} a logical unit takes",
+                self.registrations.len()
+            ));
+        }
+        for (i, r) in self.registrations.iter().enumerate() {
+            if !is_iscsi_name(&r.port.initiator) {
+                return Err(format!(
+                    "a registration names {:?}, which is no iSCSI name",
+                    r.port.initiator.chars().take(64).collect::<String>()
+                ));
+            }
+            if self.registrations[..i].iter().any(|o| o.port.same(&r.port)) {
+                return Err(format!("the port {} is registered twice", r.port.initiator));
+            }
+        }
+        if let Some(r) = &self.reservation {
+            if !valid_type(r.kind) {
+                return Err(format!("a reservation of type {}, which is none", r.kind));
+            }
+            let registered = match all_registrants(r.kind) {
+                true => !self.registrations.is_empty(),
+                false => self.registrations.iter().any(|g| g.port.same(&r.holder)),
+            };
+            if !registered {
+                return Err("a reservation held by no registered port".into());
+            }
+        }
+        Ok(())
+    }
+
     fn registration(&self, n: &Nexus) -> Option<usize> {
         self.registrations.iter().position(|r| r.port.matches(n))
     }

@@ -335,6 +335,43 @@ fn spc2_reservations() {
 }
 
 #[test]
+fn a_state_no_commands_make_is_refused_when_read_back() {
+    let a = nexus(1, "iqn.x:a", 1);
+    let mut s = PrState::default();
+    let mut notes = Vec::new();
+    s.pr_out(&a, &out_cdb(6, 0), &params(0, 7, 0x01), ONE_PORT, &mut notes);
+    run(&mut s, &a, 1, EXCLUSIVE_ACCESS, 7, 0);
+    s.check().unwrap();
+    let broken = |f: &dyn Fn(&mut PrState)| {
+        let mut b = s.clone();
+        f(&mut b);
+        b.check().unwrap_err()
+    };
+    let e = broken(&|b| b.registrations[0].port.initiator = format!("iqn.x:{}", "a".repeat(70_000)));
+    assert!(e.contains("no iSCSI name"), "{e}");
+    let e = broken(&|b| b.registrations.push(b.registrations[0].clone()));
+    assert!(e.contains("registered twice"), "{e}");
+    let e = broken(&|b| b.reservation.as_mut().unwrap().kind = 2);
+    assert!(e.contains("type 2"), "{e}");
+    let e = broken(&|b| b.reservation.as_mut().unwrap().holder.initiator = "iqn.x:b".into());
+    assert!(e.contains("no registered port"), "{e}");
+    let e = broken(&|b| {
+        let r = b.registrations[0].clone();
+        b.registrations = (0..=MAX_REGISTRATIONS)
+            .map(|i| Registration {
+                port: PortId {
+                    initiator: format!("iqn.x:{i}"),
+                    ..r.port.clone()
+                },
+                ..r.clone()
+            })
+            .collect();
+    });
+    assert!(e.contains("more than"), "{e}");
+    PrState::default().check().unwrap();
+}
+
+#[test]
 fn state_round_trips_through_json() {
     let a = nexus(1, "iqn.x:a", 1);
     let mut s = PrState::default();

@@ -583,7 +583,8 @@ pub struct AddLun {
 pub struct LunView {
     pub lun: u64,
     pub vdisk: String,
-    /// False when the vdisk is not available (its pool not imported): the LUN is not presented.
+    /// False when the LUN is not presented: its vdisk is not available (its pool not
+    /// imported), or its saved state (reservations, mode settings) could not be taken.
     pub online: bool,
     pub size: Option<u64>,
     /// Persistent reservations, when an initiator has registered.

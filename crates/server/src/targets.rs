@@ -129,6 +129,12 @@ fn kept_in_pool(lun: Lun, e: &Arc<Engine>, v: &Arc<Vdisk>) -> Result<Lun, String
         Some(b) => serde_json::from_slice(&b).map_err(|err| undecodable("persistent reservations", err))?,
         None => PrState::default(),
     };
+    saved.check().map_err(|err| {
+        format!(
+            "the persistent reservations of LUN {} kept in its pool hold {err}: the LUN is not presented rather than presented with reservations no host made",
+            v.name()
+        )
+    })?;
     let saved_mode: Option<ModeState> = match read(MODE_RECORD)? {
         Some(b) => Some(serde_json::from_slice(&b).map_err(|err| undecodable("mode settings", err))?),
         None => None,
@@ -350,6 +356,12 @@ impl Targets {
             &path,
             "it holds the LUN's persistent reservations (APTPL); fix it, or remove it to drop them",
         )?;
+        saved.check().map_err(|err| {
+            format!(
+                "{} holds {err}; fix it, or remove it to drop the LUN's persistent reservations",
+                path.display()
+            )
+        })?;
         let store: PrStore = Box::new(move |state| match state {
             Some(s) => {
                 std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;

@@ -33,7 +33,9 @@ impl Daemon {
                 LunView {
                     lun,
                     vdisk: vd.clone(),
-                    online: v.is_some(),
+                    // The vdisk is there but its LUN may still not be presented: its saved
+                    // state could not be taken (the daemon's log says why).
+                    online: v.is_some() && presented.is_some(),
                     size: v.map(|(_, v)| v.size()),
                     reservations: presented.map(|l| l.reservations()).and_then(reservations_view),
                     access,
