@@ -319,7 +319,9 @@ impl Engine {
         let engine = Engine {
             s,
             vdisks: RwLock::new(vdisks),
-            next_id: AtomicU64::new((max_id + 1).max(stored_next)),
+            // Saturating: an id at the top (a damaged key) leaves no id for a new vdisk,
+            // which `create_vdisk` then says, rather than wrap around to ids in use.
+            next_id: AtomicU64::new(max_id.saturating_add(1).max(stored_next)),
             admin: Mutex::new(()),
             scrubbing: Mutex::new(()),
             metadata_job: Mutex::new(()),
@@ -384,7 +386,10 @@ impl Engine {
             return Err(VolumeError::Exists(spec.name.clone()));
         }
         let c = VdiskConfig {
-            id: self.next_id.fetch_add(1, Ordering::SeqCst),
+            id: self
+                .next_id
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_add(1))
+                .map_err(|_| VolumeError::Invalid("every vdisk id of this pool has been used".into()))?,
             name: spec.name.clone(),
             size: spec.size,
             block_size,
@@ -455,7 +460,9 @@ impl Engine {
         b.put(
             CF_POOL,
             NEXT_VDISK_ID_KEY,
-            (c.id + 1).max(self.next_id.load(Ordering::SeqCst)).to_le_bytes(),
+            c.id.saturating_add(1)
+                .max(self.next_id.load(Ordering::SeqCst))
+                .to_le_bytes(),
         );
         meta.commit(b, true)?;
         Ok(())

@@ -590,6 +590,29 @@ fn a_dedup_settings_record_that_cannot_be_read_turns_dedup_off_and_says_so() {
     rig.assert_consistent();
 }
 
+/// A next vdisk id at the top of its range (a damaged record) neither wraps around to ids in
+/// use nor stops the import: the pool serves its vdisks, and a new one is refused with why.
+#[test]
+fn a_pool_whose_vdisk_ids_ran_out_refuses_new_vdisks_and_serves_the_rest() {
+    let mut rig = populated();
+    let want = {
+        let e = rig.engine();
+        let mut b = MetaBatch::new();
+        b.put(CF_POOL, b"next_vdisk_id", u64::MAX.to_le_bytes());
+        e.pool().meta().commit(b, true).unwrap();
+        contents(e)
+    };
+    rig.reopen();
+    let e = rig.engine();
+    let refused = e
+        .create_vdisk(&spec("new", 16 * MIB, LayoutKind::Mirror, Provisioning::Thin))
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains("every vdisk id"), "{refused}");
+    assert_same(&contents(e), &want);
+    rig.assert_consistent();
+}
+
 /// A vdisk made under the name of one left out for its unreadable record, and the record put
 /// back: the one made last keeps the name (the hosts used it meanwhile), the other is left
 /// out as before, its data kept, and named; once the newer one is deleted, it is back whole.
