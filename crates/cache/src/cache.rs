@@ -462,6 +462,17 @@ impl WriteCache {
                 .iter()
                 .filter_map(|&p| pool.readable_disk(p).map(|d| (p, d)))
                 .collect();
+            // A ring larger than a disk of it holds was never written there: the record is
+            // damaged, and its writes are refused rather than replayed from past the disk's end
+            // (or taken for lost).
+            if let Some((_, d)) = st.devices.iter().find(|(_, d)| ring_room(d) < rec.area) {
+                return Err(CacheError::Log(format!(
+                    "the log record holds a ring of {} bytes, more than its disk {} holds ({} bytes): it is damaged",
+                    rec.area,
+                    d.path(),
+                    ring_room(d)
+                )));
+            }
             if st.devices.is_empty() && !rec.devices.is_empty() {
                 error!(pool = %pool.name(), disks = ?rec.devices, "no disk of the write-back log is readable: writes it held and had not destaged are lost");
             }

@@ -41,9 +41,43 @@ pub fn log_disks(meta: &tessera_pool::MetaStore) -> Result<Vec<u32>> {
 pub(crate) fn load_record(pool: &Pool) -> Result<Option<LogRecord>> {
     match pool.meta().get(CF_POOL, RECORD_KEY)? {
         None => Ok(None),
-        Some(v) => serde_json::from_slice(&v)
-            .map(Some)
-            .map_err(|e| CacheError::Log(format!("unreadable log record: {e}"))),
+        Some(v) => {
+            let rec: LogRecord =
+                serde_json::from_slice(&v).map_err(|e| CacheError::Log(format!("unreadable log record: {e}")))?;
+            rec.check()
+                .map_err(|e| CacheError::Log(format!("the log record holds {e}: it is damaged")))?;
+            Ok(Some(rec))
+        }
+    }
+}
+
+/// Past any sequence number a log reaches (a batch a microsecond for a hundred thousand
+/// years is below 2^62), so that counting on from a record never wraps around.
+const MOST_SEQ: u64 = 1 << 62;
+
+impl LogRecord {
+    /// Refuses values no log is made with: a ring not in whole blocks, a tail outside it,
+    /// a sequence number near the end of its range, a disk listed twice. Replayed from
+    /// such a record, the log would be read and written where it is not.
+    pub(crate) fn check(&self) -> std::result::Result<(), String> {
+        if self.area % BLOCK as u64 != 0 {
+            return Err(format!("a ring of {} bytes, not whole blocks", self.area));
+        }
+        if self.tail > self.area || self.tail % BLOCK as u64 != 0 {
+            return Err(format!("a tail at {} in a ring of {} bytes", self.tail, self.area));
+        }
+        if self.seq >= MOST_SEQ {
+            return Err(format!("sequence number {}", self.seq));
+        }
+        if let Some(p) = self
+            .devices
+            .iter()
+            .enumerate()
+            .find_map(|(i, p)| self.devices[..i].contains(p).then_some(p))
+        {
+            return Err(format!("disk {p} twice"));
+        }
+        Ok(())
     }
 }
 

@@ -613,6 +613,57 @@ fn a_pool_whose_vdisk_ids_ran_out_refuses_new_vdisks_and_serves_the_rest() {
     rig.assert_consistent();
 }
 
+/// A write-back log record that reads but holds what no log has (a tail outside its ring, a
+/// ring larger than its disk, a sequence number at the end of its range) stops the import
+/// with why, rather than replay the log from where it is not or take its writes for lost;
+/// put right, the writes the log held are all there.
+#[test]
+fn a_write_back_log_record_no_log_has_stops_the_import_with_why() {
+    let mut rig = Rig::with_cache(2, 64 * MIB, MIB, 1);
+    rig.engine()
+        .cache()
+        .set_destage_delay(std::time::Duration::from_secs(3600));
+    let mut s = spec("a", 16 * MIB, LayoutKind::Simple, Provisioning::Thin);
+    s.columns = Some(1);
+    let a = rig.engine().create_vdisk(&s).unwrap();
+    let data = pattern(5, 0, 64 << 10);
+    a.write(0, &data, true).unwrap();
+    assert!(rig.engine().cache_status().dirty_bytes > 0, "the log holds the write");
+    drop(a);
+    let record = rig
+        .engine()
+        .pool()
+        .meta()
+        .get(CF_POOL, b"write-cache")
+        .unwrap()
+        .unwrap();
+    let good: serde_json::Value = serde_json::from_slice(&record).unwrap();
+    for (field, value, says) in [
+        ("tail", good["area"].as_u64().unwrap() + 4096, "a tail at"),
+        ("area", 1u64 << 40, "more than its disk"),
+        ("seq", u64::MAX - 1, "sequence number"),
+    ] {
+        let mut bad = good.clone();
+        bad[field] = value.into();
+        let mut b = MetaBatch::new();
+        b.put(CF_POOL, b"write-cache", serde_json::to_vec(&bad).unwrap());
+        rig.engine().pool().meta().commit(b, true).unwrap();
+        rig.engine = None;
+        let e = rig.open_error().expect("the import is refused");
+        assert!(e.contains(says) && e.contains("damaged"), "{field}: {e}");
+        {
+            let meta = tessera_pool::MetaStore::open(&rig.dir.path().join("pool").join("meta")).unwrap();
+            let mut b = MetaBatch::new();
+            b.put(CF_POOL, b"write-cache", record.clone());
+            meta.commit(b, true).unwrap();
+        }
+        rig.reopen();
+        let mut back = vec![0; data.len()];
+        rig.engine().vdisk("a").unwrap().read(0, &mut back).unwrap();
+        assert!(back == data, "{field}: the log's writes are there");
+    }
+}
+
 /// A vdisk made under the name of one left out for its unreadable record, and the record put
 /// back: the one made last keeps the name (the hosts used it meanwhile), the other is left
 /// out as before, its data kept, and named; once the newer one is deleted, it is back whole.
