@@ -128,7 +128,7 @@ impl MetaStore {
                 message: format!(
                     "refused: {why}, and what the pool holds in memory may differ from its records; \
                      it must be opened again from them (a pool on RADOS is, by its gateway; a local \
-                     pool when the daemon restarts)"
+                     pool by `tessera pool import NAME`, or when the daemon restarts)"
                 ),
             }),
             None => Ok(()),

@@ -322,8 +322,12 @@ impl Daemon {
             }
         }
         let _admin = self.admin.lock();
-        if self.pools.read().contains_key(name) {
-            return Err(ApiError::exists(format!("pool '{name}' is already imported")));
+        let store = self.pools.read().get(name).map(|e| e.pool().meta().whole());
+        match store {
+            // A pool on RADOS is opened again by its gateway.
+            Some(Err(why)) if !self.is_rados_pool(name) => self.close_for_reopening(name, &why.to_string())?,
+            Some(_) => return Err(ApiError::exists(format!("pool '{name}' is already imported"))),
+            None => {}
         }
         let dir = self.pool_dir(name);
         if !dir.join("meta").is_dir() {
@@ -353,6 +357,50 @@ impl Daemon {
         self.targets.present_missing(&|vd| self.resolve_lun(vd));
         self.nbd.present_missing(&resolve, &|vd| self.may_export_writable(vd));
         self.pool_summary(name)
+    }
+
+    /// Stops serving pool `name` here: its LUNs, exports and copy tokens are withdrawn (their
+    /// configuration stays), and it is listed as unavailable for `why` before it leaves the
+    /// served pools, so that `pool list` never misses it in between (while a pool handed over
+    /// is checkpointed and given up in etcd, for one). Returns its engine, if it was served.
+    pub(super) fn stop_serving(&self, name: &str, why: String) -> Option<Arc<Engine>> {
+        self.targets.withdraw_served(name);
+        self.nbd.withdraw_pool(name);
+        self.targets.copy.revoke_pool(name);
+        self.unavailable.write().insert(name.to_string(), why);
+        self.pools.write().remove(name)
+    }
+
+    /// Stops serving a local pool whose metadata store failed a change of unknown outcome, so
+    /// that an import opens it again from its records, as a restart of the daemon would,
+    /// without stopping the other pools: its LUNs and exports are withdrawn (their
+    /// configuration kept: the import presents them again), it is listed as unavailable, and
+    /// its engine closed once the requests in flight let go of it. Refused while a job runs
+    /// on it.
+    fn close_for_reopening(&self, name: &str, why: &str) -> ApiResult<()> {
+        let jobs = self.jobs.running_on(name);
+        if !jobs.is_empty() {
+            return Err(ApiError::busy(format!(
+                "cannot open pool '{name}' again: job(s) {jobs:?} are running on it; cancel them first"
+            )));
+        }
+        warn!(pool = %name, why, "opening the pool again from its records");
+        let Some(mut engine) = self.stop_serving(name, format!("being opened again: {why}")) else {
+            return Ok(());
+        };
+        for _ in 0..500 {
+            match Arc::try_unwrap(engine) {
+                Ok(e) => {
+                    drop(e);
+                    return Ok(());
+                }
+                Err(back) => engine = back,
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Err(ApiError::busy(format!(
+            "pool '{name}' is no longer served but requests in flight still hold it; run 'tessera pool import {name}' again in a moment"
+        )))
     }
 
     /// Takes a pool out of the map for export or destroy; refused while a job or a request

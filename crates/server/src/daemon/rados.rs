@@ -514,18 +514,6 @@ impl Daemon {
             .ok()
     }
 
-    /// Stops serving pool `name` here: its LUNs, exports and copy tokens are withdrawn (their
-    /// configuration stays), and it is listed as unavailable for `why` before it leaves the
-    /// served pools, so that `pool list` never misses it in between (while a pool handed over
-    /// is checkpointed and given up in etcd, for one). Returns its engine, if it was served.
-    fn stop_serving(&self, name: &str, why: String) -> Option<Arc<Engine>> {
-        self.targets.withdraw_served(name);
-        self.nbd.withdraw_pool(name);
-        self.targets.copy.revoke_pool(name);
-        self.unavailable.write().insert(name.to_string(), why);
-        self.pools.write().remove(name)
-    }
-
     /// Gives up pool `name`, owned here at `epoch`, as a handover and a reopening do: the
     /// pool's ports take the state given, standby LUNs take the real ones' places (each in
     /// one step, so that a host's path checker finds the LUN in standby or transitioning,
