@@ -652,7 +652,8 @@ pub enum PoolCmd {
     /// Destroy an empty pool: wipes its disks' labels and its metadata.
     Destroy { name: String },
     /// Import a pool of the state directory, or one on RADOS that another gateway made
-    /// (--rados); without NAME, list those that can be imported.
+    /// (--rados); without NAME, list those that can be imported. An imported pool whose
+    /// metadata store failed a change is opened again from its records.
     Import {
         name: Option<String>,
         #[command(flatten)]
