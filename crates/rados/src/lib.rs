@@ -103,10 +103,15 @@ impl Cluster {
         // From here on the handle is ours to shut down, whatever fails.
         let c = Cluster { handle };
         let path = cstr("configuration file", conf)?;
+        // An option this librados does not know (ENOENT) names nothing it follows.
+        let known = |r: Result<String>| match r {
+            Err(e) if e.errno() == Some(libc::ENOENT) => Ok(None),
+            r => r.map(Some),
+        };
         let defaults = FILE_OPTIONS
             .iter()
-            .map(|o| c.conf_get(o))
-            .collect::<Result<Vec<String>>>()?;
+            .map(|o| known(c.conf_get(o)))
+            .collect::<Result<Vec<Option<String>>>>()?;
         // SAFETY: a live handle and a NUL-terminated path.
         check(
             unsafe { rados_conf_read_file(c.handle, path.as_ptr()) },
@@ -115,9 +120,11 @@ impl Cluster {
         )?;
         let mut changed = Vec::new();
         for (o, default) in FILE_OPTIONS.iter().zip(defaults) {
-            let value = c.conf_get(o)?;
-            if value != default {
-                changed.push((*o, value));
+            if let Some(default) = default {
+                let value = c.conf_get(o)?;
+                if value != default {
+                    changed.push((*o, value));
+                }
             }
         }
         vet(&changed).map_err(RadosError::Invalid)?;
