@@ -461,6 +461,13 @@ fn a_ceph_configuration_file_named_through_the_api_leads_nowhere_outside_the_dat
             &format!("{}/", elsewhere.display()),
         ),
     );
+    let touched_elsewhere = write(
+        "touched-elsewhere.conf",
+        &format!(
+            "{moved}\n[global]\nheartbeat_file = {}\n",
+            elsewhere.join("heartbeat").display()
+        ),
+    );
     let inside = write("inside.conf", &moved);
     let config = format!(
         "data_paths = [\"{}\"]\n{}",
@@ -475,6 +482,11 @@ fn a_ceph_configuration_file_named_through_the_api_leads_nowhere_outside_the_dat
     let e = a.fails(&create_rados_pool_args(&pool, &socket_elsewhere));
     assert!(
         e.contains("sets admin_socket") && e.contains("outside the places"),
+        "{e}"
+    );
+    let e = a.fails(&create_rados_pool_args(&pool, &touched_elsewhere));
+    assert!(
+        e.contains("sets heartbeat_file") && e.contains("outside the places"),
         "{e}"
     );
     assert!(a.json(&["pool", "list"]).as_array().unwrap().is_empty());

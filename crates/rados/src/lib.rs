@@ -37,11 +37,15 @@ use std::sync::Mutex;
 use ffi::*;
 
 /// The options of a client's configuration that name files: those it reads (its keys),
-/// writes or makes (its log, its admin socket) and loads code from (plugins).
+/// writes or makes (its log, its admin socket, the file its service thread touches while
+/// healthy) and loads code from (plugins); and who else may use its admin socket, which
+/// can change any option, these too, once the client runs.
 pub const FILE_OPTIONS: &[&str] = &[
     "keyring",
     "keyfile",
     "admin_socket",
+    "admin_socket_mode",
+    "heartbeat_file",
     "log_file",
     "run_dir",
     "crash_dir",

@@ -172,6 +172,18 @@ impl DataPaths {
                     )));
                 }
                 "plugin_dir" | "erasure_code_dir" => {}
+                // Whoever may write to the socket may `config set` the options vetted here.
+                "admin_socket_mode" => match u32::from_str_radix(value, 8) {
+                    Ok(mode) if mode & 0o022 == 0 => {}
+                    _ => {
+                        return Err(why(
+                            "the client's admin socket would let other users than the daemon's change its \
+                             options (its log, its keyrings): leave it unset, or give no write permission \
+                             to group or others"
+                                .into(),
+                        ))
+                    }
+                },
                 _ if value.is_empty() => {}
                 _ => {
                     self.locate_new(Path::new(value), DataUse::CephConf).map_err(why)?;
@@ -299,6 +311,17 @@ mod tests {
         assert!(e.contains("without '..'"), "{e}");
         let e = vet("plugin_dir", at(&data)).unwrap_err();
         assert!(e.contains("loads code"), "{e}");
+        let e = vet("heartbeat_file", "/etc/nologin".into()).unwrap_err();
+        assert!(
+            e.contains("sets heartbeat_file") && e.contains("outside the places"),
+            "{e}"
+        );
+        vet("heartbeat_file", at(&data.join("client.heartbeat"))).unwrap();
+        vet("admin_socket_mode", "0750".into()).unwrap();
+        for mode in ["0777", "0660", "0602", "rw-rw-rw-", "-1"] {
+            let e = vet("admin_socket_mode", mode.into()).unwrap_err();
+            assert!(e.contains("other users"), "{mode}: {e}");
+        }
         let unconfined = DataPaths::new(&state, &[]);
         let e = unconfined
             .vet_ceph_options("/c", &[("log_file", at(&state.join("x.log")))])
