@@ -454,21 +454,36 @@ fn a_ceph_configuration_file_named_through_the_api_leads_nowhere_outside_the_dat
         p.display().to_string()
     };
     let as_is = write("as-is.conf", &text);
+    // The cluster's file less what it says of where its client makes files.
+    let made = ["run_dir", "admin_socket", "log_file", "pid_file"];
+    let bare: String = moved
+        .lines()
+        .filter(|l| !made.iter().any(|m| l.starts_with(m)))
+        .map(|l| format!("{l}\n"))
+        .collect();
     let socket_elsewhere = write(
         "socket-elsewhere.conf",
-        &moved.replace(
-            &format!("{}/run/", data.display()),
-            &format!("{}/", elsewhere.display()),
+        &format!(
+            "{bare}\n[client]\nadmin_socket = {}\n",
+            elsewhere.join("client.asok").display()
         ),
     );
     let touched_elsewhere = write(
         "touched-elsewhere.conf",
         &format!(
-            "{moved}\n[global]\nheartbeat_file = {}\n",
+            "{bare}\n[global]\nheartbeat_file = {}\n",
             elsewhere.join("heartbeat").display()
         ),
     );
-    let inside = write("inside.conf", &moved);
+    // Even inside the data paths: a link put in the log's place before the client opens it
+    // would lead anywhere.
+    let logged_inside = write(
+        "logged-inside.conf",
+        &format!(
+            "{bare}\n[global]\nlog_file = {}\n",
+            data.join("log").join("client.log").display()
+        ),
+    );
     let config = format!(
         "data_paths = [\"{}\"]\n{}",
         data.display(),
@@ -479,30 +494,70 @@ fn a_ceph_configuration_file_named_through_the_api_leads_nowhere_outside_the_dat
     assert!(e.contains("outside the places"), "the cluster's own file: {e}");
     let e = a.fails(&create_rados_pool_args(&pool, &as_is));
     assert!(e.contains("sets keyring") && e.contains("outside the places"), "{e}");
-    let e = a.fails(&create_rados_pool_args(&pool, &socket_elsewhere));
-    assert!(
-        e.contains("sets admin_socket") && e.contains("outside the places"),
-        "{e}"
-    );
-    let e = a.fails(&create_rados_pool_args(&pool, &touched_elsewhere));
-    assert!(
-        e.contains("sets heartbeat_file") && e.contains("outside the places"),
-        "{e}"
-    );
+    for (file, option) in [
+        (&socket_elsewhere, "admin_socket"),
+        (&touched_elsewhere, "heartbeat_file"),
+        (&logged_inside, "log_file"),
+    ] {
+        let e = a.fails(&create_rados_pool_args(&pool, file));
+        assert!(
+            e.contains(&format!("sets {option}")) && e.contains("makes that file by its name"),
+            "{e}"
+        );
+    }
     assert!(a.json(&["pool", "list"]).as_array().unwrap().is_empty());
+    // A file that names the monitors names who configures the client too: what the cluster's
+    // configuration database says of the client's files counts no more than the file would.
+    let client = format!("confined{pid}");
+    let entity = format!("client.{client}");
+    let keyring = data.join("confined.keyring");
+    let _ = run("ceph", &["-c", &conf, "auth", "rm", &entity]);
+    ok(
+        "ceph",
+        &[
+            "-c",
+            &conf,
+            "auth",
+            "get-or-create",
+            &entity,
+            "mon",
+            "profile rbd",
+            "osd",
+            &format!("profile rbd pool={RADOS_POOL}"),
+            "-o",
+            keyring.to_str().unwrap(),
+        ],
+    );
+    let mon_log = elsewhere.join("from-the-monitors.log");
+    ok(
+        "ceph",
+        &[
+            "-c",
+            &conf,
+            "config",
+            "set",
+            &entity,
+            "log_file",
+            mon_log.to_str().unwrap(),
+        ],
+    );
+    let inside = write(
+        "inside.conf",
+        &format!("{bare}\n[{entity}]\nkeyring = {}\n", keyring.display()),
+    );
+    let mut args = create_rados_pool_args(&pool, &inside).to_vec();
+    args.extend(["--client-name", &client]);
+    let out = a.ok(&args);
+    let _ = run("ceph", &["-c", &conf, "config", "rm", &entity, "log_file"]);
+    assert!(out.contains("owned by gateway gw-a"), "{out}");
     assert_eq!(
         std::fs::read_dir(&elsewhere).unwrap().count(),
         0,
-        "the refused client made nothing"
-    );
-    let out = create_rados_pool(&a, &pool, &inside);
-    assert!(out.contains("owned by gateway gw-a"), "{out}");
-    assert!(
-        data.join("log").join("client.admin.log").exists(),
-        "the client's log is where the file inside says"
+        "neither a refused client nor the monitors made a file there"
     );
     a.ok(&["pool", "destroy", &pool]);
     a.stop();
+    let _ = run("ceph", &["-c", &conf, "auth", "rm", &entity]);
 }
 
 /// What daemon `d` serves at `GET /metrics`.
@@ -708,6 +763,33 @@ fn gateways_need_only_the_caps_of_librbd_and_one_that_cannot_fence_serves_nothin
     }
 }
 
+/// Waits until every OSD holds the cluster's newest map (one that blocklists a client, say):
+/// the monitors answer before the OSDs hear of it, and an OSD that has not yet applies what
+/// it is sent.
+#[cfg(feature = "rados")]
+fn osds_caught_up(conf: &str) {
+    let json = |args: &[&str]| -> serde_json::Value {
+        let out = ok("ceph", &[&["-c", conf, "-f", "json"], args].concat());
+        let at = out
+            .find(['{', '['])
+            .unwrap_or_else(|| panic!("no JSON from ceph {args:?}: {out}"));
+        serde_json::Deserializer::from_str(&out[at..])
+            .into_iter()
+            .next()
+            .unwrap()
+            .unwrap_or_else(|e| panic!("ceph {args:?}: {e}: {out}"))
+    };
+    let epoch = json(&["osd", "dump"])["epoch"].as_u64().unwrap();
+    let t0 = Instant::now();
+    for id in json(&["osd", "ls"]).as_array().unwrap() {
+        let osd = format!("osd.{id}");
+        while json(&["tell", &osd, "status"])["newest_map"].as_u64().unwrap() < epoch {
+            assert!(t0.elapsed() < Duration::from_secs(60), "{osd} is not given map {epoch}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
 /// A pool whose writes the cluster refused (here its gateway's client is blocklisted, as a
 /// timeout or an operator could have it) is opened again by that gateway, through a fresh
 /// client at a new epoch: the host's write fails (over iSCSI with NOT READY, ASYMMETRIC
@@ -762,6 +844,7 @@ fn a_pool_whose_writes_were_refused_is_opened_again_and_goes_on() {
     let epoch = before["rados"]["epoch"].as_i64().unwrap();
 
     ok("ceph", &["-c", &conf, "osd", "blocklist", "add", &client]);
+    osds_caught_up(&conf);
     // Refused by the cluster: nothing written, and the host told to send it again.
     let r = iscsi_write(8192, 2);
     assert_eq!(

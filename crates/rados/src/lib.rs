@@ -82,18 +82,34 @@ impl Cluster {
     /// Connects as `client.<client>` with the configuration file `conf` (its keyring, monitors
     /// and timeouts), then applies `options` (name, value) over it.
     pub fn connect(conf: &str, client: &str, options: &[(&str, &str)]) -> Result<Cluster> {
-        Self::connect_vetted(conf, client, options, |_| Ok(()))
+        Self::open(
+            conf,
+            client,
+            options,
+            None::<fn(&[(&'static str, String)]) -> std::result::Result<(), String>>,
+        )
     }
 
     /// As [`connect`](Self::connect), but `vet` first sees which of [`FILE_OPTIONS`] the file
     /// changed, with the values the client would use (metavariables such as `$name`
     /// expanded), and may refuse them: a configuration file someone else could write must not
-    /// lead the client to read, write or load files elsewhere.
+    /// lead the client to read, write or load files elsewhere. Every one of them is then set
+    /// to the value vetted, above what the monitors' configuration database may say at
+    /// connection: a file that names a monitor names who configures the client too.
     pub fn connect_vetted(
         conf: &str,
         client: &str,
         options: &[(&str, &str)],
         vet: impl FnOnce(&[(&'static str, String)]) -> std::result::Result<(), String>,
+    ) -> Result<Cluster> {
+        Self::open(conf, client, options, Some(vet))
+    }
+
+    fn open(
+        conf: &str,
+        client: &str,
+        options: &[(&str, &str)],
+        vet: Option<impl FnOnce(&[(&'static str, String)]) -> std::result::Result<(), String>>,
     ) -> Result<Cluster> {
         let name = cstr("client name", &format!("client.{client}"))?;
         let cluster = cstr("cluster name", "ceph")?;
@@ -123,27 +139,41 @@ impl Cluster {
             conf,
         )?;
         let mut changed = Vec::new();
+        let mut vetted = Vec::new();
         for (o, default) in FILE_OPTIONS.iter().zip(defaults) {
             if let Some(default) = default {
                 let value = c.conf_get(o)?;
                 if value != default {
-                    changed.push((*o, value));
+                    changed.push((*o, value.clone()));
                 }
+                vetted.push((*o, value));
             }
         }
-        vet(&changed).map_err(RadosError::Invalid)?;
+        if let Some(vet) = vet {
+            vet(&changed).map_err(RadosError::Invalid)?;
+            // Options set here rank above the monitors' (which rank above defaults only).
+            for (o, value) in &vetted {
+                c.conf_set(o, value)?;
+            }
+        }
         for (k, v) in options {
-            let (ck, cv) = (cstr("option", k)?, cstr("option value", v)?);
-            // SAFETY: a live handle and NUL-terminated strings.
-            check(
-                unsafe { rados_conf_set(c.handle, ck.as_ptr(), cv.as_ptr()) },
-                "set option",
-                k,
-            )?;
+            c.conf_set(k, v)?;
         }
         // SAFETY: a configured handle.
         check(unsafe { rados_connect(c.handle) }, "connect", conf)?;
         Ok(c)
+    }
+
+    /// Sets a configuration option, above what the file and the monitors say.
+    fn conf_set(&self, option: &str, value: &str) -> Result<()> {
+        let (ck, cv) = (cstr("option", option)?, cstr("option value", value)?);
+        // SAFETY: a live handle and NUL-terminated strings.
+        check(
+            unsafe { rados_conf_set(self.handle, ck.as_ptr(), cv.as_ptr()) },
+            "set option",
+            option,
+        )?;
+        Ok(())
     }
 
     /// The value of a configuration option as the client would use it.

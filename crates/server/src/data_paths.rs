@@ -148,16 +148,18 @@ impl DataPaths {
 
     /// Refuses what a Ceph configuration file the API named (`conf`) sets of the files its
     /// client reads, writes or loads code from (`changed`: option, value as the client would
-    /// use it): keyrings must be where a configuration file may be, a log or an admin
-    /// socket be made there too, and where `data_paths` are configured, the places plugins
-    /// are loaded from are left as they are. Otherwise a file the token's holder can write
-    /// would have the daemon read, append to or load whatever it names.
+    /// use it): keyrings must be where a configuration file may be, and where `data_paths`
+    /// are configured, where the client makes files (a log, an admin socket) and loads
+    /// plugins from are left as they are; without them, files are not made in the daemon's
+    /// state. Otherwise a file the token's holder can write would have the daemon read,
+    /// append to or load whatever it names.
     pub fn vet_ceph_options(&self, conf: &str, changed: &[(&str, String)]) -> Result<(), String> {
         for (option, value) in changed {
             let why = |e: String| format!("the Ceph configuration file {conf} sets {option} = {value}: {e}");
             match *option {
                 "keyring" | "keyfile" => {
-                    for p in value.split([',', ';', ' ', '\t']).filter(|p| !p.is_empty()) {
+                    // As librados splits a list of files to search (`=` among them).
+                    for p in value.split([',', ';', '=', ' ', '\t']).filter(|p| !p.is_empty()) {
                         let p = Path::new(p);
                         self.check_named(p, DataUse::CephConf).map_err(why)?;
                         if p.symlink_metadata().is_ok() {
@@ -185,6 +187,16 @@ impl DataPaths {
                     }
                 },
                 _ if value.is_empty() => {}
+                // The client makes these by name, following a link in its place: one put
+                // there between this check and its open would lead anywhere (a log appended
+                // to /etc/cron.d). Without data_paths the API may name any file anyway.
+                _ if self.confined() => {
+                    return Err(why(format!(
+                        "the client makes that file by its name; where data_paths are configured, only {} \
+                         may say where (leave it unset in a file named through the API)",
+                        crate::rados_pools::DEFAULT_CEPH_CONF
+                    )));
+                }
                 _ => {
                     self.locate_new(Path::new(value), DataUse::CephConf).map_err(why)?;
                 }
@@ -295,9 +307,20 @@ mod tests {
 
         // Inside the data paths, or not there yet but for the places searched: taken.
         vet("keyring", format!("{},{}", at(&keyring), at(&data.join("none")))).unwrap();
-        vet("admin_socket", at(&data.join("client.asok"))).unwrap();
-        vet("log_file", at(&data.join("client.log"))).unwrap();
         vet("log_file", String::new()).unwrap();
+        // A list split on '=' too, as librados splits it.
+        let e = vet("keyring", format!("{}={}", at(&data.join("none")), at(&secret))).unwrap_err();
+        assert!(e.contains("outside the places"), "{e}");
+        // Files the client makes, even inside: a link could take their place before it does.
+        for (o, f) in [
+            ("admin_socket", "client.asok"),
+            ("log_file", "client.log"),
+            ("heartbeat_file", "client.heartbeat"),
+            ("run_dir", "run"),
+        ] {
+            let e = vet(o, at(&data.join(f))).unwrap_err();
+            assert!(e.contains("makes that file by its name"), "{o}: {e}");
+        }
         // Elsewhere, through a link, in the daemon's state, or code: refused, saying which.
         let e = vet("keyring", format!("{},{}", at(&keyring), at(&secret))).unwrap_err();
         assert!(e.contains("sets keyring") && e.contains("outside the places"), "{e}");
@@ -306,17 +329,13 @@ mod tests {
         let e = vet("admin_socket", at(&elsewhere.join("a.asok"))).unwrap_err();
         assert!(e.contains("sets admin_socket"), "{e}");
         let e = vet("log_file", "/etc/cron.d/tessera".into()).unwrap_err();
-        assert!(e.contains("outside the places"), "{e}");
-        let e = vet("log_file", at(&data.join("../elsewhere/x.log"))).unwrap_err();
+        assert!(e.contains("makes that file"), "{e}");
+        let e = vet("keyring", at(&data.join("../elsewhere/secret"))).unwrap_err();
         assert!(e.contains("without '..'"), "{e}");
         let e = vet("plugin_dir", at(&data)).unwrap_err();
         assert!(e.contains("loads code"), "{e}");
         let e = vet("heartbeat_file", "/etc/nologin".into()).unwrap_err();
-        assert!(
-            e.contains("sets heartbeat_file") && e.contains("outside the places"),
-            "{e}"
-        );
-        vet("heartbeat_file", at(&data.join("client.heartbeat"))).unwrap();
+        assert!(e.contains("sets heartbeat_file"), "{e}");
         vet("admin_socket_mode", "0750".into()).unwrap();
         for mode in ["0777", "0660", "0602", "rw-rw-rw-", "-1"] {
             let e = vet("admin_socket_mode", mode.into()).unwrap_err();
@@ -325,6 +344,10 @@ mod tests {
         let unconfined = DataPaths::new(&state, &[]);
         let e = unconfined
             .vet_ceph_options("/c", &[("log_file", at(&state.join("x.log")))])
+            .unwrap_err();
+        assert!(e.contains("inside the daemon's state directory"), "{e}");
+        let e = unconfined
+            .vet_ceph_options("/c", &[("log_file", at(&elsewhere.join("../state/x.log")))])
             .unwrap_err();
         assert!(e.contains("inside the daemon's state directory"), "{e}");
         unconfined

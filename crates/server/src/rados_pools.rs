@@ -151,7 +151,7 @@ mod real {
     /// was named through the API: it is read through the file `paths` found and checked (no
     /// link swapped in between leads elsewhere), at every connection, so that a change of
     /// `data_paths` counts for pools made before it, and the files it names are vetted
-    /// ([`DataPaths::vet_ceph_options`]).
+    /// ([`DataPaths::vet_ceph_options`]) and kept so, whatever its monitors say.
     fn connect(placement: &Placement, paths: &DataPaths) -> Result<Arc<Cluster>, String> {
         let named = placement.ceph_conf != DEFAULT_CEPH_CONF;
         let found = match named {
@@ -162,25 +162,24 @@ mod real {
             Some(f) => through(f).display().to_string(),
             None => placement.ceph_conf.clone(),
         };
-        let cluster = Cluster::connect_vetted(
-            &conf,
-            &placement.client_name,
-            &[
-                ("rados_osd_op_timeout", CLUSTER_TIMEOUT),
-                ("rados_mon_op_timeout", CLUSTER_TIMEOUT),
-            ],
-            |changed| match named {
-                true => paths.vet_ceph_options(&placement.ceph_conf, changed),
-                false => Ok(()),
-            },
-        )
+        let options = [
+            ("rados_osd_op_timeout", CLUSTER_TIMEOUT),
+            ("rados_mon_op_timeout", CLUSTER_TIMEOUT),
+        ];
+        let client = &placement.client_name;
+        match named {
+            true => Cluster::connect_vetted(&conf, client, &options, |changed| {
+                paths.vet_ceph_options(&placement.ceph_conf, changed)
+            }),
+            false => Cluster::connect(&conf, client, &options),
+        }
         .map_err(|e| {
             format!(
                 "cannot connect to the Ceph cluster of {} as client.{}: {e}",
                 placement.ceph_conf, placement.client_name
             )
-        })?;
-        Ok(Arc::new(cluster))
+        })
+        .map(Arc::new)
     }
 
     /// A connection that only reads a pool's metadata, at a gateway that does not own the
