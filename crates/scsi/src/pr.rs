@@ -646,6 +646,11 @@ impl PrState {
         if dest.same(&self.registrations[i].port) || dest.matches(n) || !ports.contains(port) {
             return Outcome::Check(sense::INVALID_FIELD_IN_PARAMETER_LIST);
         }
+        let new = !self.registrations.iter().any(|g| g.port.same(&dest));
+        // Unless the holder leaves, the port it moves to is one registration more.
+        if new && !unreg && self.registrations.len() >= MAX_REGISTRATIONS {
+            return Outcome::Check(INSUFFICIENT_REGISTRATION_RESOURCES);
+        }
         match self.registrations.iter_mut().find(|g| g.port.same(&dest)) {
             Some(g) => g.key = sa_key,
             None => self.registrations.push(Registration {

@@ -245,6 +245,60 @@ fn register_and_move_and_spec_i_pt() {
 }
 
 #[test]
+fn register_and_move_to_a_new_port_counts_it_among_the_registrations() {
+    let a = nexus(1, "iqn.x:a", 1);
+    let mut s = PrState::default();
+    run(&mut s, &a, 0, 0, 0, 0x10);
+    run(&mut s, &a, 1, WRITE_EXCLUSIVE, 0x10, 0);
+    let r = s.registrations[0].clone();
+    s.registrations.extend((1..MAX_REGISTRATIONS).map(|i| Registration {
+        port: PortId::of(&nexus(9, &format!("iqn.x:other{i}"), 9)),
+        ..r.clone()
+    }));
+    s.check().unwrap();
+    let to = |name: &str, flags: u8| {
+        let tid = PortId::of(&nexus(9, name, 9)).transport_id();
+        let mut m = vec![0u8; 24];
+        m[0..8].copy_from_slice(&0x10u64.to_be_bytes());
+        m[8..16].copy_from_slice(&0x20u64.to_be_bytes());
+        m[17] = flags;
+        m[18..20].copy_from_slice(&RELATIVE_TARGET_PORT.to_be_bytes());
+        m[20..24].copy_from_slice(&(tid.len() as u32).to_be_bytes());
+        m.extend_from_slice(&tid);
+        let mut cdb = out_cdb(7, WRITE_EXCLUSIVE);
+        cdb[5..9].copy_from_slice(&(m.len() as u32).to_be_bytes());
+        (cdb, m)
+    };
+    let mut notes = Vec::new();
+    // Full: a move to a port not registered, the holder staying, would be one too many.
+    let (cdb, m) = to("iqn.x:new", 0);
+    assert_eq!(
+        s.pr_out(&a, &cdb, &m, ONE_PORT, &mut notes),
+        Outcome::Check(INSUFFICIENT_REGISTRATION_RESOURCES)
+    );
+    assert!(s.holds(&a));
+    s.check().unwrap();
+    // To a port already registered, or leaving (UNREG): as many as before.
+    let (cdb, m) = to("iqn.x:other7", 0);
+    assert_eq!(s.pr_out(&a, &cdb, &m, ONE_PORT, &mut notes), Outcome::Good);
+    s.check().unwrap();
+    let b = nexus(9, "iqn.x:other7", 9);
+    let mut m = m;
+    m[0..8].copy_from_slice(&0x20u64.to_be_bytes());
+    m[8..16].copy_from_slice(&0x30u64.to_be_bytes());
+    m[17] = 0x02;
+    let tid = PortId::of(&nexus(9, "iqn.x:new", 9)).transport_id();
+    m.truncate(20);
+    m.extend_from_slice(&(tid.len() as u32).to_be_bytes());
+    m.extend_from_slice(&tid);
+    let mut cdb = out_cdb(7, WRITE_EXCLUSIVE);
+    cdb[5..9].copy_from_slice(&(m.len() as u32).to_be_bytes());
+    assert_eq!(s.pr_out(&b, &cdb, &m, ONE_PORT, &mut notes), Outcome::Good);
+    assert_eq!(s.registrations.len(), MAX_REGISTRATIONS);
+    s.check().unwrap();
+}
+
+#[test]
 fn malformed_parameter_lists_change_nothing() {
     let a = nexus(1, "iqn.x:a", 1);
     let mut s = PrState::default();
