@@ -140,6 +140,18 @@ fn a_pool_whose_metadata_store_failed_is_opened_again_by_an_import() {
     // Room again: an import opens it from its records, without a restart.
     let freed = in_namespace("rm \"$0/junk\"");
     assert!(freed.status.success(), "{freed:?}");
+    // A connection to its export holds the vdisk (and the records) until its client leaves:
+    // the pool is served as it was, and the refusal says what holds it.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let connected = rt
+        .block_on(tessera_nbd::client::Client::connect(&d.nbd_address(), "v"))
+        .unwrap();
+    let e = d.fails(&["pool", "import", "p"]);
+    assert!(e.contains("p/v") && e.contains("NBD export"), "{e}");
+    let warnings = d.json(&["pool", "show", "p"])["warnings"].to_string();
+    assert!(warnings.contains("opened again"), "{warnings}");
+    assert!(d.ok(&["nbd", "list"]).contains("p/v"));
+    drop(connected);
     d.ok(&["pool", "import", "p"]);
     let shown = d.json(&["pool", "show", "p"]);
     assert_eq!(shown["warnings"].as_array().map(Vec::len), Some(0), "{shown}");

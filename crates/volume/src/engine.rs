@@ -480,6 +480,17 @@ impl Engine {
         self.vdisks.read().values().cloned().collect()
     }
 
+    /// Vdisks something outside the engine still holds (a request in flight, a connection of
+    /// an export withdrawn): the pool's records stay open while they do, even once the
+    /// engine is dropped.
+    pub fn vdisks_held_elsewhere(&self) -> Vec<String> {
+        let held = self.vdisks.read();
+        held.iter()
+            .filter(|(_, v)| Arc::strong_count(v) > 1)
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
     /// Grows a vdisk. Shrinking is refused: it would silently drop data.
     pub fn resize_vdisk(&self, name: &str, size: u64) -> Result<()> {
         let _admin = self.admin.lock();

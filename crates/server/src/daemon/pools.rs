@@ -350,12 +350,7 @@ impl Daemon {
         self.unavailable.write().remove(name);
         self.changed("pool.imported", name, None, format!("pool {name} imported"));
         self.settle_replicas(name);
-        let resolve = |vd: &str| {
-            let (p, v) = vd.split_once('/')?;
-            self.vdisk(p, v).ok()
-        };
-        self.targets.present_missing(&|vd| self.resolve_lun(vd));
-        self.nbd.present_missing(&resolve, &|vd| self.may_export_writable(vd));
+        self.present_missing();
         self.pool_summary(name)
     }
 
@@ -375,8 +370,9 @@ impl Daemon {
     /// that an import opens it again from its records, as a restart of the daemon would,
     /// without stopping the other pools: its LUNs and exports are withdrawn (their
     /// configuration kept: the import presents them again), it is listed as unavailable, and
-    /// its engine closed once the requests in flight let go of it. Refused while a job runs
-    /// on it.
+    /// its engine closed once the requests in flight let go of it and its vdisks. Refused
+    /// while a job runs on it; when something still holds it after a while, it is served
+    /// again as it was, and the refusal says what holds it.
     fn close_for_reopening(&self, name: &str, why: &str) -> ApiResult<()> {
         let jobs = self.jobs.running_on(name);
         if !jobs.is_empty() {
@@ -388,19 +384,51 @@ impl Daemon {
         let Some(mut engine) = self.stop_serving(name, format!("being opened again: {why}")) else {
             return Ok(());
         };
+        // Until none is left holding a vdisk (its records would stay open, and the opening
+        // fail), nor the engine (a job started before it left the served pools).
+        let mut held = Vec::new();
         for _ in 0..500 {
-            match Arc::try_unwrap(engine) {
-                Ok(e) => {
-                    drop(e);
-                    return Ok(());
+            held = engine.vdisks_held_elsewhere();
+            if held.is_empty() && self.jobs.running_on(name).is_empty() {
+                match Arc::try_unwrap(engine) {
+                    Ok(e) => {
+                        drop(e);
+                        return Ok(());
+                    }
+                    Err(back) => engine = back,
                 }
-                Err(back) => engine = back,
             }
             std::thread::sleep(Duration::from_millis(10));
         }
+        // Served again as it was: still refusing changes, its LUNs and exports back.
+        self.pools.write().insert(name.to_string(), engine);
+        self.unavailable.write().remove(name);
+        self.present_missing();
+        let what = match held.is_empty() {
+            true => "requests in flight or a job still hold it".to_string(),
+            false => format!(
+                "vdisk(s) {} are still held, by a request in flight or by a connection to an NBD \
+                 export of them (it holds its vdisk until its client disconnects)",
+                held.iter()
+                    .map(|v| format!("{name}/{v}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        };
         Err(ApiError::busy(format!(
-            "pool '{name}' is no longer served but requests in flight still hold it; run 'tessera pool import {name}' again in a moment"
+            "cannot open pool '{name}' again: {what}; it is served as before, and 'tessera pool import {name}' tries again"
         )))
+    }
+
+    /// Presents the LUNs and NBD exports configured whose vdisks are served and that are not
+    /// presented yet (those of a pool served again).
+    fn present_missing(&self) {
+        let resolve = |vd: &str| {
+            let (p, v) = vd.split_once('/')?;
+            self.vdisk(p, v).ok()
+        };
+        self.targets.present_missing(&|vd| self.resolve_lun(vd));
+        self.nbd.present_missing(&resolve, &|vd| self.may_export_writable(vd));
     }
 
     /// Takes a pool out of the map for export or destroy; refused while a job or a request
