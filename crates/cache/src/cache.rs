@@ -1224,7 +1224,8 @@ impl Inner {
                     .take(COPIES)
                     .min()
                     .unwrap_or(room);
-                st.area = smallest;
+                // Not more than this disk holds: the first ones may have been passed over.
+                st.area = smallest.min(room);
                 st.head = 0;
             } else if room < st.area {
                 warn!(
