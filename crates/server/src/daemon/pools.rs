@@ -340,7 +340,12 @@ impl Daemon {
             without_log,
             ..Default::default()
         };
-        let engine = Engine::open_with_options(&dir, &|p| open_disk(p), options)?;
+        let engine = Engine::open_with_options(&dir, &|p| open_disk(p), options).inspect_err(|e| {
+            // Listed unavailable (at start, or closed to be opened again): now for this.
+            if let Some(why) = self.unavailable.write().get_mut(name) {
+                *why = e.to_string();
+            }
+        })?;
         // Recorded before it is served: an import that cannot be recorded is not served
         // (nothing, not a scrub nor a repair, has started on it), and the engine closes here.
         let mut names = self.imported_names();
