@@ -261,12 +261,9 @@ impl Daemon {
         for pool in opened {
             d.settle_replicas(&pool);
         }
-        let resolve = |name: &str| {
-            let (p, v) = name.split_once('/')?;
-            d.vdisk(p, v).ok()
-        };
         d.targets.apply_all(&|vd| d.resolve_lun(vd));
-        d.nbd.present_missing(&resolve, &|vd| d.may_export_writable(vd));
+        d.nbd
+            .present_missing(&|vd| d.served_vdisk(vd), &|vd| d.may_export_writable(vd));
         Ok(d)
     }
 
@@ -352,6 +349,12 @@ impl Daemon {
             ))
         })?;
         Ok((e, v))
+    }
+
+    /// The served vdisk `vd` ("pool/name") and its engine, if there is one.
+    pub(crate) fn served_vdisk(&self, vd: &str) -> Option<(Arc<Engine>, Arc<Vdisk>)> {
+        let (p, v) = vd.split_once('/')?;
+        self.vdisk(p, v).ok()
     }
 
     /// Stops jobs and flushes every pool, with a journal checkpoint so that the next start has

@@ -428,12 +428,9 @@ impl Daemon {
     /// Presents the LUNs and NBD exports configured whose vdisks are served and that are not
     /// presented yet (those of a pool served again).
     fn present_missing(&self) {
-        let resolve = |vd: &str| {
-            let (p, v) = vd.split_once('/')?;
-            self.vdisk(p, v).ok()
-        };
         self.targets.present_missing(&|vd| self.resolve_lun(vd));
-        self.nbd.present_missing(&resolve, &|vd| self.may_export_writable(vd));
+        self.nbd
+            .present_missing(&|vd| self.served_vdisk(vd), &|vd| self.may_export_writable(vd));
     }
 
     /// Takes a pool out of the map for export or destroy; refused while a job or a request

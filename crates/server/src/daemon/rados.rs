@@ -420,16 +420,13 @@ impl Daemon {
                             )
                             .pool(name),
                         );
-                        let resolve = |vd: &str| {
-                            let (p, v) = vd.split_once('/')?;
-                            self.vdisk(p, v).ok()
-                        };
                         self.settle_replicas(name);
                         // The real LUNs take the standby ones' places; but not a replica's
                         // working copy, which the gateway that received it may have left
                         // marked so after the LUN was set up here.
                         self.targets.serve_pool(name, &|vd| self.resolve_lun(vd));
-                        self.nbd.present_missing(&resolve, &|vd| self.may_export_writable(vd));
+                        self.nbd
+                            .present_missing(&|vd| self.served_vdisk(vd), &|vd| self.may_export_writable(vd));
                         return;
                     }
                 },
