@@ -27,6 +27,22 @@ fn run(s: &mut PrState, n: &Nexus, sa: u8, kind: u8, key: u64, sa_key: u64) -> (
     (o, notes)
 }
 
+/// A REGISTER AND MOVE of the holder's reservation (WRITE EXCLUSIVE) to `dest` through
+/// relative port `port`: its CDB and parameter list.
+fn move_to(key: u64, sa_key: u64, flags: u8, port: u16, dest: &PortId) -> ([u8; 10], Vec<u8>) {
+    let tid = dest.transport_id();
+    let mut m = vec![0u8; 24];
+    m[0..8].copy_from_slice(&key.to_be_bytes());
+    m[8..16].copy_from_slice(&sa_key.to_be_bytes());
+    m[17] = flags;
+    m[18..20].copy_from_slice(&port.to_be_bytes());
+    m[20..24].copy_from_slice(&(tid.len() as u32).to_be_bytes());
+    m.extend_from_slice(&tid);
+    let mut cdb = out_cdb(7, WRITE_EXCLUSIVE);
+    cdb[5..9].copy_from_slice(&(m.len() as u32).to_be_bytes());
+    (cdb, m)
+}
+
 #[test]
 fn register_reserve_release_and_access() {
     let (a, b, c) = (nexus(1, "iqn.x:a", 1), nexus(2, "iqn.x:b", 1), nexus(3, "iqn.x:c", 1));
@@ -217,15 +233,7 @@ fn register_and_move_and_spec_i_pt() {
     assert!(s.registration(&b).is_some());
     // a reserves, then moves the reservation to b with a new key, unregistering itself.
     run(&mut s, &a, 1, WRITE_EXCLUSIVE, 0x10, 0);
-    let mut m = vec![0u8; 24];
-    m[0..8].copy_from_slice(&0x10u64.to_be_bytes());
-    m[8..16].copy_from_slice(&0x20u64.to_be_bytes());
-    m[17] = 0x02;
-    m[18..20].copy_from_slice(&RELATIVE_TARGET_PORT.to_be_bytes());
-    m[20..24].copy_from_slice(&(tid.len() as u32).to_be_bytes());
-    m.extend_from_slice(&tid);
-    let mut cdb = out_cdb(7, WRITE_EXCLUSIVE);
-    cdb[5..9].copy_from_slice(&(m.len() as u32).to_be_bytes());
+    let (cdb, m) = move_to(0x10, 0x20, 0x02, RELATIVE_TARGET_PORT, &PortId::of(&b));
     // The relative port must be one the LUN is reached through.
     let gateways = &TargetPorts::Gateways(vec![0x11, 0x2345]);
     assert_eq!(
@@ -233,7 +241,7 @@ fn register_and_move_and_spec_i_pt() {
         Outcome::Check(sense::INVALID_FIELD_IN_PARAMETER_LIST)
     );
     assert!(s.holds(&a));
-    m[18..20].copy_from_slice(&0x2345u16.to_be_bytes());
+    let (cdb, m) = move_to(0x10, 0x20, 0x02, 0x2345, &PortId::of(&b));
     assert_eq!(
         s.pr_out(&a, &cdb, &m, ONE_PORT, &mut notes),
         Outcome::Check(sense::INVALID_FIELD_IN_PARAMETER_LIST)
@@ -256,22 +264,10 @@ fn register_and_move_to_a_new_port_counts_it_among_the_registrations() {
         ..r.clone()
     }));
     s.check().unwrap();
-    let to = |name: &str, flags: u8| {
-        let tid = PortId::of(&nexus(9, name, 9)).transport_id();
-        let mut m = vec![0u8; 24];
-        m[0..8].copy_from_slice(&0x10u64.to_be_bytes());
-        m[8..16].copy_from_slice(&0x20u64.to_be_bytes());
-        m[17] = flags;
-        m[18..20].copy_from_slice(&RELATIVE_TARGET_PORT.to_be_bytes());
-        m[20..24].copy_from_slice(&(tid.len() as u32).to_be_bytes());
-        m.extend_from_slice(&tid);
-        let mut cdb = out_cdb(7, WRITE_EXCLUSIVE);
-        cdb[5..9].copy_from_slice(&(m.len() as u32).to_be_bytes());
-        (cdb, m)
-    };
+    let port = |name: &str| PortId::of(&nexus(9, name, 9));
     let mut notes = Vec::new();
     // Full: a move to a port not registered, the holder staying, would be one too many.
-    let (cdb, m) = to("iqn.x:new", 0);
+    let (cdb, m) = move_to(0x10, 0x20, 0, RELATIVE_TARGET_PORT, &port("iqn.x:new"));
     assert_eq!(
         s.pr_out(&a, &cdb, &m, ONE_PORT, &mut notes),
         Outcome::Check(INSUFFICIENT_REGISTRATION_RESOURCES)
@@ -279,20 +275,11 @@ fn register_and_move_to_a_new_port_counts_it_among_the_registrations() {
     assert!(s.holds(&a));
     s.check().unwrap();
     // To a port already registered, or leaving (UNREG): as many as before.
-    let (cdb, m) = to("iqn.x:other7", 0);
+    let (cdb, m) = move_to(0x10, 0x20, 0, RELATIVE_TARGET_PORT, &port("iqn.x:other7"));
     assert_eq!(s.pr_out(&a, &cdb, &m, ONE_PORT, &mut notes), Outcome::Good);
     s.check().unwrap();
     let b = nexus(9, "iqn.x:other7", 9);
-    let mut m = m;
-    m[0..8].copy_from_slice(&0x20u64.to_be_bytes());
-    m[8..16].copy_from_slice(&0x30u64.to_be_bytes());
-    m[17] = 0x02;
-    let tid = PortId::of(&nexus(9, "iqn.x:new", 9)).transport_id();
-    m.truncate(20);
-    m.extend_from_slice(&(tid.len() as u32).to_be_bytes());
-    m.extend_from_slice(&tid);
-    let mut cdb = out_cdb(7, WRITE_EXCLUSIVE);
-    cdb[5..9].copy_from_slice(&(m.len() as u32).to_be_bytes());
+    let (cdb, m) = move_to(0x20, 0x30, 0x02, RELATIVE_TARGET_PORT, &port("iqn.x:new"));
     assert_eq!(s.pr_out(&b, &cdb, &m, ONE_PORT, &mut notes), Outcome::Good);
     assert_eq!(s.registrations.len(), MAX_REGISTRATIONS);
     s.check().unwrap();
