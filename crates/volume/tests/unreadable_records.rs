@@ -620,9 +620,8 @@ fn a_pool_whose_vdisk_ids_ran_out_refuses_new_vdisks_and_serves_the_rest() {
 #[test]
 fn a_write_back_log_record_no_log_has_stops_the_import_with_why() {
     let mut rig = Rig::with_cache(2, 64 * MIB, MIB, 1);
-    rig.engine()
-        .cache()
-        .set_destage_delay(std::time::Duration::from_secs(3600));
+    // A log of one copy is otherwise destaged at once.
+    rig.engine().cache().hold_destage(true);
     let mut s = spec("a", 16 * MIB, LayoutKind::Simple, Provisioning::Thin);
     s.columns = Some(1);
     let a = rig.engine().create_vdisk(&s).unwrap();

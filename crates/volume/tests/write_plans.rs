@@ -154,7 +154,8 @@ fn a_write_over_data_lost_with_the_write_back_log_is_not_planned() {
     let v = written_vdisk(&e, "v");
     let cache = FaultyDisk::new(Arc::new(MemDisk::new("cache", 66 * MIB)) as DiskRef);
     e.add_cache_disk(cache.clone() as DiskRef).unwrap();
-    e.cache().set_destage_delay(Duration::from_secs(3600));
+    // A log of one copy is otherwise destaged at once, before the disk is pulled or not.
+    e.cache().hold_destage(true);
     v.write(GRAIN, &pattern(2, GRAIN, 4096), true).unwrap();
     cache.faults().pull();
     assert!(e.flush().is_err(), "the log's only disk is gone");
