@@ -30,6 +30,7 @@ use ops::ReadOmap;
 
 use std::collections::BTreeSet;
 use std::ffi::{CStr, CString};
+use std::os::fd::OwnedFd;
 use std::ptr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -56,6 +57,18 @@ pub const FILE_OPTIONS: &[&str] = &[
 /// A connection to a Ceph cluster as one client (`client.NAME`).
 pub struct Cluster {
     handle: rados_t,
+    /// Files options name through their descriptors ([`Vetted`]): open while librados may
+    /// read them, so that the number never names another file meanwhile.
+    _kept: Vec<OwnedFd>,
+}
+
+/// What a vetting of a configuration file's options gives back: values to set instead of
+/// those the file gave (a file checked, named `/proc/self/fd/N`), and the descriptors they
+/// name, kept open as long as the connection.
+#[derive(Debug, Default)]
+pub struct Vetted {
+    pub instead: Vec<(String, String)>,
+    pub keep: Vec<OwnedFd>,
 }
 
 // librados' cluster handle is thread-safe once connected.
@@ -86,7 +99,7 @@ impl Cluster {
             conf,
             client,
             options,
-            None::<fn(&[(&'static str, String)]) -> std::result::Result<(), String>>,
+            None::<fn(&[(&'static str, String)]) -> std::result::Result<Vetted, String>>,
         )
     }
 
@@ -94,13 +107,14 @@ impl Cluster {
     /// changed, with the values the client would use (metavariables such as `$name`
     /// expanded), and may refuse them: a configuration file someone else could write must not
     /// lead the client to read, write or load files elsewhere. Every one of them is then set
-    /// to the value vetted, above what the monitors' configuration database may say at
+    /// to the value vetted, or to the one `vet` returns for it instead (a file checked, named
+    /// through its descriptor), above what the monitors' configuration database may say at
     /// connection: a file that names a monitor names who configures the client too.
     pub fn connect_vetted(
         conf: &str,
         client: &str,
         options: &[(&str, &str)],
-        vet: impl FnOnce(&[(&'static str, String)]) -> std::result::Result<(), String>,
+        vet: impl FnOnce(&[(&'static str, String)]) -> std::result::Result<Vetted, String>,
     ) -> Result<Cluster> {
         Self::open(conf, client, options, Some(vet))
     }
@@ -109,7 +123,7 @@ impl Cluster {
         conf: &str,
         client: &str,
         options: &[(&str, &str)],
-        vet: Option<impl FnOnce(&[(&'static str, String)]) -> std::result::Result<(), String>>,
+        vet: Option<impl FnOnce(&[(&'static str, String)]) -> std::result::Result<Vetted, String>>,
     ) -> Result<Cluster> {
         let name = cstr("client name", &format!("client.{client}"))?;
         let cluster = cstr("cluster name", "ceph")?;
@@ -121,7 +135,10 @@ impl Cluster {
             client,
         )?;
         // From here on the handle is ours to shut down, whatever fails.
-        let c = Cluster { handle };
+        let mut c = Cluster {
+            handle,
+            _kept: Vec::new(),
+        };
         let path = cstr("configuration file", conf)?;
         // An option this librados does not know (ENOENT) names nothing it follows.
         let known = |r: Result<String>| match r {
@@ -150,9 +167,11 @@ impl Cluster {
             }
         }
         if let Some(vet) = vet {
-            vet(&changed).map_err(RadosError::Invalid)?;
+            let Vetted { instead, keep } = vet(&changed).map_err(RadosError::Invalid)?;
+            c._kept = keep;
             // Options set here rank above the monitors' (which rank above defaults only).
             for (o, value) in &vetted {
+                let value = instead.iter().find(|(i, _)| i == o).map_or(value, |(_, v)| v);
                 c.conf_set(o, value)?;
             }
         }

@@ -153,19 +153,31 @@ impl DataPaths {
     /// plugins from are left as they are; without them, files are not made in the daemon's
     /// state. Otherwise a file the token's holder can write would have the daemon read,
     /// append to or load whatever it names.
-    pub fn vet_ceph_options(&self, conf: &str, changed: &[(&str, String)]) -> Result<(), String> {
+    ///
+    /// The keys' files it sets are returned found: the client is to read the one it would
+    /// use through its descriptor ([`PinnedOption::value`]), so that no link put in its
+    /// place after this check leads it elsewhere.
+    pub fn vet_ceph_options(&self, conf: &str, changed: &[(&str, String)]) -> Result<Vec<PinnedOption>, String> {
+        let mut pinned = Vec::new();
         for (option, value) in changed {
             let why = |e: String| format!("the Ceph configuration file {conf} sets {option} = {value}: {e}");
             match *option {
                 "keyring" | "keyfile" => {
-                    // As librados splits a list of files to search (`=` among them).
+                    // As librados splits a list of files to search (`=` among them), and
+                    // reads the first there is.
+                    let mut first = None;
                     for p in value.split([',', ';', '=', ' ', '\t']).filter(|p| !p.is_empty()) {
                         let p = Path::new(p);
                         self.check_named(p, DataUse::CephConf).map_err(why)?;
                         if p.symlink_metadata().is_ok() {
-                            self.locate(p, DataUse::CephConf).map_err(why)?;
+                            let found = self.locate(p, DataUse::CephConf).map_err(why)?;
+                            first.get_or_insert(found);
                         }
                     }
+                    pinned.push(PinnedOption {
+                        option: option.to_string(),
+                        file: first,
+                    });
                 }
                 "plugin_dir" | "erasure_code_dir" if self.confined() => {
                     return Err(why(format!(
@@ -202,7 +214,7 @@ impl DataPaths {
                 }
             }
         }
-        Ok(())
+        Ok(pinned)
     }
 
     fn check_real(&self, real: &Path, named: &Path, what: DataUse) -> Result<(), String> {
@@ -239,6 +251,26 @@ impl DataPaths {
                 .collect::<Vec<_>>()
                 .join(", ")
         )
+    }
+}
+
+/// A Ceph option naming files to read, kept to the file checked.
+#[derive(Debug)]
+pub struct PinnedOption {
+    pub option: String,
+    /// The first of the files it names that there was, found and checked (`O_PATH`); none
+    /// if there was none, so that none made later is read either.
+    pub file: Option<OwnedFd>,
+}
+
+impl PinnedOption {
+    /// The value to give the option instead, valid while this lives: the file through its
+    /// descriptor, or nothing.
+    pub fn value(&self) -> String {
+        self.file
+            .as_ref()
+            .map(|f| through(f).display().to_string())
+            .unwrap_or_default()
     }
 }
 
@@ -305,9 +337,29 @@ mod tests {
         let at = |p: &Path| p.display().to_string();
         let vet = |o: &str, v: String| paths.vet_ceph_options("/data/ceph.conf", &[(o, v)]);
 
-        // Inside the data paths, or not there yet but for the places searched: taken.
-        vet("keyring", format!("{},{}", at(&keyring), at(&data.join("none")))).unwrap();
-        vet("log_file", String::new()).unwrap();
+        // Inside the data paths, or not there yet but for the places searched: taken, and
+        // kept to the file checked, the first there is, whatever takes its name later.
+        let pinned = vet(
+            "keyring",
+            format!(
+                "{},{},{}",
+                at(&data.join("none")),
+                at(&keyring),
+                at(&data.join("ceph.conf"))
+            ),
+        )
+        .unwrap();
+        assert_eq!(pinned.len(), 1);
+        assert_eq!(pinned[0].option, "keyring");
+        std::fs::rename(&keyring, data.join("moved")).unwrap();
+        std::os::unix::fs::symlink(&secret, &keyring).unwrap();
+        assert_eq!(std::fs::read(pinned[0].value()).unwrap(), b"[client.admin]");
+        std::fs::remove_file(&keyring).unwrap();
+        std::fs::rename(data.join("moved"), &keyring).unwrap();
+        // None there: none read, even one made later.
+        let pinned = vet("keyfile", at(&data.join("none"))).unwrap();
+        assert_eq!(pinned[0].value(), "");
+        assert!(vet("log_file", String::new()).unwrap().is_empty());
         // A list split on '=' too, as librados splits it.
         let e = vet("keyring", format!("{}={}", at(&data.join("none")), at(&secret))).unwrap_err();
         assert!(e.contains("outside the places"), "{e}");

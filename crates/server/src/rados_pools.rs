@@ -169,7 +169,12 @@ mod real {
         let client = &placement.client_name;
         match named {
             true => Cluster::connect_vetted(&conf, client, &options, |changed| {
-                paths.vet_ceph_options(&placement.ceph_conf, changed)
+                let mut vetted = tessera_rados::Vetted::default();
+                for pin in paths.vet_ceph_options(&placement.ceph_conf, changed)? {
+                    vetted.instead.push((pin.option.clone(), pin.value()));
+                    vetted.keep.extend(pin.file);
+                }
+                Ok(vetted)
             }),
             false => Cluster::connect(&conf, client, &options),
         }
