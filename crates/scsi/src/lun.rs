@@ -145,6 +145,9 @@ pub struct Lun {
     /// The reservations and mode settings are the owner gateway's: a port that is not active
     /// refuses the commands that read or change them ([`Lun::with_state_at_owner`]).
     state_at_owner: bool,
+    /// Where a standby port sends the persistent reservation commands it receives, when
+    /// the reservations are the owner's ([`OwnerForwarding`]).
+    forwarding: Option<Arc<dyn OwnerForwarding>>,
     /// Commands hold it shared while they run; reservation changes take it exclusively, so
     /// that no command admitted under the old reservation is still running when PREEMPT (AND
     /// ABORT) completes. In an Arc so that a READ on a transport's ring holds it until its
@@ -154,6 +157,18 @@ pub struct Lun {
     pub(crate) tpc: Arc<CopyManager>,
     /// The target port groups the LUN is reached through and their access states.
     pub(crate) alua: Arc<dyn PortGroups>,
+}
+
+/// How a standby port reaches the gateway that owns its logical unit, for the persistent
+/// reservation commands it receives. SPC-4 (5.16.2.4.4) has a port in standby serve
+/// PERSISTENT RESERVE IN and OUT, and hosts rely on it: Linux's mpathpersist sends a
+/// REGISTER down every path, standby ones included, and fails the registration if one path
+/// refuses it. The reservations live at the owner (it enforces them on every command), so
+/// the owner runs them ([`Lun::execute_forwarded`]).
+pub trait OwnerForwarding: Send + Sync {
+    /// Runs `cdb` (with `data` out) at the owner of the logical unit of designator `naa`,
+    /// as from `nexus`'s initiator port; None when no answer came in time.
+    fn forward(&self, naa: &[u8; 16], nexus: &Nexus, cdb: &[u8], data: &[u8]) -> Option<Response>;
 }
 
 /// Unit attentions kept per nexus, at most; older ones give way.
@@ -207,6 +222,7 @@ impl Lun {
             pr_shared: false,
             first_contact: None,
             state_at_owner: false,
+            forwarding: None,
             fence: Arc::new(RwLock::new(())),
             tpc: Arc::new(CopyManager::new()),
             alua: Arc::new(SinglePort),
@@ -309,6 +325,55 @@ impl Lun {
     pub fn with_state_at_owner(mut self) -> Lun {
         self.state_at_owner = true;
         self
+    }
+
+    /// Has a standby port of this LUN, whose reservations are the owner's, run the
+    /// PERSISTENT RESERVE IN and OUT it receives at the owner through `f`, rather than
+    /// refuse them.
+    pub fn with_owner_forwarding(mut self, f: Arc<dyn OwnerForwarding>) -> Lun {
+        self.forwarding = Some(f);
+        self
+    }
+
+    /// A persistent reservation command at a standby port whose reservations are the
+    /// owner's, answered by the owner ([`OwnerForwarding`]); None when it is not one, or
+    /// the port cannot forward it, and it goes on here.
+    fn forwarded(&self, nexus: &Nexus, cmd: &Command, cdb: &[u8], data: &[u8]) -> Option<Response> {
+        let f = self.forwarding.as_ref()?;
+        if !self.state_at_owner
+            || !matches!(cmd.op, PERSISTENT_RESERVE_IN | PERSISTENT_RESERVE_OUT)
+            || self.alua.local_state() != AccessState::Standby
+        {
+            return None;
+        }
+        // No answer in time (the owner stalled, or is being replaced): the host tries again,
+        // and finds this port or another active by then.
+        Some(
+            f.forward(&self.naa, nexus, cdb, data)
+                .unwrap_or_else(|| self.respond(Err(sense::ALUA_TRANSITION))),
+        )
+    }
+
+    /// Runs a PERSISTENT RESERVE IN or OUT that a standby port of this logical unit at
+    /// another gateway received from `nexus` (its initiator port: registrations are kept by
+    /// it, whatever the target port) and forwarded here ([`OwnerForwarding`]). The unit
+    /// attentions of that nexus are the standby port's to report: none is reported here,
+    /// and the nexus is not kept; what the command tells the nexuses kept here (REGISTRATIONS
+    /// PREEMPTED, say) reaches them as from any other nexus.
+    pub fn execute_forwarded(&self, nexus: &Nexus, cdb: &[u8], data: &[u8]) -> Response {
+        let cmd = match command_of(cdb) {
+            Ok(cmd) => cmd,
+            Err(s) => return self.respond(Err(s)),
+        };
+        if !matches!(cmd.op, PERSISTENT_RESERVE_IN | PERSISTENT_RESERVE_OUT) {
+            return self.respond(Err(sense::INVALID_OPCODE));
+        }
+        // Given up here meanwhile (a handover): refused as this port's state says, and sent
+        // again by the host.
+        if let Err(s) = self.alua_admits(cmd) {
+            return self.respond(Err(s));
+        }
+        self.reservation_command(&Request { nexus, cdb, data })
     }
 
     /// Every nexus's first command finds the unit attention `s` (then whatever follows). A
@@ -439,6 +504,9 @@ impl Lun {
             cdb,
             data: data_out,
         };
+        if let Some(r) = self.forwarded(nexus, cmd, cdb, data_out) {
+            return r;
+        }
         if let Err(s) = self.alua_admits(cmd) {
             return self.respond(Err(s));
         }

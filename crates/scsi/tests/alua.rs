@@ -7,7 +7,7 @@
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use tessera_scsi::{sense, AccessState, Lun, Nexus, PortGroup, PortGroups, RamBackend};
+use tessera_scsi::{sense, AccessState, Lun, Nexus, OwnerForwarding, PortGroup, PortGroups, RamBackend, Response};
 
 const MIB: u64 = 1 << 20;
 
@@ -253,4 +253,111 @@ fn a_standby_port_whose_state_is_the_owners_refuses_reservations_and_mode_select
     assert_eq!(sense_of(&l.execute_for(&n, &pr_out, &register)), None);
     let keys = l.execute_for(&n, &read_keys, &[]);
     assert_eq!(&keys.data[8..16], &0x1111u64.to_be_bytes());
+}
+
+/// The owner's LUN as a standby port reaches it: each forwarded command runs there, unless
+/// the owner is "away" (no answer in time).
+struct ToOwner {
+    owner: Arc<Lun>,
+    away: std::sync::atomic::AtomicBool,
+    forwarded: AtomicUsize,
+}
+
+impl OwnerForwarding for ToOwner {
+    fn forward(&self, naa: &[u8; 16], nexus: &Nexus, cdb: &[u8], data: &[u8]) -> Option<Response> {
+        assert_eq!(naa, self.owner.naa(), "forwarded for the same logical unit");
+        self.forwarded.fetch_add(1, Ordering::SeqCst);
+        if self.away.load(Ordering::SeqCst) {
+            return None;
+        }
+        Some(self.owner.execute_forwarded(nexus, cdb, data))
+    }
+}
+
+fn pr_out(sa: u8, kind: u8, key: u64, sa_key: u64) -> (Vec<u8>, Vec<u8>) {
+    let mut p = vec![0u8; 24];
+    p[0..8].copy_from_slice(&key.to_be_bytes());
+    p[8..16].copy_from_slice(&sa_key.to_be_bytes());
+    (vec![0x5F, sa, kind, 0, 0, 0, 0, 0, 24, 0], p)
+}
+
+/// SPC-4 5.16.2.4.4: a standby port serves PERSISTENT RESERVE IN and OUT. Where the
+/// reservations are the owner's, it has the owner run them: a host registers and reserves
+/// through its standby path (as mpathpersist registers down every path), and the owner
+/// enforces it at once; reads of the keys agree on both paths. Other commands are still
+/// refused there, and an owner that does not answer makes the host try again.
+#[test]
+fn a_standby_port_whose_reservations_are_the_owners_has_the_owner_run_them() {
+    let owner = Arc::new(lun(TwoGateways::new(
+        AccessState::ActiveOptimized,
+        AccessState::ActiveOptimized,
+    )));
+    let to_owner = Arc::new(ToOwner {
+        owner: owner.clone(),
+        away: Default::default(),
+        forwarded: AtomicUsize::new(0),
+    });
+    let g = TwoGateways::new(AccessState::Standby, AccessState::ActiveOptimized);
+    let standby = lun(g.clone())
+        .with_state_at_owner()
+        .with_owner_forwarding(to_owner.clone());
+    let (n1, n2) = (nexus(1), nexus(2));
+    let read_keys = [0x5E, 0, 0, 0, 0, 0, 0, 0x10, 0, 0];
+    let read_reservation = [0x5E, 1, 0, 0, 0, 0, 0, 0x10, 0, 0];
+
+    // Host 1 registers through the owner, host 2 through the standby port.
+    let (cdb, p) = pr_out(0, 0, 0, 0x1111);
+    assert_eq!(sense_of(&owner.execute_for(&n1, &cdb, &p)), None);
+    let (cdb, p) = pr_out(0, 0, 0, 0x2222);
+    let r = standby.execute_for(&n2, &cdb, &p);
+    assert_eq!((r.status, sense_of(&r)), (0, None));
+    for (at, n) in [(&*owner, &n1), (&standby, &n2)] {
+        let keys = at.execute_for(n, &read_keys, &[]).data.to_vec();
+        assert_eq!(&keys[4..8], &16u32.to_be_bytes(), "two keys on either path: {keys:?}");
+    }
+    // Host 2 reserves WRITE EXCLUSIVE through the standby port: host 1 is kept out at the
+    // owner as soon as the command completed.
+    let (cdb, p) = pr_out(1, 1, 0x2222, 0);
+    assert_eq!(standby.execute_for(&n2, &cdb, &p).status, 0);
+    assert_eq!(
+        owner.execute_for(&n1, &write10(0), &[0; 512]).status,
+        sense::RESERVATION_CONFLICT
+    );
+    let res = standby.execute_for(&n2, &read_reservation, &[]).data.to_vec();
+    assert_eq!((&res[8..16], res[21]), (&0x2222u64.to_be_bytes()[..], 1), "{res:?}");
+    // A wrong key through the standby port is the owner's RESERVATION CONFLICT, unchanged.
+    let (cdb, p) = pr_out(2, 1, 0x9999, 0);
+    assert_eq!(standby.execute_for(&n2, &cdb, &p).status, sense::RESERVATION_CONFLICT);
+    // The medium stays refused at the standby port, and nothing else is forwarded.
+    let before = to_owner.forwarded.load(Ordering::SeqCst);
+    assert_eq!(sense_of(&standby.execute_for(&n2, &[0, 0, 0, 0, 0, 0], &[])), STANDBY);
+    assert_eq!(
+        sense_of(&standby.execute_for(&n2, &[0x16, 0, 0, 0, 0, 0], &[])),
+        STANDBY,
+        "RESERVE (6)"
+    );
+    assert_eq!(to_owner.forwarded.load(Ordering::SeqCst), before);
+    // The owner does not answer: the host is told the port is in transition, and nothing
+    // changed.
+    to_owner.away.store(true, Ordering::SeqCst);
+    let (cdb, p) = pr_out(2, 1, 0x2222, 0);
+    assert_eq!(sense_of(&standby.execute_for(&n2, &cdb, &p)), TRANSITIONING);
+    to_owner.away.store(false, Ordering::SeqCst);
+    assert_eq!(
+        owner.execute_for(&n1, &write10(0), &[0; 512]).status,
+        sense::RESERVATION_CONFLICT
+    );
+    // Released through the standby port: host 1 writes again.
+    assert_eq!(standby.execute_for(&n2, &cdb, &p).status, 0);
+    assert_eq!(sense_of(&owner.execute_for(&n1, &write10(0), &[0; 512])), None);
+    // The owner runs nothing but reservations for a standby port.
+    assert_eq!(
+        sense_of(&owner.execute_forwarded(&n2, &write10(0), &[0; 512])),
+        Some((0x5, 0x20, 0))
+    );
+    // Once the port is active it runs them itself.
+    g.state.store(AccessState::ActiveOptimized.code(), Ordering::SeqCst);
+    let before = to_owner.forwarded.load(Ordering::SeqCst);
+    assert_eq!(standby.execute_for(&n2, &read_keys, &[]).status, 0);
+    assert_eq!(to_owner.forwarded.load(Ordering::SeqCst), before);
 }
