@@ -16,6 +16,7 @@
 #![cfg(feature = "etcd")]
 
 pub mod alua;
+pub mod courier;
 #[cfg(feature = "fencing")]
 pub mod fence;
 #[cfg(feature = "fencing")]
@@ -27,6 +28,8 @@ use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
 use tokio::task::JoinHandle;
+
+pub use courier::{Ask, AsksComing, Courier};
 
 /// What went wrong talking to etcd, or taking a vdisk.
 #[derive(Debug)]
@@ -197,6 +200,16 @@ impl Gateway {
     /// The lease this run of the gateway holds what it owns under.
     pub fn lease(&self) -> i64 {
         self.lease
+    }
+
+    /// This gateway's end of the channel between the gateways ([`Courier`]).
+    pub fn courier(&self) -> Courier {
+        Courier {
+            client: self.client.clone(),
+            prefix: self.prefix.clone(),
+            name: self.name.clone(),
+            lease: self.lease,
+        }
     }
 
     /// Whether `owner` is this run of this gateway (not an earlier run of the same name whose
@@ -585,14 +598,18 @@ impl Gateway {
                 Some(etcd_client::WatchOptions::new().with_prefix()),
             )
             .await?;
+        let prefix = self.prefix.clone();
         let follower = tokio::spawn(async move {
             let _keep = watcher;
             while let Ok(Some(r)) = events.message().await {
                 if r.canceled() {
                     break;
                 }
-                // Progress notes carry no event.
-                if !r.events().is_empty() {
+                // Progress notes carry no event; asks and answers between the gateways are
+                // the courier's business, not the ticks'.
+                let ours =
+                    |e: &etcd_client::Event| e.kv().is_some_and(|kv| !courier::is_courier_key(&prefix, kv.key()));
+                if r.events().iter().any(ours) {
                     changed();
                 }
             }

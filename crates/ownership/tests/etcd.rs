@@ -348,3 +348,92 @@ async fn a_name_has_one_place_until_that_place_forgets_it() {
     a.leave().await.unwrap();
     b.leave().await.unwrap();
 }
+
+/// A standby gateway asks the owner to run a request and gets its answer; each ask is taken
+/// by one gateway once, however many look; an ask nobody answers in time is given up and
+/// taken back, so that an owner that comes later does not run it; a gateway following the
+/// ownership keys is not woken by asks and answers; an ask goes with its gateway's lease.
+#[tokio::test]
+async fn a_gateway_asks_the_owner_through_etcd_and_each_ask_runs_once() {
+    let t = "a_gateway_asks_the_owner_through_etcd_and_each_ask_runs_once";
+    let Some(ep) = endpoints(t) else { return };
+    let p = prefix(t);
+    let mut owner = Gateway::join(&ep, &p, "gw-a", 3).await.unwrap();
+    let other = Gateway::join(&ep, &p, "gw-c", 3).await.unwrap();
+    let standby = Gateway::join(&ep, &p, "gw-b", 3).await.unwrap();
+    let (tx, mut told) = tokio::sync::mpsc::unbounded_channel();
+    owner
+        .follow_changes(move || {
+            let _ = tx.send(());
+        })
+        .await
+        .unwrap();
+    let (a, b, c) = (owner.courier(), standby.courier(), other.courier());
+
+    // The owner (and another gateway, racing it) take what comes and answer it.
+    let serving = {
+        let (a, c) = (a.clone(), c.clone());
+        tokio::spawn(async move {
+            let mut ran = Vec::new();
+            while ran.len() < 2 {
+                let mut coming = a.watch_asks().await.unwrap();
+                for (who, courier) in [("a", &a), ("c", &c)] {
+                    for ask in courier.take_asks("pool.tank").await.unwrap() {
+                        let mut answer = ask.request.clone();
+                        answer.extend_from_slice(b" done");
+                        courier.answer("pool.tank", &ask, &answer).await.unwrap();
+                        ran.push((who, ask.request));
+                    }
+                }
+                coming.wait(Duration::from_secs(1)).await;
+            }
+            ran
+        })
+    };
+    let wait = Duration::from_secs(5);
+    assert_eq!(
+        b.ask("pool.tank", b"register", wait).await.unwrap().as_deref(),
+        Some(&b"register done"[..])
+    );
+    assert_eq!(
+        b.ask("pool.tank", b"reserve", wait).await.unwrap().as_deref(),
+        Some(&b"reserve done"[..])
+    );
+    let ran = serving.await.unwrap();
+    let requests: Vec<&[u8]> = ran.iter().map(|(_, r)| r.as_slice()).collect();
+    assert_eq!(
+        requests,
+        [&b"register"[..], &b"reserve"[..]],
+        "each ask ran once: {ran:?}"
+    );
+
+    // Nobody answers: given up after the wait, and taken back.
+    let started = Instant::now();
+    assert_eq!(
+        b.ask("pool.tank", b"late", Duration::from_millis(500)).await.unwrap(),
+        None
+    );
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(
+        a.take_asks("pool.tank").await.unwrap().is_empty(),
+        "a given-up ask was left to run"
+    );
+
+    // None of it woke the owner's follower of the ownership keys.
+    assert!(told.try_recv().is_err(), "asks and answers woke the ticks");
+
+    // An ask goes with its gateway: put, then the gateway leaves before anyone takes it.
+    let asking = tokio::spawn({
+        let b = b.clone();
+        async move { b.ask("pool.tank", b"orphan", Duration::from_secs(30)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    standby.leave().await.unwrap();
+    assert!(
+        a.take_asks("pool.tank").await.unwrap().is_empty(),
+        "an ask outlived its gateway's lease"
+    );
+    asking.abort();
+    owner.leave().await.unwrap();
+    other.leave().await.unwrap();
+}

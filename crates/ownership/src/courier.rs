@@ -1,0 +1,203 @@
+//! Requests passed between the gateways of a pool through etcd: a gateway that presents the
+//! pool's logical units as standby ports asks, and the owner runs the request and answers
+//! (the persistent reservation commands a standby port receives: the owner holds the
+//! reservations and enforces them).
+//!
+//! - An ask is `<prefix>/ask/<what>/<id>`, on the asking gateway's lease, so that it goes with
+//!   the gateway; `<id>` names the gateway, its lease and a sequence number, unique across
+//!   runs.
+//! - The owner takes an ask by deleting it in a transaction guarded by its revision: each ask
+//!   runs once, at one gateway, however many look.
+//! - The answer is `<prefix>/answer/<what>/<id>`, on the asker's lease too. The asker watches
+//!   for it from before it asks, so that no answer comes unseen, and deletes both keys once
+//!   answered or given up. An answer that comes after the asker gave up stays until the
+//!   asker's lease ends (a timed-out ask is rare, and its answer small).
+//!
+//! etcd is the gateways' trusted channel already (whoever may write there may take a pool):
+//! an ask is run as from the initiator port it names.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use etcd_client::{Client, Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions};
+
+use crate::Result;
+
+/// Numbers the asks of one process.
+static NEXT_ASK: AtomicU64 = AtomicU64::new(1);
+
+/// One gateway's end of the channel: a handle on its etcd client, usable while another task
+/// holds the gateway (a takeover under way).
+#[derive(Clone)]
+pub struct Courier {
+    pub(crate) client: Client,
+    pub(crate) prefix: String,
+    pub(crate) name: String,
+    pub(crate) lease: i64,
+}
+
+/// An ask an owner took, to run and answer.
+#[derive(Debug, Clone)]
+pub struct Ask {
+    pub id: String,
+    pub request: Vec<u8>,
+    /// The asker's lease, which the answer goes on.
+    lease: i64,
+}
+
+/// Whether an etcd key is an ask's or an answer's (under `prefix`): changes a gateway's
+/// watch of the ownership keys passes over.
+pub(crate) fn is_courier_key(prefix: &str, key: &[u8]) -> bool {
+    let key = String::from_utf8_lossy(key);
+    key.strip_prefix(prefix)
+        .and_then(|k| k.strip_prefix('/'))
+        .is_some_and(|k| k.starts_with("ask/") || k.starts_with("answer/"))
+}
+
+impl Courier {
+    fn key(&self, kind: &str, what: &str, id: &str) -> String {
+        format!("{}/{kind}/{what}/{id}", self.prefix)
+    }
+
+    /// Asks the owner of `what` to run `request`, and waits up to `wait` for its answer:
+    /// None when none came (no owner, or one that stalled). The ask is taken back either
+    /// way, so that an owner that comes later does not run it.
+    pub async fn ask(&self, what: &str, request: &[u8], wait: Duration) -> Result<Option<Vec<u8>>> {
+        let id = format!(
+            "{}.{:x}.{}",
+            self.name,
+            self.lease,
+            NEXT_ASK.fetch_add(1, Ordering::Relaxed)
+        );
+        let (ask, answer) = (self.key("ask", what, &id), self.key("answer", what, &id));
+        let mut client = self.client.clone();
+        let (_watcher, mut events) = client.watch(answer.as_str(), None).await?;
+        client
+            .put(ask.as_str(), request, Some(PutOptions::new().with_lease(self.lease)))
+            .await?;
+        let answered = tokio::time::timeout(wait, async {
+            while let Ok(Some(r)) = events.message().await {
+                let put = r
+                    .events()
+                    .iter()
+                    .find(|e| e.event_type() == EventType::Put)
+                    .and_then(|e| e.kv());
+                if let Some(kv) = put {
+                    return Some(kv.value().to_vec());
+                }
+                if r.canceled() {
+                    break;
+                }
+            }
+            // The watch ended: the answer is looked for once more at the end.
+            tokio::time::sleep(wait).await;
+            None
+        })
+        .await
+        .ok()
+        .flatten();
+        let answered = match answered {
+            Some(a) => Some(a),
+            None => client
+                .get(answer.as_str(), None)
+                .await?
+                .kvs()
+                .first()
+                .map(|kv| kv.value().to_vec()),
+        };
+        client.delete(ask.as_str(), None).await?;
+        client.delete(answer.as_str(), None).await?;
+        Ok(answered)
+    }
+
+    /// The asks for `what` waiting now, oldest first, each taken as it is returned: deleted
+    /// in etcd, so that it runs once, here. An ask without a lease (written by hand) is no
+    /// gateway's and is left alone.
+    pub async fn take_asks(&self, what: &str) -> Result<Vec<Ask>> {
+        let from = format!("{}/ask/{what}/", self.prefix);
+        let mut client = self.client.clone();
+        let found = client
+            .get(
+                from.as_str(),
+                Some(
+                    GetOptions::new()
+                        .with_prefix()
+                        .with_sort(etcd_client::SortTarget::Create, etcd_client::SortOrder::Ascend),
+                ),
+            )
+            .await?;
+        let mut taken = Vec::new();
+        for kv in found.kvs().iter().filter(|kv| kv.lease() != 0) {
+            let Some(id) = kv.key_str().ok().and_then(|k| k.strip_prefix(from.as_str())) else {
+                continue;
+            };
+            let take = Txn::new()
+                .when([Compare::mod_revision(kv.key(), CompareOp::Equal, kv.mod_revision())])
+                .and_then([TxnOp::delete(kv.key(), None)]);
+            if client.txn(take).await?.succeeded() {
+                taken.push(Ask {
+                    id: id.to_string(),
+                    request: kv.value().to_vec(),
+                    lease: kv.lease(),
+                });
+            }
+        }
+        Ok(taken)
+    }
+
+    /// Answers `ask` (taken from `what`'s asks). Fails when the asker's lease is gone: it
+    /// waits for no answer.
+    pub async fn answer(&self, what: &str, ask: &Ask, answer: &[u8]) -> Result<()> {
+        self.client
+            .clone()
+            .put(
+                self.key("answer", what, &ask.id),
+                answer,
+                Some(PutOptions::new().with_lease(ask.lease)),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Waits until an ask for anything comes, or `max` passes: true if one came. The watch
+    /// is made before the caller looks at the asks, so that one that comes in between is
+    /// not missed: `watch_asks` then `take_asks` then `AsksComing::wait`.
+    pub async fn watch_asks(&self) -> Result<AsksComing> {
+        let (watcher, events) = self
+            .client
+            .clone()
+            .watch(format!("{}/ask/", self.prefix), Some(WatchOptions::new().with_prefix()))
+            .await?;
+        Ok(AsksComing {
+            _watcher: watcher,
+            events,
+        })
+    }
+}
+
+/// A watch of the asks ([`Courier::watch_asks`]).
+pub struct AsksComing {
+    _watcher: etcd_client::Watcher,
+    events: etcd_client::WatchStream,
+}
+
+impl AsksComing {
+    /// Waits until an ask comes, or `max` passes: true if one came. A watch that ended
+    /// waits out `max`, so that a caller looping on it does not spin.
+    pub async fn wait(&mut self, max: Duration) -> bool {
+        tokio::time::timeout(max, async {
+            loop {
+                match self.events.message().await {
+                    Ok(Some(r)) if r.events().iter().any(|e| e.event_type() == EventType::Put) => return true,
+                    Ok(Some(r)) if !r.canceled() => continue,
+                    _ => {
+                        tokio::time::sleep(max).await;
+                        return false;
+                    }
+                }
+            }
+        })
+        .await
+        .unwrap_or(false)
+    }
+}
