@@ -79,7 +79,7 @@ pub struct Daemon {
     /// Replicas of local vdisks at peers, and replicas held here for peers.
     pub replication: crate::replication::Replication,
     /// This daemon as a gateway of pools on Ceph RADOS (`[gateway]`), if it is one.
-    gateway: Option<crate::rados_pools::Membership>,
+    gateway: Option<Arc<crate::rados_pools::Membership>>,
     /// The pools on RADOS this daemon knows, owned here or waiting for their owner to go.
     rados: Mutex<BTreeMap<String, rados::RadosPool>>,
 }
@@ -177,11 +177,11 @@ impl Daemon {
             Some(g) => {
                 let rt = tokio::runtime::Handle::try_current()
                     .map_err(|_| "a gateway joins etcd from the daemon's runtime".to_string())?;
-                Some(crate::rados_pools::Membership::join(
+                Some(Arc::new(crate::rados_pools::Membership::join(
                     g,
                     DataPaths::new(&cfg.state_dir, &cfg.data_paths),
                     rt,
-                )?)
+                )?))
             }
         };
         let d = Daemon {

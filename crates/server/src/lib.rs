@@ -11,6 +11,7 @@ pub mod dedup;
 pub mod demo;
 pub mod error;
 pub mod events;
+pub mod forwarding;
 pub mod health_events;
 pub mod image;
 pub mod io_history;

@@ -108,6 +108,8 @@ pub struct PoolOwner {
 
 #[cfg(feature = "rados")]
 pub use real::{Membership, Owned, Reader, Taking};
+#[cfg(feature = "rados")]
+pub use tessera_ownership::{Ask, AsksComing};
 
 #[cfg(feature = "rados")]
 mod real {
@@ -118,7 +120,7 @@ mod real {
     use tessera_ownership::fence::take_over;
     use tessera_ownership::fenced_disk::FencedDisk;
     use tessera_ownership::rados_meta::{last_owner, RadosMeta, VERSION_ATTR};
-    use tessera_ownership::{Gateway, Lasting};
+    use tessera_ownership::{Ask, AsksComing, Courier, Gateway, Lasting};
     use tessera_pool::{MetaStore, Pool};
     use tessera_rados::Cluster;
     use tessera_volume::Engine;
@@ -247,6 +249,9 @@ mod real {
         places: std::sync::Mutex<std::collections::HashMap<String, String>>,
         /// Where the API may point the daemon: the Ceph configuration files of pools.
         paths: DataPaths,
+        /// This run's end of the channel between the gateways, once joined: reached
+        /// without waiting for `gateway`, which a taking holds for as long as it takes.
+        courier: std::sync::Mutex<Option<Courier>>,
     }
 
     /// The outcome of an attempt to take a pool.
@@ -303,6 +308,7 @@ mod real {
                 changes: Arc::default(),
                 seen_alive: Default::default(),
                 places: Default::default(),
+                courier: Default::default(),
             };
             if let Err(e) = m.rejoin() {
                 tracing::warn!(
@@ -379,9 +385,58 @@ mod real {
                     // The ticks still look every second.
                     tracing::warn!(error = %e, "cannot follow the gateways' changes in etcd; looking once a second only");
                 }
+                *self.courier.lock().expect("not poisoned") = Some(fresh.courier());
                 *self.gateway.lock().await = Some(fresh)
             });
             Ok(())
+        }
+
+        fn courier(&self) -> Option<Courier> {
+            self.courier.lock().expect("not poisoned").clone()
+        }
+
+        /// Has the owner of pool `name` run `request` (a command a standby port here
+        /// received), and waits up to `wait` for its answer: None when none came (nobody
+        /// owns the pool, the owner stalled, etcd does not answer). Blocks; callable from
+        /// any thread outside the runtime's workers.
+        pub fn ask_owner(&self, name: &str, request: Vec<u8>, wait: Duration) -> Option<Vec<u8>> {
+            let courier = self.courier()?;
+            let (tx, rx) = std::sync::mpsc::channel();
+            let what = owner_key(name);
+            self.rt.spawn(async move {
+                let _ = tx.send(courier.ask(&what, &request, wait).await);
+            });
+            match rx.recv_timeout(wait + Duration::from_secs(5)) {
+                Ok(Ok(answer)) => answer,
+                Ok(Err(e)) => {
+                    tracing::warn!(pool = %name, error = %e, "cannot ask the pool's owner through etcd");
+                    None
+                }
+                Err(_) => None,
+            }
+        }
+
+        /// A watch of the asks to the owners, made before they are looked at
+        /// ([`Courier::watch_asks`]); None before this gateway joined, or if etcd does not
+        /// answer.
+        pub async fn watch_asks(&self) -> Option<AsksComing> {
+            self.courier()?.watch_asks().await.ok()
+        }
+
+        /// The asks for pool `name`, owned here, waiting now, each taken (it runs here, once).
+        pub fn take_asks(&self, name: &str) -> Result<Vec<Ask>, String> {
+            let courier = self.courier().ok_or_else(|| self.not_joined())?;
+            self.rt
+                .block_on(courier.take_asks(&owner_key(name)))
+                .map_err(|e| e.to_string())
+        }
+
+        /// Answers `ask`, taken from pool `name`'s asks.
+        pub fn answer(&self, name: &str, ask: &Ask, answer: &[u8]) -> Result<(), String> {
+            let courier = self.courier().ok_or_else(|| self.not_joined())?;
+            self.rt
+                .block_on(courier.answer(&owner_key(name), ask, answer))
+                .map_err(|e| e.to_string())
         }
 
         /// Notified when any gateway takes or gives up a pool (or its lease lapses), asks
@@ -749,7 +804,7 @@ mod real {
 
 /// Without the `rados` feature: joining fails and says why, so nothing else is reachable.
 #[cfg(not(feature = "rados"))]
-pub use absent::{Membership, Owned, Reader, Taking};
+pub use absent::{Ask, AsksComing, Membership, Owned, Reader, Taking};
 
 #[cfg(not(feature = "rados"))]
 mod absent {
@@ -850,6 +905,18 @@ mod absent {
         pub fn asking(&self, _: &str) -> Result<Vec<String>, String> {
             match self.never {}
         }
+        pub fn ask_owner(&self, _: &str, _: Vec<u8>, _: std::time::Duration) -> Option<Vec<u8>> {
+            match self.never {}
+        }
+        pub async fn watch_asks(&self) -> Option<AsksComing> {
+            match self.never {}
+        }
+        pub fn take_asks(&self, _: &str) -> Result<Vec<Ask>, String> {
+            match self.never {}
+        }
+        pub fn answer(&self, _: &str, _: &Ask, _: &[u8]) -> Result<(), String> {
+            match self.never {}
+        }
     }
 
     impl Owned {
@@ -866,6 +933,23 @@ mod absent {
             match self.never {}
         }
         pub fn client_address(&self) -> Option<String> {
+            match self.never {}
+        }
+    }
+
+    /// An ask taken from another gateway (never, without pools on RADOS).
+    #[allow(dead_code)]
+    pub struct Ask {
+        never: std::convert::Infallible,
+        pub request: Vec<u8>,
+    }
+
+    pub struct AsksComing {
+        never: std::convert::Infallible,
+    }
+
+    impl AsksComing {
+        pub async fn wait(&mut self, _: std::time::Duration) -> bool {
             match self.never {}
         }
     }

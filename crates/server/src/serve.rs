@@ -227,6 +227,23 @@ async fn serve(cfg: ServerConfig) -> Result<(), String> {
                 let _ = tokio::task::spawn_blocking(move || d.rados_tick()).await;
             }
         });
+        // Beside the ticks (which may wait on the cluster for as long as a taking takes):
+        // the commands standby ports of other gateways forward to the pools owned here, as
+        // they come.
+        let answering = daemon.clone();
+        tokio::spawn(async move {
+            loop {
+                let coming = answering.watch_asks().await;
+                let d = answering.clone();
+                let _ = tokio::task::spawn_blocking(move || d.answer_asks()).await;
+                match coming {
+                    Some(mut c) => {
+                        c.wait(crate::rados_pools::TICK).await;
+                    }
+                    None => tokio::time::sleep(crate::rados_pools::TICK).await,
+                }
+            }
+        });
     }
     // Sample the I/O meters for the dashboard's charts.
     let sampled = daemon.clone();

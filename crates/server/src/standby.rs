@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Mutex, RwLock};
 use tessera_scsi::{
     AccessState, BackendError, BackendErrorKind, BackendResult, BlockBackend, Extent, FrozenImage, Lun, ModeState,
-    PortGroup, PortGroups,
+    OwnerForwarding, PortGroup, PortGroups,
 };
 use tessera_volume::{Provisioning, VdiskConfig};
 use tokio::sync::Notify;
@@ -301,17 +301,22 @@ pub struct StandbyUnit {
     pub mode: Option<ModeState>,
 }
 
-/// The standby LUN of `unit` behind `ports`.
-pub fn standby_lun(unit: &StandbyUnit, ports: Arc<PoolPorts>) -> Lun {
+/// The standby LUN of `unit` behind `ports`; the persistent reservation commands it
+/// receives run at the owner through `forwarding` (refused without it).
+pub fn standby_lun(unit: &StandbyUnit, ports: Arc<PoolPorts>, forwarding: Option<Arc<dyn OwnerForwarding>>) -> Lun {
     let read_only = unit.config.snapshot_of.is_some();
-    Lun::new(
+    let lun = Lun::new(
         Arc::new(StandbyBackend(RwLock::new(unit.config.clone()), unit.uid)),
         unit.uid,
         read_only,
     )
     .with_port_groups(Arc::new(StandbyPorts(ports)))
     .with_state_at_owner()
-    .with_mode(unit.mode.unwrap_or_default())
+    .with_mode(unit.mode.unwrap_or_default());
+    match forwarding {
+        Some(f) => lun.with_owner_forwarding(f),
+        None => lun,
+    }
 }
 
 /// Whether `lun` is a standby LUN (its pool served by another gateway).
@@ -380,7 +385,7 @@ mod tests {
     #[test]
     fn a_standby_lun_follows_what_the_owner_records() {
         let ports = PoolPorts::new("gw-b", AccessState::Standby, Some("gw-a".into()), Arc::default());
-        let lun = standby_lun(&unit(1 << 30, None), ports);
+        let lun = standby_lun(&unit(1 << 30, None), ports, None);
         let host = Nexus::new(1, "iqn.2026-01.test:host", [0x40, 0, 0, 0, 0, 1]);
         let tur = [0u8; 6];
         let mode_sense = [0x1A, 0x08, 0x08, 0, 0xFF, 0];

@@ -161,7 +161,7 @@ const YIELDS_TO_HOSTS: &[&str] = &["scrub", "scan", "dedup", "dedup-gc"];
 
 impl Daemon {
     fn membership(&self) -> ApiResult<&crate::rados_pools::Membership> {
-        self.gateway.as_ref().ok_or_else(|| {
+        self.gateway.as_deref().ok_or_else(|| {
             ApiError::invalid(
                 "a pool on Ceph RADOS needs this daemon to be a gateway: give it a [gateway] table (name, etcd) in its configuration file",
             )
@@ -473,7 +473,8 @@ impl Daemon {
         if !self.rados.lock().get(name).is_some_and(|p| p.owned.is_none()) {
             return; // exported, destroyed or taken here meanwhile
         }
-        self.targets.present_standby(name, &ports, &|vd| unit_of(&units, vd));
+        self.targets
+            .present_standby(name, &ports, self.forwarding_to_owner(name), &|vd| unit_of(&units, vd));
     }
 
     /// What the metadata of pool `name` records of the vdisks its configured LUNs present,
@@ -527,7 +528,10 @@ impl Daemon {
         let (state, owner) = g.access;
         g.ports.set(state, owner);
         if let Some(units) = g.units {
-            self.targets.present_standby(g.name, g.ports, &|vd| unit_of(&units, vd));
+            self.targets
+                .present_standby(g.name, g.ports, self.forwarding_to_owner(g.name), &|vd| {
+                    unit_of(&units, vd)
+                });
         }
         let engine = self.stop_serving(g.name, g.why);
         if let Some(engine) = &engine {
@@ -570,6 +574,57 @@ impl Daemon {
     /// Notified when another gateway's keys change in etcd: the tick then runs at once.
     pub fn gateway_changes(&self) -> Arc<tokio::sync::Notify> {
         self.gateway.as_ref().map(|g| g.changes()).unwrap_or_default()
+    }
+
+    /// A watch of the commands other gateways forward to the owners, made before
+    /// [`answer_asks`](Self::answer_asks) looks (None when this daemon is no gateway, has not
+    /// joined yet, or etcd does not answer).
+    pub async fn watch_asks(&self) -> Option<crate::rados_pools::AsksComing> {
+        self.gateway.as_ref()?.watch_asks().await
+    }
+
+    /// How the standby LUNs of pool `name` reach its owner for the persistent reservation
+    /// commands they receive (docs/scale-out.md, *Reservations at a standby port*).
+    fn forwarding_to_owner(&self, name: &str) -> Option<Arc<dyn tessera_scsi::OwnerForwarding>> {
+        let gateway = self.gateway.clone()?;
+        Some(Arc::new(crate::forwarding::PoolForwarding {
+            gateway,
+            pool: name.to_string(),
+        }))
+    }
+
+    /// Runs the commands that standby ports of other gateways forwarded to the pools this
+    /// gateway owns, and answers them (each once: taking one deletes it in etcd). A pool
+    /// given up meanwhile answers through its LUNs' state (transitioning or standby), and
+    /// the host tries again at the new owner.
+    pub fn answer_asks(&self) {
+        let Some(gw) = &self.gateway else { return };
+        let owned: Vec<String> = self
+            .rados
+            .lock()
+            .iter()
+            .filter(|(_, p)| p.owned.is_some())
+            .map(|(n, _)| n.clone())
+            .collect();
+        for name in owned {
+            let asks = match gw.take_asks(&name) {
+                Ok(a) => a,
+                Err(e) => {
+                    debug!(pool = %name, error = %e, "cannot look for commands forwarded by standby gateways");
+                    continue;
+                }
+            };
+            if asks.is_empty() {
+                continue;
+            }
+            let luns = self.targets.luns_of_pool(&name);
+            for ask in asks {
+                let answer = crate::forwarding::run_forwarded(&luns, &ask.request);
+                if let Err(e) = gw.answer(&name, &ask, &answer) {
+                    warn!(pool = %name, error = %e, "cannot answer a command a standby gateway forwarded: it tells its host to try again");
+                }
+            }
+        }
     }
 
     /// Once a second, and whenever a gateway's keys change: keeps this gateway's membership,

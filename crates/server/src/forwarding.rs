@@ -1,0 +1,185 @@
+//! The persistent reservation commands a standby port receives, run by the gateway that owns
+//! the pool (SPC-4 5.16.2.4.4 has a standby port serve PERSISTENT RESERVE IN and OUT; Linux's
+//! mpathpersist registers down every path, standby ones included). The reservations live in
+//! the owner's memory, which enforces them on every command, and in the pool's metadata, which
+//! only the owner may write: the standby gateway asks the owner through etcd
+//! ([`tessera_ownership::Courier`]) and answers the host with what the owner answered.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tessera_scsi::{sense, Data, Lun, Nexus, OwnerForwarding, Response};
+use tracing::warn;
+
+use crate::rados_pools::Membership;
+use crate::standby::is_standby;
+
+/// How long a standby port waits for the owner's answer before it tells the host to try
+/// again (ALUA transition): about a lease, so that an owner that stalled is replaced by then.
+pub const OWNER_ANSWERS_WITHIN: Duration = Duration::from_secs(10);
+
+/// The largest parameter list or answer passed on (PERSISTENT RESERVE IN answers at most
+/// 64 KiB; a PERSISTENT RESERVE OUT list is 24 bytes and its TransportIDs).
+const MAX_DATA: usize = 1 << 16;
+
+/// A command a standby port received, as the owner runs it.
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+struct Forwarded {
+    /// The logical unit (VPD page 0x83's NAA designator), in hex.
+    naa: String,
+    /// The initiator port it came from: registrations are kept by it.
+    initiator: String,
+    isid: [u8; 6],
+    cdb: Vec<u8>,
+    data: Vec<u8>,
+}
+
+/// What the owner answered.
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+struct Answered {
+    status: u8,
+    sense: Vec<u8>,
+    data: Vec<u8>,
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// A nexus the owner runs a forwarded command for: its initiator port, and an id no session
+/// here has (ids key SPC-2 reservations and copy results, which a forwarded command neither
+/// holds nor makes; a unit attention it raises reaches every nexus kept here).
+fn forwarded_nexus(initiator: &str, isid: [u8; 6]) -> Nexus {
+    Nexus::new(u64::MAX, initiator, isid)
+}
+
+/// A standby LUN's way to its pool's owner.
+pub struct PoolForwarding {
+    pub gateway: Arc<Membership>,
+    pub pool: String,
+}
+
+impl OwnerForwarding for PoolForwarding {
+    fn forward(&self, naa: &[u8; 16], nexus: &Nexus, cdb: &[u8], data: &[u8]) -> Option<Response> {
+        if data.len() > MAX_DATA {
+            return Some(Response {
+                status: sense::CHECK_CONDITION,
+                data: Data::default(),
+                sense: sense::PARAMETER_LIST_LENGTH_ERROR.encode(false),
+            });
+        }
+        let request = Forwarded {
+            naa: hex(naa),
+            initiator: nexus.initiator.clone(),
+            isid: nexus.isid,
+            cdb: cdb.to_vec(),
+            data: data.to_vec(),
+        };
+        let request = serde_json::to_vec(&request).expect("plain data");
+        let answer = self.gateway.ask_owner(&self.pool, request, OWNER_ANSWERS_WITHIN)?;
+        match serde_json::from_slice::<Answered>(&answer) {
+            Ok(a) if a.data.len() <= MAX_DATA => Some(Response {
+                status: a.status,
+                data: a.data.into(),
+                sense: a.sense,
+            }),
+            _ => {
+                warn!(pool = %self.pool, "the owner's answer to a forwarded command cannot be read: the host is told to try again");
+                None
+            }
+        }
+    }
+}
+
+/// Runs at the owner a command that a standby port of one of `luns` (the LUNs presented
+/// here of the pool asked) forwarded, and says what to answer. A request that cannot be read
+/// is answered with INTERNAL TARGET FAILURE; a logical unit not presented here (the owner's
+/// configuration differs) with an ALUA transition, so that the host tries again.
+pub fn run_forwarded(luns: &[Arc<Lun>], request: &[u8]) -> Vec<u8> {
+    let answer = |r: Response| {
+        serde_json::to_vec(&Answered {
+            status: r.status,
+            sense: r.sense,
+            data: r.data.to_vec(),
+        })
+        .expect("plain data")
+    };
+    let check = |s: sense::Sense| {
+        answer(Response {
+            status: sense::CHECK_CONDITION,
+            data: Data::default(),
+            sense: s.encode(false),
+        })
+    };
+    let f = match serde_json::from_slice::<Forwarded>(request) {
+        Ok(f) if f.data.len() <= MAX_DATA && tessera_scsi::is_iscsi_name(&f.initiator) => f,
+        _ => {
+            warn!("a command forwarded by a standby gateway cannot be read: refused");
+            return check(sense::INTERNAL_TARGET_FAILURE);
+        }
+    };
+    let Some(lun) = luns.iter().find(|l| !is_standby(l) && hex(l.naa()) == f.naa) else {
+        warn!(naa = %f.naa, "a standby gateway forwarded a command for a logical unit this owner does not present: the host is told to try again");
+        return check(sense::ALUA_TRANSITION);
+    };
+    answer(lun.execute_forwarded(&forwarded_nexus(&f.initiator, f.isid), &f.cdb, &f.data))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_scsi::RamBackend;
+
+    fn lun(uid: u128) -> Arc<Lun> {
+        Arc::new(Lun::new(Arc::new(RamBackend::new("ram", 1 << 20, 512)), uid, false))
+    }
+
+    fn request(naa: &[u8; 16], initiator: &str, cdb: &[u8], data: &[u8]) -> Vec<u8> {
+        serde_json::to_vec(&Forwarded {
+            naa: hex(naa),
+            initiator: initiator.into(),
+            isid: [0x40, 0, 0, 0, 0, 2],
+            cdb: cdb.to_vec(),
+            data: data.to_vec(),
+        })
+        .unwrap()
+    }
+
+    fn answered(a: &[u8]) -> Answered {
+        serde_json::from_slice(a).unwrap()
+    }
+
+    #[test]
+    fn the_owner_runs_a_forwarded_registration_on_the_logical_unit_named_and_refuses_the_rest() {
+        let (one, two) = (lun(1), lun(2));
+        let luns = [one.clone(), two.clone()];
+        let host = "iqn.2026-12.io.example:host2";
+        let mut p = vec![0u8; 24];
+        p[8..16].copy_from_slice(&0x2222u64.to_be_bytes());
+        let register = [0x5F, 0, 0, 0, 0, 0, 0, 0, 24, 0];
+        let a = answered(&run_forwarded(&luns, &request(two.naa(), host, &register, &p)));
+        assert_eq!((a.status, a.sense.len()), (0, 0));
+        let read_keys = [0x5E, 0, 0, 0, 0, 0, 0, 0x10, 0, 0];
+        let keys = |l: &Lun| l.execute(&read_keys, &[]).data.to_vec();
+        assert_eq!(&keys(&two)[4..16], &[0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0x22, 0x22]);
+        assert_eq!(&keys(&one)[4..8], &[0, 0, 0, 0], "the other logical unit untouched");
+        // Read back through the owner, as the standby port's host sees it.
+        let a = answered(&run_forwarded(&luns, &request(two.naa(), host, &read_keys, &[])));
+        assert_eq!(&a.data[8..16], &0x2222u64.to_be_bytes());
+        // Not a reservation command; a logical unit not presented here; no iSCSI name;
+        // nothing readable.
+        let write = [0x2A, 0, 0, 0, 0, 0, 0, 0, 1, 0];
+        let a = answered(&run_forwarded(&luns, &request(two.naa(), host, &write, &[0; 512])));
+        assert_eq!((a.status, a.sense[2] & 0x0F, a.sense[12]), (2, 0x5, 0x20));
+        let a = answered(&run_forwarded(&luns, &request(lun(3).naa(), host, &read_keys, &[])));
+        assert_eq!((a.sense[2] & 0x0F, a.sense[12], a.sense[13]), (0x2, 0x04, 0x0A));
+        let a = answered(&run_forwarded(&luns, &request(two.naa(), "", &read_keys, &[])));
+        assert_eq!((a.sense[2] & 0x0F, a.sense[12]), (0x4, 0x44));
+        let a = answered(&run_forwarded(&luns, b"{\"naa\": 1}"));
+        assert_eq!((a.sense[2] & 0x0F, a.sense[12]), (0x4, 0x44));
+        assert_eq!(&keys(&two)[4..8], &[0, 0, 0, 8], "still the one key");
+    }
+}
