@@ -1039,12 +1039,14 @@ fn node_command(
             if r.status == 0 {
                 break;
             }
-            // Sense key UNIT ATTENTION: cleared by reporting it; anything else (no such LUN)
-            // means the LUN is not served here.
-            if r.sense.get(2).map(|k| k & 0x0F) != Some(0x06) {
-                return None;
+            // Sense key UNIT ATTENTION: cleared by reporting it; NOT READY: a standby port,
+            // where the command asked may still be served (PERSISTENT RESERVE IN and OUT);
+            // anything else (no such LUN) means the LUN is not served here.
+            match r.sense.get(2).map(|k| k & 0x0F) {
+                Some(0x06) => attentions.push((r.sense[12], r.sense[13])),
+                Some(0x02) => break,
+                _ => return None,
             }
-            attentions.push((r.sense[12], r.sense[13]));
         }
         let r = s.command(0, cdb, data, read).await.ok();
         let _ = s.logout().await;
@@ -1242,17 +1244,19 @@ fn persistent_reservations_follow_a_pool_on_rados_to_the_gateway_that_takes_it_o
     let r = &shown["luns"][0]["reservations"];
     assert_eq!(r["holder"], "iqn.2026-11.io.example:node1,i,0x800054530001", "{shown}");
 
-    // A resumes: whatever it still answers, it changes no reservation (its metadata writes
-    // are fenced, and it withdraws the LUN once it finds its lease gone).
+    // A resumes: whatever it still answers, it changes no reservation of its own (its
+    // metadata writes are fenced, and it presents the LUN as standby once it finds its lease
+    // gone). A registration it accepts is one it forwarded to B, and B holds it.
     signal(&a, libc::SIGCONT);
     let (cdb, p) = pr_out(6, 0, 0, 0x3333, false);
     let stale = node_command(&rt, &pa, iqn, 3, &cdb, p, 0);
-    assert!(
-        stale.as_ref().is_none_or(|(r, _)| r.status != 0),
-        "the replaced owner took a registration"
-    );
     let keys = at(&pb, 2, &read_keys, Vec::new(), 4096).data;
-    assert_eq!(&keys[4..8], &8u32.to_be_bytes(), "still one key: {keys:?}");
+    if stale.as_ref().is_some_and(|(r, _)| r.status == 0) {
+        assert_eq!(&keys[4..8], &16u32.to_be_bytes(), "the owner holds it: {keys:?}");
+        assert_eq!(&keys[16..24], &0x3333u64.to_be_bytes());
+    } else {
+        assert_eq!(&keys[4..8], &8u32.to_be_bytes(), "still one key: {keys:?}");
+    }
 
     // The holder clears everything at B; node 2 writes again.
     let (cdb, p) = pr_out(3, 0, 0x1111, 0, false);
@@ -1264,6 +1268,88 @@ fn persistent_reservations_follow_a_pool_on_rados_to_the_gateway_that_takes_it_o
     b.ok(&["pool", "destroy", &pool]);
     b.stop();
     drop(a);
+}
+
+/// A cluster node whose path to the owner is down registers and reserves through the
+/// standby gateway, as Linux's mpathpersist registers down every path, standby ones
+/// included: the standby port has the owner run each command, so that the owner enforces
+/// the reservation on the paths it serves and the standby port reports the owner's keys,
+/// and the pool stays where it is.
+#[cfg(feature = "rados")]
+#[test]
+fn a_standby_gateway_has_the_owner_run_the_reservations_its_hosts_ask_for() {
+    let test = "a_standby_gateway_has_the_owner_run_the_reservations_its_hosts_ask_for";
+    let Some((conf, etcd, _cluster)) = cluster(test) else {
+        return;
+    };
+    let iqn = "iqn.2026-11.io.tessera:quorum2";
+    let TwoGateways {
+        a,
+        mut b,
+        pool,
+        vdisk,
+        _dir,
+    } = two_gateways_presenting(&conf, &etcd, "prfw", "quorum2", iqn);
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let read_keys = [0x5E, 0, 0, 0, 0, 0, 0, 0x10, 0, 0];
+    let read_reservation = [0x5E, 1, 0, 0, 0, 0, 0, 0x10, 0, 0];
+    let write1 = [0x2A, 0, 0, 0, 0, 0, 0, 0, 1, 0];
+    let (pa, pb) = (a.iscsi_portal(), b.iscsi_portal());
+    // B presents the LUN as standby once it has read the pool's metadata.
+    let at = |portal: &str, node: u8, cdb: &[u8], data: Vec<u8>, read: usize| {
+        let t0 = Instant::now();
+        loop {
+            if let Some((r, _)) = node_command(&rt, portal, iqn, node, cdb, data.clone(), read) {
+                return r;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(15),
+                "{portal} does not serve the LUN"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+
+    // Node 2 registers through B, the standby: the owner holds the key.
+    let (cdb, p) = pr_out(6, 0, 0, 0x2222, false);
+    let r = at(&pb, 2, &cdb, p, 0);
+    assert_eq!((r.status, sense_of(&r)), (0, None), "{}", b.logs());
+    let keys = at(&pa, 1, &read_keys, Vec::new(), 4096).data;
+    assert_eq!(&keys[4..16], &[0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0x22, 0x22], "{keys:?}");
+
+    // It reserves WRITE EXCLUSIVE through B: the owner keeps node 1 out and lets node 2 in,
+    // and B reports the owner's reservation.
+    let (cdb, p) = pr_out(1, 1, 0x2222, 0, false);
+    assert_eq!(at(&pb, 2, &cdb, p, 0).status, 0);
+    assert_eq!(at(&pa, 1, &write1, vec![1; 512], 0).status, 0x18, "node 1 is kept out");
+    assert_eq!(at(&pa, 2, &write1, vec![2; 512], 0).status, 0, "the holder writes");
+    let res = at(&pb, 1, &read_reservation, Vec::new(), 4096).data;
+    assert_eq!(&res[4..8], &16u32.to_be_bytes(), "{res:?}");
+    assert_eq!((&res[8..16], res[21]), (&0x2222u64.to_be_bytes()[..], 1), "{res:?}");
+    // A command forwarded with a key that is not registered is refused as the owner
+    // refuses it.
+    let (cdb, p) = pr_out(2, 1, 0x9999, 0, false);
+    assert_eq!(at(&pb, 1, &cdb, p, 0).status, 0x18);
+
+    // Released and unregistered through B: node 1 writes again, no key remains.
+    let (cdb, p) = pr_out(2, 1, 0x2222, 0, false);
+    assert_eq!(at(&pb, 2, &cdb, p, 0).status, 0);
+    assert_eq!(at(&pa, 1, &write1, vec![3; 512], 0).status, 0);
+    let (cdb, p) = pr_out(0, 0, 0x2222, 0, false);
+    assert_eq!(at(&pb, 2, &cdb, p, 0).status, 0);
+    let keys = at(&pb, 1, &read_keys, Vec::new(), 4096).data;
+    assert_eq!(&keys[4..8], &[0, 0, 0, 0], "{keys:?}");
+
+    // None of it moved the pool: A owns it still, B waits.
+    let (pa, pb) = (pool_entry(&a, &pool), pool_entry(&b, &pool));
+    assert_eq!(pa["rados"]["here"], true, "{pa}");
+    assert_eq!(pb["health"], "unavailable", "{pb}");
+
+    a.ok(&["target", "lun", "remove", iqn, "0"]);
+    a.ok(&["vdisk", "delete", &vdisk]);
+    a.ok(&["pool", "destroy", &pool]);
+    b.stop();
 }
 
 /// The designators of VPD page 0x83, by type: NAA (3), relative target port (4), target
@@ -1283,8 +1369,8 @@ fn designators(page: &[u8]) -> std::collections::BTreeMap<u8, Vec<u8>> {
 
 /// A host with a path to each gateway, as iSCSI multipath with implicit ALUA has it: one
 /// logical unit (the same NAA id) through two target port groups, the owner's active and
-/// optimized, the other's standby (discovery and mode pages answer, the medium and the
-/// reservations do not). The owner is killed: the host, retrying on the standby path, finds
+/// optimized, the other's standby (discovery and mode pages answer, reservations are the
+/// owner's, the medium is refused). The owner is killed: the host, retrying on the standby path, finds
 /// it active once the other gateway took the pool over, within 15 s, and every block the
 /// owner acknowledged is there.
 #[cfg(feature = "rados")]
@@ -1376,13 +1462,17 @@ fn a_host_with_a_path_to_each_gateway_goes_on_through_the_standby_when_the_owner
             std::thread::sleep(Duration::from_millis(200));
         }
     }
-    // The standby path: the medium and the reservations are refused, mode pages answer.
+    // The standby path: the medium is refused, mode pages answer, and the reservations are
+    // the owner's (none yet).
     const STANDBY: Option<(u8, u8, u8)> = Some((0x2, 0x04, 0x0B));
     assert_eq!(sense(&settled(&path_b, &read1(0), Vec::new(), 512)), STANDBY);
     assert_eq!(sense(&cmd(&path_b, &write1(0), block(0, 9), 0)), STANDBY);
+    let keys = cmd(&path_b, &[0x5E, 0, 0, 0, 0, 0, 0, 0x10, 0, 0], Vec::new(), 16);
     assert_eq!(
-        sense(&cmd(&path_b, &[0x5E, 0, 0, 0, 0, 0, 0, 0x10, 0, 0], Vec::new(), 16)),
-        STANDBY
+        (keys.status, &keys.data[4..8]),
+        (0, &[0u8; 4][..]),
+        "{:?}",
+        sense(&keys)
     );
     let mode_sense = [0x1A, 0x08, 0x08, 0, 255, 0];
     assert_eq!(cmd(&path_b, &mode_sense, Vec::new(), 255).status, 0);
