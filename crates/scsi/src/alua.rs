@@ -9,6 +9,7 @@
 //! host chose this path, so the gateway takes the vdisk over, as tcmu-runner does).
 
 use crate::opcodes::*;
+use crate::pr::PortId;
 use crate::sense::{self, Sense};
 
 /// The asymmetric access state of a target port group (SPC-4 table 64).
@@ -85,6 +86,12 @@ pub trait PortGroups: Send + Sync {
     fn transition_seconds(&self) -> u8 {
         0
     }
+    /// The unit attentions a change of the persistent reservations at this (active) port
+    /// raised for initiator ports (REGISTRATIONS PREEMPTED, RESERVATIONS RELEASED...), once
+    /// the change is kept: the other gateways queue them for their own sessions of those
+    /// ports ([`Lun::attentions_from_owner`](crate::Lun::attentions_from_owner)), whose
+    /// hosts would otherwise not learn of them on their standby paths.
+    fn attentions_raised(&self, _naa: &[u8; 16], _notices: &[(PortId, Sense)]) {}
 }
 
 /// One group (0) of one port (relative id 1), always active/optimized: a LUN served by one

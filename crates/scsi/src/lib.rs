@@ -34,7 +34,7 @@ pub use nexus::{LunScope, Nexus, Scope};
 pub use opcodes::{cdb_len, REPORT_LUNS};
 pub use planned::{PlannedRead, PlannedWrite, ReadStart, WriteStart};
 pub use pr::PrState;
-pub use pr::{is_iscsi_name, Access};
+pub use pr::{is_iscsi_name, Access, PortId};
 pub use ram::RamBackend;
 pub use sense::Sense;
 pub use spc::{decode_lun, encode_lun, report_luns, MAX_TRANSFER_BYTES};

@@ -16,7 +16,7 @@ use crate::commands::{self, Command, Handler, Request};
 use crate::data::Data;
 use crate::nexus::Nexus;
 use crate::opcodes::*;
-use crate::pr::{self, Access, Outcome, PrState, TargetPorts};
+use crate::pr::{self, Access, Outcome, PortId, PrState, TargetPorts};
 use crate::sense::{self, Sense};
 use crate::tpc::CopyManager;
 
@@ -374,6 +374,20 @@ impl Lun {
             return self.respond(Err(s));
         }
         self.reservation_command(&Request { nexus, cdb, data })
+    }
+
+    /// Queues at this standby port the unit attentions that the owner's logical unit raised
+    /// for initiator ports ([`PortGroups::attentions_raised`] there): each reaches this
+    /// port's sessions of its initiator port, as it reached the owner's. Nothing happens
+    /// unless this port's reservations are the owner's and it is not active: an active port
+    /// raises its own.
+    pub fn attentions_from_owner(&self, notices: &[(PortId, Sense)]) {
+        if !self.state_at_owner || self.alua.local_state().active() {
+            return;
+        }
+        for (port, s) in notices {
+            self.unit_attention_where(*s, |m| port.matches(m));
+        }
     }
 
     /// Every nexus's first command finds the unit attention `s` (then whatever follows). A
@@ -751,8 +765,11 @@ impl Lun {
             }
         }
         drop(guard);
-        for (port, s) in notices {
-            self.unit_attention_where(s, |m| m.id != n.id && port.matches(m));
+        for (port, s) in &notices {
+            self.unit_attention_where(*s, |m| m.id != n.id && port.matches(m));
+        }
+        if self.pr_shared && !notices.is_empty() && self.alua.local_state().active() {
+            self.alua.attentions_raised(&self.naa, &notices);
         }
         self.respond(Ok(Vec::new()))
     }

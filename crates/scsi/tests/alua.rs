@@ -5,9 +5,12 @@
 //! state reaches every nexus as a unit attention.
 
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use tessera_scsi::{sense, AccessState, Lun, Nexus, OwnerForwarding, PortGroup, PortGroups, RamBackend, Response};
+use tessera_scsi::{
+    sense, AccessState, Lun, Nexus, OwnerForwarding, PortGroup, PortGroups, PortId, PrState, RamBackend, Response,
+    Sense,
+};
 
 const MIB: u64 = 1 << 20;
 
@@ -17,6 +20,8 @@ struct TwoGateways {
     state: AtomicU8,
     grant: AtomicU8,
     requests: AtomicUsize,
+    /// What the logical unit told the other gateways (`attentions_raised`).
+    raised: Mutex<Vec<([u8; 16], Vec<(PortId, Sense)>)>>,
 }
 
 fn state_of(v: u8) -> AccessState {
@@ -34,6 +39,7 @@ impl TwoGateways {
             state: AtomicU8::new(state.code()),
             grant: AtomicU8::new(grant.code()),
             requests: AtomicUsize::new(0),
+            raised: Mutex::default(),
         })
     }
 }
@@ -75,6 +81,10 @@ impl PortGroups for TwoGateways {
         let g = self.grant.load(Ordering::SeqCst);
         self.state.store(g, Ordering::SeqCst);
         state_of(g)
+    }
+
+    fn attentions_raised(&self, naa: &[u8; 16], notices: &[(PortId, Sense)]) {
+        self.raised.lock().unwrap().push((*naa, notices.to_vec()));
     }
 }
 
@@ -360,4 +370,71 @@ fn a_standby_port_whose_reservations_are_the_owners_has_the_owner_run_them() {
     let before = to_owner.forwarded.load(Ordering::SeqCst);
     assert_eq!(standby.execute_for(&n2, &read_keys, &[]).status, 0);
     assert_eq!(to_owner.forwarded.load(Ordering::SeqCst), before);
+}
+
+/// A unit attention the owner raises for an initiator port (its registration preempted)
+/// reaches that port's sessions at the standby ports too: the owner's logical unit tells the
+/// other gateways, and each standby port queues it for its sessions of that port only. An
+/// active port raises its own and takes none from elsewhere.
+#[test]
+fn unit_attentions_the_owner_raises_reach_the_hosts_on_standby_paths() {
+    let at_owner = TwoGateways::new(AccessState::ActiveOptimized, AccessState::ActiveOptimized);
+    let kept: tessera_scsi::PrStore = Box::new(|_| Ok(()));
+    let owner = Arc::new(lun(at_owner.clone()).with_shared_reservations(PrState::default(), kept));
+    let to_owner = Arc::new(ToOwner {
+        owner: owner.clone(),
+        away: Default::default(),
+        forwarded: AtomicUsize::new(0),
+    });
+    let standby = lun(TwoGateways::new(AccessState::Standby, AccessState::ActiveOptimized))
+        .with_state_at_owner()
+        .with_owner_forwarding(to_owner);
+    let (n1, n2, n3) = (nexus(1), nexus(2), nexus(3));
+    let read_keys = [0x5E, 0, 0, 0, 0, 0, 0, 0x10, 0, 0];
+
+    // Host 2 registers through the standby port, host 3 only reads there; host 1 registers
+    // and reserves at the owner. Nothing is raised for anyone yet.
+    let (cdb, p) = pr_out(0, 0, 0, 0x2222);
+    assert_eq!(standby.execute_for(&n2, &cdb, &p).status, 0);
+    assert_eq!(standby.execute_for(&n3, &read_keys, &[]).status, 0);
+    let (cdb, p) = pr_out(0, 0, 0, 0x1111);
+    assert_eq!(owner.execute_for(&n1, &cdb, &p).status, 0);
+    let (cdb, p) = pr_out(1, 1, 0x1111, 0);
+    assert_eq!(owner.execute_for(&n1, &cdb, &p).status, 0);
+    assert!(at_owner.raised.lock().unwrap().is_empty());
+
+    // Host 1 preempts host 2's registration at the owner: the owner tells the other
+    // gateways of REGISTRATIONS PREEMPTED for host 2's port.
+    let (cdb, p) = pr_out(4, 1, 0x1111, 0x2222);
+    assert_eq!(owner.execute_for(&n1, &cdb, &p).status, 0);
+    let raised = std::mem::take(&mut *at_owner.raised.lock().unwrap());
+    assert_eq!(raised.len(), 1, "{raised:?}");
+    let (naa, notices) = &raised[0];
+    assert_eq!(naa, owner.naa());
+    assert_eq!(notices, &[(PortId::of(&n2), Sense::new(0x6, 0x2A, 0x05))]);
+
+    // Delivered at the standby port: host 2's next command there reports it, once; host 3
+    // hears nothing.
+    standby.attentions_from_owner(notices);
+    let r = standby.execute_for(&n2, &read_keys, &[]);
+    assert_eq!(sense_of(&r), Some((0x6, 0x2A, 0x05)));
+    let r = standby.execute_for(&n2, &read_keys, &[]);
+    assert_eq!(
+        (r.status, &r.data[4..8]),
+        (0, &8u32.to_be_bytes()[..]),
+        "host 1's key only"
+    );
+    assert_eq!(sense_of(&standby.execute_for(&n3, &read_keys, &[])), None);
+    // The owner takes none from elsewhere: it raised its own.
+    owner.attentions_from_owner(notices);
+    assert_eq!(sense_of(&owner.execute_for(&n1, &read_keys, &[])), None);
+    // Host 2 registers again through the standby port, and host 1 clears everything at the
+    // owner: every other registrant is told RESERVATIONS PREEMPTED, through the gateways.
+    let (cdb, p) = pr_out(0, 0, 0, 0x2222);
+    assert_eq!(standby.execute_for(&n2, &cdb, &p).status, 0);
+    let (cdb, p) = pr_out(3, 0, 0x1111, 0);
+    assert_eq!(owner.execute_for(&n1, &cdb, &p).status, 0);
+    let raised = std::mem::take(&mut *at_owner.raised.lock().unwrap());
+    assert_eq!(raised.len(), 1, "{raised:?}");
+    assert_eq!(raised[0].1, [(PortId::of(&n2), Sense::new(0x6, 0x2A, 0x03))]);
 }
