@@ -13,6 +13,12 @@
 //!   answered or given up. An answer that comes after the asker gave up stays until the
 //!   asker's lease ends (a timed-out ask is rare, and its answer small).
 //!
+//! - A notice is `<prefix>/notice/<what>/<id>`, on the telling gateway's lease, for every
+//!   other gateway watching: the owner tells the standby gateways of unit attentions its
+//!   logical units raised. Nobody takes a notice; each gateway writes its notices in turn
+//!   to one of 64 keys of its own, so that they take no more room however many it sends,
+//!   and go with its lease. A gateway that was not watching when one came never sees it.
+//!
 //! etcd is the gateways' trusted channel already (whoever may write there may take a pool):
 //! an ask is run as from the initiator port it names.
 
@@ -25,6 +31,10 @@ use crate::Result;
 
 /// Numbers the asks of one process.
 static NEXT_ASK: AtomicU64 = AtomicU64::new(1);
+
+/// Numbers the notices of one process; each gateway keeps this many keys of notices.
+static NEXT_NOTICE: AtomicU64 = AtomicU64::new(0);
+const NOTICE_KEYS: u64 = 64;
 
 /// One gateway's end of the channel: a handle on its etcd client, usable while another task
 /// holds the gateway (a takeover under way).
@@ -51,7 +61,7 @@ pub(crate) fn is_courier_key(prefix: &str, key: &[u8]) -> bool {
     let key = String::from_utf8_lossy(key);
     key.strip_prefix(prefix)
         .and_then(|k| k.strip_prefix('/'))
-        .is_some_and(|k| k.starts_with("ask/") || k.starts_with("answer/"))
+        .is_some_and(|k| k.starts_with("ask/") || k.starts_with("answer/") || k.starts_with("notice/"))
 }
 
 impl Courier {
@@ -159,6 +169,38 @@ impl Courier {
         Ok(())
     }
 
+    /// Tells every other gateway watching ([`watch_notices`](Self::watch_notices)) `notice`
+    /// about `what`.
+    pub async fn notify(&self, what: &str, notice: &[u8]) -> Result<()> {
+        let slot = NEXT_NOTICE.fetch_add(1, Ordering::Relaxed) % NOTICE_KEYS;
+        let id = format!("{}.{:x}.{slot}", self.name, self.lease);
+        self.client
+            .clone()
+            .put(
+                self.key("notice", what, &id),
+                notice,
+                Some(PutOptions::new().with_lease(self.lease)),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// A watch of the notices other gateways send from now on.
+    pub async fn watch_notices(&self) -> Result<NoticesComing> {
+        let from = format!("{}/notice/", self.prefix);
+        let (watcher, events) = self
+            .client
+            .clone()
+            .watch(from.as_str(), Some(WatchOptions::new().with_prefix()))
+            .await?;
+        Ok(NoticesComing {
+            _watcher: watcher,
+            events,
+            from,
+            mine: format!("{}.", self.name),
+        })
+    }
+
     /// Waits until an ask for anything comes, or `max` passes: true if one came. The watch
     /// is made before the caller looks at the asks, so that one that comes in between is
     /// not missed: `watch_asks` then `take_asks` then `AsksComing::wait`.
@@ -199,5 +241,41 @@ impl AsksComing {
         })
         .await
         .unwrap_or(false)
+    }
+}
+
+/// A watch of the other gateways' notices ([`Courier::watch_notices`]).
+pub struct NoticesComing {
+    _watcher: etcd_client::Watcher,
+    events: etcd_client::WatchStream,
+    /// The notices' keys start with this, then `<what>/<id>`.
+    from: String,
+    /// This gateway's own notices' ids start with this.
+    mine: String,
+}
+
+impl NoticesComing {
+    /// The next notices other gateways sent, as (what, notice), waiting as long as it takes;
+    /// None once the watch ended (etcd went away: watch again).
+    pub async fn next(&mut self) -> Option<Vec<(String, Vec<u8>)>> {
+        loop {
+            let r = self.events.message().await.ok()??;
+            if r.canceled() {
+                return None;
+            }
+            let got: Vec<(String, Vec<u8>)> = r
+                .events()
+                .iter()
+                .filter(|e| e.event_type() == EventType::Put)
+                .filter_map(|e| e.kv())
+                .filter_map(|kv| {
+                    let (what, id) = kv.key_str().ok()?.strip_prefix(self.from.as_str())?.rsplit_once('/')?;
+                    (!id.starts_with(self.mine.as_str())).then(|| (what.to_string(), kv.value().to_vec()))
+                })
+                .collect();
+            if !got.is_empty() {
+                return Some(got);
+            }
+        }
     }
 }

@@ -29,7 +29,7 @@ use std::time::Duration;
 use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
 use tokio::task::JoinHandle;
 
-pub use courier::{Ask, AsksComing, Courier};
+pub use courier::{Ask, AsksComing, Courier, NoticesComing};
 
 /// What went wrong talking to etcd, or taking a vdisk.
 #[derive(Debug)]

@@ -437,3 +437,79 @@ async fn a_gateway_asks_the_owner_through_etcd_and_each_ask_runs_once() {
     owner.leave().await.unwrap();
     other.leave().await.unwrap();
 }
+
+/// The next notices `w` sees, within 5 s.
+async fn next(w: &mut tessera_ownership::NoticesComing) -> Vec<(String, Vec<u8>)> {
+    tokio::time::timeout(Duration::from_secs(5), w.next())
+        .await
+        .expect("a notice comes")
+        .expect("the watch goes on")
+}
+
+/// The owner's notices reach every other gateway watching, not itself; they take at most
+/// 64 keys per gateway however many it sends, wake no follower of the ownership keys, and
+/// go with the gateway's lease.
+#[tokio::test]
+async fn an_owners_notices_reach_the_other_gateways_watching() {
+    let t = "an_owners_notices_reach_the_other_gateways_watching";
+    let Some(ep) = endpoints(t) else { return };
+    let p = prefix(t);
+    let mut owner = Gateway::join(&ep, &p, "gw-a", 3).await.unwrap();
+    let b = Gateway::join(&ep, &p, "gw-b", 3).await.unwrap();
+    let c = Gateway::join(&ep, &p, "gw-c", 3).await.unwrap();
+    let (tx, mut told) = tokio::sync::mpsc::unbounded_channel();
+    owner
+        .follow_changes(move || {
+            let _ = tx.send(());
+        })
+        .await
+        .unwrap();
+    let a = owner.courier();
+    let mut at_a = a.watch_notices().await.unwrap();
+    let mut at_b = b.courier().watch_notices().await.unwrap();
+    let mut at_c = c.courier().watch_notices().await.unwrap();
+
+    a.notify("pool.tank", b"preempted").await.unwrap();
+    let want = vec![("pool.tank".to_string(), b"preempted".to_vec())];
+    assert_eq!(next(&mut at_b).await, want);
+    assert_eq!(next(&mut at_c).await, want);
+    // b's own notice reaches a and c; a never sees its own.
+    b.courier().notify("pool.other", b"from b").await.unwrap();
+    let from_b = vec![("pool.other".to_string(), b"from b".to_vec())];
+    assert_eq!(next(&mut at_a).await, from_b);
+    assert_eq!(next(&mut at_c).await, from_b);
+
+    // However many the owner sends, they take at most 64 keys.
+    for i in 0..100u32 {
+        a.notify("pool.tank", &i.to_be_bytes()).await.unwrap();
+    }
+    let mut seen = 0;
+    while seen < 100 {
+        seen += next(&mut at_b).await.len();
+    }
+    let mut client = etcd_client::Client::connect(&ep, None).await.unwrap();
+    let kept = client
+        .get(
+            format!("{p}/notice/pool.tank/"),
+            Some(etcd_client::GetOptions::new().with_prefix().with_count_only()),
+        )
+        .await
+        .unwrap()
+        .count();
+    assert_eq!(kept, 64);
+    assert!(told.try_recv().is_err(), "notices woke the ticks");
+
+    // They go with the owner's lease.
+    owner.leave().await.unwrap();
+    let kept = client
+        .get(
+            format!("{p}/notice/pool.tank/"),
+            Some(etcd_client::GetOptions::new().with_prefix().with_count_only()),
+        )
+        .await
+        .unwrap()
+        .count();
+    assert_eq!(kept, 0);
+    b.leave().await.unwrap();
+    c.leave().await.unwrap();
+}
