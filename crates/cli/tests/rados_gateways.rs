@@ -1341,6 +1341,48 @@ fn a_standby_gateway_has_the_owner_run_the_reservations_its_hosts_ask_for() {
     let keys = at(&pb, 1, &read_keys, Vec::new(), 4096).data;
     assert_eq!(&keys[4..8], &[0, 0, 0, 0], "{keys:?}");
 
+    // Node 2 registers again through a session it keeps at B; node 1 registers at A and
+    // preempts node 2's key there: node 2 hears REGISTRATIONS PREEMPTED on its standby path,
+    // as it would on a path to the owner.
+    use tessera_iscsi::initiator::{LoginConfig, Session};
+    let mut c = LoginConfig::new("iqn.2026-11.io.example:node2", Some(iqn));
+    c.isid[5] = 2;
+    let kept = rt.block_on(Session::login(&pb, &c)).expect("node 2 logs in at B");
+    let send = |cdb: &[u8], data: Vec<u8>, read: usize| rt.block_on(kept.command(0, cdb, data, read)).unwrap();
+    // Its first commands find what the new session is owed (POWER ON OCCURRED).
+    let (cdb, p) = pr_out(6, 0, 0, 0x2222, false);
+    let first = (0..3)
+        .map(|_| send(&cdb, p.clone(), 0))
+        .find(|r| r.status == 0 || sense_of(r).is_some_and(|(k, _, _)| k != 0x6));
+    assert_eq!(first.map(|r| r.status), Some(0), "node 2 registers at B");
+    let (cdb, p) = pr_out(6, 0, 0, 0x1111, false);
+    assert_eq!(at(&pa, 1, &cdb, p, 0).status, 0);
+    let (cdb, p) = pr_out(4, 1, 0x1111, 0x2222, false);
+    assert_eq!(at(&pa, 1, &cdb, p, 0).status, 0, "node 1 preempts node 2");
+    let t0 = Instant::now();
+    loop {
+        let r = send(&read_keys, Vec::new(), 4096);
+        if sense_of(&r) == Some((0x6, 0x2A, 0x05)) {
+            break;
+        }
+        assert_eq!(r.status, 0, "{:?}", sense_of(&r));
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "node 2 is not told at B\n{}",
+            b.logs()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!(
+        "{test}: told at the standby port {:?} after the preemption",
+        t0.elapsed()
+    );
+    let keys = send(&read_keys, Vec::new(), 4096).data;
+    assert_eq!(&keys[4..16], &[0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0x11, 0x11], "{keys:?}");
+    let _ = rt.block_on(kept.logout());
+    let (cdb, p) = pr_out(0, 0, 0x1111, 0, false);
+    assert_eq!(at(&pa, 1, &cdb, p, 0).status, 0);
+
     // What the hop through etcd costs a reservation command, printed for the record (not a
     // test of speed): the median of 21 READ KEYS through each port, in a session each.
     let median_keys = |portal: &str| {

@@ -4,12 +4,16 @@
 //! the owner's memory, which enforces them on every command, and in the pool's metadata, which
 //! only the owner may write: the standby gateway asks the owner through etcd
 //! ([`tessera_ownership::Courier`]) and answers the host with what the owner answered.
+//!
+//! The other way, the unit attentions that a change of the reservations raises at the owner
+//! for initiator ports (REGISTRATIONS PREEMPTED, say) are sent to every other gateway as
+//! notices, and their standby ports queue them for their sessions of those ports.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tessera_scsi::{sense, Data, Lun, Nexus, OwnerForwarding, Response};
+use tessera_scsi::{sense, Data, Lun, Nexus, OwnerForwarding, PortId, Response, Sense};
 use tracing::warn;
 
 use crate::rados_pools::Membership;
@@ -128,6 +132,51 @@ pub fn run_forwarded(luns: &[Arc<Lun>], request: &[u8]) -> Vec<u8> {
     answer(lun.execute_forwarded(&forwarded_nexus(&f.initiator, f.isid), &f.cdb, &f.data))
 }
 
+/// Unit attentions an owner's logical unit raised for initiator ports, as sent to the
+/// other gateways.
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+struct Attentions {
+    naa: String,
+    /// Each initiator port, with the sense key, ASC and ASCQ of its unit attention.
+    raised: Vec<(PortId, [u8; 3])>,
+}
+
+/// How the owner of pool `pool` sends the unit attentions its logical units raise.
+pub fn attentions_out(gateway: Arc<Membership>, pool: String) -> crate::standby::AttentionsOut {
+    Box::new(move |naa, notices| {
+        let a = Attentions {
+            naa: hex(naa),
+            raised: notices
+                .iter()
+                .map(|(p, s)| (p.clone(), [s.key, s.asc, s.ascq]))
+                .collect(),
+        };
+        gateway.notify(&pool, serde_json::to_vec(&a).expect("plain data"));
+    })
+}
+
+/// Queues at the standby ports among `luns` (the LUNs presented here of the pool the notice
+/// is about) the unit attentions the owner's logical unit raised, as the owner sent them.
+/// A notice that cannot be read, or whose attentions are no unit attentions, is dropped.
+pub fn attentions_in(luns: &[Arc<Lun>], notice: &[u8]) {
+    let a = match serde_json::from_slice::<Attentions>(notice) {
+        Ok(a) if a.raised.len() <= 1024 && a.raised.iter().all(|(_, s)| s[0] == sense::key::UNIT_ATTENTION) => a,
+        _ => {
+            warn!("unit attentions another gateway sent cannot be read: dropped");
+            return;
+        }
+    };
+    let notices: Vec<(PortId, Sense)> = a
+        .raised
+        .into_iter()
+        .map(|(p, [key, asc, ascq])| (p, Sense::new(key, asc, ascq)))
+        .collect();
+    for lun in luns.iter().filter(|l| is_standby(l) && hex(l.naa()) == a.naa) {
+        lun.attentions_from_owner(&notices);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -181,5 +230,55 @@ mod tests {
         let a = answered(&run_forwarded(&luns, b"{\"naa\": 1}"));
         assert_eq!((a.sense[2] & 0x0F, a.sense[12]), (0x4, 0x44));
         assert_eq!(&keys(&two)[4..8], &[0, 0, 0, 8], "still the one key");
+    }
+
+    /// What the owner sends of the unit attentions it raised reaches the standby LUN of that
+    /// logical unit only, for the sessions of the initiator port named only; a notice that
+    /// names something other than a unit attention, or cannot be read, changes nothing.
+    #[test]
+    fn unit_attentions_an_owner_sent_reach_the_sessions_of_the_port_named_at_the_standby_lun() {
+        use crate::standby::{standby_lun, tests::unit, PoolPorts};
+        use tessera_scsi::AccessState;
+        let ports = PoolPorts::new("gw-b", AccessState::Standby, Some("gw-a".into()), Arc::default());
+        let standby = Arc::new(standby_lun(&unit(1 << 30, None), ports, None));
+        let other = lun(9);
+        let luns = [standby.clone(), other.clone()];
+        let host = |i: u8| {
+            Nexus::new(
+                i as u64,
+                &format!("iqn.2026-12.io.example:host{i}"),
+                [0x40, 0, 0, 0, 0, i],
+            )
+        };
+        let (h2, h3) = (host(2), host(3));
+        let inquiry = [0x12, 0, 0, 0, 36, 0];
+        let sense_at = |l: &Lun, n: &Nexus| {
+            let r = l.execute_for(n, &[0u8; 6], &[]);
+            (r.sense[2] & 0x0F, r.sense[12], r.sense[13])
+        };
+        for n in [&h2, &h3] {
+            standby.execute_for(n, &inquiry, &[]);
+            other.execute_for(n, &inquiry, &[]);
+        }
+        let notice = |naa: &[u8; 16], s: [u8; 3]| {
+            serde_json::to_vec(&Attentions {
+                naa: hex(naa),
+                raised: vec![(PortId::of(&h2), s)],
+            })
+            .unwrap()
+        };
+        // Not a unit attention; unreadable; another logical unit's: nothing queued.
+        attentions_in(&luns, &notice(standby.naa(), [0x5, 0x20, 0]));
+        attentions_in(&luns, b"{}");
+        attentions_in(&luns, &notice(lun(5).naa(), [0x6, 0x2A, 0x05]));
+        assert_eq!(sense_at(&standby, &h2), (0x2, 0x04, 0x0B), "standby, nothing else");
+        // REGISTRATIONS PREEMPTED for host 2: its session at the standby LUN hears it, once.
+        attentions_in(&luns, &notice(standby.naa(), [0x6, 0x2A, 0x05]));
+        assert_eq!(sense_at(&standby, &h2), (0x6, 0x2A, 0x05));
+        assert_eq!(sense_at(&standby, &h2), (0x2, 0x04, 0x0B));
+        assert_eq!(sense_at(&standby, &h3), (0x2, 0x04, 0x0B), "host 3 hears nothing");
+        // A LUN served here (not standby) with that NAA id raises its own: none taken.
+        attentions_in(&luns, &notice(other.naa(), [0x6, 0x2A, 0x05]));
+        assert_eq!(other.execute_for(&h2, &[0u8; 6], &[]).status, 0);
     }
 }

@@ -107,7 +107,7 @@ pub struct PoolOwner {
 }
 
 #[cfg(feature = "rados")]
-pub use real::{Membership, Owned, Reader, Taking};
+pub use real::{Membership, Owned, PoolNotices, Reader, Taking};
 #[cfg(feature = "rados")]
 pub use tessera_ownership::{Ask, AsksComing};
 
@@ -120,7 +120,7 @@ mod real {
     use tessera_ownership::fence::take_over;
     use tessera_ownership::fenced_disk::FencedDisk;
     use tessera_ownership::rados_meta::{last_owner, RadosMeta, VERSION_ATTR};
-    use tessera_ownership::{Ask, AsksComing, Courier, Gateway, Lasting};
+    use tessera_ownership::{Ask, AsksComing, Courier, Gateway, Lasting, NoticesComing};
     use tessera_pool::{MetaStore, Pool};
     use tessera_rados::Cluster;
     use tessera_volume::Engine;
@@ -143,6 +143,21 @@ mod real {
     /// The ownership key of pool `name` among the gateways.
     fn owner_key(name: &str) -> String {
         format!("pool.{name}")
+    }
+
+    /// The notices other gateways send about pools ([`Membership::watch_notices`]).
+    pub struct PoolNotices(NoticesComing);
+
+    impl PoolNotices {
+        /// The next notices, as (pool, notice); None once the watch ended.
+        pub async fn next(&mut self) -> Option<Vec<(String, Vec<u8>)>> {
+            let got = self.0.next().await?;
+            Some(
+                got.into_iter()
+                    .filter_map(|(what, n)| Some((what.strip_prefix("pool.")?.to_string(), n)))
+                    .collect(),
+            )
+        }
     }
 
     /// Seconds a call to the cluster may take before it fails instead of hanging (an OSD or
@@ -437,6 +452,25 @@ mod real {
             self.rt
                 .block_on(courier.answer(&owner_key(name), ask, answer))
                 .map_err(|e| e.to_string())
+        }
+
+        /// Tells the other gateways `notice` about pool `name` (owned here: the unit
+        /// attentions its logical units raised), without waiting: a notice that etcd does not
+        /// take is lost, as one a gateway not watching misses.
+        pub fn notify(&self, name: &str, notice: Vec<u8>) {
+            let Some(courier) = self.courier() else { return };
+            let pool = name.to_string();
+            self.rt.spawn(async move {
+                if let Err(e) = courier.notify(&owner_key(&pool), &notice).await {
+                    tracing::warn!(pool = %pool, error = %e, "cannot tell the other gateways of unit attentions raised here");
+                }
+            });
+        }
+
+        /// A watch of the notices other gateways send about pools from now on; None before
+        /// this gateway joined, or if etcd does not answer.
+        pub async fn watch_notices(&self) -> Option<PoolNotices> {
+            Some(PoolNotices(self.courier()?.watch_notices().await.ok()?))
         }
 
         /// Notified when any gateway takes or gives up a pool (or its lease lapses), asks
@@ -804,7 +838,7 @@ mod real {
 
 /// Without the `rados` feature: joining fails and says why, so nothing else is reachable.
 #[cfg(not(feature = "rados"))]
-pub use absent::{Ask, AsksComing, Membership, Owned, Reader, Taking};
+pub use absent::{Ask, AsksComing, Membership, Owned, PoolNotices, Reader, Taking};
 
 #[cfg(not(feature = "rados"))]
 mod absent {
@@ -915,6 +949,22 @@ mod absent {
             match self.never {}
         }
         pub fn answer(&self, _: &str, _: &Ask, _: &[u8]) -> Result<(), String> {
+            match self.never {}
+        }
+        pub fn notify(&self, _: &str, _: Vec<u8>) {
+            match self.never {}
+        }
+        pub async fn watch_notices(&self) -> Option<PoolNotices> {
+            match self.never {}
+        }
+    }
+
+    pub struct PoolNotices {
+        never: std::convert::Infallible,
+    }
+
+    impl PoolNotices {
+        pub async fn next(&mut self) -> Option<Vec<(String, Vec<u8>)>> {
             match self.never {}
         }
     }

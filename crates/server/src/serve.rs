@@ -227,6 +227,19 @@ async fn serve(cfg: ServerConfig) -> Result<(), String> {
                 let _ = tokio::task::spawn_blocking(move || d.rados_tick()).await;
             }
         });
+        // The unit attentions the owners of pools raise for hosts on standby paths here.
+        let told = daemon.clone();
+        tokio::spawn(async move {
+            loop {
+                if let Some(mut notices) = told.watch_notices().await {
+                    while let Some(batch) = notices.next().await {
+                        let d = told.clone();
+                        let _ = tokio::task::spawn_blocking(move || d.attentions_from_owners(batch)).await;
+                    }
+                }
+                tokio::time::sleep(crate::rados_pools::TICK).await;
+            }
+        });
         // Beside the ticks (which may wait on the cluster for as long as a taking takes):
         // the commands standby ports of other gateways forward to the pools owned here, as
         // they come.

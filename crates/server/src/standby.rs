@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Mutex, RwLock};
 use tessera_scsi::{
     AccessState, BackendError, BackendErrorKind, BackendResult, BlockBackend, Extent, FrozenImage, Lun, ModeState,
-    OwnerForwarding, PortGroup, PortGroups,
+    OwnerForwarding, PortGroup, PortGroups, PortId, Sense,
 };
 use tessera_volume::{Provisioning, VdiskConfig};
 use tokio::sync::Notify;
@@ -52,7 +52,13 @@ pub struct PoolPorts {
     /// Told when a host first asks for the pool here, so that the gateway asks the owner at
     /// once rather than at its next tick.
     asks: Arc<Notify>,
+    /// Where the unit attentions that the pool's logical units raise here, while they are
+    /// the owner's, go to reach the other gateways' standby ports (set once, by the daemon).
+    attentions_out: std::sync::OnceLock<AttentionsOut>,
 }
+
+/// Sends the unit attentions a logical unit (by its NAA id) raised for initiator ports.
+pub type AttentionsOut = Box<dyn Fn(&[u8; 16], &[(PortId, Sense)]) + Send + Sync>;
 
 #[derive(Clone)]
 struct Ports {
@@ -76,7 +82,13 @@ impl PoolPorts {
                 asked: None,
             }),
             asks,
+            attentions_out: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Sends the unit attentions the pool's logical units raise here through `out`.
+    pub fn send_attentions_through(&self, out: AttentionsOut) {
+        let _ = self.attentions_out.set(out);
     }
 
     /// Records this gateway's state and the owner; true if either changed.
@@ -121,6 +133,12 @@ impl PoolPorts {
 }
 
 impl PortGroups for PoolPorts {
+    fn attentions_raised(&self, naa: &[u8; 16], notices: &[(PortId, Sense)]) {
+        if let Some(out) = self.attentions_out.get() {
+            out(naa, notices);
+        }
+    }
+
     fn groups(&self) -> Vec<PortGroup> {
         let Ports {
             local,
@@ -350,13 +368,13 @@ pub fn refresh_standby(lun: &Lun, unit: &StandbyUnit) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use tessera_layout::{LayoutKind, LayoutSpec};
     use tessera_scsi::{ModeState, Nexus};
     use tessera_volume::VdiskState;
 
-    fn unit(size: u64, mode: Option<ModeState>) -> StandbyUnit {
+    pub(crate) fn unit(size: u64, mode: Option<ModeState>) -> StandbyUnit {
         StandbyUnit {
             uid: 0x1234,
             config: VdiskConfig {

@@ -219,6 +219,7 @@ impl Daemon {
         };
         let epoch = owned.epoch;
         let p = RadosPool::new(placement, Some(owned), gw.name(), gw.changes());
+        self.send_attentions_of(&req.name, &p.ports);
         self.targets.set_pool_ports(&req.name, Some(p.ports.clone()));
         self.rados.lock().insert(req.name.clone(), p);
         self.pools.write().insert(req.name.clone(), Arc::new(engine));
@@ -299,6 +300,7 @@ impl Daemon {
     fn wait_for(&self, name: &str, placement: Placement) {
         let me = self.gateway.as_ref().map(|g| g.name()).unwrap_or_default();
         let waiting = RadosPool::new(placement, None, me, self.gateway_changes());
+        self.send_attentions_of(name, &waiting.ports);
         self.targets.set_pool_ports(name, Some(waiting.ports.clone()));
         self.rados.lock().insert(name.to_string(), waiting);
         self.unavailable
@@ -591,6 +593,28 @@ impl Daemon {
             gateway,
             pool: name.to_string(),
         }))
+    }
+
+    /// Has the unit attentions that pool `name`'s logical units raise here, while owned
+    /// here, sent to the other gateways (docs/scale-out.md, *Reservations at a standby port*).
+    fn send_attentions_of(&self, name: &str, ports: &crate::standby::PoolPorts) {
+        if let Some(g) = &self.gateway {
+            ports.send_attentions_through(crate::forwarding::attentions_out(g.clone(), name.to_string()));
+        }
+    }
+
+    /// A watch of the notices other gateways send (None when this daemon is no gateway,
+    /// has not joined yet, or etcd does not answer).
+    pub async fn watch_notices(&self) -> Option<crate::rados_pools::PoolNotices> {
+        self.gateway.as_ref()?.watch_notices().await
+    }
+
+    /// Queues at the standby ports here the unit attentions that owners of pools sent
+    /// (pool, notice), each at the standby LUNs of its pool.
+    pub fn attentions_from_owners(&self, notices: Vec<(String, Vec<u8>)>) {
+        for (pool, notice) in notices {
+            crate::forwarding::attentions_in(&self.targets.luns_of_pool(&pool), &notice);
+        }
     }
 
     /// Runs the commands that standby ports of other gateways forwarded to the pools this
