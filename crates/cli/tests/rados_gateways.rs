@@ -1274,7 +1274,8 @@ fn persistent_reservations_follow_a_pool_on_rados_to_the_gateway_that_takes_it_o
 /// standby gateway, as Linux's mpathpersist registers down every path, standby ones
 /// included: the standby port has the owner run each command, so that the owner enforces
 /// the reservation on the paths it serves and the standby port reports the owner's keys,
-/// and the pool stays where it is.
+/// and the pool stays where it is. A preemption at the owner reaches the node's session at
+/// the standby port as a unit attention; a MODE SELECT there is the owner's to run too.
 #[cfg(feature = "rados")]
 #[test]
 fn a_standby_gateway_has_the_owner_run_the_reservations_its_hosts_ask_for() {
@@ -1382,6 +1383,22 @@ fn a_standby_gateway_has_the_owner_run_the_reservations_its_hosts_ask_for() {
     let _ = rt.block_on(kept.logout());
     let (cdb, p) = pr_out(0, 0, 0x1111, 0, false);
     assert_eq!(at(&pa, 1, &cdb, p, 0).status, 0);
+
+    // Node 2 turns the write cache off through B: the owner runs the MODE SELECT and keeps
+    // the setting, and both ports report it.
+    let caching_page = [0x1A, 0x08, 0x08, 0, 255, 0];
+    let page = at(&pb, 2, &caching_page, Vec::new(), 255).data;
+    assert_eq!(page[4 + 2] & 0x04, 0x04, "the write cache starts on: {page:?}");
+    let mut select = vec![0u8; 4];
+    select.extend_from_slice(&page[4..]);
+    select[4 + 2] &= !0x04;
+    let cdb = [0x15, 0x10, 0, 0, select.len() as u8, 0];
+    let r = at(&pb, 2, &cdb, select, 0);
+    assert_eq!((r.status, sense_of(&r)), (0, None));
+    for portal in [&pa, &pb] {
+        let page = at(portal, 1, &caching_page, Vec::new(), 255).data;
+        assert_eq!(page[4 + 2] & 0x04, 0, "the write cache is off at {portal}: {page:?}");
+    }
 
     // What the hop through etcd costs a reservation command, printed for the record (not a
     // test of speed): the median of 21 READ KEYS through each port, in a session each.

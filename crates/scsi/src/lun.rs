@@ -145,8 +145,9 @@ pub struct Lun {
     /// The reservations and mode settings are the owner gateway's: a port that is not active
     /// refuses the commands that read or change them ([`Lun::with_state_at_owner`]).
     state_at_owner: bool,
-    /// Where a standby port sends the persistent reservation commands it receives, when
-    /// the reservations are the owner's ([`OwnerForwarding`]).
+    /// Where a standby port sends the persistent reservation and MODE SELECT commands it
+    /// receives, when the reservations and mode settings are the owner's
+    /// ([`OwnerForwarding`]).
     forwarding: Option<Arc<dyn OwnerForwarding>>,
     /// Commands hold it shared while they run; reservation changes take it exclusively, so
     /// that no command admitted under the old reservation is still running when PREEMPT (AND
@@ -160,15 +161,25 @@ pub struct Lun {
 }
 
 /// How a standby port reaches the gateway that owns its logical unit, for the persistent
-/// reservation commands it receives. SPC-4 (5.16.2.4.4) has a port in standby serve
-/// PERSISTENT RESERVE IN and OUT, and hosts rely on it: Linux's mpathpersist sends a
-/// REGISTER down every path, standby ones included, and fails the registration if one path
-/// refuses it. The reservations live at the owner (it enforces them on every command), so
-/// the owner runs them ([`Lun::execute_forwarded`]).
+/// reservation and MODE SELECT commands it receives. SPC-4 (5.16.2.4.4) has a port in
+/// standby serve PERSISTENT RESERVE IN and OUT and MODE SELECT, and hosts rely on it:
+/// Linux's mpathpersist sends a REGISTER down every path, standby ones included, and fails
+/// the registration if one path refuses it. The reservations and mode settings live at the
+/// owner (it enforces them on every command, and keeps them), so the owner runs them
+/// ([`Lun::execute_forwarded`]).
 pub trait OwnerForwarding: Send + Sync {
     /// Runs `cdb` (with `data` out) at the owner of the logical unit of designator `naa`,
     /// as from `nexus`'s initiator port; None when no answer came in time.
     fn forward(&self, naa: &[u8; 16], nexus: &Nexus, cdb: &[u8], data: &[u8]) -> Option<Response>;
+}
+
+/// Whether a standby port passes command `op` to the owner: the commands SPC-4 has a port
+/// in standby serve whose state is the owner's.
+fn forwardable(op: u8) -> bool {
+    matches!(
+        op,
+        PERSISTENT_RESERVE_IN | PERSISTENT_RESERVE_OUT | MODE_SELECT_6 | MODE_SELECT_10
+    )
 }
 
 /// Unit attentions kept per nexus, at most; older ones give way.
@@ -340,22 +351,27 @@ impl Lun {
     /// the port cannot forward it, and it goes on here.
     fn forwarded(&self, nexus: &Nexus, cmd: &Command, cdb: &[u8], data: &[u8]) -> Option<Response> {
         let f = self.forwarding.as_ref()?;
-        if !self.state_at_owner
-            || !matches!(cmd.op, PERSISTENT_RESERVE_IN | PERSISTENT_RESERVE_OUT)
-            || self.alua.local_state() != AccessState::Standby
-        {
+        if !self.state_at_owner || !forwardable(cmd.op) || self.alua.local_state() != AccessState::Standby {
             return None;
         }
         // No answer in time (the owner stalled, or is being replaced): the host tries again,
         // and finds this port or another active by then.
-        Some(
-            f.forward(&self.naa, nexus, cdb, data)
-                .unwrap_or_else(|| self.respond(Err(sense::ALUA_TRANSITION))),
-        )
+        let Some(r) = f.forward(&self.naa, nexus, cdb, data) else {
+            return Some(self.respond(Err(sense::ALUA_TRANSITION)));
+        };
+        // A MODE SELECT the owner took holds here at once (the next reading of the owner's
+        // records agrees): the other nexuses here are told, not the one that sent it.
+        if r.status == sense::GOOD && matches!(cmd.op, MODE_SELECT_6 | MODE_SELECT_10) {
+            if let Ok(Some(next)) = self.mode_selected(cdb, data) {
+                *self.mode.lock() = next;
+                self.unit_attention(sense::MODE_PARAMETERS_CHANGED, Some(nexus.id));
+            }
+        }
+        Some(r)
     }
 
-    /// Runs a PERSISTENT RESERVE IN or OUT that a standby port of this logical unit at
-    /// another gateway received from `nexus` (its initiator port: registrations are kept by
+    /// Runs a PERSISTENT RESERVE IN or OUT, or a MODE SELECT, that a standby port of this
+    /// logical unit at another gateway received from `nexus` (its initiator port: registrations are kept by
     /// it, whatever the target port) and forwarded here ([`OwnerForwarding`]). The unit
     /// attentions of that nexus are the standby port's to report: none is reported here,
     /// and the nexus is not kept; what the command tells the nexuses kept here (REGISTRATIONS
@@ -365,13 +381,20 @@ impl Lun {
             Ok(cmd) => cmd,
             Err(s) => return self.respond(Err(s)),
         };
-        if !matches!(cmd.op, PERSISTENT_RESERVE_IN | PERSISTENT_RESERVE_OUT) {
+        if !forwardable(cmd.op) {
             return self.respond(Err(sense::INVALID_OPCODE));
         }
         // Given up here meanwhile (a handover): refused as this port's state says, and sent
         // again by the host.
         if let Err(s) = self.alua_admits(cmd) {
             return self.respond(Err(s));
+        }
+        if matches!(cmd.op, MODE_SELECT_6 | MODE_SELECT_10) {
+            let _fence = self.fence.read();
+            if self.reservation_conflict(nexus, cmd) {
+                return Response::reservation_conflict();
+            }
+            return self.respond(self.mode_select(nexus.id, cdb, data));
         }
         self.reservation_command(&Request { nexus, cdb, data })
     }

@@ -218,14 +218,39 @@ impl Lun {
     }
 
     pub(crate) fn mode_select(&self, nexus: u64, cdb: &[u8], d: &[u8]) -> CmdResult {
-        let ten = cdb[0] == MODE_SELECT_10;
         // SP: save the pages. Every change is saved when the LUN can save at all.
         if cdb[1] & 0x01 != 0 && self.mode_store.is_none() {
             return Err(sense::SAVING_PARAMETERS_NOT_SUPPORTED);
         }
+        let Some(next) = self.mode_selected(cdb, d)? else {
+            return Ok(Vec::new());
+        };
+        let was = self.mode();
+        // Saved before it takes effect: a setting the host was told about survives a restart.
+        if let Some(store) = &self.mode_store {
+            if let Err(e) = store(&next) {
+                tracing::warn!(lun = %self.backend.name(), error = %e, "cannot save the mode settings");
+                return Err(sense::INTERNAL_TARGET_FAILURE);
+            }
+        }
+        *self.mode.lock() = next;
+        // The settings are the LUN's, shared by every nexus: the others learn of the change
+        // (SPC-4 MODE PARAMETERS CHANGED), before anything else they send.
+        self.unit_attention(sense::MODE_PARAMETERS_CHANGED, Some(nexus));
+        if was.wce && !next.wce {
+            // Turning the cache off makes what it held durable now.
+            self.backend.flush().map_err(|e| self.io_sense(e, true))?;
+        }
+        Ok(Vec::new())
+    }
+
+    /// The mode settings MODE SELECT `cdb` with parameter list `d` asks for, checked
+    /// against what MODE SENSE reports as changeable; None when they are the settings now.
+    pub(crate) fn mode_selected(&self, cdb: &[u8], d: &[u8]) -> Result<Option<ModeState>, Sense> {
+        let ten = cdb[0] == MODE_SELECT_10;
         let len = if ten { be16(&cdb[7..9]) } else { cdb[4] as u64 } as usize;
         if len == 0 {
-            return Ok(Vec::new());
+            return Ok(None);
         }
         if d.len() < len {
             return Err(sense::PARAMETER_LIST_LENGTH_ERROR);
@@ -282,26 +307,7 @@ impl Lun {
             }
             pos += 2 + plen;
         }
-        let was = self.mode();
-        if next == was {
-            return Ok(Vec::new());
-        }
-        // Saved before it takes effect: a setting the host was told about survives a restart.
-        if let Some(store) = &self.mode_store {
-            if let Err(e) = store(&next) {
-                tracing::warn!(lun = %self.backend.name(), error = %e, "cannot save the mode settings");
-                return Err(sense::INTERNAL_TARGET_FAILURE);
-            }
-        }
-        *self.mode.lock() = next;
-        // The settings are the LUN's, shared by every nexus: the others learn of the change
-        // (SPC-4 MODE PARAMETERS CHANGED), before anything else they send.
-        self.unit_attention(sense::MODE_PARAMETERS_CHANGED, Some(nexus));
-        if was.wce && !next.wce {
-            // Turning the cache off makes what it held durable now.
-            self.backend.flush().map_err(|e| self.io_sense(e, true))?;
-        }
-        Ok(Vec::new())
+        Ok((next != self.mode()).then_some(next))
     }
 
     pub(crate) fn report_supported_opcodes(&self, cdb: &[u8]) -> CmdResult {

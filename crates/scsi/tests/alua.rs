@@ -438,3 +438,85 @@ fn unit_attentions_the_owner_raises_reach_the_hosts_on_standby_paths() {
     assert_eq!(raised.len(), 1, "{raised:?}");
     assert_eq!(raised[0].1, [(PortId::of(&n2), Sense::new(0x6, 0x2A, 0x03))]);
 }
+
+/// SPC-4 5.16.2.4.4: a standby port serves MODE SELECT too. Where the mode settings are the
+/// owner's, the owner runs it and keeps the result; the standby port takes the new settings
+/// at once, and every other nexus on either port is told MODE PARAMETERS CHANGED, the one
+/// that sent it not. What the owner refuses is refused, unchanged, and an owner that does
+/// not answer makes the host try again.
+#[test]
+fn a_standby_port_has_the_owner_run_mode_select_and_takes_its_settings() {
+    let kept = Arc::new(Mutex::new(Vec::new()));
+    let store: tessera_scsi::ModeStore = {
+        let kept = kept.clone();
+        Box::new(move |m| {
+            kept.lock().unwrap().push(*m);
+            Ok(())
+        })
+    };
+    let owner = Arc::new(
+        lun(TwoGateways::new(
+            AccessState::ActiveOptimized,
+            AccessState::ActiveOptimized,
+        ))
+        .with_saved_mode(None, store),
+    );
+    let to_owner = Arc::new(ToOwner {
+        owner: owner.clone(),
+        away: Default::default(),
+        forwarded: AtomicUsize::new(0),
+    });
+    let standby = lun(TwoGateways::new(AccessState::Standby, AccessState::ActiveOptimized))
+        .with_state_at_owner()
+        .with_owner_forwarding(to_owner.clone());
+    let (n1, n2, n3) = (nexus(1), nexus(2), nexus(3));
+    let inquiry = [0x12, 0, 0, 0, 36, 0];
+    owner.execute_for(&n1, &inquiry, &[]);
+    standby.execute_for(&n2, &inquiry, &[]);
+    standby.execute_for(&n3, &inquiry, &[]);
+    let caching = [0x1A, 0x08, 0x08, 0, 255, 0];
+    let wce = |l: &Lun, n: &Nexus| l.execute_for(n, &caching, &[]).data[4 + 2] & 0x04 != 0;
+    assert!(wce(&standby, &n2) && wce(&owner, &n1), "the write cache starts on");
+    let page = standby.execute_for(&n2, &caching, &[]).data.to_vec();
+    let mut off = vec![0u8; 4];
+    off.extend_from_slice(&page[4..]);
+    off[4 + 2] &= !0x04;
+    let select = [0x15, 0x10, 0, 0, off.len() as u8, 0];
+
+    // The owner does not answer: nothing changes.
+    to_owner.away.store(true, Ordering::SeqCst);
+    assert_eq!(sense_of(&standby.execute_for(&n2, &select, &off)), TRANSITIONING);
+    to_owner.away.store(false, Ordering::SeqCst);
+    assert!(kept.lock().unwrap().is_empty() && wce(&standby, &n2));
+    // A change the owner refuses (a bit that cannot change) is refused, unchanged.
+    let mut bad = off.clone();
+    bad[4 + 3] ^= 0xF0;
+    assert_eq!(
+        sense_of(&standby.execute_for(&n2, &select, &bad)),
+        Some((0x5, 0x26, 0x00))
+    );
+    assert!(kept.lock().unwrap().is_empty());
+
+    // Host 2 turns the write cache off through the standby port: the owner keeps it, both
+    // ports report it, the others are told.
+    let r = standby.execute_for(&n2, &select, &off);
+    assert_eq!((r.status, sense_of(&r)), (0, None));
+    assert_eq!(kept.lock().unwrap().len(), 1);
+    assert!(!kept.lock().unwrap()[0].wce);
+    assert!(!wce(&standby, &n2), "at once at the standby port");
+    assert_eq!(
+        sense_of(&owner.execute_for(&n1, &caching, &[])),
+        Some((0x6, 0x2A, 0x01))
+    );
+    assert!(!wce(&owner, &n1));
+    assert_eq!(
+        sense_of(&standby.execute_for(&n3, &caching, &[])),
+        Some((0x6, 0x2A, 0x01))
+    );
+    assert!(!wce(&standby, &n3));
+    // What the standby port later reads of the owner's records is what it has: no second
+    // unit attention.
+    standby.mode_changed_elsewhere(kept.lock().unwrap()[0]);
+    assert_eq!(sense_of(&standby.execute_for(&n2, &caching, &[])), None);
+    assert_eq!(sense_of(&standby.execute_for(&n3, &caching, &[])), None);
+}

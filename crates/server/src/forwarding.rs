@@ -1,8 +1,9 @@
-//! The persistent reservation commands a standby port receives, run by the gateway that owns
-//! the pool (SPC-4 5.16.2.4.4 has a standby port serve PERSISTENT RESERVE IN and OUT; Linux's
-//! mpathpersist registers down every path, standby ones included). The reservations live in
-//! the owner's memory, which enforces them on every command, and in the pool's metadata, which
-//! only the owner may write: the standby gateway asks the owner through etcd
+//! The persistent reservation and MODE SELECT commands a standby port receives, run by the
+//! gateway that owns the pool (SPC-4 5.16.2.4.4 has a standby port serve PERSISTENT RESERVE
+//! IN and OUT and MODE SELECT; Linux's mpathpersist registers down every path, standby ones
+//! included). The reservations and mode settings live in the owner's memory, which enforces
+//! them on every command, and in the pool's metadata, which only the owner may write: the
+//! standby gateway asks the owner through etcd
 //! ([`tessera_ownership::Courier`]) and answers the host with what the owner answered.
 //!
 //! The other way, the unit attentions that a change of the reservations raises at the owner
