@@ -159,12 +159,7 @@ async fn a_gateway_following_changes_is_told_of_takings_asks_and_lapsed_leases_o
     let mut b = Gateway::join(&ep, &p, "gw-b", 3).await.unwrap();
     // Another installation whose prefix begins with this one's.
     let mut elsewhere = Gateway::join(&ep, &format!("{p}-other"), "gw-a", 3).await.unwrap();
-    let (tx, mut told) = tokio::sync::mpsc::unbounded_channel();
-    b.follow_changes(move || {
-        let _ = tx.send(());
-    })
-    .await
-    .unwrap();
+    let mut told = told_of_changes(&mut b).await;
     let wait = Duration::from_secs(10);
     let quiet = Duration::from_millis(500);
     async fn drain(told: &mut tokio::sync::mpsc::UnboundedReceiver<()>) {
@@ -349,6 +344,17 @@ async fn a_name_has_one_place_until_that_place_forgets_it() {
     b.leave().await.unwrap();
 }
 
+/// What `g` is told as it follows the ownership keys: one message per change.
+async fn told_of_changes(g: &mut Gateway) -> tokio::sync::mpsc::UnboundedReceiver<()> {
+    let (tx, told) = tokio::sync::mpsc::unbounded_channel();
+    g.follow_changes(move || {
+        let _ = tx.send(());
+    })
+    .await
+    .unwrap();
+    told
+}
+
 /// A standby gateway asks the owner to run a request and gets its answer; each ask is taken
 /// by one gateway once, however many look; an ask nobody answers in time is given up and
 /// taken back, so that an owner that comes later does not run it; a gateway following the
@@ -361,13 +367,7 @@ async fn a_gateway_asks_the_owner_through_etcd_and_each_ask_runs_once() {
     let mut owner = Gateway::join(&ep, &p, "gw-a", 3).await.unwrap();
     let other = Gateway::join(&ep, &p, "gw-c", 3).await.unwrap();
     let standby = Gateway::join(&ep, &p, "gw-b", 3).await.unwrap();
-    let (tx, mut told) = tokio::sync::mpsc::unbounded_channel();
-    owner
-        .follow_changes(move || {
-            let _ = tx.send(());
-        })
-        .await
-        .unwrap();
+    let mut told = told_of_changes(&mut owner).await;
     let (a, b, c) = (owner.courier(), standby.courier(), other.courier());
 
     // The owner (and another gateway, racing it) take what comes and answer it.
@@ -457,13 +457,7 @@ async fn an_owners_notices_reach_the_other_gateways_watching() {
     let mut owner = Gateway::join(&ep, &p, "gw-a", 3).await.unwrap();
     let b = Gateway::join(&ep, &p, "gw-b", 3).await.unwrap();
     let c = Gateway::join(&ep, &p, "gw-c", 3).await.unwrap();
-    let (tx, mut told) = tokio::sync::mpsc::unbounded_channel();
-    owner
-        .follow_changes(move || {
-            let _ = tx.send(());
-        })
-        .await
-        .unwrap();
+    let mut told = told_of_changes(&mut owner).await;
     let a = owner.courier();
     let mut at_a = a.watch_notices().await.unwrap();
     let mut at_b = b.courier().watch_notices().await.unwrap();

@@ -338,17 +338,17 @@ impl Lun {
         self
     }
 
-    /// Has a standby port of this LUN, whose reservations are the owner's, run the
-    /// PERSISTENT RESERVE IN and OUT it receives at the owner through `f`, rather than
-    /// refuse them.
+    /// Has a standby port of this LUN, whose reservations and mode settings are the
+    /// owner's, run the PERSISTENT RESERVE IN and OUT and MODE SELECT it receives at the
+    /// owner through `f`, rather than refuse them.
     pub fn with_owner_forwarding(mut self, f: Arc<dyn OwnerForwarding>) -> Lun {
         self.forwarding = Some(f);
         self
     }
 
-    /// A persistent reservation command at a standby port whose reservations are the
-    /// owner's, answered by the owner ([`OwnerForwarding`]); None when it is not one, or
-    /// the port cannot forward it, and it goes on here.
+    /// A persistent reservation command or MODE SELECT at a standby port whose state is
+    /// the owner's, answered by the owner ([`OwnerForwarding`]); None when it is not one,
+    /// or the port cannot forward it, and it goes on here.
     fn forwarded(&self, nexus: &Nexus, cmd: &Command, cdb: &[u8], data: &[u8]) -> Option<Response> {
         let f = self.forwarding.as_ref()?;
         if !self.state_at_owner || !forwardable(cmd.op) || self.alua.local_state() != AccessState::Standby {
@@ -371,8 +371,9 @@ impl Lun {
     }
 
     /// Runs a PERSISTENT RESERVE IN or OUT, or a MODE SELECT, that a standby port of this
-    /// logical unit at another gateway received from `nexus` (its initiator port: registrations are kept by
-    /// it, whatever the target port) and forwarded here ([`OwnerForwarding`]). The unit
+    /// logical unit at another gateway received from `nexus` (its initiator port:
+    /// registrations are kept by it, whatever the target port) and forwarded here
+    /// ([`OwnerForwarding`]). The unit
     /// attentions of that nexus are the standby port's to report: none is reported here,
     /// and the nexus is not kept; what the command tells the nexuses kept here (REGISTRATIONS
     /// PREEMPTED, say) reaches them as from any other nexus.

@@ -273,6 +273,16 @@ struct ToOwner {
     forwarded: AtomicUsize,
 }
 
+impl ToOwner {
+    fn new(owner: &Arc<Lun>) -> Arc<ToOwner> {
+        Arc::new(ToOwner {
+            owner: owner.clone(),
+            away: Default::default(),
+            forwarded: AtomicUsize::new(0),
+        })
+    }
+}
+
 impl OwnerForwarding for ToOwner {
     fn forward(&self, naa: &[u8; 16], nexus: &Nexus, cdb: &[u8], data: &[u8]) -> Option<Response> {
         assert_eq!(naa, self.owner.naa(), "forwarded for the same logical unit");
@@ -302,11 +312,7 @@ fn a_standby_port_whose_reservations_are_the_owners_has_the_owner_run_them() {
         AccessState::ActiveOptimized,
         AccessState::ActiveOptimized,
     )));
-    let to_owner = Arc::new(ToOwner {
-        owner: owner.clone(),
-        away: Default::default(),
-        forwarded: AtomicUsize::new(0),
-    });
+    let to_owner = ToOwner::new(&owner);
     let g = TwoGateways::new(AccessState::Standby, AccessState::ActiveOptimized);
     let standby = lun(g.clone())
         .with_state_at_owner()
@@ -381,11 +387,7 @@ fn unit_attentions_the_owner_raises_reach_the_hosts_on_standby_paths() {
     let at_owner = TwoGateways::new(AccessState::ActiveOptimized, AccessState::ActiveOptimized);
     let kept: tessera_scsi::PrStore = Box::new(|_| Ok(()));
     let owner = Arc::new(lun(at_owner.clone()).with_shared_reservations(PrState::default(), kept));
-    let to_owner = Arc::new(ToOwner {
-        owner: owner.clone(),
-        away: Default::default(),
-        forwarded: AtomicUsize::new(0),
-    });
+    let to_owner = ToOwner::new(&owner);
     let standby = lun(TwoGateways::new(AccessState::Standby, AccessState::ActiveOptimized))
         .with_state_at_owner()
         .with_owner_forwarding(to_owner);
@@ -461,11 +463,7 @@ fn a_standby_port_has_the_owner_run_mode_select_and_takes_its_settings() {
         ))
         .with_saved_mode(None, store),
     );
-    let to_owner = Arc::new(ToOwner {
-        owner: owner.clone(),
-        away: Default::default(),
-        forwarded: AtomicUsize::new(0),
-    });
+    let to_owner = ToOwner::new(&owner);
     let standby = lun(TwoGateways::new(AccessState::Standby, AccessState::ActiveOptimized))
         .with_state_at_owner()
         .with_owner_forwarding(to_owner.clone());

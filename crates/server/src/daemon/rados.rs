@@ -617,19 +617,23 @@ impl Daemon {
         }
     }
 
+    /// The pools on RADOS this gateway owns now.
+    fn rados_pools_owned(&self) -> Vec<String> {
+        self.rados
+            .lock()
+            .iter()
+            .filter(|(_, p)| p.owned.is_some())
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+
     /// Runs the commands that standby ports of other gateways forwarded to the pools this
     /// gateway owns, and answers them (each once: taking one deletes it in etcd). A pool
     /// given up meanwhile answers through its LUNs' state (transitioning or standby), and
     /// the host tries again at the new owner.
     pub fn answer_asks(&self) {
         let Some(gw) = &self.gateway else { return };
-        let owned: Vec<String> = self
-            .rados
-            .lock()
-            .iter()
-            .filter(|(_, p)| p.owned.is_some())
-            .map(|(n, _)| n.clone())
-            .collect();
+        let owned = self.rados_pools_owned();
         for name in owned {
             let asks = match gw.take_asks(&name) {
                 Ok(a) => a,
@@ -794,13 +798,7 @@ impl Daemon {
     /// Hands over each pool this gateway owns that no host has used here for
     /// `HANDOVER_IDLE` while another gateway asks for it.
     fn hand_over_asked_pools(&self, gw: &crate::rados_pools::Membership) {
-        let owned: Vec<String> = self
-            .rados
-            .lock()
-            .iter()
-            .filter(|(_, p)| p.owned.is_some())
-            .map(|(n, _)| n.clone())
-            .collect();
+        let owned = self.rados_pools_owned();
         for name in owned {
             let requests = self.io_metrics.requests_of_pool(&name);
             let idle = match self.rados.lock().get_mut(&name) {
