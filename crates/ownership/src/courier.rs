@@ -197,7 +197,7 @@ impl Courier {
             _watcher: watcher,
             events,
             from,
-            mine: format!("{}.", self.name),
+            mine: self.name.clone(),
         })
     }
 
@@ -250,7 +250,7 @@ pub struct NoticesComing {
     events: etcd_client::WatchStream,
     /// The notices' keys start with this, then `<what>/<id>`.
     from: String,
-    /// This gateway's own notices' ids start with this.
+    /// This gateway's name: its own notices' ids are `<name>.<lease>.<slot>`.
     mine: String,
 }
 
@@ -270,7 +270,8 @@ impl NoticesComing {
                 .filter_map(|e| e.kv())
                 .filter_map(|kv| {
                     let (what, id) = kv.key_str().ok()?.strip_prefix(self.from.as_str())?.rsplit_once('/')?;
-                    (!id.starts_with(self.mine.as_str())).then(|| (what.to_string(), kv.value().to_vec()))
+                    let teller = id.rsplitn(3, '.').nth(2)?;
+                    (teller != self.mine).then(|| (what.to_string(), kv.value().to_vec()))
                 })
                 .collect();
             if !got.is_empty() {

@@ -456,7 +456,8 @@ async fn an_owners_notices_reach_the_other_gateways_watching() {
     let p = prefix(t);
     let mut owner = Gateway::join(&ep, &p, "gw-a", 3).await.unwrap();
     let b = Gateway::join(&ep, &p, "gw-b", 3).await.unwrap();
-    let c = Gateway::join(&ep, &p, "gw-c", 3).await.unwrap();
+    // A name that begins with another's and a dot is another gateway all the same.
+    let c = Gateway::join(&ep, &p, "gw-a.2", 3).await.unwrap();
     let mut told = told_of_changes(&mut owner).await;
     let a = owner.courier();
     let mut at_a = a.watch_notices().await.unwrap();
@@ -472,6 +473,12 @@ async fn an_owners_notices_reach_the_other_gateways_watching() {
     let from_b = vec![("pool.other".to_string(), b"from b".to_vec())];
     assert_eq!(next(&mut at_a).await, from_b);
     assert_eq!(next(&mut at_c).await, from_b);
+    c.courier().notify("pool.other", b"from gw-a.2").await.unwrap();
+    assert_eq!(
+        next(&mut at_a).await,
+        vec![("pool.other".to_string(), b"from gw-a.2".to_vec())],
+        "gw-a takes gw-a.2's notices for no notices of its own"
+    );
 
     // However many the owner sends, they take at most 64 keys.
     for i in 0..100u32 {
