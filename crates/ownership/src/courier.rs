@@ -8,10 +8,11 @@
 //!   runs.
 //! - The owner takes an ask by deleting it in a transaction guarded by its revision: each ask
 //!   runs once, at one gateway, however many look.
-//! - The answer is `<prefix>/answer/<what>/<id>`, on the asker's lease too. The asker watches
-//!   for it from before it asks, so that no answer comes unseen, and deletes both keys once
-//!   answered or given up. An answer that comes after the asker gave up stays until the
-//!   asker's lease ends (a timed-out ask is rare, and its answer small).
+//! - The answer is `<prefix>/answer/<what>/<id>`, on the asker's lease too. The asker makes
+//!   that key empty before it asks and watches it from then on, so that no answer comes
+//!   unseen, and deletes both keys once answered or given up. The owner answers only into
+//!   the empty key (a transaction that checks it is there), so that an answer to an ask
+//!   given up leaves nothing behind. An answer is never empty.
 //!
 //! - A notice is `<prefix>/notice/<what>/<id>`, on the telling gateway's lease, for every
 //!   other gateway watching: the owner tells the standby gateways of unit attentions its
@@ -81,17 +82,21 @@ impl Courier {
         );
         let (ask, answer) = (self.key("ask", what, &id), self.key("answer", what, &id));
         let mut client = self.client.clone();
-        let (_watcher, mut events) = client.watch(answer.as_str(), None).await?;
-        client
-            .put(ask.as_str(), request, Some(PutOptions::new().with_lease(self.lease)))
+        let lease = || Some(PutOptions::new().with_lease(self.lease));
+        let placed = client.put(answer.as_str(), Vec::new(), lease()).await?;
+        let after = placed.header().map(|h| h.revision() + 1).unwrap_or(0);
+        let (_watcher, mut events) = client
+            .watch(answer.as_str(), Some(WatchOptions::new().with_start_revision(after)))
             .await?;
+        client.put(ask.as_str(), request, lease()).await?;
         let answered = tokio::time::timeout(wait, async {
             while let Ok(Some(r)) = events.message().await {
                 let put = r
                     .events()
                     .iter()
-                    .find(|e| e.event_type() == EventType::Put)
-                    .and_then(|e| e.kv());
+                    .filter(|e| e.event_type() == EventType::Put)
+                    .filter_map(|e| e.kv())
+                    .find(|kv| !kv.value().is_empty());
                 if let Some(kv) = put {
                     return Some(kv.value().to_vec());
                 }
@@ -113,6 +118,7 @@ impl Courier {
                 .await?
                 .kvs()
                 .first()
+                .filter(|kv| !kv.value().is_empty())
                 .map(|kv| kv.value().to_vec()),
         };
         client.delete(ask.as_str(), None).await?;
@@ -155,18 +161,18 @@ impl Courier {
         Ok(taken)
     }
 
-    /// Answers `ask` (taken from `what`'s asks). Fails when the asker's lease is gone: it
-    /// waits for no answer.
-    pub async fn answer(&self, what: &str, ask: &Ask, answer: &[u8]) -> Result<()> {
-        self.client
-            .clone()
-            .put(
-                self.key("answer", what, &ask.id),
+    /// Answers `ask` (taken from `what`'s asks) with `answer`, which is not empty. False
+    /// when the asker no longer waits (it gave up, or its lease is gone): nothing is left.
+    pub async fn answer(&self, what: &str, ask: &Ask, answer: &[u8]) -> Result<bool> {
+        let key = self.key("answer", what, &ask.id);
+        let put = Txn::new()
+            .when([Compare::version(key.as_str(), CompareOp::Greater, 0)])
+            .and_then([TxnOp::put(
+                key.as_str(),
                 answer,
                 Some(PutOptions::new().with_lease(ask.lease)),
-            )
-            .await?;
-        Ok(())
+            )]);
+        Ok(self.client.clone().txn(put).await?.succeeded())
     }
 
     /// Tells every other gateway watching ([`watch_notices`](Self::watch_notices)) `notice`

@@ -381,7 +381,7 @@ async fn a_gateway_asks_the_owner_through_etcd_and_each_ask_runs_once() {
                     for ask in courier.take_asks("pool.tank").await.unwrap() {
                         let mut answer = ask.request.clone();
                         answer.extend_from_slice(b" done");
-                        courier.answer("pool.tank", &ask, &answer).await.unwrap();
+                        assert!(courier.answer("pool.tank", &ask, &answer).await.unwrap());
                         ran.push((who, ask.request));
                     }
                 }
@@ -418,6 +418,30 @@ async fn a_gateway_asks_the_owner_through_etcd_and_each_ask_runs_once() {
         a.take_asks("pool.tank").await.unwrap().is_empty(),
         "a given-up ask was left to run"
     );
+    // Taken, then given up before the answer came: the late answer leaves nothing behind.
+    let asking = tokio::spawn({
+        let b = b.clone();
+        async move { b.ask("pool.tank", b"slow", Duration::from_millis(500)).await }
+    });
+    let taken = loop {
+        let t = a.take_asks("pool.tank").await.unwrap();
+        if !t.is_empty() {
+            break t;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(asking.await.unwrap().unwrap(), None, "given up");
+    assert!(!a.answer("pool.tank", &taken[0], b"slow done").await.unwrap());
+    let mut client = etcd_client::Client::connect(&ep, None).await.unwrap();
+    let left = client
+        .get(
+            format!("{p}/answer/"),
+            Some(etcd_client::GetOptions::new().with_prefix().with_count_only()),
+        )
+        .await
+        .unwrap()
+        .count();
+    assert_eq!(left, 0, "an answer outlived its ask");
 
     // None of it woke the owner's follower of the ownership keys.
     assert!(told.try_recv().is_err(), "asks and answers woke the ticks");

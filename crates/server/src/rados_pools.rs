@@ -446,8 +446,8 @@ mod real {
                 .map_err(|e| e.to_string())
         }
 
-        /// Answers `ask`, taken from pool `name`'s asks.
-        pub fn answer(&self, name: &str, ask: &Ask, answer: &[u8]) -> Result<(), String> {
+        /// Answers `ask`, taken from pool `name`'s asks; false when the asker no longer waits.
+        pub fn answer(&self, name: &str, ask: &Ask, answer: &[u8]) -> Result<bool, String> {
             let courier = self.courier().ok_or_else(|| self.not_joined())?;
             self.rt
                 .block_on(courier.answer(&owner_key(name), ask, answer))
@@ -948,7 +948,7 @@ mod absent {
         pub fn take_asks(&self, _: &str) -> Result<Vec<Ask>, String> {
             match self.never {}
         }
-        pub fn answer(&self, _: &str, _: &Ask, _: &[u8]) -> Result<(), String> {
+        pub fn answer(&self, _: &str, _: &Ask, _: &[u8]) -> Result<bool, String> {
             match self.never {}
         }
         pub fn notify(&self, _: &str, _: Vec<u8>) {

@@ -648,8 +648,14 @@ impl Daemon {
             let luns = self.targets.luns_of_pool(&name);
             for ask in asks {
                 let answer = crate::forwarding::run_forwarded(&luns, &ask.request);
-                if let Err(e) = gw.answer(&name, &ask, &answer) {
-                    warn!(pool = %name, error = %e, "cannot answer a command a standby gateway forwarded: it tells its host to try again");
+                match gw.answer(&name, &ask, &answer) {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        warn!(pool = %name, "a standby gateway gave up waiting for a command it forwarded, which ran here: its host sends it again")
+                    }
+                    Err(e) => {
+                        warn!(pool = %name, error = %e, "cannot answer a command a standby gateway forwarded: it tells its host to try again")
+                    }
                 }
             }
         }
