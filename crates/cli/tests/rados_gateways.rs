@@ -1438,6 +1438,112 @@ fn a_standby_gateway_has_the_owner_run_the_reservations_its_hosts_ask_for() {
     b.stop();
 }
 
+/// A registration sent to the standby gateway while the owner stalls: the standby port
+/// waits for the owner, and either the command ran at an owner (the gateway that took the
+/// pool over meanwhile runs the asks waiting for it, its own included) or the host is told
+/// to try again, and its retry registers the key once. Once the stalled owner is resumed and
+/// replaced, its standby port passes reservation commands the other way, to the new owner.
+#[cfg(feature = "rados")]
+#[test]
+fn a_registration_at_a_standby_port_while_the_owner_stalls_runs_once_at_an_owner() {
+    let test = "a_registration_at_a_standby_port_while_the_owner_stalls_runs_once_at_an_owner";
+    let Some((conf, etcd, _cluster)) = cluster(test) else {
+        return;
+    };
+    let iqn = "iqn.2026-11.io.tessera:quorum3";
+    let TwoGateways {
+        a,
+        mut b,
+        pool,
+        vdisk,
+        _dir,
+    } = two_gateways_presenting(&conf, &etcd, "prst", "quorum3", iqn);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let read_keys = [0x5E, 0, 0, 0, 0, 0, 0, 0x10, 0, 0];
+    let (pa, pb) = (a.iscsi_portal(), b.iscsi_portal());
+    let (register, p) = pr_out(6, 0, 0, 0x2222, false);
+    // B presents the LUN as standby once it has read the pool's metadata.
+    let t0 = Instant::now();
+    while node_command(&rt, &pb, iqn, 2, &read_keys, Vec::new(), 4096).is_none_or(|(r, _)| r.status != 0) {
+        assert!(t0.elapsed() < Duration::from_secs(15), "B does not answer READ KEYS");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    signal(&a, libc::SIGSTOP);
+    let t0 = Instant::now();
+    let first = node_command(&rt, &pb, iqn, 2, &register, p.clone(), 0).expect("B serves the LUN");
+    let waited = t0.elapsed();
+    eprintln!(
+        "{test}: the registration sent while the owner stalled: status {} {:?} after {waited:?}",
+        first.0.status,
+        sense_of(&first.0)
+    );
+    assert!(
+        first.0.status == 0 || sense_of(&first.0) == Some((0x2, 0x04, 0x0A)),
+        "{:?}",
+        sense_of(&first.0)
+    );
+    assert!(waited < Duration::from_secs(20), "{waited:?}");
+    // The host sends it again until it succeeds, at B, which owns the pool by now.
+    until_served(&b, &pool, Duration::from_secs(15));
+    let t0 = Instant::now();
+    loop {
+        match node_command(&rt, &pb, iqn, 2, &register, p.clone(), 0) {
+            Some((r, _)) if r.status == 0 => break,
+            other => {
+                let s = other.as_ref().and_then(|(r, _)| sense_of(r));
+                assert!(
+                    t0.elapsed() < Duration::from_secs(15),
+                    "not registered at B: {s:?}\n{}",
+                    b.logs()
+                );
+            }
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let keys = node_command(&rt, &pb, iqn, 2, &read_keys, Vec::new(), 4096)
+        .unwrap()
+        .0
+        .data;
+    assert_eq!(
+        &keys[4..16],
+        &[0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0x22, 0x22],
+        "one key: {keys:?}"
+    );
+
+    // A resumes, finds itself replaced, and presents a standby port that asks B.
+    signal(&a, libc::SIGCONT);
+    let t0 = Instant::now();
+    loop {
+        let keys = node_command(&rt, &pa, iqn, 1, &read_keys, Vec::new(), 4096);
+        if let Some((r, _)) = &keys {
+            if r.status == 0 && r.data.get(4..16) == Some(&[0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0x22, 0x22][..]) {
+                break;
+            }
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "A does not report B's key: {:?}\n{}",
+            keys.map(|(r, _)| (r.status, sense_of(&r))),
+            a.logs()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (unregister, p) = pr_out(0, 0, 0x2222, 0, false);
+    assert_eq!(node_command(&rt, &pa, iqn, 2, &unregister, p, 0).unwrap().0.status, 0);
+    let keys = node_command(&rt, &pb, iqn, 1, &read_keys, Vec::new(), 4096)
+        .unwrap()
+        .0
+        .data;
+    assert_eq!(&keys[4..8], &[0, 0, 0, 0], "unregistered through A: {keys:?}");
+
+    b.ok(&["target", "lun", "remove", iqn, "0"]);
+    b.ok(&["vdisk", "delete", &vdisk]);
+    b.ok(&["pool", "destroy", &pool]);
+    b.stop();
+    drop(a);
+}
+
 /// The designators of VPD page 0x83, by type: NAA (3), relative target port (4), target
 /// port group (5).
 #[cfg(feature = "rados")]
