@@ -318,9 +318,7 @@ fn a_pool_on_rados_moves_to_the_other_gateway_when_its_owner_stalls_or_dies() {
 
     // Destroyed, the pool leaves nothing in the cluster.
     b.ok(&["nbd", "remove", "v"]);
-    b.ok(&["target", "lun", "remove", iqn, "0"]);
-    b.ok(&["vdisk", "delete", &vdisk]);
-    b.ok(&["pool", "destroy", &pool]);
+    remove_lun_vdisk_and_pool(&b, iqn, &vdisk, &pool);
     let left = ok("rados", &["-c", &conf, "-p", RADOS_POOL, "ls"]);
     assert!(
         !left.lines().any(|l| l.starts_with(&format!("tessera.{pool}."))),
@@ -1013,6 +1011,14 @@ fn a_metadata_change_of_unknown_outcome_opens_the_pool_again() {
     a.stop();
 }
 
+/// The initiator port of cluster node `node` logging in to `iqn`: its own name and ISID.
+#[cfg(feature = "rados")]
+fn node_port(node: u8, iqn: &str) -> tessera_iscsi::initiator::LoginConfig {
+    let mut c = tessera_iscsi::initiator::LoginConfig::new(&format!("iqn.2026-11.io.example:node{node}"), Some(iqn));
+    c.isid[5] = node;
+    c
+}
+
 /// One command from cluster node `node` (its own initiator port) to LUN 0 of `iqn` at
 /// `portal`, in a session of its own, as a node's occasional check would be; unit attentions
 /// waiting for the port (its last session ended, the LUN changed) are cleared first with
@@ -1028,11 +1034,9 @@ fn node_command(
     data: Vec<u8>,
     read: usize,
 ) -> Option<(tessera_iscsi::initiator::ScsiResult, Vec<(u8, u8)>)> {
-    use tessera_iscsi::initiator::{LoginConfig, Session};
-    let mut c = LoginConfig::new(&format!("iqn.2026-11.io.example:node{node}"), Some(iqn));
-    c.isid[5] = node;
+    use tessera_iscsi::initiator::Session;
     rt.block_on(async {
-        let s = Session::login(portal, &c).await.ok()?;
+        let s = Session::login(portal, &node_port(node, iqn)).await.ok()?;
         let mut attentions = Vec::new();
         for _ in 0..3 {
             let r = s.command(0, &[0u8; 6], Vec::new(), 0).await.ok()?;
@@ -1089,6 +1093,14 @@ fn two_gateways_presenting(conf: &str, etcd: &str, tag: &str, name: &str, iqn: &
         vdisk,
         _dir: dir,
     }
+}
+
+/// Removes, at `d` (the owner), LUN 0 of `iqn`, vdisk `vdisk` and pool `pool`.
+#[cfg(feature = "rados")]
+fn remove_lun_vdisk_and_pool(d: &Daemon, iqn: &str, vdisk: &str, pool: &str) {
+    d.ok(&["target", "lun", "remove", iqn, "0"]);
+    d.ok(&["vdisk", "delete", vdisk]);
+    d.ok(&["pool", "destroy", pool]);
 }
 
 /// READ(10) of one 512-byte block.
@@ -1263,9 +1275,7 @@ fn persistent_reservations_follow_a_pool_on_rados_to_the_gateway_that_takes_it_o
     assert_eq!(at(&pb, 1, &cdb, p, 0).status, 0);
     assert_eq!(at(&pb, 2, &write1, vec![3; 512], 0).status, 0);
 
-    b.ok(&["target", "lun", "remove", iqn, "0"]);
-    b.ok(&["vdisk", "delete", &vdisk]);
-    b.ok(&["pool", "destroy", &pool]);
+    remove_lun_vdisk_and_pool(&b, iqn, &vdisk, &pool);
     b.stop();
     drop(a);
 }
@@ -1345,10 +1355,10 @@ fn a_standby_gateway_has_the_owner_run_the_reservations_its_hosts_ask_for() {
     // Node 2 registers again through a session it keeps at B; node 1 registers at A and
     // preempts node 2's key there: node 2 hears REGISTRATIONS PREEMPTED on its standby path,
     // as it would on a path to the owner.
-    use tessera_iscsi::initiator::{LoginConfig, Session};
-    let mut c = LoginConfig::new("iqn.2026-11.io.example:node2", Some(iqn));
-    c.isid[5] = 2;
-    let kept = rt.block_on(Session::login(&pb, &c)).expect("node 2 logs in at B");
+    use tessera_iscsi::initiator::Session;
+    let kept = rt
+        .block_on(Session::login(&pb, &node_port(2, iqn)))
+        .expect("node 2 logs in at B");
     let send = |cdb: &[u8], data: Vec<u8>, read: usize| rt.block_on(kept.command(0, cdb, data, read)).unwrap();
     // Its first commands find what the new session is owed (POWER ON OCCURRED).
     let (cdb, p) = pr_out(6, 0, 0, 0x2222, false);
@@ -1403,11 +1413,8 @@ fn a_standby_gateway_has_the_owner_run_the_reservations_its_hosts_ask_for() {
     // What the hop through etcd costs a reservation command, printed for the record (not a
     // test of speed): the median of 21 READ KEYS through each port, in a session each.
     let median_keys = |portal: &str| {
-        use tessera_iscsi::initiator::{LoginConfig, Session};
-        let mut c = LoginConfig::new("iqn.2026-11.io.example:node1", Some(iqn));
-        c.isid[5] = 1;
         rt.block_on(async {
-            let s = Session::login(portal, &c).await.unwrap();
+            let s = Session::login(portal, &node_port(1, iqn)).await.unwrap();
             let mut took = Vec::new();
             for _ in 0..21 {
                 let t0 = Instant::now();
@@ -1432,9 +1439,7 @@ fn a_standby_gateway_has_the_owner_run_the_reservations_its_hosts_ask_for() {
     assert_eq!(pa["rados"]["here"], true, "{pa}");
     assert_eq!(pb["health"], "unavailable", "{pb}");
 
-    a.ok(&["target", "lun", "remove", iqn, "0"]);
-    a.ok(&["vdisk", "delete", &vdisk]);
-    a.ok(&["pool", "destroy", &pool]);
+    remove_lun_vdisk_and_pool(&a, iqn, &vdisk, &pool);
     b.stop();
 }
 
@@ -1537,9 +1542,7 @@ fn a_registration_at_a_standby_port_while_the_owner_stalls_runs_once_at_an_owner
         .data;
     assert_eq!(&keys[4..8], &[0, 0, 0, 0], "unregistered through A: {keys:?}");
 
-    b.ok(&["target", "lun", "remove", iqn, "0"]);
-    b.ok(&["vdisk", "delete", &vdisk]);
-    b.ok(&["pool", "destroy", &pool]);
+    remove_lun_vdisk_and_pool(&b, iqn, &vdisk, &pool);
     b.stop();
     drop(a);
 }
@@ -1726,9 +1729,7 @@ fn a_host_with_a_path_to_each_gateway_goes_on_through_the_standby_when_the_owner
     drop(path_a);
     drop(path_b);
     let mut b = b;
-    b.ok(&["target", "lun", "remove", iqn, "0"]);
-    b.ok(&["vdisk", "delete", &vdisk]);
-    b.ok(&["pool", "destroy", &pool]);
+    remove_lun_vdisk_and_pool(&b, iqn, &vdisk, &pool);
     b.stop();
 }
 
@@ -1863,9 +1864,7 @@ fn a_host_that_reaches_only_the_standby_gateway_has_the_pool_handed_over_without
     assert_eq!(a.json(&["target", "show", iqn])["luns"][0]["access"], "standby");
     drop(path_a);
     drop(path_b);
-    b.ok(&["target", "lun", "remove", iqn, "0"]);
-    b.ok(&["vdisk", "delete", &vdisk]);
-    b.ok(&["pool", "destroy", &pool]);
+    remove_lun_vdisk_and_pool(&b, iqn, &vdisk, &pool);
     b.stop();
 }
 

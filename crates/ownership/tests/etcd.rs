@@ -344,6 +344,13 @@ async fn a_name_has_one_place_until_that_place_forgets_it() {
     b.leave().await.unwrap();
 }
 
+/// How many keys etcd at `ep` holds under `prefix`.
+async fn keys_under(ep: &[String], prefix: &str) -> i64 {
+    let mut client = etcd_client::Client::connect(ep, None).await.unwrap();
+    let options = etcd_client::GetOptions::new().with_prefix().with_count_only();
+    client.get(prefix, Some(options)).await.unwrap().count()
+}
+
 /// What `g` is told as it follows the ownership keys: one message per change.
 async fn told_of_changes(g: &mut Gateway) -> tokio::sync::mpsc::UnboundedReceiver<()> {
     let (tx, told) = tokio::sync::mpsc::unbounded_channel();
@@ -432,16 +439,11 @@ async fn a_gateway_asks_the_owner_through_etcd_and_each_ask_runs_once() {
     };
     assert_eq!(asking.await.unwrap().unwrap(), None, "given up");
     assert!(!a.answer("pool.tank", &taken[0], b"slow done").await.unwrap());
-    let mut client = etcd_client::Client::connect(&ep, None).await.unwrap();
-    let left = client
-        .get(
-            format!("{p}/answer/"),
-            Some(etcd_client::GetOptions::new().with_prefix().with_count_only()),
-        )
-        .await
-        .unwrap()
-        .count();
-    assert_eq!(left, 0, "an answer outlived its ask");
+    assert_eq!(
+        keys_under(&ep, &format!("{p}/answer/")).await,
+        0,
+        "an answer outlived its ask"
+    );
 
     // None of it woke the owner's follower of the ownership keys.
     assert!(told.try_recv().is_err(), "asks and answers woke the ticks");
@@ -512,29 +514,13 @@ async fn an_owners_notices_reach_the_other_gateways_watching() {
     while seen < 100 {
         seen += next(&mut at_b).await.len();
     }
-    let mut client = etcd_client::Client::connect(&ep, None).await.unwrap();
-    let kept = client
-        .get(
-            format!("{p}/notice/pool.tank/"),
-            Some(etcd_client::GetOptions::new().with_prefix().with_count_only()),
-        )
-        .await
-        .unwrap()
-        .count();
-    assert_eq!(kept, 64);
+    let notices = format!("{p}/notice/pool.tank/");
+    assert_eq!(keys_under(&ep, &notices).await, 64);
     assert!(told.try_recv().is_err(), "notices woke the ticks");
 
     // They go with the owner's lease.
     owner.leave().await.unwrap();
-    let kept = client
-        .get(
-            format!("{p}/notice/pool.tank/"),
-            Some(etcd_client::GetOptions::new().with_prefix().with_count_only()),
-        )
-        .await
-        .unwrap()
-        .count();
-    assert_eq!(kept, 0);
+    assert_eq!(keys_under(&ep, &notices).await, 0);
     b.leave().await.unwrap();
     c.leave().await.unwrap();
 }
