@@ -18,7 +18,7 @@ use tessera_scsi::{sense, Data, Lun, Nexus, OwnerForwarding, PortId, Response, S
 use tracing::warn;
 
 use crate::rados_pools::Membership;
-use crate::standby::is_standby;
+use crate::standby::{is_standby, AttentionsOut, OtherGateways};
 
 /// How long a standby port waits for the owner's answer before it tells the host to try
 /// again (ALUA transition): about a lease, so that an owner that stalled is replaced by then.
@@ -62,9 +62,9 @@ fn forwarded_nexus(initiator: &str, isid: [u8; 6]) -> Nexus {
 }
 
 /// A standby LUN's way to its pool's owner.
-pub struct PoolForwarding {
-    pub gateway: Arc<Membership>,
-    pub pool: String,
+struct PoolForwarding {
+    gateway: Arc<Membership>,
+    pool: String,
 }
 
 impl OwnerForwarding for PoolForwarding {
@@ -143,8 +143,19 @@ struct Attentions {
     raised: Vec<(PortId, [u8; 3])>,
 }
 
+/// How the logical units of pool `pool` here reach its other gateways through `gateway`.
+pub fn other_gateways(gateway: Arc<Membership>, pool: &str) -> OtherGateways {
+    OtherGateways {
+        owner: Arc::new(PoolForwarding {
+            gateway: gateway.clone(),
+            pool: pool.to_string(),
+        }),
+        attentions_out: attentions_out(gateway, pool.to_string()),
+    }
+}
+
 /// How the owner of pool `pool` sends the unit attentions its logical units raise.
-pub fn attentions_out(gateway: Arc<Membership>, pool: String) -> crate::standby::AttentionsOut {
+fn attentions_out(gateway: Arc<Membership>, pool: String) -> AttentionsOut {
     Box::new(move |naa, notices| {
         let a = Attentions {
             naa: hex(naa),
@@ -241,7 +252,7 @@ mod tests {
         use crate::standby::{standby_lun, tests::unit, PoolPorts};
         use tessera_scsi::AccessState;
         let ports = PoolPorts::new("gw-b", AccessState::Standby, Some("gw-a".into()), Arc::default());
-        let standby = Arc::new(standby_lun(&unit(1 << 30, None), ports, None));
+        let standby = Arc::new(standby_lun(&unit(1 << 30, None), ports));
         let other = lun(9);
         let luns = [standby.clone(), other.clone()];
         let host = |i: u8| {

@@ -52,13 +52,21 @@ pub struct PoolPorts {
     /// Told when a host first asks for the pool here, so that the gateway asks the owner at
     /// once rather than at its next tick.
     asks: Arc<Notify>,
-    /// Where the unit attentions that the pool's logical units raise here, while they are
-    /// the owner's, go to reach the other gateways' standby ports (set once, by the daemon).
-    attentions_out: std::sync::OnceLock<AttentionsOut>,
+    /// This gateway's way to the pool's other gateways (set once, by the daemon; none in a
+    /// daemon that is no gateway).
+    others: std::sync::OnceLock<OtherGateways>,
 }
 
 /// Sends the unit attentions a logical unit (by its NAA id) raised for initiator ports.
 pub type AttentionsOut = Box<dyn Fn(&[u8; 16], &[(PortId, Sense)]) + Send + Sync>;
+
+/// How the pool's logical units here reach its other gateways: its standby LUNs reach the
+/// owner for the commands they pass on, and its LUNs, while owned here, send the unit
+/// attentions they raise to the standby ports elsewhere.
+pub struct OtherGateways {
+    pub owner: Arc<dyn OwnerForwarding>,
+    pub attentions_out: AttentionsOut,
+}
 
 #[derive(Clone)]
 struct Ports {
@@ -82,13 +90,13 @@ impl PoolPorts {
                 asked: None,
             }),
             asks,
-            attentions_out: std::sync::OnceLock::new(),
+            others: std::sync::OnceLock::new(),
         })
     }
 
-    /// Sends the unit attentions the pool's logical units raise here through `out`.
-    pub fn send_attentions_through(&self, out: AttentionsOut) {
-        let _ = self.attentions_out.set(out);
+    /// Connects the pool's logical units here to its other gateways through `others`.
+    pub fn connect(&self, others: OtherGateways) {
+        let _ = self.others.set(others);
     }
 
     /// Records this gateway's state and the owner; true if either changed.
@@ -134,8 +142,8 @@ impl PoolPorts {
 
 impl PortGroups for PoolPorts {
     fn attentions_raised(&self, naa: &[u8; 16], notices: &[(PortId, Sense)]) {
-        if let Some(out) = self.attentions_out.get() {
-            out(naa, notices);
+        if let Some(o) = self.others.get() {
+            (o.attentions_out)(naa, notices);
         }
     }
 
@@ -319,10 +327,12 @@ pub struct StandbyUnit {
     pub mode: Option<ModeState>,
 }
 
-/// The standby LUN of `unit` behind `ports`; the persistent reservation commands it
-/// receives run at the owner through `forwarding` (refused without it).
-pub fn standby_lun(unit: &StandbyUnit, ports: Arc<PoolPorts>, forwarding: Option<Arc<dyn OwnerForwarding>>) -> Lun {
+/// The standby LUN of `unit` behind `ports`; the persistent reservation and MODE SELECT
+/// commands it receives run at the owner when `ports` reach the other gateways (refused
+/// otherwise).
+pub fn standby_lun(unit: &StandbyUnit, ports: Arc<PoolPorts>) -> Lun {
     let read_only = unit.config.snapshot_of.is_some();
+    let owner = ports.others.get().map(|o| o.owner.clone());
     let lun = Lun::new(
         Arc::new(StandbyBackend(RwLock::new(unit.config.clone()), unit.uid)),
         unit.uid,
@@ -331,7 +341,7 @@ pub fn standby_lun(unit: &StandbyUnit, ports: Arc<PoolPorts>, forwarding: Option
     .with_port_groups(Arc::new(StandbyPorts(ports)))
     .with_state_at_owner()
     .with_mode(unit.mode.unwrap_or_default());
-    match forwarding {
+    match owner {
         Some(f) => lun.with_owner_forwarding(f),
         None => lun,
     }
@@ -403,7 +413,7 @@ pub(crate) mod tests {
     #[test]
     fn a_standby_lun_follows_what_the_owner_records() {
         let ports = PoolPorts::new("gw-b", AccessState::Standby, Some("gw-a".into()), Arc::default());
-        let lun = standby_lun(&unit(1 << 30, None), ports, None);
+        let lun = standby_lun(&unit(1 << 30, None), ports);
         let host = Nexus::new(1, "iqn.2026-01.test:host", [0x40, 0, 0, 0, 0, 1]);
         let tur = [0u8; 6];
         let mode_sense = [0x1A, 0x08, 0x08, 0, 0xFF, 0];

@@ -477,13 +477,7 @@ impl Targets {
     /// the target, as for LUNs served here. A LUN whose vdisk `unit` does not find (deleted
     /// at the owner, or not made yet) is not presented, as at the owner; any other LUN there
     /// is left as it is.
-    pub fn present_standby(
-        &self,
-        pool: &str,
-        ports: &Arc<PoolPorts>,
-        forwarding: Option<Arc<dyn tessera_scsi::OwnerForwarding>>,
-        unit: &dyn Fn(&str) -> Option<StandbyUnit>,
-    ) {
+    pub fn present_standby(&self, pool: &str, ports: &Arc<PoolPorts>, unit: &dyn Fn(&str) -> Option<StandbyUnit>) {
         let configs = self.configs.lock();
         let mut made: BTreeMap<&str, Option<Arc<Lun>>> = BTreeMap::new();
         self.for_luns_of_pool(&configs, pool, |_, t, n, vd| {
@@ -491,7 +485,7 @@ impl Targets {
                 let u = unit(vd)?;
                 match self.presented(&configs, vd) {
                     Some(l) if refresh_standby(&l, &u) => Some(l),
-                    _ => Some(Arc::new(standby_lun(&u, ports.clone(), forwarding.clone()))),
+                    _ => Some(Arc::new(standby_lun(&u, ports.clone()))),
                 }
             });
             match standby {
@@ -845,7 +839,7 @@ mod tests {
                 mode: None,
             })
         };
-        targets.present_standby("p", &ports, None, &unit);
+        targets.present_standby("p", &ports, &unit);
         let lun = |iqn: &str, n: u64| targets.registry.target(iqn).unwrap().lun(n);
         let standby = lun(a, 0).unwrap();
         assert!(refresh_standby(&standby, &unit("p/vm").unwrap()));
@@ -893,7 +887,7 @@ mod tests {
         watching(
             &|| assert!(lun(b, 3).is_some(), "LUN 3 went missing while the pool was handed over"),
             &|| {
-                targets.present_standby("p", &ports, None, &unit);
+                targets.present_standby("p", &ports, &unit);
                 targets.withdraw_served("p");
             },
         );
@@ -914,7 +908,7 @@ mod tests {
             })
         };
         let before = lun(a, 0).unwrap();
-        targets.present_standby("p", &ports, None, &remade);
+        targets.present_standby("p", &ports, &remade);
         let after = lun(a, 0).unwrap();
         assert!(!Arc::ptr_eq(&before, &after), "the old vdisk's LUN stayed");
         assert_ne!(before.naa(), after.naa());
@@ -923,7 +917,7 @@ mod tests {
             lun(a, 1).is_none(),
             "the LUN of a vdisk the records no longer have is withdrawn"
         );
-        targets.present_standby("p", &ports, None, &|_| None);
+        targets.present_standby("p", &ports, &|_| None);
         assert!(lun(a, 0).is_none() && lun(b, 3).is_none());
         assert_eq!(targets.get(a).unwrap().luns.len(), 2, "the configuration stays");
         targets.withdraw_pool("p");

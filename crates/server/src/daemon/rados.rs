@@ -219,7 +219,7 @@ impl Daemon {
         };
         let epoch = owned.epoch;
         let p = RadosPool::new(placement, Some(owned), gw.name(), gw.changes());
-        self.send_attentions_of(&req.name, &p.ports);
+        self.connect_to_other_gateways(&req.name, &p.ports);
         self.targets.set_pool_ports(&req.name, Some(p.ports.clone()));
         self.rados.lock().insert(req.name.clone(), p);
         self.pools.write().insert(req.name.clone(), Arc::new(engine));
@@ -300,7 +300,7 @@ impl Daemon {
     fn wait_for(&self, name: &str, placement: Placement) {
         let me = self.gateway.as_ref().map(|g| g.name()).unwrap_or_default();
         let waiting = RadosPool::new(placement, None, me, self.gateway_changes());
-        self.send_attentions_of(name, &waiting.ports);
+        self.connect_to_other_gateways(name, &waiting.ports);
         self.targets.set_pool_ports(name, Some(waiting.ports.clone()));
         self.rados.lock().insert(name.to_string(), waiting);
         self.unavailable
@@ -475,8 +475,7 @@ impl Daemon {
         if !self.rados.lock().get(name).is_some_and(|p| p.owned.is_none()) {
             return; // exported, destroyed or taken here meanwhile
         }
-        self.targets
-            .present_standby(name, &ports, self.forwarding_to_owner(name), &|vd| unit_of(&units, vd));
+        self.targets.present_standby(name, &ports, &|vd| unit_of(&units, vd));
     }
 
     /// What the metadata of pool `name` records of the vdisks its configured LUNs present,
@@ -530,10 +529,7 @@ impl Daemon {
         let (state, owner) = g.access;
         g.ports.set(state, owner);
         if let Some(units) = g.units {
-            self.targets
-                .present_standby(g.name, g.ports, self.forwarding_to_owner(g.name), &|vd| {
-                    unit_of(&units, vd)
-                });
+            self.targets.present_standby(g.name, g.ports, &|vd| unit_of(&units, vd));
         }
         let engine = self.stop_serving(g.name, g.why);
         if let Some(engine) = &engine {
@@ -585,21 +581,13 @@ impl Daemon {
         self.gateway.as_ref()?.watch_asks().await
     }
 
-    /// How the standby LUNs of pool `name` reach its owner for the persistent reservation
-    /// commands they receive (docs/scale-out.md, *Reservations at a standby port*).
-    fn forwarding_to_owner(&self, name: &str) -> Option<Arc<dyn tessera_scsi::OwnerForwarding>> {
-        let gateway = self.gateway.clone()?;
-        Some(Arc::new(crate::forwarding::PoolForwarding {
-            gateway,
-            pool: name.to_string(),
-        }))
-    }
-
-    /// Has the unit attentions that pool `name`'s logical units raise here, while owned
-    /// here, sent to the other gateways (docs/scale-out.md, *Reservations at a standby port*).
-    fn send_attentions_of(&self, name: &str, ports: &crate::standby::PoolPorts) {
+    /// Connects the logical units of pool `name` here (behind `ports`) to its other
+    /// gateways: its standby LUNs pass reservation commands and MODE SELECT to the owner, and
+    /// its LUNs, while owned here, send the unit attentions they raise to the standby ports
+    /// elsewhere (docs/scale-out.md, *Reservations at a standby port*).
+    fn connect_to_other_gateways(&self, name: &str, ports: &crate::standby::PoolPorts) {
         if let Some(g) = &self.gateway {
-            ports.send_attentions_through(crate::forwarding::attentions_out(g.clone(), name.to_string()));
+            ports.connect(crate::forwarding::other_gateways(g.clone(), name));
         }
     }
 
