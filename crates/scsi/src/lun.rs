@@ -363,8 +363,7 @@ impl Lun {
         // records agrees): the other nexuses here are told, not the one that sent it.
         if r.status == sense::GOOD && matches!(cmd.op, MODE_SELECT_6 | MODE_SELECT_10) {
             if let Ok(Some(next)) = self.mode_selected(cdb, data) {
-                *self.mode.lock() = next;
-                self.unit_attention(sense::MODE_PARAMETERS_CHANGED, Some(nexus.id));
+                self.take_mode(next, Some(nexus.id));
             }
         }
         Some(r)
@@ -435,13 +434,20 @@ impl Lun {
     /// a standby port that shows them): every nexus learns of it with MODE PARAMETERS
     /// CHANGED, as the owner's nexuses did.
     pub fn mode_changed_elsewhere(&self, m: ModeState) {
+        self.take_mode(m, None);
+    }
+
+    /// Takes mode settings `m`: the settings are the LUN's, shared by every nexus, so every
+    /// other one than `except` learns of a change (SPC-4 MODE PARAMETERS CHANGED) before
+    /// anything else it sends. Nothing happens when they are the settings already.
+    pub(crate) fn take_mode(&self, m: ModeState, except: Option<u64>) {
         let mut mode = self.mode.lock();
         if *mode == m {
             return;
         }
         *mode = m;
         drop(mode);
-        self.unit_attention(sense::MODE_PARAMETERS_CHANGED, None);
+        self.unit_attention(sense::MODE_PARAMETERS_CHANGED, except);
     }
 
     /// Starts from the saved mode settings (the defaults when none were saved) and saves

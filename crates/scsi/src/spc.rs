@@ -233,10 +233,7 @@ impl Lun {
                 return Err(sense::INTERNAL_TARGET_FAILURE);
             }
         }
-        *self.mode.lock() = next;
-        // The settings are the LUN's, shared by every nexus: the others learn of the change
-        // (SPC-4 MODE PARAMETERS CHANGED), before anything else they send.
-        self.unit_attention(sense::MODE_PARAMETERS_CHANGED, Some(nexus));
+        self.take_mode(next, Some(nexus));
         if was.wce && !next.wce {
             // Turning the cache off makes what it held durable now.
             self.backend.flush().map_err(|e| self.io_sense(e, true))?;
