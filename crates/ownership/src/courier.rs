@@ -18,7 +18,10 @@
 //!   other gateway watching: the owner tells the standby gateways of unit attentions its
 //!   logical units raised. Nobody takes a notice; each gateway writes its notices in turn
 //!   to one of 64 keys of its own, so that they take no more room however many it sends,
-//!   and go with its lease. A gateway that was not watching when one came never sees it.
+//!   and go with its lease. A gateway whose watch ended (etcd went away, or it rejoined)
+//!   watches again from the revision after the last it saw, so that it misses none that
+//!   etcd still has the history of; past a compaction, it reads those still kept (the
+//!   latest 64 of each gateway alive).
 //!
 //! etcd is the gateways' trusted channel already (whoever may write there may take a pool):
 //! an ask is run as from the initiator port it names.
@@ -191,20 +194,26 @@ impl Courier {
         Ok(())
     }
 
-    /// A watch of the notices other gateways send from now on.
-    pub async fn watch_notices(&self) -> Result<NoticesComing> {
-        let from = format!("{}/notice/", self.prefix);
-        let (watcher, events) = self
-            .client
-            .clone()
-            .watch(from.as_str(), Some(WatchOptions::new().with_prefix()))
-            .await?;
-        Ok(NoticesComing {
-            _watcher: watcher,
-            events,
-            from,
+    /// A watch of the notices other gateways send after revision `after` (the last a watch
+    /// before this one saw, [`NoticesComing::seen`]), or from now on.
+    pub async fn watch_notices(&self, after: Option<i64>) -> Result<NoticesComing> {
+        let mut coming = NoticesComing {
+            client: self.client.clone(),
+            watch: None,
+            from: format!("{}/notice/", self.prefix),
             mine: self.name.clone(),
-        })
+            seen: 0,
+        };
+        match after {
+            Some(after) => {
+                coming.seen = after;
+                coming.watch_after_seen().await?;
+            }
+            None => {
+                coming.read_kept().await?;
+            }
+        }
+        Ok(coming)
     }
 
     /// Waits until an ask for anything comes, or `max` passes: true if one came. The watch
@@ -252,34 +261,81 @@ impl AsksComing {
 
 /// A watch of the other gateways' notices ([`Courier::watch_notices`]).
 pub struct NoticesComing {
-    _watcher: etcd_client::Watcher,
-    events: etcd_client::WatchStream,
+    client: Client,
+    watch: Option<(etcd_client::Watcher, etcd_client::WatchStream)>,
     /// The notices' keys start with this, then `<what>/<id>`.
     from: String,
     /// This gateway's name: its own notices' ids are `<name>.<lease>.<slot>`.
     mine: String,
+    /// The revision of the last change to the notices seen: a watch made again goes on after it.
+    seen: i64,
 }
 
 impl NoticesComing {
+    /// The revision of the last change to the notices this watch saw.
+    pub fn seen(&self) -> i64 {
+        self.seen
+    }
+
+    /// Watches from the revision after the last seen.
+    async fn watch_after_seen(&mut self) -> Result<()> {
+        let options = WatchOptions::new().with_prefix().with_start_revision(self.seen + 1);
+        self.watch = Some(self.client.watch(self.from.as_str(), Some(options)).await?);
+        Ok(())
+    }
+
+    /// The notices kept now that changed after the last seen (all of them, from a fresh
+    /// watch: none is delivered, only the revision learned), then a watch after them.
+    async fn read_kept(&mut self) -> Result<Vec<(String, Vec<u8>)>> {
+        let fresh = self.seen == 0;
+        let options = match fresh {
+            true => GetOptions::new().with_prefix().with_count_only(),
+            false => GetOptions::new().with_prefix().with_min_mod_revision(self.seen + 1),
+        };
+        let kept = self.client.get(self.from.as_str(), Some(options)).await?;
+        let got = if fresh {
+            Vec::new()
+        } else {
+            let mut kvs: Vec<_> = kept.kvs().iter().collect();
+            kvs.sort_by_key(|kv| kv.mod_revision());
+            kvs.into_iter().filter_map(|kv| self.others(kv)).collect()
+        };
+        self.seen = kept.header().map(|h| h.revision()).unwrap_or(self.seen);
+        self.watch_after_seen().await?;
+        Ok(got)
+    }
+
+    /// `kv` as (what, notice), if another gateway sent it.
+    fn others(&self, kv: &etcd_client::KeyValue) -> Option<(String, Vec<u8>)> {
+        let (what, id) = kv.key_str().ok()?.strip_prefix(self.from.as_str())?.rsplit_once('/')?;
+        let teller = id.rsplitn(3, '.').nth(2)?;
+        (teller != self.mine).then(|| (what.to_string(), kv.value().to_vec()))
+    }
+
     /// The next notices other gateways sent, as (what, notice), waiting as long as it takes;
-    /// None once the watch ended (etcd went away: watch again).
+    /// None once the watch ended (etcd went away: watch again after [`seen`](Self::seen)).
+    /// When the history after the last seen was compacted away, the notices still kept that
+    /// changed since are read instead.
     pub async fn next(&mut self) -> Option<Vec<(String, Vec<u8>)>> {
         loop {
-            let r = self.events.message().await.ok()??;
+            let r = self.watch.as_mut()?.1.message().await.ok()??;
+            if r.compact_revision() > 0 {
+                let got = self.read_kept().await.ok()?;
+                if !got.is_empty() {
+                    return Some(got);
+                }
+                continue;
+            }
             if r.canceled() {
                 return None;
             }
-            let got: Vec<(String, Vec<u8>)> = r
-                .events()
-                .iter()
-                .filter(|e| e.event_type() == EventType::Put)
-                .filter_map(|e| e.kv())
-                .filter_map(|kv| {
-                    let (what, id) = kv.key_str().ok()?.strip_prefix(self.from.as_str())?.rsplit_once('/')?;
-                    let teller = id.rsplitn(3, '.').nth(2)?;
-                    (teller != self.mine).then(|| (what.to_string(), kv.value().to_vec()))
-                })
-                .collect();
+            let mut got = Vec::new();
+            for kv in r.events().iter().filter_map(|e| e.kv().map(|kv| (e.event_type(), kv))) {
+                self.seen = self.seen.max(kv.1.mod_revision());
+                if kv.0 == EventType::Put {
+                    got.extend(self.others(kv.1));
+                }
+            }
             if !got.is_empty() {
                 return Some(got);
             }

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::endpoints;
+use common::{endpoints, next};
 use tessera_ownership::{FenceError, Gateway, Lasting, Owner};
 
 /// A key space of this test's own.
@@ -464,14 +464,6 @@ async fn a_gateway_asks_the_owner_through_etcd_and_each_ask_runs_once() {
     other.leave().await.unwrap();
 }
 
-/// The next notices `w` sees, within 5 s.
-async fn next(w: &mut tessera_ownership::NoticesComing) -> Vec<(String, Vec<u8>)> {
-    tokio::time::timeout(Duration::from_secs(5), w.next())
-        .await
-        .expect("a notice comes")
-        .expect("the watch goes on")
-}
-
 /// The owner's notices reach every other gateway watching, not itself; they take at most
 /// 64 keys per gateway however many it sends, wake no follower of the ownership keys, and
 /// go with the gateway's lease.
@@ -486,9 +478,9 @@ async fn an_owners_notices_reach_the_other_gateways_watching() {
     let c = Gateway::join(&ep, &p, "gw-a.2", 3).await.unwrap();
     let mut told = told_of_changes(&mut owner).await;
     let a = owner.courier();
-    let mut at_a = a.watch_notices().await.unwrap();
-    let mut at_b = b.courier().watch_notices().await.unwrap();
-    let mut at_c = c.courier().watch_notices().await.unwrap();
+    let mut at_a = a.watch_notices(None).await.unwrap();
+    let mut at_b = b.courier().watch_notices(None).await.unwrap();
+    let mut at_c = c.courier().watch_notices(None).await.unwrap();
 
     a.notify("pool.tank", b"preempted").await.unwrap();
     let want = vec![("pool.tank".to_string(), b"preempted".to_vec())];

@@ -158,6 +158,11 @@ mod real {
                     .collect(),
             )
         }
+
+        /// Where a watch made again after this one ended goes on ([`Membership::watch_notices`]).
+        pub fn seen(&self) -> i64 {
+            self.0.seen()
+        }
     }
 
     /// Seconds a call to the cluster may take before it fails instead of hanging (an OSD or
@@ -467,10 +472,11 @@ mod real {
             });
         }
 
-        /// A watch of the notices other gateways send about pools from now on; None before
+        /// A watch of the notices other gateways send about pools after revision `after`
+        /// (where an earlier watch stopped: [`PoolNotices::seen`]), or from now on; None before
         /// this gateway joined, or if etcd does not answer.
-        pub async fn watch_notices(&self) -> Option<PoolNotices> {
-            Some(PoolNotices(self.courier()?.watch_notices().await.ok()?))
+        pub async fn watch_notices(&self, after: Option<i64>) -> Option<PoolNotices> {
+            Some(PoolNotices(self.courier()?.watch_notices(after).await.ok()?))
         }
 
         /// Notified when any gateway takes or gives up a pool (or its lease lapses), asks
@@ -954,7 +960,7 @@ mod absent {
         pub fn notify(&self, _: &str, _: Vec<u8>) {
             match self.never {}
         }
-        pub async fn watch_notices(&self) -> Option<PoolNotices> {
+        pub async fn watch_notices(&self, _: Option<i64>) -> Option<PoolNotices> {
             match self.never {}
         }
     }
@@ -965,6 +971,9 @@ mod absent {
 
     impl PoolNotices {
         pub async fn next(&mut self) -> Option<Vec<(String, Vec<u8>)>> {
+            match self.never {}
+        }
+        pub fn seen(&self) -> i64 {
             match self.never {}
         }
     }

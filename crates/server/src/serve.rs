@@ -227,15 +227,19 @@ async fn serve(cfg: ServerConfig) -> Result<(), String> {
                 let _ = tokio::task::spawn_blocking(move || d.rados_tick()).await;
             }
         });
-        // The unit attentions the owners of pools raise for hosts on standby paths here.
+        // The unit attentions the owners of pools raise for hosts on standby paths here. A
+        // watch that ended (etcd went away, this gateway rejoined) is made again from where
+        // it stopped, so that the notices sent meanwhile still come.
         let told = daemon.clone();
         tokio::spawn(async move {
+            let mut seen = None;
             loop {
-                if let Some(mut notices) = told.watch_notices().await {
+                if let Some(mut notices) = told.watch_notices(seen).await {
                     while let Some(batch) = notices.next().await {
                         let d = told.clone();
                         let _ = tokio::task::spawn_blocking(move || d.attentions_from_owners(batch)).await;
                     }
+                    seen = Some(notices.seen());
                 }
                 tokio::time::sleep(crate::rados_pools::TICK).await;
             }

@@ -54,3 +54,12 @@ pub fn ceph(conf: &str) -> std::sync::Arc<tessera_rados::Cluster> {
     }
     std::sync::Arc::new(c)
 }
+
+/// The next notices `w` sees, within 5 s.
+#[cfg(feature = "etcd")]
+pub async fn next(w: &mut tessera_ownership::NoticesComing) -> Vec<(String, Vec<u8>)> {
+    tokio::time::timeout(std::time::Duration::from_secs(5), w.next())
+        .await
+        .expect("a notice comes")
+        .expect("the watch goes on")
+}

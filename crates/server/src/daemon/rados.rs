@@ -591,10 +591,11 @@ impl Daemon {
         }
     }
 
-    /// A watch of the notices other gateways send (None when this daemon is no gateway,
-    /// has not joined yet, or etcd does not answer).
-    pub async fn watch_notices(&self) -> Option<crate::rados_pools::PoolNotices> {
-        self.gateway.as_ref()?.watch_notices().await
+    /// A watch of the notices other gateways send after revision `after`, where an earlier
+    /// watch stopped, or from now on (None when this daemon is no gateway, has not joined
+    /// yet, or etcd does not answer).
+    pub async fn watch_notices(&self, after: Option<i64>) -> Option<crate::rados_pools::PoolNotices> {
+        self.gateway.as_ref()?.watch_notices(after).await
     }
 
     /// Queues at the standby ports here the unit attentions that owners of pools sent
