@@ -53,6 +53,8 @@ pub struct Courier {
 /// An ask an owner took, to run and answer.
 #[derive(Debug, Clone)]
 pub struct Ask {
+    /// What it is for: the key of the thing owned (`pool.NAME`).
+    pub what: String,
     pub id: String,
     pub request: Vec<u8>,
     /// The asker's lease, which the answer goes on.
@@ -129,11 +131,12 @@ impl Courier {
         Ok(answered)
     }
 
-    /// The asks for `what` waiting now, oldest first, each taken as it is returned: deleted
-    /// in etcd, so that it runs once, here. An ask without a lease (written by hand) is no
-    /// gateway's and is left alone.
-    pub async fn take_asks(&self, what: &str) -> Result<Vec<Ask>> {
-        let from = format!("{}/ask/{what}/", self.prefix);
+    /// The asks waiting now for whatever `of` accepts (the things this gateway owns), oldest
+    /// first, each taken as it is returned: deleted in etcd, so that it runs once, here. One
+    /// read finds them all, however many things are owned. An ask without a lease (written
+    /// by hand) is no gateway's and is left alone.
+    pub async fn take_asks(&self, of: impl Fn(&str) -> bool) -> Result<Vec<Ask>> {
+        let from = format!("{}/ask/", self.prefix);
         let mut client = self.client.clone();
         let found = client
             .get(
@@ -147,14 +150,23 @@ impl Courier {
             .await?;
         let mut taken = Vec::new();
         for kv in found.kvs().iter().filter(|kv| kv.lease() != 0) {
-            let Some(id) = kv.key_str().ok().and_then(|k| k.strip_prefix(from.as_str())) else {
+            let Some((what, id)) = kv
+                .key_str()
+                .ok()
+                .and_then(|k| k.strip_prefix(from.as_str()))
+                .and_then(|k| k.rsplit_once('/'))
+            else {
                 continue;
             };
+            if !of(what) {
+                continue;
+            }
             let take = Txn::new()
                 .when([Compare::mod_revision(kv.key(), CompareOp::Equal, kv.mod_revision())])
                 .and_then([TxnOp::delete(kv.key(), None)]);
             if client.txn(take).await?.succeeded() {
                 taken.push(Ask {
+                    what: what.to_string(),
                     id: id.to_string(),
                     request: kv.value().to_vec(),
                     lease: kv.lease(),
@@ -164,10 +176,11 @@ impl Courier {
         Ok(taken)
     }
 
-    /// Answers `ask` (taken from `what`'s asks) with `answer`, which is not empty. False
-    /// when the asker no longer waits (it gave up, or its lease is gone): nothing is left.
-    pub async fn answer(&self, what: &str, ask: &Ask, answer: &[u8]) -> Result<bool> {
-        let key = self.key("answer", what, &ask.id);
+    /// Answers `ask` (one [`take_asks`](Self::take_asks) returned) with `answer`, which is not
+    /// empty. False when the asker no longer waits (it gave up, or its lease is gone):
+    /// nothing is left.
+    pub async fn answer(&self, ask: &Ask, answer: &[u8]) -> Result<bool> {
+        let key = self.key("answer", &ask.what, &ask.id);
         let put = Txn::new()
             .when([Compare::version(key.as_str(), CompareOp::Greater, 0)])
             .and_then([TxnOp::put(

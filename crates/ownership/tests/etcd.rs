@@ -385,10 +385,10 @@ async fn a_gateway_asks_the_owner_through_etcd_and_each_ask_runs_once() {
             while ran.len() < 2 {
                 let mut coming = a.watch_asks().await.unwrap();
                 for (who, courier) in [("a", &a), ("c", &c)] {
-                    for ask in courier.take_asks("pool.tank").await.unwrap() {
+                    for ask in courier.take_asks(|w| w == "pool.tank").await.unwrap() {
                         let mut answer = ask.request.clone();
                         answer.extend_from_slice(b" done");
-                        assert!(courier.answer("pool.tank", &ask, &answer).await.unwrap());
+                        assert!(courier.answer(&ask, &answer).await.unwrap());
                         ran.push((who, ask.request));
                     }
                 }
@@ -414,6 +414,37 @@ async fn a_gateway_asks_the_owner_through_etcd_and_each_ask_runs_once() {
         "each ask ran once: {ran:?}"
     );
 
+    // One read takes the asks of every pool a gateway owns, each with what it is for; those
+    // of a pool owned elsewhere are left to its owner.
+    let asking = ["pool.tank", "pool.other", "pool.elsewhere"].map(|what| {
+        let b = b.clone();
+        tokio::spawn(async move { b.ask(what, what.as_bytes(), Duration::from_secs(5)).await })
+    });
+    let mut taken = Vec::new();
+    while taken.len() < 2 {
+        taken.extend(a.take_asks(|w| w == "pool.tank" || w == "pool.other").await.unwrap());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut whats: Vec<&str> = taken.iter().map(|ask| ask.what.as_str()).collect();
+    whats.sort();
+    assert_eq!(whats, ["pool.other", "pool.tank"]);
+    let elsewhere = loop {
+        let t = c.take_asks(|w| w == "pool.elsewhere").await.unwrap();
+        if !t.is_empty() {
+            break t;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    for (courier, ask) in taken.iter().map(|t| (&a, t)).chain(elsewhere.iter().map(|t| (&c, t))) {
+        assert_eq!(ask.what.as_bytes(), ask.request, "an ask came with what another is for");
+        let mut answer = ask.request.clone();
+        answer.extend_from_slice(b" done");
+        assert!(courier.answer(ask, &answer).await.unwrap());
+    }
+    for (what, asked) in ["pool.tank", "pool.other", "pool.elsewhere"].iter().zip(asking) {
+        assert_eq!(asked.await.unwrap().unwrap(), Some(format!("{what} done").into_bytes()));
+    }
+
     // Nobody answers: given up after the wait, and taken back.
     let started = Instant::now();
     assert_eq!(
@@ -422,7 +453,7 @@ async fn a_gateway_asks_the_owner_through_etcd_and_each_ask_runs_once() {
     );
     assert!(started.elapsed() < Duration::from_secs(5));
     assert!(
-        a.take_asks("pool.tank").await.unwrap().is_empty(),
+        a.take_asks(|w| w == "pool.tank").await.unwrap().is_empty(),
         "a given-up ask was left to run"
     );
     // Taken, then given up before the answer came: the late answer leaves nothing behind.
@@ -431,14 +462,14 @@ async fn a_gateway_asks_the_owner_through_etcd_and_each_ask_runs_once() {
         async move { b.ask("pool.tank", b"slow", Duration::from_millis(500)).await }
     });
     let taken = loop {
-        let t = a.take_asks("pool.tank").await.unwrap();
+        let t = a.take_asks(|w| w == "pool.tank").await.unwrap();
         if !t.is_empty() {
             break t;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     assert_eq!(asking.await.unwrap().unwrap(), None, "given up");
-    assert!(!a.answer("pool.tank", &taken[0], b"slow done").await.unwrap());
+    assert!(!a.answer(&taken[0], b"slow done").await.unwrap());
     assert_eq!(
         keys_under(&ep, &format!("{p}/answer/")).await,
         0,
@@ -456,7 +487,7 @@ async fn a_gateway_asks_the_owner_through_etcd_and_each_ask_runs_once() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     standby.leave().await.unwrap();
     assert!(
-        a.take_asks("pool.tank").await.unwrap().is_empty(),
+        a.take_asks(|w| w == "pool.tank").await.unwrap().is_empty(),
         "an ask outlived its gateway's lease"
     );
     asking.abort();

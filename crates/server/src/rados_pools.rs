@@ -113,6 +113,7 @@ pub use tessera_ownership::{Ask, AsksComing};
 
 #[cfg(feature = "rados")]
 mod real {
+    use std::collections::HashMap;
     use std::sync::Arc;
     use std::time::Duration;
 
@@ -443,20 +444,23 @@ mod real {
             self.courier()?.watch_asks().await.ok()
         }
 
-        /// The asks for pool `name`, owned here, waiting now, each taken (it runs here, once).
-        pub fn take_asks(&self, name: &str) -> Result<Vec<Ask>, String> {
+        /// The asks waiting now for the pools among `owned` (owned here), each taken (it runs
+        /// here, once), as (pool, ask), in one read of etcd.
+        pub fn take_asks(&self, owned: &[String]) -> Result<Vec<(String, Ask)>, String> {
             let courier = self.courier().ok_or_else(|| self.not_joined())?;
-            self.rt
-                .block_on(courier.take_asks(&owner_key(name)))
-                .map_err(|e| e.to_string())
+            let keys: HashMap<String, &String> = owned.iter().map(|n| (owner_key(n), n)).collect();
+            let asks = self
+                .rt
+                .block_on(courier.take_asks(|what| keys.contains_key(what)))
+                .map_err(|e| e.to_string())?;
+            Ok(asks.into_iter().map(|a| (keys[a.what.as_str()].clone(), a)).collect())
         }
 
-        /// Answers `ask`, taken from pool `name`'s asks; false when the asker no longer waits.
-        pub fn answer(&self, name: &str, ask: &Ask, answer: &[u8]) -> Result<bool, String> {
+        /// Answers `ask`, one [`take_asks`](Self::take_asks) returned; false when the asker no
+        /// longer waits.
+        pub fn answer(&self, ask: &Ask, answer: &[u8]) -> Result<bool, String> {
             let courier = self.courier().ok_or_else(|| self.not_joined())?;
-            self.rt
-                .block_on(courier.answer(&owner_key(name), ask, answer))
-                .map_err(|e| e.to_string())
+            self.rt.block_on(courier.answer(ask, answer)).map_err(|e| e.to_string())
         }
 
         /// Tells the other gateways `notice` about pool `name` (owned here: the unit
@@ -951,10 +955,10 @@ mod absent {
         pub async fn watch_asks(&self) -> Option<AsksComing> {
             match self.never {}
         }
-        pub fn take_asks(&self, _: &str) -> Result<Vec<Ask>, String> {
+        pub fn take_asks(&self, _: &[String]) -> Result<Vec<(String, Ask)>, String> {
             match self.never {}
         }
-        pub fn answer(&self, _: &str, _: &Ask, _: &[u8]) -> Result<bool, String> {
+        pub fn answer(&self, _: &Ask, _: &[u8]) -> Result<bool, String> {
             match self.never {}
         }
         pub fn notify(&self, _: &str, _: Vec<u8>) {

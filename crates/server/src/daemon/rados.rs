@@ -623,28 +623,25 @@ impl Daemon {
     pub fn answer_asks(&self) {
         let Some(gw) = &self.gateway else { return };
         let owned = self.rados_pools_owned();
-        for name in owned {
-            let asks = match gw.take_asks(&name) {
-                Ok(a) => a,
-                Err(e) => {
-                    debug!(pool = %name, error = %e, "cannot look for commands forwarded by standby gateways");
-                    continue;
-                }
-            };
-            if asks.is_empty() {
-                continue;
+        if owned.is_empty() {
+            return;
+        }
+        let asks = match gw.take_asks(&owned) {
+            Ok(a) => a,
+            Err(e) => {
+                debug!(error = %e, "cannot look for commands forwarded by standby gateways");
+                return;
             }
-            let luns = self.targets.luns_of_pool(&name);
-            for ask in asks {
-                let answer = crate::forwarding::run_forwarded(&luns, &ask.request);
-                match gw.answer(&name, &ask, &answer) {
-                    Ok(true) => {}
-                    Ok(false) => {
-                        warn!(pool = %name, "a standby gateway gave up waiting for a command it forwarded, which ran here: its host sends it again")
-                    }
-                    Err(e) => {
-                        warn!(pool = %name, error = %e, "cannot answer a command a standby gateway forwarded: it tells its host to try again")
-                    }
+        };
+        for (name, ask) in asks {
+            let answer = crate::forwarding::run_forwarded(&self.targets.luns_of_pool(&name), &ask.request);
+            match gw.answer(&ask, &answer) {
+                Ok(true) => {}
+                Ok(false) => {
+                    warn!(pool = %name, "a standby gateway gave up waiting for a command it forwarded, which ran here: its host sends it again")
+                }
+                Err(e) => {
+                    warn!(pool = %name, error = %e, "cannot answer a command a standby gateway forwarded: it tells its host to try again")
                 }
             }
         }
