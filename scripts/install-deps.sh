@@ -11,7 +11,8 @@ case "${1:-build}" in
          want+=(chromium chromium-driver)        # the dashboard's browser test (WebDriver)
          want+=(iproute2)                        # the link emulator's network namespaces
          want+=(ceph-mon ceph-osd ceph-mgr ceph-common librados-dev etcd-server etcd-client)  # scripts/test-scale-out.sh
-         want+=(protobuf-compiler) ;;            # etcd-client's build (crates/ownership)
+         want+=(protobuf-compiler)               # etcd-client's build (crates/ownership)
+         want+=(openssl) ;;                      # certificates of the etcd TLS tests
   bench) want+=(fio bc tgt libiscsi-bin libnbd-bin qemu-utils qemu-block-extra iproute2)
          want+=(mmdebstrap e2fsprogs postgresql restic borgbackup)    # bench/dedup-*.sh
          want+=(ceph-mon ceph-osd ceph-mgr ceph-common librados-dev etcd-server etcd-client protobuf-compiler) ;;  # bench/rados.sh

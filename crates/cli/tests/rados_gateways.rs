@@ -2605,3 +2605,55 @@ fn a_gateway_starts_without_etcd_and_joins_once_it_answers() {
     d.ok(&["pool", "destroy", &pool]);
     d.stop();
 }
+
+/// A gateway reaches an etcd that serves TLS only and knows each gateway by its certificate,
+/// its role confining it to the gateways' prefix (docs/security.md): it joins and serves a
+/// pool on RADOS, its keys in that etcd. A gateway that does not trust etcd's certificate
+/// joins nothing and says why.
+#[cfg(feature = "rados")]
+#[test]
+fn a_gateway_joins_an_etcd_that_serves_tls_and_knows_it_by_its_certificate() {
+    use tessera_test_support::tls_etcd::{Identity, TlsEtcd};
+    let test = "a_gateway_joins_an_etcd_that_serves_tls_and_knows_it_by_its_certificate";
+    let Some((conf, _plain_etcd, _cluster)) = cluster(test) else {
+        return;
+    };
+    let etcd = match TlsEtcd::start() {
+        Ok(e) => e,
+        Err(why) => return tessera_disk::skip(test, &why),
+    };
+    let pid = std::process::id();
+    let (pool, prefix) = (format!("tls{pid}"), format!("/tessera-test-tls-{pid}"));
+    let table = |name: &str, ca: &std::path::Path, id: &Identity| {
+        format!(
+            "{}etcd_ca_file = \"{}\"\netcd_cert_file = \"{}\"\netcd_key_file = \"{}\"\n",
+            gateway(name, &etcd.endpoint, &prefix),
+            ca.display(),
+            id.cert.display(),
+            id.key.display()
+        )
+    };
+    let t = tempfile::tempdir().unwrap();
+    let gw = etcd.user_for_prefix("gw-tls", &format!("{prefix}/")).unwrap();
+    let mut a = Daemon::start_configured(&t.path().join("a"), &table("gw-tls", &etcd.ca(), &gw));
+    create_rados_pool(&a, &pool, &conf);
+    assert_eq!(pool_entry(&a, &pool)["rados"]["here"], true);
+    let keys = etcd.ctl("root", &["get", "--prefix", "--keys-only", &prefix]).unwrap();
+    assert!(keys.contains(&format!("pool.{pool}")), "{keys}");
+
+    // Another authority's certificate for etcd: not trusted, and the pool list says why.
+    let stranger = TlsEtcd::start().unwrap();
+    let mut b = Daemon::start_configured(
+        &t.path().join("b"),
+        &table("gw-other", &stranger.ca(), &stranger.identity("gw-other").unwrap()),
+    );
+    let e = b.fails(&create_rados_pool_args(&format!("{pool}b"), &conf));
+    assert!(
+        e.contains("has not joined the gateways yet") && e.contains("invalid peer certificate"),
+        "{e}"
+    );
+    b.stop();
+
+    a.ok(&["pool", "destroy", &pool]);
+    a.stop();
+}

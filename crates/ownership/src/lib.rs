@@ -73,7 +73,24 @@ impl std::error::Error for OwnershipError {}
 
 impl From<etcd_client::Error> for OwnershipError {
     fn from(e: etcd_client::Error) -> Self {
-        OwnershipError::new(format!("etcd: {e}"))
+        // A refusal's code and message, not the whole gRPC status (its headers); then what
+        // caused it, down to a TLS handshake's reason.
+        let mut said = match &e {
+            etcd_client::Error::GRpcStatus(s) => format!("{:?}: {}", s.code(), s.message()),
+            other => other.to_string(),
+        };
+        let mut cause = match &e {
+            etcd_client::Error::GRpcStatus(s) => std::error::Error::source(s),
+            other => std::error::Error::source(other),
+        };
+        while let Some(c) = cause {
+            let c_said = c.to_string();
+            if !said.contains(&c_said) {
+                said.push_str(&format!(": {c_said}"));
+            }
+            cause = c.source();
+        }
+        OwnershipError::new(format!("etcd: {said}"))
     }
 }
 
@@ -155,15 +172,66 @@ impl Drop for Gateway {
     }
 }
 
+/// How a gateway reaches an etcd that serves TLS (`https://` endpoints): the certificate of
+/// the authority that signed etcd's, and the gateway's own certificate and key, which etcd
+/// started with `--client-cert-auth` asks for (with authentication on, the certificate's
+/// common name is the etcd user, so that etcd's roles can confine each gateway to the
+/// gateways' prefix). Certificates rather than a user and password: etcd-client does not
+/// renew the token a password buys, which etcd lets lapse (5 minutes unused by default).
+#[derive(Clone, Default)]
+pub struct EtcdTls {
+    /// PEM.
+    pub ca: Vec<u8>,
+    /// PEM certificate and PEM private key.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for EtcdTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdTls")
+            .field("identity", &self.identity.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
 impl Gateway {
-    /// Joins as gateway `name` with a lease of `ttl` seconds, renewed every third of it.
+    /// Joins as gateway `name` with a lease of `ttl` seconds, renewed every third of it,
+    /// through an etcd in plain text.
     pub async fn join(endpoints: &[String], prefix: &str, name: &str, ttl: i64) -> Result<Gateway> {
+        Gateway::join_through(endpoints, None, prefix, name, ttl).await
+    }
+
+    /// [`join`](Self::join), through TLS when `tls` is given (every endpoint `https://`).
+    pub async fn join_through(
+        endpoints: &[String],
+        tls: Option<&EtcdTls>,
+        prefix: &str,
+        name: &str,
+        ttl: i64,
+    ) -> Result<Gateway> {
         if ttl < 2 {
             return Err(OwnershipError::new(format!(
                 "a lease of {ttl} s is too short to be renewed in time"
             )));
         }
-        let mut client = Client::connect(endpoints, None).await?;
+        let options = tls.map(|tls| {
+            let mut o = etcd_client::TlsOptions::new().ca_certificate(etcd_client::Certificate::from_pem(&tls.ca));
+            if let Some((cert, key)) = &tls.identity {
+                o = o.identity(etcd_client::Identity::from_pem(cert, key));
+            }
+            etcd_client::ConnectOptions::new().with_tls(o)
+        });
+        let scheme_against = |e: &&String| match tls {
+            Some(_) => e.starts_with("http://"),
+            None => e.starts_with("https://"),
+        };
+        if let Some(e) = endpoints.iter().find(scheme_against) {
+            return Err(OwnershipError::new(match tls {
+                Some(_) => format!("etcd endpoint '{e}' is not https://, though TLS is set up"),
+                None => format!("etcd endpoint '{e}' needs TLS: name the authority that signed its certificate"),
+            }));
+        }
+        let mut client = Client::connect(endpoints, options).await?;
         let lease = client.lease_grant(ttl, None).await?.id();
         let (mut keeper, mut answers) = client.lease_keep_alive(lease).await?;
         let every = Duration::from_millis(ttl as u64 * 1000 / 3);

@@ -34,6 +34,9 @@
 //! etcd = ["http://10.0.0.5:2379"] # where ownership is kept
 //! lease_seconds = 5               # how long a stalled or dead gateway keeps what it owned
 //! prefix = "/tessera"             # etcd key prefix shared by the gateways
+//! etcd_ca_file = "/etc/tessera/etcd-ca.pem"   # TLS: the authority that signed etcd's certificate
+//! etcd_cert_file = "/etc/tessera/gw-a.pem"    # this gateway's certificate (etcd --client-cert-auth)
+//! etcd_key_file = "/etc/tessera/gw-a.key"     # and its key
 //! ```
 
 use std::net::SocketAddr;
@@ -116,6 +119,9 @@ pub struct GatewayFile {
     pub etcd: Vec<String>,
     pub lease_seconds: Option<i64>,
     pub prefix: Option<String>,
+    pub etcd_ca_file: Option<PathBuf>,
+    pub etcd_cert_file: Option<PathBuf>,
+    pub etcd_key_file: Option<PathBuf>,
 }
 
 /// This daemon as one gateway of pools kept in a Ceph cluster: its name, the etcd that keeps
@@ -127,6 +133,19 @@ pub struct GatewayConfig {
     /// Seconds a gateway that stopped renewing keeps what it owned; another takes over after.
     pub lease_seconds: i64,
     pub prefix: String,
+    /// TLS to etcd (every endpoint https://); None: plain text.
+    pub etcd_tls: Option<EtcdTlsFiles>,
+}
+
+/// The files a gateway reaches an etcd that serves TLS with, read at each joining (so that a
+/// certificate renewed in place counts from the next).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdTlsFiles {
+    /// The certificate of the authority that signed etcd's (PEM).
+    pub ca: PathBuf,
+    /// This gateway's certificate and its key (PEM), for an etcd that asks for one
+    /// (`--client-cert-auth`): with authentication on, its common name is the etcd user.
+    pub identity: Option<(PathBuf, PathBuf)>,
 }
 
 pub const DEFAULT_GATEWAY_LEASE_SECONDS: i64 = 5;
@@ -160,12 +179,61 @@ fn gateway(f: Option<GatewayFile>) -> Result<Option<GatewayConfig>, String> {
             "[gateway]: prefix '{prefix}' must be a key path such as /tessera"
         ));
     }
+    let etcd_tls = etcd_tls(&g.etcd, g.etcd_ca_file, g.etcd_cert_file, g.etcd_key_file)?;
     Ok(Some(GatewayConfig {
         name,
         etcd: g.etcd,
         lease_seconds,
         prefix: prefix.trim_end_matches('/').to_string(),
+        etcd_tls,
     }))
+}
+
+/// The `[gateway]` table's TLS files, checked against its endpoints: TLS for all or none.
+fn etcd_tls(
+    endpoints: &[String],
+    ca: Option<PathBuf>,
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+) -> Result<Option<EtcdTlsFiles>, String> {
+    for (field, path) in [
+        ("etcd_ca_file", &ca),
+        ("etcd_cert_file", &cert),
+        ("etcd_key_file", &key),
+    ] {
+        if let Some(p) = path.as_ref().filter(|p| !p.is_absolute()) {
+            return Err(format!("[gateway]: {field} '{}' must be an absolute path", p.display()));
+        }
+    }
+    let identity = match (cert, key) {
+        (Some(c), Some(k)) => Some((c, k)),
+        (None, None) => None,
+        _ => {
+            return Err(
+                "[gateway]: etcd_cert_file and etcd_key_file go together (this gateway's certificate and its key)"
+                    .into(),
+            )
+        }
+    };
+    let Some(ca) = ca else {
+        if identity.is_some() {
+            return Err(
+                "[gateway]: etcd_cert_file needs etcd_ca_file, the authority that signed etcd's certificate".into(),
+            );
+        }
+        if let Some(e) = endpoints.iter().find(|e| e.starts_with("https://")) {
+            return Err(format!(
+                "[gateway]: etcd endpoint '{e}' serves TLS: name etcd_ca_file, the authority that signed its certificate"
+            ));
+        }
+        return Ok(None);
+    };
+    if let Some(e) = endpoints.iter().find(|e| e.starts_with("http://")) {
+        return Err(format!(
+            "[gateway]: etcd endpoint '{e}' is plain text, but etcd_ca_file sets up TLS: write https://"
+        ));
+    }
+    Ok(Some(EtcdTlsFiles { ca, identity }))
 }
 
 /// What the command line may override.
@@ -603,6 +671,16 @@ mod tests {
                 etcd: vec!["http://127.0.0.1:2379".into()],
                 lease_seconds: DEFAULT_GATEWAY_LEASE_SECONDS,
                 prefix: "/tessera".into(),
+                etcd_tls: None,
+            })
+        );
+        let tls = "[gateway]\nname = \"gw-a\"\netcd = [\"https://10.0.0.5:2379\", \"10.0.0.6:2379\"]\n\
+                   etcd_ca_file = \"/etc/t/ca.pem\"\netcd_cert_file = \"/etc/t/gw.pem\"\netcd_key_file = \"/etc/t/gw.key\"\n";
+        assert_eq!(
+            resolve(tls, o()).unwrap().gateway.unwrap().etcd_tls,
+            Some(EtcdTlsFiles {
+                ca: "/etc/t/ca.pem".into(),
+                identity: Some(("/etc/t/gw.pem".into(), "/etc/t/gw.key".into())),
             })
         );
         assert!(resolve("", o()).unwrap().gateway.is_none());
@@ -620,6 +698,26 @@ mod tests {
                 "must be a key path",
             ),
             ("[gateway]\nname = \"a\"\netcd = [\"e:1\"]\nttl = 3\n", "unknown field"),
+            (
+                "[gateway]\nname = \"a\"\netcd = [\"https://e:1\"]\n",
+                "serves TLS: name etcd_ca_file",
+            ),
+            (
+                "[gateway]\nname = \"a\"\netcd = [\"http://e:1\"]\netcd_ca_file = \"/ca.pem\"\n",
+                "is plain text",
+            ),
+            (
+                "[gateway]\nname = \"a\"\netcd = [\"e:1\"]\netcd_ca_file = \"ca.pem\"\n",
+                "must be an absolute path",
+            ),
+            (
+                "[gateway]\nname = \"a\"\netcd = [\"e:1\"]\netcd_ca_file = \"/ca.pem\"\netcd_cert_file = \"/c.pem\"\n",
+                "go together",
+            ),
+            (
+                "[gateway]\nname = \"a\"\netcd = [\"e:1\"]\netcd_cert_file = \"/c.pem\"\netcd_key_file = \"/k.pem\"\n",
+                "needs etcd_ca_file",
+            ),
         ];
         for (text, why) in bad {
             let e = resolve(text, o()).unwrap_err();

@@ -141,6 +141,20 @@ mod real {
         Ok(version.is_some())
     }
 
+    /// The certificates `[gateway]` names for TLS to etcd, read.
+    fn etcd_tls(files: &crate::config::EtcdTlsFiles) -> Result<tessera_ownership::EtcdTls, String> {
+        let read = |field: &str, path: &Path| {
+            std::fs::read(path).map_err(|e| format!("cannot read [gateway] {field} '{}': {e}", path.display()))
+        };
+        Ok(tessera_ownership::EtcdTls {
+            ca: read("etcd_ca_file", &files.ca)?,
+            identity: match &files.identity {
+                Some((cert, key)) => Some((read("etcd_cert_file", cert)?, read("etcd_key_file", key)?)),
+                None => None,
+            },
+        })
+    }
+
     /// The ownership key of pool `name` among the gateways.
     fn owner_key(name: &str) -> String {
         format!("pool.{name}")
@@ -273,6 +287,8 @@ mod real {
         /// This run's end of the channel between the gateways, once joined: reached
         /// without waiting for `gateway`, which a taking holds for as long as it takes.
         courier: std::sync::Mutex<Option<Courier>>,
+        /// Why the last attempt to join failed, for what waits on the joining to say.
+        join_failed: std::sync::Mutex<Option<String>>,
     }
 
     /// The outcome of an attempt to take a pool.
@@ -330,6 +346,7 @@ mod real {
                 seen_alive: Default::default(),
                 places: Default::default(),
                 courier: Default::default(),
+                join_failed: Default::default(),
             };
             if let Err(e) = m.rejoin() {
                 tracing::warn!(
@@ -347,9 +364,10 @@ mod real {
 
         /// What a call that needs the membership says before this gateway has joined.
         fn not_joined(&self) -> String {
+            let why = self.join_failed.lock().expect("not poisoned").clone();
             format!(
-                "this gateway has not joined the gateways yet: etcd at {} does not answer (it is tried again every second)",
-                self.cfg.etcd.join(", ")
+                "this gateway has not joined the gateways yet: {} (it is tried again every second)",
+                why.unwrap_or_else(|| format!("etcd at {} does not answer", self.cfg.etcd.join(", ")))
             )
         }
 
@@ -387,18 +405,9 @@ mod real {
         /// A new lease: at start, or after the last one was lost (the gateway stalled, or
         /// etcd went away).
         pub fn rejoin(&self) -> Result<(), String> {
-            let etcd = self.cfg.etcd.join(", ");
-            let fresh = self
-                .rt
-                .block_on(async {
-                    tokio::time::timeout(
-                        Duration::from_secs(10),
-                        Gateway::join(&self.cfg.etcd, &self.cfg.prefix, &self.cfg.name, self.cfg.lease_seconds),
-                    )
-                    .await
-                })
-                .map_err(|_| format!("etcd at {etcd} did not answer within 10 s"))?
-                .map_err(|e| format!("cannot join the gateways through etcd at {etcd}: {e}"))?;
+            let fresh = self.join_anew();
+            *self.join_failed.lock().expect("not poisoned") = fresh.as_ref().err().cloned();
+            let fresh = fresh?;
             self.rt.block_on(async {
                 let mut fresh = fresh;
                 let changes = self.changes.clone();
@@ -410,6 +419,29 @@ mod real {
                 *self.gateway.lock().await = Some(fresh)
             });
             Ok(())
+        }
+
+        /// A new lease in etcd, through TLS when the configuration sets it up (its files
+        /// read now, so that a certificate renewed in place counts from the next joining).
+        fn join_anew(&self) -> Result<Gateway, String> {
+            let etcd = self.cfg.etcd.join(", ");
+            let tls = self.cfg.etcd_tls.as_ref().map(etcd_tls).transpose()?;
+            self.rt
+                .block_on(async {
+                    tokio::time::timeout(
+                        Duration::from_secs(10),
+                        Gateway::join_through(
+                            &self.cfg.etcd,
+                            tls.as_ref(),
+                            &self.cfg.prefix,
+                            &self.cfg.name,
+                            self.cfg.lease_seconds,
+                        ),
+                    )
+                    .await
+                })
+                .map_err(|_| format!("etcd at {etcd} did not answer within 10 s"))?
+                .map_err(|e| format!("cannot join the gateways through etcd at {etcd}: {e}"))
         }
 
         fn courier(&self) -> Option<Courier> {

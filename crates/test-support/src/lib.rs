@@ -5,6 +5,7 @@
 pub mod cdbs;
 pub mod cunit;
 pub mod held;
+pub mod tls_etcd;
 
 use std::sync::{Arc, Mutex, Once, Weak};
 

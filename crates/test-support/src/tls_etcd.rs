@@ -1,0 +1,226 @@
+//! An etcd of a test's own that serves TLS only and knows its clients by their certificates
+//! (`--client-cert-auth`), with authentication on: the certificate's common name is the etcd
+//! user. Certificates come from the `openssl` command, the server from Debian's `etcd`, users
+//! and roles from `etcdctl`, as an administrator would set them up.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The running etcd; killed when dropped.
+pub struct TlsEtcd {
+    pub dir: tempfile::TempDir,
+    pub endpoint: String,
+    child: Child,
+}
+
+/// A certificate and its key, as files.
+pub struct Identity {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+impl TlsEtcd {
+    /// Starts one, or None (with why) when `etcd`, `etcdctl` or `openssl` is missing.
+    pub fn start() -> Result<TlsEtcd, String> {
+        for tool in ["etcd", "etcdctl", "openssl"] {
+            if Command::new("sh")
+                .args(["-c", &format!("command -v {tool}")])
+                .stdout(Stdio::null())
+                .status()
+                .map(|s| !s.success())
+                .unwrap_or(true)
+            {
+                return Err(format!("no '{tool}' (scripts/install-deps.sh test installs it)"));
+            }
+        }
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let d = dir.path();
+        run(
+            d,
+            "openssl",
+            &[
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:P-256",
+                "-nodes",
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.pem",
+                "-days",
+                "2",
+                "-subj",
+                "/CN=tessera-test-ca",
+            ],
+        )?;
+        sign(
+            d,
+            "server",
+            "etcd",
+            "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+        )?;
+        let (client, peer) = (free_port()?, free_port()?);
+        let endpoint = format!("https://127.0.0.1:{client}");
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        let child = Command::new("etcd")
+            .current_dir(d)
+            .args(["--name", "t", "--data-dir", "data"])
+            .args(["--listen-client-urls", &endpoint, "--advertise-client-urls", &endpoint])
+            .args([
+                "--listen-peer-urls",
+                &peer_url,
+                "--initial-advertise-peer-urls",
+                &peer_url,
+            ])
+            .args(["--initial-cluster", &format!("t={peer_url}")])
+            .args(["--cert-file", "server.pem", "--key-file", "server.key"])
+            .args(["--trusted-ca-file", "ca.pem", "--client-cert-auth"])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(d.join("etcd.log")).map_err(|e| e.to_string())?)
+            .spawn()
+            .map_err(|e| format!("cannot start etcd: {e}"))?;
+        let etcd = TlsEtcd { dir, endpoint, child };
+        etcd.identity("root")?;
+        let started = Instant::now();
+        while etcd.ctl("root", &["endpoint", "health"]).is_err() {
+            if started.elapsed() > Duration::from_secs(20) {
+                return Err(format!(
+                    "etcd did not start: {}",
+                    std::fs::read_to_string(etcd.dir.path().join("etcd.log")).unwrap_or_default()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        etcd.ctl("root", &["user", "add", "root", "--no-password"])?;
+        etcd.ctl("root", &["user", "grant-role", "root", "root"])?;
+        etcd.ctl("root", &["auth", "enable"])?;
+        Ok(etcd)
+    }
+
+    /// The certificate authority's certificate (PEM), which signed etcd's.
+    pub fn ca(&self) -> PathBuf {
+        self.dir.path().join("ca.pem")
+    }
+
+    /// A client certificate whose common name (etcd user) is `user`, signed by the authority.
+    pub fn identity(&self, user: &str) -> Result<Identity, String> {
+        let d = self.dir.path();
+        let name = format!("client-{user}");
+        if !d.join(format!("{name}.pem")).exists() {
+            sign(d, &name, user, "extendedKeyUsage=clientAuth\n")?;
+        }
+        Ok(Identity {
+            cert: d.join(format!("{name}.pem")),
+            key: d.join(format!("{name}.key")),
+        })
+    }
+
+    /// Makes etcd user `user` (known by its certificate), allowed to read and write the keys
+    /// under `prefix` only.
+    pub fn user_for_prefix(&self, user: &str, prefix: &str) -> Result<Identity, String> {
+        let role = format!("{user}-role");
+        self.ctl("root", &["user", "add", user, "--no-password"])?;
+        self.ctl("root", &["role", "add", &role])?;
+        self.ctl(
+            "root",
+            &["role", "grant-permission", &role, "readwrite", prefix, "--prefix=true"],
+        )?;
+        self.ctl("root", &["user", "grant-role", user, &role])?;
+        self.identity(user)
+    }
+
+    /// Runs `etcdctl` as `user`.
+    pub fn ctl(&self, user: &str, args: &[&str]) -> Result<String, String> {
+        let id = self.identity(user)?;
+        let out = Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .args(["--endpoints", &self.endpoint, "--cacert"])
+            .arg(self.ca())
+            .arg("--cert")
+            .arg(&id.cert)
+            .arg("--key")
+            .arg(&id.key)
+            .args(["--dial-timeout", "2s"])
+            .args(args)
+            .output()
+            .map_err(|e| format!("cannot run etcdctl: {e}"))?;
+        if !out.status.success() {
+            return Err(format!("etcdctl {args:?}: {}", String::from_utf8_lossy(&out.stderr)));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+}
+
+impl Drop for TlsEtcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Signs `<name>.pem` (with its new key `<name>.key`) for common name `cn` with the authority.
+fn sign(d: &Path, name: &str, cn: &str, extensions: &str) -> Result<(), String> {
+    let (key, csr, ext) = (format!("{name}.key"), format!("{name}.csr"), format!("{name}.ext"));
+    run(
+        d,
+        "openssl",
+        &[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            &key,
+            "-out",
+            &csr,
+            "-subj",
+            &format!("/CN={cn}"),
+        ],
+    )?;
+    std::fs::write(d.join(&ext), extensions).map_err(|e| e.to_string())?;
+    run(
+        d,
+        "openssl",
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            &format!("{name}.pem"),
+            "-days",
+            "2",
+            "-extfile",
+            &ext,
+        ],
+    )
+}
+
+fn run(d: &Path, program: &str, args: &[&str]) -> Result<(), String> {
+    let out = Command::new(program)
+        .current_dir(d)
+        .args(args)
+        .output()
+        .map_err(|e| format!("cannot run {program}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("{program} {args:?}: {}", String::from_utf8_lossy(&out.stderr)));
+    }
+    Ok(())
+}
+
+/// A TCP port nobody listens on now.
+fn free_port() -> Result<u16, String> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    Ok(l.local_addr().map_err(|e| e.to_string())?.port())
+}
