@@ -1434,6 +1434,19 @@ fn a_standby_gateway_has_the_owner_run_the_reservations_its_hosts_ask_for() {
         median_keys(&pb)
     );
 
+    // The owner's target admits nodes 1 and 2 only, B's any initiator still: node 3, let in
+    // at B, has the owner refuse what B forwards for it (the logical unit is not presented
+    // to it), and registers nothing; node 2 goes on through B.
+    for node in ["node1", "node2"] {
+        a.ok(&["target", "acl", "add", iqn, &format!("iqn.2026-11.io.example:{node}")]);
+    }
+    a.ok(&["target", "acl", "allow-any", iqn, "--off"]);
+    let (cdb, p) = pr_out(6, 0, 0, 0x3333, false);
+    let r = at(&pb, 3, &cdb, p, 0);
+    assert_eq!((r.status, sense_of(&r)), (2, Some((0x5, 0x25, 0))), "{}", a.logs());
+    let keys = at(&pb, 2, &read_keys, Vec::new(), 4096).data;
+    assert_eq!(&keys[4..8], &[0, 0, 0, 0], "node 3 registered: {keys:?}");
+
     // None of it moved the pool: A owns it still, B waits.
     let (pa, pb) = (pool_entry(&a, &pool), pool_entry(&b, &pool));
     assert_eq!(pa["rados"]["here"], true, "{pa}");

@@ -102,8 +102,10 @@ impl OwnerForwarding for PoolForwarding {
 /// Runs at the owner a command that a standby port of one of `luns` (the LUNs presented
 /// here of the pool asked) forwarded, and says what to answer. A request that cannot be read
 /// is answered with INTERNAL TARGET FAILURE; a logical unit not presented here (the owner's
-/// configuration differs) with an ALUA transition, so that the host tries again.
-pub fn run_forwarded(luns: &[Arc<Lun>], request: &[u8]) -> Vec<u8> {
+/// configuration differs) with an ALUA transition, so that the host tries again; one whose
+/// targets here do not admit the initiator (`admits`: their ACLs) with LOGICAL UNIT NOT
+/// SUPPORTED, as a target answers for a logical unit it does not present to that initiator.
+pub fn run_forwarded(luns: &[Arc<Lun>], admits: &dyn Fn(&Lun, &str) -> bool, request: &[u8]) -> Vec<u8> {
     let answer = |r: Response| {
         serde_json::to_vec(&Answered {
             status: r.status,
@@ -130,6 +132,10 @@ pub fn run_forwarded(luns: &[Arc<Lun>], request: &[u8]) -> Vec<u8> {
         warn!(naa = %f.naa, "a standby gateway forwarded a command for a logical unit this owner does not present: the host is told to try again");
         return check(sense::ALUA_TRANSITION);
     };
+    if !admits(lun, &f.initiator) {
+        warn!(naa = %f.naa, initiator = %f.initiator, "a standby gateway forwarded a command for an initiator this owner's targets do not admit: refused");
+        return check(sense::LUN_NOT_SUPPORTED);
+    }
     answer(lun.execute_forwarded(&forwarded_nexus(&f.initiator, f.isid), &f.cdb, &f.data))
 }
 
@@ -218,30 +224,61 @@ mod tests {
         let (one, two) = (lun(1), lun(2));
         let luns = [one.clone(), two.clone()];
         let host = "iqn.2026-12.io.example:host2";
+        let any = |_: &Lun, _: &str| true;
         let mut p = vec![0u8; 24];
         p[8..16].copy_from_slice(&0x2222u64.to_be_bytes());
         let register = [0x5F, 0, 0, 0, 0, 0, 0, 0, 24, 0];
-        let a = answered(&run_forwarded(&luns, &request(two.naa(), host, &register, &p)));
+        let a = answered(&run_forwarded(&luns, &any, &request(two.naa(), host, &register, &p)));
         assert_eq!((a.status, a.sense.len()), (0, 0));
         let read_keys = [0x5E, 0, 0, 0, 0, 0, 0, 0x10, 0, 0];
         let keys = |l: &Lun| l.execute(&read_keys, &[]).data.to_vec();
         assert_eq!(&keys(&two)[4..16], &[0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0x22, 0x22]);
         assert_eq!(&keys(&one)[4..8], &[0, 0, 0, 0], "the other logical unit untouched");
         // Read back through the owner, as the standby port's host sees it.
-        let a = answered(&run_forwarded(&luns, &request(two.naa(), host, &read_keys, &[])));
+        let a = answered(&run_forwarded(&luns, &any, &request(two.naa(), host, &read_keys, &[])));
         assert_eq!(&a.data[8..16], &0x2222u64.to_be_bytes());
         // Not a reservation command; a logical unit not presented here; no iSCSI name;
         // nothing readable.
         let write = [0x2A, 0, 0, 0, 0, 0, 0, 0, 1, 0];
-        let a = answered(&run_forwarded(&luns, &request(two.naa(), host, &write, &[0; 512])));
+        let a = answered(&run_forwarded(
+            &luns,
+            &any,
+            &request(two.naa(), host, &write, &[0; 512]),
+        ));
         assert_eq!((a.status, a.sense[2] & 0x0F, a.sense[12]), (2, 0x5, 0x20));
-        let a = answered(&run_forwarded(&luns, &request(lun(3).naa(), host, &read_keys, &[])));
+        let a = answered(&run_forwarded(
+            &luns,
+            &any,
+            &request(lun(3).naa(), host, &read_keys, &[]),
+        ));
         assert_eq!((a.sense[2] & 0x0F, a.sense[12], a.sense[13]), (0x2, 0x04, 0x0A));
-        let a = answered(&run_forwarded(&luns, &request(two.naa(), "", &read_keys, &[])));
+        let a = answered(&run_forwarded(&luns, &any, &request(two.naa(), "", &read_keys, &[])));
         assert_eq!((a.sense[2] & 0x0F, a.sense[12]), (0x4, 0x44));
-        let a = answered(&run_forwarded(&luns, b"{\"naa\": 1}"));
+        let a = answered(&run_forwarded(&luns, &any, b"{\"naa\": 1}"));
         assert_eq!((a.sense[2] & 0x0F, a.sense[12]), (0x4, 0x44));
         assert_eq!(&keys(&two)[4..8], &[0, 0, 0, 8], "still the one key");
+
+        // An initiator the owner's targets do not admit: refused, whatever the standby
+        // gateway let in.
+        let only_host2 = |_: &Lun, i: &str| i == host;
+        let stranger = "iqn.2026-12.io.example:stranger";
+        let mut p = vec![0u8; 24];
+        p[8..16].copy_from_slice(&0x6666u64.to_be_bytes());
+        for (cdb, data) in [(&register[..], &p[..]), (&read_keys[..], &[][..])] {
+            let a = answered(&run_forwarded(
+                &luns,
+                &only_host2,
+                &request(two.naa(), stranger, cdb, data),
+            ));
+            assert_eq!((a.status, a.sense[2] & 0x0F, a.sense[12]), (2, 0x5, 0x25));
+        }
+        assert_eq!(&keys(&two)[4..8], &[0, 0, 0, 8], "the stranger registered nothing");
+        let a = answered(&run_forwarded(
+            &luns,
+            &only_host2,
+            &request(two.naa(), host, &read_keys, &[]),
+        ));
+        assert_eq!((a.status, a.sense.len()), (0, 0));
     }
 
     /// What the owner sends of the unit attentions it raised reaches the standby LUN of that

@@ -514,6 +514,21 @@ impl Targets {
         })
     }
 
+    /// Whether a target here that presents `lun` lets `initiator` log in (its ACL): what the
+    /// owner of a pool checks before it runs a command that a standby port of another gateway
+    /// forwarded for that initiator, so that a gateway whose ACL admits more than this one's
+    /// cannot have this one act for an initiator it would refuse.
+    pub fn admits(&self, lun: &Lun, initiator: &str) -> bool {
+        self.configs.lock().values().any(|cfg| {
+            cfg.access().admits(initiator)
+                && self.registry.target(&cfg.iqn).is_some_and(|t| {
+                    cfg.luns
+                        .keys()
+                        .any(|&n| t.lun(n).is_some_and(|l| std::ptr::eq(Arc::as_ptr(&l), lun)))
+                })
+        })
+    }
+
     /// The LUNs presented from vdisks of pool `pool`, once each.
     pub fn luns_of_pool(&self, pool: &str) -> Vec<Arc<Lun>> {
         let mut out: Vec<Arc<Lun>> = Vec::new();

@@ -634,7 +634,8 @@ impl Daemon {
             }
         };
         for (name, ask) in asks {
-            let answer = crate::forwarding::run_forwarded(&self.targets.luns_of_pool(&name), &ask.request);
+            let admits = |lun: &tessera_scsi::Lun, initiator: &str| self.targets.admits(lun, initiator);
+            let answer = crate::forwarding::run_forwarded(&self.targets.luns_of_pool(&name), &admits, &ask.request);
             match gw.answer(&ask, &answer) {
                 Ok(true) => {}
                 Ok(false) => {
