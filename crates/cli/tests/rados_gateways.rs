@@ -2532,27 +2532,60 @@ fn a_gateway_answers_a_write_only_once_the_cluster_applied_it() {
     b.stop();
 }
 
-/// Forwards every connection to `127.0.0.1:port` to `to` (etcd), from the moment it is
-/// called: until then nothing listens there and connections are refused.
+/// Relays every connection to `127.0.0.1:port` to `to` (etcd), from the moment it is
+/// started (until then nothing listens there and connections are refused), until cut.
 #[cfg(feature = "rados")]
-fn forward(port: u16, to: String) {
-    let listener = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
-    std::thread::spawn(move || {
-        for client in listener.incoming().flatten() {
-            let Ok(server) = std::net::TcpStream::connect(&to) else {
-                continue;
-            };
-            for (mut from, mut into) in [
-                (client.try_clone().unwrap(), server.try_clone().unwrap()),
-                (server, client),
-            ] {
-                std::thread::spawn(move || {
-                    let _ = std::io::copy(&mut from, &mut into);
-                    let _ = into.shutdown(std::net::Shutdown::Both);
-                });
+struct Relay {
+    open: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    live: std::sync::Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
+}
+
+#[cfg(feature = "rados")]
+impl Relay {
+    fn start(port: u16, to: String) -> Relay {
+        use std::sync::atomic::Ordering;
+        let relay = Relay {
+            open: std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true)),
+            live: Default::default(),
+        };
+        let listener = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+        let (open, live) = (relay.open.clone(), relay.live.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                if !open.load(Ordering::SeqCst) {
+                    continue;
+                }
+                let Ok(server) = std::net::TcpStream::connect(&to) else {
+                    continue;
+                };
+                let mut kept = live.lock().unwrap();
+                kept.push(client.try_clone().unwrap());
+                kept.push(server.try_clone().unwrap());
+                for (mut from, mut into) in [
+                    (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                    (server, client),
+                ] {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut into);
+                        let _ = into.shutdown(std::net::Shutdown::Both);
+                    });
+                }
             }
+        });
+        relay
+    }
+
+    /// Closes every connection relayed, and refuses new ones until [`mend`](Self::mend).
+    fn cut(&self) {
+        self.open.store(false, std::sync::atomic::Ordering::SeqCst);
+        for s in self.live.lock().unwrap().drain(..) {
+            let _ = s.shutdown(std::net::Shutdown::Both);
         }
-    });
+    }
+
+    fn mend(&self) {
+        self.open.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// A gateway whose etcd does not answer when it starts still starts and serves its local
@@ -2583,7 +2616,7 @@ fn a_gateway_starts_without_etcd_and_joins_once_it_answers() {
     let e = d.fails(&create_rados_pool_args(&pool, &conf));
     assert!(e.contains("has not joined the gateways yet"), "{e}");
 
-    forward(port, etcd.trim_start_matches("http://").to_string());
+    let _relay = Relay::start(port, etcd.trim_start_matches("http://").to_string());
     let t0 = Instant::now();
     loop {
         let out = d.cli(&create_rados_pool_args(&pool, &conf));
@@ -2669,4 +2702,106 @@ fn a_gateway_joins_an_etcd_that_serves_tls_and_knows_it_by_its_certificate() {
 
     a.ok(&["pool", "destroy", &pool]);
     a.stop();
+}
+
+/// A standby gateway cut off from etcd while the owner raised a unit attention for a host on
+/// its standby path tells that host once etcd answers again: it watches the owners' notices
+/// again from the last it saw, not from the moment it is back.
+#[cfg(feature = "rados")]
+#[test]
+fn a_standby_gateway_cut_off_from_etcd_tells_its_hosts_what_the_owner_raised_meanwhile() {
+    use tessera_iscsi::initiator::Session;
+    let test = "a_standby_gateway_cut_off_from_etcd_tells_its_hosts_what_the_owner_raised_meanwhile";
+    let Some((conf, etcd, _cluster)) = cluster(test) else {
+        return;
+    };
+    let pid = std::process::id();
+    let (pool, prefix, iqn) = (
+        format!("cut{pid}"),
+        format!("/tessera-test-cut-{pid}"),
+        "iqn.2026-12.io.tessera:cut",
+    );
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let relay = Relay::start(port, etcd.trim_start_matches("http://").to_string());
+    let dir = tempfile::tempdir().unwrap();
+    let a = Daemon::start_configured(&dir.path().join("a"), &gateway("gw-a", &etcd, &prefix));
+    create_rados_pool(&a, &pool, &conf);
+    let vdisk = format!("{pool}/quorum");
+    a.ok(&["vdisk", "create", &vdisk, "--size", "64M", "--layout", "simple"]);
+    let mut b = Daemon::start_configured(
+        &dir.path().join("b"),
+        &gateway("gw-b", &format!("127.0.0.1:{port}"), &prefix),
+    );
+    b.ok(&["pool", "import", &pool, "--rados", RADOS_POOL, "--ceph-conf", &conf]);
+    for d in [&a, &b] {
+        d.ok(&["target", "create", iqn, "--allow-any-initiator"]);
+        d.ok(&["target", "lun", "add", iqn, &vdisk]);
+    }
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let read_keys = [0x5E, 0, 0, 0, 0, 0, 0, 0x10, 0, 0];
+    let (pa, pb) = (a.iscsi_portal(), b.iscsi_portal());
+
+    // Node 2 keeps a session at B, the standby, and registers through it.
+    let t0 = Instant::now();
+    let kept = loop {
+        match node_command(&rt, &pb, iqn, 2, &read_keys, Vec::new(), 4096) {
+            Some((r, _)) if r.status == 0 => break rt.block_on(Session::login(&pb, &node_port(2, iqn))).unwrap(),
+            _ => {
+                assert!(t0.elapsed() < Duration::from_secs(15), "B does not present the LUN");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+    };
+    let send = |cdb: &[u8], data: Vec<u8>, read: usize| rt.block_on(kept.command(0, cdb, data, read)).unwrap();
+    let (cdb, p) = pr_out(6, 0, 0, 0x2222, false);
+    let first = (0..3)
+        .map(|_| send(&cdb, p.clone(), 0))
+        .find(|r| r.status == 0 || sense_of(r).is_some_and(|(k, _, _)| k != 0x6));
+    assert_eq!(first.map(|r| r.status), Some(0), "node 2 registers at B");
+
+    // B loses etcd (its lease lapses); meanwhile node 1 preempts node 2's key at A.
+    relay.cut();
+    std::thread::sleep(Duration::from_millis(500));
+    let at_a = |cdb: &[u8], data: Vec<u8>| node_command(&rt, &pa, iqn, 1, cdb, data, 0).unwrap().0;
+    let (cdb, p) = pr_out(6, 0, 0, 0x1111, false);
+    assert_eq!(at_a(&cdb, p).status, 0);
+    let (cdb, p) = pr_out(4, 1, 0x1111, 0x2222, false);
+    assert_eq!(at_a(&cdb, p).status, 0, "node 1 preempts node 2");
+    // Longer than B's lease: B joins again as well as watches again.
+    std::thread::sleep(Duration::from_secs(4));
+
+    // etcd answers B again: node 2 hears REGISTRATIONS PREEMPTED on its standby path.
+    relay.mend();
+    let t0 = Instant::now();
+    let mut seen = Vec::new();
+    loop {
+        let r = send(&read_keys, Vec::new(), 4096);
+        if sense_of(&r) == Some((0x6, 0x2A, 0x05)) {
+            break;
+        }
+        seen.push((r.status, sense_of(&r)));
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "node 2 is not told at B once etcd answers again: {seen:?}\n{}",
+            b.logs()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!(
+        "{test}: told at the standby port {:?} after etcd answered B again",
+        t0.elapsed()
+    );
+    assert!(
+        b.logs().contains("joined the gateways"),
+        "B did not join again\n{}",
+        b.logs()
+    );
+    let _ = rt.block_on(kept.logout());
+
+    remove_lun_vdisk_and_pool(&a, iqn, &vdisk, &pool);
+    b.stop();
 }
