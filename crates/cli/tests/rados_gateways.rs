@@ -2795,11 +2795,17 @@ fn a_standby_gateway_cut_off_from_etcd_tells_its_hosts_what_the_owner_raised_mea
         "{test}: told at the standby port {:?} after etcd answered B again",
         t0.elapsed()
     );
-    assert!(
-        b.logs().contains("joined the gateways"),
-        "B did not join again\n{}",
-        b.logs()
-    );
+    // Its lease lapsed meanwhile: it joins again too (perhaps only after the notice came,
+    // through the watch its earlier connection made again).
+    let t0 = Instant::now();
+    while !b.logs().contains("joined the gateways") {
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "B did not join again\n{}",
+            b.logs()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let _ = rt.block_on(kept.logout());
 
     remove_lun_vdisk_and_pool(&a, iqn, &vdisk, &pool);
