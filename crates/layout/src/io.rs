@@ -808,7 +808,10 @@ impl Layouts {
     /// with the checksum it must match, returned to be recorded for the rebuilt member, so
     /// that the block stays refused there too until written again (recorded from what is
     /// copied, the checksum would vouch for what nobody wrote). None if a block cannot be
-    /// read from any copy, or without checksums (nothing was refused then).
+    /// read from any copy, or without checksums (nothing was refused then). Every copy was
+    /// read whole before, which counted its faults against its disk: the blocks read again
+    /// here count nothing, or each rotten block would count twice, and a disk reach
+    /// `disk_error_limit` (and be retired) at half its errors.
     fn copy_around_refused(&self, copies: &[SlabRef], mo: u64, buf: &mut [u8]) -> Option<Vec<(u64, u32)>> {
         if !self.sums().enabled() || mo % BLOCK != 0 || buf.len() as u64 % BLOCK != 0 {
             return None;
@@ -816,17 +819,26 @@ impl Layouts {
         let mut kept = Vec::new();
         for (i, block) in buf.chunks_mut(BLOCK as usize).enumerate() {
             let at = mo + i as u64 * BLOCK;
-            if copies.iter().any(|&o| self.member_read(o, at, block).is_ok()) {
+            if copies
+                .iter()
+                .any(|&o| self.member_read_uncounted(o, at, block) && self.verified(o, at, block))
+            {
                 continue;
             }
             let sum = copies.iter().find_map(|&o| {
                 let want = self.sums().get(o, at).ok().flatten()?;
-                self.member_read_raw(o, at, block).ok()?;
-                Some(want)
+                self.member_read_uncounted(o, at, block).then_some(want)
             })?;
             kept.push((at, sum));
         }
         Some(kept)
+    }
+
+    /// Reads member bytes as the disk returns them, counting and logging nothing: true if
+    /// the disk returned them.
+    fn member_read_uncounted(&self, slab: SlabRef, mo: u64, buf: &mut [u8]) -> bool {
+        self.member_dev(slab)
+            .is_some_and(|dev| dev.read_at(buf, self.pool.slab_offset(slab) + mo).is_ok())
     }
 }
 

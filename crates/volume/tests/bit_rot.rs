@@ -8,7 +8,7 @@ mod common;
 use std::collections::{BTreeMap, HashSet};
 
 use common::{pattern, spec, Rig, MIB};
-use tessera_volume::{LayoutKind, Provisioning, SlabRef};
+use tessera_volume::{LayoutKind, Progress, Provisioning, RebuildOptions, SlabRef};
 
 const SIZE: u64 = 4 * MIB;
 const BLOCK: u64 = 4096;
@@ -356,4 +356,49 @@ fn small_writes_beside_rotten_columns_compute_parity_from_the_right_data() {
         );
         rig.assert_consistent();
     }
+}
+
+/// A repair that moves a mirror's copy off a retired disk, where no copy of a chunk reads
+/// whole, copies it block by block, each block from a copy that matches its checksum. Each
+/// rotten block is counted once against its disk, though the chunk was read whole first:
+/// past `disk_error_limit` the daemon retires a disk, and a block counted twice would
+/// retire a sound disk at half its errors.
+#[test]
+fn a_repair_copying_block_by_block_counts_each_rotten_block_once() {
+    // One column: the set's two members are the two copies of the same bytes.
+    let rig = Rig::new(4, 64 * MIB, MIB);
+    let mut s = spec("v", SIZE, LayoutKind::Mirror, Provisioning::Thin);
+    (s.copies, s.columns) = (Some(2), Some(1));
+    rig.engine().create_vdisk(&s).unwrap();
+    let data = pattern(11, 0, SIZE as usize);
+    rig.engine().vdisk("v").unwrap().write(0, &data, true).unwrap();
+    let members = rig.engine().layouts().sets()[0].desc().members;
+    assert_eq!(members.len(), 2);
+    let (a, b) = (members[0], members[1]);
+    // Blocks 1 and 2 of the same chunk (the first 16 KiB), one rotten on each copy: neither
+    // reads whole, every block reads right from one of them.
+    for (slab, block) in [(a, 1), (b, 2)] {
+        let at = rig.engine().pool().slab_offset(slab) + block * BLOCK + 100;
+        rig.disks[slab.disk as usize].faults().flip_bit(at, 1).unwrap();
+    }
+    let retired = rig
+        .engine()
+        .pool()
+        .disks()
+        .into_iter()
+        .find(|d| d.info.position == a.disk)
+        .unwrap();
+    rig.engine().retire_disk(&retired.info.path).unwrap();
+    rig.engine()
+        .repair(&RebuildOptions::default(), &Progress::default())
+        .unwrap();
+    let errors = rig.engine().layouts().disk_errors();
+    for disk in [a.disk, b.disk] {
+        assert_eq!(
+            errors.get(&disk).map_or((0, 0), |e| (e.read, e.checksum)),
+            (0, 1),
+            "disk {disk}: {errors:?}"
+        );
+    }
+    assert!(read_all(&rig) == data, "the vdisk reads wrong after the repair");
 }
