@@ -1072,17 +1072,24 @@ struct TwoGateways {
 
 #[cfg(feature = "rados")]
 fn two_gateways_presenting(conf: &str, etcd: &str, tag: &str, name: &str, iqn: &str) -> TwoGateways {
+    two_gateways_presenting_through(conf, [etcd, etcd], tag, name, iqn)
+}
+
+/// [`two_gateways_presenting`], A reaching etcd at `etcd[0]` and B at `etcd[1]` (the same
+/// etcd through a relay, say).
+#[cfg(feature = "rados")]
+fn two_gateways_presenting_through(conf: &str, etcd: [&str; 2], tag: &str, name: &str, iqn: &str) -> TwoGateways {
     let pid = std::process::id();
     let pool = format!("{tag}{pid}");
     let prefix = format!("/tessera-test-{tag}-{pid}");
     let dir = tempfile::tempdir().unwrap();
-    let a = Daemon::start_configured(&dir.path().join("a"), &gateway("gw-a", etcd, &prefix));
+    let a = Daemon::start_configured(&dir.path().join("a"), &gateway("gw-a", etcd[0], &prefix));
     create_rados_pool(&a, &pool, conf);
     let vdisk = format!("{pool}/{name}");
     a.ok(&["vdisk", "create", &vdisk, "--size", "64M", "--layout", "simple"]);
     a.ok(&["target", "create", iqn, "--allow-any-initiator"]);
     a.ok(&["target", "lun", "add", iqn, &vdisk]);
-    let b = Daemon::start_configured(&dir.path().join("b"), &gateway("gw-b", etcd, &prefix));
+    let b = Daemon::start_configured(&dir.path().join("b"), &gateway("gw-b", etcd[1], &prefix));
     b.ok(&["pool", "import", &pool, "--rados", RADOS_POOL, "--ceph-conf", conf]);
     b.ok(&["target", "create", iqn, "--allow-any-initiator"]);
     b.ok(&["target", "lun", "add", iqn, &vdisk]);
@@ -1101,6 +1108,45 @@ fn remove_lun_vdisk_and_pool(d: &Daemon, iqn: &str, vdisk: &str, pool: &str) {
     d.ok(&["target", "lun", "remove", iqn, "0"]);
     d.ok(&["vdisk", "delete", vdisk]);
     d.ok(&["pool", "destroy", pool]);
+}
+
+/// PERSISTENT RESERVE IN, READ KEYS.
+#[cfg(feature = "rados")]
+const READ_KEYS: [u8; 10] = [0x5E, 0, 0, 0, 0, 0, 0, 0x10, 0, 0];
+
+/// Registers `key` in session `s` (PERSISTENT RESERVE OUT, REGISTER): its first commands
+/// find what a new session is owed (POWER ON OCCURRED) and are sent again.
+#[cfg(feature = "rados")]
+fn register_in(rt: &tokio::runtime::Runtime, s: &tessera_iscsi::initiator::Session, key: u64) {
+    let (cdb, p) = pr_out(6, 0, 0, key, false);
+    let first = (0..3)
+        .map(|_| rt.block_on(s.command(0, &cdb, p.clone(), 0)).unwrap())
+        .find(|r| r.status == 0 || sense_of(r).is_some_and(|(k, _, _)| k != 0x6));
+    assert_eq!(first.map(|r| r.status), Some(0), "{key:#x} is not registered");
+}
+
+/// Sends READ KEYS in session `s` until it hears REGISTRATIONS PREEMPTED (06/2A/05), for up
+/// to `limit`, or panics saying `why` and what `logs` returns: how long it took, and the
+/// status and sense of every other answer meanwhile.
+#[cfg(feature = "rados")]
+fn until_preempted(
+    rt: &tokio::runtime::Runtime,
+    s: &tessera_iscsi::initiator::Session,
+    limit: Duration,
+    why: &str,
+    logs: impl Fn() -> String,
+) -> (Duration, Vec<(u8, Option<(u8, u8, u8)>)>) {
+    let t0 = Instant::now();
+    let mut seen = Vec::new();
+    loop {
+        let r = rt.block_on(s.command(0, &READ_KEYS, Vec::new(), 4096)).unwrap();
+        if sense_of(&r) == Some((0x6, 0x2A, 0x05)) {
+            return (t0.elapsed(), seen);
+        }
+        seen.push((r.status, sense_of(&r)));
+        assert!(t0.elapsed() < limit, "{why}: {seen:?}\n{}", logs());
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// READ(10) of one 512-byte block.
@@ -1193,7 +1239,6 @@ fn persistent_reservations_follow_a_pool_on_rados_to_the_gateway_that_takes_it_o
     } = two_gateways_presenting(&conf, &etcd, "pr", "quorum", iqn);
 
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let read_keys = [0x5E, 0, 0, 0, 0, 0, 0, 0x10, 0, 0];
     let read_reservation = [0x5E, 1, 0, 0, 0, 0, 0, 0x10, 0, 0];
     let write1 = [0x2A, 0, 0, 0, 0, 0, 0, 0, 1, 0];
     let caching_page = [0x1A, 0x08, 0x08, 0, 255, 0];
@@ -1225,7 +1270,7 @@ fn persistent_reservations_follow_a_pool_on_rados_to_the_gateway_that_takes_it_o
     let took = until_served(&b, &pool, Duration::from_secs(15));
     eprintln!("{test}: taken over {took:?} after the owner stalled");
     // Each host's first command at the new owner is told the logical unit was (re)started.
-    let (keys, told) = node_command(&rt, &pb, iqn, 2, &read_keys, Vec::new(), 4096).expect("B serves the LUN");
+    let (keys, told) = node_command(&rt, &pb, iqn, 2, &READ_KEYS, Vec::new(), 4096).expect("B serves the LUN");
     assert_eq!(told, [(0x29, 0x00)], "POWER ON OCCURRED first");
     let keys = keys.data;
     assert_eq!(&keys[4..8], &8u32.to_be_bytes(), "one key: {keys:?}");
@@ -1262,7 +1307,7 @@ fn persistent_reservations_follow_a_pool_on_rados_to_the_gateway_that_takes_it_o
     signal(&a, libc::SIGCONT);
     let (cdb, p) = pr_out(6, 0, 0, 0x3333, false);
     let stale = node_command(&rt, &pa, iqn, 3, &cdb, p, 0);
-    let keys = at(&pb, 2, &read_keys, Vec::new(), 4096).data;
+    let keys = at(&pb, 2, &READ_KEYS, Vec::new(), 4096).data;
     if stale.as_ref().is_some_and(|(r, _)| r.status == 0) {
         assert_eq!(&keys[4..8], &16u32.to_be_bytes(), "the owner holds it: {keys:?}");
         assert_eq!(&keys[16..24], &0x3333u64.to_be_bytes());
@@ -1303,7 +1348,6 @@ fn a_standby_gateway_has_the_owner_run_the_reservations_its_hosts_ask_for() {
     } = two_gateways_presenting(&conf, &etcd, "prfw", "quorum2", iqn);
 
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let read_keys = [0x5E, 0, 0, 0, 0, 0, 0, 0x10, 0, 0];
     let read_reservation = [0x5E, 1, 0, 0, 0, 0, 0, 0x10, 0, 0];
     let write1 = [0x2A, 0, 0, 0, 0, 0, 0, 0, 1, 0];
     let (pa, pb) = (a.iscsi_portal(), b.iscsi_portal());
@@ -1326,7 +1370,7 @@ fn a_standby_gateway_has_the_owner_run_the_reservations_its_hosts_ask_for() {
     let (cdb, p) = pr_out(6, 0, 0, 0x2222, false);
     let r = at(&pb, 2, &cdb, p, 0);
     assert_eq!((r.status, sense_of(&r)), (0, None), "{}", b.logs());
-    let keys = at(&pa, 1, &read_keys, Vec::new(), 4096).data;
+    let keys = at(&pa, 1, &READ_KEYS, Vec::new(), 4096).data;
     assert_eq!(&keys[4..16], &[0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0x22, 0x22], "{keys:?}");
 
     // It reserves WRITE EXCLUSIVE through B: the owner keeps node 1 out and lets node 2 in,
@@ -1349,7 +1393,7 @@ fn a_standby_gateway_has_the_owner_run_the_reservations_its_hosts_ask_for() {
     assert_eq!(at(&pa, 1, &write1, vec![3; 512], 0).status, 0);
     let (cdb, p) = pr_out(0, 0, 0x2222, 0, false);
     assert_eq!(at(&pb, 2, &cdb, p, 0).status, 0);
-    let keys = at(&pb, 1, &read_keys, Vec::new(), 4096).data;
+    let keys = at(&pb, 1, &READ_KEYS, Vec::new(), 4096).data;
     assert_eq!(&keys[4..8], &[0, 0, 0, 0], "{keys:?}");
 
     // Node 2 registers again through a session it keeps at B; node 1 registers at A and
@@ -1359,36 +1403,17 @@ fn a_standby_gateway_has_the_owner_run_the_reservations_its_hosts_ask_for() {
     let kept = rt
         .block_on(Session::login(&pb, &node_port(2, iqn)))
         .expect("node 2 logs in at B");
-    let send = |cdb: &[u8], data: Vec<u8>, read: usize| rt.block_on(kept.command(0, cdb, data, read)).unwrap();
-    // Its first commands find what the new session is owed (POWER ON OCCURRED).
-    let (cdb, p) = pr_out(6, 0, 0, 0x2222, false);
-    let first = (0..3)
-        .map(|_| send(&cdb, p.clone(), 0))
-        .find(|r| r.status == 0 || sense_of(r).is_some_and(|(k, _, _)| k != 0x6));
-    assert_eq!(first.map(|r| r.status), Some(0), "node 2 registers at B");
+    register_in(&rt, &kept, 0x2222);
     let (cdb, p) = pr_out(6, 0, 0, 0x1111, false);
     assert_eq!(at(&pa, 1, &cdb, p, 0).status, 0);
     let (cdb, p) = pr_out(4, 1, 0x1111, 0x2222, false);
     assert_eq!(at(&pa, 1, &cdb, p, 0).status, 0, "node 1 preempts node 2");
-    let t0 = Instant::now();
-    loop {
-        let r = send(&read_keys, Vec::new(), 4096);
-        if sense_of(&r) == Some((0x6, 0x2A, 0x05)) {
-            break;
-        }
-        assert_eq!(r.status, 0, "{:?}", sense_of(&r));
-        assert!(
-            t0.elapsed() < Duration::from_secs(5),
-            "node 2 is not told at B\n{}",
-            b.logs()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    eprintln!(
-        "{test}: told at the standby port {:?} after the preemption",
-        t0.elapsed()
-    );
-    let keys = send(&read_keys, Vec::new(), 4096).data;
+    let (took, seen) = until_preempted(&rt, &kept, Duration::from_secs(5), "node 2 is not told at B", || {
+        b.logs()
+    });
+    assert!(seen.iter().all(|(status, _)| *status == 0), "{seen:?}");
+    eprintln!("{test}: told at the standby port {took:?} after the preemption");
+    let keys = rt.block_on(kept.command(0, &READ_KEYS, Vec::new(), 4096)).unwrap().data;
     assert_eq!(&keys[4..16], &[0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0x11, 0x11], "{keys:?}");
     let _ = rt.block_on(kept.logout());
     let (cdb, p) = pr_out(0, 0, 0x1111, 0, false);
@@ -1418,7 +1443,7 @@ fn a_standby_gateway_has_the_owner_run_the_reservations_its_hosts_ask_for() {
             let mut took = Vec::new();
             for _ in 0..21 {
                 let t0 = Instant::now();
-                let r = s.command(0, &read_keys, Vec::new(), 4096).await.unwrap();
+                let r = s.command(0, &READ_KEYS, Vec::new(), 4096).await.unwrap();
                 if r.status == 0 {
                     took.push(t0.elapsed());
                 }
@@ -1444,7 +1469,7 @@ fn a_standby_gateway_has_the_owner_run_the_reservations_its_hosts_ask_for() {
     let (cdb, p) = pr_out(6, 0, 0, 0x3333, false);
     let r = at(&pb, 3, &cdb, p, 0);
     assert_eq!((r.status, sense_of(&r)), (2, Some((0x5, 0x25, 0))), "{}", a.logs());
-    let keys = at(&pb, 2, &read_keys, Vec::new(), 4096).data;
+    let keys = at(&pb, 2, &READ_KEYS, Vec::new(), 4096).data;
     assert_eq!(&keys[4..8], &[0, 0, 0, 0], "node 3 registered: {keys:?}");
 
     // None of it moved the pool: A owns it still, B waits.
@@ -1477,12 +1502,11 @@ fn a_registration_at_a_standby_port_while_the_owner_stalls_runs_once_at_an_owner
         _dir,
     } = two_gateways_presenting(&conf, &etcd, "prst", "quorum3", iqn);
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let read_keys = [0x5E, 0, 0, 0, 0, 0, 0, 0x10, 0, 0];
     let (pa, pb) = (a.iscsi_portal(), b.iscsi_portal());
     let (register, p) = pr_out(6, 0, 0, 0x2222, false);
     // B presents the LUN as standby once it has read the pool's metadata.
     let t0 = Instant::now();
-    while node_command(&rt, &pb, iqn, 2, &read_keys, Vec::new(), 4096).is_none_or(|(r, _)| r.status != 0) {
+    while node_command(&rt, &pb, iqn, 2, &READ_KEYS, Vec::new(), 4096).is_none_or(|(r, _)| r.status != 0) {
         assert!(t0.elapsed() < Duration::from_secs(15), "B does not answer READ KEYS");
         std::thread::sleep(Duration::from_millis(200));
     }
@@ -1519,7 +1543,7 @@ fn a_registration_at_a_standby_port_while_the_owner_stalls_runs_once_at_an_owner
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-    let keys = node_command(&rt, &pb, iqn, 2, &read_keys, Vec::new(), 4096)
+    let keys = node_command(&rt, &pb, iqn, 2, &READ_KEYS, Vec::new(), 4096)
         .unwrap()
         .0
         .data;
@@ -1533,7 +1557,7 @@ fn a_registration_at_a_standby_port_while_the_owner_stalls_runs_once_at_an_owner
     signal(&a, libc::SIGCONT);
     let t0 = Instant::now();
     loop {
-        let keys = node_command(&rt, &pa, iqn, 1, &read_keys, Vec::new(), 4096);
+        let keys = node_command(&rt, &pa, iqn, 1, &READ_KEYS, Vec::new(), 4096);
         if let Some((r, _)) = &keys {
             if r.status == 0 && r.data.get(4..16) == Some(&[0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0x22, 0x22][..]) {
                 break;
@@ -1549,7 +1573,7 @@ fn a_registration_at_a_standby_port_while_the_owner_stalls_runs_once_at_an_owner
     }
     let (unregister, p) = pr_out(0, 0, 0x2222, 0, false);
     assert_eq!(node_command(&rt, &pa, iqn, 2, &unregister, p, 0).unwrap().0.status, 0);
-    let keys = node_command(&rt, &pb, iqn, 1, &read_keys, Vec::new(), 4096)
+    let keys = node_command(&rt, &pb, iqn, 1, &READ_KEYS, Vec::new(), 4096)
         .unwrap()
         .0
         .data;
@@ -2715,40 +2739,28 @@ fn a_standby_gateway_cut_off_from_etcd_tells_its_hosts_what_the_owner_raised_mea
     let Some((conf, etcd, _cluster)) = cluster(test) else {
         return;
     };
-    let pid = std::process::id();
-    let (pool, prefix, iqn) = (
-        format!("cut{pid}"),
-        format!("/tessera-test-cut-{pid}"),
-        "iqn.2026-12.io.tessera:cut",
-    );
+    let iqn = "iqn.2026-12.io.tessera:cut";
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
     let relay = Relay::start(port, etcd.trim_start_matches("http://").to_string());
-    let dir = tempfile::tempdir().unwrap();
-    let a = Daemon::start_configured(&dir.path().join("a"), &gateway("gw-a", &etcd, &prefix));
-    create_rados_pool(&a, &pool, &conf);
-    let vdisk = format!("{pool}/quorum");
-    a.ok(&["vdisk", "create", &vdisk, "--size", "64M", "--layout", "simple"]);
-    let mut b = Daemon::start_configured(
-        &dir.path().join("b"),
-        &gateway("gw-b", &format!("127.0.0.1:{port}"), &prefix),
-    );
-    b.ok(&["pool", "import", &pool, "--rados", RADOS_POOL, "--ceph-conf", &conf]);
-    for d in [&a, &b] {
-        d.ok(&["target", "create", iqn, "--allow-any-initiator"]);
-        d.ok(&["target", "lun", "add", iqn, &vdisk]);
-    }
+    let through_relay = format!("127.0.0.1:{port}");
+    let TwoGateways {
+        a,
+        mut b,
+        pool,
+        vdisk,
+        _dir,
+    } = two_gateways_presenting_through(&conf, [&etcd, &through_relay], "cut", "quorum", iqn);
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let read_keys = [0x5E, 0, 0, 0, 0, 0, 0, 0x10, 0, 0];
     let (pa, pb) = (a.iscsi_portal(), b.iscsi_portal());
 
     // Node 2 keeps a session at B, the standby, and registers through it.
     let t0 = Instant::now();
     let kept = loop {
-        match node_command(&rt, &pb, iqn, 2, &read_keys, Vec::new(), 4096) {
+        match node_command(&rt, &pb, iqn, 2, &READ_KEYS, Vec::new(), 4096) {
             Some((r, _)) if r.status == 0 => break rt.block_on(Session::login(&pb, &node_port(2, iqn))).unwrap(),
             _ => {
                 assert!(t0.elapsed() < Duration::from_secs(15), "B does not present the LUN");
@@ -2756,12 +2768,7 @@ fn a_standby_gateway_cut_off_from_etcd_tells_its_hosts_what_the_owner_raised_mea
             }
         }
     };
-    let send = |cdb: &[u8], data: Vec<u8>, read: usize| rt.block_on(kept.command(0, cdb, data, read)).unwrap();
-    let (cdb, p) = pr_out(6, 0, 0, 0x2222, false);
-    let first = (0..3)
-        .map(|_| send(&cdb, p.clone(), 0))
-        .find(|r| r.status == 0 || sense_of(r).is_some_and(|(k, _, _)| k != 0x6));
-    assert_eq!(first.map(|r| r.status), Some(0), "node 2 registers at B");
+    register_in(&rt, &kept, 0x2222);
 
     // B loses etcd (its lease lapses); meanwhile node 1 preempts node 2's key at A.
     relay.cut();
@@ -2776,25 +2783,14 @@ fn a_standby_gateway_cut_off_from_etcd_tells_its_hosts_what_the_owner_raised_mea
 
     // etcd answers B again: node 2 hears REGISTRATIONS PREEMPTED on its standby path.
     relay.mend();
-    let t0 = Instant::now();
-    let mut seen = Vec::new();
-    loop {
-        let r = send(&read_keys, Vec::new(), 4096);
-        if sense_of(&r) == Some((0x6, 0x2A, 0x05)) {
-            break;
-        }
-        seen.push((r.status, sense_of(&r)));
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "node 2 is not told at B once etcd answers again: {seen:?}\n{}",
-            b.logs()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    eprintln!(
-        "{test}: told at the standby port {:?} after etcd answered B again",
-        t0.elapsed()
+    let (took, _) = until_preempted(
+        &rt,
+        &kept,
+        Duration::from_secs(20),
+        "node 2 is not told at B once etcd answers again",
+        || b.logs(),
     );
+    eprintln!("{test}: told at the standby port {took:?} after etcd answered B again");
     // Its lease lapsed meanwhile: it joins again too (perhaps only after the notice came,
     // through the watch its earlier connection made again).
     let t0 = Instant::now();

@@ -362,6 +362,17 @@ async fn told_of_changes(g: &mut Gateway) -> tokio::sync::mpsc::UnboundedReceive
     told
 }
 
+/// The asks for `what` that `courier` takes, once there are some.
+async fn taken_once_asked(courier: &tessera_ownership::Courier, what: &str) -> Vec<tessera_ownership::Ask> {
+    loop {
+        let t = courier.take_asks(|w| w == what).await.unwrap();
+        if !t.is_empty() {
+            return t;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// A standby gateway asks the owner to run a request and gets its answer; each ask is taken
 /// by one gateway once, however many look; an ask nobody answers in time is given up and
 /// taken back, so that an owner that comes later does not run it; a gateway following the
@@ -428,13 +439,7 @@ async fn a_gateway_asks_the_owner_through_etcd_and_each_ask_runs_once() {
     let mut whats: Vec<&str> = taken.iter().map(|ask| ask.what.as_str()).collect();
     whats.sort();
     assert_eq!(whats, ["pool.other", "pool.tank"]);
-    let elsewhere = loop {
-        let t = c.take_asks(|w| w == "pool.elsewhere").await.unwrap();
-        if !t.is_empty() {
-            break t;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let elsewhere = taken_once_asked(&c, "pool.elsewhere").await;
     for (courier, ask) in taken.iter().map(|t| (&a, t)).chain(elsewhere.iter().map(|t| (&c, t))) {
         assert_eq!(ask.what.as_bytes(), ask.request, "an ask came with what another is for");
         let mut answer = ask.request.clone();
@@ -461,13 +466,7 @@ async fn a_gateway_asks_the_owner_through_etcd_and_each_ask_runs_once() {
         let b = b.clone();
         async move { b.ask("pool.tank", b"slow", Duration::from_millis(500)).await }
     });
-    let taken = loop {
-        let t = a.take_asks(|w| w == "pool.tank").await.unwrap();
-        if !t.is_empty() {
-            break t;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let taken = taken_once_asked(&a, "pool.tank").await;
     assert_eq!(asking.await.unwrap().unwrap(), None, "given up");
     assert!(!a.answer(&taken[0], b"slow done").await.unwrap());
     assert_eq!(

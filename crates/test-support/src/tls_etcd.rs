@@ -36,27 +36,7 @@ impl TlsEtcd {
         }
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let d = dir.path();
-        run(
-            d,
-            "openssl",
-            &[
-                "req",
-                "-x509",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:P-256",
-                "-nodes",
-                "-keyout",
-                "ca.key",
-                "-out",
-                "ca.pem",
-                "-days",
-                "2",
-                "-subj",
-                "/CN=tessera-test-ca",
-            ],
-        )?;
+        new_key(d, "ca.key", "ca.pem", "tessera-test-ca", &["-x509", "-days", "2"])?;
         sign(
             d,
             "server",
@@ -165,24 +145,7 @@ impl Drop for TlsEtcd {
 /// Signs `<name>.pem` (with its new key `<name>.key`) for common name `cn` with the authority.
 fn sign(d: &Path, name: &str, cn: &str, extensions: &str) -> Result<(), String> {
     let (key, csr, ext) = (format!("{name}.key"), format!("{name}.csr"), format!("{name}.ext"));
-    run(
-        d,
-        "openssl",
-        &[
-            "req",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-keyout",
-            &key,
-            "-out",
-            &csr,
-            "-subj",
-            &format!("/CN={cn}"),
-        ],
-    )?;
+    new_key(d, &key, &csr, cn, &[])?;
     std::fs::write(d.join(&ext), extensions).map_err(|e| e.to_string())?;
     run(
         d,
@@ -205,6 +168,28 @@ fn sign(d: &Path, name: &str, cn: &str, extensions: &str) -> Result<(), String> 
             &ext,
         ],
     )
+}
+
+/// A new P-256 key `key` and, for common name `cn`, `out`: a certificate request, or with
+/// `extra` `-x509` a certificate the key signs itself.
+fn new_key(d: &Path, key: &str, out: &str, cn: &str, extra: &[&str]) -> Result<(), String> {
+    let subject = format!("/CN={cn}");
+    let mut args = vec!["req"];
+    args.extend_from_slice(extra);
+    args.extend([
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+        "-keyout",
+        key,
+        "-out",
+        out,
+        "-subj",
+        &subject,
+    ]);
+    run(d, "openssl", &args)
 }
 
 fn run(d: &Path, program: &str, args: &[&str]) -> Result<(), String> {
