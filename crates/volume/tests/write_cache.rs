@@ -1479,6 +1479,83 @@ fn writes_the_log_parked_for_a_disk_an_error_took_out_are_lost_with_it_when_it_i
     }
 }
 
+/// A destage round meets a disk an I/O error takes out, judges that the set's writes wait
+/// for it, and parks them only after the administrator has brought the disk back or given it
+/// up: the settle that command makes waits for the round, so the writes are written to the
+/// disk (or lost with it) at once. Listed before the round parked them, they stayed parked
+/// and refused to readers until the next try, 30 s later.
+#[test]
+fn a_disk_back_or_given_up_while_a_destage_round_parks_its_writes_settles_them_at_once() {
+    for give_up in [false, true] {
+        let (mut rig, v) = two_data_disks_two_log_disks();
+        let mut want = pattern(1, 0, MIB as usize);
+        v.write(0, &want, false).unwrap();
+        rig.engine().cache().drain().unwrap();
+        let used = only_data_disk_in_use(rig.engine());
+        let at = rig.disks.iter().position(|d| d.path() == used).unwrap();
+        let new = pattern(2, 0, 256 << 10);
+        v.write(64 << 10, &new, false).unwrap();
+        v.flush().unwrap();
+        want[64 << 10..320 << 10].copy_from_slice(&new);
+        drop(v);
+        rig.disks[at].faults().pull();
+        // The log's disks slow: the round reads the writes from them to write them, and again
+        // to park them, each read a while after the last.
+        let slow = Duration::from_millis(600);
+        let log: Vec<usize> = (0..rig.disks.len())
+            .filter(|&i| rig.engine().pool().disks()[i].info.usage == tessera_volume::DiskUsage::Cache)
+            .collect();
+        assert_eq!(log.len(), 2);
+        for &i in &log {
+            rig.disks[i].faults().set_latency(slow);
+        }
+        std::thread::scope(|sc| {
+            let round = sc.spawn(|| rig.engine().cache().drain());
+            // The round's write took the disk out; it now reads the writes again to park them.
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while rig.engine().pool().disk_state(at as u32) != DiskState::Failed {
+                assert!(Instant::now() < deadline, "the round never met the pulled disk");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            std::thread::sleep(slow / 4);
+            assert!(
+                !round.is_finished(),
+                "the round parked before the disk came back or was given up"
+            );
+            if give_up {
+                rig.engine().fail_disk(&used).unwrap();
+            } else {
+                rig.disks[at].faults().reinsert();
+                rig.engine()
+                    .bring_back_disk(&used, rig.disks[at].clone() as tessera_disk::DiskRef)
+                    .unwrap();
+            }
+            round.join().expect("the round").unwrap();
+        });
+        for &i in &log {
+            rig.disks[i].faults().set_latency(Duration::ZERO);
+        }
+        let status = rig.engine().cache_status();
+        let how = if give_up { "given up" } else { "back" };
+        if give_up {
+            assert_eq!(
+                (status.lost_bytes, status.parked_bytes),
+                (256 << 10, 0),
+                "{how}: {status:?}"
+            );
+            let mut got = vec![0u8; 4096];
+            let v = rig.engine().vdisk("v").unwrap();
+            let err = v.read(64 << 10, &mut got).unwrap_err().to_string();
+            assert!(err.contains("lost"), "{how}: {err}");
+        } else {
+            assert_eq!((status.lost_bytes, status.parked_bytes), (0, 0), "{how}: {status:?}");
+            assert_same(&read_all(&rig, "v", MIB as usize), &want, how);
+            rig.reopen();
+            assert_same(&read_all(&rig, "v", MIB as usize), &want, "after a restart");
+        }
+    }
+}
+
 /// A mirror whose two copies an I/O error takes out together (an enclosure's blink) while the
 /// log holds writes for it: the set is beyond its tolerance, but both disks can come back and
 /// neither copy can be resynced from the other (each may lack what was written since the

@@ -416,10 +416,12 @@ impl Inner {
     /// them, and one whose writes fail keeps them for the next try (said in the log).
     /// One settle at a time; with `wait` false, none if one is under way. Returns the bytes
     /// still parked.
+    ///
+    /// A destage round under way is waited for: it may have judged a set to wait for a disk
+    /// before the change this settle is for (the disk back, or given up), and park its writes
+    /// after it; listed before them, those would wait for the next try (`SETTLE_RETRY`),
+    /// refused to readers and writers meanwhile.
     pub(crate) fn settle_parked(&self, wait: bool) -> u64 {
-        if !self.any_parked.load(Ordering::Acquire) {
-            return 0;
-        }
         let _one = if wait {
             self.settling.lock()
         } else {
@@ -432,7 +434,13 @@ impl Inner {
         if self.stop.load(Ordering::Acquire) {
             return self.state.lock().parked.bytes();
         }
-        let sets = self.state.lock().parked.sets();
+        let sets = {
+            let _round = self.destaging.lock();
+            if !self.any_parked.load(Ordering::Acquire) {
+                return 0;
+            }
+            self.state.lock().parked.sets()
+        };
         for set in sets {
             if let Err(e) = self.settle_parked_set(set) {
                 warn!(pool = %self.pool.name(), set, error = %e, "the writes parked for a slab set cannot be written to it yet; tried again later");
