@@ -406,23 +406,40 @@ impl Layouts {
             },
         )?;
         let lost_at = self.pool.lost_at(position);
-        for (set, slab) in held {
-            self.held_as_is.write().insert(slab);
+        // What the members taken as held changed, to be undone if the disk is refused.
+        let (mut newly_held, mut since_before) = (Vec::new(), HashMap::new());
+        for &(set, slab) in &held {
+            if self.held_as_is.write().insert(slab) {
+                newly_held.push(slab);
+            }
             let mut since = self.held_since.write();
+            since_before.entry(set).or_insert_with(|| since.get(&set).copied());
             let at = since.entry(set).or_default();
             *at = (*at).max(lost_at);
         }
         {
             let _turn = self.marking.lock();
-            if self.missed.read().iter().any(|s| s.disk == position) {
-                self.pool.set_resync_pending(true)?;
-            }
-            if let Err(e) = self.pool.bring_back(position, dev) {
-                // Refused (an older copy, say): the flag says what the records say again.
+            let refused = match self.missed.read().iter().any(|s| s.disk == position) {
+                true => self.pool.set_resync_pending(true).err(),
+                false => None,
+            };
+            let refused = match refused {
+                Some(e) => Some(e),
+                None => self.pool.bring_back(position, dev).err(),
+            };
+            if let Some(e) = refused {
+                // Refused (an older copy, another disk in its place, say): the flag says
+                // what the records say again, and the members taken as held are stale
+                // again, judged anew at the disk's next return, or recorded with their sets
+                // if it is given up (`record_stale_of_given_up`). Left taken as held, they
+                // would count as current copies with the disk still away, and a copy on
+                // another disk, stale after the same error, would then wait for them for
+                // good rather than be taken as its disk holds it.
                 let pending = stale_present(&self.pool, &self.missed.read());
                 if let Err(w) = self.pool.set_resync_pending(pending) {
                     warn!(pool = %self.pool.name(), error = %w, "cannot write the disk labels; they still say members await a resync");
                 }
+                self.unhold(position, &held, &newly_held, since_before);
                 return Err(e.into());
             }
         }
@@ -434,6 +451,39 @@ impl Layouts {
             warn!(pool = %self.pool.name(), error = %e, "the disk is back, but the checkpoint after it failed; the next write or flush tries again");
         }
         Ok(())
+    }
+
+    /// Undoes the taking as held of `held`, members of the disk at `position`, which was then
+    /// refused: `newly` left `held_as_is`, `held_since` as it was before, and the slabs back
+    /// on the disk's list of those an I/O error may have left stale.
+    fn unhold(
+        &self,
+        position: u32,
+        held: &[(u32, SlabRef)],
+        newly: &[SlabRef],
+        since_before: HashMap<u32, Option<u64>>,
+    ) {
+        {
+            let mut as_is = self.held_as_is.write();
+            for s in newly {
+                as_is.remove(s);
+            }
+        }
+        {
+            let mut since = self.held_since.write();
+            for (set, before) in since_before {
+                match before {
+                    Some(at) => since.insert(set, at),
+                    None => since.remove(&set),
+                };
+            }
+        }
+        let slabs: Vec<u32> = held.iter().map(|(_, s)| s.slab).collect();
+        if let Err(e) = self.pool.restore_stale_slabs(position, &slabs) {
+            // Then they stay taken as held (as a crash here would leave them): a copy
+            // elsewhere may wait for them, unreadable, rather than be taken as held.
+            warn!(pool = %self.pool.name(), disk = position, error = %e, "cannot record again the slabs an I/O error may have left stale on a disk that was refused");
+        }
     }
 
     /// Before a disk an I/O error took out is given up (`disk fail`): the slabs it may lack

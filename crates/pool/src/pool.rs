@@ -938,6 +938,30 @@ impl Pool {
         self.save_config(&config)
     }
 
+    /// The layout layer recorded the disk's stale slabs, then the disk was refused
+    /// ([`bring_back`](Self::bring_back)): `slabs`, those it took as the disk holds them
+    /// rather than record, are on the list again, for its next return or its giving up.
+    pub fn restore_stale_slabs(&self, position: u32, slabs: &[u32]) -> Result<()> {
+        let _saving = self.saving.lock();
+        let mut inner = self.inner.write();
+        let Some(disk) = inner.config.disks.get_mut(position as usize) else {
+            return Ok(());
+        };
+        let before = disk.stale_slabs.len();
+        for &slab in slabs {
+            if !disk.stale_slabs.contains(&slab) {
+                disk.stale_slabs.push(slab);
+            }
+        }
+        if disk.stale_slabs.len() == before {
+            return Ok(());
+        }
+        disk.stale_slabs.sort_unstable();
+        let config = inner.config.clone();
+        drop(inner);
+        self.save_config(&config)
+    }
+
     /// Takes back, while the pool runs, a data disk that was missing when the pool was
     /// imported, or that an I/O error took out ([`lose_disk`](Self::lose_disk)), and may
     /// come back (`may_return`), now opened as `dev`, as an import that found it would: its

@@ -1041,7 +1041,12 @@ fn a_mirror_whose_copies_an_error_took_out_in_turn_takes_back_the_last_as_its_di
 /// resynced from it; if one never comes back (`disk fail`), the other is taken as its disk
 /// holds it. Before, those slabs waited for a copy that could not hold more, and stayed
 /// unreadable for good when it was given up.
-fn a_mirror_blinked_whole_comes_back(give_up_disk_0: bool, restart: bool) {
+///
+/// With `refused_first`, disk 0's first `disk online` names the wrong disk (disk 1's) and is
+/// refused after its stale slabs were judged: they are stale again, as before the attempt.
+/// Before, they stayed taken as held, current copies on a disk still away, so that once disk
+/// 0 was given up, disk 1's copies waited for them for good, unreadable.
+fn a_mirror_blinked_whole_comes_back(give_up_disk_0: bool, restart: bool, refused_first: bool) {
     let (mut rig, mut data, supplies, media) = mirror_with_caches_on_both();
     let old = data.clone();
     let blocks_written: Vec<usize> = vec![4, 12, 20];
@@ -1065,6 +1070,15 @@ fn a_mirror_blinked_whole_comes_back(give_up_disk_0: bool, restart: bool) {
         assert_eq!((state(&rig, 0), state(&rig, 1)), (DiskState::Failed, DiskState::Failed));
     }
     let back1 = powered_again(&media[1]);
+    if refused_first {
+        let err = rig
+            .engine()
+            .bring_back_disk("mem0", powered_again(&media[1]) as DiskRef)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("a different disk"), "{err}");
+        assert_eq!((state(&rig, 0), state(&rig, 1)), (DiskState::Failed, DiskState::Failed));
+    }
     if give_up_disk_0 {
         rig.engine().fail_disk("mem0").unwrap();
         rig.engine().bring_back_disk("mem1", back1.clone() as DiskRef).unwrap();
@@ -1120,22 +1134,32 @@ fn a_mirror_blinked_whole_comes_back(give_up_disk_0: bool, restart: bool) {
 
 #[test]
 fn a_mirror_blinked_whole_takes_back_the_first_copy_back_as_its_disk_holds_it() {
-    a_mirror_blinked_whole_comes_back(false, false);
+    a_mirror_blinked_whole_comes_back(false, false, false);
 }
 
 #[test]
 fn a_mirror_blinked_whole_with_one_copy_given_up_takes_back_the_other_as_its_disk_holds_it() {
-    a_mirror_blinked_whole_comes_back(true, false);
+    a_mirror_blinked_whole_comes_back(true, false, false);
 }
 
 #[test]
 fn a_mirror_blinked_whole_takes_back_the_first_copy_back_as_its_disk_holds_it_after_a_restart() {
-    a_mirror_blinked_whole_comes_back(false, true);
+    a_mirror_blinked_whole_comes_back(false, true, false);
 }
 
 #[test]
 fn a_mirror_blinked_whole_with_one_copy_given_up_takes_back_the_other_after_a_restart() {
-    a_mirror_blinked_whole_comes_back(true, true);
+    a_mirror_blinked_whole_comes_back(true, true, false);
+}
+
+#[test]
+fn a_mirror_blinked_whole_takes_back_the_first_copy_back_after_the_wrong_disk_was_refused_in_its_place() {
+    a_mirror_blinked_whole_comes_back(false, false, true);
+}
+
+#[test]
+fn a_mirror_blinked_whole_with_one_copy_refused_then_given_up_takes_back_the_other_as_its_disk_holds_it() {
+    a_mirror_blinked_whole_comes_back(true, false, true);
 }
 
 /// An import that opens none of the pool's disks fails, naming why (a wrong path, an
