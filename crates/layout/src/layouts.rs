@@ -123,8 +123,9 @@ pub struct Layouts {
     any_missed: AtomicBool,
     /// Members taken back as their disk held them after an I/O error took it out (those of
     /// sets without redundancy, and mirror copies no other copy could resync:
-    /// `record_stale_slabs`), since the pool was opened: their checksum mismatches are not
-    /// counted against the disk (`count_against_disk`).
+    /// `record_stale_slabs`), recorded with their sets (`SlabSetDesc::held`) so that a
+    /// restart knows them too: their checksum mismatches are not counted against the disk
+    /// (`count_against_disk`).
     held_as_is: RwLock<HashSet<SlabRef>>,
     /// The sets with a member taken as its disk held it since the pool was opened, with the
     /// pool's count of losses (`Pool::lost_at`) of the latest disk whose loss it was: a
@@ -169,6 +170,9 @@ impl Layouts {
         // disk holds it would be decided by the disks' order, not by which comes back first.
         // A disk on the list that is open (none should be) is recorded.
         let held = record_stale_slabs(&pool, &registry, |d| pool.readable_disk(d).is_some(), |_| {})?;
+        record_held(&pool, &registry, &held);
+        // Members taken as held since they were, at this open or an earlier one.
+        let held: HashSet<SlabRef> = registry.all().iter().flat_map(|s| s.held.lock().clone()).collect();
         let live: HashSet<SlabRef> = registry.all().iter().flat_map(|s| s.members.read().clone()).collect();
         journal.sums.keep_only(&live)?;
         let missed: HashSet<SlabRef> = registry.all().iter().flat_map(|s| s.missed.lock().clone()).collect();
@@ -197,7 +201,7 @@ impl Layouts {
             missed: RwLock::new(missed),
             marking: Mutex::new(()),
             rebuilding: Mutex::new(HashSet::new()),
-            held_as_is: RwLock::new(held.into_iter().map(|(_, s)| s).collect()),
+            held_as_is: RwLock::new(held),
             held_since: RwLock::new(HashMap::new()),
             returning: Mutex::new(()),
         };
@@ -443,6 +447,7 @@ impl Layouts {
                 return Err(e.into());
             }
         }
+        record_held(&self.pool, &self.registry, &held);
         // The regions a crash left unsynced that waited for it are settled with it now, as
         // the import's replay would settle them, and the journal checkpointed; if that
         // fails, the next write or flush checkpoints, and the disk is back either way.
@@ -1259,6 +1264,22 @@ fn record_stale_slabs(
         pool.forget_stale_slabs(disk)?;
     }
     Ok(held)
+}
+
+/// Records with their sets the members `held` taken as their disk holds them, so that a
+/// restart still knows their checksum mismatches are not rot (`count_against_disk`). A
+/// failure is said and left: the members stay taken as held while the pool runs, and only
+/// the counting after a restart is lost.
+fn record_held(pool: &Pool, registry: &Registry, held: &[(u32, SlabRef)]) {
+    let mut by_set: BTreeMap<u32, Vec<SlabRef>> = BTreeMap::new();
+    for &(set, slab) in held {
+        by_set.entry(set).or_default().push(slab);
+    }
+    for (set, slabs) in by_set {
+        if let Err(e) = registry.add_held(pool, set, &slabs) {
+            warn!(pool = %pool.name(), set, error = %e, "cannot record the members taken as their disk holds them; after a restart, their blocks the disk's cache lost count against it as checksum errors");
+        }
+    }
 }
 
 /// Whether member `m` of a set, which an I/O error may have left stale (written since its

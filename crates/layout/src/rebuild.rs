@@ -308,11 +308,14 @@ impl Layouts {
                 members[m] = new;
                 let mut missed = set.missed.lock();
                 let kept: Vec<_> = missed.iter().copied().filter(|s| *s != old).collect();
+                let mut held = set.held.lock();
+                let held_kept: Vec<_> = held.iter().copied().filter(|s| *s != old).collect();
                 let desc = crate::slabset::SlabSetDesc {
                     id: set.id,
                     spec: set.spec,
                     members: members.clone(),
                     missed: kept.clone(),
+                    held: held_kept.clone(),
                 };
                 if let Err(e) = Registry::persist(&self.pool, &desc) {
                     members[m] = old;
@@ -321,7 +324,8 @@ impl Layouts {
                     return Err(e);
                 }
                 *missed = kept;
-                drop(missed);
+                *held = held_kept;
+                drop((missed, held));
                 self.forget_missed(&[old]);
                 *set.replacement.write() = None;
                 // Update records written while the set was degraded must not outlive it:

@@ -22,6 +22,12 @@ pub struct SlabSetDesc {
     /// such write reaches any disk.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub missed: Vec<SlabRef>,
+    /// Members taken back as their disk held them after an I/O error took it out (nothing
+    /// could resync them: `record_stale_slabs`): their blocks the disk's volatile cache lost
+    /// read as checksum mismatches until written again, which are not counted against the
+    /// disk, after a restart as before it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub held: Vec<SlabRef>,
 }
 
 pub struct SlabSet {
@@ -37,6 +43,8 @@ pub struct SlabSet {
     /// What the descriptor's `missed` holds (see [`SlabSetDesc::missed`]); changed with the
     /// descriptor saved first.
     pub(crate) missed: parking_lot::Mutex<Vec<SlabRef>>,
+    /// What the descriptor's `held` holds (see [`SlabSetDesc::held`]).
+    pub(crate) held: parking_lot::Mutex<Vec<SlabRef>>,
 }
 
 /// A set's members held shared, owned, for as long as reads planned against them are in
@@ -56,6 +64,7 @@ impl SlabSet {
             spec: self.spec,
             members: self.members.read().clone(),
             missed: self.missed.lock().clone(),
+            held: self.held.lock().clone(),
         }
     }
 }
@@ -116,6 +125,7 @@ impl Registry {
             }
             max_id = max_id.max(d.id);
             let missed = d.missed.into_iter().filter(|s| d.members.contains(s)).collect();
+            let held = d.held.into_iter().filter(|s| d.members.contains(s)).collect();
             sets.insert(
                 d.id,
                 Arc::new(SlabSet {
@@ -124,6 +134,7 @@ impl Registry {
                     members: Arc::new(RwLock::new(d.members)),
                     replacement: RwLock::new(None),
                     missed: parking_lot::Mutex::new(missed),
+                    held: parking_lot::Mutex::new(held),
                 }),
             );
             Ok(())
@@ -171,6 +182,7 @@ impl Registry {
             spec,
             members: members.clone(),
             missed: Vec::new(),
+            held: Vec::new(),
         };
         if let Err(e) = Self::persist(pool, &desc) {
             for s in members {
@@ -184,6 +196,7 @@ impl Registry {
             members: Arc::new(RwLock::new(members)),
             replacement: RwLock::new(None),
             missed: parking_lot::Mutex::new(Vec::new()),
+            held: parking_lot::Mutex::new(Vec::new()),
         });
         self.sets.write().insert(id, set.clone());
         Ok(set)
@@ -214,6 +227,7 @@ impl Registry {
             spec: set.spec,
             members: members.clone(),
             missed: missed.clone(),
+            held: set.held.lock().clone(),
         };
         Self::persist_with(pool, &desc, also)?;
         Ok(true)
@@ -248,6 +262,7 @@ impl Registry {
                 spec: set.spec,
                 members: members.to_vec(),
                 missed: all.clone(),
+                held: set.held.lock().clone(),
             },
         )?;
         *missed = all;
@@ -276,6 +291,41 @@ impl Registry {
             recorded(&new);
         }
         Ok(new)
+    }
+
+    /// Records durably, as members of set `id` taken as their disk holds them, those of
+    /// `slabs` that are its members and not recorded yet, unless the set is gone.
+    pub fn add_held(&self, pool: &Pool, id: u32, slabs: &[SlabRef]) -> Result<()> {
+        let _records = self.records.lock();
+        let Some(set) = self.sets.read().get(&id).cloned() else {
+            return Ok(());
+        };
+        let members = set.members.read();
+        // `missed` before `held`, as everywhere (a writer's record takes them so).
+        let missed = set.missed.lock();
+        let mut held = set.held.lock();
+        let new: Vec<SlabRef> = slabs
+            .iter()
+            .filter(|s| members.contains(s) && !held.contains(s))
+            .copied()
+            .collect();
+        if new.is_empty() {
+            return Ok(());
+        }
+        let mut all = held.clone();
+        all.extend(new);
+        Self::persist(
+            pool,
+            &SlabSetDesc {
+                id,
+                spec: set.spec,
+                members: members.clone(),
+                missed: missed.clone(),
+                held: all.clone(),
+            },
+        )?;
+        *held = all;
+        Ok(())
     }
 }
 

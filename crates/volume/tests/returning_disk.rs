@@ -814,6 +814,16 @@ fn a_simple_vdisk_takes_back_what_the_disk_holds(crash: bool) {
         // sound disk as failing): its cache lost them, its medium did not rot.
         let errors = rig.engine().layouts().disk_errors();
         assert_eq!(errors.get(&1).map_or(0, |e| e.checksum), 0, "{errors:?}");
+        // Nor after a restart: the set's record keeps which members were taken so.
+        rig.reopen();
+        let again = sort_blocks(&rig, &data, &old, &blocks_written);
+        assert_eq!((&again.0, &again.1), (&new, &refused), "after a restart");
+        let errors = rig.engine().layouts().disk_errors();
+        assert_eq!(
+            errors.get(&1).map_or(0, |e| e.checksum),
+            0,
+            "after a restart: {errors:?}"
+        );
     }
     // Written again, every block reads again; so does everything after a restart.
     for b in blocks_written {
