@@ -68,6 +68,34 @@ struct PoolWatch {
 }
 
 impl PoolWatch {
+    /// How long each disk of `out` (out of service) that waits to come back as it was
+    /// (missing, or taken out by an I/O error) has been seen waiting: by this run since it
+    /// first saw it so, and by earlier runs (`saved`). The others are not timed: one failed
+    /// for good is repaired at once, a retired one is the administrator's. So a disk they
+    /// retired that an I/O error then takes out waits the whole delay from the error, as any
+    /// other; before, the time it had spent retired counted, and it was rebuilt at once.
+    fn time_out(
+        &mut self,
+        out: &[&DiskInfo],
+        now: Instant,
+        saved: impl Fn(&str) -> Duration,
+    ) -> BTreeMap<String, Duration> {
+        let waiting: Vec<String> = out
+            .iter()
+            .filter(|d| d.state == DiskState::Missing || d.may_come_back())
+            .map(|d| d.id.to_string())
+            .collect();
+        self.out_since.retain(|id, _| waiting.contains(id));
+        for id in waiting {
+            let before = saved(&id);
+            self.out_since.entry(id).or_insert((now, before));
+        }
+        self.out_since
+            .iter()
+            .map(|(id, (first, before))| (id.clone(), *before + now.duration_since(*first)))
+            .collect()
+    }
+
     /// When the last repair of the kind failed, and why: a resync of stale members alone, or
     /// a whole repair.
     fn failed_of(&mut self, resync: bool) -> &mut Option<(Instant, String)> {
@@ -277,26 +305,14 @@ impl Daemon {
             .iter()
             .filter(|d| !matches!(d.info.state, DiskState::Healthy | DiskState::Spare))
             .collect();
-        w.out_since
-            .retain(|id, _| out.iter().any(|d| d.info.id.to_string() == *id));
         if counts.moves + counts.stale == 0 {
             w.out_since.clear();
             self.auto_repair.keep_out_for(name, &BTreeMap::new());
             w.status = None;
             return;
         }
-        for d in &out {
-            let id = d.info.id.to_string();
-            if !w.out_since.contains_key(&id) {
-                let before = self.auto_repair.saved_out_for(name, &id);
-                w.out_since.insert(id, (now, before));
-            }
-        }
-        let out_for: BTreeMap<String, Duration> = w
-            .out_since
-            .iter()
-            .map(|(id, (first, before))| (id.clone(), *before + now.duration_since(*first)))
-            .collect();
+        let infos: Vec<&DiskInfo> = out.iter().map(|d| &d.info).collect();
+        let out_for = w.time_out(&infos, now, |id| self.auto_repair.saved_out_for(name, id));
         self.auto_repair.keep_out_for(name, &out_for);
         // A repair the administrator started does the work.
         if self.jobs.running("repair", name).is_some() {
@@ -510,6 +526,34 @@ mod tests {
         for state in [DiskState::Healthy, DiskState::Spare] {
             assert_eq!(disk_call(&disk(state, false), DELAY, DELAY, None), DiskCall::Nothing);
         }
+    }
+
+    #[test]
+    fn a_retired_disk_an_error_takes_out_waits_the_whole_delay_from_the_error() {
+        let mut w = PoolWatch::default();
+        let t0 = Instant::now();
+        let retired = disk(DiskState::Retired, false);
+        let id = retired.id.to_string();
+        // Retired for longer than the delay: not timed (the administrator's to empty).
+        assert!(w.time_out(&[&retired], t0, |_| Duration::ZERO).is_empty());
+        let later = t0 + 2 * DELAY;
+        assert!(w.time_out(&[&retired], later, |_| Duration::ZERO).is_empty());
+        // Then an I/O error takes it out: it may come back as it was, and waits from now.
+        let mut out = disk(DiskState::Failed, true);
+        out.id = retired.id;
+        let out_for = w.time_out(&[&out], later, |_| Duration::ZERO);
+        assert_eq!(out_for.get(&id), Some(&Duration::ZERO));
+        assert!(matches!(disk_call(&out, out_for[&id], DELAY, None), DiskCall::Wait(left, _) if left == DELAY));
+        let out_for = w.time_out(&[&out], later + DELAY / 2, |_| Duration::ZERO);
+        assert_eq!(out_for[&id], DELAY / 2);
+        // A missing disk counts what earlier runs saw too, and one failed for good is not timed.
+        let missing = disk(DiskState::Missing, false);
+        let mut gone = disk(DiskState::Failed, false);
+        gone.id = uuid::Uuid::from_u128(2);
+        let mut w = PoolWatch::default();
+        let out_for = w.time_out(&[&missing, &gone], t0, |_| Duration::from_secs(60));
+        assert_eq!(out_for.len(), 1);
+        assert_eq!(out_for[&missing.id.to_string()], Duration::from_secs(60));
     }
 
     #[test]
