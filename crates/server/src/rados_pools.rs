@@ -184,6 +184,21 @@ mod real {
     /// monitor gone away).
     const CLUSTER_TIMEOUT: &str = "30";
 
+    /// A connection to a pool's cluster made when first needed, and only once.
+    #[derive(Default)]
+    struct Link(Option<Arc<Cluster>>);
+
+    impl Link {
+        fn cluster(&mut self, placement: &Placement, paths: &DataPaths) -> Result<Arc<Cluster>, String> {
+            if let Some(c) = &self.0 {
+                return Ok(c.clone());
+            }
+            let c = connect(placement, paths)?;
+            self.0 = Some(c.clone());
+            Ok(c)
+        }
+    }
+
     /// Connects to the cluster of `placement`. A configuration file other than the system's
     /// was named through the API: it is read through the file `paths` found and checked (no
     /// link swapped in between leads elsewhere), at every connection, so that a change of
@@ -524,12 +539,12 @@ mod real {
         }
 
         /// Where pool `name` lives, as the gateways record it: the cluster's id and the RADOS
-        /// pool's (`FSID/ID`), learned once through a connection of its own.
-        fn place_of(&self, name: &str, placement: &Placement) -> Result<String, String> {
+        /// pool's (`FSID/ID`), learned once.
+        fn place_of(&self, name: &str, placement: &Placement, link: &mut Link) -> Result<String, String> {
             if let Some(p) = self.places.lock().expect("not poisoned").get(name) {
                 return Ok(p.clone());
             }
-            let cluster = connect(placement, &self.paths)?;
+            let cluster = link.cluster(placement, &self.paths)?;
             let (fsid, id) = Cluster::shared_pool(&cluster, &placement.rados_pool)
                 .and_then(|p| p.identity())
                 .map_err(|e| format!("cannot open the RADOS pool '{}': {e}", placement.rados_pool))?;
@@ -542,8 +557,8 @@ mod real {
         }
 
         /// Whether the metadata of a pool `name` is where `placement` says.
-        fn pool_is_at(&self, name: &str, placement: &Placement) -> Result<bool, String> {
-            let cluster = connect(placement, &self.paths)?;
+        fn pool_is_at(&self, name: &str, placement: &Placement, link: &mut Link) -> Result<bool, String> {
+            let cluster = link.cluster(placement, &self.paths)?;
             let pool = Cluster::shared_pool(&cluster, &placement.rados_pool)
                 .map_err(|e| format!("cannot open the RADOS pool '{}': {e}", placement.rados_pool))?;
             metadata_is_there(&pool, name)
@@ -559,7 +574,13 @@ mod real {
         /// afresh at every attempt, never from memory: a record removed and claimed by
         /// another place since is seen.
         pub fn check_place(&self, name: &str, placement: &Placement) -> Result<(), String> {
-            let place = self.place_of(name, placement)?;
+            self.check_place_through(name, placement, &mut Link::default())
+        }
+
+        /// [`check_place`](Self::check_place), through `link`'s connection to the cluster if
+        /// one is needed.
+        fn check_place_through(&self, name: &str, placement: &Placement, link: &mut Link) -> Result<(), String> {
+            let place = self.place_of(name, placement, link)?;
             let key = owner_key(name);
             let recorded = match self.with_gateway(async |g| {
                 g.place(&key)
@@ -567,7 +588,7 @@ mod real {
                     .map_err(|e| format!("cannot learn where pool {name} lives: {e}"))
             })? {
                 Some(r) => r,
-                None if !self.pool_is_at(name, placement)? => return Ok(()),
+                None if !self.pool_is_at(name, placement, link)? => return Ok(()),
                 None => self.with_gateway(async |g| {
                     g.claim_place(&key, &place)
                         .await
@@ -581,7 +602,7 @@ mod real {
         /// refused if a pool of that name is recorded elsewhere. A create that fails takes
         /// the record back (`forget_place`).
         pub fn claim_place(&self, name: &str, placement: &Placement) -> Result<(), String> {
-            let place = self.place_of(name, placement)?;
+            let place = self.place_of(name, placement, &mut Link::default())?;
             let recorded = self.with_gateway(async |g| {
                 g.claim_place(&owner_key(name), &place)
                     .await
@@ -630,9 +651,11 @@ mod real {
             if let Some(o) = self.other_owner(name)? {
                 return Ok(Taking::Elsewhere(o));
             }
-            self.check_place(name, placement)?;
             let started = std::time::Instant::now();
-            let cluster = connect(placement, &self.paths)?;
+            // One connection for the place's check (the first time) and the taking.
+            let mut link = Link::default();
+            self.check_place_through(name, placement, &mut link)?;
+            let cluster = link.cluster(placement, &self.paths)?;
             // The RADOS pool must exist before anyone takes anything in it.
             let pool = Cluster::shared_pool(&cluster, &placement.rados_pool)
                 .map_err(|e| format!("cannot open the RADOS pool '{}': {e}", placement.rados_pool))?;
