@@ -126,7 +126,7 @@ pub struct Layouts {
     /// `record_stale_slabs`), recorded with their sets (`SlabSetDesc::held`) so that a
     /// restart knows them too: their checksum mismatches are not counted against the disk
     /// (`count_against_disk`).
-    held_as_is: RwLock<HashSet<SlabRef>>,
+    pub(crate) held_as_is: RwLock<HashSet<SlabRef>>,
     /// The sets with a member taken as its disk held it since the pool was opened, with the
     /// pool's count of losses (`Pool::lost_at`) of the latest disk whose loss it was: a
     /// writer that noted the count before that loss may have lost its writes with that
@@ -400,6 +400,9 @@ impl Layouts {
         // What an I/O error may have left stale on it, recorded while it is still away
         // (outside `marking`, which a writer takes while it holds a set's members).
         let _returning = self.returning.lock();
+        // Refused before anything is recorded where it can be (another disk in its place, an
+        // older copy): a crash after a refusal then leaves nothing to undo.
+        self.pool.may_bring_back(position, &dev)?;
         let held = record_stale_slabs(
             &self.pool,
             &self.registry,
@@ -423,7 +426,8 @@ impl Layouts {
         }
         {
             let _turn = self.marking.lock();
-            let refused = match self.missed.read().iter().any(|s| s.disk == position) {
+            let misses = self.missed.read().iter().any(|s| s.disk == position);
+            let refused = match misses {
                 true => self.pool.set_resync_pending(true).err(),
                 false => None,
             };
@@ -477,6 +481,11 @@ impl Layouts {
         {
             let mut since = self.held_since.write();
             for (set, before) in since_before {
+                // A set freed meanwhile took its entry with it.
+                if self.registry.get(set).is_err() {
+                    since.remove(&set);
+                    continue;
+                }
                 match before {
                     Some(at) => since.insert(set, at),
                     None => since.remove(&set),

@@ -326,6 +326,11 @@ impl Layouts {
                 *missed = kept;
                 *held = held_kept;
                 drop((missed, held));
+                // Resynced where it is, it is a copy of what the others hold, no longer taken
+                // as its disk held it (moved, `give_back` forgets it).
+                if in_place {
+                    self.held_as_is.write().remove(&old);
+                }
                 self.forget_missed(&[old]);
                 *set.replacement.write() = None;
                 // Update records written while the set was degraded must not outlive it:

@@ -962,17 +962,19 @@ impl Pool {
         self.save_config(&config)
     }
 
-    /// Takes back, while the pool runs, a data disk that was missing when the pool was
-    /// imported, or that an I/O error took out ([`lose_disk`](Self::lose_disk)), and may
-    /// come back (`may_return`), now opened as `dev`, as an import that found it would: its
-    /// label must name this pool's disk, of the generation it had when it went away or
-    /// later (an older copy is refused), and it takes back the state it had. Which of its
-    /// slabs missed writes meanwhile is in the slab sets' records (the layout layer, which
-    /// says so in the labels first, and records the disk's stale slabs before this). Its
-    /// label is written at the pool's generation before the configuration says it is back:
-    /// a crash between the two finds it away, and back, at the next import.
-    pub fn bring_back(&self, position: u32, dev: DiskRef) -> Result<()> {
-        let _saving = self.saving.lock();
+    /// Whether `dev` may be taken back in the place of the disk at `position`
+    /// ([`bring_back`](Self::bring_back), whose checks this makes, reading its label), but
+    /// for its stale slabs: the layout layer records those once this says yes, then brings
+    /// it back. Asked first, a disk refused (another in its place, an older copy) leaves
+    /// nothing recorded.
+    pub fn may_bring_back(&self, position: u32, dev: &DiskRef) -> Result<()> {
+        self.check_return(position, dev, false).map(|_| ())
+    }
+
+    /// The checks of [`bring_back`](Self::bring_back): the pool's configuration, the disk's
+    /// record and the state it returns to, or why it is refused; with `recorded`, its stale
+    /// slabs must have been recorded.
+    fn check_return(&self, position: u32, dev: &DiskRef, recorded: bool) -> Result<(PoolConfig, DiskInfo, DiskState)> {
         let (config, info) = {
             let inner = self.inner.read();
             let info = inner
@@ -1002,7 +1004,7 @@ impl Pool {
         if !matches!(info.state, DiskState::Missing | DiskState::Failed) {
             return refuse(format!("is not missing (it is {})", info.state.as_str()));
         }
-        if !info.stale_slabs.is_empty() {
+        if recorded && !info.stale_slabs.is_empty() {
             return refuse("has slabs an I/O error may have left stale that are not recorded yet".into());
         }
         if info.usage != DiskUsage::Data {
@@ -1028,6 +1030,21 @@ impl Pool {
         if dev.size() < info.size {
             return refuse(format!("shrank from {} to {} bytes", info.size, dev.size()));
         }
+        Ok((config, info, state))
+    }
+
+    /// Takes back, while the pool runs, a data disk that was missing when the pool was
+    /// imported, or that an I/O error took out ([`lose_disk`](Self::lose_disk)), and may
+    /// come back (`may_return`), now opened as `dev`, as an import that found it would: its
+    /// label must name this pool's disk, of the generation it had when it went away or
+    /// later (an older copy is refused), and it takes back the state it had. Which of its
+    /// slabs missed writes meanwhile is in the slab sets' records (the layout layer, which
+    /// says so in the labels first, and records the disk's stale slabs before this). Its
+    /// label is written at the pool's generation before the configuration says it is back:
+    /// a crash between the two finds it away, and back, at the next import.
+    pub fn bring_back(&self, position: u32, dev: DiskRef) -> Result<()> {
+        let _saving = self.saving.lock();
+        let (config, info, state) = self.check_return(position, &dev, true)?;
         rewrite_label(
             dev.as_ref(),
             &label_for(&config, &info, false, self.resync_pending.load(Ordering::SeqCst)),

@@ -1052,10 +1052,12 @@ fn a_mirror_whose_copies_an_error_took_out_in_turn_takes_back_the_last_as_its_di
 /// holds it. Before, those slabs waited for a copy that could not hold more, and stayed
 /// unreadable for good when it was given up.
 ///
-/// With `refused_first`, disk 0's first `disk online` names the wrong disk (disk 1's) and is
-/// refused after its stale slabs were judged: they are stale again, as before the attempt.
-/// Before, they stayed taken as held, current copies on a disk still away, so that once disk
-/// 0 was given up, disk 1's copies waited for them for good, unreadable.
+/// With `refused_first`, disk 0's first `disk online` names the wrong disk (disk 1's), which
+/// is refused before anything is recorded; the second names the right one, whose label
+/// cannot be written, and is refused after its stale slabs were judged: they are stale again,
+/// as before the attempt. Before, they stayed taken as held, current copies on a disk still
+/// away, so that once disk 0 was given up, disk 1's copies waited for them for good,
+/// unreadable.
 fn a_mirror_blinked_whole_comes_back(give_up_disk_0: bool, restart: bool, refused_first: bool) {
     let (mut rig, mut data, supplies, media) = mirror_with_caches_on_both();
     let old = data.clone();
@@ -1087,6 +1089,11 @@ fn a_mirror_blinked_whole_comes_back(give_up_disk_0: bool, restart: bool, refuse
             .unwrap_err()
             .to_string();
         assert!(err.contains("a different disk"), "{err}");
+        // Then the right one, whose label cannot be written: refused after its stale slabs
+        // were judged, which are stale again.
+        let stuck = powered_again(&media[0]);
+        stuck.faults().fail_range(0, 4096, tessera_disk::FaultOp::Write);
+        rig.engine().bring_back_disk("mem0", stuck as DiskRef).unwrap_err();
         assert_eq!((state(&rig, 0), state(&rig, 1)), (DiskState::Failed, DiskState::Failed));
     }
     if give_up_disk_0 {
@@ -1163,7 +1170,7 @@ fn a_mirror_blinked_whole_with_one_copy_given_up_takes_back_the_other_after_a_re
 }
 
 #[test]
-fn a_mirror_blinked_whole_takes_back_the_first_copy_back_after_the_wrong_disk_was_refused_in_its_place() {
+fn a_mirror_blinked_whole_takes_back_the_first_copy_back_after_the_wrong_disk_and_a_failed_label_write() {
     a_mirror_blinked_whole_comes_back(false, false, true);
 }
 

@@ -1501,7 +1501,7 @@ fn a_disk_back_or_given_up_while_a_destage_round_parks_its_writes_settles_them_a
         rig.disks[at].faults().pull();
         // The log's disks slow: the round reads the writes from them to write them, and again
         // to park them, each read a while after the last.
-        let slow = Duration::from_millis(600);
+        let slow = Duration::from_millis(1000);
         let log: Vec<usize> = (0..rig.disks.len())
             .filter(|&i| rig.engine().pool().disks()[i].info.usage == tessera_volume::DiskUsage::Cache)
             .collect();
