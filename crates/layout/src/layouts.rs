@@ -127,6 +127,9 @@ pub struct Layouts {
     /// restart knows them too: their checksum mismatches are not counted against the disk
     /// (`count_against_disk`).
     pub(crate) held_as_is: RwLock<HashSet<SlabRef>>,
+    /// Members taken as held that a scrub is going through, by set and slab, with the next
+    /// row it must find them clean in (`follow_held`, scrub.rs).
+    pub(crate) held_passes: Mutex<HashMap<(u32, SlabRef), u64>>,
     /// The sets with a member taken as its disk held it since the pool was opened, with the
     /// pool's count of losses (`Pool::lost_at`) of the latest disk whose loss it was: a
     /// writer that noted the count before that loss may have lost its writes with that
@@ -202,6 +205,7 @@ impl Layouts {
             marking: Mutex::new(()),
             rebuilding: Mutex::new(HashSet::new()),
             held_as_is: RwLock::new(held),
+            held_passes: Mutex::new(HashMap::new()),
             held_since: RwLock::new(HashMap::new()),
             returning: Mutex::new(()),
         };

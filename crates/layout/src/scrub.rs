@@ -18,6 +18,7 @@ use crate::geometry::{data_members, parity_members};
 use crate::layouts::{Layouts, MemberFault};
 use crate::slabset::SlabSet;
 use crate::sums::{block_sum, sums_of, BLOCK};
+use tracing::{info, warn};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Mismatch {
@@ -117,16 +118,82 @@ impl Layouts {
     /// Scrubs rows `rows` of a set, repairing what it can if `repair`.
     pub fn scrub_rows(&self, set: &SlabSet, rows: std::ops::Range<u64>, repair: bool) -> Result<ScrubTally> {
         let mut tally = ScrubTally::default();
-        let members = set.members.read();
-        for row in rows {
-            if self.unavailable(&members) > 0 {
-                tally.skipped_rows += 1;
-                continue;
+        let held = set.held.lock().clone();
+        let mut clean = Vec::new();
+        {
+            let members = set.members.read();
+            for row in rows {
+                let seen = if self.unavailable(&members) > 0 {
+                    tally.skipped_rows += 1;
+                    None
+                } else {
+                    let _g = self.row_lock(set.id, row).write();
+                    self.scrub_row(set, &members, row, repair, &mut tally)
+                };
+                if !held.is_empty() {
+                    clean.extend(self.follow_held(set, &members, &held, row, seen.as_deref()));
+                }
             }
-            let _g = self.row_lock(set.id, row).write();
-            self.scrub_row(set, &members, row, repair, &mut tally);
+        }
+        // Out of the members' lock, which the record takes again.
+        for slab in clean {
+            self.no_longer_held(set, slab);
         }
         Ok(tally)
+    }
+
+    /// Follows, row by row from the first, the members of `set` taken as their disk held
+    /// them (`held`) through a pass of a scrub: `seen` says which members had a block that
+    /// failed in `row` (None: the row was skipped). Returns those a pass found clean in
+    /// every row: the blocks their disk's cache lost were written again since.
+    fn follow_held(
+        &self,
+        set: &SlabSet,
+        members: &[SlabRef],
+        held: &[SlabRef],
+        row: u64,
+        seen: Option<&[bool]>,
+    ) -> Vec<SlabRef> {
+        let rows = self.rows_of(set);
+        let mut passes = self.held_passes.lock();
+        let mut clean = Vec::new();
+        for &slab in held {
+            let key = (set.id, slab);
+            let Some(m) = members.iter().position(|s| *s == slab) else {
+                passes.remove(&key);
+                continue;
+            };
+            let ok = seen.is_some_and(|bad| !bad[m]);
+            let from = if row == 0 { Some(0) } else { passes.get(&key).copied() };
+            match from {
+                Some(next) if ok && next == row => {
+                    passes.insert(key, row + 1);
+                    if row + 1 == rows {
+                        passes.remove(&key);
+                        clean.push(slab);
+                    }
+                }
+                _ => {
+                    passes.remove(&key);
+                }
+            }
+        }
+        clean
+    }
+
+    /// A member taken as its disk held it that a scrub found clean in every row is a member
+    /// as any other from now on: a block that fails in it later is rot of its disk, and
+    /// counts against it.
+    fn no_longer_held(&self, set: &SlabSet, slab: SlabRef) {
+        match self.registry.drop_held(&self.pool, set.id, slab) {
+            Ok(()) => {
+                self.held_as_is.write().remove(&slab);
+                info!(pool = %self.pool.name(), set = set.id, disk = slab.disk, slab = slab.slab, "a member taken as its disk held it after an I/O error was found clean by a scrub: its checksum errors count against its disk again");
+            }
+            Err(e) => {
+                warn!(pool = %self.pool.name(), set = set.id, error = %e, "cannot record that a member is no longer taken as its disk held it; the next clean scrub tries again");
+            }
+        }
     }
 
     fn read_row(&self, members: &[SlabRef], mo: u64, len: usize) -> RowRead {
@@ -165,7 +232,16 @@ impl Layouts {
         RowRead { bufs, verdicts }
     }
 
-    fn scrub_row(&self, set: &SlabSet, members: &[SlabRef], row: u64, repair: bool, tally: &mut ScrubTally) {
+    /// Checks one row (repairing it with `repair`), and says which members had a block that
+    /// failed there; None if the row was skipped.
+    fn scrub_row(
+        &self,
+        set: &SlabSet,
+        members: &[SlabRef],
+        row: u64,
+        repair: bool,
+        tally: &mut ScrubTally,
+    ) -> Option<Vec<bool>> {
         let spec = &set.spec;
         let mo = row * spec.interleave;
         let len = spec.interleave as usize;
@@ -177,7 +253,7 @@ impl Layouts {
             // rows with a member already unavailable. A repairing scrub rewrites the member,
             // which fails the disk if it is gone.
             tally.skipped_rows += 1;
-            return;
+            return None;
         }
         tally.blocks += (nb * members.len()) as u64;
         // Blocks that no member has a checksum for, in a pool that keeps them, were never
@@ -267,7 +343,8 @@ impl Layouts {
         for &m in &lost {
             *tally.unrecoverable.entry(members[m].disk).or_default() += 1;
         }
-        let Some(w) = what else { return };
+        let failed: Vec<bool> = r.verdicts.iter().map(|v| v.contains(&Verdict::Bad)).collect();
+        let Some(w) = what else { return Some(failed) };
         let mut left = !lost.is_empty();
         if repair && self.sums().enabled() {
             for (m, i, bytes) in &fixes {
@@ -293,6 +370,7 @@ impl Layouts {
                 what: w,
             });
         }
+        Some(failed)
     }
 
     /// A parity row, block by block: data blocks that fail are reconstructed from the blocks

@@ -25,7 +25,8 @@ pub struct SlabSetDesc {
     /// Members taken back as their disk held them after an I/O error took it out (nothing
     /// could resync them: `record_stale_slabs`): their blocks the disk's volatile cache lost
     /// read as checksum mismatches until written again, which are not counted against the
-    /// disk, after a restart as before it.
+    /// disk, after a restart as before it, until a scrub finds the member clean (or a repair
+    /// moves or resyncs it).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub held: Vec<SlabRef>,
 }
@@ -291,6 +292,34 @@ impl Registry {
             recorded(&new);
         }
         Ok(new)
+    }
+
+    /// Records durably that `slab`, a member of set `id`, is no longer taken as its disk
+    /// held it, unless the set is gone.
+    pub fn drop_held(&self, pool: &Pool, id: u32, slab: SlabRef) -> Result<()> {
+        let _records = self.records.lock();
+        let Some(set) = self.sets.read().get(&id).cloned() else {
+            return Ok(());
+        };
+        let members = set.members.read();
+        let missed = set.missed.lock();
+        let mut held = set.held.lock();
+        if !held.contains(&slab) {
+            return Ok(());
+        }
+        let kept: Vec<SlabRef> = held.iter().copied().filter(|s| *s != slab).collect();
+        Self::persist(
+            pool,
+            &SlabSetDesc {
+                id,
+                spec: set.spec,
+                members: members.clone(),
+                missed: missed.clone(),
+                held: kept.clone(),
+            },
+        )?;
+        *held = kept;
+        Ok(())
     }
 
     /// Records durably, as members of set `id` taken as their disk holds them, those of

@@ -824,6 +824,11 @@ fn a_simple_vdisk_takes_back_what_the_disk_holds(crash: bool) {
             0,
             "after a restart: {errors:?}"
         );
+        // A scrub finds them too, and leaves the members taken as held.
+        scrub_all(&rig);
+        let errors = rig.engine().layouts().disk_errors();
+        assert_eq!(errors.get(&1).map_or(0, |e| e.checksum), 0, "after a scrub: {errors:?}");
+        assert!(!held_members(&rig).is_empty(), "kept taken as held");
     }
     // Written again, every block reads again; so does everything after a restart.
     for b in blocks_written {
@@ -834,6 +839,36 @@ fn a_simple_vdisk_takes_back_what_the_disk_holds(crash: bool) {
     rig.reopen();
     assert_eq!(read_all(&rig), data);
     rig.assert_consistent();
+    // Written again, they are gone: a scrub that finds the members clean ends their taking
+    // as held, and rot found in them from then on counts against the disk again.
+    let held = held_members(&rig);
+    assert!(!held.is_empty());
+    scrub_all(&rig);
+    assert_eq!(held_members(&rig), Vec::new(), "a clean scrub");
+    let slab = held[0];
+    rig.disks[slab.disk as usize]
+        .faults()
+        .flip_bit(rig.engine().pool().slab_offset(slab) + 100, 3)
+        .unwrap();
+    scrub_all(&rig);
+    let errors = rig.engine().layouts().disk_errors();
+    assert_eq!(errors.get(&slab.disk).map_or(0, |e| e.checksum), 1, "{errors:?}");
+    rig.reopen();
+    assert_eq!(held_members(&rig), Vec::new(), "after a restart");
+}
+
+/// Every member taken as its disk held it, as the slab sets record them.
+fn held_members(rig: &Rig) -> Vec<tessera_pool::SlabRef> {
+    let l = rig.engine().layouts();
+    l.sets().iter().flat_map(|s| s.desc().held).collect()
+}
+
+/// A whole pass of a repairing scrub over every slab set.
+fn scrub_all(rig: &Rig) {
+    let l = rig.engine().layouts();
+    for set in l.sets() {
+        l.scrub_rows(&set, 0..l.rows_of(&set), true).unwrap();
+    }
 }
 
 /// A cut that keeps one of the three cached writes whole, tears one and drops one.
