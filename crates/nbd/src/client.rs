@@ -244,6 +244,11 @@ impl Client {
         })
     }
 
+    /// Whether the server closed the connection (no request can be sent any more).
+    pub fn is_closed(&self) -> bool {
+        self.pending.lock().is_none()
+    }
+
     async fn request(&self, kind: u16, flags: u16, offset: u64, len: u32, data: &[u8]) -> Result<Done> {
         let cookie = self.next_cookie.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();

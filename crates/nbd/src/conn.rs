@@ -262,6 +262,12 @@ impl<S: Socket> Loop<S> {
     fn run(&mut self) {
         loop {
             let mut progress = self.receive();
+            // Withdrawn while idle (the socket drained above, nothing sent or on its way):
+            // the connection ends now rather than at the client's next request, so that a
+            // client that reconnects does so at once.
+            if !progress && self.receiving && self.ctx.export.withdrawn() && self.idle_at_rest() {
+                self.stop(None);
+            }
             progress |= self.submit();
             progress |= self.reap();
             progress |= self.run_inline();
@@ -275,6 +281,11 @@ impl<S: Socket> Loop<S> {
                 self.wait();
             }
         }
+    }
+
+    /// Nothing received in part, nothing running, nothing left to send.
+    fn idle_at_rest(&self) -> bool {
+        self.inbox.partial.is_none() && self.inbox.available().is_empty() && self.in_flight() == 0
     }
 
     /// Requests accepted and not yet answered: running, or with a reply the client has not
@@ -769,6 +780,11 @@ impl<S: Socket> Loop<S> {
             revents: 0,
         };
         let ring_fd = self.ring.as_ref().map_or(-1, |r| r.fd());
+        // Once withdrawn it stays readable: watched only until then.
+        let withdrawal = match self.receiving && !self.ctx.export.withdrawn() {
+            true => self.ctx.export.withdrawal_fd().unwrap_or(-1),
+            false => -1,
+        };
         let mut fds = [
             watch(self.sock.as_raw_fd(), sock_events),
             watch(
@@ -776,6 +792,7 @@ impl<S: Socket> Loop<S> {
                 if self.at_workers > 0 { libc::POLLIN } else { 0 },
             ),
             watch(ring_fd, if self.on_ring() > 0 { libc::POLLIN } else { 0 }),
+            watch(withdrawal, libc::POLLIN),
         ];
         // SAFETY: fds is a valid array of pollfd for the duration of the call.
         let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };

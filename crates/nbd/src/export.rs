@@ -1,6 +1,7 @@
 //! What the NBD server offers: named exports, each a vdisk, read-write or read-only.
 
 use std::collections::BTreeMap;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -20,6 +21,10 @@ pub struct Export {
     pub(crate) connections: AtomicUsize,
     /// No longer offered: its connections' requests are refused from now on.
     withdrawn: AtomicBool,
+    /// Readable once the export is withdrawn (an eventfd): its idle connections sleep on it
+    /// too, and end then rather than at their client's next request. None if the system
+    /// gave no eventfd; those connections end at their next request.
+    withdrawal: Option<OwnedFd>,
     /// Bytes of request data its connections hold now: READ buffers and WRITE payloads of
     /// requests not yet answered, and replies not yet sent.
     pub(crate) held: AtomicUsize,
@@ -40,6 +45,7 @@ impl Export {
             read_only,
             connections: AtomicUsize::new(0),
             withdrawn: AtomicBool::new(false),
+            withdrawal: eventfd(),
             held: AtomicUsize::new(0),
             meter: None,
             writer: Writer::unique(),
@@ -64,6 +70,21 @@ impl Export {
     /// Whether it was removed from the exports offered (see [`Registry::remove`]).
     pub fn withdrawn(&self) -> bool {
         self.withdrawn.load(Ordering::Acquire)
+    }
+
+    /// A descriptor that polls readable once the export is withdrawn, if there is one.
+    pub(crate) fn withdrawal_fd(&self) -> Option<RawFd> {
+        self.withdrawal.as_ref().map(|f| f.as_raw_fd())
+    }
+
+    /// Marks it withdrawn, and wakes the connections that sleep on it.
+    fn withdraw(&self) {
+        self.withdrawn.store(true, Ordering::Release);
+        if let Some(fd) = &self.withdrawal {
+            let one: u64 = 1;
+            // SAFETY: writes 8 bytes from a live u64 to an eventfd this export owns.
+            let _ = unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        }
     }
 
     /// Minimum block size: the vdisk's logical block; smaller or unaligned requests are refused
@@ -114,7 +135,7 @@ impl Registry {
     pub fn remove(&self, name: &str) -> Option<Arc<Export>> {
         let e = self.exports.write().remove(name);
         if let Some(e) = &e {
-            e.withdrawn.store(true, Ordering::Release);
+            e.withdraw();
         }
         e
     }
@@ -139,4 +160,12 @@ impl Registry {
     pub fn list(&self) -> Vec<Arc<Export>> {
         self.exports.read().values().cloned().collect()
     }
+}
+
+/// A new eventfd (non-blocking, closed on exec), or None if the system gives none.
+fn eventfd() -> Option<OwnedFd> {
+    // SAFETY: eventfd takes no pointers; a descriptor it returns is ours alone.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    // SAFETY: `fd` was just opened and nothing else owns it.
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
 }
