@@ -127,9 +127,10 @@ pub struct Layouts {
     /// restart knows them too: their checksum mismatches are not counted against the disk
     /// (`count_against_disk`).
     pub(crate) held_as_is: RwLock<HashSet<SlabRef>>,
-    /// Members taken as held that a scrub is going through, by set and slab, with the next
-    /// row it must find them clean in (`follow_held`, scrub.rs).
-    pub(crate) held_passes: Mutex<HashMap<(u32, SlabRef), u64>>,
+    /// Members taken as held that a scrub is going through, by set and slab: the next row it
+    /// must find them clean in, and the pool's count of losses when the pass began at row 0
+    /// (`follow_held`, scrub.rs).
+    pub(crate) held_passes: Mutex<HashMap<(u32, SlabRef), (u64, u64)>>,
     /// The sets with a member taken as its disk held it since the pool was opened, with the
     /// pool's count of losses (`Pool::lost_at`) of the latest disk whose loss it was: a
     /// writer that noted the count before that loss may have lost its writes with that
@@ -139,7 +140,7 @@ pub struct Layouts {
     /// Held while a disk is taken back or given up: whether a mirror copy is taken as its
     /// disk holds it depends on what the other copies' disks are (`taken_as_held`), which
     /// another disk's return must not change under it.
-    returning: Mutex<()>,
+    pub(crate) returning: Mutex<()>,
     /// Held while a set's `missed` record is saved, so that two writers save in turn.
     marking: Mutex<()>,
     /// The slab sets a repair works on now: one repair per set at a time (a set has one

@@ -136,8 +136,8 @@ impl Layouts {
             }
         }
         // Out of the members' lock, which the record takes again.
-        for slab in clean {
-            self.no_longer_held(set, slab);
+        for (slab, noted) in clean {
+            self.no_longer_held(set, slab, noted);
         }
         Ok(tally)
     }
@@ -145,7 +145,10 @@ impl Layouts {
     /// Follows, row by row from the first, the members of `set` taken as their disk held
     /// them (`held`) through a pass of a scrub: `seen` says which members had a block that
     /// failed in `row` (None: the row was skipped). Returns those a pass found clean in
-    /// every row: the blocks their disk's cache lost were written again since.
+    /// every row, with the pool's count of losses when the pass began: the blocks their
+    /// disk's cache lost were written again since. A pass over
+    /// which the member's disk was lost (and perhaps back, taken as held again, its cache
+    /// having lost blocks in rows the pass found clean before) counts for nothing.
     fn follow_held(
         &self,
         set: &SlabSet,
@@ -153,7 +156,7 @@ impl Layouts {
         held: &[SlabRef],
         row: u64,
         seen: Option<&[bool]>,
-    ) -> Vec<SlabRef> {
+    ) -> Vec<(SlabRef, u64)> {
         let rows = self.rows_of(set);
         let mut passes = self.held_passes.lock();
         let mut clean = Vec::new();
@@ -164,13 +167,16 @@ impl Layouts {
                 continue;
             };
             let ok = seen.is_some_and(|bad| !bad[m]);
-            let from = if row == 0 { Some(0) } else { passes.get(&key).copied() };
+            let from = match row {
+                0 => Some((0, self.pool.losses())),
+                _ => passes.get(&key).copied(),
+            };
             match from {
-                Some(next) if ok && next == row => {
-                    passes.insert(key, row + 1);
+                Some((next, noted)) if ok && next == row && !self.pool.lost_since(slab.disk, noted) => {
+                    passes.insert(key, (row + 1, noted));
                     if row + 1 == rows {
                         passes.remove(&key);
-                        clean.push(slab);
+                        clean.push((slab, noted));
                     }
                 }
                 _ => {
@@ -184,7 +190,13 @@ impl Layouts {
     /// A member taken as its disk held it that a scrub found clean in every row is a member
     /// as any other from now on: a block that fails in it later is rot of its disk, and
     /// counts against it.
-    fn no_longer_held(&self, set: &SlabSet, slab: SlabRef) {
+    fn no_longer_held(&self, set: &SlabSet, slab: SlabRef, noted: u64) {
+        // Not between a disk's return taking it as held again and `held_as_is` saying so; and
+        // not if its disk was lost since the pass began.
+        let _returning = self.returning.lock();
+        if self.pool.lost_since(slab.disk, noted) {
+            return;
+        }
         match self.registry.drop_held(&self.pool, set.id, slab) {
             Ok(()) => {
                 self.held_as_is.write().remove(&slab);
