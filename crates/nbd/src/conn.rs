@@ -780,8 +780,10 @@ impl<S: Socket> Loop<S> {
             revents: 0,
         };
         let ring_fd = self.ring.as_ref().map_or(-1, |r| r.fd());
-        // Once withdrawn it stays readable: watched only until then.
-        let withdrawal = match self.receiving && !self.ctx.export.withdrawn() {
+        // Watched while idle, withdrawn or not (a removal between the loop's look and this
+        // poll is then still seen); a withdrawn idle connection stops at the next turn, so
+        // the descriptor, readable for good once written, never spins the loop.
+        let withdrawal = match self.receiving && self.idle_at_rest() {
             true => self.ctx.export.withdrawal_fd().unwrap_or(-1),
             false => -1,
         };

@@ -266,9 +266,10 @@ async fn a_removed_export_is_not_used_by_the_connections_made_before() {
     let gone = rig.reg.remove("rw").expect("it was offered");
     assert!(gone.withdrawn());
     rig.reg.add(Export::new("rw", "p/v read-only now", v, true));
-    // Refused: with ESHUTDOWN if the request reaches the connection before it ends (its
-    // payload read before the refusal, which then reaches the client whole), or by the
-    // connection's end, which comes at once for one idle at the removal.
+    // Refused: by the connection's end, which comes at once for one idle at the removal, or
+    // with ESHUTDOWN if the request reaches the connection before it ends (its payload read
+    // first, as for the EOVERFLOW refusal of `bad_requests_get_errors_and_the_connection_goes_on`,
+    // which takes the same path).
     let write = rw.write(0, &pattern(2, 4096), false).await.map(drop);
     for attempt in [write, rw.read(0, 4096).await.map(drop), rw.flush().await] {
         match attempt {
