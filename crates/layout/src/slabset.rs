@@ -297,34 +297,34 @@ impl Registry {
     /// Records durably that `slab`, a member of set `id`, is no longer taken as its disk
     /// held it, unless the set is gone.
     pub fn drop_held(&self, pool: &Pool, id: u32, slab: SlabRef) -> Result<()> {
-        let _records = self.records.lock();
-        let Some(set) = self.sets.read().get(&id).cloned() else {
-            return Ok(());
-        };
-        let members = set.members.read();
-        let missed = set.missed.lock();
-        let mut held = set.held.lock();
-        if !held.contains(&slab) {
-            return Ok(());
-        }
-        let kept: Vec<SlabRef> = held.iter().copied().filter(|s| *s != slab).collect();
-        Self::persist(
-            pool,
-            &SlabSetDesc {
-                id,
-                spec: set.spec,
-                members: members.clone(),
-                missed: missed.clone(),
-                held: kept.clone(),
-            },
-        )?;
-        *held = kept;
-        Ok(())
+        self.change_held(pool, id, |_, held| {
+            held.contains(&slab)
+                .then(|| held.iter().copied().filter(|s| *s != slab).collect())
+        })
     }
 
     /// Records durably, as members of set `id` taken as their disk holds them, those of
     /// `slabs` that are its members and not recorded yet, unless the set is gone.
     pub fn add_held(&self, pool: &Pool, id: u32, slabs: &[SlabRef]) -> Result<()> {
+        self.change_held(pool, id, |members, held| {
+            let new: Vec<SlabRef> = slabs
+                .iter()
+                .filter(|s| members.contains(s) && !held.contains(s))
+                .copied()
+                .collect();
+            (!new.is_empty()).then(|| held.iter().chain(&new).copied().collect())
+        })
+    }
+
+    /// Saves set `id`'s descriptor with the list of members taken as held that `change`
+    /// makes of (its members, that list), then keeps it; nothing if `change` makes none, or
+    /// the set is gone.
+    fn change_held(
+        &self,
+        pool: &Pool,
+        id: u32,
+        change: impl FnOnce(&[SlabRef], &[SlabRef]) -> Option<Vec<SlabRef>>,
+    ) -> Result<()> {
         let _records = self.records.lock();
         let Some(set) = self.sets.read().get(&id).cloned() else {
             return Ok(());
@@ -333,16 +333,9 @@ impl Registry {
         // `missed` before `held`, as everywhere (a writer's record takes them so).
         let missed = set.missed.lock();
         let mut held = set.held.lock();
-        let new: Vec<SlabRef> = slabs
-            .iter()
-            .filter(|s| members.contains(s) && !held.contains(s))
-            .copied()
-            .collect();
-        if new.is_empty() {
+        let Some(new) = change(&members, &held) else {
             return Ok(());
-        }
-        let mut all = held.clone();
-        all.extend(new);
+        };
         Self::persist(
             pool,
             &SlabSetDesc {
@@ -350,10 +343,10 @@ impl Registry {
                 spec: set.spec,
                 members: members.clone(),
                 missed: missed.clone(),
-                held: all.clone(),
+                held: new.clone(),
             },
         )?;
-        *held = all;
+        *held = new;
         Ok(())
     }
 }
