@@ -140,11 +140,15 @@ fn a_pool_whose_metadata_store_failed_is_opened_again_by_an_import() {
     // Room again: an import opens it from its records, without a restart.
     let freed = in_namespace("rm \"$0/junk\"");
     assert!(freed.status.success(), "{freed:?}");
-    // A connection to its export holds the vdisk (and the records) until its client leaves:
-    // the pool is served as it was, and the refusal says what holds it.
+    // A connection to its export in the middle of a request (here the client sent half a
+    // request's header and stalls) holds the vdisk (and the records) until its client goes
+    // on or leaves: the pool is served as it was, and the refusal says what holds it. (An
+    // idle connection ends when the export is withdrawn, and holds nothing.)
     let rt = tokio::runtime::Runtime::new().unwrap();
     let connected = rt
         .block_on(tessera_nbd::client::Client::connect(&d.nbd_address(), "v"))
+        .unwrap();
+    rt.block_on(connected.send_raw(&[0x25, 0x60, 0x95, 0x13, 0, 0]))
         .unwrap();
     let e = d.fails(&["pool", "import", "p"]);
     assert!(e.contains("p/v") && e.contains("NBD export"), "{e}");

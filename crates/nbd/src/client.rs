@@ -244,6 +244,13 @@ impl Client {
         })
     }
 
+    /// Sends `bytes` as they are, outside any request (a test's way to leave part of a
+    /// request on the connection).
+    pub async fn send_raw(&self, bytes: &[u8]) -> Result<()> {
+        self.w.lock().await.write_all(bytes).await?;
+        Ok(())
+    }
+
     /// Whether the server closed the connection (no request can be sent any more).
     pub fn is_closed(&self) -> bool {
         self.pending.lock().is_none()

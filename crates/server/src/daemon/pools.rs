@@ -413,7 +413,8 @@ impl Daemon {
             true => "requests in flight or a job still hold it".to_string(),
             false => format!(
                 "vdisk(s) {} are still held, by a request in flight or by a connection to an NBD \
-                 export of them (it holds its vdisk until its client disconnects)",
+                 export of them (one in the middle of a request holds its vdisk until its client \
+                 goes on or disconnects)",
                 held.iter()
                     .map(|v| format!("{name}/{v}"))
                     .collect::<Vec<_>>()
