@@ -1,13 +1,15 @@
 //! What the NBD server offers: named exports, each a vdisk, read-write or read-only.
 
 use std::collections::BTreeMap;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
 use tessera_disk::IoMeter;
 use tessera_volume::{Vdisk, Writer};
+
+use crate::eventfd;
 
 /// Largest READ or WRITE payload we accept (the protocol's portable maximum).
 pub const MAX_PAYLOAD: u32 = 32 << 20;
@@ -45,7 +47,7 @@ impl Export {
             read_only,
             connections: AtomicUsize::new(0),
             withdrawn: AtomicBool::new(false),
-            withdrawal: eventfd(),
+            withdrawal: eventfd::open().ok(),
             held: AtomicUsize::new(0),
             meter: None,
             writer: Writer::unique(),
@@ -81,9 +83,7 @@ impl Export {
     fn withdraw(&self) {
         self.withdrawn.store(true, Ordering::Release);
         if let Some(fd) = &self.withdrawal {
-            let one: u64 = 1;
-            // SAFETY: writes 8 bytes from a live u64 to an eventfd this export owns.
-            let _ = unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+            eventfd::ring(fd.as_raw_fd());
         }
     }
 
@@ -160,12 +160,4 @@ impl Registry {
     pub fn list(&self) -> Vec<Arc<Export>> {
         self.exports.read().values().cloned().collect()
     }
-}
-
-/// A new eventfd (non-blocking, closed on exec), or None if the system gives none.
-fn eventfd() -> Option<OwnedFd> {
-    // SAFETY: eventfd takes no pointers; a descriptor it returns is ours alone.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-    // SAFETY: `fd` was just opened and nothing else owns it.
-    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
 }

@@ -6,13 +6,14 @@
 
 use std::collections::VecDeque;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use tessera_disk::AlignedBuf;
 use tracing::warn;
 
+use crate::eventfd;
 use crate::proto::{cmd, errno, Request};
 use crate::transmission::{error_reply, execute, read_batch, Ctx, Reply};
 
@@ -60,13 +61,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Workers {
     pub fn new(ctx: Arc<Ctx>) -> io::Result<Workers> {
-        // SAFETY: eventfd takes no pointers; a descriptor it returns is ours to own.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: fd was just returned by eventfd and is owned by nothing else.
-        let ready = unsafe { OwnedFd::from_raw_fd(fd) };
+        let ready = eventfd::open()?;
+        let fd = ready.as_raw_fd();
         Ok(Workers {
             shared: Arc::new(Shared {
                 ctx,
@@ -114,9 +110,7 @@ impl Workers {
     pub fn collect(&self) -> Vec<(Reply, usize)> {
         // Reset the eventfd before taking the replies: one finished after this is signalled
         // again, so the loop cannot sleep with a reply waiting.
-        let mut n = 0u64;
-        // SAFETY: reads 8 bytes into a u64 we own; the descriptor is our eventfd.
-        unsafe { libc::read(self.ready.as_raw_fd(), (&mut n as *mut u64).cast(), 8) };
+        eventfd::clear(self.ready.as_raw_fd());
         std::mem::take(&mut *lock(&self.shared.done))
     }
 }
@@ -171,10 +165,8 @@ fn work(shared: &Shared) {
         let reply = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&shared.ctx, job)))
             .unwrap_or_else(|_| error_reply(&shared.ctx, &req, errno::EIO, "the request failed inside the server"));
         lock(&shared.done).push((reply, charged));
-        let one = 1u64;
-        // SAFETY: writes 8 bytes from a u64 we own to our eventfd (open while the Workers
-        // that joins this thread lives).
-        unsafe { libc::write(shared.ready, (&one as *const u64).cast(), 8) };
+        // Open while the Workers that joins this thread lives.
+        eventfd::ring(shared.ready);
     }
 }
 
