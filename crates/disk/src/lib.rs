@@ -9,6 +9,7 @@
 mod aligned;
 mod disk_io;
 mod error;
+pub mod eventfd;
 mod faulty;
 mod file;
 mod label;

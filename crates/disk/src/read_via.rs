@@ -4,10 +4,12 @@
 //! ring when it is done. Either way the caller's thread does not wait, and no worker thread
 //! stands between it and the disk.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
+
+use crate::eventfd;
 
 /// A disk that reads in the background and says when it is done.
 pub trait AsyncReader: Send + Sync {
@@ -117,15 +119,9 @@ pub(crate) struct Mailbox {
 
 impl Mailbox {
     pub(crate) fn new() -> std::io::Result<Arc<Mailbox>> {
-        // SAFETY: plain eventfd creation; the descriptor is owned below.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
         Ok(Arc::new(Mailbox {
             posted: Mutex::new(Vec::new()),
-            // SAFETY: a descriptor just created, owned by nothing else.
-            ready: unsafe { OwnedFd::from_raw_fd(fd) },
+            ready: eventfd::open()?,
         }))
     }
 
@@ -150,18 +146,15 @@ impl Mailbox {
             p.len() == 1
         };
         if was_empty {
-            let one: u64 = 1;
-            // SAFETY: writes 8 bytes from a live u64 to our eventfd. It cannot fail but by
-            // overflowing the counter, which a ring that clears it never lets happen.
-            unsafe { libc::write(self.fd(), &one as *const u64 as *const libc::c_void, 8) };
+            // It cannot fail but by overflowing the counter, which a ring that clears it
+            // never lets happen.
+            eventfd::ring(self.fd());
         }
     }
 
     /// Clears the eventfd, then takes what was posted (in that order: see `post`).
     pub(crate) fn take(&self, into: &mut Vec<(u64, Outcome)>) {
-        let mut count: u64 = 0;
-        // SAFETY: reads 8 bytes into a live u64 from our non-blocking eventfd.
-        unsafe { libc::read(self.fd(), &mut count as *mut u64 as *mut libc::c_void, 8) };
+        eventfd::clear(self.fd());
         into.append(&mut self.posted.lock());
     }
 }

@@ -6,10 +6,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
-use tessera_disk::IoMeter;
+use tessera_disk::{eventfd, IoMeter};
 use tessera_volume::{Vdisk, Writer};
-
-use crate::eventfd;
 
 /// Largest READ or WRITE payload we accept (the protocol's portable maximum).
 pub const MAX_PAYLOAD: u32 = 32 << 20;

@@ -5,8 +5,6 @@ pub mod client;
 #[cfg(feature = "server")]
 mod conn;
 #[cfg(feature = "server")]
-mod eventfd;
-#[cfg(feature = "server")]
 pub mod export;
 #[cfg(feature = "server")]
 pub mod handshake;

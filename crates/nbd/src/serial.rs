@@ -2,17 +2,22 @@
 //! of its own, one request at a time, over a blocking stream. The connection loop of `conn`
 //! drives a raw socket and an io_uring and cannot see through TLS; a TLS connection is paid
 //! for in encryption anyway, and runs every request through the same code (`workers::run`).
+//! Between requests it waits on its socket and on its export's withdrawal at once, so that an
+//! idle connection ends with the export as `conn`'s do, not at its client's next request.
 
 use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::os::fd::{AsRawFd, RawFd};
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use openssl::ssl::SslStream;
 use tessera_disk::AlignedBuf;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use crate::export::{Registry, MAX_PAYLOAD};
+use crate::export::{Export, Registry, MAX_PAYLOAD};
 use crate::handshake::{options, Handshake, Negotiated, Tls};
 use crate::proto::*;
 use crate::transmission::{error_reply, Buffers, Ctx};
@@ -42,6 +47,58 @@ impl<S: Write> AsyncWrite for Blocking<'_, S> {
     }
 }
 
+/// A blocking stream over a socket that may hold input of its own: bytes read from the
+/// socket and not yet taken (decrypted, for TLS), which polling the socket does not show.
+pub(crate) trait Watched: Read + Write {
+    fn socket(&self) -> RawFd;
+    fn holds_input(&self) -> bool;
+    /// Tells the client the server ends the connection (TLS's close_notify).
+    fn close(&mut self);
+}
+
+impl Watched for SslStream<TcpStream> {
+    fn socket(&self) -> RawFd {
+        self.get_ref().as_raw_fd()
+    }
+    fn holds_input(&self) -> bool {
+        self.ssl().pending() > 0
+    }
+    fn close(&mut self) {
+        let _ = self.shutdown();
+    }
+}
+
+/// Waits for the client's next request or the export's withdrawal; true if the export was
+/// withdrawn while the connection had nothing of the client's to read. Bytes that came with
+/// the withdrawal are read first: their request is refused with ESHUTDOWN, as `conn` does,
+/// and one begun before holds the connection until it is whole.
+fn withdrawn_while_idle<S: Watched>(s: &S, export: &Export) -> io::Result<bool> {
+    let Some(withdrawal) = export.withdrawal_fd() else {
+        return Ok(false);
+    };
+    if s.holds_input() {
+        return Ok(false);
+    }
+    let watch = |fd| libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let mut fds = [watch(s.socket()), watch(withdrawal)];
+    loop {
+        // SAFETY: `fds` is an array of two pollfd we own, and both descriptors stay open
+        // (the stream's socket, and the export's eventfd, which the export holds).
+        if unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) } >= 0 {
+            break;
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+    Ok(fds[0].revents == 0 && fds[1].revents & libc::POLLIN != 0)
+}
+
 /// Finishes the negotiation on a stream where TLS has just started; the export, if the
 /// client picked one.
 pub(crate) fn negotiate<S: Read + Write>(
@@ -57,8 +114,8 @@ pub(crate) fn negotiate<S: Read + Write>(
     }
 }
 
-/// Serves the transmission phase until the client leaves.
-pub(crate) fn serve<S: Read + Write>(mut s: S, n: Negotiated) -> io::Result<()> {
+/// Serves the transmission phase until the client leaves or the export is withdrawn.
+pub(crate) fn serve<S: Watched>(mut s: S, n: Negotiated) -> io::Result<()> {
     let export = n.export.clone();
     export.connections.fetch_add(1, Ordering::Relaxed);
     let ctx = Arc::new(Ctx {
@@ -73,9 +130,13 @@ pub(crate) fn serve<S: Read + Write>(mut s: S, n: Negotiated) -> io::Result<()> 
     r
 }
 
-fn requests<S: Read + Write>(s: &mut S, ctx: &Ctx) -> io::Result<()> {
+fn requests<S: Watched>(s: &mut S, ctx: &Ctx) -> io::Result<()> {
     let mut head = [0u8; REQUEST_LEN];
     loop {
+        if withdrawn_while_idle(s, &ctx.export)? {
+            s.close();
+            return Ok(());
+        }
         match s.read_exact(&mut head) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),

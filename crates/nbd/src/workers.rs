@@ -10,10 +10,9 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
-use tessera_disk::AlignedBuf;
+use tessera_disk::{eventfd, AlignedBuf};
 use tracing::warn;
 
-use crate::eventfd;
 use crate::proto::{cmd, errno, Request};
 use crate::transmission::{error_reply, execute, read_batch, Ctx, Reply};
 

@@ -277,6 +277,97 @@ async fn libnbd_over_tls_with_an_x509_certificate() {
     assert!(!ok, "a server the client cannot verify was accepted: {out}");
 }
 
+/// A client over TLS with a pre-shared key, blocking: greeting, STARTTLS, the handshake, then
+/// NBD_OPT_GO for `export` over TLS; the stream in the transmission phase.
+fn tls_client(addr: &str, key_hex: &str, export: &str) -> openssl::ssl::SslStream<std::net::TcpStream> {
+    use std::io::{Read, Write};
+    fn option(s: &mut impl Write, option: u32, data: &[u8]) {
+        let mut o = Vec::new();
+        o.extend_from_slice(&proto::IHAVEOPT.to_be_bytes());
+        o.extend_from_slice(&option.to_be_bytes());
+        o.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        o.extend_from_slice(data);
+        s.write_all(&o).unwrap();
+    }
+    /// Option replies up to the final one; its type.
+    fn replies(s: &mut impl Read) -> u32 {
+        loop {
+            let mut head = [0u8; 20];
+            s.read_exact(&mut head).unwrap();
+            let kind = u32::from_be_bytes(head[12..16].try_into().unwrap());
+            let len = u32::from_be_bytes(head[16..20].try_into().unwrap());
+            std::io::copy(&mut s.take(len as u64), &mut std::io::sink()).unwrap();
+            if kind != rep::INFO {
+                return kind;
+            }
+        }
+    }
+    let mut tcp = std::net::TcpStream::connect(addr).unwrap();
+    let mut hello = [0u8; 18];
+    tcp.read_exact(&mut hello).unwrap();
+    tcp.write_all(&proto::FLAG_C_FIXED_NEWSTYLE.to_be_bytes()).unwrap();
+    option(&mut tcp, opt::STARTTLS, &[]);
+    assert_eq!(replies(&mut tcp), rep::ACK);
+    let key: Vec<u8> = (0..key_hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&key_hex[i..i + 2], 16).unwrap())
+        .collect();
+    let connector = tessera_psk::psk_connector("alice", &key).unwrap();
+    let mut s = tessera_psk::connect(&connector, tcp).unwrap();
+    let mut go = (export.len() as u32).to_be_bytes().to_vec();
+    go.extend_from_slice(export.as_bytes());
+    go.extend_from_slice(&0u16.to_be_bytes());
+    option(&mut s, opt::GO, &go);
+    assert_eq!(replies(&mut s), rep::ACK);
+    s
+}
+
+/// A TLS connection to an export ends when the export is removed while the connection is
+/// idle, as a plain one does (`an_idle_connection_to_a_removed_export_ends_at_once` in
+/// protocol.rs), rather than at its client's next request: until then it held the vdisk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_tls_connection_to_a_removed_export_ends_at_once() {
+    use std::io::{Read, Write};
+    let r = rig();
+    let c = TlsConfig {
+        psk_file: Some(psk(r.dir.path(), "alice", KEY)),
+        ..Default::default()
+    };
+    let addr = listen(&r.reg, tls_required(&c)).await;
+    let reg = r.reg.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut s = tls_client(&addr, KEY, "rw");
+        // One read served, so the connection is in its transmission phase and idle after.
+        s.write_all(&request(proto::cmd::READ, 1, 0, 4096)).unwrap();
+        let mut reply = vec![0u8; 16 + 4096];
+        s.read_exact(&mut reply).unwrap();
+        assert_eq!(&reply[..4], &proto::SIMPLE_REPLY_MAGIC.to_be_bytes());
+        assert_eq!(&reply[4..8], &[0; 4], "the read failed");
+        let export = reg.get("rw").unwrap();
+        assert_eq!(export.connections(), 1);
+        reg.remove("rw").expect("it was offered");
+        s.get_ref().set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut more = [0u8; 1];
+        match s.read(&mut more) {
+            Ok(0) => {}
+            Ok(_) => panic!("the server sent bytes nobody asked for"),
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                panic!("the idle TLS connection stays open after its export was removed")
+            }
+            Err(e) => panic!("the connection ended without TLS's close_notify: {e}"),
+        }
+        for _ in 0..100 {
+            if export.connections() == 0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(export.connections(), 0, "the connection still counts");
+    })
+    .await
+    .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_unix_socket_serves_local_clients() {
     let r = rig();
