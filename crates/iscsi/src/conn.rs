@@ -46,6 +46,7 @@ use crate::text;
 mod commands;
 mod control;
 mod reader;
+mod running;
 mod send;
 mod writes;
 
@@ -264,9 +265,9 @@ struct Session {
     threads: AtomicUsize,
     idle: AtomicUsize,
     handles: Mutex<Vec<std::thread::JoinHandle<()>>>,
-    /// Commands received and not answered yet, by ITT, and whether an ABORT TASK took them:
-    /// an aborted command runs to its end, but its answer is not sent (RFC 7143 4.2.3.4).
-    running: Mutex<HashMap<u32, bool>>,
+    /// Commands received and not answered yet, and those a task management function
+    /// aborted (running.rs).
+    running: Arc<running::Running>,
     /// Why the session ended, if not by logout.
     ended: Mutex<Option<String>>,
     /// The answer to a Logout request, sent when the session has wound down.
@@ -394,7 +395,7 @@ fn serve(sock: TcpStream, local: SocketAddr, reg: Arc<Registry>, li: LoggedIn) -
             threads: AtomicUsize::new(1),
             idle: AtomicUsize::new(0),
             handles: Mutex::new(Vec::new()),
-            running: Mutex::new(HashMap::new()),
+            running: Arc::default(),
             write_budget: Arc::default(),
             ended: Mutex::new(None),
             logout: Mutex::new(None),

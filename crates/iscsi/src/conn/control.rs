@@ -57,52 +57,68 @@ impl Session {
         self.writer.send_pdu(&r, true);
     }
 
+    /// Runs a task management function. Its answer waits until the commands it aborted have
+    /// ended (running.rs), on a thread of its own so that this reader goes on: it reaps the
+    /// reads on its ring, which those commands may be.
     pub(super) fn task_management(&self, rs: &mut ReadSide, p: Pdu) {
         let function = p.flags() & 0x7F;
+        let lun = decode_lun(&p.lun());
         let luns: Vec<Arc<Lun>> = match (&self.ctx.target, function) {
-            (Some(t), 5) => t.lun(decode_lun(&p.lun())).into_iter().collect(),
+            (Some(t), 5) => t.lun(lun).into_iter().collect(),
             (Some(t), 6 | 7) => t.lun_numbers().into_iter().filter_map(|n| t.lun(n)).collect(),
             _ => Vec::new(),
         };
-        let response = match function {
-            // ABORT TASK: a write still waiting for data is dropped; a running command
-            // finishes (it is short) and its answer is not sent. A task already answered (or
-            // never received) does not exist: its answer stands.
+        let (response, aborted) = match function {
+            // ABORT TASK: a write still waiting for data is dropped; a running command is
+            // aborted. A task already answered (or never received) does not exist: its answer
+            // stands.
             1 => {
                 let tag = p.ttt();
                 let waiting = rs.writes.len();
                 self.drop_writes(rs, |itt| itt == tag);
                 let dropped = rs.writes.len() < waiting;
-                let running = self
-                    .running
-                    .lock()
-                    .get_mut(&tag)
-                    .map(|aborted| *aborted = true)
-                    .is_some();
-                if dropped || running {
-                    0
-                } else {
-                    1
-                }
+                let running = self.running.abort(|itt, _| itt == tag);
+                (if dropped || !running.is_empty() { 0 } else { 1 }, running)
             }
+            // ABORT TASK SET, CLEAR TASK SET: this session's commands to the logical unit.
+            // (CLEAR TASK SET's commands of other sessions run on and are answered.)
             2 | 4 => {
                 self.drop_writes(rs, |_| true);
-                0
+                (0, self.running.abort(|_, l| l == lun))
             }
-            // LUN RESET, TARGET WARM and COLD RESET: the other nexuses get a unit attention.
+            // LUN RESET, TARGET WARM and COLD RESET: this session's commands to the logical
+            // unit (or to any, for a target reset) are aborted, and the other nexuses get a
+            // unit attention.
             5 | 6 | 7 => {
                 self.drop_writes(rs, |_| true);
                 for l in &luns {
                     l.reset(self.ctx.nexus.id);
                 }
-                0
+                (0, self.running.abort(|_, l| function != 5 || l == lun))
             }
-            _ => 5, // not supported
+            _ => (5, Vec::new()), // not supported
         };
         let mut r = Pdu::new(op::TASK_MGMT_RESP);
         r.bhs[1] = 0x80;
         r.bhs[2] = response;
         put32(&mut r.bhs, at::ITT, p.itt());
-        self.writer.send_pdu(&r, true);
+        if aborted.is_empty() {
+            self.writer.send_pdu(&r, true);
+            return;
+        }
+        let (running, writer) = (self.running.clone(), self.writer.clone());
+        let answer = std::thread::Builder::new().name("iscsi-tmf".into()).spawn(move || {
+            running.wait_ended(&aborted);
+            writer.send_pdu(&r, true);
+        });
+        if let Err(e) = answer {
+            // Nothing to wait on: rejected rather than answered before the commands ended.
+            warn!(error = %e, "cannot start a thread to answer a task management function");
+            let mut r = Pdu::new(op::TASK_MGMT_RESP);
+            r.bhs[1] = 0x80;
+            r.bhs[2] = 255;
+            put32(&mut r.bhs, at::ITT, p.itt());
+            self.writer.send_pdu(&r, true);
+        }
     }
 }

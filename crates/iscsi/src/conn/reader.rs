@@ -50,7 +50,7 @@ impl Session {
                 match self.take(rs, pdu)? {
                     Some(Next::Run(jobs)) => {
                         for job in jobs {
-                            self.running.lock().insert(job.itt, false);
+                            self.running.start(job.itt, decode_lun(&job.lun_field));
                             if let Some(job) = self.start_on_ring(rs, job) {
                                 batch.push(job);
                             }

@@ -190,16 +190,13 @@ pub(super) fn response_pdus<'a>(
 
 impl Session {
     /// Sends the commands' data and status, all in one write; they are no longer outstanding.
-    /// A command an ABORT TASK took gets no answer.
+    /// A command a task management function aborted gets no answer.
     pub(super) fn respond(&self, jobs: &[Job], resps: &[Response]) {
         self.writer
             .seq
             .outstanding
             .fetch_sub(jobs.len() as u32, Ordering::AcqRel);
-        let aborted: Vec<bool> = {
-            let mut running = self.running.lock();
-            jobs.iter().map(|j| running.remove(&j.itt).unwrap_or(false)).collect()
-        };
+        let aborted = self.running.finish(jobs.iter().map(|j| j.itt));
         let senses: Vec<Vec<u8>> = resps.iter().map(|r| sense_segment(&r.sense)).collect();
         let max_seg = self.ctx.params.max_xmit_data_segment as usize;
         let mut pdus = Vec::with_capacity(jobs.len());

@@ -1,0 +1,244 @@
+//! Task management functions answer only once the commands they abort have ended: a host
+//! told FUNCTION COMPLETE sends the write again, or newer data to the same blocks (perhaps
+//! down another path), so an aborted write still running must not land after the answer.
+//! The aborted command itself is never answered. A logical unit whose writes wait at a gate
+//! the test opens stands for a disk that stalls.
+
+use std::any::Any;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+use tessera_iscsi::pdu::Pdu;
+use tessera_iscsi::{Access, Registry, Target};
+use tessera_scsi::{BackendResult, BlockBackend, Extent, FrozenImage, Lun, RamBackend};
+use tokio::net::{TcpListener, TcpStream};
+
+const TARGET: &str = "iqn.2026-12.io.tessera:tmf";
+const HOST: &str = "iqn.2026-12.io.example:host";
+const MIB: u64 = 1 << 20;
+
+/// A RAM backend whose writes wait until the gate opens.
+struct Gated {
+    ram: RamBackend,
+    open: Mutex<bool>,
+    opened: Condvar,
+    /// A write reached the gate.
+    entered: AtomicBool,
+    /// A write passed it and is in the RAM backend.
+    landed: AtomicBool,
+}
+
+impl Gated {
+    fn open(&self) {
+        *self.open.lock() = true;
+        self.opened.notify_all();
+    }
+}
+
+impl BlockBackend for Gated {
+    fn name(&self) -> String {
+        self.ram.name()
+    }
+    fn size(&self) -> u64 {
+        self.ram.size()
+    }
+    fn block_size(&self) -> u32 {
+        self.ram.block_size()
+    }
+    fn physical_block_size(&self) -> u32 {
+        self.ram.physical_block_size()
+    }
+    fn grain_size(&self) -> u64 {
+        self.ram.grain_size()
+    }
+    fn thin(&self) -> bool {
+        self.ram.thin()
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> BackendResult<()> {
+        self.ram.read(offset, buf)
+    }
+    fn write(&self, offset: u64, data: &[u8], durable: bool) -> BackendResult<()> {
+        self.entered.store(true, Ordering::SeqCst);
+        let mut open = self.open.lock();
+        while !*open {
+            self.opened.wait(&mut open);
+        }
+        drop(open);
+        let r = self.ram.write(offset, data, durable);
+        self.landed.store(true, Ordering::SeqCst);
+        r
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, unmap: bool, durable: bool) -> BackendResult<()> {
+        self.ram.write_zeroes(offset, len, unmap, durable)
+    }
+    fn trim(&self, offset: u64, len: u64) -> BackendResult<()> {
+        self.ram.trim(offset, len)
+    }
+    fn flush(&self) -> BackendResult<()> {
+        self.ram.flush()
+    }
+    fn extents(&self, offset: u64, len: u64) -> BackendResult<Vec<Extent>> {
+        self.ram.extents(offset, len)
+    }
+    fn freeze(&self, ranges: &[(u64, u64)]) -> BackendResult<Box<dyn FrozenImage>> {
+        self.ram.freeze(ranges)
+    }
+}
+
+/// An open target with LUN 0 on a gated backend, and another LUN 1 on plain RAM.
+async fn rig() -> (String, Arc<Gated>, Arc<Registry>) {
+    let gated = Arc::new(Gated {
+        ram: RamBackend::new("gated", 16 * MIB, 512),
+        open: Mutex::new(false),
+        opened: Condvar::new(),
+        entered: AtomicBool::new(false),
+        landed: AtomicBool::new(false),
+    });
+    let reg = Registry::new();
+    let t = reg.add_target(Target::new(TARGET));
+    t.set_access(Access::open());
+    t.luns.write().insert(0, Arc::new(Lun::new(gated.clone(), 0x51, false)));
+    t.luns.write().insert(
+        1,
+        Arc::new(Lun::new(Arc::new(RamBackend::new("ram", 16 * MIB, 512)), 0x52, false)),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(tessera_iscsi::serve(listener, reg.clone()));
+    (addr, gated, reg)
+}
+
+async fn read_pdu(s: &mut TcpStream, within: Duration) -> Option<Pdu> {
+    match tokio::time::timeout(within, Pdu::read(s, false, false, 1 << 20)).await {
+        Ok(Ok(p)) => Some(p),
+        _ => None,
+    }
+}
+
+/// Logs in with immediate data, so that a 4 KiB write needs no R2T.
+async fn login(addr: &str) -> TcpStream {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let text = format!(
+        "InitiatorName={HOST}\0TargetName={TARGET}\0SessionType=Normal\0ImmediateData=Yes\0\
+         MaxRecvDataSegmentLength=262144\0"
+    );
+    let mut p = Pdu::new(0x43); // immediate | LOGIN_REQ
+    p.bhs[1] = 0x87; // T, CSG 1 (operational), NSG 3 (full feature)
+    p.bhs[8..14].copy_from_slice(&[0x80, 0, 0, 0, 0x12, 1]);
+    p.data = text.into_bytes();
+    p.write(&mut s, false, false).await.unwrap();
+    let r = read_pdu(&mut s, Duration::from_secs(5))
+        .await
+        .expect("a login response");
+    assert_eq!((r.bhs[36], r.bhs[37]), (0, 0), "logged in");
+    s
+}
+
+/// An immediate SCSI command with `data` as its immediate data.
+fn command(itt: u32, lun: u8, cdb: &[u8], write: bool, edtl: u32, data: Vec<u8>) -> Pdu {
+    let mut p = Pdu::new(0x41); // immediate | SCSI_CMD
+    p.bhs[1] = 0x80 | if write { 0x20 } else { 0x40 } | 0x01; // F, W or R, simple task
+    p.bhs[9] = lun;
+    p.set(16, itt).set(20, edtl);
+    p.bhs[32..32 + cdb.len()].copy_from_slice(cdb);
+    p.data = data;
+    p
+}
+
+fn write10(lba: u32, blocks: u16) -> Vec<u8> {
+    let mut c = vec![0x2A, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    c[2..6].copy_from_slice(&lba.to_be_bytes());
+    c[7..9].copy_from_slice(&blocks.to_be_bytes());
+    c
+}
+
+/// A task management request of `function` for `lun` (and, for ABORT TASK, task `referenced`).
+fn tmf(itt: u32, function: u8, lun: u8, referenced: u32) -> Pdu {
+    let mut p = Pdu::new(0x42); // immediate | TASK_MGMT_REQ
+    p.bhs[1] = 0x80 | function;
+    p.bhs[9] = lun;
+    p.set(16, itt).set(20, referenced);
+    p
+}
+
+async fn the_answer_waits_for_the_aborted_write(function: u8) {
+    let (addr, gated, _reg) = rig().await;
+    let mut s = login(&addr).await;
+    let data = vec![0xA5u8; 4096];
+    command(1, 0, &write10(8, 8), true, 4096, data.clone())
+        .write(&mut s, false, false)
+        .await
+        .unwrap();
+    let start = Instant::now();
+    while !gated.entered.load(Ordering::SeqCst) {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the write never reached the backend"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tmf(2, function, 0, 1).write(&mut s, false, false).await.unwrap();
+    // A command to another LUN is served meanwhile: the reader goes on.
+    command(3, 1, &write10(0, 8), true, 4096, data.clone())
+        .write(&mut s, false, false)
+        .await
+        .unwrap();
+    let p = read_pdu(&mut s, Duration::from_secs(5))
+        .await
+        .expect("the other LUN's write is answered");
+    assert_eq!(
+        (p.opcode() & 0x3F, p.itt(), p.bhs[3]),
+        (0x21, 3, 0),
+        "the other LUN's write, GOOD, and not the function's answer while the aborted write waits"
+    );
+    assert!(
+        read_pdu(&mut s, Duration::from_millis(300)).await.is_none(),
+        "the function was answered while the write it aborted still ran"
+    );
+    gated.open();
+    let p = read_pdu(&mut s, Duration::from_secs(5))
+        .await
+        .expect("the function is answered once the write ended");
+    assert!(
+        gated.landed.load(Ordering::SeqCst),
+        "answered before the aborted write landed"
+    );
+    assert_eq!(
+        (p.opcode() & 0x3F, p.itt()),
+        (0x22, 2),
+        "the function's answer, not the write's"
+    );
+    assert_eq!(p.bhs[2], 0, "FUNCTION COMPLETE");
+    assert!(
+        read_pdu(&mut s, Duration::from_millis(300)).await.is_none(),
+        "the aborted write was answered"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abort_task_is_answered_once_the_write_it_aborts_has_ended() {
+    the_answer_waits_for_the_aborted_write(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lun_reset_is_answered_once_the_writes_it_aborts_have_ended() {
+    the_answer_waits_for_the_aborted_write(5).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abort_task_of_a_task_not_running_is_answered_at_once() {
+    let (addr, _gated, _reg) = rig().await;
+    let mut s = login(&addr).await;
+    tmf(2, 1, 0, 99).write(&mut s, false, false).await.unwrap();
+    let p = read_pdu(&mut s, Duration::from_secs(5)).await.expect("an answer");
+    assert_eq!(
+        (p.opcode() & 0x3F, p.itt(), p.bhs[2]),
+        (0x22, 2, 1),
+        "TASK DOES NOT EXIST"
+    );
+}
