@@ -42,6 +42,7 @@ use tessera_disk::{
 use tessera_rados::{Pool, RadosError, ReadExtent, WriteOp};
 
 use crate::fence::{write_op, FencedWriter};
+use crate::lease_clock::LeaseClock;
 
 /// Bytes per object, as librbd's default: large enough that a sequential stream costs few
 /// operations, small enough that objects spread over the placement groups.
@@ -87,6 +88,9 @@ struct Inner {
     size: u64,
     epoch: i64,
     path: String,
+    /// The lease the pool is owned under: past it, reads and writes are refused
+    /// (lease_clock.rs). Unbounded for a disk opened without one.
+    lease: LeaseClock,
 }
 
 /// Writes sent and not yet known applied, and writes held back to go together.
@@ -244,8 +248,19 @@ impl FencedDisk {
             size,
             epoch,
             path,
+            lease: LeaseClock::unbounded(),
         });
         Ok(FencedDisk { inner })
+    }
+
+    /// The disk, serving reads and writes only while `lease` holds: a gateway that stalled
+    /// past its lease serves nothing from the instant it runs again, though its renewal task
+    /// has not noticed yet and the cluster's blocklist may not have reached every OSD.
+    pub fn under_lease(mut self, lease: LeaseClock) -> FencedDisk {
+        Arc::get_mut(&mut self.inner)
+            .expect("a disk just opened is not shared yet")
+            .lease = lease;
+        self
     }
 
     pub fn epoch(&self) -> i64 {
@@ -435,6 +450,19 @@ impl Inner {
     /// disk failed on its way out.
     fn io_error(&self, op: &'static str, offset: u64, len: usize, e: RadosError) -> DiskError {
         self.unavailable(op, offset, len, describe(&e))
+    }
+
+    /// Refuses the request if the lease the pool is owned under may have lapsed.
+    fn check_lease(&self, op: &'static str, offset: u64, len: usize) -> Result<(), DiskError> {
+        match self.lease.holds() {
+            true => Ok(()),
+            false => Err(self.unavailable(
+                op,
+                offset,
+                len,
+                "this gateway's lease on the pool may have lapsed (it stalled, or lost etcd): another gateway may own the pool now".into(),
+            )),
+        }
     }
 
     fn unavailable(&self, op: &'static str, offset: u64, len: usize, reason: String) -> DiskError {
@@ -778,7 +806,10 @@ impl AsyncReader for Inner {
     /// object never written, or past the end of a shorter one, reads as zeros, as in
     /// [`read_many`](Inner::read_many). What is held for those objects is sent first.
     unsafe fn start_read(&self, at: *mut u8, len: u32, offset: u64, done: ReadDone) {
-        if check_request(&self.path, "read", offset, len as usize, self.size).is_err() {
+        if check_request(&self.path, "read", offset, len as usize, self.size)
+            .and_then(|()| self.check_lease("read", offset, len as usize))
+            .is_err()
+        {
             return done.complete(false);
         }
         let parts: Vec<_> = pieces(offset, len as usize).collect();
@@ -828,7 +859,10 @@ impl Inner {
     fn read_many(&self, reqs: &mut [ReadReq<'_>]) -> Vec<Result<(), DiskError>> {
         let mut results: Vec<Result<(), DiskError>> = reqs
             .iter()
-            .map(|r| check_request(&self.path, "read", r.offset, r.buf.len(), self.size))
+            .map(|r| {
+                check_request(&self.path, "read", r.offset, r.buf.len(), self.size)
+                    .and_then(|()| self.check_lease("read", r.offset, r.buf.len()))
+            })
             .collect();
         let spans: Vec<(u64, usize)> = reqs.iter().map(|r| (r.offset, r.buf.len())).collect();
         // Per piece: its object, offset in it, buffer and request.
@@ -917,6 +951,7 @@ impl Inner {
     /// never written makes it.
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DiskError> {
         check_request(&self.path, "write", offset, buf.len(), self.size)?;
+        self.check_lease("write", offset, buf.len())?;
         let mut started: Vec<(u64, usize, u64)> = Vec::new();
         let waited = |started: Vec<(u64, usize, u64)>| -> Result<(), DiskError> {
             let mut first = Ok(());
@@ -956,7 +991,10 @@ impl AsyncWriter for Inner {
     /// once, having sent nothing: the caller writes it the synchronous way, which waits for
     /// room, or (with FUA) fails in the flush after it.
     unsafe fn start_write(&self, at: *const u8, len: u32, offset: u64, done: ReadDone) {
-        if check_request(&self.path, "write", offset, len as usize, self.size).is_err() {
+        if check_request(&self.path, "write", offset, len as usize, self.size)
+            .and_then(|()| self.check_lease("write", offset, len as usize))
+            .is_err()
+        {
             return done.complete(false);
         }
         let parts: Vec<_> = pieces(offset, len as usize).collect();

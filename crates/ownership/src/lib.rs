@@ -21,6 +21,7 @@ pub mod courier;
 pub mod fence;
 #[cfg(feature = "fencing")]
 pub mod fenced_disk;
+pub mod lease_clock;
 #[cfg(feature = "fencing")]
 pub mod rados_meta;
 
@@ -30,6 +31,7 @@ use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp
 use tokio::task::JoinHandle;
 
 pub use courier::{Ask, AsksComing, Courier, NoticesComing};
+pub use lease_clock::LeaseClock;
 
 /// What went wrong talking to etcd, or taking a vdisk.
 #[derive(Debug)]
@@ -160,6 +162,8 @@ pub struct Gateway {
     prefix: String,
     lease: i64,
     keeper: JoinHandle<()>,
+    /// Until when the lease surely holds, which `keeper` moves on.
+    clock: LeaseClock,
     /// Follows the keys of every gateway, once asked to (`follow_changes`).
     follower: Option<JoinHandle<()>>,
 }
@@ -232,21 +236,30 @@ impl Gateway {
             }));
         }
         let mut client = Client::connect(endpoints, options).await?;
-        let lease = client.lease_grant(ttl, None).await?.id();
+        let asked = std::time::Instant::now();
+        let granted = client.lease_grant(ttl, None).await?;
+        let lease = granted.id();
+        let clock = LeaseClock::granted(asked, Duration::from_secs(granted.ttl().max(0) as u64));
         let (mut keeper, mut answers) = client.lease_keep_alive(lease).await?;
         let every = Duration::from_millis(ttl as u64 * 1000 / 3);
         let lease_time = Duration::from_secs(ttl as u64);
+        let renewed = clock.clone();
         let keeper = tokio::spawn(async move {
             loop {
+                let sent = std::time::Instant::now();
                 if keeper.keep_alive().await.is_err() {
+                    renewed.lapsed();
                     return;
                 }
                 match tokio::time::timeout(lease_time, answers.message()).await {
-                    Ok(Ok(Some(a))) if a.ttl() > 0 => {}
+                    Ok(Ok(Some(a))) if a.ttl() > 0 => renewed.renewed(sent, Duration::from_secs(a.ttl() as u64)),
                     // The lease is gone (expired while this process stalled, or revoked), or
                     // etcd did not answer for as long as the lease lasts, so it may be:
                     // whatever this gateway owned, it must take for lost.
-                    _ => return,
+                    _ => {
+                        renewed.lapsed();
+                        return;
+                    }
                 }
                 tokio::time::sleep(every).await;
             }
@@ -257,6 +270,7 @@ impl Gateway {
             prefix: prefix.trim_end_matches('/').to_string(),
             lease,
             keeper,
+            clock,
             follower: None,
         })
     }
@@ -693,6 +707,12 @@ impl Gateway {
     /// gateway stops serving what it owned when this turns false).
     pub fn alive(&self) -> bool {
         !self.keeper.is_finished()
+    }
+
+    /// Until when the lease surely holds: the disks of what this gateway owns refuse I/O
+    /// past it (lease_clock.rs).
+    pub fn lease_clock(&self) -> LeaseClock {
+        self.clock.clone()
     }
 
     /// Stops renewing the lease without giving anything up, as a gateway that stalls or dies

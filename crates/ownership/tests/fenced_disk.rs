@@ -677,3 +677,85 @@ fn the_engine_runs_a_pool_on_a_disk_on_rados_and_another_connection_opens_it() {
     let check = e.check().unwrap();
     assert!(check.problems.is_empty(), "{:?}", check.problems);
 }
+
+/// A disk opened under a lease serves reads and writes, one at a time, in a batch and on a
+/// ring, while the lease holds, and refuses every one of them (as a momentary refusal, not
+/// the disk's fault) once it may have lapsed: a gateway that stalled past its lease serves
+/// nothing when it runs again, before its renewal task has noticed and before the cluster's
+/// blocklist has reached every OSD.
+#[test]
+fn a_disk_past_its_lease_serves_nothing() {
+    use std::time::{Duration, Instant};
+    use tessera_ownership::LeaseClock;
+
+    let t = "a_disk_past_its_lease_serves_nothing";
+    let Some(conf) = ceph_conf(t) else { return };
+    let Ok(mut ring) = ReadRing::<(usize, AlignedBuf)>::new(8) else {
+        tessera_disk::skip(t, "io_uring unavailable");
+        return;
+    };
+    let c = ceph(&conf);
+    let prefix = format!("{t}-{}", std::process::id());
+    let clock = LeaseClock::granted(Instant::now(), Duration::from_secs(30));
+    let d = disk(&c, &prefix, 64 * MIB, 1).under_lease(clock.clone());
+    let via = d.read_via().expect("a disk on RADOS reads in the background");
+    let writer = d.write_via().expect("a disk on RADOS writes in the background");
+    let data = random(7, 8192);
+    // Every way of reading and writing, each one's success told by `ok`.
+    let every_way = |ring: &mut ReadRing<(usize, AlignedBuf)>| -> [bool; 5] {
+        let wrote = d.write_at(&data, 0);
+        let mut back = AlignedBuf::zeroed(8192);
+        let read = d.read_at(&mut back, 0);
+        let mut batch = AlignedBuf::zeroed(4096);
+        let batched = d
+            .read_many(&mut [ReadReq {
+                offset: 4096,
+                buf: &mut batch,
+            }])
+            .pop()
+            .unwrap();
+        for r in [&wrote, &read, &batched] {
+            if let Err(e) = r {
+                assert!(e.is_unavailable(), "refused as the disk's fault: {e}");
+            }
+        }
+        if read.is_ok() {
+            assert!(back[..] == data[..], "read back differs");
+        }
+        let mut buf = AlignedBuf::zeroed(4096);
+        let r = RingRead {
+            via: via.clone(),
+            at: buf.as_mut_ptr(),
+            len: 4096,
+            offset: 0,
+            io: None,
+        };
+        // SAFETY: the buffer moves into the tag; its heap memory stays put.
+        unsafe { ring.start((0, buf), &[r]) };
+        let w_buf = random(8, 4096);
+        let w = RingWrite {
+            disk: writer.clone(),
+            at: w_buf.as_ptr(),
+            len: 4096,
+            offset: 65536,
+            io: None,
+        };
+        // SAFETY: likewise.
+        unsafe { ring.start_writes((1, w_buf), &[w]) };
+        let mut done = Vec::new();
+        ring.drain(&mut done);
+        done.sort_by_key(|((i, _), _)| *i);
+        [wrote.is_ok(), read.is_ok(), batched.is_ok(), done[0].1, done[1].1]
+    };
+    assert_eq!(every_way(&mut ring), [true; 5], "while the lease holds");
+    clock.lapsed();
+    assert_eq!(every_way(&mut ring), [false; 5], "once the lease may have lapsed");
+    // Past its time to live, as after a stall, without the renewal task saying so.
+    let stalled = LeaseClock::granted(Instant::now(), Duration::from_millis(200));
+    let d = disk(&c, &format!("{prefix}-stalled"), 64 * MIB, 1).under_lease(stalled);
+    d.write_at(&data, 0).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut back = AlignedBuf::zeroed(8192);
+    assert!(d.read_at(&mut back, 0).unwrap_err().is_unavailable());
+    assert!(d.write_at(&data, 0).unwrap_err().is_unavailable());
+}

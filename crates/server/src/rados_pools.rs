@@ -326,6 +326,8 @@ mod real {
         pub epoch: i64,
         /// The lease it was taken under: it is this gateway's only while that lease is.
         pub lease: i64,
+        /// Until when that lease surely holds: its disks serve nothing past it.
+        lease_clock: tessera_ownership::LeaseClock,
         /// The disks opened through it, to learn whether the OSDs refused a write.
         disks: Arc<parking_lot::Mutex<Vec<std::sync::Weak<FencedDisk>>>>,
         /// A change of the metadata through it whose outcome is not known, described: its
@@ -670,7 +672,7 @@ mod real {
                 Ok(match o {
                     Ok(o) => {
                         let mine = g.holds(&o);
-                        Ok((o, mine))
+                        Ok((o, mine, g.lease_clock()))
                     }
                     Err(e) => match e.gave_back() {
                         Some(lasting) => Err((format!("cannot take pool {name}: {e}"), lasting == Lasting::Lasts)),
@@ -678,7 +680,7 @@ mod real {
                     },
                 })
             })?;
-            let (owner, mine) = match taken {
+            let (owner, mine, lease_clock) = match taken {
                 Ok(t) => t,
                 Err((why, lasting)) => return Ok(Taking::GaveBack { why, lasting }),
             };
@@ -696,6 +698,7 @@ mod real {
                 placement: placement.clone(),
                 epoch: owner.epoch,
                 lease: owner.lease,
+                lease_clock,
                 disks: Default::default(),
                 meta_unknown: Default::default(),
             }))
@@ -808,7 +811,7 @@ mod real {
         fn disk(&self, name: &str, size: u64) -> Result<Arc<FencedDisk>, String> {
             let pool = Cluster::shared_pool(&self.cluster, &self.placement.rados_pool).map_err(|e| e.to_string())?;
             let disk = FencedDisk::new(pool, &Placement::data_prefix(name), size, self.epoch)
-                .map(Arc::new)
+                .map(|d| Arc::new(d.under_lease(self.lease_clock.clone())))
                 .map_err(|e| e.to_string())?;
             let mut disks = self.disks.lock();
             if let Some(why) = &*self.meta_unknown.lock() {
