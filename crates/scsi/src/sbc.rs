@@ -158,8 +158,10 @@ impl Lun {
         }
         let data = self.data(d, n)?;
         let verify = matches!(cdb[0], WRITE_VERIFY_10 | WRITE_VERIFY_12 | WRITE_VERIFY_16);
-        let durable = r.fua || verify || !self.mode().wce;
+        // The cache setting is read under the lock that MODE SELECT takes to turn it off
+        // (spc.rs): a write that saw it on has ended before that MODE SELECT's flush.
         let _shared = self.atomic.read();
+        let durable = r.fua || verify || !self.mode().wce;
         self.backend
             .write(lba * self.block_size(), data, durable)
             .map_err(|e| self.io_sense(e, true))?;
@@ -228,8 +230,8 @@ impl Lun {
         } else {
             self.data(d, 1)?.to_vec()
         };
-        let durable = !self.mode().wce;
         let _shared = self.atomic.read();
+        let durable = !self.mode().wce;
         let (off, len) = (lba * bs, n * bs);
         if unmap || block.iter().all(|&b| b == 0) {
             // UNMAP set: SBC-4 (WRITE SAME, "ANCHOR bit, UNMAP bit and ANC_SUP bit
@@ -348,8 +350,8 @@ impl Lun {
             return Ok(Vec::new());
         }
         let data = self.data(d, n)?;
-        let durable = r.fua || !self.mode().wce;
         let _exclusive = self.atomic.write();
+        let durable = r.fua || !self.mode().wce;
         let mut cur = self.read_blocks(lba, n)?;
         for (c, x) in cur.iter_mut().zip(data) {
             *c |= x;

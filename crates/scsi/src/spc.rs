@@ -235,7 +235,10 @@ impl Lun {
         }
         self.take_mode(next, Some(nexus));
         if was.wce && !next.wce {
-            // Turning the cache off makes what it held durable now.
+            // Turning the cache off makes what it held durable now: the writes that saw it
+            // on (each reads the setting under this lock, shared) end first, so that the
+            // flush covers them too; the writes after see it off.
+            drop(self.atomic.write());
             self.backend.flush().map_err(|e| self.io_sense(e, true))?;
         }
         Ok(Vec::new())
