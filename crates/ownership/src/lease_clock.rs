@@ -47,7 +47,9 @@ impl LeaseClock {
 
     /// etcd answered a renewal sent at `sent`, granting `ttl` from its arrival.
     pub fn renewed(&self, sent: Instant, ttl: Duration) {
-        let until = nanos(sent).saturating_add(ttl.as_nanos().min(u64::MAX as u128) as u64);
+        // The instant itself, then its distance from the base: an instant before the base
+        // (made before the clock's first use) counts as the base, which errs towards lapsed.
+        let until = sent.checked_add(ttl).map_or(u64::MAX, nanos);
         self.until.fetch_max(until, Ordering::AcqRel);
     }
 
@@ -72,7 +74,10 @@ mod tests {
         let c = LeaseClock::granted(sent, Duration::from_millis(200));
         assert!(c.holds());
         // An answer to an older renewal does not take the time back.
-        c.renewed(sent - Duration::from_secs(10), Duration::from_millis(1));
+        c.renewed(
+            sent.checked_sub(Duration::from_secs(10)).unwrap_or(sent),
+            Duration::from_millis(1),
+        );
         assert!(c.holds());
         std::thread::sleep(Duration::from_millis(250));
         assert!(!c.holds(), "past its time to live, as after a stall");

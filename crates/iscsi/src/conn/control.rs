@@ -106,14 +106,17 @@ impl Session {
             self.writer.send_pdu(&r, true);
             return;
         }
-        let (running, writer) = (self.running.clone(), self.writer.clone());
+        let (running, writer, tags) = (self.running.clone(), self.writer.clone(), aborted.clone());
         let answer = std::thread::Builder::new().name("iscsi-tmf".into()).spawn(move || {
-            running.wait_ended(&aborted);
+            running.wait_ended(&tags);
             writer.send_pdu(&r, true);
         });
         if let Err(e) = answer {
-            // Nothing to wait on: rejected rather than answered before the commands ended.
+            // No thread to wait on: the function is rejected (the host goes on to a stronger
+            // one) and the commands are answered as if it never came, rather than the
+            // function answered before they ended.
             warn!(error = %e, "cannot start a thread to answer a task management function");
+            self.running.unabort(&aborted);
             let mut r = Pdu::new(op::TASK_MGMT_RESP);
             r.bhs[1] = 0x80;
             r.bhs[2] = 255;

@@ -51,6 +51,16 @@ impl Running {
             .collect()
     }
 
+    /// Takes the abort of the commands `itts` back: they are answered as if it never came.
+    pub(super) fn unabort(&self, itts: &[u32]) {
+        let mut tasks = self.tasks.lock();
+        for itt in itts {
+            if let Some(t) = tasks.get_mut(itt) {
+                t.aborted = false;
+            }
+        }
+    }
+
     /// Waits until none of the commands `itts` runs any more.
     pub(super) fn wait_ended(&self, itts: &[u32]) {
         let mut tasks = self.tasks.lock();
