@@ -107,6 +107,28 @@ fn until_served(d: &Daemon, pool: &str, limit: Duration) -> Duration {
 }
 
 #[cfg(feature = "rados")]
+/// Waits until `d` serves `pool` at an epoch later than `epoch`: taken again, not still the
+/// opening it had (whose disks refuse everything once its lease lapsed).
+fn until_served_after(d: &Daemon, pool: &str, epoch: i64, limit: Duration) -> Duration {
+    let t = Instant::now();
+    loop {
+        let p = pool_entry(d, pool);
+        if p["health"] != "unavailable"
+            && p["rados"]["here"] == true
+            && p["rados"]["epoch"].as_i64().is_some_and(|e| e > epoch)
+        {
+            return t.elapsed();
+        }
+        assert!(
+            t.elapsed() < limit,
+            "not taken again after {limit:?}: {p}\n{}",
+            d.logs()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[cfg(feature = "rados")]
 fn qemu_io(d: &Daemon, export: &str, cmd: &str) -> (bool, String) {
     qemu_io_all(d, export, &[cmd])
 }
@@ -695,6 +717,7 @@ fn gateways_need_only_the_caps_of_librbd_and_one_that_cannot_fence_serves_nothin
     let mut c = Daemon::start_on_tcp(&t.path().join("c"), &gateway("gw-c", &etcd, &prefix), TOKEN);
     import_as(&c, &pool, &weak_conf, &weak);
     c.ok(&["nbd", "export", &vdisk]);
+    let b_epoch = pool_entry(&b, &pool)["rados"]["epoch"].as_i64().unwrap();
     signal(&b, libc::SIGSTOP);
     let t0 = Instant::now();
     let mut seen = String::new();
@@ -723,9 +746,10 @@ fn gateways_need_only_the_caps_of_librbd_and_one_that_cannot_fence_serves_nothin
     assert!(counted.is_some_and(|n| n >= failed as f64), "{m}");
 
     // B resumes, finds its lease lost, and takes the pool again (fencing its own earlier
-    // connection off); nothing C could not fence was lost.
+    // connection off); nothing C could not fence was lost. Until then its earlier opening
+    // serves nothing: its lease lapsed while it was stopped.
     signal(&b, libc::SIGCONT);
-    until_served(&b, &pool, Duration::from_secs(20));
+    until_served_after(&b, &pool, b_epoch, Duration::from_secs(20));
     let (r, out) = qemu_io(&b, "v", "read -P 0xb2 0 1M");
     assert!(r, "{out}");
     let (r, out) = qemu_io(&b, "v", "read -P 0xa1 1M 3M");
