@@ -98,10 +98,14 @@ impl Session {
             }
             _ => (5, Vec::new()), // not supported
         };
-        let mut r = Pdu::new(op::TASK_MGMT_RESP);
-        r.bhs[1] = 0x80;
-        r.bhs[2] = response;
-        put32(&mut r.bhs, at::ITT, p.itt());
+        let answer_with = |response: u8| {
+            let mut r = Pdu::new(op::TASK_MGMT_RESP);
+            r.bhs[1] = 0x80;
+            r.bhs[2] = response;
+            put32(&mut r.bhs, at::ITT, p.itt());
+            r
+        };
+        let r = answer_with(response);
         if aborted.is_empty() {
             self.writer.send_pdu(&r, true);
             return;
@@ -117,11 +121,7 @@ impl Session {
             // function answered before they ended.
             warn!(error = %e, "cannot start a thread to answer a task management function");
             self.running.unabort(&aborted);
-            let mut r = Pdu::new(op::TASK_MGMT_RESP);
-            r.bhs[1] = 0x80;
-            r.bhs[2] = 255;
-            put32(&mut r.bhs, at::ITT, p.itt());
-            self.writer.send_pdu(&r, true);
+            self.writer.send_pdu(&answer_with(255), true);
         }
     }
 }
