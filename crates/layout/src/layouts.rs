@@ -173,7 +173,7 @@ impl Layouts {
         // or is given up by `disk fail`): recorded now, whether a mirror copy is taken as its
         // disk holds it would be decided by the disks' order, not by which comes back first.
         // A disk on the list that is open (none should be) is recorded.
-        let held = record_stale_slabs(&pool, &registry, |d| pool.readable_disk(d).is_some(), |_| {})?;
+        let held = record_stale_slabs(&pool, &registry, |d| pool.readable_disk(d).is_some(), true, |_| {})?;
         record_held(&pool, &registry, &held);
         // Members taken as held since they were, at this open or an earlier one.
         let held: HashSet<SlabRef> = registry.all().iter().flat_map(|s| s.held.lock().clone()).collect();
@@ -408,10 +408,14 @@ impl Layouts {
         // Refused before anything is recorded where it can be (another disk in its place, an
         // older copy): a crash after a refusal then leaves nothing to undo.
         self.pool.may_bring_back(position, &dev)?;
+        // The disk's list stays in the pool's records until the save that takes the disk back
+        // clears it (`Pool::bring_back`): if the disk is refused, or the daemon stops first,
+        // the list is still there for its next return or its giving up, with nothing to undo.
         let held = record_stale_slabs(
             &self.pool,
             &self.registry,
             |d| d == position,
+            false,
             |new| {
                 self.missed.write().extend(new.iter().copied());
                 self.any_missed.store(true, Ordering::Release);
@@ -443,16 +447,17 @@ impl Layouts {
             if let Some(e) = refused {
                 // Refused (an older copy, another disk in its place, say): the flag says
                 // what the records say again, and the members taken as held are stale
-                // again, judged anew at the disk's next return, or recorded with their sets
-                // if it is given up (`record_stale_of_given_up`). Left taken as held, they
-                // would count as current copies with the disk still away, and a copy on
-                // another disk, stale after the same error, would then wait for them for
-                // good rather than be taken as its disk holds it.
+                // again, as the pool's list still says (judged anew at the disk's next
+                // return, or recorded with their sets if it is given up,
+                // `record_stale_of_given_up`). Left taken as held, they would count as
+                // current copies with the disk still away, and a copy on another disk,
+                // stale after the same error, would then wait for them for good rather than
+                // be taken as its disk holds it.
                 let pending = stale_present(&self.pool, &self.missed.read());
                 if let Err(w) = self.pool.set_resync_pending(pending) {
                     warn!(pool = %self.pool.name(), error = %w, "cannot write the disk labels; they still say members await a resync");
                 }
-                self.unhold(position, &held, &newly_held, since_before);
+                self.unhold(&newly_held, since_before);
                 return Err(e.into());
             }
         }
@@ -467,16 +472,10 @@ impl Layouts {
         Ok(())
     }
 
-    /// Undoes the taking as held of `held`, members of the disk at `position`, which was then
-    /// refused: `newly` left `held_as_is`, `held_since` as it was before, and the slabs back
-    /// on the disk's list of those an I/O error may have left stale.
-    fn unhold(
-        &self,
-        position: u32,
-        held: &[(u32, SlabRef)],
-        newly: &[SlabRef],
-        since_before: HashMap<u32, Option<u64>>,
-    ) {
+    /// Undoes in memory the taking as held of members of a disk that was then refused:
+    /// `newly` left `held_as_is`, and `held_since` is as it was before. Nothing of it was
+    /// recorded: the pool's list of the disk's stale slabs still holds them.
+    fn unhold(&self, newly: &[SlabRef], since_before: HashMap<u32, Option<u64>>) {
         {
             let mut as_is = self.held_as_is.write();
             for s in newly {
@@ -496,12 +495,6 @@ impl Layouts {
                     None => since.remove(&set),
                 };
             }
-        }
-        let slabs: Vec<u32> = held.iter().map(|(_, s)| s.slab).collect();
-        if let Err(e) = self.pool.restore_stale_slabs(position, &slabs) {
-            // Then they stay taken as held (as a crash here would leave them): a copy
-            // elsewhere may wait for them, unreadable, rather than be taken as held.
-            warn!(pool = %self.pool.name(), disk = position, error = %e, "cannot record again the slabs an I/O error may have left stale on a disk that was refused");
         }
     }
 
@@ -1226,8 +1219,9 @@ impl Layouts {
 
 /// Records with their slab sets, as members that missed writes, the slabs that I/O errors
 /// may have left stale on the disks they took out (`Pool::stale_slabs`, of the disks `which`
-/// picks), then lets the pool forget its lists. Their disks are away meanwhile (or the pool
-/// is being opened): nothing reads or writes those slabs.
+/// picks), then, with `forget`, lets the pool forget its lists (without, the save that takes
+/// the disk back clears its list). Their disks are away meanwhile (or the pool is being
+/// opened): nothing reads or writes those slabs.
 /// `recorded` is told of each set's, under the set's records (`Registry::add_missed`).
 ///
 /// A set without redundancy (simple) has no other member to resync its stale member from,
@@ -1244,6 +1238,7 @@ fn record_stale_slabs(
     pool: &Pool,
     registry: &Registry,
     which: impl Fn(u32) -> bool,
+    forget: bool,
     recorded: impl Fn(&[SlabRef]),
 ) -> Result<Vec<(u32, SlabRef)>> {
     let mut held = Vec::new();
@@ -1275,7 +1270,9 @@ fn record_stale_slabs(
         }
         let as_held = held.len() - held_before;
         info!(pool = %pool.name(), disk, slabs = slabs.len(), resynced, as_held, "slabs written since the last flush of a disk an I/O error took out: those another member can resync are stale until resynced, the others are taken as the disk holds them");
-        pool.forget_stale_slabs(disk)?;
+        if forget {
+            pool.forget_stale_slabs(disk)?;
+        }
     }
     Ok(held)
 }

@@ -938,43 +938,18 @@ impl Pool {
         self.save_config(&config)
     }
 
-    /// The layout layer recorded the disk's stale slabs, then the disk was refused
-    /// ([`bring_back`](Self::bring_back)): `slabs`, those it took as the disk holds them
-    /// rather than record, are on the list again, for its next return or its giving up.
-    pub fn restore_stale_slabs(&self, position: u32, slabs: &[u32]) -> Result<()> {
-        let _saving = self.saving.lock();
-        let mut inner = self.inner.write();
-        let Some(disk) = inner.config.disks.get_mut(position as usize) else {
-            return Ok(());
-        };
-        let before = disk.stale_slabs.len();
-        for &slab in slabs {
-            if !disk.stale_slabs.contains(&slab) {
-                disk.stale_slabs.push(slab);
-            }
-        }
-        if disk.stale_slabs.len() == before {
-            return Ok(());
-        }
-        disk.stale_slabs.sort_unstable();
-        let config = inner.config.clone();
-        drop(inner);
-        self.save_config(&config)
-    }
-
     /// Whether `dev` may be taken back in the place of the disk at `position`
     /// ([`bring_back`](Self::bring_back), whose checks this makes, reading its label), but
     /// for its stale slabs: the layout layer records those once this says yes, then brings
     /// it back. Asked first, a disk refused (another in its place, an older copy) leaves
     /// nothing recorded.
     pub fn may_bring_back(&self, position: u32, dev: &DiskRef) -> Result<()> {
-        self.check_return(position, dev, false).map(|_| ())
+        self.check_return(position, dev).map(|_| ())
     }
 
     /// The checks of [`bring_back`](Self::bring_back): the pool's configuration, the disk's
-    /// record and the state it returns to, or why it is refused; with `recorded`, its stale
-    /// slabs must have been recorded.
-    fn check_return(&self, position: u32, dev: &DiskRef, recorded: bool) -> Result<(PoolConfig, DiskInfo, DiskState)> {
+    /// record and the state it returns to, or why it is refused.
+    fn check_return(&self, position: u32, dev: &DiskRef) -> Result<(PoolConfig, DiskInfo, DiskState)> {
         let (config, info) = {
             let inner = self.inner.read();
             let info = inner
@@ -1003,9 +978,6 @@ impl Pool {
         }
         if !matches!(info.state, DiskState::Missing | DiskState::Failed) {
             return refuse(format!("is not missing (it is {})", info.state.as_str()));
-        }
-        if recorded && !info.stale_slabs.is_empty() {
-            return refuse("has slabs an I/O error may have left stale that are not recorded yet".into());
         }
         if info.usage != DiskUsage::Data {
             return refuse(
@@ -1039,12 +1011,14 @@ impl Pool {
     /// label must name this pool's disk, of the generation it had when it went away or
     /// later (an older copy is refused), and it takes back the state it had. Which of its
     /// slabs missed writes meanwhile is in the slab sets' records (the layout layer, which
-    /// says so in the labels first, and records the disk's stale slabs before this). Its
-    /// label is written at the pool's generation before the configuration says it is back:
-    /// a crash between the two finds it away, and back, at the next import.
+    /// says so in the labels first, and records the disk's stale slabs before this): the
+    /// save that says it is back clears its list of stale slabs, so that a disk refused, or
+    /// a crash before that save, finds the list as it was. Its label is written at the
+    /// pool's generation before the configuration says it is back: a crash between the two
+    /// finds it away, and back, at the next import.
     pub fn bring_back(&self, position: u32, dev: DiskRef) -> Result<()> {
         let _saving = self.saving.lock();
-        let (config, info, state) = self.check_return(position, &dev, true)?;
+        let (config, info, state) = self.check_return(position, &dev)?;
         rewrite_label(
             dev.as_ref(),
             &label_for(&config, &info, false, self.resync_pending.load(Ordering::SeqCst)),

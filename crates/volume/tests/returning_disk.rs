@@ -1146,10 +1146,24 @@ fn a_mirror_blinked_whole_comes_back(give_up_disk_0: bool, restart: bool, refuse
         assert!(err.contains("a different disk"), "{err}");
         // Then the right one, whose label cannot be written: refused after its stale slabs
         // were judged, which are stale again.
-        let stuck = powered_again(&media[0]);
-        stuck.faults().fail_range(0, 4096, tessera_disk::FaultOp::Write);
-        rig.engine().bring_back_disk("mem0", stuck as DiskRef).unwrap_err();
+        let stale = recorded_stale_slabs(rig.engine().pool(), 0);
+        assert!(!stale.is_empty());
+        let stuck = LabelWatch::new(powered_again(&media[0]), rig.engine().pool().clone());
+        stuck.disk.faults().fail_range(0, 4096, tessera_disk::FaultOp::Write);
+        rig.engine()
+            .bring_back_disk("mem0", stuck.clone() as DiskRef)
+            .unwrap_err();
         assert_eq!((state(&rig, 0), state(&rig, 1)), (DiskState::Failed, DiskState::Failed));
+        // A crash at any instant of the attempt finds them on the disk's list: when its
+        // label was to be written, and after. Before, the list was cleared before the label
+        // was written and saved again after the refusal, so that a crash in between left
+        // the copies on disk 0 current with the disk away, and disk 1's waiting for them.
+        assert_eq!(
+            stuck.seen.lock().unwrap().as_ref(),
+            Some(&stale),
+            "when the label was to be written"
+        );
+        assert_eq!(recorded_stale_slabs(rig.engine().pool(), 0), stale, "after the refusal");
     }
     if give_up_disk_0 {
         rig.engine().fail_disk("mem0").unwrap();
@@ -1202,6 +1216,57 @@ fn a_mirror_blinked_whole_comes_back(give_up_disk_0: bool, restart: bool, refuse
     rig.reopen();
     assert_eq!(read_all(&rig), data);
     rig.assert_consistent();
+}
+
+/// The slabs an I/O error may have left stale on disk `position`, as the pool's records (not
+/// its memory) say.
+fn recorded_stale_slabs(pool: &tessera_pool::Pool, position: usize) -> Vec<u32> {
+    let config: tessera_pool::PoolConfig =
+        serde_json::from_slice(&pool.meta().get(CF_POOL, b"config").unwrap().unwrap()).unwrap();
+    config.disks[position].stale_slabs.clone()
+}
+
+/// A disk that notes, when its label is written, what the pool's records then say of the
+/// stale slabs of disk 0 (the disk it stands for), as a crash at that instant would find them.
+struct LabelWatch {
+    disk: Arc<FaultyDisk>,
+    pool: Arc<tessera_pool::Pool>,
+    seen: std::sync::Mutex<Option<Vec<u32>>>,
+}
+
+impl LabelWatch {
+    fn new(disk: Arc<FaultyDisk>, pool: Arc<tessera_pool::Pool>) -> Arc<LabelWatch> {
+        Arc::new(LabelWatch {
+            disk,
+            pool,
+            seen: std::sync::Mutex::new(None),
+        })
+    }
+}
+
+impl BlockDevice for LabelWatch {
+    fn path(&self) -> &str {
+        self.disk.path()
+    }
+
+    fn size(&self) -> u64 {
+        self.disk.size()
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), tessera_disk::DiskError> {
+        self.disk.read_at(buf, offset)
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), tessera_disk::DiskError> {
+        if offset < 4096 {
+            *self.seen.lock().unwrap() = Some(recorded_stale_slabs(&self.pool, 0));
+        }
+        self.disk.write_at(buf, offset)
+    }
+
+    fn flush(&self) -> Result<(), tessera_disk::DiskError> {
+        self.disk.flush()
+    }
 }
 
 #[test]
