@@ -188,6 +188,12 @@ pub trait BlockBackend: Send + Sync {
 
     /// A point-in-time image of the ranges `(offset, len)`, in order (POPULATE TOKEN).
     fn freeze(&self, ranges: &[(u64, u64)]) -> BackendResult<Box<dyn FrozenImage>>;
+    /// The memory, in bytes, that [`freeze`](Self::freeze) of `ranges` would hold while its
+    /// token lives, judged without making it: counted against the tokens' budget first. By
+    /// default the ranges' length, for an image that copies its data.
+    fn freeze_footprint(&self, ranges: &[(u64, u64)]) -> u64 {
+        ranges.iter().map(|r| r.1).sum()
+    }
     /// Makes `[at, at + len)` read as `[from, from + len)` of `image` (WRITE USING TOKEN). By
     /// default the data is copied; a backend shares it when the image is its own kind.
     fn paste(&self, at: u64, image: &dyn FrozenImage, from: u64, len: u64) -> BackendResult<()> {

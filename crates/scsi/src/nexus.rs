@@ -53,11 +53,11 @@ impl Scope {
         self.0.as_ref()?.upgrade()?.lun_by_naa(naa)
     }
 
-    /// Whether the LUN of designator `naa` is (still) one this nexus addresses: always, for
-    /// a nexus without a target; no longer, once the LUN was taken out of the target or the
-    /// target is gone.
-    pub(crate) fn presents(&self, naa: &[u8; 16]) -> bool {
-        self.0.is_none() || self.lun_by_naa(naa).is_some()
+    /// Whether `lun` is (still) the one this nexus addresses by its designator: always, for
+    /// a nexus without a target; no longer, once the LUN was taken out of the target or
+    /// replaced there by another with the same designator, or the target is gone.
+    pub(crate) fn presents(&self, lun: &Lun) -> bool {
+        self.0.is_none() || self.lun_by_naa(lun.naa()).is_some_and(|l| std::ptr::eq(&*l, lun))
     }
 }
 

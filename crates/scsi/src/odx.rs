@@ -82,14 +82,19 @@ impl Lun {
         if ranges.is_empty() {
             return Err(sense::INVALID_FIELD_IN_PARAMETER_LIST);
         }
+        // The budget first: the image takes memory, and the vdisk's writes wait while it is
+        // made.
+        let claim = self.tpc.claim(nexus, total, self.backend.freeze_footprint(&ranges))?;
         let image = Arc::from(self.backend.freeze(&ranges).map_err(|e| self.io_sense(e, false))?);
         // Asked under the tokens' lock: a LUN taken out of the nexus's target since it was
-        // looked up (the command held back its data meanwhile, or waited its turn) makes no
-        // token, and one made before is revoked with the others after the removal.
+        // looked up (the command held back its data meanwhile, or waited its turn), or
+        // replaced there by another of the same designator (a standby LUN once another
+        // gateway took the pool, whose tokens are revoked after), makes no token, and one
+        // made before is revoked with the others after the removal.
         let token = self
             .tpc
-            .create_token_unless(self.identification_cscd(), nexus, image, timeout, || {
-                !nexus.scope.presents(&self.naa)
+            .create_token_unless(claim, self.identification_cscd(), nexus, image, timeout, || {
+                !nexus.scope.presents(self)
             })?;
         let nexus = nexus.id;
         self.tpc.record(

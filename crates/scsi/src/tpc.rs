@@ -30,17 +30,21 @@ pub const ROD_TYPE_BLOCK_ZERO: u32 = 0xFFFF_0001;
 /// Inactivity timeouts, in seconds: when POPULATE TOKEN asks for none, and the most it may.
 pub const DEFAULT_INACTIVITY_TIMEOUT: u32 = 30;
 pub const MAX_INACTIVITY_TIMEOUT: u32 = 600;
-/// Tokens alive at once, daemon-wide, and the bytes they may represent together (a token
-/// keeps one grain location in memory per grain: 4 TiB of 64 KiB grains is 512 MiB);
-/// POPULATE TOKEN beyond either is refused.
+/// Tokens alive at once, daemon-wide, the bytes they may represent together, and the memory
+/// their images may hold together (a vdisk's image keeps one grain location, 8 bytes, per
+/// grain it covers: 4 TiB of 64 KiB grains is 512 MiB, of 4 KiB grains 8 GiB, so memory
+/// bounds tokens of small grains first). POPULATE TOKEN beyond any of them is refused before
+/// its image is made ([`claim`](CopyManager::claim)).
 pub const MAX_TOKENS: usize = 4096;
 pub const MAX_LIVE_TOKEN_BYTES: u64 = 4 << 40;
+pub const MAX_LIVE_TOKEN_MEMORY: u64 = 512 << 20;
 /// What one initiator may hold of those, through all its sessions together (a session
 /// logged in again, or several at once, gets no more): a quarter, so that one initiator
 /// cannot take the whole budget from the others (nor pin more of a pool's space with tokens
 /// of data it then overwrites than a quarter of it).
 pub const MAX_TOKENS_PER_INITIATOR: usize = MAX_TOKENS / 4;
 pub const MAX_LIVE_TOKEN_BYTES_PER_INITIATOR: u64 = MAX_LIVE_TOKEN_BYTES / 4;
+pub const MAX_LIVE_TOKEN_MEMORY_PER_INITIATOR: u64 = MAX_LIVE_TOKEN_MEMORY / 4;
 /// How long a token lives at most, used or not (VPD page 0x8F says so): a token kept alive by
 /// use would otherwise hold the grains of data overwritten since for as long as its holder
 /// likes. Windows uses a token within seconds of making it.
@@ -92,9 +96,37 @@ struct Token {
     /// The name of the initiator that made it, lower case (iSCSI names compare so).
     made_by: String,
     image: Arc<dyn FrozenImage>,
+    /// Memory its image holds, as its claim counted it.
+    memory: u64,
     timeout: Duration,
     last_used: Instant,
     made: Instant,
+}
+
+/// A share of the tokens' budget taken by a POPULATE TOKEN before it makes its image
+/// ([`CopyManager::claim`]): counted with the live tokens until the token is made from it
+/// ([`CopyManager::create_token_unless`]) or it is dropped. Many POPULATE TOKENs at once
+/// (a session runs dozens of commands) then cannot each make an image the budget would
+/// have refused: the images would be made, and memory taken, before any was refused.
+pub struct TokenClaim<'a> {
+    cm: &'a CopyManager,
+    id: u64,
+    share: Share,
+}
+
+/// What a token, or a claim for one, takes of the budget.
+#[derive(Clone)]
+struct Share {
+    /// The initiator's name, lower case.
+    made_by: String,
+    bytes: u64,
+    memory: u64,
+}
+
+impl Drop for TokenClaim<'_> {
+    fn drop(&mut self) {
+        self.cm.claims.lock().remove(&self.id);
+    }
 }
 
 /// Tokens that ended, with why and when, oldest first: bounded in number and in time, and
@@ -157,6 +189,9 @@ pub struct OpResult {
 pub struct CopyManager {
     instance: [u8; 16],
     tokens: Mutex<HashMap<[u8; 32], Token>>,
+    /// Claims of the budget for tokens whose images are being made, by claim number. Taken
+    /// after `tokens` when both are.
+    claims: Mutex<HashMap<u64, Share>>,
     /// Tokens that ended, with why and when.
     ended: Mutex<Ended>,
     next_id: AtomicU64,
@@ -177,6 +212,7 @@ impl CopyManager {
         CopyManager {
             instance,
             tokens: Mutex::new(HashMap::new()),
+            claims: Mutex::new(HashMap::new()),
             ended: Mutex::new(Ended::default()),
             next_id: AtomicU64::new(1),
             results: Mutex::new(HashMap::new()),
@@ -192,16 +228,56 @@ impl CopyManager {
         image: Arc<dyn FrozenImage>,
         timeout_s: u32,
     ) -> Result<Box<[u8; TOKEN_LEN]>, Sense> {
-        self.create_token_unless(creator, by, image, timeout_s, || false)
+        let claim = self.claim(by, image.len(), 0)?;
+        self.create_token_unless(claim, creator, by, image, timeout_s, || false)
     }
 
-    /// Makes a token representing `image`, created by the I_T nexus `by` on the LUN that
-    /// `creator` (its identification CSCD descriptor) names. Refused (COPY ABORTED, copy
-    /// target device not reachable) once the session of `by` was ended from outside, or when
-    /// `withdrawn()` says the LUN is no longer one its target presents (asked under the
-    /// tokens' lock).
+    /// Takes for a token of `bytes` of data, whose image will hold `memory` bytes of memory,
+    /// its share of the budget, before the image is made: refused (INSUFFICIENT RESOURCES TO
+    /// CREATE ROD TOKEN) when the live tokens and the claims still being made, daemon-wide
+    /// or of `by`'s initiator, leave too little of it.
+    pub fn claim(&self, by: &Nexus, bytes: u64, memory: u64) -> Result<TokenClaim<'_>, Sense> {
+        self.expire();
+        let tokens = self.tokens.lock();
+        let mut claims = self.claims.lock();
+        let share = Share {
+            made_by: by.initiator.to_ascii_lowercase(),
+            bytes,
+            memory,
+        };
+        let taken = tokens
+            .values()
+            .map(|t| (&t.made_by, t.image.len(), t.memory))
+            .chain(claims.values().map(|c| (&c.made_by, c.bytes, c.memory)));
+        let (mut all, mut mine) = ((0usize, 0u64, 0u64), (0usize, 0u64, 0u64));
+        for (made_by, bytes, memory) in taken {
+            all = (all.0 + 1, all.1 + bytes, all.2 + memory);
+            if *made_by == share.made_by {
+                mine = (mine.0 + 1, mine.1 + bytes, mine.2 + memory);
+            }
+        }
+        if all.0 >= MAX_TOKENS
+            || all.1 + bytes > MAX_LIVE_TOKEN_BYTES
+            || all.2 + memory > MAX_LIVE_TOKEN_MEMORY
+            || mine.0 >= MAX_TOKENS_PER_INITIATOR
+            || mine.1 + bytes > MAX_LIVE_TOKEN_BYTES_PER_INITIATOR
+            || mine.2 + memory > MAX_LIVE_TOKEN_MEMORY_PER_INITIATOR
+        {
+            return Err(sense::INSUFFICIENT_RESOURCES_TO_CREATE_ROD_TOKEN);
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        claims.insert(id, share.clone());
+        Ok(TokenClaim { cm: self, id, share })
+    }
+
+    /// Makes, from its `claim` of the budget, a token representing `image`, created by the
+    /// I_T nexus `by` on the LUN that `creator` (its identification CSCD descriptor) names.
+    /// Refused (COPY ABORTED, copy target device not reachable) once the session of `by` was
+    /// ended from outside, or when `withdrawn()` says the LUN is no longer one its target
+    /// presents (asked under the tokens' lock).
     pub fn create_token_unless(
         &self,
+        claim: TokenClaim<'_>,
         creator: [u8; 32],
         by: &Nexus,
         image: Arc<dyn FrozenImage>,
@@ -209,7 +285,6 @@ impl CopyManager {
         withdrawn: impl Fn() -> bool,
     ) -> Result<Box<[u8; TOKEN_LEN]>, Sense> {
         let nexus = by.id;
-        self.expire();
         let mut tokens = self.tokens.lock();
         // Under the lock: whoever ends a session from outside closes it (takes a LUN out of
         // the target) before revoking what it made, so a POPULATE TOKEN that was running
@@ -218,19 +293,8 @@ impl CopyManager {
         if by.ended() || withdrawn() {
             return Err(sense::COPY_TARGET_DEVICE_NOT_REACHABLE);
         }
-        let made_by = by.initiator.to_ascii_lowercase();
-        let live: u64 = tokens.values().map(|t| t.image.len()).sum();
-        let (mine, mine_bytes) = tokens
-            .values()
-            .filter(|t| t.made_by == made_by)
-            .fold((0, 0u64), |(n, b), t| (n + 1, b + t.image.len()));
-        if tokens.len() >= MAX_TOKENS
-            || live + image.len() > MAX_LIVE_TOKEN_BYTES
-            || mine >= MAX_TOKENS_PER_INITIATOR
-            || mine_bytes + image.len() > MAX_LIVE_TOKEN_BYTES_PER_INITIATOR
-        {
-            return Err(sense::INSUFFICIENT_RESOURCES_TO_CREATE_ROD_TOKEN);
-        }
+        let made_by = claim.share.made_by.clone();
+        let memory = claim.share.memory;
         let mut b = Box::new([0u8; TOKEN_LEN]);
         rand::rng().fill(&mut b[T_END..]);
         b[T_TYPE..T_TYPE + 4].copy_from_slice(&ROD_TYPE_PIT_DEFAULT.to_be_bytes());
@@ -251,6 +315,7 @@ impl CopyManager {
                 creator: nexus,
                 made_by,
                 image,
+                memory,
                 timeout: Duration::from_secs(timeout_s as u64),
                 last_used: Instant::now(),
                 made: Instant::now(),
@@ -597,13 +662,61 @@ mod tests {
     #[test]
     fn a_lun_withdrawn_meanwhile_makes_no_token() {
         let cm = CopyManager::new();
+        let claim = cm.claim(&nx(1), 4096, 64).unwrap();
         let refused = cm
-            .create_token_unless([1; 32], &nx(1), image("p", "vm", 4096), 30, || true)
+            .create_token_unless(claim, [1; 32], &nx(1), image("p", "vm", 4096), 30, || true)
             .unwrap_err();
         assert_eq!(refused, sense::COPY_TARGET_DEVICE_NOT_REACHABLE);
         assert!(cm.tokens_of(1).is_empty());
-        cm.create_token_unless([1; 32], &nx(1), image("p", "vm", 4096), 30, || false)
+        assert!(cm.claims.lock().is_empty(), "its claim is given back");
+        let claim = cm.claim(&nx(1), 4096, 64).unwrap();
+        cm.create_token_unless(claim, [1; 32], &nx(1), image("p", "vm", 4096), 30, || false)
             .unwrap();
+        assert!(cm.claims.lock().is_empty(), "the token counts in its place");
+    }
+
+    /// The budget is taken before the images are made: claims still being made count as
+    /// tokens, so that dozens of POPULATE TOKENs at once (one session runs as many) cannot
+    /// each make an image, and take its memory, that the budget then refuses. Memory bounds
+    /// the images of small grains, whose bytes the byte budget would still let through.
+    #[test]
+    fn the_token_budget_is_claimed_before_the_image_is_made() {
+        let cm = CopyManager::new();
+        let a = Nexus::new(1, "iqn.2026-12.test:a", [0, 2, 0, 0, 0, 1]);
+        let half = MAX_LIVE_TOKEN_MEMORY_PER_INITIATOR / 2;
+        let first = cm.claim(&a, 1 << 30, half).unwrap();
+        let second = cm.claim(&a, 1 << 30, half).unwrap();
+        let refused = cm.claim(&a, 1 << 30, 1).err().expect("over the initiator's memory");
+        assert_eq!(refused.asc, sense::INSUFFICIENT_RESOURCES_TO_CREATE_ROD_TOKEN.asc);
+        // A claim given back (its image could not be made) frees its share; one made into a
+        // token keeps it.
+        drop(second);
+        let token = cm
+            .create_token_unless(first, [1; 32], &a, image("p", "vm", 1 << 30), 30, || false)
+            .unwrap();
+        let again = cm.claim(&a, 1 << 30, half).unwrap();
+        assert!(cm.claim(&a, 1 << 30, 1).is_err(), "the token holds the other half");
+        drop(again);
+        // Bytes bound a claim as they bound tokens, and another initiator has its own share.
+        assert!(cm.claim(&a, MAX_LIVE_TOKEN_BYTES_PER_INITIATOR, 0).is_err());
+        let b = Nexus::new(2, "iqn.2026-12.test:b", [0, 2, 0, 0, 0, 2]);
+        let theirs = cm.claim(&b, 1 << 30, MAX_LIVE_TOKEN_MEMORY_PER_INITIATOR).unwrap();
+        // Ended, the token gives its share back.
+        assert!(cm.use_token(&token[..], true).is_ok());
+        cm.claim(&a, 1 << 30, MAX_LIVE_TOKEN_MEMORY_PER_INITIATOR).unwrap();
+        drop(theirs);
+        // Daemon-wide: every initiator's claims together.
+        let hosts: Vec<Nexus> = (0..4)
+            .map(|i| Nexus::new(10 + i, &format!("iqn.2026-12.test:h{i}"), [0, 2, 0, 0, 0, 9]))
+            .collect();
+        let held: Vec<TokenClaim> = hosts
+            .iter()
+            .map(|h| cm.claim(h, 1 << 20, MAX_LIVE_TOKEN_MEMORY / 4).unwrap())
+            .collect();
+        let c = Nexus::new(20, "iqn.2026-12.test:c", [0, 2, 0, 0, 0, 3]);
+        assert!(cm.claim(&c, 1 << 20, 1).is_err(), "the daemon's memory is all claimed");
+        drop(held);
+        assert!(cm.claim(&c, 1 << 20, 1).is_ok());
     }
 
     #[test]

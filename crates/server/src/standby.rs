@@ -316,6 +316,10 @@ impl BlockBackend for StandbyBackend {
     fn freeze(&self, _: &[(u64, u64)]) -> BackendResult<Box<dyn FrozenImage>> {
         Err(not_here(&self.0.read()))
     }
+    /// Nothing: no image is made here, and the refusal says why.
+    fn freeze_footprint(&self, _: &[(u64, u64)]) -> u64 {
+        0
+    }
 }
 
 /// What a gateway knows of a vdisk of a pool it does not own, from the pool's metadata.

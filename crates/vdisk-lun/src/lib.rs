@@ -117,6 +117,10 @@ impl BlockBackend for VdiskBackend {
             .collect())
     }
 
+    fn freeze_footprint(&self, ranges: &[(u64, u64)]) -> u64 {
+        self.0.freeze_footprint(ranges)
+    }
+
     fn freeze(&self, ranges: &[(u64, u64)]) -> BackendResult<Box<dyn FrozenImage>> {
         let image = self.0.freeze(ranges).map_err(backend_error)?;
         Ok(Box::new(FrozenVdisk {

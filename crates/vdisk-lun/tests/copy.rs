@@ -611,6 +611,61 @@ fn a_populate_token_on_a_lun_taken_out_of_its_target_makes_no_token() {
     assert_eq!(rig.cm.tokens_of(n.id).len(), 1, "only the token made while presented");
 }
 
+/// Nor does one on a LUN its target replaced meanwhile by another of the same designator:
+/// a gateway that gives its pool to another puts a standby LUN of the vdisk in the real
+/// one's place, then revokes the pool's tokens. Asking only whether the target still has a
+/// LUN of that designator, the POPULATE TOKEN that was making its image then would make a
+/// token after the revocation, holding grains the pool's next owner may free and reuse.
+#[test]
+fn a_populate_token_on_a_lun_replaced_in_its_target_makes_no_token() {
+    let rig = Rig::new();
+    let a = rig.lun("a", LayoutKind::Mirror, 1);
+    write(&a, 0, &pattern(1, MIB as usize));
+    let n = rig.nexus();
+    let in_its_place = rig.lun_elsewhere("b", LayoutKind::Mirror, 1);
+    assert_eq!(in_its_place.naa(), a.naa());
+    *rig.target.0.lock() = vec![in_its_place];
+    let (c, p) = cdbs::populate_token(1, 30, &[(0, 8)]);
+    let r = a.execute_for(&n, &c, &p);
+    assert_eq!(
+        (r.sense[2] & 0x0F, r.sense[12], r.sense[13]),
+        (
+            sense::COPY_TARGET_DEVICE_NOT_REACHABLE.key,
+            sense::COPY_TARGET_DEVICE_NOT_REACHABLE.asc,
+            sense::COPY_TARGET_DEVICE_NOT_REACHABLE.ascq
+        )
+    );
+    assert!(rig.cm.tokens_of(n.id).is_empty());
+}
+
+/// POPULATE TOKEN takes its share of the tokens' budget before it makes the image, and the
+/// share counts the image's memory: 8 bytes per grain covered, mapped or not. 64 ranges over
+/// the whole of a 1 GiB vdisk of 4 KiB grains (overlapping ranges are allowed) are 64 GiB of
+/// data, well within the byte budget, but an image of 128 MiB, more than one initiator's
+/// quarter of the memory: refused before the image is made. Before, the image was made
+/// first (holding the vdisk's writes meanwhile), and a session running dozens of such
+/// commands at once could make the daemon allocate gigabytes before any was refused.
+#[test]
+fn a_populate_token_whose_image_would_take_too_much_memory_is_refused_before_it_is_made() {
+    let rig = Rig::new();
+    let mut spec = VdiskSpec::new("small-grains", 1 << 30, LayoutKind::Mirror);
+    spec.grain_size = Some(4096);
+    let v = rig.engine.create_vdisk(&spec).unwrap();
+    let l = Arc::new(vdisk_lun(v, 9, false).with_copy_manager(rig.cm.clone()));
+    rig.target.0.lock().push(l.clone());
+    let n = rig.nexus();
+    let whole = ((1u64 << 30) / BS) as u32;
+    let (c, p) = cdbs::populate_token(1, 30, &[(0, whole); 64]);
+    let r = l.execute_for(&n, &c, &p);
+    let s = sense::INSUFFICIENT_RESOURCES_TO_CREATE_ROD_TOKEN;
+    assert_eq!((r.sense[2] & 0x0F, r.sense[12], r.sense[13]), (s.key, s.asc, s.ascq));
+    assert!(rig.cm.tokens_of(n.id).is_empty());
+    // A quarter of it is within the share.
+    let (c, p) = cdbs::populate_token(2, 30, &[(0, whole); 16]);
+    ok(l.execute_for(&n, &c, &p));
+    assert_eq!(rig.cm.tokens_of(n.id).len(), 1);
+}
+
 /// An identification CSCD descriptor naming a LUN by its NAA designator (VPD page 0x83).
 fn cscd(l: &Lun) -> Vec<u8> {
     let id = ok(l.execute(&[0x12, 1, 0x83, 0, 255, 0], &[]));

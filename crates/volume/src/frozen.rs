@@ -130,6 +130,19 @@ impl Vdisk {
         }
     }
 
+    /// The memory [`freeze`](Self::freeze) of `ranges` would hold: one grain location per
+    /// grain each range covers, mapped or not, and its piece.
+    pub fn freeze_footprint(&self, ranges: &[(u64, u64)]) -> u64 {
+        let g = self.class.grain;
+        ranges
+            .iter()
+            .map(|&(off, len)| {
+                let grains = off.saturating_add(len).div_ceil(g) - off / g;
+                grains.saturating_mul(std::mem::size_of::<Loc>() as u64) + std::mem::size_of::<Piece>() as u64
+            })
+            .fold(0, u64::saturating_add)
+    }
+
     /// [`Vdisk::freeze`] with the gate held by the caller.
     fn freeze_gated(&self, ranges: &[(u64, u64)]) -> Result<Frozen> {
         let g = self.class.grain;
