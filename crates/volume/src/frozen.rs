@@ -145,6 +145,13 @@ impl Vdisk {
 
     /// [`Vdisk::freeze`] with the gate held by the caller.
     fn freeze_gated(&self, ranges: &[(u64, u64)]) -> Result<Frozen> {
+        // Asked again under the gate: a delete marks the vdisk before it waits for the gate,
+        // and unmaps its grains once it has had it. A freeze that found the vdisk alive,
+        // then had the gate after the delete, would count references on slots the delete
+        // is freeing (some freed already, their slab set perhaps given back under the image).
+        if self.deleted.load(Ordering::Acquire) {
+            return Err(VolumeError::Deleted(self.name()));
+        }
         let g = self.class.grain;
         let mut pieces = Vec::with_capacity(ranges.len());
         let mut at = 0u64;

@@ -6,12 +6,51 @@ mod common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use common::{pattern, spec, Rig, MIB};
 use tessera_volume::{LayoutKind, Provisioning, VolumeError};
 
 const SIZE: u64 = 16 * MIB;
 const GRAIN: u64 = 16 << 10;
+
+/// A freeze (of a snapshot, a clone, a POPULATE TOKEN) that found the vdisk alive, then waited
+/// for a write in flight while the vdisk was deleted, is refused once it has the gate: the
+/// delete unmaps the grains once it has had the gate, and the freeze would count references
+/// on slots being freed, some freed already, their slab set perhaps given back under the
+/// image. Before, it went on, and whether it had the gate before or after the delete, made
+/// an image of a deleted vdisk.
+#[test]
+fn a_freeze_that_waited_for_a_write_while_its_vdisk_was_deleted_is_refused() {
+    let rig = Rig::new(3, 256 * MIB, MIB);
+    let v = rig
+        .engine()
+        .create_vdisk(&spec("victim", SIZE, LayoutKind::Mirror, Provisioning::Thin))
+        .unwrap();
+    v.write(0, &pattern(1, 0, SIZE as usize), false).unwrap();
+    for d in &rig.disks {
+        d.faults().set_latency(Duration::from_millis(600));
+    }
+    let pause = || std::thread::sleep(Duration::from_millis(100));
+    std::thread::scope(|sc| {
+        // Holds the vdisk's gate (shared) while its disks take their time.
+        let slow = sc.spawn(|| v.write(0, &pattern(2, 0, GRAIN as usize), false));
+        pause();
+        let freeze = sc.spawn(|| v.freeze(&[(0, SIZE)]).map(drop));
+        pause();
+        let delete = sc.spawn(|| rig.engine().delete_vdisk("victim"));
+        slow.join().unwrap().unwrap();
+        let frozen = freeze.join().unwrap();
+        assert!(matches!(frozen, Err(VolumeError::Deleted(_))), "{frozen:?}");
+        delete.join().unwrap().unwrap();
+    });
+    for d in &rig.disks {
+        d.faults().set_latency(Duration::ZERO);
+    }
+    drop(v);
+    let report = rig.engine().check().unwrap();
+    assert!(report.problems.is_empty(), "{:#?}", report.problems);
+}
 
 #[test]
 fn a_delete_fences_the_writes_in_flight_and_ids_are_never_reused() {
