@@ -8,6 +8,8 @@
 //! and the grain is then offered again (replication offers fingerprints before data, so such
 //! a grain costs a hash on the wire, not its bytes).
 
+use std::sync::atomic::Ordering;
+
 use crate::error::{Result, VolumeError};
 use crate::vdisk::{Extent, Vdisk};
 
@@ -35,6 +37,18 @@ impl Vdisk {
                 base.class.grain
             )));
         }
+        let gone = |v: &Vdisk| v.deleted.load(Ordering::Acquire);
+        let deleted = |v: &Vdisk| {
+            VolumeError::Invalid(format!(
+                "'{}' was deleted while it was being compared: what changed since it cannot be told",
+                v.name()
+            ))
+        };
+        for v in [self, base] {
+            if gone(v) {
+                return Err(deleted(v));
+            }
+        }
         let grain = self.class.grain;
         let size = self.size();
         let base_grains = base.size().div_ceil(grain);
@@ -53,6 +67,14 @@ impl Vdisk {
             match out.last_mut() {
                 Some(e) if e.mapped == mapped && e.offset + e.len == offset => e.len += len,
                 _ => out.push(Extent { offset, len, mapped }),
+            }
+        }
+        // Asked again after: a delete marks a snapshot before it clears its entries, so one
+        // cleared under the walk (read as holes) is seen here. Compared with a cleared base,
+        // a grain trimmed since it would look unchanged, and the replica keep its old data.
+        for v in [self, base] {
+            if gone(v) {
+                return Err(deleted(v));
             }
         }
         Ok(out)

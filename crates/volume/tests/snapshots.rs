@@ -318,6 +318,13 @@ fn what_changed_between_two_snapshots_is_the_grains_written_or_trimmed() {
     // Only snapshots compare: a live vdisk may rewrite a grain in place.
     assert!(s2.changed_since(&v).is_err());
     assert!(v.changed_since(&s1).is_err());
+
+    // A base deleted once it was looked up (a replication cycle holds it while it connects)
+    // is refused: its entries, cleared, would read as holes, and the grain trimmed since it
+    // (20) would look unchanged. Before, the diff went on against it.
+    e.delete_vdisk("vol@s1").unwrap();
+    let err = s2.changed_since(&s1).unwrap_err().to_string();
+    assert!(err.contains("was deleted"), "{err}");
 }
 
 /// A consistency group: a writer puts record k in a "log" vdisk, and only once that write
