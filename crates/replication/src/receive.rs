@@ -182,6 +182,10 @@ pub struct ReceiveReport {
 struct Marker {
     base: Option<String>,
     snapshot: String,
+    /// The sender's snapshot by its id (`wire::Begin::snapshot_id`): a cut cycle is resumed only
+    /// for the very snapshot it was sending, not one taken again under its name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    snapshot_id: Option<u64>,
 }
 
 /// Receives one cycle from the peer at the other end of `conn`. A refusal is sent to the
@@ -367,6 +371,7 @@ fn run<S: Read + Write>(
     let wanted = Marker {
         base: base.as_ref().and(begin.base.clone()),
         snapshot: begin.snapshot.clone(),
+        snapshot_id: begin.snapshot_id,
     };
     // Only a working copy that was there can hold part of the cycle its marker names (one
     // made now holds nothing, whatever marker a vdisk of that name left).

@@ -233,6 +233,7 @@ fn run<S: Read + Write, X: Write + Send>(
         block_size: newer.block_size(),
         snapshot: snapshot.to_string(),
         base: cy.base.map(|(_, name)| name.to_string()),
+        snapshot_id: Some(newer.id()),
         streams: cy.streams,
         token: token.clone(),
     };

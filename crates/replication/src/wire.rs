@@ -83,6 +83,11 @@ pub struct Begin {
     pub snapshot: String,
     /// The last snapshot both sides hold; None: a full cycle.
     pub base: Option<String>,
+    /// The sender's snapshot, by its vdisk id, which its pool never gives twice: one deleted
+    /// and taken again under the same name is another snapshot, and what a cut cycle of
+    /// the first left in the working copy is not taken as part of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_id: Option<u64>,
     /// Connections the cycle's data goes over: this one and `streams - 1` that join it
     /// with `token` (0 or 1: this one alone).
     #[serde(default)]

@@ -400,6 +400,45 @@ fn a_working_copy_made_anew_is_not_the_one_a_cut_cycle_left() {
     assert_eq!(image(&dst.engine.vdisk("vol@s2").unwrap()), image(&s2));
 }
 
+/// A cut cycle's snapshot deleted at the source (to free space during an outage, say), and
+/// taken again under its name: the cycle that sends the new one is not the cut one resumed.
+/// Its working copy goes back to the base first: a grain the cut cycle wrote there, a hole
+/// in the base and in the new snapshot (trimmed again meanwhile), is neither offered nor
+/// sent as a hole, and would otherwise stay in the replica for good. Before, the resume was
+/// decided by the names alone.
+#[test]
+fn a_snapshot_taken_again_under_a_cut_cycles_name_is_not_that_cycle_resumed() {
+    let src = site(2, 256 * MIB);
+    let dst = site(2, 256 * MIB);
+    let v = source_vdisk(&src, 32 * MIB);
+    v.write(0, &noise(1, (4 * MIB) as usize), false).unwrap();
+    src.engine.snapshot("vol", "s1").unwrap();
+    let (sent, got) = cycle(&src, &dst, "s1", None, None);
+    sent.unwrap();
+    got.unwrap();
+    // A grain that is a hole in s1, then more after it, cut once the grain got through.
+    let grain = v.grain_size();
+    v.write(8 * MIB, &noise(2, grain as usize), false).unwrap();
+    v.write(16 * MIB, &noise(3, (8 * MIB) as usize), false).unwrap();
+    src.engine.snapshot("vol", "s2").unwrap();
+    let (sent, _) = cycle(&src, &dst, "s2", Some("s1"), Some((2 * MIB) as usize));
+    assert!(sent.is_err());
+    let mut at = vec![0u8; grain as usize];
+    dst.engine.vdisk("vol").unwrap().read(8 * MIB, &mut at).unwrap();
+    assert_eq!(at, noise(2, grain as usize), "the cut cycle wrote the grain");
+    // s2 deleted at the source, the grain trimmed, s2 taken again.
+    src.engine.delete_vdisk("vol@s2").unwrap();
+    v.trim(8 * MIB, grain).unwrap();
+    let s2 = src.engine.snapshot("vol", "s2").unwrap();
+    let (sent, got) = cycle(&src, &dst, "s2", Some("s1"), None);
+    sent.unwrap();
+    assert!(
+        !got.unwrap().resumed,
+        "another snapshot of that name resumed the cut cycle"
+    );
+    assert_eq!(image(&dst.engine.vdisk("vol@s2").unwrap()), image(&s2));
+}
+
 #[test]
 fn a_full_replica_pool_says_so_and_the_source_is_unharmed() {
     let src = site(2, 256 * MIB);
