@@ -364,9 +364,14 @@ fn run<S: Read + Write>(
             }
         }
     };
+    // Only a replica that was there has a base: snapshots outlive their vdisk, and those a
+    // deleted vdisk of this name left may be another sender's (another key's), which the
+    // new replica must not start from, nor its offers be answered against. Its first cycle
+    // is a full one.
     let base = begin
         .base
         .as_ref()
+        .filter(|_| existed)
         .and_then(|b| engine.vdisk(&format!("{}@{b}", begin.vdisk)).ok());
     let wanted = Marker {
         base: base.as_ref().and(begin.base.clone()),

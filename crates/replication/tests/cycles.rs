@@ -377,7 +377,8 @@ fn a_cycle_cut_mid_way_carries_on_where_it_stopped() {
 /// A cut cycle's marker names its base and snapshot; a replica deleted since (through
 /// another gateway of its pool, its snapshots left) is made anew by that cycle sent again,
 /// which must not take the new, empty working copy for the one the cut cycle had half
-/// written: it is put back to its base first, and the replica is exact.
+/// written, nor start it from the snapshots the deleted one left: it is sent whole, and the
+/// replica is exact.
 #[test]
 fn a_working_copy_made_anew_is_not_the_one_a_cut_cycle_left() {
     let src = site(2, 256 * MIB);
@@ -393,9 +394,15 @@ fn a_working_copy_made_anew_is_not_the_one_a_cut_cycle_left() {
     let (sent, _) = cycle(&src, &dst, "s2", Some("s1"), Some((2 * MIB) as usize));
     assert!(sent.is_err());
     dst.engine.delete_vdisk("vol").unwrap();
-    assert!(dst.engine.vdisk("vol@s1").is_ok(), "the base went with its vdisk");
+    assert!(dst.engine.vdisk("vol@s1").is_ok(), "the base outlived its vdisk");
     let (sent, got) = cycle(&src, &dst, "s2", Some("s1"), None);
-    sent.unwrap();
+    // Nor is it started from a snapshot the deleted vdisk left: those may be another
+    // sender's (another key's), whose data a new replica must not hold, nor its blocks be
+    // told apart from a guess by the offers. Its first cycle is a full one.
+    assert!(
+        sent.unwrap().full,
+        "a new working copy started from a deleted vdisk's snapshot"
+    );
     assert!(!got.unwrap().resumed, "a working copy made now resumed a cut cycle");
     assert_eq!(image(&dst.engine.vdisk("vol@s2").unwrap()), image(&s2));
 }
@@ -421,10 +428,16 @@ fn a_snapshot_taken_again_under_a_cut_cycles_name_is_not_that_cycle_resumed() {
     v.write(8 * MIB, &noise(2, grain as usize), false).unwrap();
     v.write(16 * MIB, &noise(3, (8 * MIB) as usize), false).unwrap();
     src.engine.snapshot("vol", "s2").unwrap();
-    let (sent, _) = cycle(&src, &dst, "s2", Some("s1"), Some((2 * MIB) as usize));
-    assert!(sent.is_err());
+    // Cut again a little later (the same cycle, resumed) until the grain is in.
     let mut at = vec![0u8; grain as usize];
-    dst.engine.vdisk("vol").unwrap().read(8 * MIB, &mut at).unwrap();
+    for cut in 1..=6 {
+        let (sent, _) = cycle(&src, &dst, "s2", Some("s1"), Some((cut * MIB) as usize));
+        assert!(sent.is_err());
+        dst.engine.vdisk("vol").unwrap().read(8 * MIB, &mut at).unwrap();
+        if at == noise(2, grain as usize) {
+            break;
+        }
+    }
     assert_eq!(at, noise(2, grain as usize), "the cut cycle wrote the grain");
     // s2 deleted at the source, the grain trimmed, s2 taken again.
     src.engine.delete_vdisk("vol@s2").unwrap();
