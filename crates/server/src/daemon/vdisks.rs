@@ -226,6 +226,9 @@ impl Daemon {
                 e.create_vdisk(&vdisk_spec(&e, c))?
             }
         };
+        // Asked again once the vdisk is found: a peer's first cycle may have made it, a
+        // replica, since the first look (its record comes before the vdisk).
+        self.refuse_if_replica(pool, name, "imported into")?;
         if image_size > v.size() {
             return Err(ApiError::invalid(format!(
                 "the image {} ({image_size} bytes) is larger than vdisk '{pool}/{name}' ({} bytes); grow the vdisk first",
