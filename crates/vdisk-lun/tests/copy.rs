@@ -626,15 +626,8 @@ fn a_populate_token_on_a_lun_replaced_in_its_target_makes_no_token() {
     assert_eq!(in_its_place.naa(), a.naa());
     *rig.target.0.lock() = vec![in_its_place];
     let (c, p) = cdbs::populate_token(1, 30, &[(0, 8)]);
-    let r = a.execute_for(&n, &c, &p);
-    assert_eq!(
-        (r.sense[2] & 0x0F, r.sense[12], r.sense[13]),
-        (
-            sense::COPY_TARGET_DEVICE_NOT_REACHABLE.key,
-            sense::COPY_TARGET_DEVICE_NOT_REACHABLE.asc,
-            sense::COPY_TARGET_DEVICE_NOT_REACHABLE.ascq
-        )
-    );
+    let s = sense::COPY_TARGET_DEVICE_NOT_REACHABLE;
+    assert_eq!(check(a.execute_for(&n, &c, &p)), (s.key, s.asc, s.ascq));
     assert!(rig.cm.tokens_of(n.id).is_empty());
 }
 
@@ -656,9 +649,8 @@ fn a_populate_token_whose_image_would_take_too_much_memory_is_refused_before_it_
     let n = rig.nexus();
     let whole = ((1u64 << 30) / BS) as u32;
     let (c, p) = cdbs::populate_token(1, 30, &[(0, whole); 64]);
-    let r = l.execute_for(&n, &c, &p);
     let s = sense::INSUFFICIENT_RESOURCES_TO_CREATE_ROD_TOKEN;
-    assert_eq!((r.sense[2] & 0x0F, r.sense[12], r.sense[13]), (s.key, s.asc, s.ascq));
+    assert_eq!(check(l.execute_for(&n, &c, &p)), (s.key, s.asc, s.ascq));
     assert!(rig.cm.tokens_of(n.id).is_empty());
     // A quarter of it is within the share.
     let (c, p) = cdbs::populate_token(2, 30, &[(0, whole); 16]);
