@@ -83,6 +83,10 @@ impl Layouts {
             // not be half done meanwhile, or the result is neither old nor new data.
             let guard = (!row_locked).then(|| self.row_lock(set.id, p.row).read());
             let data = self.reconstruct_column(set, members, p.row, p.data_col, mo, out.len())?;
+            // Under the row lock too: a write to the block since would change its checksum.
+            if let Some(&m) = failed.first() {
+                self.check_reconstruction(set, members[m], p.row, mo, &data)?;
+            }
             drop(guard);
             out.copy_from_slice(&data);
             self.stats.reconstructed_reads.fetch_add(1, Ordering::Relaxed);
@@ -171,13 +175,42 @@ impl Layouts {
             }
         }
         if set.spec.parity_columns() > 0 {
-            out.copy_from_slice(&self.reconstruct_column(set, members, p.row, p.data_col, mo, out.len())?);
+            let data = self.reconstruct_column(set, members, p.row, p.data_col, mo, out.len())?;
+            self.check_reconstruction(set, members[bad], p.row, mo, &data)?;
+            out.copy_from_slice(&data);
             return Ok(());
         }
         Err(LayoutError::Io {
             set: set.id,
             detail: "no readable copy".into(),
         })
+    }
+
+    /// Refuses `data`, rebuilt for member `slab` at `mo`, if it does not match that member's
+    /// checksums. Asked only of a member that answered (a read error, a block not matching
+    /// its checksum): it took every write, so its checksums are those of what it should
+    /// hold (a member away missed the checksums of the writes that went around it). A
+    /// mismatch means another member fed the rebuild something wrong, rot in a block whose
+    /// checksum is not known: returned, and written over the member by the spot repair, it
+    /// would be wrong data vouched for by a new checksum.
+    fn check_reconstruction(&self, set: &SlabSet, slab: SlabRef, row: u64, mo: u64, data: &[u8]) -> Result<()> {
+        if !self.sums().enabled() || mo % BLOCK != 0 || data.len() as u64 % BLOCK != 0 {
+            return Ok(());
+        }
+        match self.sums().verify(slab, mo, data) {
+            Ok(bad) if !bad.is_empty() => Err(LayoutError::Io {
+                set: set.id,
+                detail: format!(
+                    "cannot reconstruct row {row}: what the other members hold does not match the checksum of \
+                     {} block(s) (the first at byte {} of slab {} of disk {}); a block whose checksum is not known rotted",
+                    bad.len(),
+                    bad[0],
+                    slab.slab,
+                    slab.disk
+                ),
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// Rebuilds data column `col` of a row over [mo, mo + len) of the members from the others.

@@ -254,6 +254,75 @@ fn past_the_tolerance_a_read_fails_and_never_returns_wrong_data() {
     }
 }
 
+/// A block rebuilt from parity is checked against the checksum of the member it is rebuilt
+/// for, when that member answered (it took every write, so its checksum is current). In a
+/// pool whose data was written before checksums were on, a block's checksum is not known
+/// until it is written again: rot there passes every read of it, and fed a rebuild of
+/// another block of its row, which then came out wrong. Before, that rebuild was returned to
+/// the host, and written over the member by the spot repair with a checksum that vouched
+/// for it; now the read fails.
+#[test]
+fn a_rebuild_fed_by_rot_whose_checksum_is_not_known_is_refused() {
+    let mut rig = Rig::new(3, 64 * MIB, MIB);
+    rig.engine().pool().set_checksums(false).unwrap();
+    rig.reopen();
+    let size = 2 * MIB;
+    let v = rig
+        .engine()
+        .create_vdisk(&spec("v", size, LayoutKind::Parity, Provisioning::Thin))
+        .unwrap();
+    let data = pattern(21, 0, size as usize);
+    v.write(0, &data, true).unwrap();
+    drop(v);
+    // Stopped cleanly (a crash's replay would record checksums of what the rows it settles
+    // hold), and opened again with checksums on: every block's is unknown.
+    rig.engine().checkpoint().unwrap();
+    rig.engine().pool().set_checksums(true).unwrap();
+    rig.reopen();
+    // Where each data block is: the member and offset whose bytes are that block's.
+    let by_content: BTreeMap<&[u8], u64> = (0..size)
+        .step_by(BLOCK as usize)
+        .map(|at| (&data[at as usize..(at + BLOCK) as usize], at))
+        .collect();
+    let set = rig.engine().layouts().sets()[0].clone();
+    let mut rows: BTreeMap<u64, Vec<(SlabRef, u64)>> = BTreeMap::new();
+    for slab in set.desc().members {
+        let mut b = tessera_disk::AlignedBuf::zeroed(MIB as usize);
+        rig.disks[slab.disk as usize]
+            .inner()
+            .read_at(&mut b, rig.engine().pool().slab_offset(slab))
+            .unwrap();
+        for (k, block) in b.chunks(BLOCK as usize).enumerate() {
+            if let Some(&at) = by_content.get(block) {
+                rows.entry(k as u64 * BLOCK).or_default().push((slab, at));
+            }
+        }
+    }
+    let (mo, pair) = rows
+        .into_iter()
+        .find(|(_, p)| p.len() == 2)
+        .expect("a row of two data blocks");
+    let ((a, _), (b, b_at)) = (pair[0], pair[1]);
+    // B written again (its checksum, and its row's parity's, recorded); A's still unknown.
+    let v = rig.engine().vdisk("v").unwrap();
+    let fresh = pattern(22, b_at, BLOCK as usize);
+    v.write(b_at, &fresh, true).unwrap();
+    // Both rot.
+    for slab in [a, b] {
+        let at = rig.engine().pool().slab_offset(slab) + mo + 100;
+        rig.disks[slab.disk as usize].faults().flip_bit(at, 3).unwrap();
+    }
+    let mut got = vec![0u8; BLOCK as usize];
+    match v.read(b_at, &mut got) {
+        Ok(()) => assert_eq!(got, fresh, "wrong data returned"),
+        Err(e) => assert!(e.to_string().contains("checksum"), "{e}"),
+    }
+    assert!(
+        v.read(b_at, &mut got).is_err(),
+        "the rebuild from the rotten block was returned"
+    );
+}
+
 #[test]
 fn a_scrub_stopped_part_way_goes_on_where_it_stopped_after_a_restart() {
     let (mut rig, data) = rig_with(LayoutKind::Mirror, Some(2));
