@@ -453,6 +453,13 @@ impl Layouts {
             let Ok(want) = codec::encode(spec.parity_columns(), &refs) else {
                 continue;
             };
+            let wrong = pms
+                .iter()
+                .enumerate()
+                .any(|(k, &pm)| r.block(pm, i) != Some(&want[k][..]));
+            if wrong && self.rotten_unknown_data(&dms, &pms, r, i, &data, &parity, fixes, note) {
+                continue;
+            }
             for (k, &pm) in pms.iter().enumerate() {
                 if r.block(pm, i) != Some(&want[k][..]) {
                     if r.bufs[pm].is_some() && r.verdicts[pm][i] != Verdict::Bad {
@@ -462,5 +469,56 @@ impl Layouts {
                 }
             }
         }
+    }
+
+    /// Block `i` of a parity row whose parity does not match its data: if every parity block
+    /// matches its checksum and the data blocks whose checksum is not known are few enough to
+    /// rebuild, those are the ones that rotted. A parity block's checksum is recorded when it
+    /// is written, from data that a data block whose checksum is still unknown held then
+    /// (a write of that block, a crash's replay over its row, or a scrub that found the row
+    /// right would have recorded its checksum too), so the parity vouches for what that block
+    /// held. They are rebuilt from the parity and the other data, and written back (their
+    /// checksums recorded from what is rebuilt). Recomputed from them instead, the parity
+    /// would lose the only copy of their right bytes, and the next scrub vouch for the rot.
+    /// False, and nothing done, otherwise.
+    #[allow(clippy::too_many_arguments)]
+    fn rotten_unknown_data(
+        &self,
+        dms: &[usize],
+        pms: &[usize],
+        r: &RowRead,
+        i: usize,
+        data: &[Option<Vec<u8>>],
+        parity: &[Option<Vec<u8>>],
+        fixes: &mut Vec<(usize, usize, Vec<u8>)>,
+        note: &mut dyn FnMut(String),
+    ) -> bool {
+        let vouched = pms
+            .iter()
+            .all(|&pm| r.bufs[pm].is_some() && r.verdicts[pm][i] == Verdict::Good);
+        let unknown: Vec<usize> = (0..dms.len())
+            .filter(|&d| r.verdicts[dms[d]][i] == Verdict::Unknown)
+            .collect();
+        if !vouched || unknown.is_empty() || unknown.len() > pms.len() {
+            return false;
+        }
+        let mut rebuilt = data.to_vec();
+        for &d in &unknown {
+            rebuilt[d] = None;
+        }
+        if codec::reconstruct(&mut rebuilt, parity).is_err() {
+            return false;
+        }
+        for &d in &unknown {
+            let right = rebuilt[d].take().expect("reconstructed");
+            if data[d].as_deref() != Some(&right[..]) {
+                note(format!(
+                    "a data block whose checksum is not known does not match the parity that vouches for it (member {})",
+                    dms[d]
+                ));
+                fixes.push((dms[d], i, right));
+            }
+        }
+        true
     }
 }

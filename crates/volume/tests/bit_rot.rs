@@ -254,15 +254,21 @@ fn past_the_tolerance_a_read_fails_and_never_returns_wrong_data() {
     }
 }
 
-/// A block rebuilt from parity is checked against the checksum of the member it is rebuilt
-/// for, when that member answered (it took every write, so its checksum is current). In a
-/// pool whose data was written before checksums were on, a block's checksum is not known
-/// until it is written again: rot there passes every read of it, and fed a rebuild of
-/// another block of its row, which then came out wrong. Before, that rebuild was returned to
-/// the host, and written over the member by the spot repair with a checksum that vouched
-/// for it; now the read fails.
-#[test]
-fn a_rebuild_fed_by_rot_whose_checksum_is_not_known_is_refused() {
+/// A parity row of a pool whose data was written before checksums were on: a block's
+/// checksum is not known until it is written again. Block B of the row is written again (its
+/// checksum, and its row's parity's, recorded); block A's stays unknown.
+struct UnknownBeside {
+    rig: Rig,
+    mo: u64,
+    /// A and B: their member slab and logical offset.
+    a: (SlabRef, u64),
+    b: (SlabRef, u64),
+    /// What A holds, and what B was written with.
+    a_data: Vec<u8>,
+    b_data: Vec<u8>,
+}
+
+fn unknown_beside() -> UnknownBeside {
     let mut rig = Rig::new(3, 64 * MIB, MIB);
     rig.engine().pool().set_checksums(false).unwrap();
     rig.reopen();
@@ -302,25 +308,65 @@ fn a_rebuild_fed_by_rot_whose_checksum_is_not_known_is_refused() {
         .into_iter()
         .find(|(_, p)| p.len() == 2)
         .expect("a row of two data blocks");
-    let ((a, _), (b, b_at)) = (pair[0], pair[1]);
-    // B written again (its checksum, and its row's parity's, recorded); A's still unknown.
-    let v = rig.engine().vdisk("v").unwrap();
-    let fresh = pattern(22, b_at, BLOCK as usize);
-    v.write(b_at, &fresh, true).unwrap();
-    // Both rot.
-    for slab in [a, b] {
-        let at = rig.engine().pool().slab_offset(slab) + mo + 100;
-        rig.disks[slab.disk as usize].faults().flip_bit(at, 3).unwrap();
+    let (a, b) = (pair[0], pair[1]);
+    let b_data = pattern(22, b.1, BLOCK as usize);
+    rig.engine().vdisk("v").unwrap().write(b.1, &b_data, true).unwrap();
+    let a_data = data[a.1 as usize..(a.1 + BLOCK) as usize].to_vec();
+    UnknownBeside {
+        rig,
+        mo,
+        a,
+        b,
+        a_data,
+        b_data,
     }
-    let mut got = vec![0u8; BLOCK as usize];
-    match v.read(b_at, &mut got) {
-        Ok(()) => assert_eq!(got, fresh, "wrong data returned"),
+}
+
+impl UnknownBeside {
+    fn rot(&self, slab: SlabRef) {
+        let at = self.rig.engine().pool().slab_offset(slab) + self.mo + 100;
+        self.rig.disks[slab.disk as usize].faults().flip_bit(at, 3).unwrap();
+    }
+
+    fn read(&self, at: u64) -> tessera_volume::Result<Vec<u8>> {
+        let mut got = vec![0u8; BLOCK as usize];
+        self.rig.engine().vdisk("v").unwrap().read(at, &mut got).map(|()| got)
+    }
+}
+
+/// A block rebuilt from parity is checked against the checksum of the member it is rebuilt
+/// for, when that member answered (it took every write, so its checksum is current). Rot in
+/// a block whose checksum is not known passes every read of it, and fed a rebuild of another
+/// block of its row, which then came out wrong. Before, that rebuild was returned to the
+/// host, and written over the member by the spot repair with a checksum that vouched for it;
+/// now the read fails.
+#[test]
+fn a_rebuild_fed_by_rot_whose_checksum_is_not_known_is_refused() {
+    let u = unknown_beside();
+    u.rot(u.a.0);
+    u.rot(u.b.0);
+    match u.read(u.b.1) {
+        Ok(got) => assert_eq!(got, u.b_data, "wrong data returned"),
         Err(e) => assert!(e.to_string().contains("checksum"), "{e}"),
     }
-    assert!(
-        v.read(b_at, &mut got).is_err(),
-        "the rebuild from the rotten block was returned"
-    );
+    assert!(u.read(u.b.1).is_err(), "the rebuild from the rotten block was returned");
+}
+
+/// Rot in a block whose checksum is not known, in a row whose parity matches its checksum: the
+/// parity was written from what that block held (its checksum would be known otherwise), so a
+/// scrub rebuilds the block from it. Before, it recomputed the parity from the rotten block,
+/// losing the only copy of its right bytes, and its next pass recorded the rot's checksum.
+#[test]
+fn a_scrub_rebuilds_rot_whose_checksum_is_not_known_from_the_parity_that_vouches_for_it() {
+    let u = unknown_beside();
+    u.rot(u.a.0);
+    assert_ne!(u.read(u.a.1).unwrap(), u.a_data, "the rot reads unverified");
+    let t = scrub(&u.rig);
+    assert_eq!(t.repaired.get(&u.a.0.disk), Some(&1), "A's member repaired: {t:?}");
+    let again = scrub(&u.rig);
+    assert!(again.repaired.is_empty() && again.mismatches.is_empty(), "{again:?}");
+    assert_eq!(u.read(u.a.1).unwrap(), u.a_data, "rebuilt from the parity");
+    assert_eq!(u.read(u.b.1).unwrap(), u.b_data);
 }
 
 #[test]
