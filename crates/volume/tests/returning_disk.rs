@@ -1221,8 +1221,7 @@ fn a_mirror_blinked_whole_comes_back(give_up_disk_0: bool, restart: bool, refuse
 /// The slabs an I/O error may have left stale on disk `position`, as the pool's records (not
 /// its memory) say.
 fn recorded_stale_slabs(pool: &tessera_pool::Pool, position: usize) -> Vec<u32> {
-    let config: tessera_pool::PoolConfig =
-        serde_json::from_slice(&pool.meta().get(CF_POOL, b"config").unwrap().unwrap()).unwrap();
+    let config = tessera_pool::Pool::recorded_config(pool.meta()).unwrap();
     config.disks[position].stale_slabs.clone()
 }
 
