@@ -288,6 +288,34 @@ fn import_export_round_trip_is_bit_exact_and_sparse() {
     assert!(d
         .fails(&["vdisk", "import", "p/small", "/no/such.img"])
         .contains("/no/such.img"));
+    // An import that would make its vdisk is refused before it is made: none is left behind
+    // (a fixed one would have kept its space reserved).
+    let capacity = d.json(&["pool", "show", "p"])["capacity"].clone();
+    let e = d.fails(&[
+        "vdisk",
+        "import",
+        "p/made",
+        img.to_str().unwrap(),
+        "--size",
+        "1M",
+        "--layout",
+        "simple",
+        "--provisioning",
+        "fixed",
+    ]);
+    assert!(e.contains("larger than the size asked for"), "{e}");
+    assert!(d.fails(&["vdisk", "show", "p/made"]).contains("no vdisk 'made'"));
+    assert_eq!(d.json(&["pool", "show", "p"])["capacity"], capacity);
+    let r = d.http(
+        "POST",
+        "/api/pools/p/vdisks/made/import",
+        Some(&format!(
+            "{{\"path\": \"{}\", \"create\": {{\"name\": \"made\", \"size\": 0, \"block_size\": 0}}}}",
+            img.display()
+        )),
+    );
+    assert_eq!((r.status, r.code().as_str()), (400, "invalid_argument"), "{}", r.body);
+    assert!(d.fails(&["vdisk", "show", "p/made"]).contains("no vdisk 'made'"));
     // Nor is a file of the daemon's own state read into a vdisk (its keys, its pools'
     // metadata), named as it is or through a link.
     let own = t.path().join("state").join("own.bin");
@@ -1254,5 +1282,127 @@ fn a_closed_pipe_ends_the_cli_quietly() {
         out.status.success() || out.status.signal() == Some(libc::SIGPIPE),
         "{:?}: {stderr}",
         out.status
+    );
+}
+
+/// A vdisk deleted while a LUN or an NBD export of it is added, or a pool exported while one of
+/// its vdisks is presented, never has both succeed: the LUN or export would be recorded for a
+/// vdisk that is gone (and offered at every start), or write a pool that has left.
+#[test]
+fn a_vdisk_is_never_taken_away_and_presented_at_once() {
+    let t = tempfile::tempdir().unwrap();
+    let d = Daemon::start(&t.path().join("state"));
+    create_pool(&d, "p", &disks(&t.path().join("disks"), 1, 1 << 30));
+    create_pool(&d, "q", &disks(&t.path().join("q-disks"), 1, 1 << 30));
+    let iqn = "iqn.2026-12.org.tessera:races";
+    d.ok(&["target", "create", iqn, "--allow-any-initiator"]);
+    let present = |vdisk: &str, i: usize| match i % 2 {
+        0 => d.http(
+            "POST",
+            &format!("/api/targets/{iqn}/luns"),
+            Some(&format!("{{\"vdisk\": \"{vdisk}\", \"lun\": {i}}}")),
+        ),
+        _ => d.http(
+            "POST",
+            "/api/nbd/exports",
+            Some(&format!("{{\"vdisk\": \"{vdisk}\", \"name\": \"e{i}\"}}")),
+        ),
+    };
+    let at_once = |take: &(dyn Fn() -> Resp + Sync), give: &(dyn Fn() -> Resp + Sync)| {
+        let go = std::sync::Barrier::new(2);
+        std::thread::scope(|s| {
+            let taken = s.spawn(|| {
+                go.wait();
+                take()
+            });
+            let given = s.spawn(|| {
+                go.wait();
+                give()
+            });
+            (taken.join().unwrap(), given.join().unwrap())
+        })
+    };
+    let mut deleted_and_presented = Vec::new();
+    for i in 0..40 {
+        let name = format!("v{i}");
+        d.ok(&[
+            "vdisk",
+            "create",
+            &format!("p/{name}"),
+            "--size",
+            "1M",
+            "--layout",
+            "simple",
+        ]);
+        let (deleted, presented) = at_once(
+            &|| d.http("DELETE", &format!("/api/pools/p/vdisks/{name}"), None),
+            &|| present(&format!("p/{name}"), i),
+        );
+        assert!(
+            deleted.status < 500 && presented.status < 500,
+            "{} {}",
+            deleted.body,
+            presented.body
+        );
+        if deleted.status < 300 && presented.status < 300 {
+            deleted_and_presented.push(i);
+        }
+    }
+    assert!(
+        deleted_and_presented.is_empty(),
+        "deleted and presented at once: {deleted_and_presented:?}"
+    );
+    // What is recorded names only vdisks that are there.
+    let t = d.json(&["target", "show", iqn]);
+    for l in t["luns"].as_array().unwrap() {
+        assert_eq!(l["online"], true, "a LUN of a deleted vdisk: {l}");
+    }
+    for e in d.json(&["nbd", "list"]).as_array().unwrap() {
+        let v = e["vdisk"].as_str().unwrap();
+        assert!(
+            d.cli(&["vdisk", "show", v]).success,
+            "an export of a deleted vdisk: {e}"
+        );
+    }
+
+    // A pool exported while a LUN of one of its vdisks is added.
+    let mut exported_and_presented = Vec::new();
+    for i in 0..12 {
+        let name = format!("w{i}");
+        d.ok(&[
+            "vdisk",
+            "create",
+            &format!("q/{name}"),
+            "--size",
+            "1M",
+            "--layout",
+            "simple",
+        ]);
+        let (exported, presented) = at_once(&|| d.http("POST", "/api/pools/q/export", None), &|| {
+            present(&format!("q/{name}"), 100 + i)
+        });
+        assert!(
+            exported.status < 500 && presented.status < 500,
+            "{} {}",
+            exported.body,
+            presented.body
+        );
+        if exported.status < 300 {
+            if presented.status < 300 {
+                exported_and_presented.push(i);
+            }
+            d.ok(&["pool", "import", "q"]);
+        }
+        // What was presented goes again, for the next round.
+        for l in d.json(&["target", "show", iqn])["luns"].as_array().unwrap() {
+            d.ok(&["target", "lun", "remove", iqn, &l["lun"].to_string()]);
+        }
+        for e in d.json(&["nbd", "list"]).as_array().unwrap() {
+            d.ok(&["nbd", "remove", e["name"].as_str().unwrap()]);
+        }
+    }
+    assert!(
+        exported_and_presented.is_empty(),
+        "exported and presented at once: {exported_and_presented:?}"
     );
 }

@@ -58,6 +58,11 @@ pub struct Daemon {
     /// Serializes the taking of pools on RADOS (the tick's and an API call's), which holds
     /// `admin` only to apply what it found; taken before `admin`, never after.
     bringing: Mutex<()>,
+    /// Serializes what gives a vdisk a user (a LUN, an NBD export, an image import or export)
+    /// with what takes vdisks away (a vdisk's delete, a pool's export or destroy): each asks
+    /// whether it may and acts under it, so that neither acts on what the other has just
+    /// found. Taken after `admin`, never before it.
+    pub(crate) users: Mutex<()>,
     started: Instant,
     /// Pools past their thin provisioning threshold, whose LUNs have been told.
     thin_warned: Mutex<BTreeSet<String>>,
@@ -196,6 +201,7 @@ impl Daemon {
             portals,
             admin: Mutex::new(()),
             bringing: Mutex::new(()),
+            users: Mutex::new(()),
             started: Instant::now(),
             thin_warned: Mutex::new(BTreeSet::new()),
             auto_repair,

@@ -88,6 +88,8 @@ impl Daemon {
             .vdisk
             .split_once('/')
             .ok_or_else(|| ApiError::invalid(format!("'{}' does not name a vdisk: write POOL/NAME", req.vdisk)))?;
+        // Found and presented as one step for a delete of the vdisk or an export of its pool.
+        let _users = self.users.lock();
         // A LUN of a replica's working copy would show cycles half applied: its snapshots are
         // the consistent, read-only images. Checked whether the pool is served here or not.
         self.refuse_if_replica(p, n, "presented as a LUN")?;
@@ -166,6 +168,8 @@ impl Daemon {
             read_only: req.read_only,
         };
         let name = cfg.name.clone();
+        // Found and offered as one step for a delete of the vdisk or an export of its pool.
+        let _users = self.users.lock();
         if !req.read_only {
             self.refuse_if_replica(p, n, "exported writable (export it read-only)")?;
         }

@@ -61,8 +61,16 @@ impl Daemon {
                 return Err(err.into());
             }
         }
+        // Recorded before it is served, as an import is: a pool that could not be recorded
+        // would be served until the next start and then silently not be. All or nothing.
+        let mut names = self.imported_names();
+        names.insert(req.name.clone());
+        if let Err(err) = self.write_imported_list(names) {
+            let _ = engine.destroy();
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(ApiError::io(err));
+        }
         self.pools.write().insert(req.name.clone(), Arc::new(engine));
-        self.persist()?;
         let n = req.disks.len() + req.cache_disks.len();
         self.changed(
             "pool.created",
@@ -437,6 +445,9 @@ impl Daemon {
     /// Takes a pool out of the map for export or destroy; refused while a job or a request
     /// still uses it.
     fn take_pool(&self, name: &str, what: &str) -> ApiResult<Engine> {
+        // No LUN, export nor image job takes one of its vdisks between the questions below and
+        // its leaving the served pools (from then on, none finds it).
+        let _users = self.users.lock();
         let users = self.users_of(&format!("{name}/"));
         if !users.is_empty() {
             return Err(ApiError::busy(format!(
@@ -459,17 +470,32 @@ impl Daemon {
                 ApiError::not_found(format!("no imported pool '{name}'"))
             }
         })?;
-        // Requests in flight hold the engine for a moment; give them that moment.
+        // Requests in flight hold the engine, or one of its vdisks (a connection to an export
+        // removed a moment ago, a copy), for a moment; give them that moment. A vdisk held
+        // would go on being written after the pool has left this daemon.
         let mut arc = arc;
+        let mut held = Vec::new();
         for _ in 0..100 {
-            match Arc::try_unwrap(arc) {
-                Ok(e) => return Ok(e),
-                Err(back) => arc = back,
+            held = arc.vdisks_held_elsewhere();
+            if held.is_empty() {
+                match Arc::try_unwrap(arc) {
+                    Ok(e) => return Ok(e),
+                    Err(back) => arc = back,
+                }
             }
             std::thread::sleep(Duration::from_millis(10));
         }
         self.pools.write().insert(name.to_string(), arc);
-        Err(ApiError::busy(format!("pool '{name}' is in use; try again")))
+        Err(ApiError::busy(match held.is_empty() {
+            true => format!("pool '{name}' is in use; try again"),
+            false => format!(
+                "cannot {what} pool '{name}': vdisk(s) {} are still held by a request in flight; try again",
+                held.iter()
+                    .map(|v| format!("{name}/{v}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }))
     }
 
     pub fn export_pool(&self, name: &str) -> ApiResult<()> {

@@ -165,6 +165,8 @@ impl Daemon {
             )));
         }
         let target = format!("{pool}/{name}");
+        // No LUN, export nor job takes it between the questions below and its delete.
+        let _users = self.users.lock();
         let jobs = self.jobs.running_on(&target);
         if !jobs.is_empty() {
             return Err(ApiError::busy(format!(
@@ -210,8 +212,12 @@ impl Daemon {
         let opened = std::fs::File::open(crate::data_paths::through(&found))
             .map_err(|e| ApiError::invalid(format!("cannot open {}: {e}", req.path)))?;
         let image_size = image::size_of(&opened, &path).map_err(ApiError::invalid)?;
-        let v = match e.vdisk(name) {
-            Ok(v) => v,
+        // The busy check, the vdisk's making and the job's start are one step for a delete or
+        // another import of it.
+        let _users = self.users.lock();
+        self.busy_vdisk_check(pool, name)?;
+        let (v, made) = match e.vdisk(name) {
+            Ok(v) => (v, false),
             Err(_) => {
                 let Some(mut c) = req.create else {
                     return Err(ApiError::not_found(format!(
@@ -219,16 +225,36 @@ impl Daemon {
                     )));
                 };
                 c.name = name.to_string();
+                // Everything that can refuse the import is asked before the vdisk is made: a
+                // refused import leaves nothing behind (a fixed vdisk would hold its space).
+                let bs = c.block_size.unwrap_or(512) as u64;
+                if bs == 0 {
+                    return Err(ApiError::invalid("a block size of 0 bytes cannot hold an image"));
+                }
                 if c.size == 0 {
-                    let bs = c.block_size.unwrap_or(512) as u64;
                     c.size = image_size.div_ceil(bs).max(1) * bs;
                 }
-                e.create_vdisk(&vdisk_spec(&e, c))?
+                if image_size > c.size {
+                    return Err(ApiError::invalid(format!(
+                        "the image {} ({image_size} bytes) is larger than the size asked for vdisk '{pool}/{name}' ({} bytes); \
+                         leave the size out to take the image's",
+                        req.path, c.size
+                    )));
+                }
+                (e.create_vdisk(&vdisk_spec(&e, c))?, true)
             }
         };
         // Asked again once the vdisk is found: a peer's first cycle may have made it, a
         // replica, since the first look (its record comes before the vdisk).
-        self.refuse_if_replica(pool, name, "imported into")?;
+        if let Err(refused) = self.refuse_if_replica(pool, name, "imported into") {
+            if made {
+                // Ours, never used: nothing may have been presented from it under the lock.
+                if let Err(err) = e.delete_vdisk(name) {
+                    warn!(vdisk = %format!("{pool}/{name}"), error = %err, "cannot delete the vdisk made for a refused import");
+                }
+            }
+            return Err(refused);
+        }
         if image_size > v.size() {
             return Err(ApiError::invalid(format!(
                 "the image {} ({image_size} bytes) is larger than vdisk '{pool}/{name}' ({} bytes); grow the vdisk first",
@@ -236,15 +262,24 @@ impl Daemon {
                 v.size()
             )));
         }
-        self.busy_vdisk_check(pool, name)?;
         let job = self.jobs.spawn("import", &format!("{pool}/{name}"), move |p| {
             let r = image::import(&v, opened, &path, p)?;
             Ok(serde_json::to_value(r).expect("serializable"))
         });
+        if made {
+            self.changed(
+                "vdisk.created",
+                pool,
+                Some(format!("{pool}/{name}")),
+                format!("vdisk {pool}/{name} created to import {}", req.path),
+            );
+        }
         Ok(job.view())
     }
 
     pub fn export_image(&self, pool: &str, name: &str, req: ExportImage) -> ApiResult<JobView> {
+        // Found and its job started as one step for a delete of it.
+        let _users = self.users.lock();
         let (_, v) = self.vdisk(pool, name)?;
         let path = PathBuf::from(&req.path);
         if !path.is_absolute() {

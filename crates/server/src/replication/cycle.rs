@@ -365,6 +365,8 @@ impl Daemon {
     pub(super) fn drop_replication_snapshot(&self, pool: &str, vdisk: &str, snap: &str) {
         let full = format!("{vdisk}@{snap}");
         let Ok(e) = self.engine(pool) else { return };
+        // Nothing presents it between the question and its delete.
+        let _users = self.users.lock();
         if e.vdisk(&full).is_err() || !self.users_of(&format!("{pool}/{full}")).is_empty() {
             return;
         }

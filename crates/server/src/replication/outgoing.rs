@@ -306,6 +306,8 @@ impl Daemon {
             )));
         };
         let target = format!("{}/{}", o.pool, o.vdisk);
+        // Not presented between the question and its marking as a replica.
+        let presenting = self.users.lock();
         let users = self.users_of(&target);
         if !users.is_empty() {
             return Err(ApiError::busy(format!(
@@ -334,6 +336,7 @@ impl Daemon {
             );
             Ok(())
         })?;
+        drop(presenting);
         if let Some(p) = &o.pending {
             self.drop_replication_snapshot(&o.pool, &o.vdisk, p);
         }
