@@ -330,7 +330,14 @@ impl Layouts {
             }
         }
         match failed.first() {
-            None => Ok(()),
+            None => {
+                // Consistent: it is not resynced again before the next open.
+                let rows = region * REGION_BYTES..end;
+                self.settled_by_resync
+                    .lock()
+                    .retain(|(slab, mo)| !(rows.contains(mo) && members.contains(slab)));
+                Ok(())
+            }
             Some((row, e)) => Err(LayoutError::Io {
                 set: set.id,
                 detail: format!(
@@ -384,7 +391,7 @@ impl Layouts {
                 if b.as_deref() == Some(&chosen[..]) {
                     // Nothing to write: its checksums may still have to be recorded.
                     if self.sums().enabled() {
-                        let _ = self.sums().record(members[m], mo, &sums_of(&chosen));
+                        self.settle_sums(set, members[m], row, mo, &chosen)?;
                     }
                 } else {
                     let _ = self.member_write(members[m], mo, &chosen);
@@ -392,6 +399,32 @@ impl Layouts {
             }
         }
         Ok(())
+    }
+
+    /// Records the checksums of a member's row from what it holds, the first time a resync
+    /// comes to it since the pool was opened; at a later try (the region could not be made
+    /// consistent the first time) they are those the write path has kept since, and a block
+    /// that no longer matches them is rot: the row is not settled over it (a read or a scrub
+    /// rebuilds the block from its redundancy).
+    fn settle_sums(&self, set: &SlabSet, slab: SlabRef, row: u64, mo: u64, bytes: &[u8]) -> Result<()> {
+        if self.settled_by_resync.lock().insert((slab, mo)) {
+            let _ = self.sums().record(slab, mo, &sums_of(bytes));
+            return Ok(());
+        }
+        match self.sums().verify(slab, mo, bytes) {
+            Ok(bad) if bad.is_empty() => Ok(()),
+            Ok(bad) => {
+                self.count_against_disk(slab, bad.len() as u64);
+                Err(LayoutError::Io {
+                    set: set.id,
+                    detail: format!(
+                        "row {row}: {} block(s) no longer match the checksums recorded when the row was first resynced",
+                        bad.len()
+                    ),
+                })
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Recomputes a row's parity from its data. The data members' checksums are recorded
@@ -405,9 +438,7 @@ impl Layouts {
         if self.sums().enabled() {
             for (d, bytes) in data.iter().enumerate() {
                 if let Some(b) = bytes {
-                    let _ = self
-                        .sums()
-                        .record(members[data_members(spec, row, d)[0]], mo, &sums_of(b));
+                    self.settle_sums(set, members[data_members(spec, row, d)[0]], row, mo, b)?;
                 }
             }
         }

@@ -143,6 +143,12 @@ pub struct Layouts {
     pub(crate) returning: Mutex<()>,
     /// Held while a set's `missed` record is saved, so that two writers save in turn.
     marking: Mutex<()>,
+    /// The members' rows (slab, member offset) whose checksums a resync after a crash
+    /// recorded from what they held, since the pool was opened. A region that could not be
+    /// made consistent then is tried again at every checkpoint (its parity member's disk
+    /// away, say): by then the write path keeps those checksums, and recording them again
+    /// from what the blocks hold would vouch for rot that came since (`resync_row`).
+    pub(crate) settled_by_resync: Mutex<HashSet<(SlabRef, u64)>>,
     /// The slab sets a repair works on now: one repair per set at a time (a set has one
     /// replacement slab, and two copies of a member would each think theirs the one).
     pub(crate) rebuilding: Mutex<HashSet<u32>>,
@@ -204,6 +210,7 @@ impl Layouts {
             any_missed: AtomicBool::new(!missed.is_empty()),
             missed: RwLock::new(missed),
             marking: Mutex::new(()),
+            settled_by_resync: Mutex::new(HashSet::new()),
             rebuilding: Mutex::new(HashSet::new()),
             held_as_is: RwLock::new(held),
             held_passes: Mutex::new(HashMap::new()),
