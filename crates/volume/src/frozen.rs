@@ -19,8 +19,11 @@ use crate::error::{Result, VolumeError};
 use crate::frozen_registry::Piece;
 use crate::keys::{grain_key, loc_value};
 use crate::shared::Shared;
-use crate::space::{Class, Loc};
+use crate::space::{loc_parts, Class, Loc};
+use crate::unsynced::Sets;
 use crate::vdisk::{grain_pieces, Vdisk};
+use crate::writer::Writer;
+use tessera_layout::SlabSet;
 
 /// Grains whose map entries one paste batch changes, at most: sharing a grain is three small
 /// metadata records, so a batch can be larger than the write path's.
@@ -70,6 +73,10 @@ pub struct Frozen {
     block_size: u32,
     len: u64,
     source: String,
+    /// The sets of the image's grains that held writes of the source no flush had made
+    /// durable when it was frozen, with the loss count those writes noted: a vdisk the image
+    /// is pasted into notes them as its own writes (`paste_into`).
+    unsettled: Arc<Sets<Arc<SlabSet>>>,
 }
 
 impl std::fmt::Debug for Frozen {
@@ -155,6 +162,9 @@ impl Vdisk {
         let g = self.class.grain;
         let mut pieces = Vec::with_capacity(ranges.len());
         let mut at = 0u64;
+        // Usually none: looked up per grain only when some are.
+        let candidates = self.unsynced.unsettled(|_| true);
+        let mut unsettled = Sets::new();
         {
             let map = self.map.read();
             for &(off, len) in ranges {
@@ -166,6 +176,12 @@ impl Vdisk {
                 for &l in &locs {
                     if l != 0 {
                         self.s.space.incref(l);
+                        if !candidates.is_empty() {
+                            let set = loc_parts(l).0;
+                            if let Some(e) = candidates.get(&set) {
+                                unsettled.entry(set).or_insert_with(|| e.clone());
+                            }
+                        }
                     }
                 }
                 pieces.push(Piece {
@@ -190,6 +206,7 @@ impl Vdisk {
             block_size: self.block_size(),
             len: at,
             source: self.name(),
+            unsettled: Arc::new(unsettled),
         })
     }
 
@@ -207,6 +224,15 @@ impl Vdisk {
         img.check_range(img_off, len)?;
         self.clock.touch(dst_off, len);
         let same_pool = Arc::ptr_eq(&self.s, &img.held.s);
+        if same_pool {
+            // Data of the image not durable yet is this vdisk's from now on: its flush must
+            // fail if that data is lost before it is, as the source's would (shared or
+            // copied, what this vdisk reads is what those sets hold).
+            let writer = Writer::current();
+            for (&id, (set, noted)) in img.unsettled.iter() {
+                self.unsynced.note(writer, id, set, *noted);
+            }
+        }
         let g = self.class.grain;
         let mut stats = CloneStats::default();
         for (p, from, n) in img.pieces_in(img_off, len) {

@@ -27,7 +27,7 @@ const MAX_OWED: usize = 1024;
 
 /// Per slab set id written since the last flush took them: the set and the smallest loss
 /// count noted by a write into it.
-type Sets<S> = HashMap<u32, (S, u64)>;
+pub(crate) type Sets<S> = HashMap<u32, (S, u64)>;
 
 /// `S` is what a flush asks about: a slab set (a plain id in the tests).
 pub(crate) struct Unsynced<S = Arc<SlabSet>> {
@@ -41,6 +41,9 @@ pub(crate) struct Unsynced<S = Arc<SlabSet>> {
     /// Held by the flush under way; holds the last failure and the tickets it answers: every
     /// flush begun before that failure was found may cover the writes it lost.
     turn: Mutex<Option<(u64, String)>>,
+    /// The sets the flush under way took, every writer's, until it knows whether they lost
+    /// data: still unsettled for a copy of their data (`unsettled`).
+    flushing: Mutex<Sets<S>>,
 }
 
 impl<S> Default for Unsynced<S> {
@@ -50,6 +53,7 @@ impl<S> Default for Unsynced<S> {
             owed: Mutex::new(VecDeque::new()),
             begun: AtomicU64::new(0),
             turn: Mutex::new(None),
+            flushing: Mutex::new(HashMap::new()),
         }
     }
 }
@@ -88,7 +92,15 @@ impl<S: Clone> Unsynced<S> {
             }
         }
         // Taken before the flush: a write completed after this point is covered by the next.
-        let taken = std::mem::take(&mut *self.pending.lock());
+        let taken = {
+            let mut pending = self.pending.lock();
+            let taken = std::mem::take(&mut *pending);
+            let mut flushing = self.flushing.lock();
+            for sets in taken.values() {
+                merge(&mut flushing, sets.iter().map(|(&id, (set, noted))| (id, set, *noted)));
+            }
+            taken
+        };
         let flushed = flush();
         // Asked whatever the flush answered: a failed disk flush fails the disk, and what it
         // lost is owed to its writers all the same.
@@ -107,6 +119,9 @@ impl<S: Clone> Unsynced<S> {
             }
             found.get_or_insert(why);
         }
+        // Known durable, or known lost (and told): what a copy takes from now on is what
+        // the sets hold.
+        self.flushing.lock().clear();
         let owed = self.take_owed(writer);
         let failed = match (flushed, found) {
             (Err(e), _) => Some(e),
@@ -123,6 +138,36 @@ impl<S: Clone> Unsynced<S> {
             Some(why) => Err(VolumeError::Lost(why)),
             None => Ok(()),
         }
+    }
+
+    /// The sets among `wanted` that hold writes of this vdisk no flush has made durable yet,
+    /// with the smallest loss count noted by those writes: a vdisk that takes a share of
+    /// their data (a paste of a frozen image) notes them as its own writes, so that its
+    /// flush fails if that data is lost before it is durable.
+    pub fn unsettled(&self, wanted: impl Fn(u32) -> bool) -> Sets<S> {
+        let mut out = HashMap::new();
+        for sets in self.pending.lock().values() {
+            merge(
+                &mut out,
+                sets.iter()
+                    .map(|(&id, (set, noted))| (id, set, *noted))
+                    .filter(|&(id, _, _)| wanted(id)),
+            );
+        }
+        let flushing = self.flushing.lock();
+        merge(
+            &mut out,
+            flushing
+                .iter()
+                .map(|(&id, (set, noted))| (id, set, *noted))
+                .filter(|&(id, _, _)| wanted(id)),
+        );
+        out
+    }
+
+    /// Whether nothing is unsettled: most vdisks, most of the time.
+    pub fn is_settled(&self) -> bool {
+        self.pending.lock().values().all(|s| s.is_empty()) && self.flushing.lock().is_empty()
     }
 
     fn owe(&self, writer: Writer, why: String) {
@@ -143,6 +188,15 @@ impl<S: Clone> Unsynced<S> {
     }
 }
 
+/// Adds `sets` to `into`, keeping the smallest loss count of a set named twice.
+fn merge<'a, S: Clone + 'a>(into: &mut Sets<S>, sets: impl Iterator<Item = (u32, &'a S, u64)>) {
+    for (id, set, noted) in sets {
+        into.entry(id)
+            .and_modify(|(_, n)| *n = (*n).min(noted))
+            .or_insert_with(|| (set.clone(), noted));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -153,6 +207,29 @@ mod tests {
 
     fn note(u: &Ids, id: u32, noted: u64) {
         u.note(Writer::ANY, id, &id, noted)
+    }
+
+    #[test]
+    fn what_a_flush_has_taken_stays_unsettled_until_it_knows_and_is_filtered_by_set() {
+        let u = Ids::default();
+        assert!(u.is_settled());
+        note(&u, 3, 5);
+        note(&u, 3, 2);
+        note(&u, 4, 9);
+        assert_eq!(u.unsettled(|id| id == 3), HashMap::from([(3, (3, 2))]));
+        u.flush(
+            Writer::ANY,
+            || {
+                // Taken by the flush, not known durable yet.
+                assert_eq!(u.unsettled(|_| true).len(), 2);
+                assert!(!u.is_settled());
+                Ok(())
+            },
+            |_, _| false,
+        )
+        .unwrap();
+        assert!(u.unsettled(|_| true).is_empty());
+        assert!(u.is_settled());
     }
 
     /// A flush by `first` (whose sets are all lost if `first_finds`) that holds its turn

@@ -468,3 +468,64 @@ fn no_slot_is_handed_out_after_a_metadata_change_of_unknown_outcome() {
     e.vdisk("w").unwrap().read(0, &mut got).unwrap();
     assert!(got.iter().all(|&b| b == 0), "w's write was refused");
 }
+
+/// An offloaded copy (a WRITE USING TOKEN, a clone of a range) shares the source's grains:
+/// data the source wrote that no flush has made durable yet is the copy's too. Lost before it
+/// is durable (the disk of a set without redundancy fails a flush), the copy's flush must fail
+/// as the source's does, whether the loss came before the image was frozen, between the freeze
+/// and the paste, or after the paste. A copy of data made durable before is not failed.
+#[test]
+fn a_copy_of_data_lost_before_it_was_durable_fails_the_copys_flush() {
+    for (when, flushed_first) in [
+        ("before the freeze", false),
+        ("before the paste", false),
+        ("after the paste", false),
+        ("after the paste", true),
+    ] {
+        let rig = Rig::new(2, 64 * MIB, MIB);
+        let mut s = spec("a", SIZE, LayoutKind::Simple, Provisioning::Thin);
+        s.columns = Some(1);
+        let a = rig.engine().create_vdisk(&s).unwrap();
+        s.name = "b".into();
+        let b = rig.engine().create_vdisk(&s).unwrap();
+        a.write(0, &pattern(1, 0, 64 << 10), true).unwrap();
+        let on = rig
+            .engine()
+            .pool()
+            .disks()
+            .iter()
+            .position(|d| d.slabs_used > 0)
+            .unwrap();
+        // An overwrite in place: nothing to commit, durable only at the next flush.
+        a.write(0, &pattern(2, 0, 64 << 10), false).unwrap();
+        if flushed_first {
+            a.flush().unwrap();
+        }
+        let lose = || {
+            rig.disks[on].faults().fail_flushes(true);
+            assert!(rig.engine().flush().is_err(), "the flush that failed the disk says so");
+            rig.disks[on].faults().fail_flushes(false);
+        };
+        if when == "before the freeze" {
+            lose();
+        }
+        let image = a.freeze(&[(0, 64 << 10)]).unwrap();
+        if when == "before the paste" {
+            lose();
+        }
+        let pasted = b.paste(0, &image, 0, 64 << 10).unwrap();
+        assert_eq!(pasted.shared_bytes, 64 << 10, "{when}: the grain was not shared");
+        if when == "after the paste" {
+            lose();
+        }
+        match flushed_first {
+            false => {
+                let e = b.flush().expect_err(&format!(
+                    "lost {when}: a copy of data lost before it was durable was called durable"
+                ));
+                assert!(e.to_string().contains("may be lost"), "{when}: {e}");
+            }
+            true => b.flush().unwrap(),
+        }
+    }
+}
