@@ -122,6 +122,12 @@ async fn read_pdu(s: &mut TcpStream, within: Duration) -> Option<Pdu> {
 
 /// Logs in with immediate data, so that a 4 KiB write needs no R2T.
 async fn login(addr: &str) -> TcpStream {
+    login_port(addr, 1).await
+}
+
+/// [`login`] from the host's initiator port `port` (the last byte of its ISID): another
+/// session, another I_T nexus.
+async fn login_port(addr: &str, port: u8) -> TcpStream {
     let mut s = TcpStream::connect(addr).await.unwrap();
     let text = format!(
         "InitiatorName={HOST}\0TargetName={TARGET}\0SessionType=Normal\0ImmediateData=Yes\0\
@@ -129,7 +135,7 @@ async fn login(addr: &str) -> TcpStream {
     );
     let mut p = Pdu::new(0x43); // immediate | LOGIN_REQ
     p.bhs[1] = 0x87; // T, CSG 1 (operational), NSG 3 (full feature)
-    p.bhs[8..14].copy_from_slice(&[0x80, 0, 0, 0, 0x12, 1]);
+    p.bhs[8..14].copy_from_slice(&[0x80, 0, 0, 0, 0x12, port]);
     p.data = text.into_bytes();
     p.write(&mut s, false, false).await.unwrap();
     let r = read_pdu(&mut s, Duration::from_secs(5))
@@ -241,4 +247,46 @@ async fn abort_task_of_a_task_not_running_is_answered_at_once() {
         (0x22, 2, 1),
         "TASK DOES NOT EXIST"
     );
+}
+
+/// A LUN RESET from one nexus is answered only once the commands another nexus had running on
+/// the logical unit have ended: a cluster node that takes a disk over resets it so that no
+/// write of the node it fences can land after that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lun_reset_is_answered_once_other_nexuses_commands_have_ended() {
+    let (addr, gated, _reg) = rig().await;
+    let mut a = login_port(&addr, 1).await;
+    let mut b = login_port(&addr, 2).await;
+    command(1, 0, &write10(8, 8), true, 4096, vec![0xA5u8; 4096])
+        .write(&mut a, false, false)
+        .await
+        .unwrap();
+    let start = Instant::now();
+    while !gated.entered.load(Ordering::SeqCst) {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the write never reached the backend"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tmf(7, 5, 0, 0).write(&mut b, false, false).await.unwrap();
+    assert!(
+        read_pdu(&mut b, Duration::from_millis(500)).await.is_none(),
+        "the reset was answered while another nexus's write to the unit still ran"
+    );
+    gated.open();
+    let p = read_pdu(&mut b, Duration::from_secs(5))
+        .await
+        .expect("the reset is answered once the write ended");
+    assert!(gated.landed.load(Ordering::SeqCst), "answered before the write landed");
+    assert_eq!(
+        (p.opcode() & 0x3F, p.itt(), p.bhs[2]),
+        (0x22, 7, 0),
+        "FUNCTION COMPLETE"
+    );
+    // The other nexus's write is answered, as the unit ran it.
+    let p = read_pdu(&mut a, Duration::from_secs(5))
+        .await
+        .expect("the write is answered");
+    assert_eq!((p.opcode() & 0x3F, p.itt()), (0x21, 1));
 }

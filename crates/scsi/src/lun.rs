@@ -813,6 +813,13 @@ impl Lun {
         self.unit_attention(sense::BUS_DEVICE_RESET_OCCURRED, None);
     }
 
+    /// Returns once no command admitted before the call still runs on the LUN, whatever
+    /// nexus sent it (new ones wait meanwhile): a LUN or target reset is answered only then,
+    /// so that no write sent before it lands after its answer.
+    pub fn wait_for_commands(&self) {
+        drop(self.fence.write());
+    }
+
     /// The vdisk grew: every nexus learns of it.
     pub fn capacity_changed(&self) {
         self.unit_attention(sense::CAPACITY_DATA_CHANGED, None);

@@ -88,7 +88,8 @@ impl Session {
             }
             // LUN RESET, TARGET WARM and COLD RESET: this session's commands to the logical
             // unit (or to any, for a target reset) are aborted, and the other nexuses get a
-            // unit attention.
+            // unit attention; their commands run on and are answered, but the function is
+            // answered only once they have ended (below).
             5 | 6 | 7 => {
                 self.drop_writes(rs, |_| true);
                 for l in &luns {
@@ -106,13 +107,18 @@ impl Session {
             r
         };
         let r = answer_with(response);
-        if aborted.is_empty() {
+        // A reset also waits for the commands other nexuses have running on its units.
+        let reset: Vec<Arc<Lun>> = if matches!(function, 5..=7) { luns } else { Vec::new() };
+        if aborted.is_empty() && reset.is_empty() {
             self.writer.send_pdu(&r, true);
             return;
         }
         let (running, writer, tags) = (self.running.clone(), self.writer.clone(), aborted.clone());
         let answer = std::thread::Builder::new().name("iscsi-tmf".into()).spawn(move || {
             running.wait_ended(&tags);
+            for l in &reset {
+                l.wait_for_commands();
+            }
             writer.send_pdu(&r, true);
         });
         if let Err(e) = answer {
