@@ -1406,3 +1406,30 @@ fn a_vdisk_is_never_taken_away_and_presented_at_once() {
         "exported and presented at once: {exported_and_presented:?}"
     );
 }
+
+/// A pool whose creation cannot be recorded in the list of pools to import at start is not
+/// made: it would be served until the next start, then silently not be. Its disks are left
+/// as they were, and take the pool once the list can be written.
+#[test]
+fn a_pool_that_cannot_be_recorded_is_not_made() {
+    let t = tempfile::tempdir().unwrap();
+    let state = t.path().join("state");
+    let mut d = Daemon::start(&state);
+    let ds = disks(&t.path().join("disks"), 2, 1 << 30);
+    // The list is written through a temporary file beside it: a directory there fails it.
+    let blocker = state.join("imported.json.tmp");
+    std::fs::create_dir(&blocker).unwrap();
+    let mut args = vec!["pool", "create", "p", "--slab-size", "64M"];
+    for p in &ds {
+        args.extend(["--disk", p.as_str()]);
+    }
+    let e = d.fails(&args);
+    assert!(e.contains("cannot record the imported pools"), "{e}");
+    let e = d.fails(&["pool", "show", "p"]);
+    assert!(e.contains("'p'"), "{e}");
+    std::fs::remove_dir(&blocker).unwrap();
+    create_pool(&d, "p", &ds);
+    d.stop();
+    let d = Daemon::start(&state);
+    assert_eq!(d.json(&["pool", "show", "p"])["name"], "p");
+}

@@ -402,6 +402,37 @@ fn a_pool_name_is_one_pool_among_the_gateways_until_it_is_destroyed() {
     b.stop();
 }
 
+/// A pool on RADOS whose creation cannot be recorded in the gateway's list of pools to serve
+/// at start is not made: it would be served until the next start, then be no gateway's. Its
+/// objects and its claim on the name go, and the name can be created again.
+#[cfg(feature = "rados")]
+#[test]
+fn a_pool_on_rados_that_cannot_be_recorded_is_not_made() {
+    let test = "a_pool_on_rados_that_cannot_be_recorded_is_not_made";
+    let Some((conf, etcd, _cluster)) = cluster(test) else {
+        return;
+    };
+    let pid = std::process::id();
+    let pool = format!("unrecorded{pid}");
+    let prefix = format!("/tessera-test-unrecorded-{pid}");
+    let t = tempfile::tempdir().unwrap();
+    let state = t.path().join("a");
+    let mut a = Daemon::start_configured(&state, &gateway("gw-a", &etcd, &prefix));
+    // The list is written through a temporary file beside it: a directory there fails it.
+    let blocker = state.join("imported.json.tmp");
+    std::fs::create_dir(&blocker).unwrap();
+    let e = a.fails(&create_rados_pool_args(&pool, &conf));
+    assert!(e.contains("cannot record the imported pools"), "{e}");
+    assert!(a.json(&["pool", "list"]).as_array().unwrap().is_empty());
+    std::fs::remove_dir(&blocker).unwrap();
+    let out = create_rados_pool(&a, &pool, &conf);
+    assert!(out.contains("owned by gateway gw-a"), "{out}");
+    a.stop();
+    let a = Daemon::start_configured(&state, &gateway("gw-a", &etcd, &prefix));
+    until_served(&a, &pool, Duration::from_secs(30));
+    a.ok(&["pool", "destroy", &pool]);
+}
+
 /// A fence record etcd lost (restored from an older snapshot, keys deleted by hand) does not
 /// leave a stalled owner unfenced: the pool's metadata says which client its last owner wrote
 /// from, and the gateway that takes the pool over blocklists that one too.

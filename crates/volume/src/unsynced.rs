@@ -165,11 +165,6 @@ impl<S: Clone> Unsynced<S> {
         out
     }
 
-    /// Whether nothing is unsettled: most vdisks, most of the time.
-    pub fn is_settled(&self) -> bool {
-        self.pending.lock().values().all(|s| s.is_empty()) && self.flushing.lock().is_empty()
-    }
-
     fn owe(&self, writer: Writer, why: String) {
         let mut owed = self.owed.lock();
         if !owed.iter().any(|(w, _)| *w == writer) {
@@ -212,7 +207,6 @@ mod tests {
     #[test]
     fn what_a_flush_has_taken_stays_unsettled_until_it_knows_and_is_filtered_by_set() {
         let u = Ids::default();
-        assert!(u.is_settled());
         note(&u, 3, 5);
         note(&u, 3, 2);
         note(&u, 4, 9);
@@ -222,14 +216,12 @@ mod tests {
             || {
                 // Taken by the flush, not known durable yet.
                 assert_eq!(u.unsettled(|_| true).len(), 2);
-                assert!(!u.is_settled());
                 Ok(())
             },
             |_, _| false,
         )
         .unwrap();
         assert!(u.unsettled(|_| true).is_empty());
-        assert!(u.is_settled());
     }
 
     /// A flush by `first` (whose sets are all lost if `first_finds`) that holds its turn

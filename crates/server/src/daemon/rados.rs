@@ -217,13 +217,25 @@ impl Daemon {
                 return Err(ApiError::invalid(e));
             }
         };
+        // Recorded before it is served, as a local pool is: all or nothing.
+        let mut names = self.imported_names();
+        names.insert(req.name.clone());
+        if let Err(err) = self.write_imported_list(names) {
+            drop(engine);
+            if let Err(e) = owned.remove_objects(&req.name, capacity) {
+                warn!(pool = %req.name, error = %e, "cannot remove the objects of a pool whose creation could not be recorded");
+            }
+            let _ = std::fs::remove_dir_all(&dir);
+            let _ = gw.forget_place(&req.name, true);
+            let _ = gw.release(&req.name, owned.epoch);
+            return Err(ApiError::io(err));
+        }
         let epoch = owned.epoch;
         let p = RadosPool::new(placement, Some(owned), gw.name(), gw.changes());
         self.connect_to_other_gateways(&req.name, &p.ports);
         self.targets.set_pool_ports(&req.name, Some(p.ports.clone()));
         self.rados.lock().insert(req.name.clone(), p);
         self.pools.write().insert(req.name.clone(), Arc::new(engine));
-        self.persist()?;
         self.changed(
             "pool.created",
             &req.name,
