@@ -193,3 +193,54 @@ fn blocks_shared_past_the_threshold_on_a_simple_layout_are_kept_twice_until_they
     assert_eq!(check["problems"].as_array().unwrap().len(), 0, "{check}");
     d.stop();
 }
+
+/// Two runs (or a run and a collection) asked for at once make one job and a refusal, never
+/// two jobs of which one fails because the other is under way.
+#[test]
+fn runs_asked_for_at_once_make_one_job_and_a_refusal() {
+    let t = tempfile::tempdir().unwrap();
+    let d = start(&t.path().join("state"));
+    create_pool(&d, "p", &disks(&t.path().join("disks"), 2, 512 * MIB));
+    d.ok(&["vdisk", "create", "p/v", "--size", "64M", "--layout", "simple"]);
+    d.ok(&["dedup", "enable", "p", "--min-age", "0", "--schedule", "0"]);
+    let ask = |what: &str| d.http("POST", &format!("/api/pools/p/dedup/{what}"), Some("{}"));
+    for round in 0..30 {
+        let go = std::sync::Barrier::new(2);
+        let (a, b) = std::thread::scope(|s| {
+            let a = s.spawn(|| {
+                go.wait();
+                ask("run")
+            });
+            let b = s.spawn(|| {
+                go.wait();
+                ask(if round % 2 == 0 { "run" } else { "gc" })
+            });
+            (a.join().unwrap(), b.join().unwrap())
+        });
+        for r in [&a, &b] {
+            assert!(
+                r.status == 202 || r.status == 409,
+                "round {round}: {} {}",
+                r.status,
+                r.body
+            );
+        }
+        // Every job asked for ends; none failed for the other.
+        let started = Instant::now();
+        loop {
+            let jobs = d.json(&["job", "list"]);
+            let jobs = jobs.as_array().unwrap();
+            if jobs.iter().all(|j| j["state"] != "running") {
+                for j in jobs {
+                    assert_eq!(j["state"], "succeeded", "round {round}: {j}");
+                }
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "jobs still running: {jobs:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}

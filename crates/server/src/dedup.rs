@@ -18,6 +18,10 @@ use crate::Daemon;
 #[derive(Default)]
 pub struct DedupSchedule {
     last: Mutex<BTreeMap<String, Instant>>,
+    /// Held from the question whether a run is under way to the start of a new one, so
+    /// that two starts at once (two requests, a request and the schedule) make one job and
+    /// a refusal, not a job that fails.
+    starting: Mutex<()>,
 }
 
 fn job_error(e: VolumeError) -> String {
@@ -90,6 +94,7 @@ impl Daemon {
     /// Starts an optimization run of the pool's vdisks in scope.
     pub fn dedup_run(&self, pool: &str, opts: PassOptions) -> ApiResult<JobView> {
         let e = self.engine(pool)?;
+        let _starting = self.dedup_schedule.starting.lock();
         self.refuse_if_deduplicating(pool)?;
         if !e.dedup_settings().enabled {
             return Err(ApiError::invalid(format!(
@@ -107,6 +112,7 @@ impl Daemon {
     /// Starts a garbage collection of the pool's fingerprint index.
     pub fn dedup_gc(&self, pool: &str) -> ApiResult<JobView> {
         let e = self.engine(pool)?;
+        let _starting = self.dedup_schedule.starting.lock();
         self.refuse_if_deduplicating(pool)?;
         let job = self.jobs.spawn("dedup-gc", pool, move |p: &Progress| {
             e.dedup_gc(p)
@@ -124,6 +130,7 @@ impl Daemon {
         }
         for (name, e) in self.engines() {
             let s = e.dedup_settings();
+            let _starting = self.dedup_schedule.starting.lock();
             if !s.enabled || s.schedule_secs == 0 || self.dedup_job(&name).is_some() {
                 continue;
             }
