@@ -335,6 +335,7 @@ fn serve(sock: TcpStream, local: SocketAddr, reg: Arc<Registry>, li: LoggedIn) -
         stat_sn,
         close,
     } = li;
+    let host = sock.peer_addr().ok().map(|a| a.ip());
     let tname = target.as_ref().map(|t| t.iqn.clone()).unwrap_or_default();
     close.wait_for_replaced();
     let result = (|| {
@@ -371,7 +372,8 @@ fn serve(sock: TcpStream, local: SocketAddr, reg: Arc<Registry>, li: LoggedIn) -
             ctx: Ctx {
                 reg: reg.clone(),
                 nexus: Arc::new(
-                    Nexus::new(nexus, &initiator, isid)
+                    host.into_iter()
+                        .fold(Nexus::new(nexus, &initiator, isid), Nexus::from_host)
                         .with_scope(target.as_ref().map_or_else(Scope::none, Scope::of))
                         .ended_by(close.flag()),
                 ),

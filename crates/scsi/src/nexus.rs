@@ -22,6 +22,10 @@ pub struct Nexus {
     /// reinstatement): a copy operation of it still running then makes nothing that outlives
     /// it, such as a ROD token no session could ask for.
     ended: Arc<AtomicBool>,
+    /// The host the session comes from, by its address (an IPv6 one by its /64), when it
+    /// comes over a network: an initiator chooses its own name, so what is kept per
+    /// initiator against one hogging it (the copy tokens' budget) is kept per host too.
+    pub host: Option<std::net::IpAddr>,
 }
 
 /// The logical units an I_T nexus can address through its target port, after the target's
@@ -80,7 +84,14 @@ impl Nexus {
             isid,
             scope: Scope::none(),
             ended: Arc::default(),
+            host: None,
         }
+    }
+
+    /// The nexus of a session from `addr` (see [`host`](Self::host)).
+    pub fn from_host(mut self, addr: std::net::IpAddr) -> Nexus {
+        self.host = Some(host_of(addr));
+        self
     }
 
     pub fn with_scope(mut self, scope: Scope) -> Nexus {
@@ -102,5 +113,33 @@ impl Nexus {
     /// The nexus of callers that are not a transport session (tests, tools).
     pub fn local() -> Nexus {
         Nexus::new(0, "local", [0; 6])
+    }
+}
+
+/// The host an address stands for: an IPv4 address (also written as IPv4-mapped IPv6), or
+/// the /64 of an IPv6 one, which a single host may take any address of.
+pub fn host_of(addr: std::net::IpAddr) -> std::net::IpAddr {
+    use std::net::{IpAddr, Ipv6Addr};
+    match addr {
+        IpAddr::V4(_) => addr,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !((1u128 << 64) - 1))),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_host_is_an_ipv4_address_or_the_64_of_an_ipv6_one() {
+        let h = |s: &str| host_of(s.parse().unwrap()).to_string();
+        assert_eq!(h("192.0.2.7"), "192.0.2.7");
+        assert_eq!(h("::ffff:192.0.2.7"), "192.0.2.7");
+        assert_eq!(h("2001:db8:1:2:aaaa::1"), "2001:db8:1:2::");
+        assert_eq!(h("2001:db8:1:2::ffff"), h("2001:db8:1:2:1:2:3:4"));
+        assert_ne!(h("2001:db8:1:2::1"), h("2001:db8:1:3::1"));
     }
 }

@@ -95,6 +95,8 @@ struct Token {
     creator: u64,
     /// The name of the initiator that made it, lower case (iSCSI names compare so).
     made_by: String,
+    /// The host it was made from, if known: the budget is kept per host too.
+    host: Option<std::net::IpAddr>,
     image: Arc<dyn FrozenImage>,
     /// Memory its image holds, as its claim counted it.
     memory: u64,
@@ -119,6 +121,8 @@ pub struct TokenClaim<'a> {
 struct Share {
     /// The initiator's name, lower case.
     made_by: String,
+    /// The host it came from, if known ([`Nexus::host`]).
+    host: Option<std::net::IpAddr>,
     bytes: u64,
     memory: u64,
 }
@@ -235,33 +239,43 @@ impl CopyManager {
     /// Takes for a token of `bytes` of data, whose image will hold `memory` bytes of memory,
     /// its share of the budget, before the image is made: refused (INSUFFICIENT RESOURCES TO
     /// CREATE ROD TOKEN) when the live tokens and the claims still being made, daemon-wide
-    /// or of `by`'s initiator, leave too little of it.
+    /// or of `by`'s initiator, or of its host (whatever names it logs in with), leave too
+    /// little of it.
     pub fn claim(&self, by: &Nexus, bytes: u64, memory: u64) -> Result<TokenClaim<'_>, Sense> {
         self.expire();
         let tokens = self.tokens.lock();
         let mut claims = self.claims.lock();
         let share = Share {
             made_by: by.initiator.to_ascii_lowercase(),
+            host: by.host,
             bytes,
             memory,
         };
         let taken = tokens
             .values()
-            .map(|t| (&t.made_by, t.image.len(), t.memory))
-            .chain(claims.values().map(|c| (&c.made_by, c.bytes, c.memory)));
-        let (mut all, mut mine) = ((0usize, 0u64, 0u64), (0usize, 0u64, 0u64));
-        for (made_by, bytes, memory) in taken {
-            all = (all.0 + 1, all.1 + bytes, all.2 + memory);
+            .map(|t| (&t.made_by, t.host, t.image.len(), t.memory))
+            .chain(claims.values().map(|c| (&c.made_by, c.host, c.bytes, c.memory)));
+        let add = |sum: &mut (usize, u64, u64), bytes, memory| *sum = (sum.0 + 1, sum.1 + bytes, sum.2 + memory);
+        let (mut all, mut initiator, mut host) = Default::default();
+        for (made_by, from, bytes, memory) in taken {
+            add(&mut all, bytes, memory);
             if *made_by == share.made_by {
-                mine = (mine.0 + 1, mine.1 + bytes, mine.2 + memory);
+                add(&mut initiator, bytes, memory);
+            }
+            if from.is_some() && from == share.host {
+                add(&mut host, bytes, memory);
             }
         }
+        let over_a_quarter = |mine: (usize, u64, u64)| {
+            mine.0 >= MAX_TOKENS_PER_INITIATOR
+                || mine.1 + bytes > MAX_LIVE_TOKEN_BYTES_PER_INITIATOR
+                || mine.2 + memory > MAX_LIVE_TOKEN_MEMORY_PER_INITIATOR
+        };
         if all.0 >= MAX_TOKENS
             || all.1 + bytes > MAX_LIVE_TOKEN_BYTES
             || all.2 + memory > MAX_LIVE_TOKEN_MEMORY
-            || mine.0 >= MAX_TOKENS_PER_INITIATOR
-            || mine.1 + bytes > MAX_LIVE_TOKEN_BYTES_PER_INITIATOR
-            || mine.2 + memory > MAX_LIVE_TOKEN_MEMORY_PER_INITIATOR
+            || over_a_quarter(initiator)
+            || over_a_quarter(host)
         {
             return Err(sense::INSUFFICIENT_RESOURCES_TO_CREATE_ROD_TOKEN);
         }
@@ -294,6 +308,7 @@ impl CopyManager {
             return Err(sense::COPY_TARGET_DEVICE_NOT_REACHABLE);
         }
         let made_by = claim.share.made_by.clone();
+        let host = claim.share.host;
         let memory = claim.share.memory;
         let mut b = Box::new([0u8; TOKEN_LEN]);
         rand::rng().fill(&mut b[T_END..]);
@@ -314,6 +329,7 @@ impl CopyManager {
                 bytes: b.clone(),
                 creator: nexus,
                 made_by,
+                host,
                 image,
                 memory,
                 timeout: Duration::from_secs(timeout_s as u64),
@@ -616,6 +632,35 @@ mod tests {
         assert!(cm.create_token([1; 32], &c(7), image("p", "vm", 512), 30).is_err());
         cm.create_token([1; 32], &host(8, "iqn.2026-11.test:d"), image("p", "vm", 512), 30)
             .unwrap();
+    }
+
+    /// An initiator chooses its own name: one host that logs in under several names shares
+    /// one quarter of the budget among them, while another host has its own.
+    #[test]
+    fn one_host_cannot_take_the_whole_token_budget_under_many_names() {
+        let cm = CopyManager::new();
+        let at = |id: u64, host: &str| {
+            Nexus::new(id, &format!("iqn.2026-12.test:name{id}"), [0, 2, 0, 0, 0, id as u8])
+                .from_host(host.parse().unwrap())
+        };
+        let quarter = MAX_LIVE_TOKEN_MEMORY_PER_INITIATOR;
+        let first = cm.claim(&at(1, "192.0.2.1"), 1 << 20, quarter / 2).unwrap();
+        let second = cm.claim(&at(2, "192.0.2.1"), 1 << 20, quarter / 2).unwrap();
+        let refused = cm
+            .claim(&at(3, "192.0.2.1"), 1 << 20, 1)
+            .err()
+            .expect("the host's quarter is taken");
+        assert_eq!(refused.asc, sense::INSUFFICIENT_RESOURCES_TO_CREATE_ROD_TOKEN.asc);
+        // Another address of the same IPv6 /64 is the same host; another /64 is not.
+        let v6 = cm.claim(&at(4, "2001:db8:1:2::10"), 1 << 20, quarter).unwrap();
+        assert!(cm.claim(&at(5, "2001:db8:1:2::11"), 1 << 20, 1).is_err());
+        let other = cm.claim(&at(6, "2001:db8:1:3::10"), 1 << 20, quarter / 2).unwrap();
+        // Nexuses of no known host (local callers) are held to their name's share alone.
+        let local = cm
+            .claim(&Nexus::new(7, "iqn.2026-12.test:local", [0; 6]), 1 << 20, 1)
+            .unwrap();
+        drop((first, second, v6, other, local));
+        assert!(cm.claim(&at(3, "192.0.2.1"), 1 << 20, quarter).is_ok());
     }
 
     /// A token kept in use ends all the same once its lifetime is over: it cannot hold the
