@@ -172,14 +172,8 @@ fn tmf(itt: u32, function: u8, lun: u8, referenced: u32) -> Pdu {
     p
 }
 
-async fn the_answer_waits_for_the_aborted_write(function: u8) {
-    let (addr, gated, _reg) = rig().await;
-    let mut s = login(&addr).await;
-    let data = vec![0xA5u8; 4096];
-    command(1, 0, &write10(8, 8), true, 4096, data.clone())
-        .write(&mut s, false, false)
-        .await
-        .unwrap();
+/// Returns once a write waits at the gate.
+async fn until_a_write_waits(gated: &Gated) {
     let start = Instant::now();
     while !gated.entered.load(Ordering::SeqCst) {
         assert!(
@@ -188,6 +182,17 @@ async fn the_answer_waits_for_the_aborted_write(function: u8) {
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+}
+
+async fn the_answer_waits_for_the_aborted_write(function: u8) {
+    let (addr, gated, _reg) = rig().await;
+    let mut s = login(&addr).await;
+    let data = vec![0xA5u8; 4096];
+    command(1, 0, &write10(8, 8), true, 4096, data.clone())
+        .write(&mut s, false, false)
+        .await
+        .unwrap();
+    until_a_write_waits(&gated).await;
     tmf(2, function, 0, 1).write(&mut s, false, false).await.unwrap();
     // A command to another LUN is served meanwhile: the reader goes on.
     command(3, 1, &write10(0, 8), true, 4096, data.clone())
@@ -261,14 +266,7 @@ async fn a_lun_reset_is_answered_once_other_nexuses_commands_have_ended() {
         .write(&mut a, false, false)
         .await
         .unwrap();
-    let start = Instant::now();
-    while !gated.entered.load(Ordering::SeqCst) {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "the write never reached the backend"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    until_a_write_waits(&gated).await;
     tmf(7, 5, 0, 0).write(&mut b, false, false).await.unwrap();
     assert!(
         read_pdu(&mut b, Duration::from_millis(500)).await.is_none(),

@@ -90,11 +90,15 @@ fn a_mirror_whose_copies_all_fail_their_flush_is_not_durable() {
     assert!(rig.engine().flush().is_err() || rig.engine().pool().disk_state(0) == DiskState::Failed);
 }
 
-/// The race the test below found one run in ten, made certain: a write reaches a disk,
-/// another caller's flush fails that disk (and is told so), and only then does the writer
-/// flush. Its flush skips the failed disk, but must not call the write durable.
-#[test]
-fn a_write_lost_to_someone_elses_failed_flush_fails_the_writers_flush() {
+/// A pool of two disks with a simple vdisk `a` of one column (its spec returned), whose first
+/// 64 KiB were written durably, then overwritten in place (no metadata to commit: durable
+/// only at the next flush); and the disk they are on.
+fn overwritten_in_place() -> (
+    Rig,
+    tessera_volume::VdiskSpec,
+    std::sync::Arc<tessera_volume::Vdisk>,
+    usize,
+) {
     let rig = Rig::new(2, 64 * MIB, MIB);
     let mut s = spec("a", SIZE, LayoutKind::Simple, Provisioning::Thin);
     s.columns = Some(1);
@@ -107,8 +111,16 @@ fn a_write_lost_to_someone_elses_failed_flush_fails_the_writers_flush() {
         .iter()
         .position(|d| d.slabs_used > 0)
         .unwrap();
-    // An overwrite in place: nothing to commit, durable only at the next flush.
     a.write(0, &pattern(2, 0, 64 << 10), false).unwrap();
+    (rig, s, a, on)
+}
+
+/// The race the test below found one run in ten, made certain: a write reaches a disk,
+/// another caller's flush fails that disk (and is told so), and only then does the writer
+/// flush. Its flush skips the failed disk, but must not call the write durable.
+#[test]
+fn a_write_lost_to_someone_elses_failed_flush_fails_the_writers_flush() {
+    let (rig, mut s, a, on) = overwritten_in_place();
     rig.disks[on].faults().fail_flushes(true);
     assert!(rig.engine().flush().is_err(), "the flush that failed the disk says so");
     rig.disks[on].faults().fail_flushes(false);
@@ -482,22 +494,9 @@ fn a_copy_of_data_lost_before_it_was_durable_fails_the_copys_flush() {
         ("after the paste", false),
         ("after the paste", true),
     ] {
-        let rig = Rig::new(2, 64 * MIB, MIB);
-        let mut s = spec("a", SIZE, LayoutKind::Simple, Provisioning::Thin);
-        s.columns = Some(1);
-        let a = rig.engine().create_vdisk(&s).unwrap();
+        let (rig, mut s, a, on) = overwritten_in_place();
         s.name = "b".into();
         let b = rig.engine().create_vdisk(&s).unwrap();
-        a.write(0, &pattern(1, 0, 64 << 10), true).unwrap();
-        let on = rig
-            .engine()
-            .pool()
-            .disks()
-            .iter()
-            .position(|d| d.slabs_used > 0)
-            .unwrap();
-        // An overwrite in place: nothing to commit, durable only at the next flush.
-        a.write(0, &pattern(2, 0, 64 << 10), false).unwrap();
         if flushed_first {
             a.flush().unwrap();
         }
