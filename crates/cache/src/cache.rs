@@ -1284,6 +1284,14 @@ impl Inner {
             } else {
                 0
             };
+            if wiped {
+                // Under the same lock: a flush that finds the log without disks from now on
+                // answers for writes it held, and must find them lost, though the records below
+                // (and the state change that counts the loss) take a while. Above every count a
+                // write has noted so far; one that notes the same count meanwhile is taken for
+                // lost too, on the safe side.
+                self.wiped_at.fetch_max(self.pool.losses() + 1, Ordering::SeqCst);
+            }
             (wiped, lost, emptied)
         };
         // First: a crash after the log's new record must still find what was lost.
@@ -1312,7 +1320,7 @@ impl Inner {
         }
         if wiped {
             // After the state change, whose count a write that reached this disk noted below.
-            self.wiped_at.store(self.pool.losses().max(1), Ordering::SeqCst);
+            self.wiped_at.fetch_max(self.pool.losses().max(1), Ordering::SeqCst);
         }
         self.room.notify_all();
         self.work.notify_all();

@@ -528,3 +528,90 @@ fn a_copy_of_data_lost_before_it_was_durable_fails_the_copys_flush() {
         }
     }
 }
+
+/// A metadata store whose commits take `delay` while armed: a slow metadata disk.
+struct Slow {
+    inner: tessera_pool::MemoryMeta,
+    armed: std::sync::Arc<AtomicBool>,
+    delay: Duration,
+}
+
+impl tessera_pool::MetaBackend for Slow {
+    fn location(&self) -> String {
+        "memory, slow".into()
+    }
+    fn commit(&self, batch: &tessera_pool::MetaBatch, sync: bool) -> Result<(), tessera_pool::PoolError> {
+        if self.armed.load(Ordering::SeqCst) {
+            std::thread::sleep(self.delay);
+        }
+        self.inner.commit(batch, sync)
+    }
+    fn sync(&self) -> Result<(), tessera_pool::PoolError> {
+        self.inner.sync()
+    }
+    fn get(&self, cf: &str, key: &[u8]) -> Result<Option<Vec<u8>>, tessera_pool::PoolError> {
+        self.inner.get(cf, key)
+    }
+    fn scan(&self, cf: &str, from: &[u8], visit: tessera_pool::Visit) -> Result<(), tessera_pool::PoolError> {
+        self.inner.scan(cf, from, visit)
+    }
+    fn snapshot(&self) -> Box<dyn tessera_pool::MetaView + '_> {
+        self.inner.snapshot()
+    }
+    fn estimate_keys(&self, cf: &str) -> u64 {
+        self.inner.estimate_keys(cf)
+    }
+}
+
+/// The write-back log's only disk fails a write of another host's batch, and the pool records
+/// the loss (four commits, slow on a slow metadata disk). A flush that comes meanwhile, once
+/// the log has no disk left, must not answer that a write the log held and lost is durable.
+#[test]
+fn a_flush_while_the_logs_last_disk_is_being_given_up_does_not_call_its_writes_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let armed = std::sync::Arc::new(AtomicBool::new(false));
+    let store = tessera_pool::MetaStore::on(Slow {
+        inner: tessera_pool::MemoryMeta::new(),
+        armed: armed.clone(),
+        delay: Duration::from_millis(300),
+    });
+    let data = std::sync::Arc::new(tessera_disk::MemDisk::new("mem0", 64 * MIB)) as tessera_disk::DiskRef;
+    let e = tessera_volume::Engine::create_pool_with_meta(dir.path(), "t", vec![data], MIB, store, true).unwrap();
+    let log = tessera_disk::FaultyDisk::new(
+        std::sync::Arc::new(tessera_disk::MemDisk::new("cache0", 66 * MIB)) as tessera_disk::DiskRef
+    );
+    e.add_cache_disk(log.clone() as tessera_disk::DiskRef).unwrap();
+    e.cache().hold_destage(true);
+    let mut s = spec("v", SIZE, LayoutKind::Simple, Provisioning::Thin);
+    s.columns = Some(1);
+    let v = e.create_vdisk(&s).unwrap();
+    // Its first write, durable; then one the log takes and no flush has made durable yet.
+    v.write(0, &pattern(1, 0, 64 << 10), true).unwrap();
+    v.write(0, &pattern(2, 0, 64 << 10), false).unwrap();
+    assert!(e.cache_status().cached_writes > 0, "the write did not go to the log");
+    armed.store(true, Ordering::SeqCst);
+    log.faults().fail_range(0, 66 * MIB, tessera_disk::FaultOp::Write);
+    std::thread::scope(|s| {
+        // Another host's write finds the log's disk failing, and gives it up.
+        let other = s.spawn(|| {
+            as_writer(Writer::named("iqn.2026-12.test:other"), || {
+                v.write(1 << 20, &pattern(3, 1 << 20, 4096), false)
+            })
+        });
+        let started = Instant::now();
+        while !e.cache_status().devices.is_empty() {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "the log's disk was never given up"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let flushed = v.flush();
+        assert!(
+            flushed.is_err(),
+            "a flush answered for a write the log lost with its last disk"
+        );
+        assert!(other.join().unwrap().is_err(), "the other host's write failed");
+    });
+    armed.store(false, Ordering::SeqCst);
+}
