@@ -33,6 +33,8 @@ pub struct Export {
     /// Whose writes its connections' are, all of them together: NBD names no host, and a
     /// client of several connections (multi-conn) may flush on one what it wrote on another,
     /// so data written and lost before a flush is reported at the next flush on any of them.
+    /// Its name's: an export offered again (its pool served again, say) is the same writer,
+    /// and a client that connects again is told at its next flush of what it lost before.
     pub(crate) writer: Writer,
 }
 
@@ -48,8 +50,13 @@ impl Export {
             withdrawal: eventfd::open().ok(),
             held: AtomicUsize::new(0),
             meter: None,
-            writer: Writer::unique(),
+            writer: Writer::named(&format!("nbd:{name}")),
         }
+    }
+
+    /// Whose writes its connections' are (see the field).
+    pub fn writer(&self) -> Writer {
+        self.writer
     }
 
     /// The export with each request it answers reported to `meter`.
@@ -120,9 +127,15 @@ impl Registry {
         Arc::new(Registry::default())
     }
 
+    /// Offers `e`. One offered under its name before is withdrawn, as [`remove`](Self::remove)
+    /// does: left to its connections, it would be written through while no registry lists it
+    /// (a later removal would not reach it).
     pub fn add(&self, e: Export) -> Arc<Export> {
         let e = Arc::new(e);
-        self.exports.write().insert(e.name.clone(), e.clone());
+        let replaced = self.exports.write().insert(e.name.clone(), e.clone());
+        if let Some(old) = replaced {
+            old.withdraw();
+        }
         e
     }
 

@@ -252,6 +252,38 @@ async fn an_idle_connection_to_a_removed_export_ends_at_once() {
     other.read(0, 4096).await.unwrap();
 }
 
+/// An export added under the name of one still offered takes its place whole: the
+/// connections to the one it replaces end as if it had been removed, so that nothing writes
+/// through an export no registry lists (a later removal would not reach it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_export_added_in_place_of_another_ends_the_connections_to_it() {
+    let rig = rig().await;
+    let rw = Client::connect(&rig.addr, "rw").await.unwrap();
+    rw.write(0, &pattern(3, 4096), false).await.unwrap();
+    let old = rig.reg.get("rw").unwrap();
+    rig.reg.add(Export::new("rw", "p/v again", old.vdisk.clone(), false));
+    assert!(old.withdrawn(), "the export replaced is still in use");
+    match rw.write(0, &pattern(4, 4096), false).await {
+        Err(ClientError::Nbd { code, .. }) => assert_eq!(code, errno::ESHUTDOWN),
+        Err(ClientError::Closed | ClientError::Io(_)) => {}
+        other => panic!("a write through a replaced export was served: {other:?}"),
+    }
+    let again = Client::connect(&rig.addr, "rw").await.unwrap();
+    assert_eq!(again.read(0, 4096).await.unwrap(), pattern(3, 4096));
+}
+
+/// An export's writes are its name's: offered again (its pool served again), a loss of what
+/// its clients wrote before is told at their next flush through it, not kept for an object
+/// gone; another export's are another writer's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_export_offered_again_is_the_same_writer() {
+    let rig = rig().await;
+    let old = rig.reg.get("rw").unwrap();
+    let again = Export::new("rw", "p/v again", old.vdisk.clone(), false);
+    assert_eq!(again.writer(), old.writer());
+    assert_ne!(rig.reg.get("ro").unwrap().writer(), old.writer());
+}
+
 /// Removing an export ends its use by the connections open to it: a request that reaches one
 /// is refused with ESHUTDOWN and the connection closes (an idle one closes at once), even
 /// when an export of the same name, read-only this time, took its place; the other exports'

@@ -133,18 +133,20 @@ impl NbdExports {
 
     pub fn add(&self, mut cfg: NbdExportConfig, v: Arc<Vdisk>) -> ApiResult<()> {
         cfg.read_only |= v.is_snapshot();
-        self.record(&cfg)?;
-        self.registry.add(self.export(&cfg, v));
-        Ok(())
+        self.record(&cfg, || {
+            self.registry.add(self.export(&cfg, v));
+        })
     }
 
     /// Records an export of a vdisk that is not served here yet (its pool on RADOS owned by
     /// another gateway): `present_missing` offers it once this gateway takes the pool.
     pub fn add_waiting(&self, cfg: NbdExportConfig) -> ApiResult<()> {
-        self.record(&cfg)
+        self.record(&cfg, || {})
     }
 
-    fn record(&self, cfg: &NbdExportConfig) -> ApiResult<()> {
+    /// Saves `cfg` and, still under the configurations' lock, runs `then` (which offers it):
+    /// a `present_missing` or a `remove` meanwhile finds both or neither.
+    fn record(&self, cfg: &NbdExportConfig, then: impl FnOnce()) -> ApiResult<()> {
         validate_export_name(&cfg.name).map_err(ApiError::invalid)?;
         let mut c = self.configs.lock();
         if let Some(old) = c.get(&cfg.name) {
@@ -160,7 +162,9 @@ impl NbdExports {
                 Ok(())
             },
             |c| self.save(c),
-        )
+        )?;
+        then();
+        Ok(())
     }
 
     /// Stops offering an export; the connections open to it end (their next request is
