@@ -301,21 +301,35 @@ fn writes_acknowledged_while_other_disks_fail_their_flushes_survive() {
     );
 }
 
-/// A metadata store that applies a batch, then says the commit failed, while `armed`: the
-/// worst case of a commit whose outcome is not known (a write in the store's log before its
-/// sync failed, a compound write to RADOS that timed out and was applied after all).
-struct AppliedThenFailed {
-    inner: tessera_pool::MemoryMeta,
-    armed: std::sync::Arc<AtomicBool>,
+/// What an [`Armed`] store does to a commit while armed.
+#[derive(Clone, Copy)]
+enum WhenArmed {
+    /// Applies the batch, then says the commit failed: the worst case of a commit whose
+    /// outcome is not known (a write in the store's log before its sync failed, a compound
+    /// write to RADOS that timed out and was applied after all).
+    AppliedThenFailed,
+    /// Takes this long first: a slow metadata disk.
+    Slow(Duration),
 }
 
-impl tessera_pool::MetaBackend for AppliedThenFailed {
+/// A metadata store in memory that misbehaves as `when` says while `armed`.
+struct Armed {
+    inner: tessera_pool::MemoryMeta,
+    armed: std::sync::Arc<AtomicBool>,
+    when: WhenArmed,
+}
+
+impl tessera_pool::MetaBackend for Armed {
     fn location(&self) -> String {
-        "memory, failing".into()
+        "memory, armed".into()
     }
     fn commit(&self, batch: &tessera_pool::MetaBatch, sync: bool) -> Result<(), tessera_pool::PoolError> {
+        let armed = self.armed.load(Ordering::SeqCst);
+        if let (true, WhenArmed::Slow(delay)) = (armed, self.when) {
+            std::thread::sleep(delay);
+        }
         self.inner.commit(batch, sync)?;
-        if self.armed.load(Ordering::SeqCst) {
+        if let (true, WhenArmed::AppliedThenFailed) = (armed, self.when) {
             return Err(tessera_pool::PoolError::Invalid("the store's sync failed".into()));
         }
         Ok(())
@@ -337,7 +351,8 @@ impl tessera_pool::MetaBackend for AppliedThenFailed {
     }
 }
 
-/// A pool of two in-memory disks whose records are kept by an [`AppliedThenFailed`] store.
+/// A pool of two in-memory disks whose records are kept by an [`Armed`] store that applies
+/// then fails.
 struct OnFailingStore {
     dir: tempfile::TempDir,
     disks: Vec<tessera_disk::DiskRef>,
@@ -361,9 +376,10 @@ impl OnFailingStore {
     }
 
     fn store(&self) -> tessera_pool::MetaStore {
-        tessera_pool::MetaStore::on(AppliedThenFailed {
+        tessera_pool::MetaStore::on(Armed {
             inner: self.records.clone(),
             armed: self.armed.clone(),
+            when: WhenArmed::AppliedThenFailed,
         })
     }
 
@@ -529,40 +545,6 @@ fn a_copy_of_data_lost_before_it_was_durable_fails_the_copys_flush() {
     }
 }
 
-/// A metadata store whose commits take `delay` while armed: a slow metadata disk.
-struct Slow {
-    inner: tessera_pool::MemoryMeta,
-    armed: std::sync::Arc<AtomicBool>,
-    delay: Duration,
-}
-
-impl tessera_pool::MetaBackend for Slow {
-    fn location(&self) -> String {
-        "memory, slow".into()
-    }
-    fn commit(&self, batch: &tessera_pool::MetaBatch, sync: bool) -> Result<(), tessera_pool::PoolError> {
-        if self.armed.load(Ordering::SeqCst) {
-            std::thread::sleep(self.delay);
-        }
-        self.inner.commit(batch, sync)
-    }
-    fn sync(&self) -> Result<(), tessera_pool::PoolError> {
-        self.inner.sync()
-    }
-    fn get(&self, cf: &str, key: &[u8]) -> Result<Option<Vec<u8>>, tessera_pool::PoolError> {
-        self.inner.get(cf, key)
-    }
-    fn scan(&self, cf: &str, from: &[u8], visit: tessera_pool::Visit) -> Result<(), tessera_pool::PoolError> {
-        self.inner.scan(cf, from, visit)
-    }
-    fn snapshot(&self) -> Box<dyn tessera_pool::MetaView + '_> {
-        self.inner.snapshot()
-    }
-    fn estimate_keys(&self, cf: &str) -> u64 {
-        self.inner.estimate_keys(cf)
-    }
-}
-
 /// The write-back log's only disk fails a write of another host's batch, and the pool records
 /// the loss (four commits, slow on a slow metadata disk). A flush that comes meanwhile, once
 /// the log has no disk left, must not answer that a write the log held and lost is durable.
@@ -570,10 +552,10 @@ impl tessera_pool::MetaBackend for Slow {
 fn a_flush_while_the_logs_last_disk_is_being_given_up_does_not_call_its_writes_durable() {
     let dir = tempfile::tempdir().unwrap();
     let armed = std::sync::Arc::new(AtomicBool::new(false));
-    let store = tessera_pool::MetaStore::on(Slow {
+    let store = tessera_pool::MetaStore::on(Armed {
         inner: tessera_pool::MemoryMeta::new(),
         armed: armed.clone(),
-        delay: Duration::from_millis(300),
+        when: WhenArmed::Slow(Duration::from_millis(300)),
     });
     let data = std::sync::Arc::new(tessera_disk::MemDisk::new("mem0", 64 * MIB)) as tessera_disk::DiskRef;
     let e = tessera_volume::Engine::create_pool_with_meta(dir.path(), "t", vec![data], MIB, store, true).unwrap();
