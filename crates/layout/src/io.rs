@@ -411,20 +411,18 @@ impl Layouts {
             let _ = self.sums().record(slab, mo, &sums_of(bytes));
             return Ok(());
         }
-        match self.sums().verify(slab, mo, bytes) {
-            Ok(bad) if bad.is_empty() => Ok(()),
-            Ok(bad) => {
-                self.count_against_disk(slab, bad.len() as u64);
-                Err(LayoutError::Io {
-                    set: set.id,
-                    detail: format!(
-                        "row {row}: {} block(s) no longer match the checksums recorded when the row was first resynced",
-                        bad.len()
-                    ),
-                })
-            }
-            Err(e) => Err(e),
+        let bad = self.sums().verify(slab, mo, bytes)?;
+        if bad.is_empty() {
+            return Ok(());
         }
+        self.count_against_disk(slab, bad.len() as u64);
+        Err(LayoutError::Io {
+            set: set.id,
+            detail: format!(
+                "row {row}: {} block(s) no longer match the checksums recorded when the row was first resynced",
+                bad.len()
+            ),
+        })
     }
 
     /// Recomputes a row's parity from its data. The data members' checksums are recorded
