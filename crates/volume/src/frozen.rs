@@ -163,7 +163,7 @@ impl Vdisk {
         let mut pieces = Vec::with_capacity(ranges.len());
         let mut at = 0u64;
         // Usually none: looked up per grain only when some are.
-        let candidates = self.unsynced.unsettled(|_| true);
+        let candidates = self.unsynced.unsettled();
         let mut unsettled = Sets::new();
         {
             let map = self.map.read();

@@ -62,13 +62,7 @@ impl<S: Clone> Unsynced<S> {
     /// Records a completed write into set `id` by `writer`, begun when the pool's loss count
     /// was `noted`.
     pub fn note(&self, writer: Writer, id: u32, set: &S, noted: u64) {
-        self.pending
-            .lock()
-            .entry(writer)
-            .or_default()
-            .entry(id)
-            .and_modify(|(_, n)| *n = (*n).min(noted))
-            .or_insert_with(|| (set.clone(), noted));
+        add(self.pending.lock().entry(writer).or_default(), id, set, noted);
     }
 
     /// Runs `flush` (which makes every completed write durable, or fails) for the writes
@@ -97,7 +91,7 @@ impl<S: Clone> Unsynced<S> {
             let taken = std::mem::take(&mut *pending);
             let mut flushing = self.flushing.lock();
             for sets in taken.values() {
-                merge(&mut flushing, sets.iter().map(|(&id, (set, noted))| (id, set, *noted)));
+                merge(&mut flushing, sets);
             }
             taken
         };
@@ -140,28 +134,16 @@ impl<S: Clone> Unsynced<S> {
         }
     }
 
-    /// The sets among `wanted` that hold writes of this vdisk no flush has made durable yet,
-    /// with the smallest loss count noted by those writes: a vdisk that takes a share of
-    /// their data (a paste of a frozen image) notes them as its own writes, so that its
-    /// flush fails if that data is lost before it is durable.
-    pub fn unsettled(&self, wanted: impl Fn(u32) -> bool) -> Sets<S> {
+    /// The sets that hold writes of this vdisk no flush has made durable yet, with the
+    /// smallest loss count noted by those writes: a vdisk that takes a share of their data (a
+    /// paste of a frozen image) notes them as its own writes, so that its flush fails if that
+    /// data is lost before it is durable.
+    pub fn unsettled(&self) -> Sets<S> {
         let mut out = HashMap::new();
         for sets in self.pending.lock().values() {
-            merge(
-                &mut out,
-                sets.iter()
-                    .map(|(&id, (set, noted))| (id, set, *noted))
-                    .filter(|&(id, _, _)| wanted(id)),
-            );
+            merge(&mut out, sets);
         }
-        let flushing = self.flushing.lock();
-        merge(
-            &mut out,
-            flushing
-                .iter()
-                .map(|(&id, (set, noted))| (id, set, *noted))
-                .filter(|&(id, _, _)| wanted(id)),
-        );
+        merge(&mut out, &self.flushing.lock());
         out
     }
 
@@ -183,12 +165,17 @@ impl<S: Clone> Unsynced<S> {
     }
 }
 
-/// Adds `sets` to `into`, keeping the smallest loss count of a set named twice.
-fn merge<'a, S: Clone + 'a>(into: &mut Sets<S>, sets: impl Iterator<Item = (u32, &'a S, u64)>) {
-    for (id, set, noted) in sets {
-        into.entry(id)
-            .and_modify(|(_, n)| *n = (*n).min(noted))
-            .or_insert_with(|| (set.clone(), noted));
+/// Notes set `id` in `sets`, keeping the smallest loss count of a set noted twice.
+fn add<S: Clone>(sets: &mut Sets<S>, id: u32, set: &S, noted: u64) {
+    sets.entry(id)
+        .and_modify(|(_, n)| *n = (*n).min(noted))
+        .or_insert_with(|| (set.clone(), noted));
+}
+
+/// Adds every set of `from` to `into`, as [`add`] does.
+fn merge<S: Clone>(into: &mut Sets<S>, from: &Sets<S>) {
+    for (&id, (set, noted)) in from {
+        add(into, id, set, *noted);
     }
 }
 
@@ -205,23 +192,23 @@ mod tests {
     }
 
     #[test]
-    fn what_a_flush_has_taken_stays_unsettled_until_it_knows_and_is_filtered_by_set() {
+    fn what_a_flush_has_taken_stays_unsettled_until_it_knows() {
         let u = Ids::default();
         note(&u, 3, 5);
         note(&u, 3, 2);
         note(&u, 4, 9);
-        assert_eq!(u.unsettled(|id| id == 3), HashMap::from([(3, (3, 2))]));
+        assert_eq!(u.unsettled(), HashMap::from([(3, (3, 2)), (4, (4, 9))]));
         u.flush(
             Writer::ANY,
             || {
                 // Taken by the flush, not known durable yet.
-                assert_eq!(u.unsettled(|_| true).len(), 2);
+                assert_eq!(u.unsettled().len(), 2);
                 Ok(())
             },
             |_, _| false,
         )
         .unwrap();
-        assert!(u.unsettled(|_| true).is_empty());
+        assert!(u.unsettled().is_empty());
     }
 
     /// A flush by `first` (whose sets are all lost if `first_finds`) that holds its turn
