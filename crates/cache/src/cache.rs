@@ -171,6 +171,10 @@ struct State {
     /// The first batch that failed on every disk while later ones were in flight, and its
     /// place: those fail too, and the ring ends there again once the last has finished.
     broken: Option<(u64, u64)>,
+    /// Every batch of this generation below this sequence number was made durable by a flush
+    /// that completed: each new batch's header says so (`Header::flushed_below`), which lets a
+    /// replay tell an older batch that rotted from one a crash tore.
+    flushed_below: u64,
     /// Log bytes the live batches take.
     used: u64,
     dirty: u64,
@@ -197,6 +201,17 @@ struct State {
 }
 
 impl State {
+    /// Every batch below this sequence number is written (or failed, and never acknowledged):
+    /// a flush of the log's disks begun now makes all of them durable.
+    fn written_below(&self) -> u64 {
+        let mut below = self.in_flight.first().copied().unwrap_or(self.next_seq);
+        // A failed batch is out of flight already; its number is given again.
+        if let Some((first, _)) = self.broken {
+            below = below.min(first);
+        }
+        below
+    }
+
     /// `[a, b)` of `set` is lost: refused to readers, and recorded in the record to save.
     fn lose(&mut self, set: u32, a: u64, b: u64) {
         self.lost.insert(set, a, b);
@@ -401,6 +416,7 @@ impl WriteCache {
             next_seq: 1,
             in_flight: BTreeSet::new(),
             broken: None,
+            flushed_below: 0,
             used: 0,
             dirty: 0,
             vdisk_dirty: HashMap::new(),
@@ -595,6 +611,7 @@ impl WriteCache {
             st.index.clear();
             st.held.clear();
             st.generation += 1;
+            st.flushed_below = 0;
             // A retired disk that held the log's last copy leaves it now.
             st.devices.retain(|(p, _)| healthy.iter().any(|(h, _)| h == p));
             inner.choose_devices(&mut st, &healthy)?;
@@ -897,8 +914,12 @@ impl WriteCache {
     pub fn flush(&self) -> Result<()> {
         let i = &self.inner;
         let _one = i.flushing.lock();
-        // Lost ranges written again before this flush: durable once it succeeds.
-        let cuts = std::mem::take(&mut i.state.lock().lost_cuts);
+        // Lost ranges written again before this flush: durable once it succeeds; and the
+        // batches written before it, whose writes the record of held ones below takes.
+        let (cuts, covered) = {
+            let mut st = i.state.lock();
+            (std::mem::take(&mut st.lost_cuts), st.written_below())
+        };
         // What the log took since the last flush is recorded as the disks flush (were the
         // log's disks all gone at the next open, the record would say what they held): the
         // flush answers once both are durable, in the time of the slower.
@@ -919,6 +940,10 @@ impl WriteCache {
         // A disk of the log failed: another takes its place, whatever else failed.
         let refresh = matches!(r, Ok(true));
         let r = held.and(r);
+        if r.is_ok() {
+            let mut st = i.state.lock();
+            st.flushed_below = st.flushed_below.max(covered);
+        }
         let mut saved = Ok(());
         if !cuts.is_empty() {
             if r.is_ok() {
@@ -1568,7 +1593,7 @@ impl Inner {
         let data_len: usize = entries.iter().map(|e| e.3.len()).sum();
         let size = (BLOCK + data_len) as u64;
         // A place in the ring, waiting for the destager to free one if need be.
-        let (pos, seq, generation, pool_id, devices) = {
+        let (pos, seq, generation, pool_id, devices, flushed_below) = {
             let mut st = self.state.lock();
             let mut counted = false;
             // The last time the log's space in use went down.
@@ -1607,7 +1632,14 @@ impl Inner {
                             at: Instant::now(),
                         },
                     );
-                    break (pos, seq, st.generation, st.pool_id, st.devices.clone());
+                    break (
+                        pos,
+                        seq,
+                        st.generation,
+                        st.pool_id,
+                        st.devices.clone(),
+                        st.flushed_below,
+                    );
                 }
                 if st.used < before {
                     moved = Instant::now();
@@ -1645,6 +1677,7 @@ impl Inner {
             seq,
             data_len: data_len as u32,
             entries: header_entries.clone(),
+            flushed_below,
         }
         .encode(&mut buf[..BLOCK]);
         let results = log::write_all(&devices, pos, buf);
@@ -1690,6 +1723,8 @@ impl Inner {
                     st.head = at;
                     st.next_seq = first;
                     st.broken = None;
+                    // The numbers from here on are given again, to batches not flushed yet.
+                    st.flushed_below = st.flushed_below.min(first);
                 }
                 Err(CacheError::Log(why))
             }

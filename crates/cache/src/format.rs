@@ -13,6 +13,10 @@ const FIXED: usize = 48;
 const ENTRY: usize = 32;
 /// Entries one header can list.
 pub const MAX_ENTRIES: usize = (BLOCK - 4 - FIXED) / ENTRY;
+/// Where `flushed_below` lies: in the bytes past the last entry a header can list, which
+/// headers written before it existed leave zero.
+const FLUSHED_BELOW: usize = BLOCK - 12;
+const _: () = assert!(FIXED + MAX_ENTRIES * ENTRY <= FLUSHED_BELOW);
 
 /// One write held by the log: `len` bytes at `offset` of slab set `set`, for vdisk `vdisk`
 /// (whose cache budget it counts against). `crc` covers the checksums of its blocks.
@@ -35,6 +39,11 @@ pub struct Header {
     pub seq: u64,
     pub data_len: u32,
     pub entries: Vec<Entry>,
+    /// Every batch of this generation with a lower sequence number was made durable by a
+    /// flush that completed before this batch was made (0: no claim). A batch this vouches
+    /// for that the replay finds not whole was acknowledged, so rotten since, not torn by a
+    /// crash: what it held is lost, not a clean end of the log.
+    pub flushed_below: u64,
 }
 
 impl Header {
@@ -56,6 +65,7 @@ impl Header {
             b[16..24].copy_from_slice(&e.vdisk.to_le_bytes());
             b[24..28].copy_from_slice(&e.crc.to_le_bytes());
         }
+        out[FLUSHED_BELOW..FLUSHED_BELOW + 8].copy_from_slice(&self.flushed_below.to_le_bytes());
         let crc = crc32c::crc32c(&out[..BLOCK - 4]);
         out[BLOCK - 4..].copy_from_slice(&crc.to_le_bytes());
     }
@@ -103,6 +113,7 @@ impl Header {
             seq: u64_at(32),
             data_len,
             entries,
+            flushed_below: u64_at(FLUSHED_BELOW),
         })
     }
 }
@@ -144,6 +155,7 @@ mod tests {
                     crc: 12,
                 },
             ],
+            flushed_below: 97,
         }
     }
 
@@ -164,6 +176,18 @@ mod tests {
             assert_eq!(Header::decode(&c), None, "bit {bit}");
         }
         assert_eq!(Header::decode(&vec![0u8; BLOCK]), None);
+    }
+
+    /// A header written before `flushed_below` existed (those bytes zero) reads as one that
+    /// vouches for no batch.
+    #[test]
+    fn a_header_without_a_flush_claim_reads_as_claiming_nothing() {
+        let mut h = sample();
+        h.flushed_below = 0;
+        let mut b = vec![0u8; BLOCK];
+        h.encode(&mut b);
+        assert!(b[BLOCK - 12..BLOCK - 4].iter().all(|&x| x == 0));
+        assert_eq!(Header::decode(&b).map(|h| h.flushed_below), Some(0));
     }
 
     #[test]

@@ -195,9 +195,17 @@ pub(crate) struct Found {
     pub crcs: Vec<u32>,
 }
 
+/// Why no whole batch was found where the replay looked.
+struct NotFound {
+    /// The disks that failed to read it, if it may be there all the same (none: it is not).
+    failed: Vec<u32>,
+    /// Where some copy holds the batch's own header, whole, but no copy the whole batch.
+    header: Option<(u64, Header)>,
+}
+
 /// The batch at `pos` if one disk holds it whole, with the expected generation and sequence;
 /// else, if it may be there all the same, the disks that failed to read it (none: it is not
-/// there). It may be where every disk failed to read; or where one did and another holds
+/// there), and its header if some copy holds that whole. It may be where every disk failed to read; or where one did and another holds
 /// the batch's header (or a header that does not read whole, which may be it) but not the
 /// whole batch, which is no log's end: an acknowledged batch
 /// was made whole on every copy, and that copy may have lost it to rot since (a batch a
@@ -211,11 +219,15 @@ fn batch_at(
     gen: u64,
     seq: u64,
     pos: u64,
-) -> Result<Found, Vec<u32>> {
+) -> Result<Found, NotFound> {
     if pos + BLOCK as u64 > area {
-        return Err(Vec::new());
+        return Err(NotFound {
+            failed: Vec::new(),
+            header: None,
+        });
     }
     let mut unreadable = Vec::new();
+    let mut header = None;
     // Some copy holds this batch's header, and not the whole batch.
     let mut partial = false;
     for (p, d) in devices {
@@ -237,6 +249,7 @@ fn batch_at(
         if end > area {
             continue;
         }
+        header.get_or_insert((pos, h.clone()));
         let mut data = AlignedBuf::zeroed(h.data_len as usize);
         if !data.is_empty() && d.read_at(&mut data, DATA_OFFSET + pos + BLOCK as u64).is_err() {
             unreadable.push(*p);
@@ -255,10 +268,60 @@ fn batch_at(
         }
     }
     if unreadable.len() == devices.len() || partial {
-        Err(unreadable)
+        Err(NotFound {
+            failed: unreadable,
+            header,
+        })
     } else {
-        Err(Vec::new())
+        Err(NotFound {
+            failed: Vec::new(),
+            header,
+        })
     }
+}
+
+/// The batch `seq`, at `pos` or else at the start of the ring (where a batch goes that does
+/// not fit before the end).
+fn next_batch(
+    devices: &[(u32, DiskRef)],
+    rec: &LogRecord,
+    pool: [u8; 16],
+    seq: u64,
+    pos: u64,
+) -> Result<Found, NotFound> {
+    batch_at(devices, rec.area, pool, rec.generation, seq, pos).or_else(|mut here| {
+        if pos == 0 {
+            return Err(here);
+        }
+        // Unknown if either place could not be read: the next batch may be there.
+        batch_at(devices, rec.area, pool, rec.generation, seq, 0).map_err(|start| {
+            for p in start.failed {
+                if !here.failed.contains(&p) {
+                    here.failed.push(p);
+                }
+            }
+            here.header = here.header.take().or(start.header);
+            here
+        })
+    })
+}
+
+/// Whether a batch after `seq` (the next one at `pos`, and on) says that a flush completed
+/// over `seq`: then `seq` was acknowledged, and a copy that is not whole has rotted since.
+fn vouched_for(devices: &[(u32, DiskRef)], rec: &LogRecord, pool: [u8; 16], seq: u64, mut pos: u64) -> bool {
+    let mut next = seq + 1;
+    for _ in 0..=rec.area / BLOCK as u64 {
+        match next_batch(devices, rec, pool, next, pos) {
+            Ok(f) if f.header.flushed_below > seq => return true,
+            Ok(f) => {
+                pos = f.pos + BLOCK as u64 + f.header.data_len as u64;
+                next += 1;
+            }
+            // A header made whole says what was flushed when it was made, torn data or not.
+            Err(nf) => return nf.header.is_some_and(|(_, h)| h.flushed_below > seq),
+        }
+    }
+    false
 }
 
 /// What the replay found.
@@ -266,8 +329,9 @@ pub(crate) struct Replayed {
     pub found: Vec<Found>,
     /// Where the next batch goes.
     pub head: u64,
-    /// The replay stopped where the next batch may be all the same (`batch_at`), or the log
-    /// has no disk: what the log held from there on is unknown.
+    /// The replay stopped where the next batch may be all the same (`batch_at`), or at one
+    /// that rotted on every copy after a flush made it durable, or the log has no disk: what
+    /// the log held from there on is unknown.
     pub unreadable: bool,
     /// The disks whose reads failed where the replay stopped.
     pub failed_reads: Vec<u32>,
@@ -276,28 +340,29 @@ pub(crate) struct Replayed {
 /// Follows the log from the record's tail: each batch at the end of the one before, or at
 /// the start of the ring, until the first one that no disk holds whole. A batch torn by a
 /// crash was never acknowledged as durable: every batch before a durable one was flushed with
-/// it.
+/// it. But a batch whose header some copy holds whole, and that a later batch says was
+/// flushed, was acknowledged: not whole now, it rotted, and the log does not end there.
 pub(crate) fn replay(devices: &[(u32, DiskRef)], rec: &LogRecord, pool: [u8; 16]) -> Replayed {
     let mut found = Vec::new();
     let (mut pos, mut seq) = (rec.tail, rec.seq);
+    let mut rotten = false;
     let failed_reads = loop {
-        let next = batch_at(devices, rec.area, pool, rec.generation, seq, pos).or_else(|mut here| {
-            if pos == 0 {
-                return Err(here);
-            }
-            // Unknown if either place could not be read: the next batch may be there.
-            batch_at(devices, rec.area, pool, rec.generation, seq, 0).map_err(|start| {
-                for p in start {
-                    if !here.contains(&p) {
-                        here.push(p);
+        let f = match next_batch(devices, rec, pool, seq, pos) {
+            Ok(f) => f,
+            Err(nf) => {
+                if let (true, Some((at, h))) = (nf.failed.is_empty(), &nf.header) {
+                    let after = at + BLOCK as u64 + h.data_len as u64;
+                    rotten = vouched_for(devices, rec, pool, seq, after);
+                    if rotten {
+                        warn!(
+                            seq,
+                            position = at,
+                            "a batch of the write-back log that a flush made durable is rotten on every copy"
+                        );
                     }
                 }
-                here
-            })
-        });
-        let f = match next {
-            Ok(f) => f,
-            Err(failed) => break failed,
+                break nf.failed;
+            }
         };
         pos = f.pos + BLOCK as u64 + f.header.data_len as u64;
         seq += 1;
@@ -310,7 +375,7 @@ pub(crate) fn replay(devices: &[(u32, DiskRef)], rec: &LogRecord, pool: [u8; 16]
     Replayed {
         found,
         head: pos,
-        unreadable: devices.is_empty() || !failed_reads.is_empty(),
+        unreadable: devices.is_empty() || !failed_reads.is_empty() || rotten,
         failed_reads,
     }
 }
