@@ -1353,14 +1353,17 @@ impl Inner {
 
     /// A write went into the log, of one copy, only because the log held its range (a replay
     /// would otherwise bring the older copy back over it), while its set tolerates a failure:
-    /// one copy is not enough to answer it. It goes to the layouts too, and its pieces in the
-    /// log become clean: the log's copy now only keeps a replay from going back to older data.
+    /// one copy is not enough to answer it. It goes to the layouts too, and once they have
+    /// flushed it its pieces in the log become clean: the log's copy now only keeps a replay
+    /// from going back to older data. Clean before that flush, they would let the log's start
+    /// pass the batches that hold this write and the older one it covers, while the layouts
+    /// may still lose it to a power cut: the block would read as it was before both.
     /// Under `destaging`: a round that picked an older piece of the range is over, and the
     /// next can only write this data.
     fn write_behind_the_log(&self, set: &SlabSet, offset: u64, data: &[u8], seqs: &[u64]) -> Result<()> {
         let _d = self.destaging.lock();
         self.layouts.write(set, offset, data)?;
-        self.layout_dirty.store(true, Ordering::Release);
+        self.layouts.flush()?;
         let end = offset + data.len() as u64;
         let mut st = self.state.lock();
         let mine: Vec<(u64, Piece)> = st
