@@ -367,16 +367,21 @@ impl Daemon {
         self.pool_summary(name)
     }
 
-    /// Stops serving pool `name` here: its LUNs, exports and copy tokens are withdrawn (their
-    /// configuration stays), and it is listed as unavailable for `why` before it leaves the
-    /// served pools, so that `pool list` never misses it in between (while a pool handed over
-    /// is checkpointed and given up in etcd, for one). Returns its engine, if it was served.
+    /// Stops serving pool `name` here: it is listed as unavailable for `why` before it leaves
+    /// the served pools, so that `pool list` never misses it in between (while a pool handed
+    /// over is checkpointed and given up in etcd, for one); then its LUNs, exports and copy
+    /// tokens are withdrawn (their configuration stays). In that order: what presents the
+    /// configured LUNs and exports that are missing (`present_missing`, after a replica's
+    /// promotion, without the administration lock) resolves their vdisks among the served
+    /// pools under the same lock as the withdrawal, so it either ran before it, and is undone
+    /// by it, or after, and no longer finds the pool. Returns its engine, if it was served.
     pub(super) fn stop_serving(&self, name: &str, why: String) -> Option<Arc<Engine>> {
+        self.unavailable.write().insert(name.to_string(), why);
+        let engine = self.pools.write().remove(name);
         self.targets.withdraw_served(name);
         self.nbd.withdraw_pool(name);
         self.targets.copy.revoke_pool(name);
-        self.unavailable.write().insert(name.to_string(), why);
-        self.pools.write().remove(name)
+        engine
     }
 
     /// Stops serving a local pool whose metadata store failed a change of unknown outcome, so
