@@ -428,6 +428,64 @@ mod tests {
         assert_eq!(place(100, 50, 50, false, 1), None);
     }
 
+    /// A batch rotten on every copy ends the replay. Where a later batch says a flush made it
+    /// durable, that is rot (what the log held from there on is unknown: its writes are taken
+    /// for lost); where none does, it may be a batch a crash tore, and the log ends there.
+    #[test]
+    fn a_rotten_batch_is_no_logs_end_only_when_a_later_one_vouches_for_it() {
+        use crate::format::{Entry, Header};
+        let pool = [9u8; 16];
+        let area = 64 * 1024u64;
+        let batch = |seq: u64, flushed_below: u64, fill: u8| {
+            let data = vec![fill; BLOCK];
+            let mut buf = vec![0u8; 2 * BLOCK];
+            Header {
+                pool,
+                generation: 5,
+                seq,
+                data_len: BLOCK as u32,
+                entries: vec![Entry {
+                    set: 1,
+                    offset: seq * BLOCK as u64,
+                    len: BLOCK as u32,
+                    vdisk: 1,
+                    crc: entry_crc(&block_crcs(&data)),
+                }],
+                flushed_below,
+            }
+            .encode(&mut buf);
+            buf[BLOCK..].copy_from_slice(&data);
+            buf
+        };
+        let rec = LogRecord {
+            generation: 5,
+            tail: 0,
+            seq: 10,
+            devices: vec![0],
+            area,
+        };
+        for (second_claims, rotten) in [(11, false), (12, true)] {
+            let disk: DiskRef = Arc::new(tessera_disk::MemDisk::new("log", DATA_OFFSET + area));
+            disk.write_at(&batch(10, 0, 1), DATA_OFFSET).unwrap();
+            disk.write_at(&batch(11, 11, 2), DATA_OFFSET + 2 * BLOCK as u64)
+                .unwrap();
+            disk.write_at(&batch(12, second_claims, 3), DATA_OFFSET + 4 * BLOCK as u64)
+                .unwrap();
+            let devices = vec![(0u32, disk.clone())];
+            let whole = replay(&devices, &rec, pool);
+            assert_eq!(whole.found.len(), 3);
+            assert!(!whole.unreadable);
+            // The second batch's data rots.
+            disk.write_at(&vec![0xEE; BLOCK], DATA_OFFSET + 3 * BLOCK as u64)
+                .unwrap();
+            let r = replay(&devices, &rec, pool);
+            assert_eq!(r.found.len(), 1, "claim {second_claims}");
+            assert_eq!(r.head, 2 * BLOCK as u64);
+            assert_eq!(r.unreadable, rotten, "claim {second_claims}");
+            assert!(r.failed_reads.is_empty());
+        }
+    }
+
     /// A full ring (its head back at its tail) is copied whole to a disk that joins the log;
     /// a wrapped one from the tail to the end, then from the start to the head.
     #[test]
