@@ -144,6 +144,20 @@ fn requests<S: Watched>(s: &mut S, ctx: &Ctx) -> io::Result<()> {
         }
         let req = Request::parse(&head).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
         ctx.arrived(&req);
+        // A client that keeps requests coming is never idle when its export is removed: each
+        // request is asked, as `conn` does. Refused, its payload read whole (so that closing
+        // does not reset the connection under the reply), and the connection ends.
+        if ctx.export.withdrawn() && req.kind != cmd::DISC {
+            if req.kind == cmd::WRITE {
+                io::copy(&mut Read::by_ref(s).take(req.length as u64), &mut io::sink())?;
+            }
+            for p in error_reply(ctx, &req, errno::ESHUTDOWN, "the export was removed") {
+                s.write_all(p.as_ref())?;
+            }
+            s.flush()?;
+            s.close();
+            return Ok(());
+        }
         let reply = match req.kind {
             cmd::DISC => return Ok(()),
             cmd::WRITE if req.length > MAX_PAYLOAD => {

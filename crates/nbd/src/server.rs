@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, UnixListener};
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 pub use crate::conn::MAX_HELD_BYTES;
 use crate::export::Registry;
@@ -46,6 +46,9 @@ impl Policy {
 
     fn tls_state(&self) -> Tls {
         match &self.tls {
+            // Required and not there to give: every export refused (STARTTLS then closes), not
+            // served in the clear.
+            None if self.require_tls => Tls::Offered { required: true },
             None => Tls::Off,
             Some(_) => Tls::Offered {
                 required: self.require_tls,
@@ -78,6 +81,9 @@ pub async fn serve(listener: TcpListener, reg: Arc<Registry>) {
 
 /// Serves NBD on a TCP listener under `policy` until the process ends.
 pub async fn serve_tcp(listener: TcpListener, reg: Arc<Registry>, policy: Policy) {
+    if policy.require_tls && policy.tls.is_none() {
+        error!("this NBD listener requires TLS and has none to offer: it serves no export");
+    }
     let open = Arc::new(AtomicUsize::new(0));
     loop {
         match listener.accept().await {

@@ -138,6 +138,48 @@ async fn a_listener_that_requires_tls_refuses_every_option_before_starttls() {
     assert_eq!(first_option_reply(&addr, opt::STARTTLS, &[]).await, Some(rep::ACK));
 }
 
+/// A policy that requires TLS with no TLS to offer (a configuration mistake) serves no export
+/// in the clear: every option is refused as requiring TLS, and STARTTLS ends the connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_that_requires_tls_it_cannot_offer_serves_nothing_in_the_clear() {
+    let r = rig();
+    let policy = Policy {
+        tls: None,
+        require_tls: true,
+        ..Policy::plain()
+    };
+    let addr = listen(&r.reg, policy).await;
+    for option in [opt::GO, opt::INFO, opt::LIST] {
+        assert_eq!(
+            first_option_reply(&addr, option, &[]).await,
+            Some(rep::ERR_TLS_REQD),
+            "option {option}"
+        );
+    }
+    match Client::connect(&addr, "rw").await {
+        Err(ClientError::Refused { reply, .. }) => assert_eq!(reply, rep::ERR_TLS_REQD),
+        Err(e) => panic!("refused otherwise: {e}"),
+        Ok(_) => panic!("served in the clear by a listener that requires TLS"),
+    }
+    assert_eq!(first_option_reply(&addr, opt::EXPORT_NAME, b"rw").await, None);
+    // Acknowledged, then closed: there is no TLS to start.
+    let mut s = TcpStream::connect(&addr).await.unwrap();
+    let mut hello = [0u8; 18];
+    s.read_exact(&mut hello).await.unwrap();
+    s.write_all(&proto::FLAG_C_FIXED_NEWSTYLE.to_be_bytes()).await.unwrap();
+    let mut o = Vec::new();
+    o.extend_from_slice(&proto::IHAVEOPT.to_be_bytes());
+    o.extend_from_slice(&opt::STARTTLS.to_be_bytes());
+    o.extend_from_slice(&0u32.to_be_bytes());
+    s.write_all(&o).await.unwrap();
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut rest))
+        .await
+        .expect("the connection stays open")
+        .unwrap();
+    assert!(rest.len() <= 20, "more than the STARTTLS reply: {} bytes", rest.len());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn libnbd_over_tls_with_a_pre_shared_key() {
     let r = rig();
@@ -363,6 +405,51 @@ async fn an_idle_tls_connection_to_a_removed_export_ends_at_once() {
             std::thread::sleep(Duration::from_millis(20));
         }
         assert_eq!(export.connections(), 0, "the connection still counts");
+    })
+    .await
+    .unwrap();
+}
+
+/// A TLS client that keeps requests coming is never idle when its export is removed: the
+/// first request that comes after the removal is refused (ESHUTDOWN), its payload read whole,
+/// and the connection ends there, as a plain one does, so that such a client cannot go on
+/// holding the vdisk of an export that is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_tls_connection_to_a_removed_export_is_refused_its_next_request() {
+    use std::io::{Read, Write};
+    let r = rig();
+    let c = TlsConfig {
+        psk_file: Some(psk(r.dir.path(), "alice", KEY)),
+        ..Default::default()
+    };
+    let addr = listen(&r.reg, tls_required(&c)).await;
+    let reg = r.reg.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut s = tls_client(&addr, KEY, "rw");
+        const BIG: u32 = 16 << 20;
+        // A long read, and a write behind it. The export is removed once the read's reply
+        // has begun, while the server is still sending it (more than the socket's buffers
+        // hold), so before it looks at the write.
+        let mut both = request(proto::cmd::READ, 1, 0, BIG);
+        both.extend_from_slice(&request(proto::cmd::WRITE, 2, 0, 4096));
+        both.extend_from_slice(&[0x5a; 4096]);
+        s.write_all(&both).unwrap();
+        s.get_ref().set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut reply = vec![0u8; 16 + BIG as usize];
+        s.read_exact(&mut reply[..16]).unwrap();
+        assert_eq!(&reply[4..8], &[0; 4], "the read failed");
+        reg.remove("rw").expect("it was offered");
+        s.read_exact(&mut reply[16..]).unwrap();
+        let mut head = [0u8; 16];
+        s.read_exact(&mut head).expect("no answer to the write");
+        assert_eq!(u64::from_be_bytes(head[8..16].try_into().unwrap()), 2);
+        assert_eq!(
+            u32::from_be_bytes(head[4..8].try_into().unwrap()),
+            proto::errno::ESHUTDOWN,
+            "a write that came after its export was removed was served"
+        );
+        let mut more = [0u8; 1];
+        assert!(matches!(s.read(&mut more), Ok(0)), "the connection goes on");
     })
     .await
     .unwrap();
