@@ -2,9 +2,11 @@
 //! listener may offer TLS (NBD_OPT_STARTTLS) or require it; a unix socket serves local clients
 //! in plain, its file mode being the access control.
 
+use std::collections::HashMap;
 use std::io;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -28,10 +30,18 @@ pub struct Policy {
     pub require_tls: bool,
     /// Connections open at once, negotiating or served; past it a connection is closed.
     pub max_connections: usize,
+    /// Connections from one address that may be negotiating at once (TLS included: nothing
+    /// is known of their client yet); past it a new one from there is closed. A client
+    /// negotiates in milliseconds: without this bound, one address could hold every place of
+    /// `max_connections` with connections that never finish, for the negotiation's timeout,
+    /// again and again, and no one else could connect.
+    pub max_negotiating_per_peer: usize,
 }
 
 /// Connections a listener serves at once unless told otherwise.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
+/// Connections one address may have negotiating at once unless told otherwise.
+pub const DEFAULT_MAX_NEGOTIATING_PER_PEER: usize = 32;
 
 impl Policy {
     /// Plain NBD for anyone who can connect: a unix socket, a test, or an operator's explicit
@@ -41,6 +51,7 @@ impl Policy {
             tls: None,
             require_tls: false,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_negotiating_per_peer: DEFAULT_MAX_NEGOTIATING_PER_PEER,
         }
     }
 
@@ -68,6 +79,43 @@ impl Slot {
     }
 }
 
+/// Connections still negotiating, by the address they come from.
+#[derive(Default)]
+struct Negotiating(Mutex<HashMap<IpAddr, usize>>);
+
+/// One connection counted as negotiating from its address until it is past its negotiation.
+struct Negotiation {
+    table: Arc<Negotiating>,
+    ip: IpAddr,
+}
+
+impl Negotiating {
+    fn start(self: &Arc<Self>, ip: IpAddr, limit: usize) -> Option<Negotiation> {
+        let mut t = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let n = t.entry(ip).or_default();
+        if *n >= limit {
+            return None;
+        }
+        *n += 1;
+        Some(Negotiation {
+            table: self.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for Negotiation {
+    fn drop(&mut self) {
+        let mut t = self.table.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = t.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                t.remove(&self.ip);
+            }
+        }
+    }
+}
+
 impl Drop for Slot {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
@@ -85,9 +133,14 @@ pub async fn serve_tcp(listener: TcpListener, reg: Arc<Registry>, policy: Policy
         error!("this NBD listener requires TLS and has none to offer: it serves no export");
     }
     let open = Arc::new(AtomicUsize::new(0));
+    let negotiating = Arc::new(Negotiating::default());
     loop {
         match listener.accept().await {
             Ok((sock, peer)) => {
+                let Some(negotiation) = negotiating.start(peer.ip(), policy.max_negotiating_per_peer) else {
+                    warn!(%peer, limit = policy.max_negotiating_per_peer, "NBD connection refused: its address has its limit of connections negotiating");
+                    continue;
+                };
                 let Some(slot) = Slot::take(&open, policy.max_connections) else {
                     warn!(%peer, limit = policy.max_connections, "NBD connection refused: the listener has its limit of connections");
                     continue;
@@ -95,7 +148,7 @@ pub async fn serve_tcp(listener: TcpListener, reg: Arc<Registry>, policy: Policy
                 let _ = sock.set_nodelay(true);
                 let (reg, policy) = (reg.clone(), policy.clone());
                 tokio::spawn(async move {
-                    connection(sock, peer.to_string(), &reg, &policy, slot).await;
+                    connection(sock, peer.to_string(), &reg, &policy, slot, Some(negotiation)).await;
                 });
             }
             Err(e) => {
@@ -125,7 +178,7 @@ pub async fn serve_unix(listener: UnixListener, reg: Arc<Registry>, max_connecti
                 };
                 let (reg, policy) = (reg.clone(), policy.clone());
                 tokio::spawn(async move {
-                    connection(sock, "unix socket".into(), &reg, &policy, slot).await;
+                    connection(sock, "unix socket".into(), &reg, &policy, slot, None).await;
                 });
             }
             Err(e) => {
@@ -169,8 +222,16 @@ impl Accepted for tokio::net::UnixStream {
 }
 
 /// One connection, from its negotiation to its end: its `slot` of the listener's limit goes
-/// with it to the thread that serves it, and is given back only when the connection ends.
-async fn connection<S: Accepted>(mut sock: S, peer: String, reg: &Arc<Registry>, policy: &Policy, slot: Slot) {
+/// with it to the thread that serves it, and is given back only when the connection ends; its
+/// `negotiation` (a TCP one's) ends with its negotiation, over TLS too.
+async fn connection<S: Accepted>(
+    mut sock: S,
+    peer: String,
+    reg: &Arc<Registry>,
+    policy: &Policy,
+    slot: Slot,
+    negotiation: Option<Negotiation>,
+) {
     let outcome = match tokio::time::timeout(HANDSHAKE_TIMEOUT, negotiate(&mut sock, reg, policy.tls_state())).await {
         Ok(Ok(h)) => h,
         Ok(Err(e)) => {
@@ -185,6 +246,7 @@ async fn connection<S: Accepted>(mut sock: S, peer: String, reg: &Arc<Registry>,
     match outcome {
         Handshake::Closed => {}
         Handshake::Go(n) => {
+            drop(negotiation);
             let export = n.export.name.clone();
             debug!(%peer, %export, structured = n.structured, "NBD client connected");
             // From here the connection is served by a thread of its own (and its workers).
@@ -213,7 +275,7 @@ async fn connection<S: Accepted>(mut sock: S, peer: String, reg: &Arc<Registry>,
             let reg = reg.clone();
             let spawned = std::thread::Builder::new().name("nbd-tls".into()).spawn(move || {
                 let _slot = slot;
-                tls_connection(tcp, peer, &reg, &tls, fixed, no_zeroes)
+                tls_connection(tcp, peer, &reg, &tls, fixed, no_zeroes, negotiation)
             });
             if let Err(e) = spawned {
                 warn!(error = %e, "cannot start a thread for the NBD connection");
@@ -230,6 +292,7 @@ fn tls_connection(
     tls: &TlsServer,
     fixed: bool,
     no_zeroes: bool,
+    negotiation: Option<Negotiation>,
 ) {
     // The negotiation's deadline goes on through the TLS handshake and the options after it:
     // a whole deadline, not only one on each read, so that a client sending a byte now and
@@ -266,6 +329,7 @@ fn tls_connection(
         }
     };
     deadline.met();
+    drop(negotiation);
     let _ = raw.set_read_timeout(None);
     let _ = raw.set_write_timeout(None);
     let export = n.export.name.clone();

@@ -578,6 +578,68 @@ async fn a_listener_serves_a_bounded_number_of_connections() {
     }
 }
 
+/// A connection to `addr` from local address `from`, greeted (the first 18 bytes read) or
+/// closed at once (None).
+async fn greeted_from(addr: &str, from: &str) -> Option<TcpStream> {
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.bind(format!("{from}:0").parse().unwrap()).unwrap();
+    let mut s = sock.connect(addr.parse().unwrap()).await.unwrap();
+    let mut b = [0u8; 18];
+    match tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut b))
+        .await
+        .expect("closed or greeted, not left hanging")
+    {
+        Ok(_) => Some(s),
+        Err(_) => None,
+    }
+}
+
+/// One address cannot hold the listener's places with connections that never finish their
+/// negotiation: past its bound of connections negotiating, its next one is closed at once,
+/// while another address is still greeted; and a connection past its negotiation (a client
+/// attached to an export) no longer counts against its address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_cannot_hold_the_listener_with_negotiations_that_never_end() {
+    let r = rig();
+    let addr = listen(
+        &r.reg,
+        Policy {
+            max_negotiating_per_peer: 2,
+            ..Policy::plain()
+        },
+    )
+    .await;
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        held.push(greeted_from(&addr, "127.0.0.1").await.expect("greeted"));
+    }
+    assert!(
+        greeted_from(&addr, "127.0.0.1").await.is_none(),
+        "a third connection negotiating from one address was greeted"
+    );
+    assert!(
+        greeted_from(&addr, "127.0.0.2").await.is_some(),
+        "another address was refused for the first one's negotiations"
+    );
+    // Those two end; two clients attach to the export, past their negotiations.
+    drop(held);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut clients = Vec::new();
+    while clients.len() < 2 {
+        match Client::connect(&addr, "rw").await {
+            Ok(c) => clients.push(c),
+            Err(e) => {
+                assert!(std::time::Instant::now() < deadline, "no place again: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    assert!(
+        greeted_from(&addr, "127.0.0.1").await.is_some(),
+        "connections past their negotiation still count as negotiating"
+    );
+}
+
 /// Is a connection to `addr` greeted, or closed at once (the listener at its limit)?
 async fn greeted(addr: &str) -> bool {
     let mut s = TcpStream::connect(addr).await.unwrap();

@@ -104,6 +104,7 @@ async fn serve(cfg: ServerConfig) -> Result<(), String> {
             tls: nbd_tls.as_ref().map(|(t, _)| t.clone()),
             require_tls: !daemon.cfg.nbd_insecure,
             max_connections: daemon.cfg.nbd_max_connections,
+            ..tessera_nbd::Policy::plain()
         };
         tokio::spawn(tessera_nbd::serve_tcp(l, daemon.nbd.registry.clone(), policy));
     }
