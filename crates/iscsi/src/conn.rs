@@ -36,7 +36,7 @@ use tracing::{debug, info, warn};
 
 use crate::auth::Chap;
 use crate::inbox::Inbox;
-use crate::limits::{Charge, ConnectionSlot, WriteBudget};
+use crate::limits::{Charge, ConnectionSlot, LoginPlace, WriteBudget};
 use crate::login::{login, LoggedIn, CMD_WINDOW};
 use crate::params::Params;
 use crate::pdu::{at, data_segment_length, op, put32, wire_len, Pdu, PduError, BHS_LEN};
@@ -275,12 +275,14 @@ struct Session {
 }
 
 /// Logs a connection in, then hands it to threads of its own for the full feature phase.
-/// `slot` counts the connection against its portal's limit until the session ends.
+/// `slot` counts the connection against its portal's limit until the session ends; `place`
+/// against its address's connections logging in, until the login is over.
 pub async fn run(
     sock: tokio::net::TcpStream,
     local: SocketAddr,
     reg: Arc<Registry>,
     slot: ConnectionSlot,
+    place: LoginPlace,
 ) -> Result<(), String> {
     let peer = sock.peer_addr().unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
     let (mut r, mut w) = sock.into_split();
@@ -288,6 +290,7 @@ pub async fn run(
     let li = tokio::time::timeout(LOGIN_TIMEOUT, login(&mut r, &mut w, &reg, peer))
         .await
         .map_err(|_| format!("login not finished within {}s", LOGIN_TIMEOUT.as_secs()))??;
+    drop(place);
     let Some(li) = li else {
         let _ = w.shutdown().await;
         return Ok(());

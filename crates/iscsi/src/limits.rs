@@ -4,14 +4,22 @@
 //! with "out of resources", a write with TASK SET FULL, a connection closed at once), so a
 //! hostile or broken client can neither exhaust the daemon's memory nor starve the others.
 
+use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// The bounds, settable by the daemon's configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// Connections open at once on one portal, logged in or still logging in.
     pub connections_per_portal: usize,
+    /// Connections from one address still logging in on one portal at once (nothing is known
+    /// of their initiator yet); past it a new one from there is closed at once. An initiator
+    /// logs in within milliseconds: without this bound one address could hold every place of
+    /// `connections_per_portal` with logins that never finish, for the login's timeout, again
+    /// and again, and no one else could connect.
+    pub logins_per_address: usize,
     /// Normal sessions of one initiator name (MPIO uses a few per initiator).
     pub sessions_per_initiator: usize,
     /// Normal sessions logged in to one target.
@@ -27,6 +35,9 @@ impl Default for Limits {
     fn default() -> Limits {
         Limits {
             connections_per_portal: 256,
+            // Half the portal's: a host logging every session in at once at its start is
+            // served, and one address alone cannot take every place.
+            logins_per_address: 128,
             sessions_per_initiator: 16,
             sessions_per_target: 256,
             write_bytes_per_session: 256 << 20,
@@ -114,6 +125,45 @@ impl ConnectionSlot {
 impl Drop for ConnectionSlot {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Connections of a portal still logging in, by the address they come from.
+#[derive(Debug, Default)]
+pub struct LoggingIn(Mutex<HashMap<IpAddr, usize>>);
+
+/// One connection counted as logging in from its address until its login is over.
+#[derive(Debug)]
+pub struct LoginPlace {
+    table: Arc<LoggingIn>,
+    ip: IpAddr,
+}
+
+impl LoggingIn {
+    /// A place for a connection from `ip`, if fewer than `limit` from there are logging in.
+    pub fn take(self: &Arc<Self>, ip: IpAddr, limit: usize) -> Option<LoginPlace> {
+        let mut t = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let n = t.entry(ip).or_default();
+        if *n >= limit {
+            return None;
+        }
+        *n += 1;
+        Some(LoginPlace {
+            table: self.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for LoginPlace {
+    fn drop(&mut self) {
+        let mut t = self.table.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = t.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                t.remove(&self.ip);
+            }
+        }
     }
 }
 

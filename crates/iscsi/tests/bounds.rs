@@ -245,3 +245,58 @@ async fn sessions_per_initiator_and_connections_per_portal_are_bounded() {
         }
     };
 }
+
+/// A connection to `addr` from local address `from`, and whether the target left it open,
+/// waiting for a login (true), or closed it at once.
+async fn left_open_from(addr: &str, from: &str) -> (TcpStream, bool) {
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.bind(format!("{from}:0").parse().unwrap()).unwrap();
+    let mut s = sock.connect(addr.parse().unwrap()).await.unwrap();
+    let mut b = [0u8; 1];
+    let open = tokio::time::timeout(Duration::from_millis(500), s.read(&mut b))
+        .await
+        .is_err();
+    (s, open)
+}
+
+/// One address cannot hold the portal with connections that never log in: past its bound of
+/// connections logging in, its next one is closed at once, while another address is still
+/// served; and a connection whose login is over no longer counts against its address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_cannot_hold_the_portal_with_logins_that_never_end() {
+    let limits = Limits {
+        logins_per_address: 2,
+        ..Limits::default()
+    };
+    let r = rig(limits).await;
+    let mut idle = Vec::new();
+    for _ in 0..2 {
+        let (s, open) = left_open_from(&r.addr, "127.0.0.1").await;
+        assert!(open, "a connection within its address's bound was closed");
+        idle.push(s);
+    }
+    let (_third, open) = left_open_from(&r.addr, "127.0.0.1").await;
+    assert!(!open, "a third connection logging in from one address was left open");
+    let (_other, open) = left_open_from(&r.addr, "127.0.0.2").await;
+    assert!(open, "another address was refused for the first one's logins");
+    // Those two end; two sessions log in from the same address, and are past their logins.
+    drop(idle);
+    let cfg = |isid: u8| {
+        let mut c = LoginConfig::new(HOST, Some(TARGET));
+        c.isid = [0x80, 0, 0, 0, 0, isid];
+        c
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut sessions = Vec::new();
+    while sessions.len() < 2 {
+        match Session::login(&r.addr, &cfg(sessions.len() as u8 + 1)).await {
+            Ok(s) => sessions.push(s),
+            Err(e) => {
+                assert!(std::time::Instant::now() < deadline, "no room again: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    let (_next, open) = left_open_from(&r.addr, "127.0.0.1").await;
+    assert!(open, "connections logged in still count as logging in");
+}

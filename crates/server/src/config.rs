@@ -80,6 +80,7 @@ pub struct ConfigFile {
     pub iscsi_send_buffer: Option<Size>,
     pub iscsi_recv_buffer: Option<Size>,
     pub iscsi_connections_per_portal: Option<usize>,
+    pub iscsi_logins_per_address: Option<usize>,
     pub iscsi_sessions_per_initiator: Option<usize>,
     pub iscsi_sessions_per_target: Option<usize>,
     pub iscsi_write_buffer_per_session: Option<Size>,
@@ -566,6 +567,11 @@ fn iscsi_limits(f: &ConfigFile) -> Result<tessera_iscsi::Limits, String> {
             "iscsi_connections_per_portal",
             f.iscsi_connections_per_portal,
             d.connections_per_portal,
+        )?,
+        logins_per_address: count(
+            "iscsi_logins_per_address",
+            f.iscsi_logins_per_address,
+            d.logins_per_address,
         )?,
         sessions_per_initiator: count(
             "iscsi_sessions_per_initiator",
