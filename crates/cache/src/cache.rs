@@ -543,9 +543,26 @@ impl WriteCache {
             let bytes: u64 = replayed.iter().map(|f| f.header.data_len as u64).sum();
             info!(pool = %pool.name(), batches = replayed.len(), bytes, "replaying the write-back log");
             let mut st = inner.state.lock();
+            let mut rotten = (0, 0);
             for f in replayed {
+                if f.rotten {
+                    // What it held is lost, and reads of it fail rather than return what an
+                    // older batch or the pool's disks hold. Marked in order: a later batch that
+                    // wrote part of it again is read, as it is indexed next.
+                    for e in &f.header.entries {
+                        st.lose(e.set, e.offset, e.offset + e.len as u64);
+                    }
+                    rotten = (rotten.0 + 1, rotten.1 + f.header.data_len as u64);
+                    continue;
+                }
                 let seq = f.header.seq;
                 inner.install(&mut st, seq, f.pos, &f.header.entries, f.crcs);
+            }
+            drop(st);
+            if rotten.0 > 0 {
+                inner.any_lost.store(true, Ordering::Release);
+                error!(pool = %pool.name(), batches = rotten.0, bytes = rotten.1, "batches of the write-back log that a flush had made durable are rotten on every copy: what they held is lost, and reads of it fail until it is written again");
+                inner.save_lost()?;
             }
         }
         if let Some(from) = unread_from {

@@ -187,12 +187,15 @@ pub(crate) fn read_salvaging(devices: &[(u32, DiskRef)], pos: u64, crcs: &[u32])
     Ok((buf, bad))
 }
 
-/// A whole batch found by the replay.
+/// A batch found by the replay: whole, or rotten.
 pub(crate) struct Found {
     pub header: Header,
     pub pos: u64,
-    /// Checksum of every data block, in order.
+    /// Checksum of every data block, in order (none if rotten).
     pub crcs: Vec<u32>,
+    /// No copy holds its data whole, and a later batch says a flush had made it durable: it
+    /// was acknowledged and rotted since. What it held is lost; the batches after it are not.
+    pub rotten: bool,
 }
 
 /// Why no whole batch was found where the replay looked.
@@ -264,7 +267,12 @@ fn batch_at(
             ok
         });
         if whole {
-            return Ok(Found { header: h, pos, crcs });
+            return Ok(Found {
+                header: h,
+                pos,
+                crcs,
+                rotten: false,
+            });
         }
     }
     if unreadable.len() == devices.len() || partial {
@@ -329,9 +337,8 @@ pub(crate) struct Replayed {
     pub found: Vec<Found>,
     /// Where the next batch goes.
     pub head: u64,
-    /// The replay stopped where the next batch may be all the same (`batch_at`), or at one
-    /// that rotted on every copy after a flush made it durable, or the log has no disk: what
-    /// the log held from there on is unknown.
+    /// The replay stopped where the next batch may be all the same (`batch_at`), or the log
+    /// has no disk: what the log held from there on is unknown.
     pub unreadable: bool,
     /// The disks whose reads failed where the replay stopped.
     pub failed_reads: Vec<u32>,
@@ -341,28 +348,33 @@ pub(crate) struct Replayed {
 /// the start of the ring, until the first one that no disk holds whole. A batch torn by a
 /// crash was never acknowledged as durable: every batch before a durable one was flushed with
 /// it. But a batch whose header some copy holds whole, and that a later batch says was
-/// flushed, was acknowledged: not whole now, it rotted, and the log does not end there.
+/// flushed, was acknowledged: not whole now, it rotted. The log does not end there: that
+/// batch is found rotten (what it held is lost), and the replay goes on past it.
 pub(crate) fn replay(devices: &[(u32, DiskRef)], rec: &LogRecord, pool: [u8; 16]) -> Replayed {
     let mut found = Vec::new();
     let (mut pos, mut seq) = (rec.tail, rec.seq);
-    let mut rotten = false;
     let failed_reads = loop {
         let f = match next_batch(devices, rec, pool, seq, pos) {
             Ok(f) => f,
-            Err(nf) => {
-                if let (true, Some((at, h))) = (nf.failed.is_empty(), &nf.header) {
-                    let after = at + BLOCK as u64 + h.data_len as u64;
-                    rotten = vouched_for(devices, rec, pool, seq, after);
-                    if rotten {
-                        warn!(
-                            seq,
-                            position = at,
-                            "a batch of the write-back log that a flush made durable is rotten on every copy"
-                        );
-                    }
+            Err(NotFound {
+                failed,
+                header: Some((at, header)),
+            }) if failed.is_empty()
+                && vouched_for(devices, rec, pool, seq, at + BLOCK as u64 + header.data_len as u64) =>
+            {
+                warn!(
+                    seq,
+                    position = at,
+                    "a batch of the write-back log that a flush made durable is rotten on every copy: what it held is lost"
+                );
+                Found {
+                    header,
+                    pos: at,
+                    crcs: Vec::new(),
+                    rotten: true,
                 }
-                break nf.failed;
             }
+            Err(nf) => break nf.failed,
         };
         pos = f.pos + BLOCK as u64 + f.header.data_len as u64;
         seq += 1;
@@ -375,7 +387,7 @@ pub(crate) fn replay(devices: &[(u32, DiskRef)], rec: &LogRecord, pool: [u8; 16]
     Replayed {
         found,
         head: pos,
-        unreadable: devices.is_empty() || !failed_reads.is_empty() || rotten,
+        unreadable: devices.is_empty() || !failed_reads.is_empty(),
         failed_reads,
     }
 }
@@ -428,9 +440,9 @@ mod tests {
         assert_eq!(place(100, 50, 50, false, 1), None);
     }
 
-    /// A batch rotten on every copy ends the replay. Where a later batch says a flush made it
-    /// durable, that is rot (what the log held from there on is unknown: its writes are taken
-    /// for lost); where none does, it may be a batch a crash tore, and the log ends there.
+    /// A batch rotten on every copy that a later batch says a flush made durable is rot: found
+    /// rotten (what it held is lost), and the replay goes on past it. Where none says so, it
+    /// may be a batch a crash tore, and the log ends there.
     #[test]
     fn a_rotten_batch_is_no_logs_end_only_when_a_later_one_vouches_for_it() {
         use crate::format::{Entry, Header};
@@ -479,10 +491,18 @@ mod tests {
             disk.write_at(&vec![0xEE; BLOCK], DATA_OFFSET + 3 * BLOCK as u64)
                 .unwrap();
             let r = replay(&devices, &rec, pool);
-            assert_eq!(r.found.len(), 1, "claim {second_claims}");
-            assert_eq!(r.head, 2 * BLOCK as u64);
-            assert_eq!(r.unreadable, rotten, "claim {second_claims}");
+            assert!(!r.unreadable, "claim {second_claims}");
             assert!(r.failed_reads.is_empty());
+            if rotten {
+                // Found rotten, and the replay goes on past it.
+                let kinds: Vec<(u64, bool)> = r.found.iter().map(|f| (f.header.seq, f.rotten)).collect();
+                assert_eq!(kinds, [(10, false), (11, true), (12, false)]);
+                assert_eq!(r.head, 6 * BLOCK as u64);
+            } else {
+                // The log's end, as a batch a crash tore would be.
+                assert_eq!(r.found.len(), 1, "claim {second_claims}");
+                assert_eq!(r.head, 2 * BLOCK as u64);
+            }
         }
     }
 
