@@ -206,7 +206,8 @@ struct NotFound {
     header: Option<(u64, Header)>,
 }
 
-/// The batch at `pos` if one disk holds it whole, with the expected generation and sequence;
+/// The batch at `pos` if the disks hold it whole between them (a header, and each entry whole
+/// on some copy), with the expected generation and sequence;
 /// else, if it may be there all the same, the disks that failed to read it (none: it is not
 /// there), and its header if some copy holds that whole. It may be where every disk failed to read; or where one did and another holds
 /// the batch's header (or a header that does not read whole, which may be it) but not the
@@ -233,6 +234,10 @@ fn batch_at(
     let mut header = None;
     // Some copy holds this batch's header, and not the whole batch.
     let mut partial = false;
+    // The block checksums of each copy's data, where its header is this batch's; and the
+    // copies whose header does not read whole (this batch's, rotten, or never written).
+    let mut datas: Vec<Vec<u32>> = Vec::new();
+    let mut headless: Vec<(u32, &DiskRef)> = Vec::new();
     for (p, d) in devices {
         let mut hb = AlignedBuf::zeroed(BLOCK);
         if d.read_at(&mut hb, DATA_OFFSET + pos).is_err() {
@@ -242,6 +247,7 @@ fn batch_at(
         let Some(h) = Header::decode(&hb) else {
             // A header that does not read whole may be this batch's, rotten since.
             partial |= Header::looks_like(&hb);
+            headless.push((*p, d));
             continue;
         };
         if h.pool != pool || h.generation != gen || h.seq != seq {
@@ -259,16 +265,31 @@ fn batch_at(
             continue;
         }
         let crcs = block_crcs(&data);
-        let mut at = 0;
-        let whole = h.entries.iter().all(|e| {
-            let n = e.len as usize / BLOCK;
-            let ok = entry_crc(&crcs[at..at + n]) == e.crc;
-            at += n;
-            ok
-        });
-        if whole {
+        if let Some(crcs) = assemble(&h, std::slice::from_ref(&crcs)) {
             return Ok(Found {
                 header: h,
+                pos,
+                crcs,
+                rotten: false,
+            });
+        }
+        datas.push(crcs);
+    }
+    // No copy holds the whole batch; each of its entries may still be whole on one copy (rot
+    // on both, in different places), which the destager reads it from, entry by entry. A copy
+    // whose header rotted may hold its data whole.
+    if let Some((_, h)) = &header {
+        for (p, d) in headless {
+            let mut data = AlignedBuf::zeroed(h.data_len as usize);
+            if d.read_at(&mut data, DATA_OFFSET + pos + BLOCK as u64).is_err() {
+                unreadable.push(p);
+                continue;
+            }
+            datas.push(block_crcs(&data));
+        }
+        if let Some(crcs) = assemble(h, &datas) {
+            return Ok(Found {
+                header: h.clone(),
                 pos,
                 crcs,
                 rotten: false,
@@ -286,6 +307,22 @@ fn batch_at(
             header,
         })
     }
+}
+
+/// The checksums of a batch's blocks, each entry's from the first copy (given by the block
+/// checksums of its data) that holds that entry whole; None if some entry is whole on none.
+fn assemble(h: &Header, copies: &[Vec<u32>]) -> Option<Vec<u32>> {
+    let mut out = Vec::with_capacity(h.data_len as usize / BLOCK);
+    let mut at = 0;
+    for e in &h.entries {
+        let n = e.len as usize / BLOCK;
+        let whole = copies
+            .iter()
+            .find(|c| c.len() >= at + n && entry_crc(&c[at..at + n]) == e.crc)?;
+        out.extend_from_slice(&whole[at..at + n]);
+        at += n;
+    }
+    Some(out)
 }
 
 /// The batch `seq`, at `pos` or else at the start of the ring (where a batch goes that does
@@ -503,6 +540,73 @@ mod tests {
                 assert_eq!(r.found.len(), 1, "claim {second_claims}");
                 assert_eq!(r.head, 2 * BLOCK as u64);
             }
+        }
+    }
+
+    /// Two copies rotten in different places hold a batch whole between them: each entry is
+    /// taken from a copy that holds it whole, and a copy whose header rotted gives its data.
+    #[test]
+    fn a_batch_rotten_on_both_copies_in_different_places_is_whole_between_them() {
+        use crate::format::{Entry, Header};
+        let pool = [9u8; 16];
+        let area = 64 * 1024u64;
+        let (one, two) = (vec![1u8; BLOCK], vec![2u8; BLOCK]);
+        let mut buf = vec![0u8; 3 * BLOCK];
+        let entry = |offset: u64, data: &[u8]| Entry {
+            set: 1,
+            offset,
+            len: BLOCK as u32,
+            vdisk: 1,
+            crc: entry_crc(&block_crcs(data)),
+        };
+        Header {
+            pool,
+            generation: 5,
+            seq: 10,
+            data_len: 2 * BLOCK as u32,
+            entries: vec![entry(0, &one), entry(8192, &two)],
+            flushed_below: 0,
+        }
+        .encode(&mut buf);
+        buf[BLOCK..2 * BLOCK].copy_from_slice(&one);
+        buf[2 * BLOCK..].copy_from_slice(&two);
+        let rec = LogRecord {
+            generation: 5,
+            tail: 0,
+            seq: 10,
+            devices: vec![0, 1],
+            area,
+        };
+        let rot = |d: &DiskRef, block: u64| {
+            d.write_at(&vec![0xEE; BLOCK], DATA_OFFSET + block * BLOCK as u64)
+                .unwrap()
+        };
+        for case in [
+            "each copy one entry rotten",
+            "one copy's header, the other's data rotten",
+        ] {
+            let disks: Vec<DiskRef> = (0..2)
+                .map(|i| Arc::new(tessera_disk::MemDisk::new(&format!("log{i}"), DATA_OFFSET + area)) as DiskRef)
+                .collect();
+            for d in &disks {
+                d.write_at(&buf, DATA_OFFSET).unwrap();
+            }
+            match case {
+                "each copy one entry rotten" => {
+                    rot(&disks[0], 1);
+                    rot(&disks[1], 2);
+                }
+                _ => {
+                    rot(&disks[0], 0);
+                    rot(&disks[1], 2);
+                }
+            }
+            let devices: Vec<(u32, DiskRef)> = disks.into_iter().enumerate().map(|(i, d)| (i as u32, d)).collect();
+            let r = replay(&devices, &rec, pool);
+            assert_eq!(r.found.len(), 1, "{case}");
+            assert!(!r.found[0].rotten, "{case}");
+            assert_eq!(r.found[0].crcs, block_crcs(&buf[BLOCK..]), "{case}");
+            assert_eq!(r.head, 3 * BLOCK as u64, "{case}");
         }
     }
 
