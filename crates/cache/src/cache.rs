@@ -549,7 +549,9 @@ impl WriteCache {
                     // What it held is lost, and reads of it fail rather than return what an
                     // older batch or the pool's disks hold. Marked in order: a later batch that
                     // wrote part of it again is read, as it is indexed next.
-                    for e in &f.header.entries {
+                    // A slab set freed since holds nothing to lose (and its number may be
+                    // given again).
+                    for e in f.header.entries.iter().filter(|e| inner.layouts.set(e.set).is_ok()) {
                         st.lose(e.set, e.offset, e.offset + e.len as u64);
                     }
                     rotten = (rotten.0 + 1, rotten.1 + f.header.data_len as u64);
@@ -1379,8 +1381,14 @@ impl Inner {
     /// next can only write this data.
     fn write_behind_the_log(&self, set: &SlabSet, offset: u64, data: &[u8], seqs: &[u64]) -> Result<()> {
         let _d = self.destaging.lock();
+        let noted = self.pool.losses();
         self.layouts.write(set, offset, data)?;
         self.layouts.flush()?;
+        if self.layouts.lost_since(set, noted) {
+            // The set lost more than it tolerates meanwhile, and may lack this write: the
+            // log's copy stays dirty, for the destager to write or park, as it does its own.
+            return Ok(());
+        }
         let end = offset + data.len() as u64;
         let mut st = self.state.lock();
         let mine: Vec<(u64, Piece)> = st
