@@ -548,9 +548,8 @@ impl WriteCache {
                 if f.rotten {
                     // What it held is lost, and reads of it fail rather than return what an
                     // older batch or the pool's disks hold. Marked in order: a later batch that
-                    // wrote part of it again is read, as it is indexed next.
-                    // A slab set freed since holds nothing to lose (and its number may be
-                    // given again).
+                    // wrote part of it again is read, as it is indexed next. A slab set freed
+                    // since holds nothing to lose (and its number may be given again).
                     for e in f.header.entries.iter().filter(|e| inner.layouts.set(e.set).is_ok()) {
                         st.lose(e.set, e.offset, e.offset + e.len as u64);
                     }

@@ -207,15 +207,15 @@ struct NotFound {
 }
 
 /// The batch at `pos` if the disks hold it whole between them (a header, and each entry whole
-/// on some copy), with the expected generation and sequence;
-/// else, if it may be there all the same, the disks that failed to read it (none: it is not
-/// there), and its header if some copy holds that whole. It may be where every disk failed to read; or where one did and another holds
-/// the batch's header (or a header that does not read whole, which may be it) but not the
-/// whole batch, which is no log's end: an acknowledged batch
-/// was made whole on every copy, and that copy may have lost it to rot since (a batch a
-/// crash tore on the way is taken for lost too then: its writes are refused, not read as
-/// older data). A copy that holds nothing of this batch there says it never was written,
-/// so never acknowledged, whatever another could not read.
+/// on some copy), with the expected generation and sequence; else, if it may be there all the
+/// same, the disks that failed to read it (none: it is not there), and its header if some
+/// copy holds that whole. It may be where every disk failed to read; or where one did and
+/// another holds the batch's header (or a header that does not read whole, which may be it)
+/// but not the whole batch, which is no log's end: an acknowledged batch was made whole on
+/// every copy, and that copy may have lost it to rot since (a batch a crash tore on the way
+/// is taken for lost too then: its writes are refused, not read as older data). A copy that
+/// holds nothing of this batch there says it never was written, so never acknowledged,
+/// whatever another could not read.
 fn batch_at(
     devices: &[(u32, DiskRef)],
     area: u64,
@@ -258,7 +258,7 @@ fn batch_at(
         if end > area {
             continue;
         }
-        header.get_or_insert((pos, h.clone()));
+        header.get_or_insert_with(|| (pos, h.clone()));
         let mut data = AlignedBuf::zeroed(h.data_len as usize);
         if !data.is_empty() && d.read_at(&mut data, DATA_OFFSET + pos + BLOCK as u64).is_err() {
             unreadable.push(*p);
@@ -296,17 +296,11 @@ fn batch_at(
             });
         }
     }
-    if unreadable.len() == devices.len() || partial {
-        Err(NotFound {
-            failed: unreadable,
-            header,
-        })
-    } else {
-        Err(NotFound {
-            failed: Vec::new(),
-            header,
-        })
-    }
+    let maybe_there = unreadable.len() == devices.len() || partial;
+    Err(NotFound {
+        failed: if maybe_there { unreadable } else { Vec::new() },
+        header,
+    })
 }
 
 /// The checksums of a batch's blocks, each entry's from the first copy (given by the block
