@@ -86,8 +86,8 @@ fn tool(cmd: &str, args: &[&str]) -> Option<(bool, String)> {
     ))
 }
 
-/// The fixed newstyle greeting, then one option; the option reply's type.
-async fn first_option_reply(addr: &str, option: u32, data: &[u8]) -> Option<u32> {
+/// The fixed newstyle greeting, then one option sent; the stream, for its reply.
+async fn send_first_option(addr: &str, option: u32, data: &[u8]) -> TcpStream {
     let mut s = TcpStream::connect(addr).await.unwrap();
     let mut hello = [0u8; 18];
     s.read_exact(&mut hello).await.unwrap();
@@ -98,6 +98,12 @@ async fn first_option_reply(addr: &str, option: u32, data: &[u8]) -> Option<u32>
     o.extend_from_slice(&(data.len() as u32).to_be_bytes());
     o.extend_from_slice(data);
     s.write_all(&o).await.unwrap();
+    s
+}
+
+/// The fixed newstyle greeting, then one option; the option reply's type.
+async fn first_option_reply(addr: &str, option: u32, data: &[u8]) -> Option<u32> {
+    let mut s = send_first_option(addr, option, data).await;
     let mut head = [0u8; 20];
     match tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut head)).await {
         Ok(Ok(_)) => Some(u32::from_be_bytes(head[12..16].try_into().unwrap())),
@@ -163,15 +169,7 @@ async fn a_listener_that_requires_tls_it_cannot_offer_serves_nothing_in_the_clea
     }
     assert_eq!(first_option_reply(&addr, opt::EXPORT_NAME, b"rw").await, None);
     // Acknowledged, then closed: there is no TLS to start.
-    let mut s = TcpStream::connect(&addr).await.unwrap();
-    let mut hello = [0u8; 18];
-    s.read_exact(&mut hello).await.unwrap();
-    s.write_all(&proto::FLAG_C_FIXED_NEWSTYLE.to_be_bytes()).await.unwrap();
-    let mut o = Vec::new();
-    o.extend_from_slice(&proto::IHAVEOPT.to_be_bytes());
-    o.extend_from_slice(&opt::STARTTLS.to_be_bytes());
-    o.extend_from_slice(&0u32.to_be_bytes());
-    s.write_all(&o).await.unwrap();
+    let mut s = send_first_option(&addr, opt::STARTTLS, &[]).await;
     let mut rest = Vec::new();
     tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut rest))
         .await
@@ -642,12 +640,7 @@ async fn one_address_cannot_hold_the_listener_with_negotiations_that_never_end()
 
 /// Is a connection to `addr` greeted, or closed at once (the listener at its limit)?
 async fn greeted(addr: &str) -> bool {
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    let mut b = [0u8; 18];
-    tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut b))
-        .await
-        .expect("closed or greeted, not left hanging")
-        .is_ok()
+    greeted_from(addr, "127.0.0.1").await.is_some()
 }
 
 /// A connection keeps its place of the listener's limit past the negotiation: served by a
