@@ -635,6 +635,8 @@ impl Layouts {
         // pieces leave a gap in it). Those reads go to their members in flight together.
         let mut mine_of: Vec<Vec<&(&Piece, &[u8])>> = Vec::with_capacity(dc);
         let mut olds: Vec<Option<tessera_disk::AlignedBuf>> = Vec::with_capacity(dc);
+        // Per data column, the parts of [lo, hi) its pieces leave uncovered.
+        let mut uncovered: Vec<Vec<(u64, u64)>> = Vec::with_capacity(dc);
         for d in 0..dc {
             let mine: Vec<&(&Piece, &[u8])> = parts.iter().filter(|(p, _)| p.data_col == d).collect();
             spans.push(
@@ -646,13 +648,14 @@ impl Layouts {
                 [(p, bytes)] if p.in_unit == lo && p.len == rl => Some(*bytes),
                 _ => None,
             };
-            let covered = covers(mine.iter().map(|(p, _)| (p.in_unit, p.in_unit + p.len as u64)), lo, hi);
-            olds.push((whole.is_none() && !covered).then(|| tessera_disk::AlignedBuf::zeroed(rl)));
+            let left = gaps(mine.iter().map(|(p, _)| (p.in_unit, p.in_unit + p.len as u64)), lo, hi);
+            olds.push((whole.is_none() && !left.is_empty()).then(|| tessera_disk::AlignedBuf::zeroed(rl)));
+            uncovered.push(left);
             borrowed.push(whole);
             mine_of.push(mine);
         }
         let read_any = olds.iter().any(|o| o.is_some());
-        self.read_old_columns(set, members, row, lo, &mut olds)?;
+        self.read_old_columns(set, members, row, lo, &uncovered, &mut olds)?;
         for ((mine, old), whole) in mine_of.into_iter().zip(olds).zip(&borrowed) {
             if whole.is_some() {
                 owned.push(None);
@@ -741,14 +744,17 @@ impl Layouts {
     /// Reads the old bytes of [lo, lo + len) of each data column of `row` that has a buffer in
     /// `olds`, from the member a read tries first, all in flight together. A column whose read
     /// fails or does not match its checksums is read again by `read_piece`, which reads around
-    /// the fault (the other copy, or reconstruction from parity) and repairs it. The caller
-    /// holds the row lock.
+    /// the fault (the other copy, or reconstruction from parity) and repairs it; if that fails
+    /// too, only the parts `uncovered` says the new pieces leave are read, so that a block
+    /// beyond repair that the write covers (a host writing over what a scan reported lost)
+    /// does not keep the write from replacing it. The caller holds the row lock.
     fn read_old_columns(
         &self,
         set: &SlabSet,
         members: &[SlabRef],
         row: u64,
         lo: u64,
+        uncovered: &[Vec<(u64, u64)>],
         olds: &mut [Option<tessera_disk::AlignedBuf>],
     ) -> Result<()> {
         let spec = &set.spec;
@@ -774,8 +780,29 @@ impl Layouts {
             self.member_reads_together(&mut batch)
         };
         for ((d, (_, _, buf)), read) in reqs.into_iter().zip(read) {
-            if !read {
-                self.read_piece(set, members, &piece(d, buf.len()), buf, true)?;
+            if read {
+                continue;
+            }
+            let whole = piece(d, buf.len());
+            let Err(e) = self.read_piece(set, members, &whole, buf, true) else {
+                continue;
+            };
+            let left = &uncovered[d];
+            if left.as_slice() == [(lo, lo + buf.len() as u64)] {
+                return Err(e);
+            }
+            for &(a, b) in left {
+                let part = Piece {
+                    in_unit: a,
+                    ..piece(d, (b - a) as usize)
+                };
+                self.read_piece(
+                    set,
+                    members,
+                    &part,
+                    &mut buf[(a - lo) as usize..(b - lo) as usize],
+                    true,
+                )?;
             }
         }
         Ok(())
@@ -918,14 +945,40 @@ fn covers_row(spec: &crate::spec::LayoutSpec, writes: &[&RowWrite]) -> bool {
 
 /// True if the ranges `[a, b)` together cover `[lo, hi)`.
 fn covers(ranges: impl Iterator<Item = (u64, u64)>, lo: u64, hi: u64) -> bool {
+    gaps(ranges, lo, hi).is_empty()
+}
+
+/// The parts of `[lo, hi)` that none of the ranges `[a, b)` covers, in order.
+fn gaps(ranges: impl Iterator<Item = (u64, u64)>, lo: u64, hi: u64) -> Vec<(u64, u64)> {
     let mut r: Vec<(u64, u64)> = ranges.collect();
     r.sort_unstable();
+    let mut out = Vec::new();
     let mut reached = lo;
     for (a, b) in r {
-        if a > reached {
-            return false;
+        if a > reached && reached < hi {
+            out.push((reached, a.min(hi)));
         }
         reached = reached.max(b);
     }
-    reached >= hi
+    if reached < hi {
+        out.push((reached, hi));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{covers, gaps};
+
+    #[test]
+    fn gaps_are_what_no_range_covers_within_the_bounds() {
+        assert_eq!(gaps([(4, 8), (0, 2)].into_iter(), 0, 10), vec![(2, 4), (8, 10)]);
+        assert_eq!(gaps([(0, 3), (2, 10)].into_iter(), 0, 10), vec![]);
+        assert_eq!(gaps(std::iter::empty(), 3, 7), vec![(3, 7)]);
+        // Ranges reaching past the bounds, or outside them.
+        assert_eq!(gaps([(0, 5), (9, 20)].into_iter(), 2, 12), vec![(5, 9)]);
+        assert_eq!(gaps([(20, 30)].into_iter(), 2, 12), vec![(2, 12)]);
+        assert!(covers([(0, 4), (4, 8)].into_iter(), 1, 8));
+        assert!(!covers([(0, 4), (5, 8)].into_iter(), 1, 8));
+    }
 }

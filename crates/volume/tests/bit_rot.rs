@@ -517,3 +517,79 @@ fn a_repair_copying_block_by_block_counts_each_rotten_block_once() {
     }
     assert!(read_all(&rig) == data, "the vdisk reads wrong after the repair");
 }
+
+/// A block of a parity row that neither its member nor the parity can give back (rot in both
+/// at the same place) is lost: reads of it fail. A write that covers it replaces it, and the
+/// parity with it. Before, a write that covered it and reached into the next column (one run
+/// across a column's end) read the first column's old bytes over the whole span it touched,
+/// the lost block with them, and failed: such writes could never replace it, and a write-back
+/// cache destaging one failed at every round.
+#[test]
+fn a_write_over_a_block_beyond_repair_replaces_it() {
+    let rig = Rig::new(4, 64 * MIB, MIB);
+    let e = rig.engine();
+    let il = 16 << 10;
+    let set = e
+        .layouts()
+        .create_set(tessera_volume::LayoutSpec {
+            kind: LayoutKind::Parity,
+            copies: 1,
+            columns: 4,
+            interleave: il,
+        })
+        .unwrap();
+    let row = 3 * il;
+    let old = pattern(31, 0, row as usize);
+    e.layouts().write(&set, 0, &old).unwrap();
+    e.layouts().flush().unwrap();
+    // The last block of the row's first column, and where each member holds what at its offset.
+    let lost = il - BLOCK;
+    let lost_data = &old[lost as usize..(lost + BLOCK) as usize];
+    let members = set.desc().members;
+    let image = |slab: SlabRef| {
+        let mut b = tessera_disk::AlignedBuf::zeroed(il as usize);
+        rig.disks[slab.disk as usize]
+            .inner()
+            .read_at(&mut b, e.pool().slab_offset(slab))
+            .unwrap();
+        b.to_vec()
+    };
+    let mo = il - BLOCK;
+    let holder = *members
+        .iter()
+        .find(|&&s| &image(s)[mo as usize..] == lost_data)
+        .expect("the block on a member");
+    // The parity member holds none of the row's data.
+    let parity = *members
+        .iter()
+        .find(|&&s| {
+            let img = image(s);
+            (0..3).all(|c| img[..] != old[(c * il) as usize..((c + 1) * il) as usize])
+        })
+        .expect("the row's parity member");
+    for slab in [holder, parity] {
+        rig.disks[slab.disk as usize]
+            .faults()
+            .flip_bit(e.pool().slab_offset(slab) + mo + 100, 2)
+            .unwrap();
+    }
+    let mut got = vec![0u8; BLOCK as usize];
+    assert!(
+        e.layouts().read(&set, lost, &mut got).is_err(),
+        "a block rotten on its member and the parity was read"
+    );
+    // Over the lost block and into the next column.
+    let new = pattern(32, lost, 2 * BLOCK as usize);
+    e.layouts()
+        .write(&set, lost, &new)
+        .expect("a write over a lost block failed");
+    let mut want = old.clone();
+    want[lost as usize..(lost + 2 * BLOCK) as usize].copy_from_slice(&new);
+    let mut got = vec![0u8; row as usize];
+    e.layouts().read(&set, 0, &mut got).unwrap();
+    assert!(got == want, "the row reads wrong after the write");
+    assert!(
+        e.layouts().scrub_set(&set).unwrap().is_empty(),
+        "the row's parity is out of step after the write"
+    );
+}
