@@ -313,8 +313,20 @@ impl Inner {
         let pieces = &picked[pieces.clone()];
         let covered: u64 = pieces.iter().map(|(_, _, p, _)| p.len).sum();
         if whole_row && covered < len {
-            // One read of the whole row costs less than one per gap.
-            self.layouts.read(&slabset, at, &mut data)?;
+            // One read of the whole row costs less than one per gap. A row that does not read
+            // whole may fail on a block beyond repair that a piece is about to replace (a host
+            // writing over what a scan reported lost): then only the gaps are read, or the
+            // job would fail at every round, and hold the log's start for good.
+            if self.layouts.read(&slabset, at, &mut data).is_err() {
+                let mut from = at;
+                for (a, b) in covered_runs(pieces).into_iter().chain([(at + len, at + len)]) {
+                    if a > from {
+                        let gap = &mut data[(from - at) as usize..(a - at) as usize];
+                        self.layouts.read(&slabset, from, gap)?;
+                    }
+                    from = from.max(b);
+                }
+            }
         }
         let mut dirty = 0;
         for (_, s, p, crcs) in pieces {
@@ -713,6 +725,18 @@ impl Inner {
         self.room.notify_all();
         Ok(())
     }
+}
+
+/// The ranges `pieces` cover, neighbours joined: pieces sorted by offset, none overlapping.
+fn covered_runs(pieces: &[(u32, u64, Piece, Vec<u32>)]) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for &(_, s, p, _) in pieces {
+        match out.last_mut() {
+            Some(last) if last.1 == s => last.1 = s + p.len,
+            _ => out.push((s, s + p.len)),
+        }
+    }
+    out
 }
 
 /// The stripe lock of a row. Row offsets are multiples of a row's size, so their low bits
