@@ -40,6 +40,20 @@ impl Layouts {
         Ok(())
     }
 
+    /// Whether what does not read of `[offset, offset + len)` of `set` is lost for good rather
+    /// than waiting for a disk: every member on a healthy disk that missed no write, no
+    /// rebuild under way, and no region of the range left for a resync that a restart could
+    /// not finish. A block there that reads neither from its member nor from the others (rot
+    /// in two members at the same place) will not read later.
+    pub fn unreadable_is_final(&self, set: &SlabSet, offset: u64, len: u64) -> bool {
+        self.placement(set) == crate::layouts::Placement::Whole
+            && split(&set.spec, offset, len as usize).iter().all(|p| {
+                !self
+                    .journal
+                    .is_unsynced(set.id, p.member_offset(&set.spec) / REGION_BYTES)
+            })
+    }
+
     /// `row_locked`: the caller holds the row lock exclusively (a parity write reading the
     /// old data of its row), so neither reconstruction nor spot repair takes it again.
     pub(crate) fn read_piece(

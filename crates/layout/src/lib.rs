@@ -26,4 +26,5 @@ pub use rebuild::{Progress, RebuildOptions, RebuildReport, RepairCounts};
 pub use scrub::{Mismatch, ScrubTally, MAX_MISMATCHES};
 pub use slabset::{with_lost_disks, MembersGuard, SlabSet, SlabSetDesc};
 pub use spec::{LayoutKind, LayoutSpec, DEFAULT_INTERLEAVE, MAX_COLUMNS, MIN_INTERLEAVE};
+pub use sums::BLOCK as CHECKSUM_BLOCK;
 pub use write_plan::DiskWrite;

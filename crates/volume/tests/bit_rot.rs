@@ -592,4 +592,11 @@ fn a_write_over_a_block_beyond_repair_replaces_it() {
         e.layouts().scrub_set(&set).unwrap().is_empty(),
         "the row's parity is out of step after the write"
     );
+    // What does not read there now would not read later: every member is in service. With a
+    // member's disk out, what does not read may once it is back.
+    assert!(e.layouts().unreadable_is_final(&set, 0, row));
+    e.pool()
+        .set_disk_state(parity.disk, tessera_volume::DiskState::Failed, None)
+        .unwrap();
+    assert!(!e.layouts().unreadable_is_final(&set, 0, row));
 }

@@ -1777,17 +1777,24 @@ fn an_import_waits_for_the_disks_the_log_is_on_and_no_other() {
     assert_same(&read_all(&rig, "v", MIB as usize), &want, "destaged");
 }
 
-/// A parity row the log holds mostly dirty is destaged whole, its clean parts read from the
-/// layout first. A block of it beyond repair (rot on its member and on the parity at the same
-/// place) that a piece replaces does not keep the row from going: the gaps are read alone.
-/// Before, the row's read failed at every round, the log's start stayed where it was, and
-/// the drain, as the open that replays a log, failed for good.
-#[test]
-fn a_row_destaged_whole_over_a_block_beyond_repair_reads_only_its_gaps() {
+/// A parity vdisk "v" of 480 KiB behind the log (whose data waits there), written whole and
+/// destaged, with its first block beyond repair: rot on its member and on the parity at the
+/// same place. With what was written, and each 4 KiB block of the first block's row as
+/// (vdisk offset, its member's offset in its slab).
+struct LostInARow {
+    rig: Rig,
+    v: Arc<Vdisk>,
+    old: Vec<u8>,
+    in_row: Vec<(u64, u64)>,
+}
+
+const LOST_IN_A_ROW_SIZE: u64 = 480 << 10;
+
+fn lost_in_a_row() -> LostInARow {
     let rig = rig(2);
     let e = rig.engine();
     e.cache().set_destage_delay(Duration::from_secs(3600));
-    let size = 480 << 10;
+    let size = LOST_IN_A_ROW_SIZE;
     let v = e
         .create_vdisk(&spec("v", size, LayoutKind::Parity, Provisioning::Thin))
         .unwrap();
@@ -1816,7 +1823,11 @@ fn a_row_destaged_whole_over_a_block_beyond_repair_reads_only_its_gaps() {
     }
     let (holder, mo, _) = *placed.iter().find(|p| p.2 == 0).expect("the vdisk's first block");
     let row = mo / il * il..mo / il * il + il;
-    let in_row: Vec<u64> = placed.iter().filter(|p| row.contains(&p.1)).map(|p| p.2).collect();
+    let in_row: Vec<(u64, u64)> = placed
+        .iter()
+        .filter(|p| row.contains(&p.1))
+        .map(|p| (p.2, p.1))
+        .collect();
     assert_eq!(
         in_row.len() as u64,
         set.spec.data_columns() as u64 * il / 4096,
@@ -1837,6 +1848,20 @@ fn a_row_destaged_whole_over_a_block_beyond_repair_reads_only_its_gaps() {
     }
     let mut got = vec![0u8; 4096];
     assert!(v.read(0, &mut got).is_err(), "a block beyond repair was read");
+    LostInARow { rig, v, old, in_row }
+}
+
+/// A parity row the log holds mostly dirty is destaged whole, its clean parts read from the
+/// layout first. A block of it beyond repair (rot on its member and on the parity at the same
+/// place) that a piece replaces does not keep the row from going: the gaps are read alone.
+/// Before, the row's read failed at every round, the log's start stayed where it was, and
+/// the drain, as the open that replays a log, failed for good.
+#[test]
+fn a_row_destaged_whole_over_a_block_beyond_repair_reads_only_its_gaps() {
+    let LostInARow { rig, v, old, in_row } = lost_in_a_row();
+    let e = rig.engine();
+    let size = LOST_IN_A_ROW_SIZE;
+    let in_row: Vec<u64> = in_row.into_iter().map(|(at, _)| at).collect();
     // Every block of the row but one other than the lost one, through the log.
     let gap = *in_row.iter().find(|&&at| at != 0).unwrap();
     let mut want = old.clone();
@@ -1855,11 +1880,73 @@ fn a_row_destaged_whole_over_a_block_beyond_repair_reads_only_its_gaps() {
     assert_eq!(e.cache_status().dirty_bytes, 0);
     assert_same(&read_all(&rig, "v", size as usize), &want, "after the destage");
     assert!(
-        e.layouts().scrub_set(&set).unwrap().is_empty(),
+        e.layouts().scrub_set(&e.layouts().sets()[0]).unwrap().is_empty(),
         "the row's parity is out of step"
     );
     assert!(
         (0..rig.disks.len() as u32).all(|d| e.pool().disk_state(d) == DiskState::Healthy),
         "a disk was failed"
+    );
+}
+
+/// A piece the log holds in a parity row whose block beyond repair it does not cover: the
+/// piece's write computes the row's parity from that block, which does not read. The row is
+/// written whole instead, the lost block recorded lost (reads of it fail, after a restart
+/// too, until it is written again) and zeros written there. Before, the job failed at every
+/// round, the log's start stayed where it was, and the drain, as the open that replays a
+/// log, failed for good.
+#[test]
+fn a_piece_beside_a_block_beyond_repair_is_destaged_and_the_block_stays_lost() {
+    let LostInARow {
+        mut rig,
+        v,
+        old,
+        in_row,
+    } = lost_in_a_row();
+    let e = rig.engine();
+    let size = LOST_IN_A_ROW_SIZE;
+    // The block at the lost one's offset in another column: its parity is the lost block's.
+    let lost_mo = in_row.iter().find(|b| b.0 == 0).unwrap().1;
+    let beside = in_row.iter().find(|b| b.1 == lost_mo && b.0 != 0).unwrap().0;
+    let new = pattern(43, beside, 4096);
+    v.write(beside, &new, false).unwrap();
+    assert!(e.cache_status().dirty_bytes > 0, "the write was not held by the cache");
+    e.cache()
+        .drain()
+        .expect("a piece beside a block beyond repair was not destaged");
+    assert_eq!(e.cache_status().dirty_bytes, 0);
+    let mut want = old.clone();
+    want[beside as usize..beside as usize + 4096].copy_from_slice(&new);
+    let check = |e: &tessera_volume::Engine, what: &str| {
+        let v = e.vdisk("v").unwrap();
+        let mut got = vec![0u8; 4096];
+        let err = v.read(0, &mut got).expect_err("the lost block was read");
+        assert!(err.to_string().contains("lost"), "{what}: {err}");
+        let mut got = vec![0u8; (size - 4096) as usize];
+        v.read(4096, &mut got).unwrap();
+        assert_same(&got, &want[4096..], what);
+    };
+    check(e, "after the destage");
+    assert!(
+        e.layouts().scrub_set(&e.layouts().sets()[0]).unwrap().is_empty(),
+        "the row's parity is out of step"
+    );
+    assert!(
+        (0..rig.disks.len() as u32).all(|d| e.pool().disk_state(d) == DiskState::Healthy),
+        "a disk was failed"
+    );
+    drop(v);
+    rig.reopen();
+    check(rig.engine(), "after a restart");
+    // Written again: readable.
+    let again = pattern(44, 0, 4096);
+    let v = rig.engine().vdisk("v").unwrap();
+    v.write(0, &again, true).unwrap();
+    want[..4096].copy_from_slice(&again);
+    rig.engine().cache().drain().unwrap();
+    assert_same(
+        &read_all(&rig, "v", size as usize),
+        &want,
+        "after the block is written again",
     );
 }
