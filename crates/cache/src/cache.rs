@@ -460,6 +460,21 @@ impl WriteCache {
         if !st.parked.is_empty() {
             warn!(pool = %pool.name(), bytes = st.parked.bytes(), "writes the write-back log held for slab sets beyond their tolerance wait for disks that are away: reads and writes of them are refused until those disks are back");
         }
+        // Lost ranges of a set freed since (whose record's rewrite failed then) go too: a set
+        // made later under its number would have its reads refused there.
+        let freed: Vec<u32> = st
+            .lost
+            .sets()
+            .into_iter()
+            .filter(|&s| layouts.set(s).is_err())
+            .collect();
+        if !freed.is_empty() {
+            for &set in &freed {
+                st.lost.remove_set(set);
+            }
+            st.lost.save(&pool)?;
+            info!(pool = %pool.name(), sets = ?freed, "lost ranges of freed slab sets are forgotten");
+        }
         st.lost_saved = st.lost.clone();
         if !st.lost.is_empty() {
             warn!(pool = %pool.name(), bytes = st.lost.bytes(), "data lost with the write-back log's disks is still unwritten: reads of it fail until it is written again");

@@ -12,6 +12,7 @@ use common::{pattern, spec, Rig, MIB};
 use std::sync::Arc;
 
 use tessera_disk::BlockDevice;
+use tessera_pool::{MetaBatch, MetaStore, CF_POOL};
 use tessera_volume::{DiskState, LayoutKind, Provisioning, Vdisk};
 
 const DATA_DISKS: usize = 5;
@@ -1948,5 +1949,39 @@ fn a_piece_beside_a_block_beyond_repair_is_destaged_and_the_block_stays_lost() {
         &read_all(&rig, "v", size as usize),
         &want,
         "after the block is written again",
+    );
+}
+
+/// Lost ranges of a slab set that no longer exists (freed while the record of lost ranges
+/// could not be rewritten) are forgotten at the next open, and the record rewritten: a set
+/// made later under its number would otherwise have its reads refused there. Those of a set
+/// that exists stay.
+#[test]
+fn lost_ranges_of_a_set_freed_since_are_forgotten_at_the_open() {
+    let LostInARow { mut rig, v, in_row, .. } = lost_in_a_row();
+    let lost_mo = in_row.iter().find(|b| b.0 == 0).unwrap().1;
+    let beside = in_row.iter().find(|b| b.1 == lost_mo && b.0 != 0).unwrap().0;
+    v.write(beside, &pattern(45, beside, 4096), false).unwrap();
+    rig.engine().cache().drain().unwrap();
+    let lost = rig.engine().cache_status().lost_bytes;
+    assert!(lost > 0, "nothing recorded lost");
+    drop(v);
+    let meta = rig.engine().pool().meta();
+    let key: &[u8] = b"write-back-lost";
+    let mut record: serde_json::Value = serde_json::from_slice(&meta.get(CF_POOL, key).unwrap().unwrap()).unwrap();
+    let freed = rig.engine().layouts().sets().iter().map(|s| s.id).max().unwrap() + 7;
+    record["sets"][freed.to_string()] = serde_json::json!({"0": 1 << 20});
+    let mut b = MetaBatch::new();
+    b.put(CF_POOL, key, serde_json::to_vec(&record).unwrap());
+    meta.commit(b, true).unwrap();
+    rig.reopen();
+    assert_eq!(rig.engine().cache_status().lost_bytes, lost);
+    let record: serde_json::Value =
+        serde_json::from_slice(&rig.engine().pool().meta().get(CF_POOL, key).unwrap().unwrap()).unwrap();
+    assert!(record["sets"].get(freed.to_string()).is_none(), "{record}");
+    let mut got = vec![0u8; 4096];
+    assert!(
+        rig.engine().vdisk("v").unwrap().read(0, &mut got).is_err(),
+        "a lost block was read"
     );
 }
