@@ -7,8 +7,8 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tracing::{info, warn};
 
-use crate::limits::{ConnectionSlot, LoggingIn};
 use crate::target::Registry;
+use tessera_admission::{BeingLetIn, ConnectionSlot};
 
 /// Accepts connections on `listener` until the process ends; each logs in on a task of its
 /// own, then is served by threads of its own. A connection past the portal's limit, or past
@@ -20,7 +20,7 @@ pub async fn serve(listener: TcpListener, reg: Arc<Registry>) {
 /// [`serve`], keeping the number of connections open through the portal in `open`, for
 /// whoever reports on it.
 pub async fn serve_counted(listener: TcpListener, reg: Arc<Registry>, open: Arc<std::sync::atomic::AtomicUsize>) {
-    let logging_in = Arc::new(LoggingIn::default());
+    let logging_in = Arc::new(BeingLetIn::default());
     loop {
         match listener.accept().await {
             Ok((sock, peer)) => {

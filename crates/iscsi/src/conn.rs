@@ -36,12 +36,13 @@ use tracing::{debug, info, warn};
 
 use crate::auth::Chap;
 use crate::inbox::Inbox;
-use crate::limits::{Charge, ConnectionSlot, LoginPlace, WriteBudget};
+use crate::limits::{Charge, WriteBudget};
 use crate::login::{login, LoggedIn, CMD_WINDOW};
 use crate::params::Params;
 use crate::pdu::{at, data_segment_length, op, put32, wire_len, Pdu, PduError, BHS_LEN};
 use crate::target::{Registry, Target};
 use crate::text;
+use tessera_admission::{AddressPlace, ConnectionSlot};
 
 mod commands;
 mod control;
@@ -282,7 +283,7 @@ pub async fn run(
     local: SocketAddr,
     reg: Arc<Registry>,
     slot: ConnectionSlot,
-    place: LoginPlace,
+    place: AddressPlace,
 ) -> Result<(), String> {
     let peer = sock.peer_addr().unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
     let (mut r, mut w) = sock.into_split();

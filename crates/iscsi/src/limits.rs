@@ -4,10 +4,8 @@
 //! with "out of resources", a write with TASK SET FULL, a connection closed at once), so a
 //! hostile or broken client can neither exhaust the daemon's memory nor starve the others.
 
-use std::collections::HashMap;
-use std::net::IpAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// The bounds, settable by the daemon's configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,64 +107,6 @@ impl Drop for Charge {
     }
 }
 
-/// One connection counted against its portal's limit while it lives.
-#[derive(Debug)]
-pub struct ConnectionSlot(Arc<AtomicUsize>);
-
-impl ConnectionSlot {
-    /// A slot of `open`, if fewer than `limit` are taken.
-    pub fn take(open: &Arc<AtomicUsize>, limit: usize) -> Option<ConnectionSlot> {
-        open.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < limit).then_some(n + 1))
-            .ok()
-            .map(|_| ConnectionSlot(open.clone()))
-    }
-}
-
-impl Drop for ConnectionSlot {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// Connections of a portal still logging in, by the address they come from.
-#[derive(Debug, Default)]
-pub struct LoggingIn(Mutex<HashMap<IpAddr, usize>>);
-
-/// One connection counted as logging in from its address until its login is over.
-#[derive(Debug)]
-pub struct LoginPlace {
-    table: Arc<LoggingIn>,
-    ip: IpAddr,
-}
-
-impl LoggingIn {
-    /// A place for a connection from `ip`, if fewer than `limit` from there are logging in.
-    pub fn take(self: &Arc<Self>, ip: IpAddr, limit: usize) -> Option<LoginPlace> {
-        let mut t = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let n = t.entry(ip).or_default();
-        if *n >= limit {
-            return None;
-        }
-        *n += 1;
-        Some(LoginPlace {
-            table: self.clone(),
-            ip,
-        })
-    }
-}
-
-impl Drop for LoginPlace {
-    fn drop(&mut self) {
-        let mut t = self.table.0.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = t.get_mut(&self.ip) {
-            *n -= 1;
-            if *n == 0 {
-                t.remove(&self.ip);
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -187,14 +127,5 @@ mod tests {
         drop(one);
         drop(two);
         assert_eq!((a.used(), b.used(), total.used()), (0, 0, 0));
-    }
-
-    #[test]
-    fn connection_slots() {
-        let open = Arc::new(AtomicUsize::new(0));
-        let s: Vec<_> = (0..3).map(|_| ConnectionSlot::take(&open, 3).unwrap()).collect();
-        assert!(ConnectionSlot::take(&open, 3).is_none());
-        drop(s);
-        assert!(ConnectionSlot::take(&open, 3).is_some());
     }
 }

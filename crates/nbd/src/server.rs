@@ -2,13 +2,12 @@
 //! listener may offer TLS (NBD_OPT_STARTTLS) or require it; a unix socket serves local clients
 //! in plain, its file mode being the access control.
 
-use std::collections::HashMap;
 use std::io;
-use std::net::IpAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
 use std::time::Duration;
 
+use tessera_admission::{AddressPlace, BeingLetIn, ConnectionSlot};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, UnixListener};
 use tracing::{debug, error, info, warn};
@@ -68,60 +67,6 @@ impl Policy {
     }
 }
 
-/// One connection counted against its listener's limit while it lives.
-struct Slot(Arc<AtomicUsize>);
-
-impl Slot {
-    fn take(open: &Arc<AtomicUsize>, limit: usize) -> Option<Slot> {
-        open.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < limit).then_some(n + 1))
-            .ok()
-            .map(|_| Slot(open.clone()))
-    }
-}
-
-/// Connections still negotiating, by the address they come from.
-#[derive(Default)]
-struct Negotiating(Mutex<HashMap<IpAddr, usize>>);
-
-/// One connection counted as negotiating from its address until it is past its negotiation.
-struct Negotiation {
-    table: Arc<Negotiating>,
-    ip: IpAddr,
-}
-
-impl Negotiating {
-    fn start(self: &Arc<Self>, ip: IpAddr, limit: usize) -> Option<Negotiation> {
-        let mut t = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let n = t.entry(ip).or_default();
-        if *n >= limit {
-            return None;
-        }
-        *n += 1;
-        Some(Negotiation {
-            table: self.clone(),
-            ip,
-        })
-    }
-}
-
-impl Drop for Negotiation {
-    fn drop(&mut self) {
-        let mut t = self.table.0.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = t.get_mut(&self.ip) {
-            *n -= 1;
-            if *n == 0 {
-                t.remove(&self.ip);
-            }
-        }
-    }
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
 /// Serves plain NBD on `listener` until the process ends.
 pub async fn serve(listener: TcpListener, reg: Arc<Registry>) {
     serve_tcp(listener, reg, Policy::plain()).await
@@ -133,15 +78,15 @@ pub async fn serve_tcp(listener: TcpListener, reg: Arc<Registry>, policy: Policy
         error!("this NBD listener requires TLS and has none to offer: it serves no export");
     }
     let open = Arc::new(AtomicUsize::new(0));
-    let negotiating = Arc::new(Negotiating::default());
+    let negotiating = Arc::new(BeingLetIn::default());
     loop {
         match listener.accept().await {
             Ok((sock, peer)) => {
-                let Some(negotiation) = negotiating.start(peer.ip(), policy.max_negotiating_per_peer) else {
+                let Some(negotiation) = negotiating.take(peer.ip(), policy.max_negotiating_per_peer) else {
                     warn!(%peer, limit = policy.max_negotiating_per_peer, "NBD connection refused: its address has its limit of connections negotiating");
                     continue;
                 };
-                let Some(slot) = Slot::take(&open, policy.max_connections) else {
+                let Some(slot) = ConnectionSlot::take(&open, policy.max_connections) else {
                     warn!(%peer, limit = policy.max_connections, "NBD connection refused: the listener has its limit of connections");
                     continue;
                 };
@@ -169,7 +114,7 @@ pub async fn serve_unix(listener: UnixListener, reg: Arc<Registry>, max_connecti
     loop {
         match listener.accept().await {
             Ok((sock, _)) => {
-                let Some(slot) = Slot::take(&open, max_connections) else {
+                let Some(slot) = ConnectionSlot::take(&open, max_connections) else {
                     warn!(
                         limit = max_connections,
                         "NBD connection on the unix socket refused: at its limit of connections"
@@ -229,8 +174,8 @@ async fn connection<S: Accepted>(
     peer: String,
     reg: &Arc<Registry>,
     policy: &Policy,
-    slot: Slot,
-    negotiation: Option<Negotiation>,
+    slot: ConnectionSlot,
+    negotiation: Option<AddressPlace>,
 ) {
     let outcome = match tokio::time::timeout(HANDSHAKE_TIMEOUT, negotiate(&mut sock, reg, policy.tls_state())).await {
         Ok(Ok(h)) => h,
@@ -292,7 +237,7 @@ fn tls_connection(
     tls: &TlsServer,
     fixed: bool,
     no_zeroes: bool,
-    negotiation: Option<Negotiation>,
+    negotiation: Option<AddressPlace>,
 ) {
     // The negotiation's deadline goes on through the TLS handshake and the options after it:
     // a whole deadline, not only one on each read, so that a client sending a byte now and
