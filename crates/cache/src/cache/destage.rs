@@ -464,6 +464,12 @@ impl Inner {
                         .copy_from_slice(&data[(x - at) as usize..(y - at) as usize]);
                 }
             }
+            // A member's disk taken out by these reads' errors makes a block that rotted on
+            // one member unreadable for now only: it must not be given up (zeros written, and
+            // resynced onto the disk when it is back).
+            if !unread.is_empty() && !self.layouts.unreadable_is_final(slabset, row_at, row) {
+                return Err(why);
+            }
             self.lose_unread(set, row_at, unread, &runs)?;
             self.layouts.write(slabset, row_at, &buf)?;
         }
