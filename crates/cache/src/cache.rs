@@ -585,9 +585,10 @@ impl WriteCache {
             // The writes the metadata says batches past the replay took are lost: the pool's
             // disks hold what was there before them. Marked once the replayed batches are
             // indexed, so that an older write among them does not count as writing them again.
+            // A set freed since (whose records' delete failed then) holds nothing to lose.
             let lost: Vec<Write> = held::load(&pool)?
                 .into_iter()
-                .filter(|&(_, seq)| seq >= from)
+                .filter(|&((set, _, _), seq)| seq >= from && inner.layouts.set(set).is_ok())
                 .map(|(w, _)| w)
                 .collect();
             if !lost.is_empty() {
@@ -929,7 +930,7 @@ impl WriteCache {
         }
         for n in lost {
             results[n] = Err(CacheError::Lost(format!(
-                "the data at bytes {}..{} of slab set {} was lost in the write-back log (its disks failed, or every copy of it rotted) before it reached the pool's disks; it reads again once written again",
+                "the data at bytes {}..{} of slab set {} is lost: the write-back log lost it before it reached the pool's disks (its disks failed, or every copy of it rotted), or it was beyond repair on the pool's disks (rotten on a member and on the parity) when its stripe row was written from the log; it reads again once written again",
                 reqs[n].offset,
                 reqs[n].offset + reqs[n].buf.len() as u64,
                 reqs[n].set.id

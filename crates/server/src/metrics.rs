@@ -468,7 +468,7 @@ fn collect_state(d: &Daemon, r: &Registry) -> prometheus::proto::MetricFamily {
     let cache_log = s.gauge("tessera_cache_log_bytes", "Size of the write-back cache log", &["pool"]);
     let cache_lost = s.gauge(
         "tessera_cache_lost_bytes",
-        "Bytes lost in the write-back log (its disks failed, or every copy rotted) before they were destaged: reads of them fail until written again",
+        "Bytes lost before they were destaged (the write-back log's disks failed, or every copy rotted), or beyond repair on the pool's disks beside a destaged write: reads of them fail until written again",
         &["pool"],
     );
     let cache_parked = s.gauge(

@@ -26,7 +26,8 @@ pub enum VolumeError {
     Cache(String),
     /// A flush found that data written since the caller's last flush may be gone: disks of
     /// a slab set it wrote were lost, beyond what the set tolerates, before they flushed it.
-    /// Or a read of data lost in the write-back log before it was destaged.
+    /// Or a read of data lost in the write-back log before it was destaged, or found beyond
+    /// repair on the pool's disks when the log's data beside it was destaged.
     #[error("{0}")]
     Lost(String),
     /// Stored data that passed its checksums and still cannot be what it claims (a

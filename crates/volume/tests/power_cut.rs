@@ -835,11 +835,7 @@ fn the_write_back_log_missing_at_the_restart_after_a_cut_never_yields_older_data
         );
         let what = format!("round {round}, the write-back log missing");
         let (read, not) = read_every_block(&e, &models, 0, &what, |t, err| {
-            assert!(
-                err.contains("lost in the write-back log"),
-                "{what}: {}: {err}",
-                work_name(t)
-            );
+            assert!(err.contains("is lost:"), "{what}: {}: {err}", work_name(t));
         });
         checked += read;
         refused += not;

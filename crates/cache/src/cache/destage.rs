@@ -477,8 +477,10 @@ impl Inner {
     }
 
     /// Records as lost, and saves, the blocks of a row a destage could not read, less what
-    /// the job writes there and what the log holds dirty there (written later over the zeros,
-    /// and read from the log meanwhile; a write the log takes after this is indexed first).
+    /// the job writes there, what the log holds dirty there (written later over the zeros,
+    /// and read from the log meanwhile; a write the log takes after this is indexed first)
+    /// and what it holds parked there (written over them by the settle, which does not
+    /// clear lost ranges; refused to readers until then).
     fn lose_unread(&self, set: u32, row_at: u64, mut unread: LostRanges, runs: &[(u64, u64)]) -> Result<()> {
         for &(x, y) in runs {
             unread.cut(set, x, y);
@@ -490,6 +492,11 @@ impl Inner {
                     for (s, q) in ix.overlapping(a, b).into_iter().filter(|(_, q)| q.dirty) {
                         unread.cut(set, s, s + q.len);
                     }
+                }
+            }
+            for (_, a, b) in unread.ranges() {
+                for (x, y) in st.parked.within(set, a, b) {
+                    unread.cut(set, x, y);
                 }
             }
             for (_, a, b) in unread.ranges() {
