@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use tessera_disk::{AlignedBuf, DiskRef};
+use tessera_layout::ranges::{covers, gaps};
 use tessera_layout::{LayoutError, SlabSet, CHECKSUM_BLOCK};
 use tessera_pool::MetaBatch;
 use tracing::{error, info, warn};
@@ -324,28 +325,19 @@ impl Inner {
         let _row = whole_row.then(|| self.stripe(set, at).lock());
         let pieces = &picked[pieces.clone()];
         let covered: u64 = pieces.iter().map(|(_, _, p, _)| p.len).sum();
-        let mut gaps_read = Ok(());
         if whole_row && covered < len {
             // One read of the whole row costs less than one per gap. A row that does not read
             // whole may fail on a block beyond repair that a piece is about to replace (a host
             // writing over what a scan reported lost): then only the gaps are read, or the
             // job would fail at every round, and hold the log's start for good.
             if self.layouts.read(&slabset, at, &mut data).is_err() {
-                let mut from = at;
-                for (a, b) in covered_runs(pieces).into_iter().chain([(at + len, at + len)]) {
-                    if a > from {
-                        let gap = &mut data[(from - at) as usize..(a - at) as usize];
-                        if let Err(e) = self.layouts.read(&slabset, from, gap) {
-                            gaps_read = Err(e);
-                            break;
-                        }
-                    }
-                    from = from.max(b);
+                for (a, b) in gaps(covered_runs(pieces).into_iter(), at, at + len) {
+                    self.layouts
+                        .read(&slabset, a, &mut data[(a - at) as usize..(b - at) as usize])?;
                 }
             }
         }
         let dirty = self.read_pieces(set, at, pieces, devices, &mut data)?;
-        gaps_read?;
         self.layouts.write(&slabset, at, &data)?;
         Ok(dirty)
     }
@@ -444,7 +436,7 @@ impl Inner {
             let mut unread = LostRanges::default();
             for b in (row_at..row_at + row).step_by(CHECKSUM_BLOCK as usize) {
                 let e = b + CHECKSUM_BLOCK;
-                if runs.iter().any(|&(x, y)| x <= b && e <= y) {
+                if covers(runs.iter().copied(), b, e) {
                     continue;
                 }
                 let block = &mut buf[(b - row_at) as usize..(e - row_at) as usize];
