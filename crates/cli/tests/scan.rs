@@ -92,3 +92,57 @@ fn scan_lists_damage_and_spotfix_repairs_it_while_the_pool_serves() {
     );
     assert!(d.logs().contains("spot-fix finished"));
 }
+
+/// Scans start by themselves on the schedule (`scan_interval`): counted from the first time
+/// the daemon looked at a pool never scanned, then from the last scan's end. One that finds
+/// damage tells it as a `scan.findings` event.
+#[test]
+fn scans_start_by_themselves_on_schedule_and_tell_what_they_found() {
+    let t = tempfile::tempdir().unwrap();
+    let state = t.path().join("state");
+    let mut d = start(&state);
+    let img = t.path().join("in.img");
+    random_image(&img, 16 * MIB, 3);
+    mirror_pool_with(&d, &t.path().join("disks"), &img);
+    let none = d.json(&["pool", "scan", "s", "--last"]);
+    assert!(none["report"].is_null(), "{none}");
+    assert!(none["next_due"].is_u64(), "monthly by default: {none}");
+    assert!(d.ok(&["pool", "scan", "s", "--last"]).contains("next scheduled scan"));
+    d.stop();
+    {
+        let e = Engine::open(&state.join("pools").join("s"), &|p| {
+            tessera_server::daemon::open_disk(p)
+        })
+        .unwrap();
+        e.damage_orphan_slots("m", 20).unwrap();
+    }
+    let d = Daemon::start_configured(&state, "scrub_interval = \"off\"\nscan_interval = \"3s\"\n");
+    let started = std::time::Instant::now();
+    let r = loop {
+        let r = d.json(&["pool", "scan", "s", "--last"]);
+        if r["report"]["finished_at"].is_u64() {
+            break r;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "no scheduled scan: {r}\n{}",
+            d.logs()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert_eq!(r["report"]["findings"], 20, "{r}");
+    assert!(
+        r["next_due"].as_u64().unwrap() >= r["report"]["finished_at"].as_u64().unwrap() + 3,
+        "{r}"
+    );
+    assert!(d.logs().contains("scheduled scan started"), "{}", d.logs());
+    let events = d.json(&["events", "-n", "1000"]);
+    let told = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["kind"] == "scan.findings")
+        .unwrap_or_else(|| panic!("no scan.findings event: {events:#}"));
+    assert_eq!(told["severity"], "warning", "{told}");
+    assert!(told["message"].as_str().unwrap().contains("orphan_slot: 20"), "{told}");
+}

@@ -21,6 +21,7 @@
 //! auto_repair_delay = "5m"        # how long a disk may stay away (missing, or out on an I/O error) before that
 //! scrub_interval = "30d"          # a scrub of every pool this often; "off": only when asked
 //! scrub_rate = "200M"             # bytes per second a scheduled scrub reads; "off": no limit
+//! scan_interval = "30d"           # a metadata scan of every pool this often; "off": only when asked
 //! disk_error_limit = 100          # read or checksum errors after which a disk is failing
 //! event_hook = "/usr/local/bin/tessera-alert"  # run per event: its JSON on stdin, TESSERA_EVENT_*
 //! event_webhook = "http://alerts.example:9000/tessera"  # POSTed each event's JSON
@@ -53,6 +54,8 @@ pub const DEFAULT_AUTO_REPAIR_DELAY: Duration = Duration::from_secs(300);
 /// Monthly: the habit of Storage Spaces' integrity scan and of ZFS installations.
 pub const DEFAULT_SCRUB_INTERVAL: Duration = Duration::from_secs(30 * 24 * 3600);
 pub const DEFAULT_SCRUB_RATE: u64 = 200 << 20;
+/// Monthly too: Windows runs its Data Integrity Scan task every four weeks.
+pub const DEFAULT_SCAN_INTERVAL: Duration = Duration::from_secs(30 * 24 * 3600);
 pub const DEFAULT_DISK_ERROR_LIMIT: u64 = 100;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -101,6 +104,7 @@ pub struct ConfigFile {
     pub auto_repair_delay: Option<String>,
     pub scrub_interval: Option<String>,
     pub scrub_rate: Option<String>,
+    pub scan_interval: Option<String>,
     pub disk_error_limit: Option<u64>,
     pub event_hook: Option<PathBuf>,
     pub event_webhook: Option<String>,
@@ -294,6 +298,8 @@ pub struct ServerConfig {
     pub scrub_interval: Option<Duration>,
     /// Bytes per second a scheduled (or restarted) scrub reads; None: no limit.
     pub scrub_rate: Option<u64>,
+    /// How often each pool's metadata is scanned (`tessera pool scan`); None: only when asked.
+    pub scan_interval: Option<Duration>,
     /// Read and checksum errors of a disk (since its pool was imported) past which the daemon
     /// takes it for failing: it is retired and, with auto repair, its data moved off.
     pub disk_error_limit: u64,
@@ -427,14 +433,8 @@ impl ServerConfig {
             None => DEFAULT_AUTO_REPAIR_DELAY,
             Some(d) => crate::units::parse_duration(d).map_err(|e| format!("auto_repair_delay: {e}"))?,
         };
-        let scrub_interval = match f.scrub_interval.as_deref() {
-            None => Some(DEFAULT_SCRUB_INTERVAL),
-            Some("off" | "none") => None,
-            Some(d) => match crate::units::parse_duration(d).map_err(|e| format!("scrub_interval: {e}"))? {
-                d if d.is_zero() => None,
-                d => Some(d),
-            },
-        };
+        let scrub_interval = interval("scrub_interval", f.scrub_interval.as_deref(), DEFAULT_SCRUB_INTERVAL)?;
+        let scan_interval = interval("scan_interval", f.scan_interval.as_deref(), DEFAULT_SCAN_INTERVAL)?;
         let scrub_rate = match f.scrub_rate.as_deref() {
             None => Some(DEFAULT_SCRUB_RATE),
             Some("off" | "none") => None,
@@ -517,6 +517,7 @@ impl ServerConfig {
             auto_repair: f.auto_repair.unwrap_or(true),
             auto_repair_delay,
             scrub_interval,
+            scan_interval,
             scrub_rate,
             disk_error_limit,
             event_hook,
@@ -534,6 +535,18 @@ impl ServerConfig {
 }
 
 /// A listener's address: the given one or `default`; "" or "none" turns the listener off.
+/// A schedule's interval: `default` when not given, None for "off", "none" or zero.
+fn interval(key: &str, given: Option<&str>, default: Duration) -> Result<Option<Duration>, String> {
+    match given {
+        None => Ok(Some(default)),
+        Some("off" | "none") => Ok(None),
+        Some(d) => match crate::units::parse_duration(d).map_err(|e| format!("{key}: {e}"))? {
+            d if d.is_zero() => Ok(None),
+            d => Ok(Some(d)),
+        },
+    }
+}
+
 fn listen_addr(key: &str, given: Option<String>, default: &str) -> Result<Option<SocketAddr>, String> {
     match given.as_deref().unwrap_or(default) {
         "" | "none" => Ok(None),
@@ -846,6 +859,7 @@ mod tests {
     fn scrub_settings_default_to_monthly_at_a_bounded_rate_and_may_be_turned_off() {
         let c = resolve("", Overrides::default()).unwrap();
         assert_eq!(c.scrub_interval, Some(DEFAULT_SCRUB_INTERVAL));
+        assert_eq!(c.scan_interval, Some(DEFAULT_SCAN_INTERVAL));
         assert_eq!(c.scrub_rate, Some(DEFAULT_SCRUB_RATE));
         assert_eq!(c.disk_error_limit, DEFAULT_DISK_ERROR_LIMIT);
         let c = resolve(
@@ -858,8 +872,13 @@ mod tests {
         assert_eq!(c.disk_error_limit, 10);
         let c = resolve("scrub_interval = \"off\"\nscrub_rate = \"off\"\n", Overrides::default()).unwrap();
         assert_eq!((c.scrub_interval, c.scrub_rate), (None, None));
+        let c = resolve("scan_interval = \"12h\"\n", Overrides::default()).unwrap();
+        assert_eq!(c.scan_interval, Some(Duration::from_secs(12 * 3600)));
+        let c = resolve("scan_interval = \"off\"\n", Overrides::default()).unwrap();
+        assert_eq!(c.scan_interval, None);
         for bad in [
             "scrub_interval = \"soon\"\n",
+            "scan_interval = \"weekly\"\n",
             "scrub_rate = \"0\"\n",
             "disk_error_limit = 0\n",
         ] {

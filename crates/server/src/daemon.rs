@@ -68,6 +68,7 @@ pub struct Daemon {
     thin_warned: Mutex<BTreeSet<String>>,
     pub auto_repair: AutoRepair,
     pub scrub_watch: crate::scrubs::ScrubWatch,
+    pub scan_watch: crate::scans::ScanWatch,
     pub dedup_schedule: crate::dedup::DedupSchedule,
     /// Set when the daemon begins to stop: jobs cancelled from then on were not cancelled by
     /// the administrator (a scrub stopped so goes on after the restart).
@@ -206,6 +207,7 @@ impl Daemon {
             thin_warned: Mutex::new(BTreeSet::new()),
             auto_repair,
             scrub_watch: Default::default(),
+            scan_watch: Default::default(),
             dedup_schedule: Default::default(),
             stopping: Default::default(),
             io_metrics,

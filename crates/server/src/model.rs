@@ -245,6 +245,9 @@ pub struct RadosPoolView {
 pub struct ScanResult {
     /// The scan or spot-fix job running now, if any.
     pub job: Option<u64>,
+    /// When the next scheduled scan starts (seconds since the Unix epoch); absent when none
+    /// is scheduled (`scan_interval = "off"`).
+    pub next_due: Option<u64>,
     pub report: Option<tessera_volume::ScanReport>,
     pub findings: Vec<tessera_volume::FindingView>,
     /// Pass as `after` for the next page; absent on the last one.

@@ -1,13 +1,60 @@
 //! The online metadata scan and spot-fix as the daemon runs them: each a job (progress in
-//! metadata records, cancellable), one of them at a time per pool; the findings stay in the
-//! pool until a spot-fix settles them.
+//! metadata records, cancellable), one of them at a time per pool, a scan started by
+//! `tessera pool scan` or by the schedule (`scan_interval`, monthly by default); the findings
+//! stay in the pool until a spot-fix settles them.
 
-use tessera_volume::VolumeError;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use tessera_volume::{Engine, VolumeError};
+use tracing::{info, warn};
 
 use crate::error::{ApiError, ApiResult};
-use crate::jobs::JobView;
+use crate::events::{NewEvent, Severity};
+use crate::jobs::{unix_now, JobView};
 use crate::model::ScanResult;
 use crate::Daemon;
+
+/// A scheduled scan that failed is not started again before this.
+const RETRY_AFTER: Duration = Duration::from_secs(15 * 60);
+
+/// Scans that failed, by pool, and when.
+#[derive(Default)]
+pub struct ScanWatch {
+    failed: Arc<Mutex<BTreeMap<String, Instant>>>,
+}
+
+/// The event of a scan that found damage: `scan.findings`, a warning (a spot-fix repairs what
+/// the findings say).
+fn found_damage(pool: &str, report: &tessera_volume::ScanReport) -> Option<NewEvent> {
+    if report.findings == 0 {
+        return None;
+    }
+    let kinds: Vec<String> = report
+        .by_kind
+        .iter()
+        .map(|(k, n)| {
+            format!(
+                "{}: {n}",
+                serde_json::to_value(k).expect("serializable").as_str().unwrap_or("?")
+            )
+        })
+        .collect();
+    Some(
+        NewEvent::new(
+            Severity::Warning,
+            "scan.findings",
+            format!(
+                "the scan of pool {pool}'s metadata found {} problem(s) ({}); 'tessera pool scan {pool} --last' lists them, 'tessera pool spotfix {pool}' repairs them",
+                report.findings,
+                kinds.join(", ")
+            ),
+        )
+        .pool(pool),
+    )
+}
 
 /// Findings listed per request when the caller does not say, and at most.
 pub const DEFAULT_FINDINGS: usize = 100;
@@ -33,14 +80,71 @@ impl Daemon {
     pub fn scan_pool(&self, name: &str) -> ApiResult<JobView> {
         let e = self.engine(name)?;
         self.refuse_if_busy(name)?;
+        self.scan_watch.failed.lock().remove(name);
+        let (failed, events, pool) = (self.scan_watch.failed.clone(), self.events.clone(), name.to_string());
         let job = self.jobs.spawn("scan", name, move |p| match e.scan(p) {
-            Ok(r) => Ok(serde_json::to_value(r).expect("serializable")),
+            Ok(r) => {
+                if let Some(ev) = found_damage(&pool, &r) {
+                    events.record(ev);
+                }
+                Ok(serde_json::to_value(r).expect("serializable"))
+            }
             Err(VolumeError::Layout(tessera_layout::LayoutError::Cancelled)) => {
                 Err("cancelled; the last complete scan's findings are kept".into())
             }
-            Err(err) => Err(err.to_string()),
+            Err(err) => {
+                failed.lock().insert(pool, Instant::now());
+                Err(err.to_string())
+            }
         });
         Ok(job.view())
+    }
+
+    /// When the next scheduled scan of a pool starts (seconds since the Unix epoch); None
+    /// when none is scheduled. The schedule of a pool never scanned counts from the first
+    /// time the daemon looked (`start_counting`: recorded in the pool then; else from now).
+    fn scan_due(&self, e: &Engine, start_counting: bool) -> Option<u64> {
+        let every = self.cfg.scan_interval?;
+        let from = match e.scan_report() {
+            Ok(Some(r)) => r.finished_at,
+            Ok(None) if start_counting => e.scan_schedule_from(unix_now()).ok()?,
+            Ok(None) => e.scan_scheduled_from().ok()?.unwrap_or_else(unix_now),
+            Err(_) => return None,
+        };
+        Some(from + every.as_secs())
+    }
+
+    /// Looks at every pool once and starts the scheduled scans that are due: not while a scan,
+    /// a spot-fix or a repair runs there, nor while the pool is handed over to another
+    /// gateway; one that failed waits [`RETRY_AFTER`].
+    pub fn scan_tick(&self) {
+        if self.stopping.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        for (name, e) in self.engines() {
+            if self.metadata_job(&name).is_some()
+                || self.jobs.running("repair", &name).is_some()
+                || self.scrub_watch.held_for_handover(&name)
+            {
+                continue;
+            }
+            if self
+                .scan_watch
+                .failed
+                .lock()
+                .get(&name)
+                .is_some_and(|at| at.elapsed() < RETRY_AFTER)
+            {
+                continue;
+            }
+            if self.scan_due(&e, true).is_none_or(|due| unix_now() < due) {
+                continue;
+            }
+            match self.scan_pool(&name) {
+                Ok(j) => info!(pool = %name, job = j.id, "scheduled scan started"),
+                Err(err) => warn!(pool = %name, error = %err.message, "cannot start a scan"),
+            }
+        }
     }
 
     /// Starts a spot-fix of the last scan's findings.
@@ -72,6 +176,7 @@ impl Daemon {
         let findings = e.findings(after, limit)?;
         Ok(ScanResult {
             job: self.metadata_job(name),
+            next_due: self.scan_due(&e, false),
             report,
             next_after: findings.last().map(|f| f.id + 1).filter(|_| findings.len() == limit),
             findings,

@@ -104,7 +104,8 @@ impl ScrubWatch {
         self.handing_over.lock().remove(pool);
     }
 
-    fn held_for_handover(&self, pool: &str) -> bool {
+    /// Whether `pool` is being handed over to another gateway (no maintenance starts on it).
+    pub(crate) fn held_for_handover(&self, pool: &str) -> bool {
         self.handing_over.lock().contains(pool)
     }
 }

@@ -205,6 +205,7 @@ async fn serve(cfg: ServerConfig) -> Result<(), String> {
                 d.events.tick();
                 d.auto_repair_tick();
                 d.scrub_tick();
+                d.scan_tick();
                 d.dedup_tick();
                 d.replication_tick();
             })

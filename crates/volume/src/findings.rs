@@ -287,6 +287,22 @@ pub(crate) fn save_report(b: &mut MetaBatch, r: &ScanReport) {
     b.put(CF_POOL, REPORT_KEY, serde_json::to_vec(r).expect("serializable"));
 }
 
+/// When the scan schedule of a pool never scanned started counting (seconds since the epoch).
+const SCHEDULE_FROM_KEY: &[u8] = b"scan-scheduled-from";
+
+pub(crate) fn load_schedule_from(meta: &MetaStore) -> Result<Option<u64>> {
+    match meta.get(CF_POOL, SCHEDULE_FROM_KEY)? {
+        None => Ok(None),
+        Some(v) => <[u8; 8]>::try_from(v.as_ref())
+            .map(|b| Some(u64::from_be_bytes(b)))
+            .map_err(|_| VolumeError::Invalid("unreadable scan schedule record".into())),
+    }
+}
+
+pub(crate) fn save_schedule_from(b: &mut MetaBatch, at: u64) {
+    b.put(CF_POOL, SCHEDULE_FROM_KEY, at.to_be_bytes());
+}
+
 /// The findings kept, in id order, from id `after` on, at most `limit`.
 pub(crate) fn load_findings(meta: &MetaStore, after: u64, limit: usize) -> Result<Vec<Finding>> {
     let start = finding_key(after);

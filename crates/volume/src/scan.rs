@@ -481,6 +481,25 @@ impl Engine {
         crate::findings::load_report(self.pool().meta())
     }
 
+    /// When a pool that has never been scanned started counting its scan schedule, if it
+    /// did (`scan_schedule_from`).
+    pub fn scan_scheduled_from(&self) -> Result<Option<u64>> {
+        crate::findings::load_schedule_from(self.pool().meta())
+    }
+
+    /// When a pool that has never been scanned started counting its scan schedule: `now` the
+    /// first time this is asked (kept in the pool, so that a restart does not put it off).
+    pub fn scan_schedule_from(&self, now: u64) -> Result<u64> {
+        let meta = self.pool().meta();
+        if let Some(t) = self.scan_scheduled_from()? {
+            return Ok(t);
+        }
+        let mut b = MetaBatch::new();
+        crate::findings::save_schedule_from(&mut b, now);
+        meta.commit(b, true)?;
+        Ok(now)
+    }
+
     /// The findings kept, from id `after` on, at most `limit`, in words.
     pub fn findings(&self, after: u64, limit: usize) -> Result<Vec<crate::findings::FindingView>> {
         let names: HashMap<u64, String> = self.vdisks().iter().map(|v| (v.id, v.name())).collect();

@@ -570,8 +570,12 @@ fn show_findings(c: &Ctx, name: &str, after: u64, limit: usize) -> R {
         encode_segment(name)
     ))?;
     c.answer(v, |r: ScanResult| {
+        let next = r
+            .next_due
+            .map(|t| format!("next scheduled scan: {}", when(t)))
+            .unwrap_or_else(|| "no scan scheduled (scan_interval is off)".into());
         let Some(rep) = &r.report else {
-            println!("pool {name} has not been scanned; 'tessera pool scan {name}' scans it");
+            println!("pool {name} has not been scanned; 'tessera pool scan {name}' scans it; {next}");
             return Ok(());
         };
         println!(
@@ -597,6 +601,7 @@ fn show_findings(c: &Ctx, name: &str, after: u64, limit: usize) -> R {
                 f.seconds
             );
         }
+        println!("{next}");
         if !r.findings.is_empty() {
             let rows = r
                 .findings
