@@ -82,6 +82,7 @@ impl Daemon {
         self.refuse_if_busy(name)?;
         self.scan_watch.failed.lock().remove(name);
         let (failed, events, pool) = (self.scan_watch.failed.clone(), self.events.clone(), name.to_string());
+        let (stopping, handing_over) = (self.stopping.clone(), self.scrub_watch.handing_over.clone());
         let job = self.jobs.spawn("scan", name, move |p| match e.scan(p) {
             Ok(r) => {
                 if let Some(ev) = found_damage(&pool, &r) {
@@ -90,6 +91,15 @@ impl Daemon {
                 Ok(serde_json::to_value(r).expect("serializable"))
             }
             Err(VolumeError::Layout(tessera_layout::LayoutError::Cancelled)) => {
+                // Stopped by the administrator, the schedule waits a whole interval again;
+                // stopped by the daemon's shutdown or for a handover, a scan that was due
+                // starts again at the next start, or at the gateway that takes the pool.
+                let handed_over = handing_over.lock().contains(&pool);
+                if !stopping.load(std::sync::atomic::Ordering::Relaxed) && !handed_over {
+                    if let Err(err) = e.put_off_scan(unix_now()) {
+                        warn!(pool = %pool, error = %err, "cannot put off the scheduled scan");
+                    }
+                }
                 Err("cancelled; the last complete scan's findings are kept".into())
             }
             Err(err) => {
@@ -101,15 +111,17 @@ impl Daemon {
     }
 
     /// When the next scheduled scan of a pool starts (seconds since the Unix epoch); None
-    /// when none is scheduled. The schedule of a pool never scanned counts from the first
+    /// when none is scheduled. It counts from the last scan's end or the last scan the
+    /// administrator stopped, whichever is later; for a pool never scanned, from the first
     /// time the daemon looked (`start_counting`: recorded in the pool then; else from now).
     fn scan_due(&self, e: &Engine, start_counting: bool) -> Option<u64> {
         let every = self.cfg.scan_interval?;
-        let from = match e.scan_report() {
-            Ok(Some(r)) => r.finished_at,
-            Ok(None) if start_counting => e.scan_schedule_from(unix_now()).ok()?,
-            Ok(None) => e.scan_scheduled_from().ok()?.unwrap_or_else(unix_now),
-            Err(_) => return None,
+        let finished = e.scan_report().ok()?.map(|r| r.finished_at);
+        let counted = e.scan_scheduled_from().ok()?;
+        let from = match (finished.max(counted), start_counting) {
+            (Some(t), _) => t,
+            (None, true) => e.scan_schedule_from(unix_now()).ok()?,
+            (None, false) => unix_now(),
         };
         Some(from + every.as_secs())
     }

@@ -87,7 +87,7 @@ fn found_errors(pool: &str, v: &ScrubPassView) -> Option<NewEvent> {
 #[derive(Default)]
 pub struct ScrubWatch {
     failed: std::sync::Arc<parking_lot::Mutex<BTreeMap<String, Instant>>>,
-    handing_over: std::sync::Arc<parking_lot::Mutex<std::collections::BTreeSet<String>>>,
+    pub(crate) handing_over: std::sync::Arc<parking_lot::Mutex<std::collections::BTreeSet<String>>>,
 }
 
 impl ScrubWatch {

@@ -481,10 +481,19 @@ impl Engine {
         crate::findings::load_report(self.pool().meta())
     }
 
-    /// When a pool that has never been scanned started counting its scan schedule, if it
-    /// did (`scan_schedule_from`).
+    /// When the pool's scan schedule started counting, if it did (`scan_schedule_from`,
+    /// `put_off_scan`); the end of a later scan counts instead.
     pub fn scan_scheduled_from(&self) -> Result<Option<u64>> {
         crate::findings::load_schedule_from(self.pool().meta())
+    }
+
+    /// The next scheduled scan counts from `now` (a scan the administrator stopped: not
+    /// started again at once).
+    pub fn put_off_scan(&self, now: u64) -> Result<()> {
+        let mut b = MetaBatch::new();
+        crate::findings::save_schedule_from(&mut b, now);
+        self.pool().meta().commit(b, true)?;
+        Ok(())
     }
 
     /// When a pool that has never been scanned started counting its scan schedule: `now` the
