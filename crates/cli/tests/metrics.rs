@@ -242,6 +242,20 @@ fn metrics_count_what_a_client_did_pass_promtool_and_need_the_token() {
         Some(1.0)
     );
 
+    // The metadata scan: when it last finished, and what it left open.
+    assert_eq!(sample(&after, "tessera_scan_open_findings", &[("pool", "p")]), None);
+    let scan = d.json(&["pool", "scan", "p"]);
+    let scanned = scrape(&metrics);
+    assert_eq!(
+        sample(&scanned, "tessera_scan_last_finished_time_seconds", &[("pool", "p")]),
+        scan["report"]["finished_at"].as_f64(),
+        "{scan}"
+    );
+    assert_eq!(
+        sample(&scanned, "tessera_scan_open_findings", &[("pool", "p")]),
+        Some(0.0)
+    );
+
     // A failed disk shows at the next scrape.
     let path = t.path().join("disks").join("d0.img");
     d.ok(&["disk", "fail", "p", path.to_str().unwrap()]);

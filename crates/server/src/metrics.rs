@@ -538,6 +538,16 @@ fn collect_state(d: &Daemon, r: &Registry) -> prometheus::proto::MetricFamily {
         "Blocks the last finished scrub pass found with no good copy left",
         &["pool"],
     );
+    let scan_done = s.gauge(
+        "tessera_scan_last_finished_time_seconds",
+        "When the last metadata scan finished, in seconds since the Unix epoch",
+        &["pool"],
+    );
+    let scan_open = s.gauge(
+        "tessera_scan_open_findings",
+        "Problems the last metadata scan found that no spot-fix has repaired yet",
+        &["pool"],
+    );
 
     // Pools on Ceph RADOS: which gateway serves each, at which epoch, and how often this one
     // took it over or failed to.
@@ -630,6 +640,13 @@ fn collect_state(d: &Daemon, r: &Registry) -> prometheus::proto::MetricFamily {
                 .set(i(last.finished_at.unwrap_or(0)));
             scrub_repaired.with_label_values(&[name]).set(i(last.repaired));
             scrub_lost.with_label_values(&[name]).set(i(last.unrecoverable));
+        }
+        if let Some(scan) = &p.scan {
+            scan_done.with_label_values(&[name]).set(i(scan.finished_at));
+            let fixed = scan.spotfix.as_ref().map_or(0, |f| f.fixed);
+            scan_open
+                .with_label_values(&[name])
+                .set(i(scan.findings.saturating_sub(fixed)));
         }
         read_errors.with_label_values(&[name]).inc_by(detail.stats.read_errors);
         write_errors
