@@ -102,6 +102,10 @@ fn the_dashboard_makes_a_pool_and_a_vdisk_presents_it_and_watches_a_failure_and_
     b.click("#wizard-submit");
     b.wait_text("#pool-web", "healthy", 20);
     assert_eq!(d.json(&["pool", "show", "web"])["disks"], 3);
+    // Its integrity checks: none run yet, then a metadata scan from the page.
+    b.wait_text("#integrity-web", "never scrubbed; never scanned", 20);
+    b.click("#scan-web");
+    b.wait_text("#integrity-web", "0 finding(s), 0 open", 30);
 
     // A vdisk through the wizard, fully provisioned (its slabs are on the disks from the
     // start), presented over iSCSI to one initiator.

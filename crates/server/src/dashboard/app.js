@@ -250,6 +250,22 @@ function radosLine(p) {
   return h('p', { class: 'muted rados' }, `In RADOS pool ${r.rados_pool}: ${owner}; ${counts}.`);
 }
 
+// The pool's integrity checks, in a sentence: the scrub (data against checksums and copies)
+// and the metadata scan, their last results and what runs next.
+function integrityLine(p) {
+  const sc = p.scrub || {};
+  let scrub = sc.state === 'running' ? 'scrub running'
+    : sc.last ? `last scrub ${when(sc.last.finished_at)}: ${sc.last.repaired} block(s) repaired, ${sc.last.unrecoverable} lost`
+    : 'never scrubbed';
+  if (sc.next_due) scrub += `, next ${when(sc.next_due)}`;
+  let scan = 'never scanned';
+  if (p.scan) {
+    const open = p.scan.findings - (p.scan.spotfix ? p.scan.spotfix.fixed : 0);
+    scan = `last scan ${when(p.scan.finished_at)}: ${p.scan.findings} finding(s), ${open} open`;
+  }
+  return h('p', { class: 'muted', id: `integrity-${p.name}` }, `Integrity: ${scrub}; ${scan}.`);
+}
+
 async function pools() {
   const list = await get('/api/pools');
   const details = await Promise.all(list.filter((p) => p.health !== 'unavailable').map((p) => get(`/api/pools/${enc(p.name)}`)));
@@ -267,10 +283,12 @@ async function pools() {
       h('h2', {}, p.name, h('span', { class: 'pool-health' }, badge(p.health)),
         h('span', { class: 'actions' },
           h('button', { id: `repair-${p.name}`, onclick: () => act(`repair of ${p.name} started`, () => api('POST', `/api/pools/${enc(p.name)}/repair`, {})) }, 'Repair'),
-          h('button', { onclick: () => act(`scrub of ${p.name} started`, () => api('POST', `/api/pools/${enc(p.name)}/scrub`, {})) }, 'Scrub'))),
+          h('button', { onclick: () => act(`scrub of ${p.name} started`, () => api('POST', `/api/pools/${enc(p.name)}/scrub`, {})) }, 'Scrub'),
+          h('button', { id: `scan-${p.name}`, onclick: () => act(`scan of ${p.name} started`, () => api('POST', `/api/pools/${enc(p.name)}/scan`, {})) }, 'Scan'))),
       p.problem ? h('p', { class: 'problem' }, p.problem) : null,
       (p.warnings || []).map((w) => h('p', { class: 'problem' }, w)),
       radosLine(p),
+      integrityLine(p),
       h('p', { class: 'muted' }, p.capacity
         ? `${size(p.capacity.total_bytes)} raw, ${size(p.capacity.used_bytes)} used, ${size(p.capacity.free_bytes)} free, ${size(p.capacity.spare_bytes)} on spares; repair needed: ${size(p.repair_needed_bytes)}`
         : ''),
