@@ -136,6 +136,12 @@ fn scans_start_by_themselves_on_schedule_and_tell_what_they_found() {
         "{r}"
     );
     assert!(d.logs().contains("scheduled scan started"), "{}", d.logs());
+    let shown = d.json(&["pool", "show", "s"]);
+    assert!(
+        shown["scan_next_due"].as_u64() >= r["report"]["finished_at"].as_u64().map(|t| t + 3),
+        "{shown}"
+    );
+    assert!(d.ok(&["pool", "show", "s"]).contains("next scheduled"));
     let events = d.json(&["events", "-n", "1000"]);
     let told = events["events"]
         .as_array()

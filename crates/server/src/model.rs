@@ -204,6 +204,10 @@ pub struct PoolSummary {
     /// The last metadata scan (and spot-fix), if the pool was ever scanned.
     #[serde(default)]
     pub scan: Option<tessera_volume::ScanReport>,
+    /// When the next scheduled scan starts (seconds since the Unix epoch); absent when none
+    /// is scheduled (`scan_interval = "off"`).
+    #[serde(default)]
+    pub scan_next_due: Option<u64>,
     /// The write-back cache, when the pool has cache disks.
     #[serde(default)]
     pub cache: Option<tessera_volume::CacheStatus>,

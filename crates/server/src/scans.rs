@@ -114,7 +114,7 @@ impl Daemon {
     /// when none is scheduled. It counts from the last scan's end or the last scan the
     /// administrator stopped, whichever is later; for a pool never scanned, from the first
     /// time the daemon looked (`start_counting`: recorded in the pool then; else from now).
-    fn scan_due(&self, e: &Engine, start_counting: bool) -> Option<u64> {
+    pub(crate) fn scan_due(&self, e: &Engine, start_counting: bool) -> Option<u64> {
         let every = self.cfg.scan_interval?;
         let finished = e.scan_report().ok()?.map(|r| r.finished_at);
         let counted = e.scan_scheduled_from().ok()?;

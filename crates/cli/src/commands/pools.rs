@@ -270,7 +270,12 @@ pub(super) fn show_pool(p: &PoolDetail) {
                 f.changed + f.failed
             );
         }
+        if let Some(t) = s.scan_next_due {
+            line += &format!("; next scheduled {}", when(t));
+        }
         pairs.push(("last scan", line));
+    } else if let Some(t) = s.scan_next_due {
+        pairs.push(("last scan", format!("never; next scheduled {}", when(t))));
     }
     if let Some(last) = &s.scrub.last {
         pairs.push(("last scrub", scrub_line(last)));

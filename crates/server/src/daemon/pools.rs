@@ -139,6 +139,7 @@ impl Daemon {
                     auto_repair: self.auto_repair.view(self.cfg.auto_repair, name),
                     scrub: Default::default(),
                     scan: None,
+                    scan_next_due: None,
                     cache: None,
                     rados: self.rados_view(name),
                 });
@@ -193,6 +194,7 @@ impl Daemon {
             auto_repair: self.auto_repair.view(self.cfg.auto_repair, name),
             scrub: self.scrub_view(name, &e),
             scan: e.scan_report().ok().flatten(),
+            scan_next_due: self.scan_due(&e, false),
             cache: disks
                 .iter()
                 .any(|d| d.info.usage == DiskUsage::Cache)

@@ -263,6 +263,7 @@ function integrityLine(p) {
     const open = p.scan.findings - (p.scan.spotfix ? p.scan.spotfix.fixed : 0);
     scan = `last scan ${when(p.scan.finished_at)}: ${p.scan.findings} finding(s), ${open} open`;
   }
+  if (p.scan_next_due) scan += `, next ${when(p.scan_next_due)}`;
   return h('p', { class: 'muted', id: `integrity-${p.name}` }, `Integrity: ${scrub}; ${scan}.`);
 }
 
