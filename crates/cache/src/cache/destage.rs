@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use tessera_disk::{AlignedBuf, DiskRef};
-use tessera_layout::ranges::{covers, gaps};
+use tessera_layout::ranges::gaps;
 use tessera_layout::{LayoutError, SlabSet, CHECKSUM_BLOCK};
 use tessera_pool::MetaBatch;
 use tracing::{error, info, warn};
@@ -409,8 +409,8 @@ impl Inner {
     /// the same place): its row's new parity is computed from it, and the job would fail at
     /// every round, holding the log's start (and every writer, once the log is full) for
     /// good, and the next open too, which destages the whole log. Each row is written whole
-    /// (a full-stripe write: nothing read), its clean parts read block by block first; a
-    /// block that does not read is lost already, and is recorded so (reads of it fail until
+    /// (a full-stripe write: nothing read), its clean parts read first (block by block where
+    /// a part does not read whole); a block that does not read is lost already, and is recorded so (reads of it fail until
     /// it is written again), saved before the row is written with zeros there. Only where
     /// nothing is waiting (`unreadable_is_final`): a block that may read once a disk is back
     /// is not given up; the job fails as before and is tried again.
@@ -434,19 +434,28 @@ impl Inner {
             let _row = self.stripe(set, row_at).lock();
             let mut buf = AlignedBuf::zeroed(row as usize);
             let mut unread = LostRanges::default();
-            for b in (row_at..row_at + row).step_by(CHECKSUM_BLOCK as usize) {
-                let e = b + CHECKSUM_BLOCK;
-                if covers(runs.iter().copied(), b, e) {
-                    continue;
-                }
-                let block = &mut buf[(b - row_at) as usize..(e - row_at) as usize];
-                match self.layouts.read(slabset, b, block) {
-                    Ok(()) => {}
-                    Err(LayoutError::Io { .. }) => {
-                        block.fill(0);
-                        unread.insert(set, b, e);
-                    }
+            // Each part no piece covers read whole, or where that fails block by block: a
+            // block that does not read is zeros, recorded lost (less what the pieces cover).
+            for (a, b) in gaps(runs.iter().copied(), row_at, row_at + row) {
+                match self
+                    .layouts
+                    .read(slabset, a, &mut buf[(a - row_at) as usize..(b - row_at) as usize])
+                {
+                    Ok(()) => continue,
+                    Err(LayoutError::Io { .. }) => {}
                     Err(e) => return Err(e.into()),
+                }
+                for blk in (a / CHECKSUM_BLOCK * CHECKSUM_BLOCK..b).step_by(CHECKSUM_BLOCK as usize) {
+                    let (x, y) = (blk.max(a), (blk + CHECKSUM_BLOCK).min(b));
+                    let part = &mut buf[(x - row_at) as usize..(y - row_at) as usize];
+                    match self.layouts.read(slabset, x, part) {
+                        Ok(()) => {}
+                        Err(LayoutError::Io { .. }) => {
+                            part.fill(0);
+                            unread.insert(set, blk, blk + CHECKSUM_BLOCK);
+                        }
+                        Err(e) => return Err(e.into()),
+                    }
                 }
             }
             for &(x, y) in &runs {
