@@ -287,16 +287,24 @@ pub(crate) fn save_report(b: &mut MetaBatch, r: &ScanReport) {
     b.put(CF_POOL, REPORT_KEY, serde_json::to_vec(r).expect("serializable"));
 }
 
-/// When the scan schedule of a pool never scanned started counting (seconds since the epoch).
+/// Where the scan schedule counts from when no later scan ended (seconds since the epoch):
+/// the first time the daemon looked at a pool never scanned, or a scan the administrator
+/// stopped.
 const SCHEDULE_FROM_KEY: &[u8] = b"scan-scheduled-from";
 
+/// A record of the wrong length is taken for none (and written anew): a schedule that counts
+/// again from now, rather than no scheduled scan at all.
 pub(crate) fn load_schedule_from(meta: &MetaStore) -> Result<Option<u64>> {
-    match meta.get(CF_POOL, SCHEDULE_FROM_KEY)? {
-        None => Ok(None),
-        Some(v) => <[u8; 8]>::try_from(v.as_ref())
-            .map(|b| Some(u64::from_be_bytes(b)))
-            .map_err(|_| VolumeError::Invalid("unreadable scan schedule record".into())),
-    }
+    Ok(meta.get(CF_POOL, SCHEDULE_FROM_KEY)?.and_then(|v| {
+        let t = <[u8; 8]>::try_from(v.as_ref()).ok().map(u64::from_be_bytes);
+        if t.is_none() {
+            tracing::warn!(
+                bytes = v.len(),
+                "the scan schedule record is unreadable; the schedule counts from now"
+            );
+        }
+        t
+    }))
 }
 
 pub(crate) fn save_schedule_from(b: &mut MetaBatch, at: u64) {

@@ -410,8 +410,9 @@ impl Inner {
     /// every round, holding the log's start (and every writer, once the log is full) for
     /// good, and the next open too, which destages the whole log. Each row is written whole
     /// (a full-stripe write: nothing read), its clean parts read first (block by block where
-    /// a part does not read whole); a block that does not read is lost already, and is recorded so (reads of it fail until
-    /// it is written again), saved before the row is written with zeros there. Only where
+    /// a part does not read whole); a block that does not read is lost already, and is
+    /// recorded so (reads of it fail until it is written again), saved before the row is
+    /// written with zeros there. Only where
     /// nothing is waiting (`unreadable_is_final`): a block that may read once a disk is back
     /// is not given up; the job fails as before and is tried again.
     fn write_rows_around_lost(
