@@ -289,3 +289,24 @@ fn journal_records_replay_could_not_settle_are_found_and_settled() {
     assert_eq!(scan(e).findings, 0);
     rig.assert_consistent();
 }
+
+/// The scan schedule's start is kept in the pool: the first time asked, across a restart, and
+/// moved by a put-off; a record of the wrong length counts from now (and is written anew)
+/// rather than turn scheduled scans off.
+#[test]
+fn the_scan_schedule_start_is_kept_moved_and_mended() {
+    let mut rig = populated();
+    assert_eq!(rig.engine().scan_scheduled_from().unwrap(), None);
+    assert_eq!(rig.engine().scan_schedule_from(1_000).unwrap(), 1_000);
+    assert_eq!(rig.engine().scan_schedule_from(2_000).unwrap(), 1_000, "counted once");
+    rig.reopen();
+    assert_eq!(rig.engine().scan_scheduled_from().unwrap(), Some(1_000));
+    rig.engine().put_off_scan(5_000).unwrap();
+    assert_eq!(rig.engine().scan_scheduled_from().unwrap(), Some(5_000));
+    let mut b = tessera_pool::MetaBatch::new();
+    b.put(tessera_pool::CF_POOL, b"scan-scheduled-from", b"xyz");
+    rig.engine().pool().meta().commit(b, true).unwrap();
+    assert_eq!(rig.engine().scan_scheduled_from().unwrap(), None);
+    assert_eq!(rig.engine().scan_schedule_from(7_000).unwrap(), 7_000);
+    assert_eq!(rig.engine().scan_scheduled_from().unwrap(), Some(7_000));
+}
