@@ -15,28 +15,40 @@ fn start(state: &Path) -> Daemon {
     Daemon::start_configured(state, "scrub_interval = \"off\"\n")
 }
 
+/// A daemon in `t` serving mirrored pool "s" with vdisk "m" of 16 MiB of random data; with
+/// the daemon's state directory and the image of that data.
+fn mirrored_pool(t: &Path) -> (std::path::PathBuf, Daemon, std::path::PathBuf) {
+    let state = t.join("state");
+    let d = start(&state);
+    let img = t.join("in.img");
+    random_image(&img, 16 * MIB, 3);
+    mirror_pool_with(&d, &t.join("disks"), &img);
+    (state, d, img)
+}
+
+/// Opens pool "s" of a stopped daemon's state and damages its metadata there.
+fn damage(state: &Path, f: impl FnOnce(&Engine)) {
+    let e = Engine::open(&state.join("pools").join("s"), &|p| {
+        tessera_server::daemon::open_disk(p)
+    })
+    .unwrap();
+    f(&e);
+}
+
 #[test]
 fn scan_lists_damage_and_spotfix_repairs_it_while_the_pool_serves() {
     let t = tempfile::tempdir().unwrap();
-    let state = t.path().join("state");
-    let mut d = start(&state);
-    let img = t.path().join("in.img");
-    random_image(&img, 16 * MIB, 3);
-    mirror_pool_with(&d, &t.path().join("disks"), &img);
+    let (state, mut d, img) = mirrored_pool(t.path());
     let clean = d.json(&["pool", "scan", "s"]);
     assert_eq!(clean["report"]["findings"], 0, "{clean}");
     assert!(clean["report"]["grains"].as_u64().unwrap() > 0, "{clean}");
     d.stop();
 
     // Damage, as a bug or a torn update would leave it.
-    {
-        let e = Engine::open(&state.join("pools").join("s"), &|p| {
-            tessera_server::daemon::open_disk(p)
-        })
-        .unwrap();
+    damage(&state, |e| {
         e.damage_orphan_slots("m", 20).unwrap();
         e.damage_count("m", 3, 1).unwrap();
-    }
+    });
     let d = start(&state);
     let found = d.json(&["pool", "scan", "s"]);
     let r = &found["report"];
@@ -99,23 +111,15 @@ fn scan_lists_damage_and_spotfix_repairs_it_while_the_pool_serves() {
 #[test]
 fn scans_start_by_themselves_on_schedule_and_tell_what_they_found() {
     let t = tempfile::tempdir().unwrap();
-    let state = t.path().join("state");
-    let mut d = start(&state);
-    let img = t.path().join("in.img");
-    random_image(&img, 16 * MIB, 3);
-    mirror_pool_with(&d, &t.path().join("disks"), &img);
+    let (state, mut d, _) = mirrored_pool(t.path());
     let none = d.json(&["pool", "scan", "s", "--last"]);
     assert!(none["report"].is_null(), "{none}");
     assert!(none["next_due"].is_u64(), "monthly by default: {none}");
     assert!(d.ok(&["pool", "scan", "s", "--last"]).contains("next scheduled scan"));
     d.stop();
-    {
-        let e = Engine::open(&state.join("pools").join("s"), &|p| {
-            tessera_server::daemon::open_disk(p)
-        })
-        .unwrap();
+    damage(&state, |e| {
         e.damage_orphan_slots("m", 20).unwrap();
-    }
+    });
     let d = Daemon::start_configured(&state, "scrub_interval = \"off\"\nscan_interval = \"3s\"\n");
     let started = std::time::Instant::now();
     let r = loop {
