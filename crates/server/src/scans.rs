@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use tessera_volume::{Engine, VolumeError};
+use tessera_volume::{Engine, ScanReport, VolumeError};
 use tracing::{info, warn};
 
 use crate::error::{ApiError, ApiResult};
@@ -28,7 +28,7 @@ pub struct ScanWatch {
 
 /// The event of a scan that found damage: `scan.findings`, a warning (a spot-fix repairs what
 /// the findings say).
-fn found_damage(pool: &str, report: &tessera_volume::ScanReport) -> Option<NewEvent> {
+fn found_damage(pool: &str, report: &ScanReport) -> Option<NewEvent> {
     if report.findings == 0 {
         return None;
     }
@@ -111,12 +111,13 @@ impl Daemon {
     }
 
     /// When the next scheduled scan of a pool starts (seconds since the Unix epoch); None
-    /// when none is scheduled. It counts from the last scan's end or the last scan the
-    /// administrator stopped, whichever is later; for a pool never scanned, from the first
-    /// time the daemon looked (`start_counting`: recorded in the pool then; else from now).
-    pub(crate) fn scan_due(&self, e: &Engine, start_counting: bool) -> Option<u64> {
+    /// when none is scheduled. It counts from the end of `last` (the pool's last scan, which
+    /// the caller has read) or the last scan the administrator stopped, whichever is later;
+    /// for a pool never scanned, from the first time the daemon looked (`start_counting`:
+    /// recorded in the pool then; else from now).
+    pub(crate) fn scan_due(&self, e: &Engine, last: Option<&ScanReport>, start_counting: bool) -> Option<u64> {
         let every = self.cfg.scan_interval?;
-        let finished = e.scan_report().ok()?.map(|r| r.finished_at);
+        let finished = last.map(|r| r.finished_at);
         let counted = e.scan_scheduled_from().ok()?;
         let from = match (finished.max(counted), start_counting) {
             (Some(t), _) => t,
@@ -149,7 +150,11 @@ impl Daemon {
             {
                 continue;
             }
-            if self.scan_due(&e, true).is_none_or(|due| unix_now() < due) {
+            let Ok(last) = e.scan_report() else { continue };
+            if self
+                .scan_due(&e, last.as_ref(), true)
+                .is_none_or(|due| unix_now() < due)
+            {
                 continue;
             }
             match self.scan_pool(&name) {
@@ -188,7 +193,7 @@ impl Daemon {
         let findings = e.findings(after, limit)?;
         Ok(ScanResult {
             job: self.metadata_job(name),
-            next_due: self.scan_due(&e, false),
+            next_due: self.scan_due(&e, report.as_ref(), false),
             report,
             next_after: findings.last().map(|f| f.id + 1).filter(|_| findings.len() == limit),
             findings,

@@ -168,6 +168,7 @@ impl Daemon {
             _ if !idle.is_empty() => Some(format!("disk(s) {} are out of service and hold no data", idle.join(", "))),
             _ => None,
         };
+        let scan = e.scan_report().ok().flatten();
         Ok(PoolSummary {
             name: name.to_string(),
             id: pool.id().to_string(),
@@ -193,8 +194,8 @@ impl Daemon {
                 .collect(),
             auto_repair: self.auto_repair.view(self.cfg.auto_repair, name),
             scrub: self.scrub_view(name, &e),
-            scan: e.scan_report().ok().flatten(),
-            scan_next_due: self.scan_due(&e, false),
+            scan_next_due: self.scan_due(&e, scan.as_ref(), false),
+            scan,
             cache: disks
                 .iter()
                 .any(|d| d.info.usage == DiskUsage::Cache)
