@@ -3,19 +3,20 @@
 //! whatever was there before. Reads of them fail until a write replaces them; the ranges are
 //! kept in the pool's metadata, so that a restart fails them too rather than read stale data.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
+use tessera_layout::ranges::ByteRanges;
 use tessera_pool::{Pool, CF_POOL};
 
 use crate::error::{CacheError, Result};
 
 const LOST_KEY: &[u8] = b"write-back-lost";
 
-/// Byte ranges per slab set, kept merged: start -> end.
+/// Byte ranges per slab set, each set's kept merged.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct LostRanges {
-    sets: HashMap<u32, BTreeMap<u64, u64>>,
+    sets: HashMap<u32, ByteRanges>,
 }
 
 impl LostRanges {
@@ -24,83 +25,41 @@ impl LostRanges {
     }
 
     pub fn bytes(&self) -> u64 {
-        self.sets.values().flat_map(|m| m.iter().map(|(a, b)| b - a)).sum()
+        self.sets.values().map(ByteRanges::bytes).sum()
     }
 
     /// Adds `[a, b)` of `set`, merged with the ranges it touches.
     pub fn insert(&mut self, set: u32, a: u64, b: u64) {
-        if a >= b {
-            return;
+        if a < b {
+            self.sets.entry(set).or_default().insert(a, b);
         }
-        let m = self.sets.entry(set).or_default();
-        let (mut a, mut b) = (a, b);
-        // A range that starts before `a` and reaches it.
-        if let Some((&s, &e)) = m.range(..=a).next_back() {
-            if e >= a {
-                a = s;
-                b = b.max(e);
-            }
-        }
-        let touched: Vec<u64> = m.range(a..=b).map(|(&s, _)| s).collect();
-        for s in touched {
-            let e = m.remove(&s).expect("listed");
-            b = b.max(e);
-        }
-        m.insert(a, b);
     }
 
     /// Removes `[a, b)` of `set`; true if anything was there.
     pub fn cut(&mut self, set: u32, a: u64, b: u64) -> bool {
         let Some(m) = self.sets.get_mut(&set) else { return false };
-        if a >= b {
-            return false;
-        }
-        let mut hit: Vec<(u64, u64)> = m.range(a..b).map(|(&s, &e)| (s, e)).collect();
-        if let Some((&s, &e)) = m.range(..a).next_back() {
-            if e > a {
-                hit.push((s, e));
-            }
-        }
-        for &(s, e) in &hit {
-            m.remove(&s);
-            if s < a {
-                m.insert(s, a);
-            }
-            if e > b {
-                m.insert(b, e);
-            }
-        }
+        let hit = m.cut(a, b);
         if m.is_empty() {
             self.sets.remove(&set);
         }
-        !hit.is_empty()
+        hit
     }
 
     pub fn overlaps(&self, set: u32, a: u64, b: u64) -> bool {
-        let Some(m) = self.sets.get(&set) else { return false };
-        a < b && m.range(..b).next_back().is_some_and(|(_, &e)| e > a)
+        self.sets.get(&set).is_some_and(|m| m.overlaps(a, b))
     }
 
     /// Every range: (set, start, end).
     pub fn ranges(&self) -> Vec<(u32, u64, u64)> {
         self.sets
             .iter()
-            .flat_map(|(&set, m)| m.iter().map(move |(&a, &b)| (set, a, b)))
+            .flat_map(|(&set, m)| m.iter().map(move |(a, b)| (set, a, b)))
             .collect()
     }
 
     /// The parts of `[a, b)` of `set` that are held.
     pub fn within(&self, set: u32, a: u64, b: u64) -> Vec<(u64, u64)> {
-        let Some(m) = self.sets.get(&set) else {
-            return Vec::new();
-        };
-        let first = m.range(..a).next_back().filter(|(_, &e)| e > a).map(|(&s, &e)| (s, e));
-        first
-            .into_iter()
-            .chain(m.range(a..b).map(|(&s, &e)| (s, e)))
-            .map(|(s, e)| (s.max(a), e.min(b)))
-            .filter(|(s, e)| s < e)
-            .collect()
+        self.sets.get(&set).map_or_else(Vec::new, |m| m.within(a, b))
     }
 
     /// Whether `set` has a range.
@@ -110,7 +69,7 @@ impl LostRanges {
 
     /// The bytes `set`'s ranges hold.
     pub fn set_bytes(&self, set: u32) -> u64 {
-        self.sets.get(&set).map_or(0, |m| m.iter().map(|(a, b)| b - a).sum())
+        self.sets.get(&set).map_or(0, ByteRanges::bytes)
     }
 
     /// The sets that have a range.
@@ -140,13 +99,15 @@ impl LostRanges {
         let unreadable = |why: String| CacheError::Log(format!("unreadable record of data lost with the log: {why}"));
         let raw: LostRanges = serde_json::from_slice(v).map_err(|e| unreadable(e.to_string()))?;
         let mut out = LostRanges::default();
-        for (set, a, b) in raw.ranges() {
-            if a > b {
-                return Err(unreadable(format!(
+        for (set, m) in raw.sets {
+            let m = m.merged().map_err(|(a, b)| {
+                unreadable(format!(
                     "a range of slab set {set} ends at {b}, before it starts at {a}"
-                )));
+                ))
+            })?;
+            if !m.is_empty() {
+                out.sets.insert(set, m);
             }
-            out.insert(set, a, b);
         }
         Ok(out)
     }
