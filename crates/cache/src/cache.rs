@@ -930,7 +930,7 @@ impl WriteCache {
         }
         for n in lost {
             results[n] = Err(CacheError::Lost(format!(
-                "the data at bytes {}..{} of slab set {} is lost: the write-back log lost it before it reached the pool's disks (its disks failed, or every copy of it rotted), or it was beyond repair on the pool's disks (rotten on a member and on the parity) when its stripe row was written from the log; it reads again once written again",
+                "the data at bytes {}..{} of slab set {} is lost: the write-back log lost it before it reached the pool's disks (its disks failed, or every copy of it rotted); it reads again once written again",
                 reqs[n].offset,
                 reqs[n].offset + reqs[n].buf.len() as u64,
                 reqs[n].set.id

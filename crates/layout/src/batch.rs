@@ -77,7 +77,8 @@ impl Layouts {
     /// merges neighbours across the grains of its request); the caller holds `members` (from
     /// [`SlabSet::try_members`]) until they complete, and checks what they bring with
     /// [`DiskRead::verify`]. False, having added nothing, when a member is not readable or its
-    /// disk takes no reads from a caller's ring, or (with checksums) when a read covers part
+    /// disk takes no reads from a caller's ring, when the range holds bytes lost beyond
+    /// repair, or (with checksums) when a read covers part
     /// of a block or its checksums are not in memory: the caller
     /// reads with [`read`](Self::read), which reads around failures. A read that fails on the
     /// disk is also retried with [`read`](Self::read).
@@ -90,7 +91,8 @@ impl Layouts {
         buf_off: usize,
         out: &mut Vec<DiskRead>,
     ) -> bool {
-        if self.check(set, offset, len).is_err() {
+        // Bytes lost beyond repair: refused by `read`.
+        if self.check(set, offset, len).is_err() || !set.lost_within(offset, offset + len as u64).is_empty() {
             return false;
         }
         let spec = &set.spec;
@@ -133,7 +135,13 @@ impl Layouts {
 
     /// Reads every request as [`read`](Self::read) would, with one result per request.
     pub fn read_many(&self, reqs: &mut [SetRead<'_>]) -> Vec<Result<()>> {
-        let mut results: Vec<Result<()>> = reqs.iter().map(|r| self.check(r.set, r.offset, r.buf.len())).collect();
+        let mut results: Vec<Result<()>> = reqs
+            .iter()
+            .map(|r| {
+                self.check(r.set, r.offset, r.buf.len())
+                    .and_then(|()| self.refuse_lost(r.set, r.offset, r.buf.len()))
+            })
+            .collect();
         let sets: Vec<&SlabSet> = reqs.iter().map(|r| r.set).collect();
         // Members cannot change under a request until it is read (a rebuild swapping a slab
         // takes them exclusively). Recursive: two requests may share a set.

@@ -4,7 +4,7 @@ use std::sync::atomic::Ordering;
 
 use tessera_disk::SECTOR;
 use tessera_pool::SlabRef;
-use tracing::warn;
+use tracing::{error, warn};
 
 use crate::codec;
 use crate::error::{LayoutError, Result};
@@ -13,7 +13,7 @@ use crate::geometry::{data_members, parity_members, read_order, role_of, split, 
 use crate::journal::{Record, RecordBody, REGION_BYTES};
 use crate::layouts::{Layouts, MemberFault, MemberWrite};
 use crate::ranges::{covers, gaps};
-use crate::slabset::SlabSet;
+use crate::slabset::{Registry, SlabSet};
 use crate::spec::LayoutKind;
 use crate::sums::{block_sum, sums_of, BLOCK};
 
@@ -34,11 +34,29 @@ impl Layouts {
     /// a read error is rewritten with the good data.
     pub fn read(&self, set: &SlabSet, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.check(set, offset, buf.len())?;
+        self.refuse_lost(set, offset, buf.len())?;
         let members = set.members.read();
         for p in split(&set.spec, offset, buf.len()) {
             self.read_piece(set, &members, &p, &mut buf[p.buf_off..p.buf_off + p.len], false)?;
         }
         Ok(())
+    }
+
+    /// Fails a read that reaches bytes of `set` lost beyond repair ([`SlabSetDesc::lost`]):
+    /// their member holds the zeros written there with the parity in step, which are not the
+    /// data that was lost.
+    ///
+    /// [`SlabSetDesc::lost`]: crate::SlabSetDesc::lost
+    pub(crate) fn refuse_lost(&self, set: &SlabSet, offset: u64, len: usize) -> Result<()> {
+        let Some(&(a, b)) = set.lost_within(offset, offset + len as u64).first() else {
+            return Ok(());
+        };
+        Err(LayoutError::Io {
+            set: set.id,
+            detail: format!(
+                "bytes {a}..{b} are lost beyond repair: rotten on their disk and on the parity when a write to their stripe row had to read them; they read again once written again"
+            ),
+        })
     }
 
     /// Whether what does not read of `[offset, offset + len)` of `set` is lost for good rather
@@ -554,6 +572,13 @@ impl Layouts {
         }
         drop(announced);
         drop(epoch);
+        if !set.lost_within(offset, end).is_empty() {
+            // Bytes lost beyond repair written again: durable first, then no longer recorded
+            // lost. A crash in between leaves them refused, never read as the zeros written
+            // around them.
+            self.flush_members_holding(Some((set.id, &members)))?;
+            Registry::change_lost(&self.pool, set, &members, |lost| lost.cut(offset, end))?;
+        }
         drop(members);
         if self.journal.wants_checkpoint() {
             self.journal.checkpoint_if_due(|| self.flush_members())?;
@@ -670,7 +695,24 @@ impl Layouts {
             mine_of.push(mine);
         }
         let read_any = olds.iter().any(|o| o.is_some());
-        self.read_old_columns(set, members, row, lo, &uncovered, &mut olds)?;
+        let lost = self.read_old_columns(set, members, row, lo, &uncovered, &mut olds)?;
+        if !lost.is_empty() {
+            // Saved before the zeros in their place reach a disk; written with the row (the
+            // parity is computed from them), so that the parity is in step with what the
+            // members hold, and rebuilds what they hold.
+            Registry::change_lost(&self.pool, set, members, |rec| {
+                for &(d, a, b) in &lost {
+                    let at = (row * dc as u64 + d as u64) * il;
+                    rec.insert(at + a, at + b);
+                }
+                true
+            })?;
+            for &(d, a, b) in &lost {
+                spans[d] = Some(spans[d].map_or((a, b), |(x, y)| (x.min(a), y.max(b))));
+            }
+            let bytes: u64 = lost.iter().map(|(_, a, b)| b - a).sum();
+            error!(pool = %self.pool.name(), set = set.id, row, bytes, "part of a stripe row reads neither from its disk nor from parity: it is lost, recorded so (reads of it fail until it is written again), and the row is written with zeros there");
+        }
         for ((mine, old), whole) in mine_of.into_iter().zip(olds).zip(&borrowed) {
             if whole.is_some() {
                 owned.push(None);
@@ -762,7 +804,13 @@ impl Layouts {
     /// the fault (the other copy, or reconstruction from parity) and repairs it; if that fails
     /// too, only the parts `uncovered` says the new pieces leave are read, so that a block
     /// beyond repair that the write covers (a host writing over what a scan reported lost)
-    /// does not keep the write from replacing it. The caller holds the row lock.
+    /// does not keep the write from replacing it. A part that still does not read is lost
+    /// already when nothing is waiting (`unreadable_is_final`): read block by block, what does
+    /// not read is left zeros and returned (column, start and end in the stripe unit), to be
+    /// recorded lost and written with zeros by the caller.
+    /// Failing instead, the write would fail at every try, and so would every write that
+    /// does not cover it whole, for as long as the set lives. Where a disk may come back and
+    /// the block read from it, the write fails as before. The caller holds the row lock.
     fn read_old_columns(
         &self,
         set: &SlabSet,
@@ -771,7 +819,7 @@ impl Layouts {
         lo: u64,
         uncovered: &[Vec<(u64, u64)>],
         olds: &mut [Option<tessera_disk::AlignedBuf>],
-    ) -> Result<()> {
+    ) -> Result<Vec<(usize, u64, u64)>> {
         let spec = &set.spec;
         let piece = |d: usize, len: usize| Piece {
             row,
@@ -794,6 +842,8 @@ impl Layouts {
                 reqs.iter_mut().map(|(_, (s, mo, b))| (*s, *mo, &mut **b)).collect();
             self.member_reads_together(&mut batch)
         };
+        let mut lost = Vec::new();
+        let row_bytes = spec.row_bytes();
         for ((d, (_, _, buf)), read) in reqs.into_iter().zip(read) {
             if read {
                 continue;
@@ -803,24 +853,55 @@ impl Layouts {
                 continue;
             };
             let left = &uncovered[d];
-            if left.as_slice() == [(lo, lo + buf.len() as u64)] {
-                return Err(e);
-            }
+            // Read whole already when nothing of it is covered.
+            let mut failed = (left.as_slice() == [(lo, lo + buf.len() as u64)]).then_some(e);
             for &(a, b) in left {
-                let part = Piece {
-                    in_unit: a,
-                    ..piece(d, (b - a) as usize)
+                let part = |x: u64, y: u64| Piece {
+                    in_unit: x,
+                    ..piece(d, (y - x) as usize)
                 };
-                self.read_piece(
-                    set,
-                    members,
-                    &part,
-                    &mut buf[(a - lo) as usize..(b - lo) as usize],
-                    true,
-                )?;
+                let at = |x: u64, y: u64| (x - lo) as usize..(y - lo) as usize;
+                let e = match failed.take() {
+                    Some(e) => e,
+                    None => match self.read_piece(set, members, &part(a, b), &mut buf[at(a, b)], true) {
+                        Ok(()) => continue,
+                        Err(e) => e,
+                    },
+                };
+                if !matches!(e, LayoutError::Io { .. }) || !self.unreadable_is_final(set, row * row_bytes, row_bytes) {
+                    return Err(e);
+                }
+                for blk in (a / BLOCK * BLOCK..b).step_by(BLOCK as usize) {
+                    let (x, y) = (blk.max(a), (blk + BLOCK).min(b));
+                    match self.read_piece(set, members, &part(x, y), &mut buf[at(x, y)], true) {
+                        Ok(()) => {}
+                        Err(e @ LayoutError::Io { .. }) => {
+                            // A member's disk taken out by these reads' errors, or that
+                            // answers no read at all (pulled, its link down: read errors do
+                            // not take a disk out), makes what they could not read
+                            // unreadable for now only.
+                            if !self.unreadable_is_final(set, row * row_bytes, row_bytes) || !self.disks_answer(members)
+                            {
+                                return Err(e);
+                            }
+                            buf[at(x, y)].fill(0);
+                            lost.push((d, x, y));
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
             }
         }
-        Ok(())
+        Ok(lost)
+    }
+
+    /// Whether the disk of every member answers a read (of its first sector, the pool's
+    /// label): a read error of a disk that answers none is no sign of what its medium holds.
+    fn disks_answer(&self, members: &[SlabRef]) -> bool {
+        let mut probe = tessera_disk::AlignedBuf::zeroed(SECTOR);
+        members
+            .iter()
+            .all(|&m| self.member_dev(m).is_some_and(|dev| dev.read_at(&mut probe, 0).is_ok()))
     }
 
     /// Fails if `mo` lies in a region the restart could not resync: parity there may belong

@@ -321,6 +321,14 @@ impl Layouts {
         self.registry.all()
     }
 
+    /// The bytes the pool's slab sets lost beyond repair ([`SlabSetDesc::lost`]): reads of
+    /// them fail until they are written again.
+    ///
+    /// [`SlabSetDesc::lost`]: crate::SlabSetDesc::lost
+    pub fn lost_bytes(&self) -> u64 {
+        self.registry.all().iter().map(|s| s.lost_bytes()).sum()
+    }
+
     /// Writes slab set `id`'s descriptor again from what the running pool holds (where the
     /// stored one cannot be read), with the caller's records of the set in `also`, in one
     /// batch. False if the set is gone.

@@ -316,6 +316,7 @@ impl Layouts {
                     members: members.clone(),
                     missed: kept.clone(),
                     held: held_kept.clone(),
+                    lost: set.lost.lock().clone(),
                 };
                 if let Err(e) = Registry::persist(&self.pool, &desc) {
                     members[m] = old;

@@ -2,7 +2,7 @@
 //! that persists their descriptors.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use tessera_pool::{DiskState, DiskUsage, MetaBatch, Pool, SlabRef, CF_SLABSETS};
 
 use crate::error::{LayoutError, Result};
+use crate::ranges::ByteRanges;
 use crate::spec::LayoutSpec;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -29,6 +30,13 @@ pub struct SlabSetDesc {
     /// moves or resyncs it).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub held: Vec<SlabRef>,
+    /// Bytes of the set's logical space lost beyond repair: a parity write had to read them
+    /// (to compute its row's parity) and neither their member nor the others could give
+    /// them back (rot in two members at the same place, with nothing waiting to come back).
+    /// Zeros were written there with the parity in step, recorded here first: reads of them
+    /// fail until they are written again.
+    #[serde(default, skip_serializing_if = "ByteRanges::is_empty")]
+    pub lost: ByteRanges,
 }
 
 pub struct SlabSet {
@@ -46,6 +54,10 @@ pub struct SlabSet {
     pub(crate) missed: parking_lot::Mutex<Vec<SlabRef>>,
     /// What the descriptor's `held` holds (see [`SlabSetDesc::held`]).
     pub(crate) held: parking_lot::Mutex<Vec<SlabRef>>,
+    /// What the descriptor's `lost` holds (see [`SlabSetDesc::lost`]), and whether it holds
+    /// anything (most sets never lose a block, and their I/O skips the lookup).
+    pub(crate) lost: parking_lot::Mutex<ByteRanges>,
+    pub(crate) any_lost: AtomicBool,
 }
 
 /// A set's members held shared, owned, for as long as reads planned against them are in
@@ -66,7 +78,38 @@ impl SlabSet {
             members: self.members.read().clone(),
             missed: self.missed.lock().clone(),
             held: self.held.lock().clone(),
+            lost: self.lost.lock().clone(),
         }
+    }
+
+    /// A set as its descriptor describes it, with no repair under way.
+    fn from_desc(d: SlabSetDesc) -> SlabSet {
+        SlabSet {
+            id: d.id,
+            spec: d.spec,
+            members: Arc::new(RwLock::new(d.members)),
+            replacement: RwLock::new(None),
+            missed: parking_lot::Mutex::new(d.missed),
+            held: parking_lot::Mutex::new(d.held),
+            any_lost: AtomicBool::new(!d.lost.is_empty()),
+            lost: parking_lot::Mutex::new(d.lost),
+        }
+    }
+
+    /// The bytes of `[a, b)` lost beyond repair (see [`SlabSetDesc::lost`]), in order.
+    pub fn lost_within(&self, a: u64, b: u64) -> Vec<(u64, u64)> {
+        if !self.any_lost.load(Ordering::Acquire) {
+            return Vec::new();
+        }
+        self.lost.lock().within(a, b)
+    }
+
+    /// The bytes the set lost beyond repair.
+    pub fn lost_bytes(&self) -> u64 {
+        if !self.any_lost.load(Ordering::Acquire) {
+            return 0;
+        }
+        self.lost.lock().bytes()
     }
 }
 
@@ -125,18 +168,22 @@ impl Registry {
                 }
             }
             max_id = max_id.max(d.id);
-            let missed = d.missed.into_iter().filter(|s| d.members.contains(s)).collect();
-            let held = d.held.into_iter().filter(|s| d.members.contains(s)).collect();
+            let missed = d.missed.iter().filter(|s| d.members.contains(s)).copied().collect();
+            let held = d.held.iter().filter(|s| d.members.contains(s)).copied().collect();
+            let lost = d.lost.merged().map_err(|(a, b)| {
+                pool.meta().error(format!(
+                    "unreadable slab set descriptor (set {}): a lost range ends at {b}, before it starts at {a}",
+                    d.id
+                ))
+            })?;
             sets.insert(
                 d.id,
-                Arc::new(SlabSet {
-                    id: d.id,
-                    spec: d.spec,
-                    members: Arc::new(RwLock::new(d.members)),
-                    replacement: RwLock::new(None),
-                    missed: parking_lot::Mutex::new(missed),
-                    held: parking_lot::Mutex::new(held),
-                }),
+                Arc::new(SlabSet::from_desc(SlabSetDesc {
+                    missed,
+                    held,
+                    lost,
+                    ..d
+                })),
             );
             Ok(())
         })?;
@@ -184,6 +231,7 @@ impl Registry {
             members: members.clone(),
             missed: Vec::new(),
             held: Vec::new(),
+            lost: ByteRanges::default(),
         };
         if let Err(e) = Self::persist(pool, &desc) {
             for s in members {
@@ -191,14 +239,7 @@ impl Registry {
             }
             return Err(e);
         }
-        let set = Arc::new(SlabSet {
-            id,
-            spec,
-            members: Arc::new(RwLock::new(members)),
-            replacement: RwLock::new(None),
-            missed: parking_lot::Mutex::new(Vec::new()),
-            held: parking_lot::Mutex::new(Vec::new()),
-        });
+        let set = Arc::new(SlabSet::from_desc(desc));
         self.sets.write().insert(id, set.clone());
         Ok(set)
     }
@@ -229,6 +270,7 @@ impl Registry {
             members: members.clone(),
             missed: missed.clone(),
             held: set.held.lock().clone(),
+            lost: set.lost.lock().clone(),
         };
         Self::persist_with(pool, &desc, also)?;
         Ok(true)
@@ -264,6 +306,7 @@ impl Registry {
                 members: members.to_vec(),
                 missed: all.clone(),
                 held: set.held.lock().clone(),
+                lost: set.lost.lock().clone(),
             },
         )?;
         *missed = all;
@@ -344,9 +387,46 @@ impl Registry {
                 members: members.clone(),
                 missed: missed.clone(),
                 held: new.clone(),
+                lost: set.lost.lock().clone(),
             },
         )?;
         *held = new;
+        Ok(())
+    }
+}
+
+impl Registry {
+    /// Saves `set`'s descriptor with its lost ranges as `change` leaves them (`members`: the
+    /// set's members, held by the caller), then keeps them; nothing if `change` says it
+    /// changed nothing.
+    pub(crate) fn change_lost(
+        pool: &Pool,
+        set: &SlabSet,
+        members: &[SlabRef],
+        change: impl FnOnce(&mut ByteRanges) -> bool,
+    ) -> Result<()> {
+        // `missed` before `held` before `lost`, as everywhere: whoever saves the descriptor
+        // holds `missed`, so that two saves cannot undo each other's change.
+        let missed = set.missed.lock();
+        let held = set.held.lock();
+        let mut lost = set.lost.lock();
+        let mut new = lost.clone();
+        if !change(&mut new) {
+            return Ok(());
+        }
+        Self::persist(
+            pool,
+            &SlabSetDesc {
+                id: set.id,
+                spec: set.spec,
+                members: members.to_vec(),
+                missed: missed.clone(),
+                held: held.clone(),
+                lost: new.clone(),
+            },
+        )?;
+        set.any_lost.store(!new.is_empty(), Ordering::Release);
+        *lost = new;
         Ok(())
     }
 }

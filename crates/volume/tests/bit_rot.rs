@@ -518,17 +518,25 @@ fn a_repair_copying_block_by_block_counts_each_rotten_block_once() {
     assert!(read_all(&rig) == data, "the vdisk reads wrong after the repair");
 }
 
-/// A block of a parity row that neither its member nor the parity can give back (rot in both
-/// at the same place) is lost: reads of it fail. A write that covers it replaces it, and the
-/// parity with it. Before, a write that covered it and reached into the next column (one run
-/// across a column's end) read the first column's old bytes over the whole span it touched,
-/// the lost block with them, and failed: such writes could never replace it, and a write-back
-/// cache destaging one failed at every round.
-#[test]
-fn a_write_over_a_block_beyond_repair_replaces_it() {
+/// A parity set of four columns of 16 KiB, one row of it written and flushed, and the last
+/// block of the row's first column beyond repair: rot on its member and on the row's parity
+/// at the same place. With what the row holds, the lost block's offset, and its member and
+/// the parity member.
+struct RottenRow {
+    rig: Rig,
+    set: std::sync::Arc<tessera_layout::SlabSet>,
+    old: Vec<u8>,
+    lost: u64,
+    holder: SlabRef,
+    parity: SlabRef,
+}
+
+const ROTTEN_ROW_INTERLEAVE: u64 = 16 << 10;
+
+fn rotten_row() -> RottenRow {
     let rig = Rig::new(4, 64 * MIB, MIB);
     let e = rig.engine();
-    let il = 16 << 10;
+    let il = ROTTEN_ROW_INTERLEAVE;
     let set = e
         .layouts()
         .create_set(tessera_volume::LayoutSpec {
@@ -578,6 +586,36 @@ fn a_write_over_a_block_beyond_repair_replaces_it() {
         e.layouts().read(&set, lost, &mut got).is_err(),
         "a block rotten on its member and the parity was read"
     );
+    drop(members);
+    RottenRow {
+        rig,
+        set,
+        old,
+        lost,
+        holder,
+        parity,
+    }
+}
+
+/// A block of a parity row that neither its member nor the parity can give back (rot in both
+/// at the same place) is lost: reads of it fail. A write that covers it replaces it, and the
+/// parity with it. Before, a write that covered it and reached into the next column (one run
+/// across a column's end) read the first column's old bytes over the whole span it touched,
+/// the lost block with them, and failed: such writes could never replace it, and a write-back
+/// cache destaging one failed at every round.
+#[test]
+fn a_write_over_a_block_beyond_repair_replaces_it() {
+    let RottenRow {
+        rig,
+        set,
+        old,
+        lost,
+        parity,
+        ..
+    } = rotten_row();
+    let e = rig.engine();
+    let il = ROTTEN_ROW_INTERLEAVE;
+    let row = 3 * il;
     // Over the lost block and into the next column.
     let new = pattern(32, lost, 2 * BLOCK as usize);
     e.layouts()
@@ -599,4 +637,133 @@ fn a_write_over_a_block_beyond_repair_replaces_it() {
         .set_disk_state(parity.disk, tessera_volume::DiskState::Failed, None)
         .unwrap();
     assert!(!e.layouts().unreadable_is_final(&set, 0, row));
+}
+
+/// A write beside a block beyond repair (same row, the block's parity its own) computes its
+/// new parity from that block, which reads from nowhere. With every member in service the
+/// block is lost for good: the write goes on, the block recorded lost in the set's
+/// descriptor first and written with zeros, the parity in step with them. Reads of it fail,
+/// as they did (the record is in the stored descriptor, for a restart); the rest of the row
+/// reads as written. Written again, it reads, and is no longer recorded lost. Before,
+/// every such write failed for as long as the set lived: writes bypassing a write-back cache
+/// beside it failed for good, as did a resync of the row.
+#[test]
+fn a_write_beside_a_block_beyond_repair_records_it_lost_and_goes_on() {
+    let RottenRow {
+        rig,
+        set,
+        old,
+        lost,
+        holder,
+        ..
+    } = rotten_row();
+    let il = ROTTEN_ROW_INTERLEAVE;
+    let row = 3 * il;
+    // The next column's block at the same place: the same parity.
+    let beside = lost + il;
+    let new = pattern(33, beside, BLOCK as usize);
+    let e = rig.engine();
+    e.layouts()
+        .write(&set, beside, &new)
+        .expect("a write beside a block beyond repair failed");
+    let mut want = old.clone();
+    want[beside as usize..(beside + BLOCK) as usize].copy_from_slice(&new);
+    let check = |rig: &Rig, want: &[u8], what: &str, lost_at: &[(u64, u64)]| {
+        let e = rig.engine();
+        let bytes: u64 = lost_at.iter().map(|(a, b)| b - a).sum();
+        assert_eq!(e.layouts().lost_bytes(), bytes, "{what}");
+        assert_eq!(set.lost_within(0, row), lost_at, "{what}");
+        let stored: tessera_layout::SlabSetDesc = serde_json::from_slice(
+            &e.pool()
+                .meta()
+                .get(tessera_pool::CF_SLABSETS, &set.id.to_be_bytes())
+                .unwrap()
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(stored.lost.iter().collect::<Vec<_>>(), lost_at, "{what}: stored");
+        let mut got = vec![0u8; row as usize];
+        for &(a, b) in lost_at {
+            let err = e
+                .layouts()
+                .read(&set, a / BLOCK * BLOCK, &mut got[..BLOCK as usize])
+                .expect_err("a lost block was read");
+            assert!(err.to_string().contains("lost beyond repair"), "{what}: {err}");
+            // The batched read refuses it too.
+            let mut reqs = [tessera_layout::SetRead {
+                set: &set,
+                offset: a,
+                buf: &mut got[..(b - a) as usize],
+            }];
+            assert!(e.layouts().read_many(&mut reqs)[0].is_err(), "{what}: read in a batch");
+            let mut planned = Vec::new();
+            let members = set.try_members().unwrap();
+            assert!(
+                !e.layouts()
+                    .plan_read(&set, &members, a, (b - a) as usize, 0, &mut planned),
+                "{what}: planned for a caller's ring"
+            );
+        }
+        // Everything else reads as written, the row's parity in step with what the members
+        // hold, and no disk counted against for the rot found at the write.
+        let mut at = 0;
+        for (a, b) in lost_at.iter().copied().chain([(row, row)]) {
+            if at < a {
+                e.layouts().read(&set, at, &mut got[at as usize..a as usize]).unwrap();
+                assert!(
+                    got[at as usize..a as usize] == want[at as usize..a as usize],
+                    "{what}: {at}..{a}"
+                );
+            }
+            at = b;
+        }
+        assert!(e.layouts().scrub_set(&set).unwrap().is_empty(), "{what}: out of step");
+        assert!((0..4).all(|d| e.pool().disk_state(d) == tessera_volume::DiskState::Healthy));
+    };
+    check(&rig, &want, "after the write", &[(lost, lost + BLOCK)]);
+    // What its member holds where the block was: zeros, which the parity agrees with.
+    let mut z = tessera_disk::AlignedBuf::zeroed(BLOCK as usize);
+    rig.disks[holder.disk as usize]
+        .inner()
+        .read_at(&mut z, e.pool().slab_offset(holder) + il - BLOCK)
+        .unwrap();
+    assert!(z.iter().all(|&b| b == 0), "no zeros written in the lost block's place");
+    // Written again: readable, nothing lost.
+    let again = pattern(34, lost, BLOCK as usize);
+    e.layouts().write(&set, lost, &again).unwrap();
+    want[lost as usize..(lost + BLOCK) as usize].copy_from_slice(&again);
+    check(&rig, &want, "written again", &[]);
+}
+
+/// The same write while the lost block's disk answers no I/O at all (pulled, its link down):
+/// the block may read once the disk answers again, its member may hold it intact, so nothing
+/// is given up. The write fails, nothing is recorded lost and no zeros are written there
+/// (read errors alone do not take a disk out). Once the disk answers, the block is found
+/// rotten there too, and the write goes on around it.
+#[test]
+fn a_write_beside_a_block_unreadable_while_its_disk_answers_nothing_gives_nothing_up() {
+    let RottenRow {
+        rig, set, lost, holder, ..
+    } = rotten_row();
+    let e = rig.engine();
+    let beside = lost + ROTTEN_ROW_INTERLEAVE;
+    rig.disks[holder.disk as usize].faults().pull();
+    let new = pattern(36, beside, BLOCK as usize);
+    assert!(
+        e.layouts().write(&set, beside, &new).is_err(),
+        "written around a block that may read again"
+    );
+    assert_eq!(e.layouts().lost_bytes(), 0, "given up");
+    rig.disks[holder.disk as usize].faults().reinsert();
+    let mut z = tessera_disk::AlignedBuf::zeroed(BLOCK as usize);
+    rig.disks[holder.disk as usize]
+        .inner()
+        .read_at(&mut z, e.pool().slab_offset(holder) + ROTTEN_ROW_INTERLEAVE - BLOCK)
+        .unwrap();
+    assert!(!z.iter().all(|&b| b == 0), "zeros written over the rotten block");
+    e.layouts().write(&set, beside, &new).unwrap();
+    assert_eq!(set.lost_within(0, u64::MAX), vec![(lost, lost + BLOCK)]);
+    let mut got = vec![0u8; BLOCK as usize];
+    e.layouts().read(&set, beside, &mut got).unwrap();
+    assert!(got == new);
 }

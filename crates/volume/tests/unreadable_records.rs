@@ -132,7 +132,8 @@ fn an_import_counts_again_and_infers_what_it_cannot_read_before_it_hands_out_a_s
 }
 
 /// A slab set descriptor that reads but that no set can have (an interleave or a column count
-/// of 0, fewer members than its layout's width, under another set's key) stops the import
+/// of 0, fewer members than its layout's width, under another set's key, a lost range that
+/// ends before it starts) stops the import
 /// with the set named, as an unreadable one does, rather than divide by zero or index past
 /// its members at the first I/O; put back, the pool opens whole.
 #[test]
@@ -164,6 +165,9 @@ fn a_slab_set_descriptor_no_set_can_have_stops_the_import_with_why() {
     bad["members"].as_array_mut().unwrap().pop();
     cases.push((bad, key.clone(), "members and it lists"));
     cases.push((set.clone(), (id + 1000).to_be_bytes().to_vec(), "not its own"));
+    let mut bad = set.clone();
+    bad["lost"] = serde_json::json!({"8192": 4096});
+    cases.push((bad, key.clone(), "a lost range ends at 4096, before it starts at 8192"));
     for (bad, at, why) in cases {
         let e = rig.engine.take().unwrap();
         let mut b = MetaBatch::new();

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use tessera_disk::{AlignedBuf, DiskRef};
 use tessera_layout::ranges::gaps;
-use tessera_layout::{LayoutError, SlabSet, CHECKSUM_BLOCK};
+use tessera_layout::{LayoutError, SlabSet};
 use tessera_pool::MetaBatch;
 use tracing::{error, info, warn};
 
@@ -19,7 +19,6 @@ use crate::format::BLOCK;
 use crate::held;
 use crate::index::Piece;
 use crate::log;
-use crate::lost::LostRanges;
 use crate::parked::{self, Parked};
 
 /// How often parked writes a settle could not write are tried again.
@@ -102,8 +101,6 @@ impl Inner {
         // which the disks serve best together.
         let next = AtomicU64::new(0);
         let failed: Mutex<Option<CacheError>> = Mutex::new(None);
-        // Jobs that may have failed for a part of their rows beyond repair, with why.
-        let around_lost: Mutex<Vec<(usize, CacheError)>> = Mutex::new(Vec::new());
         // What each job wrote, once done (None until then).
         let done: Vec<Mutex<Option<u64>>> = jobs.iter().map(|_| Mutex::new(None)).collect();
         // Once urgent, the round stays so: the threads past the background ones join for good.
@@ -111,8 +108,8 @@ impl Inner {
         let _reuse = self.reuse.read();
         std::thread::scope(|sc| {
             for t in 0..DESTAGE_THREADS.min(jobs.len()) {
-                let (next, jobs, failed, picked, devices, urgent, done, around_lost) =
-                    (&next, &jobs, &failed, &picked, &devices, &urgent, &done, &around_lost);
+                let (next, jobs, failed, picked, devices, urgent, done) =
+                    (&next, &jobs, &failed, &picked, &devices, &urgent, &done);
                 sc.spawn(move || loop {
                     if t >= BACKGROUND_DESTAGE_THREADS && !urgent.load(Ordering::Relaxed) {
                         if self.state.lock().urgent() {
@@ -131,7 +128,6 @@ impl Inner {
                     let Some(job) = jobs.get(k) else { return };
                     match self.run_job(job, picked, devices) {
                         Ok(n) => *done[k].lock() = Some(n),
-                        Err(e) if self.may_be_around_lost(job, &e) => around_lost.lock().push((k, e)),
                         Err(e) => {
                             failed.lock().get_or_insert(e);
                         }
@@ -139,14 +135,6 @@ impl Inner {
                 });
             }
         });
-        for (k, why) in around_lost.into_inner() {
-            match self.run_job_around_lost(&jobs[k], &picked, &devices, why) {
-                Ok(n) => *done[k].lock() = Some(n),
-                Err(e) => {
-                    failed.lock().get_or_insert(e);
-                }
-            }
-        }
         drop(_reuse);
         let mut failed = failed.into_inner();
         let (mut succeeded, mut not_done): (Vec<(&Job, u64)>, Vec<&Job>) = (Vec::new(), Vec::new());
@@ -328,17 +316,46 @@ impl Inner {
         if whole_row && covered < len {
             // One read of the whole row costs less than one per gap. A row that does not read
             // whole may fail on a block beyond repair that a piece is about to replace (a host
-            // writing over what a scan reported lost): then only the gaps are read, or the
-            // job would fail at every round, and hold the log's start for good.
+            // writing over what a scan reported lost): then only the gaps are read. A gap
+            // that does not read either (bytes lost beyond repair, or rot in two members at
+            // one place) leaves the pieces to go alone: the layout's writes read around what
+            // is lost, and record it lost where no disk is awaited that may hold it. Failing
+            // instead, the job would fail at every round, and hold the log's start for good.
             if self.layouts.read(&slabset, at, &mut data).is_err() {
                 for (a, b) in gaps(covered_runs(pieces).into_iter(), at, at + len) {
-                    self.layouts
-                        .read(&slabset, a, &mut data[(a - at) as usize..(b - at) as usize])?;
+                    match self
+                        .layouts
+                        .read(&slabset, a, &mut data[(a - at) as usize..(b - at) as usize])
+                    {
+                        Ok(()) => {}
+                        Err(LayoutError::Io { .. }) => return self.write_pieces_alone(&slabset, at, pieces, devices),
+                        Err(e) => return Err(e.into()),
+                    }
                 }
             }
         }
         let dirty = self.read_pieces(set, at, pieces, devices, &mut data)?;
         self.layouts.write(&slabset, at, &data)?;
+        Ok(dirty)
+    }
+
+    /// Writes the pieces of a job that starts at `at`, each run of them alone; returns their
+    /// bytes.
+    fn write_pieces_alone(
+        &self,
+        slabset: &SlabSet,
+        at: u64,
+        pieces: &[(u32, u64, Piece, Vec<u32>)],
+        devices: &[(u32, DiskRef)],
+    ) -> Result<u64> {
+        let runs = covered_runs(pieces);
+        let end = runs.iter().map(|r| r.1).max().unwrap_or(at);
+        let mut data = AlignedBuf::zeroed((end - at) as usize);
+        let dirty = self.read_pieces(slabset.id, at, pieces, devices, &mut data)?;
+        for (a, b) in runs {
+            self.layouts
+                .write(slabset, a, &data[(a - at) as usize..(b - at) as usize])?;
+        }
         Ok(dirty)
     }
 
@@ -370,148 +387,6 @@ impl Inner {
             dirty += p.len;
         }
         Ok(dirty)
-    }
-
-    /// Whether a job's failure may be that a part of its rows that no piece covers, which its
-    /// parity is computed from, reads neither from its member nor from the others: a read or
-    /// write error of a slab set with parity.
-    fn may_be_around_lost(&self, job: &Job, e: &CacheError) -> bool {
-        matches!(e, CacheError::Layout(LayoutError::Io { .. }))
-            && self.layouts.set(job.set).is_ok_and(|s| s.spec.parity_columns() > 0)
-    }
-
-    /// Writes a job that failed as `may_be_around_lost` says, its rows whole, around what
-    /// is lost (`write_rows_around_lost`); returns its dirty bytes. Alone, once the round's
-    /// other jobs are done: its rows' clean parts are read and written back, which must not
-    /// undo another job's write to them.
-    fn run_job_around_lost(
-        &self,
-        job: &Job,
-        picked: &[(u32, u64, Piece, Vec<u32>)],
-        devices: &[(u32, DiskRef)],
-        why: CacheError,
-    ) -> Result<u64> {
-        let slabset = match self.layouts.set(job.set) {
-            Ok(s) => s,
-            // Freed meanwhile: nothing references the data any more.
-            Err(LayoutError::NoSuchSet(_)) => return Ok(0),
-            Err(e) => return Err(e.into()),
-        };
-        let pieces = &picked[job.pieces.clone()];
-        let mut data = AlignedBuf::zeroed(job.len as usize);
-        let dirty = self.read_pieces(job.set, job.at, pieces, devices, &mut data)?;
-        self.write_rows_around_lost(&slabset, job.at, pieces, &data, why)?;
-        Ok(dirty)
-    }
-
-    /// Writes the rows of a job whose layout write failed because a part of its rows that no
-    /// piece covers reads neither from its member nor from the others (rot in two members at
-    /// the same place): its row's new parity is computed from it, and the job would fail at
-    /// every round, holding the log's start (and every writer, once the log is full) for
-    /// good, and the next open too, which destages the whole log. Each row is written whole
-    /// (a full-stripe write: nothing read), its clean parts read first (block by block where
-    /// a part does not read whole); a block that does not read is lost already, and is
-    /// recorded so (reads of it fail until it is written again), saved before the row is
-    /// written with zeros there. Only where
-    /// nothing is waiting (`unreadable_is_final`): a block that may read once a disk is back
-    /// is not given up; the job fails as before and is tried again.
-    fn write_rows_around_lost(
-        &self,
-        slabset: &SlabSet,
-        at: u64,
-        pieces: &[(u32, u64, Piece, Vec<u32>)],
-        data: &[u8],
-        why: CacheError,
-    ) -> Result<()> {
-        let set = slabset.id;
-        let row = slabset.spec.row_bytes();
-        let end = at + data.len() as u64;
-        let (first, last) = (at / row * row, end.div_ceil(row) * row);
-        if !self.layouts.unreadable_is_final(slabset, first, last - first) {
-            return Err(why);
-        }
-        let runs = covered_runs(pieces);
-        for row_at in (first..last).step_by(row as usize) {
-            let _row = self.stripe(set, row_at).lock();
-            let mut buf = AlignedBuf::zeroed(row as usize);
-            let mut unread = LostRanges::default();
-            // Each part no piece covers read whole, or where that fails block by block: a
-            // block that does not read is zeros, recorded lost (less what the pieces cover).
-            for (a, b) in gaps(runs.iter().copied(), row_at, row_at + row) {
-                match self
-                    .layouts
-                    .read(slabset, a, &mut buf[(a - row_at) as usize..(b - row_at) as usize])
-                {
-                    Ok(()) => continue,
-                    Err(LayoutError::Io { .. }) => {}
-                    Err(e) => return Err(e.into()),
-                }
-                for blk in (a / CHECKSUM_BLOCK * CHECKSUM_BLOCK..b).step_by(CHECKSUM_BLOCK as usize) {
-                    let (x, y) = (blk.max(a), (blk + CHECKSUM_BLOCK).min(b));
-                    let part = &mut buf[(x - row_at) as usize..(y - row_at) as usize];
-                    match self.layouts.read(slabset, x, part) {
-                        Ok(()) => {}
-                        Err(LayoutError::Io { .. }) => {
-                            part.fill(0);
-                            unread.insert(set, blk, blk + CHECKSUM_BLOCK);
-                        }
-                        Err(e) => return Err(e.into()),
-                    }
-                }
-            }
-            for &(x, y) in &runs {
-                let (x, y) = (x.max(row_at), y.min(row_at + row));
-                if x < y {
-                    buf[(x - row_at) as usize..(y - row_at) as usize]
-                        .copy_from_slice(&data[(x - at) as usize..(y - at) as usize]);
-                }
-            }
-            // A member's disk taken out by these reads' errors makes a block that rotted on
-            // one member unreadable for now only: it must not be given up (zeros written, and
-            // resynced onto the disk when it is back).
-            if !unread.is_empty() && !self.layouts.unreadable_is_final(slabset, row_at, row) {
-                return Err(why);
-            }
-            self.lose_unread(set, row_at, unread, &runs)?;
-            self.layouts.write(slabset, row_at, &buf)?;
-        }
-        Ok(())
-    }
-
-    /// Records as lost, and saves, the blocks of a row a destage could not read, less what
-    /// the job writes there, what the log holds dirty there (written later over the zeros,
-    /// and read from the log meanwhile; a write the log takes after this is indexed first)
-    /// and what it holds parked there (written over them by the settle, which does not
-    /// clear lost ranges; refused to readers until then).
-    fn lose_unread(&self, set: u32, row_at: u64, mut unread: LostRanges, runs: &[(u64, u64)]) -> Result<()> {
-        for &(x, y) in runs {
-            unread.cut(set, x, y);
-        }
-        let lost = {
-            let mut st = self.state.lock();
-            if let Some(ix) = st.index.get(&set) {
-                for (_, a, b) in unread.ranges() {
-                    for (s, q) in ix.overlapping(a, b).into_iter().filter(|(_, q)| q.dirty) {
-                        unread.cut(set, s, s + q.len);
-                    }
-                }
-            }
-            for (_, a, b) in unread.ranges() {
-                for (x, y) in st.parked.within(set, a, b) {
-                    unread.cut(set, x, y);
-                }
-            }
-            for (_, a, b) in unread.ranges() {
-                st.lose(set, a, b);
-            }
-            unread.bytes()
-        };
-        if lost == 0 {
-            return Ok(());
-        }
-        self.any_lost.store(true, Ordering::Release);
-        error!(pool = %self.pool.name(), set, row = row_at, bytes = lost, "part of a stripe row reads neither from its disk nor from parity: it is lost, and reads of it fail until it is written again; the write-back log's data for the rest of the row is written around it");
-        self.save_lost()
     }
 
     /// Marks the pieces of `jobs` clean (destaged, or lost).
