@@ -218,6 +218,7 @@ fn metrics_count_what_a_client_did_pass_promtool_and_need_the_token() {
         sample(&after, "tessera_pool_state", &[("pool", "p"), ("state", "degraded")]),
         Some(0.0)
     );
+    assert_eq!(sample(&after, "tessera_pool_lost_bytes", &[("pool", "p")]), Some(0.0));
     let shown = d.json(&["pool", "show", "p"]);
     let total = shown["capacity"]["total_bytes"].as_f64().unwrap();
     assert_eq!(

@@ -318,3 +318,112 @@ fn a_rotten_block_with_no_good_copy_is_a_medium_error_over_iscsi() {
     let shown = d.json(&["pool", "show", "r"]);
     assert!(shown["stats"]["checksum_errors"].as_u64().unwrap() > 0, "{shown}");
 }
+
+/// A block of a parity vdisk rotten on its disk and on the parity at the same place is lost:
+/// a host's write beside it (the same stripe row, the same parity) still lands, over iSCSI,
+/// and the loss is shown where an administrator looks: `pool show` (its bytes, and a
+/// warning), the `tessera_pool_lost_bytes` metric, and a medium error for reads of the
+/// block, until the host writes it again.
+#[test]
+fn a_write_beside_a_block_beyond_repair_lands_and_the_loss_is_shown() {
+    use tessera_iscsi::initiator::{LoginConfig, Session};
+    let t = tempfile::tempdir().unwrap();
+    let d = start(
+        &t.path().join("state"),
+        "scrub_interval = \"off\"\nscan_interval = \"off\"\n",
+    );
+    let disk = disks(&t.path().join("disks"), 3, 256 * MIB);
+    create_pool(&d, "r", &disk);
+    let img = t.path().join("in.img");
+    let mut want = vec![0u8; IMAGE as usize];
+    rand::rngs::StdRng::seed_from_u64(9).fill_bytes(&mut want);
+    std::fs::write(&img, &want).unwrap();
+    d.ok(&["vdisk", "import", "r/x", img.to_str().unwrap(), "--layout", "parity"]);
+    // The first stripe row: two columns of 256 KiB on two disks, their parity on the third.
+    const UNIT: usize = 256 << 10;
+    let start_of = |path: &str| {
+        let mut b = vec![0u8; 4096];
+        let base = data_slab(path).expect("a slab in use");
+        std::fs::File::open(path).unwrap().read_exact_at(&mut b, base).unwrap();
+        (base, b)
+    };
+    let holder = |col: usize| {
+        disk.iter()
+            .position(|p| start_of(p).1 == want[col * UNIT..col * UNIT + 4096])
+            .unwrap_or_else(|| panic!("no disk holds column {col}"))
+    };
+    let (first, second) = (holder(0), holder(1));
+    let parity = 3 - first - second;
+    for k in [first, parity] {
+        let (base, _) = start_of(&disk[k]);
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&disk[k])
+            .unwrap();
+        let mut b = [0u8; 1];
+        f.read_exact_at(&mut b, base + 100).unwrap();
+        b[0] ^= 4;
+        f.write_all_at(&b, base + 100).unwrap();
+        f.sync_all().unwrap();
+    }
+    let iqn = "iqn.2026-12.io.tessera:lost";
+    d.ok(&["target", "create", iqn, "--allow-any-initiator"]);
+    d.ok(&["target", "lun", "add", iqn, "r/x", "--lun", "0"]);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let s = rt
+        .block_on(Session::login(
+            &d.iscsi_portal(),
+            &LoginConfig::new("iqn.2026-12.io.example:host", Some(iqn)),
+        ))
+        .unwrap();
+    // A command, past the unit attentions a new session is owed.
+    let run = |write: bool, at: usize, data: Vec<u8>| {
+        for _ in 0..5 {
+            let cdb = tessera_bench::target::rw16(write, at as u64, 4096, 512);
+            let r = rt
+                .block_on(s.command(0, &cdb, data.clone(), if write { 0 } else { 4096 }))
+                .unwrap();
+            if !matches!((r.status, r.sense_key()), (2, Some((6, _, _)))) {
+                return r;
+            }
+        }
+        panic!("unit attentions without end");
+    };
+    let medium_error = |what: &str| {
+        let r = run(false, 0, Vec::new());
+        assert_eq!((r.status, r.sense_key()), (2, Some((3, 0x11, 0))), "{what}");
+    };
+    medium_error("rotten");
+    let beside = vec![0x5au8; 4096];
+    let r = run(true, UNIT, beside.clone());
+    assert_eq!(r.status, 0, "the write beside the lost block: {:?}", r.sense_key());
+    medium_error("lost");
+    let r = run(false, UNIT, Vec::new());
+    assert_eq!((r.status, &r.data[..]), (0, &beside[..]));
+    let shown = d.json(&["pool", "show", "r"]);
+    assert_eq!(shown["lost_bytes"], 4096, "{shown}");
+    assert!(
+        shown["warnings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|w| w.as_str().unwrap().contains("DATA LOST")),
+        "{shown}"
+    );
+    let m = d.http("GET", "/metrics", None);
+    assert!(
+        m.body.lines().any(|l| l == "tessera_pool_lost_bytes{pool=\"r\"} 4096"),
+        "{}",
+        m.body
+    );
+    // Written again: it reads, and nothing is lost.
+    let again = vec![0xa5u8; 4096];
+    assert_eq!(run(true, 0, again.clone()).status, 0);
+    let r = run(false, 0, Vec::new());
+    assert_eq!((r.status, &r.data[..]), (0, &again[..]));
+    assert_eq!(d.json(&["pool", "show", "r"])["lost_bytes"], 0);
+}

@@ -468,7 +468,7 @@ fn collect_state(d: &Daemon, r: &Registry) -> prometheus::proto::MetricFamily {
     let cache_log = s.gauge("tessera_cache_log_bytes", "Size of the write-back cache log", &["pool"]);
     let cache_lost = s.gauge(
         "tessera_cache_lost_bytes",
-        "Bytes lost before they were destaged (the write-back log's disks failed, or every copy rotted), or beyond repair on the pool's disks beside a destaged write: reads of them fail until written again",
+        "Bytes lost before they were destaged (the write-back log's disks failed, or every copy rotted): reads of them fail until written again",
         &["pool"],
     );
     let cache_parked = s.gauge(
@@ -536,6 +536,11 @@ fn collect_state(d: &Daemon, r: &Registry) -> prometheus::proto::MetricFamily {
     let scrub_lost = s.gauge(
         "tessera_scrub_last_unrecoverable_blocks",
         "Blocks the last finished scrub pass found with no good copy left",
+        &["pool"],
+    );
+    let pool_lost = s.gauge(
+        "tessera_pool_lost_bytes",
+        "Bytes of the pool's slab sets lost beyond repair (rotten on their disk and on the parity where a write had to read them): reads of them fail until written again",
         &["pool"],
     );
     let scan_done = s.gauge(
@@ -617,6 +622,7 @@ fn collect_state(d: &Daemon, r: &Registry) -> prometheus::proto::MetricFamily {
             spare.with_label_values(&[name]).set(i(c.spare_bytes));
         }
         repair.with_label_values(&[name]).set(i(p.repair_needed_bytes));
+        pool_lost.with_label_values(&[name]).set(i(p.lost_bytes));
         vdisks.with_label_values(&[name]).set(p.vdisks as i64);
         if let Some(c) = &p.cache {
             cache_dirty.with_label_values(&[name]).set(i(c.dirty_bytes));

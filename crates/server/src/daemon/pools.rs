@@ -134,6 +134,7 @@ impl Daemon {
                     slab_size: 0,
                     vdisks: 0,
                     repair_needed_bytes: 0,
+                    lost_bytes: 0,
                     jobs_running: vec![],
                     warnings: vec![],
                     auto_repair: self.auto_repair.view(self.cfg.auto_repair, name),
@@ -169,6 +170,7 @@ impl Daemon {
             _ => None,
         };
         let scan = e.scan_report().ok().flatten();
+        let lost = e.layouts().lost_bytes();
         Ok(PoolSummary {
             name: name.to_string(),
             id: pool.id().to_string(),
@@ -180,10 +182,17 @@ impl Daemon {
             slab_size: pool.slab_size(),
             vdisks: e.vdisks().len(),
             repair_needed_bytes: repair,
+            lost_bytes: lost,
             jobs_running: self.jobs.running_on(name),
             warnings: self
                 .thin_warning(&e)
                 .into_iter()
+                .chain((lost > 0).then(|| {
+                    format!(
+                        "DATA LOST: {} of the vdisks' data is lost beyond repair (rotten on its disk and on the parity at the same place): reads of it fail until the host writes it again (restore it from a backup or a replica)",
+                        crate::units::format_size(lost)
+                    )
+                }))
                 .chain(e.unreadable_vdisks().iter().map(|u| {
                     format!(
                         "vdisk id {} is left out, its data and space kept: {}; once that is put right, import the pool again",
