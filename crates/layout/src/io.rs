@@ -4,7 +4,7 @@ use std::sync::atomic::Ordering;
 
 use tessera_disk::SECTOR;
 use tessera_pool::SlabRef;
-use tracing::{error, warn};
+use tracing::warn;
 
 use crate::codec;
 use crate::error::{LayoutError, Result};
@@ -40,23 +40,6 @@ impl Layouts {
             self.read_piece(set, &members, &p, &mut buf[p.buf_off..p.buf_off + p.len], false)?;
         }
         Ok(())
-    }
-
-    /// Fails a read that reaches bytes of `set` lost beyond repair ([`SlabSetDesc::lost`]):
-    /// their member holds the zeros written there with the parity in step, which are not the
-    /// data that was lost.
-    ///
-    /// [`SlabSetDesc::lost`]: crate::SlabSetDesc::lost
-    pub(crate) fn refuse_lost(&self, set: &SlabSet, offset: u64, len: usize) -> Result<()> {
-        let Some(&(a, b)) = set.lost_within(offset, offset + len as u64).first() else {
-            return Ok(());
-        };
-        Err(LayoutError::Io {
-            set: set.id,
-            detail: format!(
-                "bytes {a}..{b} are lost beyond repair: rotten on their disk and on the parity when a write to their stripe row had to read them; they read again once written again"
-            ),
-        })
     }
 
     /// Whether what does not read of `[offset, offset + len)` of `set` is lost for good rather
@@ -700,18 +683,17 @@ impl Layouts {
             // Saved before the zeros in their place reach a disk; written with the row (the
             // parity is computed from them), so that the parity is in step with what the
             // members hold, and rebuilds what they hold.
-            Registry::change_lost(&self.pool, set, members, |rec| {
-                for &(d, a, b) in &lost {
+            let ranges: Vec<(u64, u64)> = lost
+                .iter()
+                .map(|&(d, a, b)| {
                     let at = (row * dc as u64 + d as u64) * il;
-                    rec.insert(at + a, at + b);
-                }
-                true
-            })?;
+                    (at + a, at + b)
+                })
+                .collect();
+            self.record_lost(set, members, row, &ranges)?;
             for &(d, a, b) in &lost {
                 spans[d] = Some(spans[d].map_or((a, b), |(x, y)| (x.min(a), y.max(b))));
             }
-            let bytes: u64 = lost.iter().map(|(_, a, b)| b - a).sum();
-            error!(pool = %self.pool.name(), set = set.id, row, bytes, "part of a stripe row reads neither from its disk nor from parity: it is lost, recorded so (reads of it fail until it is written again), and the row is written with zeros there");
         }
         for ((mine, old), whole) in mine_of.into_iter().zip(olds).zip(&borrowed) {
             if whole.is_some() {
@@ -893,15 +875,6 @@ impl Layouts {
             }
         }
         Ok(lost)
-    }
-
-    /// Whether the disk of every member answers a read (of its first sector, the pool's
-    /// label): a read error of a disk that answers none is no sign of what its medium holds.
-    fn disks_answer(&self, members: &[SlabRef]) -> bool {
-        let mut probe = tessera_disk::AlignedBuf::zeroed(SECTOR);
-        members
-            .iter()
-            .all(|&m| self.member_dev(m).is_some_and(|dev| dev.read_at(&mut probe, 0).is_ok()))
     }
 
     /// Fails if `mo` lies in a region the restart could not resync: parity there may belong

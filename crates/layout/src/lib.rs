@@ -11,6 +11,7 @@ mod geometry;
 mod io;
 mod journal;
 mod layouts;
+mod lost;
 pub mod ranges;
 mod rebuild;
 mod scrub;

@@ -255,7 +255,10 @@ impl Layouts {
                     let members = set.members.read();
                     let row = mo / set.spec.interleave;
                     let _g = self.row_lock(set.id, row).write();
-                    let (content, refused) = self.member_content(set, &members, m, mo, chunk as usize)?;
+                    let (content, refused) = match self.member_content(set, &members, m, mo, chunk as usize) {
+                        Ok(c) => c,
+                        Err(e) => self.member_content_around_lost(set, &members, m, mo, chunk as usize, e)?,
+                    };
                     self.replacement_write(new, mo, &content).map_err(|_| LayoutError::Io {
                         set: set.id,
                         detail: format!("the replacement slab on disk {} failed", new.disk),

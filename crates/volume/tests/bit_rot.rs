@@ -767,3 +767,64 @@ fn a_write_beside_a_block_unreadable_while_its_disk_answers_nothing_gives_nothin
     e.layouts().read(&set, beside, &mut got).unwrap();
     assert!(got == new);
 }
+
+/// A member that missed writes (its disk taken out by a write's error, then back), whose own
+/// copy of a block is rotten where the parity is rotten too: the resync cannot rebuild that
+/// block from the others. It is lost (the member's copy, stale, is no source): recorded lost,
+/// zeros written there on the member and the parity in step, and the resync finishes, the
+/// member in service again. Before, the resync failed at every try and the member stayed
+/// stale, the set degraded, and every write beside the block waited for a disk that was
+/// already back.
+#[test]
+fn a_resync_that_cannot_rebuild_a_block_records_it_lost_and_finishes() {
+    let RottenRow {
+        rig,
+        set,
+        old,
+        lost,
+        holder,
+        ..
+    } = rotten_row();
+    let e = rig.engine();
+    let row = 3 * ROTTEN_ROW_INTERLEAVE;
+    // The next row written while the lost block's disk answers nothing: it goes around it.
+    let disk = &rig.disks[holder.disk as usize];
+    disk.faults().pull();
+    let next = pattern(37, row, row as usize);
+    e.layouts().write(&set, row, &next).unwrap();
+    assert_ne!(e.pool().disk_state(holder.disk), tessera_volume::DiskState::Healthy);
+    disk.faults().reinsert();
+    e.bring_back_disk(
+        tessera_disk::BlockDevice::path(&**disk),
+        disk.clone() as tessera_disk::DiskRef,
+    )
+    .unwrap();
+    assert_eq!(e.layouts().stale_members(), 1);
+    let report = e
+        .layouts()
+        .resync_stale(&RebuildOptions::default(), &Progress::default())
+        .unwrap();
+    assert!(report.failures.is_empty(), "{:?}", report.failures);
+    assert_eq!(e.layouts().stale_members(), 0, "the member is still stale");
+    assert_eq!(set.lost_within(0, 2 * row), vec![(lost, lost + BLOCK)]);
+    let mut got = vec![0u8; 2 * row as usize];
+    let err = e
+        .layouts()
+        .read(&set, lost, &mut got[..BLOCK as usize])
+        .expect_err("the lost block was read");
+    assert!(err.to_string().contains("lost beyond repair"), "{err}");
+    let mut want = old.clone();
+    want.extend_from_slice(&next);
+    e.layouts().read(&set, 0, &mut got[..lost as usize]).unwrap();
+    let after = (lost + BLOCK) as usize;
+    e.layouts().read(&set, after as u64, &mut got[after..]).unwrap();
+    assert!(got[..lost as usize] == want[..lost as usize], "before the lost block");
+    assert!(got[after..] == want[after..], "after the lost block");
+    assert!(e.layouts().scrub_set(&set).unwrap().is_empty(), "out of step");
+    // Written again, it reads.
+    let again = pattern(38, lost, BLOCK as usize);
+    e.layouts().write(&set, lost, &again).unwrap();
+    e.layouts().read(&set, lost, &mut got[..BLOCK as usize]).unwrap();
+    assert!(got[..BLOCK as usize] == again[..]);
+    assert_eq!(e.layouts().lost_bytes(), 0);
+}
