@@ -322,21 +322,6 @@ fn a_restart_goes_on_counting_a_missing_disks_delay() {
     assert!(repair_jobs(&d).is_empty(), "a repair started before the delay");
 }
 
-/// A host's iSCSI session to target `iqn`, with the runtime it runs on.
-fn host(d: &Daemon, iqn: &str) -> (tokio::runtime::Runtime, Session) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let s = rt
-        .block_on(Session::login(
-            &d.iscsi_portal(),
-            &LoginConfig::new("iqn.2026-12.io.example:host", Some(iqn)),
-        ))
-        .unwrap();
-    (rt, s)
-}
-
 /// 16 random 4 KiB blocks, one in each sixteenth of the vdisk, written by `host` to LUN 0,
 /// and into `model`.
 fn write_all_over(host: &(tokio::runtime::Runtime, Session), model: &mut [u8], rng: &mut rand::rngs::StdRng) {
@@ -394,7 +379,11 @@ fn a_disk_back_is_resynced_where_it_missed_writes_with_no_command_typed() {
     // Blocks written all over the vdisk while the disk is away.
     let mut model = std::fs::read(&img).unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(9);
-    write_all_over(&host(&d, iqn), &mut model, &mut rng);
+    write_all_over(
+        &iscsi_host(&d, iqn, "iqn.2026-12.io.example:host"),
+        &mut model,
+        &mut rng,
+    );
     d.stop();
 
     std::fs::rename(&moved, &victim).unwrap();
@@ -433,7 +422,7 @@ fn a_disk_back_while_the_daemon_runs_is_taken_back_with_one_command() {
     assert!(err.contains("cannot open disk"), "{err}");
     let mut model = std::fs::read(&img).unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(10);
-    let h = host(&d, iqn);
+    let h = iscsi_host(&d, iqn, "iqn.2026-12.io.example:host");
     write_all_over(&h, &mut model, &mut rng);
     std::fs::rename(&moved, &victim).unwrap();
     let out = d.ok(&["disk", "online", "c", &victim]);
@@ -489,7 +478,7 @@ fn writes_the_log_held_for_a_disk_missing_at_the_start_wait_for_disk_online() {
     let victim = busiest_disk(&d, "c");
     let mut model = std::fs::read(&img).unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(11);
-    let h = host(&d, iqn);
+    let h = iscsi_host(&d, iqn, "iqn.2026-12.io.example:host");
     write_all_over(&h, &mut model, &mut rng);
     let sync = [0x35u8, 0, 0, 0, 0, 0, 0, 0, 0, 0];
     assert_eq!(h.0.block_on(h.1.command(0, &sync, Vec::new(), 0)).unwrap().status, 0);
@@ -506,7 +495,7 @@ fn writes_the_log_held_for_a_disk_missing_at_the_start_wait_for_disk_online() {
     assert_eq!(show["cache"]["lost_bytes"], 0, "{show}");
     let text = d.ok(&["pool", "show", "c"]);
     assert!(text.contains("WAITING") && text.contains("disk online"), "{text}");
-    let h = host(&d, iqn);
+    let h = iscsi_host(&d, iqn, "iqn.2026-12.io.example:host");
     let read = |h: &(tokio::runtime::Runtime, Session), at: u64| {
         h.0.block_on(h.1.command(0, &rw16(false, at, BLOCK, 512), Vec::new(), BLOCK))
             .unwrap()

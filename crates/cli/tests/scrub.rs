@@ -266,7 +266,6 @@ fn scrubs_start_by_themselves_on_schedule() {
 /// way), and every other block reads right.
 #[test]
 fn a_rotten_block_with_no_good_copy_is_a_medium_error_over_iscsi() {
-    use tessera_iscsi::initiator::{LoginConfig, Session};
     let t = tempfile::tempdir().unwrap();
     let d = start(&t.path().join("state"), "scrub_interval = \"off\"\n");
     let disk = disks(&t.path().join("disks"), 1, 256 * MIB);
@@ -280,16 +279,7 @@ fn a_rotten_block_with_no_good_copy_is_a_medium_error_over_iscsi() {
     d.ok(&["target", "create", iqn, "--allow-any-initiator"]);
     d.ok(&["target", "lun", "add", iqn, "r/x", "--lun", "0"]);
     flip(&disk[0], 1, 3);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let s = rt
-        .block_on(Session::login(
-            &d.iscsi_portal(),
-            &LoginConfig::new("iqn.2026-11.io.example:reader", Some(iqn)),
-        ))
-        .unwrap();
+    let (rt, s) = iscsi_host(&d, iqn, "iqn.2026-11.io.example:reader");
     const CHUNK: usize = 64 << 10;
     let mut failed = 0;
     let mut attention = 4;
@@ -326,7 +316,6 @@ fn a_rotten_block_with_no_good_copy_is_a_medium_error_over_iscsi() {
 /// block, until the host writes it again.
 #[test]
 fn a_write_beside_a_block_beyond_repair_lands_and_the_loss_is_shown() {
-    use tessera_iscsi::initiator::{LoginConfig, Session};
     let t = tempfile::tempdir().unwrap();
     let d = start(
         &t.path().join("state"),
@@ -370,16 +359,7 @@ fn a_write_beside_a_block_beyond_repair_lands_and_the_loss_is_shown() {
     let iqn = "iqn.2026-12.io.tessera:lost";
     d.ok(&["target", "create", iqn, "--allow-any-initiator"]);
     d.ok(&["target", "lun", "add", iqn, "r/x", "--lun", "0"]);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let s = rt
-        .block_on(Session::login(
-            &d.iscsi_portal(),
-            &LoginConfig::new("iqn.2026-12.io.example:host", Some(iqn)),
-        ))
-        .unwrap();
+    let (rt, s) = iscsi_host(&d, iqn, "iqn.2026-12.io.example:host");
     // A command, past the unit attentions a new session is owed.
     let run = |write: bool, at: usize, data: Vec<u8>| {
         for _ in 0..5 {

@@ -604,3 +604,23 @@ pub fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
 pub fn total(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
     samples(text, name, labels).sum()
 }
+
+/// A host's iSCSI session to target `iqn` as `initiator`, with the runtime it runs on.
+pub fn iscsi_host(
+    d: &Daemon,
+    iqn: &str,
+    initiator: &str,
+) -> (tokio::runtime::Runtime, tessera_iscsi::initiator::Session) {
+    use tessera_iscsi::initiator::{LoginConfig, Session};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let s = rt
+        .block_on(Session::login(
+            &d.iscsi_portal(),
+            &LoginConfig::new(initiator, Some(iqn)),
+        ))
+        .unwrap();
+    (rt, s)
+}
