@@ -37,6 +37,10 @@ pub enum FindingKind {
     /// (a key or value of the wrong length, a descriptor that does not parse): a damaged
     /// store. Never taken for "nothing": the set it describes is judged from memory.
     RecordMalformed,
+    /// Bytes a grain refers to that its slab set lost beyond repair (rotten on their disk and
+    /// on the parity where a write or a rebuild had to read them): reads of them fail until
+    /// they are written again.
+    DataLost,
 }
 
 /// The repair a finding calls for, with what the scan saw, so that spot-fix can tell whether
@@ -77,6 +81,15 @@ pub enum Repair {
     /// spot-fix cannot write it again: put right (or restored), it brings the vdisk back at
     /// the next import.
     VdiskRecord { vdisk: u64, grains: u64 },
+    /// Bytes of the vdisk's grain (`bytes`: byte ranges of the vdisk), held in `slot`, that
+    /// are lost beyond repair. Nothing but the host (or a backup, a replica) has them: spot-fix
+    /// cannot repair them, a write of them does.
+    Restore {
+        vdisk: u64,
+        grain: u64,
+        slot: u64,
+        bytes: Vec<(u64, u64)>,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema)]
@@ -190,6 +203,21 @@ impl Finding {
                 format!("vdisk id {v}"),
                 format!("its record cannot be read: the vdisk is left out of the pool; its {grains} grain map entries and their space are kept"),
                 "none by spot-fix (the record alone says the vdisk's name, size and layout): put the record right or restore it, and import the pool again"
+                    .to_string(),
+            ),
+            Repair::Restore {
+                vdisk: v, grain, bytes, ..
+            } => (
+                format!("{} grain {grain}", vdisk(*v)),
+                format!(
+                    "bytes {} of the vdisk are lost beyond repair (rotten on their disk and on the parity): reads of them fail",
+                    bytes
+                        .iter()
+                        .map(|(a, b)| format!("{a}..{b}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                "none by spot-fix: write them again from a backup or a replica (a write over them makes them readable)"
                     .to_string(),
             ),
             Repair::RewriteSet { set } => (

@@ -13,6 +13,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+use tessera_layout::ranges::ByteRanges;
 use tessera_layout::{LayoutSpec, Progress, SlabSetDesc};
 use tessera_pool::{
     decode_refcount, hex, MetaBatch, MetaSnapshot, CF_FINDINGS, CF_GRAINS, CF_GRAINSETS, CF_POOL, CF_REFCOUNTS,
@@ -24,7 +25,7 @@ use crate::engine::Engine;
 use crate::error::{Result, VolumeError};
 use crate::findings::{encode, finding_key, save_report, Finding, FindingKind, FindingStatus, Repair, ScanReport};
 use crate::keys::{parse_grain_key, parse_grain_size, parse_loc};
-use crate::space::{loc_parts, slots_of, Class};
+use crate::space::{loc_parts, piece_of, slots_of, Class, PACK_UNITS};
 
 /// Grains named per wrong count, at most: enough for spot-fix to check that they still point
 /// there, without holding every referrer of a much-shared slot.
@@ -35,6 +36,8 @@ const WRITE_BATCH: usize = 16384;
 struct SetInfo {
     class: Class,
     refs: Vec<u32>,
+    /// What the set lost beyond repair (its descriptor's record).
+    lost: ByteRanges,
 }
 
 struct VdiskInfo {
@@ -83,6 +86,36 @@ impl Tally {
             Some(r) => std::mem::take(r) as u64,
             None => 0,
         }
+    }
+
+    /// The bytes of a grain held at `l` (which starts at byte `at` of its vdisk) that its set
+    /// lost beyond repair, as byte ranges of the vdisk; None if none. A grain stored
+    /// compressed (a piece of a pack slot) is lost whole when any byte of its units is.
+    fn lost_in(&self, l: u64, at: u64) -> Option<Vec<(u64, u64)>> {
+        let (set, slot) = loc_parts(l);
+        let s = self.sets.get(&set).filter(|s| !s.lost.is_empty())?;
+        let g = s.class.grain;
+        let bytes: Vec<(u64, u64)> = match piece_of(l) {
+            Some((first, units)) => {
+                let unit = g / PACK_UNITS;
+                let start = slot as u64 * g + first as u64 * unit;
+                let end = start + units as u64 * unit;
+                if s.lost.within(start, end).is_empty() {
+                    Vec::new()
+                } else {
+                    vec![(at, at + g)]
+                }
+            }
+            None => {
+                let start = slot as u64 * g;
+                s.lost
+                    .within(start, start + g)
+                    .into_iter()
+                    .map(|(a, b)| (at + a - start, at + b - start))
+                    .collect()
+            }
+        };
+        (!bytes.is_empty()).then_some(bytes)
     }
 
     fn set_class(&self, l: u64) -> Option<Class> {
@@ -218,11 +251,11 @@ impl Engine {
         // Sets with a record that cannot be read: judged from memory, never as absent (their
         // grains would be taken for dangling references and unmapped).
         let mut unreadable = std::collections::BTreeSet::new();
-        let mut specs: HashMap<u32, LayoutSpec> = HashMap::new();
+        let mut specs: HashMap<u32, (LayoutSpec, ByteRanges)> = HashMap::new();
         snap.for_each_prefix(CF_SLABSETS, &[], |k, v| {
             match serde_json::from_slice::<SlabSetDesc>(v) {
                 Ok(d) => {
-                    specs.insert(d.id, d.spec);
+                    specs.insert(d.id, (d.spec, d.lost));
                 }
                 Err(_) => match <[u8; 4]>::try_from(k) {
                     Ok(id) => {
@@ -242,13 +275,14 @@ impl Engine {
             let running = self.shared().space.slots(id).map(|ss| ss.class.grain);
             match parse_grain_size(v).filter(|&g| running.is_none_or(|r| r == g)) {
                 Some(grain) => {
-                    if let Some(&layout) = specs.get(&id) {
+                    if let Some((layout, lost)) = specs.remove(&id) {
                         let slots = (layout.set_capacity(slab) / grain) as usize;
                         sets.insert(
                             id,
                             SetInfo {
                                 class: Class { layout, grain },
                                 refs: vec![0; slots],
+                                lost,
                             },
                         );
                     }
@@ -267,6 +301,7 @@ impl Engine {
                     SetInfo {
                         class: ss.class,
                         refs: vec![0; ss.refs.len()],
+                        lost: ByteRanges::default(),
                     },
                 );
             }
@@ -351,6 +386,16 @@ impl Engine {
             } else if t.set_class(slot) != Some(vi.class) {
                 t.findings
                     .push((FindingKind::GrainWrongClass, Repair::Recopy { vdisk, grain, slot }));
+            } else if let Some(bytes) = t.lost_in(slot, grain * vi.class.grain) {
+                t.findings.push((
+                    FindingKind::DataLost,
+                    Repair::Restore {
+                        vdisk,
+                        grain,
+                        slot,
+                        bytes,
+                    },
+                ));
             }
             Ok(())
         })
@@ -517,5 +562,69 @@ impl Engine {
             .iter()
             .map(|f| f.view(&name))
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::space::{loc, packed_loc};
+
+    /// A tally of one set of 64 KiB grains whose bytes `lost` are lost.
+    fn tally(lost: &[(u64, u64)]) -> Tally {
+        let mut ranges = ByteRanges::default();
+        for &(a, b) in lost {
+            ranges.insert(a, b);
+        }
+        let layout = LayoutSpec {
+            kind: tessera_layout::LayoutKind::Parity,
+            copies: 1,
+            columns: 3,
+            interleave: 64 << 10,
+        };
+        let sets = HashMap::from([(
+            7,
+            SetInfo {
+                class: Class {
+                    layout,
+                    grain: 64 << 10,
+                },
+                refs: vec![0; 16],
+                lost: ranges,
+            },
+        )]);
+        Tally {
+            sets,
+            vdisks: HashMap::new(),
+            dangling: BTreeMap::new(),
+            unreadable_vdisks: BTreeMap::new(),
+            findings: Vec::new(),
+            grains: 0,
+            counted: 0,
+            unresolved: 0,
+        }
+    }
+
+    /// A plain grain reports the lost bytes of its slot, placed in the vdisk; a compressed
+    /// one (a piece of a pack slot, which may run on into the next slot) is lost whole when
+    /// any byte of its units is, and not when the lost bytes lie outside them.
+    #[test]
+    fn lost_bytes_of_a_grain_are_placed_in_its_vdisk() {
+        const G: u64 = 64 << 10;
+        let t = tally(&[(2 * G + 4096, 2 * G + 8192), (5 * G - 4096, 5 * G + 4096)]);
+        assert_eq!(t.lost_in(loc(7, 2), 10 * G), Some(vec![(10 * G + 4096, 10 * G + 8192)]));
+        assert_eq!(t.lost_in(loc(7, 3), 0), None);
+        assert_eq!(t.lost_in(loc(7, 4), G), Some(vec![(2 * G - 4096, 2 * G)]));
+        assert_eq!(t.lost_in(loc(8, 2), 0), None, "a set with nothing lost");
+        let unit = G / PACK_UNITS;
+        // Units 16..32 of slot 2 hold bytes 4096..8192 of it: lost whole.
+        let hit = packed_loc(7, 2, 16, 16).unwrap();
+        assert_eq!(t.lost_in(hit, 3 * G), Some(vec![(3 * G, 4 * G)]));
+        let beside = packed_loc(7, 2, 32, 16).unwrap();
+        assert_eq!(t.lost_in(beside, 3 * G), None);
+        // Units from the end of slot 4 into slot 5 reach the lost bytes of slot 5.
+        let runs_on = packed_loc(7, 4, 250, 10).unwrap();
+        assert!(4 * G + 250 * unit + 10 * unit > 5 * G);
+        assert_eq!(t.lost_in(runs_on, 0), Some(vec![(0, G)]));
     }
 }

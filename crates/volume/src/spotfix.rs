@@ -210,6 +210,9 @@ impl Engine {
                 "a vdisk record cannot be written again from anything else; put it right or restore it, and import the pool again"
                     .into(),
             )),
+            Repair::Restore { .. } => Ok(Outcome::Failed(
+                "lost data has no other copy in the pool: write it again from a backup or a replica".into(),
+            )),
             Repair::Recount { .. } => Ok(Outcome::Failed(
                 "counted again at the pool's next import (a restart, or an export and import); memory holds it right meanwhile"
                     .into(),

@@ -2002,6 +2002,45 @@ fn a_piece_beside_a_block_beyond_repair_is_destaged_and_the_block_stays_lost() {
     assert_eq!(rig.engine().layouts().lost_bytes(), 0);
 }
 
+/// A block lost beyond repair is a finding of the metadata scan, naming the vdisk, its
+/// grain and the bytes of the vdisk lost (where an administrator restores from a backup);
+/// spot-fix cannot repair it and says so; written again, it is no longer found.
+#[test]
+fn a_block_lost_beyond_repair_is_a_scan_finding_naming_the_vdisk_and_its_bytes() {
+    use tessera_volume::{FindingKind, FindingStatus, Progress, Repair};
+    let LostInARow { rig, v, in_row, .. } = lost_in_a_row();
+    let e = rig.engine();
+    let lost_mo = in_row.iter().find(|b| b.0 == 0).unwrap().1;
+    let beside = in_row.iter().find(|b| b.1 == lost_mo && b.0 != 0).unwrap().0;
+    v.write(beside, &pattern(48, beside, 4096), false).unwrap();
+    e.cache().drain().unwrap();
+    assert_eq!(e.layouts().lost_bytes(), 4096);
+    let report = e.scan(&Progress::default()).unwrap();
+    assert_eq!(report.by_kind.get(&FindingKind::DataLost), Some(&1), "{report:?}");
+    let found = e.findings(0, 100).unwrap();
+    let lost: Vec<_> = found.iter().filter(|f| f.kind == FindingKind::DataLost).collect();
+    assert_eq!(lost.len(), 1, "{found:?}");
+    match &lost[0].action {
+        Repair::Restore { grain, bytes, .. } => {
+            assert_eq!((*grain, bytes.as_slice()), (0, &[(0, 4096)][..]), "{:?}", lost[0]);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(lost[0].object.contains("grain 0"), "{:?}", lost[0]);
+    assert!(lost[0].problem.contains("bytes 0..4096"), "{:?}", lost[0]);
+    e.spotfix(&Progress::default()).unwrap();
+    let after = e.findings(0, 100).unwrap();
+    let lost = after.iter().find(|f| f.kind == FindingKind::DataLost).unwrap();
+    assert_eq!(lost.status, FindingStatus::Failed);
+    assert!(lost.note.as_deref().unwrap_or("").contains("backup"), "{lost:?}");
+    // Written again (through the log, destaged): nothing lost, nothing found.
+    v.write(0, &pattern(49, 0, 4096), false).unwrap();
+    e.cache().drain().unwrap();
+    assert_eq!(e.layouts().lost_bytes(), 0);
+    let report = e.scan(&Progress::default()).unwrap();
+    assert_eq!(report.by_kind.get(&FindingKind::DataLost), None, "{report:?}");
+}
+
 /// The same piece while the lost block's disk answers no I/O (pulled, its link down): the
 /// block may read again once it answers (its member may be the intact copy), so nothing is
 /// given up: the piece stays in the log and reads from it, nothing is recorded lost, and no

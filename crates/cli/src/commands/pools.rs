@@ -642,5 +642,6 @@ fn finding_kind(k: tessera_volume::FindingKind) -> &'static str {
         JournalStale => "stale journal record",
         RegionUnsynced => "unsynced region",
         RecordMalformed => "unreadable record",
+        DataLost => "data lost",
     }
 }
