@@ -828,3 +828,32 @@ fn a_resync_that_cannot_rebuild_a_block_records_it_lost_and_finishes() {
     assert!(got[..BLOCK as usize] == again[..]);
     assert_eq!(e.layouts().lost_bytes(), 0);
 }
+
+/// A write over a block recorded lost clears the record only once the disks' flush has
+/// made the write durable: with every flush failing, the write fails and the block stays
+/// recorded lost (a power cut then would leave the zeros or the rot there, which must not
+/// read as data).
+#[test]
+fn a_write_over_a_lost_block_whose_flush_fails_leaves_it_lost() {
+    let RottenRow { rig, set, lost, .. } = rotten_row();
+    let e = rig.engine();
+    let beside = lost + ROTTEN_ROW_INTERLEAVE;
+    e.layouts()
+        .write(&set, beside, &pattern(39, beside, BLOCK as usize))
+        .unwrap();
+    assert_eq!(set.lost_within(0, u64::MAX), vec![(lost, lost + BLOCK)]);
+    for d in &rig.disks {
+        d.faults().fail_flushes(true);
+    }
+    assert!(
+        e.layouts()
+            .write(&set, lost, &pattern(40, lost, BLOCK as usize))
+            .is_err(),
+        "a write whose flush failed was answered as done"
+    );
+    assert_eq!(
+        set.lost_within(0, u64::MAX),
+        vec![(lost, lost + BLOCK)],
+        "no longer recorded lost though nothing was made durable"
+    );
+}
