@@ -328,32 +328,44 @@ fn a_write_beside_a_block_beyond_repair_lands_and_the_loss_is_shown() {
     rand::rngs::StdRng::seed_from_u64(9).fill_bytes(&mut want);
     std::fs::write(&img, &want).unwrap();
     d.ok(&["vdisk", "import", "r/x", img.to_str().unwrap(), "--layout", "parity"]);
-    // The first stripe row: two columns of 256 KiB on two disks, their parity on the third.
-    const UNIT: usize = 256 << 10;
-    let start_of = |path: &str| {
-        let mut b = vec![0u8; 4096];
-        let base = data_slab(path).expect("a slab in use");
-        std::fs::File::open(path).unwrap().read_exact_at(&mut b, base).unwrap();
-        (base, b)
-    };
-    let holder = |col: usize| {
-        disk.iter()
-            .position(|p| start_of(p).1 == want[col * UNIT..col * UNIT + 4096])
-            .unwrap_or_else(|| panic!("no disk holds column {col}"))
-    };
-    let (first, second) = (holder(0), holder(1));
+    // Where each 4 KiB block of the vdisk lies: disk and offset in its slab. The vdisk's
+    // first block is to be lost; another block at the same place of another disk is in its
+    // stripe row, which has its parity on the third disk.
+    let by_content: std::collections::HashMap<&[u8], usize> = (0..IMAGE as usize)
+        .step_by(4096)
+        .map(|at| (&want[at..at + 4096], at))
+        .collect();
+    let base: Vec<u64> = disk.iter().map(|p| data_slab(p).expect("a slab in use")).collect();
+    let mut placed = Vec::new();
+    for (k, path) in disk.iter().enumerate() {
+        let mut slab = vec![0u8; SLAB as usize];
+        std::fs::File::open(path)
+            .unwrap()
+            .read_exact_at(&mut slab, base[k])
+            .unwrap();
+        for (i, block) in slab.chunks(4096).enumerate() {
+            if let Some(&at) = by_content.get(block) {
+                placed.push((k, i * 4096, at));
+            }
+        }
+    }
+    let &(first, mo, _) = placed.iter().find(|p| p.2 == 0).expect("the vdisk's first block");
+    let &(second, _, beside_at) = placed
+        .iter()
+        .find(|p| p.1 == mo && p.0 != first)
+        .expect("a block in the same stripe row");
     let parity = 3 - first - second;
     for k in [first, parity] {
-        let (base, _) = start_of(&disk[k]);
         let f = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .open(&disk[k])
             .unwrap();
+        let at = base[k] + mo as u64 + 100;
         let mut b = [0u8; 1];
-        f.read_exact_at(&mut b, base + 100).unwrap();
+        f.read_exact_at(&mut b, at).unwrap();
         b[0] ^= 4;
-        f.write_all_at(&b, base + 100).unwrap();
+        f.write_all_at(&b, at).unwrap();
         f.sync_all().unwrap();
     }
     let iqn = "iqn.2026-12.io.tessera:lost";
@@ -379,10 +391,10 @@ fn a_write_beside_a_block_beyond_repair_lands_and_the_loss_is_shown() {
     };
     medium_error("rotten");
     let beside = vec![0x5au8; 4096];
-    let r = run(true, UNIT, beside.clone());
+    let r = run(true, beside_at, beside.clone());
     assert_eq!(r.status, 0, "the write beside the lost block: {:?}", r.sense_key());
     medium_error("lost");
-    let r = run(false, UNIT, Vec::new());
+    let r = run(false, beside_at, Vec::new());
     assert_eq!((r.status, &r.data[..]), (0, &beside[..]));
     let shown = d.json(&["pool", "show", "r"]);
     assert_eq!(shown["lost_bytes"], 4096, "{shown}");
@@ -400,10 +412,30 @@ fn a_write_beside_a_block_beyond_repair_lands_and_the_loss_is_shown() {
         "{}",
         m.body
     );
+    let told = wait_for_event(&d, "pool.data_lost");
+    assert!(
+        told["message"].as_str().unwrap().contains("lost 4.0 KiB of data"),
+        "{told}"
+    );
+    assert_eq!(told["severity"], "critical");
     // Written again: it reads, and nothing is lost.
     let again = vec![0xa5u8; 4096];
     assert_eq!(run(true, 0, again.clone()).status, 0);
     let r = run(false, 0, Vec::new());
     assert_eq!((r.status, &r.data[..]), (0, &again[..]));
     assert_eq!(d.json(&["pool", "show", "r"])["lost_bytes"], 0);
+    wait_for_event(&d, "pool.data_lost_cleared");
+}
+
+/// The newest event of `kind`, once the event log has one.
+fn wait_for_event(d: &Daemon, kind: &str) -> Value {
+    let t = Instant::now();
+    loop {
+        let v = d.json(&["events", "-n", "1000"]);
+        if let Some(e) = v["events"].as_array().unwrap().iter().rev().find(|e| e["kind"] == kind) {
+            return e.clone();
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "no {kind} event: {v:#}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }

@@ -1,7 +1,8 @@
 //! Events from changes of state: every few seconds the daemon compares each imported pool's
 //! health and its disks' states with what it saw last, and records what changed (a disk
-//! failed, went missing, came back; the pool went degraded, failed, or is healthy again).
-//! A pool seen for the first time (at start, at import) is reported only if it is not healthy.
+//! failed, went missing, came back; the pool went degraded, failed, or is healthy again; it
+//! lost data, or has none lost any more). A pool seen for the first time (at start, at
+//! import) is reported only if it is not healthy, or has data lost.
 
 use std::collections::BTreeMap;
 
@@ -19,6 +20,8 @@ struct Seen {
     health: PoolHealth,
     /// Per disk id: its path and state, and why it is out of service if it is.
     disks: BTreeMap<String, (String, DiskState, Option<String>)>,
+    /// Bytes of data lost: beyond repair on the pool's disks, and with the write-back log.
+    lost: u64,
 }
 
 #[derive(Default)]
@@ -90,6 +93,33 @@ fn pool_event(name: &str, before: Option<PoolHealth>, now: PoolHealth, repair: u
     Some(NewEvent::new(severity, kind, message).pool(name))
 }
 
+/// The event of a pool whose lost data went from `before` bytes (None: first look) to `now`:
+/// more lost is critical (reads of it fail until hosts write it again, and a backup is the
+/// only other copy), none lost any more is good news; less but some is not news.
+fn lost_event(name: &str, before: Option<u64>, now: u64) -> Option<NewEvent> {
+    let was = before.unwrap_or(0);
+    let ev = if now > was {
+        NewEvent::new(
+            Severity::Critical,
+            "pool.data_lost",
+            format!(
+                "pool {name} lost {} of data ({} lost in all): rotten on a disk and on the parity at the same place, or lost with the write-back log's disks; reads of it fail until hosts write it again (restore it from a backup or a replica; 'tessera pool scan {name}' names the vdisks and bytes of what the pool's disks lost)",
+                crate::units::format_size(now - was),
+                crate::units::format_size(now)
+            ),
+        )
+    } else if now == 0 && was > 0 {
+        NewEvent::new(
+            Severity::Info,
+            "pool.data_lost_cleared",
+            format!("pool {name} has no data lost any more: what was lost has been written again"),
+        )
+    } else {
+        return None;
+    };
+    Some(ev.pool(name))
+}
+
 impl Daemon {
     /// Looks at every imported pool once and records what changed since the last look.
     pub fn health_events_tick(&self) {
@@ -144,7 +174,11 @@ impl Daemon {
                     self.events.record(ev);
                 }
             }
-            seen.insert(name, Seen { health, disks });
+            let lost = e.layouts().lost_bytes() + e.cache_status().lost_bytes;
+            if let Some(ev) = lost_event(&name, before.map(|b| b.lost), lost) {
+                self.events.record(ev);
+            }
+            seen.insert(name, Seen { health, disks, lost });
         }
     }
 }
@@ -186,6 +220,34 @@ mod tests {
         assert_eq!(
             pool_event("p", None, PoolHealth::Failed, 0).unwrap().severity,
             Severity::Critical
+        );
+    }
+
+    /// Data lost is told when more is lost (at the first look too), and when none is lost
+    /// any more; not while it stays, nor when some of it is written again.
+    #[test]
+    fn data_lost_is_told_when_it_grows_and_when_it_is_gone() {
+        let e = lost_event("p", None, 4096).unwrap();
+        assert_eq!((e.kind.as_str(), e.severity), ("pool.data_lost", Severity::Critical));
+        assert!(
+            e.message.contains("lost 4.0 KiB of data (4.0 KiB lost in all)"),
+            "{}",
+            e.message
+        );
+        let e = lost_event("p", Some(4096), 12288).unwrap();
+        assert!(
+            e.message.contains("lost 8.0 KiB of data (12.0 KiB lost in all)"),
+            "{}",
+            e.message
+        );
+        assert!(lost_event("p", Some(4096), 4096).is_none());
+        assert!(lost_event("p", Some(8192), 4096).is_none());
+        assert!(lost_event("p", None, 0).is_none());
+        assert!(lost_event("p", Some(0), 0).is_none());
+        let e = lost_event("p", Some(4096), 0).unwrap();
+        assert_eq!(
+            (e.kind.as_str(), e.severity),
+            ("pool.data_lost_cleared", Severity::Info)
         );
     }
 }
