@@ -42,6 +42,27 @@ impl Layouts {
             .all(|&m| self.member_dev(m).is_some_and(|dev| dev.read_at(&mut probe, 0).is_ok()))
     }
 
+    /// Records `ranges` of `set` lost, or (`lost` false) no longer lost, without writing
+    /// anything there, saved before it returns: for a caller that moves data lost elsewhere
+    /// here (a copy on write of a grain, part of which was lost, writes the rest and leaves
+    /// those ranges unwritten), or takes back such a record of a place it did not use after
+    /// all.
+    pub fn mark_lost(&self, set: &SlabSet, ranges: &[(u64, u64)], lost: bool) -> Result<()> {
+        let members = set.members.read();
+        Registry::change_lost(&self.pool, set, &members, |rec| {
+            let mut changed = false;
+            for &(a, b) in ranges {
+                if lost {
+                    rec.insert(a, b);
+                    changed = true;
+                } else {
+                    changed |= rec.cut(a, b);
+                }
+            }
+            changed
+        })
+    }
+
     /// Records `ranges` of `set` (logical bytes of stripe row `row`) lost, saved before the
     /// zeros in their place reach a disk.
     pub(crate) fn record_lost(

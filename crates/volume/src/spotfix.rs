@@ -29,7 +29,7 @@ use crate::findings::{
     encode, finding_key, load_findings, load_report, save_report, Finding, FindingStatus, Repair, SpotfixReport,
 };
 use crate::keys::{count_refs, grain_key, loc_value, parse_grain_key, parse_loc, refcount_key, vdisk_key};
-use crate::vdisk::{read_loc, Vdisk};
+use crate::vdisk::{read_grain_around_lost, Vdisk};
 
 /// Findings settled per batch of orphan and count repairs.
 const CHUNK: usize = 4096;
@@ -362,12 +362,14 @@ impl Engine {
             )));
         }
         let mut content = AlignedBuf::zeroed(v.class.grain as usize);
-        if let Err(e) = read_loc(s, slot, 0, &mut content) {
-            return Ok(Outcome::Failed(format!("cannot read the grain to copy it: {e}")));
-        }
+        // What the set lost beyond repair of it stays lost in the copy.
+        let lost = match read_grain_around_lost(s, slot, &mut content) {
+            Ok(lost) => lost,
+            Err(e) => return Ok(Outcome::Failed(format!("cannot read the grain to copy it: {e}"))),
+        };
         // Its finding goes in a batch of its own: after a crash in between, the grain no
         // longer points there and the next spot-fix leaves it alone.
-        v.replace_slot(g, slot, &content, None)?;
+        v.replace_slot(g, slot, &content, None, &lost)?;
         Ok(Outcome::Fixed)
     }
 

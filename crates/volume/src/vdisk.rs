@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use parking_lot::{RwLock, RwLockReadGuard};
 use tessera_disk::{AlignedBuf, SECTOR};
+use tessera_layout::ranges::{gaps, ByteRanges};
 use tessera_layout::{SetRead, SlabSet};
 use tessera_pool::CF_GRAINS;
 
@@ -98,6 +99,34 @@ pub(crate) fn read_loc(s: &Shared, l: Loc, off: u64, out: &mut [u8]) -> Result<(
         Err(e) => fall_back(s, l, e, |alt| read_plain(s, alt, off, out)),
         ok => ok,
     }
+}
+
+/// Reads a whole grain held at `l` into `buf` around the bytes of it its slab set lost beyond
+/// repair (zeros in `buf`), which it returns as ranges of the grain; fails as `read_loc` does
+/// when anything else of it does not read, or when it is stored compressed (a piece of a
+/// pack slot, lost whole).
+pub(crate) fn read_grain_around_lost(s: &Shared, l: Loc, buf: &mut [u8]) -> Result<Vec<(u64, u64)>> {
+    let Err(e) = read_loc(s, l, 0, buf) else {
+        return Ok(Vec::new());
+    };
+    let Some((set, base)) = (!is_packed(l)).then(|| s.space.locate(l).ok()).flatten() else {
+        return Err(e);
+    };
+    let lost: Vec<(u64, u64)> = set
+        .lost_within(base, base + buf.len() as u64)
+        .into_iter()
+        .map(|(a, b)| (a - base, b - base))
+        .collect();
+    if lost.is_empty() {
+        return Err(e);
+    }
+    for (a, b) in gaps(lost.iter().copied(), 0, buf.len() as u64) {
+        read_loc(s, l, a, &mut buf[a as usize..b as usize])?;
+    }
+    for &(a, b) in &lost {
+        buf[a as usize..b as usize].fill(0);
+    }
+    Ok(lost)
 }
 
 fn read_plain(s: &Shared, l: Loc, off: u64, out: &mut [u8]) -> Result<()> {
@@ -595,12 +624,18 @@ impl Vdisk {
         let mut buf = AlignedBuf::zeroed(grain);
         // Not for a write of the whole grain: nothing of the old one is kept (and an old one
         // that cannot be read, lost in the write-back log, is replaced rather than in the way).
+        // Bytes of the old one lost beyond repair stay lost in the new one, less what the
+        // write replaces: the rest of the grain can still be written.
+        let mut lost = ByteRanges::default();
         if old != 0 && data.len() < grain {
-            read_loc(&self.s, old, 0, &mut buf)?;
+            for (a, b) in read_grain_around_lost(&self.s, old, &mut buf)? {
+                lost.insert(a, b);
+            }
         }
         buf[off as usize..off as usize + data.len()].copy_from_slice(data);
+        lost.cut(off, off + data.len() as u64);
         let taken = if old == 0 { run.pop() } else { None };
-        self.replace_slot(g, old, &buf, taken)
+        self.replace_slot(g, old, &buf, taken, &lost.iter().collect::<Vec<_>>())
     }
 
     fn write_in_place(&self, l: Loc, off: u64, data: &[u8]) -> Result<()> {
@@ -619,9 +654,17 @@ impl Vdisk {
     }
 
     /// Points grain `g` (currently at `old`, 0 if unmapped) at a new slot holding `content`:
-    /// `taken` if the caller allocated one, accounted as `allocate` would have. The caller
-    /// holds the grain lock.
-    pub(crate) fn replace_slot(&self, g: u64, old: Loc, content: &[u8], taken: Option<Loc>) -> Result<()> {
+    /// `taken` if the caller allocated one, accounted as `allocate` would have. `lost`: ranges
+    /// of the grain lost beyond repair, which are recorded lost in the new slot (first) and
+    /// not written. The caller holds the grain lock.
+    pub(crate) fn replace_slot(
+        &self,
+        g: u64,
+        old: Loc,
+        content: &[u8],
+        taken: Option<Loc>,
+        lost: &[(u64, u64)],
+    ) -> Result<()> {
         let from_reservation = old == 0 && self.fixed();
         let new = match taken {
             Some(l) => l,
@@ -632,7 +675,22 @@ impl Vdisk {
             e
         };
         let (set, base) = self.s.space.locate(new).map_err(undo)?;
-        self.write_to_set(&set, base, content).map_err(undo)?;
+        if lost.is_empty() {
+            self.write_to_set(&set, base, content).map_err(undo)?;
+        } else {
+            let at: Vec<(u64, u64)> = lost.iter().map(|&(a, b)| (base + a, base + b)).collect();
+            self.s.layouts.mark_lost(&set, &at, true).map_err(|e| undo(e.into()))?;
+            let written = gaps(lost.iter().copied(), 0, content.len() as u64)
+                .into_iter()
+                .try_for_each(|(a, b)| self.write_to_set(&set, base + a, &content[a as usize..b as usize]));
+            if let Err(e) = written {
+                // The slot goes back to the free ones: not lost any more.
+                if let Err(why) = self.s.layouts.mark_lost(&set, &at, false) {
+                    tracing::warn!(error = %why, "a free slot stays recorded as holding lost data until it is written");
+                }
+                return Err(undo(e));
+            }
+        }
         let mut ops = vec![
             Op::Put(CF_GRAINS, grain_key(self.id, g), loc_value(new)),
             Op::count(new, 1),

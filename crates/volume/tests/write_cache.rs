@@ -2041,6 +2041,74 @@ fn a_block_lost_beyond_repair_is_a_scan_finding_naming_the_vdisk_and_its_bytes()
     assert_eq!(report.by_kind.get(&FindingKind::DataLost), None, "{report:?}");
 }
 
+/// A write to a grain a snapshot shares, whose old content holds a block lost beyond repair:
+/// the copy on write reads the rest of the grain around it, and the new slot has the block
+/// recorded lost too (not written). The write lands; the block fails to read in the vdisk
+/// and in the snapshot, across a restart, until the vdisk writes it again. Before, the copy
+/// on write failed on the lost block, and with it every write to the rest of the grain.
+#[test]
+fn a_copy_on_write_of_a_grain_with_a_lost_block_keeps_it_lost_and_goes_on() {
+    use tessera_volume::{FindingKind, Progress};
+    let LostInARow {
+        mut rig,
+        v,
+        old,
+        in_row,
+        ..
+    } = lost_in_a_row();
+    let size = LOST_IN_A_ROW_SIZE as usize;
+    let lost_mo = in_row.iter().find(|b| b.0 == 0).unwrap().1;
+    let beside = in_row.iter().find(|b| b.1 == lost_mo && b.0 != 0).unwrap().0;
+    let mut want = old.clone();
+    let data = pattern(50, beside, 4096);
+    v.write(beside, &data, false).unwrap();
+    want[beside as usize..beside as usize + 4096].copy_from_slice(&data);
+    rig.engine().cache().drain().unwrap();
+    assert_eq!(rig.engine().layouts().lost_bytes(), 4096);
+    let snap = rig.engine().snapshot("v", "s").unwrap();
+    let before = want.clone();
+    // The lost block's grain, written beside it.
+    let data = pattern(51, 8192, 4096);
+    v.write(8192, &data, false)
+        .expect("a write to a grain holding a lost block failed");
+    want[8192..8192 + 4096].copy_from_slice(&data);
+    drop(snap);
+    let check = |rig: &Rig, what: &str| {
+        let e = rig.engine();
+        assert_eq!(
+            e.layouts().lost_bytes(),
+            8192,
+            "{what}: the old slot's and the new one's"
+        );
+        for (name, want) in [("v", &want), ("v@s", &before)] {
+            let d = e.vdisk(name).unwrap();
+            let mut got = vec![0u8; 4096];
+            let err = d.read(0, &mut got).expect_err("a lost block was read");
+            assert!(err.to_string().contains("lost beyond repair"), "{what}: {name}: {err}");
+            let mut got = vec![0u8; size - 4096];
+            d.read(4096, &mut got).unwrap();
+            assert_same(&got, &want[4096..], &format!("{what}: {name}"));
+        }
+    };
+    check(&rig, "after the write");
+    rig.engine().cache().drain().unwrap();
+    check(&rig, "destaged");
+    drop(v);
+    rig.reopen();
+    check(&rig, "after a restart");
+    let report = rig.engine().scan(&Progress::default()).unwrap();
+    assert_eq!(report.by_kind.get(&FindingKind::DataLost), Some(&2), "{report:?}");
+    // Written again in the vdisk: lost in the snapshot alone.
+    let again = pattern(52, 0, 4096);
+    let v = rig.engine().vdisk("v").unwrap();
+    v.write(0, &again, true).unwrap();
+    rig.engine().cache().drain().unwrap();
+    let mut got = vec![0u8; 4096];
+    v.read(0, &mut got).unwrap();
+    assert_same(&got, &again, "written again");
+    assert_eq!(rig.engine().layouts().lost_bytes(), 4096);
+}
+
 /// The same piece while the lost block's disk answers no I/O (pulled, its link down): the
 /// block may read again once it answers (its member may be the intact copy), so nothing is
 /// given up: the piece stays in the log and reads from it, nothing is recorded lost, and no
