@@ -174,7 +174,7 @@ impl Daemon {
                     self.events.record(ev);
                 }
             }
-            let lost = e.layouts().lost_bytes() + e.cache_status().lost_bytes;
+            let lost = e.lost_bytes() + e.cache_status().lost_bytes;
             if let Some(ev) = lost_event(&name, before.map(|b| b.lost), lost) {
                 self.events.record(ev);
             }

@@ -540,7 +540,7 @@ fn collect_state(d: &Daemon, r: &Registry) -> prometheus::proto::MetricFamily {
     );
     let pool_lost = s.gauge(
         "tessera_pool_lost_bytes",
-        "Bytes of the pool's slab sets lost beyond repair (rotten on their disk and on the parity where a write had to read them): reads of them fail until written again",
+        "Bytes of vdisks' data lost beyond repair on the pool's disks (rotten on their disk and on the parity where a write or a repair had to read them): reads of them fail until written again",
         &["pool"],
     );
     let scan_done = s.gauge(

@@ -193,9 +193,9 @@ pub struct PoolSummary {
     pub vdisks: usize,
     /// Bytes a repair would rebuild or move.
     pub repair_needed_bytes: u64,
-    /// Bytes of the pool's slab sets lost beyond repair (rotten on their disk and on the
-    /// parity where a write had to read them): reads of them fail until they are written
-    /// again.
+    /// Bytes of vdisks' data lost beyond repair on the pool's disks (rotten on their disk and
+    /// on the parity where a write or a repair had to read them): reads of them fail until
+    /// they are written again.
     #[serde(default)]
     pub lost_bytes: u64,
     pub jobs_running: Vec<u64>,

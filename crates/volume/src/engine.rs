@@ -609,6 +609,37 @@ impl Engine {
         self.s.cache.status()
     }
 
+    /// Bytes of data the pool's disks lost beyond repair that a grain still refers to: a
+    /// slot freed since (its grains trimmed, deleted or written elsewhere) keeps its record
+    /// until it is written again, and holds nobody's data.
+    pub fn lost_bytes(&self) -> u64 {
+        let mut total = 0;
+        for set in self.s.layouts.sets() {
+            let lost = set.lost_within(0, u64::MAX);
+            if lost.is_empty() {
+                continue;
+            }
+            let Some(slots) = self.s.space.slots(set.id) else {
+                // A set that holds no grains: what it lost is lost.
+                total += lost.iter().map(|(a, b)| b - a).sum::<u64>();
+                continue;
+            };
+            let g = slots.class.grain;
+            for (a, b) in lost {
+                for slot in a / g..b.div_ceil(g) {
+                    let used = slots
+                        .refs
+                        .get(slot as usize)
+                        .is_some_and(|r| r.load(std::sync::atomic::Ordering::Acquire) > 0);
+                    if used {
+                        total += b.min((slot + 1) * g) - a.max(slot * g);
+                    }
+                }
+            }
+        }
+        total
+    }
+
     /// Adds a blank disk to hold the write-back log (it joins the log while the log has
     /// fewer than two copies).
     pub fn add_cache_disk(&self, dev: DiskRef) -> Result<tessera_pool::DiskInfo> {

@@ -2107,6 +2107,10 @@ fn a_copy_on_write_of_a_grain_with_a_lost_block_keeps_it_lost_and_goes_on() {
     v.read(0, &mut got).unwrap();
     assert_same(&got, &again, "written again");
     assert_eq!(rig.engine().layouts().lost_bytes(), 4096);
+    assert_eq!(rig.engine().lost_bytes(), 4096, "the snapshot's");
+    // The snapshot deleted: its slot is free, and what it recorded lost is nobody's data.
+    rig.engine().delete_vdisk("v@s").unwrap();
+    assert_eq!(rig.engine().lost_bytes(), 0);
 }
 
 /// The same piece while the lost block's disk answers no I/O (pulled, its link down): the

@@ -170,7 +170,7 @@ impl Daemon {
             _ => None,
         };
         let scan = e.scan_report().ok().flatten();
-        let lost = e.layouts().lost_bytes();
+        let lost = e.lost_bytes();
         Ok(PoolSummary {
             name: name.to_string(),
             id: pool.id().to_string(),
