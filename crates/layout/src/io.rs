@@ -853,23 +853,25 @@ impl Layouts {
                 if !matches!(e, LayoutError::Io { .. }) || !self.unreadable_is_final(set, row * row_bytes, row_bytes) {
                     return Err(e);
                 }
+                let mut unread = None;
                 for blk in (a / BLOCK * BLOCK..b).step_by(BLOCK as usize) {
                     let (x, y) = (blk.max(a), (blk + BLOCK).min(b));
                     match self.read_piece(set, members, &part(x, y), &mut buf[at(x, y)], true) {
                         Ok(()) => {}
                         Err(e @ LayoutError::Io { .. }) => {
-                            // A member's disk taken out by these reads' errors, or that
-                            // answers no read at all (pulled, its link down: read errors do
-                            // not take a disk out), makes what they could not read
-                            // unreadable for now only.
-                            if !self.unreadable_is_final(set, row * row_bytes, row_bytes) || !self.disks_answer(members)
-                            {
-                                return Err(e);
-                            }
                             buf[at(x, y)].fill(0);
                             lost.push((d, x, y));
+                            unread.get_or_insert(e);
                         }
                         Err(e) => return Err(e),
+                    }
+                }
+                // A member's disk taken out by these reads' errors, or that answers no read
+                // at all (pulled, its link down: read errors do not take a disk out), makes
+                // what they could not read unreadable for now only.
+                if let Some(e) = unread {
+                    if !self.unreadable_is_final(set, row * row_bytes, row_bytes) || !self.disks_answer(members) {
+                        return Err(e);
                     }
                 }
             }
