@@ -11,7 +11,7 @@ use common::*;
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
 use tessera_bench::target::rw16;
-use tessera_iscsi::initiator::{LoginConfig, Session};
+use tessera_iscsi::initiator::Session;
 
 const MIB: u64 = 1 << 20;
 const VDISK: u64 = 64 * MIB;
@@ -91,16 +91,7 @@ fn a_disk_failed_under_load_is_rebuilt_with_no_command_typed() {
         .map(|lun| {
             let (models, stop, acked, portal) = (models.clone(), stop.clone(), acked.clone(), portal.clone());
             std::thread::spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .unwrap();
-                let s = rt
-                    .block_on(Session::login(
-                        &portal,
-                        &LoginConfig::new(&format!("iqn.2026-11.io.example:writer{lun}"), Some(iqn)),
-                    ))
-                    .unwrap();
+                let (rt, s) = iscsi_host(&portal, iqn, &format!("iqn.2026-11.io.example:writer{lun}"));
                 let mut rng = rand::rngs::StdRng::seed_from_u64(100 + lun);
                 let mut ua_left = 8;
                 while !stop.load(Ordering::Relaxed) {
@@ -380,7 +371,7 @@ fn a_disk_back_is_resynced_where_it_missed_writes_with_no_command_typed() {
     let mut model = std::fs::read(&img).unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(9);
     write_all_over(
-        &iscsi_host(&d, iqn, "iqn.2026-12.io.example:host"),
+        &iscsi_host(&d.iscsi_portal(), iqn, "iqn.2026-12.io.example:host"),
         &mut model,
         &mut rng,
     );
@@ -422,7 +413,7 @@ fn a_disk_back_while_the_daemon_runs_is_taken_back_with_one_command() {
     assert!(err.contains("cannot open disk"), "{err}");
     let mut model = std::fs::read(&img).unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(10);
-    let h = iscsi_host(&d, iqn, "iqn.2026-12.io.example:host");
+    let h = iscsi_host(&d.iscsi_portal(), iqn, "iqn.2026-12.io.example:host");
     write_all_over(&h, &mut model, &mut rng);
     std::fs::rename(&moved, &victim).unwrap();
     let out = d.ok(&["disk", "online", "c", &victim]);
@@ -478,7 +469,7 @@ fn writes_the_log_held_for_a_disk_missing_at_the_start_wait_for_disk_online() {
     let victim = busiest_disk(&d, "c");
     let mut model = std::fs::read(&img).unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(11);
-    let h = iscsi_host(&d, iqn, "iqn.2026-12.io.example:host");
+    let h = iscsi_host(&d.iscsi_portal(), iqn, "iqn.2026-12.io.example:host");
     write_all_over(&h, &mut model, &mut rng);
     let sync = [0x35u8, 0, 0, 0, 0, 0, 0, 0, 0, 0];
     assert_eq!(h.0.block_on(h.1.command(0, &sync, Vec::new(), 0)).unwrap().status, 0);
@@ -495,7 +486,7 @@ fn writes_the_log_held_for_a_disk_missing_at_the_start_wait_for_disk_online() {
     assert_eq!(show["cache"]["lost_bytes"], 0, "{show}");
     let text = d.ok(&["pool", "show", "c"]);
     assert!(text.contains("WAITING") && text.contains("disk online"), "{text}");
-    let h = iscsi_host(&d, iqn, "iqn.2026-12.io.example:host");
+    let h = iscsi_host(&d.iscsi_portal(), iqn, "iqn.2026-12.io.example:host");
     let read = |h: &(tokio::runtime::Runtime, Session), at: u64| {
         h.0.block_on(h.1.command(0, &rw16(false, at, BLOCK, 512), Vec::new(), BLOCK))
             .unwrap()

@@ -279,7 +279,7 @@ fn a_rotten_block_with_no_good_copy_is_a_medium_error_over_iscsi() {
     d.ok(&["target", "create", iqn, "--allow-any-initiator"]);
     d.ok(&["target", "lun", "add", iqn, "r/x", "--lun", "0"]);
     flip(&disk[0], 1, 3);
-    let (rt, s) = iscsi_host(&d, iqn, "iqn.2026-11.io.example:reader");
+    let (rt, s) = iscsi_host(&d.iscsi_portal(), iqn, "iqn.2026-11.io.example:reader");
     const CHUNK: usize = 64 << 10;
     let mut failed = 0;
     let mut attention = 4;
@@ -371,7 +371,7 @@ fn a_write_beside_a_block_beyond_repair_lands_and_the_loss_is_shown() {
     let iqn = "iqn.2026-12.io.tessera:lost";
     d.ok(&["target", "create", iqn, "--allow-any-initiator"]);
     d.ok(&["target", "lun", "add", iqn, "r/x", "--lun", "0"]);
-    let (rt, s) = iscsi_host(&d, iqn, "iqn.2026-12.io.example:host");
+    let (rt, s) = iscsi_host(&d.iscsi_portal(), iqn, "iqn.2026-12.io.example:host");
     // A command, past the unit attentions a new session is owed.
     let run = |write: bool, at: usize, data: Vec<u8>| {
         for _ in 0..5 {

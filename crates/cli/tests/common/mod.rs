@@ -605,9 +605,10 @@ pub fn total(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
     samples(text, name, labels).sum()
 }
 
-/// A host's iSCSI session to target `iqn` as `initiator`, with the runtime it runs on.
+/// A host's iSCSI session to target `iqn` at `portal` as `initiator`, with the runtime it
+/// runs on.
 pub fn iscsi_host(
-    d: &Daemon,
+    portal: &str,
     iqn: &str,
     initiator: &str,
 ) -> (tokio::runtime::Runtime, tessera_iscsi::initiator::Session) {
@@ -617,10 +618,7 @@ pub fn iscsi_host(
         .build()
         .unwrap();
     let s = rt
-        .block_on(Session::login(
-            &d.iscsi_portal(),
-            &LoginConfig::new(initiator, Some(iqn)),
-        ))
+        .block_on(Session::login(portal, &LoginConfig::new(initiator, Some(iqn))))
         .unwrap();
     (rt, s)
 }
