@@ -40,8 +40,8 @@ impl Inner {
                     .name("tessera-settle".into())
                     .spawn(move || me.settle_parked(false));
             }
+            let max_age = Duration::from_millis(self.max_age_ms.load(Ordering::Relaxed));
             let due = {
-                let max_age = Duration::from_millis(self.max_age_ms.load(Ordering::Relaxed));
                 let mut st = self.state.lock();
                 if !st.due(max_age) {
                     self.work.wait_for(
@@ -54,7 +54,16 @@ impl Inner {
             if !due || self.stop.load(Ordering::Acquire) {
                 continue;
             }
-            if let Err(e) = self.destage_round() {
+            let round = {
+                let _d = self.destaging.lock();
+                // Judged again once the round in flight (a drain's, say) is done: it may have
+                // destaged what was due, and what was written since is not due for that.
+                if !self.state.lock().due(max_age) {
+                    continue;
+                }
+                self.destage_round_held()
+            };
+            if let Err(e) = round {
                 self.counters.destage_errors.fetch_add(1, Ordering::Relaxed);
                 warn!(pool = %self.pool.name(), error = %e, "destage failed; retrying");
                 *self.last_failure.lock() = Some((Instant::now(), e.to_string()));
@@ -85,6 +94,11 @@ impl Inner {
     /// the others go on. Returns the bytes it destaged, or the first failure if nothing was.
     fn destage_round(&self) -> Result<u64> {
         let _d = self.destaging.lock();
+        self.destage_round_held()
+    }
+
+    /// [`destage_round`](Self::destage_round) for a caller that holds `destaging`.
+    fn destage_round_held(&self) -> Result<u64> {
         let (picked, rows) = self.pick();
         if picked.is_empty() {
             return Ok(0);
