@@ -839,6 +839,15 @@ impl WriteCache {
         self.inner.any_lost.load(Ordering::Acquire) && self.inner.state.lock().lost.overlaps(set, offset, offset + len)
     }
 
+    /// The parts of `[offset, offset + len)` of `set` that hold data lost with the log (see
+    /// [`holds_lost`](Self::holds_lost)), in order.
+    pub fn lost_within(&self, set: u32, offset: u64, len: u64) -> Vec<(u64, u64)> {
+        if !self.inner.any_lost.load(Ordering::Acquire) {
+            return Vec::new();
+        }
+        self.inner.state.lock().lost.within(set, offset, offset + len)
+    }
+
     pub fn read(&self, set: &SlabSet, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.read_many(&mut [SetRead { set, offset, buf }])
             .pop()

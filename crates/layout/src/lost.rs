@@ -28,7 +28,7 @@ impl Layouts {
         Err(LayoutError::Io {
             set: set.id,
             detail: format!(
-                "bytes {a}..{b} are lost beyond repair: rotten on their disk and on the parity when a write to their stripe row or a rebuild of it had to read them; they read again once written again"
+                "bytes {a}..{b} are lost beyond repair: rotten on their disk and on the parity when a write to their stripe row or a rebuild of it had to read them, or lost already (there, or with the write-back log) where a copy on write copied them from; they read again once written again"
             ),
         })
     }

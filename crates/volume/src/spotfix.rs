@@ -362,7 +362,7 @@ impl Engine {
             )));
         }
         let mut content = AlignedBuf::zeroed(v.class.grain as usize);
-        // What the set lost beyond repair of it stays lost in the copy.
+        // What of it is lost (beyond repair, or with the write-back log) stays lost in the copy.
         let lost = match read_grain_around_lost(s, slot, &mut content) {
             Ok(lost) => lost,
             Err(e) => return Ok(Outcome::Failed(format!("cannot read the grain to copy it: {e}"))),

@@ -101,10 +101,10 @@ pub(crate) fn read_loc(s: &Shared, l: Loc, off: u64, out: &mut [u8]) -> Result<(
     }
 }
 
-/// Reads a whole grain held at `l` into `buf` around the bytes of it its slab set lost beyond
-/// repair (zeros in `buf`), which it returns as ranges of the grain; fails as `read_loc` does
-/// when anything else of it does not read, or when it is stored compressed (a piece of a
-/// pack slot, lost whole).
+/// Reads a whole grain held at `l` into `buf` around the bytes of it that are lost (zeros in
+/// `buf`): lost beyond repair by its slab set, or lost with the write-back log before it was
+/// destaged. Returns them as ranges of the grain; fails as `read_loc` does when anything else
+/// of it does not read, or when it is stored compressed (a piece of a pack slot, lost whole).
 pub(crate) fn read_grain_around_lost(s: &Shared, l: Loc, buf: &mut [u8]) -> Result<Vec<(u64, u64)>> {
     let Err(e) = read_loc(s, l, 0, buf) else {
         return Ok(Vec::new());
@@ -112,14 +112,19 @@ pub(crate) fn read_grain_around_lost(s: &Shared, l: Loc, buf: &mut [u8]) -> Resu
     let Some((set, base)) = (!is_packed(l)).then(|| s.space.locate(l).ok()).flatten() else {
         return Err(e);
     };
-    let lost: Vec<(u64, u64)> = set
-        .lost_within(base, base + buf.len() as u64)
+    let len = buf.len() as u64;
+    let mut lost = ByteRanges::default();
+    for (a, b) in set
+        .lost_within(base, base + len)
         .into_iter()
-        .map(|(a, b)| (a - base, b - base))
-        .collect();
+        .chain(s.cache.lost_within(set.id, base, len))
+    {
+        lost.insert(a - base, b - base);
+    }
     if lost.is_empty() {
         return Err(e);
     }
+    let lost: Vec<(u64, u64)> = lost.iter().collect();
     for (a, b) in gaps(lost.iter().copied(), 0, buf.len() as u64) {
         read_loc(s, l, a, &mut buf[a as usize..b as usize])?;
     }
@@ -624,8 +629,9 @@ impl Vdisk {
         let mut buf = AlignedBuf::zeroed(grain);
         // Not for a write of the whole grain: nothing of the old one is kept (and an old one
         // that cannot be read, lost in the write-back log, is replaced rather than in the way).
-        // Bytes of the old one lost beyond repair stay lost in the new one, less what the
-        // write replaces: the rest of the grain can still be written.
+        // Bytes of the old one that are lost (beyond repair, or with the write-back log) stay
+        // lost in the new one, less what the write replaces: the rest of the grain can still
+        // be written.
         let mut lost = ByteRanges::default();
         if old != 0 && data.len() < grain {
             for (a, b) in read_grain_around_lost(&self.s, old, &mut buf)? {

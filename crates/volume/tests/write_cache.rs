@@ -667,6 +667,71 @@ fn data_lost_with_the_logs_only_disk_stays_refused_across_restarts_until_written
     rig.assert_consistent();
 }
 
+/// A write to a grain a snapshot shares, part of whose old content the write-back log lost
+/// with its only disk: the copy on write reads the rest of the grain around what was lost,
+/// and the new slot has those bytes recorded lost (not written). The write lands; the lost
+/// bytes fail to read in the vdisk and in the snapshot, across a restart, until the vdisk
+/// writes them again. Before, the copy on write failed on them, and with it every write to
+/// the rest of the grain for as long as the snapshot lived.
+#[test]
+fn a_copy_on_write_of_a_grain_part_of_which_the_log_lost_goes_on_around_it() {
+    let (mut rig, v) = one_log_disk();
+    let g = v.grain_size() as usize;
+    assert!(g >= 4 * 4096, "a grain of {g} bytes");
+    let log = rig.disks.len() - 1;
+    // On the pool's disks: the first grain.
+    v.write(0, &pattern(1, 0, g), true).unwrap();
+    rig.engine().cache().drain().unwrap();
+    // In the log only: its first 4 KiB written again, then lost with the log's disk.
+    v.write(0, &pattern(2, 0, 4096), true).unwrap();
+    rig.disks[log].faults().pull();
+    assert!(rig.engine().flush().is_err());
+    assert_eq!(rig.engine().cache_status().lost_bytes, 4096);
+    rig.engine().snapshot("v", "s").unwrap();
+    // The same grain, written beside what was lost.
+    let data = pattern(3, 2 * 4096, 4096);
+    v.write(2 * 4096, &data, true)
+        .expect("a write to a snapshot-shared grain part of which the log lost failed");
+    let mut want = pattern(1, 0, g);
+    let before = want.clone();
+    want[2 * 4096..2 * 4096 + 4096].copy_from_slice(&data);
+    drop(v);
+    let check = |rig: &Rig, what: &str| {
+        for (name, want) in [("v", &want), ("v@s", &before)] {
+            let d = rig.engine().vdisk(name).unwrap();
+            for (at, len) in [(0, 4096), (2048, 512), (0, 4096 + 512)] {
+                let mut got = vec![0u8; len];
+                let err = d.read(at, &mut got).expect_err("lost bytes were read");
+                assert!(err.to_string().contains("lost"), "{what}: {name}: {err}");
+            }
+            let mut got = vec![0u8; g - 4096];
+            d.read(4096, &mut got).unwrap();
+            assert_same(&got, &want[4096..], &format!("{what}: {name}"));
+        }
+    };
+    check(&rig, "after the write");
+    rig.reopen();
+    check(&rig, "after a restart");
+    // Written again in the vdisk: they read there, and stay lost in the snapshot.
+    let v = rig.engine().vdisk("v").unwrap();
+    v.write(0, &pattern(4, 0, 4096), true).unwrap();
+    drop(v);
+    rig.reopen();
+    let mut got = vec![0u8; g];
+    rig.engine().vdisk("v").unwrap().read(0, &mut got).unwrap();
+    want[..4096].copy_from_slice(&pattern(4, 0, 4096));
+    assert_same(&got, &want, "written again");
+    let mut got = vec![0u8; 4096];
+    let err = rig.engine().vdisk("v@s").unwrap().read(0, &mut got).unwrap_err();
+    assert!(err.to_string().contains("is lost:"), "the snapshot: {err}");
+    assert_eq!(
+        rig.engine().layouts().lost_bytes(),
+        0,
+        "the new slot's record, written again"
+    );
+    assert_eq!(rig.engine().cache_status().lost_bytes, 4096, "the snapshot's");
+}
+
 /// A log whose disks are all gone at open (found with their ring unreadable, or not found or
 /// pulled and given up with `without_log`: without it, that import is refused) cannot be
 /// replayed: the writes it held and had not destaged, each recorded in the pool's metadata
