@@ -61,7 +61,7 @@ fuzz: test-deps
 # Thousands of power cuts and crashes, for a long hunt (an hour or more here).
 soak: test-deps
 	TESSERA_POWER_CUT_ROUNDS=$${SOAK_ROUNDS:-2000} TESSERA_CRASH_ROUNDS=$${SOAK_ROUNDS:-2000} \
-	  $(CARGO) test --workspace --profile test --test power_cut --test crash -- --nocapture
+	  $(CARGO) test --workspace --profile test --test power_cut --test power_cut_lost --test crash -- --nocapture
 
 clean:
 	$(CARGO) clean
