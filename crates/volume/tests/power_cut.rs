@@ -23,14 +23,16 @@
 //!
 //! TESSERA_POWER_CUT_ROUNDS sets the number of cuts (default 24; `make soak` runs thousands).
 
+mod common;
+
 use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use common::child::run_test_child;
 use rand::{Rng, SeedableRng};
 use tessera_disk::{DiskError, DiskRef, FileDisk, PowerSupply, VolatileDisk};
 use tessera_volume::{
@@ -424,57 +426,22 @@ struct Round {
 /// Runs a child whose power goes at its `cut_after`-th write or flush, counted from its start
 /// or, with `after_ready`, from the moment its writers start.
 fn run_child(dir: &Path, seed: u64, cut_after: u64, after_ready: bool) -> Round {
-    let mut command = Command::new(std::env::current_exe().unwrap());
+    let mut envs = vec![
+        ("TESSERA_POWER_DIR", dir.display().to_string()),
+        ("TESSERA_POWER_SEED", seed.to_string()),
+        ("TESSERA_POWER_CUT_AFTER", cut_after.to_string()),
+        (
+            "TESSERA_POWER_DESTAGE_MS",
+            if seed % 2 == 0 { "5" } else { "1000" }.to_string(),
+        ),
+    ];
     if after_ready {
-        command.env("TESSERA_POWER_CUT_AFTER_READY", "1");
+        envs.push(("TESSERA_POWER_CUT_AFTER_READY", "1".to_string()));
     }
-    let mut child = command
-        .args([
-            "power_cut_child",
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("TESSERA_POWER_DIR", dir)
-        .env("TESSERA_POWER_SEED", seed.to_string())
-        .env("TESSERA_POWER_CUT_AFTER", cut_after.to_string())
-        .env("TESSERA_POWER_DESTAGE_MS", if seed % 2 == 0 { "5" } else { "1000" })
-        .env("RUST_BACKTRACE", "1")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let mut stderr = child.stderr.take().unwrap();
-    let lines = std::thread::spawn(move || {
-        BufReader::new(stdout)
-            .lines()
-            .map_while(Result::ok)
-            .collect::<Vec<String>>()
-    });
-    let errors = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = std::io::Read::read_to_string(&mut stderr, &mut s);
-        s
-    });
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if started.elapsed() > Duration::from_secs(120) {
-            child.kill().unwrap();
-            child.wait().unwrap();
-            panic!("seed {seed}: the child never reached its power cut after {cut_after} I/Os");
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    };
-    let lines = lines.join().unwrap();
-    let errors = errors.join().unwrap();
-    assert!(
-        status.success(),
-        "seed {seed}, cut after {cut_after}: the child failed ({status}):\n{errors}"
+    let lines = run_test_child(
+        "power_cut_child",
+        &envs,
+        &format!("seed {seed}, cut after {cut_after} I/Os"),
     );
     let mut r = Round {
         actions: vec![Vec::new(); LAYOUTS.len()],

@@ -20,12 +20,11 @@ mod common;
 
 use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
+use common::child::run_test_child;
 use common::{pattern, MIB};
 use rand::{Rng, SeedableRng};
 use tessera_disk::{AlignedBuf, DiskError, DiskRef, FileDisk, PowerSupply, VolatileDisk};
@@ -313,53 +312,17 @@ struct Round {
 fn run_child(dir: &Path, rows: &[u64], rots: &[Rot], seed: u64, cut_after: u64) -> Round {
     let rows: Vec<String> = rows.iter().map(u64::to_string).collect();
     let rots: Vec<String> = rots.iter().map(Rot::encode).collect();
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "power_cut_lost_child",
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("TESSERA_POWER_DIR", dir)
-        .env("TESSERA_POWER_SEED", seed.to_string())
-        .env("TESSERA_POWER_CUT_AFTER", cut_after.to_string())
-        .env("TESSERA_POWER_ROWS", rows.join(","))
-        .env("TESSERA_POWER_ROTS", rots.join(","))
-        .env("RUST_BACKTRACE", "1")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let mut stderr = child.stderr.take().unwrap();
-    let lines = std::thread::spawn(move || {
-        BufReader::new(stdout)
-            .lines()
-            .map_while(Result::ok)
-            .collect::<Vec<String>>()
-    });
-    let errors = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = std::io::Read::read_to_string(&mut stderr, &mut s);
-        s
-    });
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if started.elapsed() > Duration::from_secs(120) {
-            child.kill().unwrap();
-            child.wait().unwrap();
-            panic!("seed {seed}: the child never reached its power cut after {cut_after} I/Os");
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    };
-    let (lines, errors) = (lines.join().unwrap(), errors.join().unwrap());
-    assert!(
-        status.success(),
-        "seed {seed}, cut after {cut_after}: the child failed ({status}):\n{errors}"
+    let envs = [
+        ("TESSERA_POWER_DIR", dir.display().to_string()),
+        ("TESSERA_POWER_SEED", seed.to_string()),
+        ("TESSERA_POWER_CUT_AFTER", cut_after.to_string()),
+        ("TESSERA_POWER_ROWS", rows.join(",")),
+        ("TESSERA_POWER_ROTS", rots.join(",")),
+    ];
+    let lines = run_test_child(
+        "power_cut_lost_child",
+        &envs,
+        &format!("seed {seed}, cut after {cut_after} I/Os"),
     );
     let mut r = Round::default();
     for l in &lines {

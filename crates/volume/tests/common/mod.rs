@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod child;
+
 use std::sync::Arc;
 
 use tessera_disk::{BlockDevice, DiskError, DiskRef, FaultyDisk, MemDisk};
