@@ -285,24 +285,10 @@ fn unknown_beside() -> UnknownBeside {
     rig.engine().checkpoint().unwrap();
     rig.engine().pool().set_checksums(true).unwrap();
     rig.reopen();
-    // Where each data block is: the member and offset whose bytes are that block's.
-    let by_content: BTreeMap<&[u8], u64> = (0..size)
-        .step_by(BLOCK as usize)
-        .map(|at| (&data[at as usize..(at + BLOCK) as usize], at))
-        .collect();
-    let set = rig.engine().layouts().sets()[0].clone();
+    // Where each data block is: the member and offset whose bytes are that block's, by row.
     let mut rows: BTreeMap<u64, Vec<(SlabRef, u64)>> = BTreeMap::new();
-    for slab in set.desc().members {
-        let mut b = tessera_disk::AlignedBuf::zeroed(MIB as usize);
-        rig.disks[slab.disk as usize]
-            .inner()
-            .read_at(&mut b, rig.engine().pool().slab_offset(slab))
-            .unwrap();
-        for (k, block) in b.chunks(BLOCK as usize).enumerate() {
-            if let Some(&at) = by_content.get(block) {
-                rows.entry(k as u64 * BLOCK).or_default().push((slab, at));
-            }
-        }
+    for p in common::placed_blocks(rig.engine(), |i| rig.disks[i].inner().clone(), &data, BLOCK) {
+        rows.entry(p.mo).or_default().push((p.slab, p.at));
     }
     let (mo, pair) = rows
         .into_iter()

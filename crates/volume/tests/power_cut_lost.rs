@@ -25,9 +25,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use common::child::run_test_child;
-use common::{pattern, MIB};
+use common::{pattern, placed_blocks, Placed, MIB};
 use rand::{Rng, SeedableRng};
-use tessera_disk::{AlignedBuf, DiskError, DiskRef, FileDisk, PowerSupply, VolatileDisk};
+use tessera_disk::{DiskError, DiskRef, FileDisk, PowerSupply, VolatileDisk};
 use tessera_volume::{Engine, LayoutKind, Provisioning, VdiskSpec};
 
 const SIZE: u64 = MIB;
@@ -414,35 +414,20 @@ fn setup(dir: &Path) -> (Vec<u8>, Vec<Rot>, Vec<u64>) {
     assert_eq!(sets.len(), 1, "one slab set");
     let set = &sets[0];
     let il = set.spec.interleave;
-    let by_content: std::collections::HashMap<&[u8], u64> = (0..SIZE)
-        .step_by(BLOCK as usize)
-        .map(|at| (&data[at as usize..(at + BLOCK) as usize], at))
-        .collect();
-    let mut placed = Vec::new();
-    for slab in set.desc().members {
-        let mut b = AlignedBuf::zeroed(MIB as usize);
-        disks[slab.disk as usize]
-            .read_at(&mut b, e.pool().slab_offset(slab))
-            .unwrap();
-        for (k, block) in b.chunks(BLOCK as usize).enumerate() {
-            if let Some(&at) = by_content.get(block) {
-                placed.push((slab, k as u64 * BLOCK, at));
-            }
-        }
-    }
+    let placed = placed_blocks(&e, |i| disks[i].clone(), &data, BLOCK);
     assert_eq!(placed.len(), BLOCKS, "every block found once");
     let (mut lost, mut rows) = (Vec::new(), Vec::new());
     // One block in each of a few rows far enough apart, the second of its column's piece.
     for r in 0..LOST as u64 {
         let row = r * 5 + 1;
-        let in_row: Vec<_> = placed.iter().filter(|p| p.1 / il == row).collect();
+        let in_row: Vec<_> = placed.iter().filter(|p| p.mo / il == row).collect();
         assert_eq!(in_row.len() as u64, 2 * il / BLOCK, "a row of two data columns");
-        let &&(holder, mo, at) = in_row.iter().find(|p| p.1 % il == BLOCK).unwrap();
+        let &&Placed { slab: holder, mo, at } = in_row.iter().find(|p| p.mo % il == BLOCK).unwrap();
         let parity = set
             .desc()
             .members
             .into_iter()
-            .find(|s| !in_row.iter().any(|p| p.0 == *s))
+            .find(|s| !in_row.iter().any(|p| p.slab == *s))
             .expect("the row's parity member");
         let rot = Rot {
             at,
@@ -450,7 +435,7 @@ fn setup(dir: &Path) -> (Vec<u8>, Vec<Rot>, Vec<u64>) {
         };
         rot.apply();
         lost.push(rot);
-        rows.extend(in_row.iter().map(|p| p.2));
+        rows.extend(in_row.iter().map(|p| p.at));
     }
     drop(v);
     drop(e);

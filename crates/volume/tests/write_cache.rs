@@ -1875,32 +1875,16 @@ fn lost_in_a_row() -> LostInARow {
     let old = pattern(41, 0, size as usize);
     v.write(0, &old, true).unwrap();
     e.cache().drain().unwrap();
-    // Where each 4 KiB block of the vdisk lies: member slab and offset in it.
     let set = e.layouts().sets()[0].clone();
     let il = set.spec.interleave;
-    let by_content: std::collections::HashMap<&[u8], u64> = (0..size)
-        .step_by(4096)
-        .map(|at| (&old[at as usize..at as usize + 4096], at))
-        .collect();
-    let mut placed = Vec::new();
-    for slab in set.desc().members {
-        let mut b = tessera_disk::AlignedBuf::zeroed(MIB as usize);
-        rig.disks[slab.disk as usize]
-            .inner()
-            .read_at(&mut b, e.pool().slab_offset(slab))
-            .unwrap();
-        for (k, block) in b.chunks(4096).enumerate() {
-            if let Some(&at) = by_content.get(block) {
-                placed.push((slab, k as u64 * 4096, at));
-            }
-        }
-    }
-    let (holder, mo, _) = *placed.iter().find(|p| p.2 == 0).expect("the vdisk's first block");
+    let placed = common::placed_blocks(e, |i| rig.disks[i].inner().clone(), &old, 4096);
+    let first = *placed.iter().find(|p| p.at == 0).expect("the vdisk's first block");
+    let (holder, mo) = (first.slab, first.mo);
     let row = mo / il * il..mo / il * il + il;
     let in_row: Vec<(u64, u64)> = placed
         .iter()
-        .filter(|p| row.contains(&p.1))
-        .map(|p| (p.2, p.1))
+        .filter(|p| row.contains(&p.mo))
+        .map(|p| (p.at, p.mo))
         .collect();
     assert_eq!(
         in_row.len() as u64,
@@ -1912,7 +1896,7 @@ fn lost_in_a_row() -> LostInARow {
         .desc()
         .members
         .into_iter()
-        .find(|s| !placed.iter().any(|p| p.0 == *s && row.contains(&p.1)))
+        .find(|s| !placed.iter().any(|p| p.slab == *s && row.contains(&p.mo)))
         .expect("the row's parity member");
     for slab in [holder, parity] {
         rig.disks[slab.disk as usize]

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use tessera_disk::{BlockDevice, DiskError, DiskRef, FaultyDisk, MemDisk};
 use tessera_volume::{
     Compression, DedupMode, DedupSettings, Engine, LayoutKind, PassOptions, PassReport, Progress, Provisioning,
-    RebuildOptions, VdiskSpec,
+    RebuildOptions, SlabRef, VdiskSpec,
 };
 
 pub const MIB: u64 = 1 << 20;
@@ -197,4 +197,42 @@ pub fn run_dedup(e: &Engine) -> PassReport {
         ..Default::default()
     };
     e.dedup_run(&opts, &Progress::default()).unwrap()
+}
+
+/// A block of a vdisk found on a member by its content: the member, the offset in it, and the
+/// block's offset in the vdisk.
+#[derive(Clone, Copy, Debug)]
+pub struct Placed {
+    pub slab: SlabRef,
+    pub mo: u64,
+    pub at: u64,
+}
+
+/// Where each `block`-byte block of `data` (what the pool's vdisk holds from offset 0, each
+/// block different) lies on the members of the pool's first slab set, found by reading the
+/// members through `disk` (by disk index: bypass any fault injector) and matching content.
+pub fn placed_blocks(e: &Engine, disk: impl Fn(usize) -> DiskRef, data: &[u8], block: u64) -> Vec<Placed> {
+    let by_content: std::collections::HashMap<&[u8], u64> = (0..data.len() as u64)
+        .step_by(block as usize)
+        .map(|at| (&data[at as usize..(at + block) as usize], at))
+        .collect();
+    let set = e.layouts().sets()[0].clone();
+    let slab_size = e.pool().slab_size();
+    let mut placed = Vec::new();
+    for slab in set.desc().members {
+        let mut b = tessera_disk::AlignedBuf::zeroed(slab_size as usize);
+        disk(slab.disk as usize)
+            .read_at(&mut b, e.pool().slab_offset(slab))
+            .unwrap();
+        for (k, chunk) in b.chunks(block as usize).enumerate() {
+            if let Some(&at) = by_content.get(chunk) {
+                placed.push(Placed {
+                    slab,
+                    mo: k as u64 * block,
+                    at,
+                });
+            }
+        }
+    }
+    placed
 }
