@@ -534,7 +534,6 @@ impl ServerConfig {
     }
 }
 
-/// A listener's address: the given one or `default`; "" or "none" turns the listener off.
 /// A schedule's interval: `default` when not given, None for "off", "none" or zero.
 fn interval(key: &str, given: Option<&str>, default: Duration) -> Result<Option<Duration>, String> {
     match given {
@@ -547,6 +546,7 @@ fn interval(key: &str, given: Option<&str>, default: Duration) -> Result<Option<
     }
 }
 
+/// A listener's address: the given one or `default`; "" or "none" turns the listener off.
 fn listen_addr(key: &str, given: Option<String>, default: &str) -> Result<Option<SocketAddr>, String> {
     match given.as_deref().unwrap_or(default) {
         "" | "none" => Ok(None),
@@ -879,6 +879,9 @@ mod tests {
         for bad in [
             "scrub_interval = \"soon\"\n",
             "scan_interval = \"weekly\"\n",
+            "scan_interval = \"18446744073709551615\"\n",
+            "scrub_interval = \"99999999d\"\n",
+            "auto_repair_delay = \"4000d\"\n",
             "scrub_rate = \"0\"\n",
             "disk_error_limit = 0\n",
         ] {

@@ -63,8 +63,12 @@ pub fn format_size(n: u64) -> String {
     }
 }
 
+/// The longest duration a setting takes: ten years. Schedules add it to clocks counted in
+/// seconds since 1970, which a longer one would overflow.
+pub const MAX_DURATION: Duration = Duration::from_secs(3650 * 86_400);
+
 /// Parses a duration: a whole number with a unit s, m, h or d (`90s`, `5m`, `2h`, `1d`); a
-/// bare number is seconds.
+/// bare number is seconds. At most [`MAX_DURATION`].
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let t = s.trim();
     let bad = || format!("'{s}' is not a duration: write a whole number with s, m, h or d, e.g. 5m");
@@ -82,7 +86,8 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         _ => return Err(bad()),
     };
     secs.map(Duration::from_secs)
-        .ok_or_else(|| format!("'{s}' is too long"))
+        .filter(|d| *d <= MAX_DURATION)
+        .ok_or_else(|| format!("'{s}' is too long: at most 3650d"))
 }
 
 /// A duration for humans: `45 s`, `5 min`, `2 h 30 min`.
@@ -113,6 +118,9 @@ mod tests {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
         assert!(parse_duration("99999999999999999d").unwrap_err().contains("too long"));
+        assert_eq!(parse_duration("3650d"), Ok(MAX_DURATION));
+        assert!(parse_duration("3651d").unwrap_err().contains("too long"));
+        assert!(parse_duration("18446744073709551615").unwrap_err().contains("too long"));
         assert_eq!(format_duration(Duration::from_secs(45)), "45 s");
         assert_eq!(format_duration(Duration::from_secs(300)), "5 min");
         assert_eq!(format_duration(Duration::from_secs(150)), "2 min 30 s");
