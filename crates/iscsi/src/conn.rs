@@ -26,10 +26,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use tessera_disk::ReadRing;
+use tessera_disk::{IoOp, ReadRing};
 use tessera_scsi::{
     decode_lun, io_op, is_read, report_luns, sense, transfer_length, Data, Lun, Nexus, PlannedRead, PlannedWrite,
-    ReadStart, Response, Scope, WriteStart, REPORT_LUNS,
+    ReadStart, Response, Scope, WriteStart, MAX_TRANSFER_BYTES, REPORT_LUNS,
 };
 use tokio::io::AsyncWriteExt;
 use tracing::{debug, info, warn};
@@ -197,7 +197,7 @@ enum OnRing {
 fn read_bytes(done: &[((Job, OnRing), bool)]) -> usize {
     done.iter()
         .filter(|((_, on), _)| matches!(on, OnRing::Read(_)))
-        .map(|((j, _), _)| j.edtl)
+        .map(|((j, _), _)| j.read_bytes())
         .sum()
 }
 
@@ -216,6 +216,20 @@ struct Job {
     fail: Option<Fail>,
     /// The write buffer's charge, given back when the job is done with.
     _charge: Option<Charge>,
+}
+
+impl Job {
+    /// The buffer a READ takes: what its CDB asks for (up to the largest transfer), which an
+    /// initiator's EDTL may understate, or its EDTL if that is more.
+    fn read_bytes(&self) -> usize {
+        let asked = self
+            .lun
+            .as_ref()
+            .and_then(|l| transfer_length(&self.cdb, l.block_size()))
+            .unwrap_or(0)
+            .min(MAX_TRANSFER_BYTES);
+        self.edtl.max(asked as usize)
+    }
 }
 
 /// What the session is, fixed at login.
@@ -479,5 +493,50 @@ fn serve_thread(s: &Arc<Session>) {
             s.writer.abort();
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_scsi::RamBackend;
+
+    fn read_job(cdb: &[u8], edtl: usize) -> Job {
+        Job {
+            itt: 1,
+            arrived: Instant::now(),
+            lun_field: [0; 8],
+            lun: Some(Arc::new(Lun::new(
+                Arc::new(RamBackend::new("ram", 1 << 30, 4096)),
+                1,
+                false,
+            ))),
+            cdb: cdb.to_vec(),
+            data_out: Vec::new(),
+            edtl,
+            read: edtl > 0,
+            fail: None,
+            _charge: None,
+        }
+    }
+
+    /// READ buffers are counted by what the CDB asks, not by the EDTL a host may set to 0.
+    #[test]
+    fn a_read_is_counted_by_the_blocks_it_asks_for() {
+        let read10 = |blocks: u16| {
+            let mut c = vec![0x28, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+            c[7..9].copy_from_slice(&blocks.to_be_bytes());
+            c
+        };
+        assert_eq!(read_job(&read10(8), 0).read_bytes(), 8 * 4096);
+        assert_eq!(read_job(&read10(8), 4096).read_bytes(), 8 * 4096);
+        assert_eq!(read_job(&read10(1), 10_000).read_bytes(), 10_000);
+        assert_eq!(
+            read_job(&read10(u16::MAX), 0).read_bytes(),
+            MAX_TRANSFER_BYTES as usize,
+            "past the largest transfer the READ is refused before it reads"
+        );
+        // INQUIRY: its EDTL.
+        assert_eq!(read_job(&[0x12, 0, 0, 0, 96, 0], 96).read_bytes(), 96);
     }
 }

@@ -15,6 +15,10 @@ use tessera_iscsi::{Access, Registry, Target};
 use tessera_scsi::{BackendResult, BlockBackend, Extent, FrozenImage, Lun, RamBackend};
 use tokio::net::{TcpListener, TcpStream};
 
+mod raw;
+
+use raw::{command, read_pdu, write10};
+
 const TARGET: &str = "iqn.2026-12.io.tessera:tmf";
 const HOST: &str = "iqn.2026-12.io.example:host";
 const MIB: u64 = 1 << 20;
@@ -113,54 +117,14 @@ async fn rig() -> (String, Arc<Gated>, Arc<Registry>) {
     (addr, gated, reg)
 }
 
-async fn read_pdu(s: &mut TcpStream, within: Duration) -> Option<Pdu> {
-    match tokio::time::timeout(within, Pdu::read(s, false, false, 1 << 20)).await {
-        Ok(Ok(p)) => Some(p),
-        _ => None,
-    }
-}
-
 /// Logs in with immediate data, so that a 4 KiB write needs no R2T.
 async fn login(addr: &str) -> TcpStream {
     login_port(addr, 1).await
 }
 
-/// [`login`] from the host's initiator port `port` (the last byte of its ISID): another
-/// session, another I_T nexus.
+/// [`login`] from the host's initiator port `port`: another session, another I_T nexus.
 async fn login_port(addr: &str, port: u8) -> TcpStream {
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    let text = format!(
-        "InitiatorName={HOST}\0TargetName={TARGET}\0SessionType=Normal\0ImmediateData=Yes\0\
-         MaxRecvDataSegmentLength=262144\0"
-    );
-    let mut p = Pdu::new(0x43); // immediate | LOGIN_REQ
-    p.bhs[1] = 0x87; // T, CSG 1 (operational), NSG 3 (full feature)
-    p.bhs[8..14].copy_from_slice(&[0x80, 0, 0, 0, 0x12, port]);
-    p.data = text.into_bytes();
-    p.write(&mut s, false, false).await.unwrap();
-    let r = read_pdu(&mut s, Duration::from_secs(5))
-        .await
-        .expect("a login response");
-    assert_eq!((r.bhs[36], r.bhs[37]), (0, 0), "logged in");
-    s
-}
-
-/// An immediate SCSI command with `data` as its immediate data.
-fn command(itt: u32, lun: u8, cdb: &[u8], write: bool, edtl: u32, data: Vec<u8>) -> Pdu {
-    let mut p = Pdu::new(0x41); // immediate | SCSI_CMD
-    p.bhs[1] = 0x80 | if write { 0x20 } else { 0x40 } | 0x01; // F, W or R, simple task
-    p.bhs[9] = lun;
-    p.set(16, itt).set(20, edtl);
-    p.bhs[32..32 + cdb.len()].copy_from_slice(cdb);
-    p.data = data;
-    p
-}
-
-fn write10(lba: u32, blocks: u16) -> Vec<u8> {
-    let mut c = vec![0x2A, 0, 0, 0, 0, 0, 0, 0, 0, 0];
-    c[2..6].copy_from_slice(&lba.to_be_bytes());
-    c[7..9].copy_from_slice(&blocks.to_be_bytes());
-    c
+    raw::login(addr, TARGET, HOST, port).await
 }
 
 /// A task management request of `function` for `lun` (and, for ABORT TASK, task `referenced`).

@@ -33,6 +33,25 @@ pub(super) fn no_such_lun(cdb: &[u8]) -> Response {
     }
 }
 
+/// Why a command's R and W bits cannot go with its length, its immediate data or its CDB,
+/// if they cannot (RFC 7143 11.3.1): such a command is rejected rather than run on data it did
+/// not carry. (A READ with W runs and sends no data, all of it residual, as libiscsi's suite
+/// expects.) `read` and `write` are the bits of a command with a length.
+fn direction_fault(read: bool, write: bool, edtl: usize, immediate: usize, cdb: &[u8]) -> Option<&'static str> {
+    let writes_data = matches!(io_op(cdb), IoOp::Write | IoOp::Unmap | IoOp::Zero);
+    if read && write {
+        Some("bidirectional commands are not supported")
+    } else if edtl > 0 && !read && !write {
+        Some("a transfer length with neither R nor W")
+    } else if immediate > 0 && !write {
+        Some("immediate data without W")
+    } else if read && writes_data {
+        Some("a command that sends data, with R")
+    } else {
+        None
+    }
+}
+
 impl Session {
     /// True if a non-immediate command's CmdSN is inside [ExpCmdSN, MaxCmdSN].
     pub(super) fn in_window(&self, p: &Pdu) -> bool {
@@ -60,8 +79,14 @@ impl Session {
             return None;
         };
         let flags = p.flags();
-        let (read, write) = (flags & 0x40 != 0, flags & 0x20 != 0);
         let edtl = p.expected_data_transfer_length() as usize;
+        // R and W mean nothing without a length to move (a host may send them with none).
+        let (read, write) = (flags & 0x40 != 0 && edtl > 0, flags & 0x20 != 0 && edtl > 0);
+        if let Some(why) = direction_fault(read, write, edtl, p.data.len(), p.cdb()) {
+            debug!(itt = p.itt(), opcode = p.cdb()[0], edtl, why, "command rejected");
+            self.reject(&p, 0x09);
+            return None;
+        }
         let cdb = p.cdb().to_vec();
         let lun_field = p.lun();
         let lun = target.lun(decode_lun(&lun_field));

@@ -113,8 +113,11 @@ impl Session {
         let buf = rs.inbox.available();
         match wire_len(buf, p.header_digest, p.data_digest) {
             Some(n) if n <= buf.len() && buf[0] & 0x3F == op::SCSI_CMD && is_read(buf[32]) => {
+                // The next READ's buffer, counted at the largest block size until its LUN
+                // is known.
                 let edtl = u32::from_be_bytes([buf[20], buf[21], buf[22], buf[23]]) as usize;
-                batch.iter().map(|j| j.edtl).sum::<usize>() + edtl <= MAX_BATCH_BYTES
+                let asked = transfer_length(&buf[32..48], 4096).unwrap_or(0).min(MAX_TRANSFER_BYTES);
+                batch.iter().map(Job::read_bytes).sum::<usize>() + edtl.max(asked as usize) <= MAX_BATCH_BYTES
             }
             _ => false,
         }
@@ -152,7 +155,7 @@ impl Session {
         // Past this much read data in flight the READ runs on this thread, which stops
         // receiving meanwhile: a client that queues huge READs (immediate ones skip the
         // CmdSN window) is slowed down, and the buffers stay bounded.
-        if rs.ring_bytes + job.edtl > MAX_RING_BYTES {
+        if rs.ring_bytes + job.read_bytes() > MAX_RING_BYTES {
             return Some(job);
         }
         // A bug in one command fails that command, not the session.
@@ -170,7 +173,7 @@ impl Session {
                 let reads = read.submissions();
                 // SAFETY: the reads fill the PlannedRead's own buffer, which travels with it
                 // in the ring until they have completed.
-                rs.ring_bytes += job.edtl;
+                rs.ring_bytes += job.read_bytes();
                 unsafe { ring.start((job, OnRing::Read(read)), &reads) };
                 None
             }

@@ -122,6 +122,10 @@ pub(super) fn response_pdus<'a>(
         } else if edtl > data.len() {
             under = edtl - data.len();
         }
+    } else if !data.is_empty() {
+        // Without R the initiator takes no Data-In: all the command returned is residual.
+        over = data.len();
+        data = &[];
     } else if let Some(w) = wanted {
         if w > edtl {
             over = w - edtl;

@@ -1,0 +1,116 @@
+//! A SCSI Command PDU's R and W bits, its length and its immediate data must agree with one
+//! another and with the CDB. A command that says it moves no data, or moves it the other
+//! way, is rejected rather than answered GOOD having written nothing; a read the host takes
+//! no data from (no R, or no length) returns none, all of it counted as residual.
+
+mod raw;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use raw::{command, command_with, read10, read_pdu, write10, R, W};
+use tessera_iscsi::pdu::Pdu;
+use tessera_iscsi::{Access, Registry, Target};
+use tessera_scsi::{Lun, RamBackend};
+use tokio::net::{TcpListener, TcpStream};
+
+const TARGET: &str = "iqn.2026-12.io.tessera:fields";
+const HOST: &str = "iqn.2026-12.io.example:host";
+
+async fn rig() -> TcpStream {
+    let reg = Registry::new();
+    let t = reg.add_target(Target::new(TARGET));
+    t.set_access(Access::open());
+    t.luns.write().insert(
+        0,
+        Arc::new(Lun::new(Arc::new(RamBackend::new("ram", 1 << 20, 512)), 0x51, false)),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(tessera_iscsi::serve(listener, reg));
+    raw::login(&addr, TARGET, HOST, 1).await
+}
+
+async fn send(s: &mut TcpStream, mut p: Pdu) -> Pdu {
+    p.write(s, false, false).await.unwrap();
+    read_pdu(s, Duration::from_secs(5)).await.expect("an answer")
+}
+
+/// Block `lba` as a READ with R gives it.
+async fn block(s: &mut TcpStream, itt: u32, lba: u32) -> Vec<u8> {
+    let p = send(s, command(itt, 0, &read10(lba, 1), false, 512, vec![])).await;
+    assert_eq!((p.opcode() & 0x3F, p.bhs[3]), (0x25, 0), "Data-In with GOOD");
+    p.data
+}
+
+fn residual(p: &Pdu) -> (u8, u32) {
+    (p.bhs[1] & 0x06, u32::from_be_bytes(p.bhs[44..48].try_into().unwrap()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_whose_bits_do_not_carry_its_data_is_rejected_and_writes_nothing() {
+    let mut s = rig().await;
+    let data = vec![0x5Au8; 512];
+    let cases: [(&str, u8, u32, Vec<u8>); 4] = [
+        ("a length with neither R nor W", 0, 512, vec![]),
+        ("a WRITE with R", R, 512, vec![]),
+        ("immediate data with R", R, 512, data.clone()),
+        ("R and W", R | W, 512, data.clone()),
+    ];
+    for (itt, (what, flags, edtl, imm)) in (1..).zip(cases) {
+        let p = send(&mut s, command_with(itt, 0, &write10(3, 1), flags, edtl, imm)).await;
+        assert_eq!(
+            (p.opcode() & 0x3F, p.bhs[2]),
+            (0x3F, 0x09),
+            "{what}: Reject, invalid PDU field"
+        );
+        assert_eq!(
+            &p.data[16..20],
+            &itt.to_be_bytes(),
+            "{what}: the rejected command's header"
+        );
+        assert_eq!(
+            block(&mut s, 100 + itt, 3).await,
+            vec![0u8; 512],
+            "{what}: nothing written"
+        );
+    }
+    let p = send(&mut s, command(10, 0, &write10(3, 1), true, 512, data.clone())).await;
+    assert_eq!(
+        (p.opcode() & 0x3F, p.bhs[3], residual(&p)),
+        (0x21, 0, (0, 0)),
+        "a good WRITE"
+    );
+    assert_eq!(block(&mut s, 11, 3).await, data);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_with_no_length_move_no_data_and_count_it_all_as_residual() {
+    let mut s = rig().await;
+    let data = vec![0xC3u8; 512];
+    let p = send(&mut s, command(1, 0, &write10(5, 1), true, 512, data.clone())).await;
+    assert_eq!((p.opcode() & 0x3F, p.bhs[3]), (0x21, 0));
+    // A READ of a block the host takes nothing of (EDTL 0, with R or without): a SCSI
+    // Response, GOOD, overflowing by the block, and no Data-In before it.
+    for (itt, flags) in [(2, 0), (3, R)] {
+        let p = send(&mut s, command_with(itt, 0, &read10(5, 1), flags, 0, vec![])).await;
+        assert_eq!(
+            (p.opcode() & 0x3F, p.itt(), p.bhs[3]),
+            (0x21, itt, 0),
+            "flags {flags:#x}: a response and no data"
+        );
+        assert_eq!(residual(&p), (0x04, 512), "flags {flags:#x}: overflow by a block");
+    }
+    // A READ flagged as a write, with a block of data: it runs, and sends none of what it
+    // read (libiscsi's Read10Invalid takes GOOD).
+    let p = send(&mut s, command_with(6, 0, &read10(5, 1), W, 512, vec![0u8; 512])).await;
+    assert_eq!(
+        (p.opcode() & 0x3F, p.bhs[3], residual(&p)),
+        (0x21, 0, (0x04, 512)),
+        "a READ with W"
+    );
+    // A WRITE of a block with EDTL 0 writes nothing and says so in its residual.
+    let p = send(&mut s, command_with(4, 0, &write10(5, 1), W, 0, vec![])).await;
+    assert_eq!((p.opcode() & 0x3F, p.bhs[3], residual(&p)), (0x21, 0, (0x04, 512)));
+    assert_eq!(block(&mut s, 5, 5).await, data, "the block is as it was");
+}
