@@ -1,14 +1,15 @@
 //! A SCSI Command PDU's R and W bits, its length and its immediate data must agree with one
 //! another and with the CDB. A command that says it moves no data, or moves it the other
 //! way, is rejected rather than answered GOOD having written nothing; a read the host takes
-//! no data from (no R, or no length) returns none, all of it counted as residual.
+//! no data from (no R, or no length) returns none, all of it counted as residual. Write data
+//! comes in order: a Data-Out anywhere but at the next offset fails its command.
 
 mod raw;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use raw::{command, command_with, read10, read_pdu, write10, R, W};
+use raw::{command, command_with, data_out, r2t, read10, read_pdu, write10, R, W};
 use tessera_iscsi::pdu::Pdu;
 use tessera_iscsi::{Access, Registry, Target};
 use tessera_scsi::{Lun, RamBackend};
@@ -113,4 +114,42 @@ async fn commands_with_no_length_move_no_data_and_count_it_all_as_residual() {
     let p = send(&mut s, command_with(4, 0, &write10(5, 1), W, 0, vec![])).await;
     assert_eq!((p.opcode() & 0x3F, p.bhs[3], residual(&p)), (0x21, 0, (0x04, 512)));
     assert_eq!(block(&mut s, 5, 5).await, data, "the block is as it was");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_data_sent_twice_to_one_offset_fails_the_write_rather_than_leave_zeros() {
+    let mut s = rig().await;
+    // Eight blocks, all solicited (InitialR2T): one R2T for the 4 KiB.
+    let p = send(&mut s, command(1, 0, &write10(16, 8), true, 4096, vec![])).await;
+    let (ttt, offset, len) = r2t(&p);
+    assert_eq!((offset, len), (0, 4096));
+    // The first half, then the first half again, numbered as if it were the second.
+    for (sn, last) in [(0, false), (1, true)] {
+        data_out(1, 0, ttt, sn, 0, vec![0x77; 2048], last)
+            .write(&mut s, false, false)
+            .await
+            .unwrap();
+    }
+    let p = read_pdu(&mut s, Duration::from_secs(5)).await.expect("an answer");
+    assert_eq!(
+        (p.opcode() & 0x3F, p.itt(), p.bhs[3]),
+        (0x21, 1, 0x02),
+        "CHECK CONDITION"
+    );
+    assert_eq!(
+        (p.data[4] & 0x0F, p.data[14], p.data[15]),
+        (0x0B, 0x4B, 0x05),
+        "ABORTED COMMAND, DATA OFFSET ERROR"
+    );
+    assert_eq!(block(&mut s, 2, 16).await, vec![0u8; 512], "nothing written");
+    // Data that arrives in order is written.
+    let p = send(&mut s, command(3, 0, &write10(16, 8), true, 4096, vec![])).await;
+    let (ttt, _, _) = r2t(&p);
+    data_out(3, 0, ttt, 0, 0, vec![0x77; 2048], false)
+        .write(&mut s, false, false)
+        .await
+        .unwrap();
+    let p = send(&mut s, data_out(3, 0, ttt, 1, 2048, vec![0x78; 2048], true)).await;
+    assert_eq!((p.opcode() & 0x3F, p.itt(), p.bhs[3]), (0x21, 3, 0), "GOOD");
+    assert_eq!(block(&mut s, 4, 23).await, vec![0x78u8; 512]);
 }

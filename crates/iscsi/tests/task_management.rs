@@ -17,7 +17,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 mod raw;
 
-use raw::{command, read_pdu, write10};
+use raw::{command, data_out, r2t, read_pdu, write10};
 
 const TARGET: &str = "iqn.2026-12.io.tessera:tmf";
 const HOST: &str = "iqn.2026-12.io.example:host";
@@ -251,4 +251,44 @@ async fn a_lun_reset_is_answered_once_other_nexuses_commands_have_ended() {
         .await
         .expect("the write is answered");
     assert_eq!((p.opcode() & 0x3F, p.itt()), (0x21, 1));
+}
+
+/// ABORT TASK SET, CLEAR TASK SET and LUN RESET end the commands of their logical unit: a
+/// write to another one, waiting for its solicited data, goes on and is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_function_for_one_lun_leaves_the_writes_waiting_for_data_on_another() {
+    let (addr, _gated, _reg) = rig().await;
+    let mut s = login(&addr).await;
+    for (i, function) in (0u32..).zip([2u8, 4, 5]) {
+        let itt = 10 * (i + 1);
+        // Half its data immediate, the rest solicited (InitialR2T).
+        command(itt, 1, &write10(0, 16), true, 8192, vec![0x3C; 4096])
+            .write(&mut s, false, false)
+            .await
+            .unwrap();
+        let p = read_pdu(&mut s, Duration::from_secs(5)).await.expect("an R2T");
+        let (ttt, offset, len) = r2t(&p);
+        assert_eq!((offset, len), (4096, 4096));
+        tmf(itt + 1, function, 0, 0).write(&mut s, false, false).await.unwrap();
+        let p = read_pdu(&mut s, Duration::from_secs(5))
+            .await
+            .expect("the function's answer");
+        assert_eq!(
+            (p.opcode() & 0x3F, p.itt(), p.bhs[2]),
+            (0x22, itt + 1, 0),
+            "function {function}"
+        );
+        data_out(itt, 1, ttt, 0, 4096, vec![0x3D; 4096], true)
+            .write(&mut s, false, false)
+            .await
+            .unwrap();
+        let p = read_pdu(&mut s, Duration::from_secs(5))
+            .await
+            .unwrap_or_else(|| panic!("function {function} dropped the other LUN's write"));
+        assert_eq!(
+            (p.opcode() & 0x3F, p.itt(), p.bhs[3]),
+            (0x21, itt, 0),
+            "function {function}: GOOD"
+        );
+    }
 }

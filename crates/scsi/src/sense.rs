@@ -107,6 +107,9 @@ pub const WRITE_ERROR: Sense = Sense::new(key::MEDIUM_ERROR, 0x0C, 0x00);
 /// iSCSI's "a data PDU was lost" (RFC 7143 11.4.7.2), for a write whose data cannot be
 /// asked for again at ErrorRecoveryLevel 0.
 pub const PROTOCOL_SERVICE_CRC_ERROR: Sense = Sense::new(key::ABORTED_COMMAND, 0x47, 0x05);
+/// Write data that arrived at another offset than the next one, which in-order data
+/// (DataPDUInOrder and DataSequenceInOrder, RFC 7143 13.19-20) must be.
+pub const DATA_OFFSET_ERROR: Sense = Sense::new(key::ABORTED_COMMAND, 0x4B, 0x05);
 pub const INTERNAL_TARGET_FAILURE: Sense = Sense::new(key::HARDWARE_ERROR, 0x44, 0x00);
 pub const MISCOMPARE_DURING_VERIFY: Sense = Sense::new(key::MISCOMPARE, 0x1D, 0x00);
 pub const POWER_ON_OCCURRED: Sense = Sense::new(key::UNIT_ATTENTION, 0x29, 0x00);

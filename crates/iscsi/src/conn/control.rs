@@ -75,7 +75,7 @@ impl Session {
             1 => {
                 let tag = p.ttt();
                 let waiting = rs.writes.len();
-                self.drop_writes(rs, |itt| itt == tag);
+                self.drop_writes(rs, |itt, _| itt == tag);
                 let dropped = rs.writes.len() < waiting;
                 let running = self.running.abort(|itt, _| itt == tag);
                 (if dropped || !running.is_empty() { 0 } else { 1 }, running)
@@ -83,7 +83,7 @@ impl Session {
             // ABORT TASK SET, CLEAR TASK SET: this session's commands to the logical unit.
             // (CLEAR TASK SET's commands of other sessions run on and are answered.)
             2 | 4 => {
-                self.drop_writes(rs, |_| true);
+                self.drop_writes(rs, |_, t| decode_lun(&t.lun_field) == lun);
                 (0, self.running.abort(|_, l| l == lun))
             }
             // LUN RESET, TARGET WARM and COLD RESET: this session's commands to the logical
@@ -91,7 +91,7 @@ impl Session {
             // unit attention; their commands run on and are answered, but the function is
             // answered only once they have ended (below).
             5 | 6 | 7 => {
-                self.drop_writes(rs, |_| true);
+                self.drop_writes(rs, |_, t| function != 5 || decode_lun(&t.lun_field) == lun);
                 for l in &luns {
                     l.reset(self.ctx.nexus.id);
                 }

@@ -3,10 +3,11 @@
 use super::*;
 
 impl Session {
-    /// Drops writes still waiting for data; they are no longer outstanding.
-    pub(super) fn drop_writes(&self, rs: &mut ReadSide, which: impl Fn(u32) -> bool) {
+    /// Drops the writes still waiting for data that `which` picks by tag and task; they are no
+    /// longer outstanding.
+    pub(super) fn drop_writes(&self, rs: &mut ReadSide, which: impl Fn(u32, &WriteTask) -> bool) {
         let before = rs.writes.len();
-        rs.writes.retain(|&itt, _| !which(itt));
+        rs.writes.retain(|&itt, t| !which(itt, t));
         let dropped = (before - rs.writes.len()) as u32;
         self.writer.seq.outstanding.fetch_sub(dropped, Ordering::AcqRel);
     }
@@ -69,6 +70,18 @@ impl Session {
             );
             t.lost_data = Some(Fail::Sense(sense::PROTOCOL_SERVICE_CRC_ERROR));
         }
+        // Data comes in order (DataPDUInOrder and DataSequenceInOrder are Yes), so what has
+        // arrived is the buffer's first `received` bytes and the next PDU starts there. One
+        // elsewhere (sent again, or skipping ahead) would leave zeros counted as data.
+        if t.lost_data.is_none() && offset != t.received {
+            warn!(
+                itt,
+                offset,
+                expected = t.received,
+                "Data-Out out of order: the command will fail"
+            );
+            t.lost_data = Some(Fail::Sense(sense::DATA_OFFSET_ERROR));
+        }
         t.data_sn = t.data_sn.wrapping_add(1);
         if p.final_bit() {
             if let Some((ttt, _, _)) = t.r2t {
@@ -95,6 +108,11 @@ impl Session {
             return Ok(Some(t.into_job(itt)));
         }
         if p.final_bit() {
+            if p.ttt() == NO_TAG {
+                // The unsolicited data ended, perhaps short of FirstBurstLength: the rest is
+                // asked for from where it stopped.
+                t.next_offset = t.received;
+            }
             self.next_r2t(rs, itt, &mut t);
         }
         rs.writes.insert(itt, t);

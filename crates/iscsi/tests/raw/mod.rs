@@ -70,3 +70,20 @@ pub fn read10(lba: u32, blocks: u16) -> Vec<u8> {
     c[0] = 0x28;
     c
 }
+
+/// A Data-Out PDU of task `itt` (`ttt` 0xFFFFFFFF for unsolicited data).
+pub fn data_out(itt: u32, lun: u8, ttt: u32, data_sn: u32, offset: u32, data: Vec<u8>, last: bool) -> Pdu {
+    let mut p = Pdu::new(0x05);
+    p.bhs[1] = if last { 0x80 } else { 0 };
+    p.bhs[9] = lun;
+    p.set(16, itt).set(20, ttt).set(36, data_sn).set(40, offset);
+    p.data = data;
+    p
+}
+
+/// An R2T's target transfer tag, offset and length.
+pub fn r2t(p: &Pdu) -> (u32, u32, u32) {
+    assert_eq!(p.opcode() & 0x3F, 0x31, "an R2T");
+    let at = |i: usize| u32::from_be_bytes(p.bhs[i..i + 4].try_into().unwrap());
+    (at(20), at(40), at(44))
+}
