@@ -292,3 +292,69 @@ async fn a_function_for_one_lun_leaves_the_writes_waiting_for_data_on_another() 
         );
     }
 }
+
+/// A command under the tag of a task in progress (waiting for data, or running) is rejected:
+/// taking its place, it would leave the first never answered, and an ABORT TASK of the tag
+/// answered before the first ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_under_the_tag_of_a_task_in_progress_is_rejected() {
+    let (addr, gated, _reg) = rig().await;
+    let mut s = login(&addr).await;
+    let tur = [0u8; 6];
+    let rejected = |p: Option<Pdu>, what: &str| {
+        let p = p.unwrap_or_else(|| panic!("{what}: no answer"));
+        assert_eq!(
+            (p.opcode() & 0x3F, p.bhs[2]),
+            (0x3F, 0x07),
+            "{what}: Reject, task in progress"
+        );
+    };
+    // Waiting for its solicited data.
+    command(7, 1, &write10(0, 16), true, 8192, vec![0x3C; 4096])
+        .write(&mut s, false, false)
+        .await
+        .unwrap();
+    let (ttt, _, _) = r2t(&read_pdu(&mut s, Duration::from_secs(5)).await.expect("an R2T"));
+    command(7, 1, &tur, false, 0, vec![])
+        .write(&mut s, false, false)
+        .await
+        .unwrap();
+    rejected(read_pdu(&mut s, Duration::from_secs(5)).await, "waiting for data");
+    let mut p = data_out(7, 1, ttt, 0, 4096, vec![0x3D; 4096], true);
+    p.write(&mut s, false, false).await.unwrap();
+    let p = read_pdu(&mut s, Duration::from_secs(5))
+        .await
+        .expect("the write's answer");
+    assert_eq!(
+        (p.opcode() & 0x3F, p.itt(), p.bhs[3]),
+        (0x21, 7, 0),
+        "the first write, GOOD"
+    );
+    // Running, at the gate.
+    command(8, 0, &write10(8, 8), true, 4096, vec![0xA5; 4096])
+        .write(&mut s, false, false)
+        .await
+        .unwrap();
+    until_a_write_waits(&gated).await;
+    command(8, 1, &tur, false, 0, vec![])
+        .write(&mut s, false, false)
+        .await
+        .unwrap();
+    rejected(read_pdu(&mut s, Duration::from_secs(5)).await, "running");
+    gated.open();
+    let p = read_pdu(&mut s, Duration::from_secs(5))
+        .await
+        .expect("the write's answer");
+    assert_eq!(
+        (p.opcode() & 0x3F, p.itt(), p.bhs[3]),
+        (0x21, 8, 0),
+        "the running write, GOOD"
+    );
+    // Once answered, the tag is free again.
+    command(8, 1, &tur, false, 0, vec![])
+        .write(&mut s, false, false)
+        .await
+        .unwrap();
+    let p = read_pdu(&mut s, Duration::from_secs(5)).await.expect("an answer");
+    assert_eq!((p.opcode() & 0x3F, p.itt(), p.bhs[3]), (0x21, 8, 0));
+}

@@ -73,6 +73,13 @@ impl Session {
         }
         let arrived = Instant::now();
         self.advance(&p);
+        if rs.writes.contains_key(&p.itt()) || self.running.contains(p.itt()) {
+            // A tag names one task of the session (RFC 7143 11.2.1.8): a second one under it
+            // would take the first's place, which then is never answered nor aborted.
+            debug!(itt = p.itt(), "command with the tag of a task in progress rejected");
+            self.reject(&p, 0x07);
+            return None;
+        }
         let Some(target) = &self.ctx.target else {
             // A discovery session carries no SCSI commands.
             self.reject(&p, 0x04);

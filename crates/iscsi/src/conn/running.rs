@@ -28,6 +28,11 @@ impl Running {
         self.tasks.lock().insert(itt, Task { lun, aborted: false });
     }
 
+    /// Whether a command of tag `itt` is received and not yet answered.
+    pub(super) fn contains(&self, itt: u32) -> bool {
+        self.tasks.lock().contains_key(&itt)
+    }
+
     /// The commands `itts` ended; for each, whether it was aborted (it gets no answer).
     pub(super) fn finish(&self, itts: impl Iterator<Item = u32>) -> Vec<bool> {
         let mut tasks = self.tasks.lock();
