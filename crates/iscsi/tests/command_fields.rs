@@ -153,3 +153,31 @@ async fn write_data_sent_twice_to_one_offset_fails_the_write_rather_than_leave_z
     assert_eq!((p.opcode() & 0x3F, p.itt(), p.bhs[3]), (0x21, 3, 0), "GOOD");
     assert_eq!(block(&mut s, 4, 23).await, vec![0x78u8; 512]);
 }
+
+/// A LUN field of two levels, or of another bus, names no logical unit here, not the one its
+/// first bytes would: INQUIRY says none is there, a WRITE fails and writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lun_field_beyond_the_first_level_names_no_lun() {
+    let mut s = rig().await;
+    for (itt, (at, byte)) in (1..).zip([(10, 1u8), (15, 1), (8, 0x01)]) {
+        let mut inquiry = command(itt, 0, &[0x12, 0, 0, 0, 36, 0], false, 36, vec![]);
+        inquiry.bhs[at] = byte;
+        let p = send(&mut s, inquiry).await;
+        assert_eq!((p.opcode() & 0x3F, p.bhs[3]), (0x25, 0), "byte {at}: INQUIRY answers");
+        assert_eq!(p.data[0], 0x7F, "byte {at}: no logical unit there");
+        let mut write = command(100 + itt, 0, &write10(7, 1), true, 512, vec![0xEE; 512]);
+        write.bhs[at] = byte;
+        let p = send(&mut s, write).await;
+        assert_eq!(
+            (p.opcode() & 0x3F, p.bhs[3]),
+            (0x21, 0x02),
+            "byte {at}: CHECK CONDITION"
+        );
+        assert_eq!((p.data[14], p.data[15]), (0x25, 0x00), "LOGICAL UNIT NOT SUPPORTED");
+        assert_eq!(
+            block(&mut s, 200 + itt, 7).await,
+            vec![0u8; 512],
+            "byte {at}: LUN 0 untouched"
+        );
+    }
+}

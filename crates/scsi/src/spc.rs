@@ -314,7 +314,8 @@ impl Lun {
         let rctd = cdb[2] & 0x80 != 0;
         let options = cdb[2] & 0x07;
         let req_op = cdb[3];
-        let req_sa = be16(&cdb[4..6]) as u8;
+        // A 16-bit field: one past 0xFF names no service action of ours, not its low byte's.
+        let req_sa = u8::try_from(be16(&cdb[4..6])).ok();
         let len = be32(&cdb[6..10]) as usize;
         let timeouts = |d: &mut Vec<u8>| d.extend_from_slice(&[0, 0x0A, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
         let mut d = Vec::new();
@@ -338,7 +339,7 @@ impl Lun {
             1..=3 => {
                 let found = COMMANDS
                     .iter()
-                    .find(|o| o.op == req_op && (options == 1 || o.sa == Some(req_sa)));
+                    .find(|o| o.op == req_op && (options == 1 || (o.sa.is_some() && o.sa == req_sa)));
                 let has_sa = COMMANDS.iter().any(|o| o.op == req_op && o.sa.is_some());
                 // Asking without a service action for a command that has them, or with one for a
                 // command that has none, is an invalid field.
@@ -442,11 +443,39 @@ pub fn encode_lun(lun: u64) -> [u8; 8] {
     b
 }
 
-/// The LUN number in an 8-byte SAM LUN field.
+/// The LUN number in an 8-byte SAM LUN field (SAM-5 4.7), or u64::MAX, which no LUN has, for
+/// a field that names none of ours: another bus, or a second level below the first.
 pub fn decode_lun(b: &[u8; 8]) -> u64 {
+    if b[2..].iter().any(|&x| x != 0) {
+        return u64::MAX;
+    }
     match b[0] >> 6 {
-        0 => b[1] as u64,
+        0 if b[0] & 0x3F == 0 => b[1] as u64,
         1 => (((b[0] & 0x3F) as u64) << 8) | b[1] as u64,
         _ => u64::MAX,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lun_fields_decode_to_their_lun_or_to_none() {
+        for lun in [0, 1, 255, 256, 0x3FFF] {
+            assert_eq!(decode_lun(&encode_lun(lun)), lun);
+        }
+        // Another bus, a second level, an address method we do not give out: no LUN of ours,
+        // not the LUN their first bytes would alias.
+        for field in [
+            [0x01, 0, 0, 0, 0, 0, 0, 0],
+            [0, 0, 0, 1, 0, 0, 0, 0],
+            [0, 3, 0, 0, 0, 0, 0, 9],
+            [0x40, 1, 0x40, 0, 0, 0, 0, 0],
+            [0x80, 0, 0, 0, 0, 0, 0, 0],
+            [0xC1, 0x01, 0, 0, 0, 0, 0, 0],
+        ] {
+            assert_eq!(decode_lun(&field), u64::MAX, "{field:02x?}");
+        }
     }
 }

@@ -148,6 +148,18 @@ fn report_supported_operation_codes_lists_the_table() {
         let d = lun.execute_for(&n, &cdb, &[]).data.to_vec();
         assert_eq!(d[1] & 0x07, 0x03, "{} supported", c.name);
         assert_eq!(&d[4..], c.usage, "{}", c.name);
+        // The service action is 16 bits: one past 0xFF is none of ours, whatever its low byte.
+        if let Some(sa) = c.sa {
+            let cdb = [0xA3, 0x0C, 2, c.op, 1, sa, 0, 0, 1, 0, 0, 0];
+            let d = lun.execute_for(&n, &cdb, &[]).data.to_vec();
+            assert_eq!(
+                d[1] & 0x07,
+                0x01,
+                "{} with service action {:#x}",
+                c.name,
+                0x100 | sa as u16
+            );
+        }
     }
 }
 
