@@ -430,6 +430,12 @@ async fn simple(r: &mut OwnedReadHalf, pending: &PendingMap) -> Result<(), Strin
     Ok(())
 }
 
+/// Whether a content chunk of `n` bytes at `off` lies inside a read of `len` at `offset`; a
+/// server's offset near the end of the 64-bit range does not wrap around into it.
+fn within(off: u64, n: u64, offset: u64, len: u32) -> bool {
+    off >= offset && off.checked_add(n).is_some_and(|end| end <= offset + len as u64)
+}
+
 async fn structured(r: &mut OwnedReadHalf, pending: &PendingMap) -> Result<(), String> {
     let mut head = [0u8; 16];
     r.read_exact(&mut head).await.map_err(|e| e.to_string())?;
@@ -455,7 +461,7 @@ async fn structured(r: &mut OwnedReadHalf, pending: &PendingMap) -> Result<(), S
             } else {
                 rd.u32().map_err(bad)? as u64
             };
-            if p.kind != cmd::READ || off < p.offset || off + n > p.offset + p.len as u64 {
+            if p.kind != cmd::READ || !within(off, n, p.offset, p.len) {
                 return Err(format!("content chunk outside the read at {off}+{n}"));
             }
             if p.done.data.is_empty() {
@@ -498,4 +504,21 @@ async fn structured(r: &mut OwnedReadHalf, pending: &PendingMap) -> Result<(), S
         let _ = p.tx.send(res);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::within;
+
+    #[test]
+    fn content_chunks_must_lie_inside_their_read() {
+        assert!(within(4096, 512, 4096, 4096));
+        assert!(within(8192 - 512, 512, 4096, 4096));
+        assert!(!within(4095, 512, 4096, 4096));
+        assert!(!within(8192 - 511, 512, 4096, 4096));
+        assert!(
+            !within(u64::MAX - 8, 4096, 4096, 4096),
+            "wraps past the end of the range"
+        );
+    }
 }
