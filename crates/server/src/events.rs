@@ -18,7 +18,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{BufRead, Write};
-use std::net::{IpAddr, Ipv6Addr};
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
@@ -45,19 +45,7 @@ pub const HOOK_TIMEOUT: Duration = Duration::from_secs(30);
 pub const REFUSALS_PER_SOURCE: u64 = 10;
 pub const REFUSALS_PER_KIND: u64 = 100;
 
-/// Whom a connection from `ip` (and a refusal of it) is counted against: an IPv4 address is
-/// one source, but an IPv6 host is usually given a whole /64 (SLAAC, privacy addresses) and
-/// could take a new address per connection, so an IPv6 address counts as its /64. An IPv4
-/// address written as IPv6 (`::ffff:a.b.c.d`, from a dual-stack socket) is the IPv4 address.
-pub fn source_of(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V4(_) => ip,
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !((1u128 << 64) - 1))),
-        },
-    }
-}
+pub use tessera_admission::source_of;
 
 /// Events waiting for the hook beyond this are dropped (and counted): a hook that hangs must
 /// not hold the daemon's memory.
