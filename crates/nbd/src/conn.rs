@@ -247,16 +247,22 @@ impl<S: Socket> Loop<S> {
     fn charge(&mut self, n: usize) {
         self.held += n;
         self.ctx.export.held.fetch_add(n, Ordering::Relaxed);
+        self.ctx.export.all_held.charge(n);
     }
 
     fn release(&mut self, n: usize) {
         self.held -= n;
         self.ctx.export.held.fetch_sub(n, Ordering::Relaxed);
+        self.ctx.export.all_held.release(n);
     }
 
-    /// Whether another request may be received now.
+    /// Whether another request may be received now: within the connection's bounds, and the
+    /// daemon's unless it holds nothing (held.rs). A connection held back by the daemon's
+    /// holds something, and wakes when that is answered.
     fn room(&self) -> bool {
-        self.in_flight() < MAX_IN_FLIGHT && self.held < MAX_HELD_BYTES
+        self.in_flight() < MAX_IN_FLIGHT
+            && self.held < MAX_HELD_BYTES
+            && (self.held == 0 || !self.ctx.export.all_held.full())
     }
 
     fn run(&mut self) {

@@ -7,6 +7,8 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 use tessera_disk::{eventfd, IoMeter};
+
+use crate::held::HeldBudget;
 use tessera_volume::{Vdisk, Writer};
 
 /// Largest READ or WRITE payload we accept (the protocol's portable maximum).
@@ -28,6 +30,9 @@ pub struct Export {
     /// Bytes of request data its connections hold now: READ buffers and WRITE payloads of
     /// requests not yet answered, and replies not yet sent.
     pub(crate) held: AtomicUsize,
+    /// What the connections of every export of its registry hold together (the registry's,
+    /// once added to one).
+    pub(crate) all_held: Arc<HeldBudget>,
     /// Where each request answered is reported, if anywhere.
     pub meter: Option<Arc<dyn IoMeter>>,
     /// Whose writes its connections' are, all of them together: NBD names no host, and a
@@ -49,6 +54,7 @@ impl Export {
             withdrawn: AtomicBool::new(false),
             withdrawal: eventfd::open().ok(),
             held: AtomicUsize::new(0),
+            all_held: Arc::default(),
             meter: None,
             writer: Writer::named(&format!("nbd:{name}")),
         }
@@ -120,6 +126,8 @@ impl Export {
 #[derive(Default)]
 pub struct Registry {
     exports: RwLock<BTreeMap<String, Arc<Export>>>,
+    /// What the connections to its exports hold together.
+    held: Arc<HeldBudget>,
 }
 
 impl Registry {
@@ -130,7 +138,8 @@ impl Registry {
     /// Offers `e`. One offered under its name before is withdrawn, as [`remove`](Self::remove)
     /// does: left to its connections, it would be written through while no registry lists it
     /// (a later removal would not reach it).
-    pub fn add(&self, e: Export) -> Arc<Export> {
+    pub fn add(&self, mut e: Export) -> Arc<Export> {
+        e.all_held = self.held.clone();
         let e = Arc::new(e);
         let replaced = self.exports.write().insert(e.name.clone(), e.clone());
         if let Some(old) = replaced {
@@ -170,5 +179,10 @@ impl Registry {
 
     pub fn list(&self) -> Vec<Arc<Export>> {
         self.exports.read().values().cloned().collect()
+    }
+
+    /// What the connections to its exports hold together, and the bound on it.
+    pub fn held(&self) -> &HeldBudget {
+        &self.held
     }
 }

@@ -8,6 +8,8 @@ mod conn;
 pub mod export;
 #[cfg(feature = "server")]
 pub mod handshake;
+#[cfg(feature = "server")]
+pub mod held;
 pub mod proto;
 #[cfg(feature = "server")]
 mod serial;

@@ -16,6 +16,7 @@ use tessera_nbd::{Export, Policy, Registry, TlsConfig, TlsServer};
 use tessera_test_support::{Disks, TestPool};
 use tessera_volume::{Engine, LayoutKind, VdiskSpec};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream, UnixListener};
 
 const MIB: u64 = 1 << 20;
@@ -482,13 +483,10 @@ fn request(kind: u16, cookie: u64, offset: u64, len: u32) -> Vec<u8> {
     h
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_that_never_reads_holds_a_bounded_number_of_bytes() {
-    let r = rig();
-    let addr = listen(&r.reg, Policy::plain()).await;
-    let export = r.reg.get("rw").unwrap();
-    // 200 READs of 32 MiB, sent in one go by a client that never reads its replies.
-    let mut s = TcpStream::connect(&addr).await.unwrap();
+/// A client of export "rw" that sends 200 READs of 32 MiB in one go and never reads their
+/// replies: the read half (to drop when done) and the task writing the requests.
+async fn never_reading(addr: &str) -> (OwnedReadHalf, tokio::task::JoinHandle<OwnedWriteHalf>) {
+    let mut s = TcpStream::connect(addr).await.unwrap();
     let mut hello = [0u8; 18];
     s.read_exact(&mut hello).await.unwrap();
     s.write_all(&proto::FLAG_C_FIXED_NEWSTYLE.to_be_bytes()).await.unwrap();
@@ -512,6 +510,15 @@ async fn a_client_that_never_reads_holds_a_bounded_number_of_bytes() {
     // Read the negotiation's replies only, then nothing.
     let mut some = [0u8; 512];
     let _ = tokio::time::timeout(Duration::from_secs(2), rd.read(&mut some)).await;
+    (rd, writer)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_reads_holds_a_bounded_number_of_bytes() {
+    let r = rig();
+    let addr = listen(&r.reg, Policy::plain()).await;
+    let export = r.reg.get("rw").unwrap();
+    let (rd, writer) = never_reading(&addr).await;
     let mut peak = 0;
     for _ in 0..30 {
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -530,6 +537,50 @@ async fn a_client_that_never_reads_holds_a_bounded_number_of_bytes() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(export.held_bytes(), 0);
+}
+
+/// Clients that never read hold at most the daemon's bound together, and one request more
+/// each; and each of them is still served, however much the others hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_connections_together_hold_a_bounded_number_of_bytes() {
+    let r = rig();
+    let limit = 40 << 20;
+    r.reg.held().set_limit(limit);
+    let addr = listen(&r.reg, Policy::plain()).await;
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        clients.push(never_reading(&addr).await);
+    }
+    let mut peak = 0;
+    for _ in 0..30 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        peak = peak.max(r.reg.held().used());
+    }
+    let bound = limit + clients.len() * ((32 << 20) + (1 << 20));
+    assert!(
+        peak >= limit,
+        "the clients were not served up to the bound: {peak} bytes"
+    );
+    assert!(
+        peak <= bound,
+        "the connections hold {peak} bytes together, over {bound}"
+    );
+    // A fifth client is served while the four hold everything.
+    let c = Client::connect(&addr, "rw").await.unwrap();
+    let data = tokio::time::timeout(Duration::from_secs(10), c.read(0, 4096)).await;
+    assert_eq!(data.expect("served").unwrap().len(), 4096);
+    c.disconnect().await.unwrap();
+    for (rd, writer) in clients {
+        drop(rd);
+        drop(writer.await.unwrap());
+    }
+    for _ in 0..100 {
+        if r.reg.held().used() == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(r.reg.held().used(), 0, "everything is given back");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -96,6 +96,7 @@ pub struct ConfigFile {
     pub nbd_tls_ca: Option<PathBuf>,
     pub nbd_unix_socket: Option<String>,
     pub nbd_max_connections: Option<usize>,
+    pub nbd_buffer_total: Option<Size>,
     #[serde(default)]
     pub pools: Vec<String>,
     pub log_format: Option<LogFormat>,
@@ -284,6 +285,9 @@ pub struct ServerConfig {
     /// The unix socket that serves plain NBD to local clients; None when disabled.
     pub nbd_unix_socket: Option<PathBuf>,
     pub nbd_max_connections: usize,
+    /// Bytes of request data all NBD connections may hold together (READ buffers, WRITE
+    /// payloads, replies not yet taken).
+    pub nbd_buffer_total: usize,
     pub pools: Vec<String>,
     pub log_format: LogFormat,
     /// Allocated share of a pool past which its thin LUNs raise THIN PROVISIONING SOFT
@@ -426,6 +430,11 @@ impl ServerConfig {
             Some(n) => n,
             None => tessera_nbd::server::DEFAULT_MAX_CONNECTIONS,
         };
+        let nbd_buffer_total = buffer_budget(
+            "nbd_buffer_total",
+            &f.nbd_buffer_total,
+            tessera_nbd::held::DEFAULT_MAX_HELD_TOTAL,
+        )?;
         for p in &f.pools {
             tessera_pool::validate_name("pool", p)?;
         }
@@ -507,6 +516,7 @@ impl ServerConfig {
             nbd_tls,
             nbd_unix_socket,
             nbd_max_connections,
+            nbd_buffer_total,
             pools: f.pools,
             log_format: o.log_format.or(f.log_format).unwrap_or_default(),
             thin_threshold_percent: match f.thin_threshold_percent {
@@ -562,19 +572,7 @@ fn iscsi_limits(f: &ConfigFile) -> Result<tessera_iscsi::Limits, String> {
         Some(0) => Err(format!("{key} must be at least 1")),
         Some(n) => Ok(n),
     };
-    let bytes = |key: &str, v: &Option<Size>, default: usize| -> Result<usize, String> {
-        let n = match v {
-            None => return Ok(default),
-            Some(Size::Bytes(n)) => *n,
-            Some(Size::Text(t)) => crate::units::parse_size(t).map_err(|e| format!("{key}: {e}"))?,
-        };
-        // At least one largest write (32 MiB and a little): a smaller budget refuses every one.
-        let least = tessera_scsi::MAX_TRANSFER_BYTES + (1 << 20);
-        if n < least {
-            return Err(format!("{key} must be at least {} MiB, not {n} bytes", least >> 20));
-        }
-        Ok(n as usize)
-    };
+    let bytes = buffer_budget;
     let l = tessera_iscsi::Limits {
         connections_per_portal: count(
             "iscsi_connections_per_portal",
@@ -611,6 +609,21 @@ fn iscsi_limits(f: &ConfigFile) -> Result<tessera_iscsi::Limits, String> {
         return Err("iscsi_write_buffer_total must be at least iscsi_write_buffer_per_session".into());
     }
     Ok(l)
+}
+
+/// A bound on buffers held for requests: `default` when not given.
+fn buffer_budget(key: &str, v: &Option<Size>, default: usize) -> Result<usize, String> {
+    let n = match v {
+        None => return Ok(default),
+        Some(Size::Bytes(n)) => *n,
+        Some(Size::Text(t)) => crate::units::parse_size(t).map_err(|e| format!("{key}: {e}"))?,
+    };
+    // At least one largest request (32 MiB and a little): a smaller budget refuses every one.
+    let least = tessera_scsi::MAX_TRANSFER_BYTES.max(tessera_nbd::export::MAX_PAYLOAD as u64) + (1 << 20);
+    if n < least {
+        return Err(format!("{key} must be at least {} MiB, not {n} bytes", least >> 20));
+    }
+    Ok(n as usize)
 }
 
 /// A size in the file: a number of bytes or a string with a suffix ("4M").
@@ -938,5 +951,12 @@ mod tests {
             .unwrap_err()
             .contains("between 4K and 1G"));
         assert!(resolve("[[[", Overrides::default()).is_err());
+        assert!(resolve("nbd_buffer_total = \"16M\"\n", Overrides::default())
+            .unwrap_err()
+            .contains("nbd_buffer_total must be at least 33 MiB"));
+        let c = resolve("nbd_buffer_total = \"2G\"\n", Overrides::default()).unwrap();
+        assert_eq!(c.nbd_buffer_total, 2 << 30);
+        let c = resolve("", Overrides::default()).unwrap();
+        assert_eq!(c.nbd_buffer_total, tessera_nbd::held::DEFAULT_MAX_HELD_TOTAL);
     }
 }

@@ -151,6 +151,7 @@ impl Daemon {
         let targets = Targets::load(cfg.state_dir.join("targets.json"), io_metrics.clone())?;
         targets.registry.set_limits(cfg.iscsi_limits);
         let nbd = NbdExports::load(cfg.state_dir.join("nbd.json"), io_metrics.clone())?;
+        nbd.registry.held().set_limit(cfg.nbd_buffer_total);
         let portals = Portals::load(
             cfg.state_dir.join("portals.json"),
             cfg.iscsi_listen,
