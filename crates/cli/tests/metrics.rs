@@ -129,6 +129,17 @@ fn metrics_count_what_a_client_did_pass_promtool_and_need_the_token() {
     ok("qemu-io", &args);
     let iscsi = scrape(&metrics);
     promtool_accepts(&iscsi);
+    // The clients are gone: their request buffers are all given back, under the default bounds.
+    for protocol in ["iscsi", "nbd"] {
+        let p = [("protocol", protocol)];
+        assert_eq!(
+            sample(&iscsi, "tessera_request_buffer_bytes", &p),
+            Some(0.0),
+            "{protocol}"
+        );
+        let limit = sample(&iscsi, "tessera_request_buffer_limit_bytes", &p);
+        assert_eq!(limit, Some((1u64 << 30) as f64), "{protocol}");
+    }
     fn on(op: &str) -> [(&str, &str); 4] {
         [("protocol", "iscsi"), ("pool", "p"), ("vdisk", "m"), ("op", op)]
     }

@@ -793,6 +793,30 @@ fn collect_state(d: &Daemon, r: &Registry) -> prometheus::proto::MetricFamily {
         conns.with_label_values(&l).set(x.connections as i64);
         online.with_label_values(&l).set(x.online as i64);
     }
+    // The request buffers initiators and clients hold against their daemon-wide bounds: one
+    // at its limit holds some of them back (TASK SET FULL, or NBD requests left unread).
+    let buffers = s.gauge(
+        "tessera_request_buffer_bytes",
+        "Bytes of request buffers held now, by protocol: iSCSI write data not yet written, NBD request data and replies not yet taken",
+        &["protocol"],
+    );
+    let limits = s.gauge(
+        "tessera_request_buffer_limit_bytes",
+        "The bound on tessera_request_buffer_bytes (iscsi_write_buffer_total, nbd_buffer_total)",
+        &["protocol"],
+    );
+    let held = d.nbd.registry.held();
+    for (protocol, used, limit) in [
+        (
+            "iscsi",
+            d.targets.registry.write_bytes_in_use(),
+            d.targets.registry.limits().write_bytes_total,
+        ),
+        ("nbd", held.used(), held.limit()),
+    ] {
+        buffers.with_label_values(&[protocol]).set(used as i64);
+        limits.with_label_values(&[protocol]).set(limit as i64);
+    }
     replicas(d, &s);
     disk_latency.family()
 }
