@@ -288,6 +288,10 @@ fn import_export_round_trip_is_bit_exact_and_sparse() {
     assert!(d
         .fails(&["vdisk", "import", "p/small", "/no/such.img"])
         .contains("/no/such.img"));
+    // A snapshot takes no import: refused before the job starts, not as a failed job.
+    d.ok(&["snapshot", "create", "p/small@s"]);
+    let e = d.fails(&["vdisk", "import", "p/small@s", img.to_str().unwrap()]);
+    assert!(e.contains("is a snapshot"), "{e}");
     // An import that would make its vdisk is refused before it is made: none is left behind
     // (a fixed one would have kept its space reserved).
     let capacity = d.json(&["pool", "show", "p"])["capacity"].clone();

@@ -170,6 +170,13 @@ impl Jobs {
     where
         F: FnOnce(&Progress) -> Result<serde_json::Value, String> + Send + 'static,
     {
+        self.spawn_on(std::thread::Builder::new(), kind, target, work)
+    }
+
+    fn spawn_on<F>(&self, builder: std::thread::Builder, kind: &str, target: &str, work: F) -> Arc<Job>
+    where
+        F: FnOnce(&Progress) -> Result<serde_json::Value, String> + Send + 'static,
+    {
         let id = self.next.fetch_add(1, Ordering::SeqCst) + 1;
         let job = Arc::new(Job {
             id,
@@ -201,53 +208,68 @@ impl Jobs {
             Severity::Info,
             format!("job {id}: {kind} of {target} started"),
         );
+        self.start_on(builder.name(format!("job-{id}-{kind}")), job.clone(), work);
+        job
+    }
+
+    /// Runs `work` on a thread made by `builder`. When no thread can be made (the process is
+    /// at its limit), the job ends failed and says so: a job left "running" would keep its
+    /// vdisk or pool busy until the daemon restarts.
+    fn start_on<F>(&self, builder: std::thread::Builder, job: Arc<Job>, work: F)
+    where
+        F: FnOnce(&Progress) -> Result<serde_json::Value, String> + Send + 'static,
+    {
         let j = job.clone();
         let events = self.events.clone();
-        std::thread::Builder::new()
-            .name(format!("job-{id}-{kind}"))
-            .spawn(move || {
-                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(&j.progress)))
-                    .unwrap_or_else(|_| Err("the job failed unexpectedly (see the daemon log)".into()));
-                let cancelled = j.progress.cancel.load(Ordering::Relaxed);
-                let (state, error, result) = match r {
-                    Ok(v) => (JobState::Succeeded, None, Some(v)),
-                    Err(_) if cancelled => (
-                        JobState::Cancelled,
-                        Some(match j.cancelled_because.lock().as_ref() {
-                            Some(why) => format!("cancelled: {why}"),
-                            None => "cancelled".to_string(),
-                        }),
-                        None,
-                    ),
-                    Err(e) => (JobState::Failed, Some(e), None),
-                };
-                let took = crate::units::format_duration(j.started.elapsed());
-                let what = format!("job {}: {} of {}", j.id, j.kind, j.target);
-                let told = match (&error, state) {
-                    (Some(e), JobState::Failed) => {
-                        ("failed", Severity::Error, format!("{what} failed after {took}: {e}"))
-                    }
-                    (Some(e), JobState::Cancelled) if e != "cancelled" => {
-                        ("cancelled", Severity::Warning, format!("{what} {e} (after {took})"))
-                    }
-                    (_, JobState::Cancelled) => {
-                        ("cancelled", Severity::Warning, format!("{what} cancelled after {took}"))
-                    }
-                    _ => ("finished", Severity::Info, format!("{what} finished in {took}")),
-                };
-                *j.end.lock() = Some(JobEnd {
-                    state,
-                    at: unix_now(),
-                    elapsed: j.started.elapsed().as_secs_f64(),
-                    error,
-                    result,
-                });
-                j.ended.send_replace(true);
-                // After the end is set: whoever reads the event finds the job ended.
-                Jobs::tell(&events, &j, told.0, told.1, told.2);
-            })
-            .expect("spawn a job thread");
-        job
+        let started = builder.spawn(move || {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(&j.progress)))
+                .unwrap_or_else(|_| Err("the job failed unexpectedly (see the daemon log)".into()));
+            Jobs::end(&events, &j, r);
+        });
+        if let Err(e) = started {
+            Jobs::end(
+                &self.events,
+                &job,
+                Err(format!("cannot start a thread for the job: {e}")),
+            );
+        }
+    }
+
+    /// Records how a job ended, then tells it.
+    fn end(events: &EventLog, j: &Job, r: Result<serde_json::Value, String>) {
+        let cancelled = j.progress.cancel.load(Ordering::Relaxed);
+        let (state, error, result) = match r {
+            Ok(v) => (JobState::Succeeded, None, Some(v)),
+            Err(_) if cancelled => (
+                JobState::Cancelled,
+                Some(match j.cancelled_because.lock().as_ref() {
+                    Some(why) => format!("cancelled: {why}"),
+                    None => "cancelled".to_string(),
+                }),
+                None,
+            ),
+            Err(e) => (JobState::Failed, Some(e), None),
+        };
+        let took = crate::units::format_duration(j.started.elapsed());
+        let what = format!("job {}: {} of {}", j.id, j.kind, j.target);
+        let told = match (&error, state) {
+            (Some(e), JobState::Failed) => ("failed", Severity::Error, format!("{what} failed after {took}: {e}")),
+            (Some(e), JobState::Cancelled) if e != "cancelled" => {
+                ("cancelled", Severity::Warning, format!("{what} {e} (after {took})"))
+            }
+            (_, JobState::Cancelled) => ("cancelled", Severity::Warning, format!("{what} cancelled after {took}")),
+            _ => ("finished", Severity::Info, format!("{what} finished in {took}")),
+        };
+        *j.end.lock() = Some(JobEnd {
+            state,
+            at: unix_now(),
+            elapsed: j.started.elapsed().as_secs_f64(),
+            error,
+            result,
+        });
+        j.ended.send_replace(true);
+        // After the end is set: whoever reads the event finds the job ended.
+        Jobs::tell(events, j, told.0, told.1, told.2);
     }
 
     pub fn list(&self) -> Vec<JobView> {
@@ -386,6 +408,24 @@ mod tests {
 
         let boom = jobs.spawn("t", "p", |_| panic!("bug"));
         assert_eq!(wait(&boom).state, JobState::Failed);
+    }
+
+    #[test]
+    fn a_job_without_a_thread_ends_failed_and_frees_its_target() {
+        let events = Arc::new(EventLog::in_memory());
+        let jobs = Jobs::new(events.clone());
+        // No process can give a thread this much stack: the thread is refused.
+        let unstartable = std::thread::Builder::new().stack_size(1 << 60);
+        let j = jobs.spawn_on(unstartable, "scrub", "p", |_| Ok(serde_json::json!({})));
+        let v = j.view();
+        assert_eq!(v.state, JobState::Failed);
+        assert!(v.error.unwrap().contains("cannot start a thread"));
+        assert_eq!(jobs.running("scrub", "p"), None, "the pool is not left busy");
+        let told = events.list(&Default::default(), 100);
+        assert!(told.iter().any(|e| e.kind == "scrub.failed"), "{told:?}");
+        // The next one starts.
+        let ok = jobs.spawn("scrub", "p", |_| Ok(serde_json::json!({})));
+        assert_eq!(wait(&ok).state, JobState::Succeeded);
     }
 
     #[test]

@@ -255,6 +255,11 @@ impl Daemon {
             }
             return Err(refused);
         }
+        if v.is_snapshot() {
+            return Err(ApiError::invalid(format!(
+                "'{pool}/{name}' is a snapshot: it takes no writes; import into a vdisk"
+            )));
+        }
         if image_size > v.size() {
             return Err(ApiError::invalid(format!(
                 "the image {} ({image_size} bytes) is larger than vdisk '{pool}/{name}' ({} bytes); grow the vdisk first",
