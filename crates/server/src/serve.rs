@@ -160,11 +160,12 @@ async fn serve(cfg: ServerConfig) -> Result<(), String> {
         )
         .with_scrape_token(scrape_token()?);
         let r = crate::api::router(daemon.clone(), Some(Arc::new(guard)));
-        servers.push(tokio::spawn(
-            axum::serve(t, r.into_make_service())
-                .with_graceful_shutdown(stopped(stop_rx.clone()))
-                .into_future(),
-        ));
+        servers.push(tokio::spawn(crate::api::listener::serve(
+            t,
+            r,
+            Default::default(),
+            stop_rx.clone(),
+        )));
     }
     if let Some(m) = metrics {
         let guard = crate::api::auth::Guard::new(
@@ -175,11 +176,12 @@ async fn serve(cfg: ServerConfig) -> Result<(), String> {
         .with_scrape_token(scrape_token()?)
         .without_dashboard();
         let r = crate::api::metrics_router(daemon.clone(), Arc::new(guard));
-        servers.push(tokio::spawn(
-            axum::serve(m, r.into_make_service())
-                .with_graceful_shutdown(stopped(stop_rx.clone()))
-                .into_future(),
-        ));
+        servers.push(tokio::spawn(crate::api::listener::serve(
+            m,
+            r,
+            Default::default(),
+            stop_rx.clone(),
+        )));
     }
     // Watch the pools' allocation against the thin provisioning threshold.
     let watched = daemon.clone();

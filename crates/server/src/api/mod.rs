@@ -6,6 +6,7 @@ mod body;
 pub mod dashboard;
 pub mod events;
 mod handlers;
+pub mod listener;
 pub mod openapi;
 
 use std::sync::Arc;
