@@ -794,6 +794,9 @@ fn api_errors_are_json_with_stable_codes() {
     assert_eq!((r.status, r.code().as_str()), (405, "method_not_allowed"));
     let r = d.http("GET", "/api/jobs/abc", None);
     assert_eq!(r.code(), "invalid_argument");
+    // A name that is no text once decoded is refused in JSON too.
+    let r = d.http("GET", "/api/pools/%FF", None);
+    assert_eq!((r.status, r.code().as_str()), (400, "malformed_request"), "{}", r.body);
     // A request for a job may wait for its end: it answers once the job ended.
     let image = t.path().join("image.raw");
     std::fs::write(&image, vec![0x5Au8; 64 << 20]).unwrap();

@@ -2,12 +2,12 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use serde::Serialize;
 
-use super::Body;
+use super::body::{Body, Path};
 use crate::daemon::Daemon;
 use crate::error::{ApiError, ApiResult};
 use crate::jobs::JobView;
