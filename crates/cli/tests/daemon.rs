@@ -911,6 +911,8 @@ fn tcp_listener_and_tokens() {
     let addr = api_addr(&d);
     let r = http_tcp(&addr, "GET", "/api/pools", None, &[]).unwrap();
     assert_eq!((r.status, r.code().as_str()), (401, "unauthorized"));
+    // A wrong token is answered only after a while: guessing is slow.
+    let asked = std::time::Instant::now();
     let r = http_tcp(
         &addr,
         "GET",
@@ -920,6 +922,11 @@ fn tcp_listener_and_tokens() {
     )
     .unwrap();
     assert_eq!(r.status, 401);
+    assert!(
+        asked.elapsed() >= std::time::Duration::from_millis(200),
+        "{:?}",
+        asked.elapsed()
+    );
     let r = http_tcp(
         &addr,
         "GET",

@@ -43,6 +43,12 @@ const MAX_SESSIONS: usize = 64;
 const SESSION_COOKIE: &str = "tessera_session";
 /// The header the dashboard's API requests carry the session's key in.
 const SESSION_KEY_HEADER: &str = "x-tessera-key";
+/// How long a request with a wrong token waits for its refusal: with the connections a
+/// source may hold (api/listener.rs), a guesser gets a few hundred tries a second.
+const WRONG_TOKEN_DELAY: Duration = Duration::from_millis(250);
+/// Wrong tokens are logged once in this long, with how many came: a guesser cannot fill the
+/// log.
+const WRONG_TOKEN_WARN_EVERY: Duration = Duration::from_secs(10);
 
 /// What a TCP listener checks.
 pub struct Guard {
@@ -58,6 +64,8 @@ pub struct Guard {
     pub dashboard: bool,
     /// A bearer token that admits `GET /metrics` only.
     pub scrape_token: Option<String>,
+    /// Wrong tokens since the last warning, and when that was.
+    wrong_tokens: Mutex<(u64, Option<Instant>)>,
 }
 
 impl Guard {
@@ -69,6 +77,7 @@ impl Guard {
             sessions: Mutex::new(HashMap::new()),
             dashboard: true,
             scrape_token: None,
+            wrong_tokens: Mutex::new((0, None)),
         }
     }
 
@@ -82,6 +91,19 @@ impl Guard {
     pub fn without_dashboard(mut self) -> Guard {
         self.dashboard = false;
         self
+    }
+
+    /// Counts a wrong token (`how`: a bearer token, a login) and warns of those counted at
+    /// most once per [`WRONG_TOKEN_WARN_EVERY`]; true when it warned.
+    fn wrong_token(&self, how: &str) -> bool {
+        let mut w = self.wrong_tokens.lock();
+        w.0 += 1;
+        if w.1.is_some_and(|at| at.elapsed() < WRONG_TOKEN_WARN_EVERY) {
+            return false;
+        }
+        warn!(listener = %self.listen, last = how, refused = w.0, "API requests refused: wrong token");
+        *w = (0, Some(Instant::now()));
+        true
     }
 
     /// The key of the live session `id`, if there is one.
@@ -222,6 +244,10 @@ pub async fn check(State(g): State<Arc<Guard>>, req: Request, next: Next) -> Res
         }
         return next.run(req).await;
     }
+    if given.is_some() {
+        g.wrong_token("bearer");
+        tokio::time::sleep(WRONG_TOKEN_DELAY).await;
+    }
     if g.dashboard && is_page(&path) {
         return login_page(StatusCode::UNAUTHORIZED, None);
     }
@@ -270,9 +296,9 @@ async fn login(g: &Guard, req: Request) -> Response {
     };
     let token = form_value(&String::from_utf8_lossy(&body), "token").unwrap_or_default();
     if !constant_time_eq(token.trim().as_bytes(), g.token.as_bytes()) {
-        warn!("dashboard login refused: wrong token");
+        g.wrong_token("dashboard login");
         // A guesser waits for each answer (the token itself is far beyond guessing).
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        tokio::time::sleep(WRONG_TOKEN_DELAY.max(Duration::from_millis(500))).await;
         return login_page(StatusCode::UNAUTHORIZED, Some("That is not the API token."));
     }
     match g.new_session() {
@@ -440,6 +466,19 @@ mod tests {
             listen.parse().unwrap(),
             names.iter().map(|s| s.to_string()).collect(),
         )
+    }
+
+    #[test]
+    fn wrong_tokens_are_told_at_most_once_in_a_while() {
+        let g = guard("127.0.0.1:8484", &[]);
+        assert!(g.wrong_token("bearer"), "the first is told");
+        for _ in 0..1000 {
+            assert!(!g.wrong_token("bearer"), "the next ones are counted");
+        }
+        assert_eq!(g.wrong_tokens.lock().0, 1000);
+        g.wrong_tokens.lock().1 = Some(Instant::now() - WRONG_TOKEN_WARN_EVERY);
+        assert!(g.wrong_token("dashboard login"), "told again once its time came");
+        assert_eq!(g.wrong_tokens.lock().0, 0);
     }
 
     #[test]
