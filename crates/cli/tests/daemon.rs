@@ -948,6 +948,38 @@ fn tcp_listener_and_tokens() {
     assert_eq!(mode & 0o777, 0o600);
 }
 
+/// Behind a TLS proxy the browser's pages come from the proxy's origin: once configured, the
+/// dashboard's login and API requests from it are taken, and no other site's.
+#[test]
+fn a_configured_proxy_origin_may_use_the_dashboard() {
+    let t = tempfile::tempdir().unwrap();
+    let token = "proxy-token-0123456789";
+    let cfg = "api_allowed_hosts = [\"san.example\"]\napi_public_origins = [\"https://san.example\"]\n";
+    let d = Daemon::start_on_tcp(&t.path().join("s"), cfg, token);
+    let addr = api_addr(&d);
+    // As nginx forwards them (proxy_set_header Host $host).
+    let proxied = |method: &str, path: &str, body: Option<&str>, origin: &str, extra: &[(&str, &str)]| {
+        let mut h = vec![("Host", "san.example"), ("Origin", origin)];
+        h.extend_from_slice(extra);
+        http_tcp(&addr, method, path, body, &h).unwrap()
+    };
+    let login = format!("token={token}");
+    let r = proxied("POST", "/ui/login", Some(&login), "https://san.example", &[]);
+    assert_eq!(r.status, 303, "{}", r.body);
+    let bearer = format!("Bearer {token}");
+    let auth = [("Authorization", bearer.as_str())];
+    assert_eq!(
+        proxied("GET", "/api/pools", None, "https://san.example", &auth).status,
+        200
+    );
+    for other in ["https://evil.example", "http://san.example", "https://san.example:8443"] {
+        let r = proxied("GET", "/api/pools", None, other, &auth);
+        assert_eq!(r.status, 403, "{other}: {}", r.body);
+        let r = proxied("POST", "/ui/login", Some(&login), other, &[]);
+        assert_eq!(r.status, 403, "{other}: {}", r.body);
+    }
+}
+
 /// A loopback listener is not open to every local user or to web pages: it needs the token
 /// the daemon made in its state directory, a Host that names it, and no foreign Origin.
 #[test]

@@ -5,6 +5,7 @@
 //! api_listen = "127.0.0.1:8484"   # "" disables the TCP listener; the unix socket stays
 //! api_token_file = "/etc/tessera/api-token"  # default: <state_dir>/api-token, made at first start
 //! api_allowed_hosts = ["san1.example.com"]  # names the TCP API may be reached by
+//! api_public_origins = ["https://san1.example.com"]  # a TLS proxy's origin the dashboard is served from
 //! data_paths = ["/srv/tessera", "/dev/sdb"]  # all the API may make disks of, or read or write images in; default anywhere
 //! metrics_listen = "0.0.0.0:9484"  # GET /metrics only, for a scraper (token required); default none
 //! iscsi_listen = "0.0.0.0:3260"    # "none": no portal from here (those added by API stay)
@@ -76,6 +77,8 @@ pub struct ConfigFile {
     pub api_token_file: Option<PathBuf>,
     #[serde(default)]
     pub api_allowed_hosts: Vec<String>,
+    #[serde(default)]
+    pub api_public_origins: Vec<String>,
     #[serde(default)]
     pub data_paths: Vec<PathBuf>,
     pub metrics_listen: Option<String>,
@@ -266,6 +269,9 @@ pub struct ServerConfig {
     pub api_token: Option<String>,
     /// Host names (lowercase) the TCP listener answers to, beyond its address.
     pub api_allowed_hosts: Vec<String>,
+    /// Origins (`https://name[:port]`, lowercase, the port written only when not the
+    /// scheme's) a browser may send requests from besides the listener's own: a TLS proxy's.
+    pub api_public_origins: Vec<String>,
     /// The directories (or devices, or files) inside which a request may name a pool's disk
     /// or an image; empty: anywhere but the state directory (`data_paths.rs`).
     pub data_paths: Vec<PathBuf>,
@@ -389,6 +395,11 @@ impl ServerConfig {
             }
             api_allowed_hosts.push(h.to_ascii_lowercase());
         }
+        let api_public_origins = f
+            .api_public_origins
+            .iter()
+            .map(|o| public_origin(o))
+            .collect::<Result<Vec<_>, _>>()?;
         for p in &f.data_paths {
             if !p.is_absolute() || p.components().any(|c| c == std::path::Component::ParentDir) {
                 return Err(format!(
@@ -507,6 +518,7 @@ impl ServerConfig {
             metrics_listen,
             api_token,
             api_allowed_hosts,
+            api_public_origins,
             data_paths: f.data_paths,
             iscsi_listen,
             iscsi_buffers,
@@ -665,6 +677,38 @@ fn absolute(p: &Path) -> Result<PathBuf, String> {
     Ok(cwd.join(p))
 }
 
+/// An origin a browser sends (`scheme://host[:port]`), as `api_public_origins` gives it:
+/// http or https, a host and maybe a port, nothing after; written lowercase, its port left
+/// out when it is the scheme's, as browsers write it.
+fn public_origin(o: &str) -> Result<String, String> {
+    let bad =
+        || format!("api_public_origins: '{o}' is not an origin (https://name or https://name:port, with no path)");
+    let lower = o.trim_end_matches('/').to_ascii_lowercase();
+    let (scheme, rest, default_port) = if let Some(r) = lower.strip_prefix("https://") {
+        ("https", r, 443)
+    } else if let Some(r) = lower.strip_prefix("http://") {
+        ("http", r, 80)
+    } else {
+        return Err(bad());
+    };
+    if rest.is_empty() || rest.contains(['/', '?', '#', '@', ' ']) {
+        return Err(bad());
+    }
+    let (host, port) = match rest.rsplit_once(':') {
+        Some((h, p)) if !h.is_empty() && !p.is_empty() && (!h.contains(':') || h.ends_with(']')) => {
+            (h, Some(p.parse::<u16>().map_err(|_| bad())?))
+        }
+        _ => (rest, None),
+    };
+    if host.is_empty() || (host.contains(':') && !host.starts_with('[')) {
+        return Err(bad());
+    }
+    Ok(match port {
+        Some(p) if p != default_port => format!("{scheme}://{host}:{p}"),
+        _ => format!("{scheme}://{host}"),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -799,6 +843,26 @@ mod tests {
         assert!(c.api_token.is_none());
         let c = resolve("api_allowed_hosts = [\"SAN1.example\"]\n", Overrides::default()).unwrap();
         assert_eq!(c.api_allowed_hosts, vec!["san1.example".to_string()]);
+        let c = resolve(
+            "api_public_origins = [\"HTTPS://San1.example/\", \"https://san1.example:8443\", \"http://[::1]:80\"]\n",
+            Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            c.api_public_origins,
+            vec!["https://san1.example", "https://san1.example:8443", "http://[::1]"]
+        );
+        for bad in [
+            "san1.example",
+            "https://",
+            "https://san1.example/ui",
+            "ftp://x",
+            "https://x:99999",
+            "https://a@b",
+        ] {
+            let e = resolve(&format!("api_public_origins = [\"{bad}\"]\n"), Overrides::default()).unwrap_err();
+            assert!(e.contains("is not an origin"), "{bad}: {e}");
+        }
         assert!(resolve("api_allowed_hosts = [\"a b\"]\n", Overrides::default()).is_err());
         let c = resolve(
             "api_listen = \"0.0.0.0:8484\"\napi_token = \"0123456789abcdef0123\"\n",

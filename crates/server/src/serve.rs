@@ -158,7 +158,8 @@ async fn serve(cfg: ServerConfig) -> Result<(), String> {
             t.local_addr().map_err(|e| e.to_string())?,
             daemon.cfg.api_allowed_hosts.clone(),
         )
-        .with_scrape_token(scrape_token()?);
+        .with_scrape_token(scrape_token()?)
+        .with_public_origins(daemon.cfg.api_public_origins.clone());
         let r = crate::api::router(daemon.clone(), Some(Arc::new(guard)));
         servers.push(tokio::spawn(crate::api::listener::serve(
             t,

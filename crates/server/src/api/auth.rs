@@ -57,6 +57,9 @@ pub struct Guard {
     pub listen: SocketAddr,
     /// Other names the API may be reached by (api_allowed_hosts), lowercase.
     pub names: Vec<String>,
+    /// Origins of a proxy in front of the listener (api_public_origins), as browsers write
+    /// them: a page served through it may use the API.
+    pub public_origins: Vec<String>,
     /// Dashboard logins: session id (the cookie) → when it was made, and the key that only
     /// the page that logged in was given.
     pub sessions: Mutex<HashMap<String, (Instant, String)>>,
@@ -74,6 +77,7 @@ impl Guard {
             token,
             listen,
             names,
+            public_origins: Vec::new(),
             sessions: Mutex::new(HashMap::new()),
             dashboard: true,
             scrape_token: None,
@@ -84,6 +88,12 @@ impl Guard {
     /// Also admits `GET /metrics` with `token`, and nothing else with it.
     pub fn with_scrape_token(mut self, token: String) -> Guard {
         self.scrape_token = Some(token);
+        self
+    }
+
+    /// Also admits browser requests from these origins (a TLS proxy's, api_public_origins).
+    pub fn with_public_origins(mut self, origins: Vec<String>) -> Guard {
+        self.public_origins = origins;
         self
     }
 
@@ -133,6 +143,10 @@ impl Guard {
     /// names none, so that a page served on another port of the same host is another origin.
     /// (The session cookie's SameSite ignores ports; this check does not.)
     pub fn origin_allowed(&self, origin: &str) -> bool {
+        let written = origin.to_ascii_lowercase();
+        if self.public_origins.iter().any(|o| *o == written) {
+            return true;
+        }
         let (authority, default_port) = match origin.strip_prefix("http://") {
             Some(a) => (a, 80),
             None => match origin.strip_prefix("https://") {
@@ -479,6 +493,24 @@ mod tests {
         g.wrong_tokens.lock().1 = Some(Instant::now() - WRONG_TOKEN_WARN_EVERY);
         assert!(g.wrong_token("dashboard login"), "told again once its time came");
         assert_eq!(g.wrong_tokens.lock().0, 0);
+    }
+
+    #[test]
+    fn a_proxys_origin_is_admitted_when_configured() {
+        let g = guard("127.0.0.1:8484", &[]);
+        assert!(!g.origin_allowed("https://san.example"));
+        let g = g.with_public_origins(vec!["https://san.example".into(), "https://san.example:8443".into()]);
+        assert!(g.origin_allowed("https://san.example"));
+        assert!(g.origin_allowed("HTTPS://SAN.example"));
+        assert!(g.origin_allowed("https://san.example:8443"));
+        for bad in [
+            "http://san.example",
+            "https://san.example:444",
+            "https://san.example.evil",
+            "https://evil.example",
+        ] {
+            assert!(!g.origin_allowed(bad), "{bad}");
+        }
     }
 
     #[test]
