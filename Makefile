@@ -56,7 +56,7 @@ bench:
 # Every fuzz target for FUZZ_SECONDS each (300 here), those that drive the engine included:
 # their RocksDB build alone takes many minutes, so `make test` leaves them out.
 fuzz: test-deps
-	FUZZ_SECONDS=$${FUZZ_SECONDS_DEEP:-300} scripts/fuzz.sh iscsi_pdu nbd_proto login_text scsi_cdb scsi_params
+	FUZZ_SECONDS=$${FUZZ_SECONDS_DEEP:-300} scripts/fuzz.sh iscsi_pdu nbd_proto login_text scsi_cdb disk_label scsi_params replication_wire
 
 # Thousands of power cuts and crashes, for a long hunt (an hour or more here).
 soak: test-deps

@@ -14,7 +14,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_PER=${FUZZ_SECONDS:-20}
 TARGETS=("$@")
-[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(iscsi_pdu nbd_proto login_text scsi_cdb)
+[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(iscsi_pdu nbd_proto login_text scsi_cdb disk_label)
 TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/tessera/target}/fuzz
 
 skip() {
