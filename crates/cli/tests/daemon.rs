@@ -515,6 +515,45 @@ fn the_api_names_data_only_where_the_configuration_lets_it() {
     }
 }
 
+/// Where the configuration lists the RADOS pools and Ceph clients the API may use, a pool on
+/// RADOS is neither made in nor imported from another, nor reached as another client (the
+/// default, admin, included): refused before anything connects to the cluster.
+#[test]
+fn the_api_reaches_only_the_rados_pools_and_clients_the_configuration_lists() {
+    let t = tempfile::tempdir().unwrap();
+    let e = Daemon::start_with(
+        &t.path().join("bad"),
+        &["--config", &{
+            let c = t.path().join("bad.toml");
+            std::fs::write(&c, "rados_pools = [\"\"]\n").unwrap();
+            c.display().to_string()
+        }],
+    )
+    .err()
+    .expect("an empty name is refused");
+    assert!(e.contains("rados_pools: '' is not a name"), "{e}");
+    let d = Daemon::start_configured(
+        &t.path().join("state"),
+        "rados_pools = [\"tessera\"]\nrados_clients = [\"gw\"]\n",
+    );
+    for (pool, client, why) in [
+        ("rbd", "gw", "RADOS pool 'rbd' is not one"),
+        ("tessera", "admin", "Ceph client 'admin' is not one"),
+        ("tessera", "", "Ceph client 'admin' is not one"),
+    ] {
+        let mut create = vec!["pool", "create", "r", "--rados", pool, "--capacity", "1G"];
+        let mut import = vec!["pool", "import", "r", "--rados", pool];
+        if !client.is_empty() {
+            create.extend(["--client-name", client]);
+            import.extend(["--client-name", client]);
+        }
+        for args in [&create, &import] {
+            let e = d.fails(args);
+            assert!(e.contains(why), "{args:?}: {e}");
+        }
+    }
+}
+
 #[test]
 fn failed_disk_is_repaired_by_a_job_with_data_intact() {
     let t = tempfile::tempdir().unwrap();

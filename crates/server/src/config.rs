@@ -7,6 +7,8 @@
 //! api_allowed_hosts = ["san1.example.com"]  # names the TCP API may be reached by
 //! api_public_origins = ["https://san1.example.com"]  # a TLS proxy's origin the dashboard is served from
 //! data_paths = ["/srv/tessera", "/dev/sdb"]  # all the API may make disks of, or read or write images in; default anywhere
+//! rados_pools = ["tessera"]       # the RADOS pools the API may put or find a pool in; default any
+//! rados_clients = ["tessera"]     # the Ceph clients it may connect as (without "client."); default any
 //! metrics_listen = "0.0.0.0:9484"  # GET /metrics only, for a scraper (token required); default none
 //! iscsi_listen = "0.0.0.0:3260"    # "none": no portal from here (those added by API stay)
 //! iscsi_send_buffer = "4M"        # iSCSI sockets' SO_SNDBUF; unset: kernel autotuning
@@ -81,6 +83,10 @@ pub struct ConfigFile {
     pub api_public_origins: Vec<String>,
     #[serde(default)]
     pub data_paths: Vec<PathBuf>,
+    #[serde(default)]
+    pub rados_pools: Vec<String>,
+    #[serde(default)]
+    pub rados_clients: Vec<String>,
     pub metrics_listen: Option<String>,
     pub iscsi_listen: Option<String>,
     pub iscsi_send_buffer: Option<Size>,
@@ -275,6 +281,12 @@ pub struct ServerConfig {
     /// The directories (or devices, or files) inside which a request may name a pool's disk
     /// or an image; empty: anywhere but the state directory (`data_paths.rs`).
     pub data_paths: Vec<PathBuf>,
+    /// The RADOS pools a request may put a pool in or import one from; empty: any the Ceph
+    /// client may reach.
+    pub rados_pools: Vec<String>,
+    /// The Ceph clients (names without "client.") a request may connect as; empty: any
+    /// whose keyring the daemon can read.
+    pub rados_clients: Vec<String>,
     /// The configured iSCSI portal; None when disabled.
     pub iscsi_listen: Option<SocketAddr>,
     /// Socket buffers of every iSCSI portal.
@@ -400,6 +412,14 @@ impl ServerConfig {
             .iter()
             .map(|o| public_origin(o))
             .collect::<Result<Vec<_>, _>>()?;
+        for (key, names) in [("rados_pools", &f.rados_pools), ("rados_clients", &f.rados_clients)] {
+            if let Some(bad) = names
+                .iter()
+                .find(|n| n.is_empty() || n.contains(|c: char| c.is_whitespace() || c == '\0'))
+            {
+                return Err(format!("{key}: '{bad}' is not a name"));
+            }
+        }
         for p in &f.data_paths {
             if !p.is_absolute() || p.components().any(|c| c == std::path::Component::ParentDir) {
                 return Err(format!(
@@ -520,6 +540,8 @@ impl ServerConfig {
             api_allowed_hosts,
             api_public_origins,
             data_paths: f.data_paths,
+            rados_pools: f.rados_pools,
+            rados_clients: f.rados_clients,
             iscsi_listen,
             iscsi_buffers,
             iscsi_limits,

@@ -106,10 +106,32 @@ impl Daemon {
         DataPaths::new(&self.cfg.state_dir, &self.cfg.data_paths)
     }
 
-    /// Refuses the Ceph configuration file a request names for a pool on RADOS outside
-    /// `data_paths`, where they are configured (the default, /etc/ceph/ceph.conf, always
-    /// may be): librados reads it, and its errors would tell what it holds.
-    pub(crate) fn check_ceph_conf(&self, rados: &crate::model::RadosPlacement) -> ApiResult<()> {
+    /// Refuses where a request would put or find a pool on RADOS if the configuration does
+    /// not let the API reach it: a RADOS pool not in `rados_pools`, a Ceph client not in
+    /// `rados_clients` (where they are set: a token confined by `data_paths` is not to
+    /// reach every pool `client.admin` can); and the Ceph configuration file outside
+    /// `data_paths`, where they are configured (the default, /etc/ceph/ceph.conf, always may
+    /// be): librados reads it, and its errors would tell what it holds.
+    pub(crate) fn check_rados_reach(&self, rados: &crate::model::RadosPlacement) -> ApiResult<()> {
+        let allowed = |list: &[String], name: &str| list.is_empty() || list.iter().any(|n| n == name);
+        if !allowed(&self.cfg.rados_pools, &rados.pool) {
+            return Err(ApiError::invalid(format!(
+                "RADOS pool '{}' is not one the configuration lets the API use (rados_pools: {})",
+                rados.pool,
+                self.cfg.rados_pools.join(", ")
+            )));
+        }
+        let client = rados
+            .client_name
+            .as_deref()
+            .unwrap_or(crate::rados_pools::DEFAULT_CLIENT);
+        if !allowed(&self.cfg.rados_clients, client) {
+            return Err(ApiError::invalid(format!(
+                "Ceph client '{client}' is not one the configuration lets the API connect as \
+                 (rados_clients: {}); give one of them with --client-name",
+                self.cfg.rados_clients.join(", ")
+            )));
+        }
         let paths = self.data_paths();
         let Some(conf) = rados.ceph_conf.as_deref() else {
             return Ok(());

@@ -7,7 +7,7 @@ impl Daemon {
     pub fn create_pool(&self, req: CreatePool) -> ApiResult<PoolSummary> {
         validate_name("pool", &req.name).map_err(ApiError::invalid)?;
         if let Some(r) = &req.rados {
-            self.check_ceph_conf(r)?;
+            self.check_rados_reach(r)?;
             return self.create_rados_pool(&req, r);
         }
         if req.capacity.is_some() {
@@ -330,7 +330,7 @@ impl Daemon {
             ));
         }
         if let Some(r) = rados {
-            self.check_ceph_conf(r)?;
+            self.check_rados_reach(r)?;
             let placement = crate::rados_pools::Placement::new(r).map_err(ApiError::invalid)?;
             return self.import_rados_pool(name, placement);
         }
