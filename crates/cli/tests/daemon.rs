@@ -532,10 +532,18 @@ fn the_api_reaches_only_the_rados_pools_and_clients_the_configuration_lists() {
     .err()
     .expect("an empty name is refused");
     assert!(e.contains("rados_pools: '' is not a name"), "{e}");
-    let d = Daemon::start_configured(
-        &t.path().join("state"),
-        "rados_pools = [\"tessera\"]\nrados_clients = [\"gw\"]\n",
-    );
+    // A pool on RADOS exported from here before: its directory says where it lives.
+    let state = t.path().join("state");
+    let old = state.join("pools").join("old");
+    std::fs::create_dir_all(&old).unwrap();
+    std::fs::write(
+        old.join("rados.json"),
+        r#"{"rados_pool": "rbd", "ceph_conf": "/etc/ceph/ceph.conf", "client_name": "gw"}"#,
+    )
+    .unwrap();
+    let d = Daemon::start_configured(&state, "rados_pools = [\"tessera\"]\nrados_clients = [\"gw\"]\n");
+    let e = d.fails(&["pool", "import", "old"]);
+    assert!(e.contains("RADOS pool 'rbd' is not one"), "{e}");
     for (pool, client, why) in [
         ("rbd", "gw", "RADOS pool 'rbd' is not one"),
         ("tessera", "admin", "Ceph client 'admin' is not one"),

@@ -338,6 +338,12 @@ impl Daemon {
             // Exported here before: its directory says where it lives.
             let recorded = crate::rados_pools::Placement::read(&self.pool_dir(name)).map_err(ApiError::invalid)?;
             if let Some(placement) = recorded {
+                // Where it was recorded is asked again: the configuration may have changed.
+                self.check_rados_reach(&RadosPlacement {
+                    pool: placement.rados_pool.clone(),
+                    ceph_conf: Some(placement.ceph_conf.clone()),
+                    client_name: Some(placement.client_name.clone()),
+                })?;
                 return self.import_rados_pool(name, placement);
             }
         }
