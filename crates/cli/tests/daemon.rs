@@ -995,6 +995,86 @@ fn tcp_listener_and_tokens() {
     assert_eq!(mode & 0o777, 0o600);
 }
 
+/// The viewer token reads everything and changes nothing, by bearer or by a dashboard login;
+/// the metrics token does not log in.
+#[test]
+fn the_viewer_token_reads_and_changes_nothing() {
+    let t = tempfile::tempdir().unwrap();
+    let state = t.path().join("s");
+    let d = Daemon::start_on_tcp(&state, "", "admin-token-0123456789");
+    create_pool(&d, "p", &disks(&t.path().join("disks"), 1, 256 << 20));
+    let addr = api_addr(&d);
+    let viewer = std::fs::read_to_string(state.join("viewer-token"))
+        .unwrap()
+        .trim()
+        .to_string();
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(state.join("viewer-token")).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o600);
+    let bearer = format!("Bearer {viewer}");
+    let by_viewer = [("Authorization", bearer.as_str())];
+    for path in ["/api/pools", "/api/pools/p", "/api/events", "/metrics", "/"] {
+        let r = http_tcp(&addr, "GET", path, None, &by_viewer).unwrap();
+        assert_eq!(r.status, 200, "{path}: {}", r.body);
+    }
+    let body = r#"{"name": "v", "size": 1048576}"#;
+    let changes = [
+        ("POST", "/api/pools/p/vdisks", Some(body)),
+        ("DELETE", "/api/pools/p", None),
+        ("POST", "/api/pools/p/scrub", None),
+        ("PUT", "/api/pools/p/dedup", Some("{}")),
+    ];
+    let refused = |r: &Resp, what: &str| {
+        assert_eq!((r.status, r.code().as_str()), (403, "forbidden"), "{what}: {}", r.body);
+        assert!(r.body.contains("only reads"), "{what}: {}", r.body);
+    };
+    for (method, path, body) in changes {
+        refused(&http_tcp(&addr, method, path, body, &by_viewer).unwrap(), path);
+    }
+    assert!(d.json(&["vdisk", "list", "p"]).as_array().unwrap().is_empty());
+    assert_eq!(d.json(&["pool", "show", "p"])["name"], "p", "the pool is still there");
+
+    // A dashboard login with it reads and does not change either.
+    let r = http_tcp(&addr, "POST", "/ui/login", Some(&format!("token={viewer}")), &[]).unwrap();
+    assert_eq!(r.status, 303, "{}", r.body);
+    let cookie = r.header("set-cookie").unwrap().split(';').next().unwrap().to_string();
+    let key = r
+        .header("location")
+        .unwrap()
+        .strip_prefix("/#key=")
+        .unwrap()
+        .to_string();
+    let session = [("Cookie", cookie.as_str()), ("x-tessera-key", key.as_str())];
+    assert_eq!(
+        http_tcp(&addr, "GET", "/api/pools", None, &session).unwrap().status,
+        200
+    );
+    refused(
+        &http_tcp(&addr, "POST", "/api/pools/p/vdisks", Some(body), &session).unwrap(),
+        "session",
+    );
+    assert_eq!(
+        http_tcp(&addr, "POST", "/ui/logout", None, &session).unwrap().status,
+        303
+    );
+    assert_eq!(
+        http_tcp(&addr, "GET", "/api/pools", None, &session).unwrap().status,
+        401,
+        "logged out"
+    );
+
+    // The metrics token reads the metrics, and does not log in.
+    let scrape = std::fs::read_to_string(state.join("metrics-token"))
+        .unwrap()
+        .trim()
+        .to_string();
+    let r = http_tcp(&addr, "POST", "/ui/login", Some(&format!("token={scrape}")), &[]).unwrap();
+    assert_eq!(r.status, 401);
+    let by_scraper = format!("Bearer {scrape}");
+    let r = http_tcp(&addr, "GET", "/api/pools", None, &[("Authorization", &by_scraper)]).unwrap();
+    assert_eq!(r.status, 401);
+}
+
 /// Behind a TLS proxy the browser's pages come from the proxy's origin: once configured, the
 /// dashboard's login and API requests from it are taken, and no other site's.
 #[test]

@@ -159,6 +159,7 @@ async fn serve(cfg: ServerConfig) -> Result<(), String> {
             daemon.cfg.api_allowed_hosts.clone(),
         )
         .with_scrape_token(scrape_token()?)
+        .with_viewer_token(crate::api::auth::load_or_create_viewer_token(&daemon.cfg.state_dir)?)
         .with_public_origins(daemon.cfg.api_public_origins.clone());
         let r = crate::api::router(daemon.clone(), Some(Arc::new(guard)));
         servers.push(tokio::spawn(crate::api::listener::serve(
@@ -377,7 +378,10 @@ fn banner(
             ip => ip,
         };
         let addr = SocketAddr::new(ip, a.port());
-        s += &format!("  dashboard: http://{addr}/ (log in with the API's bearer token)\n");
+        s += &format!(
+            "  dashboard: http://{addr}/ (log in with the API's bearer token, or to read only with the one in {})\n",
+            crate::api::auth::viewer_token_path(&d.cfg.state_dir).display()
+        );
     }
     if let Some(m) = metrics {
         s += &format!(

@@ -50,6 +50,7 @@ pub fn wd(addr: &str, method: &str, path: &str, body: Option<&str>) -> Resp {
     Resp {
         status,
         body: String::from_utf8_lossy(&buf).into_owned(),
+        head: String::new(),
     }
 }
 

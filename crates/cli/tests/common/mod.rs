@@ -325,9 +325,19 @@ impl From<Output> for Out {
 pub struct Resp {
     pub status: u16,
     pub body: String,
+    /// The status line and headers, as received.
+    pub head: String,
 }
 
 impl Resp {
+    /// The first header `name` (any case), if any.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.head.lines().skip(1).find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.trim().eq_ignore_ascii_case(name).then(|| v.trim())
+        })
+    }
+
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
     }
@@ -392,6 +402,7 @@ fn exchange<S: Read + Write>(
     Ok(Resp {
         status,
         body: body.to_string(),
+        head: head.to_string(),
     })
 }
 

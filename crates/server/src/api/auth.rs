@@ -35,6 +35,9 @@ pub const TOKEN_FILE: &str = "api-token";
 /// The file in the state directory that holds the token a scraper reads `GET /metrics` with,
 /// and nothing else: a monitoring host that holds it cannot change the SAN.
 pub const SCRAPE_TOKEN_FILE: &str = "metrics-token";
+/// The file in the state directory that holds the token that reads everything the API and
+/// the dashboard show and changes nothing: for whoever watches the SAN but runs it not.
+pub const VIEWER_TOKEN_FILE: &str = "viewer-token";
 
 /// How long a dashboard login lasts.
 pub const SESSION_LIFETIME: Duration = Duration::from_secs(12 * 3600);
@@ -50,6 +53,37 @@ const WRONG_TOKEN_DELAY: Duration = Duration::from_millis(250);
 /// log.
 const WRONG_TOKEN_WARN_EVERY: Duration = Duration::from_secs(10);
 
+/// What a token or a session lets its holder do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Everything: the API token.
+    Full,
+    /// Every read (GET, HEAD), no change: the viewer token.
+    Read,
+    /// `GET /metrics` only: the metrics token.
+    Scrape,
+}
+
+impl Access {
+    /// Whether this access admits `method` on `path`.
+    fn admits(self, method: &Method, path: &str) -> bool {
+        match self {
+            Access::Full => true,
+            Access::Read => method == Method::GET || method == Method::HEAD,
+            Access::Scrape => method == Method::GET && path == "/metrics",
+        }
+    }
+}
+
+/// A dashboard login.
+#[derive(Debug, Clone)]
+pub struct Session {
+    made: Instant,
+    /// Given only to the page that logged in; its API requests show it.
+    key: String,
+    access: Access,
+}
+
 /// What a TCP listener checks.
 pub struct Guard {
     pub token: String,
@@ -62,11 +96,13 @@ pub struct Guard {
     pub public_origins: Vec<String>,
     /// Dashboard logins: session id (the cookie) → when it was made, and the key that only
     /// the page that logged in was given.
-    pub sessions: Mutex<HashMap<String, (Instant, String)>>,
+    pub sessions: Mutex<HashMap<String, Session>>,
     /// Whether this listener serves the dashboard (and its login); not `metrics_listen`.
     pub dashboard: bool,
     /// A bearer token that admits `GET /metrics` only.
     pub scrape_token: Option<String>,
+    /// A bearer token (and dashboard login) that admits reads only: GET and HEAD.
+    pub viewer_token: Option<String>,
     /// Wrong tokens since the last warning, and when that was.
     wrong_tokens: Mutex<(u64, Option<Instant>)>,
 }
@@ -81,6 +117,7 @@ impl Guard {
             sessions: Mutex::new(HashMap::new()),
             dashboard: true,
             scrape_token: None,
+            viewer_token: None,
             wrong_tokens: Mutex::new((0, None)),
         }
     }
@@ -95,6 +132,30 @@ impl Guard {
     pub fn with_public_origins(mut self, origins: Vec<String>) -> Guard {
         self.public_origins = origins;
         self
+    }
+
+    /// Also admits reads (GET, HEAD), and nothing else, with `token`, and dashboard logins
+    /// with it that read only.
+    pub fn with_viewer_token(mut self, token: String) -> Guard {
+        self.viewer_token = Some(token);
+        self
+    }
+
+    /// What a bearer token (or a login form's) admits, if anything.
+    fn access_of(&self, token: &str) -> Option<Access> {
+        let is = |t: &Option<String>| {
+            t.as_ref()
+                .is_some_and(|t| constant_time_eq(token.as_bytes(), t.as_bytes()))
+        };
+        if constant_time_eq(token.as_bytes(), self.token.as_bytes()) {
+            Some(Access::Full)
+        } else if is(&self.viewer_token) {
+            Some(Access::Read)
+        } else if is(&self.scrape_token) {
+            Some(Access::Scrape)
+        } else {
+            None
+        }
     }
 
     /// For a listener that serves no pages: the bearer token only.
@@ -116,26 +177,34 @@ impl Guard {
         true
     }
 
-    /// The key of the live session `id`, if there is one.
-    fn session_key(&self, id: &str) -> Option<String> {
+    /// The live session `id`, if there is one.
+    fn session(&self, id: &str) -> Option<Session> {
         let mut s = self.sessions.lock();
-        s.retain(|_, (made, _)| made.elapsed() < SESSION_LIFETIME);
+        s.retain(|_, v| v.made.elapsed() < SESSION_LIFETIME);
         // Compared in constant time, as the token is.
         s.iter()
             .find(|(k, _)| constant_time_eq(k.as_bytes(), id.as_bytes()))
-            .map(|(_, (_, key))| key.clone())
+            .map(|(_, v)| v.clone())
     }
 
-    /// A new session: its id (the cookie) and its key (for the page's API requests).
-    fn new_session(&self) -> Result<(String, String), String> {
+    /// A new session with `access`: its id (the cookie) and its key (for the page's API
+    /// requests).
+    fn new_session(&self, access: Access) -> Result<(String, String), String> {
         let (id, key) = (random_hex(32)?, random_hex(32)?);
         let mut s = self.sessions.lock();
         if s.len() >= MAX_SESSIONS {
-            if let Some(oldest) = s.iter().min_by_key(|(_, (t, _))| *t).map(|(k, _)| k.clone()) {
+            if let Some(oldest) = s.iter().min_by_key(|(_, v)| v.made).map(|(k, _)| k.clone()) {
                 s.remove(&oldest);
             }
         }
-        s.insert(id.clone(), (Instant::now(), key.clone()));
+        s.insert(
+            id.clone(),
+            Session {
+                made: Instant::now(),
+                key: key.clone(),
+                access,
+            },
+        );
         Ok((id, key))
     }
 
@@ -229,26 +298,23 @@ pub async fn check(State(g): State<Arc<Guard>>, req: Request, next: Next) -> Res
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
     let session = session_cookie(headers).filter(|_| g.dashboard);
-    let scrape = req.method() == Method::GET && path == "/metrics";
-    let admitted = match (given, &session) {
-        (Some(t), _) => {
-            constant_time_eq(t.as_bytes(), g.token.as_bytes())
-                || (scrape
-                    && g.scrape_token
-                        .as_ref()
-                        .is_some_and(|s| constant_time_eq(t.as_bytes(), s.as_bytes())))
-        }
+    let access = match (given, &session) {
+        (Some(t), _) => g.access_of(t),
         // The cookie alone admits the dashboard's pages. A browser sends it to every port of
         // this host, so a page served on another port would receive it: the API also wants
         // the session's key, given only to the page that logged in (browsers keep it apart
         // by origin, port included).
-        (None, Some(id)) => g.session_key(id).is_some_and(|key| {
-            is_page(&path) || session_key_of(&req).is_some_and(|k| constant_time_eq(k.as_bytes(), key.as_bytes()))
-        }),
-        (None, None) => false,
+        (None, Some(id)) => g
+            .session(id)
+            .filter(|s| {
+                is_page(&path) || session_key_of(&req).is_some_and(|k| constant_time_eq(k.as_bytes(), s.key.as_bytes()))
+            })
+            .map(|s| s.access),
+        (None, None) => None,
     };
-    if admitted {
-        if req.method() == Method::POST && path == "/ui/logout" {
+    let logout = req.method() == Method::POST && path == "/ui/logout";
+    if let Some(access) = access {
+        if logout {
             if let Some(id) = session {
                 g.sessions.lock().remove(&id);
             }
@@ -256,7 +322,17 @@ pub async fn check(State(g): State<Arc<Guard>>, req: Request, next: Next) -> Res
                 "{SESSION_COOKIE}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0"
             )));
         }
-        return next.run(req).await;
+        if access.admits(req.method(), &path) {
+            return next.run(req).await;
+        }
+        if access == Access::Read {
+            return ApiError::new(
+                StatusCode::FORBIDDEN,
+                code::FORBIDDEN,
+                "this token (or dashboard login) only reads: changes need the API token".to_string(),
+            )
+            .into_response();
+        }
     }
     if given.is_some() {
         g.wrong_token("bearer");
@@ -309,13 +385,15 @@ async fn login(g: &Guard, req: Request) -> Response {
         Err(_) => return login_page(StatusCode::PAYLOAD_TOO_LARGE, Some("The form was too large.")),
     };
     let token = form_value(&String::from_utf8_lossy(&body), "token").unwrap_or_default();
-    if !constant_time_eq(token.trim().as_bytes(), g.token.as_bytes()) {
+    // The API token logs in for everything, the viewer token to read only; the metrics
+    // token does not log in.
+    let Some(access) = g.access_of(token.trim()).filter(|a| *a != Access::Scrape) else {
         g.wrong_token("dashboard login");
         // A guesser waits for each answer (the token itself is far beyond guessing).
         tokio::time::sleep(WRONG_TOKEN_DELAY.max(Duration::from_millis(500))).await;
         return login_page(StatusCode::UNAUTHORIZED, Some("That is not the API token."));
-    }
-    match g.new_session() {
+    };
+    match g.new_session(access) {
         // The key goes in the address's fragment, which the page reads and no request carries.
         Ok((id, key)) => redirect(
             &format!("/#key={key}"),
@@ -428,6 +506,16 @@ pub fn load_or_create_token(state_dir: &Path) -> Result<String, String> {
     load_or_create(&token_path(state_dir), "API token")
 }
 
+/// The viewer token's file in the state directory.
+pub fn viewer_token_path(state_dir: &Path) -> PathBuf {
+    state_dir.join(VIEWER_TOKEN_FILE)
+}
+
+/// The viewer token in the state directory, made as the API token is.
+pub fn load_or_create_viewer_token(state_dir: &Path) -> Result<String, String> {
+    load_or_create(&viewer_token_path(state_dir), "viewer token")
+}
+
 /// The scrape token in the state directory, made as the API token is.
 pub fn load_or_create_scrape_token(state_dir: &Path) -> Result<String, String> {
     load_or_create(&scrape_token_path(state_dir), "metrics token")
@@ -480,6 +568,27 @@ mod tests {
             listen.parse().unwrap(),
             names.iter().map(|s| s.to_string()).collect(),
         )
+    }
+
+    #[test]
+    fn each_token_admits_what_it_is_for() {
+        let g = guard("127.0.0.1:8484", &[])
+            .with_scrape_token("s".repeat(32))
+            .with_viewer_token("v".repeat(32));
+        assert_eq!(g.access_of(&"t".repeat(32)), Some(Access::Full));
+        assert_eq!(g.access_of(&"v".repeat(32)), Some(Access::Read));
+        assert_eq!(g.access_of(&"s".repeat(32)), Some(Access::Scrape));
+        assert_eq!(g.access_of(&"x".repeat(32)), None);
+        assert_eq!(g.access_of(""), None);
+        let (get, head, post, delete) = (Method::GET, Method::HEAD, Method::POST, Method::DELETE);
+        assert!(Access::Full.admits(&delete, "/api/pools/p"));
+        assert!(Access::Read.admits(&get, "/api/pools") && Access::Read.admits(&head, "/"));
+        assert!(!Access::Read.admits(&post, "/api/pools") && !Access::Read.admits(&delete, "/api/pools/p"));
+        assert!(!Access::Read.admits(&Method::PUT, "/api/replicas/r"));
+        assert!(Access::Scrape.admits(&get, "/metrics"));
+        assert!(!Access::Scrape.admits(&get, "/api/pools") && !Access::Scrape.admits(&post, "/metrics"));
+        // Without a viewer token configured, nothing reads with a made-up one.
+        assert_eq!(guard("127.0.0.1:8484", &[]).access_of(&"v".repeat(32)), None);
     }
 
     #[test]
@@ -541,15 +650,15 @@ mod tests {
         assert_eq!(form_value("token=x%4", "token").unwrap(), "x%4");
         assert_eq!(form_value("nothing", "token"), None);
         let g = guard("127.0.0.1:8484", &[]);
-        let (id, key) = g.new_session().unwrap();
+        let (id, key) = g.new_session(Access::Full).unwrap();
         assert_eq!((id.len(), key.len()), (64, 64));
         assert_ne!(id, key);
-        assert_eq!(g.session_key(&id), Some(key));
-        assert_eq!(g.session_key("0000"), None);
+        assert_eq!(g.session(&id).map(|s| (s.key, s.access)), Some((key, Access::Full)));
+        assert!(g.session("0000").is_none());
         for _ in 0..MAX_SESSIONS {
-            g.new_session().unwrap();
+            g.new_session(Access::Read).unwrap();
         }
-        assert_eq!(g.session_key(&id), None, "the oldest goes first");
+        assert!(g.session(&id).is_none(), "the oldest goes first");
         assert_eq!(g.sessions.lock().len(), MAX_SESSIONS);
         let mut h = axum::http::HeaderMap::new();
         h.insert(COOKIE, "a=b; tessera_session=abc".parse().unwrap());
