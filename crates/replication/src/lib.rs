@@ -11,6 +11,8 @@ pub mod transport;
 pub mod wire;
 
 pub use error::{ReplError, Result};
-pub use receive::{cycle_cut, forget_cycle, receive, Joins, ReceiveOptions, ReceiveReport, ReplicaSite, Stream};
+pub use receive::{
+    cycle_cut, forget_cycle, receive, Commit, Joins, ReceiveOptions, ReceiveReport, ReplicaSite, Stream,
+};
 pub use send::{send, send_streams, send_watched, SendReport, Target};
 pub use transport::Transport;

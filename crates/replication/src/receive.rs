@@ -151,14 +151,32 @@ pub trait ReplicaSite {
         Ok(())
     }
     /// The last cycle committed into `pool/vdisk`, as `committed` recorded it.
-    fn last_committed(&self, _pool: &str, _vdisk: &str) -> Option<String> {
+    fn last_committed(&self, _pool: &str, _vdisk: &str) -> Option<Commit> {
         None
     }
-    /// Records, durably, that the cycle of `snapshot` was committed into `pool/vdisk` (its
+    /// Records, durably, that the cycle `commit` was committed into `pool/vdisk` (its
     /// snapshot taken): a sender that asks again for it is then told it is done, and the
     /// working copy is whole again (what `changing` recorded is cleared).
-    fn committed(&self, _pool: &str, _vdisk: &str, _snapshot: &str) -> std::result::Result<(), String> {
+    fn committed(&self, _pool: &str, _vdisk: &str, _commit: &Commit) -> std::result::Result<(), String> {
         Ok(())
+    }
+}
+
+/// A cycle committed here: the snapshot it made, and the sender's id of its own snapshot
+/// (`wire::Begin::snapshot_id`). The name alone does not say the cycle is the one asked for
+/// again: a replication made again under the same name starts its snapshots' names again,
+/// and a snapshot deleted at the source and taken again keeps its name, not its id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Commit {
+    pub snapshot: String,
+    pub snapshot_id: Option<u64>,
+}
+
+impl Commit {
+    /// Whether this is the cycle `begin` asks for. A sender that names no id (an older one)
+    /// is taken at its name, as it always was.
+    pub fn is_of(&self, begin: &Begin) -> bool {
+        self.snapshot == begin.snapshot && (begin.snapshot_id.is_none() || self.snapshot_id == begin.snapshot_id)
     }
 }
 
@@ -292,20 +310,33 @@ fn run<S: Read + Write>(
             )));
         }
         engine.flush()?;
-        let recorded = site.last_committed(&begin.pool, &begin.vdisk).as_deref() == Some(begin.snapshot.as_str());
+        let this = Commit {
+            snapshot: begin.snapshot.clone(),
+            snapshot_id: begin.snapshot_id,
+        };
+        let recorded = site
+            .last_committed(&begin.pool, &begin.vdisk)
+            .is_some_and(|c| c.is_of(&begin));
+        let marked = marker.as_ref().is_some_and(|m| {
+            Commit {
+                snapshot: m.snapshot.clone(),
+                snapshot_id: m.snapshot_id,
+            }
+            .is_of(&begin)
+        });
         if !recorded {
-            if !marker.as_ref().is_some_and(|m| m.snapshot == begin.snapshot) {
+            if !marked {
                 return Err(ReplError::Invalid(format!(
                     "the replica holds a snapshot '{snap_name}' that no cycle of this replication committed (an earlier replication under the same name left it): delete it here, and the next cycle goes on"
                 )));
             }
             // Taken, and its record not made (the site could not write it): made now.
-            site.committed(&begin.pool, &begin.vdisk, &begin.snapshot)
+            site.committed(&begin.pool, &begin.vdisk, &this)
                 .map_err(ReplError::Invalid)?;
         }
         site.settled(&begin.pool, &begin.vdisk, &begin.snapshot)
             .map_err(ReplError::Invalid)?;
-        if marker.as_ref().is_some_and(|m| m.snapshot == begin.snapshot) {
+        if marked {
             let _ = std::fs::remove_file(&marker_path);
         }
         report.complete = true;
@@ -550,7 +581,11 @@ fn run<S: Read + Write>(
                     replica.flush()?;
                     engine.snapshot(&begin.vdisk, &begin.snapshot)?;
                     // Recorded before the marker goes: either says the cycle is this site's.
-                    site.committed(&begin.pool, &begin.vdisk, &begin.snapshot)
+                    let commit = Commit {
+                        snapshot: begin.snapshot.clone(),
+                        snapshot_id: begin.snapshot_id,
+                    };
+                    site.committed(&begin.pool, &begin.vdisk, &commit)
                         .map_err(ReplError::Invalid)?;
                     let _ = std::fs::remove_file(&marker_path);
                     wire::write_json(

@@ -210,7 +210,12 @@ fn a_cycle_asked_again_is_done_and_a_snapshot_of_its_name_from_elsewhere_is_refu
     dst.committed.lock().unwrap().clear();
     let marker = dst.dir.path().join("cycles").join("p").join("vol.cycle");
     std::fs::create_dir_all(marker.parent().unwrap()).unwrap();
-    std::fs::write(&marker, br#"{"base":null,"snapshot":"s1"}"#).unwrap();
+    let s1 = src.engine.vdisk("vol@s1").unwrap().id();
+    std::fs::write(
+        &marker,
+        format!(r#"{{"base":null,"snapshot":"s1","snapshot_id":{s1}}}"#),
+    )
+    .unwrap();
     let (sent, got) = cycle(&src, &dst, "s1", None, None);
     assert_eq!(sent.unwrap().sent_bytes, 0);
     assert!(got.unwrap().complete);
@@ -243,6 +248,50 @@ fn a_cycle_asked_again_is_done_and_a_snapshot_of_its_name_from_elsewhere_is_refu
     assert_eq!(
         image(&dst.engine.vdisk("vol@s2").unwrap()),
         image(&src.engine.vdisk("vol@s2").unwrap())
+    );
+}
+
+/// A replication made again under the same name starts its snapshots' names again, and a
+/// snapshot deleted at the source and taken again keeps its name: neither is taken for the
+/// cycle the replica committed under that name (the sender would make its new snapshot the
+/// base of cycles applied on top of other data), whether the replica's record or its marker
+/// names it.
+#[test]
+fn a_cycle_of_a_snapshot_taken_again_under_its_name_is_not_done() {
+    let (src, dst, v, _) = pair_after_first_cycle();
+    let marker = dst.dir.path().join("cycles").join("p").join("vol.cycle");
+    let old = src.engine.vdisk("vol@s1").unwrap().id();
+    // The source's s1 goes, the vdisk changes, and s1 is taken again: another snapshot.
+    src.engine.delete_vdisk("vol@s1").unwrap();
+    v.write(0, &noise(9, MIB as usize), false).unwrap();
+    src.engine.snapshot("vol", "s1").unwrap();
+    assert_ne!(src.engine.vdisk("vol@s1").unwrap().id(), old);
+    let (sent, got) = cycle(&src, &dst, "s1", None, None);
+    let e = got.unwrap_err().to_string();
+    assert!(e.contains("no cycle of this replication committed"), "{e}");
+    assert!(sent.is_err(), "the sender was told done for a snapshot it never sent");
+    // Nor when only a marker of the old one's cycle says so.
+    dst.committed.lock().unwrap().clear();
+    std::fs::create_dir_all(marker.parent().unwrap()).unwrap();
+    std::fs::write(
+        &marker,
+        format!(r#"{{"base":null,"snapshot":"s1","snapshot_id":{old}}}"#),
+    )
+    .unwrap();
+    let (sent, got) = cycle(&src, &dst, "s1", None, None);
+    assert!(got
+        .unwrap_err()
+        .to_string()
+        .contains("no cycle of this replication committed"));
+    assert!(sent.is_err());
+    // Deleted at the replica as the refusal says, the cycle goes, whole.
+    dst.engine.delete_vdisk("vol@s1").unwrap();
+    let (sent, got) = cycle(&src, &dst, "s1", None, None);
+    sent.unwrap();
+    assert!(!got.unwrap().complete);
+    assert_eq!(
+        image(&dst.engine.vdisk("vol@s1").unwrap()),
+        image(&src.engine.vdisk("vol@s1").unwrap())
     );
 }
 

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use tessera_disk::{DiskRef, MemDisk};
-use tessera_replication::{ReceiveOptions, ReplicaSite};
+use tessera_replication::{Commit, ReceiveOptions, ReplicaSite};
 use tessera_volume::{Engine, LayoutKind, Vdisk};
 
 pub const MIB: u64 = 1 << 20;
@@ -18,6 +18,8 @@ pub struct Site {
     pub joins: Arc<tessera_replication::Joins>,
     /// The last cycle committed into each vdisk, as a daemon records it.
     pub committed: std::sync::Mutex<std::collections::HashMap<String, String>>,
+    /// The source's ids of the snapshots those cycles were made from.
+    pub committed_ids: std::sync::Mutex<std::collections::HashMap<String, u64>>,
     /// The replicas a cycle was to make and could not, as the site was told.
     pub not_made: std::sync::Mutex<Vec<String>>,
     /// The cycle each working copy holds part of (set by `changing`, cleared by `committed`
@@ -72,8 +74,11 @@ impl ReplicaSite for Site {
     fn not_made(&self, pool: &str, vdisk: &str) {
         self.not_made.lock().unwrap().push(format!("{pool}/{vdisk}"));
     }
-    fn last_committed(&self, pool: &str, vdisk: &str) -> Option<String> {
-        self.committed.lock().unwrap().get(&format!("{pool}/{vdisk}")).cloned()
+    fn last_committed(&self, pool: &str, vdisk: &str) -> Option<Commit> {
+        let key = format!("{pool}/{vdisk}");
+        let snapshot = self.committed.lock().unwrap().get(&key).cloned()?;
+        let snapshot_id = self.committed_ids.lock().unwrap().get(&key).copied();
+        Some(Commit { snapshot, snapshot_id })
     }
     fn joining(&self, _pool: &str, _vdisk: &str) -> Result<(), String> {
         let meet = self.joins_meet.lock().unwrap().clone();
@@ -97,12 +102,17 @@ impl ReplicaSite for Site {
         }
         Ok(())
     }
-    fn committed(&self, pool: &str, vdisk: &str, snapshot: &str) -> Result<(), String> {
-        self.changing.lock().unwrap().remove(&format!("{pool}/{vdisk}"));
+    fn committed(&self, pool: &str, vdisk: &str, commit: &Commit) -> Result<(), String> {
+        let key = format!("{pool}/{vdisk}");
+        self.changing.lock().unwrap().remove(&key);
         self.committed
             .lock()
             .unwrap()
-            .insert(format!("{pool}/{vdisk}"), snapshot.to_string());
+            .insert(key.clone(), commit.snapshot.clone());
+        match commit.snapshot_id {
+            Some(id) => self.committed_ids.lock().unwrap().insert(key, id),
+            None => self.committed_ids.lock().unwrap().remove(&key),
+        };
         Ok(())
     }
 }
@@ -118,6 +128,7 @@ pub fn site(disks: usize, disk_size: u64) -> Site {
         engine: Arc::new(engine),
         joins: Default::default(),
         committed: Default::default(),
+        committed_ids: Default::default(),
         not_made: Default::default(),
         changing: Default::default(),
         joins_meet: Default::default(),

@@ -7,7 +7,7 @@ use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use tessera_replication::{receive, ReceiveOptions, ReplicaSite, Transport};
+use tessera_replication::{receive, Commit, ReceiveOptions, ReplicaSite, Transport};
 use tessera_volume::{Engine, LayoutKind};
 use tracing::{info, warn};
 
@@ -495,7 +495,7 @@ impl ReplicaSite for Site {
         }
     }
 
-    fn last_committed(&self, pool: &str, vdisk: &str) -> Option<String> {
+    fn last_committed(&self, pool: &str, vdisk: &str) -> Option<Commit> {
         let key = format!("{pool}/{vdisk}");
         let rec = self.d.replication.saved.lock().incoming.get(&key).cloned()?;
         // Only of the vdisk the record was made of: a snapshot left by one deleted since is
@@ -504,7 +504,10 @@ impl ReplicaSite for Site {
         if rec.vdisk_id.is_some_and(|was| was != id) {
             return None;
         }
-        rec.last_snapshot
+        Some(Commit {
+            snapshot: rec.last_snapshot?,
+            snapshot_id: rec.last_snapshot_id,
+        })
     }
 
     fn made(&self, pool: &str, vdisk: &str) -> Result<(), String> {
@@ -543,7 +546,7 @@ impl ReplicaSite for Site {
         Ok(())
     }
 
-    fn committed(&self, pool: &str, vdisk: &str, snapshot: &str) -> Result<(), String> {
+    fn committed(&self, pool: &str, vdisk: &str, commit: &Commit) -> Result<(), String> {
         let key = format!("{pool}/{vdisk}");
         // (A replica made before there were marks has its mark made here.)
         self.mark(pool, vdisk)?;
@@ -556,7 +559,8 @@ impl ReplicaSite for Site {
             .change(|s| {
                 if let Some(i) = s.incoming.get_mut(&key) {
                     i.cycles += 1;
-                    i.last_snapshot = Some(snapshot.to_string());
+                    i.last_snapshot = Some(commit.snapshot.clone());
+                    i.last_snapshot_id = commit.snapshot_id;
                     i.last_cycle_at = Some(now());
                 }
                 Ok(())
@@ -925,6 +929,7 @@ impl Daemon {
                     source: source.clone(),
                     created_at: now(),
                     last_snapshot: last.clone(),
+                    last_snapshot_id: None,
                     last_cycle_at: None,
                     cycles: 0,
                     marked: true,

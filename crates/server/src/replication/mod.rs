@@ -116,6 +116,11 @@ pub(crate) struct Incoming {
     pub source: String,
     pub created_at: u64,
     pub last_snapshot: Option<String>,
+    /// The source's id of its snapshot that `last_snapshot` was made from: a cycle asked for
+    /// again is done only if it is of the very same (None in records saved before these
+    /// were kept, and in those a gateway took on from its pool).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_snapshot_id: Option<u64>,
     pub last_cycle_at: Option<u64>,
     pub cycles: u64,
     /// The pool's metadata marks the vdisk a replica (`incoming.rs`): a mark gone since was

@@ -326,6 +326,7 @@ impl Daemon {
                     source: o.to.clone(),
                     created_at: now(),
                     last_snapshot: Some(base.clone()),
+                    last_snapshot_id: None,
                     last_cycle_at: o.base_at,
                     cycles: 0,
                     marked: true,
