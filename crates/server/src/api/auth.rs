@@ -47,7 +47,7 @@ const SESSION_COOKIE: &str = "tessera_session";
 /// The header the dashboard's API requests carry the session's key in.
 const SESSION_KEY_HEADER: &str = "x-tessera-key";
 /// How long a request with a wrong token waits for its refusal: with the connections a
-/// source may hold (api/listener.rs), a guesser gets a few hundred tries a second.
+/// source may hold (api/listener.rs), a guesser gets about 130 tries a second.
 const WRONG_TOKEN_DELAY: Duration = Duration::from_millis(250);
 /// Wrong tokens are logged once in this long, with how many came: a guesser cannot fill the
 /// log.
@@ -314,7 +314,7 @@ pub async fn check(State(g): State<Arc<Guard>>, req: Request, next: Next) -> Res
     };
     let logout = req.method() == Method::POST && path == "/ui/logout";
     if let Some(access) = access {
-        if logout {
+        if logout && access != Access::Scrape {
             if let Some(id) = session {
                 g.sessions.lock().remove(&id);
             }
