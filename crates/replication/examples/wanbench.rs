@@ -75,6 +75,7 @@ fn options(s: &BenchSite) -> ReceiveOptions {
         layout: LayoutKind::Simple,
         cycles_dir: s.dir.path().join("cycles"),
         joins: Default::default(),
+        opening: Default::default(),
     }
 }
 

@@ -31,6 +31,10 @@ pub struct ReceiveOptions {
     /// Cycles of several streams waiting for their extra streams: one table for every
     /// connection the site takes.
     pub joins: Arc<Joins>,
+    /// The deadline of the connection's handshake, which goes on until the peer's opening
+    /// (the magic and a Begin or Join) is read: a peer holding a key and sending a byte now
+    /// and then would otherwise hold its place at the listener for ever. None: no deadline.
+    pub opening: Mutex<Option<tessera_psk::Deadline>>,
 }
 
 /// A connection a cycle's data may come over.
@@ -215,7 +219,11 @@ pub fn receive<S: Read + Write + Send + 'static>(
 ) -> Result<ReceiveReport> {
     let mut w = BufWriter::with_capacity(1 << 16, conn);
     let mut report = ReceiveReport::default();
-    let out = match opening(w.get_mut()) {
+    let opened = opening(w.get_mut());
+    if let Some(d) = opts.opening.lock().expect("not poisoned").take() {
+        d.met();
+    }
+    let out = match opened {
         Ok(f) if f.kind == Kind::Join => {
             return join(w, &f, site, opts).map(|()| ReceiveReport { joined: true, ..report })
         }

@@ -66,15 +66,26 @@ impl Transport {
     /// The server side: a peer that does not hold a key is refused here, before anything
     /// is read from it.
     pub fn accept(&self, s: TcpStream) -> Result<SslStream<TcpStream>, String> {
+        self.accept_until_opened(s).map(|(conn, deadline)| {
+            deadline.met();
+            conn
+        })
+    }
+
+    /// [`accept`](Self::accept), the deadline still running: the peer's opening (the magic
+    /// and its first frame, [`ReceiveOptions::opening`](crate::ReceiveOptions)) must come
+    /// within the same silence as the handshake.
+    pub fn accept_until_opened(&self, s: TcpStream) -> Result<(SslStream<TcpStream>, tessera_psk::Deadline), String> {
         self.prepare(&s);
         // The whole handshake within the silence, however slowly a peer sends its bytes: the
         // read timeout alone starts again with each one, and a few such peers would keep
         // every place of the listener. Without the watchdog a slow peer could hold the place
         // for ever: refused instead.
         let deadline = tessera_psk::Deadline::start(&s, self.silence)?;
-        let r = self.acceptor.accept(s);
-        deadline.met();
-        r.map_err(|e| format!("TLS handshake: {e}"))
+        match self.acceptor.accept(s) {
+            Ok(conn) => Ok((conn, deadline)),
+            Err(e) => Err(format!("TLS handshake: {e}")),
+        }
     }
 
     fn prepare(&self, s: &TcpStream) {

@@ -200,9 +200,17 @@ pub fn read_frame(r: &mut impl Read) -> Result<Option<Frame>> {
             "a {kind:?} frame of {len} bytes is too large"
         )));
     }
-    let mut body = vec![0u8; len];
-    r.read_exact(&mut body)
+    // Grown as the body comes, not sized by the header: a header alone holds no 8 MiB.
+    let mut body = Vec::with_capacity(len.min(64 << 10));
+    let got = r
+        .take(len as u64)
+        .read_to_end(&mut body)
         .map_err(|e| ReplError::Protocol(format!("the stream ended inside a {kind:?} frame: {e}")))?;
+    if got < len {
+        return Err(ReplError::Protocol(format!(
+            "the stream ended inside a {kind:?} frame ({got} of {len} bytes)"
+        )));
+    }
     Ok(Some(Frame { kind, body }))
 }
 

@@ -763,3 +763,44 @@ fn a_cycle_refused_after_resetting_the_copy_leaves_no_marker_behind() {
     assert!(!got.unwrap().resumed, "taken for the cut cycle resumed");
     assert_eq!(image(&dst.engine.vdisk("vol@s2").unwrap()), image(&s2));
 }
+
+/// A peer holding the key that, past the handshake, sends its opening a byte now and then
+/// (under the read timeout) is cut off within the silence: it would hold a place at the
+/// listener for ever. One that opens in time goes on.
+#[test]
+fn a_peer_that_trickles_its_opening_is_cut_off_within_the_silence() {
+    let keys: std::collections::HashMap<String, Vec<u8>> = [("sites".to_string(), vec![5u8; 32])].into();
+    let silence = std::time::Duration::from_secs(2);
+    let t = tessera_replication::Transport::with_keys(keys, "cubic", silence).unwrap();
+    let dst = site(2, 128 * MIB);
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let to = l.local_addr().unwrap().to_string();
+    std::thread::scope(|s| {
+        let dripping = s.spawn(|| {
+            let mut c = t.connect(&to).unwrap();
+            c.write_all(MAGIC).unwrap();
+            c.flush().unwrap();
+            // A Begin frame header, then its body a byte a second.
+            c.write_all(&[1, 0, 0, 1, 0]).unwrap();
+            for _ in 0..30 {
+                if c.write_all(b" ").and_then(|_| c.flush()).is_err() {
+                    return true;
+                }
+                std::thread::sleep(std::time::Duration::from_secs(1));
+            }
+            false
+        });
+        let (c, _) = l.accept().unwrap();
+        let started = std::time::Instant::now();
+        let (tls, deadline) = t.accept_until_opened(c).unwrap();
+        let mut opts = options(&dst);
+        opts.opening = std::sync::Mutex::new(Some(deadline));
+        assert!(receive(tls, &dst, &opts).is_err());
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(15),
+            "the opening went on for {:?}",
+            started.elapsed()
+        );
+        assert!(dripping.join().unwrap(), "the peer was never cut off");
+    });
+}

@@ -140,6 +140,7 @@ pub fn options(s: &Site) -> ReceiveOptions {
         layout: LayoutKind::Mirror,
         cycles_dir: s.dir.path().join("cycles"),
         joins: s.joins.clone(),
+        opening: Default::default(),
     }
 }
 

@@ -146,9 +146,9 @@ fn take_cycle(d: &Arc<Daemon>, t: &Transport, s: TcpStream, place: Place, shaken
             return;
         }
     };
-    let accepted = t.accept(s);
+    let accepted = t.accept_until_opened(s);
     shaken();
-    let conn = match accepted {
+    let (conn, opening) = match accepted {
         Ok(c) => c,
         Err(e) => {
             // Someone without the key (nothing was read from them), or a handshake this side
@@ -186,6 +186,7 @@ fn take_cycle(d: &Arc<Daemon>, t: &Transport, s: TcpStream, place: Place, shaken
         layout: LayoutKind::Mirror,
         cycles_dir: super::cycles_dir(&d.cfg.state_dir),
         joins: d.replication.joins.clone(),
+        opening: std::sync::Mutex::new(Some(opening)),
     };
     // A bug in the receiver fails this cycle, not the listing of its streams and places
     // below (the replica would stay "being written" and the places taken for good).
