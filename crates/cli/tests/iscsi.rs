@@ -629,6 +629,38 @@ fn taking_a_lun_out_or_deleting_its_target_ends_the_tokens_made_on_it() {
     });
 }
 
+/// A vdisk two targets present: a host that reserved it (SPC-2 RESERVE) through one target
+/// whose LUN is then taken out can no longer release it; the reservation ends with its
+/// access, and the hosts of the other target are not refused for ever.
+#[test]
+fn a_reservation_held_through_a_lun_taken_out_ends_with_it() {
+    let t = tempfile::tempdir().unwrap();
+    let d = Daemon::start(&t.path().join("state"));
+    create_pool(&d, "c", &disks(&t.path().join("disks"), 1, 1 << 30));
+    d.ok(&["vdisk", "create", "c/v", "--size", "64M", "--layout", "simple"]);
+    let (one, other) = ("iqn.2026-11.io.tessera:one", "iqn.2026-11.io.tessera:other");
+    for iqn in [one, other] {
+        d.ok(&["target", "create", iqn, "--allow-any-initiator"]);
+        d.ok(&["target", "lun", "add", iqn, "c/v"]);
+    }
+    let portal = d.iscsi_portal();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let a = logged_in(portal.clone(), "iqn.2026-11.io.example:host-a", one, 1).await;
+        let b = logged_in(portal.clone(), "iqn.2026-11.io.example:host-b", other, 2).await;
+        let reserve = [0x16u8, 0, 0, 0, 0, 0];
+        let mut write10 = [0u8; 10];
+        write10[0] = 0x2A;
+        write10[8] = 1;
+        assert_eq!(a.command(0, &reserve, Vec::new(), 0).await.unwrap().status, 0);
+        let refused = b.command(0, &write10, vec![0u8; 512], 0).await.unwrap();
+        assert_eq!(refused.status, 0x18, "the reservation holds");
+        d.ok(&["target", "lun", "remove", one, "0"]);
+        assert_eq!(b.command(0, &write10, vec![0u8; 512], 0).await.unwrap().status, 0);
+        assert_eq!(b.command(0, &reserve, Vec::new(), 0).await.unwrap().status, 0);
+    });
+}
+
 #[test]
 fn persistent_reservations_with_aptpl_survive_a_restart() {
     use tessera_iscsi::initiator::{LoginConfig, Session};

@@ -345,6 +345,16 @@ impl Registry {
         self.portals.read().clone()
     }
 
+    /// The I_T nexuses of the sessions logged in to target `iqn`.
+    pub fn nexuses_of(&self, iqn: &str) -> Vec<u64> {
+        self.sessions
+            .lock()
+            .iter()
+            .filter(|((_, _, target), _)| target == iqn)
+            .map(|(_, e)| e.nexus)
+            .collect()
+    }
+
     pub fn session_count(&self) -> usize {
         self.sessions.lock().len()
     }

@@ -825,18 +825,24 @@ impl Lun {
         self.unit_attention(sense::CAPACITY_DATA_CHANGED, None);
     }
 
+    /// The I_T nexus `nexus` can no longer address this LUN (it was taken out of the
+    /// session's target, while another target still presents it): its SPC-2 reservation and
+    /// its copy results end, as they would with the nexus; no command of it could release
+    /// them, and the reservation would refuse every other host until a LUN reset.
+    pub fn unreachable_from(&self, nexus: u64) {
+        self.tpc.forget_nexus(nexus);
+        let mut r = self.reservations.lock();
+        if r.legacy == Some(nexus) {
+            r.legacy = None;
+        }
+    }
+
     /// A session of the nexus ended (logout, a dropped connection, a reinstatement): its
     /// SPC-2 reservation and copy results end with it (SAM's I_T nexus loss); the port's next
     /// session is told with I_T NEXUS LOSS OCCURRED, after any unit attention still pending.
     /// Persistent reservations are the port's and stay.
     pub fn nexus_lost(&self, nexus: &Nexus) {
-        self.tpc.forget_nexus(nexus.id);
-        {
-            let mut r = self.reservations.lock();
-            if r.legacy == Some(nexus.id) {
-                r.legacy = None;
-            }
-        }
+        self.unreachable_from(nexus.id);
         let mut all = self.nexuses.lock();
         let Some(entry) = all
             .get_mut(nexus.initiator.as_str())

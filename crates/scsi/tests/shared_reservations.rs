@@ -147,3 +147,27 @@ fn every_nexus_first_hears_that_the_unit_was_started_here_and_then_finds_the_res
     );
     assert_eq!(b.execute_for(&n1, &write10(1), &[0; 512]).status, 0);
 }
+
+/// A LUN taken out of one target while another still presents it: the sessions of the first
+/// can no longer address it, so the SPC-2 reservation one of them held there ends (no
+/// command of it could release it), and the other target's hosts are not refused for ever.
+#[test]
+fn a_reservation_held_through_a_target_that_no_longer_presents_the_lun_ends() {
+    let lun = Lun::new(Arc::new(RamBackend::new("ram", 4 * MIB, 512)), 7, false);
+    let (through_removed, through_other) = (nexus(1), nexus(2));
+    const RESERVE_6: [u8; 6] = [0x16, 0, 0, 0, 0, 0];
+    assert_eq!(lun.execute_for(&through_removed, &RESERVE_6, &[]).status, 0);
+    assert_eq!(
+        lun.execute_for(&through_other, &write10(3), &[0; 512]).status,
+        sense::RESERVATION_CONFLICT
+    );
+    // Another session's being cut off changes nothing.
+    lun.unreachable_from(through_other.id);
+    assert_eq!(
+        lun.execute_for(&through_other, &write10(3), &[0; 512]).status,
+        sense::RESERVATION_CONFLICT
+    );
+    lun.unreachable_from(through_removed.id);
+    assert_eq!(lun.execute_for(&through_other, &write10(3), &[0; 512]).status, 0);
+    assert_eq!(lun.execute_for(&through_other, &RESERVE_6, &[]).status, 0);
+}

@@ -672,6 +672,11 @@ impl Targets {
         )?;
         let removed = self.registry.target(iqn).and_then(|t| t.luns.write().remove(&lun));
         if let Some(l) = removed {
+            // Its sessions cannot address it any more, nor release what they hold of it
+            // (another target may present it still).
+            for nexus in self.registry.nexuses_of(iqn) {
+                l.unreachable_from(nexus);
+            }
             self.revoke_unreachable(&[l.identification_cscd()]);
         }
         Ok(())
