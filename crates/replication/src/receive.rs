@@ -177,6 +177,14 @@ pub struct Commit {
 }
 
 impl Commit {
+    /// The cycle `begin` asks for.
+    pub fn of(begin: &Begin) -> Commit {
+        Commit {
+            snapshot: begin.snapshot.clone(),
+            snapshot_id: begin.snapshot_id,
+        }
+    }
+
     /// Whether this is the cycle `begin` asks for. A sender that names no id (an older one)
     /// is taken at its name, as it always was.
     pub fn is_of(&self, begin: &Begin) -> bool {
@@ -318,10 +326,7 @@ fn run<S: Read + Write>(
             )));
         }
         engine.flush()?;
-        let this = Commit {
-            snapshot: begin.snapshot.clone(),
-            snapshot_id: begin.snapshot_id,
-        };
+        let this = Commit::of(&begin);
         let recorded = site
             .last_committed(&begin.pool, &begin.vdisk)
             .is_some_and(|c| c.is_of(&begin));
@@ -589,11 +594,7 @@ fn run<S: Read + Write>(
                     replica.flush()?;
                     engine.snapshot(&begin.vdisk, &begin.snapshot)?;
                     // Recorded before the marker goes: either says the cycle is this site's.
-                    let commit = Commit {
-                        snapshot: begin.snapshot.clone(),
-                        snapshot_id: begin.snapshot_id,
-                    };
-                    site.committed(&begin.pool, &begin.vdisk, &commit)
+                    site.committed(&begin.pool, &begin.vdisk, &Commit::of(&begin))
                         .map_err(ReplError::Invalid)?;
                     let _ = std::fs::remove_file(&marker_path);
                     wire::write_json(

@@ -173,6 +173,8 @@ impl Jobs {
         self.spawn_on(std::thread::Builder::new(), kind, target, work)
     }
 
+    /// [`spawn`](Self::spawn), on a thread made by `builder` (a test gives one that cannot
+    /// make any).
     fn spawn_on<F>(&self, builder: std::thread::Builder, kind: &str, target: &str, work: F) -> Arc<Job>
     where
         F: FnOnce(&Progress) -> Result<serde_json::Value, String> + Send + 'static,
@@ -208,17 +210,8 @@ impl Jobs {
             Severity::Info,
             format!("job {id}: {kind} of {target} started"),
         );
-        self.start_on(builder.name(format!("job-{id}-{kind}")), job.clone(), work);
-        job
-    }
-
-    /// Runs `work` on a thread made by `builder`. When no thread can be made (the process is
-    /// at its limit), the job ends failed and says so: a job left "running" would keep its
-    /// vdisk or pool busy until the daemon restarts.
-    fn start_on<F>(&self, builder: std::thread::Builder, job: Arc<Job>, work: F)
-    where
-        F: FnOnce(&Progress) -> Result<serde_json::Value, String> + Send + 'static,
-    {
+        // Its thread named for it: a stack dump says which job a thread runs.
+        let builder = builder.name(format!("job-{id}-{kind}"));
         let j = job.clone();
         let events = self.events.clone();
         let started = builder.spawn(move || {
@@ -226,6 +219,8 @@ impl Jobs {
                 .unwrap_or_else(|_| Err("the job failed unexpectedly (see the daemon log)".into()));
             Jobs::end(&events, &j, r);
         });
+        // No thread (the process is at its limit): the job ends failed and says so; left
+        // "running", it would keep its vdisk or pool busy until the daemon restarts.
         if let Err(e) = started {
             Jobs::end(
                 &self.events,
@@ -233,6 +228,7 @@ impl Jobs {
                 Err(format!("cannot start a thread for the job: {e}")),
             );
         }
+        job
     }
 
     /// Records how a job ended, then tells it.
