@@ -76,6 +76,7 @@ fn options(s: &BenchSite) -> ReceiveOptions {
         cycles_dir: s.dir.path().join("cycles"),
         joins: Default::default(),
         opening: Default::default(),
+        pace: Default::default(),
     }
 }
 

@@ -35,6 +35,8 @@ pub struct ReceiveOptions {
     /// (the magic and a Begin or Join) is read: a peer holding a key and sending a byte now
     /// and then would otherwise hold its place at the listener for ever. None: no deadline.
     pub opening: Mutex<Option<tessera_psk::Deadline>>,
+    /// How slowly the peer may send each frame once the cycle is under way.
+    pub pace: wire::Pace,
 }
 
 /// A connection a cycle's data may come over.
@@ -80,6 +82,8 @@ impl Joins {
 struct Expected<'a> {
     map: Mutex<HashMap<u64, [u8; HASH]>>,
     site: &'a Joins,
+    /// Why an extra stream of the cycle failed, for the cycle to end with at once.
+    failed: Mutex<Option<ReplError>>,
 }
 
 impl Drop for Expected<'_> {
@@ -218,6 +222,10 @@ struct Marker {
     snapshot_id: Option<u64>,
 }
 
+/// How much of a refused sender's stream is read, at most, for the refusal to reach it.
+const DRAIN_BYTES: u64 = 64 << 20;
+const DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Receives one cycle from the peer at the other end of `conn`. A refusal is sent to the
 /// peer with its reason, and returned.
 pub fn receive<S: Read + Write + Send + 'static>(
@@ -227,7 +235,7 @@ pub fn receive<S: Read + Write + Send + 'static>(
 ) -> Result<ReceiveReport> {
     let mut w = BufWriter::with_capacity(1 << 16, conn);
     let mut report = ReceiveReport::default();
-    let opened = opening(w.get_mut());
+    let opened = opening(w.get_mut(), opts.pace);
     if let Some(d) = opts.opening.lock().expect("not poisoned").take() {
         d.met();
     }
@@ -243,10 +251,13 @@ pub fn receive<S: Read + Write + Send + 'static>(
         let _ = w.flush();
         // Closing now, with the sender's frames unread, would reset the connection and could
         // take the refusal with it: read on until the sender, having read the refusal at its
-        // next answer, closes (or the stream fails).
+        // next answer, closes (or the stream fails). A sender reads its answers at least once
+        // a window of offers: a few seconds and some MiB are room enough, and a peer that
+        // goes on sending is not read without end.
         let mut sink = [0u8; 64 << 10];
-        let mut left: u64 = 1 << 30;
-        while left > 0 {
+        let mut left: u64 = DRAIN_BYTES;
+        let until = std::time::Instant::now() + DRAIN_TIME;
+        while left > 0 && std::time::Instant::now() < until {
             match w.get_mut().read(&mut sink) {
                 Ok(0) | Err(_) => break,
                 Ok(n) => left = left.saturating_sub(n as u64),
@@ -257,13 +268,13 @@ pub fn receive<S: Read + Write + Send + 'static>(
 }
 
 /// The magic and the first frame: a cycle's Begin, or a Join.
-fn opening<R: Read>(r: &mut R) -> Result<wire::Frame> {
+fn opening<R: Read>(r: &mut R, pace: wire::Pace) -> Result<wire::Frame> {
     let mut magic = [0u8; 8];
     r.read_exact(&mut magic)?;
     if &magic != MAGIC {
         return Err(ReplError::Protocol("not a Tessera replication stream".into()));
     }
-    frame(r)
+    frame(r, pace)
 }
 
 /// Hands an extra data stream to the cycle waiting for it.
@@ -307,9 +318,7 @@ fn run<S: Read + Write>(
     report.snapshot = begin.snapshot.clone();
     let snap_name = format!("{}@{}", begin.vdisk, begin.snapshot);
     let marker_path = marker_path(&opts.cycles_dir, &begin.pool, &begin.vdisk);
-    let marker: Option<Marker> = std::fs::read(&marker_path)
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok());
+    let marker = read_marker(&marker_path);
     if let Ok(snap) = engine.vdisk(&snap_name) {
         // The sender asks again for a cycle whose commit it did not hear of, if this site
         // committed it: recorded so, or its snapshot taken and the marker not yet gone. Any
@@ -366,6 +375,9 @@ fn run<S: Read + Write>(
     let existed = existing.is_some();
     site.writing(&begin.pool, &begin.vdisk, existed)
         .map_err(ReplError::Invalid)?;
+    // Read again now that the replica is this cycle's: another cycle of it, between the read
+    // above and the claim, may have reset the copy and left its own marker.
+    let marker = read_marker(&marker_path);
     let replica = match existing {
         Some(v) => {
             if v.is_snapshot() {
@@ -444,7 +456,7 @@ fn run<S: Read + Write>(
     if replica.size() < begin.size {
         engine.resize_vdisk(&begin.vdisk, begin.size)?;
     }
-    std::fs::create_dir_all(marker_path.parent().expect("in the cycles directory"))?;
+    make_dirs_durably(marker_path.parent().expect("in the cycles directory"))?;
     write_durably(&marker_path, &serde_json::to_vec(&wanted).expect("serializable"))?;
     // Extra streams join once the sender has read Ready: the cycle waits for them from now.
     let streams = begin.streams.max(1);
@@ -483,6 +495,7 @@ fn run<S: Read + Write>(
     let expected = Expected {
         map: Mutex::new(HashMap::new()),
         site: &*opts.joins,
+        failed: Mutex::new(None),
     };
     let written = AtomicU64::new(0);
     let size = begin.size;
@@ -493,7 +506,17 @@ fn run<S: Read + Write>(
             let (expected, written) = (&expected, &written);
             let reader = std::thread::Builder::new()
                 .name("repl-stream".into())
-                .spawn_scoped(sc, move || data_stream(s, expected, replica, written))
+                .spawn_scoped(sc, move || {
+                    let out = data_stream(s, expected, replica, written, opts.pace);
+                    if let Err(e) = &out {
+                        expected
+                            .failed
+                            .lock()
+                            .expect("not poisoned")
+                            .get_or_insert_with(|| ReplError::Protocol(format!("a data stream of the cycle: {e}")));
+                    }
+                    out
+                })
                 .map_err(|e| ReplError::Protocol(format!("cannot take a stream of the cycle: {e}")))?;
             readers.push(reader);
             Ok(())
@@ -514,7 +537,12 @@ fn run<S: Read + Write>(
                     }
                 }
             }
-            let f = frame(w.get_mut())?;
+            if let Some(why) = expected.failed.lock().expect("not poisoned").take() {
+                // An extra stream failed: the cycle cannot commit, so it ends now with that
+                // stream's reason, not at the commit.
+                return Err(why);
+            }
+            let f = frame(w.get_mut(), opts.pace)?;
             match f.kind {
                 Kind::Offer => {
                     let (no, offers) = wire::decode_offer(&f.body)?;
@@ -623,9 +651,7 @@ fn apply_data(
     written: &AtomicU64,
 ) -> Result<()> {
     let (offset, data) = wire::decode_data(body)?;
-    if !offset.is_multiple_of(BLOCK) || data.is_empty() {
-        return Err(ReplError::Protocol(format!("data at {offset} is not whole blocks")));
-    }
+    check_range(offset, data.len() as u64, replica.size(), BLOCK)?;
     {
         let mut exp = expected.map.lock().expect("not poisoned");
         for (k, block) in data.chunks(BLOCK as usize).enumerate() {
@@ -656,9 +682,10 @@ fn data_stream(
     expected: &Expected<'_>,
     replica: &tessera_volume::Vdisk,
     written: &AtomicU64,
+    pace: wire::Pace,
 ) -> Result<()> {
     loop {
-        let f = wire::read_frame(&mut s)?
+        let f = wire::read_frame_paced(&mut s, Some(pace))?
             .ok_or_else(|| ReplError::Protocol("a data stream ended before its End".into()))?;
         match f.kind {
             Kind::Data => apply_data(&f.body, expected, replica, written)?,
@@ -666,6 +693,10 @@ fn data_stream(
             k => return Err(ReplError::Protocol(format!("a {k:?} frame on a data stream"))),
         }
     }
+}
+
+fn read_marker(path: &std::path::Path) -> Option<Marker> {
+    std::fs::read(path).ok().and_then(|b| serde_json::from_slice(&b).ok())
 }
 
 /// The marker of a cycle being received into `pool/vdisk`: a directory per pool, since
@@ -689,8 +720,9 @@ pub fn forget_cycle(cycles_dir: &std::path::Path, pool: &str, vdisk: &str) -> st
     }
 }
 
-fn frame<R: Read>(r: &mut R) -> Result<wire::Frame> {
-    wire::read_frame(r)?.ok_or_else(|| ReplError::Protocol("the sender closed the stream before its commit".into()))
+fn frame<R: Read>(r: &mut R, pace: wire::Pace) -> Result<wire::Frame> {
+    wire::read_frame_paced(r, Some(pace))?
+        .ok_or_else(|| ReplError::Protocol("the sender closed the stream before its commit".into()))
 }
 
 fn check_begin(b: &Begin) -> Result<()> {
@@ -749,6 +781,26 @@ fn remove_durably(path: &std::path::Path) -> Result<()> {
     }
     if let Some(dir) = path.parent() {
         std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
+/// Makes `dir` and its missing parents, each made durable in its own parent: a marker
+/// written into a directory whose entry a crash then loses would be lost with it.
+fn make_dirs_durably(dir: &std::path::Path) -> Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        make_dirs_durably(parent)?;
+    }
+    match std::fs::create_dir(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(()),
+        Err(e) => return Err(e.into()),
+    }
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::File::open(parent)?.sync_all()?;
     }
     Ok(())
 }

@@ -180,8 +180,70 @@ pub fn write_json(w: &mut impl Write, kind: Kind, v: &impl Serialize) -> Result<
     write_frame(w, kind, &serde_json::to_vec(v).expect("serializable"))
 }
 
+/// How slowly a peer may send one frame: its header within `silence`, the whole within that
+/// and a second for every `min_rate` bytes of its body. A socket's read timeout restarts with
+/// every byte, so a peer sending a byte now and then would otherwise hold its connection (a
+/// thread and a frame's buffer, and a place at the listener) for ever; a slow link still
+/// carries the largest frame (8 MiB at 16 KiB/s is 512 s).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pace {
+    pub silence: std::time::Duration,
+    pub min_rate: u64,
+}
+
+impl Default for Pace {
+    fn default() -> Pace {
+        Pace {
+            silence: crate::transport::SILENCE,
+            min_rate: 16 << 10,
+        }
+    }
+}
+
+impl Pace {
+    /// How long a frame of `len` bytes may take to arrive.
+    fn allows(&self, len: usize) -> std::time::Duration {
+        self.silence + std::time::Duration::from_secs_f64(len as f64 / self.min_rate.max(1) as f64)
+    }
+}
+
+/// A reader that refuses to read on past its deadline.
+struct Paced<'a, R> {
+    r: &'a mut R,
+    started: std::time::Instant,
+    allowed: Option<std::time::Duration>,
+    min_rate: u64,
+}
+
+impl<R: Read> Read for Paced<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.allowed.is_some_and(|a| self.started.elapsed() > a) {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "the frame came slower than the peer must send ({} bytes a second, after {} s of silence at most)",
+                    self.min_rate,
+                    self.allowed.unwrap_or_default().as_secs()
+                ),
+            ));
+        }
+        self.r.read(buf)
+    }
+}
+
 /// Reads one frame; None at a clean end of stream (between frames).
 pub fn read_frame(r: &mut impl Read) -> Result<Option<Frame>> {
+    read_frame_paced(r, None)
+}
+
+/// Reads one frame, which must come at `pace` (if given); None at a clean end of stream.
+pub fn read_frame_paced(r: &mut impl Read, pace: Option<Pace>) -> Result<Option<Frame>> {
+    let mut r = Paced {
+        r,
+        started: std::time::Instant::now(),
+        allowed: pace.map(|p| p.silence),
+        min_rate: pace.map_or(0, |p| p.min_rate),
+    };
     let mut head = [0u8; 5];
     let mut got = 0;
     while got < head.len() {
@@ -200,9 +262,11 @@ pub fn read_frame(r: &mut impl Read) -> Result<Option<Frame>> {
             "a {kind:?} frame of {len} bytes is too large"
         )));
     }
+    r.allowed = pace.map(|p| p.allows(len));
     // Grown as the body comes, not sized by the header: a header alone holds no 8 MiB.
     let mut body = Vec::with_capacity(len.min(64 << 10));
     let got = r
+        .by_ref()
         .take(len as u64)
         .read_to_end(&mut body)
         .map_err(|e| ReplError::Protocol(format!("the stream ended inside a {kind:?} frame: {e}")))?;

@@ -567,6 +567,11 @@ fn streams_that_lie_are_refused_with_a_reason() {
     let data = tessera_replication::wire::encode_data(0, &[1u8; 4096]);
     tessera_replication::wire::write_frame(&mut b, tessera_replication::wire::Kind::Data, &data).unwrap();
     assert!(run(b).contains("not asked for"));
+    // Data past the vdisk's end (an offset that would wrap).
+    let mut b = begin(ok);
+    let data = tessera_replication::wire::encode_data(u64::MAX - 4095, &[1u8; 8192]);
+    tessera_replication::wire::write_frame(&mut b, tessera_replication::wire::Kind::Data, &data).unwrap();
+    assert!(run(b).contains("range"));
     // Ended before its commit.
     assert!(run(begin(ok)).contains("before its commit"));
     // An offer outside the vdisk.
@@ -802,5 +807,148 @@ fn a_peer_that_trickles_its_opening_is_cut_off_within_the_silence() {
             started.elapsed()
         );
         assert!(dripping.join().unwrap(), "the peer was never cut off");
+    });
+}
+
+/// A Begin of a 1 MiB replica "vol" in 64 KiB grains, after the magic; `extra` joins the JSON.
+fn opening_of(extra: &str) -> Vec<u8> {
+    let begin = format!(
+        r#"{{"pool":"p","vdisk":"vol","size":1048576,"grain":65536,"block_size":512,"snapshot":"s1","base":null{extra}}}"#
+    );
+    let mut b = MAGIC.to_vec();
+    tessera_replication::wire::write_frame(&mut b, tessera_replication::wire::Kind::Begin, begin.as_bytes()).unwrap();
+    b
+}
+
+/// Once a cycle is under way, a peer sending a frame a byte now and then (each under the
+/// read timeout) is cut off when the frame is later than the pace allows: it would hold its
+/// connection and its place at the listener for ever.
+#[test]
+fn a_peer_that_trickles_a_frame_mid_cycle_is_cut_off() {
+    let dst = site(2, 64 * MIB);
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let to = l.local_addr().unwrap();
+    std::thread::scope(|s| {
+        let dripping = s.spawn(|| {
+            let mut c = TcpStream::connect(to).unwrap();
+            c.write_all(&opening_of("")).unwrap();
+            let mut ready = [0u8; 64];
+            assert!(c.read(&mut ready).unwrap() > 0, "no Ready");
+            // An Offer's header announcing 64 KiB, then its body a byte every 200 ms.
+            c.write_all(&[3, 0, 1, 0, 0]).unwrap();
+            for _ in 0..150 {
+                if c.write_all(b" ").and_then(|_| c.flush()).is_err() {
+                    return true;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(200));
+            }
+            false
+        });
+        let (c, _) = l.accept().unwrap();
+        let mut opts = options(&dst);
+        opts.pace = tessera_replication::wire::Pace {
+            silence: std::time::Duration::from_secs(1),
+            min_rate: 1 << 20,
+        };
+        let started = std::time::Instant::now();
+        let e = receive(c, &dst, &opts).unwrap_err().to_string();
+        assert!(e.contains("slower"), "{e}");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(15),
+            "the frame went on for {:?}",
+            started.elapsed()
+        );
+        assert!(dripping.join().unwrap(), "the peer was never cut off");
+    });
+}
+
+/// A refused peer that goes on sending is read for a bounded while, not without end.
+#[test]
+fn a_refused_peer_that_goes_on_sending_is_not_read_without_end() {
+    let dst = site(2, 64 * MIB);
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let to = l.local_addr().unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let stop = &stop;
+        s.spawn(move || {
+            let mut c = TcpStream::connect(to).unwrap();
+            // Refused at once (a frame of no known type), then 8 MiB a second for up to 2
+            // minutes.
+            c.write_all(MAGIC).unwrap();
+            c.write_all(b"JUNKJUNK").unwrap();
+            let chunk = vec![0u8; 1 << 20];
+            for _ in 0..960 {
+                if stop.load(std::sync::atomic::Ordering::SeqCst) || c.write_all(&chunk).is_err() {
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(125));
+            }
+        });
+        let (c, _) = l.accept().unwrap();
+        let started = std::time::Instant::now();
+        let e = receive(c, &dst, &options(&dst)).unwrap_err().to_string();
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert!(e.contains("frame") || e.contains("type"), "{e}");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "the refused stream was read for {:?}",
+            started.elapsed()
+        );
+    });
+}
+
+/// An extra stream that fails (here: data nobody asked for) ends its cycle at the next frame
+/// of the cycle's own connection, with that stream's reason, not at the commit.
+#[test]
+fn a_failed_extra_stream_ends_its_cycle_with_its_reason() {
+    use tessera_replication::wire::{self, Kind};
+    let dst = site(2, 64 * MIB);
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let token = "00112233445566778899aabbccddeeff";
+    std::thread::scope(|sc| {
+        let (dst, l) = (&dst, &l);
+        let connect = || {
+            let c = TcpStream::connect(addr).unwrap();
+            let (s, _) = l.accept().unwrap();
+            c.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+            (
+                c,
+                sc.spawn(move || receive(s, dst, &options(dst)).map_err(|e| e.to_string())),
+            )
+        };
+        let (mut main, cycle) = connect();
+        main.write_all(&opening_of(&format!(r#","streams":2,"token":"{token}""#)))
+            .unwrap();
+        let mut ready = [0u8; 64];
+        assert!(main.read(&mut ready).unwrap() > 0, "no Ready");
+        let (mut extra, handed) = connect();
+        let mut b = MAGIC.to_vec();
+        wire::write_frame(
+            &mut b,
+            Kind::Join,
+            format!(r#"{{"token":"{token}","stream":1}}"#).as_bytes(),
+        )
+        .unwrap();
+        wire::write_frame(&mut b, Kind::Data, &wire::encode_data(0, &[7u8; 4096])).unwrap();
+        extra.write_all(&b).unwrap();
+        assert!(handed.join().unwrap().unwrap().joined);
+        // The main connection goes on offering (nothing): the cycle ends at one of its frames.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let mut no = 0;
+        while !cycle.is_finished() && std::time::Instant::now() < deadline {
+            let mut f = Vec::new();
+            wire::write_frame(&mut f, Kind::Offer, &wire::encode_offer(no, &[])).unwrap();
+            if main.write_all(&f).is_err() {
+                break;
+            }
+            no += 1;
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        // (A cycle still going on ends with the connection, for another reason.)
+        let _ = main.shutdown(Shutdown::Both);
+        let e = cycle.join().unwrap().unwrap_err();
+        assert!(e.contains("not asked for"), "{e}");
     });
 }

@@ -141,6 +141,7 @@ pub fn options(s: &Site) -> ReceiveOptions {
         cycles_dir: s.dir.path().join("cycles"),
         joins: s.joins.clone(),
         opening: Default::default(),
+        pace: Default::default(),
     }
 }
 

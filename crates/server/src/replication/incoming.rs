@@ -187,6 +187,7 @@ fn take_cycle(d: &Arc<Daemon>, t: &Transport, s: TcpStream, place: Place, shaken
         cycles_dir: super::cycles_dir(&d.cfg.state_dir),
         joins: d.replication.joins.clone(),
         opening: std::sync::Mutex::new(Some(opening)),
+        pace: Default::default(),
     };
     // A bug in the receiver fails this cycle, not the listing of its streams and places
     // below (the replica would stay "being written" and the places taken for good).
