@@ -21,7 +21,12 @@ impl Site {
     /// A daemon taking replicas on a loopback port, with the key file `key` (made by the
     /// first site that starts with it), and a pool `pool` of three 1 GiB file disks.
     fn start(dir: &Path, key: &Path, pool: &str, disk_size: u64) -> Site {
-        let d = Site::daemon(dir, key, &stable_listen());
+        Site::start_with(dir, key, pool, disk_size, "")
+    }
+
+    /// `start`, with `extra` lines in the daemon's configuration.
+    fn start_with(dir: &Path, key: &Path, pool: &str, disk_size: u64, extra: &str) -> Site {
+        let d = Site::daemon(dir, key, &stable_listen(), extra);
         create_pool(&d, pool, &disks(&dir.join("disks"), 3, disk_size));
         Site {
             d,
@@ -29,10 +34,10 @@ impl Site {
         }
     }
 
-    fn daemon(dir: &Path, key: &Path, listen: &str) -> Daemon {
+    fn daemon(dir: &Path, key: &Path, listen: &str, extra: &str) -> Daemon {
         std::fs::create_dir_all(dir).unwrap();
         let cfg = format!(
-            "replication_listen = \"{listen}\"\nreplication_psk_file = \"{}\"\n",
+            "replication_listen = \"{listen}\"\nreplication_psk_file = \"{}\"\n{extra}",
             key.display()
         );
         Daemon::start_configured(&dir.join("state"), &cfg)
@@ -40,7 +45,7 @@ impl Site {
 
     /// Starts the daemon again, on the same replication port.
     fn restart(&mut self, key: &Path, listen: &str) {
-        self.d = Site::daemon(&self.dir, key, listen);
+        self.d = Site::daemon(&self.dir, key, listen, "");
     }
 
     /// `replica create VDISK --to TO --target-pool POOL --name NAME EXTRA...` at this site.
@@ -1308,4 +1313,49 @@ fn bad_replica_requests_are_refused_with_their_reason() {
     assert!(e.contains("already exists"), "{e}");
     let e = a.d.fails(&["vdisk", "delete", "p/db"]);
     assert!(e.contains("is replicated as 'p-db'"), "{e}");
+}
+
+/// A site that takes replicas only in the pools its configuration lists, and only up to a
+/// key's quota: a peer holding the key can neither put replicas in the site's other pools
+/// nor make them without bound (each is disk space and grain map memory every vdisk here
+/// shares); the site's own vdisks are still made.
+#[test]
+fn a_peer_makes_replicas_only_in_the_listed_pools_and_within_its_quota() {
+    let t = tempfile::tempdir().unwrap();
+    let key = t.path().join("replication.psk");
+    let a = Site::start(&t.path().join("a"), &key, "p", 1 << 30);
+    let b = Site::start_with(
+        &t.path().join("b"),
+        &key,
+        "q",
+        1 << 30,
+        "replication_pools = [\"q\"]\nreplication_quota = \"24M\"\n",
+    );
+    create_pool(&b.d, "local", &disks(&b.dir.join("local-disks"), 2, 256 << 20));
+    for v in ["p/one", "p/two"] {
+        a.d.ok(&["vdisk", "create", v, "--size", "16M", "--layout", "simple"]);
+    }
+    write_image(&a, "p/one", 4 << 20, 41);
+    // Not into a pool the site keeps for itself.
+    a.replicate("p/one", &b.listen(), "local", "elsewhere", &["--interval", "0"]);
+    let e = a.d.fails(&["replica", "sync", "elsewhere"]);
+    assert!(e.contains("takes no replicas here"), "{e}");
+    assert!(b.d.fails(&["vdisk", "show", "local/one"]).contains("one"));
+    // Into the listed pool, within the quota.
+    a.replicate("p/one", &b.listen(), "q", "one", &["--interval", "0"]);
+    a.d.ok(&["replica", "sync", "one"]);
+    assert_eq!(n(&b.d.json(&["replica", "show", "q/one"]), "cycles"), 1);
+    // A second replica would pass the key's quota: refused, and nothing is made for it.
+    a.replicate("p/two", &b.listen(), "q", "two", &["--interval", "0"]);
+    let e = a.d.fails(&["replica", "sync", "two"]);
+    assert!(e.contains("replication_quota"), "{e}");
+    assert!(b.d.fails(&["vdisk", "show", "q/two"]).contains("two"));
+    // Nor may the first grow past it.
+    a.d.ok(&["vdisk", "resize", "p/one", "--size", "32M"]);
+    let e = a.d.fails(&["replica", "sync", "one"]);
+    assert!(e.contains("replication_quota"), "{e}");
+    assert_eq!(n(&b.d.json(&["vdisk", "show", "q/one"]), "size"), 16 << 20);
+    // The site's own vdisks are made as before.
+    b.d.ok(&["vdisk", "create", "q/mine", "--size", "64M"]);
+    b.d.ok(&["vdisk", "create", "local/mine", "--size", "64M"]);
 }

@@ -117,6 +117,11 @@ pub trait ReplicaSite {
     fn engine(&self, pool: &str) -> std::result::Result<Arc<Engine>, String>;
     /// Whether `pool/vdisk` may be written as a replica; `exists` says whether it exists.
     fn may_write(&self, pool: &str, vdisk: &str, exists: bool) -> std::result::Result<(), String>;
+    /// Whether the replica `pool/vdisk` may be `size` bytes (made so, or grown to it): the
+    /// site's bounds on what one peer's replicas may take.
+    fn may_hold(&self, _pool: &str, _vdisk: &str, _size: u64) -> std::result::Result<(), String> {
+        Ok(())
+    }
     /// Whether a cycle may leave a snapshot of this name (the site keeps only those it
     /// prunes, so that a peer cannot pile up snapshots it never deletes).
     fn may_name(&self, _snapshot: &str) -> std::result::Result<(), String> {
@@ -312,8 +317,13 @@ fn run<S: Read + Write>(
     site.may_name(&begin.snapshot).map_err(ReplError::Invalid)?;
     let engine = site.engine(&begin.pool).map_err(ReplError::Invalid)?;
     let engine = &*engine;
-    site.may_write(&begin.pool, &begin.vdisk, engine.vdisk(&begin.vdisk).is_ok())
+    let found = engine.vdisk(&begin.vdisk).ok().map(|v| v.size());
+    site.may_write(&begin.pool, &begin.vdisk, found.is_some())
         .map_err(ReplError::Invalid)?;
+    if found.is_none_or(|size| size < begin.size) {
+        site.may_hold(&begin.pool, &begin.vdisk, begin.size)
+            .map_err(ReplError::Invalid)?;
+    }
     report.vdisk = begin.vdisk.clone();
     report.snapshot = begin.snapshot.clone();
     let snap_name = format!("{}@{}", begin.vdisk, begin.snapshot);

@@ -32,6 +32,8 @@
 //! replication_listen = "0.0.0.0:3262"  # take replicas from peers holding the key; default none
 //! replication_psk_file = "/etc/tessera/replication.psk"  # default: <state_dir>/replication-psk
 //! replication_congestion = "bbr"  # TCP congestion control of replication streams
+//! replication_pools = ["dr"]      # the pools peers' cycles may make and write replicas in; default any
+//! replication_quota = "20T"       # most a replication key's replicas may provision together; default no bound
 //!
 //! [gateway]                       # one of several gateways of pools on Ceph RADOS
 //! name = "gw-a"                   # unique among the gateways
@@ -122,6 +124,9 @@ pub struct ConfigFile {
     pub replication_listen: Option<String>,
     pub replication_psk_file: Option<PathBuf>,
     pub replication_congestion: Option<String>,
+    #[serde(default)]
+    pub replication_pools: Vec<String>,
+    pub replication_quota: Option<Size>,
     pub gateway: Option<GatewayFile>,
 }
 
@@ -332,6 +337,12 @@ pub struct ServerConfig {
     /// The keys shared with the peer sites (made at start when missing).
     pub replication_psk_file: PathBuf,
     pub replication_congestion: String,
+    /// The pools peers' cycles may make and write replicas in; empty: any imported pool.
+    pub replication_pools: Vec<String>,
+    /// Most bytes the replicas made with one replication key may provision together (each
+    /// replica's size, as the source's): a key holder cannot fill the site's pools, nor take
+    /// the memory every vdisk's grain map shares. None: no bound.
+    pub replication_quota: Option<u64>,
     /// This daemon as a gateway of pools on Ceph RADOS; None: it serves local pools only.
     pub gateway: Option<GatewayConfig>,
     pub demo: bool,
@@ -412,7 +423,11 @@ impl ServerConfig {
             .iter()
             .map(|o| public_origin(o))
             .collect::<Result<Vec<_>, _>>()?;
-        for (key, names) in [("rados_pools", &f.rados_pools), ("rados_clients", &f.rados_clients)] {
+        for (key, names) in [
+            ("rados_pools", &f.rados_pools),
+            ("rados_clients", &f.rados_clients),
+            ("replication_pools", &f.replication_pools),
+        ] {
             if let Some(bad) = names
                 .iter()
                 .find(|n| n.is_empty() || n.contains(|c: char| c.is_whitespace() || c == '\0'))
@@ -527,12 +542,19 @@ impl ServerConfig {
                 "replication_congestion '{replication_congestion}' is not a congestion control's name (bbr, cubic, ...)"
             ));
         }
+        let replication_quota = match f.replication_quota {
+            None => None,
+            Some(Size::Bytes(n)) => Some(n),
+            Some(Size::Text(t)) => Some(crate::units::parse_size(&t).map_err(|e| format!("replication_quota: {e}"))?),
+        };
         let gateway = gateway(f.gateway)?;
         Ok(ServerConfig {
             gateway,
             replication_listen,
             replication_psk_file,
             replication_congestion,
+            replication_pools: f.replication_pools,
+            replication_quota,
             state_dir,
             api_listen,
             metrics_listen,
@@ -1030,6 +1052,21 @@ mod tests {
             .unwrap_err()
             .contains("pool name"));
         assert!(resolve("log_format = \"xml\"\n", Overrides::default()).is_err());
+        assert!(resolve("replication_quota = \"12Q\"\n", Overrides::default())
+            .unwrap_err()
+            .contains("replication_quota"));
+        assert!(resolve("replication_pools = [\"\"]\n", Overrides::default())
+            .unwrap_err()
+            .contains("replication_pools"));
+        let c = resolve(
+            "replication_pools = [\"dr\"]\nreplication_quota = \"2T\"\n",
+            Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            (c.replication_pools, c.replication_quota),
+            (vec!["dr".to_string()], Some(2 << 40))
+        );
         assert!(resolve("iscsi_send_buffer = \"12Q\"\n", Overrides::default())
             .unwrap_err()
             .contains("iscsi_send_buffer"));

@@ -359,7 +359,49 @@ impl Site {
 
 impl ReplicaSite for Site {
     fn engine(&self, pool: &str) -> Result<Arc<Engine>, String> {
+        let allowed = &self.d.cfg.replication_pools;
+        if !allowed.is_empty() && !allowed.iter().any(|p| p == pool) {
+            return Err(format!(
+                "pool '{pool}' takes no replicas here (replication_pools: {})",
+                allowed.join(", ")
+            ));
+        }
         self.d.engine(pool).map_err(|e| e.message)
+    }
+
+    fn may_hold(&self, pool: &str, vdisk: &str, size: u64) -> Result<(), String> {
+        let Some(quota) = self.d.cfg.replication_quota else {
+            return Ok(());
+        };
+        let key = format!("{pool}/{vdisk}");
+        // The other replicas this key made, at their size now (a record whose vdisk is gone,
+        // promoted or deleted, holds nothing).
+        let others: Vec<String> = self
+            .d
+            .replication
+            .saved
+            .lock()
+            .incoming
+            .iter()
+            .filter(|(k, i)| **k != key && i.key.as_deref() == Some(self.key.as_str()))
+            .map(|(k, _)| k.clone())
+            .collect();
+        let held: u64 = others
+            .iter()
+            .filter_map(|k| k.split_once('/'))
+            .filter_map(|(p, v)| self.d.vdisk(p, v).ok())
+            .map(|(_, v)| v.size())
+            .sum();
+        if held.saturating_add(size) > quota {
+            return Err(format!(
+                "the replicas of key '{}' may take {} here (replication_quota), and hold {} already: '{key}' of {} is refused",
+                self.key,
+                crate::units::format_size(quota),
+                crate::units::format_size(held),
+                crate::units::format_size(size)
+            ));
+        }
+        Ok(())
     }
 
     fn may_write(&self, pool: &str, vdisk: &str, exists: bool) -> Result<(), String> {
