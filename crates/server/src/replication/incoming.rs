@@ -80,7 +80,16 @@ pub fn start_listener(d: &Arc<Daemon>) -> Result<Option<SocketAddr>, String> {
         .name("repl-listen".into())
         .spawn(move || {
             for s in l.incoming() {
-                let Ok(s) = s else { continue };
+                let s = match s {
+                    Ok(s) => s,
+                    Err(e) => {
+                        // Out of descriptors, most often: accepting again at once would fail
+                        // at once, a core spinning, until some are given back.
+                        warn!(error = %e, "replication accept failed");
+                        std::thread::sleep(std::time::Duration::from_millis(100));
+                        continue;
+                    }
+                };
                 let Ok(peer) = s.peer_addr().map(|a| a.ip()) else { continue };
                 if streams.load(Ordering::Relaxed) >= MAX_STREAMS {
                     drop(s);
