@@ -72,14 +72,17 @@ impl Engine {
         Ok(made)
     }
 
-    /// The snapshots of `vdisk` (of a vdisk once called so, if it was deleted), oldest first.
+    /// The snapshots of `vdisk` (of a vdisk once called so, if it was deleted), oldest first:
+    /// in the order they were made, by id (a pool hands ids out in increasing order and never
+    /// twice), not by their clock time, which steps back with the clock (an NTP correction, a
+    /// machine restored) and would have pruning take the newest for the oldest.
     pub fn snapshots_of(&self, vdisk: &str) -> Vec<Arc<Vdisk>> {
         let mut v: Vec<Arc<Vdisk>> = self
             .vdisks()
             .into_iter()
             .filter(|s| s.config().snapshot_of.as_deref() == Some(vdisk))
             .collect();
-        v.sort_by_key(|s| (s.config().created, s.id()));
+        v.sort_by_key(|s| s.id());
         v
     }
 
