@@ -379,7 +379,10 @@ impl CopyManager {
     }
 
     /// Ends tokens whose inactivity timeout or lifetime has passed; forgets old tombstones.
-    fn expire(&self) {
+    /// Called by every token command, and by the daemon now and then: tokens no command
+    /// comes for again would otherwise keep the grains they hold taken (the source
+    /// overwritten since, the space stays used) until their vdisk or pool goes.
+    pub fn expire(&self) {
         self.expire_at(Instant::now())
     }
 

@@ -212,6 +212,7 @@ async fn serve(cfg: ServerConfig) -> Result<(), String> {
                 d.scan_tick();
                 d.dedup_tick();
                 d.replication_tick();
+                d.targets.copy.expire();
             })
             .await;
         }
