@@ -178,6 +178,11 @@ impl Lun {
                 if bytes == 0 {
                     return Ok(());
                 }
+                // The session ended from outside (its access taken away), or a LUN taken out
+                // of its target, since the list was checked: the rest is not copied.
+                if nexus.ended() || !nexus.scope.presents(src) || !nexus.scope.presents(dst) {
+                    return Err(sense::UNREACHABLE_COPY_TARGET);
+                }
                 // The other LUNs' fences, as their own commands hold them, so that a PREEMPT
                 // AND ABORT there waits for this copy; recursive, so that two copies in
                 // opposite directions cannot wait for each other behind a queued writer.

@@ -469,6 +469,28 @@ fn extended_copy_obeys_the_reservations_of_the_luns_it_names() {
     ));
 }
 
+/// A session ended from outside (its host taken out of the ACL) while its EXTENDED COPY runs
+/// writes no further segment.
+#[test]
+fn extended_copy_stops_once_its_session_was_ended() {
+    let rig = Rig::new();
+    let a = rig.lun("a", LayoutKind::Mirror, 1);
+    let b = rig.lun("b", LayoutKind::Mirror, 2);
+    write(&a, 0, &pattern(1, MIB as usize));
+    write(&b, 0, &pattern(2, MIB as usize));
+    let ended = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let n = rig.nexus().ended_by(ended.clone());
+    let segs = [segment(0, 1, 64, 0, 0), segment(0, 1, 64, 64, 64)];
+    ok(xcopy_for(&n, &a, 1, &[cscd(&a), cscd(&b)], &segs));
+    write(&b, 0, &pattern(2, MIB as usize));
+    ended.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(
+        check(xcopy_for(&n, &a, 2, &[cscd(&a), cscd(&b)], &segs)),
+        (key::COPY_ABORTED, 0x08, 0x04)
+    );
+    assert_eq!(read(&b, 0, 2048), pattern(2, MIB as usize), "nothing copied");
+}
+
 #[test]
 fn extended_copy_refuses_lbas_that_overflow_instead_of_wrapping() {
     let rig = Rig::new();
