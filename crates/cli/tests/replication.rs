@@ -1329,7 +1329,7 @@ fn a_peer_makes_replicas_only_in_the_listed_pools_and_within_its_quota() {
         &key,
         "q",
         1 << 30,
-        "replication_pools = [\"q\"]\nreplication_quota = \"24M\"\n",
+        "replication_pools = [\"q\"]\nreplication_quota = \"24M\"\nreplication_peers = [\"127.0.0.0/8\", \"::1\"]\n",
     );
     create_pool(&b.d, "local", &disks(&b.dir.join("local-disks"), 2, 256 << 20));
     for v in ["p/one", "p/two"] {
@@ -1358,4 +1358,26 @@ fn a_peer_makes_replicas_only_in_the_listed_pools_and_within_its_quota() {
     // The site's own vdisks are made as before.
     b.d.ok(&["vdisk", "create", "q/mine", "--size", "64M"]);
     b.d.ok(&["vdisk", "create", "local/mine", "--size", "64M"]);
+}
+
+/// A site that lists the networks its peers connect from closes a connection from any other
+/// address at once, before its handshake, and says so in its events.
+#[test]
+fn a_peer_outside_the_listed_networks_is_closed_before_its_handshake() {
+    let t = tempfile::tempdir().unwrap();
+    let key = t.path().join("replication.psk");
+    let b = Site::start_with(
+        &t.path().join("b"),
+        &key,
+        "q",
+        1 << 30,
+        "replication_peers = [\"192.0.2.0/24\", \"2001:db8::/32\"]\n",
+    );
+    let a = Site::start(&t.path().join("a"), &key, "p", 1 << 30);
+    a.d.ok(&["vdisk", "create", "p/x", "--size", "8M", "--layout", "simple"]);
+    a.replicate("p/x", &b.listen(), "q", "x", &["--interval", "0"]);
+    a.d.fails(&["replica", "sync", "x"]);
+    assert!(b.d.json(&["vdisk", "list", "q"]).as_array().unwrap().is_empty());
+    let events = b.d.ok(&["events", "-n", "20"]);
+    assert!(events.contains("not an address replication_peers lists"), "{events}");
 }

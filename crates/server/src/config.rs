@@ -32,6 +32,7 @@
 //! replication_listen = "0.0.0.0:3262"  # take replicas from peers holding the key; default none
 //! replication_psk_file = "/etc/tessera/replication.psk"  # default: <state_dir>/replication-psk
 //! replication_congestion = "bbr"  # TCP congestion control of replication streams
+//! replication_peers = ["192.0.2.0/24"]  # the addresses peers may connect from; default any
 //! replication_pools = ["dr"]      # the pools peers' cycles may make and write replicas in; default any
 //! replication_quota = "20T"       # most a replication key's replicas may provision together; default no bound
 //!
@@ -124,6 +125,8 @@ pub struct ConfigFile {
     pub replication_listen: Option<String>,
     pub replication_psk_file: Option<PathBuf>,
     pub replication_congestion: Option<String>,
+    #[serde(default)]
+    pub replication_peers: Vec<String>,
     #[serde(default)]
     pub replication_pools: Vec<String>,
     pub replication_quota: Option<Size>,
@@ -337,6 +340,9 @@ pub struct ServerConfig {
     /// The keys shared with the peer sites (made at start when missing).
     pub replication_psk_file: PathBuf,
     pub replication_congestion: String,
+    /// The networks peers may connect to the replication listener from; empty: any. Others
+    /// are closed at once, before a handshake costs anything or holds a place.
+    pub replication_peers: Vec<crate::networks::Network>,
     /// The pools peers' cycles may make and write replicas in; empty: any imported pool.
     pub replication_pools: Vec<String>,
     /// Most bytes the replicas made with one replication key may provision together (each
@@ -542,6 +548,11 @@ impl ServerConfig {
                 "replication_congestion '{replication_congestion}' is not a congestion control's name (bbr, cubic, ...)"
             ));
         }
+        let replication_peers = f
+            .replication_peers
+            .iter()
+            .map(|n| crate::networks::Network::parse(n).map_err(|e| format!("replication_peers: {e}")))
+            .collect::<Result<Vec<_>, _>>()?;
         let replication_quota = match f.replication_quota {
             None => None,
             Some(Size::Bytes(n)) => Some(n),
@@ -553,6 +564,7 @@ impl ServerConfig {
             replication_listen,
             replication_psk_file,
             replication_congestion,
+            replication_peers,
             replication_pools: f.replication_pools,
             replication_quota,
             state_dir,
@@ -1055,6 +1067,9 @@ mod tests {
         assert!(resolve("replication_quota = \"12Q\"\n", Overrides::default())
             .unwrap_err()
             .contains("replication_quota"));
+        assert!(resolve("replication_peers = [\"10.1.2.3/8\"]\n", Overrides::default())
+            .unwrap_err()
+            .contains("replication_peers: '10.1.2.3/8'"));
         assert!(resolve("replication_pools = [\"\"]\n", Overrides::default())
             .unwrap_err()
             .contains("replication_pools"));

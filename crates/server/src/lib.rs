@@ -21,6 +21,7 @@ pub mod logging;
 pub mod metrics;
 pub mod model;
 pub mod nbd_exports;
+pub mod networks;
 pub mod portals;
 pub mod rados_pools;
 pub mod replication;

@@ -91,6 +91,19 @@ pub fn start_listener(d: &Arc<Daemon>) -> Result<Option<SocketAddr>, String> {
                     }
                 };
                 let Ok(peer) = s.peer_addr().map(|a| a.ip()) else { continue };
+                if !crate::networks::admits(&d.cfg.replication_peers, peer) {
+                    drop(s);
+                    d.events.record_refusal(
+                        NewEvent::new(
+                            Severity::Warning,
+                            "replica.peer_refused",
+                            format!("replication from {peer} refused: not an address replication_peers lists"),
+                        )
+                        .subject(&peer.to_string()),
+                        peer,
+                    );
+                    continue;
+                }
                 if streams.load(Ordering::Relaxed) >= MAX_STREAMS {
                     drop(s);
                     continue;
