@@ -2,7 +2,7 @@
 //! that makes COMPARE AND WRITE atomic), and the command dispatch.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use tessera_disk::IoMeter;
 
@@ -154,6 +154,10 @@ pub struct Lun {
     /// ABORT) completes. In an Arc so that a READ on a transport's ring holds it until its
     /// data has arrived (planned.rs).
     pub(crate) fence: Arc<RwLock<()>>,
+    /// Reservation changes and resets waiting for the fence (or holding it): a copy running
+    /// under the fence stops at its next chunk for them (`paste_chunked`), rather than hold
+    /// them, and every command queued behind them, until it has moved all it was asked to.
+    fence_wanted: AtomicUsize,
     /// Tokens and copy results: the daemon's, or this LUN's own.
     pub(crate) tpc: Arc<CopyManager>,
     /// The target port groups the LUN is reached through and their access states.
@@ -235,6 +239,7 @@ impl Lun {
             state_at_owner: false,
             forwarding: None,
             fence: Arc::new(RwLock::new(())),
+            fence_wanted: AtomicUsize::new(0),
             tpc: Arc::new(CopyManager::new()),
             alua: Arc::new(SinglePort),
         }
@@ -752,7 +757,7 @@ impl Lun {
             }
             return self.respond(Ok(alloc(data, be16(&cdb[7..9]) as usize)));
         }
-        let _fence = self.fence.write();
+        let _fence = self.fence_exclusive();
         let mut guard = self.reservations.lock();
         let r = &mut *guard;
         if cdb[0] != PERSISTENT_RESERVE_OUT {
@@ -817,7 +822,26 @@ impl Lun {
     /// nexus sent it (new ones wait meanwhile): a LUN or target reset is answered only then,
     /// so that no write sent before it lands after its answer.
     pub fn wait_for_commands(&self) {
-        drop(self.fence.write());
+        drop(self.fence_exclusive());
+    }
+
+    /// The fence, exclusively, the wait for it known to the copies under way
+    /// (`fence_wanted`).
+    fn fence_exclusive(&self) -> parking_lot::RwLockWriteGuard<'_, ()> {
+        struct Wanting<'a>(&'a AtomicUsize);
+        impl Drop for Wanting<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        self.fence_wanted.fetch_add(1, Ordering::SeqCst);
+        let _wanting = Wanting(&self.fence_wanted);
+        self.fence.write()
+    }
+
+    /// Whether a reservation change or a reset waits for the LUN's commands to end.
+    pub fn fence_wanted(&self) -> bool {
+        self.fence_wanted.load(Ordering::SeqCst) > 0
     }
 
     /// The vdisk grew: every nexus learns of it.

@@ -30,6 +30,10 @@ const WUT_TOKEN: usize = 16;
 const WUT_RANGES_LEN: usize = 534;
 const WUT_RANGES: usize = 536;
 
+/// Bytes a copy moves under one hold of its destination's write gate, between its looks at
+/// whether a reservation change or a reset waits (a whole number of the largest grains).
+const COPY_CHUNK: u64 = 64 << 20;
+
 impl Lun {
     /// Block device range descriptors (16 bytes each: LBA, number of blocks, reserved) as
     /// byte ranges, refusing ranges past the end, too many, or a list of a bad length.
@@ -137,7 +141,6 @@ impl Lun {
             return Err(sense::INVALID_FIELD_IN_PARAMETER_LIST);
         }
         let rod_type = be32(&token[0..4]) as u32;
-        let _writes = self.atomic.read();
         let r = if rod_type == ROD_TYPE_BLOCK_ZERO {
             self.write_zero_rod(&ranges)
         } else {
@@ -204,10 +207,9 @@ impl Lun {
             if n == 0 {
                 break;
             }
-            self.backend
-                .paste(at, image, offset, n)
-                .map_err(|e| (done, self.io_sense(e, true)))?;
-            done += n;
+            done += self
+                .paste_chunked(image, at, offset, n, &[])
+                .map_err(|(part, s)| (done + part, s))?;
             offset += n;
         }
         Ok(done)
@@ -217,10 +219,43 @@ impl Lun {
         let mut done = 0;
         let thin = self.thin();
         for &(at, len) in ranges {
+            if self.fence_wanted() {
+                return Err((done, sense::COPY_STOPPED_FOR_A_RESET_OR_RESERVATION));
+            }
+            let _writes = self.atomic.read();
             self.backend
                 .write_zeroes(at, len, thin, false)
                 .map_err(|e| (done, self.io_sense(e, true)))?;
             done += len;
+        }
+        Ok(done)
+    }
+
+    /// Pastes `len` bytes of `image` from `offset` at `at` of this LUN, a chunk at a time:
+    /// each chunk under the LUN's write gate (a COMPARE AND WRITE waits for a chunk, not for
+    /// the whole copy), and none once a reservation change or a reset waits for the fence of
+    /// this LUN or of one in `also` (a copy may move up to a TiB; they, and every command
+    /// queued behind them, wait for a chunk at most). Returns the bytes pasted; with a
+    /// failure, how far it got.
+    pub(crate) fn paste_chunked(
+        &self,
+        image: &dyn FrozenImage,
+        at: u64,
+        offset: u64,
+        len: u64,
+        also: &[&Lun],
+    ) -> Result<u64, (u64, Sense)> {
+        let mut done = 0;
+        while done < len {
+            if self.fence_wanted() || also.iter().any(|l| l.fence_wanted()) {
+                return Err((done, sense::COPY_STOPPED_FOR_A_RESET_OR_RESERVATION));
+            }
+            let n = (len - done).min(COPY_CHUNK);
+            let _writes = self.atomic.read();
+            self.backend
+                .paste(at + done, image, offset + done, n)
+                .map_err(|e| (done, self.io_sense(e, true)))?;
+            done += n;
         }
         Ok(done)
     }

@@ -138,6 +138,9 @@ pub const COPY_TARGET_DEVICE_NOT_REACHABLE: Sense = Sense::new(key::COPY_ABORTED
 /// A copy target this nexus may not use: a LUN outside its target, or one a reservation
 /// keeps from it. Nothing has been read or written.
 pub const UNREACHABLE_COPY_TARGET: Sense = Sense::new(key::COPY_ABORTED, 0x08, 0x04);
+/// A copy stopped part-way for a reservation change or a reset of a LUN it reads or writes:
+/// the initiator sends it again (checked then under what changed).
+pub const COPY_STOPPED_FOR_A_RESET_OR_RESERVATION: Sense = Sense::new(key::ABORTED_COMMAND, 0x00, 0x00);
 pub const INSUFFICIENT_RESOURCES_TO_CREATE_ROD_TOKEN: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x55, 0x0D);
 pub const NO_ADDITIONAL_SENSE: Sense = Sense::new(key::NO_SENSE, 0x00, 0x00);
 

@@ -183,6 +183,10 @@ impl Lun {
                 if nexus.ended() || !nexus.scope.presents(src) || !nexus.scope.presents(dst) {
                     return Err(sense::UNREACHABLE_COPY_TARGET);
                 }
+                // A reservation change or a reset waits for one of the LUNs: it goes first.
+                if [self, src, dst].iter().any(|l| l.fence_wanted()) {
+                    return Err(sense::COPY_STOPPED_FOR_A_RESET_OR_RESERVATION);
+                }
                 // The other LUNs' fences, as their own commands hold them, so that a PREEMPT
                 // AND ABORT there waits for this copy; recursive, so that two copies in
                 // opposite directions cannot wait for each other behind a queued writer.
@@ -196,10 +200,8 @@ impl Lun {
                     .backend
                     .freeze(&[(src_at, bytes)])
                     .map_err(|e| src.io_sense(e, false))?;
-                let _writes = dst.atomic.read();
-                dst.backend
-                    .paste(dst_at, image.as_ref(), 0, bytes)
-                    .map_err(|e| dst.io_sense(e, true))?;
+                dst.paste_chunked(image.as_ref(), dst_at, 0, bytes, &[self, src])
+                    .map_err(|(_, s)| s)?;
                 if !dst.mode().wce {
                     dst.backend.flush().map_err(|e| dst.io_sense(e, true))?;
                 }
