@@ -1381,3 +1381,25 @@ fn a_peer_outside_the_listed_networks_is_closed_before_its_handshake() {
     let events = b.d.ok(&["events", "-n", "20"]);
     assert!(events.contains("not an address replication_peers lists"), "{events}");
 }
+
+/// Snapshots a deleted vdisk of the replica's name left at the replica site (restore points
+/// an administrator kept, or another source's) are not the replica's: its cycles neither prune
+/// them nor, at a promotion, go back to one.
+#[test]
+fn a_replica_leaves_the_snapshots_of_a_deleted_namesake_alone() {
+    let (_t, _key, a, b) = two_sites();
+    b.d.ok(&["vdisk", "create", "q/db", "--size", "8M", "--layout", "simple"]);
+    write_image(&b, "q/db", 4 << 20, 51);
+    b.d.ok(&["snapshot", "create", "q/db@repl-kept-1"]);
+    b.d.ok(&["vdisk", "delete", "q/db"]);
+    a.d.ok(&["vdisk", "create", "p/db", "--size", "8M", "--layout", "simple"]);
+    a.replicate("p/db", &b.listen(), "q", "db", &["--interval", "0"]);
+    for seed in 52..55 {
+        write_image(&a, "p/db", 1 << 20, seed);
+        a.d.ok(&["replica", "sync", "db"]);
+    }
+    let r = b.replica("q/db");
+    assert_eq!(r["last_snapshot"], "repl-db-3", "{r}");
+    b.d.ok(&["vdisk", "show", "q/db@repl-kept-1"]);
+    assert!(!r.to_string().contains("repl-kept-1"), "listed as the replica's: {r}");
+}

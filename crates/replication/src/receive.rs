@@ -434,11 +434,15 @@ fn run<S: Read + Write>(
     // deleted vdisk of this name left may be another sender's (another key's), which the
     // new replica must not start from, nor its offers be answered against. Its first cycle
     // is a full one.
+    //
+    // Nor, for a replica that was there, one such a namesake left: the pool hands vdisk ids
+    // out in increasing order, so the replica's own snapshots are those made after it.
     let base = begin
         .base
         .as_ref()
         .filter(|_| existed)
-        .and_then(|b| engine.vdisk(&format!("{}@{b}", begin.vdisk)).ok());
+        .and_then(|b| engine.vdisk(&format!("{}@{b}", begin.vdisk)).ok())
+        .filter(|b| b.id() > replica.id());
     let wanted = Marker {
         base: base.as_ref().and(begin.base.clone()),
         snapshot: begin.snapshot.clone(),

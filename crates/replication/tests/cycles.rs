@@ -952,3 +952,36 @@ fn a_failed_extra_stream_ends_its_cycle_with_its_reason() {
         assert!(e.contains("not asked for"), "{e}");
     });
 }
+
+/// Nor does a later cycle of the new replica start from such a snapshot: a base is one the
+/// replica of that name now took, not one its deleted namesake left (another source's, maybe),
+/// which would leave that data wherever the new cycle sends nothing.
+#[test]
+fn a_base_left_by_a_deleted_replica_of_the_name_is_not_taken() {
+    let src = site(2, 256 * MIB);
+    let dst = site(2, 256 * MIB);
+    let v = source_vdisk(&src, 16 * MIB);
+    // The replica site holds "vol@old" from a vdisk "vol" deleted since, with other data.
+    let mut spec = VdiskSpec::new("vol", 16 * MIB, LayoutKind::Mirror);
+    spec.grain_size = Some(GRAIN);
+    let gone = dst.engine.create_vdisk(&spec).unwrap();
+    gone.write(0, &noise(9, (16 * MIB) as usize), false).unwrap();
+    dst.engine.snapshot("vol", "old").unwrap();
+    drop(gone);
+    dst.engine.delete_vdisk("vol").unwrap();
+    // The source's own "old", then s1 (a full cycle makes the replica anew), then s2.
+    v.write(0, &noise(1, (16 * MIB) as usize), false).unwrap();
+    src.engine.snapshot("vol", "old").unwrap();
+    src.engine.snapshot("vol", "s1").unwrap();
+    let (sent, got) = cycle(&src, &dst, "s1", None, None);
+    (sent.unwrap(), got.unwrap());
+    v.write(0, &noise(2, MIB as usize), false).unwrap();
+    let s2 = src.engine.snapshot("vol", "s2").unwrap();
+    let (sent, got) = cycle(&src, &dst, "s2", Some("old"), None);
+    got.unwrap();
+    assert!(
+        sent.unwrap().full,
+        "the replica started from its deleted namesake's snapshot"
+    );
+    assert_eq!(image(&dst.engine.vdisk("vol@s2").unwrap()), image(&s2));
+}

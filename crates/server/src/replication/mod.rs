@@ -218,10 +218,15 @@ impl Replication {
     }
 }
 
-/// The names of a vdisk's replication snapshots, oldest first.
+/// The names of a vdisk's replication snapshots, oldest first: of the vdisk of that name now,
+/// not of one deleted before it was made (another source's replica, maybe), whose snapshots
+/// outlive it: a pool hands vdisk ids out in increasing order, so the vdisk's own are those
+/// of higher id than it. Pruning, promotion and reversal go by these alone.
 pub(crate) fn replication_snapshots(e: &tessera_volume::Engine, vdisk: &str) -> Vec<String> {
+    let since = e.vdisk(vdisk).map(|v| v.id()).unwrap_or(0);
     e.snapshots_of(vdisk)
         .into_iter()
+        .filter(|s| s.id() > since)
         .filter_map(|s| s.name().split_once('@').map(|(_, n)| n.to_string()))
         .filter(|n| n.starts_with(SNAPSHOT_PREFIX))
         .collect()
