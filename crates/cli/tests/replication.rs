@@ -1403,3 +1403,62 @@ fn a_replica_leaves_the_snapshots_of_a_deleted_namesake_alone() {
     b.d.ok(&["vdisk", "show", "q/db@repl-kept-1"]);
     assert!(!r.to_string().contains("repl-kept-1"), "listed as the replica's: {r}");
 }
+
+/// A source's key taken out of the replica site's key file (it leaked, say) lets that source
+/// in no more, and the cycle it has under way is cut, without restarting the site's daemon;
+/// the other sources go on.
+#[test]
+fn a_key_taken_out_of_the_file_is_refused_and_its_cycle_cut_without_a_restart() {
+    let t = tempfile::tempdir().unwrap();
+    let (key_a, key_c, key_b) = (t.path().join("a.psk"), t.path().join("c.psk"), t.path().join("b.psk"));
+    let (line_a, line_c) = (
+        format!("site-a:{}\n", "a1".repeat(32)),
+        format!("site-c:{}\n", "c3".repeat(32)),
+    );
+    std::fs::write(&key_a, &line_a).unwrap();
+    std::fs::write(&key_c, &line_c).unwrap();
+    std::fs::write(&key_b, format!("{line_a}{line_c}")).unwrap();
+    let b = Site::start(&t.path().join("b"), &key_b, "q", 1 << 30);
+    let a = Site::start(&t.path().join("a"), &key_a, "p", 1 << 30);
+    let c = Site::start(&t.path().join("c"), &key_c, "r", 1 << 30);
+    let to = b.listen();
+    a.d.ok(&["vdisk", "create", "p/mine", "--size", "8M", "--layout", "simple"]);
+    a.replicate("p/mine", &to, "q", "mine", &["--interval", "0"]);
+    a.d.ok(&["replica", "sync", "mine"]);
+    c.d.ok(&["vdisk", "create", "r/db", "--size", "16M", "--layout", "mirror"]);
+    write_image(&c, "r/db", 1 << 20, 61);
+    c.replicate("r/db", &to, "q", "dr", &["--interval", "0"]);
+    c.d.ok(&["replica", "sync", "dr"]);
+    // C's next cycle, under way (from a sender of the test's own, with C's key).
+    let (first, extra) = raw_cycle_of_two_streams(&b, &key_c, &to, |_| {});
+    assert_eq!(b.replica("q/db")["receiving"], true);
+
+    std::fs::write(&key_b, &line_a).unwrap();
+    let began = Instant::now();
+    while b.replica("q/db")["receiving"] == true {
+        assert!(
+            began.elapsed() < Duration::from_secs(30),
+            "the cycle of the revoked key went on"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop((first, extra));
+    let e = c.d.fails(&["replica", "sync", "dr"]);
+    assert!(
+        e.to_lowercase().contains("tls") || e.contains("handshake") || e.contains("alert"),
+        "{e}"
+    );
+    assert_eq!(n(&b.replica("q/db"), "cycles"), 1);
+    a.d.ok(&["replica", "sync", "mine"]);
+    assert_eq!(n(&b.replica("q/mine"), "cycles"), 2);
+    let events = b.d.ok(&["events", "-n", "20"]);
+    assert!(
+        events.contains("replica.keys_revoked") && events.contains("site-c"),
+        "{events}"
+    );
+    // A file that is not a key file is not taken: the keys stay as they were.
+    std::fs::write(&key_b, "site-a:not-a-key\n").unwrap();
+    a.d.ok(&["replica", "sync", "mine"]);
+    let events = b.d.ok(&["events", "-n", "20"]);
+    assert!(events.contains("replica.keys_refused"), "{events}");
+}

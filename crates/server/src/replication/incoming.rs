@@ -68,7 +68,11 @@ pub fn start_listener(d: &Arc<Daemon>) -> Result<Option<SocketAddr>, String> {
     if tessera_psk::create_psk_file(keys, "tessera")? {
         info!(path = %keys.display(), "made a replication key; copy it to the peer sites");
     }
-    let transport = Arc::new(Transport::from_psk_file(keys, &d.cfg.replication_congestion)?);
+    let keys = Arc::new(super::listener_keys::ListenerKeys::load(
+        keys,
+        &d.cfg.replication_congestion,
+    )?);
+    *d.replication.keys.lock() = Some(keys.clone());
     let l = TcpListener::bind(addr)
         .map_err(|e| format!("cannot listen for replication on {addr}: {e}; choose another with replication_listen"))?;
     let bound = l.local_addr().map_err(|e| e.to_string())?;
@@ -113,8 +117,10 @@ pub fn start_listener(d: &Arc<Daemon>) -> Result<Option<SocketAddr>, String> {
                     drop(s);
                     continue;
                 }
+                // A key taken out of the file since lets this peer in no more.
+                d.reread_replication_keys();
                 let place = Place::take(&streams);
-                let (d, t, h) = (d.clone(), transport.clone(), handshakes.clone());
+                let (d, t, h) = (d.clone(), keys.transport(), handshakes.clone());
                 // Not spawned: the closure, and the place with it, is dropped.
                 let spawned = std::thread::Builder::new()
                     .name("repl-recv".into())
@@ -126,6 +132,48 @@ pub fn start_listener(d: &Arc<Daemon>) -> Result<Option<SocketAddr>, String> {
         })
         .map_err(|e| e.to_string())?;
     Ok(Some(bound))
+}
+
+impl Daemon {
+    /// Reads the listener's key file again if it changed: the connections of cycles under
+    /// way with a key no longer in it are cut (as a promotion cuts them), and an event says
+    /// so; a file that cannot be taken leaves the keys as they were, and an event says why.
+    pub(crate) fn reread_replication_keys(&self) {
+        let Some(keys) = self.replication.keys.lock().clone() else {
+            return;
+        };
+        match keys.reread() {
+            super::listener_keys::Reread::Same => {}
+            super::listener_keys::Reread::Refused(why) => {
+                self.events.record(NewEvent::new(
+                    Severity::Warning,
+                    "replica.keys_refused",
+                    format!("the replication key file changed and was not taken (the keys stay as they were): {why}"),
+                ));
+            }
+            super::listener_keys::Reread::Revoked(gone) => {
+                info!(revoked = ?gone, "replication keys read again");
+                if gone.is_empty() {
+                    return;
+                }
+                let mut cut = 0;
+                for l in self.replication.live.lock().streams.values().flatten() {
+                    if gone.contains(&l.identity) {
+                        let _ = l.sock.shutdown(std::net::Shutdown::Both);
+                        cut += 1;
+                    }
+                }
+                self.events.record(NewEvent::new(
+                    Severity::Warning,
+                    "replica.keys_revoked",
+                    format!(
+                        "replication keys taken out of the key file: {}; {cut} connection(s) of cycles under way with them cut",
+                        gone.join(", ")
+                    ),
+                ));
+            }
+        }
+    }
 }
 
 /// One of the listener's `MAX_STREAMS` places, given back when dropped: when the connection's
@@ -151,6 +199,9 @@ impl Drop for Place {
 pub(crate) struct Listed {
     id: u64,
     sock: TcpStream,
+    /// The identity of the key the peer proved: a connection is cut when its key is taken
+    /// out of the file.
+    identity: String,
     _place: Option<Place>,
 }
 
@@ -285,6 +336,19 @@ struct Site {
 
 impl Site {
     /// Refuses a replica made with another key than the one this peer proved.
+    /// Refuses a peer whose key was taken out of the file after it connected (checked under
+    /// the live lock, where its connections are listed: those listed before are cut by the
+    /// reading that saw the key gone, `reread_replication_keys`).
+    fn key_still_held(&self) -> Result<(), String> {
+        match self.d.replication.keys.lock().as_ref() {
+            Some(k) if !k.holds(&self.key) => Err(format!(
+                "the replication key '{}' was taken out of this site's key file",
+                self.key
+            )),
+            _ => Ok(()),
+        }
+    }
+
     fn own(&self, replica: &str, rec: &super::Incoming) -> Result<(), String> {
         match &rec.key {
             Some(k) if *k != self.key => Err(format!(
@@ -307,6 +371,7 @@ impl Site {
         live.streams.entry(key.to_string()).or_default().push(Listed {
             id: self.id,
             sock: handle,
+            identity: self.key.clone(),
             _place: self.place.lock().take(),
         });
         *self.registered.lock() = Some(key.to_string());
@@ -471,6 +536,7 @@ impl ReplicaSite for Site {
         // The claim, the check and the record under the live lock, as a promotion checks the
         // claims and drops the record under it: neither can come between the other's steps.
         let mut live = self.d.replication.live.lock();
+        self.key_still_held()?;
         if live.receiving.contains(&key) {
             return Err(format!("another cycle is writing '{key}'"));
         }
@@ -536,6 +602,7 @@ impl ReplicaSite for Site {
             self.own(&key, rec)?;
         }
         let mut live = self.d.replication.live.lock();
+        self.key_still_held()?;
         if !live.receiving.contains(&key) {
             return Err(format!("the cycle writing '{key}' has ended"));
         }

@@ -19,6 +19,7 @@
 
 mod cycle;
 mod incoming;
+mod listener_keys;
 mod outgoing;
 mod schedule;
 
@@ -183,6 +184,8 @@ pub struct Replication {
     pub(crate) joins: std::sync::Arc<tessera_replication::Joins>,
     /// Connections from peers held now, every stream of every cycle (`MAX_STREAMS` at most).
     pub(crate) connections: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// The listener's keys, once it listens.
+    pub(crate) keys: Mutex<Option<std::sync::Arc<listener_keys::ListenerKeys>>>,
 }
 
 impl Replication {
@@ -196,6 +199,7 @@ impl Replication {
             listening: Mutex::new(None),
             joins: Default::default(),
             connections: Default::default(),
+            keys: Mutex::new(None),
         })
     }
 

@@ -14,6 +14,7 @@ impl Daemon {
         if self.stopping.load(std::sync::atomic::Ordering::Relaxed) {
             return;
         }
+        self.reread_replication_keys();
         let t = now();
         let all: Vec<(String, Outgoing)> = self
             .replication
