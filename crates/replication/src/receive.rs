@@ -513,6 +513,10 @@ fn run<S: Read + Write>(
     };
     let written = AtomicU64::new(0);
     let size = begin.size;
+    // The grains offered so far, a bit each (a 64th of the replica's grain map): an offer
+    // costs the sender 32 bytes a block and this site a read of the grain and its hashing, so
+    // a grain offered again would let a peer make it read without end.
+    let mut offered: Vec<u64> = Vec::new();
     let replica = &*replica;
     std::thread::scope(|sc| -> Result<()> {
         let mut readers = Vec::new();
@@ -570,6 +574,17 @@ fn run<S: Read + Write>(
                                 o.len, o.offset
                             )));
                         }
+                        if offered.is_empty() {
+                            offered = vec![0; size.div_ceil(begin.grain).div_ceil(64) as usize];
+                        }
+                        let g = (o.offset / begin.grain) as usize;
+                        if offered[g / 64] & (1 << (g % 64)) != 0 {
+                            return Err(ReplError::Protocol(format!(
+                                "the grain at {} offered twice in one cycle",
+                                o.offset
+                            )));
+                        }
+                        offered[g / 64] |= 1 << (g % 64);
                         let lacking = lacking(replica, o)?;
                         if lacking.is_empty() {
                             continue;

@@ -580,6 +580,14 @@ fn streams_that_lie_are_refused_with_a_reason() {
         tessera_replication::wire::encode_offer(0, &[tessera_replication::wire::Offered::of(1 << 40, &[0u8; 65536])]);
     tessera_replication::wire::write_frame(&mut b, tessera_replication::wire::Kind::Offer, &offer).unwrap();
     assert!(run(b).contains("range"));
+    // The same grain offered again (each offer a read and a hashing of it here).
+    let mut b = begin(ok);
+    let again = tessera_replication::wire::Offered::of(65536, &[3u8; 65536]);
+    for no in 0..2 {
+        let offer = tessera_replication::wire::encode_offer(no, std::slice::from_ref(&again));
+        tessera_replication::wire::write_frame(&mut b, tessera_replication::wire::Kind::Offer, &offer).unwrap();
+    }
+    assert!(run(b).contains("offered twice"));
     // Offers without end, and never a block of data: the replica stops holding fingerprints.
     let grains = tessera_replication::wire::MAX_WANTED_BLOCKS / 16 + 1;
     let big = ok.replace("1048576", &(grains as u64 * GRAIN).to_string());
