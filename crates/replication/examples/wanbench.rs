@@ -77,6 +77,7 @@ fn options(s: &BenchSite) -> ReceiveOptions {
         joins: Default::default(),
         opening: Default::default(),
         pace: Default::default(),
+        identity: String::new(),
     }
 }
 

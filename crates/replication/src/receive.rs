@@ -37,6 +37,9 @@ pub struct ReceiveOptions {
     pub opening: Mutex<Option<tessera_psk::Deadline>>,
     /// How slowly the peer may send each frame once the cycle is under way.
     pub pace: wire::Pace,
+    /// The identity of the key the peer proved: what the cycles of one key may hold at once
+    /// is bounded apart from the site's whole.
+    pub identity: String,
 }
 
 /// A connection a cycle's data may come over.
@@ -48,9 +51,12 @@ impl<T: Read + Write + Send> Stream for T {}
 pub struct Joins {
     /// Token -> where its cycle takes streams, and the replica (pool, vdisk) it writes.
     waiting: Mutex<HashMap<String, (SyncSender<Box<dyn Stream>>, (String, String))>>,
-    /// Fingerprints the site's cycles hold, and how many they may hold together.
+    /// Fingerprints the site's cycles hold, and how many they may hold together; the cycles
+    /// of one key may hold half of that (whatever it holds open, a peer leaves the other
+    /// peers room). Changed under `wanted_by_key`'s lock.
     wanted: AtomicUsize,
     wanted_cap: AtomicUsize,
+    wanted_by_key: Mutex<HashMap<String, usize>>,
 }
 
 impl Default for Joins {
@@ -59,6 +65,7 @@ impl Default for Joins {
             waiting: Mutex::default(),
             wanted: AtomicUsize::new(0),
             wanted_cap: AtomicUsize::new(wire::MAX_SITE_WANTED_BLOCKS),
+            wanted_by_key: Mutex::default(),
         }
     }
 }
@@ -74,6 +81,45 @@ impl Joins {
     pub fn set_wanted_cap(&self, blocks: usize) {
         self.wanted_cap.store(blocks, Ordering::SeqCst);
     }
+
+    /// Counts `n` more blocks asked for by a cycle of the peer holding `key`, within the
+    /// site's bound and the key's, or says which it would pass.
+    fn hold(&self, key: &str, n: usize) -> Result<()> {
+        let mut by_key = self.wanted_by_key.lock().expect("not poisoned");
+        let (total, cap) = (
+            self.wanted.load(Ordering::SeqCst),
+            self.wanted_cap.load(Ordering::SeqCst),
+        );
+        if total + n > cap {
+            return Err(ReplError::Invalid(format!(
+                "this site's cycles wait for {total} blocks asked for and not yet sent, as many as it holds at once: the cycle is refused for now"
+            )));
+        }
+        let mine = by_key.get(key).copied().unwrap_or(0);
+        if mine + n > cap / 2 {
+            return Err(ReplError::Invalid(format!(
+                "the cycles of key '{key}' wait for {mine} blocks asked for and not yet sent, as many as the cycles of one key hold at once: the cycle is refused for now"
+            )));
+        }
+        *by_key.entry(key.to_string()).or_default() += n;
+        self.wanted.fetch_add(n, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Counts `n` blocks of `key`'s cycles out: received, or their cycle ended.
+    fn release(&self, key: &str, n: usize) {
+        if n == 0 {
+            return;
+        }
+        let mut by_key = self.wanted_by_key.lock().expect("not poisoned");
+        if let Some(m) = by_key.get_mut(key) {
+            *m = m.saturating_sub(n);
+            if *m == 0 {
+                by_key.remove(key);
+            }
+        }
+        self.wanted.fetch_sub(n, Ordering::SeqCst);
+    }
 }
 
 /// Fingerprints of the blocks a cycle asked for, by offset, until their data arrives (over any
@@ -82,6 +128,8 @@ impl Joins {
 struct Expected<'a> {
     map: Mutex<HashMap<u64, [u8; HASH]>>,
     site: &'a Joins,
+    /// The key of the peer whose cycle this is.
+    key: &'a str,
     /// Why an extra stream of the cycle failed, for the cycle to end with at once.
     failed: Mutex<Option<ReplError>>,
 }
@@ -93,7 +141,7 @@ impl Drop for Expected<'_> {
             .get_mut()
             .map(|m| m.len())
             .unwrap_or_else(|e| e.into_inner().len());
-        self.site.wanted.fetch_sub(left, Ordering::SeqCst);
+        self.site.release(self.key, left);
     }
 }
 
@@ -509,6 +557,7 @@ fn run<S: Read + Write>(
     let expected = Expected {
         map: Mutex::new(HashMap::new()),
         site: &*opts.joins,
+        key: &opts.identity,
         failed: Mutex::new(None),
     };
     let written = AtomicU64::new(0);
@@ -596,20 +645,15 @@ fn run<S: Read + Write>(
                                 wire::MAX_WANTED_BLOCKS
                             )));
                         }
-                        let site = &opts.joins;
-                        if site.wanted.load(Ordering::SeqCst) + lacking.len() > site.wanted_cap.load(Ordering::SeqCst) {
-                            return Err(ReplError::Invalid(format!(
-                                "this site's cycles wait for {} blocks asked for and not yet sent, as many as it holds at once: the cycle is refused for now",
-                                site.wanted.load(Ordering::SeqCst)
-                            )));
-                        }
+                        opts.joins.hold(&opts.identity, lacking.len())?;
                         let before = exp.len();
                         let mut bits = vec![0u8; o.blocks.len().div_ceil(8)];
-                        for k in lacking {
+                        for &k in &lacking {
                             bits[k / 8] |= 1 << (k % 8);
                             exp.insert(o.offset + k as u64 * BLOCK, o.blocks[k]);
                         }
-                        site.wanted.fetch_add(exp.len() - before, Ordering::SeqCst);
+                        // (Each grain is offered once, so each block is new: none to give back.)
+                        opts.joins.release(&opts.identity, lacking.len() - (exp.len() - before));
                         want.push((i as u32, bits));
                     }
                     drop(exp);
@@ -698,7 +742,7 @@ fn apply_data(
         for k in 0..data.len().div_ceil(BLOCK as usize) {
             exp.remove(&(offset + k as u64 * BLOCK));
         }
-        expected.site.wanted.fetch_sub(before - exp.len(), Ordering::SeqCst);
+        expected.site.release(expected.key, before - exp.len());
     }
     replica.write(offset, &data, false)?;
     written.fetch_add(data.len().div_ceil(BLOCK as usize) as u64, Ordering::Relaxed);

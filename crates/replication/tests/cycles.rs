@@ -611,12 +611,12 @@ fn streams_that_lie_are_refused_with_a_reason() {
     }
     assert!(run(b).contains("offered and not sent"));
     assert_eq!(dst.joins.wanted(), 0, "the refused cycle gave its fingerprints back");
-    // The bound across the site's cycles: a cycle that would pass it is refused, before the
-    // fingerprints that would pass it are held.
+    // The bound across the site's cycles (of one key's cycles here, half of it): a cycle that
+    // would pass it is refused, before the fingerprints that would pass it are held.
     dst.joins.set_wanted_cap(100);
     let mut b = begin(&big);
     offer(&mut b, 0, &(0..64).collect::<Vec<_>>());
-    assert!(run(b).contains("as many as it holds at once"));
+    assert!(run(b).contains("as many as the cycles of one key hold at once"));
     assert_eq!(dst.joins.wanted(), 0, "given back");
     dst.joins
         .set_wanted_cap(tessera_replication::wire::MAX_SITE_WANTED_BLOCKS);
@@ -992,4 +992,70 @@ fn a_base_left_by_a_deleted_replica_of_the_name_is_not_taken() {
         "the replica started from its deleted namesake's snapshot"
     );
     assert_eq!(image(&dst.engine.vdisk("vol@s2").unwrap()), image(&s2));
+}
+
+/// The blocks a site asks for and waits for are bounded for each peer's key apart from the
+/// whole: the cycles of one key hold half of what the site holds at most, so a peer that asks
+/// and never sends (its connections kept alive) leaves the other peers room.
+#[test]
+fn the_cycles_of_one_key_hold_half_of_what_the_site_waits_for_at_most() {
+    use tessera_replication::wire::{self, Kind};
+    let dst = site(2, 64 * MIB);
+    dst.joins.set_wanted_cap(4096);
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::scope(|sc| {
+        let (dst, l) = (&dst, &l);
+        // A cycle of the peer holding `key` into `vdisk`, offering `grains` grains (16 blocks
+        // each, all lacking): its connection and the answer to the offer.
+        let offer = |key: &'static str, vdisk: &str, grains: u64| {
+            let mut c = TcpStream::connect(addr).unwrap();
+            let (s, _) = l.accept().unwrap();
+            let cycle = sc.spawn(move || {
+                let mut opts = options(dst);
+                opts.identity = key.to_string();
+                receive(s, dst, &opts).map_err(|e| e.to_string())
+            });
+            let begin = format!(
+                r#"{{"pool":"p","vdisk":"{vdisk}","size":{},"grain":65536,"block_size":512,"snapshot":"s1","base":null}}"#,
+                16 * MIB
+            );
+            let mut b = MAGIC.to_vec();
+            wire::write_frame(&mut b, Kind::Begin, begin.as_bytes()).unwrap();
+            c.write_all(&b).unwrap();
+            assert_eq!(wire::read_frame(&mut c).unwrap().unwrap().kind, Kind::Ready);
+            let offers: Vec<_> = (0..grains)
+                .map(|g| wire::Offered::of(g * GRAIN, &noise(g + 1, GRAIN as usize)))
+                .collect();
+            let mut f = Vec::new();
+            wire::write_frame(&mut f, Kind::Offer, &wire::encode_offer(0, &offers)).unwrap();
+            c.write_all(&f).unwrap();
+            let answer = wire::read_frame(&mut c).unwrap().unwrap();
+            (
+                c,
+                cycle,
+                answer.kind,
+                String::from_utf8_lossy(&answer.body).into_owned(),
+            )
+        };
+        let (a1, c1, kind, _) = offer("site-a", "v1", 120);
+        assert_eq!(kind, Kind::Want);
+        let (a2, c2, kind, why) = offer("site-a", "v2", 10);
+        assert_eq!(kind, Kind::Error, "a key's cycles held past half the site's bound");
+        assert!(why.contains("key 'site-a'"), "{why}");
+        let (b1, c3, kind, why) = offer("site-b", "v3", 120);
+        assert_eq!(kind, Kind::Want, "another key's cycle was refused: {why}");
+        assert_eq!(dst.joins.wanted(), 2 * 120 * 16);
+        // And the site's whole bound, which the keys together reach.
+        let (c1b, c4, kind, why) = offer("site-c", "v4", 30);
+        assert_eq!(kind, Kind::Error);
+        assert!(why.contains("as many as it holds at once"), "{why}");
+        for c in [a1, a2, b1, c1b] {
+            c.shutdown(Shutdown::Both).unwrap();
+        }
+        for c in [c1, c2, c3, c4] {
+            assert!(c.join().unwrap().is_err());
+        }
+        assert_eq!(dst.joins.wanted(), 0, "given back");
+    });
 }

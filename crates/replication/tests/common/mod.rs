@@ -142,6 +142,7 @@ pub fn options(s: &Site) -> ReceiveOptions {
         joins: s.joins.clone(),
         opening: Default::default(),
         pace: Default::default(),
+        identity: String::new(),
     }
 }
 

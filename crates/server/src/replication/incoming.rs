@@ -261,6 +261,7 @@ fn take_cycle(d: &Arc<Daemon>, t: &Transport, s: TcpStream, place: Place, shaken
         joins: d.replication.joins.clone(),
         opening: std::sync::Mutex::new(Some(opening)),
         pace: Default::default(),
+        identity: site.key.clone(),
     };
     // A bug in the receiver fails this cycle, not the listing of its streams and places
     // below (the replica would stay "being written" and the places taken for good).
