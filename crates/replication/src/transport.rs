@@ -15,6 +15,10 @@ use tracing::warn;
 
 /// How long a stream may stay silent before a cycle gives up on it (the link is down).
 pub const SILENCE: Duration = Duration::from_secs(60);
+/// How long a peer has for its TLS handshake and its opening (a PSK handshake is two round
+/// trips; its opening, a frame, follows at once): a stranger who never finishes holds a place
+/// at the listener this long, not the whole silence.
+pub const HANDSHAKE: Duration = Duration::from_secs(20);
 
 /// The keys and the socket settings of one site.
 pub struct Transport {
@@ -74,14 +78,14 @@ impl Transport {
 
     /// [`accept`](Self::accept), the deadline still running: the peer's opening (the magic
     /// and its first frame, [`ReceiveOptions::opening`](crate::ReceiveOptions)) must come
-    /// within the same silence as the handshake.
+    /// within the same time as the handshake ([`HANDSHAKE`]).
     pub fn accept_until_opened(&self, s: TcpStream) -> Result<(SslStream<TcpStream>, tessera_psk::Deadline), String> {
         self.prepare(&s);
-        // The whole handshake within the silence, however slowly a peer sends its bytes: the
+        // The whole handshake within its time, however slowly a peer sends its bytes: the
         // read timeout alone starts again with each one, and a few such peers would keep
         // every place of the listener. Without the watchdog a slow peer could hold the place
         // for ever: refused instead.
-        let deadline = tessera_psk::Deadline::start(&s, self.silence)?;
+        let deadline = tessera_psk::Deadline::start(&s, self.silence.min(HANDSHAKE))?;
         match self.acceptor.accept(s) {
             Ok(conn) => Ok((conn, deadline)),
             Err(e) => Err(format!("TLS handshake: {e}")),
