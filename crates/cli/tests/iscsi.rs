@@ -545,9 +545,9 @@ fn taking_a_host_out_of_the_acl_ends_its_sessions_and_their_tokens() {
         let by_a_earlier = rod_token(&earlier, 3).await;
         earlier.logout().await.unwrap();
         assert_eq!(
-            write_with(&b_open, &by_a_secure, 10).await.status,
+            write_with(&a_open, &by_a_secure, 10).await.status,
             0,
-            "a token works before"
+            "a token works before (written by a host that may read its source)"
         );
 
         d.ok(&["target", "acl", "remove", secure, host_a]);
@@ -578,6 +578,49 @@ fn taking_a_host_out_of_the_acl_ends_its_sessions_and_their_tokens() {
     });
     let logs = d.logs();
     assert!(logs.contains("the ACL no longer admits the initiator"), "{logs}");
+}
+
+/// A ROD token is written only by a host that may read the LUN it was made on, through any
+/// target: its 512 bytes, seen on the wire or passed on, do not carry one tenant's data to
+/// another tenant's LUN. Once the host is let in to that LUN, the same token works.
+#[test]
+fn a_token_is_written_only_by_a_host_that_may_read_its_source() {
+    use tessera_test_support::cdbs;
+    let t = tempfile::tempdir().unwrap();
+    let d = Daemon::start(&t.path().join("state"));
+    create_pool(&d, "c", &disks(&t.path().join("disks"), 1, 1 << 30));
+    d.ok(&["vdisk", "create", "c/v", "--size", "64M", "--layout", "simple"]);
+    d.ok(&["vdisk", "create", "c/w", "--size", "64M", "--layout", "simple"]);
+    let (tenant_a, tenant_b) = ("iqn.2026-11.io.tessera:tenant-a", "iqn.2026-11.io.tessera:tenant-b");
+    let (host_a, host_b) = ("iqn.2026-11.io.example:host-a", "iqn.2026-11.io.example:host-b");
+    d.ok(&["target", "create", tenant_a]);
+    d.ok(&["target", "acl", "add", tenant_a, host_a]);
+    d.ok(&["target", "lun", "add", tenant_a, "c/v"]);
+    d.ok(&["target", "create", tenant_b]);
+    d.ok(&["target", "acl", "add", tenant_b, host_b]);
+    d.ok(&["target", "lun", "add", tenant_b, "c/w"]);
+    let portal = d.iscsi_portal();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let a = logged_in(portal.clone(), host_a, tenant_a, 1).await;
+        let b = logged_in(portal.clone(), host_b, tenant_b, 2).await;
+        let token = rod_token(&a, 1).await;
+        let (c, p) = cdbs::write_using_token(10, &token, 0, false, &[(1024, 8)]);
+        let refused = b.command(0, &c, p, 0).await.unwrap();
+        assert_eq!(refused.status, 2, "host B wrote tenant A's data into its LUN");
+        assert_eq!(
+            (refused.sense[2] & 0x0F, refused.sense[12], refused.sense[13]),
+            (5, 0x23, 0x00),
+            "INVALID TOKEN OPERATION, cause not reportable"
+        );
+        d.ok(&["target", "acl", "add", tenant_a, host_b]);
+        let (c, p) = cdbs::write_using_token(11, &token, 0, false, &[(1024, 8)]);
+        assert_eq!(
+            b.command(0, &c, p, 0).await.unwrap().status,
+            0,
+            "host B may read the source now"
+        );
+    });
 }
 
 /// A LUN taken out of a target, or the target deleted, ends the ROD tokens made on that LUN

@@ -196,7 +196,7 @@ pub static COMMANDS: &[Command] = &[
     sa_row(THIRD_PARTY_COPY_OUT, SA_EXTENDED_COPY_LID1, "EXTENDED COPY (LID1)", Write,
         &[0x83, 0x00, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0x03], Cdb(|l, r| l.extended_copy(r.nexus, r.cdb, r.data))),
     sa_row(THIRD_PARTY_COPY_OUT, SA_POPULATE_TOKEN, "POPULATE TOKEN", Read, &POPULATE_TOKEN_USAGE, Cdb(|l, r| l.populate_token(r.nexus, r.cdb, r.data))),
-    sa_row(THIRD_PARTY_COPY_OUT, SA_WRITE_USING_TOKEN, "WRITE USING TOKEN", Write, &WRITE_USING_TOKEN_USAGE, Cdb(|l, r| l.write_using_token(r.nexus.id, r.cdb, r.data))),
+    sa_row(THIRD_PARTY_COPY_OUT, SA_WRITE_USING_TOKEN, "WRITE USING TOKEN", Write, &WRITE_USING_TOKEN_USAGE, Cdb(|l, r| l.write_using_token(r.nexus, r.cdb, r.data))),
     sa_row(THIRD_PARTY_COPY_OUT, SA_COPY_OPERATION_ABORT, "COPY OPERATION ABORT", Write,
         &[0x83, 0x1C, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x03], Cdb(|l, r| l.copy_operation_abort(r.nexus.id, r.cdb))),
     // Copy results and token information change nothing.

@@ -8,6 +8,8 @@
 
 use std::sync::Arc;
 
+use tracing::warn;
+
 use crate::backend::FrozenImage;
 use crate::bytes::{alloc, be16, be32, be64};
 use crate::commands::COMMANDS;
@@ -116,7 +118,8 @@ impl Lun {
         Ok(Vec::new())
     }
 
-    pub(crate) fn write_using_token(&self, nexus: u64, cdb: &[u8], d: &[u8]) -> CmdResult {
+    pub(crate) fn write_using_token(&self, user: &Nexus, cdb: &[u8], d: &[u8]) -> CmdResult {
+        let nexus = user.id;
         let list_id = be32(&cdb[6..10]) as u32;
         let d = &d[..(be32(&cdb[10..14]) as usize).min(d.len())];
         if self.write_protected() {
@@ -144,6 +147,10 @@ impl Lun {
         let r = if rod_type == ROD_TYPE_BLOCK_ZERO {
             self.write_zero_rod(&ranges)
         } else {
+            self.tpc.may_use(token, user).map_err(|why| {
+                warn!(lun = %self.backend.name(), initiator = %user.initiator, "a ROD token made on a LUN the initiator may not read was refused");
+                why.sense()
+            })?;
             let image = self.tpc.use_token(token, del_tkn).map_err(TokenRefusal::sense)?;
             if image.block_size() as u64 != bs {
                 return Err(TokenRefusal::Unsupported.sense());

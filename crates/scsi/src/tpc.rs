@@ -80,6 +80,9 @@ pub enum TokenRefusal {
     Cancelled = 0x08,
     Deleted = 0x09,
     InvalidLength = 0x0A,
+    /// The user may not read what the token represents (INVALID TOKEN OPERATION, CAUSE NOT
+    /// REPORTABLE: a token made on another tenant's LUN is not told apart from a guess).
+    NotReachable = 0x00,
 }
 
 impl TokenRefusal {
@@ -201,7 +204,13 @@ pub struct CopyManager {
     next_id: AtomicU64,
     /// (nexus, list identifier) → result, oldest first per nexus.
     results: Mutex<HashMap<u64, VecDeque<(u32, OpResult)>>>,
+    /// Whether an initiator (by name) may read the LUN a token was made on (its
+    /// identification CSCD descriptor); None: any may.
+    reach: parking_lot::RwLock<Option<Reach>>,
 }
+
+/// See [`CopyManager::set_reach`].
+pub type Reach = Arc<dyn Fn(&str, &[u8; 32]) -> bool + Send + Sync>;
 
 impl Default for CopyManager {
     fn default() -> Self {
@@ -220,6 +229,36 @@ impl CopyManager {
             ended: Mutex::new(Ended::default()),
             next_id: AtomicU64::new(1),
             results: Mutex::new(HashMap::new()),
+            reach: parking_lot::RwLock::new(None),
+        }
+    }
+
+    /// Says which LUNs an initiator may read: a token is written only by a user that may read
+    /// the LUN it was made on (by any target it logs in to), so that its 512 bytes, seen on
+    /// the wire or kept by a host that lost its access, do not carry that LUN's data to
+    /// another tenant's LUN.
+    pub fn set_reach(&self, reach: Reach) {
+        *self.reach.write() = Some(reach);
+    }
+
+    /// Refuses `user` a token made on a LUN it may not read ([`set_reach`](Self::set_reach));
+    /// a token this manager does not hold is left to [`use_token`](Self::use_token) to refuse.
+    pub fn may_use(&self, t: &[u8], user: &Nexus) -> Result<(), TokenRefusal> {
+        let Some(reach) = self.reach.read().clone() else {
+            return Ok(());
+        };
+        if t.len() < TOKEN_LEN || user.initiator.is_empty() {
+            return Ok(());
+        }
+        let secret: [u8; 32] = t[T_SECRET..T_SECRET + 32].try_into().expect("32 bytes");
+        let creator: Option<[u8; 32]> = self
+            .tokens
+            .lock()
+            .get(&secret)
+            .map(|tok| tok.bytes[T_CREATOR..T_CREATOR + 32].try_into().expect("32 bytes"));
+        match creator {
+            Some(c) if !reach(&user.initiator.to_ascii_lowercase(), &c) => Err(TokenRefusal::NotReachable),
+            _ => Ok(()),
         }
     }
 

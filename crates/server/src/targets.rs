@@ -210,6 +210,15 @@ pub fn validate_iqn(s: &str) -> Result<(), String> {
     bad("it must start with iqn., eui. or naa.")
 }
 
+/// Whether some target lets `initiator` in and presents the LUN of identification CSCD
+/// descriptor `lun`.
+fn reaches(registry: &Registry, initiator: &str, lun: &[u8; 32]) -> bool {
+    registry
+        .targets()
+        .iter()
+        .any(|t| t.access().admits(initiator) && t.luns.read().values().any(|l| l.identification_cscd() == *lun))
+}
+
 impl Targets {
     pub fn load(file: PathBuf, meters: Arc<IoMetrics>) -> Result<Targets, String> {
         let list: TargetsFile = statefile::read_json(&file, "fix it or move it away")?;
@@ -239,11 +248,18 @@ impl Targets {
             }
             configs.insert(t.iqn.clone(), t);
         }
+        let registry = Registry::new();
+        let copy = Arc::new(CopyManager::new());
+        // Weak: the registry's LUNs hold the copy manager.
+        let targets = Arc::downgrade(&registry);
+        copy.set_reach(Arc::new(move |initiator: &str, lun: &[u8; 32]| {
+            targets.upgrade().is_none_or(|r| reaches(&r, initiator, lun))
+        }));
         Ok(Targets {
             file,
             configs: Mutex::new(configs),
-            registry: Registry::new(),
-            copy: Arc::new(CopyManager::new()),
+            registry,
+            copy,
             meters,
             pool_ports: Mutex::new(BTreeMap::new()),
         })
@@ -716,14 +732,8 @@ impl Targets {
         if luns.is_empty() {
             return;
         }
-        let targets = self.registry.targets();
-        let reaches = |initiator: &str, lun: &[u8; 32]| {
-            targets.iter().any(|t| {
-                t.access().admits(initiator) && t.luns.read().values().any(|l| l.identification_cscd() == *lun)
-            })
-        };
         self.copy
-            .revoke_made_on(luns, |initiator, lun| !reaches(initiator, lun));
+            .revoke_made_on(luns, |initiator, lun| !reaches(&self.registry, initiator, lun));
     }
 
     pub fn acl_add(&self, iqn: &str, initiator: &str) -> ApiResult<()> {
