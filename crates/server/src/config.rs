@@ -553,11 +553,7 @@ impl ServerConfig {
             .iter()
             .map(|n| crate::networks::Network::parse(n).map_err(|e| format!("replication_peers: {e}")))
             .collect::<Result<Vec<_>, _>>()?;
-        let replication_quota = match f.replication_quota {
-            None => None,
-            Some(Size::Bytes(n)) => Some(n),
-            Some(Size::Text(t)) => Some(crate::units::parse_size(&t).map_err(|e| format!("replication_quota: {e}"))?),
-        };
+        let replication_quota = f.replication_quota.map(|s| s.bytes("replication_quota")).transpose()?;
         let gateway = gateway(f.gateway)?;
         Ok(ServerConfig {
             gateway,
@@ -683,8 +679,7 @@ fn iscsi_limits(f: &ConfigFile) -> Result<tessera_iscsi::Limits, String> {
 fn buffer_budget(key: &str, v: &Option<Size>, default: usize) -> Result<usize, String> {
     let n = match v {
         None => return Ok(default),
-        Some(Size::Bytes(n)) => *n,
-        Some(Size::Text(t)) => crate::units::parse_size(t).map_err(|e| format!("{key}: {e}"))?,
+        Some(s) => s.bytes(key)?,
     };
     // At least one largest request (32 MiB and a little): a smaller budget refuses every one.
     let least = tessera_scsi::MAX_TRANSFER_BYTES.max(tessera_nbd::export::MAX_PAYLOAD as u64) + (1 << 20);
@@ -702,13 +697,22 @@ pub enum Size {
     Text(String),
 }
 
+impl Size {
+    /// The size in bytes; an error names the setting `key`.
+    fn bytes(&self, key: &str) -> Result<u64, String> {
+        match self {
+            Size::Bytes(n) => Ok(*n),
+            Size::Text(t) => crate::units::parse_size(t).map_err(|e| format!("{key}: {e}")),
+        }
+    }
+}
+
 /// Socket buffer sizes: 4 KiB (below that TCP stalls) to 1 GiB (what a u32 socket option and
 /// the kernel's doubling leave room for).
 fn socket_buffer(key: &str, v: Option<Size>) -> Result<Option<u32>, String> {
     let n = match v {
         None => return Ok(None),
-        Some(Size::Bytes(n)) => n,
-        Some(Size::Text(t)) => crate::units::parse_size(&t).map_err(|e| format!("{key}: {e}"))?,
+        Some(s) => s.bytes(key)?,
     };
     if !(4096..=1 << 30).contains(&n) {
         return Err(format!("{key} must be between 4K and 1G, not {n} bytes"));

@@ -97,15 +97,7 @@ pub fn start_listener(d: &Arc<Daemon>) -> Result<Option<SocketAddr>, String> {
                 let Ok(peer) = s.peer_addr().map(|a| a.ip()) else { continue };
                 if !crate::networks::admits(&d.cfg.replication_peers, peer) {
                     drop(s);
-                    d.events.record_refusal(
-                        NewEvent::new(
-                            Severity::Warning,
-                            "replica.peer_refused",
-                            format!("replication from {peer} refused: not an address replication_peers lists"),
-                        )
-                        .subject(&peer.to_string()),
-                        peer,
-                    );
+                    peer_refused(&d, &peer.to_string(), peer, "not an address replication_peers lists");
                     continue;
                 }
                 if streams.load(Ordering::Relaxed) >= MAX_STREAMS {
@@ -176,6 +168,20 @@ impl Daemon {
     }
 }
 
+/// Records that the peer `subject` (its address, counted for the refusal limits as `from`)
+/// was refused before it proved a key.
+fn peer_refused(d: &Daemon, subject: &str, from: IpAddr, why: &str) {
+    d.events.record_refusal(
+        NewEvent::new(
+            Severity::Warning,
+            "replica.peer_refused",
+            format!("replication from {subject} refused: {why}"),
+        )
+        .subject(subject),
+        from,
+    );
+}
+
 /// One of the listener's `MAX_STREAMS` places, given back when dropped: when the connection's
 /// thread ends, or, for an extra stream handed to its cycle (and read by that cycle's
 /// thread), when the cycle ends.
@@ -227,15 +233,7 @@ fn take_cycle(d: &Arc<Daemon>, t: &Transport, s: TcpStream, place: Place, shaken
             // Someone without the key (nothing was read from them), or a handshake this side
             // could not watch.
             let from = peer.parse().unwrap_or(IpAddr::from([0, 0, 0, 0]));
-            d.events.record_refusal(
-                NewEvent::new(
-                    Severity::Warning,
-                    "replica.peer_refused",
-                    format!("replication from {peer} refused: {e}"),
-                )
-                .subject(&peer),
-                from,
-            );
+            peer_refused(d, &peer, from, &e);
             return;
         }
     };
