@@ -4,15 +4,13 @@
 //! The aborted command itself is never answered. A logical unit whose writes wait at a gate
 //! the test opens stands for a disk that stalls.
 
-use std::any::Any;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
 use tessera_iscsi::pdu::Pdu;
 use tessera_iscsi::{Access, Registry, Target};
-use tessera_scsi::{BackendResult, BlockBackend, Extent, FrozenImage, Lun, RamBackend};
+use tessera_scsi::{Lun, RamBackend};
+use tessera_test_support::gated_ram::{Gated, GatedRam};
 use tokio::net::{TcpListener, TcpStream};
 
 mod raw;
@@ -23,86 +21,11 @@ const TARGET: &str = "iqn.2026-12.io.tessera:tmf";
 const HOST: &str = "iqn.2026-12.io.example:host";
 const MIB: u64 = 1 << 20;
 
-/// A RAM backend whose writes wait until the gate opens.
-struct Gated {
-    ram: RamBackend,
-    open: Mutex<bool>,
-    opened: Condvar,
-    /// A write reached the gate.
-    entered: AtomicBool,
-    /// A write passed it and is in the RAM backend.
-    landed: AtomicBool,
-}
-
-impl Gated {
-    fn open(&self) {
-        *self.open.lock() = true;
-        self.opened.notify_all();
-    }
-}
-
-impl BlockBackend for Gated {
-    fn name(&self) -> String {
-        self.ram.name()
-    }
-    fn size(&self) -> u64 {
-        self.ram.size()
-    }
-    fn block_size(&self) -> u32 {
-        self.ram.block_size()
-    }
-    fn physical_block_size(&self) -> u32 {
-        self.ram.physical_block_size()
-    }
-    fn grain_size(&self) -> u64 {
-        self.ram.grain_size()
-    }
-    fn thin(&self) -> bool {
-        self.ram.thin()
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-    fn read(&self, offset: u64, buf: &mut [u8]) -> BackendResult<()> {
-        self.ram.read(offset, buf)
-    }
-    fn write(&self, offset: u64, data: &[u8], durable: bool) -> BackendResult<()> {
-        self.entered.store(true, Ordering::SeqCst);
-        let mut open = self.open.lock();
-        while !*open {
-            self.opened.wait(&mut open);
-        }
-        drop(open);
-        let r = self.ram.write(offset, data, durable);
-        self.landed.store(true, Ordering::SeqCst);
-        r
-    }
-    fn write_zeroes(&self, offset: u64, len: u64, unmap: bool, durable: bool) -> BackendResult<()> {
-        self.ram.write_zeroes(offset, len, unmap, durable)
-    }
-    fn trim(&self, offset: u64, len: u64) -> BackendResult<()> {
-        self.ram.trim(offset, len)
-    }
-    fn flush(&self) -> BackendResult<()> {
-        self.ram.flush()
-    }
-    fn extents(&self, offset: u64, len: u64) -> BackendResult<Vec<Extent>> {
-        self.ram.extents(offset, len)
-    }
-    fn freeze(&self, ranges: &[(u64, u64)]) -> BackendResult<Box<dyn FrozenImage>> {
-        self.ram.freeze(ranges)
-    }
-}
-
 /// An open target with LUN 0 on a gated backend, and another LUN 1 on plain RAM.
-async fn rig() -> (String, Arc<Gated>, Arc<Registry>) {
-    let gated = Arc::new(Gated {
-        ram: RamBackend::new("gated", 16 * MIB, 512),
-        open: Mutex::new(false),
-        opened: Condvar::new(),
-        entered: AtomicBool::new(false),
-        landed: AtomicBool::new(false),
-    });
+async fn rig() -> (String, Arc<GatedRam>, Arc<Registry>) {
+    // Its writes wait until the gate opens.
+    let gated = Arc::new(GatedRam::new("gated", 16 * MIB, 512, Gated::Writes));
+    gated.close();
     let reg = Registry::new();
     let t = reg.add_target(Target::new(TARGET));
     t.set_access(Access::open());
@@ -137,9 +60,9 @@ fn tmf(itt: u32, function: u8, lun: u8, referenced: u32) -> Pdu {
 }
 
 /// Returns once a write waits at the gate.
-async fn until_a_write_waits(gated: &Gated) {
+async fn until_a_write_waits(gated: &GatedRam) {
     let start = Instant::now();
-    while !gated.entered.load(Ordering::SeqCst) {
+    while gated.reached() == 0 {
         assert!(
             start.elapsed() < Duration::from_secs(10),
             "the write never reached the backend"
@@ -179,10 +102,7 @@ async fn the_answer_waits_for_the_aborted_write(function: u8) {
     let p = read_pdu(&mut s, Duration::from_secs(5))
         .await
         .expect("the function is answered once the write ended");
-    assert!(
-        gated.landed.load(Ordering::SeqCst),
-        "answered before the aborted write landed"
-    );
+    assert!((gated.passed() > 0), "answered before the aborted write landed");
     assert_eq!(
         (p.opcode() & 0x3F, p.itt()),
         (0x22, 2),
@@ -240,7 +160,7 @@ async fn a_lun_reset_is_answered_once_other_nexuses_commands_have_ended() {
     let p = read_pdu(&mut b, Duration::from_secs(5))
         .await
         .expect("the reset is answered once the write ended");
-    assert!(gated.landed.load(Ordering::SeqCst), "answered before the write landed");
+    assert!(gated.passed() > 0, "answered before the write landed");
     assert_eq!(
         (p.opcode() & 0x3F, p.itt(), p.bhs[2]),
         (0x22, 7, 0),

@@ -1,9 +1,11 @@
 //! What the tests of the crates above the engine share (the engine's own tests keep a richer
 //! rig of their own, with fault injection and restarts, in crates/volume/tests/common): a pool
-//! on memory or file disks in a temporary directory that lives as long as the pool.
+//! on memory or file disks in a temporary directory that lives as long as the pool, and a RAM
+//! backend whose writes or copies stall until the test lets them go on ([`gated_ram`]).
 
 pub mod cdbs;
 pub mod cunit;
+pub mod gated_ram;
 pub mod held;
 pub mod tls_etcd;
 
