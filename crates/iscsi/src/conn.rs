@@ -246,6 +246,9 @@ struct Ctx {
 }
 
 /// The read side, held by one thread at a time, with the state only the reader touches.
+// The commands received past a gap are kept as bits of one u128.
+const _: () = assert!(CMD_WINDOW <= u128::BITS);
+
 struct ReadSide {
     sock: TcpStream,
     inbox: Inbox,
@@ -258,6 +261,10 @@ struct ReadSide {
     /// Keepalive: when the initiator last sent a byte, and when we pinged it since.
     last_heard: Instant,
     pinged: Option<Instant>,
+    /// The non-immediate commands received past a gap in CmdSN: bit k is ExpCmdSN + k. A
+    /// command discarded for its data digest leaves such a gap until the initiator sends it
+    /// again (RFC 7143 7.8); ExpCmdSN then moves past the ones that came meanwhile.
+    cmd_sn_ahead: u128,
 }
 
 /// What the thread holding the read side does next.
@@ -411,6 +418,7 @@ fn serve(sock: TcpStream, local: SocketAddr, reg: Arc<Registry>, li: LoggedIn) -
                 next_ttt: 1,
                 last_heard: Instant::now(),
                 pinged: None,
+                cmd_sn_ahead: 0,
             })),
             threads: AtomicUsize::new(1),
             idle: AtomicUsize::new(0),

@@ -2,7 +2,8 @@
 //! another and with the CDB. A command that says it moves no data, or moves it the other
 //! way, is rejected rather than answered GOOD having written nothing; a read the host takes
 //! no data from (no R, or no length) returns none, all of it counted as residual. Write data
-//! comes in order: a Data-Out anywhere but at the next offset fails its command.
+//! comes in order: a Data-Out anywhere but at the next offset fails its command. CmdSN may
+//! have a gap, which the initiator fills by sending the missing command again.
 
 mod raw;
 
@@ -180,4 +181,43 @@ async fn a_lun_field_beyond_the_first_level_names_no_lun() {
             "byte {at}: LUN 0 untouched"
         );
     }
+}
+
+/// A command lost on its way (discarded for a data digest error, RFC 7143 7.8) leaves a gap
+/// in CmdSN that the initiator fills by sending it again: ExpCmdSN then moves past it and
+/// past every command received meanwhile, and the session goes on. A command received once
+/// already is not run twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exp_cmd_sn_moves_past_a_gap_once_it_is_filled() {
+    let mut s = rig().await;
+    let exp_cmd_sn = |p: &Pdu| u32::from_be_bytes(p.bhs[28..32].try_into().unwrap());
+    // TEST UNIT READY, not immediate, numbered `sn`.
+    let numbered = |itt: u32, sn: u32| {
+        let mut p = command_with(itt, 0, &[0; 6], 0, 0, vec![]);
+        p.bhs[0] = 0x01;
+        p.set(24, sn);
+        p
+    };
+    let first = send(&mut s, command(1, 0, &[0; 6], false, 0, vec![])).await;
+    let exp = exp_cmd_sn(&first);
+    // exp + 1 comes before exp, which was lost: it runs, and ExpCmdSN waits for exp.
+    let p = send(&mut s, numbered(2, exp.wrapping_add(1))).await;
+    assert_eq!((p.opcode() & 0x3F, p.itt()), (0x21, 2));
+    assert_eq!(exp_cmd_sn(&p), exp, "the gap is still open");
+    // The same command again is not run again.
+    numbered(3, exp.wrapping_add(1))
+        .write(&mut s, false, false)
+        .await
+        .unwrap();
+    assert!(
+        read_pdu(&mut s, Duration::from_millis(500)).await.is_none(),
+        "a command received once already was run again"
+    );
+    // exp, sent again, fills the gap: ExpCmdSN moves past both.
+    let p = send(&mut s, numbered(4, exp)).await;
+    assert_eq!((p.opcode() & 0x3F, p.itt()), (0x21, 4));
+    assert_eq!(exp_cmd_sn(&p), exp.wrapping_add(2), "ExpCmdSN moved past the gap");
+    let p = send(&mut s, numbered(5, exp.wrapping_add(2))).await;
+    assert_eq!((p.opcode() & 0x3F, p.itt()), (0x21, 5));
+    assert_eq!(exp_cmd_sn(&p), exp.wrapping_add(3));
 }

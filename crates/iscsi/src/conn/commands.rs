@@ -53,26 +53,27 @@ fn direction_fault(read: bool, write: bool, edtl: usize, immediate: usize, cdb: 
 }
 
 impl Session {
-    /// True if a non-immediate command's CmdSN is inside [ExpCmdSN, MaxCmdSN].
-    pub(super) fn in_window(&self, p: &Pdu) -> bool {
+    /// True if a non-immediate command's CmdSN is inside [ExpCmdSN, MaxCmdSN] and was not
+    /// received already (a command sent again past a gap).
+    pub(super) fn in_window(&self, rs: &ReadSide, p: &Pdu) -> bool {
         if p.immediate() {
             return true;
         }
         let seq = &self.writer.seq;
         let exp = seq.exp_cmd_sn.load(Ordering::Acquire);
         let ahead = p.cmd_sn().wrapping_sub(exp);
-        ahead <= seq.max_cmd_sn().wrapping_sub(exp)
+        ahead <= seq.max_cmd_sn().wrapping_sub(exp) && rs.cmd_sn_ahead.checked_shr(ahead).unwrap_or(0) & 1 == 0
     }
 
     /// A SCSI Command PDU: the command to run, or None while its data is still to come.
     pub(super) fn scsi_command(&self, rs: &mut ReadSide, p: Pdu) -> Option<Job> {
-        if !self.in_window(&p) {
+        if !self.in_window(rs, &p) {
             // RFC 7143 3.2.2.1: a command outside the window is silently ignored.
             debug!(cmd_sn = p.cmd_sn(), "command outside the CmdSN window dropped");
             return None;
         }
         let arrived = Instant::now();
-        self.advance(&p);
+        self.advance(rs, &p);
         if rs.writes.contains_key(&p.itt()) || self.running.contains(p.itt()) {
             // A tag names one task of the session (RFC 7143 11.2.1.8): a second one under it
             // would take the first's place, which then is never answered nor aborted.

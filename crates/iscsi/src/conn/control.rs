@@ -13,15 +13,26 @@ impl Session {
         self.writer.send_pdu(&r, true);
     }
 
-    /// Moves ExpCmdSN past a non-immediate command. Only the reader calls this, so commands
-    /// arrive in order and a load then a store is enough.
-    pub(super) fn advance(&self, p: &Pdu) {
-        if !p.immediate() {
-            let seq = &self.writer.seq;
-            let exp = seq.exp_cmd_sn.load(Ordering::Acquire);
-            if p.cmd_sn() == exp {
-                seq.exp_cmd_sn.store(exp.wrapping_add(1), Ordering::Release);
-            }
+    /// Notes a non-immediate command received, and moves ExpCmdSN past it and past those
+    /// received after it across a gap it fills. Without that, a session whose initiator sent
+    /// a command again after a digest error (RFC 7143 7.8) kept ExpCmdSN there: its window
+    /// shrank with every command until none was let in. Only the reader calls this, so a
+    /// load then a store is enough.
+    pub(super) fn advance(&self, rs: &mut ReadSide, p: &Pdu) {
+        if p.immediate() {
+            return;
+        }
+        let seq = &self.writer.seq;
+        let exp = seq.exp_cmd_sn.load(Ordering::Acquire);
+        let ahead = p.cmd_sn().wrapping_sub(exp);
+        if ahead >= u128::BITS {
+            return; // sent before (behind ExpCmdSN), or beyond any window given
+        }
+        rs.cmd_sn_ahead |= 1 << ahead;
+        let filled = rs.cmd_sn_ahead.trailing_ones();
+        if filled > 0 {
+            rs.cmd_sn_ahead = rs.cmd_sn_ahead.checked_shr(filled).unwrap_or(0);
+            seq.exp_cmd_sn.store(exp.wrapping_add(filled), Ordering::Release);
         }
     }
 

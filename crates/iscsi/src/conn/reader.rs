@@ -311,7 +311,7 @@ impl Session {
             op::SCSI_CMD => return Ok(self.scsi_command(rs, p).map(|job| Next::Run(vec![job]))),
             op::DATA_OUT => return Ok(self.data_out(rs, p, true)?.map(|job| Next::Run(vec![job]))),
             op::NOP_OUT => {
-                self.advance(&p);
+                self.advance(rs, &p);
                 if p.itt() != NO_TAG {
                     let mut r = Pdu::new(op::NOP_IN);
                     r.bhs[1] = 0x80;
@@ -323,15 +323,15 @@ impl Session {
                 }
             }
             op::TEXT_REQ => {
-                self.advance(&p);
+                self.advance(rs, &p);
                 self.text(p);
             }
             op::TASK_MGMT_REQ => {
-                self.advance(&p);
+                self.advance(rs, &p);
                 self.task_management(rs, p);
             }
             op::LOGOUT_REQ => {
-                self.advance(&p);
+                self.advance(rs, &p);
                 let reason = p.flags() & 0x7F;
                 let mut r = Pdu::new(op::LOGOUT_RESP);
                 r.bhs[1] = 0x80;
