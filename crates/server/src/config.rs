@@ -737,35 +737,11 @@ fn absolute(p: &Path) -> Result<PathBuf, String> {
     Ok(cwd.join(p))
 }
 
-/// An origin a browser sends (`scheme://host[:port]`), as `api_public_origins` gives it:
-/// http or https, a host and maybe a port, nothing after; written lowercase, its port left
-/// out when it is the scheme's, as browsers write it.
+/// An origin a browser sends, as `api_public_origins` gives it (crate::origin): written
+/// lowercase, its port left out when it is the scheme's, as browsers write it.
 fn public_origin(o: &str) -> Result<String, String> {
-    let bad =
-        || format!("api_public_origins: '{o}' is not an origin (https://name or https://name:port, with no path)");
-    let lower = o.trim_end_matches('/').to_ascii_lowercase();
-    let (scheme, rest, default_port) = if let Some(r) = lower.strip_prefix("https://") {
-        ("https", r, 443)
-    } else if let Some(r) = lower.strip_prefix("http://") {
-        ("http", r, 80)
-    } else {
-        return Err(bad());
-    };
-    if rest.is_empty() || rest.contains(['/', '?', '#', '@', ' ']) {
-        return Err(bad());
-    }
-    let (host, port) = match rest.rsplit_once(':') {
-        Some((h, p)) if !h.is_empty() && !p.is_empty() && (!h.contains(':') || h.ends_with(']')) => {
-            (h, Some(p.parse::<u16>().map_err(|_| bad())?))
-        }
-        _ => (rest, None),
-    };
-    if host.is_empty() || (host.contains(':') && !host.starts_with('[')) {
-        return Err(bad());
-    }
-    Ok(match port {
-        Some(p) if p != default_port => format!("{scheme}://{host}:{p}"),
-        _ => format!("{scheme}://{host}"),
+    crate::origin::Origin::parse(o).map(|o| o.to_string()).ok_or_else(|| {
+        format!("api_public_origins: '{o}' is not an origin (https://name or https://name:port, with no path)")
     })
 }
 

@@ -22,6 +22,7 @@ pub mod metrics;
 pub mod model;
 pub mod nbd_exports;
 pub mod networks;
+pub mod origin;
 pub mod portals;
 pub mod rados_pools;
 pub mod replication;

@@ -29,6 +29,7 @@ use axum::response::{IntoResponse, Response};
 use tracing::{info, warn};
 
 use crate::error::{code, ApiError};
+use crate::origin::Origin;
 
 /// The file in the state directory that holds the token the daemon made for itself.
 pub const TOKEN_FILE: &str = "api-token";
@@ -212,20 +213,13 @@ impl Guard {
     /// names none, so that a page served on another port of the same host is another origin.
     /// (The session cookie's SameSite ignores ports; this check does not.)
     pub fn origin_allowed(&self, origin: &str) -> bool {
-        let written = origin.to_ascii_lowercase();
-        if self.public_origins.iter().any(|o| *o == written) {
+        let Some(origin) = Origin::parse(origin) else {
+            return false;
+        };
+        if self.public_origins.contains(&origin.to_string()) {
             return true;
         }
-        let (authority, default_port) = match origin.strip_prefix("http://") {
-            Some(a) => (a, 80),
-            None => match origin.strip_prefix("https://") {
-                Some(a) => (a, 443),
-                None => return false,
-            },
-        };
-        let (name, port) = split_host_port(authority);
-        let port = port.unwrap_or(default_port);
-        port == self.listen.port() && self.host_allowed(&format!("{name}:{port}"))
+        origin.port == self.listen.port() && self.host_allowed(&format!("{}:{}", origin.host, origin.port))
     }
 
     /// Whether `host` (a Host header or an Origin's authority: `name[:port]`, `[v6]:port`)
