@@ -17,6 +17,7 @@
 
 pub mod alua;
 pub mod courier;
+pub mod etcd_user;
 #[cfg(feature = "fencing")]
 pub mod fence;
 #[cfg(feature = "fencing")]
@@ -31,6 +32,7 @@ use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp
 use tokio::task::JoinHandle;
 
 pub use courier::{Ask, AsksComing, Courier, NoticesComing};
+pub use etcd_user::EtcdUser;
 pub use lease_clock::LeaseClock;
 
 /// What went wrong talking to etcd, or taking a vdisk.
@@ -166,12 +168,17 @@ pub struct Gateway {
     clock: LeaseClock,
     /// Follows the keys of every gateway, once asked to (`follow_changes`).
     follower: Option<JoinHandle<()>>,
+    /// Buys the etcd user's token again before it lapses (etcd_user.rs); None without a user.
+    token_keeper: Option<JoinHandle<()>>,
 }
 
 impl Drop for Gateway {
     fn drop(&mut self) {
         if let Some(f) = self.follower.take() {
             f.abort();
+        }
+        if let Some(k) = self.token_keeper.take() {
+            k.abort();
         }
     }
 }
@@ -180,8 +187,7 @@ impl Drop for Gateway {
 /// the authority that signed etcd's, and the gateway's own certificate and key, which etcd
 /// started with `--client-cert-auth` asks for (with authentication on, the certificate's
 /// common name is the etcd user, so that etcd's roles can confine each gateway to the
-/// gateways' prefix). Certificates rather than a user and password: etcd-client does not
-/// renew the token a password buys, which etcd lets lapse (5 minutes unused by default).
+/// gateways' prefix). A user and password ([`EtcdUser`]) are the other way to be one.
 #[derive(Clone, Default)]
 pub struct EtcdTls {
     /// PEM.
@@ -213,18 +219,45 @@ impl Gateway {
         name: &str,
         ttl: i64,
     ) -> Result<Gateway> {
+        Gateway::join_as(endpoints, tls, None, prefix, name, ttl).await
+    }
+
+    /// [`join_through`](Self::join_through), as etcd user `user` when given: its password
+    /// goes through TLS, or in plain text to an etcd on this machine only.
+    pub async fn join_as(
+        endpoints: &[String],
+        tls: Option<&EtcdTls>,
+        user: Option<&EtcdUser>,
+        prefix: &str,
+        name: &str,
+        ttl: i64,
+    ) -> Result<Gateway> {
         if ttl < 2 {
             return Err(OwnershipError::new(format!(
                 "a lease of {ttl} s is too short to be renewed in time"
             )));
         }
-        let options = tls.map(|tls| {
+        if user.is_some() && tls.is_none() {
+            if let Some(e) = endpoints.iter().find(|e| !etcd_user::is_loopback(e)) {
+                return Err(OwnershipError::new(format!(
+                    "etcd endpoint '{e}' is plain text and not on this machine: a password goes to it through TLS only"
+                )));
+            }
+        }
+        let mut options = tls.map(|tls| {
             let mut o = etcd_client::TlsOptions::new().ca_certificate(etcd_client::Certificate::from_pem(&tls.ca));
             if let Some((cert, key)) = &tls.identity {
                 o = o.identity(etcd_client::Identity::from_pem(cert, key));
             }
             etcd_client::ConnectOptions::new().with_tls(o)
         });
+        if let Some(u) = user {
+            options = Some(
+                options
+                    .unwrap_or_default()
+                    .with_user(u.name.clone(), u.password.clone()),
+            );
+        }
         let scheme_against = |e: &&String| match tls {
             Some(_) => e.starts_with("http://"),
             None => e.starts_with("https://"),
@@ -264,6 +297,7 @@ impl Gateway {
                 tokio::time::sleep(every).await;
             }
         });
+        let token_keeper = user.map(|u| etcd_user::keep_token(&client, u));
         Ok(Gateway {
             client,
             name: name.to_string(),
@@ -272,6 +306,7 @@ impl Gateway {
             keeper,
             clock,
             follower: None,
+            token_keeper,
         })
     }
 

@@ -1,10 +1,14 @@
-//! Against an etcd of the test's own that serves TLS only, knows its clients by their
-//! certificates and confines each to its keys (authentication on), as docs/security.md tells
-//! an administrator to run it. Needs Debian's `etcd`, `etcdctl` and `openssl`; without them
-//! the test says it was skipped, and why.
+//! Against an etcd of the test's own that confines each gateway to its keys (authentication
+//! on), as docs/security.md tells an administrator to run it: one that serves TLS only and
+//! knows its clients by their certificates, and one that knows them by their passwords.
+//! Needs Debian's `etcd`, `etcdctl` and `openssl`; without them the test says it was
+//! skipped, and why.
 #![cfg(feature = "etcd")]
 
-use tessera_ownership::{EtcdTls, Gateway};
+use std::time::Duration;
+
+use tessera_ownership::{EtcdTls, EtcdUser, Gateway};
+use tessera_test_support::password_etcd::PasswordEtcd;
 use tessera_test_support::tls_etcd::{Identity, TlsEtcd};
 
 fn tls(etcd: &TlsEtcd, id: Option<&Identity>) -> EtcdTls {
@@ -77,4 +81,51 @@ async fn a_gateway_reaches_an_etcd_that_knows_it_by_its_certificate_and_keeps_to
     assert!(e.contains("is not https://"), "{e}");
     let e = take(&ep, None, "/tessera", "gw-a", "pool.tank").await.unwrap_err();
     assert!(e.contains("needs TLS"), "{e}");
+}
+
+/// A gateway that proves itself with a user and password buys its token again before etcd
+/// lets it lapse: one that owned its pools quietly for longer than the token lives still
+/// takes a pool over. A wrong password is refused, and so is a password to a plain-text etcd
+/// that is not on this machine, before anything is sent.
+#[tokio::test]
+async fn a_gateway_with_a_password_buys_its_token_again_before_it_lapses() {
+    let t = "a_gateway_with_a_password_buys_its_token_again_before_it_lapses";
+    // Tokens lapse 2 s after their last use.
+    let etcd = match PasswordEtcd::start(2) {
+        Ok(e) => e,
+        Err(why) => return tessera_disk::skip(t, &why),
+    };
+    let ep = vec![etcd.endpoint.clone()];
+    etcd.user_for_prefix("gw-a", "gw-a-password", "/tessera/").unwrap();
+    let mut user = EtcdUser::new("gw-a", "gw-a-password");
+    user.token_period = Duration::from_secs(1);
+    let mut g = Gateway::join_as(&ep, None, Some(&user), "/tessera", "gw-a", 5)
+        .await
+        .unwrap();
+    assert_eq!(g.acquire("pool.a").await.unwrap().gateway, "gw-a");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let o = g.acquire("pool.b").await.expect("the token lapsed");
+    assert_eq!(o.gateway, "gw-a");
+    g.leave().await.unwrap();
+    let join = |ep: Vec<String>, user: EtcdUser| async move {
+        Gateway::join_as(&ep, None, Some(&user), "/elsewhere", "gw-a", 5)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    };
+    let e = join(ep.clone(), EtcdUser::new("gw-a", "wrong")).await.unwrap_err();
+    assert!(e.contains("authentication failed"), "{e}");
+    let e = join(vec!["http://192.0.2.1:2379".into()], user.clone())
+        .await
+        .unwrap_err();
+    assert!(e.contains("through TLS only"), "{e}");
+    // Outside its role's prefix, etcd refuses it.
+    let mut g = Gateway::join_as(&ep, None, Some(&user), "/elsewhere", "gw-a", 5)
+        .await
+        .unwrap();
+    let e = g
+        .acquire("pool.a")
+        .await
+        .expect_err("etcd let a gateway outside its role");
+    assert!(e.to_string().contains("permission denied"), "{e}");
 }

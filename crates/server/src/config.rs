@@ -44,6 +44,8 @@
 //! etcd_ca_file = "/etc/tessera/etcd-ca.pem"   # TLS: the authority that signed etcd's certificate
 //! etcd_cert_file = "/etc/tessera/gw-a.pem"    # this gateway's certificate (etcd --client-cert-auth)
 //! etcd_key_file = "/etc/tessera/gw-a.key"     # and its key
+//! etcd_user = "gw-a"                          # or: an etcd user with a password (through TLS,
+//! etcd_password_file = "/etc/tessera/gw-a.etcd-password"  # or to an etcd on this machine)
 //! ```
 
 use std::net::SocketAddr;
@@ -145,6 +147,8 @@ pub struct GatewayFile {
     pub etcd_ca_file: Option<PathBuf>,
     pub etcd_cert_file: Option<PathBuf>,
     pub etcd_key_file: Option<PathBuf>,
+    pub etcd_user: Option<String>,
+    pub etcd_password_file: Option<PathBuf>,
 }
 
 /// This daemon as one gateway of pools kept in a Ceph cluster: its name, the etcd that keeps
@@ -158,6 +162,9 @@ pub struct GatewayConfig {
     pub prefix: String,
     /// TLS to etcd (every endpoint https://); None: plain text.
     pub etcd_tls: Option<EtcdTlsFiles>,
+    /// The etcd user this gateway is, and the file that holds its password (read at each
+    /// joining); None: a user by certificate, or none.
+    pub etcd_user: Option<(String, PathBuf)>,
 }
 
 /// The files a gateway reaches an etcd that serves TLS with, read at each joining (so that a
@@ -203,12 +210,32 @@ fn gateway(f: Option<GatewayFile>) -> Result<Option<GatewayConfig>, String> {
         ));
     }
     let etcd_tls = etcd_tls(&g.etcd, g.etcd_ca_file, g.etcd_cert_file, g.etcd_key_file)?;
+    let etcd_user = match (g.etcd_user, g.etcd_password_file) {
+        (None, None) => None,
+        (Some(user), Some(file)) => {
+            if user.is_empty() || user.contains(char::is_whitespace) {
+                return Err(format!("[gateway]: etcd_user '{user}' is not an etcd user name"));
+            }
+            if !file.is_absolute() {
+                return Err(format!(
+                    "[gateway]: etcd_password_file '{}' must be an absolute path",
+                    file.display()
+                ));
+            }
+            Some((user, file))
+        }
+        _ => return Err(
+            "[gateway]: etcd_user and etcd_password_file go together (the user and the file that holds its password)"
+                .into(),
+        ),
+    };
     Ok(Some(GatewayConfig {
         name,
         etcd: g.etcd,
         lease_seconds,
         prefix: prefix.trim_end_matches('/').to_string(),
         etcd_tls,
+        etcd_user,
     }))
 }
 
@@ -784,7 +811,14 @@ mod tests {
                 lease_seconds: DEFAULT_GATEWAY_LEASE_SECONDS,
                 prefix: "/tessera".into(),
                 etcd_tls: None,
+                etcd_user: None,
             })
+        );
+        let user = "[gateway]\nname = \"gw-a\"\netcd = [\"http://127.0.0.1:2379\"]\n\
+                    etcd_user = \"gw-a\"\netcd_password_file = \"/etc/t/gw-a.password\"\n";
+        assert_eq!(
+            resolve(user, o()).unwrap().gateway.unwrap().etcd_user,
+            Some(("gw-a".into(), "/etc/t/gw-a.password".into()))
         );
         let tls = "[gateway]\nname = \"gw-a\"\netcd = [\"https://10.0.0.5:2379\", \"10.0.0.6:2379\"]\n\
                    etcd_ca_file = \"/etc/t/ca.pem\"\netcd_cert_file = \"/etc/t/gw.pem\"\netcd_key_file = \"/etc/t/gw.key\"\n";
@@ -829,6 +863,18 @@ mod tests {
             (
                 "[gateway]\nname = \"a\"\netcd = [\"e:1\"]\netcd_cert_file = \"/c.pem\"\netcd_key_file = \"/k.pem\"\n",
                 "needs etcd_ca_file",
+            ),
+            (
+                "[gateway]\nname = \"a\"\netcd = [\"e:1\"]\netcd_user = \"a\"\n",
+                "etcd_user and etcd_password_file go together",
+            ),
+            (
+                "[gateway]\nname = \"a\"\netcd = [\"e:1\"]\netcd_user = \"a\"\netcd_password_file = \"p\"\n",
+                "must be an absolute path",
+            ),
+            (
+                "[gateway]\nname = \"a\"\netcd = [\"e:1\"]\netcd_user = \"\"\netcd_password_file = \"/p\"\n",
+                "is not an etcd user name",
             ),
         ];
         for (text, why) in bad {

@@ -114,6 +114,7 @@ pub use tessera_ownership::{Ask, AsksComing};
 #[cfg(feature = "rados")]
 mod real {
     use std::collections::HashMap;
+    use std::path::PathBuf;
     use std::sync::Arc;
     use std::time::Duration;
 
@@ -153,6 +154,30 @@ mod real {
                 None => None,
             },
         })
+    }
+
+    /// The etcd user `[gateway]` names, with its password read from its file (one line; a
+    /// file others may read is refused, as ssh refuses such a key).
+    pub(super) fn etcd_user((name, file): &(String, PathBuf)) -> Result<tessera_ownership::EtcdUser, String> {
+        use std::os::unix::fs::PermissionsExt;
+        let shown = file.display();
+        let meta =
+            std::fs::metadata(file).map_err(|e| format!("cannot read [gateway] etcd_password_file '{shown}': {e}"))?;
+        if meta.permissions().mode() & 0o077 != 0 {
+            return Err(format!(
+                "[gateway] etcd_password_file '{shown}' may be read by others: chmod 600 it"
+            ));
+        }
+        let text = std::fs::read_to_string(file)
+            .map_err(|e| format!("cannot read [gateway] etcd_password_file '{shown}': {e}"))?;
+        let password = text.strip_suffix('\n').unwrap_or(&text);
+        let password = password.strip_suffix('\r').unwrap_or(password);
+        if password.is_empty() || password.contains('\n') {
+            return Err(format!(
+                "[gateway] etcd_password_file '{shown}' must hold the password on one line"
+            ));
+        }
+        Ok(tessera_ownership::EtcdUser::new(name.clone(), password))
     }
 
     /// The ownership key of pool `name` among the gateways.
@@ -438,18 +463,21 @@ mod real {
             Ok(())
         }
 
-        /// A new lease in etcd, through TLS when the configuration sets it up (its files
-        /// read now, so that a certificate renewed in place counts from the next joining).
+        /// A new lease in etcd, through TLS when the configuration sets it up, as the etcd
+        /// user it names (its files read now, so that a certificate renewed in place, or a
+        /// password changed, counts from the next joining).
         fn join_anew(&self) -> Result<Gateway, String> {
             let etcd = self.cfg.etcd.join(", ");
             let tls = self.cfg.etcd_tls.as_ref().map(etcd_tls).transpose()?;
+            let user = self.cfg.etcd_user.as_ref().map(etcd_user).transpose()?;
             self.rt
                 .block_on(async {
                     tokio::time::timeout(
                         Duration::from_secs(10),
-                        Gateway::join_through(
+                        Gateway::join_as(
                             &self.cfg.etcd,
                             tls.as_ref(),
+                            user.as_ref(),
                             &self.cfg.prefix,
                             &self.cfg.name,
                             self.cfg.lease_seconds,
@@ -1107,5 +1135,27 @@ mod tests {
         placed.write(dir.path()).unwrap();
         assert_eq!(Placement::read(dir.path()).unwrap(), Some(placed.clone()));
         assert_eq!(placed.disk_path("tank"), "rados:rbd/tessera.tank.data");
+    }
+
+    /// The password file is one line, readable by its owner only.
+    #[cfg(feature = "rados")]
+    #[test]
+    fn an_etcd_password_file_is_one_line_that_only_its_owner_reads() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("password");
+        let user = |text: &str, mode: u32| {
+            std::fs::write(&file, text).unwrap();
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode)).unwrap();
+            super::real::etcd_user(&("gw-a".to_string(), file.clone()))
+        };
+        let u = user("s3cret\n", 0o600).unwrap();
+        assert_eq!((u.name.as_str(), u.password.as_str()), ("gw-a", "s3cret"));
+        assert_eq!(user("s3cret", 0o400).unwrap().password, "s3cret");
+        assert!(user("s3cret\n", 0o644).unwrap_err().contains("chmod 600"));
+        assert!(user("\n", 0o600).unwrap_err().contains("on one line"));
+        assert!(user("a\nb\n", 0o600).unwrap_err().contains("on one line"));
+        let missing = super::real::etcd_user(&("gw-a".to_string(), dir.path().join("none")));
+        assert!(missing.unwrap_err().contains("cannot read"));
     }
 }

@@ -7,6 +7,7 @@ pub mod cdbs;
 pub mod cunit;
 pub mod gated_ram;
 pub mod held;
+pub mod password_etcd;
 pub mod tls_etcd;
 
 use std::sync::{Arc, Mutex, Once, Weak};

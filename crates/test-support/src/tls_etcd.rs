@@ -23,17 +23,7 @@ pub struct Identity {
 impl TlsEtcd {
     /// Starts one, or None (with why) when `etcd`, `etcdctl` or `openssl` is missing.
     pub fn start() -> Result<TlsEtcd, String> {
-        for tool in ["etcd", "etcdctl", "openssl"] {
-            if Command::new("sh")
-                .args(["-c", &format!("command -v {tool}")])
-                .stdout(Stdio::null())
-                .status()
-                .map(|s| !s.success())
-                .unwrap_or(true)
-            {
-                return Err(format!("no '{tool}' (scripts/install-deps.sh test installs it)"));
-            }
-        }
+        need_tools(&["etcd", "etcdctl", "openssl"])?;
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let d = dir.path();
         new_key(d, "ca.key", "ca.pem", "tessera-test-ca", &["-x509", "-days", "2"])?;
@@ -204,8 +194,24 @@ fn run(d: &Path, program: &str, args: &[&str]) -> Result<(), String> {
     Ok(())
 }
 
+/// Says which of `tools` is missing, if one is.
+pub(crate) fn need_tools(tools: &[&str]) -> Result<(), String> {
+    for tool in tools {
+        if Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .stdout(Stdio::null())
+            .status()
+            .map(|s| !s.success())
+            .unwrap_or(true)
+        {
+            return Err(format!("no '{tool}' (scripts/install-deps.sh test installs it)"));
+        }
+    }
+    Ok(())
+}
+
 /// A TCP port nobody listens on now.
-fn free_port() -> Result<u16, String> {
+pub(crate) fn free_port() -> Result<u16, String> {
     let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
     Ok(l.local_addr().map_err(|e| e.to_string())?.port())
 }

@@ -1,0 +1,110 @@
+//! A gateway that proves itself to etcd with a user and password (etcd's RBAC), rather than
+//! with a client certificate. The password buys a token, which etcd lets lapse (its
+//! `--auth-token-ttl`, 5 minutes by default, counted from the last request that used it for
+//! simple tokens, from the authentication for JWT ones), and etcd-client never buys another:
+//! a gateway that owned its pools quietly for longer found its first transaction refused, at
+//! the moment it had to take a pool over. The token is bought again on a period well inside
+//! etcd's default TTL, and every request of the gateway's client carries the newest one.
+
+use std::time::Duration;
+
+use etcd_client::Client;
+use tokio::task::JoinHandle;
+
+/// How often a new token is bought by default: a tenth of etcd's default token TTL, so that
+/// a few failures in a row (etcd electing a leader) still leave a valid one.
+pub const TOKEN_PERIOD: Duration = Duration::from_secs(30);
+
+/// An etcd user and its password.
+#[derive(Clone)]
+pub struct EtcdUser {
+    pub name: String,
+    pub password: String,
+    /// How often a new token is bought: below etcd's `--auth-token-ttl`.
+    pub token_period: Duration,
+}
+
+impl EtcdUser {
+    pub fn new(name: impl Into<String>, password: impl Into<String>) -> EtcdUser {
+        EtcdUser {
+            name: name.into(),
+            password: password.into(),
+            token_period: TOKEN_PERIOD,
+        }
+    }
+}
+
+impl std::fmt::Debug for EtcdUser {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdUser")
+            .field("name", &self.name)
+            .field("token_period", &self.token_period)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Whether `endpoint` (`http://host:port`) is on this machine, where a password sent in
+/// plain text does not cross a network.
+pub fn is_loopback(endpoint: &str) -> bool {
+    let Some(authority) = endpoint
+        .strip_prefix("http://")
+        .or_else(|| endpoint.strip_prefix("https://"))
+    else {
+        return false;
+    };
+    let authority = authority.split('/').next().unwrap_or_default();
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
+    };
+    host.eq_ignore_ascii_case("localhost") || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+/// Buys `user` a new token every `token_period`, for every clone of `client` (they share
+/// it). A failure is logged and tried again at the next period; the token bought before
+/// still serves until it lapses.
+pub fn keep_token(client: &Client, user: &EtcdUser) -> JoinHandle<()> {
+    let mut auth = client.auth_client();
+    let user = user.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(user.token_period).await;
+            if let Err(e) = auth.set_client_auth(user.name.clone(), user.password.clone()).await {
+                tracing::warn!(user = %user.name, error = %e, "cannot renew this gateway's etcd token; trying again");
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_endpoints_are_told_apart() {
+        for e in [
+            "http://127.0.0.1:2379",
+            "http://127.0.0.5:2379",
+            "http://localhost:2379",
+            "http://[::1]:2379",
+            "https://127.0.0.1:2379/",
+        ] {
+            assert!(is_loopback(e), "{e}");
+        }
+        for e in [
+            "http://10.0.0.5:2379",
+            "http://etcd.example:2379",
+            "http://[2001:db8::1]:2379",
+            "http://127.0.0.1.example:2379",
+            "127.0.0.1:2379",
+        ] {
+            assert!(!is_loopback(e), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_user_does_not_show_its_password() {
+        let u = EtcdUser::new("gw-a", "s3cret");
+        assert!(!format!("{u:?}").contains("s3cret"));
+    }
+}

@@ -1,0 +1,100 @@
+//! An etcd of a test's own, on loopback in plain text, with authentication on and users who
+//! prove themselves with passwords; its tokens lapse after the TTL the test gives (etcd's
+//! `--auth-token-ttl`). Users and roles come from `etcdctl`, as an administrator makes them.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::tls_etcd::{free_port, need_tools};
+
+const ROOT_PASSWORD: &str = "root-password";
+
+/// The running etcd; killed when dropped.
+pub struct PasswordEtcd {
+    pub dir: tempfile::TempDir,
+    pub endpoint: String,
+    child: Child,
+}
+
+impl PasswordEtcd {
+    /// Starts one whose tokens lapse `token_ttl` seconds after their last use, or None (with
+    /// why) when `etcd` or `etcdctl` is missing.
+    pub fn start(token_ttl: u32) -> Result<PasswordEtcd, String> {
+        need_tools(&["etcd", "etcdctl"])?;
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let d = dir.path();
+        let (client, peer) = (free_port()?, free_port()?);
+        let endpoint = format!("http://127.0.0.1:{client}");
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        let child = Command::new("etcd")
+            .current_dir(d)
+            .args(["--name", "t", "--data-dir", "data"])
+            .args(["--listen-client-urls", &endpoint, "--advertise-client-urls", &endpoint])
+            .args([
+                "--listen-peer-urls",
+                &peer_url,
+                "--initial-advertise-peer-urls",
+                &peer_url,
+            ])
+            .args(["--initial-cluster", &format!("t={peer_url}")])
+            .args(["--auth-token-ttl", &token_ttl.to_string()])
+            // The cheapest cost bcrypt takes: the tests authenticate often.
+            .args(["--bcrypt-cost", "4"])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(d.join("etcd.log")).map_err(|e| e.to_string())?)
+            .spawn()
+            .map_err(|e| format!("cannot start etcd: {e}"))?;
+        let etcd = PasswordEtcd { dir, endpoint, child };
+        let started = Instant::now();
+        while etcd.ctl(None, &["endpoint", "health"]).is_err() {
+            if started.elapsed() > Duration::from_secs(20) {
+                return Err(format!(
+                    "etcd did not start: {}",
+                    std::fs::read_to_string(etcd.dir.path().join("etcd.log")).unwrap_or_default()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        etcd.ctl(None, &["user", "add", &format!("root:{ROOT_PASSWORD}")])?;
+        etcd.ctl(None, &["user", "grant-role", "root", "root"])?;
+        etcd.ctl(None, &["auth", "enable"])?;
+        Ok(etcd)
+    }
+
+    /// Makes etcd user `user` with `password`, allowed to read and write the keys under
+    /// `prefix` only.
+    pub fn user_for_prefix(&self, user: &str, password: &str, prefix: &str) -> Result<(), String> {
+        let role = format!("{user}-role");
+        let root = Some(("root", ROOT_PASSWORD));
+        self.ctl(root, &["user", "add", &format!("{user}:{password}")])?;
+        self.ctl(root, &["role", "add", &role])?;
+        self.ctl(
+            root,
+            &["role", "grant-permission", &role, "readwrite", prefix, "--prefix=true"],
+        )?;
+        self.ctl(root, &["user", "grant-role", user, &role])?;
+        Ok(())
+    }
+
+    /// Runs `etcdctl` as `user` (name, password), or as nobody.
+    fn ctl(&self, user: Option<(&str, &str)>, args: &[&str]) -> Result<String, String> {
+        let mut c = Command::new("etcdctl");
+        c.env("ETCDCTL_API", "3")
+            .args(["--endpoints", &self.endpoint, "--dial-timeout", "2s"]);
+        if let Some((name, password)) = user {
+            c.args(["--user", &format!("{name}:{password}")]);
+        }
+        let out = c.args(args).output().map_err(|e| format!("cannot run etcdctl: {e}"))?;
+        if !out.status.success() {
+            return Err(format!("etcdctl {args:?}: {}", String::from_utf8_lossy(&out.stderr)));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+}
+
+impl Drop for PasswordEtcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
