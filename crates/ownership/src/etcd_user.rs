@@ -69,6 +69,17 @@ pub fn keep_token(client: &Client, user: &EtcdUser) -> JoinHandle<()> {
     tokio::spawn(async move {
         loop {
             tokio::time::sleep(user.token_period).await;
+            if auth
+                .set_client_auth(user.name.clone(), user.password.clone())
+                .await
+                .is_ok()
+            {
+                continue;
+            }
+            // etcd refuses a request that carries a token it no longer knows (one that lapsed
+            // while etcd did not answer, or that etcd forgot as it restarted), the asking for
+            // a new one included: ask again with none.
+            auth.remove_client_auth();
             if let Err(e) = auth.set_client_auth(user.name.clone(), user.password.clone()).await {
                 tracing::warn!(user = %user.name, error = %e, "cannot renew this gateway's etcd token; trying again");
             }

@@ -85,7 +85,7 @@ async fn a_gateway_reaches_an_etcd_that_knows_it_by_its_certificate_and_keeps_to
 
 /// A gateway that proves itself with a user and password buys its token again before etcd
 /// lets it lapse: one that owned its pools quietly for longer than the token lives still
-/// takes a pool over. A wrong password is refused, and so is a password to a plain-text etcd
+/// takes a pool over, and one whose token lapsed all the same gets a new one. A wrong password is refused, and so is a password to a plain-text etcd
 /// that is not on this machine, before anything is sent.
 #[tokio::test]
 async fn a_gateway_with_a_password_buys_its_token_again_before_it_lapses() {
@@ -106,6 +106,18 @@ async fn a_gateway_with_a_password_buys_its_token_again_before_it_lapses() {
     tokio::time::sleep(Duration::from_secs(5)).await;
     let o = g.acquire("pool.b").await.expect("the token lapsed");
     assert_eq!(o.gateway, "gw-a");
+    g.leave().await.unwrap();
+    // A token that lapsed all the same (etcd did not answer for longer than its TTL, or
+    // restarted and forgot it) is replaced at the next period: etcd refuses a request that
+    // carries it, the asking for a new one included, which is then asked with none.
+    let mut late = user.clone();
+    late.token_period = Duration::from_millis(3500);
+    let mut g = Gateway::join_as(&ep, None, Some(&late), "/tessera", "gw-a", 5)
+        .await
+        .unwrap();
+    g.acquire("pool.c").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(4200)).await;
+    g.acquire("pool.d").await.expect("the lapsed token was not replaced");
     g.leave().await.unwrap();
     let join = |ep: Vec<String>, user: EtcdUser| async move {
         Gateway::join_as(&ep, None, Some(&user), "/elsewhere", "gw-a", 5)
