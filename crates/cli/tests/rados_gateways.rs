@@ -2783,6 +2783,55 @@ fn a_gateway_joins_an_etcd_that_serves_tls_and_knows_it_by_its_certificate() {
     a.stop();
 }
 
+/// A gateway proves itself to etcd with a user and the password its file holds (an etcd on
+/// its own machine, so in plain text): it joins and serves a pool on RADOS, its keys in that
+/// etcd. A password file others may read is refused, and the pool list says why.
+#[cfg(feature = "rados")]
+#[test]
+fn a_gateway_joins_an_etcd_as_a_user_with_a_password() {
+    use std::os::unix::fs::PermissionsExt;
+    use tessera_test_support::password_etcd::PasswordEtcd;
+    let test = "a_gateway_joins_an_etcd_as_a_user_with_a_password";
+    let Some((conf, _plain_etcd, _cluster)) = cluster(test) else {
+        return;
+    };
+    let etcd = match PasswordEtcd::start(300) {
+        Ok(e) => e,
+        Err(why) => return tessera_disk::skip(test, &why),
+    };
+    let pid = std::process::id();
+    let (pool, prefix) = (format!("pw{pid}"), format!("/tessera-test-pw-{pid}"));
+    etcd.user_for_prefix("gw-pw", "gw-pw-password", &format!("{prefix}/"))
+        .unwrap();
+    let t = tempfile::tempdir().unwrap();
+    let password_file = |name: &str, mode: u32| {
+        let f = t.path().join(name);
+        std::fs::write(&f, "gw-pw-password\n").unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(mode)).unwrap();
+        format!(
+            "{}etcd_user = \"gw-pw\"\netcd_password_file = \"{}\"\n",
+            gateway("gw-pw", &etcd.endpoint, &prefix),
+            f.display()
+        )
+    };
+    let mut a = Daemon::start_configured(&t.path().join("a"), &password_file("pw-a", 0o600));
+    create_rados_pool(&a, &pool, &conf);
+    assert_eq!(pool_entry(&a, &pool)["rados"]["here"], true);
+    let keys = etcd.ctl_as_root(&["get", "--prefix", "--keys-only", &prefix]).unwrap();
+    assert!(keys.contains(&format!("pool.{pool}")), "{keys}");
+
+    let mut b = Daemon::start_configured(&t.path().join("b"), &password_file("pw-b", 0o644));
+    let e = b.fails(&create_rados_pool_args(&format!("{pool}b"), &conf));
+    assert!(
+        e.contains("has not joined the gateways yet") && e.contains("chmod 600"),
+        "{e}"
+    );
+    b.stop();
+
+    a.ok(&["pool", "destroy", &pool]);
+    a.stop();
+}
+
 /// A standby gateway cut off from etcd while the owner raised a unit attention for a host on
 /// its standby path tells that host once etcd answers again: it watches the owners' notices
 /// again from the last it saw, not from the moment it is back.

@@ -76,6 +76,11 @@ impl PasswordEtcd {
         Ok(())
     }
 
+    /// Runs `etcdctl` as etcd's root user.
+    pub fn ctl_as_root(&self, args: &[&str]) -> Result<String, String> {
+        self.ctl(Some(("root", ROOT_PASSWORD)), args)
+    }
+
     /// Runs `etcdctl` as `user` (name, password), or as nobody.
     fn ctl(&self, user: Option<(&str, &str)>, args: &[&str]) -> Result<String, String> {
         let mut c = Command::new("etcdctl");
