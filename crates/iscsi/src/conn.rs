@@ -39,7 +39,7 @@ use crate::inbox::Inbox;
 use crate::limits::{Charge, WriteBudget};
 use crate::login::{login, LoggedIn, CMD_WINDOW};
 use crate::params::Params;
-use crate::pdu::{at, data_segment_length, op, put32, wire_len, Pdu, PduError, BHS_LEN};
+use crate::pdu::{at, data_segment_length, get32, op, put32, wire_len, Pdu, PduError, BHS_LEN};
 use crate::target::{Registry, Target};
 use crate::text;
 use tessera_admission::{AddressPlace, ConnectionSlot};

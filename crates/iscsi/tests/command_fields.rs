@@ -3,7 +3,8 @@
 //! way, is rejected rather than answered GOOD having written nothing; a read the host takes
 //! no data from (no R, or no length) returns none, all of it counted as residual. Write data
 //! comes in order: a Data-Out anywhere but at the next offset fails its command. CmdSN may
-//! have a gap, which the initiator fills by sending the missing command again.
+//! have a gap, which the initiator fills by sending the missing command again, or closes by
+//! aborting it.
 
 mod raw;
 
@@ -220,4 +221,45 @@ async fn exp_cmd_sn_moves_past_a_gap_once_it_is_filled() {
     let p = send(&mut s, numbered(5, exp.wrapping_add(2))).await;
     assert_eq!((p.opcode() & 0x3F, p.itt()), (0x21, 5));
     assert_eq!(exp_cmd_sn(&p), exp.wrapping_add(3));
+}
+
+/// ABORT TASK of a command the target never received (lost to a digest error), its CmdSN in
+/// the window and before the request's own, counts that CmdSN as received: the gap closes and
+/// the function is complete. Of a command answered already, or of a CmdSN outside the window,
+/// the task does not exist (RFC 7143 11.6.1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abort_task_of_a_command_never_received_closes_its_gap() {
+    let mut s = rig().await;
+    let exp_cmd_sn = |p: &Pdu| u32::from_be_bytes(p.bhs[28..32].try_into().unwrap());
+    let first = send(&mut s, command(1, 0, &[0; 6], false, 0, vec![])).await;
+    let exp = exp_cmd_sn(&first);
+    let mut p = command_with(2, 0, &[0; 6], 0, 0, vec![]);
+    p.bhs[0] = 0x01;
+    p.set(24, exp.wrapping_add(1));
+    assert_eq!(exp_cmd_sn(&send(&mut s, p).await), exp, "the gap is open");
+    // ABORT TASK (immediate, numbered with the next CmdSN) of task 77 at RefCmdSN `referenced`.
+    let abort = |itt: u32, referenced: u32| {
+        let mut p = Pdu::new(0x42);
+        p.bhs[1] = 0x80 | 1;
+        p.set(16, itt)
+            .set(20, 77)
+            .set(24, exp.wrapping_add(2))
+            .set(32, referenced);
+        p
+    };
+    let r = send(&mut s, abort(3, exp)).await;
+    assert_eq!(
+        (r.opcode() & 0x3F, r.itt(), r.bhs[2]),
+        (0x22, 3, 0),
+        "function complete"
+    );
+    assert_eq!(exp_cmd_sn(&r), exp.wrapping_add(2), "the gap closed");
+    for referenced in [exp.wrapping_add(1), exp.wrapping_add(1000)] {
+        let r = send(&mut s, abort(4, referenced)).await;
+        assert_eq!(
+            (r.opcode() & 0x3F, r.bhs[2]),
+            (0x22, 1),
+            "{referenced}: task does not exist"
+        );
+    }
 }

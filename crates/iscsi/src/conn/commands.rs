@@ -56,13 +56,7 @@ impl Session {
     /// True if a non-immediate command's CmdSN is inside [ExpCmdSN, MaxCmdSN] and was not
     /// received already (a command sent again past a gap).
     pub(super) fn in_window(&self, rs: &ReadSide, p: &Pdu) -> bool {
-        if p.immediate() {
-            return true;
-        }
-        let seq = &self.writer.seq;
-        let exp = seq.exp_cmd_sn.load(Ordering::Acquire);
-        let ahead = p.cmd_sn().wrapping_sub(exp);
-        ahead <= seq.max_cmd_sn().wrapping_sub(exp) && rs.cmd_sn_ahead.checked_shr(ahead).unwrap_or(0) & 1 == 0
+        p.immediate() || self.awaited(rs, p.cmd_sn())
     }
 
     /// A SCSI Command PDU: the command to run, or None while its data is still to come.

@@ -19,12 +19,16 @@ impl Session {
     /// shrank with every command until none was let in. Only the reader calls this, so a
     /// load then a store is enough.
     pub(super) fn advance(&self, rs: &mut ReadSide, p: &Pdu) {
-        if p.immediate() {
-            return;
+        if !p.immediate() {
+            self.received(rs, p.cmd_sn());
         }
+    }
+
+    /// Counts CmdSN `sn` as received ([`advance`](Self::advance)).
+    fn received(&self, rs: &mut ReadSide, sn: u32) {
         let seq = &self.writer.seq;
         let exp = seq.exp_cmd_sn.load(Ordering::Acquire);
-        let ahead = p.cmd_sn().wrapping_sub(exp);
+        let ahead = sn.wrapping_sub(exp);
         if ahead >= u128::BITS {
             return; // sent before (behind ExpCmdSN), or beyond any window given
         }
@@ -34,6 +38,21 @@ impl Session {
             rs.cmd_sn_ahead = rs.cmd_sn_ahead.checked_shr(filled).unwrap_or(0);
             seq.exp_cmd_sn.store(exp.wrapping_add(filled), Ordering::Release);
         }
+    }
+
+    /// Whether CmdSN `sn` is inside [ExpCmdSN, MaxCmdSN] and was not received yet.
+    pub(super) fn awaited(&self, rs: &ReadSide, sn: u32) -> bool {
+        let seq = &self.writer.seq;
+        let exp = seq.exp_cmd_sn.load(Ordering::Acquire);
+        let ahead = sn.wrapping_sub(exp);
+        ahead <= seq.max_cmd_sn().wrapping_sub(exp) && rs.cmd_sn_ahead.checked_shr(ahead).unwrap_or(0) & 1 == 0
+    }
+
+    /// Whether the RefCmdSN of ABORT TASK `p` is awaited, and before `p`'s own CmdSN.
+    fn never_received(&self, rs: &ReadSide, p: &Pdu) -> bool {
+        let referenced = get32(&p.bhs, 32);
+        let before = p.cmd_sn().wrapping_sub(referenced).wrapping_sub(1) < 1 << 31;
+        before && self.awaited(rs, referenced)
     }
 
     pub(super) fn text(&self, p: Pdu) {
@@ -81,15 +100,25 @@ impl Session {
         };
         let (response, aborted) = match function {
             // ABORT TASK: a write still waiting for data is dropped; a running command is
-            // aborted. A task already answered (or never received) does not exist: its answer
-            // stands.
+            // aborted. A task already answered does not exist: its answer stands. One never
+            // received (lost to a digest error) whose CmdSN is in the window, before this
+            // request's, is counted as received, which closes the gap it left (RFC 7143
+            // 11.6.1), and the function is complete.
             1 => {
                 let tag = p.ttt();
                 let waiting = rs.writes.len();
                 self.drop_writes(rs, |itt, _| itt == tag);
                 let dropped = rs.writes.len() < waiting;
                 let running = self.running.abort(|itt, _| itt == tag);
-                (if dropped || !running.is_empty() { 0 } else { 1 }, running)
+                let response = if dropped || !running.is_empty() {
+                    0
+                } else if self.never_received(rs, &p) {
+                    self.received(rs, get32(&p.bhs, 32));
+                    0
+                } else {
+                    1
+                };
+                (response, running)
             }
             // ABORT TASK SET, CLEAR TASK SET: this session's commands to the logical unit.
             // (CLEAR TASK SET's commands of other sessions run on and are answered.)
