@@ -2,10 +2,9 @@
 //! prove themselves with passwords; its tokens lapse after the TTL the test gives (etcd's
 //! `--auth-token-ttl`). Users and roles come from `etcdctl`, as an administrator makes them.
 
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Child, Command};
 
-use crate::tls_etcd::{free_port, need_tools};
+use crate::tls_etcd::{need_tools, spawn_etcd, until_healthy};
 
 const ROOT_PASSWORD: &str = "root-password";
 
@@ -23,38 +22,11 @@ impl PasswordEtcd {
         need_tools(&["etcd", "etcdctl"])?;
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let d = dir.path();
-        let (client, peer) = (free_port()?, free_port()?);
-        let endpoint = format!("http://127.0.0.1:{client}");
-        let peer_url = format!("http://127.0.0.1:{peer}");
-        let child = Command::new("etcd")
-            .current_dir(d)
-            .args(["--name", "t", "--data-dir", "data"])
-            .args(["--listen-client-urls", &endpoint, "--advertise-client-urls", &endpoint])
-            .args([
-                "--listen-peer-urls",
-                &peer_url,
-                "--initial-advertise-peer-urls",
-                &peer_url,
-            ])
-            .args(["--initial-cluster", &format!("t={peer_url}")])
-            .args(["--auth-token-ttl", &token_ttl.to_string()])
-            // The cheapest cost bcrypt takes: the tests authenticate often.
-            .args(["--bcrypt-cost", "4"])
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(d.join("etcd.log")).map_err(|e| e.to_string())?)
-            .spawn()
-            .map_err(|e| format!("cannot start etcd: {e}"))?;
+        // The cheapest cost bcrypt takes: the tests authenticate often.
+        let ttl = token_ttl.to_string();
+        let (endpoint, child) = spawn_etcd(d, "http", &["--auth-token-ttl", &ttl, "--bcrypt-cost", "4"])?;
         let etcd = PasswordEtcd { dir, endpoint, child };
-        let started = Instant::now();
-        while etcd.ctl(None, &["endpoint", "health"]).is_err() {
-            if started.elapsed() > Duration::from_secs(20) {
-                return Err(format!(
-                    "etcd did not start: {}",
-                    std::fs::read_to_string(etcd.dir.path().join("etcd.log")).unwrap_or_default()
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        until_healthy(etcd.dir.path(), || etcd.ctl(None, &["endpoint", "health"]).is_ok())?;
         etcd.ctl(None, &["user", "add", &format!("root:{ROOT_PASSWORD}")])?;
         etcd.ctl(None, &["user", "grant-role", "root", "root"])?;
         etcd.ctl(None, &["auth", "enable"])?;

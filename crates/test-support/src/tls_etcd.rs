@@ -33,38 +33,22 @@ impl TlsEtcd {
             "etcd",
             "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
         )?;
-        let (client, peer) = (free_port()?, free_port()?);
-        let endpoint = format!("https://127.0.0.1:{client}");
-        let peer_url = format!("http://127.0.0.1:{peer}");
-        let child = Command::new("etcd")
-            .current_dir(d)
-            .args(["--name", "t", "--data-dir", "data"])
-            .args(["--listen-client-urls", &endpoint, "--advertise-client-urls", &endpoint])
-            .args([
-                "--listen-peer-urls",
-                &peer_url,
-                "--initial-advertise-peer-urls",
-                &peer_url,
-            ])
-            .args(["--initial-cluster", &format!("t={peer_url}")])
-            .args(["--cert-file", "server.pem", "--key-file", "server.key"])
-            .args(["--trusted-ca-file", "ca.pem", "--client-cert-auth"])
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(d.join("etcd.log")).map_err(|e| e.to_string())?)
-            .spawn()
-            .map_err(|e| format!("cannot start etcd: {e}"))?;
+        let (endpoint, child) = spawn_etcd(
+            d,
+            "https",
+            &[
+                "--cert-file",
+                "server.pem",
+                "--key-file",
+                "server.key",
+                "--trusted-ca-file",
+                "ca.pem",
+                "--client-cert-auth",
+            ],
+        )?;
         let etcd = TlsEtcd { dir, endpoint, child };
         etcd.identity("root")?;
-        let started = Instant::now();
-        while etcd.ctl("root", &["endpoint", "health"]).is_err() {
-            if started.elapsed() > Duration::from_secs(20) {
-                return Err(format!(
-                    "etcd did not start: {}",
-                    std::fs::read_to_string(etcd.dir.path().join("etcd.log")).unwrap_or_default()
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        until_healthy(etcd.dir.path(), || etcd.ctl("root", &["endpoint", "health"]).is_ok())?;
         etcd.ctl("root", &["user", "add", "root", "--no-password"])?;
         etcd.ctl("root", &["user", "grant-role", "root", "root"])?;
         etcd.ctl("root", &["auth", "enable"])?;
@@ -194,6 +178,46 @@ fn run(d: &Path, program: &str, args: &[&str]) -> Result<(), String> {
     Ok(())
 }
 
+/// Starts a one-member etcd in `d` (its data and its log there), serving `scheme` on a free
+/// loopback port, with `extra` arguments; its client endpoint, and the process.
+pub(crate) fn spawn_etcd(d: &Path, scheme: &str, extra: &[&str]) -> Result<(String, Child), String> {
+    let (client, peer) = (free_port()?, free_port()?);
+    let endpoint = format!("{scheme}://127.0.0.1:{client}");
+    let peer_url = format!("http://127.0.0.1:{peer}");
+    let child = Command::new("etcd")
+        .current_dir(d)
+        .args(["--name", "t", "--data-dir", "data"])
+        .args(["--listen-client-urls", &endpoint, "--advertise-client-urls", &endpoint])
+        .args([
+            "--listen-peer-urls",
+            &peer_url,
+            "--initial-advertise-peer-urls",
+            &peer_url,
+        ])
+        .args(["--initial-cluster", &format!("t={peer_url}")])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(d.join("etcd.log")).map_err(|e| e.to_string())?)
+        .spawn()
+        .map_err(|e| format!("cannot start etcd: {e}"))?;
+    Ok((endpoint, child))
+}
+
+/// Waits up to 20 s for `healthy`; the etcd's log in `d` if it never is.
+pub(crate) fn until_healthy(d: &Path, healthy: impl Fn() -> bool) -> Result<(), String> {
+    let started = Instant::now();
+    while !healthy() {
+        if started.elapsed() > Duration::from_secs(20) {
+            return Err(format!(
+                "etcd did not start: {}",
+                std::fs::read_to_string(d.join("etcd.log")).unwrap_or_default()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(())
+}
+
 /// Says which of `tools` is missing, if one is.
 pub(crate) fn need_tools(tools: &[&str]) -> Result<(), String> {
     for tool in tools {
@@ -211,7 +235,7 @@ pub(crate) fn need_tools(tools: &[&str]) -> Result<(), String> {
 }
 
 /// A TCP port nobody listens on now.
-pub(crate) fn free_port() -> Result<u16, String> {
+fn free_port() -> Result<u16, String> {
     let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
     Ok(l.local_addr().map_err(|e| e.to_string())?.port())
 }
