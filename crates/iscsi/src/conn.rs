@@ -245,10 +245,10 @@ struct Ctx {
     params: Params,
 }
 
-/// The read side, held by one thread at a time, with the state only the reader touches.
 // The commands received past a gap are kept as bits of one u128.
 const _: () = assert!(CMD_WINDOW <= u128::BITS);
 
+/// The read side, held by one thread at a time, with the state only the reader touches.
 struct ReadSide {
     sock: TcpStream,
     inbox: Inbox,

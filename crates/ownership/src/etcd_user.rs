@@ -43,15 +43,13 @@ impl std::fmt::Debug for EtcdUser {
     }
 }
 
-/// Whether `endpoint` (`http://host:port`) is on this machine, where a password sent in
-/// plain text does not cross a network.
+/// Whether `endpoint` (`http://host:port`, or `host:port`) is on this machine, where a
+/// password sent in plain text does not cross a network.
 pub fn is_loopback(endpoint: &str) -> bool {
-    let Some(authority) = endpoint
+    let authority = endpoint
         .strip_prefix("http://")
         .or_else(|| endpoint.strip_prefix("https://"))
-    else {
-        return false;
-    };
+        .unwrap_or(endpoint);
     let authority = authority.split('/').next().unwrap_or_default();
     let host = match authority.strip_prefix('[') {
         Some(v6) => v6.split(']').next().unwrap_or_default(),
@@ -99,6 +97,7 @@ mod tests {
             "http://localhost:2379",
             "http://[::1]:2379",
             "https://127.0.0.1:2379/",
+            "127.0.0.1:2379",
         ] {
             assert!(is_loopback(e), "{e}");
         }
@@ -107,7 +106,8 @@ mod tests {
             "http://etcd.example:2379",
             "http://[2001:db8::1]:2379",
             "http://127.0.0.1.example:2379",
-            "127.0.0.1:2379",
+            "10.0.0.5:2379",
+            "unix://127.0.0.1:2379",
         ] {
             assert!(!is_loopback(e), "{e}");
         }
