@@ -86,14 +86,27 @@ struct Seq {
     exp_cmd_sn: AtomicU32,
     /// Commands received and not yet answered.
     outstanding: AtomicU32,
+    /// The highest MaxCmdSN told to the initiator (at login, ExpCmdSN + CMD_WINDOW - 1).
+    max_told: AtomicU32,
 }
 
 impl Seq {
+    /// MaxCmdSN: the window's end as the commands outstanding leave it, but never below one
+    /// told before. An initiator ignores a lower MaxCmdSN (RFC 7143 4.2.2.1) and may send up
+    /// to the one it had; while a gap in CmdSN holds ExpCmdSN, every command received past
+    /// it would otherwise lower the end, and commands the window admitted be dropped.
     fn max_cmd_sn(&self) -> u32 {
         let window = CMD_WINDOW
             .saturating_sub(self.outstanding.load(Ordering::Acquire))
             .max(1);
-        self.exp_cmd_sn.load(Ordering::Acquire).wrapping_add(window - 1)
+        let end = self.exp_cmd_sn.load(Ordering::Acquire).wrapping_add(window - 1);
+        let later = |a: u32, b: u32| a != b && a.wrapping_sub(b) < 1 << 31;
+        match self.max_told.fetch_update(Ordering::AcqRel, Ordering::Acquire, |told| {
+            later(end, told).then_some(end)
+        }) {
+            Ok(_) => end,
+            Err(told) => told,
+        }
     }
 }
 
@@ -377,6 +390,7 @@ fn serve(sock: TcpStream, local: SocketAddr, reg: Arc<Registry>, li: LoggedIn) -
             seq: Seq {
                 exp_cmd_sn: AtomicU32::new(exp_cmd_sn),
                 outstanding: AtomicU32::new(0),
+                max_told: AtomicU32::new(exp_cmd_sn.wrapping_add(CMD_WINDOW - 1)),
             },
             header_digest: params.header_digest,
             data_digest: params.data_digest,

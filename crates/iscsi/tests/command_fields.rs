@@ -221,6 +221,19 @@ async fn exp_cmd_sn_moves_past_a_gap_once_it_is_filled() {
     let p = send(&mut s, numbered(5, exp.wrapping_add(2))).await;
     assert_eq!((p.opcode() & 0x3F, p.itt()), (0x21, 5));
     assert_eq!(exp_cmd_sn(&p), exp.wrapping_add(3));
+    // A numbered request other than a command, sent again (its CmdSN behind ExpCmdSN), is
+    // ignored as well: a NOP-Out is not answered twice.
+    let mut nop = Pdu::new(0x00);
+    nop.bhs[1] = 0x80;
+    nop.set(16, 6).set(20, 0xFFFF_FFFF).set(24, exp.wrapping_add(2));
+    nop.write(&mut s, false, false).await.unwrap();
+    assert!(
+        read_pdu(&mut s, Duration::from_millis(500)).await.is_none(),
+        "a NOP-Out received once already was answered again"
+    );
+    nop.set(24, exp.wrapping_add(3));
+    let p = send(&mut s, nop).await;
+    assert_eq!((p.opcode() & 0x3F, p.itt()), (0x20, 6), "NOP-In");
 }
 
 /// ABORT TASK of a command the target never received (lost to a digest error), its CmdSN in

@@ -278,3 +278,46 @@ async fn a_command_under_the_tag_of_a_task_in_progress_is_rejected() {
     let p = read_pdu(&mut s, Duration::from_secs(5)).await.expect("an answer");
     assert_eq!((p.opcode() & 0x3F, p.itt(), p.bhs[3]), (0x21, 8, 0));
 }
+
+/// While a gap in CmdSN holds ExpCmdSN, the commands received past it still running do not
+/// lower MaxCmdSN below what the initiator was told: it keeps the highest it heard (RFC 7143
+/// 4.2.2.1) and may send up to it, and such a command is run, not dropped as outside the
+/// window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gap_in_cmd_sn_does_not_shrink_the_window_the_initiator_was_told() {
+    let (addr, gated, _reg) = rig().await;
+    let mut s = login(&addr).await;
+    let sn_at = |p: &Pdu, at: usize| u32::from_be_bytes(p.bhs[at..at + 4].try_into().unwrap());
+    // TEST UNIT READY to LUN 1, immediate: ExpCmdSN and MaxCmdSN as told.
+    command(1, 1, &[0; 6], false, 0, vec![])
+        .write(&mut s, false, false)
+        .await
+        .unwrap();
+    let p = read_pdu(&mut s, Duration::from_secs(5)).await.expect("an answer");
+    let (exp, max) = (sn_at(&p, 28), sn_at(&p, 32));
+    // A write past a gap at `exp`, left running at the gate.
+    let mut w = command(2, 0, &write10(8, 8), true, 4096, vec![0x5Au8; 4096]);
+    w.bhs[0] = 0x01;
+    w.set(24, exp.wrapping_add(1));
+    w.write(&mut s, false, false).await.unwrap();
+    until_a_write_waits(&gated).await;
+    // The last CmdSN the initiator was told it may send.
+    let mut last = command(3, 1, &[0; 6], false, 0, vec![]);
+    last.bhs[0] = 0x01;
+    last.set(24, max);
+    last.write(&mut s, false, false).await.unwrap();
+    let p = read_pdu(&mut s, Duration::from_secs(2))
+        .await
+        .expect("a command inside the window told was dropped");
+    assert_eq!((p.opcode() & 0x3F, p.itt()), (0x21, 3));
+    assert!(
+        sn_at(&p, 32).wrapping_sub(max) < 1 << 31,
+        "MaxCmdSN went down from {max} to {}",
+        sn_at(&p, 32)
+    );
+    gated.open();
+    let p = read_pdu(&mut s, Duration::from_secs(5))
+        .await
+        .expect("the write's answer");
+    assert_eq!((p.opcode() & 0x3F, p.itt(), p.bhs[3]), (0x21, 2, 0));
+}

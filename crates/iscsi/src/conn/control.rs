@@ -29,8 +29,8 @@ impl Session {
         let seq = &self.writer.seq;
         let exp = seq.exp_cmd_sn.load(Ordering::Acquire);
         let ahead = sn.wrapping_sub(exp);
-        if ahead >= u128::BITS {
-            return; // sent before (behind ExpCmdSN), or beyond any window given
+        if ahead > seq.max_cmd_sn().wrapping_sub(exp) || ahead >= u128::BITS {
+            return; // sent before (behind ExpCmdSN), or beyond the window
         }
         rs.cmd_sn_ahead |= 1 << ahead;
         let filled = rs.cmd_sn_ahead.trailing_ones();
@@ -51,7 +51,7 @@ impl Session {
     /// Whether the RefCmdSN of ABORT TASK `p` is awaited, and before `p`'s own CmdSN.
     fn never_received(&self, rs: &ReadSide, p: &Pdu) -> bool {
         let referenced = get32(&p.bhs, 32);
-        let before = p.cmd_sn().wrapping_sub(referenced).wrapping_sub(1) < 1 << 31;
+        let before = (1..1 << 31).contains(&p.cmd_sn().wrapping_sub(referenced));
         before && self.awaited(rs, referenced)
     }
 

@@ -307,6 +307,19 @@ impl Session {
 
     /// Handles one PDU: Some when it completes a command to run, or ends the session.
     pub(super) fn handle(&self, rs: &mut ReadSide, p: Pdu) -> Result<Option<Next>, String> {
+        let numbered = matches!(
+            p.opcode(),
+            op::NOP_OUT | op::TEXT_REQ | op::TASK_MGMT_REQ | op::LOGOUT_REQ
+        );
+        if numbered && !p.immediate() && !self.awaited(rs, p.cmd_sn()) {
+            // RFC 7143 3.2.2.1: outside the window, or received already, it is ignored.
+            debug!(
+                opcode = p.opcode(),
+                cmd_sn = p.cmd_sn(),
+                "request outside the CmdSN window dropped"
+            );
+            return Ok(None);
+        }
         match p.opcode() {
             op::SCSI_CMD => return Ok(self.scsi_command(rs, p).map(|job| Next::Run(vec![job]))),
             op::DATA_OUT => return Ok(self.data_out(rs, p, true)?.map(|job| Next::Run(vec![job]))),
