@@ -51,6 +51,9 @@ pub fn is_loopback(endpoint: &str) -> bool {
         .or_else(|| endpoint.strip_prefix("https://"))
         .unwrap_or(endpoint);
     let authority = authority.split('/').next().unwrap_or_default();
+    if authority.contains('@') {
+        return false; // user information: the host is after it, and whatever it is, refuse
+    }
     let host = match authority.strip_prefix('[') {
         Some(v6) => v6.split(']').next().unwrap_or_default(),
         None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
@@ -58,31 +61,47 @@ pub fn is_loopback(endpoint: &str) -> bool {
     host.eq_ignore_ascii_case("localhost") || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
+/// How soon a renewal that failed is tried again (etcd electing a leader, a timeout).
+const RETRY: Duration = Duration::from_secs(2);
+
 /// Buys `user` a new token every `token_period`, for every clone of `client` (they share
-/// it). A failure is logged and tried again at the next period; the token bought before
-/// still serves until it lapses.
+/// it). A failure is logged and tried again soon; the token bought before still serves
+/// until it lapses.
 pub fn keep_token(client: &Client, user: &EtcdUser) -> JoinHandle<()> {
     let mut auth = client.auth_client();
     let user = user.clone();
     tokio::spawn(async move {
+        let mut wait = user.token_period;
         loop {
-            tokio::time::sleep(user.token_period).await;
-            if auth
-                .set_client_auth(user.name.clone(), user.password.clone())
-                .await
-                .is_ok()
-            {
-                continue;
+            tokio::time::sleep(wait).await;
+            let mut renewed = renew(&mut auth, &user).await;
+            if renewed.as_ref().is_err_and(token_unknown) {
+                // etcd refuses a request that carries a token it no longer knows (one that
+                // lapsed while etcd did not answer, or that etcd forgot as it restarted), the
+                // asking for a new one included: ask again with none. Only then, so that a
+                // token that still works is not dropped for a failure that passes.
+                auth.remove_client_auth();
+                renewed = renew(&mut auth, &user).await;
             }
-            // etcd refuses a request that carries a token it no longer knows (one that lapsed
-            // while etcd did not answer, or that etcd forgot as it restarted), the asking for
-            // a new one included: ask again with none.
-            auth.remove_client_auth();
-            if let Err(e) = auth.set_client_auth(user.name.clone(), user.password.clone()).await {
-                tracing::warn!(user = %user.name, error = %e, "cannot renew this gateway's etcd token; trying again");
-            }
+            wait = match renewed {
+                Ok(()) => user.token_period,
+                Err(e) => {
+                    tracing::warn!(user = %user.name, error = %e, "cannot renew this gateway's etcd token; trying again");
+                    RETRY.min(user.token_period)
+                }
+            };
         }
     })
+}
+
+async fn renew(auth: &mut etcd_client::AuthClient, user: &EtcdUser) -> Result<(), etcd_client::Error> {
+    auth.set_client_auth(user.name.clone(), user.password.clone()).await
+}
+
+/// Whether etcd refused a request for its token: one it does not know, or no longer.
+fn token_unknown(e: &etcd_client::Error) -> bool {
+    let said = e.to_string();
+    said.contains("invalid auth token") || said.contains("Unauthenticated")
 }
 
 #[cfg(test)]
@@ -108,6 +127,8 @@ mod tests {
             "http://127.0.0.1.example:2379",
             "10.0.0.5:2379",
             "unix://127.0.0.1:2379",
+            "http://[::1]@10.0.0.5:2379",
+            "http://127.0.0.1@10.0.0.5:2379",
         ] {
             assert!(!is_loopback(e), "{e}");
         }

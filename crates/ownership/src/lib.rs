@@ -180,6 +180,8 @@ impl Drop for Gateway {
         if let Some(k) = self.token_keeper.take() {
             k.abort();
         }
+        // Nobody acts on the lease any more: it lapses, as a stalled gateway's does.
+        self.keeper.abort();
     }
 }
 

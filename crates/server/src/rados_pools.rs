@@ -157,19 +157,30 @@ mod real {
     }
 
     /// The etcd user `[gateway]` names, with its password read from its file (one line; a
-    /// file others may read is refused, as ssh refuses such a key).
+    /// file others may read, or that another user owns, is refused, as ssh refuses such a
+    /// key). The file is opened once, and what is checked is what is read.
     pub(super) fn etcd_user((name, file): &(String, PathBuf)) -> Result<tessera_ownership::EtcdUser, String> {
-        use std::os::unix::fs::PermissionsExt;
+        use std::io::Read;
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
         let shown = file.display();
-        let meta =
-            std::fs::metadata(file).map_err(|e| format!("cannot read [gateway] etcd_password_file '{shown}': {e}"))?;
+        let unreadable = |e: std::io::Error| format!("cannot read [gateway] etcd_password_file '{shown}': {e}");
+        let mut f = std::fs::File::open(file).map_err(unreadable)?;
+        let meta = f.metadata().map_err(unreadable)?;
         if meta.permissions().mode() & 0o077 != 0 {
             return Err(format!(
                 "[gateway] etcd_password_file '{shown}' may be read by others: chmod 600 it"
             ));
         }
-        let text = std::fs::read_to_string(file)
-            .map_err(|e| format!("cannot read [gateway] etcd_password_file '{shown}': {e}"))?;
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        if meta.uid() != me && meta.uid() != 0 {
+            return Err(format!(
+                "[gateway] etcd_password_file '{shown}' belongs to user {}, not to this daemon's ({me}) nor root",
+                meta.uid()
+            ));
+        }
+        let mut text = String::new();
+        f.read_to_string(&mut text).map_err(unreadable)?;
         let password = text.strip_suffix('\n').unwrap_or(&text);
         let password = password.strip_suffix('\r').unwrap_or(password);
         if password.is_empty() || password.contains('\n') {
@@ -1157,5 +1168,11 @@ mod tests {
         assert!(user("a\nb\n", 0o600).unwrap_err().contains("on one line"));
         let missing = super::real::etcd_user(&("gw-a".to_string(), dir.path().join("none")));
         assert!(missing.unwrap_err().contains("cannot read"));
+        // A file of another user's (the tests may run as root, which may chown it).
+        std::fs::write(&file, "s3cret\n").unwrap();
+        if std::os::unix::fs::chown(&file, Some(4242), None).is_ok() {
+            let e = super::real::etcd_user(&("gw-a".to_string(), file.clone())).unwrap_err();
+            assert!(e.contains("belongs to user 4242"), "{e}");
+        }
     }
 }
