@@ -24,13 +24,14 @@ impl Session {
         }
     }
 
-    /// Counts CmdSN `sn` as received ([`advance`](Self::advance)).
+    /// Counts CmdSN `sn` as received ([`advance`](Self::advance)). Its callers have found
+    /// it [`awaited`](Self::awaited), inside the window.
     fn received(&self, rs: &mut ReadSide, sn: u32) {
         let seq = &self.writer.seq;
         let exp = seq.exp_cmd_sn.load(Ordering::Acquire);
         let ahead = sn.wrapping_sub(exp);
-        if ahead > seq.max_cmd_sn().wrapping_sub(exp) || ahead >= u128::BITS {
-            return; // sent before (behind ExpCmdSN), or beyond the window
+        if ahead >= u128::BITS {
+            return; // not in any window: the window is at most CMD_WINDOW long
         }
         rs.cmd_sn_ahead |= 1 << ahead;
         let filled = rs.cmd_sn_ahead.trailing_ones();
