@@ -1606,3 +1606,17 @@ fn a_pool_that_cannot_be_recorded_is_not_made() {
     let d = Daemon::start(&state);
     assert_eq!(d.json(&["pool", "show", "p"])["name"], "p");
 }
+
+/// In either build (with the `rados` feature or without): a pool on RADOS is made by a gateway
+/// only, and the options of the two kinds of pool are not mixed.
+#[test]
+fn a_pool_on_rados_needs_a_gateway_and_says_so() {
+    let t = tempfile::tempdir().unwrap();
+    let d = Daemon::start(&t.path().join("state"));
+    let e = d.fails(&["pool", "create", "r", "--rados", "rbd", "--capacity", "10G"]);
+    assert!(e.contains("needs this daemon to be a gateway"), "{e}");
+    let e = d.fails(&["pool", "create", "r", "--disk", "/tmp/x", "--capacity", "10G"]);
+    assert!(e.contains("--rados"), "{e}");
+    let e = d.fails(&["pool", "import", "r", "--ceph-conf", "/etc/ceph/ceph.conf"]);
+    assert!(e.contains("--rados"), "{e}");
+}

@@ -1,34 +1,32 @@
 //! Pools on Ceph RADOS served by several gateways: two real daemons (`tessera serve` with a
 //! `[gateway]` table) against the Ceph cluster and etcd that `scripts/test-scale-out.sh`
-//! starts, driven by the CLI and read and written by QEMU over NBD.
+//! starts, driven by the CLI and read and written by QEMU over NBD. Built with the `rados`
+//! feature only (`make test` turns it on).
+
+#![cfg(feature = "rados")]
 
 mod common;
 
-#[cfg(feature = "rados")]
 use std::time::{Duration, Instant};
 
-#[cfg(feature = "rados")]
 use common::browser::Browser;
+use common::verifying_load as load;
 use common::*;
-#[cfg(feature = "rados")]
 use tessera_test_support::cdbs::pr_out;
 
 /// Held shared by every test on the cluster, and alone by the one that kills its OSD: the
 /// tests of this file run side by side, and an OSD that is down stalls them all.
-#[cfg(feature = "rados")]
 static OSD: std::sync::RwLock<()> = std::sync::RwLock::new(());
 
 /// The cluster's configuration file and etcd's endpoint, with the test RADOS pool made if
 /// missing, and a share of the cluster (see [`OSD`]); or None (the test then says it was
 /// skipped, and why).
-#[cfg(feature = "rados")]
 fn cluster(test: &str) -> Option<(String, String, std::sync::RwLockReadGuard<'static, ()>)> {
     let shared = OSD.read().unwrap_or_else(|e| e.into_inner());
     let (conf, etcd) = cluster_config(test)?;
     Some((conf, etcd, shared))
 }
 
-#[cfg(feature = "rados")]
 fn cluster_config(test: &str) -> Option<(String, String)> {
     let conf = std::env::var("TESSERA_CEPH_CONF").unwrap_or_default();
     let etcd = std::env::var("TESSERA_ETCD_ENDPOINTS").unwrap_or_default();
@@ -44,7 +42,6 @@ fn cluster_config(test: &str) -> Option<(String, String)> {
 }
 
 /// The command that creates pool `pool` in the test RADOS pool (4 GiB, 64 MiB slabs).
-#[cfg(feature = "rados")]
 fn create_rados_pool_args<'a>(pool: &'a str, conf: &'a str) -> [&'a str; 11] {
     [
         "pool",
@@ -62,24 +59,19 @@ fn create_rados_pool_args<'a>(pool: &'a str, conf: &'a str) -> [&'a str; 11] {
 }
 
 /// Creates pool `pool` in the test RADOS pool through daemon `d`; what the CLI said.
-#[cfg(feature = "rados")]
 fn create_rados_pool(d: &Daemon, pool: &str, conf: &str) -> String {
     d.ok(&create_rados_pool_args(pool, conf))
 }
 
-#[cfg(feature = "rados")]
 const RADOS_POOL: &str = "tessera-gateways";
 
 /// The API token of the daemons whose dashboard a test looks at.
-#[cfg(feature = "rados")]
 const TOKEN: &str = "gateway-token-0123456789abcdef";
 
-#[cfg(feature = "rados")]
 fn gateway(name: &str, etcd: &str, prefix: &str) -> String {
     format!("[gateway]\nname = \"{name}\"\netcd = [\"{etcd}\"]\nlease_seconds = 3\nprefix = \"{prefix}\"\n")
 }
 
-#[cfg(feature = "rados")]
 /// The pool's entry in `pool list --json` at daemon `d`.
 fn pool_entry(d: &Daemon, pool: &str) -> serde_json::Value {
     let list = d.json(&["pool", "list"]);
@@ -91,7 +83,6 @@ fn pool_entry(d: &Daemon, pool: &str) -> serde_json::Value {
         .unwrap_or_else(|| panic!("no pool {pool} in {list}"))
 }
 
-#[cfg(feature = "rados")]
 /// Waits until daemon `d` serves `pool` (it took it over), up to `limit`; returns how long.
 fn until_served(d: &Daemon, pool: &str, limit: Duration) -> Duration {
     let t = Instant::now();
@@ -106,7 +97,6 @@ fn until_served(d: &Daemon, pool: &str, limit: Duration) -> Duration {
     }
 }
 
-#[cfg(feature = "rados")]
 /// Waits until `d` serves `pool` at an epoch later than `epoch`: taken again, not still the
 /// opening it had (whose disks refuse everything once its lease lapsed).
 fn until_served_after(d: &Daemon, pool: &str, epoch: i64, limit: Duration) -> Duration {
@@ -128,13 +118,11 @@ fn until_served_after(d: &Daemon, pool: &str, epoch: i64, limit: Duration) -> Du
     }
 }
 
-#[cfg(feature = "rados")]
 fn qemu_io(d: &Daemon, export: &str, cmd: &str) -> (bool, String) {
     qemu_io_all(d, export, &[cmd])
 }
 
 /// Runs `cmds` in one qemu-io, one connection, in order.
-#[cfg(feature = "rados")]
 fn qemu_io_all(d: &Daemon, export: &str, cmds: &[&str]) -> (bool, String) {
     let uri = format!("nbd://{}/{export}", d.nbd_address());
     let mut args = vec!["-f", "raw"];
@@ -147,25 +135,11 @@ fn qemu_io_all(d: &Daemon, export: &str, cmds: &[&str]) -> (bool, String) {
     (ok && !out.contains("failed") && !out.contains("error"), out)
 }
 
-#[cfg(feature = "rados")]
 fn signal(d: &Daemon, sig: i32) {
     let pid = d.child.as_ref().unwrap().id() as i32;
     assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
 }
 
-#[test]
-fn a_pool_on_rados_needs_a_gateway_and_says_so() {
-    let t = tempfile::tempdir().unwrap();
-    let d = Daemon::start(&t.path().join("state"));
-    let e = d.fails(&["pool", "create", "r", "--rados", "rbd", "--capacity", "10G"]);
-    assert!(e.contains("needs this daemon to be a gateway"), "{e}");
-    let e = d.fails(&["pool", "create", "r", "--disk", "/tmp/x", "--capacity", "10G"]);
-    assert!(e.contains("--rados"), "{e}");
-    let e = d.fails(&["pool", "import", "r", "--ceph-conf", "/etc/ceph/ceph.conf"]);
-    assert!(e.contains("--rados"), "{e}");
-}
-
-#[cfg(feature = "rados")]
 #[test]
 fn a_pool_on_rados_moves_to_the_other_gateway_when_its_owner_stalls_or_dies() {
     let test = "a_pool_on_rados_moves_to_the_other_gateway_when_its_owner_stalls_or_dies";
@@ -354,7 +328,6 @@ fn a_pool_on_rados_moves_to_the_other_gateway_when_its_owner_stalls_or_dies() {
 /// other pool's owners off instead of its own. Such a pool is refused, created or imported,
 /// with why (an import never presents standby LUNs from the other pool's records); once the
 /// first is destroyed, the name is free for the other.
-#[cfg(feature = "rados")]
 #[test]
 fn a_pool_name_is_one_pool_among_the_gateways_until_it_is_destroyed() {
     let test = "a_pool_name_is_one_pool_among_the_gateways_until_it_is_destroyed";
@@ -405,7 +378,6 @@ fn a_pool_name_is_one_pool_among_the_gateways_until_it_is_destroyed() {
 /// A pool on RADOS whose creation cannot be recorded in the gateway's list of pools to serve
 /// at start is not made: it would be served until the next start, then be no gateway's. Its
 /// objects and its claim on the name go, and the name can be created again.
-#[cfg(feature = "rados")]
 #[test]
 fn a_pool_on_rados_that_cannot_be_recorded_is_not_made() {
     let test = "a_pool_on_rados_that_cannot_be_recorded_is_not_made";
@@ -436,7 +408,6 @@ fn a_pool_on_rados_that_cannot_be_recorded_is_not_made() {
 /// A fence record etcd lost (restored from an older snapshot, keys deleted by hand) does not
 /// leave a stalled owner unfenced: the pool's metadata says which client its last owner wrote
 /// from, and the gateway that takes the pool over blocklists that one too.
-#[cfg(feature = "rados")]
 #[test]
 fn a_stalled_owner_is_fenced_off_even_when_etcd_lost_the_fence_record() {
     let test = "a_stalled_owner_is_fenced_off_even_when_etcd_lost_the_fence_record";
@@ -479,7 +450,6 @@ fn a_stalled_owner_is_fenced_off_even_when_etcd_lost_the_fence_record() {
 /// Where `data_paths` confine what the API may name, a Ceph configuration file named through
 /// it must be inside them, and so must the files it has the daemon's client read or make:
 /// its keyring, its log and its admin socket. A refused one makes nothing.
-#[cfg(feature = "rados")]
 #[test]
 fn a_ceph_configuration_file_named_through_the_api_leads_nowhere_outside_the_data_paths() {
     let test = "a_ceph_configuration_file_named_through_the_api_leads_nowhere_outside_the_data_paths";
@@ -612,7 +582,6 @@ fn a_ceph_configuration_file_named_through_the_api_leads_nowhere_outside_the_dat
 }
 
 /// What daemon `d` serves at `GET /metrics`.
-#[cfg(feature = "rados")]
 fn metrics(d: &Daemon) -> String {
     let r = http(&d.sock, "GET", "/metrics", None).unwrap();
     assert_eq!(r.status, 200, "{}", r.body);
@@ -623,7 +592,6 @@ fn metrics(d: &Daemon) -> String {
 /// 'profile rbd' osd 'profile rbd pool=P'`, librbd's), written to a keyring in `dir`, and a
 /// copy of the cluster's configuration file that names that keyring for it. Returns the
 /// client's name (without "client.") and that file.
-#[cfg(feature = "rados")]
 fn client_with_caps(conf: &str, dir: &std::path::Path, name: &str, mon: &str, osd: &str) -> (String, String) {
     let keyring = dir.join(format!("{name}.keyring"));
     let keyring = keyring.to_str().unwrap();
@@ -654,7 +622,6 @@ fn client_with_caps(conf: &str, dir: &std::path::Path, name: &str, mon: &str, os
 
 /// Imports pool `pool` of the test RADOS pool at daemon `d`, as Ceph client `client` of the
 /// configuration file `conf`.
-#[cfg(feature = "rados")]
 fn import_as(d: &Daemon, pool: &str, conf: &str, client: &str) {
     d.ok(&[
         "pool",
@@ -819,7 +786,6 @@ fn gateways_need_only_the_caps_of_librbd_and_one_that_cannot_fence_serves_nothin
 /// Waits until every OSD holds the cluster's newest map (one that blocklists a client, say):
 /// the monitors answer before the OSDs hear of it, and an OSD that has not yet applies what
 /// it is sent.
-#[cfg(feature = "rados")]
 fn osds_caught_up(conf: &str) {
     let json = |args: &[&str]| -> serde_json::Value {
         let out = ok("ceph", &[&["-c", conf, "-f", "json"], args].concat());
@@ -848,7 +814,6 @@ fn osds_caught_up(conf: &str) {
 /// client at a new epoch: the host's write fails (over iSCSI with NOT READY, ASYMMETRIC
 /// ACCESS STATE TRANSITION, which a host retries, never a medium error, which it would pass
 /// to its file system), then writes and flushes go on, and what was written before is there.
-#[cfg(feature = "rados")]
 #[test]
 fn a_pool_whose_writes_were_refused_is_opened_again_and_goes_on() {
     let test = "a_pool_whose_writes_were_refused_is_opened_again_and_goes_on";
@@ -971,7 +936,6 @@ fn a_pool_whose_writes_were_refused_is_opened_again_and_goes_on() {
 /// Makes the OSDs refuse (`on`) or take again every write that sets an attribute (EFBIG:
 /// `osd_max_attr_size` of one byte), while reads go on; returns once a write to the test
 /// RADOS pool shows it.
-#[cfg(feature = "rados")]
 fn refuse_attribute_writes(conf: &str, on: bool) {
     if on {
         ok("ceph", &["-c", conf, "config", "set", "osd", "osd_max_attr_size", "1"]);
@@ -1010,7 +974,6 @@ fn refuse_attribute_writes(conf: &str, on: bool) {
 /// data write was refused, and no flush says "durable" meanwhile. Before, only a refused
 /// data write opened it again: an overwrite in place of a grain whose unmapping had timed
 /// out was answered, flushed, and lost at the next opening.
-#[cfg(feature = "rados")]
 #[test]
 fn a_metadata_change_of_unknown_outcome_opens_the_pool_again() {
     let test = "a_metadata_change_of_unknown_outcome_opens_the_pool_again";
@@ -1067,7 +1030,6 @@ fn a_metadata_change_of_unknown_outcome_opens_the_pool_again() {
 }
 
 /// The initiator port of cluster node `node` logging in to `iqn`: its own name and ISID.
-#[cfg(feature = "rados")]
 fn node_port(node: u8, iqn: &str) -> tessera_iscsi::initiator::LoginConfig {
     let mut c = tessera_iscsi::initiator::LoginConfig::new(&format!("iqn.2026-11.io.example:node{node}"), Some(iqn));
     c.isid[5] = node;
@@ -1079,7 +1041,6 @@ fn node_port(node: u8, iqn: &str) -> tessera_iscsi::initiator::LoginConfig {
 /// waiting for the port (its last session ended, the LUN changed) are cleared first with
 /// TEST UNIT READY, and returned with the answer (ASC and ASCQ of each). None when the
 /// gateway does not serve the LUN (no login, no LUN).
-#[cfg(feature = "rados")]
 fn node_command(
     rt: &tokio::runtime::Runtime,
     portal: &str,
@@ -1115,7 +1076,6 @@ fn node_command(
 
 /// Gateways A and B, with pool `{tag}{pid}` on RADOS made at A (which owns it), a 64 MiB
 /// vdisk `name` in it, and target `iqn` presenting it as LUN 0 at both.
-#[cfg(feature = "rados")]
 struct TwoGateways {
     a: Daemon,
     b: Daemon,
@@ -1125,14 +1085,12 @@ struct TwoGateways {
     _dir: tempfile::TempDir,
 }
 
-#[cfg(feature = "rados")]
 fn two_gateways_presenting(conf: &str, etcd: &str, tag: &str, name: &str, iqn: &str) -> TwoGateways {
     two_gateways_presenting_through(conf, [etcd, etcd], tag, name, iqn)
 }
 
 /// [`two_gateways_presenting`], A reaching etcd at `etcd[0]` and B at `etcd[1]` (the same
 /// etcd through a relay, say).
-#[cfg(feature = "rados")]
 fn two_gateways_presenting_through(conf: &str, etcd: [&str; 2], tag: &str, name: &str, iqn: &str) -> TwoGateways {
     let pid = std::process::id();
     let pool = format!("{tag}{pid}");
@@ -1158,7 +1116,6 @@ fn two_gateways_presenting_through(conf: &str, etcd: [&str; 2], tag: &str, name:
 }
 
 /// Removes, at `d` (the owner), LUN 0 of `iqn`, vdisk `vdisk` and pool `pool`.
-#[cfg(feature = "rados")]
 fn remove_lun_vdisk_and_pool(d: &Daemon, iqn: &str, vdisk: &str, pool: &str) {
     d.ok(&["target", "lun", "remove", iqn, "0"]);
     d.ok(&["vdisk", "delete", vdisk]);
@@ -1166,12 +1123,10 @@ fn remove_lun_vdisk_and_pool(d: &Daemon, iqn: &str, vdisk: &str, pool: &str) {
 }
 
 /// PERSISTENT RESERVE IN, READ KEYS.
-#[cfg(feature = "rados")]
 const READ_KEYS: [u8; 10] = [0x5E, 0, 0, 0, 0, 0, 0, 0x10, 0, 0];
 
 /// Registers `key` in session `s` (PERSISTENT RESERVE OUT, REGISTER): its first commands
 /// find what a new session is owed (POWER ON OCCURRED) and are sent again.
-#[cfg(feature = "rados")]
 fn register_in(rt: &tokio::runtime::Runtime, s: &tessera_iscsi::initiator::Session, key: u64) {
     let (cdb, p) = pr_out(6, 0, 0, key, false);
     let first = (0..3)
@@ -1183,7 +1138,6 @@ fn register_in(rt: &tokio::runtime::Runtime, s: &tessera_iscsi::initiator::Sessi
 /// Sends READ KEYS in session `s` until it hears REGISTRATIONS PREEMPTED (06/2A/05), for up
 /// to `limit`, or panics saying `why` and what `logs` returns: how long it took, and the
 /// status and sense of every other answer meanwhile.
-#[cfg(feature = "rados")]
 fn until_preempted(
     rt: &tokio::runtime::Runtime,
     s: &tessera_iscsi::initiator::Session,
@@ -1205,7 +1159,6 @@ fn until_preempted(
 }
 
 /// READ(10) of one 512-byte block.
-#[cfg(feature = "rados")]
 fn read1(lba: u32) -> Vec<u8> {
     let mut c = vec![0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0];
     c[2..6].copy_from_slice(&lba.to_be_bytes());
@@ -1213,7 +1166,6 @@ fn read1(lba: u32) -> Vec<u8> {
 }
 
 /// WRITE(10) of one 512-byte block, with FUA.
-#[cfg(feature = "rados")]
 fn write1(lba: u32) -> Vec<u8> {
     let mut c = vec![0x2A, 0x08, 0, 0, 0, 0, 0, 0, 1, 0];
     c[2..6].copy_from_slice(&lba.to_be_bytes());
@@ -1221,13 +1173,11 @@ fn write1(lba: u32) -> Vec<u8> {
 }
 
 /// What round `round` writes to block `lba`.
-#[cfg(feature = "rados")]
 fn block(lba: u32, round: u8) -> Vec<u8> {
     vec![round ^ lba as u8; 512]
 }
 
 /// Sense key, ASC and ASCQ of a CHECK CONDITION (fixed format), None otherwise.
-#[cfg(feature = "rados")]
 fn sense_of(r: &tessera_iscsi::initiator::ScsiResult) -> Option<(u8, u8, u8)> {
     (r.status == 2).then(|| (r.sense[2] & 0x0F, r.sense[12], r.sense[13]))
 }
@@ -1236,7 +1186,6 @@ fn sense_of(r: &tessera_iscsi::initiator::ScsiResult) -> Option<(u8, u8, u8)> {
 /// NOT READY (standby, transitioning) and unit attentions. Any other answer fails the test,
 /// and so does `limit` passing (with `d`'s log). Returns the answer, how long it took, and
 /// the distinct answers on the way.
-#[cfg(feature = "rados")]
 fn until_done(
     rt: &tokio::runtime::Runtime,
     s: &tessera_iscsi::initiator::Session,
@@ -1277,7 +1226,6 @@ fn until_done(
 /// gateway that takes the pool over the reservation still keeps the other node out, the
 /// keys and the mode settings are as they were, and the holder clears them. A replaced
 /// owner, resumed, cannot change them.
-#[cfg(feature = "rados")]
 #[test]
 fn persistent_reservations_follow_a_pool_on_rados_to_the_gateway_that_takes_it_over() {
     let test = "persistent_reservations_follow_a_pool_on_rados_to_the_gateway_that_takes_it_over";
@@ -1386,7 +1334,6 @@ fn persistent_reservations_follow_a_pool_on_rados_to_the_gateway_that_takes_it_o
 /// the reservation on the paths it serves and the standby port reports the owner's keys,
 /// and the pool stays where it is. A preemption at the owner reaches the node's session at
 /// the standby port as a unit attention; a MODE SELECT there is the owner's to run too.
-#[cfg(feature = "rados")]
 #[test]
 fn a_standby_gateway_has_the_owner_run_the_reservations_its_hosts_ask_for() {
     let test = "a_standby_gateway_has_the_owner_run_the_reservations_its_hosts_ask_for";
@@ -1541,7 +1488,6 @@ fn a_standby_gateway_has_the_owner_run_the_reservations_its_hosts_ask_for() {
 /// pool over meanwhile runs the asks waiting for it, its own included) or the host is told
 /// to try again, and its retry registers the key once. Once the stalled owner is resumed and
 /// replaced, its standby port passes reservation commands the other way, to the new owner.
-#[cfg(feature = "rados")]
 #[test]
 fn a_registration_at_a_standby_port_while_the_owner_stalls_runs_once_at_an_owner() {
     let test = "a_registration_at_a_standby_port_while_the_owner_stalls_runs_once_at_an_owner";
@@ -1641,7 +1587,6 @@ fn a_registration_at_a_standby_port_while_the_owner_stalls_runs_once_at_an_owner
 
 /// The designators of VPD page 0x83, by type: NAA (3), relative target port (4), target
 /// port group (5).
-#[cfg(feature = "rados")]
 fn designators(page: &[u8]) -> std::collections::BTreeMap<u8, Vec<u8>> {
     let mut out = std::collections::BTreeMap::new();
     let end = 4 + u16::from_be_bytes([page[2], page[3]]) as usize;
@@ -1660,7 +1605,6 @@ fn designators(page: &[u8]) -> std::collections::BTreeMap<u8, Vec<u8>> {
 /// owner's, the medium is refused). The owner is killed: the host, retrying on the standby path, finds
 /// it active once the other gateway took the pool over, within 15 s, and every block the
 /// owner acknowledged is there.
-#[cfg(feature = "rados")]
 #[test]
 fn a_host_with_a_path_to_each_gateway_goes_on_through_the_standby_when_the_owner_dies() {
     use tessera_iscsi::initiator::{LoginConfig, ScsiResult, Session};
@@ -1828,7 +1772,6 @@ fn a_host_with_a_path_to_each_gateway_goes_on_through_the_standby_when_the_owner
 /// A host whose path to the owner is gone, while the owner lives: its I/O at the standby
 /// gateway has the pool handed over there once nobody used it at the owner for a while; and
 /// I/O at a standby port never takes the pool from an owner that hosts use.
-#[cfg(feature = "rados")]
 #[test]
 fn a_host_that_reaches_only_the_standby_gateway_has_the_pool_handed_over_without_bouncing() {
     use tessera_iscsi::initiator::{LoginConfig, ScsiResult, Session};
@@ -1962,7 +1905,6 @@ fn a_host_that_reaches_only_the_standby_gateway_has_the_pool_handed_over_without
 
 /// Bytes the daemon has written to the data objects of pool `pool` (its one disk, in the
 /// cluster) since it took the pool.
-#[cfg(feature = "rados")]
 fn rados_written(d: &Daemon, pool: &str) -> u64 {
     let shown = d.json(&["pool", "show", pool]);
     shown["disk_list"]
@@ -1977,7 +1919,6 @@ fn rados_written(d: &Daemon, pool: &str) -> u64 {
 /// EXTENDED COPY between LUNs, a snapshot and a clone write no data to the cluster (only
 /// metadata, which goes to the metadata object's omap); a host copy, for contrast, writes
 /// every byte.
-#[cfg(feature = "rados")]
 #[test]
 fn copies_snapshots_and_clones_on_a_pool_on_rados_are_made_by_reference() {
     let test = "copies_snapshots_and_clones_on_a_pool_on_rados_are_made_by_reference";
@@ -2072,138 +2013,17 @@ fn copies_snapshots_and_clones_on_a_pool_on_rados_are_made_by_reference() {
 /// written one at a time through one gateway's NBD export until the export fails, every other
 /// one without FUA and none followed by a flush: a write the gateway acknowledged must be in
 /// the cluster all the same, as the gateway that takes over finds it.
-#[cfg(feature = "rados")]
-mod load {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::{Arc, Mutex};
-
-    pub const BLOCK: usize = 4096;
-    pub const BLOCKS: u64 = 4096;
-
-    /// Creates pool `pool` on RADOS through `d`, with the load's vdisk ("pool/v") in it.
-    pub fn create(d: &super::Daemon, pool: &str, conf: &str) -> String {
-        super::create_rados_pool(d, pool, conf);
-        let vdisk = format!("{pool}/v");
-        let size = (BLOCKS * BLOCK as u64).to_string();
-        let args = [
-            "vdisk",
-            "create",
-            &vdisk,
-            "--size",
-            &size,
-            "--layout",
-            "simple",
-            "--block-size",
-            "4096",
-        ];
-        d.ok(&args);
-        vdisk
-    }
-
-    /// Checks that block `n`, read as `got`, holds what was acknowledged last (or, for the
-    /// block of a write whose outcome is unknown, that write).
-    pub fn check(n: u64, got: &[u8], acked: &Acked) {
-        let want = acked.seq[n as usize];
-        let maybe = acked.unknown[n as usize];
-        let ok = |s: u64| {
-            if s == 0 {
-                got.iter().all(|&b| b == 0)
-            } else {
-                got == block(n, s)
-            }
-        };
-        let seq = u64::from_le_bytes(got[8..16].try_into().unwrap());
-        assert!(
-            ok(want) || (maybe != 0 && ok(maybe)),
-            "block {n}: acknowledged sequence {want} (outcome unknown: {maybe}), read sequence {seq}"
-        );
-    }
-
-    pub fn block(n: u64, seq: u64) -> Vec<u8> {
-        let mut b = vec![(seq % 251) as u8; BLOCK];
-        b[..8].copy_from_slice(&n.to_le_bytes());
-        b[8..16].copy_from_slice(&seq.to_le_bytes());
-        b
-    }
-
-    /// What the host was told: the last acknowledged sequence number of every block (0:
-    /// never written), and per block the write whose outcome it never learnt (its gateway
-    /// failed it), if no acknowledged write came after: the block may hold either.
-    #[derive(Default)]
-    pub struct Acked {
-        pub seq: Vec<u64>,
-        pub unknown: Vec<u64>,
-        pub next: u64,
-        pub writes: u64,
-    }
-
-    /// Writes through `addr` until its gateway fails a request or `stop` is set.
-    pub fn run(addr: String, acked: Arc<Mutex<Acked>>, stop: Arc<AtomicBool>) {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            let Ok(c) = tessera_nbd::client::Client::connect(&addr, "v").await else {
-                return;
-            };
-            let mut x: u64 = 0x9E37_79B9_7F4A_7C15 ^ acked.lock().unwrap().next;
-            while !stop.load(Ordering::Relaxed) {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                let n = x % BLOCKS;
-                let seq = {
-                    let mut a = acked.lock().unwrap();
-                    a.next += 1;
-                    a.next
-                };
-                let r = tokio::time::timeout(
-                    std::time::Duration::from_secs(60),
-                    c.write(n * BLOCK as u64, &block(n, seq), seq % 2 == 0),
-                )
-                .await;
-                let mut a = acked.lock().unwrap();
-                if !matches!(r, Ok(Ok(()))) {
-                    a.unknown[n as usize] = seq;
-                    return;
-                }
-                a.seq[n as usize] = seq;
-                a.unknown[n as usize] = 0;
-                a.writes += 1;
-            }
-        });
-    }
-
-    /// Reads every block through `addr` and checks it holds what was acknowledged last (or,
-    /// for the block of a write whose outcome is unknown, that write).
-    pub fn verify(addr: &str, acked: &Acked) {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            let c = tessera_nbd::client::Client::connect(addr, "v").await.unwrap();
-            for n in 0..BLOCKS {
-                let got = c.read(n * BLOCK as u64, BLOCK as u32).await.unwrap();
-                check(n, &got, acked);
-            }
-        });
-    }
-}
-
 /// A host with iSCSI multipath to two gateways, as the verifying load's writer: each write
 /// goes through the current path; NOT READY (a standby or transitioning port) and unit
 /// attentions mean the write was not done, and it is sent again (through the other path for
 /// NOT READY); a write with no answer (a gateway dead or stalled) may or may not have landed,
 /// and is sent again through the other path until one path acknowledges it.
-#[cfg(feature = "rados")]
 mod multipath {
     use std::time::{Duration, Instant};
 
     use tessera_iscsi::initiator::{LoginConfig, Session};
 
-    use super::load::{block, Acked, BLOCK, BLOCKS};
+    use crate::common::verifying_load::{block, Acked, BLOCK, BLOCKS};
 
     pub struct Host {
         pub portals: [String; 2],
@@ -2326,14 +2146,13 @@ mod multipath {
                         }
                     }
                 };
-                super::load::check(n, &got, acked);
+                crate::common::verifying_load::check(n, &got, acked);
             }
         }
     }
 }
 
 /// The OSD of the test cluster (one): its process id, and the command that starts it again.
-#[cfg(feature = "rados")]
 fn osd_process(conf: &str) -> (i32, Vec<String>) {
     let args = vec!["-c".to_string(), conf.to_string(), "-i".to_string(), "0".to_string()];
     let (found, out) = run("pgrep", &["-f", &format!("ceph-osd -c {conf} -i 0")]);
@@ -2348,7 +2167,6 @@ fn osd_process(conf: &str) -> (i32, Vec<String>) {
 /// host goes on through B once B took the pool over), then A comes back as a standby and B
 /// is stopped with SIGSTOP (the host goes on through A once A took it over) and resumed.
 /// Every block then holds what was acknowledged last, and B, resumed, changed nothing.
-#[cfg(feature = "rados")]
 #[test]
 fn acknowledged_writes_survive_an_osd_and_gateway_failures_under_iscsi_multipath() {
     use std::sync::Mutex;
@@ -2364,7 +2182,8 @@ fn acknowledged_writes_survive_an_osd_and_gateway_failures_under_iscsi_multipath
     let t = tempfile::tempdir().unwrap();
     let cfg = |name: &str| gateway(name, &etcd, &prefix);
     let mut a = Daemon::start_configured(&t.path().join("a"), &cfg("gw-a"));
-    let vdisk = load::create(&a, &pool, &conf);
+    create_rados_pool(&a, &pool, &conf);
+    let vdisk = load::create_vdisk(&a, &pool);
     let iqn = "iqn.2026-11.io.tessera:load";
     let mut b = Daemon::start_configured(&t.path().join("b"), &cfg("gw-b"));
     b.ok(&["pool", "import", &pool, "--rados", RADOS_POOL, "--ceph-conf", &conf]);
@@ -2372,11 +2191,7 @@ fn acknowledged_writes_survive_an_osd_and_gateway_failures_under_iscsi_multipath
         d.ok(&["target", "create", iqn, "--allow-any-initiator"]);
         d.ok(&["target", "lun", "add", iqn, &vdisk]);
     }
-    let acked = Mutex::new(load::Acked {
-        seq: vec![0; load::BLOCKS as usize],
-        unknown: vec![0; load::BLOCKS as usize],
-        ..Default::default()
-    });
+    let acked = Mutex::new(load::Acked::new());
     let rt = tokio::runtime::Runtime::new().unwrap();
     let mut host = multipath::Host::new(iqn, [a.iscsi_portal(), b.iscsi_portal()]);
     let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
@@ -2466,7 +2281,6 @@ fn acknowledged_writes_survive_an_osd_and_gateway_failures_under_iscsi_multipath
 /// A is killed, then through B once B took the pool over, until B is stopped and A (started
 /// again) takes it; every block then holds what was acknowledged last, read through the
 /// gateway that serves it.
-#[cfg(feature = "rados")]
 #[test]
 fn acknowledged_writes_survive_failovers_under_a_verifying_load() {
     use std::sync::atomic::AtomicBool;
@@ -2482,17 +2296,14 @@ fn acknowledged_writes_survive_failovers_under_a_verifying_load() {
     let t = tempfile::tempdir().unwrap();
     let cfg = |name: &str| gateway(name, &etcd, &prefix);
     let mut a = Daemon::start_configured(&t.path().join("a"), &cfg("gw-a"));
-    let vdisk = load::create(&a, &pool, &conf);
+    create_rados_pool(&a, &pool, &conf);
+    let vdisk = load::create_vdisk(&a, &pool);
     a.ok(&["nbd", "export", &vdisk]);
     let mut b = Daemon::start_configured(&t.path().join("b"), &cfg("gw-b"));
     b.ok(&["pool", "import", &pool, "--rados", RADOS_POOL, "--ceph-conf", &conf]);
     b.ok(&["nbd", "export", &vdisk]);
 
-    let acked = Arc::new(Mutex::new(load::Acked {
-        seq: vec![0; load::BLOCKS as usize],
-        unknown: vec![0; load::BLOCKS as usize],
-        ..Default::default()
-    }));
+    let acked = Arc::new(Mutex::new(load::Acked::new()));
     let loaded = |addr: String, stop: Arc<AtomicBool>| {
         let acked = acked.clone();
         std::thread::spawn(move || load::run(addr, acked, stop))
@@ -2540,7 +2351,6 @@ fn acknowledged_writes_survive_failovers_under_a_verifying_load() {
 /// flush; and with the cluster's OSD stopped (SIGSTOP) a write through A is not answered at
 /// all. A gateway that answered writes when it sent them, as a volatile cache, answered that
 /// one at once, lost it when it died, and the host's next flush, at B, said durable over it.
-#[cfg(feature = "rados")]
 #[test]
 fn a_gateway_answers_a_write_only_once_the_cluster_applied_it() {
     let test = "a_gateway_answers_a_write_only_once_the_cluster_applied_it";
@@ -2613,13 +2423,11 @@ fn a_gateway_answers_a_write_only_once_the_cluster_applied_it() {
 
 /// Relays every connection to `127.0.0.1:port` to `to` (etcd), from the moment it is
 /// started (until then nothing listens there and connections are refused), until cut.
-#[cfg(feature = "rados")]
 struct Relay {
     open: std::sync::Arc<std::sync::atomic::AtomicBool>,
     live: std::sync::Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
 }
 
-#[cfg(feature = "rados")]
 impl Relay {
     fn start(port: u16, to: String) -> Relay {
         use std::sync::atomic::Ordering;
@@ -2669,7 +2477,6 @@ impl Relay {
 
 /// A gateway whose etcd does not answer when it starts still starts and serves its local
 /// pools; pools on RADOS wait, saying why, and once etcd answers it joins by itself.
-#[cfg(feature = "rados")]
 #[test]
 fn a_gateway_starts_without_etcd_and_joins_once_it_answers() {
     let test = "a_gateway_starts_without_etcd_and_joins_once_it_answers";
@@ -2735,7 +2542,6 @@ fn a_gateway_starts_without_etcd_and_joins_once_it_answers() {
 /// its role confining it to the gateways' prefix (docs/security.md): it joins and serves a
 /// pool on RADOS, its keys in that etcd. A gateway that does not trust etcd's certificate
 /// joins nothing and says why.
-#[cfg(feature = "rados")]
 #[test]
 fn a_gateway_joins_an_etcd_that_serves_tls_and_knows_it_by_its_certificate() {
     use tessera_test_support::tls_etcd::{Identity, TlsEtcd};
@@ -2786,7 +2592,6 @@ fn a_gateway_joins_an_etcd_that_serves_tls_and_knows_it_by_its_certificate() {
 /// A gateway proves itself to etcd with a user and the password its file holds (an etcd on
 /// its own machine, so in plain text): it joins and serves a pool on RADOS, its keys in that
 /// etcd. A password file others may read is refused, and the pool list says why.
-#[cfg(feature = "rados")]
 #[test]
 fn a_gateway_joins_an_etcd_as_a_user_with_a_password() {
     use std::os::unix::fs::PermissionsExt;
@@ -2835,7 +2640,6 @@ fn a_gateway_joins_an_etcd_as_a_user_with_a_password() {
 /// A standby gateway cut off from etcd while the owner raised a unit attention for a host on
 /// its standby path tells that host once etcd answers again: it watches the owners' notices
 /// again from the last it saw, not from the moment it is back.
-#[cfg(feature = "rados")]
 #[test]
 fn a_standby_gateway_cut_off_from_etcd_tells_its_hosts_what_the_owner_raised_meanwhile() {
     use tessera_iscsi::initiator::Session;

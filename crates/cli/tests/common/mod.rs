@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod browser;
+pub mod verifying_load;
 
 use std::fs::File;
 use std::io::{Read, Write};
