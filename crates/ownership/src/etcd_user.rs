@@ -6,9 +6,11 @@
 //! the moment it had to take a pool over. The token is bought again on a period well inside
 //! etcd's default TTL, and every request of the gateway's client carries the newest one.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::Client;
+use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 /// How often a new token is bought by default: a tenth of etcd's default token TTL, so that
@@ -64,16 +66,18 @@ pub fn is_loopback(endpoint: &str) -> bool {
 /// How soon a renewal that failed is tried again (etcd electing a leader, a timeout).
 const RETRY: Duration = Duration::from_secs(2);
 
-/// Buys `user` a new token every `token_period`, for every clone of `client` (they share
-/// it). A failure is logged and tried again soon; the token bought before still serves
-/// until it lapses.
-pub fn keep_token(client: &Client, user: &EtcdUser) -> JoinHandle<()> {
+/// Buys `user` a new token every `token_period`, and at once when `now` is notified (etcd
+/// may have restarted and forgotten it), for every clone of `client` (they share it). A
+/// failure is logged and tried again soon; the token bought before still serves until it
+/// lapses.
+pub fn keep_token(client: &Client, user: &EtcdUser, now: Arc<Notify>) -> JoinHandle<()> {
     let mut auth = client.auth_client();
     let user = user.clone();
     tokio::spawn(async move {
         let mut wait = user.token_period;
         loop {
-            tokio::time::sleep(wait).await;
+            // Until the period is up, or etcd may have forgotten the token.
+            let _ = tokio::time::timeout(wait, now.notified()).await;
             let mut renewed = renew(&mut auth, &user).await;
             if renewed.as_ref().is_err_and(token_unknown) {
                 // etcd refuses a request that carries a token it no longer knows (one that

@@ -206,6 +206,75 @@ impl std::fmt::Debug for EtcdTls {
     }
 }
 
+/// How soon a keep-alive stream that broke is opened again.
+const REOPEN: Duration = Duration::from_millis(200);
+
+/// Renews `lease` every `every` through `stream`, moving `renewed` on with each answer, until
+/// the lease is lost: etcd says it is gone (it expired while this process stalled, or was
+/// revoked), or `renewed` no longer holds (no answer for as long as the lease lasts). A stream
+/// that breaks (etcd restarted or elected a leader, the connection dropped) is opened again
+/// meanwhile, as often as it takes: the lease surely holds until `renewed` says otherwise
+/// (etcd counts from the arrival of the last renewal it answered, and gives a lease its whole
+/// time again when it restarts), so a short outage of etcd costs the gateway nothing.
+async fn keep_lease(
+    mut client: Client,
+    lease: i64,
+    stream: (etcd_client::LeaseKeeper, etcd_client::LeaseKeepAliveStream),
+    every: Duration,
+    renewed: LeaseClock,
+    renew_token: Option<std::sync::Arc<tokio::sync::Notify>>,
+) {
+    let mut stream = Some(stream);
+    loop {
+        let (keeper, answers) = match &mut stream {
+            Some(s) => s,
+            None => match tokio::time::timeout(every, client.lease_keep_alive(lease)).await {
+                Ok(Ok(s)) => stream.insert(s),
+                Ok(Err(_)) | Err(_) => {
+                    if !renewed.holds() {
+                        renewed.lapsed();
+                        return;
+                    }
+                    tokio::time::sleep(REOPEN).await;
+                    continue;
+                }
+            },
+        };
+        let sent = std::time::Instant::now();
+        let answer = match keeper.keep_alive().await {
+            Ok(()) => match tokio::time::timeout(every, answers.message()).await {
+                Ok(Ok(Some(a))) => Some(a.ttl()),
+                _ => None,
+            },
+            Err(_) => None,
+        };
+        match answer {
+            Some(ttl) if ttl > 0 => renewed.renewed(sent, Duration::from_secs(ttl as u64)),
+            // Gone: whatever this gateway owned, it must take for lost.
+            Some(_) => {
+                renewed.lapsed();
+                return;
+            }
+            None if !renewed.holds() => {
+                renewed.lapsed();
+                return;
+            }
+            None => {
+                stream = None;
+                // etcd may have restarted, and forgotten the token with the others it gave
+                // since its last snapshot: one is bought at once (the lease's renewals need
+                // none, but every other request of the gateway's does).
+                if let Some(renew) = &renew_token {
+                    renew.notify_one();
+                }
+                tokio::time::sleep(REOPEN).await;
+                continue;
+            }
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
 impl Gateway {
     /// Joins as gateway `name` with a lease of `ttl` seconds, renewed every third of it,
     /// through an etcd in plain text.
@@ -275,31 +344,20 @@ impl Gateway {
         let granted = client.lease_grant(ttl, None).await?;
         let lease = granted.id();
         let clock = LeaseClock::granted(asked, Duration::from_secs(granted.ttl().max(0) as u64));
-        let (mut keeper, mut answers) = client.lease_keep_alive(lease).await?;
+        let stream = client.lease_keep_alive(lease).await?;
         let every = Duration::from_millis(ttl as u64 * 1000 / 3);
-        let lease_time = Duration::from_secs(ttl as u64);
-        let renewed = clock.clone();
-        let keeper = tokio::spawn(async move {
-            loop {
-                let sent = std::time::Instant::now();
-                if keeper.keep_alive().await.is_err() {
-                    renewed.lapsed();
-                    return;
-                }
-                match tokio::time::timeout(lease_time, answers.message()).await {
-                    Ok(Ok(Some(a))) if a.ttl() > 0 => renewed.renewed(sent, Duration::from_secs(a.ttl() as u64)),
-                    // The lease is gone (expired while this process stalled, or revoked), or
-                    // etcd did not answer for as long as the lease lasts, so it may be:
-                    // whatever this gateway owned, it must take for lost.
-                    _ => {
-                        renewed.lapsed();
-                        return;
-                    }
-                }
-                tokio::time::sleep(every).await;
-            }
-        });
-        let token_keeper = user.map(|u| etcd_user::keep_token(&client, u));
+        // Wakes the token's renewal when the lease's stream breaks (keep_lease).
+        let renew_token = user.map(|_| std::sync::Arc::new(tokio::sync::Notify::new()));
+        let keeper = tokio::spawn(keep_lease(
+            client.clone(),
+            lease,
+            stream,
+            every,
+            clock.clone(),
+            renew_token.clone(),
+        ));
+        let token_keeper =
+            user.map(|u| etcd_user::keep_token(&client, u, renew_token.clone().expect("made with a user")));
         Ok(Gateway {
             client,
             name: name.to_string(),

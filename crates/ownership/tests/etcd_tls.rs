@@ -83,6 +83,55 @@ async fn a_gateway_reaches_an_etcd_that_knows_it_by_its_certificate_and_keeps_to
     assert!(e.contains("needs TLS"), "{e}");
 }
 
+/// An etcd that restarts (killed, and started again on its data) costs a gateway nothing:
+/// its lease's renewals go on through a new stream, under a new token bought at once, since
+/// etcd forgot the one the gateway had (not at the next period, 30 s on, long after the
+/// lease would have lapsed); what the gateway owned it still owns, at the same epoch, and its
+/// lease's clock never stopped holding.
+#[tokio::test]
+async fn a_gateway_keeps_its_lease_through_a_restart_of_etcd() {
+    let t = "a_gateway_keeps_its_lease_through_a_restart_of_etcd";
+    let etcd = match PasswordEtcd::start(300) {
+        Ok(e) => e,
+        Err(why) => return tessera_disk::skip(t, &why),
+    };
+    let ep = vec![etcd.endpoint.clone()];
+    etcd.user_for_prefix("gw-a", "gw-a-password", "/tessera/").unwrap();
+    let user = EtcdUser::new("gw-a", "gw-a-password");
+    let mut g = Gateway::join_as(&ep, None, Some(&user), "/tessera", "gw-a", 5)
+        .await
+        .unwrap();
+    let before = g.acquire("pool.a").await.unwrap();
+    let clock = g.lease_clock();
+    // Whether the clock stopped holding at any time from here on.
+    let watched = clock.clone();
+    let stopped = tokio::spawn(async move {
+        loop {
+            if !watched.holds() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    let etcd = tokio::task::spawn_blocking(move || {
+        let mut etcd = etcd;
+        etcd.restart().map(|()| etcd)
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    // Longer than the lease: it was renewed since, or it lapsed.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    assert!(g.alive(), "the gateway's lease keeper gave up");
+    assert!(!stopped.is_finished(), "the lease's clock stopped holding");
+    stopped.abort();
+    let owner = g.owner("pool.a").await.unwrap().expect("pool.a has an owner");
+    assert!(g.holds(&owner), "{owner:?}");
+    assert_eq!(owner.epoch, before.epoch);
+    g.leave().await.unwrap();
+    drop(etcd);
+}
+
 /// A gateway that proves itself with a user and password buys its token again before etcd
 /// lets it lapse: one that owned its pools quietly for longer than the token lives still
 /// takes a pool over, and one whose token lapsed all the same gets a new one. A wrong password is refused, and so is a password to a plain-text etcd

@@ -4,7 +4,7 @@
 
 use std::process::{Child, Command};
 
-use crate::tls_etcd::{need_tools, spawn_etcd, until_healthy};
+use crate::tls_etcd::{free_port, need_tools, spawn_etcd_on, until_healthy};
 
 const ROOT_PASSWORD: &str = "root-password";
 
@@ -13,6 +13,20 @@ pub struct PasswordEtcd {
     pub dir: tempfile::TempDir,
     pub endpoint: String,
     child: Child,
+    ports: (u16, u16),
+    token_ttl: u32,
+}
+
+/// etcd's settings besides where it listens: tokens that lapse after `token_ttl` s; the
+/// cheapest cost bcrypt takes (the tests authenticate often); and a snapshot after every
+/// change, so that a restart forgets the tokens, as a busy etcd does (it replays its log
+/// since its last snapshot as it starts, and with it the authentications logged since,
+/// whose tokens it then knows again).
+fn settings(token_ttl: u32) -> Vec<String> {
+    let ttl = token_ttl.to_string();
+    ["--auth-token-ttl", &ttl, "--bcrypt-cost", "4", "--snapshot-count", "1"]
+        .map(String::from)
+        .to_vec()
 }
 
 impl PasswordEtcd {
@@ -22,15 +36,35 @@ impl PasswordEtcd {
         need_tools(&["etcd", "etcdctl"])?;
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let d = dir.path();
-        // The cheapest cost bcrypt takes: the tests authenticate often.
-        let ttl = token_ttl.to_string();
-        let (endpoint, child) = spawn_etcd(d, "http", &["--auth-token-ttl", &ttl, "--bcrypt-cost", "4"])?;
-        let etcd = PasswordEtcd { dir, endpoint, child };
+        let ports = (free_port()?, free_port()?);
+        let extra = settings(token_ttl);
+        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+        let (endpoint, child) = spawn_etcd_on(d, "http", ports, &extra)?;
+        let etcd = PasswordEtcd {
+            dir,
+            endpoint,
+            child,
+            ports,
+            token_ttl,
+        };
         until_healthy(etcd.dir.path(), || etcd.ctl(None, &["endpoint", "health"]).is_ok())?;
         etcd.ctl(None, &["user", "add", &format!("root:{ROOT_PASSWORD}")])?;
         etcd.ctl(None, &["user", "grant-role", "root", "root"])?;
         etcd.ctl(None, &["auth", "enable"])?;
         Ok(etcd)
+    }
+
+    /// Kills etcd (SIGKILL) and starts it again on its data and ports, as a restart after a
+    /// crash: its keys and leases are kept, its simple tokens are not. Returns once it answers.
+    pub fn restart(&mut self) -> Result<(), String> {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let extra = settings(self.token_ttl);
+        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+        let (_, child) = spawn_etcd_on(self.dir.path(), "http", self.ports, &extra)?;
+        self.child = child;
+        // Authentication is on now: a health check of nobody's is refused.
+        until_healthy(self.dir.path(), || self.ctl_as_root(&["endpoint", "health"]).is_ok())
     }
 
     /// Makes etcd user `user` with `password`, allowed to read and write the keys under

@@ -181,7 +181,16 @@ fn run(d: &Path, program: &str, args: &[&str]) -> Result<(), String> {
 /// Starts a one-member etcd in `d` (its data and its log there), serving `scheme` on a free
 /// loopback port, with `extra` arguments; its client endpoint, and the process.
 pub(crate) fn spawn_etcd(d: &Path, scheme: &str, extra: &[&str]) -> Result<(String, Child), String> {
-    let (client, peer) = (free_port()?, free_port()?);
+    spawn_etcd_on(d, scheme, (free_port()?, free_port()?), extra)
+}
+
+/// [`spawn_etcd`] on these client and peer ports (an etcd started again where it was).
+pub(crate) fn spawn_etcd_on(
+    d: &Path,
+    scheme: &str,
+    (client, peer): (u16, u16),
+    extra: &[&str],
+) -> Result<(String, Child), String> {
     let endpoint = format!("{scheme}://127.0.0.1:{client}");
     let peer_url = format!("http://127.0.0.1:{peer}");
     let child = Command::new("etcd")
@@ -197,10 +206,19 @@ pub(crate) fn spawn_etcd(d: &Path, scheme: &str, extra: &[&str]) -> Result<(Stri
         .args(["--initial-cluster", &format!("t={peer_url}")])
         .args(extra)
         .stdout(Stdio::null())
-        .stderr(std::fs::File::create(d.join("etcd.log")).map_err(|e| e.to_string())?)
+        .stderr(log(d)?)
         .spawn()
         .map_err(|e| format!("cannot start etcd: {e}"))?;
     Ok((endpoint, child))
+}
+
+/// etcd's log in `d`, appended to (by each start of the same etcd).
+fn log(d: &Path) -> Result<std::fs::File, String> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(d.join("etcd.log"))
+        .map_err(|e| e.to_string())
 }
 
 /// Waits up to 20 s for `healthy`; the etcd's log in `d` if it never is.
@@ -235,7 +253,7 @@ pub(crate) fn need_tools(tools: &[&str]) -> Result<(), String> {
 }
 
 /// A TCP port nobody listens on now.
-fn free_port() -> Result<u16, String> {
+pub(crate) fn free_port() -> Result<u16, String> {
     let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
     Ok(l.local_addr().map_err(|e| e.to_string())?.port())
 }
