@@ -2591,7 +2591,8 @@ fn a_gateway_joins_an_etcd_that_serves_tls_and_knows_it_by_its_certificate() {
 
 /// A gateway proves itself to etcd with a user and the password its file holds (an etcd on
 /// its own machine, so in plain text): it joins and serves a pool on RADOS, its keys in that
-/// etcd. A password file others may read is refused, and the pool list says why.
+/// etcd, and goes on serving it through a restart of etcd. A password file others may read
+/// is refused, and the pool list says why.
 #[test]
 fn a_gateway_joins_an_etcd_as_a_user_with_a_password() {
     use std::os::unix::fs::PermissionsExt;
@@ -2600,7 +2601,8 @@ fn a_gateway_joins_an_etcd_as_a_user_with_a_password() {
     let Some((conf, _plain_etcd, _cluster)) = cluster(test) else {
         return;
     };
-    let etcd = match PasswordEtcd::start(300) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let mut etcd = match PasswordEtcd::start(300) {
         Ok(e) => e,
         Err(why) => return tessera_disk::skip(test, &why),
     };
@@ -2609,13 +2611,15 @@ fn a_gateway_joins_an_etcd_as_a_user_with_a_password() {
     etcd.user_for_prefix("gw-pw", "gw-pw-password", &format!("{prefix}/"))
         .unwrap();
     let t = tempfile::tempdir().unwrap();
+    let endpoint = etcd.endpoint.clone();
     let password_file = |name: &str, mode: u32| {
         let f = t.path().join(name);
         std::fs::write(&f, "gw-pw-password\n").unwrap();
         std::fs::set_permissions(&f, std::fs::Permissions::from_mode(mode)).unwrap();
         format!(
             "{}etcd_user = \"gw-pw\"\netcd_password_file = \"{}\"\n",
-            gateway("gw-pw", &etcd.endpoint, &prefix),
+            // A lease longer than etcd's restart takes on a busy machine.
+            gateway("gw-pw", &endpoint, &prefix).replace("lease_seconds = 3", "lease_seconds = 8"),
             f.display()
         )
     };
@@ -2624,6 +2628,35 @@ fn a_gateway_joins_an_etcd_as_a_user_with_a_password() {
     assert_eq!(pool_entry(&a, &pool)["rados"]["here"], true);
     let keys = etcd.ctl_as_root(&["get", "--prefix", "--keys-only", &prefix]).unwrap();
     assert!(keys.contains(&format!("pool.{pool}")), "{keys}");
+
+    // etcd is killed and started again, forgetting the gateway's token: the gateway serves
+    // the pool all along, at the same epoch, and its next request to etcd goes through.
+    let epoch = pool_entry(&a, &pool)["rados"]["epoch"].as_i64().unwrap();
+    let restarted = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let watcher = s.spawn(|| {
+            let mut looks = 0;
+            let t0 = Instant::now();
+            // Until 12 s past the restart, longer than the lease.
+            while !restarted.load(Ordering::Relaxed) || t0.elapsed() < Duration::from_secs(12) {
+                let p = pool_entry(&a, &pool);
+                assert!(
+                    p["health"] != "unavailable" && p["rados"]["here"] == true && p["rados"]["epoch"] == epoch,
+                    "the gateway let the pool go as etcd restarted: {p}\n{}",
+                    a.logs()
+                );
+                looks += 1;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            looks
+        });
+        etcd.restart().unwrap();
+        restarted.store(true, Ordering::Relaxed);
+        let looks = watcher.join().unwrap();
+        eprintln!("{test}: the pool was served at each of {looks} looks while etcd restarted");
+    });
+    create_rados_pool(&a, &format!("{pool}c"), &conf);
+    a.ok(&["pool", "destroy", &format!("{pool}c")]);
 
     let mut b = Daemon::start_configured(&t.path().join("b"), &password_file("pw-b", 0o644));
     let e = b.fails(&create_rados_pool_args(&format!("{pool}b"), &conf));
