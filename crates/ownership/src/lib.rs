@@ -23,6 +23,7 @@ pub mod fence;
 #[cfg(feature = "fencing")]
 pub mod fenced_disk;
 pub mod lease_clock;
+mod members;
 #[cfg(feature = "fencing")]
 pub mod rados_meta;
 
@@ -170,6 +171,8 @@ pub struct Gateway {
     follower: Option<JoinHandle<()>>,
     /// Buys the etcd user's token again before it lapses (etcd_user.rs); None without a user.
     token_keeper: Option<JoinHandle<()>>,
+    /// Keeps requests to the etcd members that answer (members.rs); None with one endpoint.
+    members_keeper: Option<JoinHandle<()>>,
 }
 
 impl Drop for Gateway {
@@ -178,6 +181,9 @@ impl Drop for Gateway {
             f.abort();
         }
         if let Some(k) = self.token_keeper.take() {
+            k.abort();
+        }
+        if let Some(k) = self.members_keeper.take() {
             k.abort();
         }
         // Nobody acts on the lease any more: it lapses, as a stalled gateway's does.
@@ -315,13 +321,16 @@ impl Gateway {
                 )));
             }
         }
-        let mut options = tls.map(|tls| {
-            let mut o = etcd_client::TlsOptions::new().ca_certificate(etcd_client::Certificate::from_pem(&tls.ca));
-            if let Some((cert, key)) = &tls.identity {
-                o = o.identity(etcd_client::Identity::from_pem(cert, key));
-            }
-            etcd_client::ConnectOptions::new().with_tls(o)
-        });
+        let tls_options = || {
+            tls.map(|tls| {
+                let mut o = etcd_client::TlsOptions::new().ca_certificate(etcd_client::Certificate::from_pem(&tls.ca));
+                if let Some((cert, key)) = &tls.identity {
+                    o = o.identity(etcd_client::Identity::from_pem(cert, key));
+                }
+                etcd_client::ConnectOptions::new().with_tls(o)
+            })
+        };
+        let mut options = tls_options();
         if let Some(u) = user {
             options = Some(
                 options
@@ -358,6 +367,13 @@ impl Gateway {
         ));
         let token_keeper =
             user.map(|u| etcd_user::keep_token(&client, u, renew_token.clone().expect("made with a user")));
+        let members_keeper = (endpoints.len() > 1).then(|| {
+            let full = endpoints
+                .iter()
+                .map(|e| members::full_endpoint(e, tls.is_some()))
+                .collect();
+            members::keep_members(client.clone(), full, tls_options())
+        });
         Ok(Gateway {
             client,
             name: name.to_string(),
@@ -367,6 +383,7 @@ impl Gateway {
             clock,
             follower: None,
             token_keeper,
+            members_keeper,
         })
     }
 

@@ -5,6 +5,7 @@
 
 pub mod cdbs;
 pub mod cunit;
+pub mod etcd_cluster;
 pub mod gated_ram;
 pub mod held;
 pub mod password_etcd;

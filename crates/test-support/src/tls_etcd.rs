@@ -213,7 +213,7 @@ pub(crate) fn spawn_etcd_on(
 }
 
 /// etcd's log in `d`, appended to (by each start of the same etcd).
-fn log(d: &Path) -> Result<std::fs::File, String> {
+pub(crate) fn log(d: &Path) -> Result<std::fs::File, String> {
     std::fs::OpenOptions::new()
         .create(true)
         .append(true)

@@ -1,0 +1,64 @@
+//! Against an etcd cluster of three members of the test's own, as an installation that must
+//! survive the loss of one runs it. Needs Debian's `etcd` and `etcdctl`; without them the
+//! test says it was skipped, and why.
+#![cfg(feature = "etcd")]
+
+use std::time::Duration;
+
+use tessera_ownership::Gateway;
+use tessera_test_support::etcd_cluster::{EtcdCluster, MEMBERS};
+
+/// A gateway given every member of the cluster keeps its lease, and what it owns at the same
+/// epoch, while each member in turn (the leader first) is killed and, once the lease's time
+/// has passed, started again: its renewals and its requests go on through the others. Until
+/// 2026-12-06 the first member to die under the lease's renewals made the gateway take its
+/// lease for lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_keeps_its_lease_while_the_members_of_its_etcd_fail_in_turn() {
+    let t = "a_gateway_keeps_its_lease_while_the_members_of_its_etcd_fail_in_turn";
+    let mut etcd = match tokio::task::spawn_blocking(EtcdCluster::start).await.unwrap() {
+        Ok(e) => e,
+        Err(why) => return tessera_disk::skip(t, &why),
+    };
+    let mut g = Gateway::join(&etcd.endpoints, "/tessera", "gw-a", 5).await.unwrap();
+    let before = g.acquire("pool.a").await.unwrap();
+    // Whether the lease's clock stopped holding at any time from here on.
+    let watched = g.lease_clock();
+    let stopped = tokio::spawn(async move {
+        loop {
+            if !watched.holds() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    let leader = etcd.leader().expect("a leader");
+    for k in (0..MEMBERS).map(|i| (leader + i) % MEMBERS) {
+        etcd = tokio::task::spawn_blocking(move || {
+            etcd.kill(k);
+            etcd
+        })
+        .await
+        .unwrap();
+        // Longer than the lease: renewed since, or lapsed.
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        assert!(g.alive(), "the lease keeper gave up once member {k} died");
+        assert!(
+            !stopped.is_finished(),
+            "the lease's clock stopped holding once member {k} died"
+        );
+        let owner = g.owner("pool.a").await.unwrap().expect("pool.a has an owner");
+        assert!(g.holds(&owner), "{owner:?}");
+        assert_eq!(owner.epoch, before.epoch);
+        // Another vdisk can be taken with one member down.
+        g.acquire(&format!("pool.{k}")).await.unwrap();
+        etcd = tokio::task::spawn_blocking(move || {
+            etcd.start_again(k).unwrap();
+            etcd
+        })
+        .await
+        .unwrap();
+    }
+    stopped.abort();
+    g.leave().await.unwrap();
+}
