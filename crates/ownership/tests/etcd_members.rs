@@ -10,7 +10,8 @@ use tessera_test_support::etcd_cluster::{EtcdCluster, MEMBERS};
 
 /// A gateway given every member of the cluster keeps its lease, and what it owns at the same
 /// epoch, while each member in turn (the leader first) is killed and, once the lease's time
-/// has passed, started again: its renewals and its requests go on through the others. Until
+/// has passed, started again, and while the leader stalls (SIGSTOP) as long: its renewals and
+/// its requests go on through the others. Until
 /// 2026-12-06 the first member to die under the lease's renewals made the gateway take its
 /// lease for lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -59,6 +60,19 @@ async fn a_gateway_keeps_its_lease_while_the_members_of_its_etcd_fail_in_turn() 
         .await
         .unwrap();
     }
+    // The leader stalls (SIGSTOP) for longer than the lease, and goes on.
+    let leader = etcd.leader().expect("a leader");
+    etcd.signal(leader, libc::SIGSTOP);
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let owner = g.owner("pool.a").await;
+    etcd.signal(leader, libc::SIGCONT);
+    let owner = owner.unwrap().expect("pool.a has an owner");
+    assert!(g.alive(), "the lease keeper gave up once the leader stalled");
+    assert!(
+        !stopped.is_finished(),
+        "the lease's clock stopped holding once the leader stalled"
+    );
+    assert_eq!((owner.epoch, g.holds(&owner)), (before.epoch, true), "{owner:?}");
     stopped.abort();
     g.leave().await.unwrap();
 }

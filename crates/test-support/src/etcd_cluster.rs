@@ -94,6 +94,12 @@ impl EtcdCluster {
         }
     }
 
+    /// Sends member `k` signal `sig` (SIGSTOP, SIGCONT).
+    pub fn signal(&self, k: usize, sig: i32) {
+        let child = self.members[k].child.as_ref().expect("member running");
+        assert_eq!(unsafe { libc::kill(child.id() as i32, sig) }, 0);
+    }
+
     /// Starts member `k` again on its data, and waits until the whole cluster answers.
     pub fn start_again(&mut self, k: usize) -> Result<(), String> {
         self.spawn(k)?;
