@@ -72,31 +72,6 @@ fn gateway(name: &str, etcd: &str, prefix: &str) -> String {
     format!("[gateway]\nname = \"{name}\"\netcd = [\"{etcd}\"]\nlease_seconds = 3\nprefix = \"{prefix}\"\n")
 }
 
-/// The pool's entry in `pool list --json` at daemon `d`.
-fn pool_entry(d: &Daemon, pool: &str) -> serde_json::Value {
-    let list = d.json(&["pool", "list"]);
-    list.as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["name"] == pool)
-        .cloned()
-        .unwrap_or_else(|| panic!("no pool {pool} in {list}"))
-}
-
-/// Waits until daemon `d` serves `pool` (it took it over), up to `limit`; returns how long.
-fn until_served(d: &Daemon, pool: &str, limit: Duration) -> Duration {
-    let t = Instant::now();
-    loop {
-        let p = pool_entry(d, pool);
-        if p["health"] != "unavailable" {
-            assert_eq!(p["rados"]["here"], true, "{p}");
-            return t.elapsed();
-        }
-        assert!(t.elapsed() < limit, "not taken over after {limit:?}: {p}\n{}", d.logs());
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 /// Waits until `d` serves `pool` at an epoch later than `epoch`: taken again, not still the
 /// opening it had (whose disks refuse everything once its lease lapsed).
 fn until_served_after(d: &Daemon, pool: &str, epoch: i64, limit: Duration) -> Duration {

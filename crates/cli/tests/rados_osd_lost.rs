@@ -223,22 +223,7 @@ fn acknowledged_writes_survive_an_osd_lost_for_good_in_a_pool_of_three_copies() 
     // Started anew, the gateway opens the pool from the two copies left.
     a.stop();
     let a = Daemon::start_configured(&state, &config);
-    let t1 = Instant::now();
-    loop {
-        let list = a.json(&["pool", "list"]);
-        let p = list.as_array().unwrap().iter().find(|p| p["name"] == pool).cloned();
-        if p.as_ref()
-            .is_some_and(|p| p["health"] != "unavailable" && p["rados"]["here"] == true)
-        {
-            break;
-        }
-        assert!(
-            t1.elapsed() < Duration::from_secs(30),
-            "the pool is not served again: {list}\n{}",
-            a.logs()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    until_served(&a, pool, Duration::from_secs(30));
     load::verify(&a.nbd_address(), &a_);
     let check = a.json(&["pool", "check", pool]);
     assert!(check["problems"].as_array().unwrap().is_empty(), "{check}");

@@ -4,7 +4,7 @@
 
 use std::process::{Child, Command, Stdio};
 
-use crate::tls_etcd::{free_port, log, need_tools, until_healthy};
+use crate::tls_etcd::{etcdctl, free_port, log, need_tools, until_healthy};
 
 /// How many members.
 pub const MEMBERS: usize = 3;
@@ -110,39 +110,26 @@ impl EtcdCluster {
     /// The member that leads now, if one does.
     pub fn leader(&self) -> Option<usize> {
         (0..MEMBERS).find(|&k| {
+            let mut c = Command::new("etcdctl");
+            c.args(["--endpoints", &self.endpoints[k]]);
             self.members[k].child.is_some()
-                && Command::new("etcdctl")
-                    .env("ETCDCTL_API", "3")
-                    .args(["--endpoints", &self.endpoints[k], "--dial-timeout", "2s"])
-                    .args(["endpoint", "status", "-w", "fields"])
-                    .output()
-                    .ok()
-                    .filter(|o| o.status.success())
-                    .is_some_and(|o| {
-                        let out = String::from_utf8_lossy(&o.stdout).into_owned();
-                        let field = |name: &str| {
-                            out.lines()
-                                .find_map(|l| l.strip_prefix(&format!("\"{name}\" : ")))
-                                .map(str::trim)
-                                .map(String::from)
-                        };
-                        field("Leader").is_some_and(|l| Some(l) == field("MemberID"))
-                    })
+                && etcdctl(c, &["endpoint", "status", "-w", "fields"]).is_ok_and(|out| {
+                    let field = |name: &str| {
+                        out.lines()
+                            .find_map(|l| l.strip_prefix(&format!("\"{name}\" : ")))
+                            .map(str::trim)
+                            .map(String::from)
+                    };
+                    field("Leader").is_some_and(|l| Some(l) == field("MemberID"))
+                })
         })
     }
 
     /// Runs `etcdctl` against every member.
     pub fn ctl(&self, args: &[&str]) -> Result<String, String> {
-        let out = Command::new("etcdctl")
-            .env("ETCDCTL_API", "3")
-            .args(["--endpoints", &self.endpoints.join(","), "--dial-timeout", "2s"])
-            .args(args)
-            .output()
-            .map_err(|e| format!("cannot run etcdctl: {e}"))?;
-        if !out.status.success() {
-            return Err(format!("etcdctl {args:?}: {}", String::from_utf8_lossy(&out.stderr)));
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        let mut c = Command::new("etcdctl");
+        c.args(["--endpoints", &self.endpoints.join(",")]);
+        etcdctl(c, args)
     }
 }
 

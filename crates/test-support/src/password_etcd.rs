@@ -4,7 +4,7 @@
 
 use std::process::{Child, Command};
 
-use crate::tls_etcd::{free_port, need_tools, spawn_etcd_on, until_healthy};
+use crate::tls_etcd::{etcdctl, free_port, need_tools, spawn_etcd_on, until_healthy};
 
 const ROOT_PASSWORD: &str = "root-password";
 
@@ -90,16 +90,11 @@ impl PasswordEtcd {
     /// Runs `etcdctl` as `user` (name, password), or as nobody.
     fn ctl(&self, user: Option<(&str, &str)>, args: &[&str]) -> Result<String, String> {
         let mut c = Command::new("etcdctl");
-        c.env("ETCDCTL_API", "3")
-            .args(["--endpoints", &self.endpoint, "--dial-timeout", "2s"]);
+        c.args(["--endpoints", &self.endpoint]);
         if let Some((name, password)) = user {
             c.args(["--user", &format!("{name}:{password}")]);
         }
-        let out = c.args(args).output().map_err(|e| format!("cannot run etcdctl: {e}"))?;
-        if !out.status.success() {
-            return Err(format!("etcdctl {args:?}: {}", String::from_utf8_lossy(&out.stderr)));
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        etcdctl(c, args)
     }
 }
 

@@ -90,23 +90,30 @@ impl TlsEtcd {
     /// Runs `etcdctl` as `user`.
     pub fn ctl(&self, user: &str, args: &[&str]) -> Result<String, String> {
         let id = self.identity(user)?;
-        let out = Command::new("etcdctl")
-            .env("ETCDCTL_API", "3")
-            .args(["--endpoints", &self.endpoint, "--cacert"])
+        let mut c = Command::new("etcdctl");
+        c.args(["--endpoints", &self.endpoint, "--cacert"])
             .arg(self.ca())
             .arg("--cert")
             .arg(&id.cert)
             .arg("--key")
-            .arg(&id.key)
-            .args(["--dial-timeout", "2s"])
-            .args(args)
-            .output()
-            .map_err(|e| format!("cannot run etcdctl: {e}"))?;
-        if !out.status.success() {
-            return Err(format!("etcdctl {args:?}: {}", String::from_utf8_lossy(&out.stderr)));
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+            .arg(&id.key);
+        etcdctl(c, args)
     }
+}
+
+/// Runs `c` (`etcdctl` with the endpoints and credentials to use), with `args` after them:
+/// its output, or why it failed.
+pub(crate) fn etcdctl(mut c: Command, args: &[&str]) -> Result<String, String> {
+    let out = c
+        .env("ETCDCTL_API", "3")
+        .args(["--dial-timeout", "2s"])
+        .args(args)
+        .output()
+        .map_err(|e| format!("cannot run etcdctl: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("etcdctl {args:?}: {}", String::from_utf8_lossy(&out.stderr)));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 impl Drop for TlsEtcd {

@@ -553,6 +553,31 @@ pub fn ok(cmd: &str, args: &[&str]) -> String {
     out
 }
 
+/// The pool's entry in `pool list --json` at daemon `d`.
+pub fn pool_entry(d: &Daemon, pool: &str) -> serde_json::Value {
+    let list = d.json(&["pool", "list"]);
+    list.as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == pool)
+        .cloned()
+        .unwrap_or_else(|| panic!("no pool {pool} in {list}"))
+}
+
+/// Waits until daemon `d` serves `pool` (it took it over), up to `limit`; returns how long.
+pub fn until_served(d: &Daemon, pool: &str, limit: Duration) -> Duration {
+    let t = Instant::now();
+    loop {
+        let p = pool_entry(d, pool);
+        if p["health"] != "unavailable" {
+            assert_eq!(p["rados"]["here"], true, "{p}");
+            return t.elapsed();
+        }
+        assert!(t.elapsed() < limit, "not taken over after {limit:?}: {p}\n{}", d.logs());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// The member disk holding the most data, among the healthy ones.
 pub fn busiest_disk(d: &Daemon, pool: &str) -> String {
     d.json(&["disk", "list", pool])
