@@ -236,8 +236,11 @@ async fn keep_lease(
             Some(s) => s,
             None => match tokio::time::timeout(every, client.lease_keep_alive(lease)).await {
                 Ok(Ok(s)) => stream.insert(s),
-                Ok(Err(_)) | Err(_) => {
-                    if !renewed.holds() {
+                failed => {
+                    // etcd says the lease is gone (revoked, or expired while etcd was away
+                    // from this gateway): lost at once, not once the clock runs out.
+                    let gone = matches!(&failed, Ok(Err(e)) if e.to_string().contains("lease not found"));
+                    if gone || !renewed.holds() {
                         renewed.lapsed();
                         return;
                     }

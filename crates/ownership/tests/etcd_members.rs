@@ -9,7 +9,7 @@ use tessera_ownership::Gateway;
 use tessera_test_support::etcd_cluster::{EtcdCluster, MEMBERS};
 
 /// A gateway given every member of the cluster keeps its lease, and what it owns at the same
-/// epoch, while each member in turn (the leader first) is killed and, once the lease's time
+/// epoch, while each member in turn (the leader first) is killed and, once the lease's time (8 s)
 /// has passed, started again, and while the leader stalls (SIGSTOP) as long: its renewals and
 /// its requests go on through the others. Until
 /// 2026-12-06 the first member to die under the lease's renewals made the gateway take its
@@ -21,7 +21,7 @@ async fn a_gateway_keeps_its_lease_while_the_members_of_its_etcd_fail_in_turn() 
         Ok(e) => e,
         Err(why) => return tessera_disk::skip(t, &why),
     };
-    let mut g = Gateway::join(&etcd.endpoints, "/tessera", "gw-a", 5).await.unwrap();
+    let mut g = Gateway::join(&etcd.endpoints, "/tessera", "gw-a", 8).await.unwrap();
     let before = g.acquire("pool.a").await.unwrap();
     // Whether the lease's clock stopped holding at any time from here on.
     let watched = g.lease_clock();
@@ -42,7 +42,7 @@ async fn a_gateway_keeps_its_lease_while_the_members_of_its_etcd_fail_in_turn() 
         .await
         .unwrap();
         // Longer than the lease: renewed since, or lapsed.
-        tokio::time::sleep(Duration::from_secs(6)).await;
+        tokio::time::sleep(Duration::from_secs(9)).await;
         assert!(g.alive(), "the lease keeper gave up once member {k} died");
         assert!(
             !stopped.is_finished(),
@@ -63,8 +63,10 @@ async fn a_gateway_keeps_its_lease_while_the_members_of_its_etcd_fail_in_turn() 
     // The leader stalls (SIGSTOP) for longer than the lease, and goes on.
     let leader = etcd.leader().expect("a leader");
     etcd.signal(leader, libc::SIGSTOP);
-    tokio::time::sleep(Duration::from_secs(6)).await;
-    let owner = g.owner("pool.a").await;
+    tokio::time::sleep(Duration::from_secs(9)).await;
+    let owner = tokio::time::timeout(Duration::from_secs(10), g.owner("pool.a"))
+        .await
+        .expect("a request hung while the leader stalled");
     etcd.signal(leader, libc::SIGCONT);
     let owner = owner.unwrap().expect("pool.a has an owner");
     assert!(g.alive(), "the lease keeper gave up once the leader stalled");

@@ -98,7 +98,7 @@ async fn a_gateway_keeps_its_lease_through_a_restart_of_etcd() {
     let ep = vec![etcd.endpoint.clone()];
     etcd.user_for_prefix("gw-a", "gw-a-password", "/tessera/").unwrap();
     let user = EtcdUser::new("gw-a", "gw-a-password");
-    let mut g = Gateway::join_as(&ep, None, Some(&user), "/tessera", "gw-a", 5)
+    let mut g = Gateway::join_as(&ep, None, Some(&user), "/tessera", "gw-a", 8)
         .await
         .unwrap();
     let before = g.acquire("pool.a").await.unwrap();
@@ -121,7 +121,7 @@ async fn a_gateway_keeps_its_lease_through_a_restart_of_etcd() {
     .unwrap()
     .unwrap();
     // Longer than the lease: it was renewed since, or it lapsed.
-    tokio::time::sleep(Duration::from_secs(7)).await;
+    tokio::time::sleep(Duration::from_secs(9)).await;
     assert!(g.alive(), "the gateway's lease keeper gave up");
     assert!(!stopped.is_finished(), "the lease's clock stopped holding");
     stopped.abort();
