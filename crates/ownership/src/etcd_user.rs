@@ -66,18 +66,23 @@ pub fn is_loopback(endpoint: &str) -> bool {
 /// How soon a renewal that failed is tried again (etcd electing a leader, a timeout).
 const RETRY: Duration = Duration::from_secs(2);
 
-/// Buys `user` a new token every `token_period`, and at once when `now` is notified (etcd
-/// may have restarted and forgotten it), for every clone of `client` (they share it). A
-/// failure is logged and tried again soon; the token bought before still serves until it
-/// lapses.
+/// Buys `user` a new token every `token_period`, and soon when `now` is notified (etcd may
+/// have restarted and forgotten it), for every clone of `client` (they share it). A failure
+/// is logged and tried again soon; the token bought before still serves until it lapses.
 pub fn keep_token(client: &Client, user: &EtcdUser, now: Arc<Notify>) -> JoinHandle<()> {
     let mut auth = client.auth_client();
     let user = user.clone();
     tokio::spawn(async move {
         let mut wait = user.token_period;
+        let mut last = tokio::time::Instant::now();
         loop {
-            // Until the period is up, or etcd may have forgotten the token.
-            let _ = tokio::time::timeout(wait, now.notified()).await;
+            // Until the period is up, or etcd may have forgotten the token; but not more
+            // often than every RETRY, however often the lease's stream breaks (each token
+            // costs etcd a proposal and a password hash).
+            if tokio::time::timeout(wait, now.notified()).await.is_ok() {
+                tokio::time::sleep_until(last + RETRY.min(user.token_period)).await;
+            }
+            last = tokio::time::Instant::now();
             let mut renewed = renew(&mut auth, &user).await;
             if renewed.as_ref().is_err_and(token_unknown) {
                 // etcd refuses a request that carries a token it no longer knows (one that

@@ -222,9 +222,12 @@ const REOPEN: Duration = Duration::from_millis(200);
 /// meanwhile, as often as it takes: the lease surely holds until `renewed` says otherwise
 /// (etcd counts from the arrival of the last renewal it answered, and gives a lease its whole
 /// time again when it restarts), so a short outage of etcd costs the gateway nothing.
+/// Opening a stream renews the lease (etcd answers the first renewal before the stream is
+/// handed over): that renewal counts, for the lease's `granted` time.
 async fn keep_lease(
     mut client: Client,
     lease: i64,
+    granted: Duration,
     stream: (etcd_client::LeaseKeeper, etcd_client::LeaseKeepAliveStream),
     every: Duration,
     renewed: LeaseClock,
@@ -234,20 +237,34 @@ async fn keep_lease(
     loop {
         let (keeper, answers) = match &mut stream {
             Some(s) => s,
-            None => match tokio::time::timeout(every, client.lease_keep_alive(lease)).await {
-                Ok(Ok(s)) => stream.insert(s),
-                failed => {
-                    // etcd says the lease is gone (revoked, or expired while etcd was away
-                    // from this gateway): lost at once, not once the clock runs out.
-                    let gone = matches!(&failed, Ok(Err(e)) if e.to_string().contains("lease not found"));
-                    if gone || !renewed.holds() {
-                        renewed.lapsed();
-                        return;
+            None => {
+                let sent = std::time::Instant::now();
+                // Half a period at most: a member that stalls must leave time to try another
+                // before the lease runs out.
+                match tokio::time::timeout(every / 2, client.lease_keep_alive(lease)).await {
+                    Ok(Ok(s)) => {
+                        stream = Some(s);
+                        renewed.renewed(sent, granted);
+                        tokio::time::sleep(every).await;
+                        continue;
                     }
-                    tokio::time::sleep(REOPEN).await;
-                    continue;
+                    failed => {
+                        // etcd says the lease is gone (revoked, or expired while etcd was
+                        // away from this gateway): lost at once, not once the clock runs out.
+                        let gone = matches!(&failed, Ok(Err(e)) if e.to_string().contains("lease not found"));
+                        if gone || !renewed.holds() {
+                            renewed.lapsed();
+                            return;
+                        }
+                        // Refused at once (etcd restarting): not again at once. Timed out:
+                        // half a period has gone already.
+                        if failed.is_ok() {
+                            tokio::time::sleep(REOPEN.saturating_sub(sent.elapsed())).await;
+                        }
+                        continue;
+                    }
                 }
-            },
+            }
         };
         let sent = std::time::Instant::now();
         let answer = match keeper.keep_alive().await {
@@ -355,7 +372,8 @@ impl Gateway {
         let asked = std::time::Instant::now();
         let granted = client.lease_grant(ttl, None).await?;
         let lease = granted.id();
-        let clock = LeaseClock::granted(asked, Duration::from_secs(granted.ttl().max(0) as u64));
+        let granted = Duration::from_secs(granted.ttl().max(0) as u64);
+        let clock = LeaseClock::granted(asked, granted);
         let stream = client.lease_keep_alive(lease).await?;
         let every = Duration::from_millis(ttl as u64 * 1000 / 3);
         // Wakes the token's renewal when the lease's stream breaks (keep_lease).
@@ -363,6 +381,7 @@ impl Gateway {
         let keeper = tokio::spawn(keep_lease(
             client.clone(),
             lease,
+            granted,
             stream,
             every,
             clock.clone(),

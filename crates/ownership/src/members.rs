@@ -1,10 +1,10 @@
 //! Which etcd members a gateway's requests go to. etcd-client spreads them over every
-//! endpoint it was given, whether its member answers or not: with one member of three
+//! endpoint it was given, whether its member can serve them or not: with one member of three
 //! killed, a share of the gateway's requests failed at once ("connection refused"), taking a
-//! pool over among them. Each member is asked for its status every second, on a connection
-//! of its own; one that does not answer is taken out of the spread, and put back once it
-//! answers again. The last one is never taken out: with every member down, requests fail at
-//! once rather than wait for one to come back.
+//! pool over among them. Every member is asked for its status each second, all at once, each
+//! on a connection of its own. A member that cannot serve is taken out of the spread, and put
+//! back once it can again. With none that can, every member is in the spread: requests then
+//! fail, or wait for a member to come back, rather than have nowhere to go.
 
 use std::time::Duration;
 
@@ -27,57 +27,153 @@ pub(crate) fn full_endpoint(e: &str, tls: bool) -> String {
     }
 }
 
-/// Keeps `client`'s spread to the members of `endpoints` that answer, asking each through a
-/// client of its own made with `options` (TLS, no user: a member's status needs none).
+/// What a member said to a status request.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Heard {
+    /// It knows a leader, has no alarm raised, and is in this raft term.
+    Serves(u64),
+    /// It refused to say, for want of a login (etcd 3.5.28 and later want one for a member's
+    /// status): it is up, though how it stands is not known.
+    Refuses,
+    /// Nothing in time, no connection, or it knows no leader or has an alarm raised.
+    Cannot,
+}
+
+/// Which members requests should go to: those that serve in the highest term heard (a leader
+/// resumed from a stall answers in the term it was stopped in, and may answer a lease's
+/// renewal that the new leader never sees), and those that refuse to say; every member when
+/// none of them does.
+fn spread_to(heard: &[Heard]) -> Vec<bool> {
+    let term = heard
+        .iter()
+        .filter_map(|h| match h {
+            Heard::Serves(t) => Some(*t),
+            _ => None,
+        })
+        .max();
+    let to: Vec<bool> = heard
+        .iter()
+        .map(|h| match h {
+            Heard::Serves(t) => Some(*t) == term,
+            Heard::Refuses => true,
+            Heard::Cannot => false,
+        })
+        .collect();
+    if to.iter().any(|&t| t) {
+        to
+    } else {
+        vec![true; heard.len()]
+    }
+}
+
+/// Keeps `client`'s spread to the members of `endpoints` that can serve, asking each through
+/// a client of its own made with `options` (TLS, no user).
 pub(crate) fn keep_members(client: Client, endpoints: Vec<String>, options: Option<ConnectOptions>) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut probes: Vec<Option<Client>> = vec![None; endpoints.len()];
         let mut spread = vec![true; endpoints.len()];
+        let mut none_served = false;
         loop {
-            tokio::time::sleep(EVERY).await;
-            let mut answers = Vec::with_capacity(endpoints.len());
-            for (e, probe) in endpoints.iter().zip(probes.iter_mut()) {
-                answers.push(answers_now(e, probe, &options).await);
-            }
-            let any = answers.iter().any(|&a| a);
-            for (k, e) in endpoints.iter().enumerate() {
-                let change = match (spread[k], answers[k]) {
-                    (true, false) if any => client.remove_endpoint(e).await,
-                    (false, true) => client.add_endpoint(e).await,
-                    _ => continue,
-                };
-                match change {
-                    Ok(()) => {
-                        spread[k] = answers[k];
-                        tracing::info!(endpoint = %e, answers = answers[k], "etcd member {}", if answers[k] { "answers again: requests go to it" } else { "does not answer: requests go to the others" });
-                    }
-                    Err(err) => {
-                        tracing::warn!(endpoint = %e, error = %err, "cannot change which etcd members requests go to")
-                    }
+            let round = tokio::time::Instant::now();
+            let asked = endpoints
+                .iter()
+                .zip(probes.iter_mut())
+                .map(|(e, probe)| hear(e, probe, &options));
+            let heard = futures_util::future::join_all(asked).await;
+            let to = spread_to(&heard);
+            let none_serves = heard.iter().all(|h| *h == Heard::Cannot);
+            if none_serves != none_served {
+                if none_serves {
+                    tracing::warn!("no etcd member answers as one that serves: requests go to every one of them");
+                } else {
+                    tracing::info!("an etcd member serves again");
                 }
+                none_served = none_serves;
             }
-            // Every member down: all of them back in the spread, so that requests fail at
-            // once, and go through as soon as any member comes back.
-            if !any {
+            // Adds before removes, so that the spread is never empty between the two.
+            for add in [true, false] {
                 for (k, e) in endpoints.iter().enumerate() {
-                    if !spread[k] && client.add_endpoint(e).await.is_ok() {
-                        spread[k] = true;
+                    if to[k] != add || spread[k] == add {
+                        continue;
+                    }
+                    // The change waits for room in a channel that the client drains only as
+                    // requests flow: an idle gateway must not hang here.
+                    let change = if add {
+                        tokio::time::timeout(ANSWER, client.add_endpoint(e)).await
+                    } else {
+                        tokio::time::timeout(ANSWER, client.remove_endpoint(e)).await
+                    };
+                    match change {
+                        Ok(Ok(())) => {
+                            spread[k] = add;
+                            tracing::info!(endpoint = %e, heard = ?heard[k], "etcd member {}", if add { "can serve: requests go to it" } else { "cannot serve: requests go to the others" });
+                        }
+                        Ok(Err(err)) => {
+                            tracing::warn!(endpoint = %e, error = %err, "cannot change which etcd members requests go to")
+                        }
+                        Err(_) => tracing::warn!(endpoint = %e, "changing which etcd members requests go to timed out"),
                     }
                 }
             }
+            tokio::time::sleep_until(round + EVERY).await;
         }
     })
 }
 
-/// Whether the member at `endpoint` answers a status request within `ANSWER`.
-async fn answers_now(endpoint: &str, probe: &mut Option<Client>, options: &Option<ConnectOptions>) -> bool {
+/// What the member at `endpoint` says to a status request within `ANSWER`.
+async fn hear(endpoint: &str, probe: &mut Option<Client>, options: &Option<ConnectOptions>) -> Heard {
     if probe.is_none() {
         let connect = Client::connect([endpoint], options.clone());
         match tokio::time::timeout(ANSWER, connect).await {
             Ok(Ok(c)) => *probe = Some(c),
-            _ => return false,
+            _ => return Heard::Cannot,
         }
     }
     let c = probe.as_mut().expect("made above");
-    matches!(tokio::time::timeout(ANSWER, c.status()).await, Ok(Ok(_)))
+    match tokio::time::timeout(ANSWER, c.status()).await {
+        Ok(Ok(s)) if s.leader() != 0 && s.errors().is_empty() => Heard::Serves(s.raft_term()),
+        Ok(Err(etcd_client::Error::GRpcStatus(s)))
+            if matches!(s.code(), tonic::Code::Unauthenticated | tonic::Code::PermissionDenied) =>
+        {
+            Heard::Refuses
+        }
+        _ => Heard::Cannot,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use Heard::*;
+
+    #[test]
+    fn requests_go_to_the_members_that_serve_in_the_newest_term() {
+        assert_eq!(spread_to(&[Serves(7), Cannot, Serves(7)]), [true, false, true]);
+        // A leader resumed from a stall, still in the term it was stopped in.
+        assert_eq!(spread_to(&[Serves(7), Serves(8), Serves(8)]), [false, true, true]);
+        // A member that wants a login to say how it stands is up: it keeps its requests.
+        assert_eq!(spread_to(&[Refuses, Refuses, Cannot]), [true, true, false]);
+        assert_eq!(spread_to(&[Serves(3), Refuses, Cannot]), [true, true, false]);
+    }
+
+    #[test]
+    fn with_no_member_that_serves_requests_go_to_every_one() {
+        assert_eq!(spread_to(&[Cannot, Cannot, Cannot]), [true, true, true]);
+        assert_eq!(spread_to(&[Cannot]), [true]);
+    }
+
+    /// The spread is keyed by the endpoint's URI: the one given to `remove_endpoint` must be
+    /// the one etcd-client made of the endpoint it was given (it adds `http://`, or
+    /// `https://` with TLS set up, to one given without a scheme).
+    #[test]
+    fn endpoints_are_named_as_the_client_names_them() {
+        for (given, tls, full) in [
+            ("h:1", false, "http://h:1"),
+            ("h:1", true, "https://h:1"),
+            ("http://h:1", false, "http://h:1"),
+            ("https://h:1", true, "https://h:1"),
+        ] {
+            assert_eq!(full_endpoint(given, tls), full);
+        }
+    }
 }

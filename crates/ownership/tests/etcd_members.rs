@@ -5,6 +5,8 @@
 
 use std::time::Duration;
 
+mod common;
+
 use tessera_ownership::Gateway;
 use tessera_test_support::etcd_cluster::{EtcdCluster, MEMBERS};
 
@@ -23,16 +25,7 @@ async fn a_gateway_keeps_its_lease_while_the_members_of_its_etcd_fail_in_turn() 
     };
     let mut g = Gateway::join(&etcd.endpoints, "/tessera", "gw-a", 8).await.unwrap();
     let before = g.acquire("pool.a").await.unwrap();
-    // Whether the lease's clock stopped holding at any time from here on.
-    let watched = g.lease_clock();
-    let stopped = tokio::spawn(async move {
-        loop {
-            if !watched.holds() {
-                return true;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    });
+    let stopped = common::watch_lease(g.lease_clock());
     let leader = etcd.leader().expect("a leader");
     for k in (0..MEMBERS).map(|i| (leader + i) % MEMBERS) {
         etcd = tokio::task::spawn_blocking(move || {

@@ -63,3 +63,14 @@ pub async fn next(w: &mut tessera_ownership::NoticesComing) -> Vec<(String, Vec<
         .expect("a notice comes")
         .expect("the watch goes on")
 }
+
+/// Watches `clock` every 20 ms from now on. The task ends the first time the clock stops
+/// holding: `is_finished()` says whether it ever did.
+#[cfg(feature = "etcd")]
+pub fn watch_lease(clock: tessera_ownership::LeaseClock) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        while clock.holds() {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+}
