@@ -43,19 +43,7 @@ fn cluster_config(test: &str) -> Option<(String, String)> {
 
 /// The command that creates pool `pool` in the test RADOS pool (4 GiB, 64 MiB slabs).
 fn create_rados_pool_args<'a>(pool: &'a str, conf: &'a str) -> [&'a str; 11] {
-    [
-        "pool",
-        "create",
-        pool,
-        "--rados",
-        RADOS_POOL,
-        "--ceph-conf",
-        conf,
-        "--capacity",
-        "4G",
-        "--slab-size",
-        "64M",
-    ]
+    rados_pool_args(pool, RADOS_POOL, conf)
 }
 
 /// Creates pool `pool` in the test RADOS pool through daemon `d`; what the CLI said.
@@ -67,10 +55,6 @@ const RADOS_POOL: &str = "tessera-gateways";
 
 /// The API token of the daemons whose dashboard a test looks at.
 const TOKEN: &str = "gateway-token-0123456789abcdef";
-
-fn gateway(name: &str, etcd: &str, prefix: &str) -> String {
-    format!("[gateway]\nname = \"{name}\"\netcd = [\"{etcd}\"]\nlease_seconds = 3\nprefix = \"{prefix}\"\n")
-}
 
 /// Waits until `d` serves `pool` at an epoch later than `epoch`: taken again, not still the
 /// opening it had (whose disks refuse everything once its lease lapsed).
@@ -125,7 +109,7 @@ fn a_pool_on_rados_moves_to_the_other_gateway_when_its_owner_stalls_or_dies() {
     let pool = format!("gw{pid}");
     let prefix = format!("/tessera-test-{pid}");
     let t = tempfile::tempdir().unwrap();
-    let mut a = Daemon::start_configured(&t.path().join("a"), &gateway("gw-a", &etcd, &prefix));
+    let mut a = Daemon::start_configured(&t.path().join("a"), &gateway_config("gw-a", &etcd, &prefix));
 
     // Refusals first: a RADOS pool that does not exist, a capacity left out.
     let e = a.fails(&[
@@ -179,7 +163,7 @@ fn a_pool_on_rados_moves_to_the_other_gateway_when_its_owner_stalls_or_dies() {
     assert!(e.contains("already exists"), "{e}");
 
     // Gateway B imports the pool and waits: A owns it.
-    let mut b = Daemon::start_configured(&t.path().join("b"), &gateway("gw-b", &etcd, &prefix));
+    let mut b = Daemon::start_configured(&t.path().join("b"), &gateway_config("gw-b", &etcd, &prefix));
     b.ok(&["pool", "import", &pool, "--rados", RADOS_POOL, "--ceph-conf", &conf]);
     let p = pool_entry(&b, &pool);
     assert_eq!(p["health"], "unavailable", "{p}");
@@ -265,7 +249,7 @@ fn a_pool_on_rados_moves_to_the_other_gateway_when_its_owner_stalls_or_dies() {
     // run's ownership for its own; it waits for the lease, then takes the pool over like any
     // other gateway would (fencing the old run off).
     a.kill9();
-    let mut a = Daemon::start_configured(&t.path().join("a"), &gateway("gw-a", &etcd, &prefix));
+    let mut a = Daemon::start_configured(&t.path().join("a"), &gateway_config("gw-a", &etcd, &prefix));
     let p = pool_entry(&a, &pool);
     if p["health"] == "unavailable" {
         assert!(p["problem"].as_str().unwrap().contains("an earlier run"), "{p}");
@@ -282,7 +266,7 @@ fn a_pool_on_rados_moves_to_the_other_gateway_when_its_owner_stalls_or_dies() {
     let (got, owner) = run_env("etcdctl", &["--endpoints", &etcd, "get", &key], &[("ETCDCTL_API", "3")]);
     assert!(got, "{owner}");
     assert!(owner.trim().is_empty(), "still owned after a clean stop: {owner}");
-    let mut b = Daemon::start_configured(&t.path().join("b"), &gateway("gw-b", &etcd, &prefix));
+    let mut b = Daemon::start_configured(&t.path().join("b"), &gateway_config("gw-b", &etcd, &prefix));
     until_served(&b, &pool, Duration::from_secs(15));
     let (r, out) = qemu_io(&b, "v", "read -P 0xb2 0 1M");
     assert!(r, "{out}");
@@ -317,23 +301,22 @@ fn a_pool_name_is_one_pool_among_the_gateways_until_it_is_destroyed() {
     let t = tempfile::tempdir().unwrap();
     // An import of a place that holds no such pool claims nothing: the pool is made where
     // it is asked for all the same.
-    let mut c = Daemon::start_configured(&t.path().join("c"), &gateway("gw-c", &etcd, &prefix));
+    let mut c = Daemon::start_configured(&t.path().join("c"), &gateway_config("gw-c", &etcd, &prefix));
     c.ok(&["pool", "import", &pool, "--rados", other, "--ceph-conf", &conf]);
     assert_eq!(pool_entry(&c, &pool)["health"], "unavailable");
     std::thread::sleep(Duration::from_secs(2));
     c.ok(&["pool", "export", &pool]);
     c.stop();
-    let mut a = Daemon::start_configured(&t.path().join("a"), &gateway("gw-a", &etcd, &prefix));
+    let mut a = Daemon::start_configured(&t.path().join("a"), &gateway_config("gw-a", &etcd, &prefix));
     create_rados_pool(&a, &pool, &conf);
-    let mut b = Daemon::start_configured(&t.path().join("b"), &gateway("gw-b", &etcd, &prefix));
-    let mut elsewhere = create_rados_pool_args(&pool, &conf);
-    elsewhere[4] = other;
+    let mut b = Daemon::start_configured(&t.path().join("b"), &gateway_config("gw-b", &etcd, &prefix));
+    let elsewhere = rados_pool_args(&pool, other, &conf);
     let e = b.fails(&elsewhere);
     assert!(
         e.contains(&format!("another pool named {pool} is served by these gateways")) && e.contains(other),
         "{e}"
     );
-    let mut c = Daemon::start_configured(&t.path().join("c2"), &gateway("gw-c", &etcd, &prefix));
+    let mut c = Daemon::start_configured(&t.path().join("c2"), &gateway_config("gw-c", &etcd, &prefix));
     let e = c.fails(&["pool", "import", &pool, "--rados", other, "--ceph-conf", &conf]);
     assert!(e.contains("another pool named"), "{e}");
     assert!(
@@ -364,7 +347,7 @@ fn a_pool_on_rados_that_cannot_be_recorded_is_not_made() {
     let prefix = format!("/tessera-test-unrecorded-{pid}");
     let t = tempfile::tempdir().unwrap();
     let state = t.path().join("a");
-    let mut a = Daemon::start_configured(&state, &gateway("gw-a", &etcd, &prefix));
+    let mut a = Daemon::start_configured(&state, &gateway_config("gw-a", &etcd, &prefix));
     // The list is written through a temporary file beside it: a directory there fails it.
     let blocker = state.join("imported.json.tmp");
     std::fs::create_dir(&blocker).unwrap();
@@ -375,7 +358,7 @@ fn a_pool_on_rados_that_cannot_be_recorded_is_not_made() {
     let out = create_rados_pool(&a, &pool, &conf);
     assert!(out.contains("owned by gateway gw-a"), "{out}");
     a.stop();
-    let a = Daemon::start_configured(&state, &gateway("gw-a", &etcd, &prefix));
+    let a = Daemon::start_configured(&state, &gateway_config("gw-a", &etcd, &prefix));
     until_served(&a, &pool, Duration::from_secs(30));
     a.ok(&["pool", "destroy", &pool]);
 }
@@ -393,7 +376,7 @@ fn a_stalled_owner_is_fenced_off_even_when_etcd_lost_the_fence_record() {
     let pool = format!("lostfence{pid}");
     let prefix = format!("/tessera-test-lostfence-{pid}");
     let t = tempfile::tempdir().unwrap();
-    let mut a = Daemon::start_configured(&t.path().join("a"), &gateway("gw-a", &etcd, &prefix));
+    let mut a = Daemon::start_configured(&t.path().join("a"), &gateway_config("gw-a", &etcd, &prefix));
     create_rados_pool(&a, &pool, &conf);
     let vdisk = format!("{pool}/v");
     a.ok(&["vdisk", "create", &vdisk, "--size", "16M", "--layout", "simple"]);
@@ -401,7 +384,7 @@ fn a_stalled_owner_is_fenced_off_even_when_etcd_lost_the_fence_record() {
         .as_str()
         .expect("the owner's client address")
         .to_string();
-    let mut b = Daemon::start_configured(&t.path().join("b"), &gateway("gw-b", &etcd, &prefix));
+    let mut b = Daemon::start_configured(&t.path().join("b"), &gateway_config("gw-b", &etcd, &prefix));
     b.ok(&["pool", "import", &pool, "--rados", RADOS_POOL, "--ceph-conf", &conf]);
     signal(&a, libc::SIGSTOP);
     let fence_key = format!("{prefix}/fence/pool.{pool}");
@@ -483,7 +466,7 @@ fn a_ceph_configuration_file_named_through_the_api_leads_nowhere_outside_the_dat
     let config = format!(
         "data_paths = [\"{}\"]\n{}",
         data.display(),
-        gateway("gw-a", &etcd, &prefix)
+        gateway_config("gw-a", &etcd, &prefix)
     );
     let mut a = Daemon::start_configured(&t.path().join("a"), &config);
     let e = a.fails(&create_rados_pool_args(&pool, &conf));
@@ -635,7 +618,7 @@ fn gateways_need_only_the_caps_of_librbd_and_one_that_cannot_fence_serves_nothin
         &osd_caps,
     );
 
-    let mut a = Daemon::start_on_tcp(&t.path().join("a"), &gateway("gw-a", &etcd, &prefix), TOKEN);
+    let mut a = Daemon::start_on_tcp(&t.path().join("a"), &gateway_config("gw-a", &etcd, &prefix), TOKEN);
     let mut create = create_rados_pool_args(&pool, &conf).to_vec();
     create.extend(["--client-name", &client]);
     let out = a.ok(&create);
@@ -661,7 +644,7 @@ fn gateways_need_only_the_caps_of_librbd_and_one_that_cannot_fence_serves_nothin
         20,
     );
 
-    let mut b = Daemon::start_configured(&t.path().join("b"), &gateway("gw-b", &etcd, &prefix));
+    let mut b = Daemon::start_configured(&t.path().join("b"), &gateway_config("gw-b", &etcd, &prefix));
     import_as(&b, &pool, &conf, &client);
     b.ok(&["nbd", "export", &vdisk]);
     signal(&a, libc::SIGSTOP);
@@ -687,7 +670,7 @@ fn gateways_need_only_the_caps_of_librbd_and_one_that_cannot_fence_serves_nothin
         "allow r",
         &osd_caps,
     );
-    let mut c = Daemon::start_on_tcp(&t.path().join("c"), &gateway("gw-c", &etcd, &prefix), TOKEN);
+    let mut c = Daemon::start_on_tcp(&t.path().join("c"), &gateway_config("gw-c", &etcd, &prefix), TOKEN);
     import_as(&c, &pool, &weak_conf, &weak);
     c.ok(&["nbd", "export", &vdisk]);
     let b_epoch = pool_entry(&b, &pool)["rados"]["epoch"].as_i64().unwrap();
@@ -800,7 +783,7 @@ fn a_pool_whose_writes_were_refused_is_opened_again_and_goes_on() {
     let t = tempfile::tempdir().unwrap();
     let mut a = Daemon::start_configured(
         &t.path().join("a"),
-        &gateway("gw-a", &etcd, &format!("/tessera-test-{pid}-reopen")),
+        &gateway_config("gw-a", &etcd, &format!("/tessera-test-{pid}-reopen")),
     );
     create_rados_pool(&a, &pool, &conf);
     let vdisk = format!("{pool}/v");
@@ -962,7 +945,7 @@ fn a_metadata_change_of_unknown_outcome_opens_the_pool_again() {
     let t = tempfile::tempdir().unwrap();
     let mut a = Daemon::start_configured(
         &t.path().join("a"),
-        &gateway("gw-a", &etcd, &format!("/tessera-test-{pid}-meta-unknown")),
+        &gateway_config("gw-a", &etcd, &format!("/tessera-test-{pid}-meta-unknown")),
     );
     create_rados_pool(&a, &pool, &conf);
     let vdisk = format!("{pool}/v");
@@ -1071,13 +1054,13 @@ fn two_gateways_presenting_through(conf: &str, etcd: [&str; 2], tag: &str, name:
     let pool = format!("{tag}{pid}");
     let prefix = format!("/tessera-test-{tag}-{pid}");
     let dir = tempfile::tempdir().unwrap();
-    let a = Daemon::start_configured(&dir.path().join("a"), &gateway("gw-a", etcd[0], &prefix));
+    let a = Daemon::start_configured(&dir.path().join("a"), &gateway_config("gw-a", etcd[0], &prefix));
     create_rados_pool(&a, &pool, conf);
     let vdisk = format!("{pool}/{name}");
     a.ok(&["vdisk", "create", &vdisk, "--size", "64M", "--layout", "simple"]);
     a.ok(&["target", "create", iqn, "--allow-any-initiator"]);
     a.ok(&["target", "lun", "add", iqn, &vdisk]);
-    let b = Daemon::start_configured(&dir.path().join("b"), &gateway("gw-b", etcd[1], &prefix));
+    let b = Daemon::start_configured(&dir.path().join("b"), &gateway_config("gw-b", etcd[1], &prefix));
     b.ok(&["pool", "import", &pool, "--rados", RADOS_POOL, "--ceph-conf", conf]);
     b.ok(&["target", "create", iqn, "--allow-any-initiator"]);
     b.ok(&["target", "lun", "add", iqn, &vdisk]);
@@ -1905,7 +1888,7 @@ fn copies_snapshots_and_clones_on_a_pool_on_rados_are_made_by_reference() {
     let t = tempfile::tempdir().unwrap();
     let d = Daemon::start_configured(
         &t.path().join("c"),
-        &gateway("gw-c", &etcd, &format!("/tessera-copies-{pid}")),
+        &gateway_config("gw-c", &etcd, &format!("/tessera-copies-{pid}")),
     );
     create_rados_pool(&d, &pool, &conf);
     for v in ["src", "odx", "xcopy", "host"] {
@@ -2155,7 +2138,7 @@ fn acknowledged_writes_survive_an_osd_and_gateway_failures_under_iscsi_multipath
     let pool = format!("mpl{pid}");
     let prefix = format!("/tessera-mpl-{pid}");
     let t = tempfile::tempdir().unwrap();
-    let cfg = |name: &str| gateway(name, &etcd, &prefix);
+    let cfg = |name: &str| gateway_config(name, &etcd, &prefix);
     let mut a = Daemon::start_configured(&t.path().join("a"), &cfg("gw-a"));
     create_rados_pool(&a, &pool, &conf);
     let vdisk = load::create_vdisk(&a, &pool);
@@ -2269,7 +2252,7 @@ fn acknowledged_writes_survive_failovers_under_a_verifying_load() {
     let pool = format!("load{pid}");
     let prefix = format!("/tessera-load-{pid}");
     let t = tempfile::tempdir().unwrap();
-    let cfg = |name: &str| gateway(name, &etcd, &prefix);
+    let cfg = |name: &str| gateway_config(name, &etcd, &prefix);
     let mut a = Daemon::start_configured(&t.path().join("a"), &cfg("gw-a"));
     create_rados_pool(&a, &pool, &conf);
     let vdisk = load::create_vdisk(&a, &pool);
@@ -2338,7 +2321,7 @@ fn a_gateway_answers_a_write_only_once_the_cluster_applied_it() {
     let pool = format!("wt{pid}");
     let prefix = format!("/tessera-wt-{pid}");
     let t = tempfile::tempdir().unwrap();
-    let cfg = |name: &str| gateway(name, &etcd, &prefix);
+    let cfg = |name: &str| gateway_config(name, &etcd, &prefix);
     let mut a = Daemon::start_configured(&t.path().join("a"), &cfg("gw-a"));
     create_rados_pool(&a, &pool, &conf);
     let vdisk = format!("{pool}/v");
@@ -2470,7 +2453,7 @@ fn a_gateway_starts_without_etcd_and_joins_once_it_answers() {
     let t = tempfile::tempdir().unwrap();
     let mut d = Daemon::start_configured(
         &t.path().join("a"),
-        &gateway("gw-late", &format!("127.0.0.1:{port}"), &prefix),
+        &gateway_config("gw-late", &format!("127.0.0.1:{port}"), &prefix),
     );
     create_pool(&d, "local", &disks(&t.path().join("disks"), 2, 256 << 20));
     d.ok(&["vdisk", "create", "local/v", "--size", "64M"]);
@@ -2533,7 +2516,7 @@ fn a_gateway_joins_an_etcd_that_serves_tls_and_knows_it_by_its_certificate() {
     let table = |name: &str, ca: &std::path::Path, id: &Identity| {
         format!(
             "{}etcd_ca_file = \"{}\"\netcd_cert_file = \"{}\"\netcd_key_file = \"{}\"\n",
-            gateway(name, &etcd.endpoint, &prefix),
+            gateway_config(name, &etcd.endpoint, &prefix),
             ca.display(),
             id.cert.display(),
             id.key.display()
@@ -2594,7 +2577,7 @@ fn a_gateway_joins_an_etcd_as_a_user_with_a_password() {
         format!(
             "{}etcd_user = \"gw-pw\"\netcd_password_file = \"{}\"\n",
             // A lease longer than etcd's restart takes on a busy machine.
-            gateway("gw-pw", &endpoint, &prefix).replace("lease_seconds = 3", "lease_seconds = 8"),
+            gateway_config("gw-pw", &endpoint, &prefix).replace("lease_seconds = 3", "lease_seconds = 8"),
             f.display()
         )
     };

@@ -129,26 +129,11 @@ fn acknowledged_writes_survive_an_osd_lost_for_good_in_a_pool_of_three_copies() 
     cluster.ceph(&["osd", "pool", "set", RADOS_POOL, "min_size", "2"]);
     cluster.until_clean(Duration::from_secs(90));
 
-    let config = format!(
-        "[gateway]\nname = \"gw-a\"\netcd = [\"{}\"]\nlease_seconds = 3\nprefix = \"/tessera-three\"\n",
-        cluster.etcd
-    );
+    let config = gateway_config("gw-a", &cluster.etcd, "/tessera-three");
     let state = t.path().join("gw");
     let mut a = Daemon::start_configured(&state, &config);
     let pool = "three";
-    a.ok(&[
-        "pool",
-        "create",
-        pool,
-        "--rados",
-        RADOS_POOL,
-        "--ceph-conf",
-        &cluster.conf,
-        "--capacity",
-        "4G",
-        "--slab-size",
-        "64M",
-    ]);
+    a.ok(&rados_pool_args(pool, RADOS_POOL, &cluster.conf));
     let vdisk = load::create_vdisk(&a, pool);
     a.ok(&["nbd", "export", &vdisk]);
 

@@ -659,3 +659,27 @@ pub fn iscsi_host(
         .unwrap();
     (rt, s)
 }
+
+/// The configuration of gateway `name` on the etcd at `etcd`, under `prefix`, with a lease of
+/// 3 s.
+pub fn gateway_config(name: &str, etcd: &str, prefix: &str) -> String {
+    format!("[gateway]\nname = \"{name}\"\netcd = [\"{etcd}\"]\nlease_seconds = 3\nprefix = \"{prefix}\"\n")
+}
+
+/// The CLI's arguments to make pool `pool` of 4 GiB in 64 MiB slabs in RADOS pool
+/// `rados_pool` of the Ceph cluster that `conf` names.
+pub fn rados_pool_args<'a>(pool: &'a str, rados_pool: &'a str, conf: &'a str) -> [&'a str; 11] {
+    [
+        "pool",
+        "create",
+        pool,
+        "--rados",
+        rados_pool,
+        "--ceph-conf",
+        conf,
+        "--capacity",
+        "4G",
+        "--slab-size",
+        "64M",
+    ]
+}
