@@ -240,7 +240,7 @@ async fn keep_lease(
             None => {
                 let sent = std::time::Instant::now();
                 // Half a period at most: a member that stalls must leave time to try another
-                // before the lease runs out.
+                // before the lease runs out (three periods after the last renewal).
                 match tokio::time::timeout(every / 2, client.lease_keep_alive(lease)).await {
                     Ok(Ok(s)) => {
                         stream = Some(s);
@@ -267,8 +267,11 @@ async fn keep_lease(
             }
         };
         let sent = std::time::Instant::now();
+        // Half a period for the answer too: with a renewal unanswered, a reopening timed out
+        // and another made, the lease can still be renewed two periods and a half after the
+        // last renewal, half a period before it runs out.
         let answer = match keeper.keep_alive().await {
-            Ok(()) => match tokio::time::timeout(every, answers.message()).await {
+            Ok(()) => match tokio::time::timeout(every / 2, answers.message()).await {
                 Ok(Ok(Some(a))) => Some(a.ttl()),
                 _ => None,
             },
