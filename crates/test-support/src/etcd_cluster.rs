@@ -51,8 +51,7 @@ impl EtcdCluster {
         for k in 0..MEMBERS {
             cluster.spawn(k)?;
         }
-        let d = cluster.dir.path().join("m0");
-        until_healthy(&d, || cluster.ctl(&["endpoint", "health", "--cluster"]).is_ok())?;
+        cluster.until_healthy()?;
         Ok(cluster)
     }
 
@@ -103,8 +102,26 @@ impl EtcdCluster {
     /// Starts member `k` again on its data, and waits until the whole cluster answers.
     pub fn start_again(&mut self, k: usize) -> Result<(), String> {
         self.spawn(k)?;
-        let d = self.dir.path().join(&self.members[k].name);
-        until_healthy(&d, || self.ctl(&["endpoint", "health", "--cluster"]).is_ok())
+        self.until_healthy()
+    }
+
+    /// Waits until every member answers; if they do not in time, says why with the end of
+    /// each member's log (any of them may be the one that failed).
+    fn until_healthy(&self) -> Result<(), String> {
+        let d = self.dir.path().join("m0");
+        until_healthy(&d, || self.ctl(&["endpoint", "health", "--cluster"]).is_ok()).map_err(|_| {
+            let mut why = String::from("the etcd cluster did not answer within 20 s");
+            for m in &self.members {
+                let log = std::fs::read_to_string(self.dir.path().join(&m.name).join("etcd.log")).unwrap_or_default();
+                let lines: Vec<&str> = log.lines().collect();
+                why += &format!(
+                    "\n--- {} ---\n{}",
+                    m.name,
+                    lines[lines.len().saturating_sub(15)..].join("\n")
+                );
+            }
+            why
+        })
     }
 
     /// The member that leads now, if one does.
