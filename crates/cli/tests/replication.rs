@@ -1360,6 +1360,64 @@ fn a_peer_makes_replicas_only_in_the_listed_pools_and_within_its_quota() {
     b.d.ok(&["vdisk", "create", "local/mine", "--size", "64M"]);
 }
 
+/// Cycles of one key that begin at once are held to its quota together: of three replicas
+/// of 16 MiB under a quota of 24 MiB one is made, whichever claims first, and the others are
+/// refused with why, leaving nothing. (Each cycle is counted, at the size it may make its
+/// replica, from its claim until it ends. Until 2026-12-06 a replica counted only once its
+/// vdisk was made, and cycles that checked the quota within the few milliseconds before one
+/// was made all passed it; this test runs the cycles at once, but does not make them meet in
+/// that window every time.)
+#[test]
+fn cycles_that_begin_at_once_are_held_to_their_keys_quota_together() {
+    let t = tempfile::tempdir().unwrap();
+    let key = t.path().join("replication.psk");
+    let a = Site::start(&t.path().join("a"), &key, "p", 1 << 30);
+    let b = Site::start_with(
+        &t.path().join("b"),
+        &key,
+        "q",
+        1 << 30,
+        "replication_quota = \"24M\"\nreplication_peers = [\"127.0.0.0/8\", \"::1\"]\n",
+    );
+    let names = ["one", "two", "three"];
+    for v in names {
+        a.d.ok(&[
+            "vdisk",
+            "create",
+            &format!("p/{v}"),
+            "--size",
+            "16M",
+            "--layout",
+            "simple",
+        ]);
+        a.replicate(&format!("p/{v}"), &b.listen(), "q", v, &["--interval", "0"]);
+    }
+    let synced: Vec<Out> = std::thread::scope(|s| {
+        let syncs: Vec<_> = names
+            .iter()
+            .map(|v| s.spawn(|| a.d.cli(&["replica", "sync", v])))
+            .collect();
+        syncs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let made: Vec<&str> = names
+        .iter()
+        .zip(&synced)
+        .filter(|(_, o)| o.success)
+        .map(|(v, _)| *v)
+        .collect();
+    assert_eq!(made.len(), 1, "{synced:?}");
+    for (v, o) in names.iter().zip(&synced) {
+        if !o.success {
+            assert!(o.stderr.contains("replication_quota"), "{v}: {}", o.stderr);
+            assert!(b.d.fails(&["vdisk", "show", &format!("q/{v}")]).contains(v));
+        }
+    }
+    assert_eq!(
+        n(&b.d.json(&["vdisk", "show", &format!("q/{}", made[0])]), "size"),
+        16 << 20
+    );
+}
+
 /// A site that lists the networks its peers connect from closes a connection from any other
 /// address at once, before its handshake, and says so in its events.
 #[test]

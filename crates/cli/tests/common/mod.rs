@@ -307,6 +307,7 @@ fn default_portal(args: &[&str]) -> Vec<&'static str> {
     v
 }
 
+#[derive(Debug)]
 pub struct Out {
     pub success: bool,
     pub stdout: String,

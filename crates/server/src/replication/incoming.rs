@@ -2,7 +2,7 @@
 //! peer may write (replicas it made, never another vdisk), the replicas' snapshots kept, and
 //! promotion (a replica made a writable vdisk at its last consistent snapshot).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -248,6 +248,7 @@ fn take_cycle(d: &Arc<Daemon>, t: &Transport, s: TcpStream, place: Place, shaken
         peer: peer.clone(),
         key,
         claimed: parking_lot::Mutex::new(None),
+        admitted: parking_lot::Mutex::new(None),
         sock,
         id: CONNECTIONS.fetch_add(1, Ordering::Relaxed),
         registered: parking_lot::Mutex::new(None),
@@ -309,11 +310,16 @@ fn take_cycle(d: &Arc<Daemon>, t: &Transport, s: TcpStream, place: Place, shaken
             }
         }
     }
-    if let Some(key) = claimed {
+    if let Some(key) = &claimed {
         // The cycle is over, with every stream that joined it (its readers were joined
         // before `receive` returned).
-        live.streams.remove(&key);
-        live.receiving.remove(&key);
+        live.streams.remove(key);
+        live.receiving.remove(key);
+    }
+    drop(live);
+    if let Some(key) = &claimed {
+        // Its vdisk now holds what it made (or nothing, if it made none): counted as it is.
+        d.replication.growing.lock().remove(key);
     }
 }
 
@@ -325,6 +331,8 @@ struct Site {
     key: String,
     /// The replica this cycle writes, once claimed.
     claimed: parking_lot::Mutex<Option<String>>,
+    /// The size the cycle may make its replica, once the replication quota admitted it.
+    admitted: parking_lot::Mutex<Option<u64>>,
     /// The connection, for a promotion to cut; its number; the replica it is listed under.
     sock: TcpStream,
     id: u64,
@@ -409,6 +417,47 @@ const REPLICA_PROMOTING: &str = "replica-promoting";
 const REPLICA_CYCLE: &str = "replica-cycle";
 
 impl Site {
+    /// Whether replica `key` (`pool/vdisk`) may be made `size` bytes under the peer's
+    /// replication key: what the key's other replicas hold (a vdisk a cycle is writing at the
+    /// larger of its size now and the size that cycle may make it; a record whose vdisk is
+    /// gone, promoted or deleted, holds nothing), and `size`, within `replication_quota`.
+    fn within_quota(&self, key: &str, size: u64, growing: &BTreeMap<String, u64>) -> Result<(), String> {
+        let Some(quota) = self.d.cfg.replication_quota else {
+            return Ok(());
+        };
+        let others: Vec<String> = self
+            .d
+            .replication
+            .saved
+            .lock()
+            .incoming
+            .iter()
+            .filter(|(k, i)| *k != key && i.key.as_deref() == Some(self.key.as_str()))
+            .map(|(k, _)| k.clone())
+            .collect();
+        let held: u64 = others
+            .iter()
+            .map(|k| {
+                let now = k
+                    .split_once('/')
+                    .and_then(|(p, v)| self.d.vdisk(p, v).ok())
+                    .map_or(0, |(_, v)| v.size());
+                let may_be = growing.get(k).copied().unwrap_or(0);
+                now.max(may_be)
+            })
+            .sum();
+        if held.saturating_add(size) > quota {
+            return Err(format!(
+                "the replicas of key '{}' may take {} here (replication_quota), and hold {} already: '{key}' of {} is refused",
+                self.key,
+                crate::units::format_size(quota),
+                crate::units::format_size(held),
+                crate::units::format_size(size)
+            ));
+        }
+        Ok(())
+    }
+
     /// Marks `pool/vdisk` a replica in its pool's metadata, for every gateway that opens the
     /// pool, while this daemon holds it as one: under the lock a promotion drops the record
     /// under, so that a promotion's clearing of the mark always comes after.
@@ -456,37 +505,14 @@ impl ReplicaSite for Site {
     }
 
     fn may_hold(&self, pool: &str, vdisk: &str, size: u64) -> Result<(), String> {
-        let Some(quota) = self.d.cfg.replication_quota else {
+        if self.d.cfg.replication_quota.is_none() {
             return Ok(());
-        };
-        let key = format!("{pool}/{vdisk}");
-        // The other replicas this key made, at their size now (a record whose vdisk is gone,
-        // promoted or deleted, holds nothing).
-        let others: Vec<String> = self
-            .d
-            .replication
-            .saved
-            .lock()
-            .incoming
-            .iter()
-            .filter(|(k, i)| **k != key && i.key.as_deref() == Some(self.key.as_str()))
-            .map(|(k, _)| k.clone())
-            .collect();
-        let held: u64 = others
-            .iter()
-            .filter_map(|k| k.split_once('/'))
-            .filter_map(|(p, v)| self.d.vdisk(p, v).ok())
-            .map(|(_, v)| v.size())
-            .sum();
-        if held.saturating_add(size) > quota {
-            return Err(format!(
-                "the replicas of key '{}' may take {} here (replication_quota), and hold {} already: '{key}' of {} is refused",
-                self.key,
-                crate::units::format_size(quota),
-                crate::units::format_size(held),
-                crate::units::format_size(size)
-            ));
         }
+        // Checked here for a clear answer before anything is done, and again as the replica
+        // is claimed (`writing`), where it holds against the other cycles.
+        let growing = self.d.replication.growing.lock();
+        self.within_quota(&format!("{pool}/{vdisk}"), size, &growing)?;
+        *self.admitted.lock() = Some(size);
         Ok(())
     }
 
@@ -532,6 +558,13 @@ impl ReplicaSite for Site {
             true => self.d.replica_key(pool, vdisk).map_err(|e| e.message)?,
             false => None,
         };
+        // The quota again, with every other cycle of the key counted at the size it may make
+        // its replica, and this one counted from its claim on: two cycles cannot both pass.
+        let mut growing = self.d.replication.growing.lock();
+        let admitted = *self.admitted.lock();
+        if let Some(size) = admitted {
+            self.within_quota(&key, size, &growing)?;
+        }
         // The claim, the check and the record under the live lock, as a promotion checks the
         // claims and drops the record under it: neither can come between the other's steps.
         let mut live = self.d.replication.live.lock();
@@ -584,8 +617,12 @@ impl ReplicaSite for Site {
             .map_err(|e| e.message)?;
         self.register(&mut live, &key, handle);
         live.receiving.insert(key.clone());
+        if let Some(size) = admitted {
+            growing.insert(key.clone(), size);
+        }
         *self.claimed.lock() = Some(key);
         drop(live);
+        drop(growing);
         // An existing replica is marked before it is written (one made, or found unmarked
         // because its making ended before its mark, is marked before anything is written).
         if existed {

@@ -178,6 +178,12 @@ pub struct Replication {
     /// exists, and a promotion's clearing of it comes after. Apart from `live`, so that a
     /// slow metadata write holds up no cycle, listing or promotion of another replica.
     pub(crate) marks: Mutex<()>,
+    /// Incoming replicas (`pool/vdisk`) a cycle is writing under a replication quota, with
+    /// the size the cycle may make them: counted against their key's quota at that size until
+    /// the cycle ends, as their vdisks may not exist yet, or be smaller.
+    /// Held while a cycle's claim is checked against the quota and made, so that two cycles
+    /// cannot both pass it; taken before `live`, never under it.
+    pub(crate) growing: Mutex<BTreeMap<String, u64>>,
     /// Where the listener took its address (port 0 resolved).
     pub(crate) listening: Mutex<Option<std::net::SocketAddr>>,
     /// Cycles of several streams waiting for their extra streams.
@@ -196,6 +202,7 @@ impl Replication {
             saved: Mutex::new(saved),
             live: Default::default(),
             marks: Mutex::new(()),
+            growing: Mutex::new(BTreeMap::new()),
             listening: Mutex::new(None),
             joins: Default::default(),
             connections: Default::default(),
