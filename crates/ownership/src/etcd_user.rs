@@ -84,7 +84,7 @@ pub fn keep_token(client: &Client, user: &EtcdUser, now: Arc<Notify>) -> JoinHan
             }
             last = tokio::time::Instant::now();
             let mut renewed = renew(&mut auth, &user).await;
-            if renewed.as_ref().is_err_and(token_unknown) {
+            if renewed.as_ref().is_err_and(|e| token_unknown(e)) {
                 // etcd refuses a request that carries a token it no longer knows (one that
                 // lapsed while etcd did not answer, or that etcd forgot as it restarted), the
                 // asking for a new one included: ask again with none. Only then, so that a
@@ -103,13 +103,20 @@ pub fn keep_token(client: &Client, user: &EtcdUser, now: Arc<Notify>) -> JoinHan
     })
 }
 
-async fn renew(auth: &mut etcd_client::AuthClient, user: &EtcdUser) -> Result<(), etcd_client::Error> {
-    auth.set_client_auth(user.name.clone(), user.password.clone()).await
+/// How long the asking for a token may take: one that went to a member that stalls must not
+/// hold the renewals up for as long as it stalls.
+const ASKING: Duration = Duration::from_secs(4);
+
+async fn renew(auth: &mut etcd_client::AuthClient, user: &EtcdUser) -> Result<(), String> {
+    let asking = auth.set_client_auth(user.name.clone(), user.password.clone());
+    match tokio::time::timeout(ASKING, asking).await {
+        Ok(done) => done.map_err(|e| e.to_string()),
+        Err(_) => Err(format!("etcd did not answer within {} s", ASKING.as_secs())),
+    }
 }
 
 /// Whether etcd refused a request for its token: one it does not know, or no longer.
-fn token_unknown(e: &etcd_client::Error) -> bool {
-    let said = e.to_string();
+fn token_unknown(said: &str) -> bool {
     said.contains("invalid auth token") || said.contains("Unauthenticated")
 }
 

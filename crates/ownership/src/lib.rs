@@ -234,6 +234,9 @@ async fn keep_lease(
     renew_token: Option<std::sync::Arc<tokio::sync::Notify>>,
 ) {
     let mut stream = Some(stream);
+    // The newest raft term an answer came in.
+    let mut term = 0;
+    let next = |sent: std::time::Instant| tokio::time::sleep_until((sent + every).into());
     loop {
         let (keeper, answers) = match &mut stream {
             Some(s) => s,
@@ -245,7 +248,7 @@ async fn keep_lease(
                     Ok(Ok(s)) => {
                         stream = Some(s);
                         renewed.renewed(sent, granted);
-                        tokio::time::sleep(every).await;
+                        next(sent).await;
                         continue;
                     }
                     failed => {
@@ -272,11 +275,18 @@ async fn keep_lease(
         // last renewal, half a period before it runs out.
         let answer = match keeper.keep_alive().await {
             Ok(()) => match tokio::time::timeout(every / 2, answers.message()).await {
-                Ok(Ok(Some(a))) => Some(a.ttl()),
+                Ok(Ok(Some(a))) => Some((a.ttl(), a.header().map_or(0, |h| h.raft_term()))),
                 _ => None,
             },
             Err(_) => None,
         };
+        // An answer in a term older than one heard comes from a leader deposed while it
+        // stalled, which has not heard of its successor yet: the successor may not have seen
+        // the renewal. It counts as none, and the stream is opened again.
+        let answer = answer.filter(|&(_, t)| t >= term).map(|(ttl, t)| {
+            term = t;
+            ttl
+        });
         match answer {
             Some(ttl) if ttl > 0 => renewed.renewed(sent, Duration::from_secs(ttl as u64)),
             // Gone: whatever this gateway owned, it must take for lost.
@@ -296,11 +306,16 @@ async fn keep_lease(
                 if let Some(renew) = &renew_token {
                     renew.notify_one();
                 }
-                tokio::time::sleep(REOPEN).await;
+                // Failed at once (etcd restarting): not again at once. Timed out: half a
+                // period has gone already.
+                if sent.elapsed() < every / 2 {
+                    tokio::time::sleep(REOPEN.saturating_sub(sent.elapsed())).await;
+                }
                 continue;
             }
         }
-        tokio::time::sleep(every).await;
+        // A period from the renewal's sending, however long its answer took.
+        next(sent).await;
     }
 }
 

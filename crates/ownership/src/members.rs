@@ -30,31 +30,34 @@ pub(crate) fn full_endpoint(e: &str, tls: bool) -> String {
 /// What a member said to a status request.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Heard {
-    /// It knows a leader, has no alarm raised, and is in this raft term.
-    Serves(u64),
-    /// It refused to say, for want of a login (etcd 3.5.28 and later want one for a member's
-    /// status): it is up, though how it stands is not known.
+    /// It is a voting member that knows a leader, in raft term `term`; `leads` if it is that
+    /// leader.
+    Serves { term: u64, leads: bool },
+    /// etcd refused to say (etcd 3.5.28 and later want a login for a member's status): the
+    /// member is up, though how it stands is not known.
     Refuses,
-    /// Nothing in time, no connection, or it knows no leader or has an alarm raised.
+    /// Nothing in time, no connection; or it knows no leader, or is a learner (which takes
+    /// almost no request).
     Cannot,
 }
 
-/// Which members requests should go to: those that serve in the highest term heard (a leader
-/// resumed from a stall answers in the term it was stopped in, and may answer a lease's
-/// renewal that the new leader never sees), and those that refuse to say; every member when
-/// none of them does.
+/// Which members requests should go to: those that serve, but a leader in a term older than
+/// one heard (resumed from a stall, it answers in the term it was stopped in until it hears
+/// of the new one, and may answer a lease's renewal that the new leader never sees; a
+/// follower that has not heard of the new term yet serves all the same), and those that
+/// refuse to say; every member when none of them does.
 fn spread_to(heard: &[Heard]) -> Vec<bool> {
-    let term = heard
+    let newest = heard
         .iter()
         .filter_map(|h| match h {
-            Heard::Serves(t) => Some(*t),
+            Heard::Serves { term, .. } => Some(*term),
             _ => None,
         })
         .max();
     let to: Vec<bool> = heard
         .iter()
         .map(|h| match h {
-            Heard::Serves(t) => Some(*t) == term,
+            Heard::Serves { term, leads } => !leads || Some(*term) == newest,
             Heard::Refuses => true,
             Heard::Cannot => false,
         })
@@ -90,8 +93,12 @@ pub(crate) fn keep_members(client: Client, endpoints: Vec<String>, options: Opti
                 }
                 none_served = none_serves;
             }
-            // Adds before removes, so that the spread is never empty between the two.
+            // Adds before removes, so that the spread is never empty between the two; no
+            // removes if the adds failed and none would be left.
             for add in [true, false] {
+                if !add && !(0..endpoints.len()).any(|k| spread[k] && to[k]) {
+                    break;
+                }
                 for (k, e) in endpoints.iter().enumerate() {
                     if to[k] != add || spread[k] == add {
                         continue;
@@ -131,13 +138,30 @@ async fn hear(endpoint: &str, probe: &mut Option<Client>, options: &Option<Conne
     }
     let c = probe.as_mut().expect("made above");
     match tokio::time::timeout(ANSWER, c.status()).await {
-        Ok(Ok(s)) if s.leader() != 0 && s.errors().is_empty() => Heard::Serves(s.raft_term()),
-        Ok(Err(etcd_client::Error::GRpcStatus(s)))
-            if matches!(s.code(), tonic::Code::Unauthenticated | tonic::Code::PermissionDenied) =>
-        {
-            Heard::Refuses
-        }
+        // An alarm (a full disk, a corrupt store) is the cluster's, listed by every member:
+        // it tells none from another.
+        Ok(Ok(s)) if s.leader() != 0 && !s.is_learner() => Heard::Serves {
+            term: s.raft_term(),
+            leads: s.header().is_some_and(|h| h.member_id() == s.leader()),
+        },
+        Ok(Err(e)) if refused(&e) => Heard::Refuses,
         _ => Heard::Cannot,
+    }
+}
+
+/// Whether `e` is etcd's refusal, not the want of an answer: a member without a login gets
+/// "user name is empty" (InvalidArgument; Unknown from etcds that pass the error on as it
+/// is), one whose certificate names no user "user name not found" (FailedPrecondition), a
+/// user who is not root PermissionDenied.
+fn refused(e: &etcd_client::Error) -> bool {
+    use tonic::Code;
+    match e {
+        etcd_client::Error::GRpcStatus(s) => match s.code() {
+            Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled => false,
+            Code::Unknown => s.message().starts_with("etcdserver:") || s.message().starts_with("auth:"),
+            _ => true,
+        },
+        _ => false,
     }
 }
 
@@ -146,14 +170,48 @@ mod tests {
     use super::*;
     use Heard::*;
 
+    fn follows(term: u64) -> Heard {
+        Serves { term, leads: false }
+    }
+
+    fn leads(term: u64) -> Heard {
+        Serves { term, leads: true }
+    }
+
     #[test]
-    fn requests_go_to_the_members_that_serve_in_the_newest_term() {
-        assert_eq!(spread_to(&[Serves(7), Cannot, Serves(7)]), [true, false, true]);
+    fn requests_go_to_the_members_that_serve_but_a_deposed_leader() {
+        assert_eq!(spread_to(&[leads(7), Cannot, follows(7)]), [true, false, true]);
         // A leader resumed from a stall, still in the term it was stopped in.
-        assert_eq!(spread_to(&[Serves(7), Serves(8), Serves(8)]), [false, true, true]);
+        assert_eq!(spread_to(&[leads(7), leads(8), follows(8)]), [false, true, true]);
+        // A follower that has not heard of the new term yet serves all the same.
+        assert_eq!(spread_to(&[follows(7), leads(8), follows(8)]), [true, true, true]);
         // A member that wants a login to say how it stands is up: it keeps its requests.
         assert_eq!(spread_to(&[Refuses, Refuses, Cannot]), [true, true, false]);
-        assert_eq!(spread_to(&[Serves(3), Refuses, Cannot]), [true, true, false]);
+        assert_eq!(spread_to(&[leads(3), Refuses, Cannot]), [true, true, false]);
+    }
+
+    #[test]
+    fn a_refusal_is_told_from_the_want_of_an_answer() {
+        use tonic::{Code, Status};
+        let said = |code, message: &str| etcd_client::Error::GRpcStatus(Status::new(code, message));
+        for e in [
+            said(Code::InvalidArgument, "etcdserver: user name is empty"),
+            said(Code::Unknown, "auth: user name is empty"),
+            said(Code::FailedPrecondition, "etcdserver: user name not found"),
+            said(Code::PermissionDenied, "etcdserver: permission denied"),
+            said(Code::Unauthenticated, "etcdserver: invalid auth token"),
+        ] {
+            assert!(refused(&e), "{e}");
+        }
+        for e in [
+            said(Code::Unavailable, "tcp connect error: Connection refused"),
+            said(Code::DeadlineExceeded, "deadline has elapsed"),
+            said(Code::Cancelled, "operation was canceled"),
+            said(Code::Unknown, "transport error"),
+            etcd_client::Error::EndpointError("no endpoint".into()),
+        ] {
+            assert!(!refused(&e), "{e}");
+        }
     }
 
     #[test]

@@ -71,3 +71,45 @@ async fn a_gateway_keeps_its_lease_while_the_members_of_its_etcd_fail_in_turn() 
     stopped.abort();
     g.leave().await.unwrap();
 }
+
+/// A gateway whose etcd stalls whole (every member stopped) takes its lease for lost no later
+/// than etcd may let it lapse: the lease's time from the last renewal sent before the stall,
+/// and no sooner than that time from a period before it (renewals go every third of the
+/// lease), whatever the lease keeper is waiting for meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_whose_etcd_stalls_takes_its_lease_for_lost_in_time() {
+    let t = "a_gateway_whose_etcd_stalls_takes_its_lease_for_lost_in_time";
+    let etcd = match tokio::task::spawn_blocking(EtcdCluster::start).await.unwrap() {
+        Ok(e) => e,
+        Err(why) => return tessera_disk::skip(t, &why),
+    };
+    let (ttl, every) = (Duration::from_secs(3), Duration::from_secs(1));
+    let g = Gateway::join(&etcd.endpoints, "/tessera", "gw-a", 3).await.unwrap();
+    let clock = g.lease_clock();
+    // Several renewals first, through the stream and the spread as they stand in use.
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    assert!(clock.holds());
+    let stalled = std::time::Instant::now();
+    for k in 0..MEMBERS {
+        etcd.signal(k, libc::SIGSTOP);
+    }
+    while clock.holds() {
+        assert!(
+            stalled.elapsed() < ttl + Duration::from_secs(2),
+            "the lease still holds"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let lost = stalled.elapsed();
+    for k in 0..MEMBERS {
+        etcd.signal(k, libc::SIGCONT);
+    }
+    assert!(lost <= ttl + Duration::from_millis(50), "held {lost:?} into the stall");
+    assert!(
+        lost >= ttl - every - Duration::from_millis(50),
+        "lost after only {lost:?}"
+    );
+    // The keeper gives up too, and the gateway knows it.
+    tokio::time::sleep(every).await;
+    assert!(!g.alive());
+}
