@@ -12,7 +12,7 @@ use tessera_test_support::etcd_cluster::{EtcdCluster, MEMBERS};
 
 /// A gateway given every member of the cluster keeps its lease, and what it owns at the same
 /// epoch, while each member in turn (the leader first) is killed and, once the lease's time (8 s)
-/// has passed, started again, and while the leader stalls (SIGSTOP) as long: its renewals and
+/// has passed, started again, and while each stalls (SIGSTOP) as long: its renewals and
 /// its requests go on through the others. Until
 /// 2026-12-06 the first member to die under the lease's renewals made the gateway take its
 /// lease for lost.
@@ -53,21 +53,31 @@ async fn a_gateway_keeps_its_lease_while_the_members_of_its_etcd_fail_in_turn() 
         .await
         .unwrap();
     }
-    // The leader stalls (SIGSTOP) for longer than the lease, and goes on.
+    // Each member in turn, the leader first, stalls (SIGSTOP) for longer than the lease, and
+    // goes on: one of them holds the stream the lease's renewals go through.
     let leader = etcd.leader().expect("a leader");
-    etcd.signal(leader, libc::SIGSTOP);
-    tokio::time::sleep(Duration::from_secs(9)).await;
-    let owner = tokio::time::timeout(Duration::from_secs(10), g.owner("pool.a"))
+    for k in (0..MEMBERS).map(|i| (leader + i) % MEMBERS) {
+        etcd.signal(k, libc::SIGSTOP);
+        tokio::time::sleep(Duration::from_secs(9)).await;
+        let owner = tokio::time::timeout(Duration::from_secs(10), g.owner("pool.a"))
+            .await
+            .expect("a request hung while a member stalled");
+        etcd.signal(k, libc::SIGCONT);
+        let owner = owner.unwrap().expect("pool.a has an owner");
+        assert!(g.alive(), "the lease keeper gave up once member {k} stalled");
+        assert!(
+            !stopped.is_finished(),
+            "the lease's clock stopped holding once member {k} stalled"
+        );
+        assert_eq!((owner.epoch, g.holds(&owner)), (before.epoch, true), "{owner:?}");
+        // Back in the cluster before the next one stalls.
+        etcd = tokio::task::spawn_blocking(move || {
+            etcd.until_healthy().unwrap();
+            etcd
+        })
         .await
-        .expect("a request hung while the leader stalled");
-    etcd.signal(leader, libc::SIGCONT);
-    let owner = owner.unwrap().expect("pool.a has an owner");
-    assert!(g.alive(), "the lease keeper gave up once the leader stalled");
-    assert!(
-        !stopped.is_finished(),
-        "the lease's clock stopped holding once the leader stalled"
-    );
-    assert_eq!((owner.epoch, g.holds(&owner)), (before.epoch, true), "{owner:?}");
+        .unwrap();
+    }
     stopped.abort();
     g.leave().await.unwrap();
 }

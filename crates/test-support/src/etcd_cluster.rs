@@ -107,7 +107,7 @@ impl EtcdCluster {
 
     /// Waits until every member answers; if they do not in time, says why with the end of
     /// each member's log (any of them may be the one that failed).
-    fn until_healthy(&self) -> Result<(), String> {
+    pub fn until_healthy(&self) -> Result<(), String> {
         let d = self.dir.path().join("m0");
         until_healthy(&d, || self.ctl(&["endpoint", "health", "--cluster"]).is_ok()).map_err(|_| {
             let mut why = String::from("the etcd cluster did not answer within 20 s");
