@@ -1366,7 +1366,8 @@ fn a_peer_makes_replicas_only_in_the_listed_pools_and_within_its_quota() {
 /// replica, from its claim until it ends. Until 2026-12-06 a replica counted only once its
 /// vdisk was made, and cycles that checked the quota within the few milliseconds before one
 /// was made all passed it; this test runs the cycles at once, but does not make them meet in
-/// that window every time.)
+/// that window every time: `of_two_cycles_that_both_began_within_the_quota_only_the_first_claims`,
+/// crates/server/src/replication/incoming.rs, does.)
 #[test]
 fn cycles_that_begin_at_once_are_held_to_their_keys_quota_together() {
     let t = tempfile::tempdir().unwrap();

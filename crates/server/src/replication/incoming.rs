@@ -301,6 +301,16 @@ fn take_cycle(d: &Arc<Daemon>, t: &Transport, s: TcpStream, place: Place, shaken
             "replication cycle from a peer failed"
         ),
     }
+    unlist(d, &site, claimed.as_deref(), handed_over);
+}
+
+/// Takes the connection of `site` off the lists of cycles under way, and the replica it
+/// `claimed` with it once its cycle is over (unless the connection was an extra stream
+/// `handed_over` to its cycle).
+fn unlist(d: &Daemon, site: &Site, claimed: Option<&str>, handed_over: bool) {
+    // Before `live`, as a claim takes them: the replica leaves `growing` with `receiving`, so
+    // that the entry of the next cycle that claims it is never the one taken out here.
+    let mut growing = d.cfg.replication_quota.map(|_| d.replication.growing.lock());
     let mut live = d.replication.live.lock();
     if let Some(key) = site.registered.lock().take().filter(|_| !handed_over) {
         if let Some(v) = live.streams.get_mut(&key) {
@@ -310,16 +320,15 @@ fn take_cycle(d: &Arc<Daemon>, t: &Transport, s: TcpStream, place: Place, shaken
             }
         }
     }
-    if let Some(key) = &claimed {
+    if let Some(key) = claimed {
         // The cycle is over, with every stream that joined it (its readers were joined
         // before `receive` returned).
         live.streams.remove(key);
         live.receiving.remove(key);
-    }
-    drop(live);
-    if let Some(key) = &claimed {
         // Its vdisk now holds what it made (or nothing, if it made none): counted as it is.
-        d.replication.growing.lock().remove(key);
+        if let Some(growing) = &mut growing {
+            growing.remove(key);
+        }
     }
 }
 
@@ -560,10 +569,20 @@ impl ReplicaSite for Site {
         };
         // The quota again, with every other cycle of the key counted at the size it may make
         // its replica, and this one counted from its claim on: two cycles cannot both pass.
-        let mut growing = self.d.replication.growing.lock();
+        let mut growing = self.d.cfg.replication_quota.map(|_| self.d.replication.growing.lock());
         let admitted = *self.admitted.lock();
-        if let Some(size) = admitted {
-            self.within_quota(&key, size, &growing)?;
+        if let Some(growing) = &growing {
+            match admitted {
+                Some(size) => self.within_quota(&key, size, growing)?,
+                // Found at its full size as the cycle began, gone now: the quota was not asked
+                // for the replica this cycle would make. The next cycle asks it.
+                None if !existed => {
+                    return Err(format!(
+                        "'{key}' was deleted here as its cycle began: the next cycle makes it again"
+                    ))
+                }
+                None => {}
+            }
         }
         // The claim, the check and the record under the live lock, as a promotion checks the
         // claims and drops the record under it: neither can come between the other's steps.
@@ -617,7 +636,7 @@ impl ReplicaSite for Site {
             .map_err(|e| e.message)?;
         self.register(&mut live, &key, handle);
         live.receiving.insert(key.clone());
-        if let Some(size) = admitted {
+        if let (Some(growing), Some(size)) = (&mut growing, admitted) {
             growing.insert(key.clone(), size);
         }
         *self.claimed.lock() = Some(key);
@@ -1346,5 +1365,52 @@ mod tests {
         assert!(!h.begin(ip("2001:db8:1:2::abce")));
         h.end(ip("::ffff:192.0.2.7"));
         assert!(h.begin(ip("192.0.2.7")));
+    }
+
+    /// A cycle of key `key` on its own connection to `listener`, as `take_cycle` makes one.
+    fn site(d: &Arc<Daemon>, listener: &TcpListener, key: &str, id: u64) -> Site {
+        Site {
+            d: d.clone(),
+            peer: "127.0.0.1".into(),
+            key: key.into(),
+            claimed: parking_lot::Mutex::new(None),
+            admitted: parking_lot::Mutex::new(None),
+            sock: TcpStream::connect(listener.local_addr().unwrap()).unwrap(),
+            id,
+            registered: parking_lot::Mutex::new(None),
+            place: parking_lot::Mutex::new(None),
+        }
+    }
+
+    /// Two cycles of one key that both passed the quota as they began (neither replica made
+    /// yet): the first to claim its replica counts at the size it may make it, and the second
+    /// is refused at its claim. Another key's cycle is not held to this key's quota, and
+    /// once the first cycle ends having made nothing, the second may claim.
+    #[test]
+    fn of_two_cycles_that_both_began_within_the_quota_only_the_first_claims() {
+        let dir = tempfile::tempdir().unwrap();
+        let o = crate::config::Overrides {
+            state_dir: Some(dir.path().to_path_buf()),
+            ..Default::default()
+        };
+        let file = crate::config::parse_file("replication_quota = \"24M\"\n").unwrap();
+        let cfg = crate::config::ServerConfig::resolve(file, o).unwrap();
+        let d = Arc::new(Daemon::start(cfg).unwrap());
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let (a, b, other) = (
+            site(&d, &listener, "k", 1),
+            site(&d, &listener, "k", 2),
+            site(&d, &listener, "j", 3),
+        );
+        for (s, v) in [(&a, "one"), (&b, "two"), (&other, "three")] {
+            s.may_hold("q", v, 16 << 20).unwrap();
+        }
+        a.writing("q", "one", false).unwrap();
+        let e = b.writing("q", "two", false).unwrap_err();
+        assert!(e.contains("replication_quota"), "{e}");
+        other.writing("q", "three", false).unwrap();
+        // The first cycle ends without its replica made (no vdisk: it holds nothing).
+        unlist(&d, &a, a.claimed.lock().take().as_deref(), false);
+        b.writing("q", "two", false).unwrap();
     }
 }

@@ -181,8 +181,9 @@ pub struct Replication {
     /// Incoming replicas (`pool/vdisk`) a cycle is writing under a replication quota, with
     /// the size the cycle may make them: counted against their key's quota at that size until
     /// the cycle ends, as their vdisks may not exist yet, or be smaller.
-    /// Held while a cycle's claim is checked against the quota and made, so that two cycles
-    /// cannot both pass it; taken before `live`, never under it.
+    /// Held while a cycle's claim is checked against the quota and made, and while a cycle's
+    /// end takes its replica off the lists, so that two cycles cannot both pass it; taken
+    /// only with a quota set, before `live`, never under it.
     pub(crate) growing: Mutex<BTreeMap<String, u64>>,
     /// Where the listener took its address (port 0 resolved).
     pub(crate) listening: Mutex<Option<std::net::SocketAddr>>,
