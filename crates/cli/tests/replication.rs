@@ -1315,6 +1315,16 @@ fn bad_replica_requests_are_refused_with_their_reason() {
     assert!(e.contains("is replicated as 'p-db'"), "{e}");
 }
 
+/// A source site with pool `p`, and a site with pool `q` that holds its peers' key to a
+/// quota of 24 MiB, with `extra` in its configuration.
+fn quota_sites(dir: &Path, extra: &str) -> (Site, Site) {
+    let key = dir.join("replication.psk");
+    let a = Site::start(&dir.join("a"), &key, "p", 1 << 30);
+    let config = format!("{extra}replication_quota = \"24M\"\nreplication_peers = [\"127.0.0.0/8\", \"::1\"]\n");
+    let b = Site::start_with(&dir.join("b"), &key, "q", 1 << 30, &config);
+    (a, b)
+}
+
 /// A site that takes replicas only in the pools its configuration lists, and only up to a
 /// key's quota: a peer holding the key can neither put replicas in the site's other pools
 /// nor make them without bound (each is disk space and grain map memory every vdisk here
@@ -1322,15 +1332,7 @@ fn bad_replica_requests_are_refused_with_their_reason() {
 #[test]
 fn a_peer_makes_replicas_only_in_the_listed_pools_and_within_its_quota() {
     let t = tempfile::tempdir().unwrap();
-    let key = t.path().join("replication.psk");
-    let a = Site::start(&t.path().join("a"), &key, "p", 1 << 30);
-    let b = Site::start_with(
-        &t.path().join("b"),
-        &key,
-        "q",
-        1 << 30,
-        "replication_pools = [\"q\"]\nreplication_quota = \"24M\"\nreplication_peers = [\"127.0.0.0/8\", \"::1\"]\n",
-    );
+    let (a, b) = quota_sites(t.path(), "replication_pools = [\"q\"]\n");
     create_pool(&b.d, "local", &disks(&b.dir.join("local-disks"), 2, 256 << 20));
     for v in ["p/one", "p/two"] {
         a.d.ok(&["vdisk", "create", v, "--size", "16M", "--layout", "simple"]);
@@ -1371,15 +1373,7 @@ fn a_peer_makes_replicas_only_in_the_listed_pools_and_within_its_quota() {
 #[test]
 fn cycles_that_begin_at_once_are_held_to_their_keys_quota_together() {
     let t = tempfile::tempdir().unwrap();
-    let key = t.path().join("replication.psk");
-    let a = Site::start(&t.path().join("a"), &key, "p", 1 << 30);
-    let b = Site::start_with(
-        &t.path().join("b"),
-        &key,
-        "q",
-        1 << 30,
-        "replication_quota = \"24M\"\nreplication_peers = [\"127.0.0.0/8\", \"::1\"]\n",
-    );
+    let (a, b) = quota_sites(t.path(), "");
     let names = ["one", "two", "three"];
     for v in names {
         a.d.ok(&[
