@@ -275,6 +275,14 @@ fn take_cycle(d: &Arc<Daemon>, t: &Transport, s: TcpStream, place: Place, shaken
     // thread: it stays listed under the replica, and keeps its place at the listener, until
     // the cycle's own connection ends.
     let handed_over = matches!(&out, Ok(r) if r.joined);
+    // Unlisted however what follows ends, a panic included: a replica left listed would stay
+    // "being written", and counted against its key's quota, until the daemon restarts.
+    let _unlist = Unlist {
+        d,
+        site: &site,
+        claimed: claimed.as_deref(),
+        handed_over,
+    };
     match out {
         Ok(r) if r.joined => {} // an extra stream, handed to its cycle
         Ok(_) => {
@@ -301,7 +309,20 @@ fn take_cycle(d: &Arc<Daemon>, t: &Transport, s: TcpStream, place: Place, shaken
             "replication cycle from a peer failed"
         ),
     }
-    unlist(d, &site, claimed.as_deref(), handed_over);
+}
+
+/// Calls [`unlist`] when dropped.
+struct Unlist<'a> {
+    d: &'a Daemon,
+    site: &'a Site,
+    claimed: Option<&'a str>,
+    handed_over: bool,
+}
+
+impl Drop for Unlist<'_> {
+    fn drop(&mut self) {
+        unlist(self.d, self.site, self.claimed, self.handed_over);
+    }
 }
 
 /// Takes the connection of `site` off the lists of cycles under way, and the replica it
