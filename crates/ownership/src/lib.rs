@@ -232,11 +232,21 @@ async fn keep_lease(
     every: Duration,
     renewed: LeaseClock,
     renew_token: Option<std::sync::Arc<tokio::sync::Notify>>,
+    terms: members::Terms,
 ) {
     let mut stream = Some(stream);
-    // The newest raft term an answer came in.
-    let mut term = 0;
     let next = |sent: std::time::Instant| tokio::time::sleep_until((sent + every).into());
+    // After a failure that came at once (etcd restarting, refusing): not again at once. After
+    // a timeout, half a period has gone already.
+    let pause_after = |sent: std::time::Instant| {
+        let waited = sent.elapsed();
+        let pause = if waited < every / 2 {
+            REOPEN.saturating_sub(waited)
+        } else {
+            Duration::ZERO
+        };
+        tokio::time::sleep(pause)
+    };
     loop {
         let (keeper, answers) = match &mut stream {
             Some(s) => s,
@@ -259,11 +269,7 @@ async fn keep_lease(
                             renewed.lapsed();
                             return;
                         }
-                        // Refused at once (etcd restarting): not again at once. Timed out:
-                        // half a period has gone already.
-                        if failed.is_ok() {
-                            tokio::time::sleep(REOPEN.saturating_sub(sent.elapsed())).await;
-                        }
+                        pause_after(sent).await;
                         continue;
                     }
                 }
@@ -280,13 +286,11 @@ async fn keep_lease(
             },
             Err(_) => None,
         };
-        // An answer in a term older than one heard comes from a leader deposed while it
-        // stalled, which has not heard of its successor yet: the successor may not have seen
-        // the renewal. It counts as none, and the stream is opened again.
-        let answer = answer.filter(|&(_, t)| t >= term).map(|(ttl, t)| {
-            term = t;
-            ttl
-        });
+        // An answer in a term older than one heard (in an earlier answer, or from the members
+        // asked how they stand) comes from a leader deposed while it stalled, or through a
+        // member that has not heard of its successor yet: the successor may not have seen the
+        // renewal. It counts as none, and the stream is opened again.
+        let answer = answer.filter(|&(_, t)| terms.current(t)).map(|(ttl, _)| ttl);
         match answer {
             Some(ttl) if ttl > 0 => renewed.renewed(sent, Duration::from_secs(ttl as u64)),
             // Gone: whatever this gateway owned, it must take for lost.
@@ -306,11 +310,7 @@ async fn keep_lease(
                 if let Some(renew) = &renew_token {
                     renew.notify_one();
                 }
-                // Failed at once (etcd restarting): not again at once. Timed out: half a
-                // period has gone already.
-                if sent.elapsed() < every / 2 {
-                    tokio::time::sleep(REOPEN.saturating_sub(sent.elapsed())).await;
-                }
+                pause_after(sent).await;
                 continue;
             }
         }
@@ -396,6 +396,7 @@ impl Gateway {
         let every = Duration::from_millis(ttl as u64 * 1000 / 3);
         // Wakes the token's renewal when the lease's stream breaks (keep_lease).
         let renew_token = user.map(|_| std::sync::Arc::new(tokio::sync::Notify::new()));
+        let terms = members::Terms::default();
         let keeper = tokio::spawn(keep_lease(
             client.clone(),
             lease,
@@ -404,6 +405,7 @@ impl Gateway {
             every,
             clock.clone(),
             renew_token.clone(),
+            terms.clone(),
         ));
         let token_keeper =
             user.map(|u| etcd_user::keep_token(&client, u, renew_token.clone().expect("made with a user")));
@@ -412,7 +414,7 @@ impl Gateway {
                 .iter()
                 .map(|e| members::full_endpoint(e, tls.is_some()))
                 .collect();
-            members::keep_members(client.clone(), full, tls_options())
+            members::keep_members(client.clone(), full, tls_options(), terms)
         });
         Ok(Gateway {
             client,

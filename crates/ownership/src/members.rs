@@ -6,6 +6,8 @@
 //! back once it can again. With none that can, every member is in the spread: requests then
 //! fail, or wait for a member to come back, rather than have nowhere to go.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions};
@@ -24,6 +26,26 @@ pub(crate) fn full_endpoint(e: &str, tls: bool) -> String {
         format!("https://{e}")
     } else {
         format!("http://{e}")
+    }
+}
+
+/// The newest raft term in which a leader is known to this gateway: heard from the members
+/// when asked how they stand, or in the answer to a renewal of the lease. An answer in an older
+/// term comes from a member that has not heard of that leader: a leader deposed while it
+/// stalled, or a follower that still sends what it is asked to one, which renews the lease
+/// in its own memory only (the new leader never sees the renewal).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Terms(Arc<AtomicU64>);
+
+impl Terms {
+    /// A leader is known in `term`.
+    pub(crate) fn heard(&self, term: u64) {
+        self.0.fetch_max(term, Ordering::Relaxed);
+    }
+
+    /// Whether an answer in `term` may be trusted (and then its term is heard).
+    pub(crate) fn current(&self, term: u64) -> bool {
+        self.0.fetch_max(term, Ordering::Relaxed) <= term
     }
 }
 
@@ -71,7 +93,12 @@ fn spread_to(heard: &[Heard]) -> Vec<bool> {
 
 /// Keeps `client`'s spread to the members of `endpoints` that can serve, asking each through
 /// a client of its own made with `options` (TLS, no user).
-pub(crate) fn keep_members(client: Client, endpoints: Vec<String>, options: Option<ConnectOptions>) -> JoinHandle<()> {
+pub(crate) fn keep_members(
+    client: Client,
+    endpoints: Vec<String>,
+    options: Option<ConnectOptions>,
+    terms: Terms,
+) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut probes: Vec<Option<Client>> = vec![None; endpoints.len()];
         let mut spread = vec![true; endpoints.len()];
@@ -83,6 +110,11 @@ pub(crate) fn keep_members(client: Client, endpoints: Vec<String>, options: Opti
                 .zip(probes.iter_mut())
                 .map(|(e, probe)| hear(e, probe, &options));
             let heard = futures_util::future::join_all(asked).await;
+            for h in &heard {
+                if let Heard::Serves { term, .. } = h {
+                    terms.heard(*term);
+                }
+            }
             let to = spread_to(&heard);
             let none_serves = heard.iter().all(|h| *h == Heard::Cannot);
             if none_serves != none_served {
@@ -188,6 +220,22 @@ mod tests {
         // A member that wants a login to say how it stands is up: it keeps its requests.
         assert_eq!(spread_to(&[Refuses, Refuses, Cannot]), [true, true, false]);
         assert_eq!(spread_to(&[leads(3), Refuses, Cannot]), [true, true, false]);
+    }
+
+    #[test]
+    fn an_answer_in_a_term_older_than_a_known_leaders_is_not_trusted() {
+        let terms = Terms::default();
+        assert!(terms.current(7));
+        // The members say a leader was elected in term 8: an answer from a member that has
+        // not heard of it is not trusted, one from a member that has is.
+        terms.clone().heard(8);
+        assert!(!terms.current(7));
+        assert!(terms.current(8));
+        // A later answer's term is heard too; a member's older one changes nothing.
+        assert!(terms.current(9));
+        terms.heard(8);
+        assert!(!terms.current(8));
+        assert!(terms.current(9));
     }
 
     #[test]
