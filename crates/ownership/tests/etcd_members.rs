@@ -115,8 +115,11 @@ async fn a_gateway_whose_etcd_stalls_takes_its_lease_for_lost_in_time() {
         etcd.signal(k, libc::SIGCONT);
     }
     assert!(lost <= ttl + Duration::from_millis(50), "held {lost:?} into the stall");
+    // No sooner than a period and a margin before the lease's end: the last renewal answered
+    // was sent at most a period before the next, unanswered, which a busy machine may send
+    // late.
     assert!(
-        lost >= ttl - every - Duration::from_millis(50),
+        lost >= ttl - every - Duration::from_millis(300),
         "lost after only {lost:?}"
     );
     // The keeper gives up too, and the gateway knows it.
