@@ -666,6 +666,20 @@ pub enum PoolCmd {
     },
     /// Flush a pool and stop serving it; 'pool import' brings it back.
     Export { name: String },
+    /// Move a pool on Ceph RADOS to another gateway, one that presents LUNs of it: its owner
+    /// hands it over (hosts follow through ALUA), and that gateway serves it.
+    Move {
+        name: String,
+        /// The gateway to serve the pool (its [gateway] name).
+        #[arg(long)]
+        to: String,
+        /// Seconds to wait for the move to be done.
+        #[arg(long, default_value_t = 60, conflicts_with = "no_wait")]
+        wait: u64,
+        /// Return once the move is asked for.
+        #[arg(long)]
+        no_wait: bool,
+    },
     /// Rebuild every slab on a failed, missing or retired disk onto the other disks.
     Repair {
         name: String,

@@ -2706,3 +2706,121 @@ fn a_standby_gateway_cut_off_from_etcd_tells_its_hosts_what_the_owner_raised_mea
     remove_lun_vdisk_and_pool(&a, iqn, &vdisk, &pool);
     b.stop();
 }
+
+/// `pool`'s entry at `d` once `d` serves it (within 20 s).
+fn until_here(d: &Daemon, pool: &str) -> serde_json::Value {
+    let t0 = Instant::now();
+    loop {
+        let p = pool_entry(d, pool);
+        if p["rados"]["here"] == true {
+            return p;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "{p}\n{}", d.logs());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// An administrator moves a pool to the other gateway and back (`tessera pool move`), asked
+/// once at the owner and once at the gateway it goes to: the owner hands it over at once,
+/// though a host used it a moment before, the other takes it at a larger epoch, and what the
+/// host wrote through the one it reads through the other. A move to a gateway that presents
+/// no LUN of the pool, or of a pool on this machine's disks, is refused with why; a move to
+/// the owner does nothing.
+#[test]
+fn an_administrator_moves_a_pool_to_the_other_gateway_and_back() {
+    use tessera_iscsi::initiator::{LoginConfig, Session};
+    let test = "an_administrator_moves_a_pool_to_the_other_gateway_and_back";
+    let Some((conf, etcd, _cluster)) = cluster(test) else {
+        return;
+    };
+    let iqn = "iqn.2026-12.io.tessera:move";
+    let TwoGateways {
+        a,
+        mut b,
+        pool,
+        vdisk,
+        _dir,
+    } = two_gateways_presenting(&conf, &etcd, "mv", "mv", iqn);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let host = LoginConfig::new("iqn.2026-12.io.example:host", Some(iqn));
+    let login = |d: &Daemon| rt.block_on(Session::login(&d.iscsi_portal(), &host)).unwrap();
+    let (path_a, path_b) = (login(&a), login(&b));
+
+    let e = a.fails(&["pool", "move", &pool, "--to", "gw-c"]);
+    assert!(e.contains("gateway 'gw-c' presents no LUN of pool"), "{e}");
+    create_pool(&a, "local", &disks(&_dir.path().join("local"), 2, 256 << 20));
+    let e = a.fails(&["pool", "move", "local", "--to", "gw-b"]);
+    assert!(e.contains("only a pool on Ceph RADOS moves"), "{e}");
+    let out = a.ok(&["pool", "move", &pool, "--to", "gw-a"]);
+    assert!(out.contains("moved to gateway gw-a"), "{out}");
+    let first = pool_entry(&a, &pool)["rados"]["epoch"].as_i64().unwrap();
+
+    for lba in 0..16 {
+        until_done(
+            &rt,
+            &path_a,
+            &write1(lba),
+            block(lba, 1),
+            0,
+            Duration::from_secs(10),
+            &a,
+        );
+    }
+    // B says it presents the pool's LUN once a tick has passed there.
+    let t0 = Instant::now();
+    let moved = loop {
+        let o = a.cli(&["pool", "move", &pool, "--to", "gw-b"]);
+        if o.success || !o.stderr.contains("presents no LUN") {
+            break o;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(15), "{}", o.stderr);
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(moved.success, "{moved:?}\n{}", a.logs());
+    eprintln!("{test}: to B: {}", moved.stdout.trim());
+    let at_b = until_here(&b, &pool);
+    let second = at_b["rados"]["epoch"].as_i64().unwrap();
+    assert!(second > first, "{second} after {first}");
+    for lba in 0..16 {
+        let (r, _, _) = until_done(&rt, &path_b, &read1(lba), Vec::new(), 512, Duration::from_secs(10), &b);
+        assert_eq!(r.data, block(lba, 1), "block {lba} read through B");
+    }
+    let events_a = a.json(&["events", "-n", "1000"]).to_string();
+    assert!(events_a.contains("pool.move_asked"), "{events_a}");
+    assert!(
+        events_a.contains(&format!(
+            "pool {pool} handed over to gateway gw-b, as an administrator asked"
+        )),
+        "{events_a}"
+    );
+    assert!(b.json(&["events", "-n", "1000"]).to_string().contains("pool.moved"));
+
+    // Back, asked at A, which does not own the pool now.
+    for lba in 0..16 {
+        until_done(
+            &rt,
+            &path_b,
+            &write1(lba),
+            block(lba, 2),
+            0,
+            Duration::from_secs(10),
+            &b,
+        );
+    }
+    let back = a.ok(&["pool", "move", &pool, "--to", "gw-a"]);
+    eprintln!("{test}: back to A: {}", back.trim());
+    let at_a = until_here(&a, &pool);
+    assert!(at_a["rados"]["epoch"].as_i64().unwrap() > second, "{at_a}");
+    for lba in 0..16 {
+        let (r, _, _) = until_done(&rt, &path_a, &read1(lba), Vec::new(), 512, Duration::from_secs(10), &a);
+        assert_eq!(r.data, block(lba, 2), "block {lba} read through A");
+    }
+    // Done: nothing moves it again.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(pool_entry(&a, &pool)["rados"]["here"], true);
+
+    drop((path_a, path_b));
+    b.stop();
+    a.ok(&["pool", "destroy", "local"]);
+    remove_lun_vdisk_and_pool(&a, iqn, &vdisk, &pool);
+}

@@ -820,6 +820,38 @@ impl Gateway {
         self.marked("wants", what).await
     }
 
+    fn move_key(&self, what: &str) -> String {
+        format!("{}/moves/{what}", self.prefix)
+    }
+
+    /// Asks, for an administrator, that `what` move to gateway `to`: its owner hands it over
+    /// to that gateway, which takes it. The word is on no lease (it is no gateway's): it holds
+    /// until a gateway ends it ([`end_move`](Self::end_move)), and a later move replaces it.
+    pub async fn move_to(&mut self, what: &str, to: &str) -> Result<()> {
+        let key = self.move_key(what);
+        self.client.put(key, to, None).await?;
+        Ok(())
+    }
+
+    /// The gateway `what` is to move to, if a move was asked for, with the revision that
+    /// asked it.
+    pub async fn moving(&mut self, what: &str) -> Result<Option<(String, i64)>> {
+        let r = self.client.get(self.move_key(what), None::<GetOptions>).await?;
+        Ok(r.kvs()
+            .first()
+            .map(|kv| (String::from_utf8_lossy(kv.value()).into_owned(), kv.mod_revision())))
+    }
+
+    /// Ends the move of `what` asked at `revision` (done, or given up); a move asked since
+    /// stays. False if there was none at that revision.
+    pub async fn end_move(&mut self, what: &str, revision: i64) -> Result<bool> {
+        let key = self.move_key(what);
+        let txn = Txn::new()
+            .when([Compare::mod_revision(key.as_str(), CompareOp::Equal, revision)])
+            .and_then([TxnOp::delete(key.as_str(), None)]);
+        Ok(self.client.txn(txn).await?.succeeded())
+    }
+
     /// Calls `changed` whenever a key of any gateway changes: an owner taking something or
     /// giving it up (or its lease lapsing, which deletes its keys), a gateway asking for
     /// something or saying it presents it. A gateway that acts on these at once need not

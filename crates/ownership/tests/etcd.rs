@@ -546,3 +546,31 @@ async fn an_owners_notices_reach_the_other_gateways_watching() {
     b.leave().await.unwrap();
     c.leave().await.unwrap();
 }
+
+/// An administrator's move outlives the gateway that asked for it (it is on no lease), is
+/// ended only at the revision that asked it (a move asked since stays), and a later move
+/// replaces an earlier one.
+#[tokio::test]
+async fn a_move_holds_until_ended_at_its_revision() {
+    let t = "a_move_holds_until_ended_at_its_revision";
+    let Some(ep) = endpoints(t) else { return };
+    let p = prefix(t);
+    let mut a = Gateway::join(&ep, &p, "gw-a", 5).await.unwrap();
+    let mut b = Gateway::join(&ep, &p, "gw-b", 5).await.unwrap();
+    assert_eq!(a.moving("pool.tank").await.unwrap(), None);
+    a.move_to("pool.tank", "gw-b").await.unwrap();
+    a.leave().await.unwrap();
+    let (to, first) = b.moving("pool.tank").await.unwrap().expect("the move outlives A");
+    assert_eq!(to, "gw-b");
+    // Asked again (for another gateway) before B ended the first: B's end changes nothing.
+    let mut c = Gateway::join(&ep, &p, "gw-c", 5).await.unwrap();
+    c.move_to("pool.tank", "gw-c").await.unwrap();
+    assert!(!b.end_move("pool.tank", first).await.unwrap());
+    let (to, second) = c.moving("pool.tank").await.unwrap().unwrap();
+    assert_eq!(to, "gw-c");
+    assert!(second > first);
+    assert!(c.end_move("pool.tank", second).await.unwrap());
+    assert_eq!(b.moving("pool.tank").await.unwrap(), None);
+    b.leave().await.unwrap();
+    c.leave().await.unwrap();
+}

@@ -71,6 +71,14 @@ pub struct RepairPool {
     pub rate_limit: Option<u64>,
 }
 
+/// Move a pool on Ceph RADOS to another gateway.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MovePool {
+    /// The gateway to serve the pool: one that presents LUNs of it.
+    pub to: String,
+}
+
 /// Start a scrub of a pool, or go on with the one paused.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]

@@ -791,6 +791,28 @@ mod real {
             self.with_gateway(async |g| g.asking(&owner_key(name)).await.map_err(|e| e.to_string()))
         }
 
+        /// Asks, for an administrator, that pool `name` move to gateway `to` (see
+        /// [`Gateway::move_to`]).
+        pub fn move_to(&self, name: &str, to: &str) -> Result<(), String> {
+            self.with_gateway(async |g| g.move_to(&owner_key(name), to).await.map_err(|e| e.to_string()))
+        }
+
+        /// The gateway pool `name` is to move to, if a move was asked for, with the revision
+        /// that asked it.
+        pub fn moving(&self, name: &str) -> Result<Option<(String, i64)>, String> {
+            self.with_gateway(async |g| g.moving(&owner_key(name)).await.map_err(|e| e.to_string()))
+        }
+
+        /// Ends the move of pool `name` asked at `revision`, unless one was asked since.
+        pub fn end_move(&self, name: &str, revision: i64) -> Result<(), String> {
+            self.with_gateway(async |g| {
+                g.end_move(&owner_key(name), revision)
+                    .await
+                    .map(drop)
+                    .map_err(|e| e.to_string())
+            })
+        }
+
         /// Gives pool `name` up, if this gateway owns it at `epoch`.
         pub fn release(&self, name: &str, epoch: i64) -> Result<(), String> {
             self.with_gateway(async |g| {
@@ -1044,6 +1066,15 @@ mod absent {
             match self.never {}
         }
         pub fn asking(&self, _: &str) -> Result<Vec<String>, String> {
+            match self.never {}
+        }
+        pub fn move_to(&self, _: &str, _: &str) -> Result<(), String> {
+            match self.never {}
+        }
+        pub fn moving(&self, _: &str) -> Result<Option<(String, i64)>, String> {
+            match self.never {}
+        }
+        pub fn end_move(&self, _: &str, _: i64) -> Result<(), String> {
             match self.never {}
         }
         pub fn ask_owner(&self, _: &str, _: Vec<u8>, _: std::time::Duration) -> Option<Vec<u8>> {

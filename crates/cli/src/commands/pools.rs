@@ -95,6 +95,55 @@ pub(super) fn pool(c: &Ctx, cmd: PoolCmd) -> R {
                 println!("pool {name} exported; 'tessera pool import {name}' brings it back");
             }
         }
+        PoolCmd::Move {
+            name,
+            to,
+            wait,
+            no_wait,
+        } => {
+            let path = format!("/api/pools/{}", encode_segment(&name));
+            c.client
+                .post(&format!("{path}/move"), body(&MovePool { to: to.clone() }))?;
+            if no_wait {
+                if !c.json {
+                    println!("pool {name} to move to gateway {to}; 'tessera pool list' shows its owner");
+                }
+                return Ok(());
+            }
+            let asked = std::time::Instant::now();
+            let mut owner;
+            let epoch = loop {
+                let detail = c.client.get(&path)?;
+                owner = detail["rados"]["owner"].as_str().map(String::from);
+                if owner.as_deref() == Some(to.as_str()) {
+                    break detail["rados"]["epoch"].as_i64();
+                }
+                if asked.elapsed() >= std::time::Duration::from_secs(wait) {
+                    return Err(ClientError::Transport(format!(
+                        "pool {name} is not served by gateway {to} after {wait} s ({}); the move goes on: a job running on the pool at its owner keeps it there until the job ends ('tessera job list' there), and 'tessera events' at either gateway says what happened",
+                        match &owner {
+                            Some(o) => format!("owned by gateway {o}"),
+                            None => "owned by no gateway now".to_string(),
+                        }
+                    )));
+                }
+                std::thread::sleep(std::time::Duration::from_millis(250));
+            };
+            // Owned there: served once that gateway has opened it (its LUNs report transitioning
+            // meanwhile, which hosts retry).
+            let took = asked.elapsed().as_secs_f64();
+            if c.json {
+                println!(
+                    "{}",
+                    serde_json::json!({ "pool": name, "owner": to, "epoch": epoch, "seconds": took })
+                );
+            } else {
+                println!(
+                    "pool {name} moved to gateway {to}{} in {took:.1} s; it serves the pool once it has opened it",
+                    epoch.map(|e| format!(" (epoch {e})")).unwrap_or_default()
+                );
+            }
+        }
         PoolCmd::Repair {
             name,
             parallel,

@@ -85,6 +85,10 @@ pub async fn export_pool(State(d): D, Path(pool): Path<String>) -> ApiResult<Sta
     done(move || d.export_pool(&pool)).await
 }
 
+pub async fn move_pool(State(d): D, Path(pool): Path<String>, Body(req): Body<MovePool>) -> ApiResult<StatusCode> {
+    done(move || d.move_pool(&pool, &req.to)).await
+}
+
 pub async fn repair_pool(
     State(d): D,
     Path(pool): Path<String>,

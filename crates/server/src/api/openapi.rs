@@ -104,6 +104,13 @@ pub const ROUTES: &[RouteDoc] = &[
     ),
     r(
         "post",
+        "/api/pools/{pool}/move",
+        "Move a pool on Ceph RADOS to another gateway (one that presents LUNs of it): its owner hands it over at its next tick, and that gateway takes it; answers once the move is asked for",
+        Some(schema::<MovePool>),
+        None,
+    ),
+    r(
+        "post",
         "/api/pools/{pool}/repair",
         "Start a repair job: rebuild or move every slab on a failed, missing or retired disk",
         Some(schema::<RepairPool>),

@@ -79,6 +79,33 @@ fn next_retry(streak: Duration, lasting: bool) -> (Duration, Duration) {
 /// fence does not have the pool handed over, left unserved and taken back, round after round.
 const NO_ASK_AFTER_FAILURE: Duration = Duration::from_secs(300);
 
+/// Why an owner hands a pool over.
+#[derive(Clone, Copy)]
+enum Handover {
+    /// The other gateway's hosts asked for it, and none used it here for `idle`.
+    Asked { idle: Duration },
+    /// An administrator moves it there (`tessera pool move`).
+    Moved,
+}
+
+impl Handover {
+    fn short(self) -> &'static str {
+        match self {
+            Handover::Asked { .. } => "whose hosts asked for it",
+            Handover::Moved => "as an administrator asked",
+        }
+    }
+
+    fn long(self) -> String {
+        match self {
+            Handover::Asked { idle } => {
+                format!("whose hosts asked for it (none used it here for {} s)", idle.as_secs())
+            }
+            Handover::Moved => "as an administrator asked ('tessera pool move')".to_string(),
+        }
+    }
+}
+
 /// What this gateway knows of one pool on RADOS.
 pub(crate) struct RadosPool {
     placement: Placement,
@@ -98,6 +125,8 @@ pub(crate) struct RadosPool {
     activity: (u64, Instant),
     /// When this gateway last handed the pool over to a gateway that asked for it.
     handed_over: Option<Instant>,
+    /// The gateway it was handed over to then, if for an administrator's move.
+    moved_to: Option<String>,
     /// Whether this gateway asks the owner for the pool (in etcd).
     asking: bool,
     /// When this gateway last gave the pool up to open it again, a write having been refused.
@@ -140,6 +169,7 @@ impl RadosPool {
             announced: None,
             activity: (u64::MAX, Instant::now()),
             handed_over: None,
+            moved_to: None,
             asking: false,
             reopened: None,
             retry: None,
@@ -340,7 +370,7 @@ impl Daemon {
         };
         let started = Instant::now();
         // Just handed over: the gateway that asked takes it; this one only looks, unless
-        // nobody took it within the grace.
+        // nobody took it within the grace (or the pool is moved back here).
         let handed_over = self
             .rados
             .lock()
@@ -353,7 +383,8 @@ impl Daemon {
         let why = match &self.gateway {
             None => "the pool is on Ceph RADOS and this daemon is not a gateway: give it a [gateway] table in its configuration file".to_string(),
             Some(gw) => match match handed_over {
-                Some(t) => gw.other_owner(name).and_then(|o| {
+                // An administrator moves it here since: taken at once.
+                Some(t) if !gw.moving(name).is_ok_and(|m| m.is_some_and(|(to, _)| to == gw.name())) => gw.other_owner(name).and_then(|o| {
                     o.map(Taking::Elsewhere).ok_or_else(|| {
                         format!(
                             "handed over {:.0} s ago to a gateway whose hosts asked for it; waiting for it to take the pool",
@@ -361,7 +392,7 @@ impl Daemon {
                         )
                     })
                 }),
-                None => gw.take(name, &placement),
+                _ => gw.take(name, &placement),
             } {
                 Err(e) => e,
                 Ok(Taking::GaveBack { why, lasting }) => {
@@ -413,7 +444,9 @@ impl Daemon {
                             return;
                         }
                         info!(pool = %name, epoch, seconds = started.elapsed().as_secs_f64(), "pool opened");
+                        let mut moved_to = None;
                         if let Some(p) = self.rados.lock().get_mut(name) {
+                            moved_to = p.moved_to.take();
                             p.owned = Some(owned);
                             p.retry = None;
                         p.passing_since = None;
@@ -441,6 +474,8 @@ impl Daemon {
                         self.targets.serve_pool(name, &|vd| self.resolve_lun(vd));
                         self.nbd
                             .present_missing(&|vd| self.served_vdisk(vd), &|vd| self.may_export_writable(vd));
+                        drop(_admin);
+                        self.settle_move(gw, name, moved_to);
                         return;
                     }
                 },
@@ -465,6 +500,18 @@ impl Daemon {
         }
     }
 
+    /// Sets the access state of pool `name`'s ports here, and tells its LUNs if it changed.
+    fn set_pool_access(&self, name: &str, state: AccessState, owner: Option<String>) {
+        let Some(ports) = self.rados.lock().get(name).map(|p| p.ports.clone()) else {
+            return;
+        };
+        if ports.set(state, owner) {
+            for lun in self.targets.luns_of_pool(name) {
+                lun.access_state_changed();
+            }
+        }
+    }
+
     /// Presents the configured LUNs of pool `name`, which gateway `owner` owns, as standby
     /// ports here, from what the pool's metadata records (read afresh every tick, so that a
     /// vdisk made or resized at the owner since shows as it is). A failure is logged and
@@ -473,11 +520,7 @@ impl Daemon {
         let Some(ports) = self.rados.lock().get(name).map(|p| p.ports.clone()) else {
             return;
         };
-        if ports.set(AccessState::Standby, Some(owner.name.clone())) {
-            for lun in self.targets.luns_of_pool(name) {
-                lun.access_state_changed();
-            }
-        }
+        self.set_pool_access(name, AccessState::Standby, Some(owner.name.clone()));
         // Every tick, the presented ones too: the owner may have resized a vdisk or a host
         // changed its mode settings there.
         let Some(units) = self.standby_units(name) else {
@@ -800,8 +843,9 @@ impl Daemon {
         }
     }
 
-    /// Hands over each pool this gateway owns that no host has used here for
-    /// `HANDOVER_IDLE` while another gateway asks for it.
+    /// Hands over each pool this gateway owns that an administrator moves to another gateway
+    /// (at once), or that no host has used here for `HANDOVER_IDLE` while another gateway
+    /// asks for it.
     fn hand_over_asked_pools(&self, gw: &crate::rados_pools::Membership) {
         let owned = self.rados_pools_owned();
         for name in owned {
@@ -815,6 +859,10 @@ impl Daemon {
                 }
                 None => continue,
             };
+            if let Some(to) = self.moving_from_here(gw, &name) {
+                self.hand_over(gw, &name, &to, Handover::Moved);
+                continue;
+            }
             let to = if idle < HANDOVER_IDLE {
                 None
             } else {
@@ -827,7 +875,7 @@ impl Daemon {
                 }
             };
             match to {
-                Some(to) => self.hand_over(gw, &name, &to, idle),
+                Some(to) => self.hand_over(gw, &name, &to, Handover::Asked { idle }),
                 // Hosts came back here, or nobody asks any more: a scrub stopped for a
                 // handover goes on here.
                 None => self.scrub_watch.release_after_handover(&name),
@@ -835,12 +883,12 @@ impl Daemon {
         }
     }
 
-    /// Gives pool `name` up to gateway `to`, which asked for it: standby LUNs take its LUNs'
-    /// places, its exports are withdrawn (their configuration stays), the pool is flushed
-    /// with a checkpoint so that the next owner has nothing to replay, and its ownership is
-    /// released in etcd. Maintenance jobs on it give way first (see
-    /// [`YIELDS_TO_HOSTS`]); any other job keeps the pool here until it ends.
-    fn hand_over(&self, gw: &crate::rados_pools::Membership, name: &str, to: &str, idle: Duration) {
+    /// Gives pool `name` up to gateway `to`, which asked for it or an administrator moves it
+    /// to: standby LUNs take its LUNs' places, its exports are withdrawn (their configuration
+    /// stays), the pool is flushed with a checkpoint so that the next owner has nothing to
+    /// replay, and its ownership is released in etcd. Maintenance jobs on it give way first
+    /// (see [`YIELDS_TO_HOSTS`]); any other job keeps the pool here until it ends.
+    fn hand_over(&self, gw: &crate::rados_pools::Membership, name: &str, to: &str, why: Handover) {
         {
             let _admin = self.admin.lock();
             let Some((epoch, ports)) = self
@@ -857,26 +905,23 @@ impl Daemon {
                 let (yielding, kept): (Vec<_>, Vec<_>) =
                     kinds.partition(|(_, kind)| YIELDS_TO_HOSTS.contains(&kind.as_str()));
                 if !kept.is_empty() {
-                    debug!(pool = %name, jobs = ?kept, "gateway {to} asks for the pool; kept while these jobs run on it");
+                    debug!(pool = %name, jobs = ?kept, "pool to be handed over to gateway {to}, {}; kept while these jobs run on it", why.short());
                     return;
                 }
-                let why = format!("pool {name} is handed over to gateway {to}, whose hosts asked for it");
+                let cancelled = format!("pool {name} is handed over to gateway {to}, {}", why.short());
                 for (id, kind) in yielding {
                     if kind == "scrub" {
                         self.scrub_watch.hold_for_handover(name);
                     }
-                    self.jobs.cancel_because(id, &why);
+                    self.jobs.cancel_because(id, &cancelled);
                 }
                 // Handed over at a later tick, once they have stopped.
                 return;
             }
-            info!(pool = %name, to, idle_seconds = idle.as_secs(), "handing the pool over to the gateway that asks for it");
+            info!(pool = %name, to, "handing the pool over to gateway {to}, {}", why.long());
             // Those LUNs whose records cannot be read now come at the end, or at the next tick.
             let units = self.standby_units(name);
-            let why = format!(
-                "handed over to gateway {to}, whose hosts asked for it (none used it here for {} s)",
-                idle.as_secs()
-            );
+            let moved_to = matches!(why, Handover::Moved).then(|| to.to_string());
             let (engine, owned) = self.give_up(
                 GivingUp {
                     gw,
@@ -885,7 +930,7 @@ impl Daemon {
                     ports: &ports,
                     units,
                     access: (AccessState::Standby, Some(to.to_string())),
-                    why,
+                    why: format!("handed over to gateway {to}, {}", why.long()),
                 },
                 |engine| {
                     if let Err(e) = engine.checkpoint() {
@@ -897,6 +942,7 @@ impl Daemon {
                 },
                 |p| {
                     p.handed_over = Some(Instant::now());
+                    p.moved_to = moved_to;
                     p.elsewhere = None;
                 },
             );
@@ -908,10 +954,13 @@ impl Daemon {
                 NewEvent::new(
                     Severity::Warning,
                     "pool.handed_over",
-                    format!(
-                        "pool {name} handed over to gateway {to}: hosts send their I/O there, and none used it here for {} s",
-                        idle.as_secs()
-                    ),
+                    match why {
+                        Handover::Asked { idle } => format!(
+                            "pool {name} handed over to gateway {to}: hosts send their I/O there, and none used it here for {} s",
+                            idle.as_secs()
+                        ),
+                        Handover::Moved => format!("pool {name} handed over to gateway {to}, {}", why.long()),
+                    },
                 )
                 .pool(name),
             );
@@ -925,6 +974,132 @@ impl Daemon {
                 epoch: 0,
             },
         );
+    }
+
+    /// The gateway an administrator moves pool `name`, owned here, to, if that gateway
+    /// presents the pool's LUNs now. A move to this gateway is done already; a move to one
+    /// that presents none of them (it left, its lease lapsed, its LUNs were removed) is given
+    /// up, and the event log says so.
+    fn moving_from_here(&self, gw: &crate::rados_pools::Membership, name: &str) -> Option<String> {
+        let (to, revision) = match gw.moving(name) {
+            Ok(m) => m?,
+            Err(e) => {
+                debug!(pool = %name, error = %e, "cannot learn whether the pool is to move");
+                return None;
+            }
+        };
+        if to == gw.name() {
+            let _ = gw.end_move(name, revision);
+            return None;
+        }
+        match gw.presenting(name) {
+            Ok(presenting) if presenting.contains(&to) => Some(to),
+            Ok(_) => {
+                if gw.end_move(name, revision).is_ok() {
+                    self.events.record(
+                        NewEvent::new(
+                            Severity::Warning,
+                            "pool.move_given_up",
+                            format!("the move of pool {name} to gateway {to} is given up: that gateway presents no LUN of the pool now (it left, or its lease lapsed); the pool stays here"),
+                        )
+                        .pool(name),
+                    );
+                }
+                None
+            }
+            Err(e) => {
+                debug!(pool = %name, error = %e, "cannot learn which gateways present the pool");
+                None
+            }
+        }
+    }
+
+    /// Once this gateway has taken pool `name`: a move to it is done; a move to gateway
+    /// `moved_to`, which this gateway handed the pool over to and which did not take it in
+    /// time (it could not fence, or open the pool), is given up, so that the pool is not
+    /// handed over to it again and again.
+    fn settle_move(&self, gw: &crate::rados_pools::Membership, name: &str, moved_to: Option<String>) {
+        let Ok(Some((to, revision))) = gw.moving(name) else {
+            return;
+        };
+        if to == gw.name() {
+            if gw.end_move(name, revision).is_ok() {
+                self.events.record(
+                    NewEvent::new(
+                        Severity::Info,
+                        "pool.moved",
+                        format!("pool {name} moved to gateway {to}"),
+                    )
+                    .pool(name),
+                );
+            }
+        } else if moved_to.as_deref() == Some(to.as_str()) && gw.end_move(name, revision).is_ok() {
+            self.events.record(
+                NewEvent::new(
+                    Severity::Warning,
+                    "pool.move_given_up",
+                    format!("the move of pool {name} to gateway {to} is given up: that gateway did not take the pool within {} s of its handover (its log says why); the pool is served here again", HANDOVER_GRACE.as_secs()),
+                )
+                .pool(name),
+            );
+        }
+    }
+
+    /// Moves pool `name`, on RADOS, to gateway `to`, for an administrator: its owner hands
+    /// it over to `to` at its next tick (jobs that give way to hosts are cancelled; an import,
+    /// an export, a spot-fix or a repair keeps it until it ends), and `to` takes it. `to`
+    /// must present LUNs of the pool. Returns once the move is asked for, not done.
+    pub fn move_pool(&self, name: &str, to: &str) -> ApiResult<()> {
+        let Some(gw) = &self.gateway else {
+            return Err(ApiError::invalid(format!(
+                "this daemon is not a gateway: pools move between gateways (give it a [gateway] table in its configuration file)"
+            )));
+        };
+        if !self.rados.lock().contains_key(name) {
+            return Err(if self.pools.read().contains_key(name) {
+                ApiError::invalid(format!(
+                    "pool '{name}' is on this machine's disks: only a pool on Ceph RADOS moves between gateways"
+                ))
+            } else {
+                ApiError::not_found(format!("no pool '{name}'"))
+            });
+        }
+        let owner = if self.rados.lock().get(name).is_some_and(|p| p.owned.is_some()) {
+            Some(gw.name().to_string())
+        } else {
+            gw.other_owner(name).map_err(ApiError::unavailable)?.map(|o| o.name)
+        };
+        if owner.as_deref() == Some(to) {
+            // Nothing to do; a move asked before goes no further.
+            if let Some((_, revision)) = gw.moving(name).map_err(ApiError::unavailable)? {
+                gw.end_move(name, revision).map_err(ApiError::unavailable)?;
+            }
+            return Ok(());
+        }
+        let presenting = gw.presenting(name).map_err(ApiError::unavailable)?;
+        if !presenting.iter().any(|g| g == to) {
+            return Err(ApiError::invalid(format!(
+                "gateway '{to}' presents no LUN of pool '{name}' now, so it could not serve the pool's hosts{}; import the pool there and add a LUN of it to a target first",
+                if presenting.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (gateways that do: {})", presenting.join(", "))
+                }
+            )));
+        }
+        gw.move_to(name, to).map_err(ApiError::unavailable)?;
+        self.events.record(
+            NewEvent::new(
+                Severity::Info,
+                "pool.move_asked",
+                format!(
+                    "pool {name} to move to gateway {to}{}",
+                    owner.map(|o| format!(" from gateway {o}")).unwrap_or_default()
+                ),
+            )
+            .pool(name),
+        );
+        Ok(())
     }
 
     /// Says in etcd which pools this gateway presents LUNs of (once per lease), and learns
