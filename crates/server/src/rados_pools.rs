@@ -220,6 +220,10 @@ mod real {
     /// monitor gone away).
     const CLUSTER_TIMEOUT: &str = "30";
 
+    /// How long a call on the membership may take, a taking with its fence (a monitor
+    /// command, `CLUSTER_TIMEOUT` at most) included.
+    const MEMBERSHIP_AT_MOST: Duration = Duration::from_secs(45);
+
     /// A connection to a pool's cluster made when first needed, and only once.
     #[derive(Default)]
     struct Link(Option<Arc<Cluster>>);
@@ -250,9 +254,12 @@ mod real {
             Some(f) => through(f).display().to_string(),
             None => placement.ceph_conf.clone(),
         };
+        // The connection too: Ceph's default has it wait 300 s for monitors that do not
+        // answer, and it is made in the tick, which would keep every other pool waiting.
         let options = [
             ("rados_osd_op_timeout", CLUSTER_TIMEOUT),
             ("rados_mon_op_timeout", CLUSTER_TIMEOUT),
+            ("client_mount_timeout", CLUSTER_TIMEOUT),
         ];
         let client = &placement.client_name;
         match named {
@@ -424,13 +431,28 @@ mod real {
             )
         }
 
-        /// Runs `f` on this gateway's membership, once joined (blocking).
+        /// Runs `f` on this gateway's membership, once joined (blocking), for `MEMBERSHIP_AT_MOST`
+        /// at most, waiting for the membership included: a request sent to an etcd member
+        /// that stalls (stopped, frozen, cut off without a reset) gets no answer and no error,
+        /// and would hold the tick, and every command that needs the membership, until the
+        /// member resumes. Given up, it is as if etcd had not answered: what it changed, if
+        /// anything, is found at the next look, as after a crash.
         fn with_gateway<T>(&self, f: impl AsyncFnOnce(&mut Gateway) -> Result<T, String>) -> Result<T, String> {
+            let late = || {
+                format!(
+                    "etcd did not answer within {} s (a member stalled, or is cut off?)",
+                    MEMBERSHIP_AT_MOST.as_secs()
+                )
+            };
             self.rt.block_on(async {
-                match self.gateway.lock().await.as_mut() {
-                    Some(g) => f(g).await,
-                    None => Err(self.not_joined()),
-                }
+                tokio::time::timeout(MEMBERSHIP_AT_MOST, async {
+                    match self.gateway.lock().await.as_mut() {
+                        Some(g) => f(g).await,
+                        None => Err(self.not_joined()),
+                    }
+                })
+                .await
+                .unwrap_or_else(|_| Err(late()))
             })
         }
 
