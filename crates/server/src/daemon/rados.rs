@@ -127,8 +127,9 @@ pub(crate) struct RadosPool {
     handed_over: Option<Instant>,
     /// The gateway it was handed over to then, if for an administrator's move.
     moved_to: Option<String>,
-    /// Whether this gateway asks the owner for the pool (in etcd).
-    asking: bool,
+    /// The lease under which this gateway asks the owner for the pool (in etcd), if it does:
+    /// the word goes with that lease, and is said again under the next.
+    asking: Option<i64>,
     /// When this gateway last gave the pool up to open it again, a write having been refused.
     reopened: Option<Instant>,
     /// After attempts to take or open the pool that failed: not before when, and the
@@ -170,7 +171,7 @@ impl RadosPool {
             activity: (u64::MAX, Instant::now()),
             handed_over: None,
             moved_to: None,
-            asking: false,
+            asking: None,
             reopened: None,
             retry: None,
             passing_since: None,
@@ -811,6 +812,7 @@ impl Daemon {
     /// Asks in etcd for each pool that a host wants served here (it sent a command for the
     /// medium to a standby port lately), and takes the word back once none does.
     fn ask_for_wanted_pools(&self, gw: &crate::rados_pools::Membership) {
+        let lease = gw.lease();
         let changes: Vec<(String, bool)> = self
             .rados
             .lock()
@@ -820,7 +822,8 @@ impl Daemon {
                 // hand it over to a gateway that gives it back again.
                 let waiting = p.gave_back.is_some_and(|t| t.elapsed() < NO_ASK_AFTER_FAILURE);
                 let wanted = p.owned.is_none() && p.elsewhere.is_some() && !waiting && p.ports.asked_within(ASK_WINDOW);
-                (wanted != p.asking).then(|| (n.clone(), wanted))
+                let asking = p.asking.is_some() && p.asking == lease;
+                (wanted != asking).then(|| (n.clone(), wanted))
             })
             .collect();
         for (name, wanted) in changes {
@@ -835,7 +838,7 @@ impl Daemon {
                         info!(pool = %name, "a host sends its I/O to this gateway's standby port: asking the owner for the pool");
                     }
                     if let Some(p) = self.rados.lock().get_mut(&name) {
-                        p.asking = wanted;
+                        p.asking = if wanted { lease } else { None };
                     }
                 }
                 Err(e) => debug!(pool = %name, error = %e, "cannot say in etcd whether this gateway asks for the pool"),
@@ -1149,7 +1152,7 @@ impl Daemon {
         let Some(p) = self.rados.lock().remove(name) else {
             return Ok(());
         };
-        if let (true, Some(gw)) = (p.asking, &self.gateway) {
+        if let (Some(_), Some(gw)) = (p.asking, &self.gateway) {
             let _ = gw.stop_asking(name);
         }
         // Its standby LUNs, if another gateway owned it (the configuration stays).
