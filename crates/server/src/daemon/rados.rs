@@ -420,10 +420,14 @@ impl Daemon {
                 }
                 Ok(Taking::Mine(owned)) => match {
                     info!(pool = %name, epoch = owned.epoch, seconds = started.elapsed().as_secs_f64(), "pool taken, previous owner fenced off; opening it");
+                    // Hosts are told to retry while it opens, not that the owner fenced off
+                    // still has the active path.
+                    self.set_pool_access(name, AccessState::Transitioning, None);
                     owned.open(&self.pool_dir(name), name)
                 } {
                     Err(e) => {
                         let _ = gw.release(name, owned.epoch);
+                        self.set_pool_access(name, AccessState::Standby, None);
                         failed = Some(true);
                         e
                     }
