@@ -88,6 +88,9 @@ pub struct Daemon {
     gateway: Option<Arc<crate::rados_pools::Membership>>,
     /// The pools on RADOS this daemon knows, owned here or waiting for their owner to go.
     rados: Mutex<BTreeMap<String, rados::RadosPool>>,
+    /// Pools on RADOS exported or destroyed here whose ownership in etcd could not be given
+    /// up then (name, epoch): given up at a later tick.
+    unreleased: Mutex<Vec<(String, i64)>>,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -216,6 +219,7 @@ impl Daemon {
         let d = Daemon {
             gateway,
             rados: Mutex::new(BTreeMap::new()),
+            unreleased: Mutex::new(Vec::new()),
             cfg,
             pools: RwLock::new(BTreeMap::new()),
             unavailable: RwLock::new(BTreeMap::new()),

@@ -744,6 +744,7 @@ impl Daemon {
                 self.bring_rados_pool(&name);
             }
         }
+        self.release_forgotten_pools(gw);
         self.reopen_refused_pools(gw);
         self.hand_over_asked_pools(gw);
         self.ask_for_wanted_pools(gw);
@@ -1186,14 +1187,35 @@ impl Daemon {
             warn!(pool = %name, error = %e, "the gateways' record of where the destroyed pool lived stays in etcd");
         }
         // Given up whatever became of its objects: this gateway no longer serves the pool,
-        // and kept, its key would say so to the other gateways for as long as it runs.
-        let released = gw.release(name, owned.epoch).map_err(ApiError::unavailable);
+        // and kept, its key would say so to the other gateways for as long as it runs. If etcd
+        // does not answer now, at a later tick: nothing else here would ever give it up.
+        if let Err(e) = gw.release(name, owned.epoch) {
+            warn!(pool = %name, error = %e, "cannot give the pool up in etcd now; trying again at the next ticks");
+            self.unreleased.lock().push((name.to_string(), owned.epoch));
+        }
         removed.map_err(|e| {
             ApiError::internal(format!(
                 "pool {name} is no longer served here, but not all of it was removed from the cluster: {e}"
             ))
-        })?;
-        released
+        })
+    }
+
+    /// Gives up in etcd the pools exported or destroyed here whose ownership could not be
+    /// given up then; not one imported here again since (its taking settles its key).
+    fn release_forgotten_pools(&self, gw: &crate::rados_pools::Membership) {
+        let pending = std::mem::take(&mut *self.unreleased.lock());
+        for (name, epoch) in pending {
+            if self.rados.lock().contains_key(&name) {
+                continue;
+            }
+            match gw.release(&name, epoch) {
+                Ok(()) => info!(pool = %name, "pool given up in etcd for the other gateways"),
+                Err(e) => {
+                    debug!(pool = %name, error = %e, "cannot give the pool up in etcd yet");
+                    self.unreleased.lock().push((name, epoch));
+                }
+            }
+        }
     }
 
     /// At shutdown, after the pools were flushed: gives up what this gateway owns, so that
