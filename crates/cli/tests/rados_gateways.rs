@@ -2383,6 +2383,9 @@ fn a_gateway_answers_a_write_only_once_the_cluster_applied_it() {
 /// started (until then nothing listens there and connections are refused), until cut.
 struct Relay {
     open: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// While set, what either side sends is kept, not passed on: etcd seems stalled, its
+    /// connections open.
+    held: std::sync::Arc<std::sync::atomic::AtomicBool>,
     live: std::sync::Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
 }
 
@@ -2391,10 +2394,11 @@ impl Relay {
         use std::sync::atomic::Ordering;
         let relay = Relay {
             open: std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true)),
+            held: Default::default(),
             live: Default::default(),
         };
         let listener = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
-        let (open, live) = (relay.open.clone(), relay.live.clone());
+        let (open, held, live) = (relay.open.clone(), relay.held.clone(), relay.live.clone());
         std::thread::spawn(move || {
             for client in listener.incoming().flatten() {
                 if !open.load(Ordering::SeqCst) {
@@ -2410,8 +2414,18 @@ impl Relay {
                     (client.try_clone().unwrap(), server.try_clone().unwrap()),
                     (server, client),
                 ] {
+                    let held = held.clone();
                     std::thread::spawn(move || {
-                        let _ = std::io::copy(&mut from, &mut into);
+                        use std::io::{Read, Write};
+                        let mut buf = vec![0u8; 64 << 10];
+                        while let Ok(n @ 1..) = from.read(&mut buf) {
+                            while held.load(Ordering::SeqCst) {
+                                std::thread::sleep(Duration::from_millis(10));
+                            }
+                            if into.write_all(&buf[..n]).is_err() {
+                                break;
+                            }
+                        }
                         let _ = into.shutdown(std::net::Shutdown::Both);
                     });
                 }
@@ -2431,6 +2445,71 @@ impl Relay {
     fn mend(&self) {
         self.open.store(true, std::sync::atomic::Ordering::SeqCst);
     }
+
+    /// Passes nothing on until [`go_on`](Self::go_on), the connections kept open.
+    fn hold(&self) {
+        self.held.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn go_on(&self) {
+        self.held.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// A gateway whose etcd stalls (its connections open, nothing answered): a command that
+/// needs etcd fails once the gateway's bound on a call to etcd has passed, saying so, rather
+/// than wait for etcd for as long as it stalls (and hold the gateway's tick as long); once
+/// etcd answers again the gateway joins again, serves its pool, and the command is answered.
+#[test]
+fn a_command_that_needs_a_stalled_etcd_fails_in_time() {
+    let test = "a_command_that_needs_a_stalled_etcd_fails_in_time";
+    let Some((conf, etcd, _cluster)) = cluster(test) else {
+        return;
+    };
+    let pid = std::process::id();
+    let pool = format!("stall{pid}");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let relay = Relay::start(port, etcd.trim_start_matches("http://").to_string());
+    let t = tempfile::tempdir().unwrap();
+    let mut d = Daemon::start_configured(
+        &t.path().join("a"),
+        &gateway_config(
+            "gw-a",
+            &format!("127.0.0.1:{port}"),
+            &format!("/tessera-test-stall-{pid}"),
+        ),
+    );
+    create_rados_pool(&d, &pool, &conf);
+    let move_args = ["pool", "move", pool.as_str(), "--to", "gw-b", "--no-wait"];
+    let e = d.fails(&move_args);
+    assert!(e.contains("gateway 'gw-b' presents no LUN"), "{e}");
+
+    relay.hold();
+    let t0 = Instant::now();
+    let (out, took) = std::thread::scope(|s| {
+        let asked = s.spawn(|| (d.cli(&move_args), t0.elapsed()));
+        while !asked.is_finished() && t0.elapsed() < Duration::from_secs(60) {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        // A command still waiting is answered once etcd is.
+        relay.go_on();
+        asked.join().unwrap()
+    });
+    eprintln!("{test}: the command failed after {took:?}: {}", out.stderr.trim());
+    assert!(!out.success, "{out:?}");
+    assert!(out.stderr.contains("etcd did not answer within 45 s"), "{out:?}");
+    assert!(took < Duration::from_secs(60), "{took:?}");
+
+    // Its lease lapsed meanwhile: it joins again and takes its pool anew.
+    until_here(&d, &pool);
+    let e = d.fails(&move_args);
+    assert!(e.contains("gateway 'gw-b' presents no LUN"), "{e}");
+    d.ok(&["pool", "destroy", &pool]);
+    d.stop();
 }
 
 /// A gateway whose etcd does not answer when it starts still starts and serves its local
