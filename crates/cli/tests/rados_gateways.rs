@@ -2903,3 +2903,57 @@ fn an_administrator_moves_a_pool_to_the_other_gateway_and_back() {
     a.ok(&["pool", "destroy", "local"]);
     remove_lun_vdisk_and_pool(&a, iqn, &vdisk, &pool);
 }
+
+/// An owner whose key etcd lost while its lease holds (deleted by hand, or etcd restored from
+/// an older snapshot): the other gateway takes the pool and fences it off; once a write of
+/// its own is refused, it gives the pool up and presents it as standby, owned there, rather
+/// than report an active/optimized path on which every write fails.
+#[test]
+fn an_owner_whose_key_was_lost_gives_the_pool_up_once_its_writes_are_refused() {
+    use tessera_iscsi::initiator::{LoginConfig, Session};
+    let test = "an_owner_whose_key_was_lost_gives_the_pool_up_once_its_writes_are_refused";
+    let Some((conf, etcd, _cluster)) = cluster(test) else {
+        return;
+    };
+    let iqn = "iqn.2026-12.io.tessera:lostkey";
+    let TwoGateways {
+        a,
+        mut b,
+        pool,
+        vdisk,
+        _dir,
+    } = two_gateways_presenting(&conf, &etcd, "lk", "lk", iqn);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let host = LoginConfig::new("iqn.2026-12.io.example:host", Some(iqn));
+    let path_a = rt.block_on(Session::login(&a.iscsi_portal(), &host)).unwrap();
+    until_done(&rt, &path_a, &write1(0), block(0, 1), 0, Duration::from_secs(10), &a);
+
+    let key = format!("/tessera-test-lk-{}/owner/pool.{pool}", std::process::id());
+    let deleted = ok("etcdctl", &["--endpoints", &etcd, "del", &key]);
+    assert_eq!(deleted.trim(), "1", "the owner's key was there: {deleted}");
+    let took = until_served(&b, &pool, Duration::from_secs(20));
+    eprintln!("{test}: B took the pool {took:?} after A's key was deleted");
+    // Refused: A's client is blocklisted. (Far from block 0, in a grain never written: a
+    // write there reads nothing first, and a read refused is no write refused.)
+    let r = rt
+        .block_on(path_a.command(0, &write1(100_000), block(100_000, 2), 0))
+        .unwrap();
+    assert_ne!(r.status, 0, "a write through the fenced owner succeeded");
+    let t0 = Instant::now();
+    loop {
+        let p = pool_entry(&a, &pool);
+        if p["rados"]["here"] == false && p["rados"]["owner"] == "gw-b" {
+            eprintln!(
+                "{test}: A gave the pool up {:?} after its write was refused",
+                t0.elapsed()
+            );
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "{p}\n{}", a.logs());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(path_a);
+    drop(a);
+    remove_lun_vdisk_and_pool(&b, iqn, &vdisk, &pool);
+    b.stop();
+}

@@ -756,7 +756,10 @@ impl Daemon {
     /// say "durable" again. The pool is given up and taken again at the next tick by a fresh
     /// connection that fences the old one off (or by another gateway), and served from what
     /// the cluster holds, its journal replayed; hosts find its LUNs transitioning meanwhile.
-    /// A pool that another gateway took is left to the lease's check.
+    /// A pool that another gateway owns in etcd by now is given up the same way, and found
+    /// owned there at the next tick: with this gateway's lease lapsed, the lease's check
+    /// gives it up first; with the lease still held, the key was taken from it (deleted by
+    /// hand, or etcd restored from an older snapshot), and nothing else would give it up.
     fn reopen_refused_pools(&self, gw: &crate::rados_pools::Membership) {
         let refused: Vec<(String, String)> = self
             .rados
@@ -768,7 +771,14 @@ impl Daemon {
         for (name, why) in refused {
             match gw.other_owner(&name) {
                 Ok(None) => self.reopen(gw, &name, &why),
-                Ok(Some(_)) => {}
+                Ok(Some(o)) => self.reopen(
+                    gw,
+                    &name,
+                    &format!(
+                        "{why}; gateway {} owns the pool in etcd now (epoch {})",
+                        o.gateway, o.epoch
+                    ),
+                ),
                 Err(e) => {
                     debug!(pool = %name, error = %e, "cannot learn who owns the pool; it is opened again at a later tick")
                 }
