@@ -324,6 +324,18 @@ fn a_pool_name_is_one_pool_among_the_gateways_until_it_is_destroyed() {
         "nothing of the other pool is listed"
     );
     c.stop();
+    // A create of the name where the pool lives, while no gateway serves it, is refused and
+    // leaves the pool's record as it was: the name is still the pool's. (Until 2026-12-06 the
+    // refused create deleted the record, and the name could be given to a pool elsewhere.)
+    a.ok(&["pool", "export", &pool]);
+    // Refused as a pool that is there, not as one elsewhere: B asked for the name in the
+    // other RADOS pool before, and looks where it is asked now.
+    let e = b.fails(&create_rados_pool_args(&pool, &conf));
+    assert!(e.contains("already carries a label of pool"), "{e}");
+    let e = b.fails(&elsewhere);
+    assert!(e.contains("another pool named"), "{e}");
+    a.ok(&["pool", "import", &pool, "--rados", RADOS_POOL, "--ceph-conf", &conf]);
+    until_served(&a, &pool, Duration::from_secs(20));
     // Destroyed at A, the name is B's to give.
     a.ok(&["pool", "destroy", &pool]);
     let out = b.ok(&elsewhere);

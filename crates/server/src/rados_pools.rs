@@ -338,8 +338,9 @@ mod real {
         /// What [`alive`](Self::alive) last found, for readers that must not wait for a
         /// taking under way (which holds the gateway for as long as the cluster takes).
         seen_alive: std::sync::atomic::AtomicBool,
-        /// The place of each pool this gateway looked for ([`place_of`](Self::place_of)).
-        places: std::sync::Mutex<std::collections::HashMap<String, String>>,
+        /// The place of each pool this gateway looked for ([`place_of`](Self::place_of)),
+        /// with the configuration file and RADOS pool it was looked for in.
+        places: std::sync::Mutex<std::collections::HashMap<String, ((String, String), String)>>,
         /// Where the API may point the daemon: the Ceph configuration files of pools.
         paths: DataPaths,
         /// This run's end of the channel between the gateways, once joined: reached
@@ -604,7 +605,16 @@ mod real {
         /// Where pool `name` lives, as the gateways record it: the cluster's id and the RADOS
         /// pool's (`FSID/ID`), learned once.
         fn place_of(&self, name: &str, placement: &Placement, link: &mut Link) -> Result<String, String> {
-            if let Some(p) = self.places.lock().expect("not poisoned").get(name) {
+            // Where it was looked for last, if that is where it is looked for now: a name asked
+            // for in one RADOS pool, then another (refused there), is in the one asked now.
+            let looked_in = (placement.ceph_conf.clone(), placement.rados_pool.clone());
+            if let Some((_, p)) = self
+                .places
+                .lock()
+                .expect("not poisoned")
+                .get(name)
+                .filter(|(w, _)| *w == looked_in)
+            {
                 return Ok(p.clone());
             }
             let cluster = link.cluster(placement, &self.paths)?;
@@ -615,7 +625,7 @@ mod real {
             self.places
                 .lock()
                 .expect("not poisoned")
-                .insert(name.to_string(), place.clone());
+                .insert(name.to_string(), (looked_in, place.clone()));
             Ok(place)
         }
 
@@ -664,14 +674,17 @@ mod real {
         /// Records that pool `name`, about to be made where `placement` says, lives there:
         /// refused if a pool of that name is recorded elsewhere. A create that fails takes
         /// the record back (`forget_place`).
-        pub fn claim_place(&self, name: &str, placement: &Placement) -> Result<(), String> {
+        pub fn claim_place(&self, name: &str, placement: &Placement) -> Result<bool, String> {
             let place = self.place_of(name, placement, &mut Link::default())?;
-            let recorded = self.with_gateway(async |g| {
-                g.claim_place(&owner_key(name), &place)
+            let (recorded, before) = self.with_gateway(async |g| {
+                let key = owner_key(name);
+                let before = g.place(&key).await.map_err(|e| e.to_string())?;
+                g.claim_place(&key, &place)
                     .await
+                    .map(|r| (r, before.is_some()))
                     .map_err(|e| format!("cannot record where pool {name} lives: {e}"))
             })?;
-            self.same_place(name, placement, &place, &recorded)
+            self.same_place(name, placement, &place, &recorded).map(|()| !before)
         }
 
         /// Ok if `recorded`, where the gateways record pool `name` lives, is `place`.
@@ -693,7 +706,7 @@ mod real {
         /// it is destroyed; or only this gateway's note of it, once it is exported
         /// (`destroyed` false).
         pub fn forget_place(&self, name: &str, destroyed: bool) -> Result<(), String> {
-            let Some(place) = self.places.lock().expect("not poisoned").remove(name) else {
+            let Some((_, place)) = self.places.lock().expect("not poisoned").remove(name) else {
                 return Ok(());
             };
             if !destroyed {
@@ -1060,7 +1073,7 @@ mod absent {
         pub fn forget_place(&self, _: &str, _: bool) -> Result<(), String> {
             match self.never {}
         }
-        pub fn claim_place(&self, _: &str, _: &Placement) -> Result<(), String> {
+        pub fn claim_place(&self, _: &str, _: &Placement) -> Result<bool, String> {
             match self.never {}
         }
         pub fn check_place(&self, _: &str, _: &Placement) -> Result<(), String> {

@@ -222,8 +222,9 @@ impl Daemon {
         let _admin = self.admin.lock();
         let dir = self.new_pool_dir(&req.name)?;
         // Its place first, so that a pool of this name elsewhere is refused (as such, not as
-        // one that exists) from now on; a create that fails below takes it back.
-        gw.claim_place(&req.name, &placement).map_err(ApiError::exists)?;
+        // one that exists) from now on; a create that fails below takes it back, if it
+        // recorded it (a pool of this name may be there already, its record kept).
+        let claimed = gw.claim_place(&req.name, &placement).map_err(ApiError::exists)?;
         let owned = match gw.take(&req.name, &placement).map_err(ApiError::unavailable)? {
             Taking::Mine(o) => o,
             Taking::GaveBack { why, .. } => return Err(ApiError::unavailable(why)),
@@ -243,7 +244,9 @@ impl Daemon {
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&dir);
                 // Not made: the name claims no place (while still owned here).
-                let _ = gw.forget_place(&req.name, true);
+                if claimed {
+                    let _ = gw.forget_place(&req.name, true);
+                }
                 let _ = gw.release(&req.name, owned.epoch);
                 return Err(ApiError::invalid(e));
             }
@@ -257,7 +260,9 @@ impl Daemon {
                 warn!(pool = %req.name, error = %e, "cannot remove the objects of a pool whose creation could not be recorded");
             }
             let _ = std::fs::remove_dir_all(&dir);
-            let _ = gw.forget_place(&req.name, true);
+            if claimed {
+                let _ = gw.forget_place(&req.name, true);
+            }
             let _ = gw.release(&req.name, owned.epoch);
             return Err(ApiError::io(err));
         }
