@@ -305,6 +305,16 @@ fn a_pool_name_is_one_pool_among_the_gateways_until_it_is_destroyed() {
     c.ok(&["pool", "import", &pool, "--rados", other, "--ceph-conf", &conf]);
     assert_eq!(pool_entry(&c, &pool)["health"], "unavailable");
     std::thread::sleep(Duration::from_secs(2));
+    // Nor is it taken (its takings would fence off one connection after another): it waits,
+    // saying why.
+    let p = pool_entry(&c, &pool);
+    assert!(
+        p["problem"]
+            .as_str()
+            .is_some_and(|w| w.contains("the cluster holds no pool")),
+        "{p}"
+    );
+    assert_eq!(p["rados"]["failed_takes"], 0, "{p}");
     c.ok(&["pool", "export", &pool]);
     c.stop();
     let mut a = Daemon::start_configured(&t.path().join("a"), &gateway_config("gw-a", &etcd, &prefix));

@@ -719,9 +719,22 @@ mod real {
             })
         }
 
-        /// Takes pool `name` if nobody owns it, fencing its previous owner off the cluster
-        /// first.
+        /// Takes pool `name`, to be made, if nobody owns it, fencing its previous owner off the
+        /// cluster first.
         pub fn take(&self, name: &str, placement: &Placement) -> Result<Taking, String> {
+            self.take_if(name, placement, false)
+        }
+
+        /// Takes pool `name`, made before, like [`take`](Self::take); but not if the cluster
+        /// holds no pool of that name where `placement` says (destroyed at another gateway, a
+        /// name or RADOS pool mistyped at its import): the opening would fail, and each try
+        /// would blocklist the connection of the one before, a monitor command and a new map of
+        /// the cluster for every OSD and client, for nothing.
+        pub fn take_made(&self, name: &str, placement: &Placement) -> Result<Taking, String> {
+            self.take_if(name, placement, true)
+        }
+
+        fn take_if(&self, name: &str, placement: &Placement, made: bool) -> Result<Taking, String> {
             // Cheap first: while another gateway holds the pool, nothing is asked of the
             // cluster. (The taking below is one etcd transaction all the same.)
             if let Some(o) = self.other_owner(name)? {
@@ -735,6 +748,12 @@ mod real {
             // The RADOS pool must exist before anyone takes anything in it.
             let pool = Cluster::shared_pool(&cluster, &placement.rados_pool)
                 .map_err(|e| format!("cannot open the RADOS pool '{}': {e}", placement.rados_pool))?;
+            if made && !metadata_is_there(&pool, name)? {
+                return Err(format!(
+                    "the cluster holds no pool {name} in RADOS pool '{}' (destroyed at another gateway, or never made there): 'tessera pool export {name}' forgets it here",
+                    placement.rados_pool
+                ));
+            }
             // Whom the pool's metadata says its last owner wrote from: fenced off too, should
             // etcd have lost the fence record (restored from an older snapshot, keys deleted).
             let last_writer = last_owner(&pool, &Placement::meta_object(name))
@@ -1065,6 +1084,9 @@ mod absent {
             match self.never {}
         }
         pub fn take(&self, _: &str, _: &Placement) -> Result<Taking, String> {
+            match self.never {}
+        }
+        pub fn take_made(&self, _: &str, _: &Placement) -> Result<Taking, String> {
             match self.never {}
         }
         pub fn release(&self, _: &str, _: i64) -> Result<(), String> {

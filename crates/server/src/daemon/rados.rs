@@ -393,12 +393,12 @@ impl Daemon {
                 Some(t) if !gw.moving(name).is_ok_and(|m| m.is_some_and(|(to, _)| to == gw.name())) => gw.other_owner(name).and_then(|o| {
                     o.map(Taking::Elsewhere).ok_or_else(|| {
                         format!(
-                            "handed over {:.0} s ago to a gateway whose hosts asked for it; waiting for it to take the pool",
+                            "handed over {:.0} s ago to another gateway; waiting for it to take the pool",
                             t.elapsed().as_secs_f64()
                         )
                     })
                 }),
-                _ => gw.take(name, &placement),
+                _ => gw.take_made(name, &placement),
             } {
                 Err(e) => e,
                 Ok(Taking::GaveBack { why, lasting }) => {
