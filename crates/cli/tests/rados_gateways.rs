@@ -2878,8 +2878,13 @@ fn an_administrator_moves_a_pool_to_the_other_gateway_and_back() {
         std::thread::sleep(Duration::from_millis(200));
     };
     assert!(moved.success, "{moved:?}\n{}", a.logs());
-    eprintln!("{test}: to B: {}", moved.stdout.trim());
+    let returned = Instant::now();
     let at_b = until_here(&b, &pool);
+    eprintln!(
+        "{test}: to B: {} (served there {:?} after)",
+        moved.stdout.trim(),
+        returned.elapsed()
+    );
     let second = at_b["rados"]["epoch"].as_i64().unwrap();
     assert!(second > first, "{second} after {first}");
     for lba in 0..16 {
@@ -2909,8 +2914,13 @@ fn an_administrator_moves_a_pool_to_the_other_gateway_and_back() {
         );
     }
     let back = a.ok(&["pool", "move", &pool, "--to", "gw-a"]);
-    eprintln!("{test}: back to A: {}", back.trim());
+    let returned = Instant::now();
     let at_a = until_here(&a, &pool);
+    eprintln!(
+        "{test}: back to A: {} (served there {:?} after)",
+        back.trim(),
+        returned.elapsed()
+    );
     assert!(at_a["rados"]["epoch"].as_i64().unwrap() > second, "{at_a}");
     for lba in 0..16 {
         let (r, _, _) = until_done(&rt, &path_a, &read1(lba), Vec::new(), 512, Duration::from_secs(10), &a);
