@@ -1201,6 +1201,12 @@ impl Daemon {
         if let Err(e) = gw.forget_place(name, destroyed) {
             warn!(pool = %name, error = %e, "the gateways' record of where the destroyed pool lived stays in etcd");
         }
+        // A move asked for it and not done would apply to the next pool of the name.
+        if destroyed {
+            if let Ok(Some((_, revision))) = gw.moving(name) {
+                let _ = gw.end_move(name, revision);
+            }
+        }
         // Given up whatever became of its objects: this gateway no longer serves the pool,
         // and kept, its key would say so to the other gateways for as long as it runs. If etcd
         // does not answer now, at a later tick: nothing else here would ever give it up.
