@@ -2900,6 +2900,20 @@ fn an_administrator_moves_a_pool_to_the_other_gateway_and_back() {
         "{events_a}"
     );
     assert!(b.json(&["events", "-n", "1000"]).to_string().contains("pool.moved"));
+    // A read the host sends through A as the pool moves (A's port standby now) does not have
+    // A ask for the pool back: B, idle, keeps it past the time it would hand it over.
+    let mut answers = Vec::new();
+    while !answers.contains(&(0x2, 0x04, 0x0B)) {
+        let r = rt.block_on(path_a.command(0, &read1(0), Vec::new(), 512)).unwrap();
+        answers.push(sense_of(&r).unwrap_or_else(|| panic!("A answered a read: {}", r.status)));
+        assert!(answers.len() < 5, "A's port is not standby: {answers:x?}");
+    }
+    std::thread::sleep(Duration::from_secs(11));
+    let at_b_still = pool_entry(&b, &pool);
+    assert_eq!(
+        at_b_still["rados"]["here"], true,
+        "the pool went back to A: {at_b_still}"
+    );
 
     // Back, asked at A, which does not own the pool now.
     for lba in 0..16 {

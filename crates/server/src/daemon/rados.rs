@@ -79,6 +79,12 @@ fn next_retry(streak: Duration, lasting: bool) -> (Duration, Duration) {
 /// fence does not have the pool handed over, left unserved and taken back, round after round.
 const NO_ASK_AFTER_FAILURE: Duration = Duration::from_secs(300);
 
+/// After an administrator moved a pool away from this gateway, how long hosts' commands at
+/// its standby ports do not have it ask for the pool back: those sent at the move's moment,
+/// before the hosts heard of the new owner, would otherwise undo the move once the new owner
+/// saw no I/O for a while.
+const NO_ASK_AFTER_MOVE: Duration = Duration::from_secs(60);
+
 /// Why an owner hands a pool over.
 #[derive(Clone, Copy)]
 enum Handover {
@@ -840,7 +846,8 @@ impl Daemon {
             .filter_map(|(n, p)| {
                 // Not for a while after an attempt that gave the pool back: the owner would
                 // hand it over to a gateway that gives it back again.
-                let waiting = p.gave_back.is_some_and(|t| t.elapsed() < NO_ASK_AFTER_FAILURE);
+                let waiting = p.gave_back.is_some_and(|t| t.elapsed() < NO_ASK_AFTER_FAILURE)
+                    || (p.moved_to.is_some() && p.handed_over.is_some_and(|t| t.elapsed() < NO_ASK_AFTER_MOVE));
                 let wanted = p.owned.is_none() && p.elsewhere.is_some() && !waiting && p.ports.asked_within(ASK_WINDOW);
                 let asking = p.asking.is_some() && p.asking == lease;
                 (wanted != asking).then(|| (n.clone(), wanted))
