@@ -88,8 +88,8 @@ pub struct Daemon {
     gateway: Option<Arc<crate::rados_pools::Membership>>,
     /// The pools on RADOS this daemon knows, owned here or waiting for their owner to go.
     rados: Mutex<BTreeMap<String, rados::RadosPool>>,
-    /// Pools on RADOS exported or destroyed here whose ownership in etcd could not be given
-    /// up then (name, epoch): given up at a later tick.
+    /// Pools on RADOS given up here (exported, destroyed, not made) whose ownership in etcd
+    /// could not be given up then (name, epoch): given up at a later tick.
     unreleased: Mutex<Vec<(String, i64)>>,
 }
 

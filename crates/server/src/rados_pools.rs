@@ -338,9 +338,9 @@ mod real {
         /// What [`alive`](Self::alive) last found, for readers that must not wait for a
         /// taking under way (which holds the gateway for as long as the cluster takes).
         seen_alive: std::sync::atomic::AtomicBool,
-        /// The place of each pool this gateway looked for ([`place_of`](Self::place_of)),
-        /// with the configuration file and RADOS pool it was looked for in.
-        places: std::sync::Mutex<std::collections::HashMap<String, ((String, String), String)>>,
+        /// The place of each pool this gateway looked for ([`place_of`](Self::place_of)), by
+        /// its name, configuration file and RADOS pool.
+        places: std::sync::Mutex<std::collections::HashMap<(String, String, String), String>>,
         /// Where the API may point the daemon: the Ceph configuration files of pools.
         paths: DataPaths,
         /// This run's end of the channel between the gateways, once joined: reached
@@ -605,16 +605,14 @@ mod real {
         /// Where pool `name` lives, as the gateways record it: the cluster's id and the RADOS
         /// pool's (`FSID/ID`), learned once.
         fn place_of(&self, name: &str, placement: &Placement, link: &mut Link) -> Result<String, String> {
-            // Where it was looked for last, if that is where it is looked for now: a name asked
-            // for in one RADOS pool, then another (refused there), is in the one asked now.
-            let looked_in = (placement.ceph_conf.clone(), placement.rados_pool.clone());
-            if let Some((_, p)) = self
-                .places
-                .lock()
-                .expect("not poisoned")
-                .get(name)
-                .filter(|(w, _)| *w == looked_in)
-            {
+            // By where it is looked for: a name asked for in one RADOS pool, then another
+            // (refused there), is in the one asked now.
+            let looked_in = (
+                name.to_string(),
+                placement.ceph_conf.clone(),
+                placement.rados_pool.clone(),
+            );
+            if let Some(p) = self.places.lock().expect("not poisoned").get(&looked_in) {
                 return Ok(p.clone());
             }
             let cluster = link.cluster(placement, &self.paths)?;
@@ -625,7 +623,7 @@ mod real {
             self.places
                 .lock()
                 .expect("not poisoned")
-                .insert(name.to_string(), (looked_in, place.clone()));
+                .insert(looked_in, place.clone());
             Ok(place)
         }
 
@@ -702,16 +700,22 @@ mod real {
             ))
         }
 
-        /// Forgets where pool `name` lived among the gateways, and its fence record, once
-        /// it is destroyed; or only this gateway's note of it, once it is exported
-        /// (`destroyed` false).
-        pub fn forget_place(&self, name: &str, destroyed: bool) -> Result<(), String> {
-            let Some((_, place)) = self.places.lock().expect("not poisoned").remove(name) else {
+        /// Forgets where pool `name`, at `placement`, lived among the gateways, and its fence
+        /// record, once it is destroyed; or only this gateway's notes of it, once it is
+        /// exported (`destroyed` false).
+        pub fn forget_place(&self, name: &str, placement: &Placement, destroyed: bool) -> Result<(), String> {
+            let place = match destroyed {
+                true => Some(self.place_of(name, placement, &mut Link::default())),
+                false => None,
+            };
+            self.places
+                .lock()
+                .expect("not poisoned")
+                .retain(|(n, _, _), _| n != name);
+            let Some(place) = place else {
                 return Ok(());
             };
-            if !destroyed {
-                return Ok(());
-            }
+            let place = place?;
             self.with_gateway(async |g| {
                 g.forget_place(&owner_key(name), &place)
                     .await
@@ -1092,7 +1096,7 @@ mod absent {
         pub fn release(&self, _: &str, _: i64) -> Result<(), String> {
             match self.never {}
         }
-        pub fn forget_place(&self, _: &str, _: bool) -> Result<(), String> {
+        pub fn forget_place(&self, _: &str, _: &Placement, _: bool) -> Result<(), String> {
             match self.never {}
         }
         pub fn claim_place(&self, _: &str, _: &Placement) -> Result<bool, String> {

@@ -251,9 +251,11 @@ impl Daemon {
                 let _ = std::fs::remove_dir_all(&dir);
                 // Not made: the name claims no place (while still owned here).
                 if claimed {
-                    let _ = gw.forget_place(&req.name, true);
+                    let _ = gw.forget_place(&req.name, &placement, true);
                 }
-                let _ = gw.release(&req.name, owned.epoch);
+                if gw.release(&req.name, owned.epoch).is_err() {
+                    self.unreleased.lock().push((req.name.clone(), owned.epoch));
+                }
                 return Err(ApiError::invalid(e));
             }
         };
@@ -267,9 +269,11 @@ impl Daemon {
             }
             let _ = std::fs::remove_dir_all(&dir);
             if claimed {
-                let _ = gw.forget_place(&req.name, true);
+                let _ = gw.forget_place(&req.name, &placement, true);
             }
-            let _ = gw.release(&req.name, owned.epoch);
+            if gw.release(&req.name, owned.epoch).is_err() {
+                self.unreleased.lock().push((req.name.clone(), owned.epoch));
+            }
             return Err(ApiError::io(err));
         }
         let epoch = owned.epoch;
@@ -448,7 +452,9 @@ impl Daemon {
                         if !self.rados.lock().contains_key(name) {
                             // Exported or destroyed here while it was being opened.
                             drop(engine);
-                            let _ = gw.release(name, epoch);
+                            if gw.release(name, epoch).is_err() {
+                                self.unreleased.lock().push((name.to_string(), epoch));
+                            }
                             return;
                         }
                         if gw.lease() != Some(owned.lease) || !gw.alive() {
@@ -1192,7 +1198,7 @@ impl Daemon {
         }
         let (Some(owned), Some(gw)) = (p.owned, &self.gateway) else {
             if let Some(gw) = &self.gateway {
-                let _ = gw.forget_place(name, false);
+                let _ = gw.forget_place(name, &p.placement, false);
             }
             return Ok(());
         };
@@ -1205,7 +1211,7 @@ impl Daemon {
         // Gone for good (destroyed): its name may be given to a pool elsewhere. While still
         // owned here, so that no taker comes between.
         let destroyed = capacity.is_some() && removed.is_ok();
-        if let Err(e) = gw.forget_place(name, destroyed) {
+        if let Err(e) = gw.forget_place(name, &p.placement, destroyed) {
             warn!(pool = %name, error = %e, "the gateways' record of where the destroyed pool lived stays in etcd");
         }
         // A move asked for it and not done would apply to the next pool of the name.
@@ -1233,8 +1239,17 @@ impl Daemon {
     fn release_forgotten_pools(&self, gw: &crate::rados_pools::Membership) {
         let pending = std::mem::take(&mut *self.unreleased.lock());
         for (name, epoch) in pending {
-            if self.rados.lock().contains_key(&name) {
-                continue;
+            let owned_here = self.rados.lock().get(&name).map(|p| p.owned.is_some());
+            match owned_here {
+                // Owned here again: under this key, or a newer one.
+                Some(true) => continue,
+                // Imported again, not taken yet: the key waits for the taking (which finds
+                // it this gateway's), or for another export.
+                Some(false) => {
+                    self.unreleased.lock().push((name, epoch));
+                    continue;
+                }
+                None => {}
             }
             match gw.release(&name, epoch) {
                 Ok(()) => info!(pool = %name, "pool given up in etcd for the other gateways"),
