@@ -605,11 +605,11 @@ impl Gateway {
     }
 
     /// Records `place` as where `vdisk` lives if nothing is recorded yet (without a lease: it
-    /// outlives every owner), and returns what is recorded then: `place`, or the place of
-    /// another vdisk of that name. One name is one ownership and one fence record among the
+    /// outlives every owner), and returns what is recorded then (`place`, or the place of
+    /// another vdisk of that name) and whether this call recorded it. One name is one ownership and one fence record among the
     /// gateways: two things of one name in two places would share them, and each taker would
     /// fence the other's owners rather than its own.
-    pub async fn claim_place(&mut self, vdisk: &str, place: &str) -> Result<String> {
+    pub async fn claim_place(&mut self, vdisk: &str, place: &str) -> Result<(String, bool)> {
         let key = self.place_key(vdisk);
         let txn = Txn::new()
             .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
@@ -617,7 +617,7 @@ impl Gateway {
             .or_else([TxnOp::get(key.as_str(), None)]);
         let r = self.client.txn(txn).await?;
         if r.succeeded() {
-            return Ok(place.to_string());
+            return Ok((place.to_string(), true));
         }
         r.op_responses()
             .into_iter()
@@ -625,7 +625,7 @@ impl Gateway {
                 TxnOpResponse::Get(g) => g
                     .kvs()
                     .first()
-                    .map(|kv| String::from_utf8_lossy(kv.value()).into_owned()),
+                    .map(|kv| (String::from_utf8_lossy(kv.value()).into_owned(), false)),
                 _ => None,
             })
             .ok_or_else(|| OwnershipError::new(format!("etcd holds a place of {vdisk} and did not give it")))

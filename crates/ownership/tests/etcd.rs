@@ -318,16 +318,16 @@ async fn a_name_has_one_place_until_that_place_forgets_it() {
     let v = "pool.tank";
     let mut a = Gateway::join(&ep, &p, "gw-a", 2).await.unwrap();
     let mut b = Gateway::join(&ep, &p, "gw-b", 2).await.unwrap();
-    assert_eq!(a.claim_place(v, "fsid-1/3").await.unwrap(), "fsid-1/3");
-    assert_eq!(b.claim_place(v, "fsid-1/4").await.unwrap(), "fsid-1/3");
-    assert_eq!(b.claim_place(v, "fsid-1/3").await.unwrap(), "fsid-1/3");
+    assert_eq!(a.claim_place(v, "fsid-1/3").await.unwrap(), ("fsid-1/3".into(), true));
+    assert_eq!(b.claim_place(v, "fsid-1/4").await.unwrap(), ("fsid-1/3".into(), false));
+    assert_eq!(b.claim_place(v, "fsid-1/3").await.unwrap(), ("fsid-1/3".into(), false));
     let owner = a.take_fenced(v, "addr-a", |_| Ok(())).await.unwrap();
     // Another place cannot forget the name's record, nor its fence record.
     b.forget_place(v, "fsid-1/4").await.unwrap();
-    assert_eq!(b.claim_place(v, "fsid-1/4").await.unwrap(), "fsid-1/3");
+    assert_eq!(b.claim_place(v, "fsid-1/4").await.unwrap(), ("fsid-1/3".into(), false));
     a.forget_place(v, "fsid-1/3").await.unwrap();
     a.release(v, owner.epoch).await.unwrap();
-    assert_eq!(b.claim_place(v, "fsid-1/4").await.unwrap(), "fsid-1/4");
+    assert_eq!(b.claim_place(v, "fsid-1/4").await.unwrap(), ("fsid-1/4".into(), true));
     let fenced = std::sync::Mutex::new(None);
     b.take_fenced(v, "addr-b", |list| {
         *fenced.lock().unwrap() = Some(list.to_vec());

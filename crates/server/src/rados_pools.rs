@@ -663,6 +663,7 @@ mod real {
                 None => self.with_gateway(async |g| {
                     g.claim_place(&key, &place)
                         .await
+                        .map(|(recorded, _)| recorded)
                         .map_err(|e| format!("cannot record where pool {name} lives: {e}"))
                 })?,
             };
@@ -670,19 +671,16 @@ mod real {
         }
 
         /// Records that pool `name`, about to be made where `placement` says, lives there:
-        /// refused if a pool of that name is recorded elsewhere. A create that fails takes
-        /// the record back (`forget_place`).
+        /// refused if a pool of that name is recorded elsewhere. True if this call recorded
+        /// it: a create that fails then takes the record back (`forget_place`).
         pub fn claim_place(&self, name: &str, placement: &Placement) -> Result<bool, String> {
             let place = self.place_of(name, placement, &mut Link::default())?;
-            let (recorded, before) = self.with_gateway(async |g| {
-                let key = owner_key(name);
-                let before = g.place(&key).await.map_err(|e| e.to_string())?;
-                g.claim_place(&key, &place)
+            let (recorded, now) = self.with_gateway(async |g| {
+                g.claim_place(&owner_key(name), &place)
                     .await
-                    .map(|r| (r, before.is_some()))
                     .map_err(|e| format!("cannot record where pool {name} lives: {e}"))
             })?;
-            self.same_place(name, placement, &place, &recorded).map(|()| !before)
+            self.same_place(name, placement, &place, &recorded).map(|()| now)
         }
 
         /// Ok if `recorded`, where the gateways record pool `name` lives, is `place`.
