@@ -2527,7 +2527,7 @@ fn a_command_that_needs_a_stalled_etcd_fails_in_time() {
     assert!(took < Duration::from_secs(60), "{took:?}");
 
     // Its lease lapsed meanwhile: it joins again and takes its pool anew.
-    until_here(&d, &pool);
+    until_served(&d, &pool, Duration::from_secs(20));
     let e = d.fails(&move_args);
     assert!(e.contains("gateway 'gw-b' presents no LUN"), "{e}");
     d.ok(&["pool", "destroy", &pool]);
@@ -2808,19 +2808,6 @@ fn a_standby_gateway_cut_off_from_etcd_tells_its_hosts_what_the_owner_raised_mea
     b.stop();
 }
 
-/// `pool`'s entry at `d` once `d` serves it (within 20 s).
-fn until_here(d: &Daemon, pool: &str) -> serde_json::Value {
-    let t0 = Instant::now();
-    loop {
-        let p = pool_entry(d, pool);
-        if p["rados"]["here"] == true {
-            return p;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(20), "{p}\n{}", d.logs());
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 /// An administrator moves a pool to the other gateway and back (`tessera pool move`), asked
 /// once at the owner and once at the gateway it goes to: the owner hands it over at once,
 /// though a host used it a moment before, the other takes it at a larger epoch, and what the
@@ -2878,13 +2865,9 @@ fn an_administrator_moves_a_pool_to_the_other_gateway_and_back() {
         std::thread::sleep(Duration::from_millis(200));
     };
     assert!(moved.success, "{moved:?}\n{}", a.logs());
-    let returned = Instant::now();
-    let at_b = until_here(&b, &pool);
-    eprintln!(
-        "{test}: to B: {} (served there {:?} after)",
-        moved.stdout.trim(),
-        returned.elapsed()
-    );
+    let served = until_served(&b, &pool, Duration::from_secs(20));
+    let at_b = pool_entry(&b, &pool);
+    eprintln!("{test}: to B: {} (served there {served:?} after)", moved.stdout.trim());
     let second = at_b["rados"]["epoch"].as_i64().unwrap();
     assert!(second > first, "{second} after {first}");
     for lba in 0..16 {
@@ -2928,13 +2911,9 @@ fn an_administrator_moves_a_pool_to_the_other_gateway_and_back() {
         );
     }
     let back = a.ok(&["pool", "move", &pool, "--to", "gw-a"]);
-    let returned = Instant::now();
-    let at_a = until_here(&a, &pool);
-    eprintln!(
-        "{test}: back to A: {} (served there {:?} after)",
-        back.trim(),
-        returned.elapsed()
-    );
+    let served = until_served(&a, &pool, Duration::from_secs(20));
+    let at_a = pool_entry(&a, &pool);
+    eprintln!("{test}: back to A: {} (served there {served:?} after)", back.trim());
     assert!(at_a["rados"]["epoch"].as_i64().unwrap() > second, "{at_a}");
     for lba in 0..16 {
         let (r, _, _) = until_done(&rt, &path_a, &read1(lba), Vec::new(), 512, Duration::from_secs(10), &a);
