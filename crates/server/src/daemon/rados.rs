@@ -1031,16 +1031,14 @@ impl Daemon {
         match gw.presenting(name) {
             Ok(presenting) if presenting.contains(&to) => Some(to),
             Ok(_) => {
-                if gw.end_move(name, revision).is_ok() {
-                    self.events.record(
-                        NewEvent::new(
-                            Severity::Warning,
-                            "pool.move_given_up",
-                            format!("the move of pool {name} to gateway {to} is given up: that gateway presents no LUN of the pool now (it left, or its lease lapsed); the pool stays here"),
-                        )
-                        .pool(name),
-                    );
-                }
+                self.end_move_saying(
+                    gw,
+                    name,
+                    revision,
+                    Severity::Warning,
+                    "pool.move_given_up",
+                    format!("the move of pool {name} to gateway {to} is given up: that gateway presents no LUN of the pool now (it left, or its lease lapsed); the pool stays here"),
+                );
                 None
             }
             Err(e) => {
@@ -1059,25 +1057,33 @@ impl Daemon {
             return;
         };
         if to == gw.name() {
-            if gw.end_move(name, revision).is_ok() {
-                self.events.record(
-                    NewEvent::new(
-                        Severity::Info,
-                        "pool.moved",
-                        format!("pool {name} moved to gateway {to}"),
-                    )
-                    .pool(name),
-                );
-            }
-        } else if moved_to.as_deref() == Some(to.as_str()) && gw.end_move(name, revision).is_ok() {
-            self.events.record(
-                NewEvent::new(
-                    Severity::Warning,
-                    "pool.move_given_up",
-                    format!("the move of pool {name} to gateway {to} is given up: that gateway did not take the pool within {} s of its handover (its log says why); the pool is served here again", HANDOVER_GRACE.as_secs()),
-                )
-                .pool(name),
+            let moved = format!("pool {name} moved to gateway {to}");
+            self.end_move_saying(gw, name, revision, Severity::Info, "pool.moved", moved);
+        } else if moved_to.as_deref() == Some(to.as_str()) {
+            self.end_move_saying(
+                gw,
+                name,
+                revision,
+                Severity::Warning,
+                "pool.move_given_up",
+                format!("the move of pool {name} to gateway {to} is given up: that gateway did not take the pool within {} s of its handover (its log says why); the pool is served here again", HANDOVER_GRACE.as_secs()),
             );
+        }
+    }
+
+    /// Ends the move of pool `name` asked at `revision`, and once etcd has answered, records
+    /// why in the event log.
+    fn end_move_saying(
+        &self,
+        gw: &crate::rados_pools::Membership,
+        name: &str,
+        revision: i64,
+        severity: Severity,
+        kind: &'static str,
+        message: String,
+    ) {
+        if gw.end_move(name, revision).is_ok() {
+            self.events.record(NewEvent::new(severity, kind, message).pool(name));
         }
     }
 
