@@ -169,6 +169,8 @@ pub struct Gateway {
     clock: LeaseClock,
     /// Follows the keys of every gateway, once asked to (`follow_changes`).
     follower: Option<JoinHandle<()>>,
+    /// Wakes `keeper` for a renewal at once: `follower` saw a key on the lease deleted.
+    doubt: std::sync::Arc<tokio::sync::Notify>,
     /// Buys the etcd user's token again before it lapses (etcd_user.rs); None without a user.
     token_keeper: Option<JoinHandle<()>>,
     /// Keeps requests to the etcd members that answer (members.rs); None with one endpoint.
@@ -223,7 +225,9 @@ const REOPEN: Duration = Duration::from_millis(200);
 /// (etcd counts from the arrival of the last renewal it answered, and gives a lease its whole
 /// time again when it restarts), so a short outage of etcd costs the gateway nothing.
 /// Opening a stream renews the lease (etcd answers the first renewal before the stream is
-/// handed over): that renewal counts, for the lease's `granted` time.
+/// handed over): that renewal counts, for the lease's `granted` time. `doubt` wakes it for a
+/// renewal at once (a key on the lease was deleted: etcd may have revoked the lease), so
+/// that the lease's loss is known within a round trip, not a period.
 async fn keep_lease(
     mut client: Client,
     lease: i64,
@@ -233,9 +237,18 @@ async fn keep_lease(
     renewed: LeaseClock,
     renew_token: Option<std::sync::Arc<tokio::sync::Notify>>,
     terms: members::Terms,
+    doubt: std::sync::Arc<tokio::sync::Notify>,
 ) {
     let mut stream = Some(stream);
-    let next = |sent: std::time::Instant| tokio::time::sleep_until((sent + every).into());
+    let next = |sent: std::time::Instant| {
+        let doubt = doubt.clone();
+        async move {
+            tokio::select! {
+                _ = tokio::time::sleep_until((sent + every).into()) => {}
+                _ = doubt.notified() => {}
+            }
+        }
+    };
     // After a failure that came at once (etcd restarting, refusing): not again at once. After
     // a timeout, half a period has gone already.
     let pause_after = |sent: std::time::Instant| {
@@ -397,6 +410,7 @@ impl Gateway {
         // Wakes the token's renewal when the lease's stream breaks (keep_lease).
         let renew_token = user.map(|_| std::sync::Arc::new(tokio::sync::Notify::new()));
         let terms = members::Terms::default();
+        let doubt = std::sync::Arc::new(tokio::sync::Notify::new());
         let keeper = tokio::spawn(keep_lease(
             client.clone(),
             lease,
@@ -406,6 +420,7 @@ impl Gateway {
             clock.clone(),
             renew_token.clone(),
             terms.clone(),
+            doubt.clone(),
         ));
         let token_keeper =
             user.map(|u| etcd_user::keep_token(&client, u, renew_token.clone().expect("made with a user")));
@@ -424,6 +439,7 @@ impl Gateway {
             keeper,
             clock,
             follower: None,
+            doubt,
             token_keeper,
             members_keeper,
         })
@@ -855,7 +871,9 @@ impl Gateway {
     /// Calls `changed` whenever a key of any gateway changes: an owner taking something or
     /// giving it up (or its lease lapsing, which deletes its keys), a gateway asking for
     /// something or saying it presents it. A gateway that acts on these at once need not
-    /// wait for its next look. Follows until this gateway is dropped or the watch ends (etcd
+    /// wait for its next look. A key on this gateway's own lease deleted wakes its renewal
+    /// too, which learns at once whether etcd revoked the lease. Follows until this gateway
+    /// is dropped or the watch ends (etcd
     /// went away: what the caller does at its own pace is then all there is); calling it
     /// again starts afresh.
     pub async fn follow_changes(&mut self, changed: impl Fn() + Send + 'static) -> Result<()> {
@@ -863,10 +881,11 @@ impl Gateway {
             .client
             .watch(
                 format!("{}/", self.prefix),
-                Some(etcd_client::WatchOptions::new().with_prefix()),
+                Some(etcd_client::WatchOptions::new().with_prefix().with_prev_key()),
             )
             .await?;
         let prefix = self.prefix.clone();
+        let (lease, doubt) = (self.lease, self.doubt.clone());
         let follower = tokio::spawn(async move {
             let _keep = watcher;
             while let Ok(Some(r)) = events.message().await {
@@ -877,6 +896,16 @@ impl Gateway {
                 // the courier's business, not the ticks'.
                 let ours =
                     |e: &etcd_client::Event| e.kv().is_some_and(|kv| !courier::is_courier_key(&prefix, kv.key()));
+                // A key on this gateway's lease deleted: by the gateway itself (a release), or
+                // by etcd revoking the lease (its leader may do so on its own word, etcd issue
+                // 15247). A renewal at once tells which, and loses nothing if the former.
+                let on_our_lease = |e: &etcd_client::Event| {
+                    e.event_type() == etcd_client::EventType::Delete
+                        && e.prev_kv().is_some_and(|kv| kv.lease() == lease)
+                };
+                if r.events().iter().any(on_our_lease) {
+                    doubt.notify_one();
+                }
                 if r.events().iter().any(ours) {
                     changed();
                 }

@@ -574,3 +574,41 @@ async fn a_move_holds_until_ended_at_its_revision() {
     b.leave().await.unwrap();
     c.leave().await.unwrap();
 }
+
+/// etcd may revoke a gateway's lease whatever it renewed: an administrator with `etcdctl
+/// lease revoke`, or etcd's leader on its own word once it resumes from a stall (etcd issue
+/// 15247). A gateway that follows the keys knows within a round trip, not at its next
+/// renewal a third of the lease later: its lease clock stops holding, and with it every disk
+/// of what it owned, before another gateway can have taken any of it. A release of its own,
+/// which deletes a key on its lease too, costs it a renewal, not the lease.
+#[tokio::test]
+async fn a_gateway_whose_lease_etcd_revokes_knows_at_once() {
+    let t = "a_gateway_whose_lease_etcd_revokes_knows_at_once";
+    let Some(ep) = endpoints(t) else { return };
+    let p = prefix(t);
+    // Renewed every 10 s.
+    let mut g = Gateway::join(&ep, &p, "gw-a", 30).await.unwrap();
+    let clock = g.lease_clock();
+    let _told = told_of_changes(&mut g).await;
+    g.acquire("pool/v1").await.unwrap();
+    let v2 = g.acquire("pool/v2").await.unwrap();
+    assert!(g.release("pool/v2", v2.epoch).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        g.alive() && clock.holds(),
+        "a release of its own cost the gateway its lease"
+    );
+    let mut admin = etcd_client::Client::connect(&ep, None).await.unwrap();
+    let revoked = Instant::now();
+    admin.lease_revoke(g.lease()).await.unwrap();
+    while g.alive() || clock.holds() {
+        assert!(
+            revoked.elapsed() < Duration::from_secs(2),
+            "the lease was revoked {:?} ago, and the gateway still holds it",
+            revoked.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    eprintln!("{t}: knew within {:?}", revoked.elapsed());
+    assert_eq!(g.owner("pool/v1").await.unwrap(), None);
+}
