@@ -859,14 +859,10 @@ mod real {
             self.with_gateway(async |g| g.moving(&owner_key(name)).await.map_err(|e| e.to_string()))
         }
 
-        /// Ends the move of pool `name` asked at `revision`, unless one was asked since.
-        pub fn end_move(&self, name: &str, revision: i64) -> Result<(), String> {
-            self.with_gateway(async |g| {
-                g.end_move(&owner_key(name), revision)
-                    .await
-                    .map(drop)
-                    .map_err(|e| e.to_string())
-            })
+        /// Ends the move of pool `name` asked at `revision`, unless one was asked since (or
+        /// another gateway ended it first): false then.
+        pub fn end_move(&self, name: &str, revision: i64) -> Result<bool, String> {
+            self.with_gateway(async |g| g.end_move(&owner_key(name), revision).await.map_err(|e| e.to_string()))
         }
 
         /// Gives pool `name` up, if this gateway owns it at `epoch`.
@@ -1133,7 +1129,7 @@ mod absent {
         pub fn moving(&self, _: &str) -> Result<Option<(String, i64)>, String> {
             match self.never {}
         }
-        pub fn end_move(&self, _: &str, _: i64) -> Result<(), String> {
+        pub fn end_move(&self, _: &str, _: i64) -> Result<bool, String> {
             match self.never {}
         }
         pub fn ask_owner(&self, _: &str, _: Vec<u8>, _: std::time::Duration) -> Option<Vec<u8>> {

@@ -1071,8 +1071,9 @@ impl Daemon {
         }
     }
 
-    /// Ends the move of pool `name` asked at `revision`, and once etcd has answered, records
-    /// why in the event log.
+    /// Ends the move of pool `name` asked at `revision`, and once etcd has said it ended it
+    /// (not a move asked since, nor one another gateway ended first), records why in the
+    /// event log.
     fn end_move_saying(
         &self,
         gw: &crate::rados_pools::Membership,
@@ -1082,7 +1083,7 @@ impl Daemon {
         kind: &'static str,
         message: String,
     ) {
-        if gw.end_move(name, revision).is_ok() {
+        if gw.end_move(name, revision) == Ok(true) {
             self.events.record(NewEvent::new(severity, kind, message).pool(name));
         }
     }
@@ -1115,6 +1116,7 @@ impl Daemon {
             // Nothing to do; a move asked before goes no further.
             if let Some((_, revision)) = gw.moving(name).map_err(ApiError::unavailable)? {
                 gw.end_move(name, revision).map_err(ApiError::unavailable)?;
+                // False: another command or gateway ended it first, which is as good.
             }
             return Ok(());
         }
