@@ -2935,42 +2935,66 @@ fn an_administrator_moves_a_pool_to_the_other_gateway_and_back() {
 /// than report an active/optimized path on which every write fails.
 #[test]
 fn an_owner_whose_key_was_lost_gives_the_pool_up_once_its_writes_are_refused() {
+    an_owner_whose_key_was_lost_gives_the_pool_up(
+        "an_owner_whose_key_was_lost_gives_the_pool_up_once_its_writes_are_refused",
+        "lk",
+        false,
+    );
+}
+
+/// The same, for an owner whose hosts only read: a read refused to it fenced off counts as a
+/// write refused. Until 2026-12-06 it failed the host's read and nothing more, and the owner
+/// went on reporting an active/optimized path on which every read failed.
+#[test]
+fn an_owner_whose_key_was_lost_gives_the_pool_up_once_its_reads_are_refused() {
+    an_owner_whose_key_was_lost_gives_the_pool_up(
+        "an_owner_whose_key_was_lost_gives_the_pool_up_once_its_reads_are_refused",
+        "lr",
+        true,
+    );
+}
+
+fn an_owner_whose_key_was_lost_gives_the_pool_up(test: &str, tag: &str, reads_only: bool) {
     use tessera_iscsi::initiator::{LoginConfig, Session};
-    let test = "an_owner_whose_key_was_lost_gives_the_pool_up_once_its_writes_are_refused";
     let Some((conf, etcd, _cluster)) = cluster(test) else {
         return;
     };
-    let iqn = "iqn.2026-12.io.tessera:lostkey";
+    let iqn = &format!("iqn.2026-12.io.tessera:{tag}");
     let TwoGateways {
         a,
         mut b,
         pool,
         vdisk,
         _dir,
-    } = two_gateways_presenting(&conf, &etcd, "lk", "lk", iqn);
+    } = two_gateways_presenting(&conf, &etcd, tag, tag, iqn);
     let rt = tokio::runtime::Runtime::new().unwrap();
     let host = LoginConfig::new("iqn.2026-12.io.example:host", Some(iqn));
     let path_a = rt.block_on(Session::login(&a.iscsi_portal(), &host)).unwrap();
     until_done(&rt, &path_a, &write1(0), block(0, 1), 0, Duration::from_secs(10), &a);
 
-    let key = format!("/tessera-test-lk-{}/owner/pool.{pool}", std::process::id());
+    let key = format!("/tessera-test-{tag}-{}/owner/pool.{pool}", std::process::id());
     let deleted = ok("etcdctl", &["--endpoints", &etcd, "del", &key]);
     assert_eq!(deleted.trim(), "1", "the owner's key was there: {deleted}");
     let took = until_served(&b, &pool, Duration::from_secs(20));
     eprintln!("{test}: B took the pool {took:?} after A's key was deleted");
-    // Refused: A's client is blocklisted. (Far from block 0, in a grain never written: a
-    // write there reads nothing first, and a read refused is no write refused.)
-    let r = rt
-        .block_on(path_a.command(0, &write1(100_000), block(100_000, 2), 0))
-        .unwrap();
-    assert_ne!(r.status, 0, "a write through the fenced owner succeeded");
+    // Refused: A's client is blocklisted. A read of the block written (a grain never written
+    // reads as zeros from the pool's map alone); a write far from it, in a grain never
+    // written, which reads nothing first.
+    let r = if reads_only {
+        rt.block_on(path_a.command(0, &read1(0), Vec::new(), 512)).unwrap()
+    } else {
+        rt.block_on(path_a.command(0, &write1(100_000), block(100_000, 2), 0))
+            .unwrap()
+    };
+    assert_ne!(r.status, 0, "a command through the fenced owner succeeded");
     let t0 = Instant::now();
     loop {
         let p = pool_entry(&a, &pool);
         if p["rados"]["here"] == false && p["rados"]["owner"] == "gw-b" {
             eprintln!(
-                "{test}: A gave the pool up {:?} after its write was refused",
-                t0.elapsed()
+                "{test}: A gave the pool up {:?} after its {} was refused",
+                t0.elapsed(),
+                if reads_only { "read" } else { "write" }
             );
             break;
         }

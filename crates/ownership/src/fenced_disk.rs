@@ -153,10 +153,11 @@ struct Held {
     started: Vec<Arc<Joint>>,
 }
 
-/// The disk as a write's completion reaches it on librados' thread.
+/// The disk as a completion reaches it on librados' thread.
 #[derive(Clone, Copy)]
 struct DiskPtr(*const Inner);
-// SAFETY: Inner is Sync, and outlives every completion (it waits for them when dropped).
+// SAFETY: Inner is Sync, and outlives every completion: it waits for its writes' when
+// dropped, and a read's caller keeps it until the read is completed.
 unsafe impl Send for DiskPtr {}
 
 impl Held {
@@ -191,6 +192,15 @@ fn refused_write(offset: u64, len: usize, e: &RadosError) -> (u64, usize, String
         offset,
         len,
         format!("a write of {len} bytes at byte {offset} was refused: {}", describe(e)),
+    )
+}
+
+/// What `failed` keeps of a read the OSDs refused to a client fenced off.
+fn refused_read(offset: u64, len: usize, e: &RadosError) -> (u64, usize, String) {
+    (
+        offset,
+        len,
+        format!("a read of {len} bytes at byte {offset} was refused: {}", describe(e)),
     )
 }
 
@@ -268,7 +278,8 @@ impl FencedDisk {
     }
 
     /// The first write that the OSDs refused since the disk was opened (a newer owner's
-    /// epoch, the blocklist, a timeout), described. From then on every flush fails: only the
+    /// epoch, the blocklist, a timeout), or read they refused to this client fenced off,
+    /// described. From then on every flush fails: only the
     /// disk opened again, by a client that fences this one off, can say "durable" again.
     pub fn refused(&self) -> Option<String> {
         self.inner
@@ -450,6 +461,21 @@ impl Inner {
     /// disk failed on its way out.
     fn io_error(&self, op: &'static str, offset: u64, len: usize, e: RadosError) -> DiskError {
         self.unavailable(op, offset, len, describe(&e))
+    }
+
+    /// A read the OSDs refused because a newer owner fenced this client off: from then on
+    /// the disk vouches for nothing, as after a refused write, and says so
+    /// ([`FencedDisk::refused`]), so that the gateway opens the pool again and finds it
+    /// owned elsewhere. A gateway whose hosts only read would otherwise go on failing their
+    /// reads as the pool's owner. Any other failure of a read (a timeout, an OSD down) says
+    /// nothing of who owns the pool, and fails that read alone.
+    fn read_refused(&self, offset: u64, len: usize, e: &RadosError) {
+        if e.is_fenced() {
+            self.behind
+                .lock()
+                .failed
+                .get_or_insert_with(|| refused_read(offset, len, e));
+        }
     }
 
     /// Refuses the request if the lease the pool is owned under may have lapsed.
@@ -825,12 +851,18 @@ impl AsyncReader for Inner {
             let piece_at = unsafe { at.add(p.buf_off) };
             let target = Target(piece_at);
             let joint = joint.clone();
+            let disk = DiskPtr(self);
             let then = Box::new(move |got: Result<usize, RadosError>| {
-                let target = target;
+                let (target, disk) = (target, disk);
                 let filled = match got {
                     Ok(had) => Some(had.min(n)),
                     Err(e) if e.errno() == Some(libc::ENOENT) => Some(0),
-                    Err(_) => None,
+                    Err(e) => {
+                        // SAFETY: the disk is kept until the read is completed, which waits
+                        // for this piece (below).
+                        unsafe { &*disk.0 }.read_refused(offset, len as usize, &e);
+                        None
+                    }
                 };
                 if let Some(had) = filled {
                     // SAFETY: the caller's memory until the read is completed, below.
@@ -921,6 +953,8 @@ impl Inner {
                 // Never written: zeros.
                 Err(e) if e.errno() == Some(libc::ENOENT) => 0,
                 Err(e) => {
+                    let (offset, len) = spans[these[0].3];
+                    self.read_refused(offset, len, &e);
                     let e = describe(&e);
                     for (.., req) in these.iter() {
                         if results[*req].is_ok() {

@@ -508,6 +508,72 @@ fn a_replaced_owners_disk_cannot_write_where_the_new_owner_wrote() {
 /// from four threads at once, read back through another connection before any flush (as the
 /// gateway that takes the pool over would read them had this one died), and through the
 /// writing disk; a flush then has nothing to wait for and succeeds.
+/// A gateway fenced off by a newer owner (its client blocklisted) whose hosts only read: the
+/// OSDs refuse its reads, and its disk says so as it does of a refused write, for a read of
+/// its own and a read on a connection's ring alike, so that the gateway opens the pool again
+/// and finds it owned elsewhere. Until 2026-12-06 a refused read failed the host's request
+/// and nothing more: a gateway whose hosts only read went on failing them as the owner.
+/// Any other failure of a read says nothing of who owns the pool.
+#[test]
+fn a_fenced_owners_disk_says_its_reads_were_refused() {
+    let t = "a_fenced_owners_disk_says_its_reads_were_refused";
+    let Some(conf) = ceph_conf(t) else { return };
+    let Ok(mut ring) = ReadRing::<(usize, AlignedBuf)>::new(8) else {
+        tessera_disk::skip(t, "io_uring unavailable");
+        return;
+    };
+    let prefix = format!("{t}-{}", std::process::id());
+    let (ca, cb) = (ceph(&conf), ceph(&conf));
+    let old = disk(&ca, &prefix, 16 * MIB, 5);
+    let ringed = disk(&ca, &prefix, 16 * MIB, 5);
+    old.write_at(&random(1, 4096), 0).unwrap();
+    old.write_at(&random(2, 4096), OBJECT_BYTES).unwrap();
+    old.flush().unwrap();
+    let mut b = AlignedBuf::zeroed(4096);
+    old.read_at(&mut b, 0).unwrap();
+    // Reads that fail for another reason refuse nothing: past the end, a bad length.
+    assert!(old.read_at(&mut b, 16 * MIB).is_err());
+    assert_eq!(old.refused(), None);
+
+    cb.blocklist(&ca.address().unwrap(), 3600).unwrap();
+    // The newer owner reads both objects: its operations bring their placement groups the
+    // map that blocklists the old one.
+    let new = disk(&cb, &prefix, 16 * MIB, 7);
+    new.read_at(&mut b, 0).unwrap();
+    new.read_at(&mut b, OBJECT_BYTES).unwrap();
+
+    let e = old.read_at(&mut b, 0).expect_err("a fenced owner's read was served");
+    assert!(e.is_unavailable() && e.to_string().contains("fenced off"), "{e}");
+    let refused = old.refused().expect("the disk says a read was refused");
+    assert!(
+        refused.contains("a read of 4096 bytes at byte 0") && refused.contains("fenced off"),
+        "{refused}"
+    );
+    assert!(old.flush().is_err(), "a fenced owner's disk vouched for its writes");
+
+    let via = ringed.read_via().expect("a disk on RADOS reads in the background");
+    let mut buf = AlignedBuf::zeroed(8192);
+    let read = RingRead {
+        via,
+        at: buf.as_mut_ptr(),
+        len: 8192,
+        offset: OBJECT_BYTES,
+        io: None,
+    };
+    // SAFETY: the buffer moves into the tag; its heap memory stays put.
+    unsafe { ring.start((0, buf), &[read]) };
+    let mut done = Vec::new();
+    ring.drain(&mut done);
+    assert!(!done[0].1, "a fenced owner's read was served on the ring");
+    let refused = ringed.refused().expect("the disk says a read on the ring was refused");
+    assert!(
+        refused.contains(&format!("a read of 8192 bytes at byte {OBJECT_BYTES}")) && refused.contains("fenced off"),
+        "{refused}"
+    );
+    drop((old, ringed));
+    new.remove_objects().unwrap();
+}
+
 #[test]
 fn writes_are_in_the_cluster_when_they_return_without_a_flush() {
     let t = "writes_are_in_the_cluster_when_they_return_without_a_flush";
