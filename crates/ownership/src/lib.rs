@@ -858,6 +858,27 @@ impl Gateway {
             .map(|kv| (String::from_utf8_lossy(kv.value()).into_owned(), kv.mod_revision())))
     }
 
+    /// Every move asked for and not ended, in one request: what is to move, to which gateway,
+    /// and the revision that asked it.
+    pub async fn moves(&mut self) -> Result<Vec<(String, String, i64)>> {
+        let under = self.move_key("");
+        let r = self
+            .client
+            .get(under.as_str(), Some(GetOptions::new().with_prefix()))
+            .await?;
+        Ok(r.kvs()
+            .iter()
+            .filter_map(|kv| {
+                let what = kv.key().strip_prefix(under.as_bytes())?;
+                Some((
+                    String::from_utf8_lossy(what).into_owned(),
+                    String::from_utf8_lossy(kv.value()).into_owned(),
+                    kv.mod_revision(),
+                ))
+            })
+            .collect())
+    }
+
     /// Ends the move of `what` asked at `revision` (done, or given up); a move asked since
     /// stays. False if there was none at that revision.
     pub async fn end_move(&mut self, what: &str, revision: i64) -> Result<bool> {

@@ -569,8 +569,22 @@ async fn a_move_holds_until_ended_at_its_revision() {
     let (to, second) = c.moving("pool.tank").await.unwrap().unwrap();
     assert_eq!(to, "gw-c");
     assert!(second > first);
+    // Every move at once, as a gateway's tick reads them.
+    b.move_to("pool.other", "gw-b").await.unwrap();
+    let (_, other) = b.moving("pool.other").await.unwrap().unwrap();
+    let mut moves = b.moves().await.unwrap();
+    moves.sort();
+    assert_eq!(
+        moves,
+        [
+            ("pool.other".to_string(), "gw-b".to_string(), other),
+            ("pool.tank".to_string(), "gw-c".to_string(), second)
+        ]
+    );
     assert!(c.end_move("pool.tank", second).await.unwrap());
     assert_eq!(b.moving("pool.tank").await.unwrap(), None);
+    assert!(b.end_move("pool.other", other).await.unwrap());
+    assert_eq!(b.moves().await.unwrap(), []);
     b.leave().await.unwrap();
     c.leave().await.unwrap();
 }
@@ -579,7 +593,8 @@ async fn a_move_holds_until_ended_at_its_revision() {
 /// lease revoke`, or etcd's leader on its own word once it resumes from a stall (etcd issue
 /// 15247). A gateway that follows the keys knows within a round trip, not at its next
 /// renewal a third of the lease later: its lease clock stops holding, and with it every disk
-/// of what it owned, before another gateway can have taken any of it. A release of its own,
+/// of what it owned, well before another gateway, which must take it in etcd and fence this
+/// one off first, writes to any of it. A release of its own,
 /// which deletes a key on its lease too, costs it a renewal, not the lease.
 #[tokio::test]
 async fn a_gateway_whose_lease_etcd_revokes_knows_at_once() {

@@ -859,6 +859,20 @@ mod real {
             self.with_gateway(async |g| g.moving(&owner_key(name)).await.map_err(|e| e.to_string()))
         }
 
+        /// Every pool an administrator moves and to which gateway, with the revision that
+        /// asked it, in one request.
+        pub fn moves(&self) -> Result<std::collections::HashMap<String, (String, i64)>, String> {
+            self.with_gateway(async |g| g.moves().await.map_err(|e| e.to_string()))
+                .map(|moves| {
+                    moves
+                        .into_iter()
+                        .filter_map(|(what, to, revision)| {
+                            Some((what.strip_prefix("pool.")?.to_string(), (to, revision)))
+                        })
+                        .collect()
+                })
+        }
+
         /// Ends the move of pool `name` asked at `revision`, unless one was asked since (or
         /// another gateway ended it first): false then.
         pub fn end_move(&self, name: &str, revision: i64) -> Result<bool, String> {
@@ -1127,6 +1141,9 @@ mod absent {
             match self.never {}
         }
         pub fn moving(&self, _: &str) -> Result<Option<(String, i64)>, String> {
+            match self.never {}
+        }
+        pub fn moves(&self) -> Result<std::collections::HashMap<String, (String, i64)>, String> {
             match self.never {}
         }
         pub fn end_move(&self, _: &str, _: i64) -> Result<bool, String> {

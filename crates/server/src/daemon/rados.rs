@@ -884,6 +884,18 @@ impl Daemon {
     /// asks for it.
     fn hand_over_asked_pools(&self, gw: &crate::rados_pools::Membership) {
         let owned = self.rados_pools_owned();
+        if owned.is_empty() {
+            return;
+        }
+        // One request for every pool's, not one per pool: each may wait for an etcd that
+        // stalls as long as `MEMBERSHIP_AT_MOST`.
+        let mut moves = match gw.moves() {
+            Ok(m) => m,
+            Err(e) => {
+                debug!(error = %e, "cannot learn which pools are to move");
+                Default::default()
+            }
+        };
         for name in owned {
             let requests = self.io_metrics.requests_of_pool(&name);
             let idle = match self.rados.lock().get_mut(&name) {
@@ -895,7 +907,7 @@ impl Daemon {
                 }
                 None => continue,
             };
-            if let Some(to) = self.moving_from_here(gw, &name) {
+            if let Some(to) = self.moving_from_here(gw, &name, moves.remove(&name)) {
                 self.hand_over(gw, &name, &to, Handover::Moved);
                 continue;
             }
@@ -1012,18 +1024,17 @@ impl Daemon {
         );
     }
 
-    /// The gateway an administrator moves pool `name`, owned here, to, if that gateway
-    /// presents the pool's LUNs now. A move to this gateway is done already; a move to one
-    /// that presents none of them (it left, its lease lapsed, its LUNs were removed) is given
-    /// up, and the event log says so.
-    fn moving_from_here(&self, gw: &crate::rados_pools::Membership, name: &str) -> Option<String> {
-        let (to, revision) = match gw.moving(name) {
-            Ok(m) => m?,
-            Err(e) => {
-                debug!(pool = %name, error = %e, "cannot learn whether the pool is to move");
-                return None;
-            }
-        };
+    /// The gateway an administrator moves pool `name`, owned here, to (`asked`: the move
+    /// etcd holds for it, and its revision), if that gateway presents the pool's LUNs now. A
+    /// move to this gateway is done already; a move to one that presents none of them (it
+    /// left, its lease lapsed, its LUNs were removed) is given up, and the event log says so.
+    fn moving_from_here(
+        &self,
+        gw: &crate::rados_pools::Membership,
+        name: &str,
+        asked: Option<(String, i64)>,
+    ) -> Option<String> {
+        let (to, revision) = asked?;
         if to == gw.name() {
             let _ = gw.end_move(name, revision);
             return None;
