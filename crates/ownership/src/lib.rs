@@ -787,21 +787,35 @@ impl Gateway {
 
     /// The gateways whose mark of `kind` is on `what` now (whose leases hold), in name order.
     async fn marked(&mut self, kind: &str, what: &str) -> Result<Vec<String>> {
-        let from = format!("{}/{kind}/{what}/", self.prefix);
+        let mut names: Vec<String> = self
+            .every_mark(&format!("{kind}/{what}/"))
+            .await?
+            .into_iter()
+            .filter_map(|(what, gateway)| what.is_empty().then_some(gateway))
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
+    /// Every mark under `PREFIX/under` whose gateway's lease holds: for each,
+    /// the rest of its name before the gateway's, and the gateway's name.
+    async fn every_mark(&mut self, under: &str) -> Result<Vec<(String, String)>> {
+        let from = format!("{}/{under}", self.prefix);
         let r = self
             .client
             .get(from.as_str(), Some(GetOptions::new().with_prefix().with_keys_only()))
             .await?;
         // A mark without a lease (written by hand) is no gateway's word: nothing would ever
         // take it back.
-        let mut names: Vec<String> = r
-            .kvs()
+        Ok(r.kvs()
             .iter()
             .filter(|kv| kv.lease() != 0)
-            .filter_map(|kv| kv.key_str().ok()?.strip_prefix(from.as_str()).map(String::from))
-            .collect();
-        names.sort();
-        Ok(names)
+            .filter_map(|kv| {
+                let rest = kv.key_str().ok()?.strip_prefix(from.as_str())?;
+                let (what, gateway) = rest.rsplit_once('/').unwrap_or(("", rest));
+                Some((what.to_string(), gateway.to_string()))
+            })
+            .collect())
     }
 
     /// Says that this gateway presents `what` (the LUNs of a pool), on its lease: the word
@@ -834,6 +848,17 @@ impl Gateway {
     /// The gateways that ask for `what` now, in name order.
     pub async fn asking(&mut self, what: &str) -> Result<Vec<String>> {
         self.marked("wants", what).await
+    }
+
+    /// Everything some gateway asks for now, with the gateways that do (in name order), in
+    /// one request.
+    pub async fn asked_for(&mut self) -> Result<std::collections::BTreeMap<String, Vec<String>>> {
+        let mut asked = std::collections::BTreeMap::<String, Vec<String>>::new();
+        for (what, gateway) in self.every_mark("wants/").await? {
+            asked.entry(what).or_default().push(gateway);
+        }
+        asked.values_mut().for_each(|gateways| gateways.sort());
+        Ok(asked)
     }
 
     fn move_key(&self, what: &str) -> String {

@@ -134,6 +134,20 @@ async fn gateways_announce_what_they_present_until_their_lease_goes() {
     b.ask_for("pool.tank").await.unwrap();
     assert_eq!(a.asking("pool.tank").await.unwrap(), ["gw-b"]);
     assert_eq!(a.presenting("pool.tank").await.unwrap(), ["gw-a", "gw-b"]);
+    // Everything asked for, in one request, as a gateway's tick reads it.
+    a.ask_for("pool.other").await.unwrap();
+    b.ask_for("pool.other").await.unwrap();
+    let asked = a.asked_for().await.unwrap();
+    let asked: Vec<(&str, &[String])> = asked.iter().map(|(w, g)| (w.as_str(), g.as_slice())).collect();
+    assert_eq!(
+        asked,
+        [
+            ("pool.other", &["gw-a".to_string(), "gw-b".to_string()][..]),
+            ("pool.tank", &["gw-b".to_string()][..])
+        ]
+    );
+    a.stop_asking("pool.other").await.unwrap();
+    b.stop_asking("pool.other").await.unwrap();
     b.stop_asking("pool.tank").await.unwrap();
     assert!(a.asking("pool.tank").await.unwrap().is_empty());
     b.ask_for("pool.tank").await.unwrap();
@@ -285,6 +299,7 @@ async fn keys_without_a_lease_own_nothing_and_ask_for_nothing() {
     let mut a = Gateway::join(&ep, &p, "gw-a", 5).await.unwrap();
     assert_eq!(a.owner(v).await.unwrap(), None);
     assert!(a.asking(v).await.unwrap().is_empty());
+    assert!(a.asked_for().await.unwrap().is_empty());
     assert!(a.presenting(v).await.unwrap().is_empty());
     let fenced = std::sync::Mutex::new(Vec::<Vec<String>>::new());
     let owner = a

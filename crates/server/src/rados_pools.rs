@@ -842,9 +842,15 @@ mod real {
             self.with_gateway(async |g| g.stop_asking(&owner_key(name)).await.map_err(|e| e.to_string()))
         }
 
-        /// The gateways that ask for pool `name` now.
-        pub fn asking(&self, name: &str) -> Result<Vec<String>, String> {
-            self.with_gateway(async |g| g.asking(&owner_key(name)).await.map_err(|e| e.to_string()))
+        /// Every pool some gateway asks for now, with the gateways that do, in one request.
+        pub fn asked_for(&self) -> Result<std::collections::HashMap<String, Vec<String>>, String> {
+            self.with_gateway(async |g| g.asked_for().await.map_err(|e| e.to_string()))
+                .map(|asked| {
+                    asked
+                        .into_iter()
+                        .filter_map(|(what, gateways)| Some((what.strip_prefix("pool.")?.to_string(), gateways)))
+                        .collect()
+                })
         }
 
         /// Asks, for an administrator, that pool `name` move to gateway `to` (see
@@ -1134,9 +1140,6 @@ mod absent {
         pub fn stop_asking(&self, _: &str) -> Result<(), String> {
             match self.never {}
         }
-        pub fn asking(&self, _: &str) -> Result<Vec<String>, String> {
-            match self.never {}
-        }
         pub fn move_to(&self, _: &str, _: &str) -> Result<(), String> {
             match self.never {}
         }
@@ -1144,6 +1147,9 @@ mod absent {
             match self.never {}
         }
         pub fn moves(&self) -> Result<std::collections::HashMap<String, (String, i64)>, String> {
+            match self.never {}
+        }
+        pub fn asked_for(&self) -> Result<std::collections::HashMap<String, Vec<String>>, String> {
             match self.never {}
         }
         pub fn end_move(&self, _: &str, _: i64) -> Result<bool, String> {

@@ -887,8 +887,9 @@ impl Daemon {
         if owned.is_empty() {
             return;
         }
-        // One request for every pool's, not one per pool: each may wait for an etcd that
-        // stalls as long as `MEMBERSHIP_AT_MOST`.
+        // One request for every pool's moves, and one for every pool's asks once a pool is
+        // idle, not one per pool: each may wait for an etcd that stalls as long as
+        // `MEMBERSHIP_AT_MOST`.
         let mut moves = match gw.moves() {
             Ok(m) => m,
             Err(e) => {
@@ -896,6 +897,7 @@ impl Daemon {
                 Default::default()
             }
         };
+        let mut asked = None;
         for name in owned {
             let requests = self.io_metrics.requests_of_pool(&name);
             let idle = match self.rados.lock().get_mut(&name) {
@@ -914,13 +916,14 @@ impl Daemon {
             let to = if idle < HANDOVER_IDLE {
                 None
             } else {
-                match gw.asking(&name) {
-                    Ok(asking) => asking.into_iter().find(|g| g != gw.name()),
-                    Err(e) => {
-                        debug!(pool = %name, error = %e, "cannot learn whether a gateway asks for the pool");
-                        None
-                    }
-                }
+                let asked = asked.get_or_insert_with(|| {
+                    gw.asked_for()
+                        .inspect_err(|e| debug!(error = %e, "cannot learn which pools gateways ask for"))
+                        .unwrap_or_default()
+                });
+                asked
+                    .remove(&name)
+                    .and_then(|asking| asking.into_iter().find(|g| g != gw.name()))
             };
             match to {
                 Some(to) => self.hand_over(gw, &name, &to, Handover::Asked { idle }),
