@@ -113,6 +113,10 @@ struct Behind {
     /// what else made this opening of the pool vouch for nothing more ([`FencedDisk::refuse`]):
     /// every flush from then on fails with it.
     failed: Option<(u64, usize, String)>,
+    /// Why the cluster says a newer owner took the pool (it fenced this client off, or wrote
+    /// under a later epoch), first said: from then on every write is refused at once, not
+    /// sent to objects whose placement groups have not heard of the fence yet.
+    replaced: Option<String>,
     /// Numbers the writes (or groups of held writes) their writers wait for.
     next_tag: u64,
     /// Per write or group whose writers were not all told yet: who they are, and once
@@ -183,6 +187,17 @@ impl Held {
 
     fn full(&self) -> bool {
         self.bytes >= HELD_BYTES || self.pieces.len() >= HELD_PIECES
+    }
+}
+
+impl Behind {
+    /// Keeps the first refusal (`what`, made only if it is the first), and whether `e` says
+    /// that a newer owner took the pool.
+    fn refused(&mut self, what: impl FnOnce() -> (u64, usize, String), e: &RadosError) {
+        self.failed.get_or_insert_with(what);
+        if (e.is_fenced() || e.is_out_of_order()) && self.replaced.is_none() {
+            self.replaced = Some(describe(e));
+        }
     }
 }
 
@@ -471,10 +486,7 @@ impl Inner {
     /// nothing of who owns the pool, and fails that read alone.
     fn read_refused(&self, offset: u64, len: usize, e: &RadosError) {
         if e.is_fenced() {
-            self.behind
-                .lock()
-                .failed
-                .get_or_insert_with(|| refused_read(offset, len, e));
+            self.behind.lock().refused(|| refused_read(offset, len, e), e);
         }
     }
 
@@ -557,7 +569,7 @@ impl Inner {
         if let Err(e) = self.send(b, index, op, offset, data.len(), tag) {
             b.bytes -= data.len();
             b.waiting.remove(&tag);
-            b.failed.get_or_insert_with(|| refused_write(offset, data.len(), &e));
+            b.refused(|| refused_write(offset, data.len(), &e), &e);
             return Err(self.io_error("write", offset, data.len(), e));
         }
         Ok(tag)
@@ -679,7 +691,7 @@ impl Inner {
         );
         if let Err(e) = self.send(b, object, op, h.offset, h.bytes, h.tag) {
             b.bytes -= h.bytes;
-            b.failed.get_or_insert_with(|| refused_write(h.offset, h.bytes, &e));
+            b.refused(|| refused_write(h.offset, h.bytes, &e), &e);
             Self::tell(b, h.tag, Err(describe(&e)));
             self.settled.notify_all();
         }
@@ -730,7 +742,7 @@ impl Inner {
         b.in_flight.remove(&t.seq);
         b.bytes -= t.len;
         if let Err(e) = &outcome {
-            b.failed.get_or_insert_with(|| refused_write(t.offset, t.len, e));
+            b.refused(|| refused_write(t.offset, t.len, e), e);
         }
         Self::tell(b, t.tag, outcome.map_err(|e| describe(&e)));
         let flying = b.flying.get_mut(&t.object).expect("a write sent is counted flying");
@@ -982,10 +994,11 @@ impl Inner {
 
     /// Returns once the OSDs applied every piece: the pieces are sent together (or held to
     /// go with other writers' to the same object) and waited for after. A piece of an object
-    /// never written makes it.
+    /// never written makes it. Each piece is sent only while the lease holds (the wait for
+    /// room before it may be long) and while the cluster has not said that a newer owner
+    /// took the pool.
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DiskError> {
         check_request(&self.path, "write", offset, buf.len(), self.size)?;
-        self.check_lease("write", offset, buf.len())?;
         let mut started: Vec<(u64, usize, u64)> = Vec::new();
         let waited = |started: Vec<(u64, usize, u64)>| -> Result<(), DiskError> {
             let mut first = Ok(());
@@ -1002,7 +1015,11 @@ impl Inner {
             let at = offset + p.buf_off as u64;
             let data = &buf[p.buf_off..p.buf_off + p.len];
             let mut b = self.behind.lock();
-            match self.start_piece(&mut b, p.unit, p.off, data, at, None) {
+            let sendable = match &b.replaced {
+                Some(why) => Err(self.unavailable("write", offset, buf.len(), why.clone())),
+                None => self.check_lease("write", offset, buf.len()),
+            };
+            match sendable.and_then(|()| self.start_piece(&mut b, p.unit, p.off, data, at, None)) {
                 Ok(tag) => started.push((at, p.len, tag)),
                 Err(e) => {
                     drop(b);

@@ -472,6 +472,16 @@ fn a_replaced_owners_disk_cannot_write_where_the_new_owner_wrote() {
         "{refused}"
     );
     assert_eq!(new.refused(), None);
+    // From then on its writes are refused at once, even to an object the new owner never
+    // touched, which would take them (there is no blocklist in this test; in a takeover, its
+    // placement group may not have heard of the fence yet).
+    let e = old
+        .write_at(&random(9, 4096), 12 * MIB)
+        .expect_err("a replaced owner's disk went on writing");
+    assert!(e.to_string().contains("a newer owner wrote here"), "{e}");
+    let mut back = AlignedBuf::zeroed(4096);
+    new.read_at(&mut back, 12 * MIB).unwrap();
+    assert!(back.iter().all(|&b| b == 0), "a replaced owner's write landed");
     // To an object it never wrote: refused too.
     new.write_at(&theirs, 8 * MIB).unwrap();
     new.flush().unwrap();
@@ -504,10 +514,6 @@ fn a_replaced_owners_disk_cannot_write_where_the_new_owner_wrote() {
     }
 }
 
-/// A write returns once the OSDs applied it: thousands of small writes to objects that exist,
-/// from four threads at once, read back through another connection before any flush (as the
-/// gateway that takes the pool over would read them had this one died), and through the
-/// writing disk; a flush then has nothing to wait for and succeeds.
 /// A gateway fenced off by a newer owner (its client blocklisted) whose hosts only read: the
 /// OSDs refuse its reads, and its disk says so as it does of a refused write, for a read of
 /// its own and a read on a connection's ring alike, so that the gateway opens the pool again
@@ -574,6 +580,10 @@ fn a_fenced_owners_disk_says_its_reads_were_refused() {
     new.remove_objects().unwrap();
 }
 
+/// A write returns once the OSDs applied it: thousands of small writes to objects that exist,
+/// from four threads at once, read back through another connection before any flush (as the
+/// gateway that takes the pool over would read them had this one died), and through the
+/// writing disk; a flush then has nothing to wait for and succeeds.
 #[test]
 fn writes_are_in_the_cluster_when_they_return_without_a_flush() {
     let t = "writes_are_in_the_cluster_when_they_return_without_a_flush";
