@@ -219,7 +219,8 @@ fn refused_read(offset: u64, len: usize, e: &RadosError) -> (u64, usize, String)
     )
 }
 
-fn describe(e: &RadosError) -> String {
+/// `e` as an administrator reads it: a fence or a newer owner's epoch named as such.
+pub(crate) fn describe(e: &RadosError) -> String {
     if e.is_fenced() {
         format!("this gateway was fenced off by a newer owner ({e})")
     } else if e.is_out_of_order() {

@@ -55,6 +55,10 @@ pub struct RadosMeta {
     epoch: i64,
     /// The writer's client address, stamped on every batch (`OWNER_ATTR`).
     owner: Option<String>,
+    /// The object was there (or was made here): one gone since was removed (by hand, or
+    /// with the pool destroyed), and a commit must not make it again, holding that batch's
+    /// records alone, which the next opening would read as the whole pool.
+    made: std::sync::atomic::AtomicBool,
 }
 
 fn family(cf: &str) -> Vec<u8> {
@@ -85,6 +89,7 @@ impl RadosMeta {
             oid: oid.to_string(),
             epoch,
             owner: None,
+            made: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -98,7 +103,7 @@ impl RadosMeta {
     fn err(&self, e: RadosError) -> PoolError {
         PoolError::Meta {
             path: self.location(),
-            message: e.to_string(),
+            message: crate::fenced_disk::describe(&e),
         }
     }
 
@@ -266,8 +271,20 @@ impl MetaBackend for RadosMeta {
 
     fn commit(&self, batch: &MetaBatch, _sync: bool) -> Result<(), PoolError> {
         // The OSDs acknowledge a write once every replica holds it: every commit is durable.
+        use std::sync::atomic::Ordering;
         for _ in 0..MAX_TRIES {
             let (version, read) = self.version_read()?;
+            match read {
+                Some(_) => self.made.store(true, Ordering::Relaxed),
+                None if self.made.load(Ordering::Relaxed) => {
+                    return Err(self.err(RadosError::Invalid(
+                        "the metadata object is gone (removed by hand, or the pool destroyed): a commit would make it \
+                         again holding this change alone, which the next opening would take for the whole pool"
+                            .into(),
+                    )))
+                }
+                None => {}
+            }
             let next = version
                 .checked_add(1)
                 .ok_or_else(|| self.err(RadosError::Invalid(format!("{VERSION_ATTR} is at its largest value"))))?;
@@ -303,7 +320,10 @@ impl MetaBackend for RadosMeta {
                 op = op.omap_remove(&removes);
             }
             match self.pool.operate(&self.oid, &op) {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    self.made.store(true, Ordering::Relaxed);
+                    return Ok(());
+                }
                 // Another commit came first (or made the object first): compute again,
                 // unless it was a later owner's.
                 Err(e) if e.is_guard_failure() || e.errno() == Some(libc::EEXIST) => {

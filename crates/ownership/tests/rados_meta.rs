@@ -74,6 +74,53 @@ fn a_replaced_owner_commits_nothing() {
     );
 }
 
+/// A metadata object removed under its store (by hand, or with the pool destroyed while a
+/// job of it still ran) is not made again by the next commit, holding that change alone,
+/// which the next opening would take for the whole pool: the commit fails, and says why.
+/// Until 2026-12-06 it made the object again. A fenced commit says it was fenced off.
+#[test]
+fn a_metadata_object_removed_under_its_store_is_not_made_again() {
+    let _shared = shared();
+    let t = "a_metadata_object_removed_under_its_store_is_not_made_again";
+    let Some(conf) = ceph_conf(t) else { return };
+    let oid = format!("{t}-{}", std::process::id());
+    let c = ceph(&conf);
+    let store = MetaStore::on(meta(&c, &oid, 5));
+    let put = |k: &str| {
+        let mut b = MetaBatch::new();
+        b.put(CF_POOL, k, "v");
+        b
+    };
+    // Made by the first commit; the next ones find it.
+    store.commit(put("a"), true).unwrap();
+    store.commit(put("b"), true).unwrap();
+    let pool = Cluster::shared_pool(&c, TEST_POOL).unwrap();
+    pool.remove(&oid).unwrap();
+    let e = store
+        .commit(put("c"), true)
+        .expect_err("the removed object was made again");
+    assert!(e.to_string().contains("the metadata object is gone"), "{e}");
+    assert_eq!(pool.size(&oid).unwrap(), None);
+    // A store opened on an object that is there knows it from its first commit.
+    let other = format!("{oid}-2");
+    MetaStore::on(meta(&c, &other, 5)).commit(put("a"), true).unwrap();
+    let reopened = MetaStore::on(meta(&c, &other, 5));
+    reopened.commit(put("b"), true).unwrap();
+    pool.remove(&other).unwrap();
+    assert!(reopened.commit(put("c"), true).is_err());
+    assert_eq!(pool.size(&other).unwrap(), None);
+
+    // Fenced off: said so.
+    let fenced = ceph(&conf);
+    let store = MetaStore::on(meta(&fenced, &oid, 6));
+    c.blocklist(&fenced.address().unwrap(), 3600).unwrap();
+    // A read of the pool's object through the other client brings its placement group the
+    // map that blocklists this one.
+    let _ = pool.size(&oid);
+    let e = store.commit(put("d"), true).expect_err("a fenced client committed");
+    assert!(e.to_string().contains("fenced off"), "{e}");
+}
+
 /// A metadata object whose version is written otherwise than a commit writes it ("5", not
 /// zero-padded) still takes batches, guarded by the bytes read; an object there without a
 /// version at all (not a pool's, or damaged) is refused at once with why, not after ten
