@@ -264,13 +264,13 @@ async fn keep_lease(
         let (keeper, answers) = match &mut stream {
             Some(s) => s,
             None => {
-                let sent = std::time::Instant::now();
+                let (sent, stamp) = (std::time::Instant::now(), lease_clock::Stamp::now());
                 // Half a period at most: a member that stalls must leave time to try another
                 // before the lease runs out (three periods after the last renewal).
                 match tokio::time::timeout(every / 2, client.lease_keep_alive(lease)).await {
                     Ok(Ok(s)) => {
                         stream = Some(s);
-                        renewed.renewed(sent, granted);
+                        renewed.renewed(stamp, granted);
                         next(sent).await;
                         continue;
                     }
@@ -288,7 +288,7 @@ async fn keep_lease(
                 }
             }
         };
-        let sent = std::time::Instant::now();
+        let (sent, stamp) = (std::time::Instant::now(), lease_clock::Stamp::now());
         // Half a period for the answer too: with a renewal unanswered, a reopening timed out
         // and another made, the lease can still be renewed two periods and a half after the
         // last renewal, half a period before it runs out.
@@ -305,7 +305,7 @@ async fn keep_lease(
         // renewal. It counts as none, and the stream is opened again.
         let answer = answer.filter(|&(_, t)| terms.current(t)).map(|(ttl, _)| ttl);
         match answer {
-            Some(ttl) if ttl > 0 => renewed.renewed(sent, Duration::from_secs(ttl as u64)),
+            Some(ttl) if ttl > 0 => renewed.renewed(stamp, Duration::from_secs(ttl as u64)),
             // Gone: whatever this gateway owned, it must take for lost.
             Some(_) => {
                 renewed.lapsed();
@@ -400,7 +400,7 @@ impl Gateway {
             }));
         }
         let mut client = Client::connect(endpoints, options).await?;
-        let asked = std::time::Instant::now();
+        let asked = lease_clock::Stamp::now();
         let granted = client.lease_grant(ttl, None).await?;
         let lease = granted.id();
         let granted = Duration::from_secs(granted.ttl().max(0) as u64);

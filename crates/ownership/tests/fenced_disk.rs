@@ -761,7 +761,8 @@ fn the_engine_runs_a_pool_on_a_disk_on_rados_and_another_connection_opens_it() {
 /// blocklist has reached every OSD.
 #[test]
 fn a_disk_past_its_lease_serves_nothing() {
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
+    use tessera_ownership::lease_clock::Stamp;
     use tessera_ownership::LeaseClock;
 
     let t = "a_disk_past_its_lease_serves_nothing";
@@ -772,7 +773,7 @@ fn a_disk_past_its_lease_serves_nothing() {
     };
     let c = ceph(&conf);
     let prefix = format!("{t}-{}", std::process::id());
-    let clock = LeaseClock::granted(Instant::now(), Duration::from_secs(30));
+    let clock = LeaseClock::granted(Stamp::now(), Duration::from_secs(30));
     let d = disk(&c, &prefix, 64 * MIB, 1).under_lease(clock.clone());
     let via = d.read_via().expect("a disk on RADOS reads in the background");
     let writer = d.write_via().expect("a disk on RADOS writes in the background");
@@ -827,7 +828,7 @@ fn a_disk_past_its_lease_serves_nothing() {
     clock.lapsed();
     assert_eq!(every_way(&mut ring), [false; 5], "once the lease may have lapsed");
     // Past its time to live, as after a stall, without the renewal task saying so.
-    let stalled = LeaseClock::granted(Instant::now(), Duration::from_millis(200));
+    let stalled = LeaseClock::granted(Stamp::now(), Duration::from_millis(200));
     let d = disk(&c, &format!("{prefix}-stalled"), 64 * MIB, 1).under_lease(stalled);
     d.write_at(&data, 0).unwrap();
     std::thread::sleep(Duration::from_millis(300));
