@@ -680,8 +680,9 @@ impl Inner {
 
     /// Sends the writes held for `object` as one operation, which their writers wait on; if
     /// it cannot be sent, they fail, and so do the flushes.
+    /// Once the cluster said that a newer owner took the pool, they are not sent: they fail
+    /// with why.
     fn send_held(&self, b: &mut Behind, object: u64, h: Held) {
-        let op = write_op(h.pieces);
         b.waiting.insert(
             h.tag,
             Waiters {
@@ -690,6 +691,13 @@ impl Inner {
                 started: h.started,
             },
         );
+        if let Some(why) = b.replaced.clone() {
+            b.bytes -= h.bytes;
+            Self::tell(b, h.tag, Err(why));
+            self.settled.notify_all();
+            return;
+        }
+        let op = write_op(h.pieces);
         if let Err(e) = self.send(b, object, op, h.offset, h.bytes, h.tag) {
             b.bytes -= h.bytes;
             b.refused(|| refused_write(h.offset, h.bytes, &e), &e);
