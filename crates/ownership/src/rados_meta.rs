@@ -55,7 +55,7 @@ pub struct RadosMeta {
     epoch: i64,
     /// The writer's client address, stamped on every batch (`OWNER_ATTR`).
     owner: Option<String>,
-    /// The object was there (or was made here): one gone since was removed (by hand, or
+    /// The object was seen (read, or made here): one gone since was removed (by hand, or
     /// with the pool destroyed), and a commit must not make it again, holding that batch's
     /// records alone, which the next opening would read as the whole pool.
     made: std::sync::atomic::AtomicBool,
@@ -117,6 +117,9 @@ impl RadosMeta {
     /// which a value written otherwise ("5" for "000...05") would never equal.
     fn version_read(&self) -> Result<(u64, Option<Vec<u8>>), PoolError> {
         let raw = self.pool.xattr(&self.oid, VERSION_ATTR).map_err(|e| self.err(e))?;
+        if raw.is_some() {
+            self.made.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         match raw {
             None => Ok((0, None)),
             Some(v) => std::str::from_utf8(&v)
@@ -138,6 +141,9 @@ impl RadosMeta {
         for chunk in keys.chunks(PAGE as usize) {
             let refs: Vec<&[u8]> = chunk.iter().map(|k| k.as_slice()).collect();
             out.extend(self.pool.omap_get(&self.oid, &refs).map_err(|e| self.err(e))?);
+        }
+        if !out.is_empty() {
+            self.made.store(true, std::sync::atomic::Ordering::Relaxed);
         }
         Ok(out)
     }
@@ -275,7 +281,7 @@ impl MetaBackend for RadosMeta {
         for _ in 0..MAX_TRIES {
             let (version, read) = self.version_read()?;
             match read {
-                Some(_) => self.made.store(true, Ordering::Relaxed),
+                Some(_) => {}
                 None if self.made.load(Ordering::Relaxed) => {
                     return Err(self.err(RadosError::Invalid(
                         "the metadata object is gone (removed by hand, or the pool destroyed): a commit would make it \
