@@ -171,6 +171,9 @@ pub struct Gateway {
     follower: Option<JoinHandle<()>>,
     /// Wakes `keeper` for a renewal at once: `follower` saw a key on the lease deleted.
     doubt: std::sync::Arc<tokio::sync::Notify>,
+    /// Wakes `token_keeper` to buy a token at once (etcd may have restarted, and forgotten
+    /// the one it gave); None without a user.
+    renew_token: Option<std::sync::Arc<tokio::sync::Notify>>,
     /// Buys the etcd user's token again before it lapses (etcd_user.rs); None without a user.
     token_keeper: Option<JoinHandle<()>>,
     /// Keeps requests to the etcd members that answer (members.rs); None with one endpoint.
@@ -216,6 +219,9 @@ impl std::fmt::Debug for EtcdTls {
 
 /// How soon a keep-alive stream that broke is opened again.
 const REOPEN: Duration = Duration::from_millis(200);
+
+/// How soon the watch of the gateways' keys is made again once it ended.
+const REWATCH: Duration = Duration::from_millis(500);
 
 /// Renews `lease` every `every` through `stream`, moving `renewed` on with each answer, until
 /// the lease is lost: etcd says it is gone (it expired while this process stalled, or was
@@ -440,6 +446,7 @@ impl Gateway {
             clock,
             follower: None,
             doubt,
+            renew_token,
             token_keeper,
             members_keeper,
         })
@@ -918,45 +925,93 @@ impl Gateway {
     /// giving it up (or its lease lapsing, which deletes its keys), a gateway asking for
     /// something or saying it presents it. A gateway that acts on these at once need not
     /// wait for its next look. A key on this gateway's own lease deleted wakes its renewal
-    /// too, which learns at once whether etcd revoked the lease. Follows until this gateway
-    /// is dropped or the watch ends (etcd
-    /// went away: what the caller does at its own pace is then all there is); calling it
-    /// again starts afresh.
+    /// too, which learns at once whether etcd revoked the lease. A watch that ends (its etcd
+    /// member died or stalled, etcd restarted) is made again from the revision after the
+    /// last it reported, so that no change is missed; past a compaction, `changed` is called
+    /// and the renewal woken once it runs again. Follows until this gateway is dropped;
+    /// calling it again starts afresh.
     pub async fn follow_changes(&mut self, changed: impl Fn() + Send + 'static) -> Result<()> {
-        let (watcher, mut events) = self
-            .client
-            .watch(
-                format!("{}/", self.prefix),
-                Some(etcd_client::WatchOptions::new().with_prefix().with_prev_key()),
-            )
-            .await?;
+        let under = format!("{}/", self.prefix);
+        let options = || etcd_client::WatchOptions::new().with_prefix().with_prev_key();
+        let first = self.client.watch(under.as_str(), Some(options())).await?;
+        let mut client = self.client.clone();
         let prefix = self.prefix.clone();
-        let (lease, doubt) = (self.lease, self.doubt.clone());
+        let (lease, doubt, renew_token) = (self.lease, self.doubt.clone(), self.renew_token.clone());
         let follower = tokio::spawn(async move {
-            let _keep = watcher;
-            while let Ok(Some(r)) = events.message().await {
-                if r.canceled() {
-                    break;
+            let mut watch = Some(first);
+            // The revision to watch from again once the watch ends: the one after the last
+            // the watch reported on.
+            let mut next = None;
+            loop {
+                if let Some((_keep, mut events)) = watch.take() {
+                    while let Ok(Some(r)) = events.message().await {
+                        if let Some(h) = r.header() {
+                            next = Some(h.revision() + 1);
+                        }
+                        if r.canceled() {
+                            // Past a compaction the changes since are lost: watched from now
+                            // on, and looked at by the caller at once (below).
+                            if r.compact_revision() > 0 {
+                                next = None;
+                            }
+                            break;
+                        }
+                        // Progress notes carry no event; asks and answers between the
+                        // gateways (on the lease too, with every forwarded command) are the
+                        // courier's business.
+                        let ours = |kv: &etcd_client::KeyValue| !courier::is_courier_key(&prefix, kv.key());
+                        // A key on this gateway's lease deleted: by the gateway itself (a
+                        // release), or by etcd revoking the lease (its leader may do so on its
+                        // own word, etcd issue 15247). A renewal at once tells which, and
+                        // loses nothing if the former.
+                        let on_our_lease = |e: &etcd_client::Event| {
+                            e.event_type() == etcd_client::EventType::Delete
+                                && e.prev_kv().is_some_and(|kv| kv.lease() == lease && ours(kv))
+                        };
+                        if r.events().iter().any(on_our_lease) {
+                            doubt.notify_one();
+                        }
+                        if r.events().iter().any(|e| e.kv().is_some_and(ours)) {
+                            changed();
+                        }
+                    }
+                    tracing::warn!("etcd ended the watch of the gateways' keys: watching again");
+                    // etcd may have restarted, and forgotten the token with the others it
+                    // gave since its last snapshot: the watch made again needs a new one.
+                    if let Some(renew) = &renew_token {
+                        renew.notify_one();
+                    }
                 }
-                // Progress notes carry no event; asks and answers between the gateways are
-                // the courier's business, not the ticks'.
-                let ours =
-                    |e: &etcd_client::Event| e.kv().is_some_and(|kv| !courier::is_courier_key(&prefix, kv.key()));
-                // A key on this gateway's lease deleted: by the gateway itself (a release), or
-                // by etcd revoking the lease (its leader may do so on its own word, etcd issue
-                // 15247). A renewal at once tells which, and loses nothing if the former.
-                let on_our_lease = |e: &etcd_client::Event| {
-                    e.event_type() == etcd_client::EventType::Delete
-                        && e.prev_kv().is_some_and(|kv| kv.lease() == lease)
+                tokio::time::sleep(REWATCH).await;
+                // etcd makes a watch under a token it no longer knows (it restarted since
+                // it gave it) as one that says nothing, and answers as if it had made it: a
+                // request first tells whether the token still serves, and if not the watch
+                // waits for a new one.
+                let probe = GetOptions::new().with_prefix().with_keys_only().with_limit(1);
+                if let Err(e) = client.get(under.as_str(), Some(probe)).await {
+                    tracing::debug!(error = %e, "cannot watch the gateways' keys yet; retrying");
+                    if let Some(renew) = &renew_token {
+                        renew.notify_one();
+                    }
+                    continue;
+                }
+                let options = match next {
+                    Some(r) => options().with_start_revision(r),
+                    None => options(),
                 };
-                if r.events().iter().any(on_our_lease) {
-                    doubt.notify_one();
-                }
-                if r.events().iter().any(ours) {
-                    changed();
+                match client.watch(under.as_str(), Some(options)).await {
+                    Ok(w) => {
+                        watch = Some(w);
+                        tracing::info!("watching the gateways' keys again");
+                        // Whatever the watch cannot replay: looked at now.
+                        if next.is_none() {
+                            doubt.notify_one();
+                            changed();
+                        }
+                    }
+                    Err(e) => tracing::debug!(error = %e, "cannot watch the gateways' keys yet; retrying"),
                 }
             }
-            tracing::warn!("etcd ended the watch of the gateways' keys: changes are seen at the next look only, until the gateway joins again");
         });
         if let Some(old) = self.follower.replace(follower) {
             old.abort();
