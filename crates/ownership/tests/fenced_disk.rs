@@ -482,7 +482,8 @@ fn a_replaced_owners_disk_cannot_write_where_the_new_owner_wrote() {
     let mut back = AlignedBuf::zeroed(4096);
     new.read_at(&mut back, 12 * MIB).unwrap();
     assert!(back.iter().all(|&b| b == 0), "a replaced owner's write landed");
-    // To an object it never wrote: refused too.
+    // To an object it never wrote, which the new owner made: refused too (by the disk itself,
+    // told already; the OSD's refusal of such a write is the stale disk's, below).
     new.write_at(&theirs, 8 * MIB).unwrap();
     new.flush().unwrap();
     let e = old
