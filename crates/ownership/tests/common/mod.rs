@@ -74,3 +74,24 @@ pub fn watch_lease(clock: tessera_ownership::LeaseClock) -> tokio::task::JoinHan
         }
     })
 }
+
+/// Waits until `g` knows its lease lost (its keeper gave up and its lease clock no longer
+/// holds), which must be within `within` of `revoked`; how long it took.
+#[cfg(feature = "etcd")]
+#[allow(dead_code)]
+pub async fn until_lease_lost(
+    g: &tessera_ownership::Gateway,
+    revoked: std::time::Instant,
+    within: std::time::Duration,
+) -> std::time::Duration {
+    let clock = g.lease_clock();
+    while g.alive() || clock.holds() {
+        assert!(
+            revoked.elapsed() < within,
+            "the lease was revoked {:?} ago, and the gateway still holds it",
+            revoked.elapsed()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    revoked.elapsed()
+}
