@@ -945,9 +945,6 @@ impl Gateway {
             loop {
                 if let Some((_keep, mut events)) = watch.take() {
                     while let Ok(Some(r)) = events.message().await {
-                        if let Some(h) = r.header() {
-                            next = Some(h.revision() + 1);
-                        }
                         if r.canceled() {
                             // Past a compaction the changes since are lost: watched from now
                             // on, and looked at by the caller at once (below).
@@ -955,6 +952,17 @@ impl Gateway {
                                 next = None;
                             }
                             break;
+                        }
+                        // After the last event told; a response of none (progress) comes
+                        // only once every event up to its revision was told.
+                        let last = r
+                            .events()
+                            .iter()
+                            .filter_map(|e| e.kv())
+                            .map(|kv| kv.mod_revision())
+                            .max();
+                        if let Some(r) = last.or_else(|| r.header().map(|h| h.revision())) {
+                            next = Some(r + 1);
                         }
                         // Progress notes carry no event; asks and answers between the
                         // gateways (on the lease too, with every forwarded command) are the
