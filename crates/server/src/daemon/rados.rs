@@ -245,17 +245,19 @@ impl Daemon {
             .map_err(|e| format!("cannot create {}: {e}", dir.display()))
             .and_then(|()| placement.write(&dir))
             .and_then(|()| owned.create(&dir, &req.name, capacity, slab));
+        // Not made: nothing of it stays here, and the name claims no place (while still
+        // owned here).
+        let not_made = || {
+            let _ = std::fs::remove_dir_all(&dir);
+            if claimed {
+                let _ = gw.forget_place(&req.name, &placement, true);
+            }
+            self.release_or_later(gw, &req.name, owned.epoch);
+        };
         let engine = match made {
             Ok(e) => e,
             Err(e) => {
-                let _ = std::fs::remove_dir_all(&dir);
-                // Not made: the name claims no place (while still owned here).
-                if claimed {
-                    let _ = gw.forget_place(&req.name, &placement, true);
-                }
-                if gw.release(&req.name, owned.epoch).is_err() {
-                    self.unreleased.lock().push((req.name.clone(), owned.epoch));
-                }
+                not_made();
                 return Err(ApiError::invalid(e));
             }
         };
@@ -267,13 +269,7 @@ impl Daemon {
             if let Err(e) = owned.remove_objects(&req.name, capacity) {
                 warn!(pool = %req.name, error = %e, "cannot remove the objects of a pool whose creation could not be recorded");
             }
-            let _ = std::fs::remove_dir_all(&dir);
-            if claimed {
-                let _ = gw.forget_place(&req.name, &placement, true);
-            }
-            if gw.release(&req.name, owned.epoch).is_err() {
-                self.unreleased.lock().push((req.name.clone(), owned.epoch));
-            }
+            not_made();
             return Err(ApiError::io(err));
         }
         let epoch = owned.epoch;
@@ -452,9 +448,7 @@ impl Daemon {
                         if !self.rados.lock().contains_key(name) {
                             // Exported or destroyed here while it was being opened.
                             drop(engine);
-                            if gw.release(name, epoch).is_err() {
-                                self.unreleased.lock().push((name.to_string(), epoch));
-                            }
+                            self.release_or_later(gw, name, epoch);
                             return;
                         }
                         if gw.lease() != Some(owned.lease) || !gw.alive() {
@@ -1243,17 +1237,23 @@ impl Daemon {
             }
         }
         // Given up whatever became of its objects: this gateway no longer serves the pool,
-        // and kept, its key would say so to the other gateways for as long as it runs. If etcd
-        // does not answer now, at a later tick: nothing else here would ever give it up.
-        if let Err(e) = gw.release(name, owned.epoch) {
-            warn!(pool = %name, error = %e, "cannot give the pool up in etcd now; trying again at the next ticks");
-            self.unreleased.lock().push((name.to_string(), owned.epoch));
-        }
+        // and kept, its key would say so to the other gateways for as long as it runs.
+        self.release_or_later(gw, name, owned.epoch);
         removed.map_err(|e| {
             ApiError::internal(format!(
                 "pool {name} is no longer served here, but not all of it was removed from the cluster: {e}"
             ))
         })
+    }
+
+    /// Gives pool `name`, owned here at `epoch` and no longer served here, up in etcd; if
+    /// etcd does not answer now, at a later tick ([`release_forgotten_pools`]): nothing else
+    /// here would ever give it up.
+    fn release_or_later(&self, gw: &crate::rados_pools::Membership, name: &str, epoch: i64) {
+        if let Err(e) = gw.release(name, epoch) {
+            warn!(pool = %name, error = %e, "cannot give the pool up in etcd now; trying again at the next ticks");
+            self.unreleased.lock().push((name.to_string(), epoch));
+        }
     }
 
     /// Gives up in etcd the pools exported or destroyed here whose ownership could not be
