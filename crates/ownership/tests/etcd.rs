@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{endpoints, next};
+use common::{endpoints, next, told_of_changes};
 use tessera_ownership::{FenceError, Gateway, Lasting, Owner};
 
 /// A key space of this test's own.
@@ -364,17 +364,6 @@ async fn keys_under(ep: &[String], prefix: &str) -> i64 {
     let mut client = etcd_client::Client::connect(ep, None).await.unwrap();
     let options = etcd_client::GetOptions::new().with_prefix().with_count_only();
     client.get(prefix, Some(options)).await.unwrap().count()
-}
-
-/// What `g` is told as it follows the ownership keys: one message per change.
-async fn told_of_changes(g: &mut Gateway) -> tokio::sync::mpsc::UnboundedReceiver<()> {
-    let (tx, told) = tokio::sync::mpsc::unbounded_channel();
-    g.follow_changes(move || {
-        let _ = tx.send(());
-    })
-    .await
-    .unwrap();
-    told
 }
 
 /// The asks for `what` that `courier` takes, once there are some.

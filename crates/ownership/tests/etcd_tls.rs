@@ -85,6 +85,36 @@ async fn a_gateway_reaches_an_etcd_that_knows_it_by_its_certificate_and_keeps_to
     assert!(e.contains("needs TLS"), "{e}");
 }
 
+/// A gateway joined as etcd user gw-a (confined to `/tessera/`) with a lease of `ttl` s, to
+/// an etcd of its own whose tokens live 300 s; None (the test skipped, and why) without etcd.
+async fn gateway_of_user(t: &str, ttl: i64) -> Option<(PasswordEtcd, Vec<String>, Gateway)> {
+    let etcd = match PasswordEtcd::start(300) {
+        Ok(e) => e,
+        Err(why) => {
+            tessera_disk::skip(t, &why);
+            return None;
+        }
+    };
+    let ep = vec![etcd.endpoint.clone()];
+    etcd.user_for_prefix("gw-a", "gw-a-password", "/tessera/").unwrap();
+    let user = EtcdUser::new("gw-a", "gw-a-password");
+    let g = Gateway::join_as(&ep, None, Some(&user), "/tessera", "gw-a", ttl)
+        .await
+        .unwrap();
+    Some((etcd, ep, g))
+}
+
+/// `etcd` killed, and started again on its data.
+async fn restarted(etcd: PasswordEtcd) -> PasswordEtcd {
+    tokio::task::spawn_blocking(move || {
+        let mut etcd = etcd;
+        etcd.restart().map(|()| etcd)
+    })
+    .await
+    .unwrap()
+    .unwrap()
+}
+
 /// An etcd that restarts (killed, and started again on its data) costs a gateway nothing:
 /// its lease's renewals go on through a new stream, under a new token bought at once, since
 /// etcd forgot the one the gateway had (not at the next period, 30 s on, long after the
@@ -93,16 +123,9 @@ async fn a_gateway_reaches_an_etcd_that_knows_it_by_its_certificate_and_keeps_to
 #[tokio::test]
 async fn a_gateway_keeps_its_lease_through_a_restart_of_etcd() {
     let t = "a_gateway_keeps_its_lease_through_a_restart_of_etcd";
-    let etcd = match PasswordEtcd::start(300) {
-        Ok(e) => e,
-        Err(why) => return tessera_disk::skip(t, &why),
+    let Some((etcd, ep, mut g)) = gateway_of_user(t, 8).await else {
+        return;
     };
-    let ep = vec![etcd.endpoint.clone()];
-    etcd.user_for_prefix("gw-a", "gw-a-password", "/tessera/").unwrap();
-    let user = EtcdUser::new("gw-a", "gw-a-password");
-    let mut g = Gateway::join_as(&ep, None, Some(&user), "/tessera", "gw-a", 8)
-        .await
-        .unwrap();
     let before = g.acquire("pool.a").await.unwrap();
     let stopped = common::watch_lease(g.lease_clock());
     // Another client of the same user, with a token bought before the restart.
@@ -113,13 +136,7 @@ async fn a_gateway_keeps_its_lease_through_a_restart_of_etcd() {
     // within 100 ms); so does a snapshot (`--snapshot-count 1`).
     other.put("/tessera/mark", "", None).await.unwrap();
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let etcd = tokio::task::spawn_blocking(move || {
-        let mut etcd = etcd;
-        etcd.restart().map(|()| etcd)
-    })
-    .await
-    .unwrap()
-    .unwrap();
+    let etcd = restarted(etcd).await;
     // etcd forgot the tokens it gave: the gateway goes on only if it bought a new one.
     let e = other.get("/tessera/", None).await.unwrap_err().to_string();
     assert!(e.contains("invalid auth token"), "{e}");
@@ -143,30 +160,12 @@ async fn a_gateway_keeps_its_lease_through_a_restart_of_etcd() {
 #[tokio::test]
 async fn a_gateway_follows_the_keys_through_a_restart_of_etcd() {
     let t = "a_gateway_follows_the_keys_through_a_restart_of_etcd";
-    let etcd = match PasswordEtcd::start(300) {
-        Ok(e) => e,
-        Err(why) => return tessera_disk::skip(t, &why),
+    let Some((etcd, ep, mut g)) = gateway_of_user(t, 30).await else {
+        return;
     };
-    let ep = vec![etcd.endpoint.clone()];
-    etcd.user_for_prefix("gw-a", "gw-a-password", "/tessera/").unwrap();
-    let user = EtcdUser::new("gw-a", "gw-a-password");
-    let mut g = Gateway::join_as(&ep, None, Some(&user), "/tessera", "gw-a", 30)
-        .await
-        .unwrap();
-    let (tx, mut told) = tokio::sync::mpsc::unbounded_channel();
-    g.follow_changes(move || {
-        let _ = tx.send(());
-    })
-    .await
-    .unwrap();
+    let mut told = common::told_of_changes(&mut g).await;
     g.acquire("pool.a").await.unwrap();
-    let etcd = tokio::task::spawn_blocking(move || {
-        let mut etcd = etcd;
-        etcd.restart().map(|()| etcd)
-    })
-    .await
-    .unwrap()
-    .unwrap();
+    let etcd = restarted(etcd).await;
     // Watching again, and told of a change made since (once the gateway has a token etcd
     // knows: the watch's end made it buy one).
     tokio::time::sleep(Duration::from_secs(2)).await;

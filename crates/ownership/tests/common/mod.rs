@@ -95,3 +95,16 @@ pub async fn until_lease_lost(
     }
     revoked.elapsed()
 }
+
+/// What `g` is told as it follows the ownership keys: one message per change.
+#[cfg(feature = "etcd")]
+#[allow(dead_code)]
+pub async fn told_of_changes(g: &mut tessera_ownership::Gateway) -> tokio::sync::mpsc::UnboundedReceiver<()> {
+    let (tx, told) = tokio::sync::mpsc::unbounded_channel();
+    g.follow_changes(move || {
+        let _ = tx.send(());
+    })
+    .await
+    .unwrap();
+    told
+}
