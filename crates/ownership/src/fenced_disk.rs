@@ -418,6 +418,15 @@ impl<'a> Removal<'a> {
         if self.first.is_err() {
             return false;
         }
+        // Past the lease another gateway may own the pool: the objects are its to keep.
+        if !self.inner.lease.holds() {
+            self.fail(RadosError::Invalid(
+                "this gateway's lease on the pool may have lapsed (it stalled, or lost etcd): another gateway may own \
+                 the pool now, and its objects stay"
+                    .into(),
+            ));
+            return false;
+        }
         match self
             .inner
             .pool

@@ -100,6 +100,24 @@ impl RadosMeta {
         self
     }
 
+    /// Removes the metadata object (the pool destroyed), unless a gateway with a later epoch
+    /// wrote it: the guard and the removal are one operation on the OSD, so a replaced owner
+    /// that resumes with a destroy on its way removes nothing of the pool its successor
+    /// serves. Gone already is done.
+    pub fn remove(&self) -> Result<(), PoolError> {
+        let mine = epoch_text(self.epoch);
+        let op = WriteOp::new().guard_xattr(EPOCH_ATTR, XattrCmp::Lte, &mine).remove();
+        match self.pool.operate(&self.oid, &op) {
+            Ok(()) => Ok(()),
+            Err(e) if e.errno() == Some(libc::ENOENT) => Ok(()),
+            Err(e) if e.is_guard_failure() => Err(self.err(RadosError::Invalid(format!(
+                "fenced: a gateway with an epoch later than {} owns this pool's metadata; nothing was removed",
+                self.epoch
+            )))),
+            Err(e) => Err(self.err(e)),
+        }
+    }
+
     fn err(&self, e: RadosError) -> PoolError {
         PoolError::Meta {
             path: self.location(),

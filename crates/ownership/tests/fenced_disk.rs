@@ -828,6 +828,17 @@ fn a_disk_past_its_lease_serves_nothing() {
     assert_eq!(every_way(&mut ring), [true; 5], "while the lease holds");
     clock.lapsed();
     assert_eq!(every_way(&mut ring), [false; 5], "once the lease may have lapsed");
+    // Nor does it remove its objects (a destroy on its way): they may be another owner's.
+    let pool = Cluster::shared_pool(&c, TEST_POOL).unwrap();
+    let first = format!("{prefix}.{:016x}", 0);
+    for walk in [Walk::Listing, Walk::Indexes] {
+        let e = d.remove_objects_by(walk).expect_err("objects removed past the lease");
+        assert!(e.to_string().contains("lease"), "{e}");
+        assert!(
+            pool.size(&first).unwrap().is_some(),
+            "{first} was removed past the lease"
+        );
+    }
     // Past its time to live, as after a stall, without the renewal task saying so.
     let stalled = LeaseClock::granted(Stamp::now(), Duration::from_millis(200));
     let d = disk(&c, &format!("{prefix}-stalled"), 64 * MIB, 1).under_lease(stalled);

@@ -74,6 +74,34 @@ fn a_replaced_owner_commits_nothing() {
     );
 }
 
+/// A destroy's removal of the metadata object is guarded by the epoch in the same operation:
+/// a replaced owner removes nothing of the pool its successor serves; the owner removes it,
+/// and a second removal finds it gone and is done.
+#[test]
+fn a_replaced_owner_removes_no_metadata() {
+    let _shared = shared();
+    let t = "a_replaced_owner_removes_no_metadata";
+    let Some(conf) = ceph_conf(t) else { return };
+    let oid = format!("{t}-{}", std::process::id());
+    let (ca, cb) = (ceph(&conf), ceph(&conf));
+    let (old, new) = (meta(&ca, &oid, 5), meta(&cb, &oid, 7));
+    let mut b = MetaBatch::new();
+    b.put(CF_POOL, "a", "old");
+    tessera_pool::MetaBackend::commit(&old, &b, true).unwrap();
+    tessera_pool::MetaBackend::commit(&new, &MetaBatch::new(), true).unwrap();
+    let refused = old.remove().expect_err("the replaced owner removed the metadata");
+    assert!(refused.to_string().contains("fenced"), "{refused}");
+    let pool = Cluster::shared_pool(&ca, TEST_POOL).unwrap();
+    assert!(pool.size(&oid).unwrap().is_some(), "the metadata object is gone");
+    assert_eq!(
+        MetaStore::on(meta(&cb, &oid, 7)).get(CF_POOL, b"a").unwrap().as_deref(),
+        Some(&b"old"[..])
+    );
+    new.remove().unwrap();
+    assert_eq!(pool.size(&oid).unwrap(), None);
+    new.remove().unwrap();
+}
+
 /// A metadata object removed under its store (by hand, or with the pool destroyed while a
 /// job of it still ran) is not made again by the next commit, holding that change alone,
 /// which the next opening would take for the whole pool: the commit fails, and says why.

@@ -1010,20 +1010,24 @@ mod real {
         /// Removes the objects of the destroyed pool `name` of `capacity` bytes: its metadata
         /// first, so that a removal that stops halfway leaves objects nobody reads, never a
         /// pool another gateway would open with part of its data gone (read as zeros).
+        /// Only while this gateway owns the pool: the removal of the metadata object is
+        /// guarded by the epoch, and each data object's by its lease and its epoch.
         pub fn remove_objects(&self, name: &str, capacity: u64) -> Result<(), String> {
             let disk = self.disk(name, capacity)?;
-            let pool = Cluster::shared_pool(&self.cluster, &self.placement.rados_pool).map_err(|e| e.to_string())?;
-            match pool.remove(&Placement::meta_object(name)) {
-                Err(e) if e.errno() != Some(libc::ENOENT) => {
-                    return Err(format!(
-                        "its metadata object {} could not be removed ({e}); it and the data objects {}.* stay \
-                         in RADOS pool '{}' ('rados rm' removes them)",
-                        Placement::meta_object(name),
-                        Placement::data_prefix(name),
-                        self.placement.rados_pool
-                    ))
-                }
-                _ => {}
+            if !self.lease_clock.holds() {
+                return Err(format!(
+                    "this gateway's lease on pool {name} may have lapsed (it stalled, or lost etcd): another gateway \
+                     may own it now, and nothing of it was removed"
+                ));
+            }
+            if let Err(e) = self.rados_meta(name)?.remove() {
+                return Err(format!(
+                    "its metadata object {} could not be removed ({e}); it and the data objects {}.* stay \
+                     in RADOS pool '{}'",
+                    Placement::meta_object(name),
+                    Placement::data_prefix(name),
+                    self.placement.rados_pool
+                ));
             }
             disk.remove_objects()
                 .map_err(|e| {
