@@ -355,6 +355,49 @@ fn a_pool_name_is_one_pool_among_the_gateways_until_it_is_destroyed() {
     b.stop();
 }
 
+/// A pool whose records in the cluster are damaged is not taken, however often it is tried:
+/// each taking would blocklist the connection of the one before, an entry that lasts 30
+/// days, for an opening that then fails. It waits, saying why, and is taken at a following
+/// tick once its records are put right. (Until 2026-12-06 it was taken every 30 s.)
+#[test]
+fn a_pool_with_damaged_records_is_not_taken_until_they_are_put_right() {
+    let test = "a_pool_with_damaged_records_is_not_taken_until_they_are_put_right";
+    let Some((conf, etcd, _cluster)) = cluster(test) else {
+        return;
+    };
+    let pid = std::process::id();
+    let pool = format!("damaged{pid}");
+    let prefix = format!("/tessera-test-damaged-{pid}");
+    let t = tempfile::tempdir().unwrap();
+    let mut a = Daemon::start_configured(&t.path().join("a"), &gateway_config("gw-a", &etcd, &prefix));
+    create_rados_pool(&a, &pool, &conf);
+    a.ok(&["pool", "export", &pool]);
+    // The configuration record: the family "pool", and the key "config" in hex.
+    let object = format!("tessera.{pool}.meta");
+    let key = "pool/636f6e666967";
+    let saved = t.path().join("config-record");
+    let saved = saved.to_str().unwrap();
+    let rados = |args: &[&str]| ok("rados", &[&["-c", &conf, "-p", RADOS_POOL][..], args].concat());
+    rados(&["getomapval", &object, key, saved]);
+    rados(&["setomapval", &object, key, "{not a configuration"]);
+    a.ok(&["pool", "import", &pool, "--rados", RADOS_POOL, "--ceph-conf", &conf]);
+    std::thread::sleep(Duration::from_secs(3));
+    let p = pool_entry(&a, &pool);
+    assert_eq!(p["health"], "unavailable", "{p}");
+    assert!(
+        p["problem"]
+            .as_str()
+            .is_some_and(|w| w.contains("configuration record is unreadable") && w.contains("not taken")),
+        "{p}"
+    );
+    assert_eq!(p["rados"]["failed_takes"], 0, "{p}");
+    assert_eq!(p["rados"]["takeovers"], 0, "{p}");
+    rados(&["setomapval", &object, key, "--input-file", saved]);
+    until_served(&a, &pool, Duration::from_secs(20));
+    a.ok(&["pool", "destroy", &pool]);
+    a.stop();
+}
+
 /// A pool on RADOS whose creation cannot be recorded in the gateway's list of pools to serve
 /// at start is not made: it would be served until the next start, then be no gateway's. Its
 /// objects and its claim on the name go, and the name can be created again.

@@ -142,6 +142,32 @@ mod real {
         Ok(version.is_some())
     }
 
+    /// Fails, saying why, if the opening of pool `name` would refuse its records as the
+    /// cluster holds them (its configuration record missing or unreadable, or naming no
+    /// disk where `placement` says), or cannot read them now (a timeout). Checked before a
+    /// taking, which fences the previous owner's connection off (a blocklist entry that
+    /// lasts 30 days, and a new map for every OSD and client): a damaged pool tried again
+    /// every 30 s would otherwise add thousands of entries a day, each for an opening that
+    /// fails.
+    fn openable_records(cluster: &Arc<Cluster>, name: &str, placement: &Placement) -> Result<(), String> {
+        let pool = Cluster::shared_pool(cluster, &placement.rados_pool).map_err(|e| e.to_string())?;
+        // Read only: the epoch is never written.
+        let records = MetaStore::on(RadosMeta::new(pool, &Placement::meta_object(name), 0));
+        let not_taken =
+            "it is not taken until they are put right (each taking would fence a connection off for nothing)";
+        let config = Pool::recorded_config(&records)
+            .map_err(|e| format!("the records of pool {name} cannot be read: {e}; {not_taken}"))?;
+        let path = placement.disk_path(name);
+        if config.disks.iter().any(|d| d.path == path) {
+            Ok(())
+        } else {
+            Err(format!(
+                "the records of pool {name} name no disk {path} (they name {}): they are another pool's, or damaged; {not_taken}",
+                config.disks.iter().map(|d| d.path.as_str()).collect::<Vec<_>>().join(", ")
+            ))
+        }
+    }
+
     /// The certificates `[gateway]` names for TLS to etcd, read.
     fn etcd_tls(files: &crate::config::EtcdTlsFiles) -> Result<tessera_ownership::EtcdTls, String> {
         let read = |field: &str, path: &Path| {
@@ -755,6 +781,9 @@ mod real {
                     "the cluster holds no pool {name} in RADOS pool '{}' (destroyed at another gateway, or never made there): 'tessera pool export {name}' forgets it here",
                     placement.rados_pool
                 ));
+            }
+            if made {
+                openable_records(&cluster, name, placement)?;
             }
             // Whom the pool's metadata says its last owner wrote from: fenced off too, should
             // etcd have lost the fence record (restored from an older snapshot, keys deleted).
