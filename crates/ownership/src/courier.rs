@@ -10,9 +10,12 @@
 //!   runs once, at one gateway, however many look.
 //! - The answer is `<prefix>/answer/<what>/<id>`, on the asker's lease too. The asker makes
 //!   that key empty before it asks and watches it from then on, so that no answer comes
-//!   unseen, and deletes both keys once answered or given up. The owner answers only into
-//!   the empty key (a transaction that checks it is there), so that an answer to an ask
-//!   given up leaves nothing behind. An answer is never empty.
+//!   unseen, and deletes both keys once answered or given up. The owner takes an ask only
+//!   while that key is there (its asker waits), and answers only into it, so that an ask
+//!   given up is not run and an answer to it leaves nothing behind. An answer is never empty.
+//! - An asker that waited in vain takes its ask back; if the owner took it already, the
+//!   command runs there, and the answer is waited for as long again rather than the host
+//!   told to try again a command that is being applied.
 //!
 //! - A notice is `<prefix>/notice/<what>/<id>`, on the telling gateway's lease, for every
 //!   other gateway watching: the owner tells the standby gateways of unit attentions its
@@ -76,8 +79,12 @@ impl Courier {
     }
 
     /// Asks the owner of `what` to run `request`, and waits up to `wait` for its answer:
-    /// None when none came (no owner, or one that stalled). The ask is taken back either
-    /// way, so that an owner that comes later does not run it.
+    /// None when none came (no owner, or one that stalled), and the request will not run.
+    /// An ask still waiting to be taken then is taken back, so that an owner that comes later
+    /// does not run it; one the owner took already is running there, and its answer is
+    /// waited for as long again: told to try again while it still ran, the host would find
+    /// its command applied (a REGISTER sent again meets a RESERVATION CONFLICT). Nothing of
+    /// the ask stays in etcd, however it ends.
     pub async fn ask(&self, what: &str, request: &[u8], wait: Duration) -> Result<Option<Vec<u8>>> {
         let id = format!(
             "{}.{:x}.{}",
@@ -87,48 +94,48 @@ impl Courier {
         );
         let (ask, answer) = (self.key("ask", what, &id), self.key("answer", what, &id));
         let mut client = self.client.clone();
+        let answered = self.ask_and_wait(&mut client, &ask, &answer, request, wait).await;
+        let gone = Txn::new().and_then([TxnOp::delete(ask.as_str(), None), TxnOp::delete(answer.as_str(), None)]);
+        let cleared = client.txn(gone).await;
+        let answered = answered?;
+        cleared?;
+        Ok(answered)
+    }
+
+    async fn ask_and_wait(
+        &self,
+        client: &mut Client,
+        ask: &str,
+        answer: &str,
+        request: &[u8],
+        wait: Duration,
+    ) -> Result<Option<Vec<u8>>> {
         let lease = || Some(PutOptions::new().with_lease(self.lease));
-        let placed = client.put(answer.as_str(), Vec::new(), lease()).await?;
+        // The answer's key first: an owner takes only an ask whose asker still waits.
+        let placed = client.put(answer, Vec::new(), lease()).await?;
         let after = placed.header().map(|h| h.revision() + 1).unwrap_or(0);
         let (_watcher, mut events) = client
-            .watch(answer.as_str(), Some(WatchOptions::new().with_start_revision(after)))
+            .watch(answer, Some(WatchOptions::new().with_start_revision(after)))
             .await?;
-        client.put(ask.as_str(), request, lease()).await?;
-        let answered = tokio::time::timeout(wait, async {
-            while let Ok(Some(r)) = events.message().await {
-                let put = r
-                    .events()
-                    .iter()
-                    .filter(|e| e.event_type() == EventType::Put)
-                    .filter_map(|e| e.kv())
-                    .find(|kv| !kv.value().is_empty());
-                if let Some(kv) = put {
-                    return Some(kv.value().to_vec());
-                }
-                if r.canceled() {
-                    break;
-                }
+        client.put(ask, request, lease()).await?;
+        if let Some(a) = answer_within(&mut events, wait).await {
+            return Ok(Some(a));
+        }
+        let withdrawn = client.delete(ask, None).await?.deleted() > 0;
+        if !withdrawn {
+            // Taken: it runs at the owner.
+            if let Some(a) = answer_within(&mut events, wait).await {
+                return Ok(Some(a));
             }
-            // The watch ended: the answer is looked for once more at the end.
-            tokio::time::sleep(wait).await;
-            None
-        })
-        .await
-        .ok()
-        .flatten();
-        let answered = match answered {
-            Some(a) => Some(a),
-            None => client
-                .get(answer.as_str(), None)
-                .await?
-                .kvs()
-                .first()
-                .filter(|kv| !kv.value().is_empty())
-                .map(|kv| kv.value().to_vec()),
-        };
-        client.delete(ask.as_str(), None).await?;
-        client.delete(answer.as_str(), None).await?;
-        Ok(answered)
+        }
+        // Looked for once more, should the watch have ended.
+        Ok(client
+            .get(answer, None)
+            .await?
+            .kvs()
+            .first()
+            .filter(|kv| !kv.value().is_empty())
+            .map(|kv| kv.value().to_vec()))
     }
 
     /// The asks waiting now for whatever `of` accepts (the things this gateway owns), oldest
@@ -161,8 +168,14 @@ impl Courier {
             if !of(what) {
                 continue;
             }
+            // Only while its asker waits (its answer's key is there): an ask whose asker gave
+            // up, and whose put reached etcd only after it had cleared its keys, is not run.
+            let answer = self.key("answer", what, id);
             let take = Txn::new()
-                .when([Compare::mod_revision(kv.key(), CompareOp::Equal, kv.mod_revision())])
+                .when([
+                    Compare::mod_revision(kv.key(), CompareOp::Equal, kv.mod_revision()),
+                    Compare::version(answer.as_str(), CompareOp::Greater, 0),
+                ])
                 .and_then([TxnOp::delete(kv.key(), None)]);
             if client.txn(take).await?.succeeded() {
                 taken.push(Ask {
@@ -171,6 +184,15 @@ impl Courier {
                     request: kv.value().to_vec(),
                     lease: kv.lease(),
                 });
+            } else {
+                // Such an orphan would stay as long as its gateway runs, looked at each time.
+                let orphan = Txn::new()
+                    .when([
+                        Compare::mod_revision(kv.key(), CompareOp::Equal, kv.mod_revision()),
+                        Compare::version(answer.as_str(), CompareOp::Equal, 0),
+                    ])
+                    .and_then([TxnOp::delete(kv.key(), None)]);
+                client.txn(orphan).await?;
             }
         }
         Ok(taken)
@@ -243,6 +265,33 @@ impl Courier {
             events,
         })
     }
+}
+
+/// The first answer (a put that is not empty) the watch of an answer's key tells within
+/// `wait`; None if none came, or the watch ended (then after `wait`, so that a caller does
+/// not look again at once).
+async fn answer_within(events: &mut etcd_client::WatchStream, wait: Duration) -> Option<Vec<u8>> {
+    tokio::time::timeout(wait, async {
+        while let Ok(Some(r)) = events.message().await {
+            let put = r
+                .events()
+                .iter()
+                .filter(|e| e.event_type() == EventType::Put)
+                .filter_map(|e| e.kv())
+                .find(|kv| !kv.value().is_empty());
+            if let Some(kv) = put {
+                return Some(kv.value().to_vec());
+            }
+            if r.canceled() {
+                break;
+            }
+        }
+        tokio::time::sleep(wait).await;
+        None
+    })
+    .await
+    .ok()
+    .flatten()
 }
 
 /// A watch of the asks ([`Courier::watch_asks`]).

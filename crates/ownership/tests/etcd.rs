@@ -479,6 +479,34 @@ async fn a_gateway_asks_the_owner_through_etcd_and_each_ask_runs_once() {
         "an answer outlived its ask"
     );
 
+    // Taken, and answered after the first wait (a commit held up by a slow OSD): the asker
+    // waits as long again, since the command runs at the owner. Until 2026-12-06 it gave up,
+    // and its host, told to try again, found its command applied.
+    let asking = tokio::spawn({
+        let b = b.clone();
+        async move { b.ask("pool.tank", b"held up", Duration::from_millis(500)).await }
+    });
+    let taken = taken_once_asked(&a, "pool.tank").await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(a.answer(&taken[0], b"held up done").await.unwrap(), "the asker gave up");
+    assert_eq!(asking.await.unwrap().unwrap().as_deref(), Some(&b"held up done"[..]));
+    // An ask whose asker no longer waits for it (its answer's key gone: a put that reached
+    // etcd after the asker gave up and cleared its keys) is not taken, and is removed.
+    let late = format!("{p}/ask/pool.tank/gw-b.{:x}.late", standby.lease());
+    let mut raw = etcd_client::Client::connect(&ep, None).await.unwrap();
+    let on_lease = etcd_client::PutOptions::new().with_lease(standby.lease());
+    raw.put(late.as_str(), "late", Some(on_lease)).await.unwrap();
+    assert!(
+        a.take_asks(|w| w == "pool.tank").await.unwrap().is_empty(),
+        "an ask nobody waits for was taken"
+    );
+    assert_eq!(keys_under(&ep, &format!("{p}/ask/")).await, 0, "the orphan ask stayed");
+    assert_eq!(
+        keys_under(&ep, &format!("{p}/answer/")).await,
+        0,
+        "an answer outlived its ask"
+    );
+
     // None of it woke the owner's follower of the ownership keys.
     assert!(told.try_recv().is_err(), "asks and answers woke the ticks");
 

@@ -564,7 +564,8 @@ mod real {
             self.rt.spawn(async move {
                 let _ = tx.send(courier.ask(&what, &request, wait).await);
             });
-            match rx.recv_timeout(wait + Duration::from_secs(5)) {
+            // Up to twice `wait`: an ask the owner took is waited for as long again.
+            match rx.recv_timeout(2 * wait + Duration::from_secs(5)) {
                 Ok(Ok(answer)) => answer,
                 Ok(Err(e)) => {
                     tracing::warn!(pool = %name, error = %e, "cannot ask the pool's owner through etcd");
@@ -983,6 +984,12 @@ mod real {
             Ok(disk)
         }
 
+        /// Whether the lease the pool was taken under surely holds still: past it, another
+        /// gateway may own the pool.
+        pub fn lease_holds(&self) -> bool {
+            self.lease_clock.holds()
+        }
+
         /// The first write the OSDs refused on a disk opened through this connection, or a
         /// change of the metadata whose outcome is not known, if any: no flush there can say
         /// "durable" again.
@@ -1229,6 +1236,9 @@ mod absent {
             match self.never {}
         }
         pub fn remove_objects(&self, _: &str, _: u64) -> Result<(), String> {
+            match self.never {}
+        }
+        pub fn lease_holds(&self) -> bool {
             match self.never {}
         }
         pub fn refused(&self) -> Option<String> {

@@ -687,13 +687,25 @@ impl Daemon {
             .collect()
     }
 
+    /// The pools on RADOS this gateway owns now under a lease that surely holds.
+    fn rados_pools_owned_under_lease(&self) -> Vec<String> {
+        self.rados
+            .lock()
+            .iter()
+            .filter(|(_, p)| p.owned.as_ref().is_some_and(|o| o.lease_holds()))
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+
     /// Runs the commands that standby ports of other gateways forwarded to the pools this
     /// gateway owns, and answers them (each once: taking one deletes it in etcd). A pool
     /// given up meanwhile answers through its LUNs' state (transitioning or standby), and
     /// the host tries again at the new owner.
     pub fn answer_asks(&self) {
         let Some(gw) = &self.gateway else { return };
-        let owned = self.rados_pools_owned();
+        // Only those whose lease surely holds: an owner that stalled past it, replaced, would
+        // answer from what it held before (its ticks have not given the pool up yet).
+        let owned = self.rados_pools_owned_under_lease();
         if owned.is_empty() {
             return;
         }
@@ -705,6 +717,12 @@ impl Daemon {
             }
         };
         for (name, ask) in asks {
+            // Checked again for each: one before it may have taken long. Not answered, the
+            // ask ran nowhere, and its host is told to try again.
+            if !self.rados_pools_owned_under_lease().contains(&name) {
+                debug!(pool = %name, "a forwarded command is not run: this gateway's lease on the pool may have lapsed");
+                continue;
+            }
             let admits = |lun: &tessera_scsi::Lun, initiator: &str| self.targets.admits(lun, initiator);
             let answer = crate::forwarding::run_forwarded(&self.targets.luns_of_pool(&name), &admits, &ask.request);
             match gw.answer(&ask, &answer) {
