@@ -250,6 +250,22 @@ mod real {
     /// command, `CLUSTER_TIMEOUT` at most) included.
     const MEMBERSHIP_AT_MOST: Duration = Duration::from_secs(45);
 
+    /// How long the owner's taking or answering of forwarded commands may take: a request
+    /// that went to an etcd member that stalls would otherwise hold every later command up
+    /// for as long as it stalls. A taking cut short leaves the asks it took unrun; an
+    /// answer cut short may still land, or not, and then the asker tells its host to try
+    /// again a command that ran (what a stalled etcd costs).
+    const COURIER_AT_MOST: Duration = Duration::from_secs(5);
+
+    async fn within_courier_time<T>(
+        f: impl std::future::Future<Output = tessera_ownership::Result<T>>,
+    ) -> Result<T, String> {
+        match tokio::time::timeout(COURIER_AT_MOST, f).await {
+            Ok(done) => done.map_err(|e| e.to_string()),
+            Err(_) => Err(format!("etcd did not answer within {} s", COURIER_AT_MOST.as_secs())),
+        }
+    }
+
     /// A connection to a pool's cluster made when first needed, and only once.
     #[derive(Default)]
     struct Link(Option<Arc<Cluster>>);
@@ -589,8 +605,7 @@ mod real {
             let keys: HashMap<String, &String> = owned.iter().map(|n| (owner_key(n), n)).collect();
             let asks = self
                 .rt
-                .block_on(courier.take_asks(|what| keys.contains_key(what)))
-                .map_err(|e| e.to_string())?;
+                .block_on(within_courier_time(courier.take_asks(|what| keys.contains_key(what))))?;
             Ok(asks.into_iter().map(|a| (keys[a.what.as_str()].clone(), a)).collect())
         }
 
@@ -598,7 +613,7 @@ mod real {
         /// longer waits.
         pub fn answer(&self, ask: &Ask, answer: &[u8]) -> Result<bool, String> {
             let courier = self.courier().ok_or_else(|| self.not_joined())?;
-            self.rt.block_on(courier.answer(ask, answer)).map_err(|e| e.to_string())
+            self.rt.block_on(within_courier_time(courier.answer(ask, answer)))
         }
 
         /// Tells the other gateways `notice` about pool `name` (owned here: the unit
