@@ -2972,6 +2972,88 @@ fn an_administrator_moves_a_pool_to_the_other_gateway_and_back() {
     remove_lun_vdisk_and_pool(&a, iqn, &vdisk, &pool);
 }
 
+/// A pool handed over while the cluster does not give its records (here its configuration
+/// record is damaged; in life the OSDs refuse or time out) keeps its LUN at the owner as a
+/// standby LUN made from what the owner served, not gone: hosts find a standby path, not a
+/// missing logical unit. Until 2026-12-06 the LUN was withdrawn until the records could be
+/// read. Nobody takes the pool meanwhile; once the records are put right, the gateway it
+/// was moved to takes it.
+#[test]
+fn a_pool_handed_over_while_its_records_cannot_be_read_keeps_its_lun_as_standby() {
+    use tessera_iscsi::initiator::{LoginConfig, Session};
+    let test = "a_pool_handed_over_while_its_records_cannot_be_read_keeps_its_lun_as_standby";
+    let Some((conf, etcd, _cluster)) = cluster(test) else {
+        return;
+    };
+    let iqn = "iqn.2026-12.io.tessera:unreadable";
+    let TwoGateways {
+        mut a,
+        b,
+        pool,
+        vdisk,
+        _dir,
+    } = two_gateways_presenting(&conf, &etcd, "ur", "ur", iqn);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let host = LoginConfig::new("iqn.2026-12.io.example:host", Some(iqn));
+    let path_a = rt.block_on(Session::login(&a.iscsi_portal(), &host)).unwrap();
+    until_done(&rt, &path_a, &write1(0), block(0, 1), 0, Duration::from_secs(10), &a);
+    let object = format!("tessera.{pool}.meta");
+    let key = "pool/636f6e666967";
+    let saved = _dir.path().join("config-record");
+    let saved = saved.to_str().unwrap();
+    let rados = |args: &[&str]| ok("rados", &[&["-c", &conf, "-p", RADOS_POOL][..], args].concat());
+    rados(&["getomapval", &object, key, saved]);
+    rados(&["setomapval", &object, key, "{not a configuration"]);
+    // B says it presents the pool's LUN once a tick has passed there.
+    let t0 = Instant::now();
+    loop {
+        let o = a.cli(&["pool", "move", &pool, "--to", "gw-b", "--no-wait"]);
+        if o.success {
+            break;
+        }
+        assert!(o.stderr.contains("presents no LUN"), "{}", o.stderr);
+        assert!(t0.elapsed() < Duration::from_secs(15), "{}", o.stderr);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Handed over at A's next tick: its port goes standby, and the LUN stays.
+    let t0 = Instant::now();
+    let mut answers = Vec::new();
+    while t0.elapsed() < Duration::from_secs(6) {
+        let r = rt.block_on(path_a.command(0, &read1(0), Vec::new(), 512)).unwrap();
+        let answer = sense_of(&r).unwrap_or((0, 0, 0));
+        if answers.last() != Some(&answer) {
+            answers.push(answer);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        answers
+            .iter()
+            .all(|a| matches!(a, (0, 0, 0) | (0x2, 0x04, 0x0A) | (0x2, 0x04, 0x0B) | (0x6, _, _))),
+        "A's path lost its LUN: {answers:x?}\n{}",
+        a.logs()
+    );
+    assert_eq!(
+        answers.last(),
+        Some(&(0x2, 0x04, 0x0B)),
+        "not handed over: {answers:x?}"
+    );
+    let p = pool_entry(&b, &pool);
+    assert_eq!(p["rados"]["here"], false, "{p}");
+    assert!(
+        p["problem"].as_str().is_some_and(|w| w.contains("cannot be read")),
+        "{p}"
+    );
+    rados(&["setomapval", &object, key, "--input-file", saved]);
+    until_served(&b, &pool, Duration::from_secs(30));
+    let path_b = rt.block_on(Session::login(&b.iscsi_portal(), &host)).unwrap();
+    let (r, _, _) = until_done(&rt, &path_b, &read1(0), Vec::new(), 512, Duration::from_secs(10), &b);
+    assert_eq!(r.data, block(0, 1));
+    drop((path_a, path_b));
+    a.stop();
+    remove_lun_vdisk_and_pool(&b, iqn, &vdisk, &pool);
+}
+
 /// An owner whose key etcd lost while its lease holds (deleted by hand, or etcd restored from
 /// an older snapshot): the other gateway takes the pool and fences it off; once a write of
 /// its own is refused, it gives the pool up and presents it as standby, owned there, rather

@@ -209,17 +209,24 @@ fn queue_unit_attention(q: &mut VecDeque<Sense>, s: Sense) {
 /// The IEEE company id in the NAA identifier: a locally administered value.
 const NAA_OUI: u32 = 0x00_1405;
 
+/// The NAA designator (VPD page 0x83) of the logical unit of `uid` ([`Lun::new`]).
+pub fn naa_of(uid: u128) -> [u8; 16] {
+    let mut naa = [0u8; 16];
+    // NAA 6: 4-bit NAA, 24-bit OUI, 36-bit vendor specific + 64-bit extension.
+    let v = uid.to_be_bytes();
+    naa[0] = 0x60 | ((NAA_OUI >> 20) & 0x0F) as u8;
+    naa[1] = (NAA_OUI >> 12) as u8;
+    naa[2] = (NAA_OUI >> 4) as u8;
+    naa[3] = ((NAA_OUI & 0x0F) << 4) as u8 | (v[4] & 0x0F);
+    naa[4..16].copy_from_slice(&v[4..16]);
+    naa
+}
+
 impl Lun {
     /// `uid` distinguishes vdisks across pools (a pool id with the vdisk id, say).
     pub fn new(backend: Arc<dyn BlockBackend>, uid: u128, read_only: bool) -> Lun {
-        let mut naa = [0u8; 16];
-        // NAA 6: 4-bit NAA, 24-bit OUI, 36-bit vendor specific + 64-bit extension.
+        let naa = naa_of(uid);
         let v = uid.to_be_bytes();
-        naa[0] = 0x60 | ((NAA_OUI >> 20) & 0x0F) as u8;
-        naa[1] = (NAA_OUI >> 12) as u8;
-        naa[2] = (NAA_OUI >> 4) as u8;
-        naa[3] = ((NAA_OUI & 0x0F) << 4) as u8 | (v[4] & 0x0F);
-        naa[4..16].copy_from_slice(&v[4..16]);
         let serial: String = v[8..16].iter().map(|b| format!("{b:02x}")).collect();
         Lun {
             backend,

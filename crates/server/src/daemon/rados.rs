@@ -584,6 +584,31 @@ impl Daemon {
             .ok()
     }
 
+    /// The standby units of pool `name`'s LUNs as this gateway serves them now (its engine's
+    /// vdisks, its LUNs' mode settings), for when the cluster does not give its records.
+    fn standby_units_as_served(&self, name: &str) -> Option<Vec<(String, StandbyUnit)>> {
+        let engine = self.pools.read().get(name).cloned()?;
+        let wanted = self.targets.vdisks_of_pool(name);
+        let luns = self.targets.luns_of_pool(name);
+        let pool = engine.pool().id().as_u128();
+        let units = engine
+            .vdisks()
+            .iter()
+            .map(|v| v.config())
+            .filter_map(|config| {
+                let full = format!("{name}/{}", config.name);
+                if !wanted.contains(&full) {
+                    return None;
+                }
+                let uid = crate::targets::lun_uid_of(pool, config.id);
+                let naa = tessera_scsi::naa_of(uid);
+                let mode = luns.iter().find(|l| *l.naa() == naa).map(|l| l.mode());
+                Some((full, StandbyUnit { uid, config, mode }))
+            })
+            .collect();
+        Some(units)
+    }
+
     /// Gives up pool `name`, owned here at `epoch`, as a handover and a reopening do: the
     /// pool's ports take the state given, standby LUNs take the real ones' places (each in
     /// one step, so that a host's path checker finds the LUN in standby or transitioning,
@@ -599,7 +624,10 @@ impl Daemon {
     ) -> (Option<Arc<Engine>>, Option<crate::rados_pools::Owned>) {
         let (state, owner) = g.access;
         g.ports.set(state, owner);
-        if let Some(units) = g.units {
+        // Records the cluster does not give now (the OSDs refuse or time out, most likely
+        // when a pool is opened again): the units as served here, rather than no LUN at all
+        // until they can be read.
+        if let Some(units) = g.units.or_else(|| self.standby_units_as_served(g.name)) {
             self.targets.present_standby(g.name, g.ports, &|vd| unit_of(&units, vd));
         }
         let engine = self.stop_serving(g.name, g.why);
