@@ -363,7 +363,14 @@ impl NoticesComing {
             kvs.into_iter().filter_map(|kv| self.others(kv)).collect()
         };
         self.seen = kept.header().map(|h| h.revision()).unwrap_or(self.seen);
-        self.watch_after_seen().await?;
+        let watched = self.watch_after_seen().await;
+        if got.is_empty() {
+            watched?;
+        } else if watched.is_err() {
+            // What was read is delivered all the same (`seen` is past it): the next call
+            // finds no watch, and its caller watches again after `seen`.
+            self.watch = None;
+        }
         Ok(got)
     }
 
