@@ -43,6 +43,9 @@ struct Shared {
     /// This run's lease: an owner of this name under another lease is an earlier run.
     lease: i64,
     lease_lost: AtomicBool,
+    /// A taking under way: its key may be put (and seen) before the previous owner is fenced
+    /// off, and this gateway must not report itself active until it is.
+    taking: AtomicBool,
     on_change: Option<OnChange>,
 }
 
@@ -54,6 +57,8 @@ impl Shared {
                 if self.lease_lost.load(Ordering::SeqCst) {
                     // What it owned may be another's by now: serve nothing.
                     AccessState::Unavailable
+                } else if self.taking.load(Ordering::SeqCst) {
+                    AccessState::Transitioning
                 } else {
                     AccessState::ActiveOptimized
                 }
@@ -134,6 +139,7 @@ impl VdiskPorts {
             me,
             lease,
             lease_lost: AtomicBool::new(false),
+            taking: AtomicBool::new(false),
             on_change,
         });
         let watcher = rt.block_on(follow(client, key, shared.clone(), gateway.clone()))?;
@@ -153,7 +159,8 @@ impl VdiskPorts {
     /// Takes the vdisk if nobody owns it, fencing the previous owner off first
     /// (`Gateway::take_fenced`).
     fn take(&self) -> Result<AccessState> {
-        let owner = self.rt.block_on(async {
+        self.shared.taking.store(true, Ordering::SeqCst);
+        let taken = self.rt.block_on(async {
             let mut g = self.gateway.lock().await;
             g.take_fenced(&self.vdisk, &self.fence_address, |previous| {
                 let fenced = if previous.is_empty() {
@@ -168,9 +175,14 @@ impl VdiskPorts {
                 }
             })
             .await
-        })?;
-        self.shared.set(Seen::Owned(owner));
-        Ok(self.shared.state())
+        });
+        // The state reported while it ran (transitioning, once the key was seen) is the
+        // one to tell a change from.
+        let before = self.shared.state();
+        self.shared.taking.store(false, Ordering::SeqCst);
+        let taken = taken.map(|owner| *self.shared.seen.lock().expect("not poisoned") = Seen::Owned(owner));
+        self.shared.changed(before);
+        taken.map(|()| self.shared.state())
     }
 
     /// The owner as last seen, if any.
@@ -189,48 +201,46 @@ impl Drop for VdiskPorts {
 }
 
 /// Reads the owner, then follows every change of the key (and the gateway's own lease) until
-/// aborted.
+/// aborted. A watch that ends (etcd restarted, a member died) leaves the state unknown
+/// (transitioning) until the owner is read and watched again, tried every `REWATCH`.
 async fn follow(
-    mut client: Client,
+    client: Client,
     key: String,
     shared: Arc<Shared>,
     gateway: Arc<tokio::sync::Mutex<Gateway>>,
 ) -> Result<JoinHandle<()>> {
-    // A key without a lease is nobody's (`Gateway::owner`): free, for a taking to delete.
-    let seen = |kv: Option<&etcd_client::KeyValue>| {
-        kv.filter(|kv| kv.lease() != 0)
-            .map(owner_of)
-            .map_or(Seen::Free, Seen::Owned)
-    };
-    let now = client.get(key.as_str(), None).await?;
-    shared.set(seen(now.kvs().first()));
-    let from = now.header().map(|h| h.revision() + 1).unwrap_or(0);
-    let (watcher, mut events) = client
-        .watch(
-            key.as_str(),
-            Some(etcd_client::WatchOptions::new().with_start_revision(from)),
-        )
-        .await?;
+    let first = watch_from_now(client.clone(), &key, &shared).await?;
     Ok(tokio::spawn(async move {
-        let _keep = watcher;
+        let mut watching = Some(first);
         let mut lease = tokio::time::interval(std::time::Duration::from_millis(200));
+        let mut rewatch = tokio::time::interval(REWATCH);
         loop {
             tokio::select! {
-                msg = events.message() => match msg {
+                msg = async {
+                    match watching.as_mut() {
+                        Some((_, events)) => events.message().await,
+                        None => std::future::pending().await,
+                    }
+                } => match msg {
                     Ok(Some(r)) => {
                         for e in r.events() {
                             match e.event_type() {
-                                EventType::Put => shared.set(seen(e.kv())),
+                                EventType::Put => shared.set(seen_in(e.kv())),
                                 EventType::Delete => shared.set(Seen::Free),
                             }
                         }
                     }
-                    // The watch ended: nothing this gateway believes about the owner holds.
+                    // The watch ended: nothing this gateway believes about the owner holds
+                    // until it has read it again.
                     _ => {
                         shared.set(Seen::Unknown);
-                        return;
+                        watching = None;
+                        rewatch.reset();
                     }
                 },
+                _ = rewatch.tick(), if watching.is_none() => {
+                    watching = watch_from_now(client.clone(), &key, &shared).await.ok();
+                }
                 _ = lease.tick() => {
                     if !gateway.lock().await.alive() {
                         shared.lose_lease();
@@ -239,6 +249,31 @@ async fn follow(
             }
         }
     }))
+}
+
+/// How soon a watch of the owner that ended is made again.
+const REWATCH: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// The owner a key's value names; a key without a lease is nobody's (`Gateway::owner`): free,
+/// for a taking to delete.
+fn seen_in(kv: Option<&etcd_client::KeyValue>) -> Seen {
+    kv.filter(|kv| kv.lease() != 0)
+        .map(owner_of)
+        .map_or(Seen::Free, Seen::Owned)
+}
+
+/// Reads the owner of `key` into `shared`, and watches the key from just after that read.
+async fn watch_from_now(
+    mut client: Client,
+    key: &str,
+    shared: &Shared,
+) -> Result<(etcd_client::Watcher, etcd_client::WatchStream)> {
+    let now = client.get(key, None).await?;
+    shared.set(seen_in(now.kvs().first()));
+    let from = now.header().map(|h| h.revision() + 1).unwrap_or(0);
+    Ok(client
+        .watch(key, Some(etcd_client::WatchOptions::new().with_start_revision(from)))
+        .await?)
 }
 
 impl PortGroups for VdiskPorts {

@@ -20,6 +20,8 @@ struct Side {
     ports: VdiskPorts,
     fenced: Arc<Mutex<Vec<Option<String>>>>,
     changes: Arc<AtomicUsize>,
+    /// Each state this gateway was told of, with how many fencings had ended then.
+    told: Arc<Mutex<Vec<(AccessState, usize)>>>,
 }
 
 fn side(rt: &tokio::runtime::Runtime, ep: &[String], prefix: &str, name: &str, ttl: i64) -> Side {
@@ -28,19 +30,23 @@ fn side(rt: &tokio::runtime::Runtime, ep: &[String], prefix: &str, name: &str, t
     ));
     let fenced = Arc::new(Mutex::new(Vec::new()));
     let changes = Arc::new(AtomicUsize::new(0));
-    let (f, c) = (fenced.clone(), changes.clone());
+    let told = Arc::new(Mutex::new(Vec::new()));
+    let (f, c, t, ended) = (fenced.clone(), changes.clone(), told.clone(), fenced.clone());
     let ports = VdiskPorts::start(
         rt.handle().clone(),
         gateway.clone(),
         vec!["gw-a".into(), "gw-b".into()],
         "pool/v",
         &format!("address-of-{name}"),
+        // A fencing takes a while (a monitor command): the key is put, and seen, before it ends.
         Box::new(move |previous| {
+            std::thread::sleep(Duration::from_millis(300));
             f.lock().unwrap().push(previous.map(String::from));
             true
         }),
-        Some(Box::new(move |_| {
+        Some(Box::new(move |state| {
             c.fetch_add(1, Ordering::SeqCst);
+            t.lock().unwrap().push((state, ended.lock().unwrap().len()));
         })),
     )
     .unwrap();
@@ -49,6 +55,7 @@ fn side(rt: &tokio::runtime::Runtime, ep: &[String], prefix: &str, name: &str, t
         ports,
         fenced,
         changes,
+        told,
     }
 }
 
@@ -83,6 +90,14 @@ fn the_owner_is_active_a_live_owner_keeps_its_vdisk_and_a_dead_ones_is_taken_fen
         vec![None],
         "the first owner has nobody to fence"
     );
+    // Never active before the fencing ended: transitioning while its key was there and the
+    // fencing ran. (Until 2026-12-06 the watch made it active as soon as the key was put.)
+    let told = a.told.lock().unwrap().clone();
+    assert!(
+        !told.contains(&(AccessState::ActiveOptimized, 0)),
+        "A was active before it had fenced: {told:?}"
+    );
+    assert_eq!(told.last(), Some(&(AccessState::ActiveOptimized, 1)), "{told:?}");
     // A gives the vdisk up and takes it again: the address on record is its own, which it
     // does not fence off.
     let first = a.ports.owner().unwrap();
@@ -164,4 +179,57 @@ fn the_owner_is_active_a_live_owner_keeps_its_vdisk_and_a_dead_ones_is_taken_fen
         }
     };
     rt.block_on(g.leave()).unwrap();
+}
+
+/// A watch of the owner that ends (etcd restarted) is made again: the owner, transitioning
+/// while it knows nothing, reports itself active again once it has read its key anew.
+/// Until 2026-12-06 the watch was not made again, and the port stayed transitioning for
+/// good: the vdisk was served nowhere while its owner's lease held.
+#[test]
+fn the_owner_is_followed_again_after_etcd_restarts() {
+    use tessera_ownership::EtcdUser;
+    use tessera_test_support::password_etcd::PasswordEtcd;
+    let t = "the_owner_is_followed_again_after_etcd_restarts";
+    let mut etcd = match PasswordEtcd::start(300) {
+        Ok(e) => e,
+        Err(why) => {
+            tessera_disk::skip(t, &why);
+            return;
+        }
+    };
+    let ep = vec![etcd.endpoint.clone()];
+    etcd.user_for_prefix("gw-a", "gw-a-password", "/tessera/").unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let user = EtcdUser::new("gw-a", "gw-a-password");
+    let gateway = Arc::new(tokio::sync::Mutex::new(
+        rt.block_on(Gateway::join_as(&ep, None, Some(&user), "/tessera", "gw-a", 10))
+            .unwrap(),
+    ));
+    let told = Arc::new(Mutex::new(Vec::new()));
+    let t2 = told.clone();
+    let ports = VdiskPorts::start(
+        rt.handle().clone(),
+        gateway.clone(),
+        vec!["gw-a".into(), "gw-b".into()],
+        "pool/v",
+        "address-of-gw-a",
+        Box::new(|_| true),
+        Some(Box::new(move |state| t2.lock().unwrap().push(state))),
+    )
+    .unwrap();
+    assert_eq!(ports.request_access(), AccessState::ActiveOptimized);
+    told.lock().unwrap().clear();
+    etcd.restart().unwrap();
+    let restarted = Instant::now();
+    assert!(
+        eventually(Duration::from_secs(20), || {
+            let told = told.lock().unwrap();
+            told.contains(&AccessState::Transitioning) && told.last() == Some(&AccessState::ActiveOptimized)
+        }),
+        "the owner did not follow its key again: told {:?}, now {:?}",
+        told.lock().unwrap(),
+        ports.local_state()
+    );
+    eprintln!("{t}: active again {:?} after the restart", restarted.elapsed());
+    assert_eq!(ports.owner().map(|o| o.gateway).as_deref(), Some("gw-a"));
 }
