@@ -3038,6 +3038,9 @@ fn a_pool_handed_over_while_its_records_cannot_be_read_keeps_its_lun_as_standby(
         Some(&(0x2, 0x04, 0x0B)),
         "not handed over: {answers:x?}"
     );
+    // The host is told the unit changed under it (POWER ON OCCURRED, as at a new owner),
+    // which stands for the unit attentions the real LUN had queued.
+    assert!(answers.contains(&(0x6, 0x29, 0x00)), "{answers:x?}");
     let p = pool_entry(&b, &pool);
     assert_eq!(p["rados"]["here"], false, "{p}");
     assert!(

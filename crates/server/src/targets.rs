@@ -501,7 +501,16 @@ impl Targets {
                 let u = unit(vd)?;
                 match self.presented(&configs, vd) {
                     Some(l) if refresh_standby(&l, &u) => Some(l),
-                    _ => Some(Arc::new(standby_lun(&u, ports.clone()))),
+                    // In a real LUN's place (the pool handed over, or opened again): its hosts
+                    // find at their next command that the unit changed under them, as at a new
+                    // owner. It stands for the unit attentions the real LUN had queued (a
+                    // REGISTRATIONS PREEMPTED), which go with it, and has them read the
+                    // reservations and the port states again.
+                    Some(_) => Some(Arc::new(
+                        standby_lun(&u, ports.clone())
+                            .with_first_contact_attention(tessera_scsi::sense::POWER_ON_OCCURRED),
+                    )),
+                    None => Some(Arc::new(standby_lun(&u, ports.clone()))),
                 }
             });
             match standby {
