@@ -3015,15 +3015,25 @@ fn a_pool_handed_over_while_its_records_cannot_be_read_keeps_its_lun_as_standby(
         assert!(t0.elapsed() < Duration::from_secs(15), "{}", o.stderr);
         std::thread::sleep(Duration::from_millis(200));
     }
-    // Handed over at A's next tick: its port goes standby, and the LUN stays.
+    // Handed over at A's next tick: its port goes standby, and the LUN stays (looked at for
+    // 2 s more once standby).
     let t0 = Instant::now();
     let mut answers = Vec::new();
-    while t0.elapsed() < Duration::from_secs(6) {
+    let mut standby_since = None;
+    while standby_since.is_none_or(|t: Instant| t.elapsed() < Duration::from_secs(2)) {
         let r = rt.block_on(path_a.command(0, &read1(0), Vec::new(), 512)).unwrap();
         let answer = sense_of(&r).unwrap_or((0, 0, 0));
         if answers.last() != Some(&answer) {
             answers.push(answer);
         }
+        if answer == (0x2, 0x04, 0x0B) {
+            standby_since.get_or_insert_with(Instant::now);
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "not handed over: {answers:x?}\n{}",
+            a.logs()
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(

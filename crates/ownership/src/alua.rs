@@ -10,7 +10,7 @@
 //! bounce between them; the cost is that a host cut off from a live owner waits for an
 //! administrator to move the vdisk (`Gateway::release` on the owner).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use etcd_client::{Client, EventType};
@@ -45,7 +45,7 @@ struct Shared {
     lease_lost: AtomicBool,
     /// A taking under way: its key may be put (and seen) before the previous owner is fenced
     /// off, and this gateway must not report itself active until it is.
-    taking: AtomicBool,
+    taking: AtomicUsize,
     on_change: Option<OnChange>,
 }
 
@@ -57,7 +57,7 @@ impl Shared {
                 if self.lease_lost.load(Ordering::SeqCst) {
                     // What it owned may be another's by now: serve nothing.
                     AccessState::Unavailable
-                } else if self.taking.load(Ordering::SeqCst) {
+                } else if self.taking.load(Ordering::SeqCst) > 0 {
                     AccessState::Transitioning
                 } else {
                     AccessState::ActiveOptimized
@@ -139,7 +139,7 @@ impl VdiskPorts {
             me,
             lease,
             lease_lost: AtomicBool::new(false),
-            taking: AtomicBool::new(false),
+            taking: AtomicUsize::new(0),
             on_change,
         });
         let watcher = rt.block_on(follow(client, key, shared.clone(), gateway.clone()))?;
@@ -159,7 +159,9 @@ impl VdiskPorts {
     /// Takes the vdisk if nobody owns it, fencing the previous owner off first
     /// (`Gateway::take_fenced`).
     fn take(&self) -> Result<AccessState> {
-        self.shared.taking.store(true, Ordering::SeqCst);
+        // Counted: two commands may take at once, and one failing must not make the
+        // other's key look fenced.
+        self.shared.taking.fetch_add(1, Ordering::SeqCst);
         let taken = self.rt.block_on(async {
             let mut g = self.gateway.lock().await;
             g.take_fenced(&self.vdisk, &self.fence_address, |previous| {
@@ -179,8 +181,21 @@ impl VdiskPorts {
         // The state reported while it ran (transitioning, once the key was seen) is the
         // one to tell a change from.
         let before = self.shared.state();
-        self.shared.taking.store(false, Ordering::SeqCst);
-        let taken = taken.map(|owner| *self.shared.seen.lock().expect("not poisoned") = Seen::Owned(owner));
+        self.shared.taking.fetch_sub(1, Ordering::SeqCst);
+        {
+            let mut seen = self.shared.seen.lock().expect("not poisoned");
+            match &taken {
+                Ok(owner) => *seen = Seen::Owned(owner.clone()),
+                // Failed, the key it put was given back: not this gateway's, whatever the
+                // watch saw of it meanwhile (what it sees of another's since stands).
+                Err(_) => {
+                    if matches!(&*seen, Seen::Owned(o) if o.gateway == self.shared.me && o.lease == self.shared.lease) {
+                        *seen = Seen::Free;
+                    }
+                }
+            }
+        }
+        let taken = taken.map(|_| ());
         self.shared.changed(before);
         taken.map(|()| self.shared.state())
     }
@@ -222,7 +237,7 @@ async fn follow(
                         None => std::future::pending().await,
                     }
                 } => match msg {
-                    Ok(Some(r)) => {
+                    Ok(Some(r)) if !r.canceled() => {
                         for e in r.events() {
                             match e.event_type() {
                                 EventType::Put => shared.set(seen_in(e.kv())),

@@ -3,16 +3,18 @@
 //! (the persistent reservation commands a standby port receives: the owner holds the
 //! reservations and enforces them).
 //!
-//! - An ask is `<prefix>/ask/<what>/<id>`, on the asking gateway's lease, so that it goes with
-//!   the gateway; `<id>` names the gateway, its lease and a sequence number, unique across
-//!   runs.
+//! - An ask is `<prefix>/ask/<what>/<id>`, on a lease of its own that lasts both of its
+//!   asker's waits and a little more ([`ask_lifetime`]), so that it goes when its asker stops
+//!   waiting, whatever became of the asker or of etcd meanwhile; `<id>` names the gateway,
+//!   its lease and a sequence number, unique across runs.
 //! - The owner takes an ask by deleting it in a transaction guarded by its revision: each ask
 //!   runs once, at one gateway, however many look.
-//! - The answer is `<prefix>/answer/<what>/<id>`, on the asker's lease too. The asker makes
+//! - The answer is `<prefix>/answer/<what>/<id>`, on the ask's lease too. The asker makes
 //!   that key empty before it asks and watches it from then on, so that no answer comes
-//!   unseen, and deletes both keys once answered or given up. The owner takes an ask only
-//!   while that key is there (its asker waits), and answers only into it, so that an ask
-//!   given up is not run and an answer to it leaves nothing behind. An answer is never empty.
+//!   unseen, and revokes the lease (both keys go) once answered or given up. The owner takes
+//!   an ask only while that key is there (its asker waits), and answers only into it, so
+//!   that an ask given up is not run and an answer to it leaves nothing behind. An answer
+//!   is never empty.
 //! - An asker that waited in vain takes its ask back; if the owner took it already, the
 //!   command runs there, and the answer is waited for as long again rather than the host
 //!   told to try again a command that is being applied.
@@ -83,8 +85,12 @@ impl Courier {
     /// An ask still waiting to be taken then is taken back, so that an owner that comes later
     /// does not run it; one the owner took already is running there, and its answer is
     /// waited for as long again: told to try again while it still ran, the host would find
-    /// its command applied (a REGISTER sent again meets a RESERVATION CONFLICT). Nothing of
-    /// the ask stays in etcd, however it ends.
+    /// its command applied (a REGISTER sent again meets a RESERVATION CONFLICT).
+    ///
+    /// The ask's keys live on a lease of their own, of [`ask_lifetime`]: nothing of the ask
+    /// outlives it, however it ends (etcd gone when it is taken back, this task dropped),
+    /// so that no owner runs it after its asker stopped waiting. Returns within
+    /// [`ASKING_AT_MOST`] more than the lifetime.
     pub async fn ask(&self, what: &str, request: &[u8], wait: Duration) -> Result<Option<Vec<u8>>> {
         let id = format!(
             "{}.{:x}.{}",
@@ -94,48 +100,25 @@ impl Courier {
         );
         let (ask, answer) = (self.key("ask", what, &id), self.key("answer", what, &id));
         let mut client = self.client.clone();
-        let answered = self.ask_and_wait(&mut client, &ask, &answer, request, wait).await;
-        let gone = Txn::new().and_then([TxnOp::delete(ask.as_str(), None), TxnOp::delete(answer.as_str(), None)]);
-        let cleared = client.txn(gone).await;
-        let answered = answered?;
-        cleared?;
-        Ok(answered)
-    }
-
-    async fn ask_and_wait(
-        &self,
-        client: &mut Client,
-        ask: &str,
-        answer: &str,
-        request: &[u8],
-        wait: Duration,
-    ) -> Result<Option<Vec<u8>>> {
-        let lease = || Some(PutOptions::new().with_lease(self.lease));
-        // The answer's key first: an owner takes only an ask whose asker still waits.
-        let placed = client.put(answer, Vec::new(), lease()).await?;
-        let after = placed.header().map(|h| h.revision() + 1).unwrap_or(0);
-        let (_watcher, mut events) = client
-            .watch(answer, Some(WatchOptions::new().with_start_revision(after)))
-            .await?;
-        client.put(ask, request, lease()).await?;
-        if let Some(a) = answer_within(&mut events, wait).await {
-            return Ok(Some(a));
-        }
-        let withdrawn = client.delete(ask, None).await?.deleted() > 0;
-        if !withdrawn {
-            // Taken: it runs at the owner.
-            if let Some(a) = answer_within(&mut events, wait).await {
-                return Ok(Some(a));
+        let ttl = ask_lifetime(wait).as_secs() as i64;
+        let lease = match tokio::time::timeout(ASKING_AT_MOST, client.lease_grant(ttl, None)).await {
+            Ok(granted) => granted?.id(),
+            Err(_) => {
+                return Err(crate::OwnershipError::new(format!(
+                    "etcd did not grant the ask a lease within {} s",
+                    ASKING_AT_MOST.as_secs()
+                )))
             }
-        }
-        // Looked for once more, should the watch have ended.
-        Ok(client
-            .get(answer, None)
-            .await?
-            .kvs()
-            .first()
-            .filter(|kv| !kv.value().is_empty())
-            .map(|kv| kv.value().to_vec()))
+        };
+        let answered = tokio::time::timeout(
+            ask_lifetime(wait),
+            ask_and_wait(&mut client, lease, &ask, &answer, request, wait),
+        )
+        .await
+        .unwrap_or(Ok(None));
+        // Both keys go with it; should etcd not answer, they go when it lapses.
+        let _ = tokio::time::timeout(ASKING_AT_MOST, client.lease_revoke(lease)).await;
+        answered
     }
 
     /// The asks waiting now for whatever `of` accepts (the things this gateway owns), oldest
@@ -192,7 +175,8 @@ impl Courier {
                         Compare::version(answer.as_str(), CompareOp::Equal, 0),
                     ])
                     .and_then([TxnOp::delete(kv.key(), None)]);
-                client.txn(orphan).await?;
+                // Best effort: the asks taken so far are returned whatever becomes of it.
+                let _ = client.txn(orphan).await;
             }
         }
         Ok(taken)
@@ -267,31 +251,80 @@ impl Courier {
     }
 }
 
-/// The first answer (a put that is not empty) the watch of an answer's key tells within
-/// `wait`; None if none came, or the watch ended (then after `wait`, so that a caller does
-/// not look again at once).
-async fn answer_within(events: &mut etcd_client::WatchStream, wait: Duration) -> Option<Vec<u8>> {
-    tokio::time::timeout(wait, async {
-        while let Ok(Some(r)) = events.message().await {
-            let put = r
-                .events()
-                .iter()
-                .filter(|e| e.event_type() == EventType::Put)
-                .filter_map(|e| e.kv())
-                .find(|kv| !kv.value().is_empty());
-            if let Some(kv) = put {
-                return Some(kv.value().to_vec());
+/// How long the keys of an ask with a wait of `wait` live: both waits, and a few seconds for
+/// the steps between them.
+pub fn ask_lifetime(wait: Duration) -> Duration {
+    2 * wait + Duration::from_secs(3)
+}
+
+/// How long granting an ask's lease, or revoking it, may take.
+pub const ASKING_AT_MOST: Duration = Duration::from_secs(2);
+
+async fn ask_and_wait(
+    client: &mut Client,
+    lease: i64,
+    ask: &str,
+    answer: &str,
+    request: &[u8],
+    wait: Duration,
+) -> Result<Option<Vec<u8>>> {
+    let on_lease = || Some(PutOptions::new().with_lease(lease));
+    // The answer's key first: an owner takes only an ask whose asker still waits.
+    let placed = client.put(answer, Vec::new(), on_lease()).await?;
+    let after = placed.header().map(|h| h.revision() + 1).unwrap_or(0);
+    let (_watcher, events) = client
+        .watch(answer, Some(WatchOptions::new().with_start_revision(after)))
+        .await?;
+    let mut events = Some(events);
+    client.put(ask, request, on_lease()).await?;
+    if let Some(a) = answer_within(client, answer, &mut events, wait).await? {
+        return Ok(Some(a));
+    }
+    let withdrawn = client.delete(ask, None).await?.deleted() > 0;
+    if withdrawn {
+        return Ok(None);
+    }
+    // Taken: it runs at the owner.
+    answer_within(client, answer, &mut events, wait).await
+}
+
+/// The first answer (a put that is not empty) to the ask whose answer's key is `answer`
+/// within `wait`, as its watch `events` tells; once that watch has ended (and then
+/// `events` is None), as the key read every 200 ms tells.
+async fn answer_within(
+    client: &mut Client,
+    answer: &str,
+    events: &mut Option<etcd_client::WatchStream>,
+    wait: Duration,
+) -> Result<Option<Vec<u8>>> {
+    let until = tokio::time::Instant::now() + wait;
+    while let Some(stream) = events.as_mut() {
+        match tokio::time::timeout_at(until, stream.message()).await {
+            Err(_) => return Ok(None),
+            Ok(Ok(Some(r))) if !r.canceled() => {
+                let put = r
+                    .events()
+                    .iter()
+                    .filter(|e| e.event_type() == EventType::Put)
+                    .filter_map(|e| e.kv())
+                    .find(|kv| !kv.value().is_empty());
+                if let Some(kv) = put {
+                    return Ok(Some(kv.value().to_vec()));
+                }
             }
-            if r.canceled() {
-                break;
-            }
+            _ => *events = None,
         }
-        tokio::time::sleep(wait).await;
-        None
-    })
-    .await
-    .ok()
-    .flatten()
+    }
+    loop {
+        let now = client.get(answer, None).await?;
+        if let Some(kv) = now.kvs().first().filter(|kv| !kv.value().is_empty()) {
+            return Ok(Some(kv.value().to_vec()));
+        }
+        if tokio::time::Instant::now() >= until {
+            return Ok(None);
+        }
+        tokio::time::sleep_until(until.min(tokio::time::Instant::now() + Duration::from_millis(200))).await;
+    }
 }
 
 /// A watch of the asks ([`Courier::watch_asks`]).

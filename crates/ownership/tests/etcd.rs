@@ -484,10 +484,11 @@ async fn a_gateway_asks_the_owner_through_etcd_and_each_ask_runs_once() {
     // and its host, told to try again, found its command applied.
     let asking = tokio::spawn({
         let b = b.clone();
-        async move { b.ask("pool.tank", b"held up", Duration::from_millis(500)).await }
+        async move { b.ask("pool.tank", b"held up", Duration::from_secs(2)).await }
     });
     let taken = taken_once_asked(&a, "pool.tank").await;
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    // Past the first wait, well within the second (a second either way, for a loaded etcd).
+    tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(a.answer(&taken[0], b"held up done").await.unwrap(), "the asker gave up");
     assert_eq!(asking.await.unwrap().unwrap().as_deref(), Some(&b"held up done"[..]));
     // An ask whose asker no longer waits for it (its answer's key gone: a put that reached
@@ -510,18 +511,27 @@ async fn a_gateway_asks_the_owner_through_etcd_and_each_ask_runs_once() {
     // None of it woke the owner's follower of the ownership keys.
     assert!(told.try_recv().is_err(), "asks and answers woke the ticks");
 
-    // An ask goes with its gateway: put, then the gateway leaves before anyone takes it.
+    // An ask goes once its asker stops waiting, whatever became of the asker: here its
+    // task ends (its gateway died) before anyone takes it, and nothing cleans up after it.
+    let wait = Duration::from_secs(1);
     let asking = tokio::spawn({
         let b = b.clone();
-        async move { b.ask("pool.tank", b"orphan", Duration::from_secs(30)).await }
+        async move { b.ask("pool.tank", b"orphan", wait).await }
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    standby.leave().await.unwrap();
+    asking.abort();
+    assert_eq!(keys_under(&ep, &format!("{p}/ask/")).await, 1, "the ask was not made");
+    tokio::time::sleep(tessera_ownership::courier::ask_lifetime(wait) + Duration::from_secs(2)).await;
     assert!(
         a.take_asks(|w| w == "pool.tank").await.unwrap().is_empty(),
-        "an ask outlived its gateway's lease"
+        "an ask outlived its asker's waits"
     );
-    asking.abort();
+    assert_eq!(
+        keys_under(&ep, &format!("{p}/answer/")).await,
+        0,
+        "an answer outlived its ask"
+    );
+    standby.leave().await.unwrap();
     owner.leave().await.unwrap();
     other.leave().await.unwrap();
 }

@@ -99,6 +99,36 @@ impl OwnerForwarding for PoolForwarding {
     }
 }
 
+/// How long after an owner took a forwarded command it may still start running it: its
+/// asker waits `OWNER_ANSWERS_WITHIN` at least after the taking, and the answer may take 5 s
+/// to reach etcd. One taken earlier (others before it ran long) is answered with
+/// [`not_run`] instead, so that it never runs after its host was told to try again.
+pub const RUN_TAKEN_WITHIN: Duration = Duration::from_secs(4);
+
+/// What an owner answers for a forwarded command it did not run (its lease may have lapsed,
+/// the pool was given up, it was taken too long ago): an ALUA transition, which the host
+/// retries, at once rather than after its asker's waits.
+pub fn not_run() -> Vec<u8> {
+    check(sense::ALUA_TRANSITION)
+}
+
+fn answer(r: Response) -> Vec<u8> {
+    serde_json::to_vec(&Answered {
+        status: r.status,
+        sense: r.sense,
+        data: r.data.to_vec(),
+    })
+    .expect("plain data")
+}
+
+fn check(s: sense::Sense) -> Vec<u8> {
+    answer(Response {
+        status: sense::CHECK_CONDITION,
+        data: Data::default(),
+        sense: s.encode(false),
+    })
+}
+
 /// Runs at the owner a command that a standby port of one of `luns` (the LUNs presented
 /// here of the pool asked) forwarded, and says what to answer. A request that cannot be read
 /// is answered with INTERNAL TARGET FAILURE; a logical unit not presented here (the owner's
@@ -106,21 +136,6 @@ impl OwnerForwarding for PoolForwarding {
 /// targets here do not admit the initiator (`admits`: their ACLs) with LOGICAL UNIT NOT
 /// SUPPORTED, as a target answers for a logical unit it does not present to that initiator.
 pub fn run_forwarded(luns: &[Arc<Lun>], admits: &dyn Fn(&Lun, &str) -> bool, request: &[u8]) -> Vec<u8> {
-    let answer = |r: Response| {
-        serde_json::to_vec(&Answered {
-            status: r.status,
-            sense: r.sense,
-            data: r.data.to_vec(),
-        })
-        .expect("plain data")
-    };
-    let check = |s: sense::Sense| {
-        answer(Response {
-            status: sense::CHECK_CONDITION,
-            data: Data::default(),
-            sense: s.encode(false),
-        })
-    };
     let f = match serde_json::from_slice::<Forwarded>(request) {
         Ok(f) if f.data.len() <= MAX_DATA && tessera_scsi::is_iscsi_name(&f.initiator) => f,
         _ => {

@@ -580,8 +580,11 @@ mod real {
             self.rt.spawn(async move {
                 let _ = tx.send(courier.ask(&what, &request, wait).await);
             });
-            // Up to twice `wait`: an ask the owner took is waited for as long again.
-            match rx.recv_timeout(2 * wait + Duration::from_secs(5)) {
+            // An ask the owner took is waited for as long again; past its lifetime and the
+            // steps around it, its keys are gone, and no owner runs it any more.
+            let at_most =
+                tessera_ownership::courier::ask_lifetime(wait) + 2 * tessera_ownership::courier::ASKING_AT_MOST;
+            match rx.recv_timeout(at_most + Duration::from_secs(1)) {
                 Ok(Ok(answer)) => answer,
                 Ok(Err(e)) => {
                     tracing::warn!(pool = %name, error = %e, "cannot ask the pool's owner through etcd");

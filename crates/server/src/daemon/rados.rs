@@ -726,9 +726,9 @@ impl Daemon {
     }
 
     /// Runs the commands that standby ports of other gateways forwarded to the pools this
-    /// gateway owns, and answers them (each once: taking one deletes it in etcd). A pool
-    /// given up meanwhile answers through its LUNs' state (transitioning or standby), and
-    /// the host tries again at the new owner.
+    /// gateway owns, and answers them (each once: taking one deletes it in etcd). One for a
+    /// pool given up meanwhile, or taken too long before its turn, is answered without being
+    /// run (an ALUA transition), and the host tries again, at the new owner if there is one.
     pub fn answer_asks(&self) {
         let Some(gw) = &self.gateway else { return };
         // Only those whose lease surely holds: an owner that stalled past it, replaced, would
@@ -744,15 +744,20 @@ impl Daemon {
                 return;
             }
         };
+        let taken = Instant::now();
         for (name, ask) in asks {
-            // Checked again for each: one before it may have taken long. Not answered, the
-            // ask ran nowhere, and its host is told to try again.
-            if !self.rados_pools_owned_under_lease().contains(&name) {
-                debug!(pool = %name, "a forwarded command is not run: this gateway's lease on the pool may have lapsed");
-                continue;
-            }
-            let admits = |lun: &tessera_scsi::Lun, initiator: &str| self.targets.admits(lun, initiator);
-            let answer = crate::forwarding::run_forwarded(&self.targets.luns_of_pool(&name), &admits, &ask.request);
+            // Checked again for each: one before it may have taken long. Not run, the ask
+            // is answered so, and its host tries again at once.
+            let answer = if taken.elapsed() > crate::forwarding::RUN_TAKEN_WITHIN {
+                debug!(pool = %name, "a forwarded command is not run: it was taken too long ago, and its asker may give up before it is answered");
+                crate::forwarding::not_run()
+            } else if !self.rados_pools_owned_under_lease().contains(&name) {
+                debug!(pool = %name, "a forwarded command is not run: this gateway no longer owns the pool, or its lease on it may have lapsed");
+                crate::forwarding::not_run()
+            } else {
+                let admits = |lun: &tessera_scsi::Lun, initiator: &str| self.targets.admits(lun, initiator);
+                crate::forwarding::run_forwarded(&self.targets.luns_of_pool(&name), &admits, &ask.request)
+            };
             match gw.answer(&ask, &answer) {
                 Ok(true) => {}
                 Ok(false) => {
