@@ -355,6 +355,45 @@ fn a_pool_name_is_one_pool_among_the_gateways_until_it_is_destroyed() {
     b.stop();
 }
 
+/// The configuration record of a pool in the test RADOS pool, damaged by hand (`rados
+/// setomapval`) until [`put_right`](Self::put_right).
+struct DamagedConfig {
+    conf: String,
+    object: String,
+    saved: std::path::PathBuf,
+}
+
+impl DamagedConfig {
+    /// The record's omap key: the family "pool", and the key "config" in hex.
+    const KEY: &str = "pool/636f6e666967";
+
+    /// Damages the record of pool `pool`, keeping it in `dir` to put it right later.
+    fn damage(conf: &str, pool: &str, dir: &std::path::Path) -> DamagedConfig {
+        let d = DamagedConfig {
+            conf: conf.to_string(),
+            object: format!("tessera.{pool}.meta"),
+            saved: dir.join("config-record"),
+        };
+        d.rados(&["getomapval", &d.object, Self::KEY, d.saved.to_str().unwrap()]);
+        d.rados(&["setomapval", &d.object, Self::KEY, "{not a configuration"]);
+        d
+    }
+
+    fn put_right(&self) {
+        self.rados(&[
+            "setomapval",
+            &self.object,
+            Self::KEY,
+            "--input-file",
+            self.saved.to_str().unwrap(),
+        ]);
+    }
+
+    fn rados(&self, args: &[&str]) {
+        ok("rados", &[&["-c", &self.conf, "-p", RADOS_POOL][..], args].concat());
+    }
+}
+
 /// A pool whose records in the cluster are damaged is not taken, however often it is tried:
 /// each taking would blocklist the connection of the one before, an entry that lasts 30
 /// days, for an opening that then fails. It waits, saying why, and is taken at a following
@@ -372,14 +411,7 @@ fn a_pool_with_damaged_records_is_not_taken_until_they_are_put_right() {
     let mut a = Daemon::start_configured(&t.path().join("a"), &gateway_config("gw-a", &etcd, &prefix));
     create_rados_pool(&a, &pool, &conf);
     a.ok(&["pool", "export", &pool]);
-    // The configuration record: the family "pool", and the key "config" in hex.
-    let object = format!("tessera.{pool}.meta");
-    let key = "pool/636f6e666967";
-    let saved = t.path().join("config-record");
-    let saved = saved.to_str().unwrap();
-    let rados = |args: &[&str]| ok("rados", &[&["-c", &conf, "-p", RADOS_POOL][..], args].concat());
-    rados(&["getomapval", &object, key, saved]);
-    rados(&["setomapval", &object, key, "{not a configuration"]);
+    let damaged = DamagedConfig::damage(&conf, &pool, t.path());
     a.ok(&["pool", "import", &pool, "--rados", RADOS_POOL, "--ceph-conf", &conf]);
     std::thread::sleep(Duration::from_secs(3));
     let p = pool_entry(&a, &pool);
@@ -392,7 +424,7 @@ fn a_pool_with_damaged_records_is_not_taken_until_they_are_put_right() {
     );
     assert_eq!(p["rados"]["failed_takes"], 0, "{p}");
     assert_eq!(p["rados"]["takeovers"], 0, "{p}");
-    rados(&["setomapval", &object, key, "--input-file", saved]);
+    damaged.put_right();
     until_served(&a, &pool, Duration::from_secs(20));
     a.ok(&["pool", "destroy", &pool]);
     a.stop();
@@ -2997,13 +3029,7 @@ fn a_pool_handed_over_while_its_records_cannot_be_read_keeps_its_lun_as_standby(
     let host = LoginConfig::new("iqn.2026-12.io.example:host", Some(iqn));
     let path_a = rt.block_on(Session::login(&a.iscsi_portal(), &host)).unwrap();
     until_done(&rt, &path_a, &write1(0), block(0, 1), 0, Duration::from_secs(10), &a);
-    let object = format!("tessera.{pool}.meta");
-    let key = "pool/636f6e666967";
-    let saved = _dir.path().join("config-record");
-    let saved = saved.to_str().unwrap();
-    let rados = |args: &[&str]| ok("rados", &[&["-c", &conf, "-p", RADOS_POOL][..], args].concat());
-    rados(&["getomapval", &object, key, saved]);
-    rados(&["setomapval", &object, key, "{not a configuration"]);
+    let damaged = DamagedConfig::damage(&conf, &pool, _dir.path());
     // B says it presents the pool's LUN once a tick has passed there.
     let t0 = Instant::now();
     loop {
@@ -3057,7 +3083,7 @@ fn a_pool_handed_over_while_its_records_cannot_be_read_keeps_its_lun_as_standby(
         p["problem"].as_str().is_some_and(|w| w.contains("cannot be read")),
         "{p}"
     );
-    rados(&["setomapval", &object, key, "--input-file", saved]);
+    damaged.put_right();
     until_served(&b, &pool, Duration::from_secs(30));
     let path_b = rt.block_on(Session::login(&b.iscsi_portal(), &host)).unwrap();
     let (r, _, _) = until_done(&rt, &path_b, &read1(0), Vec::new(), 512, Duration::from_secs(10), &b);

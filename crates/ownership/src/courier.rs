@@ -100,7 +100,7 @@ impl Courier {
         );
         let (ask, answer) = (self.key("ask", what, &id), self.key("answer", what, &id));
         let mut client = self.client.clone();
-        let ttl = ask_lifetime(wait).as_secs() as i64;
+        let ttl = ask_lifetime(wait).as_secs_f64().ceil() as i64;
         let lease = match tokio::time::timeout(ASKING_AT_MOST, client.lease_grant(ttl, None)).await {
             Ok(granted) => granted?.id(),
             Err(_) => {
@@ -151,8 +151,8 @@ impl Courier {
             if !of(what) {
                 continue;
             }
-            // Only while its asker waits (its answer's key is there): an ask whose asker gave
-            // up, and whose put reached etcd only after it had cleared its keys, is not run.
+            // Only while its asker waits (its answer's key is there): an ask whose answer's
+            // key is gone is no asker's, and is not run.
             let answer = self.key("answer", what, id);
             let take = Txn::new()
                 .when([
@@ -168,7 +168,9 @@ impl Courier {
                     lease: kv.lease(),
                 });
             } else {
-                // Such an orphan would stay as long as its gateway runs, looked at each time.
+                // An ask without its answer's key (made otherwise, or by a gateway that
+                // kept asks on its own lease) would stay as long as its lease, looked at
+                // each time.
                 let orphan = Txn::new()
                     .when([
                         Compare::mod_revision(kv.key(), CompareOp::Equal, kv.mod_revision()),
