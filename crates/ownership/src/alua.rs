@@ -181,9 +181,11 @@ impl VdiskPorts {
         // The state reported while it ran (transitioning, once the key was seen) is the
         // one to tell a change from.
         let before = self.shared.state();
-        self.shared.taking.fetch_sub(1, Ordering::SeqCst);
         {
+            // Under the lock `state` reads both under: no command sees the taking ended
+            // and a failed one's key as this gateway's.
             let mut seen = self.shared.seen.lock().expect("not poisoned");
+            self.shared.taking.fetch_sub(1, Ordering::SeqCst);
             match &taken {
                 Ok(owner) => *seen = Seen::Owned(owner.clone()),
                 // Failed, the key it put was given back: not this gateway's, whatever the

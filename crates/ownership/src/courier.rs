@@ -89,7 +89,7 @@ impl Courier {
     ///
     /// The ask's keys live on a lease of their own, of [`ask_lifetime`]: nothing of the ask
     /// outlives it, however it ends (etcd gone when it is taken back, this task dropped),
-    /// so that no owner runs it after its asker stopped waiting. Returns within
+    /// so that no owner runs it after its asker stopped waiting. Returns within twice
     /// [`ASKING_AT_MOST`] more than the lifetime.
     pub async fn ask(&self, what: &str, request: &[u8], wait: Duration) -> Result<Option<Vec<u8>>> {
         let id = format!(
@@ -101,6 +101,8 @@ impl Courier {
         let (ask, answer) = (self.key("ask", what, &id), self.key("answer", what, &id));
         let mut client = self.client.clone();
         let ttl = ask_lifetime(wait).as_secs_f64().ceil() as i64;
+        // The lease counts from its granting, at the latest now.
+        let granted_by = tokio::time::Instant::now();
         let lease = match tokio::time::timeout(ASKING_AT_MOST, client.lease_grant(ttl, None)).await {
             Ok(granted) => granted?.id(),
             Err(_) => {
@@ -110,9 +112,20 @@ impl Courier {
                 )))
             }
         };
-        let answered = tokio::time::timeout(
-            ask_lifetime(wait),
-            ask_and_wait(&mut client, lease, &ask, &answer, request, wait),
+        // The last wait ends a second before the lease may lapse, whatever the steps before
+        // it took: an owner that took the ask can answer for as long as its asker waits.
+        let lapses = granted_by + ask_lifetime(wait);
+        let answered = tokio::time::timeout_at(
+            lapses,
+            ask_and_wait(
+                &mut client,
+                lease,
+                &ask,
+                &answer,
+                request,
+                wait,
+                lapses - Duration::from_secs(1),
+            ),
         )
         .await
         .unwrap_or(Ok(None));
@@ -262,6 +275,10 @@ pub fn ask_lifetime(wait: Duration) -> Duration {
 /// How long granting an ask's lease, or revoking it, may take.
 pub const ASKING_AT_MOST: Duration = Duration::from_secs(2);
 
+/// The steps of [`Courier::ask`] on the ask's `lease`: the first wait lasts `wait`, the
+/// second (for an ask the owner took) until `last`. Once the ask may be in etcd, a failed
+/// step means "no answer yet", never an early return: an owner may have taken the ask, and
+/// telling the host to try again while it runs would have the command applied twice.
 async fn ask_and_wait(
     client: &mut Client,
     lease: i64,
@@ -269,6 +286,7 @@ async fn ask_and_wait(
     answer: &str,
     request: &[u8],
     wait: Duration,
+    last: tokio::time::Instant,
 ) -> Result<Option<Vec<u8>>> {
     let on_lease = || Some(PutOptions::new().with_lease(lease));
     // The answer's key first: an owner takes only an ask whose asker still waits.
@@ -278,31 +296,32 @@ async fn ask_and_wait(
         .watch(answer, Some(WatchOptions::new().with_start_revision(after)))
         .await?;
     let mut events = Some(events);
-    client.put(ask, request, on_lease()).await?;
-    if let Some(a) = answer_within(client, answer, &mut events, wait).await? {
+    // Refused or not, the put may have been applied.
+    let _ = client.put(ask, request, on_lease()).await;
+    let first = tokio::time::Instant::now() + wait;
+    if let Some(a) = answer_within(client, answer, &mut events, first.min(last)).await {
         return Ok(Some(a));
     }
-    let withdrawn = client.delete(ask, None).await?.deleted() > 0;
+    let withdrawn = matches!(client.delete(ask, None).await, Ok(d) if d.deleted() > 0);
     if withdrawn {
         return Ok(None);
     }
-    // Taken: it runs at the owner.
-    answer_within(client, answer, &mut events, wait).await
+    // Taken (or not known): it may run at the owner.
+    Ok(answer_within(client, answer, &mut events, last).await)
 }
 
 /// The first answer (a put that is not empty) to the ask whose answer's key is `answer`
-/// within `wait`, as its watch `events` tells; once that watch has ended (and then
-/// `events` is None), as the key read every 200 ms tells.
+/// until `until`, as its watch `events` tells; once that watch has ended (and then
+/// `events` is None), as the key read every 200 ms tells (a read that fails is tried again).
 async fn answer_within(
     client: &mut Client,
     answer: &str,
     events: &mut Option<etcd_client::WatchStream>,
-    wait: Duration,
-) -> Result<Option<Vec<u8>>> {
-    let until = tokio::time::Instant::now() + wait;
+    until: tokio::time::Instant,
+) -> Option<Vec<u8>> {
     while let Some(stream) = events.as_mut() {
         match tokio::time::timeout_at(until, stream.message()).await {
-            Err(_) => return Ok(None),
+            Err(_) => return None,
             Ok(Ok(Some(r))) if !r.canceled() => {
                 let put = r
                     .events()
@@ -311,19 +330,20 @@ async fn answer_within(
                     .filter_map(|e| e.kv())
                     .find(|kv| !kv.value().is_empty());
                 if let Some(kv) = put {
-                    return Ok(Some(kv.value().to_vec()));
+                    return Some(kv.value().to_vec());
                 }
             }
             _ => *events = None,
         }
     }
     loop {
-        let now = client.get(answer, None).await?;
-        if let Some(kv) = now.kvs().first().filter(|kv| !kv.value().is_empty()) {
-            return Ok(Some(kv.value().to_vec()));
+        if let Ok(Ok(now)) = tokio::time::timeout_at(until, client.get(answer, None)).await {
+            if let Some(kv) = now.kvs().first().filter(|kv| !kv.value().is_empty()) {
+                return Some(kv.value().to_vec());
+            }
         }
         if tokio::time::Instant::now() >= until {
-            return Ok(None);
+            return None;
         }
         tokio::time::sleep_until(until.min(tokio::time::Instant::now() + Duration::from_millis(200))).await;
     }

@@ -518,9 +518,12 @@ async fn a_gateway_asks_the_owner_through_etcd_and_each_ask_runs_once() {
         let b = b.clone();
         async move { b.ask("pool.tank", b"orphan", wait).await }
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let made = Instant::now();
+    while keys_under(&ep, &format!("{p}/ask/")).await == 0 {
+        assert!(made.elapsed() < Duration::from_secs(10), "the ask was not made");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     asking.abort();
-    assert_eq!(keys_under(&ep, &format!("{p}/ask/")).await, 1, "the ask was not made");
     tokio::time::sleep(tessera_ownership::courier::ask_lifetime(wait) + Duration::from_secs(2)).await;
     assert!(
         a.take_asks(|w| w == "pool.tank").await.unwrap().is_empty(),

@@ -737,6 +737,8 @@ impl Daemon {
         if owned.is_empty() {
             return;
         }
+        // Before the taking, which takes the asks one by one: the first may be the oldest.
+        let taken = Instant::now();
         let asks = match gw.take_asks(&owned) {
             Ok(a) => a,
             Err(e) => {
@@ -744,7 +746,6 @@ impl Daemon {
                 return;
             }
         };
-        let taken = Instant::now();
         for (name, ask) in asks {
             // Checked again for each: one before it may have taken long. Not run, the ask
             // is answered so, and its host tries again at once.
