@@ -370,6 +370,10 @@ impl FencedDisk {
     }
 }
 
+/// Why a disk past its lease refuses a request: another gateway may own its pool.
+const LEASE_MAY_HAVE_LAPSED: &str =
+    "this gateway's lease on the pool may have lapsed (it stalled, or lost etcd): another gateway may own the pool now";
+
 /// How the objects of a disk are found to remove them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Walk {
@@ -420,11 +424,9 @@ impl<'a> Removal<'a> {
         }
         // Past the lease another gateway may own the pool: the objects are its to keep.
         if !self.inner.lease.holds() {
-            self.fail(RadosError::Invalid(
-                "this gateway's lease on the pool may have lapsed (it stalled, or lost etcd): another gateway may own \
-                 the pool now, and its objects stay"
-                    .into(),
-            ));
+            self.fail(RadosError::Invalid(format!(
+                "{LEASE_MAY_HAVE_LAPSED}, and its objects stay"
+            )));
             return false;
         }
         match self
@@ -500,16 +502,12 @@ impl Inner {
         }
     }
 
-    /// Refuses the request if the lease the pool is owned under may have lapsed.
+    /// Refuses the request if the lease the pool is owned under may have lapsed
+    /// ([`LEASE_MAY_HAVE_LAPSED`]).
     fn check_lease(&self, op: &'static str, offset: u64, len: usize) -> Result<(), DiskError> {
         match self.lease.holds() {
             true => Ok(()),
-            false => Err(self.unavailable(
-                op,
-                offset,
-                len,
-                "this gateway's lease on the pool may have lapsed (it stalled, or lost etcd): another gateway may own the pool now".into(),
-            )),
+            false => Err(self.unavailable(op, offset, len, LEASE_MAY_HAVE_LAPSED.into())),
         }
     }
 

@@ -110,12 +110,18 @@ impl RadosMeta {
         match self.pool.operate(&self.oid, &op) {
             Ok(()) => Ok(()),
             Err(e) if e.errno() == Some(libc::ENOENT) => Ok(()),
-            Err(e) if e.is_guard_failure() => Err(self.err(RadosError::Invalid(format!(
-                "fenced: a gateway with an epoch later than {} owns this pool's metadata; nothing was removed",
-                self.epoch
-            )))),
+            Err(e) if e.is_guard_failure() => Err(self.replaced_error("; nothing was removed")),
             Err(e) => Err(self.err(e)),
         }
+    }
+
+    /// A change refused because a gateway with a later epoch wrote the object, and what
+    /// `more` says of it.
+    fn replaced_error(&self, more: &str) -> PoolError {
+        self.err(RadosError::Invalid(format!(
+            "fenced: a gateway with an epoch later than {} owns this pool's metadata{more}",
+            self.epoch
+        )))
     }
 
     fn err(&self, e: RadosError) -> PoolError {
@@ -352,10 +358,7 @@ impl MetaBackend for RadosMeta {
                 // unless it was a later owner's.
                 Err(e) if e.is_guard_failure() || e.errno() == Some(libc::EEXIST) => {
                     if self.replaced()? {
-                        return Err(self.err(RadosError::Invalid(format!(
-                            "fenced: a gateway with an epoch later than {} owns this pool's metadata",
-                            self.epoch
-                        ))));
+                        return Err(self.replaced_error(""));
                     }
                     // Made by another commit since it was read: that one set the version.
                     // An object there without it was made otherwise, and would refuse

@@ -707,22 +707,26 @@ impl Daemon {
 
     /// The pools on RADOS this gateway owns now.
     fn rados_pools_owned(&self) -> Vec<String> {
+        self.rados_pools_owned_where(|_| true)
+    }
+
+    /// The pools on RADOS this gateway owns now whose ownership `keep` accepts.
+    fn rados_pools_owned_where(&self, keep: impl Fn(&crate::rados_pools::Owned) -> bool) -> Vec<String> {
         self.rados
             .lock()
             .iter()
-            .filter(|(_, p)| p.owned.is_some())
+            .filter(|(_, p)| p.owned.as_ref().is_some_and(&keep))
             .map(|(n, _)| n.clone())
             .collect()
     }
 
-    /// The pools on RADOS this gateway owns now under a lease that surely holds.
-    fn rados_pools_owned_under_lease(&self) -> Vec<String> {
+    /// Whether this gateway owns pool `name` under a lease that surely holds.
+    fn owns_under_lease(&self, name: &str) -> bool {
         self.rados
             .lock()
-            .iter()
-            .filter(|(_, p)| p.owned.as_ref().is_some_and(|o| o.lease_holds()))
-            .map(|(n, _)| n.clone())
-            .collect()
+            .get(name)
+            .and_then(|p| p.owned.as_ref())
+            .is_some_and(|o| o.lease_holds())
     }
 
     /// Runs the commands that standby ports of other gateways forwarded to the pools this
@@ -733,7 +737,7 @@ impl Daemon {
         let Some(gw) = &self.gateway else { return };
         // Only those whose lease surely holds: an owner that stalled past it, replaced, would
         // answer from what it held before (its ticks have not given the pool up yet).
-        let owned = self.rados_pools_owned_under_lease();
+        let owned = self.rados_pools_owned_where(|o| o.lease_holds());
         if owned.is_empty() {
             return;
         }
@@ -752,7 +756,7 @@ impl Daemon {
             let answer = if taken.elapsed() > crate::forwarding::RUN_TAKEN_WITHIN {
                 debug!(pool = %name, "a forwarded command is not run: it was taken too long ago, and its asker may give up before it is answered");
                 crate::forwarding::not_run()
-            } else if !self.rados_pools_owned_under_lease().contains(&name) {
+            } else if !self.owns_under_lease(&name) {
                 debug!(pool = %name, "a forwarded command is not run: this gateway no longer owns the pool, or its lease on it may have lapsed");
                 crate::forwarding::not_run()
             } else {
