@@ -2998,8 +2998,44 @@ fn an_administrator_moves_a_pool_to_the_other_gateway_and_back() {
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(pool_entry(&a, &pool)["rados"]["here"], true);
 
+    // To B once more, which takes it and dies. A move to B, asked meanwhile (put in etcd
+    // here, as an administrator at another gateway would), is given up when A takes the
+    // pool back because B presents nothing now; not as a move that B failed to answer, for
+    // B took the pool. Until 2026-12-06 A remembered its handover to B past B's taking.
+    a.ok(&["pool", "move", &pool, "--to", "gw-b"]);
+    until_served(&b, &pool, Duration::from_secs(20));
+    let t0 = Instant::now();
+    while pool_entry(&a, &pool)["rados"]["owner"] != "gw-b" {
+        assert!(t0.elapsed() < Duration::from_secs(10), "{}", pool_entry(&a, &pool));
+        std::thread::sleep(Duration::from_millis(100));
+    }
     drop((path_a, path_b));
-    b.stop();
+    b.kill9();
+    let key = format!("/tessera-test-mv-{}/moves/pool.{pool}", std::process::id());
+    let (put, out) = run_env(
+        "etcdctl",
+        &["--endpoints", &etcd, "put", &key, "gw-b"],
+        &[("ETCDCTL_API", "3")],
+    );
+    assert!(put, "{out}");
+    until_served(&a, &pool, Duration::from_secs(30));
+    let t0 = Instant::now();
+    let given_up = loop {
+        let events = a.json(&["events", "-n", "1000"]);
+        let given_up = events["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["kind"] == "pool.move_given_up");
+        if let Some(e) = given_up {
+            break e["message"].as_str().unwrap().to_string();
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "{}", a.logs());
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(given_up.contains("that gateway presents no LUN"), "{given_up}");
+    assert_eq!(pool_entry(&a, &pool)["rados"]["here"], true);
+
     a.ok(&["pool", "destroy", "local"]);
     remove_lun_vdisk_and_pool(&a, iqn, &vdisk, &pool);
 }

@@ -133,6 +133,10 @@ pub(crate) struct RadosPool {
     handed_over: Option<Instant>,
     /// The gateway it was handed over to then, if for an administrator's move.
     moved_to: Option<String>,
+    /// Whether this gateway has seen another own the pool since that move: it was answered
+    /// (by that gateway, or the pool moved on), so a move to that gateway asked since is not
+    /// one it failed.
+    move_answered: bool,
     /// The lease under which this gateway asks the owner for the pool (in etcd), if it does:
     /// the word goes with that lease, and is said again under the next.
     asking: Option<i64>,
@@ -177,6 +181,7 @@ impl RadosPool {
             activity: (u64::MAX, Instant::now()),
             handed_over: None,
             moved_to: None,
+            move_answered: false,
             asking: None,
             reopened: None,
             retry: None,
@@ -422,6 +427,7 @@ impl Daemon {
                     );
                     if let Some(p) = self.rados.lock().get_mut(name) {
                         p.elsewhere = Some(o.clone());
+                        p.move_answered |= p.moved_to.is_some();
                         // A streak of failures ends where the pool is found served.
                         p.retry = None;
                         p.passing_since = None;
@@ -462,7 +468,8 @@ impl Daemon {
                         info!(pool = %name, epoch, seconds = started.elapsed().as_secs_f64(), "pool opened");
                         let mut moved_to = None;
                         if let Some(p) = self.rados.lock().get_mut(name) {
-                            moved_to = p.moved_to.take();
+                            let answered = std::mem::take(&mut p.move_answered);
+                            moved_to = p.moved_to.take().filter(|_| !answered);
                             p.owned = Some(owned);
                             p.retry = None;
                         p.passing_since = None;
@@ -1044,6 +1051,7 @@ impl Daemon {
                 |p| {
                     p.handed_over = Some(Instant::now());
                     p.moved_to = moved_to;
+                    p.move_answered = false;
                     p.elsewhere = None;
                 },
             );
@@ -1115,7 +1123,9 @@ impl Daemon {
     /// Once this gateway has taken pool `name`: a move to it is done; a move to gateway
     /// `moved_to`, which this gateway handed the pool over to and which did not take it in
     /// time (it could not fence, or open the pool), is given up, so that the pool is not
-    /// handed over to it again and again.
+    /// handed over to it again and again. `moved_to` is none once another gateway was seen
+    /// owning the pool since the handover: a move to that gateway asked later is carried
+    /// out (or given up for its own reason) by the owner's next tick.
     fn settle_move(&self, gw: &crate::rados_pools::Membership, name: &str, moved_to: Option<String>) {
         let Ok(Some((to, revision))) = gw.moving(name) else {
             return;
