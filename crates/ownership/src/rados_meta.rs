@@ -118,10 +118,19 @@ impl RadosMeta {
     /// A change refused because a gateway with a later epoch wrote the object, and what
     /// `more` says of it.
     fn replaced_error(&self, more: &str) -> PoolError {
-        self.err(RadosError::Invalid(format!(
+        self.refused(format!(
             "fenced: a gateway with an epoch later than {} owns this pool's metadata{more}",
             self.epoch
-        )))
+        ))
+    }
+
+    /// A change refused before any of it was sent to the cluster, or by a guard the OSD
+    /// checks in the same operation: nothing of it is applied.
+    fn refused(&self, message: String) -> PoolError {
+        PoolError::MetaRefused {
+            path: self.location(),
+            message,
+        }
     }
 
     fn err(&self, e: RadosError) -> PoolError {
@@ -307,17 +316,17 @@ impl MetaBackend for RadosMeta {
             match read {
                 Some(_) => {}
                 None if self.made.load(Ordering::Relaxed) => {
-                    return Err(self.err(RadosError::Invalid(
+                    return Err(self.refused(
                         "the metadata object is gone (removed by hand, or the pool destroyed): a commit would make it \
                          again holding this change alone, which the next opening would take for the whole pool"
                             .into(),
-                    )))
+                    ))
                 }
                 None => {}
             }
             let next = version
                 .checked_add(1)
-                .ok_or_else(|| self.err(RadosError::Invalid(format!("{VERSION_ATTR} is at its largest value"))))?;
+                .ok_or_else(|| self.refused(format!("{VERSION_ATTR} is at its largest value")))?;
             let outcome = self.outcome(batch)?;
             let sets: Vec<(&[u8], &[u8])> = outcome
                 .iter()
@@ -364,17 +373,15 @@ impl MetaBackend for RadosMeta {
                     // An object there without it was made otherwise, and would refuse
                     // every batch.
                     if read.is_none() && self.version_read()?.1.is_none() {
-                        return Err(self.err(RadosError::Invalid(format!(
+                        return Err(self.refused(format!(
                             "the metadata object exists without its {VERSION_ATTR}: it is not a pool's metadata, or it is damaged"
-                        ))));
+                        )));
                     }
                 }
                 Err(e) => return Err(self.err(e)),
             }
         }
-        Err(self.err(RadosError::Invalid(format!(
-            "other commits overtook this one {MAX_TRIES} times in a row"
-        ))))
+        Err(self.refused(format!("other commits overtook this one {MAX_TRIES} times in a row")))
     }
 
     fn sync(&self) -> Result<(), PoolError> {

@@ -58,6 +58,12 @@ fn a_replaced_owner_commits_nothing() {
         .commit(put("a", "stale"), true)
         .expect_err("the replaced owner committed");
     assert!(refused.to_string().contains("fenced"), "{refused}");
+    // Said to be not applied: the guard that refused it is checked in the same operation.
+    assert!(
+        refused.to_string().contains("was refused, and not applied"),
+        "{refused}"
+    );
+    assert!(!refused.to_string().contains("may or may not"), "{refused}");
     for s in [&old, &new] {
         assert_eq!(
             s.get(CF_POOL, b"a").unwrap().as_deref(),
@@ -128,6 +134,7 @@ fn a_metadata_object_removed_under_its_store_is_not_made_again() {
         .commit(put("c"), true)
         .expect_err("the removed object was made again");
     assert!(e.to_string().contains("the metadata object is gone"), "{e}");
+    assert!(e.to_string().contains("was refused, and not applied"), "{e}");
     assert_eq!(pool.size(&oid).unwrap(), None);
     // A store opened on an object that is there knows it from its first read.
     let other = format!("{oid}-2");
@@ -147,6 +154,9 @@ fn a_metadata_object_removed_under_its_store_is_not_made_again() {
     let _ = pool.size(&oid);
     let e = store.commit(put("d"), true).expect_err("a fenced client committed");
     assert!(e.to_string().contains("fenced off"), "{e}");
+    // An operation a blocklisted client had sent may have been applied before the OSD
+    // learnt of the blocklist: its outcome is not known.
+    assert!(e.to_string().contains("may or may not be applied"), "{e}");
 }
 
 /// A metadata object whose version is written otherwise than a commit writes it ("5", not

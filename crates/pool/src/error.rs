@@ -9,6 +9,11 @@ pub enum PoolError {
     Label(#[from] LabelError),
     #[error("metadata store at {path}: {message}")]
     Meta { path: String, message: String },
+    /// A change the metadata store refused before applying any of it (a gateway with a
+    /// later epoch holds the records, or they are not as a commit must find them): the
+    /// records are as they were.
+    #[error("metadata store at {path}: {message}")]
+    MetaRefused { path: String, message: String },
     #[error("{0}")]
     Invalid(String),
     #[error("pool '{pool}' has no disk '{disk}'")]

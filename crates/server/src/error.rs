@@ -147,7 +147,7 @@ impl From<PoolError> for ApiError {
         match e {
             PoolError::Disk(d) => d.into(),
             PoolError::Label(_) | PoolError::Invalid(_) => ApiError::invalid(e.to_string()),
-            PoolError::Meta { .. } => ApiError::io(e.to_string()),
+            PoolError::Meta { .. } | PoolError::MetaRefused { .. } => ApiError::io(e.to_string()),
             PoolError::NoSuchDisk { .. } => ApiError::not_found(e.to_string()),
             PoolError::NoSpace { .. } => ApiError::new(StatusCode::INSUFFICIENT_STORAGE, code::NO_SPACE, e.to_string()),
             PoolError::Exists(_) => ApiError::exists(e.to_string()),

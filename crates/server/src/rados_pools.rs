@@ -961,10 +961,7 @@ mod real {
             let meta = MetaStore::on(self.rados_meta(name)?).on_unknown(move |why| {
                 // What this gateway holds may differ from the cluster's records: no flush
                 // through this connection says "durable" again, and the pool is opened anew.
-                tracing::warn!(
-                    error = why,
-                    "a metadata change may or may not be applied; the pool is opened again"
-                );
+                tracing::warn!(error = why, "a metadata change failed; the pool is opened again");
                 unknown.lock().get_or_insert_with(|| why.to_string());
                 for d in disks.lock().iter().filter_map(|d| d.upgrade()) {
                     d.refuse(why);

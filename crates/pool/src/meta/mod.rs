@@ -82,7 +82,8 @@ pub struct MetaStore {
     /// The first change whose commit (or sync) failed, described. A failed commit may still
     /// be applied, now or later (a write that reached the store's log before its sync
     /// failed, a compound write to RADOS that timed out): what the layers hold in memory
-    /// may then differ from the records. From then on nothing commits or syncs, and every
+    /// may then differ from the records. So may they after a change refused whole (by a
+    /// later owner's guard), which the layers may have counted on. From then on nothing commits or syncs, and every
     /// flush of the pool fails ([`whole`](Self::whole)), until the pool is opened again
     /// from its records: a write answered from memory (an overwrite in place of a grain
     /// whose unmapping may be applied) would otherwise be vouched for, and lost then.
@@ -136,9 +137,14 @@ impl MetaStore {
     }
 
     /// Keeps the failure `e` of a commit or sync as the change whose outcome is not known
-    /// (the first one), tells the owner, and returns the error to give the caller.
+    /// (the first one), tells the owner, and returns the error to give the caller. A change
+    /// the backend refused whole is said to be not applied; what the pool holds in memory
+    /// may differ from its records all the same (the caller may have counted on it).
     fn failed(&self, what: &str, e: PoolError) -> PoolError {
-        let why = format!("{what} failed and may or may not be applied ({e})");
+        let why = match e {
+            PoolError::MetaRefused { .. } => format!("{what} was refused, and not applied ({e})"),
+            _ => format!("{what} failed and may or may not be applied ({e})"),
+        };
         let first = self.unknown.set(why.clone()).is_ok();
         if first {
             tracing::error!(store = %self.location(), error = %why, "the pool's metadata may differ from what it holds in memory: no change is committed and no flush succeeds until it is opened again");
