@@ -235,11 +235,11 @@ async fn follow(
             tokio::select! {
                 msg = async {
                     match watching.as_mut() {
-                        Some((_, events)) => events.message().await,
+                        Some(w) => w.next(crate::watching::FOLLOWING).await,
                         None => std::future::pending().await,
                     }
                 } => match msg {
-                    Ok(Some(r)) if !r.canceled() => {
+                    Some(r) if !r.canceled() => {
                         for e in r.events() {
                             match e.event_type() {
                                 EventType::Put => shared.set(seen_in(e.kv())),
@@ -247,8 +247,8 @@ async fn follow(
                             }
                         }
                     }
-                    // The watch ended: nothing this gateway believes about the owner holds
-                    // until it has read it again.
+                    // The watch ended (or its member stalled): nothing this gateway believes
+                    // about the owner holds until it has read it again.
                     _ => {
                         shared.set(Seen::Unknown);
                         watching = None;
@@ -280,17 +280,16 @@ fn seen_in(kv: Option<&etcd_client::KeyValue>) -> Seen {
 }
 
 /// Reads the owner of `key` into `shared`, and watches the key from just after that read.
-async fn watch_from_now(
-    mut client: Client,
-    key: &str,
-    shared: &Shared,
-) -> Result<(etcd_client::Watcher, etcd_client::WatchStream)> {
+async fn watch_from_now(mut client: Client, key: &str, shared: &Shared) -> Result<crate::watching::Watch> {
     let now = client.get(key, None).await?;
     shared.set(seen_in(now.kvs().first()));
     let from = now.header().map(|h| h.revision() + 1).unwrap_or(0);
-    Ok(client
-        .watch(key, Some(etcd_client::WatchOptions::new().with_start_revision(from)))
-        .await?)
+    crate::watching::watch(
+        &mut client,
+        key,
+        Some(etcd_client::WatchOptions::new().with_start_revision(from)),
+    )
+    .await
 }
 
 impl PortGroups for VdiskPorts {

@@ -36,6 +36,7 @@ use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions};
 
+use crate::watching::{Patience, Watch, FOLLOWING};
 use crate::Result;
 
 /// Numbers the asks of one process.
@@ -254,15 +255,14 @@ impl Courier {
     /// is made before the caller looks at the asks, so that one that comes in between is
     /// not missed: `watch_asks` then `take_asks` then `AsksComing::wait`.
     pub async fn watch_asks(&self) -> Result<AsksComing> {
-        let (watcher, events) = self
-            .client
-            .clone()
-            .watch(format!("{}/ask/", self.prefix), Some(WatchOptions::new().with_prefix()))
-            .await?;
-        Ok(AsksComing {
-            _watcher: watcher,
-            events,
-        })
+        let under = format!("{}/ask/", self.prefix);
+        let watch = crate::watching::watch(
+            &mut self.client.clone(),
+            &under,
+            Some(WatchOptions::new().with_prefix()),
+        )
+        .await?;
+        Ok(AsksComing { watch })
     }
 }
 
@@ -292,10 +292,8 @@ async fn ask_and_wait(
     // The answer's key first: an owner takes only an ask whose asker still waits.
     let placed = client.put(answer, Vec::new(), on_lease()).await?;
     let after = placed.header().map(|h| h.revision() + 1).unwrap_or(0);
-    let (_watcher, events) = client
-        .watch(answer, Some(WatchOptions::new().with_start_revision(after)))
-        .await?;
-    let mut events = Some(events);
+    let mut events =
+        Some(crate::watching::watch(client, answer, Some(WatchOptions::new().with_start_revision(after))).await?);
     // Refused or not, the put may have been applied.
     let _ = client.put(ask, request, on_lease()).await;
     let first = tokio::time::Instant::now() + wait;
@@ -310,19 +308,28 @@ async fn ask_and_wait(
     Ok(answer_within(client, answer, &mut events, last).await)
 }
 
+/// How long the watch of an answer may be quiet before it asks its member, and how long
+/// the member may take: an answer missed on a stalled member would have the host told to
+/// try again a command that ran.
+const ANSWERING: Patience = Patience {
+    quiet: Duration::from_millis(500),
+    answer: Duration::from_millis(500),
+};
+
 /// The first answer (a put that is not empty) to the ask whose answer's key is `answer`
-/// until `until`, as its watch `events` tells; once that watch has ended (and then
-/// `events` is None), as the key read every 200 ms tells (a read that fails is tried again).
+/// until `until`, as its watch `events` tells; once that watch has ended or its member
+/// stalled (and then `events` is None), as the key read every 200 ms tells (a read that
+/// fails is tried again; reads go to the members that serve).
 async fn answer_within(
     client: &mut Client,
     answer: &str,
-    events: &mut Option<etcd_client::WatchStream>,
+    events: &mut Option<Watch>,
     until: tokio::time::Instant,
 ) -> Option<Vec<u8>> {
-    while let Some(stream) = events.as_mut() {
-        match tokio::time::timeout_at(until, stream.message()).await {
+    while let Some(watch) = events.as_mut() {
+        match tokio::time::timeout_at(until, watch.next(ANSWERING)).await {
             Err(_) => return None,
-            Ok(Ok(Some(r))) if !r.canceled() => {
+            Ok(Some(r)) if !r.canceled() => {
                 let put = r
                     .events()
                     .iter()
@@ -351,8 +358,7 @@ async fn answer_within(
 
 /// A watch of the asks ([`Courier::watch_asks`]).
 pub struct AsksComing {
-    _watcher: etcd_client::Watcher,
-    events: etcd_client::WatchStream,
+    watch: Watch,
 }
 
 impl AsksComing {
@@ -361,9 +367,9 @@ impl AsksComing {
     pub async fn wait(&mut self, max: Duration) -> bool {
         tokio::time::timeout(max, async {
             loop {
-                match self.events.message().await {
-                    Ok(Some(r)) if r.events().iter().any(|e| e.event_type() == EventType::Put) => return true,
-                    Ok(Some(r)) if !r.canceled() => continue,
+                match self.watch.next(FOLLOWING).await {
+                    Some(r) if r.events().iter().any(|e| e.event_type() == EventType::Put) => return true,
+                    Some(r) if !r.canceled() => continue,
                     _ => {
                         tokio::time::sleep(max).await;
                         return false;
@@ -379,7 +385,7 @@ impl AsksComing {
 /// A watch of the other gateways' notices ([`Courier::watch_notices`]).
 pub struct NoticesComing {
     client: Client,
-    watch: Option<(etcd_client::Watcher, etcd_client::WatchStream)>,
+    watch: Option<Watch>,
     /// The notices' keys start with this, then `<what>/<id>`.
     from: String,
     /// This gateway's name: its own notices' ids are `<name>.<lease>.<slot>`.
@@ -397,7 +403,7 @@ impl NoticesComing {
     /// Watches from the revision after the last seen.
     async fn watch_after_seen(&mut self) -> Result<()> {
         let options = WatchOptions::new().with_prefix().with_start_revision(self.seen + 1);
-        self.watch = Some(self.client.watch(self.from.as_str(), Some(options)).await?);
+        self.watch = Some(crate::watching::watch(&mut self.client, &self.from, Some(options)).await?);
         Ok(())
     }
 
@@ -437,12 +443,13 @@ impl NoticesComing {
     }
 
     /// The next notices other gateways sent, as (what, notice), waiting as long as it takes;
-    /// None once the watch ended (etcd went away: watch again after [`seen`](Self::seen)).
+    /// None once the watch ended (etcd went away, or its member stalled: watch again after
+    /// [`seen`](Self::seen)).
     /// When the history after the last seen was compacted away, the notices still kept that
     /// changed since are read instead.
     pub async fn next(&mut self) -> Option<Vec<(String, Vec<u8>)>> {
         loop {
-            let r = self.watch.as_mut()?.1.message().await.ok()??;
+            let r = self.watch.as_mut()?.next(FOLLOWING).await?;
             if r.compact_revision() > 0 {
                 let got = self.read_kept().await.ok()?;
                 if !got.is_empty() {

@@ -26,6 +26,7 @@ pub mod lease_clock;
 mod members;
 #[cfg(feature = "fencing")]
 pub mod rados_meta;
+pub mod watching;
 
 use std::time::Duration;
 
@@ -933,7 +934,7 @@ impl Gateway {
     pub async fn follow_changes(&mut self, changed: impl Fn() + Send + 'static) -> Result<()> {
         let under = format!("{}/", self.prefix);
         let options = || etcd_client::WatchOptions::new().with_prefix().with_prev_key();
-        let first = self.client.watch(under.as_str(), Some(options())).await?;
+        let first = watching::watch(&mut self.client, &under, Some(options())).await?;
         let mut client = self.client.clone();
         let prefix = self.prefix.clone();
         let (lease, doubt, renew_token) = (self.lease, self.doubt.clone(), self.renew_token.clone());
@@ -943,8 +944,8 @@ impl Gateway {
             // the watch reported on.
             let mut next = None;
             loop {
-                if let Some((_keep, mut events)) = watch.take() {
-                    while let Ok(Some(r)) = events.message().await {
+                if let Some(mut events) = watch.take() {
+                    while let Some(r) = events.next(watching::FOLLOWING).await {
                         if r.canceled() {
                             // Past a compaction the changes since are lost: watched from now
                             // on, and looked at by the caller at once (below).
@@ -953,15 +954,17 @@ impl Gateway {
                             }
                             break;
                         }
-                        // After the last event told; a response of none (progress) comes
-                        // only once every event up to its revision was told.
+                        // After the last event told. Not after a response of none: the one
+                        // that says the watch was made, and the answer to a progress request
+                        // (watching.rs), carry etcd's newest revision, which the events of a
+                        // watch made from an earlier one may not have reached yet.
                         let last = r
                             .events()
                             .iter()
                             .filter_map(|e| e.kv())
                             .map(|kv| kv.mod_revision())
                             .max();
-                        if let Some(r) = last.or_else(|| r.header().map(|h| h.revision())) {
+                        if let Some(r) = last {
                             next = Some(r + 1);
                         }
                         // Progress notes carry no event; asks and answers between the
@@ -983,7 +986,9 @@ impl Gateway {
                             changed();
                         }
                     }
-                    tracing::warn!("etcd ended the watch of the gateways' keys: watching again");
+                    tracing::warn!(
+                        "the watch of the gateways' keys ended (etcd ended it, or its member stalled): watching again"
+                    );
                     // etcd may have restarted, and forgotten the token with the others it
                     // gave since its last snapshot: the watch made again needs a new one.
                     if let Some(renew) = &renew_token {
@@ -1007,7 +1012,7 @@ impl Gateway {
                     Some(r) => options().with_start_revision(r),
                     None => options(),
                 };
-                match client.watch(under.as_str(), Some(options)).await {
+                match watching::watch(&mut client, &under, Some(options)).await {
                     Ok(w) => {
                         watch = Some(w);
                         tracing::info!("watching the gateways' keys again");

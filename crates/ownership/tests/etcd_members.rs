@@ -177,3 +177,125 @@ async fn a_gateway_whose_etcd_stalls_takes_its_lease_for_lost_in_time() {
     tokio::time::sleep(every).await;
     assert!(!g.alive());
 }
+
+/// A watch on a member that serves goes on however long it is quiet (the member answers
+/// each progress request); one on a member that stalls (SIGSTOP) ends within its patience,
+/// for its holder to make again through a member that serves. Until 2026-12-06 a watch on a
+/// stalled member waited until the member went on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_ends_when_its_member_stalls_and_not_while_it_is_quiet() {
+    use tessera_ownership::watching::{Patience, Watch};
+    let t = "a_watch_ends_when_its_member_stalls_and_not_while_it_is_quiet";
+    let etcd = match tokio::task::spawn_blocking(EtcdCluster::start).await.unwrap() {
+        Ok(e) => e,
+        Err(why) => return tessera_disk::skip(t, &why),
+    };
+    let p = Patience {
+        quiet: Duration::from_millis(300),
+        answer: Duration::from_secs(1),
+    };
+    let mut client = etcd_client::Client::connect([etcd.endpoints[1].clone()], None)
+        .await
+        .unwrap();
+    let mut watch = Watch::from(client.watch("/quiet", None).await.unwrap());
+    let t0 = std::time::Instant::now();
+    let mut answers = 0;
+    while t0.elapsed() < Duration::from_secs(3) {
+        let r = tokio::time::timeout(Duration::from_secs(5), watch.next(p))
+            .await
+            .expect("a member that serves answers a quiet watch's progress requests")
+            .expect("a quiet watch on a member that serves goes on");
+        assert!(r.events().is_empty(), "nothing was written under /quiet");
+        answers += 1;
+    }
+    assert!(answers >= 3, "{answers} progress answers in 3 s");
+    // Written to: told.
+    let mut writer = etcd_client::Client::connect([etcd.endpoints[0].clone()], None)
+        .await
+        .unwrap();
+    writer.put("/quiet", "now", None).await.unwrap();
+    let told = loop {
+        let r = tokio::time::timeout(Duration::from_secs(5), watch.next(p))
+            .await
+            .expect("the write is told")
+            .expect("the watch goes on");
+        if !r.events().is_empty() {
+            break r;
+        }
+    };
+    assert_eq!(told.events()[0].kv().unwrap().value(), b"now");
+
+    etcd.signal(1, libc::SIGSTOP);
+    let stalled = std::time::Instant::now();
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        // An answer already on its way may still come.
+        while watch.next(p).await.is_some() {}
+    })
+    .await;
+    let took = stalled.elapsed();
+    etcd.signal(1, libc::SIGCONT);
+    assert!(ended.is_ok(), "the watch on the stalled member did not end");
+    assert!(took < p.quiet + p.answer + Duration::from_millis(700), "{took:?}");
+    eprintln!("{t}: {answers} progress answers in 3 s; the stall was noticed after {took:?}");
+}
+
+/// The notices an owner sends reach a gateway watching them while each member of its etcd
+/// in turn stalls (SIGSTOP): the one its watch is on among them. The watch ends once its
+/// member answers nothing, and is made again from the last notice seen through the members
+/// that serve, as the daemon makes it. Until 2026-12-06 the notices sent while that member
+/// stalled came only once it went on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notices_come_while_the_member_watched_stalls() {
+    let t = "notices_come_while_the_member_watched_stalls";
+    let mut etcd = match tokio::task::spawn_blocking(EtcdCluster::start).await.unwrap() {
+        Ok(e) => e,
+        Err(why) => return tessera_disk::skip(t, &why),
+    };
+    let owner = Gateway::join(&etcd.endpoints, "/tessera", "gw-a", 8).await.unwrap();
+    let standby = Gateway::join(&etcd.endpoints, "/tessera", "gw-b", 8).await.unwrap();
+    let courier = standby.courier();
+    let mut notices = courier.watch_notices(None).await.unwrap();
+    for k in 0..MEMBERS {
+        etcd.signal(k, libc::SIGSTOP);
+        // The gateways' requests go to the other members once they have found it stalled
+        // (members.rs asks every member each second).
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let sent = format!("while m{k} stalls");
+        let told = tokio::time::timeout(
+            Duration::from_secs(10),
+            owner.courier().notify("pool.tank", sent.as_bytes()),
+        )
+        .await;
+        let came = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                match notices.next().await {
+                    Some(got) => {
+                        if got.iter().any(|(_, n)| n == sent.as_bytes()) {
+                            return;
+                        }
+                    }
+                    None => {
+                        let seen = notices.seen();
+                        loop {
+                            match courier.watch_notices(Some(seen)).await {
+                                Ok(w) => break notices = w,
+                                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+                            }
+                        }
+                    }
+                }
+            }
+        })
+        .await;
+        etcd.signal(k, libc::SIGCONT);
+        told.expect("the notice was sent in time").unwrap();
+        assert!(came.is_ok(), "the notice sent while m{k} stalled did not come");
+        etcd = tokio::task::spawn_blocking(move || {
+            etcd.until_healthy().unwrap();
+            etcd
+        })
+        .await
+        .unwrap();
+    }
+    drop(etcd);
+}
