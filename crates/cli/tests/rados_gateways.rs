@@ -3040,6 +3040,62 @@ fn an_administrator_moves_a_pool_to_the_other_gateway_and_back() {
     remove_lun_vdisk_and_pool(&a, iqn, &vdisk, &pool);
 }
 
+/// A gateway that exports a pool's vdisk over NBD, and presents no LUN of it, is a gateway
+/// the pool may move to: its NBD clients are the hosts it serves. One that does neither is
+/// refused. Until 2026-12-06 only gateways that present LUNs could be moved to.
+#[test]
+fn a_pool_moves_to_a_gateway_that_exports_it_over_nbd_only() {
+    let test = "a_pool_moves_to_a_gateway_that_exports_it_over_nbd_only";
+    let Some((conf, etcd, _cluster)) = cluster(test) else {
+        return;
+    };
+    let pid = std::process::id();
+    let pool = format!("nbdmv{pid}");
+    let prefix = format!("/tessera-test-nbdmv-{pid}");
+    let t = tempfile::tempdir().unwrap();
+    let a = Daemon::start_configured(&t.path().join("a"), &gateway_config("gw-a", &etcd, &prefix));
+    create_rados_pool(&a, &pool, &conf);
+    let vdisk = format!("{pool}/v");
+    a.ok(&["vdisk", "create", &vdisk, "--size", "64M", "--layout", "simple"]);
+    a.ok(&["nbd", "export", &vdisk]);
+    let (w, out) = qemu_io(&a, "v", "write -P 0xc3 0 1M");
+    assert!(w, "{out}");
+    let mut b = Daemon::start_configured(&t.path().join("b"), &gateway_config("gw-b", &etcd, &prefix));
+    b.ok(&["pool", "import", &pool, "--rados", RADOS_POOL, "--ceph-conf", &conf]);
+    std::thread::sleep(Duration::from_secs(2));
+    let e = a.fails(&["pool", "move", &pool, "--to", "gw-b"]);
+    assert!(
+        e.contains("gateway 'gw-b' presents no LUN of pool") && e.contains("exports none of its vdisks over NBD"),
+        "{e}"
+    );
+    assert!(e.contains("(gateways that do: gw-a)"), "{e}");
+
+    // Recorded at B while A owns the pool; B says so in etcd at its next tick.
+    b.ok(&["nbd", "export", &vdisk]);
+    let t0 = Instant::now();
+    let moved = loop {
+        let o = a.cli(&["pool", "move", &pool, "--to", "gw-b"]);
+        if o.success || !o.stderr.contains("presents no LUN") {
+            break o;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(15), "{}", o.stderr);
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(moved.success, "{moved:?}\n{}", a.logs());
+    let served = until_served(&b, &pool, Duration::from_secs(20));
+    eprintln!("{test}: {} (served at B {served:?} after)", moved.stdout.trim());
+    let (r, out) = qemu_io(&b, "v", "read -P 0xc3 0 1M");
+    assert!(r, "{out}");
+    // A offers the export no more: the pool is B's.
+    let (r, _) = qemu_io(&a, "v", "read 0 4k");
+    assert!(!r, "A still offers the export of a pool it handed over");
+
+    b.ok(&["nbd", "remove", "v"]);
+    b.ok(&["vdisk", "delete", &vdisk]);
+    b.ok(&["pool", "destroy", &pool]);
+    b.stop();
+}
+
 /// A pool handed over while the cluster does not give its records (here its configuration
 /// record is damaged; in life the OSDs refuse or time out) keeps its LUN at the owner as a
 /// standby LUN made from what the owner served, not gone: hosts find a standby path, not a

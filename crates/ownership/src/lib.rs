@@ -842,6 +842,22 @@ impl Gateway {
         self.marked("presents", what).await
     }
 
+    /// Says that this gateway exports `what` over NBD (vdisks of a pool), on its lease. Apart
+    /// from [`announce`](Self::announce): an export has no target port group to report.
+    pub async fn announce_exports(&mut self, what: &str) -> Result<()> {
+        self.mark("exports", what).await
+    }
+
+    /// Takes back [`announce_exports`](Self::announce_exports).
+    pub async fn unannounce_exports(&mut self, what: &str) -> Result<()> {
+        self.unmark("exports", what).await
+    }
+
+    /// The gateways that export `what` over NBD now (whose leases hold), in name order.
+    pub async fn exporting(&mut self, what: &str) -> Result<Vec<String>> {
+        self.marked("exports", what).await
+    }
+
     /// Asks the owner of `what` to hand it over (hosts reach this gateway and not the
     /// owner), on this gateway's lease.
     pub async fn ask_for(&mut self, what: &str) -> Result<()> {

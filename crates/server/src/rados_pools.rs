@@ -869,6 +869,28 @@ mod real {
             self.with_gateway(async |g| g.presenting(&owner_key(name)).await.map_err(|e| e.to_string()))
         }
 
+        /// Says that this gateway exports vdisks of pool `name` over NBD.
+        pub fn announce_exports(&self, name: &str) -> Result<(), String> {
+            self.with_gateway(async |g| g.announce_exports(&owner_key(name)).await.map_err(|e| e.to_string()))
+        }
+
+        /// Takes back [`announce_exports`](Self::announce_exports).
+        pub fn unannounce_exports(&self, name: &str) -> Result<(), String> {
+            self.with_gateway(async |g| g.unannounce_exports(&owner_key(name)).await.map_err(|e| e.to_string()))
+        }
+
+        /// The gateways that could serve pool `name`'s hosts now: those that present LUNs of
+        /// it, and those that export vdisks of it over NBD, in name order.
+        pub fn serving(&self, name: &str) -> Result<Vec<String>, String> {
+            self.with_gateway(async |g| {
+                let mut all = g.presenting(&owner_key(name)).await.map_err(|e| e.to_string())?;
+                all.extend(g.exporting(&owner_key(name)).await.map_err(|e| e.to_string())?);
+                all.sort();
+                all.dedup();
+                Ok(all)
+            })
+        }
+
         /// The gateway that owns pool `name` now, if another does (None: nobody, or this
         /// run of this gateway). Asks etcd only, never the cluster.
         pub fn other_owner(&self, name: &str) -> Result<Option<PoolOwner>, String> {
@@ -1184,6 +1206,15 @@ mod absent {
             match self.never {}
         }
         pub fn presenting(&self, _: &str) -> Result<Vec<String>, String> {
+            match self.never {}
+        }
+        pub fn announce_exports(&self, _: &str) -> Result<(), String> {
+            match self.never {}
+        }
+        pub fn unannounce_exports(&self, _: &str) -> Result<(), String> {
+            match self.never {}
+        }
+        pub fn serving(&self, _: &str) -> Result<Vec<String>, String> {
             match self.never {}
         }
         pub fn other_owner(&self, _: &str) -> Result<Option<PoolOwner>, String> {

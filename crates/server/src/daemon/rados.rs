@@ -85,6 +85,39 @@ const NO_ASK_AFTER_FAILURE: Duration = Duration::from_secs(300);
 /// saw no I/O for a while.
 const NO_ASK_AFTER_MOVE: Duration = Duration::from_secs(60);
 
+/// How a gateway serves a pool's hosts, as it says in etcd: the gateways a pool may move to.
+#[derive(Clone, Copy)]
+enum Serving {
+    /// It presents LUNs of the pool (and reports target port groups for them).
+    Luns,
+    /// It exports vdisks of the pool over NBD.
+    Exports,
+}
+
+impl Serving {
+    fn say(self, gw: &crate::rados_pools::Membership, name: &str) -> Result<(), String> {
+        match self {
+            Serving::Luns => gw.announce(name),
+            Serving::Exports => gw.announce_exports(name),
+        }
+    }
+
+    fn take_back(self, gw: &crate::rados_pools::Membership, name: &str) -> Result<(), String> {
+        match self {
+            Serving::Luns => gw.unannounce(name),
+            Serving::Exports => gw.unannounce_exports(name),
+        }
+    }
+
+    /// The lease under which pool `p`'s gateway last said it serves the pool this way.
+    fn said(self, p: &mut RadosPool) -> &mut Option<i64> {
+        match self {
+            Serving::Luns => &mut p.announced,
+            Serving::Exports => &mut p.announced_exports,
+        }
+    }
+}
+
 /// Why an owner hands a pool over.
 #[derive(Clone, Copy)]
 enum Handover {
@@ -126,6 +159,8 @@ pub(crate) struct RadosPool {
     reader: Option<Arc<Reader>>,
     /// The lease under which this gateway last said it presents the pool's LUNs.
     announced: Option<i64>,
+    /// The lease under which this gateway last said it exports vdisks of the pool over NBD.
+    announced_exports: Option<i64>,
     /// While this gateway owns the pool: the requests its vdisks have answered here, and
     /// when that count last moved (or the pool was taken): how long no host has used it.
     activity: (u64, Instant),
@@ -178,6 +213,7 @@ impl RadosPool {
             ports: PoolPorts::new(me, state, state.active().then(|| me.to_string()), asks),
             reader: None,
             announced: None,
+            announced_exports: None,
             activity: (u64::MAX, Instant::now()),
             handed_over: None,
             moved_to: None,
@@ -1086,9 +1122,10 @@ impl Daemon {
     }
 
     /// The gateway an administrator moves pool `name`, owned here, to (`asked`: the move
-    /// etcd holds for it, and its revision), if that gateway presents the pool's LUNs now. A
-    /// move to this gateway is done already; a move to one that presents none of them (it
-    /// left, its lease lapsed, its LUNs were removed) is given up, and the event log says so.
+    /// etcd holds for it, and its revision), if that gateway presents the pool's LUNs or
+    /// exports its vdisks over NBD now. A move to this gateway is done already; a move to one
+    /// that does neither (it left, its lease lapsed, its LUNs and exports were removed) is
+    /// given up, and the event log says so.
     fn moving_from_here(
         &self,
         gw: &crate::rados_pools::Membership,
@@ -1100,8 +1137,8 @@ impl Daemon {
             let _ = gw.end_move(name, revision);
             return None;
         }
-        match gw.presenting(name) {
-            Ok(presenting) if presenting.contains(&to) => Some(to),
+        match gw.serving(name) {
+            Ok(serving) if serving.contains(&to) => Some(to),
             Ok(_) => {
                 self.end_move_saying(
                     gw,
@@ -1109,7 +1146,7 @@ impl Daemon {
                     revision,
                     Severity::Warning,
                     "pool.move_given_up",
-                    format!("the move of pool {name} to gateway {to} is given up: that gateway presents no LUN of the pool now (it left, or its lease lapsed); the pool stays here"),
+                    format!("the move of pool {name} to gateway {to} is given up: that gateway presents no LUN of the pool and exports none of its vdisks over NBD now (it left, or its lease lapsed); the pool stays here"),
                 );
                 None
             }
@@ -1165,7 +1202,7 @@ impl Daemon {
     /// Moves pool `name`, on RADOS, to gateway `to`, for an administrator: its owner hands
     /// it over to `to` at its next tick (jobs that give way to hosts are cancelled; an import,
     /// an export, a spot-fix or a repair keeps it until it ends), and `to` takes it. `to`
-    /// must present LUNs of the pool. Returns once the move is asked for, not done.
+    /// must present LUNs of the pool, or export vdisks of it over NBD. Returns once the move is asked for, not done.
     pub fn move_pool(&self, name: &str, to: &str) -> ApiResult<()> {
         let Some(gw) = &self.gateway else {
             return Err(ApiError::invalid(format!(
@@ -1194,14 +1231,14 @@ impl Daemon {
             }
             return Ok(());
         }
-        let presenting = gw.presenting(name).map_err(ApiError::unavailable)?;
-        if !presenting.iter().any(|g| g == to) {
+        let serving = gw.serving(name).map_err(ApiError::unavailable)?;
+        if !serving.iter().any(|g| g == to) {
             return Err(ApiError::invalid(format!(
-                "gateway '{to}' presents no LUN of pool '{name}' now, so it could not serve the pool's hosts{}; import the pool there and add a LUN of it to a target first",
-                if presenting.is_empty() {
+                "gateway '{to}' presents no LUN of pool '{name}' and exports none of its vdisks over NBD now, so it could not serve the pool's hosts{}; import the pool there and add a LUN of it to a target, or an NBD export of one of its vdisks, first",
+                if serving.is_empty() {
                     String::new()
                 } else {
-                    format!(" (gateways that do: {})", presenting.join(", "))
+                    format!(" (gateways that do: {})", serving.join(", "))
                 }
             )));
         }
@@ -1220,35 +1257,24 @@ impl Daemon {
         Ok(())
     }
 
-    /// Says in etcd which pools this gateway presents LUNs of (once per lease), and learns
-    /// which gateways present each, for the target port groups its LUNs report.
+    /// Says in etcd which pools this gateway presents LUNs of, and which it exports vdisks of
+    /// over NBD (each once per lease: the gateways a pool may move to), and learns which
+    /// gateways present each, for the target port groups its LUNs report.
     fn announce_presence(&self, gw: &crate::rados_pools::Membership) {
         let lease = gw.lease();
-        let pools: Vec<(String, Option<i64>, Arc<PoolPorts>)> = self
+        let pools: Vec<(String, Option<i64>, Option<i64>, Arc<PoolPorts>)> = self
             .rados
             .lock()
             .iter()
-            .map(|(n, p)| (n.clone(), p.announced, p.ports.clone()))
+            .map(|(n, p)| (n.clone(), p.announced, p.announced_exports, p.ports.clone()))
             .collect();
-        for (name, announced, ports) in pools {
-            if self.targets.vdisks_of_pool(&name).is_empty() {
-                // No LUN of it here (any more): take the word back.
-                if announced.is_some() && gw.unannounce(&name).is_ok() {
-                    if let Some(p) = self.rados.lock().get_mut(&name) {
-                        p.announced = None;
-                    }
-                }
+        for (name, announced, announced_exports, ports) in pools {
+            let exports = !self.nbd.users_of(&format!("{name}/")).is_empty();
+            self.say_whether(gw, &name, Serving::Exports, exports, announced_exports, lease);
+            let luns = !self.targets.vdisks_of_pool(&name).is_empty();
+            self.say_whether(gw, &name, Serving::Luns, luns, announced, lease);
+            if !luns {
                 continue;
-            }
-            if announced != lease {
-                match gw.announce(&name) {
-                    Ok(()) => {
-                        if let Some(p) = self.rados.lock().get_mut(&name) {
-                            p.announced = lease;
-                        }
-                    }
-                    Err(e) => debug!(pool = %name, error = %e, "cannot say this gateway presents the pool yet"),
-                }
             }
             match gw.presenting(&name) {
                 Ok(list) => {
@@ -1258,6 +1284,34 @@ impl Daemon {
                 }
                 Err(e) => debug!(pool = %name, error = %e, "cannot learn which gateways present the pool"),
             }
+        }
+    }
+
+    /// Says in etcd that this gateway serves pool `name` the `way` it does (`now`), under
+    /// `lease` if it did not yet (`said`: the lease it last said it under), or takes the word
+    /// back once it no longer does.
+    fn say_whether(
+        &self,
+        gw: &crate::rados_pools::Membership,
+        name: &str,
+        way: Serving,
+        now: bool,
+        said: Option<i64>,
+        lease: Option<i64>,
+    ) {
+        let done = match (now, said) {
+            (false, None) => return,
+            (false, Some(_)) => way.take_back(gw, name).map(|()| None),
+            (true, said) if said == lease => return,
+            (true, _) => way.say(gw, name).map(|()| lease),
+        };
+        match done {
+            Ok(l) => {
+                if let Some(p) = self.rados.lock().get_mut(name) {
+                    *way.said(p) = l;
+                }
+            }
+            Err(e) => debug!(pool = %name, error = %e, "cannot say in etcd how this gateway serves the pool yet"),
         }
     }
 
@@ -1273,9 +1327,11 @@ impl Daemon {
         // Its standby LUNs, if another gateway owned it (the configuration stays).
         self.targets.withdraw_pool(name);
         self.targets.set_pool_ports(name, None);
-        if let (Some(_), Some(gw)) = (p.announced, &self.gateway) {
-            if let Err(e) = gw.unannounce(name) {
-                debug!(pool = %name, error = %e, "cannot take back that this gateway presents the pool; its lease will");
+        for (said, way) in [(p.announced, Serving::Luns), (p.announced_exports, Serving::Exports)] {
+            if let (Some(_), Some(gw)) = (said, &self.gateway) {
+                if let Err(e) = way.take_back(gw, name) {
+                    debug!(pool = %name, error = %e, "cannot take back how this gateway serves the pool; its lease will");
+                }
             }
         }
         let (Some(owned), Some(gw)) = (p.owned, &self.gateway) else {
