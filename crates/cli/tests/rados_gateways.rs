@@ -828,6 +828,43 @@ fn gateways_need_only_the_caps_of_librbd_and_one_that_cannot_fence_serves_nothin
     }
     browser.wait_text(&format!("#pool-{pool} .rados"), "failed attempt(s)", 20);
     drop(browser);
+
+    // Moved to C (which exports the vdisk over NBD): C cannot fence B off, so it does not
+    // serve the pool; B takes it back once the handover's grace has passed, and gives that
+    // move up, once: the pool is not handed over to C again and again.
+    until_served(&b, &pool, Duration::from_secs(30));
+    let before = pool_entry(&b, &pool)["rados"]["epoch"].as_i64().unwrap();
+    b.ok(&["pool", "move", &pool, "--to", "gw-c", "--no-wait"]);
+    let t0 = Instant::now();
+    let given_up = loop {
+        let events = b.json(&["events", "-n", "1000"]);
+        let given_up = events["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["kind"] == "pool.move_given_up")
+            .map(|e| e["message"].as_str().unwrap().to_string());
+        if let Some(m) = given_up {
+            break m;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(40), "{}", b.logs());
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    eprintln!("{test}: B says, {:?} after the move: {given_up}", t0.elapsed());
+    assert!(
+        given_up.contains("to gateway gw-c is given up: that gateway did not take the pool within 10 s"),
+        "{given_up}"
+    );
+    until_served(&b, &pool, Duration::from_secs(10));
+    let back = pool_entry(&b, &pool)["rados"]["epoch"].as_i64().unwrap();
+    assert!(back > before, "{back} after {before}");
+    std::thread::sleep(Duration::from_secs(12));
+    let p = pool_entry(&b, &pool);
+    assert_eq!(
+        (p["rados"]["here"].clone(), p["rados"]["epoch"].as_i64()),
+        (true.into(), Some(back)),
+        "{p}"
+    );
     c.stop();
     b.ok(&["nbd", "remove", "v"]);
     b.ok(&["vdisk", "delete", &vdisk]);
@@ -3001,7 +3038,9 @@ fn an_administrator_moves_a_pool_to_the_other_gateway_and_back() {
     // To B once more, which takes it and dies. A move to B, asked meanwhile (put in etcd
     // here, as an administrator at another gateway would), is given up when A takes the
     // pool back because B presents nothing now; not as a move that B failed to answer, for
-    // B took the pool. Until 2026-12-06 A remembered its handover to B past B's taking.
+    // B took the pool (which ended that move): this one is another, asked since. Until
+    // 2026-12-06 A took any move to the gateway it last handed the pool over to for the one
+    // it handed it over for.
     a.ok(&["pool", "move", &pool, "--to", "gw-b"]);
     until_served(&b, &pool, Duration::from_secs(20));
     let t0 = Instant::now();

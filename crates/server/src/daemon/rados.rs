@@ -123,15 +123,16 @@ impl Serving {
 enum Handover {
     /// The other gateway's hosts asked for it, and none used it here for `idle`.
     Asked { idle: Duration },
-    /// An administrator moves it there (`tessera pool move`).
-    Moved,
+    /// An administrator moves it there (`tessera pool move`), by the move etcd holds at
+    /// `revision`.
+    Moved { revision: i64 },
 }
 
 impl Handover {
     fn short(self) -> &'static str {
         match self {
             Handover::Asked { .. } => "whose hosts asked for it",
-            Handover::Moved => "as an administrator asked",
+            Handover::Moved { .. } => "as an administrator asked",
         }
     }
 
@@ -140,7 +141,7 @@ impl Handover {
             Handover::Asked { idle } => {
                 format!("whose hosts asked for it (none used it here for {} s)", idle.as_secs())
             }
-            Handover::Moved => "as an administrator asked ('tessera pool move')".to_string(),
+            Handover::Moved { .. } => "as an administrator asked ('tessera pool move')".to_string(),
         }
     }
 }
@@ -166,12 +167,9 @@ pub(crate) struct RadosPool {
     activity: (u64, Instant),
     /// When this gateway last handed the pool over to a gateway that asked for it.
     handed_over: Option<Instant>,
-    /// The gateway it was handed over to then, if for an administrator's move.
-    moved_to: Option<String>,
-    /// Whether this gateway has seen another own the pool since that move: it was answered
-    /// (by that gateway, or the pool moved on), so a move to that gateway asked since is not
-    /// one it failed.
-    move_answered: bool,
+    /// The move it was handed over for then, if an administrator's: the gateway moved to,
+    /// and the revision in etcd of the move (a move asked again since has another).
+    moved_to: Option<(String, i64)>,
     /// The lease under which this gateway asks the owner for the pool (in etcd), if it does:
     /// the word goes with that lease, and is said again under the next.
     asking: Option<i64>,
@@ -217,7 +215,6 @@ impl RadosPool {
             activity: (u64::MAX, Instant::now()),
             handed_over: None,
             moved_to: None,
-            move_answered: false,
             asking: None,
             reopened: None,
             retry: None,
@@ -463,7 +460,6 @@ impl Daemon {
                     );
                     if let Some(p) = self.rados.lock().get_mut(name) {
                         p.elsewhere = Some(o.clone());
-                        p.move_answered |= p.moved_to.is_some();
                         // A streak of failures ends where the pool is found served.
                         p.retry = None;
                         p.passing_since = None;
@@ -504,8 +500,7 @@ impl Daemon {
                         info!(pool = %name, epoch, seconds = started.elapsed().as_secs_f64(), "pool opened");
                         let mut moved_to = None;
                         if let Some(p) = self.rados.lock().get_mut(name) {
-                            let answered = std::mem::take(&mut p.move_answered);
-                            moved_to = p.moved_to.take().filter(|_| !answered);
+                            moved_to = p.moved_to.take();
                             p.owned = Some(owned);
                             p.retry = None;
                         p.passing_since = None;
@@ -1002,8 +997,8 @@ impl Daemon {
                 }
                 None => continue,
             };
-            if let Some(to) = self.moving_from_here(gw, &name, moves.remove(&name)) {
-                self.hand_over(gw, &name, &to, Handover::Moved);
+            if let Some((to, revision)) = self.moving_from_here(gw, &name, moves.remove(&name)) {
+                self.hand_over(gw, &name, &to, Handover::Moved { revision });
                 continue;
             }
             let to = if idle < HANDOVER_IDLE {
@@ -1065,7 +1060,10 @@ impl Daemon {
             info!(pool = %name, to, "handing the pool over to gateway {to}, {}", why.long());
             // Those LUNs whose records cannot be read now come at the end, or at the next tick.
             let units = self.standby_units(name);
-            let moved_to = matches!(why, Handover::Moved).then(|| to.to_string());
+            let moved_to = match why {
+                Handover::Moved { revision } => Some((to.to_string(), revision)),
+                Handover::Asked { .. } => None,
+            };
             let (engine, owned) = self.give_up(
                 GivingUp {
                     gw,
@@ -1087,7 +1085,6 @@ impl Daemon {
                 |p| {
                     p.handed_over = Some(Instant::now());
                     p.moved_to = moved_to;
-                    p.move_answered = false;
                     p.elsewhere = None;
                 },
             );
@@ -1104,7 +1101,7 @@ impl Daemon {
                             "pool {name} handed over to gateway {to}: hosts send their I/O there, and none used it here for {} s",
                             idle.as_secs()
                         ),
-                        Handover::Moved => format!("pool {name} handed over to gateway {to}, {}", why.long()),
+                        Handover::Moved { .. } => format!("pool {name} handed over to gateway {to}, {}", why.long()),
                     },
                 )
                 .pool(name),
@@ -1131,14 +1128,14 @@ impl Daemon {
         gw: &crate::rados_pools::Membership,
         name: &str,
         asked: Option<(String, i64)>,
-    ) -> Option<String> {
+    ) -> Option<(String, i64)> {
         let (to, revision) = asked?;
         if to == gw.name() {
             let _ = gw.end_move(name, revision);
             return None;
         }
         match gw.serving(name) {
-            Ok(serving) if serving.contains(&to) => Some(to),
+            Ok(serving) if serving.contains(&to) => Some((to, revision)),
             Ok(_) => {
                 self.end_move_saying(
                     gw,
@@ -1157,20 +1154,20 @@ impl Daemon {
         }
     }
 
-    /// Once this gateway has taken pool `name`: a move to it is done; a move to gateway
-    /// `moved_to`, which this gateway handed the pool over to and which did not take it in
-    /// time (it could not fence, or open the pool), is given up, so that the pool is not
-    /// handed over to it again and again. `moved_to` is none once another gateway was seen
-    /// owning the pool since the handover: a move to that gateway asked later is carried
-    /// out (or given up for its own reason) by the owner's next tick.
-    fn settle_move(&self, gw: &crate::rados_pools::Membership, name: &str, moved_to: Option<String>) {
+    /// Once this gateway has taken pool `name`: a move to it is done; the move it handed
+    /// the pool over for (`moved_to`: the gateway, and the move's revision in etcd), if the
+    /// gateway moved to did not take it in time (it could not fence, or open the pool), is
+    /// given up, so that the pool is not handed over to it again and again. Only that move:
+    /// one asked since (after the gateway took the pool, and lost it) is carried out, or given
+    /// up for a reason of its own, at a later tick.
+    fn settle_move(&self, gw: &crate::rados_pools::Membership, name: &str, moved_to: Option<(String, i64)>) {
         let Ok(Some((to, revision))) = gw.moving(name) else {
             return;
         };
         if to == gw.name() {
             let moved = format!("pool {name} moved to gateway {to}");
             self.end_move_saying(gw, name, revision, Severity::Info, "pool.moved", moved);
-        } else if moved_to.as_deref() == Some(to.as_str()) {
+        } else if moved_to == Some((to.clone(), revision)) {
             self.end_move_saying(
                 gw,
                 name,
