@@ -283,7 +283,9 @@ fn seen_in(kv: Option<&etcd_client::KeyValue>) -> Seen {
 async fn watch_from_now(mut client: Client, key: &str, shared: &Shared) -> Result<crate::watching::Watch> {
     let now = client.get(key, None).await?;
     shared.set(seen_in(now.kvs().first()));
-    let from = now.header().map(|h| h.revision() + 1).unwrap_or(0);
+    // From the read's revision, not the one after, which may be ahead of etcd's newest (see
+    // `NoticesComing::watch_after_seen`): an event of the key at it says what was read.
+    let from = now.header().map(|h| h.revision()).unwrap_or(0);
     crate::watching::watch(
         &mut client,
         key,

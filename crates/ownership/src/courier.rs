@@ -238,6 +238,7 @@ impl Courier {
             from: format!("{}/notice/", self.prefix),
             mine: self.name.clone(),
             seen: 0,
+            watched_after: 0,
         };
         match after {
             Some(after) => {
@@ -291,9 +292,11 @@ async fn ask_and_wait(
     let on_lease = || Some(PutOptions::new().with_lease(lease));
     // The answer's key first: an owner takes only an ask whose asker still waits.
     let placed = client.put(answer, Vec::new(), on_lease()).await?;
-    let after = placed.header().map(|h| h.revision() + 1).unwrap_or(0);
+    // Watched from that put (whose empty value is no answer), not from the revision after
+    // it, which may be ahead of etcd's newest (see `NoticesComing::watch_after_seen`).
+    let placed_at = placed.header().map(|h| h.revision()).unwrap_or(0);
     let mut events =
-        Some(crate::watching::watch(client, answer, Some(WatchOptions::new().with_start_revision(after))).await?);
+        Some(crate::watching::watch(client, answer, Some(WatchOptions::new().with_start_revision(placed_at))).await?);
     // Refused or not, the put may have been applied.
     let _ = client.put(ask, request, on_lease()).await;
     let first = tokio::time::Instant::now() + wait;
@@ -392,6 +395,8 @@ pub struct NoticesComing {
     mine: String,
     /// The revision of the last change to the notices seen: a watch made again goes on after it.
     seen: i64,
+    /// `seen` when the watch was made: its events up to that revision were seen before.
+    watched_after: i64,
 }
 
 impl NoticesComing {
@@ -400,10 +405,14 @@ impl NoticesComing {
         self.seen
     }
 
-    /// Watches from the revision after the last seen.
+    /// Watches from the last revision seen, and passes over its events up to it. Not from
+    /// the one after: that may be ahead of etcd's newest revision while nothing is written,
+    /// and etcd (since its pull request 20229, in 3.4 and 3.5 too) then answers no progress
+    /// request on the watch, which would be taken for a stalled member (watching.rs).
     async fn watch_after_seen(&mut self) -> Result<()> {
-        let options = WatchOptions::new().with_prefix().with_start_revision(self.seen + 1);
+        let options = WatchOptions::new().with_prefix().with_start_revision(self.seen.max(1));
         self.watch = Some(crate::watching::watch(&mut self.client, &self.from, Some(options)).await?);
+        self.watched_after = self.seen;
         Ok(())
     }
 
@@ -461,7 +470,9 @@ impl NoticesComing {
                 return None;
             }
             let mut got = Vec::new();
-            for kv in r.events().iter().filter_map(|e| e.kv().map(|kv| (e.event_type(), kv))) {
+            let after = self.watched_after;
+            let events = r.events().iter().filter_map(|e| e.kv().map(|kv| (e.event_type(), kv)));
+            for kv in events.filter(|(_, kv)| kv.mod_revision() > after) {
                 self.seen = self.seen.max(kv.1.mod_revision());
                 if kv.0 == EventType::Put {
                     got.extend(self.others(kv.1));

@@ -943,22 +943,28 @@ impl Gateway {
     /// something or saying it presents it. A gateway that acts on these at once need not
     /// wait for its next look. A key on this gateway's own lease deleted wakes its renewal
     /// too, which learns at once whether etcd revoked the lease. A watch that ends (its etcd
-    /// member died or stalled, etcd restarted) is made again from the revision after the
-    /// last it reported, so that no change is missed; past a compaction, `changed` is called
-    /// and the renewal woken once it runs again. Follows until this gateway is dropped;
-    /// calling it again starts afresh.
+    /// member died or stalled, etcd restarted), or that etcd did not make in time, is made
+    /// again from the last event it reported, so that no change is missed; past a
+    /// compaction (or when none was reported), `changed` is called and the renewal woken once
+    /// it runs again. Follows until this gateway is dropped; calling it again starts afresh.
     pub async fn follow_changes(&mut self, changed: impl Fn() + Send + 'static) -> Result<()> {
         let under = format!("{}/", self.prefix);
         let options = || etcd_client::WatchOptions::new().with_prefix().with_prev_key();
-        let first = watching::watch(&mut self.client, &under, Some(options())).await?;
+        // One that etcd does not make in time is made again by the follower, as one that ended.
+        let first = watching::watch(&mut self.client, &under, Some(options()))
+            .await
+            .inspect_err(|e| tracing::debug!(error = %e, "cannot watch the gateways' keys yet; retrying"))
+            .ok();
         let mut client = self.client.clone();
         let prefix = self.prefix.clone();
         let (lease, doubt, renew_token) = (self.lease, self.doubt.clone(), self.renew_token.clone());
         let follower = tokio::spawn(async move {
-            let mut watch = Some(first);
-            // The revision to watch from again once the watch ends: the one after the last
-            // the watch reported on.
-            let mut next = None;
+            let mut watch = first;
+            // The revision of the last event the watch told: a watch made again starts there
+            // (not after it, which may be ahead of etcd's newest revision: see
+            // `NoticesComing::watch_after_seen`), and passes over the events up to it.
+            let mut told = None;
+            let mut after = 0;
             loop {
                 if let Some(mut events) = watch.take() {
                     while let Some(r) = events.next(watching::FOLLOWING).await {
@@ -966,22 +972,21 @@ impl Gateway {
                             // Past a compaction the changes since are lost: watched from now
                             // on, and looked at by the caller at once (below).
                             if r.compact_revision() > 0 {
-                                next = None;
+                                told = None;
                             }
                             break;
                         }
-                        // After the last event told. Not after a response of none: the one
-                        // that says the watch was made, and the answer to a progress request
-                        // (watching.rs), carry etcd's newest revision, which the events of a
-                        // watch made from an earlier one may not have reached yet.
-                        let last = r
+                        let events: Vec<&etcd_client::Event> = r
                             .events()
                             .iter()
-                            .filter_map(|e| e.kv())
-                            .map(|kv| kv.mod_revision())
-                            .max();
-                        if let Some(r) = last {
-                            next = Some(r + 1);
+                            .filter(|e| e.kv().is_some_and(|kv| kv.mod_revision() > after))
+                            .collect();
+                        // From events only: the answer to a progress request (watching.rs)
+                        // carries etcd's newest revision, which the events of a watch made
+                        // from an earlier one may not have reached yet (etcd before 3.4.25).
+                        let last = events.iter().filter_map(|e| e.kv()).map(|kv| kv.mod_revision()).max();
+                        if last.is_some() {
+                            told = last;
                         }
                         // Progress notes carry no event; asks and answers between the
                         // gateways (on the lease too, with every forwarded command) are the
@@ -995,10 +1000,10 @@ impl Gateway {
                             e.event_type() == etcd_client::EventType::Delete
                                 && e.prev_kv().is_some_and(|kv| kv.lease() == lease && ours(kv))
                         };
-                        if r.events().iter().any(on_our_lease) {
+                        if events.iter().any(|e| on_our_lease(e)) {
                             doubt.notify_one();
                         }
-                        if r.events().iter().any(|e| e.kv().is_some_and(ours)) {
+                        if events.iter().any(|e| e.kv().is_some_and(ours)) {
                             changed();
                         }
                     }
@@ -1024,16 +1029,17 @@ impl Gateway {
                     }
                     continue;
                 }
-                let options = match next {
+                let options = match told {
                     Some(r) => options().with_start_revision(r),
                     None => options(),
                 };
                 match watching::watch(&mut client, &under, Some(options)).await {
                     Ok(w) => {
                         watch = Some(w);
+                        after = told.unwrap_or(0);
                         tracing::info!("watching the gateways' keys again");
                         // Whatever the watch cannot replay: looked at now.
-                        if next.is_none() {
+                        if told.is_none() {
                             doubt.notify_one();
                             changed();
                         }

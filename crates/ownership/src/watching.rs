@@ -4,7 +4,11 @@
 //! (members.rs). A watch quiet for a while therefore asks its member how far it is (a
 //! progress request, etcd 3.4 and later), which a member that serves answers at once; one
 //! that does not answer in time is taken for stalled, and the watch ends, for its holder to
-//! make again (through the members that serve).
+//! make again through the members that serve (or read what it waited for instead).
+//!
+//! etcd answers no progress request on a watch that starts ahead of its newest revision
+//! (since its pull request 20229, in 3.4 and 3.5 too): every watch here starts at a revision
+//! already written, and passes over the events it saw before.
 //!
 //! The answer to a progress request carries no event, and its revision is not used: etcd
 //! 3.4 (before 3.4.25) answers with its newest revision even while the watch still catches
@@ -83,7 +87,7 @@ impl Watch {
                 Err(_) if self.asked.is_some() => {
                     tracing::warn!(
                         quiet = ?p.quiet,
-                        "an etcd member answers neither events nor a progress request on a watch: taken for stalled, the watch is made again"
+                        "an etcd member answers neither events nor a progress request on a watch: taken for stalled"
                     );
                     return None;
                 }

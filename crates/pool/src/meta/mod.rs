@@ -83,10 +83,11 @@ pub struct MetaStore {
     /// be applied, now or later (a write that reached the store's log before its sync
     /// failed, a compound write to RADOS that timed out): what the layers hold in memory
     /// may then differ from the records. So may they after a change refused whole (by a
-    /// later owner's guard), which the layers may have counted on. From then on nothing commits or syncs, and every
-    /// flush of the pool fails ([`whole`](Self::whole)), until the pool is opened again
-    /// from its records: a write answered from memory (an overwrite in place of a grain
-    /// whose unmapping may be applied) would otherwise be vouched for, and lost then.
+    /// later owner's guard), which the layers may have counted on. From then on nothing
+    /// commits or syncs, and every flush of the pool fails ([`whole`](Self::whole)), until
+    /// the pool is opened again from its records: a write answered from memory (an
+    /// overwrite in place of a grain whose unmapping may be applied) would otherwise be
+    /// vouched for, and lost then.
     /// Set once, then only read: a flush, an allocation and a planned write each ask it.
     unknown: std::sync::OnceLock<String>,
     /// Told of that change, once.
