@@ -77,6 +77,34 @@ fn until_served_after(d: &Daemon, pool: &str, epoch: i64, limit: Duration) -> Du
     }
 }
 
+/// The message of the first `kind` event `d` logged, waited for up to `limit`.
+fn until_event(d: &Daemon, kind: &str, limit: Duration) -> String {
+    let t0 = Instant::now();
+    loop {
+        let events = d.json(&["events", "-n", "1000"]);
+        let found = events["events"].as_array().unwrap().iter().find(|e| e["kind"] == kind);
+        if let Some(e) = found {
+            return e["message"].as_str().unwrap().to_string();
+        }
+        assert!(t0.elapsed() < limit, "no {kind} event within {limit:?}\n{}", d.logs());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `pool move POOL --to TO` at `d`, asked again until `to` has said in etcd that it serves
+/// the pool (at its next tick) or the move fails for another reason.
+fn move_once_serving(d: &Daemon, pool: &str, to: &str) -> Out {
+    let t0 = Instant::now();
+    loop {
+        let o = d.cli(&["pool", "move", pool, "--to", to]);
+        if o.success || !o.stderr.contains("presents no LUN") {
+            return o;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(15), "{}", o.stderr);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 fn qemu_io(d: &Daemon, export: &str, cmd: &str) -> (bool, String) {
     qemu_io_all(d, export, &[cmd])
 }
@@ -836,20 +864,7 @@ fn gateways_need_only_the_caps_of_librbd_and_one_that_cannot_fence_serves_nothin
     let before = pool_entry(&b, &pool)["rados"]["epoch"].as_i64().unwrap();
     b.ok(&["pool", "move", &pool, "--to", "gw-c", "--no-wait"]);
     let t0 = Instant::now();
-    let given_up = loop {
-        let events = b.json(&["events", "-n", "1000"]);
-        let given_up = events["events"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|e| e["kind"] == "pool.move_given_up")
-            .map(|e| e["message"].as_str().unwrap().to_string());
-        if let Some(m) = given_up {
-            break m;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(40), "{}", b.logs());
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let given_up = until_event(&b, "pool.move_given_up", Duration::from_secs(40));
     eprintln!("{test}: B says, {:?} after the move: {given_up}", t0.elapsed());
     assert!(
         given_up.contains("to gateway gw-c is given up: that gateway did not take the pool within 10 s"),
@@ -2967,15 +2982,7 @@ fn an_administrator_moves_a_pool_to_the_other_gateway_and_back() {
         );
     }
     // B says it presents the pool's LUN once a tick has passed there.
-    let t0 = Instant::now();
-    let moved = loop {
-        let o = a.cli(&["pool", "move", &pool, "--to", "gw-b"]);
-        if o.success || !o.stderr.contains("presents no LUN") {
-            break o;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(15), "{}", o.stderr);
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let moved = move_once_serving(&a, &pool, "gw-b");
     assert!(moved.success, "{moved:?}\n{}", a.logs());
     let served = until_served(&b, &pool, Duration::from_secs(20));
     let at_b = pool_entry(&b, &pool);
@@ -3058,20 +3065,7 @@ fn an_administrator_moves_a_pool_to_the_other_gateway_and_back() {
     );
     assert!(put, "{out}");
     until_served(&a, &pool, Duration::from_secs(30));
-    let t0 = Instant::now();
-    let given_up = loop {
-        let events = a.json(&["events", "-n", "1000"]);
-        let given_up = events["events"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|e| e["kind"] == "pool.move_given_up");
-        if let Some(e) = given_up {
-            break e["message"].as_str().unwrap().to_string();
-        }
-        assert!(t0.elapsed() < Duration::from_secs(10), "{}", a.logs());
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let given_up = until_event(&a, "pool.move_given_up", Duration::from_secs(10));
     assert!(given_up.contains("that gateway presents no LUN"), "{given_up}");
     assert_eq!(pool_entry(&a, &pool)["rados"]["here"], true);
 
@@ -3111,15 +3105,7 @@ fn a_pool_moves_to_a_gateway_that_exports_it_over_nbd_only() {
 
     // Recorded at B while A owns the pool; B says so in etcd at its next tick.
     b.ok(&["nbd", "export", &vdisk]);
-    let t0 = Instant::now();
-    let moved = loop {
-        let o = a.cli(&["pool", "move", &pool, "--to", "gw-b"]);
-        if o.success || !o.stderr.contains("presents no LUN") {
-            break o;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(15), "{}", o.stderr);
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let moved = move_once_serving(&a, &pool, "gw-b");
     assert!(moved.success, "{moved:?}\n{}", a.logs());
     let served = until_served(&b, &pool, Duration::from_secs(20));
     eprintln!("{test}: {} (served at B {served:?} after)", moved.stdout.trim());
