@@ -235,12 +235,14 @@ async fn follow(
             tokio::select! {
                 msg = async {
                     match watching.as_mut() {
-                        Some(w) => w.next(crate::watching::FOLLOWING).await,
+                        Some((w, _)) => w.next(crate::watching::FOLLOWING).await,
                         None => std::future::pending().await,
                     }
                 } => match msg {
                     Some(r) if !r.canceled() => {
-                        for e in r.events() {
+                        // Those at the read's revision were read (a take since must stand).
+                        let after = watching.as_ref().map_or(0, |w| w.1);
+                        for e in r.events().iter().filter(|e| e.kv().is_some_and(|kv| kv.mod_revision() > after)) {
                             match e.event_type() {
                                 EventType::Put => shared.set(seen_in(e.kv())),
                                 EventType::Delete => shared.set(Seen::Free),
@@ -279,19 +281,21 @@ fn seen_in(kv: Option<&etcd_client::KeyValue>) -> Seen {
         .map_or(Seen::Free, Seen::Owned)
 }
 
-/// Reads the owner of `key` into `shared`, and watches the key from just after that read.
-async fn watch_from_now(mut client: Client, key: &str, shared: &Shared) -> Result<crate::watching::Watch> {
+/// Reads the owner of `key` into `shared`, and watches the key from that read's revision
+/// (returned: its events there were read, and are passed over).
+async fn watch_from_now(mut client: Client, key: &str, shared: &Shared) -> Result<(crate::watching::Watch, i64)> {
     let now = client.get(key, None).await?;
     shared.set(seen_in(now.kvs().first()));
     // From the read's revision, not the one after, which may be ahead of etcd's newest (see
-    // `NoticesComing::watch_after_seen`): an event of the key at it says what was read.
+    // `NoticesComing::watch_after_seen`).
     let from = now.header().map(|h| h.revision()).unwrap_or(0);
-    crate::watching::watch(
+    let watch = crate::watching::watch(
         &mut client,
         key,
         Some(etcd_client::WatchOptions::new().with_start_revision(from)),
     )
-    .await
+    .await?;
+    Ok((watch, from))
 }
 
 impl PortGroups for VdiskPorts {

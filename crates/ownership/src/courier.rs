@@ -24,7 +24,7 @@
 //!   logical units raised. Nobody takes a notice; each gateway writes its notices in turn
 //!   to one of 64 keys of its own, so that they take no more room however many it sends,
 //!   and go with its lease. A gateway whose watch ended (etcd went away, or it rejoined)
-//!   watches again from the revision after the last it saw, so that it misses none that
+//!   watches again from the last revision it saw, so that it misses none that
 //!   etcd still has the history of; past a compaction, it reads those still kept (the
 //!   latest 64 of each gateway alive).
 //!
@@ -292,11 +292,14 @@ async fn ask_and_wait(
     let on_lease = || Some(PutOptions::new().with_lease(lease));
     // The answer's key first: an owner takes only an ask whose asker still waits.
     let placed = client.put(answer, Vec::new(), on_lease()).await?;
-    // Watched from that put (whose empty value is no answer), not from the revision after
-    // it, which may be ahead of etcd's newest (see `NoticesComing::watch_after_seen`).
-    let placed_at = placed.header().map(|h| h.revision()).unwrap_or(0);
+    // From the revision after that put: ahead of etcd's newest only until the ask's put
+    // below, which writes it (see `NoticesComing::watch_after_seen`; an ask whose put failed
+    // gets no answer, and its watch ends for the reads below). A watch from a revision
+    // written would start behind, and hear an answer only at etcd's next catching up of
+    // such watches (every 100 ms).
+    let after = placed.header().map(|h| h.revision() + 1).unwrap_or(0);
     let mut events =
-        Some(crate::watching::watch(client, answer, Some(WatchOptions::new().with_start_revision(placed_at))).await?);
+        Some(crate::watching::watch(client, answer, Some(WatchOptions::new().with_start_revision(after))).await?);
     // Refused or not, the put may have been applied.
     let _ = client.put(ask, request, on_lease()).await;
     let first = tokio::time::Instant::now() + wait;
@@ -407,7 +410,7 @@ impl NoticesComing {
 
     /// Watches from the last revision seen, and passes over its events up to it. Not from
     /// the one after: that may be ahead of etcd's newest revision while nothing is written,
-    /// and etcd (since its pull request 20229, in 3.4 and 3.5 too) then answers no progress
+    /// and etcd (since its pull request 20229, backported to 3.4) then answers no progress
     /// request on the watch, which would be taken for a stalled member (watching.rs).
     async fn watch_after_seen(&mut self) -> Result<()> {
         let options = WatchOptions::new().with_prefix().with_start_revision(self.seen.max(1));

@@ -947,7 +947,7 @@ impl Gateway {
     /// again from the last event it reported, so that no change is missed; past a
     /// compaction (or when none was reported), `changed` is called and the renewal woken once
     /// it runs again. Follows until this gateway is dropped; calling it again starts afresh.
-    pub async fn follow_changes(&mut self, changed: impl Fn() + Send + 'static) -> Result<()> {
+    pub async fn follow_changes(&mut self, changed: impl Fn() + Send + 'static) {
         let under = format!("{}/", self.prefix);
         let options = || etcd_client::WatchOptions::new().with_prefix().with_prev_key();
         // One that etcd does not make in time is made again by the follower, as one that ended.
@@ -1051,7 +1051,6 @@ impl Gateway {
         if let Some(old) = self.follower.replace(follower) {
             old.abort();
         }
-        Ok(())
     }
 
     /// Whether the lease is still being renewed (false once it was lost, or may have been: a

@@ -7,8 +7,9 @@
 //! make again through the members that serve (or read what it waited for instead).
 //!
 //! etcd answers no progress request on a watch that starts ahead of its newest revision
-//! (since its pull request 20229, in 3.4 and 3.5 too): every watch here starts at a revision
-//! already written, and passes over the events it saw before.
+//! (since its pull request 20229, backported to 3.4): every watch here made from a revision
+//! starts at one already written, and passes over the events it saw before, but for the
+//! watch of an answer, whose revision the ask's put writes at once (courier.rs).
 //!
 //! The answer to a progress request carries no event, and its revision is not used: etcd
 //! 3.4 (before 3.4.25) answers with its newest revision even while the watch still catches

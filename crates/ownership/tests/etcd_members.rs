@@ -34,7 +34,7 @@ async fn a_gateway_keeps_its_lease_while_the_members_of_its_etcd_fail_in_turn() 
     };
     let ttl = 8;
     let mut g = Gateway::join(&etcd.endpoints, "/tessera", "gw-a", ttl).await.unwrap();
-    g.follow_changes(|| {}).await.unwrap();
+    g.follow_changes(|| {}).await;
     let before = g.acquire("pool.a").await.unwrap();
     let stopped = common::watch_lease(g.lease_clock());
     let leader = etcd.leader().expect("a leader");

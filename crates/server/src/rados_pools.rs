@@ -529,10 +529,7 @@ mod real {
             self.rt.block_on(async {
                 let mut fresh = fresh;
                 let changes = self.changes.clone();
-                if let Err(e) = fresh.follow_changes(move || changes.notify_one()).await {
-                    // The ticks still look every second.
-                    tracing::warn!(error = %e, "cannot follow the gateways' changes in etcd; looking once a second only");
-                }
+                fresh.follow_changes(move || changes.notify_one()).await;
                 *self.courier.lock().expect("not poisoned") = Some(fresh.courier());
                 *self.gateway.lock().await = Some(fresh)
             });

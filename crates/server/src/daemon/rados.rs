@@ -503,7 +503,7 @@ impl Daemon {
                             moved_to = p.moved_to.take();
                             p.owned = Some(owned);
                             p.retry = None;
-                        p.passing_since = None;
+                            p.passing_since = None;
                             p.gave_back = None;
                             p.takeovers += 1;
                             p.elsewhere = None;
