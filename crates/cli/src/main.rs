@@ -666,8 +666,9 @@ pub enum PoolCmd {
     },
     /// Flush a pool and stop serving it; 'pool import' brings it back.
     Export { name: String },
-    /// Move a pool on Ceph RADOS to another gateway, one that presents LUNs of it: its owner
-    /// hands it over (hosts follow through ALUA), and that gateway serves it.
+    /// Move a pool on Ceph RADOS to another gateway, one that presents LUNs of it or exports
+    /// its vdisks over NBD: its owner hands it over (hosts follow through ALUA), and that
+    /// gateway serves it.
     Move {
         name: String,
         /// The gateway to serve the pool (its [gateway] name).

@@ -105,7 +105,7 @@ pub const ROUTES: &[RouteDoc] = &[
     r(
         "post",
         "/api/pools/{pool}/move",
-        "Move a pool on Ceph RADOS to another gateway (one that presents LUNs of it): its owner hands it over at its next tick, and that gateway takes it; answers once the move is asked for",
+        "Move a pool on Ceph RADOS to another gateway (one that presents LUNs of it or exports its vdisks over NBD): its owner hands it over at its next tick, and that gateway takes it; answers once the move is asked for",
         Some(schema::<MovePool>),
         None,
     ),
