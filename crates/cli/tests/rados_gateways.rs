@@ -374,6 +374,30 @@ fn a_pool_name_is_one_pool_among_the_gateways_until_it_is_destroyed() {
     assert!(e.contains("another pool named"), "{e}");
     a.ok(&["pool", "import", &pool, "--rados", RADOS_POOL, "--ceph-conf", &conf]);
     until_served(&a, &pool, Duration::from_secs(20));
+    // A pool of the name made before places were recorded (its record deleted here): a
+    // create elsewhere, refused because A owns the pool, leaves no place behind, and the
+    // fence record stays the pool's. (Until 2026-12-06 the refused create kept the place it
+    // claimed, and once A let the pool go no gateway could take it where it lives.)
+    let place = format!("{prefix}/place/pool.{pool}");
+    let deleted = ok("etcdctl", &["--endpoints", &etcd, "del", &place]);
+    assert_eq!(deleted.trim(), "1", "the place record was there: {deleted}");
+    let e = b.fails(&elsewhere);
+    assert!(e.contains("gateway gw-a owns it"), "{e}");
+    let keys = || {
+        let all = format!("{prefix}/");
+        ok(
+            "etcdctl",
+            &["--endpoints", &etcd, "get", "--keys-only", "--prefix", &all],
+        )
+    };
+    let left = keys();
+    assert!(!left.contains(&place), "the refused create kept its place: {left}");
+    assert!(left.contains(&format!("{prefix}/fence/pool.{pool}")), "{left}");
+    // Taken again, the pool is recorded where it lives.
+    a.ok(&["pool", "export", &pool]);
+    a.ok(&["pool", "import", &pool, "--rados", RADOS_POOL, "--ceph-conf", &conf]);
+    until_served(&a, &pool, Duration::from_secs(20));
+    assert!(keys().contains(&place), "{}", keys());
     // Destroyed at A, the name is B's to give.
     a.ok(&["pool", "destroy", &pool]);
     let out = b.ok(&elsewhere);
@@ -1504,6 +1528,56 @@ fn a_standby_gateway_has_the_owner_run_the_reservations_its_hosts_ask_for() {
     assert_eq!(at(&pb, 2, &cdb, p, 0).status, 0);
     let keys = at(&pb, 1, &READ_KEYS, Vec::new(), 4096).data;
     assert_eq!(&keys[4..8], &[0, 0, 0, 0], "{keys:?}");
+
+    // Asks made by hand as a standby gateway makes them: one whose lease in etcd lives too
+    // little longer when the owner takes it (its asker could not take it back at the end of
+    // its first wait, and gives up before an answer could surely reach it) is answered
+    // without being run, an ALUA transition its host retries; one that lives long enough
+    // is run. (Until 2026-12-06 the owner ran the first, and the host, told to try again,
+    // met its own registration.)
+    let naa = designators(&at(&pa, 1, &[0x12, 0x01, 0x83, 0, 255, 0], Vec::new(), 255).data)[&3]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<String>();
+    let prefix = format!("/tessera-test-prfw-{}", std::process::id());
+    let forged = |id: &str, ttl: u32, key: u64| {
+        let granted = ok("etcdctl", &["--endpoints", &etcd, "lease", "grant", &ttl.to_string()]);
+        let lease = granted.split_whitespace().nth(1).expect("lease ID").to_string();
+        let (cdb, data) = pr_out(6, 0, 0, key, false);
+        let request = serde_json::json!({
+            "naa": naa, "initiator": "iqn.2026-11.io.example:node3", "isid": node_port(3, iqn).isid,
+            "cdb": cdb, "data": data,
+        });
+        let answer = format!("{prefix}/answer/pool.{pool}/{id}");
+        let on_lease = format!("--lease={lease}");
+        ok("etcdctl", &["--endpoints", &etcd, "put", &on_lease, &answer, ""]);
+        let ask = format!("{prefix}/ask/pool.{pool}/{id}");
+        ok(
+            "etcdctl",
+            &["--endpoints", &etcd, "put", &on_lease, &ask, &request.to_string()],
+        );
+        let t0 = Instant::now();
+        loop {
+            let got = ok("etcdctl", &["--endpoints", &etcd, "get", "--print-value-only", &answer]);
+            if !got.trim().is_empty() {
+                let a: serde_json::Value = serde_json::from_str(got.trim()).unwrap();
+                let sense: Vec<u8> = serde_json::from_value(a["sense"].clone()).unwrap();
+                return (a["status"].as_u64().unwrap(), sense);
+            }
+            assert!(t0.elapsed() < Duration::from_secs(5), "no answer to {id}\n{}", a.logs());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let (status, sense) = forged("gw-x.1.1", 6, 0x3333);
+    assert_eq!(status, 2, "an ask that lived 6 s more was run: {sense:?}");
+    assert_eq!((sense[2] & 0x0F, sense[12], sense[13]), (0x2, 0x04, 0x0A), "{sense:?}");
+    let keys = at(&pa, 1, &READ_KEYS, Vec::new(), 4096).data;
+    assert_eq!(&keys[4..8], &[0, 0, 0, 0], "{keys:?}");
+    assert_eq!(forged("gw-x.1.2", 30, 0x3333), (0, Vec::new()));
+    let keys = at(&pa, 1, &READ_KEYS, Vec::new(), 4096).data;
+    assert_eq!(&keys[4..16], &[0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0x33, 0x33], "{keys:?}");
+    let (cdb, p) = pr_out(0, 0, 0x3333, 0, false);
+    assert_eq!(at(&pa, 3, &cdb, p, 0).status, 0);
 
     // Node 2 registers again through a session it keeps at B; node 1 registers at A and
     // preempts node 2's key there: node 2 hears REGISTRATIONS PREEMPTED on its standby path,

@@ -15,9 +15,11 @@
 //!   an ask only while that key is there (its asker waits), and answers only into it, so
 //!   that an ask given up is not run and an answer to it leaves nothing behind. An answer
 //!   is never empty.
-//! - An asker that waited in vain takes its ask back; if the owner took it already, the
-//!   command runs there, and the answer is waited for as long again rather than the host
-//!   told to try again a command that is being applied.
+//! - An asker that waited in vain takes its ask back, trying until etcd answers; if the
+//!   owner took it already, the command runs there, and the answer is waited for as long
+//!   again rather than the host told to try again a command that is being applied. The
+//!   owner learns how long the ask's lease still lives when it takes it
+//!   ([`Ask::lasts_for`]), and runs nothing it could not answer in that time.
 //!
 //! - A notice is `<prefix>/notice/<what>/<id>`, on the telling gateway's lease, for every
 //!   other gateway watching: the owner tells the standby gateways of unit attentions its
@@ -65,6 +67,23 @@ pub struct Ask {
     pub request: Vec<u8>,
     /// The asker's lease, which the answer goes on.
     lease: i64,
+    /// How long that lease still lived when the ask was taken, as etcd said (zero when it
+    /// did not say): the asker waits for the answer until a second before it lapses.
+    lasts_for: Duration,
+}
+
+impl Ask {
+    /// How long the ask's lease still lived in etcd when it was taken: the asker stops
+    /// waiting for its answer a second or more before it lapses (it counts from before etcd
+    /// granted it, up to [`ASKING_AT_MOST`] sooner). An owner that could not answer before
+    /// then answers without running the request: its asker, having told its host to try
+    /// again, must not find it applied. (A leader elected meanwhile gives every lease its
+    /// whole time again, and the ask may last longer than its asker waits; the asker
+    /// takes its ask back at the end of its first wait, which leaves an owner only asks
+    /// taken before then.)
+    pub fn lasts_for(&self) -> Duration {
+        self.lasts_for
+    }
 }
 
 /// Whether an etcd key is an ask's or an answer's (under `prefix`): changes a gateway's
@@ -175,11 +194,17 @@ impl Courier {
                 ])
                 .and_then([TxnOp::delete(kv.key(), None)]);
             if client.txn(take).await?.succeeded() {
+                // After the taking: the time left is what the owner has from now on.
+                let lasts_for = match client.lease_time_to_live(kv.lease(), None).await {
+                    Ok(t) => Duration::from_secs(t.ttl().max(0) as u64),
+                    Err(_) => Duration::ZERO,
+                };
                 taken.push(Ask {
                     what: what.to_string(),
                     id: id.to_string(),
                     request: kv.value().to_vec(),
                     lease: kv.lease(),
+                    lasts_for,
                 });
             } else {
                 // An ask without its answer's key (made otherwise, or by a gateway that
@@ -306,13 +331,34 @@ async fn ask_and_wait(
     if let Some(a) = answer_within(client, answer, &mut events, first.min(last)).await {
         return Ok(Some(a));
     }
-    let withdrawn = matches!(client.delete(ask, None).await, Ok(d) if d.deleted() > 0);
-    if withdrawn {
-        return Ok(None);
+    // Taken back, or found taken: asked until etcd says which. A delete that failed may have
+    // left the ask there, for an owner to take and run after this asker gave up; meanwhile
+    // an answer to an ask taken is listened for.
+    loop {
+        let now = tokio::time::Instant::now();
+        if now >= last {
+            // Not known: the ask may still be taken until its lease lapses, and an owner
+            // that takes it then finds too little of it left to run it (`Ask::lasts_for`).
+            return Ok(None);
+        }
+        match tokio::time::timeout_at(last.min(now + WITHDRAWING), client.delete(ask, None)).await {
+            Ok(Ok(d)) if d.deleted() > 0 => return Ok(None),
+            // Taken: it may run at the owner.
+            Ok(Ok(_)) => break,
+            _ => {
+                let pause = last.min(tokio::time::Instant::now() + Duration::from_millis(200));
+                if let Some(a) = answer_within(client, answer, &mut events, pause).await {
+                    return Ok(Some(a));
+                }
+            }
+        }
     }
-    // Taken (or not known): it may run at the owner.
     Ok(answer_within(client, answer, &mut events, last).await)
 }
+
+/// How long one try at taking an ask back may take: one that went to a member that
+/// stalls is tried again, through the others.
+const WITHDRAWING: Duration = Duration::from_secs(1);
 
 /// How long the watch of an answer may be quiet before it asks its member, and how long
 /// the member may take: an answer missed on a stalled member would have the host told to

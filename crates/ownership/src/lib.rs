@@ -232,13 +232,12 @@ const REWATCH: Duration = Duration::from_millis(500);
 /// (etcd counts from the arrival of the last renewal it answered, and gives a lease its whole
 /// time again when it restarts), so a short outage of etcd costs the gateway nothing.
 /// Opening a stream renews the lease (etcd answers the first renewal before the stream is
-/// handed over): that renewal counts, for the lease's `granted` time. `doubt` wakes it for a
+/// handed over), but that renewal is not counted: its answer's term is not seen. `doubt` wakes it for a
 /// renewal at once (a key on the lease was deleted: etcd may have revoked the lease), so
 /// that the lease's loss is known within a round trip, not a period.
 async fn keep_lease(
     mut client: Client,
     lease: i64,
-    granted: Duration,
     stream: (etcd_client::LeaseKeeper, etcd_client::LeaseKeepAliveStream),
     every: Duration,
     renewed: LeaseClock,
@@ -271,14 +270,16 @@ async fn keep_lease(
         let (keeper, answers) = match &mut stream {
             Some(s) => s,
             None => {
-                let (sent, stamp) = (std::time::Instant::now(), lease_clock::Stamp::now());
+                let sent = std::time::Instant::now();
                 // Half a period at most: a member that stalls must leave time to try another
                 // before the lease runs out (three periods after the last renewal).
                 match tokio::time::timeout(every / 2, client.lease_keep_alive(lease)).await {
                     Ok(Ok(s)) => {
+                        // Its first answer is not counted: etcd-client reads it, and its term
+                        // with it, out of sight (a leader deposed while it stalled, reached
+                        // again, would renew a lease its successor lets lapse). A renewal on
+                        // the new stream, at once, whose answer's term is checked, is.
                         stream = Some(s);
-                        renewed.renewed(stamp, granted);
-                        next(sent).await;
                         continue;
                     }
                     failed => {
@@ -421,7 +422,6 @@ impl Gateway {
         let keeper = tokio::spawn(keep_lease(
             client.clone(),
             lease,
-            granted,
             stream,
             every,
             clock.clone(),
@@ -535,6 +535,11 @@ impl Gateway {
     pub async fn acquire_fencing(&mut self, vdisk: &str, fence_address: &str) -> Result<(Owner, Vec<String>)> {
         let key = self.key(vdisk);
         let fence = self.fence_key(vdisk);
+        let handoff = self.handoff_key(vdisk);
+        let handed = match self.handoff(vdisk).await? {
+            (Some(to), _) => return Ok((to, Vec::new())),
+            (None, revision) => revision,
+        };
         let record = self.client.get(fence.as_str(), None).await?;
         let (previous, changed) = match record.kvs().first() {
             Some(kv) => (fence_addresses(kv.value()), kv.mod_revision()),
@@ -548,6 +553,8 @@ impl Gateway {
             .when([
                 Compare::create_revision(key.as_str(), CompareOp::Equal, 0),
                 Compare::mod_revision(fence.as_str(), CompareOp::Equal, changed),
+                // Handed over since (to another): not taken.
+                Compare::mod_revision(handoff.as_str(), CompareOp::Equal, handed),
             ])
             .and_then([
                 TxnOp::put(
@@ -557,6 +564,8 @@ impl Gateway {
                 ),
                 // No lease: the addresses must outlive the lease they were recorded under.
                 TxnOp::put(fence.as_str(), after.join("\n"), None),
+                // Taken by the gateway it was handed to, or back by the one that handed it.
+                TxnOp::delete(handoff.as_str(), None),
             ])
             .or_else([TxnOp::get(key.as_str(), None)]);
         let r = self.client.txn(txn).await?;
@@ -653,6 +662,19 @@ impl Gateway {
                 _ => None,
             })
             .ok_or_else(|| OwnershipError::new(format!("etcd holds a place of {vdisk} and did not give it")))
+    }
+
+    /// Takes back a place `claim_place` recorded for `vdisk` that was not made there after
+    /// all (its making failed before it was taken): only the place, and only if it is still
+    /// `place`. Its fence record stays: it may be that of a pool of that name that lives on
+    /// elsewhere, made before places were recorded.
+    pub async fn unclaim_place(&mut self, vdisk: &str, place: &str) -> Result<()> {
+        let key = self.place_key(vdisk);
+        let txn = Txn::new()
+            .when([Compare::value(key.as_str(), CompareOp::Equal, place)])
+            .and_then([TxnOp::delete(key.as_str(), None)]);
+        self.client.txn(txn).await?;
+        Ok(())
     }
 
     /// Forgets where `vdisk` lived and its fence record, once it is gone from there for good
@@ -759,6 +781,58 @@ impl Gateway {
             ])
             .and_then([restore, TxnOp::delete(key.as_str(), None)]);
         Ok(self.client.txn(txn).await?.succeeded())
+    }
+
+    /// Gives `vdisk` up, if this gateway owns it at `epoch`, for gateway `to` to take: no
+    /// other gateway takes it ([`acquire_fencing`](Self::acquire_fencing) finds it handed
+    /// over, to `to`, at epoch 0) until `to` takes it, or this gateway takes it back, leaves,
+    /// or its lease lapses. Of several gateways that would take it, the one it is handed to
+    /// (whose hosts ask for it, or that an administrator moves it to) gets it, not whichever
+    /// etcd told first.
+    pub async fn release_to(&mut self, vdisk: &str, epoch: i64, to: &str) -> Result<bool> {
+        let key = self.key(vdisk);
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(key.as_str(), CompareOp::Equal, epoch),
+                Compare::value(key.as_str(), CompareOp::Equal, self.name.as_str()),
+            ])
+            .and_then([
+                TxnOp::delete(key.as_str(), None),
+                TxnOp::put(
+                    self.handoff_key(vdisk),
+                    to,
+                    Some(PutOptions::new().with_lease(self.lease)),
+                ),
+            ]);
+        Ok(self.client.txn(txn).await?.succeeded())
+    }
+
+    fn handoff_key(&self, vdisk: &str) -> String {
+        format!("{}/handoff/{vdisk}", self.prefix)
+    }
+
+    /// The gateway `vdisk` is handed over to ([`release_to`](Self::release_to)), as its owner
+    /// at epoch 0 (not taken yet), if another gateway handed it to another than this one; and
+    /// the revision of the handoff's key (0 when there is none), for a taking to compare.
+    async fn handoff(&mut self, vdisk: &str) -> Result<(Option<Owner>, i64)> {
+        let found = self.client.get(self.handoff_key(vdisk), None).await?;
+        let Some(kv) = found.kvs().first() else {
+            return Ok((None, 0));
+        };
+        // To this gateway, or by it (it takes the vdisk back): no bar.
+        let bars = kv.value() != self.name.as_bytes() && kv.lease() != self.lease;
+        let to = bars.then(|| Owner {
+            gateway: String::from_utf8_lossy(kv.value()).into_owned(),
+            epoch: 0,
+            lease: kv.lease(),
+        });
+        Ok((to, kv.mod_revision()))
+    }
+
+    /// The gateway `vdisk` is handed over to, as its owner at epoch 0, while the gateway
+    /// that handed it may take it back; None when nobody bars this gateway from taking it.
+    pub async fn handed_to(&mut self, vdisk: &str) -> Result<Option<Owner>> {
+        Ok(self.handoff(vdisk).await?.0)
     }
 
     /// Gives `vdisk` up, if this gateway owns it at `epoch`.
@@ -1071,9 +1145,12 @@ impl Gateway {
         self.keeper.abort();
     }
 
-    /// Leaves: revokes the lease, which gives up everything this gateway owns at once.
+    /// Leaves: revokes the lease, which gives up everything this gateway owns at once. Its
+    /// clock lapses first: another gateway may take what it owned as soon as the revocation
+    /// lands, and the disks under this lease must serve nothing more from then on.
     pub async fn leave(mut self) -> Result<()> {
         self.keeper.abort();
+        self.clock.lapsed();
         self.client.lease_revoke(self.lease).await?;
         Ok(())
     }

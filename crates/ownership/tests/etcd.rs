@@ -87,7 +87,8 @@ async fn a_stalled_owner_loses_its_vdisks_to_a_larger_epoch() {
     b.leave().await.unwrap();
 }
 
-/// A gateway that leaves gives up everything at once.
+/// A gateway that leaves gives up everything at once, and its lease's clock, which its disks
+/// serve under, holds no longer.
 #[tokio::test]
 async fn leaving_gives_every_vdisk_up() {
     let t = "leaving_gives_every_vdisk_up";
@@ -98,7 +99,10 @@ async fn leaving_gives_every_vdisk_up() {
     for v in ["x", "y", "z"] {
         assert_eq!(a.acquire(v).await.unwrap().gateway, "gw-a");
     }
+    let clock = a.lease_clock();
+    assert!(clock.holds());
     a.leave().await.unwrap();
+    assert!(!clock.holds(), "the disks of a gateway that left still served");
     for v in ["x", "y", "z"] {
         assert_eq!(b.acquire(v).await.unwrap().gateway, "gw-b", "{v}");
     }
@@ -357,6 +361,71 @@ async fn a_name_has_one_place_until_that_place_forgets_it() {
     );
     a.leave().await.unwrap();
     b.leave().await.unwrap();
+}
+
+/// A vdisk handed over to one gateway is that gateway's to take: a third gateway that looks
+/// first finds it handed over (to that one, at epoch 0) and fences nothing, while the gateway
+/// that handed it over may take it back; once it is taken, or its giver leaves, any gateway
+/// may take it as before. (Until 2026-12-06 a handover was a plain release, and of three
+/// gateways whichever etcd told first took the pool, fenced its owner and opened it, to hand
+/// it over again.)
+#[tokio::test]
+async fn a_vdisk_handed_over_is_taken_by_the_gateway_it_is_handed_to() {
+    let t = "a_vdisk_handed_over_is_taken_by_the_gateway_it_is_handed_to";
+    let Some(ep) = endpoints(t) else { return };
+    let p = prefix(t);
+    let v = "pool.tank";
+    let mut a = Gateway::join(&ep, &p, "gw-a", 5).await.unwrap();
+    let mut b = Gateway::join(&ep, &p, "gw-b", 5).await.unwrap();
+    let mut c = Gateway::join(&ep, &p, "gw-c", 5).await.unwrap();
+    let first = a.take_fenced(v, "addr-a", |_| Ok(())).await.unwrap();
+    assert!(a.release_to(v, first.epoch, "gw-b").await.unwrap());
+    let fenced = std::sync::Mutex::new(Vec::new());
+    let seen = c
+        .take_fenced(v, "addr-c", |l| {
+            fenced.lock().unwrap().extend_from_slice(l);
+            Ok(())
+        })
+        .await
+        .unwrap();
+    assert_eq!((seen.gateway.as_str(), seen.epoch), ("gw-b", 0), "{seen:?}");
+    assert!(fenced.lock().unwrap().is_empty(), "C fenced A off");
+    assert_eq!(
+        c.handed_to(v).await.unwrap().map(|o| o.gateway).as_deref(),
+        Some("gw-b")
+    );
+    assert!(
+        b.handed_to(v).await.unwrap().is_none(),
+        "barred from what is handed to it"
+    );
+    let taken = b
+        .take_fenced(v, "addr-b", |l| {
+            fenced.lock().unwrap().extend_from_slice(l);
+            Ok(())
+        })
+        .await
+        .unwrap();
+    assert_eq!(taken.gateway, "gw-b");
+    assert_eq!(*fenced.lock().unwrap(), ["addr-a"]);
+    assert!(
+        c.handed_to(v).await.unwrap().is_none(),
+        "the handoff outlived its taking"
+    );
+
+    // Handed to C, it is taken back by B, which handed it: A, looking first, is barred.
+    assert!(b.release_to(v, taken.epoch, "gw-c").await.unwrap());
+    assert_eq!(a.take_fenced(v, "addr-a", |_| Ok(())).await.unwrap().epoch, 0);
+    let back = b.take_fenced(v, "addr-b", |_| Ok(())).await.unwrap();
+    assert_eq!(back.gateway, "gw-b");
+    assert!(back.epoch > taken.epoch);
+    assert!(a.handed_to(v).await.unwrap().is_none());
+
+    // Handed to C by a gateway that leaves: any may take it.
+    assert!(b.release_to(v, back.epoch, "gw-c").await.unwrap());
+    b.leave().await.unwrap();
+    assert_eq!(a.take_fenced(v, "addr-a", |_| Ok(())).await.unwrap().gateway, "gw-a");
+    a.leave().await.unwrap();
+    c.leave().await.unwrap();
 }
 
 /// How many keys etcd at `ep` holds under `prefix`.

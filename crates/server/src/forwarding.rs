@@ -100,10 +100,20 @@ impl OwnerForwarding for PoolForwarding {
 }
 
 /// How long after an owner took a forwarded command it may still start running it: its
-/// asker waits `OWNER_ANSWERS_WITHIN` at least after the taking, and the answer may take 5 s
-/// to reach etcd. One taken earlier (others before it ran long) is answered with
-/// [`not_run`] instead, so that it never runs after its host was told to try again.
+/// asker waits `ASK_MUST_LAST` less four seconds at least after the taking, and the answer
+/// may take 5 s to reach etcd. One taken earlier (others before it ran long) is answered
+/// with [`not_run`] instead, so that it never runs after its host was told to try again.
 pub const RUN_TAKEN_WITHIN: Duration = Duration::from_secs(4);
+
+/// How long the ask of a forwarded command must still live in etcd when the owner takes it
+/// ([`Ask::lasts_for`](crate::rados_pools::Ask)) for the owner to run it: the time to start
+/// it ([`RUN_TAKEN_WITHIN`]) and to answer (5 s at most), the asker's head start (it counts
+/// its ask's lease from before etcd granted it, up to 2 s sooner, and stops waiting a second
+/// before it lapses), and a second for etcd's whole seconds. An ask that lives less (taken
+/// after its asker's first wait, which the asker could not take it back at, etcd failing
+/// it) is answered with [`not_run`]: its asker may give up before any answer reaches it.
+/// With [`OWNER_ANSWERS_WITHIN`] of 10 s an ask lives 23 s: 10 s for the owner to take it.
+pub const ASK_MUST_LAST: Duration = Duration::from_secs(RUN_TAKEN_WITHIN.as_secs() + 5 + 3 + 1);
 
 /// What an owner answers for a forwarded command it did not run (its lease may have lapsed,
 /// the pool was given up, it was taken too long ago): an ALUA transition, which the host
@@ -214,6 +224,22 @@ pub fn attentions_in(luns: &[Arc<Lun>], notice: &[u8]) {
 mod tests {
     use super::*;
     use tessera_scsi::RamBackend;
+
+    /// An owner has the asker's whole first wait to take an ask and still run it, and an
+    /// ask it runs is answered before its asker stops waiting.
+    #[cfg(feature = "rados")]
+    #[test]
+    fn an_owner_runs_what_it_took_in_its_askers_first_wait_and_no_later() {
+        let lives = tessera_ownership::courier::ask_lifetime(OWNER_ANSWERS_WITHIN);
+        assert!(lives >= ASK_MUST_LAST + OWNER_ANSWERS_WITHIN, "{lives:?}");
+        // Its asker waits until a second before the lease lapses on its clock, which may
+        // run up to `ASKING_AT_MOST` ahead of etcd's: taken with `ASK_MUST_LAST` left,
+        // started within `RUN_TAKEN_WITHIN`, answered within 5 s, the answer lands first.
+        let asker_waits_after_taking = ASK_MUST_LAST
+            .saturating_sub(tessera_ownership::courier::ASKING_AT_MOST + Duration::from_secs(1))
+            .saturating_sub(Duration::from_secs(1));
+        assert!(asker_waits_after_taking >= RUN_TAKEN_WITHIN + Duration::from_secs(5));
+    }
 
     fn lun(uid: u128) -> Arc<Lun> {
         Arc::new(Lun::new(Arc::new(RamBackend::new("ram", 1 << 20, 512)), uid, false))

@@ -763,6 +763,21 @@ mod real {
             })
         }
 
+        /// Takes back the place `claim_place` recorded for pool `name` at `placement`, when the
+        /// pool was not made there after all (it could not be taken); its fence record stays.
+        pub fn unclaim_place(&self, name: &str, placement: &Placement) -> Result<(), String> {
+            let place = self.place_of(name, placement, &mut Link::default())?;
+            self.places
+                .lock()
+                .expect("not poisoned")
+                .retain(|(n, _, _), _| n != name);
+            self.with_gateway(async |g| {
+                g.unclaim_place(&owner_key(name), &place)
+                    .await
+                    .map_err(|e| format!("cannot take back where pool {name} was to live: {e}"))
+            })
+        }
+
         /// Takes pool `name`, to be made, if nobody owns it, fencing its previous owner off the
         /// cluster first.
         pub fn take(&self, name: &str, placement: &Placement) -> Result<Taking, String> {
@@ -783,6 +798,15 @@ mod real {
             // cluster. (The taking below is one etcd transaction all the same.)
             if let Some(o) = self.other_owner(name)? {
                 return Ok(Taking::Elsewhere(o));
+            }
+            // Handed over to another gateway by one that may take it back (`release_to`).
+            let handed = self.with_gateway(async |g| {
+                g.handed_to(&owner_key(name))
+                    .await
+                    .map_err(|e| format!("cannot learn whether pool {name} is handed over: {e}"))
+            })?;
+            if let Some(o) = handed {
+                return Ok(Taking::Elsewhere(elsewhere(o, &self.cfg.name)));
             }
             let started = std::time::Instant::now();
             // One connection for the place's check (the first time) and the taking.
@@ -952,6 +976,17 @@ mod real {
             self.with_gateway(async |g| g.end_move(&owner_key(name), revision).await.map_err(|e| e.to_string()))
         }
 
+        /// Gives pool `name` up, if this gateway owns it at `epoch`, for gateway `to` alone to
+        /// take until this one takes it back (or leaves, or its lease lapses).
+        pub fn release_to(&self, name: &str, epoch: i64, to: &str) -> Result<(), String> {
+            self.with_gateway(async |g| {
+                g.release_to(&owner_key(name), epoch, to)
+                    .await
+                    .map(drop)
+                    .map_err(|e| e.to_string())
+            })
+        }
+
         /// Gives pool `name` up, if this gateway owns it at `epoch`.
         pub fn release(&self, name: &str, epoch: i64) -> Result<(), String> {
             self.with_gateway(async |g| {
@@ -1022,6 +1057,12 @@ mod real {
         /// gateway may own the pool.
         pub fn lease_holds(&self) -> bool {
             self.lease_clock.holds()
+        }
+
+        /// [`lease_holds`](Self::lease_holds), for the pool's ports to ask at every command.
+        pub fn lease_check(&self) -> crate::standby::LeaseCheck {
+            let clock = self.lease_clock.clone();
+            Arc::new(move || clock.holds())
         }
 
         /// The first write the OSDs refused on a disk opened through this connection, or a
@@ -1184,10 +1225,16 @@ mod absent {
         pub fn release(&self, _: &str, _: i64) -> Result<(), String> {
             match self.never {}
         }
+        pub fn release_to(&self, _: &str, _: i64, _: &str) -> Result<(), String> {
+            match self.never {}
+        }
         pub fn forget_place(&self, _: &str, _: &Placement, _: bool) -> Result<(), String> {
             match self.never {}
         }
         pub fn claim_place(&self, _: &str, _: &Placement) -> Result<bool, String> {
+            match self.never {}
+        }
+        pub fn unclaim_place(&self, _: &str, _: &Placement) -> Result<(), String> {
             match self.never {}
         }
         pub fn check_place(&self, _: &str, _: &Placement) -> Result<(), String> {
@@ -1284,6 +1331,9 @@ mod absent {
         pub fn lease_holds(&self) -> bool {
             match self.never {}
         }
+        pub fn lease_check(&self) -> crate::standby::LeaseCheck {
+            match self.never {}
+        }
         pub fn refused(&self) -> Option<String> {
             match self.never {}
         }
@@ -1297,6 +1347,12 @@ mod absent {
     pub struct Ask {
         never: std::convert::Infallible,
         pub request: Vec<u8>,
+    }
+
+    impl Ask {
+        pub fn lasts_for(&self) -> std::time::Duration {
+            match self.never {}
+        }
     }
 
     pub struct AsksComing {

@@ -55,7 +55,15 @@ pub struct PoolPorts {
     /// This gateway's way to the pool's other gateways (set once, by the daemon; none in a
     /// daemon that is no gateway).
     others: std::sync::OnceLock<OtherGateways>,
+    /// Whether the lease the pool is owned under here holds, while it is: past it, another
+    /// gateway may own the pool, and this one's ports are transitioning whatever its tick
+    /// has made of it yet (a tick busy with another pool's taking may come to it seconds
+    /// later), so that no host is answered reservations or port states from what it held.
+    lease: Mutex<Option<LeaseCheck>>,
 }
+
+/// Whether the lease a pool is owned under surely holds still.
+pub type LeaseCheck = Arc<dyn Fn() -> bool + Send + Sync>;
 
 /// Sends the unit attentions a logical unit (by its NAA id) raised for initiator ports.
 pub type AttentionsOut = Box<dyn Fn(&[u8; 16], &[(PortId, Sense)]) + Send + Sync>;
@@ -91,7 +99,23 @@ impl PoolPorts {
             }),
             asks,
             others: std::sync::OnceLock::new(),
+            lease: Mutex::new(None),
         })
+    }
+
+    /// Records that the pool is owned here under the lease `holds` tells of: its ports are
+    /// active only while that lease holds.
+    pub fn owned_under(&self, holds: LeaseCheck) {
+        *self.lease.lock() = Some(holds);
+    }
+
+    /// This gateway's state `local` as hosts are told it: transitioning once the lease the
+    /// pool is owned under may have lapsed.
+    fn as_told(&self, local: AccessState) -> AccessState {
+        match local.active() && self.lease.lock().as_ref().is_some_and(|holds| !holds()) {
+            true => AccessState::Transitioning,
+            false => local,
+        }
     }
 
     /// Connects the pool's logical units here to its other gateways through `others`.
@@ -154,6 +178,7 @@ impl PortGroups for PoolPorts {
             presenting,
             ..
         } = self.state.lock().clone();
+        let local = self.as_told(local);
         let mine = group_of(&self.me);
         let mut groups = vec![PortGroup {
             id: mine,
@@ -191,7 +216,7 @@ impl PortGroups for PoolPorts {
     }
 
     fn local_state(&self) -> AccessState {
-        self.state.lock().local
+        self.as_told(self.state.lock().local)
     }
 
     /// A pool is never taken from a live owner at once (two hosts preferring different
@@ -209,7 +234,9 @@ impl PortGroups for PoolPorts {
             }
             s.asked = Some(now);
         }
-        s.local
+        let local = s.local;
+        drop(s);
+        self.as_told(local)
     }
 
     fn transition_seconds(&self) -> u8 {
@@ -492,6 +519,54 @@ pub(crate) mod tests {
             let found = g.iter().find(|x| x.id == group_of(name)).unwrap();
             assert_eq!((found.state, found.preferred), (state, state.active()), "{name}");
         }
+    }
+
+    /// An owner whose lease may have lapsed (it stalled, and another gateway may own the
+    /// pool now) answers no reservation, and reports its port transitioning, before its tick
+    /// has given the pool up: until 2026-12-06 it answered PERSISTENT RESERVE IN from what it
+    /// held, and REPORT TARGET PORT GROUPS named it active, for as long as its tick was busy.
+    #[test]
+    fn an_owner_whose_lease_lapsed_answers_no_reservation_from_what_it_held() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let p = PoolPorts::new(
+            "gw-a",
+            AccessState::ActiveOptimized,
+            Some("gw-a".into()),
+            Arc::default(),
+        );
+        let holds = Arc::new(AtomicBool::new(true));
+        p.owned_under({
+            let holds = holds.clone();
+            Arc::new(move || holds.load(Ordering::Relaxed))
+        });
+        let lun = Lun::new(Arc::new(tessera_scsi::RamBackend::new("ram", 1 << 20, 512)), 9, false)
+            .with_port_groups(p.clone());
+        let host = Nexus::new(1, "iqn.2026-01.test:host", [0x40, 0, 0, 0, 0, 1]);
+        let read_keys = [0x5E, 0, 0, 0, 0, 0, 0, 0x10, 0, 0];
+        let rtpg = [0xA3, 0x0A, 0, 0, 0, 0, 0, 0, 0x10, 0, 0, 0];
+        // Its first command finds what a new nexus is owed.
+        let _ = lun.execute_for(&host, &read_keys, &[]);
+        assert_eq!(sense_of(&lun.execute_for(&host, &read_keys, &[])), None);
+        holds.store(false, Ordering::Relaxed);
+        assert_eq!(
+            sense_of(&lun.execute_for(&host, &read_keys, &[])),
+            Some((2, 0x04, 0x0A)),
+            "answered from what it held"
+        );
+        assert_eq!(p.local_state(), AccessState::Transitioning);
+        assert_eq!(p.request_access(), AccessState::Transitioning);
+        assert_eq!(p.groups()[0].state, AccessState::Transitioning);
+        assert!(!p.groups()[0].preferred);
+        let report = lun.execute_for(&host, &rtpg, &[]);
+        assert_eq!(sense_of(&report), None);
+        assert_eq!(report.data.to_vec()[4] & 0x0F, 0xF, "its group reported transitioning");
+        // Taken again under a lease that holds: served.
+        holds.store(true, Ordering::Relaxed);
+        assert_eq!(sense_of(&lun.execute_for(&host, &read_keys, &[])), None);
+        // Standby, it answers reservations through the owner whatever its old lease says.
+        holds.store(false, Ordering::Relaxed);
+        p.set(AccessState::Standby, Some("gw-b".into()));
+        assert_eq!(p.local_state(), AccessState::Standby);
     }
 
     #[test]

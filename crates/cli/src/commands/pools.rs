@@ -245,6 +245,8 @@ fn placement(a: &RadosArgs) -> Result<Option<RadosPlacement>, ClientError> {
 fn rados_line(r: &RadosPoolView) -> String {
     let owner = match (&r.owner, r.epoch) {
         (Some(o), Some(e)) if r.here => format!("owned here (gateway {o}, epoch {e})"),
+        // Handed over to it, not taken yet.
+        (Some(o), Some(0)) => format!("handed over to gateway {o}"),
         (Some(o), Some(e)) => format!("owned by gateway {o} (epoch {e})"),
         _ => "owner not known yet".to_string(),
     };

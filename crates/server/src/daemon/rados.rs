@@ -204,11 +204,15 @@ impl RadosPool {
         } else {
             AccessState::Standby
         };
+        let ports = PoolPorts::new(me, state, state.active().then(|| me.to_string()), asks);
+        if let Some(o) = &owned {
+            ports.owned_under(o.lease_check());
+        }
         RadosPool {
             placement,
             owned,
             elsewhere: None,
-            ports: PoolPorts::new(me, state, state.active().then(|| me.to_string()), asks),
+            ports,
             reader: None,
             announced: None,
             announced_exports: None,
@@ -269,14 +273,26 @@ impl Daemon {
         // one that exists) from now on; a create that fails below takes it back, if it
         // recorded it (a pool of this name may be there already, its record kept).
         let claimed = gw.claim_place(&req.name, &placement).map_err(ApiError::exists)?;
-        let owned = match gw.take(&req.name, &placement).map_err(ApiError::unavailable)? {
-            Taking::Mine(o) => o,
-            Taking::GaveBack { why, .. } => return Err(ApiError::unavailable(why)),
-            Taking::Elsewhere(o) => {
-                return Err(ApiError::exists(format!(
-                    "pool '{}' exists in the cluster and gateway {} owns it (epoch {}): 'tessera pool import {} --rados {}' serves it here too once it is free",
-                    req.name, o.gateway, o.epoch, req.name, placement.rados_pool
-                )))
+        let refused = match gw.take(&req.name, &placement) {
+            Ok(Taking::Mine(o)) => Ok(o),
+            Err(e) => Err(ApiError::unavailable(e)),
+            Ok(Taking::GaveBack { why, .. }) => Err(ApiError::unavailable(why)),
+            Ok(Taking::Elsewhere(o)) => Err(ApiError::exists(format!(
+                "pool '{}' exists in the cluster and gateway {} owns it (epoch {}): 'tessera pool import {} --rados {}' serves it here too once it is free",
+                req.name, o.gateway, o.epoch, req.name, placement.rados_pool
+            ))),
+        };
+        let owned = match refused {
+            Ok(o) => o,
+            Err(e) => {
+                // Not taken, so not made: the name claims no place. Its fence record stays
+                // (a pool of this name owned elsewhere may be older than places' records).
+                if claimed {
+                    if let Err(why) = gw.unclaim_place(&req.name, &placement) {
+                        warn!(pool = %req.name, error = %why, "cannot take back the place recorded for a pool that was not made");
+                    }
+                }
+                return Err(e);
             }
         };
         let made = std::fs::create_dir_all(&dir)
@@ -454,10 +470,17 @@ impl Daemon {
                     why
                 }
                 Ok(Taking::Elsewhere(o)) => {
-                    let why = format!(
-                        "owned by gateway {} (epoch {}); this gateway takes it over once that one's lease lapses",
-                        o.gateway, o.epoch
-                    );
+                    let why = match o.epoch {
+                        // Handed over, not taken yet (`release_to`).
+                        0 => format!(
+                            "handed over to gateway {}, which takes it; this gateway takes it over only if neither that one nor the gateway that handed it over serves it",
+                            o.gateway
+                        ),
+                        _ => format!(
+                            "owned by gateway {} (epoch {}); this gateway takes it over once that one's lease lapses",
+                            o.gateway, o.epoch
+                        ),
+                    };
                     if let Some(p) = self.rados.lock().get_mut(name) {
                         p.elsewhere = Some(o.clone());
                         // A streak of failures ends where the pool is found served.
@@ -475,7 +498,7 @@ impl Daemon {
                     owned.open(&self.pool_dir(name), name)
                 } {
                     Err(e) => {
-                        let _ = gw.release(name, owned.epoch);
+                        self.release_or_later(gw, name, owned.epoch);
                         self.set_pool_access(name, AccessState::Standby, None);
                         failed = Some(true);
                         e
@@ -483,8 +506,9 @@ impl Daemon {
                     Ok(engine) => {
                         let epoch = owned.epoch;
                         let _admin = self.admin.lock();
-                        if !self.rados.lock().contains_key(name) {
-                            // Exported or destroyed here while it was being opened.
+                        if !self.rados.lock().contains_key(name) || self.stopping.load(std::sync::atomic::Ordering::Relaxed) {
+                            // Exported or destroyed here while it was being opened, or the
+                            // daemon is stopping: given up, not served.
                             drop(engine);
                             self.release_or_later(gw, name, epoch);
                             return;
@@ -501,6 +525,7 @@ impl Daemon {
                         let mut moved_to = None;
                         if let Some(p) = self.rados.lock().get_mut(name) {
                             moved_to = p.moved_to.take();
+                            p.ports.owned_under(owned.lease_check());
                             p.owned = Some(owned);
                             p.retry = None;
                             p.passing_since = None;
@@ -676,8 +701,16 @@ impl Daemon {
             mark(p);
             p.owned.take()
         });
-        if let Err(e) = g.gw.release(g.name, g.epoch) {
-            warn!(pool = %g.name, error = %e, "cannot give the pool up in etcd; it stays owned here until the lease lapses");
+        // Should etcd fail it, the key would keep the pool this gateway's for as long as
+        // its lease is renewed, and no other gateway could take it: tried again at the ticks
+        // (for any gateway to take).
+        let released = match g.to {
+            Some(to) => g.gw.release_to(g.name, g.epoch, to),
+            None => g.gw.release(g.name, g.epoch),
+        };
+        if let Err(e) = released {
+            warn!(pool = %g.name, error = %e, "cannot give the pool up in etcd now; trying again at the next ticks");
+            self.unreleased.lock().push((g.name.to_string(), g.epoch));
         }
         (engine, owned)
     }
@@ -794,6 +827,9 @@ impl Daemon {
             let answer = if taken.elapsed() > crate::forwarding::RUN_TAKEN_WITHIN {
                 debug!(pool = %name, "a forwarded command is not run: it was taken too long ago, and its asker may give up before it is answered");
                 crate::forwarding::not_run()
+            } else if ask.lasts_for() < crate::forwarding::ASK_MUST_LAST {
+                warn!(pool = %name, seconds_left = ask.lasts_for().as_secs(), "a forwarded command is not run: its asker stops waiting before an answer could surely reach it (it was taken late, its asker could not take it back)");
+                crate::forwarding::not_run()
             } else if !self.owns_under_lease(&name) {
                 debug!(pool = %name, "a forwarded command is not run: this gateway no longer owns the pool, or its lease on it may have lapsed");
                 crate::forwarding::not_run()
@@ -817,6 +853,10 @@ impl Daemon {
     /// takes the pools nobody owns, hands over those asked for.
     pub fn rados_tick(&self) {
         let Some(gw) = &self.gateway else { return };
+        if self.stopping.load(std::sync::atomic::Ordering::Relaxed) {
+            // What it owns is being given up (`release_rados_pools`): nothing more is taken.
+            return;
+        }
         if !gw.alive() {
             // Never joined (etcd did not answer at start): nothing to lose, and the failure
             // was logged once then.
@@ -916,6 +956,7 @@ impl Daemon {
                 units,
                 access: (AccessState::Transitioning, None),
                 why: why.clone(),
+                to: None,
             },
             |_| {},
             |p| p.reopened = Some(Instant::now()),
@@ -1073,6 +1114,7 @@ impl Daemon {
                     units,
                     access: (AccessState::Standby, Some(to.to_string())),
                     why: format!("handed over to gateway {to}, {}", why.long()),
+                    to: Some(to),
                 },
                 |engine| {
                     if let Err(e) = engine.checkpoint() {
@@ -1375,22 +1417,16 @@ impl Daemon {
         }
     }
 
-    /// Gives up in etcd the pools exported or destroyed here whose ownership could not be
-    /// given up then; not one imported here again since (its taking settles its key).
+    /// Gives up in etcd the pools no longer served here (handed over, given up, exported or
+    /// destroyed) whose ownership could not be given up then; not one owned here again
+    /// since (its taking settled its key). Each only at the epoch it was owned at: a key
+    /// of a later taking stays.
     fn release_forgotten_pools(&self, gw: &crate::rados_pools::Membership) {
         let pending = std::mem::take(&mut *self.unreleased.lock());
         for (name, epoch) in pending {
-            let owned_here = self.rados.lock().get(&name).map(|p| p.owned.is_some());
-            match owned_here {
+            if self.rados.lock().get(&name).is_some_and(|p| p.owned.is_some()) {
                 // Owned here again: under this key, or a newer one.
-                Some(true) => continue,
-                // Imported again, not taken yet: the key waits for the taking (which finds
-                // it this gateway's), or for another export.
-                Some(false) => {
-                    self.unreleased.lock().push((name, epoch));
-                    continue;
-                }
-                None => {}
+                continue;
             }
             match gw.release(&name, epoch) {
                 Ok(()) => info!(pool = %name, "pool given up in etcd for the other gateways"),
@@ -1406,13 +1442,20 @@ impl Daemon {
     /// another takes it at once instead of after the lease.
     pub(super) fn release_rados_pools(&self) {
         let Some(gw) = &self.gateway else { return };
-        for (name, p) in self.rados.lock().iter() {
-            if let Some(o) = &p.owned {
-                match gw.release(name, o.epoch) {
-                    Ok(()) => info!(pool = %name, "pool given up for other gateways"),
-                    Err(e) => {
-                        warn!(pool = %name, error = %e, "cannot give the pool up; other gateways take it when the lease lapses")
-                    }
+        // A taking under way ends first (`stopping` is set: it gives up what it took).
+        drop(self.bringing.lock());
+        // Out of the lock: each release may wait on etcd.
+        let owned: Vec<(String, i64)> = self
+            .rados
+            .lock()
+            .iter()
+            .filter_map(|(name, p)| Some((name.clone(), p.owned.as_ref()?.epoch)))
+            .collect();
+        for (name, epoch) in owned {
+            match gw.release(&name, epoch) {
+                Ok(()) => info!(pool = %name, "pool given up for other gateways"),
+                Err(e) => {
+                    warn!(pool = %name, error = %e, "cannot give the pool up; other gateways take it when the lease lapses")
                 }
             }
         }
@@ -1478,6 +1521,9 @@ struct GivingUp<'a> {
     access: (AccessState, Option<String>),
     /// Why the pool is listed as unavailable here meanwhile.
     why: String,
+    /// The gateway it is handed over to, which alone may take it until this one takes it
+    /// back; None when any gateway may.
+    to: Option<&'a str>,
 }
 
 /// The record of vdisk `vd` ("pool/name") among `units`.
