@@ -3043,6 +3043,14 @@ fn an_administrator_moves_a_pool_to_the_other_gateway_and_back() {
     let out = a.ok(&["pool", "move", &pool, "--to", "gw-a"]);
     assert!(out.contains("moved to gateway gw-a"), "{out}");
     let first = pool_entry(&a, &pool)["rados"]["epoch"].as_i64().unwrap();
+    // A third gateway presents the pool too: a pool moved is the gateway's it is moved to,
+    // and C never takes it on the way. (Until 2026-12-06 a handover was a plain release,
+    // and C, told as soon as B, took it about every other time.)
+    let prefix = format!("/tessera-test-mv-{}", std::process::id());
+    let mut c = Daemon::start_configured(&_dir.path().join("c"), &gateway_config("gw-c", &etcd, &prefix));
+    c.ok(&["pool", "import", &pool, "--rados", RADOS_POOL, "--ceph-conf", &conf]);
+    c.ok(&["target", "create", iqn, "--allow-any-initiator"]);
+    c.ok(&["target", "lun", "add", iqn, &vdisk]);
 
     for lba in 0..16 {
         until_done(
@@ -3115,6 +3123,9 @@ fn an_administrator_moves_a_pool_to_the_other_gateway_and_back() {
     // Done: nothing moves it again.
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(pool_entry(&a, &pool)["rados"]["here"], true);
+    let at_c = pool_entry(&c, &pool);
+    assert_eq!(at_c["rados"]["takeovers"], 0, "C took a pool handed to another: {at_c}");
+    c.stop();
 
     // To B once more, which takes it and dies. A move to B, asked meanwhile (put in etcd
     // here, as an administrator at another gateway would), is given up when A takes the
