@@ -687,8 +687,9 @@ impl Inner {
 
     /// Sends the writes held for `object` as one operation, which their writers wait on; if
     /// it cannot be sent, they fail, and so do the flushes.
-    /// Once the cluster said that a newer owner took the pool, they are not sent: they fail
-    /// with why.
+    /// Once the cluster said that a newer owner took the pool, or once the lease may have
+    /// lapsed (they may have waited long behind writes on their way), they are not sent:
+    /// they fail with why.
     fn send_held(&self, b: &mut Behind, object: u64, h: Held) {
         b.waiting.insert(
             h.tag,
@@ -698,7 +699,11 @@ impl Inner {
                 started: h.started,
             },
         );
-        if let Some(why) = b.replaced.clone() {
+        let unsendable = match &b.replaced {
+            Some(why) => Some(why.clone()),
+            None => (!self.lease.holds()).then(|| LEASE_MAY_HAVE_LAPSED.to_string()),
+        };
+        if let Some(why) = unsendable {
             b.bytes -= h.bytes;
             Self::tell(b, h.tag, Err(why));
             self.settled.notify_all();

@@ -706,6 +706,58 @@ fn writes_held_for_an_object_go_together_and_return_once_applied() {
     d.remove_objects().unwrap();
 }
 
+/// Writes held back behind writes on their way to the same object are not sent once the
+/// lease may have lapsed: they waited, and are refused when their turn comes, as a write
+/// started then would be. (Until 2026-12-06 they went out whenever their turn came.) The
+/// lease lapses just after sixteen writes to one object were started on a ring, two on their
+/// way and the rest held; the OSDs take longer than that to answer the two, but a thread
+/// put off the processors in between could let the held ones go first, so up to five tries.
+#[test]
+fn writes_held_behind_others_are_not_sent_past_the_lease() {
+    use std::time::Duration;
+    use tessera_ownership::lease_clock::Stamp;
+    use tessera_ownership::LeaseClock;
+
+    let t = "writes_held_behind_others_are_not_sent_past_the_lease";
+    let Some(conf) = ceph_conf(t) else { return };
+    let Ok(mut ring) = ReadRing::<(usize, AlignedBuf)>::new(32) else {
+        tessera_disk::skip(t, "io_uring unavailable");
+        return;
+    };
+    let c = ceph(&conf);
+    let prefix = format!("{t}-{}", std::process::id());
+    let mut outcomes = Vec::new();
+    for _ in 0..5 {
+        let clock = LeaseClock::granted(Stamp::now(), Duration::from_secs(30));
+        let d = disk(&c, &prefix, 8 * MIB, 1).under_lease(clock.clone());
+        let writer = d.write_via().expect("a disk on RADOS writes in the background");
+        for i in 0..16usize {
+            let buf = random(50 + i as u64, 4096);
+            let w = RingWrite {
+                disk: writer.clone(),
+                at: buf.as_ptr(),
+                len: 4096,
+                offset: i as u64 * 4096,
+                io: None,
+            };
+            // SAFETY: the buffer moves into the tag; its heap memory stays put.
+            unsafe { ring.start_writes((i, buf), &[w]) };
+        }
+        clock.lapsed();
+        let mut done = Vec::new();
+        ring.drain(&mut done);
+        assert_eq!(done.len(), 16);
+        let refused = done.iter().filter(|(_, ok)| !ok).count();
+        outcomes.push(refused);
+        if refused > 0 {
+            // Past its lease this disk removes nothing: another connection does.
+            disk(&c, &prefix, 8 * MIB, 1).remove_objects().unwrap();
+            return;
+        }
+    }
+    panic!("every held write was sent past the lease, in each of five tries: {outcomes:?}");
+}
+
 /// The engine unchanged on a disk on RADOS: a pool with the `simple` layout (redundancy is
 /// the RADOS pool's), a vdisk written, the pool exported, then opened again through another
 /// cluster connection, as another gateway would: every block reads back, the check is clean.
