@@ -10,7 +10,7 @@
 //! bounce between them; the cost is that a host cut off from a live owner waits for an
 //! administrator to move the vdisk (`Gateway::release` on the owner).
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use etcd_client::{Client, EventType};
@@ -46,6 +46,10 @@ struct Shared {
     /// A taking under way: its key may be put (and seen) before the previous owner is fenced
     /// off, and this gateway must not report itself active until it is.
     taking: AtomicUsize,
+    /// The epoch a taking of this run returned, its previous owner fenced off (0: none): a
+    /// key of this run at another epoch (a taking that failed, whose key etcd kept) is not
+    /// served.
+    fenced_at: AtomicI64,
     on_change: Option<OnChange>,
 }
 
@@ -57,7 +61,7 @@ impl Shared {
                 if self.lease_lost.load(Ordering::SeqCst) {
                     // What it owned may be another's by now: serve nothing.
                     AccessState::Unavailable
-                } else if self.taking.load(Ordering::SeqCst) > 0 {
+                } else if self.taking.load(Ordering::SeqCst) > 0 || self.fenced_at.load(Ordering::SeqCst) != o.epoch {
                     AccessState::Transitioning
                 } else {
                     AccessState::ActiveOptimized
@@ -65,6 +69,17 @@ impl Shared {
             }
             _ => AccessState::Standby,
         }
+    }
+
+    /// Whether etcd holds a key of this run for the vdisk that no taking under way or done
+    /// fenced behind (a taking failed, and its key stayed): taken again, it is given up and
+    /// taken afresh, the previous owner fenced off.
+    fn unfenced_key(&self) -> bool {
+        let seen = self.seen.lock().expect("not poisoned");
+        matches!(&*seen, Seen::Owned(o) if o.gateway == self.me && o.lease == self.lease
+            && o.epoch != self.fenced_at.load(Ordering::SeqCst))
+            && self.taking.load(Ordering::SeqCst) == 0
+            && !self.lease_lost.load(Ordering::SeqCst)
     }
 
     /// The gateway's lease is gone, or may be: nothing it owned is its own any more.
@@ -140,6 +155,7 @@ impl VdiskPorts {
             lease,
             lease_lost: AtomicBool::new(false),
             taking: AtomicUsize::new(0),
+            fenced_at: AtomicI64::new(0),
             on_change,
         });
         let watcher = rt.block_on(follow(client, key, shared.clone(), gateway.clone()))?;
@@ -164,19 +180,39 @@ impl VdiskPorts {
         self.shared.taking.fetch_add(1, Ordering::SeqCst);
         let taken = self.rt.block_on(async {
             let mut g = self.gateway.lock().await;
-            g.take_fenced(&self.vdisk, &self.fence_address, |previous| {
-                let fenced = if previous.is_empty() {
-                    (self.fencer)(None)
-                } else {
-                    previous.iter().all(|a| (self.fencer)(Some(a)))
-                };
-                if fenced {
-                    Ok(())
-                } else {
-                    Err(crate::FenceError::lasting("the fencer refused"))
+            // Taken by another command while this one waited for the gateway: taking it
+            // again would give it up and take it afresh, a moment in which another gateway
+            // could take it.
+            let fenced_at = self.shared.fenced_at.load(Ordering::SeqCst);
+            if fenced_at != 0 {
+                if let Some(o) = g
+                    .owner(&self.vdisk)
+                    .await?
+                    .filter(|o| g.holds(o) && o.epoch == fenced_at)
+                {
+                    return Ok(o);
                 }
-            })
-            .await
+            }
+            let taken = g
+                .take_fenced(&self.vdisk, &self.fence_address, |previous| {
+                    let fenced = if previous.is_empty() {
+                        (self.fencer)(None)
+                    } else {
+                        previous.iter().all(|a| (self.fencer)(Some(a)))
+                    };
+                    if fenced {
+                        Ok(())
+                    } else {
+                        Err(crate::FenceError::lasting("the fencer refused"))
+                    }
+                })
+                .await;
+            // Before the gateway is let go: a command waiting for it finds the vdisk taken.
+            // (`state` says transitioning until this taking is counted out, below.)
+            if let Ok(o) = &taken {
+                self.shared.fenced_at.store(o.epoch, Ordering::SeqCst);
+            }
+            taken
         });
         // The state reported while it ran (transitioning, once the key was seen) is the
         // one to tell a change from.
@@ -331,13 +367,14 @@ impl PortGroups for VdiskPorts {
     }
 
     fn request_access(&self) -> AccessState {
-        match self.shared.state() {
-            AccessState::Standby => self.take().unwrap_or_else(|e| {
-                tracing::warn!(vdisk = %self.vdisk, error = %e, "cannot take the vdisk over");
-                AccessState::Standby
-            }),
-            s => s,
+        let state = self.shared.state();
+        if state != AccessState::Standby && !self.shared.unfenced_key() {
+            return state;
         }
+        self.take().unwrap_or_else(|e| {
+            tracing::warn!(vdisk = %self.vdisk, error = %e, "cannot take the vdisk over");
+            self.shared.state()
+        })
     }
 
     fn transition_seconds(&self) -> u8 {

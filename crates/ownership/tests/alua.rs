@@ -109,11 +109,19 @@ fn the_owner_is_active_a_live_owner_keeps_its_vdisk_and_a_dead_ones_is_taken_fen
             == AccessState::Standby),
         "A never saw the vdisk free"
     );
-    assert_eq!(a.ports.request_access(), AccessState::ActiveOptimized);
+    // Four commands at once: the vdisk is taken once, not given up and taken again by each
+    // command that waited for the first's taking (until 2026-12-06 each did, and another
+    // gateway could take the vdisk in between).
+    let answers: Vec<AccessState> = std::thread::scope(|s| {
+        let asking: Vec<_> = (0..4).map(|_| s.spawn(|| a.ports.request_access())).collect();
+        asking.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(answers.contains(&AccessState::ActiveOptimized), "{answers:?}");
+    assert_eq!(a.ports.local_state(), AccessState::ActiveOptimized);
     assert_eq!(
         *a.fenced.lock().unwrap(),
         vec![None, None],
-        "A fenced its own address off"
+        "A fenced its own address off, or took the vdisk more than once"
     );
     assert!(
         eventually(Duration::from_secs(30), || b
