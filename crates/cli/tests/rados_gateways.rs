@@ -2930,6 +2930,76 @@ fn a_gateway_joins_an_etcd_as_a_user_with_a_password() {
     a.stop();
 }
 
+/// An owner cut off from etcd (its lease lapses, and it cannot join again) keeps presenting
+/// its LUN, transitioning, rather than withdrawing it: its hosts retry, at the other gateway
+/// once that one took the pool, instead of failing the path on a LUN gone (until 2026-12-06
+/// the LUN went until etcd answered again). Once it does, the LUN is standby there.
+#[test]
+fn an_owner_cut_off_from_etcd_keeps_its_lun_transitioning() {
+    let test = "an_owner_cut_off_from_etcd_keeps_its_lun_transitioning";
+    let Some((conf, etcd, _cluster)) = cluster(test) else {
+        return;
+    };
+    let iqn = "iqn.2026-12.io.tessera:lost";
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let relay = Relay::start(port, etcd.trim_start_matches("http://").to_string());
+    let through_relay = format!("127.0.0.1:{port}");
+    let TwoGateways {
+        mut a,
+        b,
+        pool,
+        vdisk,
+        _dir,
+    } = two_gateways_presenting_through(&conf, [&through_relay, &etcd], "lost", "lost", iqn);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let pa = a.iscsi_portal();
+    let tur = [0u8; 6];
+    let at_a = || node_command(&rt, &pa, iqn, 1, &tur, Vec::new(), 0).map(|(r, _)| sense_of(&r));
+    let until_a = |want: Option<(u8, u8, u8)>, limit: Duration, why: &str| {
+        let t0 = Instant::now();
+        let mut seen = Vec::new();
+        loop {
+            let now = at_a();
+            if now == Some(want) {
+                return;
+            }
+            seen.push(now);
+            assert!(t0.elapsed() < limit, "{why}: {seen:?}\n{}", a.logs());
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    until_a(None, Duration::from_secs(15), "A does not serve the LUN");
+
+    relay.cut();
+    until_served(&b, &pool, Duration::from_secs(30));
+    let t0 = Instant::now();
+    while pool_entry(&a, &pool)["rados"]["here"] != false {
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "A never took its lease for lost"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        at_a(),
+        Some(Some((0x2, 0x04, 0x0A))),
+        "A's LUN is not there, transitioning"
+    );
+
+    relay.mend();
+    until_a(
+        Some((0x2, 0x04, 0x0B)),
+        Duration::from_secs(30),
+        "A's LUN is not standby once etcd answers",
+    );
+    remove_lun_vdisk_and_pool(&b, iqn, &vdisk, &pool);
+    a.stop();
+}
+
 /// A standby gateway cut off from etcd while the owner raised a unit attention for a host on
 /// its standby path tells that host once etcd answers again: it watches the owners' notices
 /// again from the last it saw, not from the moment it is back.

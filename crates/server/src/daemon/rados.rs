@@ -720,13 +720,21 @@ impl Daemon {
     /// configuration stays, for when the pool is taken again).
     fn lose_rados_pools(&self, why: &str) {
         let _admin = self.admin.lock();
-        let lost: Vec<String> = self
+        let lost: Vec<(String, Arc<PoolPorts>)> = self
             .rados
             .lock()
             .iter_mut()
-            .filter_map(|(n, p)| p.owned.take().map(|_| n.clone()))
+            .filter_map(|(n, p)| p.owned.take().map(|_| (n.clone(), p.ports.clone())))
             .collect();
-        for name in lost {
+        for (name, ports) in lost {
+            // Its LUNs stay, transitioning (hosts retry, at the next owner once there is
+            // one), as served here: with etcd away, nothing says who owns the pool, and a
+            // LUN gone would have hosts fail the path. Nothing is asked of etcd or the
+            // cluster here: either may be what is away.
+            ports.set(AccessState::Transitioning, None);
+            if let Some(units) = self.standby_units_as_served(&name) {
+                self.targets.present_standby(&name, &ports, &|vd| unit_of(&units, vd));
+            }
             drop(self.stop_serving(&name, why.to_string()));
             self.events.record(
                 NewEvent::new(
