@@ -483,7 +483,9 @@ impl Gateway {
     }
 
     /// Takes `vdisk` if nobody owns it. Returns the owner afterwards: this gateway with its
-    /// new epoch, or the gateway that holds it.
+    /// new epoch, or the gateway that holds it. Without fencing, and blind to handoffs
+    /// ([`release_to`](Self::release_to)): for tests and tools, not for a gateway's takings,
+    /// which go through [`take_fenced`](Self::take_fenced).
     pub async fn acquire(&mut self, vdisk: &str) -> Result<Owner> {
         let key = self.key(vdisk);
         let txn = Txn::new()
@@ -785,12 +787,14 @@ impl Gateway {
 
     /// Gives `vdisk` up, if this gateway owns it at `epoch`, for gateway `to` to take: no
     /// other gateway takes it ([`acquire_fencing`](Self::acquire_fencing) finds it handed
-    /// over, to `to`, at epoch 0) until `to` takes it, or this gateway takes it back, leaves,
-    /// or its lease lapses. Of several gateways that would take it, the one it is handed to
-    /// (whose hosts ask for it, or that an administrator moves it to) gets it, not whichever
-    /// etcd told first.
-    pub async fn release_to(&mut self, vdisk: &str, epoch: i64, to: &str) -> Result<bool> {
+    /// over, to `to`, at epoch 0) until `to` takes it, this gateway takes it back, or `bar`
+    /// has passed (the handoff lives on a lease of its own: whatever becomes of both
+    /// gateways, the vdisk is free for any after that). Of several gateways that would take
+    /// it, the one it is handed to (whose hosts ask for it, or that an administrator moves it
+    /// to) gets it, not whichever etcd told first.
+    pub async fn release_to(&mut self, vdisk: &str, epoch: i64, to: &str, bar: Duration) -> Result<bool> {
         let key = self.key(vdisk);
+        let bar_lease = self.client.lease_grant(bar.as_secs().max(1) as i64, None).await?.id();
         let txn = Txn::new()
             .when([
                 Compare::create_revision(key.as_str(), CompareOp::Equal, epoch),
@@ -800,11 +804,16 @@ impl Gateway {
                 TxnOp::delete(key.as_str(), None),
                 TxnOp::put(
                     self.handoff_key(vdisk),
-                    to,
-                    Some(PutOptions::new().with_lease(self.lease)),
+                    format!("{to}\n{}\n{:x}", self.name, self.lease),
+                    Some(PutOptions::new().with_lease(bar_lease)),
                 ),
             ]);
-        Ok(self.client.txn(txn).await?.succeeded())
+        let released = self.client.txn(txn).await;
+        if !matches!(&released, Ok(r) if r.succeeded()) {
+            // Nothing handed over (or not known: then the vdisk is free for any at once).
+            let _ = self.client.lease_revoke(bar_lease).await;
+        }
+        Ok(released?.succeeded())
     }
 
     fn handoff_key(&self, vdisk: &str) -> String {
@@ -819,18 +828,23 @@ impl Gateway {
         let Some(kv) = found.kvs().first() else {
             return Ok((None, 0));
         };
-        // To this gateway, or by it (it takes the vdisk back): no bar.
-        let bars = kv.value() != self.name.as_bytes() && kv.lease() != self.lease;
-        let to = bars.then(|| Owner {
-            gateway: String::from_utf8_lossy(kv.value()).into_owned(),
+        // "to", then who handed it over: its name and lease.
+        let value = String::from_utf8_lossy(kv.value()).into_owned();
+        let mut lines = value.lines();
+        let (to, from, from_lease) = (lines.next(), lines.next(), lines.next());
+        // To this gateway, or by this very run (it takes the vdisk back): no bar.
+        let mine = to == Some(self.name.as_str())
+            || (from == Some(self.name.as_str()) && from_lease == Some(format!("{:x}", self.lease).as_str()));
+        let to = (!mine).then(|| Owner {
+            gateway: to.unwrap_or_default().to_string(),
             epoch: 0,
             lease: kv.lease(),
         });
         Ok((to, kv.mod_revision()))
     }
 
-    /// The gateway `vdisk` is handed over to, as its owner at epoch 0, while the gateway
-    /// that handed it may take it back; None when nobody bars this gateway from taking it.
+    /// The gateway `vdisk` is handed over to, as its owner at epoch 0, while the handoff
+    /// lasts; None when nobody bars this gateway from taking it.
     pub async fn handed_to(&mut self, vdisk: &str) -> Result<Option<Owner>> {
         Ok(self.handoff(vdisk).await?.0)
     }

@@ -365,8 +365,8 @@ async fn a_name_has_one_place_until_that_place_forgets_it() {
 
 /// A vdisk handed over to one gateway is that gateway's to take: a third gateway that looks
 /// first finds it handed over (to that one, at epoch 0) and fences nothing, while the gateway
-/// that handed it over may take it back; once it is taken, or its giver leaves, any gateway
-/// may take it as before. (Until 2026-12-06 a handover was a plain release, and of three
+/// that handed it over may take it back; once it is taken, or the handoff's own time has
+/// passed, any gateway may take it as before. (Until 2026-12-06 a handover was a plain release, and of three
 /// gateways whichever etcd told first took the pool, fenced its owner and opened it, to hand
 /// it over again.)
 #[tokio::test]
@@ -379,7 +379,8 @@ async fn a_vdisk_handed_over_is_taken_by_the_gateway_it_is_handed_to() {
     let mut b = Gateway::join(&ep, &p, "gw-b", 5).await.unwrap();
     let mut c = Gateway::join(&ep, &p, "gw-c", 5).await.unwrap();
     let first = a.take_fenced(v, "addr-a", |_| Ok(())).await.unwrap();
-    assert!(a.release_to(v, first.epoch, "gw-b").await.unwrap());
+    let bar = Duration::from_secs(20);
+    assert!(a.release_to(v, first.epoch, "gw-b", bar).await.unwrap());
     let fenced = std::sync::Mutex::new(Vec::new());
     let seen = c
         .take_fenced(v, "addr-c", |l| {
@@ -413,17 +414,33 @@ async fn a_vdisk_handed_over_is_taken_by_the_gateway_it_is_handed_to() {
     );
 
     // Handed to C, it is taken back by B, which handed it: A, looking first, is barred.
-    assert!(b.release_to(v, taken.epoch, "gw-c").await.unwrap());
+    assert!(b.release_to(v, taken.epoch, "gw-c", bar).await.unwrap());
     assert_eq!(a.take_fenced(v, "addr-a", |_| Ok(())).await.unwrap().epoch, 0);
     let back = b.take_fenced(v, "addr-b", |_| Ok(())).await.unwrap();
     assert_eq!(back.gateway, "gw-b");
     assert!(back.epoch > taken.epoch);
     assert!(a.handed_to(v).await.unwrap().is_none());
 
-    // Handed to C by a gateway that leaves: any may take it.
-    assert!(b.release_to(v, back.epoch, "gw-c").await.unwrap());
+    // Handed to C, which never takes it, by a gateway that leaves: the bar lasts its own
+    // while, then any may take it.
+    assert!(b
+        .release_to(v, back.epoch, "gw-c", Duration::from_secs(2))
+        .await
+        .unwrap());
     b.leave().await.unwrap();
-    assert_eq!(a.take_fenced(v, "addr-a", |_| Ok(())).await.unwrap().gateway, "gw-a");
+    assert_eq!(a.take_fenced(v, "addr-a", |_| Ok(())).await.unwrap().epoch, 0);
+    let t0 = Instant::now();
+    loop {
+        let o = a.take_fenced(v, "addr-a", |_| Ok(())).await.unwrap();
+        if o.gateway == "gw-a" {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the bar outlived its time: {o:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     a.leave().await.unwrap();
     c.leave().await.unwrap();
 }

@@ -747,6 +747,9 @@ fn writes_held_behind_others_are_not_sent_past_the_lease() {
         let mut done = Vec::new();
         ring.drain(&mut done);
         assert_eq!(done.len(), 16);
+        done.sort_by_key(|((i, _), _)| *i);
+        // The two sent before the lease lapsed were applied: refusals are for the held.
+        assert!(done[0].1 && done[1].1, "a write sent while the lease held failed");
         let refused = done.iter().filter(|(_, ok)| !ok).count();
         outcomes.push(refused);
         if refused > 0 {

@@ -90,7 +90,7 @@ pub struct Daemon {
     rados: Mutex<BTreeMap<String, rados::RadosPool>>,
     /// Pools on RADOS given up here (exported, destroyed, not made) whose ownership in etcd
     /// could not be given up then (name, epoch): given up at a later tick.
-    unreleased: Mutex<Vec<(String, i64)>>,
+    unreleased: Mutex<Vec<(String, i64, Option<String>)>>,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -395,7 +395,12 @@ impl Daemon {
     /// Stops jobs and flushes every pool, with a journal checkpoint so that the next start has
     /// nothing to replay; the pools stay imported for the next start.
     pub fn shutdown(&self) {
-        self.stopping.store(true, std::sync::atomic::Ordering::Relaxed);
+        {
+            // Under the administration's lock: a pool on RADOS opened meanwhile is either
+            // served before this (and flushed below) or given up (it sees `stopping`).
+            let _admin = self.admin.lock();
+            self.stopping.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         self.jobs.cancel_all();
         self.jobs.wait_idle(Duration::from_secs(30));
         for (name, e) in self.pools.read().iter() {

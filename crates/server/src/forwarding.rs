@@ -112,7 +112,9 @@ pub const RUN_TAKEN_WITHIN: Duration = Duration::from_secs(4);
 /// before it lapses), and a second for etcd's whole seconds. An ask that lives less (taken
 /// after its asker's first wait, which the asker could not take it back at, etcd failing
 /// it) is answered with [`not_run`]: its asker may give up before any answer reaches it.
-/// With [`OWNER_ANSWERS_WITHIN`] of 10 s an ask lives 23 s: 10 s for the owner to take it.
+/// With [`OWNER_ANSWERS_WITHIN`] of 10 s an ask lives 23 s: about its asker's first wait
+/// for the owner to take it (less the steps before that wait, and etcd's rounding of the
+/// time left down to whole seconds).
 pub const ASK_MUST_LAST: Duration = Duration::from_secs(RUN_TAKEN_WITHIN.as_secs() + 5 + 3 + 1);
 
 /// What an owner answers for a forwarded command it did not run (its lease may have lapsed,

@@ -35,6 +35,11 @@ const ASK_WINDOW: Duration = Duration::from_secs(10);
 /// takes it back itself (should that one never take it).
 const HANDOVER_GRACE: Duration = Duration::from_secs(10);
 
+/// How long no gateway but the one a pool is handed to (or the one that handed it over,
+/// taking it back) may take it: the grace, and a few seconds for a taking under way then.
+/// Past it any gateway may, whatever became of those two.
+const HANDOFF_BARS_FOR: Duration = Duration::from_secs(15);
+
 /// A pool whose disk had a write refused is opened again at most this often: a cluster that
 /// refuses every write would otherwise have it opened again at every tick.
 const REOPEN_EVERY: Duration = Duration::from_secs(30);
@@ -84,6 +89,12 @@ const NO_ASK_AFTER_FAILURE: Duration = Duration::from_secs(300);
 /// before the hosts heard of the new owner, would otherwise undo the move once the new owner
 /// saw no I/O for a while.
 const NO_ASK_AFTER_MOVE: Duration = Duration::from_secs(60);
+
+/// How long an owner that handed a pool over to a gateway which did not take it (it could
+/// not open it, say, before it even came to take it) hands it to that gateway no more when
+/// it asks again: another that asks gets it, or it stays here, rather than go unserved for
+/// the grace again and again. As long as a gateway that could not fence waits to ask.
+const NO_HANDOVER_AFTER_UNTAKEN: Duration = NO_ASK_AFTER_FAILURE;
 
 /// How a gateway serves a pool's hosts, as it says in etcd: the gateways a pool may move to.
 #[derive(Clone, Copy)]
@@ -170,6 +181,11 @@ pub(crate) struct RadosPool {
     /// The move it was handed over for then, if an administrator's: the gateway moved to,
     /// and the revision in etcd of the move (a move asked again since has another).
     moved_to: Option<(String, i64)>,
+    /// The gateway it was handed over to then, until this gateway sees it own the pool.
+    handed_to: Option<String>,
+    /// A gateway the pool was handed over to and that did not take it, and when this
+    /// gateway took it back: not handed to it again for [`NO_HANDOVER_AFTER_UNTAKEN`].
+    untaken_by: Option<(String, Instant)>,
     /// The lease under which this gateway asks the owner for the pool (in etcd), if it does:
     /// the word goes with that lease, and is said again under the next.
     asking: Option<i64>,
@@ -219,6 +235,8 @@ impl RadosPool {
             activity: (u64::MAX, Instant::now()),
             handed_over: None,
             moved_to: None,
+            handed_to: None,
+            untaken_by: None,
             asking: None,
             reopened: None,
             retry: None,
@@ -278,8 +296,14 @@ impl Daemon {
             Err(e) => Err(ApiError::unavailable(e)),
             Ok(Taking::GaveBack { why, .. }) => Err(ApiError::unavailable(why)),
             Ok(Taking::Elsewhere(o)) => Err(ApiError::exists(format!(
-                "pool '{}' exists in the cluster and gateway {} owns it (epoch {}): 'tessera pool import {} --rados {}' serves it here too once it is free",
-                req.name, o.gateway, o.epoch, req.name, placement.rados_pool
+                "pool '{}' exists in the cluster and {}: 'tessera pool import {} --rados {}' serves it here too once it is free",
+                req.name,
+                match o.epoch {
+                    0 => format!("is handed over to gateway {}", o.gateway),
+                    e => format!("gateway {} owns it (epoch {e})", o.gateway),
+                },
+                req.name,
+                placement.rados_pool
             ))),
         };
         let owned = match refused {
@@ -306,7 +330,7 @@ impl Daemon {
             if claimed {
                 let _ = gw.forget_place(&req.name, &placement, true);
             }
-            self.release_or_later(gw, &req.name, owned.epoch);
+            self.release_or_later(gw, &req.name, owned.epoch, None);
         };
         let engine = match made {
             Ok(e) => e,
@@ -428,7 +452,7 @@ impl Daemon {
     /// meanwhile; only the outcome is applied under it, if the pool is still known then.
     fn bring_rados_pool(&self, name: &str) {
         let _bringing = self.bringing.lock();
-        if self.pools.read().contains_key(name) {
+        if self.pools.read().contains_key(name) || self.stopping.load(std::sync::atomic::Ordering::Relaxed) {
             return;
         }
         let Some(placement) = self.rados.lock().get(name).map(|p| p.placement.clone()) else {
@@ -482,6 +506,10 @@ impl Daemon {
                         ),
                     };
                     if let Some(p) = self.rados.lock().get_mut(name) {
+                        if o.epoch != 0 && p.handed_to.as_deref() == Some(o.name.as_str()) {
+                            // The gateway it was handed over to took it.
+                            p.handed_to = None;
+                        }
                         p.elsewhere = Some(o.clone());
                         // A streak of failures ends where the pool is found served.
                         p.retry = None;
@@ -498,7 +526,7 @@ impl Daemon {
                     owned.open(&self.pool_dir(name), name)
                 } {
                     Err(e) => {
-                        self.release_or_later(gw, name, owned.epoch);
+                        self.release_or_later(gw, name, owned.epoch, None);
                         self.set_pool_access(name, AccessState::Standby, None);
                         failed = Some(true);
                         e
@@ -510,7 +538,7 @@ impl Daemon {
                             // Exported or destroyed here while it was being opened, or the
                             // daemon is stopping: given up, not served.
                             drop(engine);
-                            self.release_or_later(gw, name, epoch);
+                            self.release_or_later(gw, name, epoch, None);
                             return;
                         }
                         if gw.lease() != Some(owned.lease) || !gw.alive() {
@@ -525,6 +553,10 @@ impl Daemon {
                         let mut moved_to = None;
                         if let Some(p) = self.rados.lock().get_mut(name) {
                             moved_to = p.moved_to.take();
+                            if let Some(g) = p.handed_to.take() {
+                                // Handed over to it, never seen taken by it: taken back.
+                                p.untaken_by = Some((g, Instant::now()));
+                            }
                             p.ports.owned_under(owned.lease_check());
                             p.owned = Some(owned);
                             p.retry = None;
@@ -704,14 +736,7 @@ impl Daemon {
         // Should etcd fail it, the key would keep the pool this gateway's for as long as
         // its lease is renewed, and no other gateway could take it: tried again at the ticks
         // (for any gateway to take).
-        let released = match g.to {
-            Some(to) => g.gw.release_to(g.name, g.epoch, to),
-            None => g.gw.release(g.name, g.epoch),
-        };
-        if let Err(e) = released {
-            warn!(pool = %g.name, error = %e, "cannot give the pool up in etcd now; trying again at the next ticks");
-            self.unreleased.lock().push((g.name.to_string(), g.epoch));
-        }
+        self.release_or_later(g.gw, g.name, g.epoch, g.to);
         (engine, owned)
     }
 
@@ -1037,12 +1062,17 @@ impl Daemon {
         let mut asked = None;
         for name in owned {
             let requests = self.io_metrics.requests_of_pool(&name);
-            let idle = match self.rados.lock().get_mut(&name) {
+            let (idle, untaken_by) = match self.rados.lock().get_mut(&name) {
                 Some(p) => {
                     if p.activity.0 != requests {
                         p.activity = (requests, Instant::now());
                     }
-                    p.activity.1.elapsed()
+                    let untaken_by = p
+                        .untaken_by
+                        .clone()
+                        .filter(|(_, t)| t.elapsed() < NO_HANDOVER_AFTER_UNTAKEN)
+                        .map(|(g, _)| g);
+                    (p.activity.1.elapsed(), untaken_by)
                 }
                 None => continue,
             };
@@ -1058,9 +1088,11 @@ impl Daemon {
                         .inspect_err(|e| debug!(error = %e, "cannot learn which pools gateways ask for"))
                         .unwrap_or_default()
                 });
-                asked
-                    .remove(&name)
-                    .and_then(|asking| asking.into_iter().find(|g| g != gw.name()))
+                asked.remove(&name).and_then(|asking| {
+                    asking
+                        .into_iter()
+                        .find(|g| g != gw.name() && untaken_by.as_ref() != Some(g))
+                })
             };
             match to {
                 Some(to) => self.hand_over(gw, &name, &to, Handover::Asked { idle }),
@@ -1135,6 +1167,7 @@ impl Daemon {
                 |p| {
                     p.handed_over = Some(Instant::now());
                     p.moved_to = moved_to;
+                    p.handed_to = Some(to.to_string());
                     p.elsewhere = None;
                 },
             );
@@ -1407,7 +1440,7 @@ impl Daemon {
         }
         // Given up whatever became of its objects: this gateway no longer serves the pool,
         // and kept, its key would say so to the other gateways for as long as it runs.
-        self.release_or_later(gw, name, owned.epoch);
+        self.release_or_later(gw, name, owned.epoch, None);
         removed.map_err(|e| {
             ApiError::internal(format!(
                 "pool {name} is no longer served here, but not all of it was removed from the cluster: {e}"
@@ -1418,10 +1451,14 @@ impl Daemon {
     /// Gives pool `name`, owned here at `epoch` and no longer served here, up in etcd; if
     /// etcd does not answer now, at a later tick ([`release_forgotten_pools`]): nothing else
     /// here would ever give it up.
-    fn release_or_later(&self, gw: &crate::rados_pools::Membership, name: &str, epoch: i64) {
-        if let Err(e) = gw.release(name, epoch) {
+    /// `to`: the gateway it is handed over to, which alone may take it for a while
+    /// ([`HANDOFF_BARS_FOR`]).
+    fn release_or_later(&self, gw: &crate::rados_pools::Membership, name: &str, epoch: i64, to: Option<&str>) {
+        if let Err(e) = release(gw, name, epoch, to) {
             warn!(pool = %name, error = %e, "cannot give the pool up in etcd now; trying again at the next ticks");
-            self.unreleased.lock().push((name.to_string(), epoch));
+            self.unreleased
+                .lock()
+                .push((name.to_string(), epoch, to.map(String::from)));
         }
     }
 
@@ -1431,16 +1468,16 @@ impl Daemon {
     /// of a later taking stays.
     fn release_forgotten_pools(&self, gw: &crate::rados_pools::Membership) {
         let pending = std::mem::take(&mut *self.unreleased.lock());
-        for (name, epoch) in pending {
+        for (name, epoch, to) in pending {
             if self.rados.lock().get(&name).is_some_and(|p| p.owned.is_some()) {
                 // Owned here again: under this key, or a newer one.
                 continue;
             }
-            match gw.release(&name, epoch) {
+            match release(gw, &name, epoch, to.as_deref()) {
                 Ok(()) => info!(pool = %name, "pool given up in etcd for the other gateways"),
                 Err(e) => {
                     debug!(pool = %name, error = %e, "cannot give the pool up in etcd yet");
-                    self.unreleased.lock().push((name, epoch));
+                    self.unreleased.lock().push((name, epoch, to));
                 }
             }
         }
@@ -1467,6 +1504,8 @@ impl Daemon {
                 }
             }
         }
+        // And those whose release etcd failed before: the ticks that would try again end.
+        self.release_forgotten_pools(gw);
     }
 
     /// The owner of pool `name`, when it is a pool on RADOS that this gateway waits for
@@ -1532,6 +1571,15 @@ struct GivingUp<'a> {
     /// The gateway it is handed over to, which alone may take it until this one takes it
     /// back; None when any gateway may.
     to: Option<&'a str>,
+}
+
+/// Gives pool `name`, owned here at `epoch`, up in etcd: for gateway `to` alone to take for
+/// a while, if it is handed over.
+fn release(gw: &crate::rados_pools::Membership, name: &str, epoch: i64, to: Option<&str>) -> Result<(), String> {
+    match to {
+        Some(to) => gw.release_to(name, epoch, to, HANDOFF_BARS_FOR),
+        None => gw.release(name, epoch),
+    }
 }
 
 /// The record of vdisk `vd` ("pool/name") among `units`.
