@@ -2691,20 +2691,11 @@ fn a_command_that_needs_a_stalled_etcd_fails_in_time() {
     };
     let pid = std::process::id();
     let pool = format!("stall{pid}");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let relay = Relay::start(port, etcd.trim_start_matches("http://").to_string());
+    let (relay, through_relay) = relay_to(&etcd);
     let t = tempfile::tempdir().unwrap();
     let mut d = Daemon::start_configured(
         &t.path().join("a"),
-        &gateway_config(
-            "gw-a",
-            &format!("127.0.0.1:{port}"),
-            &format!("/tessera-test-stall-{pid}"),
-        ),
+        &gateway_config("gw-a", &through_relay, &format!("/tessera-test-stall-{pid}")),
     );
     create_rados_pool(&d, &pool, &conf);
     let move_args = ["pool", "move", pool.as_str(), "--to", "gw-b", "--no-wait"];
@@ -2930,6 +2921,17 @@ fn a_gateway_joins_an_etcd_as_a_user_with_a_password() {
     a.stop();
 }
 
+/// A relay to etcd at `etcd` that a test can cut and mend, and its endpoint.
+fn relay_to(etcd: &str) -> (Relay, String) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let relay = Relay::start(port, etcd.trim_start_matches("http://").to_string());
+    (relay, format!("127.0.0.1:{port}"))
+}
+
 /// An owner cut off from etcd (its lease lapses, and it cannot join again) keeps presenting
 /// its LUN, transitioning, rather than withdrawing it: its hosts retry, at the other gateway
 /// once that one took the pool, instead of failing the path on a LUN gone (until 2026-12-06
@@ -2941,13 +2943,7 @@ fn an_owner_cut_off_from_etcd_keeps_its_lun_transitioning() {
         return;
     };
     let iqn = "iqn.2026-12.io.tessera:lost";
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let relay = Relay::start(port, etcd.trim_start_matches("http://").to_string());
-    let through_relay = format!("127.0.0.1:{port}");
+    let (relay, through_relay) = relay_to(&etcd);
     let TwoGateways {
         mut a,
         b,
@@ -3011,13 +3007,7 @@ fn a_standby_gateway_cut_off_from_etcd_tells_its_hosts_what_the_owner_raised_mea
         return;
     };
     let iqn = "iqn.2026-12.io.tessera:cut";
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let relay = Relay::start(port, etcd.trim_start_matches("http://").to_string());
-    let through_relay = format!("127.0.0.1:{port}");
+    let (relay, through_relay) = relay_to(&etcd);
     let TwoGateways {
         a,
         mut b,
