@@ -421,13 +421,12 @@ async fn a_vdisk_handed_over_is_taken_by_the_gateway_it_is_handed_to() {
     assert!(back.epoch > taken.epoch);
     assert!(a.handed_to(v).await.unwrap().is_none());
 
-    // Handed to C, which never takes it, by a gateway that leaves: the bar lasts its own
-    // while, then any may take it.
+    // Handed to C, which never takes it, by a gateway that stays and never takes it back:
+    // the bar lasts its own while, then any may take it.
     assert!(b
         .release_to(v, back.epoch, "gw-c", Duration::from_secs(2))
         .await
         .unwrap());
-    b.leave().await.unwrap();
     assert_eq!(a.take_fenced(v, "addr-a", |_| Ok(())).await.unwrap().epoch, 0);
     let t0 = Instant::now();
     loop {
@@ -441,6 +440,7 @@ async fn a_vdisk_handed_over_is_taken_by_the_gateway_it_is_handed_to() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    b.leave().await.unwrap();
     a.leave().await.unwrap();
     c.leave().await.unwrap();
 }

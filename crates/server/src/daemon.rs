@@ -396,9 +396,10 @@ impl Daemon {
     /// nothing to replay; the pools stay imported for the next start.
     pub fn shutdown(&self) {
         {
-            // Under the administration's lock: a pool on RADOS opened meanwhile is either
-            // served before this (and flushed below) or given up (it sees `stopping`).
-            let _admin = self.admin.lock();
+            // Once a taking of a pool on RADOS under way has ended: a pool it opened is
+            // served before this (and flushed below); the next sees `stopping` and takes
+            // nothing.
+            let _bringing = self.bringing.lock();
             self.stopping.store(true, std::sync::atomic::Ordering::Relaxed);
         }
         self.jobs.cancel_all();

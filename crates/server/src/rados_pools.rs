@@ -978,11 +978,11 @@ mod real {
 
         /// Gives pool `name` up, if this gateway owns it at `epoch`, for gateway `to` alone to
         /// take until this one takes it back, or for `bar` at most.
-        pub fn release_to(&self, name: &str, epoch: i64, to: &str, bar: Duration) -> Result<(), String> {
+        /// True if it was handed over (false: not owned here at that epoch).
+        pub fn release_to(&self, name: &str, epoch: i64, to: &str, bar: Duration) -> Result<bool, String> {
             self.with_gateway(async |g| {
                 g.release_to(&owner_key(name), epoch, to, bar)
                     .await
-                    .map(drop)
                     .map_err(|e| e.to_string())
             })
         }
@@ -1225,7 +1225,7 @@ mod absent {
         pub fn release(&self, _: &str, _: i64) -> Result<(), String> {
             match self.never {}
         }
-        pub fn release_to(&self, _: &str, _: i64, _: &str, _: std::time::Duration) -> Result<(), String> {
+        pub fn release_to(&self, _: &str, _: i64, _: &str, _: std::time::Duration) -> Result<bool, String> {
             match self.never {}
         }
         pub fn forget_place(&self, _: &str, _: &Placement, _: bool) -> Result<(), String> {

@@ -506,8 +506,9 @@ impl Daemon {
                         ),
                     };
                     if let Some(p) = self.rados.lock().get_mut(name) {
-                        if o.epoch != 0 && p.handed_to.as_deref() == Some(o.name.as_str()) {
-                            // The gateway it was handed over to took it.
+                        if o.epoch != 0 {
+                            // Taken since it was handed over (by the gateway it was handed
+                            // to, or by another once the handoff ended): nobody to blame.
                             p.handed_to = None;
                         }
                         p.elsewhere = Some(o.clone());
@@ -716,7 +717,7 @@ impl Daemon {
         g: GivingUp<'_>,
         settle: impl FnOnce(&Engine),
         mark: impl FnOnce(&mut RadosPool),
-    ) -> (Option<Arc<Engine>>, Option<crate::rados_pools::Owned>) {
+    ) -> (Option<Arc<Engine>>, Option<crate::rados_pools::Owned>, bool) {
         let (state, owner) = g.access;
         g.ports.set(state, owner);
         // Records the cluster does not give now (the OSDs refuse or time out, most likely
@@ -736,8 +737,8 @@ impl Daemon {
         // Should etcd fail it, the key would keep the pool this gateway's for as long as
         // its lease is renewed, and no other gateway could take it: tried again at the ticks
         // (for any gateway to take).
-        self.release_or_later(g.gw, g.name, g.epoch, g.to);
-        (engine, owned)
+        let released = self.release_or_later(g.gw, g.name, g.epoch, g.to);
+        (engine, owned, released)
     }
 
     /// Stops serving every pool on RADOS this gateway owned: its lease is lost, so another
@@ -980,7 +981,7 @@ impl Daemon {
         // Transitioning until the pool is served again. Nothing to settle: the disk's
         // writes are refused.
         let why = format!("being opened again: {why}");
-        let (engine, owned) = self.give_up(
+        let (engine, owned, _) = self.give_up(
             GivingUp {
                 gw,
                 name,
@@ -1145,7 +1146,7 @@ impl Daemon {
                 Handover::Moved { revision } => Some((to.to_string(), revision)),
                 Handover::Asked { .. } => None,
             };
-            let (engine, owned) = self.give_up(
+            let (engine, owned, handed) = self.give_up(
                 GivingUp {
                     gw,
                     name,
@@ -1167,10 +1168,15 @@ impl Daemon {
                 |p| {
                     p.handed_over = Some(Instant::now());
                     p.moved_to = moved_to;
-                    p.handed_to = Some(to.to_string());
                     p.elsewhere = None;
                 },
             );
+            // Only a handover etcd made: one it failed is no fault of the gateway's.
+            if handed {
+                if let Some(p) = self.rados.lock().get_mut(name) {
+                    p.handed_to = Some(to.to_string());
+                }
+            }
             // Only now: this daemon no longer has the pool to go on with its scrub.
             self.scrub_watch.release_after_handover(name);
             drop(engine);
@@ -1453,12 +1459,17 @@ impl Daemon {
     /// here would ever give it up.
     /// `to`: the gateway it is handed over to, which alone may take it for a while
     /// ([`HANDOFF_BARS_FOR`]).
-    fn release_or_later(&self, gw: &crate::rados_pools::Membership, name: &str, epoch: i64, to: Option<&str>) {
-        if let Err(e) = release(gw, name, epoch, to) {
-            warn!(pool = %name, error = %e, "cannot give the pool up in etcd now; trying again at the next ticks");
-            self.unreleased
-                .lock()
-                .push((name.to_string(), epoch, to.map(String::from)));
+    /// True if etcd gave it up (and made the handoff) now.
+    fn release_or_later(&self, gw: &crate::rados_pools::Membership, name: &str, epoch: i64, to: Option<&str>) -> bool {
+        match release(gw, name, epoch, to) {
+            Ok(done) => done,
+            Err(e) => {
+                warn!(pool = %name, error = %e, "cannot give the pool up in etcd now; trying again at the next ticks");
+                self.unreleased
+                    .lock()
+                    .push((name.to_string(), epoch, to.map(String::from)));
+                false
+            }
         }
     }
 
@@ -1474,7 +1485,7 @@ impl Daemon {
                 continue;
             }
             match release(gw, &name, epoch, to.as_deref()) {
-                Ok(()) => info!(pool = %name, "pool given up in etcd for the other gateways"),
+                Ok(_) => info!(pool = %name, "pool given up in etcd for the other gateways"),
                 Err(e) => {
                     debug!(pool = %name, error = %e, "cannot give the pool up in etcd yet");
                     self.unreleased.lock().push((name, epoch, to));
@@ -1487,8 +1498,6 @@ impl Daemon {
     /// another takes it at once instead of after the lease.
     pub(super) fn release_rados_pools(&self) {
         let Some(gw) = &self.gateway else { return };
-        // A taking under way ends first (`stopping` is set: it gives up what it took).
-        drop(self.bringing.lock());
         // Out of the lock: each release may wait on etcd.
         let owned: Vec<(String, i64)> = self
             .rados
@@ -1504,8 +1513,6 @@ impl Daemon {
                 }
             }
         }
-        // And those whose release etcd failed before: the ticks that would try again end.
-        self.release_forgotten_pools(gw);
     }
 
     /// The owner of pool `name`, when it is a pool on RADOS that this gateway waits for
@@ -1574,11 +1581,12 @@ struct GivingUp<'a> {
 }
 
 /// Gives pool `name`, owned here at `epoch`, up in etcd: for gateway `to` alone to take for
-/// a while, if it is handed over.
-fn release(gw: &crate::rados_pools::Membership, name: &str, epoch: i64, to: Option<&str>) -> Result<(), String> {
+/// a while, if it is handed over. False when a handoff was not made (the pool was not owned
+/// here at that epoch).
+fn release(gw: &crate::rados_pools::Membership, name: &str, epoch: i64, to: Option<&str>) -> Result<bool, String> {
     match to {
         Some(to) => gw.release_to(name, epoch, to, HANDOFF_BARS_FOR),
-        None => gw.release(name, epoch),
+        None => gw.release(name, epoch).map(|()| true),
     }
 }
 
