@@ -3432,3 +3432,86 @@ fn an_owner_whose_key_was_lost_gives_the_pool_up(test: &str, tag: &str, reads_on
     remove_lun_vdisk_and_pool(&b, iqn, &vdisk, &pool);
     b.stop();
 }
+
+/// Sends `SIGCONT` to a process stopped by a test when dropped, whatever became of the test:
+/// a cluster's OSD left stopped would stall every test after it.
+struct GoesOn(i32);
+
+impl Drop for GoesOn {
+    fn drop(&mut self) {
+        unsafe { libc::kill(self.0, libc::SIGCONT) };
+    }
+}
+
+/// A pool on RADOS is destroyed without the administration's lock: its objects are removed
+/// from the cluster (minutes for a large pool) while the other changes, and the takings of
+/// other pools that wait for that lock, go on. Meanwhile its name is refused to a create
+/// and an import, saying why. Here the cluster's OSD is stopped while the pool is
+/// destroyed, so that the destruction waits for it. Until 2026-12-06 a pool made meanwhile
+/// waited for the destruction, and a failover of another pool with it.
+#[test]
+fn a_pool_being_destroyed_keeps_no_other_change_waiting() {
+    let test = "a_pool_being_destroyed_keeps_no_other_change_waiting";
+    // Alone on the cluster: its OSD stops under the test.
+    let _alone = OSD.write().unwrap_or_else(|e| e.into_inner());
+    let Some((conf, etcd)) = cluster_config(test) else {
+        return;
+    };
+    let pid = std::process::id();
+    let pool = format!("dst{pid}");
+    let t = tempfile::tempdir().unwrap();
+    let a = Daemon::start_configured(
+        &t.path().join("a"),
+        &gateway_config("gw-a", &etcd, &format!("/tessera-test-dst-{pid}")),
+    );
+    create_rados_pool(&a, &pool, &conf);
+    let (osd, _) = osd_process(&conf);
+    assert_eq!(unsafe { libc::kill(osd, libc::SIGSTOP) }, 0);
+    let stopped = GoesOn(osd);
+    std::thread::scope(|s| {
+        let destroy = s.spawn(|| a.cli(&["pool", "destroy", &pool]));
+        std::thread::sleep(Duration::from_secs(1));
+        let t0 = Instant::now();
+        create_pool(&a, "local", &disks(&t.path().join("local"), 2, 256 << 20));
+        let made_in = t0.elapsed();
+        assert!(
+            !destroy.is_finished(),
+            "the destruction ended with the OSD stopped, or a pool made meanwhile waited for it \
+             ({made_in:?}): {:?}",
+            destroy.join().unwrap()
+        );
+        for args in [
+            create_rados_pool_args(&pool, &conf).to_vec(),
+            vec!["pool", "import", &pool],
+            vec!["pool", "export", &pool],
+        ] {
+            let e = a.fails(&args);
+            assert!(e.contains("is being destroyed here"), "{args:?}: {e}");
+        }
+        drop(stopped);
+        let out = destroy.join().unwrap();
+        assert!(
+            out.success,
+            "the destruction failed once the OSD went on: {}\n{}",
+            out.stderr,
+            a.logs()
+        );
+    });
+    // Gone here and in the cluster: its name is free again.
+    let names: Vec<String> = a
+        .json(&["pool", "list"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(names, ["local"]);
+    let (_, objects) = run("rados", &["-c", &conf, "-p", RADOS_POOL, "ls"]);
+    assert!(
+        !objects.lines().any(|o| o.starts_with(&format!("tessera.{pool}."))),
+        "objects of the destroyed pool are left: {objects}"
+    );
+    create_rados_pool(&a, &pool, &conf);
+    a.ok(&["pool", "destroy", &pool]);
+    a.ok(&["pool", "destroy", "local"]);
+}

@@ -91,6 +91,10 @@ pub struct Daemon {
     /// Pools on RADOS given up here (exported, destroyed, not made) whose ownership in etcd
     /// could not be given up then (name, epoch): given up at a later tick.
     unreleased: Mutex<Vec<(String, i64, Option<String>)>>,
+    /// Pools on RADOS being destroyed here, their objects removed from the cluster without
+    /// the admin lock (minutes for a large pool): their names are refused to a create or an
+    /// import until that ends.
+    destroying: Mutex<BTreeSet<String>>,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -220,6 +224,7 @@ impl Daemon {
             gateway,
             rados: Mutex::new(BTreeMap::new()),
             unreleased: Mutex::new(Vec::new()),
+            destroying: Mutex::new(BTreeSet::new()),
             cfg,
             pools: RwLock::new(BTreeMap::new()),
             unavailable: RwLock::new(BTreeMap::new()),

@@ -84,6 +84,7 @@ impl Daemon {
     /// The directory of a pool about to be made, refused if a pool of that name exists here
     /// (imported or not). Call with the admin lock held.
     pub(super) fn new_pool_dir(&self, name: &str) -> ApiResult<PathBuf> {
+        self.not_being_destroyed(name)?;
         let dir = self.pool_dir(name);
         if self.pools.read().contains_key(name) || self.unavailable.read().contains_key(name) {
             return Err(ApiError::exists(format!("pool '{name}' already exists")));
@@ -465,9 +466,21 @@ impl Daemon {
             .present_missing(&|vd| self.served_vdisk(vd), &|vd| self.may_export_writable(vd));
     }
 
+    /// Refuses pool `name` while it is being destroyed here (`destroy_rados_pool`).
+    pub(super) fn not_being_destroyed(&self, name: &str) -> ApiResult<()> {
+        if self.destroying.lock().contains(name) {
+            return Err(ApiError::busy(format!(
+                "pool '{name}' is being destroyed here: its objects are being removed from the cluster, \
+                 and its name is free once that ends"
+            )));
+        }
+        Ok(())
+    }
+
     /// Takes a pool out of the map for export or destroy; refused while a job or a request
     /// still uses it.
     fn take_pool(&self, name: &str, what: &str) -> ApiResult<Engine> {
+        self.not_being_destroyed(name)?;
         // No LUN, export nor image job takes one of its vdisks between the questions below and
         // its leaving the served pools (from then on, none finds it).
         let _users = self.users.lock();
@@ -525,7 +538,7 @@ impl Daemon {
         let _admin = self.admin.lock();
         if self.unavailable.write().remove(name).is_some() {
             // Never imported: forgetting it is all an export means.
-            self.forget_rados_pool(name, None)?;
+            self.forget_rados_pool(name)?;
             return self.persist();
         }
         let e = self.take_pool(name, "export")?;
@@ -542,13 +555,13 @@ impl Daemon {
         }
         self.persist()?;
         // On RADOS: another gateway may take it from now on.
-        self.forget_rados_pool(name, None)?;
+        self.forget_rados_pool(name)?;
         self.changed("pool.exported", name, None, format!("pool {name} exported"));
         Ok(())
     }
 
     pub fn destroy_pool(&self, name: &str) -> ApiResult<()> {
-        let _admin = self.admin.lock();
+        let admin = self.admin.lock();
         let e = self.take_pool(name, "destroy")?;
         let vdisks: Vec<String> = e.vdisks().iter().map(|v| v.name()).collect();
         if !vdisks.is_empty() {
@@ -558,7 +571,9 @@ impl Daemon {
                 vdisks.join(", ")
             )));
         }
-        let capacity = e.pool().disks().first().map(|d| d.info.size);
+        if self.rados.lock().contains_key(name) {
+            return self.destroy_rados_pool(name, e, admin);
+        }
         if let Err(err) = e.destroy() {
             // Listed, not lost: the operator sees what is left of it.
             let dir = self.pool_dir(name);
@@ -573,11 +588,50 @@ impl Daemon {
         }
         self.auto_repair.forget(name)?;
         self.persist()?;
-        if self.rados.lock().contains_key(name) {
-            self.forget_rados_pool(name, capacity)?;
-        }
         self.changed("pool.destroyed", name, None, format!("pool {name} destroyed"));
         Ok(())
+    }
+
+    /// Destroys pool `name` on RADOS, taken from the served pools (`e`, holding no vdisk)
+    /// under the admin lock (`admin`). Its labels and objects are removed in the cluster
+    /// without that lock, which takings of other pools wait for: minutes for a large pool.
+    /// Meanwhile its name is refused to a create or an import, and its ownership is held,
+    /// so that neither a pool of the name nor another gateway comes between.
+    fn destroy_rados_pool(&self, name: &str, e: Engine, admin: parking_lot::MutexGuard<'_, ()>) -> ApiResult<()> {
+        // Not imported here from now on, whatever comes of what follows (a restart finds
+        // what is left of it in the cluster, for an import); if that cannot be recorded,
+        // nothing is destroyed.
+        if let Err(err) = self.persist() {
+            self.pools.write().insert(name.to_string(), Arc::new(e));
+            return Err(err);
+        }
+        let capacity = e.pool().disks().first().map(|d| d.info.size);
+        let left = self.leave_rados_pool(name);
+        self.destroying.lock().insert(name.to_string());
+        drop(admin);
+        info!(
+            pool = name,
+            "destroying the pool: its objects are removed from the cluster"
+        );
+        let destroyed = match e.destroy() {
+            Err(err) => Err(ApiError::internal(format!(
+                "pool {name} is no longer imported here, but its labels could not be wiped ({err}): it stays \
+                 in the cluster, where 'tessera pool import {name}' finds it and 'tessera pool destroy {name}' \
+                 then tries again"
+            ))),
+            // Its objects go only once its labels went: a pool half removed is never opened.
+            Ok(()) => Ok(capacity),
+        };
+        let ended = left.map_or(Ok(()), |p| {
+            self.end_rados_pool(name, p, destroyed.as_ref().ok().copied().flatten())
+        });
+        let outcome = destroyed.and(ended).and(self.auto_repair.forget(name));
+        self.destroying.lock().remove(name);
+        match &outcome {
+            Ok(()) => self.changed("pool.destroyed", name, None, format!("pool {name} destroyed")),
+            Err(err) => warn!(pool = name, error = %err, "the pool's destruction failed half way"),
+        }
+        outcome
     }
 
     pub fn repair_pool(&self, name: &str, req: RepairPool) -> ApiResult<JobView> {

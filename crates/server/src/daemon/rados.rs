@@ -380,6 +380,7 @@ impl Daemon {
             .map_err(ApiError::exists)?;
         {
             let _admin = self.admin.lock();
+            self.not_being_destroyed(name)?;
             if self.pools.read().contains_key(name) || self.unavailable.read().contains_key(name) {
                 return Err(ApiError::exists(format!("pool '{name}' is already imported")));
             }
@@ -1401,12 +1402,23 @@ impl Daemon {
         }
     }
 
-    /// Gives up pool `name` after it was exported or destroyed here; for a destroyed pool,
-    /// its objects go too.
-    pub(super) fn forget_rados_pool(&self, name: &str, capacity: Option<u64>) -> ApiResult<()> {
-        let Some(p) = self.rados.lock().remove(name) else {
-            return Ok(());
-        };
+    /// Gives up pool `name` after it was exported here, or forgotten while unavailable: its
+    /// objects stay for an import, here or at another gateway. (A destroyed pool's go:
+    /// `destroy_pool`.)
+    pub(super) fn forget_rados_pool(&self, name: &str) -> ApiResult<()> {
+        match self.leave_rados_pool(name) {
+            Some(p) => self.end_rados_pool(name, p, None),
+            None => Ok(()),
+        }
+    }
+
+    /// The first half of [`forget_rados_pool`](Self::forget_rados_pool), under the admin
+    /// lock: pool `name` is no longer a pool on RADOS of this daemon (the ticks neither take,
+    /// hand over nor open it again), its LUNs and ports are withdrawn, and the other gateways
+    /// no longer told it is served here. Returns what this gateway held of it, its ownership
+    /// among it: still held until [`end_rados_pool`](Self::end_rados_pool).
+    pub(super) fn leave_rados_pool(&self, name: &str) -> Option<RadosPool> {
+        let p = self.rados.lock().remove(name)?;
         if let (Some(_), Some(gw)) = (p.asking, &self.gateway) {
             let _ = gw.stop_asking(name);
         }
@@ -1420,6 +1432,14 @@ impl Daemon {
                 }
             }
         }
+        Some(p)
+    }
+
+    /// The second half, which needs no lock of the daemon: with `capacity` (a destroyed
+    /// pool's), removes its objects from the cluster and its directory here, while still
+    /// owned here; then gives up its record of place (for good once its objects are gone)
+    /// and its ownership in etcd.
+    pub(super) fn end_rados_pool(&self, name: &str, p: RadosPool, capacity: Option<u64>) -> ApiResult<()> {
         let (Some(owned), Some(gw)) = (p.owned, &self.gateway) else {
             if let Some(gw) = &self.gateway {
                 let _ = gw.forget_place(name, &p.placement, false);
