@@ -54,10 +54,15 @@ struct Shared {
 }
 
 impl Shared {
+    /// Whether `o` is a key of this run: this gateway's name under this run's lease.
+    fn is_mine(&self, o: &Owner) -> bool {
+        o.gateway == self.me && o.lease == self.lease
+    }
+
     fn state(&self) -> AccessState {
         match &*self.seen.lock().expect("not poisoned") {
             Seen::Unknown => AccessState::Transitioning,
-            Seen::Owned(o) if o.gateway == self.me && o.lease == self.lease => {
+            Seen::Owned(o) if self.is_mine(o) => {
                 if self.lease_lost.load(Ordering::SeqCst) {
                     // What it owned may be another's by now: serve nothing.
                     AccessState::Unavailable
@@ -76,8 +81,7 @@ impl Shared {
     /// taken afresh, the previous owner fenced off.
     fn unfenced_key(&self) -> bool {
         let seen = self.seen.lock().expect("not poisoned");
-        matches!(&*seen, Seen::Owned(o) if o.gateway == self.me && o.lease == self.lease
-            && o.epoch != self.fenced_at.load(Ordering::SeqCst))
+        matches!(&*seen, Seen::Owned(o) if self.is_mine(o) && o.epoch != self.fenced_at.load(Ordering::SeqCst))
             && self.taking.load(Ordering::SeqCst) == 0
             && !self.lease_lost.load(Ordering::SeqCst)
     }
@@ -227,7 +231,7 @@ impl VdiskPorts {
                 // Failed, the key it put was given back: not this gateway's, whatever the
                 // watch saw of it meanwhile (what it sees of another's since stands).
                 Err(_) => {
-                    if matches!(&*seen, Seen::Owned(o) if o.gateway == self.shared.me && o.lease == self.shared.lease) {
+                    if matches!(&*seen, Seen::Owned(o) if self.shared.is_mine(o)) {
                         *seen = Seen::Free;
                     }
                 }
