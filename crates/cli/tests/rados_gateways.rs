@@ -3515,3 +3515,52 @@ fn a_pool_being_destroyed_keeps_no_other_change_waiting() {
     a.ok(&["pool", "destroy", &pool]);
     a.ok(&["pool", "destroy", "local"]);
 }
+
+/// A pool exported while its owner cannot reach etcd is given up there once etcd answers
+/// again, at the owner's next ticks: its key, on the owner's lease, would otherwise keep the
+/// pool from every other gateway for as long as the owner runs. The owner's lease is long
+/// here (60 s), so that it outlasts the cut and only the release frees the pool.
+#[test]
+fn a_pool_exported_while_etcd_was_cut_off_is_given_up_once_it_answers() {
+    let test = "a_pool_exported_while_etcd_was_cut_off_is_given_up_once_it_answers";
+    let Some((conf, etcd, _cluster)) = cluster(test) else {
+        return;
+    };
+    let pid = std::process::id();
+    let pool = format!("rel{pid}");
+    let prefix = format!("/tessera-test-rel-{pid}");
+    let (relay, through_relay) = relay_to(&etcd);
+    let t = tempfile::tempdir().unwrap();
+    let long_lease = gateway_config("gw-a", &through_relay, &prefix).replace("lease_seconds = 3", "lease_seconds = 60");
+    assert!(long_lease.contains("lease_seconds = 60"), "{long_lease}");
+    let a = Daemon::start_configured(&t.path().join("a"), &long_lease);
+    let b = Daemon::start_configured(&t.path().join("b"), &gateway_config("gw-b", &etcd, &prefix));
+    create_rados_pool(&a, &pool, &conf);
+    b.ok(&["pool", "import", &pool, "--rados", RADOS_POOL, "--ceph-conf", &conf]);
+    let owner_at_b = || pool_entry(&b, &pool)["rados"]["owner"].clone();
+    let t0 = Instant::now();
+    while owner_at_b() != "gw-a" {
+        assert!(t0.elapsed() < Duration::from_secs(10), "{}", pool_entry(&b, &pool));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    relay.cut();
+    let cut = Instant::now();
+    a.ok(&["pool", "export", &pool]);
+    // The ticks meanwhile try the release again, and fail: the key stays, and B waits.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(owner_at_b(), "gw-a", "{}", pool_entry(&b, &pool));
+    relay.mend();
+    let cut_for = cut.elapsed();
+    assert!(
+        cut_for < Duration::from_secs(30),
+        "the cut lasted {cut_for:?}: A's lease may have lapsed, which frees the pool without its release"
+    );
+    until_served(&b, &pool, Duration::from_secs(20));
+    assert!(
+        a.logs().contains("cannot give the pool up in etcd now"),
+        "A's release did not fail during the cut: {}",
+        a.logs()
+    );
+    b.ok(&["pool", "destroy", &pool]);
+}
