@@ -3564,3 +3564,59 @@ fn a_pool_exported_while_etcd_was_cut_off_is_given_up_once_it_answers() {
     );
     b.ok(&["pool", "destroy", &pool]);
 }
+
+/// An owner does not hand a pool again to a gateway that asked for it and never took it when
+/// it was handed over (it failed before it came to take it): another gateway that asks gets
+/// it. Here a gateway "gw-0", whose ask is put in etcd by hand and which does not run, asks
+/// with B; the owner hands the pool to gw-0 first (asks are answered in name order), takes
+/// it back once its grace is over, and hands it to B next. Without that, gw-0 would be handed
+/// the pool again at every round, and B's hosts never served.
+#[test]
+fn an_owner_hands_a_pool_to_another_asker_after_one_left_it_untaken() {
+    let test = "an_owner_hands_a_pool_to_another_asker_after_one_left_it_untaken";
+    let Some((conf, etcd, _cluster)) = cluster(test) else {
+        return;
+    };
+    let pid = std::process::id();
+    let pool = format!("unt{pid}");
+    let prefix = format!("/tessera-test-unt-{pid}");
+    let t = tempfile::tempdir().unwrap();
+    let a = Daemon::start_configured(&t.path().join("a"), &gateway_config("gw-a", &etcd, &prefix));
+    let b = Daemon::start_configured(&t.path().join("b"), &gateway_config("gw-b", &etcd, &prefix));
+    create_rados_pool(&a, &pool, &conf);
+    b.ok(&["pool", "import", &pool, "--rados", RADOS_POOL, "--ceph-conf", &conf]);
+    let granted = ok("etcdctl", &["--endpoints", &etcd, "lease", "grant", "120"]);
+    let lease = granted.split_whitespace().nth(1).expect("lease ID").to_string();
+    for asker in ["gw-0", "gw-b"] {
+        let key = format!("{prefix}/wants/pool.{pool}/{asker}");
+        ok(
+            "etcdctl",
+            &["--endpoints", &etcd, "put", &format!("--lease={lease}"), &key, ""],
+        );
+    }
+    let handed_to = |to: &str| {
+        a.json(&["events", "-n", "1000"])["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| {
+                e["kind"] == "pool.handed_over" && e["message"].as_str().unwrap().contains(&format!("to gateway {to}:"))
+            })
+            .count()
+    };
+    let t0 = Instant::now();
+    while handed_to("gw-0") == 0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "never handed to gw-0\n{}",
+            a.logs()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    until_served(&b, &pool, Duration::from_secs(60));
+    // Served at B: gw-0's ask goes, or B would hand the pool to it in turn.
+    ok("etcdctl", &["--endpoints", &etcd, "lease", "revoke", &lease]);
+    assert_eq!(handed_to("gw-0"), 1, "{}", a.logs());
+    assert_eq!(handed_to("gw-b"), 1, "{}", a.logs());
+    b.ok(&["pool", "destroy", &pool]);
+}
