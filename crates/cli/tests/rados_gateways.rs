@@ -3466,37 +3466,56 @@ fn a_pool_being_destroyed_keeps_no_other_change_waiting() {
     );
     create_rados_pool(&a, &pool, &conf);
     let (osd, _) = osd_process(&conf);
-    assert_eq!(unsafe { libc::kill(osd, libc::SIGSTOP) }, 0);
-    let stopped = GoesOn(osd);
-    std::thread::scope(|s| {
-        let destroy = s.spawn(|| a.cli(&["pool", "destroy", &pool]));
-        std::thread::sleep(Duration::from_secs(1));
-        let t0 = Instant::now();
-        create_pool(&a, "local", &disks(&t.path().join("local"), 2, 256 << 20));
-        let made_in = t0.elapsed();
-        assert!(
-            !destroy.is_finished(),
-            "the destruction ended with the OSD stopped, or a pool made meanwhile waited for it \
-             ({made_in:?}): {:?}",
-            destroy.join().unwrap()
-        );
-        for args in [
-            create_rados_pool_args(&pool, &conf).to_vec(),
-            vec!["pool", "import", &pool],
-            vec!["pool", "export", &pool],
-        ] {
-            let e = a.fails(&args);
-            assert!(e.contains("is being destroyed here"), "{args:?}: {e}");
+    // A background check of the pool (every 2 s) that reads its records as the OSD stops
+    // holds the pool until the OSD goes on: the destroy then finds it in use, and says so
+    // at once. Tried again then.
+    for attempt in 1.. {
+        assert_eq!(unsafe { libc::kill(osd, libc::SIGSTOP) }, 0);
+        let stopped = GoesOn(osd);
+        let done = std::thread::scope(|s| {
+            let destroy = s.spawn(|| a.cli(&["pool", "destroy", &pool]));
+            std::thread::sleep(Duration::from_secs(1));
+            if destroy.is_finished() {
+                let out = destroy.join().unwrap();
+                assert!(
+                    !out.success && out.stderr.contains("is in use") && attempt < 5,
+                    "the destruction ended with the OSD stopped (attempt {attempt}): {out:?}"
+                );
+                return false;
+            }
+            let t0 = Instant::now();
+            create_pool(&a, "local", &disks(&t.path().join("local"), 2, 256 << 20));
+            let made_in = t0.elapsed();
+            assert!(
+                !destroy.is_finished(),
+                "a pool made meanwhile waited for the destruction ({made_in:?}): {:?}",
+                destroy.join().unwrap()
+            );
+            for args in [
+                create_rados_pool_args(&pool, &conf).to_vec(),
+                vec!["pool", "import", &pool],
+                vec!["pool", "export", &pool],
+            ] {
+                let e = a.fails(&args);
+                assert!(e.contains("is being destroyed here"), "{args:?}: {e}");
+            }
+            let importable = a.ok(&["pool", "import"]);
+            assert!(!importable.contains(&pool), "{importable}");
+            drop(stopped);
+            let out = destroy.join().unwrap();
+            assert!(
+                out.success,
+                "the destruction failed once the OSD went on: {}\n{}",
+                out.stderr,
+                a.logs()
+            );
+            true
+        });
+        if done {
+            break;
         }
-        drop(stopped);
-        let out = destroy.join().unwrap();
-        assert!(
-            out.success,
-            "the destruction failed once the OSD went on: {}\n{}",
-            out.stderr,
-            a.logs()
-        );
-    });
+        std::thread::sleep(Duration::from_secs(3));
+    }
     // Gone here and in the cluster: its name is free again.
     let names: Vec<String> = a
         .json(&["pool", "list"])

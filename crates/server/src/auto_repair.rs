@@ -268,7 +268,7 @@ impl Daemon {
         if !self.cfg.auto_repair || self.stopping.load(std::sync::atomic::Ordering::Relaxed) {
             return;
         }
-        for (name, e) in self.engines() {
+        for (name, e) in self.engines_in_turn() {
             if !self.auto_repair.enabled(&name) {
                 continue;
             }

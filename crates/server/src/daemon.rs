@@ -433,4 +433,16 @@ impl Daemon {
     pub fn engines(&self) -> Vec<(String, Arc<Engine>)> {
         self.pools.read().iter().map(|(n, e)| (n.clone(), e.clone())).collect()
     }
+
+    /// The served pools one at a time, each engine taken as the loop comes to it and let go
+    /// of before the next: for the background checks, whose look at a pool on RADOS reads
+    /// the cluster. One that waits there (a stalled OSD, up to the cluster's timeout) then
+    /// holds only its own pool, not every pool against an export or a destroy, which wait
+    /// for its holders only a moment.
+    pub fn engines_in_turn(&self) -> impl Iterator<Item = (String, Arc<Engine>)> + '_ {
+        let names: Vec<String> = self.pools.read().keys().cloned().collect();
+        names
+            .into_iter()
+            .filter_map(|n| self.pools.read().get(&n).cloned().map(|e| (n, e)))
+    }
 }

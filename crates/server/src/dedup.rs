@@ -128,7 +128,7 @@ impl Daemon {
         if self.stopping.load(std::sync::atomic::Ordering::Relaxed) {
             return;
         }
-        for (name, e) in self.engines() {
+        for (name, e) in self.engines_in_turn() {
             let s = e.dedup_settings();
             let _starting = self.dedup_schedule.starting.lock();
             if !s.enabled || s.schedule_secs == 0 || self.dedup_job(&name).is_some() {

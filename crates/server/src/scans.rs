@@ -134,7 +134,7 @@ impl Daemon {
         if self.stopping.load(std::sync::atomic::Ordering::Relaxed) {
             return;
         }
-        for (name, e) in self.engines() {
+        for (name, e) in self.engines_in_turn() {
             if self.metadata_job(&name).is_some()
                 || self.jobs.running("repair", &name).is_some()
                 || self.scrub_watch.held_for_handover(&name)

@@ -217,7 +217,7 @@ impl Daemon {
         if self.stopping.load(Ordering::Relaxed) {
             return;
         }
-        for (name, e) in self.engines() {
+        for (name, e) in self.engines_in_turn() {
             self.watch_disk_errors(&name, &e);
             if self.scrub_job(&name).is_some()
                 || self.jobs.running("repair", &name).is_some()

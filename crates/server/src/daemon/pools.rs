@@ -311,7 +311,9 @@ impl Daemon {
         let mut out = Vec::new();
         for entry in rd.flatten() {
             let name = entry.file_name().to_string_lossy().to_string();
-            let imported = pools.contains_key(&name) || on_rados.contains(&name);
+            // One being destroyed is neither.
+            let imported =
+                pools.contains_key(&name) || on_rados.contains(&name) || self.destroying.lock().contains(&name);
             if !imported && (entry.path().join("meta").is_dir() || self.is_rados_pool(&name)) {
                 out.push(ImportablePool {
                     name,
@@ -523,7 +525,9 @@ impl Daemon {
         }
         self.pools.write().insert(name.to_string(), arc);
         Err(ApiError::busy(match held.is_empty() {
-            true => format!("pool '{name}' is in use; try again"),
+            true => format!(
+                "pool '{name}' is in use (by a request in flight, or a background check that waits for its storage); try again"
+            ),
             false => format!(
                 "cannot {what} pool '{name}': vdisk(s) {} are still held by a request in flight; try again",
                 held.iter()
@@ -607,7 +611,7 @@ impl Daemon {
         }
         let capacity = e.pool().disks().first().map(|d| d.info.size);
         let left = self.leave_rados_pool(name);
-        self.destroying.lock().insert(name.to_string());
+        let _marked = DestroyingMark::new(&self.destroying, name);
         drop(admin);
         info!(
             pool = name,
@@ -615,9 +619,9 @@ impl Daemon {
         );
         let destroyed = match e.destroy() {
             Err(err) => Err(ApiError::internal(format!(
-                "pool {name} is no longer imported here, but its labels could not be wiped ({err}): it stays \
-                 in the cluster, where 'tessera pool import {name}' finds it and 'tessera pool destroy {name}' \
-                 then tries again"
+                "pool {name} is no longer imported here, and its labels may not have been wiped ({err}); \
+                 nothing else of it was removed: 'tessera pool import {name}' finds it in the cluster (unless \
+                 another gateway serves it now: destroy it there) and 'tessera pool destroy {name}' then tries again"
             ))),
             // Its objects go only once its labels went: a pool half removed is never opened.
             Ok(()) => Ok(capacity),
@@ -625,10 +629,14 @@ impl Daemon {
         let ended = left.map_or(Ok(()), |p| {
             self.end_rados_pool(name, p, destroyed.as_ref().ok().copied().flatten())
         });
-        let outcome = destroyed.and(ended).and(self.auto_repair.forget(name));
-        self.destroying.lock().remove(name);
+        let outcome = destroyed.and(ended);
         match &outcome {
-            Ok(()) => self.changed("pool.destroyed", name, None, format!("pool {name} destroyed")),
+            Ok(()) => {
+                if let Err(err) = self.auto_repair.forget(name) {
+                    warn!(pool = name, error = %err, "cannot forget the destroyed pool's automatic repair setting");
+                }
+                self.changed("pool.destroyed", name, None, format!("pool {name} destroyed"));
+            }
             Err(err) => warn!(pool = name, error = %err, "the pool's destruction failed half way"),
         }
         outcome
@@ -809,4 +817,27 @@ fn unhealthy_sets(e: &Engine) -> Vec<SetHealthView> {
             per_column: h.per_column,
         })
         .collect()
+}
+
+/// Pool `name` marked as being destroyed in the daemon's set until dropped, however the
+/// destruction ends (a panic too): a name left marked would be refused until a restart.
+struct DestroyingMark<'a> {
+    set: &'a parking_lot::Mutex<BTreeSet<String>>,
+    name: String,
+}
+
+impl<'a> DestroyingMark<'a> {
+    fn new(set: &'a parking_lot::Mutex<BTreeSet<String>>, name: &str) -> DestroyingMark<'a> {
+        set.lock().insert(name.to_string());
+        DestroyingMark {
+            set,
+            name: name.to_string(),
+        }
+    }
+}
+
+impl Drop for DestroyingMark<'_> {
+    fn drop(&mut self) {
+        self.set.lock().remove(&self.name);
+    }
 }
