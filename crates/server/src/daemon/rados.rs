@@ -1414,17 +1414,26 @@ impl Daemon {
 
     /// The first half of [`forget_rados_pool`](Self::forget_rados_pool), under the admin
     /// lock: pool `name` is no longer a pool on RADOS of this daemon (the ticks neither take,
-    /// hand over nor open it again), its LUNs and ports are withdrawn, and the other gateways
-    /// no longer told it is served here. Returns what this gateway held of it, its ownership
-    /// among it: still held until [`end_rados_pool`](Self::end_rados_pool).
+    /// hand over nor open it again), and its LUNs and ports are withdrawn. Returns what this
+    /// gateway held of it, its ownership among it: still held until
+    /// [`end_rados_pool`](Self::end_rados_pool).
     pub(super) fn leave_rados_pool(&self, name: &str) -> Option<RadosPool> {
         let p = self.rados.lock().remove(name)?;
-        if let (Some(_), Some(gw)) = (p.asking, &self.gateway) {
-            let _ = gw.stop_asking(name);
-        }
         // Its standby LUNs, if another gateway owned it (the configuration stays).
         self.targets.withdraw_pool(name);
         self.targets.set_pool_ports(name, None);
+        Some(p)
+    }
+
+    /// The second half, which needs no lock of the daemon (each etcd request may wait for a
+    /// taking's fence, seconds): the other gateways are no longer told that this one asks
+    /// for the pool or serves it; with `capacity` (a destroyed pool's), its objects are
+    /// removed from the cluster and its directory here, while still owned here; then its
+    /// record of place is given up (for good once its objects are gone), and its ownership.
+    pub(super) fn end_rados_pool(&self, name: &str, p: RadosPool, capacity: Option<u64>) -> ApiResult<()> {
+        if let (Some(_), Some(gw)) = (p.asking, &self.gateway) {
+            let _ = gw.stop_asking(name);
+        }
         for (said, way) in [(p.announced, Serving::Luns), (p.announced_exports, Serving::Exports)] {
             if let (Some(_), Some(gw)) = (said, &self.gateway) {
                 if let Err(e) = way.take_back(gw, name) {
@@ -1432,14 +1441,6 @@ impl Daemon {
                 }
             }
         }
-        Some(p)
-    }
-
-    /// The second half, which needs no lock of the daemon: with `capacity` (a destroyed
-    /// pool's), removes its objects from the cluster and its directory here, while still
-    /// owned here; then gives up its record of place (for good once its objects are gone)
-    /// and its ownership in etcd.
-    pub(super) fn end_rados_pool(&self, name: &str, p: RadosPool, capacity: Option<u64>) -> ApiResult<()> {
         let (Some(owned), Some(gw)) = (p.owned, &self.gateway) else {
             if let Some(gw) = &self.gateway {
                 let _ = gw.forget_place(name, &p.placement, false);
