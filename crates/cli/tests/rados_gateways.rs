@@ -3468,13 +3468,23 @@ fn a_pool_being_destroyed_keeps_no_other_change_waiting() {
     let (osd, _) = osd_process(&conf);
     // A background check of the pool (every 2 s) that reads its records as the OSD stops
     // holds the pool until the OSD goes on: the destroy then finds it in use, and says so
-    // at once. Tried again then.
+    // after a second. Tried again then.
+    let removing = "destroying the pool: its objects are removed";
     for attempt in 1.. {
         assert_eq!(unsafe { libc::kill(osd, libc::SIGSTOP) }, 0);
         let stopped = GoesOn(osd);
         let done = std::thread::scope(|s| {
             let destroy = s.spawn(|| a.cli(&["pool", "destroy", &pool]));
-            std::thread::sleep(Duration::from_secs(1));
+            // Until it removes the pool's objects, or is refused.
+            let t0 = Instant::now();
+            while !destroy.is_finished() && !a.logs().contains(removing) {
+                assert!(
+                    t0.elapsed() < Duration::from_secs(20),
+                    "the destroy went nowhere\n{}",
+                    a.logs()
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
             if destroy.is_finished() {
                 let out = destroy.join().unwrap();
                 assert!(
@@ -3586,9 +3596,9 @@ fn a_pool_exported_while_etcd_was_cut_off_is_given_up_once_it_answers() {
 
 /// An owner does not hand a pool again to a gateway that asked for it and never took it when
 /// it was handed over (it failed before it came to take it): another gateway that asks gets
-/// it. Here a gateway "gw-0", whose ask is put in etcd by hand and which does not run, asks
-/// with B; the owner hands the pool to gw-0 first (asks are answered in name order), takes
-/// it back once its grace is over, and hands it to B next. Without that, gw-0 would be handed
+/// it. Here the asks of B and of a gateway "gw-0", which does not run, are put in etcd by
+/// hand; the owner hands the pool to gw-0 first (asks are answered in name order), takes it
+/// back once its grace is over, and hands it to B next. Without that, gw-0 would be handed
 /// the pool again at every round, and B's hosts never served.
 #[test]
 fn an_owner_hands_a_pool_to_another_asker_after_one_left_it_untaken() {
@@ -3603,7 +3613,6 @@ fn an_owner_hands_a_pool_to_another_asker_after_one_left_it_untaken() {
     let a = Daemon::start_configured(&t.path().join("a"), &gateway_config("gw-a", &etcd, &prefix));
     let b = Daemon::start_configured(&t.path().join("b"), &gateway_config("gw-b", &etcd, &prefix));
     create_rados_pool(&a, &pool, &conf);
-    b.ok(&["pool", "import", &pool, "--rados", RADOS_POOL, "--ceph-conf", &conf]);
     let granted = ok("etcdctl", &["--endpoints", &etcd, "lease", "grant", "120"]);
     let lease = granted.split_whitespace().nth(1).expect("lease ID").to_string();
     for asker in ["gw-0", "gw-b"] {
@@ -3632,6 +3641,18 @@ fn an_owner_hands_a_pool_to_another_asker_after_one_left_it_untaken() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+    // Taken back once its grace is over; B joins only then, so that it cannot take the pool
+    // itself once the handoff to gw-0 ends.
+    let t0 = Instant::now();
+    while pool_entry(&a, &pool)["rados"]["here"] != true {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "A never took the pool back\n{}",
+            a.logs()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    b.ok(&["pool", "import", &pool, "--rados", RADOS_POOL, "--ceph-conf", &conf]);
     until_served(&b, &pool, Duration::from_secs(60));
     // Served at B: gw-0's ask goes, or B would hand the pool to it in turn.
     ok("etcdctl", &["--endpoints", &etcd, "lease", "revoke", &lease]);

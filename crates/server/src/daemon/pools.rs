@@ -610,8 +610,9 @@ impl Daemon {
             return Err(err);
         }
         let capacity = e.pool().disks().first().map(|d| d.info.size);
-        let left = self.leave_rados_pool(name);
+        // Marked first: `pool import` lists it until it leaves `rados`.
         let _marked = DestroyingMark::new(&self.destroying, name);
+        let left = self.leave_rados_pool(name);
         drop(admin);
         info!(
             pool = name,

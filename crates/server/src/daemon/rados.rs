@@ -1034,8 +1034,16 @@ impl Daemon {
                     if wanted {
                         info!(pool = %name, "a host sends its I/O to this gateway's standby port: asking the owner for the pool");
                     }
-                    if let Some(p) = self.rados.lock().get_mut(&name) {
-                        p.asking = if wanted { lease } else { None };
+                    let left = match self.rados.lock().get_mut(&name) {
+                        Some(p) => {
+                            p.asking = if wanted { lease } else { None };
+                            false
+                        }
+                        None => true,
+                    };
+                    // Left here meanwhile: its leaving did not know of this ask.
+                    if left && wanted {
+                        let _ = gw.stop_asking(&name);
                     }
                 }
                 Err(e) => debug!(pool = %name, error = %e, "cannot say in etcd whether this gateway asks for the pool"),
@@ -1394,8 +1402,17 @@ impl Daemon {
         };
         match done {
             Ok(l) => {
-                if let Some(p) = self.rados.lock().get_mut(name) {
-                    *way.said(p) = l;
+                let left = match self.rados.lock().get_mut(name) {
+                    Some(p) => {
+                        *way.said(p) = l;
+                        false
+                    }
+                    None => true,
+                };
+                // Left here meanwhile (exported, destroyed): its leaving took back what it
+                // found said, not this, which would stay on this gateway's lease.
+                if left && l.is_some() {
+                    let _ = way.take_back(gw, name);
                 }
             }
             Err(e) => debug!(pool = %name, error = %e, "cannot say in etcd how this gateway serves the pool yet"),
