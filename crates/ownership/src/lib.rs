@@ -613,14 +613,22 @@ impl Gateway {
     /// once the vdisk is no longer this gateway's at that epoch.
     pub async fn fenced(&mut self, vdisk: &str, epoch: i64, address: &str) -> Result<()> {
         let key = self.key(vdisk);
-        let txn = Txn::new()
-            .when([
-                Compare::create_revision(key.as_str(), CompareOp::Equal, epoch),
-                Compare::value(key.as_str(), CompareOp::Equal, self.name.as_str()),
-            ])
-            .and_then([TxnOp::put(self.fence_key(vdisk), address, None)]);
+        let txn = Txn::new().when(self.owned_here_at(&key, epoch)).and_then([TxnOp::put(
+            self.fence_key(vdisk),
+            address,
+            None,
+        )]);
         self.client.txn(txn).await?;
         Ok(())
+    }
+
+    /// What a transaction on an owner key `key` compares: that this gateway holds it at
+    /// `epoch` (its creation revision).
+    fn owned_here_at(&self, key: &str, epoch: i64) -> [Compare; 2] {
+        [
+            Compare::create_revision(key, CompareOp::Equal, epoch),
+            Compare::value(key, CompareOp::Equal, self.name.as_str()),
+        ]
     }
 
     fn fence_key(&self, vdisk: &str) -> String {
@@ -777,10 +785,7 @@ impl Gateway {
             _ => TxnOp::put(fence_key, record.join("\n"), None),
         };
         let txn = Txn::new()
-            .when([
-                Compare::create_revision(key.as_str(), CompareOp::Equal, epoch),
-                Compare::value(key.as_str(), CompareOp::Equal, self.name.as_str()),
-            ])
+            .when(self.owned_here_at(&key, epoch))
             .and_then([restore, TxnOp::delete(key.as_str(), None)]);
         Ok(self.client.txn(txn).await?.succeeded())
     }
@@ -795,19 +800,14 @@ impl Gateway {
     pub async fn release_to(&mut self, vdisk: &str, epoch: i64, to: &str, bar: Duration) -> Result<bool> {
         let key = self.key(vdisk);
         let bar_lease = self.client.lease_grant(bar.as_secs().max(1) as i64, None).await?.id();
-        let txn = Txn::new()
-            .when([
-                Compare::create_revision(key.as_str(), CompareOp::Equal, epoch),
-                Compare::value(key.as_str(), CompareOp::Equal, self.name.as_str()),
-            ])
-            .and_then([
-                TxnOp::delete(key.as_str(), None),
-                TxnOp::put(
-                    self.handoff_key(vdisk),
-                    format!("{to}\n{}\n{:x}", self.name, self.lease),
-                    Some(PutOptions::new().with_lease(bar_lease)),
-                ),
-            ]);
+        let txn = Txn::new().when(self.owned_here_at(&key, epoch)).and_then([
+            TxnOp::delete(key.as_str(), None),
+            TxnOp::put(
+                self.handoff_key(vdisk),
+                format!("{to}\n{}\n{:x}", self.name, self.lease),
+                Some(PutOptions::new().with_lease(bar_lease)),
+            ),
+        ]);
         let released = self.client.txn(txn).await;
         if !matches!(&released, Ok(r) if r.succeeded()) {
             // Nothing handed over (or not known: then the vdisk is free for any at once).
@@ -853,10 +853,7 @@ impl Gateway {
     pub async fn release(&mut self, vdisk: &str, epoch: i64) -> Result<bool> {
         let key = self.key(vdisk);
         let txn = Txn::new()
-            .when([
-                Compare::create_revision(key.as_str(), CompareOp::Equal, epoch),
-                Compare::value(key.as_str(), CompareOp::Equal, self.name.as_str()),
-            ])
+            .when(self.owned_here_at(&key, epoch))
             .and_then([TxnOp::delete(key.as_str(), None)]);
         Ok(self.client.txn(txn).await?.succeeded())
     }
