@@ -18,6 +18,18 @@ use tessera_rados::Cluster;
 
 const MIB: u64 = 1 << 20;
 
+/// A ring of `entries` for test `t`, or None (the test then says it was skipped: io_uring is
+/// not available here).
+fn ring_or_skip(t: &str, entries: u32) -> Option<ReadRing<(usize, AlignedBuf)>> {
+    match ReadRing::new(entries) {
+        Ok(ring) => Some(ring),
+        Err(_) => {
+            tessera_disk::skip(t, "io_uring unavailable");
+            None
+        }
+    }
+}
+
 fn disk(c: &Arc<Cluster>, prefix: &str, size: u64, epoch: i64) -> FencedDisk {
     FencedDisk::new(Cluster::shared_pool(c, TEST_POOL).unwrap(), prefix, size, epoch).unwrap()
 }
@@ -206,10 +218,7 @@ fn a_batch_of_reads_matches_reads_one_at_a_time() {
 fn reads_on_a_ring_match_reads_one_at_a_time() {
     let t = "reads_on_a_ring_match_reads_one_at_a_time";
     let Some(conf) = ceph_conf(t) else { return };
-    let Ok(mut ring) = ReadRing::<(usize, AlignedBuf)>::new(8) else {
-        tessera_disk::skip(t, "io_uring unavailable");
-        return;
-    };
+    let Some(mut ring) = ring_or_skip(t, 8) else { return };
     let c = ceph(&conf);
     let prefix = format!("{t}-{}", std::process::id());
     let d = disk(&c, &prefix, 64 * MIB, 1);
@@ -289,10 +298,7 @@ fn reads_on_a_ring_match_reads_one_at_a_time() {
 fn writes_on_a_ring_complete_once_the_cluster_applied_them() {
     let t = "writes_on_a_ring_complete_once_the_cluster_applied_them";
     let Some(conf) = ceph_conf(t) else { return };
-    let Ok(mut ring) = ReadRing::<(usize, AlignedBuf)>::new(8) else {
-        tessera_disk::skip(t, "io_uring unavailable");
-        return;
-    };
+    let Some(mut ring) = ring_or_skip(t, 8) else { return };
     let c = ceph(&conf);
     let prefix = format!("{t}-{}", std::process::id());
     let d = disk(&c, &prefix, 64 * MIB, 1);
@@ -525,10 +531,7 @@ fn a_replaced_owners_disk_cannot_write_where_the_new_owner_wrote() {
 fn a_fenced_owners_disk_says_its_reads_were_refused() {
     let t = "a_fenced_owners_disk_says_its_reads_were_refused";
     let Some(conf) = ceph_conf(t) else { return };
-    let Ok(mut ring) = ReadRing::<(usize, AlignedBuf)>::new(8) else {
-        tessera_disk::skip(t, "io_uring unavailable");
-        return;
-    };
+    let Some(mut ring) = ring_or_skip(t, 8) else { return };
     let prefix = format!("{t}-{}", std::process::id());
     let (ca, cb) = (ceph(&conf), ceph(&conf));
     let old = disk(&ca, &prefix, 16 * MIB, 5);
@@ -720,10 +723,7 @@ fn writes_held_behind_others_are_not_sent_past_the_lease() {
 
     let t = "writes_held_behind_others_are_not_sent_past_the_lease";
     let Some(conf) = ceph_conf(t) else { return };
-    let Ok(mut ring) = ReadRing::<(usize, AlignedBuf)>::new(32) else {
-        tessera_disk::skip(t, "io_uring unavailable");
-        return;
-    };
+    let Some(mut ring) = ring_or_skip(t, 32) else { return };
     let c = ceph(&conf);
     let prefix = format!("{t}-{}", std::process::id());
     let mut outcomes = Vec::new();
@@ -823,10 +823,7 @@ fn a_disk_past_its_lease_serves_nothing() {
 
     let t = "a_disk_past_its_lease_serves_nothing";
     let Some(conf) = ceph_conf(t) else { return };
-    let Ok(mut ring) = ReadRing::<(usize, AlignedBuf)>::new(8) else {
-        tessera_disk::skip(t, "io_uring unavailable");
-        return;
-    };
+    let Some(mut ring) = ring_or_skip(t, 8) else { return };
     let c = ceph(&conf);
     let prefix = format!("{t}-{}", std::process::id());
     let clock = LeaseClock::granted(Stamp::now(), Duration::from_secs(30));
