@@ -1034,15 +1034,9 @@ impl Daemon {
                     if wanted {
                         info!(pool = %name, "a host sends its I/O to this gateway's standby port: asking the owner for the pool");
                     }
-                    let left = match self.rados.lock().get_mut(&name) {
-                        Some(p) => {
-                            p.asking = if wanted { lease } else { None };
-                            false
-                        }
-                        None => true,
-                    };
+                    let here = self.with_rados_pool(&name, |p| p.asking = if wanted { lease } else { None });
                     // Left here meanwhile: its leaving did not know of this ask.
-                    if left && wanted {
+                    if !here && wanted {
                         let _ = gw.stop_asking(&name);
                     }
                 }
@@ -1402,21 +1396,21 @@ impl Daemon {
         };
         match done {
             Ok(l) => {
-                let left = match self.rados.lock().get_mut(name) {
-                    Some(p) => {
-                        *way.said(p) = l;
-                        false
-                    }
-                    None => true,
-                };
+                let here = self.with_rados_pool(name, |p| *way.said(p) = l);
                 // Left here meanwhile (exported, destroyed): its leaving took back what it
                 // found said, not this, which would stay on this gateway's lease.
-                if left && l.is_some() {
+                if !here && l.is_some() {
                     let _ = way.take_back(gw, name);
                 }
             }
             Err(e) => debug!(pool = %name, error = %e, "cannot say in etcd how this gateway serves the pool yet"),
         }
+    }
+
+    /// Applies `change` to pool `name`'s entry if it is still a pool on RADOS here; false
+    /// once it left (exported, destroyed), for what a tick did meanwhile to be undone.
+    fn with_rados_pool(&self, name: &str, change: impl FnOnce(&mut RadosPool)) -> bool {
+        self.rados.lock().get_mut(name).map(change).is_some()
     }
 
     /// Gives up pool `name` after it was exported here, or forgotten while unavailable: its
