@@ -3660,3 +3660,170 @@ fn an_owner_hands_a_pool_to_another_asker_after_one_left_it_untaken() {
     assert_eq!(handed_to("gw-b"), 1, "{}", a.logs());
     b.ok(&["pool", "destroy", &pool]);
 }
+
+/// A destruction that the gateway's stop cuts short is finished at its next start: the
+/// pool was marked as being destroyed before its label was wiped, and the gateway takes it
+/// again, finds its label wiped and removes what is left of it (its objects, its record of
+/// place among the gateways, its directory), so that its name is free again. Had the stop
+/// come before the wipe landed, the pool is left whole, not imported, for an import. Here
+/// the cluster's OSD is stopped while the pool is destroyed, and the gateway killed
+/// meanwhile; the OSD has never applied the killed gateway's wipe so far, so the second
+/// time the label is wiped by hand (its object removed), as the wipe would have.
+/// Until 2026-12-06 what was left stayed until removed by hand (`rados rm`, `etcdctl del`),
+/// and the name was refused to a create.
+#[test]
+fn a_destroy_cut_short_by_a_stop_is_finished_at_the_next_start() {
+    let test = "a_destroy_cut_short_by_a_stop_is_finished_at_the_next_start";
+    // Alone on the cluster: its OSD stops under the test.
+    let _alone = OSD.write().unwrap_or_else(|e| e.into_inner());
+    let Some((conf, etcd)) = cluster_config(test) else {
+        return;
+    };
+    let pid = std::process::id();
+    let pool = format!("cut{pid}");
+    let prefix = format!("/tessera-test-cut-{pid}");
+    let t = tempfile::tempdir().unwrap();
+    let state = t.path().join("a");
+    let config = gateway_config("gw-a", &etcd, &prefix);
+    let mut a = Daemon::start_configured(&state, &config);
+    create_rados_pool(&a, &pool, &conf);
+    let objects = || -> Vec<String> {
+        let (_, all) = run("rados", &["-c", &conf, "-p", RADOS_POOL, "ls"]);
+        all.lines()
+            .filter(|o| o.starts_with(&format!("tessera.{pool}.")))
+            .map(String::from)
+            .collect()
+    };
+    assert!(objects().len() >= 2, "{:?}", objects());
+    let label_object = format!("tessera.{pool}.data.{:016x}", 0);
+    let label_file = t.path().join("label");
+    let labelled = || {
+        let _ = std::fs::remove_file(&label_file);
+        let get = [
+            "-c",
+            &conf,
+            "-p",
+            RADOS_POOL,
+            "get",
+            &label_object,
+            label_file.to_str().unwrap(),
+        ];
+        run("rados", &get).0 && std::fs::read(&label_file).unwrap().iter().take(4096).any(|&b| b != 0)
+    };
+    assert!(labelled());
+    let place = format!("{prefix}/place/pool.{pool}");
+    let recorded = || {
+        ok(
+            "etcdctl",
+            &[
+                "--endpoints",
+                &etcd,
+                "get",
+                "--keys-only",
+                "--prefix",
+                &format!("{prefix}/"),
+            ],
+        )
+    };
+    assert!(recorded().contains(&place), "{}", recorded());
+    let (osd, _) = osd_process(&conf);
+    let removing = "destroying the pool: its objects are removed";
+    // Kills `a` while its destroy of the pool waits for the stopped OSD.
+    let cut_short = |a: &mut Daemon| {
+        let api = format!("unix:{}", a.sock.display());
+        for attempt in 1.. {
+            assert_eq!(unsafe { libc::kill(osd, libc::SIGSTOP) }, 0);
+            let stopped = GoesOn(osd);
+            let destroy = std::thread::spawn({
+                let (api, pool) = (api.clone(), pool.clone());
+                move || Daemon::cli_at(&api, None, &["pool", "destroy", &pool])
+            });
+            let t0 = Instant::now();
+            while !destroy.is_finished() && !a.logs().contains(removing) {
+                assert!(
+                    t0.elapsed() < Duration::from_secs(20),
+                    "the destroy went nowhere\n{}",
+                    a.logs()
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            if destroy.is_finished() {
+                // A background check held the pool as the OSD stopped (see the test above).
+                let out = destroy.join().unwrap();
+                assert!(
+                    !out.success && out.stderr.contains("is in use") && attempt < 5,
+                    "the destruction ended with the OSD stopped (attempt {attempt}): {out:?}"
+                );
+                drop(stopped);
+                std::thread::sleep(Duration::from_secs(3));
+                continue;
+            }
+            a.kill9();
+            let out = destroy.join().unwrap();
+            assert!(!out.success, "a destroy cut short said it was done: {out:?}");
+            drop(stopped);
+            // What the OSD had of the killed gateway's requests, it has applied by now.
+            std::thread::sleep(Duration::from_secs(2));
+            return;
+        }
+    };
+    // Restarted, `a` ends the destruction one way or the other, refusing the name until
+    // then; the kind of the event that says which, after event `after`.
+    let ended_after = |a: &Daemon, after: u64| -> (String, u64) {
+        let t0 = Instant::now();
+        loop {
+            let events = a.json(&["events", "-n", "1000"]);
+            let ended = events["events"].as_array().unwrap().iter().find_map(|e| {
+                let kind = e["kind"].as_str().unwrap();
+                let ours = e["pool"].as_str() == Some(pool.as_str()) && e["seq"].as_u64().unwrap() > after;
+                (ours && ["pool.destroyed", "pool.destroy_abandoned"].contains(&kind))
+                    .then(|| (kind.to_string(), e["seq"].as_u64().unwrap()))
+            });
+            if let Some(ended) = ended {
+                return ended;
+            }
+            let e = a.fails(&create_rados_pool_args(&pool, &conf));
+            assert!(e.contains("is being destroyed here"), "{e}");
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "the destruction cut short was neither finished nor left: {events:#}\n{}",
+                a.logs()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    cut_short(&mut a);
+    assert!(state.join("pools").join(&pool).exists());
+    let mut seen = 0;
+    if labelled() {
+        // Cut before the wipe landed: left whole, and served again once imported.
+        a = Daemon::start_configured(&state, &config);
+        let (kind, seq) = ended_after(&a, seen);
+        assert_eq!(kind, "pool.destroy_abandoned", "{}", a.logs());
+        seen = seq;
+        assert!(labelled());
+        assert!(a.ok(&["pool", "import"]).contains(&pool));
+        a.ok(&["pool", "import", &pool]);
+        until_served(&a, &pool, Duration::from_secs(30));
+        cut_short(&mut a);
+        if labelled() {
+            ok("rados", &["-c", &conf, "-p", RADOS_POOL, "rm", &label_object]);
+        }
+    } else {
+        eprintln!("{test}: the OSD applied the killed gateway's wipe; the pool is not left whole this time");
+    }
+    // Cut after the wipe: finished, and nothing of it is left, here, in the cluster or in etcd.
+    a = Daemon::start_configured(&state, &config);
+    let (kind, _) = ended_after(&a, seen);
+    assert_eq!(kind, "pool.destroyed", "{}", a.logs());
+    assert_eq!(
+        objects(),
+        Vec::<String>::new(),
+        "objects of the destroyed pool are left"
+    );
+    assert!(!recorded().contains(&place), "{}", recorded());
+    assert!(!state.join("pools").join(&pool).exists());
+    // Its name is free again.
+    create_rados_pool(&a, &pool, &conf);
+    a.ok(&["pool", "destroy", &pool]);
+}

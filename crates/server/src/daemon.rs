@@ -36,6 +36,7 @@ use crate::portals::Portals;
 use crate::statefile;
 use crate::targets::Targets;
 
+mod destroys;
 mod exports;
 mod pools;
 mod rados;
@@ -95,6 +96,10 @@ pub struct Daemon {
     /// the admin lock (minutes for a large pool): their names are refused to a create or an
     /// import until that ends.
     destroying: Mutex<BTreeSet<String>>,
+    /// Pools on RADOS whose destruction did not finish (the daemon stopped during it, or
+    /// the cluster did not let it end): finished in the background, their names refused
+    /// meanwhile as above.
+    unfinished_destroys: Mutex<BTreeMap<String, destroys::UnfinishedDestroy>>,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -225,6 +230,7 @@ impl Daemon {
             rados: Mutex::new(BTreeMap::new()),
             unreleased: Mutex::new(Vec::new()),
             destroying: Mutex::new(BTreeSet::new()),
+            unfinished_destroys: Mutex::new(BTreeMap::new()),
             cfg,
             pools: RwLock::new(BTreeMap::new()),
             unavailable: RwLock::new(BTreeMap::new()),
@@ -252,7 +258,13 @@ impl Daemon {
         let recorded = d.read_imported()?.pools;
         let mut wanted = recorded.clone();
         wanted.extend(d.cfg.pools.iter().cloned());
+        // A pool whose destruction was marked is destroyed, even if the stop came before it
+        // was recorded as no longer imported.
+        d.load_unfinished_destroys();
         for name in wanted {
+            if d.destroy_unfinished(&name) {
+                continue;
+            }
             let dir = d.pool_dir(&name);
             if d.is_rados_pool(&name) {
                 d.load_rados_pool(&name);

@@ -1118,6 +1118,21 @@ mod real {
             Engine::open_with_meta(dir, &opener, meta).map_err(|e| e.to_string())
         }
 
+        /// The label of pool `name`'s disk of `capacity` bytes as the cluster holds it now
+        /// (`Missing` once wiped, or once its first object is gone). Err: the cluster did not
+        /// answer.
+        pub fn label(
+            &self,
+            name: &str,
+            capacity: u64,
+        ) -> Result<Result<tessera_disk::Label, tessera_disk::LabelError>, String> {
+            let disk = self.disk(name, capacity)?;
+            match tessera_disk::read_label(disk.as_ref()) {
+                Err(tessera_disk::LabelError::Disk(e)) => Err(format!("cannot read the label of pool {name}: {e}")),
+                found => Ok(found),
+            }
+        }
+
         /// Removes the objects of the destroyed pool `name` of `capacity` bytes: its metadata
         /// first, so that a removal that stops halfway leaves objects nobody reads, never a
         /// pool another gateway would open with part of its data gone (read as zeros).
@@ -1326,6 +1341,9 @@ mod absent {
             match self.never {}
         }
         pub fn remove_objects(&self, _: &str, _: u64) -> Result<(), String> {
+            match self.never {}
+        }
+        pub fn label(&self, _: &str, _: u64) -> Result<Result<tessera_disk::Label, tessera_disk::LabelError>, String> {
             match self.never {}
         }
         pub fn lease_holds(&self) -> bool {

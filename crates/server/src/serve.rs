@@ -234,6 +234,18 @@ async fn serve(cfg: ServerConfig) -> Result<(), String> {
                 let _ = tokio::task::spawn_blocking(move || d.rados_tick()).await;
             }
         });
+        // Destructions of pools on RADOS a stop or the cluster cut short: finished beside the
+        // ticks, as a removal may take minutes.
+        let finishing = daemon.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(crate::rados_pools::TICK);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let d = finishing.clone();
+                let _ = tokio::task::spawn_blocking(move || d.finish_destroys()).await;
+            }
+        });
         // The unit attentions the owners of pools raise for hosts on standby paths here. A
         // watch that ended (etcd went away, this gateway rejoined) is made again from where
         // it stopped, so that the notices sent meanwhile still come.

@@ -312,8 +312,7 @@ impl Daemon {
         for entry in rd.flatten() {
             let name = entry.file_name().to_string_lossy().to_string();
             // One being destroyed is neither.
-            let imported =
-                pools.contains_key(&name) || on_rados.contains(&name) || self.destroying.lock().contains(&name);
+            let imported = pools.contains_key(&name) || on_rados.contains(&name) || self.being_destroyed(&name);
             if !imported && (entry.path().join("meta").is_dir() || self.is_rados_pool(&name)) {
                 out.push(ImportablePool {
                     name,
@@ -468,12 +467,18 @@ impl Daemon {
             .present_missing(&|vd| self.served_vdisk(vd), &|vd| self.may_export_writable(vd));
     }
 
-    /// Refuses pool `name` while it is being destroyed here (`destroy_rados_pool`).
+    /// Whether pool `name` is being destroyed here (`destroy_rados_pool`), or its
+    /// destruction is to be finished here (`destroys.rs`).
+    fn being_destroyed(&self, name: &str) -> bool {
+        self.destroying.lock().contains(name) || self.destroy_unfinished(name)
+    }
+
+    /// Refuses pool `name` while it is being destroyed here.
     pub(super) fn not_being_destroyed(&self, name: &str) -> ApiResult<()> {
-        if self.destroying.lock().contains(name) {
+        if self.being_destroyed(name) {
             return Err(ApiError::busy(format!(
                 "pool '{name}' is being destroyed here: its objects are being removed from the cluster, \
-                 and its name is free once that ends"
+                 and its name is free once that ends (the events say when)"
             )));
         }
         Ok(())
@@ -600,47 +605,72 @@ impl Daemon {
     /// under the admin lock (`admin`). Its labels and objects are removed in the cluster
     /// without that lock, which takings of other pools wait for: minutes for a large pool.
     /// Meanwhile its name is refused to a create or an import, and its ownership is held,
-    /// so that neither a pool of the name nor another gateway comes between.
+    /// so that neither a pool of the name nor another gateway comes between. Marked in its
+    /// directory before anything of it is wiped: a destruction that a stop or the cluster
+    /// cuts short is finished in the background (`destroys.rs`).
     fn destroy_rados_pool(&self, name: &str, e: Engine, admin: parking_lot::MutexGuard<'_, ()>) -> ApiResult<()> {
-        // Not imported here from now on, whatever comes of what follows (a restart finds
-        // what is left of it in the cluster, for an import); if that cannot be recorded,
-        // nothing is destroyed.
-        if let Err(err) = self.persist() {
+        let dir = self.pool_dir(name);
+        let Some(capacity) = e.pool().disks().first().map(|d| d.info.size) else {
+            self.pools.write().insert(name.to_string(), Arc::new(e));
+            return Err(ApiError::internal(format!(
+                "pool {name} on RADOS has no disk in the cluster"
+            )));
+        };
+        let mark = destroys::DestroyMark {
+            pool_id: e.pool().id(),
+            capacity,
+        };
+        // Marked, then no longer imported here; if either cannot be recorded, nothing is
+        // destroyed.
+        let recorded = mark.write(&dir).map_err(ApiError::internal).and_then(|()| {
+            self.persist().inspect_err(|_| {
+                let _ = destroys::DestroyMark::clear(&dir);
+            })
+        });
+        if let Err(err) = recorded {
             self.pools.write().insert(name.to_string(), Arc::new(e));
             return Err(err);
         }
-        let capacity = e.pool().disks().first().map(|d| d.info.size);
         // Marked first: `pool import` lists it until it leaves `rados`.
         let _marked = DestroyingMark::new(&self.destroying, name);
-        let left = self.leave_rados_pool(name);
+        let Some(left) = self.leave_rados_pool(name) else {
+            unreachable!("a pool on RADOS under the admin lock");
+        };
+        let placement = left.placement().clone();
         drop(admin);
         info!(
             pool = name,
             "destroying the pool: its objects are removed from the cluster"
         );
-        let destroyed = match e.destroy() {
-            Err(err) => Err(ApiError::internal(format!(
-                "pool {name} is no longer imported here, and its labels may not have been wiped ({err}); \
-                 nothing else of it was removed: 'tessera pool import {name}' finds it in the cluster (unless \
-                 another gateway serves it now: destroy it there) and 'tessera pool destroy {name}' then tries again"
-            ))),
-            // Its objects go only once its labels went: a pool half removed is never opened.
-            Ok(()) => Ok(capacity),
+        // Its objects go only once its labels went: a pool half removed is never opened.
+        let outcome = match e.destroy() {
+            Err(err) => self
+                .end_rados_pool(name, left, None)
+                .and(Err(ApiError::internal(format!(
+                    "its labels may not have been wiped ({err})"
+                )))),
+            Ok(()) => self.end_rados_pool(name, left, Some(capacity)),
         };
-        let ended = left.map_or(Ok(()), |p| {
-            self.end_rados_pool(name, p, destroyed.as_ref().ok().copied().flatten())
-        });
-        let outcome = destroyed.and(ended);
         match &outcome {
             Ok(()) => {
                 if let Err(err) = self.auto_repair.forget(name) {
                     warn!(pool = name, error = %err, "cannot forget the destroyed pool's automatic repair setting");
                 }
                 self.changed("pool.destroyed", name, None, format!("pool {name} destroyed"));
+                outcome
             }
-            Err(err) => warn!(pool = name, error = %err, "the pool's destruction failed half way"),
+            Err(err) => {
+                warn!(pool = name, error = %err, "the pool's destruction failed half way; it is finished in the background");
+                self.finish_later(name, placement, mark, destroys::RETRY_FIRST);
+                Err(ApiError::unavailable(format!(
+                    "pool {name} is no longer imported here, and its destruction could not finish now: {}; \
+                     this gateway goes on with it in the background and its name is refused here until then \
+                     (if its labels were never wiped, the pool is left as it was, for 'tessera pool import {name}'; \
+                     the events say which)",
+                    err.message
+                )))
+            }
         }
-        outcome
     }
 
     pub fn repair_pool(&self, name: &str, req: RepairPool) -> ApiResult<JobView> {

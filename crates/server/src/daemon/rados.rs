@@ -208,6 +208,10 @@ pub(crate) struct RadosPool {
 }
 
 impl RadosPool {
+    pub(super) fn placement(&self) -> &Placement {
+        &self.placement
+    }
+
     /// `asks` is told when a host first asks for the pool at one of its standby ports here.
     fn new(
         placement: Placement,
@@ -1458,32 +1462,19 @@ impl Daemon {
             }
             return Ok(());
         };
-        let removed = match capacity {
-            Some(capacity) => owned.remove_objects(name, capacity).map(|()| {
-                let _ = std::fs::remove_dir_all(self.pool_dir(name));
-            }),
-            None => Ok(()),
+        let Some(capacity) = capacity else {
+            let _ = gw.forget_place(name, &p.placement, false);
+            // Given up: this gateway no longer serves the pool, and kept, its key would say
+            // so to the other gateways for as long as it runs.
+            self.release_or_later(gw, name, owned.epoch, None);
+            return Ok(());
         };
-        // Gone for good (destroyed): its name may be given to a pool elsewhere. While still
-        // owned here, so that no taker comes between.
-        let destroyed = capacity.is_some() && removed.is_ok();
-        if let Err(e) = gw.forget_place(name, &p.placement, destroyed) {
-            warn!(pool = %name, error = %e, "the gateways' record of where the destroyed pool lived stays in etcd");
-        }
-        // A move asked for it and not done would apply to the next pool of the name.
-        if destroyed {
-            if let Ok(Some((_, revision))) = gw.moving(name) {
-                let _ = gw.end_move(name, revision);
-            }
-        }
-        // Given up whatever became of its objects: this gateway no longer serves the pool,
-        // and kept, its key would say so to the other gateways for as long as it runs.
-        self.release_or_later(gw, name, owned.epoch, None);
-        removed.map_err(|e| {
-            ApiError::internal(format!(
-                "pool {name} is no longer served here, but not all of it was removed from the cluster: {e}"
-            ))
-        })
+        self.remove_destroyed(gw, name, &p.placement, owned, capacity)
+            .map_err(|e| {
+                ApiError::internal(format!(
+                    "pool {name} is no longer served here, but not all of it was removed from the cluster: {e}"
+                ))
+            })
     }
 
     /// Gives pool `name`, owned here at `epoch` and no longer served here, up in etcd; if
@@ -1492,7 +1483,13 @@ impl Daemon {
     /// `to`: the gateway it is handed over to, which alone may take it for a while
     /// ([`HANDOFF_BARS_FOR`]).
     /// True if etcd gave it up (and made the handoff) now.
-    fn release_or_later(&self, gw: &crate::rados_pools::Membership, name: &str, epoch: i64, to: Option<&str>) -> bool {
+    pub(super) fn release_or_later(
+        &self,
+        gw: &crate::rados_pools::Membership,
+        name: &str,
+        epoch: i64,
+        to: Option<&str>,
+    ) -> bool {
         match release(gw, name, epoch, to) {
             Ok(done) => done,
             Err(e) => {

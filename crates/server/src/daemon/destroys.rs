@@ -1,0 +1,386 @@
+//! Destructions of pools on RADOS that did not finish: the daemon stopped during one, or the
+//! cluster did not let it end. A destruction is marked in the pool's directory before
+//! anything of the pool is wiped (`destroying.json`), and the mark goes only once its
+//! objects are gone; a gateway that finds the mark (at its start, or after a destruction
+//! that failed half way) takes the pool again and finishes the removal, or, if the pool's
+//! label was never wiped, leaves the pool as it is, no longer imported here.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use tracing::{debug, info, warn};
+use uuid::Uuid;
+
+use super::Daemon;
+use crate::events::{NewEvent, Severity};
+use crate::rados_pools::{Placement, Taking};
+
+/// The file in a pool's directory that says the pool is being destroyed.
+pub(crate) const DESTROYING_FILE: &str = "destroying.json";
+
+/// The wait before the first retry of a destruction, doubled at each failure up to
+/// [`RETRY_AT_MOST`]: a cluster that does not answer is not asked every second.
+pub(super) const RETRY_FIRST: Duration = Duration::from_secs(2);
+const RETRY_AT_MOST: Duration = Duration::from_secs(60);
+
+/// What a destruction needs to finish without the pool opened: which pool's label it
+/// wipes, and how far its objects go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct DestroyMark {
+    pub pool_id: Uuid,
+    pub capacity: u64,
+}
+
+impl DestroyMark {
+    pub fn read(dir: &Path) -> Result<Option<DestroyMark>, String> {
+        crate::statefile::read_json(
+            &dir.join(DESTROYING_FILE),
+            "remove it to leave the pool as it is (no longer imported here), or fix it",
+        )
+    }
+
+    /// Written, and synced, before the pool's label is wiped.
+    pub fn write(&self, dir: &Path) -> Result<(), String> {
+        let p = dir.join(DESTROYING_FILE);
+        crate::statefile::write_json(&p, self).map_err(|e| format!("cannot record {}: {e}", p.display()))
+    }
+
+    /// Removed, and the removal synced, before the pool's name is freed among the gateways:
+    /// a mark that came back after a power cut would have the next start remove the objects
+    /// of a new pool of the name.
+    pub fn clear(dir: &Path) -> Result<(), String> {
+        let p = dir.join(DESTROYING_FILE);
+        match std::fs::remove_file(&p) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(format!("cannot remove {}: {e}", p.display())),
+        }
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| format!("cannot sync {}: {e}", dir.display()))
+    }
+}
+
+/// A destruction to finish, and when to try next.
+pub(crate) struct UnfinishedDestroy {
+    placement: Placement,
+    mark: DestroyMark,
+    next: Instant,
+    wait: Duration,
+}
+
+/// What a destruction's label says of it, the pool owned here again.
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    /// Wiped (or its first object gone): no gateway can open the pool, and its removal
+    /// goes on.
+    Wiped,
+    /// Nothing of the pool was removed, or the disk is not the pool's: left as it is.
+    Kept(String),
+}
+
+fn verdict(label: Result<tessera_disk::Label, tessera_disk::LabelError>, mark: &DestroyMark) -> Verdict {
+    match label {
+        Err(tessera_disk::LabelError::Missing { .. }) => Verdict::Wiped,
+        Ok(l) if l.pool_id == mark.pool_id => {
+            Verdict::Kept("its label was never wiped, so nothing of it was removed".to_string())
+        }
+        Ok(l) => Verdict::Kept(format!(
+            "its disk carries the label of another pool, '{}' ({}), which is not removed",
+            l.pool_name, l.pool_id
+        )),
+        // Never removed on a guess: what cannot be read as wiped stays for an administrator.
+        Err(e) => Verdict::Kept(format!(
+            "its label cannot be read as wiped ({e}), so nothing of it is removed"
+        )),
+    }
+}
+
+/// How an attempt to finish a destruction ended.
+enum Finish {
+    Done,
+    LeftAsItWas(String),
+    Later(String),
+}
+
+impl Daemon {
+    /// At start: the pools whose directory holds a destruction's mark, to finish.
+    pub(super) fn load_unfinished_destroys(&self) {
+        let Ok(entries) = std::fs::read_dir(self.cfg.pools_dir()) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().to_string();
+            let dir = entry.path();
+            if !dir.join(DESTROYING_FILE).exists() {
+                continue;
+            }
+            let read = DestroyMark::read(&dir).and_then(|mark| {
+                let placement = Placement::read(&dir)?.ok_or_else(|| {
+                    format!(
+                        "{} says where it lived no longer",
+                        dir.join(crate::rados_pools::PLACEMENT_FILE).display()
+                    )
+                })?;
+                Ok((mark, placement))
+            });
+            match read {
+                Ok((Some(mark), placement)) => {
+                    self.events.record(
+                        NewEvent::new(
+                            Severity::Warning,
+                            "pool.destroy_unfinished",
+                            format!(
+                                "the destruction of pool {name} was cut short by a stop; this gateway finishes it once it can take the pool"
+                            ),
+                        )
+                        .pool(&name),
+                    );
+                    self.finish_later(&name, placement, mark, Duration::ZERO);
+                }
+                Ok((None, _)) => {}
+                Err(e) => {
+                    self.events.record(
+                        NewEvent::new(
+                            Severity::Critical,
+                            "pool.destroy_unfinished",
+                            format!(
+                                "the destruction of pool {name} was cut short by a stop and cannot be finished: {e}"
+                            ),
+                        )
+                        .pool(&name),
+                    );
+                }
+            }
+        }
+    }
+
+    /// Whether pool `name`'s destruction is to be finished here.
+    pub(super) fn destroy_unfinished(&self, name: &str) -> bool {
+        self.unfinished_destroys.lock().contains_key(name)
+    }
+
+    /// Pool `name`'s destruction, marked in its directory, is finished by the ticks from
+    /// `after` on.
+    pub(super) fn finish_later(&self, name: &str, placement: Placement, mark: DestroyMark, after: Duration) {
+        self.unfinished_destroys.lock().insert(
+            name.to_string(),
+            UnfinishedDestroy {
+                placement,
+                mark,
+                next: Instant::now() + after,
+                wait: RETRY_FIRST,
+            },
+        );
+    }
+
+    /// Every second, beside the gateway's tick (a removal may take minutes): tries to finish
+    /// the destructions due.
+    pub fn finish_destroys(&self) {
+        let Some(gw) = &self.gateway else { return };
+        if self.stopping.load(std::sync::atomic::Ordering::Relaxed) || !gw.alive() {
+            return;
+        }
+        let now = Instant::now();
+        let due: Vec<(String, Placement, DestroyMark)> = self
+            .unfinished_destroys
+            .lock()
+            .iter()
+            .filter(|(_, u)| u.next <= now)
+            .map(|(n, u)| (n.clone(), u.placement.clone(), u.mark))
+            .collect();
+        for (name, placement, mark) in due {
+            let finish = self.finish_destroy(gw, &name, &placement, &mark);
+            let mut unfinished = self.unfinished_destroys.lock();
+            match finish {
+                Finish::Done => {
+                    unfinished.remove(&name);
+                    drop(unfinished);
+                    if let Err(err) = self.auto_repair.forget(&name) {
+                        warn!(pool = %name, error = %err, "cannot forget the destroyed pool's automatic repair setting");
+                    }
+                    self.changed(
+                        "pool.destroyed",
+                        &name,
+                        None,
+                        format!("pool {name} destroyed: the removal of its objects, cut short before, is finished"),
+                    );
+                }
+                Finish::LeftAsItWas(why) => {
+                    unfinished.remove(&name);
+                    drop(unfinished);
+                    self.events.record(
+                        NewEvent::new(
+                            Severity::Warning,
+                            "pool.destroy_abandoned",
+                            format!(
+                                "pool {name} is not destroyed: {why}; it is left in the cluster as it was, not imported here ('tessera pool import {name}' serves it again)"
+                            ),
+                        )
+                        .pool(&name),
+                    );
+                }
+                Finish::Later(why) => {
+                    if let Some(u) = unfinished.get_mut(&name) {
+                        let first = u.wait == RETRY_FIRST;
+                        u.next = Instant::now() + u.wait;
+                        u.wait = (u.wait * 2).min(RETRY_AT_MOST);
+                        if first {
+                            warn!(pool = %name, error = %why, "cannot finish the pool's destruction yet; trying again");
+                        } else {
+                            debug!(pool = %name, error = %why, "cannot finish the pool's destruction yet");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// One attempt at finishing pool `name`'s destruction: the pool taken again (fencing off
+    /// whoever held it), its label looked at, and its objects removed if it was wiped.
+    fn finish_destroy(
+        &self,
+        gw: &crate::rados_pools::Membership,
+        name: &str,
+        placement: &Placement,
+        mark: &DestroyMark,
+    ) -> Finish {
+        let owned = match gw.take(name, placement) {
+            Ok(Taking::Mine(o)) => o,
+            Ok(Taking::Elsewhere(o)) => {
+                return Finish::Later(format!(
+                    "gateway {} holds the pool; waiting for it to let go",
+                    o.gateway
+                ))
+            }
+            Ok(Taking::GaveBack { why, .. }) => return Finish::Later(why),
+            Err(e) => return Finish::Later(e),
+        };
+        let label = match owned.label(name, mark.capacity) {
+            Ok(l) => l,
+            Err(e) => {
+                self.release_or_later(gw, name, owned.epoch, None);
+                return Finish::Later(e);
+            }
+        };
+        match verdict(label, mark) {
+            Verdict::Wiped => {
+                info!(pool = %name, "finishing the pool's destruction: its objects are removed from the cluster");
+                match self.remove_destroyed(gw, name, placement, owned, mark.capacity) {
+                    Ok(()) => Finish::Done,
+                    Err(e) => Finish::Later(e),
+                }
+            }
+            Verdict::Kept(why) => {
+                let cleared = DestroyMark::clear(&self.pool_dir(name));
+                self.release_or_later(gw, name, owned.epoch, None);
+                match cleared {
+                    Ok(()) => Finish::LeftAsItWas(why),
+                    Err(e) => Finish::Later(e),
+                }
+            }
+        }
+    }
+
+    /// Removes the objects of pool `name`, destroyed here and owned here as `owned`, then its
+    /// directory here (the mark of its destruction first), and only then its record of
+    /// place among the gateways, which frees its name for a pool elsewhere: nothing here
+    /// would then remove that pool's objects. Its ownership is given up whatever comes of it.
+    pub(super) fn remove_destroyed(
+        &self,
+        gw: &crate::rados_pools::Membership,
+        name: &str,
+        placement: &Placement,
+        owned: crate::rados_pools::Owned,
+        capacity: u64,
+    ) -> Result<(), String> {
+        let dir = self.pool_dir(name);
+        let removed = owned.remove_objects(name, capacity).and_then(|()| {
+            DestroyMark::clear(&dir)?;
+            let _ = std::fs::remove_dir_all(&dir);
+            Ok(())
+        });
+        // While still owned here, so that no taker comes between.
+        if let Err(e) = gw.forget_place(name, placement, removed.is_ok()) {
+            warn!(pool = %name, error = %e, "the gateways' record of where the destroyed pool lived stays in etcd");
+        }
+        // A move asked for it and not done would apply to the next pool of the name.
+        if removed.is_ok() {
+            if let Ok(Some((_, revision))) = gw.moving(name) {
+                let _ = gw.end_move(name, revision);
+            }
+        }
+        self.release_or_later(gw, name, owned.epoch, None);
+        removed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tessera_disk::{read_label, wipe_label, write_new_label, BlockDevice, Label, MemDisk, LABEL_SIZE};
+
+    use super::*;
+
+    fn label(pool_id: Uuid) -> Label {
+        Label {
+            pool_id,
+            pool_name: "tank".to_string(),
+            disk_id: Uuid::new_v4(),
+            position: 0,
+            generation: 1,
+            disk_size: 64 << 20,
+            slab_size: 4 << 20,
+            exported: false,
+            resync_pending: false,
+        }
+    }
+
+    /// Only a wiped label lets a destruction cut short go on: a label still there means the
+    /// pool was never wiped (the stop came first), and one of another pool, or one that
+    /// cannot be read, is never removed on a guess.
+    #[test]
+    fn only_a_wiped_label_has_the_removal_go_on() {
+        let id = Uuid::new_v4();
+        let mark = DestroyMark {
+            pool_id: id,
+            capacity: 64 << 20,
+        };
+        let d = MemDisk::new("mem0", 64 << 20);
+        assert_eq!(verdict(read_label(&d), &mark), Verdict::Wiped, "a blank disk");
+        write_new_label(&d, &label(id)).unwrap();
+        assert!(matches!(verdict(read_label(&d), &mark), Verdict::Kept(w) if w.contains("never wiped")));
+        wipe_label(&d, id).unwrap();
+        assert_eq!(verdict(read_label(&d), &mark), Verdict::Wiped);
+        let other = MemDisk::new("mem1", 64 << 20);
+        write_new_label(&other, &label(Uuid::new_v4())).unwrap();
+        assert!(matches!(verdict(read_label(&other), &mark), Verdict::Kept(w) if w.contains("another pool")));
+        let torn = MemDisk::new("mem2", 64 << 20);
+        write_new_label(&torn, &label(id)).unwrap();
+        let mut block = tessera_disk::AlignedBuf::zeroed(LABEL_SIZE);
+        torn.read_at(&mut block, 0).unwrap();
+        block[100] ^= 0xff;
+        torn.write_at(&block, 0).unwrap();
+        assert!(matches!(verdict(read_label(&torn), &mark), Verdict::Kept(w) if w.contains("cannot be read")));
+    }
+
+    /// The mark is written and read back, and clearing it twice is no error (a retry after
+    /// the directory went).
+    #[test]
+    fn a_mark_round_trips_and_clears_once_or_twice() {
+        let t = tempfile::tempdir().unwrap();
+        assert_eq!(DestroyMark::read(t.path()).unwrap(), None);
+        let mark = DestroyMark {
+            pool_id: Uuid::new_v4(),
+            capacity: 4 << 30,
+        };
+        mark.write(t.path()).unwrap();
+        assert_eq!(DestroyMark::read(t.path()).unwrap(), Some(mark));
+        DestroyMark::clear(t.path()).unwrap();
+        assert_eq!(DestroyMark::read(t.path()).unwrap(), None);
+        DestroyMark::clear(t.path()).unwrap();
+        std::fs::write(t.path().join(DESTROYING_FILE), b"{").unwrap();
+        assert!(DestroyMark::read(t.path()).unwrap_err().contains("is corrupt"));
+    }
+}
