@@ -3680,8 +3680,8 @@ fn a_destroy_cut_short_by_a_stop_is_finished_at_the_next_start() {
         return;
     };
     let pid = std::process::id();
-    let pool = format!("cut{pid}");
-    let prefix = format!("/tessera-test-cut-{pid}");
+    let pool = format!("dcut{pid}");
+    let prefix = format!("/tessera-test-dcut-{pid}");
     let t = tempfile::tempdir().unwrap();
     let state = t.path().join("a");
     let config = gateway_config("gw-a", &etcd, &prefix);
@@ -3771,6 +3771,7 @@ fn a_destroy_cut_short_by_a_stop_is_finished_at_the_next_start() {
     // then; the kind of the event that says which, after event `after`.
     let ended_after = |a: &Daemon, after: u64| -> (String, u64) {
         let t0 = Instant::now();
+        let mut refused = String::new();
         loop {
             let events = a.json(&["events", "-n", "1000"]);
             let ended = events["events"].as_array().unwrap().iter().find_map(|e| {
@@ -3782,8 +3783,15 @@ fn a_destroy_cut_short_by_a_stop_is_finished_at_the_next_start() {
             if let Some(ended) = ended {
                 return ended;
             }
-            let e = a.fails(&create_rados_pool_args(&pool, &conf));
-            assert!(e.contains("is being destroyed here"), "{e}");
+            // Refused as being destroyed, or ended since the look above: said by then.
+            assert!(
+                refused.is_empty(),
+                "the name is free, and no event says why: {refused}\n{events:#}"
+            );
+            let e = a.fails(&["pool", "export", &pool]);
+            if !e.contains("is being destroyed here") {
+                refused = e;
+            }
             assert!(
                 t0.elapsed() < Duration::from_secs(60),
                 "the destruction cut short was neither finished nor left: {events:#}\n{}",

@@ -192,12 +192,12 @@ impl Daemon {
             .map(|(n, u)| (n.clone(), u.placement.clone(), u.mark))
             .collect();
         for (name, placement, mark) in due {
-            let finish = self.finish_destroy(gw, &name, &placement, &mark);
-            let mut unfinished = self.unfinished_destroys.lock();
-            match finish {
+            // Ended, the event says so before the name is free.
+            let ended = |name: &str| {
+                self.unfinished_destroys.lock().remove(name);
+            };
+            match self.finish_destroy(gw, &name, &placement, &mark) {
                 Finish::Done => {
-                    unfinished.remove(&name);
-                    drop(unfinished);
                     if let Err(err) = self.auto_repair.forget(&name) {
                         warn!(pool = %name, error = %err, "cannot forget the destroyed pool's automatic repair setting");
                     }
@@ -207,10 +207,9 @@ impl Daemon {
                         None,
                         format!("pool {name} destroyed: the removal of its objects, cut short before, is finished"),
                     );
+                    ended(&name);
                 }
                 Finish::LeftAsItWas(why) => {
-                    unfinished.remove(&name);
-                    drop(unfinished);
                     self.events.record(
                         NewEvent::new(
                             Severity::Warning,
@@ -221,9 +220,10 @@ impl Daemon {
                         )
                         .pool(&name),
                     );
+                    ended(&name);
                 }
                 Finish::Later(why) => {
-                    if let Some(u) = unfinished.get_mut(&name) {
+                    if let Some(u) = self.unfinished_destroys.lock().get_mut(&name) {
                         let first = u.wait == RETRY_FIRST;
                         u.next = Instant::now() + u.wait;
                         u.wait = (u.wait * 2).min(RETRY_AT_MOST);
