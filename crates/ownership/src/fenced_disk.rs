@@ -370,6 +370,11 @@ impl FencedDisk {
     }
 }
 
+/// The name of object `index` of the disk whose objects are named after `prefix`.
+pub fn object_name(prefix: &str, index: u64) -> String {
+    format!("{prefix}.{index:016x}")
+}
+
 /// Why a disk past its lease refuses a request: another gateway may own its pool.
 const LEASE_MAY_HAVE_LAPSED: &str =
     "this gateway's lease on the pool may have lapsed (it stalled, or lost etcd): another gateway may own the pool now";
@@ -470,7 +475,7 @@ impl Drop for Inner {
 
 impl Inner {
     fn oid(&self, index: u64) -> String {
-        format!("{}.{index:016x}", self.prefix)
+        object_name(&self.prefix, index)
     }
 
     /// The index of the object named `name`, if it is one of this disk's ([`oid`](Self::oid)).

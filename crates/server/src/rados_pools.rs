@@ -332,12 +332,37 @@ mod real {
         placement: Placement,
     }
 
+    /// The label on `disk`, pool `name`'s; Err if the cluster did not answer.
+    fn label_of(
+        name: &str,
+        disk: &dyn tessera_disk::BlockDevice,
+    ) -> Result<Result<tessera_disk::Label, tessera_disk::LabelError>, String> {
+        match tessera_disk::read_label(disk) {
+            Err(tessera_disk::LabelError::Disk(e)) => Err(format!("cannot read the label of pool {name}: {e}")),
+            found => Ok(found),
+        }
+    }
+
     impl Reader {
         pub fn connect(placement: &Placement, paths: &DataPaths) -> Result<Reader, String> {
             Ok(Reader {
                 cluster: connect(placement, paths)?,
                 placement: placement.clone(),
             })
+        }
+
+        /// [`Owned::label`], read without owning the pool (nothing is written through it).
+        pub fn label(&self, name: &str) -> Result<Result<tessera_disk::Label, tessera_disk::LabelError>, String> {
+            let pool = Cluster::shared_pool(&self.cluster, &self.placement.rados_pool).map_err(|e| e.to_string())?;
+            let oid = tessera_ownership::fenced_disk::object_name(&Placement::data_prefix(name), 0);
+            let mut block = vec![0u8; tessera_disk::LABEL_SIZE];
+            match pool.read(&oid, 0, &mut block) {
+                // Read as the disk reads it: what an object does not hold is zeros.
+                Ok(_) => {}
+                Err(e) if e.errno() == Some(libc::ENOENT) => {}
+                Err(e) => return Err(format!("cannot read the label of pool {name}: {e}")),
+            }
+            Ok(tessera_disk::Label::decode(&self.placement.disk_path(name), &block))
         }
 
         /// What the metadata of pool `name` records of the vdisks `wanted` ("pool/vdisk"):
@@ -1126,11 +1151,7 @@ mod real {
             name: &str,
             capacity: u64,
         ) -> Result<Result<tessera_disk::Label, tessera_disk::LabelError>, String> {
-            let disk = self.disk(name, capacity)?;
-            match tessera_disk::read_label(disk.as_ref()) {
-                Err(tessera_disk::LabelError::Disk(e)) => Err(format!("cannot read the label of pool {name}: {e}")),
-                found => Ok(found),
-            }
+            label_of(name, &*self.disk(name, capacity)?)
         }
 
         /// Removes the objects of the destroyed pool `name` of `capacity` bytes: its metadata
@@ -1203,6 +1224,9 @@ mod absent {
             Err(ABSENT.into())
         }
         pub fn units(&self, _: &str, _: &[String]) -> Result<Vec<(String, crate::standby::StandbyUnit)>, String> {
+            match self.never {}
+        }
+        pub fn label(&self, _: &str) -> Result<Result<tessera_disk::Label, tessera_disk::LabelError>, String> {
             match self.never {}
         }
     }

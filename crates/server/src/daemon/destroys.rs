@@ -14,15 +14,17 @@ use uuid::Uuid;
 
 use super::Daemon;
 use crate::events::{NewEvent, Severity};
-use crate::rados_pools::{Placement, Taking};
+use crate::rados_pools::{Placement, Reader, Taking};
 
 /// The file in a pool's directory that says the pool is being destroyed.
 pub(crate) const DESTROYING_FILE: &str = "destroying.json";
 
 /// The wait before the first retry of a destruction, doubled at each failure up to
-/// [`RETRY_AT_MOST`]: a cluster that does not answer is not asked every second.
+/// [`RETRY_AT_MOST`]: a cluster that does not answer is not asked every second, and an
+/// attempt that takes the pool fences the connection of the one before it off (an entry in
+/// the cluster's blocklist each time).
 pub(super) const RETRY_FIRST: Duration = Duration::from_secs(2);
-const RETRY_AT_MOST: Duration = Duration::from_secs(60);
+const RETRY_AT_MOST: Duration = Duration::from_secs(300);
 
 /// What a destruction needs to finish without the pool opened: which pool's label it
 /// wipes, and how far its objects go.
@@ -128,13 +130,22 @@ impl Daemon {
             });
             match read {
                 Ok((Some(mark), placement)) => {
+                    let (severity, what) = match self.gateway {
+                        Some(_) => (
+                            Severity::Warning,
+                            "this gateway finishes it once it can take the pool (or leaves the pool whole if its label was never wiped)",
+                        ),
+                        // Its name stays refused: the mark says the pool may be half removed.
+                        None => (
+                            Severity::Critical,
+                            "it cannot be finished here, as this daemon is no longer a gateway (no [gateway] table in its configuration)",
+                        ),
+                    };
                     self.events.record(
                         NewEvent::new(
-                            Severity::Warning,
+                            severity,
                             "pool.destroy_unfinished",
-                            format!(
-                                "the destruction of pool {name} was cut short by a stop; this gateway finishes it once it can take the pool"
-                            ),
+                            format!("the destruction of pool {name} was cut short by a stop; {what}"),
                         )
                         .pool(&name),
                     );
@@ -215,7 +226,7 @@ impl Daemon {
                             Severity::Warning,
                             "pool.destroy_abandoned",
                             format!(
-                                "pool {name} is not destroyed: {why}; it is left in the cluster as it was, not imported here ('tessera pool import {name}' serves it again)"
+                                "pool {name} is not destroyed: {why}; it is left in the cluster as it is, not imported here ('tessera pool import {name}' tries it again)"
                             ),
                         )
                         .pool(&name),
@@ -223,15 +234,30 @@ impl Daemon {
                     ended(&name);
                 }
                 Finish::Later(why) => {
-                    if let Some(u) = self.unfinished_destroys.lock().get_mut(&name) {
+                    let first = self.unfinished_destroys.lock().get_mut(&name).map(|u| {
                         let first = u.wait == RETRY_FIRST;
                         u.next = Instant::now() + u.wait;
                         u.wait = (u.wait * 2).min(RETRY_AT_MOST);
-                        if first {
-                            warn!(pool = %name, error = %why, "cannot finish the pool's destruction yet; trying again");
-                        } else {
-                            debug!(pool = %name, error = %why, "cannot finish the pool's destruction yet");
+                        first
+                    });
+                    match first {
+                        // Said once a streak: the first failure may last (a cluster gone, the
+                        // name recorded at another place since).
+                        Some(true) => {
+                            self.events.record(
+                                NewEvent::new(
+                                    Severity::Error,
+                                    "pool.destroy_unfinished",
+                                    format!(
+                                        "the destruction of pool {name} cannot be finished yet: {why}; this gateway tries again, less and less often (up to every {} s), and refuses the name meanwhile",
+                                        RETRY_AT_MOST.as_secs()
+                                    ),
+                                )
+                                .pool(&name),
+                            );
                         }
+                        Some(false) => debug!(pool = %name, error = %why, "cannot finish the pool's destruction yet"),
+                        None => {}
                     }
                 }
             }
@@ -249,9 +275,26 @@ impl Daemon {
     ) -> Finish {
         let owned = match gw.take(name, placement) {
             Ok(Taking::Mine(o)) => o,
+            // Taken since by another gateway (not only handed to it), which fenced off every
+            // connection the destruction could have wiped the label through: a label still
+            // there stays, and the pool is that gateway's, served or about to be.
+            Ok(Taking::Elsewhere(o)) if o.epoch != 0 => {
+                let label = Reader::connect(placement, &self.data_paths()).and_then(|r| r.label(name));
+                return match label.map(|l| verdict(l, mark)) {
+                    Ok(Verdict::Kept(why)) => match DestroyMark::clear(&self.pool_dir(name)) {
+                        Ok(()) => Finish::LeftAsItWas(format!("gateway {} took it, and {why}", o.gateway)),
+                        Err(e) => Finish::Later(e),
+                    },
+                    Ok(Verdict::Wiped) => Finish::Later(format!(
+                        "gateway {} holds the pool (it cannot open it); waiting for it to let go",
+                        o.gateway
+                    )),
+                    Err(e) => Finish::Later(e),
+                };
+            }
             Ok(Taking::Elsewhere(o)) => {
                 return Finish::Later(format!(
-                    "gateway {} holds the pool; waiting for it to let go",
+                    "the pool is handed over to gateway {}; waiting for it",
                     o.gateway
                 ))
             }
@@ -298,6 +341,13 @@ impl Daemon {
     ) -> Result<(), String> {
         let dir = self.pool_dir(name);
         let removed = owned.remove_objects(name, capacity).and_then(|()| {
+            // The name is freed below as this gateway's: not if another may own it by now,
+            // and may have made a pool of the name where this one lived.
+            if !owned.lease_holds() {
+                return Err(
+                    "this gateway's lease on the pool may have lapsed before its name could be freed".to_string(),
+                );
+            }
             DestroyMark::clear(&dir)?;
             let _ = std::fs::remove_dir_all(&dir);
             Ok(())

@@ -477,8 +477,8 @@ impl Daemon {
     pub(super) fn not_being_destroyed(&self, name: &str) -> ApiResult<()> {
         if self.being_destroyed(name) {
             return Err(ApiError::busy(format!(
-                "pool '{name}' is being destroyed here: its objects are being removed from the cluster, \
-                 and its name is free once that ends (the events say when)"
+                "pool '{name}' is being destroyed here, and its name is free once that ends (the events say \
+                 when, and what holds it up)"
             )));
         }
         Ok(())
@@ -623,8 +623,13 @@ impl Daemon {
         // Marked, then no longer imported here; if either cannot be recorded, nothing is
         // destroyed.
         let recorded = mark.write(&dir).map_err(ApiError::internal).and_then(|()| {
-            self.persist().inspect_err(|_| {
-                let _ = destroys::DestroyMark::clear(&dir);
+            self.persist().map_err(|err| match destroys::DestroyMark::clear(&dir) {
+                Ok(()) => err,
+                // Left, the mark would have the next start take the pool from service.
+                Err(e) => ApiError::io(format!(
+                    "{}; and {e}: remove it before the daemon starts again, or the pool is no longer imported then",
+                    err.message
+                )),
             })
         });
         if let Err(err) = recorded {
