@@ -27,12 +27,14 @@ pub(super) const RETRY_FIRST: Duration = Duration::from_secs(2);
 const RETRY_AT_MOST: Duration = Duration::from_secs(300);
 
 /// What a destruction needs to finish without the pool opened: which pool's label it
-/// wipes, and how far its objects go.
+/// wipes, how far its objects go, and the epoch it owned the pool at (a later owner fenced
+/// off the connections the destruction wrote through).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct DestroyMark {
     pub pool_id: Uuid,
     pub capacity: u64,
+    pub epoch: i64,
 }
 
 impl DestroyMark {
@@ -275,10 +277,11 @@ impl Daemon {
     ) -> Finish {
         let owned = match gw.take(name, placement) {
             Ok(Taking::Mine(o)) => o,
-            // Taken since by another gateway (not only handed to it), which fenced off every
-            // connection the destruction could have wiped the label through: a label still
-            // there stays, and the pool is that gateway's, served or about to be.
-            Ok(Taking::Elsewhere(o)) if o.epoch != 0 => {
+            // Taken since the destruction (not only handed over, nor still held at its epoch
+            // by an earlier run of this gateway), so every connection the destruction could
+            // have wiped the label through was fenced off: a label still there stays, and the
+            // pool is that gateway's, served or about to be.
+            Ok(Taking::Elsewhere(o)) if o.epoch > mark.epoch => {
                 let label = Reader::connect(placement, &self.data_paths()).and_then(|r| r.label(name));
                 return match label.map(|l| verdict(l, mark)) {
                     Ok(Verdict::Kept(why)) => match DestroyMark::clear(&self.pool_dir(name)) {
@@ -294,7 +297,7 @@ impl Daemon {
             }
             Ok(Taking::Elsewhere(o)) => {
                 return Finish::Later(format!(
-                    "the pool is handed over to gateway {}; waiting for it",
+                    "gateway {} holds the pool; waiting for it to let go",
                     o.gateway
                 ))
             }
@@ -396,6 +399,7 @@ mod tests {
         let mark = DestroyMark {
             pool_id: id,
             capacity: 64 << 20,
+            epoch: 7,
         };
         let d = MemDisk::new("mem0", 64 << 20);
         assert_eq!(verdict(read_label(&d), &mark), Verdict::Wiped, "a blank disk");
@@ -424,6 +428,7 @@ mod tests {
         let mark = DestroyMark {
             pool_id: Uuid::new_v4(),
             capacity: 4 << 30,
+            epoch: 7,
         };
         mark.write(t.path()).unwrap();
         assert_eq!(DestroyMark::read(t.path()).unwrap(), Some(mark));

@@ -619,6 +619,9 @@ impl Daemon {
         let mark = destroys::DestroyMark {
             pool_id: e.pool().id(),
             capacity,
+            // Owned here, as every pool on RADOS served here is; if not, no later owner is
+            // trusted to have fenced its connections off.
+            epoch: self.rados.lock().get(name).and_then(|p| p.epoch()).unwrap_or(i64::MAX),
         };
         // Marked, then no longer imported here; if either cannot be recorded, nothing is
         // destroyed.

@@ -212,6 +212,11 @@ impl RadosPool {
         &self.placement
     }
 
+    /// The epoch this gateway owns the pool at, if it does.
+    pub(super) fn epoch(&self) -> Option<i64> {
+        self.owned.as_ref().map(|o| o.epoch)
+    }
+
     /// `asks` is told when a host first asks for the pool at one of its standby ports here.
     fn new(
         placement: Placement,
