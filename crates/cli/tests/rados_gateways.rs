@@ -3770,8 +3770,8 @@ fn a_destroy_cut_short_by_a_stop_is_finished_at_the_next_start() {
         }
     };
     // Restarted, `a` ends the destruction one way or the other, refusing the name until
-    // then; the kind of the event that says which, after event `after`.
-    let ended_after = |a: &Daemon, after: u64| -> (String, u64) {
+    // then; the kind, number and message of the event that says which, after event `after`.
+    let ended_after = |a: &Daemon, after: u64| -> (String, u64, String) {
         let t0 = Instant::now();
         let mut refused = String::new();
         loop {
@@ -3779,8 +3779,10 @@ fn a_destroy_cut_short_by_a_stop_is_finished_at_the_next_start() {
             let ended = events["events"].as_array().unwrap().iter().find_map(|e| {
                 let kind = e["kind"].as_str().unwrap();
                 let ours = e["pool"].as_str() == Some(pool.as_str()) && e["seq"].as_u64().unwrap() > after;
-                (ours && ["pool.destroyed", "pool.destroy_abandoned"].contains(&kind))
-                    .then(|| (kind.to_string(), e["seq"].as_u64().unwrap()))
+                (ours && ["pool.destroyed", "pool.destroy_abandoned"].contains(&kind)).then(|| {
+                    let message = e["message"].as_str().unwrap().to_string();
+                    (kind.to_string(), e["seq"].as_u64().unwrap(), message)
+                })
             });
             if let Some(ended) = ended {
                 return ended;
@@ -3810,8 +3812,13 @@ fn a_destroy_cut_short_by_a_stop_is_finished_at_the_next_start() {
     // B takes the pool once A's lease lapses, and serves it; A, back, leaves it to B.
     until_served(&b, &pool, Duration::from_secs(30));
     a = Daemon::start_configured(&state, &config);
-    let (kind, seen) = ended_after(&a, 0);
+    let (kind, seen, message) = ended_after(&a, 0);
     assert_eq!(kind, "pool.destroy_abandoned", "{}", a.logs());
+    // Left to B from its label, read without taking the pool from B.
+    assert!(
+        message.contains("gateway gw-b took it, and its label was never wiped"),
+        "{message}"
+    );
     assert!(labelled());
     until_served(&b, &pool, Duration::from_secs(1));
     // Whole, and served at A once B lets it go.
@@ -3825,7 +3832,7 @@ fn a_destroy_cut_short_by_a_stop_is_finished_at_the_next_start() {
     ok("rados", &["-c", &conf, "-p", RADOS_POOL, "rm", &label_object]);
     // Cut after the wipe: finished, and nothing of it is left, here, in the cluster or in etcd.
     a = Daemon::start_configured(&state, &config);
-    let (kind, _) = ended_after(&a, seen);
+    let (kind, _, _) = ended_after(&a, seen);
     assert_eq!(kind, "pool.destroyed", "{}", a.logs());
     assert_eq!(
         objects(),

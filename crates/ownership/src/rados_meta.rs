@@ -43,6 +43,12 @@ pub fn last_owner(pool: &Pool<'_>, oid: &str) -> Result<Option<String>, RadosErr
         .filter(|a| !a.is_empty()))
 }
 
+/// Whether an owner at `epoch` or later has written metadata object `oid`: stamped it at
+/// its opening, which comes after its taking fenced the owners before it off.
+pub fn written_since(pool: &Pool<'_>, oid: &str, epoch: i64) -> Result<bool, RadosError> {
+    Ok(pool.xattr(oid, EPOCH_ATTR)?.is_some_and(|t| t >= epoch_text(epoch)))
+}
+
 /// Records read per omap page.
 const PAGE: u64 = 1000;
 

@@ -351,6 +351,14 @@ mod real {
             })
         }
 
+        /// Whether an owner of pool `name` at `epoch` or later has opened it (and so fenced
+        /// the owners before it off).
+        pub fn opened_since(&self, name: &str, epoch: i64) -> Result<bool, String> {
+            let pool = Cluster::shared_pool(&self.cluster, &self.placement.rados_pool).map_err(|e| e.to_string())?;
+            tessera_ownership::rados_meta::written_since(&pool, &Placement::meta_object(name), epoch)
+                .map_err(|e| format!("cannot learn who last opened pool {name}: {e}"))
+        }
+
         /// [`Owned::label`], read without owning the pool (nothing is written through it).
         pub fn label(&self, name: &str) -> Result<Result<tessera_disk::Label, tessera_disk::LabelError>, String> {
             let pool = Cluster::shared_pool(&self.cluster, &self.placement.rados_pool).map_err(|e| e.to_string())?;
@@ -1224,6 +1232,9 @@ mod absent {
             Err(ABSENT.into())
         }
         pub fn units(&self, _: &str, _: &[String]) -> Result<Vec<(String, crate::standby::StandbyUnit)>, String> {
+            match self.never {}
+        }
+        pub fn opened_since(&self, _: &str, _: i64) -> Result<bool, String> {
             match self.never {}
         }
         pub fn label(&self, _: &str) -> Result<Result<tessera_disk::Label, tessera_disk::LabelError>, String> {

@@ -106,7 +106,10 @@ fn verdict(label: Result<tessera_disk::Label, tessera_disk::LabelError>, mark: &
 enum Finish {
     Done,
     LeftAsItWas(String),
+    /// Failed: tried again later and later.
     Later(String),
+    /// For something that ends by itself within a lease: tried again soon, not a failure.
+    Waiting(String),
 }
 
 impl Daemon {
@@ -235,6 +238,12 @@ impl Daemon {
                     );
                     ended(&name);
                 }
+                Finish::Waiting(why) => {
+                    debug!(pool = %name, why = %why, "the pool's destruction waits");
+                    if let Some(u) = self.unfinished_destroys.lock().get_mut(&name) {
+                        u.next = Instant::now() + RETRY_FIRST;
+                    }
+                }
                 Finish::Later(why) => {
                     let first = self.unfinished_destroys.lock().get_mut(&name).map(|u| {
                         let first = u.wait == RETRY_FIRST;
@@ -278,22 +287,32 @@ impl Daemon {
         let owned = match gw.take(name, placement) {
             Ok(Taking::Mine(o)) => o,
             // Taken since the destruction (not only handed over, nor still held at its epoch
-            // by an earlier run of this gateway), so every connection the destruction could
-            // have wiped the label through was fenced off: a label still there stays, and the
-            // pool is that gateway's, served or about to be.
+            // by an earlier run of this gateway) and opened, so every connection the
+            // destruction could have wiped the label through was fenced off first: a label
+            // still there stays, and the pool is that gateway's.
             Ok(Taking::Elsewhere(o)) if o.epoch > mark.epoch => {
-                let label = Reader::connect(placement, &self.data_paths()).and_then(|r| r.label(name));
-                return match label.map(|l| verdict(l, mark)) {
-                    Ok(Verdict::Kept(why)) => match DestroyMark::clear(&self.pool_dir(name)) {
+                let label = Reader::connect(placement, &self.data_paths()).and_then(|r| {
+                    Ok(match r.opened_since(name, o.epoch)? {
+                        true => Some(r.label(name)?),
+                        false => None,
+                    })
+                });
+                return match label.map(|l| l.map(|l| verdict(l, mark))) {
+                    Ok(None) => Finish::Waiting(format!("gateway {} took the pool and is opening it", o.gateway)),
+                    Ok(Some(Verdict::Kept(why))) => match DestroyMark::clear(&self.pool_dir(name)) {
                         Ok(()) => Finish::LeftAsItWas(format!("gateway {} took it, and {why}", o.gateway)),
                         Err(e) => Finish::Later(e),
                     },
-                    Ok(Verdict::Wiped) => Finish::Later(format!(
+                    Ok(Some(Verdict::Wiped)) => Finish::Later(format!(
                         "gateway {} holds the pool (it cannot open it); waiting for it to let go",
                         o.gateway
                     )),
                     Err(e) => Finish::Later(e),
                 };
+            }
+            // An earlier run of this gateway, until its lease lapses.
+            Ok(Taking::Elsewhere(o)) if o.name == gw.name() => {
+                return Finish::Waiting(format!("{} holds the pool", o.gateway))
             }
             Ok(Taking::Elsewhere(o)) => {
                 return Finish::Later(format!(
