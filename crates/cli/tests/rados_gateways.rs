@@ -3443,6 +3443,44 @@ impl Drop for GoesOn {
     }
 }
 
+/// Starts `pool destroy POOL` at `d` with the cluster's OSD (process `osd`) stopped, and
+/// returns once the destruction waits for it, removing the pool's objects: the destroy's
+/// thread, and the OSD's stop, which ends when dropped. A background check of the pool
+/// (every 2 s) that reads its records as the OSD stops holds the pool until the OSD goes
+/// on: the destroy then finds it in use, and says so after a second; tried again then.
+fn destroy_waiting_for_the_osd(d: &Daemon, pool: &str, osd: i32) -> (std::thread::JoinHandle<Out>, GoesOn) {
+    let api = format!("unix:{}", d.sock.display());
+    let removing = "destroying the pool: its objects are removed";
+    for attempt in 1.. {
+        assert_eq!(unsafe { libc::kill(osd, libc::SIGSTOP) }, 0);
+        let stopped = GoesOn(osd);
+        let destroy = std::thread::spawn({
+            let (api, pool) = (api.clone(), pool.to_string());
+            move || Daemon::cli_at(&api, None, &["pool", "destroy", &pool])
+        });
+        let t0 = Instant::now();
+        while !destroy.is_finished() && !d.logs().contains(removing) {
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "the destroy went nowhere\n{}",
+                d.logs()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if !destroy.is_finished() {
+            return (destroy, stopped);
+        }
+        let out = destroy.join().unwrap();
+        assert!(
+            !out.success && out.stderr.contains("is in use") && attempt < 5,
+            "the destruction ended with the OSD stopped (attempt {attempt}): {out:?}"
+        );
+        drop(stopped);
+        std::thread::sleep(Duration::from_secs(3));
+    }
+    unreachable!()
+}
+
 /// A pool on RADOS is destroyed without the administration's lock: its objects are removed
 /// from the cluster (minutes for a large pool) while the other changes, and the takings of
 /// other pools that wait for that lock, go on. Meanwhile its name is refused to a create
@@ -3466,66 +3504,33 @@ fn a_pool_being_destroyed_keeps_no_other_change_waiting() {
     );
     create_rados_pool(&a, &pool, &conf);
     let (osd, _) = osd_process(&conf);
-    // A background check of the pool (every 2 s) that reads its records as the OSD stops
-    // holds the pool until the OSD goes on: the destroy then finds it in use, and says so
-    // after a second. Tried again then.
-    let removing = "destroying the pool: its objects are removed";
-    for attempt in 1.. {
-        assert_eq!(unsafe { libc::kill(osd, libc::SIGSTOP) }, 0);
-        let stopped = GoesOn(osd);
-        let done = std::thread::scope(|s| {
-            let destroy = s.spawn(|| a.cli(&["pool", "destroy", &pool]));
-            // Until it removes the pool's objects, or is refused.
-            let t0 = Instant::now();
-            while !destroy.is_finished() && !a.logs().contains(removing) {
-                assert!(
-                    t0.elapsed() < Duration::from_secs(20),
-                    "the destroy went nowhere\n{}",
-                    a.logs()
-                );
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            if destroy.is_finished() {
-                let out = destroy.join().unwrap();
-                assert!(
-                    !out.success && out.stderr.contains("is in use") && attempt < 5,
-                    "the destruction ended with the OSD stopped (attempt {attempt}): {out:?}"
-                );
-                return false;
-            }
-            let t0 = Instant::now();
-            create_pool(&a, "local", &disks(&t.path().join("local"), 2, 256 << 20));
-            let made_in = t0.elapsed();
-            assert!(
-                !destroy.is_finished(),
-                "a pool made meanwhile waited for the destruction ({made_in:?}): {:?}",
-                destroy.join().unwrap()
-            );
-            for args in [
-                create_rados_pool_args(&pool, &conf).to_vec(),
-                vec!["pool", "import", &pool],
-                vec!["pool", "export", &pool],
-            ] {
-                let e = a.fails(&args);
-                assert!(e.contains("is being destroyed here"), "{args:?}: {e}");
-            }
-            let importable = a.ok(&["pool", "import"]);
-            assert!(!importable.contains(&pool), "{importable}");
-            drop(stopped);
-            let out = destroy.join().unwrap();
-            assert!(
-                out.success,
-                "the destruction failed once the OSD went on: {}\n{}",
-                out.stderr,
-                a.logs()
-            );
-            true
-        });
-        if done {
-            break;
-        }
-        std::thread::sleep(Duration::from_secs(3));
+    let (destroy, stopped) = destroy_waiting_for_the_osd(&a, &pool, osd);
+    let t0 = Instant::now();
+    create_pool(&a, "local", &disks(&t.path().join("local"), 2, 256 << 20));
+    let made_in = t0.elapsed();
+    assert!(
+        !destroy.is_finished(),
+        "a pool made meanwhile waited for the destruction ({made_in:?}): {:?}",
+        destroy.join().unwrap()
+    );
+    for args in [
+        create_rados_pool_args(&pool, &conf).to_vec(),
+        vec!["pool", "import", &pool],
+        vec!["pool", "export", &pool],
+    ] {
+        let e = a.fails(&args);
+        assert!(e.contains("is being destroyed here"), "{args:?}: {e}");
     }
+    let importable = a.ok(&["pool", "import"]);
+    assert!(!importable.contains(&pool), "{importable}");
+    drop(stopped);
+    let out = destroy.join().unwrap();
+    assert!(
+        out.success,
+        "the destruction failed once the OSD went on: {}\n{}",
+        out.stderr,
+        a.logs()
+    );
     // Gone here and in the cluster: its name is free again.
     let names: Vec<String> = a
         .json(&["pool", "list"])
@@ -3729,45 +3734,15 @@ fn a_destroy_cut_short_by_a_stop_is_finished_at_the_next_start() {
     };
     assert!(recorded().contains(&place), "{}", recorded());
     let (osd, _) = osd_process(&conf);
-    let removing = "destroying the pool: its objects are removed";
     // Kills `a` while its destroy of the pool waits for the stopped OSD.
     let cut_short = |a: &mut Daemon| {
-        let api = format!("unix:{}", a.sock.display());
-        for attempt in 1.. {
-            assert_eq!(unsafe { libc::kill(osd, libc::SIGSTOP) }, 0);
-            let stopped = GoesOn(osd);
-            let destroy = std::thread::spawn({
-                let (api, pool) = (api.clone(), pool.clone());
-                move || Daemon::cli_at(&api, None, &["pool", "destroy", &pool])
-            });
-            let t0 = Instant::now();
-            while !destroy.is_finished() && !a.logs().contains(removing) {
-                assert!(
-                    t0.elapsed() < Duration::from_secs(20),
-                    "the destroy went nowhere\n{}",
-                    a.logs()
-                );
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            if destroy.is_finished() {
-                // A background check held the pool as the OSD stopped (see the test above).
-                let out = destroy.join().unwrap();
-                assert!(
-                    !out.success && out.stderr.contains("is in use") && attempt < 5,
-                    "the destruction ended with the OSD stopped (attempt {attempt}): {out:?}"
-                );
-                drop(stopped);
-                std::thread::sleep(Duration::from_secs(3));
-                continue;
-            }
-            a.kill9();
-            let out = destroy.join().unwrap();
-            assert!(!out.success, "a destroy cut short said it was done: {out:?}");
-            drop(stopped);
-            // What the OSD had of the killed gateway's requests, it has applied by now.
-            std::thread::sleep(Duration::from_secs(2));
-            return;
-        }
+        let (destroy, stopped) = destroy_waiting_for_the_osd(a, &pool, osd);
+        a.kill9();
+        let out = destroy.join().unwrap();
+        assert!(!out.success, "a destroy cut short said it was done: {out:?}");
+        drop(stopped);
+        // What the OSD had of the killed gateway's requests, it has applied by now.
+        std::thread::sleep(Duration::from_secs(2));
     };
     // Restarted, `a` ends the destruction one way or the other, refusing the name until
     // then; the kind, number and message of the event that says which, after event `after`.
