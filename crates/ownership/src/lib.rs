@@ -689,17 +689,19 @@ impl Gateway {
 
     /// Forgets where `vdisk` lived and its fence record, once it is gone from there for good
     /// (destroyed): only if the place recorded is `place`, so that a gateway never forgets
-    /// another's.
-    pub async fn forget_place(&mut self, vdisk: &str, place: &str) -> Result<()> {
+    /// another's, and only while this gateway owns `vdisk` at `epoch`, so that one whose
+    /// lease lapsed meanwhile never forgets the records of a vdisk of the name made there
+    /// since by another. True if it forgot them.
+    pub async fn forget_place(&mut self, vdisk: &str, place: &str, epoch: i64) -> Result<bool> {
         let key = self.place_key(vdisk);
+        let [owned, by_me] = self.owned_here_at(&self.key(vdisk), epoch);
         let txn = Txn::new()
-            .when([Compare::value(key.as_str(), CompareOp::Equal, place)])
+            .when([Compare::value(key.as_str(), CompareOp::Equal, place), owned, by_me])
             .and_then([
                 TxnOp::delete(key.as_str(), None),
                 TxnOp::delete(self.fence_key(vdisk), None),
             ]);
-        self.client.txn(txn).await?;
-        Ok(())
+        Ok(self.client.txn(txn).await?.succeeded())
     }
 
     /// Takes `vdisk` if nobody owns it, as `acquire_fencing` does with `address`, and when

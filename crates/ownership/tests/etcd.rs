@@ -341,10 +341,13 @@ async fn a_name_has_one_place_until_that_place_forgets_it() {
     assert_eq!(b.claim_place(v, "fsid-1/4").await.unwrap(), ("fsid-1/3".into(), false));
     assert_eq!(b.claim_place(v, "fsid-1/3").await.unwrap(), ("fsid-1/3".into(), false));
     let owner = a.take_fenced(v, "addr-a", |_| Ok(())).await.unwrap();
-    // Another place cannot forget the name's record, nor its fence record.
-    b.forget_place(v, "fsid-1/4").await.unwrap();
+    // Another place cannot forget the name's record, nor its fence record; nor a gateway
+    // that does not own the pool at that epoch, nor one owning it at another epoch.
+    assert!(!b.forget_place(v, "fsid-1/4", owner.epoch).await.unwrap());
+    assert!(!b.forget_place(v, "fsid-1/3", owner.epoch).await.unwrap());
+    assert!(!a.forget_place(v, "fsid-1/3", owner.epoch - 1).await.unwrap());
     assert_eq!(b.claim_place(v, "fsid-1/4").await.unwrap(), ("fsid-1/3".into(), false));
-    a.forget_place(v, "fsid-1/3").await.unwrap();
+    assert!(a.forget_place(v, "fsid-1/3", owner.epoch).await.unwrap());
     a.release(v, owner.epoch).await.unwrap();
     assert_eq!(b.claim_place(v, "fsid-1/4").await.unwrap(), ("fsid-1/4".into(), true));
     let fenced = std::sync::Mutex::new(None);

@@ -774,26 +774,28 @@ mod real {
         }
 
         /// Forgets where pool `name`, at `placement`, lived among the gateways, and its fence
-        /// record, once it is destroyed; or only this gateway's notes of it, once it is
-        /// exported (`destroyed` false).
-        pub fn forget_place(&self, name: &str, placement: &Placement, destroyed: bool) -> Result<(), String> {
-            let place = match destroyed {
-                true => Some(self.place_of(name, placement, &mut Link::default())),
-                false => None,
-            };
+        /// record, once it is destroyed while owned here at epoch `destroyed_at`; or only this
+        /// gateway's notes of it, once it is exported (`destroyed_at` None). Records that
+        /// name another place, or a pool no longer owned here at that epoch, stay.
+        pub fn forget_place(&self, name: &str, placement: &Placement, destroyed_at: Option<i64>) -> Result<(), String> {
+            let place = destroyed_at.map(|epoch| (self.place_of(name, placement, &mut Link::default()), epoch));
             self.places
                 .lock()
                 .expect("not poisoned")
                 .retain(|(n, _, _), _| n != name);
-            let Some(place) = place else {
+            let Some((place, epoch)) = place else {
                 return Ok(());
             };
             let place = place?;
-            self.with_gateway(async |g| {
-                g.forget_place(&owner_key(name), &place)
+            let forgot = self.with_gateway(async |g| {
+                g.forget_place(&owner_key(name), &place, epoch)
                     .await
                     .map_err(|e| format!("cannot forget where pool {name} lived: {e}"))
-            })
+            })?;
+            if !forgot {
+                tracing::debug!(pool = %name, epoch, "the gateways' record of where the pool lived is not this gateway's to forget (another place's, gone already, or the pool is no longer owned here)");
+            }
+            Ok(())
         }
 
         /// Takes back the place `claim_place` recorded for pool `name` at `placement`, when the
@@ -1278,7 +1280,7 @@ mod absent {
         pub fn release_to(&self, _: &str, _: i64, _: &str, _: std::time::Duration) -> Result<bool, String> {
             match self.never {}
         }
-        pub fn forget_place(&self, _: &str, _: &Placement, _: bool) -> Result<(), String> {
+        pub fn forget_place(&self, _: &str, _: &Placement, _: Option<i64>) -> Result<(), String> {
             match self.never {}
         }
         pub fn claim_place(&self, _: &str, _: &Placement) -> Result<bool, String> {

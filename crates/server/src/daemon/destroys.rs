@@ -374,8 +374,9 @@ impl Daemon {
             let _ = std::fs::remove_dir_all(&dir);
             Ok(())
         });
-        // While still owned here, so that no taker comes between.
-        if let Err(e) = gw.forget_place(name, placement, removed.is_ok()) {
+        // Only while still owned here at its epoch (checked in etcd's transaction), so that no
+        // taker comes between.
+        if let Err(e) = gw.forget_place(name, placement, removed.is_ok().then_some(owned.epoch)) {
             warn!(pool = %name, error = %e, "the gateways' record of where the destroyed pool lived stays in etcd");
         }
         // A move asked for it and not done would apply to the next pool of the name.

@@ -337,7 +337,7 @@ impl Daemon {
         let not_made = || {
             let _ = std::fs::remove_dir_all(&dir);
             if claimed {
-                let _ = gw.forget_place(&req.name, &placement, true);
+                let _ = gw.forget_place(&req.name, &placement, Some(owned.epoch));
             }
             self.release_or_later(gw, &req.name, owned.epoch, None);
         };
@@ -1463,12 +1463,12 @@ impl Daemon {
         }
         let (Some(owned), Some(gw)) = (p.owned, &self.gateway) else {
             if let Some(gw) = &self.gateway {
-                let _ = gw.forget_place(name, &p.placement, false);
+                let _ = gw.forget_place(name, &p.placement, None);
             }
             return Ok(());
         };
         let Some(capacity) = capacity else {
-            let _ = gw.forget_place(name, &p.placement, false);
+            let _ = gw.forget_place(name, &p.placement, None);
             // Given up: this gateway no longer serves the pool, and kept, its key would say
             // so to the other gateways for as long as it runs.
             self.release_or_later(gw, name, owned.epoch, None);
