@@ -3673,8 +3673,9 @@ fn an_owner_hands_a_pool_to_another_asker_after_one_left_it_untaken() {
 /// left whole, not imported here: here gateway B, a standby of the pool, takes it and
 /// serves it meanwhile, and A leaves it to B. The cluster's OSD is stopped while the pool
 /// is destroyed, and the gateway killed meanwhile, before its wipe; the second time the
-/// label is wiped by hand (its object removed), as the wipe would have.
-/// Until 2026-12-06 what was left stayed until removed by hand (`rados rm`, `etcdctl del`),
+/// label is wiped by hand (its object removed), as the wipe would have; the pool is listed
+/// as being destroyed until then (seen for sure while A runs as no gateway, which cannot
+/// finish it). Until 2026-12-06 what was left stayed until removed by hand (`rados rm`, `etcdctl del`),
 /// and the name was refused to a create.
 #[test]
 fn a_destroy_cut_short_by_a_stop_is_finished_at_the_next_start() {
@@ -3767,6 +3768,11 @@ fn a_destroy_cut_short_by_a_stop_is_finished_at_the_next_start() {
                 refused.is_empty(),
                 "the name is free, and no event says why: {refused}\n{events:#}"
             );
+            // Listed until it ends, as being destroyed.
+            let listed = a.json(&["pool", "list"]);
+            if let Some(p) = listed.as_array().unwrap().iter().find(|p| p["name"] == pool) {
+                assert_eq!(p["health"], "destroying", "{p}");
+            }
             let e = a.fails(&["pool", "export", &pool]);
             if !e.contains("is being destroyed here") {
                 refused = e;
@@ -3805,6 +3811,25 @@ fn a_destroy_cut_short_by_a_stop_is_finished_at_the_next_start() {
     // Cut again, and the label wiped by hand (its object removed) as the wipe would have.
     cut_short(&mut a);
     ok("rados", &["-c", &conf, "-p", RADOS_POOL, "rm", &label_object]);
+    // Restarted as no gateway, `a` cannot finish it, and lists the pool as being destroyed,
+    // saying why it is not finished; its name stays refused.
+    a = Daemon::start(&state);
+    let listed = pool_entry(&a, &pool);
+    assert_eq!(listed["health"], "destroying", "{listed}");
+    assert_eq!(listed["rados"]["rados_pool"], RADOS_POOL, "{listed}");
+    let why = listed["problem"].as_str().unwrap();
+    assert!(
+        why.contains("cut short by a stop") && why.contains("no longer a gateway"),
+        "{why}"
+    );
+    let table = a.ok(&["pool", "list"]);
+    assert!(
+        table.contains("destroying") && table.contains("no longer a gateway"),
+        "{table}"
+    );
+    assert!(a.fails(&["pool", "destroy", &pool]).contains("is being destroyed here"));
+    assert!(!a.ok(&["pool", "import"]).contains(&pool));
+    drop(a);
     // Cut after the wipe: finished, and nothing of it is left, here, in the cluster or in etcd.
     a = Daemon::start_configured(&state, &config);
     let (kind, _, _) = ended_after(&a, seen);

@@ -89,6 +89,8 @@ fn pool_event(name: &str, before: Option<PoolHealth>, now: PoolHealth, repair: u
             format!("pool {name} failed: some slab sets lost more disks than their layout tolerates, their data is unreadable until a disk comes back"),
         ),
         PoolHealth::Unavailable => (Severity::Critical, "pool.unavailable", format!("pool {name} is unavailable")),
+        // Never an imported pool's: its destruction has events of its own.
+        PoolHealth::Destroying => return None,
     };
     Some(NewEvent::new(severity, kind, message).pool(name))
 }

@@ -610,6 +610,7 @@ fn collect_state(d: &Daemon, r: &Registry) -> prometheus::proto::MetricFamily {
             PoolHealth::Degraded,
             PoolHealth::Failed,
             PoolHealth::Unavailable,
+            PoolHealth::Destroying,
         ] {
             pool_state
                 .with_label_values(&[name, &st.to_string()])

@@ -170,6 +170,10 @@ pub struct AddDisk {
 pub enum PoolHealth {
     /// The pool could not be imported (see `problem`).
     Unavailable,
+    /// A pool on RADOS being destroyed here, no longer served: its destruction goes on, or
+    /// was cut short and is finished in the background (see `problem`). Its name is refused
+    /// until it ends.
+    Destroying,
     /// Some slab sets lost more disks than their layout tolerates: some data is unreadable.
     Failed,
     /// Redundancy is reduced, or data waits to move off a disk out of service.
@@ -181,6 +185,7 @@ impl std::fmt::Display for PoolHealth {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             PoolHealth::Unavailable => "unavailable",
+            PoolHealth::Destroying => "destroying",
             PoolHealth::Failed => "failed",
             PoolHealth::Degraded => "degraded",
             PoolHealth::Healthy => "healthy",
@@ -751,6 +756,7 @@ mod pool_health_tests {
         let documented = doc["components"]["schemas"]["PoolHealth"].to_string();
         for h in [
             PoolHealth::Unavailable,
+            PoolHealth::Destroying,
             PoolHealth::Failed,
             PoolHealth::Degraded,
             PoolHealth::Healthy,

@@ -241,9 +241,11 @@ fn placement(a: &RadosArgs) -> Result<Option<RadosPlacement>, ClientError> {
     }))
 }
 
-/// One line on a pool on RADOS: where, and who serves it.
-fn rados_line(r: &RadosPoolView) -> String {
+/// One line on a pool on RADOS: where, and who serves it (none, once it is being destroyed
+/// here).
+fn rados_line(r: &RadosPoolView, health: PoolHealth) -> String {
     let owner = match (&r.owner, r.epoch) {
+        (_, Some(e)) if health == PoolHealth::Destroying => format!("being destroyed here (owned at epoch {e})"),
         (Some(o), Some(e)) if r.here => format!("owned here (gateway {o}, epoch {e})"),
         // Handed over to it, not taken yet.
         (Some(o), Some(0)) => format!("handed over to gateway {o}"),
@@ -271,7 +273,11 @@ pub(super) fn pool_table(pools: &[PoolSummary]) {
     table(&["NAME", "HEALTH", "DISKS", "SIZE", "USED", "FREE", "VDISKS"], rows);
     for p in pools {
         if let Some(r) = &p.rados {
-            println!("{}: {}", p.name, rados_line(r));
+            println!("{}: {}", p.name, rados_line(r, p.health));
+        }
+        // What holds its destruction up: nothing else shows it.
+        if let (PoolHealth::Destroying, Some(problem)) = (p.health, &p.problem) {
+            println!("{}: {problem}", p.name);
         }
         for w in &p.warnings {
             println!("{}: warning: {w}", p.name);
@@ -293,7 +299,7 @@ pub(super) fn show_pool(p: &PoolDetail) {
         ("repair needed", size(s.repair_needed_bytes)),
     ];
     if let Some(r) = &s.rados {
-        pairs.push(("placement", rados_line(r)));
+        pairs.push(("placement", rados_line(r, s.health)));
     }
     if let Some(problem) = &s.problem {
         pairs.push(("problem", problem.clone()));

@@ -73,6 +73,17 @@ pub(crate) struct UnfinishedDestroy {
     mark: DestroyMark,
     next: Instant,
     wait: Duration,
+    /// Where it stands, as `pool list` says it: why it is not finished yet.
+    state: String,
+}
+
+/// A pool being destroyed here, as `pool list` shows it until its name is free.
+pub(crate) struct DestroyProgress {
+    /// Its id, where the destruction's mark says it (not for one going on now).
+    pub pool_id: Option<Uuid>,
+    /// The RADOS pool its objects are in, and the epoch it was destroyed at.
+    pub placement: Option<(String, i64)>,
+    pub problem: String,
 }
 
 /// What a destruction's label says of it, the pool owned here again.
@@ -154,7 +165,11 @@ impl Daemon {
                         )
                         .pool(&name),
                     );
-                    self.finish_later(&name, placement, mark, Duration::ZERO);
+                    let state = match self.gateway {
+                        Some(_) => "it was cut short by a stop, and is finished once this gateway can take the pool",
+                        None => "it was cut short by a stop, and cannot be finished here: this daemon is no longer a gateway",
+                    };
+                    self.finish_later(&name, placement, mark, Duration::ZERO, state.to_string());
                 }
                 Ok((None, _)) => {}
                 Err(e) => {
@@ -179,8 +194,15 @@ impl Daemon {
     }
 
     /// Pool `name`'s destruction, marked in its directory, is finished by the ticks from
-    /// `after` on.
-    pub(super) fn finish_later(&self, name: &str, placement: Placement, mark: DestroyMark, after: Duration) {
+    /// `after` on; `state` says why it is not yet.
+    pub(super) fn finish_later(
+        &self,
+        name: &str,
+        placement: Placement,
+        mark: DestroyMark,
+        after: Duration,
+        state: String,
+    ) {
         self.unfinished_destroys.lock().insert(
             name.to_string(),
             UnfinishedDestroy {
@@ -188,8 +210,42 @@ impl Daemon {
                 mark,
                 next: Instant::now() + after,
                 wait: RETRY_FIRST,
+                state,
             },
         );
+    }
+
+    /// Pool `name`'s destruction here, going on or to be finished, as `pool list` shows it;
+    /// None if it is not being destroyed here.
+    pub(super) fn destroy_progress(&self, name: &str) -> Option<DestroyProgress> {
+        if let Some(u) = self.unfinished_destroys.lock().get(name) {
+            let next = u.next.saturating_duration_since(Instant::now()).as_secs();
+            return Some(DestroyProgress {
+                pool_id: Some(u.mark.pool_id),
+                placement: Some((u.placement.rados_pool.clone(), u.mark.epoch)),
+                problem: format!(
+                    "being destroyed here, not finished yet: {}; {}; its name is refused until the destruction ends",
+                    u.state,
+                    match (&self.gateway, next) {
+                        (None, _) => "the daemon's events say how to end it by hand".to_string(),
+                        (Some(_), 0) => "it is being tried now".to_string(),
+                        (Some(_), n) => format!("next try in {n} s"),
+                    }
+                ),
+            });
+        }
+        self.destroying.lock().contains(name).then(|| DestroyProgress {
+            pool_id: None,
+            placement: None,
+            problem: "being destroyed here: its labels and objects are being removed from the cluster".to_string(),
+        })
+    }
+
+    /// The names of the pools being destroyed here, going on or to be finished.
+    pub(super) fn destroy_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.unfinished_destroys.lock().keys().cloned().collect();
+        names.extend(self.destroying.lock().iter().cloned());
+        names
     }
 
     /// Every second, beside the gateway's tick (a removal may take minutes): tries to finish
@@ -214,13 +270,8 @@ impl Daemon {
             };
             match self.finish_destroy(gw, &name, &placement, &mark) {
                 Finish::Done => {
-                    if let Err(err) = self.auto_repair.forget(&name) {
-                        warn!(pool = %name, error = %err, "cannot forget the destroyed pool's automatic repair setting");
-                    }
-                    self.changed(
-                        "pool.destroyed",
+                    self.pool_destroyed(
                         &name,
-                        None,
                         format!("pool {name} destroyed: the removal of its objects, cut short before, is finished"),
                     );
                     ended(&name);
@@ -242,6 +293,7 @@ impl Daemon {
                     debug!(pool = %name, why = %why, "the pool's destruction waits");
                     if let Some(u) = self.unfinished_destroys.lock().get_mut(&name) {
                         u.next = Instant::now() + RETRY_FIRST;
+                        u.state = format!("it waits: {why}");
                     }
                 }
                 Finish::Later(why) => {
@@ -249,6 +301,7 @@ impl Daemon {
                         let first = u.wait == RETRY_FIRST;
                         u.next = Instant::now() + u.wait;
                         u.wait = (u.wait * 2).min(RETRY_AT_MOST);
+                        u.state = format!("the last try failed: {why}");
                         first
                     });
                     match first {

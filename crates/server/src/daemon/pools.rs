@@ -113,9 +113,10 @@ impl Daemon {
             .collect()
     }
 
+    /// The pools listed: imported (served or not), and being destroyed here.
     fn pool_names(&self) -> BTreeSet<String> {
-        let mut names: BTreeSet<String> = self.pools.read().keys().cloned().collect();
-        names.extend(self.unavailable.read().keys().cloned());
+        let mut names = self.imported_names();
+        names.extend(self.destroy_names());
         names
     }
 
@@ -123,12 +124,30 @@ impl Daemon {
         let e = match self.engine(name) {
             Ok(e) => e,
             Err(err) => {
-                let why = self.unavailable.read().get(name).cloned().ok_or(err)?;
+                let unavailable = self.unavailable.read().get(name).cloned();
+                let (health, id, problem, rados) = match unavailable {
+                    Some(why) => (PoolHealth::Unavailable, String::new(), why, self.rados_view(name)),
+                    None => {
+                        let d = self.destroy_progress(name).ok_or(err)?;
+                        let rados = d.placement.map(|(rados_pool, epoch)| RadosPoolView {
+                            rados_pool,
+                            owner: None,
+                            owner_name: None,
+                            epoch: Some(epoch),
+                            here: false,
+                            client: None,
+                            takeovers: 0,
+                            failed_takes: 0,
+                        });
+                        let id = d.pool_id.map(|i| i.to_string()).unwrap_or_default();
+                        (PoolHealth::Destroying, id, d.problem, rados)
+                    }
+                };
                 return Ok(PoolSummary {
                     name: name.to_string(),
-                    id: String::new(),
-                    health: PoolHealth::Unavailable,
-                    problem: Some(why),
+                    id,
+                    health,
+                    problem: Some(problem),
                     disks: 0,
                     healthy_disks: 0,
                     capacity: None,
@@ -143,7 +162,7 @@ impl Daemon {
                     scan: None,
                     scan_next_due: None,
                     cache: None,
-                    rados: self.rados_view(name),
+                    rados,
                 });
             }
         };
@@ -595,10 +614,18 @@ impl Daemon {
             );
             return Err(err.into());
         }
-        self.auto_repair.forget(name)?;
         self.persist()?;
-        self.changed("pool.destroyed", name, None, format!("pool {name} destroyed"));
+        self.pool_destroyed(name, format!("pool {name} destroyed"));
         Ok(())
+    }
+
+    /// Says that pool `name` is destroyed, and forgets what was kept of it beside its
+    /// directory.
+    pub(super) fn pool_destroyed(&self, name: &str, message: String) {
+        if let Err(err) = self.auto_repair.forget(name) {
+            warn!(pool = name, error = %err, "cannot forget the destroyed pool's automatic repair setting");
+        }
+        self.changed("pool.destroyed", name, None, message);
     }
 
     /// Destroys pool `name` on RADOS, taken from the served pools (`e`, holding no vdisk)
@@ -661,15 +688,13 @@ impl Daemon {
         };
         match &outcome {
             Ok(()) => {
-                if let Err(err) = self.auto_repair.forget(name) {
-                    warn!(pool = name, error = %err, "cannot forget the destroyed pool's automatic repair setting");
-                }
-                self.changed("pool.destroyed", name, None, format!("pool {name} destroyed"));
+                self.pool_destroyed(name, format!("pool {name} destroyed"));
                 outcome
             }
             Err(err) => {
                 warn!(pool = name, error = %err, "the pool's destruction failed half way; it is finished in the background");
-                self.finish_later(name, placement, mark, destroys::RETRY_FIRST);
+                let state = format!("it failed half way ({})", err.message);
+                self.finish_later(name, placement, mark, destroys::RETRY_FIRST, state);
                 Err(ApiError::unavailable(format!(
                     "pool {name} is no longer imported here, and its destruction could not finish now: {}; \
                      this gateway goes on with it in the background and its name is refused here until then \

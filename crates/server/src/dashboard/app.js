@@ -187,7 +187,8 @@ async function overview() {
     if (p.capacity) { a.total += p.capacity.total_bytes; a.used += p.capacity.used_bytes; }
     return a;
   }, { total: 0, used: 0 });
-  const bad = pools.filter((p) => p.health !== 'healthy');
+  // A pool being destroyed is on its way out, not a fault.
+  const bad = pools.filter((p) => p.health !== 'healthy' && p.health !== 'destroying');
   const cards = h('div', { class: 'cards' },
     h('div', { class: 'card', id: 'health' },
       h('div', { class: 'label' }, 'Health'),
@@ -269,15 +270,17 @@ function integrityLine(p) {
 
 async function pools() {
   const list = await get('/api/pools');
-  const details = await Promise.all(list.filter((p) => p.health !== 'unavailable').map((p) => get(`/api/pools/${enc(p.name)}`)));
+  const served = (p) => p.health !== 'unavailable' && p.health !== 'destroying';
+  const details = await Promise.all(list.filter(served).map((p) => get(`/api/pools/${enc(p.name)}`)));
   const out = [h('div', { class: 'actions' }, h('button', { class: 'primary', id: 'create-pool', onclick: poolWizard }, 'Create a pool…'))];
   if (!list.length) out.push(h('p', { class: 'muted' }, 'No pools yet.'));
-  // Pools on RADOS that another gateway serves: where they are, and who serves them.
-  for (const p of list.filter((p) => p.health === 'unavailable' && p.rados)) {
+  // Pools on RADOS that another gateway serves: where they are, and who serves them; and
+  // pools being destroyed here: what holds their destruction up.
+  for (const p of list.filter((p) => (p.health === 'unavailable' && p.rados) || p.health === 'destroying')) {
     out.push(h('section', { id: `pool-${p.name}` },
       h('h2', {}, p.name, h('span', { class: 'pool-health' }, badge(p.health))),
       p.problem ? h('p', { class: 'problem' }, p.problem) : null,
-      radosLine(p)));
+      p.health === 'destroying' ? null : radosLine(p)));
   }
   for (const p of details) {
     out.push(h('section', { id: `pool-${p.name}` },
@@ -546,7 +549,7 @@ function poolWizard() {
 const UNITS = { MiB: 2 ** 20, GiB: 2 ** 30, TiB: 2 ** 40 };
 
 async function vdiskWizard() {
-  const pools = (await get('/api/pools')).filter((p) => p.health !== 'unavailable');
+  const pools = (await get('/api/pools')).filter((p) => p.health !== 'unavailable' && p.health !== 'destroying');
   if (!pools.length) { notice('create a pool first'); return; }
   const layout = h('select', { id: 'vdisk-layout' },
     h('option', { value: 'mirror' }, 'Mirror: copies on different disks (survives 1 failure, 2 with 3 copies)'),
