@@ -482,6 +482,46 @@ fn a_pool_with_damaged_records_is_not_taken_until_they_are_put_right() {
     a.stop();
 }
 
+/// Nor is a pool whose label is gone (wiped by a destruction that a stop cut short before
+/// it removed the records): its opening would refuse it. It waits, saying why, and is
+/// taken once the label is back. (Until 2026-12-07 it was taken every 30 s, and a destroyer
+/// that came back to finish the destruction waited for the taker to let go.)
+#[test]
+fn a_pool_whose_label_is_gone_is_not_taken() {
+    let test = "a_pool_whose_label_is_gone_is_not_taken";
+    let Some((conf, etcd, _cluster)) = cluster(test) else {
+        return;
+    };
+    let pid = std::process::id();
+    let pool = format!("unlabelled{pid}");
+    let prefix = format!("/tessera-test-unlabelled-{pid}");
+    let t = tempfile::tempdir().unwrap();
+    let mut a = Daemon::start_configured(&t.path().join("a"), &gateway_config("gw-a", &etcd, &prefix));
+    create_rados_pool(&a, &pool, &conf);
+    a.ok(&["pool", "export", &pool]);
+    let label_object = format!("tessera.{pool}.data.{:016x}", 0);
+    let saved = t.path().join("label");
+    let rados = |args: &[&str]| ok("rados", &[&["-c", conf.as_str(), "-p", RADOS_POOL][..], args].concat());
+    rados(&["get", &label_object, saved.to_str().unwrap()]);
+    rados(&["rm", &label_object]);
+    a.ok(&["pool", "import", &pool, "--rados", RADOS_POOL, "--ceph-conf", &conf]);
+    std::thread::sleep(Duration::from_secs(3));
+    let p = pool_entry(&a, &pool);
+    assert_eq!(p["health"], "unavailable", "{p}");
+    assert!(
+        p["problem"]
+            .as_str()
+            .is_some_and(|w| w.contains("label of pool") && w.contains("is gone") && w.contains("not taken")),
+        "{p}"
+    );
+    assert_eq!(p["rados"]["failed_takes"], 0, "{p}");
+    assert_eq!(p["rados"]["takeovers"], 0, "{p}");
+    rados(&["put", &label_object, saved.to_str().unwrap()]);
+    until_served(&a, &pool, Duration::from_secs(20));
+    a.ok(&["pool", "destroy", &pool]);
+    a.stop();
+}
+
 /// A pool on RADOS whose creation cannot be recorded in the gateway's list of pools to serve
 /// at start is not made: it would be served until the next start, then be no gateway's. Its
 /// objects and its claim on the name go, and the name can be created again.

@@ -142,30 +142,67 @@ mod real {
         Ok(version.is_some())
     }
 
-    /// Fails, saying why, if the opening of pool `name` would refuse its records as the
-    /// cluster holds them (its configuration record missing or unreadable, or naming no
-    /// disk where `placement` says), or cannot read them now (a timeout). Checked before a
+    /// Fails, saying why, if the opening of pool `name` would refuse its records or its
+    /// label as the cluster holds them (its configuration record missing or unreadable, or
+    /// naming no disk where `placement` says; its label wiped, or another pool's), or cannot
+    /// read them now (a timeout). Checked before a
     /// taking, which fences the previous owner's connection off (a blocklist entry that
     /// lasts 30 days, and a new map for every OSD and client): a damaged pool tried again
     /// every 30 s would otherwise add thousands of entries a day, each for an opening that
     /// fails.
     fn openable_records(cluster: &Arc<Cluster>, name: &str, placement: &Placement) -> Result<(), String> {
-        let pool = Cluster::shared_pool(cluster, &placement.rados_pool).map_err(|e| e.to_string())?;
+        let pool = records_pool(cluster, placement)?;
         // Read only: the epoch is never written.
         let records = MetaStore::on(RadosMeta::new(pool, &Placement::meta_object(name), 0));
         let not_taken =
-            "it is not taken until they are put right (each taking would fence a connection off for nothing)";
+            "it is not taken until that is put right (each taking would fence a connection off for nothing)";
         let config = Pool::recorded_config(&records)
             .map_err(|e| format!("the records of pool {name} cannot be read: {e}; {not_taken}"))?;
         let path = placement.disk_path(name);
-        if config.disks.iter().any(|d| d.path == path) {
-            Ok(())
-        } else {
-            Err(format!(
+        if !config.disks.iter().any(|d| d.path == path) {
+            return Err(format!(
                 "the records of pool {name} name no disk {path} (they name {}): they are another pool's, or damaged; {not_taken}",
                 config.disks.iter().map(|d| d.path.as_str()).collect::<Vec<_>>().join(", ")
-            ))
+            ));
         }
+        // An opening refuses a disk without the pool's label too: wiped by a destruction
+        // that has not removed the records yet, say.
+        match label_in(&records_pool(cluster, placement)?, placement, name)? {
+            Ok(l) if l.pool_id == config.id => Ok(()),
+            Ok(l) => Err(format!(
+                "the disk of pool {name} carries the label of another pool, '{}' ({}); {not_taken}",
+                l.pool_name, l.pool_id
+            )),
+            Err(tessera_disk::LabelError::Missing { .. }) => Err(format!(
+                "the label of pool {name} is gone: the pool was destroyed, or is being destroyed, at a gateway \
+                 (which wipes the label before it removes the rest); {not_taken} ('tessera pool export {name}' \
+                 forgets it here)"
+            )),
+            Err(e) => Err(format!("the label of pool {name} cannot be read ({e}); {not_taken}")),
+        }
+    }
+
+    /// The RADOS pool that `placement` puts pools in, through `cluster`.
+    fn records_pool(cluster: &Arc<Cluster>, placement: &Placement) -> Result<tessera_rados::Pool<'static>, String> {
+        Cluster::shared_pool(cluster, &placement.rados_pool).map_err(|e| e.to_string())
+    }
+
+    /// The label of pool `name` as `pool` holds it (that of its disk), read without owning
+    /// the pool: nothing is written. Err: the cluster did not answer.
+    fn label_in(
+        pool: &tessera_rados::Pool<'_>,
+        placement: &Placement,
+        name: &str,
+    ) -> Result<Result<tessera_disk::Label, tessera_disk::LabelError>, String> {
+        let oid = tessera_ownership::fenced_disk::object_name(&Placement::data_prefix(name), 0);
+        let mut block = vec![0u8; tessera_disk::LABEL_SIZE];
+        match pool.read(&oid, 0, &mut block) {
+            // Read as the disk reads it: what an object does not hold is zeros.
+            Ok(_) => {}
+            Err(e) if e.errno() == Some(libc::ENOENT) => {}
+            Err(e) => return Err(format!("cannot read the label of pool {name}: {e}")),
+        }
+        Ok(tessera_disk::Label::decode(&placement.disk_path(name), &block))
     }
 
     /// The certificates `[gateway]` names for TLS to etcd, read.
@@ -361,16 +398,7 @@ mod real {
 
         /// [`Owned::label`], read without owning the pool (nothing is written through it).
         pub fn label(&self, name: &str) -> Result<Result<tessera_disk::Label, tessera_disk::LabelError>, String> {
-            let pool = Cluster::shared_pool(&self.cluster, &self.placement.rados_pool).map_err(|e| e.to_string())?;
-            let oid = tessera_ownership::fenced_disk::object_name(&Placement::data_prefix(name), 0);
-            let mut block = vec![0u8; tessera_disk::LABEL_SIZE];
-            match pool.read(&oid, 0, &mut block) {
-                // Read as the disk reads it: what an object does not hold is zeros.
-                Ok(_) => {}
-                Err(e) if e.errno() == Some(libc::ENOENT) => {}
-                Err(e) => return Err(format!("cannot read the label of pool {name}: {e}")),
-            }
-            Ok(tessera_disk::Label::decode(&self.placement.disk_path(name), &block))
+            label_in(&records_pool(&self.cluster, &self.placement)?, &self.placement, name)
         }
 
         /// What the metadata of pool `name` records of the vdisks `wanted` ("pool/vdisk"):
