@@ -3563,6 +3563,16 @@ fn a_pool_being_destroyed_keeps_no_other_change_waiting() {
     }
     let importable = a.ok(&["pool", "import"]);
     assert!(!importable.contains(&pool), "{importable}");
+    // Listed meanwhile as being destroyed.
+    let listed = pool_entry(&a, &pool);
+    assert_eq!(listed["health"], "destroying", "{listed}");
+    assert!(
+        listed["problem"]
+            .as_str()
+            .unwrap()
+            .contains("being removed from the cluster"),
+        "{listed}"
+    );
     drop(stopped);
     let out = destroy.join().unwrap();
     assert!(
@@ -3704,6 +3714,63 @@ fn an_owner_hands_a_pool_to_another_asker_after_one_left_it_untaken() {
     assert_eq!(handed_to("gw-0"), 1, "{}", a.logs());
     assert_eq!(handed_to("gw-b"), 1, "{}", a.logs());
     b.ok(&["pool", "destroy", &pool]);
+}
+
+/// A destruction that the cluster does not let finish (here its OSD stopped: the gateway's
+/// Ceph client gives up on an operation after 30 s) fails saying that it goes on in the
+/// background; the pool is listed as being destroyed, saying why it is not finished, and
+/// its name is refused. Once the OSD is back, the gateway decides: the label was never
+/// wiped (its read timed out first), so the pool is left whole, not imported here, and it
+/// can be imported and destroyed again.
+#[test]
+fn a_destroy_the_cluster_does_not_let_finish_goes_on_in_the_background() {
+    let test = "a_destroy_the_cluster_does_not_let_finish_goes_on_in_the_background";
+    // Alone on the cluster: its OSD stops under the test.
+    let _alone = OSD.write().unwrap_or_else(|e| e.into_inner());
+    let Some((conf, etcd)) = cluster_config(test) else {
+        return;
+    };
+    let pid = std::process::id();
+    let pool = format!("dfail{pid}");
+    let t = tempfile::tempdir().unwrap();
+    let a = Daemon::start_configured(
+        &t.path().join("a"),
+        &gateway_config("gw-a", &etcd, &format!("/tessera-test-dfail-{pid}")),
+    );
+    create_rados_pool(&a, &pool, &conf);
+    let (osd, _) = osd_process(&conf);
+    let (destroy, stopped) = destroy_waiting_for_the_osd(&a, &pool, osd);
+    let out = destroy.join().unwrap();
+    assert!(
+        !out.success && out.stderr.contains("goes on with it in the background"),
+        "{out:?}"
+    );
+    let listed = pool_entry(&a, &pool);
+    assert_eq!(listed["health"], "destroying", "{listed}");
+    assert!(
+        listed["problem"].as_str().unwrap().contains("failed half way"),
+        "{listed}"
+    );
+    let e = a.fails(&create_rados_pool_args(&pool, &conf));
+    assert!(e.contains("is being destroyed here"), "{e}");
+    drop(stopped);
+    let why = until_event(&a, "pool.destroy_abandoned", Duration::from_secs(60));
+    assert!(why.contains("its label was never wiped"), "{why}");
+    assert!(a
+        .json(&["pool", "list"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|p| p["name"] != pool));
+    // Whole: imported, served, and destroyed for good this time.
+    a.ok(&["pool", "import", &pool]);
+    until_served(&a, &pool, Duration::from_secs(30));
+    a.ok(&["pool", "destroy", &pool]);
+    let (_, objects) = run("rados", &["-c", &conf, "-p", RADOS_POOL, "ls"]);
+    assert!(
+        !objects.lines().any(|o| o.starts_with(&format!("tessera.{pool}."))),
+        "objects of the destroyed pool are left: {objects}"
+    );
 }
 
 /// A destruction that the gateway's stop cuts short is finished at its next start: the
