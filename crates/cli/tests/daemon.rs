@@ -1620,3 +1620,87 @@ fn a_pool_on_rados_needs_a_gateway_and_says_so() {
     let e = d.fails(&["pool", "import", "r", "--ceph-conf", "/etc/ceph/ceph.conf"]);
     assert!(e.contains("--rados"), "{e}");
 }
+
+/// A pool on RADOS whose destruction a stop cut short, at a daemon that is no longer a
+/// gateway (its `[gateway]` table gone): the destruction cannot be finished here, which the
+/// daemon says at start (critical) and in `pool list` (health `destroying`), and the name is
+/// refused. `pool export` abandons the destruction without a restart: the mark goes, and
+/// what is left of the pool is listed by `pool import`, not destroyed, nor imported here.
+/// No cluster is needed: the pool's directory is as such a destruction leaves it.
+#[test]
+fn a_destruction_that_cannot_be_finished_here_is_listed_and_can_be_abandoned() {
+    let t = tempfile::tempdir().unwrap();
+    let state = t.path().join("state");
+    let dir = state.join("pools").join("gone");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("rados.json"),
+        r#"{"rados_pool": "tessera-gone", "ceph_conf": "/etc/ceph/ceph.conf", "client_name": "admin"}"#,
+    )
+    .unwrap();
+    let pool_id = "8d0c8f5e-6a55-4d2e-9a4c-3f6b2a1e7c10";
+    std::fs::write(
+        dir.join("destroying.json"),
+        format!(r#"{{"pool_id": "{pool_id}", "capacity": 4294967296, "epoch": 12}}"#),
+    )
+    .unwrap();
+    let mut d = Daemon::start(&state);
+    let events = d.json(&["events", "-n", "100"]);
+    let said = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["kind"] == "pool.destroy_unfinished");
+    let said = said.unwrap_or_else(|| panic!("{events:#}"));
+    assert_eq!(said["severity"], "critical", "{said}");
+    assert!(
+        said["message"].as_str().unwrap().contains("no longer a gateway"),
+        "{said}"
+    );
+    let listed = pool_entry(&d, "gone");
+    assert_eq!(listed["health"], "destroying", "{listed}");
+    assert_eq!(listed["id"], pool_id, "{listed}");
+    assert_eq!(listed["rados"]["rados_pool"], "tessera-gone", "{listed}");
+    assert!(
+        listed["problem"].as_str().unwrap().contains("no longer a gateway"),
+        "{listed}"
+    );
+    let shown = d.ok(&["pool", "show", "gone"]);
+    assert!(
+        shown.contains("destroying") && shown.contains("being destroyed here"),
+        "{shown}"
+    );
+    // The name stays refused, to a local pool too, and the destruction is not redone.
+    let ds = disks(&t.path().join("disks"), 2, 256 << 20);
+    let e = d.fails(&["pool", "create", "gone", "--disk", &ds[0], "--disk", &ds[1]]);
+    assert!(e.contains("is being destroyed here"), "{e}");
+    let e = d.fails(&["pool", "destroy", "gone"]);
+    assert!(
+        e.contains("is being destroyed here") && e.contains("'tessera pool export gone' abandons"),
+        "{e}"
+    );
+    assert!(!d.ok(&["pool", "import"]).contains("gone"));
+    // Abandoned.
+    let out = d.ok(&["pool", "export", "gone"]);
+    assert!(out.contains("is abandoned"), "{out}");
+    assert!(!dir.join("destroying.json").exists());
+    assert!(dir.join("rados.json").exists());
+    assert!(d.json(&["pool", "list"]).as_array().unwrap().is_empty());
+    assert!(d.ok(&["pool", "import"]).contains("gone"));
+    let events = d.json(&["events", "-n", "100"]);
+    assert!(
+        events["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["kind"] == "pool.destroy_abandoned"
+                && e["message"].as_str().unwrap().contains("at an administrator's request")),
+        "{events:#}"
+    );
+    // Nothing to abandon any more; and a restart finds no mark.
+    let e = d.fails(&["pool", "export", "gone"]);
+    assert!(!e.contains("abandoned"), "{e}");
+    d.stop();
+    let d = Daemon::start(&state);
+    assert!(d.json(&["pool", "list"]).as_array().unwrap().is_empty());
+}

@@ -89,10 +89,21 @@ pub(super) fn pool(c: &Ctx, cmd: PoolCmd) -> R {
             })?;
         }
         PoolCmd::Export { name } => {
-            c.client
-                .post(&format!("/api/pools/{}/export", encode_segment(&name)), None)?;
+            let path = format!("/api/pools/{}", encode_segment(&name));
+            // Only for what to say: the export says whether it can be done.
+            let destroying = c
+                .client
+                .get(&path)
+                .is_ok_and(|p| p["health"] == PoolHealth::Destroying.to_string());
+            c.client.post(&format!("{path}/export"), None)?;
             if !c.json {
-                println!("pool {name} exported; 'tessera pool import {name}' brings it back");
+                if destroying {
+                    println!(
+                        "the destruction of pool {name} is abandoned: what is left of it stays in the cluster, not imported here ('tessera pool import' lists it)"
+                    );
+                } else {
+                    println!("pool {name} exported; 'tessera pool import {name}' brings it back");
+                }
             }
         }
         PoolCmd::Move {

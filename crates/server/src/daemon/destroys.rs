@@ -13,6 +13,7 @@ use tracing::{debug, info, warn};
 use uuid::Uuid;
 
 use super::Daemon;
+use crate::error::ApiError;
 use crate::events::{NewEvent, Severity};
 use crate::rados_pools::{Placement, Reader, Taking};
 
@@ -75,6 +76,9 @@ pub(crate) struct UnfinishedDestroy {
     wait: Duration,
     /// Where it stands, as `pool list` says it: why it is not finished yet.
     state: String,
+    /// A try is on its way (the finisher's, or an administrator's abandonment): the other
+    /// waits for it.
+    trying: bool,
 }
 
 /// A pool being destroyed here, as `pool list` shows it until its name is free.
@@ -211,8 +215,53 @@ impl Daemon {
                 next: Instant::now() + after,
                 wait: RETRY_FIRST,
                 state,
+                trying: false,
             },
         );
+    }
+
+    /// `pool export` of a pool whose destruction is to be finished here: the destruction is
+    /// abandoned, and what is left of the pool stays in the cluster as it is, no longer
+    /// anything of this gateway's (listed by `pool import`). For a destruction that cannot
+    /// end (the RADOS pool or the Ceph configuration gone), without restarting the gateway,
+    /// which would move every pool it serves.
+    pub(super) fn abandon_destroy(&self, name: &str) -> Result<(), ApiError> {
+        let rados_pool = {
+            let mut unfinished = self.unfinished_destroys.lock();
+            let Some(u) = unfinished.get_mut(name) else {
+                return Err(ApiError::not_found(format!(
+                    "pool '{name}' is not being destroyed here"
+                )));
+            };
+            if u.trying {
+                return Err(ApiError::busy(format!(
+                    "a try to finish the destruction of pool '{name}' is on its way (the events say how it ends); \
+                     ask again once it has ended"
+                )));
+            }
+            u.trying = true;
+            u.placement.rados_pool.clone()
+        };
+        if let Err(e) = DestroyMark::clear(&self.pool_dir(name)) {
+            if let Some(u) = self.unfinished_destroys.lock().get_mut(name) {
+                u.trying = false;
+            }
+            return Err(ApiError::io(e));
+        }
+        self.unfinished_destroys.lock().remove(name);
+        self.events.record(
+            NewEvent::new(
+                Severity::Warning,
+                "pool.destroy_abandoned",
+                format!(
+                    "the destruction of pool {name} is abandoned at an administrator's request: what is left of it \
+                     stays in RADOS pool '{rados_pool}' as it is, not imported here ('tessera pool import' lists it; \
+                     if its label was wiped, no gateway opens it, and its objects stay until removed by hand)"
+                ),
+            )
+            .pool(name),
+        );
+        Ok(())
     }
 
     /// Pool `name`'s destruction here, going on or to be finished, as `pool list` shows it;
@@ -264,10 +313,22 @@ impl Daemon {
             .map(|(n, u)| (n.clone(), u.placement.clone(), u.mark))
             .collect();
         for (name, placement, mark) in due {
+            // Claimed for this try; being abandoned, or abandoned, meanwhile: not tried.
+            let claimed = self
+                .unfinished_destroys
+                .lock()
+                .get_mut(&name)
+                .filter(|u| !u.trying)
+                .map(|u| u.trying = true);
+            if claimed.is_none() {
+                continue;
+            }
             // Ended, the event says so before the name is free.
             let ended = |name: &str| {
                 self.unfinished_destroys.lock().remove(name);
             };
+            // Released for the next try (or an abandonment) only where it goes on: one that
+            // ended is no more by then.
             match self.finish_destroy(gw, &name, &placement, &mark) {
                 Finish::Done => {
                     self.pool_destroyed(
@@ -294,6 +355,7 @@ impl Daemon {
                     if let Some(u) = self.unfinished_destroys.lock().get_mut(&name) {
                         u.next = Instant::now() + RETRY_FIRST;
                         u.state = format!("it waits: {why}");
+                        u.trying = false;
                     }
                 }
                 Finish::Later(why) => {
@@ -302,6 +364,7 @@ impl Daemon {
                         u.next = Instant::now() + u.wait;
                         u.wait = (u.wait * 2).min(RETRY_AT_MOST);
                         u.state = format!("the last try failed: {why}");
+                        u.trying = false;
                         first
                     });
                     match first {

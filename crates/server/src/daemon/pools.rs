@@ -497,7 +497,13 @@ impl Daemon {
         if self.being_destroyed(name) {
             return Err(ApiError::busy(format!(
                 "pool '{name}' is being destroyed here, and its name is free once that ends (the events say \
-                 when, and what holds it up)"
+                 when, and 'tessera pool list' what holds it up){}",
+                match self.destroy_unfinished(name) {
+                    true => format!(
+                        "; 'tessera pool export {name}' abandons its destruction, leaving what is left of it in the cluster"
+                    ),
+                    false => String::new(),
+                }
             )));
         }
         Ok(())
@@ -564,6 +570,9 @@ impl Daemon {
 
     pub fn export_pool(&self, name: &str) -> ApiResult<()> {
         let _admin = self.admin.lock();
+        if self.destroy_unfinished(name) {
+            return self.abandon_destroy(name);
+        }
         if self.unavailable.write().remove(name).is_some() {
             // Never imported: forgetting it is all an export means.
             self.forget_rados_pool(name)?;
