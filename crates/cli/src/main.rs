@@ -650,7 +650,14 @@ pub enum PoolCmd {
     /// A pool's health, capacity, disks and vdisks.
     Show { name: String },
     /// Destroy an empty pool: wipes its disks' labels and its metadata.
-    Destroy { name: String },
+    Destroy {
+        name: String,
+        /// For a pool on RADOS listed as `destroying` whose destruction could not be finished
+        /// (a stop or the cluster cut it short): abandon it instead, leaving what is left of
+        /// the pool in the cluster as it is (`pool import` lists it).
+        #[arg(long)]
+        abandon: bool,
+    },
     /// Import a pool of the state directory, or one on RADOS that another gateway made
     /// (--rados); without NAME, list those that can be imported. An imported pool whose
     /// metadata store failed a change is opened again from its records.

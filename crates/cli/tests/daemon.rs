@@ -1624,8 +1624,9 @@ fn a_pool_on_rados_needs_a_gateway_and_says_so() {
 /// A pool on RADOS whose destruction a stop cut short, at a daemon that is no longer a
 /// gateway (its `[gateway]` table gone): the destruction cannot be finished here, which the
 /// daemon says at start (critical) and in `pool list` (health `destroying`), and the name is
-/// refused. `pool export` abandons the destruction without a restart: the mark goes, and
-/// what is left of the pool is listed by `pool import`, not destroyed, nor imported here.
+/// refused, to an export too. `pool destroy --abandon` abandons the destruction without a
+/// restart: the mark goes, and what is left of the pool is listed by `pool import`, not
+/// destroyed, nor imported here.
 /// No cluster is needed: the pool's directory is as such a destruction leaves it.
 #[test]
 fn a_destruction_that_cannot_be_finished_here_is_listed_and_can_be_abandoned() {
@@ -1661,8 +1662,11 @@ fn a_destruction_that_cannot_be_finished_here_is_listed_and_can_be_abandoned() {
     assert_eq!(listed["health"], "destroying", "{listed}");
     assert_eq!(listed["id"], pool_id, "{listed}");
     assert_eq!(listed["rados"]["rados_pool"], "tessera-gone", "{listed}");
+    let problem = listed["problem"].as_str().unwrap();
     assert!(
-        listed["problem"].as_str().unwrap().contains("no longer a gateway"),
+        problem.contains("no longer a gateway")
+            && problem.contains("[gateway] table back")
+            && problem.contains("'tessera pool destroy gone --abandon'"),
         "{listed}"
     );
     let shown = d.ok(&["pool", "show", "gone"]);
@@ -1674,14 +1678,16 @@ fn a_destruction_that_cannot_be_finished_here_is_listed_and_can_be_abandoned() {
     let ds = disks(&t.path().join("disks"), 2, 256 << 20);
     let e = d.fails(&["pool", "create", "gone", "--disk", &ds[0], "--disk", &ds[1]]);
     assert!(e.contains("is being destroyed here"), "{e}");
-    let e = d.fails(&["pool", "destroy", "gone"]);
-    assert!(
-        e.contains("is being destroyed here") && e.contains("'tessera pool export gone' abandons"),
-        "{e}"
-    );
+    for args in [["pool", "destroy", "gone"], ["pool", "export", "gone"]] {
+        let e = d.fails(&args);
+        assert!(
+            e.contains("is being destroyed here") && e.contains("'tessera pool destroy gone --abandon' abandons"),
+            "{e}"
+        );
+    }
     assert!(!d.ok(&["pool", "import"]).contains("gone"));
     // Abandoned.
-    let out = d.ok(&["pool", "export", "gone"]);
+    let out = d.ok(&["pool", "destroy", "gone", "--abandon"]);
     assert!(out.contains("is abandoned"), "{out}");
     assert!(!dir.join("destroying.json").exists());
     assert!(dir.join("rados.json").exists());
@@ -1698,8 +1704,11 @@ fn a_destruction_that_cannot_be_finished_here_is_listed_and_can_be_abandoned() {
         "{events:#}"
     );
     // Nothing to abandon any more; and a restart finds no mark.
-    let e = d.fails(&["pool", "export", "gone"]);
-    assert!(!e.contains("abandoned"), "{e}");
+    let e = d.fails(&["pool", "destroy", "gone", "--abandon"]);
+    assert!(
+        e.contains("no destruction of pool 'gone' is to be finished here"),
+        "{e}"
+    );
     d.stop();
     let d = Daemon::start(&state);
     assert!(d.json(&["pool", "list"]).as_array().unwrap().is_empty());

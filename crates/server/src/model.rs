@@ -164,21 +164,22 @@ pub struct AddDisk {
     pub usage: DiskUsage,
 }
 
-/// How a pool stands, worst first: what `pool list` shows and a monitor alerts on.
+/// How a pool stands, worst first (and, last, a pool on its way out): what `pool list` shows
+/// and a monitor alerts on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum PoolHealth {
     /// The pool could not be imported (see `problem`).
     Unavailable,
-    /// A pool on RADOS being destroyed here, no longer served: its destruction goes on, or
-    /// was cut short and is finished in the background (see `problem`). Its name is refused
-    /// until it ends.
-    Destroying,
     /// Some slab sets lost more disks than their layout tolerates: some data is unreadable.
     Failed,
     /// Redundancy is reduced, or data waits to move off a disk out of service.
     Degraded,
     Healthy,
+    /// A pool on RADOS being destroyed here, no longer served: its destruction goes on, or
+    /// was cut short and is finished in the background (see `problem`). Its name is refused
+    /// until it ends.
+    Destroying,
 }
 
 impl std::fmt::Display for PoolHealth {

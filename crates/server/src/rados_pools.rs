@@ -167,7 +167,9 @@ mod real {
         }
         // An opening refuses a disk without the pool's label too: wiped by a destruction
         // that has not removed the records yet, say.
-        match label_in(&records_pool(cluster, placement)?, placement, name)? {
+        let label =
+            label_in(&records_pool(cluster, placement)?, placement, name).map_err(|e| format!("{e}; {not_taken}"))?;
+        match label {
             Ok(l) if l.pool_id == config.id => Ok(()),
             Ok(l) => Err(format!(
                 "the disk of pool {name} carries the label of another pool, '{}' ({}); {not_taken}",

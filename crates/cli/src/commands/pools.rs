@@ -55,10 +55,19 @@ pub(super) fn pool(c: &Ctx, cmd: PoolCmd) -> R {
                 Ok(())
             })?;
         }
-        PoolCmd::Destroy { name } => {
+        PoolCmd::Destroy { name, abandon: false } => {
             c.client.delete(&format!("/api/pools/{}", encode_segment(&name)))?;
             if !c.json {
                 println!("pool {name} destroyed");
+            }
+        }
+        PoolCmd::Destroy { name, abandon: true } => {
+            c.client
+                .post(&format!("/api/pools/{}/abandon-destroy", encode_segment(&name)), None)?;
+            if !c.json {
+                println!(
+                    "the destruction of pool {name} is abandoned: what is left of it stays in the cluster, not imported here ('tessera pool import' lists it)"
+                );
             }
         }
         PoolCmd::Import { name: None, .. } => {
@@ -89,21 +98,10 @@ pub(super) fn pool(c: &Ctx, cmd: PoolCmd) -> R {
             })?;
         }
         PoolCmd::Export { name } => {
-            let path = format!("/api/pools/{}", encode_segment(&name));
-            // Only for what to say: the export says whether it can be done.
-            let destroying = c
-                .client
-                .get(&path)
-                .is_ok_and(|p| p["health"] == PoolHealth::Destroying.to_string());
-            c.client.post(&format!("{path}/export"), None)?;
+            c.client
+                .post(&format!("/api/pools/{}/export", encode_segment(&name)), None)?;
             if !c.json {
-                if destroying {
-                    println!(
-                        "the destruction of pool {name} is abandoned: what is left of it stays in the cluster, not imported here ('tessera pool import' lists it)"
-                    );
-                } else {
-                    println!("pool {name} exported; 'tessera pool import {name}' brings it back");
-                }
+                println!("pool {name} exported; 'tessera pool import {name}' brings it back");
             }
         }
         PoolCmd::Move {

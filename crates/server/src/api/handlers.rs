@@ -81,6 +81,10 @@ pub async fn destroy_pool(State(d): D, Path(pool): Path<String>) -> ApiResult<St
     done(move || d.destroy_pool(&pool)).await
 }
 
+pub async fn abandon_destroy(State(d): D, Path(pool): Path<String>) -> ApiResult<StatusCode> {
+    done(move || d.abandon_destroy(&pool)).await
+}
+
 pub async fn export_pool(State(d): D, Path(pool): Path<String>) -> ApiResult<StatusCode> {
     done(move || d.export_pool(&pool)).await
 }

@@ -37,6 +37,7 @@ pub fn router(daemon: Arc<Daemon>, guard: Option<Arc<auth::Guard>>) -> Router {
         .route("/api/pools/import", post(import_pool))
         .route("/api/pools/{pool}", get(show_pool).delete(destroy_pool))
         .route("/api/pools/{pool}/export", post(export_pool))
+        .route("/api/pools/{pool}/abandon-destroy", post(abandon_destroy))
         .route("/api/pools/{pool}/move", post(move_pool))
         .route("/api/pools/{pool}/repair", post(repair_pool))
         .route("/api/pools/{pool}/check", post(check_pool))

@@ -104,6 +104,13 @@ pub const ROUTES: &[RouteDoc] = &[
     ),
     r(
         "post",
+        "/api/pools/{pool}/abandon-destroy",
+        "Abandon the destruction of a pool on RADOS that this gateway has not finished (health 'destroying', after a stop or a failure): what is left of the pool stays in the cluster as it is, and its name is no longer refused here",
+        None,
+        None,
+    ),
+    r(
+        "post",
         "/api/pools/{pool}/move",
         "Move a pool on Ceph RADOS to another gateway (one that presents LUNs of it or exports its vdisks over NBD): its owner hands it over at its next tick, and that gateway takes it; answers once the move is asked for",
         Some(schema::<MovePool>),

@@ -90,6 +90,21 @@ pub(crate) struct DestroyProgress {
     pub problem: String,
 }
 
+/// A destruction claimed for a try (`trying`), released when dropped: for the next try, or
+/// an abandonment.
+struct Claim<'a> {
+    daemon: &'a Daemon,
+    name: &'a str,
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        if let Some(u) = self.daemon.unfinished_destroys.lock().get_mut(self.name) {
+            u.trying = false;
+        }
+    }
+}
+
 /// What a destruction's label says of it, the pool owned here again.
 #[derive(Debug, PartialEq, Eq)]
 enum Verdict {
@@ -153,12 +168,12 @@ impl Daemon {
                     let (severity, what) = match self.gateway {
                         Some(_) => (
                             Severity::Warning,
-                            "this gateway finishes it once it can take the pool (or leaves the pool whole if its label was never wiped)",
+                            "this gateway finishes it once it can take the pool (or leaves the pool whole if its label was never wiped)".to_string(),
                         ),
                         // Its name stays refused: the mark says the pool may be half removed.
                         None => (
                             Severity::Critical,
-                            "it cannot be finished here, as this daemon is no longer a gateway (no [gateway] table in its configuration)",
+                            format!("it cannot be finished here, as this daemon is no longer a gateway (no [gateway] table in its configuration); 'tessera pool destroy {name} --abandon' abandons it"),
                         ),
                     };
                     self.events.record(
@@ -220,18 +235,23 @@ impl Daemon {
         );
     }
 
-    /// `pool export` of a pool whose destruction is to be finished here: the destruction is
-    /// abandoned, and what is left of the pool stays in the cluster as it is, no longer
-    /// anything of this gateway's (listed by `pool import`). For a destruction that cannot
-    /// end (the RADOS pool or the Ceph configuration gone), without restarting the gateway,
-    /// which would move every pool it serves.
-    pub(super) fn abandon_destroy(&self, name: &str) -> Result<(), ApiError> {
+    /// `pool destroy NAME --abandon`, for a pool whose destruction is to be finished here:
+    /// the destruction is abandoned, and what is left of the pool stays in the cluster as it
+    /// is, no longer anything of this gateway's (listed by `pool import`). For a destruction
+    /// that cannot end (the RADOS pool or the Ceph configuration gone), without restarting
+    /// the gateway, which would move every pool it serves.
+    pub fn abandon_destroy(&self, name: &str) -> Result<(), ApiError> {
+        let _admin = self.admin.lock();
         let rados_pool = {
             let mut unfinished = self.unfinished_destroys.lock();
             let Some(u) = unfinished.get_mut(name) else {
-                return Err(ApiError::not_found(format!(
-                    "pool '{name}' is not being destroyed here"
-                )));
+                return Err(match self.destroying.lock().contains(name) {
+                    true => ApiError::busy(format!(
+                        "pool '{name}' is being destroyed now; it can be abandoned only once that fails \
+                         ('tessera pool list' says so)"
+                    )),
+                    false => ApiError::not_found(format!("no destruction of pool '{name}' is to be finished here")),
+                });
             };
             if u.trying {
                 return Err(ApiError::busy(format!(
@@ -267,33 +287,40 @@ impl Daemon {
     /// Pool `name`'s destruction here, going on or to be finished, as `pool list` shows it;
     /// None if it is not being destroyed here.
     pub(super) fn destroy_progress(&self, name: &str) -> Option<DestroyProgress> {
+        // Going on first: one that fails is to be finished before it is no longer going on
+        // (`destroy_rados_pool`), so that it is found in one or the other.
+        let going = self.destroying.lock().contains(name);
         if let Some(u) = self.unfinished_destroys.lock().get(name) {
-            let next = u.next.saturating_duration_since(Instant::now()).as_secs();
+            let next = u.next.saturating_duration_since(Instant::now());
             return Some(DestroyProgress {
                 pool_id: Some(u.mark.pool_id),
-                placement: Some((u.placement.rados_pool.clone(), u.mark.epoch)),
+                // The epoch is unknown where it owned the pool at none.
+                placement: Some((u.placement.rados_pool.clone(), u.mark.epoch)).filter(|_| u.mark.epoch != i64::MAX),
                 problem: format!(
-                    "being destroyed here, not finished yet: {}; {}; its name is refused until the destruction ends",
+                    "being destroyed here, not finished yet: {}; {}; its name is refused until the destruction ends \
+                     ('tessera pool destroy {name} --abandon' abandons it, leaving what is left of the pool in the cluster)",
                     u.state,
-                    match (&self.gateway, next) {
-                        (None, _) => "the daemon's events say how to end it by hand".to_string(),
-                        (Some(_), 0) => "it is being tried now".to_string(),
-                        (Some(_), n) => format!("next try in {n} s"),
+                    match &self.gateway {
+                        None => "give the daemon its [gateway] table back and restart it to finish it".to_string(),
+                        Some(_) if u.trying => "a try is on its way".to_string(),
+                        Some(_) if next.is_zero() => "the next try is due".to_string(),
+                        Some(_) => format!("next try in {} s", next.as_secs() + 1),
                     }
                 ),
             });
         }
-        self.destroying.lock().contains(name).then(|| DestroyProgress {
+        going.then(|| DestroyProgress {
             pool_id: None,
             placement: None,
             problem: "being destroyed here: its labels and objects are being removed from the cluster".to_string(),
         })
     }
 
-    /// The names of the pools being destroyed here, going on or to be finished.
+    /// The names of the pools being destroyed here, going on or to be finished (read in the
+    /// order of [`destroy_progress`](Self::destroy_progress)).
     pub(super) fn destroy_names(&self) -> Vec<String> {
-        let mut names: Vec<String> = self.unfinished_destroys.lock().keys().cloned().collect();
-        names.extend(self.destroying.lock().iter().cloned());
+        let mut names: Vec<String> = self.destroying.lock().iter().cloned().collect();
+        names.extend(self.unfinished_destroys.lock().keys().cloned());
         names
     }
 
@@ -304,31 +331,35 @@ impl Daemon {
         if self.stopping.load(std::sync::atomic::Ordering::Relaxed) || !gw.alive() {
             return;
         }
-        let now = Instant::now();
-        let due: Vec<(String, Placement, DestroyMark)> = self
+        let due: Vec<String> = self
             .unfinished_destroys
             .lock()
             .iter()
-            .filter(|(_, u)| u.next <= now)
-            .map(|(n, u)| (n.clone(), u.placement.clone(), u.mark))
+            .filter(|(_, u)| u.next <= Instant::now())
+            .map(|(n, _)| n.clone())
             .collect();
-        for (name, placement, mark) in due {
-            // Claimed for this try; being abandoned, or abandoned, meanwhile: not tried.
-            let claimed = self
-                .unfinished_destroys
-                .lock()
-                .get_mut(&name)
-                .filter(|u| !u.trying)
-                .map(|u| u.trying = true);
-            if claimed.is_none() {
+        for name in due {
+            // Claimed for this try, as it is now: a removal before it may have taken minutes,
+            // during which this one may have been abandoned (and another destruction of a
+            // pool of the name begun), or be being abandoned.
+            let claimed = self.unfinished_destroys.lock().get_mut(&name).and_then(|u| {
+                (!u.trying && u.next <= Instant::now()).then(|| {
+                    u.trying = true;
+                    (u.placement.clone(), u.mark)
+                })
+            });
+            let Some((placement, mark)) = claimed else {
                 continue;
-            }
+            };
+            // Released when this try ends, however it ends (a panic included).
+            let _claim = Claim {
+                daemon: self,
+                name: &name,
+            };
             // Ended, the event says so before the name is free.
             let ended = |name: &str| {
                 self.unfinished_destroys.lock().remove(name);
             };
-            // Released for the next try (or an abandonment) only where it goes on: one that
-            // ended is no more by then.
             match self.finish_destroy(gw, &name, &placement, &mark) {
                 Finish::Done => {
                     self.pool_destroyed(
@@ -355,7 +386,6 @@ impl Daemon {
                     if let Some(u) = self.unfinished_destroys.lock().get_mut(&name) {
                         u.next = Instant::now() + RETRY_FIRST;
                         u.state = format!("it waits: {why}");
-                        u.trying = false;
                     }
                 }
                 Finish::Later(why) => {
@@ -364,7 +394,6 @@ impl Daemon {
                         u.next = Instant::now() + u.wait;
                         u.wait = (u.wait * 2).min(RETRY_AT_MOST);
                         u.state = format!("the last try failed: {why}");
-                        u.trying = false;
                         first
                     });
                     match first {

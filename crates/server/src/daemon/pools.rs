@@ -500,7 +500,7 @@ impl Daemon {
                  when, and 'tessera pool list' what holds it up){}",
                 match self.destroy_unfinished(name) {
                     true => format!(
-                        "; 'tessera pool export {name}' abandons its destruction, leaving what is left of it in the cluster"
+                        "; 'tessera pool destroy {name} --abandon' abandons its destruction, leaving what is left of it in the cluster"
                     ),
                     false => String::new(),
                 }
@@ -570,9 +570,6 @@ impl Daemon {
 
     pub fn export_pool(&self, name: &str) -> ApiResult<()> {
         let _admin = self.admin.lock();
-        if self.destroy_unfinished(name) {
-            return self.abandon_destroy(name);
-        }
         if self.unavailable.write().remove(name).is_some() {
             // Never imported: forgetting it is all an export means.
             self.forget_rados_pool(name)?;
