@@ -255,6 +255,7 @@ fn placement(a: &RadosArgs) -> Result<Option<RadosPlacement>, ClientError> {
 fn rados_line(r: &RadosPoolView, health: PoolHealth) -> String {
     let owner = match (&r.owner, r.epoch) {
         (_, Some(e)) if health == PoolHealth::Destroying => format!("being destroyed here (owned at epoch {e})"),
+        _ if health == PoolHealth::Destroying => "being destroyed here".to_string(),
         (Some(o), Some(e)) if r.here => format!("owned here (gateway {o}, epoch {e})"),
         // Handed over to it, not taken yet.
         (Some(o), Some(0)) => format!("handed over to gateway {o}"),

@@ -85,8 +85,9 @@ pub(crate) struct UnfinishedDestroy {
 pub(crate) struct DestroyProgress {
     /// Its id, where the destruction's mark says it (not for one going on now).
     pub pool_id: Option<Uuid>,
-    /// The RADOS pool its objects are in, and the epoch it was destroyed at.
-    pub placement: Option<(String, i64)>,
+    /// The RADOS pool its objects are in, and the epoch it was destroyed at (if it was owned
+    /// at one).
+    pub placement: Option<(String, Option<i64>)>,
     pub problem: String,
 }
 
@@ -101,6 +102,12 @@ impl Drop for Claim<'_> {
     fn drop(&mut self) {
         if let Some(u) = self.daemon.unfinished_destroys.lock().get_mut(self.name) {
             u.trying = false;
+            // A try that panicked is waited for as a failed one: each try may fence.
+            if std::thread::panicking() {
+                u.next = Instant::now() + u.wait;
+                u.wait = (u.wait * 2).min(RETRY_AT_MOST);
+                u.state = "the last try failed (the daemon's log says why)".to_string();
+            }
         }
     }
 }
@@ -240,12 +247,16 @@ impl Daemon {
     /// is, no longer anything of this gateway's (listed by `pool import`). For a destruction
     /// that cannot end (the RADOS pool or the Ceph configuration gone), without restarting
     /// the gateway, which would move every pool it serves.
+    /// Without the administration lock, which a command waiting on a stalled cluster may
+    /// hold for long: a create, an import or an export of the name is refused until the
+    /// destruction is no more, and each looks at it once.
     pub fn abandon_destroy(&self, name: &str) -> Result<(), ApiError> {
-        let _admin = self.admin.lock();
+        // One lock at a time, in the order `destroy_progress` reads them.
+        let going = self.destroying.lock().contains(name);
         let rados_pool = {
             let mut unfinished = self.unfinished_destroys.lock();
             let Some(u) = unfinished.get_mut(name) else {
-                return Err(match self.destroying.lock().contains(name) {
+                return Err(match going {
                     true => ApiError::busy(format!(
                         "pool '{name}' is being destroyed now; it can be abandoned only once that fails \
                          ('tessera pool list' says so)"
@@ -295,7 +306,7 @@ impl Daemon {
             return Some(DestroyProgress {
                 pool_id: Some(u.mark.pool_id),
                 // The epoch is unknown where it owned the pool at none.
-                placement: Some((u.placement.rados_pool.clone(), u.mark.epoch)).filter(|_| u.mark.epoch != i64::MAX),
+                placement: Some((u.placement.rados_pool.clone(), Some(u.mark.epoch).filter(|&e| e != i64::MAX))),
                 problem: format!(
                     "being destroyed here, not finished yet: {}; {}; its name is refused until the destruction ends \
                      ('tessera pool destroy {name} --abandon' abandons it, leaving what is left of the pool in the cluster)",
@@ -304,7 +315,7 @@ impl Daemon {
                         None => "give the daemon its [gateway] table back and restart it to finish it".to_string(),
                         Some(_) if u.trying => "a try is on its way".to_string(),
                         Some(_) if next.is_zero() => "the next try is due".to_string(),
-                        Some(_) => format!("next try in {} s", next.as_secs() + 1),
+                        Some(_) => format!("next try in {} s", next.as_secs() + u64::from(next.subsec_nanos() > 0)),
                     }
                 ),
             });

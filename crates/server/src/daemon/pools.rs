@@ -133,7 +133,7 @@ impl Daemon {
                             rados_pool,
                             owner: None,
                             owner_name: None,
-                            epoch: Some(epoch),
+                            epoch,
                             here: false,
                             client: None,
                             takeovers: 0,
@@ -489,7 +489,9 @@ impl Daemon {
     /// Whether pool `name` is being destroyed here (`destroy_rados_pool`), or its
     /// destruction is to be finished here (`destroys.rs`).
     fn being_destroyed(&self, name: &str) -> bool {
-        self.destroying.lock().contains(name) || self.destroy_unfinished(name)
+        // One lock at a time (the temporary guard of the first would last the expression).
+        let going = self.destroying.lock().contains(name);
+        going || self.destroy_unfinished(name)
     }
 
     /// Refuses pool `name` while it is being destroyed here.
