@@ -259,8 +259,24 @@ pub(crate) fn need_tools(tools: &[&str]) -> Result<(), String> {
     Ok(())
 }
 
-/// A TCP port nobody listens on now.
+/// A TCP port nobody listens on now, and one this process has not handed out before. The
+/// tests of a binary run side by side, each starting its etcd members on ports from here,
+/// and a port let go of is free again for the next caller until etcd binds it: two members
+/// of different tests given the same port would leave one unstarted, while the health check
+/// (which asks whichever member answers for the cluster's members) could pass on the other
+/// test's cluster, whose members that test may stop under this one. A gateway of
+/// `a_gateway_whose_etcd_stalls_takes_its_lease_for_lost_in_time` once found its healthy
+/// cluster refusing connections as it joined.
 pub(crate) fn free_port() -> Result<u16, String> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-    Ok(l.local_addr().map_err(|e| e.to_string())?.port())
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    for _ in 0..100 {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+        let port = l.local_addr().map_err(|e| e.to_string())?.port();
+        if !given.contains(&port) {
+            given.push(port);
+            return Ok(port);
+        }
+    }
+    Err("no TCP port that this process has not handed out already".to_string())
 }
