@@ -263,6 +263,23 @@ pub struct RadosPoolView {
     pub failed_takes: u64,
 }
 
+impl RadosPoolView {
+    /// A pool in `rados_pool` that no gateway is known to own, with the epoch it was last
+    /// owned under, if known.
+    pub fn unowned(rados_pool: String, epoch: Option<i64>) -> Self {
+        RadosPoolView {
+            rados_pool,
+            owner: None,
+            owner_name: None,
+            epoch,
+            here: false,
+            client: None,
+            takeovers: 0,
+            failed_takes: 0,
+        }
+    }
+}
+
 /// The last metadata scan of a pool: its report and a page of its findings.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct ScanResult {

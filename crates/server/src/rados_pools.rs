@@ -152,6 +152,10 @@ mod real {
     /// fails.
     fn openable_records(cluster: &Arc<Cluster>, name: &str, placement: &Placement) -> Result<(), String> {
         let pool = records_pool(cluster, placement)?;
+        // An opening refuses a disk without the pool's label too: wiped by a destruction
+        // that has not removed the records yet, say. Read here, through the handle the
+        // records are then read through, and judged after them.
+        let label = label_in(&pool, placement, name);
         // Read only: the epoch is never written.
         let records = MetaStore::on(RadosMeta::new(pool, &Placement::meta_object(name), 0));
         let not_taken =
@@ -165,11 +169,7 @@ mod real {
                 config.disks.iter().map(|d| d.path.as_str()).collect::<Vec<_>>().join(", ")
             ));
         }
-        // An opening refuses a disk without the pool's label too: wiped by a destruction
-        // that has not removed the records yet, say.
-        let label =
-            label_in(&records_pool(cluster, placement)?, placement, name).map_err(|e| format!("{e}; {not_taken}"))?;
-        match label {
+        match label.map_err(|e| format!("{e}; {not_taken}"))? {
             Ok(l) if l.pool_id == config.id => Ok(()),
             Ok(l) => Err(format!(
                 "the disk of pool {name} carries the label of another pool, '{}' ({}); {not_taken}",

@@ -129,16 +129,9 @@ impl Daemon {
                     Some(why) => (PoolHealth::Unavailable, String::new(), why, self.rados_view(name)),
                     None => {
                         let d = self.destroy_progress(name).ok_or(err)?;
-                        let rados = d.placement.map(|(rados_pool, epoch)| RadosPoolView {
-                            rados_pool,
-                            owner: None,
-                            owner_name: None,
-                            epoch,
-                            here: false,
-                            client: None,
-                            takeovers: 0,
-                            failed_takes: 0,
-                        });
+                        let rados = d
+                            .placement
+                            .map(|(rados_pool, epoch)| RadosPoolView::unowned(rados_pool, epoch));
                         let id = d.pool_id.map(|i| i.to_string()).unwrap_or_default();
                         (PoolHealth::Destroying, id, d.problem, rados)
                     }
