@@ -502,7 +502,9 @@ impl Inner {
     /// reads as the pool's owner. Any other failure of a read (a timeout, an OSD down) says
     /// nothing of who owns the pool, and fails that read alone.
     fn read_refused(&self, offset: u64, len: usize, e: &RadosError) {
-        if e.is_fenced() {
+        // A pool gone refuses the writes too, and flushes must say so at once: the host's
+        // data went with it.
+        if e.is_fenced() || e.is_pool_gone() {
             self.behind.lock().refused(|| refused_read(offset, len, e), e);
         }
     }

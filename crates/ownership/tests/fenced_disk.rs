@@ -900,3 +900,104 @@ fn a_disk_past_its_lease_serves_nothing() {
     assert!(d.read_at(&mut back, 0).unwrap_err().is_unavailable());
     assert!(d.write_at(&data, 0).unwrap_err().is_unavailable());
 }
+
+/// A RADOS pool deleted under a disk: librados answers every operation on it as it answers
+/// an object never written (ENOENT), and the disk must not read it as zeros. Every read
+/// fails, one at a time, in a batch and on a ring, saying the pool is gone; the disk says
+/// so, and no flush vouches for the writes that went with it. The pool's other readers
+/// (its metadata's) are told the same.
+#[test]
+fn a_disk_whose_rados_pool_was_deleted_reads_nothing_as_zeros() {
+    let t = "a_disk_whose_rados_pool_was_deleted_reads_nothing_as_zeros";
+    let Some(conf) = ceph_conf(t) else { return };
+    let Some(mut ring) = ring_or_skip(t, 8) else { return };
+    let c = ceph(&conf);
+    let doomed = format!("{TEST_POOL}-deleted-{}", std::process::id());
+    c.create_pool(&doomed).unwrap();
+    let on_doomed = || FencedDisk::new(Cluster::shared_pool(&c, &doomed).unwrap(), "disk", 16 * MIB, 1).unwrap();
+    let (d, ringed) = (on_doomed(), on_doomed());
+    let pool = Cluster::shared_pool(&c, &doomed).unwrap();
+    d.write_at(&random(1, 8192), 0).unwrap();
+    d.write_at(&random(2, 8192), OBJECT_BYTES).unwrap();
+    d.flush().unwrap();
+    pool.operate(
+        "meta",
+        &tessera_rados::WriteOp::new()
+            .create(false)
+            .omap_set(&[(&b"k"[..], &b"v"[..])]),
+    )
+    .unwrap();
+    // While the pool is there, an object never written reads as zeros, and a missing one
+    // as missing.
+    let mut b = AlignedBuf::zeroed(8192);
+    b.fill(0xAA);
+    d.read_at(&mut b, 8 * MIB).unwrap();
+    assert!(b.iter().all(|&x| x == 0));
+    assert_eq!(pool.size("never").unwrap(), None);
+    assert_eq!(pool.xattr("never", "a").unwrap(), None);
+    assert!(pool.omap("never").unwrap().is_empty());
+
+    c.delete_pool(&doomed).unwrap();
+    for offset in [0, 8 * MIB] {
+        let e = d
+            .read_at(&mut b, offset)
+            .expect_err("a read of a deleted pool was served");
+        assert!(
+            e.is_unavailable() && e.to_string().contains("is gone from the cluster"),
+            "{e}"
+        );
+    }
+    let mut reqs = [(0u64, 4096usize), (OBJECT_BYTES, 4096), (8 * MIB, 4096)]
+        .map(|(offset, len)| (offset, AlignedBuf::zeroed(len)));
+    let mut batch: Vec<ReadReq<'_>> = reqs
+        .iter_mut()
+        .map(|(offset, buf)| ReadReq {
+            buf: &mut buf[..],
+            offset: *offset,
+        })
+        .collect();
+    for (i, r) in d.read_many(&mut batch).into_iter().enumerate() {
+        let e = r.expect_err("a read of a deleted pool was served in a batch");
+        assert!(e.to_string().contains("is gone from the cluster"), "{i}: {e}");
+    }
+    let refused = d.refused().expect("the disk says its pool is gone");
+    assert!(refused.contains("is gone from the cluster"), "{refused}");
+    assert!(
+        d.flush().is_err(),
+        "a disk whose pool was deleted vouched for its writes"
+    );
+    assert!(d.write_at(&random(3, 4096), 0).is_err());
+
+    let via = ringed.read_via().expect("a disk on RADOS reads in the background");
+    for (i, offset) in [0, 8 * MIB].into_iter().enumerate() {
+        let mut buf = AlignedBuf::zeroed(4096);
+        buf.fill(0xAA);
+        let read = RingRead {
+            via: via.clone(),
+            at: buf.as_mut_ptr(),
+            len: 4096,
+            offset,
+            io: None,
+        };
+        // SAFETY: the buffer moves into the tag; its heap memory stays put.
+        unsafe { ring.start((i, buf), &[read]) };
+    }
+    let mut done = Vec::new();
+    ring.drain(&mut done);
+    assert_eq!(done.len(), 2);
+    for ((i, _), ok) in done {
+        assert!(!ok, "read {i} of a deleted pool was served on the ring");
+    }
+    let refused = ringed.refused().expect("the disk says its pool is gone");
+    assert!(refused.contains("is gone from the cluster"), "{refused}");
+    assert!(ringed.flush().is_err());
+
+    for e in [
+        pool.size("meta").map(drop).unwrap_err(),
+        pool.xattr("meta", "a").map(drop).unwrap_err(),
+        pool.omap("meta").map(drop).unwrap_err(),
+        pool.read("meta", 0, &mut b).map(drop).unwrap_err(),
+    ] {
+        assert!(e.is_pool_gone() && e.errno().is_none(), "{e}");
+    }
+}

@@ -8,7 +8,7 @@ use std::ptr;
 use libc::c_char;
 
 use crate::cstr;
-use crate::error::{RadosError, Result};
+use crate::error::Result;
 use crate::ffi::*;
 
 /// What to do with a read's outcome: the bytes the object had there, or the error (`ENOENT`
@@ -16,20 +16,15 @@ use crate::ffi::*;
 pub type ReadCallback = Box<dyn FnOnce(Result<usize>) + Send>;
 
 struct Pending {
+    /// The context read through, open until the read completed (`read_then`'s caller's
+    /// promise), to tell a missing pool from a missing object.
+    io: rados_ioctx_t,
     oid: String,
     then: ReadCallback,
 }
 
-fn outcome(oid: String, rc: libc::c_int) -> Result<usize> {
-    if rc < 0 {
-        Err(RadosError::Call {
-            op: "read".into(),
-            on: oid,
-            errno: -rc,
-        })
-    } else {
-        Ok(rc as usize)
-    }
+fn outcome(io: rados_ioctx_t, oid: &str, rc: libc::c_int) -> Result<usize> {
+    crate::check_io(io, rc, "read", oid).map(|n| n as usize)
 }
 
 /// Called by librados once the read completed, on its finisher thread.
@@ -44,7 +39,7 @@ unsafe extern "C" fn completed(c: rados_completion_t, arg: *mut c_void) {
         rc
     };
     // A panic may not unwind into librados.
-    let run = std::panic::AssertUnwindSafe(move || (p.then)(outcome(p.oid, rc)));
+    let run = std::panic::AssertUnwindSafe(move || (p.then)(outcome(p.io, &p.oid, rc)));
     if std::panic::catch_unwind(run).is_err() {
         tracing::error!("a read's callback panicked");
     }
@@ -69,6 +64,7 @@ pub(crate) unsafe fn read_then(
         Err(e) => return then(Err(e)),
     };
     let arg = Box::into_raw(Box::new(Pending {
+        io,
         oid: oid.to_string(),
         then,
     }));
@@ -78,7 +74,7 @@ pub(crate) unsafe fn read_then(
     if rc < 0 {
         // SAFETY: never handed to librados.
         let p = unsafe { Box::from_raw(arg) };
-        return (p.then)(outcome(p.oid, rc));
+        return (p.then)(outcome(p.io, &p.oid, rc));
     }
     // SAFETY: a live context and completion; librados copies the name before it returns;
     // the caller keeps the buffer valid until the callback.
@@ -89,6 +85,6 @@ pub(crate) unsafe fn read_then(
             rados_aio_release(c);
             Box::from_raw(arg)
         };
-        (p.then)(outcome(p.oid, rc));
+        (p.then)(outcome(p.io, &p.oid, rc));
     }
 }

@@ -60,12 +60,8 @@ impl Drop for InFlight {
     }
 }
 
-fn call_error(oid: &str, errno: c_int) -> RadosError {
-    RadosError::Call {
-        op: "read".into(),
-        on: oid.to_string(),
-        errno,
-    }
+fn call_error(io: rados_ioctx_t, oid: &str, errno: c_int) -> RadosError {
+    crate::io_error(io, "read", oid, errno)
 }
 
 /// Reads every extent (see [`Pool::read_extents`](crate::Pool::read_extents)).
@@ -135,7 +131,7 @@ pub(crate) fn read_extents(io: rados_ioctx_t, extents: &mut [ReadExtent<'_>]) ->
             // SAFETY: the operation was never sent.
             unsafe { rados_release_read_op(op) };
             for m in members {
-                results[m] = Err(call_error(&oid, -rc));
+                results[m] = Err(call_error(io, &oid, -rc));
             }
             continue;
         }
@@ -149,7 +145,7 @@ pub(crate) fn read_extents(io: rados_ioctx_t, extents: &mut [ReadExtent<'_>]) ->
                 rados_release_read_op(op);
             }
             for m in members {
-                results[m] = Err(call_error(&oid, -rc));
+                results[m] = Err(call_error(io, &oid, -rc));
             }
             continue;
         }
@@ -164,9 +160,9 @@ pub(crate) fn read_extents(io: rados_ioctx_t, extents: &mut [ReadExtent<'_>]) ->
         let (it, rc) = in_flight.finish(0);
         for m in it.extents {
             results[m] = if rc < 0 {
-                Err(call_error(&it.oid, -rc))
+                Err(call_error(io, &it.oid, -rc))
             } else if rvals[m] < 0 {
-                Err(call_error(&it.oid, -rvals[m]))
+                Err(call_error(io, &it.oid, -rvals[m]))
             } else {
                 Ok(counts[m])
             };

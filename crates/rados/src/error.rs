@@ -7,7 +7,19 @@ const EOLDSNAPC: i32 = 85;
 /// What a librados call refused, with the call and the object or pool it was about.
 #[derive(Debug)]
 pub enum RadosError {
-    Call { op: String, on: String, errno: i32 },
+    Call {
+        op: String,
+        on: String,
+        errno: i32,
+    },
+    /// The pool the call went to is gone from the cluster (deleted; one made again under its
+    /// name is another pool). librados answers it as it answers a missing object (ENOENT),
+    /// which a thin disk reads as zeros: told apart, so that nobody does.
+    PoolGone {
+        op: String,
+        on: String,
+        pool_id: i64,
+    },
     Invalid(String),
 }
 
@@ -16,8 +28,13 @@ impl RadosError {
     pub fn errno(&self) -> Option<i32> {
         match self {
             RadosError::Call { errno, .. } => Some(*errno),
-            RadosError::Invalid(_) => None,
+            RadosError::PoolGone { .. } | RadosError::Invalid(_) => None,
         }
+    }
+
+    /// The pool the call went to was deleted ([`RadosError::PoolGone`]).
+    pub fn is_pool_gone(&self) -> bool {
+        matches!(self, RadosError::PoolGone { .. })
     }
 
     /// A guard of a compound write did not hold (a compared attribute differed): the write
@@ -55,6 +72,10 @@ impl fmt::Display for RadosError {
                 f,
                 "RADOS {op} of {on} failed: {} (errno {errno})",
                 std::io::Error::from_raw_os_error(*errno)
+            ),
+            RadosError::PoolGone { op, on, pool_id } => write!(
+                f,
+                "RADOS {op} of {on} failed: its RADOS pool (id {pool_id}) is gone from the cluster (deleted)"
             ),
             RadosError::Invalid(s) => write!(f, "{s}"),
         }

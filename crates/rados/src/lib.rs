@@ -79,6 +79,39 @@ pub(crate) fn cstr(what: &str, s: &str) -> Result<CString> {
     CString::new(s).map_err(|_| RadosError::Invalid(format!("{what} {s:?} holds a NUL byte")))
 }
 
+/// The error of a call on `on` through `io` that failed with `errno`: an `ENOENT` is the
+/// pool's ([`RadosError::PoolGone`]) where this client's map of the cluster no longer holds
+/// the pool `io` was opened on (pool ids are never reused), the object's otherwise.
+pub(crate) fn io_error(io: rados_ioctx_t, op: &str, on: &str, errno: libc::c_int) -> RadosError {
+    if errno == libc::ENOENT {
+        // SAFETY: an open context (the caller's); both calls only read what it holds.
+        let (pool_id, cluster) = unsafe { (rados_ioctx_get_id(io), rados_ioctx_get_cluster(io)) };
+        let mut name = [0 as libc::c_char; 512];
+        // SAFETY: the cluster handle of an open context, and a buffer of `name.len()` bytes.
+        let rc = unsafe { rados_pool_reverse_lookup(cluster, pool_id, name.as_mut_ptr(), name.len()) };
+        if rc == -libc::ENOENT {
+            return RadosError::PoolGone {
+                op: op.to_string(),
+                on: on.to_string(),
+                pool_id,
+            };
+        }
+    }
+    RadosError::Call {
+        op: op.to_string(),
+        on: on.to_string(),
+        errno,
+    }
+}
+
+/// [`check`] for a call on `on` through `io` ([`io_error`]).
+pub(crate) fn check_io(io: rados_ioctx_t, rc: libc::c_int, op: &str, on: &str) -> Result<libc::c_int> {
+    match rc < 0 {
+        true => Err(io_error(io, op, on, -rc)),
+        false => Ok(rc),
+    }
+}
+
 pub(crate) fn check(rc: libc::c_int, op: &str, on: &str) -> Result<libc::c_int> {
     if rc < 0 {
         Err(RadosError::Call {
@@ -353,7 +386,8 @@ impl Pool<'_> {
     pub fn read(&self, oid: &str, offset: u64, buf: &mut [u8]) -> Result<usize> {
         let o = cstr("object", oid)?;
         // SAFETY: a live context and a buffer of `buf.len()` writable bytes.
-        let n = check(
+        let n = check_io(
+            self.io,
             unsafe {
                 rados_read(
                     self.io,
@@ -395,7 +429,8 @@ impl Pool<'_> {
         let o = cstr("object", oid)?;
         let (mut size, mut mtime) = (0u64, 0 as libc::time_t);
         // SAFETY: a live context and out-pointers we own.
-        match check(
+        match check_io(
+            self.io,
             unsafe { rados_stat(self.io, o.as_ptr(), &mut size, &mut mtime) },
             "stat",
             oid,
@@ -425,7 +460,7 @@ impl Pool<'_> {
                 buf.len(),
             )
         };
-        match check(rc, "get attribute", oid) {
+        match check_io(self.io, rc, "get attribute", oid) {
             Ok(len) => {
                 buf.truncate(len as usize);
                 Ok(Some(buf))

@@ -8,7 +8,7 @@ use libc::{c_char, c_int, c_uchar};
 
 use crate::error::{RadosError, Result};
 use crate::ffi::*;
-use crate::{check, cstr};
+use crate::{check, check_io, cstr};
 
 #[derive(Debug, Clone)]
 enum Step {
@@ -475,7 +475,7 @@ impl ReadOmap {
         add(op, &mut iter, &mut prval);
         // SAFETY: a live operation and context, a NUL-terminated name.
         let rc = unsafe { rados_read_op_operate(op, io, o.as_ptr(), LIBRADOS_OPERATION_NOFLAG) };
-        let r = check(rc, "read omap", oid).and_then(|_| check(prval, "read omap", oid));
+        let r = check_io(io, rc, "read omap", oid).and_then(|_| check_io(io, prval, "read omap", oid));
         let mut records = Vec::new();
         if r.is_ok() && !iter.is_null() {
             loop {
