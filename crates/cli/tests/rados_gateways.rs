@@ -522,6 +522,75 @@ fn a_pool_whose_label_is_gone_is_not_taken() {
     a.stop();
 }
 
+/// A RADOS pool deleted under the gateway that serves a pool in it: what the host wrote is
+/// gone with it, and no read answers zeros for it (librados answers an operation on a
+/// deleted pool as a read of an object never written). The pool is listed as unavailable,
+/// saying why, and its export here forgets it.
+#[test]
+fn a_pool_whose_rados_pool_is_deleted_reads_no_zeros_and_is_unavailable() {
+    let test = "a_pool_whose_rados_pool_is_deleted_reads_no_zeros_and_is_unavailable";
+    let Some((conf, etcd, _cluster)) = cluster(test) else {
+        return;
+    };
+    let pid = std::process::id();
+    let pool = format!("deleted{pid}");
+    let rados_pool = format!("tessera-deleted-{pid}");
+    ok("ceph", &["-c", &conf, "osd", "pool", "create", &rados_pool]);
+    let t = tempfile::tempdir().unwrap();
+    let mut a = Daemon::start_configured(
+        &t.path().join("a"),
+        &gateway_config("gw-a", &etcd, &format!("/tessera-test-{pid}-deleted")),
+    );
+    a.ok(&rados_pool_args(&pool, &rados_pool, &conf));
+    let vdisk = format!("{pool}/v");
+    a.ok(&["vdisk", "create", &vdisk, "--size", "64M", "--layout", "simple"]);
+    a.ok(&["nbd", "export", &vdisk]);
+    let (w, out) = qemu_io_all(&a, "v", &["write -P 0xa5 0 16M", "flush"]);
+    assert!(w, "{out}");
+
+    ok(
+        "ceph",
+        &[
+            "-c",
+            &conf,
+            "osd",
+            "pool",
+            "delete",
+            &rados_pool,
+            &rados_pool,
+            "--yes-i-really-really-mean-it",
+        ],
+    );
+    let t0 = Instant::now();
+    let listed = loop {
+        // Each read either fails or answers what was written (from what the gateway holds).
+        let (r, out) = qemu_io(&a, "v", "read -v 0 16M");
+        assert!(
+            !r || !out.contains("00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00"),
+            "a read of a deleted RADOS pool answered zeros: {}",
+            &out[..out.len().min(2000)]
+        );
+        let p = pool_entry(&a, &pool);
+        if p["health"] == "unavailable" {
+            break p;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the pool is not listed unavailable: {p}\n{}",
+            a.logs()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    eprintln!("{test}: listed as {listed}");
+    let problem = listed["problem"].as_str().unwrap_or_default();
+    assert!(problem.contains(&rados_pool), "{listed}");
+    let (r, out) = qemu_io(&a, "v", "read -P 0xa5 0 4096");
+    assert!(!r, "a read of a pool whose RADOS pool is gone was served: {out}");
+    a.ok(&["pool", "export", &pool]);
+    assert!(a.json(&["pool", "list"]).as_array().unwrap().is_empty());
+    a.stop();
+}
+
 /// A pool on RADOS whose creation cannot be recorded in the gateway's list of pools to serve
 /// at start is not made: it would be served until the next start, then be no gateway's. Its
 /// objects and its claim on the name go, and the name can be created again.
