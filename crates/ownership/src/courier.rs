@@ -19,7 +19,9 @@
 //!   owner took it already, the command runs there, and the answer is waited for as long
 //!   again rather than the host told to try again a command that is being applied. The
 //!   owner learns how long the ask's lease still lives when it takes it
-//!   ([`Ask::lasts_for`]), and runs nothing it could not answer in that time.
+//!   ([`Ask::lasts_for`]), and starts nothing it could not answer in that time; while it
+//!   runs one, it keeps the ask's lease alive ([`Courier::keep_running`]), and its asker
+//!   waits for as long as it does (a commit held up by a slow OSD may take tens of seconds).
 //!
 //! - A notice is `<prefix>/notice/<what>/<id>`, on the telling gateway's lease, for every
 //!   other gateway watching: the owner tells the standby gateways of unit attentions its
@@ -67,6 +69,9 @@ pub struct Ask {
     pub request: Vec<u8>,
     /// The asker's lease, which the answer goes on.
     lease: i64,
+    /// What that lease was granted for: the owner renews it well within that while it runs
+    /// the ask.
+    granted: Duration,
     /// How long that lease still lived when the ask was taken, as etcd said (zero when it
     /// did not say): the asker waits for the answer until a second before it lapses.
     lasts_for: Duration,
@@ -110,7 +115,8 @@ impl Courier {
     /// The ask's keys live on a lease of their own, of [`ask_lifetime`]: nothing of the ask
     /// outlives it, however it ends (etcd gone when it is taken back, this task dropped),
     /// so that no owner runs it after its asker stopped waiting. Returns within twice
-    /// [`ASKING_AT_MOST`] more than the lifetime.
+    /// [`ASKING_AT_MOST`] more than the lifetime, and [`RUN_KEPT_AT_MOST`] more while the
+    /// owner runs it.
     pub async fn ask(&self, what: &str, request: &[u8], wait: Duration) -> Result<Option<Vec<u8>>> {
         let id = format!(
             "{}.{:x}.{}",
@@ -136,16 +142,8 @@ impl Courier {
         // it took: an owner that took the ask can answer for as long as its asker waits.
         let lapses = granted_by + ask_lifetime(wait);
         let answered = tokio::time::timeout_at(
-            lapses,
-            ask_and_wait(
-                &mut client,
-                lease,
-                &ask,
-                &answer,
-                request,
-                wait,
-                lapses - Duration::from_secs(1),
-            ),
+            lapses + RUN_KEPT_AT_MOST,
+            ask_and_wait(&mut client, lease, &ask, &answer, request, wait, lapses),
         )
         .await
         .unwrap_or(Ok(None));
@@ -184,26 +182,32 @@ impl Courier {
             if !of(what) {
                 continue;
             }
-            // Only while its asker waits (its answer's key is there): an ask whose answer's
-            // key is gone is no asker's, and is not run.
+            // Only while its asker waits (its answer's key is there, and empty): an ask whose
+            // answer's key is gone is no asker's, and is not run; nor is one answered already
+            // (put again after its taking), which ran.
             let answer = self.key("answer", what, id);
             let take = Txn::new()
                 .when([
                     Compare::mod_revision(kv.key(), CompareOp::Equal, kv.mod_revision()),
                     Compare::version(answer.as_str(), CompareOp::Greater, 0),
+                    Compare::value(answer.as_str(), CompareOp::Equal, Vec::<u8>::new()),
                 ])
                 .and_then([TxnOp::delete(kv.key(), None)]);
             if client.txn(take).await?.succeeded() {
                 // After the taking: the time left is what the owner has from now on.
-                let lasts_for = match client.lease_time_to_live(kv.lease(), None).await {
-                    Ok(t) => Duration::from_secs(t.ttl().max(0) as u64),
-                    Err(_) => Duration::ZERO,
+                let (lasts_for, granted) = match client.lease_time_to_live(kv.lease(), None).await {
+                    Ok(t) => (
+                        Duration::from_secs(t.ttl().max(0) as u64),
+                        Duration::from_secs(t.granted_ttl().max(0) as u64),
+                    ),
+                    Err(_) => (Duration::ZERO, Duration::ZERO),
                 };
                 taken.push(Ask {
                     what: what.to_string(),
                     id: id.to_string(),
                     request: kv.value().to_vec(),
                     lease: kv.lease(),
+                    granted,
                     lasts_for,
                 });
             } else {
@@ -236,6 +240,40 @@ impl Courier {
                 Some(PutOptions::new().with_lease(ask.lease)),
             )]);
         Ok(self.client.clone().txn(put).await?.succeeded())
+    }
+
+    /// Keeps the lease of `ask` (one [`take_asks`](Self::take_asks) returned) alive while the
+    /// owner runs it, renewing it four times a lease: its asker, finding its lease renewed
+    /// at the end of its wait, waits on for the answer rather than tell its host to try
+    /// again a command that is being applied. Returns after [`RUN_KEPT_AT_MOST`], or once
+    /// etcd says the lease is gone; dropped (the command answered), it renews no more, and
+    /// the lease goes as its asker revokes it.
+    pub async fn keep_running(&self, ask: &Ask) {
+        let until = tokio::time::Instant::now() + RUN_KEPT_AT_MOST;
+        let every = (ask.granted / 4).max(Duration::from_millis(250));
+        let mut client = self.client.clone();
+        let mut stream = None;
+        while tokio::time::Instant::now() < until {
+            // Opening the stream renews the lease once.
+            if stream.is_none() {
+                match tokio::time::timeout(ASKING_AT_MOST, client.lease_keep_alive(ask.lease)).await {
+                    Ok(Ok(s)) => stream = Some(s),
+                    Ok(Err(e)) if e.to_string().contains("lease not found") => return,
+                    _ => {}
+                }
+            } else if let Some((keeper, answers)) = stream.as_mut() {
+                let renewed = async {
+                    keeper.keep_alive().await?;
+                    answers.message().await
+                };
+                match tokio::time::timeout(ASKING_AT_MOST, renewed).await {
+                    Ok(Ok(Some(a))) if a.ttl() <= 0 => return,
+                    Ok(Ok(Some(_))) => {}
+                    _ => stream = None,
+                }
+            }
+            tokio::time::sleep(every).await;
+        }
     }
 
     /// Tells every other gateway watching ([`watch_notices`](Self::watch_notices)) `notice`
@@ -301,10 +339,18 @@ pub fn ask_lifetime(wait: Duration) -> Duration {
 /// How long granting an ask's lease, or revoking it, may take.
 pub const ASKING_AT_MOST: Duration = Duration::from_secs(2);
 
-/// The steps of [`Courier::ask`] on the ask's `lease`: the first wait lasts `wait`, the
-/// second (for an ask the owner took) until `last`. Once the ask may be in etcd, a failed
-/// step means "no answer yet", never an early return: an owner may have taken the ask, and
-/// telling the host to try again while it runs would have the command applied twice.
+/// How long an owner keeps an ask it runs alive at most ([`Courier::keep_running`]), and so
+/// how much longer than its lifetime its asker may wait: a persistent reservation command
+/// waits for the commands in flight on its logical unit (each bounded by the cluster's 30 s
+/// operation timeout), then for its commit to the pool's metadata (as long again).
+pub const RUN_KEPT_AT_MOST: Duration = Duration::from_secs(75);
+
+/// The steps of [`Courier::ask`] on the ask's `lease`, which lapses at `lapses` unless the
+/// owner keeps it alive: the first wait lasts `wait`, the second (for an ask the owner took)
+/// until a second before the lease lapses, and on for as long as the owner keeps it alive.
+/// Once the ask may be in etcd, a failed step means "no answer yet", never an early return:
+/// an owner may have taken the ask, and telling the host to try again while it runs would
+/// have the command applied twice.
 async fn ask_and_wait(
     client: &mut Client,
     lease: i64,
@@ -312,8 +358,9 @@ async fn ask_and_wait(
     answer: &str,
     request: &[u8],
     wait: Duration,
-    last: tokio::time::Instant,
+    lapses: tokio::time::Instant,
 ) -> Result<Option<Vec<u8>>> {
+    let last = lapses - Duration::from_secs(1);
     let on_lease = || Some(PutOptions::new().with_lease(lease));
     // The answer's key first: an owner takes only an ask whose asker still waits.
     let placed = client.put(answer, Vec::new(), on_lease()).await?;
@@ -353,7 +400,27 @@ async fn ask_and_wait(
             }
         }
     }
-    Ok(answer_within(client, answer, &mut events, last).await)
+    // Taken: it runs at the owner, which keeps the ask's lease alive while it does. Waited
+    // for until the lease is no longer renewed: a lease that lives longer than this asker's
+    // clock says has been renewed (by the owner, or given its whole time again by a newly
+    // elected leader: then waited for until it lapses all the same).
+    let mut last = last;
+    loop {
+        if let Some(a) = answer_within(client, answer, &mut events, last).await {
+            return Ok(Some(a));
+        }
+        let unrenewed_left = lapses.saturating_duration_since(tokio::time::Instant::now());
+        let renewed = match tokio::time::timeout(ASKING_AT_MOST, client.lease_time_to_live(lease, None)).await {
+            // Up to `ASKING_AT_MOST` and a second of rounding later than `lapses`, unrenewed.
+            Ok(Ok(t)) if t.ttl() > 0 => Some(Duration::from_secs(t.ttl() as u64))
+                .filter(|&left| left > unrenewed_left + ASKING_AT_MOST + Duration::from_secs(1)),
+            _ => None,
+        };
+        match renewed {
+            Some(left) => last = tokio::time::Instant::now() + left - Duration::from_secs(1),
+            None => return Ok(None),
+        }
+    }
 }
 
 /// How long one try at taking an ask back may take: one that went to a member that

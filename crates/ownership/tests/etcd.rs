@@ -628,6 +628,83 @@ async fn a_gateway_asks_the_owner_through_etcd_and_each_ask_runs_once() {
     other.leave().await.unwrap();
 }
 
+/// An ask the owner runs for long (a commit held up by a slow OSD) is waited for for as long
+/// as the owner keeps it alive, past the lifetime its asker gave it: told to try again while
+/// it still ran, the host would find its command applied. An owner that stops keeping it
+/// (it died) is given up on once the lease runs out. An ask answered already is not taken
+/// again, should its key be put again.
+#[tokio::test]
+async fn an_ask_the_owner_runs_long_is_waited_for_while_the_owner_keeps_it_alive() {
+    let t = "an_ask_the_owner_runs_long_is_waited_for_while_the_owner_keeps_it_alive";
+    let Some(ep) = endpoints(t) else { return };
+    let p = prefix(t);
+    let owner = Gateway::join(&ep, &p, "gw-a", 3).await.unwrap();
+    let standby = Gateway::join(&ep, &p, "gw-b", 3).await.unwrap();
+    let (a, b) = (owner.courier(), standby.courier());
+    let wait = Duration::from_secs(2);
+    let lifetime = tessera_ownership::courier::ask_lifetime(wait);
+    let asked = |what: &'static [u8]| {
+        let b = b.clone();
+        tokio::spawn(async move { b.ask("pool.tank", what, wait).await })
+    };
+    let keep = |ask: &tessera_ownership::Ask| {
+        let (a, ask) = (a.clone(), ask.clone());
+        tokio::spawn(async move { a.keep_running(&ask).await })
+    };
+
+    let asking = asked(b"slow commit");
+    let taken = taken_once_asked(&a, "pool.tank").await;
+    let keeping = keep(&taken[0]);
+    tokio::time::sleep(lifetime + Duration::from_secs(4)).await;
+    assert!(
+        !asking.is_finished(),
+        "the asker gave up while the owner still ran its ask: {:?}",
+        asking.await
+    );
+    assert!(
+        a.answer(&taken[0], b"slow commit done").await.unwrap(),
+        "the asker gave up"
+    );
+    keeping.abort();
+    assert_eq!(
+        asking.await.unwrap().unwrap().as_deref(),
+        Some(&b"slow commit done"[..])
+    );
+
+    // The owner stops keeping it (it died): given up once the lease runs out.
+    let asking = asked(b"owner dies");
+    let taken = taken_once_asked(&a, "pool.tank").await;
+    let keeping = keep(&taken[0]);
+    tokio::time::sleep(lifetime).await;
+    keeping.abort();
+    let stopped = Instant::now();
+    assert_eq!(asking.await.unwrap().unwrap(), None);
+    assert!(
+        stopped.elapsed() < lifetime + Duration::from_secs(2),
+        "waited {:?} for an owner that stopped keeping its ask",
+        stopped.elapsed()
+    );
+
+    // Answered already (its answer's key holds the answer), an ask put again is not run
+    // again.
+    let mut raw = etcd_client::Client::connect(&ep, None).await.unwrap();
+    let lease = raw.lease_grant(30, None).await.unwrap().id();
+    let on_lease = || Some(etcd_client::PutOptions::new().with_lease(lease));
+    raw.put(format!("{p}/answer/pool.tank/gw-b.0.again"), "done", on_lease())
+        .await
+        .unwrap();
+    raw.put(format!("{p}/ask/pool.tank/gw-b.0.again"), "again", on_lease())
+        .await
+        .unwrap();
+    assert!(
+        a.take_asks(|w| w == "pool.tank").await.unwrap().is_empty(),
+        "an ask answered already was taken again"
+    );
+    raw.lease_revoke(lease).await.unwrap();
+    standby.leave().await.unwrap();
+    owner.leave().await.unwrap();
+}
+
 /// The owner's notices reach every other gateway watching, not itself; they take at most
 /// 64 keys per gateway however many it sends, wake no follower of the ownership keys, and
 /// go with the gateway's lease.

@@ -396,8 +396,13 @@ impl Lun {
         if !forwardable(cmd.op) {
             return self.respond(Err(sense::INVALID_OPCODE));
         }
-        // Given up here meanwhile (a handover): refused as this port's state says, and sent
-        // again by the host.
+        // Given up here meanwhile (a handover), or the lease it is owned under in doubt:
+        // nothing is run, and the host sends it again. (Its own state would admit
+        // reservation commands at a standby port: this LUN is not one whose reservations
+        // are another's.)
+        if !self.alua.local_state().active() {
+            return self.respond(Err(sense::ALUA_TRANSITION));
+        }
         if let Err(s) = self.alua_admits(cmd) {
             return self.respond(Err(s));
         }

@@ -28,6 +28,23 @@ pub const OWNER_ANSWERS_WITHIN: Duration = Duration::from_secs(10);
 /// 64 KiB; a PERSISTENT RESERVE OUT list is 24 bytes and its TransportIDs).
 const MAX_DATA: usize = 1 << 16;
 
+/// The most sense data a command's answer carries (SPC-4 4.5.1).
+const MAX_SENSE: usize = 252;
+
+impl Answered {
+    /// Whether a host may be given this as a command's outcome: a status a persistent
+    /// reservation or MODE SELECT command ends with, sense data where (and only as much as)
+    /// SCSI has it, and no more data than asked for at most.
+    fn sound(&self) -> bool {
+        let status = match self.status {
+            sense::GOOD | sense::RESERVATION_CONFLICT | sense::TASK_SET_FULL => self.sense.is_empty(),
+            sense::CHECK_CONDITION => !self.sense.is_empty(),
+            _ => false,
+        };
+        status && self.sense.len() <= MAX_SENSE && self.data.len() <= MAX_DATA
+    }
+}
+
 /// A command a standby port received, as the owner runs it.
 #[derive(Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -41,9 +58,9 @@ struct Forwarded {
     data: Vec<u8>,
 }
 
-/// What the owner answered.
+/// What the owner answered. Fields it may add later are passed over: the command ran there
+/// (a request, refused whole when not understood, never runs).
 #[derive(Debug, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
 struct Answered {
     status: u8,
     sense: Vec<u8>,
@@ -85,29 +102,45 @@ impl OwnerForwarding for PoolForwarding {
         };
         let request = serde_json::to_vec(&request).expect("plain data");
         let answer = self.gateway.ask_owner(&self.pool, request, OWNER_ANSWERS_WITHIN)?;
-        match serde_json::from_slice::<Answered>(&answer) {
-            Ok(a) if a.data.len() <= MAX_DATA => Some(Response {
-                status: a.status,
-                data: a.data.into(),
-                sense: a.sense,
-            }),
-            _ => {
-                warn!(pool = %self.pool, "the owner's answer to a forwarded command cannot be read: the host is told to try again");
-                None
+        Some(response_to_host(&self.pool, &answer))
+    }
+}
+
+/// What a standby port answers its host for the owner's `answer` to a command it forwarded.
+/// One that cannot be read (or holds what no SCSI answer holds) is a command that may have
+/// run, or not: INTERNAL TARGET FAILURE, which the host reports, rather than an ALUA
+/// transition, which it would send again, and which a command that ran (a REGISTER) then
+/// meets as a RESERVATION CONFLICT.
+fn response_to_host(pool: &str, answer: &[u8]) -> Response {
+    match serde_json::from_slice::<Answered>(answer) {
+        Ok(a) if a.sound() => Response {
+            status: a.status,
+            data: a.data.into(),
+            sense: a.sense,
+        },
+        _ => {
+            warn!(pool = %pool, "the owner's answer to a forwarded command cannot be read: the host is told the command failed (it may have run at the owner)");
+            Response {
+                status: sense::CHECK_CONDITION,
+                data: Data::default(),
+                sense: sense::INTERNAL_TARGET_FAILURE.encode(false),
             }
         }
     }
 }
 
 /// How long after an owner took a forwarded command it may still start running it: its
-/// asker waits `ASK_MUST_LAST` less four seconds at least after the taking, and the answer
-/// may take 5 s to reach etcd. One taken earlier (others before it ran long) is answered
-/// with [`not_run`] instead, so that it never runs after its host was told to try again.
+/// asker waits `ASK_MUST_LAST` less four seconds at least after the taking, and the owner
+/// must have renewed the ask's lease by then (`Courier::keep_running`, as it starts it) for
+/// its asker to wait on while it runs. One taken earlier (others before it ran long) is
+/// answered with [`not_run`] instead, so that it never runs after its host was told to try
+/// again.
 pub const RUN_TAKEN_WITHIN: Duration = Duration::from_secs(4);
 
 /// How long the ask of a forwarded command must still live in etcd when the owner takes it
 /// ([`Ask::lasts_for`](crate::rados_pools::Ask)) for the owner to run it: the time to start
-/// it ([`RUN_TAKEN_WITHIN`]) and to answer (5 s at most), the asker's head start (it counts
+/// it ([`RUN_TAKEN_WITHIN`]) and to answer (5 s at most; the run itself the owner makes time
+/// for by keeping the ask alive), the asker's head start (it counts
 /// its ask's lease from before etcd granted it, up to 2 s sooner, and stops waiting a second
 /// before it lapses), and a second for etcd's whole seconds. An ask that lives less (taken
 /// after its asker's first wait, which the asker could not take it back at, etcd failing
@@ -327,6 +360,48 @@ mod tests {
     /// What the owner sends of the unit attentions it raised reaches the standby LUN of that
     /// logical unit only, for the sessions of the initiator port named only; a notice that
     /// names something other than a unit attention, or cannot be read, changes nothing.
+    /// An owner's answer is passed to the host as it is, fields a later owner may add
+    /// passed over; one that cannot be read, or holds what no SCSI answer holds, is a
+    /// command that may have run: INTERNAL TARGET FAILURE, never a transition the host
+    /// would send it again for.
+    #[test]
+    fn an_answer_that_cannot_be_read_fails_the_command_rather_than_have_it_sent_again() {
+        let conflict = response_to_host("tank", br#"{"status": 24, "sense": [], "data": [], "later": 1}"#);
+        assert_eq!(
+            (conflict.status, conflict.sense.len()),
+            (sense::RESERVATION_CONFLICT, 0)
+        );
+        let good = response_to_host(
+            "tank",
+            &answer(Response {
+                status: sense::GOOD,
+                data: vec![1, 2, 3].into(),
+                sense: Vec::new(),
+            }),
+        );
+        assert_eq!((good.status, good.data.to_vec()), (sense::GOOD, vec![1, 2, 3]));
+        let failed = check(sense::INTERNAL_TARGET_FAILURE);
+        let failed = serde_json::from_slice::<Answered>(&failed).unwrap();
+        let huge_sense = format!(r#"{{"status": 2, "sense": {:?}, "data": []}}"#, vec![0x70u8; 300]);
+        let huge_data = format!(r#"{{"status": 0, "sense": [], "data": {:?}}}"#, vec![0u8; MAX_DATA + 1]);
+        for bad in [
+            &b"not json"[..],
+            br#"{"status": 2, "sense": [], "data": []}"#,
+            br#"{"status": 0, "sense": [112, 0, 5], "data": []}"#,
+            br#"{"status": 129, "sense": [], "data": []}"#,
+            huge_sense.as_bytes(),
+            huge_data.as_bytes(),
+        ] {
+            let r = response_to_host("tank", bad);
+            assert_eq!(
+                (r.status, &r.sense),
+                (failed.status, &failed.sense),
+                "{}",
+                String::from_utf8_lossy(&bad[..bad.len().min(80)])
+            );
+        }
+    }
+
     #[test]
     fn unit_attentions_an_owner_sent_reach_the_sessions_of_the_port_named_at_the_standby_lun() {
         use crate::standby::{standby_lun, tests::unit, PoolPorts};

@@ -107,7 +107,7 @@ pub struct PoolOwner {
 }
 
 #[cfg(feature = "rados")]
-pub use real::{Membership, Owned, PoolNotices, Reader, Taking};
+pub use real::{KeptRunning, Membership, Owned, PoolNotices, Reader, Taking};
 #[cfg(feature = "rados")]
 pub use tessera_ownership::{Ask, AsksComing};
 
@@ -302,6 +302,18 @@ mod real {
         match tokio::time::timeout(COURIER_AT_MOST, f).await {
             Ok(done) => done.map_err(|e| e.to_string()),
             Err(_) => Err(format!("etcd did not answer within {} s", COURIER_AT_MOST.as_secs())),
+        }
+    }
+
+    /// How long an owner tries to answer a command it ran, while etcd fails it.
+    const ANSWER_TRIED_FOR: Duration = Duration::from_secs(10);
+
+    /// An ask kept alive while it runs here ([`Membership::keep_running`]), until dropped.
+    pub struct KeptRunning(tokio::task::JoinHandle<()>);
+
+    impl Drop for KeptRunning {
+        fn drop(&mut self) {
+            self.0.abort();
         }
     }
 
@@ -640,10 +652,12 @@ mod real {
             self.rt.spawn(async move {
                 let _ = tx.send(courier.ask(&what, &request, wait).await);
             });
-            // An ask the owner took is waited for as long again; past its lifetime and the
-            // steps around it, its keys are gone, and no owner runs it any more.
-            let at_most =
-                tessera_ownership::courier::ask_lifetime(wait) + 2 * tessera_ownership::courier::ASKING_AT_MOST;
+            // An ask the owner took is waited for as long again, and on while the owner keeps
+            // it alive; past that and the steps around it, its keys are gone, and no owner
+            // runs it any more.
+            let at_most = tessera_ownership::courier::ask_lifetime(wait)
+                + 2 * tessera_ownership::courier::ASKING_AT_MOST
+                + tessera_ownership::courier::RUN_KEPT_AT_MOST;
             match rx.recv_timeout(at_most + Duration::from_secs(1)) {
                 Ok(Ok(answer)) => answer,
                 Ok(Err(e)) => {
@@ -673,10 +687,32 @@ mod real {
         }
 
         /// Answers `ask`, one [`take_asks`](Self::take_asks) returned; false when the asker no
-        /// longer waits.
+        /// longer waits. Tried again for [`ANSWER_TRIED_FOR`] while etcd fails it (a member
+        /// restarting, a leader changing): the command ran, and an asker that heard nothing
+        /// would have its host send it again. The answer is the same each time, and lands
+        /// only into the asker's waiting key.
         pub fn answer(&self, ask: &Ask, answer: &[u8]) -> Result<bool, String> {
             let courier = self.courier().ok_or_else(|| self.not_joined())?;
-            self.rt.block_on(within_courier_time(courier.answer(ask, answer)))
+            let until = std::time::Instant::now() + ANSWER_TRIED_FOR;
+            loop {
+                match self.rt.block_on(within_courier_time(courier.answer(ask, answer))) {
+                    Err(e) if std::time::Instant::now() < until => {
+                        tracing::debug!(error = %e, "cannot answer a forwarded command yet: trying again");
+                        std::thread::sleep(Duration::from_millis(200));
+                    }
+                    answered => return answered,
+                }
+            }
+        }
+
+        /// Keeps `ask` alive while it runs here ([`Courier::keep_running`]), until the guard
+        /// returned is dropped; None before this gateway joined.
+        pub fn keep_running(&self, ask: &Ask) -> Option<KeptRunning> {
+            let courier = self.courier()?;
+            let ask = ask.clone();
+            Some(KeptRunning(
+                self.rt.spawn(async move { courier.keep_running(&ask).await }),
+            ))
         }
 
         /// Tells the other gateways `notice` about pool `name` (owned here: the unit
@@ -1230,7 +1266,7 @@ mod real {
 
 /// Without the `rados` feature: joining fails and says why, so nothing else is reachable.
 #[cfg(not(feature = "rados"))]
-pub use absent::{Ask, AsksComing, Membership, Owned, PoolNotices, Reader, Taking};
+pub use absent::{Ask, AsksComing, KeptRunning, Membership, Owned, PoolNotices, Reader, Taking};
 
 #[cfg(not(feature = "rados"))]
 mod absent {
@@ -1379,6 +1415,9 @@ mod absent {
         pub fn answer(&self, _: &Ask, _: &[u8]) -> Result<bool, String> {
             match self.never {}
         }
+        pub fn keep_running(&self, _: &Ask) -> Option<KeptRunning> {
+            match self.never {}
+        }
         pub fn notify(&self, _: &str, _: Vec<u8>) {
             match self.never {}
         }
@@ -1390,6 +1429,8 @@ mod absent {
     pub struct PoolNotices {
         never: std::convert::Infallible,
     }
+
+    pub struct KeptRunning;
 
     impl PoolNotices {
         pub async fn next(&mut self) -> Option<Vec<(String, Vec<u8>)>> {

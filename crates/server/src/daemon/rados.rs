@@ -866,6 +866,7 @@ impl Daemon {
             }
         };
         for (name, ask) in asks {
+            let mut kept = None;
             // Checked again for each: one before it may have taken long. Not run, the ask
             // is answered so, and its host tries again at once.
             let answer = if taken.elapsed() > crate::forwarding::RUN_TAKEN_WITHIN {
@@ -878,10 +879,15 @@ impl Daemon {
                 debug!(pool = %name, "a forwarded command is not run: this gateway no longer owns the pool, or its lease on it may have lapsed");
                 crate::forwarding::not_run()
             } else {
+                // Kept alive while it runs and is answered, however long that takes: its
+                // asker waits for as long.
+                kept = gw.keep_running(&ask);
                 let admits = |lun: &tessera_scsi::Lun, initiator: &str| self.targets.admits(lun, initiator);
                 crate::forwarding::run_forwarded(&self.targets.luns_of_pool(&name), &admits, &ask.request)
             };
-            match gw.answer(&ask, &answer) {
+            let answered = gw.answer(&ask, &answer);
+            drop(kept);
+            match answered {
                 Ok(true) => {}
                 Ok(false) => {
                     warn!(pool = %name, "a standby gateway gave up waiting for a command it forwarded, which ran here: its host sends it again")
