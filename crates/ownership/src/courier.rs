@@ -25,12 +25,12 @@
 //!
 //! - A notice is `<prefix>/notice/<what>/<id>`, on the telling gateway's lease, for every
 //!   other gateway watching: the owner tells the standby gateways of unit attentions its
-//!   logical units raised. Nobody takes a notice; each gateway writes its notices in turn
-//!   to one of 64 keys of its own, so that they take no more room however many it sends,
-//!   and go with its lease. A gateway whose watch ended (etcd went away, or it rejoined)
+//!   logical units raised. Nobody takes a notice; each gateway writes its notices about a
+//!   thing in turn to one of 64 keys of its own, so that they take no more room however
+//!   many it sends, and go with its lease. A gateway whose watch ended (etcd went away, or it rejoined)
 //!   watches again from the last revision it saw, so that it misses none that
 //!   etcd still has the history of; past a compaction, it reads those still kept (the
-//!   latest 64 of each gateway alive).
+//!   latest 64 of each gateway alive about each thing).
 //!
 //! etcd is the gateways' trusted channel already (whoever may write there may take a pool):
 //! an ask is run as from the initiator port it names.
@@ -193,7 +193,14 @@ impl Courier {
                     Compare::value(answer.as_str(), CompareOp::Equal, Vec::<u8>::new()),
                 ])
                 .and_then([TxnOp::delete(kv.key(), None)]);
-            if client.txn(take).await?.succeeded() {
+            // The asks taken so far are returned whatever becomes of this one: they are no
+            // longer in etcd for anyone else to run, and their askers wait.
+            let took = match client.txn(take).await {
+                Ok(r) => r.succeeded(),
+                Err(e) if taken.is_empty() => return Err(e.into()),
+                Err(_) => break,
+            };
+            if took {
                 // After the taking: the time left is what the owner has from now on.
                 let (lasts_for, granted) = match client.lease_time_to_live(kv.lease(), None).await {
                     Ok(t) => (

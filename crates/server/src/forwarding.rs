@@ -157,6 +157,12 @@ pub fn not_run() -> Vec<u8> {
     check(sense::ALUA_TRANSITION)
 }
 
+/// What an owner answers for a forwarded command that failed here, having maybe run in
+/// part: INTERNAL TARGET FAILURE, which the host reports rather than sends again.
+pub fn failed() -> Vec<u8> {
+    check(sense::INTERNAL_TARGET_FAILURE)
+}
+
 fn answer(r: Response) -> Vec<u8> {
     serde_json::to_vec(&Answered {
         status: r.status,

@@ -465,6 +465,9 @@ mod real {
         courier: std::sync::Mutex<Option<Courier>>,
         /// Why the last attempt to join failed, for what waits on the joining to say.
         join_failed: std::sync::Mutex<Option<String>>,
+        /// The notices to send, in the order they were raised, to the task that sends them
+        /// one after another ([`notify`](Self::notify)).
+        notices_out: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<(Courier, String, Vec<u8>)>>,
     }
 
     /// The outcome of an attempt to take a pool.
@@ -525,6 +528,7 @@ mod real {
                 places: Default::default(),
                 courier: Default::default(),
                 join_failed: Default::default(),
+                notices_out: Default::default(),
             };
             if let Err(e) = m.rejoin() {
                 tracing::warn!(
@@ -717,15 +721,23 @@ mod real {
 
         /// Tells the other gateways `notice` about pool `name` (owned here: the unit
         /// attentions its logical units raised), without waiting: a notice that etcd does not
-        /// take is lost, as one a gateway not watching misses.
+        /// take (within 5 s) is lost, as one a gateway not watching misses. Notices reach
+        /// etcd in the order they were raised (REGISTRATIONS PREEMPTED for some ports, then
+        /// RESERVATIONS RELEASED for others, say).
         pub fn notify(&self, name: &str, notice: Vec<u8>) {
             let Some(courier) = self.courier() else { return };
-            let pool = name.to_string();
-            self.rt.spawn(async move {
-                if let Err(e) = courier.notify(&owner_key(&pool), &notice).await {
-                    tracing::warn!(pool = %pool, error = %e, "cannot tell the other gateways of unit attentions raised here");
-                }
+            let out = self.notices_out.get_or_init(|| {
+                let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Courier, String, Vec<u8>)>();
+                self.rt.spawn(async move {
+                    while let Some((courier, pool, notice)) = rx.recv().await {
+                        if let Err(e) = within_courier_time(courier.notify(&owner_key(&pool), &notice)).await {
+                            tracing::warn!(pool = %pool, error = %e, "cannot tell the other gateways of unit attentions raised here");
+                        }
+                    }
+                });
+                tx
             });
+            let _ = out.send((courier, name.to_string(), notice));
         }
 
         /// A watch of the notices other gateways send about pools after revision `after`

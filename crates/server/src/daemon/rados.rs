@@ -883,7 +883,15 @@ impl Daemon {
                 // asker waits for as long.
                 kept = gw.keep_running(&ask);
                 let admits = |lun: &tessera_scsi::Lun, initiator: &str| self.targets.admits(lun, initiator);
-                crate::forwarding::run_forwarded(&self.targets.luns_of_pool(&name), &admits, &ask.request)
+                let run = std::panic::AssertUnwindSafe(|| {
+                    crate::forwarding::run_forwarded(&self.targets.luns_of_pool(&name), &admits, &ask.request)
+                });
+                // A command that panicked is answered as failed, and the asks after it run:
+                // taken, they are no other gateway's to run.
+                std::panic::catch_unwind(run).unwrap_or_else(|_| {
+                    tracing::error!(pool = %name, "a forwarded command panicked here: its host is told it failed");
+                    crate::forwarding::failed()
+                })
             };
             let answered = gw.answer(&ask, &answer);
             drop(kept);
