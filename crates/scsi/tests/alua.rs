@@ -308,10 +308,8 @@ fn pr_out(sa: u8, kind: u8, key: u64, sa_key: u64) -> (Vec<u8>, Vec<u8>) {
 /// refused there, and an owner that does not answer makes the host try again.
 #[test]
 fn a_standby_port_whose_reservations_are_the_owners_has_the_owner_run_them() {
-    let owner = Arc::new(lun(TwoGateways::new(
-        AccessState::ActiveOptimized,
-        AccessState::ActiveOptimized,
-    )));
+    let owner_ports = TwoGateways::new(AccessState::ActiveOptimized, AccessState::ActiveOptimized);
+    let owner = Arc::new(lun(owner_ports.clone()));
     let to_owner = ToOwner::new(&owner);
     let g = TwoGateways::new(AccessState::Standby, AccessState::ActiveOptimized);
     let standby = lun(g.clone())
@@ -371,6 +369,20 @@ fn a_standby_port_whose_reservations_are_the_owners_has_the_owner_run_them() {
         sense_of(&owner.execute_forwarded(&n2, &write10(0), &[0; 512])),
         Some((0x5, 0x20, 0))
     );
+    // An owner whose port is no longer active (it gave the LUN up meanwhile, or doubts its
+    // lease) runs nothing forwarded: the host sends it again, to the next owner.
+    owner_ports
+        .state
+        .store(AccessState::Transitioning.code(), Ordering::SeqCst);
+    let (cdb, p) = pr_out(0, 0, 0, 0x3333);
+    assert_eq!(sense_of(&owner.execute_forwarded(&nexus(3), &cdb, &p)), TRANSITIONING);
+    owner_ports.state.store(AccessState::Standby.code(), Ordering::SeqCst);
+    assert_eq!(sense_of(&owner.execute_forwarded(&nexus(3), &cdb, &p)), TRANSITIONING);
+    owner_ports
+        .state
+        .store(AccessState::ActiveOptimized.code(), Ordering::SeqCst);
+    let keys = owner.execute_for(&n1, &read_keys, &[]).data.to_vec();
+    assert_eq!(&keys[4..8], &16u32.to_be_bytes(), "a key was registered: {keys:?}");
     // Once the port is active it runs them itself.
     g.state.store(AccessState::ActiveOptimized.code(), Ordering::SeqCst);
     let before = to_owner.forwarded.load(Ordering::SeqCst);
