@@ -25,12 +25,12 @@
 //!
 //! - A notice is `<prefix>/notice/<what>/<id>`, on the telling gateway's lease, for every
 //!   other gateway watching: the owner tells the standby gateways of unit attentions its
-//!   logical units raised. Nobody takes a notice; each gateway writes its notices about a
-//!   thing in turn to one of 64 keys of its own, so that they take no more room however
-//!   many it sends, and go with its lease. A gateway whose watch ended (etcd went away, or it rejoined)
+//!   logical units raised. Nobody takes a notice; each gateway writes its notices in turn
+//!   to one of 64 keys of its own for the thing each is about, so that they take no more
+//!   room however many it sends, and go with its lease. A gateway whose watch ended (etcd went away, or it rejoined)
 //!   watches again from the last revision it saw, so that it misses none that
 //!   etcd still has the history of; past a compaction, it reads those still kept (the
-//!   latest 64 of each gateway alive about each thing).
+//!   latest in each of those keys of each gateway alive).
 //!
 //! etcd is the gateways' trusted channel already (whoever may write there may take a pool):
 //! an ask is run as from the initiator port it names.
@@ -262,24 +262,37 @@ impl Courier {
         let mut stream = None;
         while tokio::time::Instant::now() < until {
             // Opening the stream renews the lease once.
-            if stream.is_none() {
-                match tokio::time::timeout(ASKING_AT_MOST, client.lease_keep_alive(ask.lease)).await {
-                    Ok(Ok(s)) => stream = Some(s),
+            let renewed = match stream.as_mut() {
+                None => match tokio::time::timeout(ASKING_AT_MOST, client.lease_keep_alive(ask.lease)).await {
+                    Ok(Ok(s)) => {
+                        stream = Some(s);
+                        true
+                    }
                     Ok(Err(e)) if e.to_string().contains("lease not found") => return,
-                    _ => {}
+                    _ => false,
+                },
+                Some((keeper, answers)) => {
+                    let renewal = async {
+                        keeper.keep_alive().await?;
+                        answers.message().await
+                    };
+                    match tokio::time::timeout(ASKING_AT_MOST, renewal).await {
+                        Ok(Ok(Some(a))) if a.ttl() <= 0 => return,
+                        Ok(Ok(Some(_))) => true,
+                        _ => {
+                            stream = None;
+                            false
+                        }
+                    }
                 }
-            } else if let Some((keeper, answers)) = stream.as_mut() {
-                let renewed = async {
-                    keeper.keep_alive().await?;
-                    answers.message().await
-                };
-                match tokio::time::timeout(ASKING_AT_MOST, renewed).await {
-                    Ok(Ok(Some(a))) if a.ttl() <= 0 => return,
-                    Ok(Ok(Some(_))) => {}
-                    _ => stream = None,
-                }
-            }
-            tokio::time::sleep(every).await;
+            };
+            // A renewal that failed is tried again soon (through another member), not a
+            // quarter lease later: the asker looks once its lease would have lapsed.
+            tokio::time::sleep(match renewed {
+                true => every,
+                false => Duration::from_millis(250),
+            })
+            .await;
         }
     }
 
@@ -369,18 +382,27 @@ async fn ask_and_wait(
 ) -> Result<Option<Vec<u8>>> {
     let last = lapses - Duration::from_secs(1);
     let on_lease = || Some(PutOptions::new().with_lease(lease));
-    // The answer's key first: an owner takes only an ask whose asker still waits.
-    let placed = client.put(answer, Vec::new(), on_lease()).await?;
-    // From the revision after that put: ahead of etcd's newest only until the ask's put
-    // below, which writes it (see `NoticesComing::watch_after_seen`; an ask whose put failed
-    // gets no answer, and its watch ends for the reads below). A watch from a revision
-    // written would start behind, and hear an answer only at etcd's next catching up of
-    // such watches (every 100 ms).
-    let after = placed.header().map(|h| h.revision() + 1).unwrap_or(0);
-    let mut events =
-        Some(crate::watching::watch(client, answer, Some(WatchOptions::new().with_start_revision(after))).await?);
-    // Refused or not, the put may have been applied.
-    let _ = client.put(ask, request, on_lease()).await;
+    // The steps before the waits end with the lease too (a stalled member): an ask put
+    // that late finds too little of its lease left to be run (`Ask::lasts_for`).
+    let placing = async {
+        // The answer's key first: an owner takes only an ask whose asker still waits.
+        let placed = client.put(answer, Vec::new(), on_lease()).await?;
+        // From the revision after that put: ahead of etcd's newest only until the ask's put
+        // below, which writes it (see `NoticesComing::watch_after_seen`; an ask whose put
+        // failed gets no answer, and its watch ends for the reads below). A watch from a
+        // revision written would start behind, and hear an answer only at etcd's next
+        // catching up of such watches (every 100 ms).
+        let after = placed.header().map(|h| h.revision() + 1).unwrap_or(0);
+        let events =
+            crate::watching::watch(client, answer, Some(WatchOptions::new().with_start_revision(after))).await?;
+        // Refused or not, the put may have been applied.
+        let _ = client.put(ask, request, on_lease()).await;
+        Ok::<_, crate::OwnershipError>(events)
+    };
+    let mut events = match tokio::time::timeout_at(last, placing).await {
+        Ok(placed) => Some(placed?),
+        Err(_) => return Ok(None),
+    };
     let first = tokio::time::Instant::now() + wait;
     if let Some(a) = answer_within(client, answer, &mut events, first.min(last)).await {
         return Ok(Some(a));
@@ -392,8 +414,9 @@ async fn ask_and_wait(
         let now = tokio::time::Instant::now();
         if now >= last {
             // Not known: the ask may still be taken until its lease lapses, and an owner
-            // that takes it then finds too little of it left to run it (`Ask::lasts_for`).
-            return Ok(None);
+            // that takes it then finds too little of it left to run it (`Ask::lasts_for`);
+            // one that took it and runs it keeps its lease alive, as below.
+            break;
         }
         match tokio::time::timeout_at(last.min(now + WITHDRAWING), client.delete(ask, None)).await {
             Ok(Ok(d)) if d.deleted() > 0 => return Ok(None),
@@ -411,22 +434,32 @@ async fn ask_and_wait(
     // for until the lease is no longer renewed: a lease that lives longer than this asker's
     // clock says has been renewed (by the owner, or given its whole time again by a newly
     // elected leader: then waited for until it lapses all the same).
-    let mut last = last;
+    let (mut last, mut lapses) = (last, lapses);
     loop {
         if let Some(a) = answer_within(client, answer, &mut events, last).await {
             return Ok(Some(a));
         }
-        let unrenewed_left = lapses.saturating_duration_since(tokio::time::Instant::now());
-        let renewed = match tokio::time::timeout(ASKING_AT_MOST, client.lease_time_to_live(lease, None)).await {
-            // Up to `ASKING_AT_MOST` and a second of rounding later than `lapses`, unrenewed.
-            Ok(Ok(t)) if t.ttl() > 0 => Some(Duration::from_secs(t.ttl() as u64))
-                .filter(|&left| left > unrenewed_left + ASKING_AT_MOST + Duration::from_secs(1)),
-            _ => None,
+        // How long the lease lives, as etcd says: asked again while etcd fails (a leader
+        // being elected), the answer listened for meanwhile, until the lease surely lapsed
+        // unrenewed (up to `ASKING_AT_MOST` and a second of rounding past `lapses`).
+        let surely_lapsed = lapses + ASKING_AT_MOST + Duration::from_secs(1);
+        let left = loop {
+            match tokio::time::timeout(ASKING_AT_MOST, client.lease_time_to_live(lease, None)).await {
+                Ok(Ok(t)) => break Duration::from_secs(t.ttl().max(0) as u64),
+                _ if tokio::time::Instant::now() < surely_lapsed => {
+                    let pause = tokio::time::Instant::now() + Duration::from_millis(200);
+                    if let Some(a) = answer_within(client, answer, &mut events, pause).await {
+                        return Ok(Some(a));
+                    }
+                }
+                _ => break Duration::ZERO,
+            }
         };
-        match renewed {
-            Some(left) => last = tokio::time::Instant::now() + left - Duration::from_secs(1),
-            None => return Ok(None),
+        let now = tokio::time::Instant::now();
+        if left <= surely_lapsed.saturating_duration_since(now) {
+            return Ok(None);
         }
+        (last, lapses) = (now + left - Duration::from_secs(1), now + left);
     }
 }
 

@@ -641,7 +641,9 @@ async fn an_ask_the_owner_runs_long_is_waited_for_while_the_owner_keeps_it_alive
     let owner = Gateway::join(&ep, &p, "gw-a", 3).await.unwrap();
     let standby = Gateway::join(&ep, &p, "gw-b", 3).await.unwrap();
     let (a, b) = (owner.courier(), standby.courier());
-    let wait = Duration::from_secs(2);
+    // Long enough for a loaded machine: the owner renews four times a lease, and the asker
+    // looks once the lease would have lapsed unrenewed.
+    let wait = Duration::from_secs(4);
     let lifetime = tessera_ownership::courier::ask_lifetime(wait);
     let asked = |what: &'static [u8]| {
         let b = b.clone();

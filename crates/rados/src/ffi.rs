@@ -36,7 +36,7 @@ extern "C" {
 
     pub fn rados_ioctx_create(cluster: rados_t, pool_name: *const c_char, ioctx: *mut rados_ioctx_t) -> c_int;
     pub fn rados_ioctx_destroy(io: rados_ioctx_t);
-    pub fn rados_pool_reverse_lookup(cluster: rados_t, id: i64, buf: *mut c_char, maxlen: size_t) -> c_int;
+    pub fn rados_ioctx_pool_requires_alignment2(io: rados_ioctx_t, req: *mut c_int) -> c_int;
     pub fn rados_read(io: rados_ioctx_t, oid: *const c_char, buf: *mut c_char, len: size_t, off: u64) -> c_int;
     pub fn rados_stat(io: rados_ioctx_t, oid: *const c_char, psize: *mut u64, pmtime: *mut time_t) -> c_int;
     pub fn rados_getxattr(

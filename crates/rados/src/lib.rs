@@ -81,20 +81,33 @@ pub(crate) fn cstr(what: &str, s: &str) -> Result<CString> {
 
 /// The error of a call on `on` through `io` that failed with `errno`: an `ENOENT` is the
 /// pool's ([`RadosError::PoolGone`]) where this client's map of the cluster no longer holds
-/// the pool `io` was opened on (pool ids are never reused), the object's otherwise.
+/// the pool `io` was opened on (pool ids are never reused; librados decided the pool was
+/// gone from that very map), the object's where it does. Looked up in the map this client
+/// has, without waiting for a newer one: called on librados' completion thread too.
 pub(crate) fn io_error(io: rados_ioctx_t, op: &str, on: &str, errno: libc::c_int) -> RadosError {
     if errno == libc::ENOENT {
-        // SAFETY: an open context (the caller's); both calls only read what it holds.
-        let (pool_id, cluster) = unsafe { (rados_ioctx_get_id(io), rados_ioctx_get_cluster(io)) };
-        let mut name = [0 as libc::c_char; 512];
-        // SAFETY: the cluster handle of an open context, and a buffer of `name.len()` bytes.
-        let rc = unsafe { rados_pool_reverse_lookup(cluster, pool_id, name.as_mut_ptr(), name.len()) };
-        if rc == -libc::ENOENT {
-            return RadosError::PoolGone {
-                op: op.to_string(),
-                on: on.to_string(),
-                pool_id,
-            };
+        let mut aligned: libc::c_int = 0;
+        // SAFETY: an open context (the caller's) and an out-pointer we own.
+        let rc = unsafe { rados_ioctx_pool_requires_alignment2(io, &mut aligned) };
+        match rc {
+            0 => {}
+            r if r == -libc::ENOENT => {
+                return RadosError::PoolGone {
+                    op: op.to_string(),
+                    on: on.to_string(),
+                    // SAFETY: an open context; only reads what it holds.
+                    pool_id: unsafe { rados_ioctx_get_id(io) },
+                };
+            }
+            // Not known whether the object or the pool is missing (the client shut down):
+            // an error, never an object never written.
+            r => {
+                return RadosError::Call {
+                    op: format!("{op} (missing, and its pool could not be looked up)"),
+                    on: on.to_string(),
+                    errno: -r,
+                }
+            }
         }
     }
     RadosError::Call {

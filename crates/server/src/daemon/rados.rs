@@ -898,7 +898,7 @@ impl Daemon {
             match answered {
                 Ok(true) => {}
                 Ok(false) => {
-                    warn!(pool = %name, "a standby gateway gave up waiting for a command it forwarded, which ran here: its host sends it again")
+                    warn!(pool = %name, "a standby gateway no longer waits for a command it forwarded, which ran here: it gave up (its host sends the command again), or it had the answer from a try that etcd applied late")
                 }
                 Err(e) => {
                     warn!(pool = %name, error = %e, "cannot answer a command a standby gateway forwarded: it tells its host to try again")
