@@ -27,8 +27,9 @@
 //!   other gateway watching: the owner tells the standby gateways of unit attentions its
 //!   logical units raised. Nobody takes a notice; each gateway writes its notices in turn
 //!   to one of 64 keys of its own for the thing each is about, so that they take no more
-//!   room however many it sends, and go with its lease. A gateway whose watch ended (etcd went away, or it rejoined)
-//!   watches again from the last revision it saw, so that it misses none that
+//!   room however many it sends, and go with its lease. A gateway whose watch ended (etcd
+//!   went away, or it rejoined) watches again from the last revision it saw, so that it
+//!   misses none that
 //!   etcd still has the history of; past a compaction, it reads those still kept (the
 //!   latest in each of those keys of each gateway alive).
 //!
