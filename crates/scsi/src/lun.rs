@@ -366,9 +366,15 @@ impl Lun {
         if !self.state_at_owner || !forwardable(cmd.op) || self.alua.local_state() != AccessState::Standby {
             return None;
         }
+        // Held while the owner runs it, as a command run here holds it: a LUN reset here
+        // waits for it (SAM: a reset ends the tasks of every nexus before it completes).
+        let answered = {
+            let _fence = self.fence.read();
+            f.forward(&self.naa, nexus, cdb, data)
+        };
         // No answer in time (the owner stalled, or is being replaced): the host tries again,
         // and finds this port or another active by then.
-        let Some(r) = f.forward(&self.naa, nexus, cdb, data) else {
+        let Some(r) = answered else {
             return Some(self.respond(Err(sense::ALUA_TRANSITION)));
         };
         // A MODE SELECT the owner took holds here at once (the next reading of the owner's
@@ -789,6 +795,12 @@ impl Lun {
         };
         if wants_aptpl && self.pr_store.is_none() {
             return self.respond(Err(sense::INVALID_FIELD_IN_PARAMETER_LIST));
+        }
+        // Reservations that gateways keep in turn change only while this port is active:
+        // given up while the command waited for those in flight (a handover), nothing is
+        // changed or saved here, and the host sends it again, to the next owner.
+        if self.pr_shared && !self.alua.local_state().active() {
+            return self.respond(Err(sense::ALUA_TRANSITION));
         }
         let before = r.pr.clone();
         let mut notices = Vec::new();

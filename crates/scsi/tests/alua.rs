@@ -453,6 +453,93 @@ fn unit_attentions_the_owner_raises_reach_the_hosts_on_standby_paths() {
     assert_eq!(raised[0].1, [(PortId::of(&n2), Sense::new(0x6, 0x2A, 0x03))]);
 }
 
+/// An owner that holds a forwarded command until told to answer it.
+struct HeldOwner {
+    started: std::sync::Mutex<std::sync::mpsc::Sender<()>>,
+    release: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
+}
+
+impl OwnerForwarding for HeldOwner {
+    fn forward(&self, _: &[u8; 16], _: &Nexus, _: &[u8], _: &[u8]) -> Option<Response> {
+        self.started.lock().unwrap().send(()).unwrap();
+        self.release.lock().unwrap().recv().ok()?;
+        Some(Response {
+            status: sense::GOOD,
+            data: Default::default(),
+            sense: Vec::new(),
+        })
+    }
+}
+
+/// SAM: a LUN reset completes once the tasks of every nexus have ended. At a standby port,
+/// a reservation command another host forwarded to the owner is such a task: the reset
+/// waits for the owner's answer.
+#[test]
+fn a_lun_reset_at_a_standby_port_waits_for_the_commands_it_forwarded() {
+    let (started, forwarding) = std::sync::mpsc::channel();
+    let (release, held) = std::sync::mpsc::channel();
+    let owner = Arc::new(HeldOwner {
+        started: std::sync::Mutex::new(started),
+        release: std::sync::Mutex::new(held),
+    });
+    let standby = Arc::new(
+        lun(TwoGateways::new(AccessState::Standby, AccessState::ActiveOptimized))
+            .with_state_at_owner()
+            .with_owner_forwarding(owner),
+    );
+    let host = std::thread::spawn({
+        let standby = standby.clone();
+        move || {
+            let (cdb, p) = pr_out(0, 0, 0, 0x2222);
+            standby.execute_for(&nexus(2), &cdb, &p).status
+        }
+    });
+    forwarding.recv().unwrap();
+    let (reset_done, done) = std::sync::mpsc::channel();
+    let reset = std::thread::spawn({
+        let standby = standby.clone();
+        move || {
+            standby.wait_for_commands();
+            reset_done.send(()).unwrap();
+        }
+    });
+    assert!(
+        done.recv_timeout(std::time::Duration::from_millis(300)).is_err(),
+        "the reset ended while a forwarded command still ran at the owner"
+    );
+    release.send(()).unwrap();
+    done.recv_timeout(std::time::Duration::from_secs(10))
+        .expect("the reset waits on after the owner answered");
+    assert_eq!(host.join().unwrap(), sense::GOOD);
+    reset.join().unwrap();
+}
+
+/// Reservations that gateways keep in turn change only while the port is active: at an
+/// owner whose port is no longer active (a handover under way), a host's PERSISTENT
+/// RESERVE OUT is answered with a transition, and nothing is changed or saved; the host
+/// sends it again, to the next owner.
+#[test]
+fn shared_reservations_change_only_while_the_port_is_active() {
+    let ports = TwoGateways::new(AccessState::Standby, AccessState::ActiveOptimized);
+    let saves = Arc::new(AtomicUsize::new(0));
+    let counted = saves.clone();
+    let kept: tessera_scsi::PrStore = Box::new(move |_| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    });
+    let l = lun(ports.clone()).with_shared_reservations(PrState::default(), kept);
+    let n = nexus(1);
+    let read_keys = [0x5E, 0, 0, 0, 0, 0, 0, 0x10, 0, 0];
+    let (cdb, p) = pr_out(0, 0, 0, 0x1111);
+    assert_eq!(sense_of(&l.execute_for(&n, &cdb, &p)), TRANSITIONING);
+    assert_eq!(saves.load(Ordering::SeqCst), 0);
+    ports.state.store(AccessState::ActiveOptimized.code(), Ordering::SeqCst);
+    assert_eq!(&l.execute_for(&n, &read_keys, &[]).data[4..8], &[0, 0, 0, 0]);
+    assert_eq!(l.execute_for(&n, &cdb, &p).status, 0);
+    assert_eq!(saves.load(Ordering::SeqCst), 1);
+    assert_eq!(&l.execute_for(&n, &read_keys, &[]).data[4..8], &[0, 0, 0, 8]);
+}
+
 /// SPC-4 5.16.2.4.4: a standby port serves MODE SELECT too. Where the mode settings are the
 /// owner's, the owner runs it and keeps the result; the standby port takes the new settings
 /// at once, and every other nexus on either port is told MODE PARAMETERS CHANGED, the one
