@@ -31,20 +31,6 @@ const MAX_DATA: usize = 1 << 16;
 /// The most sense data a command's answer carries (SPC-4 4.5.1).
 const MAX_SENSE: usize = 252;
 
-impl Answered {
-    /// Whether a host may be given this as a command's outcome: a status a persistent
-    /// reservation or MODE SELECT command ends with, sense data where (and only as much as)
-    /// SCSI has it, and no more data than asked for at most.
-    fn sound(&self) -> bool {
-        let status = match self.status {
-            sense::GOOD | sense::RESERVATION_CONFLICT | sense::TASK_SET_FULL => self.sense.is_empty(),
-            sense::CHECK_CONDITION => !self.sense.is_empty(),
-            _ => false,
-        };
-        status && self.sense.len() <= MAX_SENSE && self.data.len() <= MAX_DATA
-    }
-}
-
 /// A command a standby port received, as the owner runs it.
 #[derive(Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -67,6 +53,20 @@ struct Answered {
     data: Vec<u8>,
 }
 
+impl Answered {
+    /// Whether a host may be given this as a command's outcome: a status a persistent
+    /// reservation or MODE SELECT command ends with, sense data where (and only as much as)
+    /// SCSI has it, and no more data than asked for at most.
+    fn sound(&self) -> bool {
+        let status = match self.status {
+            sense::GOOD | sense::RESERVATION_CONFLICT | sense::TASK_SET_FULL => self.sense.is_empty(),
+            sense::CHECK_CONDITION => !self.sense.is_empty(),
+            _ => false,
+        };
+        status && self.sense.len() <= MAX_SENSE && self.data.len() <= MAX_DATA
+    }
+}
+
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
@@ -87,11 +87,7 @@ struct PoolForwarding {
 impl OwnerForwarding for PoolForwarding {
     fn forward(&self, naa: &[u8; 16], nexus: &Nexus, cdb: &[u8], data: &[u8]) -> Option<Response> {
         if data.len() > MAX_DATA {
-            return Some(Response {
-                status: sense::CHECK_CONDITION,
-                data: Data::default(),
-                sense: sense::PARAMETER_LIST_LENGTH_ERROR.encode(false),
-            });
+            return Some(check_condition(sense::PARAMETER_LIST_LENGTH_ERROR));
         }
         let request = Forwarded {
             naa: hex(naa),
@@ -120,11 +116,7 @@ fn response_to_host(pool: &str, answer: &[u8]) -> Response {
         },
         _ => {
             warn!(pool = %pool, "the owner's answer to a forwarded command cannot be read: the host is told the command failed (it may have run at the owner)");
-            Response {
-                status: sense::CHECK_CONDITION,
-                data: Data::default(),
-                sense: sense::INTERNAL_TARGET_FAILURE.encode(false),
-            }
+            check_condition(sense::INTERNAL_TARGET_FAILURE)
         }
     }
 }
@@ -173,11 +165,16 @@ fn answer(r: Response) -> Vec<u8> {
 }
 
 fn check(s: sense::Sense) -> Vec<u8> {
-    answer(Response {
+    answer(check_condition(s))
+}
+
+/// CHECK CONDITION with sense `s` (fixed format), as a port answers its host.
+fn check_condition(s: sense::Sense) -> Response {
+    Response {
         status: sense::CHECK_CONDITION,
         data: Data::default(),
         sense: s.encode(false),
-    })
+    }
 }
 
 /// Runs at the owner a command that a standby port of one of `luns` (the LUNs presented
@@ -191,7 +188,7 @@ pub fn run_forwarded(luns: &[Arc<Lun>], admits: &dyn Fn(&Lun, &str) -> bool, req
         Ok(f) if f.data.len() <= MAX_DATA && tessera_scsi::is_iscsi_name(&f.initiator) => f,
         _ => {
             warn!("a command forwarded by a standby gateway cannot be read: refused");
-            return check(sense::INTERNAL_TARGET_FAILURE);
+            return failed();
         }
     };
     let Some(lun) = luns.iter().find(|l| !is_standby(l) && hex(l.naa()) == f.naa) else {
@@ -363,9 +360,6 @@ mod tests {
         assert_eq!((a.status, a.sense.len()), (0, 0));
     }
 
-    /// What the owner sends of the unit attentions it raised reaches the standby LUN of that
-    /// logical unit only, for the sessions of the initiator port named only; a notice that
-    /// names something other than a unit attention, or cannot be read, changes nothing.
     /// An owner's answer is passed to the host as it is, fields a later owner may add
     /// passed over; one that cannot be read, or holds what no SCSI answer holds, is a
     /// command that may have run: INTERNAL TARGET FAILURE, never a transition the host
@@ -408,6 +402,9 @@ mod tests {
         }
     }
 
+    /// What the owner sends of the unit attentions it raised reaches the standby LUN of that
+    /// logical unit only, for the sessions of the initiator port named only; a notice that
+    /// names something other than a unit attention, or cannot be read, changes nothing.
     #[test]
     fn unit_attentions_an_owner_sent_reach_the_sessions_of_the_port_named_at_the_standby_lun() {
         use crate::standby::{standby_lun, tests::unit, PoolPorts};
