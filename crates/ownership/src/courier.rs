@@ -157,19 +157,23 @@ impl Courier {
     /// first, each taken as it is returned: deleted in etcd, so that it runs once, here. One
     /// read finds them all, however many things are owned. An ask without a lease (written
     /// by hand) is no gateway's and is left alone.
-    pub async fn take_asks(&self, of: impl Fn(&str) -> bool) -> Result<Vec<Ask>> {
+    ///
+    /// Each call to etcd ends `within` from now: the asks taken until then are returned, not
+    /// lost with a whole taking cut short (their askers would wait their lifetime out).
+    pub async fn take_asks(&self, of: impl Fn(&str) -> bool, within: Duration) -> Result<Vec<Ask>> {
+        let until = tokio::time::Instant::now() + within;
+        let late = || crate::OwnershipError::new(format!("etcd did not answer within {} ms", within.as_millis()));
         let from = format!("{}/ask/", self.prefix);
         let mut client = self.client.clone();
-        let found = client
-            .get(
-                from.as_str(),
-                Some(
-                    GetOptions::new()
-                        .with_prefix()
-                        .with_sort(etcd_client::SortTarget::Create, etcd_client::SortOrder::Ascend),
-                ),
-            )
-            .await?;
+        let finding = client.get(
+            from.as_str(),
+            Some(
+                GetOptions::new()
+                    .with_prefix()
+                    .with_sort(etcd_client::SortTarget::Create, etcd_client::SortOrder::Ascend),
+            ),
+        );
+        let found = tokio::time::timeout_at(until, finding).await.map_err(|_| late())??;
         let mut taken = Vec::new();
         for kv in found.kvs().iter().filter(|kv| kv.lease() != 0) {
             let Some((what, id)) = kv
@@ -196,19 +200,24 @@ impl Courier {
                 .and_then([TxnOp::delete(kv.key(), None)]);
             // The asks taken so far are returned whatever becomes of this one: they are no
             // longer in etcd for anyone else to run, and their askers wait.
-            let took = match client.txn(take).await {
-                Ok(r) => r.succeeded(),
-                Err(e) if taken.is_empty() => return Err(e.into()),
-                Err(_) => break,
+            // One cut short may have landed: that ask is then lost (its asker waits its
+            // lifetime out), never run twice.
+            let took = match tokio::time::timeout_at(until, client.txn(take)).await {
+                Ok(Ok(r)) => r.succeeded(),
+                Ok(Err(e)) if taken.is_empty() => return Err(e.into()),
+                Err(_) if taken.is_empty() => return Err(late()),
+                Ok(Err(_)) | Err(_) => break,
             };
             if took {
-                // After the taking: the time left is what the owner has from now on.
-                let (lasts_for, granted) = match client.lease_time_to_live(kv.lease(), None).await {
-                    Ok(t) => (
+                // After the taking: the time left is what the owner has from now on. Unknown,
+                // it is none, and the ask is answered "not run" (its host tries again).
+                let reading = client.lease_time_to_live(kv.lease(), None);
+                let (lasts_for, granted) = match tokio::time::timeout_at(until, reading).await {
+                    Ok(Ok(t)) => (
                         Duration::from_secs(t.ttl().max(0) as u64),
                         Duration::from_secs(t.granted_ttl().max(0) as u64),
                     ),
-                    Err(_) => (Duration::ZERO, Duration::ZERO),
+                    Ok(Err(_)) | Err(_) => (Duration::ZERO, Duration::ZERO),
                 };
                 taken.push(Ask {
                     what: what.to_string(),
@@ -229,7 +238,9 @@ impl Courier {
                     ])
                     .and_then([TxnOp::delete(kv.key(), None)]);
                 // Best effort: the asks taken so far are returned whatever becomes of it.
-                let _ = client.txn(orphan).await;
+                if tokio::time::timeout_at(until, client.txn(orphan)).await.is_err() {
+                    break;
+                }
             }
         }
         Ok(taken)

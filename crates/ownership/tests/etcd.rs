@@ -458,7 +458,7 @@ async fn keys_under(ep: &[String], prefix: &str) -> i64 {
 /// The asks for `what` that `courier` takes, once there are some.
 async fn taken_once_asked(courier: &tessera_ownership::Courier, what: &str) -> Vec<tessera_ownership::Ask> {
     loop {
-        let t = courier.take_asks(|w| w == what).await.unwrap();
+        let t = courier.take_asks(|w| w == what, Duration::from_secs(5)).await.unwrap();
         if !t.is_empty() {
             return t;
         }
@@ -489,7 +489,11 @@ async fn a_gateway_asks_the_owner_through_etcd_and_each_ask_runs_once() {
             while ran.len() < 2 {
                 let mut coming = a.watch_asks().await.unwrap();
                 for (who, courier) in [("a", &a), ("c", &c)] {
-                    for ask in courier.take_asks(|w| w == "pool.tank").await.unwrap() {
+                    for ask in courier
+                        .take_asks(|w| w == "pool.tank", Duration::from_secs(5))
+                        .await
+                        .unwrap()
+                    {
                         let mut answer = ask.request.clone();
                         answer.extend_from_slice(b" done");
                         assert!(courier.answer(&ask, &answer).await.unwrap());
@@ -526,7 +530,11 @@ async fn a_gateway_asks_the_owner_through_etcd_and_each_ask_runs_once() {
     });
     let mut taken = Vec::new();
     while taken.len() < 2 {
-        taken.extend(a.take_asks(|w| w == "pool.tank" || w == "pool.other").await.unwrap());
+        taken.extend(
+            a.take_asks(|w| w == "pool.tank" || w == "pool.other", Duration::from_secs(5))
+                .await
+                .unwrap(),
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let mut whats: Vec<&str> = taken.iter().map(|ask| ask.what.as_str()).collect();
@@ -551,7 +559,10 @@ async fn a_gateway_asks_the_owner_through_etcd_and_each_ask_runs_once() {
     );
     assert!(started.elapsed() < Duration::from_secs(5));
     assert!(
-        a.take_asks(|w| w == "pool.tank").await.unwrap().is_empty(),
+        a.take_asks(|w| w == "pool.tank", Duration::from_secs(5))
+            .await
+            .unwrap()
+            .is_empty(),
         "a given-up ask was left to run"
     );
     // Taken, then given up before the answer came: the late answer leaves nothing behind.
@@ -587,7 +598,10 @@ async fn a_gateway_asks_the_owner_through_etcd_and_each_ask_runs_once() {
     let on_lease = etcd_client::PutOptions::new().with_lease(standby.lease());
     raw.put(late.as_str(), "late", Some(on_lease)).await.unwrap();
     assert!(
-        a.take_asks(|w| w == "pool.tank").await.unwrap().is_empty(),
+        a.take_asks(|w| w == "pool.tank", Duration::from_secs(5))
+            .await
+            .unwrap()
+            .is_empty(),
         "an ask nobody waits for was taken"
     );
     assert_eq!(keys_under(&ep, &format!("{p}/ask/")).await, 0, "the orphan ask stayed");
@@ -615,7 +629,10 @@ async fn a_gateway_asks_the_owner_through_etcd_and_each_ask_runs_once() {
     asking.abort();
     tokio::time::sleep(tessera_ownership::courier::ask_lifetime(wait) + Duration::from_secs(2)).await;
     assert!(
-        a.take_asks(|w| w == "pool.tank").await.unwrap().is_empty(),
+        a.take_asks(|w| w == "pool.tank", Duration::from_secs(5))
+            .await
+            .unwrap()
+            .is_empty(),
         "an ask outlived its asker's waits"
     );
     assert_eq!(
@@ -699,10 +716,87 @@ async fn an_ask_the_owner_runs_long_is_waited_for_while_the_owner_keeps_it_alive
         .await
         .unwrap();
     assert!(
-        a.take_asks(|w| w == "pool.tank").await.unwrap().is_empty(),
+        a.take_asks(|w| w == "pool.tank", Duration::from_secs(5))
+            .await
+            .unwrap()
+            .is_empty(),
         "an ask answered already was taken again"
     );
     raw.lease_revoke(lease).await.unwrap();
+    standby.leave().await.unwrap();
+    owner.leave().await.unwrap();
+}
+
+/// A taking that runs out of time returns the asks it took until then, to be run and
+/// answered: they are gone from etcd for anyone else, and their askers would otherwise wait
+/// their lifetime out. At most the one being taken when time ran out is lost, and none
+/// runs twice.
+#[tokio::test]
+async fn a_taking_cut_short_returns_the_asks_it_took() {
+    let t = "a_taking_cut_short_returns_the_asks_it_took";
+    let Some(ep) = endpoints(t) else { return };
+    let p = prefix(t);
+    let owner = Gateway::join(&ep, &p, "gw-a", 3).await.unwrap();
+    let standby = Gateway::join(&ep, &p, "gw-b", 3).await.unwrap();
+    let (a, b) = (owner.courier(), standby.courier());
+    const ASKS: usize = 60;
+    let asking: Vec<_> = (0..ASKS)
+        .map(|i| {
+            let b = b.clone();
+            tokio::spawn(async move {
+                b.ask("pool.tank", format!("ask {i}").as_bytes(), Duration::from_secs(10))
+                    .await
+            })
+        })
+        .collect();
+    let waiting = format!("{p}/ask/");
+    while keys_under(&ep, &waiting).await < ASKS as i64 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // Takings given little time, a little more each: some run out partway.
+    let (mut ran, mut cut, mut cut_after_taking) = (Vec::new(), 0, 0);
+    let mut within = Duration::from_millis(2);
+    while keys_under(&ep, &waiting).await > 0 {
+        let taking = a.take_asks(|w| w == "pool.tank", within).await;
+        let left = keys_under(&ep, &waiting).await;
+        if taking.is_err() || left > 0 {
+            cut += 1;
+        }
+        for ask in taking.unwrap_or_default() {
+            if left > 0 {
+                cut_after_taking += 1;
+            }
+            assert!(a.answer(&ask, &ask.request).await.unwrap(), "an asker gave up");
+            ran.push(ask.request);
+        }
+        within += Duration::from_millis(2);
+        assert!(within < Duration::from_secs(3), "the asks were never all taken");
+    }
+    let mut answered = 0;
+    for asked in asking {
+        if asked.await.unwrap().unwrap().is_some() {
+            answered += 1;
+        }
+    }
+    let mut once = ran.clone();
+    once.sort();
+    once.dedup();
+    assert_eq!(once.len(), ran.len(), "an ask ran twice");
+    assert_eq!(
+        answered,
+        ran.len(),
+        "an ask taken was not answered, or one answered was not taken"
+    );
+    assert!(
+        ASKS - answered <= cut,
+        "{} asks lost in {cut} takings cut short: those taken before the time ran out were dropped",
+        ASKS - answered
+    );
+    assert!(
+        cut_after_taking > 0,
+        "no taking ran out of time after taking some asks: the test did not test"
+    );
     standby.leave().await.unwrap();
     owner.leave().await.unwrap();
 }

@@ -686,7 +686,8 @@ mod real {
             let keys: HashMap<String, &String> = owned.iter().map(|n| (owner_key(n), n)).collect();
             let asks = self
                 .rt
-                .block_on(within_courier_time(courier.take_asks(|what| keys.contains_key(what))))?;
+                .block_on(courier.take_asks(|what| keys.contains_key(what), COURIER_AT_MOST))
+                .map_err(|e| e.to_string())?;
             Ok(asks.into_iter().map(|a| (keys[a.what.as_str()].clone(), a)).collect())
         }
 
