@@ -29,7 +29,7 @@ pub use backend::{
 pub use cdb::{io_op, transfer_length};
 pub use commands::{is_read, lookup, Command, COMMANDS};
 pub use data::Data;
-pub use lun::{naa_of, Lun, ModeState, ModeStore, OwnerForwarding, PrStore, Response};
+pub use lun::{naa_of, Lun, ModeState, ModeStore, OwnerAnswer, OwnerForwarding, PrStore, Response};
 pub use nexus::{LunScope, Nexus, Scope};
 pub use opcodes::{cdb_len, REPORT_LUNS};
 pub use planned::{PlannedRead, PlannedWrite, ReadStart, WriteStart};

@@ -174,7 +174,17 @@ pub struct Lun {
 pub trait OwnerForwarding: Send + Sync {
     /// Runs `cdb` (with `data` out) at the owner of the logical unit of designator `naa`,
     /// as from `nexus`'s initiator port; None when no answer came in time.
-    fn forward(&self, naa: &[u8; 16], nexus: &Nexus, cdb: &[u8], data: &[u8]) -> Option<Response>;
+    fn forward(&self, naa: &[u8; 16], nexus: &Nexus, cdb: &[u8], data: &[u8]) -> Option<OwnerAnswer>;
+}
+
+/// What the owner answered a command a standby port forwarded
+/// ([`Lun::execute_forwarded`]).
+pub struct OwnerAnswer {
+    pub response: Response,
+    /// The mode settings at the owner once a MODE SELECT it ran took effect: the standby
+    /// port takes them rather than work them out again from its own copy, which may lag.
+    /// None for any other command (or from an owner that does not say).
+    pub mode: Option<ModeState>,
 }
 
 /// Whether a standby port passes command `op` to the owner: the commands SPC-4 has a port
@@ -374,13 +384,16 @@ impl Lun {
         };
         // No answer in time (the owner stalled, or is being replaced): the host tries again,
         // and finds this port or another active by then.
-        let Some(r) = answered else {
+        let Some(answer) = answered else {
             return Some(self.respond(Err(sense::ALUA_TRANSITION)));
         };
         // A MODE SELECT the owner took holds here at once (the next reading of the owner's
-        // records agrees): the other nexuses here are told, not the one that sent it.
+        // records agrees): the other nexuses here are told, not the one that sent it. The
+        // settings are the owner's; worked out here only from an owner that does not say.
+        let r = answer.response;
         if r.status == sense::GOOD && matches!(cmd.op, MODE_SELECT_6 | MODE_SELECT_10) {
-            if let Ok(Some(next)) = self.mode_selected(cdb, data) {
+            let next = answer.mode.or_else(|| self.mode_selected(cdb, data).ok().flatten());
+            if let Some(next) = next {
                 self.take_mode(next, Some(nexus.id));
             }
         }
@@ -394,7 +407,16 @@ impl Lun {
     /// attentions of that nexus are the standby port's to report: none is reported here,
     /// and the nexus is not kept; what the command tells the nexuses kept here (REGISTRATIONS
     /// PREEMPTED, say) reaches them as from any other nexus.
-    pub fn execute_forwarded(&self, nexus: &Nexus, cdb: &[u8], data: &[u8]) -> Response {
+    pub fn execute_forwarded(&self, nexus: &Nexus, cdb: &[u8], data: &[u8]) -> OwnerAnswer {
+        let response = self.run_forwarded(nexus, cdb, data);
+        // Read once it took effect: a MODE SELECT of another nexus meanwhile only makes them
+        // newer, and the standby port shows the owner's settings all the same.
+        let mode_select = matches!(cdb.first(), Some(&MODE_SELECT_6 | &MODE_SELECT_10));
+        let mode = (mode_select && response.status == sense::GOOD).then(|| self.mode());
+        OwnerAnswer { response, mode }
+    }
+
+    fn run_forwarded(&self, nexus: &Nexus, cdb: &[u8], data: &[u8]) -> Response {
         let cmd = match command_of(cdb) {
             Ok(cmd) => cmd,
             Err(s) => return self.respond(Err(s)),

@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tessera_scsi::{
-    sense, AccessState, Lun, Nexus, OwnerForwarding, PortGroup, PortGroups, PortId, PrState, RamBackend, Response,
-    Sense,
+    sense, AccessState, Lun, Nexus, OwnerAnswer, OwnerForwarding, PortGroup, PortGroups, PortId, PrState, RamBackend,
+    Response, Sense,
 };
 
 const MIB: u64 = 1 << 20;
@@ -284,7 +284,7 @@ impl ToOwner {
 }
 
 impl OwnerForwarding for ToOwner {
-    fn forward(&self, naa: &[u8; 16], nexus: &Nexus, cdb: &[u8], data: &[u8]) -> Option<Response> {
+    fn forward(&self, naa: &[u8; 16], nexus: &Nexus, cdb: &[u8], data: &[u8]) -> Option<OwnerAnswer> {
         assert_eq!(naa, self.owner.naa(), "forwarded for the same logical unit");
         self.forwarded.fetch_add(1, Ordering::SeqCst);
         if self.away.load(Ordering::SeqCst) {
@@ -366,7 +366,7 @@ fn a_standby_port_whose_reservations_are_the_owners_has_the_owner_run_them() {
     assert_eq!(sense_of(&owner.execute_for(&n1, &write10(0), &[0; 512])), None);
     // The owner runs nothing but reservations for a standby port.
     assert_eq!(
-        sense_of(&owner.execute_forwarded(&n2, &write10(0), &[0; 512])),
+        sense_of(&owner.execute_forwarded(&n2, &write10(0), &[0; 512]).response),
         Some((0x5, 0x20, 0))
     );
     // An owner whose port is no longer active (it gave the LUN up meanwhile, or doubts its
@@ -375,9 +375,15 @@ fn a_standby_port_whose_reservations_are_the_owners_has_the_owner_run_them() {
         .state
         .store(AccessState::Transitioning.code(), Ordering::SeqCst);
     let (cdb, p) = pr_out(0, 0, 0, 0x3333);
-    assert_eq!(sense_of(&owner.execute_forwarded(&nexus(3), &cdb, &p)), TRANSITIONING);
+    assert_eq!(
+        sense_of(&owner.execute_forwarded(&nexus(3), &cdb, &p).response),
+        TRANSITIONING
+    );
     owner_ports.state.store(AccessState::Standby.code(), Ordering::SeqCst);
-    assert_eq!(sense_of(&owner.execute_forwarded(&nexus(3), &cdb, &p)), TRANSITIONING);
+    assert_eq!(
+        sense_of(&owner.execute_forwarded(&nexus(3), &cdb, &p).response),
+        TRANSITIONING
+    );
     owner_ports
         .state
         .store(AccessState::ActiveOptimized.code(), Ordering::SeqCst);
@@ -460,14 +466,15 @@ struct HeldOwner {
 }
 
 impl OwnerForwarding for HeldOwner {
-    fn forward(&self, _: &[u8; 16], _: &Nexus, _: &[u8], _: &[u8]) -> Option<Response> {
+    fn forward(&self, _: &[u8; 16], _: &Nexus, _: &[u8], _: &[u8]) -> Option<OwnerAnswer> {
         self.started.lock().unwrap().send(()).unwrap();
         self.release.lock().unwrap().recv().ok()?;
-        Some(Response {
+        let response = Response {
             status: sense::GOOD,
             data: Default::default(),
             sense: Vec::new(),
-        })
+        };
+        Some(OwnerAnswer { response, mode: None })
     }
 }
 
@@ -616,4 +623,29 @@ fn a_standby_port_has_the_owner_run_mode_select_and_takes_its_settings() {
     standby.mode_changed_elsewhere(kept.lock().unwrap()[0]);
     assert_eq!(sense_of(&standby.execute_for(&n2, &caching, &[])), None);
     assert_eq!(sense_of(&standby.execute_for(&n3, &caching, &[])), None);
+
+    // Host 1 turns the write cache back on at the owner, which the standby port has not read
+    // yet. A MODE SELECT of another page through the standby port then leaves it with the
+    // owner's settings, not with its own copy's changed.
+    let mut on = off.clone();
+    on[4 + 2] |= 0x04;
+    assert_eq!(owner.execute_for(&n1, &select, &on).status, 0);
+    assert!(
+        wce(&owner, &n1) && !wce(&standby, &n2),
+        "the standby port heard already"
+    );
+    let control = [0x1A, 0x08, 0x0A, 0, 255, 0];
+    let page = standby.execute_for(&n2, &control, &[]).data.to_vec();
+    let mut d_sense = vec![0u8; 4];
+    d_sense.extend_from_slice(&page[4..]);
+    d_sense[4 + 2] |= 0x04;
+    let select_control = [0x15, 0x10, 0, 0, d_sense.len() as u8, 0];
+    assert_eq!(standby.execute_for(&n2, &select_control, &d_sense).status, 0);
+    assert!(owner.mode().d_sense && standby.mode().d_sense);
+    assert!(
+        standby.mode().wce,
+        "the standby port worked the settings out from its own copy: {:?}, the owner has {:?}",
+        standby.mode(),
+        owner.mode()
+    );
 }

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tessera_scsi::{sense, Data, Lun, Nexus, OwnerForwarding, PortId, Response, Sense};
+use tessera_scsi::{sense, Data, Lun, ModeState, Nexus, OwnerAnswer, OwnerForwarding, PortId, Response, Sense};
 use tracing::warn;
 
 use crate::rados_pools::Membership;
@@ -51,6 +51,9 @@ struct Answered {
     status: u8,
     sense: Vec<u8>,
     data: Vec<u8>,
+    /// The owner's mode settings after a MODE SELECT it ran ([`OwnerAnswer::mode`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    mode: Option<ModeState>,
 }
 
 impl Answered {
@@ -85,9 +88,12 @@ struct PoolForwarding {
 }
 
 impl OwnerForwarding for PoolForwarding {
-    fn forward(&self, naa: &[u8; 16], nexus: &Nexus, cdb: &[u8], data: &[u8]) -> Option<Response> {
+    fn forward(&self, naa: &[u8; 16], nexus: &Nexus, cdb: &[u8], data: &[u8]) -> Option<OwnerAnswer> {
         if data.len() > MAX_DATA {
-            return Some(check_condition(sense::PARAMETER_LIST_LENGTH_ERROR));
+            return Some(OwnerAnswer {
+                response: check_condition(sense::PARAMETER_LIST_LENGTH_ERROR),
+                mode: None,
+            });
         }
         let request = Forwarded {
             naa: hex(naa),
@@ -107,16 +113,22 @@ impl OwnerForwarding for PoolForwarding {
 /// run, or not: INTERNAL TARGET FAILURE, which the host reports, rather than an ALUA
 /// transition, which it would send again, and which a command that ran (a REGISTER) then
 /// meets as a RESERVATION CONFLICT.
-fn response_to_host(pool: &str, answer: &[u8]) -> Response {
+fn response_to_host(pool: &str, answer: &[u8]) -> OwnerAnswer {
     match serde_json::from_slice::<Answered>(answer) {
-        Ok(a) if a.sound() => Response {
-            status: a.status,
-            data: a.data.into(),
-            sense: a.sense,
+        Ok(a) if a.sound() => OwnerAnswer {
+            response: Response {
+                status: a.status,
+                data: a.data.into(),
+                sense: a.sense,
+            },
+            mode: a.mode,
         },
         _ => {
             warn!(pool = %pool, "the owner's answer to a forwarded command cannot be read: the host is told the command failed (it may have run at the owner)");
-            check_condition(sense::INTERNAL_TARGET_FAILURE)
+            OwnerAnswer {
+                response: check_condition(sense::INTERNAL_TARGET_FAILURE),
+                mode: None,
+            }
         }
     }
 }
@@ -155,17 +167,22 @@ pub fn failed() -> Vec<u8> {
     check(sense::INTERNAL_TARGET_FAILURE)
 }
 
-fn answer(r: Response) -> Vec<u8> {
+fn answer(a: OwnerAnswer) -> Vec<u8> {
+    let r = a.response;
     serde_json::to_vec(&Answered {
         status: r.status,
         sense: r.sense,
         data: r.data.to_vec(),
+        mode: a.mode,
     })
     .expect("plain data")
 }
 
 fn check(s: sense::Sense) -> Vec<u8> {
-    answer(check_condition(s))
+    answer(OwnerAnswer {
+        response: check_condition(s),
+        mode: None,
+    })
 }
 
 /// CHECK CONDITION with sense `s` (fixed format), as a port answers its host.
@@ -308,7 +325,7 @@ mod tests {
         p[8..16].copy_from_slice(&0x2222u64.to_be_bytes());
         let register = [0x5F, 0, 0, 0, 0, 0, 0, 0, 24, 0];
         let a = answered(&run_forwarded(&luns, &any, &request(two.naa(), host, &register, &p)));
-        assert_eq!((a.status, a.sense.len()), (0, 0));
+        assert_eq!((a.status, a.sense.len(), a.mode), (0, 0, None));
         let read_keys = [0x5E, 0, 0, 0, 0, 0, 0, 0x10, 0, 0];
         let keys = |l: &Lun| l.execute(&read_keys, &[]).data.to_vec();
         assert_eq!(&keys(&two)[4..16], &[0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0x22, 0x22]);
@@ -358,6 +375,16 @@ mod tests {
             &request(two.naa(), host, &read_keys, &[]),
         ));
         assert_eq!((a.status, a.sense.len()), (0, 0));
+
+        // A MODE SELECT (the write cache turned off) comes back with the settings it made.
+        let caching = two.execute(&[0x1A, 0x08, 0x08, 0, 255, 0], &[]).data.to_vec();
+        let mut off = vec![0u8; 4];
+        off.extend_from_slice(&caching[4..]);
+        off[4 + 2] &= !0x04;
+        let select = [0x15, 0x10, 0, 0, off.len() as u8, 0];
+        let a = answered(&run_forwarded(&luns, &any, &request(two.naa(), host, &select, &off)));
+        assert_eq!((a.status, a.mode.map(|m| m.wce)), (0, Some(false)));
+        assert!(!two.mode().wce);
     }
 
     /// An owner's answer is passed to the host as it is, fields a later owner may add
@@ -368,18 +395,28 @@ mod tests {
     fn an_answer_that_cannot_be_read_fails_the_command_rather_than_have_it_sent_again() {
         let conflict = response_to_host("tank", br#"{"status": 24, "sense": [], "data": [], "later": 1}"#);
         assert_eq!(
-            (conflict.status, conflict.sense.len()),
-            (sense::RESERVATION_CONFLICT, 0)
+            (conflict.response.status, conflict.response.sense.len(), conflict.mode),
+            (sense::RESERVATION_CONFLICT, 0, None)
         );
+        let off = ModeState {
+            wce: false,
+            ..ModeState::default()
+        };
         let good = response_to_host(
             "tank",
-            &answer(Response {
-                status: sense::GOOD,
-                data: vec![1, 2, 3].into(),
-                sense: Vec::new(),
+            &answer(OwnerAnswer {
+                response: Response {
+                    status: sense::GOOD,
+                    data: vec![1, 2, 3].into(),
+                    sense: Vec::new(),
+                },
+                mode: Some(off),
             }),
         );
-        assert_eq!((good.status, good.data.to_vec()), (sense::GOOD, vec![1, 2, 3]));
+        assert_eq!(
+            (good.response.status, good.response.data.to_vec(), good.mode),
+            (sense::GOOD, vec![1, 2, 3], Some(off))
+        );
         let failed = check(sense::INTERNAL_TARGET_FAILURE);
         let failed = serde_json::from_slice::<Answered>(&failed).unwrap();
         let huge_sense = format!(r#"{{"status": 2, "sense": {:?}, "data": []}}"#, vec![0x70u8; 300]);
@@ -392,7 +429,7 @@ mod tests {
             huge_sense.as_bytes(),
             huge_data.as_bytes(),
         ] {
-            let r = response_to_host("tank", bad);
+            let r = response_to_host("tank", bad).response;
             assert_eq!(
                 (r.status, &r.sense),
                 (failed.status, &failed.sense),
