@@ -31,6 +31,7 @@
 //! cluster's answer and the connection), and what was held behind it is sent from there.
 
 use std::collections::{BTreeSet, HashMap};
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -69,7 +70,50 @@ const FLYING_PER_OBJECT: usize = 2;
 const REMOVING: usize = 64;
 
 pub struct FencedDisk {
-    inner: Arc<Inner>,
+    inner: Arc<Handle>,
+}
+
+/// The disk's state as its users hold it (the disk, a connection's ring). Its owner is a
+/// plain pointer, not the state itself: dropping it then never makes a unique reference to
+/// the state while librados' threads may still use it through theirs (`DiskPtr`); it is
+/// freed once the last completion returned.
+struct Handle(NonNull<Inner>);
+
+// SAFETY: a Handle only owns its Inner, which is Send and Sync.
+unsafe impl Send for Handle {}
+unsafe impl Sync for Handle {}
+const _: () = {
+    const fn shareable<T: Send + Sync>() {}
+    shareable::<Inner>()
+};
+
+impl Handle {
+    fn new(inner: Inner) -> Handle {
+        Handle(NonNull::from(Box::leak(Box::new(inner))))
+    }
+}
+
+impl std::ops::Deref for Handle {
+    type Target = Inner;
+
+    fn deref(&self) -> &Inner {
+        // SAFETY: allocated in `new`, freed only when the Handle goes.
+        unsafe { self.0.as_ref() }
+    }
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        let inner: &Inner = self;
+        let _ = inner.flush();
+        // The last completions may still be returning: the context they ran for, and the
+        // state they settled, stay until they have.
+        while inner.callbacks.load(Ordering::Acquire) > 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // SAFETY: allocated in `new` by a Box, and no completion reaches it any more.
+        drop(unsafe { Box::from_raw(self.0.as_ptr()) });
+    }
 }
 
 struct Inner {
@@ -157,11 +201,22 @@ struct Held {
     started: Vec<Arc<Joint>>,
 }
 
+/// Takes a write's completion off the disk's count when dropped: the last thing the
+/// completion does with the disk.
+struct Returned(*const Inner);
+
+impl Drop for Returned {
+    fn drop(&mut self) {
+        // SAFETY: the disk waits for this count before it goes; nothing of it is used after.
+        unsafe { (*self.0).callbacks.fetch_sub(1, Ordering::AcqRel) };
+    }
+}
+
 /// The disk as a completion reaches it on librados' thread.
 #[derive(Clone, Copy)]
 struct DiskPtr(*const Inner);
-// SAFETY: Inner is Sync, and outlives every completion: it waits for its writes' when
-// dropped, and a read's caller keeps it until the read is completed.
+// SAFETY: Inner is Sync, and outlives every completion: its Handle waits for its writes'
+// when dropped, and a read's caller keeps the Handle until the read is completed.
 unsafe impl Send for DiskPtr {}
 
 impl Held {
@@ -264,7 +319,7 @@ impl FencedDisk {
                 _ => format!("cannot order its writes by the owner's epoch {epoch}: {e}"),
             },
         })?;
-        let inner = Arc::new(Inner {
+        let inner = Arc::new(Handle::new(Inner {
             behind: Mutex::new(Behind::default()),
             settled: Condvar::new(),
             callbacks: AtomicUsize::new(0),
@@ -275,7 +330,7 @@ impl FencedDisk {
             epoch,
             path,
             lease: LeaseClock::unbounded(),
-        });
+        }));
         Ok(FencedDisk { inner })
     }
 
@@ -283,9 +338,14 @@ impl FencedDisk {
     /// past its lease serves nothing from the instant it runs again, though its renewal task
     /// has not noticed yet and the cluster's blocklist may not have reached every OSD.
     pub fn under_lease(mut self, lease: LeaseClock) -> FencedDisk {
-        Arc::get_mut(&mut self.inner)
-            .expect("a disk just opened is not shared yet")
-            .lease = lease;
+        let handle = Arc::get_mut(&mut self.inner).expect("a disk just opened is not shared yet");
+        assert_eq!(
+            handle.callbacks.load(Ordering::Acquire),
+            0,
+            "a disk just opened has sent nothing"
+        );
+        // SAFETY: not shared, and no operation of it is on its way: nothing else can see it.
+        unsafe { handle.0.as_mut() }.lease = lease;
         self
     }
 
@@ -459,17 +519,6 @@ impl Drop for FencedDisk {
         // What was held is sent, and what was sent is applied (or refused), when the disk is
         // closed, even while a connection's ring still holds it for a read.
         let _ = self.inner.flush();
-    }
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        let _ = self.flush();
-        // The last completions may still be returning: the context they ran for, and the
-        // state they settled, stay until they have.
-        while self.callbacks.load(Ordering::Acquire) > 0 {
-            std::thread::sleep(Duration::from_millis(1));
-        }
     }
 }
 
@@ -680,16 +729,29 @@ impl Inner {
     /// # Safety
     /// `this` points to a disk that waits for this completion before it goes (`callbacks`).
     unsafe fn completed(this: *const Inner, t: Ticket, outcome: Result<(), RadosError>) {
-        {
-            // SAFETY: alive until the count is taken down below.
-            let disk = unsafe { &*this };
+        // Dropped last, even as a panic unwinds: the disk may go once the count is seen.
+        let _returned = Returned(this);
+        // SAFETY: alive until `_returned` takes the count down.
+        let disk = unsafe { &*this };
+        let settling = std::panic::AssertUnwindSafe(|| {
             let mut b = disk.behind.lock();
             disk.settle(&mut b, t, outcome);
-            disk.settled.notify_all();
+        });
+        if std::panic::catch_unwind(settling).is_err() {
+            // A fault here: what the disk keeps of its writes may be wrong from now on, so it
+            // vouches for nothing more (every flush fails), and this write's writers are
+            // told it failed rather than wait for it.
+            tracing::error!(disk = %disk.path, offset = t.offset, "settling a write panicked: the disk refuses every flush from now on");
+            let mut b = disk.behind.lock();
+            b.failed
+                .get_or_insert_with(|| (t.offset, t.len, "settling a write failed here".to_string()));
+            b.in_flight.remove(&t.seq);
+            let told = std::panic::AssertUnwindSafe(|| {
+                Self::tell(&mut b, t.tag, Err("settling the write failed here".to_string()))
+            });
+            let _ = std::panic::catch_unwind(told);
         }
-        // The last thing done with the disk: it may go once this is seen.
-        // SAFETY: as above; nothing of the disk is used after it.
-        unsafe { (*this).callbacks.fetch_sub(1, Ordering::AcqRel) };
+        disk.settled.notify_all();
     }
 
     /// Sends the writes held for `object` as one operation, which their writers wait on; if
@@ -867,7 +929,7 @@ struct Target(*mut u8);
 // SAFETY: the memory is the caller's until the read completes, and only the read touches it.
 unsafe impl Send for Target {}
 
-impl AsyncReader for Inner {
+impl AsyncReader for Handle {
     /// One read per object piece, each completed from librados' thread; a piece of an
     /// object never written, or past the end of a shorter one, reads as zeros, as in
     /// [`read_many`](Inner::read_many). What is held for those objects is sent first.
@@ -891,7 +953,7 @@ impl AsyncReader for Inner {
             let piece_at = unsafe { at.add(p.buf_off) };
             let target = Target(piece_at);
             let joint = joint.clone();
-            let disk = DiskPtr(self);
+            let disk = DiskPtr(&**self);
             let then = Box::new(move |got: Result<usize, RadosError>| {
                 let (target, disk) = (target, disk);
                 let filled = match got {
@@ -1063,7 +1125,7 @@ impl Inner {
     }
 }
 
-impl AsyncWriter for Inner {
+impl AsyncWriter for Handle {
     /// Writes, each piece started as [`write_at`](Inner::write_at) starts it and completed
     /// from librados' thread once applied. A write that finds more than [`MAX_BEHIND`] bytes
     /// unsettled, or that comes after the OSDs refused a write of this disk, is declined at
