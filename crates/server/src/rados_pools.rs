@@ -291,7 +291,8 @@ mod real {
 
     /// How long the owner's taking or answering of forwarded commands may take: a request
     /// that went to an etcd member that stalls would otherwise hold every later command up
-    /// for as long as it stalls. A taking cut short leaves the asks it took unrun; an
+    /// for as long as it stalls. A taking cut short runs the asks it took until then (each
+    /// call bounded, [`Courier::take_asks`]), and loses at most the one it was taking; an
     /// answer cut short may still land, or not, and then the asker tells its host to try
     /// again a command that ran (what a stalled etcd costs).
     const COURIER_AT_MOST: Duration = Duration::from_secs(5);
