@@ -1,0 +1,160 @@
+//! Connecting to a pool's Ceph cluster, and reading what it holds of a pool without owning it:
+//! its records and its label, checked before a taking.
+
+use std::sync::Arc;
+
+use tessera_ownership::rados_meta::{RadosMeta, VERSION_ATTR};
+use tessera_pool::{MetaStore, Pool};
+use tessera_rados::Cluster;
+
+use super::*;
+use crate::data_paths::{through, DataUse};
+
+/// Whether the metadata object of pool `name` is in `pool`: one a first batch made
+/// carries its version.
+pub(super) fn metadata_is_there(pool: &tessera_rados::Pool<'_>, name: &str) -> Result<bool, String> {
+    let version = pool
+        .xattr(&Placement::meta_object(name), VERSION_ATTR)
+        .map_err(|e| format!("cannot read the metadata of pool {name}: {e}"))?;
+    Ok(version.is_some())
+}
+
+/// Fails, saying why, if the opening of pool `name` would refuse its records or its
+/// label as the cluster holds them (its configuration record missing or unreadable, or
+/// naming no disk where `placement` says; its label wiped, or another pool's), or cannot
+/// read them now (a timeout). Checked before a
+/// taking, which fences the previous owner's connection off (a blocklist entry that
+/// lasts 30 days, and a new map for every OSD and client): a damaged pool tried again
+/// every 30 s would otherwise add thousands of entries a day, each for an opening that
+/// fails.
+pub(super) fn openable_records(cluster: &Arc<Cluster>, name: &str, placement: &Placement) -> Result<(), String> {
+    let pool = records_pool(cluster, placement)?;
+    // An opening refuses a disk without the pool's label too: wiped by a destruction
+    // that has not removed the records yet, say. Read here, through the handle the
+    // records are then read through, and judged after them.
+    let label = label_in(&pool, placement, name);
+    // Read only: the epoch is never written.
+    let records = MetaStore::on(RadosMeta::new(pool, &Placement::meta_object(name), 0));
+    let not_taken = "it is not taken until that is put right (each taking would fence a connection off for nothing)";
+    let config = Pool::recorded_config(&records)
+        .map_err(|e| format!("the records of pool {name} cannot be read: {e}; {not_taken}"))?;
+    let path = placement.disk_path(name);
+    if !config.disks.iter().any(|d| d.path == path) {
+        return Err(format!(
+            "the records of pool {name} name no disk {path} (they name {}): they are another pool's, or damaged; {not_taken}",
+            config.disks.iter().map(|d| d.path.as_str()).collect::<Vec<_>>().join(", ")
+        ));
+    }
+    match label.map_err(|e| format!("{e}; {not_taken}"))? {
+        Ok(l) if l.pool_id == config.id => Ok(()),
+        Ok(l) => Err(format!(
+            "the disk of pool {name} carries the label of another pool, '{}' ({}); {not_taken}",
+            l.pool_name, l.pool_id
+        )),
+        Err(tessera_disk::LabelError::Missing { .. }) => Err(format!(
+            "the label of pool {name} is gone: the pool was destroyed, or is being destroyed, at a gateway \
+             (which wipes the label before it removes the rest); {not_taken} ('tessera pool export {name}' \
+             forgets it here)"
+        )),
+        Err(e) => Err(format!("the label of pool {name} cannot be read ({e}); {not_taken}")),
+    }
+}
+
+/// The RADOS pool that `placement` puts pools in, through `cluster`.
+pub(super) fn records_pool(
+    cluster: &Arc<Cluster>,
+    placement: &Placement,
+) -> Result<tessera_rados::Pool<'static>, String> {
+    Cluster::shared_pool(cluster, &placement.rados_pool).map_err(|e| e.to_string())
+}
+
+/// The label of pool `name` as `pool` holds it (that of its disk), read without owning
+/// the pool: nothing is written. Err: the cluster did not answer.
+pub(super) fn label_in(
+    pool: &tessera_rados::Pool<'_>,
+    placement: &Placement,
+    name: &str,
+) -> Result<Result<tessera_disk::Label, tessera_disk::LabelError>, String> {
+    let oid = tessera_ownership::fenced_disk::object_name(&Placement::data_prefix(name), 0);
+    let mut block = vec![0u8; tessera_disk::LABEL_SIZE];
+    match pool.read(&oid, 0, &mut block) {
+        // Read as the disk reads it: what an object does not hold is zeros.
+        Ok(_) => {}
+        Err(e) if e.errno() == Some(libc::ENOENT) => {}
+        Err(e) => return Err(format!("cannot read the label of pool {name}: {e}")),
+    }
+    Ok(tessera_disk::Label::decode(&placement.disk_path(name), &block))
+}
+
+/// Seconds a call to the cluster may take before it fails instead of hanging (an OSD or
+/// monitor gone away).
+pub(super) const CLUSTER_TIMEOUT: &str = "30";
+
+/// A connection to a pool's cluster made when first needed, and only once.
+#[derive(Default)]
+pub(super) struct Link(Option<Arc<Cluster>>);
+
+impl Link {
+    pub(super) fn cluster(&mut self, placement: &Placement, paths: &DataPaths) -> Result<Arc<Cluster>, String> {
+        if let Some(c) = &self.0 {
+            return Ok(c.clone());
+        }
+        let c = connect(placement, paths)?;
+        self.0 = Some(c.clone());
+        Ok(c)
+    }
+}
+
+/// Connects to the cluster of `placement`. A configuration file other than the system's
+/// was named through the API: it is read through the file `paths` found and checked (no
+/// link swapped in between leads elsewhere), at every connection, so that a change of
+/// `data_paths` counts for pools made before it, and the files it names are vetted
+/// ([`DataPaths::vet_ceph_options`]) and kept so, whatever its monitors say.
+pub(super) fn connect(placement: &Placement, paths: &DataPaths) -> Result<Arc<Cluster>, String> {
+    let named = placement.ceph_conf != DEFAULT_CEPH_CONF;
+    let found = match named {
+        true => Some(paths.locate(Path::new(&placement.ceph_conf), DataUse::CephConf)?),
+        false => None,
+    };
+    let conf = match &found {
+        Some(f) => through(f).display().to_string(),
+        None => placement.ceph_conf.clone(),
+    };
+    // The connection too: Ceph's default has it wait 300 s for monitors that do not
+    // answer, and it is made in the tick, which would keep every other pool waiting.
+    let options = [
+        ("rados_osd_op_timeout", CLUSTER_TIMEOUT),
+        ("rados_mon_op_timeout", CLUSTER_TIMEOUT),
+        ("client_mount_timeout", CLUSTER_TIMEOUT),
+    ];
+    let client = &placement.client_name;
+    match named {
+        true => Cluster::connect_vetted(&conf, client, &options, |changed| {
+            let mut vetted = tessera_rados::Vetted::default();
+            for pin in paths.vet_ceph_options(&placement.ceph_conf, changed)? {
+                vetted.instead.push((pin.option.clone(), pin.value()));
+                vetted.keep.extend(pin.file);
+            }
+            Ok(vetted)
+        }),
+        false => Cluster::connect(&conf, client, &options),
+    }
+    .map_err(|e| {
+        format!(
+            "cannot connect to the Ceph cluster of {} as client.{}: {e}",
+            placement.ceph_conf, placement.client_name
+        )
+    })
+    .map(Arc::new)
+}
+
+/// The label on `disk`, pool `name`'s; Err if the cluster did not answer.
+pub(super) fn label_of(
+    name: &str,
+    disk: &dyn tessera_disk::BlockDevice,
+) -> Result<Result<tessera_disk::Label, tessera_disk::LabelError>, String> {
+    match tessera_disk::read_label(disk) {
+        Err(tessera_disk::LabelError::Disk(e)) => Err(format!("cannot read the label of pool {name}: {e}")),
+        found => Ok(found),
+    }
+}
