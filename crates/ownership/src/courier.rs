@@ -176,6 +176,14 @@ impl Courier {
         let found = tokio::time::timeout_at(until, finding).await.map_err(|_| late())??;
         let mut taken = Vec::new();
         for kv in found.kvs().iter().filter(|kv| kv.lease() != 0) {
+            // None started once the time is out: a call is sent before its bound is looked
+            // at, and a taking that lands after it was given up is an ask lost.
+            if tokio::time::Instant::now() >= until {
+                if taken.is_empty() {
+                    return Err(late());
+                }
+                break;
+            }
             let Some((what, id)) = kv
                 .key_str()
                 .ok()

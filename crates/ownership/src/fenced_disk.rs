@@ -724,7 +724,7 @@ impl Inner {
 
     /// An operation's completion, on librados' thread. Takes the disk by pointer, not as
     /// `&self`: a reference argument is assumed valid until the function returns, and the
-    /// disk may go as soon as the count below is seen.
+    /// disk may go as soon as the count is seen taken down (by `Returned`, dropped last).
     ///
     /// # Safety
     /// `this` points to a disk that waits for this completion before it goes (`callbacks`).
@@ -739,15 +739,20 @@ impl Inner {
         });
         if std::panic::catch_unwind(settling).is_err() {
             // A fault here: what the disk keeps of its writes may be wrong from now on, so it
-            // vouches for nothing more (every flush fails), and this write's writers are
-            // told it failed rather than wait for it.
+            // vouches for nothing more (every flush fails), and this write's writers waiting
+            // here are told it failed rather than wait for it (those started from a ring, if
+            // the panic came while they were told, when their completion is dropped).
             tracing::error!(disk = %disk.path, offset = t.offset, "settling a write panicked: the disk refuses every flush from now on");
             let mut b = disk.behind.lock();
             b.failed
                 .get_or_insert_with(|| (t.offset, t.len, "settling a write failed here".to_string()));
             b.in_flight.remove(&t.seq);
+            // The writes held behind it are failed too: sent, they would be vouched for by
+            // nothing, and their writers would wait for a count that may never come down.
             let told = std::panic::AssertUnwindSafe(|| {
-                Self::tell(&mut b, t.tag, Err("settling the write failed here".to_string()))
+                let why = "settling a write failed here".to_string();
+                Self::tell(&mut b, t.tag, Err(why.clone()));
+                Self::fail_held(&mut b, &why);
             });
             let _ = std::panic::catch_unwind(told);
         }
@@ -784,6 +789,21 @@ impl Inner {
             b.refused(|| refused_write(h.offset, h.bytes, &e), &e);
             Self::tell(b, h.tag, Err(describe(&e)));
             self.settled.notify_all();
+        }
+    }
+
+    /// Fails every write held back, unsent, with `why`.
+    fn fail_held(b: &mut Behind, why: &str) {
+        let held: Vec<(u64, Held)> = b.held.drain().collect();
+        for (_, h) in held {
+            b.bytes = b.bytes.saturating_sub(h.bytes);
+            let writers = Waiters {
+                left: h.writers,
+                outcome: None,
+                started: h.started,
+            };
+            b.waiting.insert(h.tag, writers);
+            Self::tell(b, h.tag, Err(why.to_string()));
         }
     }
 

@@ -739,27 +739,32 @@ async fn a_taking_cut_short_returns_the_asks_it_took() {
     let owner = Gateway::join(&ep, &p, "gw-a", 3).await.unwrap();
     let standby = Gateway::join(&ep, &p, "gw-b", 3).await.unwrap();
     let (a, b) = (owner.courier(), standby.courier());
+    let mut etcd = etcd_client::Client::connect(&ep, None).await.unwrap();
     const ASKS: usize = 60;
+    // Askers that wait long: however slow etcd is here, none gives up during the test.
     let asking: Vec<_> = (0..ASKS)
         .map(|i| {
             let b = b.clone();
             tokio::spawn(async move {
-                b.ask("pool.tank", format!("ask {i}").as_bytes(), Duration::from_secs(10))
+                b.ask("pool.tank", format!("ask {i}").as_bytes(), Duration::from_secs(60))
                     .await
             })
         })
         .collect();
     let waiting = format!("{p}/ask/");
-    while keys_under(&ep, &waiting).await < ASKS as i64 {
+    let placed_by = Instant::now() + Duration::from_secs(30);
+    while count_under(&mut etcd, &waiting).await < ASKS as i64 {
+        assert!(Instant::now() < placed_by, "the asks were not all placed");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
     // Takings given little time, a little more each: some run out partway.
     let (mut ran, mut cut, mut cut_after_taking) = (Vec::new(), 0, 0);
     let mut within = Duration::from_millis(2);
-    while keys_under(&ep, &waiting).await > 0 {
+    let mut takings = 0;
+    while count_under(&mut etcd, &waiting).await > 0 {
         let taking = a.take_asks(|w| w == "pool.tank", within).await;
-        let left = keys_under(&ep, &waiting).await;
+        let left = count_under(&mut etcd, &waiting).await;
         if taking.is_err() || left > 0 {
             cut += 1;
         }
@@ -771,27 +776,26 @@ async fn a_taking_cut_short_returns_the_asks_it_took() {
             ran.push(ask.request);
         }
         within += Duration::from_millis(2);
-        assert!(within < Duration::from_secs(3), "the asks were never all taken");
-    }
-    let mut answered = 0;
-    for asked in asking {
-        if asked.await.unwrap().unwrap().is_some() {
-            answered += 1;
-        }
+        takings += 1;
+        assert!(takings < 2000, "the asks were never all taken");
     }
     let mut once = ran.clone();
     once.sort();
     once.dedup();
     assert_eq!(once.len(), ran.len(), "an ask ran twice");
-    assert_eq!(
-        answered,
-        ran.len(),
-        "an ask taken was not answered, or one answered was not taken"
-    );
+    // Those taken have their answers; those lost would wait their minute out.
+    for (i, asked) in asking.into_iter().enumerate() {
+        let request = format!("ask {i}").into_bytes();
+        if ran.contains(&request) {
+            assert_eq!(asked.await.unwrap().unwrap(), Some(request));
+        } else {
+            asked.abort();
+        }
+    }
     assert!(
-        ASKS - answered <= cut,
+        ASKS - ran.len() <= cut,
         "{} asks lost in {cut} takings cut short: those taken before the time ran out were dropped",
-        ASKS - answered
+        ASKS - ran.len()
     );
     assert!(
         cut_after_taking > 0,
@@ -799,6 +803,12 @@ async fn a_taking_cut_short_returns_the_asks_it_took() {
     );
     standby.leave().await.unwrap();
     owner.leave().await.unwrap();
+}
+
+/// How many keys `etcd` holds under `prefix`.
+async fn count_under(etcd: &mut etcd_client::Client, prefix: &str) -> i64 {
+    let options = etcd_client::GetOptions::new().with_prefix().with_count_only();
+    etcd.get(prefix, Some(options)).await.unwrap().count()
 }
 
 /// The owner's notices reach every other gateway watching, not itself; they take at most

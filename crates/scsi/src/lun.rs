@@ -182,8 +182,8 @@ pub trait OwnerForwarding: Send + Sync {
 pub struct OwnerAnswer {
     pub response: Response,
     /// The mode settings at the owner once a MODE SELECT it ran took effect: the standby
-    /// port takes them rather than work them out again from its own copy, which may lag.
-    /// None for any other command (or from an owner that does not say).
+    /// port takes them rather than keep its own copy, which may lag behind a change made
+    /// at the owner. None for any other command (or from an owner that does not say).
     pub mode: Option<ModeState>,
 }
 
@@ -376,6 +376,7 @@ impl Lun {
         if !self.state_at_owner || !forwardable(cmd.op) || self.alua.local_state() != AccessState::Standby {
             return None;
         }
+        let before = self.mode();
         // Held while the owner runs it, as a command run here holds it: a LUN reset here
         // waits for it (SAM: a reset ends the tasks of every nexus before it completes).
         let answered = {
@@ -388,13 +389,18 @@ impl Lun {
             return Some(self.respond(Err(sense::ALUA_TRANSITION)));
         };
         // A MODE SELECT the owner took holds here at once (the next reading of the owner's
-        // records agrees): the other nexuses here are told, not the one that sent it. The
-        // settings are the owner's; worked out here only from an owner that does not say.
+        // records agrees). What the command itself changed, the other nexuses here are told
+        // of, not the one that sent it; what else the owner's settings differ by (a change
+        // made there that this port has not read yet), every nexus, that one too. Unless
+        // this port read the owner's settings meanwhile: they are newer than the answer's.
         let r = answer.response;
         if r.status == sense::GOOD && matches!(cmd.op, MODE_SELECT_6 | MODE_SELECT_10) {
-            let next = answer.mode.or_else(|| self.mode_selected(cdb, data).ok().flatten());
-            if let Some(next) = next {
-                self.take_mode(next, Some(nexus.id));
+            let read_meanwhile = self.mode() != before;
+            if let Ok(Some(own)) = self.mode_selected(cdb, data) {
+                self.take_mode(own, Some(nexus.id));
+            }
+            if let Some(owners) = answer.mode.filter(|_| !read_meanwhile) {
+                self.take_mode(owners, None);
             }
         }
         Some(r)

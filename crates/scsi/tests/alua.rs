@@ -101,8 +101,12 @@ fn nexus(id: u64) -> Nexus {
 }
 
 /// Sense key, ASC and ASCQ of a CHECK CONDITION (fixed format), None for GOOD.
+/// The sense key, ASC and ASCQ of a CHECK CONDITION, in fixed or descriptor format.
 fn sense_of(r: &tessera_scsi::Response) -> Option<(u8, u8, u8)> {
-    (r.status == sense::CHECK_CONDITION).then(|| (r.sense[2] & 0x0F, r.sense[12], r.sense[13]))
+    (r.status == sense::CHECK_CONDITION).then(|| match r.sense[0] & 0x7F {
+        0x72 | 0x73 => (r.sense[1] & 0x0F, r.sense[2], r.sense[3]),
+        _ => (r.sense[2] & 0x0F, r.sense[12], r.sense[13]),
+    })
 }
 
 fn write10(lba: u32) -> Vec<u8> {
@@ -271,6 +275,8 @@ struct ToOwner {
     owner: Arc<Lun>,
     away: std::sync::atomic::AtomicBool,
     forwarded: AtomicUsize,
+    /// Run once the owner ran the next command, before its answer reaches the standby port.
+    meanwhile: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
 impl ToOwner {
@@ -279,6 +285,7 @@ impl ToOwner {
             owner: owner.clone(),
             away: Default::default(),
             forwarded: AtomicUsize::new(0),
+            meanwhile: Mutex::new(None),
         })
     }
 }
@@ -290,7 +297,11 @@ impl OwnerForwarding for ToOwner {
         if self.away.load(Ordering::SeqCst) {
             return None;
         }
-        Some(self.owner.execute_forwarded(nexus, cdb, data))
+        let answer = self.owner.execute_forwarded(nexus, cdb, data);
+        if let Some(meanwhile) = self.meanwhile.lock().unwrap().take() {
+            meanwhile();
+        }
+        Some(answer)
     }
 }
 
@@ -570,9 +581,11 @@ fn a_standby_port_has_the_owner_run_mode_select_and_takes_its_settings() {
         .with_saved_mode(None, store),
     );
     let to_owner = ToOwner::new(&owner);
-    let standby = lun(TwoGateways::new(AccessState::Standby, AccessState::ActiveOptimized))
-        .with_state_at_owner()
-        .with_owner_forwarding(to_owner.clone());
+    let standby = Arc::new(
+        lun(TwoGateways::new(AccessState::Standby, AccessState::ActiveOptimized))
+            .with_state_at_owner()
+            .with_owner_forwarding(to_owner.clone()),
+    );
     let (n1, n2, n3) = (nexus(1), nexus(2), nexus(3));
     let inquiry = [0x12, 0, 0, 0, 36, 0];
     owner.execute_for(&n1, &inquiry, &[]);
@@ -647,5 +660,50 @@ fn a_standby_port_has_the_owner_run_mode_select_and_takes_its_settings() {
         "the standby port worked the settings out from its own copy: {:?}, the owner has {:?}",
         standby.mode(),
         owner.mode()
+    );
+    // Both hosts at the standby port are told: host 2 of the write cache host 1 changed.
+    let test_unit_ready = [0u8; 6];
+    for n in [&n2, &n3] {
+        assert_eq!(
+            sense_of(&standby.execute_for(n, &test_unit_ready, &[])),
+            Some((0x6, 0x2A, 0x01)),
+            "{} was not told MODE PARAMETERS CHANGED",
+            n.initiator
+        );
+        assert_eq!(
+            sense_of(&standby.execute_for(n, &test_unit_ready, &[])),
+            Some((0x2, 0x04, 0x0B)),
+            "told once, then standby"
+        );
+    }
+    // The standby port reads the owner's settings between the owner's running a MODE SELECT
+    // and its answer's coming back (host 1 changed them again meanwhile): the answer, older,
+    // is not taken over them.
+    *to_owner.meanwhile.lock().unwrap() = Some(Box::new({
+        let (owner, standby, n1) = (owner.clone(), standby.clone(), n1.clone());
+        let mut fixed = d_sense.clone();
+        fixed[4 + 2] &= !0x04;
+        move || {
+            // Host 1 hears first of the change host 2 made.
+            for _ in 0..16 {
+                if owner.execute_for(&n1, &[0u8; 6], &[]).status == 0 {
+                    break;
+                }
+            }
+            assert_eq!(owner.execute_for(&n1, &select_control, &fixed).status, 0);
+            standby.mode_changed_elsewhere(owner.mode());
+        }
+    }));
+    assert_eq!(standby.execute_for(&n2, &select, &off).status, 0);
+    let cache_off_fixed_sense = tessera_scsi::ModeState {
+        wce: false,
+        d_sense: false,
+        swp: false,
+    };
+    assert_eq!(owner.mode(), cache_off_fixed_sense);
+    assert_eq!(
+        standby.mode(),
+        owner.mode(),
+        "an answer older than what the standby port read was taken"
     );
 }

@@ -51,9 +51,20 @@ struct Answered {
     status: u8,
     sense: Vec<u8>,
     data: Vec<u8>,
-    /// The owner's mode settings after a MODE SELECT it ran ([`OwnerAnswer::mode`]).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// The owner's mode settings after a MODE SELECT it ran ([`OwnerAnswer::mode`]). Read
+    /// leniently: settings this gateway cannot read (a later owner's, say) are none, and
+    /// the standby port works them out itself, rather than fail a command that ran.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "mode_if_readable"
+    )]
     mode: Option<ModeState>,
+}
+
+fn mode_if_readable<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<ModeState>, D::Error> {
+    let value = Option::<serde_json::Value>::deserialize(d)?;
+    Ok(value.and_then(|v| serde_json::from_value(v).ok()))
 }
 
 impl Answered {
@@ -416,6 +427,15 @@ mod tests {
         assert_eq!(
             (good.response.status, good.response.data.to_vec(), good.mode),
             (sense::GOOD, vec![1, 2, 3], Some(off))
+        );
+        // Settings that cannot be read are none: the command's answer stands.
+        let unreadable_mode = response_to_host(
+            "tank",
+            br#"{"status": 0, "sense": [], "data": [], "mode": {"wce": "perhaps"}}"#,
+        );
+        assert_eq!(
+            (unreadable_mode.response.status, unreadable_mode.mode),
+            (sense::GOOD, None)
         );
         let failed = check(sense::INTERNAL_TARGET_FAILURE);
         let failed = serde_json::from_slice::<Answered>(&failed).unwrap();
