@@ -143,12 +143,7 @@ impl Daemon {
     fn hand_over(&self, gw: &crate::rados_pools::Membership, name: &str, to: &str, why: Handover) {
         {
             let _admin = self.admin.lock();
-            let Some((epoch, ports)) = self
-                .rados
-                .lock()
-                .get(name)
-                .and_then(|p| Some((p.owned.as_ref()?.epoch, p.ports.clone())))
-            else {
+            let Some((epoch, ports)) = self.owned_epoch_and_ports(name) else {
                 return;
             };
             let jobs = self.jobs.running_on(name);

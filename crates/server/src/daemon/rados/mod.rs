@@ -867,16 +867,19 @@ impl Daemon {
         }
     }
 
+    /// The epoch pool `name` is owned here at, and its target port groups; None unless it
+    /// is owned here.
+    fn owned_epoch_and_ports(&self, name: &str) -> Option<(i64, Arc<PoolPorts>)> {
+        let rados = self.rados.lock();
+        let p = rados.get(name)?;
+        Some((p.owned.as_ref()?.epoch, p.ports.clone()))
+    }
+
     fn reopen(&self, gw: &crate::rados_pools::Membership, name: &str, why: &str) {
         // Read before the administration waits on this: the cluster may be slow to answer now.
         let units = self.standby_units(name);
         let admin = self.admin.lock();
-        let Some((epoch, ports)) = self
-            .rados
-            .lock()
-            .get(name)
-            .and_then(|p| Some((p.owned.as_ref()?.epoch, p.ports.clone())))
-        else {
+        let Some((epoch, ports)) = self.owned_epoch_and_ports(name) else {
             return;
         };
         warn!(pool = %name, why, "this opening of the pool vouches for nothing more: opening it again");
