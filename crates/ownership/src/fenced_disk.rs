@@ -749,11 +749,11 @@ impl Inner {
             b.in_flight.remove(&t.seq);
             // The writes held behind it are failed too: sent, they would be vouched for by
             // nothing, and their writers would wait for a count that may never come down.
-            let told = std::panic::AssertUnwindSafe(|| {
-                let why = "settling a write failed here".to_string();
-                Self::tell(&mut b, t.tag, Err(why.clone()));
-                Self::fail_held(&mut b, &why);
-            });
+            // Each step on its own, so that one more fault does not skip the other.
+            let why = "settling a write failed here";
+            let held = std::panic::AssertUnwindSafe(|| Self::fail_held(&mut b, why));
+            let _ = std::panic::catch_unwind(held);
+            let told = std::panic::AssertUnwindSafe(|| Self::tell(&mut b, t.tag, Err(why.to_string())));
             let _ = std::panic::catch_unwind(told);
         }
         disk.settled.notify_all();
@@ -1211,6 +1211,28 @@ mod tests {
             tag: 0,
             writers: 0,
             started: Vec::new(),
+        }
+    }
+
+    /// Writes held back, failed (after a fault settling a write): gone from what is held
+    /// and counted, and their writers told why when they look.
+    #[test]
+    fn writes_held_back_and_failed_tell_their_writers() {
+        let mut b = Behind::default();
+        for (object, tag) in [(3, 7), (9, 8)] {
+            let mut h = held();
+            h.add(0, &[1; 4096]);
+            h.tag = tag;
+            h.writers = 1;
+            b.bytes += h.bytes;
+            b.held.insert(object, h);
+        }
+        Inner::fail_held(&mut b, "why");
+        assert!(b.held.is_empty());
+        assert_eq!(b.bytes, 0);
+        for tag in [7, 8] {
+            let w = &b.waiting[&tag];
+            assert_eq!((w.left, w.outcome.clone()), (1, Some(Err("why".to_string()))));
         }
     }
 

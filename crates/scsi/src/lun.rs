@@ -124,6 +124,11 @@ pub struct Lun {
     pub(crate) serial: String,
     pub(crate) read_only: bool,
     pub(crate) mode: Mutex<ModeState>,
+    /// How many times mode settings were taken here (changed here, or read from the
+    /// owner's records by a standby port, whether they differed or not). Changed only under
+    /// `mode`'s lock: a forwarded MODE SELECT learns by it whether settings were taken
+    /// while it was away.
+    mode_taken: AtomicU64,
     /// Where MODE SELECT saves the settings; None: they last as long as the LUN.
     pub(crate) mode_store: Option<ModeStore>,
     /// Writes hold it shared; COMPARE AND WRITE holds it exclusively, so that no write to the
@@ -245,6 +250,7 @@ impl Lun {
             serial,
             read_only,
             mode: Mutex::new(ModeState::default()),
+            mode_taken: AtomicU64::new(0),
             mode_store: None,
             atomic: Arc::new(RwLock::new(())),
             nexuses: Mutex::new(HashMap::new()),
@@ -376,7 +382,10 @@ impl Lun {
         if !self.state_at_owner || !forwardable(cmd.op) || self.alua.local_state() != AccessState::Standby {
             return None;
         }
-        let before = self.mode();
+        let taken_before = {
+            let _mode = self.mode.lock();
+            self.mode_taken.load(Ordering::Relaxed)
+        };
         // Held while the owner runs it, as a command run here holds it: a LUN reset here
         // waits for it (SAM: a reset ends the tasks of every nexus before it completes).
         let answered = {
@@ -388,22 +397,64 @@ impl Lun {
         let Some(answer) = answered else {
             return Some(self.respond(Err(sense::ALUA_TRANSITION)));
         };
-        // A MODE SELECT the owner took holds here at once (the next reading of the owner's
-        // records agrees). What the command itself changed, the other nexuses here are told
-        // of, not the one that sent it; what else the owner's settings differ by (a change
-        // made there that this port has not read yet), every nexus, that one too. Unless
-        // this port read the owner's settings meanwhile: they are newer than the answer's.
         let r = answer.response;
         if r.status == sense::GOOD && matches!(cmd.op, MODE_SELECT_6 | MODE_SELECT_10) {
-            let read_meanwhile = self.mode() != before;
-            if let Ok(Some(own)) = self.mode_selected(cdb, data) {
-                self.take_mode(own, Some(nexus.id));
-            }
-            if let Some(owners) = answer.mode.filter(|_| !read_meanwhile) {
-                self.take_mode(owners, None);
-            }
+            self.take_forwarded_mode(nexus, cdb, data, answer.mode, taken_before);
         }
         Some(r)
+    }
+
+    /// Takes here a MODE SELECT from `nexus` that the owner took, at once (the next reading
+    /// of the owner's records agrees): the owner's settings `owners`, unless settings were
+    /// taken here since it was forwarded (`taken_before`: an answer may be older than
+    /// them), or the owner did not say; the command's own change to the settings here then.
+    /// Each nexus is told MODE PARAMETERS CHANGED once: every other one if the settings
+    /// changed, the sender only if they differ from what its command alone makes of them
+    /// (a change made at the owner that this port had not read yet).
+    fn take_forwarded_mode(
+        &self,
+        nexus: &Nexus,
+        cdb: &[u8],
+        data: &[u8],
+        owners: Option<ModeState>,
+        taken_before: u64,
+    ) {
+        // The command's change is worked out from the settings it is then taken onto: again
+        // if others were taken in between (it reads them without the lock, which it takes).
+        for _ in 0..8 {
+            let seen = {
+                let _mode = self.mode.lock();
+                self.mode_taken.load(Ordering::Relaxed)
+            };
+            let own = self.mode_selected(cdb, data);
+            let mut mode = self.mode.lock();
+            let taken = self.mode_taken.load(Ordering::Relaxed);
+            if taken != seen {
+                continue;
+            }
+            let was = *mode;
+            // None: this port's copy would refuse it (the owner's, newer, did not).
+            let own = match own {
+                Ok(own) => Some(own.unwrap_or(was)),
+                Err(_) => None,
+            };
+            let next = match (owners, own) {
+                (Some(owners), _) if taken == taken_before => owners,
+                (_, Some(own)) => own,
+                // Nothing known better here: the next reading of the owner's records says.
+                (_, None) => return,
+            };
+            self.mode_taken.fetch_add(1, Ordering::Relaxed);
+            *mode = next;
+            drop(mode);
+            if next != was {
+                self.unit_attention(sense::MODE_PARAMETERS_CHANGED, Some(nexus.id));
+            }
+            if own.is_some_and(|own| own != next) {
+                self.unit_attention_where(sense::MODE_PARAMETERS_CHANGED, |n| n.id == nexus.id);
+            }
+            return;
+        }
     }
 
     /// Runs a PERSISTENT RESERVE IN or OUT, or a MODE SELECT, that a standby port of this
@@ -493,6 +544,7 @@ impl Lun {
     /// anything else it sends. Nothing happens when they are the settings already.
     pub(crate) fn take_mode(&self, m: ModeState, except: Option<u64>) {
         let mut mode = self.mode.lock();
+        self.mode_taken.fetch_add(1, Ordering::Relaxed);
         if *mode == m {
             return;
         }

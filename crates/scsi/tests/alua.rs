@@ -100,8 +100,8 @@ fn nexus(id: u64) -> Nexus {
     )
 }
 
-/// Sense key, ASC and ASCQ of a CHECK CONDITION (fixed format), None for GOOD.
-/// The sense key, ASC and ASCQ of a CHECK CONDITION, in fixed or descriptor format.
+/// The sense key, ASC and ASCQ of a CHECK CONDITION, in fixed or descriptor format; None for
+/// any other status.
 fn sense_of(r: &tessera_scsi::Response) -> Option<(u8, u8, u8)> {
     (r.status == sense::CHECK_CONDITION).then(|| match r.sense[0] & 0x7F {
         0x72 | 0x73 => (r.sense[1] & 0x0F, r.sense[2], r.sense[3]),
@@ -559,10 +559,12 @@ fn shared_reservations_change_only_while_the_port_is_active() {
 }
 
 /// SPC-4 5.16.2.4.4: a standby port serves MODE SELECT too. Where the mode settings are the
-/// owner's, the owner runs it and keeps the result; the standby port takes the new settings
-/// at once, and every other nexus on either port is told MODE PARAMETERS CHANGED, the one
-/// that sent it not. What the owner refuses is refused, unchanged, and an owner that does
-/// not answer makes the host try again.
+/// owner's, the owner runs it and keeps the result; the standby port takes the owner's new
+/// settings at once, and every other nexus on either port is told MODE PARAMETERS CHANGED,
+/// the one that sent it only of what its command did not change. What the owner refuses is
+/// refused, unchanged, and an owner that does not answer makes the host try again. An
+/// answer that comes back after the standby port read the owner's settings is not taken
+/// over them.
 #[test]
 fn a_standby_port_has_the_owner_run_mode_select_and_takes_its_settings() {
     let kept = Arc::new(Mutex::new(Vec::new()));
