@@ -451,8 +451,7 @@ async fn a_vdisk_handed_over_is_taken_by_the_gateway_it_is_handed_to() {
 /// How many keys etcd at `ep` holds under `prefix`.
 async fn keys_under(ep: &[String], prefix: &str) -> i64 {
     let mut client = etcd_client::Client::connect(ep, None).await.unwrap();
-    let options = etcd_client::GetOptions::new().with_prefix().with_count_only();
-    client.get(prefix, Some(options)).await.unwrap().count()
+    count_under(&mut client, prefix).await
 }
 
 /// The asks for `what` that `courier` takes, once there are some.

@@ -192,6 +192,13 @@ pub struct OwnerAnswer {
     pub mode: Option<ModeState>,
 }
 
+impl From<Response> for OwnerAnswer {
+    /// An answer that carries no mode settings.
+    fn from(response: Response) -> OwnerAnswer {
+        OwnerAnswer { response, mode: None }
+    }
+}
+
 /// Whether a standby port passes command `op` to the owner: the commands SPC-4 has a port
 /// in standby serve whose state is the owner's.
 fn forwardable(op: u8) -> bool {

@@ -485,7 +485,7 @@ impl OwnerForwarding for HeldOwner {
             data: Default::default(),
             sense: Vec::new(),
         };
-        Some(OwnerAnswer { response, mode: None })
+        Some(response.into())
     }
 }
 

@@ -101,10 +101,7 @@ struct PoolForwarding {
 impl OwnerForwarding for PoolForwarding {
     fn forward(&self, naa: &[u8; 16], nexus: &Nexus, cdb: &[u8], data: &[u8]) -> Option<OwnerAnswer> {
         if data.len() > MAX_DATA {
-            return Some(OwnerAnswer {
-                response: check_condition(sense::PARAMETER_LIST_LENGTH_ERROR),
-                mode: None,
-            });
+            return Some(check_condition(sense::PARAMETER_LIST_LENGTH_ERROR).into());
         }
         let request = Forwarded {
             naa: hex(naa),
@@ -136,10 +133,7 @@ fn response_to_host(pool: &str, answer: &[u8]) -> OwnerAnswer {
         },
         _ => {
             warn!(pool = %pool, "the owner's answer to a forwarded command cannot be read: the host is told the command failed (it may have run at the owner)");
-            OwnerAnswer {
-                response: check_condition(sense::INTERNAL_TARGET_FAILURE),
-                mode: None,
-            }
+            check_condition(sense::INTERNAL_TARGET_FAILURE).into()
         }
     }
 }
@@ -190,10 +184,7 @@ fn answer(a: OwnerAnswer) -> Vec<u8> {
 }
 
 fn check(s: sense::Sense) -> Vec<u8> {
-    answer(OwnerAnswer {
-        response: check_condition(s),
-        mode: None,
-    })
+    answer(check_condition(s).into())
 }
 
 /// CHECK CONDITION with sense `s` (fixed format), as a port answers its host.
