@@ -350,22 +350,9 @@ impl Daemon {
             .map(|(n, _)| n.clone())
             .collect();
         for name in due {
-            // Claimed for this try, as it is now: a removal before it may have taken minutes,
-            // during which this one may have been abandoned (and another destruction of a
-            // pool of the name begun), or be being abandoned.
-            let claimed = self.unfinished_destroys.lock().get_mut(&name).and_then(|u| {
-                (!u.trying && u.next <= Instant::now()).then(|| {
-                    u.trying = true;
-                    (u.placement.clone(), u.mark)
-                })
-            });
-            let Some((placement, mark)) = claimed else {
-                continue;
-            };
             // Released when this try ends, however it ends (a panic included).
-            let _claim = Claim {
-                daemon: self,
-                name: &name,
+            let Some((placement, mark, _claim)) = self.claim_try(&name) else {
+                continue;
             };
             // Ended, the event says so before the name is free.
             let ended = |name: &str| {
@@ -429,6 +416,20 @@ impl Daemon {
                 }
             }
         }
+    }
+
+    /// Claims pool `name`'s destruction for a try, as it is now: a removal before it may
+    /// have taken minutes, during which this one may have been abandoned (and another
+    /// destruction of a pool of the name begun), or be being abandoned. None unless it is
+    /// due and no other try, nor an abandonment, is on its way.
+    fn claim_try<'a>(&'a self, name: &'a str) -> Option<(Placement, DestroyMark, Claim<'a>)> {
+        let (placement, mark) = self.unfinished_destroys.lock().get_mut(name).and_then(|u| {
+            (!u.trying && u.next <= Instant::now()).then(|| {
+                u.trying = true;
+                (u.placement.clone(), u.mark)
+            })
+        })?;
+        Some((placement, mark, Claim { daemon: self, name }))
     }
 
     /// One attempt at finishing pool `name`'s destruction: the pool taken again (fencing off
@@ -613,5 +614,93 @@ mod tests {
         DestroyMark::clear(t.path()).unwrap();
         std::fs::write(t.path().join(DESTROYING_FILE), b"{").unwrap();
         assert!(DestroyMark::read(t.path()).unwrap_err().contains("is corrupt"));
+    }
+
+    fn daemon() -> (tempfile::TempDir, Daemon) {
+        let dir = tempfile::tempdir().unwrap();
+        let o = crate::config::Overrides {
+            state_dir: Some(dir.path().to_path_buf()),
+            ..Default::default()
+        };
+        let cfg = crate::config::ServerConfig::resolve(crate::config::parse_file("").unwrap(), o).unwrap();
+        let d = Daemon::start(cfg).unwrap();
+        (dir, d)
+    }
+
+    /// An administrator's abandonment and the finisher's tries never run at once: each is
+    /// answered "busy" (or skipped) while the other is on its way, a try that panics is
+    /// waited for as a failed one, and the abandonment, once free, clears the mark and
+    /// ends the destruction.
+    #[test]
+    fn an_abandonment_and_a_try_wait_for_each_other() {
+        let (_t, d) = daemon();
+        let name = "tank";
+        let e = d.abandon_destroy(name).unwrap_err();
+        assert_eq!(e.code, crate::error::code::NOT_FOUND, "{}", e.message);
+
+        // A destruction going on now (not cut short) cannot be abandoned.
+        d.destroying.lock().insert(name.to_string());
+        let e = d.abandon_destroy(name).unwrap_err();
+        assert_eq!(e.code, crate::error::code::BUSY, "{}", e.message);
+        assert!(e.message.contains("is being destroyed now"), "{}", e.message);
+        d.destroying.lock().remove(name);
+
+        let dir = d.pool_dir(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mark = DestroyMark {
+            pool_id: Uuid::new_v4(),
+            capacity: 64 << 20,
+            epoch: 7,
+        };
+        mark.write(&dir).unwrap();
+        let placement = Placement {
+            rados_pool: "rbd".to_string(),
+            ceph_conf: "/etc/ceph/ceph.conf".to_string(),
+            client_name: "admin".to_string(),
+        };
+        d.finish_later(name, placement, mark, Duration::ZERO, "cut short".to_string());
+
+        // A try on its way: no second try, and the abandonment is refused without touching
+        // the mark.
+        let (_, claimed_mark, claim) = d.claim_try(name).expect("a try is due");
+        assert_eq!(claimed_mark, mark);
+        assert!(d.claim_try(name).is_none(), "two tries at once");
+        let e = d.abandon_destroy(name).unwrap_err();
+        assert_eq!(e.code, crate::error::code::BUSY, "{}", e.message);
+        assert!(e.message.contains("a try to finish the destruction"), "{}", e.message);
+        assert_eq!(
+            DestroyMark::read(&dir).unwrap(),
+            Some(mark),
+            "a refused abandonment cleared the mark"
+        );
+        drop(claim);
+
+        // A try that panics: released, and tried again only after the wait of a failed one.
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _claim = d.claim_try(name).expect("a try is due again once the last one ended");
+            panic!("a try that panics");
+        }));
+        assert!(panicked.is_err());
+        {
+            let unfinished = d.unfinished_destroys.lock();
+            let u = unfinished.get(name).expect("still to be finished");
+            assert!(!u.trying, "a try that panicked still holds the destruction");
+            assert!(u.next > Instant::now(), "a try that panicked is tried again at once");
+            assert_eq!(u.wait, RETRY_FIRST * 2);
+            assert!(u.state.contains("the last try failed"), "{}", u.state);
+        }
+        assert!(d.claim_try(name).is_none(), "a try before the wait of a failed one");
+
+        // Free now: abandoned, the mark cleared, and the name no longer being destroyed.
+        d.abandon_destroy(name).unwrap();
+        assert_eq!(DestroyMark::read(&dir).unwrap(), None);
+        assert!(d.destroy_progress(name).is_none());
+        let e = d.abandon_destroy(name).unwrap_err();
+        assert_eq!(e.code, crate::error::code::NOT_FOUND, "{}", e.message);
+        let events = d.events.list(&Default::default(), 100);
+        assert!(
+            events.iter().any(|e| e.kind == "pool.destroy_abandoned"),
+            "no event says the destruction was abandoned"
+        );
     }
 }
