@@ -6,6 +6,7 @@
 //! label was never wiped, leaves the pool as it is, no longer imported here.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -79,6 +80,11 @@ pub(crate) struct UnfinishedDestroy {
     /// A try is on its way (the finisher's, or an administrator's abandonment): the other
     /// waits for it.
     trying: bool,
+    /// The connection the tries read the pool through while another gateway holds it, kept
+    /// from one try to the next (a few seconds apart while that gateway opens the pool)
+    /// rather than made anew at each; dropped after a failed reading. Never dropped under
+    /// the lock of the destructions: closing a connection may wait on the cluster.
+    reader: Option<Arc<Reader>>,
 }
 
 /// A pool being destroyed here, as `pool list` shows it until its name is free.
@@ -229,7 +235,7 @@ impl Daemon {
         after: Duration,
         state: String,
     ) {
-        self.unfinished_destroys.lock().insert(
+        let replaced = self.unfinished_destroys.lock().insert(
             name.to_string(),
             UnfinishedDestroy {
                 placement,
@@ -238,8 +244,10 @@ impl Daemon {
                 wait: RETRY_FIRST,
                 state,
                 trying: false,
+                reader: None,
             },
         );
+        drop(replaced);
     }
 
     /// `pool destroy NAME --abandon`, for a pool whose destruction is to be finished here:
@@ -279,7 +287,8 @@ impl Daemon {
             }
             return Err(ApiError::io(e));
         }
-        self.unfinished_destroys.lock().remove(name);
+        let abandoned = self.unfinished_destroys.lock().remove(name);
+        drop(abandoned);
         self.events.record(
             NewEvent::new(
                 Severity::Warning,
@@ -356,7 +365,8 @@ impl Daemon {
             };
             // Ended, the event says so before the name is free.
             let ended = |name: &str| {
-                self.unfinished_destroys.lock().remove(name);
+                let gone = self.unfinished_destroys.lock().remove(name);
+                drop(gone);
             };
             match self.finish_destroy(gw, &name, &placement, &mark) {
                 Finish::Done => {
@@ -448,12 +458,21 @@ impl Daemon {
             // destruction could have wiped the label through was fenced off first: a label
             // still there stays, and the pool is that gateway's.
             Ok(Taking::Elsewhere(o)) if o.epoch > mark.epoch => {
-                let label = Reader::connect(placement, &self.data_paths()).and_then(|r| {
+                let label = self.destroy_reader(name, placement).and_then(|r| {
                     Ok(match r.opened_since(name, o.epoch)? {
                         true => Some(r.label(name)?),
                         false => None,
                     })
                 });
+                if label.is_err() {
+                    // Made anew at the next try: this one may be what failed.
+                    let failed = self
+                        .unfinished_destroys
+                        .lock()
+                        .get_mut(name)
+                        .and_then(|u| u.reader.take());
+                    drop(failed);
+                }
                 return match label.map(|l| l.map(|l| verdict(l, mark))) {
                     Ok(None) => Finish::Waiting(format!("gateway {} took the pool and is opening it", o.gateway)),
                     Ok(Some(Verdict::Kept(why))) => match DestroyMark::clear(&self.pool_dir(name)) {
@@ -504,6 +523,19 @@ impl Daemon {
                 }
             }
         }
+    }
+
+    /// The read-only connection pool `name`'s destruction reads the pool through while
+    /// another gateway holds it: the one kept from an earlier try, or a new one, kept.
+    fn destroy_reader(&self, name: &str, placement: &Placement) -> Result<Arc<Reader>, String> {
+        if let Some(r) = self.unfinished_destroys.lock().get(name).and_then(|u| u.reader.clone()) {
+            return Ok(r);
+        }
+        let r = Arc::new(Reader::connect(placement, &self.data_paths())?);
+        if let Some(u) = self.unfinished_destroys.lock().get_mut(name) {
+            u.reader = Some(r.clone());
+        }
+        Ok(r)
     }
 
     /// Removes the objects of pool `name`, destroyed here and owned here as `owned`, then its
