@@ -198,7 +198,7 @@ impl VdiskPorts {
                 }
             }
             let taken = g
-                .take_fenced(&self.vdisk, &self.fence_address, |previous| {
+                .take_fenced(&self.vdisk, &self.fence_address, TAKING_CALL_AT_MOST, |previous| {
                     let fenced = if previous.is_empty() {
                         (self.fencer)(None)
                     } else {
@@ -312,6 +312,10 @@ async fn follow(
 
 /// How soon a watch of the owner that ended is made again.
 const REWATCH: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// How long each call to etcd of a taking may go unanswered (a member that stalls answers
+/// nothing): the taking then fails, and is tried again by the next command.
+const TAKING_CALL_AT_MOST: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The owner a key's value names; a key without a lease is nobody's (`Gateway::owner`): free,
 /// for a taking to delete.

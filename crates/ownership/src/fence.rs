@@ -125,18 +125,19 @@ fn one_client_address(address: &str) -> std::result::Result<(), String> {
 /// be fenced off yet, and of `last_writer` too unless it is among them: the address the
 /// vdisk's data last said its owner wrote from, which stands in for a fence record etcd
 /// lost). Returns the owner afterwards: this gateway (ready to serve at its epoch) or the
-/// one that holds it.
+/// one that holds it. Each call to etcd is bounded by `within`.
 pub async fn take_over(
     gateway: &mut Gateway,
     cluster: &Cluster,
     vdisk: &str,
     last_writer: Option<&str>,
+    within: std::time::Duration,
 ) -> Result<Owner> {
     let mine = cluster
         .address()
         .map_err(|e| OwnershipError::new(format!("cannot learn this client's address: {e}")))?;
     gateway
-        .take_fenced(vdisk, &mine, |old| {
+        .take_fenced(vdisk, &mine, within, |old| {
             let mut targets = old.to_vec();
             if let Some(w) = last_writer.filter(|w| *w != mine && !old.iter().any(|a| a == w)) {
                 targets.push(w.to_string());

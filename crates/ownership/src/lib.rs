@@ -54,6 +54,16 @@ pub enum Lasting {
     MayPass,
 }
 
+/// What `call` to etcd answers, or an error once `within` passed without an answer.
+async fn answered_within<T>(within: Duration, call: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+    tokio::time::timeout(within, call).await.unwrap_or_else(|_| {
+        Err(OwnershipError::new(format!(
+            "etcd did not answer within {} s (a member stalled, or is cut off?)",
+            within.as_secs_f64()
+        )))
+    })
+}
+
 impl OwnershipError {
     pub fn new(message: impl Into<String>) -> OwnershipError {
         OwnershipError {
@@ -714,13 +724,20 @@ impl Gateway {
     /// each), and the error returned: serving before the old owner is fenced could let its
     /// writes land. Returns the owner afterwards: this gateway, ready to serve at its epoch,
     /// or the one that holds it.
+    ///
+    /// Each call to etcd is bounded by `within` (a member that stalls answers nothing, not
+    /// even an error), each on its own: a bound over the whole taking would pass during a
+    /// long fence and cut the taking short after its transaction, leaving the vdisk held
+    /// here unserved and this connection's address on record, one more for every next try
+    /// to fence. The fence bounds itself (a monitor command each).
     pub async fn take_fenced(
         &mut self,
         vdisk: &str,
         address: &str,
+        within: Duration,
         fence: impl FnOnce(&[String]) -> std::result::Result<(), FenceError>,
     ) -> Result<Owner> {
-        let (owner, previous) = self.acquire_fencing(vdisk, address).await?;
+        let (owner, previous) = answered_within(within, self.acquire_fencing(vdisk, address)).await?;
         if !self.holds(&owner) {
             return Ok(owner);
         }
@@ -734,7 +751,7 @@ impl Gateway {
             };
             // The record as it was before this taking: the exact undo of `acquire_fencing`.
             let e = e.message;
-            return Err(match self.give_back(vdisk, owner.epoch, &previous).await {
+            return Err(match answered_within(within, self.give_back(vdisk, owner.epoch, &previous)).await {
                 Ok(_) => OwnershipError {
                     message: format!("cannot fence the previous owner of {vdisk} ({fenced_off}) off: {e}"),
                     gave_back: Some(lasting),
@@ -747,7 +764,7 @@ impl Gateway {
         }
         // Those are fenced off now; should this fail, the next taker fences them again,
         // which does no harm.
-        let _ = self.fenced(vdisk, owner.epoch, address).await;
+        let _ = answered_within(within, self.fenced(vdisk, owner.epoch, address)).await;
         Ok(owner)
     }
 

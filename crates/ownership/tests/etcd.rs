@@ -9,6 +9,9 @@ use std::time::{Duration, Instant};
 use common::{endpoints, next, told_of_changes};
 use tessera_ownership::{FenceError, Gateway, Lasting, Owner};
 
+/// The bound on each call to etcd of a taking.
+const STEP: Duration = Duration::from_secs(10);
+
 /// A key space of this test's own.
 fn prefix(test: &str) -> String {
     format!("/tessera-test/{test}-{}", std::process::id())
@@ -222,11 +225,11 @@ async fn a_fence_record_keeps_every_owner_until_one_taking_fenced_them_all() {
         Ok(())
     };
     let mut a = Gateway::join(&ep, &p, "gw-a", 2).await.unwrap();
-    let first = a.take_fenced(v, "addr-a1", record).await.unwrap();
+    let first = a.take_fenced(v, "addr-a1", STEP, record).await.unwrap();
     assert!(a.holds(&first));
     // A still holds the key but took it again with another connection (its release failed,
     // say): it is taken afresh, at a larger epoch, and its first connection fenced off.
-    let again = a.take_fenced(v, "addr-a2", record).await.unwrap();
+    let again = a.take_fenced(v, "addr-a2", STEP, record).await.unwrap();
     assert!(
         a.holds(&again) && again.epoch > first.epoch,
         "{again:?} after {first:?}"
@@ -240,7 +243,9 @@ async fn a_fence_record_keeps_every_owner_until_one_taking_fenced_them_all() {
     let t0 = Instant::now();
     loop {
         match b
-            .take_fenced(v, "addr-b", |_| Err(FenceError::passing("the monitors did not answer")))
+            .take_fenced(v, "addr-b", STEP, |_| {
+                Err(FenceError::passing("the monitors did not answer"))
+            })
             .await
         {
             Err(e) => {
@@ -257,7 +262,9 @@ async fn a_fence_record_keeps_every_owner_until_one_taking_fenced_them_all() {
     }
     assert_eq!(b.owner(v).await.unwrap(), None, "given up when the fence failed");
     let again = b
-        .take_fenced(v, "addr-b-again", |_| Err(FenceError::lasting("permission denied")))
+        .take_fenced(v, "addr-b-again", STEP, |_| {
+            Err(FenceError::lasting("permission denied"))
+        })
         .await
         .unwrap_err();
     assert_eq!(again.gave_back(), Some(Lasting::Lasts), "{again}");
@@ -268,13 +275,13 @@ async fn a_fence_record_keeps_every_owner_until_one_taking_fenced_them_all() {
     // C takes it and fences A's connection off.
     let mut c = Gateway::join(&ep, &p, "gw-c", 2).await.unwrap();
     fenced.lock().unwrap().clear();
-    let by_c = c.take_fenced(v, "addr-c", record).await.unwrap();
+    let by_c = c.take_fenced(v, "addr-c", STEP, record).await.unwrap();
     assert!(c.holds(&by_c));
     assert_eq!(*fenced.lock().unwrap(), vec![vec!["addr-a2".to_string()]]);
     // Those are fenced: the next taker has C's address alone to fence off.
     c.release(v, by_c.epoch).await.unwrap();
     fenced.lock().unwrap().clear();
-    let by_b = b.take_fenced(v, "addr-b2", record).await.unwrap();
+    let by_b = b.take_fenced(v, "addr-b2", STEP, record).await.unwrap();
     assert!(b.holds(&by_b));
     assert_eq!(*fenced.lock().unwrap(), vec![vec!["addr-c".to_string()]]);
     b.leave().await.unwrap();
@@ -307,7 +314,7 @@ async fn keys_without_a_lease_own_nothing_and_ask_for_nothing() {
     assert!(a.presenting(v).await.unwrap().is_empty());
     let fenced = std::sync::Mutex::new(Vec::<Vec<String>>::new());
     let owner = a
-        .take_fenced(v, "addr-a", |list: &[String]| -> Result<(), FenceError> {
+        .take_fenced(v, "addr-a", STEP, |list: &[String]| -> Result<(), FenceError> {
             fenced.lock().unwrap().push(list.to_vec());
             Ok(())
         })
@@ -327,6 +334,53 @@ async fn keys_without_a_lease_own_nothing_and_ask_for_nothing() {
         .unwrap();
 }
 
+/// A taking bounds each of its calls to etcd on its own, not the taking as a whole: a
+/// fence that outlasts the bound (monitors slow to blocklist) still ends with the vdisk
+/// taken and its fence record tidied, naming only the taker's connection, rather than cut
+/// short after its transaction with the vdisk held unserved and the addresses it fenced
+/// still on record for every next taker to fence again.
+#[tokio::test]
+async fn a_fence_that_outlasts_the_bound_on_etcd_still_ends_in_a_tidy_taking() {
+    let t = "a_fence_that_outlasts_the_bound_on_etcd_still_ends_in_a_tidy_taking";
+    let Some(ep) = endpoints(t) else { return };
+    let p = prefix(t);
+    let v = "pool.tank";
+    let mut a = Gateway::join(&ep, &p, "gw-a", 5).await.unwrap();
+    let mut b = Gateway::join(&ep, &p, "gw-b", 5).await.unwrap();
+    let mut c = Gateway::join(&ep, &p, "gw-c", 5).await.unwrap();
+    let first = c.take_fenced(v, "addr-c", STEP, |_| Ok(())).await.unwrap();
+    assert!(c.release(v, first.epoch).await.unwrap());
+    let bound = Duration::from_millis(300);
+    let fenced = std::sync::Mutex::new(Vec::new());
+    let taken = a
+        .take_fenced(v, "addr-a", bound, |list| {
+            // As a blocklist waits on the monitors: the thread is held.
+            std::thread::sleep(bound * 4);
+            fenced.lock().unwrap().extend_from_slice(list);
+            Ok(())
+        })
+        .await
+        .unwrap();
+    assert!(a.holds(&taken), "{taken:?}");
+    assert_eq!(*fenced.lock().unwrap(), vec!["addr-c".to_string()]);
+    assert!(a.release(v, taken.epoch).await.unwrap());
+    let fenced = std::sync::Mutex::new(Vec::new());
+    b.take_fenced(v, "addr-b", STEP, |list| {
+        fenced.lock().unwrap().extend_from_slice(list);
+        Ok(())
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        *fenced.lock().unwrap(),
+        vec!["addr-a".to_string()],
+        "the record was not tidied after a fence longer than the bound"
+    );
+    for g in [a, b, c] {
+        g.leave().await.unwrap();
+    }
+}
+
 /// A name is claimed by the first place that records it; another place of that name is told
 /// the first's, until the first forgets it (destroyed), which takes the fence record along.
 #[tokio::test]
@@ -340,7 +394,7 @@ async fn a_name_has_one_place_until_that_place_forgets_it() {
     assert_eq!(a.claim_place(v, "fsid-1/3").await.unwrap(), ("fsid-1/3".into(), true));
     assert_eq!(b.claim_place(v, "fsid-1/4").await.unwrap(), ("fsid-1/3".into(), false));
     assert_eq!(b.claim_place(v, "fsid-1/3").await.unwrap(), ("fsid-1/3".into(), false));
-    let owner = a.take_fenced(v, "addr-a", |_| Ok(())).await.unwrap();
+    let owner = a.take_fenced(v, "addr-a", STEP, |_| Ok(())).await.unwrap();
     // Another place cannot forget the name's record, nor its fence record; nor a gateway
     // that does not own the pool at that epoch, nor one owning it at another epoch.
     assert!(!b.forget_place(v, "fsid-1/4", owner.epoch).await.unwrap());
@@ -351,7 +405,7 @@ async fn a_name_has_one_place_until_that_place_forgets_it() {
     a.release(v, owner.epoch).await.unwrap();
     assert_eq!(b.claim_place(v, "fsid-1/4").await.unwrap(), ("fsid-1/4".into(), true));
     let fenced = std::sync::Mutex::new(None);
-    b.take_fenced(v, "addr-b", |list| {
+    b.take_fenced(v, "addr-b", STEP, |list| {
         *fenced.lock().unwrap() = Some(list.to_vec());
         Ok(())
     })
@@ -381,12 +435,12 @@ async fn a_vdisk_handed_over_is_taken_by_the_gateway_it_is_handed_to() {
     let mut a = Gateway::join(&ep, &p, "gw-a", 5).await.unwrap();
     let mut b = Gateway::join(&ep, &p, "gw-b", 5).await.unwrap();
     let mut c = Gateway::join(&ep, &p, "gw-c", 5).await.unwrap();
-    let first = a.take_fenced(v, "addr-a", |_| Ok(())).await.unwrap();
+    let first = a.take_fenced(v, "addr-a", STEP, |_| Ok(())).await.unwrap();
     let bar = Duration::from_secs(20);
     assert!(a.release_to(v, first.epoch, "gw-b", bar).await.unwrap());
     let fenced = std::sync::Mutex::new(Vec::new());
     let seen = c
-        .take_fenced(v, "addr-c", |l| {
+        .take_fenced(v, "addr-c", STEP, |l| {
             fenced.lock().unwrap().extend_from_slice(l);
             Ok(())
         })
@@ -403,7 +457,7 @@ async fn a_vdisk_handed_over_is_taken_by_the_gateway_it_is_handed_to() {
         "barred from what is handed to it"
     );
     let taken = b
-        .take_fenced(v, "addr-b", |l| {
+        .take_fenced(v, "addr-b", STEP, |l| {
             fenced.lock().unwrap().extend_from_slice(l);
             Ok(())
         })
@@ -418,8 +472,8 @@ async fn a_vdisk_handed_over_is_taken_by_the_gateway_it_is_handed_to() {
 
     // Handed to C, it is taken back by B, which handed it: A, looking first, is barred.
     assert!(b.release_to(v, taken.epoch, "gw-c", bar).await.unwrap());
-    assert_eq!(a.take_fenced(v, "addr-a", |_| Ok(())).await.unwrap().epoch, 0);
-    let back = b.take_fenced(v, "addr-b", |_| Ok(())).await.unwrap();
+    assert_eq!(a.take_fenced(v, "addr-a", STEP, |_| Ok(())).await.unwrap().epoch, 0);
+    let back = b.take_fenced(v, "addr-b", STEP, |_| Ok(())).await.unwrap();
     assert_eq!(back.gateway, "gw-b");
     assert!(back.epoch > taken.epoch);
     assert!(a.handed_to(v).await.unwrap().is_none());
@@ -430,10 +484,10 @@ async fn a_vdisk_handed_over_is_taken_by_the_gateway_it_is_handed_to() {
         .release_to(v, back.epoch, "gw-c", Duration::from_secs(2))
         .await
         .unwrap());
-    assert_eq!(a.take_fenced(v, "addr-a", |_| Ok(())).await.unwrap().epoch, 0);
+    assert_eq!(a.take_fenced(v, "addr-a", STEP, |_| Ok(())).await.unwrap().epoch, 0);
     let t0 = Instant::now();
     loop {
-        let o = a.take_fenced(v, "addr-a", |_| Ok(())).await.unwrap();
+        let o = a.take_fenced(v, "addr-a", STEP, |_| Ok(())).await.unwrap();
         if o.gateway == "gw-a" {
             break;
         }

@@ -11,6 +11,9 @@ use tessera_rados::{Cluster, Pool};
 
 const POOL: &str = "tessera-test";
 
+/// The bound on each call to etcd of a taking.
+const STEP: Duration = Duration::from_secs(10);
+
 fn cluster(test: &str) -> Option<(Vec<String>, String)> {
     let ep = std::env::var("TESSERA_ETCD_ENDPOINTS").unwrap_or_default();
     let conf = std::env::var("TESSERA_CEPH_CONF").unwrap_or_default();
@@ -67,17 +70,21 @@ async fn a_stalled_owner_that_resumes_writes_nothing() {
     let v = format!("v{}", std::process::id());
     let (o0, o1, o2) = (format!("{v}.0"), format!("{v}.1"), format!("{v}.2"));
 
-    let a = take_over(&mut ga, &ca, &v, None).await.unwrap();
+    let a = take_over(&mut ga, &ca, &v, None, STEP).await.unwrap();
     assert_eq!(a.gateway, "gw-a");
     let wa = FencedWriter::new(&pa, a.epoch).unwrap();
     wa.write(&o0, 0, b"A1").unwrap();
     wa.write(&o1, 0, b"A1").unwrap();
-    assert_eq!(take_over(&mut gb, &cb, &v, None).await.unwrap(), a, "B finds it owned");
+    assert_eq!(
+        take_over(&mut gb, &cb, &v, None, STEP).await.unwrap(),
+        a,
+        "B finds it owned"
+    );
 
     ga.stall();
     let stalled = Instant::now();
     let b = loop {
-        let o = take_over(&mut gb, &cb, &v, None).await.unwrap();
+        let o = take_over(&mut gb, &cb, &v, None, STEP).await.unwrap();
         if o.gateway == "gw-b" {
             break o;
         }

@@ -89,9 +89,14 @@ impl PoolNotices {
     }
 }
 
-/// How long a call on the membership may take, a taking with its fence (a monitor
-/// command, `CLUSTER_TIMEOUT` at most) included.
+/// How long a call on the membership may take, and how long a call waits for the
+/// membership, which a taking holds through its fence (a monitor command, `CLUSTER_TIMEOUT`
+/// at most, per previous owner).
 const MEMBERSHIP_AT_MOST: Duration = Duration::from_secs(45);
+
+/// How long each call to etcd of a taking may go unanswered: a taking is bounded call by
+/// call, never cut short as a whole once its transaction may have landed.
+const TAKING_CALL_AT_MOST: Duration = Duration::from_secs(15);
 
 /// How long the owner's taking or answering of forwarded commands may take: a request
 /// that went to an etcd member that stalls would otherwise hold every later command up
@@ -218,27 +223,44 @@ impl Membership {
     }
 
     /// Runs `f` on this gateway's membership, once joined (blocking), for `MEMBERSHIP_AT_MOST`
-    /// at most, waiting for the membership included: a request sent to an etcd member
-    /// that stalls (stopped, frozen, cut off without a reset) gets no answer and no error,
-    /// and would hold the tick, and every command that needs the membership, until the
-    /// member resumes. Given up, it is as if etcd had not answered: what it changed, if
-    /// anything, is found at the next look, as after a crash.
+    /// at most: a request sent to an etcd member that stalls (stopped, frozen, cut off
+    /// without a reset) gets no answer and no error, and would hold the tick, and every
+    /// command that needs the membership, until the member resumes. Given up, it is as if
+    /// etcd had not answered: what it changed, if anything, is found at the next look, as
+    /// after a crash.
     fn with_gateway<T>(&self, f: impl AsyncFnOnce(&mut Gateway) -> Result<T, String>) -> Result<T, String> {
-        let late = || {
-            format!(
-                "etcd did not answer within {} s (a member stalled, or is cut off?)",
-                MEMBERSHIP_AT_MOST.as_secs()
-            )
-        };
+        self.with_gateway_bounded(Some(MEMBERSHIP_AT_MOST), f)
+    }
+
+    /// Runs `f` on this gateway's membership, once joined (blocking), for `bound` at most
+    /// (None: `f` bounds each of its calls itself, and is not to be cut short part way).
+    /// The wait for the membership, which another call may hold, is bounded on its own
+    /// (`MEMBERSHIP_AT_MOST`): counted in `f`'s time, a long wait would cut `f` short
+    /// after it began.
+    fn with_gateway_bounded<T>(
+        &self,
+        bound: Option<Duration>,
+        f: impl AsyncFnOnce(&mut Gateway) -> Result<T, String>,
+    ) -> Result<T, String> {
         self.rt.block_on(async {
-            tokio::time::timeout(MEMBERSHIP_AT_MOST, async {
-                match self.gateway.lock().await.as_mut() {
-                    Some(g) => f(g).await,
-                    None => Err(self.not_joined()),
-                }
-            })
-            .await
-            .unwrap_or_else(|_| Err(late()))
+            let Ok(mut gateway) = tokio::time::timeout(MEMBERSHIP_AT_MOST, self.gateway.lock()).await else {
+                return Err(format!(
+                    "this gateway's membership stayed busy for {} s (another call waiting on etcd, or a taking on the monitors?)",
+                    MEMBERSHIP_AT_MOST.as_secs()
+                ));
+            };
+            let Some(g) = gateway.as_mut() else {
+                return Err(self.not_joined());
+            };
+            match bound {
+                Some(bound) => tokio::time::timeout(bound, f(g)).await.unwrap_or_else(|_| {
+                    Err(format!(
+                        "etcd did not answer within {} s (a member stalled, or is cut off?)",
+                        bound.as_secs()
+                    ))
+                }),
+                None => f(g).await,
+            }
         })
     }
 
@@ -609,8 +631,18 @@ impl Membership {
             .map_err(|e| format!("cannot read the last owner of pool {name}: {e}"))?;
         drop(pool);
         let connected = started.elapsed();
-        let taken = self.with_gateway(async |g| {
-            let o = take_over(g, &cluster, &owner_key(name), last_writer.as_deref()).await;
+        // Not cut short as a whole (each of its calls to etcd is bounded): a taking whose
+        // transaction landed goes on to fence and to tidy the fence record, however long the
+        // monitors take to blocklist.
+        let taken = self.with_gateway_bounded(None, async |g| {
+            let o = take_over(
+                g,
+                &cluster,
+                &owner_key(name),
+                last_writer.as_deref(),
+                TAKING_CALL_AT_MOST,
+            )
+            .await;
             Ok(match o {
                 Ok(o) => {
                     let mine = g.holds(&o);
