@@ -685,13 +685,18 @@ impl Gateway {
     }
 
     /// Takes back a place `claim_place` recorded for `vdisk` that was not made there after
-    /// all (its making failed before it was taken): only the place, and only if it is still
-    /// `place`. Its fence record stays: it may be that of a pool of that name that lives on
-    /// elsewhere, made before places were recorded.
+    /// all (its making failed before it was taken): only the place, only if it is still
+    /// `place`, and only while nobody owns `vdisk`: a gateway that was told the same place
+    /// (the same making sent to two gateways) may have taken it and made it there. Its fence
+    /// record stays: it may be that of a pool of that name that lives on elsewhere, made
+    /// before places were recorded.
     pub async fn unclaim_place(&mut self, vdisk: &str, place: &str) -> Result<()> {
         let key = self.place_key(vdisk);
         let txn = Txn::new()
-            .when([Compare::value(key.as_str(), CompareOp::Equal, place)])
+            .when([
+                Compare::value(key.as_str(), CompareOp::Equal, place),
+                Compare::create_revision(self.key(vdisk), CompareOp::Equal, 0),
+            ])
             .and_then([TxnOp::delete(key.as_str(), None)]);
         self.client.txn(txn).await?;
         Ok(())
@@ -847,6 +852,16 @@ impl Gateway {
         let Some(kv) = found.kvs().first() else {
             return Ok((None, 0));
         };
+        // Without a lease (put by hand, or by a tool that knows no better) it would bar every
+        // other gateway for good: it bars none, and the taking deletes it, as it deletes a
+        // handoff it ends.
+        if kv.lease() == 0 {
+            tracing::warn!(
+                key = %String::from_utf8_lossy(kv.key()),
+                "a handoff without a lease bars nobody: the next taking deletes it"
+            );
+            return Ok((None, kv.mod_revision()));
+        }
         // "to", then who handed it over: its name and lease.
         let value = String::from_utf8_lossy(kv.value()).into_owned();
         let mut lines = value.lines();

@@ -381,6 +381,42 @@ async fn a_fence_that_outlasts_the_bound_on_etcd_still_ends_in_a_tidy_taking() {
     }
 }
 
+/// A place claimed for a making that failed is taken back only while nobody owns the name:
+/// the same making sent to two gateways may have been taken and made by the other, whose
+/// record it is then. A handoff put without a lease (by hand) bars nobody, and the next
+/// taking deletes it.
+#[tokio::test]
+async fn a_place_is_not_taken_back_from_under_an_owner_nor_a_pool_barred_for_good() {
+    let t = "a_place_is_not_taken_back_from_under_an_owner_nor_a_pool_barred_for_good";
+    let Some(ep) = endpoints(t) else { return };
+    let p = prefix(t);
+    let v = "pool.tank";
+    let mut a = Gateway::join(&ep, &p, "gw-a", 5).await.unwrap();
+    let mut b = Gateway::join(&ep, &p, "gw-b", 5).await.unwrap();
+    assert_eq!(a.claim_place(v, "fsid-1/3").await.unwrap(), ("fsid-1/3".into(), true));
+    assert_eq!(b.claim_place(v, "fsid-1/3").await.unwrap(), ("fsid-1/3".into(), false));
+    let owner = b.take_fenced(v, "addr-b", STEP, |_| Ok(())).await.unwrap();
+    a.unclaim_place(v, "fsid-1/3").await.unwrap();
+    assert_eq!(
+        a.claim_place(v, "fsid-1/4").await.unwrap(),
+        ("fsid-1/3".into(), false),
+        "the place of a pool owned there was taken back"
+    );
+    assert!(b.release(v, owner.epoch).await.unwrap());
+    a.unclaim_place(v, "fsid-1/3").await.unwrap();
+    assert_eq!(a.claim_place(v, "fsid-1/4").await.unwrap(), ("fsid-1/4".into(), true));
+
+    let mut raw = etcd_client::Client::connect(&ep, None).await.unwrap();
+    raw.put(format!("{p}/handoff/{v}"), "gw-c", None).await.unwrap();
+    assert_eq!(a.handed_to(v).await.unwrap(), None, "a handoff without a lease bars");
+    let taken = a.take_fenced(v, "addr-a", STEP, |_| Ok(())).await.unwrap();
+    assert!(a.holds(&taken), "{taken:?}");
+    let left = raw.get(format!("{p}/handoff/{v}"), None).await.unwrap();
+    assert!(left.kvs().is_empty(), "the taking left the handoff without a lease");
+    a.leave().await.unwrap();
+    b.leave().await.unwrap();
+}
+
 /// A name is claimed by the first place that records it; another place of that name is told
 /// the first's, until the first forgets it (destroyed), which takes the fence record along.
 #[tokio::test]

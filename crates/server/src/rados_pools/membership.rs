@@ -565,8 +565,16 @@ impl Membership {
 
     /// Takes back the place `claim_place` recorded for pool `name` at `placement`, when the
     /// pool was not made there after all (it could not be taken); its fence record stays.
+    /// Not when a pool of the name is there all the same, or owned by a gateway: the same
+    /// making sent to two gateways (an administrator trying again at another) may have
+    /// been made by the other, whose pool the record is then.
     pub fn unclaim_place(&self, name: &str, placement: &Placement) -> Result<(), String> {
-        let place = self.place_of(name, placement, &mut Link::default())?;
+        let mut link = Link::default();
+        let place = self.place_of(name, placement, &mut link)?;
+        if self.pool_is_at(name, placement, &mut link)? {
+            tracing::debug!(pool = %name, "a pool of the name was made where it was to live: its place stays recorded");
+            return Ok(());
+        }
         self.places
             .lock()
             .expect("not poisoned")
