@@ -567,6 +567,18 @@ impl Daemon {
         // taker comes between.
         if let Err(e) = gw.forget_place(name, placement, removed.is_ok().then_some(owned.epoch)) {
             warn!(pool = %name, error = %e, "the gateways' record of where the destroyed pool lived stays in etcd");
+            // Nothing tries it again (the pool's mark and directory are gone): said where an
+            // administrator looks.
+            if removed.is_ok() {
+                self.events.record(
+                    NewEvent::new(
+                        Severity::Warning,
+                        "pool.records_left",
+                        format!("pool {name} is destroyed, but {e}"),
+                    )
+                    .pool(name),
+                );
+            }
         }
         // A move asked for it and not done would apply to the next pool of the name.
         if removed.is_ok() {

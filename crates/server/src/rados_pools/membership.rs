@@ -552,13 +552,21 @@ impl Membership {
             return Ok(());
         };
         let place = place?;
-        let forgot = self.with_gateway(async |g| {
-            g.forget_place(&owner_key(name), &place, epoch)
-                .await
-                .map_err(|e| format!("cannot forget where pool {name} lived: {e}"))
-        })?;
+        let forgot = self
+            .with_gateway(async |g| {
+                g.forget_place(&owner_key(name), &place, epoch)
+                    .await
+                    .map_err(|e| e.to_string())
+            })
+            .map_err(|e| {
+                let key = owner_key(name);
+                let prefix = &self.cfg.prefix;
+                format!(
+                    "cannot forget where pool {name} lived ({e}): a pool of the name elsewhere is refused until its records go; once etcd answers, remove them by hand (etcdctl del {prefix}/place/{key}; etcdctl del {prefix}/fence/{key})"
+                )
+            })?;
         if !forgot {
-            tracing::debug!(pool = %name, epoch, "the gateways' record of where the pool lived is not this gateway's to forget (another place's, gone already, or the pool is no longer owned here)");
+            tracing::warn!(pool = %name, epoch, "the gateways' record of where the pool lived is not this gateway's to forget (another place's, gone already, or the pool is no longer owned here): it stays in etcd");
         }
         Ok(())
     }
