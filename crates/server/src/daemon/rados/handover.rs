@@ -141,7 +141,14 @@ impl Daemon {
     /// replay, and its ownership is released in etcd. Maintenance jobs on it give way first
     /// (see [`YIELDS_TO_HOSTS`]); any other job keeps the pool here until it ends.
     fn hand_over(&self, gw: &crate::rados_pools::Membership, name: &str, to: &str, why: Handover) {
-        {
+        if self.owned_epoch_and_ports(name).is_none() {
+            return;
+        }
+        // Read before the administration waits on this: the cluster may be slow to answer
+        // now. (Those LUNs whose records cannot be read now come at the end, or at the next
+        // tick.)
+        let units = self.standby_units(name);
+        let (engine, owned) = {
             let _admin = self.admin.lock();
             let Some((epoch, ports)) = self.owned_epoch_and_ports(name) else {
                 return;
@@ -166,8 +173,6 @@ impl Daemon {
                 return;
             }
             info!(pool = %name, to, "handing the pool over to gateway {to}, {}", why.long());
-            // Those LUNs whose records cannot be read now come at the end, or at the next tick.
-            let units = self.standby_units(name);
             let moved_to = match why {
                 Handover::Moved { revision } => Some((to.to_string(), revision)),
                 Handover::Asked { .. } => None,
@@ -197,16 +202,16 @@ impl Daemon {
                     p.elsewhere = None;
                 },
             );
-            // Only a handover etcd made: one it failed is no fault of the gateway's.
+            // Only a handover etcd made: one it failed is no fault of the gateway's. The grace
+            // counts from when etcd made it: the release may have waited on etcd.
             if handed {
                 if let Some(p) = self.rados.lock().get_mut(name) {
                     p.handed_to = Some(to.to_string());
+                    p.handed_over = Some(Instant::now());
                 }
             }
             // Only now: this daemon no longer has the pool to go on with its scrub.
             self.scrub_watch.release_after_handover(name);
-            drop(engine);
-            drop(owned);
             self.events.record(
                 NewEvent::new(
                     Severity::Warning,
@@ -221,7 +226,12 @@ impl Daemon {
                 )
                 .pool(name),
             );
-        }
+            (engine, owned)
+        };
+        // Its disk waits for the writes it sent, and its connection to the cluster closes,
+        // when they go: not while the administration waits.
+        drop(engine);
+        drop(owned);
         // Any standby LUN not presented yet, at once.
         self.present_standby(
             name,

@@ -538,8 +538,11 @@ impl Daemon {
                         info!(pool = %name, epoch, seconds = started.elapsed().as_secs_f64(), "pool opened");
                         let mut moved_to = None;
                         if let Some(p) = self.rados.lock().get_mut(name) {
-                            moved_to = p.moved_to.take();
-                            if let Some(g) = p.handed_to.take() {
+                            let handed_to = p.handed_to.take();
+                            // A move whose handoff etcd never made is nobody's failure: it
+                            // is carried out at a later tick.
+                            moved_to = p.moved_to.take().filter(|_| handed_to.is_some());
+                            if let Some(g) = handed_to {
                                 // Handed over to it, never seen taken by it: taken back.
                                 p.untaken_by = Some((g, Instant::now()));
                             }
@@ -820,12 +823,14 @@ impl Daemon {
             .filter(|(_, p)| p.owned.is_none() && p.retry.is_none_or(|(at, _)| now >= at))
             .map(|(n, _)| n.clone())
             .collect();
+        // First: a handover etcd did not make then is made before the pool is looked at,
+        // rather than taken back.
+        self.release_forgotten_pools(gw);
         for name in waiting {
             if self.unavailable.read().contains_key(&name) {
                 self.bring_rados_pool(&name);
             }
         }
-        self.release_forgotten_pools(gw);
         self.reopen_refused_pools(gw);
         self.hand_over_asked_pools(gw);
         self.ask_for_wanted_pools(gw);
@@ -1073,7 +1078,16 @@ impl Daemon {
                 continue;
             }
             match release(gw, &name, epoch, to.as_deref()) {
-                Ok(_) => info!(pool = %name, "pool given up in etcd for the other gateways"),
+                Ok(handed) => {
+                    info!(pool = %name, "pool given up in etcd for the other gateways");
+                    // Handed over only now: the gateway it goes to has its grace from now.
+                    if let Some(to) = to.filter(|_| handed) {
+                        if let Some(p) = self.rados.lock().get_mut(&name).filter(|p| p.owned.is_none()) {
+                            p.handed_to = Some(to);
+                            p.handed_over = Some(Instant::now());
+                        }
+                    }
+                }
                 Err(e) => {
                     debug!(pool = %name, error = %e, "cannot give the pool up in etcd yet");
                     self.unreleased.lock().push((name, epoch, to));
