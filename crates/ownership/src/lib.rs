@@ -34,6 +34,24 @@ use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp
 use tokio::task::JoinHandle;
 
 pub use courier::{Ask, AsksComing, Courier, NoticesComing};
+
+/// A gateway's lease, and whether it is still renewed ([`Gateway::liveness`]).
+pub struct Liveness {
+    lease: i64,
+    keeper: tokio::task::AbortHandle,
+}
+
+impl Liveness {
+    /// As [`Gateway::alive`].
+    pub fn alive(&self) -> bool {
+        !self.keeper.is_finished()
+    }
+
+    /// As [`Gateway::lease`].
+    pub fn lease(&self) -> i64 {
+        self.lease
+    }
+}
 pub use etcd_user::EtcdUser;
 pub use lease_clock::LeaseClock;
 
@@ -686,16 +704,21 @@ impl Gateway {
 
     /// Takes back a place `claim_place` recorded for `vdisk` that was not made there after
     /// all (its making failed before it was taken): only the place, only if it is still
-    /// `place`, and only while nobody owns `vdisk`: a gateway that was told the same place
-    /// (the same making sent to two gateways) may have taken it and made it there. Its fence
-    /// record stays: it may be that of a pool of that name that lives on elsewhere, made
-    /// before places were recorded.
+    /// `place`, and only if no gateway took `vdisk` since the place was recorded: one that
+    /// did may have been told the same place (the same making sent to two gateways) and
+    /// made it there. An owner from before (a pool of the name made elsewhere before places
+    /// were recorded) did not. Its fence record stays: it may be that of such a pool.
     pub async fn unclaim_place(&mut self, vdisk: &str, place: &str) -> Result<()> {
         let key = self.place_key(vdisk);
+        let found = self.client.get(key.as_str(), None).await?;
+        let Some(kv) = found.kvs().first().filter(|kv| kv.value() == place.as_bytes()) else {
+            return Ok(());
+        };
         let txn = Txn::new()
             .when([
-                Compare::value(key.as_str(), CompareOp::Equal, place),
-                Compare::create_revision(self.key(vdisk), CompareOp::Equal, 0),
+                Compare::mod_revision(key.as_str(), CompareOp::Equal, kv.mod_revision()),
+                // An owner key that is absent compares as revision 0.
+                Compare::create_revision(self.key(vdisk), CompareOp::Less, kv.create_revision()),
             ])
             .and_then([TxnOp::delete(key.as_str(), None)]);
         self.client.txn(txn).await?;
@@ -1176,6 +1199,16 @@ impl Gateway {
     /// gateway stops serving what it owned when this turns false).
     pub fn alive(&self) -> bool {
         !self.keeper.is_finished()
+    }
+
+    /// This membership's lease and whether it is still renewed, told without the gateway:
+    /// for callers that must not wait for whoever holds it (a taking holds it through its
+    /// fence, a monitor command per previous owner).
+    pub fn liveness(&self) -> Liveness {
+        Liveness {
+            lease: self.lease,
+            keeper: self.keeper.abort_handle(),
+        }
     }
 
     /// Until when the lease surely holds: the disks of what this gateway owns refuse I/O

@@ -381,10 +381,11 @@ async fn a_fence_that_outlasts_the_bound_on_etcd_still_ends_in_a_tidy_taking() {
     }
 }
 
-/// A place claimed for a making that failed is taken back only while nobody owns the name:
-/// the same making sent to two gateways may have been taken and made by the other, whose
-/// record it is then. A handoff put without a lease (by hand) bars nobody, and the next
-/// taking deletes it.
+/// A place claimed for a making that failed is taken back only if no gateway took the name
+/// since: the same making sent to two gateways may have been taken and made by the other,
+/// whose record it is then. An owner from before the claim (a pool of the name made
+/// elsewhere before places were recorded) does not keep it. A handoff put without a lease
+/// (by hand) bars nobody, and the next taking deletes it.
 #[tokio::test]
 async fn a_place_is_not_taken_back_from_under_an_owner_nor_a_pool_barred_for_good() {
     let t = "a_place_is_not_taken_back_from_under_an_owner_nor_a_pool_barred_for_good";
@@ -405,6 +406,18 @@ async fn a_place_is_not_taken_back_from_under_an_owner_nor_a_pool_barred_for_goo
     assert!(b.release(v, owner.epoch).await.unwrap());
     a.unclaim_place(v, "fsid-1/3").await.unwrap();
     assert_eq!(a.claim_place(v, "fsid-1/4").await.unwrap(), ("fsid-1/4".into(), true));
+    // B owns the name from before A's claim: A's claim goes back.
+    a.unclaim_place(v, "fsid-1/4").await.unwrap();
+    let owner = b.take_fenced(v, "addr-b", STEP, |_| Ok(())).await.unwrap();
+    assert_eq!(a.claim_place(v, "fsid-1/5").await.unwrap(), ("fsid-1/5".into(), true));
+    a.unclaim_place(v, "fsid-1/5").await.unwrap();
+    assert_eq!(
+        a.claim_place(v, "fsid-1/6").await.unwrap(),
+        ("fsid-1/6".into(), true),
+        "a claim was kept for an owner from before it"
+    );
+    a.unclaim_place(v, "fsid-1/6").await.unwrap();
+    assert!(b.release(v, owner.epoch).await.unwrap());
 
     let mut raw = etcd_client::Client::connect(&ep, None).await.unwrap();
     raw.put(format!("{p}/handoff/{v}"), "gw-c", None).await.unwrap();

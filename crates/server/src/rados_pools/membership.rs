@@ -135,6 +135,9 @@ pub struct Membership {
     /// None while this gateway has not joined: etcd did not answer when the daemon
     /// started. The daemon serves its local pools meanwhile and tries again every tick.
     gateway: tokio::sync::Mutex<Option<Gateway>>,
+    /// The lease of `gateway` and whether it is renewed, told without waiting for the
+    /// membership (which a taking holds through its fence): set with `gateway`.
+    liveness: std::sync::Mutex<Option<tessera_ownership::Liveness>>,
     /// Notified when a gateway's key changes in etcd (see [`changes`](Self::changes)).
     changes: Arc<tokio::sync::Notify>,
     /// What [`alive`](Self::alive) last found, for readers that must not wait for a
@@ -192,6 +195,7 @@ impl Membership {
             cfg: cfg.clone(),
             rt,
             gateway: tokio::sync::Mutex::new(None),
+            liveness: Default::default(),
             changes: Arc::default(),
             seen_alive: Default::default(),
             places: Default::default(),
@@ -268,8 +272,11 @@ impl Membership {
     /// whatever it owned may be another's already.
     pub fn alive(&self) -> bool {
         let alive = self
-            .rt
-            .block_on(async { self.gateway.lock().await.as_ref().is_some_and(|g| g.alive()) });
+            .liveness
+            .lock()
+            .expect("not poisoned")
+            .as_ref()
+            .is_some_and(|l| l.alive());
         self.seen_alive.store(alive, std::sync::atomic::Ordering::Relaxed);
         alive
     }
@@ -282,7 +289,7 @@ impl Membership {
 
     /// Whether this gateway ever joined since the daemon started.
     pub fn joined(&self) -> bool {
-        self.rt.block_on(async { self.gateway.lock().await.is_some() })
+        self.liveness.lock().expect("not poisoned").is_some()
     }
 
     /// A new lease: at start, or after the last one was lost (the gateway stalled, or
@@ -296,7 +303,9 @@ impl Membership {
             let changes = self.changes.clone();
             fresh.follow_changes(move || changes.notify_one()).await;
             *self.courier.lock().expect("not poisoned") = Some(fresh.courier());
-            *self.gateway.lock().await = Some(fresh)
+            let mut gateway = self.gateway.lock().await;
+            *self.liveness.lock().expect("not poisoned") = Some(fresh.liveness());
+            *gateway = Some(fresh);
         });
         Ok(())
     }
@@ -696,8 +705,7 @@ impl Membership {
 
     /// This run's lease, once joined: what an announcement was made under.
     pub fn lease(&self) -> Option<i64> {
-        self.rt
-            .block_on(async { self.gateway.lock().await.as_ref().map(|g| g.lease()) })
+        self.liveness.lock().expect("not poisoned").as_ref().map(|l| l.lease())
     }
 
     /// Says in etcd, on this gateway's lease, that it presents LUNs of pool `name`, so
