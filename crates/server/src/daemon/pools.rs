@@ -564,11 +564,14 @@ impl Daemon {
     }
 
     pub fn export_pool(&self, name: &str) -> ApiResult<()> {
-        let _admin = self.admin.lock();
+        let admin = self.admin.lock();
         if self.unavailable.write().remove(name).is_some() {
             // Never imported: forgetting it is all an export means.
-            self.forget_rados_pool(name)?;
-            return self.persist();
+            let left = self.leave_rados_pool(name);
+            let persisted = self.persist();
+            drop(admin);
+            self.end_rados_pool_left(name, left)?;
+            return persisted;
         }
         let e = self.take_pool(name, "export")?;
         if let Err(err) = e.quiesce() {
@@ -584,9 +587,10 @@ impl Daemon {
         }
         self.persist()?;
         // On RADOS: another gateway may take it from now on.
-        self.forget_rados_pool(name)?;
+        let left = self.leave_rados_pool(name);
         self.changed("pool.exported", name, None, format!("pool {name} exported"));
-        Ok(())
+        drop(admin);
+        self.end_rados_pool_left(name, left)
     }
 
     pub fn destroy_pool(&self, name: &str) -> ApiResult<()> {

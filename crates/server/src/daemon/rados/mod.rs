@@ -522,7 +522,10 @@ impl Daemon {
                         let _admin = self.admin.lock();
                         if !self.rados.lock().contains_key(name) || self.stopping.load(std::sync::atomic::Ordering::Relaxed) {
                             // Exported or destroyed here while it was being opened, or the
-                            // daemon is stopping: given up, not served.
+                            // daemon is stopping: given up, not served. (Its disk waits
+                            // for the writes it sent when it goes: not while the
+                            // administration waits.)
+                            drop(_admin);
                             drop(engine);
                             self.release_or_later(gw, name, epoch, None);
                             return;
@@ -531,6 +534,7 @@ impl Daemon {
                             // The lease it was taken under lapsed while it was being opened
                             // (the tick has joined again since, or will): another gateway
                             // may own it already, and would fence this connection off.
+                            drop(_admin);
                             drop(engine);
                             warn!(pool = %name, epoch, "this gateway's lease lapsed while the pool was being opened; it waits for the pool again");
                             return;
@@ -981,18 +985,18 @@ impl Daemon {
         self.rados.lock().get_mut(name).map(change).is_some()
     }
 
-    /// Gives up pool `name` after it was exported here, or forgotten while unavailable: its
-    /// objects stay for an import, here or at another gateway. (A destroyed pool's go:
-    /// `destroy_pool`.)
-    pub(super) fn forget_rados_pool(&self, name: &str) -> ApiResult<()> {
-        match self.leave_rados_pool(name) {
+    /// Gives up pool `name` after it was exported here, or forgotten while unavailable, as
+    /// [`leave_rados_pool`](Self::leave_rados_pool) left it (None: it was no pool on RADOS):
+    /// its objects stay for an import, here or at another gateway. (A destroyed pool's go:
+    /// `destroy_pool`.) Without the admin lock.
+    pub(super) fn end_rados_pool_left(&self, name: &str, left: Option<RadosPool>) -> ApiResult<()> {
+        match left {
             Some(p) => self.end_rados_pool(name, p, None),
             None => Ok(()),
         }
     }
 
-    /// The first half of [`forget_rados_pool`](Self::forget_rados_pool), under the admin
-    /// lock: pool `name` is no longer a pool on RADOS of this daemon (the ticks neither take,
+    /// The first half of giving up a pool on RADOS here, under the admin lock: pool `name` is no longer a pool on RADOS of this daemon (the ticks neither take,
     /// hand over nor open it again), and its LUNs and ports are withdrawn. Returns what this
     /// gateway held of it, its ownership among it: still held until
     /// [`end_rados_pool`](Self::end_rados_pool).
