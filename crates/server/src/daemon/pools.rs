@@ -564,14 +564,14 @@ impl Daemon {
     }
 
     pub fn export_pool(&self, name: &str) -> ApiResult<()> {
-        let admin = self.admin.lock();
+        // Held to the end: an import of the name meanwhile would have its marks in etcd
+        // (asking for the pool, presenting its LUNs) taken back by the end of this export.
+        let _admin = self.admin.lock();
         if self.unavailable.write().remove(name).is_some() {
             // Never imported: forgetting it is all an export means.
             let left = self.leave_rados_pool(name);
-            let persisted = self.persist();
-            drop(admin);
             self.end_rados_pool_left(name, left)?;
-            return persisted;
+            return self.persist();
         }
         let e = self.take_pool(name, "export")?;
         if let Err(err) = e.quiesce() {
@@ -588,9 +588,9 @@ impl Daemon {
         self.persist()?;
         // On RADOS: another gateway may take it from now on.
         let left = self.leave_rados_pool(name);
+        self.end_rados_pool_left(name, left)?;
         self.changed("pool.exported", name, None, format!("pool {name} exported"));
-        drop(admin);
-        self.end_rados_pool_left(name, left)
+        Ok(())
     }
 
     pub fn destroy_pool(&self, name: &str) -> ApiResult<()> {

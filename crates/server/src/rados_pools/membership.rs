@@ -236,34 +236,42 @@ impl Membership {
         self.with_gateway_bounded(Some(MEMBERSHIP_AT_MOST), f)
     }
 
-    /// Runs `f` on this gateway's membership, once joined (blocking), for `bound` at most
-    /// (None: `f` bounds each of its calls itself, and is not to be cut short part way).
-    /// The wait for the membership, which another call may hold, is bounded on its own
-    /// (`MEMBERSHIP_AT_MOST`): counted in `f`'s time, a long wait would cut `f` short
-    /// after it began.
+    /// Runs `f` on this gateway's membership, once joined (blocking): with a `bound`, for
+    /// that long at most, the wait for the membership (which another call may hold)
+    /// included; without, `f` bounds each of its calls itself and is not to be cut short
+    /// part way (a taking, whose transaction once landed must be followed by its fence and
+    /// the tidying of its fence record), and only the wait for the membership is bounded
+    /// (`MEMBERSHIP_AT_MOST`).
     fn with_gateway_bounded<T>(
         &self,
         bound: Option<Duration>,
         f: impl AsyncFnOnce(&mut Gateway) -> Result<T, String>,
     ) -> Result<T, String> {
+        let late = |bound: Duration| {
+            format!(
+                "etcd did not answer within {} s (a member stalled, or is cut off?)",
+                bound.as_secs()
+            )
+        };
         self.rt.block_on(async {
-            let Ok(mut gateway) = tokio::time::timeout(MEMBERSHIP_AT_MOST, self.gateway.lock()).await else {
-                return Err(format!(
-                    "this gateway's membership stayed busy for {} s (another call waiting on etcd, or a taking on the monitors?)",
-                    MEMBERSHIP_AT_MOST.as_secs()
-                ));
-            };
-            let Some(g) = gateway.as_mut() else {
-                return Err(self.not_joined());
-            };
             match bound {
-                Some(bound) => tokio::time::timeout(bound, f(g)).await.unwrap_or_else(|_| {
-                    Err(format!(
-                        "etcd did not answer within {} s (a member stalled, or is cut off?)",
-                        bound.as_secs()
-                    ))
-                }),
-                None => f(g).await,
+                Some(bound) => tokio::time::timeout(bound, async {
+                    match self.gateway.lock().await.as_mut() {
+                        Some(g) => f(g).await,
+                        None => Err(self.not_joined()),
+                    }
+                })
+                .await
+                .unwrap_or_else(|_| Err(late(bound))),
+                None => {
+                    let Ok(mut gateway) = tokio::time::timeout(MEMBERSHIP_AT_MOST, self.gateway.lock()).await else {
+                        return Err(late(MEMBERSHIP_AT_MOST));
+                    };
+                    match gateway.as_mut() {
+                        Some(g) => f(g).await,
+                        None => Err(self.not_joined()),
+                    }
+                }
             }
         })
     }
@@ -302,12 +310,28 @@ impl Membership {
             let mut fresh = fresh;
             let changes = self.changes.clone();
             fresh.follow_changes(move || changes.notify_one()).await;
+            // A taking under the old lease may hold the membership through a long fence:
+            // the next tick tries again rather than the tick wait for it.
+            let Ok(mut gateway) = tokio::time::timeout(MEMBERSHIP_AT_MOST, self.gateway.lock()).await else {
+                let _ = tokio::time::timeout(Duration::from_secs(2), fresh.leave()).await;
+                return Err(format!(
+                    "the membership stayed busy for {} s (a taking waiting on the monitors?)",
+                    MEMBERSHIP_AT_MOST.as_secs()
+                ));
+            };
             *self.courier.lock().expect("not poisoned") = Some(fresh.courier());
-            let mut gateway = self.gateway.lock().await;
             *self.liveness.lock().expect("not poisoned") = Some(fresh.liveness());
-            *gateway = Some(fresh);
-        });
-        Ok(())
+            let old = gateway.replace(fresh);
+            drop(gateway);
+            // Its keeper gave up, and what this gateway owned under it was given up here
+            // (`lose_rados_pools`); the lease may hold in etcd all the same (renewals that
+            // landed, their answers late): revoked, so that the other gateways, and this
+            // one under its new lease, take those pools now rather than once it expires.
+            if let Some(old) = old {
+                let _ = tokio::time::timeout(Duration::from_secs(2), old.leave()).await;
+            }
+            Ok(())
+        })
     }
 
     /// A new lease in etcd, through TLS when the configuration sets it up, as the etcd
@@ -571,7 +595,7 @@ impl Membership {
                 let key = owner_key(name);
                 let prefix = &self.cfg.prefix;
                 format!(
-                    "cannot forget where pool {name} lived ({e}): a pool of the name elsewhere is refused until its records go; once etcd answers, remove them by hand (etcdctl del {prefix}/place/{key}; etcdctl del {prefix}/fence/{key})"
+                    "cannot forget where pool {name} lived ({e}): a pool of the name elsewhere is refused until its records go; once etcd answers, if 'etcdctl get {prefix}/place/{key}' still gives {place} (this pool's place: etcd may have forgotten it all the same, and another pool of the name may have been made since), remove them by hand (etcdctl del {prefix}/place/{key}; etcdctl del {prefix}/fence/{key})"
                 )
             })?;
         if !forgot {
@@ -588,9 +612,17 @@ impl Membership {
     pub fn unclaim_place(&self, name: &str, placement: &Placement) -> Result<(), String> {
         let mut link = Link::default();
         let place = self.place_of(name, placement, &mut link)?;
-        if self.pool_is_at(name, placement, &mut link)? {
-            tracing::debug!(pool = %name, "a pool of the name was made where it was to live: its place stays recorded");
-            return Ok(());
+        match self.pool_is_at(name, placement, &mut link) {
+            Ok(true) => {
+                tracing::debug!(pool = %name, "a pool of the name was made where it was to live: its place stays recorded");
+                return Ok(());
+            }
+            Ok(false) => {}
+            // Most likely what failed the making: etcd's guard alone then (a gateway that
+            // took the name since keeps the place).
+            Err(e) => {
+                tracing::debug!(pool = %name, error = %e, "cannot learn whether a pool of the name was made where it was to live")
+            }
         }
         self.places
             .lock()

@@ -146,8 +146,12 @@ impl Daemon {
         }
         // Read before the administration waits on this: the cluster may be slow to answer
         // now. (Those LUNs whose records cannot be read now come at the end, or at the next
-        // tick.)
-        let units = self.standby_units(name);
+        // tick.) Not while jobs hold the handover back, as they may for hours: each tick
+        // would read them for nothing.
+        let units = match self.jobs.running_on(name).is_empty() {
+            true => self.standby_units(name),
+            false => None,
+        };
         let (engine, owned) = {
             let _admin = self.admin.lock();
             let Some((epoch, ports)) = self.owned_epoch_and_ports(name) else {

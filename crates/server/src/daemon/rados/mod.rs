@@ -988,7 +988,7 @@ impl Daemon {
     /// Gives up pool `name` after it was exported here, or forgotten while unavailable, as
     /// [`leave_rados_pool`](Self::leave_rados_pool) left it (None: it was no pool on RADOS):
     /// its objects stay for an import, here or at another gateway. (A destroyed pool's go:
-    /// `destroy_pool`.) Without the admin lock.
+    /// `destroy_pool`.)
     pub(super) fn end_rados_pool_left(&self, name: &str, left: Option<RadosPool>) -> ApiResult<()> {
         match left {
             Some(p) => self.end_rados_pool(name, p, None),
