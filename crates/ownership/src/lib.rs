@@ -704,7 +704,8 @@ impl Gateway {
 
     /// Takes back a place `claim_place` recorded for `vdisk` that was not made there after
     /// all (its making failed before it was taken): only the place, only if it is still
-    /// `place`, and only if no gateway took `vdisk` since the place was recorded: one that
+    /// `place`, and only if no gateway took `vdisk` (nor handed it over) since the place was
+    /// recorded: one that
     /// did may have been told the same place (the same making sent to two gateways) and
     /// made it there. An owner from before (a pool of the name made elsewhere before places
     /// were recorded) did not. Its fence record stays: it may be that of such a pool.
@@ -719,6 +720,8 @@ impl Gateway {
                 Compare::mod_revision(key.as_str(), CompareOp::Equal, kv.mod_revision()),
                 // An owner key that is absent compares as revision 0.
                 Compare::create_revision(self.key(vdisk), CompareOp::Less, kv.create_revision()),
+                // Nor handed over since (its owner key gone meanwhile, the pool made).
+                Compare::create_revision(self.handoff_key(vdisk), CompareOp::Less, kv.create_revision()),
             ])
             .and_then([TxnOp::delete(key.as_str(), None)]);
         self.client.txn(txn).await?;

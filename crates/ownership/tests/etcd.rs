@@ -405,6 +405,25 @@ async fn a_place_is_not_taken_back_from_under_an_owner_nor_a_pool_barred_for_goo
         ("fsid-1/3".into(), false),
         "the place of a pool owned there was taken back"
     );
+    // Handed over since (no owner key while the handoff lasts): kept too.
+    assert!(b
+        .release_to(v, owner.epoch, "gw-c", Duration::from_secs(1))
+        .await
+        .unwrap());
+    a.unclaim_place(v, "fsid-1/3").await.unwrap();
+    assert_eq!(
+        a.claim_place(v, "fsid-1/4").await.unwrap(),
+        ("fsid-1/3".into(), false),
+        "the place of a pool handed over there was taken back"
+    );
+    // The handoff's lease runs out: B owns the pool again, then lets it go.
+    let owner = loop {
+        let o = b.take_fenced(v, "addr-b", STEP, |_| Ok(())).await.unwrap();
+        if b.holds(&o) {
+            break o;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
     assert!(b.release(v, owner.epoch).await.unwrap());
     a.unclaim_place(v, "fsid-1/3").await.unwrap();
     assert_eq!(a.claim_place(v, "fsid-1/4").await.unwrap(), ("fsid-1/4".into(), true));
