@@ -34,6 +34,8 @@ use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp
 use tokio::task::JoinHandle;
 
 pub use courier::{Ask, AsksComing, Courier, NoticesComing};
+pub use etcd_user::EtcdUser;
+pub use lease_clock::LeaseClock;
 
 /// A gateway's lease, and whether it is still renewed ([`Gateway::liveness`]).
 pub struct Liveness {
@@ -52,8 +54,6 @@ impl Liveness {
         self.lease
     }
 }
-pub use etcd_user::EtcdUser;
-pub use lease_clock::LeaseClock;
 
 /// What went wrong talking to etcd, or taking a vdisk.
 #[derive(Debug)]
@@ -705,10 +705,10 @@ impl Gateway {
     /// Takes back a place `claim_place` recorded for `vdisk` that was not made there after
     /// all (its making failed before it was taken): only the place, only if it is still
     /// `place`, and only if no gateway took `vdisk` (nor handed it over) since the place was
-    /// recorded: one that
-    /// did may have been told the same place (the same making sent to two gateways) and
-    /// made it there. An owner from before (a pool of the name made elsewhere before places
-    /// were recorded) did not. Its fence record stays: it may be that of such a pool.
+    /// recorded: one that did may have been told the same place (the same making sent to
+    /// two gateways) and made it there. An owner from before (a pool of the name made
+    /// elsewhere before places were recorded) did not. Its fence record stays: it may be
+    /// that of such a pool.
     pub async fn unclaim_place(&mut self, vdisk: &str, place: &str) -> Result<()> {
         let key = self.place_key(vdisk);
         let found = self.client.get(key.as_str(), None).await?;

@@ -569,8 +569,7 @@ impl Daemon {
         let _admin = self.admin.lock();
         if self.unavailable.write().remove(name).is_some() {
             // Never imported: forgetting it is all an export means.
-            let left = self.leave_rados_pool(name);
-            self.end_rados_pool_left(name, left)?;
+            self.forget_rados_pool(name)?;
             return self.persist();
         }
         let e = self.take_pool(name, "export")?;
@@ -587,8 +586,7 @@ impl Daemon {
         }
         self.persist()?;
         // On RADOS: another gateway may take it from now on.
-        let left = self.leave_rados_pool(name);
-        self.end_rados_pool_left(name, left)?;
+        self.forget_rados_pool(name)?;
         self.changed("pool.exported", name, None, format!("pool {name} exported"));
         Ok(())
     }

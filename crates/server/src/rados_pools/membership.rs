@@ -606,8 +606,8 @@ impl Membership {
 
     /// Takes back the place `claim_place` recorded for pool `name` at `placement`, when the
     /// pool was not made there after all (it could not be taken); its fence record stays.
-    /// Not when a pool of the name is there all the same, or a gateway took the name since
-    /// the claim: the same making sent to two gateways (an administrator trying again at
+    /// Not when a pool of the name is there all the same, or a gateway took the name (or
+    /// handed it over) since the claim: the same making sent to two gateways (an administrator trying again at
     /// another) may have been made by the other, whose pool the record is then.
     pub fn unclaim_place(&self, name: &str, placement: &Placement) -> Result<(), String> {
         let mut link = Link::default();

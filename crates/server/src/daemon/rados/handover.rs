@@ -206,12 +206,10 @@ impl Daemon {
                     p.elsewhere = None;
                 },
             );
-            // Only a handover etcd made: one it failed is no fault of the gateway's. The grace
-            // counts from when etcd made it: the release may have waited on etcd.
+            // Only a handover etcd made: one it failed is no fault of the gateway's.
             if handed {
                 if let Some(p) = self.rados.lock().get_mut(name) {
-                    p.handed_to = Some(to.to_string());
-                    p.handed_over = Some(Instant::now());
+                    p.handed_over_now(to.to_string());
                 }
             }
             // Only now: this daemon no longer has the pool to go on with its scrub.

@@ -192,6 +192,13 @@ impl RadosPool {
         self.owned.as_ref().map(|o| o.epoch)
     }
 
+    /// Etcd made the handoff to gateway `to` just now: `to`'s grace to take the pool counts
+    /// from now, not from when the release was asked (it may have waited on etcd).
+    fn handed_over_now(&mut self, to: String) {
+        self.handed_to = Some(to);
+        self.handed_over = Some(Instant::now());
+    }
+
     /// `asks` is told when a host first asks for the pool at one of its standby ports here.
     fn new(
         placement: Placement,
@@ -985,18 +992,18 @@ impl Daemon {
         self.rados.lock().get_mut(name).map(change).is_some()
     }
 
-    /// Gives up pool `name` after it was exported here, or forgotten while unavailable, as
-    /// [`leave_rados_pool`](Self::leave_rados_pool) left it (None: it was no pool on RADOS):
-    /// its objects stay for an import, here or at another gateway. (A destroyed pool's go:
+    /// Gives up pool `name` after it was exported here, or forgotten while unavailable: its
+    /// objects stay for an import, here or at another gateway. (A destroyed pool's go:
     /// `destroy_pool`.)
-    pub(super) fn end_rados_pool_left(&self, name: &str, left: Option<RadosPool>) -> ApiResult<()> {
-        match left {
+    pub(super) fn forget_rados_pool(&self, name: &str) -> ApiResult<()> {
+        match self.leave_rados_pool(name) {
             Some(p) => self.end_rados_pool(name, p, None),
             None => Ok(()),
         }
     }
 
-    /// The first half of giving up a pool on RADOS here, under the admin lock: pool `name` is no longer a pool on RADOS of this daemon (the ticks neither take,
+    /// The first half of [`forget_rados_pool`](Self::forget_rados_pool), under the admin
+    /// lock: pool `name` is no longer a pool on RADOS of this daemon (the ticks neither take,
     /// hand over nor open it again), and its LUNs and ports are withdrawn. Returns what this
     /// gateway held of it, its ownership among it: still held until
     /// [`end_rados_pool`](Self::end_rados_pool).
@@ -1087,8 +1094,7 @@ impl Daemon {
                     // Handed over only now: the gateway it goes to has its grace from now.
                     if let Some(to) = to.filter(|_| handed) {
                         if let Some(p) = self.rados.lock().get_mut(&name).filter(|p| p.owned.is_none()) {
-                            p.handed_to = Some(to);
-                            p.handed_over = Some(Instant::now());
+                            p.handed_over_now(to);
                         }
                     }
                 }
