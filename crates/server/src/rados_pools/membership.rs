@@ -106,6 +106,54 @@ const TAKING_CALL_AT_MOST: Duration = Duration::from_secs(15);
 /// again a command that ran (what a stalled etcd costs).
 const COURIER_AT_MOST: Duration = Duration::from_secs(5);
 
+/// How much of its bound a call on the membership must have left once it has it: one that
+/// waited nearly all of it for another call (a taking fencing at slow monitors) is refused
+/// before it asks etcd anything, rather than cut short just after its request went out,
+/// when what it asked may or may not land.
+const CALL_NEEDS_AT_LEAST: Duration = Duration::from_secs(5);
+
+/// Runs `f` on `member` once joined (`not_joined` says why not otherwise). With a `bound`,
+/// for that long at most, the wait for `member` (which another call may hold) included,
+/// and `f` is not started with less than `CALL_NEEDS_AT_LEAST` of it left; without, `f`
+/// bounds each of its calls itself and is not cut short part way, and only the wait for
+/// `member` is bounded (`MEMBERSHIP_AT_MOST`). A wait that runs out and a call that does
+/// are told apart: the first asked etcd nothing.
+async fn on_member<G, T>(
+    member: &tokio::sync::Mutex<Option<G>>,
+    bound: Option<Duration>,
+    not_joined: impl FnOnce() -> String,
+    f: impl AsyncFnOnce(&mut G) -> Result<T, String>,
+) -> Result<T, String> {
+    let start = tokio::time::Instant::now();
+    let waited_for = bound.unwrap_or(MEMBERSHIP_AT_MOST);
+    let busy = |waited: Duration| {
+        format!(
+            "this gateway's membership was busy for {} s (another call holds it: a taking fencing \
+             a previous owner at slow monitors?); etcd was asked nothing, try again",
+            waited.as_secs()
+        )
+    };
+    let Ok(mut held) = tokio::time::timeout(waited_for, member.lock()).await else {
+        return Err(busy(waited_for));
+    };
+    let Some(g) = held.as_mut() else {
+        return Err(not_joined());
+    };
+    let Some(bound) = bound else {
+        return f(g).await;
+    };
+    let left = bound.saturating_sub(start.elapsed());
+    if left < CALL_NEEDS_AT_LEAST {
+        return Err(busy(start.elapsed()));
+    }
+    tokio::time::timeout(left, f(g)).await.unwrap_or_else(|_| {
+        Err(format!(
+            "etcd did not answer within {} s (a member stalled, or is cut off?)",
+            bound.as_secs()
+        ))
+    })
+}
+
 async fn within_courier_time<T>(
     f: impl std::future::Future<Output = tessera_ownership::Result<T>>,
 ) -> Result<T, String> {
@@ -236,44 +284,16 @@ impl Membership {
         self.with_gateway_bounded(Some(MEMBERSHIP_AT_MOST), f)
     }
 
-    /// Runs `f` on this gateway's membership, once joined (blocking): with a `bound`, for
-    /// that long at most, the wait for the membership (which another call may hold)
-    /// included; without, `f` bounds each of its calls itself and is not to be cut short
-    /// part way (a taking, whose transaction once landed must be followed by its fence and
-    /// the tidying of its fence record), and only the wait for the membership is bounded
-    /// (`MEMBERSHIP_AT_MOST`).
+    /// Runs `f` on this gateway's membership, once joined (blocking), as [`on_member`]
+    /// does: without a `bound` for a taking, whose transaction once landed must be followed
+    /// by its fence and the tidying of its fence record.
     fn with_gateway_bounded<T>(
         &self,
         bound: Option<Duration>,
         f: impl AsyncFnOnce(&mut Gateway) -> Result<T, String>,
     ) -> Result<T, String> {
-        let late = |bound: Duration| {
-            format!(
-                "etcd did not answer within {} s (a member stalled, or is cut off?)",
-                bound.as_secs()
-            )
-        };
-        self.rt.block_on(async {
-            match bound {
-                Some(bound) => tokio::time::timeout(bound, async {
-                    match self.gateway.lock().await.as_mut() {
-                        Some(g) => f(g).await,
-                        None => Err(self.not_joined()),
-                    }
-                })
-                .await
-                .unwrap_or_else(|_| Err(late(bound))),
-                None => {
-                    let Ok(mut gateway) = tokio::time::timeout(MEMBERSHIP_AT_MOST, self.gateway.lock()).await else {
-                        return Err(late(MEMBERSHIP_AT_MOST));
-                    };
-                    match gateway.as_mut() {
-                        Some(g) => f(g).await,
-                        None => Err(self.not_joined()),
-                    }
-                }
-            }
-        })
+        self.rt
+            .block_on(on_member(&self.gateway, bound, || self.not_joined(), f))
     }
 
     /// Whether this gateway has joined and its lease is still renewed; once false,
@@ -859,5 +879,111 @@ impl Membership {
                 .map(drop)
                 .map_err(|e| e.to_string())
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{on_member, CALL_NEEDS_AT_LEAST};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    type Member = Arc<tokio::sync::Mutex<Option<u32>>>;
+
+    /// Holds `member` for `how_long` from now, as a taking fencing at slow monitors would.
+    async fn held_for(member: &Member, how_long: Duration) {
+        let held = member.clone().lock_owned().await;
+        tokio::spawn(async move {
+            tokio::time::sleep(how_long).await;
+            drop(held);
+        });
+    }
+
+    fn not_joined() -> String {
+        "not joined".to_string()
+    }
+
+    /// A call is told from a wait: one that waited its bound away, or so much of it that it
+    /// could be cut just after its request went out, asks nothing and says it was the wait;
+    /// one whose etcd call outlasts what is left is cut and says etcd did not answer; a
+    /// taking (no bound) waits, and is not cut, however long its calls take.
+    #[tokio::test]
+    async fn a_call_on_the_membership_is_bounded_and_never_started_too_late() {
+        let member: Member = Arc::new(tokio::sync::Mutex::new(Some(7)));
+        let asked = AtomicBool::new(false);
+        let ask = async |g: &mut u32| {
+            asked.store(true, Ordering::SeqCst);
+            Ok(*g)
+        };
+
+        assert_eq!(
+            on_member(&member, Some(Duration::from_secs(10)), not_joined, &ask).await,
+            Ok(7)
+        );
+        assert!(asked.swap(false, Ordering::SeqCst));
+
+        // Held past the whole bound: the wait runs out.
+        held_for(&member, Duration::from_secs(3)).await;
+        let t0 = Instant::now();
+        let e = on_member(&member, Some(Duration::from_secs(1)), not_joined, &ask)
+            .await
+            .unwrap_err();
+        assert!(
+            e.contains("membership was busy for 1 s") && e.contains("etcd was asked nothing"),
+            "{e}"
+        );
+        assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+        assert!(
+            !asked.load(Ordering::SeqCst),
+            "a call that never had the membership asked etcd"
+        );
+
+        // Had within the bound, but with less than a call needs left: not started.
+        let bound = CALL_NEEDS_AT_LEAST + Duration::from_secs(1);
+        drop(member.lock().await); // the earlier holder let go
+        held_for(&member, Duration::from_secs(2)).await;
+        let e = on_member(&member, Some(bound), not_joined, &ask).await.unwrap_err();
+        assert!(e.contains("membership was busy for 2 s"), "{e}");
+        assert!(
+            !asked.load(Ordering::SeqCst),
+            "a call started with too little time left"
+        );
+
+        // Had at once, and etcd does not answer: cut at the bound, and said so.
+        let t0 = Instant::now();
+        let e = on_member(
+            &member,
+            Some(bound),
+            not_joined,
+            async |_: &mut u32| -> Result<u32, String> { std::future::pending().await },
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(
+            e,
+            format!(
+                "etcd did not answer within {} s (a member stalled, or is cut off?)",
+                bound.as_secs()
+            )
+        );
+        assert!(t0.elapsed() >= bound, "{:?}", t0.elapsed());
+
+        // A taking waits for the membership and is not cut short, however long it takes.
+        held_for(&member, Duration::from_secs(1)).await;
+        let slow = on_member(&member, None, not_joined, async |g: &mut u32| {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            Ok(*g + 1)
+        });
+        assert_eq!(slow.await, Ok(8));
+
+        let none: Member = Arc::new(tokio::sync::Mutex::new(None));
+        for bound in [Some(bound), None] {
+            assert_eq!(
+                on_member(&none, bound, not_joined, &ask).await,
+                Err("not joined".to_string())
+            );
+        }
+        assert!(!asked.load(Ordering::SeqCst));
     }
 }
