@@ -2823,7 +2823,13 @@ fn a_command_that_needs_a_stalled_etcd_fails_in_time() {
     });
     eprintln!("{test}: the command failed after {took:?}: {}", out.stderr.trim());
     assert!(!out.success, "{out:?}");
-    assert!(out.stderr.contains("etcd did not answer within 45 s"), "{out:?}");
+    // Said as the command's own call timing out, or as its wait for the membership (which
+    // the tick's call, stalled as well, held) leaving too little time to make it.
+    assert!(
+        out.stderr.contains("etcd did not answer within 45 s")
+            || out.stderr.contains("membership was busy for") && out.stderr.contains("one etcd does not answer"),
+        "{out:?}"
+    );
     assert!(took < Duration::from_secs(60), "{took:?}");
 
     // Its lease lapsed meanwhile (3 s against a stall of 45): it gives the pool up (the pool

@@ -779,6 +779,11 @@ impl Inner {
         };
         if let Some(why) = unsendable {
             b.bytes -= h.bytes;
+            // Not applied anywhere, and its writers are told so: unlike a write the OSDs
+            // refused or timed out (which may be applied in part, or later), it leaves
+            // nothing unknown, and the disk goes on vouching for what was applied, as for a
+            // write refused at its start past the lease. A lease really lost has the pool
+            // given up at the next tick, and a newer owner's refusals fail the flushes.
             Self::tell(b, h.tag, Err(why));
             self.settled.notify_all();
             return;
@@ -1070,8 +1075,10 @@ impl Inner {
         };
         for ((run, scratch), got) in runs.into_iter().zip(scratch).zip(got) {
             let these = &mut parts[run];
+            // Never more than was asked for, whatever librados says it read.
+            let asked: usize = these.iter().map(|p| p.2.len()).sum();
             let n = match got {
-                Ok(n) => n,
+                Ok(n) => n.min(asked),
                 // Never written: zeros.
                 Err(e) if e.errno() == Some(libc::ENOENT) => 0,
                 Err(e) => {

@@ -128,8 +128,9 @@ async fn on_member<G, T>(
     let waited_for = bound.unwrap_or(MEMBERSHIP_AT_MOST);
     let busy = |waited: Duration| {
         format!(
-            "this gateway's membership was busy for {} s (another call holds it: a taking fencing \
-             a previous owner at slow monitors?); etcd was asked nothing, try again",
+            "this gateway's membership was busy for {} s (another call holds it: one etcd does not \
+             answer, or a taking fencing a previous owner at slow monitors); etcd was asked \
+             nothing, try again",
             waited.as_secs()
         )
     };
