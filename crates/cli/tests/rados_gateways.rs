@@ -482,6 +482,56 @@ fn a_pool_with_damaged_records_is_not_taken_until_they_are_put_right() {
     a.stop();
 }
 
+/// Nor is a pool whose metadata's version or epoch no commit of an opening can follow (set
+/// by hand, damaged; or an epoch past etcd's revision, as after etcd was restored from an
+/// older snapshot): its opening would be refused after its taking fenced a connection off,
+/// every tick. It waits, saying what to put right and how, and is taken once it is.
+#[test]
+fn a_pool_whose_metadata_no_opening_could_stamp_is_not_taken() {
+    let test = "a_pool_whose_metadata_no_opening_could_stamp_is_not_taken";
+    let Some((conf, etcd, _cluster)) = cluster(test) else {
+        return;
+    };
+    let pid = std::process::id();
+    let pool = format!("unstampable{pid}");
+    let prefix = format!("/tessera-test-unstampable-{pid}");
+    let t = tempfile::tempdir().unwrap();
+    let mut a = Daemon::start_configured(&t.path().join("a"), &gateway_config("gw-a", &etcd, &prefix));
+    create_rados_pool(&a, &pool, &conf);
+    let meta_object = format!("tessera.{pool}.meta");
+    let rados = |args: &[&str]| ok("rados", &[&["-c", conf.as_str(), "-p", RADOS_POOL][..], args].concat());
+    let far_epoch = format!("{:020}", 1_000_000_000_000u64);
+    for (attr, value, said) in [
+        ("tessera.epoch", "x", "not an epoch"),
+        ("tessera.epoch", far_epoch.as_str(), "etcd lost revisions"),
+        ("tessera.meta.version", "abc", "which no commit can follow"),
+    ] {
+        a.ok(&["pool", "export", &pool]);
+        let original = rados(&["getxattr", &meta_object, attr]);
+        assert!(
+            !original.trim().is_empty() && original.trim().bytes().all(|b| b.is_ascii_digit()),
+            "{original:?}"
+        );
+        rados(&["setxattr", &meta_object, attr, value]);
+        a.ok(&["pool", "import", &pool, "--rados", RADOS_POOL, "--ceph-conf", &conf]);
+        std::thread::sleep(Duration::from_secs(3));
+        let p = pool_entry(&a, &pool);
+        assert_eq!(p["health"], "unavailable", "{attr} {value}: {p}");
+        let problem = p["problem"].as_str().unwrap_or_default();
+        assert!(
+            problem.contains(said) && problem.contains("not taken"),
+            "{attr} {value}: {p}"
+        );
+        assert!(problem.contains("rmxattr"), "{attr} {value}: {p}");
+        assert_eq!(p["rados"]["failed_takes"], 0, "{p}");
+        assert_eq!(p["rados"]["takeovers"], 0, "{p}");
+        rados(&["setxattr", &meta_object, attr, original.trim()]);
+        until_served(&a, &pool, Duration::from_secs(20));
+    }
+    a.ok(&["pool", "destroy", &pool]);
+    a.stop();
+}
+
 /// Nor is a pool whose label is gone (wiped by a destruction that a stop cut short before
 /// it removed the records): its opening would refuse it. It waits, saying why, and is
 /// taken once the label is back. (Until 2026-12-07 it was taken every 30 s, and a destroyer

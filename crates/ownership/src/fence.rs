@@ -32,6 +32,15 @@ pub fn epoch_text(epoch: i64) -> Vec<u8> {
     format!("{:020}", epoch.max(0)).into_bytes()
 }
 
+/// The epoch an attribute holds, if it holds one as [`epoch_text`] writes it: anything else
+/// (set by hand, damaged) compares with epochs by its bytes in the OSD's guards, and refuses
+/// every writer if it sorts after their epochs.
+pub fn epoch_of(text: &[u8]) -> Option<i64> {
+    (text.len() == 20 && text.iter().all(u8::is_ascii_digit))
+        .then(|| std::str::from_utf8(text).ok()?.parse().ok())
+        .flatten()
+}
+
 /// Writes to a pool on behalf of an owner at `epoch`: every write through the pool's context
 /// carries it from now on, so that each context serves one owner.
 pub struct FencedWriter<'p, 'c> {

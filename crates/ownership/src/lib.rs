@@ -799,6 +799,20 @@ impl Gateway {
         Ok(owner)
     }
 
+    /// The revision etcd is at now: every epoch taken so far is at most this.
+    pub async fn revision(&mut self) -> Result<i64> {
+        let r = self
+            .client
+            .get(
+                self.prefix.as_str(),
+                Some(GetOptions::new().with_prefix().with_count_only()),
+            )
+            .await?;
+        r.header()
+            .map(|h| h.revision())
+            .ok_or_else(|| OwnershipError::new("etcd's answer carried no revision"))
+    }
+
     /// The owner of `vdisk`, if any. A key without a lease owns nothing (see
     /// [`drop_leaseless`](Self::drop_leaseless)).
     pub async fn owner(&mut self, vdisk: &str) -> Result<Option<Owner>> {

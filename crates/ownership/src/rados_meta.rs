@@ -26,7 +26,7 @@ use std::collections::{BTreeMap, HashMap};
 use tessera_pool::{counted, hex, unhex, MemoryMeta, MetaBackend, MetaBatch, MetaOp, MetaView, PoolError, Visit};
 use tessera_rados::{Pool, RadosError, WriteOp, XattrCmp};
 
-use crate::fence::{epoch_text, EPOCH_ATTR};
+use crate::fence::{epoch_of, epoch_text, EPOCH_ATTR};
 
 /// The attribute every batch bumps.
 pub const VERSION_ATTR: &str = "tessera.meta.version";
@@ -44,9 +44,18 @@ pub fn last_owner(pool: &Pool<'_>, oid: &str) -> Result<Option<String>, RadosErr
 }
 
 /// Whether an owner at `epoch` or later has written metadata object `oid`: stamped it at
-/// its opening, which comes after its taking fenced the owners before it off.
+/// its opening, which comes after its taking fenced the owners before it off. An epoch
+/// attribute that is not one is an error, not an answer.
 pub fn written_since(pool: &Pool<'_>, oid: &str, epoch: i64) -> Result<bool, RadosError> {
-    Ok(pool.xattr(oid, EPOCH_ATTR)?.is_some_and(|t| t >= epoch_text(epoch)))
+    match pool.xattr(oid, EPOCH_ATTR)? {
+        None => Ok(false),
+        Some(t) => epoch_of(&t).map(|stamped| stamped >= epoch).ok_or_else(|| {
+            RadosError::Invalid(format!(
+                "{oid}: unreadable {EPOCH_ATTR} {:?}",
+                String::from_utf8_lossy(&t)
+            ))
+        }),
+    }
 }
 
 /// Records read per omap page.
@@ -65,6 +74,13 @@ pub struct RadosMeta {
     /// with the pool destroyed), and a commit must not make it again, holding that batch's
     /// records alone, which the next opening would read as the whole pool.
     made: std::sync::atomic::AtomicBool,
+    /// Held by a commit from its first reading to its outcome: the commits of one owner
+    /// (one store per pool) go one after another, rather than overtake each other on the
+    /// version guard and compute again, a busy writer's long batch losing every round. The
+    /// guard is then overtaken only by another store's commit (another gateway's).
+    committing: std::sync::Mutex<()>,
+    /// How many times a commit here was overtaken and computed again.
+    overtaken: std::sync::atomic::AtomicU64,
 }
 
 fn family(cf: &str) -> Vec<u8> {
@@ -72,6 +88,8 @@ fn family(cf: &str) -> Vec<u8> {
 }
 
 fn omap_key(cf: &str, key: &[u8]) -> Vec<u8> {
+    // A family's name ends at its first '/': one holding one would be read back as strays.
+    debug_assert!(!cf.contains('/'), "family {cf:?}");
     format!("{cf}/{}", hex(key)).into_bytes()
 }
 
@@ -96,7 +114,22 @@ impl RadosMeta {
             epoch,
             owner: None,
             made: std::sync::atomic::AtomicBool::new(false),
+            committing: Default::default(),
+            overtaken: Default::default(),
         }
+    }
+
+    /// Says that the object was seen (its version read by the caller): a commit never makes
+    /// it again, should it be removed meanwhile.
+    pub fn seen(self) -> RadosMeta {
+        self.made.store(true, std::sync::atomic::Ordering::Relaxed);
+        self
+    }
+
+    /// How many times a commit through this store was overtaken by another's and computed
+    /// again.
+    pub fn overtaken(&self) -> u64 {
+        self.overtaken.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Stamps every batch with `address`, the writer's client address in the cluster: the
@@ -271,6 +304,13 @@ impl RadosMeta {
                     out.insert(omap_key(cf, k), None);
                 }
                 MetaOp::DeleteRange(cf, from, to) => {
+                    if from > to {
+                        return Err(self.refused(format!(
+                            "a range of {cf} deleted from {} to {}, before its start",
+                            hex(from),
+                            hex(to)
+                        )));
+                    }
                     let (from, to) = (omap_key(cf, from), omap_key(cf, to));
                     let mut doomed = Vec::new();
                     self.walk(&family(cf), &from, &mut |k, _| {
@@ -317,11 +357,16 @@ impl MetaBackend for RadosMeta {
     fn commit(&self, batch: &MetaBatch, _sync: bool) -> Result<(), PoolError> {
         // The OSDs acknowledge a write once every replica holds it: every commit is durable.
         use std::sync::atomic::Ordering;
+        let _one_at_a_time = self.committing.lock().unwrap_or_else(|p| p.into_inner());
         for _ in 0..MAX_TRIES {
+            // Whether the object was seen before this reading: a reading that finds it gone
+            // must not be taken for one before it was made because another store (the same
+            // gateway's readers) saw it made meanwhile.
+            let seen = self.made.load(Ordering::Relaxed);
             let (version, read) = self.version_read()?;
             match read {
                 Some(_) => {}
-                None if self.made.load(Ordering::Relaxed) => {
+                None if seen => {
                     return Err(self.refused(
                         "the metadata object is gone (removed by hand, or the pool destroyed): a commit would make it \
                          again holding this change alone, which the next opening would take for the whole pool"
@@ -375,6 +420,7 @@ impl MetaBackend for RadosMeta {
                     if self.replaced()? {
                         return Err(self.replaced_error(""));
                     }
+                    self.overtaken.fetch_add(1, Ordering::Relaxed);
                     // Made by another commit since it was read: that one set the version.
                     // An object there without it was made otherwise, and would refuse
                     // every batch.
@@ -401,8 +447,8 @@ impl MetaBackend for RadosMeta {
 
     fn multi_get(&self, cf: &str, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, PoolError> {
         let omap: Vec<Vec<u8>> = keys.iter().map(|k| omap_key(cf, k)).collect();
-        let mut found = self.read(&omap)?;
-        Ok(omap.iter().map(|k| found.remove(k)).collect())
+        let found = self.read(&omap)?;
+        Ok(omap.iter().map(|k| found.get(k).cloned()).collect())
     }
 
     fn scan(&self, cf: &str, from: &[u8], visit: Visit) -> Result<(), PoolError> {

@@ -144,6 +144,10 @@ fn a_metadata_object_removed_under_its_store_is_not_made_again() {
     pool.remove(&other).unwrap();
     assert!(reopened.commit(put("c"), true).is_err());
     assert_eq!(pool.size(&other).unwrap(), None);
+    // Nor one whose caller saw it there (an opening's stamp, after its records were read).
+    let seen = MetaStore::on(meta(&c, &format!("{oid}-3"), 5).seen());
+    assert!(seen.commit(put("a"), true).is_err(), "an object seen was made");
+    assert_eq!(pool.size(&format!("{oid}-3")).unwrap(), None);
 
     // Fenced off: said so.
     let fenced = ceph(&conf);
@@ -157,6 +161,57 @@ fn a_metadata_object_removed_under_its_store_is_not_made_again() {
     // An operation a blocklisted client had sent may have been applied before the OSD
     // learnt of the blocklist: its outcome is not known.
     assert!(e.to_string().contains("may or may not be applied"), "{e}");
+}
+
+/// The commits of one store (one owner's) go one after another, rather than overtake each
+/// other on the object's version and compute again: many threads committing count deltas at
+/// once are never overtaken, and the counts add up. A second store on the object (another
+/// gateway's) does overtake them, and they still add up.
+#[test]
+fn the_commits_of_one_store_do_not_overtake_each_other() {
+    use tessera_pool::MetaBackend;
+    let _shared = shared();
+    let t = "the_commits_of_one_store_do_not_overtake_each_other";
+    let Some(conf) = ceph_conf(t) else { return };
+    let oid = format!("{t}-{}", std::process::id());
+    let c = ceph(&conf);
+    let one = Arc::new(meta(&c, &oid, 5));
+    let other = Arc::new(meta(&c, &oid, 5));
+    let count = |n: i64| {
+        let mut b = MetaBatch::new();
+        b.count(tessera_pool::CF_REFCOUNTS, b"n", n);
+        b.put(CF_POOL, b"last", n.to_le_bytes());
+        b
+    };
+    let run = |stores: &[&Arc<RadosMeta>]| {
+        std::thread::scope(|s| {
+            for (i, store) in stores.iter().cycle().take(4).enumerate() {
+                s.spawn(move || {
+                    for _ in 0..25 {
+                        store.commit(&count(i as i64 + 1), true).unwrap();
+                    }
+                });
+            }
+        });
+    };
+    run(&[&one]);
+    assert_eq!(one.overtaken(), 0, "the commits of one store overtook each other");
+    let n = one
+        .get(tessera_pool::CF_REFCOUNTS, b"n")
+        .unwrap()
+        .map(|v| tessera_pool::decode_refcount(&v));
+    assert_eq!(n, Some(25 * (1 + 2 + 3 + 4)));
+    run(&[&one, &other]);
+    let n = one
+        .get(tessera_pool::CF_REFCOUNTS, b"n")
+        .unwrap()
+        .map(|v| tessera_pool::decode_refcount(&v));
+    assert_eq!(n, Some(2 * 25 * (1 + 2 + 3 + 4)), "counts lost between two stores");
+    eprintln!(
+        "{t}: two stores overtook each other {} times",
+        one.overtaken() + other.overtaken()
+    );
+    Cluster::shared_pool(&c, TEST_POOL).unwrap().remove(&oid).unwrap();
 }
 
 /// A metadata object whose version is written otherwise than a commit writes it ("5", not

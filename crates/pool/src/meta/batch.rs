@@ -82,6 +82,11 @@ impl FromIterator<MetaOp> for MetaBatch {
 pub fn counted(before: Option<&[u8]>, delta: i64) -> Vec<u8> {
     match before {
         Some(b) if b.len() != 8 => b.to_vec(),
-        _ => refcount_delta(before.map(crate::meta::decode_refcount).unwrap_or(0) + delta).to_vec(),
+        _ => match before.map(crate::meta::decode_refcount).unwrap_or(0).checked_add(delta) {
+            Some(n) => refcount_delta(n).to_vec(),
+            // A count damaged past any real one: kept as it is, for the next import to count
+            // again (as one not of 8 bytes is), rather than wrap or panic.
+            None => before.map(<[u8]>::to_vec).unwrap_or_default(),
+        },
     }
 }

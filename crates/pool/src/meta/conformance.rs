@@ -43,11 +43,16 @@ fn records_read_back(s: &MetaStore) {
         Some(&b""[..]),
         "an empty value is a value"
     );
-    let got = s.multi_get(CF_POOL, &[b"empty", b"none", b"k"]).unwrap();
+    let got = s.multi_get(CF_POOL, &[b"empty", b"none", b"k", b"k"]).unwrap();
     assert_eq!(
         got,
-        vec![Some(Vec::new()), None, Some(b"pool value".to_vec())],
-        "multi_get answers in the order asked"
+        vec![
+            Some(Vec::new()),
+            None,
+            Some(b"pool value".to_vec()),
+            Some(b"pool value".to_vec())
+        ],
+        "multi_get answers in the order asked, a key asked twice twice"
     );
     s.commit(batch(|b| b.delete(CF_POOL, b"k")), false).unwrap();
     s.sync().unwrap();

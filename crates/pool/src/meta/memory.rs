@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
-use crate::error::Result;
+use crate::error::{PoolError, Result};
 use crate::meta::backend::{MetaBackend, MetaView, Visit};
 use crate::meta::batch::counted;
 use crate::meta::{MetaBatch, MetaOp};
@@ -59,6 +59,21 @@ impl MetaBackend for MemoryMeta {
     }
 
     fn commit(&self, batch: &MetaBatch, _sync: bool) -> Result<()> {
+        // Refused whole, before anything of it is applied.
+        for op in batch.ops() {
+            if let MetaOp::DeleteRange(cf, from, to) = op {
+                if from > to {
+                    return Err(PoolError::MetaRefused {
+                        path: self.location(),
+                        message: format!(
+                            "a range of {cf} deleted from {} to {}, before its start",
+                            crate::meta::hex(from),
+                            crate::meta::hex(to)
+                        ),
+                    });
+                }
+            }
+        }
         let mut guard = self.tables.write();
         // Copy on write: snapshots keep the tables they were taken of.
         let tables = Arc::make_mut(&mut guard);
@@ -125,5 +140,44 @@ impl MetaView for MemoryView {
 
     fn estimate_keys(&self, cf: &str) -> u64 {
         self.0.get(cf).map_or(0, |t| t.len() as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::meta::{decode_refcount, refcount_delta, CF_POOL, CF_REFCOUNTS};
+
+    /// A batch that deletes a range ending before its start is refused whole, saying so,
+    /// rather than panic half applied.
+    #[test]
+    fn a_backward_range_is_refused_and_nothing_of_its_batch_applied() {
+        let m = MemoryMeta::new();
+        let mut b = MetaBatch::new();
+        b.put(CF_POOL, b"x", b"1");
+        b.delete_range(CF_POOL, b"b", b"a");
+        let e = m.commit(&b, true).unwrap_err();
+        assert!(e.to_string().contains("before its start"), "{e}");
+        assert_eq!(m.get(CF_POOL, b"x").unwrap(), None, "part of a refused batch applied");
+    }
+
+    /// A count damaged past any real one is kept as it is (for the next import to count
+    /// again), not wrapped around, nor a panic.
+    #[test]
+    fn a_count_that_would_overflow_is_kept_as_it_is() {
+        let m = MemoryMeta::new();
+        m.load(CF_REFCOUNTS, b"n".to_vec(), refcount_delta(i64::MAX).to_vec());
+        let mut b = MetaBatch::new();
+        b.count(CF_REFCOUNTS, b"n", 1);
+        m.commit(&b, true).unwrap();
+        let n = m.get(CF_REFCOUNTS, b"n").unwrap().unwrap();
+        assert_eq!(decode_refcount(&n), i64::MAX);
+        let mut b = MetaBatch::new();
+        b.count(CF_REFCOUNTS, b"n", -5);
+        m.commit(&b, true).unwrap();
+        assert_eq!(
+            decode_refcount(&m.get(CF_REFCOUNTS, b"n").unwrap().unwrap()),
+            i64::MAX - 5
+        );
     }
 }

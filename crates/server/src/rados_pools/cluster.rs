@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use tessera_ownership::fence::{epoch_of, EPOCH_ATTR};
 use tessera_ownership::rados_meta::{RadosMeta, VERSION_ATTR};
 use tessera_pool::{MetaStore, Pool};
 use tessera_rados::Cluster;
@@ -27,15 +28,23 @@ pub(super) fn metadata_is_there(pool: &tessera_rados::Pool<'_>, name: &str) -> R
 /// lasts 30 days, and a new map for every OSD and client): a damaged pool tried again
 /// every 30 s would otherwise add thousands of entries a day, each for an opening that
 /// fails.
-pub(super) fn openable_records(cluster: &Arc<Cluster>, name: &str, placement: &Placement) -> Result<(), String> {
+///
+/// Ok: the epoch the pool's metadata was last stamped at (at an opening), if any, for the
+/// taker to check against etcd's revision.
+pub(super) fn openable_records(
+    cluster: &Arc<Cluster>,
+    name: &str,
+    placement: &Placement,
+) -> Result<Option<i64>, String> {
     let pool = records_pool(cluster, placement)?;
+    let not_taken = "it is not taken until that is put right (each taking would fence a connection off for nothing)";
+    let stamped = stamped_epoch(&pool, placement, name).map_err(|e| format!("{e}; {not_taken}"))?;
     // An opening refuses a disk without the pool's label too: wiped by a destruction
     // that has not removed the records yet, say. Read here, through the handle the
     // records are then read through, and judged after them.
     let label = label_in(&pool, placement, name);
     // Read only: the epoch is never written.
     let records = MetaStore::on(RadosMeta::new(pool, &Placement::meta_object(name), 0));
-    let not_taken = "it is not taken until that is put right (each taking would fence a connection off for nothing)";
     let config = Pool::recorded_config(&records)
         .map_err(|e| format!("the records of pool {name} cannot be read: {e}; {not_taken}"))?;
     let path = placement.disk_path(name);
@@ -46,7 +55,7 @@ pub(super) fn openable_records(cluster: &Arc<Cluster>, name: &str, placement: &P
         ));
     }
     match label.map_err(|e| format!("{e}; {not_taken}"))? {
-        Ok(l) if l.pool_id == config.id => Ok(()),
+        Ok(l) if l.pool_id == config.id => Ok(stamped),
         Ok(l) => Err(format!(
             "the disk of pool {name} carries the label of another pool, '{}' ({}); {not_taken}",
             l.pool_name, l.pool_id
@@ -57,6 +66,44 @@ pub(super) fn openable_records(cluster: &Arc<Cluster>, name: &str, placement: &P
              forgets it here)"
         )),
         Err(e) => Err(format!("the label of pool {name} cannot be read ({e}); {not_taken}")),
+    }
+}
+
+/// The epoch the metadata object of pool `name` was last stamped at, if it was; Err if its
+/// version or its epoch is not as a commit writes them (set by hand, damaged): every commit
+/// of an opening would then be refused (a version unreadable or at its largest; an epoch
+/// that sorts after any a taking gets), after its taking fenced a connection off.
+fn stamped_epoch(pool: &tessera_rados::Pool<'_>, placement: &Placement, name: &str) -> Result<Option<i64>, String> {
+    let oid = Placement::meta_object(name);
+    let attr = |attr: &str| {
+        pool.xattr(&oid, attr)
+            .map_err(|e| format!("cannot read {attr} of pool {name}'s metadata: {e}"))
+    };
+    let put_right = |attr: &str| {
+        format!(
+            "once no gateway serves the pool, remove it ('rados -p {} rmxattr {oid} {attr}') for the next opening to write it again",
+            placement.rados_pool
+        )
+    };
+    if let Some(v) = attr(VERSION_ATTR)? {
+        let version = std::str::from_utf8(&v).ok().and_then(|t| t.parse::<u64>().ok());
+        if version.is_none_or(|v| v == u64::MAX) {
+            return Err(format!(
+                "the metadata of pool {name} holds {VERSION_ATTR} {:?}, which no commit can follow: {}",
+                String::from_utf8_lossy(&v),
+                put_right(VERSION_ATTR)
+            ));
+        }
+    }
+    match attr(EPOCH_ATTR)? {
+        None => Ok(None),
+        Some(t) => epoch_of(&t).map(Some).ok_or_else(|| {
+            format!(
+                "the metadata of pool {name} holds {EPOCH_ATTR} {:?}, not an epoch: {}",
+                String::from_utf8_lossy(&t),
+                put_right(EPOCH_ATTR)
+            )
+        }),
     }
 }
 

@@ -700,8 +700,31 @@ impl Membership {
                 placement.rados_pool
             ));
         }
-        if made {
-            openable_records(&cluster, name, placement)?;
+        let stamped = match made {
+            true => openable_records(&cluster, name, placement)?,
+            false => None,
+        };
+        // An epoch stamped past etcd's revision is one etcd has forgotten (restored from an
+        // older snapshot without bumping its revision): no taking now gets an epoch the
+        // pool's metadata would take, and each would fence a connection off for nothing.
+        if let Some(stamped) = stamped {
+            let now = self.with_gateway(async |g| {
+                g.revision()
+                    .await
+                    .map_err(|e| format!("cannot learn etcd's revision: {e}"))
+            })?;
+            if stamped > now {
+                return Err(format!(
+                    "pool {name} was last opened at epoch {stamped}, and etcd is at revision {now}: etcd lost revisions \
+                     (restored from an older snapshot without 'etcdutl snapshot restore --bump-revision'?), and no \
+                     owner it makes now could write the pool; it is not taken until that is put right (restore etcd \
+                     with its revision bumped past {stamped}, or, once no gateway serves the pool, remove the epoch: \
+                     'rados -p {} rmxattr {} {}')",
+                    placement.rados_pool,
+                    Placement::meta_object(name),
+                    tessera_ownership::fence::EPOCH_ATTR
+                ));
+            }
         }
         // Whom the pool's metadata says its last owner wrote from: fenced off too, should
         // etcd have lost the fence record (restored from an older snapshot, keys deleted).

@@ -66,7 +66,8 @@ impl Owned {
         if !metadata_is_there(&pool, name)? {
             return Err(format!("the metadata object of pool {name} is gone"));
         }
-        let meta = self.rados_meta(name)?;
+        // Seen: removed after this look, it is not made again either.
+        let meta = self.rados_meta(name)?.seen();
         tessera_pool::MetaBackend::commit(&meta, &tessera_pool::MetaBatch::new(), true)
             .map_err(|e| format!("cannot say in the metadata of pool {name} that this gateway owns it: {e}"))
     }
