@@ -803,8 +803,9 @@ impl Gateway {
     pub async fn revision(&mut self) -> Result<i64> {
         let r = self
             .client
+            // Under the prefix's '/': the range a gateway's etcd role grants (docs/security.md).
             .get(
-                self.prefix.as_str(),
+                format!("{}/", self.prefix),
                 Some(GetOptions::new().with_prefix().with_count_only()),
             )
             .await?;

@@ -81,6 +81,10 @@ pub struct RadosMeta {
     committing: std::sync::Mutex<()>,
     /// How many times a commit here was overtaken and computed again.
     overtaken: std::sync::atomic::AtomicU64,
+    /// Why a commit's outcome is not known (its write failed otherwise than by a guard: it
+    /// may be applied, now or later): the commits queued behind it send nothing more, rather
+    /// than each wait out the cluster's timeout in turn.
+    unknown: std::sync::OnceLock<String>,
 }
 
 fn family(cf: &str) -> Vec<u8> {
@@ -116,6 +120,7 @@ impl RadosMeta {
             made: std::sync::atomic::AtomicBool::new(false),
             committing: Default::default(),
             overtaken: Default::default(),
+            unknown: Default::default(),
         }
     }
 
@@ -358,6 +363,11 @@ impl MetaBackend for RadosMeta {
         // The OSDs acknowledge a write once every replica holds it: every commit is durable.
         use std::sync::atomic::Ordering;
         let _one_at_a_time = self.committing.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(why) = self.unknown.get() {
+            return Err(self.refused(format!(
+                "an earlier commit through this store may or may not be applied ({why}): nothing more is committed through it"
+            )));
+        }
         for _ in 0..MAX_TRIES {
             // Whether the object was seen before this reading: a reading that finds it gone
             // must not be taken for one before it was made because another store (the same
@@ -430,7 +440,11 @@ impl MetaBackend for RadosMeta {
                         )));
                     }
                 }
-                Err(e) => return Err(self.err(e)),
+                Err(e) => {
+                    let e = self.err(e);
+                    let _ = self.unknown.set(e.to_string());
+                    return Err(e);
+                }
             }
         }
         Err(self.refused(format!("other commits overtook this one {MAX_TRIES} times in a row")))

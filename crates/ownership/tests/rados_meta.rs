@@ -382,9 +382,30 @@ fn a_batch_whose_outcome_is_unknown_stops_the_store_and_tells_its_owner() {
     };
     store.commit(put("a"), true).unwrap();
     store.sync().unwrap();
+    // And a store's own commits queued behind one of unknown outcome send nothing (rather
+    // than each wait out the cluster's timeout, when it is the cluster that does not answer).
+    let direct = meta(&owner, &format!("{oid}-direct"), 3);
+    tessera_pool::MetaBackend::commit(&direct, &put("a"), true).unwrap();
     refuse_attribute_writes(&conf, TEST_POOL, true);
     let refused = store.commit(put("b"), true);
+    let direct_refused = tessera_pool::MetaBackend::commit(&direct, &put("b"), true);
     refuse_attribute_writes(&conf, TEST_POOL, false);
+    let e = direct_refused.expect_err("a commit the OSDs refused");
+    assert!(
+        matches!(e, tessera_pool::PoolError::Meta { .. }),
+        "not of unknown outcome: {e}"
+    );
+    let e =
+        tessera_pool::MetaBackend::commit(&direct, &put("c"), true).expect_err("a commit after one of unknown outcome");
+    assert!(e.to_string().contains("an earlier commit through this store"), "{e}");
+    assert!(
+        matches!(e, tessera_pool::PoolError::MetaRefused { .. }),
+        "sent, not refused: {e}"
+    );
+    Cluster::shared_pool(&owner, TEST_POOL)
+        .unwrap()
+        .remove(&format!("{oid}-direct"))
+        .unwrap();
     let e = refused.expect_err("a commit the OSDs refused");
     assert!(e.to_string().contains("may or may not be applied"), "{e}");
     assert_eq!(told.lock().unwrap().len(), 1, "told once");

@@ -79,29 +79,28 @@ fn stamped_epoch(pool: &tessera_rados::Pool<'_>, placement: &Placement, name: &s
         pool.xattr(&oid, attr)
             .map_err(|e| format!("cannot read {attr} of pool {name}'s metadata: {e}"))
     };
-    let put_right = |attr: &str| {
-        format!(
-            "once no gateway serves the pool, remove it ('rados -p {} rmxattr {oid} {attr}') for the next opening to write it again",
-            placement.rados_pool
-        )
-    };
+    let rados = format!("rados -p {}", placement.rados_pool);
     if let Some(v) = attr(VERSION_ATTR)? {
         let version = std::str::from_utf8(&v).ok().and_then(|t| t.parse::<u64>().ok());
+        // Commits are guarded by the bytes they read, never by the number: any below the
+        // largest will do.
         if version.is_none_or(|v| v == u64::MAX) {
             return Err(format!(
-                "the metadata of pool {name} holds {VERSION_ATTR} {:?}, which no commit can follow: {}",
-                String::from_utf8_lossy(&v),
-                put_right(VERSION_ATTR)
+                "the metadata of pool {name} holds {VERSION_ATTR} {:?}, which no commit can follow: once no \
+                 gateway serves the pool, set it to a number ('{rados} setxattr {oid} {VERSION_ATTR} 1')",
+                String::from_utf8_lossy(&v)
             ));
         }
     }
     match attr(EPOCH_ATTR)? {
         None => Ok(None),
+        // The data objects carry the real epochs as their writes' sequence: the next taking's
+        // (a later one) stamps the attribute again.
         Some(t) => epoch_of(&t).map(Some).ok_or_else(|| {
             format!(
-                "the metadata of pool {name} holds {EPOCH_ATTR} {:?}, not an epoch: {}",
-                String::from_utf8_lossy(&t),
-                put_right(EPOCH_ATTR)
+                "the metadata of pool {name} holds {EPOCH_ATTR} {:?}, not an epoch: once no gateway serves the \
+                 pool, remove it ('{rados} rmxattr {oid} {EPOCH_ATTR}') for the next opening to stamp it again",
+                String::from_utf8_lossy(&t)
             )
         }),
     }

@@ -143,14 +143,23 @@ async fn on_member<G, T>(
     let Some(bound) = bound else {
         return f(g).await;
     };
-    let left = bound.saturating_sub(start.elapsed());
+    let waited = start.elapsed();
+    let left = bound.saturating_sub(waited);
+    debug_assert!(
+        bound > CALL_NEEDS_AT_LEAST,
+        "a bound of {bound:?} would never let its call be made"
+    );
     if left < CALL_NEEDS_AT_LEAST {
-        return Err(busy(start.elapsed()));
+        return Err(busy(waited));
     }
     tokio::time::timeout(left, f(g)).await.unwrap_or_else(|_| {
+        let after_wait = match waited >= Duration::from_secs(1) {
+            true => format!(", after {} s waiting for this gateway's membership", waited.as_secs()),
+            false => String::new(),
+        };
         Err(format!(
-            "etcd did not answer within {} s (a member stalled, or is cut off?)",
-            bound.as_secs()
+            "etcd did not answer within {:.0} s{after_wait} (a member stalled, or is cut off?)",
+            left.as_secs_f64()
         ))
     })
 }
@@ -705,24 +714,23 @@ impl Membership {
             false => None,
         };
         // An epoch stamped past etcd's revision is one etcd has forgotten (restored from an
-        // older snapshot without bumping its revision): no taking now gets an epoch the
-        // pool's metadata would take, and each would fence a connection off for nothing.
+        // older snapshot without bumping its revision, or another etcd): no taking now gets an
+        // epoch the pool's objects would take (the next taking's is at least the revision
+        // after this), and each would fence a connection off for nothing. The pool waits
+        // until the revision passes it.
         if let Some(stamped) = stamped {
             let now = self.with_gateway(async |g| {
                 g.revision()
                     .await
                     .map_err(|e| format!("cannot learn etcd's revision: {e}"))
             })?;
-            if stamped > now {
+            if stamped > now + 1 {
                 return Err(format!(
-                    "pool {name} was last opened at epoch {stamped}, and etcd is at revision {now}: etcd lost revisions \
-                     (restored from an older snapshot without 'etcdutl snapshot restore --bump-revision'?), and no \
-                     owner it makes now could write the pool; it is not taken until that is put right (restore etcd \
-                     with its revision bumped past {stamped}, or, once no gateway serves the pool, remove the epoch: \
-                     'rados -p {} rmxattr {} {}')",
-                    placement.rados_pool,
-                    Placement::meta_object(name),
-                    tessera_ownership::fence::EPOCH_ATTR
+                    "pool {name} was last opened at epoch {stamped}, and etcd is at revision {now}: etcd lost \
+                     revisions (restored from an older snapshot without 'etcdutl snapshot restore \
+                     --bump-revision'?), or it is not the etcd of the gateways that served the pool; the pool's \
+                     objects would refuse the writes of any owner it makes now, and it is not taken until \
+                     etcd's revision passes {stamped} (restore etcd with its revision bumped past it)"
                 ));
             }
         }
