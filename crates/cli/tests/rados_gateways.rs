@@ -538,7 +538,7 @@ fn a_pool_whose_metadata_no_opening_could_stamp_is_not_taken() {
         assert_eq!(p["rados"]["takeovers"], 0, "{p}");
         match put_right {
             Some(command) => {
-                let said = format!("rados -p {RADOS_POOL} {}", command.join(" "));
+                let said = format!("rados -c {conf} --id admin -p {RADOS_POOL} {}", command.join(" "));
                 assert!(problem.contains(&said), "{attr} {value}: not {said:?}: {p}");
                 rados(command);
             }
@@ -2897,7 +2897,7 @@ fn a_command_that_needs_a_stalled_etcd_fails_in_time() {
     // Said as the command's own call timing out, or as its wait for the membership (which
     // the tick's call, stalled as well, held) leaving too little time to make it.
     assert!(
-        out.stderr.contains("etcd did not answer within")
+        out.stderr.contains("etcd did not answer within") && out.stderr.contains("a member stalled")
             || out.stderr.contains("membership was busy for") && out.stderr.contains("one etcd does not answer"),
         "{out:?}"
     );

@@ -85,6 +85,11 @@ pub struct RadosMeta {
     /// may be applied, now or later): the commits queued behind it send nothing more, rather
     /// than each wait out the cluster's timeout in turn.
     unknown: std::sync::OnceLock<String>,
+    /// How many commits here failed: one queued behind a failure (the metadata's placement
+    /// group stalled, say, which may fail its reads as well as its write) is refused rather
+    /// than wait out the cluster's timeout in its turn. The store's owner stops it at the
+    /// first failure anyway, and opens the pool again.
+    failures: std::sync::atomic::AtomicU64,
 }
 
 fn family(cf: &str) -> Vec<u8> {
@@ -121,6 +126,7 @@ impl RadosMeta {
             committing: Default::default(),
             overtaken: Default::default(),
             unknown: Default::default(),
+            failures: Default::default(),
         }
     }
 
@@ -343,31 +349,10 @@ impl RadosMeta {
         Ok(out)
     }
 
-    /// Whether a gateway with a later epoch has written the object.
-    fn replaced(&self) -> Result<bool, PoolError> {
-        let theirs = self.pool.xattr(&self.oid, EPOCH_ATTR).map_err(|e| self.err(e))?;
-        Ok(theirs.is_some_and(|t| t > epoch_text(self.epoch)))
-    }
-}
-
-impl MetaBackend for RadosMeta {
-    fn location(&self) -> String {
-        format!("rados:{}/{}", self.pool.name(), self.oid)
-    }
-
-    fn shared(&self) -> bool {
-        true
-    }
-
-    fn commit(&self, batch: &MetaBatch, _sync: bool) -> Result<(), PoolError> {
-        // The OSDs acknowledge a write once every replica holds it: every commit is durable.
+    /// One commit of `batch`, computed again as long as other stores' commits overtake it.
+    /// The OSDs acknowledge a write once every replica holds it: every commit is durable.
+    fn commit_now(&self, batch: &MetaBatch) -> Result<(), PoolError> {
         use std::sync::atomic::Ordering;
-        let _one_at_a_time = self.committing.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(why) = self.unknown.get() {
-            return Err(self.refused(format!(
-                "an earlier commit through this store may or may not be applied ({why}): nothing more is committed through it"
-            )));
-        }
         for _ in 0..MAX_TRIES {
             // Whether the object was seen before this reading: a reading that finds it gone
             // must not be taken for one before it was made because another store (the same
@@ -448,6 +433,41 @@ impl MetaBackend for RadosMeta {
             }
         }
         Err(self.refused(format!("other commits overtook this one {MAX_TRIES} times in a row")))
+    }
+
+    /// Whether a gateway with a later epoch has written the object.
+    fn replaced(&self) -> Result<bool, PoolError> {
+        let theirs = self.pool.xattr(&self.oid, EPOCH_ATTR).map_err(|e| self.err(e))?;
+        Ok(theirs.is_some_and(|t| t > epoch_text(self.epoch)))
+    }
+}
+
+impl MetaBackend for RadosMeta {
+    fn location(&self) -> String {
+        format!("rados:{}/{}", self.pool.name(), self.oid)
+    }
+
+    fn shared(&self) -> bool {
+        true
+    }
+
+    fn commit(&self, batch: &MetaBatch, _sync: bool) -> Result<(), PoolError> {
+        use std::sync::atomic::Ordering;
+        let failures = self.failures.load(Ordering::Relaxed);
+        let _one_at_a_time = self.committing.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(why) = self.unknown.get() {
+            return Err(self.refused(format!(
+                "an earlier commit through this store may or may not be applied ({why}): nothing more is committed through it"
+            )));
+        }
+        if self.failures.load(Ordering::Relaxed) != failures {
+            return Err(self.refused("an earlier commit through this store failed while this one waited for it".into()));
+        }
+        let done = self.commit_now(batch);
+        if done.is_err() {
+            self.failures.fetch_add(1, Ordering::Relaxed);
+        }
+        done
     }
 
     fn sync(&self) -> Result<(), PoolError> {

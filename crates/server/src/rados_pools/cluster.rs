@@ -79,7 +79,11 @@ fn stamped_epoch(pool: &tessera_rados::Pool<'_>, placement: &Placement, name: &s
         pool.xattr(&oid, attr)
             .map_err(|e| format!("cannot read {attr} of pool {name}'s metadata: {e}"))
     };
-    let rados = format!("rados -p {}", placement.rados_pool);
+    // As this gateway reaches the cluster, not as the machine's defaults would.
+    let rados = format!(
+        "rados -c {} --id {} -p {}",
+        placement.ceph_conf, placement.client_name, placement.rados_pool
+    );
     if let Some(v) = attr(VERSION_ATTR)? {
         let version = std::str::from_utf8(&v).ok().and_then(|t| t.parse::<u64>().ok());
         // Commits are guarded by the bytes they read, never by the number: any below the

@@ -730,7 +730,9 @@ impl Membership {
                      revisions (restored from an older snapshot without 'etcdutl snapshot restore \
                      --bump-revision'?), or it is not the etcd of the gateways that served the pool; the pool's \
                      objects would refuse the writes of any owner it makes now, and it is not taken until \
-                     etcd's revision passes {stamped} (restore etcd with its revision bumped past it)"
+                     etcd's revision passes {stamped}: restore etcd with its revision bumped past it (etcd \
+                     3.5's 'etcdutl snapshot restore --bump-revision'), or raise it by writes (each write to \
+                     etcd raises it by one)"
                 ));
             }
         }
