@@ -109,6 +109,12 @@ fn record_key(hexed: &[u8]) -> Option<Vec<u8>> {
     unhex(hexed).filter(|k| hex(k).as_bytes() == hexed)
 }
 
+/// The version an attribute holds, if a commit can read it (any spelling of a number: a
+/// commit is guarded by the bytes it read, not by the number written again).
+pub fn version_of(raw: &[u8]) -> Option<u64> {
+    std::str::from_utf8(raw).ok()?.parse().ok()
+}
+
 fn version_text(v: u64) -> Vec<u8> {
     format!("{v:020}").into_bytes()
 }
@@ -205,16 +211,12 @@ impl RadosMeta {
         }
         match raw {
             None => Ok((0, None)),
-            Some(v) => std::str::from_utf8(&v)
-                .ok()
-                .and_then(|t| t.parse().ok())
-                .map(|n| (n, Some(v.clone())))
-                .ok_or_else(|| {
-                    self.err(RadosError::Invalid(format!(
-                        "unreadable {VERSION_ATTR} {:?}",
-                        String::from_utf8_lossy(&v)
-                    )))
-                }),
+            Some(v) => version_of(&v).map(|n| (n, Some(v.clone()))).ok_or_else(|| {
+                self.err(RadosError::Invalid(format!(
+                    "unreadable {VERSION_ATTR} {:?}",
+                    String::from_utf8_lossy(&v)
+                )))
+            }),
         }
     }
 

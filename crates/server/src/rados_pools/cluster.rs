@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use tessera_ownership::fence::{epoch_of, EPOCH_ATTR};
-use tessera_ownership::rados_meta::{RadosMeta, VERSION_ATTR};
+use tessera_ownership::rados_meta::{version_of, RadosMeta, VERSION_ATTR};
 use tessera_pool::{MetaStore, Pool};
 use tessera_rados::Cluster;
 
@@ -85,10 +85,9 @@ fn stamped_epoch(pool: &tessera_rados::Pool<'_>, placement: &Placement, name: &s
         placement.ceph_conf, placement.client_name, placement.rados_pool
     );
     if let Some(v) = attr(VERSION_ATTR)? {
-        let version = std::str::from_utf8(&v).ok().and_then(|t| t.parse::<u64>().ok());
         // Commits are guarded by the bytes they read, never by the number: any below the
         // largest will do.
-        if version.is_none_or(|v| v == u64::MAX) {
+        if version_of(&v).is_none_or(|v| v == u64::MAX) {
             return Err(format!(
                 "the metadata of pool {name} holds {VERSION_ATTR} {:?}, which no commit can follow: once no \
                  gateway serves the pool, set it to a number ('{rados} setxattr {oid} {VERSION_ATTR} 1')",
