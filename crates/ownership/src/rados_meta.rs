@@ -16,7 +16,8 @@
 //! - Every batch of an owner also says which client wrote it (attribute `tessera.owner`, its
 //!   address in the cluster): should etcd lose the fence record, the next owner still finds
 //!   whom to fence off ([`last_owner`]).
-//! - A snapshot reads the omap whole, between two reads of the version, again if it moved.
+//! - A snapshot reads the omap whole, between two reads of the version, again if it moved;
+//!   after a few tries, with this store's commits held back while it reads.
 //!
 //! One object serves all metadata, so one placement group does: the price of atomic batches
 //! without an intent log, until records move to per-vdisk objects (docs/scale-out.md).
@@ -61,6 +62,14 @@ pub fn written_since(pool: &Pool<'_>, oid: &str, epoch: i64) -> Result<bool, Rad
 /// Records read per omap page.
 const PAGE: u64 = 1000;
 
+/// Times a snapshot reads the records while commits go on, before it holds them back.
+const FREE_SNAPSHOT_READS: usize = 3;
+
+/// How long a read of the records may take for a snapshot to hold commits back while it
+/// reads again: writes that need metadata wait that long, well within hosts' command
+/// timeouts (30 s and more).
+const HOLD_COMMITS_AT_MOST: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Times a batch is computed again after other commits overtook it, before it gives up.
 const MAX_TRIES: usize = 10_000;
 
@@ -78,7 +87,9 @@ pub struct RadosMeta {
     /// (one store per pool) go one after another, rather than overtake each other on the
     /// version guard and compute again, a busy writer's long batch losing every round. The
     /// guard is then overtaken only by another store's commit (another gateway's).
-    committing: std::sync::Mutex<()>,
+    /// parking_lot's, whose unlock hands over to a waiter now and then: a snapshot that
+    /// waits for it is not kept out by a committer that takes it again at once.
+    committing: parking_lot::Mutex<()>,
     /// How many times a commit here was overtaken and computed again.
     overtaken: std::sync::atomic::AtomicU64,
     /// Why a commit's outcome is not known (its write failed otherwise than by a guard: it
@@ -260,9 +271,31 @@ impl RadosMeta {
                     return Ok(());
                 }
             }
-            match page.last() {
-                Some((k, _)) if more => after = Some(k.clone()),
-                _ => return Ok(()),
+            let Some((last, _)) = page.last().filter(|_| more) else {
+                return Ok(());
+            };
+            match last.iter().position(|&b| b == 0) {
+                None => after = Some(last.clone()),
+                // librados takes the key to page past as a C string, and no key holding a
+                // NUL byte (a stray: a commit writes hex) can be one. Paging past what comes
+                // before the NUL would read this page's end again, forever if it is all such
+                // keys; paging past that with 0x01 added skips the rest of them, strays too,
+                // and only one key that holds no NUL: the resumption itself, read first.
+                Some(at) => {
+                    tracing::warn!(
+                        object = %self.location(),
+                        after = %String::from_utf8_lossy(last),
+                        "omap keys of the pool's metadata object holding a NUL byte (no record's) are passed over unread"
+                    );
+                    let mut resume = last[..at].to_vec();
+                    resume.push(1);
+                    if let Some(v) = self.read(std::slice::from_ref(&resume))?.remove(&resume) {
+                        if !visit(&resume, &v)? {
+                            return Ok(());
+                        }
+                    }
+                    after = Some(resume);
+                }
             }
         }
     }
@@ -437,6 +470,25 @@ impl RadosMeta {
         Err(self.refused(format!("other commits overtook this one {MAX_TRIES} times in a row")))
     }
 
+    /// Every record, read whole between two reads of the version; None if a commit moved it
+    /// meanwhile.
+    fn read_whole(&self) -> Result<Option<Box<dyn MetaView + '_>>, PoolError> {
+        let before = self.version()?;
+        let records = MemoryMeta::new();
+        self.walk(b"", b"", &mut |k, v| {
+            let at = k.iter().position(|&b| b == b'/');
+            match at.map(|at| (std::str::from_utf8(&k[..at]), record_key(&k[at + 1..]))) {
+                Some((Ok(cf), Some(key))) => records.load(cf, key, v.to_vec()),
+                _ => self.stray(k),
+            }
+            Ok(true)
+        })?;
+        if self.version()? != before {
+            return Ok(None);
+        }
+        Ok(Some(records.into_view()))
+    }
+
     /// Whether a gateway with a later epoch has written the object.
     fn replaced(&self) -> Result<bool, PoolError> {
         let theirs = self.pool.xattr(&self.oid, EPOCH_ATTR).map_err(|e| self.err(e))?;
@@ -456,7 +508,7 @@ impl MetaBackend for RadosMeta {
     fn commit(&self, batch: &MetaBatch, _sync: bool) -> Result<(), PoolError> {
         use std::sync::atomic::Ordering;
         let failures = self.failures.load(Ordering::Relaxed);
-        let _one_at_a_time = self.committing.lock().unwrap_or_else(|p| p.into_inner());
+        let _one_at_a_time = self.committing.lock();
         if let Some(why) = self.unknown.get() {
             return Err(self.refused(format!(
                 "an earlier commit through this store may or may not be applied ({why}): nothing more is committed through it"
@@ -492,23 +544,51 @@ impl MetaBackend for RadosMeta {
     }
 
     fn snapshot(&self) -> Box<dyn MetaView + '_> {
-        // Read whole, between two reads of the version: a commit in between reads again.
-        for _ in 0..100 {
-            let Ok(before) = self.version() else { break };
-            let records = MemoryMeta::new();
-            let read = self.walk(b"", b"", &mut |k, v| {
-                let at = k.iter().position(|&b| b == b'/');
-                match at.map(|at| (std::str::from_utf8(&k[..at]), record_key(&k[at + 1..]))) {
-                    Some((Ok(cf), Some(key))) => records.load(cf, key, v.to_vec()),
-                    _ => self.stray(k),
+        // Read whole, between two reads of the version: a commit in between reads again. A
+        // busy pool commits more often than a large omap is read, so after a few reads
+        // overtaken, one more holds this store's commits back (the owner's: only a replaced
+        // owner's could still move the version) for as long as it reads, if the reads before
+        // took little enough: every write that needs metadata waits meanwhile.
+        let mut took = std::time::Duration::ZERO;
+        for held in std::iter::repeat_n(false, FREE_SNAPSHOT_READS).chain([true]) {
+            if held && took > HOLD_COMMITS_AT_MOST {
+                return Box::new(Unreadable {
+                    path: self.location(),
+                    why: format!(
+                        "commits moved the records during each of {FREE_SNAPSHOT_READS} reads, and one read takes {} ms:                          longer than the writes needing metadata may be held back ({} ms); try again when the pool is less busy",
+                        took.as_millis(),
+                        HOLD_COMMITS_AT_MOST.as_millis()
+                    ),
+                });
+            }
+            let _held = held.then(|| self.committing.lock());
+            let started = std::time::Instant::now();
+            let read = self.read_whole();
+            took = started.elapsed();
+            match read {
+                Ok(Some(view)) => {
+                    if held {
+                        tracing::info!(
+                            object = %self.location(),
+                            ms = took.as_millis() as u64,
+                            "a snapshot of the pool's metadata held its commits back while it read the records"
+                        );
+                    }
+                    return view;
                 }
-                Ok(true)
-            });
-            if read.is_ok() && self.version().ok() == Some(before) {
-                return records.into_view();
+                Ok(None) => {}
+                Err(e) => {
+                    return Box::new(Unreadable {
+                        path: self.location(),
+                        why: format!("it could not be read: {e}"),
+                    })
+                }
             }
         }
-        Box::new(Unreadable(self.location()))
+        Box::new(Unreadable {
+            path: self.location(),
+            why: "a commit of another gateway moved the records while this gateway's were held back".into(),
+        })
     }
 
     fn estimate_keys(&self, cf: &str) -> u64 {
@@ -521,14 +601,17 @@ impl MetaBackend for RadosMeta {
     }
 }
 
-/// The view of a store that could not be read consistently: every scan fails, saying so.
-struct Unreadable(String);
+/// The view of a store that could not be read consistently: every scan fails, saying why.
+struct Unreadable {
+    path: String,
+    why: String,
+}
 
 impl MetaView for Unreadable {
     fn scan(&self, _cf: &str, _from: &[u8], _visit: Visit) -> Result<(), PoolError> {
         Err(PoolError::Meta {
-            path: self.0.clone(),
-            message: "no consistent snapshot could be read (the store is unreachable or never still)".into(),
+            path: self.path.clone(),
+            message: format!("no consistent snapshot could be read: {}", self.why),
         })
     }
 
