@@ -663,7 +663,8 @@ fn a_pool_whose_rados_pool_is_deleted_reads_no_zeros_and_is_unavailable() {
 
 /// A pool on RADOS whose creation cannot be recorded in the gateway's list of pools to serve
 /// at start is not made: it would be served until the next start, then be no gateway's. Its
-/// objects and its claim on the name go, and the name can be created again.
+/// objects and its claim on the name go, and the name can be created again. An import that
+/// cannot be recorded is not taken nor served.
 #[test]
 fn a_pool_on_rados_that_cannot_be_recorded_is_not_made() {
     let test = "a_pool_on_rados_that_cannot_be_recorded_is_not_made";
@@ -687,6 +688,22 @@ fn a_pool_on_rados_that_cannot_be_recorded_is_not_made() {
     assert!(out.contains("owned by gateway gw-a"), "{out}");
     a.stop();
     let a = Daemon::start_configured(&state, &gateway_config("gw-a", &etcd, &prefix));
+    until_served(&a, &pool, Duration::from_secs(30));
+    // An import that cannot be recorded is not served behind its error either (nor refused
+    // as imported already when tried again).
+    a.ok(&["pool", "export", &pool]);
+    std::fs::create_dir(&blocker).unwrap();
+    let import = ["pool", "import", &pool, "--rados", RADOS_POOL, "--ceph-conf", &conf];
+    let e = a.fails(&import);
+    assert!(e.contains("cannot record the imported pools"), "{e}");
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        a.json(&["pool", "list"]).as_array().unwrap().is_empty(),
+        "{}",
+        a.json(&["pool", "list"])
+    );
+    std::fs::remove_dir(&blocker).unwrap();
+    a.ok(&import);
     until_served(&a, &pool, Duration::from_secs(30));
     a.ok(&["pool", "destroy", &pool]);
 }

@@ -92,6 +92,10 @@ pub struct Daemon {
     /// Pools on RADOS given up here (exported, destroyed, not made) whose ownership in etcd
     /// could not be given up then (name, epoch): given up at a later tick.
     unreleased: Mutex<Vec<(String, i64, Option<String>)>>,
+    /// What this gateway said in etcd of pools on RADOS it has since left (that it asks for
+    /// one, that it serves one's hosts) and could not take back then: taken back at a later
+    /// tick.
+    marks_left: Mutex<Vec<(String, rados::Mark)>>,
     /// Pools on RADOS being destroyed here, their objects removed from the cluster without
     /// the admin lock (minutes for a large pool): their names are refused to a create or an
     /// import until that ends.
@@ -229,6 +233,7 @@ impl Daemon {
             gateway,
             rados: Mutex::new(BTreeMap::new()),
             unreleased: Mutex::new(Vec::new()),
+            marks_left: Mutex::new(Vec::new()),
             destroying: Mutex::new(BTreeSet::new()),
             unfinished_destroys: Mutex::new(BTreeMap::new()),
             cfg,

@@ -65,7 +65,7 @@ impl Daemon {
                     let here = self.with_rados_pool(&name, |p| p.asking = if wanted { lease } else { None });
                     // Left here meanwhile: its leaving did not know of this ask.
                     if !here && wanted {
-                        let _ = gw.stop_asking(&name);
+                        self.take_back_or_later(gw, &name, Mark::Asking);
                     }
                 }
                 Err(e) => debug!(pool = %name, error = %e, "cannot say in etcd whether this gateway asks for the pool"),

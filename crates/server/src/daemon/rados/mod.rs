@@ -100,8 +100,8 @@ const NO_ASK_AFTER_MOVE: Duration = Duration::from_secs(60);
 const NO_HANDOVER_AFTER_UNTAKEN: Duration = NO_ASK_AFTER_FAILURE;
 
 /// How a gateway serves a pool's hosts, as it says in etcd: the gateways a pool may move to.
-#[derive(Clone, Copy)]
-enum Serving {
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Serving {
     /// It presents LUNs of the pool (and reports target port groups for them).
     Luns,
     /// It exports vdisks of the pool over NBD.
@@ -128,6 +128,33 @@ impl Serving {
         match self {
             Serving::Luns => &mut p.announced,
             Serving::Exports => &mut p.announced_exports,
+        }
+    }
+}
+
+/// What a gateway says in etcd of a pool, on its lease, that the others act on: an owner
+/// hands the pool to a gateway that asks for it, and moves it only to one that serves it.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Mark {
+    /// It asks the owner for the pool: a host sends I/O to its standby port.
+    Asking,
+    /// It serves the pool's hosts this way.
+    Serving(Serving),
+}
+
+impl Mark {
+    fn take_back(self, gw: &crate::rados_pools::Membership, name: &str) -> Result<(), String> {
+        match self {
+            Mark::Asking => gw.stop_asking(name),
+            Mark::Serving(way) => way.take_back(gw, name),
+        }
+    }
+
+    /// Whether pool entry `p` (the pool imported here again) says it anew.
+    fn said_by(self, p: &mut RadosPool) -> bool {
+        match self {
+            Mark::Asking => p.asking.is_some(),
+            Mark::Serving(way) => way.said(p).is_some(),
         }
     }
 }
@@ -398,8 +425,13 @@ impl Daemon {
                     placement.write(&dir).map_err(ApiError::internal)?;
                 }
             }
+            // Recorded before it is waited for, as a made pool is: a list that cannot be
+            // written leaves the pool as it was, rather than taken and served here behind
+            // the error, and forgotten at the next start.
+            let mut names = self.imported_names();
+            names.insert(name.to_string());
+            self.write_imported_list(names).map_err(ApiError::io)?;
             self.wait_for(name, placement);
-            self.persist()?;
         }
         self.bring_rados_pool(name);
         self.pool_summary(name)
@@ -744,7 +776,10 @@ impl Daemon {
     /// gateway may own them already. Their LUNs and exports are withdrawn (their
     /// configuration stays, for when the pool is taken again).
     fn lose_rados_pools(&self, why: &str) {
-        let _admin = self.admin.lock();
+        // Let go of after the lock: the last reference to an engine flushes its disks as it
+        // goes, waiting up to the cluster's timeout for writes in flight.
+        let mut engines = Vec::new();
+        let admin = self.admin.lock();
         let lost: Vec<(String, Arc<PoolPorts>)> = self
             .rados
             .lock()
@@ -760,7 +795,7 @@ impl Daemon {
             if let Some(units) = self.standby_units_as_served(&name) {
                 self.targets.present_standby(&name, &ports, &|vd| unit_of(&units, vd));
             }
-            drop(self.stop_serving(&name, why.to_string()));
+            engines.push(self.stop_serving(&name, why.to_string()));
             self.events.record(
                 NewEvent::new(
                     Severity::Critical,
@@ -770,6 +805,8 @@ impl Daemon {
                 .pool(&name),
             );
         }
+        drop(admin);
+        drop(engines);
     }
 
     /// Notified when another gateway's keys change in etcd: the tick then runs at once.
@@ -837,6 +874,7 @@ impl Daemon {
         // First: a handover etcd did not make then is made before the pool is looked at,
         // rather than taken back.
         self.release_forgotten_pools(gw);
+        self.take_back_marks_left(gw);
         for name in waiting {
             if self.unavailable.read().contains_key(&name) {
                 self.bring_rados_pool(&name);
@@ -979,7 +1017,7 @@ impl Daemon {
                 // Left here meanwhile (exported, destroyed): its leaving took back what it
                 // found said, not this, which would stay on this gateway's lease.
                 if !here && l.is_some() {
-                    let _ = way.take_back(gw, name);
+                    self.take_back_or_later(gw, name, Mark::Serving(way));
                 }
             }
             Err(e) => debug!(pool = %name, error = %e, "cannot say in etcd how this gateway serves the pool yet"),
@@ -1021,13 +1059,14 @@ impl Daemon {
     /// removed from the cluster and its directory here, while still owned here; then its
     /// record of place is given up (for good once its objects are gone), and its ownership.
     pub(super) fn end_rados_pool(&self, name: &str, p: RadosPool, capacity: Option<u64>) -> ApiResult<()> {
-        if let (Some(_), Some(gw)) = (p.asking, &self.gateway) {
-            let _ = gw.stop_asking(name);
-        }
-        for (said, way) in [(p.announced, Serving::Luns), (p.announced_exports, Serving::Exports)] {
-            if let (Some(_), Some(gw)) = (said, &self.gateway) {
-                if let Err(e) = way.take_back(gw, name) {
-                    debug!(pool = %name, error = %e, "cannot take back how this gateway serves the pool; its lease will");
+        if let Some(gw) = &self.gateway {
+            for (said, mark) in [
+                (p.asking, Mark::Asking),
+                (p.announced, Mark::Serving(Serving::Luns)),
+                (p.announced_exports, Mark::Serving(Serving::Exports)),
+            ] {
+                if said.is_some() {
+                    self.take_back_or_later(gw, name, mark);
                 }
             }
         }
@@ -1073,6 +1112,41 @@ impl Daemon {
                     .lock()
                     .push((name.to_string(), epoch, to.map(String::from)));
                 false
+            }
+        }
+    }
+
+    /// Takes back what this gateway said in etcd of pool `name`, which it has left (exported,
+    /// destroyed); if etcd does not answer now, at the next ticks. Left on this gateway's
+    /// lease, which lives as long as it runs, it would go on being read: an owner would hand
+    /// the pool, idle, to this gateway that no longer has it, and take it back after the
+    /// grace, every few minutes; a move to it would be accepted and given up.
+    pub(super) fn take_back_or_later(&self, gw: &crate::rados_pools::Membership, name: &str, mark: Mark) {
+        if let Err(e) = mark.take_back(gw, name) {
+            warn!(pool = %name, error = %e, ?mark, "cannot take back in etcd what this gateway said of a pool it left; trying again at the next ticks");
+            self.marks_left.lock().push((name.to_string(), mark));
+        }
+    }
+
+    /// Takes back what [`take_back_or_later`](Self::take_back_or_later) could not, unless
+    /// the pool, imported here again since, says it anew.
+    fn take_back_marks_left(&self, gw: &crate::rados_pools::Membership) {
+        let mut pending = std::mem::take(&mut *self.marks_left.lock()).into_iter();
+        while let Some((name, mark)) = pending.next() {
+            if self.rados.lock().get_mut(&name).is_some_and(|p| mark.said_by(p)) {
+                continue;
+            }
+            match mark.take_back(gw, &name) {
+                Ok(()) => info!(pool = %name, ?mark, "taken back in etcd: this gateway no longer has the pool"),
+                Err(e) => {
+                    // The rest at a later tick too: each call may wait out etcd's bound, and
+                    // this tick has pools to serve.
+                    debug!(pool = %name, error = %e, ?mark, "cannot take back in etcd yet what this gateway said of a pool it left");
+                    let mut left = self.marks_left.lock();
+                    left.push((name, mark));
+                    left.extend(pending);
+                    return;
+                }
             }
         }
     }
