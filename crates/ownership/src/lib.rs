@@ -1181,8 +1181,14 @@ impl Gateway {
                 // it gave it) as one that says nothing, and answers as if it had made it: a
                 // request first tells whether the token still serves, and if not the watch
                 // waits for a new one.
+                // Bounded as the watch's making is: a member that stalled answers nothing,
+                // and this loop is what wakes the tick and the lease's check.
                 let probe = GetOptions::new().with_prefix().with_keys_only().with_limit(1);
-                if let Err(e) = client.get(under.as_str(), Some(probe)).await {
+                let probed = tokio::time::timeout(watching::MAKING, client.get(under.as_str(), Some(probe))).await;
+                if let Err(e) = probed
+                    .map_err(|_| format!("no answer within {:?}", watching::MAKING))
+                    .and_then(|r| r.map_err(|e| e.to_string()))
+                {
                     tracing::debug!(error = %e, "cannot watch the gateways' keys yet; retrying");
                     if let Some(renew) = &renew_token {
                         renew.notify_one();

@@ -33,9 +33,9 @@ pub struct Patience {
     pub answer: Duration,
 }
 
-/// How long etcd may take to make a watch: the member a new watch goes to may have stalled
-/// before the gateway found it so.
-const MAKING: Duration = Duration::from_secs(3);
+/// How long etcd may take to make a watch (or answer the request before one): the member a
+/// new watch goes to may have stalled before the gateway found it so.
+pub(crate) const MAKING: Duration = Duration::from_secs(3);
 
 /// Watches `key` with `options`, or fails if etcd does not make the watch within `MAKING`.
 pub(crate) async fn watch(client: &mut Client, key: &str, options: Option<WatchOptions>) -> crate::Result<Watch> {
