@@ -124,13 +124,17 @@ pub(super) fn pool(c: &Ctx, cmd: PoolCmd) -> R {
             let epoch = loop {
                 let detail = c.client.get(&path)?;
                 owner = detail["rados"]["owner"].as_str().map(String::from);
-                if owner.as_deref() == Some(to.as_str()) {
-                    break detail["rados"]["epoch"].as_i64();
+                // A gateway that is neither end of the move shows it handed over (epoch 0)
+                // before the other takes it, which may yet fail: taken is at an epoch.
+                let epoch = detail["rados"]["epoch"].as_i64();
+                if owner.as_deref() == Some(to.as_str()) && epoch.is_some_and(|e| e > 0) {
+                    break epoch;
                 }
                 if asked.elapsed() >= std::time::Duration::from_secs(wait) {
                     return Err(ClientError::Transport(format!(
                         "pool {name} is not served by gateway {to} after {wait} s ({}); the move goes on: a job running on the pool at its owner keeps it there until the job ends ('tessera job list' there), and 'tessera events' at either gateway says what happened",
                         match &owner {
+                            Some(o) if epoch == Some(0) => format!("handed over to gateway {o}, not taken yet"),
                             Some(o) => format!("owned by gateway {o}"),
                             None => "owned by no gateway now".to_string(),
                         }
