@@ -260,6 +260,27 @@ fn a_version_written_otherwise_is_taken_and_an_object_without_one_refused() {
     );
 }
 
+/// The records of family `pool` in `store`, as a scan reads them and as a snapshot does.
+type Records = Vec<(Vec<u8>, Vec<u8>)>;
+fn scanned_and_snapshotted(store: &MetaStore) -> (Records, Records) {
+    let mut scanned = Vec::new();
+    store
+        .for_each_prefix(CF_POOL, b"", |k, v| {
+            scanned.push((k.to_vec(), v.to_vec()));
+            Ok(())
+        })
+        .unwrap();
+    let mut seen = Vec::new();
+    store
+        .snapshot()
+        .for_each_prefix(CF_POOL, b"", |k, v| {
+            seen.push((k.to_vec(), v.to_vec()));
+            Ok(())
+        })
+        .unwrap();
+    (scanned, seen)
+}
+
 /// Omap keys of the metadata object that no commit writes (put there by hand or by another
 /// program: not hex, upper-case hex, a sign, no family) are no records: a scan passes them
 /// over and reads the family's records, in order, as the snapshot does, rather than failing
@@ -292,22 +313,8 @@ fn stray_omap_keys_are_no_records_to_a_scan_or_a_snapshot() {
         (vec![0xab], b"2".to_vec()),
         (vec![0xcd], b"3".to_vec()),
     ];
-    let mut scanned = Vec::new();
-    store
-        .for_each_prefix(CF_POOL, b"", |k, v| {
-            scanned.push((k.to_vec(), v.to_vec()));
-            Ok(())
-        })
-        .unwrap();
+    let (scanned, seen) = scanned_and_snapshotted(&store);
     assert_eq!(scanned, expected, "the scan");
-    let mut seen = Vec::new();
-    store
-        .snapshot()
-        .for_each_prefix(CF_POOL, b"", |k, v| {
-            seen.push((k.to_vec(), v.to_vec()));
-            Ok(())
-        })
-        .unwrap();
     assert_eq!(seen, expected, "the snapshot");
     assert_eq!(store.range_from(CF_POOL, &[0xab], 10).unwrap(), expected[1..]);
 }
@@ -339,22 +346,8 @@ fn omap_keys_holding_a_nul_byte_at_a_pages_end_do_not_stop_a_scan() {
     let pairs: Vec<(&[u8], &[u8])> = strays.iter().map(|k| (k.as_slice(), &b"stray"[..])).collect();
     pool.operate(&oid, &tessera_rados::WriteOp::new().omap_set(&pairs))
         .unwrap();
-    let mut scanned = Vec::new();
-    store
-        .for_each_prefix(CF_POOL, b"", |k, v| {
-            scanned.push((k.to_vec(), v.to_vec()));
-            Ok(())
-        })
-        .unwrap();
+    let (scanned, seen) = scanned_and_snapshotted(&store);
     assert!(scanned == expected, "the scan read {} records", scanned.len());
-    let mut seen = Vec::new();
-    store
-        .snapshot()
-        .for_each_prefix(CF_POOL, b"", |k, v| {
-            seen.push((k.to_vec(), v.to_vec()));
-            Ok(())
-        })
-        .unwrap();
     assert!(seen == expected, "the snapshot read {} records", seen.len());
     assert_eq!(
         store.range_from(CF_POOL, &[0x03, 0xe0], 10).unwrap(),
