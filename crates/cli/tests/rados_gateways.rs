@@ -357,6 +357,25 @@ fn a_pool_name_is_one_pool_among_the_gateways_until_it_is_destroyed() {
     let mut c = Daemon::start_configured(&t.path().join("c2"), &gateway_config("gw-c", &etcd, &prefix));
     let e = c.fails(&["pool", "import", &pool, "--rados", other, "--ceph-conf", &conf]);
     assert!(e.contains("another pool named"), "{e}");
+    // Through the API: a pool elsewhere exists (409); a RADOS pool that cannot be opened is
+    // no conflict, but what could say is unavailable (503), for a script to try again.
+    let import = |rados_pool: &str| {
+        c.http(
+            "POST",
+            "/api/pools/import",
+            Some(&serde_json::json!({"name": pool, "rados": {"pool": rados_pool, "ceph_conf": conf}}).to_string()),
+        )
+    };
+    let r = import(other);
+    assert_eq!((r.status, r.code()), (409, "already_exists".to_string()), "{}", r.body);
+    let r = import(&format!("nosuchpool{pid}"));
+    assert_eq!(
+        (r.status, r.code()),
+        (503, "data_unavailable".to_string()),
+        "{}",
+        r.body
+    );
+    assert!(r.body.contains("cannot open the RADOS pool"), "{}", r.body);
     assert!(
         c.json(&["pool", "list"]).as_array().unwrap().is_empty(),
         "nothing of the other pool is listed"

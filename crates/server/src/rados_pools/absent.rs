@@ -79,13 +79,13 @@ impl Membership {
     pub fn forget_place(&self, _: &str, _: &Placement, _: Option<i64>) -> Result<(), String> {
         match self.never {}
     }
-    pub fn claim_place(&self, _: &str, _: &Placement) -> Result<bool, String> {
+    pub fn claim_place(&self, _: &str, _: &Placement) -> Result<bool, super::PlaceRefused> {
         match self.never {}
     }
     pub fn unclaim_place(&self, _: &str, _: &Placement) -> Result<(), String> {
         match self.never {}
     }
-    pub fn check_place(&self, _: &str, _: &Placement) -> Result<(), String> {
+    pub fn check_place(&self, _: &str, _: &Placement) -> Result<(), super::PlaceRefused> {
         match self.never {}
     }
     pub fn lease(&self) -> Option<i64> {

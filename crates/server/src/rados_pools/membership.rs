@@ -13,6 +13,7 @@ use tessera_rados::Cluster;
 use tokio::runtime::Handle;
 
 use super::cluster::*;
+use super::PlaceRefused;
 use super::*;
 
 /// The certificates `[gateway]` names for TLS to etcd, read.
@@ -547,13 +548,13 @@ impl Membership {
     /// that failed, or an import of a place that holds no such pool, claims nothing. Read
     /// afresh at every attempt, never from memory: a record removed and claimed by
     /// another place since is seen.
-    pub fn check_place(&self, name: &str, placement: &Placement) -> Result<(), String> {
+    pub fn check_place(&self, name: &str, placement: &Placement) -> Result<(), PlaceRefused> {
         self.check_place_through(name, placement, &mut Link::default())
     }
 
     /// [`check_place`](Self::check_place), through `link`'s connection to the cluster if
     /// one is needed.
-    fn check_place_through(&self, name: &str, placement: &Placement, link: &mut Link) -> Result<(), String> {
+    fn check_place_through(&self, name: &str, placement: &Placement, link: &mut Link) -> Result<(), PlaceRefused> {
         let place = self.place_of(name, placement, link)?;
         let key = owner_key(name);
         let recorded = match self.with_gateway(async |g| {
@@ -576,7 +577,7 @@ impl Membership {
     /// Records that pool `name`, about to be made where `placement` says, lives there:
     /// refused if a pool of that name is recorded elsewhere. True if this call recorded
     /// it: a create that fails then takes the record back (`forget_place`).
-    pub fn claim_place(&self, name: &str, placement: &Placement) -> Result<bool, String> {
+    pub fn claim_place(&self, name: &str, placement: &Placement) -> Result<bool, PlaceRefused> {
         let place = self.place_of(name, placement, &mut Link::default())?;
         let (recorded, now) = self.with_gateway(async |g| {
             g.claim_place(&owner_key(name), &place)
@@ -587,18 +588,18 @@ impl Membership {
     }
 
     /// Ok if `recorded`, where the gateways record pool `name` lives, is `place`.
-    fn same_place(&self, name: &str, placement: &Placement, place: &str, recorded: &str) -> Result<(), String> {
+    fn same_place(&self, name: &str, placement: &Placement, place: &str, recorded: &str) -> Result<(), PlaceRefused> {
         if recorded == place {
             return Ok(());
         }
         let (their_fsid, their_id) = recorded.split_once('/').unwrap_or((recorded, "?"));
         let (fsid, id) = place.split_once('/').unwrap_or((place, "?"));
-        Err(format!(
+        Err(PlaceRefused::Elsewhere(format!(
             "another pool named {name} is served by these gateways, in RADOS pool id {their_id} of cluster {their_fsid}; this gateway has it in RADOS pool '{}' (id {id}) of cluster {fsid}: a name is one pool among the gateways of one etcd prefix (export this one here; if no pool of that name is left there, remove the record, etcdctl del {}/place/{})",
             placement.rados_pool,
             self.cfg.prefix,
             owner_key(name)
-        ))
+        )))
     }
 
     /// Forgets where pool `name`, at `placement`, lived among the gateways, and its fence
@@ -698,7 +699,8 @@ impl Membership {
         let started = std::time::Instant::now();
         // One connection for the place's check (the first time) and the taking.
         let mut link = Link::default();
-        self.check_place_through(name, placement, &mut link)?;
+        self.check_place_through(name, placement, &mut link)
+            .map_err(|e| e.to_string())?;
         let cluster = link.cluster(placement, &self.paths)?;
         // The RADOS pool must exist before anyone takes anything in it.
         let pool = Cluster::shared_pool(&cluster, &placement.rados_pool)

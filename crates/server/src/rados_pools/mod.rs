@@ -34,6 +34,31 @@ pub const PLACEMENT_FILE: &str = "rados.json";
 pub const DEFAULT_CEPH_CONF: &str = "/etc/ceph/ceph.conf";
 pub const DEFAULT_CLIENT: &str = "admin";
 
+/// Why a pool's place among the gateways (the RADOS pool and cluster it lives in, as etcd
+/// records it) is not confirmed where it is asked for.
+#[derive(Debug)]
+pub enum PlaceRefused {
+    /// A pool of this name lives elsewhere: another RADOS pool or cluster.
+    Elsewhere(String),
+    /// What would say could not be read: etcd or the cluster did not answer, or the RADOS
+    /// pool cannot be opened.
+    Unknown(String),
+}
+
+impl std::fmt::Display for PlaceRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PlaceRefused::Elsewhere(m) | PlaceRefused::Unknown(m) => f.write_str(m),
+        }
+    }
+}
+
+impl From<String> for PlaceRefused {
+    fn from(m: String) -> PlaceRefused {
+        PlaceRefused::Unknown(m)
+    }
+}
+
 /// Where a pool on RADOS lives, with the defaults filled in, as `rados.json` holds it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

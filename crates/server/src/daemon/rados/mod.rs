@@ -132,6 +132,15 @@ impl Serving {
     }
 }
 
+/// A pool's place refused, as the API says it: a pool of the name elsewhere exists; etcd or
+/// the cluster that did not answer is a service unavailable, for a script to try again.
+fn place_refused(e: crate::rados_pools::PlaceRefused) -> ApiError {
+    match e {
+        crate::rados_pools::PlaceRefused::Elsewhere(m) => ApiError::exists(m),
+        crate::rados_pools::PlaceRefused::Unknown(m) => ApiError::unavailable(m),
+    }
+}
+
 /// What a gateway says in etcd of a pool, on its lease, that the others act on: an owner
 /// hands the pool to a gateway that asks for it, and moves it only to one that serves it.
 #[derive(Clone, Copy, Debug)]
@@ -308,7 +317,7 @@ impl Daemon {
         // Its place first, so that a pool of this name elsewhere is refused (as such, not as
         // one that exists) from now on; a create that fails below takes it back, if it
         // recorded it (a pool of this name may be there already, its record kept).
-        let claimed = gw.claim_place(&req.name, &placement).map_err(ApiError::exists)?;
+        let claimed = gw.claim_place(&req.name, &placement).map_err(place_refused)?;
         let refused = match gw.take(&req.name, &placement) {
             Ok(Taking::Mine(o)) => Ok(o),
             Err(e) => Err(ApiError::unavailable(e)),
@@ -395,7 +404,7 @@ impl Daemon {
         // look at the record only when nobody owns the pool.
         self.membership()?
             .check_place(name, &placement)
-            .map_err(ApiError::exists)?;
+            .map_err(place_refused)?;
         {
             let _admin = self.admin.lock();
             self.not_being_destroyed(name)?;
