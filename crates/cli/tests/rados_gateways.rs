@@ -357,8 +357,9 @@ fn a_pool_name_is_one_pool_among_the_gateways_until_it_is_destroyed() {
     let mut c = Daemon::start_configured(&t.path().join("c2"), &gateway_config("gw-c", &etcd, &prefix));
     let e = c.fails(&["pool", "import", &pool, "--rados", other, "--ceph-conf", &conf]);
     assert!(e.contains("another pool named"), "{e}");
-    // Through the API: a pool elsewhere exists (409); a RADOS pool that cannot be opened is
-    // no conflict, but what could say is unavailable (503), for a script to try again.
+    // Through the API: a pool elsewhere exists (409); a RADOS pool the cluster does not have
+    // is a mistake in the request (400), no conflict; a cluster that does not answer is
+    // unavailable (503).
     let import = |rados_pool: &str| {
         c.http(
             "POST",
@@ -371,11 +372,11 @@ fn a_pool_name_is_one_pool_among_the_gateways_until_it_is_destroyed() {
     let r = import(&format!("nosuchpool{pid}"));
     assert_eq!(
         (r.status, r.code()),
-        (503, "data_unavailable".to_string()),
+        (400, "invalid_argument".to_string()),
         "{}",
         r.body
     );
-    assert!(r.body.contains("cannot open the RADOS pool"), "{}", r.body);
+    assert!(r.body.contains("the cluster has no such pool"), "{}", r.body);
     assert!(
         c.json(&["pool", "list"]).as_array().unwrap().is_empty(),
         "nothing of the other pool is listed"

@@ -555,7 +555,7 @@ impl MetaBackend for RadosMeta {
                 return Box::new(Unreadable {
                     path: self.location(),
                     why: format!(
-                        "commits moved the records during each of {FREE_SNAPSHOT_READS} reads, and one read takes {} ms:                          longer than the writes needing metadata may be held back ({} ms); try again when the pool is less busy",
+                        "commits moved the records during each of {FREE_SNAPSHOT_READS} reads, and one read takes {} ms, longer than the writes needing metadata may be held back ({} ms); try again when the pool is less busy",
                         took.as_millis(),
                         HOLD_COMMITS_AT_MOST.as_millis()
                     ),
@@ -587,7 +587,7 @@ impl MetaBackend for RadosMeta {
         }
         Box::new(Unreadable {
             path: self.location(),
-            why: "a commit of another gateway moved the records while this gateway's were held back".into(),
+            why: "the records moved while this store's commits were held back (another gateway's commit, or an earlier one of this store's applied late)".into(),
         })
     }
 

@@ -508,7 +508,7 @@ impl Membership {
 
     /// Where pool `name` lives, as the gateways record it: the cluster's id and the RADOS
     /// pool's (`FSID/ID`), learned once.
-    fn place_of(&self, name: &str, placement: &Placement, link: &mut Link) -> Result<String, String> {
+    fn place_of(&self, name: &str, placement: &Placement, link: &mut Link) -> Result<String, PlaceRefused> {
         // By where it is looked for: a name asked for in one RADOS pool, then another
         // (refused there), is in the one asked now.
         let looked_in = (
@@ -522,7 +522,14 @@ impl Membership {
         let cluster = link.cluster(placement, &self.paths)?;
         let (fsid, id) = Cluster::shared_pool(&cluster, &placement.rados_pool)
             .and_then(|p| p.identity())
-            .map_err(|e| format!("cannot open the RADOS pool '{}': {e}", placement.rados_pool))?;
+            .map_err(|e| {
+                let why = format!("cannot open the RADOS pool '{}': {e}", placement.rados_pool);
+                // No such pool is a name to correct, not a cluster to wait for.
+                match e.errno() {
+                    Some(libc::ENOENT) => PlaceRefused::Invalid(format!("{why}: the cluster has no such pool")),
+                    _ => PlaceRefused::Unknown(why),
+                }
+            })?;
         let place = format!("{fsid}/{id}");
         self.places
             .lock()
@@ -615,7 +622,7 @@ impl Membership {
         let Some((place, epoch)) = place else {
             return Ok(());
         };
-        let place = place?;
+        let place = place.map_err(|e| e.to_string())?;
         let forgot = self
             .with_gateway(async |g| {
                 g.forget_place(&owner_key(name), &place, epoch)
@@ -642,7 +649,7 @@ impl Membership {
     /// another) may have been made by the other, whose pool the record is then.
     pub fn unclaim_place(&self, name: &str, placement: &Placement) -> Result<(), String> {
         let mut link = Link::default();
-        let place = self.place_of(name, placement, &mut link)?;
+        let place = self.place_of(name, placement, &mut link).map_err(|e| e.to_string())?;
         match self.pool_is_at(name, placement, &mut link) {
             Ok(true) => {
                 tracing::debug!(pool = %name, "a pool of the name was made where it was to live: its place stays recorded");

@@ -40,15 +40,17 @@ pub const DEFAULT_CLIENT: &str = "admin";
 pub enum PlaceRefused {
     /// A pool of this name lives elsewhere: another RADOS pool or cluster.
     Elsewhere(String),
-    /// What would say could not be read: etcd or the cluster did not answer, or the RADOS
-    /// pool cannot be opened.
+    /// The RADOS pool asked for is not in the cluster.
+    Invalid(String),
+    /// What would say could not be read: etcd or the cluster did not answer (or refused
+    /// this gateway's client), or the RADOS pool could not be opened.
     Unknown(String),
 }
 
 impl std::fmt::Display for PlaceRefused {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            PlaceRefused::Elsewhere(m) | PlaceRefused::Unknown(m) => f.write_str(m),
+            PlaceRefused::Elsewhere(m) | PlaceRefused::Invalid(m) | PlaceRefused::Unknown(m) => f.write_str(m),
         }
     }
 }

@@ -132,11 +132,13 @@ impl Serving {
     }
 }
 
-/// A pool's place refused, as the API says it: a pool of the name elsewhere exists; etcd or
-/// the cluster that did not answer is a service unavailable, for a script to try again.
+/// A pool's place refused, as the API says it: a pool of the name elsewhere exists; a RADOS
+/// pool the cluster does not have is a mistake in the request; etcd or the cluster that did
+/// not answer (or refused this gateway) is a service unavailable, which the message names.
 fn place_refused(e: crate::rados_pools::PlaceRefused) -> ApiError {
     match e {
         crate::rados_pools::PlaceRefused::Elsewhere(m) => ApiError::exists(m),
+        crate::rados_pools::PlaceRefused::Invalid(m) => ApiError::invalid(m),
         crate::rados_pools::PlaceRefused::Unknown(m) => ApiError::unavailable(m),
     }
 }
