@@ -27,6 +27,90 @@ fn cluster(test: &str) -> Option<(String, String, std::sync::RwLockReadGuard<'st
     Some((conf, etcd, shared))
 }
 
+/// The cluster to this test alone (see [`OSD`]), for one that stops, kills or fills its
+/// OSD, until dropped (declared first, it is dropped last, whatever became of the test).
+fn alone_on_the_cluster() -> Alone {
+    Alone(OSD.write().unwrap_or_else(|e| e.into_inner()))
+}
+
+struct Alone(#[allow(dead_code)] std::sync::RwLockWriteGuard<'static, ()>);
+
+impl Drop for Alone {
+    /// Hands the cluster on only once it answers again, so that a test that left it
+    /// unable to does not fail every test after it.
+    fn drop(&mut self) {
+        until_the_test_cluster_answers();
+    }
+}
+
+/// [`until_the_cluster_answers`], for the cluster the tests were given, if any.
+fn until_the_test_cluster_answers() {
+    let conf = std::env::var("TESSERA_CEPH_CONF").unwrap_or_default();
+    if !conf.is_empty() {
+        until_the_cluster_answers(&conf);
+    }
+}
+
+/// Waits until every placement group of the test RADOS pool answers (a listing of its
+/// objects visits each one), the cluster's OSD resumed if a test left it stopped. Once, an
+/// OSD stopped 30 s (SIGSTOP) and resumed went on refusing a listing for minutes, until
+/// it was started again; every test after it failed. An OSD that does not answer within
+/// a minute is therefore started again, saying so with what the cluster and the OSD's log
+/// said. Does not panic: it runs while a failed test unwinds.
+fn until_the_cluster_answers(conf: &str) {
+    let answers = |within: Duration| {
+        let t0 = Instant::now();
+        loop {
+            // The listing gives up after `rados_osd_op_timeout` (30 s in the test cluster).
+            let ok = std::process::Command::new("rados")
+                .args(["-c", conf, "-p", RADOS_POOL, "ls"])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if ok {
+                return true;
+            }
+            if t0.elapsed() > within {
+                return false;
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    };
+    let osd = || {
+        let (found, out) = run("pgrep", &["-f", &format!("ceph-osd -c {conf} -i 0")]);
+        found
+            .then(|| out.lines().next().and_then(|l| l.trim().parse::<i32>().ok()))
+            .flatten()
+    };
+    if let Some(pid) = osd() {
+        unsafe { libc::kill(pid, libc::SIGCONT) };
+    }
+    let t0 = Instant::now();
+    if answers(Duration::from_secs(60)) {
+        return;
+    }
+    let log = std::path::Path::new(conf).with_file_name("log").join("osd.0.log");
+    let (_, status) = run("ceph", &["-c", conf, "health", "detail"]);
+    let (_, tail) = run("tail", &["-n", "40", &log.to_string_lossy()]);
+    eprintln!(
+        "the cluster's OSD did not answer a listing of {RADOS_POOL} within {:?} after the test; it is started again.\n\
+         ceph health detail:\n{status}\nthe end of {}:\n{tail}",
+        t0.elapsed(),
+        log.display()
+    );
+    if let Some(pid) = osd() {
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        while unsafe { libc::kill(pid, 0) } == 0 && t0.elapsed() < Duration::from_secs(120) {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    let (started, out) = run("ceph-osd", &["-c", conf, "-i", "0"]);
+    if !started || !answers(Duration::from_secs(120)) {
+        eprintln!("the cluster's OSD, started again, does not answer either (started: {started}: {out})");
+    }
+}
+
 fn cluster_config(test: &str) -> Option<(String, String)> {
     let conf = std::env::var("TESSERA_CEPH_CONF").unwrap_or_default();
     let etcd = std::env::var("TESSERA_ETCD_ENDPOINTS").unwrap_or_default();
@@ -1325,7 +1409,7 @@ fn refuse_attribute_writes(conf: &str, on: bool) {
 fn a_metadata_change_of_unknown_outcome_opens_the_pool_again() {
     let test = "a_metadata_change_of_unknown_outcome_opens_the_pool_again";
     // The OSDs are made to refuse writes (below): the other tests of this file wait.
-    let _alone = OSD.write().unwrap_or_else(|e| e.into_inner());
+    let _alone = alone_on_the_cluster();
     let Some((conf, etcd)) = cluster_config(test) else {
         return;
     };
@@ -2569,7 +2653,7 @@ fn acknowledged_writes_survive_an_osd_and_gateway_failures_under_iscsi_multipath
     use std::sync::Mutex;
     let test = "acknowledged_writes_survive_an_osd_and_gateway_failures_under_iscsi_multipath";
     // Alone on the cluster: its OSD goes down under the test.
-    let _alone = OSD.write().unwrap_or_else(|e| e.into_inner());
+    let _alone = alone_on_the_cluster();
     let Some((conf, etcd)) = cluster_config(test) else {
         return;
     };
@@ -2752,7 +2836,7 @@ fn acknowledged_writes_survive_failovers_under_a_verifying_load() {
 fn a_gateway_answers_a_write_only_once_the_cluster_applied_it() {
     let test = "a_gateway_answers_a_write_only_once_the_cluster_applied_it";
     // Alone on the cluster: its OSD stops under the test.
-    let _alone = OSD.write().unwrap_or_else(|e| e.into_inner());
+    let _alone = alone_on_the_cluster();
     let Some((conf, etcd)) = cluster_config(test) else {
         return;
     };
@@ -3663,13 +3747,15 @@ fn an_owner_whose_key_was_lost_gives_the_pool_up(test: &str, tag: &str, reads_on
     b.stop();
 }
 
-/// Sends `SIGCONT` to a process stopped by a test when dropped, whatever became of the test:
-/// a cluster's OSD left stopped would stall every test after it.
+/// Sends `SIGCONT` to the cluster's OSD, stopped by a test, when dropped, whatever became of
+/// the test, and waits until the cluster answers again: an OSD left stopped would stall
+/// every test after it.
 struct GoesOn(i32);
 
 impl Drop for GoesOn {
     fn drop(&mut self) {
         unsafe { libc::kill(self.0, libc::SIGCONT) };
+        until_the_test_cluster_answers();
     }
 }
 
@@ -3721,7 +3807,7 @@ fn destroy_waiting_for_the_osd(d: &Daemon, pool: &str, osd: i32) -> (std::thread
 fn a_pool_being_destroyed_keeps_no_other_change_waiting() {
     let test = "a_pool_being_destroyed_keeps_no_other_change_waiting";
     // Alone on the cluster: its OSD stops under the test.
-    let _alone = OSD.write().unwrap_or_else(|e| e.into_inner());
+    let _alone = alone_on_the_cluster();
     let Some((conf, etcd)) = cluster_config(test) else {
         return;
     };
@@ -3916,7 +4002,7 @@ fn an_owner_hands_a_pool_to_another_asker_after_one_left_it_untaken() {
 fn a_destroy_the_cluster_does_not_let_finish_goes_on_in_the_background() {
     let test = "a_destroy_the_cluster_does_not_let_finish_goes_on_in_the_background";
     // Alone on the cluster: its OSD stops under the test.
-    let _alone = OSD.write().unwrap_or_else(|e| e.into_inner());
+    let _alone = alone_on_the_cluster();
     let Some((conf, etcd)) = cluster_config(test) else {
         return;
     };
@@ -3978,7 +4064,7 @@ fn a_destroy_the_cluster_does_not_let_finish_goes_on_in_the_background() {
 fn a_destroy_cut_short_by_a_stop_is_finished_at_the_next_start() {
     let test = "a_destroy_cut_short_by_a_stop_is_finished_at_the_next_start";
     // Alone on the cluster: its OSD stops under the test.
-    let _alone = OSD.write().unwrap_or_else(|e| e.into_inner());
+    let _alone = alone_on_the_cluster();
     let Some((conf, etcd)) = cluster_config(test) else {
         return;
     };
