@@ -364,7 +364,16 @@ impl Daemon {
         self.write_imported_list(self.imported_names())
     }
 
-    pub(crate) fn write_imported_list(&self, pools: BTreeSet<String>) -> Result<(), String> {
+    /// Records the imported pools with `name` among them. Called before a pool made or
+    /// imported here is served: one that could not be recorded would be served until the
+    /// next start and then silently not be.
+    pub(crate) fn record_imported_with(&self, name: &str) -> Result<(), String> {
+        let mut names = self.imported_names();
+        names.insert(name.to_string());
+        self.write_imported_list(names)
+    }
+
+    fn write_imported_list(&self, pools: BTreeSet<String>) -> Result<(), String> {
         let list = ImportedList { pools };
         let p = self.imported_path();
         statefile::write_json(&p, &list)

@@ -63,9 +63,7 @@ impl Daemon {
         }
         // Recorded before it is served, as an import is: a pool that could not be recorded
         // would be served until the next start and then silently not be. All or nothing.
-        let mut names = self.imported_names();
-        names.insert(req.name.clone());
-        if let Err(err) = self.write_imported_list(names) {
+        if let Err(err) = self.record_imported_with(&req.name) {
             let _ = engine.destroy();
             let _ = std::fs::remove_dir_all(&dir);
             return Err(ApiError::io(err));
@@ -388,9 +386,7 @@ impl Daemon {
         })?;
         // Recorded before it is served: an import that cannot be recorded is not served
         // (nothing, not a scrub nor a repair, has started on it), and the engine closes here.
-        let mut names = self.imported_names();
-        names.insert(name.to_string());
-        self.write_imported_list(names).map_err(ApiError::io)?;
+        self.record_imported_with(name).map_err(ApiError::io)?;
         self.pools.write().insert(name.to_string(), Arc::new(engine));
         self.unavailable.write().remove(name);
         self.changed("pool.imported", name, None, format!("pool {name} imported"));

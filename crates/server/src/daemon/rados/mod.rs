@@ -124,7 +124,15 @@ impl Serving {
     }
 
     /// The lease under which pool `p`'s gateway last said it serves the pool this way.
-    fn said(self, p: &mut RadosPool) -> &mut Option<i64> {
+    fn said(self, p: &RadosPool) -> Option<i64> {
+        match self {
+            Serving::Luns => p.announced,
+            Serving::Exports => p.announced_exports,
+        }
+    }
+
+    /// What [`Serving::said`] reads, to be changed.
+    fn said_mut(self, p: &mut RadosPool) -> &mut Option<i64> {
         match self {
             Serving::Luns => &mut p.announced,
             Serving::Exports => &mut p.announced_exports,
@@ -162,7 +170,7 @@ impl Mark {
     }
 
     /// Whether pool entry `p` (the pool imported here again) says it anew.
-    fn said_by(self, p: &mut RadosPool) -> bool {
+    fn said_by(self, p: &RadosPool) -> bool {
         match self {
             Mark::Asking => p.asking.is_some(),
             Mark::Serving(way) => way.said(p).is_some(),
@@ -369,9 +377,7 @@ impl Daemon {
             }
         };
         // Recorded before it is served, as a local pool is: all or nothing.
-        let mut names = self.imported_names();
-        names.insert(req.name.clone());
-        if let Err(err) = self.write_imported_list(names) {
+        if let Err(err) = self.record_imported_with(&req.name) {
             drop(engine);
             if let Err(e) = owned.remove_objects(&req.name, capacity) {
                 warn!(pool = %req.name, error = %e, "cannot remove the objects of a pool whose creation could not be recorded");
@@ -439,9 +445,7 @@ impl Daemon {
             // Recorded before it is waited for, as a made pool is: a list that cannot be
             // written leaves the pool as it was, rather than taken and served here behind
             // the error, and forgotten at the next start.
-            let mut names = self.imported_names();
-            names.insert(name.to_string());
-            self.write_imported_list(names).map_err(ApiError::io)?;
+            self.record_imported_with(name).map_err(ApiError::io)?;
             self.wait_for(name, placement);
         }
         self.bring_rados_pool(name);
@@ -1024,7 +1028,7 @@ impl Daemon {
         };
         match done {
             Ok(l) => {
-                let here = self.with_rados_pool(name, |p| *way.said(p) = l);
+                let here = self.with_rados_pool(name, |p| *way.said_mut(p) = l);
                 // Left here meanwhile (exported, destroyed): its leaving took back what it
                 // found said, not this, which would stay on this gateway's lease.
                 if !here && l.is_some() {
@@ -1144,7 +1148,7 @@ impl Daemon {
     fn take_back_marks_left(&self, gw: &crate::rados_pools::Membership) {
         let mut pending = std::mem::take(&mut *self.marks_left.lock()).into_iter();
         while let Some((name, mark)) = pending.next() {
-            if self.rados.lock().get_mut(&name).is_some_and(|p| mark.said_by(p)) {
+            if self.rados.lock().get(&name).is_some_and(|p| mark.said_by(p)) {
                 continue;
             }
             match mark.take_back(gw, &name) {
