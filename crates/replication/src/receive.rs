@@ -518,6 +518,12 @@ fn run<S: Read + Write>(
     if replica.size() < begin.size {
         engine.resize_vdisk(&begin.vdisk, begin.size)?;
     }
+    if !report.resumed {
+        // The reset durable before the marker that says it was done: a partial grain is
+        // put back (or zeroed) by plain writes, which a power cut may lose, and the cycle
+        // sent again then would not reset the copy.
+        replica.flush()?;
+    }
     make_dirs_durably(marker_path.parent().expect("in the cycles directory"))?;
     write_durably(&marker_path, &serde_json::to_vec(&wanted).expect("serializable"))?;
     // Extra streams join once the sender has read Ready: the cycle waits for them from now.

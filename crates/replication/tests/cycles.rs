@@ -777,6 +777,53 @@ fn a_cycle_refused_after_resetting_the_copy_leaves_no_marker_behind() {
     assert_eq!(image(&dst.engine.vdisk("vol@s2").unwrap()), image(&s2));
 }
 
+/// A cycle on a base first puts the working copy back to that base, then writes its marker,
+/// by which the cycle sent again after a cut knows the copy holds part of it and does not
+/// put it back again. The copy is back to the base durably before the marker is written: a
+/// power cut between them would leave a copy that lost part of its reset, which the cycle
+/// sent again would take for its own. Here the vdisk ends 4 KiB into its last grain, which
+/// the reset therefore copies (a whole grain is pointed at the base's instead); the copy
+/// holds other data there, on the medium, as a cut cycle leaves it; the next cycle is cut
+/// once its marker is written, and the power of the replica's disks with it: their caches
+/// must hold nothing of the reset. Sent again, the cycle makes an exact replica. Until
+/// 2026-12-07 nothing flushed the reset before the marker; the replica came out exact only
+/// because a snapshot copies its vdisk's partial last grain, so that the cycle offers that
+/// grain again, and the replica asks for what its copy lacks.
+#[test]
+fn a_reset_to_the_base_is_durable_before_the_marker_that_skips_it() {
+    let size = 8 * MIB + 4096;
+    let src = site(2, 256 * MIB);
+    let (dst, supply, media) = volatile_site(2, 256 * MIB);
+    let v = source_vdisk(&src, size);
+    v.write(0, &noise(1, size as usize), false).unwrap();
+    src.engine.snapshot("vol", "s1").unwrap();
+    let (sent, got) = cycle(&src, &dst, "s1", None, None);
+    (sent.unwrap(), got.unwrap());
+    let copy = dst.engine.vdisk("vol").unwrap();
+    copy.write(8 * MIB, &noise(2, 4096), false).unwrap();
+    copy.flush().unwrap();
+    drop(copy);
+    v.write(0, &noise(3, GRAIN as usize), false).unwrap();
+    let s2 = src.engine.snapshot("vol", "s2").unwrap();
+    // Cut within the first grain's data, well past the opening: nothing of the cycle is
+    // written to the copy but its reset.
+    let (sent, got) = cycle(&src, &dst, "s2", Some("s1"), Some(4096));
+    assert!(sent.is_err() && got.is_err(), "{sent:?} {got:?}");
+    let cut = supply.cut(1);
+    assert!(
+        cut.iter().all(|r| *r == Default::default()),
+        "writes of the reset were not flushed when the marker was written: {cut:?}"
+    );
+    let dst = reopened(dst, &media);
+    let (sent, got) = cycle(&src, &dst, "s2", Some("s1"), None);
+    sent.unwrap();
+    assert!(
+        got.unwrap().resumed,
+        "the cycle sent again is not taken for the one cut"
+    );
+    assert_eq!(image(&dst.engine.vdisk("vol@s2").unwrap()), image(&s2));
+}
+
 /// A peer holding the key that, past the handshake, sends its opening a byte now and then
 /// (under the read timeout) is cut off within the silence: it would hold a place at the
 /// listener for ever. One that opens in time goes on.

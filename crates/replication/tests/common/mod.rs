@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use tessera_disk::{DiskRef, MemDisk};
+use tessera_disk::{BlockDevice, DiskRef, MemDisk, PowerSupply, VolatileDisk};
 use tessera_replication::{Commit, ReceiveOptions, ReplicaSite};
 use tessera_volume::{Engine, LayoutKind, Vdisk};
 
@@ -118,10 +118,79 @@ impl ReplicaSite for Site {
 }
 
 pub fn site(disks: usize, disk_size: u64) -> Site {
-    let dir = tempfile::tempdir().unwrap();
     let refs: Vec<DiskRef> = (0..disks)
         .map(|i| Arc::new(MemDisk::new(&format!("m{i}"), disk_size)) as DiskRef)
         .collect();
+    site_on(refs)
+}
+
+/// A site whose disks have a volatile write cache that `PowerSupply::cut` loses part of, as
+/// a power failure would; the disks' media, for [`reopened`].
+pub fn volatile_site(disks: usize, disk_size: u64) -> (Site, Arc<PowerSupply>, Vec<DiskRef>) {
+    let supply = PowerSupply::new();
+    let media: Vec<DiskRef> = (0..disks)
+        .map(|i| Arc::new(MemDisk::new(&format!("m{i}"), disk_size)) as DiskRef)
+        .collect();
+    let refs = media
+        .iter()
+        .map(|m| VolatileDisk::new(m.clone(), &supply) as DiskRef)
+        .collect();
+    (site_on(refs), supply, media)
+}
+
+/// Site `s` after its power was cut and came back: its pool opened again from its disks'
+/// `media` and from a copy of its directory (the metadata store syncs each commit, which a
+/// process's files keep as a power cut would), what the site recorded kept. The pool as it
+/// was is let go of without a word: its disks answer nothing more.
+pub fn reopened(s: Site, media: &[DiskRef]) -> Site {
+    let Site {
+        dir,
+        engine,
+        joins,
+        committed,
+        committed_ids,
+        not_made,
+        changing,
+        joins_meet,
+    } = s;
+    std::mem::forget(engine);
+    let copy = tempfile::tempdir().unwrap();
+    copy_dir(dir.path(), copy.path());
+    let open = |path: &str| {
+        Ok(media
+            .iter()
+            .find(|m| m.path() == path)
+            .cloned()
+            .unwrap_or_else(|| panic!("no disk {path}")))
+    };
+    let engine = Engine::open(&copy.path().join("pool"), &open).unwrap();
+    Site {
+        dir: copy,
+        engine: Arc::new(engine),
+        joins,
+        committed,
+        committed_ids,
+        not_made,
+        changing,
+        joins_meet,
+    }
+}
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let target = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &target);
+        } else {
+            std::fs::copy(e.path(), &target).unwrap();
+        }
+    }
+}
+
+fn site_on(refs: Vec<DiskRef>) -> Site {
+    let dir = tempfile::tempdir().unwrap();
     let engine = Engine::create_pool(&dir.path().join("pool"), "p", refs, 4 * MIB).unwrap();
     Site {
         dir,
