@@ -572,6 +572,11 @@ fn run<S: Read + Write>(
     // costs the sender 32 bytes a block and this site a read of the grain and its hashing, so
     // a grain offered again would let a peer make it read without end.
     let mut offered: Vec<u64> = Vec::new();
+    // Holes come first, each past the one before it: zeroing a range walks the grain map
+    // over it, and a peer that sent a hole over the whole replica again and again would
+    // keep this site at it for the whole cycle. Once in order, they walk the map once.
+    let mut holes_end = 0u64;
+    let mut offers_began = false;
     let replica = &*replica;
     std::thread::scope(|sc| -> Result<()> {
         let mut readers = Vec::new();
@@ -618,6 +623,7 @@ fn run<S: Read + Write>(
             let f = frame(w.get_mut(), opts.pace)?;
             match f.kind {
                 Kind::Offer => {
+                    offers_began = true;
                     let (no, offers) = wire::decode_offer(&f.body)?;
                     let mut want = Vec::new();
                     let mut exp = expected.map.lock().expect("not poisoned");
@@ -671,6 +677,17 @@ fn run<S: Read + Write>(
                 Kind::Hole => {
                     let (offset, len) = wire::decode_hole(&f.body)?;
                     check_range(offset, len, size, 1)?;
+                    if offers_began {
+                        return Err(ReplError::Protocol(format!(
+                            "a hole of {len} bytes at {offset} after the offers"
+                        )));
+                    }
+                    if offset < holes_end {
+                        return Err(ReplError::Protocol(format!(
+                            "a hole of {len} bytes at {offset} after one that ended at {holes_end}"
+                        )));
+                    }
+                    holes_end = offset + len;
                     replica.write_zeroes(offset, len, true, false)?;
                     report.holes += 1;
                 }

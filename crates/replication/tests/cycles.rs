@@ -588,6 +588,32 @@ fn streams_that_lie_are_refused_with_a_reason() {
         tessera_replication::wire::write_frame(&mut b, tessera_replication::wire::Kind::Offer, &offer).unwrap();
     }
     assert!(run(b).contains("offered twice"));
+    // Holes are zeroed once each, in order, before the offers: each one zeroes (and walks
+    // the grain map of) as much of the replica as it spans, so a hole over the whole replica
+    // sent again and again would keep this site at it for the whole cycle.
+    let hole = |b: &mut Vec<u8>, offset: u64, len: u64| {
+        let h = tessera_replication::wire::encode_hole(offset, len);
+        tessera_replication::wire::write_frame(b, tessera_replication::wire::Kind::Hole, &h).unwrap();
+    };
+    let mut b = begin(ok);
+    hole(&mut b, 0, MIB);
+    hole(&mut b, 0, MIB);
+    assert!(run(b).contains("a hole of 1048576 bytes at 0 after one that ended at 1048576"));
+    let mut b = begin(ok);
+    hole(&mut b, 2 * GRAIN, GRAIN);
+    hole(&mut b, GRAIN, 2 * GRAIN);
+    assert!(run(b).contains("a hole of 131072 bytes at 65536 after one that ended at 196608"));
+    let mut b = begin(ok);
+    let offer = tessera_replication::wire::encode_offer(0, &[tessera_replication::wire::Offered::of(0, &[3u8; 65536])]);
+    tessera_replication::wire::write_frame(&mut b, tessera_replication::wire::Kind::Offer, &offer).unwrap();
+    hole(&mut b, GRAIN, GRAIN);
+    assert!(run(b).contains("a hole of 65536 bytes at 65536 after the offers"));
+    // In order, they are zeroed and the cycle goes on (to its end, here without a commit).
+    let mut b = begin(ok);
+    hole(&mut b, 0, GRAIN);
+    hole(&mut b, GRAIN, GRAIN);
+    hole(&mut b, 4 * GRAIN, GRAIN);
+    assert!(run(b).contains("before its commit"));
     // Offers without end, and never a block of data: the replica stops holding fingerprints.
     let grains = tessera_replication::wire::MAX_WANTED_BLOCKS / 16 + 1;
     let big = ok.replace("1048576", &(grains as u64 * GRAIN).to_string());

@@ -723,18 +723,24 @@ impl Vdisk {
 
     fn trim_gated(&self, offset: u64, len: u64) -> Result<()> {
         let grain = self.class.grain;
-        let mut whole = Vec::new();
+        // Unmapped a batch at a time as the range is walked: a range over a whole large
+        // vdisk (a replication cycle's hole) holds hundreds of millions of grains.
+        let mut whole = Vec::with_capacity(BATCH_GRAINS as usize);
         for p in grain_pieces(grain, offset, len) {
             let last_grain_end = self.size().min((p.unit + 1) * grain) - p.unit * grain;
             if p.off == 0 && (p.len as u64 == grain || p.len as u64 == last_grain_end) {
                 whole.push(p.unit);
+                if whole.len() == BATCH_GRAINS as usize {
+                    self.unmap_grains(&whole, true)?;
+                    whole.clear();
+                }
             } else if self.entry(p.unit) != 0 {
                 let zeros = vec![0u8; p.len];
                 self.write_grain(p.unit, p.off, &zeros, &mut Vec::new())?;
             }
         }
-        for chunk in whole.chunks(BATCH_GRAINS as usize) {
-            self.unmap_grains(chunk, true)?;
+        if !whole.is_empty() {
+            self.unmap_grains(&whole, true)?;
         }
         self.s.space.reclaim_empty()?;
         Ok(())
