@@ -15,11 +15,20 @@ use tessera_volume::{Progress, Vdisk};
 use crate::error::{ReplError, Result};
 use crate::wire::{self, Begin, Done, Frame, Join, Kind, Offered, Ready, BLOCK, MAGIC};
 
-/// Grains per offer.
+/// Grains per offer, at most.
 const BATCH: usize = 32;
+/// Bytes of grains per offer, at most (one grain larger than this is offered alone): the
+/// sender holds what it offered until it is answered, and 16 batches of 32 grains of 4 MiB
+/// would be 2 GiB per cycle.
+const BATCH_BYTES: usize = 2 << 20;
 /// Offer batches in flight before the sender waits for an answer (the replica accepts up to
 /// twice what they can ask for: `wire::MAX_WANTED_BLOCKS`).
 const WINDOW: usize = 16;
+
+/// Whether `batch` is offered now.
+fn batch_full(batch: &Batch, bytes: usize) -> bool {
+    batch.len() == BATCH || bytes >= BATCH_BYTES
+}
 
 /// What a cycle took.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
@@ -330,6 +339,7 @@ fn send_data<S: Read + Write>(
     let grain = newer.grain_size();
     let mut outstanding: HashMap<u64, Batch> = HashMap::new();
     let mut batch: Batch = Vec::with_capacity(BATCH);
+    let mut batch_bytes = 0;
     let mut batch_no = 0u64;
     let grains = extents.iter().filter(|e| e.mapped).flat_map(|e| {
         let end = e.offset + e.len;
@@ -343,8 +353,10 @@ fn send_data<S: Read + Write>(
         }
         let mut data = vec![0u8; len as usize];
         newer.read(offset, &mut data)?;
+        batch_bytes += data.len();
         batch.push((offset, data));
-        if batch.len() == BATCH {
+        if batch_full(&batch, batch_bytes) {
+            batch_bytes = 0;
             offer(&mut c.w, batch_no, std::mem::take(&mut batch), &mut outstanding, report)?;
             batch_no += 1;
             while outstanding.len() >= WINDOW {
@@ -417,4 +429,28 @@ fn answer<S: Read + Write>(
     let bytes: usize = batch.iter().map(|(_, d)| d.len()).sum();
     progress.done_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the sender holds of the grains it offered and that are not answered yet, at
+    /// most, for each grain size a vdisk may have: within 64 MiB (2 GiB with 4 MiB grains
+    /// until 2026-12-07).
+    #[test]
+    fn the_offers_in_flight_hold_a_bounded_number_of_bytes_whatever_the_grain() {
+        let mut grain = 4096u64;
+        while grain <= tessera_volume::MAX_GRAIN {
+            let (mut batch, mut bytes): (Batch, usize) = (Vec::new(), 0);
+            while !batch_full(&batch, bytes) {
+                bytes += grain as usize;
+                batch.push((0, Vec::new()));
+            }
+            let held = WINDOW * bytes;
+            assert!(held <= 64 << 20, "{held} bytes held with {grain} byte grains");
+            assert!(batch.len() <= BATCH);
+            grain *= 2;
+        }
+    }
 }
