@@ -50,13 +50,21 @@ const REOPEN_EVERY: Duration = Duration::from_secs(30);
 /// After an attempt that took a pool in etcd and gave it back for a reason that lasts (the
 /// previous owner could not be fenced off because this gateway's Ceph client may not
 /// blocklist; or the pool could not be opened), the tick tries it again after this, doubling
-/// up to `RETRY_MOST` while it keeps failing (until it is found served), and this gateway
+/// up to `RETRY_MOST` (`RETRY_MOST_AFTER_OPENING` after a failed opening) while it keeps
+/// failing (until it is found served), and this gateway
 /// does not ask the owner for it for `NO_ASK_AFTER_FAILURE`. Without it, a gateway that
 /// cannot fence took the pool and gave it back as fast as etcd answered, woken by its own
 /// changes, and the gateways that could serve it rarely found it free. Failures that take
 /// nothing (etcd or the cluster not answering) are tried again at every tick.
 const RETRY_FIRST: Duration = Duration::from_secs(2);
 const RETRY_MOST: Duration = Duration::from_secs(30);
+/// `RETRY_MOST` after an attempt that took the pool and could not open it: each such
+/// taking blocklisted the connection of the one before, an entry in the cluster's map for
+/// 30 days (a monitor command, and a new map for every OSD and client). Every 30 s, a pool
+/// that no gateway can open (its journal damaged, the pool directory's file system full)
+/// would add 2,880 a day; every 10 minutes, 144. (The causes the records tell are found
+/// before any taking: `take_made`.)
+const RETRY_MOST_AFTER_OPENING: Duration = Duration::from_secs(600);
 /// After an attempt that gave the pool back because its fence failed in a way that may pass
 /// by itself (the monitors did not answer in time, or were electing a leader), the tick
 /// tries again after this, a tick, and the streak's wait is left as it was: a failover while
@@ -70,15 +78,15 @@ const RETRY_PASSING: Duration = Duration::from_secs(1);
 const PASSING_AT_MOST: Duration = Duration::from_secs(10);
 
 /// How long to wait after a failed attempt, and the streak's wait after it, from the
-/// streak's wait before it (zero for none) and whether the failure lasts.
-fn next_retry(streak: Duration, lasting: bool) -> (Duration, Duration) {
+/// streak's wait before it (zero for none), whether the failure lasts and the longest wait.
+fn next_retry(streak: Duration, lasting: bool, most: Duration) -> (Duration, Duration) {
     if !lasting {
         return (RETRY_PASSING, streak);
     }
     let wait = if streak.is_zero() {
         RETRY_FIRST
     } else {
-        (streak * 2).min(RETRY_MOST)
+        (streak * 2).min(most)
     };
     (wait, wait)
 }
@@ -509,6 +517,8 @@ impl Daemon {
         // Whether the attempt failed (rather than found the pool owned elsewhere), and if so
         // whether for a reason that lasts.
         let mut failed = None;
+        // Whether it was taken (its previous owner fenced off) and could not be opened.
+        let mut opening_failed = false;
         let why = match &self.gateway {
             None => "the pool is on Ceph RADOS and this daemon is not a gateway: give it a [gateway] table in its configuration file".to_string(),
             Some(gw) => match match handed_over {
@@ -569,6 +579,7 @@ impl Daemon {
                         self.release_or_later(gw, name, owned.epoch, None);
                         self.set_pool_access(name, AccessState::Standby, None);
                         failed = Some(true);
+                        opening_failed = true;
                         e
                     }
                     Ok(engine) => {
@@ -646,7 +657,11 @@ impl Daemon {
                     let since = *p.passing_since.get_or_insert_with(Instant::now);
                     lasting = since.elapsed() > PASSING_AT_MOST;
                 }
-                let (wait, streak) = next_retry(p.retry.map_or(Duration::ZERO, |(_, d)| d), lasting);
+                let most = match opening_failed {
+                    true => RETRY_MOST_AFTER_OPENING,
+                    false => RETRY_MOST,
+                };
+                let (wait, streak) = next_retry(p.retry.map_or(Duration::ZERO, |(_, d)| d), lasting, most);
                 p.retry = Some((Instant::now() + wait, streak));
                 p.failed_takes += 1;
                 if lasting {
@@ -1302,21 +1317,31 @@ mod tests {
 
     #[test]
     fn lasting_failures_wait_longer_each_time_and_passing_ones_a_tick() {
-        let (wait, streak) = next_retry(Duration::ZERO, true);
+        let (wait, streak) = next_retry(Duration::ZERO, true, RETRY_MOST);
         assert_eq!((wait, streak), (RETRY_FIRST, RETRY_FIRST));
         // A passing failure within a streak waits a tick and leaves the streak's wait.
-        let (wait, streak) = next_retry(streak, false);
+        let (wait, streak) = next_retry(streak, false, RETRY_MOST);
         assert_eq!((wait, streak), (RETRY_PASSING, RETRY_FIRST));
-        let (wait, mut streak) = next_retry(streak, true);
+        let (wait, mut streak) = next_retry(streak, true, RETRY_MOST);
         assert_eq!(wait, RETRY_FIRST * 2);
         for _ in 0..10 {
-            streak = next_retry(streak, true).1;
+            streak = next_retry(streak, true, RETRY_MOST).1;
         }
         assert_eq!(streak, RETRY_MOST);
+        // Openings that fail after their taking fenced a connection off: up to 10 minutes,
+        // about 150 of them a day, rather than 2,880.
+        let (mut streak, mut waited, mut tries) = (Duration::ZERO, Duration::ZERO, 0);
+        while waited < Duration::from_secs(86_400) {
+            streak = next_retry(streak, true, RETRY_MOST_AFTER_OPENING).1;
+            waited += streak;
+            tries += 1;
+        }
+        assert_eq!(streak, Duration::from_secs(600));
+        assert!(tries <= 160, "{tries} tries a day");
         // Passing failures alone never lengthen the wait.
         let mut streak = Duration::ZERO;
         for _ in 0..10 {
-            let (wait, next) = next_retry(streak, false);
+            let (wait, next) = next_retry(streak, false, RETRY_MOST);
             assert_eq!(wait, RETRY_PASSING);
             streak = next;
         }
