@@ -171,10 +171,18 @@ pub(super) fn connect(placement: &Placement, paths: &DataPaths) -> Result<Arc<Cl
     };
     // The connection too: Ceph's default has it wait 300 s for monitors that do not
     // answer, and it is made in the tick, which would keep every other pool waiting.
+    //
+    // And room for every operation a pool's disk may have in flight: librados makes a
+    // submission wait once 1,024 operations or 100 MiB are in flight, and a disk submits
+    // its writes (up to 24 MiB of them, 49,152 of 512 bytes) holding the lock its other
+    // writes, its reads' completions and the tick's look at its refusals wait for. What
+    // a disk holds in memory is bounded by its own limit and the hosts' queues.
     let options = [
         ("rados_osd_op_timeout", CLUSTER_TIMEOUT),
         ("rados_mon_op_timeout", CLUSTER_TIMEOUT),
         ("client_mount_timeout", CLUSTER_TIMEOUT),
+        ("objecter_inflight_ops", "65536"),
+        ("objecter_inflight_op_bytes", "536870912"),
     ];
     let client = &placement.client_name;
     match named {
