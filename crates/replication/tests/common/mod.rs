@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use tessera_disk::{BlockDevice, DiskRef, MemDisk, PowerSupply, VolatileDisk};
+use tessera_disk::{DiskRef, MemDisk, PowerSupply, VolatileDisk};
 use tessera_replication::{Commit, ReceiveOptions, ReplicaSite};
 use tessera_volume::{Engine, LayoutKind, Vdisk};
 

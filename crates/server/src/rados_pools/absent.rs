@@ -171,6 +171,15 @@ impl PoolNotices {
     }
 }
 
+#[derive(Clone)]
+pub struct Refusals(std::convert::Infallible);
+
+impl Refusals {
+    pub fn refused(&self) -> Option<String> {
+        match self.0 {}
+    }
+}
+
 impl Owned {
     pub fn create(&self, _: &Path, _: &str, _: u64, _: u64) -> Result<Engine, String> {
         match self.never {}
@@ -190,7 +199,7 @@ impl Owned {
     pub fn lease_check(&self) -> crate::standby::LeaseCheck {
         match self.never {}
     }
-    pub fn refused(&self) -> Option<String> {
+    pub fn refusals(&self) -> Refusals {
         match self.never {}
     }
     pub fn client_address(&self) -> Option<String> {

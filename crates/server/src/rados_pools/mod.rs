@@ -136,7 +136,7 @@ pub struct PoolOwner {
 #[cfg(feature = "rados")]
 pub use membership::{KeptRunning, Membership, PoolNotices, Taking};
 #[cfg(feature = "rados")]
-pub use owned::Owned;
+pub use owned::{Owned, Refusals};
 #[cfg(feature = "rados")]
 pub use reader::Reader;
 #[cfg(feature = "rados")]
@@ -153,7 +153,7 @@ mod reader;
 
 /// Without the `rados` feature: joining fails and says why, so nothing else is reachable.
 #[cfg(not(feature = "rados"))]
-pub use absent::{Ask, AsksComing, KeptRunning, Membership, Owned, PoolNotices, Reader, Taking};
+pub use absent::{Ask, AsksComing, KeptRunning, Membership, Owned, PoolNotices, Reader, Refusals, Taking};
 
 #[cfg(not(feature = "rados"))]
 mod absent;

@@ -29,6 +29,23 @@ pub struct Owned {
     pub(super) meta_unknown: Arc<parking_lot::Mutex<Option<String>>>,
 }
 
+/// An opening's disks and metadata, as [`Owned::refusals`] gives them.
+#[derive(Clone)]
+pub struct Refusals {
+    disks: Arc<parking_lot::Mutex<Vec<std::sync::Weak<FencedDisk>>>>,
+    meta_unknown: Arc<parking_lot::Mutex<Option<String>>>,
+}
+
+impl Refusals {
+    /// Why a disk or the metadata of the opening vouches for nothing more, if one does.
+    /// (The disks are asked once the list is let go of: each may take a while to answer.)
+    pub fn refused(&self) -> Option<String> {
+        let disks: Vec<_> = self.disks.lock().iter().filter_map(|d| d.upgrade()).collect();
+        let on_disk = disks.iter().find_map(|d| d.refused());
+        on_disk.or_else(|| self.meta_unknown.lock().clone())
+    }
+}
+
 impl Owned {
     /// The metadata of pool `name` as this connection writes it: at its epoch, each
     /// batch stamped with its address.
@@ -97,13 +114,15 @@ impl Owned {
         Arc::new(move || clock.holds())
     }
 
-    /// The first write the OSDs refused on a disk opened through this connection, or a
-    /// change of the metadata whose outcome is not known, if any: no flush there can say
-    /// "durable" again.
-    pub fn refused(&self) -> Option<String> {
-        let disks = self.disks.lock();
-        let on_disk = disks.iter().filter_map(|d| d.upgrade()?.refused()).next();
-        on_disk.or_else(|| self.meta_unknown.lock().clone())
+    /// What tells the first write the OSDs refused on a disk opened through this
+    /// connection, or a change of the metadata whose outcome is not known, if any (no flush
+    /// there can say "durable" again): to be asked without holding what holds this, as a
+    /// disk answers once it has handed its writes to librados, which may take a while.
+    pub fn refusals(&self) -> Refusals {
+        Refusals {
+            disks: self.disks.clone(),
+            meta_unknown: self.meta_unknown.clone(),
+        }
     }
 
     /// This connection's address in the cluster (what a newer owner blocklists).

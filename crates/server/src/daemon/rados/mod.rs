@@ -926,12 +926,18 @@ impl Daemon {
     /// gives it up first; with the lease still held, the key was taken from it (deleted by
     /// hand, or etcd restored from an older snapshot), and nothing else would give it up.
     fn reopen_refused_pools(&self, gw: &crate::rados_pools::Membership) {
-        let refused: Vec<(String, String)> = self
+        // Asked of the disks out of the lock: a disk answers once it has handed its writes
+        // to librados, and the API and the tick's other steps wait for the lock.
+        let opened: Vec<(String, crate::rados_pools::Refusals)> = self
             .rados
             .lock()
             .iter()
             .filter(|(_, p)| p.reopened.is_none_or(|t| t.elapsed() >= REOPEN_EVERY))
-            .filter_map(|(n, p)| Some((n.clone(), p.owned.as_ref()?.refused()?)))
+            .filter_map(|(n, p)| Some((n.clone(), p.owned.as_ref()?.refusals())))
+            .collect();
+        let refused: Vec<(String, String)> = opened
+            .into_iter()
+            .filter_map(|(n, r)| Some((n, r.refused()?)))
             .collect();
         for (name, why) in refused {
             match gw.other_owner(&name) {
