@@ -266,13 +266,14 @@ impl Daemon {
         // A pool whose destruction was marked is destroyed, even if the stop came before it
         // was recorded as no longer imported.
         d.load_unfinished_destroys();
+        let mut leave_to_tick = false;
         for name in wanted {
             if d.destroy_unfinished(&name) {
                 continue;
             }
             let dir = d.pool_dir(&name);
             if d.is_rados_pool(&name) {
-                d.load_rados_pool(&name);
+                leave_to_tick = d.load_rados_pool(&name, leave_to_tick);
                 continue;
             }
             if !dir.join("meta").exists() {

@@ -176,7 +176,8 @@ pub(super) fn connect(placement: &Placement, paths: &DataPaths) -> Result<Arc<Cl
     // submission wait once 1,024 operations or 100 MiB are in flight, and a disk submits
     // its writes (up to 24 MiB of them, 49,152 of 512 bytes) holding the lock its other
     // writes, its reads' completions and the tick's look at its refusals wait for. What
-    // a disk holds in memory is bounded by its own limit and the hosts' queues.
+    // a disk holds in memory is bounded by its own limit and the hosts' queues. (A
+    // connection serves one opening of one pool, whose data is on one disk.)
     let options = [
         ("rados_osd_op_timeout", CLUSTER_TIMEOUT),
         ("rados_mon_op_timeout", CLUSTER_TIMEOUT),

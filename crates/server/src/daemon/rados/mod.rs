@@ -43,6 +43,10 @@ const HANDOVER_GRACE: Duration = Duration::from_secs(10);
 /// Past it any gateway may, whatever became of those two.
 const HANDOFF_BARS_FOR: Duration = Duration::from_secs(15);
 
+/// A taking at a gateway's start that took this long and did not serve its pool waited on
+/// the cluster or etcd not answering: the pools after it are taken by the tick instead.
+const SLOW_TAKING_AT_START: Duration = Duration::from_secs(10);
+
 /// A pool whose disk had a write refused is opened again at most this often: a cluster that
 /// refuses every write would otherwise have it opened again at every tick.
 const REOPEN_EVERY: Duration = Duration::from_secs(30);
@@ -58,13 +62,24 @@ const REOPEN_EVERY: Duration = Duration::from_secs(30);
 /// nothing (etcd or the cluster not answering) are tried again at every tick.
 const RETRY_FIRST: Duration = Duration::from_secs(2);
 const RETRY_MOST: Duration = Duration::from_secs(30);
-/// `RETRY_MOST` after an attempt that took the pool and could not open it: each such
-/// taking blocklisted the connection of the one before, an entry in the cluster's map for
-/// 30 days (a monitor command, and a new map for every OSD and client). Every 30 s, a pool
-/// that no gateway can open (its journal damaged, the pool directory's file system full)
-/// would add 2,880 a day; every 10 minutes, 144. (The causes the records tell are found
-/// before any taking: `take_made`.)
+/// `RETRY_MOST` once a streak holds more than `OPENINGS_FAILED_AT_RETRY_MOST` attempts that
+/// took the pool and could not open it (about 5 minutes of them): each such taking
+/// blocklisted the connection of the one before, an entry in the cluster's map for 30 days
+/// (a monitor command, and a new map for every OSD and client). Every 30 s, a pool that no
+/// gateway can open (its journal damaged, the pool directory's file system full) would add
+/// 2,880 a day; every 10 minutes, about 150. An opening that failed for a while only (its
+/// records could not be read in time) is tried every 30 s at most for those minutes. (The
+/// causes the records tell are found before any taking: `take_made`.)
 const RETRY_MOST_AFTER_OPENING: Duration = Duration::from_secs(600);
+const OPENINGS_FAILED_AT_RETRY_MOST: u32 = 10;
+
+/// The longest wait between attempts, after `openings_failed` openings of the streak failed.
+fn retry_most(openings_failed: u32) -> Duration {
+    match openings_failed > OPENINGS_FAILED_AT_RETRY_MOST {
+        true => RETRY_MOST_AFTER_OPENING,
+        false => RETRY_MOST,
+    }
+}
 /// After an attempt that gave the pool back because its fence failed in a way that may pass
 /// by itself (the monitors did not answer in time, or were electing a leader), the tick
 /// tries again after this, a tick, and the streak's wait is left as it was: a failover while
@@ -226,6 +241,8 @@ pub(crate) struct RadosPool {
     retry: Option<(Instant, Duration)>,
     /// When the first failure that may pass of the streak came (`PASSING_AT_MOST`).
     passing_since: Option<Instant>,
+    /// Openings of the streak that failed after their taking (`RETRY_MOST_AFTER_OPENING`).
+    openings_failed: u32,
     /// Times this gateway took the pool and served it, and attempts that failed, since the
     /// daemon started (`pool list`, metrics).
     takeovers: u64,
@@ -285,6 +302,7 @@ impl RadosPool {
             asking: None,
             reopened: None,
             retry: None,
+            openings_failed: 0,
             passing_since: None,
             takeovers: 0,
             failed_takes: 0,
@@ -461,18 +479,30 @@ impl Daemon {
     }
 
     /// At start: pool `name` has a placement file in its directory.
-    pub(super) fn load_rados_pool(&self, name: &str) {
+    /// Taken now unless `leave_to_tick` (then the tick takes it, in the background); true
+    /// if the pools after it are to be left to the tick: its taking waited
+    /// `SLOW_TAKING_AT_START` or more and did not serve it, as when the cluster's monitors
+    /// or etcd do not answer. Each taking would wait that out again (30 s for the monitors),
+    /// and a gateway starting serves nothing (its local pools, its LUNs) until every pool
+    /// was loaded.
+    pub(super) fn load_rados_pool(&self, name: &str, leave_to_tick: bool) -> bool {
         let dir = self.pool_dir(name);
         let placement = match Placement::read(&dir) {
             Ok(Some(p)) => p,
-            Ok(None) => return,
+            Ok(None) => return leave_to_tick,
             Err(e) => {
                 self.unavailable.write().insert(name.to_string(), e);
-                return;
+                return leave_to_tick;
             }
         };
         self.wait_for(name, placement);
+        if leave_to_tick {
+            info!(pool = %name, "pool left to be taken in the background: a taking before it at start waited on etcd or the cluster");
+            return true;
+        }
+        let started = Instant::now();
         self.bring_rados_pool(name);
+        started.elapsed() >= SLOW_TAKING_AT_START && !self.pools.read().contains_key(name)
     }
 
     /// Lists pool `name` as on RADOS and not served here yet.
@@ -563,6 +593,7 @@ impl Daemon {
                         p.elsewhere = Some(o.clone());
                         // A streak of failures ends where the pool is found served.
                         p.retry = None;
+                        p.openings_failed = 0;
                         p.passing_since = None;
                     }
                     self.present_standby(name, &o);
@@ -618,6 +649,7 @@ impl Daemon {
                             p.ports.owned_under(owned.lease_check());
                             p.owned = Some(owned);
                             p.retry = None;
+                            p.openings_failed = 0;
                             p.passing_since = None;
                             p.gave_back = None;
                             p.takeovers += 1;
@@ -657,10 +689,10 @@ impl Daemon {
                     let since = *p.passing_since.get_or_insert_with(Instant::now);
                     lasting = since.elapsed() > PASSING_AT_MOST;
                 }
-                let most = match opening_failed {
-                    true => RETRY_MOST_AFTER_OPENING,
-                    false => RETRY_MOST,
-                };
+                if opening_failed {
+                    p.openings_failed += 1;
+                }
+                let most = retry_most(p.openings_failed);
                 let (wait, streak) = next_retry(p.retry.map_or(Duration::ZERO, |(_, d)| d), lasting, most);
                 p.retry = Some((Instant::now() + wait, streak));
                 p.failed_takes += 1;
@@ -928,23 +960,27 @@ impl Daemon {
     fn reopen_refused_pools(&self, gw: &crate::rados_pools::Membership) {
         // Asked of the disks out of the lock: a disk answers once it has handed its writes
         // to librados, and the API and the tick's other steps wait for the lock.
-        let opened: Vec<(String, crate::rados_pools::Refusals)> = self
+        let opened: Vec<(String, i64, crate::rados_pools::Refusals)> = self
             .rados
             .lock()
             .iter()
             .filter(|(_, p)| p.reopened.is_none_or(|t| t.elapsed() >= REOPEN_EVERY))
-            .filter_map(|(n, p)| Some((n.clone(), p.owned.as_ref()?.refusals())))
+            .filter_map(|(n, p)| {
+                let o = p.owned.as_ref()?;
+                Some((n.clone(), o.epoch, o.refusals()))
+            })
             .collect();
-        let refused: Vec<(String, String)> = opened
+        let refused: Vec<(String, i64, String)> = opened
             .into_iter()
-            .filter_map(|(n, r)| Some((n, r.refused()?)))
+            .filter_map(|(n, epoch, r)| Some((n, epoch, r.refused()?)))
             .collect();
-        for (name, why) in refused {
+        for (name, epoch, why) in refused {
             match gw.other_owner(&name) {
-                Ok(None) => self.reopen(gw, &name, &why),
+                Ok(None) => self.reopen(gw, &name, epoch, &why),
                 Ok(Some(o)) => self.reopen(
                     gw,
                     &name,
+                    epoch,
                     &format!(
                         "{why}; gateway {} owns the pool in etcd now (epoch {})",
                         o.gateway, o.epoch
@@ -965,11 +1001,13 @@ impl Daemon {
         Some((p.owned.as_ref()?.epoch, p.ports.clone()))
     }
 
-    fn reopen(&self, gw: &crate::rados_pools::Membership, name: &str, why: &str) {
+    /// Opens pool `name` again, if it is still served here under the opening at `refused_at`,
+    /// the one that vouches for nothing more (not one made since).
+    fn reopen(&self, gw: &crate::rados_pools::Membership, name: &str, refused_at: i64, why: &str) {
         // Read before the administration waits on this: the cluster may be slow to answer now.
         let units = self.standby_units(name);
         let admin = self.admin.lock();
-        let Some((epoch, ports)) = self.owned_epoch_and_ports(name) else {
+        let Some((epoch, ports)) = self.owned_epoch_and_ports(name).filter(|(e, _)| *e == refused_at) else {
             return;
         };
         warn!(pool = %name, why, "this opening of the pool vouches for nothing more: opening it again");
@@ -1334,16 +1372,20 @@ mod tests {
             streak = next_retry(streak, true, RETRY_MOST).1;
         }
         assert_eq!(streak, RETRY_MOST);
-        // Openings that fail after their taking fenced a connection off: up to 10 minutes,
-        // about 150 of them a day, rather than 2,880.
+        // Openings that fail after their taking fenced a connection off: tried as other
+        // lasting failures for about 5 minutes, then up to every 10 minutes, about 160 of
+        // them a day rather than 2,880.
         let (mut streak, mut waited, mut tries) = (Duration::ZERO, Duration::ZERO, 0);
         while waited < Duration::from_secs(86_400) {
-            streak = next_retry(streak, true, RETRY_MOST_AFTER_OPENING).1;
+            streak = next_retry(streak, true, retry_most(tries)).1;
+            if tries < 10 {
+                assert!(streak <= RETRY_MOST, "{streak:?} after {tries} failed openings");
+            }
             waited += streak;
             tries += 1;
         }
         assert_eq!(streak, Duration::from_secs(600));
-        assert!(tries <= 160, "{tries} tries a day");
+        assert!(tries <= 170, "{tries} tries a day");
         // Passing failures alone never lengthen the wait.
         let mut streak = Duration::ZERO;
         for _ in 0..10 {
