@@ -27,8 +27,8 @@ fn cluster(test: &str) -> Option<(String, String, std::sync::RwLockReadGuard<'st
     Some((conf, etcd, shared))
 }
 
-/// The cluster to this test alone (see [`OSD`]), for one that stops, kills or fills its
-/// OSD, until dropped (declared first, it is dropped last, whatever became of the test).
+/// The cluster to this test alone (see [`OSD`]), for one that stops or kills its OSD, or
+/// has it refuse writes, until dropped (declared first, it is dropped last, whatever became of the test).
 fn alone_on_the_cluster() -> Alone {
     Alone(OSD.write().unwrap_or_else(|e| e.into_inner()))
 }
@@ -43,11 +43,29 @@ impl Drop for Alone {
     }
 }
 
-/// [`until_the_cluster_answers`], for the cluster the tests were given, if any.
+/// [`until_the_cluster_answers`], for the cluster the tests were given, if any (as
+/// [`cluster_config`] takes it: a test without both skips).
 fn until_the_test_cluster_answers() {
     let conf = std::env::var("TESSERA_CEPH_CONF").unwrap_or_default();
-    if !conf.is_empty() {
+    let etcd = std::env::var("TESSERA_ETCD_ENDPOINTS").unwrap_or_default();
+    if !conf.is_empty() && !etcd.is_empty() {
         until_the_cluster_answers(&conf);
+    }
+}
+
+/// Runs a tool: whether it succeeded, and what it said; never panics (a tool that cannot
+/// be started says so).
+fn try_run(cmd: &str, args: &[&str]) -> (bool, String) {
+    match std::process::Command::new(cmd).args(args).output() {
+        Ok(o) => (
+            o.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            ),
+        ),
+        Err(e) => (false, format!("{cmd}: {e}")),
     }
 }
 
@@ -78,7 +96,7 @@ fn until_the_cluster_answers(conf: &str) {
         }
     };
     let osd = || {
-        let (found, out) = run("pgrep", &["-f", &format!("ceph-osd -c {conf} -i 0")]);
+        let (found, out) = try_run("pgrep", &["-f", &format!("ceph-osd -c {conf} -i 0")]);
         found
             .then(|| out.lines().next().and_then(|l| l.trim().parse::<i32>().ok()))
             .flatten()
@@ -91,8 +109,18 @@ fn until_the_cluster_answers(conf: &str) {
         return;
     }
     let log = std::path::Path::new(conf).with_file_name("log").join("osd.0.log");
-    let (_, status) = run("ceph", &["-c", conf, "health", "detail"]);
-    let (_, tail) = run("tail", &["-n", "40", &log.to_string_lossy()]);
+    let (_, status) = try_run("ceph", &["-c", conf, "health", "detail"]);
+    // Its last 8 KiB.
+    let tail = std::fs::File::open(&log)
+        .and_then(|mut f| {
+            use std::io::{Read, Seek, SeekFrom};
+            let len = f.metadata()?.len();
+            f.seek(SeekFrom::Start(len.saturating_sub(8192)))?;
+            let mut b = Vec::new();
+            f.read_to_end(&mut b)?;
+            Ok(String::from_utf8_lossy(&b).into_owned())
+        })
+        .unwrap_or_else(|e| format!("cannot read it: {e}"));
     eprintln!(
         "the cluster's OSD did not answer a listing of {RADOS_POOL} within {:?} after the test; it is started again.\n\
          ceph health detail:\n{status}\nthe end of {}:\n{tail}",
@@ -105,7 +133,7 @@ fn until_the_cluster_answers(conf: &str) {
             std::thread::sleep(Duration::from_millis(100));
         }
     }
-    let (started, out) = run("ceph-osd", &["-c", conf, "-i", "0"]);
+    let (started, out) = try_run("ceph-osd", &["-c", conf, "-i", "0"]);
     if !started || !answers(Duration::from_secs(120)) {
         eprintln!("the cluster's OSD, started again, does not answer either (started: {started}: {out})");
     }
@@ -852,6 +880,66 @@ fn a_stalled_owner_is_fenced_off_even_when_etcd_lost_the_fence_record() {
     b.ok(&["vdisk", "delete", &vdisk]);
     b.ok(&["pool", "destroy", &pool]);
     b.stop();
+}
+
+/// A gateway that starts while its pools' cluster does not answer (its monitors down, here
+/// a configuration file naming a monitor address nobody listens on) waits for one taking
+/// (the client's 30 s), not one per pool: the pools after it are taken in the background,
+/// listed meanwhile as not taken yet, and served once the cluster answers. Until 2026-12-07
+/// each pool's taking waited 30 s in turn, and the gateway served nothing, its local pools
+/// and its API included, until all had: here 90 s, past the 60 s a test waits for a start.
+#[test]
+fn a_gateway_whose_cluster_does_not_answer_at_its_start_waits_for_one_taking_not_one_per_pool() {
+    let test = "a_gateway_whose_cluster_does_not_answer_at_its_start_waits_for_one_taking_not_one_per_pool";
+    let Some((conf, etcd, _cluster)) = cluster(test) else {
+        return;
+    };
+    let pid = std::process::id();
+    let t = tempfile::tempdir().unwrap();
+    // A configuration of its own, to point at a monitor that does not answer.
+    let own = t.path().join("ceph.conf");
+    let text = std::fs::read_to_string(&conf).unwrap();
+    std::fs::write(&own, &text).unwrap();
+    let own = own.to_str().unwrap();
+    let state = t.path().join("a");
+    let config = gateway_config("gw-a", &etcd, &format!("/tessera-test-slowstart-{pid}"));
+    let mut a = Daemon::start_configured(&state, &config);
+    let pools: Vec<String> = (0..3).map(|i| format!("slow{i}x{pid}")).collect();
+    for p in &pools {
+        create_rados_pool(&a, p, own);
+    }
+    a.stop();
+    let silent: String = text
+        .lines()
+        .map(|l| match l.trim_start().starts_with("mon_host") {
+            true => "mon_host = [v2:127.0.0.1:9,v1:127.0.0.1:9]\n".to_string(),
+            false => format!("{l}\n"),
+        })
+        .collect();
+    assert_ne!(silent, text);
+    std::fs::write(own, silent).unwrap();
+    let started = Instant::now();
+    let a = Daemon::start_configured(&state, &config);
+    eprintln!(
+        "{test}: started in {:?} with the cluster not answering",
+        started.elapsed()
+    );
+    let logs = a.logs();
+    assert_eq!(
+        logs.matches("pool left to be taken in the background").count(),
+        2,
+        "{logs}"
+    );
+    for p in &pools {
+        assert_eq!(pool_entry(&a, p)["health"], "unavailable", "{p}");
+    }
+    std::fs::write(own, &text).unwrap();
+    for p in &pools {
+        until_served(&a, p, Duration::from_secs(120));
+    }
+    for p in &pools {
+        a.ok(&["pool", "destroy", p]);
+    }
 }
 
 /// Where `data_paths` confine what the API may name, a Ceph configuration file named through
@@ -3759,15 +3847,17 @@ impl Drop for GoesOn {
     }
 }
 
-/// Starts `pool destroy POOL` at `d` with the cluster's OSD (process `osd`) stopped, and
+/// Starts `pool destroy POOL` at `d` with the OSD of the cluster of `conf` stopped, and
 /// returns once the destruction waits for it, removing the pool's objects: the destroy's
 /// thread, and the OSD's stop, which ends when dropped. A background check of the pool
 /// (every 2 s) that reads its records as the OSD stops holds the pool until the OSD goes
 /// on: the destroy then finds it in use, and says so after a second; tried again then.
-fn destroy_waiting_for_the_osd(d: &Daemon, pool: &str, osd: i32) -> (std::thread::JoinHandle<Out>, GoesOn) {
+fn destroy_waiting_for_the_osd(d: &Daemon, pool: &str, conf: &str) -> (std::thread::JoinHandle<Out>, GoesOn) {
     let api = format!("unix:{}", d.sock.display());
     let removing = "destroying the pool: its objects are removed";
     for attempt in 1.. {
+        // Looked for at each attempt: the last one's end may have started it again.
+        let (osd, _) = osd_process(conf);
         assert_eq!(unsafe { libc::kill(osd, libc::SIGSTOP) }, 0);
         let stopped = GoesOn(osd);
         let destroy = std::thread::spawn({
@@ -3819,8 +3909,7 @@ fn a_pool_being_destroyed_keeps_no_other_change_waiting() {
         &gateway_config("gw-a", &etcd, &format!("/tessera-test-dst-{pid}")),
     );
     create_rados_pool(&a, &pool, &conf);
-    let (osd, _) = osd_process(&conf);
-    let (destroy, stopped) = destroy_waiting_for_the_osd(&a, &pool, osd);
+    let (destroy, stopped) = destroy_waiting_for_the_osd(&a, &pool, &conf);
     let t0 = Instant::now();
     create_pool(&a, "local", &disks(&t.path().join("local"), 2, 256 << 20));
     let made_in = t0.elapsed();
@@ -4014,8 +4103,7 @@ fn a_destroy_the_cluster_does_not_let_finish_goes_on_in_the_background() {
         &gateway_config("gw-a", &etcd, &format!("/tessera-test-dfail-{pid}")),
     );
     create_rados_pool(&a, &pool, &conf);
-    let (osd, _) = osd_process(&conf);
-    let (destroy, stopped) = destroy_waiting_for_the_osd(&a, &pool, osd);
+    let (destroy, stopped) = destroy_waiting_for_the_osd(&a, &pool, &conf);
     let out = destroy.join().unwrap();
     assert!(
         !out.success && out.stderr.contains("goes on with it in the background"),
@@ -4117,10 +4205,9 @@ fn a_destroy_cut_short_by_a_stop_is_finished_at_the_next_start() {
         )
     };
     assert!(recorded().contains(&place), "{}", recorded());
-    let (osd, _) = osd_process(&conf);
     // Kills `a` while its destroy of the pool waits for the stopped OSD.
     let cut_short = |a: &mut Daemon| {
-        let (destroy, stopped) = destroy_waiting_for_the_osd(a, &pool, osd);
+        let (destroy, stopped) = destroy_waiting_for_the_osd(a, &pool, &conf);
         a.kill9();
         let out = destroy.join().unwrap();
         assert!(!out.success, "a destroy cut short said it was done: {out:?}");
