@@ -143,19 +143,9 @@ pub fn volatile_site(disks: usize, disk_size: u64) -> (Site, Arc<PowerSupply>, V
 /// process's files keep as a power cut would), what the site recorded kept. The pool as it
 /// was is let go of without a word: its disks answer nothing more.
 pub fn reopened(s: Site, media: &[DiskRef]) -> Site {
-    let Site {
-        dir,
-        engine,
-        joins,
-        committed,
-        committed_ids,
-        not_made,
-        changing,
-        joins_meet,
-    } = s;
-    std::mem::forget(engine);
+    std::mem::forget(s.engine);
     let copy = tempfile::tempdir().unwrap();
-    copy_dir(dir.path(), copy.path());
+    copy_dir(s.dir.path(), copy.path());
     let open = |path: &str| {
         Ok(media
             .iter()
@@ -167,12 +157,7 @@ pub fn reopened(s: Site, media: &[DiskRef]) -> Site {
     Site {
         dir: copy,
         engine: Arc::new(engine),
-        joins,
-        committed,
-        committed_ids,
-        not_made,
-        changing,
-        joins_meet,
+        ..s
     }
 }
 
