@@ -62,8 +62,10 @@ const REOPEN_EVERY: Duration = Duration::from_secs(30);
 /// nothing (etcd or the cluster not answering) are tried again at every tick.
 const RETRY_FIRST: Duration = Duration::from_secs(2);
 const RETRY_MOST: Duration = Duration::from_secs(30);
-/// `RETRY_MOST` once a streak holds more than `OPENINGS_FAILED_AT_RETRY_MOST` attempts that
-/// took the pool and could not open it (about 5 minutes of them): each such taking
+/// `RETRY_MOST` once more than `OPENINGS_FAILED_AT_RETRY_MOST` attempts took the pool and
+/// could not open it since it was last served here (about 5 minutes of them; found owned
+/// elsewhere meanwhile does not count as served: that may be another gateway's opening,
+/// which fails as well): each such taking
 /// blocklisted the connection of the one before, an entry in the cluster's map for 30 days
 /// (a monitor command, and a new map for every OSD and client). Every 30 s, a pool that no
 /// gateway can open (its journal damaged, the pool directory's file system full) would add
@@ -73,7 +75,8 @@ const RETRY_MOST: Duration = Duration::from_secs(30);
 const RETRY_MOST_AFTER_OPENING: Duration = Duration::from_secs(600);
 const OPENINGS_FAILED_AT_RETRY_MOST: u32 = 10;
 
-/// The longest wait between attempts, after `openings_failed` openings of the streak failed.
+/// The longest wait between attempts, after `openings_failed` openings failed since the pool
+/// was last served here.
 fn retry_most(openings_failed: u32) -> Duration {
     match openings_failed > OPENINGS_FAILED_AT_RETRY_MOST {
         true => RETRY_MOST_AFTER_OPENING,
@@ -241,7 +244,8 @@ pub(crate) struct RadosPool {
     retry: Option<(Instant, Duration)>,
     /// When the first failure that may pass of the streak came (`PASSING_AT_MOST`).
     passing_since: Option<Instant>,
-    /// Openings of the streak that failed after their taking (`RETRY_MOST_AFTER_OPENING`).
+    /// Openings that failed after their taking since the pool was last served here
+    /// (`RETRY_MOST_AFTER_OPENING`).
     openings_failed: u32,
     /// Times this gateway took the pool and served it, and attempts that failed, since the
     /// daemon started (`pool list`, metrics).
@@ -592,8 +596,9 @@ impl Daemon {
                         }
                         p.elsewhere = Some(o.clone());
                         // A streak of failures ends where the pool is found served.
+                        // (Not its count of failed openings: owned elsewhere may be
+                        // another gateway's opening under way, which fails as well.)
                         p.retry = None;
-                        p.openings_failed = 0;
                         p.passing_since = None;
                     }
                     self.present_standby(name, &o);
@@ -1377,12 +1382,14 @@ mod tests {
         // them a day rather than 2,880.
         let (mut streak, mut waited, mut tries) = (Duration::ZERO, Duration::ZERO, 0);
         while waited < Duration::from_secs(86_400) {
+            tries += 1;
             streak = next_retry(streak, true, retry_most(tries)).1;
-            if tries < 10 {
-                assert!(streak <= RETRY_MOST, "{streak:?} after {tries} failed openings");
+            match tries {
+                ..=10 => assert!(streak <= RETRY_MOST, "{streak:?} after {tries} failed openings"),
+                11 => assert!(streak > RETRY_MOST, "{streak:?} after {tries} failed openings"),
+                _ => {}
             }
             waited += streak;
-            tries += 1;
         }
         assert_eq!(streak, Duration::from_secs(600));
         assert!(tries <= 170, "{tries} tries a day");
