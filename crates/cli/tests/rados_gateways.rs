@@ -28,7 +28,8 @@ fn cluster(test: &str) -> Option<(String, String, std::sync::RwLockReadGuard<'st
 }
 
 /// The cluster to this test alone (see [`OSD`]), for one that stops or kills its OSD, or
-/// has it refuse writes, until dropped (declared first, it is dropped last, whatever became of the test).
+/// has it refuse writes, until dropped (declared first, it is dropped last, whatever became
+/// of the test).
 fn alone_on_the_cluster() -> Alone {
     Alone(OSD.write().unwrap_or_else(|e| e.into_inner()))
 }
@@ -885,7 +886,7 @@ fn a_stalled_owner_is_fenced_off_even_when_etcd_lost_the_fence_record() {
 /// A gateway that starts while its pools' cluster does not answer (its monitors down, here
 /// a configuration file naming a monitor address nobody listens on) waits for one taking
 /// (the client's 30 s), not one per pool: the pools after it are taken in the background,
-/// listed meanwhile as not taken yet, and served once the cluster answers. Until 2026-12-07
+/// listed as unavailable meanwhile, and served once the cluster answers. Until 2026-12-07
 /// each pool's taking waited 30 s in turn, and the gateway served nothing, its local pools
 /// and its API included, until all had: here 90 s, past the 60 s a test waits for a start.
 #[test]

@@ -54,24 +54,24 @@ const REOPEN_EVERY: Duration = Duration::from_secs(30);
 /// After an attempt that took a pool in etcd and gave it back for a reason that lasts (the
 /// previous owner could not be fenced off because this gateway's Ceph client may not
 /// blocklist; or the pool could not be opened), the tick tries it again after this, doubling
-/// up to `RETRY_MOST` (`RETRY_MOST_AFTER_OPENING` after a failed opening) while it keeps
-/// failing (until it is found served), and this gateway
-/// does not ask the owner for it for `NO_ASK_AFTER_FAILURE`. Without it, a gateway that
+/// up to `RETRY_MOST` (`RETRY_MOST_AFTER_OPENING` after many failed openings) while it
+/// keeps failing (until it is found served), and this gateway does not ask the owner for it
+/// for `NO_ASK_AFTER_FAILURE`. Without it, a gateway that
 /// cannot fence took the pool and gave it back as fast as etcd answered, woken by its own
 /// changes, and the gateways that could serve it rarely found it free. Failures that take
 /// nothing (etcd or the cluster not answering) are tried again at every tick.
 const RETRY_FIRST: Duration = Duration::from_secs(2);
 const RETRY_MOST: Duration = Duration::from_secs(30);
 /// `RETRY_MOST` once more than `OPENINGS_FAILED_AT_RETRY_MOST` attempts took the pool and
-/// could not open it since it was last served here (about 5 minutes of them; found owned
+/// could not open it since it was last served here (a few minutes of them; found owned
 /// elsewhere meanwhile does not count as served: that may be another gateway's opening,
-/// which fails as well): each such taking
-/// blocklisted the connection of the one before, an entry in the cluster's map for 30 days
-/// (a monitor command, and a new map for every OSD and client). Every 30 s, a pool that no
-/// gateway can open (its journal damaged, the pool directory's file system full) would add
-/// 2,880 a day; every 10 minutes, about 150. An opening that failed for a while only (its
-/// records could not be read in time) is tried every 30 s at most for those minutes. (The
-/// causes the records tell are found before any taking: `take_made`.)
+/// which fails as well): each such taking blocklisted the connection of the one before, an
+/// entry in the cluster's map for 30 days (a monitor command, and a new map for every OSD
+/// and client). Every 30 s, a pool that no gateway can open (its journal damaged, the pool
+/// directory's file system full) would add 2,880 a day; every 10 minutes, about 160. An
+/// opening that failed for a while only (its records could not be read in time) is tried
+/// every 30 s at most for those minutes. (The causes the records tell are found before any
+/// taking: `take_made`.)
 const RETRY_MOST_AFTER_OPENING: Duration = Duration::from_secs(600);
 const OPENINGS_FAILED_AT_RETRY_MOST: u32 = 10;
 
@@ -83,6 +83,7 @@ fn retry_most(openings_failed: u32) -> Duration {
         false => RETRY_MOST,
     }
 }
+
 /// After an attempt that gave the pool back because its fence failed in a way that may pass
 /// by itself (the monitors did not answer in time, or were electing a leader), the tick
 /// tries again after this, a tick, and the streak's wait is left as it was: a failover while
@@ -1378,8 +1379,8 @@ mod tests {
         }
         assert_eq!(streak, RETRY_MOST);
         // Openings that fail after their taking fenced a connection off: tried as other
-        // lasting failures for about 5 minutes, then up to every 10 minutes, about 160 of
-        // them a day rather than 2,880.
+        // lasting failures for ten of them (a few minutes), then up to every 10 minutes,
+        // about 160 of them a day rather than 2,880.
         let (mut streak, mut waited, mut tries) = (Duration::ZERO, Duration::ZERO, 0);
         while waited < Duration::from_secs(86_400) {
             tries += 1;
