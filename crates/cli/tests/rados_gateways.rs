@@ -54,22 +54,6 @@ fn until_the_test_cluster_answers() {
     }
 }
 
-/// Runs a tool: whether it succeeded, and what it said; never panics (a tool that cannot
-/// be started says so).
-fn try_run(cmd: &str, args: &[&str]) -> (bool, String) {
-    match std::process::Command::new(cmd).args(args).output() {
-        Ok(o) => (
-            o.status.success(),
-            format!(
-                "{}{}",
-                String::from_utf8_lossy(&o.stdout),
-                String::from_utf8_lossy(&o.stderr)
-            ),
-        ),
-        Err(e) => (false, format!("{cmd}: {e}")),
-    }
-}
-
 /// Waits until every placement group of the test RADOS pool answers (a listing of its
 /// objects visits each one), the cluster's OSD resumed if a test left it stopped. Once, an
 /// OSD stopped 30 s (SIGSTOP) and resumed went on refusing a listing for minutes, until
@@ -96,13 +80,7 @@ fn until_the_cluster_answers(conf: &str) {
             std::thread::sleep(Duration::from_secs(1));
         }
     };
-    let osd = || {
-        let (found, out) = try_run("pgrep", &["-f", &format!("ceph-osd -c {conf} -i 0")]);
-        found
-            .then(|| out.lines().next().and_then(|l| l.trim().parse::<i32>().ok()))
-            .flatten()
-    };
-    if let Some(pid) = osd() {
+    if let Some(pid) = osd_pid(conf) {
         unsafe { libc::kill(pid, libc::SIGCONT) };
     }
     let t0 = Instant::now();
@@ -128,7 +106,7 @@ fn until_the_cluster_answers(conf: &str) {
         t0.elapsed(),
         log.display()
     );
-    if let Some(pid) = osd() {
+    if let Some(pid) = osd_pid(conf) {
         unsafe { libc::kill(pid, libc::SIGKILL) };
         while unsafe { libc::kill(pid, 0) } == 0 && t0.elapsed() < Duration::from_secs(120) {
             std::thread::sleep(Duration::from_millis(100));
@@ -2725,9 +2703,16 @@ mod multipath {
 /// The OSD of the test cluster (one): its process id, and the command that starts it again.
 fn osd_process(conf: &str) -> (i32, Vec<String>) {
     let args = vec!["-c".to_string(), conf.to_string(), "-i".to_string(), "0".to_string()];
-    let (found, out) = run("pgrep", &["-f", &format!("ceph-osd -c {conf} -i 0")]);
-    assert!(found, "no OSD 0 of {conf} running: {out}");
-    (out.lines().next().unwrap().trim().parse().unwrap(), args)
+    let pid = osd_pid(conf).unwrap_or_else(|| panic!("no OSD 0 of {conf} running"));
+    (pid, args)
+}
+
+/// The process id of the test cluster's OSD, if it runs. Never panics.
+fn osd_pid(conf: &str) -> Option<i32> {
+    let (found, out) = try_run("pgrep", &["-f", &format!("ceph-osd -c {conf} -i 0")]);
+    found
+        .then(|| out.lines().next().and_then(|l| l.trim().parse().ok()))
+        .flatten()
 }
 
 /// The verifying load through iSCSI multipath: a host with a path to each gateway

@@ -528,23 +528,30 @@ pub fn allocated(p: &Path) -> u64 {
     std::fs::metadata(p).unwrap().blocks() * 512
 }
 
-/// Runs a tool nobody here wrote: (success, stdout and stderr).
+/// Runs a tool nobody here wrote: (success, stdout and stderr). Panics if it cannot be
+/// started.
 pub fn run(cmd: &str, args: &[&str]) -> (bool, String) {
     run_env(cmd, args, &[])
 }
 
 pub fn run_env(cmd: &str, args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
-    let o = Command::new(cmd)
-        .args(args)
-        .envs(env.iter().copied())
-        .output()
-        .unwrap_or_else(|e| panic!("{cmd}: {e} (scripts/install-deps.sh test installs it)"));
+    started(cmd, args, env).unwrap_or_else(|e| panic!("{cmd}: {e} (scripts/install-deps.sh test installs it)"))
+}
+
+/// As [`run`], but never panics, for what runs while a failed test unwinds: a tool that
+/// cannot be started failed, and says why.
+pub fn try_run(cmd: &str, args: &[&str]) -> (bool, String) {
+    started(cmd, args, &[]).unwrap_or_else(|e| (false, format!("{cmd}: {e}")))
+}
+
+fn started(cmd: &str, args: &[&str], env: &[(&str, &str)]) -> std::io::Result<(bool, String)> {
+    let o = Command::new(cmd).args(args).envs(env.iter().copied()).output()?;
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
     );
-    (o.status.success(), text)
+    Ok((o.status.success(), text))
 }
 
 /// Runs a tool that must succeed; its output.

@@ -976,10 +976,9 @@ impl Daemon {
                 Some((n.clone(), o.epoch, o.refusals()))
             })
             .collect();
-        let refused: Vec<(String, i64, String)> = opened
+        let refused = opened
             .into_iter()
-            .filter_map(|(n, epoch, r)| Some((n, epoch, r.refused()?)))
-            .collect();
+            .filter_map(|(n, epoch, r)| Some((n, epoch, r.refused()?)));
         for (name, epoch, why) in refused {
             match gw.other_owner(&name) {
                 Ok(None) => self.reopen(gw, &name, epoch, &why),
