@@ -12,8 +12,8 @@ use std::collections::HashMap;
 use std::io::{BufWriter, Read, Write};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{sync_channel, SyncSender};
-use std::sync::{Arc, Mutex};
+use std::sync::mpsc::{sync_channel, RecvTimeoutError, SyncSender};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 
 use serde::{Deserialize, Serialize};
 use tessera_pool::validate_name;
@@ -132,6 +132,16 @@ struct Expected<'a> {
     key: &'a str,
     /// Why an extra stream of the cycle failed, for the cycle to end with at once.
     failed: Mutex<Option<ReplError>>,
+}
+
+impl Expected<'_> {
+    /// Records why the cycle fails, unless a reason came first.
+    fn fail(&self, why: ReplError) {
+        self.failed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_or_insert(why);
+    }
 }
 
 impl Drop for Expected<'_> {
@@ -578,49 +588,68 @@ fn run<S: Read + Write>(
     let mut holes_end = 0u64;
     let mut offers_began = false;
     let replica = &*replica;
+    let extras = Extras::default();
     std::thread::scope(|sc| -> Result<()> {
-        let mut readers = Vec::new();
-        let take_joined = |readers: &mut Vec<_>, s: Box<dyn Stream>| -> Result<()> {
-            let (expected, written) = (&expected, &written);
-            let reader = std::thread::Builder::new()
-                .name("repl-stream".into())
-                .spawn_scoped(sc, move || {
-                    let out = data_stream(s, expected, replica, written, opts.pace);
-                    if let Err(e) = &out {
-                        expected
-                            .failed
-                            .lock()
-                            .expect("not poisoned")
-                            .get_or_insert_with(|| ReplError::Protocol(format!("a data stream of the cycle: {e}")));
+        let _closing = Closing(&extras);
+        if streams > 1 {
+            let token = begin.token.as_deref();
+            let (expected, written, extras, vdisk) = (&expected, &written, &extras, &begin.vdisk);
+            // Taken as they join, on a thread of their own: a stream that joins while the
+            // cycle waits for a frame on its own connection is read at once (its sender may
+            // send nothing more there until it is, its writers waiting on this stream).
+            let taking = std::thread::Builder::new()
+                .name("repl-joins".into())
+                .spawn_scoped(sc, move || loop {
+                    let s = match joined.recv_timeout(std::time::Duration::from_millis(100)) {
+                        Ok(s) => s,
+                        Err(RecvTimeoutError::Timeout) if extras.lock().over => return,
+                        Err(RecvTimeoutError::Timeout) => continue,
+                        Err(RecvTimeoutError::Disconnected) => return,
+                    };
+                    // Under the lock the cycle's end takes: a stream that joins as the cycle
+                    // ends is closed, not read by a thread the end would wait for.
+                    let mut n = extras.lock();
+                    if n.over {
+                        return;
                     }
-                    out
-                })
-                .map_err(|e| ReplError::Protocol(format!("cannot take a stream of the cycle: {e}")))?;
-            readers.push(reader);
-            Ok(())
-        };
-        loop {
-            while let Ok(s) = joined.try_recv() {
-                // No more than the cycle said it would open (each a thread and a frame's
-                // buffer here); once all have joined, the token admits no other.
-                if readers.len() + 1 >= streams as usize {
-                    warn!(replica = %begin.vdisk, streams, "a stream past the cycle's count joined it: closed");
-                    drop(s);
-                    continue;
-                }
-                take_joined(&mut readers, s)?;
-                if readers.len() + 1 == streams as usize {
-                    if let Some(t) = &begin.token {
+                    // No more than the cycle said it would open (each a thread and a frame's
+                    // buffer here); once all have joined, the token admits no other.
+                    if n.joined + 1 >= streams as usize {
+                        warn!(replica = %vdisk, streams, "a stream past the cycle's count joined it: closed");
+                        continue;
+                    }
+                    let reader = std::thread::Builder::new()
+                        .name("repl-stream".into())
+                        .spawn_scoped(sc, move || {
+                            let _ended = Ended { extras, expected };
+                            if let Err(e) = data_stream(s, expected, replica, written, opts.pace) {
+                                expected.fail(ReplError::Protocol(format!("a data stream of the cycle: {e}")));
+                            }
+                        });
+                    if let Err(e) = reader {
+                        expected.fail(ReplError::Protocol(format!("cannot take a stream of the cycle: {e}")));
+                        return;
+                    }
+                    n.joined += 1;
+                    let all = n.joined + 1 == streams as usize;
+                    drop(n);
+                    extras.changed.notify_all();
+                    if let Some(t) = token.filter(|_| all) {
                         opts.joins.waiting.lock().expect("not poisoned").remove(t);
                     }
-                }
-            }
+                });
+            taking.map_err(|e| ReplError::Protocol(format!("cannot take the streams of the cycle: {e}")))?;
+        }
+        loop {
             if let Some(why) = expected.failed.lock().expect("not poisoned").take() {
                 // An extra stream failed: the cycle cannot commit, so it ends now with that
                 // stream's reason, not at the commit.
                 return Err(why);
             }
-            let f = frame(w.get_mut(), opts.pace)?;
+            // A sender whose extra stream failed may close this connection: that stream's
+            // reason is the cycle's.
+            let f = frame(w.get_mut(), opts.pace)
+                .map_err(|e| expected.failed.lock().expect("not poisoned").take().unwrap_or(e))?;
             match f.kind {
                 Kind::Offer => {
                     offers_began = true;
@@ -693,21 +722,32 @@ fn run<S: Read + Write>(
                 }
                 Kind::Commit => {
                     // Every extra stream joins, sends its End, and is done.
-                    while readers.len() + 1 < streams as usize {
-                        match joined.recv_timeout(crate::transport::SILENCE) {
-                            Ok(s) => take_joined(&mut readers, s)?,
-                            Err(_) => {
-                                return Err(ReplError::Protocol(format!(
-                                    "commit with {} of {streams} streams joined",
-                                    readers.len() + 1
-                                )))
-                            }
+                    let deadline = std::time::Instant::now() + crate::transport::SILENCE;
+                    let mut n = extras.lock();
+                    loop {
+                        if let Some(why) = expected.failed.lock().expect("not poisoned").take() {
+                            return Err(why);
                         }
+                        let missing = n.joined + 1 < streams as usize;
+                        if !missing && n.ended == n.joined {
+                            break;
+                        }
+                        let left = deadline.saturating_duration_since(std::time::Instant::now());
+                        if missing && left.is_zero() {
+                            return Err(ReplError::Protocol(format!(
+                                "commit with {} of {streams} streams joined",
+                                n.joined + 1
+                            )));
+                        }
+                        // Once all joined, each stream's pace bounds the wait for its End.
+                        let wait = if missing { left } else { crate::transport::SILENCE };
+                        n = extras
+                            .changed
+                            .wait_timeout(n, wait.min(std::time::Duration::from_secs(1)))
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .0;
                     }
-                    for r in readers.drain(..) {
-                        r.join()
-                            .map_err(|_| ReplError::Protocol("a data stream's reader failed".into()))??;
-                    }
+                    drop(n);
                     let left = expected.map.lock().expect("not poisoned").len();
                     if left > 0 {
                         return Err(ReplError::Protocol(format!(
@@ -737,6 +777,58 @@ fn run<S: Read + Write>(
             }
         }
     })
+}
+
+/// A cycle's extra streams: how many joined it, how many of those ended, and whether the
+/// cycle is over (it takes none from then on); whoever waits is told of each change.
+#[derive(Default)]
+struct Extras {
+    now: Mutex<ExtrasNow>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct ExtrasNow {
+    joined: usize,
+    ended: usize,
+    over: bool,
+}
+
+impl Extras {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ExtrasNow> {
+        self.now.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn change(&self, f: impl FnOnce(&mut ExtrasNow)) {
+        f(&mut self.lock());
+        self.changed.notify_all();
+    }
+}
+
+/// Ends the taking of a cycle's streams when dropped: when the cycle ends, however.
+struct Closing<'a>(&'a Extras);
+
+impl Drop for Closing<'_> {
+    fn drop(&mut self) {
+        self.0.change(|n| n.over = true);
+    }
+}
+
+/// Counts an extra stream's reader ended when dropped, a panic included (the cycle then
+/// fails with it, rather than wait at its commit for a reader that is gone).
+struct Ended<'a, 'b> {
+    extras: &'a Extras,
+    expected: &'a Expected<'b>,
+}
+
+impl Drop for Ended<'_, '_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.expected
+                .fail(ReplError::Protocol("a data stream's reader failed".into()));
+        }
+        self.extras.change(|n| n.ended += 1);
+    }
 }
 
 /// Checks blocks that arrived against the fingerprints asked for, and writes them.

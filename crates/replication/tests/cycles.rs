@@ -727,8 +727,8 @@ fn a_cycle_takes_no_more_streams_than_it_said_it_opens() {
             assert!(r.as_ref().is_ok_and(|r| r.joined), "{r:?}");
         }
         *dst.joins_meet.lock().unwrap() = None;
-        // The cycle looks before its next frame (if not before): it takes one and closes the
-        // other, whichever was handed over second.
+        // The cycle takes one as it is handed over and closes the other, whichever was handed
+        // over second.
         main.write_all(&framed(Kind::Offer, &wire::encode_offer(0, &[]), false))
             .unwrap();
         let open = |c: &mut TcpStream| {
@@ -759,6 +759,101 @@ fn a_cycle_takes_no_more_streams_than_it_said_it_opens() {
         main.shutdown(Shutdown::Both).unwrap();
         assert!(cycle.join().unwrap().is_err());
     });
+}
+
+/// An extra stream that joins while the cycle waits for a frame on its own connection is
+/// read at once: a sender that fills it before it sends anything more on the cycle's
+/// connection (as one does whose writers wait on a stream that joined late) is not left
+/// waiting until the silence ends the cycle.
+#[test]
+fn a_stream_that_joins_while_the_cycle_waits_for_its_next_frame_is_read_at_once() {
+    use tessera_replication::wire::{self, Kind, Offered};
+    let dst = site(2, 64 * MIB);
+    let size = 16 * MIB;
+    let data = noise(21, size as usize);
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let token = "00112233445566778899aabbccddeeff";
+    let framed = |kind, body: &[u8], magic: bool| {
+        let mut b = if magic { MAGIC.to_vec() } else { Vec::new() };
+        wire::write_frame(&mut b, kind, body).unwrap();
+        b
+    };
+    std::thread::scope(|sc| {
+        let (dst, l) = (&dst, &l);
+        let connect = || {
+            let c = TcpStream::connect(addr).unwrap();
+            let (s, _) = l.accept().unwrap();
+            c.set_read_timeout(Some(std::time::Duration::from_secs(30))).unwrap();
+            c.set_write_timeout(Some(std::time::Duration::from_secs(20))).unwrap();
+            // Buffers of a fixed size, far smaller than the data, whatever the host's tuning.
+            socket2::SockRef::from(&c).set_send_buffer_size(256 << 10).unwrap();
+            socket2::SockRef::from(&s).set_recv_buffer_size(256 << 10).unwrap();
+            (
+                c,
+                sc.spawn(move || receive(s, dst, &options(dst)).map_err(|e| e.to_string())),
+            )
+        };
+        let (mut main, cycle) = connect();
+        let begin = format!(
+            r#"{{"pool":"p","vdisk":"vol","size":{size},"grain":{GRAIN},"block_size":512,"snapshot":"s1","base":null,"streams":2,"token":"{token}"}}"#
+        );
+        main.write_all(&framed(Kind::Begin, begin.as_bytes(), true)).unwrap();
+        assert!(matches!(
+            wire::read_frame(&mut main).unwrap().unwrap().kind,
+            Kind::Ready
+        ));
+        // Every grain offered and asked for: the cycle waits for its next frame now.
+        for (no, batch) in data.chunks(32 * GRAIN as usize).enumerate() {
+            let at = no as u64 * 32 * GRAIN;
+            let offers: Vec<Offered> = batch
+                .chunks(GRAIN as usize)
+                .enumerate()
+                .map(|(i, g)| Offered::of(at + i as u64 * GRAIN, g))
+                .collect();
+            main.write_all(&framed(Kind::Offer, &wire::encode_offer(no as u64, &offers), false))
+                .unwrap();
+            let want = wire::read_frame(&mut main).unwrap().unwrap();
+            assert!(
+                matches!(want.kind, Kind::Want),
+                "{:?}",
+                String::from_utf8_lossy(&want.body)
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        // The extra stream joins, and carries every grain: far more than the sockets between
+        // the two ends hold, so it must be read to be written.
+        let (mut extra, handed) = connect();
+        extra
+            .write_all(&framed(
+                Kind::Join,
+                format!(r#"{{"token":"{token}","stream":1}}"#).as_bytes(),
+                true,
+            ))
+            .unwrap();
+        let t0 = std::time::Instant::now();
+        for (i, g) in data.chunks(GRAIN as usize).enumerate() {
+            let sent = extra.write_all(&framed(Kind::Data, &wire::encode_data(i as u64 * GRAIN, g), false));
+            assert!(
+                sent.is_ok(),
+                "the joined stream was not read ({} MiB written in {:?}): {sent:?}",
+                i as u64 * GRAIN / MIB,
+                t0.elapsed()
+            );
+        }
+        extra.write_all(&framed(Kind::End, &[], false)).unwrap();
+        assert!(handed.join().unwrap().unwrap().joined);
+        main.write_all(&framed(Kind::Commit, &[], false)).unwrap();
+        let done = wire::read_frame(&mut main).unwrap().unwrap();
+        assert!(
+            matches!(done.kind, Kind::Done),
+            "{:?}",
+            String::from_utf8_lossy(&done.body)
+        );
+        let got = cycle.join().unwrap().unwrap();
+        assert_eq!(got.streams, 2);
+    });
+    assert_eq!(image(&dst.engine.vdisk("vol@s1").unwrap()), blake3::hash(&data));
 }
 
 /// A cycle that is not the one a cut cycle left its marker for takes that marker away before
