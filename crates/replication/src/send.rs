@@ -26,8 +26,8 @@ const BATCH_BYTES: usize = 2 << 20;
 const WINDOW: usize = 16;
 
 /// Whether `batch` is offered now.
-fn batch_full(batch: &Batch, bytes: usize) -> bool {
-    batch.len() == BATCH || bytes >= BATCH_BYTES
+fn batch_full(batch: &Batch) -> bool {
+    batch.len() == BATCH || batch.iter().map(|(_, d)| d.len()).sum::<usize>() >= BATCH_BYTES
 }
 
 /// What a cycle took.
@@ -125,6 +125,7 @@ pub fn send_streams<S: Read + Write, X: Write + Send>(
     }
     let mut c = Conn {
         w: BufWriter::with_capacity(1 << 20, conn),
+        pace: wire::Pace::default(),
     };
     let mut report = SendReport {
         snapshot: snapshot.to_string(),
@@ -143,9 +144,14 @@ pub fn send_streams<S: Read + Write, X: Write + Send>(
             // A replica that refuses says why and closes: the write that then failed is not
             // the reason.
             let mut reason = None;
-            // Answers to offers may come first.
+            // Answers to offers may come first; looked for while the silence lasts (each frame
+            // at the pace, so a minute and the time of one frame, at most).
+            let t0 = std::time::Instant::now();
             for _ in 0..4 * WINDOW {
-                match wire::read_frame(c.w.get_mut()) {
+                if t0.elapsed() > c.pace.silence {
+                    break;
+                }
+                match wire::read_frame_paced(c.w.get_mut(), Some(c.pace)) {
                     Ok(Some(f)) if f.kind == Kind::Error => {
                         reason = f.expect(Kind::Done).err();
                         break;
@@ -163,12 +169,16 @@ pub fn send_streams<S: Read + Write, X: Write + Send>(
 /// The connection, written through a buffer that is flushed before every read.
 struct Conn<S: Read + Write> {
     w: BufWriter<S>,
+    /// How fast the replica's answers must come (as fast as the replica site asks of the
+    /// sender's frames): a replica sending a byte now and then would hold the cycle's job.
+    pace: wire::Pace,
 }
 
 impl<S: Read + Write> Conn<S> {
     fn next(&mut self) -> Result<Frame> {
         self.w.flush()?;
-        wire::read_frame(self.w.get_mut())?.ok_or_else(|| ReplError::Protocol("the replica closed the stream".into()))
+        wire::read_frame_paced(self.w.get_mut(), Some(self.pace))?
+            .ok_or_else(|| ReplError::Protocol("the replica closed the stream".into()))
     }
 }
 
@@ -339,7 +349,6 @@ fn send_data<S: Read + Write>(
     let grain = newer.grain_size();
     let mut outstanding: HashMap<u64, Batch> = HashMap::new();
     let mut batch: Batch = Vec::with_capacity(BATCH);
-    let mut batch_bytes = 0;
     let mut batch_no = 0u64;
     let grains = extents.iter().filter(|e| e.mapped).flat_map(|e| {
         let end = e.offset + e.len;
@@ -353,10 +362,8 @@ fn send_data<S: Read + Write>(
         }
         let mut data = vec![0u8; len as usize];
         newer.read(offset, &mut data)?;
-        batch_bytes += data.len();
         batch.push((offset, data));
-        if batch_full(&batch, batch_bytes) {
-            batch_bytes = 0;
+        if batch_full(&batch) {
             offer(&mut c.w, batch_no, std::mem::take(&mut batch), &mut outstanding, report)?;
             batch_no += 1;
             while outstanding.len() >= WINDOW {
@@ -435,6 +442,53 @@ fn answer<S: Read + Write>(
 mod tests {
     use super::*;
 
+    /// A replica that answers a byte every 10 ms, each within any read timeout.
+    struct Trickle(std::collections::VecDeque<u8>);
+
+    impl Read for Trickle {
+        fn read(&mut self, b: &mut [u8]) -> std::io::Result<usize> {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            match (self.0.pop_front(), b.first_mut()) {
+                (Some(x), Some(to)) => {
+                    *to = x;
+                    Ok(1)
+                }
+                _ => Ok(0),
+            }
+        }
+    }
+
+    impl Write for Trickle {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// The sender reads the replica's answers at the pace the replica site asks of it: an
+    /// answer that trickles in is given up once later than the pace allows, not read on for
+    /// as long as the replica likes.
+    #[test]
+    fn a_replica_that_trickles_its_answer_is_given_up() {
+        let mut frame = Vec::new();
+        wire::write_frame(&mut frame, Kind::Want, &[0u8; 1000]).unwrap();
+        let mut c = Conn {
+            w: BufWriter::new(Trickle(frame.into())),
+            pace: wire::Pace {
+                silence: std::time::Duration::from_millis(200),
+                min_rate: 1 << 20,
+            },
+        };
+        // Read whole, it would take 10 s.
+        let e = match c.next() {
+            Ok(f) => panic!("a {:?} frame read whole", f.kind),
+            Err(e) => e.to_string(),
+        };
+        assert!(e.contains("slower than the peer must send"), "{e}");
+    }
+
     /// What the sender holds of the grains it offered and that are not answered yet, at
     /// most, for each grain size a vdisk may have: within 64 MiB (2 GiB with 4 MiB grains
     /// until 2026-12-07).
@@ -442,12 +496,11 @@ mod tests {
     fn the_offers_in_flight_hold_a_bounded_number_of_bytes_whatever_the_grain() {
         let mut grain = 4096u64;
         while grain <= tessera_volume::MAX_GRAIN {
-            let (mut batch, mut bytes): (Batch, usize) = (Vec::new(), 0);
-            while !batch_full(&batch, bytes) {
-                bytes += grain as usize;
-                batch.push((0, Vec::new()));
+            let mut batch: Batch = Vec::new();
+            while !batch_full(&batch) {
+                batch.push((0, vec![0; grain as usize]));
             }
-            let held = WINDOW * bytes;
+            let held = WINDOW * batch.iter().map(|(_, d)| d.len()).sum::<usize>();
             assert!(held <= 64 << 20, "{held} bytes held with {grain} byte grains");
             assert!(batch.len() <= BATCH);
             grain *= 2;
