@@ -677,6 +677,13 @@ impl Write for Duplex {
     }
 }
 
+/// A frame of `kind` carrying `body`, after the magic if it opens a connection (`magic`).
+fn framed(kind: tessera_replication::wire::Kind, body: &[u8], magic: bool) -> Vec<u8> {
+    let mut b = if magic { MAGIC.to_vec() } else { Vec::new() };
+    tessera_replication::wire::write_frame(&mut b, kind, body).unwrap();
+    b
+}
+
 /// A cycle takes no more streams than it said it would open (each is a thread and a frame's
 /// buffer here): one joining past its count is closed, and the token then admits no other.
 #[test]
@@ -690,11 +697,6 @@ fn a_cycle_takes_no_more_streams_than_it_said_it_opens() {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
     let token = "00112233445566778899aabbccddeeff";
-    let framed = |kind, body: &[u8], magic: bool| {
-        let mut b = if magic { MAGIC.to_vec() } else { Vec::new() };
-        wire::write_frame(&mut b, kind, body).unwrap();
-        b
-    };
     let join = format!(r#"{{"token":"{token}","stream":1}}"#);
     std::thread::scope(|sc| {
         let (dst, l) = (&dst, &l);
@@ -774,11 +776,6 @@ fn a_stream_that_joins_while_the_cycle_waits_for_its_next_frame_is_read_at_once(
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
     let token = "00112233445566778899aabbccddeeff";
-    let framed = |kind, body: &[u8], magic: bool| {
-        let mut b = if magic { MAGIC.to_vec() } else { Vec::new() };
-        wire::write_frame(&mut b, kind, body).unwrap();
-        b
-    };
     std::thread::scope(|sc| {
         let (dst, l) = (&dst, &l);
         let connect = || {
