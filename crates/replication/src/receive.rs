@@ -542,11 +542,18 @@ fn run<S: Read + Write>(
     let _waiting = match (&begin.token, streams) {
         (_, 1) => None,
         (Some(t), _) => {
-            opts.joins
-                .waiting
-                .lock()
-                .expect("not poisoned")
-                .insert(t.clone(), (tx, (begin.pool.clone(), begin.vdisk.clone())));
+            // A token already waiting is another cycle's (or this peer's, sent twice): taking
+            // its place would leave that cycle without its streams, and hand it ours.
+            match opts.joins.waiting.lock().expect("not poisoned").entry(t.clone()) {
+                std::collections::hash_map::Entry::Occupied(_) => {
+                    return Err(ReplError::Protocol(
+                        "the token of a cycle already waiting for its streams".into(),
+                    ))
+                }
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    v.insert((tx, (begin.pool.clone(), begin.vdisk.clone())));
+                }
+            }
             Some(Waiting {
                 joins: &opts.joins,
                 token: t.clone(),
@@ -604,7 +611,15 @@ fn run<S: Read + Write>(
                         Ok(s) => s,
                         Err(RecvTimeoutError::Timeout) if extras.lock().over => return,
                         Err(RecvTimeoutError::Timeout) => continue,
-                        Err(RecvTimeoutError::Disconnected) => return,
+                        Err(RecvTimeoutError::Disconnected) => {
+                            // No stream can join any more: the commit, if some are missing,
+                            // fails at once rather than wait for them.
+                            if extras.lock().joined + 1 < streams as usize {
+                                expected.fail(ReplError::Protocol("the cycle no longer takes its streams".into()));
+                                extras.changed.notify_all();
+                            }
+                            return;
+                        }
                     };
                     // Under the lock the cycle's end takes: a stream that joins as the cycle
                     // ends is closed, not read by a thread the end would wait for.
@@ -621,10 +636,23 @@ fn run<S: Read + Write>(
                     let reader = std::thread::Builder::new()
                         .name("repl-stream".into())
                         .spawn_scoped(sc, move || {
-                            let _ended = Ended { extras, expected };
-                            if let Err(e) = data_stream(s, expected, replica, written, opts.pace) {
-                                expected.fail(ReplError::Protocol(format!("a data stream of the cycle: {e}")));
+                            let _ended = Ended(extras);
+                            let mut s = s;
+                            // Caught: a scoped thread that panics makes the whole scope panic,
+                            // and the peer would never learn why its cycle failed.
+                            let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                                data_stream(&mut s, expected, replica, written, opts.pace)
+                            }));
+                            // Recorded before the stream closes: its sender may then close the
+                            // cycle's connection, and the cycle ends with this reason.
+                            match read {
+                                Ok(Ok(())) => {}
+                                Ok(Err(e)) => {
+                                    expected.fail(ReplError::Protocol(format!("a data stream of the cycle: {e}")))
+                                }
+                                Err(_) => expected.fail(ReplError::Protocol("a data stream's reader failed".into())),
                             }
+                            drop(s);
                         });
                     if let Err(e) = reader {
                         expected.fail(ReplError::Protocol(format!("cannot take a stream of the cycle: {e}")));
@@ -635,7 +663,11 @@ fn run<S: Read + Write>(
                     drop(n);
                     extras.changed.notify_all();
                     if let Some(t) = token.filter(|_| all) {
-                        opts.joins.waiting.lock().expect("not poisoned").remove(t);
+                        opts.joins
+                            .waiting
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .remove(t);
                     }
                 });
             taking.map_err(|e| ReplError::Protocol(format!("cannot take the streams of the cycle: {e}")))?;
@@ -739,8 +771,9 @@ fn run<S: Read + Write>(
                                 n.joined + 1
                             )));
                         }
-                        // Once all joined, each stream's pace bounds the wait for its End.
-                        let wait = if missing { left } else { crate::transport::SILENCE };
+                        // Once all joined, each stream's read timeout and pace bound the wait
+                        // for its End.
+                        let wait = if missing { left } else { std::time::Duration::MAX };
                         n = extras
                             .changed
                             .wait_timeout(n, wait.min(std::time::Duration::from_secs(1)))
@@ -814,20 +847,12 @@ impl Drop for Closing<'_> {
     }
 }
 
-/// Counts an extra stream's reader ended when dropped, a panic included (the cycle then
-/// fails with it, rather than wait at its commit for a reader that is gone).
-struct Ended<'a, 'b> {
-    extras: &'a Extras,
-    expected: &'a Expected<'b>,
-}
+/// Counts an extra stream's reader ended when dropped, however it ends.
+struct Ended<'a>(&'a Extras);
 
-impl Drop for Ended<'_, '_> {
+impl Drop for Ended<'_> {
     fn drop(&mut self) {
-        if std::thread::panicking() {
-            self.expected
-                .fail(ReplError::Protocol("a data stream's reader failed".into()));
-        }
-        self.extras.change(|n| n.ended += 1);
+        self.0.change(|n| n.ended += 1);
     }
 }
 
@@ -866,14 +891,14 @@ fn apply_data(
 
 /// An extra stream of a cycle: data frames until its End.
 fn data_stream(
-    mut s: Box<dyn Stream>,
+    s: &mut Box<dyn Stream>,
     expected: &Expected<'_>,
     replica: &tessera_volume::Vdisk,
     written: &AtomicU64,
     pace: wire::Pace,
 ) -> Result<()> {
     loop {
-        let f = wire::read_frame_paced(&mut s, Some(pace))?
+        let f = wire::read_frame_paced(s, Some(pace))?
             .ok_or_else(|| ReplError::Protocol("a data stream ended before its End".into()))?;
         match f.kind {
             Kind::Data => apply_data(&f.body, expected, replica, written)?,

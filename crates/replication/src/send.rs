@@ -144,6 +144,9 @@ pub fn send_streams<S: Read + Write, X: Write + Send>(
             // A replica that refuses says why and closes: the write that then failed is not
             // the reason.
             let mut reason = None;
+            // What is buffered goes first: a replica whose extra stream failed finds out why
+            // at the next frame of this connection.
+            let _ = c.w.flush();
             // Answers to offers may come first; looked for while the silence lasts (each frame
             // at the pace, so a minute and the time of one frame, at most).
             let t0 = std::time::Instant::now();

@@ -853,6 +853,73 @@ fn a_stream_that_joins_while_the_cycle_waits_for_its_next_frame_is_read_at_once(
     assert_eq!(image(&dst.engine.vdisk("vol@s1").unwrap()), blake3::hash(&data));
 }
 
+/// A cycle whose token is that of a cycle still waiting for its streams is refused: taking
+/// its place would leave that cycle without its streams, and hand it the other's.
+#[test]
+fn a_token_already_waiting_is_refused() {
+    use tessera_replication::wire::{self, Kind};
+    let dst = site(2, 64 * MIB);
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let token = "00112233445566778899aabbccddeeff";
+    std::thread::scope(|sc| {
+        let (dst, l) = (&dst, &l);
+        let connect = || {
+            let c = TcpStream::connect(addr).unwrap();
+            let (s, _) = l.accept().unwrap();
+            c.set_read_timeout(Some(std::time::Duration::from_secs(30))).unwrap();
+            (
+                c,
+                sc.spawn(move || receive(s, dst, &options(dst)).map_err(|e| e.to_string())),
+            )
+        };
+        let begin = |vdisk: &str| {
+            format!(
+                r#"{{"pool":"p","vdisk":"{vdisk}","size":1048576,"grain":65536,"block_size":512,"snapshot":"s1","base":null,"streams":2,"token":"{token}"}}"#
+            )
+        };
+        let (mut first, first_cycle) = connect();
+        first
+            .write_all(&framed(Kind::Begin, begin("vol").as_bytes(), true))
+            .unwrap();
+        assert!(matches!(
+            wire::read_frame(&mut first).unwrap().unwrap().kind,
+            Kind::Ready
+        ));
+        let (mut second, second_cycle) = connect();
+        second
+            .write_all(&framed(Kind::Begin, begin("other").as_bytes(), true))
+            .unwrap();
+        let answer = wire::read_frame(&mut second).unwrap().unwrap();
+        let body = String::from_utf8_lossy(&answer.body).into_owned();
+        assert!(
+            matches!(answer.kind, Kind::Error) && body.contains("already waiting"),
+            "{body}"
+        );
+        second.shutdown(Shutdown::Both).unwrap();
+        assert!(second_cycle.join().unwrap().unwrap_err().contains("already waiting"));
+        // The first cycle still takes its stream by the token.
+        let (mut extra, handed) = connect();
+        extra
+            .write_all(&framed(
+                Kind::Join,
+                format!(r#"{{"token":"{token}","stream":1}}"#).as_bytes(),
+                true,
+            ))
+            .unwrap();
+        assert!(handed.join().unwrap().unwrap().joined);
+        extra.write_all(&framed(Kind::End, &[], false)).unwrap();
+        first.write_all(&framed(Kind::Commit, &[], false)).unwrap();
+        let done = wire::read_frame(&mut first).unwrap().unwrap();
+        assert!(
+            matches!(done.kind, Kind::Done),
+            "{:?}",
+            String::from_utf8_lossy(&done.body)
+        );
+        assert_eq!(first_cycle.join().unwrap().unwrap().streams, 2);
+    });
+}
+
 /// A cycle that is not the one a cut cycle left its marker for takes that marker away before
 /// it changes the working copy: refused after its reset (a size the replica cannot take), it
 /// leaves no marker by which the cut cycle, sent again, would skip its own reset and commit a
