@@ -971,6 +971,119 @@ fn one_address_cannot_hold_every_place_of_the_replication_listener() {
     }
 }
 
+/// Whether the listener closed a connection that proved a key and sent nothing, within
+/// `within` (it holds one waiting for its opening for 20 s).
+fn proved_and_closed(s: &mut impl std::io::Read, within: Duration) -> bool {
+    let t0 = Instant::now();
+    let mut b = [0u8; 16];
+    loop {
+        match s.read(&mut b) {
+            Ok(0) => return true,
+            Ok(_) => panic!("the listener sent something to a connection that sent nothing"),
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                if t0.elapsed() >= within {
+                    return false;
+                }
+            }
+            Err(_) => return true,
+        }
+    }
+}
+
+/// Whoever holds a site's key cannot keep the other sites from the replica site's listener:
+/// the connections of one key that have not said what they bring number 8 at most (the next
+/// is closed at once), and its cycles hold 32 streams at most; a cycle past that is refused,
+/// and its source says why. Another key's cycle is taken meanwhile, and the first key's
+/// cycles are taken again once its others are over.
+#[test]
+fn one_key_cannot_hold_every_place_of_the_replication_listener() {
+    use std::io::Write;
+    use tessera_replication::wire::{self, Kind};
+    let t = tempfile::tempdir().unwrap();
+    let (key_a, key_c, key_b) = (t.path().join("a.psk"), t.path().join("c.psk"), t.path().join("b.psk"));
+    let (line_a, line_c) = (
+        format!("site-a:{}\n", "a1".repeat(32)),
+        format!("site-c:{}\n", "c3".repeat(32)),
+    );
+    std::fs::write(&key_a, &line_a).unwrap();
+    std::fs::write(&key_c, &line_c).unwrap();
+    std::fs::write(&key_b, format!("{line_a}{line_c}")).unwrap();
+    let b = Site::start(&t.path().join("b"), &key_b, "q", 1 << 30);
+    let a = Site::start(&t.path().join("a"), &key_a, "p", 1 << 30);
+    let to = b.listen();
+    let (raw_a, raw_c) = (
+        tessera_replication::Transport::from_psk_file(&key_a, "cubic").unwrap(),
+        tessera_replication::Transport::from_psk_file(&key_c, "cubic").unwrap(),
+    );
+    let proved = |tr: &tessera_replication::Transport| {
+        let s = tr.connect(&to).unwrap();
+        s.get_ref().set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+        s
+    };
+    // Eight connections of key A that say nothing are held; a ninth is closed at once.
+    let silent: Vec<_> = (0..8).map(|_| proved(&raw_a)).collect();
+    assert!(
+        proved_and_closed(&mut proved(&raw_a), Duration::from_secs(10)),
+        "a 9th connection of one key waiting for its opening was held"
+    );
+    assert!(
+        !proved_and_closed(&mut proved(&raw_c), Duration::from_secs(1)),
+        "another key's connection was closed"
+    );
+    drop(silent);
+    // Two cycles of key A that say they open 16 streams each, and wait.
+    let begin = |tr: &tessera_replication::Transport, vdisk: &str, streams: u32, token: &str| {
+        let mut s = proved(tr);
+        s.get_ref().set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let begin = serde_json::json!({
+            "pool": "q", "vdisk": vdisk, "size": 1 << 20, "grain": 65536, "block_size": 512,
+            "snapshot": format!("repl-{vdisk}-1"), "base": null, "streams": streams, "token": token,
+        });
+        s.write_all(wire::MAGIC).unwrap();
+        wire::write_frame(&mut s, Kind::Begin, begin.to_string().as_bytes()).unwrap();
+        s.flush().unwrap();
+        let answer = wire::read_frame(&mut s).unwrap().unwrap();
+        (s, answer.kind, String::from_utf8_lossy(&answer.body).into_owned())
+    };
+    let mut held = Vec::new();
+    for (vdisk, token) in [("r1", "11".repeat(16)), ("r2", "22".repeat(16))] {
+        let (s, kind, body) = begin(&raw_a, vdisk, 16, &token);
+        assert!(matches!(kind, Kind::Ready), "{body}");
+        held.push(s);
+    }
+    // Key A's own source is refused now, and says why; key C's cycle is taken.
+    a.d.ok(&["vdisk", "create", "p/x", "--size", "8M"]);
+    write_image(&a, "p/x", 4 << 20, 41);
+    a.replicate("p/x", &to, "q", "x", &["--interval", "0"]);
+    let e = a.d.fails(&["replica", "sync", "x"]);
+    assert!(
+        e.contains("the cycles of key 'site-a' may hold 32 of this site's 64 connections"),
+        "{e}"
+    );
+    let (other, kind, body) = begin(&raw_c, "r3", 16, &"33".repeat(16));
+    assert!(matches!(kind, Kind::Ready), "{body}");
+    drop(other);
+    // Once key A's waiting cycles are over, its source's cycle is taken.
+    drop(held);
+    let t0 = Instant::now();
+    loop {
+        let o = a.d.cli(&["replica", "sync", "x"]);
+        if o.success {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the key never got its places back: {}",
+            o.stderr
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(same_file(
+        &a.export("p/x@repl-x-1", "a.img"),
+        &b.export("q/x@repl-x-1", "b.img")
+    ));
+}
+
 #[test]
 fn a_consistency_group_is_replicated_and_promoted_at_one_instant() {
     let (_t, key, mut a, b) = two_sites();

@@ -216,6 +216,11 @@ pub trait ReplicaSite {
     fn settled(&self, _pool: &str, _vdisk: &str, _snapshot: &str) -> std::result::Result<(), String> {
         Ok(())
     }
+    /// The cycle this connection opens brings `streams` connections in all (its own, and
+    /// those that join it): the site may refuse so many, before anything is looked at.
+    fn streams(&self, _streams: u32) -> std::result::Result<(), String> {
+        Ok(())
+    }
     /// This connection joins, as an extra stream, the cycle writing `pool/vdisk` (so that
     /// the site can cut it with the cycle's others). An error refuses the stream.
     fn joining(&self, _pool: &str, _vdisk: &str) -> std::result::Result<(), String> {
@@ -372,6 +377,7 @@ fn run<S: Read + Write>(
     // Every write is flushed before the next read: reads go straight to the connection.
     let begin: Begin = first.json(Kind::Begin)?;
     check_begin(&begin)?;
+    site.streams(begin.streams.max(1)).map_err(ReplError::Invalid)?;
     site.may_name(&begin.snapshot).map_err(ReplError::Invalid)?;
     let engine = site.engine(&begin.pool).map_err(ReplError::Invalid)?;
     let engine = &*engine;

@@ -19,6 +19,12 @@ use crate::Daemon;
 
 /// Connections taken at once (a cycle may use up to 16); a peer past it waits for its retry.
 const MAX_STREAMS: usize = 64;
+/// Of those, the streams the cycles of one key may hold (every stream of each, as its Begin
+/// says; two cycles of 16 streams, or 32 of one), and the connections of one key whose
+/// opening has not come yet: whoever holds a key (a site, or a thief of its key) holds 40
+/// places at most, and leaves the other keys' peers 24.
+const MAX_STREAMS_PER_KEY: usize = MAX_STREAMS / 2;
+const MAX_OPENINGS_PER_KEY: usize = 8;
 /// Handshakes under way at once from one source (an IPv4 address, an IPv6 /64). A cycle opens its streams one after
 /// another (one handshake at a time), so this leaves room for a site's cycles of several
 /// replicas at once, and a stranger who cannot finish a handshake holds no more than this of
@@ -30,30 +36,74 @@ const MAX_HANDSHAKES_PER_SOURCE: usize = 8;
 const CUT_WAIT: std::time::Duration =
     tessera_replication::transport::SILENCE.saturating_add(std::time::Duration::from_secs(15));
 
+/// What each of several holders (sources, keys) holds, each up to the same share.
+struct Shares<K> {
+    share: usize,
+    held: parking_lot::Mutex<HashMap<K, usize>>,
+}
+
+impl<K: std::hash::Hash + Eq> Shares<K> {
+    fn new(share: usize) -> Shares<K> {
+        Shares {
+            share,
+            held: Default::default(),
+        }
+    }
+
+    /// Counts `n` more for `holder`, unless that would pass its share.
+    fn take(&self, holder: K, n: usize) -> bool {
+        let mut m = self.held.lock();
+        let held = m.entry(holder).or_default();
+        if *held + n > self.share {
+            return false;
+        }
+        *held += n;
+        true
+    }
+
+    fn give(&self, holder: &K, n: usize) {
+        let mut m = self.held.lock();
+        if let Some(held) = m.get_mut(holder) {
+            *held = held.saturating_sub(n);
+            if *held == 0 {
+                m.remove(holder);
+            }
+        }
+    }
+}
+
 /// The handshakes under way, by the source they come from (`source_of`).
-#[derive(Default)]
-struct Handshakes(parking_lot::Mutex<HashMap<IpAddr, usize>>);
+struct Handshakes(Shares<IpAddr>);
+
+impl Default for Handshakes {
+    fn default() -> Handshakes {
+        Handshakes(Shares::new(MAX_HANDSHAKES_PER_SOURCE))
+    }
+}
 
 impl Handshakes {
     /// Counts one more from `ip`, unless its source has its share under way already.
     fn begin(&self, ip: IpAddr) -> bool {
-        let mut m = self.0.lock();
-        let n = m.entry(source_of(ip)).or_default();
-        if *n >= MAX_HANDSHAKES_PER_SOURCE {
-            return false;
-        }
-        *n += 1;
-        true
+        self.0.take(source_of(ip), 1)
     }
 
     fn end(&self, ip: IpAddr) {
-        let mut m = self.0.lock();
-        let source = source_of(ip);
-        if let Some(n) = m.get_mut(&source) {
-            *n -= 1;
-            if *n == 0 {
-                m.remove(&source);
-            }
+        self.0.give(&source_of(ip), 1)
+    }
+}
+
+/// The listener's places each key's peers hold, by the identity of the key: its connections
+/// whose opening has not come yet, and the streams its cycles said they open.
+pub(crate) struct KeyPlaces {
+    openings: Shares<String>,
+    streams: Shares<String>,
+}
+
+impl Default for KeyPlaces {
+    fn default() -> KeyPlaces {
+        KeyPlaces {
+            openings: Shares::new(MAX_OPENINGS_PER_KEY),
+            streams: Shares::new(MAX_STREAMS_PER_KEY),
         }
     }
 }
@@ -243,6 +293,12 @@ fn take_cycle(d: &Arc<Daemon>, t: &Transport, s: TcpStream, place: Place, shaken
         .psk_identity()
         .map(|i| String::from_utf8_lossy(i).into_owned())
         .unwrap_or_default();
+    // Counted until its opening comes: closed at once past its key's share, as a source's
+    // handshakes past its own are.
+    if !d.replication.key_places.openings.take(key.clone(), 1) {
+        warn!(peer = %peer, "replication connection refused: {MAX_OPENINGS_PER_KEY} connections of key '{key}' are waiting to say what they bring");
+        return;
+    }
     let site = Site {
         d: d.clone(),
         peer: peer.clone(),
@@ -253,6 +309,8 @@ fn take_cycle(d: &Arc<Daemon>, t: &Transport, s: TcpStream, place: Place, shaken
         id: CONNECTIONS.fetch_add(1, Ordering::Relaxed),
         registered: parking_lot::Mutex::new(None),
         place: parking_lot::Mutex::new(Some(place)),
+        opening_counted: std::sync::atomic::AtomicBool::new(true),
+        streams_counted: AtomicUsize::new(0),
     };
     let opts = ReceiveOptions {
         layout: LayoutKind::Mirror,
@@ -369,6 +427,28 @@ struct Site {
     registered: parking_lot::Mutex<Option<String>>,
     /// Its place at the listener, until it is listed under a replica (which then keeps it).
     place: parking_lot::Mutex<Option<Place>>,
+    /// Whether it counts among its key's connections whose opening has not come yet.
+    opening_counted: std::sync::atomic::AtomicBool,
+    /// The streams its cycle counts for among its key's, once its Begin said how many.
+    streams_counted: AtomicUsize,
+}
+
+impl Site {
+    /// Its opening came (a Begin, or a Join): it no longer counts as waiting for it.
+    fn opened(&self) {
+        if self.opening_counted.swap(false, Ordering::SeqCst) {
+            self.d.replication.key_places.openings.give(&self.key, 1);
+        }
+    }
+}
+
+impl Drop for Site {
+    /// The connection is over: its cycle's streams (which ended with it) count no more.
+    fn drop(&mut self) {
+        self.opened();
+        let n = self.streams_counted.swap(0, Ordering::SeqCst);
+        self.d.replication.key_places.streams.give(&self.key, n);
+    }
 }
 
 impl Site {
@@ -671,7 +751,22 @@ impl ReplicaSite for Site {
         Ok(())
     }
 
+    fn streams(&self, n: u32) -> Result<(), String> {
+        self.opened();
+        let n = n as usize;
+        if !self.d.replication.key_places.streams.take(self.key.clone(), n) {
+            return Err(format!(
+                "the cycles of key '{}' may hold {MAX_STREAMS_PER_KEY} of this site's {MAX_STREAMS} connections, \
+                 and this cycle's {n} stream(s) would pass that: it is tried again at the next retry",
+                self.key
+            ));
+        }
+        self.streams_counted.store(n, Ordering::SeqCst);
+        Ok(())
+    }
+
     fn joining(&self, pool: &str, vdisk: &str) -> Result<(), String> {
+        self.opened();
         let key = format!("{pool}/{vdisk}");
         let handle = self.handle()?;
         if let Some(rec) = self.d.replication.saved.lock().incoming.get(&key) {
@@ -1400,7 +1495,48 @@ mod tests {
             id,
             registered: parking_lot::Mutex::new(None),
             place: parking_lot::Mutex::new(None),
+            opening_counted: std::sync::atomic::AtomicBool::new(false),
+            streams_counted: AtomicUsize::new(0),
         }
+    }
+
+    fn daemon(dir: &std::path::Path, config: &str) -> Arc<Daemon> {
+        let o = crate::config::Overrides {
+            state_dir: Some(dir.to_path_buf()),
+            ..Default::default()
+        };
+        let file = crate::config::parse_file(config).unwrap();
+        Arc::new(Daemon::start(crate::config::ServerConfig::resolve(file, o).unwrap()).unwrap())
+    }
+
+    /// The cycles of one key hold half of the listener's places at most, counted by the
+    /// streams each says it opens, whatever other keys' cycles hold; a cycle's streams count
+    /// no more once its connection is over.
+    #[test]
+    fn the_cycles_of_a_key_hold_at_most_half_of_the_listener_places() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = daemon(dir.path(), "");
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let (a1, a2, a3, other) = (
+            site(&d, &listener, "a", 1),
+            site(&d, &listener, "a", 2),
+            site(&d, &listener, "a", 3),
+            site(&d, &listener, "c", 4),
+        );
+        a1.streams(16).unwrap();
+        a2.streams(15).unwrap();
+        let e = a3.streams(2).unwrap_err();
+        assert!(e.contains("key 'a'") && e.contains("32 of this site's 64"), "{e}");
+        a3.streams(1).unwrap();
+        other.streams(16).unwrap();
+        drop(a1);
+        let again = site(&d, &listener, "a", 5);
+        again.streams(16).unwrap();
+        drop((a2, a3, again, other));
+        assert!(
+            d.replication.key_places.streams.held.lock().is_empty(),
+            "nothing left counted"
+        );
     }
 
     /// Two cycles of one key that both passed the quota as they began (neither replica made
@@ -1410,13 +1546,7 @@ mod tests {
     #[test]
     fn of_two_cycles_that_both_began_within_the_quota_only_the_first_claims() {
         let dir = tempfile::tempdir().unwrap();
-        let o = crate::config::Overrides {
-            state_dir: Some(dir.path().to_path_buf()),
-            ..Default::default()
-        };
-        let file = crate::config::parse_file("replication_quota = \"24M\"\n").unwrap();
-        let cfg = crate::config::ServerConfig::resolve(file, o).unwrap();
-        let d = Arc::new(Daemon::start(cfg).unwrap());
+        let d = daemon(dir.path(), "replication_quota = \"24M\"\n");
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let (a, b, other) = (
             site(&d, &listener, "k", 1),

@@ -191,6 +191,8 @@ pub struct Replication {
     pub(crate) joins: std::sync::Arc<tessera_replication::Joins>,
     /// Connections from peers held now, every stream of every cycle (`MAX_STREAMS` at most).
     pub(crate) connections: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// Of those, what each key's connections hold.
+    pub(crate) key_places: incoming::KeyPlaces,
     /// The listener's keys, once it listens.
     pub(crate) keys: Mutex<Option<std::sync::Arc<listener_keys::ListenerKeys>>>,
 }
@@ -207,6 +209,7 @@ impl Replication {
             listening: Mutex::new(None),
             joins: Default::default(),
             connections: Default::default(),
+            key_places: Default::default(),
             keys: Mutex::new(None),
         })
     }
