@@ -1020,8 +1020,19 @@ fn one_key_cannot_hold_every_place_of_the_replication_listener() {
         s.get_ref().set_read_timeout(Some(Duration::from_millis(200))).unwrap();
         s
     };
+    // The source with key A, ready to replicate.
+    a.d.ok(&["vdisk", "create", "p/x", "--size", "8M"]);
+    write_image(&a, "p/x", 4 << 20, 41);
+    a.replicate("p/x", &to, "q", "x", &["--interval", "0"]);
     // Eight connections of key A that say nothing are held; a ninth is closed at once.
-    let silent: Vec<_> = (0..8).map(|_| proved(&raw_a)).collect();
+    let mut silent: Vec<_> = (0..8).map(|_| proved(&raw_a)).collect();
+    std::thread::sleep(Duration::from_millis(500));
+    for s in &mut silent {
+        assert!(
+            !proved_and_closed(s, Duration::from_millis(200)),
+            "a connection waiting for its opening was closed"
+        );
+    }
     assert!(
         proved_and_closed(&mut proved(&raw_a), Duration::from_secs(10)),
         "a 9th connection of one key waiting for its opening was held"
@@ -1031,6 +1042,8 @@ fn one_key_cannot_hold_every_place_of_the_replication_listener() {
         "another key's connection was closed"
     );
     drop(silent);
+    // (Their places are given back as the site sees them closed.)
+    std::thread::sleep(Duration::from_secs(1));
     // Two cycles of key A that say they open 16 streams each, and wait.
     let begin = |tr: &tessera_replication::Transport, vdisk: &str, streams: u32, token: &str| {
         let mut s = proved(tr);
@@ -1051,14 +1064,18 @@ fn one_key_cannot_hold_every_place_of_the_replication_listener() {
         assert!(matches!(kind, Kind::Ready), "{body}");
         held.push(s);
     }
-    // Key A's own source is refused now, and says why; key C's cycle is taken.
-    a.d.ok(&["vdisk", "create", "p/x", "--size", "8M"]);
-    write_image(&a, "p/x", 4 << 20, 41);
-    a.replicate("p/x", &to, "q", "x", &["--interval", "0"]);
+    // Key A's own source is refused now, and says why; a refused cycle is closed at once,
+    // holding nothing; key C's cycle is taken.
     let e = a.d.fails(&["replica", "sync", "x"]);
     assert!(
         e.contains("the cycles of key 'site-a' may hold 32 of this site's 64 connections"),
         "{e}"
+    );
+    let (mut refused, kind, body) = begin(&raw_a, "r4", 1, &"44".repeat(16));
+    assert!(matches!(kind, Kind::Error) && body.contains("may hold 32"), "{body}");
+    assert!(
+        proved_and_closed(&mut refused, Duration::from_secs(5)),
+        "a refused cycle was held"
     );
     let (other, kind, body) = begin(&raw_c, "r3", 16, &"33".repeat(16));
     assert!(matches!(kind, Kind::Ready), "{body}");

@@ -50,7 +50,7 @@ impl<T: Read + Write + Send> Stream for T {}
 /// by the token its Begin carried, and the blocks asked for and not yet received across them.
 pub struct Joins {
     /// Token -> where its cycle takes streams, and the replica (pool, vdisk) it writes.
-    waiting: Mutex<HashMap<String, (SyncSender<Box<dyn Stream>>, (String, String))>>,
+    waiting: Mutex<HashMap<String, WaitingCycle>>,
     /// Fingerprints the site's cycles hold, and how many they may hold together; the cycles
     /// of one key may hold half of that (whatever it holds open, a peer leaves the other
     /// peers room). Changed under `wanted_by_key`'s lock.
@@ -155,15 +155,29 @@ impl Drop for Expected<'_> {
     }
 }
 
-/// A cycle's place in [`Joins`], given up when the cycle ends.
+/// A cycle waiting for its extra streams: where it takes them, the replica (pool, vdisk) it
+/// writes, how many may join it yet (each claims its place before anything else is done
+/// with it, so that none past the count holds anything), and which cycle it is.
+struct WaitingCycle {
+    tx: SyncSender<Box<dyn Stream>>,
+    replica: (String, String),
+    left: u32,
+    id: u64,
+}
+
+/// A cycle's place in [`Joins`], given up when the cycle ends (if still its own).
 struct Waiting<'a> {
     joins: &'a Joins,
     token: String,
+    id: u64,
 }
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        self.joins.waiting.lock().expect("not poisoned").remove(&self.token);
+        let mut w = self.joins.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+        if w.get(&self.token).is_some_and(|c| c.id == self.id) {
+            w.remove(&self.token);
+        }
     }
 }
 
@@ -217,7 +231,7 @@ pub trait ReplicaSite {
         Ok(())
     }
     /// The cycle this connection opens brings `streams` connections in all (its own, and
-    /// those that join it): the site may refuse so many, before anything is looked at.
+    /// those that join it): the site may refuse so many, as soon as its Begin is read.
     fn streams(&self, _streams: u32) -> std::result::Result<(), String> {
         Ok(())
     }
@@ -317,6 +331,9 @@ pub fn receive<S: Read + Write + Send + 'static>(
     if let Err(e) = &out {
         let _ = wire::write_json(&mut w, Kind::Error, &Refusal { message: e.to_string() });
         let _ = w.flush();
+        // Before Ready, the sender sent its Begin alone, read whole, and waits for the
+        // answer: closing now loses nothing.
+        let answered = report.streams > 0;
         // Closing now, with the sender's frames unread, would reset the connection and could
         // take the refusal with it: read on until the sender, having read the refusal at its
         // next answer, closes (or the stream fails). A sender reads its answers at least once
@@ -325,7 +342,7 @@ pub fn receive<S: Read + Write + Send + 'static>(
         let mut sink = [0u8; 64 << 10];
         let mut left: u64 = DRAIN_BYTES;
         let until = std::time::Instant::now() + DRAIN_TIME;
-        while left > 0 && std::time::Instant::now() < until {
+        while answered && left > 0 && std::time::Instant::now() < until {
             match w.get_mut().read(&mut sink) {
                 Ok(0) | Err(_) => break,
                 Ok(n) => left = left.saturating_sub(n as u64),
@@ -353,14 +370,21 @@ fn join<S: Stream + 'static>(
     opts: &ReceiveOptions,
 ) -> Result<()> {
     let j: Join = f.json(Kind::Join)?;
-    let (tx, (pool, vdisk)) = opts
-        .joins
-        .waiting
-        .lock()
-        .expect("not poisoned")
-        .get(&j.token)
-        .cloned()
-        .ok_or_else(|| ReplError::Protocol("a stream joins a cycle that is not waiting for it".into()))?;
+    // Its place claimed first: a stream past the cycle's count is refused here, holding
+    // nothing; once the last has claimed its own, the token admits no other.
+    let (tx, (pool, vdisk)) = {
+        let mut waiting = opts.joins.waiting.lock().expect("not poisoned");
+        let c = waiting
+            .get_mut(&j.token)
+            .filter(|c| c.left > 0)
+            .ok_or_else(|| ReplError::Protocol("a stream joins a cycle that is not waiting for it".into()))?;
+        c.left -= 1;
+        let got = (c.tx.clone(), c.replica.clone());
+        if c.left == 0 {
+            waiting.remove(&j.token);
+        }
+        got
+    };
     site.joining(&pool, &vdisk).map_err(ReplError::Invalid)?;
     let conn = w.into_inner().map_err(|e| ReplError::Io(e.into_error()))?;
     tx.send(Box::new(conn))
@@ -550,6 +574,8 @@ fn run<S: Read + Write>(
         (Some(t), _) => {
             // A token already waiting is another cycle's (or this peer's, sent twice): taking
             // its place would leave that cycle without its streams, and hand it ours.
+            static CYCLES: AtomicU64 = AtomicU64::new(0);
+            let id = CYCLES.fetch_add(1, Ordering::Relaxed);
             match opts.joins.waiting.lock().expect("not poisoned").entry(t.clone()) {
                 std::collections::hash_map::Entry::Occupied(_) => {
                     return Err(ReplError::Protocol(
@@ -557,12 +583,18 @@ fn run<S: Read + Write>(
                     ))
                 }
                 std::collections::hash_map::Entry::Vacant(v) => {
-                    v.insert((tx, (begin.pool.clone(), begin.vdisk.clone())));
+                    v.insert(WaitingCycle {
+                        tx,
+                        replica: (begin.pool.clone(), begin.vdisk.clone()),
+                        left: streams - 1,
+                        id,
+                    });
                 }
             }
             Some(Waiting {
                 joins: &opts.joins,
                 token: t.clone(),
+                id,
             })
         }
         (None, _) => {
@@ -605,7 +637,6 @@ fn run<S: Read + Write>(
     std::thread::scope(|sc| -> Result<()> {
         let _closing = Closing(&extras);
         if streams > 1 {
-            let token = begin.token.as_deref();
             let (expected, written, extras, vdisk) = (&expected, &written, &extras, &begin.vdisk);
             // Taken as they join, on a thread of their own: a stream that joins while the
             // cycle waits for a frame on its own connection is read at once (its sender may
@@ -634,7 +665,7 @@ fn run<S: Read + Write>(
                         return;
                     }
                     // No more than the cycle said it would open (each a thread and a frame's
-                    // buffer here); once all have joined, the token admits no other.
+                    // buffer here): `join` hands no more over, and this makes sure.
                     if n.joined + 1 >= streams as usize {
                         warn!(replica = %vdisk, streams, "a stream past the cycle's count joined it: closed");
                         continue;
@@ -665,16 +696,8 @@ fn run<S: Read + Write>(
                         return;
                     }
                     n.joined += 1;
-                    let all = n.joined + 1 == streams as usize;
                     drop(n);
                     extras.changed.notify_all();
-                    if let Some(t) = token.filter(|_| all) {
-                        opts.joins
-                            .waiting
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .remove(t);
-                    }
                 });
             taking.map_err(|e| ReplError::Protocol(format!("cannot take the streams of the cycle: {e}")))?;
         }

@@ -25,38 +25,6 @@ pub struct Site {
     /// The cycle each working copy holds part of (set by `changing`, cleared by `committed`
     /// and `settled`), as a daemon records it in the pool.
     pub changing: std::sync::Mutex<std::collections::HashMap<String, String>>,
-    /// When set, each stream that joins a cycle waits here, its cycle found, before it is
-    /// handed over: so that a test can have several find the cycle before it takes any.
-    pub joins_meet: std::sync::Mutex<Option<Arc<Meet>>>,
-}
-
-/// Where `n` threads wait for each other, for 10 s at most (a test whose threads never all
-/// come fails rather than hangs).
-pub struct Meet {
-    n: usize,
-    come: std::sync::Mutex<usize>,
-    all: std::sync::Condvar,
-}
-
-impl Meet {
-    pub fn new(n: usize) -> Meet {
-        Meet {
-            n,
-            come: std::sync::Mutex::new(0),
-            all: std::sync::Condvar::new(),
-        }
-    }
-
-    pub fn wait(&self) {
-        let mut come = self.come.lock().unwrap();
-        *come += 1;
-        self.all.notify_all();
-        let (come, t) = self
-            .all
-            .wait_timeout_while(come, std::time::Duration::from_secs(10), |c| *c < self.n)
-            .unwrap();
-        assert!(!t.timed_out(), "{} of {} came within 10 s", *come, self.n);
-    }
 }
 
 impl ReplicaSite for Site {
@@ -79,13 +47,6 @@ impl ReplicaSite for Site {
         let snapshot = self.committed.lock().unwrap().get(&key).cloned()?;
         let snapshot_id = self.committed_ids.lock().unwrap().get(&key).copied();
         Some(Commit { snapshot, snapshot_id })
-    }
-    fn joining(&self, _pool: &str, _vdisk: &str) -> Result<(), String> {
-        let meet = self.joins_meet.lock().unwrap().clone();
-        if let Some(meet) = meet {
-            meet.wait();
-        }
-        Ok(())
     }
     fn changing(&self, pool: &str, vdisk: &str, snapshot: &str) -> Result<(), String> {
         self.changing
@@ -185,7 +146,6 @@ fn site_on(refs: Vec<DiskRef>) -> Site {
         committed_ids: Default::default(),
         not_made: Default::default(),
         changing: Default::default(),
-        joins_meet: Default::default(),
     }
 }
 

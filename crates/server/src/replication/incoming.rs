@@ -20,10 +20,12 @@ use crate::Daemon;
 /// Connections taken at once (a cycle may use up to 16); a peer past it waits for its retry.
 const MAX_STREAMS: usize = 64;
 /// Of those, the streams the cycles of one key may hold (every stream of each, as its Begin
-/// says; two cycles of 16 streams, or 32 of one), and the connections of one key whose
-/// opening has not come yet: whoever holds a key (a site, or a thief of its key) holds 40
-/// places at most, and leaves the other keys' peers 24.
+/// says: two cycles of 16 streams, or 32 cycles of one), so that whoever holds a key (a
+/// site, or a thief of its key) leaves the other keys' peers room.
 const MAX_STREAMS_PER_KEY: usize = MAX_STREAMS / 2;
+/// And the connections of one key that proved it and have not said what they bring (a
+/// cycle's Begin, or a stream's Join) yet, or were refused at their Begin and are being
+/// closed: with the streams above, 40 places past the handshake at most.
 const MAX_OPENINGS_PER_KEY: usize = 8;
 /// Handshakes under way at once from one source (an IPv4 address, an IPv6 /64). A cycle opens its streams one after
 /// another (one handshake at a time), so this leaves room for a site's cycles of several
@@ -312,6 +314,15 @@ fn take_cycle(d: &Arc<Daemon>, t: &Transport, s: TcpStream, place: Place, shaken
         opening_counted: std::sync::atomic::AtomicBool::new(true),
         streams_counted: AtomicUsize::new(0),
     };
+    // Closed for good when the receiver lets it go (a stream past its count, or one that
+    // failed): the handle a promotion cuts it by would keep it open until the cycle ends.
+    let conn = match site.handle() {
+        Ok(sock) => ClosedOnDrop { conn, sock },
+        Err(e) => {
+            warn!(peer = %peer, error = %e, "replication connection refused");
+            return;
+        }
+    };
     let opts = ReceiveOptions {
         layout: LayoutKind::Mirror,
         cycles_dir: super::cycles_dir(&d.cfg.state_dir),
@@ -366,6 +377,34 @@ fn take_cycle(d: &Arc<Daemon>, t: &Transport, s: TcpStream, place: Place, shaken
             error = %tessera_replication::wire::peer_text(&e.to_string()),
             "replication cycle from a peer failed"
         ),
+    }
+}
+
+/// A peer's connection (`conn`, over the socket `sock`), shut down when dropped, whatever
+/// other handles to the socket are kept.
+struct ClosedOnDrop<S> {
+    conn: S,
+    sock: TcpStream,
+}
+
+impl<S: std::io::Read> std::io::Read for ClosedOnDrop<S> {
+    fn read(&mut self, b: &mut [u8]) -> std::io::Result<usize> {
+        self.conn.read(b)
+    }
+}
+
+impl<S: std::io::Write> std::io::Write for ClosedOnDrop<S> {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.conn.write(b)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.conn.flush()
+    }
+}
+
+impl<S> Drop for ClosedOnDrop<S> {
+    fn drop(&mut self) {
+        let _ = self.sock.shutdown(std::net::Shutdown::Both);
     }
 }
 
@@ -752,8 +791,8 @@ impl ReplicaSite for Site {
     }
 
     fn streams(&self, n: u32) -> Result<(), String> {
-        self.opened();
         let n = n as usize;
+        // Refused, it still counts among its key's openings until it is closed.
         if !self.d.replication.key_places.streams.take(self.key.clone(), n) {
             return Err(format!(
                 "the cycles of key '{}' may hold {MAX_STREAMS_PER_KEY} of this site's {MAX_STREAMS} connections, \
@@ -761,12 +800,13 @@ impl ReplicaSite for Site {
                 self.key
             ));
         }
-        self.streams_counted.store(n, Ordering::SeqCst);
+        let before = self.streams_counted.swap(n, Ordering::SeqCst);
+        self.d.replication.key_places.streams.give(&self.key, before);
+        self.opened();
         Ok(())
     }
 
     fn joining(&self, pool: &str, vdisk: &str) -> Result<(), String> {
-        self.opened();
         let key = format!("{pool}/{vdisk}");
         let handle = self.handle()?;
         if let Some(rec) = self.d.replication.saved.lock().incoming.get(&key) {
@@ -778,6 +818,8 @@ impl ReplicaSite for Site {
             return Err(format!("the cycle writing '{key}' has ended"));
         }
         self.register(&mut live, &key, handle);
+        // Counted from now on among its cycle's streams, which its cycle's Begin counted.
+        self.opened();
         Ok(())
     }
 
