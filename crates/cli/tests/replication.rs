@@ -1073,6 +1073,10 @@ fn one_key_cannot_hold_every_place_of_the_replication_listener() {
     );
     let (mut refused, kind, body) = begin(&raw_a, "r4", 1, &"44".repeat(16));
     assert!(matches!(kind, Kind::Error) && body.contains("may hold 32"), "{body}");
+    refused
+        .get_ref()
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
     assert!(
         proved_and_closed(&mut refused, Duration::from_secs(5)),
         "a refused cycle was held"
