@@ -653,8 +653,8 @@ fn raw_cycle_of_two_streams(
     to: &str,
     then: impl FnOnce(&mut dyn std::io::Write),
 ) -> (
-    impl std::io::Read + std::io::Write + Send,
-    impl std::io::Read + std::io::Write + Send,
+    tessera_replication::transport::Connection,
+    tessera_replication::transport::Connection,
 ) {
     use std::io::Write;
     use tessera_replication::wire::{self, Kind};
@@ -738,6 +738,57 @@ fn the_extra_streams_of_a_cycle_keep_their_place_at_the_listener() {
     assert_eq!(settle(0), 0, "the places are given back when the cycle ends");
 }
 
+/// A cycle that fails once under way is refused at once, whatever its extra streams do: the
+/// site shuts them down rather than wait for their readers (a silent stream's reader waits a
+/// minute for its next frame), and lets go within seconds a sender that, refused, neither
+/// sends nor closes. Their places at the listener come back, and the source's next cycle
+/// goes on.
+#[test]
+fn a_failed_cycle_is_refused_at_once_and_its_streams_let_go() {
+    use std::io::Write;
+    use tessera_replication::wire::{self, Kind};
+    let (_t, key, a, b) = two_sites();
+    a.d.ok(&["vdisk", "create", "p/db", "--size", "16M", "--layout", "mirror"]);
+    write_image(&a, "p/db", 1 << 20, 35);
+    let to = b.listen();
+    a.replicate("p/db", &to, "q", "dr", &["--interval", "0"]);
+    a.d.ok(&["replica", "sync", "dr"]);
+    // The next cycle, from a sender of the test's own, whose extra stream is silent once
+    // it joined; then a hole after the offers, which the replica refuses.
+    let (mut first, mut extra) = raw_cycle_of_two_streams(&b, &key, &to, |_| {});
+    first.get_ref().set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    wire::write_frame(&mut first, Kind::Hole, &wire::encode_hole(0, 4096)).unwrap();
+    first.flush().unwrap();
+    let answer = wire::read_frame(&mut first).expect("the refusal came at once").unwrap();
+    let body = String::from_utf8_lossy(&answer.body).into_owned();
+    assert!(
+        matches!(answer.kind, Kind::Error) && body.contains("after the offers"),
+        "{body}"
+    );
+    for s in [&first, &extra] {
+        s.get_ref().set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+    }
+    assert!(
+        proved_and_closed(&mut extra, Duration::from_secs(5)),
+        "the extra stream of a refused cycle was held"
+    );
+    assert!(
+        proved_and_closed(&mut first, Duration::from_secs(10)),
+        "a refused sender that neither sends nor closes was held"
+    );
+    let t0 = Instant::now();
+    while listener_connections(&b) != 0 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the places were not given back");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    write_image(&a, "p/db", 1 << 20, 36);
+    a.d.ok(&["replica", "sync", "dr"]);
+    assert!(same_file(
+        &a.export("p/db@repl-dr-2", "a.img"),
+        &b.export("q/db@repl-dr-2", "b.img")
+    ));
+}
+
 /// Waits until a replication job of `target` has offered `bytes`.
 fn wait_progress(s: &Site, target: &str, bytes: u64) {
     let t = Instant::now();
@@ -815,17 +866,36 @@ fn peers_without_the_key_get_nothing_and_a_full_replica_pool_leaves_the_source_w
 /// file: a source writes only the replicas made with its key. Another source naming one of
 /// them (as if it were its own) is refused, and the replica is left as it was; its own
 /// replicas it writes as before.
-#[test]
-fn a_source_writes_only_the_replicas_made_with_its_own_key() {
-    let t = tempfile::tempdir().unwrap();
-    let (key_a, key_c, key_b) = (t.path().join("a.psk"), t.path().join("c.psk"), t.path().join("b.psk"));
+/// The key files of three sites in `dir`: A's and C's each hold its own key, B's both.
+struct Keys {
+    a: PathBuf,
+    c: PathBuf,
+    b: PathBuf,
+    /// A's line of B's file (a file of it alone takes C's key out).
+    line_a: String,
+}
+
+fn three_keys(dir: &Path) -> Keys {
+    let (a, c, b) = (dir.join("a.psk"), dir.join("c.psk"), dir.join("b.psk"));
     let (line_a, line_c) = (
         format!("site-a:{}\n", "a1".repeat(32)),
         format!("site-c:{}\n", "c3".repeat(32)),
     );
-    std::fs::write(&key_a, &line_a).unwrap();
-    std::fs::write(&key_c, &line_c).unwrap();
-    std::fs::write(&key_b, format!("{line_a}{line_c}")).unwrap();
+    std::fs::write(&a, &line_a).unwrap();
+    std::fs::write(&c, &line_c).unwrap();
+    std::fs::write(&b, format!("{line_a}{line_c}")).unwrap();
+    Keys { a, c, b, line_a }
+}
+
+#[test]
+fn a_source_writes_only_the_replicas_made_with_its_own_key() {
+    let t = tempfile::tempdir().unwrap();
+    let Keys {
+        a: key_a,
+        c: key_c,
+        b: key_b,
+        ..
+    } = three_keys(t.path());
     let mut b = Site::start(&t.path().join("b"), &key_b, "q", 1 << 30);
     let a = Site::start(&t.path().join("a"), &key_a, "p", 1 << 30);
     let c = Site::start(&t.path().join("c"), &key_c, "r", 1 << 30);
@@ -1000,14 +1070,12 @@ fn one_key_cannot_hold_every_place_of_the_replication_listener() {
     use std::io::Write;
     use tessera_replication::wire::{self, Kind};
     let t = tempfile::tempdir().unwrap();
-    let (key_a, key_c, key_b) = (t.path().join("a.psk"), t.path().join("c.psk"), t.path().join("b.psk"));
-    let (line_a, line_c) = (
-        format!("site-a:{}\n", "a1".repeat(32)),
-        format!("site-c:{}\n", "c3".repeat(32)),
-    );
-    std::fs::write(&key_a, &line_a).unwrap();
-    std::fs::write(&key_c, &line_c).unwrap();
-    std::fs::write(&key_b, format!("{line_a}{line_c}")).unwrap();
+    let Keys {
+        a: key_a,
+        c: key_c,
+        b: key_b,
+        ..
+    } = three_keys(t.path());
     let b = Site::start(&t.path().join("b"), &key_b, "q", 1 << 30);
     let a = Site::start(&t.path().join("a"), &key_a, "p", 1 << 30);
     let to = b.listen();
@@ -1597,14 +1665,12 @@ fn a_replica_leaves_the_snapshots_of_a_deleted_namesake_alone() {
 #[test]
 fn a_key_taken_out_of_the_file_is_refused_and_its_cycle_cut_without_a_restart() {
     let t = tempfile::tempdir().unwrap();
-    let (key_a, key_c, key_b) = (t.path().join("a.psk"), t.path().join("c.psk"), t.path().join("b.psk"));
-    let (line_a, line_c) = (
-        format!("site-a:{}\n", "a1".repeat(32)),
-        format!("site-c:{}\n", "c3".repeat(32)),
-    );
-    std::fs::write(&key_a, &line_a).unwrap();
-    std::fs::write(&key_c, &line_c).unwrap();
-    std::fs::write(&key_b, format!("{line_a}{line_c}")).unwrap();
+    let Keys {
+        a: key_a,
+        c: key_c,
+        b: key_b,
+        line_a,
+    } = three_keys(t.path());
     let b = Site::start(&t.path().join("b"), &key_b, "q", 1 << 30);
     let a = Site::start(&t.path().join("a"), &key_a, "p", 1 << 30);
     let c = Site::start(&t.path().join("c"), &key_c, "r", 1 << 30);

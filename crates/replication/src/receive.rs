@@ -155,15 +155,19 @@ impl Drop for Expected<'_> {
     }
 }
 
-/// A cycle waiting for its extra streams: where it takes them, the replica (pool, vdisk) it
+/// A cycle waiting for its extra streams: where it takes them (or why one that claimed its
+/// place could not join, for the cycle to fail with at once), the replica (pool, vdisk) it
 /// writes, how many may join it yet (each claims its place before anything else is done
 /// with it, so that none past the count holds anything), and which cycle it is.
 struct WaitingCycle {
-    tx: SyncSender<Box<dyn Stream>>,
+    tx: SyncSender<Joined>,
     replica: (String, String),
     left: u32,
     id: u64,
 }
+
+/// An extra stream handed to its cycle, or why one that claimed its place could not join.
+type Joined = std::result::Result<Box<dyn Stream>, String>;
 
 /// A cycle's place in [`Joins`], given up when the cycle ends (if still its own).
 struct Waiting<'a> {
@@ -236,10 +240,18 @@ pub trait ReplicaSite {
         Ok(())
     }
     /// This connection joins, as an extra stream, the cycle writing `pool/vdisk` (so that
-    /// the site can cut it with the cycle's others). An error refuses the stream.
+    /// the site can cut it with the cycle's others). An error refuses the stream, and fails
+    /// its cycle.
     fn joining(&self, _pool: &str, _vdisk: &str) -> std::result::Result<(), String> {
         Ok(())
     }
+    /// The cycle this connection opened fails once under way (after its Ready), its refusal
+    /// about to be sent. The site shuts the cycle's extra streams down: the refusal waits for
+    /// their readers, each of which would otherwise wait for its next frame as long as the
+    /// pace allows. It may also bound how long each read of this connection waits from now:
+    /// after the refusal, what the sender sent meanwhile is read until it closes, and a
+    /// sender that neither sends nor closes would hold the connection for a read's timeout.
+    fn failing(&self) {}
     /// The last cycle committed into `pool/vdisk`, as `committed` recorded it.
     fn last_committed(&self, _pool: &str, _vdisk: &str) -> Option<Commit> {
         None
@@ -371,12 +383,11 @@ fn join<S: Stream + 'static>(
 ) -> Result<()> {
     let j: Join = f.json(Kind::Join)?;
     // Its place claimed first: a stream past the cycle's count is refused here, holding
-    // nothing; once the last has claimed its own, the token admits no other.
+    // nothing; once the last has claimed its own, the token admits no other (its entry goes).
     let (tx, (pool, vdisk)) = {
         let mut waiting = opts.joins.waiting.lock().expect("not poisoned");
         let c = waiting
             .get_mut(&j.token)
-            .filter(|c| c.left > 0)
             .ok_or_else(|| ReplError::Protocol("a stream joins a cycle that is not waiting for it".into()))?;
         c.left -= 1;
         let got = (c.tx.clone(), c.replica.clone());
@@ -385,9 +396,20 @@ fn join<S: Stream + 'static>(
         }
         got
     };
-    site.joining(&pool, &vdisk).map_err(ReplError::Invalid)?;
-    let conn = w.into_inner().map_err(|e| ReplError::Io(e.into_error()))?;
-    tx.send(Box::new(conn))
+    // A stream that claimed its place and cannot join fails its cycle at once, with its
+    // reason: the cycle would wait for it until its commit's deadline.
+    let handed = site
+        .joining(&pool, &vdisk)
+        .map_err(ReplError::Invalid)
+        .and_then(|()| w.into_inner().map_err(|e| ReplError::Io(e.into_error())));
+    let conn = match handed {
+        Ok(conn) => conn,
+        Err(e) => {
+            let _ = tx.send(Err(format!("a stream could not join the cycle: {e}")));
+            return Err(e);
+        }
+    };
+    tx.send(Ok(Box::new(conn)))
         .map_err(|_| ReplError::Protocol("the cycle the stream joins has ended".into()))
 }
 
@@ -568,7 +590,7 @@ fn run<S: Read + Write>(
     write_durably(&marker_path, &serde_json::to_vec(&wanted).expect("serializable"))?;
     // Extra streams join once the sender has read Ready: the cycle waits for them from now.
     let streams = begin.streams.max(1);
-    let (tx, joined) = sync_channel::<Box<dyn Stream>>(wire::MAX_STREAMS as usize);
+    let (tx, joined) = sync_channel::<Joined>(wire::MAX_STREAMS as usize);
     let _waiting = match (&begin.token, streams) {
         (_, 1) => None,
         (Some(t), _) => {
@@ -635,7 +657,11 @@ fn run<S: Read + Write>(
     let replica = &*replica;
     let extras = Extras::default();
     std::thread::scope(|sc| -> Result<()> {
-        let _closing = Closing(&extras);
+        let mut closing = Closing {
+            extras: &extras,
+            site,
+            committed: false,
+        };
         if streams > 1 {
             let (expected, written, extras, vdisk) = (&expected, &written, &extras, &begin.vdisk);
             // Taken as they join, on a thread of their own: a stream that joins while the
@@ -645,7 +671,12 @@ fn run<S: Read + Write>(
                 .name("repl-joins".into())
                 .spawn_scoped(sc, move || loop {
                     let s = match joined.recv_timeout(std::time::Duration::from_millis(100)) {
-                        Ok(s) => s,
+                        Ok(Ok(s)) => s,
+                        Ok(Err(why)) => {
+                            expected.fail(ReplError::Protocol(why));
+                            extras.changed.notify_all();
+                            return;
+                        }
                         Err(RecvTimeoutError::Timeout) if extras.lock().over => return,
                         Err(RecvTimeoutError::Timeout) => continue,
                         Err(RecvTimeoutError::Disconnected) => {
@@ -833,6 +864,7 @@ fn run<S: Read + Write>(
                     )?;
                     w.flush()?;
                     info!(replica = %begin.vdisk, snapshot = %begin.snapshot, blocks = report.written_blocks, "replication cycle done");
+                    closing.committed = true;
                     return Ok(());
                 }
                 k => return Err(ReplError::Protocol(format!("a {k:?} frame in the middle of a cycle"))),
@@ -867,12 +899,22 @@ impl Extras {
     }
 }
 
-/// Ends the taking of a cycle's streams when dropped: when the cycle ends, however.
-struct Closing<'a>(&'a Extras);
+/// Ends the taking of a cycle's streams when dropped: when the cycle ends, however. One that
+/// was not `committed` failed: its site is told, before the cycle waits for its streams'
+/// readers.
+struct Closing<'a> {
+    extras: &'a Extras,
+    site: &'a dyn ReplicaSite,
+    committed: bool,
+}
 
 impl Drop for Closing<'_> {
     fn drop(&mut self) {
-        self.0.change(|n| n.over = true);
+        // Over first: a stream that joins once its cycle's others are shut is not read.
+        self.extras.change(|n| n.over = true);
+        if !self.committed {
+            self.site.failing();
+        }
     }
 }
 

@@ -20,6 +20,9 @@ pub const SILENCE: Duration = Duration::from_secs(60);
 /// at the listener this long, not the whole silence.
 pub const HANDSHAKE: Duration = Duration::from_secs(20);
 
+/// An authenticated, encrypted connection between two sites.
+pub type Connection = SslStream<TcpStream>;
+
 /// The keys and the socket settings of one site.
 pub struct Transport {
     identity: String,
@@ -56,7 +59,7 @@ impl Transport {
     }
 
     /// Connects to the replica site at `addr` and proves the key.
-    pub fn connect(&self, addr: &str) -> Result<SslStream<TcpStream>, String> {
+    pub fn connect(&self, addr: &str) -> Result<Connection, String> {
         let to = addr
             .to_socket_addrs()
             .map_err(|e| format!("{addr}: {e}"))?
@@ -69,7 +72,7 @@ impl Transport {
 
     /// The server side: a peer that does not hold a key is refused here, before anything
     /// is read from it.
-    pub fn accept(&self, s: TcpStream) -> Result<SslStream<TcpStream>, String> {
+    pub fn accept(&self, s: TcpStream) -> Result<Connection, String> {
         self.accept_until_opened(s).map(|(conn, deadline)| {
             deadline.met();
             conn
@@ -79,7 +82,7 @@ impl Transport {
     /// [`accept`](Self::accept), the deadline still running: the peer's opening (the magic
     /// and its first frame, [`ReceiveOptions::opening`](crate::ReceiveOptions)) must come
     /// within the same time as the handshake ([`HANDSHAKE`]).
-    pub fn accept_until_opened(&self, s: TcpStream) -> Result<(SslStream<TcpStream>, tessera_psk::Deadline), String> {
+    pub fn accept_until_opened(&self, s: TcpStream) -> Result<(Connection, tessera_psk::Deadline), String> {
         self.prepare(&s);
         // The whole handshake within its time, however slowly a peer sends its bytes: the
         // read timeout alone starts again with each one, and a few such peers would keep

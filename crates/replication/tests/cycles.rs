@@ -684,6 +684,34 @@ fn framed(kind: tessera_replication::wire::Kind, body: &[u8], magic: bool) -> Ve
     b
 }
 
+/// A connection to `l`, whose other end `dst` receives on a thread of the scope `sc`: the
+/// client's end (reads time out after `read_timeout`) and that thread, which returns the
+/// receiver's outcome. `buffers`: the socket buffers of both ends, pinned to that size
+/// (the client's for sending, the receiver's for receiving), whatever the host's tuning.
+fn receiving<'s, 'e>(
+    sc: &'s std::thread::Scope<'s, 'e>,
+    l: &'e TcpListener,
+    dst: &'e Site,
+    read_timeout: std::time::Duration,
+    buffers: Option<usize>,
+) -> (
+    TcpStream,
+    std::thread::ScopedJoinHandle<'s, Result<ReceiveReport, String>>,
+) {
+    let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let (s, _) = l.accept().unwrap();
+    c.set_read_timeout(Some(read_timeout)).unwrap();
+    if let Some(size) = buffers {
+        c.set_write_timeout(Some(std::time::Duration::from_secs(20))).unwrap();
+        socket2::SockRef::from(&c).set_send_buffer_size(size).unwrap();
+        socket2::SockRef::from(&s).set_recv_buffer_size(size).unwrap();
+    }
+    (
+        c,
+        sc.spawn(move || receive(s, dst, &options(dst)).map_err(|e| e.to_string())),
+    )
+}
+
 /// A cycle takes no more streams than it said it would open (each is a thread and a frame's
 /// buffer here, and a place at the site's listener): of two streams that join a cycle of one
 /// extra stream, the second is refused before it is handed over, and the token then admits
@@ -693,20 +721,11 @@ fn a_cycle_takes_no_more_streams_than_it_said_it_opens() {
     use tessera_replication::wire::Kind;
     let dst = site(2, 64 * MIB);
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = l.local_addr().unwrap();
     let token = "00112233445566778899aabbccddeeff";
     let join = format!(r#"{{"token":"{token}","stream":1}}"#);
     std::thread::scope(|sc| {
         let (dst, l) = (&dst, &l);
-        let connect = || {
-            let c = TcpStream::connect(addr).unwrap();
-            let (s, _) = l.accept().unwrap();
-            c.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
-            (
-                c,
-                sc.spawn(move || receive(s, dst, &options(dst)).map_err(|e| e.to_string())),
-            )
-        };
+        let connect = || receiving(sc, l, dst, std::time::Duration::from_secs(10), None);
         let (mut main, cycle) = connect();
         let begin = format!(
             r#"{{"pool":"p","vdisk":"vol","size":1048576,"grain":65536,"block_size":512,"snapshot":"s1","base":null,"streams":2,"token":"{token}"}}"#
@@ -756,23 +775,11 @@ fn a_stream_that_joins_while_the_cycle_waits_for_its_next_frame_is_read_at_once(
     let size = 16 * MIB;
     let data = noise(21, size as usize);
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = l.local_addr().unwrap();
     let token = "00112233445566778899aabbccddeeff";
     std::thread::scope(|sc| {
         let (dst, l) = (&dst, &l);
-        let connect = || {
-            let c = TcpStream::connect(addr).unwrap();
-            let (s, _) = l.accept().unwrap();
-            c.set_read_timeout(Some(std::time::Duration::from_secs(30))).unwrap();
-            c.set_write_timeout(Some(std::time::Duration::from_secs(20))).unwrap();
-            // Buffers of a fixed size, far smaller than the data, whatever the host's tuning.
-            socket2::SockRef::from(&c).set_send_buffer_size(256 << 10).unwrap();
-            socket2::SockRef::from(&s).set_recv_buffer_size(256 << 10).unwrap();
-            (
-                c,
-                sc.spawn(move || receive(s, dst, &options(dst)).map_err(|e| e.to_string())),
-            )
-        };
+        // Buffers far smaller than the data.
+        let connect = || receiving(sc, l, dst, std::time::Duration::from_secs(30), Some(256 << 10));
         let (mut main, cycle) = connect();
         let begin = format!(
             r#"{{"pool":"p","vdisk":"vol","size":{size},"grain":{GRAIN},"block_size":512,"snapshot":"s1","base":null,"streams":2,"token":"{token}"}}"#
@@ -842,19 +849,10 @@ fn a_token_already_waiting_is_refused() {
     use tessera_replication::wire::{self, Kind};
     let dst = site(2, 64 * MIB);
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = l.local_addr().unwrap();
     let token = "00112233445566778899aabbccddeeff";
     std::thread::scope(|sc| {
         let (dst, l) = (&dst, &l);
-        let connect = || {
-            let c = TcpStream::connect(addr).unwrap();
-            let (s, _) = l.accept().unwrap();
-            c.set_read_timeout(Some(std::time::Duration::from_secs(30))).unwrap();
-            (
-                c,
-                sc.spawn(move || receive(s, dst, &options(dst)).map_err(|e| e.to_string())),
-            )
-        };
+        let connect = || receiving(sc, l, dst, std::time::Duration::from_secs(30), None);
         let begin = |vdisk: &str| {
             format!(
                 r#"{{"pool":"p","vdisk":"{vdisk}","size":1048576,"grain":65536,"block_size":512,"snapshot":"s1","base":null,"streams":2,"token":"{token}"}}"#
@@ -900,6 +898,61 @@ fn a_token_already_waiting_is_refused() {
         );
         assert_eq!(first_cycle.join().unwrap().unwrap().streams, 2);
     });
+    assert_eq!(
+        dst.failing.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "the site was told of a failure: a cycle refused at its Begin, or one that committed"
+    );
+}
+
+/// An extra stream that claimed its place in a cycle and is then refused by the site (a
+/// daemon refuses one whose key was taken out of its file meanwhile) fails its cycle at
+/// once, with its reason: the cycle does not wait for it until its commit's deadline. The
+/// site is told the cycle failed once under way (for it to shut the cycle's other streams).
+#[test]
+fn a_stream_refused_as_it_joins_fails_its_cycle_at_once() {
+    use tessera_replication::wire::{self, Kind};
+    let dst = site(2, 64 * MIB);
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let token = "00112233445566778899aabbccddeeff";
+    std::thread::scope(|sc| {
+        let (dst, l) = (&dst, &l);
+        // Answers are awaited half as long as the cycle waits for a stream to join.
+        let connect = || receiving(sc, l, dst, std::time::Duration::from_secs(30), None);
+        // Three streams: the one refused is not the last the cycle waits for (when the last
+        // is gone, nothing else can join, and the cycle fails for that).
+        let (mut main, cycle) = connect();
+        main.write_all(&opening_of(&format!(r#","streams":3,"token":"{token}""#)))
+            .unwrap();
+        assert!(matches!(
+            wire::read_frame(&mut main).unwrap().unwrap().kind,
+            Kind::Ready
+        ));
+        dst.refuse_joins.store(true, std::sync::atomic::Ordering::SeqCst);
+        let (mut extra, handed) = connect();
+        extra
+            .write_all(&framed(
+                Kind::Join,
+                format!(r#"{{"token":"{token}","stream":1}}"#).as_bytes(),
+                true,
+            ))
+            .unwrap();
+        assert!(handed.join().unwrap().unwrap_err().contains("refuses the stream"));
+        main.write_all(&framed(Kind::Commit, &[], false)).unwrap();
+        let answer = wire::read_frame(&mut main)
+            .expect("the commit was answered at once")
+            .unwrap();
+        let body = String::from_utf8_lossy(&answer.body).into_owned();
+        assert!(
+            matches!(answer.kind, Kind::Error)
+                && body.contains("a stream could not join the cycle")
+                && body.contains("refuses the stream"),
+            "{body}"
+        );
+        main.shutdown(Shutdown::Both).unwrap();
+        assert!(cycle.join().unwrap().unwrap_err().contains("could not join"));
+    });
+    assert_eq!(dst.failing.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
 
 /// A cycle that is not the one a cut cycle left its marker for takes that marker away before
@@ -1127,19 +1180,10 @@ fn a_failed_extra_stream_ends_its_cycle_with_its_reason() {
     use tessera_replication::wire::{self, Kind};
     let dst = site(2, 64 * MIB);
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = l.local_addr().unwrap();
     let token = "00112233445566778899aabbccddeeff";
     std::thread::scope(|sc| {
         let (dst, l) = (&dst, &l);
-        let connect = || {
-            let c = TcpStream::connect(addr).unwrap();
-            let (s, _) = l.accept().unwrap();
-            c.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
-            (
-                c,
-                sc.spawn(move || receive(s, dst, &options(dst)).map_err(|e| e.to_string())),
-            )
-        };
+        let connect = || receiving(sc, l, dst, std::time::Duration::from_secs(10), None);
         let (mut main, cycle) = connect();
         main.write_all(&opening_of(&format!(r#","streams":2,"token":"{token}""#)))
             .unwrap();

@@ -25,6 +25,11 @@ pub struct Site {
     /// The cycle each working copy holds part of (set by `changing`, cleared by `committed`
     /// and `settled`), as a daemon records it in the pool.
     pub changing: std::sync::Mutex<std::collections::HashMap<String, String>>,
+    /// Set: every extra stream is refused as it joins (as a daemon refuses one whose key
+    /// was taken out of its file meanwhile).
+    pub refuse_joins: std::sync::atomic::AtomicBool,
+    /// How many cycles failed once under way, as the site was told.
+    pub failing: std::sync::atomic::AtomicUsize,
 }
 
 impl ReplicaSite for Site {
@@ -62,6 +67,15 @@ impl ReplicaSite for Site {
             changing.remove(&key);
         }
         Ok(())
+    }
+    fn joining(&self, _pool: &str, _vdisk: &str) -> Result<(), String> {
+        if self.refuse_joins.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err("this site refuses the stream".into());
+        }
+        Ok(())
+    }
+    fn failing(&self) {
+        self.failing.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }
     fn committed(&self, pool: &str, vdisk: &str, commit: &Commit) -> Result<(), String> {
         let key = format!("{pool}/{vdisk}");
@@ -146,6 +160,8 @@ fn site_on(refs: Vec<DiskRef>) -> Site {
         committed_ids: Default::default(),
         not_made: Default::default(),
         changing: Default::default(),
+        refuse_joins: Default::default(),
+        failing: Default::default(),
     }
 }
 

@@ -32,6 +32,10 @@ const MAX_OPENINGS_PER_KEY: usize = 8;
 /// replicas at once, and a stranger who cannot finish a handshake holds no more than this of
 /// the places above.
 const MAX_HANDSHAKES_PER_SOURCE: usize = 8;
+/// How long each read of a cycle's connection waits once the cycle failed and its refusal
+/// is sent (the receiver reads on until the sender, reading the refusal, closes): a sender
+/// that neither sends nor closes is let go after this, not the whole silence.
+const REFUSAL_READS: std::time::Duration = std::time::Duration::from_secs(2);
 /// How long a promotion waits for a cycle it cut to end (the receiving threads to see their
 /// connections closed and let the replica go): past the silence after which a cycle waiting
 /// at its commit for a stream that never joins gives up.
@@ -316,13 +320,7 @@ fn take_cycle(d: &Arc<Daemon>, t: &Transport, s: TcpStream, place: Place, shaken
     };
     // Closed for good when the receiver lets it go (a stream past its count, or one that
     // failed): the handle a promotion cuts it by would keep it open until the cycle ends.
-    let conn = match site.handle() {
-        Ok(sock) => ClosedOnDrop { conn, sock },
-        Err(e) => {
-            warn!(peer = %peer, error = %e, "replication connection refused");
-            return;
-        }
-    };
+    let conn = ClosedOnDrop(conn);
     let opts = ReceiveOptions {
         layout: LayoutKind::Mirror,
         cycles_dir: super::cycles_dir(&d.cfg.state_dir),
@@ -380,31 +378,28 @@ fn take_cycle(d: &Arc<Daemon>, t: &Transport, s: TcpStream, place: Place, shaken
     }
 }
 
-/// A peer's connection (`conn`, over the socket `sock`), shut down when dropped, whatever
-/// other handles to the socket are kept.
-struct ClosedOnDrop<S> {
-    conn: S,
-    sock: TcpStream,
-}
+/// A peer's connection, shut down when dropped, whatever other handles to its socket are
+/// kept.
+struct ClosedOnDrop(tessera_replication::transport::Connection);
 
-impl<S: std::io::Read> std::io::Read for ClosedOnDrop<S> {
+impl std::io::Read for ClosedOnDrop {
     fn read(&mut self, b: &mut [u8]) -> std::io::Result<usize> {
-        self.conn.read(b)
+        self.0.read(b)
     }
 }
 
-impl<S: std::io::Write> std::io::Write for ClosedOnDrop<S> {
+impl std::io::Write for ClosedOnDrop {
     fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.conn.write(b)
+        self.0.write(b)
     }
     fn flush(&mut self) -> std::io::Result<()> {
-        self.conn.flush()
+        self.0.flush()
     }
 }
 
-impl<S> Drop for ClosedOnDrop<S> {
+impl Drop for ClosedOnDrop {
     fn drop(&mut self) {
-        let _ = self.sock.shutdown(std::net::Shutdown::Both);
+        let _ = self.0.get_ref().shutdown(std::net::Shutdown::Both);
     }
 }
 
@@ -821,6 +816,20 @@ impl ReplicaSite for Site {
         // Counted from now on among its cycle's streams, which its cycle's Begin counted.
         self.opened();
         Ok(())
+    }
+
+    fn failing(&self) {
+        // The refusal's drain: each read waits this long at most for what the sender sends.
+        let _ = self.sock.set_read_timeout(Some(REFUSAL_READS));
+        let Some(key) = self.claimed.lock().clone() else {
+            return;
+        };
+        let live = self.d.replication.live.lock();
+        for l in live.streams.get(&key).into_iter().flatten() {
+            if l.id != self.id {
+                let _ = l.sock.shutdown(std::net::Shutdown::Both);
+            }
+        }
     }
 
     fn not_made(&self, pool: &str, vdisk: &str) {
