@@ -1101,10 +1101,28 @@ fn one_key_cannot_hold_every_place_of_the_replication_listener() {
             "a connection waiting for its opening was closed"
         );
     }
+    // The ninth is told why, then closed; a source of the key says why its cycle failed.
+    let mut ninth = proved(&raw_a);
+    ninth.get_ref().set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let answer = wire::read_frame(&mut ninth)
+        .expect("a 9th connection of one key waiting for its opening was held")
+        .expect("a 9th connection of one key was closed without being told why");
+    let body = String::from_utf8_lossy(&answer.body).into_owned();
     assert!(
-        proved_and_closed(&mut proved(&raw_a), Duration::from_secs(10)),
-        "a 9th connection of one key waiting for its opening was held"
+        matches!(answer.kind, Kind::Error)
+            && body.contains("8 connections of key 'site-a' are waiting to say what they bring"),
+        "{body}"
     );
+    ninth
+        .get_ref()
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    assert!(
+        proved_and_closed(&mut ninth, Duration::from_secs(10)),
+        "a refused connection was held"
+    );
+    let e = a.d.fails(&["replica", "sync", "x"]);
+    assert!(e.contains("are waiting to say what they bring"), "{e}");
     assert!(
         !proved_and_closed(&mut proved(&raw_c), Duration::from_secs(1)),
         "another key's connection was closed"

@@ -299,10 +299,13 @@ fn take_cycle(d: &Arc<Daemon>, t: &Transport, s: TcpStream, place: Place, shaken
         .psk_identity()
         .map(|i| String::from_utf8_lossy(i).into_owned())
         .unwrap_or_default();
-    // Counted until its opening comes: closed at once past its key's share, as a source's
-    // handshakes past its own are.
+    // Counted until its opening comes: refused at once past its key's share.
     if !d.replication.key_places.openings.take(key.clone(), 1) {
-        warn!(peer = %peer, "replication connection refused: {MAX_OPENINGS_PER_KEY} connections of key '{key}' are waiting to say what they bring");
+        let why = format!(
+            "{MAX_OPENINGS_PER_KEY} connections of key '{key}' are waiting to say what they bring, as many as one key may have at this site: this one is refused, and tried again at the next retry"
+        );
+        warn!(peer = %peer, "replication connection refused: {why}");
+        refuse_unopened(conn, &sock, &why);
         return;
     }
     let site = Site {
@@ -376,6 +379,30 @@ fn take_cycle(d: &Arc<Daemon>, t: &Transport, s: TcpStream, place: Place, shaken
             "replication cycle from a peer failed"
         ),
     }
+}
+
+/// Refuses a connection whose opening was not read, saying `why`: a source reads it as the
+/// answer to its Begin (an extra stream's source reads nothing there, and its cycle fails).
+/// What the peer sent is read for a moment first, as a refused cycle's is, so that closing
+/// does not reset the connection before the refusal is read.
+fn refuse_unopened(mut conn: tessera_replication::transport::Connection, sock: &TcpStream, why: &str) {
+    use std::io::{Read, Write};
+    use tessera_replication::wire::{self, Kind, Refusal};
+    let refused = wire::write_json(&mut conn, Kind::Error, &Refusal { message: why.into() })
+        .map_err(|e| e.to_string())
+        .and_then(|_| conn.flush().map_err(|e| e.to_string()));
+    if refused.is_ok() && sock.set_read_timeout(Some(REFUSAL_READS)).is_ok() {
+        // An opening is a few hundred bytes: a peer that sends more, or nothing, is let go.
+        let until = std::time::Instant::now() + REFUSAL_READS;
+        let (mut sink, mut left) = ([0u8; 4096], 64usize << 10);
+        while left > 0 && std::time::Instant::now() < until {
+            match conn.read(&mut sink) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => left = left.saturating_sub(n),
+            }
+        }
+    }
+    let _ = sock.shutdown(std::net::Shutdown::Both);
 }
 
 /// A peer's connection, shut down when dropped, whatever other handles to its socket are
