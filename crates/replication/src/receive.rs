@@ -361,6 +361,10 @@ pub fn receive<S: Read + Write + Send + 'static>(
             }
         }
     }
+    // Every answer was flushed as it was written: what is still buffered is what a flush
+    // failed to send, and trying again as the buffer is dropped would hold the connection
+    // (and its place) for another write timeout, for a peer that stopped reading.
+    drop(w.into_parts());
     out.map(|_| report)
 }
 
