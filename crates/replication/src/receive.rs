@@ -245,8 +245,8 @@ pub trait ReplicaSite {
     fn joining(&self, _pool: &str, _vdisk: &str) -> std::result::Result<(), String> {
         Ok(())
     }
-    /// The cycle this connection opened fails once under way (after its Ready), its refusal
-    /// about to be sent. The site shuts the cycle's extra streams down: the refusal waits for
+    /// The cycle this connection opened ends once under way (after its Ready) without its
+    /// Done sent: it failed (or its receiver panicked), its refusal about to be sent. The site shuts the cycle's extra streams down: the refusal waits for
     /// their readers, each of which would otherwise wait for its next frame as long as the
     /// pace allows. It may also bound how long each read of this connection waits from now:
     /// after the refusal, what the sender sent meanwhile is read until it closes, and a

@@ -383,19 +383,19 @@ fn take_cycle(d: &Arc<Daemon>, t: &Transport, s: TcpStream, place: Place, shaken
 
 /// Refuses a connection whose opening was not read, saying `why`: a source reads it as the
 /// answer to its Begin (an extra stream's source reads nothing there, and its cycle fails).
-/// What the peer sent is read for a moment first, as a refused cycle's is, so that closing
-/// does not reset the connection before the refusal is read.
+/// Closed at once: the connection counts against no key's share, so waiting here for the
+/// peer to close would let a key holder hold places past its share. What the peer sent so
+/// far is read first, without waiting, so that closing resets nothing that came already; a
+/// Begin that comes later meets a reset, and its source still finds the refusal before it.
 fn refuse_unopened(mut conn: tessera_replication::transport::Connection, sock: &TcpStream, why: &str) {
     use std::io::{Read, Write};
     use tessera_replication::wire::{self, Kind, Refusal};
     let refused = wire::write_json(&mut conn, Kind::Error, &Refusal { message: why.into() })
         .map_err(|e| e.to_string())
         .and_then(|_| conn.flush().map_err(|e| e.to_string()));
-    if refused.is_ok() && sock.set_read_timeout(Some(REFUSAL_READS)).is_ok() {
-        // An opening is a few hundred bytes: a peer that sends more, or nothing, is let go.
-        let until = std::time::Instant::now() + REFUSAL_READS;
+    if refused.is_ok() && sock.set_nonblocking(true).is_ok() {
         let (mut sink, mut left) = ([0u8; 4096], 64usize << 10);
-        while left > 0 && std::time::Instant::now() < until {
+        while left > 0 {
             match conn.read(&mut sink) {
                 Ok(0) | Err(_) => break,
                 Ok(n) => left = left.saturating_sub(n),
